@@ -1,0 +1,267 @@
+"""The JSON-serialisable types every fsdpviz view reads.
+
+A prediction (:func:`fsdpviz.analyze`) and a recording of a real FSDP run
+(:class:`fsdpviz.record.FSDP1Recorder`) both produce a :class:`Report` made of
+these types, so every graph, table and figure works for both.
+
+Schema of :meth:`Report.to_dict` (``schema_version`` 1):
+
+``units``
+    One entry per FSDP wrap unit (one ``FullyShardedDataParallel`` instance),
+    in FSDP's handle order (depth-first over the module tree, root first).
+    ``module`` is the wrapped module's FQN in the user's model (``""`` for the
+    root); ``params`` the FQNs of the parameters its FlatParameter holds, in
+    flattening order, a shared parameter under its first FQN (the other names
+    are in ``shared_params``). Sizes: ``numel`` (sum of the parameters),
+    ``flat_numel`` (with the alignment padding of ``use_orig_params=True``),
+    ``padded_numel`` (padded to a multiple of the shard world size),
+    ``sharded_numel`` (held by each rank), and the matching ``bytes`` /
+    ``sharded_bytes`` in ``dtype``.
+``forward_order``
+    Unit ``module`` names in FSDP's pre-forward order (first use only, as
+    recorded in the first iteration).
+``iterations``
+    ``[first_iteration_events, steady_state_events]``. Each event:
+    ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, and ``all_reduce``
+    for ``NO_SHARD``), ``unit``, ``phase`` (``forward`` | ``backward``),
+    ``prefetch`` (all-gathers only), ``hook`` (the FSDP hook that issued it:
+    ``pre_forward``, ``post_forward``, ``pre_backward``, ``post_backward``,
+    ``final_callback``) and ``hook_unit`` (the unit whose hook ran).
+``warnings``
+    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
+``modules``
+    The module tree: ``fqn``, ``class``, ``parent``, ``unit`` (the unit that
+    manages its direct parameters), ``numel``/``bytes`` (direct parameters),
+    ``calls`` and the input/output ``shapes`` seen in the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+
+EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
+Phase = Literal["forward", "backward"]
+Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One collective or free on a rank, in issue order."""
+
+    kind: EventKind
+    unit: str
+    phase: Phase
+    prefetch: bool = False
+    hook: Hook | None = None
+    hook_unit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
+        if self.kind == "all_gather":
+            d["prefetch"] = self.prefetch
+        if self.hook is not None:
+            d["hook"] = self.hook
+            d["hook_unit"] = self.hook_unit
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        return cls(
+            kind=d["kind"],
+            unit=d["unit"],
+            phase=d["phase"],
+            prefetch=bool(d.get("prefetch", False)),
+            hook=d.get("hook"),
+            hook_unit=d.get("hook_unit"),
+        )
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP wrap unit and the FlatParameter it manages."""
+
+    module: str
+    module_class: str
+    params: list[str]
+    shared_params: dict[str, str] = field(default_factory=dict)
+    numel: int = 0
+    flat_numel: int = 0
+    padded_numel: int = 0
+    sharded_numel: int = 0
+    dtype: str | None = None
+    compute_dtype: str | None = None
+    reduce_dtype: str | None = None
+    requires_grad: bool | None = None
+    sharding_strategy: str = "FULL_SHARD"
+    itemsize: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def sharded_bytes(self) -> int:
+        return self.sharded_numel * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bytes"] = self.bytes
+        d["sharded_bytes"] = self.sharded_bytes
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Unit:
+        known = {k: v for k, v in d.items() if k not in ("bytes", "sharded_bytes")}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the traced model."""
+
+    fqn: str
+    module_class: str
+    parent: str | None
+    unit: str | None
+    numel: int
+    bytes: int
+    params: dict[str, list[int]] = field(default_factory=dict)
+    calls: int = 0
+    input_shapes: list[list[int]] = field(default_factory=list)
+    output_shapes: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModuleInfo:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class FsdpWarning:
+    """A warning FSDP would raise for this configuration, or one fsdpviz adds."""
+
+    code: str
+    message: str
+    units: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
+        return cls(**d)
+
+
+@dataclass
+class Report:
+    """What FSDP does with a model: units, forward order and the event schedule.
+
+    Example::
+
+        report = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
+        [u.module for u in report.units]
+        report.to_dict()["iterations"][1][:3]
+    """
+
+    source: Literal["prediction", "recording"]
+    config: dict[str, Any]
+    units: list[Unit]
+    forward_order: list[str]
+    iterations: list[list[Event]]
+    warnings: list[FsdpWarning] = field(default_factory=list)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    module_order: list[str] = field(default_factory=list)
+
+    def unit(self, module: str) -> Unit:
+        """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
+        for u in self.units:
+            if u.module == module:
+                return u
+        names = ", ".join(repr(u.module) for u in self.units[:8])
+        raise KeyError(f"no wrap unit for module {module!r}; units are {names}...")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "config": self.config,
+            "units": [u.to_dict() for u in self.units],
+            "forward_order": list(self.forward_order),
+            "iterations": [[e.to_dict() for e in it] for it in self.iterations],
+            "warnings": [w.to_dict() for w in self.warnings],
+            "modules": [m.to_dict() for m in self.modules],
+            "module_order": list(self.module_order),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"report schema_version {version!r} is not supported by this fsdpviz "
+                f"(expects {SCHEMA_VERSION}); re-create the report with this version"
+            )
+        return cls(
+            source=d["source"],
+            config=d["config"],
+            units=[Unit.from_dict(u) for u in d["units"]],
+            forward_order=list(d["forward_order"]),
+            iterations=[[Event.from_dict(e) for e in it] for it in d["iterations"]],
+            warnings=[FsdpWarning.from_dict(w) for w in d.get("warnings", [])],
+            modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
+            module_order=list(d.get("module_order", [])),
+        )
+
+    def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:
+        """The report as JSON; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Report:
+        """Read a report written by :meth:`to_json`."""
+        p = Path(text_or_path)
+        text = p.read_text() if p.suffix == ".json" and p.exists() else str(text_or_path)
+        return cls.from_dict(json.loads(text))
+
+    def module_graph(self) -> Any:
+        """The module tree as a ``networkx.DiGraph`` (see :mod:`fsdpviz.graphs`)."""
+        from fsdpviz.graphs import module_graph
+
+        return module_graph(self)
+
+    def unit_graph(self) -> Any:
+        """Units with forward-order and prefetch edges (see :mod:`fsdpviz.graphs`)."""
+        from fsdpviz.graphs import unit_graph
+
+        return unit_graph(self)
+
+    def summary(self) -> str:
+        """A few lines: units, bytes per rank, event counts, warnings."""
+        ws = self.config.get("world_size")
+        per_rank = sum(u.sharded_bytes for u in self.units)
+        lines = [
+            f"fsdpviz {self.source}: {len(self.units)} units, world size {ws}, "
+            f"{per_rank / 2**20:.1f} MiB of parameters per rank",
+        ]
+        for i, it in enumerate(self.iterations):
+            counts: dict[str, int] = {}
+            for e in it:
+                key = e.kind + (" (prefetch)" if e.prefetch else "")
+                counts[key] = counts.get(key, 0) + 1
+            name = "first iteration" if i == 0 else "steady state"
+            lines.append(f"  {name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        lines.extend(f"  warning [{w.code}]: {w.message.splitlines()[0]}" for w in self.warnings)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()

@@ -1,0 +1,1 @@
+"""Graphs of a report as ``networkx.DiGraph`` (placeholder replaced below)."""

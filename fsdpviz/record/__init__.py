@@ -1,0 +1,5 @@
+"""Recording real FSDP runs into the same report types as a prediction."""
+
+from fsdpviz.record._fsdp1 import FSDP1Recorder, record_fsdp1
+
+__all__ = ["FSDP1Recorder", "record_fsdp1"]

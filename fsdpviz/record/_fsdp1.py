@@ -1,0 +1,271 @@
+"""Record what a real FSDP1 (``FullyShardedDataParallel``) run does on this rank.
+
+The recorder wraps FSDP's own functions for the duration of a ``with`` block
+(and restores them on exit, exceptions included):
+
+- ``FlatParamHandle._all_gather_flat_param``: an ``all_gather`` event,
+- ``FlatParamHandle._free_unsharded_flat_param``: a ``free`` event when the
+  padded unsharded FlatParameter is still allocated,
+- ``_runtime_utils._prefetch_handle``: marks the all-gathers it issues as prefetch,
+- ``_runtime_utils._reduce_grad`` / ``_reduce_grad_no_shard``: gradient reduction,
+- the pre-/post-forward, pre-/post-backward hooks and the final callback: the
+  hook each event is issued from, and the end of each iteration.
+
+The result is a :class:`~fsdpviz.core.schema.Report` of the same types as a
+prediction, so every view and :func:`fsdpviz.analyze` comparisons work on it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.core.schema import Event, Hook, Report, Unit
+
+
+def _patch(stack: ExitStack, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, wrapper(original))
+    stack.callback(setattr, owner, name, original)
+
+
+class FSDP1Recorder:
+    """Records the all-gathers, frees and reductions of a real FSDP1 model.
+
+    Example::
+
+        model = FSDP(model, auto_wrap_policy=policy, device_id=device)
+        with fsdpviz.FSDP1Recorder(model) as rec:
+            for _ in range(2):
+                model(x).sum().backward()
+        report = rec.report()   # same types as fsdpviz.analyze(...)
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        fsdp_modules = FSDP.fsdp_modules(model)
+        if not fsdp_modules:
+            raise TypeError(
+                "FSDP1Recorder needs a model wrapped in FullyShardedDataParallel; "
+                f"{type(model).__name__} has no FSDP instance"
+            )
+        self.model = model
+        self._fsdp_modules = fsdp_modules
+        self._names: dict[int, str] = {}
+        self._handle_names: dict[int, str] = {}
+        self.iterations: list[list[Event]] = []
+        self._current: list[Event] = []
+        self._hook: list[tuple[Hook, str]] = []
+        self._prefetching = 0
+        self._stack: ExitStack | None = None
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+        for name, module in model.named_modules():
+            if isinstance(module, FSDP):
+                fqn = clean_tensor_name(name).rstrip(".")
+                self._names[id(module)] = fqn
+                if module._handle is not None:
+                    self._handle_names[id(module._handle)] = fqn
+
+    # ------------------------------------------------------------- patching
+    def __enter__(self) -> FSDP1Recorder:
+        from torch.distributed.fsdp import _flat_param, _runtime_utils
+        from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
+
+        stack = ExitStack()
+        handle_cls = _flat_param.FlatParamHandle
+        try:
+            _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
+            _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
+            _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
+            _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
+            _patch(stack, _runtime_utils, "_reduce_grad_no_shard", self._wrap_reduce("all_reduce"))
+            for name, hook in (("_pre_forward", "pre_forward"), ("_post_forward", "post_forward")):
+                _patch(stack, fsdp_mod, name, self._wrap_hook(hook, handle_arg=1))
+            _patch(stack, _runtime_utils, "_pre_backward_hook", self._wrap_hook("pre_backward", 2))
+            _patch(stack, _runtime_utils, "_post_backward_hook", self._wrap_hook("post_backward", 1))
+            _patch(
+                stack,
+                _runtime_utils,
+                "_post_backward_reshard_only_hook",
+                self._wrap_hook("post_backward", 1),
+            )
+            _patch(stack, _runtime_utils, "_post_backward_final_callback", self._wrap_final)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+        if self._current:
+            self.iterations.append(self._current)
+            self._current = []
+
+    def _name(self, handle: Any) -> str:
+        return self._handle_names.get(id(handle), "?")
+
+    def _emit(self, kind: Any, handle: Any, phase: Any, prefetch: bool = False) -> None:
+        hook, hook_unit = self._hook[-1] if self._hook else (None, None)
+        self._current.append(Event(kind, self._name(handle), phase, prefetch, hook, hook_unit))
+
+    @staticmethod
+    def _phase(handle: Any) -> str:
+        from torch.distributed.fsdp._common_utils import HandleTrainingState
+
+        return "forward" if handle._training_state == HandleTrainingState.FORWARD else "backward"
+
+    def _wrap_all_gather(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def all_gather(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
+            return original(handle, *args, **kwargs)
+
+        return all_gather
+
+    def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def free(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            padded = handle._get_padded_unsharded_flat_param()
+            if padded.untyped_storage().size() > 0:
+                self._emit("free", handle, self._phase(handle))
+            return original(handle, *args, **kwargs)
+
+        return free
+
+    def _wrap_prefetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def prefetch(*args: Any, **kwargs: Any) -> Any:
+            self._prefetching += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._prefetching -= 1
+
+        return prefetch
+
+    def _wrap_reduce(self, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def reduce(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+                self._emit(kind, handle, "backward")
+                return original(state, handle, *args, **kwargs)
+
+            return reduce
+
+        return wrap
+
+    def _wrap_hook(self, hook: Hook, handle_arg: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                handle = args[handle_arg] if len(args) > handle_arg else None
+                if handle is None:
+                    return original(*args, **kwargs)
+                self._hook.append((hook, self._name(handle)))
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self._hook.pop()
+
+            return run
+
+        return wrap
+
+    def _wrap_final(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def final(state: Any, module: Any) -> Any:
+            self._hook.append(("final_callback", self._names.get(id(state), "")))
+            try:
+                return original(state, module)
+            finally:
+                self._hook.pop()
+                self.iterations.append(self._current)
+                self._current = []
+
+        return final
+
+    # --------------------------------------------------------------- report
+    def units(self) -> list[Unit]:
+        """The wrap units of the real model, in FSDP's handle order."""
+        out: list[Unit] = []
+        for fsdp in self._fsdp_modules:
+            fqn = self._names[id(fsdp)]
+            inner = fsdp._fsdp_wrapped_module
+            handle = fsdp._handle
+            if handle is None:
+                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[]))
+                continue
+            fp = handle.flat_param
+            join = functools.partial(_join, fqn)
+            shared = {
+                join(_join(info.module_name, info.param_name)): join(
+                    _join(info.prim_module_name, info.prim_param_name)
+                )
+                for info in fp._shared_param_infos
+            }
+            if fp._params is not None:
+                grads = {p.requires_grad for p in fp._params}
+            else:
+                grads = {fp.requires_grad}
+            itemsize = torch.empty((), dtype=fp._local_shard.dtype).element_size()
+            out.append(
+                Unit(
+                    module=fqn,
+                    module_class=type(inner).__name__,
+                    params=[join(f) for f in fp._fqns],
+                    shared_params=shared,
+                    numel=sum(fp._numels),
+                    flat_numel=fp._unpadded_unsharded_size.numel(),
+                    padded_numel=fp._padded_unsharded_size.numel()
+                    if handle.uses_sharded_strategy
+                    else fp._unpadded_unsharded_size.numel(),
+                    sharded_numel=fp._sharded_size.numel(),
+                    dtype=_dtype(fp._local_shard.dtype),
+                    compute_dtype=_dtype(handle._fwd_bwd_param_dtype),
+                    reduce_dtype=_dtype(handle._reduce_dtype),
+                    requires_grad=None if len(grads) > 1 else grads.pop(),
+                    sharding_strategy=handle._sharding_strategy.name,
+                    itemsize=itemsize,
+                )
+            )
+        return out
+
+    def forward_order(self) -> list[str]:
+        root = self._fsdp_modules[0]
+        order = root._exec_order_data.handles_pre_forward_order
+        return [self._name(h) for h in order]
+
+    def report(self, config: dict[str, Any] | None = None) -> Report:
+        """The recording as a report: units, forward order, one event list per iteration."""
+        return Report(
+            source="recording",
+            config=config or {"api": "FSDP1"},
+            units=self.units(),
+            forward_order=self.forward_order(),
+            iterations=[list(it) for it in self.iterations],
+        )
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def _dtype(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+@contextmanager
+def record_fsdp1(model: nn.Module) -> Iterator[FSDP1Recorder]:
+    """``with record_fsdp1(fsdp_model) as rec: ...`` then ``rec.report()``."""
+    with FSDP1Recorder(model) as rec:
+        yield rec

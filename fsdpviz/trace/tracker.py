@@ -1,0 +1,134 @@
+"""Module-level tracing of one forward/backward, in the style of ``ModTracker``.
+
+Hooks go on fsdpviz's private copy of the model only. They record the order in
+which modules first run, how often each runs, the tensor shapes each saw, and
+which module was running when something failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from fsdpviz.errors import ConfigError, TraceError
+
+
+@dataclass
+class ModuleCalls:
+    calls: int = 0
+    input_shapes: list[list[int]] = field(default_factory=list)
+    output_shapes: list[list[int]] = field(default_factory=list)
+
+
+def _shapes(obj: Any, limit: int = 8) -> list[list[int]]:
+    out: list[list[int]] = []
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            out.append(list(leaf.shape))
+            if len(out) >= limit:
+                break
+    return out
+
+
+class ModuleTracker:
+    """Records module calls on ``model`` (a private copy) while tracing."""
+
+    def __init__(self, model: nn.Module, on_call: Callable[[], None] | None = None) -> None:
+        self.names = {m: n for n, m in model.named_modules()}
+        self.records: dict[str, ModuleCalls] = {n: ModuleCalls() for n in self.names.values()}
+        self.order: list[str] = []
+        self.stack: list[str] = []
+        self._on_call = on_call
+        self._handles = []
+        for module in self.names:
+            self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        name = self.names.get(module, "?")
+        self.stack.append(name)
+        rec = self.records.setdefault(name, ModuleCalls())
+        if rec.calls == 0:
+            self.order.append(name)
+            rec.input_shapes = _shapes((args, kwargs))
+        rec.calls += 1
+        if self._on_call is not None:
+            self._on_call()
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        name = self.names.get(module, "?")
+        rec = self.records[name]
+        if not rec.output_shapes:
+            rec.output_shapes = _shapes(output)
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+
+    def reset_calls(self) -> None:
+        """Forget call counts (keep shapes) before tracing another iteration."""
+        for rec in self.records.values():
+            rec.calls = 0
+        self.order.clear()
+        self.stack.clear()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """``output.loss`` if set, else ``output.logits.sum()``, else the sum of float tensors."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits.sum()
+    floats = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not floats:
+        raise ConfigError(
+            "the model output has no floating-point tensor to build a loss from; pass "
+            "loss=lambda out: ... returning a scalar tensor"
+        )
+    total = floats[0].sum()
+    for t in floats[1:]:
+        total = total + t.sum()
+    return total
+
+
+def run_step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    tracker: ModuleTracker,
+    where: str,
+) -> None:
+    """One forward and backward on the copy; failures name the module that failed."""
+    try:
+        output = model(*args, **kwargs)
+    except Exception as e:
+        failing = tracker.stack[-1] if tracker.stack else ""
+        cls = type(dict(model.named_modules()).get(failing, model)).__name__
+        label = failing or "<root>"
+        raise TraceError(
+            f"tracing on {where} failed in module {label!r} ({cls}): {type(e).__name__}: {e}\n"
+            "If the model needs real data here (data-dependent control flow such as .item(), "
+            "or an operator with no meta kernel), analyse with trace='real' on a model that "
+            "lives on a real device.",
+            module=failing,
+        ) from e
+    loss = (loss_fn or default_loss)(output)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ConfigError("loss must return a scalar tensor")
+    if not loss.requires_grad:
+        raise ConfigError(
+            "the loss does not require grad, so there is no backward pass to analyse; check "
+            "that parameters require grad or pass loss=... that depends on them"
+        )
+    loss.backward()
