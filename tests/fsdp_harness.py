@@ -1,0 +1,90 @@
+"""Run real FSDP1 with fsdpviz's recorder and compare with ``fsdpviz.analyze``."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+import fsdpviz
+from fsdpviz.trace.tracker import default_loss
+
+
+def record_real_fsdp1(
+    model: nn.Module,
+    inputs: Any,
+    fsdp_kwargs: dict[str, Any],
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    iterations: int = 3,
+) -> fsdpviz.Report:
+    """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record."""
+    memo: dict[int, Any] = {}
+    real = copy.deepcopy(model, memo)
+    fsdp_kwargs = dict(fsdp_kwargs)
+    for key in ("ignored_modules", "ignored_states"):
+        if fsdp_kwargs.get(key) is not None:
+            fsdp_kwargs[key] = [memo[id(o)] for o in fsdp_kwargs[key]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(real, device_id=torch.device("cpu"), **fsdp_kwargs)
+        with fsdpviz.FSDP1Recorder(fsdp) as rec:
+            for _ in range(iterations):
+                args, kwargs = _split(inputs)
+                out = fsdp(*args, **kwargs)
+                (loss or default_loss)(out).backward()
+    return rec.report()
+
+
+def _split(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _fmt(events: list[dict[str, Any]], i: int) -> str:
+    lo, hi = max(0, i - 3), i + 4
+    return "\n".join(
+        f"{'>>' if j == i else '  '} {j:3d} {e}" for j, e in enumerate(events[lo:hi], start=lo)
+    )
+
+
+def assert_same_schedule(real: fsdpviz.Report, predicted: fsdpviz.Report) -> None:
+    """Units, forward order and both iterations must be equal, event for event."""
+    for r_unit, p_unit in zip(real.units, predicted.units, strict=False):
+        assert p_unit.to_dict() == r_unit.to_dict(), f"unit differs:\nreal      {r_unit}\npredicted {p_unit}"
+    assert [u.module for u in predicted.units] == [u.module for u in real.units]
+    assert predicted.forward_order == real.forward_order
+    assert len(real.iterations) >= 3, "record at least three iterations"
+    steady = [e.to_dict() for e in real.iterations[2]]
+    assert [e.to_dict() for e in real.iterations[1]] == steady, "real run has no steady state"
+    for n, (r_it, p_it) in enumerate(zip(real.iterations[:2], predicted.iterations, strict=True)):
+        r = [e.to_dict() for e in r_it]
+        p = [e.to_dict() for e in p_it]
+        for i, (a, b) in enumerate(zip(r, p)):
+            if a != b:
+                raise AssertionError(
+                    f"iteration {n}: first difference at event {i}\nreal:\n{_fmt(r, i)}\n"
+                    f"predicted:\n{_fmt(p, i)}"
+                )
+        assert len(r) == len(p), f"iteration {n}: {len(r)} real events vs {len(p)} predicted"
+
+
+def check_conformance(
+    model: nn.Module,
+    inputs: Any,
+    fsdp_kwargs: dict[str, Any],
+    world_size: int,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+) -> fsdpviz.Report:
+    """``analyze`` on the meta device must equal the recording of real FSDP1."""
+    predicted = fsdpviz.analyze(model, inputs, world_size=world_size, loss=loss, **fsdp_kwargs)
+    real = record_real_fsdp1(model, inputs, fsdp_kwargs, loss)
+    assert_same_schedule(real, predicted)
+    return predicted

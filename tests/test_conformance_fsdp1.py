@@ -1,0 +1,179 @@
+"""Conformance: fsdpviz's prediction equals a recording of real FSDP1, event for event.
+
+Real FSDP1 runs in this process on the CPU with the fake process group
+(4 ranks). Each case compares units, forward order, the first iteration and
+the steady state (the real run's second iteration, checked equal to its third).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import (
+    CustomPolicy,
+    ModuleWrapPolicy,
+    lambda_auto_wrap_policy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
+
+from fsdp_harness import check_conformance
+import handwritten_models as hm
+
+PREFETCH = [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST, None]
+STRATEGY = [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP]
+MATRIX = list(itertools.product(PREFETCH, [False, True], STRATEGY))
+MATRIX_IDS = [f"{bp.name if bp else 'none'}-fwd{int(fp)}-{ss.name}" for bp, fp, ss in MATRIX]
+
+
+def _x() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(4, 8)
+
+
+def _ids() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randint(0, 32, (2, 6))
+
+
+MODELS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
+    "stack": (hm.Stack, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "called_twice": (hm.CalledTwice, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "reordered": (hm.Reordered, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "nested": (hm.Nested, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block, hm.Outer})}),
+    "tied_same_unit": (hm.Tied, _ids, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "checkpointed": (hm.Checkpointed, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "side_output": (hm.SideOutput, _x, {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}),
+    "param_free_unit": (
+        hm.ParamFree,
+        _x,
+        {"auto_wrap_policy": ModuleWrapPolicy({hm.Block, nn.GELU})},
+    ),
+    "frozen_separate_unit": (
+        hm.frozen_stack,
+        _x,
+        {"auto_wrap_policy": ModuleWrapPolicy({hm.Block, nn.Linear})},
+    ),
+    "no_policy": (hm.Stack, _x, {}),
+}
+
+
+@pytest.mark.parametrize(("bp", "fp", "ss"), MATRIX, ids=MATRIX_IDS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_handwritten_models(fake_pg: int, name: str, bp: Any, fp: bool, ss: Any) -> None:
+    build, inputs, kwargs = MODELS[name]
+    torch.manual_seed(0)
+    model = build()
+    kw = {**kwargs, "backward_prefetch": bp, "forward_prefetch": fp, "sharding_strategy": ss}
+    check_conformance(model, inputs(), kw, fake_pg)
+
+
+POLICIES: dict[str, Any] = {
+    "module_wrap": ModuleWrapPolicy({hm.Block}),
+    "custom_bool": CustomPolicy(lambda m: isinstance(m, hm.Block)),
+    "custom_override": CustomPolicy(
+        lambda m: {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
+        if isinstance(m, hm.Block) and m is not None and m.fc1.in_features == 16
+        else isinstance(m, nn.Linear)
+    ),
+    "transformer": functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={hm.Block}),
+    "size_based": functools.partial(size_based_auto_wrap_policy, min_num_params=600),
+    "lambda": functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, hm.Block)),
+    "size_based_fn": size_based_auto_wrap_policy,
+}
+
+
+@pytest.mark.parametrize("bp", PREFETCH, ids=lambda b: b.name if b else "none")
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_policies(fake_pg: int, policy: str, bp: Any) -> None:
+    torch.manual_seed(0)
+    report = check_conformance(
+        hm.Nested(), _x(), {"auto_wrap_policy": POLICIES[policy], "backward_prefetch": bp}, fake_pg
+    )
+    assert len(report.units) >= 1
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True])
+@pytest.mark.parametrize("fp", [False, True])
+def test_ignored_modules_and_states(fake_pg: int, use_orig_params: bool, fp: bool) -> None:
+    torch.manual_seed(0)
+    model = hm.WithAux()
+    common = {
+        "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+        "use_orig_params": use_orig_params,
+        "forward_prefetch": fp,
+    }
+    report = check_conformance(model, _x(), {**common, "ignored_modules": [model.aux]}, fake_pg)
+    assert not any(p.startswith("aux.") for u in report.units for p in u.params)
+    report = check_conformance(
+        model, _x(), {**common, "ignored_states": [model.aux.weight, model.blocks[2].fc1.bias]}, fake_pg
+    )
+    flat = [p for u in report.units for p in u.params]
+    assert "aux.weight" not in flat and "blocks.2.fc1.bias" not in flat and "aux.bias" in flat
+
+
+@pytest.mark.parametrize(("bp", "fp", "ss"), MATRIX, ids=MATRIX_IDS)
+def test_use_orig_params(fake_pg: int, bp: Any, fp: bool, ss: Any) -> None:
+    torch.manual_seed(0)
+    kw = {
+        "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+        "use_orig_params": True,
+        "backward_prefetch": bp,
+        "forward_prefetch": fp,
+        "sharding_strategy": ss,
+    }
+    report = check_conformance(hm.CalledTwice(), _x(), kw, fake_pg)
+    # alignment padding: every flat parameter is a multiple of the world size
+    assert all(u.flat_numel % fake_pg == 0 for u in report.units)
+
+
+def test_frozen_mixed_in_one_unit_warns_with_use_orig_params(fake_pg: int) -> None:
+    torch.manual_seed(0)
+    model = hm.Stack()
+    model.blocks[1].fc1.weight.requires_grad_(False)
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "use_orig_params": True}
+    report = check_conformance(model, _x(), kw, fake_pg)
+    codes = [w.code for w in report.warnings]
+    assert "frozen_mixed" in codes
+    assert report.unit("blocks.1").requires_grad is None
+
+
+def test_tied_weights_across_units(fake_pg: int) -> None:
+    torch.manual_seed(0)
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block, nn.Embedding})}
+    report = check_conformance(hm.Tied(), _ids(), kw, fake_pg)
+    assert report.unit("emb").params == ["emb.weight"]
+    assert any(w.code == "shared_param_across_units" for w in report.warnings)
+
+
+def test_tied_weights_one_unit_named_by_first_fqn(fake_pg: int) -> None:
+    torch.manual_seed(0)
+    report = check_conformance(hm.Tied(), _ids(), {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}, fake_pg)
+    root = report.unit("")
+    assert "emb.weight" in root.params and "head.weight" not in root.params
+    assert root.shared_params == {"head.weight": "emb.weight"}
+
+
+@pytest.mark.parametrize("fp", [False, True])
+def test_mixed_precision_batchnorm_units(fake_pg: int, fp: bool) -> None:
+    torch.manual_seed(0)
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "mixed_precision": mp, "forward_prefetch": fp}
+    report = check_conformance(hm.WithNorm(), _x(), kw, fake_pg)
+    assert report.unit("bn").compute_dtype == "float32"
+    assert report.unit("blocks.0").compute_dtype == "bfloat16"
+    assert any(w.code == "mixed_precision_override" for w in report.warnings)
+
+
+def test_no_shard(fake_pg: int) -> None:
+    torch.manual_seed(0)
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "sharding_strategy": ShardingStrategy.NO_SHARD}
+    report = check_conformance(hm.Stack(), _x(), kw, fake_pg)
+    kinds = {e.kind for it in report.iterations for e in it}
+    assert kinds == {"all_reduce"}
