@@ -82,9 +82,12 @@ def check_conformance(
     fsdp_kwargs: dict[str, Any],
     world_size: int,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    trace: str = "meta",
 ) -> fsdpviz.Report:
-    """``analyze`` on the meta device must equal the recording of real FSDP1."""
-    predicted = fsdpviz.analyze(model, inputs, world_size=world_size, loss=loss, **fsdp_kwargs)
+    """``analyze`` (on the meta device by default) must equal the recording of real FSDP1."""
+    predicted = fsdpviz.analyze(
+        model, inputs, world_size=world_size, loss=loss, trace=trace, **fsdp_kwargs
+    )
     real = record_real_fsdp1(model, inputs, fsdp_kwargs, loss)
     assert_same_schedule(real, predicted)
     return predicted

@@ -239,11 +239,14 @@ class Report:
 
         return module_graph(self)
 
-    def unit_graph(self) -> Any:
-        """Units with forward-order and prefetch edges (see :mod:`fsdpviz.graphs`)."""
+    def unit_graph(self, iteration: int = -1) -> Any:
+        """Units with forward-order and prefetch edges of one iteration (default: steady state).
+
+        A ``networkx.MultiDiGraph`` (a ``DiGraph`` subclass); see :mod:`fsdpviz.graphs`.
+        """
         from fsdpviz.graphs import unit_graph
 
-        return unit_graph(self)
+        return unit_graph(self, iteration)
 
     def summary(self) -> str:
         """A few lines: units, bytes per rank, event counts, warnings."""

@@ -39,6 +39,7 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         try:
             iterations: list[list[Event]] = []
             for it in range(passes):
+                tracker.reset_calls()
                 args, kw = inputs_copy(inputs, device)
                 run_step(copy, args, kw, opts.loss, tracker, "the meta device" if device == "meta" else "the model's device")
                 emulation.end_iteration()

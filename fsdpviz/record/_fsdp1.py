@@ -247,9 +247,14 @@ class FSDP1Recorder:
 
     def report(self, config: dict[str, Any] | None = None) -> Report:
         """The recording as a report: units, forward order, one event list per iteration."""
+        import torch.distributed as dist
+
+        base: dict[str, Any] = {"api": "FSDP1"}
+        if dist.is_initialized():
+            base.update(world_size=dist.get_world_size(), rank=dist.get_rank())
         return Report(
             source="recording",
-            config=config or {"api": "FSDP1"},
+            config={**base, **(config or {})},
             units=self.units(),
             forward_order=self.forward_order(),
             iterations=[list(it) for it in self.iterations],

@@ -47,7 +47,7 @@ class ModuleTracker:
         self._handles = []
         for module in self.names:
             self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+            self._handles.append(module.register_forward_hook(self._post))
 
     def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         name = self.names.get(module, "?")

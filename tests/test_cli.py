@@ -1,0 +1,440 @@
+"""The ``fsdpviz`` command line: ``demo``, ``report``, exit codes and messages."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+import fsdpviz
+from fsdpviz.cli import main
+from fsdpviz.examples import ExampleConfig
+
+MODELS = "fsdpviz_cli_test_models"
+
+MODELS_SOURCE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.proj(x)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+            self.head = Head()
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return y if y.sum().item() > 0 else -y
+
+
+    def build():
+        return Net()
+
+
+    def build_with_inputs():
+        return Net(), torch.randn(2, 16)
+
+
+    def make_inputs():
+        return torch.randn(2, 16)
+
+
+    def data_dependent():
+        return DataDependent(), torch.randn(2, 16)
+
+
+    def not_a_model():
+        return 42
+
+
+    NOT_CALLABLE = 3
+    """
+)
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A factory module importable as ``MODELS``; cwd is ``tmp_path``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / f"{MODELS}.py").write_text(MODELS_SOURCE)
+    monkeypatch.syspath_prepend(str(src))  # also restores sys.path after the test
+    monkeypatch.chdir(tmp_path)
+    sys.modules.pop(MODELS, None)
+    yield MODELS
+    sys.modules.pop(MODELS, None)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- demo
+
+
+def test_demo_writes_loadable_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "demo.json"
+    code, out, err = _run(capsys, "demo", "-o", str(path))
+    assert code == 0, err
+    report = fsdpviz.load(str(path))
+    n = ExampleConfig().num_layers
+    assert len(report.units) == n + 1
+    assert report.forward_order == ["", *(f"layers.{i}" for i in range(n))]
+    assert report.config["world_size"] == 8
+    assert report.summary() in out
+    assert str(path) in out
+    assert json.loads(path.read_text())["source"] == "prediction"
+
+
+def test_demo_default_path_and_world_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = _run(capsys, "demo", "--world-size", "16")
+    assert code == 0
+    assert "fsdpviz-demo.json" in out
+    assert fsdpviz.load(str(tmp_path / "fsdpviz-demo.json")).config["world_size"] == 16
+
+
+@pytest.mark.parametrize("name", ["demo.html", "demo", "demo.json.txt"])
+def test_demo_rejects_non_json_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    path = tmp_path / name
+    code, out, err = _run(capsys, "demo", "-o", str(path))
+    assert code == 2
+    assert ".json" in err
+    assert "only output format" in err
+    assert not path.exists()
+    assert out == ""
+
+
+def test_demo_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "demo", "-o", str(tmp_path / "nope" / "demo.json"))
+    assert code == 2
+    assert "does not exist" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "eight"])
+def test_bad_world_size(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code, _, err = _run(capsys, "demo", "--world-size", value)
+    assert code == 2
+    assert "positive integer" in err
+
+
+def test_no_command_and_unknown_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        _run(
+            capsys,
+        )[0]
+        == 2
+    )
+    code, _, err = _run(capsys, "demo", "--frobnicate")
+    assert code == 2
+    assert "unrecognized arguments" in err
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "report", "--help")
+    assert code == 0
+    assert "MODULE:FACTORY" in out and "transformer:Class" in out
+    code, out, _ = _run(capsys, "--version")
+    assert code == 0
+    assert fsdpviz.__version__ in out
+
+
+# -------------------------------------------------------------- report
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[fsdpviz.Report, str]:
+    code, out, err = _run(capsys, "report", *argv, "-o", "out.json")
+    assert code == 0, err
+    return fsdpviz.load("out.json"), out
+
+
+def test_report_factory_returning_model_and_inputs(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, out = _report(capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block")
+    assert [u.module for u in report.units] == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert report.forward_order == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert report.summary() in out
+    assert "out.json" in out
+
+
+def test_report_with_inputs_factory(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report, _ = _report(
+        capsys, f"{models}:build", "--inputs", f"{models}:make_inputs", "--policy", "none"
+    )
+    assert [u.module for u in report.units] == [""]
+    assert report.config["auto_wrap_policy"] is None
+
+
+def test_report_default_output_path(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "report", f"{models}:build_with_inputs")
+    assert code == 0
+    assert "fsdpviz-report.json" in out
+    assert len(fsdpviz.load("fsdpviz-report.json").units) == 1
+
+
+def test_report_policy_transformer_several_classes(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, _ = _report(
+        capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block, Head"
+    )
+    assert [u.module for u in report.units] == ["", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert "Block" in report.config["auto_wrap_policy"]
+    assert "Head" in report.config["auto_wrap_policy"]
+
+
+def test_report_policy_size(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report, _ = _report(capsys, f"{models}:build_with_inputs", "--policy", "size:500")
+    assert "min_num_params=500" in report.config["auto_wrap_policy"]
+    mod = sys.modules[models]
+    expected = fsdpviz.analyze(
+        mod.build(),
+        mod.make_inputs(),
+        auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=500),
+    )
+    assert [u.module for u in report.units] == [u.module for u in expected.units]
+    assert len(report.units) > 1
+
+
+def test_report_policy_matches_python_api(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report, _ = _report(capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block")
+    mod = sys.modules[models]
+    expected = fsdpviz.analyze(
+        mod.build(), mod.make_inputs(), auto_wrap_policy=ModuleWrapPolicy({mod.Block})
+    )
+    assert report.to_dict() == expected.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("flags", "key", "value"),
+    [
+        (["--backward-prefetch", "post"], "backward_prefetch", "BACKWARD_POST"),
+        (["--backward-prefetch", "none"], "backward_prefetch", None),
+        (["--backward-prefetch", "pre"], "backward_prefetch", "BACKWARD_PRE"),
+        ([], "backward_prefetch", "BACKWARD_PRE"),
+        (["--forward-prefetch"], "forward_prefetch", True),
+        ([], "forward_prefetch", False),
+        (["--use-orig-params"], "use_orig_params", True),
+        (["--sharding-strategy", "grad_op"], "sharding_strategy", "SHARD_GRAD_OP"),
+        (["--sharding-strategy", "no_shard"], "sharding_strategy", "NO_SHARD"),
+        (["--sharding-strategy", "full"], "sharding_strategy", "FULL_SHARD"),
+        (["--sharding-strategy", "hybrid"], "sharding_strategy", "HYBRID_SHARD"),
+        (["--world-size", "32"], "world_size", 32),
+        (["--trace", "real"], "trace", "real"),
+    ],
+)
+def test_report_fsdp_options(
+    models: str,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    key: str,
+    value: object,
+) -> None:
+    report, _ = _report(
+        capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block", *flags
+    )
+    assert report.config[key] == value
+
+
+def test_report_hybrid_shard_group(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report, _ = _report(
+        capsys,
+        f"{models}:build_with_inputs",
+        "--sharding-strategy",
+        "hybrid",
+        "--world-size",
+        "16",
+    )
+    assert report.config["shard_world_size"] == 8
+
+
+# --------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("transformer:Blok", "did you mean 'Block'?"),
+        ("transformer:Block,Haed", "did you mean 'Head'?"),
+        ("transformer:Zzzzzz", "no module of class 'Zzzzzz'"),
+        ("transformer:", "not valid"),
+        ("transformer:,", "at least one class name"),
+        ("size:abc", "positive integer"),
+        ("size:0", "positive integer"),
+        ("size:", "not valid"),
+        ("bogus", "not valid"),
+        ("none:x", "not valid"),
+    ],
+)
+def test_report_bad_policy(
+    models: str, capsys: pytest.CaptureFixture[str], policy: str, message: str
+) -> None:
+    code, out, err = _run(
+        capsys, "report", f"{models}:build_with_inputs", "--policy", policy, "-o", "out.json"
+    )
+    assert code == 2
+    assert out == ""
+    assert message in err
+    assert err.startswith("usage: fsdpviz report")
+    assert "Traceback" not in err
+    assert not Path("out.json").exists()
+
+
+def test_report_size_policy_accepts_scientific(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, _ = _report(capsys, f"{models}:build_with_inputs", "--policy", "size:1e3")
+    assert "min_num_params=1000" in report.config["auto_wrap_policy"]
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("no_such_module_xyz:build", "cannot import module 'no_such_module_xyz'"),
+        (f"{MODELS}:biuld", "has no attribute 'biuld'; did you mean 'build'?"),
+        (f"{MODELS}:Net.nope", f"'{MODELS}:Net' has no attribute 'nope'"),
+        (f"{MODELS}", "must be MODULE:NAME"),
+        (f"{MODELS}:", "must be MODULE:NAME"),
+        ("models.py:build", "looks like a file"),
+        (f"{MODELS}:NOT_CALLABLE", "not a callable"),
+        (f"{MODELS}:not_a_model", "expected an nn.Module or (model, inputs)"),
+        (f"{MODELS}:build", "pass --inputs"),
+    ],
+)
+def test_report_bad_factory(
+    models: str, capsys: pytest.CaptureFixture[str], factory: str, message: str
+) -> None:
+    code, _, err = _run(capsys, "report", factory)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_report_bad_inputs_factory(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "report", f"{models}:build", "--inputs", f"{models}:make_input")
+    assert code == 2
+    assert "--inputs" in err and "did you mean 'make_inputs'?" in err
+
+
+def test_report_rejects_non_json(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "report", f"{models}:build_with_inputs", "-o", "r.csv")
+    assert code == 2
+    assert ".json" in err
+
+
+def test_report_bad_choice(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(
+        capsys, "report", f"{models}:build_with_inputs", "--sharding-strategy", "zero3"
+    )
+    assert code == 2
+    assert "invalid choice" in err
+
+
+def test_report_analysis_error_exits_1(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "report", f"{models}:data_dependent", "-o", "out.json")
+    assert code == 1
+    assert err.startswith("error: tracing on the meta device failed")
+    assert "Traceback" not in err
+    assert out == ""
+    assert not Path("out.json").exists()
+
+
+def test_report_trace_real_handles_data_dependent_model(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, _ = _report(capsys, f"{models}:data_dependent", "--trace", "real")
+    assert report.config["trace"] == "real"
+    assert [u.module for u in report.units] == [""]
+
+
+def test_report_finds_modules_in_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like ``python -m``, the console script can import ``./module.py``."""
+    name = "fsdpviz_cli_cwd_models"
+    (tmp_path / f"{name}.py").write_text(MODELS_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        code, _, err = _run(capsys, "report", f"{name}:build_with_inputs", "-o", "x.json")
+    finally:
+        sys.modules.pop(name, None)
+    assert code == 0, err
+
+
+# ------------------------------------------------------ real entry point
+
+
+def test_python_dash_m_demo(tmp_path: Path) -> None:
+    path = tmp_path / "demo.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdpviz", "demo", "-o", str(path), "--world-size", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {path}" in proc.stdout
+    report = fsdpviz.load(str(path))
+    assert len(report.units) == ExampleConfig().num_layers + 1
+    assert report.config["world_size"] == 4
+
+
+def test_python_dash_m_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdpviz", "demo", "-o", str(tmp_path / "demo.txt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: fsdpviz demo")
+    assert ".json" in proc.stderr
