@@ -58,7 +58,9 @@ def _fmt(events: list[dict[str, Any]], i: int) -> str:
 def assert_same_schedule(real: fsdpviz.Report, predicted: fsdpviz.Report) -> None:
     """Units, forward order and both iterations must be equal, event for event."""
     for r_unit, p_unit in zip(real.units, predicted.units, strict=False):
-        assert p_unit.to_dict() == r_unit.to_dict(), f"unit differs:\nreal      {r_unit}\npredicted {p_unit}"
+        assert p_unit.to_dict() == r_unit.to_dict(), (
+            f"unit differs:\nreal      {r_unit}\npredicted {p_unit}"
+        )
     assert [u.module for u in predicted.units] == [u.module for u in real.units]
     assert predicted.forward_order == real.forward_order
     assert len(real.iterations) >= 3, "record at least three iterations"
@@ -67,7 +69,7 @@ def assert_same_schedule(real: fsdpviz.Report, predicted: fsdpviz.Report) -> Non
     for n, (r_it, p_it) in enumerate(zip(real.iterations[:2], predicted.iterations, strict=True)):
         r = [e.to_dict() for e in r_it]
         p = [e.to_dict() for e in p_it]
-        for i, (a, b) in enumerate(zip(r, p)):
+        for i, (a, b) in enumerate(zip(r, p, strict=False)):
             if a != b:
                 raise AssertionError(
                     f"iteration {n}: first difference at event {i}\nreal:\n{_fmt(r, i)}\n"

@@ -18,8 +18,15 @@ def gpt2() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-    cfg = GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32,
-                     bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_embd=32,
+        n_layer=3,
+        n_head=4,
+        vocab_size=96,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     ids = _ids()
     return GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}, GPT2Block
 
@@ -28,8 +35,14 @@ def llama() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+    )
     return LlamaForCausalLM(cfg), {"input_ids": _ids()}, LlamaDecoderLayer
 
 
@@ -37,8 +50,16 @@ def t5() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     from transformers import T5Config, T5ForConditionalGeneration
     from transformers.models.t5.modeling_t5 import T5Block
 
-    cfg = T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=96, d_kv=8,
-                   decoder_start_token_id=0, pad_token_id=0)
+    cfg = T5Config(
+        d_model=32,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        vocab_size=96,
+        d_kv=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     ids = _ids()
     return T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}, T5Block
 
@@ -47,8 +68,13 @@ def bert() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     from transformers import BertConfig, BertForMaskedLM
     from transformers.models.bert.modeling_bert import BertLayer
 
-    cfg = BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, vocab_size=96)
+    cfg = BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=96,
+    )
     return BertForMaskedLM(cfg), {"input_ids": _ids()}, BertLayer
 
 

@@ -11,8 +11,10 @@ import functools
 import itertools
 from typing import Any
 
+import handwritten_models as hm
 import pytest
 import torch
+from fsdp_harness import check_conformance
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import (
@@ -22,9 +24,6 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
 )
-
-from fsdp_harness import check_conformance
-import handwritten_models as hm
 
 PREFETCH = [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST, None]
 STRATEGY = [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP]
@@ -78,13 +77,19 @@ POLICIES: dict[str, Any] = {
     "module_wrap": ModuleWrapPolicy({hm.Block}),
     "custom_bool": CustomPolicy(lambda m: isinstance(m, hm.Block)),
     "custom_override": CustomPolicy(
-        lambda m: {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
-        if isinstance(m, hm.Block) and m is not None and m.fc1.in_features == 16
-        else isinstance(m, nn.Linear)
+        lambda m: (
+            {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
+            if isinstance(m, hm.Block) and m is not None and m.fc1.in_features == 16
+            else isinstance(m, nn.Linear)
+        )
     ),
-    "transformer": functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={hm.Block}),
+    "transformer": functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls={hm.Block}
+    ),
     "size_based": functools.partial(size_based_auto_wrap_policy, min_num_params=600),
-    "lambda": functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, hm.Block)),
+    "lambda": functools.partial(
+        lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, hm.Block)
+    ),
     "size_based_fn": size_based_auto_wrap_policy,
 }
 
@@ -112,7 +117,10 @@ def test_ignored_modules_and_states(fake_pg: int, use_orig_params: bool, fp: boo
     report = check_conformance(model, _x(), {**common, "ignored_modules": [model.aux]}, fake_pg)
     assert not any(p.startswith("aux.") for u in report.units for p in u.params)
     report = check_conformance(
-        model, _x(), {**common, "ignored_states": [model.aux.weight, model.blocks[2].fc1.bias]}, fake_pg
+        model,
+        _x(),
+        {**common, "ignored_states": [model.aux.weight, model.blocks[2].fc1.bias]},
+        fake_pg,
     )
     flat = [p for u in report.units for p in u.params]
     assert "aux.weight" not in flat and "blocks.2.fc1.bias" not in flat and "aux.bias" in flat
@@ -154,7 +162,9 @@ def test_tied_weights_across_units(fake_pg: int) -> None:
 
 def test_tied_weights_one_unit_named_by_first_fqn(fake_pg: int) -> None:
     torch.manual_seed(0)
-    report = check_conformance(hm.Tied(), _ids(), {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}, fake_pg)
+    report = check_conformance(
+        hm.Tied(), _ids(), {"auto_wrap_policy": ModuleWrapPolicy({hm.Block})}, fake_pg
+    )
     root = report.unit("")
     assert "emb.weight" in root.params and "head.weight" not in root.params
     assert root.shared_params == {"head.weight": "emb.weight"}
@@ -163,8 +173,14 @@ def test_tied_weights_one_unit_named_by_first_fqn(fake_pg: int) -> None:
 @pytest.mark.parametrize("fp", [False, True])
 def test_mixed_precision_batchnorm_units(fake_pg: int, fp: bool) -> None:
     torch.manual_seed(0)
-    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
-    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "mixed_precision": mp, "forward_prefetch": fp}
+    mp = MixedPrecision(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16
+    )
+    kw = {
+        "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+        "mixed_precision": mp,
+        "forward_prefetch": fp,
+    }
     report = check_conformance(hm.WithNorm(), _x(), kw, fake_pg)
     assert report.unit("bn").compute_dtype == "float32"
     assert report.unit("blocks.0").compute_dtype == "bfloat16"
@@ -173,7 +189,10 @@ def test_mixed_precision_batchnorm_units(fake_pg: int, fp: bool) -> None:
 
 def test_no_shard(fake_pg: int) -> None:
     torch.manual_seed(0)
-    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "sharding_strategy": ShardingStrategy.NO_SHARD}
+    kw = {
+        "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+        "sharding_strategy": ShardingStrategy.NO_SHARD,
+    }
     report = check_conformance(hm.Stack(), _x(), kw, fake_pg)
     kinds = {e.kind for it in report.iterations for e in it}
     assert kinds == {"all_reduce"}

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import torch
+from fsdp_harness import check_conformance
+from hf_models import HF_MODELS
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import (
@@ -23,8 +25,6 @@ from torch.distributed.fsdp.wrap import (
 )
 
 import fsdpviz
-from fsdp_harness import check_conformance
-from hf_models import HF_MODELS
 
 pytest.importorskip("transformers")
 
@@ -37,17 +37,27 @@ def _policy(kind: str, layer: type[nn.Module]) -> Any:
     if kind == "size_based":
         return functools.partial(size_based_auto_wrap_policy, min_num_params=3000)
     if kind == "lambda":
-        return functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, (layer, nn.Embedding)))
+        return functools.partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, (layer, nn.Embedding))
+        )
     if kind == "custom":
         return CustomPolicy(
-            lambda m: {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP} if isinstance(m, layer) else False
+            lambda m: (
+                {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
+                if isinstance(m, layer)
+                else False
+            )
         )
     raise AssertionError(kind)
 
 
 POLICIES = ["module_wrap", "transformer", "size_based", "lambda", "custom"]
 PREFETCH = [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST, None]
-CASES = list(itertools.product(PREFETCH, [False, True], [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP]))
+CASES = list(
+    itertools.product(
+        PREFETCH, [False, True], [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP]
+    )
+)
 IDS = [f"{bp.name if bp else 'none'}-fwd{int(fp)}-{ss.name}" for bp, fp, ss in CASES]
 
 
@@ -95,7 +105,9 @@ def test_hf_gradient_checkpointing(fake_pg: int) -> None:
     # In training mode HF checks the (data-dependent) position ids for packed
     # sequences, which the meta device cannot answer: fsdpviz names the module
     # and points to trace="real", which then matches real FSDP exactly.
-    with pytest.raises(fsdpviz.TraceError, match=r"(?s)module 'model' \(LlamaModel\).*trace='real'") as err:
+    with pytest.raises(
+        fsdpviz.TraceError, match=r"(?s)module 'model' \(LlamaModel\).*trace='real'"
+    ) as err:
         fsdpviz.analyze(model, inputs, world_size=fake_pg, **kw)
     assert err.value.module == "model"
     check_conformance(model, inputs, kw, fake_pg, trace="real")

@@ -41,7 +41,14 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             for it in range(passes):
                 tracker.reset_calls()
                 args, kw = inputs_copy(inputs, device)
-                run_step(copy, args, kw, opts.loss, tracker, "the meta device" if device == "meta" else "the model's device")
+                run_step(
+                    copy,
+                    args,
+                    kw,
+                    opts.loss,
+                    tracker,
+                    "the meta device" if device == "meta" else "the model's device",
+                )
                 emulation.end_iteration()
                 if it == 0:
                     first_log = list(runtime.log)
@@ -100,7 +107,9 @@ def _runtime_warnings(plan: Plan, runtime: Any, iterations: list[list[Event]]) -
                 unused,
             )
         )
-    gathered_in_bwd = {e.unit for e in iterations[-1] if e.kind == "all_gather" and e.phase == "backward"}
+    gathered_in_bwd = {
+        e.unit for e in iterations[-1] if e.kind == "all_gather" and e.phase == "backward"
+    }
     reduced = {e.unit for e in iterations[-1] if e.kind in ("reduce_scatter", "all_reduce")}
     no_grad = sorted(gathered_in_bwd - reduced - {u.fqn for u in plan.units if not u.requires_grad})
     if no_grad:
@@ -120,7 +129,10 @@ def _module_infos(copy: nn.Module, plan: Plan, tracker: ModuleTracker) -> list[M
     managed_by: dict[str, str] = {}
     itemsize = {u.fqn: (u.schema.itemsize if u.schema else 0) for u in plan.units}
     for unit in plan.units:
-        shapes = {fqn: list(shape) for (_, _, fqn), shape in zip(unit.param_infos, unit.shapes, strict=True)}
+        shapes = {
+            fqn: list(shape)
+            for (_, _, fqn), shape in zip(unit.param_infos, unit.shapes, strict=True)
+        }
         named = [(fqn, shapes[fqn]) for fqn in shapes]
         named += [(fqn, shapes[prim]) for _, _, fqn, prim in unit.shared_infos]
         for fqn, shape in named:
@@ -132,16 +144,16 @@ def _module_infos(copy: nn.Module, plan: Plan, tracker: ModuleTracker) -> list[M
     for fqn, module in copy.named_modules():
         params = direct.get(fqn, {})
         numel = sum(math.prod(s) for s in params.values())
-        unit = managed_by.get(fqn, fqn if fqn in units else None)
+        managing = managed_by.get(fqn, fqn if fqn in units else None)
         rec = tracker.records.get(fqn)
         infos.append(
             ModuleInfo(
                 fqn=fqn,
                 module_class=type(module).__name__,
                 parent=None if not fqn else fqn.rpartition(".")[0],
-                unit=unit,
+                unit=managing,
                 numel=numel,
-                bytes=numel * itemsize.get(unit or "", 0),
+                bytes=numel * itemsize.get(managing or "", 0),
                 params=params,
                 calls=rec.calls if rec else 0,
                 input_shapes=rec.input_shapes if rec else [],

@@ -99,24 +99,29 @@ class FSDP1Emulation:
         rt = self.runtime
         state = rt.states[index]
         mp = state.config.mixed_precision
-        if state.is_root and mp is not None and mp.param_dtype is not None:
-            if mp.cast_root_forward_inputs and module.training:
-                args, kwargs = _cast_forward_inputs(mp.param_dtype, *args, **kwargs)
+        root_cast = state.is_root and mp is not None and mp.cast_root_forward_inputs
+        if root_cast and mp is not None and mp.param_dtype is not None and module.training:
+            args, kwargs = _cast_forward_inputs(mp.param_dtype, *args, **kwargs)
         grad = torch.is_grad_enabled()
         rt.pre_forward(index, grad)
         kind = rt.needs_post_backward_hook(index, grad)
         if kind == "acc_grad":
             flat = self.flats[state.unit.fqn]
-            acc = flat.expand_as(flat).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+            grad_fn = flat.expand_as(flat).grad_fn
+            assert grad_fn is not None
+            acc = grad_fn.next_functions[0][0]
+            assert acc is not None
             self._post_backward_handles[index] = acc.register_hook(
                 functools.partial(self._post_backward, index)
             )
-        if state.handle is not None and not rt.is_recompute(index):
-            if mp is not None and mp.cast_forward_inputs and mp.param_dtype is not None:
-                args, kwargs = _cast_forward_inputs(mp.param_dtype, *args, **kwargs)
+        unit_cast = state.handle is not None and not rt.is_recompute(index)
+        if unit_cast and mp is not None and mp.cast_forward_inputs and mp.param_dtype is not None:
+            args, kwargs = _cast_forward_inputs(mp.param_dtype, *args, **kwargs)
         if kind == "reshard_only":
             inputs = [
-                t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad
+                t
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and t.requires_grad
             ]
             self._post_backward_handles[index] = register_multi_grad_hook(
                 inputs, functools.partial(self._reshard_only, index)
@@ -134,7 +139,7 @@ class FSDP1Emulation:
             def register(t: torch.Tensor) -> torch.Tensor:
                 nonlocal any_requires_grad
                 if t.requires_grad:
-                    t.register_hook(functools.partial(self._pre_backward, index))
+                    t.register_hook(functools.partial(self._pre_backward, index))  # type: ignore[no-untyped-call]
                     any_requires_grad = True
                 return t
 

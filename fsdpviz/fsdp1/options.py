@@ -148,10 +148,14 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         raise ConfigError(f"world_size must be a positive int, got {ws!r}")
     opts.world_size = ws
     if "sharding_strategy" in kwargs and kwargs["sharding_strategy"] is not None:
-        opts.sharding_strategy = _enum(kwargs["sharding_strategy"], ShardingStrategy, "sharding_strategy")
+        opts.sharding_strategy = _enum(
+            kwargs["sharding_strategy"], ShardingStrategy, "sharding_strategy"
+        )
     if "backward_prefetch" in kwargs:
         bp = kwargs["backward_prefetch"]
-        opts.backward_prefetch = None if bp is None else _enum(bp, BackwardPrefetch, "backward_prefetch")
+        opts.backward_prefetch = (
+            None if bp is None else _enum(bp, BackwardPrefetch, "backward_prefetch")
+        )
     for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers"):
         if flag in kwargs:
             value = kwargs[flag]
@@ -161,7 +165,8 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     mp = kwargs.get("mixed_precision")
     if mp is not None and not isinstance(mp, MixedPrecision):
         raise ConfigError(
-            f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mp).__name__}"
+            "mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got "
+            f"{type(mp).__name__}"
         )
     if mp is not None and mp.keep_low_precision_grads:
         opts.extra["keep_low_precision_grads"] = True

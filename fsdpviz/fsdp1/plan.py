@@ -112,7 +112,9 @@ def _recorded_targets(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            _auto_wrap(root, opts.auto_wrap_policy, ignored_modules, ignored_params, root_kwargs, record)
+            _auto_wrap(
+                root, opts.auto_wrap_policy, ignored_modules, ignored_params, root_kwargs, record
+            )
         except (ValueError, AssertionError, TypeError) as e:
             raise FSDPConfigError(f"FSDP would reject this auto_wrap_policy: {e}") from e
     messages.extend(str(w.message) for w in caught)
@@ -226,7 +228,9 @@ def _dtype(d: torch.dtype) -> str:
     return str(d).removeprefix("torch.")
 
 
-def plan_fsdp1(root: nn.Module, opts: FSDP1Options, ignored_modules: Any, ignored_states: Any) -> Plan:
+def plan_fsdp1(
+    root: nn.Module, opts: FSDP1Options, ignored_modules: Any, ignored_states: Any
+) -> Plan:
     """Build the units FSDP1 would build for ``root`` (fsdpviz's own copy; it is modified).
 
     ``ignored_modules`` / ``ignored_states`` must already refer to modules and
@@ -236,7 +240,10 @@ def plan_fsdp1(root: nn.Module, opts: FSDP1Options, ignored_modules: Any, ignore
 
     try:
         state = _init_ignored_module_states(
-            types.SimpleNamespace(), root, ignored_modules, ignored_states  # type: ignore[arg-type]
+            types.SimpleNamespace(),
+            root,
+            ignored_modules,
+            ignored_states,
         )
     except ValueError as e:
         raise FSDPConfigError(str(e)) from e

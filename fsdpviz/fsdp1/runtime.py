@@ -74,7 +74,9 @@ ViewsFn = Callable[[Handle], None]
 class FSDP1Runtime:
     """One rank's FSDP1 runtime over the planned units."""
 
-    def __init__(self, units: list[PlannedUnit], use_orig_params: bool, make_views: ViewsFn) -> None:
+    def __init__(
+        self, units: list[PlannedUnit], use_orig_params: bool, make_views: ViewsFn
+    ) -> None:
         self.states: list[UnitState] = []
         for i, unit in enumerate(units):
             handle = Handle(unit, use_orig_params) if unit.has_params else None
@@ -93,7 +95,14 @@ class FSDP1Runtime:
     def _emit(self, kind: Any, handle: Handle, phase: Any) -> None:
         hook, hook_unit = self._hook or (None, None)
         self.events.append(
-            Event(kind, handle.name, phase, self._prefetching and kind == "all_gather", hook, hook_unit)
+            Event(
+                kind,
+                handle.name,
+                phase,
+                self._prefetching and kind == "all_gather",
+                hook,
+                hook_unit,
+            )
         )
 
     def take_events(self) -> list[Event]:
@@ -108,7 +117,11 @@ class FSDP1Runtime:
             h.unsharded_allocated = True
         h.using_sharded = False
         in_forward = h.training_state == TrainingState.FORWARD
-        if h.use_orig_params and h.skipped_sharded_views and h.training_state == TrainingState.BACKWARD_PRE:
+        if (
+            h.use_orig_params
+            and h.skipped_sharded_views
+            and h.training_state == TrainingState.BACKWARD_PRE
+        ):
             return
         if in_forward:
             self.make_views(h)
@@ -195,7 +208,7 @@ class FSDP1Runtime:
         self._hook = None
 
     def needs_post_backward_hook(self, index: int, grad_enabled: bool) -> str | None:
-        """Which post-backward hook FSDP registers now: ``"acc_grad"``, ``"reshard_only"`` or None."""
+        """The post-backward hook FSDP registers now: ``acc_grad``, ``reshard_only`` or None."""
         h = self.states[index].handle
         if not grad_enabled or h is None or h.post_backward_registered:
             return None
@@ -253,7 +266,9 @@ class FSDP1Runtime:
         return queue
 
     def post_backward(self, index: int, reshard_only: bool = False) -> None:
-        self.log.append(("post_backward_reshard_only" if reshard_only else "post_backward", index, False))
+        self.log.append(
+            ("post_backward_reshard_only" if reshard_only else "post_backward", index, False)
+        )
         state = self.states[index]
         h = state.handle
         assert h is not None

@@ -28,7 +28,9 @@ from torch import nn
 from fsdpviz.core.schema import Event, Hook, Report, Unit
 
 
-def _patch(stack: ExitStack, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]) -> None:
+def _patch(
+    stack: ExitStack, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]
+) -> None:
     original = getattr(owner, name)
     setattr(owner, name, wrapper(original))
     stack.callback(setattr, owner, name, original)
@@ -86,10 +88,12 @@ class FSDP1Recorder:
             _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
             _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
             _patch(stack, _runtime_utils, "_reduce_grad_no_shard", self._wrap_reduce("all_reduce"))
-            for name, hook in (("_pre_forward", "pre_forward"), ("_post_forward", "post_forward")):
-                _patch(stack, fsdp_mod, name, self._wrap_hook(hook, handle_arg=1))
+            _patch(stack, fsdp_mod, "_pre_forward", self._wrap_hook("pre_forward", 1))
+            _patch(stack, fsdp_mod, "_post_forward", self._wrap_hook("post_forward", 1))
             _patch(stack, _runtime_utils, "_pre_backward_hook", self._wrap_hook("pre_backward", 2))
-            _patch(stack, _runtime_utils, "_post_backward_hook", self._wrap_hook("post_backward", 1))
+            _patch(
+                stack, _runtime_utils, "_post_backward_hook", self._wrap_hook("post_backward", 1)
+            )
             _patch(
                 stack,
                 _runtime_utils,
@@ -164,7 +168,9 @@ class FSDP1Recorder:
 
         return wrap
 
-    def _wrap_hook(self, hook: Hook, handle_arg: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _wrap_hook(
+        self, hook: Hook, handle_arg: int
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def run(*args: Any, **kwargs: Any) -> Any:
@@ -265,8 +271,8 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
-def _dtype(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
+def _dtype(d: torch.dtype | None) -> str | None:
+    return None if d is None else str(d).removeprefix("torch.")
 
 
 @contextmanager

@@ -30,7 +30,9 @@ def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[
             memo[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
     for b in model.buffers(recurse=True):
         if id(b) not in memo:
-            memo[id(b)] = b.detach().clone() if device == "real" else torch.empty_like(b, device="meta")
+            memo[id(b)] = (
+                b.detach().clone() if device == "real" else torch.empty_like(b, device="meta")
+            )
     originals = {id(p): p for p in model.parameters()} | {id(b): b for b in model.buffers()}
     mods = dict(model.named_modules(remove_duplicate=True))
     try:

@@ -89,7 +89,9 @@ def default_loss(output: Any) -> torch.Tensor:
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits.sum()
-    floats = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    floats = [
+        t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     if not floats:
         raise ConfigError(
             "the model output has no floating-point tensor to build a loss from; pass "
@@ -131,4 +133,4 @@ def run_step(
             "the loss does not require grad, so there is no backward pass to analyse; check "
             "that parameters require grad or pass loss=... that depends on them"
         )
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
