@@ -1,0 +1,97 @@
+"""Analysis cost on a Llama-3-70B-shaped model, measured side by side in one process.
+
+Builds ``LlamaForCausalLM`` on the meta device (80 layers, hidden 8192,
+vocab 128256), 512 tokens, and alternates a bare meta-device forward+backward
+with ``fsdpviz.analyze`` (``ModuleWrapPolicy({LlamaDecoderLayer})``), so both
+see the same machine load. Prints the median times, their ratio (target:
+at most 1.5x) and the process's peak RSS (target: under 1.5 GB).
+
+    python benchmarks/bench_analyze_70b.py [--repeats 5] [--forward-prefetch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+from torch.distributed.fsdp import BackwardPrefetch  # noqa: E402
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
+
+import fsdpviz  # noqa: E402
+
+
+def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor], type[torch.nn.Module]]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    cfg = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    ids = torch.zeros(1, 512, dtype=torch.long, device="meta")
+    return model, {"input_ids": ids}, LlamaDecoderLayer
+
+
+def bare_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> float:
+    t0 = time.perf_counter()
+    out = model(**inputs)
+    out.logits.sum().backward()
+    for p in model.parameters():
+        p.grad = None
+    return time.perf_counter() - t0
+
+
+def analyze_step(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], layer: type, forward_prefetch: bool
+) -> float:
+    t0 = time.perf_counter()
+    report = fsdpviz.analyze(
+        model,
+        inputs,
+        auto_wrap_policy=ModuleWrapPolicy({layer}),
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+        forward_prefetch=forward_prefetch,
+        world_size=64,
+        progress=False,
+    )
+    elapsed = time.perf_counter() - t0
+    assert len(report.units) == 81
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--forward-prefetch", action="store_true")
+    args = parser.parse_args()
+    model, inputs, layer = build()
+    bare_step(model, inputs)  # warm-up both paths
+    analyze_step(model, inputs, layer, args.forward_prefetch)
+    bare: list[float] = []
+    analysed: list[float] = []
+    for _ in range(args.repeats):
+        bare.append(bare_step(model, inputs))
+        analysed.append(analyze_step(model, inputs, layer, args.forward_prefetch))
+    b, a = statistics.median(bare), statistics.median(analysed)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"model: Llama-3-70B shape, 80 layers, 512 tokens, forward_prefetch={args.forward_prefetch}")
+    print(f"bare meta forward+backward: median {b:.3f} s over {args.repeats}")
+    print(f"fsdpviz.analyze:            median {a:.3f} s over {args.repeats}")
+    print(f"ratio analyze / bare: {a / b:.2f}x (target <= 1.5x)")
+    print(f"peak RSS of this process: {rss_mb:.0f} MB (target < 1536 MB)")
+
+
+if __name__ == "__main__":
+    main()
