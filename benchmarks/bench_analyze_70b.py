@@ -19,11 +19,11 @@ import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
-from torch.distributed.fsdp import BackwardPrefetch  # noqa: E402
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
+import torch
+from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import fsdpviz  # noqa: E402
+import fsdpviz
 
 
 def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor], type[torch.nn.Module]]:
@@ -86,7 +86,7 @@ def main() -> None:
         analysed.append(analyze_step(model, inputs, layer, args.forward_prefetch))
     b, a = statistics.median(bare), statistics.median(analysed)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: Llama-3-70B shape, 80 layers, 512 tokens, forward_prefetch={args.forward_prefetch}")
+    print(f"model: Llama-3-70B shape, 80 layers, 512 tokens, fwd prefetch={args.forward_prefetch}")
     print(f"bare meta forward+backward: median {b:.3f} s over {args.repeats}")
     print(f"fsdpviz.analyze:            median {a:.3f} s over {args.repeats}")
     print(f"ratio analyze / bare: {a / b:.2f}x (target <= 1.5x)")

@@ -7,13 +7,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import handwritten_models as hm
 import torch
 import torch.distributed as dist
+from fsdp_harness import record_real_fsdp1
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-import handwritten_models as hm
-from fsdp_harness import record_real_fsdp1
 
 
 def gloo_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:

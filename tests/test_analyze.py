@@ -7,6 +7,7 @@ import json
 import warnings
 from typing import Any
 
+import handwritten_models as hm
 import pytest
 import torch
 from torch import nn
@@ -19,7 +20,6 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 import fsdpviz
-import handwritten_models as hm
 
 POLICY = ModuleWrapPolicy({hm.Block})
 
@@ -278,7 +278,7 @@ def test_sizes_with_padding() -> None:
         "blocks.0.fc2.weight",
         "blocks.0.fc2.bias",
     ]
-    with pytest.raises(KeyError, match="no wrap unit for module 'blocks.9'"):
+    with pytest.raises(KeyError, match=r"no wrap unit for module 'blocks\.9'"):
         report.unit("blocks.9")
 
 

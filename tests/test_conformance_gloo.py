@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-import fsdpviz
 from fsdp_harness import assert_same_schedule
 from gloo_worker import gloo_cases, run
+
+import fsdpviz
 
 pytest.importorskip("transformers")
 WORLD_SIZE = 2
