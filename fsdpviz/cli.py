@@ -117,7 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--use-orig-params", action="store_true", help="use_orig_params=True")
     report.add_argument(
         "--trace",
-        choices=["meta", "real"],
+        choices=["meta", "real", "fx"],
         default="meta",
         help="run the model on the meta device (default) or, for models that cannot, "
         "on a copy on its own device",

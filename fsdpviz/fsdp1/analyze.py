@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -11,9 +12,20 @@ from fsdpviz.core.schema import Event, FsdpWarning, ModuleInfo, Report
 from fsdpviz.fsdp1.emulate import FSDP1Emulation
 from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.fsdp1.plan import Plan, plan_fsdp1
+from fsdpviz.fsdp1.runtime import FSDP1Runtime
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.progress import progress_bar
-from fsdpviz.trace.tracker import ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
+
+
+@dataclass
+class _Traced:
+    iterations: list[list[Event]]
+    runtime: FSDP1Runtime
+    module_order: list[str]
+    records: dict[str, ModuleCalls]
+    warnings: list[FsdpWarning] = field(default_factory=list)
 
 
 def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
@@ -28,29 +40,49 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             for name, buf in buf_owner._buffers.items():
                 if buf is not None and buf.is_floating_point():
                     buf_owner._buffers[name] = buf.to(mp.buffer_dtype)
+    # fx traces the intact copy; planning then replaces parameters by views.
+    tree = fx_call_tree(copy) if opts.trace == "fx" else None
     plan = plan_fsdp1(copy, opts, ignored_modules, ignored_states)
+    if tree is not None:
+        traced = _trace_fx(tree, plan, opts)
+    else:
+        traced = _trace_autograd(copy, plan, opts, inputs, device)
+    runtime = traced.runtime
+    warnings = plan.warnings + traced.warnings + _runtime_warnings(plan, runtime, traced.iterations)
+    return Report(
+        source="prediction",
+        config=opts.describe(),
+        units=[u.schema or _empty_unit(u.fqn, u.module) for u in plan.units],
+        forward_order=[h.name for h in runtime.pre_forward_order],
+        iterations=traced.iterations,
+        warnings=warnings,
+        modules=_module_infos(copy, plan, traced.records),
+        module_order=traced.module_order,
+    )
+
+
+def _trace_autograd(
+    copy: nn.Module, plan: Plan, opts: FSDP1Options, inputs: Any, device: str
+) -> _Traced:
+    """Run the copy with FSDP1's hooks emulated; real autograd orders the backward hooks."""
     emulation = FSDP1Emulation(plan, opts.use_orig_params, real=device == "real")
     runtime = emulation.runtime
     n_modules = sum(1 for _ in copy.modules())
+    # Forward prefetch creates a prefetched unit's views earlier in the steady
+    # state, which changes the backward hook order: trace that iteration too.
     needs_second_run = any(u.config.forward_prefetch for u in plan.units)
     passes = 2 if needs_second_run else 1
-    with progress_bar(total=n_modules * passes, desc="fsdpviz trace", enabled=opts.progress) as bar:
+    where = "the meta device" if device == "meta" else "the model's device"
+    iterations: list[list[Event]] = []
+    with progress_bar(n_modules * passes, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
         try:
-            iterations: list[list[Event]] = []
-            for it in range(passes):
+            for _ in range(passes):
                 tracker.reset_calls()
                 args, kw = inputs_copy(inputs, device)
-                run_step(
-                    copy,
-                    args,
-                    kw,
-                    opts.loss,
-                    tracker,
-                    "the meta device" if device == "meta" else "the model's device",
-                )
+                run_step(copy, args, kw, opts.loss, tracker, where)
                 emulation.end_iteration()
-                if it == 0:
+                if not iterations:
                     first_log = list(runtime.log)
                 iterations.append(runtime.take_events())
             if not needs_second_run:
@@ -59,17 +91,36 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         finally:
             tracker.remove()
             emulation.remove()
-    warnings = plan.warnings + _runtime_warnings(plan, runtime, iterations)
-    return Report(
-        source="prediction",
-        config=opts.describe(),
-        units=[u.schema or _empty_unit(u.fqn, u.module) for u in plan.units],
-        forward_order=[h.name for h in runtime.pre_forward_order],
-        iterations=iterations,
-        warnings=warnings,
-        modules=_module_infos(copy, plan, tracker),
-        module_order=list(tracker.order),
+    return _Traced(iterations, runtime, list(tracker.order), tracker.records)
+
+
+def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
+    """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
+    runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
+    index = {u.fqn: i for i, u in enumerate(plan.units)}
+    sequence = hook_sequence(tree, index)
+    iterations: list[list[Event]] = []
+    for _ in range(2):
+        for hook, i in sequence:
+            if hook == "pre_forward":
+                runtime.pre_forward(i, True)
+                runtime.needs_post_backward_hook(i, True)
+            elif hook == "post_forward":
+                runtime.post_forward(i, True, True)
+            elif hook == "pre_backward":
+                runtime.pre_backward(i)
+            elif plan.units[i].has_params:
+                runtime.post_backward(i, reshard_only=not plan.units[i].requires_grad)
+        runtime.final_callback()
+        iterations.append(runtime.take_events())
+    records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
+    warning = FsdpWarning(
+        "approximate_backward_order",
+        "trace='fx' runs no autograd: the backward hook order is inferred from the forward "
+        "call order (exact for sequential models without forward prefetch). Use "
+        "trace='meta' or trace='real' for the order torch's autograd engine produces.",
     )
+    return _Traced(iterations, runtime, module_order(tree), records, [warning])
 
 
 def _empty_unit(fqn: str, module: nn.Module) -> Any:
@@ -124,7 +175,7 @@ def _runtime_warnings(plan: Plan, runtime: Any, iterations: list[list[Event]]) -
     return out
 
 
-def _module_infos(copy: nn.Module, plan: Plan, tracker: ModuleTracker) -> list[ModuleInfo]:
+def _module_infos(copy: nn.Module, plan: Plan, records: dict[str, ModuleCalls]) -> list[ModuleInfo]:
     direct: dict[str, dict[str, list[int]]] = {}
     managed_by: dict[str, str] = {}
     itemsize = {u.fqn: (u.schema.itemsize if u.schema else 0) for u in plan.units}
@@ -145,7 +196,7 @@ def _module_infos(copy: nn.Module, plan: Plan, tracker: ModuleTracker) -> list[M
         params = direct.get(fqn, {})
         numel = sum(math.prod(s) for s in params.values())
         managing = managed_by.get(fqn, fqn if fqn in units else None)
-        rec = tracker.records.get(fqn)
+        rec = records.get(fqn)
         infos.append(
             ModuleInfo(
                 fqn=fqn,

@@ -200,8 +200,8 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         raise ConfigError("loss must be a callable from the model output to a scalar tensor")
     opts.loss = loss
     trace = kwargs.get("trace", "meta")
-    if trace not in ("meta", "real"):
-        raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default) or 'real'")
+    if trace not in ("meta", "real", "fx"):
+        raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
     opts.trace = trace
     opts.progress = kwargs.get("progress")
     return opts

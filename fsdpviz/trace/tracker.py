@@ -122,7 +122,8 @@ def run_step(
             f"tracing on {where} failed in module {label!r} ({cls}): {type(e).__name__}: {e}\n"
             "If the model needs real data here (data-dependent control flow such as .item(), "
             "or an operator with no meta kernel), analyse with trace='real' on a model that "
-            "lives on a real device.",
+            "lives on a real device, or with trace='fx' (torch.fx symbolic tracing runs no "
+            "operator) for models fx can trace.",
             module=failing,
         ) from e
     loss = (loss_fn or default_loss)(output)
