@@ -298,3 +298,25 @@ def test_progress_bar_can_be_forced(capsys: Any) -> None:
     assert "fsdpviz trace" in capsys.readouterr().err
     fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=POLICY, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_backward_module_order_and_param_first_use() -> None:
+    report = fsdpviz.analyze(hm.Tied(), torch.randint(0, 32, (2, 6)), auto_wrap_policy=POLICY)
+    back = report.module_backward_order
+    # the root returns head's output tensor: head's gradient is reached first
+    assert back[:3] == ["head", "", "blocks.2"]
+    assert (
+        back.index("blocks.2") < back.index("blocks.1") < back.index("blocks.0") < back.index("emb")
+    )
+    # the tied weight is first used by the embedding, not the head
+    assert report.param_first_use["emb.weight"] == "emb"
+    assert "head.weight" not in report.param_first_use
+    assert report.param_first_use["blocks.1.fc2.bias"] == "blocks.1.fc2"
+
+
+def test_already_wrapped_model_is_rejected(fake_pg: int) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = FullyShardedDataParallel(hm.Stack(), device_id=torch.device("cpu"))
+    with pytest.raises(fsdpviz.ConfigError, match=r"already wrapped.*FSDP1Recorder"):
+        fsdpviz.analyze(wrapped, _x())

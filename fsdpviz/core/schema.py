@@ -30,9 +30,15 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 ``warnings``
     What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
 ``modules``
-    The module tree: ``fqn``, ``class``, ``parent``, ``unit`` (the unit that
-    manages its direct parameters), ``numel``/``bytes`` (direct parameters),
-    ``calls`` and the input/output ``shapes`` seen in the trace.
+    The module tree: ``fqn``, ``module_class``, ``parent``, ``unit`` (the unit
+    that manages its direct parameters), ``numel``/``bytes`` (direct
+    parameters), ``calls`` and the ``input_shapes``/``output_shapes`` seen.
+``module_order`` / ``module_backward_order``
+    Module FQNs in the order their forward first ran / their backward was first
+    reached (the gradient of one of their outputs computed).
+``param_first_use``
+    Parameter FQN (first FQN of a shared parameter) -> the module whose forward
+    used it first.
 """
 
 from __future__ import annotations
@@ -178,6 +184,8 @@ class Report:
     warnings: list[FsdpWarning] = field(default_factory=list)
     modules: list[ModuleInfo] = field(default_factory=list)
     module_order: list[str] = field(default_factory=list)
+    module_backward_order: list[str] = field(default_factory=list)
+    param_first_use: dict[str, str] = field(default_factory=dict)
 
     def unit(self, module: str) -> Unit:
         """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
@@ -198,6 +206,8 @@ class Report:
             "warnings": [w.to_dict() for w in self.warnings],
             "modules": [m.to_dict() for m in self.modules],
             "module_order": list(self.module_order),
+            "module_backward_order": list(self.module_backward_order),
+            "param_first_use": dict(self.param_first_use),
         }
 
     @classmethod
@@ -217,6 +227,8 @@ class Report:
             warnings=[FsdpWarning.from_dict(w) for w in d.get("warnings", [])],
             modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
             module_order=list(d.get("module_order", [])),
+            module_backward_order=list(d.get("module_backward_order", [])),
+            param_first_use=dict(d.get("param_first_use", {})),
         )
 
     def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:

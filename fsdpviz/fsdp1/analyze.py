@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.core.schema import Event, FsdpWarning, ModuleInfo, Report
+from fsdpviz.errors import ConfigError
 from fsdpviz.fsdp1.emulate import FSDP1Emulation
 from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.fsdp1.plan import Plan, plan_fsdp1
@@ -26,10 +27,12 @@ class _Traced:
     module_order: list[str]
     records: dict[str, ModuleCalls]
     warnings: list[FsdpWarning] = field(default_factory=list)
+    backward_order: list[str] = field(default_factory=list)
 
 
 def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     opts = parse_fsdp1_options(kwargs)
+    _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
     ignored_modules = map_objects(opts.ignored_modules, mapping, "ignored_modules")
@@ -58,7 +61,34 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         warnings=warnings,
         modules=_module_infos(copy, plan, traced.records),
         module_order=traced.module_order,
+        module_backward_order=traced.backward_order,
+        param_first_use=_param_first_use(plan, traced.module_order),
     )
+
+
+def _param_first_use(plan: Plan, module_order: list[str]) -> dict[str, str]:
+    """The first module (in forward order) that owns each managed parameter."""
+    owners: dict[str, list[str]] = {}
+    for unit in plan.units:
+        for _, _, fqn in unit.param_infos:
+            owners.setdefault(fqn.rpartition(".")[0], []).append(fqn)
+        for _, _, fqn, prim in unit.shared_infos:
+            owners.setdefault(fqn.rpartition(".")[0], []).append(prim)
+    first: dict[str, str] = {}
+    for module in module_order:
+        for param in owners.get(module, []):
+            first.setdefault(param, module)
+    return first
+
+
+def _reject_wrapped(model: nn.Module) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise ConfigError(
+            "the model is already wrapped in FullyShardedDataParallel; analyse the model "
+            "before wrapping it, or record the wrapped model's real run with FSDP1Recorder"
+        )
 
 
 def _trace_autograd(
@@ -91,7 +121,13 @@ def _trace_autograd(
         finally:
             tracker.remove()
             emulation.remove()
-    return _Traced(iterations, runtime, list(tracker.order), tracker.records)
+    return _Traced(
+        iterations,
+        runtime,
+        list(tracker.order),
+        tracker.records,
+        backward_order=list(tracker.backward_order),
+    )
 
 
 def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:

@@ -7,6 +7,7 @@ which module was running when something failed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,10 @@ class ModuleTracker:
         self.names = {m: n for n, m in model.named_modules()}
         self.records: dict[str, ModuleCalls] = {n: ModuleCalls() for n in self.names.values()}
         self.order: list[str] = []
+        self.backward_order: list[str] = []
         self.stack: list[str] = []
         self._on_call = on_call
+        self._in_backward: set[str] = set()
         self._handles = []
         for module in self.names:
             self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -67,12 +70,23 @@ class ModuleTracker:
             rec.output_shapes = _shapes(output)
         if self.stack and self.stack[-1] == name:
             self.stack.pop()
+        if torch.is_grad_enabled():
+            for t in tree_leaves(output):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(functools.partial(self._backward_reached, name))  # type: ignore[no-untyped-call]
+
+    def _backward_reached(self, name: str, grad: torch.Tensor) -> None:
+        if name not in self._in_backward:
+            self._in_backward.add(name)
+            self.backward_order.append(name)
 
     def reset_calls(self) -> None:
         """Forget call counts (keep shapes) before tracing another iteration."""
         for rec in self.records.values():
             rec.calls = 0
         self.order.clear()
+        self.backward_order.clear()
+        self._in_backward.clear()
         self.stack.clear()
 
     def remove(self) -> None:
