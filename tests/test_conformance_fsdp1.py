@@ -25,6 +25,8 @@ from torch.distributed.fsdp.wrap import (
     transformer_auto_wrap_policy,
 )
 
+import fsdpviz
+
 PREFETCH = [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST, None]
 STRATEGY = [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP]
 MATRIX = list(itertools.product(PREFETCH, [False, True], STRATEGY))
@@ -196,3 +198,30 @@ def test_no_shard(fake_pg: int) -> None:
     report = check_conformance(hm.Stack(), _x(), kw, fake_pg)
     kinds = {e.kind for it in report.iterations for e in it}
     assert kinds == {"all_reduce"}
+
+
+@pytest.mark.parametrize("fp", [False, True])
+@pytest.mark.parametrize(
+    "ss",
+    [ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2],
+    ids=lambda s: s.name,
+)
+def test_hybrid_sharding(fake_pg: int, ss: ShardingStrategy, fp: bool) -> None:
+    """Real FSDP gets a 2x2 device mesh (replicate x shard); fsdpviz gets shard_group_size=2."""
+    from fsdp_harness import assert_same_schedule, record_real_fsdp1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model, x = hm.Stack(), _x()
+    kw = {
+        "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+        "sharding_strategy": ss,
+        "forward_prefetch": fp,
+    }
+    mesh = init_device_mesh("cpu", (2, fake_pg // 2))
+    real = record_real_fsdp1(model, x, {**kw, "device_mesh": mesh})
+    predicted = fsdpviz.analyze(model, x, world_size=fake_pg, shard_group_size=2, **kw)
+    assert_same_schedule(real, predicted)
+    assert predicted.config["shard_world_size"] == 2
+    block = predicted.unit("blocks.0")
+    assert block.sharded_numel == -(-block.numel // 2)
