@@ -134,20 +134,18 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
     """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
     runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
     index = {u.fqn: i for i, u in enumerate(plan.units)}
-    sequence = hook_sequence(tree, index)
+    log: list[tuple[str, int, bool]] = []
+    for hook, i in hook_sequence(tree, index):
+        unit = plan.units[i]
+        if hook == "post_backward":
+            if not unit.has_params:
+                continue
+            hook = "post_backward" if unit.requires_grad else "post_backward_reshard_only"
+        log.append((hook, i, hook in ("pre_forward", "post_forward")))
+    log.append(("final_callback", 0, False))
     iterations: list[list[Event]] = []
     for _ in range(2):
-        for hook, i in sequence:
-            if hook == "pre_forward":
-                runtime.pre_forward(i, True)
-                runtime.needs_post_backward_hook(i, True)
-            elif hook == "post_forward":
-                runtime.post_forward(i, True, True)
-            elif hook == "pre_backward":
-                runtime.pre_backward(i)
-            elif plan.units[i].has_params:
-                runtime.post_backward(i, reshard_only=not plan.units[i].requires_grad)
-        runtime.final_callback()
+        runtime.replay(log)
         iterations.append(runtime.take_events())
     records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
     warning = FsdpWarning(
