@@ -41,6 +41,10 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         )
         report.to_dict()["forward_order"]
     """
+    if "fully_shard" in fsdp_kwargs:
+        from fsdpviz.fsdp2.analyze import analyze_fsdp2
+
+        return analyze_fsdp2(model, inputs, **fsdp_kwargs)
     from fsdpviz.fsdp1.analyze import analyze_fsdp1
 
     return analyze_fsdp1(model, inputs, **fsdp_kwargs)

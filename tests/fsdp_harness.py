@@ -93,3 +93,53 @@ def check_conformance(
     real = record_real_fsdp1(model, inputs, fsdp_kwargs, loss)
     assert_same_schedule(real, predicted)
     return predicted
+
+
+def record_real_fsdp2(
+    model: nn.Module,
+    inputs: Any,
+    calls: list[tuple[str, ...]],
+    world_size: int,
+    reshard_after_forward: Any = None,
+    mp_policy: Any = None,
+    forward_prefetch: dict[str, list[str]] | None = None,
+    backward_prefetch: dict[str, list[str]] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    iterations: int = 3,
+) -> fsdpviz.Report:
+    """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdpviz.record import FSDP2Recorder
+
+    real = copy.deepcopy(model)
+    mods = dict(real.named_modules())
+    mesh = init_device_mesh("cpu", (world_size,))
+
+    def kwargs_for(names: tuple[str, ...]) -> dict[str, Any]:
+        kw: dict[str, Any] = {"mesh": mesh}
+        raf = reshard_after_forward
+        if isinstance(raf, dict):
+            raf = next((raf[n] for n in (", ".join(names), *names) if n in raf), None)
+        if raf is not None:
+            kw["reshard_after_forward"] = raf
+        if mp_policy is not None:
+            kw["mp_policy"] = mp_policy
+        return kw
+
+    for names in [*calls, ("",)]:
+        targets = [mods[n] for n in names]
+        fully_shard(targets if len(targets) > 1 else targets[0], **kwargs_for(names))
+    for key, attr in (
+        (forward_prefetch, "set_modules_to_forward_prefetch"),
+        (backward_prefetch, "set_modules_to_backward_prefetch"),
+    ):
+        for src, dsts in (key or {}).items():
+            getattr(mods[src], attr)([mods[d] for d in dsts])
+    with FSDP2Recorder(real) as rec:
+        for _ in range(iterations):
+            args, kwargs = _split(inputs)
+            out = real(*args, **kwargs)
+            (loss or default_loss)(out).backward()
+    return rec.report()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Event, FsdpWarning, ModuleInfo, Report
+from fsdpviz.core.schema import Event, FsdpWarning, Report
 from fsdpviz.errors import ConfigError
 from fsdpviz.fsdp1.emulate import FSDP1Emulation
 from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
@@ -16,6 +15,7 @@ from fsdpviz.fsdp1.plan import Plan, plan_fsdp1
 from fsdpviz.fsdp1.runtime import FSDP1Runtime
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
+from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
 
@@ -51,6 +51,7 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     else:
         traced = _trace_autograd(copy, plan, opts, inputs, device)
     runtime = traced.runtime
+    placements = _placements(plan)
     warnings = plan.warnings + traced.warnings + _runtime_warnings(plan, runtime, traced.iterations)
     return Report(
         source="prediction",
@@ -59,26 +60,11 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         forward_order=[h.name for h in runtime.pre_forward_order],
         iterations=traced.iterations,
         warnings=warnings,
-        modules=_module_infos(copy, plan, traced.records),
+        modules=module_infos(copy, placements, {u.fqn: u.fqn for u in plan.units}, traced.records),
         module_order=traced.module_order,
         module_backward_order=traced.backward_order,
-        param_first_use=_param_first_use(plan, traced.module_order),
+        param_first_use=param_first_use(placements, traced.module_order),
     )
-
-
-def _param_first_use(plan: Plan, module_order: list[str]) -> dict[str, str]:
-    """The first module (in forward order) that owns each managed parameter."""
-    owners: dict[str, list[str]] = {}
-    for unit in plan.units:
-        for _, _, fqn in unit.param_infos:
-            owners.setdefault(fqn.rpartition(".")[0], []).append(fqn)
-        for _, _, fqn, prim in unit.shared_infos:
-            owners.setdefault(fqn.rpartition(".")[0], []).append(prim)
-    first: dict[str, str] = {}
-    for module in module_order:
-        for param in owners.get(module, []):
-            first.setdefault(param, module)
-    return first
 
 
 def _reject_wrapped(model: nn.Module) -> None:
@@ -209,43 +195,19 @@ def _runtime_warnings(plan: Plan, runtime: Any, iterations: list[list[Event]]) -
     return out
 
 
-def _module_infos(copy: nn.Module, plan: Plan, records: dict[str, ModuleCalls]) -> list[ModuleInfo]:
-    direct: dict[str, dict[str, list[int]]] = {}
-    managed_by: dict[str, str] = {}
-    itemsize = {u.fqn: (u.schema.itemsize if u.schema else 0) for u in plan.units}
+def _placements(plan: Plan) -> list[ParamPlacement]:
+    out: list[ParamPlacement] = []
     for unit in plan.units:
+        size = unit.schema.itemsize if unit.schema else 0
         shapes = {
-            fqn: list(shape)
-            for (_, _, fqn), shape in zip(unit.param_infos, unit.shapes, strict=True)
+            fqn: list(s) for (_, _, fqn), s in zip(unit.param_infos, unit.shapes, strict=True)
         }
-        named = [(fqn, shapes[fqn]) for fqn in shapes]
-        named += [(fqn, shapes[prim]) for _, _, fqn, prim in unit.shared_infos]
-        for fqn, shape in named:
-            owner, _, name = fqn.rpartition(".")
-            direct.setdefault(owner, {})[name] = shape
-            managed_by.setdefault(owner, unit.fqn)
-    units = {u.fqn for u in plan.units}
-    infos: list[ModuleInfo] = []
-    for fqn, module in copy.named_modules():
-        params = direct.get(fqn, {})
-        numel = sum(math.prod(s) for s in params.values())
-        managing = managed_by.get(fqn, fqn if fqn in units else None)
-        rec = records.get(fqn)
-        infos.append(
-            ModuleInfo(
-                fqn=fqn,
-                module_class=type(module).__name__,
-                parent=None if not fqn else fqn.rpartition(".")[0],
-                unit=managing,
-                numel=numel,
-                bytes=numel * itemsize.get(managing or "", 0),
-                params=params,
-                calls=rec.calls if rec else 0,
-                input_shapes=rec.input_shapes if rec else [],
-                output_shapes=rec.output_shapes if rec else [],
-            )
+        out.extend(ParamPlacement(f, unit.fqn, s, size, f) for f, s in shapes.items())
+        out.extend(
+            ParamPlacement(f, unit.fqn, shapes[prim], size, prim)
+            for _, _, f, prim in unit.shared_infos
         )
-    return infos
+    return out
 
 
 __all__ = ["FSDP1Options", "analyze_fsdp1"]

@@ -1,0 +1,1 @@
+"""FSDP2 (fully_shard): options, groups, runtime emulation."""

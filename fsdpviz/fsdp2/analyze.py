@@ -1,0 +1,165 @@
+"""``analyze`` for FSDP2 (``fully_shard``): plan groups, trace once, replay the steady state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.core.schema import Event, FsdpWarning, Report
+from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.fsdp2.emulate import FSDP2Emulation
+from fsdpviz.fsdp2.plan import FSDP2Options, Group, build_groups, parse_fsdp2_options
+from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.tracker import ModuleTracker, run_step
+
+
+def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    opts = parse_fsdp2_options(kwargs)
+    device = "real" if opts.trace == "real" else "meta"
+    copy, mapping = model_copy(model, device)
+    ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
+    groups = build_groups(copy, opts, ignored)
+    _check_reshard_ints(groups, opts.world_size)
+    placements = _placements(groups)
+    emulation = FSDP2Emulation(groups, opts)
+    runtime = emulation.runtime
+    runtime.set_prefetch(
+        _prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        _prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+    )
+    n_modules = sum(1 for _ in copy.modules())
+    where = "the meta device" if device == "meta" else "the model's device"
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
+        tracker = ModuleTracker(copy, on_call=bar.tick)
+        try:
+            args, kw = inputs_copy(inputs, device)
+            run_step(copy, args, kw, opts.loss, tracker, where)
+        finally:
+            tracker.remove()
+            emulation.remove()
+    first = runtime.take_events()
+    # FSDP2 computes with plain unsharded parameters: its hooks add the same
+    # autograd nodes every iteration, so the steady state replays the first.
+    runtime.replay(list(runtime.log))
+    iterations: list[list[Event]] = [first, runtime.take_events()]
+    forward_order = _forward_order(runtime.log, groups)
+    return Report(
+        source="prediction",
+        config=opts.describe(groups),
+        units=[g.schema for g in groups if g.schema is not None and g.params],
+        forward_order=forward_order,
+        iterations=iterations,
+        warnings=_warnings(groups, forward_order, list(emulation.view_outputs)),
+        modules=module_infos(
+            copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
+        ),
+        module_order=list(tracker.order),
+        module_backward_order=list(tracker.backward_order),
+        param_first_use=param_first_use(placements, tracker.order),
+    )
+
+
+def _forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:
+    """Groups (with parameters) in the order their forward first started."""
+    order: dict[str, None] = {}
+    for name, i, _ in log:
+        if name == "final_callback":
+            break
+        if name == "pre_forward" and groups[i].params:
+            order.setdefault(groups[i].name, None)
+    return list(order)
+
+
+def _check_reshard_ints(groups: list[Group], world_size: int) -> None:
+    for g in groups:
+        raf = g.reshard_after_forward
+        if isinstance(raf, bool) or not isinstance(raf, int):
+            continue
+        if raf < 1 or raf > world_size or world_size % raf:
+            raise FSDPConfigError(
+                f"reshard_after_forward={raf} for {g.name or '<root>'!r}: if passing "
+                f"reshard_after_forward as an int, it should be a factor of {world_size} "
+                "(FSDP2 raises this)"
+            )
+
+
+def _prefetch_indices(
+    spec: dict[str, list[str]], groups: list[Group], name: str
+) -> dict[int, list[int]]:
+    index: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        for f in g.fqns:
+            index[f] = i
+
+    def find(fqn: str) -> int:
+        if fqn not in index:
+            known = ", ".join(repr(f) for f in list(index)[:6])
+            raise ConfigError(
+                f"{name}: {fqn!r} is not a module fully_shard is applied to (known: {known}, ...)"
+            )
+        return index[fqn]
+
+    return {find(k): [find(v) for v in vs] for k, vs in spec.items()}
+
+
+def _placements(groups: list[Group]) -> list[ParamPlacement]:
+    out: list[ParamPlacement] = []
+    for g in groups:
+        size = g.schema.itemsize if g.schema else 0
+        shapes = {f: list(p.shape) for f, p in zip(g.param_fqns, g.params, strict=True)}
+        out.extend(ParamPlacement(f, g.name, s, size, f) for f, s in shapes.items())
+        if g.schema is not None:
+            out.extend(
+                ParamPlacement(a, g.name, shapes[prim], size, prim)
+                for a, prim in g.schema.shared_params.items()
+            )
+    return out
+
+
+def _warnings(
+    groups: list[Group], forward_order: list[str], view_outputs: list[str]
+) -> list[FsdpWarning]:
+    out: list[FsdpWarning] = []
+    if view_outputs:
+        out.append(
+            FsdpWarning(
+                "view_output",
+                "These fully_shard modules return a view tensor (FSDP2 warns): an in-place op "
+                "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
+                "Use out-of-place ops or .clone() the output: "
+                + ", ".join(repr(n) for n in view_outputs),
+                view_outputs,
+            )
+        )
+    ran = set(forward_order)
+    unused = [g.name for g in groups if g.params and g.name not in ran]
+    if unused:
+        out.append(
+            FsdpWarning(
+                "unit_unused_in_forward",
+                "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers "
+                "them: " + ", ".join(repr(n) for n in unused),
+                unused,
+            )
+        )
+    mixed = [
+        g.name
+        for g in groups
+        if g.schema is not None and g.schema.requires_grad is None and g.params
+    ]
+    if mixed:
+        out.append(
+            FsdpWarning(
+                "frozen_mixed",
+                "These groups mix frozen and trainable parameters; only the trainable ones "
+                "are reduce-scattered: " + ", ".join(repr(n) for n in mixed),
+                mixed,
+            )
+        )
+    return out
+
+
+__all__ = ["FSDP2Options", "analyze_fsdp2"]

@@ -1,0 +1,279 @@
+"""Record what a real FSDP2 (``fully_shard``) run does on this rank.
+
+For the duration of a ``with`` block (restored on exit, exceptions included)
+the recorder wraps FSDP2's own code:
+
+- ``foreach_all_gather`` (as called by ``FSDPParamGroup.unshard``): ``all_gather``,
+- ``FSDPParamGroup._to_sharded`` / ``_to_sharded_post_forward`` leaving the
+  unsharded state: ``free``,
+- ``foreach_reduce``: ``reduce_scatter``,
+- ``FSDPParamGroup._prefetch_unshard``: marks the all-gathers it issues as prefetch,
+- ``FSDPParamGroup.pre_forward`` / ``post_forward`` / ``post_backward``,
+  ``FSDPState._pre_backward`` and the root's final callback: the hook each event
+  comes from, and the end of each iteration.
+
+Enter the recorder before the first forward after ``fully_shard`` (the
+pre-backward hooks are bound when a forward registers them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.core.schema import Event, Hook, Report, Unit
+
+
+def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, original)
+
+
+def _fsdp2_states(model: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+    states: list[Any] = []
+    for module in model.modules():
+        state = _get_module_fsdp_state(module)
+        if state is not None and state not in states:
+            states.append(state)
+    return states
+
+
+class FSDP2Recorder:
+    """Records the all-gathers, frees and reduce-scatters of a ``fully_shard`` model.
+
+    Example::
+
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        with fsdpviz.FSDP2Recorder(model) as rec:
+            for _ in range(2):
+                model(x).sum().backward()
+        report = rec.report()   # same types as fsdpviz.analyze(..., fully_shard=[...])
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        if not _fsdp2_states(model):
+            raise TypeError(
+                "FSDP2Recorder needs a model on which fully_shard was called; "
+                f"{type(model).__name__} has no FSDP2 state"
+            )
+        self.model = model
+        names = {m: n for n, m in model.named_modules()}
+        self._state_names = {
+            id(state): ", ".join(n for m, n in names.items() if m in set(state._modules))
+            for state in _fsdp2_states(model)
+        }
+        self.iterations: list[list[Event]] = []
+        self._current: list[Event] = []
+        self._hook: tuple[Hook, str] | None = None
+        self._in_final = False
+        self._prefetching = 0
+        self._group: Any = None
+        self._forward_order: list[str] = []
+        self._stack: ExitStack | None = None
+
+    def __enter__(self) -> FSDP2Recorder:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+        from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
+
+        group_cls = pg_mod.FSDPParamGroup
+        state_cls = state_mod.FSDPState
+        stack = ExitStack()
+        try:
+            for name, kind in (
+                ("foreach_all_gather", "all_gather"),
+                ("foreach_reduce", "reduce_scatter"),
+            ):
+                collective = self._wrap_collective(getattr(pg_mod, name), kind)
+                _patch(stack, pg_mod, name, collective)
+            for name in ("_to_sharded", "_to_sharded_post_forward"):
+                _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
+            hooks: dict[str, Hook | None] = {
+                "unshard": None,
+                "pre_forward": "pre_forward",
+                "post_forward": "post_forward",
+                "post_backward": "post_backward",
+            }
+            for name, hook in hooks.items():
+                _patch(stack, group_cls, name, self._wrap_group(getattr(group_cls, name), hook))
+            prefetch = self._wrap_prefetch(group_cls._prefetch_unshard)
+            _patch(stack, group_cls, "_prefetch_unshard", staticmethod(prefetch))
+            pre_backward = self._wrap_pre_backward(state_cls._pre_backward)
+            _patch(stack, state_cls, "_pre_backward", pre_backward)
+            final = self._wrap_final(state_cls._root_post_backward_final_callback)
+            _patch(stack, state_cls, "_root_post_backward_final_callback", final)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+        if self._current:
+            self.iterations.append(self._current)
+            self._current = []
+
+    # -------------------------------------------------------------- wrappers
+    def _emit(self, kind: Any, group: Any, phase: Any, prefetch: bool = False) -> None:
+        hook, hook_unit = self._hook or (None, None)
+        self._current.append(Event(kind, group._module_fqn, phase, prefetch, hook, hook_unit))
+
+    @staticmethod
+    def _phase(group: Any) -> str:
+        return "forward" if group._training_state.name == "FORWARD" else "backward"
+
+    def _wrap_collective(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            group = self._group
+            if group is not None:
+                phase = "backward" if kind == "reduce_scatter" else self._phase(group)
+                self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
+            return original(*args, **kwargs)
+
+        return collective
+
+    def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def to_sharded(group: Any) -> Any:
+            if group.is_unsharded:
+                self._emit("free", group, self._phase(group))
+            return original(group)
+
+        return to_sharded
+
+    def _wrap_group(self, original: Callable[..., Any], hook: Hook | None) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def run(group: Any, *args: Any, **kwargs: Any) -> Any:
+            if hook is not None and not (hook == "post_backward" and self._in_final):
+                self._hook = (hook, group._module_fqn)
+            first_iteration = hook == "pre_forward" and not self.iterations
+            if first_iteration and group._module_fqn not in self._forward_order:
+                self._forward_order.append(group._module_fqn)
+            previous, self._group = self._group, group
+            try:
+                return original(group, *args, **kwargs)
+            finally:
+                self._group = previous
+
+        return run
+
+    def _wrap_prefetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def prefetch(*args: Any, **kwargs: Any) -> Any:
+            self._prefetching += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._prefetching -= 1
+
+        return prefetch
+
+    def _wrap_pre_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def pre_backward(state: Any, grad: torch.Tensor) -> Any:
+            self._hook = ("pre_backward", self._state_names.get(id(state), "?"))
+            return original(state, grad)
+
+        return pre_backward
+
+    def _wrap_final(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def final(state: Any) -> Any:
+            self._hook = ("final_callback", self._state_names.get(id(state), "?"))
+            self._in_final = True
+            try:
+                return original(state)
+            finally:
+                self._in_final = False
+                self._hook = None
+                self.iterations.append(self._current)
+                self._current = []
+
+        return final
+
+    # ---------------------------------------------------------------- report
+    def units(self) -> list[Unit]:
+        """The parameter groups, in FSDP2's state order (``named_modules`` of the root)."""
+        first: dict[nn.Parameter, str] = {}
+        aliases: dict[nn.Parameter, dict[str, str]] = {}
+        for n, p in self.model.named_parameters(remove_duplicate=False):
+            if p in first:
+                aliases.setdefault(p, {})[n] = first[p]
+            else:
+                first[p] = n
+        out: list[Unit] = []
+        for state in _fsdp2_states(self.model):
+            group = state._fsdp_param_group
+            if group is None:
+                continue
+            params = group.fsdp_params
+            orig = {fp.orig_dtype for fp in params}
+            dtype = orig.pop() if len(orig) == 1 else None
+            compute = params[0].param_dtype or dtype if params else dtype
+            grads = {fp.sharded_param.requires_grad for fp in params}
+            out.append(
+                Unit(
+                    module=group._module_fqn,
+                    module_class=", ".join(_orig_class(m) for m in group.modules),
+                    params=[fp._param_fqn for fp in params],
+                    shared_params={
+                        k: v for fp in params for k, v in aliases.get(fp.sharded_param, {}).items()
+                    },
+                    numel=sum(fp._orig_size.numel() for fp in params),
+                    flat_numel=sum(fp._orig_size.numel() for fp in params),
+                    padded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params)
+                    * group.mesh_info.shard_mesh_size,
+                    sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
+                    dtype=_dtype(dtype),
+                    compute_dtype=_dtype(compute),
+                    reduce_dtype=_dtype(group._reduce_dtype or compute),
+                    requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+                    sharding_strategy="FULL_SHARD"
+                    if group.post_forward_mesh_info is not None
+                    else "SHARD_GRAD_OP",
+                    itemsize=torch.empty((), dtype=dtype or torch.float32).element_size(),
+                )
+            )
+        return out
+
+    def report(self, config: dict[str, Any] | None = None) -> Report:
+        import torch.distributed as dist
+
+        base: dict[str, Any] = {"api": "FSDP2"}
+        if dist.is_initialized():
+            base.update(world_size=dist.get_world_size(), rank=dist.get_rank())
+        return Report(
+            source="recording",
+            config={**base, **(config or {})},
+            units=self.units(),
+            forward_order=list(self._forward_order),
+            iterations=[list(it) for it in self.iterations],
+        )
+
+
+def _orig_class(module: nn.Module) -> str:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return type(module).__name__
+    for cls in type(module).__mro__[1:]:
+        if cls is not FSDPModule and issubclass(cls, nn.Module):
+            return cls.__name__
+    return type(module).__name__
+
+
+def _dtype(d: torch.dtype | None) -> str | None:
+    return None if d is None else str(d).removeprefix("torch.")
