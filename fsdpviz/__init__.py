@@ -15,9 +15,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from fsdpviz.analyze import analyze
+from fsdpviz.core.compare import Comparison, compare
 from fsdpviz.core.schema import Event, FsdpWarning, ModuleInfo, Report, Unit
 from fsdpviz.errors import ConfigError, FSDPConfigError, FsdpvizError, TraceError
-from fsdpviz.record import FSDP1Recorder, record_fsdp1
+from fsdpviz.record import FSDP1Recorder, FSDP2Recorder, record_fsdp1
 
 try:
     __version__ = version("fsdpviz")
@@ -25,9 +26,11 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "Comparison",
     "ConfigError",
     "Event",
     "FSDP1Recorder",
+    "FSDP2Recorder",
     "FSDPConfigError",
     "FsdpWarning",
     "FsdpvizError",
@@ -37,6 +40,7 @@ __all__ = [
     "Unit",
     "__version__",
     "analyze",
+    "compare",
     "load",
     "record_fsdp1",
 ]

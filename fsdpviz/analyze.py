@@ -28,6 +28,13 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     - ``shard_group_size`` for hybrid sharding (ranks per shard group),
     - ``progress``: show a progress bar (default: only when tracing is slow).
 
+    FSDP2: pass ``fully_shard=[...]`` (module classes, FQNs, tuples of FQNs
+    for one grouped call, or a callable ``(name, module) -> bool``) with
+    ``reshard_after_forward``, ``mp_policy`` and explicit ``forward_prefetch`` /
+    ``backward_prefetch`` maps ``{fqn: [fqn, ...]}``; or pass a model on which
+    ``fully_shard`` was already called (e.g. on the meta device with the fake
+    process group) and its plan is read from FSDP2's state.
+
     ``inputs`` is a dict (keyword arguments), a tuple (positional arguments)
     or one tensor. The model and inputs are not modified.
 
@@ -41,7 +48,9 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         )
         report.to_dict()["forward_order"]
     """
-    if "fully_shard" in fsdp_kwargs:
+    from fsdpviz.fsdp2.existing import fsdp2_states
+
+    if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
         from fsdpviz.fsdp2.analyze import analyze_fsdp2
 
         return analyze_fsdp2(model, inputs, **fsdp_kwargs)

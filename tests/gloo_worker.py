@@ -10,7 +10,7 @@ from typing import Any
 import handwritten_models as hm
 import torch
 import torch.distributed as dist
-from fsdp_harness import record_real_fsdp1
+from fsdp_harness import record_real_fsdp1, record_real_fsdp2
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -59,6 +59,33 @@ def gloo_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
     }
 
 
+def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[str, Any]]]:
+    """name -> (model factory, inputs factory, fully_shard calls, FSDP2 options)."""
+    from hf_models import HF_MODELS
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    blocks = [(f"blocks.{i}",) for i in range(4)]
+    llama = HF_MODELS["llama"]
+    layers = [(f"model.layers.{i}",) for i in range(3)]
+    return {
+        "fsdp2-stack-explicit": (
+            hm.Stack,
+            x,
+            blocks,
+            {"forward_prefetch": {"blocks.0": ["blocks.1", "blocks.2"]}},
+        ),
+        "fsdp2-llama-bf16": (
+            lambda: llama()[0],
+            lambda: llama()[1],
+            layers,
+            {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)},
+        ),
+    }
+
+
 def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -68,6 +95,10 @@ def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
         for name, (build, inputs, kwargs) in gloo_cases().items():
             torch.manual_seed(0)
             report = record_real_fsdp1(build(), inputs(), kwargs)
+            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        for name, (build, inputs, calls, kwargs) in gloo_fsdp2_cases().items():
+            torch.manual_seed(0)
+            report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
             report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
     finally:
         dist.destroy_process_group()

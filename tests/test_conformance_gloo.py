@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from fsdp_harness import assert_same_schedule
-from gloo_worker import gloo_cases, run
+from gloo_worker import gloo_cases, gloo_fsdp2_cases, run
 
 import fsdpviz
 
@@ -43,4 +43,18 @@ def test_two_gloo_ranks_match_prediction(recordings: Path, name: str) -> None:
     for rank in range(WORLD_SIZE):
         real = fsdpviz.load(str(recordings / f"{name}-rank{rank}.json"))
         assert real.config["rank"] == rank and real.config["world_size"] == WORLD_SIZE
+        assert_same_schedule(real, predicted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(gloo_fsdp2_cases()))
+def test_two_gloo_ranks_fsdp2(recordings: Path, name: str) -> None:
+    build, inputs, calls, kwargs = gloo_fsdp2_cases()[name]
+    torch.manual_seed(0)
+    predicted = fsdpviz.analyze(
+        build(), inputs(), fully_shard=calls, world_size=WORLD_SIZE, **kwargs
+    )
+    for rank in range(WORLD_SIZE):
+        real = fsdpviz.load(str(recordings / f"{name}-rank{rank}.json"))
+        assert real.config["api"] == "FSDP2" and real.config["rank"] == rank
         assert_same_schedule(real, predicted)

@@ -9,6 +9,7 @@ from torch import nn
 from fsdpviz.core.schema import Event, FsdpWarning, Report
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.fsdp2.emulate import FSDP2Emulation
+from fsdpviz.fsdp2.existing import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.fsdp2.plan import FSDP2Options, Group, build_groups, parse_fsdp2_options
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
@@ -17,11 +18,22 @@ from fsdpviz.trace.tracker import ModuleTracker, run_step
 
 
 def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
-    opts = parse_fsdp2_options(kwargs)
-    device = "real" if opts.trace == "real" else "meta"
-    copy, mapping = model_copy(model, device)
-    ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
-    groups = build_groups(copy, opts, ignored)
+    if fsdp2_states(model):
+        given = sorted(set(kwargs) - {"loss", "progress"})
+        if given:
+            raise ConfigError(
+                f"the model already has fully_shard applied, so its plan is read from FSDP2's "
+                f"state and {', '.join(given)} cannot be given; pass the model before "
+                "fully_shard with fully_shard=[...] to try another recipe"
+            )
+        copy, groups, opts = plan_from_fully_sharded(model, kwargs)
+        device = "meta"
+    else:
+        opts = parse_fsdp2_options(kwargs)
+        device = "real" if opts.trace == "real" else "meta"
+        copy, mapping = model_copy(model, device)
+        ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
+        groups = build_groups(copy, opts, ignored)
     _check_reshard_ints(groups, opts.world_size)
     placements = _placements(groups)
     emulation = FSDP2Emulation(groups, opts)

@@ -230,6 +230,13 @@ def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter
         sharded.update(members)
         group.reshard_after_forward, group.auto_reshard = _raf(opts.reshard_after_forward, group)
         groups.append(group)
+    finalize_groups(model, groups, opts)
+    by_name = {n: i for i, n in enumerate(names.values())}
+    return sorted(groups, key=lambda g: min(by_name[f] for f in g.fqns))
+
+
+def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:
+    """Name each group's parameters by their first FQN and compute its sizes."""
     first_fqn: dict[nn.Parameter, str] = {}
     for n, p in model.named_parameters():
         first_fqn.setdefault(p, n)
@@ -248,8 +255,6 @@ def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter
             )
         shared = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
         group.schema = _schema(group, opts, shared)
-    by_name = {n: i for i, n in enumerate(names.values())}
-    return sorted(groups, key=lambda g: min(by_name[f] for f in g.fqns))
 
 
 def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> list[nn.Module]:

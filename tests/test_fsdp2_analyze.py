@@ -1,0 +1,192 @@
+"""FSDP2 planning: recipe forms, reading an already-sharded model, options, compare()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import handwritten_models as hm
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+
+BLOCKS = [f"blocks.{i}" for i in range(4)]
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(4, 8)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [hm.Block],
+        BLOCKS,
+        lambda name, module: isinstance(module, hm.Block),
+        [lambda name, module: name.startswith("blocks.") and name.count(".") == 1],
+    ],
+    ids=["class", "fqns", "callable", "callable_in_list"],
+)
+def test_recipe_forms_agree(spec: Any) -> None:
+    report = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=spec, world_size=4)
+    assert [u.module for u in report.units] == ["", *BLOCKS]
+    assert report.forward_order == ["", *BLOCKS]
+    assert report.units[0].params == ["inp.weight", "inp.bias", "head.weight", "head.bias"]
+
+
+def test_grouped_call_name_and_sizes() -> None:
+    report = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[*BLOCKS, ("head", "inp")], world_size=3)
+    assert [u.module for u in report.units] == ["inp, head", *BLOCKS]  # no root group: no params
+    group = report.unit("inp, head")
+    # dim-0 sharding, each parameter padded on its own: inp.weight 16x8 -> 6 rows per rank
+    assert group.sharded_numel == 6 * 8 + 6 + 1 * 16 + 1
+    assert group.padded_numel == group.sharded_numel * 3
+
+
+def test_default_reshard_after_forward_root_false() -> None:
+    report = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS)
+    assert report.config["reshard_after_forward"] == {"": False, **{b: True for b in BLOCKS}}
+    forward_frees = {
+        e.unit for e in report.iterations[1] if e.kind == "free" and e.phase == "forward"
+    }
+    assert forward_frees == set(BLOCKS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        (
+            {"fully_shard": ["blocks.9"]},
+            fsdpviz.ConfigError,
+            r"no module named 'blocks\.9' in the model; did you mean 'blocks\.\d'",
+        ),
+        (
+            {"fully_shard": [torch.nn.Conv2d]},
+            fsdpviz.ConfigError,
+            "no module of class Conv2d",
+        ),
+        ({"fully_shard": [3]}, fsdpviz.ConfigError, "module classes, FQNs, tuples"),
+        (
+            {"fully_shard": BLOCKS, "mesh": None},
+            fsdpviz.ConfigError,
+            "HSDP meshes are not modelled",
+        ),
+        (
+            {"fully_shard": BLOCKS, "reshard_after_forward": 3},
+            fsdpviz.FSDPConfigError,
+            "factor of 8",
+        ),
+        (
+            {"fully_shard": BLOCKS, "forward_prefetch": {"blocks.0": ["inp"]}},
+            fsdpviz.ConfigError,
+            "'inp' is not a module fully_shard is applied to",
+        ),
+        (
+            {"fully_shard": BLOCKS, "forward_prefetch": ["blocks.1"]},
+            fsdpviz.ConfigError,
+            "set_modules_to_forward_prefetch",
+        ),
+        (
+            {"fully_shard": BLOCKS, "mp_policy": torch.bfloat16},
+            fsdpviz.ConfigError,
+            "MixedPrecisionPolicy",
+        ),
+        (
+            {"fully_shard": BLOCKS, "reshard_after_froward": True},
+            fsdpviz.ConfigError,
+            "did you mean 'reshard_after_forward'",
+        ),
+    ],
+)
+def test_bad_fsdp2_options(kwargs: dict[str, Any], error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        fsdpviz.analyze(hm.Stack(), _x(), **kwargs)
+
+
+def test_cpu_offload_is_rejected() -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    with pytest.raises(fsdpviz.ConfigError, match=r"CPUOffloadPolicy.*not modelled"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS, offload_policy=CPUOffloadPolicy())
+
+
+def test_model_already_fully_sharded_on_meta(fake_pg: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh("cpu", (fake_pg,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    with torch.device("meta"):
+        model = hm.Stack()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=2)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model.blocks[0].set_modules_to_backward_prefetch([model.blocks[2]])
+    classes = [type(m) for m in model.modules()]
+    read = fsdpviz.analyze(model, torch.randn(4, 8, device="meta"))
+    recipe = fsdpviz.analyze(
+        hm.Stack(),
+        _x(),
+        fully_shard=BLOCKS,
+        world_size=fake_pg,
+        mp_policy=mp,
+        reshard_after_forward={b: 2 for b in BLOCKS},
+        backward_prefetch={"blocks.0": ["blocks.2"]},
+    )
+    assert read.to_dict()["iterations"] == recipe.to_dict()["iterations"]
+    assert [u.to_dict() for u in read.units] == [u.to_dict() for u in recipe.units]
+    assert read.config == recipe.config
+    # the user's model keeps its FSDP2 classes, sharded parameters and hooks
+    assert [type(m) for m in model.modules()] == classes
+    assert isinstance(model.blocks[0], FSDPModule)
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+    with pytest.raises(fsdpviz.ConfigError, match="already has fully_shard applied"):
+        fsdpviz.analyze(model, torch.randn(4, 8, device="meta"), world_size=8)
+
+
+def test_compare_fsdp1_policy_with_fsdp2_recipe() -> None:
+    fsdp1 = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=ModuleWrapPolicy({hm.Block}), world_size=3
+    )
+    fsdp2 = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], world_size=3)
+    cmp = fsdpviz.compare(fsdp1, fsdp2)
+    assert cmp.same_wrapping
+    assert [(p.a, p.b) for p in cmp.pairs] == [(u, u) for u in ["", *BLOCKS]]
+    # FSDP2 pads each parameter's dim 0, FSDP1 pads one flat parameter: 397 vs 368 numel
+    assert "bytes per rank" in cmp.pairs[1].differs
+    assert (cmp.pairs[1].sharded_bytes_a, cmp.pairs[1].sharded_bytes_b) == (368 * 4, 397 * 4)
+    # FSDP1 does not free the root after forward; FSDP2 keeps the root by default too
+    assert cmp.pairs[0].events_a["all_gather"] == cmp.pairs[0].events_b["all_gather"] == 1
+    assert "FSDP1 prediction" in cmp.summary() and "same wrapping" in cmp.summary()
+    import json
+
+    json.dumps(cmp.to_dict())
+
+
+def test_compare_two_recipes_lists_moved_parameters() -> None:
+    a = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS)
+    b = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[*BLOCKS, ("inp", "head")])
+    cmp = fsdpviz.compare(a, b, names=("per-block", "grouped head"))
+    # same parameter sets under other names: the root's group is now "inp, head",
+    # which is resharded after forward (the root is not), so its events differ
+    assert cmp.same_wrapping and cmp.moved_params == {}
+    assert (cmp.pairs[0].a, cmp.pairs[0].b) == ("", "inp, head")
+    assert cmp.pairs[0].differs == ["events"]
+    assert cmp.pairs[0].events_b["all_gather"] == cmp.pairs[0].events_a["all_gather"] + 1
+    c = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[*BLOCKS[:2], ("blocks.2", "blocks.3")])
+    cmp = fsdpviz.compare(a, c)
+    assert cmp.moved_params["blocks.2.fc1.weight"] == ("blocks.2", "blocks.2, blocks.3")
+    assert not cmp.same_wrapping
+    assert any(p.a == "blocks.3" and p.b is None for p in cmp.pairs)
+
+
+def test_backward_prefetch_difference_is_reported() -> None:
+    a = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=ModuleWrapPolicy({hm.Block}))
+    b = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=ModuleWrapPolicy({hm.Block}), backward_prefetch=None
+    )
+    cmp = fsdpviz.compare(a, b)
+    assert cmp.same_wrapping and not cmp.identical
+    assert any("backward prefetch" in p.differs for p in cmp.pairs)
