@@ -54,18 +54,25 @@ def bare_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> float:
 
 
 def analyze_step(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], layer: type, forward_prefetch: bool
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    layer: type,
+    forward_prefetch: bool,
+    fsdp2: bool = False,
 ) -> float:
     t0 = time.perf_counter()
-    report = fsdpviz.analyze(
-        model,
-        inputs,
-        auto_wrap_policy=ModuleWrapPolicy({layer}),
-        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
-        forward_prefetch=forward_prefetch,
-        world_size=64,
-        progress=False,
-    )
+    if fsdp2:
+        report = fsdpviz.analyze(model, inputs, fully_shard=[layer], world_size=64, progress=False)
+    else:
+        report = fsdpviz.analyze(
+            model,
+            inputs,
+            auto_wrap_policy=ModuleWrapPolicy({layer}),
+            backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+            forward_prefetch=forward_prefetch,
+            world_size=64,
+            progress=False,
+        )
     elapsed = time.perf_counter() - t0
     assert len(report.units) == 81
     return elapsed
@@ -75,18 +82,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--forward-prefetch", action="store_true")
+    parser.add_argument("--fsdp2", action="store_true", help="fully_shard every decoder layer")
     args = parser.parse_args()
     model, inputs, layer = build()
     bare_step(model, inputs)  # warm-up both paths
-    analyze_step(model, inputs, layer, args.forward_prefetch)
+    analyze_step(model, inputs, layer, args.forward_prefetch, args.fsdp2)
     bare: list[float] = []
     analysed: list[float] = []
     for _ in range(args.repeats):
         bare.append(bare_step(model, inputs))
-        analysed.append(analyze_step(model, inputs, layer, args.forward_prefetch))
+        analysed.append(analyze_step(model, inputs, layer, args.forward_prefetch, args.fsdp2))
     b, a = statistics.median(bare), statistics.median(analysed)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: Llama-3-70B shape, 80 layers, 512 tokens, fwd prefetch={args.forward_prefetch}")
+    api = "FSDP2 fully_shard per layer" if args.fsdp2 else "FSDP1 ModuleWrapPolicy"
+    print(f"model: Llama-3-70B shape, 80 layers, 512 tokens; {api}")
+    if not args.fsdp2:
+        print(f"forward_prefetch={args.forward_prefetch}")
     print(f"bare meta forward+backward: median {b:.3f} s over {args.repeats}")
     print(f"fsdpviz.analyze:            median {a:.3f} s over {args.repeats}")
     print(f"ratio analyze / bare: {a / b:.2f}x (target <= 1.5x)")
