@@ -12,7 +12,8 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.fsdp1.emulate import FSDP1Emulation
 from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.fsdp1.plan import Plan, plan_fsdp1
-from fsdpviz.fsdp1.runtime import FSDP1Runtime
+from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
+from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, simulate, steady_overrides
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
@@ -77,6 +78,11 @@ def _reject_wrapped(model: nn.Module) -> None:
         )
 
 
+# Set to False to always trace the steady state a second time (tests compare both).
+STEADY_BY_SIMULATION = True
+_BACKWARD_HOOKS = {"pre_backward", "post_backward", "post_backward_reshard_only", "final_callback"}
+
+
 def _trace_autograd(
     copy: nn.Module, plan: Plan, opts: FSDP1Options, inputs: Any, device: str
 ) -> _Traced:
@@ -85,25 +91,39 @@ def _trace_autograd(
     runtime = emulation.runtime
     n_modules = sum(1 for _ in copy.modules())
     # Forward prefetch creates a prefetched unit's views earlier in the steady
-    # state, which changes the backward hook order: trace that iteration too.
-    needs_second_run = any(u.config.forward_prefetch for u in plan.units)
-    passes = 2 if needs_second_run else 1
+    # state, which changes the backward hook order: simulate the engine on the
+    # captured graph (fsdp1/steady.py) or, if that cannot be trusted, trace again.
+    forward_prefetch = any(u.config.forward_prefetch for u in plan.units)
+    graphs: list[Graph] = []
+    if forward_prefetch and STEADY_BY_SIMULATION:
+        emulation.recorder = GraphRecorder()
     where = "the meta device" if device == "meta" else "the model's device"
-    iterations: list[list[Event]] = []
-    with progress_bar(n_modules * passes, "fsdpviz trace", opts.progress) as bar:
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
         try:
-            for _ in range(passes):
-                tracker.reset_calls()
-                args, kw = inputs_copy(inputs, device)
-                run_step(copy, args, kw, opts.loss, tracker, where)
-                emulation.end_iteration()
-                if not iterations:
-                    first_log = list(runtime.log)
-                iterations.append(runtime.take_events())
-            if not needs_second_run:
+            args, kw = inputs_copy(inputs, device)
+            capture_graph = (
+                (lambda loss: graphs.append(capture(loss))) if emulation.recorder else None
+            )
+            run_step(copy, args, kw, opts.loss, tracker, where, capture_graph)
+            emulation.end_iteration()
+            first_log = list(runtime.log)
+            iterations = [runtime.take_events()]
+            if not forward_prefetch:
                 runtime.replay(first_log)
                 iterations.append(runtime.take_events())
+            else:
+                recorder, emulation.recorder = emulation.recorder, None
+                steady = None
+                if recorder is not None and graphs:
+                    steady = _simulated_steady(runtime, recorder, graphs[0], first_log)
+                if steady is None:
+                    tracker.reset_calls()
+                    args, kw = inputs_copy(inputs, device)
+                    run_step(copy, args, kw, opts.loss, tracker, where)
+                    emulation.end_iteration()
+                    steady = runtime.take_events()
+                iterations.append(steady)
         finally:
             tracker.remove()
             emulation.remove()
@@ -114,6 +134,37 @@ def _trace_autograd(
         tracker.records,
         backward_order=list(tracker.backward_order),
     )
+
+
+def _simulated_steady(
+    runtime: FSDP1Runtime, rec: GraphRecorder, graph: Graph, log: list[tuple[str, int, bool]]
+) -> list[Event] | None:
+    """The steady-state events from the captured graph, or None if it cannot be trusted."""
+    start = next((i for i, e in enumerate(log) if e[0] in _BACKWARD_HOOKS), len(log))
+    forward, backward = log[:start], log[start:]
+    if not rec.supported or any(e[0] not in _BACKWARD_HOOKS for e in backward):
+        return None  # hooks on leaves, or forward hooks inside backward (recompute)
+    if simulate(graph, rec, {}) != backward:
+        return None  # the simulation does not reproduce the engine's first iteration
+    index = {u.unit.fqn: i for i, u in enumerate(runtime.states)}
+    creations: list[tuple[int, int, int, bool]] = []
+    calls: dict[int, int] = {}
+    current = [0, 0]
+
+    def record(h: Handle) -> None:
+        creations.append((index[h.name], current[0], current[1], runtime._prefetching))
+
+    make_views, runtime.make_views = runtime.make_views, record
+    try:
+        for entry in forward:
+            if entry[0] == "pre_forward":
+                current[:] = [entry[1], calls.get(entry[1], 0)]
+                calls[entry[1]] = current[1] + 1
+            runtime.replay([entry])
+    finally:
+        runtime.make_views = make_views
+    runtime.replay(simulate(graph, rec, steady_overrides(rec, creations, len(rec.views))))
+    return runtime.take_events()
 
 
 def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:

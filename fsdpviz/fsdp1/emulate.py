@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.fsdp1.plan import Plan
 from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
+from fsdpviz.fsdp1.steady import GraphRecorder
 
 
 class FSDP1Emulation:
@@ -35,6 +36,8 @@ class FSDP1Emulation:
         self.flats: dict[str, nn.Parameter] = {}
         self.runtime = FSDP1Runtime(plan.units, use_orig_params, self._make_views)
         self._post_backward_handles: dict[int, Any] = {}
+        self.recorder: GraphRecorder | None = None
+        self.index = {u.fqn: i for i, u in enumerate(plan.units)}
         self._hook_handles: list[Any] = []
         for unit in plan.units:
             if not unit.has_params:
@@ -69,7 +72,7 @@ class FSDP1Emulation:
                     self._set_views(state.handle)
 
     # ------------------------------------------------------------------ views
-    def _set_views(self, h: Handle) -> None:
+    def _set_views(self, h: Handle) -> list[torch.Tensor]:
         unit = h.unit
         flat = self.flats[unit.fqn]
         splits = torch.split(flat, unit.split_numels, dim=0)
@@ -81,6 +84,7 @@ class FSDP1Emulation:
             self._setattr(sub, name, v)
         for sub, name, _, prim in unit.shared_infos:
             self._setattr(sub, name, by_fqn[prim])
+        return list(by_fqn.values())
 
     def _setattr(self, module: nn.Module, name: str, tensor: torch.Tensor) -> None:
         if name in module._parameters:
@@ -90,7 +94,9 @@ class FSDP1Emulation:
 
     def _make_views(self, h: Handle) -> None:
         with torch.enable_grad():
-            self._set_views(h)
+            views = self._set_views(h)
+        if self.recorder is not None:
+            self.recorder.add_views(self.index[h.name], views)
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(
@@ -114,6 +120,8 @@ class FSDP1Emulation:
             self._post_backward_handles[index] = acc.register_hook(
                 functools.partial(self._post_backward, index)
             )
+            if self.recorder is not None:
+                self.recorder.acc_hooks[acc] = index
         unit_cast = state.handle is not None and not rt.is_recompute(index)
         if unit_cast and mp is not None and mp.cast_forward_inputs and mp.param_dtype is not None:
             args, kwargs = _cast_forward_inputs(mp.param_dtype, *args, **kwargs)
@@ -126,6 +134,8 @@ class FSDP1Emulation:
             self._post_backward_handles[index] = register_multi_grad_hook(
                 inputs, functools.partial(self._reshard_only, index)
             )
+            if self.recorder is not None:
+                self.recorder.add_multi(index, inputs)
         return args, kwargs
 
     def _post_forward(self, index: int, module: nn.Module, args: Any, output: Any) -> Any:
@@ -141,6 +151,8 @@ class FSDP1Emulation:
                 if t.requires_grad:
                     t.register_hook(functools.partial(self._pre_backward, index))  # type: ignore[no-untyped-call]
                     any_requires_grad = True
+                    if self.recorder is not None:
+                        self.recorder.add_tensor_hook(t, index)
                 return t
 
             output = _apply_to_tensors(register, output)

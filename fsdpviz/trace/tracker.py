@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,8 @@ class ModuleTracker:
         self.stack: list[str] = []
         self._on_call = on_call
         self._in_backward: set[str] = set()
+        # Set by the cost model's probe (fsdpviz.trace.probe): ``run_step`` runs under it.
+        self.measure: Callable[[nn.Module, Any], AbstractContextManager[None]] | None = None
         self._handles = []
         for module in self.names:
             self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -124,8 +127,26 @@ def run_step(
     loss_fn: Callable[[Any], torch.Tensor] | None,
     tracker: ModuleTracker,
     where: str,
+    on_loss: Callable[[torch.Tensor], None] | None = None,
 ) -> None:
-    """One forward and backward on the copy; failures name the module that failed."""
+    """One forward and backward on the copy; failures name the module that failed.
+
+    With ``tracker.measure`` set (the cost model's probe), the step runs under it.
+    """
+    measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
+    with measure:
+        _step(model, args, kwargs, loss_fn, tracker, where, on_loss)
+
+
+def _step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    tracker: ModuleTracker,
+    where: str,
+    on_loss: Callable[[torch.Tensor], None] | None,
+) -> None:
     try:
         output = model(*args, **kwargs)
     except Exception as e:
@@ -148,4 +169,6 @@ def run_step(
             "the loss does not require grad, so there is no backward pass to analyse; check "
             "that parameters require grad or pass loss=... that depends on them"
         )
+    if on_loss is not None:
+        on_loss(loss)
     loss.backward()  # type: ignore[no-untyped-call]
