@@ -1,6 +1,25 @@
 """Recording real FSDP runs into the same report types as a prediction."""
 
+from fsdpviz.record._diff import AlignedEvent, IterationDiff, ScheduleDiff, diff
+from fsdpviz.record._diverge import Divergence, RankEvent
 from fsdpviz.record._fsdp1 import FSDP1Recorder, record_fsdp1
 from fsdpviz.record._fsdp2 import FSDP2Recorder
+from fsdpviz.record._profile import load_profile
+from fsdpviz.record._recorded import RecordedRun
+from fsdpviz.record._run import RunRecorder, record
 
-__all__ = ["FSDP1Recorder", "FSDP2Recorder", "record_fsdp1"]
+__all__ = [
+    "AlignedEvent",
+    "Divergence",
+    "FSDP1Recorder",
+    "FSDP2Recorder",
+    "IterationDiff",
+    "RankEvent",
+    "RecordedRun",
+    "RunRecorder",
+    "ScheduleDiff",
+    "diff",
+    "load_profile",
+    "record",
+    "record_fsdp1",
+]

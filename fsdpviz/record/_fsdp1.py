@@ -13,11 +13,15 @@ The recorder wraps FSDP's own functions for the duration of a ``with`` block
 
 The result is a :class:`~fsdpviz.core.schema.Report` of the same types as a
 prediction, so every view and :func:`fsdpviz.analyze` comparisons work on it.
+With ``timestamps=True`` each event also carries ``t`` (seconds since the
+recorder was entered, :func:`time.perf_counter_ns` clock) and ``duration`` (how
+long FSDP's call took on the host); :func:`fsdpviz.record` uses that.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -26,6 +30,8 @@ import torch
 from torch import nn
 
 from fsdpviz.core.schema import Event, Hook, Report, Unit
+
+_now = time.perf_counter_ns
 
 
 def _patch(
@@ -46,9 +52,12 @@ class FSDP1Recorder:
             for _ in range(2):
                 model(x).sum().backward()
         report = rec.report()   # same types as fsdpviz.analyze(...)
+
+    ``timestamps=True`` adds ``t`` and ``duration`` to every event. ``on_iteration``,
+    when set, is called with the index of each iteration FSDP's final callback ends.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         fsdp_modules = FSDP.fsdp_modules(model)
@@ -66,6 +75,9 @@ class FSDP1Recorder:
         self._hook: list[tuple[Hook, str]] = []
         self._prefetching = 0
         self._stack: ExitStack | None = None
+        self.timestamps = timestamps
+        self.t0_ns = 0
+        self.on_iteration: Callable[[int], None] | None = None
         from torch.distributed.fsdp._common_utils import clean_tensor_name
 
         for name, module in model.named_modules():
@@ -105,6 +117,7 @@ class FSDP1Recorder:
             stack.close()
             raise
         self._stack = stack
+        self.t0_ns = _now()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -118,21 +131,36 @@ class FSDP1Recorder:
     def _name(self, handle: Any) -> str:
         return self._handle_names.get(id(handle), "?")
 
-    def _emit(self, kind: Any, handle: Any, phase: Any, prefetch: bool = False) -> None:
+    def _emit(self, kind: Any, handle: Any, phase: Any, prefetch: bool = False) -> int:
+        """Append an event; returns its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook[-1] if self._hook else (None, None)
-        self._current.append(Event(kind, self._name(handle), phase, prefetch, hook, hook_unit))
+        event = Event(kind, self._name(handle), phase, prefetch, hook, hook_unit)
+        self._current.append(event)
+        return len(self._current) - 1 if self.timestamps else -1
+
+    def _timed(self, index: int, start_ns: int) -> None:
+        """Stamp event ``index`` with its start and the time its call took."""
+        if index >= 0:
+            end = _now()
+            e = self._current[index]
+            t, duration = (start_ns - self.t0_ns) / 1e9, (end - start_ns) / 1e9
+            self._current[index] = Event(
+                e.kind, e.unit, e.phase, e.prefetch, e.hook, e.hook_unit, t, duration
+            )
 
     @staticmethod
     def _phase(handle: Any) -> str:
-        from torch.distributed.fsdp._common_utils import HandleTrainingState
-
-        return "forward" if handle._training_state == HandleTrainingState.FORWARD else "backward"
+        return "forward" if handle._training_state == _forward_state() else "backward"
 
     def _wrap_all_gather(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def all_gather(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
-            return original(handle, *args, **kwargs)
+            start = _now()
+            i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
+            try:
+                return original(handle, *args, **kwargs)
+            finally:
+                self._timed(i, start)
 
         return all_gather
 
@@ -140,9 +168,14 @@ class FSDP1Recorder:
         @functools.wraps(original)
         def free(handle: Any, *args: Any, **kwargs: Any) -> Any:
             padded = handle._get_padded_unsharded_flat_param()
-            if padded.untyped_storage().size() > 0:
-                self._emit("free", handle, self._phase(handle))
-            return original(handle, *args, **kwargs)
+            if padded.untyped_storage().size() == 0:
+                return original(handle, *args, **kwargs)
+            start = _now()
+            i = self._emit("free", handle, self._phase(handle))
+            try:
+                return original(handle, *args, **kwargs)
+            finally:
+                self._timed(i, start)
 
         return free
 
@@ -161,8 +194,12 @@ class FSDP1Recorder:
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def reduce(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
-                self._emit(kind, handle, "backward")
-                return original(state, handle, *args, **kwargs)
+                start = _now()
+                i = self._emit(kind, handle, "backward")
+                try:
+                    return original(state, handle, *args, **kwargs)
+                finally:
+                    self._timed(i, start)
 
             return reduce
 
@@ -197,12 +234,19 @@ class FSDP1Recorder:
                 self._hook.pop()
                 self.iterations.append(self._current)
                 self._current = []
+                if self.on_iteration is not None:
+                    self.on_iteration(len(self.iterations) - 1)
 
         return final
 
     # --------------------------------------------------------------- report
     def units(self) -> list[Unit]:
-        """The wrap units of the real model, in FSDP's handle order."""
+        """The wrap units of the real model, in FSDP's handle order.
+
+        Empty until FSDP's lazy initialisation (the first forward) has run.
+        """
+        if self._fsdp_modules[0]._is_root is None:
+            return []
         out: list[Unit] = []
         for fsdp in self._fsdp_modules:
             fqn = self._names[id(fsdp)]
@@ -265,6 +309,13 @@ class FSDP1Recorder:
             forward_order=self.forward_order(),
             iterations=[list(it) for it in self.iterations],
         )
+
+
+@functools.cache
+def _forward_state() -> Any:
+    from torch.distributed.fsdp._common_utils import HandleTrainingState
+
+    return HandleTrainingState.FORWARD
 
 
 def _join(prefix: str, name: str) -> str:

@@ -13,12 +13,15 @@ the recorder wraps FSDP2's own code:
   comes from, and the end of each iteration.
 
 Enter the recorder before the first forward after ``fully_shard`` (the
-pre-backward hooks are bound when a forward registers them).
+pre-backward hooks are bound when a forward registers them). With
+``timestamps=True`` each event also carries ``t`` (seconds since the recorder
+was entered) and ``duration`` (host time of the call).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -60,18 +63,24 @@ class FSDP2Recorder:
         report = rec.report()   # same types as fsdpviz.analyze(..., fully_shard=[...])
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
         if not _fsdp2_states(model):
             raise TypeError(
                 "FSDP2Recorder needs a model on which fully_shard was called; "
                 f"{type(model).__name__} has no FSDP2 state"
             )
         self.model = model
+        self.timestamps = timestamps
+        self.t0_ns = 0
+        self.on_iteration: Callable[[int], None] | None = None
         names = {m: n for n, m in model.named_modules()}
-        self._state_names = {
-            id(state): ", ".join(n for m, n in names.items() if m in set(state._modules))
-            for state in _fsdp2_states(model)
-        }
+        self._state_names: dict[int, str] = {}
+        self._group_names: dict[int, str] = {}
+        for state in _fsdp2_states(model):
+            name = ", ".join(n for m, n in names.items() if m in set(state._modules))
+            self._state_names[id(state)] = name
+            if state._fsdp_param_group is not None:
+                self._group_names[id(state._fsdp_param_group)] = name
         self.iterations: list[list[Event]] = []
         self._current: list[Event] = []
         self._hook: tuple[Hook, str] | None = None
@@ -115,6 +124,7 @@ class FSDP2Recorder:
             stack.close()
             raise
         self._stack = stack
+        self.t0_ns = time.perf_counter_ns()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -126,9 +136,23 @@ class FSDP2Recorder:
             self._current = []
 
     # -------------------------------------------------------------- wrappers
-    def _emit(self, kind: Any, group: Any, phase: Any, prefetch: bool = False) -> None:
+    def _name(self, group: Any) -> str:
+        return self._group_names.get(id(group), "?")
+
+    def _emit(self, kind: Any, group: Any, phase: Any, prefetch: bool = False) -> int:
+        """Append an event; its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook or (None, None)
-        self._current.append(Event(kind, group._module_fqn, phase, prefetch, hook, hook_unit))
+        self._current.append(Event(kind, self._name(group), phase, prefetch, hook, hook_unit))
+        return len(self._current) - 1 if self.timestamps else -1
+
+    def _timed(self, index: int, start_ns: int) -> None:
+        if index >= 0:
+            e = self._current[index]
+            t = (start_ns - self.t0_ns) / 1e9
+            duration = (time.perf_counter_ns() - start_ns) / 1e9
+            self._current[index] = Event(
+                e.kind, e.unit, e.phase, e.prefetch, e.hook, e.hook_unit, t, duration
+            )
 
     @staticmethod
     def _phase(group: Any) -> str:
@@ -138,30 +162,41 @@ class FSDP2Recorder:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             group = self._group
-            if group is not None:
-                phase = "backward" if kind == "reduce_scatter" else self._phase(group)
-                self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
-            return original(*args, **kwargs)
+            if group is None:
+                return original(*args, **kwargs)
+            phase = "backward" if kind == "reduce_scatter" else self._phase(group)
+            start = time.perf_counter_ns()
+            i = self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._timed(i, start)
 
         return collective
 
     def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def to_sharded(group: Any) -> Any:
-            if group.is_unsharded:
-                self._emit("free", group, self._phase(group))
-            return original(group)
+            if not group.is_unsharded:
+                return original(group)
+            start = time.perf_counter_ns()
+            i = self._emit("free", group, self._phase(group))
+            try:
+                return original(group)
+            finally:
+                self._timed(i, start)
 
         return to_sharded
 
     def _wrap_group(self, original: Callable[..., Any], hook: Hook | None) -> Callable[..., Any]:
         @functools.wraps(original)
         def run(group: Any, *args: Any, **kwargs: Any) -> Any:
+            name = self._name(group)
             if hook is not None and not (hook == "post_backward" and self._in_final):
-                self._hook = (hook, group._module_fqn)
+                self._hook = (hook, name)
             first_iteration = hook == "pre_forward" and not self.iterations
-            if first_iteration and group._module_fqn not in self._forward_order:
-                self._forward_order.append(group._module_fqn)
+            if first_iteration and name not in self._forward_order:
+                self._forward_order.append(name)
             previous, self._group = self._group, group
             try:
                 return original(group, *args, **kwargs)
@@ -201,6 +236,8 @@ class FSDP2Recorder:
                 self._hook = None
                 self.iterations.append(self._current)
                 self._current = []
+                if self.on_iteration is not None:
+                    self.on_iteration(len(self.iterations) - 1)
 
         return final
 
@@ -220,15 +257,16 @@ class FSDP2Recorder:
             if group is None:
                 continue
             params = group.fsdp_params
-            orig = {fp.orig_dtype for fp in params}
+            # read from the policy: the FSDPParam dtype attributes exist only after lazy init
+            orig = {fp.sharded_param.dtype for fp in params}
             dtype = orig.pop() if len(orig) == 1 else None
-            compute = params[0].param_dtype or dtype if params else dtype
+            compute = group.mp_policy.param_dtype or dtype
             grads = {fp.sharded_param.requires_grad for fp in params}
             out.append(
                 Unit(
-                    module=group._module_fqn,
+                    module=self._name(group),
                     module_class=", ".join(_orig_class(m) for m in group.modules),
-                    params=[fp._param_fqn for fp in params],
+                    params=[first[fp.sharded_param] for fp in params],
                     shared_params={
                         k: v for fp in params for k, v in aliases.get(fp.sharded_param, {}).items()
                     },
@@ -239,7 +277,7 @@ class FSDP2Recorder:
                     sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
                     dtype=_dtype(dtype),
                     compute_dtype=_dtype(compute),
-                    reduce_dtype=_dtype(group._reduce_dtype or compute),
+                    reduce_dtype=_dtype(group.mp_policy.reduce_dtype or compute),
                     requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
                     sharding_strategy="FULL_SHARD"
                     if group.post_forward_mesh_info is not None
@@ -248,6 +286,10 @@ class FSDP2Recorder:
                 )
             )
         return out
+
+    def forward_order(self) -> list[str]:
+        """Groups in the order their first-iteration forward started."""
+        return list(self._forward_order)
 
     def report(self, config: dict[str, Any] | None = None) -> Report:
         import torch.distributed as dist
