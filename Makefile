@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint js bench
 
 setup: $(VENV)/.installed
 
@@ -22,7 +22,12 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The widget front end: install from the lock file, type-check and unit-test (vitest),
+# then bundle into fsdpviz/static/ (what the Python widget tests load).
+js:
+	cd js && npm ci --no-audit --no-fund && npm test && npm run build
+
+test: lint js
 	$(BIN)/pytest
 
 bench: setup

@@ -1,0 +1,247 @@
+"""Re-planning one traced model under other FSDP options: the interface the explorer's controls use.
+
+:class:`Replanner` holds a model and its inputs; :meth:`Replanner.plan` takes a
+:class:`PlanOptions` (or its fields as keywords) and returns a :class:`Report`.
+Today it calls :func:`fsdpviz.analyze`, which traces the model again on every
+call; a faster engine path (plan and schedule from one stored trace) can replace
+:meth:`Replanner._analyze` without changing callers. Results are cached per
+options, so going back to an earlier setting is immediate.
+
+Example::
+
+    planner = Replanner(model, {"input_ids": ids})
+    planner.layer_classes()                  # [('DecoderLayer', 32), ('Attention', 32), ...]
+    report = planner.plan(layer_classes=["DecoderLayer"], world_size=64,
+                          backward_prefetch="BACKWARD_POST")
+    planner.last_seconds                     # time the engine took
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from fsdpviz.core.schema import Report
+from fsdpviz.errors import ConfigError
+
+__all__ = [
+    "BACKWARD_PREFETCH",
+    "SHARDING_STRATEGIES",
+    "PlanOptions",
+    "Replanner",
+    "fully_shard_supported",
+]
+
+Recipe = Literal["FSDP1", "FSDP2"]
+PolicyKind = Literal["classes", "size", "none"]
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", None)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the explorer's controls choose. Hashable, so plans can be cached.
+
+    ``policy``: ``"classes"`` wraps every instance of ``layer_classes`` (names as
+    :meth:`Replanner.layer_classes` lists them; ``ModuleWrapPolicy``), ``"size"`` wraps
+    subtrees of at least ``min_num_params`` parameters (``size_based_auto_wrap_policy``),
+    ``"none"`` wraps only the root. ``recipe="FSDP2"`` applies ``fully_shard`` to the same
+    modules instead (only when :func:`fully_shard_supported`).
+    """
+
+    policy: PolicyKind = "classes"
+    layer_classes: tuple[str, ...] = ()
+    min_num_params: int = 100_000_000
+    world_size: int = 8
+    sharding_strategy: str = "FULL_SHARD"
+    backward_prefetch: str | None = "BACKWARD_PRE"
+    forward_prefetch: bool = False
+    recipe: Recipe = "FSDP1"
+
+    def replace(self, **changes: Any) -> PlanOptions:
+        """A copy with ``changes`` (``layer_classes`` may be any sequence)."""
+        if "layer_classes" in changes:
+            changes["layer_classes"] = tuple(changes["layer_classes"])
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_report(cls, report: Report) -> PlanOptions:
+        """The options a report was made with, as far as its ``config`` says."""
+        cfg = report.config
+        classes = tuple(sorted({u.module_class for u in report.units if u.module != ""}))
+        return cls(
+            policy="classes" if classes else "none",
+            layer_classes=classes,
+            world_size=int(cfg.get("world_size") or 8),
+            sharding_strategy=str(cfg.get("sharding_strategy") or "FULL_SHARD"),
+            backward_prefetch=bp if isinstance(bp := cfg.get("backward_prefetch"), str) else None,
+            forward_prefetch=cfg.get("forward_prefetch") is True,
+            recipe="FSDP2" if cfg.get("api") == "FSDP2" else "FSDP1",
+        )
+
+
+@functools.cache
+def fully_shard_supported() -> bool:
+    """Whether :func:`fsdpviz.analyze` accepts ``fully_shard=[...]`` (the FSDP2 recipe).
+
+    Asks the engine itself: an "unknown option 'fully_shard'" error means no; any other
+    outcome (a report, or an error about the value) means the option exists.
+    """
+    from fsdpviz.analyze import analyze
+
+    probe = nn.Sequential(nn.Linear(2, 2))
+    try:
+        analyze(probe, torch.zeros(1, 2), fully_shard=[], world_size=2, progress=False)
+    except ConfigError as e:
+        return "unknown option 'fully_shard'" not in str(e)
+    except Exception:
+        return True
+    return True
+
+
+class Replanner:
+    """Plans ``model`` on ``inputs`` under any :class:`PlanOptions`; see the module docstring.
+
+    ``analyze_kwargs`` are passed to every :func:`fsdpviz.analyze` call (``loss``,
+    ``trace``, ``mixed_precision``, ``use_orig_params``, ...). ``cache_size`` plans are kept.
+    """
+
+    def __init__(
+        self, model: nn.Module, inputs: Any, *, cache_size: int = 16, **analyze_kwargs: Any
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.analyze_kwargs = {"progress": False, **analyze_kwargs}
+        self.cache_size = cache_size
+        self.last_seconds: float | None = None
+        self.last_cached = False
+        self._cache: OrderedDict[PlanOptions, Report] = OrderedDict()
+        self._classes: dict[str, type[nn.Module]] = {}
+        counts: Counter[str] = Counter()
+        for module in model.modules():
+            cls = type(module)
+            name = self._class_name(cls)
+            self._classes.setdefault(name, cls)
+            counts[name] += 1
+        self._counts = counts
+        self._root_class = self._class_name(type(model))
+
+    def _class_name(self, cls: type[nn.Module]) -> str:
+        name = cls.__name__
+        other = self._classes.get(name)
+        if other is None or other is cls:
+            return name
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def layer_classes(self) -> list[tuple[str, int]]:
+        """``(class name, instances)`` of the model's module classes, most frequent first.
+
+        The root's class and classes without parameters anywhere below them are left out.
+        """
+        with_params = {
+            self._class_name(type(m))
+            for m in self.model.modules()
+            if next(m.parameters(), None) is not None
+        }
+        out = [
+            (name, n)
+            for name, n in self._counts.items()
+            if name != self._root_class and name in with_params
+        ]
+        return sorted(out, key=lambda t: (-t[1], t[0]))
+
+    def plan(self, options: PlanOptions | None = None, **changes: Any) -> Report:
+        """The report for ``options`` (default :class:`PlanOptions`) with ``changes`` applied."""
+        opts = (
+            (options or PlanOptions()).replace(**changes) if changes else (options or PlanOptions())
+        )
+        cached = self._cache.get(opts)
+        if cached is not None:
+            self._cache.move_to_end(opts)
+            self.last_seconds, self.last_cached = 0.0, True
+            return cached
+        start = time.perf_counter()
+        report = self._analyze(opts)
+        self.last_seconds, self.last_cached = time.perf_counter() - start, False
+        self._cache[opts] = report
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return report
+
+    def fsdp_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
+        """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""
+        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+        if opts.sharding_strategy not in SHARDING_STRATEGIES:
+            raise ConfigError(
+                f"unknown sharding strategy {opts.sharding_strategy!r}; "
+                f"use one of {', '.join(SHARDING_STRATEGIES)}"
+            )
+        if opts.recipe == "FSDP2":
+            return self._fsdp2_kwargs(opts)
+        kwargs: dict[str, Any] = {
+            **self.analyze_kwargs,
+            "world_size": opts.world_size,
+            "forward_prefetch": opts.forward_prefetch,
+            "backward_prefetch": None
+            if opts.backward_prefetch is None
+            else BackwardPrefetch[opts.backward_prefetch],
+        }
+        kwargs["sharding_strategy"] = ShardingStrategy[opts.sharding_strategy]
+        if opts.policy == "classes":
+            kwargs["auto_wrap_policy"] = ModuleWrapPolicy(self._resolve(opts.layer_classes))
+        elif opts.policy == "size":
+            kwargs["auto_wrap_policy"] = functools.partial(
+                size_based_auto_wrap_policy, min_num_params=int(opts.min_num_params)
+            )
+        return kwargs
+
+    def _resolve(self, names: Sequence[str]) -> set[type[nn.Module]]:
+        unknown = [n for n in names if n not in self._classes]
+        if unknown:
+            known = ", ".join(name for name, _ in self.layer_classes()[:10])
+            raise ConfigError(f"no module class {unknown[0]!r} in the model; classes: {known}")
+        return {self._classes[n] for n in names}
+
+    def _fsdp2_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
+        """FSDP2: ``fully_shard`` on every instance of the layer classes, then the root.
+
+        FSDP2 prefetches implicitly (explicit maps are ``analyze`` options), so the FSDP1
+        prefetch switches do not apply; ``FULL_SHARD`` / ``SHARD_GRAD_OP`` become
+        ``reshard_after_forward=True`` / ``False``.
+        """
+        if not fully_shard_supported():
+            raise ConfigError(
+                "the FSDP2 recipe needs fsdpviz.analyze(..., fully_shard=[...]), which this "
+                "fsdpviz does not have yet; choose recipe='FSDP1'"
+            )
+        raf = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}.get(opts.sharding_strategy)
+        if raf is None:
+            raise ConfigError(
+                f"the FSDP2 recipe models FULL_SHARD and SHARD_GRAD_OP (reshard_after_forward), "
+                f"not {opts.sharding_strategy}"
+            )
+        if opts.policy == "size":
+            raise ConfigError("the FSDP2 recipe takes layer classes, not a size threshold")
+        classes = sorted(self._resolve(opts.layer_classes), key=lambda c: c.__name__)
+        return {
+            **self.analyze_kwargs,
+            "world_size": opts.world_size,
+            "fully_shard": classes if opts.policy == "classes" else [],
+            "reshard_after_forward": raf,
+        }
+
+    def _analyze(self, opts: PlanOptions) -> Report:
+        """The engine call; a faster path plugs in here."""
+        from fsdpviz.analyze import analyze
+
+        return analyze(self.model, self.inputs, **self.fsdp_kwargs(opts))

@@ -1,0 +1,41 @@
+"""Plotly figures of a :class:`~fsdpviz.Report`: pure functions, no widgets.
+
+- :func:`explorer_figure`: the module tree as an icicle/treemap coloured by wrap unit;
+- :func:`prefetch_figure`: units in forward order with forward-order and prefetch edges;
+- :func:`timeline_figure`: lanes per rank and the memory curve;
+- :func:`timeline_data`: the timeline as JSON-ready columns (what the JS widget draws);
+- :func:`unit_detail_html`: the explorer's detail panel.
+
+Example::
+
+    from fsdpviz.views import explorer_figure
+    explorer_figure(report, kind="treemap").write_html("units.html")
+"""
+
+from __future__ import annotations
+
+from fsdpviz.views._style import PALETTE, format_bytes, template, unit_colors
+from fsdpviz.views.detail import unit_detail_html
+from fsdpviz.views.explorer import explorer_figure
+from fsdpviz.views.prefetch import PrefetchAnalysis, prefetch_analysis, prefetch_figure
+from fsdpviz.views.timeline import timeline_figure
+from fsdpviz.views.timeline_data import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.tree import ModuleTree, module_tree
+
+__all__ = [
+    "PALETTE",
+    "MemorySeries",
+    "MemorySource",
+    "ModuleTree",
+    "PrefetchAnalysis",
+    "explorer_figure",
+    "format_bytes",
+    "module_tree",
+    "prefetch_analysis",
+    "prefetch_figure",
+    "template",
+    "timeline_data",
+    "timeline_figure",
+    "unit_colors",
+    "unit_detail_html",
+]

@@ -1,0 +1,349 @@
+"""The prefetch graph: units in forward order with forward-order and prefetch edges.
+
+Built from :func:`fsdpviz.graphs.unit_graph`. Units sit on one line in forward
+order (numbered by their forward index); forward order runs along the line,
+forward-prefetch edges arc above it, backward-prefetch edges below it. Two
+things FSDP gets wrong are drawn in vermillion:
+
+- ``misordered``: a backward prefetch whose target is not the unit that runs
+  its backward next (FSDP picks targets from the reversed *forward* order);
+- ``missed``: two units consecutive in the backward order where the second is
+  all-gathered on demand although backward prefetch is on. With
+  ``BACKWARD_POST`` this is the rule, not the exception: a unit's post-backward
+  hook (where it prefetches) runs after the next unit's pre-backward hook has
+  already all-gathered it.
+
+Units that are all-gathered but never by a prefetch get a square outline.
+
+Example::
+
+    fig = prefetch_figure(report)            # steady state
+    analysis = prefetch_analysis(report)     # the same facts as data
+    analysis.missed                          # [('', 'layers.3', 9, 7), ...]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from fsdpviz.core.schema import Report
+from fsdpviz.graphs import unit_graph
+from fsdpviz.views._style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
+from fsdpviz.views._style import unit_colors as palette_for
+from fsdpviz.views.prefetch_analysis import (
+    PrefetchAnalysis,
+    backward_unit_order,
+    prefetch_analysis,
+)
+
+__all__ = ["PrefetchAnalysis", "backward_unit_order", "prefetch_analysis", "prefetch_figure"]
+
+_LABELS = {
+    "forward_order": "forward order",
+    "forward_prefetch": "forward prefetch",
+    "backward_prefetch": "backward prefetch",
+    "misordered": "backward prefetch, not the next unit",
+    "missed": "next in backward, gathered on demand",
+}
+_MAX_TICK_LABELS = 60
+_PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
+
+
+def prefetch_figure(
+    report: Report,
+    iteration: int = -1,
+    *,
+    theme: Theme = "light",
+    highlight_unit: str | None = None,
+    selected_unit: str | None = None,
+) -> go.Figure:
+    """The prefetch graph of ``report.iterations[iteration]`` (default: steady state).
+
+    The last two traces are the ``current`` and ``selected`` unit rings (one point
+    each, empty when ``None``) so a widget can move them without rebuilding.
+    """
+    graph = unit_graph(report, iteration)
+    facts = prefetch_analysis(report, iteration)
+    pos = facts.positions
+    colors = palette_for(report)
+    c = theme_colors(theme)
+    fig = go.Figure()
+    arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
+    for a, b, data in graph.edges(data=True):
+        kind = data["kind"]
+        if kind == "forward_order":
+            arcs[kind].append((a, b, 0.0, f"forward order: {a!r} then {b!r}"))
+        elif kind == "forward_prefetch":
+            arcs[kind].append(
+                (
+                    a,
+                    b,
+                    1.0,
+                    f"forward prefetch of {b!r} by {a!r} {data['hook']} (event {data['position']})",
+                )
+            )
+    wrong = {(a, b, p) for a, b, _, p in facts.misordered}
+    for a, b, data in graph.edges(data=True):
+        if data["kind"] != "backward_prefetch":
+            continue
+        kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"
+        text = f"backward prefetch of {b!r} by {a!r} {data['hook']} (event {data['position']})"
+        if kind == "misordered":
+            expected = next(
+                e for x, y, e, p in facts.misordered if (x, y, p) == (a, b, data["position"])
+            )
+            text += f"; the next unit in backward is {expected!r}"
+        arcs[kind].append((a, b, -1.0, text))
+    for a, b, post, gather in facts.missed:
+        when = "never" if post is None else f"at event {post}"
+        arcs["missed"].append(
+            (
+                a,
+                b,
+                -1.6,
+                f"{b!r} runs its backward after {a!r} but was all-gathered on demand "
+                f"(event {gather}); {a!r} post-backward {when}",
+            )
+        )
+    # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
+    aspect = (_PLOT_PX[1] / 4.0) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
+    for kind, edges in arcs.items():
+        if edges:
+            _add_edges(fig, kind, edges, pos, aspect)
+    _add_nodes(fig, report, graph, pos, colors, facts.never_prefetched, c)
+    for name, unit, color in (
+        ("current", highlight_unit, c["fg"]),
+        ("selected", selected_unit, "#D55E00"),
+    ):
+        xs = [pos[unit]] if unit is not None and unit in pos else []
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[0.0] * len(xs),
+                mode="markers",
+                name=name,
+                hoverinfo="skip",
+                marker={"symbol": "circle-open", "size": 30, "color": color, "line": {"width": 3}},
+                showlegend=False,
+            )
+        )
+    _layout(fig, report, facts, pos, theme)
+    return fig
+
+
+def _arc(x0: float, x1: float, side: float, steps: int = 12) -> tuple[list[float], list[float]]:
+    if side == 0.0:
+        return [x0, x1], [0.0, 0.0]
+    height = side * min(0.35 + 0.12 * abs(x1 - x0), 1.6) if abs(side) == 1.0 else side
+    xs, ys = [], []
+    for i in range(steps + 1):
+        t = i / steps
+        xs.append((1 - t) * x0 + t * x1)
+        ys.append(4 * height * t * (1 - t))
+    return xs, ys
+
+
+def _add_edges(
+    fig: go.Figure,
+    kind: str,
+    edges: list[tuple[str, str, float, str]],
+    pos: dict[str, int],
+    aspect: float,
+) -> None:
+    color, dash = EDGE_COLORS[kind]
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    mid_x, mid_y, tips_x, tips_y, angles, texts = [], [], [], [], [], []
+    for a, b, side, text in edges:
+        ax, ay = _arc(pos[a], pos[b], side)
+        xs += [*ax, None]
+        ys += [*ay, None]
+        m = len(ax) // 2
+        mid_x.append(ax[m])
+        mid_y.append(ay[m])
+        texts.append(text)
+        # Arrowhead just before the target node, pointing along the arc.
+        k = max(len(ax) - 3, 0)
+        tips_x.append(ax[k + 1] if len(ax) > 2 else ax[0] + 0.8 * (ax[1] - ax[0]))
+        tips_y.append(ay[k + 1] if len(ay) > 2 else 0.0)
+        dx, dy = ax[-1] - ax[k], ay[-1] - ay[k]
+        angles.append(round(math.degrees(math.atan2(dx, dy * aspect)), 1))
+    label = _LABELS[kind]
+    arrow = round(max(5.0, min(11.0, 0.5 * _PLOT_PX[0] / max(len(pos), 1))), 1)
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name=label,
+            legendgroup=kind,
+            hoverinfo="skip",
+            line={"color": color, "dash": dash, "width": 2 if kind != "forward_order" else 1.5},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=tips_x,
+            y=tips_y,
+            mode="markers",
+            legendgroup=kind,
+            showlegend=False,
+            hoverinfo="skip",
+            marker={"symbol": "arrow", "size": arrow, "color": color, "angle": angles},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=mid_x,
+            y=mid_y,
+            mode="markers",
+            legendgroup=kind,
+            showlegend=False,
+            text=texts,
+            hovertemplate="%{text}<extra></extra>",
+            marker={"size": 8, "color": color, "opacity": 0.0},
+        )
+    )
+
+
+def _add_nodes(
+    fig: go.Figure,
+    report: Report,
+    graph: Any,
+    pos: dict[str, int],
+    colors: dict[str, str],
+    never: list[str],
+    c: dict[str, str],
+) -> None:
+    names = sorted(pos, key=pos.__getitem__)
+    # Markers shrink to fit the plot; their forward index is printed while it fits.
+    size = max(6.0, min(20.0, 0.75 * _PLOT_PX[0] / max(len(names), 1)))
+    many = size < 15
+    hover = []
+    for n in names:
+        d = graph.nodes[n]
+        fi = d["forward_index"]
+        hover.append(
+            f"<b>{n!r}</b> ({d['module_class']})<br>forward index: "
+            f"{'not run in forward' if fi is None else fi}<br>"
+            f"parameters: {d['numel']:,} in {d['n_params']} tensors<br>"
+            f"bytes: {format_bytes(d['bytes'])} full, "
+            f"{format_bytes(d['sharded_bytes'])} per rank<br>"
+            f"prefetched in forward: {d['prefetched_forward']}, "
+            f"in backward: {d['prefetched_backward']}"
+            + ("<br><b>never prefetched</b>" if d["never_prefetched"] else "")
+        )
+    if never:
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[n] for n in never],
+                y=[0.0] * len(never),
+                mode="markers",
+                name="never prefetched",
+                hoverinfo="skip",
+                marker={
+                    "symbol": "square-open",
+                    "size": 26,
+                    "color": c["muted"],
+                    "line": {"width": 2},
+                },
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[pos[n] for n in names],
+            y=[0.0] * len(names),
+            customdata=names,
+            mode="markers" if many else "markers+text",
+            name="units",
+            showlegend=False,
+            text=[str(pos[n]) for n in names],
+            textposition="middle center",
+            textfont={"size": 10, "color": "#000000"},
+            hovertext=hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+            marker={
+                "size": round(size, 1),
+                "color": [colors[n] for n in names],
+                "line": {"width": 1, "color": c["bg"]},
+            },
+        )
+    )
+
+
+def _layout(
+    fig: go.Figure, report: Report, facts: PrefetchAnalysis, pos: dict[str, int], theme: Theme
+) -> None:
+    names = sorted(pos, key=pos.__getitem__)
+    step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
+    shown = names[::step]
+    it = "first iteration" if facts.iteration == 0 else "steady state"
+    cfg = report.config
+    notes = []
+    if facts.missed and cfg.get("backward_prefetch") == "BACKWARD_POST":
+        a, b, post, gather = facts.missed[0]
+        notes.append(
+            f"BACKWARD_POST prefetches too late: {_count(facts.missed, 'backward all-gather')} "
+            f"on demand; e.g. {a!r} post-backward at event {post}, {b!r} already gathered at "
+            f"event {gather}"
+        )
+    elif facts.missed:
+        notes.append(
+            f"{_count(facts.missed, 'backward all-gather')} on demand despite backward prefetch"
+        )
+    if facts.misordered:
+        notes.append(
+            f"{_count(facts.misordered, 'backward prefetch')} not for the next unit in backward"
+        )
+    if cfg.get("api") == "FSDP2":
+        explicit = sum(
+            len(v)
+            for k in ("forward_prefetch", "backward_prefetch")
+            for v in (cfg.get(k) or {}).values()
+        )
+        setting = f"FSDP2, implicit prefetch + {explicit} explicit targets"
+    else:
+        setting = (
+            f"forward_prefetch={cfg.get('forward_prefetch')}, "
+            f"backward_prefetch={cfg.get('backward_prefetch')}"
+        )
+    fig.update_layout(
+        template=template(theme),
+        title={"text": f"Prefetch graph ({it}): {setting}", "font": {"size": 14}},
+        xaxis={
+            "tickvals": [pos[n] for n in shown],
+            "ticktext": ["(root)" if n == "" else n for n in shown],
+            "tickangle": -40 if len(shown) > 8 else 0,
+            "showgrid": False,
+            "zeroline": False,
+            "title": "units in forward order",
+        },
+        yaxis={"visible": False, "range": [-2.0, 2.0], "fixedrange": True},
+        legend={"orientation": "h", "y": -0.35, "x": 0},
+        margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": 8},
+        height=380,
+        hovermode="closest",
+        uirevision="prefetch",
+        annotations=[
+            {
+                "text": "<br>".join(notes),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": 1.0,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"color": EDGE_COLORS["missed"][0], "size": 12},
+            }
+        ]
+        if notes
+        else [],
+    )
+
+
+def _count(items: list[Any], noun: str) -> str:
+    return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")

@@ -1,0 +1,138 @@
+"""The module tree of a report with per-module sizes, for the explorer and its detail panel.
+
+Pure data, no plotly: :func:`module_tree` walks ``report.modules`` once and
+returns one :class:`TreeNode` per module, with its owning unit and the sizes of
+its subtree (parameters, bytes in full, bytes held by one rank).
+
+Example::
+
+    tree = module_tree(report)
+    tree.nodes[0].numel_total        # parameters of the whole model
+    tree.by_fqn["layers.0"].unit     # 'layers.0'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsdpviz.core.schema import ModuleInfo, Report, Unit
+
+__all__ = ["ROOT_ID", "ModuleTree", "TreeNode", "module_tree", "node_id"]
+
+ROOT_ID = "<root>"
+
+
+def node_id(fqn: str) -> str:
+    """Plotly id of a module: its FQN, ``<root>`` for the root (plotly reserves ``""``)."""
+    return fqn if fqn else ROOT_ID
+
+
+@dataclass
+class TreeNode:
+    """One module with the sizes of its direct parameters and of its subtree.
+
+    ``unit`` is the wrap unit that manages the module's direct parameters or, for a
+    module without parameters, the innermost unit around it; ``None`` for parameters
+    FSDP does not manage (ignored modules). A parameter shared by several modules is
+    counted once, under its first FQN (as FSDP flattens it).
+    """
+
+    fqn: str
+    name: str
+    parent: str | None
+    module_class: str
+    unit: str | None
+    numel: int
+    bytes: int
+    rank_bytes: int
+    numel_total: int = 0
+    bytes_total: int = 0
+    rank_bytes_total: int = 0
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def is_unit_root(self) -> bool:
+        """The module is itself a wrap unit."""
+        return self.unit == self.fqn
+
+
+@dataclass
+class ModuleTree:
+    """All modules in ``report.modules`` order (parents before children)."""
+
+    nodes: list[TreeNode]
+    by_fqn: dict[str, TreeNode]
+    units: dict[str, Unit]
+
+
+def module_tree(report: Report) -> ModuleTree:
+    """Build the :class:`ModuleTree` of ``report`` in one pass plus a bottom-up sum."""
+    units = {u.module: u for u in report.units}
+    shared = {name for u in report.units for name in u.shared_params}
+    nodes: list[TreeNode] = []
+    by_fqn: dict[str, TreeNode] = {}
+    for m in report.modules:
+        parent = by_fqn.get(m.parent) if m.parent is not None else None
+        numel, nbytes = _counted(m, shared)
+        unit = _owner(m, numel, units, parent)
+        rank = _rank_bytes(nbytes, units.get(unit) if unit is not None else None)
+        node = TreeNode(
+            fqn=m.fqn,
+            name=m.fqn.rsplit(".", 1)[-1] if m.fqn else m.module_class,
+            parent=parent.fqn if parent is not None else None,
+            module_class=m.module_class,
+            unit=unit,
+            numel=numel,
+            bytes=nbytes,
+            rank_bytes=rank,
+        )
+        nodes.append(node)
+        by_fqn[m.fqn] = node
+        if parent is not None:
+            parent.children.append(m.fqn)
+    for node in reversed(nodes):
+        node.numel_total += node.numel
+        node.bytes_total += node.bytes
+        node.rank_bytes_total += node.rank_bytes
+        if node.parent is not None:
+            up = by_fqn[node.parent]
+            up.numel_total += node.numel_total
+            up.bytes_total += node.bytes_total
+            up.rank_bytes_total += node.rank_bytes_total
+    return ModuleTree(nodes=nodes, by_fqn=by_fqn, units=units)
+
+
+def _counted(m: ModuleInfo, shared: set[str]) -> tuple[int, int]:
+    """Direct parameters of ``m`` without the non-first names of shared parameters."""
+    if m.numel == 0:
+        return 0, 0
+    prefix = f"{m.fqn}." if m.fqn else ""
+    numel = 0
+    for name, shape in m.params.items():
+        if prefix + name in shared:
+            continue
+        n = 1
+        for s in shape:
+            n *= s
+        numel += n
+    if not m.params:  # older reports without shapes: trust the totals
+        return m.numel, m.bytes
+    nbytes = m.bytes * numel // m.numel
+    return numel, nbytes
+
+
+def _owner(
+    m: ModuleInfo, numel: int, units: dict[str, Unit], parent: TreeNode | None
+) -> str | None:
+    if m.fqn in units:
+        return m.fqn
+    if numel > 0:
+        return m.unit
+    return parent.unit if parent is not None else None
+
+
+def _rank_bytes(nbytes: int, unit: Unit | None) -> int:
+    """Bytes one rank holds of ``nbytes`` in ``unit`` (its share of the padded shard)."""
+    if unit is None or unit.bytes == 0:
+        return nbytes  # unmanaged: every rank holds all of it
+    return nbytes * unit.sharded_bytes // unit.bytes

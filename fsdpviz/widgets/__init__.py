@@ -1,0 +1,17 @@
+"""Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline and the dashboard.
+
+Example::
+
+    import fsdpviz
+    report = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
+    view = report.show(model=model, inputs=ids)    # a Dashboard
+    view.timeline.step = 40
+"""
+
+from __future__ import annotations
+
+from fsdpviz.widgets.dashboard import Dashboard, show
+from fsdpviz.widgets.explorer import Explorer
+from fsdpviz.widgets.timeline import TimelineWidget
+
+__all__ = ["Dashboard", "Explorer", "TimelineWidget", "show"]

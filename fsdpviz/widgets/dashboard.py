@@ -1,0 +1,149 @@
+"""``Dashboard``: explorer, prefetch graph and timeline in one layout, linked.
+
+- the timeline's current event outlines its unit in the explorer and rings it in
+  the prefetch graph;
+- ``selected_unit`` is shared: a click in any view selects the unit in all three;
+- a re-plan in the explorer redraws the prefetch graph and the timeline (and calls
+  the memory model again when ``memory`` is a callable);
+- the theme the timeline reads from JupyterLab restyles the plotly panels.
+
+Example::
+
+    view = Dashboard(report, model=model, inputs=ids, memory=my_memory_model)
+    view.timeline.step = 40          # moves the timeline; outlines that event's unit
+    view.selected_unit = "layers.3"  # selects it in all views
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+import traitlets
+
+from fsdpviz.core.schema import Report
+from fsdpviz.views.prefetch import prefetch_figure
+from fsdpviz.views.timeline_data import MemorySource, resolve_memory
+from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets.explorer import Explorer
+from fsdpviz.widgets.timeline import TimelineWidget
+
+__all__ = ["Dashboard", "show"]
+
+_BIG_TREE = 2000  # modules; above this the explorer outline waits for pause while playing
+
+
+class Dashboard(w.VBox):  # type: ignore[misc]
+    """The three linked views of one report; see the module docstring."""
+
+    selected_unit = traitlets.Unicode(None, allow_none=True)
+
+    def __init__(
+        self,
+        report: Report,
+        *,
+        model: Any = None,
+        inputs: Any = None,
+        memory: MemorySource = None,
+        ranks: Sequence[Report] | None = None,
+        iteration: int | None = -1,
+        theme: str = "light",
+        **analyze_kwargs: Any,
+    ) -> None:
+        self.memory = memory
+        self.iteration = iteration
+        self.errors = ErrorOutput()
+        self.explorer = Explorer(report, model=model, inputs=inputs, theme=theme, **analyze_kwargs)
+        self.prefetch = go.FigureWidget(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
+        timeline_reports = list(ranks) if ranks else [report]
+        self.timeline = TimelineWidget(
+            timeline_reports, iteration, memory=resolve_memory(memory, timeline_reports[0])
+        )
+        super().__init__(
+            [
+                w.HTML("<b>Wrap units</b>"),
+                self.explorer,
+                w.HTML("<b>Prefetch graph</b>"),
+                self.prefetch,
+                w.HTML(
+                    "<b>Timeline</b> <small>(← → step, space plays; click an event to "
+                    "select its unit; shift+wheel zooms)</small>"
+                ),
+                self.timeline,
+                self.errors,
+            ]
+        )
+        g = self.errors.guard
+        traitlets.link((self, "selected_unit"), (self.explorer, "selected_unit"))
+        traitlets.link((self, "selected_unit"), (self.timeline, "selected_unit"))
+        self.timeline.observe(g(self._on_current), names=["current_unit", "playing"])
+        self.timeline.observe(g(self._on_theme), names="theme")
+        self.timeline.observe(g(self._on_js_error), names="error")
+        self.explorer.observe(g(self._on_report), names="report")
+        self.observe(g(self._on_selected), names="selected_unit")
+        self._bind_prefetch_click()
+        self._on_current()
+
+    def _bind_prefetch_click(self) -> None:
+        for trace in self.prefetch.data:
+            if trace.name == "units":
+                trace.on_click(self.errors.guard(self._prefetch_clicked))
+
+    def _prefetch_clicked(self, trace: Any, points: Any, state: Any) -> None:
+        if points.point_inds:
+            self.selected_unit = trace.customdata[points.point_inds[0]]
+
+    def _ring(self, name: str, unit: str | None) -> None:
+        xs: list[float] = []
+        units = next((t for t in self.prefetch.data if t.name == "units"), None)
+        if unit is not None and units is not None and unit in list(units.customdata):
+            xs = [units.x[list(units.customdata).index(unit)]]
+        for trace in self.prefetch.data:
+            if trace.name == name:
+                trace.update(x=xs, y=[0.0] * len(xs))
+
+    def _on_current(self, change: dict[str, Any] | None = None) -> None:
+        unit = self.timeline.current_unit
+        self._ring("current", unit)
+        big = len(self.explorer.tree.nodes) > _BIG_TREE
+        if not (big and self.timeline.playing):
+            self.explorer.highlight_unit = unit
+
+    def _on_selected(self, change: dict[str, Any]) -> None:
+        self._ring("selected", self.selected_unit)
+
+    def _on_report(self, change: dict[str, Any]) -> None:
+        report: Report = change["new"]
+        self._replace_prefetch(report)
+        self.timeline.set_reports(report, memory=resolve_memory(self.memory, report))
+
+    def _replace_prefetch(self, report: Report) -> None:
+        fig = prefetch_figure(
+            report,
+            theme=self.explorer.theme,  # type: ignore[arg-type]
+            highlight_unit=self.timeline.current_unit,
+            selected_unit=self.selected_unit,
+        )
+        with self.prefetch.batch_update():
+            self.prefetch.data = []
+            self.prefetch.add_traces(list(fig.data))
+            self.prefetch.layout = fig.layout
+        self._bind_prefetch_click()
+
+    def _on_js_error(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.errors.show(RuntimeError(f"timeline (browser): {change['new']}"))
+
+    def _on_theme(self, change: dict[str, Any]) -> None:
+        self.explorer.theme = self.timeline.theme
+        self._replace_prefetch(self.explorer.report)
+
+
+def show(report: Report, **kwargs: Any) -> Dashboard:
+    """The :class:`Dashboard` of ``report`` (``kwargs`` as for ``Dashboard``).
+
+    As the last line of a notebook cell it is displayed; keep it to drive it from Python.
+    """
+    return Dashboard(report, **kwargs)

@@ -1,0 +1,210 @@
+"""``Explorer``: the wrap-unit icicle/treemap, a detail panel and live re-plan controls.
+
+Example::
+
+    ex = Explorer(report, model=model, inputs=ids)   # model/inputs enable re-planning
+    ex.selected_unit = "layers.3"                     # opens the detail panel
+    ex.controls.set(world_size=64)                    # re-plans from the same model
+    ex.report                                         # the new report
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import ipywidgets as w
+import plotly.graph_objects as go
+import traitlets
+
+from fsdpviz.core.schema import Report
+from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.views._style import Theme, format_bytes
+from fsdpviz.views.detail import unit_detail_html
+from fsdpviz.views.explorer import (
+    VALIDATE_BELOW,
+    ExplorerKind,
+    ExplorerSize,
+    explorer_figure,
+    highlight_lines,
+)
+from fsdpviz.views.tree import ModuleTree, module_tree
+from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets.controls import PlanControls
+
+__all__ = ["Explorer"]
+
+
+class Explorer(w.VBox):  # type: ignore[misc]
+    """Module tree coloured by wrap unit; click a module or pick a unit for its details.
+
+    Traitlets: ``report`` (replaced on re-plan), ``selected_unit``, ``selected_module``,
+    ``highlight_unit`` (outlined, e.g. the timeline's current unit), ``theme``,
+    ``kind`` (``icicle``/``treemap``), ``size`` (``numel``/``rank_bytes``).
+    """
+
+    report = traitlets.Instance(Report)
+    selected_unit = traitlets.Unicode(None, allow_none=True)
+    selected_module = traitlets.Unicode(None, allow_none=True)
+    highlight_unit = traitlets.Unicode(None, allow_none=True)
+    theme = traitlets.Unicode("light")
+    kind = traitlets.Unicode("icicle")
+    size = traitlets.Unicode("numel")
+
+    def __init__(
+        self,
+        report: Report,
+        *,
+        model: Any = None,
+        inputs: Any = None,
+        replanner: Replanner | None = None,
+        theme: str = "light",
+        **analyze_kwargs: Any,
+    ) -> None:
+        if replanner is None and model is not None:
+            replanner = Replanner(model, inputs, **analyze_kwargs)
+        self.replanner = replanner
+        self.errors = ErrorOutput()
+        self.tree: ModuleTree = module_tree(report)
+        fig = explorer_figure(report, theme=cast(Theme, theme), tree=self.tree)
+        self.figure = go.FigureWidget(
+            fig.to_dict(), _validate=len(self.tree.nodes) < VALIDATE_BELOW
+        )
+        self.detail = w.HTML(
+            layout=w.Layout(max_height="520px", overflow="auto", width="42%", padding="0 0 0 8px")
+        )
+        self.status = w.HTML()
+        self.unit_picker = w.Dropdown(
+            description="unit",
+            style={"description_width": "initial"},
+            layout=w.Layout(width="auto"),
+        )
+        self.view_kind = w.ToggleButtons(options=["icicle", "treemap"], value="icicle")
+        self.view_size = w.ToggleButtons(
+            options=[("parameters", "numel"), ("bytes per rank", "rank_bytes")], value="numel"
+        )
+        self.controls = PlanControls(PlanOptions.from_report(report), replanner, self._replan)
+        super().__init__(
+            [
+                self.controls,
+                w.HBox([self.view_kind, self.view_size, self.unit_picker]),
+                self.status,
+                w.HBox([w.Box([self.figure], layout=w.Layout(width="58%")), self.detail]),
+                self.errors,
+            ]
+        )
+        with self.hold_trait_notifications():
+            self.theme = theme
+            self.report = report
+        self._set_picker()
+        self._bind()
+        self._show_detail()
+        self.status.value = self._summary(None)
+
+    def _bind(self) -> None:
+        g = self.errors.guard
+        self.figure.data[0].on_click(g(self._on_click))
+        self.unit_picker.observe(g(self._picked), names="value")
+        self.view_kind.observe(g(lambda c: setattr(self, "kind", c["new"])), names="value")
+        self.view_size.observe(g(lambda c: setattr(self, "size", c["new"])), names="value")
+        self.observe(g(self._selection_changed), names=["selected_unit", "selected_module"])
+        self.observe(g(self._highlight_changed), names="highlight_unit")
+        self.observe(g(self._redraw), names=["kind", "size", "theme"])
+        self.observe(g(self._on_report), names="report")
+
+    def _replan(self, options: PlanOptions) -> None:
+        if self.replanner is None:
+            return
+        self.status.value = "<i>re-planning...</i>"
+        try:
+            report = self.replanner.plan(options)
+        except Exception as e:
+            self.status.value = "<b>re-plan failed</b> (see below)"
+            self.errors.show(e)
+            return
+        self.errors.clear()
+        self.report = report
+        self.status.value = self._summary(self.replanner.last_seconds, self.replanner.last_cached)
+
+    def _summary(self, seconds: float | None, cached: bool = False) -> str:
+        r = self.report
+        per_rank = sum(u.sharded_bytes for u in r.units)
+        text = (
+            f"{len(r.units)} units, {format_bytes(per_rank)} of parameters per rank, "
+            f"{len(r.warnings)} warnings"
+        )
+        if seconds is not None:
+            text += " · from cache" if cached else f" · re-planned in {seconds * 1000:.0f} ms"
+        return f"<small>{text}</small>"
+
+    def _on_report(self, change: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        self.tree = module_tree(self.report)
+        self._set_picker()
+        if self.selected_unit is not None and self.selected_unit not in self.tree.units:
+            self.selected_unit = None
+        self._redraw()
+        self._show_detail()
+        self.last_render_seconds = time.perf_counter() - start
+
+    def _redraw(self, change: dict[str, Any] | None = None) -> None:
+        fig = explorer_figure(
+            self.report,
+            kind=cast(ExplorerKind, self.kind),
+            size=cast(ExplorerSize, self.size),
+            theme=cast(Theme, self.theme),
+            highlight_unit=self.highlight_unit,
+            tree=self.tree,
+        )
+        with self.figure.batch_update():
+            self.figure.layout = fig.layout
+            trace = self.figure.data[0]
+            if trace.type != fig.data[0].type:
+                self.figure.data = []
+                self.figure.add_trace(fig.data[0])
+                self.figure.data[0].on_click(self.errors.guard(self._on_click))
+            else:
+                trace.update(fig.data[0].to_plotly_json(), overwrite=True)
+
+    def _highlight_changed(self, change: dict[str, Any]) -> None:
+        self.figure.data[0].marker.line.width = highlight_lines(self.tree, self.highlight_unit)
+
+    def _on_click(self, trace: Any, points: Any, state: Any) -> None:
+        if not points.point_inds:
+            return
+        node = self.tree.nodes[points.point_inds[0]]
+        self.select_module(node.fqn)
+
+    def select_module(self, fqn: str) -> None:
+        """What a click on ``fqn`` does: select it and its unit."""
+        node = self.tree.by_fqn[fqn]
+        with self.hold_trait_notifications():
+            self.selected_module = fqn
+            self.selected_unit = node.unit
+
+    def _picked(self, change: dict[str, Any]) -> None:
+        if change["new"] != self.selected_unit:
+            self.selected_module = None
+            self.selected_unit = change["new"]
+
+    def _selection_changed(self, change: dict[str, Any]) -> None:
+        if self.selected_unit is not None and self.selected_unit not in self.tree.units:
+            bad = self.selected_unit
+            self.selected_unit = None
+            raise KeyError(f"no wrap unit {bad!r} in this report")
+        self.unit_picker.value = self.selected_unit
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        self.detail.value = unit_detail_html(
+            self.report, self.selected_unit, self.selected_module, self.tree
+        )
+
+    def _set_picker(self) -> None:
+        options = [("(none)", None)] + [
+            (f"{i}: {u.module or '(root)'}", u.module) for i, u in enumerate(self.report.units)
+        ]
+        self.unit_picker.options = options
+        self.unit_picker.value = (
+            self.selected_unit if self.selected_unit in self.tree.units else None
+        )

@@ -1,0 +1,24 @@
+// Bundles src/widget.ts into ../fsdpviz/static/timeline.js (ES module for anywidget)
+// and copies the stylesheet. Run by `npm run build`, and by hatch-jupyter-builder
+// during `pip install` (see pyproject.toml).
+import { build } from "esbuild";
+import { copyFile, mkdir } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const outdir = resolve(here, "..", "fsdpviz", "static");
+await mkdir(outdir, { recursive: true });
+await build({
+  entryPoints: [resolve(here, "src", "widget.ts")],
+  outfile: resolve(outdir, "timeline.js"),
+  bundle: true,
+  format: "esm",
+  target: "es2020",
+  minify: process.argv.includes("--minify") || process.env.NODE_ENV === "production",
+  sourcemap: false,
+  legalComments: "none",
+  logLevel: "info",
+});
+await copyFile(resolve(here, "src", "timeline.css"), resolve(outdir, "timeline.css"));
+console.log(`wrote ${outdir}/timeline.js and timeline.css`);

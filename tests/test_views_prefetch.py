@@ -1,0 +1,111 @@
+"""The prefetch graph: layout in forward order, edge kinds, never-prefetched units, and the
+backward prefetches FSDP gets wrong. Golden file ``tests/golden/views_prefetch_small.json``
+(rewrite with ``FSDPVIZ_UPDATE_GOLDEN=1`` and review the diff).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from torch.distributed.fsdp import BackwardPrefetch
+from views_models import analyze_tiny, check_golden, figure_json
+
+from fsdpviz import Event, Report
+from fsdpviz.views import prefetch_analysis, prefetch_figure
+from fsdpviz.views.prefetch import backward_unit_order
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return analyze_tiny(forward_prefetch=True)
+
+
+def traces(fig: object) -> dict[str, object]:
+    return {t.name: t for t in fig.data if t.name}  # type: ignore[attr-defined]
+
+
+def test_prefetch_golden(report: Report) -> None:
+    fig = prefetch_figure(report, highlight_unit="blocks.0", selected_unit="blocks.2")
+    check_golden("views_prefetch_small.json", figure_json(fig))
+
+
+def test_units_in_forward_order_with_edge_kinds(report: Report) -> None:
+    fig = prefetch_figure(report)
+    t = traces(fig)
+    units = t["units"]
+    assert list(units.customdata) == report.forward_order  # type: ignore[attr-defined]
+    assert list(units.x) == [0, 1, 2, 3]  # type: ignore[attr-defined]
+    assert {"forward order", "forward prefetch", "backward prefetch"} <= set(t)
+    styles = {
+        name: t[name].line.dash
+        for name in ("forward order", "forward prefetch", "backward prefetch")  # type: ignore[attr-defined]
+    }
+    assert len(set(styles.values())) == 3  # distinct without colour
+    # forward prefetch arcs above the line, backward below
+    assert max(y for y in t["forward prefetch"].y if y is not None) > 0  # type: ignore[attr-defined]
+    assert min(y for y in t["backward prefetch"].y if y is not None) < 0  # type: ignore[attr-defined]
+
+
+def test_never_prefetched_units_are_marked(report: Report) -> None:
+    facts = prefetch_analysis(report)
+    assert facts.never_prefetched == [""]  # the root is all-gathered on demand
+    t = traces(prefetch_figure(report))
+    assert list(t["never prefetched"].x) == [0]  # type: ignore[attr-defined]
+
+
+def test_backward_post_too_late_is_visible() -> None:
+    r = analyze_tiny(backward_prefetch=BackwardPrefetch.BACKWARD_POST)
+    facts = prefetch_analysis(r)
+    assert facts.backward_order == ["", "blocks.2", "blocks.1", "blocks.0"]
+    assert facts.missed, "BACKWARD_POST leaves the first backward all-gather on demand"
+    prev, unit, post, gather = facts.missed[0]
+    assert (prev, unit) == ("", "blocks.2")
+    assert post is None or post > gather  # the root's post-backward comes last
+    fig = prefetch_figure(r)
+    assert "next in backward, gathered on demand" in traces(fig)
+    note = fig.layout.annotations[0].text
+    assert note.startswith("BACKWARD_POST prefetches too late")
+
+
+def test_prefetch_of_the_wrong_unit_is_flagged(report: Report) -> None:
+    """A backward prefetch whose target is not the next unit in backward is misordered."""
+    events = list(report.iterations[1])
+    pos = next(
+        i
+        for i, e in enumerate(events)
+        if e.kind == "all_gather"
+        and e.phase == "backward"
+        and e.prefetch
+        and e.hook_unit == "blocks.2"
+    )
+    events[pos] = dataclasses.replace(events[pos], unit="blocks.0")  # should be blocks.1
+    wrong = dataclasses.replace(report, iterations=[report.iterations[0], events])
+    facts = prefetch_analysis(wrong)
+    assert facts.misordered == [("blocks.2", "blocks.0", "blocks.1", pos)]
+    fig = prefetch_figure(wrong)
+    assert "backward prefetch, not the next unit" in traces(fig)
+    assert "not for the next unit" in fig.layout.annotations[0].text
+
+
+def test_backward_order_falls_back_to_events(report: Report) -> None:
+    bare = dataclasses.replace(report, module_backward_order=[])
+    assert backward_unit_order(bare) == ["blocks.2", "blocks.1", "blocks.0", ""]
+
+
+def test_rings_and_no_prefetch_config() -> None:
+    r = analyze_tiny(backward_prefetch=None)
+    facts = prefetch_analysis(r)
+    assert facts.missed == []  # nothing asked for, nothing missed
+    t = traces(prefetch_figure(r, highlight_unit="blocks.1"))
+    assert list(t["current"].x) == [2] and list(t["selected"].x) == []  # type: ignore[attr-defined]
+
+
+def test_unknown_unit_in_events_raises(report: Report) -> None:
+    events = [
+        *report.iterations[1],
+        Event("all_gather", "nope", "backward", True, "pre_backward", "blocks.0"),
+    ]
+    bad = dataclasses.replace(report, iterations=[report.iterations[0], events])
+    with pytest.raises(ValueError, match="'nope'"):
+        prefetch_figure(bad)

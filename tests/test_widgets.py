@@ -1,0 +1,221 @@
+"""Widget state in Python: the timeline's synced traitlets, the explorer's selection, detail panel
+and re-plan controls, and the dashboard's links between the three views.
+
+The browser side (stepping, playing, clicks) is tested with vitest in ``js/test``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from views_models import Tiny, analyze_tiny, tiny_inputs
+
+from fsdpviz import Report
+from fsdpviz.replan import PlanOptions, Replanner, fully_shard_supported
+from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
+from fsdpviz.widgets.timeline import STATIC
+
+pytestmark = pytest.mark.skipif(
+    not (STATIC / "timeline.js").exists(),
+    reason="front end not built: run `make js` (make test does)",
+)
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return analyze_tiny()
+
+
+def memory_model(r: Report) -> list[float]:
+    n = len(r.iterations[-1])
+    return [float(100 + (i if i <= n // 2 else n - i)) for i in range(n)]
+
+
+def click(trace: Any, index: int) -> SimpleNamespace:
+    return SimpleNamespace(point_inds=[index], trace_name=trace.name)
+
+
+# ------------------------------------------------------------------ timeline
+
+
+def test_timeline_traitlets(report: Report) -> None:
+    view = TimelineWidget(report, memory=memory_model(report))
+    assert set(view.keys) >= {"data", "step", "playing", "speed", "selected_unit", "theme"}
+    assert view.trait_metadata("step", "sync") and view.trait_metadata("selected_unit", "sync")
+    assert view.n_steps == len(report.iterations[-1])
+    view.step = 4
+    rank, event = view.current_event  # type: ignore[misc]
+    assert (rank, event) == (0, report.iterations[-1][4])
+    assert view.current_unit == event.unit
+    view.step = 10_000  # clamped, like the browser clamps
+    assert view.step == view.n_steps - 1
+    view.step = -5
+    assert view.step == 0
+    view.jump_to_peak()
+    assert view.step == view.peak_step == view.data["peak_step"]
+
+
+def test_timeline_without_memory_has_no_peak(report: Report) -> None:
+    view = TimelineWidget(report)
+    assert view.peak_step is None
+    with pytest.raises(ValueError, match="memory="):
+        view.jump_to_peak()
+
+
+def test_timeline_all_iterations_and_new_reports(report: Report) -> None:
+    view = TimelineWidget(report, None)
+    n0 = len(report.iterations[0])
+    view.step = n0 + 2
+    assert view.current_event == (0, report.iterations[1][2])
+    small = analyze_tiny(auto_wrap_policy=None)
+    view.set_reports(small)
+    assert view.step == min(n0 + 2, view.n_steps - 1)
+    assert view.data["units"] == [""]
+
+
+# ------------------------------------------------------------------ explorer
+
+
+def test_explorer_click_selects_module_and_unit(report: Report) -> None:
+    ex = Explorer(report)
+    trace = ex.figure.data[0]
+    index = list(trace.ids).index("blocks.1.fc")
+    ex._on_click(trace, click(trace, index), None)
+    assert (ex.selected_module, ex.selected_unit) == ("blocks.1.fc", "blocks.1")
+    assert "blocks.1.fc.weight" in ex.detail.value
+    assert ex.unit_picker.value == "blocks.1"
+    ex.unit_picker.value = "blocks.2"
+    assert (ex.selected_unit, ex.selected_module) == ("blocks.2", None)
+    ex.selected_unit = "missing"  # shown under the widget, not raised into the kernel
+    assert ex.selected_unit is None
+    assert "no wrap unit 'missing'" in str(ex.errors.last_error)
+
+
+def test_explorer_highlight_kind_and_size(report: Report) -> None:
+    ex = Explorer(report)
+    ex.highlight_unit = "blocks.0"
+    widths = dict(zip(ex.figure.data[0].ids, ex.figure.data[0].marker.line.width, strict=True))
+    assert widths["blocks.0.fc"] > widths["blocks.1.fc"]
+    ex.view_kind.value = "treemap"
+    assert ex.figure.data[0].type == "treemap"
+    ex.view_size.value = "rank_bytes"
+    assert "bytes per rank" in ex.figure.layout.title.text
+    assert ex.errors.last_error is None
+
+
+def test_explorer_without_model_cannot_replan(report: Report) -> None:
+    ex = Explorer(report)
+    assert ex.replanner is None
+    assert all(c.disabled for c in ex.controls._all)
+    assert "model" in ex.controls.world_size.tooltip
+
+
+def test_explorer_replans_live(report: Report) -> None:
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    assert ex.controls.read() == PlanOptions.from_report(report)
+    ex.selected_unit = "blocks.1"
+    ex.controls.set(world_size=16)
+    assert ex.report.config["world_size"] == 16
+    assert "re-planned in" in ex.status.value
+    assert ex.selected_unit == "blocks.1"  # still a unit: kept
+    ex.controls.set(policy="none")
+    assert [u.module for u in ex.report.units] == [""]
+    assert ex.selected_unit is None
+    ex.controls.set(policy="classes")
+    assert "from cache" in ex.status.value  # the same options as before
+
+
+def test_replan_errors_show_under_the_widget(
+    report: Report, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    assert ex.replanner is not None
+
+    def fail(opts: PlanOptions) -> Report:
+        raise ValueError(f"cannot plan world size {opts.world_size}")
+
+    monkeypatch.setattr(ex.replanner, "_analyze", fail)
+    ex.controls.set(world_size=32)
+    assert ex.report is report  # the last good report stays
+    assert "cannot plan world size 32" in str(ex.errors.last_error)
+    assert "failed" in ex.status.value
+    monkeypatch.undo()
+    ex.controls.set(world_size=64)
+    assert ex.errors.last_error is None and ex.report.config["world_size"] == 64
+
+
+def test_fsdp2_control_follows_the_engine(report: Report) -> None:
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    assert ex.controls.recipe.disabled is not fully_shard_supported()
+    if fully_shard_supported():
+        ex.controls.set(recipe="FSDP2")
+        assert ex.report.config["api"] == "FSDP2"
+        assert ex.controls.backward.disabled and ex.controls.forward.disabled
+    else:
+        assert "not in this fsdpviz yet" in ex.controls.recipe_note.value
+
+
+def test_replanner_lists_layer_classes() -> None:
+    planner = Replanner(Tiny(), tiny_inputs())
+    assert planner.layer_classes() == [
+        ("Linear", 5),
+        ("Block", 3),
+        ("LayerNorm", 3),
+        ("ModuleList", 1),
+    ]
+    with pytest.raises(ValueError, match="no module class 'Nope'"):
+        planner.plan(layer_classes=["Nope"])
+    r = planner.plan(policy="size", min_num_params=80)
+    assert [u.module for u in r.units] == ["", "blocks.0", "blocks.1", "blocks.2"]
+
+
+# ------------------------------------------------------------------ dashboard
+
+
+def test_dashboard_links_step_selection_and_replan(report: Report) -> None:
+    view = Dashboard(report, model=Tiny(), inputs=tiny_inputs(), memory=memory_model)
+    rings = {t.name: t for t in view.prefetch.data if t.name in ("current", "selected")}
+    units = next(t for t in view.prefetch.data if t.name == "units")
+    # step -> the current unit is outlined in the explorer and ringed in the prefetch graph
+    step = next(i for i, e in enumerate(report.iterations[-1]) if e.unit == "blocks.1")
+    view.timeline.step = step
+    assert view.timeline.current_unit == "blocks.1"
+    assert view.explorer.highlight_unit == "blocks.1"
+    assert list(rings["current"].x) == [list(units.customdata).index("blocks.1")]
+    # a click in the timeline (JS sets selected_unit) selects everywhere
+    view.timeline.selected_unit = "blocks.2"
+    assert view.selected_unit == view.explorer.selected_unit == "blocks.2"
+    assert list(rings["selected"].x) == [list(units.customdata).index("blocks.2")]
+    # a click in the explorer or the prefetch graph too
+    view.explorer.select_module("blocks.0.norm")
+    assert view.timeline.selected_unit == "blocks.0"
+    view._prefetch_clicked(units, click(units, 0), None)
+    assert view.timeline.selected_unit == units.customdata[0]
+    # re-plan: the other views follow, the memory model runs again
+    view.explorer.controls.set(backward_prefetch="BACKWARD_POST")
+    assert view.timeline.data["peak_step"] is not None
+    assert len(view.timeline.data["memory"]["bytes"]) == len(view.explorer.report.iterations[-1])
+    assert "BACKWARD_POST" in view.prefetch.layout.title.text
+    assert view.errors.last_error is None and view.explorer.errors.last_error is None
+
+
+def test_dashboard_theme_from_the_browser(report: Report) -> None:
+    view = Dashboard(report)
+    view.timeline.theme = "dark"  # what the JS reports from JupyterLab
+    assert view.explorer.theme == "dark"
+    assert view.prefetch.layout.template.layout.paper_bgcolor == "#111111"
+    assert view.explorer.figure.layout.template.layout.paper_bgcolor == "#111111"
+
+
+def test_browser_errors_show_under_the_dashboard(report: Report) -> None:
+    view = Dashboard(report)
+    view.timeline.error = "TypeError: x is undefined"  # what the JS reports
+    assert "timeline (browser): TypeError" in str(view.errors.last_error)
+
+
+def test_report_show_opens_the_dashboard(report: Report) -> None:
+    view = report.show(memory=memory_model(report))
+    assert isinstance(view, Dashboard)
+    assert view.timeline.peak_step is not None

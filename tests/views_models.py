@@ -1,0 +1,75 @@
+"""Small models and reports shared by the view and widget tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import torch
+from torch import nn
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz import Report
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.fc(self.norm(x))
+        return out
+
+
+class Tiny(nn.Module):
+    """``inp``, three ``Block``s, ``head``: four wrap units with ``ModuleWrapPolicy({Block})``."""
+
+    def __init__(self, d: int = 8, n: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def tiny_inputs() -> torch.Tensor:
+    return torch.zeros(2, 4)
+
+
+def analyze_tiny(**kwargs: Any) -> Report:
+    torch.manual_seed(0)
+    options: dict[str, Any] = {"auto_wrap_policy": ModuleWrapPolicy({Block}), "world_size": 4}
+    options.update(kwargs)
+    return fsdpviz.analyze(Tiny(), tiny_inputs(), progress=False, **options)
+
+
+def figure_json(fig: go.Figure) -> Any:
+    """The figure as plain JSON data (plotly's own encoding), for golden comparisons."""
+    return json.loads(fig.to_json())
+
+
+def check_golden(name: str, data: Any) -> None:
+    """Compare ``data`` with ``tests/golden/<name>``; ``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites it."""
+    path = GOLDEN_DIR / name
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    if os.environ.get("FSDPVIZ_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run with FSDPVIZ_UPDATE_GOLDEN=1 and review it"
+    assert json.loads(path.read_text()) == json.loads(text), (
+        f"{name} differs from the golden file; if the change is intended, rewrite it with "
+        "FSDPVIZ_UPDATE_GOLDEN=1 and review the diff"
+    )
