@@ -225,3 +225,16 @@ def test_hybrid_sharding(fake_pg: int, ss: ShardingStrategy, fp: bool) -> None:
     assert predicted.config["shard_world_size"] == 2
     block = predicted.unit("blocks.0")
     assert block.sharded_numel == -(-block.numel // 2)
+
+
+@pytest.mark.parametrize("fp", [False, True])
+def test_use_orig_params_alignment_follows_the_compute_dtype(fake_pg: int, fp: bool) -> None:
+    """FlatParamHandle aligns each parameter to 16 bytes of the bf16 compute dtype."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 2), nn.Linear(2, 3))
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = {"use_orig_params": True, "mixed_precision": mp, "forward_prefetch": fp}
+    report = check_conformance(model, _x(), kw, fake_pg)
+    # starts 0, 16, 18 -> 24, 30 -> 32 in bf16 (8-element alignment), then 35 -> 36 for 4 ranks;
+    # aligning to fp32's 4 elements would give 32
+    assert report.unit("").numel == 16 + 2 + 6 + 3 and report.unit("").flat_numel == 36

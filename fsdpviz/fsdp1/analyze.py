@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz.core.profile import TraceProfile
 from fsdpviz.core.schema import Event, FsdpWarning, Report
 from fsdpviz.errors import ConfigError
 from fsdpviz.fsdp1.emulate import FSDP1Emulation
@@ -17,6 +18,7 @@ from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, simulate, steady
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
 
@@ -29,10 +31,14 @@ class _Traced:
     records: dict[str, ModuleCalls]
     warnings: list[FsdpWarning] = field(default_factory=list)
     backward_order: list[str] = field(default_factory=list)
+    profile: TraceProfile | None = None
 
 
 def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    # profile=False: do not measure activations and FLOPs (report.profile is None)
+    profile = bool(kwargs.pop("profile", True))
     opts = parse_fsdp1_options(kwargs)
+    opts.extra["profile"] = profile
     _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
@@ -65,6 +71,7 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         module_order=traced.module_order,
         module_backward_order=traced.backward_order,
         param_first_use=param_first_use(placements, traced.module_order),
+        profile=traced.profile,
     )
 
 
@@ -100,7 +107,10 @@ def _trace_autograd(
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
+        probe: CostProbe | None = None
         try:
+            if opts.extra.get("profile", True):
+                probe = _probe(tracker, emulation, plan, copy)
             args, kw = inputs_copy(inputs, device)
             capture_graph = (
                 (lambda loss: graphs.append(capture(loss))) if emulation.recorder else None
@@ -127,13 +137,26 @@ def _trace_autograd(
         finally:
             tracker.remove()
             emulation.remove()
+            if probe is not None:
+                probe.remove()
     return _Traced(
         iterations,
         runtime,
         list(tracker.order),
         tracker.records,
         backward_order=list(tracker.backward_order),
+        profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
     )
+
+
+def _probe(
+    tracker: ModuleTracker, emulation: FSDP1Emulation, plan: Plan, copy: nn.Module
+) -> CostProbe:
+    """Measure activations and FLOPs for the cost model (fsdpviz.cost)."""
+    owners = {flat: fqn for fqn, flat in emulation.flats.items()}
+    probe = CostProbe(tracker, owners, [u.fqn for u in plan.units], list(copy.buffers()))
+    probe.attach(emulation.runtime)
+    return probe
 
 
 def _simulated_steady(

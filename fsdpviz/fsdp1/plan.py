@@ -163,7 +163,10 @@ def _build_unit(
             "unit, or pass use_orig_params=True."
         )
     itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
-    aligned = _ALIGNMENT_BYTES // itemsize if opts.use_orig_params else 0
+    # FlatParamHandle aligns to 16 bytes of the forward/backward dtype (mixed precision's).
+    fwd_dtype = (config.mixed_precision.param_dtype if config.mixed_precision else None) or dtype
+    fwd_size = torch.empty((), dtype=fwd_dtype, device="meta").element_size()
+    aligned = _ALIGNMENT_BYTES // fwd_size if opts.use_orig_params else 0
     memo: dict[nn.Parameter, str] = {}
     total = 0
     for sub_name, sub in module.named_modules(remove_duplicate=False):

@@ -13,11 +13,14 @@ from fsdpviz.fsdp2.existing import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.fsdp2.plan import FSDP2Options, Group, build_groups, parse_fsdp2_options
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, run_step
 
 
 def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    # profile=False: do not measure activations and FLOPs (report.profile is None)
+    profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
         given = sorted(set(kwargs) - {"loss", "progress"})
         if given:
@@ -46,12 +49,20 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
+        probe: CostProbe | None = None
         try:
+            if profile:
+                owners = {p: g.name for g in groups for p in g.params}
+                names = [g.name for g in groups]
+                probe = CostProbe(tracker, owners, names, list(copy.buffers()))
+                probe.attach(runtime)
             args, kw = inputs_copy(inputs, device)
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             tracker.remove()
             emulation.remove()
+            if probe is not None:
+                probe.remove()
     first = runtime.take_events()
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
     # autograd nodes every iteration, so the steady state replays the first.
@@ -71,6 +82,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         module_order=list(tracker.order),
         module_backward_order=list(tracker.backward_order),
         param_first_use=param_first_use(placements, tracker.order),
+        profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
     )
 
 

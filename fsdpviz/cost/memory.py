@@ -1,0 +1,170 @@
+"""Per-rank memory at every event of a schedule, and where it peaks.
+
+The model walks one iteration's :mod:`tape <fsdpviz.cost.tape>` and keeps, in
+bytes per rank:
+
+``sharded_params``
+    every unit's shard (``Unit.sharded_bytes``), plus FSDP2's post-forward shard
+    when ``reshard_after_forward`` is an int.
+``unsharded_params``
+    units whose all-gathered parameters are in use: allocated when the unit's
+    own hook waits for its all-gather, released at its ``free``.
+``all_gather``
+    all-gather output in flight. FSDP1 gathers into the unsharded FlatParameter,
+    so a prefetched unit counts here from its ``all_gather`` until its own
+    pre-forward/pre-backward hook. FSDP2 gathers into a flat buffer: freed
+    after the copy-out into the unsharded parameters, except in forward without
+    explicit prefetch, where FSDP2 keeps it until the next unit's copy-out (or
+    the root's post-forward) to overlap the next all-gather.
+``unsharded_grads``
+    gradients autograd produces for the unsharded parameters, as measured by
+    the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD).
+``reduce_scatter``
+    the reduce-scatter input (padded, reduce dtype): allocated at the event and
+    released at the next ``reduce_scatter`` or at the final callback (FSDP2 keeps
+    one in flight; for FSDP1 this stands for the gradient kept alive until the
+    reduce-scatter finishes on its stream).
+``sharded_grads``
+    each unit's reduced shard, from its ``reduce_scatter``; zero at the start of
+    an iteration (``optimizer.zero_grad(set_to_none=True)`` before the step).
+``activations`` / ``forward_temp`` / ``backward_temp``
+    measured by the trace (:mod:`fsdpviz.trace.probe`): tensors saved for
+    backward (recomputed ones included); other live tensors the forward created
+    (the model output, tensors in use); tensors the backward created (gradients
+    of activations). Within a stretch of compute the trace's peak is used.
+``optimizer``
+    optimizer state of the shards (2 per element for Adam/AdamW, 1 for SGD with
+    momentum), in the steady state only: the first iteration runs before the
+    first ``optimizer.step()`` creates it.
+``inputs`` / ``buffers``
+    the model's inputs and buffers (FSDP does not shard buffers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpviz.core.schema import Report
+from fsdpviz.cost.sizes import CATEGORIES, unit_bytes
+from fsdpviz.cost.tables import dataframe
+from fsdpviz.cost.tape import iteration_index, tape
+from fsdpviz.cost.walk import Walker
+
+
+@dataclass
+class MemoryReport:
+    """Memory per rank at each event of one iteration, and its peak.
+
+    ``events``: one record per event (``index``, ``kind``, ``unit``, ``phase``,
+    ``hook``, ``hook_unit``, bytes per category after the event, ``total``, and
+    ``peak_before``: the most reached since the previous event, compute
+    included). ``peak``: ``bytes``, ``event`` (index of the event it precedes or
+    happens in), ``where``, ``breakdown`` and ``dominant`` (the largest category).
+    ``unit_peaks``: ``{unit: {"forward": bytes, "backward": bytes}}``, the most
+    reached while the unit's forward / backward ran (FSDPMemTracker's per-module peaks).
+
+    Example::
+
+        mem = fsdpviz.cost.memory_model(report, optimizer="adamw")
+        mem.peak["bytes"] / 2**30, mem.peak["dominant"]
+        mem.arrays()["total"]          # per event, ready to plot
+        mem.to_pandas()                # needs pandas
+    """
+
+    config: dict[str, Any]
+    events: list[dict[str, Any]]
+    peak: dict[str, Any]
+    unit_peaks: dict[str, dict[str, int]]
+    notes: list[str] = field(default_factory=list)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One plain dict per event (what :meth:`to_pandas` shows)."""
+        return [dict(r) for r in self.events]
+
+    def arrays(self) -> dict[str, list[int]]:
+        """``{category: [bytes per event]}`` plus ``total`` and ``peak_before``."""
+        keys = [*CATEGORIES, "total", "peak_before"]
+        return {k: [int(r[k]) for r in self.events] for k in keys}
+
+    def to_pandas(self) -> Any:
+        """The records as a ``pandas.DataFrame`` (needs pandas)."""
+        return dataframe(self.records())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": dict(self.config),
+            "categories": list(CATEGORIES),
+            "events": self.records(),
+            "peak": dict(self.peak),
+            "unit_peaks": {k: dict(v) for k, v in self.unit_peaks.items()},
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        p = self.peak
+        parts = ", ".join(f"{k} {_gib(v)}" for k, v in p["breakdown"].items() if v)
+        return (
+            f"peak {_gib(p['bytes'])} per rank {p['where']}; dominated by {p['dominant']} ({parts})"
+        )
+
+    def __repr__(self) -> str:
+        return f"MemoryReport({self.summary()})"
+
+
+def _gib(n: float) -> str:
+    if n >= 2**28:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def memory_model(
+    report: Report, *, optimizer: str | int | None = "adamw", iteration: int = -1
+) -> MemoryReport:
+    """Step through ``report.iterations[iteration]`` and return memory per rank per event.
+
+    ``optimizer``: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd_momentum"``,
+    an int (states per parameter element) or None. ``iteration``: 0 for the first
+    iteration, -1 (default) for the steady state.
+
+    Example::
+
+        mem = memory_model(fsdpviz.analyze(model, ids, world_size=8), optimizer="sgd_momentum")
+        print(mem.summary())
+    """
+    i = iteration_index(report, iteration)
+    walker = Walker(report, unit_bytes(report, optimizer), tape(report, i), steady=i > 0)
+    walker.run()
+    notes = list(walker.notes)
+    return MemoryReport(
+        config={
+            "api": report.config.get("api", "FSDP1"),
+            "world_size": report.config.get("world_size"),
+            "optimizer": optimizer,
+            "iteration": i,
+        },
+        events=walker.records,
+        peak=walker.peak_record(),
+        unit_peaks=walker.unit_peaks,
+        notes=notes,
+    )
+
+
+def memory_series(
+    report: Report, *, optimizer: str | int | None = "adamw", iteration: int | None = None
+) -> list[float]:
+    """Total bytes per rank after each event: one iteration, or all of them in order.
+
+    The shape the timeline views take (``report.show(memory=fsdpviz.cost.memory_series)``).
+    """
+    its = range(len(report.iterations)) if iteration is None else [iteration]
+    out: list[float] = []
+    for i in its:
+        out.extend(
+            float(v)
+            for v in memory_model(report, optimizer=optimizer, iteration=i).arrays()["total"]
+        )
+    return out
+
+
+__all__ = ["CATEGORIES", "MemoryReport", "memory_model", "memory_series"]

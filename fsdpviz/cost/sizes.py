@@ -1,0 +1,162 @@
+"""Bytes per rank of each buffer FSDP keeps for one unit, read from a report's ``Unit``.
+
+FSDP1 (``FlatParameter``): the all-gather writes straight into the padded
+unsharded FlatParameter (``padded_numel`` elements in the compute dtype), so
+there is no separate all-gather buffer; the reduce-scatter input is the padded
+unsharded gradient in the reduce dtype. FSDP2: the all-gather output is one flat
+buffer of ``world_size x`` the per-rank shard (``padded_numel``) in the compute
+dtype, copied out into per-parameter unsharded tensors of the same padded size;
+the reduce-scatter input is a flat buffer of ``padded_numel`` in the reduce dtype.
+Sharded gradients are kept in the parameter's original dtype (FSDP1 casts back
+unless ``keep_low_precision_grads``; FSDP2 casts to the original dtype). With
+mixed precision both first cast the shard to the compute dtype for the
+all-gather (FSDP1's ``_mp_shard``, FSDP2's all-gather input): a shard-sized
+buffer that lives while the all-gather is issued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdpviz.core.schema import Report, Unit
+from fsdpviz.errors import ConfigError
+
+# Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
+CATEGORIES = (
+    "sharded_params",
+    "unsharded_params",
+    "all_gather",
+    "unsharded_grads",
+    "reduce_scatter",
+    "sharded_grads",
+    "activations",
+    "forward_temp",
+    "backward_temp",
+    "optimizer",
+    "inputs",
+    "buffers",
+)
+
+_ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+# Optimizer states per parameter element, in the sharded parameter's dtype.
+OPTIMIZER_STATES = {
+    "adam": 2,  # exp_avg, exp_avg_sq
+    "adamw": 2,
+    "sgd": 0,  # plain SGD keeps nothing
+    "sgd_momentum": 1,  # momentum_buffer
+}
+
+
+def itemsize(dtype: str | None, default: int = 4) -> int:
+    """Bytes per element of a dtype named like ``Unit.dtype`` (``"bfloat16"``)."""
+    if dtype is None:
+        return default
+    if dtype not in _ITEMSIZE:
+        raise ConfigError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_ITEMSIZE))}")
+    return _ITEMSIZE[dtype]
+
+
+def optimizer_states(optimizer: str | int | None) -> int:
+    """States per parameter element for ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``.
+
+    An int is taken as the number of states; None means no optimizer state.
+    """
+    if optimizer is None:
+        return 0
+    if isinstance(optimizer, int) and not isinstance(optimizer, bool) and optimizer >= 0:
+        return optimizer
+    key = str(optimizer).lower().replace("-", "_").replace(" ", "_")
+    if key not in OPTIMIZER_STATES:
+        raise ConfigError(
+            f"optimizer={optimizer!r} is not known; use one of {', '.join(OPTIMIZER_STATES)}, "
+            "an int (states per parameter element) or None"
+        )
+    return OPTIMIZER_STATES[key]
+
+
+@dataclass(frozen=True)
+class UnitBytes:
+    """Per-rank bytes of one unit's FSDP buffers."""
+
+    name: str
+    sharded: int  # sharded parameters (original dtype)
+    unsharded: int  # all-gathered parameters (compute dtype, padded)
+    all_gather: int  # FSDP2's flat all-gather output (0 for FSDP1: it is the unsharded param)
+    copy_in: int  # the shard cast to the compute dtype for the all-gather (mixed precision)
+    grad: int  # unsharded gradient (compute dtype), when the trace did not measure it
+    reduce_scatter: int  # reduce-scatter input (reduce dtype, padded)
+    sharded_grad: int  # sharded gradient (original dtype)
+    optimizer: int  # optimizer state (original dtype)
+    communicates: bool  # False under NO_SHARD (no all-gather, all-reduce instead)
+
+
+def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
+    """The :class:`UnitBytes` of every unit of ``report``, by unit name."""
+    fsdp2 = report.config.get("api") == "FSDP2"
+    states = optimizer_states(optimizer)
+    return {u.module: _unit(u, fsdp2, states) for u in report.units}
+
+
+def _unit(u: Unit, fsdp2: bool, states: int) -> UnitBytes:
+    orig = itemsize(u.dtype)
+    compute = itemsize(u.compute_dtype or u.dtype)
+    reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
+    sharded = u.sharded_numel * orig
+    communicates = u.sharding_strategy != "NO_SHARD"
+    unsharded = u.padded_numel * compute if communicates else 0
+    trains = u.requires_grad is not False
+    return UnitBytes(
+        name=u.module,
+        sharded=sharded,
+        unsharded=unsharded,
+        all_gather=u.padded_numel * compute if fsdp2 and communicates else 0,
+        copy_in=u.sharded_numel * compute if compute != orig or u.compute_dtype != u.dtype else 0,
+        grad=u.numel * compute if trains else 0,
+        reduce_scatter=u.padded_numel * reduce if trains and communicates else 0,
+        sharded_grad=sharded if trains else 0,
+        optimizer=sharded * states if trains else 0,
+        communicates=communicates,
+    )
+
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """``"80GiB"``, ``"80 GB"``, ``"512MiB"`` or a number of bytes, as bytes."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number) :] or "b"
+    try:
+        return int(float(number) * _UNITS[unit])
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"cannot read {value!r} as a size; write e.g. '80GiB', '80GB', '512MiB' or bytes"
+        ) from None

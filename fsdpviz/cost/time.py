@@ -1,0 +1,286 @@
+"""Estimated duration of every event, and how much communication compute hides.
+
+The model replays one iteration's :mod:`tape <fsdpviz.cost.tape>` on two streams
+of a :class:`~fsdpviz.cost.machine.Machine`:
+
+- the **compute** stream runs the compute measured before each hook call, in
+  order (FLOPs from the trace). The compute after a unit's pre-forward or
+  pre-backward hook waits until that unit's last all-gather has finished; the
+  time it waits is *exposed* communication, charged to that all-gather.
+- the **communication** stream runs the collectives one at a time, in issue
+  order. The CPU runs ahead of the GPU, so an all-gather may start before the
+  hook that issued it is reached on the compute stream, as far as FSDP lets it:
+  FSDP1 with ``limit_all_gathers`` (the default) waits for the compute stream to
+  pass the ``free`` two frees back (its rate limiter); FSDP2 waits for the
+  copy-out of the previous all-gather (the compute stream reaching the hook that
+  used it). A reduce-scatter starts once the compute before its post-backward
+  hook is done. ``free`` events take no time on the compute stream.
+
+The iteration ends when both streams are done (the final callback waits for
+the last reduce-scatter); ``exposed_comm`` also counts that last wait. With an
+optimizer, its step is added as a memory-bound pass over the shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpviz.core.schema import Report, Unit
+from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.machine import machine as make_machine
+from fsdpviz.cost.sizes import itemsize, optimizer_states
+from fsdpviz.cost.tables import dataframe
+from fsdpviz.cost.tape import iteration_index, tape
+
+_WAITS = ("pre_forward", "pre_backward")
+
+
+@dataclass
+class Timeline:
+    """Start and end (seconds from the start of the iteration) of every event.
+
+    ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``,
+    ``start``, ``end``, ``bytes`` (sent by this rank) and ``exposed`` (compute time
+    lost waiting for it). ``compute``: per stretch of compute ``hook``, ``unit``,
+    ``start``, ``end``, ``flops``. ``totals``: ``step_s``, ``compute_s``, ``comm_s``,
+    ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
+    ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``.
+
+    Example::
+
+        tl = fsdpviz.cost.timeline(report, machine("a100", network="roce-100"))
+        tl.totals["exposed_comm_s"], tl.summary()
+    """
+
+    machine: dict[str, Any]
+    events: list[dict[str, Any]]
+    compute: list[dict[str, Any]]
+    totals: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.events]
+
+    def arrays(self) -> dict[str, list[float]]:
+        """``{"start": [...], "end": [...], "exposed": [...]}`` per event."""
+        return {k: [float(r[k]) for r in self.events] for k in ("start", "end", "exposed")}
+
+    def to_pandas(self) -> Any:
+        """The records as a ``pandas.DataFrame`` (needs pandas)."""
+        return dataframe(self.records())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "machine": dict(self.machine),
+            "events": self.records(),
+            "compute": [dict(c) for c in self.compute],
+            "totals": dict(self.totals),
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        t = self.totals
+        return (
+            f"step {t['step_s'] * 1e3:.1f} ms on {self.machine['name']}: compute "
+            f"{t['compute_s'] * 1e3:.1f} ms, communication {t['comm_s'] * 1e3:.1f} ms of which "
+            f"{t['exposed_comm_s'] * 1e3:.1f} ms exposed ({t['overlap']:.0%} hidden)"
+        )
+
+    def __repr__(self) -> str:
+        return f"Timeline({self.summary()})"
+
+
+def timeline(
+    report: Report,
+    machine: Machine | str = "h100",
+    *,
+    iteration: int = -1,
+    optimizer: str | int | None = "adamw",
+    limit_all_gathers: bool = True,
+) -> Timeline:
+    """Estimate the duration of ``report.iterations[iteration]`` on ``machine``.
+
+    ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h200"``,
+    ``"a100"``, ``"l40s"``). ``limit_all_gathers``: FSDP1's rate limiter (on by
+    default in FSDP).
+    """
+    m = make_machine(machine) if isinstance(machine, str) else machine
+    i = iteration_index(report, iteration)
+    sim = _Sim(report, m, i, limit_all_gathers)
+    sim.run()
+    opt_s = _optimizer_seconds(report, m, optimizer)
+    step = sim.end + opt_s
+    comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] == "comm")
+    exposed = sum(r["exposed"] for r in sim.records) + sim.tail_wait
+    totals = {
+        "step_s": step,
+        "compute_s": sim.compute_s,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "overlap": 1.0 - exposed / comm if comm > 0 else 1.0,
+        "optimizer_s": opt_s,
+        "all_gather_bytes": sim.bytes.get("all_gather", 0.0),
+        "reduce_scatter_bytes": sim.bytes.get("reduce_scatter", 0.0)
+        + sim.bytes.get("all_reduce", 0.0),
+    }
+    return Timeline(m.to_dict(), sim.records, sim.compute, totals, sim.notes)
+
+
+def _compute_dtype(units: list[Unit]) -> str:
+    weight: dict[str, int] = {}
+    for u in units:
+        d = u.compute_dtype or u.dtype or "float32"
+        weight[d] = weight.get(d, 0) + u.numel
+    return max(weight, key=lambda d: weight[d]) if weight else "float32"
+
+
+def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
+    states = optimizer_states(optimizer)
+    if states == 0 and optimizer is None:
+        return 0.0
+    # read param + grad + states, write param + states
+    touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
+    return touched / (m.hbm_gbps * 1e9)
+
+
+class _Sim:
+    def __init__(self, report: Report, m: Machine, i: int, limit: bool) -> None:
+        self.m = m
+        self.tape = tape(report, i)
+        self.units = {u.module: u for u in report.units}
+        self.dtype = _compute_dtype(report.units)
+        cfg = report.config
+        self.fsdp2 = cfg.get("api") == "FSDP2"
+        self.ws = int(cfg.get("world_size") or 1)
+        self.shard_ws = int(cfg.get("shard_world_size") or self.ws)
+        self.limit = limit and not self.fsdp2
+        raf = cfg.get("reshard_after_forward") or {}
+        self.raf_int = {
+            u: int(v)
+            for u, v in (raf.items() if isinstance(raf, dict) else [])
+            if not isinstance(v, bool) and 1 < int(v) < self.ws
+        }
+        self.t_compute = 0.0
+        self.t_comm = 0.0
+        self.gate = 0.0  # the next compute waits until then
+        self.gate_by: int | None = None
+        self.ag_done: dict[str, tuple[float, int]] = {}
+        self.frees: list[float] = []  # FSDP1 rate limiter: compute time of unpopped frees
+        self.last_wait = 0.0
+        self.post_forward_mesh: set[str] = set()
+        self.records: list[dict[str, Any]] = []
+        self.compute: list[dict[str, Any]] = []
+        self.compute_s = 0.0
+        self.bytes: dict[str, float] = {}
+        self.tail_wait = 0.0
+        self.end = 0.0
+        self.notes: list[str] = []
+        if not self.tape.measured:
+            self.notes.append("no trace profile: compute time is unknown (0); only communication")
+
+    def run(self) -> None:
+        events = self.tape.events
+        for k, c in enumerate(self.tape.calls):
+            self._compute(c.flops_forward + c.flops_backward, c.hook, c.unit, k)
+            waits = c.hook in _WAITS
+            # The hook waits for its unit right after issuing the unit's own all-gather
+            # (if any), before prefetching others.
+            own = [
+                e for e in c.events if events[e].kind == "all_gather" and events[e].unit == c.unit
+            ]
+            if waits and not own:
+                self._need(c.unit)
+            for e in c.events:
+                self._event(e)
+                if waits and own and e == own[0]:
+                    self._need(c.unit)
+        tail = self.tape.tail
+        self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(self.tape.calls))
+        self.end = max(self.t_compute, self.t_comm)
+        self.tail_wait = max(0.0, self.t_comm - self.t_compute)
+
+    def _compute(self, flops: float, hook: str, unit: str, k: int) -> None:
+        dur = self.m.compute_seconds(flops, self.dtype)
+        if dur <= 0:
+            return
+        start = max(self.t_compute, self.gate)
+        if start > self.t_compute and self.gate_by is not None:
+            self.records[self.gate_by]["exposed"] += start - self.t_compute
+        self.t_compute = start + dur
+        self.compute_s += dur
+        self.compute.append(
+            {"hook": hook, "unit": unit, "index": k, "start": start, "end": start + dur,
+             "flops": flops}
+        )  # fmt: skip
+        self.gate_by = None
+
+    def _need(self, unit: str) -> None:
+        """The compute after this hook uses ``unit``: wait for its all-gather."""
+        done = self.ag_done.get(unit)
+        if done is not None and done[0] > self.gate:
+            self.gate, self.gate_by = done
+        # FSDP2's next all-gather waits for this unit's copy-out on the compute stream.
+        self.last_wait = max(self.last_wait, self.t_compute, done[0] if done else 0.0)
+
+    def _event(self, index: int) -> None:
+        e = self.tape.events[index]
+        u = self.units.get(e.unit)
+        rec: dict[str, Any] = {
+            "index": index,
+            "kind": e.kind,
+            "unit": e.unit,
+            "phase": e.phase,
+            "stream": "compute" if e.kind == "free" else "comm",
+            "start": self.t_compute,
+            "end": self.t_compute,
+            "bytes": 0.0,
+            "exposed": 0.0,
+        }
+        self.records.append(rec)
+        if u is None:
+            return
+        if e.kind == "free":
+            self.frees.append(self.t_compute)
+            if e.phase == "forward" and e.unit in self.raf_int:
+                self.post_forward_mesh.add(e.unit)
+            return
+        if e.kind == "all_gather":
+            ranks = self.shard_ws
+            if e.unit in self.post_forward_mesh and e.phase == "backward":
+                ranks = self.raf_int[e.unit]
+                self.post_forward_mesh.discard(e.unit)
+            size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
+            gate = self._all_gather_gate()
+            self._collective(rec, "all_gather", size, ranks, gate)
+            self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
+            return
+        reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
+        if e.kind == "all_reduce":
+            self._collective(rec, "all_reduce", u.numel * reduce, self.ws, self.t_compute)
+            return
+        self._collective(
+            rec, "reduce_scatter", u.padded_numel * reduce, self.shard_ws, self.t_compute
+        )
+        replicas = self.ws // self.shard_ws
+        if replicas > 1:  # hybrid sharding: all-reduce the shard across replicas
+            extra = self.m.collective_seconds("all_reduce", u.sharded_numel * reduce, replicas)
+            rec["end"] += extra
+            self.t_comm = rec["end"]
+
+    def _all_gather_gate(self) -> float:
+        if self.fsdp2:
+            return self.last_wait
+        if self.limit and len(self.frees) >= 2:
+            return self.frees.pop(0)
+        return 0.0
+
+    def _collective(
+        self, rec: dict[str, Any], kind: str, size: float, ranks: int, gate: float
+    ) -> None:
+        start = max(self.t_comm, gate)
+        dur = self.m.collective_seconds(kind, size, ranks)
+        rec["start"], rec["end"] = start, start + dur
+        rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        self.bytes[kind] = self.bytes.get(kind, 0.0) + rec["bytes"]
+        self.t_comm = start + dur

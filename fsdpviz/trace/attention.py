@@ -1,0 +1,83 @@
+"""Fused attention on the meta device, so the trace saves what a GPU kernel saves.
+
+On the meta device ``F.scaled_dot_product_attention`` runs its *math*
+decomposition: it materialises and saves the ``seq x seq`` attention matrix per
+head, which flash / memory-efficient attention on a GPU (and the flash kernel
+PyTorch uses on a CPU) never keep. While the cost probe measures a step,
+:func:`fused_attention` routes such calls on meta tensors to
+``aten._scaled_dot_product_flash_attention_for_cpu`` (it has meta kernels and an
+autograd formula), which saves query, key, value, output and the per-row
+log-sum-exp, like the GPU kernels (grouped-query attention included, without
+copying key and value per head). Calls with dropout, or not on meta, are left
+alone. The fused op takes the place of the decomposition's nodes in the
+autograd graph with the same inputs and outputs, so the order of FSDP's hooks
+does not change (the conformance suite checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_SDPA = F.scaled_dot_product_attention
+_FUSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _fused(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor | None:
+    if dropout_p != 0.0 or query.device.type != "meta" or query.dim() != 4:
+        return None
+    if key.dim() != 4 or value.dim() != 4:
+        return None
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        return None  # torch raises its own error for this
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+            attn_mask.logical_not(), float("-inf")
+        )
+    out, _ = _FUSED(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+    result: torch.Tensor = out
+    return result
+
+
+def _sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+    out = _fused(*args, **kwargs)
+    return _SDPA(*args, **kwargs) if out is None else out
+
+
+@contextmanager
+def fused_attention() -> Iterator[None]:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` to the fused kernel.
+
+    The function is replaced on ``torch.nn.functional`` for the duration (a torch
+    function mode would not see the recomputation activation checkpointing runs
+    inside backward, which must take the same path as the forward).
+    """
+    F.scaled_dot_product_attention = _sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = _SDPA
+
+
+# FLOP formulas of the fused kernel: those of the CUDA flash kernel (same arguments first).
+FUSED_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: (
+        torch.ops.aten._scaled_dot_product_flash_attention
+    ),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
+        torch.ops.aten._scaled_dot_product_flash_attention_backward
+    ),
+}

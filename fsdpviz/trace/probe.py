@@ -1,0 +1,399 @@
+"""Measure what the memory and time model needs while fsdpviz's copy runs one step.
+
+:class:`CostProbe` is a ``TorchDispatchMode`` plus ``saved_tensors_hooks`` that
+counts, on the meta device, without allocating anything:
+
+- **activations**: storages saved for backward (``saved_tensors_hooks`` pack),
+  deduplicated by storage and attributed to the innermost module running;
+  parameters, buffers and inputs are never counted (no operator inside the
+  step creates them). Tensors an activation-checkpoint recomputation creates
+  inside backward count as activations too; what a checkpointed region would
+  have saved is not saved, so it is not counted in forward.
+- **forward / backward temp**: every other live storage an operator created, in
+  forward (the model output, tensors not yet freed) or in backward (gradients of
+  activations).
+- **gradients**: the storage that lands in a parameter's ``.grad`` (FSDP1: the
+  FlatParameter's), by unit, moved out of *temp* by a post-accumulate-grad hook.
+- **FLOPs** of the operators ``torch.utils.flop_counter`` has formulas for
+  (matrix multiplies, attention, convolutions), forward and backward. Other
+  operators are not counted: next to a transformer's matrix multiplies their
+  FLOPs are negligible (they are memory-bound, see the README).
+
+While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
+``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
+seen through weak references to the storages. Each FSDP hook call (an append
+to the runtime's ``log``) records a :class:`Mark`: the counters, and the number
+of events issued so far; :func:`fsdpviz.trace.cut.cut_profile` cuts the marks
+into one :class:`~fsdpviz.core.profile.StepProfile` per iteration.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from fsdpviz.core.profile import TraceProfile
+from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
+from fsdpviz.trace.cut import cut_profile
+from fsdpviz.trace.tracker import ModuleTracker
+
+# Kinds of live storage; ``CostProbe.live`` is indexed by them.
+_FWD_TEMP, _ACT, _GRAD, _BWD_TEMP = 0, 1, 2, 3
+_FLOPS: dict[Any, Callable[..., int]] = dict(flop_registry)
+_FLOPS.update({op: flop_registry[like] for op, like in FUSED_FLOPS.items()})
+FLOP_OPS = sorted(str(k) for k in _FLOPS)
+
+
+@dataclass
+class Mark:
+    """Counters when one FSDP hook was called, for the compute since the previous one."""
+
+    flops_forward: float
+    flops_backward: float
+    activations: int
+    forward_temp: int
+    backward_temp: int
+    peak: int  # most activations + temp + new gradients since the previous mark
+    peak_activations: int  # activations when ``peak`` was reached
+    peak_forward_temp: int  # forward temp when ``peak`` was reached
+    peak_grads: int  # new gradients when ``peak`` was reached
+    grads: dict[str, int]  # new unsharded gradient bytes by unit
+    n_events: int  # events issued before this hook in the current iteration
+    measured: bool  # False for hook calls replayed without running the model
+
+
+EMPTY_MARK = Mark(0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
+
+
+@dataclass
+class _Stretch:
+    flops_forward: float = 0.0
+    flops_backward: float = 0.0
+    peak: int = 0
+    peak_activations: int = 0
+    peak_forward_temp: int = 0
+    peak_grads: int = 0
+    grad_bytes: int = 0
+    grads: dict[str, int] = field(default_factory=dict)
+
+
+class _MarkingLog(list[Any]):
+    """The runtime's hook log; every append records a mark first."""
+
+    def __init__(self, items: list[Any], on_append: Callable[[Any], None]) -> None:
+        super().__init__(items)
+        self._on_append = on_append
+
+    def append(self, item: Any) -> None:
+        self._on_append(item)
+        super().append(item)
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse or opaque tensors
+        return None
+
+
+def _nbytes(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tree_leaves(tensors):
+        if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None:
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts activation/temp/gradient bytes and FLOPs of one traced step.
+
+    ``grad_owner`` maps each leaf parameter whose ``.grad`` FSDP reduces (FSDP1:
+    the FlatParameters; FSDP2: the parameters) to its unit's name;
+    ``unit_names[i]`` names the unit of the runtime's hook index ``i``.
+    """
+
+    def __init__(
+        self,
+        tracker: ModuleTracker,
+        grad_owner: dict[torch.nn.Parameter, str],
+        unit_names: list[str],
+        buffers: list[torch.Tensor],
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._tracker = tracker
+        self._unit_names = unit_names
+        self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
+        for p, name in grad_owner.items():
+            self._by_unit.setdefault(name, []).append(p)
+        self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
+        self._ops: dict[Any, tuple[Callable[..., int] | None, bool, bool]] = {}
+        self._external: set[int] = set()
+        self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
+        self.live = [0, 0, 0, 0]  # bytes by kind
+        self._stretch = _Stretch()
+        self.marks: list[Mark] = []
+        self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
+        self._measuring = False
+        self._count_events: Callable[[], int] = lambda: 0
+        self.module_saved: dict[str, float] = {}
+        self.module_flops: dict[str, float] = {}
+        self._record_modules = True
+        self.input_bytes = 0
+        self.buffer_bytes = _nbytes(buffers)
+        self._handles = [
+            p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                functools.partial(self._grad_ready, name)
+            )
+            for p, name in grad_owner.items()
+            if p.requires_grad
+        ]
+
+    # ------------------------------------------------------------ attaching
+    def attach(self, runtime: Any) -> None:
+        """Measure every ``run_step`` of the tracker; mark every hook call of ``runtime``."""
+        runtime.log = _MarkingLog(list(runtime.log), self._on_hook)
+        self._count_events = lambda: len(runtime.events)
+        self._tracker.measure = self.step
+
+    @contextmanager
+    def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
+        """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
+        self.input_bytes = _nbytes(inputs)
+        self._external = {
+            id(st)
+            for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
+            if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None
+        }
+        self._stretch = self._new_stretch()
+        self._measuring = True
+        try:
+            with saved_tensors_hooks(self._pack, _unpack), fused_attention(), self:
+                yield
+        finally:
+            self._measuring = False
+            self._tails[len(self.marks)] = self._close_stretch()
+            self._record_modules = False
+
+    def remove(self) -> None:
+        self._tracker.measure = None
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # ------------------------------------------------------------- counting
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op = self._ops.get(func)
+        if op is None:
+            op = self._ops[func] = _op_info(func)
+        flop_fn, on_shapes, fresh = op
+        if flop_fn is not None and on_shapes:
+            shapes = [a.shape if isinstance(a, torch.Tensor) else a for a in args]
+            self._count_flops(flop_fn(*shapes, **kwargs, out_shape=_shape(out)))
+        elif flop_fn is not None:
+            self._count_flops(flop_fn(*args, **kwargs, out_val=out))
+        if not fresh:
+            return out  # views and in-place ops return storage that already exists
+        if isinstance(out, torch.Tensor):
+            self._track(out)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._track(t)
+        return out
+
+    def _count_flops(self, flops: int) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            self._stretch.flops_backward += flops
+            return
+        self._stretch.flops_forward += flops
+        if self._record_modules:
+            name = self._tracker.stack[-1] if self._tracker.stack else ""
+            self.module_flops[name] = self.module_flops.get(name, 0.0) + flops
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = _storage(t)
+        if st is None:
+            return
+        key = id(st)
+        if key in self._live or key in self._external:
+            return
+        n = st.nbytes()
+        if n == 0:
+            return
+        kind = _FWD_TEMP
+        if torch._C._current_graph_task_id() != -1:
+            kind = _ACT if _recomputing() else _BWD_TEMP
+        ref = weakref.ref(st, functools.partial(self._freed, key))
+        self._live[key] = [n, kind, ref]
+        self.live[kind] += n
+        self._bump_peak()
+
+    def _bump_peak(self) -> None:
+        s, live = self._stretch, self.live
+        now = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP] + s.grad_bytes
+        if now > s.peak:
+            s.peak, s.peak_grads = now, s.grad_bytes
+            s.peak_activations, s.peak_forward_temp = live[_ACT], live[_FWD_TEMP]
+
+    def _freed(self, key: int, ref: Any) -> None:
+        rec = self._live.get(key)
+        if rec is None or rec[2] is not ref:
+            return
+        del self._live[key]
+        self.live[rec[1]] -= rec[0]
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = _storage(t)
+        rec = None if st is None else self._live.get(id(st))
+        if rec is not None and rec[1] in (_FWD_TEMP, _BWD_TEMP):
+            self.live[rec[1]] -= rec[0]
+            rec[1] = _ACT
+            self.live[_ACT] += rec[0]
+            if self._record_modules and torch._C._current_graph_task_id() == -1:
+                name = self._tracker.stack[-1] if self._tracker.stack else ""
+                self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
+        return t
+
+    def _grad_ready(self, owner: str, p: torch.Tensor) -> None:
+        grad = p.grad
+        st = None if grad is None else _storage(grad)
+        if st is None:
+            return
+        key = id(st)
+        rec = self._live.get(key)
+        if rec is None:
+            ref = weakref.ref(st, functools.partial(self._freed, key))
+            rec = self._live[key] = [st.nbytes(), _GRAD, ref]
+            self.live[_GRAD] += rec[0]
+        elif rec[1] != _GRAD:
+            self.live[rec[1]] -= rec[0]
+            rec[1] = _GRAD
+            self.live[_GRAD] += rec[0]
+        prev_key, prev_bytes = self._param_grad.get(id(p), (None, 0))
+        if prev_key == key:
+            return  # accumulated in place
+        self._param_grad[id(p)] = (key, rec[0])
+        delta = rec[0] - prev_bytes
+        self._stretch.grads[owner] = self._stretch.grads.get(owner, 0) + delta
+        self._stretch.grad_bytes += delta
+        self._bump_peak()
+
+    # ---------------------------------------------------------------- marks
+    def _close_stretch(self) -> Mark:
+        s, live = self._stretch, self.live
+        self._bump_peak()
+        mark = Mark(
+            s.flops_forward,
+            s.flops_backward,
+            live[_ACT],
+            live[_FWD_TEMP],
+            live[_BWD_TEMP],
+            s.peak,
+            s.peak_activations,
+            s.peak_forward_temp,
+            s.peak_grads,
+            s.grads,
+            self._count_events(),
+            self._measuring,
+        )
+        self._stretch = self._new_stretch()
+        return mark
+
+    def _new_stretch(self) -> _Stretch:
+        live = self.live
+        return _Stretch(
+            peak=live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP],
+            peak_activations=live[_ACT],
+            peak_forward_temp=live[_FWD_TEMP],
+        )
+
+    def _on_hook(self, entry: Any) -> None:
+        name, index = entry[0], entry[1]
+        self.marks.append(self._close_stretch())
+        if name.startswith("post_backward"):
+            self._forget_grads(self._unit_names[index])
+        elif name == "final_callback":
+            for unit in self._by_unit:
+                self._forget_grads(unit)
+
+    def _forget_grads(self, unit: str) -> None:
+        """The unit's gradient is reduced now: stop counting it (the model does)."""
+        for p in self._by_unit.get(unit, []):
+            self._param_grad.pop(id(p), None)
+            st = None if p.grad is None else _storage(p.grad)
+            rec = None if st is None else self._live.pop(id(st), None)
+            if rec is not None:
+                self.live[rec[1]] -= rec[0]
+
+    # --------------------------------------------------------------- result
+    def profile(self, log: list[Any], n_events: list[int]) -> TraceProfile | None:
+        """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``)."""
+        modules = {
+            name: {
+                "saved_bytes": self.module_saved.get(name, 0.0),
+                "flops": self.module_flops.get(name, 0.0),
+            }
+            for name in sorted(set(self.module_saved) | set(self.module_flops))
+        }
+        return cut_profile(
+            self.marks,
+            self._tails,
+            log,
+            n_events,
+            self._unit_names,
+            TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS),
+        )
+
+
+def _op_info(func: Any) -> tuple[Callable[..., int] | None, bool, bool]:
+    """The op's FLOP formula, whether it takes shapes, whether outputs can be new storage."""
+    returns = getattr(getattr(func, "_schema", None), "returns", ())
+    fresh = not any(r.alias_info is not None for r in returns)
+    wrapped = _FLOPS.get(func._overloadpacket)
+    # Most of flop_registry's formulas take shapes behind a pytree map of the arguments;
+    # these ops take top-level tensors only, so call the formula on their shapes directly.
+    raw = getattr(wrapped, "__wrapped__", None)
+    return (raw, True, fresh) if raw is not None else (wrapped, False, fresh)
+
+
+def _shape(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.shape
+    if isinstance(out, (tuple, list)):
+        return type(out)(t.shape if isinstance(t, torch.Tensor) else t for t in out)
+    return out
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _recomputing() -> bool:
+    """True inside a non-reentrant activation-checkpoint recomputation (in backward).
+
+    ``torch.utils.checkpoint`` pushes its ``_recomputation_hook`` saved-tensor hooks
+    while it recomputes; what it creates there lives until backward uses it, like
+    activations. (A reentrant checkpoint recomputes under our own hooks: what it
+    saves is counted by ``_pack``.)
+    """
+    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    name = getattr(top[0], "__qualname__", "") if top is not None else ""
+    return name.startswith("_recomputation_hook")

@@ -1,0 +1,177 @@
+"""The memory model as a user sees it: ``report.memory``, its records, arrays and peak."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.utils.checkpoint import checkpoint
+
+import fsdpviz
+from fsdpviz.cost import CATEGORIES, memory_model
+from fsdpviz.examples import (
+    DecoderLayer,
+    ExampleConfig,
+    ExampleModel,
+    example_analysis,
+    example_inputs,
+    example_model,
+)
+
+POLICY = ModuleWrapPolicy({DecoderLayer})
+
+
+class Checkpointed(ExampleModel):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False)
+        out: torch.Tensor = self.lm_head(self.norm(x))
+        return out
+
+
+@pytest.fixture(scope="module")
+def report() -> fsdpviz.Report:
+    return example_analysis(world_size=4)
+
+
+def test_report_memory_has_one_record_per_event(report: fsdpviz.Report) -> None:
+    mem = report.memory
+    events = report.iterations[1]
+    assert [(r["kind"], r["unit"]) for r in mem.records()] == [(e.kind, e.unit) for e in events]
+    arrays = mem.arrays()
+    assert set(arrays) == {*CATEGORIES, "total", "peak_before"}
+    assert all(len(v) == len(events) for v in arrays.values())
+    for r in mem.records():
+        assert r["total"] == sum(r[c] for c in CATEGORIES)
+        assert r["peak_before"] >= r["total"]
+    assert mem.peak["bytes"] == max(arrays["peak_before"])
+    assert mem.peak["dominant"] == max(mem.peak["breakdown"], key=mem.peak["breakdown"].get)
+    assert "per rank" in mem.summary() and mem.peak["where"]
+    json.dumps(mem.to_dict())
+
+
+def test_steps_through_the_schedule(report: fsdpviz.Report) -> None:
+    mem = memory_model(report, optimizer=None, iteration=0)
+    layer = report.unit("layers.1")
+    for r in mem.records():
+        if r["unit"] == "layers.1" and r["kind"] == "all_gather" and r["phase"] == "forward":
+            gathered = r
+        if r["unit"] == "layers.1" and r["kind"] == "free" and r["phase"] == "forward":
+            freed = r
+    # FSDP1 gathers into the padded FlatParameter; the free releases exactly that.
+    assert gathered["unsharded_params"] - freed["unsharded_params"] == layer.padded_numel * 4
+    assert freed["activations"] > gathered["activations"]  # the layer saved activations
+    last = mem.records()[-1]
+    assert last["sharded_grads"] == sum(u.sharded_bytes for u in report.units)
+    assert last["unsharded_grads"] == 0 and last["activations"] == 0
+
+
+def test_optimizer_state_in_the_steady_state_only(report: fsdpviz.Report) -> None:
+    shards = sum(u.sharded_bytes for u in report.units)
+    for optimizer, states in (("adamw", 2), ("adam", 2), ("sgd_momentum", 1), ("sgd", 0), (3, 3)):
+        steady = memory_model(report, optimizer=optimizer)
+        assert steady.records()[0]["optimizer"] == states * shards
+        assert memory_model(report, optimizer=optimizer, iteration=0).records()[0]["optimizer"] == 0
+    assert report.memory.records()[0]["optimizer"] == 2 * shards  # AdamW by default
+    with pytest.raises(fsdpviz.ConfigError, match="optimizer='lion' is not known; use one of"):
+        memory_model(report, optimizer="lion")
+    with pytest.raises(fsdpviz.ConfigError, match="iteration=5 is out of range"):
+        memory_model(report, iteration=5)
+
+
+def test_world_size_and_sharding_strategy() -> None:
+    small = example_analysis(world_size=2).memory.peak["breakdown"]["sharded_params"]
+    large = example_analysis(world_size=8).memory.peak["breakdown"]["sharded_params"]
+    assert small == pytest.approx(4 * large, rel=0.01)
+    full = memory_model(example_analysis(world_size=4), optimizer=None)
+    keep = memory_model(
+        example_analysis(world_size=4, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP),
+        optimizer=None,
+    )
+    assert keep.peak["breakdown"]["unsharded_params"] > full.peak["breakdown"]["unsharded_params"]
+    replicated = example_analysis(world_size=4, sharding_strategy=ShardingStrategy.NO_SHARD)
+    mem = memory_model(replicated, optimizer=None)
+    assert all(r["all_gather"] == 0 and r["unsharded_params"] == 0 for r in mem.records())
+    assert mem.records()[0]["sharded_params"] == sum(u.numel * 4 for u in replicated.units)
+    assert {r["kind"] for r in mem.records()} == {"all_reduce"}
+
+
+def test_fsdp2_mixed_precision_and_post_forward_mesh() -> None:
+    model, ids = example_model(), example_inputs()
+    fp32 = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer], world_size=4)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    bf16 = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer], world_size=4, mp_policy=mp)
+    a, b = (memory_model(r, optimizer=None).peak["breakdown"] for r in (fp32, bf16))
+    assert b["unsharded_params"] * 2 == a["unsharded_params"]
+    assert b["activations"] < a["activations"]
+    raf2 = fsdpviz.analyze(
+        model, ids, fully_shard=[DecoderLayer], world_size=4, reshard_after_forward=2
+    )
+    after_forward = [
+        r["sharded_params"]
+        for r in memory_model(raf2, optimizer=None).records()
+        if r["kind"] == "free" and r["phase"] == "forward"
+    ]
+    base = sum(u.sharded_bytes for u in raf2.units)
+    # After forward every group (the root too) keeps its parameters sharded over 2 ranks.
+    assert after_forward[-1] == base + sum(u.padded_numel * 4 // 2 for u in raf2.units)
+
+
+def test_activation_checkpointing_and_fused_attention() -> None:
+    cfg = ExampleConfig()
+    ids = example_inputs(cfg)
+    with torch.device("meta"):
+        plain, ckpt = ExampleModel(cfg), Checkpointed(cfg)
+    kept = {}
+    for name, model in (("plain", plain), ("ckpt", ckpt)):
+        rep = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer], world_size=4)
+        records = memory_model(rep, optimizer=None).records()
+        kept[name] = max(r["activations"] for r in records if r["phase"] == "forward")
+        backward = max(r["activations"] for r in records if r["phase"] == "backward")
+        if name == "ckpt":
+            assert backward > 0  # recomputed in backward
+    assert kept["ckpt"] < kept["plain"] / 4
+    # Attention is traced with a fused kernel: activations grow linearly in the sequence.
+    short, long = (
+        fsdpviz.analyze(
+            plain, example_inputs(cfg, seq=s), fully_shard=[DecoderLayer]
+        ).profile.modules["layers.0.self_attn"]["saved_bytes"]
+        for s in (64, 256)
+    )
+    assert long / short == pytest.approx(4.0, rel=0.02)
+
+
+def test_profile_round_trips_and_can_be_absent(report: fsdpviz.Report) -> None:
+    again = fsdpviz.Report.from_json(report.to_json())
+    assert again.profile == report.profile
+    assert again.memory.to_dict() == report.memory.to_dict()
+    bare = replace(report, profile=None)
+    assert "profile" not in bare.to_dict()
+    mem = bare.memory
+    assert mem.notes and "no trace profile" in mem.notes[0]
+    assert all(r["activations"] == 0 for r in mem.records())
+    off = example_analysis(world_size=4, profile=False)
+    assert off.profile is None and off.iterations == report.iterations
+
+
+def test_to_pandas_says_how_to_install(report: fsdpviz.Report) -> None:
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install pandas"):
+            report.memory.to_pandas()
+    else:
+        assert len(report.memory.to_pandas()) == len(report.iterations[1])
+
+
+def test_memory_series_feeds_the_timeline_view(report: fsdpviz.Report) -> None:
+    series = fsdpviz.cost.memory_series(report)
+    assert len(series) == sum(len(it) for it in report.iterations)
+    first = memory_model(report, iteration=0).arrays()["total"]
+    assert series[: len(first)] == [float(v) for v in first]
+    assert series[len(first) :] == [float(v) for v in report.memory.arrays()["total"]]

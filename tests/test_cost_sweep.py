@@ -1,0 +1,135 @@
+"""Configurations side by side: replays equal fresh analyses, sweeps reuse traces, suggest."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.cost import replay
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
+POLICY = ModuleWrapPolicy({DecoderLayer})
+PRE, POST = BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST
+
+
+def _analyze(**kwargs: Any) -> fsdpviz.Report:
+    return fsdpviz.analyze(example_model(CONFIG), example_inputs(CONFIG), **kwargs)
+
+
+def _same(a: fsdpviz.Report, b: fsdpviz.Report) -> None:
+    assert [u.to_dict() for u in a.units] == [u.to_dict() for u in b.units]
+    assert a.forward_order == b.forward_order
+    assert [[e.to_dict() for e in it] for it in a.iterations] == [
+        [e.to_dict() for e in it] for it in b.iterations
+    ]
+    assert a.profile is not None and b.profile is not None
+    assert [s.event_hook for s in a.profile.iterations] == [
+        s.event_hook for s in b.profile.iterations
+    ]
+    assert a.memory.to_dict()["peak"] == b.memory.to_dict()["peak"]
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_fsdp1_replay_equals_analyze(use_orig_params: bool) -> None:
+    base = _analyze(auto_wrap_policy=POLICY, world_size=4, use_orig_params=use_orig_params)
+    grid = itertools.product(
+        [3, 16], [PRE, POST, None], ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+    )
+    for ws, bp, strategy in grid:
+        kw = {"world_size": ws, "backward_prefetch": bp, "sharding_strategy": strategy}
+        if strategy == "HYBRID_SHARD" and ws % 8:
+            continue
+        fresh = _analyze(auto_wrap_policy=POLICY, use_orig_params=use_orig_params, **kw)
+        _same(fresh, replay(base, **kw))
+
+
+def test_fsdp2_replay_equals_analyze() -> None:
+    calls = [DecoderLayer, ("embed_tokens", "lm_head")]
+    base = _analyze(fully_shard=calls, world_size=4)
+    for ws, raf in itertools.product([2, 8], [True, False, 2, {"layers.1": False}]):
+        fresh = _analyze(fully_shard=calls, world_size=ws, reshard_after_forward=raf)
+        _same(fresh, replay(base, world_size=ws, reshard_after_forward=raf))
+    prefetch = {
+        "forward_prefetch": {"layers.0": ["layers.1"]},
+        "backward_prefetch": {"layers.3": ["layers.1"]},
+    }
+    _same(_analyze(fully_shard=calls, world_size=4, **prefetch), replay(base, **prefetch))
+
+
+def test_replay_refuses_what_needs_a_new_trace() -> None:
+    base = _analyze(auto_wrap_policy=POLICY, world_size=4)
+    with pytest.raises(
+        fsdpviz.ConfigError, match=r"use_orig_params cannot be replayed.*analyze again"
+    ):
+        replay(base, use_orig_params=True)
+    with pytest.raises(fsdpviz.ConfigError, match="has no trace profile"):
+        replay(replace(base, profile=None), world_size=8)
+
+
+def test_sweep_reuses_one_trace_per_wrap_plan() -> None:
+    table = fsdpviz.sweep(
+        example_model(CONFIG),
+        example_inputs(CONFIG),
+        world_size=[8, 64],
+        backward_prefetch=[PRE, POST, None],
+        policies={"layer": POLICY, "root": None},
+        memory_budget="12MiB",
+    )
+    assert (len(table.rows), table.traces, table.replays) == (12, 2, 10)
+    first = table.rows[0]
+    assert first["config"] == {
+        "policy": "layer",
+        "world_size": 8,
+        "backward_prefetch": "BACKWARD_PRE",
+    }
+    assert first["traced"] and not table.rows[1]["traced"]
+    for row in table.rows:
+        assert row["fits"] == (row["peak_bytes"] <= 12 * 2**20)
+        assert row["bytes_moved"] == row["all_gather_bytes"] + row["reduce_scatter_bytes"]
+    best = table.best()
+    fitting = [r for r in table.rows if r["fits"]]
+    assert best in fitting
+    assert best["exposed_comm_s"] == min(r["exposed_comm_s"] for r in fitting)
+    fresh = _analyze(auto_wrap_policy=POLICY, world_size=64, backward_prefetch=None)
+    assert table.rows[5]["peak_bytes"] == fresh.memory.peak["bytes"]
+    assert "2 trace(s) and 10 replay(s)" in table.summary()
+    json.dumps(table.to_dict())
+
+
+def test_sweep_over_graph_changing_options_traces_each_value() -> None:
+    table = fsdpviz.sweep(
+        example_model(CONFIG),
+        example_inputs(CONFIG),
+        auto_wrap_policy=POLICY,
+        world_size=[4, 8],
+        forward_prefetch=[False, True],
+    )
+    assert (table.traces, table.replays) == (2, 2)
+    with pytest.raises(fsdpviz.ConfigError, match="no configuration fits"):
+        replace(table, budget=1, rows=[{**r, "fits": False} for r in table.rows]).best()
+
+
+def test_suggest_fits_the_budget_with_least_exposed_communication() -> None:
+    model, ids = example_model(CONFIG), example_inputs(CONFIG)
+    s = fsdpviz.suggest(model, ids, memory_budget="10MiB", world_size=16)
+    rows = s.table.rows
+    assert {r["config"]["policy"] for r in rows} >= {"root only", "per DecoderLayer"}
+    assert s.row["fits"] and s.row["peak_bytes"] <= 10 * 2**20
+    assert s.row["exposed_comm_s"] == min(r["exposed_comm_s"] for r in rows if r["fits"])
+    assert s.explanation[1].startswith("Proposed:") and "Alternatives:" in s.explanation
+    again = fsdpviz.analyze(model, ids, world_size=16, **s.kwargs)
+    assert again.memory.peak["bytes"] == s.row["peak_bytes"]
+    json.dumps(s.to_dict())
+    fsdp1 = fsdpviz.suggest(model, ids, memory_budget="10MiB", world_size=16, api="fsdp1")
+    assert isinstance(fsdp1.kwargs["auto_wrap_policy"], ModuleWrapPolicy | type(None))
+    tight = fsdpviz.suggest(model, ids, memory_budget="1MiB", world_size=16)
+    assert not tight.row["fits"] and tight.explanation[1].startswith("Nothing fits")
+    assert tight.row["peak_bytes"] == min(r["peak_bytes"] for r in tight.table.rows)

@@ -1,0 +1,110 @@
+"""The time model: machine presets and overrides, and what the timeline shows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.cost import Machine, machine, timeline
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+POLICY = ModuleWrapPolicy({DecoderLayer})
+
+# Wider layers and more tokens than the default example, so compute and communication
+# take comparable time and prefetching matters.
+CONFIG = ExampleConfig(hidden_size=1024, intermediate_size=2816, num_layers=6, num_heads=8)
+
+
+def _report(**kwargs: object) -> fsdpviz.Report:
+    ids = example_inputs(CONFIG, batch=4, seq=256)
+    return fsdpviz.analyze(example_model(CONFIG), ids, auto_wrap_policy=POLICY, **kwargs)
+
+
+def test_presets_and_overrides() -> None:
+    h100 = machine("h100")
+    assert h100.tflops["bfloat16"] == 989.0 and h100.memory_gib == 80.0
+    assert h100.intra_node_gbps == 450.0 and h100.inter_node_gbps == 50.0
+    a100 = machine("a100", network="roce-100", compute_efficiency=0.5)
+    assert (a100.inter_node_gbps, a100.intra_node_gbps, a100.compute_efficiency) == (
+        12.5,
+        300.0,
+        0.5,
+    )
+    assert machine("l40s").intra_node_gbps == 32.0 and machine("h200").memory_gib == 141.0
+    custom = Machine("mine", {"float32": 10.0}, 24.0, 500.0, 100.0, 10.0)
+    assert machine(custom, gpus_per_node=4).gpus_per_node == 4
+    json.dumps(h100.to_dict())
+    with pytest.raises(fsdpviz.ConfigError, match="unknown GPU preset 'v100'; use one of"):
+        machine("v100")
+    with pytest.raises(fsdpviz.ConfigError, match="unknown network 'nvlink9'"):
+        machine("h100", network="nvlink9")
+    with pytest.raises(fsdpviz.ConfigError, match="unknown machine constant"):
+        machine("h100", tflop=1.0)
+
+
+def test_collective_formula() -> None:
+    m = machine("h100", comm_efficiency=1.0)
+    size = 1e9
+    inside = m.collective_seconds("all_gather", size, 8)
+    expected = 8e-6 * 3 + 7 / 8 * size / 450e9
+    assert inside == pytest.approx(expected)
+    across = m.collective_seconds("reduce_scatter", size, 64)
+    assert across == pytest.approx(20e-6 * 6 + 63 / 64 * size / 50e9)
+    assert m.collective_seconds("all_reduce", size, 8) == pytest.approx(2 * inside)
+    assert m.collective_seconds("all_gather", size, 1) == 0.0
+    assert m.compute_seconds(1e15, "bfloat16") == pytest.approx(1e15 / (989e12 * 0.6))
+
+
+def test_timeline_shape_and_totals() -> None:
+    report = _report(world_size=64)
+    tl = report.timeline
+    assert len(tl.events) == len(report.iterations[1])
+    comm = sorted((r["start"], r["end"]) for r in tl.events if r["stream"] == "comm")
+    assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(comm))  # one at a time
+    flops = sum(c["flops"] for c in tl.compute)
+    t = tl.totals
+    m = machine("h100")
+    assert t["compute_s"] == pytest.approx(flops / (m.tflops["float32"] * 1e12 * 0.6))
+    assert 0 <= t["exposed_comm_s"] <= t["comm_s"] + 1e-12
+    assert t["step_s"] >= t["compute_s"] + t["optimizer_s"]
+    assert math.isclose(t["overlap"], 1 - t["exposed_comm_s"] / t["comm_s"])
+    gathered = sum(
+        u.padded_numel * 4 * 63 / 64
+        for e in report.iterations[1]
+        if e.kind == "all_gather"
+        for u in [report.unit(e.unit)]
+    )
+    assert t["all_gather_bytes"] == pytest.approx(gathered)
+    assert "exposed" in tl.summary()
+    json.dumps(tl.to_dict())
+
+
+def test_prefetch_and_interconnect_change_exposed_communication() -> None:
+    pre = _report(world_size=64)
+    off = _report(world_size=64, backward_prefetch=None)
+    assert off.timeline.totals["exposed_comm_s"] > pre.timeline.totals["exposed_comm_s"]
+    assert off.timeline.totals["comm_s"] == pytest.approx(pre.timeline.totals["comm_s"])
+    node = _report(world_size=8)
+    assert node.timeline.totals["comm_s"] < pre.timeline.totals["comm_s"] / 4
+    slow = timeline(pre, machine("h100", network="roce-100"))
+    assert slow.totals["exposed_comm_s"] > pre.timeline.totals["exposed_comm_s"]
+    fast = timeline(pre, "h100", optimizer=None)
+    assert fast.totals["optimizer_s"] == 0.0
+
+
+def test_fsdp2_and_reports_without_profile() -> None:
+    ids = example_inputs(CONFIG)
+    fsdp2 = fsdpviz.analyze(example_model(CONFIG), ids, fully_shard=[DecoderLayer], world_size=16)
+    assert fsdp2.timeline.totals["step_s"] > 0
+    post = _report(world_size=8, backward_prefetch=BackwardPrefetch.BACKWARD_POST)
+    bare = replace(post, profile=None)
+    tl = timeline(bare)
+    assert tl.totals["compute_s"] == 0.0 and tl.totals["comm_s"] > 0
+    assert "no trace profile" in tl.notes[0]
