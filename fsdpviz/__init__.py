@@ -13,12 +13,25 @@ Example::
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from fsdpviz.analyze import analyze
 from fsdpviz.core.compare import Comparison, compare
-from fsdpviz.core.schema import Event, FsdpWarning, ModuleInfo, Report, Unit
+from fsdpviz.core.schema import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+from fsdpviz.cost import suggest, sweep
 from fsdpviz.errors import ConfigError, FSDPConfigError, FsdpvizError, TraceError
-from fsdpviz.record import FSDP1Recorder, FSDP2Recorder, record_fsdp1
+from fsdpviz.notebook import load_ipython_extension
+from fsdpviz.record import (
+    Divergence,
+    FSDP1Recorder,
+    FSDP2Recorder,
+    RecordedRun,
+    ScheduleDiff,
+    diff,
+    load_profile,
+    record,
+    record_fsdp1,
+)
 
 try:
     __version__ = version("fsdpviz")
@@ -28,24 +41,47 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "Comparison",
     "ConfigError",
+    "Divergence",
     "Event",
     "FSDP1Recorder",
     "FSDP2Recorder",
     "FSDPConfigError",
     "FsdpWarning",
     "FsdpvizError",
+    "ModuleEvent",
     "ModuleInfo",
+    "RecordedRun",
     "Report",
+    "ScheduleDiff",
     "TraceError",
     "Unit",
     "__version__",
     "analyze",
     "compare",
+    "diff",
     "load",
+    "load_ipython_extension",
+    "load_profile",
+    "record",
     "record_fsdp1",
+    "suggest",
+    "sweep",
 ]
 
 
-def load(path: str) -> Report:
-    """Read a report saved with ``report.to_json(path)``."""
+def load(path: str | Path) -> Report | RecordedRun:
+    """Read a report file, or a directory of a run recorded with :func:`record`.
+
+    A ``.json`` file saved with ``report.to_json(path)`` gives a :class:`Report`;
+    a directory written by ``fsdpviz.record(model, out_dir=path)`` gives a
+    :class:`RecordedRun` (``.ranks``: one recorded :class:`Report` per rank).
+
+    Example::
+
+        report = fsdpviz.load("report.json")
+        run = fsdpviz.load("fsdpviz-run")
+        run.ranks[0].iterations[0][:3], run.divergence()
+    """
+    if Path(path).is_dir():
+        return RecordedRun.load(path)
     return Report.from_json(path)

@@ -1,7 +1,7 @@
 """The JSON-serialisable types every fsdpviz view reads.
 
 A prediction (:func:`fsdpviz.analyze`) and a recording of a real FSDP run
-(:class:`fsdpviz.record.FSDP1Recorder`) both produce a :class:`Report` made of
+(:class:`fsdpviz.FSDP1Recorder`) both produce a :class:`Report` made of
 these types, so every graph, table and figure works for both.
 
 Schema of :meth:`Report.to_dict` (``schema_version`` 1):
@@ -27,6 +27,12 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``prefetch`` (all-gathers only), ``hook`` (the FSDP hook that issued it:
     ``pre_forward``, ``post_forward``, ``pre_backward``, ``post_backward``,
     ``final_callback``) and ``hook_unit`` (the unit whose hook ran).
+    Recordings of real runs (:func:`fsdpviz.record`, :func:`fsdpviz.load_profile`)
+    may add ``t`` (seconds since the recording started, when the event was
+    issued) and ``duration`` (seconds the call took on the host, or the device
+    time a profiler measured); predictions never set them, and schedules are
+    compared without them (:meth:`Event.untimed`). A recording has one event
+    list per iteration it saw, not two.
 ``warnings``
     What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
 ``modules``
@@ -39,20 +45,39 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 ``param_first_use``
     Parameter FQN (first FQN of a shared parameter) -> the module whose forward
     used it first.
+``module_events`` (recordings only, omitted when empty)
+    One list per iteration, parallel to ``iterations``: ``{"kind", "module", "t"}``
+    with ``kind`` one of ``forward_enter`` | ``forward_exit`` | ``backward_enter``
+    | ``backward_exit``, ``module`` the module FQN (FSDP wrappers named like the
+    module they wrap) and ``t`` on the same clock as the events' ``t``.
+``profile`` (predictions traced with autograd, omitted when absent)
+    What the trace measured for the memory and time model: per iteration, the
+    FSDP hook calls, the event each hook issued, and the FLOPs, activation and
+    temporary bytes and unsharded gradients between hooks; see
+    :mod:`fsdpviz.core.profile`. ``report.memory`` and ``report.timeline``
+    (:mod:`fsdpviz.cost`) are computed from the report, not stored.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from fsdpviz.core.profile import TraceProfile
+
+if TYPE_CHECKING:
+    from fsdpviz.cost.memory import MemoryReport
+    from fsdpviz.cost.time import Timeline
 
 SCHEMA_VERSION = 1
 
 EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
+ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +90,8 @@ class Event:
     prefetch: bool = False
     hook: Hook | None = None
     hook_unit: str | None = None
+    t: float | None = None
+    duration: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
@@ -73,7 +100,24 @@ class Event:
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
+        if self.t is not None:
+            d["t"] = self.t
+        if self.duration is not None:
+            d["duration"] = self.duration
         return d
+
+    def untimed(self) -> Event:
+        """This event without ``t`` and ``duration``: what schedules are compared on."""
+        if self.t is None and self.duration is None:
+            return self
+        return replace(self, t=None, duration=None)
+
+    def describe(self) -> str:
+        """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``."""
+        how: list[str] = [self.phase if self.hook is None else f"{self.hook} of {self.hook_unit!r}"]
+        if self.prefetch:
+            how.insert(0, "prefetch")
+        return f"{self.kind} {self.unit!r} ({', '.join(how)})"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Event:
@@ -84,7 +128,25 @@ class Event:
             prefetch=bool(d.get("prefetch", False)),
             hook=d.get("hook"),
             hook_unit=d.get("hook_unit"),
+            t=d.get("t"),
+            duration=d.get("duration"),
         )
+
+
+@dataclass(frozen=True)
+class ModuleEvent:
+    """A module's forward or backward starting or ending on a rank (recordings only)."""
+
+    kind: ModuleEventKind
+    module: str
+    t: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "module": self.module, "t": self.t}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModuleEvent:
+        return cls(kind=d["kind"], module=d["module"], t=float(d["t"]))
 
 
 @dataclass(frozen=True)
@@ -186,6 +248,30 @@ class Report:
     module_order: list[str] = field(default_factory=list)
     module_backward_order: list[str] = field(default_factory=list)
     param_first_use: dict[str, str] = field(default_factory=dict)
+    module_events: list[list[ModuleEvent]] = field(default_factory=list)
+    profile: TraceProfile | None = None
+
+    @cached_property
+    def memory(self) -> MemoryReport:
+        """Per-rank memory at every event of the steady state, and its peak (computed once).
+
+        Defaults of :func:`fsdpviz.cost.memory_model`: AdamW optimizer state, last
+        iteration. Call that function for other options.
+        """
+        from fsdpviz.cost.memory import memory_model
+
+        return memory_model(self)
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """Estimated start and end of every event of the steady state on an H100 node.
+
+        Defaults of :func:`fsdpviz.cost.timeline` (``machine="h100"``); call it
+        with another :class:`fsdpviz.cost.Machine` or preset name for other hardware.
+        """
+        from fsdpviz.cost.time import timeline
+
+        return timeline(self)
 
     def unit(self, module: str) -> Unit:
         """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
@@ -196,7 +282,7 @@ class Report:
         raise KeyError(f"no wrap unit for module {module!r}; units are {names}...")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "schema_version": SCHEMA_VERSION,
             "source": self.source,
             "config": self.config,
@@ -209,6 +295,11 @@ class Report:
             "module_backward_order": list(self.module_backward_order),
             "param_first_use": dict(self.param_first_use),
         }
+        if self.module_events:
+            d["module_events"] = [[m.to_dict() for m in it] for it in self.module_events]
+        if self.profile is not None:
+            d["profile"] = self.profile.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
@@ -229,6 +320,10 @@ class Report:
             module_order=list(d.get("module_order", [])),
             module_backward_order=list(d.get("module_backward_order", [])),
             param_first_use=dict(d.get("param_first_use", {})),
+            module_events=[
+                [ModuleEvent.from_dict(m) for m in it] for it in d.get("module_events", [])
+            ],
+            profile=TraceProfile.from_dict(d["profile"]) if d.get("profile") else None,
         )
 
     def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:
@@ -259,6 +354,22 @@ class Report:
         from fsdpviz.graphs import unit_graph
 
         return unit_graph(self, iteration)
+
+    def show(self, **kwargs: Any) -> Any:
+        """The interactive views in a notebook: wrap-unit explorer, prefetch graph, timeline.
+
+        Returns a :class:`fsdpviz.widgets.Dashboard` (displayed as the last line of a
+        cell). ``model=`` and ``inputs=`` enable re-planning from the explorer's
+        controls; ``memory=`` takes bytes per event, or a callable ``report -> series``.
+
+        Example::
+
+            view = report.show(model=model, inputs=ids)
+            view.timeline.step = 40
+        """
+        from fsdpviz.widgets import show
+
+        return show(self, **kwargs)
 
     def summary(self) -> str:
         """A few lines: units, bytes per rank, event counts, warnings."""

@@ -1,0 +1,190 @@
+"""IPython magics: ``%load_ext fsdpviz`` registers ``%fsdpviz`` and ``%%fsdpviz``.
+
+``%fsdpviz model --inputs ids --policy transformer:LlamaDecoderLayer --world-size 64``
+analyses a model expression with FSDP options written like FSDP keyword
+arguments; ``%%fsdpviz --policy ...`` runs the cell and analyses the outermost
+module call the cell makes (the model it builds and runs, with those inputs).
+Both return the report, which renders as a rich summary as a cell's last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import inspect
+import shlex
+from typing import Any
+
+from torch import nn
+
+_OPTIONS = """\
+  MODEL                       a model expression (line magic only)
+  --inputs EXPR               the inputs: a dict (kwargs), a tuple (args) or a tensor
+  --policy SPEC               FSDP1 auto_wrap_policy: transformer:Class[,Class] | size:N | none
+  --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
+  --backward-prefetch pre|post|none
+  --forward-prefetch          forward_prefetch=True
+  --sharding-strategy full|grad_op|no_shard|hybrid
+  --use-orig-params           use_orig_params=True
+  --world-size N              ranks (default 8)
+  --trace meta|real|fx        how to trace (default meta)
+  --show                      open the interactive explorer instead of the summary
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would exit the kernel's process
+        from IPython.core.error import UsageError
+
+        raise UsageError(f"%fsdpviz: {message}\n{_OPTIONS}")
+
+
+def _parser(line_magic: bool) -> _Parser:
+    p = _Parser(prog="%fsdpviz", add_help=False)
+    if line_magic:
+        p.add_argument("model")
+    p.add_argument("--inputs")
+    p.add_argument("--policy", default="none")
+    p.add_argument("--fully-shard")
+    p.add_argument("--backward-prefetch", choices=["pre", "post", "none"])
+    p.add_argument("--forward-prefetch", action="store_true")
+    p.add_argument("--sharding-strategy", choices=["full", "grad_op", "no_shard", "hybrid"])
+    p.add_argument("--use-orig-params", action="store_true")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--trace", choices=["meta", "real", "fx"], default="meta")
+    p.add_argument("--show", action="store_true")
+    return p
+
+
+def _parse(line: str, line_magic: bool) -> argparse.Namespace:
+    from IPython.core.error import UsageError
+
+    parser = _parser(line_magic)
+    words = shlex.split(line)
+    known = {o for a in parser._actions for o in a.option_strings}
+    for word in words:
+        if word.startswith("--") and word.split("=")[0] not in known:
+            hint = difflib.get_close_matches(word.split("=")[0], sorted(known), n=1)
+            tip = f"; did you mean {hint[0]}?" if hint else ""
+            raise UsageError(f"%fsdpviz: unknown option {word}{tip}\n{_OPTIONS}")
+    return parser.parse_args(words)
+
+
+def _kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
+    from fsdpviz.cli import _BACKWARD_PREFETCH, _SHARDING, _module_classes, _policy
+
+    kwargs: dict[str, Any] = {"world_size": args.world_size, "trace": args.trace}
+    if args.fully_shard:
+        names = [n.strip() for n in args.fully_shard.split(",") if n.strip()]
+        modules = dict(model.named_modules())
+        classes = [n for n in names if n not in modules]
+        kwargs["fully_shard"] = [n for n in names if n in modules]
+        if classes:
+            kwargs["fully_shard"] += sorted(_module_classes(classes, model), key=str)
+        return kwargs
+    kwargs["auto_wrap_policy"] = _policy(args.policy, model)
+    kwargs["forward_prefetch"] = args.forward_prefetch
+    kwargs["use_orig_params"] = args.use_orig_params
+    if args.backward_prefetch is not None:
+        kwargs["backward_prefetch"] = _BACKWARD_PREFETCH[args.backward_prefetch]
+    if args.sharding_strategy is not None:
+        kwargs["sharding_strategy"] = _SHARDING[args.sharding_strategy]
+    return kwargs
+
+
+def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
+    from IPython.core.error import UsageError
+
+    from fsdpviz.analyze import analyze
+    from fsdpviz.cli import UsageError as CliUsageError
+    from fsdpviz.errors import FsdpvizError
+
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"%fsdpviz: the model must be a torch.nn.Module, got {type(model).__name__}"
+        )
+    try:
+        report = analyze(model, inputs, **_kwargs(args, model))
+    except (FsdpvizError, CliUsageError) as e:
+        raise UsageError(f"%fsdpviz: {e}") from None
+    return report.show() if args.show and hasattr(report, "show") else report
+
+
+def _outermost_call(run_cell: Any) -> tuple[nn.Module, Any]:
+    """Run the cell; return the outermost module call it made and that call's inputs."""
+    depth = 0
+    captured: list[tuple[nn.Module, Any]] = []
+
+    def pre(module: nn.Module, args: Any) -> None:
+        nonlocal depth
+        depth += 1
+
+    def post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        nonlocal depth
+        depth -= 1
+        if depth == 0 and not captured:
+            captured.append((module, _bind(module, args, kwargs)))
+
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    handles = [
+        register_module_forward_pre_hook(pre),
+        register_module_forward_hook(post, with_kwargs=True),
+    ]
+    try:
+        run_cell()
+    finally:
+        for h in handles:
+            h.remove()
+    if not captured:
+        from IPython.core.error import UsageError
+
+        raise UsageError("%%fsdpviz: the cell ran no torch module; build and call the model in it")
+    return captured[0]
+
+
+def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not kwargs:
+        return tuple(args)
+    if not args:
+        return dict(kwargs)
+    return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """Called by ``%load_ext fsdpviz``."""
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+    @magics_class
+    class FsdpvizMagics(Magics):
+        @line_cell_magic  # type: ignore[untyped-decorator]
+        def fsdpviz(self, line: str, cell: str | None = None) -> Any:
+            """Analyse what FSDP does with a model.
+
+            Line:  %fsdpviz MODEL --inputs EXPR [options]
+            Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)
+            """
+            shell: Any = self.shell
+            ns = shell.user_ns
+            if cell is None:
+                args = _parse(line, line_magic=True)
+                model = shell.ev(args.model)
+                if args.inputs is None:
+                    from IPython.core.error import UsageError
+
+                    raise UsageError(
+                        "%fsdpviz: pass --inputs EXPR (the model's inputs)\n" + _OPTIONS
+                    )
+                return _run(model, shell.ev(args.inputs), args)
+            args = _parse(line, line_magic=False)
+            model, inputs = _outermost_call(lambda: shell.run_cell(cell, store_history=False))
+            if args.inputs is not None:
+                inputs = eval(args.inputs, ns)
+            return _run(model, inputs, args)
+
+        fsdpviz.__doc__ = (fsdpviz.__doc__ or "") + "\nOptions:\n" + _OPTIONS
+
+    ip.register_magics(FsdpvizMagics)

@@ -1,0 +1,73 @@
+"""``%load_ext fsdpviz``: the line and cell magics in a real IPython shell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+IPython = pytest.importorskip("IPython")
+
+
+@pytest.fixture(scope="module")
+def ip() -> Iterator[Any]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "fsdpviz")
+    shell.run_cell(
+        "import torch, fsdpviz\n"
+        "from fsdpviz.examples import example_model, example_inputs\n"
+        "model = example_model(device='meta')\n"
+        "ids = example_inputs(device='meta')\n"
+    )
+    yield shell
+
+
+def test_line_magic_returns_the_report(ip: Any) -> None:
+    line = "model --inputs ids --policy transformer:DecoderLayer --backward-prefetch post"
+    report = ip.run_line_magic("fsdpviz", line + " --world-size 64")
+    assert report.config["backward_prefetch"] == "BACKWARD_POST"
+    assert report.config["world_size"] == 64
+    assert report.forward_order[:2] == ["", "layers.0"]
+
+
+def test_line_magic_fsdp2(ip: Any) -> None:
+    report = ip.run_line_magic("fsdpviz", "model --inputs ids --fully-shard DecoderLayer,lm_head")
+    assert report.config["api"] == "FSDP2"
+    assert "lm_head" in [u.module for u in report.units]
+
+
+def test_cell_magic_traces_the_model_the_cell_runs(ip: Any) -> None:
+    cell = (
+        "net = example_model(device='cpu')\n"
+        "out = net(example_inputs(batch=1, seq=8, device='cpu')['input_ids'])\n"
+    )
+    report = ip.run_cell_magic("fsdpviz", "--policy transformer:DecoderLayer --world-size 4", cell)
+    assert report.config["world_size"] == 4
+    assert len(report.units) == 5
+    assert "out" in ip.user_ns  # the cell itself ran
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("model --inputs ids --polcy size:10", "unknown option --polcy; did you mean --policy?"),
+        ("model --inputs ids --policy transformer:DecoderLayr", "did you mean 'DecoderLayer'"),
+        ("model", "pass --inputs EXPR"),
+        ("ids --inputs ids", "must be a torch.nn.Module"),
+        ("model --inputs ids --world-size 0", "world_size must be a positive int"),
+    ],
+)
+def test_errors_are_short_messages(ip: Any, line: str, message: str) -> None:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("fsdpviz", line)
+    assert message in str(err.value)
+
+
+def test_help_lists_the_options(ip: Any) -> None:
+    doc = ip.find_line_magic("fsdpviz").__doc__
+    assert "--backward-prefetch" in doc and "--fully-shard" in doc
