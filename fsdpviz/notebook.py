@@ -155,36 +155,26 @@ def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """Called by ``%load_ext fsdpviz``."""
-    from IPython.core.magic import Magics, line_cell_magic, magics_class
+    """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
+    from IPython.core.error import UsageError
 
-    @magics_class
-    class FsdpvizMagics(Magics):
-        @line_cell_magic  # type: ignore[untyped-decorator]
-        def fsdpviz(self, line: str, cell: str | None = None) -> Any:
-            """Analyse what FSDP does with a model.
+    def fsdpviz(line: str, cell: str | None = None) -> Any:
+        if cell is None:
+            args = _parse(line, line_magic=True)
+            model = ip.ev(args.model)
+            if args.inputs is None:
+                raise UsageError("%fsdpviz: pass --inputs EXPR (the model's inputs)\n" + _OPTIONS)
+            return _run(model, ip.ev(args.inputs), args)
+        args = _parse(line, line_magic=False)
+        model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False))
+        if args.inputs is not None:
+            inputs = ip.ev(args.inputs)
+        return _run(model, inputs, args)
 
-            Line:  %fsdpviz MODEL --inputs EXPR [options]
-            Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)
-            """
-            shell: Any = self.shell
-            ns = shell.user_ns
-            if cell is None:
-                args = _parse(line, line_magic=True)
-                model = shell.ev(args.model)
-                if args.inputs is None:
-                    from IPython.core.error import UsageError
-
-                    raise UsageError(
-                        "%fsdpviz: pass --inputs EXPR (the model's inputs)\n" + _OPTIONS
-                    )
-                return _run(model, shell.ev(args.inputs), args)
-            args = _parse(line, line_magic=False)
-            model, inputs = _outermost_call(lambda: shell.run_cell(cell, store_history=False))
-            if args.inputs is not None:
-                inputs = eval(args.inputs, ns)
-            return _run(model, inputs, args)
-
-        fsdpviz.__doc__ = (fsdpviz.__doc__ or "") + "\nOptions:\n" + _OPTIONS
-
-    ip.register_magics(FsdpvizMagics)
+    fsdpviz.__doc__ = (
+        "Analyse what FSDP does with a model.\n\n"
+        "Line:  %fsdpviz MODEL --inputs EXPR [options]\n"
+        "Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)\n\n"
+        "Options:\n" + _OPTIONS
+    )
+    ip.register_magic_function(fsdpviz, magic_kind="line_cell", magic_name="fsdpviz")
