@@ -26,28 +26,11 @@ from typing import Any
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
+from bench_analyze_70b import build  # the same Llama-3-70B shape
 from torch.distributed.fsdp import BackwardPrefetch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-
-
-def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor], type[torch.nn.Module]]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    cfg = LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    ids = torch.zeros(1, 512, dtype=torch.long, device="meta")
-    return model, {"input_ids": ids}, LlamaDecoderLayer
 
 
 def kwargs_for(layer: type, fsdp2: bool) -> dict[str, Any]:

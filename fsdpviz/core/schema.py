@@ -74,6 +74,12 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
+
+def dtype_name(dtype: Any) -> str | None:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (None stays None), as reports store dtypes."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from torch.distributed.fsdp import (
     ShardingStrategy,
 )
 
+from fsdpviz.core.keywords import check_keywords, world_size
+from fsdpviz.core.schema import dtype_name
 from fsdpviz.errors import ConfigError
 
 # Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
@@ -88,16 +89,12 @@ class FSDP1Options:
             "mixed_precision": None
             if mp is None
             else {
-                "param_dtype": _dtype_name(mp.param_dtype),
-                "reduce_dtype": _dtype_name(mp.reduce_dtype),
-                "buffer_dtype": _dtype_name(mp.buffer_dtype),
+                "param_dtype": dtype_name(mp.param_dtype),
+                "reduce_dtype": dtype_name(mp.reduce_dtype),
+                "buffer_dtype": dtype_name(mp.buffer_dtype),
             },
             "trace": self.trace,
         }
-
-
-def _dtype_name(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def describe_policy(policy: Any) -> str | None:
@@ -134,19 +131,9 @@ def _enum(value: Any, enum: Any, name: str) -> Any:
 
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     """Check ``kwargs`` the way ``FullyShardedDataParallel`` would, plus fsdpviz's own."""
-    known = _MODELLED | set(_REJECTED) | _FSDPVIZ
-    for key in kwargs:
-        if key not in known:
-            hint = difflib.get_close_matches(key, sorted(known), n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(f"unknown option {key!r}{tip}")
-        if key in _REJECTED:
-            raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {_REJECTED[key]}")
+    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option")
     opts = FSDP1Options()
-    ws = kwargs.get("world_size", 8)
-    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-        raise ConfigError(f"world_size must be a positive int, got {ws!r}")
-    opts.world_size = ws
+    opts.world_size = ws = world_size(kwargs)
     if "sharding_strategy" in kwargs and kwargs["sharding_strategy"] is not None:
         opts.sharding_strategy = _enum(
             kwargs["sharding_strategy"], ShardingStrategy, "sharding_strategy"

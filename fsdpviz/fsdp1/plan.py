@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 
-from fsdpviz.core.schema import FsdpWarning, Unit
+from fsdpviz.core.schema import FsdpWarning, Unit, dtype_name
 from fsdpviz.errors import FSDPConfigError
 from fsdpviz.fsdp1.options import FSDP1Options
 
@@ -213,9 +213,9 @@ def _build_unit(
         flat_numel=total,
         padded_numel=sharded * ws,
         sharded_numel=sharded,
-        dtype=_dtype(dtype),
-        compute_dtype=_dtype(compute),
-        reduce_dtype=_dtype(reduce),
+        dtype=dtype_name(dtype),
+        compute_dtype=dtype_name(compute),
+        reduce_dtype=dtype_name(reduce),
         requires_grad=None if len(grads) > 1 else unit.requires_grad,
         sharding_strategy=config.sharding_strategy.name,
         itemsize=itemsize,
@@ -225,10 +225,6 @@ def _build_unit(
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
-def _dtype(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
 
 
 def plan_fsdp1(

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from fsdpviz.core.schema import Unit
+from fsdpviz.core.keywords import check_keywords, world_size
+from fsdpviz.core.schema import Unit, dtype_name
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
 _KNOWN = {
@@ -56,9 +57,9 @@ class FSDP2Options:
             "fully_shard": [g.name for g in groups],
             "reshard_after_forward": {g.name: g.reshard_after_forward for g in groups},
             "mp_policy": {
-                "param_dtype": _dtype(mp.param_dtype),
-                "reduce_dtype": _dtype(mp.reduce_dtype),
-                "output_dtype": _dtype(mp.output_dtype),
+                "param_dtype": dtype_name(mp.param_dtype),
+                "reduce_dtype": dtype_name(mp.reduce_dtype),
+                "output_dtype": dtype_name(mp.output_dtype),
                 "cast_forward_inputs": mp.cast_forward_inputs,
             },
             "forward_prefetch": self.forward_prefetch,
@@ -68,16 +69,8 @@ class FSDP2Options:
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
-    for key in kwargs:
-        if key not in _KNOWN:
-            hint = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(f"unknown FSDP2 option {key!r}{tip}")
-        if key in _REJECTED:
-            raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {_REJECTED[key]}")
-    ws = kwargs.get("world_size", 8)
-    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-        raise ConfigError(f"world_size must be a positive int, got {ws!r}")
+    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option")
+    ws = world_size(kwargs)
     offload = kwargs.get("offload_policy")
     if offload is not None and type(offload).__name__ != "OffloadPolicy":
         raise ConfigError(
@@ -117,10 +110,6 @@ def _prefetch_map(value: Any, name: str) -> dict[str, list[str]]:
             f'{{"layers.0": ["layers.1"]}} (the effect of set_modules_to_{name})'
         )
     return {k: list(v) for k, v in value.items()}
-
-
-def _dtype(d: torch.dtype | None) -> str | None:
-    return None if d is None else str(d).removeprefix("torch.")
 
 
 @dataclass
@@ -310,9 +299,9 @@ def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
         flat_numel=numel,
         padded_numel=sharded * ws,
         sharded_numel=sharded,
-        dtype=_dtype(dtype),
-        compute_dtype=_dtype(compute),
-        reduce_dtype=_dtype(reduce),
+        dtype=dtype_name(dtype),
+        compute_dtype=dtype_name(compute),
+        reduce_dtype=dtype_name(reduce),
         requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
         sharding_strategy="FULL_SHARD"
         if group.reshard_after_forward is not False

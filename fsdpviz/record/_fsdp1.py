@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.core.schema import Event, Hook, Report, Unit
+from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
 
 _now = time.perf_counter_ns
 
@@ -280,9 +280,9 @@ class FSDP1Recorder:
                     if handle.uses_sharded_strategy
                     else fp._unpadded_unsharded_size.numel(),
                     sharded_numel=fp._sharded_size.numel(),
-                    dtype=_dtype(fp._local_shard.dtype),
-                    compute_dtype=_dtype(handle._fwd_bwd_param_dtype),
-                    reduce_dtype=_dtype(handle._reduce_dtype),
+                    dtype=dtype_name(fp._local_shard.dtype),
+                    compute_dtype=dtype_name(handle._fwd_bwd_param_dtype),
+                    reduce_dtype=dtype_name(handle._reduce_dtype),
                     requires_grad=None if len(grads) > 1 else grads.pop(),
                     sharding_strategy=handle._sharding_strategy.name,
                     itemsize=itemsize,
@@ -320,10 +320,6 @@ def _forward_state() -> Any:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
-def _dtype(d: torch.dtype | None) -> str | None:
-    return None if d is None else str(d).removeprefix("torch.")
 
 
 @contextmanager

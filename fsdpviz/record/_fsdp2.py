@@ -29,24 +29,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.core.schema import Event, Hook, Report, Unit
+from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
+from fsdpviz.fsdp2.existing import fsdp2_states
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
     original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, value)
     stack.callback(setattr, owner, name, original)
-
-
-def _fsdp2_states(model: nn.Module) -> list[Any]:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
-
-    states: list[Any] = []
-    for module in model.modules():
-        state = _get_module_fsdp_state(module)
-        if state is not None and state not in states:
-            states.append(state)
-    return states
 
 
 class FSDP2Recorder:
@@ -64,7 +54,7 @@ class FSDP2Recorder:
     """
 
     def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
-        if not _fsdp2_states(model):
+        if not fsdp2_states(model):
             raise TypeError(
                 "FSDP2Recorder needs a model on which fully_shard was called; "
                 f"{type(model).__name__} has no FSDP2 state"
@@ -76,7 +66,7 @@ class FSDP2Recorder:
         names = {m: n for n, m in model.named_modules()}
         self._state_names: dict[int, str] = {}
         self._group_names: dict[int, str] = {}
-        for state in _fsdp2_states(model):
+        for state in fsdp2_states(model):
             name = ", ".join(n for m, n in names.items() if m in set(state._modules))
             self._state_names[id(state)] = name
             if state._fsdp_param_group is not None:
@@ -252,7 +242,7 @@ class FSDP2Recorder:
             else:
                 first[p] = n
         out: list[Unit] = []
-        for state in _fsdp2_states(self.model):
+        for state in fsdp2_states(self.model):
             group = state._fsdp_param_group
             if group is None:
                 continue
@@ -275,9 +265,9 @@ class FSDP2Recorder:
                     padded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params)
                     * group.mesh_info.shard_mesh_size,
                     sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
-                    dtype=_dtype(dtype),
-                    compute_dtype=_dtype(compute),
-                    reduce_dtype=_dtype(group.mp_policy.reduce_dtype or compute),
+                    dtype=dtype_name(dtype),
+                    compute_dtype=dtype_name(compute),
+                    reduce_dtype=dtype_name(group.mp_policy.reduce_dtype or compute),
                     requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
                     sharding_strategy="FULL_SHARD"
                     if group.post_forward_mesh_info is not None
@@ -315,7 +305,3 @@ def _orig_class(module: nn.Module) -> str:
         if cls is not FSDPModule and issubclass(cls, nn.Module):
             return cls.__name__
     return type(module).__name__
-
-
-def _dtype(d: torch.dtype | None) -> str | None:
-    return None if d is None else str(d).removeprefix("torch.")

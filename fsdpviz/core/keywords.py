@@ -1,0 +1,31 @@
+"""Checks shared by the FSDP1 and FSDP2 option parsers."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fsdpviz.errors import ConfigError
+
+
+def check_keywords(
+    kwargs: Mapping[str, Any], known: Iterable[str], rejected: Mapping[str, str], what: str
+) -> None:
+    """Unknown keywords get a suggestion; known but unmodelled ones say what to do instead."""
+    names = sorted(set(known) | set(rejected))
+    for key in kwargs:
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"unknown {what} {key!r}{tip}")
+        if key in rejected:
+            raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {rejected[key]}")
+
+
+def world_size(kwargs: Mapping[str, Any], default: int = 8) -> int:
+    """``world_size`` from ``kwargs``: a positive int."""
+    ws = kwargs.get("world_size", default)
+    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+        raise ConfigError(f"world_size must be a positive int, got {ws!r}")
+    return ws
