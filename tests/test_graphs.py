@@ -17,9 +17,9 @@ from typing import Any
 import networkx as nx
 import pytest
 import torch
-from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from views_models import Block, Tiny
 
 import fsdpviz
 from fsdpviz import Event, Report, Unit
@@ -35,32 +35,6 @@ MODULES = [
     *(f"{b}{s}" for b in BLOCKS for s in ("", ".norm", ".fc")),
     "head",
 ]
-
-
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x + self.fc(self.norm(x))
-        return out
-
-
-class Tiny(nn.Module):
-    def __init__(self, d: int = 8, n: int = 3) -> None:
-        super().__init__()
-        self.inp = nn.Linear(4, d)
-        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
-        self.head = nn.Linear(d, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = block(x)
-        out: torch.Tensor = self.head(x)
-        return out
 
 
 def analyze_tiny(**kwargs: Any) -> Report:

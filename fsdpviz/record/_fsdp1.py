@@ -21,7 +21,6 @@ long FSDP's call took on the host); :func:`fsdpviz.record` uses that.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -30,8 +29,7 @@ import torch
 from torch import nn
 
 from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
-
-_now = time.perf_counter_ns
+from fsdpviz.record._events import EventLog, now_ns
 
 
 def _patch(
@@ -42,7 +40,7 @@ def _patch(
     stack.callback(setattr, owner, name, original)
 
 
-class FSDP1Recorder:
+class FSDP1Recorder(EventLog):
     """Records the all-gathers, frees and reductions of a real FSDP1 model.
 
     Example::
@@ -66,18 +64,12 @@ class FSDP1Recorder:
                 "FSDP1Recorder needs a model wrapped in FullyShardedDataParallel; "
                 f"{type(model).__name__} has no FSDP instance"
             )
+        super().__init__(timestamps)
         self.model = model
         self._fsdp_modules = fsdp_modules
         self._names: dict[int, str] = {}
         self._handle_names: dict[int, str] = {}
-        self.iterations: list[list[Event]] = []
-        self._current: list[Event] = []
         self._hook: list[tuple[Hook, str]] = []
-        self._prefetching = 0
-        self._stack: ExitStack | None = None
-        self.timestamps = timestamps
-        self.t0_ns = 0
-        self.on_iteration: Callable[[int], None] | None = None
         from torch.distributed.fsdp._common_utils import clean_tensor_name
 
         for name, module in model.named_modules():
@@ -116,17 +108,8 @@ class FSDP1Recorder:
         except BaseException:
             stack.close()
             raise
-        self._stack = stack
-        self.t0_ns = _now()
+        self._started(stack)
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-        if self._current:
-            self.iterations.append(self._current)
-            self._current = []
 
     def _name(self, handle: Any) -> str:
         return self._handle_names.get(id(handle), "?")
@@ -134,19 +117,7 @@ class FSDP1Recorder:
     def _emit(self, kind: Any, handle: Any, phase: Any, prefetch: bool = False) -> int:
         """Append an event; returns its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook[-1] if self._hook else (None, None)
-        event = Event(kind, self._name(handle), phase, prefetch, hook, hook_unit)
-        self._current.append(event)
-        return len(self._current) - 1 if self.timestamps else -1
-
-    def _timed(self, index: int, start_ns: int) -> None:
-        """Stamp event ``index`` with its start and the time its call took."""
-        if index >= 0:
-            end = _now()
-            e = self._current[index]
-            t, duration = (start_ns - self.t0_ns) / 1e9, (end - start_ns) / 1e9
-            self._current[index] = Event(
-                e.kind, e.unit, e.phase, e.prefetch, e.hook, e.hook_unit, t, duration
-            )
+        return self._append(Event(kind, self._name(handle), phase, prefetch, hook, hook_unit))
 
     @staticmethod
     def _phase(handle: Any) -> str:
@@ -155,7 +126,7 @@ class FSDP1Recorder:
     def _wrap_all_gather(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def all_gather(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            start = _now()
+            start = now_ns()
             i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
             try:
                 return original(handle, *args, **kwargs)
@@ -170,7 +141,7 @@ class FSDP1Recorder:
             padded = handle._get_padded_unsharded_flat_param()
             if padded.untyped_storage().size() == 0:
                 return original(handle, *args, **kwargs)
-            start = _now()
+            start = now_ns()
             i = self._emit("free", handle, self._phase(handle))
             try:
                 return original(handle, *args, **kwargs)
@@ -179,22 +150,11 @@ class FSDP1Recorder:
 
         return free
 
-    def _wrap_prefetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def prefetch(*args: Any, **kwargs: Any) -> Any:
-            self._prefetching += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._prefetching -= 1
-
-        return prefetch
-
     def _wrap_reduce(self, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def reduce(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
-                start = _now()
+                start = now_ns()
                 i = self._emit(kind, handle, "backward")
                 try:
                     return original(state, handle, *args, **kwargs)
@@ -232,10 +192,7 @@ class FSDP1Recorder:
                 return original(state, module)
             finally:
                 self._hook.pop()
-                self.iterations.append(self._current)
-                self._current = []
-                if self.on_iteration is not None:
-                    self.on_iteration(len(self.iterations) - 1)
+                self._end_iteration()
 
         return final
 

@@ -21,7 +21,6 @@ was entered) and ``duration`` (host time of the call).
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -31,6 +30,7 @@ from torch import nn
 
 from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
 from fsdpviz.fsdp2.existing import fsdp2_states
+from fsdpviz.record._events import EventLog, now_ns
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
@@ -39,7 +39,7 @@ def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
     stack.callback(setattr, owner, name, original)
 
 
-class FSDP2Recorder:
+class FSDP2Recorder(EventLog):
     """Records the all-gathers, frees and reduce-scatters of a ``fully_shard`` model.
 
     Example::
@@ -59,10 +59,8 @@ class FSDP2Recorder:
                 "FSDP2Recorder needs a model on which fully_shard was called; "
                 f"{type(model).__name__} has no FSDP2 state"
             )
+        super().__init__(timestamps)
         self.model = model
-        self.timestamps = timestamps
-        self.t0_ns = 0
-        self.on_iteration: Callable[[int], None] | None = None
         names = {m: n for n, m in model.named_modules()}
         self._state_names: dict[int, str] = {}
         self._group_names: dict[int, str] = {}
@@ -71,11 +69,8 @@ class FSDP2Recorder:
             self._state_names[id(state)] = name
             if state._fsdp_param_group is not None:
                 self._group_names[id(state._fsdp_param_group)] = name
-        self.iterations: list[list[Event]] = []
-        self._current: list[Event] = []
         self._hook: tuple[Hook, str] | None = None
         self._in_final = False
-        self._prefetching = 0
         self._group: Any = None
         self._forward_order: list[str] = []
         self._stack: ExitStack | None = None
@@ -113,17 +108,8 @@ class FSDP2Recorder:
         except BaseException:
             stack.close()
             raise
-        self._stack = stack
-        self.t0_ns = time.perf_counter_ns()
+        self._started(stack)
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-        if self._current:
-            self.iterations.append(self._current)
-            self._current = []
 
     # -------------------------------------------------------------- wrappers
     def _name(self, group: Any) -> str:
@@ -132,17 +118,7 @@ class FSDP2Recorder:
     def _emit(self, kind: Any, group: Any, phase: Any, prefetch: bool = False) -> int:
         """Append an event; its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook or (None, None)
-        self._current.append(Event(kind, self._name(group), phase, prefetch, hook, hook_unit))
-        return len(self._current) - 1 if self.timestamps else -1
-
-    def _timed(self, index: int, start_ns: int) -> None:
-        if index >= 0:
-            e = self._current[index]
-            t = (start_ns - self.t0_ns) / 1e9
-            duration = (time.perf_counter_ns() - start_ns) / 1e9
-            self._current[index] = Event(
-                e.kind, e.unit, e.phase, e.prefetch, e.hook, e.hook_unit, t, duration
-            )
+        return self._append(Event(kind, self._name(group), phase, prefetch, hook, hook_unit))
 
     @staticmethod
     def _phase(group: Any) -> str:
@@ -155,7 +131,7 @@ class FSDP2Recorder:
             if group is None:
                 return original(*args, **kwargs)
             phase = "backward" if kind == "reduce_scatter" else self._phase(group)
-            start = time.perf_counter_ns()
+            start = now_ns()
             i = self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
             try:
                 return original(*args, **kwargs)
@@ -169,7 +145,7 @@ class FSDP2Recorder:
         def to_sharded(group: Any) -> Any:
             if not group.is_unsharded:
                 return original(group)
-            start = time.perf_counter_ns()
+            start = now_ns()
             i = self._emit("free", group, self._phase(group))
             try:
                 return original(group)
@@ -195,17 +171,6 @@ class FSDP2Recorder:
 
         return run
 
-    def _wrap_prefetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def prefetch(*args: Any, **kwargs: Any) -> Any:
-            self._prefetching += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._prefetching -= 1
-
-        return prefetch
-
     def _wrap_pre_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def pre_backward(state: Any, grad: torch.Tensor) -> Any:
@@ -224,10 +189,7 @@ class FSDP2Recorder:
             finally:
                 self._in_final = False
                 self._hook = None
-                self.iterations.append(self._current)
-                self._current = []
-                if self.on_iteration is not None:
-                    self.on_iteration(len(self.iterations) - 1)
+                self._end_iteration()
 
         return final
 
