@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint js bench
+.PHONY: setup system demo test lint js bench
 
 setup: $(VENV)/.installed
 
@@ -27,7 +27,13 @@ lint: setup
 js:
 	cd js && npm ci --no-audit --no-fund && npm test && npm run build
 
-test: lint js
+# Chromium for static image export (kaleido) and the browser tests (Playwright drives the
+# system Chromium; no browser download). Installed with apt-get when missing (needs root).
+system:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+test: system lint js
 	$(BIN)/pytest
 
 bench: setup
