@@ -377,6 +377,24 @@ class Report:
 
         return show(self, **kwargs)
 
+    def save(self, path: str | Path, **kwargs: Any) -> Path:
+        """Write the report in the format its suffix names; see :func:`fsdpviz.export.save`.
+
+        ``.html`` (interactive, self-contained), ``.png`` / ``.svg`` / ``.pdf`` (one figure),
+        ``.json`` (a Chrome trace that :func:`fsdpviz.load` also reads back), ``.graphml``.
+        """
+        from fsdpviz.export import save
+
+        return save(self, path, **kwargs)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The compact summary a notebook shows for a report in a cell's last line."""
+        from fsdpviz.views.card import report_bundle
+
+        return report_bundle(self)
+
     def summary(self) -> str:
         """A few lines: units, bytes per rank, event counts, warnings."""
         ws = self.config.get("world_size")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fsdpviz.core.schema import Event, ModuleEvent, Report, Unit
 from fsdpviz.record._diverge import Divergence, find_divergence, module_path
@@ -103,6 +104,20 @@ class RecordedRun:
                 return report
         have = [r.config.get("rank") for r in self.ranks]
         raise KeyError(f"rank {rank} was not recorded; this run has ranks {have}")
+
+    def save(self, path: str | Path, **kwargs: Any) -> Path:
+        """Write every rank's timeline; see :func:`fsdpviz.export.save`."""
+        from fsdpviz.export import save
+
+        return save(self, path, **kwargs)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The compact summary a notebook shows for a run in a cell's last line."""
+        from fsdpviz.views.card import run_bundle
+
+        return run_bundle(self)
 
     def summary(self) -> str:
         first = self.ranks[0]
