@@ -1,0 +1,383 @@
+"""What a notebook shows for a :class:`~fsdpviz.Report` or :class:`~fsdpviz.RecordedRun`.
+
+A compact card: the configuration in one line, the wrap units, bytes and peak
+memory per rank, warnings and a small static SVG figure. Static HTML only (no
+JavaScript, no network), styled with JupyterLab's CSS variables so it reads in
+the light and dark themes, with fallbacks elsewhere. ``report.show()`` opens the
+interactive views.
+
+Example::
+
+    report                              # last line of a cell: the card
+    bundle = report_bundle(report)      # {"text/plain": ..., "text/html": ...}
+    html = report_html(report)
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.core.schema import Report, Unit
+from fsdpviz.views._style import format_bytes, unit_colors
+from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
+
+if TYPE_CHECKING:
+    from fsdpviz.cost.memory import MemoryReport
+    from fsdpviz.record import RecordedRun
+
+__all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]
+
+MAX_UNIT_ROWS = 10
+MAX_WARNINGS = 8
+
+_FG = "var(--jp-ui-font-color1, inherit)"
+_MUTED = "color:var(--jp-ui-font-color2, inherit);opacity:0.9"
+_BORDER = "var(--jp-border-color2, rgba(128, 128, 128, 0.35))"
+_MONO = "font-family:var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, monospace)"
+_CARD = (
+    f"font-family:var(--jp-ui-font-family, system-ui, sans-serif);font-size:13px;color:{_FG};"
+    f"background:var(--jp-layout-color0, transparent);border:1px solid {_BORDER};"
+    "border-radius:4px;padding:8px 12px;max-width:760px;line-height:1.4"
+)
+_CELL = f"padding:1px 8px 1px 0;border-bottom:1px solid {_BORDER};text-align:"
+_WARN = "color:var(--jp-warn-color0, #b35c00)"
+_ERROR = "color:var(--jp-error-color1, #c62828)"
+_OK = "color:var(--jp-success-color0, #2e7d32)"
+
+
+def report_bundle(report: Report) -> dict[str, str]:
+    """``{"text/plain", "text/html"}`` for ``report`` (what ``_repr_mimebundle_`` returns)."""
+    return {"text/plain": report.summary(), "text/html": _guarded(report_html, report)}
+
+
+def run_bundle(run: RecordedRun) -> dict[str, str]:
+    """``{"text/plain", "text/html"}`` for a recorded run."""
+    return {"text/plain": run.summary(), "text/html": _guarded(run_html, run)}
+
+
+def report_html(report: Report) -> str:
+    """The card of a prediction or one rank's recording, as an HTML fragment."""
+    api = report.config.get("api", "FSDP1")
+    per_rank = sum(u.sharded_bytes for u in report.units)
+    full = sum(u.bytes for u in report.units)
+    numel = sum(u.numel for u in report.units)
+    title = (
+        f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
+        f"{_plural(len(report.units), 'wrap unit')} · world size "
+        f"{escape(str(report.config.get('world_size')))}"
+    )
+    totals = (
+        f"{_count(numel)} parameters · {format_bytes(full)} full · "
+        f"<b>{format_bytes(per_rank)} per rank</b>"
+    )
+    memory, figures = _memory_parts(report)
+    parts = [
+        _line(title),
+        _line(escape(" · ".join(config_items(report))), _MUTED),
+        _line(totals),
+        memory,
+        _figures([unit_bytes_svg(report), *figures]),
+        units_table(report),
+        _warnings(report),
+        _line(_hint("report.show()") + " opens the explorer", _MUTED),
+    ]
+    return _card(parts)
+
+
+def run_html(run: RecordedRun) -> str:
+    """The card of a run recorded on every rank: ranks, iterations, units, divergence."""
+    first = run.ranks[0]
+    api = first.config.get("api", "FSDP1")
+    backend = first.config.get("backend")
+    counts = sorted({len(r.iterations) for r in run.ranks})
+    title = (
+        f"<b>fsdpviz</b> recording · {escape(str(api))} · {len(run.ranks)} of "
+        f"{run.world_size} ranks" + (f" · {escape(str(backend))}" if backend else "")
+    )
+    summary = (
+        f"{'/'.join(map(str, counts))} iterations per rank · "
+        f"{_plural(len(first.units), 'wrap unit')} · "
+        f"<b>{format_bytes(sum(u.sharded_bytes for u in first.units))} per rank</b>"
+    )
+    if run.path is not None:
+        summary += f' · <span style="{_MONO}">{escape(str(run.path))}</span>'
+    div = run.divergence()
+    iteration = div.iteration if div is not None else max(min(counts) - 1, 0)
+    strips = (
+        event_strips_svg(run.ranks, iteration, div.index if div is not None else None)
+        if any(r.iterations for r in run.ranks)
+        else ""
+    )
+    parts = [
+        _line(title),
+        _line(summary),
+        _divergence(run),
+        _figures([strips]),
+        _ranks_table(run),
+        units_table(first),
+        *(_line("note: " + escape(n), _WARN) for n in run.notes),
+        _line(
+            _hint("run.ranks[r].show()")
+            + " opens the explorer for one rank; "
+            + _hint("fsdpviz.diff(run, prediction)")
+            + " compares with a prediction",
+            _MUTED,
+        ),
+    ]
+    return _card(parts)
+
+
+def config_items(report: Report) -> list[str]:
+    """The configuration as short phrases: strategy, policy or recipe, prefetch settings."""
+    c = report.config
+    items: list[str] = []
+    ws, shard_ws = c.get("world_size"), c.get("shard_world_size")
+    if shard_ws is not None and shard_ws != ws:
+        items.append(f"shard groups of {shard_ws}")
+    if report.source == "recording":
+        if c.get("rank") is not None:
+            items.append(f"rank {c['rank']}")
+        strategies = sorted({u.sharding_strategy for u in report.units})
+        if c.get("api") != "FSDP2" and len(strategies) == 1:
+            items.append(strategies[0])
+        return items
+    if c.get("api") == "FSDP2":
+        items.extend(_fsdp2_items(c))
+    else:
+        items.extend(_fsdp1_items(c))
+    if c.get("trace") not in (None, "meta"):
+        items.append(f"trace={c['trace']}")
+    return items
+
+
+def _fsdp1_items(c: dict[str, Any]) -> list[str]:
+    items = [str(c.get("sharding_strategy", "FULL_SHARD"))]
+    if c.get("auto_wrap_policy") is not None:
+        items.append(f"auto_wrap_policy {c['auto_wrap_policy']}")
+    items.append(f"backward_prefetch {c.get('backward_prefetch')}")
+    items.append(f"forward_prefetch {'on' if c.get('forward_prefetch') else 'off'}")
+    if c.get("use_orig_params"):
+        items.append("use_orig_params")
+    mp = c.get("mixed_precision")
+    if isinstance(mp, dict):
+        items.append(_dtypes("mixed precision", mp))
+    return items
+
+
+def _fsdp2_items(c: dict[str, Any]) -> list[str]:
+    items = [f"fully_shard on {_plural(len(c.get('fully_shard', [])), 'module')}"]
+    reshard = c.get("reshard_after_forward")
+    if isinstance(reshard, dict) and reshard:
+        root = reshard.get("")
+        others = sorted({str(v) for k, v in reshard.items() if k != ""})
+        text = "reshard_after_forward " + ("/".join(others) if others else str(root))
+        if others and root is not None and [str(root)] != others:
+            text += f" (root {root})"
+        items.append(text)
+    elif reshard is not None:
+        items.append(f"reshard_after_forward {reshard}")
+    mp = c.get("mp_policy")
+    if isinstance(mp, dict) and (mp.get("param_dtype") or mp.get("reduce_dtype")):
+        items.append(_dtypes("mp_policy", mp))
+    fwd, bwd = c.get("forward_prefetch") or {}, c.get("backward_prefetch") or {}
+    items.append(
+        f"forward prefetch set on {_plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
+    )
+    items.append(
+        f"backward prefetch set on {_plural(len(bwd), 'module')}"
+        if bwd
+        else "backward prefetch of the previous unit"
+    )
+    return items
+
+
+def _dtypes(label: str, mp: dict[str, Any]) -> str:
+    kinds = ("param_dtype", "reduce_dtype")
+    return label + " " + ", ".join(f"{k.split('_')[0]} {mp[k]}" for k in kinds if mp.get(k))
+
+
+def units_table(report: Report, limit: int = MAX_UNIT_ROWS) -> str:
+    """The first ``limit`` units: colour, name, class, parameters, bytes (full, per rank), dtype."""
+    if not report.units:
+        return _line("no wrap units", _MUTED)
+    colors = unit_colors(report)
+    head = ["", "unit", "class", "params", "full", "per rank", "dtype"]
+    numeric = {3, 4, 5}
+    rows = [
+        "<tr>"
+        + "".join(
+            f'<th style="{_CELL}{"right" if i in numeric else "left"};font-weight:600">'
+            f"{escape(h)}</th>"
+            for i, h in enumerate(head)
+        )
+        + "</tr>"
+    ]
+    for u in report.units[:limit]:
+        cells = [
+            f'<span style="display:inline-block;width:10px;height:10px;border-radius:2px;'
+            f'background:{colors[u.module]}"></span>',
+            f'<span style="{_MONO}">{escape(u.module or "(root)")}</span>',
+            escape(u.module_class),
+            _count(u.numel),
+            format_bytes(u.bytes),
+            format_bytes(u.sharded_bytes),
+            escape(_dtype(u)),
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(
+                f'<td style="{_CELL}{"right" if i in numeric else "left"}">{v}</td>'
+                for i, v in enumerate(cells)
+            )
+            + "</tr>"
+        )
+    if len(report.units) > limit:
+        rows.append(
+            f'<tr><td></td><td colspan="6" style="padding:2px 0;{_MUTED}">'
+            f"… and {len(report.units) - limit} more</td></tr>"
+        )
+    return (
+        '<table style="border-collapse:collapse;margin:6px 0;font-size:12px;color:inherit;'
+        f'background:transparent">{"".join(rows)}</table>'
+    )
+
+
+def _dtype(u: Unit) -> str:
+    dtype = u.dtype or "?"
+    if u.compute_dtype and u.compute_dtype != u.dtype:
+        return f"{dtype} → {u.compute_dtype}"
+    return dtype
+
+
+def _memory_parts(report: Report) -> tuple[str, list[str]]:
+    """The peak-memory line and the memory curve, or a short note when there is none."""
+    if not report.iterations or not report.units:
+        return "", []
+    if report.profile is None:
+        return _line(
+            "peak memory: not estimated, this report has no trace profile "
+            "(activations unknown); fsdpviz.cost.memory_model(report) gives parameters, "
+            "gradients and optimizer state",
+            _MUTED,
+        ), []
+    try:
+        memory: MemoryReport = report.memory
+        peak = memory.peak
+        line = _line(
+            f"<b>peak {format_bytes(peak['bytes'])} per rank</b> "
+            f"{escape(str(peak['where']))}; dominated by {escape(str(peak['dominant']))} "
+            f'<span style="{_MUTED}">(AdamW, steady state; report.memory)</span>'
+        )
+        return line, [memory_curve_svg(memory)]
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        return _line(
+            f"peak memory: the memory model failed ({escape(type(e).__name__)}: {escape(first)})",
+            _MUTED,
+        ), []
+
+
+def _warnings(report: Report) -> str:
+    if not report.warnings:
+        return ""
+    items = [
+        f'<li><code style="{_MONO}">{escape(w.code)}</code> '
+        f"{escape(w.message.splitlines()[0] if w.message else '')}</li>"
+        for w in report.warnings[:MAX_WARNINGS]
+    ]
+    if len(report.warnings) > MAX_WARNINGS:
+        items.append(f"<li>… and {len(report.warnings) - MAX_WARNINGS} more</li>")
+    return (
+        f'<div style="margin:4px 0;{_WARN}">{_plural(len(report.warnings), "warning")}'
+        f'<ul style="margin:2px 0;padding-left:18px">{"".join(items)}</ul></div>'
+    )
+
+
+def _divergence(run: RecordedRun) -> str:
+    div = run.divergence()
+    if div is None:
+        return _line("✓ all ranks issued the same events in every iteration", _OK)
+    lines = str(div).splitlines()
+    per_rank = "".join(f'<li style="{_MONO}">{escape(x.strip())}</li>' for x in lines[1:-1])
+    return (
+        f'<div style="margin:4px 0"><b style="{_ERROR}">{escape(lines[0])}</b>'
+        f'<ul style="margin:2px 0;padding-left:18px">{per_rank}</ul>'
+        f'<div style="{_MUTED};font-size:12px">{escape(lines[-1])}</div></div>'
+    )
+
+
+def _ranks_table(run: RecordedRun) -> str:
+    head = "".join(
+        f'<th style="{_CELL}{a};font-weight:600">{h}</th>'
+        for h, a in (("rank", "right"), ("iterations", "right"), ("events per iteration", "left"))
+    )
+    rows = [f"<tr>{head}</tr>"]
+    for r in run.ranks:
+        done = r.config.get("complete_iterations", len(r.iterations))
+        its = f"{done}" if done == len(r.iterations) else f"{done} (+{len(r.iterations) - done})"
+        cells = (
+            (escape(str(r.config.get("rank"))), "right"),
+            (its, "right"),
+            (escape(" / ".join(str(len(it)) for it in r.iterations[:8])), "left"),
+        )
+        rows.append(
+            "<tr>" + "".join(f'<td style="{_CELL}{a}">{v}</td>' for v, a in cells) + "</tr>"
+        )
+    return (
+        '<table style="border-collapse:collapse;margin:6px 0;font-size:12px;color:inherit;'
+        f'background:transparent">{"".join(rows)}</table>'
+    )
+
+
+def _figures(svgs: list[str]) -> str:
+    cells = "".join(f'<div style="flex:0 0 auto">{s}</div>' for s in svgs if s)
+    if not cells:
+        return ""
+    return f'<div style="display:flex;flex-wrap:wrap;gap:8px 24px;margin:8px 0 4px 0">{cells}</div>'
+
+
+def _card(parts: list[str]) -> str:
+    body = "".join(p for p in parts if p)
+    return f'<div class="fsdpviz-card" style="{_CARD}">{body}</div>'
+
+
+def _line(content: str, style: str = "") -> str:
+    return f'<div style="margin:2px 0;{style}">{content}</div>' if content else ""
+
+
+def _hint(code: str) -> str:
+    return f'<code style="{_MONO}">{escape(code)}</code>'
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _count(n: int) -> str:
+    """``1234567`` -> ``'1.23 M'``; small counts stay exact."""
+    if n < 10_000:
+        return f"{n:,}"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g} {suffix}"
+    raise AssertionError("unreachable")
+
+
+def _guarded(render: Any, obj: Any) -> str:
+    """``render(obj)``; a bug in the card must not hide the object, so fall back to text."""
+    try:
+        html: str = render(obj)
+        return html
+    except Exception as e:
+        text = escape(obj.summary())
+        return _card(
+            [
+                f'<pre style="margin:0;{_MONO}">{text}</pre>',
+                _line(
+                    f"(the card could not be drawn: {escape(type(e).__name__)}: "
+                    f"{escape(str(e).splitlines()[0] if str(e) else '')})",
+                    _MUTED,
+                ),
+            ]
+        )

@@ -1,0 +1,247 @@
+"""The card a notebook shows for a report or a recorded run (``_repr_mimebundle_``).
+
+The HTML of a small prediction is compared with ``tests/golden/card_report_small.html``
+(``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites it; open it in a browser to review).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+import warnings
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import handwritten_models as hm
+import pytest
+import torch
+from IPython.core.formatters import DisplayFormatter
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from views_models import GOLDEN_DIR, Block, Tiny, analyze_tiny, tiny_inputs
+
+import fsdpviz
+from fsdpviz import FsdpWarning, RecordedRun, Report
+from fsdpviz.views.card import report_bundle, report_html, run_bundle, run_html
+
+GOLDEN = GOLDEN_DIR / "card_report_small.html"
+
+
+def _warned(report: Report) -> Report:
+    """``report`` with a warning whose text needs escaping (two lines: only the first shows)."""
+    w = FsdpWarning("unit_unused_in_forward", "Units <never> ran & 'were' skipped\nsecond line")
+    return dataclasses.replace(report, warnings=[w])
+
+
+def _wellformed(html: str) -> ET.Element:
+    """The card parses as XML: every tag closed, every attribute quoted, no stray ``<``."""
+    return ET.fromstring(html)
+
+
+def _text(html: str) -> str:
+    """What a reader sees: the text of every element, entities decoded."""
+    return " ".join(" ".join(_wellformed(html).itertext()).split())
+
+
+def test_report_card_matches_golden() -> None:
+    html = report_html(_warned(analyze_tiny()))
+    if os.environ.get("FSDPVIZ_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(html + "\n")
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: run with FSDPVIZ_UPDATE_GOLDEN=1 and review it"
+    assert html + "\n" == GOLDEN.read_text(), (
+        "the card differs from the golden file; if the change is intended, rewrite it with "
+        "FSDPVIZ_UPDATE_GOLDEN=1 and review it in a browser"
+    )
+
+
+def test_fsdp1_card_shows_config_units_memory_and_warnings() -> None:
+    report = _warned(analyze_tiny())
+    bundle = report_bundle(report)
+    assert set(bundle) == {"text/plain", "text/html"}
+    assert bundle["text/plain"] == report.summary()
+    html = bundle["text/html"]
+    text = _text(html)
+    assert "fsdpviz prediction · FSDP1 · 4 wrap units · world size 4" in text
+    assert (
+        "FULL_SHARD · auto_wrap_policy ModuleWrapPolicy({Block}) · backward_prefetch "
+        "BACKWARD_PRE · forward_prefetch off" in text
+    )
+    per_rank = sum(u.sharded_bytes for u in report.units)
+    assert f"322 parameters · 1.26 KiB full · {per_rank} B per rank" in text
+    peak = report.memory.peak
+    assert f"peak 3.32 KiB per rank {peak['where']}; dominated by {peak['dominant']}" in text
+    # the unit table: name, class, parameters, bytes full and per rank, dtype
+    assert "(root) Tiny 58 232 B 60 B float32" in text
+    assert "blocks.2 Block 88 352 B 88 B float32" in text
+    assert "1 warning unit_unused_in_forward Units <never> ran & 'were' skipped" in text
+    assert "second line" not in text
+    assert "report.show() opens the explorer" in text
+    # the figure: inline SVG, one bar per unit in its colour, the memory peak marked
+    svgs = re.findall(r"<svg .*?</svg>", html)
+    assert len(svgs) == 2
+    for color in fsdpviz.views.unit_colors(report).values():
+        assert f'fill="{color}"' in svgs[0]
+    assert "<title>blocks.0: 88 B per rank</title>" in svgs[0]
+    assert "<circle" in svgs[1] and "peak 3.32 KiB" in svgs[1]
+    # static: nothing runs, nothing is fetched
+    assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_card_follows_the_jupyterlab_theme() -> None:
+    html = report_html(analyze_tiny())
+    assert "color:var(--jp-ui-font-color1, inherit)" in html
+    assert "border:1px solid var(--jp-border-color2, rgba(128, 128, 128, 0.35))" in html
+    # every var() has a fallback, and SVG text follows the page's text colour
+    assert not re.search(r"var\(--jp-[a-z0-9-]+\)", html)
+    assert 'fill="currentColor"' in html
+    assert not re.search(r'fill="#(000|fff)', html, re.IGNORECASE)
+
+
+def test_fsdp2_card_names_the_recipe_and_prefetch() -> None:
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        Tiny(),
+        tiny_inputs(),
+        fully_shard=[Block],
+        forward_prefetch={"blocks.0": ["blocks.1"]},
+        world_size=4,
+        progress=False,
+    )
+    text = _text(report_html(report))
+    assert "fsdpviz prediction · FSDP2 · 4 wrap units · world size 4" in text
+    assert (
+        "fully_shard on 4 modules · reshard_after_forward True (root False) · "
+        "forward prefetch set on 1 module · backward prefetch of the previous unit" in text
+    )
+    assert "peak " in text and "per rank" in text
+
+
+def test_long_unit_lists_are_cut_with_a_count() -> None:
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        Tiny(n=14), tiny_inputs(), auto_wrap_policy=ModuleWrapPolicy({Block}), progress=False
+    )
+    text = _text(report_html(report))
+    assert len(report.units) == 15
+    assert "blocks.8" in text and "blocks.9 " not in text
+    assert "… and 5 more" in text
+
+
+def test_everything_is_escaped() -> None:
+    report = analyze_tiny()
+    evil = "<img src=x onerror=alert(1)>"
+    units = [dataclasses.replace(report.units[1], module=evil, module_class=evil)]
+    report = dataclasses.replace(
+        report,
+        units=[report.units[0], *units, *report.units[2:]],
+        config={**report.config, "auto_wrap_policy": evil},
+        warnings=[FsdpWarning(evil, evil)],
+    )
+    html = report_html(report)
+    assert "<img" not in html
+    assert html.count("&lt;img src=x onerror=alert(1)&gt;") >= 4
+    assert _text(html).count(evil) >= 4
+
+
+def test_a_failing_memory_model_leaves_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fsdpviz.cost.memory
+
+    def broken(report: Report, **kwargs: Any) -> Any:
+        raise RuntimeError("no <tape>\nmore detail")
+
+    monkeypatch.setattr(fsdpviz.cost.memory, "memory_model", broken)
+    html = report_html(analyze_tiny())
+    text = _text(html)
+    assert "peak memory: the memory model failed (RuntimeError: no <tape>)" in text
+    assert "more detail" not in text
+    assert "blocks.0" in text and html.count("<svg") == 1
+
+
+def test_without_a_profile_the_card_says_why_there_is_no_peak() -> None:
+    text = _text(report_html(analyze_tiny(profile=False)))
+    assert "peak memory: not estimated, this report has no trace profile" in text
+    assert "4 wrap units" in text
+
+
+def test_a_report_read_back_shows_the_same_card(tmp_path: Path) -> None:
+    report = _warned(analyze_tiny())
+    report.to_json(tmp_path / "report.json")
+    loaded = fsdpviz.load(tmp_path / "report.json")
+    assert isinstance(loaded, Report)
+    assert report_html(loaded) == report_html(report)
+
+
+def test_ipython_displays_the_card() -> None:
+    report = analyze_tiny()
+    data, _ = DisplayFormatter().format(report)
+    assert data["text/plain"] == report.summary()
+    assert data["text/html"] == report_html(report)
+
+
+def _record(tmp_path: Path) -> RecordedRun:
+    """A real FSDP1 run of three steps on rank 0 of the fake process group, read back."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = FSDP(
+            hm.Stack(), auto_wrap_policy=ModuleWrapPolicy({hm.Block}), device_id=torch.device("cpu")
+        )
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with fsdpviz.record(model, out_dir=tmp_path):
+        for _ in range(3):
+            model(x).sum().backward()
+    run = fsdpviz.load(tmp_path)
+    assert isinstance(run, RecordedRun)
+    return run
+
+
+def _rank(report: Report, rank: int, swap: tuple[int, int] | None = None) -> Report:
+    its = copy.deepcopy(report.iterations)
+    if swap is not None:
+        a, b = swap
+        its[0][a], its[0][b] = its[0][b], its[0][a]
+    return dataclasses.replace(report, config={**report.config, "rank": rank}, iterations=its)
+
+
+def test_recording_card(fake_pg: int, tmp_path: Path) -> None:
+    run = _record(tmp_path)
+    bundle = run_bundle(run)
+    assert bundle["text/plain"] == run.summary()
+    text = _text(bundle["text/html"])
+    assert f"fsdpviz recording · FSDP1 · 1 of {fake_pg} ranks · fake" in text
+    assert "3 iterations per rank · 5 wrap units" in text
+    assert "✓ all ranks issued the same events in every iteration" in text
+    assert f"note: ranks {list(range(1, fake_pg))} wrote no recording here" in text
+    assert "blocks.3 Block 1,104 4.31 KiB 1.08 KiB float32" in text
+    assert "run.ranks[r].show() opens the explorer for one rank" in text
+    # one rank's recording is a Report: it has a card too, without a memory estimate
+    rank_text = _text(report_html(run.ranks[0]))
+    assert "fsdpviz recording · FSDP1 · 5 wrap units" in rank_text
+    assert "rank 0 · FULL_SHARD" in rank_text
+    assert "peak memory: not estimated" in rank_text
+    data, _ = DisplayFormatter().format(run)
+    assert data["text/html"] == bundle["text/html"]
+
+
+def test_recording_card_shows_where_ranks_diverge(fake_pg: int, tmp_path: Path) -> None:
+    recorded = _record(tmp_path).ranks[0]
+    # rank 1 gathers blocks.1 before blocks.0, as a rank-dependent branch would make it
+    events = recorded.iterations[0]
+    first = next(i for i, e in enumerate(events) if e.unit == "blocks.0")
+    second = next(i for i, e in enumerate(events) if e.unit == "blocks.1")
+    run = RecordedRun([_rank(recorded, 0), _rank(recorded, 1, (first, second))], tmp_path)
+    div = run.divergence()
+    assert div is not None
+    html = run_html(run)
+    text = _text(html)
+    assert f"Ranks diverge in iteration 0 at event {div.index} (forward)" in text
+    assert "rank 0: all_gather 'blocks.0'" in text and "rank 1: all_gather 'blocks.1'" in text
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in text
+    assert f"ranks diverge at event {div.index}" in html  # marked in the per-rank figure
+    n = " / ".join(str(len(it)) for it in recorded.iterations)
+    assert f"rank iterations events per iteration 0 3 {n} 1 3 {n}" in text  # the ranks table
+    strips = re.findall(r"<svg .*?</svg>", html)
+    assert len(strips) == 1 and strips[0].count("<rect") == 2 * len(events)
