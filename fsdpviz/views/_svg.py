@@ -113,7 +113,7 @@ def memory_curve_svg(memory: MemoryReport) -> str:
             f'<line x1="{_num(bx)}" y1="{_PAD_TOP}" x2="{_num(bx)}" y2="{_num(base)}" '
             'stroke="currentColor" stroke-opacity="0.35" stroke-dasharray="3 3"/>'
         )
-        body.append(_text(bx + 3, _PAD_TOP + 9, "backward"))
+        body.append(_text(bx + 3, base - 3, "backward"))
     points = " ".join(f"{_num(x_at(k / 2))},{_num(y_at(v))}" for k, v in enumerate(ys))
     if points:
         body.append(
