@@ -296,6 +296,10 @@ def _warnings(report: Report) -> str:
 
 def _divergence(run: RecordedRun) -> str:
     div = run.divergence()
+    if not any(r.iterations for r in run.ranks):
+        return _line("no iteration was recorded, so there is nothing to compare", _MUTED)
+    if len(run.ranks) < 2:
+        return _line("one rank was recorded: nothing to compare it with", _MUTED)
     if div is None:
         return _line("✓ all ranks issued the same events in every iteration", _OK)
     lines = str(div).splitlines()
