@@ -1,11 +1,20 @@
 """Re-planning one traced model under other FSDP options: the interface the explorer's controls use.
 
 :class:`Replanner` holds a model and its inputs; :meth:`Replanner.plan` takes a
-:class:`PlanOptions` (or its fields as keywords) and returns a :class:`Report`.
-Today it calls :func:`fsdpviz.analyze`, which traces the model again on every
-call; a faster engine path (plan and schedule from one stored trace) can replace
-:meth:`Replanner._analyze` without changing callers. Results are cached per
-options, so going back to an earlier setting is immediate.
+:class:`PlanOptions` (or its fields as keywords) and returns a :class:`Report`,
+by the fastest exact path (``last_path`` says which):
+
+- ``"cache"``: these options were planned before;
+- ``"replay"``: only the world size, backward prefetch or sharding strategy differ
+  from a report that carries a trace profile: its hook calls are replayed
+  (:func:`fsdpviz.cost.replay`), profile included;
+- ``"stored trace"``: FSDP1 plans come from one stored trace of the model
+  (:class:`fsdpviz.fsdp1.fast.StoredTrace`, made on the first re-plan): a new policy
+  or forward prefetch costs tens of milliseconds; the report has no trace profile
+  (the memory model then knows parameters and gradients, not activations), which
+  :meth:`Replanner.profiled` adds by tracing;
+- ``"trace"``: :func:`fsdpviz.analyze` (the FSDP2 recipe, and what the stored trace
+  does not model: mixed precision, frozen parameters, recomputation, ...).
 
 Example::
 
@@ -13,24 +22,28 @@ Example::
     planner.layer_classes()                  # [('DecoderLayer', 32), ('Attention', 32), ...]
     report = planner.plan(layer_classes=["DecoderLayer"], world_size=64,
                           backward_prefetch="BACKWARD_POST")
-    planner.last_seconds                     # time the engine took
+    planner.last_seconds, planner.last_path  # (0.04, 'stored trace')
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from fsdpviz.core.schema import Report
 from fsdpviz.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsdpviz.fsdp1.fast import StoredTrace
 
 __all__ = [
     "BACKWARD_PREFETCH",
@@ -41,6 +54,9 @@ __all__ = [
 ]
 
 Recipe = Literal["FSDP1", "FSDP2"]
+PlanPath = Literal["cache", "replay", "stored trace", "trace"]
+# What cost.replay can change without a new trace (PlanOptions field names).
+_REPLAYABLE = ("world_size", "backward_prefetch", "sharding_strategy")
 PolicyKind = Literal["classes", "size", "none"]
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", None)
@@ -123,7 +139,10 @@ class Replanner:
         self.cache_size = cache_size
         self.last_seconds: float | None = None
         self.last_cached = False
+        self.last_path: PlanPath | None = None
         self._cache: OrderedDict[PlanOptions, Report] = OrderedDict()
+        self._stored: StoredTrace | None = None
+        self._stored_failed = False
         self._classes: dict[str, type[nn.Module]] = {}
         counts: Counter[str] = Counter()
         for module in model.modules():
@@ -166,15 +185,86 @@ class Replanner:
         cached = self._cache.get(opts)
         if cached is not None:
             self._cache.move_to_end(opts)
-            self.last_seconds, self.last_cached = 0.0, True
+            self.last_seconds, self.last_cached, self.last_path = 0.0, True, "cache"
             return cached
         start = time.perf_counter()
-        report = self._analyze(opts)
+        # No cyclic garbage collection inside a fast answer: a full collection over a
+        # large kernel's heap can take longer than the answer itself; it runs after.
+        stored = self._stored_trace(opts)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            fast = self._replay(opts) or (self._from_stored(stored, opts) if stored else None)
+        finally:
+            if enabled:
+                gc.enable()
+        report, path = fast or (self._analyze(opts), "trace")
         self.last_seconds, self.last_cached = time.perf_counter() - start, False
+        self.last_path = path
+        self._remember(opts, report)
+        return report
+
+    def cached(self, options: PlanOptions) -> Report | None:
+        """The report planned for ``options`` if it is still in the cache."""
+        return self._cache.get(options)
+
+    def profiled(self, options: PlanOptions) -> Report:
+        """The report for ``options`` with its trace profile (traces when the plan had none)."""
+        report = self.plan(options)
+        if report.profile is not None or report.source != "prediction":
+            return report
+        start = time.perf_counter()
+        report = self._analyze(options)
+        self.last_seconds, self.last_cached = time.perf_counter() - start, False
+        self.last_path = "trace"
+        self._remember(options, report)
+        return report
+
+    def _remember(self, opts: PlanOptions, report: Report) -> None:
         self._cache[opts] = report
+        self._cache.move_to_end(opts)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return report
+
+    def _replay(self, opts: PlanOptions) -> tuple[Report, PlanPath] | None:
+        """Replay a profiled report that differs only in what replays exactly."""
+        from fsdpviz.cost.variants import replay
+
+        if opts.recipe != "FSDP1":
+            return None
+        for other, report in reversed(self._cache.items()):
+            if report.profile is None or report.config.get("replayed"):
+                continue
+            if dataclasses.replace(other, **{k: getattr(opts, k) for k in _REPLAYABLE}) != opts:
+                continue
+            kw = self.fsdp_kwargs(opts)
+            changes = {k: kw[k] for k in _REPLAYABLE if getattr(other, k) != getattr(opts, k)}
+            return replay(report, **changes), "replay"
+        return None
+
+    def _stored_trace(self, opts: PlanOptions) -> StoredTrace | None:
+        """The stored trace FSDP1 plans come from (made now if this is the first)."""
+        from fsdpviz.fsdp1.fast import StoredTrace
+
+        if opts.recipe != "FSDP1" or self._stored_failed:
+            return None
+        kwargs = self.fsdp_kwargs(opts)
+        if any(k in kwargs for k in ("mixed_precision", "ignored_modules", "ignored_states")) or (
+            kwargs.get("trace", "meta") != "meta"
+        ):
+            return None
+        if self._stored is None:
+            self._stored = StoredTrace(self.model, self.inputs, kwargs.get("loss"))
+            self._stored_failed = self._stored.reason is not None
+        return None if self._stored_failed else self._stored
+
+    def _from_stored(
+        self, stored: StoredTrace, opts: PlanOptions
+    ) -> tuple[Report, PlanPath] | None:
+        kwargs = self.fsdp_kwargs(opts)
+        kwargs.pop("profile", None)
+        report = stored.plan(**kwargs)
+        return None if report is None else (report, "stored trace")
 
     def fsdp_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
         """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""

@@ -136,7 +136,7 @@ def test_replan_errors_show_under_the_widget(
     def fail(opts: PlanOptions) -> Report:
         raise ValueError(f"cannot plan world size {opts.world_size}")
 
-    monkeypatch.setattr(ex.replanner, "_analyze", fail)
+    monkeypatch.setattr(ex.replanner, "plan", fail)
     ex.controls.set(world_size=32)
     assert ex.report is report  # the last good report stays
     assert "cannot plan world size 32" in str(ex.errors.last_error)
@@ -219,3 +219,38 @@ def test_report_show_opens_the_dashboard(report: Report) -> None:
     view = report.show(memory=memory_model(report))
     assert isinstance(view, Dashboard)
     assert view.timeline.peak_step is not None
+
+
+def test_dashboard_draws_the_memory_model_by_default(report: Report) -> None:
+    """memory="auto": the curve is fsdpviz.cost.memory_series, peak marked."""
+    from fsdpviz.cost import memory_series
+
+    view = Dashboard(report)
+    assert view.timeline.data["memory"]["bytes"] == memory_series(report, iteration=-1)
+    assert view.timeline.peak_step is not None
+    assert "activations included" in view.memory_note.value
+    assert Dashboard(report, memory=None).timeline.data["memory"] is None
+
+
+def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
+    """A stored-trace re-plan answers without a profile; the traced curve follows it."""
+    from fsdpviz.cost import memory_series
+
+    view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+    ex = view.explorer
+    assert ex.replanner is not None
+    notes: list[str] = []
+    view.memory_note.observe(lambda c: notes.append(c["new"]), names="value")
+    ex.controls.set(world_size=16, forward_prefetch=True)
+    assert ex.report.profile is None and "stored trace" in ex.status.value
+    assert any("parameters, gradients" in n for n in notes)
+    # Outside a kernel the trace runs at once: the curve now includes activations.
+    assert "activations included" in view.memory_note.value
+    profiled = ex.replanner.cached(ex.options)
+    assert profiled is not None and profiled.profile is not None
+    curve = view.timeline.data["memory"]["bytes"]
+    assert curve == memory_series(profiled, iteration=-1)
+    assert max(curve) > max(memory_series(ex.report, iteration=-1))
+    # A plain world-size change now replays the profiled report: profile kept.
+    ex.controls.set(world_size=32)
+    assert ex.replanner.last_path == "replay" and ex.report.profile is not None

@@ -112,6 +112,8 @@ def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> H
         for kind, payload in pre.get(node, ()):
             if kind == "pre_backward":
                 out.append(("pre_backward", payload, False))
+            elif kind == "module":  # a module's output gradient (fsdpviz.fsdp1.fast)
+                out.append(("module", payload, False))
             else:
                 fired[payload] += 1
                 if fired[payload] == expected[payload]:

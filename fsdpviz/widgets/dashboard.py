@@ -5,6 +5,10 @@
 - ``selected_unit`` is shared: a click in any view selects the unit in all three;
 - a re-plan in the explorer redraws the prefetch graph and the timeline (and calls
   the memory model again when ``memory`` is a callable);
+- ``memory="auto"`` (the default) draws :func:`fsdpviz.cost.memory_series` under the
+  timeline. A re-plan answered from the stored trace has no trace profile, so its
+  curve first shows parameters, gradients and optimizer state; the activations
+  follow from a trace made right after the answer (``memory_note`` says which);
 - the theme the timeline reads from JupyterLab restyles the plotly panels.
 
 Example::
@@ -16,14 +20,16 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import ipywidgets as w
 import plotly.graph_objects as go
 import traitlets
 
 from fsdpviz.core.schema import Report
+from fsdpviz.cost.memory import memory_series
 from fsdpviz.views.prefetch import prefetch_figure
 from fsdpviz.views.timeline_data import MemorySource, resolve_memory
 from fsdpviz.widgets._errors import ErrorOutput
@@ -46,7 +52,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         *,
         model: Any = None,
         inputs: Any = None,
-        memory: MemorySource = None,
+        memory: MemorySource | Literal["auto"] = "auto",
         ranks: Sequence[Report] | None = None,
         iteration: int | None = -1,
         theme: str = "light",
@@ -55,11 +61,12 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.memory = memory
         self.iteration = iteration
         self.errors = ErrorOutput()
+        self.memory_note = w.HTML()
         self.explorer = Explorer(report, model=model, inputs=inputs, theme=theme, **analyze_kwargs)
         self.prefetch = go.FigureWidget(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
         timeline_reports = list(ranks) if ranks else [report]
         self.timeline = TimelineWidget(
-            timeline_reports, iteration, memory=resolve_memory(memory, timeline_reports[0])
+            timeline_reports, iteration, memory=self._memory(timeline_reports[0])
         )
         super().__init__(
             [
@@ -72,6 +79,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                     "select its unit; shift+wheel zooms)</small>"
                 ),
                 self.timeline,
+                self.memory_note,
                 self.errors,
             ]
         )
@@ -114,10 +122,54 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _on_selected(self, change: dict[str, Any]) -> None:
         self._ring("selected", self.selected_unit)
 
+    def _memory(self, report: Report) -> list[float] | None:
+        if self.memory != "auto":
+            return resolve_memory(self.memory, report)
+        try:
+            series = memory_series(report, iteration=self.iteration)
+        except Exception as e:  # the views stay usable without the curve
+            self.memory_note.value = f"<small>no memory curve: {type(e).__name__}: {e}</small>"
+            return None
+        measured = report.profile is not None
+        self.memory_note.value = (
+            "<small>memory: modelled from the trace (activations included)</small>"
+            if measured
+            else "<small>memory: parameters, gradients and optimizer state only "
+            "(no trace profile)</small>"
+        )
+        return series
+
     def _on_report(self, change: dict[str, Any]) -> None:
         report: Report = change["new"]
         self._replace_prefetch(report)
-        self.timeline.set_reports(report, memory=resolve_memory(self.memory, report))
+        self.timeline.set_reports(report, memory=self._memory(report))
+        planner = self.explorer.replanner
+        if self.memory == "auto" and report.profile is None and planner is not None:
+            self.memory_note.value = (
+                "<small>memory: parameters and gradients; tracing the activations...</small>"
+            )
+            self._later(self._add_profile, report)
+
+    def _later(self, fn: Callable[[Report], None], report: Report) -> None:
+        """Run ``fn`` after the kernel has sent this answer (at once outside a kernel)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn(report)
+            return
+        loop.call_later(0.05, self.errors.guard(fn), report)
+
+    def _add_profile(self, report: Report) -> None:
+        """The memory curve with activations: the same plan, traced (skipped if stale)."""
+        planner = self.explorer.replanner
+        options = self.explorer.options
+        if planner is None or self.explorer.report is not report:
+            return
+        if planner.cached(options) is not report:  # not a re-plan of these options
+            return
+        profiled = planner.profiled(options)
+        if self.explorer.report is report:
+            self.timeline.set_reports(profiled, memory=self._memory(profiled))
 
     def _replace_prefetch(self, report: Report) -> None:
         fig = prefetch_figure(

@@ -83,7 +83,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.view_size = w.ToggleButtons(
             options=[("parameters", "numel"), ("bytes per rank", "rank_bytes")], value="numel"
         )
-        self.controls = PlanControls(PlanOptions.from_report(report), replanner, self._replan)
+        self.options = PlanOptions.from_report(report)
+        """The options of the last re-plan (at first: what ``report.config`` says)."""
+        self.controls = PlanControls(self.options, replanner, self._replan)
         super().__init__(
             [
                 self.controls,
@@ -123,10 +125,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
             self.errors.show(e)
             return
         self.errors.clear()
+        answer = (self.replanner.last_seconds, self.replanner.last_cached, self.replanner.last_path)
+        self.options = options
         self.report = report
-        self.status.value = self._summary(self.replanner.last_seconds, self.replanner.last_cached)
+        self.status.value = self._summary(*answer)
 
-    def _summary(self, seconds: float | None, cached: bool = False) -> str:
+    def _summary(self, seconds: float | None, cached: bool = False, path: str | None = None) -> str:
         r = self.report
         per_rank = sum(u.sharded_bytes for u in r.units)
         text = (
@@ -134,7 +138,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
             f"{len(r.warnings)} warnings"
         )
         if seconds is not None:
-            text += " · from cache" if cached else f" · re-planned in {seconds * 1000:.0f} ms"
+            how = f" ({path})" if path in ("replay", "stored trace", "trace") else ""
+            text += " · from cache" if cached else f" · re-planned in {seconds * 1000:.0f} ms{how}"
         return f"<small>{text}</small>"
 
     def _on_report(self, change: dict[str, Any]) -> None:
