@@ -55,8 +55,18 @@ __all__ = [
 
 Recipe = Literal["FSDP1", "FSDP2"]
 PlanPath = Literal["cache", "replay", "stored trace", "trace"]
-# What cost.replay can change without a new trace (PlanOptions field names).
-_REPLAYABLE = ("world_size", "backward_prefetch", "sharding_strategy")
+# The PlanOptions fields cost.replay can change without a new trace, and the analyze
+# keyword arguments they become. The FSDP2 recipe ignores the FSDP1 prefetch switches.
+_REPLAYABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "FSDP1": (
+        ("world_size", "backward_prefetch", "sharding_strategy"),
+        ("world_size", "backward_prefetch", "sharding_strategy"),
+    ),
+    "FSDP2": (
+        ("world_size", "sharding_strategy", "backward_prefetch", "forward_prefetch"),
+        ("world_size", "reshard_after_forward"),
+    ),
+}
 PolicyKind = Literal["classes", "size", "none"]
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", None)
@@ -230,15 +240,14 @@ class Replanner:
         """Replay a profiled report that differs only in what replays exactly."""
         from fsdpviz.cost.variants import replay
 
-        if opts.recipe != "FSDP1":
-            return None
+        fields, keys = _REPLAYABLE[opts.recipe]
         for other, report in reversed(self._cache.items()):
             if report.profile is None or report.config.get("replayed"):
                 continue
-            if dataclasses.replace(other, **{k: getattr(opts, k) for k in _REPLAYABLE}) != opts:
+            if dataclasses.replace(other, **{k: getattr(opts, k) for k in fields}) != opts:
                 continue
-            kw = self.fsdp_kwargs(opts)
-            changes = {k: kw[k] for k in _REPLAYABLE if getattr(other, k) != getattr(opts, k)}
+            kw, before = self.fsdp_kwargs(opts), self.fsdp_kwargs(other)
+            changes = {k: kw[k] for k in keys if kw.get(k) != before.get(k)}
             return replay(report, **changes), "replay"
         return None
 

@@ -25,7 +25,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 import fsdpviz
 from fsdpviz.examples import ExampleConfig, example_inputs, example_model
 from fsdpviz.fsdp1.fast import StoredTrace
-from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan import PlanOptions, Replanner, fully_shard_supported
 
 SETTINGS = list(
     itertools.product(
@@ -193,3 +193,25 @@ def _analyze(planner: Replanner, opts: PlanOptions, profile: bool) -> fsdpviz.Re
     kwargs = planner.fsdp_kwargs(opts)
     kwargs["profile"] = profile
     return fsdpviz.analyze(planner.model, planner.inputs, **kwargs)
+
+
+@pytest.mark.skipif(not fully_shard_supported(), reason="this fsdpviz has no FSDP2 recipe")
+def test_fsdp2_recipe_replays_world_size_and_resharding() -> None:
+    """FSDP2: a traced report replays other world sizes and reshard_after_forward exactly."""
+    config = ExampleConfig(num_layers=2)
+    model, inputs = example_model(config), example_inputs(config)
+    planner = Replanner(model, inputs)
+    base = PlanOptions(layer_classes=("DecoderLayer",), recipe="FSDP2")
+    planner.plan(base)
+    assert planner.last_path == "trace"
+    for change in [
+        {"world_size": 32},
+        {"sharding_strategy": "SHARD_GRAD_OP"},
+        {"world_size": 2, "sharding_strategy": "SHARD_GRAD_OP", "backward_prefetch": None},
+    ]:
+        opts = base.replace(**change)
+        got = planner.plan(opts).to_dict()
+        assert planner.last_path == "replay"
+        want = _analyze(planner, opts, profile=True).to_dict()
+        assert got["config"].pop("replayed") is True
+        assert got == want
