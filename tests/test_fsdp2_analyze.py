@@ -190,3 +190,13 @@ def test_backward_prefetch_difference_is_reported() -> None:
     cmp = fsdpviz.compare(a, b)
     assert cmp.same_wrapping and not cmp.identical
     assert any("backward prefetch" in p.differs for p in cmp.pairs)
+
+
+def test_compare_keeps_parameters_that_stay_in_the_root() -> None:
+    """The root gains the blocks' parameters; what it held before has not moved."""
+    model = hm.Stack()
+    wrapped = fsdpviz.analyze(model, torch.randn(4, 8), fully_shard=[hm.Block])
+    root_only = fsdpviz.analyze(model, torch.randn(4, 8), fully_shard=[])
+    cmp = fsdpviz.compare(wrapped, root_only)
+    assert "inp.weight" not in cmp.moved_params
+    assert cmp.moved_params["blocks.0.fc1.weight"] == ("blocks.0", "")

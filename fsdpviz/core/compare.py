@@ -153,10 +153,13 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         if ub.params and ub.module not in matched_b:
             pairs.append(_pair(None, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b))
     pa, pb = _unit_of_param(a), _unit_of_param(b)
+    # Moved: now in a unit of other parameters under another name. A unit renamed
+    # with the same parameters, or one that only gained some (such as the root),
+    # keeps the parameters it had.
     moved = {
         p: (pa.get(p), pb.get(p))
         for p in sorted(set(pa) | set(pb))
-        if _group_of(pa, p, a) != _group_of(pb, p, b)
+        if pa.get(p) != pb.get(p) and _group_of(pa, p, a) != _group_of(pb, p, b)
     }
     total = (sum(u.sharded_bytes for u in a.units), sum(u.sharded_bytes for u in b.units))
     counts = (_kinds(a), _kinds(b))
