@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/fsdpviz demo -o fsdpviz-demo.json
+	$(BIN)/fsdpviz demo -o fsdpviz-demo.html
 
 lint: setup
 	$(BIN)/ruff check .

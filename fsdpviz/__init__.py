@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fsdpviz.analyze import analyze
 from fsdpviz.core.compare import Comparison, compare
 from fsdpviz.core.schema import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 from fsdpviz.cost import suggest, sweep
-from fsdpviz.errors import ConfigError, FSDPConfigError, FsdpvizError, TraceError
+from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
 from fsdpviz.record import (
     Divergence,
@@ -43,6 +44,7 @@ __all__ = [
     "ConfigError",
     "Divergence",
     "Event",
+    "ExportError",
     "FSDP1Recorder",
     "FSDP2Recorder",
     "FSDPConfigError",
@@ -72,9 +74,11 @@ __all__ = [
 def load(path: str | Path) -> Report | RecordedRun:
     """Read a report file, or a directory of a run recorded with :func:`record`.
 
-    A ``.json`` file saved with ``report.to_json(path)`` gives a :class:`Report`;
-    a directory written by ``fsdpviz.record(model, out_dir=path)`` gives a
-    :class:`RecordedRun` (``.ranks``: one recorded :class:`Report` per rank).
+    A ``.json`` file saved with ``report.to_json(path)`` or ``report.save(path)`` (a
+    Chrome trace that also holds the report) gives a :class:`Report`; a directory
+    written by ``fsdpviz.record(model, out_dir=path)``, or the ``.json`` of
+    ``run.save(path)``, gives a :class:`RecordedRun` (``.ranks``: one recorded
+    :class:`Report` per rank).
 
     Example::
 
@@ -82,6 +86,13 @@ def load(path: str | Path) -> Report | RecordedRun:
         run = fsdpviz.load("fsdpviz-run")
         run.ranks[0].iterations[0][:3], run.divergence()
     """
-    if Path(path).is_dir():
-        return RecordedRun.load(path)
+    p = Path(path)
+    if p.is_dir():
+        return RecordedRun.load(p)
+    if p.suffix.lower() == ".json" and p.is_file():
+        data = json.loads(p.read_text())
+        if isinstance(data, dict) and "ranks" in data and "units" not in data:
+            return RecordedRun.from_dict(data, p)
+        if isinstance(data, dict):
+            return Report.from_dict(data)
     return Report.from_json(path)

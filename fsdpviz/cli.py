@@ -2,9 +2,14 @@
 
 Usage::
 
-    fsdpviz demo [-o fsdpviz-demo.json] [--world-size 8]
+    fsdpviz demo [-o fsdpviz-demo.html] [--world-size 8]
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
-        --policy transformer:DecoderLayer --world-size 64 -o report.json
+        --policy transformer:DecoderLayer --world-size 64 -o report.html
+
+The output's suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
+(interactive page), ``.json`` (Chrome trace that ``fsdpviz.load`` reads back),
+``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp`` (the wrap-unit explorer),
+``.graphml`` / ``.nodelink.json`` (the unit graph).
 
 Exit status: 0 on success, 2 for usage errors (bad arguments, a factory or
 class name that cannot be found), 1 when the analysis itself fails with an
@@ -78,9 +83,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "demo",
         help="analyse the bundled example transformer",
         description="Analyse the bundled Llama-style example model (one FSDP unit per "
-        "DecoderLayer, BACKWARD_PRE prefetch) and write the report as JSON.",
+        "DecoderLayer, BACKWARD_PRE prefetch) and write the report.",
     )
-    _add_output(demo, "fsdpviz-demo.json")
+    _add_output(demo, "fsdpviz-demo.html")
     _add_world_size(demo)
     demo.set_defaults(func=_cmd_demo, parser=demo)
 
@@ -88,7 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "report",
         help="analyse your own model",
         description="Analyse the model returned by MODULE:FACTORY (a callable returning a "
-        "model, or a (model, inputs) tuple) and write the report as JSON.",
+        "model, or a (model, inputs) tuple) and write the report.",
     )
     report.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mypkg.models:build")
     report.add_argument(
@@ -129,8 +134,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output(parser: argparse.ArgumentParser, default: str) -> None:
+    from fsdpviz.export import SUFFIXES
+
     parser.add_argument(
-        "-o", "--output", default=default, metavar="PATH", help=f"JSON file (default: {default})"
+        "-o",
+        "--output",
+        default=default,
+        metavar="PATH",
+        help=f"file to write; its suffix picks the format: {', '.join(SUFFIXES)} "
+        f"(default: {default})",
     )
 
 
@@ -191,11 +203,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _output_path(text: str) -> Path:
+    from fsdpviz.export import SUFFIXES
+    from fsdpviz.export._save import suffix_of
+
     path = Path(text)
-    if path.suffix.lower() != ".json":
+    if suffix_of(path) not in SUFFIXES:
         raise UsageError(
-            f"cannot write {text!r}: JSON is the only output format for now; "
-            "use a path ending in .json"
+            f"cannot write {text!r}: unknown suffix {path.suffix or '(none)'!r}; "
+            f"use a path ending in one of {', '.join(SUFFIXES)}"
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
@@ -203,7 +218,9 @@ def _output_path(text: str) -> Path:
 
 
 def _write(report: Any, path: Path, seconds: float) -> int:
-    report.to_json(path)
+    from fsdpviz.export import save
+
+    save(report, path)
     print(report.summary())
     print(f"wrote {path} ({seconds:.1f}s)")
     return 0

@@ -24,3 +24,10 @@ class TraceError(FsdpvizError, RuntimeError):
     def __init__(self, message: str, module: str | None = None) -> None:
         super().__init__(message)
         self.module = module
+
+
+class ExportError(FsdpvizError, RuntimeError):
+    """A report could not be written in the requested format (a missing browser or bundle).
+
+    The message says what is missing and how to install it.
+    """

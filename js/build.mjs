@@ -1,6 +1,7 @@
-// Bundles src/widget.ts into ../fsdpviz/static/timeline.js (ES module for anywidget)
-// and copies the stylesheet. Run by `npm run build`, and by hatch-jupyter-builder
-// during `pip install` (see pyproject.toml).
+// Bundles src/widget.ts into ../fsdpviz/static/timeline.js (ES module for anywidget),
+// src/standalone.ts into ../fsdpviz/static/standalone.js (the script of the HTML page
+// fsdpviz.export writes) and copies the stylesheet. Run by `npm run build`, and by
+// hatch-jupyter-builder during `pip install` (see pyproject.toml).
 import { build } from "esbuild";
 import { copyFile, mkdir } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
@@ -9,9 +10,7 @@ import { fileURLToPath } from "node:url";
 const here = dirname(fileURLToPath(import.meta.url));
 const outdir = resolve(here, "..", "fsdpviz", "static");
 await mkdir(outdir, { recursive: true });
-await build({
-  entryPoints: [resolve(here, "src", "widget.ts")],
-  outfile: resolve(outdir, "timeline.js"),
+const options = {
   bundle: true,
   format: "esm",
   target: "es2020",
@@ -19,6 +18,16 @@ await build({
   sourcemap: false,
   legalComments: "none",
   logLevel: "info",
+};
+await build({
+  ...options,
+  entryPoints: [resolve(here, "src", "widget.ts")],
+  outfile: resolve(outdir, "timeline.js"),
+});
+await build({
+  ...options,
+  entryPoints: [resolve(here, "src", "standalone.ts")],
+  outfile: resolve(outdir, "standalone.js"),
 });
 await copyFile(resolve(here, "src", "timeline.css"), resolve(outdir, "timeline.css"));
-console.log(`wrote ${outdir}/timeline.js and timeline.css`);
+console.log(`wrote ${outdir}/timeline.js, standalone.js and timeline.css`);

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -127,27 +127,63 @@ def test_demo_writes_loadable_json(tmp_path: Path, capsys: pytest.CaptureFixture
     assert json.loads(path.read_text())["source"] == "prediction"
 
 
-def test_demo_default_path_and_world_size(
+def test_demo_default_path_is_the_html_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, _ = _run(capsys, "demo", "--world-size", "16")
     assert code == 0
-    assert "fsdpviz-demo.json" in out
-    assert fsdpviz.load(str(tmp_path / "fsdpviz-demo.json")).config["world_size"] == 16
+    assert "wrote fsdpviz-demo.html" in out
+    page = (tmp_path / "fsdpviz-demo.html").read_text()
+    assert page.startswith("<!doctype html>")
+    assert "world size 16" in page
+    assert '"fv-explorer"' in page and "fv-timeline" in page
 
 
-@pytest.mark.parametrize("name", ["demo.html", "demo", "demo.json.txt"])
-def test_demo_rejects_non_json_output(
+@pytest.mark.parametrize(
+    ("name", "check"),
+    [
+        ("demo.html", lambda p: p.read_text().startswith("<!doctype html>")),
+        ("demo.svg", lambda p: "layers.0 [unit 1]" in p.read_text()),
+        ("demo.graphml", lambda p: "<graphml" in p.read_text()),
+        ("demo.nodelink.json", lambda p: "edges" in json.loads(p.read_text())),
+        ("DEMO.JSON", lambda p: "traceEvents" in json.loads(p.read_text())),
+    ],
+)
+def test_demo_writes_every_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, check: Callable[[Path], bool]
+) -> None:
+    path = tmp_path / name
+    code, out, err = _run(capsys, "demo", "-o", str(path))
+    assert code == 0, err
+    assert f"wrote {path}" in out
+    assert check(path)
+
+
+@pytest.mark.parametrize("name", ["demo", "demo.json.txt", "demo.csv"])
+def test_demo_rejects_unknown_suffix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     path = tmp_path / name
     code, out, err = _run(capsys, "demo", "-o", str(path))
     assert code == 2
-    assert ".json" in err
-    assert "only output format" in err
+    assert "unknown suffix" in err
+    assert ".html, .json" in err and ".png" in err and ".graphml" in err
     assert not path.exists()
     assert out == ""
+
+
+def test_demo_export_failure_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No Chromium for an image: exit status 1 and how to install one, no traceback."""
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
+    code, _, err = _run(capsys, "demo", "-o", str(tmp_path / "demo.png"))
+    assert code == 1
+    assert err.startswith("error: cannot write")
+    assert "apt-get install -y chromium" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "demo.png").exists()
 
 
 def test_demo_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -362,10 +398,21 @@ def test_report_bad_inputs_factory(models: str, capsys: pytest.CaptureFixture[st
     assert "--inputs" in err and "did you mean 'make_inputs'?" in err
 
 
-def test_report_rejects_non_json(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_rejects_unknown_suffix(models: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "report", f"{models}:build_with_inputs", "-o", "r.csv")
     assert code == 2
-    assert ".json" in err
+    assert "unknown suffix '.csv'" in err and ".html" in err
+
+
+def test_report_writes_html(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        capsys, "report", f"{models}:build_with_inputs", "--policy", "transformer:Block",
+        "-o", "report.html",
+    )  # fmt: skip
+    assert code == 0, err
+    page = Path("report.html").read_text()
+    assert "fsdpviz prediction: FSDP1, 4 units" in page
+    assert "wrote report.html" in out
 
 
 def test_report_bad_choice(models: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -437,4 +484,4 @@ def test_python_dash_m_usage_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("usage: fsdpviz demo")
-    assert ".json" in proc.stderr
+    assert "unknown suffix '.txt'" in proc.stderr

@@ -32,6 +32,11 @@ def test_wheel_contains_the_front_end(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("fsdpviz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"fsdpviz/static/timeline.js", "fsdpviz/static/timeline.css"} <= names
+    assert {
+        "fsdpviz/static/timeline.js",
+        "fsdpviz/static/timeline.css",
+        "fsdpviz/static/standalone.js",
+        "fsdpviz/export/page.css",
+    } <= names
     assert "fsdpviz/widgets/timeline.py" in names
     assert not any(n.startswith("js/") for n in names)

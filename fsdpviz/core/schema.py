@@ -309,6 +309,14 @@ class Report:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
+        """Read :meth:`to_dict`'s output; other keys (a Chrome trace's ``traceEvents``,
+        ``displayTimeUnit``, ``otherData``, as :func:`fsdpviz.export.save` writes) are ignored.
+        """
+        if "ranks" in d and "units" not in d:
+            raise ValueError(
+                f"this holds a recorded run of {len(d['ranks'])} ranks, not one report; "
+                "read it with fsdpviz.load(path) (a RecordedRun)"
+            )
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.core.schema import Event, ModuleEvent, Report, Unit
+from fsdpviz.core.schema import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
 from fsdpviz.record._diverge import Divergence, find_divergence, module_path
 from fsdpviz.record._writer import RankFiles, read_rank, recorded_ranks
 
@@ -104,6 +104,20 @@ class RecordedRun:
                 return report
         have = [r.config.get("rank") for r in self.ranks]
         raise KeyError(f"rank {rank} was not recorded; this run has ranks {have}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every rank's :meth:`Report.to_dict` (``"ranks"``) and the ``"notes"``."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "source": "recorded_run",
+            "ranks": [r.to_dict() for r in self.ranks],
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], path: Path | None = None) -> RecordedRun:
+        """Read what :meth:`to_dict` wrote (also the ``.json`` trace of :meth:`save`)."""
+        return cls([Report.from_dict(r) for r in d["ranks"]], path, list(d.get("notes", [])))
 
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """Write every rank's timeline; see :func:`fsdpviz.export.save`."""

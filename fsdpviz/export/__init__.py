@@ -1,0 +1,26 @@
+"""Write reports and recorded runs to files: HTML, images, Chrome traces, graphs.
+
+:func:`save` picks the format from the suffix (``report.save(path)`` and
+``run.save(path)`` call it): ``.html`` (one self-contained interactive page),
+``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp`` (one figure, through
+kaleido), ``.json`` (a Chrome trace that :func:`fsdpviz.load` reads back),
+``.graphml`` and ``.nodelink.json`` (the unit or module graph). :data:`SUFFIXES`
+lists them. :func:`write_image` writes any plotly figure; :func:`chrome_trace`
+and :func:`html_page` return what ``.json`` and ``.html`` files hold.
+
+Example::
+
+    report = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
+    report.save("report.html")                 # open in any browser, offline
+    report.save("units.pdf", figure="explorer")
+    report.save("trace.json")                  # https://ui.perfetto.dev, or fsdpviz.load
+"""
+
+from __future__ import annotations
+
+from fsdpviz.export._html import html_page
+from fsdpviz.export._image import write_image
+from fsdpviz.export._save import SUFFIXES, save
+from fsdpviz.export._trace import chrome_trace
+
+__all__ = ["SUFFIXES", "chrome_trace", "html_page", "save", "write_image"]

@@ -1,0 +1,253 @@
+"""One self-contained HTML page: summary, explorer, prefetch graph and step-through timeline.
+
+Everything is inlined (plotly.js once, the timeline widget's own bundle, the page
+script ``standalone.js`` built from ``js/src/standalone.ts``, the data), so the
+page works from a file, offline, without a kernel. The timeline widget runs
+against an in-page model; the current step's unit is outlined in the figures and
+a click on a unit there selects it in the timeline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.errors import ExportError
+from fsdpviz.export._sources import (
+    MemoryOption,
+    memory_for,
+    memory_summary,
+    ranks_of,
+    with_module_tree,
+)
+from fsdpviz.views._style import Theme, format_bytes, theme_colors
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from fsdpviz.core.schema import Report
+    from fsdpviz.record import RecordedRun
+
+__all__ = ["html_page"]
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+CSS = Path(__file__).with_name("page.css")
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+
+
+def html_page(
+    obj: Report | RecordedRun,
+    *,
+    theme: Theme = "light",
+    iteration: int | None = -1,
+    memory: MemoryOption = "auto",
+    title: str | None = None,
+) -> str:
+    """The page as a string (see :func:`fsdpviz.export.save` for the options)."""
+    from fsdpviz.views import explorer_figure, module_tree, prefetch_figure, timeline_data
+    from fsdpviz.views.prefetch import prefetch_analysis
+    from fsdpviz.views.tree import node_id
+
+    theme_colors(theme)  # rejects an unknown theme before any work
+    reports, names = ranks_of(obj)
+    base = reports[0]
+    series = memory_for(base, iteration, memory)
+    data = timeline_data(reports, iteration, memory=series, rank_names=names)
+    tree_report = with_module_tree(base)
+    tree = module_tree(tree_report)
+    explorer = explorer_figure(tree_report, theme=theme, tree=tree)
+    # plotly.js draws the icicle's path bar from per-node outline widths as NaN paths
+    # once zoomed in (console errors); a click on the top node zooms out just the same.
+    explorer.update_traces(pathbar={"visible": False})
+    prefetch_iteration = -1 if iteration is None else iteration
+    prefetch = prefetch_figure(base, prefetch_iteration, theme=theme)
+    positions = prefetch_analysis(base, prefetch_iteration).positions
+    config = {
+        "figures": [
+            {"div": "fv-explorer", "figure": _figure_json(explorer)},
+            {"div": "fv-prefetch", "figure": _figure_json(prefetch)},
+        ],
+        "plotConfig": _PLOT_CONFIG,
+        "timeline": data,
+        "theme": theme,
+        "explorer": {
+            "div": "fv-explorer",
+            "ids": [node_id(n.fqn) for n in tree.nodes],
+            "units": [n.unit for n in tree.nodes],
+        },
+        "prefetch": {"div": "fv-prefetch", "positions": positions},
+        "timelineDiv": "fv-timeline",
+        "statusDiv": "fv-status",
+        "widgetScript": "fv-widget-esm",
+    }
+    heading = title or _title(obj, base)
+    return _PAGE.format(
+        title=html.escape(heading),
+        light="false" if theme == "dark" else "true",
+        css=_read(CSS) + _read(STATIC / "timeline.css"),
+        plotly=_plotly_js(),
+        header=_header(obj, reports, heading, iteration),
+        config=_script_json(config),
+        widget=base64.b64encode(_read(STATIC / "timeline.js").encode()).decode(),
+        page_js=_inline_script(_read(STATIC / "standalone.js")),
+        version=html.escape(_version()),
+    )
+
+
+_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="fsdpviz {version}">
+<title>{title}</title>
+<style>
+{css}
+</style>
+<script>{plotly}</script>
+</head>
+<body data-jp-theme-light="{light}">
+{header}
+<section id="fv-timeline-section">
+<h2>Timeline</h2>
+<p class="fv-hint">Step with the buttons, the slider or the arrow keys (click the lanes first);
+the unit of the current event is outlined in the explorer and the prefetch graph below.
+Click a unit there to select it here.</p>
+<div id="fv-status" class="fv-status" aria-live="polite"></div>
+<div id="fv-timeline"></div>
+</section>
+<section class="fv-figures">
+<div><h2>Wrap units</h2><div id="fv-explorer" class="fv-plot"></div></div>
+<div><h2>Prefetch graph</h2><div id="fv-prefetch" class="fv-plot"></div></div>
+</section>
+<footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
+<script type="application/json" id="fv-config">{config}</script>
+<script type="text/plain" id="fv-widget-esm">{widget}</script>
+<script type="module">{page_js}</script>
+</body>
+</html>
+"""
+
+
+def _read(path: Path) -> str:
+    if not path.exists():
+        raise ExportError(
+            f"{path} is missing: the front end was not built. Build it with "
+            "`npm --prefix js ci && npm --prefix js run build` from a source checkout, or "
+            "reinstall fsdpviz from a wheel"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return _inline_script(get_plotlyjs())
+
+
+def _inline_script(source: str) -> str:
+    if "</script" in source.lower():
+        raise ExportError("a script to inline contains '</script'; it cannot be embedded")
+    return source
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside <script>: '<', '>' and '&' escaped (only strings can hold them)."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _figure_json(fig: go.Figure) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(fig.to_json())
+    return {"data": data.get("data", []), "layout": data.get("layout", {})}
+
+
+def _version() -> str:
+    from fsdpviz import __version__
+
+    return __version__
+
+
+def _title(obj: Report | RecordedRun, base: Report) -> str:
+    api = base.config.get("api") or "FSDP"
+    ws = base.config.get("world_size")
+    if obj is base:
+        what = "prediction" if base.source == "prediction" else "recording"
+        return f"fsdpviz {what}: {api}, {len(base.units)} units, world size {ws}"
+    return f"fsdpviz recording: {api}, {len(base.units)} units, world size {ws}"
+
+
+def _header(
+    obj: Report | RecordedRun, reports: list[Report], heading: str, iteration: int | None
+) -> str:
+    base = reports[0]
+    rows: list[tuple[str, str]] = []
+    if obj is base:
+        rows.append(("source", base.source))
+    else:
+        rows.append(("source", f"recording of {len(reports)} ranks"))
+    full = sum(u.bytes for u in base.units)
+    per_rank = sum(u.sharded_bytes for u in base.units)
+    rows.append(("wrap units", f"{len(base.units)}"))
+    rows.append(("parameters", f"{format_bytes(full)} in all, {format_bytes(per_rank)} per rank"))
+    peak = memory_summary(base)
+    if peak is not None:
+        rows.append(
+            (
+                "peak memory per rank",
+                f"{format_bytes(peak['bytes'])} (modelled) {peak['where']}; "
+                f"dominated by {peak['dominant']}",
+            )
+        )
+    if base.source == "prediction":
+        rows.append(("step time (modelled)", _step_time(base)))
+    rows.append(("events", _event_counts(reports, iteration)))
+    notes = [f"[{w.code}] {w.message.splitlines()[0]}" for w in base.warnings]
+    div = getattr(obj, "divergence", None)
+    if callable(div):
+        d = div()
+        if d is None:
+            rows.append(("ranks", "all agree"))
+        else:
+            rows.append(("ranks", str(d).splitlines()[0].rstrip(":") + " (below)"))
+            notes.append(str(d))
+        notes += list(getattr(obj, "notes", []))
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
+    warn = ""
+    if notes:
+        warn = (
+            '<ul class="fv-warnings" aria-label="warnings">'
+            + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+            + "</ul>"
+        )
+    return (
+        f'<header><h1>{html.escape(heading)}</h1><dl class="fv-summary">{items}</dl>{warn}</header>'
+    )
+
+
+def _step_time(report: Report) -> str:
+    try:
+        return report.timeline.summary()
+    except (ValueError, KeyError, IndexError) as exc:
+        return f"not modelled ({exc})"
+
+
+def _event_counts(reports: list[Report], iteration: int | None) -> str:
+    base = reports[0]
+    n = len(base.iterations)
+    its = range(n) if iteration is None else [iteration % n] if n else []
+    counts: dict[str, int] = {}
+    for i in its:
+        for e in base.iterations[i]:
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+    text = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
+    if iteration is None:
+        shown = f"all {n} iterations"
+    elif base.source == "prediction":
+        shown = "first iteration" if iteration % n == 0 else "steady state"
+    else:
+        shown = f"iteration {iteration % n} of {n}"
+    return f"{text} ({shown}{', first rank' if len(reports) > 1 else ''}; shown in the timeline)"

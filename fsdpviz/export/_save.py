@@ -1,0 +1,135 @@
+"""``save``: one entry point, the format named by the path's suffix."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
+
+if TYPE_CHECKING:
+    from fsdpviz.core.schema import Report
+    from fsdpviz.record import RecordedRun
+
+__all__ = ["SUFFIXES", "save"]
+
+NODE_LINK = ".nodelink.json"
+SUFFIXES: dict[str, str] = {
+    ".html": "interactive page: summary, explorer, prefetch graph, timeline (self-contained)",
+    ".json": "Chrome trace (Perfetto, chrome://tracing) that fsdpviz.load reads back",
+    NODE_LINK: "the unit or module graph as networkx node-link JSON",
+    ".graphml": "the unit or module graph as GraphML",
+    **{s: f"one figure as {f.upper()} (kaleido)" for s, f in IMAGE_FORMATS.items()},
+}
+"""Every suffix :func:`save` writes, with what it writes."""
+
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "html": ("theme", "iteration", "memory", "title"),
+    "image": ("figure", "theme", "iteration", "memory", "width", "height", "scale"),
+    "json": ("iteration", "machine", "indent"),
+    "graph": ("graph", "iteration"),
+}
+
+
+def suffix_of(path: str | Path) -> str:
+    """The suffix :func:`save` dispatches on (``.nodelink.json`` counts as one), lower case."""
+    name = Path(path).name.lower()
+    if name.endswith(NODE_LINK):
+        return NODE_LINK
+    return Path(name).suffix
+
+
+def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
+    """Write ``obj`` (a :class:`~fsdpviz.Report` or :class:`~fsdpviz.RecordedRun`) to ``path``.
+
+    The format follows the suffix (case-insensitive):
+
+    - ``.html``: one self-contained page (plotly.js and the timeline inlined; no kernel,
+      no network): summary, wrap-unit explorer, prefetch graph and the step-through
+      timeline, linked. Options: ``theme`` (``"light"`` | ``"dark"``), ``iteration``
+      (default ``-1``, the steady state; ``None`` for all), ``memory`` (``"auto"``: the
+      memory model; ``None``: no curve; or bytes per event, or ``report -> bytes``),
+      ``title``.
+    - ``.png``, ``.svg``, ``.pdf``, ``.jpeg``/``.jpg``, ``.webp``: one figure through
+      kaleido (needs Chromium). Options: ``figure`` (``"explorer"`` (default),
+      ``"prefetch"``, ``"timeline"``), ``width``, ``height``, ``scale``, ``theme``,
+      ``iteration``, ``memory``.
+    - ``.json``: a Chrome trace (Trace Event Format) holding the report too, so that
+      Perfetto opens it and :func:`fsdpviz.load` reads it back. Options: ``iteration``
+      (default ``None``, all), ``machine`` (times a prediction; default ``"h100"``),
+      ``indent``.
+    - ``.graphml`` and ``.nodelink.json``: the unit graph (``graph="unit"``, default) or
+      the module tree (``graph="module"``); ``iteration`` picks the unit graph's.
+
+    A recorded run's ``.html``, timeline image and ``.json`` show every rank.
+    Returns the path written.
+
+    Example::
+
+        report.save("report.html", theme="dark")
+        report.save("units.svg", figure="explorer")
+        run.save("run.json")                     # open in https://ui.perfetto.dev
+    """
+    p = Path(path)
+    suffix = suffix_of(p)
+    if suffix == ".html":
+        from fsdpviz.export._html import html_page
+
+        _check("html", suffix, options)
+        text = html_page(obj, **options)
+        p.write_text(text, encoding="utf-8")
+        return p
+    if suffix in IMAGE_FORMATS:
+        from fsdpviz.export._image import figure, write_image
+
+        _check("image", suffix, options)
+        name = options.pop("figure", "explorer")
+        if name not in FIGURES:
+            raise ConfigError(f"figure={name!r} is not one of {', '.join(map(repr, FIGURES))}")
+        size = {k: options.pop(k) for k in ("width", "height", "scale") if k in options}
+        return write_image(figure(obj, name, **options), p, **size)
+    if suffix == ".json":
+        from fsdpviz.export._trace import chrome_trace
+
+        _check("json", suffix, options)
+        indent = options.pop("indent", None)
+        text = json.dumps(chrome_trace(obj, **options), indent=indent, allow_nan=False)
+        p.write_text(text + "\n", encoding="utf-8")
+        return p
+    if suffix in (".graphml", NODE_LINK):
+        _check("graph", suffix, options)
+        return _write_graph(obj, p, **options)
+    known = "\n".join(f"  {s:<15} {what}" for s, what in SUFFIXES.items())
+    raise ConfigError(
+        f"cannot save to {str(p)!r}: unknown suffix {suffix or '(none)'!r}. Use one of:\n{known}"
+    )
+
+
+def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
+    allowed = _OPTIONS[kind]
+    for key in options:
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(
+                f"unknown option {key!r} for {suffix} files{tip} (options: {', '.join(allowed)})"
+            )
+
+
+def _write_graph(
+    obj: Report | RecordedRun, p: Path, *, graph: str = "unit", iteration: int = -1
+) -> Path:
+    from fsdpviz.export._sources import ranks_of, with_module_tree
+    from fsdpviz.graphs import module_graph, unit_graph, write_graph
+
+    report = ranks_of(obj)[0][0]
+    if graph == "unit":
+        g = unit_graph(report, iteration)
+    elif graph == "module":
+        g = module_graph(with_module_tree(report))
+    else:
+        raise ConfigError(f"graph={graph!r} is not valid; use 'unit' or 'module'")
+    return write_graph(g, p)  # a .nodelink.json path ends in .json: node-link JSON

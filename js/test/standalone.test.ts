@@ -1,0 +1,180 @@
+// @vitest-environment jsdom
+// The standalone HTML page: the in-page model, and the links between the timeline
+// widget and the plotly figures (plotly replaced by a recorder of restyle calls).
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { AnyModel } from "@anywidget/types";
+import {
+  Linker,
+  PageModel,
+  type PageConfig,
+  explorerUnit,
+  explorerWidths,
+  initialState,
+  nextStepOfUnit,
+  prefetchUnit,
+  unitOfStep,
+} from "../src/standalone";
+import widget, { type WidgetModel } from "../src/widget";
+import { sample } from "./fixtures";
+
+type ClickHandler = (ev: { points?: unknown[] }) => void;
+
+/** A plotly graph div: `data` with trace names, `on` for plotly_click. */
+function plotDiv(id: string, names: string[]): HTMLElement & { click_: (p: unknown) => void } {
+  const el = document.createElement("div") as unknown as HTMLElement & {
+    data: Array<{ name: string }>;
+    on: (e: string, cb: ClickHandler) => void;
+    click_: (p: unknown) => void;
+  };
+  el.id = id;
+  el.data = names.map((name) => ({ name }));
+  const handlers: ClickHandler[] = [];
+  el.on = (e, cb) => {
+    if (e === "plotly_click") handlers.push(cb);
+  };
+  el.click_ = (p) => handlers.forEach((h) => h({ points: [p] }));
+  document.body.appendChild(el);
+  return el;
+}
+
+function config(): PageConfig {
+  return {
+    figures: [],
+    plotConfig: {},
+    timeline: sample(),
+    theme: "light",
+    explorer: {
+      div: "ex",
+      ids: ["<root>", "b", "b.fc", "c"],
+      units: ["", "b", "b", null],
+    },
+    prefetch: { div: "pf", positions: { "": 0, b: 1 } },
+    timelineDiv: "tl",
+    statusDiv: "status",
+    widgetScript: "esm",
+  };
+}
+
+function setup() {
+  const cfg = config();
+  const explorer = plotDiv("ex", ["modules"]);
+  const prefetch = plotDiv("pf", ["forward order", "units", "current", "selected"]);
+  const status = document.createElement("div");
+  status.id = "status";
+  const tl = document.createElement("div");
+  tl.id = "tl";
+  document.body.append(status, tl);
+  const calls: Array<{ id: string; update: Record<string, unknown>; traces?: number[] }> = [];
+  const plotly = { newPlot: () => undefined, restyle: (gd: HTMLElement, update: Record<string, unknown>, traces?: number[]) => calls.push({ id: gd.id, update, traces }) };
+  const model = new PageModel<WidgetModel>(initialState(cfg));
+  const render = (widget as { render: (p: unknown) => () => void }).render;
+  render({ model: model as unknown as AnyModel<WidgetModel>, el: tl });
+  new Linker(cfg, model, plotly, document).start();
+  return { cfg, model, calls, explorer, prefetch, status, tl };
+}
+
+const lastRestyle = (calls: ReturnType<typeof setup>["calls"], id: string, trace: number) =>
+  [...calls].reverse().find((c) => c.id === id && c.traces?.[0] === trace);
+
+beforeEach(() => {
+  vi.stubGlobal("ResizeObserver", class { observe(): void {} disconnect(): void {} });
+  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockReturnValue(null);
+});
+
+afterEach(() => {
+  vi.unstubAllGlobals();
+  vi.restoreAllMocks();
+  document.body.innerHTML = "";
+});
+
+describe("PageModel", () => {
+  it("implements get/set/on/off/save_changes/send; emits only real changes", () => {
+    const model = new PageModel({ step: 0, unit: null as string | null });
+    const seen: unknown[] = [];
+    const onStep = (v: unknown) => seen.push(v);
+    model.on("change:step", onStep);
+    model.on("change", (k: unknown) => seen.push(`any:${String(k)}`));
+    model.set("step", 3);
+    model.set("step", 3);
+    expect(model.get("step")).toBe(3);
+    expect(seen).toEqual([3, "any:step"]);
+    model.save_changes();
+    model.send({ event: "ping" });
+    expect(model.sent).toEqual([{ event: "ping" }]);
+    model.off("change:step", onStep);
+    model.set("step", 4);
+    expect(seen).toEqual([3, "any:step", "any:step"]);
+    model.off();
+    expect(model.listeners()).toBe(0);
+  });
+});
+
+describe("pure helpers", () => {
+  it("outlines one unit's explorer nodes", () => {
+    expect(explorerWidths(["", "b", "b", null], "b")).toEqual([0.5, 3, 3, 0.5]);
+    expect(explorerWidths(["", null], null)).toEqual([0.5, 0.5]);
+  });
+
+  it("finds the unit of a step and the next step of a unit, wrapping around", () => {
+    const data = sample();
+    expect(unitOfStep(data, 1)).toBe("b");
+    expect(unitOfStep({ ...data, n_steps: 0 }, 0)).toBeNull();
+    expect(nextStepOfUnit(data, "b", 1)).toBe(3);
+    expect(nextStepOfUnit(data, "", 4)).toBe(0);
+    expect(nextStepOfUnit(data, "nope", 0)).toBe(-1);
+  });
+
+  it("maps plotly click points to units", () => {
+    const cfg = config();
+    const ex = cfg.explorer as NonNullable<PageConfig["explorer"]>;
+    const pf = cfg.prefetch as NonNullable<PageConfig["prefetch"]>;
+    expect(explorerUnit(ex, { id: "b.fc" })).toBe("b");
+    expect(explorerUnit(ex, { pointNumber: 0 })).toBe("");
+    expect(explorerUnit(ex, { id: "c" })).toBeNull();
+    expect(prefetchUnit(pf, { customdata: "b" })).toBe("b");
+    expect(prefetchUnit(pf, { customdata: ["x"] })).toBeNull();
+  });
+});
+
+describe("linked page", () => {
+  it("outlines the first event's unit at start and follows the step buttons", () => {
+    const { calls, status, tl } = setup();
+    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({ "marker.line.width": [[3, 0.5, 0.5, 0.5]] });
+    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[0]], y: [[0]] });
+    expect(status.textContent).toContain("step 1/6");
+    expect(document.body.dataset.fvCurrentUnit).toBe("");
+    const forward = [...tl.querySelectorAll("button")].find((b) => b.title.startsWith("step forward"));
+    forward?.click();
+    expect(status.textContent).toContain("step 2/6");
+    expect(status.textContent).toContain("outlined in the figures: unit 'b'");
+    expect(document.body.dataset.fvCurrentUnit).toBe("b");
+    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({ "marker.line.width": [[0.5, 3, 3, 0.5]] });
+    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[1]], y: [[0]] });
+  });
+
+  it("follows the widget's slider", () => {
+    const { status, tl } = setup();
+    const slider = tl.querySelector(".fv-slider") as HTMLInputElement;
+    slider.value = "4";
+    slider.dispatchEvent(new Event("input"));
+    expect(status.textContent).toContain("step 5/6");
+    expect(document.body.dataset.fvStep).toBe("4");
+  });
+
+  it("a click on a unit in either figure selects it in the timeline", () => {
+    const { model, calls, explorer, prefetch, tl } = setup();
+    explorer.click_({ id: "b" });
+    expect(model.get("selected_unit")).toBe("b");
+    expect(model.get("step")).toBe(1); // the next event of 'b'
+    expect(tl.querySelector(".fv-info")?.textContent).toContain("step 2/6");
+    expect(lastRestyle(calls, "pf", 3)?.update).toEqual({ x: [[1]], y: [[0]] });
+    explorer.click_({ id: "b.fc" });
+    expect(model.get("step")).toBe(3);
+    prefetch.click_({ customdata: "" });
+    expect(model.get("selected_unit")).toBe("");
+    expect(model.get("step")).toBe(4);
+    expect(document.body.dataset.fvSelectedUnit).toBe("");
+    explorer.click_({ id: "c" }); // not managed by FSDP: nothing to select
+    expect(model.get("selected_unit")).toBe("");
+  });
+});

@@ -1,0 +1,244 @@
+"""The saved HTML page in a real browser (headless Chromium through Playwright), offline.
+
+Every request other than the file itself is blocked and recorded: the page must
+need none. It must draw the three views, step through the timeline with the
+widget's buttons and slider (the current event's text and the unit outlined in
+the explorer and prefetch graph follow), and select a unit clicked in a figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export_models import recorded_run
+from views_models import analyze_tiny
+
+from fsdpviz import Report
+from fsdpviz.views import timeline_data
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
+
+
+def _chromium() -> str:
+    found = os.environ.get("BROWSER_PATH") or next(
+        filter(None, (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome"))),
+        None,
+    )
+    if not found:
+        pytest.fail(
+            "no Chromium to run the page in: `apt-get install -y chromium` (make test does), "
+            "or set BROWSER_PATH=/path/to/chromium",
+            pytrace=False,
+        )
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail('playwright is not installed: pip install -e ".[test]"', pytrace=False)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@dataclass
+class Page:
+    page: Any
+    console: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+
+    def status(self) -> str:
+        return str(self.page.inner_text("#fv-status"))
+
+    def info(self) -> str:
+        return str(self.page.inner_text(".fv-info"))
+
+    def body(self, key: str) -> str:
+        return str(self.page.get_attribute("body", f"data-fv-{key}"))
+
+    def js(self, expression: str) -> Any:
+        return self.page.evaluate(expression)
+
+    def shot(self, name: str) -> None:
+        if SCREENSHOTS:
+            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"))
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Any]:
+    pages: list[Any] = []
+
+    def open_(path: Path) -> Page:
+        page = browser.new_page(viewport={"width": 1300, "height": 1500})
+        pages.append(page)
+        out = Page(page)
+        page.on("console", lambda m: out.console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: out.console.append(f"pageerror: {e}"))
+
+        def route(r: Any) -> None:
+            url = r.request.url
+            if url.startswith(("file:", "data:", "blob:")):
+                r.continue_()
+            else:
+                out.blocked.append(url)
+                r.abort()
+
+        page.route("**/*", route)
+        page.goto(path.resolve().as_uri())
+        page.wait_for_selector("body[data-fv-ready=true]", timeout=30_000)
+        return out
+
+    yield open_
+    for page in pages:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return analyze_tiny()
+
+
+def _outlined(p: Page) -> list[str]:
+    """Explorer node ids drawn with the thick outline (the current unit's modules)."""
+    return list(
+        p.js(
+            """() => { const t = document.getElementById('fv-explorer').data[0];
+                 return t.ids.filter((_, i) => t.marker.line.width[i] === 3); }"""
+        )
+    )
+
+
+def _ring(p: Page, name: str) -> list[float]:
+    return list(
+        p.js(
+            f"""() => [...(document.getElementById('fv-prefetch').data
+                    .find(t => t.name === '{name}').x || [])]"""
+        )
+    )
+
+
+def _views_drawn(p: Page, slices: int = 10) -> None:
+    assert p.js("() => document.querySelectorAll('#fv-explorer g.slice').length") >= slices
+    labels = p.js("() => document.getElementById('fv-explorer').textContent")
+    assert "blocks.1 [unit 2]" in labels
+    assert p.js("() => document.querySelectorAll('#fv-prefetch .scatterlayer .trace').length") > 4
+    assert "units in forward order" in p.js(
+        "() => document.getElementById('fv-prefetch').textContent"
+    )
+    painted = p.js(
+        """() => { const c = document.querySelector('#fv-timeline canvas');
+             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+             let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }"""
+    )
+    assert painted > 5000
+
+
+def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open_page: Any) -> None:
+    p = open_page(report.save(tmp_path / "report.html"))
+    data = timeline_data(report)
+    units = [data["units"][u] for u in data["steps"]["unit"]]
+    _views_drawn(p)
+    p.shot("light-start")
+    assert p.body("step") == "0" and p.body("current-unit") == units[0] == ""
+    assert p.info().startswith(f"step 1/{data['n_steps']} · all_gather '' ")
+    assert "outlined in the figures: unit ''" in p.status()
+    assert "<root>" in _outlined(p)
+    assert _ring(p, "current") == [0]
+
+    p.page.click("button[title^='step forward']")
+    p.page.wait_for_function("document.body.dataset.fvStep === '1'")
+    assert p.info().startswith(f"step 2/{data['n_steps']} · all_gather 'blocks.0' ")
+    assert p.status().startswith("step 2/")
+    assert p.body("current-unit") == units[1] == "blocks.0"
+    assert set(_outlined(p)) == {"blocks.0", "blocks.0.norm", "blocks.0.fc"}
+    assert _ring(p, "current") == [1]
+    p.shot("light-step-1")
+
+    slider = p.page.locator(".fv-slider")
+    slider.focus()
+    p.page.keyboard.press("End")
+    last = data["n_steps"] - 1
+    p.page.wait_for_function(f"document.body.dataset.fvStep === '{last}'")
+    assert p.info().startswith(f"step {last + 1}/{data['n_steps']}")
+    assert p.body("current-unit") == units[last] == ""
+    assert "<root>" in _outlined(p) and "blocks.0" not in _outlined(p)
+
+    p.page.click("button[title^='play']")
+    p.page.wait_for_function("document.body.dataset.fvStep !== '" + str(last) + "'")
+    p.page.click("button[title^='play']")
+
+    assert p.console == [] and p.blocked == []
+
+
+def test_click_on_a_unit_selects_it_in_the_timeline(
+    report: Report, tmp_path: Path, open_page: Any
+) -> None:
+    p = open_page(report.save(tmp_path / "report.html"))
+    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2]").first.click()
+    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.1'")
+    assert p.body("current-unit") == "blocks.1"
+    assert "all_gather 'blocks.1'" in p.info()
+    assert "selected: 'blocks.1'" in p.status()
+    assert _ring(p, "selected") == [2]
+    assert p.js("() => window.fsdpvizModel.get('selected_unit')") == "blocks.1"
+    p.page.wait_for_function(  # plotly's own zoom into the clicked unit
+        "document.getElementById('fv-explorer')._fullData[0].level === 'blocks.1'"
+    )
+
+    # the prefetch graph's node of 'blocks.2' (x = 3 on its axis)
+    p.page.locator("#fv-prefetch").scroll_into_view_if_needed()
+    x, y = p.js(
+        """() => { const gd = document.getElementById('fv-prefetch'), L = gd._fullLayout;
+             const r = gd.getBoundingClientRect();
+             return [r.left + L._size.l + L.xaxis.l2p(3), r.top + L._size.t + L.yaxis.l2p(0)]; }"""
+    )
+    p.page.mouse.move(x - 5, y)
+    p.page.mouse.click(x, y)
+    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.2'")
+    assert _ring(p, "selected") == [3]
+    assert "'blocks.2'" in p.info()
+    p.shot("light-selected")
+    assert p.console == [] and p.blocked == []
+
+
+def test_dark_page(report: Report, tmp_path: Path, open_page: Any) -> None:
+    p = open_page(report.save(tmp_path / "dark.html", theme="dark", iteration=None))
+    _views_drawn(p)
+    assert p.js("() => getComputedStyle(document.body).backgroundColor") == "rgb(17, 17, 17)"
+    assert p.js("() => window.fsdpvizModel.get('theme')") == "dark"
+    n = sum(len(it) for it in report.iterations)
+    assert p.info().startswith(f"step 1/{n} ")
+    p.shot("dark")
+    assert p.console == [] and p.blocked == []
+
+
+def test_recorded_run_shows_every_rank(tmp_path: Path, open_page: Any) -> None:
+    run = recorded_run()
+    p = open_page(run.save(tmp_path / "run.html"))
+    _views_drawn(p, slices=4)  # a recording has no module tree: one node per unit
+    height = p.js("() => document.querySelector('#fv-timeline canvas').clientHeight")
+    assert height > 2 * 3 * 22  # two ranks of three lanes
+    p.page.click("button[title^='step forward']")
+    p.page.wait_for_function("document.body.dataset.fvStep === '1'")
+    assert "rank 1" in p.info() and "t = " in p.info()
+    p.shot("run")
+    assert p.console == [] and p.blocked == []
