@@ -109,3 +109,10 @@ def test_unknown_unit_in_events_raises(report: Report) -> None:
     bad = dataclasses.replace(report, iterations=[report.iterations[0], events])
     with pytest.raises(ValueError, match="'nope'"):
         prefetch_figure(bad)
+
+
+def test_recording_title_names_the_source(report: Report) -> None:
+    """A recording's config carries no prefetch options: the title says it was recorded."""
+    recorded = dataclasses.replace(report, source="recording", config={"api": "FSDP1"})
+    title = prefetch_figure(recorded).layout.title.text
+    assert "recorded (FSDP1)" in title and "None" not in title

@@ -120,6 +120,9 @@ def explorer_figure(
         "name": "modules",
         "sort": False,
         "maxdepth": 6,
+        # plotly.js draws the path bar with NaN coordinates after a zoom when nodes have
+        # their own outline widths (the highlighted unit); clicking the top node zooms out.
+        "pathbar": {"visible": False},
     }
     if kind == "icicle":
         trace.update(tiling={"orientation": "v"}, leaf={"opacity": 1.0})

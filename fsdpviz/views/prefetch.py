@@ -305,6 +305,8 @@ def _layout(
             for v in (cfg.get(k) or {}).values()
         )
         setting = f"FSDP2, implicit prefetch + {explicit} explicit targets"
+    elif "forward_prefetch" not in cfg and "backward_prefetch" not in cfg:
+        setting = f"recorded ({cfg.get('api') or 'FSDP'})"  # a recording's config has no options
     else:
         setting = (
             f"forward_prefetch={cfg.get('forward_prefetch')}, "
