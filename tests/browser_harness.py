@@ -1,0 +1,325 @@
+"""A private JupyterLab server and a headless Chromium, for the browser tests.
+
+``jupyterlab_server(root)`` starts ``jupyter lab`` on a free port with everything in
+``root``'s sibling folders (config, runtime, data, settings, workspaces, IPython), so nothing
+of the user's environment is read and nothing is written outside the test's tmp dir. Its
+only kernel, ``python3``, is the Python running the tests (``sys.executable``).
+
+``chromium_executable()`` finds the system Chromium that Playwright drives (no browser
+download); both fail with how to install what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+_CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+_INSTALL_TEST = 'pip install -e ".[test]" (make test does)'
+
+# Lab settings: every cell attached to the DOM (no windowing), no news or update checks.
+_LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+
+
+def require_browser_stack() -> None:
+    """Fail (not skip) with an install hint when jupyterlab, playwright or ipykernel is missing."""
+    missing = [m for m in ("jupyterlab", "playwright", "ipykernel") if not _importable(m)]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: {_INSTALL_TEST}", pytrace=False)
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def chromium_executable() -> str:
+    """The system Chromium (``$FSDPVIZ_CHROMIUM`` first); fails with how to install it."""
+    candidates = [os.environ.get("FSDPVIZ_CHROMIUM", ""), *_CHROMIUM_NAMES]
+    for name in candidates:
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    pytest.fail(
+        "Chromium not found: install it with `make system` (apt-get install chromium) "
+        "or point FSDPVIZ_CHROMIUM at a Chromium/Chrome binary",
+        pytrace=False,
+    )
+
+
+@dataclass
+class LabServer:
+    url: str  # ends with "/"
+    root: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def api(self, path: str, method: str = "GET") -> object:
+        request = urllib.request.Request(self.url + path.lstrip("/"), method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def wait_for_kernel_connection(self, timeout: float) -> None:
+        """Until a browser is connected to a kernel (a websocket) and that kernel is idle."""
+        deadline = time.monotonic() + timeout
+        kernels: object = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+                kernels = self.api("api/kernels")
+            assert isinstance(kernels, list)
+            if any(k["connections"] > 0 and k["execution_state"] == "idle" for k in kernels):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(
+            f"no kernel connected and idle in {timeout:.0f} s: {kernels}\n{self.log_tail()}"
+        )
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _write_kernelspec(data_dir: Path) -> None:
+    spec = data_dir / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (ipykernel)",
+                "language": "python",
+                "metadata": {"debugger": False},
+            }
+        )
+    )
+
+
+def _write_settings(settings_dir: Path) -> None:
+    for plugin, values in _LAB_SETTINGS.items():
+        path = settings_dir / f"{plugin.replace(':', '/')}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+@contextlib.contextmanager
+def jupyterlab_server(root: Path, *, start_timeout: float = 90.0) -> Iterator[LabServer]:
+    """``jupyter lab`` serving ``root``; shut down (kernels included) on exit, even on failure."""
+    home = root.parent / f"{root.name}-jupyter"
+    dirs = {
+        name: home / name
+        for name in ("config", "runtime", "data", "settings", "workspaces", "ipython")
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    _write_kernelspec(dirs["data"])
+    _write_settings(dirs["settings"])
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+        "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTER_DATA_DIR": str(dirs["data"]),
+        "JUPYTER_PATH": str(dirs["data"]),  # searched first: our python3 kernelspec wins
+        "JUPYTER_CONFIG_PATH": str(dirs["config"]),
+        "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+        "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
+        "IPYTHONDIR": str(dirs["ipython"]),
+        "JUPYTER_PLATFORM_DIRS": "0",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    }
+    env.pop("JUPYTER_PREFER_ENV_PATH", None)
+    port = _free_port()
+    log = home / "jupyterlab.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        "--ServerApp.disable_check_xsrf=True",
+        "--allow-root",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.user_settings_dir={dirs['settings']}",
+        f"--LabApp.workspaces_dir={dirs['workspaces']}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--KernelSpecManager.ensure_native_kernel=False",
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = LabServer(f"http://127.0.0.1:{port}/", root, process, log)
+    try:
+        _wait_until_up(server, start_timeout)
+        yield server
+    finally:
+        _shut_down(server)
+
+
+def _wait_until_up(server: LabServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"jupyter lab exited with {server.process.returncode}:\n{server.log_tail()}"
+            )
+        try:
+            server.api("api/status")
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    raise TimeoutError(f"jupyter lab did not answer in {timeout:.0f} s:\n{server.log_tail()}")
+
+
+def _shut_down(server: LabServer) -> None:
+    """Ask the server to stop (it shuts its kernels down), then make sure all have."""
+    children = _descendants(server.process.pid)
+    if server.process.poll() is None:
+        with contextlib.suppress(Exception):
+            server.api("api/shutdown", method="POST")
+        try:
+            server.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=10)
+    for pid, started in children:  # kernels run in sessions of their own
+        if _started(pid) == started:  # still that process, not a new one with its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name ([] when gone or not Linux)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _started(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
+def _descendants(pid: int) -> list[tuple[int, str | None]]:
+    """``(pid, start time)`` of the processes ``pid`` started, and theirs (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(entry.name))
+        if len(fields) > 1:
+            parents[int(entry.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [c for c, p in parents.items() if p in frontier]
+        found += frontier
+    return [(c, _started(c)) for c in found]
+
+
+class KernelTraffic:
+    """The widget messages a page sent to its kernel, and which of them the kernel answered.
+
+    ipywidgets keeps at most one update per widget in flight and merges the ones made in the
+    meantime (the last value of a trait wins), so a test that must not have an event merged
+    away waits here first. Reads the kernel websocket (JSON or the v1 binary protocol).
+    """
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.sent = 0
+        self.pending: set[str] = set()
+        self._last = time.monotonic()
+        page.on("websocket", self._on_websocket)
+
+    def _on_websocket(self, ws: Any) -> None:
+        if "/api/kernels/" in ws.url:
+            ws.on("framesent", self._on_sent)
+            ws.on("framereceived", self._on_received)
+
+    def _on_sent(self, payload: str | bytes) -> None:
+        msg = _decode(payload)
+        if msg is not None and msg["header"].get("msg_type") == "comm_msg":
+            self.sent += 1
+            self.pending.add(msg["header"]["msg_id"])
+            self._last = time.monotonic()
+
+    def _on_received(self, payload: str | bytes) -> None:
+        msg = _decode(payload)
+        if (
+            msg is not None
+            and msg["header"].get("msg_type") == "status"
+            and msg["content"].get("execution_state") == "idle"
+            and msg["parent_header"].get("msg_id") in self.pending
+        ):
+            self.pending.discard(msg["parent_header"]["msg_id"])
+            self._last = time.monotonic()
+
+    def wait_until_answered(self, *, after: int, timeout: float = 20.0, quiet: float = 0.2) -> None:
+        """Until more than ``after`` messages were sent, all answered, none for ``quiet`` s."""
+        deadline = time.monotonic() + timeout
+        while not (
+            self.sent > after and not self.pending and time.monotonic() - self._last >= quiet
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"widget messages unanswered after {timeout:.0f} s "
+                    f"(sent {self.sent}, waiting for {len(self.pending)})"
+                )
+            self.page.wait_for_timeout(20)  # lets Playwright deliver the websocket events
+
+
+def _decode(payload: str | bytes) -> dict[str, Any] | None:
+    """A kernel message from a websocket frame: JSON, or v1 binary (offsets, then parts)."""
+    try:
+        if isinstance(payload, str):
+            msg: dict[str, Any] = json.loads(payload)
+            return msg if "header" in msg else None
+        data = bytes(payload)
+        n = int.from_bytes(data[:8], "little")
+        offsets = [int.from_bytes(data[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)]
+        parts = [data[a:b] for a, b in zip(offsets, [*offsets[1:], len(data)], strict=True)]
+        keys = ("header", "parent_header", "metadata", "content")
+        msg = {"channel": parts[0].decode()}
+        msg.update({k: json.loads(v) for k, v in zip(keys, parts[1:5], strict=True)})
+        return msg
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,390 @@
+"""The quick-start notebook in real JupyterLab, driven through headless Chromium as a person would.
+
+One JupyterLab server and one browser page for the module: the notebook is opened and run
+with Run → Run All Cells, then each test looks at the page, clicks, and asks the kernel for
+the widgets' Python state through a cell it adds and runs in the UI.
+
+Screenshots go to pytest's tmp dir and to ``tests/artifacts/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from browser_harness import (
+    CHROMIUM_ARGS,
+    KernelTraffic,
+    LabServer,
+    chromium_executable,
+    jupyterlab_server,
+    require_browser_stack,
+)
+
+from fsdpviz.widgets.timeline import STATIC
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+NOTEBOOK = "quickstart.ipynb"
+
+KERNEL_START_MS = 60_000
+RUN_ALL_MS = 180_000
+CELL_MS = 60_000
+UI_MS = 20_000
+
+# Error outputs render as stderr (JupyterLab has no renderer of its own for them).
+_STDERR = "application/vnd.jupyter.stderr"
+_ERROR_LINE = re.compile(r"^\w*(Error|Exception)\b.*:", re.MULTILINE)
+
+# What the kernel reports about the dashboard `view` (one JSON line).
+_STATE_CELL = (
+    "import json as _json, os as _os, sys as _sys\n"
+    "print(_json.dumps({'selected_unit': view.selected_unit, "
+    "'explorer_selected_unit': view.explorer.selected_unit, "
+    "'selected_module': view.explorer.selected_module, "
+    "'timeline_selected_unit': view.timeline.selected_unit, "
+    "'step': view.timeline.step, 'theme': view.timeline.theme, "
+    "'error': view.timeline.error, "
+    "'last_error': repr(view.errors.last_error or view.explorer.errors.last_error), "
+    "'executable': _sys.executable, 'pid': _os.getpid()}))"
+)
+
+# plotly.js draws NaN paths during an icicle's zoom transition when marker.line.width is an
+# array (the explorer outlines the current unit that way); the end state is drawn right.
+_TOLERATED = re.compile(r'^Error: <path> attribute d: Expected number, ".*NaN')
+
+pytestmark = pytest.mark.skipif(
+    not (STATIC / "timeline.js").exists(),
+    reason="front end not built: run `make js` (make test does)",
+)
+
+
+@dataclass
+class Session:
+    """The page with the run notebook, and what the browser reported so far."""
+
+    lab: LabServer
+    page: Any  # playwright.sync_api.Page
+    shots: Path
+    traffic: KernelTraffic
+    errors: list[str] = field(default_factory=list)
+
+    def dashboard(self) -> Any:
+        """The output of the cell that shows the dashboard (the one with the timeline)."""
+        return self.page.locator(".jp-CodeCell").filter(has=self.page.locator(".fsdpviz-timeline"))
+
+    def timeline(self) -> Any:
+        return self.dashboard().locator(".fsdpviz-timeline")
+
+    def explorer_plot(self) -> Any:
+        return (
+            self.dashboard()
+            .locator(".js-plotly-plot")
+            .filter(has=self.page.locator(".iciclelayer .slice, .treemaplayer .slice"))
+        )
+
+    def screenshot(
+        self, name: str, locator: Any = None, *, show: Any = None, block: str = "start"
+    ) -> Path:
+        """``locator``, else the page scrolled to ``show`` at its ``block``, as ``name.png``."""
+        path = self.shots / f"{name}.png"
+        self.page.mouse.move(1, 1)  # no hover label over the figures
+        if show is not None:
+            show.evaluate("(e, block) => e.scrollIntoView({block})", block)
+        (locator or self.page).screenshot(path=str(path))
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(path, ARTIFACTS / path.name)
+        return path
+
+    def run_new_cell(self, code: str) -> str:
+        """Add a cell at the end of the notebook through the UI, run it, return its output."""
+        page = self.page
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        n = cells.count()
+        cells.nth(n - 1).locator(".jp-InputPrompt").click()
+        toolbar = page.get_by_role("toolbar", name="main area toolbar")
+        toolbar.get_by_role("button", name=re.compile(r"^Insert a cell below")).click()
+        new = cells.nth(n)
+        new.wait_for(timeout=UI_MS)
+        new.locator(".cm-content").click()
+        page.keyboard.insert_text(code)
+        page.keyboard.press("Control+Enter")  # run, stay on the cell
+        prompt = new.locator(".jp-InputPrompt")
+        _wait_for_text(prompt, r"^\[\d+\]:$", CELL_MS, "the added cell to finish")
+        return str(new.locator(".jp-OutputArea").inner_text())
+
+    def kernel_state(self) -> dict[str, Any]:
+        out = self.run_new_cell(_STATE_CELL)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert lines, f"no state printed by the kernel; the cell showed:\n{out}"
+        state: dict[str, Any] = json.loads(lines[-1])
+        return state
+
+    def on_console(self, message: Any) -> None:
+        if message.type == "error" and not _TOLERATED.search(message.text):
+            self.errors.append(f"console.error: {message.text}")
+
+    def assert_no_browser_errors(self) -> None:
+        assert not self.errors, "errors in the browser:\n" + "\n".join(self.errors)
+
+
+def _wait_for_text(locator: Any, pattern: str, timeout_ms: int, what: str) -> None:
+    from playwright.sync_api import expect
+
+    try:
+        expect(locator).to_have_text(re.compile(pattern), timeout=timeout_ms)
+    except AssertionError as e:
+        raise AssertionError(f"timed out waiting for {what}: {e}") from e
+
+
+def _prepare_notebook(root: Path) -> None:
+    """A copy of the quick-start notebook, outputs cleared, in the server's root."""
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    nbformat.write(nb, root / NOTEBOOK)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    require_browser_stack()
+    chromium = chromium_executable()
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path_factory.mktemp("lab") / "root"
+    root.mkdir()
+    shots = tmp_path_factory.mktemp("screenshots")
+    _prepare_notebook(root)
+    with jupyterlab_server(root) as lab, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            s = Session(lab, page, shots, KernelTraffic(page))
+            page.on("pageerror", lambda e: s.errors.append(f"page error: {e}"))
+            page.on("console", s.on_console)
+            try:
+                _open_and_run_all(s)
+            except Exception:
+                s.screenshot("failed-run-all")
+                raise
+            yield s
+        finally:
+            browser.close()
+
+
+def _open_and_run_all(s: Session) -> None:
+    page = s.page
+    page.goto(s.lab.url + f"lab/tree/{NOTEBOOK}")
+    # The indicator reads "idle" before the session exists too: first wait for the page's
+    # connection to the kernel (the server counts it), then for the kernel to be idle.
+    s.lab.wait_for_kernel_connection(KERNEL_START_MS / 1000)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(
+        timeout=KERNEL_START_MS
+    )
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    # Done: no cell queued or running, and every code cell ran (or one failed: Run All stops).
+    page.wait_for_function(
+        """() => {
+          const STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]';
+          const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+            .map(p => p.textContent.trim());
+          const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
+          const idle = status !== null && status.dataset.status === 'idle';
+          const failed = [...document.querySelectorAll(STDERR)]
+            .some(o => o.textContent.includes('Traceback'));
+          return idle && !prompts.includes('[*]:')
+            && (failed || prompts.every(p => /^\\[\\d+\\]:$/.test(p)));
+        }""",
+        timeout=RUN_ALL_MS,
+    )
+    s.timeline().locator("canvas").wait_for(timeout=UI_MS)
+    s.screenshot("notebook-after-run-all", show=s.dashboard())
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_quickstart_runs_and_draws_the_views(session: Session) -> None:
+    page = session.page
+    stderr = page.locator(f'.jp-OutputArea-output[data-mime-type="{_STDERR}"]')
+    raised = [t for t in stderr.all_inner_texts() if "Traceback" in t or _ERROR_LINE.search(t)]
+    assert not raised, "a cell raised:\n" + "\n".join(raised)
+    outputs = "\n".join(page.locator(".jp-OutputArea").all_inner_texts())
+    for bad in ("Error displaying widget", "Error rendering", "Traceback", "fsdpviz:"):
+        assert bad not in outputs, f"{bad!r} in the notebook's outputs:\n{outputs}"
+    assert page.locator(".fv-error").count() == 0
+
+    # The explorer: an icicle with every wrap unit labelled
+    explorer = session.explorer_plot()
+    labels = explorer.locator("text.slicetext").evaluate_all(
+        "ts => ts.map(t => t.getAttribute('data-unformatted') || t.textContent)"
+    )
+    status = session.dashboard().get_by_text(re.compile(r"^\d+ units?, .* per rank")).inner_text()
+    n_units = int(status.split()[0])
+    assert n_units >= 2, status
+    for k in range(n_units):
+        assert any(f"[unit {k}]" in label for label in labels), (k, labels)
+
+    # The prefetch graph: a second plotly figure with its unit markers
+    plots = session.dashboard().locator(".js-plotly-plot")
+    assert plots.count() == 2
+    assert plots.nth(1).locator(".scatterlayer .point").count() >= n_units
+
+    # The timeline: controls, a painted canvas, the current step described
+    timeline = session.timeline()
+    assert timeline.get_by_role("button", name="step forward (→)").is_visible()
+    painted = timeline.locator("canvas").first.evaluate(
+        """c => {
+          const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          let n = 0;
+          for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+          return {painted: n / (c.width * c.height), width: c.width, height: c.height};
+        }"""
+    )
+    assert painted["width"] > 300 and painted["height"] > 100, painted
+    assert painted["painted"] > 0.1, painted
+    info = timeline.locator(".fv-info").inner_text()
+    assert re.match(r"step \d+/\d+ · \w+ '", info), info
+    session.screenshot("timeline", timeline)
+
+    state = session.kernel_state()
+    assert state["executable"] == sys.executable, "the kernel is not the Python running pytest"
+    assert state["theme"] == "light"  # JupyterLab's default theme, read by the widget
+    assert state["error"] == "" and state["last_error"] == "None", state
+    session.assert_no_browser_errors()
+
+
+def test_click_in_the_explorer_selects_the_unit(session: Session) -> None:
+    plot = session.explorer_plot()
+    slices = plot.locator(".slice")
+    labels = _slice_labels(slices)
+    units = [m for label in labels if (m := _UNIT_LABEL.fullmatch(label))]
+    assert len(units) > 2, f"no unit to click in the explorer: {labels}"
+    label, unit = units[2].group(0), units[2].group(1)
+    target = slices.nth(labels.index(label)).locator("path.surface")
+    target.scroll_into_view_if_needed()
+    box = target.bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    # As a person does: point at the unit, read its hover label, click. plotly sends the hover
+    # to the kernel; the click must not be made while that is in flight, or ipywidgets merges
+    # it with the unhover that the icicle's zoom sends next and the click is lost.
+    sent = session.traffic.sent
+    session.page.mouse.move(x, y)
+    plot.locator(".hoverlayer .hovertext").wait_for(timeout=UI_MS)
+    session.traffic.wait_until_answered(after=sent)
+    session.page.mouse.click(x, y)
+    picker = session.dashboard().locator(".widget-dropdown", has_text="unit").locator("select")
+    _wait_for_value(picker, unit)
+    state = session.kernel_state()
+    assert state["selected_unit"] == unit, state
+    assert state["explorer_selected_unit"] == state["timeline_selected_unit"] == unit, state
+    assert state["selected_module"] == unit, state
+    figure_and_detail = (
+        session.dashboard()
+        .locator(".widget-hbox")
+        .filter(has=session.page.locator(".iciclelayer, .treemaplayer"))
+    )
+    assert f"'{unit}'" in figure_and_detail.inner_text()  # the detail panel shows the unit
+    session.screenshot("explorer-after-click", figure_and_detail)
+    session.assert_no_browser_errors()
+
+
+_UNIT_LABEL = re.compile(r"(\S+) \[unit (\d+)\]")
+
+
+def _slice_labels(slices: Any) -> list[str]:
+    labels: list[str] = slices.evaluate_all(
+        "ss => ss.map(s => s.querySelector('text.slicetext')"
+        "?.getAttribute('data-unformatted') ?? '')"
+    )
+    return labels
+
+
+def _wait_for_value(select: Any, unit: str) -> None:
+    select.page.wait_for_function(
+        "([el, unit]) => (el.options[el.selectedIndex]?.text ?? '').replace(/\\s/g, ' ')"
+        ".endsWith(': ' + unit)",
+        arg=[select.element_handle(), unit],
+        timeout=UI_MS,
+    )
+
+
+def test_click_on_a_timeline_event_selects_its_unit(session: Session) -> None:
+    timeline = session.timeline()
+    canvas = timeline.locator("canvas").first
+    before = session.kernel_state()["selected_unit"]
+    # The all-gather lane of rank 0 (see js/src/render.ts computeLayout): find the painted
+    # events along it and click the first whose unit is not selected yet.
+    runs = canvas.evaluate(
+        """c => {
+          const dpr = window.devicePixelRatio || 1, y = 6 + 26 + 6;
+          const d = c.getContext('2d').getImageData(0, Math.round(y * dpr), c.width, 1).data;
+          const runs = [];
+          let start = -1;
+          for (let x = Math.round(150 * dpr); x <= c.width; x++) {
+            const on = x < c.width && d[4 * x + 3] > 0;
+            if (on && start < 0) start = x;
+            if (!on && start >= 0) {
+              if (x - start > 6 * dpr) runs.push((start + x) / 2 / dpr);
+              start = -1;
+            }
+          }
+          return runs;
+        }"""
+    )
+    assert runs, "no event drawn in the all-gather lane"
+    info = timeline.locator(".fv-info")
+    clicked = None
+    for x in runs:
+        canvas.click(position={"x": x, "y": 6 + 26 + 11})
+        m = re.match(r"step (\d+)/\d+ · \w+ '([^']*)'", info.inner_text())
+        assert m, info.inner_text()
+        if m.group(2) != before:
+            clicked = (int(m.group(1)) - 1, m.group(2))
+            break
+    assert clicked is not None, f"every event is of the selected unit {before!r}"
+    step, unit = clicked
+    state = session.kernel_state()
+    assert state["timeline_selected_unit"] == state["selected_unit"] == unit, state
+    assert state["explorer_selected_unit"] == unit, state
+    assert state["step"] == step, state
+    session.screenshot("timeline-after-click", timeline)
+    session.assert_no_browser_errors()
+
+
+def test_step_button_moves_the_timeline(session: Session) -> None:
+    timeline = session.timeline()
+    info = timeline.locator(".fv-info")
+    canvas = timeline.locator("canvas").first
+    m = re.match(r"step (\d+)/(\d+)", info.inner_text())
+    assert m, info.inner_text()
+    step, n = int(m.group(1)) - 1, int(m.group(2))
+    assert step + 1 < n, "already at the last step"
+    image = canvas.evaluate("c => c.toDataURL()")
+    timeline.get_by_role("button", name="step forward (→)").click()
+    _wait_for_text(info, rf"^step {step + 2}/{n} · ", UI_MS, "the timeline to step")
+    assert timeline.locator("input.fv-slider").input_value() == str(step + 1)
+    assert canvas.evaluate("c => c.toDataURL()") != image, "the canvas did not change"
+    assert session.kernel_state()["step"] == step + 1
+    session.screenshot("timeline-after-step", timeline)
+    last = session.page.locator(".jp-Notebook .jp-Cell").last
+    session.screenshot("notebook-at-the-end", show=last, block="end")
+    session.assert_no_browser_errors()
