@@ -297,13 +297,10 @@ def test_click_in_the_explorer_selects_the_unit(session: Session) -> None:
     assert state["selected_unit"] == unit, state
     assert state["explorer_selected_unit"] == state["timeline_selected_unit"] == unit, state
     assert state["selected_module"] == unit, state
-    figure_and_detail = (
-        session.dashboard()
-        .locator(".widget-hbox")
-        .filter(has=session.page.locator(".iciclelayer, .treemaplayer"))
-    )
-    assert f"'{unit}'" in figure_and_detail.inner_text()  # the detail panel shows the unit
-    session.screenshot("explorer-after-click", figure_and_detail)
+    explorer = session.dashboard().locator(".fsdpviz-explorer")
+    detail = explorer.locator(".fsdpviz-detail")
+    assert f"'{unit}'" in detail.inner_text()  # the detail panel shows the unit
+    session.screenshot("explorer-after-click", explorer)
     session.assert_no_browser_errors()
 
 

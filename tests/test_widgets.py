@@ -254,3 +254,15 @@ def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
     # A plain world-size change now replays the profiled report: profile kept.
     ex.controls.set(world_size=32)
     assert ex.replanner.last_path == "replay" and ex.report.profile is not None
+
+
+def test_selecting_another_unit_drops_a_module_outside_it(report: Report) -> None:
+    ex = Explorer(report)
+    assert ex.unit_picker.index == 0 and ex.unit_picker.label == "(none)"
+    ex.select_module("blocks.0.norm")
+    assert ex.selected_module == "blocks.0.norm" and ex.unit_picker.value == "blocks.0"
+    ex.selected_unit = "blocks.1"
+    assert ex.selected_module is None
+    assert "blocks.0.norm" not in ex.detail.value
+    ex.selected_unit = None
+    assert ex.unit_picker.label == "(none)"

@@ -321,10 +321,11 @@ def _layout(
             "tickangle": -40 if len(shown) > 8 else 0,
             "showgrid": False,
             "zeroline": False,
-            "title": "units in forward order",
+            "automargin": True,  # room for the rotated unit names, then the axis title
+            "title": {"text": "units in forward order", "standoff": 8},
         },
         yaxis={"visible": False, "range": [-2.0, 2.0], "fixedrange": True},
-        legend={"orientation": "h", "y": -0.35, "x": 0},
+        legend={"orientation": "h", "yanchor": "top", "y": 1.0, "x": 1.0, "xanchor": "right"},
         margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": 8},
         height=380,
         hovermode="closest",

@@ -34,6 +34,9 @@ from fsdpviz.widgets.controls import PlanControls
 
 __all__ = ["Explorer"]
 
+# The picker's "(none)": ipywidgets shows an option whose value is None as an empty box.
+_NO_UNIT = "\x00(none)"
+
 
 class Explorer(w.VBox):  # type: ignore[misc]
     """Module tree coloured by wrap unit; click a module or pick a unit for its details.
@@ -71,8 +74,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
             fig.to_dict(), _validate=len(self.tree.nodes) < VALIDATE_BELOW
         )
         self.detail = w.HTML(
-            layout=w.Layout(max_height="520px", overflow="auto", width="42%", padding="0 0 0 8px")
+            layout=w.Layout(max_height="420px", overflow="auto", padding="0 0 0 8px")
         )
+        self.detail.add_class("fsdpviz-detail")
         self.status = w.HTML()
         self.unit_picker = w.Dropdown(
             description="unit",
@@ -91,10 +95,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
                 self.controls,
                 w.HBox([self.view_kind, self.view_size, self.unit_picker]),
                 self.status,
-                w.HBox([w.Box([self.figure], layout=w.Layout(width="58%")), self.detail]),
+                self.figure,  # its own row: plotly draws 700 px wide
+                self.detail,
                 self.errors,
             ]
         )
+        self.add_class("fsdpviz-explorer")
         with self.hold_trait_notifications():
             self.theme = theme
             self.report = report
@@ -188,16 +194,20 @@ class Explorer(w.VBox):  # type: ignore[misc]
             self.selected_unit = node.unit
 
     def _picked(self, change: dict[str, Any]) -> None:
-        if change["new"] != self.selected_unit:
+        unit = None if change["new"] == _NO_UNIT else change["new"]
+        if unit != self.selected_unit:
             self.selected_module = None
-            self.selected_unit = change["new"]
+            self.selected_unit = unit
 
     def _selection_changed(self, change: dict[str, Any]) -> None:
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             bad = self.selected_unit
             self.selected_unit = None
             raise KeyError(f"no wrap unit {bad!r} in this report")
-        self.unit_picker.value = self.selected_unit
+        module = self.tree.by_fqn.get(self.selected_module or "")
+        if module is not None and module.unit != self.selected_unit:
+            self.selected_module = None  # the detail panel shows the new unit, not that module
+        self._set_picker_value()
         self._show_detail()
 
     def _show_detail(self) -> None:
@@ -206,10 +216,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
         )
 
     def _set_picker(self) -> None:
-        options = [("(none)", None)] + [
+        options = [("(none)", _NO_UNIT)] + [
             (f"{i}: {u.module or '(root)'}", u.module) for i, u in enumerate(self.report.units)
         ]
         self.unit_picker.options = options
-        self.unit_picker.value = (
-            self.selected_unit if self.selected_unit in self.tree.units else None
-        )
+        self._set_picker_value()
+
+    def _set_picker_value(self) -> None:
+        unit = self.selected_unit if self.selected_unit in self.tree.units else None
+        self.unit_picker.value = _NO_UNIT if unit is None else unit
