@@ -63,15 +63,15 @@ def _importable(module: str) -> bool:
 
 
 def chromium_executable() -> str:
-    """The system Chromium (``$FSDPVIZ_CHROMIUM`` first); fails with how to install it."""
-    candidates = [os.environ.get("FSDPVIZ_CHROMIUM", ""), *_CHROMIUM_NAMES]
+    """The system Chromium (``$BROWSER_PATH`` first, as kaleido); fails saying how to install it."""
+    candidates = [os.environ.get("BROWSER_PATH", ""), *_CHROMIUM_NAMES]
     for name in candidates:
         path = shutil.which(name) if name else None
         if path:
             return path
     pytest.fail(
         "Chromium not found: install it with `make system` (apt-get install chromium) "
-        "or point FSDPVIZ_CHROMIUM at a Chromium/Chrome binary",
+        "or point BROWSER_PATH at a Chromium/Chrome binary",
         pytrace=False,
     )
 

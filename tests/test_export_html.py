@@ -9,42 +9,20 @@ the explorer and prefetch graph follow), and select a unit clicked in a figure.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_harness import CHROMIUM_ARGS, chromium_executable
 from export_models import recorded_run
 from views_models import analyze_tiny
 
 from fsdpviz import Report
 from fsdpviz.views import timeline_data
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
-
-
-def _chromium() -> str:
-    found = os.environ.get("BROWSER_PATH") or next(
-        filter(None, (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome"))),
-        None,
-    )
-    if not found:
-        pytest.fail(
-            "no Chromium to run the page in: `apt-get install -y chromium` (make test does), "
-            "or set BROWSER_PATH=/path/to/chromium",
-            pytrace=False,
-        )
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +32,7 @@ def browser() -> Iterator[Any]:
     except ImportError:
         pytest.fail('playwright is not installed: pip install -e ".[test]"', pytrace=False)
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS)
         yield b
         b.close()
 

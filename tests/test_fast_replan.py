@@ -35,16 +35,7 @@ SETTINGS = list(
         [False, True],  # use_orig_params
     )
 )
-HANDWRITTEN = [
-    hm.Stack,
-    hm.CalledTwice,
-    hm.Reordered,
-    hm.Nested,
-    hm.WithAux,
-    hm.SideOutput,
-    hm.ParamFree,
-    hm.WithNorm,
-]
+HANDWRITTEN = [*hm.VIEW_ONLY, hm.WithNorm]
 POLICIES: dict[str, Any] = {
     "blocks": ModuleWrapPolicy({hm.Block, hm.Outer}),
     "linears": ModuleWrapPolicy({nn.Linear}),

@@ -22,15 +22,7 @@ import fsdpviz
 import fsdpviz.fsdp1.analyze as fsdp1_analyze
 
 POLICY = ModuleWrapPolicy({hm.Block, hm.Outer})
-MODELS = [
-    hm.Stack,
-    hm.CalledTwice,
-    hm.Reordered,
-    hm.Nested,
-    hm.WithAux,
-    hm.SideOutput,
-    hm.ParamFree,
-]
+MODELS = hm.VIEW_ONLY
 SETTINGS = list(
     itertools.product(
         [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST, None],
