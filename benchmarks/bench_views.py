@@ -69,8 +69,8 @@ def replan(repeats: int, verbose: bool = False) -> None:
 
     Side by side in one process, alternating: ``Replanner.plan`` (stored trace, or a
     replay) plus the explorer redraw, against ``fsdpviz.analyze`` for the same options
-    (what every change cost before the stored trace). The stored trace itself is made
-    once, on the first re-plan; its cost is printed separately.
+    (what every change cost before the stored traces). A stored trace is made once
+    per recipe, on its first plan; that cost is printed separately.
     """
     from fsdpviz.analyze import analyze
     from fsdpviz.widgets import Explorer
@@ -83,6 +83,9 @@ def replan(repeats: int, verbose: bool = False) -> None:
     start = time.perf_counter()
     report = planner.plan(base)
     first = time.perf_counter() - start
+    start = time.perf_counter()
+    planner.plan(base.replace(recipe="FSDP2"))
+    first2 = time.perf_counter() - start
     explorer = Explorer(report, replanner=planner)
     changes = [
         {"layer_classes": ("Attention", "MLP")},
@@ -93,6 +96,10 @@ def replan(repeats: int, verbose: bool = False) -> None:
         {"world_size": 64},
         {"backward_prefetch": "BACKWARD_POST"},
         {"sharding_strategy": "SHARD_GRAD_OP"},
+        {"recipe": "FSDP2"},
+        {"recipe": "FSDP2", "layer_classes": ("Attention", "MLP")},
+        {"recipe": "FSDP2", "layer_classes": ("DecoderLayer", "Linear")},
+        {"recipe": "FSDP2", "sharding_strategy": "SHARD_GRAD_OP", "world_size": 64},
     ]
     answer_s, traced_s, paths = [], [], []
     for _ in range(repeats):
@@ -118,7 +125,8 @@ def replan(repeats: int, verbose: bool = False) -> None:
         f"re-plan, {n_modules}-module model ({len(report.units)} units at first), "
         f"{len(answer_s)} control changes ({', '.join(sorted(set(map(str, paths))))}):"
     )
-    print(f"  stored trace, made on the first re-plan   {first * 1000:7.0f} ms (once)")
+    print(f"  stored trace, made on the first plan      {first * 1000:7.0f} ms (once)")
+    print(f"  FSDP2 stored trace, first FSDP2 plan      {first2 * 1000:7.0f} ms (once)")
     print(
         f"  answer: Replanner.plan + explorer redraw  {answer * 1000:7.0f} ms median"
         f"   (90th percentile {_quantile(answer_s, 0.9) * 1000:.0f}, max "

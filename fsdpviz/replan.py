@@ -8,13 +8,14 @@ by the fastest exact path (``last_path`` says which):
 - ``"replay"``: only the world size, backward prefetch or sharding strategy differ
   from a report that carries a trace profile: its hook calls are replayed
   (:func:`fsdpviz.cost.replay`), profile included;
-- ``"stored trace"``: FSDP1 plans come from one stored trace of the model
-  (:class:`fsdpviz.fsdp1.fast.StoredTrace`, made on the first re-plan): a new policy
-  or forward prefetch costs tens of milliseconds; the report has no trace profile
-  (the memory model then knows parameters and gradients, not activations), which
-  :meth:`Replanner.profiled` adds by tracing;
-- ``"trace"``: :func:`fsdpviz.analyze` (the FSDP2 recipe, and what the stored trace
-  does not model: mixed precision, frozen parameters, recomputation, ...).
+- ``"stored trace"``: plans come from one stored trace of the model per recipe
+  (:class:`fsdpviz.fsdp1.fast.StoredTrace`, :class:`fsdpviz.fsdp2.fast.StoredTrace`,
+  made on the recipe's first plan): a new policy, prefetch or recipe costs tens of
+  milliseconds; the report has no trace profile (the memory model then knows
+  parameters and gradients, not activations), which :meth:`Replanner.profiled` adds
+  by tracing;
+- ``"trace"``: :func:`fsdpviz.analyze` (what the stored traces do not model: mixed
+  precision, recomputation, FSDP1 with frozen parameters, ...).
 
 Example::
 
@@ -36,21 +37,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from torch import nn
 
 from fsdpviz.core.schema import Report
 from fsdpviz.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fsdpviz.fsdp1.fast import StoredTrace
+    from fsdpviz.fsdp1.fast import StoredTrace as StoredTrace1
+    from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
 
 __all__ = [
     "BACKWARD_PREFETCH",
     "SHARDING_STRATEGIES",
     "PlanOptions",
     "Replanner",
-    "fully_shard_supported",
 ]
 
 Recipe = Literal["FSDP1", "FSDP2"]
@@ -80,7 +80,7 @@ class PlanOptions:
     :meth:`Replanner.layer_classes` lists them; ``ModuleWrapPolicy``), ``"size"`` wraps
     subtrees of at least ``min_num_params`` parameters (``size_based_auto_wrap_policy``),
     ``"none"`` wraps only the root. ``recipe="FSDP2"`` applies ``fully_shard`` to the same
-    modules instead (only when :func:`fully_shard_supported`).
+    modules instead.
     """
 
     policy: PolicyKind = "classes"
@@ -114,25 +114,6 @@ class PlanOptions:
         )
 
 
-@functools.cache
-def fully_shard_supported() -> bool:
-    """Whether :func:`fsdpviz.analyze` accepts ``fully_shard=[...]`` (the FSDP2 recipe).
-
-    Asks the engine itself: an "unknown option 'fully_shard'" error means no; any other
-    outcome (a report, or an error about the value) means the option exists.
-    """
-    from fsdpviz.analyze import analyze
-
-    probe = nn.Sequential(nn.Linear(2, 2))
-    try:
-        analyze(probe, torch.zeros(1, 2), fully_shard=[], world_size=2, progress=False)
-    except ConfigError as e:
-        return "unknown option 'fully_shard'" not in str(e)
-    except Exception:
-        return True
-    return True
-
-
 class Replanner:
     """Plans ``model`` on ``inputs`` under any :class:`PlanOptions`; see the module docstring.
 
@@ -151,8 +132,8 @@ class Replanner:
         self.last_cached = False
         self.last_path: PlanPath | None = None
         self._cache: OrderedDict[PlanOptions, Report] = OrderedDict()
-        self._stored: StoredTrace | None = None
-        self._stored_failed = False
+        # per recipe; None when its stored trace cannot answer (plans then trace)
+        self._stored: dict[Recipe, StoredTrace1 | StoredTrace2 | None] = {}
         self._classes: dict[str, type[nn.Module]] = {}
         counts: Counter[str] = Counter()
         for module in model.modules():
@@ -251,24 +232,23 @@ class Replanner:
             return replay(report, **changes), "replay"
         return None
 
-    def _stored_trace(self, opts: PlanOptions) -> StoredTrace | None:
-        """The stored trace FSDP1 plans come from (made now if this is the first)."""
-        from fsdpviz.fsdp1.fast import StoredTrace
+    def _stored_trace(self, opts: PlanOptions) -> StoredTrace1 | StoredTrace2 | None:
+        """The stored trace the recipe's plans come from (made now if this is the first)."""
+        from fsdpviz.fsdp1.fast import StoredTrace as StoredTrace1
+        from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
 
-        if opts.recipe != "FSDP1" or self._stored_failed:
-            return None
         kwargs = self.fsdp_kwargs(opts)
-        if any(k in kwargs for k in ("mixed_precision", "ignored_modules", "ignored_states")) or (
-            kwargs.get("trace", "meta") != "meta"
-        ):
+        refused = ("mixed_precision", "ignored_modules", "ignored_states", "mp_policy")
+        if any(k in kwargs for k in refused) or kwargs.get("trace", "meta") != "meta":
             return None
-        if self._stored is None:
-            self._stored = StoredTrace(self.model, self.inputs, kwargs.get("loss"))
-            self._stored_failed = self._stored.reason is not None
-        return None if self._stored_failed else self._stored
+        if opts.recipe not in self._stored:
+            make = StoredTrace1 if opts.recipe == "FSDP1" else StoredTrace2
+            stored = make(self.model, self.inputs, kwargs.get("loss"))
+            self._stored[opts.recipe] = None if stored.reason is not None else stored
+        return self._stored[opts.recipe]
 
     def _from_stored(
-        self, stored: StoredTrace, opts: PlanOptions
+        self, stored: StoredTrace1 | StoredTrace2, opts: PlanOptions
     ) -> tuple[Report, PlanPath] | None:
         kwargs = self.fsdp_kwargs(opts)
         kwargs.pop("profile", None)
@@ -318,11 +298,6 @@ class Replanner:
         prefetch switches do not apply; ``FULL_SHARD`` / ``SHARD_GRAD_OP`` become
         ``reshard_after_forward=True`` / ``False``.
         """
-        if not fully_shard_supported():
-            raise ConfigError(
-                "the FSDP2 recipe needs fsdpviz.analyze(..., fully_shard=[...]), which this "
-                "fsdpviz does not have yet; choose recipe='FSDP1'"
-            )
         raf = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}.get(opts.sharding_strategy)
         if raf is None:
             raise ConfigError(

@@ -1,11 +1,12 @@
-"""FSDP1 plans from one stored trace (fsdpviz/fsdp1/fast.py) equal fsdpviz.analyze.
+"""Plans from one stored trace (fsdpviz/fsdp1/fast.py, fsdpviz/fsdp2/fast.py) equal analyze.
 
-``analyze`` is pinned to real FSDP1 by the conformance tests; here every plan
-the stored trace answers must equal ``analyze(..., profile=False)`` field for
-field (units, forward order, both iterations, warnings, modules, backward
-module order), over the hand-written corner cases and the Hugging Face models,
-for several wrap policies and every prefetch / sharding / use_orig_params
-setting. What the stored trace does not model must be refused, not guessed.
+``analyze`` is pinned to real FSDP1 and FSDP2 by the conformance tests; here every
+plan a stored trace answers must equal ``analyze(..., profile=False)`` field for
+field (units, forward order, both iterations, warnings, modules, backward module
+order), over the hand-written corner cases and the Hugging Face models: for FSDP1
+several wrap policies and every prefetch / sharding / use_orig_params setting, for
+FSDP2 several ``fully_shard`` recipes and every ``reshard_after_forward`` form.
+What a stored trace does not model must be refused, not guessed.
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ import pytest
 import torch
 from hf_models import HF_MODELS
 from torch import nn
-from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 import fsdpviz
 from fsdpviz.examples import ExampleConfig, example_inputs, example_model
 from fsdpviz.fsdp1.fast import StoredTrace
-from fsdpviz.replan import PlanOptions, Replanner, fully_shard_supported
+from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
+from fsdpviz.replan import PlanOptions, Replanner
 
 SETTINGS = list(
     itertools.product(
@@ -186,14 +193,18 @@ def _analyze(planner: Replanner, opts: PlanOptions, profile: bool) -> fsdpviz.Re
     return fsdpviz.analyze(planner.model, planner.inputs, **kwargs)
 
 
-@pytest.mark.skipif(not fully_shard_supported(), reason="this fsdpviz has no FSDP2 recipe")
-def test_fsdp2_recipe_replays_world_size_and_resharding() -> None:
-    """FSDP2: a traced report replays other world sizes and reshard_after_forward exactly."""
+def test_fsdp2_recipe_plans_from_its_stored_trace_then_replays() -> None:
+    """FSDP2: a stored-trace plan equals analyze; a profiled one replays world sizes."""
     config = ExampleConfig(num_layers=2)
     model, inputs = example_model(config), example_inputs(config)
     planner = Replanner(model, inputs)
     base = PlanOptions(layer_classes=("DecoderLayer",), recipe="FSDP2")
-    planner.plan(base)
+    for classes in [("DecoderLayer",), ("Attention", "MLP"), ()]:
+        opts = base.replace(layer_classes=classes, policy="classes" if classes else "none")
+        got = planner.plan(opts)
+        assert planner.last_path == "stored trace" and got.profile is None
+        assert got.to_dict() == _analyze(planner, opts, profile=False).to_dict()
+    planner.profiled(base)
     assert planner.last_path == "trace"
     for change in [
         {"world_size": 32},
@@ -201,8 +212,155 @@ def test_fsdp2_recipe_replays_world_size_and_resharding() -> None:
         {"world_size": 2, "sharding_strategy": "SHARD_GRAD_OP", "backward_prefetch": None},
     ]:
         opts = base.replace(**change)
-        got = planner.plan(opts).to_dict()
+        replayed = planner.plan(opts).to_dict()
         assert planner.last_path == "replay"
         want = _analyze(planner, opts, profile=True).to_dict()
-        assert got["config"].pop("replayed") is True
-        assert got == want
+        assert replayed["config"].pop("replayed") is True
+        assert replayed == want
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+BLOCKS = [f"blocks.{i}" for i in range(4)]
+FSDP2_RECIPES: dict[str, Any] = {
+    "blocks": [hm.Block],
+    "linears": [nn.Linear],
+    "blocks+linears": [hm.Block, nn.Linear],
+    "blocks by name": BLOCKS,
+    "grouped head": [*BLOCKS, ("inp", "head")],
+    "root only": [],
+}
+FSDP2_MODELS = [*hm.VIEW_ONLY, hm.WithNorm, hm.frozen_stack]
+
+
+@functools.cache
+def _stored2(build: Any) -> tuple[nn.Module, torch.Tensor, StoredTrace2]:
+    torch.manual_seed(0)
+    model, inputs = build(), torch.randn(4, 8)
+    return model, inputs, StoredTrace2(model, inputs)
+
+
+def _fsdp2_cases() -> list[Any]:
+    """Every model with every recipe whose module names it has."""
+    cases = []
+    for build in FSDP2_MODELS:
+        names = {n for n, _ in build().named_modules()}
+        for recipe, calls in FSDP2_RECIPES.items():
+            named = [c for c in calls if isinstance(c, str)]
+            named += [n for c in calls if isinstance(c, tuple) for n in c]
+            if all(n in names for n in named):
+                cases.append(pytest.param(build, recipe, id=f"{build.__name__}-{recipe}"))
+    return cases
+
+
+@pytest.mark.parametrize("raf", [None, True, False, 2], ids=lambda r: f"raf={r}")
+@pytest.mark.parametrize(("build", "recipe"), _fsdp2_cases())
+def test_fsdp2_stored_trace_plans_equal_analyze(build: Any, recipe: str, raf: Any) -> None:
+    model, inputs, stored = _stored2(build)
+    kw: dict[str, Any] = {"fully_shard": FSDP2_RECIPES[recipe], "world_size": 4}
+    if raf is not None:
+        kw["reshard_after_forward"] = raf
+    _assert_equal(stored.plan(**kw), model, inputs, **kw)
+
+
+@pytest.mark.parametrize("recipe", ["layer", "linears", "root only"])
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_fsdp2_stored_trace_plans_equal_analyze_hf(name: str, recipe: str) -> None:
+    model, inputs, layer = HF_MODELS[name]()
+    stored = StoredTrace2(model, inputs)
+    calls = {"layer": [layer], "linears": [nn.Linear], "root only": []}[recipe]
+    kw = {"fully_shard": calls, "world_size": 4}
+    if recipe == "linears" and name != "llama":  # tied embeddings: FSDP2's own error
+        with pytest.raises(fsdpviz.FSDPConfigError, match="shared with a parameter"):
+            stored.plan(**kw)
+        return
+    _assert_equal(stored.plan(**kw), model, inputs, **kw)
+
+
+def test_fsdp2_stored_trace_options_beyond_the_recipe() -> None:
+    """Explicit prefetch maps, per-module resharding, ignored parameters, a reduce dtype,
+    tied weights in one grouped call, and inputs that require grad."""
+    model, inputs, stored = _stored2(hm.Stack)
+    fwd = {f"blocks.{i}": [f"blocks.{i + 1}", f"blocks.{i + 2}"] for i in range(2)}
+    bwd = {f"blocks.{i}": [f"blocks.{i - 1}"] for i in range(3, 0, -1)}
+    for extra in [
+        {"forward_prefetch": fwd, "backward_prefetch": bwd},
+        {"reshard_after_forward": {"": False, "blocks.1": False}},
+        {"ignored_params": [model.blocks[1].fc1.weight]},
+        {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)},
+    ]:
+        kw = {"fully_shard": BLOCKS, "world_size": 4, **extra}
+        _assert_equal(stored.plan(**kw), model, inputs, **kw)
+    tied, ids = hm.Tied(), torch.randint(0, 32, (2, 6))
+    stored_tied = StoredTrace2(tied, ids)
+    for calls in [["blocks.0", "blocks.1", "blocks.2", ("emb", "head")], [hm.Block]]:
+        kw = {"fully_shard": calls, "world_size": 4}
+        _assert_equal(stored_tied.plan(**kw), tied, ids, **kw)
+    x = torch.randn(4, 8, requires_grad=True)
+    stored_grad = StoredTrace2(model, x)
+    for calls in [[hm.Block], [nn.Linear], []]:
+        kw = {"fully_shard": calls, "world_size": 4}
+        _assert_equal(stored_grad.plan(**kw), model, x, **kw)
+
+
+class _PassBlock(nn.Module):
+    """Returns its input through an ``nn.Identity`` when told to skip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.idn: nn.Module = nn.Identity()
+
+    def forward(self, x: torch.Tensor, skip: bool = False) -> torch.Tensor:
+        return self.idn(x) if skip else self.idn(self.lin(x)) + x
+
+
+class _PassModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList(_PassBlock() for _ in range(3))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](self.inp(x))
+        return self.head(self.blocks[2](self.blocks[1](h, skip=True)))
+
+
+def test_fsdp2_module_returning_its_input() -> None:
+    """A group that returns its input returns FSDP2's view: warned exactly as analyze."""
+    model, x = _PassModel(), torch.randn(4, 8)
+    stored = StoredTrace2(model, x)
+    for calls in [[_PassBlock], [nn.Linear], [_PassBlock, nn.Linear], ["blocks.1"], []]:
+        kw = {"fully_shard": calls, "world_size": 4}
+        fast = stored.plan(**kw)
+        _assert_equal(fast, model, x, **kw)
+    assert fast is not None
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [(hm.Checkpointed(), "inside backward"), (_PassModel(), "modified inplace")],
+    ids=["recompute", "in-place on an input"],
+)
+def test_fsdp2_refuses_what_it_does_not_model(model: nn.Module, reason: str) -> None:
+    if isinstance(model, _PassModel):
+        model.blocks[1].idn = nn.ReLU(inplace=True)
+    stored = StoredTrace2(model, torch.randn(4, 8))
+    assert stored.reason is not None and reason in stored.reason
+    assert stored.plan(fully_shard=[nn.Linear]) is None
+
+
+def test_fsdp2_refuses_mixed_precision_and_leaves_the_model_untouched() -> None:
+    model = hm.Stack()
+    before = {n: (p.device, p.requires_grad, id(p)) for n, p in model.named_parameters()}
+    stored = StoredTrace2(model, torch.randn(4, 8))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    assert stored.plan(fully_shard=[hm.Block], mp_policy=mp) is None
+    assert stored.plan(fully_shard=[hm.Block], trace="real") is None
+    assert stored.plan(fully_shard=[hm.Block]) is not None
+    after = {n: (p.device, p.requires_grad, id(p)) for n, p in model.named_parameters()}
+    assert after == before
+    assert all(p.grad is None for p in model.parameters())
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

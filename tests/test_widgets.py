@@ -13,7 +13,7 @@ import pytest
 from views_models import Tiny, analyze_tiny, tiny_inputs
 
 from fsdpviz import Report
-from fsdpviz.replan import PlanOptions, Replanner, fully_shard_supported
+from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
 from fsdpviz.widgets.timeline import STATIC
 
@@ -146,15 +146,16 @@ def test_replan_errors_show_under_the_widget(
     assert ex.errors.last_error is None and ex.report.config["world_size"] == 64
 
 
-def test_fsdp2_control_follows_the_engine(report: Report) -> None:
+def test_fsdp2_recipe_control(report: Report) -> None:
     ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
-    assert ex.controls.recipe.disabled is not fully_shard_supported()
-    if fully_shard_supported():
-        ex.controls.set(recipe="FSDP2")
-        assert ex.report.config["api"] == "FSDP2"
-        assert ex.controls.backward.disabled and ex.controls.forward.disabled
-    else:
-        assert "not in this fsdpviz yet" in ex.controls.recipe_note.value
+    assert not ex.controls.recipe.disabled
+    ex.controls.set(recipe="FSDP2")
+    assert ex.report.config["api"] == "FSDP2"
+    assert ex.replanner is not None and ex.replanner.last_path == "stored trace"
+    assert "stored trace" in ex.status.value
+    assert ex.controls.backward.disabled and ex.controls.forward.disabled
+    ex.controls.set(layer_classes=["Linear"])
+    assert {u.module_class for u in ex.report.units} == {"Linear", "Tiny"}
 
 
 def test_replanner_lists_layer_classes() -> None:

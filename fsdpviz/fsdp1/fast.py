@@ -44,7 +44,7 @@ from fsdpviz.fsdp1.analyze import _empty_unit, _placements, _runtime_warnings
 from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.fsdp1.plan import Plan, PlannedUnit, plan_fsdp1
 from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
-from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, simulate
+from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, reachable, simulate
 from fsdpviz.trace.copy import inputs_copy, model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
@@ -332,8 +332,7 @@ class _Schedule:
                     rec.tensor_hooks.append((node, "pre_backward", hooked))
             for node in call.leaves:  # the module tracker's hooks: the module backward order
                 rec.tensor_hooks.append((node, "module", trace.module_ids[call.module]))
-        reachable = _reachable(graph.root, edges)
-        log = simulate(Graph(seq, reachable, graph.root), rec, {})
+        log = simulate(Graph(seq, reachable(graph.root, edges), graph.root), rec, {})
         if record_order:
             reached = dict.fromkeys(trace.module_names[i] for kind, i, _ in log if kind == "module")
             self.backward_order = list(reached)
@@ -367,16 +366,3 @@ class _Schedule:
                 nexts[slot] = view
                 edges[node] = nexts
         return True
-
-
-def _reachable(root: Any, edges: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
-    out: dict[Any, list[Any]] = {}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node in out:
-            continue
-        nexts = edges[node]
-        out[node] = nexts
-        stack.extend(n for n in nexts if n not in out)
-    return out

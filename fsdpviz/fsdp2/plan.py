@@ -187,13 +187,14 @@ def _post_order(model: nn.Module) -> list[str]:
 def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter]) -> list[Group]:
     """Apply the calls in order, claiming parameters as ``fully_shard`` does."""
     modules = dict(model.named_modules())
-    names = {m: n for n, m in model.named_modules()}
+    names = {m: n for n, m in modules.items()}
+    position = {n: i for i, n in enumerate(names.values())}
     sharded: set[nn.Module] = set()
     claimed: dict[nn.Parameter, str] = {}
     groups: list[Group] = []
     for call in resolve_targets(model, opts.targets):
         members = tuple(modules[n] for n in call)
-        ordered = tuple(n for n in names.values() if n in call)
+        ordered = sorted(set(call), key=position.__getitem__)
         group = Group(name=", ".join(ordered), modules=members, fqns=call)
         seen: set[nn.Parameter] = set()
         for module in _managed_modules(members, sharded):
@@ -220,8 +221,7 @@ def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter
         group.reshard_after_forward, group.auto_reshard = _raf(opts.reshard_after_forward, group)
         groups.append(group)
     finalize_groups(model, groups, opts)
-    by_name = {n: i for i, n in enumerate(names.values())}
-    return sorted(groups, key=lambda g: min(by_name[f] for f in g.fqns))
+    return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
 
 
 def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:

@@ -7,13 +7,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from fsdpviz.replan import (
-    BACKWARD_PREFETCH,
-    SHARDING_STRATEGIES,
-    PlanOptions,
-    Replanner,
-    fully_shard_supported,
-)
+from fsdpviz.replan import BACKWARD_PREFETCH, SHARDING_STRATEGIES, PlanOptions, Replanner
 
 __all__ = ["PlanControls"]
 
@@ -21,7 +15,6 @@ _NO_MODEL = (
     "Re-planning needs the model: report.show(model=model, inputs=inputs) or "
     "Explorer(report, model=model, inputs=inputs)."
 )
-_FSDP2_OFF = "FSDP2 needs fsdpviz.analyze(..., fully_shard=[...]), not in this fsdpviz yet."
 _WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 _LAYOUT = w.Layout(width="auto")
 _STYLE = {"description_width": "initial"}
@@ -96,18 +89,16 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             indent=False,
             layout=_LAYOUT,
         )
-        fsdp2 = replanner is not None and fully_shard_supported()
         self.recipe = w.ToggleButtons(
             options=["FSDP1", "FSDP2"],
-            value=options.recipe if fsdp2 else "FSDP1",
+            value=options.recipe,
             description="recipe",
             style=_STYLE,
             tooltips=[
                 "FullyShardedDataParallel(auto_wrap_policy=...)",
-                "fully_shard on each wrap class, then the root" if fsdp2 else _FSDP2_OFF,
+                "fully_shard on each wrap class, then the root",
             ],
         )
-        self.recipe_note = w.HTML("" if fsdp2 else f"<small>{_FSDP2_OFF}</small>")
         self._all = [
             self.policy,
             self.classes,
@@ -120,7 +111,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         ]
         super().__init__(
             [
-                w.HBox([self.policy, self.recipe, self.recipe_note]),
+                w.HBox([self.policy, self.recipe]),
                 w.HBox([self.classes, w.VBox([self.min_params, self.forward])]),
                 w.HBox([self.world_size, self.sharding, self.backward]),
             ]
@@ -130,7 +121,6 @@ class PlanControls(w.VBox):  # type: ignore[misc]
                 c.disabled = True
                 c.tooltip = _NO_MODEL
         else:
-            self.recipe.disabled = not fsdp2
             for c in self._all:
                 c.observe(self._changed, names="value")
             self._sync_enabled()
