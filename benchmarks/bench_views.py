@@ -102,6 +102,7 @@ def replan(repeats: int, verbose: bool = False) -> None:
         {"recipe": "FSDP2", "sharding_strategy": "SHARD_GRAD_OP", "world_size": 64},
     ]
     answer_s, traced_s, paths = [], [], []
+    by_recipe: dict[str, list[float]] = {}
     for _ in range(repeats):
         planner._cache.clear()
         for change in changes:
@@ -110,6 +111,7 @@ def replan(repeats: int, verbose: bool = False) -> None:
             new = planner.plan(opts)
             explorer.report = new
             answer_s.append(time.perf_counter() - start)
+            by_recipe.setdefault(opts.recipe, []).append(answer_s[-1])
             paths.append(planner.last_path)
             if verbose:
                 print(f"    {change}: {answer_s[-1] * 1000:.0f} ms ({planner.last_path})")
@@ -132,6 +134,9 @@ def replan(repeats: int, verbose: bool = False) -> None:
         f"   (90th percentile {_quantile(answer_s, 0.9) * 1000:.0f}, max "
         f"{max(answer_s) * 1000:.0f}; target 200 ms)"
     )
+    for recipe, times in by_recipe.items():
+        median = statistics.median(times) * 1000
+        print(f"    {recipe} recipe answers                 {median:7.0f} ms median")
     print(f"  fsdpviz.analyze for the same options      {traced * 1000:7.0f} ms median")
     print(f"  ratio analyze / answer                    {traced / answer:7.1f}x")
     print(f"  world size from a profiled report (replay) {replayed * 1000:6.0f} ms")
