@@ -267,6 +267,7 @@ class KernelTraffic:
         self.page = page
         self.sent = 0
         self.pending: set[str] = set()
+        self.points: list[str] = []  # plotly point events sent, e.g. "plotly_click"
         self._last = time.monotonic()
         page.on("websocket", self._on_websocket)
 
@@ -280,6 +281,10 @@ class KernelTraffic:
         if msg is not None and msg["header"].get("msg_type") == "comm_msg":
             self.sent += 1
             self.pending.add(msg["header"]["msg_id"])
+            state = msg["content"].get("data", {}).get("state") or {}
+            event = state.get("_js2py_pointsCallback")
+            if isinstance(event, dict):
+                self.points.append(str(event.get("event_type")))
             self._last = time.monotonic()
 
     def _on_received(self, payload: str | bytes) -> None:

@@ -277,22 +277,23 @@ def test_click_in_the_explorer_selects_the_unit(session: Session) -> None:
     labels = _slice_labels(slices)
     units = [m for label in labels if (m := _UNIT_LABEL.fullmatch(label))]
     assert len(units) > 2, f"no unit to click in the explorer: {labels}"
-    label, unit = units[2].group(0), units[2].group(1)
-    target = slices.nth(labels.index(label)).locator("path.surface")
-    target.scroll_into_view_if_needed()
-    box = target.bounding_box()
-    assert box is not None
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    # As a person does: point at the unit, read its hover label, click. plotly sends the hover
-    # to the kernel; the click must not be made while that is in flight, or ipywidgets merges
-    # it with the unhover that the icicle's zoom sends next and the click is lost.
-    sent = session.traffic.sent
+    session.traffic.wait_until_answered(after=-1)
+    points = len(session.traffic.points)
+    # Hover labels are drawn in the browser and no longer sent to the kernel: plotly's own
+    # front end sent them, and ipywidgets merged a click made while one was in flight with
+    # the unhover the icicle's zoom sends next, so the click was lost.
+    x, y = _centre(slices, labels, units[1].group(0))
     session.page.mouse.move(x, y)
     plot.locator(".hoverlayer .hovertext").wait_for(timeout=UI_MS)
-    session.traffic.wait_until_answered(after=sent)
+    assert units[1].group(1) in (plot.locator(".hoverlayer .hovertext").text_content() or "")
+    # As a quick hand does: point at another unit and click at once.
+    unit = units[2].group(1)
+    x, y = _centre(slices, labels, units[2].group(0))
+    session.page.mouse.move(x, y)
     session.page.mouse.click(x, y)
     picker = session.dashboard().locator(".widget-dropdown", has_text="unit").locator("select")
     _wait_for_value(picker, unit)
+    assert session.traffic.points[points:] == ["plotly_click"]
     state = session.kernel_state()
     assert state["selected_unit"] == unit, state
     assert state["explorer_selected_unit"] == state["timeline_selected_unit"] == unit, state
@@ -305,6 +306,14 @@ def test_click_in_the_explorer_selects_the_unit(session: Session) -> None:
 
 
 _UNIT_LABEL = re.compile(r"(\S+) \[unit (\d+)\]")
+
+
+def _centre(slices: Any, labels: list[str], label: str) -> tuple[float, float]:
+    target = slices.nth(labels.index(label)).locator("path.surface")
+    target.scroll_into_view_if_needed()
+    box = target.bounding_box()
+    assert box is not None
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
 
 
 def _slice_labels(slices: Any) -> list[str]:

@@ -267,3 +267,17 @@ def test_selecting_another_unit_drops_a_module_outside_it(report: Report) -> Non
     assert "blocks.0.norm" not in ex.detail.value
     ex.selected_unit = None
     assert ex.unit_picker.label == "(none)"
+
+
+def test_plotly_panels_keep_hovers_in_the_browser(report: Report) -> None:
+    """The explorer and prefetch panels load plotly's front end with hover traffic left out
+    (a click made while a hover was in flight was lost); the browser test clicks as a quick
+    hand does. A plotly release that changes the front end is noticed here."""
+    from fsdpviz.widgets._figure import ClickFigure, click_only_bundle
+
+    bundle = click_only_bundle()
+    assert isinstance(bundle, str) and bundle.rstrip().endswith(");")
+    assert '"plotly_hover"' in bundle.rsplit("_send_points_callback_message = function", 1)[1]
+    view = Dashboard(report)
+    assert isinstance(view.explorer.figure, ClickFigure) and isinstance(view.prefetch, ClickFigure)
+    assert view.explorer.figure._esm == bundle

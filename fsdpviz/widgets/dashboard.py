@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import ipywidgets as w
-import plotly.graph_objects as go
 import traitlets
 
 from fsdpviz.core.schema import Report
@@ -33,6 +32,7 @@ from fsdpviz.cost.memory import memory_series
 from fsdpviz.views.prefetch import prefetch_figure
 from fsdpviz.views.timeline_data import MemorySource, resolve_memory
 from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets.explorer import Explorer
 from fsdpviz.widgets.timeline import TimelineWidget
 
@@ -63,7 +63,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.errors = ErrorOutput()
         self.memory_note = w.HTML()
         self.explorer = Explorer(report, model=model, inputs=inputs, theme=theme, **analyze_kwargs)
-        self.prefetch = go.FigureWidget(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
+        self.prefetch = ClickFigure(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
         timeline_reports = list(ranks) if ranks else [report]
         self.timeline = TimelineWidget(
             timeline_reports, iteration, memory=self._memory(timeline_reports[0])

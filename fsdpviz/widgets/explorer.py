@@ -14,7 +14,6 @@ import time
 from typing import Any, cast
 
 import ipywidgets as w
-import plotly.graph_objects as go
 import traitlets
 
 from fsdpviz.core.schema import Report
@@ -30,6 +29,7 @@ from fsdpviz.views.explorer import (
 )
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets.controls import PlanControls
 
 __all__ = ["Explorer"]
@@ -70,9 +70,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.errors = ErrorOutput()
         self.tree: ModuleTree = module_tree(report)
         fig = explorer_figure(report, theme=cast(Theme, theme), tree=self.tree)
-        self.figure = go.FigureWidget(
-            fig.to_dict(), _validate=len(self.tree.nodes) < VALIDATE_BELOW
-        )
+        self.figure = ClickFigure(fig.to_dict(), _validate=len(self.tree.nodes) < VALIDATE_BELOW)
         self.detail = w.HTML(
             layout=w.Layout(max_height="420px", overflow="auto", padding="0 0 0 8px")
         )

@@ -1,0 +1,53 @@
+"""``ClickFigure``: a plotly ``FigureWidget`` whose hover events stay in the browser.
+
+plotly's widget sends every hover, unhover and click to the kernel through one
+synced trait. ipywidgets keeps at most one state message in flight and merges
+the ones made meanwhile, so a click made while a hover is still in flight (a
+busy kernel, or just a quick hand) is overwritten by the unhover that follows
+it (an icicle sends one when the click zooms) and never reaches ``on_click``.
+fsdpviz's views only listen to clicks, so this widget loads plotly's own front
+end with hover and unhover left out of that traffic; the hover labels are drawn
+in the browser as before. If a plotly release changes the front end so that the
+patch does not apply, plotly's front end is used unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+
+import plotly
+import plotly.graph_objects as go
+
+__all__ = ["ClickFigure"]
+
+_BUNDLE = pathlib.Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+_EXPORT = re.compile(r"export\{[^{}]*?\b([\w$]+) as FigureView\b[^{}]*\};")
+_PATCH = """
+;(function (View) {
+  const proto = View && View.prototype;
+  const send = proto && proto._send_points_callback_message;
+  if (typeof send !== "function") return;
+  proto._send_points_callback_message = function (data, type) {
+    if (type === "plotly_hover" || type === "plotly_unhover") return;
+    return send.call(this, data, type);
+  };
+})(%s);
+"""
+
+
+@functools.cache
+def click_only_bundle() -> str | pathlib.Path:
+    """plotly's widget front end with hover traffic left out (the file itself if it cannot be)."""
+    source = _BUNDLE.read_text(encoding="utf-8")
+    found = list(_EXPORT.finditer(source))
+    if not found:
+        return _BUNDLE
+    return source + _PATCH % found[-1].group(1)
+
+
+class ClickFigure(go.FigureWidget):  # type: ignore[misc]
+    """A ``FigureWidget`` that sends clicks and selections to the kernel, not hovers."""
+
+    _esm = click_only_bundle()
