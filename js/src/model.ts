@@ -299,7 +299,8 @@ export function formatBytes(n: number): string {
   return `${n} B`;
 }
 
-const quote = (name: string): string => `'${name}'`;
+/** A unit's name as the step line shows it: quoted, `(root)` for the root's (whose FQN is ""). */
+const quote = (name: string): string => (name === "" ? "(root)" : `'${name}'`);
 
 /** One line describing a step, e.g. `all_gather 'layers.3' (prefetch) · forward · ...`. */
 export function describeStep(data: TimelineData, step: number): string {

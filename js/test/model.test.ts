@@ -190,4 +190,8 @@ describe("text", () => {
     expect(describeStep(sample(6, true), 4)).toContain("t = 2.000000 s");
     expect(describeStep(d, 4)).toContain("memory 3 KiB");
   });
+
+  it("names the root's unit (FQN '') as (root)", () => {
+    expect(describeStep(sample(), 0)).toContain("all_gather (root) · forward · pre_forward hook of (root)");
+  });
 });
