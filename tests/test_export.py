@@ -245,8 +245,9 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
     config = _config(page)
     assert [f["div"] for f in config["figures"]] == ["fv-explorer", "fv-prefetch"]
     assert config["figures"][0]["figure"]["data"][0]["type"] == "icicle"
-    want = timeline_data(report, -1, memory=memory_series(report, iteration=-1))
+    want = timeline_data(report, -1, memory=memory_series(report, iteration=-1), machine="h100")
     assert config["timeline"] == json.loads(json.dumps(want))
+    assert config["timeline"]["x_label"].startswith("time (s, modelled on H100")
     assert config["explorer"]["units"][:2] == ["", ""]
     assert config["prefetch"]["positions"] == {"": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3}
 

@@ -137,8 +137,9 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     _views_drawn(p)
     p.shot("light-start")
     assert p.body("step") == "0" and p.body("current-unit") == units[0] == ""
-    assert p.info().startswith(f"step 1/{data['n_steps']} · all_gather '' ")
-    assert "outlined in the figures: unit ''" in p.status()
+    assert p.info().startswith(f"step 1/{data['n_steps']} · all_gather (root) ")
+    assert " s (modelled)" in p.info()  # placed by the time model on the default H100
+    assert "outlined in the figures: unit (root)" in p.status()
     assert "<root>" in _outlined(p)
     assert _ring(p, "current") == [0]
 

@@ -51,6 +51,48 @@ def test_predictions_are_laid_out_by_index(report: Report) -> None:
     assert d["memory"] is None and d["peak_step"] is None
 
 
+def test_predictions_are_placed_by_the_time_model(report: Report) -> None:
+    """With a machine, a profiled prediction's events sit at the modelled times, steps keep
+    FSDP's issue order, and the memory curve moves forward in time."""
+    from fsdpviz.cost import machine, timeline
+
+    events = report.iterations[-1]
+    memory = synthetic_memory(len(events))
+    d = timeline_data(report, memory=memory, machine="a100")
+    tl = timeline(report, "a100", iteration=-1)
+    assert d["timed"] is True and d["x_label"].startswith("time (s, modelled on A100")
+    assert d["steps"]["index"] == list(range(len(events)))  # issue order
+    assert [d["kinds"][k] for k in d["steps"]["kind"]] == [e.kind for e in events]
+    by_index = {r["index"]: r for r in tl.events}
+    assert d["steps"]["x0"] == [by_index[i]["start"] for i in range(len(events))]
+    assert d["steps"]["x1"] == [by_index[i]["end"] for i in range(len(events))]
+    assert max(d["steps"]["x1"]) <= tl.totals["step_s"]
+    xs = d["memory"]["x"]
+    assert xs == sorted(xs) and d["memory"]["bytes"] == memory
+    assert d["peak_step"] == (len(events) - 1) // 2
+    # another machine, other times; all iterations back to back
+    slower = timeline_data(report, machine=machine("a100", intra_node_latency_us=100.0))
+    assert slower["steps"]["x1"][-1] > d["steps"]["x1"][-1]
+    both = timeline_data(report, None, machine="a100")
+    first = timeline(report, "a100", iteration=0).totals["step_s"]
+    assert both["iteration_starts"] == [0.0, pytest.approx(first)]
+
+
+def test_time_model_needs_a_profile_and_leaves_recordings_alone(report: Report) -> None:
+    unprofiled = dataclasses.replace(report, profile=None)
+    d = timeline_data(unprofiled, machine="h100")
+    assert d["timed"] is False and d["x_label"] == UNTIMED_LABEL
+    events = [
+        TimedEvent(
+            **{f.name: getattr(e, f.name) for f in dataclasses.fields(Event) if f.name != "t"},
+            t=0.5 + 0.25 * i,
+        )
+        for i, e in enumerate(report.iterations[-1])
+    ]
+    rec = dataclasses.replace(report, source="recording", iterations=[events])
+    assert timeline_data(rec, machine="h100")["x_label"] == "time (s, recorded)"
+
+
 def test_all_iterations_concatenated(report: Report) -> None:
     d = timeline_data(report, None)
     n0, n1 = (len(it) for it in report.iterations)

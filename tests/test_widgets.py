@@ -240,11 +240,16 @@ def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     ex = view.explorer
     assert ex.replanner is not None
+    assert view.timeline.data["x_label"].startswith("time (s, modelled on H100")
     notes: list[str] = []
     view.memory_note.observe(lambda c: notes.append(c["new"]), names="value")
+    labels: list[str] = []
+    view.timeline.observe(lambda c: labels.append(c["new"]["x_label"]), names="data")
     ex.controls.set(world_size=16, forward_prefetch=True)
     assert ex.report.profile is None and "stored trace" in ex.status.value
     assert any("parameters, gradients" in n for n in notes)
+    # no FLOPs without a profile: laid out by index until the traced plan places it in time
+    assert labels[0].startswith("event index") and labels[-1].startswith("time (s, modelled")
     # Outside a kernel the trace runs at once: the curve now includes activations.
     assert "activations included" in view.memory_note.value
     profiled = ex.replanner.cached(ex.options)

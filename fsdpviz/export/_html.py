@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.cost.machine import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import (
     MemoryOption,
@@ -45,6 +46,7 @@ def html_page(
     iteration: int | None = -1,
     memory: MemoryOption = "auto",
     title: str | None = None,
+    machine: Machine | str | None = "h100",
 ) -> str:
     """The page as a string (see :func:`fsdpviz.export.save` for the options)."""
     from fsdpviz.views import explorer_figure, module_tree, prefetch_figure, timeline_data
@@ -55,7 +57,7 @@ def html_page(
     reports, names = ranks_of(obj)
     base = reports[0]
     series = memory_for(base, iteration, memory)
-    data = timeline_data(reports, iteration, memory=series, rank_names=names)
+    data = timeline_data(reports, iteration, memory=series, rank_names=names, machine=machine)
     tree_report = with_module_tree(base)
     tree = module_tree(tree_report)
     explorer = explorer_figure(tree_report, theme=theme, tree=tree)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz.cost.machine import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import MemoryOption, memory_for, ranks_of, with_module_tree
 from fsdpviz.views._style import Theme
@@ -39,6 +40,7 @@ def figure(
     theme: Theme = "light",
     iteration: int | None = -1,
     memory: MemoryOption = "auto",
+    machine: Machine | str | None = "h100",
 ) -> go.Figure:
     """One view of ``obj`` as a plotly figure: ``"explorer"``, ``"prefetch"`` or ``"timeline"``.
 
@@ -56,7 +58,7 @@ def figure(
         from fsdpviz.views import timeline_data
 
         series = memory_for(reports[0], iteration, memory)
-        data = timeline_data(reports, iteration, memory=series, rank_names=names)
+        data = timeline_data(reports, iteration, memory=series, rank_names=names, machine=machine)
         return timeline_figure(reports, iteration, theme=theme, data=data)
     raise ValueError(f"unknown figure {name!r}; use one of {', '.join(map(repr, FIGURES))}")
 

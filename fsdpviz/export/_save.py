@@ -27,8 +27,8 @@ SUFFIXES: dict[str, str] = {
 """Every suffix :func:`save` writes, with what it writes."""
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
-    "html": ("theme", "iteration", "memory", "title"),
-    "image": ("figure", "theme", "iteration", "memory", "width", "height", "scale"),
+    "html": ("theme", "iteration", "memory", "title", "machine"),
+    "image": ("figure", "theme", "iteration", "memory", "width", "height", "scale", "machine"),
     "json": ("iteration", "machine", "indent"),
     "graph": ("graph", "iteration"),
 }
@@ -52,11 +52,12 @@ def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
       timeline, linked. Options: ``theme`` (``"light"`` | ``"dark"``), ``iteration``
       (default ``-1``, the steady state; ``None`` for all), ``memory`` (``"auto"``: the
       memory model; ``None``: no curve; or bytes per event, or ``report -> bytes``),
-      ``title``.
+      ``title``, ``machine`` (times the timeline of a prediction that has a trace
+      profile; default ``"h100"``; ``None``: by event index).
     - ``.png``, ``.svg``, ``.pdf``, ``.jpeg``/``.jpg``, ``.webp``: one figure through
       kaleido (needs Chromium). Options: ``figure`` (``"explorer"`` (default),
       ``"prefetch"``, ``"timeline"``), ``width``, ``height``, ``scale``, ``theme``,
-      ``iteration``, ``memory``.
+      ``iteration``, ``memory``, ``machine``.
     - ``.json``: a Chrome trace (Trace Event Format) holding the report too, so that
       Perfetto opens it and :func:`fsdpviz.load` reads it back. Options: ``iteration``
       (default ``None``, all), ``machine`` (times a prediction; default ``"h100"``),

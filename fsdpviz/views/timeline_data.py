@@ -8,14 +8,23 @@ running, i.e. whose forward or backward runs between those events), ``all_gather
 ``NO_SHARD`` all-reduces).
 
 Times: an event with a ``t`` attribute (seconds, set by recordings) is placed at
-its time; predictions carry no time yet, so their events are laid out by index,
-one unit of x per event (uniform spacing: the order is modelled, durations are
-not). ``memory`` is an optional per-event series in bytes for the first rank
-(from a memory model); its peak becomes a step to jump to.
+its time. A prediction is placed at the times the time model gives on
+``machine`` (:func:`fsdpviz.cost.timeline`, iterations back to back) when it has
+a trace profile (the FLOPs between hooks); without ``machine`` or a profile its
+events are laid out by index, one unit of x per event (uniform spacing: the
+order is modelled, durations are not). Steps follow each rank's event order (the
+order FSDP issues them); ranks interleave by time, or by index for predictions.
+A modelled all-gather can start before an earlier-issued free (it waits for the
+communication stream, the free for the compute stream).
+
+``memory`` is an optional per-event series in bytes for the first rank (from a
+memory model); its peak becomes a step to jump to. Each value sits at the middle
+of its event, or for modelled times at the latest start so far (the curve moves
+forward in time).
 
 Example::
 
-    data = timeline_data(report, memory=[...])    # one float per event, bytes
+    data = timeline_data(report, memory=[...], machine="h100")  # bytes per event
     data["n_steps"], data["peak_step"], data["x_label"]
 """
 
@@ -27,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fsdpviz.core.schema import Event, Report
+from fsdpviz.cost.machine import Machine
 from fsdpviz.views._style import unit_colors
 
 __all__ = [
@@ -48,6 +58,7 @@ KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 UNTIMED_LABEL = "event index (predicted order; no durations are modelled, uniform spacing)"
 TIMED_LABEL = "time (s, recorded)"
+MODELLED_LABEL = "time (s, modelled on {machine} by fsdpviz.cost.timeline)"
 
 
 def resolve_memory(source: MemorySource, report: Report) -> list[float] | None:
@@ -96,8 +107,12 @@ def timeline_data(
     *,
     memory: MemorySeries | None = None,
     rank_names: Sequence[str] | None = None,
+    machine: Machine | str | None = None,
 ) -> dict[str, Any]:
     """Columnar timeline of ``reports`` (one per rank) for ``iteration`` (``None``: all).
+
+    ``machine`` (a :class:`~fsdpviz.cost.machine.Machine` or preset name) times
+    predictions that have a trace profile; see the module docstring.
 
     Keys: ``units``, ``colors``, ``ranks``, ``kinds``, ``hooks``, ``timed``,
     ``x_label``, ``n_steps``; ``steps`` (columns ``rank``, ``kind``, ``unit``,
@@ -123,18 +138,25 @@ def timeline_data(
     colors = [palette.get(u, "#999999") for u in units]
     rows: list[tuple[float, int, int, int, Event, float]] = []
     timed_all = True
+    modelled_on: str | None = None
     starts: list[float] = []
     per_rank_x: list[list[tuple[float, float]]] = []
     for r, report in enumerate(ranks):
         evs = _events(report, iteration)
-        x0s, x1s, timed = event_x([e for _, e in evs])
-        timed_all = timed_all and timed
+        if machine is not None and report.source == "prediction" and report.profile is not None:
+            x0s, x1s, modelled_on = modelled_x(report, iteration, machine)
+        else:
+            x0s, x1s, timed = event_x([e for _, e in evs])
+            timed_all = timed_all and timed
         per_rank_x.append(list(zip(x0s, x1s, strict=True)))
         for i, ((it, e), a, b) in enumerate(zip(evs, x0s, x1s, strict=True)):
             if r == 0 and (i == 0 or evs[i - 1][0] != it):
                 starts.append(a)
             rows.append((a, r, i, it, e, b))
-    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    if modelled_on is not None:
+        rows.sort(key=lambda row: (row[2], row[1]))
+    else:
+        rows.sort(key=lambda row: (row[0], row[1], row[2]))
     steps: dict[str, list[Any]] = {
         k: []
         for k in (
@@ -177,14 +199,21 @@ def timeline_data(
                 f"memory has {len(memory)} values but the first rank shows {len(xs)} events "
                 f"(iteration={iteration!r}); give one value (bytes) per event"
             )
+        if modelled_on is not None:
+            mem_x = list(itertools.accumulate((a for a, _ in xs), max))
+        else:
+            mem_x = [(a + b) / 2 for a, b in xs]
         mem = {
-            "x": [(a + b) / 2 for a, b in xs],
+            "x": mem_x,
             "bytes": [float(v) for v in memory],
             "step": [step_of[(0, i)] for i in range(len(xs))],
         }
         if xs:
             top = max(range(len(memory)), key=lambda i: memory[i])
             peak = step_of[(0, top)]
+    label = TIMED_LABEL if timed_all else UNTIMED_LABEL
+    if modelled_on is not None and timed_all:
+        label = MODELLED_LABEL.format(machine=modelled_on)
     return {
         "version": 1,
         "source": base.source,
@@ -194,7 +223,7 @@ def timeline_data(
         "kinds": list(KINDS),
         "hooks": list(HOOKS),
         "timed": timed_all,
-        "x_label": TIMED_LABEL if timed_all else UNTIMED_LABEL,
+        "x_label": label,
         "n_steps": len(rows),
         "steps": steps,
         "compute": compute,
@@ -202,6 +231,30 @@ def timeline_data(
         "peak_step": peak,
         "iteration_starts": starts,
     }
+
+
+def modelled_x(
+    report: Report, iteration: int | None, machine: Machine | str
+) -> tuple[list[float], list[float], str]:
+    """Start and end (s) of each shown event by the time model, iterations back to back,
+    and the machine's name."""
+    from fsdpviz.cost.time import timeline
+
+    shown = range(len(report.iterations)) if iteration is None else [iteration]
+    x0s: list[float] = []
+    x1s: list[float] = []
+    offset = 0.0
+    name = machine if isinstance(machine, str) else machine.name
+    for it in shown:
+        tl = timeline(report, machine, iteration=it)
+        name = str(tl.machine.get("name", name))
+        placed = sorted(tl.events, key=lambda r: int(r["index"]))
+        if len(placed) != len(report.iterations[it]):
+            raise ValueError(f"the time model placed {len(placed)} of the events of iteration {it}")
+        x0s += [offset + float(r["start"]) for r in placed]
+        x1s += [offset + float(r["end"]) for r in placed]
+        offset += tl.totals["step_s"]
+    return x0s, x1s, name
 
 
 def _compute_segments(

@@ -9,6 +9,9 @@
   timeline. A re-plan answered from the stored trace has no trace profile, so its
   curve first shows parameters, gradients and optimizer state; the activations
   follow from a trace made right after the answer (``memory_note`` says which);
+- ``machine`` (default ``"h100"``; a preset name or :func:`fsdpviz.cost.machine`)
+  places a prediction's events at the times :func:`fsdpviz.cost.timeline` models,
+  once the plan has a trace profile (``None``: by event index);
 - the theme the timeline reads from JupyterLab restyles the plotly panels.
 
 Example::
@@ -28,6 +31,7 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.core.schema import Report
+from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.memory import memory_series
 from fsdpviz.views.prefetch import prefetch_figure
 from fsdpviz.views.timeline_data import MemorySource, resolve_memory
@@ -56,6 +60,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         ranks: Sequence[Report] | None = None,
         iteration: int | None = -1,
         theme: str = "light",
+        machine: Machine | str | None = "h100",
         **analyze_kwargs: Any,
     ) -> None:
         self.memory = memory
@@ -66,7 +71,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.prefetch = ClickFigure(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
         timeline_reports = list(ranks) if ranks else [report]
         self.timeline = TimelineWidget(
-            timeline_reports, iteration, memory=self._memory(timeline_reports[0])
+            timeline_reports, iteration, memory=self._memory(timeline_reports[0]), machine=machine
         )
         super().__init__(
             [

@@ -3,7 +3,8 @@
 Stepping and playing run in the browser. ``step``, ``playing``, ``speed`` and
 ``selected_unit`` are synced traitlets: ``view.step = 40`` moves the view, a
 click on an event sets ``view.selected_unit`` (and ``step``). While playing, the
-browser sends ``step`` at most every ``sync_interval_ms``.
+browser sends ``step`` at most every ``sync_interval_ms``. ``machine`` places a
+profiled prediction at modelled times (:func:`fsdpviz.views.timeline_data`).
 
 Example::
 
@@ -22,6 +23,7 @@ import anywidget
 import traitlets
 
 from fsdpviz.core.schema import Event, Report
+from fsdpviz.cost.machine import Machine
 from fsdpviz.views.timeline_data import MemorySeries, timeline_data
 
 __all__ = ["STATIC", "TimelineWidget"]
@@ -53,6 +55,7 @@ class TimelineWidget(anywidget.AnyWidget):
         *,
         memory: MemorySeries | None = None,
         rank_names: Sequence[str] | None = None,
+        machine: Machine | str | None = "h100",
         **kwargs: Any,
     ) -> None:
         if not (STATIC / "timeline.js").exists():
@@ -63,6 +66,7 @@ class TimelineWidget(anywidget.AnyWidget):
             )
         self._iteration = iteration
         self._rank_names = rank_names
+        self._machine = machine
         self._reports: list[Report] = []
         super().__init__(**kwargs)
         self.set_reports(reports, memory=memory)
@@ -73,7 +77,11 @@ class TimelineWidget(anywidget.AnyWidget):
         """Show other reports (e.g. after a re-plan); keeps the step where it still exists."""
         self._reports = [reports] if isinstance(reports, Report) else list(reports)
         data = timeline_data(
-            self._reports, self._iteration, memory=memory, rank_names=self._rank_names
+            self._reports,
+            self._iteration,
+            memory=memory,
+            rank_names=self._rank_names,
+            machine=self._machine,
         )
         with self.hold_trait_notifications():
             self.data = data

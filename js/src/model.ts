@@ -299,8 +299,8 @@ export function formatBytes(n: number): string {
   return `${n} B`;
 }
 
-/** A unit's name as the step line shows it: quoted, `(root)` for the root's (whose FQN is ""). */
-const quote = (name: string): string => (name === "" ? "(root)" : `'${name}'`);
+/** A unit's name as the views show it: quoted, `(root)` for the root's (whose FQN is ""). */
+export const quote = (name: string): string => (name === "" ? "(root)" : `'${name}'`);
 
 /** One line describing a step, e.g. `all_gather 'layers.3' (prefetch) · forward · ...`. */
 export function describeStep(data: TimelineData, step: number): string {
@@ -319,7 +319,7 @@ export function describeStep(data: TimelineData, step: number): string {
   if (data.ranks.length > 1) parts.push(data.ranks[s.rank[i]]);
   parts.push(
     data.timed
-      ? `t = ${s.x0[i].toFixed(6)} s`
+      ? `t = ${s.x0[i].toFixed(6)} s${data.source === "prediction" ? " (modelled)" : ""}`
       : `event ${s.index[i]} of iteration ${s.iteration[i]}`,
   );
   if (data.memory !== null) {

@@ -3,7 +3,7 @@
 // in-page model that implements anywidget's model interface; the current step's
 // unit is outlined in the plotly explorer and prefetch figures, and a click on a
 // unit there selects it in the timeline.
-import { type TimelineData, clampStep, describeStep } from "./model";
+import { type TimelineData, clampStep, describeStep, quote } from "./model";
 import type { WidgetModel } from "./widget";
 
 /** What Python writes into <script type="application/json" id="fv-config">. */
@@ -133,7 +133,6 @@ interface PlotDiv extends HTMLElement {
   on?(event: string, callback: (ev: { points?: ClickPoint[] }) => void): void;
 }
 
-const quote = (name: string): string => `'${name}'`;
 
 /**
  * Keeps the figures in step with the model: outlines the current step's unit in

@@ -191,6 +191,12 @@ describe("text", () => {
     expect(describeStep(d, 4)).toContain("memory 3 KiB");
   });
 
+  it("marks a prediction's times as modelled", () => {
+    const d = { ...sample(6, true), source: "prediction" };
+    expect(describeStep(d, 4)).toContain("t = 2.000000 s (modelled)");
+    expect(describeStep({ ...d, source: "recording" }, 4)).not.toContain("modelled");
+  });
+
   it("names the root's unit (FQN '') as (root)", () => {
     expect(describeStep(sample(), 0)).toContain("all_gather (root) · forward · pre_forward hook of (root)");
   });
