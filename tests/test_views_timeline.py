@@ -70,6 +70,14 @@ def test_predictions_are_placed_by_the_time_model(report: Report) -> None:
     xs = d["memory"]["x"]
     assert xs == sorted(xs) and d["memory"]["bytes"] == memory
     assert d["peak_step"] == (len(events) - 1) // 2
+    # the compute lane: the time model's stretches, coloured by the unit they belong to
+    comp = d["compute"]
+    assert list(zip(comp["x0"], comp["x1"], strict=True)) == [
+        (c["start"], c["end"]) for c in tl.compute if c["owner"] in d["units"]
+    ]
+    owned = {(d["units"][u], p) for u, p in zip(comp["unit"], comp["phase"], strict=True)}
+    assert {("blocks.0", 0), ("blocks.0", 1), ("", 0), ("", 1)} <= owned
+    assert all(c["owner"] == c["unit"] for c in tl.compute if c["hook"] == "post_forward")
     # another machine, other times; all iterations back to back
     slower = timeline_data(report, machine=machine("a100", intra_node_latency_us=100.0))
     assert slower["steps"]["x1"][-1] > d["steps"]["x1"][-1]

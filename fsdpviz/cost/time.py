@@ -42,9 +42,12 @@ class Timeline:
 
     ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``,
     ``start``, ``end``, ``bytes`` (sent by this rank) and ``exposed`` (compute time
-    lost waiting for it). ``compute``: per stretch of compute ``hook``, ``unit``,
-    ``start``, ``end``, ``flops``. ``totals``: ``step_s``, ``compute_s``, ``comm_s``,
-    ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
+    lost waiting for it). ``compute``: per stretch of compute ``hook``, ``unit`` (the
+    hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
+    pre-forward or pre-backward hook opened last and no post hook closed yet, ``""``
+    outside every unit), ``phase``, ``next_event`` (the first event issued at or after
+    that hook call), ``start``, ``end``, ``flops``. ``totals``: ``step_s``, ``compute_s``,
+    ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
     ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``.
 
     Example::
@@ -181,8 +184,19 @@ class _Sim:
 
     def run(self) -> None:
         events = self.tape.events
-        for k, c in enumerate(self.tape.calls):
-            self._compute(c.flops_forward + c.flops_backward, c.hook, c.unit, k)
+        calls = self.tape.calls
+        first_after = [len(events)] * (len(calls) + 1)  # first event issued at call k or later
+        for k in reversed(range(len(calls))):
+            first_after[k] = min([first_after[k + 1], *calls[k].events])
+        opened: list[str] = []  # units between their pre- and post-hooks, innermost last
+        for k, c in enumerate(calls):
+            owner = opened[-1] if opened else ""
+            where = {"owner": owner, "next_event": first_after[k]}
+            self._compute(c.flops_forward + c.flops_backward, c.hook, c.unit, k, where)
+            if c.hook in _WAITS:
+                opened.append(c.unit)
+            elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
+                del opened[len(opened) - 1 - opened[::-1].index(c.unit)]
             waits = c.hook in _WAITS
             # The hook waits for its unit right after issuing the unit's own all-gather
             # (if any), before prefetching others.
@@ -196,11 +210,12 @@ class _Sim:
                 if waits and own and e == own[0]:
                     self._need(c.unit)
         tail = self.tape.tail
-        self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(self.tape.calls))
+        where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
+        self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(calls), where)
         self.end = max(self.t_compute, self.t_comm)
         self.tail_wait = max(0.0, self.t_comm - self.t_compute)
 
-    def _compute(self, flops: float, hook: str, unit: str, k: int) -> None:
+    def _compute(self, flops: float, hook: str, unit: str, k: int, where: dict[str, Any]) -> None:
         dur = self.m.compute_seconds(flops, self.dtype)
         if dur <= 0:
             return
@@ -209,9 +224,10 @@ class _Sim:
             self.records[self.gate_by]["exposed"] += start - self.t_compute
         self.t_compute = start + dur
         self.compute_s += dur
+        phase = "forward" if hook.endswith("_forward") else "backward"
         self.compute.append(
             {"hook": hook, "unit": unit, "index": k, "start": start, "end": start + dur,
-             "flops": flops}
+             "flops": flops, "phase": phase, **where}
         )  # fmt: skip
         self.gate_by = None
 

@@ -3,7 +3,8 @@
 One or more ranks (a prediction, or several reports recorded on different ranks)
 become one list of *steps*: every event of every rank, ordered by its x position
 then rank. Each rank has three lanes: ``compute`` (the unit whose FSDP hooks are
-running, i.e. whose forward or backward runs between those events), ``all_gather``
+running, i.e. whose forward or backward runs between those events; for modelled
+times the time model's compute stretches, by the unit they belong to), ``all_gather``
 (all-gathers, with frees as ticks) and ``reduce_scatter`` (reduce-scatters and
 ``NO_SHARD`` all-reduces).
 
@@ -141,10 +142,11 @@ def timeline_data(
     modelled_on: str | None = None
     starts: list[float] = []
     per_rank_x: list[list[tuple[float, float]]] = []
+    stretches: dict[int, list[Stretch]] = {}  # rank -> modelled compute
     for r, report in enumerate(ranks):
         evs = _events(report, iteration)
         if machine is not None and report.source == "prediction" and report.profile is not None:
-            x0s, x1s, modelled_on = modelled_x(report, iteration, machine)
+            x0s, x1s, stretches[r], modelled_on = modelled_x(report, iteration, machine)
         else:
             x0s, x1s, timed = event_x([e for _, e in evs])
             timed_all = timed_all and timed
@@ -189,7 +191,7 @@ def timeline_data(
         steps["index"].append(i)
         steps["x0"].append(a)
         steps["x1"].append(b)
-    compute = _compute_segments(steps, step_of, len(ranks))
+    compute = _compute_segments(steps, step_of, len(ranks), stretches, unit_index)
     mem = None
     peak = None
     if memory is not None:
@@ -233,16 +235,21 @@ def timeline_data(
     }
 
 
+Stretch = tuple[str, int, float, float, int]
+"""Modelled compute: owner unit, phase (0 forward, 1 backward), start, end, next event."""
+
+
 def modelled_x(
     report: Report, iteration: int | None, machine: Machine | str
-) -> tuple[list[float], list[float], str]:
+) -> tuple[list[float], list[float], list[Stretch], str]:
     """Start and end (s) of each shown event by the time model, iterations back to back,
-    and the machine's name."""
+    the compute stretches between them, and the machine's name."""
     from fsdpviz.cost.time import timeline
 
     shown = range(len(report.iterations)) if iteration is None else [iteration]
     x0s: list[float] = []
     x1s: list[float] = []
+    compute: list[Stretch] = []
     offset = 0.0
     name = machine if isinstance(machine, str) else machine.name
     for it in shown:
@@ -251,20 +258,42 @@ def modelled_x(
         placed = sorted(tl.events, key=lambda r: int(r["index"]))
         if len(placed) != len(report.iterations[it]):
             raise ValueError(f"the time model placed {len(placed)} of the events of iteration {it}")
+        compute += [
+            (str(c["owner"]), 0 if c["phase"] == "forward" else 1, offset + float(c["start"]),
+             offset + float(c["end"]), len(x0s) + int(c["next_event"]))
+            for c in tl.compute
+        ]  # fmt: skip
         x0s += [offset + float(r["start"]) for r in placed]
         x1s += [offset + float(r["end"]) for r in placed]
         offset += tl.totals["step_s"]
-    return x0s, x1s, name
+    return x0s, x1s, compute, name
 
 
 def _compute_segments(
-    steps: dict[str, list[Any]], step_of: dict[tuple[int, int], int], n_ranks: int
+    steps: dict[str, list[Any]],
+    step_of: dict[tuple[int, int], int],
+    n_ranks: int,
+    stretches: dict[int, list[Stretch]],
+    unit_index: dict[str, int],
 ) -> dict[str, list[Any]]:
-    """Runs of consecutive events of one rank issued by the same unit's hooks in one phase."""
+    """A rank's modelled compute stretches (coloured by their owner), or else runs of its
+    consecutive events issued by the same unit's hooks in one phase."""
     out: dict[str, list[Any]] = {
         k: [] for k in ("rank", "unit", "phase", "x0", "x1", "step0", "step1")
     }
     for r in range(n_ranks):
+        if r in stretches:
+            last = max((i for rr, i in step_of if rr == r), default=-1)
+            for owner, phase, x0, x1, event in stretches[r]:
+                if owner not in unit_index or last < 0:
+                    continue  # the root without parameters is no unit: nothing to colour
+                s = step_of[(r, min(event, last))]
+                for k, v in (
+                    ("rank", r), ("unit", unit_index[owner]), ("phase", phase),
+                    ("x0", x0), ("x1", x1), ("step0", s), ("step1", s),
+                ):  # fmt: skip
+                    out[k].append(v)
+            continue
         i = 0
         current: tuple[int, int] | None = None
         while (r, i) in step_of:
