@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,4 +395,44 @@ def test_step_button_moves_the_timeline(session: Session) -> None:
     session.screenshot("timeline-after-step", timeline)
     last = session.page.locator(".jp-Notebook .jp-Cell").last
     session.screenshot("notebook-at-the-end", show=last, block="end")
+    session.assert_no_browser_errors()
+
+
+def test_dark_theme_restyles_every_view(session: Session) -> None:
+    """Settings → Theme → JupyterLab Dark: the timeline reads the theme, the kernel hears it and
+    redraws the plotly panels dark; back to light the same way."""
+    page = session.page
+
+    def choose(theme: str, light: bool) -> None:
+        page.get_by_role("menuitem", name="Settings", exact=True).click()
+        item = ".lm-Menu .lm-Menu-item:has(.lm-Menu-itemLabel:text-is('{}'))"
+        page.locator(item.format("Theme")).hover()
+        page.locator(item.format(theme)).click()
+        page.wait_for_function(
+            f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=UI_MS
+        )
+
+    def backgrounds() -> list[str]:
+        plots = session.dashboard().locator(".js-plotly-plot svg.main-svg:first-of-type")
+        found: list[str] = plots.evaluate_all("ss => ss.map(s => getComputedStyle(s).background)")
+        return found
+
+    for theme, light, name, bg in [
+        ("JupyterLab Dark", False, "dark", "rgb(17, 17, 17)"),
+        ("JupyterLab Light", True, "light", "rgb(255, 255, 255)"),
+    ]:
+        choose(theme, light)
+        deadline = time.monotonic() + UI_MS / 1000
+        while session.kernel_state()["theme"] != name:
+            assert time.monotonic() < deadline, f"the kernel never heard of the {name} theme"
+        page.wait_for_function(
+            "([sel, bg]) => { const ss = [...document.querySelectorAll(sel)];"
+            " return ss.length >= 2"
+            " && ss.every(s => getComputedStyle(s).background.includes(bg)); }",
+            arg=[".jp-CodeCell .js-plotly-plot svg.main-svg:first-of-type", bg],
+            timeout=UI_MS,
+        )
+        assert all(bg in b for b in backgrounds()), backgrounds()
+        if name == "dark":
+            session.screenshot("dashboard-dark", session.dashboard())
     session.assert_no_browser_errors()

@@ -165,7 +165,7 @@ def unit_detail_html(
     parts = [
         f'<div style="font-size:13px"><span style="display:inline-block;width:12px;height:12px;'
         f'background:{color};margin-right:6px;border:1px solid #0004"></span>'
-        f"<b>unit {index} of {len(report.units)}: {escape(repr(unit))}</b> "
+        f"<b>unit {index} of {len(report.units)}: {escape(repr(unit) if unit else '(root)')}</b> "
         f"({escape(u.module_class)})"
         f" · {escape(u.sharding_strategy)} · {u.numel:,} parameters in {len(u.params)} tensors · "
         f"{escape(str(u.dtype))}"
