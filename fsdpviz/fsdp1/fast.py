@@ -45,9 +45,9 @@ from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.fsdp1.plan import Plan, PlannedUnit, plan_fsdp1
 from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
 from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, reachable, simulate
-from fsdpviz.trace.copy import inputs_copy, model_copy
+from fsdpviz.trace.copy import model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
-from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
 
@@ -136,15 +136,7 @@ class StoredTrace:
             graphs.append(capture(loss))
             self._backward = True
 
-        try:
-            args, kwargs = inputs_copy(inputs, "meta")
-            run_step(self.copy, args, kwargs, loss, tracker, "the meta device", on_loss)
-        finally:
-            tracker.remove()
-            for h in handles:
-                h.remove()
-        for p in self.copy.parameters():
-            p.grad = None
+        run_stored_step(self.copy, inputs, loss, tracker, handles, on_loss)
         self.order = list(tracker.order)
         self.records = tracker.records
         self._graph = graphs[0]

@@ -11,6 +11,7 @@ from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.fsdp2.emulate import FSDP2Emulation
 from fsdpviz.fsdp2.existing import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.fsdp2.plan import FSDP2Options, Group, build_groups, parse_fsdp2_options
+from fsdpviz.fsdp2.runtime import FSDP2Runtime
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
@@ -38,7 +39,6 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         groups = build_groups(copy, opts, ignored)
     _check_reshard_ints(groups, opts.world_size)
-    placements = _placements(groups)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     runtime.set_prefetch(
@@ -63,24 +63,48 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             emulation.remove()
             if probe is not None:
                 probe.remove()
+    return fsdp2_report(
+        copy,
+        groups,
+        opts,
+        runtime,
+        tracker,
+        list(tracker.backward_order),
+        list(emulation.view_outputs),
+        probe,
+    )
+
+
+def fsdp2_report(
+    copy: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    runtime: FSDP2Runtime,
+    tracker: ModuleTracker,
+    backward_order: list[str],
+    view_outputs: list[str],
+    probe: CostProbe | None = None,
+) -> Report:
+    """The report of one traced iteration (the runtime's events so far) and its replay."""
     first = runtime.take_events()
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
     # autograd nodes every iteration, so the steady state replays the first.
     runtime.replay(list(runtime.log))
     iterations: list[list[Event]] = [first, runtime.take_events()]
     forward_order = _forward_order(runtime.log, groups)
+    placements = _placements(groups)
     return Report(
         source="prediction",
         config=opts.describe(groups),
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=forward_order,
         iterations=iterations,
-        warnings=_warnings(groups, forward_order, list(emulation.view_outputs)),
+        warnings=_warnings(groups, forward_order, view_outputs),
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
         ),
         module_order=list(tracker.order),
-        module_backward_order=list(tracker.backward_order),
+        module_backward_order=backward_order,
         param_first_use=param_first_use(placements, tracker.order),
         profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
     )

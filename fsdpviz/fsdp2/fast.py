@@ -38,19 +38,12 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.core.schema import Report
 from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, reachable, simulate
-from fsdpviz.fsdp2.analyze import (
-    _check_reshard_ints,
-    _forward_order,
-    _placements,
-    _prefetch_indices,
-    _warnings,
-)
+from fsdpviz.fsdp2.analyze import _check_reshard_ints, _prefetch_indices, fsdp2_report
 from fsdpviz.fsdp2.existing import fsdp2_states
 from fsdpviz.fsdp2.plan import Group, build_groups, parse_fsdp2_options
 from fsdpviz.fsdp2.runtime import FSDP2Runtime
-from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
-from fsdpviz.trace.modules import module_infos, param_first_use
-from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
+from fsdpviz.trace.copy import map_objects, model_copy
+from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
 
@@ -100,8 +93,6 @@ class StoredTrace:
         self.reason: str | None = None
         self.calls: list[_Call] = []
         self.nodes: dict[Any, _Node] = {}
-        self.order: list[str] = []
-        self.records: dict[str, ModuleCalls] = {}
         self.module_names: list[str] = []
         self._graph: Graph | None = None
         self._into: list[tuple[Any, int, Any, int]] = []  # consumer, slot, pass-through, nr
@@ -150,17 +141,8 @@ class StoredTrace:
                         self._into.append((node, slot, n, nr))
             self._backward = True
 
-        try:
-            args, kwargs = inputs_copy(inputs, "meta")
-            run_step(self.copy, args, kwargs, loss, tracker, "the meta device", on_loss)
-        finally:
-            tracker.remove()
-            for h in handles:
-                h.remove()
-            for p in self.copy.parameters():
-                p.grad = None
-        self.order = list(tracker.order)
-        self.records = tracker.records
+        run_stored_step(self.copy, inputs, loss, tracker, handles, on_loss)
+        self.tracker = tracker
         self._graph = graphs[0]
         self._grads = {node: p for node, p in acc.items() if node in self._graph.edges}
 
@@ -219,25 +201,14 @@ class StoredTrace:
             _prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
         )
         schedule = _Schedule(self, groups, runtime)
-        first = runtime.take_events()
-        runtime.replay(list(runtime.log))  # FSDP2's steady state replays the first iteration
-        iterations = [first, runtime.take_events()]
-        forward_order = _forward_order(runtime.log, groups)
-        placements = _placements(groups)
-        return Report(
-            source="prediction",
-            config=opts.describe(groups),
-            units=[g.schema for g in groups if g.schema is not None and g.params],
-            forward_order=forward_order,
-            iterations=iterations,
-            warnings=_warnings(groups, forward_order, list(schedule.view_outputs)),
-            modules=module_infos(
-                self.copy, placements, {f: g.name for g in groups for f in g.fqns}, self.records
-            ),
-            module_order=self.order,
-            module_backward_order=schedule.backward_order,
-            param_first_use=param_first_use(placements, self.order),
-            profile=None,
+        return fsdp2_report(
+            self.copy,
+            groups,
+            opts,
+            runtime,
+            self.tracker,
+            schedule.backward_order,
+            list(schedule.view_outputs),
         )
 
 

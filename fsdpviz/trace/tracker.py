@@ -120,6 +120,29 @@ def default_loss(output: Any) -> torch.Tensor:
     return total
 
 
+def run_stored_step(
+    model: nn.Module,
+    inputs: Any,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    tracker: ModuleTracker,
+    handles: list[Any],
+    on_loss: Callable[[torch.Tensor], None],
+) -> None:
+    """One step of a stored trace on meta (``fsdpviz.fsdp1.fast``, ``fsdpviz.fsdp2.fast``);
+    the tracker and ``handles`` are removed and gradients dropped however it ends."""
+    from fsdpviz.trace.copy import inputs_copy
+
+    try:
+        args, kwargs = inputs_copy(inputs, "meta")
+        run_step(model, args, kwargs, loss_fn, tracker, "the meta device", on_loss)
+    finally:
+        tracker.remove()
+        for h in handles:
+            h.remove()
+        for p in model.parameters():
+            p.grad = None
+
+
 def run_step(
     model: nn.Module,
     args: tuple[Any, ...],
