@@ -41,8 +41,9 @@ class Timeline:
     """Start and end (seconds from the start of the iteration) of every event.
 
     ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``,
-    ``start``, ``end``, ``bytes`` (sent by this rank) and ``exposed`` (compute time
-    lost waiting for it). ``compute``: per stretch of compute ``hook``, ``unit`` (the
+    ``issued`` (when the hook that issued it runs on the compute stream), ``start``,
+    ``end``, ``bytes`` (sent by this rank) and ``exposed`` (compute time lost waiting
+    for it). ``compute``: per stretch of compute ``hook``, ``unit`` (the
     hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
     pre-forward or pre-backward hook opened last and no post hook closed yet, ``""``
     outside every unit), ``phase``, ``next_event`` (the first event issued at or after
@@ -248,6 +249,7 @@ class _Sim:
             "unit": e.unit,
             "phase": e.phase,
             "stream": "compute" if e.kind == "free" else "comm",
+            "issued": self.t_compute,
             "start": self.t_compute,
             "end": self.t_compute,
             "bytes": 0.0,

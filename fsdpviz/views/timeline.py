@@ -166,17 +166,22 @@ def _event_text(s: dict[str, list[Any]], i: int, units: list[str], hooks: list[s
 
 def _add_memory(fig: go.Figure, d: dict[str, Any], c: dict[str, str]) -> None:
     mem = d["memory"]
+    if not mem["x"]:
+        return
+    # each value holds from its x to the next one's; the last to the end of its event
+    ends = [*mem["x"][1:], d["steps"]["x1"][mem["step"][-1]]]
     fig.add_trace(
         go.Scatter(
             name="memory",
             mode="lines",
-            x=mem["x"],
-            y=mem["bytes"],
+            x=[*mem["x"], ends[-1]],
+            y=[*mem["bytes"], mem["bytes"][-1]],
             line={"shape": "hv", "color": c["fg"]},
             hovertext=[
                 f"step {s}: {format_bytes(b)}"
                 for s, b in zip(mem["step"], mem["bytes"], strict=True)
-            ],
+            ]
+            + [f"step {mem['step'][-1]}: {format_bytes(mem['bytes'][-1])}"],
             hovertemplate="%{hovertext}<extra></extra>",
         ),
         row=2,
@@ -189,7 +194,7 @@ def _add_memory(fig: go.Figure, d: dict[str, Any], c: dict[str, str]) -> None:
             go.Scatter(
                 name="peak",
                 mode="markers+text",
-                x=[mem["x"][k]],
+                x=[(mem["x"][k] + ends[k]) / 2],
                 y=[peak],
                 text=[f"peak {format_bytes(peak)}"],
                 textposition="middle right",

@@ -19,9 +19,9 @@ A modelled all-gather can start before an earlier-issued free (it waits for the
 communication stream, the free for the compute stream).
 
 ``memory`` is an optional per-event series in bytes for the first rank (from a
-memory model); its peak becomes a step to jump to. Each value sits at the middle
-of its event, or for modelled times at the latest start so far (the curve moves
-forward in time).
+memory model); its peak becomes a step to jump to. Each value holds from its
+event's start (for modelled times, from when the hook issued the event: the
+allocator's view) until the next value.
 
 Example::
 
@@ -143,13 +143,17 @@ def timeline_data(
     starts: list[float] = []
     per_rank_x: list[list[tuple[float, float]]] = []
     stretches: dict[int, list[Stretch]] = {}  # rank -> modelled compute
+    mem_x: list[float] = []  # first rank: where each memory value starts
     for r, report in enumerate(ranks):
         evs = _events(report, iteration)
         if machine is not None and report.source == "prediction" and report.profile is not None:
-            x0s, x1s, stretches[r], modelled_on = modelled_x(report, iteration, machine)
+            x0s, x1s, stretches[r], issued, modelled_on = modelled_x(report, iteration, machine)
         else:
             x0s, x1s, timed = event_x([e for _, e in evs])
             timed_all = timed_all and timed
+            issued = x0s
+        if r == 0:
+            mem_x = issued
         per_rank_x.append(list(zip(x0s, x1s, strict=True)))
         for i, ((it, e), a, b) in enumerate(zip(evs, x0s, x1s, strict=True)):
             if r == 0 and (i == 0 or evs[i - 1][0] != it):
@@ -201,10 +205,6 @@ def timeline_data(
                 f"memory has {len(memory)} values but the first rank shows {len(xs)} events "
                 f"(iteration={iteration!r}); give one value (bytes) per event"
             )
-        if modelled_on is not None:
-            mem_x = list(itertools.accumulate((a for a, _ in xs), max))
-        else:
-            mem_x = [(a + b) / 2 for a, b in xs]
         mem = {
             "x": mem_x,
             "bytes": [float(v) for v in memory],
@@ -241,15 +241,16 @@ Stretch = tuple[str, int, float, float, int]
 
 def modelled_x(
     report: Report, iteration: int | None, machine: Machine | str
-) -> tuple[list[float], list[float], list[Stretch], str]:
+) -> tuple[list[float], list[float], list[Stretch], list[float], str]:
     """Start and end (s) of each shown event by the time model, iterations back to back,
-    the compute stretches between them, and the machine's name."""
+    the compute stretches between them, when each event was issued, and the machine's name."""
     from fsdpviz.cost.time import timeline
 
     shown = range(len(report.iterations)) if iteration is None else [iteration]
     x0s: list[float] = []
     x1s: list[float] = []
     compute: list[Stretch] = []
+    issued: list[float] = []
     offset = 0.0
     name = machine if isinstance(machine, str) else machine.name
     for it in shown:
@@ -265,8 +266,9 @@ def modelled_x(
         ]  # fmt: skip
         x0s += [offset + float(r["start"]) for r in placed]
         x1s += [offset + float(r["end"]) for r in placed]
+        issued += [offset + float(r["issued"]) for r in placed]
         offset += tl.totals["step_s"]
-    return x0s, x1s, compute, name
+    return x0s, x1s, compute, issued, name
 
 
 def _compute_segments(

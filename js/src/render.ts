@@ -309,19 +309,19 @@ export function drawMemory(ctx: CanvasRenderingContext2D, data: TimelineData, st
   ctx.strokeStyle = theme.fg;
   ctx.lineWidth = 1.5;
   ctx.beginPath();
-  const s = data.steps;
-  mem.x.forEach((_, k) => {
-    const step = mem.step[k];
-    const x0 = xToPx(win, l, s.x0[step]);
-    const x1 = xToPx(win, l, s.x1[step]);
+  // Each value holds from its x to the next value's; the last to the end of its event.
+  const n = mem.x.length;
+  const end = (k: number): number => (k + 1 < n ? mem.x[k + 1] : data.steps.x1[mem.step[k]]);
+  for (let k = 0; k < n; k++) {
+    const x0 = xToPx(win, l, mem.x[k]);
     if (k === 0) ctx.moveTo(x0, y(mem.bytes[k]));
     else ctx.lineTo(x0, y(mem.bytes[k]));
-    ctx.lineTo(x1, y(mem.bytes[k]));
-  });
+    ctx.lineTo(xToPx(win, l, end(k)), y(mem.bytes[k]));
+  }
   ctx.stroke();
   if (data.peak_step !== null) {
     const k = mem.step.indexOf(data.peak_step);
-    const px = xToPx(win, l, (s.x0[data.peak_step] + s.x1[data.peak_step]) / 2);
+    const px = xToPx(win, l, (mem.x[k] + end(k)) / 2);
     const py = y(mem.bytes[k]);
     ctx.fillStyle = theme.accent;
     ctx.beginPath();
