@@ -433,6 +433,12 @@ def test_dark_theme_restyles_every_view(session: Session) -> None:
             timeout=UI_MS,
         )
         assert all(bg in b for b in backgrounds()), backgrounds()
+        # JupyterLab hides the notebook for a moment while it swaps themes: the timeline
+        # keeps filling the cell's width instead of shrinking to its minimum.
+        widths = session.timeline().evaluate(
+            "t => [t.clientWidth, t.querySelector('canvas').getBoundingClientRect().width]"
+        )
+        assert widths[0] > 600 and abs(widths[0] - widths[1]) <= 1, widths
         if name == "dark":
             session.screenshot("dashboard-dark", session.dashboard())
     session.assert_no_browser_errors()

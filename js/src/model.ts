@@ -299,6 +299,48 @@ export function formatBytes(n: number): string {
   return `${n} B`;
 }
 
+const TIME_UNITS: ReadonlyArray<readonly [number, string]> = [
+  [1, "s"],
+  [1e-3, "ms"],
+  [1e-6, "µs"],
+  [1e-9, "ns"],
+];
+
+/** A duration in seconds with 3 significant digits in the unit that suits it: `343 µs`, `12.3 ms`. */
+export function formatSeconds(seconds: number): string {
+  if (seconds === 0) return "0 s";
+  const [scale, unit] = TIME_UNITS.find(([s]) => Math.abs(seconds) >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
+  return `${Number((seconds / scale).toPrecision(3))} ${unit}`;
+}
+
+export interface AxisTicks {
+  values: number[];
+  labels: string[];
+  /** What the labels count: a time unit (`ms`), or `event`. */
+  unit: string;
+}
+
+/**
+ * Ticks for the x window [x0, x1] drawn `plotW` pixels wide: about one per 90 px at
+ * 1, 2 or 5 times a power of ten. Times are labelled in the unit that suits the
+ * window (`0`, `0.5`, `1.0` ms), event indices as integers.
+ */
+export function axisTicks(x0: number, x1: number, plotW: number, timed: boolean): AxisTicks {
+  const span = x1 - x0 > 0 ? x1 - x0 : 1;
+  const raw = span / Math.max(2, Math.floor(plotW / 90));
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  let tick = [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw * (1 - 1e-9)) ?? mag * 10;
+  if (!timed) tick = Math.max(1, Math.round(tick));
+  const values: number[] = [];
+  for (let k = Math.ceil(x0 / tick - 1e-9); k * tick <= x1 + tick * 1e-9; k++) values.push(k * tick);
+  if (!timed) return { values, labels: values.map((v) => String(Math.round(v))), unit: "event" };
+  const top = Math.max(Math.abs(x0), Math.abs(x1));
+  const [scale, unit] = TIME_UNITS.find(([s]) => top >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
+  const decimals = Math.max(0, Math.ceil(-Math.log10(tick / scale) - 1e-9));
+  const labels = values.map((v) => (Math.abs(v) < tick * 1e-6 ? "0" : (v / scale).toFixed(decimals)));
+  return { values, labels, unit };
+}
+
 /** A unit's name as the views show it: quoted, `(root)` for the root's (whose FQN is ""). */
 export const quote = (name: string): string => (name === "" ? "(root)" : `'${name}'`);
 
@@ -319,7 +361,7 @@ export function describeStep(data: TimelineData, step: number): string {
   if (data.ranks.length > 1) parts.push(data.ranks[s.rank[i]]);
   parts.push(
     data.timed
-      ? `t = ${s.x0[i].toFixed(6)} s${data.source === "prediction" ? " (modelled)" : ""}`
+      ? `t = ${formatSeconds(s.x0[i])}${data.source === "prediction" ? " (modelled)" : ""}`
       : `event ${s.index[i]} of iteration ${s.iteration[i]}`,
   );
   if (data.memory !== null) {

@@ -2,6 +2,7 @@
 // run, and the memory curve with its peak. Only the visible window is drawn.
 import {
   FREE,
+  axisTicks,
   KIND_LANE,
   LANES,
   type TimelineData,
@@ -222,20 +223,20 @@ function drawEvents(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawS
 
 function drawAxis(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
   const { layout: l, win, theme } = st;
-  const span = win.x1 - win.x0;
-  const raw = span / 8;
-  const mag = 10 ** Math.floor(Math.log10(raw || 1));
-  const tick = [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw) ?? mag * 10;
+  const ticks = axisTicks(win.x0, win.x1, l.plotW, data.timed);
   ctx.fillStyle = theme.muted;
-  ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (let t = Math.ceil(win.x0 / tick) * tick; t <= win.x1; t += tick) {
+  const y = l.lanesBottom + 5;
+  ticks.values.forEach((t, k) => {
     const px = xToPx(win, l, t);
     ctx.fillRect(px, l.lanesBottom + 1, 1, 4);
-    ctx.fillText(data.timed ? t.toPrecision(3) : String(Math.round(t)), px, l.lanesBottom + 5);
-  }
-  ctx.textAlign = "left";
-  ctx.fillText(data.timed ? "s" : "event", 4, l.lanesBottom + 5);
+    // Centred under the tick, kept inside the plot at both ends.
+    const half = ctx.measureText(ticks.labels[k]).width / 2;
+    ctx.textAlign = "center";
+    ctx.fillText(ticks.labels[k], Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half), y);
+  });
+  ctx.textAlign = "right";
+  ctx.fillText(data.timed ? `time (${ticks.unit})` : "event", l.labelW - 8, y);
 }
 
 function drawCursor(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState, y0: number, y1: number): void {

@@ -40,6 +40,13 @@ export interface WidgetModel {
 }
 
 const SPEEDS = [1, 5, 20, 100, 500];
+const MIN_WIDTH = 300;
+
+/** `fn` on the next animation frame (a timer where there are no frames); returns a handle. */
+function nextFrame(fn: () => void): number {
+  if (typeof requestAnimationFrame === "function") return requestAnimationFrame(() => fn());
+  return setTimeout(fn, 16) as unknown as number;
+}
 const DEFAULT_VISIBLE_STEPS = 150;
 
 function button(label: string, title: string, onClick: () => void): HTMLButtonElement {
@@ -50,6 +57,27 @@ function button(label: string, title: string, onClick: () => void): HTMLButtonEl
   b.setAttribute("aria-label", title);
   b.addEventListener("click", onClick);
   return b;
+}
+
+/** What the marks mean (colour alone says only which unit). */
+function legend(): HTMLElement {
+  const el = document.createElement("div");
+  el.className = "fv-legend";
+  const items: Array<[string, string]> = [
+    ["fv-solid", "collective, in its unit's colour"],
+    ["fv-hatch", "prefetch (all-gather issued ahead)"],
+    ["fv-tick", "free (reshard)"],
+    ["fv-pale", "backward compute"],
+    ["fv-line", "memory per rank"],
+  ];
+  for (const [kind, text] of items) {
+    const item = document.createElement("span");
+    const swatch = document.createElement("span");
+    swatch.className = `fv-swatch ${kind}`;
+    item.append(swatch, text);
+    el.appendChild(item);
+  }
+  return el;
 }
 
 function showError(el: HTMLElement, model: AnyModel<WidgetModel>, err: unknown): void {
@@ -78,7 +106,7 @@ function render({ model, el }: RenderProps<WidgetModel>): () => void {
   info.className = "fv-info";
   const note = document.createElement("div");
   note.className = "fv-note";
-  root.append(controls, canvas, info, note);
+  root.append(controls, canvas, info, legend(), note);
 
   let data = model.get("data");
   let layout: Layout = computeLayout(data, 800);
@@ -165,8 +193,24 @@ function render({ model, el }: RenderProps<WidgetModel>): () => void {
     resize();
   }
 
+  // The width laid out last. A hidden widget, or one not yet in the page, measures 0
+  // (JupyterLab also hides the notebook for a moment while it switches themes, too
+  // briefly for the ResizeObserver to report): keep the last width and look again on
+  // the next frame instead of shrinking to the minimum.
+  let width = MIN_WIDTH;
+  let remeasure = 0;
+  let disposed = false;
   function resize(): void {
-    const width = Math.max(root.clientWidth, 300);
+    const measured = root.clientWidth;
+    if (measured > 0) {
+      width = Math.max(measured, MIN_WIDTH);
+    } else if (remeasure === 0) {
+      remeasure = nextFrame(() => {
+        remeasure = 0;
+        if (disposed) return;
+        if (root.clientWidth > 0 && Math.max(root.clientWidth, MIN_WIDTH) !== width) guard(resize)();
+      });
+    }
     layout = computeLayout(data, width);
     const ratio = dpr();
     canvas.width = Math.round(width * ratio);
@@ -282,12 +326,21 @@ function render({ model, el }: RenderProps<WidgetModel>): () => void {
 
   const observer = new ResizeObserver(guard(resize));
   observer.observe(root);
-  const themeWatch = new MutationObserver(guard(() => {
+  const applyTheme = guard(() => {
     theme = readTheme(root);
-    model.set("theme", theme.name);
-    model.save_changes();
+    if (model.get("theme") !== theme.name) {
+      model.set("theme", theme.name);
+      model.save_changes();
+    }
     resize();
-  }));
+  });
+  // Now, and again on the next frame: the new theme's CSS variables may apply after the flag.
+  const themeWatch = new MutationObserver(() => {
+    applyTheme();
+    nextFrame(() => {
+      if (!disposed) applyTheme();
+    });
+  });
   themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light"] });
   guard(() => {
     resetData();
@@ -299,6 +352,7 @@ function render({ model, el }: RenderProps<WidgetModel>): () => void {
   })();
 
   return () => {
+    disposed = true;
     player.pause();
     sync.flush();
     observer.disconnect();

@@ -3,11 +3,13 @@ import {
   type FrameScheduler,
   Player,
   Throttle,
+  axisTicks,
   clampStep,
   describeStep,
   firstStepEndingAfter,
   follow,
   formatBytes,
+  formatSeconds,
   fullRange,
   nearestStep,
   stepAt,
@@ -187,17 +189,51 @@ describe("text", () => {
     expect(describeStep(d, 1)).toBe(
       "step 2/6 · all_gather 'b' (prefetch) · forward · pre_forward hook of 'b' · event 1 of iteration 1 · memory 1 KiB",
     );
-    expect(describeStep(sample(6, true), 4)).toContain("t = 2.000000 s");
+    expect(describeStep(sample(6, true), 4)).toContain("t = 2 s");
     expect(describeStep(d, 4)).toContain("memory 3 KiB");
   });
 
   it("marks a prediction's times as modelled", () => {
     const d = { ...sample(6, true), source: "prediction" };
-    expect(describeStep(d, 4)).toContain("t = 2.000000 s (modelled)");
+    expect(describeStep(d, 4)).toContain("t = 2 s (modelled)");
     expect(describeStep({ ...d, source: "recording" }, 4)).not.toContain("modelled");
   });
 
   it("names the root's unit (FQN '') as (root)", () => {
     expect(describeStep(sample(), 0)).toContain("all_gather (root) · forward · pre_forward hook of (root)");
   });
+
+  it("writes durations in the unit that suits them", () => {
+    expect(formatSeconds(0)).toBe("0 s");
+    expect(formatSeconds(0.000343)).toBe("343 µs");
+    expect(formatSeconds(0.0123456)).toBe("12.3 ms");
+    expect(formatSeconds(1.5)).toBe("1.5 s");
+    expect(formatSeconds(4.2e-8)).toBe("42 ns");
+  });
 });
+
+describe("axis ticks", () => {
+  it("labels a window of milliseconds in ms, about one tick per 90 px", () => {
+    const t = axisTicks(0, 0.0044, 800, true);
+    expect(t.unit).toBe("ms");
+    expect(t.labels).toEqual(["0", "1", "2", "3", "4"]);
+    const wide = axisTicks(0, 0.0044, 1400, true);
+    expect(wide.labels).toEqual(["0", "0.5", "1.0", "1.5", "2.0", "2.5", "3.0", "3.5", "4.0"]);
+    expect(wide.values.length).toBeLessThanOrEqual(1400 / 90 + 1);
+  });
+
+  it("has fewer ticks when the plot is narrow, and no float drift", () => {
+    const t = axisTicks(0.0003, 0.0031, 140, true);
+    expect(t.values.length).toBeLessThanOrEqual(3);
+    expect(t).toMatchObject({ unit: "ms", labels: ["2"] });
+    expect(axisTicks(0, 450e-6, 900, true)).toMatchObject({ unit: "µs", labels: ["0", "50", "100", "150", "200", "250", "300", "350", "400", "450"] });
+  });
+
+  it("counts event indices in integers", () => {
+    const t = axisTicks(0, 7, 900, false);
+    expect(t.unit).toBe("event");
+    expect(t.labels).toEqual(["0", "1", "2", "3", "4", "5", "6", "7"]);
+    expect(axisTicks(0, 5000, 900, false).labels.slice(0, 3)).toEqual(["0", "500", "1000"]);
+  });
+});
+

@@ -157,4 +157,38 @@ describe("timeline widget", () => {
     model.fromPython("data", data);
     expect(buttonTitled(el, "no memory series").disabled).toBe(true);
   });
+
+  it("keeps its width while the notebook is hidden for a moment (a theme switch)", async () => {
+    let width = 968;
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
+    const { el } = setup();
+    const canvas = el.querySelector("canvas") as HTMLCanvasElement;
+    expect(canvas.style.width).toBe("968px");
+    width = 0; // JupyterLab hides the shell while it swaps the theme's CSS ...
+    document.body.dataset.jpThemeLight = "false";
+    await Promise.resolve(); // the MutationObserver runs
+    expect(canvas.style.width).toBe("968px");
+    width = 968; // ... and shows it again within the frame
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(canvas.style.width).toBe("968px");
+    delete document.body.dataset.jpThemeLight;
+  });
+
+  it("takes the new width on the next frame when it measured none", async () => {
+    let width = 0;
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
+    const { el } = setup(); // rendered before it is in the page
+    const canvas = el.querySelector("canvas") as HTMLCanvasElement;
+    expect(canvas.style.width).toBe("300px");
+    width = 700;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(canvas.style.width).toBe("700px");
+  });
+
+  it("explains its marks in a legend", () => {
+    const { el } = setup();
+    const text = el.querySelector(".fv-legend")?.textContent ?? "";
+    for (const item of ["prefetch", "free", "backward compute", "memory"]) expect(text).toContain(item);
+  });
 });
+
