@@ -273,3 +273,31 @@ def test_a_bug_in_the_card_falls_back_to_the_summary(monkeypatch: pytest.MonkeyP
     text = _text(html)
     assert "fsdpviz prediction: 4 units, world size 4" in text
     assert "(the card could not be drawn: ValueError: unexpected <unit>)" in text
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (512, "512 B"),
+        (1536, "1.5 KiB"),
+        (1000 * 1024, "1000 KiB"),  # not '1e+03 KiB'
+        (int(1023.7 * 1024), "1024 KiB"),
+        (int(999.4 * 2**20), "999 MiB"),
+        (3 * 2**30, "3 GiB"),
+    ],
+)
+def test_bytes_read_as_numbers(n: int, text: str) -> None:
+    from fsdpviz.views import format_bytes
+
+    assert format_bytes(n) == text
+
+
+def test_counts_read_as_numbers() -> None:
+    from fsdpviz.views.card import _count
+
+    assert [_count(n) for n in (9_999, 999_700, 1_234_567, 70_553_706_496)] == [
+        "9,999",
+        "1000 K",
+        "1.23 M",
+        "70.6 B",
+    ]

@@ -27,6 +27,7 @@ __all__ = [
     "format_bytes",
     "template",
     "theme_colors",
+    "three_digits",
     "unit_colors",
 ]
 
@@ -100,6 +101,12 @@ def format_bytes(n: float) -> str:
     value = float(n)
     for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or suffix == "TiB":
-            return f"{value:.0f} {suffix}" if suffix == "B" else f"{value:.3g} {suffix}"
+            return f"{value:.0f} {suffix}" if suffix == "B" else f"{three_digits(value)} {suffix}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def three_digits(value: float) -> str:
+    """Three significant digits, never in exponent form: ``999.7`` -> ``'1000'``, not ``1e+03``."""
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e" in text else text

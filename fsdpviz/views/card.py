@@ -19,7 +19,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from fsdpviz.core.schema import Report, Unit
-from fsdpviz.views._style import format_bytes, unit_colors
+from fsdpviz.views._style import format_bytes, three_digits, unit_colors
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
 
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ def _count(n: int) -> str:
         return f"{n:,}"
     for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= div:
-            return f"{n / div:.3g} {suffix}"
+            return f"{three_digits(n / div)} {suffix}"
     raise AssertionError("unreachable")
 
 
