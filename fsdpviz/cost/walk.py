@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from fsdpviz.core.schema import Event, Report
 from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
 from fsdpviz.cost.tape import HookCall, Tape
@@ -45,7 +47,11 @@ class Walker:
                 "no trace profile (a recording, or trace='fx'): activations and temporaries "
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
-        self._open: dict[tuple[str, str], int] = {}
+        # Open per-unit windows: (total when opened, index into _totals where they opened).
+        self._open: dict[tuple[str, str], tuple[int, int]] = {}
+        self._totals: list[int] = []  # the total at every moment, for the windows' peaks
+        # Closed windows: (unit, direction, total when opened, first and end moment index).
+        self._closed: list[tuple[str, str, int, int, int]] = []
         self._closing: list[tuple[str, str]] = []
         self._since = 0
         self._peak = -1
@@ -60,6 +66,7 @@ class Walker:
             self._hook(call)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
+        self._unit_peaks()
 
     def _compute(self, c: HookCall) -> None:
         if c.flops_forward + c.flops_backward > 0:
@@ -201,8 +208,7 @@ class Walker:
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None:
         total = self._total()
         self._since = max(self._since, total)
-        for key in self._open:
-            self._open[key] = max(self._open[key], total)
+        self._totals.append(total)
         if total > self._peak:
             self._peak = total
             if e is not None:
@@ -242,7 +248,7 @@ class Walker:
             recompute = c.hook == "pre_forward" and self.in_backward
             key = (c.unit, "backward" if c.backward else "forward")
             if c.hook in _WAITS and key not in self._open and not recompute:
-                self._open[key] = self._total()
+                self._open[key] = (self._total(), len(self._totals))
             return
         if c.hook == "post_forward":
             self._close((c.unit, "forward"))
@@ -255,9 +261,28 @@ class Walker:
 
     def _close(self, key: tuple[str, str]) -> None:
         if key in self._open:
-            peak = self._open.pop(key)
-            slot = self.unit_peaks.setdefault(key[0], {"forward": 0, "backward": 0})
-            slot[key[1]] = max(slot[key[1]], peak)
+            opened, start = self._open.pop(key)
+            self._closed.append((key[0], key[1], opened, start, len(self._totals)))
+
+    def _unit_peaks(self) -> None:
+        """Each closed window's peak: the most of its opening total and the moments in it.
+
+        Range maxima from a sparse table (windows can span most of an iteration, and
+        there is one per unit and direction).
+        """
+        totals = np.asarray(self._totals, dtype=np.int64)
+        table = [totals]  # table[k][i]: the most of totals[i : i + 2**k]
+        while (1 << len(table)) <= len(totals):
+            half = 1 << (len(table) - 1)
+            table.append(np.maximum(table[-1][:-half], table[-1][half:]))
+        for unit, direction, opened, start, end in self._closed:
+            peak = opened
+            if end > start:
+                k = (end - start).bit_length() - 1
+                level = table[k]
+                peak = max(peak, int(level[start]), int(level[end - (1 << k)]))
+            slot = self.unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot[direction] = max(slot[direction], peak)
 
     def peak_record(self) -> dict[str, Any]:
         breakdown = self._peak_at.get("breakdown", dict(self.cat))

@@ -30,7 +30,13 @@ from fsdpviz.views._style import (
 )
 from fsdpviz.views.tree import ModuleTree, module_tree, node_id
 
-__all__ = ["ExplorerKind", "ExplorerSize", "explorer_figure", "highlight_lines"]
+__all__ = [
+    "ExplorerKind",
+    "ExplorerSize",
+    "explorer_figure",
+    "explorer_parts",
+    "highlight_lines",
+]
 
 ExplorerKind = Literal["icicle", "treemap"]
 ExplorerSize = Literal["numel", "rank_bytes"]
@@ -62,6 +68,28 @@ def explorer_figure(
     trace's ``ids`` are module FQNs (``<root>`` for the root), so a click's point
     index maps back to ``report.modules``. ``highlight_unit`` outlines that unit's
     modules (see :func:`highlight_lines`); ``tree`` reuses a :func:`module_tree`.
+    """
+    trace, layout = explorer_parts(
+        report, kind=kind, size=size, theme=theme, highlight_unit=highlight_unit, tree=tree
+    )
+    # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
+    # (and so the golden tests) are still validated.
+    return go.Figure(data=[trace], layout=layout, _validate=len(trace["ids"]) < VALIDATE_BELOW)
+
+
+def explorer_parts(
+    report: Report,
+    *,
+    kind: ExplorerKind = "icicle",
+    size: ExplorerSize = "numel",
+    theme: Theme = "light",
+    highlight_unit: str | None = None,
+    tree: ModuleTree | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The trace and the layout of :func:`explorer_figure` as plain dicts, not validated.
+
+    For widgets that redraw on every re-plan: plotly's validation of a 1,000-node
+    trace costs more than building it.
     """
     if kind not in ("icicle", "treemap"):
         raise ValueError(f"unknown explorer kind {kind!r}; use 'icicle' or 'treemap'")
@@ -140,9 +168,7 @@ def explorer_figure(
         "height": 520,
         "uirevision": "explorer",
     }
-    # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
-    # (and so the golden tests) are still validated.
-    return go.Figure(data=[trace], layout=layout, _validate=len(ids) < VALIDATE_BELOW)
+    return trace, layout
 
 
 def _compact(array: np.ndarray) -> np.ndarray | list[Any]:

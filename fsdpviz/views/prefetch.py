@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 from fsdpviz.core.schema import Report
@@ -39,7 +40,13 @@ from fsdpviz.views.prefetch_analysis import (
     prefetch_analysis,
 )
 
-__all__ = ["PrefetchAnalysis", "backward_unit_order", "prefetch_analysis", "prefetch_figure"]
+__all__ = [
+    "PrefetchAnalysis",
+    "backward_unit_order",
+    "prefetch_analysis",
+    "prefetch_figure",
+    "prefetch_parts",
+]
 
 _LABELS = {
     "forward_order": "forward order",
@@ -49,6 +56,7 @@ _LABELS = {
     "missed": "next in backward, gathered on demand",
 }
 _MAX_TICK_LABELS = 60
+_COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golden files)
 _PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
 
 
@@ -65,12 +73,32 @@ def prefetch_figure(
     The last two traces are the ``current`` and ``selected`` unit rings (one point
     each, empty when ``None``) so a widget can move them without rebuilding.
     """
+    traces, layout = prefetch_parts(
+        report,
+        iteration,
+        theme=theme,
+        highlight_unit=highlight_unit,
+        selected_unit=selected_unit,
+    )
+    return go.Figure(data=traces, layout=layout)
+
+
+def prefetch_parts(
+    report: Report,
+    iteration: int = -1,
+    *,
+    theme: Theme = "light",
+    highlight_unit: str | None = None,
+    selected_unit: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The traces and the layout of :func:`prefetch_figure` as plain dicts, not validated
+    (for widgets that redraw on every re-plan)."""
     graph = unit_graph(report, iteration)
     facts = prefetch_analysis(report, iteration)
     pos = facts.positions
     colors = palette_for(report)
     c = theme_colors(theme)
-    fig = go.Figure()
+    traces: list[dict[str, Any]] = []
     arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
     for a, b, data in graph.edges(data=True):
         kind = data["kind"]
@@ -112,29 +140,34 @@ def prefetch_figure(
     aspect = (_PLOT_PX[1] / 4.0) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
     for kind, edges in arcs.items():
         if edges:
-            _add_edges(fig, kind, edges, pos, aspect)
-    _add_nodes(fig, report, graph, pos, colors, facts.never_prefetched, c)
+            traces += _edge_traces(kind, edges, pos, aspect)
+    traces += _node_traces(graph, pos, colors, facts.never_prefetched, c)
     for name, unit, color in (
         ("current", highlight_unit, c["fg"]),
         ("selected", selected_unit, "#D55E00"),
     ):
         xs = [pos[unit]] if unit is not None and unit in pos else []
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[0.0] * len(xs),
-                mode="markers",
-                name=name,
-                hoverinfo="skip",
-                marker={"symbol": "circle-open", "size": 30, "color": color, "line": {"width": 3}},
-                showlegend=False,
-            )
+        traces.append(
+            {
+                "type": "scatter",
+                "x": xs,
+                "y": [0.0] * len(xs),
+                "mode": "markers",
+                "name": name,
+                "hoverinfo": "skip",
+                "marker": {
+                    "symbol": "circle-open",
+                    "size": 30,
+                    "color": color,
+                    "line": {"width": 3},
+                },
+                "showlegend": False,
+            }
         )
-    _layout(fig, report, facts, pos, theme)
-    return fig
+    return traces, _layout(report, facts, pos, theme)
 
 
-def _arc(x0: float, x1: float, side: float, steps: int = 12) -> tuple[list[float], list[float]]:
+def _arc(x0: float, x1: float, side: float, steps: int) -> tuple[list[float], list[float]]:
     if side == 0.0:
         return [x0, x1], [0.0, 0.0]
     height = side * min(0.35 + 0.12 * abs(x1 - x0), 1.6) if abs(side) == 1.0 else side
@@ -146,19 +179,20 @@ def _arc(x0: float, x1: float, side: float, steps: int = 12) -> tuple[list[float
     return xs, ys
 
 
-def _add_edges(
-    fig: go.Figure,
+def _edge_traces(
     kind: str,
     edges: list[tuple[str, str, float, str]],
     pos: dict[str, int],
     aspect: float,
-) -> None:
+) -> list[dict[str, Any]]:
     color, dash = EDGE_COLORS[kind]
     xs: list[float | None] = []
     ys: list[float | None] = []
     mid_x, mid_y, tips_x, tips_y, angles, texts = [], [], [], [], [], []
+    # Points per arc: 12 where there is room, fewer where hundreds of units share the axis.
+    steps = max(4, min(12, round(_PLOT_PX[0] * 3 / max(len(pos), 1))))
     for a, b, side, text in edges:
-        ax, ay = _arc(pos[a], pos[b], side)
+        ax, ay = _arc(pos[a], pos[b], side, steps)
         xs += [*ax, None]
         ys += [*ay, None]
         m = len(ax) // 2
@@ -173,51 +207,48 @@ def _add_edges(
         angles.append(round(math.degrees(math.atan2(dx, dy * aspect)), 1))
     label = _LABELS[kind]
     arrow = round(max(5.0, min(11.0, 0.5 * _PLOT_PX[0] / max(len(pos), 1))), 1)
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=ys,
-            mode="lines",
-            name=label,
-            legendgroup=kind,
-            hoverinfo="skip",
-            line={"color": color, "dash": dash, "width": 2 if kind != "forward_order" else 1.5},
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=tips_x,
-            y=tips_y,
-            mode="markers",
-            legendgroup=kind,
-            showlegend=False,
-            hoverinfo="skip",
-            marker={"symbol": "arrow", "size": arrow, "color": color, "angle": angles},
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=mid_x,
-            y=mid_y,
-            mode="markers",
-            legendgroup=kind,
-            showlegend=False,
-            text=texts,
-            hovertemplate="%{text}<extra></extra>",
-            marker={"size": 8, "color": color, "opacity": 0.0},
-        )
-    )
+    return [
+        {
+            "type": "scatter",
+            "x": _compact(xs),
+            "y": _compact(ys),
+            "mode": "lines",
+            "name": label,
+            "legendgroup": kind,
+            "hoverinfo": "skip",
+            "line": {"color": color, "dash": dash, "width": 2 if kind != "forward_order" else 1.5},
+        },
+        {
+            "type": "scatter",
+            "x": _compact(tips_x),
+            "y": _compact(tips_y),
+            "mode": "markers",
+            "legendgroup": kind,
+            "showlegend": False,
+            "hoverinfo": "skip",
+            "marker": {"symbol": "arrow", "size": arrow, "color": color, "angle": _compact(angles)},
+        },
+        {
+            "type": "scatter",
+            "x": _compact(mid_x),
+            "y": _compact(mid_y),
+            "mode": "markers",
+            "legendgroup": kind,
+            "showlegend": False,
+            "text": texts,
+            "hovertemplate": "%{text}<extra></extra>",
+            "marker": {"size": 8, "color": color, "opacity": 0.0},
+        },
+    ]
 
 
-def _add_nodes(
-    fig: go.Figure,
-    report: Report,
+def _node_traces(
     graph: Any,
     pos: dict[str, int],
     colors: dict[str, str],
     never: list[str],
     c: dict[str, str],
-) -> None:
+) -> list[dict[str, Any]]:
     names = sorted(pos, key=pos.__getitem__)
     # Markers shrink to fit the plot; their forward index is printed while it fits.
     size = max(6.0, min(20.0, 0.75 * _PLOT_PX[0] / max(len(names), 1)))
@@ -236,47 +267,51 @@ def _add_nodes(
             f"in backward: {d['prefetched_backward']}"
             + ("<br><b>never prefetched</b>" if d["never_prefetched"] else "")
         )
+    traces: list[dict[str, Any]] = []
     if never:
-        fig.add_trace(
-            go.Scatter(
-                x=[pos[n] for n in never],
-                y=[0.0] * len(never),
-                mode="markers",
-                name="never prefetched",
-                hoverinfo="skip",
-                marker={
+        traces.append(
+            {
+                "type": "scatter",
+                "x": [pos[n] for n in never],
+                "y": [0.0] * len(never),
+                "mode": "markers",
+                "name": "never prefetched",
+                "hoverinfo": "skip",
+                "marker": {
                     "symbol": "square-open",
                     "size": 26,
                     "color": c["muted"],
                     "line": {"width": 2},
                 },
-            )
+            }
         )
-    fig.add_trace(
-        go.Scatter(
-            x=[pos[n] for n in names],
-            y=[0.0] * len(names),
-            customdata=names,
-            mode="markers" if many else "markers+text",
-            name="units",
-            showlegend=False,
-            text=[str(pos[n]) for n in names],
-            textposition="middle center",
-            textfont={"size": 10, "color": "#000000"},
-            hovertext=hover,
-            hovertemplate="%{hovertext}<extra></extra>",
-            marker={
+    traces.append(
+        {
+            "type": "scatter",
+            "x": [pos[n] for n in names],
+            "y": [0.0] * len(names),
+            "customdata": names,
+            "mode": "markers" if many else "markers+text",
+            "name": "units",
+            "showlegend": False,
+            "text": [str(pos[n]) for n in names],
+            "textposition": "middle center",
+            "textfont": {"size": 10, "color": "#000000"},
+            "hovertext": hover,
+            "hovertemplate": "%{hovertext}<extra></extra>",
+            "marker": {
                 "size": round(size, 1),
                 "color": [colors[n] for n in names],
                 "line": {"width": 1, "color": c["bg"]},
             },
-        )
+        }
     )
+    return traces
 
 
 def _layout(
-    fig: go.Figure, report: Report, facts: PrefetchAnalysis, pos: dict[str, int], theme: Theme
-) -> None:
+    report: Report, facts: PrefetchAnalysis, pos: dict[str, int], theme: Theme
+) -> dict[str, Any]:
     names = sorted(pos, key=pos.__getitem__)
     step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
     shown = names[::step]
@@ -312,7 +347,7 @@ def _layout(
             f"forward_prefetch={cfg.get('forward_prefetch')}, "
             f"backward_prefetch={cfg.get('backward_prefetch')}"
         )
-    fig.update_layout(
+    return dict(
         template=template(theme),
         title={"text": f"Prefetch graph ({it}): {setting}", "font": {"size": 14}},
         xaxis={
@@ -350,3 +385,11 @@ def _layout(
 
 def _count(items: list[Any], noun: str) -> str:
     return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")
+
+
+def _compact(values: list[Any]) -> Any:
+    """Numbers as a numpy array (sent base64-encoded by plotly) when there are many of them;
+    ``None`` (a gap between arcs) becomes NaN."""
+    if len(values) < _COMPACT_FROM:
+        return values
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
