@@ -50,6 +50,7 @@ __all__ = [
     "BACKWARD_PREFETCH",
     "SHARDING_STRATEGIES",
     "PlanOptions",
+    "Recipe",
     "Replanner",
 ]
 
@@ -192,8 +193,13 @@ class Replanner:
         report, path = fast or (self._analyze(opts), "trace")
         self.last_seconds, self.last_cached = time.perf_counter() - start, False
         self.last_path = path
-        self._remember(opts, report)
+        self.remember(opts, report)
         return report
+
+    def warm(self, options: PlanOptions) -> None:
+        """Make the stored trace ``options`` would re-plan from now (its recipe's first
+        plan otherwise makes it), so later plans answer in tens of milliseconds."""
+        self._stored_trace(options)
 
     def cached(self, options: PlanOptions) -> Report | None:
         """The report planned for ``options`` if it is still in the cache."""
@@ -208,10 +214,12 @@ class Replanner:
         report = self._analyze(options)
         self.last_seconds, self.last_cached = time.perf_counter() - start, False
         self.last_path = "trace"
-        self._remember(options, report)
+        self.remember(options, report)
         return report
 
-    def _remember(self, opts: PlanOptions, report: Report) -> None:
+    def remember(self, opts: PlanOptions, report: Report) -> None:
+        """Keep ``report`` as the plan for ``opts`` (e.g. the report a view was opened with:
+        a later world-size, sharding or prefetch change then replays it, profile included)."""
         self._cache[opts] = report
         self._cache.move_to_end(opts)
         while len(self._cache) > self.cache_size:

@@ -442,3 +442,40 @@ def test_dark_theme_restyles_every_view(session: Session) -> None:
         if name == "dark":
             session.screenshot("dashboard-dark", session.dashboard())
     session.assert_no_browser_errors()
+
+
+def test_controls_re_plan_every_view(session: Session) -> None:
+    """World size (a replay) and forward prefetch (a plan from the stored trace) changed in the
+    page: the explorer answers, the prefetch graph and the timeline follow, and once the controls
+    rest the memory curve gains the activations from a trace."""
+    explorer = session.dashboard().locator(".fsdpviz-explorer")
+    status = explorer.get_by_text(re.compile(r"^\d+ units?, .* per rank"))
+    world = explorer.locator(".widget-dropdown", has_text="world size").locator("select")
+    world.select_option("64")
+    _wait_for_text(status, r"re-planned in \d+ ms \(replay\)", UI_MS, "the world-size re-plan")
+    title = session.explorer_plot().locator(".gtitle")
+    _wait_for_text(title, r"world size 64$", UI_MS, "the explorer to redraw")
+    explorer.get_by_role("checkbox", name="forward prefetch").check()
+    _wait_for_text(status, r"re-planned in \d+ ms \(stored trace\)", UI_MS, "a stored-trace plan")
+    prefetch_title = session.dashboard().locator(".js-plotly-plot .gtitle").nth(1)
+    _wait_for_text(prefetch_title, r"forward_prefetch=True", UI_MS, "the prefetch graph")
+    note = session.dashboard().get_by_text(re.compile(r"^memory: "))
+    _wait_for_text(note, r"activations included", 60_000, "the traced memory curve")
+    out = session.run_new_cell(
+        "import json as _json\n"
+        "from fsdpviz.cost import memory_series as _ms\n"
+        "_r = view.explorer.report\n"
+        "print(_json.dumps({'world_size': _r.config['world_size'], "
+        "'forward_prefetch': _r.config['forward_prefetch'], "
+        "'path': view.explorer.replanner.last_path, "
+        "'curve_is_traced': view.timeline.data['memory']['bytes'] == _ms("
+        "view.explorer.replanner.cached(view.explorer.options), iteration=-1), "
+        "'x_label': view.timeline.data['x_label'], "
+        "'errors': repr(view.errors.last_error or view.explorer.errors.last_error)}))"
+    )
+    state = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert state["world_size"] == 64 and state["forward_prefetch"] is True, state
+    assert state["curve_is_traced"] and state["x_label"].startswith("time (s, modelled"), state
+    assert state["errors"] == "None", state
+    session.screenshot("dashboard-after-re-plan", show=session.dashboard())
+    session.assert_no_browser_errors()

@@ -245,7 +245,13 @@ def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
     view.memory_note.observe(lambda c: notes.append(c["new"]), names="value")
     labels: list[str] = []
     view.timeline.observe(lambda c: labels.append(c["new"]["x_label"]), names="data")
-    ex.controls.set(world_size=16, forward_prefetch=True)
+    # The report the view opened with is the plan of the controls' first options: a world
+    # size change replays it, profile and all.
+    ex.controls.set(world_size=16)
+    assert ex.replanner.last_path == "replay" and ex.report.profile is not None
+    assert labels[-1].startswith("time (s, modelled")
+    labels.clear()
+    ex.controls.set(forward_prefetch=True)
     assert ex.report.profile is None and "stored trace" in ex.status.value
     assert any("parameters, gradients" in n for n in notes)
     # no FLOPs without a profile: laid out by index until the traced plan places it in time
@@ -257,7 +263,7 @@ def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
     curve = view.timeline.data["memory"]["bytes"]
     assert curve == memory_series(profiled, iteration=-1)
     assert max(curve) > max(memory_series(ex.report, iteration=-1))
-    # A plain world-size change now replays the profiled report: profile kept.
+    # A plain world-size change now replays the traced report: profile kept.
     ex.controls.set(world_size=32)
     assert ex.replanner.last_path == "replay" and ex.report.profile is not None
 

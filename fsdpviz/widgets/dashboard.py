@@ -5,10 +5,13 @@
 - ``selected_unit`` is shared: a click in any view selects the unit in all three;
 - a re-plan in the explorer redraws the prefetch graph and the timeline (and calls
   the memory model again when ``memory`` is a callable);
+- a re-plan answers in the explorer first; the prefetch graph and the timeline
+  follow right after that answer has reached the browser;
 - ``memory="auto"`` (the default) draws :func:`fsdpviz.cost.memory_series` under the
   timeline. A re-plan answered from the stored trace has no trace profile, so its
   curve first shows parameters, gradients and optimizer state; the activations
-  follow from a trace made right after the answer (``memory_note`` says which);
+  follow from a trace made once the controls have rested for ``PROFILE_AFTER_S``
+  seconds (``memory_note`` says which);
 - ``machine`` (default ``"h100"``; a preset name or :func:`fsdpviz.cost.machine`)
   places a prediction's events at the times :func:`fsdpviz.cost.timeline` models,
   once the plan has a trace profile (``None``: by event index);
@@ -23,8 +26,7 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import ipywidgets as w
@@ -33,16 +35,20 @@ import traitlets
 from fsdpviz.core.schema import Report
 from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.memory import memory_series
-from fsdpviz.views.prefetch import prefetch_figure
+from fsdpviz.views.prefetch import prefetch_parts
 from fsdpviz.views.timeline_data import MemorySource, resolve_memory
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
+from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
 from fsdpviz.widgets.timeline import TimelineWidget
 
 __all__ = ["Dashboard", "show"]
 
 _BIG_TREE = 2000  # modules; above this the explorer outline waits for pause while playing
+# Seconds the controls must rest before a re-plan without activations is traced for them
+# (the trace keeps the kernel busy: a control changed meanwhile would wait for it).
+PROFILE_AFTER_S = 1.5
 
 
 class Dashboard(w.VBox):  # type: ignore[misc]
@@ -66,9 +72,11 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.memory = memory
         self.iteration = iteration
         self.errors = ErrorOutput()
+        self._deferred = Deferred(self.errors.guard)
         self.memory_note = w.HTML()
         self.explorer = Explorer(report, model=model, inputs=inputs, theme=theme, **analyze_kwargs)
-        self.prefetch = ClickFigure(prefetch_figure(report, theme=theme))  # type: ignore[arg-type]
+        traces, layout = prefetch_parts(report, theme=theme)  # type: ignore[arg-type]
+        self.prefetch = ClickFigure({"data": traces, "layout": layout}, _validate=False)
         timeline_reports = list(ranks) if ranks else [report]
         self.timeline = TimelineWidget(
             timeline_reports, iteration, memory=self._memory(timeline_reports[0]), machine=machine
@@ -145,24 +153,23 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         return series
 
     def _on_report(self, change: dict[str, Any]) -> None:
-        report: Report = change["new"]
+        # The explorer has answered; the prefetch graph and the timeline follow at once
+        # after that answer is sent, and a pending trace of an older plan is dropped.
+        self._deferred.cancel("profile")
+        self._deferred.run("linked", self._update_linked, change["new"])
+
+    def _update_linked(self, report: Report) -> None:
+        if self.explorer.report is not report:
+            return  # a newer re-plan is on its way
         self._replace_prefetch(report)
         self.timeline.set_reports(report, memory=self._memory(report))
         planner = self.explorer.replanner
         if self.memory == "auto" and report.profile is None and planner is not None:
             self.memory_note.value = (
-                "<small>memory: parameters and gradients; tracing the activations...</small>"
+                "<small>memory: parameters and gradients; the activations follow from a "
+                "trace once the controls rest</small>"
             )
-            self._later(self._add_profile, report)
-
-    def _later(self, fn: Callable[[Report], None], report: Report) -> None:
-        """Run ``fn`` after the kernel has sent this answer (at once outside a kernel)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn(report)
-            return
-        loop.call_later(0.05, self.errors.guard(fn), report)
+            self._deferred.run("profile", self._add_profile, report, delay=PROFILE_AFTER_S)
 
     def _add_profile(self, report: Report) -> None:
         """The memory curve with activations: the same plan, traced (skipped if stale)."""
@@ -172,22 +179,31 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             return
         if planner.cached(options) is not report:  # not a re-plan of these options
             return
+        self.memory_note.value = "<small>memory: tracing the activations...</small>"
         profiled = planner.profiled(options)
         if self.explorer.report is report:
             self.timeline.set_reports(profiled, memory=self._memory(profiled))
 
     def _replace_prefetch(self, report: Report) -> None:
-        fig = prefetch_figure(
+        traces, layout = prefetch_parts(
             report,
             theme=self.explorer.theme,  # type: ignore[arg-type]
             highlight_unit=self.timeline.current_unit,
             selected_unit=self.selected_unit,
         )
+        same = [(t.type, t.name) for t in self.prefetch.data] == [
+            (t["type"], t.get("name")) for t in traces
+        ]
         with self.prefetch.batch_update():
-            self.prefetch.data = []
-            self.prefetch.add_traces(list(fig.data))
-            self.prefetch.layout = fig.layout
-        self._bind_prefetch_click()
+            if same:  # the same kinds of edges: update in place (plotly re-validates added traces)
+                for old, new in zip(self.prefetch.data, traces, strict=True):
+                    old.update(new, overwrite=True)
+            else:
+                self.prefetch.data = []
+                self.prefetch.add_traces(traces)
+            self.prefetch.layout = layout
+        if not same:
+            self._bind_prefetch_click()
 
     def _on_js_error(self, change: dict[str, Any]) -> None:
         if change["new"]:

@@ -17,23 +17,28 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.core.schema import Report
-from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan import PlanOptions, Recipe, Replanner
 from fsdpviz.views._style import Theme, format_bytes
 from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import (
-    VALIDATE_BELOW,
     ExplorerKind,
     ExplorerSize,
-    explorer_figure,
+    explorer_parts,
     highlight_lines,
 )
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
+from fsdpviz.widgets._idle import Deferred, answering
 from fsdpviz.widgets.controls import PlanControls
 
 __all__ = ["Explorer"]
 
+# Seconds after the explorer is shown (and between recipes) before the stored traces the
+# controls re-plan from are made, when the kernel is idle.
+WARM_AFTER_S = 0.5
+# What a re-plan, the area or the theme change in the explorer trace (the modules stay).
+_REPLANNED = ("labels", "values", "customdata", "marker")
 # The picker's "(none)": ipywidgets shows an option whose value is None as an empty box.
 _NO_UNIT = "\x00(none)"
 
@@ -69,8 +74,10 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.replanner = replanner
         self.errors = ErrorOutput()
         self.tree: ModuleTree = module_tree(report)
-        fig = explorer_figure(report, theme=cast(Theme, theme), tree=self.tree)
-        self.figure = ClickFigure(fig.to_dict(), _validate=len(self.tree.nodes) < VALIDATE_BELOW)
+        trace, layout = explorer_parts(report, theme=cast(Theme, theme), tree=self.tree)
+        # Not validated: the figure is fsdpviz's own (explorer_figure is checked by the
+        # golden tests), and plotly's checks would cost more than a re-plan.
+        self.figure = ClickFigure({"data": [trace], "layout": layout}, _validate=False)
         self.detail = w.HTML(
             layout=w.Layout(max_height="420px", overflow="auto", padding="0 0 0 8px")
         )
@@ -87,6 +94,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         )
         self.options = PlanOptions.from_report(report)
         """The options of the last re-plan (at first: what ``report.config`` says)."""
+        if replanner is not None and report.source == "prediction":
+            replanner.remember(self.options, report)  # what the controls show now
         self.controls = PlanControls(self.options, replanner, self._replan)
         super().__init__(
             [
@@ -106,6 +115,11 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self._bind()
         self._show_detail()
         self.status.value = self._summary(None)
+        self._deferred = Deferred(self.errors.guard)
+        if replanner is not None:  # in a kernel: the first control change need not wait
+            other: Recipe = "FSDP2" if self.options.recipe == "FSDP1" else "FSDP1"
+            recipes = [self.options.recipe, other]
+            self._deferred.run("warm", self._warm, recipes, delay=WARM_AFTER_S, idle_only=True)
 
     def _bind(self) -> None:
         g = self.errors.guard
@@ -121,18 +135,27 @@ class Explorer(w.VBox):  # type: ignore[misc]
     def _replan(self, options: PlanOptions) -> None:
         if self.replanner is None:
             return
-        self.status.value = "<i>re-planning...</i>"
-        try:
-            report = self.replanner.plan(options)
-        except Exception as e:
-            self.status.value = "<b>re-plan failed</b> (see below)"
-            self.errors.show(e)
+        with answering():
+            self.status.value = "<i>re-planning...</i>"
+            try:
+                report = self.replanner.plan(options)
+            except Exception as e:
+                self.status.value = "<b>re-plan failed</b> (see below)"
+                self.errors.show(e)
+                return
+            self.errors.clear()
+            planner = self.replanner
+            answer = (planner.last_seconds, planner.last_cached, planner.last_path)
+            self.options = options
+            self.report = report
+            self.status.value = self._summary(*answer)
+
+    def _warm(self, recipes: list[Recipe]) -> None:
+        """Make the stored trace of each recipe in turn, one per idle moment."""
+        if self.replanner is None or not recipes:
             return
-        self.errors.clear()
-        answer = (self.replanner.last_seconds, self.replanner.last_cached, self.replanner.last_path)
-        self.options = options
-        self.report = report
-        self.status.value = self._summary(*answer)
+        self.replanner.warm(self.options.replace(recipe=recipes[0]))
+        self._deferred.run("warm", self._warm, recipes[1:], delay=WARM_AFTER_S, idle_only=True)
 
     def _summary(self, seconds: float | None, cached: bool = False, path: str | None = None) -> str:
         r = self.report
@@ -157,7 +180,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.last_render_seconds = time.perf_counter() - start
 
     def _redraw(self, change: dict[str, Any] | None = None) -> None:
-        fig = explorer_figure(
+        trace, layout = explorer_parts(
             self.report,
             kind=cast(ExplorerKind, self.kind),
             size=cast(ExplorerSize, self.size),
@@ -166,14 +189,13 @@ class Explorer(w.VBox):  # type: ignore[misc]
             tree=self.tree,
         )
         with self.figure.batch_update():
-            self.figure.layout = fig.layout
-            trace = self.figure.data[0]
-            if trace.type != fig.data[0].type:
+            self.figure.layout = layout
+            if self.figure.data[0].type != trace["type"]:
                 self.figure.data = []
-                self.figure.add_trace(fig.data[0])
+                self.figure.add_trace(trace)
                 self.figure.data[0].on_click(self.errors.guard(self._on_click))
-            else:
-                trace.update(fig.data[0].to_plotly_json(), overwrite=True)
+            else:  # the same modules: send what a plan or a theme changes
+                self.figure.data[0].update({k: trace[k] for k in _REPLANNED}, overwrite=True)
 
     def _highlight_changed(self, change: dict[str, Any]) -> None:
         self.figure.data[0].marker.line.width = highlight_lines(self.tree, self.highlight_unit)

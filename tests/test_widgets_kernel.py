@@ -1,0 +1,154 @@
+"""The dashboard as it runs in a kernel: callbacks on an asyncio loop, answers kept short.
+
+A control change answers in the explorer first; the prefetch graph and the timeline
+follow once that answer is out; a trace for the memory curve waits until the controls
+rest; stored traces are made while the kernel is idle; no garbage-collector pause
+lands inside an answer. (Outside a loop everything runs at once: see test_widgets.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from views_models import Tiny, analyze_tiny, tiny_inputs
+
+import fsdpviz.widgets._idle as idle
+import fsdpviz.widgets.dashboard as dashboard_module
+import fsdpviz.widgets.explorer as explorer_module
+from fsdpviz import Report
+from fsdpviz.cost import memory_series
+from fsdpviz.replan import Replanner
+from fsdpviz.widgets import Dashboard, Explorer
+from fsdpviz.widgets.timeline import STATIC
+
+pytestmark = pytest.mark.skipif(
+    not (STATIC / "timeline.js").exists(),
+    reason="front end not built: run `make js` (make test does)",
+)
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return analyze_tiny()
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short idle delays, so the tests wait milliseconds, not seconds."""
+    monkeypatch.setattr(dashboard_module, "PROFILE_AFTER_S", 1.0)
+    monkeypatch.setattr(explorer_module, "WARM_AFTER_S", 0.01)
+    monkeypatch.setattr(idle, "IDLE_GC_S", 0.01)
+
+
+def in_kernel(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[Any]:
+    calls: list[Any] = []
+    original = getattr(cls, name)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+def test_the_explorer_answers_first_and_the_linked_views_follow(
+    report: Report, quick: None
+) -> None:
+    async def test() -> None:
+        view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+        before = view.timeline.data
+        view.explorer.controls.set(world_size=16)
+        new = view.explorer.report
+        assert new.config["world_size"] == 16 and "world size 16" in str(
+            view.explorer.figure.layout.title.text
+        )
+        assert view.timeline.data is before  # not yet: the explorer's answer goes out first
+        await until(lambda: view.timeline.data is not before)
+        assert view.timeline.data["memory"]["bytes"] == memory_series(new, iteration=-1)
+        assert view.errors.last_error is None and view.explorer.errors.last_error is None
+
+    in_kernel(test)
+
+
+def test_activations_are_traced_once_the_controls_rest(
+    report: Report, quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traced = count_calls(monkeypatch, Replanner, "profiled")
+
+    async def test() -> None:
+        view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+        ex = view.explorer
+        ex.controls.set(forward_prefetch=True)  # a new autograd graph: from the stored trace
+        await until(lambda: "once the controls rest" in view.memory_note.value)
+        assert traced == []
+        ex.controls.set(sharding_strategy="SHARD_GRAD_OP")  # changed again before they rested
+        assert ex.report.profile is None and ex.replanner is not None
+        await until(lambda: "activations included" in view.memory_note.value)
+        assert len(traced) == 1 and traced[0][0] == ex.options  # only the last plan
+        profiled = ex.replanner.cached(ex.options)
+        assert profiled is not None and profiled.profile is not None
+        assert view.timeline.data["memory"]["bytes"] == memory_series(profiled, iteration=-1)
+
+    in_kernel(test)
+
+
+def test_stored_traces_are_made_while_the_kernel_is_idle(report: Report, quick: None) -> None:
+    async def test() -> None:
+        ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+        planner = ex.replanner
+        assert planner is not None and planner._stored == {}  # showing it costs nothing
+        await until(lambda: len(planner._stored) == 2)  # the shown recipe, then the other
+        assert set(planner._stored) == {"FSDP1", "FSDP2"}
+        ex.controls.set(recipe="FSDP2")
+        assert planner.last_path == "stored trace"
+
+    in_kernel(test)
+
+
+def test_no_garbage_collector_pause_inside_an_answer(
+    report: Report, quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enabled_while_planning: list[bool] = []
+    original = Replanner.plan
+
+    def plan(self: Replanner, *args: Any, **kwargs: Any) -> Report:
+        enabled_while_planning.append(gc.isenabled())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Replanner, "plan", plan)
+    collections: list[int] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            collections.append(info["generation"])
+
+    async def test() -> None:
+        view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+        collections.clear()
+        view.explorer.controls.set(world_size=32)
+        assert enabled_while_planning == [False] and gc.isenabled()
+        assert 2 not in collections
+        await until(lambda: 2 in collections)  # one full collection once idle
+
+    gc.callbacks.append(on_gc)
+    try:
+        in_kernel(test)
+    finally:
+        gc.callbacks.remove(on_gc)
