@@ -201,6 +201,10 @@ class Replanner:
         plan otherwise makes it), so later plans answer in tens of milliseconds."""
         self._stored_trace(options)
 
+    def has_stored_trace(self, options: PlanOptions) -> bool:
+        """Whether the stored trace of ``options``' recipe was made (or found unusable)."""
+        return options.recipe in self._stored
+
     def cached(self, options: PlanOptions) -> Report | None:
         """The report planned for ``options`` if it is still in the cache."""
         return self._cache.get(options)

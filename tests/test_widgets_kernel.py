@@ -109,13 +109,16 @@ def test_activations_are_traced_once_the_controls_rest(
     in_kernel(test)
 
 
-def test_stored_traces_are_made_while_the_kernel_is_idle(report: Report, quick: None) -> None:
+def test_the_stored_trace_is_made_while_the_kernel_is_idle(report: Report, quick: None) -> None:
     async def test() -> None:
         ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
         planner = ex.replanner
-        assert planner is not None and planner._stored == {}  # showing it costs nothing
-        await until(lambda: len(planner._stored) == 2)  # the shown recipe, then the other
-        assert set(planner._stored) == {"FSDP1", "FSDP2"}
+        assert planner is not None and not planner.has_stored_trace(ex.options)  # shown at once
+        await until(lambda: planner.has_stored_trace(ex.options))
+        assert "units" in ex.status.value  # the status line is back
+        ex.controls.set(layer_classes=[])
+        assert planner.last_path == "stored trace" and planner.last_seconds is not None
+        assert not planner.has_stored_trace(ex.options.replace(recipe="FSDP2"))  # on demand
         ex.controls.set(recipe="FSDP2")
         assert planner.last_path == "stored trace"
 

@@ -17,7 +17,7 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.core.schema import Report
-from fsdpviz.replan import PlanOptions, Recipe, Replanner
+from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.views._style import Theme, format_bytes
 from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import (
@@ -34,8 +34,8 @@ from fsdpviz.widgets.controls import PlanControls
 
 __all__ = ["Explorer"]
 
-# Seconds after the explorer is shown (and between recipes) before the stored traces the
-# controls re-plan from are made, when the kernel is idle.
+# Seconds after the explorer is shown before the stored trace the controls re-plan from is
+# made, when the kernel is idle.
 WARM_AFTER_S = 0.5
 # What a re-plan, the area or the theme change in the explorer trace (the modules stay).
 _REPLANNED = ("labels", "values", "customdata", "marker")
@@ -117,9 +117,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.status.value = self._summary(None)
         self._deferred = Deferred(self.errors.guard)
         if replanner is not None:  # in a kernel: the first control change need not wait
-            other: Recipe = "FSDP2" if self.options.recipe == "FSDP1" else "FSDP1"
-            recipes = [self.options.recipe, other]
-            self._deferred.run("warm", self._warm, recipes, delay=WARM_AFTER_S, idle_only=True)
+            self._deferred.run("warm", self._warm, delay=WARM_AFTER_S, idle_only=True)
 
     def _bind(self) -> None:
         g = self.errors.guard
@@ -150,12 +148,18 @@ class Explorer(w.VBox):  # type: ignore[misc]
             self.report = report
             self.status.value = self._summary(*answer)
 
-    def _warm(self, recipes: list[Recipe]) -> None:
-        """Make the stored trace of each recipe in turn, one per idle moment."""
-        if self.replanner is None or not recipes:
+    def _warm(self) -> None:
+        """Make the stored trace the shown recipe re-plans from (the other recipe's is made
+        on its first plan), saying so while the kernel is busy with it."""
+        if self.replanner is None or self.replanner.has_stored_trace(self.options):
             return
-        self.replanner.warm(self.options.replace(recipe=recipes[0]))
-        self._deferred.run("warm", self._warm, recipes[1:], delay=WARM_AFTER_S, idle_only=True)
+        shown = self.status.value
+        self.status.value = "<small><i>tracing the model once for re-planning...</i></small>"
+        try:
+            self.replanner.warm(self.options)
+        finally:
+            if self.status.value.startswith("<small><i>tracing the model once"):
+                self.status.value = shown
 
     def _summary(self, seconds: float | None, cached: bool = False, path: str | None = None) -> str:
         r = self.report
