@@ -121,7 +121,7 @@ class Session:
         page.keyboard.press("Control+Enter")  # run, stay on the cell
         prompt = new.locator(".jp-InputPrompt")
         _wait_for_text(prompt, r"^\[\d+\]:$", CELL_MS, "the added cell to finish")
-        return str(new.locator(".jp-OutputArea").inner_text())
+        return str(new.locator(".jp-Cell-outputArea").first.inner_text())
 
     def kernel_state(self) -> dict[str, Any]:
         out = self.run_new_cell(_STATE_CELL)
@@ -309,8 +309,22 @@ def test_click_in_the_explorer_selects_the_unit(session: Session) -> None:
 _UNIT_LABEL = re.compile(r"(\S+) \[unit (\d+)\]")
 
 
-def _centre(slices: Any, labels: list[str], label: str) -> tuple[float, float]:
-    target = slices.nth(labels.index(label)).locator("path.surface")
+def _settle(plot: Any) -> None:
+    """Wait for plotly's animated transition of a redrawn hierarchy to end."""
+    plot.page.wait_for_timeout(100)
+    plot.page.wait_for_function(
+        "el => !el._transitioning && !el._transitioningWithDuration",
+        arg=plot.element_handle(),
+        timeout=UI_MS,
+    )
+    plot.page.wait_for_timeout(600)  # the icicle's own zoom animation has no flag
+
+
+def _centre(
+    slices: Any, labels: list[str], label: str, part: str = "path.surface"
+) -> tuple[float, float]:
+    """The middle of a slice's ``part`` (its surface, or ``text.slicetext``: its label)."""
+    target = slices.nth(labels.index(label)).locator(part)
     target.scroll_into_view_if_needed()
     box = target.bounding_box()
     assert box is not None
@@ -455,6 +469,10 @@ def test_controls_re_plan_every_view(session: Session) -> None:
     _wait_for_text(status, r"re-planned in \d+ ms \(replay\)", UI_MS, "the world-size re-plan")
     title = session.explorer_plot().locator(".gtitle")
     _wait_for_text(title, r"world size 64$", UI_MS, "the explorer to redraw")
+    # the modules' bytes per rank in the hover text follow too (the trace, not only the title)
+    per_rank = session.explorer_plot().evaluate("gd => gd.data[0].customdata[0][4]")
+    kernel = session.run_new_cell("print(view.explorer.figure.data[0].customdata[0][4])")
+    assert per_rank == kernel.strip().splitlines()[-1], (per_rank, kernel)
     explorer.get_by_role("checkbox", name="forward prefetch").check()
     _wait_for_text(status, r"re-planned in \d+ ms \(stored trace\)", UI_MS, "a stored-trace plan")
     prefetch_title = session.dashboard().locator(".js-plotly-plot .gtitle").nth(1)
@@ -478,4 +496,46 @@ def test_controls_re_plan_every_view(session: Session) -> None:
     assert state["curve_is_traced"] and state["x_label"].startswith("time (s, modelled"), state
     assert state["errors"] == "None", state
     session.screenshot("dashboard-after-re-plan", show=session.dashboard())
+    session.assert_no_browser_errors()
+
+
+def test_a_big_model_opens_and_closes_blocks_in_the_explorer(session: Session) -> None:
+    """More modules than the explorer draws at once (a budget of 20 for the quick-start
+    Llama): a click on a block marked ▸ opens it, a click on the opened block goes back up;
+    the kernel hears both (focus, selected unit)."""
+    session.run_new_cell(
+        "import fsdpviz.views.tree as _tree\n"
+        "_tree.EXPLORER_BUDGET = 20\n"
+        "big = fsdpviz.widgets.Explorer(report)\n"
+        "big"
+    )
+    cells = session.page.locator(".jp-Notebook .jp-Cell")
+    cell = cells.nth(cells.count() - 1)  # the cell just run
+    plot = cell.locator(".js-plotly-plot").last
+    plot.wait_for(timeout=UI_MS)
+    slices = plot.locator(".slice")
+    labels = _slice_labels(slices)
+    closed = [label for label in labels if label.endswith(" ▸")]
+    assert closed and len(labels) <= 20, labels
+    x, y = _centre(slices, labels, closed[0])
+    session.page.mouse.move(x, y)
+    session.page.mouse.click(x, y)
+    block = closed[0].removesuffix(" ▸").split(" [unit")[0]
+    title = plot.locator(".gtitle")
+    _wait_for_text(title, rf"inside '{re.escape(block)}'", UI_MS, "the block to open")
+    plot.locator(".slice").nth(2).wait_for(timeout=UI_MS)  # its modules drawn
+    _settle(plot)
+    labels = _slice_labels(plot.locator(".slice"))
+    assert not any(label.endswith(" ▸") for label in labels) and len(labels) > 2, labels
+    out = session.run_new_cell("print(repr(big.focus), repr(big.selected_module))")
+    assert f"'{block}' '{block}'" in out, out
+    top = next(label for label in labels if label.startswith(block))
+    # on its label: the top slice's surface spans the whole figure in plotly's icicle
+    x, y = _centre(plot.locator(".slice"), labels, top, "text.slicetext")
+    session.page.mouse.move(x, y)
+    session.page.mouse.click(x, y)
+    _wait_for_text(title, r"click a block marked", UI_MS, "the explorer to go back up")
+    assert "'' " in session.run_new_cell("print(repr(big.focus), repr(big.selected_module))")
+    session.run_new_cell("_tree.EXPLORER_BUDGET = 1500")
+    session.screenshot("big-explorer", cell)
     session.assert_no_browser_errors()

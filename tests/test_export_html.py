@@ -221,3 +221,54 @@ def test_recorded_run_shows_every_rank(tmp_path: Path, open_page: Any) -> None:
     assert "rank 1" in p.info() and "t = " in p.info()
     p.shot("run")
     assert p.console == [] and p.blocked == []
+
+
+def test_big_model_opens_and_closes_blocks(
+    report: Report, tmp_path: Path, open_page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model with more modules than the explorer draws at once (here: a budget of 7 for
+    the 13 modules of the test model) is drawn down to its blocks, each marked ▸; a click
+    opens one, a click on the opened block goes back up, all in the page."""
+    import fsdpviz.views.tree as tree_module
+
+    monkeypatch.setattr(tree_module, "EXPLORER_BUDGET", 7)
+    p = open_page(report.save(tmp_path / "big.html"))
+
+    def slices() -> list[str]:
+        labels: list[str] = p.js(
+            "() => [...document.querySelectorAll('#fv-explorer g.slice text.slicetext')]"
+            ".map(t => t.getAttribute('data-unformatted') || t.textContent)"
+        )
+        return labels
+
+    def title() -> str:
+        return str(p.js("() => document.querySelector('#fv-explorer .gtitle').textContent"))
+
+    assert len(slices()) == 7 and "blocks.1 [unit 2] ▸" in slices()
+    assert "13 modules: click a block marked ▸ to open it" in title()
+    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2] ▸").first.click()
+    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.1'")
+    p.page.wait_for_function("document.querySelectorAll('#fv-explorer g.slice').length === 3")
+    assert sorted(slices()) == ["blocks.1 [unit 2]", "fc", "norm"]
+    assert p.body("selected-unit") == "blocks.1" and "'blocks.1'" in p.info()
+    assert "inside 'blocks.1': click it to go up" in title()
+    p.shot("big-opened")
+    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2]").first.click()
+    p.page.wait_for_function("document.body.dataset.fvFocus === ''")
+    p.page.wait_for_function("document.querySelectorAll('#fv-explorer g.slice').length === 7")
+    assert "blocks.0 [unit 1] ▸" in slices()
+    # A unit chosen elsewhere that the explorer does not draw brings it back into view.
+    p.page.locator("#fv-explorer g.slice", has_text="blocks.0 [unit 1] ▸").first.click()
+    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.0'")
+    p.page.locator("#fv-prefetch").scroll_into_view_if_needed()
+    x, y = p.js(
+        """() => { const gd = document.getElementById('fv-prefetch'), L = gd._fullLayout;
+             const r = gd.getBoundingClientRect();
+             return [r.left + L._size.l + L.xaxis.l2p(3), r.top + L._size.t + L.yaxis.l2p(0)]; }"""
+    )
+    p.page.mouse.move(x - 5, y)  # plotly clicks what it hovers
+    p.page.mouse.click(x, y)  # the prefetch graph's node of 'blocks.2'
+    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.2'")
+    p.page.wait_for_function("document.body.dataset.fvFocus === ''")
+    assert "blocks.2 [unit 3] ▸" in slices()
+    assert p.console == [] and p.blocked == []

@@ -189,3 +189,27 @@ def test_no_chromium_anywhere(
     ):
         assert hint in message
     assert not (tmp_path / "units.pdf").exists()
+
+
+def test_a_pipe_glitch_kaleido_recovers_from_stays_out_of_the_notebook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """choreographer (kaleido's browser driver) logs a traceback when it cannot decode one
+    message from the browser and goes on without it; the image is written all the same."""
+    import logging
+
+    from fsdpviz.export._image import _quiet_pipe_glitches
+
+    logger = logging.getLogger("choreographer.channels.pipe")
+    with caplog.at_level(logging.INFO, logger="choreographer.channels.pipe"):
+        with _quiet_pipe_glitches():
+            try:
+                raise ValueError("Expecting ',' delimiter")
+            except ValueError:
+                logger.exception("JSONError decoding message. Ignoring")
+            logger.error("Error in trying to decode JSON off our read.")  # still shown
+        logger.exception("JSONError decoding message. Ignoring")  # outside an export: shown
+    assert [r.getMessage() for r in caplog.records] == [
+        "Error in trying to decode JSON off our read.",
+        "JSONError decoding message. Ignoring",
+    ]

@@ -292,3 +292,92 @@ def test_plotly_panels_keep_hovers_in_the_browser(report: Report) -> None:
     view = Dashboard(report)
     assert isinstance(view.explorer.figure, ClickFigure) and isinstance(view.prefetch, ClickFigure)
     assert view.explorer.figure._esm == bundle
+
+
+def test_explorer_of_a_big_model_opens_and_closes_blocks(
+    report: Report, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More modules than the figure draws at once: the blocks are drawn closed (▸); a click
+    opens one, a click on the opened block goes back up; a unit picked elsewhere is shown."""
+    import fsdpviz.views.tree as tree_module
+
+    monkeypatch.setattr(tree_module, "EXPLORER_BUDGET", 7)  # the root, 3 children, 3 blocks
+    ex = Explorer(report)
+    trace = ex.figure.data[0]
+    assert len(trace.ids) == 7 and "blocks.1 [unit 2] ▸" in trace.labels
+    assert len(trace.marker.line.width) == 7
+    ex._on_click(trace, click(trace, list(trace.ids).index("blocks.1")), None)
+    trace = ex.figure.data[0]
+    assert ex.focus == "blocks.1" and ex.selected_unit == "blocks.1"
+    assert list(trace.ids) == ["blocks.1", "blocks.1.norm", "blocks.1.fc"]
+    assert list(trace.parents) == ["", "blocks.1", "blocks.1"]
+    assert "inside 'blocks.1'" in ex.figure.layout.title.text
+    ex.highlight_unit = "blocks.1"
+    assert list(ex.figure.data[0].marker.line.width) == [3.0, 3.0, 3.0]
+    ex._on_click(trace, click(trace, 0), None)  # the opened block: up
+    assert ex.focus == "" and len(ex.figure.data[0].ids) == 7
+    ex.focus = "blocks.0"
+    ex.selected_unit = "blocks.2"  # e.g. a click in the timeline
+    assert ex.focus == "" and "blocks.2" in ex.figure.data[0].ids
+    assert ex.errors.last_error is None
+
+
+class SentToBrowser:
+    """What a plotly FigureWidget sends to its view in the browser (restyle/update/relayout)."""
+
+    def __init__(self, fig: Any) -> None:
+        self.restyled: list[tuple[set[str], list[int]]] = []
+        self.relaid: list[set[str]] = []
+        fig.observe(self._restyle, names="_py2js_restyle")
+        fig.observe(self._update, names="_py2js_update")
+        fig.observe(self._relayout, names="_py2js_relayout")
+
+    def _restyle(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            msg = change["new"]
+            self.restyled.append((set(msg["restyle_data"]), list(msg["restyle_traces"])))
+
+    def _update(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            msg = change["new"]
+            if msg["style_data"]:
+                self.restyled.append((set(msg["style_data"]), list(msg["style_traces"])))
+            if msg["layout_data"]:
+                self.relaid.append(set(msg["layout_data"]))
+
+    def _relayout(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.relaid.append(set(change["new"]["relayout_data"]))
+
+    def trace_keys(self, index: int) -> set[str]:
+        return {k for keys, traces in self.restyled if index in traces for k in keys}
+
+
+def test_every_change_reaches_the_browser(report: Report) -> None:
+    """The plotly panels are built without plotly's validation, where assigning to a trace
+    would change it here only: re-plans, outlines, rings and a block opened are sent."""
+    view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+    explorer, prefetch = SentToBrowser(view.explorer.figure), SentToBrowser(view.prefetch)
+    view.timeline.step = 3
+    assert "marker.line.width" in explorer.trace_keys(0)
+    ring = next(k for k, t in enumerate(view.prefetch.data) if t.name == "current")
+    assert "x" in prefetch.trace_keys(ring)
+    view.explorer.controls.set(policy="none")  # every module in the root's unit now
+    assert {"labels", "customdata", "marker"} <= explorer.trace_keys(0)
+    assert explorer.relaid and prefetch.relaid
+    view.explorer.controls.set(policy="classes")
+    view.selected_unit = "blocks.1"
+    selected = next(k for k, t in enumerate(view.prefetch.data) if t.name == "selected")
+    assert "x" in prefetch.trace_keys(selected)
+
+
+def test_opening_a_block_reaches_the_browser(
+    report: Report, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsdpviz.views.tree as tree_module
+
+    monkeypatch.setattr(tree_module, "EXPLORER_BUDGET", 7)
+    ex = Explorer(report)
+    sent = SentToBrowser(ex.figure)
+    ex.focus = "blocks.1"
+    assert {"ids", "parents", "labels", "values", "level"} <= sent.trace_keys(0)

@@ -155,3 +155,31 @@ def test_no_garbage_collector_pause_inside_an_answer(
         in_kernel(test)
     finally:
         gc.callbacks.remove(on_gc)
+
+
+def test_big_figures_follow_the_current_unit_once_the_steps_pause(
+    report: Report, quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard_module, "_QUICK_EXPLORER", 0)  # every figure counts as big
+    monkeypatch.setattr(dashboard_module, "FOLLOW_AFTER_S", 0.05)
+
+    async def test() -> None:
+        view = Dashboard(report)
+        await asyncio.sleep(0.1)
+        units = [e.unit for e in report.iterations[-1]]
+        step = next(i for i, u in enumerate(units) if u != view.explorer.highlight_unit)
+        view.timeline.step = step
+        assert view.explorer.highlight_unit != units[step]  # not restyled at every step
+        await until(lambda: view.explorer.highlight_unit == units[step])
+        ring = next(t for t in view.prefetch.data if t.name == "current")
+        units_trace = next(t for t in view.prefetch.data if t.name == "units")
+        position = units_trace.x[list(units_trace.customdata).index(units[step])]
+        assert list(ring.x) == [position]
+        view.timeline.playing = True
+        view.timeline.step = step - 1
+        await asyncio.sleep(0.15)
+        assert view.explorer.highlight_unit == units[step]  # never while playing
+        view.timeline.playing = False
+        await until(lambda: view.explorer.highlight_unit == units[step - 1])
+
+    in_kernel(test)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from fsdpviz.core.schema import Report
     from fsdpviz.record import RecordedRun
+    from fsdpviz.views.tree import ModuleTree
 
 __all__ = ["html_page"]
 
@@ -79,6 +80,7 @@ def html_page(
             "div": "fv-explorer",
             "ids": [node_id(n.fqn) for n in tree.nodes],
             "units": [n.unit for n in tree.nodes],
+            "tree": _explorer_tree(tree_report, tree, theme),
         },
         "prefetch": {"div": "fv-prefetch", "positions": positions},
         "timelineDiv": "fv-timeline",
@@ -132,6 +134,27 @@ Click a unit there to select it here.</p>
 </body>
 </html>
 """
+
+
+def _explorer_tree(report: Report, tree: ModuleTree, theme: Theme) -> dict[str, Any] | None:
+    """Every module as the explorer draws it, for a page whose figure shows only part of a
+    big model: the page opens and closes blocks itself (``js/src/standalone.ts``)."""
+    from fsdpviz.views.explorer import explorer_parts
+    from fsdpviz.views.tree import EXPLORER_BUDGET, TreeView
+
+    if len(tree.nodes) <= EXPLORER_BUDGET:
+        return None
+    everything = TreeView(focus="", indices=list(range(len(tree.nodes))), closed=frozenset())
+    trace, layout = explorer_parts(report, theme=theme, tree=tree, view=everything)
+    return {
+        "parents": trace["parents"],
+        "labels": trace["labels"],
+        "values": [int(v) for v in trace["values"]],
+        "colors": trace["marker"]["colors"],
+        "customdata": trace["customdata"],
+        "budget": EXPLORER_BUDGET,
+        "title": layout["title"]["text"],
+    }
 
 
 def _read(path: Path) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -103,7 +106,8 @@ def write_image(
         "scale": scale or 1,
     }
     try:
-        data = kaleido.calc_fig_sync(spec, opts=opts)
+        with _quiet_pipe_glitches():
+            data = kaleido.calc_fig_sync(spec, opts=opts)
     except ChromeNotFoundError as exc:
         raise ExportError(f"cannot write {str(p)!r}: {_no_browser()}") from exc
     except (BrowserFailedError, BrowserClosedError) as exc:  # found, but did not run
@@ -112,6 +116,25 @@ def write_image(
         ) from exc
     p.write_bytes(data)
     return p
+
+
+class _PipeGlitch(logging.Filter):
+    """Drops the one log record choreographer writes, with a traceback, when it reads a
+    message from the browser's pipe it cannot decode and then goes on without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("JSONError decoding message. Ignoring")
+
+
+@contextmanager
+def _quiet_pipe_glitches() -> Iterator[None]:
+    logger = logging.getLogger("choreographer.channels.pipe")
+    glitch = _PipeGlitch()
+    logger.addFilter(glitch)
+    try:
+        yield
+    finally:
+        logger.removeFilter(glitch)
 
 
 def _no_browser() -> str:

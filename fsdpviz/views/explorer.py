@@ -28,7 +28,7 @@ from fsdpviz.views._style import (
     theme_colors,
     unit_colors,
 )
-from fsdpviz.views.tree import ModuleTree, module_tree, node_id
+from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, node_id, tree_view
 
 __all__ = [
     "ExplorerKind",
@@ -60,17 +60,26 @@ def explorer_figure(
     theme: Theme = "light",
     highlight_unit: str | None = None,
     tree: ModuleTree | None = None,
+    focus: str = "",
 ) -> go.Figure:
     """The module tree of ``report`` as a plotly icicle (default) or treemap.
 
     ``size`` picks the area: ``"numel"`` (parameters) or ``"rank_bytes"`` (bytes one
     rank holds). Modules with no parameters in their subtree have no area. The
-    trace's ``ids`` are module FQNs (``<root>`` for the root), so a click's point
-    index maps back to ``report.modules``. ``highlight_unit`` outlines that unit's
-    modules (see :func:`highlight_lines`); ``tree`` reuses a :func:`module_tree`.
+    trace's ``ids`` are module FQNs (``<root>`` for the root). ``highlight_unit``
+    outlines that unit's modules (see :func:`highlight_lines`); ``tree`` reuses a
+    :func:`module_tree`. A model of more than :data:`~fsdpviz.views.tree.EXPLORER_BUDGET`
+    modules is drawn as deep as that many modules allow, from ``focus`` (a module FQN,
+    default the root): modules whose children are not drawn are marked ``▸``.
     """
     trace, layout = explorer_parts(
-        report, kind=kind, size=size, theme=theme, highlight_unit=highlight_unit, tree=tree
+        report,
+        kind=kind,
+        size=size,
+        theme=theme,
+        highlight_unit=highlight_unit,
+        tree=tree,
+        focus=focus,
     )
     # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
     # (and so the golden tests) are still validated.
@@ -85,17 +94,21 @@ def explorer_parts(
     theme: Theme = "light",
     highlight_unit: str | None = None,
     tree: ModuleTree | None = None,
+    focus: str = "",
+    view: TreeView | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The trace and the layout of :func:`explorer_figure` as plain dicts, not validated.
 
     For widgets that redraw on every re-plan: plotly's validation of a 1,000-node
-    trace costs more than building it.
+    trace costs more than building it. ``view`` (default ``tree_view(tree, focus)``)
+    says which modules are drawn; point ``i`` of the trace is ``tree.nodes[view.indices[i]]``.
     """
     if kind not in ("icicle", "treemap"):
         raise ValueError(f"unknown explorer kind {kind!r}; use 'icicle' or 'treemap'")
     if size not in ("numel", "rank_bytes"):
         raise ValueError(f"unknown size {size!r}; use 'numel' or 'rank_bytes'")
     tree = tree or module_tree(report)
+    view = view or tree_view(tree, focus)
     colors = unit_colors(report)
     unit_index = {u.module: i for i, u in enumerate(report.units)}
     warn_codes: dict[str, list[str]] = {}
@@ -103,13 +116,16 @@ def explorer_parts(
         for name in w.units:
             warn_codes.setdefault(name, []).append(w.code)
     ids, parents, labels, marker_colors, custom = [], [], [], [], []
-    values = np.empty(len(tree.nodes), dtype=np.int64)
-    for i, node in enumerate(tree.nodes):
+    values = np.empty(len(view.indices), dtype=np.int64)
+    for i, node in enumerate(tree.nodes[k] for k in view.indices):
         ids.append(node_id(node.fqn))
-        parents.append(node_id(node.parent) if node.parent is not None else "")
+        top = node.fqn == view.focus
+        parents.append(node_id(node.parent) if node.parent is not None and not top else "")
         label = node.name
         if node.is_unit_root:
             label = f"{node.fqn or node.name} [unit {unit_index[node.fqn]}]"
+        if node.fqn in view.closed:
+            label += " ▸"
         labels.append(label)
         marker_colors.append(UNMANAGED_COLOR if node.unit is None else colors[node.unit])
         values[i] = node.numel_total if size == "numel" else node.rank_bytes_total
@@ -118,6 +134,11 @@ def explorer_parts(
         if unit is not None and unit.compute_dtype and unit.compute_dtype != unit.dtype:
             dtype += f" (compute {unit.compute_dtype})"
         codes = warn_codes.get(node.unit, []) if node.unit is not None else []
+        note = f"<br>warnings: {', '.join(codes)}" if codes else ""
+        if node.fqn in view.closed:
+            note += f"<br>click to open its {len(node.children)} submodules"
+        elif top and view.focus:
+            note += "<br>click to go up"
         custom.append(
             [
                 node.module_class,
@@ -126,7 +147,7 @@ def explorer_parts(
                 format_bytes(node.bytes_total),
                 format_bytes(node.rank_bytes_total),
                 dtype,
-                f"<br>warnings: {', '.join(codes)}" if codes else "",
+                note,
             ]
         )
     trace: dict[str, Any] = {
@@ -142,7 +163,7 @@ def explorer_parts(
             "colors": marker_colors,
             "line": {
                 "color": theme_colors(theme)["fg"],
-                "width": _compact(highlight_lines(tree, highlight_unit)),
+                "width": _compact(highlight_lines(tree, highlight_unit, view)),
             },
         },
         "name": "modules",
@@ -154,19 +175,22 @@ def explorer_parts(
     }
     if kind == "icicle":
         trace.update(tiling={"orientation": "v"}, leaf={"opacity": 1.0})
+    if view.focus or view.closed:  # drawn from its top, whatever a click zoomed to before
+        trace["level"] = node_id(view.focus)
     units_word = "unit" if len(report.units) == 1 else "units"
     size_word = "parameters" if size == "numel" else "bytes per rank"
     ws = report.config.get("world_size")
+    title = f"Wrap units: {len(report.units)} {units_word}, area = {size_word}, world size {ws}"
+    if view.focus:
+        title += f"<br><sup>inside {view.focus!r}: click it to go up</sup>"
+    elif view.closed:
+        title += f"<br><sup>{len(tree.nodes):,} modules: click a block marked ▸ to open it</sup>"
     layout = {
         "template": template(theme),
-        "title": {
-            "text": f"Wrap units: {len(report.units)} {units_word}, area = {size_word}, "
-            f"world size {ws}",
-            "font": {"size": 14},
-        },
-        "margin": {"l": 8, "r": 8, "t": 40, "b": 8},
+        "title": {"text": title, "font": {"size": 14}},
+        "margin": {"l": 8, "r": 8, "t": 56 if "<br>" in title else 40, "b": 8},
         "height": 520,
-        "uirevision": "explorer",
+        "uirevision": f"explorer:{view.focus}" if view.focus else "explorer",  # new focus: unzoomed
     }
     return trace, layout
 
@@ -176,14 +200,16 @@ def _compact(array: np.ndarray) -> np.ndarray | list[Any]:
     return array if len(array) >= VALIDATE_BELOW else array.tolist()
 
 
-def highlight_lines(tree: ModuleTree, unit: str | None) -> np.ndarray:
-    """Outline widths that make ``unit``'s modules stand out (thin separators elsewhere).
+def highlight_lines(tree: ModuleTree, unit: str | None, view: TreeView | None = None) -> np.ndarray:
+    """Outline widths that make ``unit``'s modules stand out (thin separators elsewhere),
+    one per module ``view`` draws (default: every module).
 
     Only widths change, so a widget can move the highlight by sending one numeric array.
     """
-    widths = np.full(len(tree.nodes), 0.5)
+    nodes = tree.nodes if view is None else [tree.nodes[k] for k in view.indices]
+    widths = np.full(len(nodes), 0.5)
     if unit is not None:
-        for i, node in enumerate(tree.nodes):
+        for i, node in enumerate(nodes):
             if node.unit == unit:
                 widths[i] = 3.0
     return widths

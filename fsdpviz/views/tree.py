@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 
 from fsdpviz.core.schema import ModuleInfo, Report, Unit
 
-__all__ = ["ROOT_ID", "ModuleTree", "TreeNode", "module_tree", "node_id"]
+__all__ = [
+    "EXPLORER_BUDGET",
+    "ROOT_ID",
+    "ModuleTree",
+    "TreeNode",
+    "TreeView",
+    "module_tree",
+    "node_id",
+    "tree_view",
+]
 
 ROOT_ID = "<root>"
 
@@ -100,6 +109,42 @@ def module_tree(report: Report) -> ModuleTree:
             up.bytes_total += node.bytes_total
             up.rank_bytes_total += node.rank_bytes_total
     return ModuleTree(nodes=nodes, by_fqn=by_fqn, units=units)
+
+
+EXPLORER_BUDGET = 1500
+"""Most modules an explorer figure draws at once (a browser draws each as an SVG path)."""
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """The part of a :class:`ModuleTree` a figure draws: the subtree of ``focus``, as many
+    levels of it as fit the budget (always its children). ``closed`` modules have
+    children that are not drawn; opening one (focusing on it) draws them."""
+
+    focus: str
+    indices: list[int]  # into tree.nodes, in tree order (parents before children)
+    closed: frozenset[str]
+
+
+def tree_view(tree: ModuleTree, focus: str = "", budget: int | None = None) -> TreeView:
+    """What an explorer figure focused on ``focus`` draws (see :class:`TreeView`);
+    ``budget`` defaults to :data:`EXPLORER_BUDGET`."""
+    budget = EXPLORER_BUDGET if budget is None else budget
+    if focus not in tree.by_fqn:
+        raise KeyError(f"no module {focus!r} in the model")
+    shown = {focus}
+    level = [focus]
+    while level:
+        below = [c for f in level for c in tree.by_fqn[f].children]
+        if not below or (len(shown) + len(below) > budget and len(shown) > 1):
+            break
+        shown.update(below)
+        level = below
+    closed = frozenset(
+        f for f in level if tree.by_fqn[f].children and tree.by_fqn[f].children[0] not in shown
+    )
+    indices = [i for i, n in enumerate(tree.nodes) if n.fqn in shown]
+    return TreeView(focus=focus, indices=indices, closed=closed)
 
 
 def _counted(m: ModuleInfo, shared: set[str]) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import re
+from typing import Any
 
 import plotly
 import plotly.graph_objects as go
@@ -48,6 +49,17 @@ def click_only_bundle() -> str | pathlib.Path:
 
 
 class ClickFigure(go.FigureWidget):  # type: ignore[misc]
-    """A ``FigureWidget`` that sends clicks and selections to the kernel, not hovers."""
+    """A ``FigureWidget`` that sends clicks and selections to the kernel, not hovers.
+
+    fsdpviz builds it with ``_validate=False`` (its figures are its own, and plotly's
+    checks of a 1,000-node trace cost more than the re-plan that made it). plotly then
+    stores what is assigned to a trace without telling the browser, so traces are
+    changed through :meth:`restyle`, which does.
+    """
 
     _esm = click_only_bundle()
+
+    def restyle(self, index: int, props: dict[str, Any]) -> None:
+        """Set ``props`` (``{"marker.line.width": [...], "ids": [...]}``) of trace ``index``,
+        here and in the browser (only what changed is sent)."""
+        self.plotly_restyle({key: [value] for key, value in props.items()}, trace_indexes=[index])

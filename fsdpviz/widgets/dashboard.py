@@ -45,7 +45,11 @@ from fsdpviz.widgets.timeline import TimelineWidget
 
 __all__ = ["Dashboard", "show"]
 
-_BIG_TREE = 2000  # modules; above this the explorer outline waits for pause while playing
+# Figures at most this big follow each step at once; bigger ones follow once the timeline's
+# steps pause for FOLLOW_AFTER_S seconds (as in the exported page, js/src/standalone.ts).
+_QUICK_EXPLORER = 150  # modules drawn
+_QUICK_PREFETCH = 40  # units
+FOLLOW_AFTER_S = 0.25
 # Seconds the controls must rest before a re-plan without activations is traced for them
 # (the trace keeps the kernel busy: a control changed meanwhile would wait for it).
 PROFILE_AFTER_S = 1.5
@@ -121,16 +125,29 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         units = next((t for t in self.prefetch.data if t.name == "units"), None)
         if unit is not None and units is not None and unit in list(units.customdata):
             xs = [units.x[list(units.customdata).index(unit)]]
-        for trace in self.prefetch.data:
+        for k, trace in enumerate(self.prefetch.data):
             if trace.name == name:
-                trace.update(x=xs, y=[0.0] * len(xs))
+                self.prefetch.restyle(k, {"x": xs, "y": [0.0] * len(xs)})
 
     def _on_current(self, change: dict[str, Any] | None = None) -> None:
+        # Restyling a figure takes the browser tens of milliseconds, hundreds for a big one:
+        # small figures follow each step at once; big ones, and any while the timeline plays,
+        # follow once the steps pause, so stepping and playing stay smooth.
+        quick = (
+            len(self.explorer.view.indices) <= _QUICK_EXPLORER
+            and len(self.explorer.report.units) <= _QUICK_PREFETCH
+        )
+        self._deferred.cancel("follow")
+        if quick and not self.timeline.playing:
+            self._follow_step()
+        elif not self.timeline.playing:
+            self._deferred.run("follow", self._follow_step, delay=FOLLOW_AFTER_S)
+
+    def _follow_step(self) -> None:
+        """The current step's unit outlined in the explorer and ringed in the prefetch graph."""
         unit = self.timeline.current_unit
         self._ring("current", unit)
-        big = len(self.explorer.tree.nodes) > _BIG_TREE
-        if not (big and self.timeline.playing):
-            self.explorer.highlight_unit = unit
+        self.explorer.highlight_unit = unit
 
     def _on_selected(self, change: dict[str, Any]) -> None:
         self._ring("selected", self.selected_unit)
@@ -196,8 +213,8 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         ]
         with self.prefetch.batch_update():
             if same:  # the same kinds of edges: update in place (plotly re-validates added traces)
-                for old, new in zip(self.prefetch.data, traces, strict=True):
-                    old.update(new, overwrite=True)
+                for k, new in enumerate(traces):
+                    self.prefetch.restyle(k, {key: v for key, v in new.items() if key != "type"})
             else:
                 self.prefetch.data = []
                 self.prefetch.add_traces(traces)

@@ -26,7 +26,7 @@ from fsdpviz.views.explorer import (
     explorer_parts,
     highlight_lines,
 )
-from fsdpviz.views.tree import ModuleTree, module_tree
+from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, tree_view
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred, answering
@@ -58,6 +58,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
     theme = traitlets.Unicode("light")
     kind = traitlets.Unicode("icicle")
     size = traitlets.Unicode("numel")
+    focus = traitlets.Unicode("")
 
     def __init__(
         self,
@@ -74,7 +75,11 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.replanner = replanner
         self.errors = ErrorOutput()
         self.tree: ModuleTree = module_tree(report)
-        trace, layout = explorer_parts(report, theme=cast(Theme, theme), tree=self.tree)
+        self.view: TreeView = tree_view(self.tree)
+        """The modules the figure draws (all of them, up to ``EXPLORER_BUDGET``)."""
+        trace, layout = explorer_parts(
+            report, theme=cast(Theme, theme), tree=self.tree, view=self.view
+        )
         # Not validated: the figure is fsdpviz's own (explorer_figure is checked by the
         # golden tests), and plotly's checks would cost more than a re-plan.
         self.figure = ClickFigure({"data": [trace], "layout": layout}, _validate=False)
@@ -127,7 +132,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.view_size.observe(g(lambda c: setattr(self, "size", c["new"])), names="value")
         self.observe(g(self._selection_changed), names=["selected_unit", "selected_module"])
         self.observe(g(self._highlight_changed), names="highlight_unit")
-        self.observe(g(self._redraw), names=["kind", "size", "theme"])
+        self.observe(g(self._redraw), names=["kind", "size", "theme", "focus"])
         self.observe(g(self._on_report), names="report")
 
     def _replan(self, options: PlanOptions) -> None:
@@ -175,7 +180,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
 
     def _on_report(self, change: dict[str, Any]) -> None:
         start = time.perf_counter()
-        self.tree = module_tree(self.report)
+        self.tree = module_tree(self.report)  # the same modules, other units
         self._set_picker()
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
@@ -184,6 +189,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.last_render_seconds = time.perf_counter() - start
 
     def _redraw(self, change: dict[str, Any] | None = None) -> None:
+        drawn = self.view
+        self.view = tree_view(self.tree, self.focus)
         trace, layout = explorer_parts(
             self.report,
             kind=cast(ExplorerKind, self.kind),
@@ -191,6 +198,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
             theme=cast(Theme, self.theme),
             highlight_unit=self.highlight_unit,
             tree=self.tree,
+            view=self.view,
         )
         with self.figure.batch_update():
             self.figure.layout = layout
@@ -198,17 +206,44 @@ class Explorer(w.VBox):  # type: ignore[misc]
                 self.figure.data = []
                 self.figure.add_trace(trace)
                 self.figure.data[0].on_click(self.errors.guard(self._on_click))
+            elif self.view != drawn:  # other modules: the whole trace
+                self.figure.restyle(0, {k: v for k, v in trace.items() if k != "type"})
             else:  # the same modules: send what a plan or a theme changes
-                self.figure.data[0].update({k: trace[k] for k in _REPLANNED}, overwrite=True)
+                self.figure.restyle(0, {k: trace[k] for k in _REPLANNED})
 
     def _highlight_changed(self, change: dict[str, Any]) -> None:
-        self.figure.data[0].marker.line.width = highlight_lines(self.tree, self.highlight_unit)
+        widths = highlight_lines(self.tree, self.highlight_unit, self.view)
+        self.figure.restyle(0, {"marker.line.width": widths})
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if not points.point_inds:
             return
-        node = self.tree.nodes[points.point_inds[0]]
+        node = self.tree.nodes[self.view.indices[points.point_inds[0]]]
+        if node.fqn in self.view.closed:
+            self.focus = node.fqn  # open it
+        elif node.fqn == self.view.focus and node.parent is not None:
+            self.focus = self._focus_for(node.parent, opened=True)  # up
         self.select_module(node.fqn)
+
+    def _focus_for(self, fqn: str, *, opened: bool) -> str:
+        """The highest focus whose figure draws ``fqn`` (``opened``: with its children)."""
+        chain = [fqn]
+        while (parent := self.tree.by_fqn[chain[-1]].parent) is not None:
+            chain.append(parent)
+        for candidate in reversed(chain):
+            view = tree_view(self.tree, candidate)
+            drawn = any(self.tree.nodes[k].fqn == fqn for k in view.indices)
+            if drawn and not (opened and fqn in view.closed):
+                return candidate
+        return fqn
+
+    def show_module(self, fqn: str) -> None:
+        """Focus the figure so that ``fqn`` is drawn (no change when it already is)."""
+        if fqn not in self.tree.by_fqn:
+            raise KeyError(f"no module {fqn!r} in the model")
+        drawn = {self.tree.nodes[k].fqn for k in self.view.indices}
+        if fqn not in drawn:
+            self.focus = self._focus_for(fqn, opened=False)
 
     def select_module(self, fqn: str) -> None:
         """What a click on ``fqn`` does: select it and its unit."""
@@ -231,6 +266,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         module = self.tree.by_fqn.get(self.selected_module or "")
         if module is not None and module.unit != self.selected_unit:
             self.selected_module = None  # the detail panel shows the new unit, not that module
+        if self.selected_unit is not None:
+            self.show_module(self.selected_unit)  # picked elsewhere: bring it into view
         self._set_picker_value()
         self._show_detail()
 

@@ -13,14 +13,94 @@ export interface PageConfig {
   plotConfig: Record<string, unknown>;
   timeline: TimelineData;
   theme: "light" | "dark";
-  /** Explorer trace 0: the unit of each node (null: not managed by FSDP), by node id. */
-  explorer: { div: string; ids: string[]; units: Array<string | null> } | null;
+  /**
+   * Explorer trace 0: every module's plotly id and unit (null: not managed by FSDP).
+   * `tree` is there when the figure draws only part of the modules (a big model): what
+   * the page needs to open and close blocks the way fsdpviz.views.explorer_figure does.
+   */
+  explorer: {
+    div: string;
+    ids: string[];
+    units: Array<string | null>;
+    tree?: ExplorerTree | null;
+  } | null;
   /** Prefetch figure: x position of each unit (its forward index). */
   prefetch: { div: string; positions: Record<string, number> } | null;
   timelineDiv: string;
   statusDiv: string;
   /** id of the <script type="text/plain"> holding timeline.js, base64-encoded. */
   widgetScript: string;
+}
+
+/** Every module of the explorer, as `explorer_parts` draws it with nothing closed. */
+export interface ExplorerTree {
+  parents: string[];
+  labels: string[];
+  values: number[];
+  colors: string[];
+  customdata: unknown[][];
+  /** Most modules drawn at once (fsdpviz.views.tree.EXPLORER_BUDGET). */
+  budget: number;
+  /** The figure's title without the line about opening blocks. */
+  title: string;
+}
+
+/** The modules drawn when focused on `focus` (indices, in tree order); `closed` ones have
+ * children that are not drawn. Mirrors fsdpviz.views.tree.tree_view. */
+export interface TreeView {
+  focus: number;
+  indices: number[];
+  closed: Set<number>;
+}
+
+export function childrenOf(ids: string[], parents: string[]): number[][] {
+  const index = new Map(ids.map((id, i) => [id, i] as [string, number]));
+  const children: number[][] = ids.map(() => []);
+  parents.forEach((p, i) => {
+    const j = index.get(p);
+    if (p !== "" && j !== undefined) children[j].push(i);
+  });
+  return children;
+}
+
+export function treeView(children: number[][], focus: number, budget: number): TreeView {
+  const shown = new Set([focus]);
+  let level = [focus];
+  while (level.length > 0) {
+    const below = level.flatMap((i) => children[i]);
+    if (below.length === 0 || (shown.size + below.length > budget && shown.size > 1)) break;
+    for (const i of below) shown.add(i);
+    level = below;
+  }
+  const closed = new Set(level.filter((i) => children[i].length > 0 && !shown.has(children[i][0])));
+  return { focus, indices: [...shown].sort((a, b) => a - b), closed };
+}
+
+/** The explorer trace's arrays for `view` (what explorer_parts gives for that focus). */
+export function viewTrace(ids: string[], tree: ExplorerTree, children: number[][], view: TreeView): Record<string, unknown> {
+  const pick = <T>(xs: T[]): T[] => view.indices.map((i) => xs[i]);
+  return {
+    ids: pick(ids),
+    parents: view.indices.map((i) => (i === view.focus ? "" : tree.parents[i])),
+    labels: view.indices.map((i) => tree.labels[i] + (view.closed.has(i) ? " ▸" : "")),
+    values: pick(tree.values),
+    customdata: view.indices.map((i) => {
+      const row = [...tree.customdata[i]];
+      if (view.closed.has(i)) row[6] = `${String(row[6])}<br>click to open its ${children[i].length} submodules`;
+      else if (i === view.focus && view.focus !== 0) row[6] = `${String(row[6])}<br>click to go up`;
+      return row;
+    }),
+    "marker.colors": pick(tree.colors),
+  };
+}
+
+/** The figure's title for `view` (as explorer_parts writes it). */
+export function viewTitle(ids: string[], tree: ExplorerTree, view: TreeView): string {
+  if (view.focus !== 0) return `${tree.title}<br><sup>inside ${quote(ids[view.focus])}: click it to go up</sup>`;
+  if (view.closed.size > 0) {
+    return `${tree.title}<br><sup>${ids.length.toLocaleString("en-US")} modules: click a block marked ▸ to open it</sup>`;
+  }
+  return tree.title;
 }
 
 type Handler = (...args: unknown[]) => void;
@@ -80,6 +160,8 @@ export class PageModel<T extends object> {
   }
 }
 
+const ROOT_ID = "<root>"; // fsdpviz.views.tree.ROOT_ID: the plotly id of the model's root
+
 /** Outline widths of the explorer's nodes: 3 for `unit`'s modules, 0.5 elsewhere. */
 export function explorerWidths(units: Array<string | null>, unit: string | null): number[] {
   return units.map((u) => (unit !== null && u === unit ? 3 : 0.5));
@@ -126,11 +208,18 @@ export function prefetchUnit(config: NonNullable<PageConfig["prefetch"]>, point:
 export interface PlotlyLike {
   newPlot(gd: HTMLElement, data: unknown[], layout: unknown, config: unknown): unknown;
   restyle(gd: HTMLElement, update: Record<string, unknown>, traces?: number[]): unknown;
+  relayout?(gd: HTMLElement, update: Record<string, unknown>): unknown;
 }
+
+/** Figures at most this big follow each step at once (unless playing); bigger ones, and
+ * any while playing, follow once the steps pause for FOLLOW_AFTER_MS. */
+export const QUICK_EXPLORER = 150; // modules drawn
+export const QUICK_PREFETCH = 40; // units
+export const FOLLOW_AFTER_MS = 250;
 
 interface PlotDiv extends HTMLElement {
   data?: Array<{ name?: string }>;
-  on?(event: string, callback: (ev: { points?: ClickPoint[] }) => void): void;
+  on?(event: string, callback: (ev: { points?: ClickPoint[] }) => unknown): void;
 }
 
 
@@ -141,23 +230,104 @@ interface PlotDiv extends HTMLElement {
  */
 export class Linker {
   private shown: string | null | undefined = undefined;
+  private readonly children: number[][];
+  /** The modules the explorer draws (every one when the config has no tree). */
+  view: TreeView;
+  private figuresTimer: ReturnType<typeof setTimeout> | null = null;
+  private readonly ringed = new Map<string, string | null>();
 
   constructor(
     private readonly config: PageConfig,
     private readonly model: PageModel<WidgetModel>,
     private readonly plotly: PlotlyLike,
     private readonly doc: Document,
-  ) {}
+  ) {
+    const ex = config.explorer;
+    const ids = ex?.ids ?? [];
+    this.children = ex?.tree ? childrenOf(ids, ex.tree.parents) : ids.map(() => []);
+    this.view = ex?.tree
+      ? treeView(this.children, 0, ex.tree.budget)
+      : { focus: 0, indices: ids.map((_, i) => i), closed: new Set() };
+  }
+
+  /** Draw the explorer focused on module `focus` (an index into the config's ids). */
+  focus(focus: number): void {
+    const ex = this.config.explorer;
+    const gd = this.div(ex?.div);
+    if (!ex?.tree || gd === null || focus === this.view.focus) return;
+    this.view = treeView(this.children, focus, ex.tree.budget);
+    const trace = viewTrace(ex.ids, ex.tree, this.children, this.view);
+    const units = this.view.indices.map((i) => ex.units[i]);
+    trace["marker.line.width"] = explorerWidths(units, this.shown ?? null);
+    const update: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(trace)) update[k] = [v];
+    this.plotly.restyle(gd, update, [0]);
+    this.plotly.relayout?.(gd, {
+      "title.text": viewTitle(ex.ids, ex.tree, this.view),
+      uirevision: focus === 0 ? "explorer" : `explorer:${ex.ids[focus]}`,
+    });
+    this.doc.body.dataset.fvFocus = focus === 0 ? "" : ex.ids[focus];
+  }
+
+  /** The highest focus that draws module `i` (`opened`: with its children). */
+  focusFor(i: number, opened: boolean): number {
+    const ex = this.config.explorer;
+    if (!ex?.tree) return 0;
+    const parent = new Map<number, number>();
+    this.children.forEach((cs, p) => cs.forEach((c) => parent.set(c, p)));
+    const chain = [i];
+    for (let p = parent.get(i); p !== undefined; p = parent.get(p)) chain.push(p);
+    for (const candidate of chain.reverse()) {
+      const view = treeView(this.children, candidate, ex.tree.budget);
+      if (view.indices.includes(i) && !(opened && view.closed.has(i))) return candidate;
+    }
+    return i;
+  }
+
+  /** Whether a click on `point` opens a block or goes up (instead of plotly's own zoom). */
+  refocuses(point: ClickPoint): boolean {
+    const ex = this.config.explorer;
+    if (!ex?.tree || typeof point.id !== "string") return false;
+    const i = ex.ids.indexOf(point.id);
+    return i >= 0 && (this.view.closed.has(i) || (i === this.view.focus && i !== 0));
+  }
+
+  private explorerClicked(point: ClickPoint): void {
+    const ex = this.config.explorer;
+    if (!ex) return;
+    const i = typeof point.id === "string" ? ex.ids.indexOf(point.id) : -1;
+    if (ex.tree && i >= 0) {
+      if (this.view.closed.has(i)) this.focus(i);
+      else if (i === this.view.focus && i !== 0) {
+        const parent = this.children.findIndex((cs) => cs.includes(i));
+        if (parent >= 0) this.focus(this.focusFor(parent, true));
+      }
+    }
+    this.select(explorerUnit(ex, point));
+  }
 
   start(): void {
     this.model.on("change:step", () => this.update());
     this.model.on("change:selected_unit", () => this.update());
+    this.model.on("change:playing", () => {
+      if (!this.model.get("playing")) this.followStep(); // caught up when playing stops
+    });
     const explorer = this.div(this.config.explorer?.div);
     const prefetch = this.div(this.config.prefetch?.div);
     explorer?.on?.("plotly_click", (ev) => {
       const p = ev.points?.[0];
-      if (p && this.config.explorer) this.select(explorerUnit(this.config.explorer, p));
+      if (p) this.explorerClicked(p);
     });
+    // A click that opens a block or goes up re-draws the explorer itself: plotly must not
+    // also zoom to the clicked module (returning false skips its zoom and its plotly_click).
+    const hierarchyClick = (ev: { points?: ClickPoint[] }): false | undefined => {
+      const p = ev.points?.[0];
+      if (p === undefined || !this.refocuses(p)) return undefined;
+      this.explorerClicked(p);
+      return false;
+    };
+    explorer?.on?.("plotly_icicleclick", hierarchyClick);
+    explorer?.on?.("plotly_treemapclick", hierarchyClick);
     prefetch?.on?.("plotly_click", (ev) => {
       const p = ev.points?.[0];
       if (p && this.config.prefetch) this.select(prefetchUnit(this.config.prefetch, p));
@@ -168,6 +338,9 @@ export class Linker {
   /** Select `unit` in the timeline and move to its next event. */
   select(unit: string | null): void {
     if (unit === null) return;
+    const ex = this.config.explorer;
+    const i = ex ? ex.ids.indexOf(unit === "" ? ROOT_ID : unit) : -1;
+    if (ex?.tree && i >= 0 && !this.view.indices.includes(i)) this.focus(this.focusFor(i, false));
     this.model.set("selected_unit", unit);
     const s = nextStepOfUnit(this.config.timeline, unit, this.model.get("step"));
     if (s >= 0) this.model.set("step", s);
@@ -190,22 +363,49 @@ export class Linker {
       if (selected) parts.push(`selected: ${quote(selected)}`);
       status.textContent = parts.join(" · ");
     }
+    this.ring("selected", selected); // a click: at once
+    // Restyling a figure takes the browser tens of milliseconds, hundreds for a big one:
+    // while the steps come quickly (playing, a held key) the figures follow once they pause.
+    const units = Object.keys(this.config.prefetch?.positions ?? {}).length;
+    const quick = this.view.indices.length <= QUICK_EXPLORER && units <= QUICK_PREFETCH;
+    if (this.figuresTimer !== null) clearTimeout(this.figuresTimer);
+    this.figuresTimer = null;
+    if (quick && !this.model.get("playing")) this.followStep();
+    else {
+      this.figuresTimer = setTimeout(() => {
+        this.figuresTimer = null;
+        if (!this.model.get("playing")) this.followStep();
+      }, FOLLOW_AFTER_MS);
+    }
+  }
+
+  /** The current step's unit outlined in the explorer and ringed in the prefetch graph. */
+  followStep(): void {
+    const data = this.config.timeline;
+    const current = unitOfStep(data, clampStep(this.model.get("step"), data.n_steps));
     if (current !== this.shown) {
       this.shown = current;
-      const explorer = this.div(this.config.explorer?.div);
-      if (explorer && this.config.explorer) {
-        const widths = explorerWidths(this.config.explorer.units, current);
-        this.plotly.restyle(explorer, { "marker.line.width": [widths] }, [0]);
-      }
+      this.outline();
     }
     this.ring("current", current);
-    this.ring("selected", selected);
+  }
+
+  /** Outline the current unit's modules in the explorer. */
+  outline(): void {
+    const ex = this.config.explorer;
+    const explorer = this.div(ex?.div);
+    if (!explorer || !ex) return;
+    const units = this.view.indices.map((i) => ex.units[i]);
+    const widths = explorerWidths(units, this.shown ?? null);
+    this.plotly.restyle(explorer, { "marker.line.width": [widths] }, [0]);
   }
 
   private ring(name: string, unit: string | null): void {
     const gd = this.div(this.config.prefetch?.div);
     const positions = this.config.prefetch?.positions;
     if (!gd || !positions || !gd.data) return;
+    if (this.ringed.get(name) === unit) return; // already there: no restyle
+    this.ringed.set(name, unit);
     const trace = gd.data.findIndex((t) => t.name === name);
     if (trace < 0) return;
     const x = unit !== null && unit in positions ? [positions[unit]] : [];

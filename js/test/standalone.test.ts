@@ -4,15 +4,20 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { AnyModel } from "@anywidget/types";
 import {
+  FOLLOW_AFTER_MS,
   Linker,
   PageModel,
   type PageConfig,
+  childrenOf,
   explorerUnit,
   explorerWidths,
   initialState,
   nextStepOfUnit,
   prefetchUnit,
+  treeView,
   unitOfStep,
+  viewTitle,
+  viewTrace,
 } from "../src/standalone";
 import widget, { type WidgetModel } from "../src/widget";
 import { sample } from "./fixtures";
@@ -55,8 +60,30 @@ function config(): PageConfig {
   };
 }
 
-function setup() {
-  const cfg = config();
+/** A model with more modules than the explorer draws at once (budget 6): blocks b and c closed. */
+function bigConfig(): PageConfig {
+  const ids = ["<root>", "inp", "blocks", "b", "b.fc", "c", "c.fc", "head"];
+  const parents = ["", "<root>", "<root>", "blocks", "b", "blocks", "c", "<root>"];
+  return {
+    ...config(),
+    explorer: {
+      div: "ex",
+      ids,
+      units: ["", "", "", "b", "b", null, null, ""],
+      tree: {
+        parents,
+        labels: ["M [unit 0]", "inp", "blocks", "b [unit 1]", "fc", "c", "fc", "head"],
+        values: [10, 1, 8, 4, 4, 4, 4, 1],
+        colors: ids.map(() => "#E69F00"),
+        customdata: ids.map(() => ["cls", "u", "1", "1 B", "1 B", "float32", ""]),
+        budget: 6,
+        title: "Wrap units",
+      },
+    },
+  };
+}
+
+function setup(cfg: PageConfig = config()) {
   const explorer = plotDiv("ex", ["modules"]);
   const prefetch = plotDiv("pf", ["forward order", "units", "current", "selected"]);
   const status = document.createElement("div");
@@ -65,16 +92,22 @@ function setup() {
   tl.id = "tl";
   document.body.append(status, tl);
   const calls: Array<{ id: string; update: Record<string, unknown>; traces?: number[] }> = [];
-  const plotly = { newPlot: () => undefined, restyle: (gd: HTMLElement, update: Record<string, unknown>, traces?: number[]) => calls.push({ id: gd.id, update, traces }) };
+  const layouts: Array<Record<string, unknown>> = [];
+  const plotly = {
+    newPlot: () => undefined,
+    restyle: (gd: HTMLElement, update: Record<string, unknown>, traces?: number[]) => calls.push({ id: gd.id, update, traces }),
+    relayout: (_gd: HTMLElement, update: Record<string, unknown>) => layouts.push(update),
+  };
   const model = new PageModel<WidgetModel>(initialState(cfg));
   const render = (widget as { render: (p: unknown) => () => void }).render;
   render({ model: model as unknown as AnyModel<WidgetModel>, el: tl });
-  new Linker(cfg, model, plotly, document).start();
-  return { cfg, model, calls, explorer, prefetch, status, tl };
+  const linker = new Linker(cfg, model, plotly, document);
+  linker.start();
+  return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl };
 }
 
-const lastRestyle = (calls: ReturnType<typeof setup>["calls"], id: string, trace: number) =>
-  [...calls].reverse().find((c) => c.id === id && c.traces?.[0] === trace);
+const lastRestyle = (calls: ReturnType<typeof setup>["calls"], id: string, trace: number, key?: string) =>
+  [...calls].reverse().find((c) => c.id === id && c.traces?.[0] === trace && (key === undefined || key in c.update));
 
 beforeEach(() => {
   vi.stubGlobal("ResizeObserver", class { observe(): void {} disconnect(): void {} });
@@ -178,3 +211,77 @@ describe("linked page", () => {
     expect(model.get("selected_unit")).toBe("");
   });
 });
+
+describe("a big model's explorer in the page", () => {
+  it("draws as many levels as the budget allows, like tree_view", () => {
+    const ex = bigConfig().explorer as NonNullable<PageConfig["explorer"]>;
+    const tree = ex.tree as NonNullable<typeof ex.tree>;
+    const children = childrenOf(ex.ids, tree.parents);
+    const top = treeView(children, 0, 6);
+    expect(top.indices).toEqual([0, 1, 2, 3, 5, 7]);
+    expect([...top.closed].sort()).toEqual([3, 5]);
+    const trace = viewTrace(ex.ids, tree, children, top);
+    expect(trace.labels).toEqual(["M [unit 0]", "inp", "blocks", "b [unit 1] ▸", "c ▸", "head"]);
+    expect((trace.customdata as string[][])[3][6]).toBe("<br>click to open its 1 submodules");
+    expect(viewTitle(ex.ids, tree, top)).toBe("Wrap units<br><sup>8 modules: click a block marked ▸ to open it</sup>");
+    const inside = treeView(children, 3, 6);
+    const opened = viewTrace(ex.ids, tree, children, inside);
+    expect(opened.ids).toEqual(["b", "b.fc"]);
+    expect(opened.parents).toEqual(["", "b"]);
+    expect((opened.customdata as string[][])[0][6]).toBe("<br>click to go up");
+    expect(viewTitle(ex.ids, tree, inside)).toBe("Wrap units<br><sup>inside 'b': click it to go up</sup>");
+  });
+
+  it("opens a block on a click, goes back up on a click on it, and shows a unit picked elsewhere", () => {
+    const { model, calls, layouts, linker, explorer, prefetch } = setup(bigConfig());
+    explorer.click_({ id: "b" });
+    expect(linker.view.focus).toBe(3);
+    expect(lastRestyle(calls, "ex", 0, "ids")?.update.ids).toEqual([["b", "b.fc"]]);
+    expect(layouts.at(-1)).toMatchObject({ uirevision: "explorer:b" });
+    expect(document.body.dataset.fvFocus).toBe("b");
+    expect(model.get("selected_unit")).toBe("b");
+    explorer.click_({ id: "b" }); // the opened block: up
+    expect(linker.view.focus).toBe(0);
+    expect(lastRestyle(calls, "ex", 0, "ids")?.update.ids).toEqual([["<root>", "inp", "blocks", "b", "c", "head"]]);
+    linker.focus(5);
+    prefetch.click_({ customdata: "b" }); // 'b' is not drawn inside 'c': back to where it is
+    expect(linker.view.focus).toBe(0);
+  });
+
+  it("outlines and rings the current unit once the steps pause, never while playing", async () => {
+    const cfg = bigConfig();
+    (cfg.explorer as NonNullable<PageConfig["explorer"]>).ids.push(...Array.from({ length: 200 }, (_, i) => `x${i}`));
+    const ex = cfg.explorer as NonNullable<PageConfig["explorer"]>;
+    ex.units.push(...Array.from({ length: 200 }, () => null));
+    const tree = ex.tree as NonNullable<typeof ex.tree>;
+    for (let i = 0; i < 200; i++) {
+      tree.parents.push("<root>");
+      tree.labels.push(`x${i}`);
+      tree.values.push(0);
+      tree.colors.push("#999999");
+      tree.customdata.push(["", "", "", "", "", "", ""]);
+    }
+    tree.budget = 1000; // 208 modules drawn: a big figure
+    cfg.timeline = sample(200); // long enough not to play to its end during the test
+    const { model, calls, tl } = setup(cfg);
+    const forward = [...tl.querySelectorAll("button")].find((b) => b.title.startsWith("step forward"));
+    const before = calls.length;
+    forward?.click();
+    forward?.click();
+    expect(calls.length).toBe(before); // not yet: the steps may go on
+    // the page model hears the second step after the widget's sync interval (100 ms)
+    await new Promise((resolve) => setTimeout(resolve, FOLLOW_AFTER_MS + 200));
+    expect(lastRestyle(calls, "ex", 0)?.update["marker.line.width"]).toBeDefined();
+    expect(document.body.dataset.fvStep).toBe("2");
+    const n = calls.length;
+    model.set("playing", true);
+    forward?.click();
+    await new Promise((resolve) => setTimeout(resolve, FOLLOW_AFTER_MS + 200));
+    expect(calls.length).toBe(n); // nothing while playing
+    model.set("playing", false); // caught up at once: the current unit ringed
+    const current = document.body.dataset.fvCurrentUnit ?? "";
+    const x = (cfg.prefetch as NonNullable<PageConfig["prefetch"]>).positions[current];
+    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[x]], y: [[0]] });
+  });
+});
+
