@@ -2,7 +2,8 @@
 
 1. A 10,000-module model (the bundled example with 833 decoder layers): build time and
    JSON size of the explorer (icicle), prefetch graph and timeline figures, and of the
-   timeline widget's payload (targets: explorer under 1 s and 5 MB).
+   timeline widget's payload (targets: explorer under 1 s and 5 MB); its exported page in
+   headless Chromium: time to draw, time per step, frames while playing.
 2. A 1,000-module model (83 layers): what one change of a control costs in the
    dashboard as it runs in a kernel (the explorer's answer, and all three views
    updated; target 200 ms), measured alternately with ``fsdpviz.analyze`` for the
@@ -62,6 +63,90 @@ def big(repeats: int) -> None:
     print(
         f"  {'timeline widget payload':36s} build {seconds * 1000:7.0f} ms   JSON "
         f"{len(json.dumps(data)) / 1e6:5.2f} MB   ({data['n_steps']} steps)"
+    )
+    stepping(report)
+
+
+# In the page: each step waits for the next frame, so drawing is part of the time.
+_STEP_JS = """async (n) => {
+  const b = [...document.querySelectorAll('.fsdpviz-timeline button')]
+    .find(x => x.title.startsWith('step forward'));
+  const times = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    b.click();
+    await new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)));
+    times.push(performance.now() - t0);
+  }
+  times.sort((a, b) => a - b);
+  return {median: times[n >> 1], p95: times[Math.floor(n * 0.95)], max: times[n - 1]};
+}"""
+_PLAY_JS = """async (ms) => {
+  const play = [...document.querySelectorAll('.fsdpviz-timeline button')]
+    .find(x => x.title.startsWith('play'));
+  const speed = document.querySelector('.fsdpviz-timeline select');
+  speed.value = '100';
+  speed.dispatchEvent(new Event('change'));
+  const s0 = window.fsdpvizModel.get('step');
+  const gaps = [];
+  let last = performance.now(), running = true;
+  const loop = (now) => {
+    gaps.push(now - last); last = now; if (running) requestAnimationFrame(loop);
+  };
+  requestAnimationFrame(loop);
+  play.click();
+  await new Promise(r => setTimeout(r, ms));
+  running = false;
+  play.click();
+  gaps.sort((a, b) => a - b);
+  return {steps: window.fsdpvizModel.get('step') - s0, frames: gaps.length,
+          p95: gaps[Math.floor(gaps.length * 0.95)], max: gaps[gaps.length - 1]};
+}"""
+
+
+def stepping(report: Any) -> None:
+    """The exported page of ``report`` in headless Chromium (no kernel, as in a notebook's
+    front end): time to draw, time per step, frames while playing at 100 steps/s."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("  stepping in the browser: skipped (playwright is not installed)")
+        return
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("  stepping in the browser: skipped (no chromium)")
+        return
+    path = Path(tempfile.mkdtemp()) / "big.html"
+    report.save(path)
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=args)
+        page = browser.new_page(viewport={"width": 1300, "height": 1500})
+        start = time.perf_counter()
+        page.goto(path.as_uri())
+        page.wait_for_selector("body[data-fv-ready=true]", timeout=300_000)
+        ready = time.perf_counter() - start
+        drawn = page.evaluate("document.querySelectorAll('#fv-explorer g.slice').length")
+        step = page.evaluate(_STEP_JS, 200)
+        play = page.evaluate(_PLAY_JS, 3000)
+        browser.close()
+    print(
+        f"  exported page ({path.stat().st_size / 1e6:.1f} MB) drawn in {ready:.1f} s "
+        f"(explorer: {drawn} of {len(report.modules)} modules); software-rendered headless "
+        "Chromium"
+    )
+    print(
+        f"  one step, drawn: median {step['median']:.0f} ms, 95th percentile "
+        f"{step['p95']:.0f} ms, max {step['max']:.0f} ms (200 steps)"
+    )
+    print(
+        f"  playing at 100 steps/s for 3 s: {play['steps']} steps, {play['frames']} frames, "
+        f"95th percentile frame {play['p95']:.0f} ms, longest {play['max']:.0f} ms"
     )
 
 
