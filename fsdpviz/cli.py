@@ -5,6 +5,8 @@ Usage::
     fsdpviz demo [-o fsdpviz-demo.html] [--world-size 8]
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --policy transformer:DecoderLayer --world-size 64 -o report.html
+    fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
+        --fully-shard DecoderLayer --mixed-precision bf16,fp32 -o report.html   # FSDP2
 
 The output's suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
 (interactive page), ``.json`` (Chrome trace that ``fsdpviz.load`` reads back),
@@ -20,32 +22,20 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 import importlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from fsdpviz._options_cli import UsageError, add_fsdp_flags, analyze_kwargs, positive_int
 from fsdpviz.errors import FsdpvizError
 
 _PROG = "fsdpviz"
-
-_BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
-_SHARDING = {
-    "full": "FULL_SHARD",
-    "grad_op": "SHARD_GRAD_OP",
-    "no_shard": "NO_SHARD",
-    "hybrid": "HYBRID_SHARD",
-}
-
-
-class UsageError(Exception):
-    """A command-line mistake: reported with the usage line, exit status 2."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "report",
         help="analyse your own model",
         description="Analyse the model returned by MODULE:FACTORY (a callable returning a "
-        "model, or a (model, inputs) tuple) and write the report.",
+        "model, or a (model, inputs) tuple) with FSDP1 (--policy ...) or FSDP2 "
+        "(--fully-shard ...) options and write the report.",
     )
     report.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mypkg.models:build")
     report.add_argument(
@@ -102,32 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="callable returning the model inputs (a dict of keyword arguments, a tuple "
         "of positional arguments or one tensor); required unless FACTORY returns them",
     )
-    report.add_argument(
-        "--policy",
-        default="none",
-        metavar="SPEC",
-        help="auto-wrap policy: transformer:Class[,Class] (ModuleWrapPolicy of the model's "
-        "classes with these names), size:N (size_based_auto_wrap_policy, min_num_params=N) "
-        "or none (default)",
-    )
-    report.add_argument(
-        "--backward-prefetch",
-        choices=list(_BACKWARD_PREFETCH),
-        help="BackwardPrefetch (FSDP's default: pre)",
-    )
-    report.add_argument("--forward-prefetch", action="store_true", help="forward_prefetch=True")
-    report.add_argument(
-        "--sharding-strategy", choices=list(_SHARDING), help="ShardingStrategy (default: full)"
-    )
-    report.add_argument("--use-orig-params", action="store_true", help="use_orig_params=True")
-    report.add_argument(
-        "--trace",
-        choices=["meta", "real", "fx"],
-        default="meta",
-        help="run the model on the meta device (default) or, for models that cannot, "
-        "on a copy on its own device",
-    )
-    _add_world_size(report)
+    add_fsdp_flags(report)
     _add_output(report, "fsdpviz-report.json")
     report.set_defaults(func=_cmd_report, parser=report)
     return parser
@@ -148,18 +114,8 @@ def _add_output(parser: argparse.ArgumentParser, default: str) -> None:
 
 def _add_world_size(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--world-size", type=_positive_int, default=8, metavar="N", help="ranks (default: 8)"
+        "--world-size", type=positive_int, default=8, metavar="N", help="ranks (default: 8)"
     )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -186,17 +142,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY, "
             "or make the factory return (model, inputs)"
         )
-    kwargs: dict[str, Any] = {
-        "world_size": args.world_size,
-        "auto_wrap_policy": _policy(args.policy, model),
-        "forward_prefetch": args.forward_prefetch,
-        "use_orig_params": args.use_orig_params,
-        "trace": args.trace,
-    }
-    if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = _BACKWARD_PREFETCH[args.backward_prefetch]
-    if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = _SHARDING[args.sharding_strategy]
+    kwargs = analyze_kwargs(args, model)
     start = time.perf_counter()
     report = analyze(model, inputs, **kwargs)
     return _write(report, path, time.perf_counter() - start)
@@ -268,45 +214,3 @@ def _load_model(spec: str) -> tuple[nn.Module, Any]:
     raise UsageError(
         f"{spec} returned {type(result).__name__}; expected an nn.Module or (model, inputs)"
     )
-
-
-def _policy(spec: str, model: nn.Module) -> Any:
-    """Build the auto-wrap policy for ``--policy SPEC``."""
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind == "none" and not arg:
-        return None
-    if kind == "transformer" and arg:
-        return ModuleWrapPolicy(_module_classes(arg.split(","), model))
-    if kind == "size" and arg:
-        try:
-            min_num_params = int(float(arg)) if "e" in arg.lower() else int(arg)
-        except ValueError:
-            min_num_params = -1
-        if min_num_params < 1:
-            raise UsageError(f"--policy size:N needs a positive integer N, got {arg!r}")
-        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
-    raise UsageError(
-        f"--policy {spec!r} is not valid; use transformer:Class[,Class], size:N or none"
-    )
-
-
-def _module_classes(names: Sequence[str], model: nn.Module) -> set[type[nn.Module]]:
-    classes: dict[str, set[type[nn.Module]]] = {}
-    for m in model.modules():
-        classes.setdefault(type(m).__name__, set()).add(type(m))
-    found: set[type[nn.Module]] = set()
-    for name in filter(None, (n.strip() for n in names)):
-        if name not in classes:
-            hint = difflib.get_close_matches(name, sorted(classes), n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise UsageError(
-                f"--policy: the model has no module of class {name!r}{tip} "
-                f"(classes: {', '.join(sorted(classes))})"
-            )
-        found |= classes[name]
-    if not found:
-        raise UsageError("--policy transformer: needs at least one class name")
-    return found

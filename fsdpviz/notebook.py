@@ -17,15 +17,20 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz._options_cli import UsageError as FlagError
+from fsdpviz._options_cli import add_fsdp_flags, analyze_kwargs
+
 _OPTIONS = """\
   MODEL                       a model expression (line magic only)
   --inputs EXPR               the inputs: a dict (kwargs), a tuple (args) or a tensor
   --policy SPEC               FSDP1 auto_wrap_policy: transformer:Class[,Class] | size:N | none
   --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
-  --backward-prefetch pre|post|none
-  --forward-prefetch          forward_prefetch=True
-  --sharding-strategy full|grad_op|no_shard|hybrid
-  --use-orig-params           use_orig_params=True
+  --reshard-after-forward true|false|N    FSDP2 reshard_after_forward
+  --mixed-precision DTYPE[,REDUCE]        bf16 | fp16 | fp32 (FSDP1 and FSDP2)
+  --backward-prefetch pre|post|none       FSDP1
+  --forward-prefetch          FSDP1 forward_prefetch=True
+  --sharding-strategy full|grad_op|no_shard|hybrid    FSDP1
+  --use-orig-params           FSDP1 use_orig_params=True
   --world-size N              ranks (default 8)
   --trace meta|real|fx        how to trace (default meta)
   --show                      open the interactive explorer instead of the summary
@@ -44,14 +49,7 @@ def _parser(line_magic: bool) -> _Parser:
     if line_magic:
         p.add_argument("model")
     p.add_argument("--inputs")
-    p.add_argument("--policy", default="none")
-    p.add_argument("--fully-shard")
-    p.add_argument("--backward-prefetch", choices=["pre", "post", "none"])
-    p.add_argument("--forward-prefetch", action="store_true")
-    p.add_argument("--sharding-strategy", choices=["full", "grad_op", "no_shard", "hybrid"])
-    p.add_argument("--use-orig-params", action="store_true")
-    p.add_argument("--world-size", type=int, default=8)
-    p.add_argument("--trace", choices=["meta", "real", "fx"], default="meta")
+    add_fsdp_flags(p)
     p.add_argument("--show", action="store_true")
     return p
 
@@ -70,33 +68,10 @@ def _parse(line: str, line_magic: bool) -> argparse.Namespace:
     return parser.parse_args(words)
 
 
-def _kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
-    from fsdpviz.cli import _BACKWARD_PREFETCH, _SHARDING, _module_classes, _policy
-
-    kwargs: dict[str, Any] = {"world_size": args.world_size, "trace": args.trace}
-    if args.fully_shard:
-        names = [n.strip() for n in args.fully_shard.split(",") if n.strip()]
-        modules = dict(model.named_modules())
-        classes = [n for n in names if n not in modules]
-        kwargs["fully_shard"] = [n for n in names if n in modules]
-        if classes:
-            kwargs["fully_shard"] += sorted(_module_classes(classes, model), key=str)
-        return kwargs
-    kwargs["auto_wrap_policy"] = _policy(args.policy, model)
-    kwargs["forward_prefetch"] = args.forward_prefetch
-    kwargs["use_orig_params"] = args.use_orig_params
-    if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = _BACKWARD_PREFETCH[args.backward_prefetch]
-    if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = _SHARDING[args.sharding_strategy]
-    return kwargs
-
-
 def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
     from IPython.core.error import UsageError
 
     from fsdpviz.analyze import analyze
-    from fsdpviz.cli import UsageError as CliUsageError
     from fsdpviz.errors import FsdpvizError
 
     if not isinstance(model, nn.Module):
@@ -104,8 +79,8 @@ def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
             f"%fsdpviz: the model must be a torch.nn.Module, got {type(model).__name__}"
         )
     try:
-        report = analyze(model, inputs, **_kwargs(args, model))
-    except (FsdpvizError, CliUsageError) as e:
+        report = analyze(model, inputs, **analyze_kwargs(args, model))
+    except (FsdpvizError, FlagError) as e:
         raise UsageError(f"%fsdpviz: {e}") from None
     return report.show() if args.show and hasattr(report, "show") else report
 

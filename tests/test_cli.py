@@ -9,8 +9,10 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 import fsdpviz
@@ -330,7 +332,82 @@ def test_report_hybrid_shard_group(models: str, capsys: pytest.CaptureFixture[st
     assert report.config["shard_world_size"] == 8
 
 
+def test_report_fsdp2(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--fully-shard plans FSDP2 on classes and FQNs, as ``fully_shard=[Block, "head"]``."""
+    report, _ = _report(
+        capsys,
+        f"{models}:build_with_inputs",
+        "--fully-shard",
+        "Block,head",
+        "--reshard-after-forward",
+        "false",
+        "--mixed-precision",
+        "bf16,fp32",
+        "--world-size",
+        "4",
+    )
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    same = fsdpviz.analyze(
+        *_net_and_inputs(models),
+        fully_shard=[_block_class(models), "head"],
+        reshard_after_forward=False,
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        world_size=4,
+        progress=False,
+    )
+    assert report.config["api"] == "FSDP2"
+    assert [u.module for u in report.units] == [u.module for u in same.units]
+    assert report.iterations == same.iterations
+    assert report.config["mp_policy"] == same.config["mp_policy"]
+
+
+def test_report_fsdp1_mixed_precision(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report, _ = _report(
+        capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block",
+        "--mixed-precision", "fp16",
+    )  # fmt: skip
+    assert all(u.compute_dtype == "float16" for u in report.units if u.numel)
+
+
+def _net_and_inputs(models: str) -> tuple[Any, Any]:
+    import importlib
+
+    return importlib.import_module(models).build_with_inputs()  # type: ignore[no-any-return]
+
+
+def _block_class(models: str) -> Any:
+    import importlib
+
+    return importlib.import_module(models).Block
+
+
 # --------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--fully-shard", "Block", "--backward-prefetch", "post"], "is an FSDP1 option"),
+        (
+            ["--fully-shard", "Block", "--policy", "transformer:Block", "--use-orig-params"],
+            "--policy, --use-orig-params are FSDP1 options",
+        ),
+        (["--reshard-after-forward", "true"], "is an FSDP2 option: add --fully-shard"),
+        (["--fully-shard", "Blok"], "did you mean 'Block'?"),
+        (["--fully-shard", ","], "at least one module class or FQN"),
+        (["--fully-shard", "Block", "--reshard-after-forward", "maybe"], "true, false or"),
+        (["--mixed-precision", "bf17"], "unknown dtype 'bf17'; did you mean 'bf16'?"),
+        (["--mixed-precision", "bf16,fp32,fp16"], "DTYPE or DTYPE,REDUCE_DTYPE"),
+    ],
+)
+def test_report_bad_fsdp_flags(
+    models: str, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code, out, err = _run(capsys, "report", f"{models}:build_with_inputs", *flags)
+    assert code == 2 and out == ""
+    assert message in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

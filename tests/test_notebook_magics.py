@@ -34,9 +34,12 @@ def test_line_magic_returns_the_report(ip: Any) -> None:
 
 
 def test_line_magic_fsdp2(ip: Any) -> None:
-    report = ip.run_line_magic("fsdpviz", "model --inputs ids --fully-shard DecoderLayer,lm_head")
+    line = "model --inputs ids --fully-shard DecoderLayer,lm_head --mixed-precision bf16"
+    report = ip.run_line_magic("fsdpviz", line + " --reshard-after-forward 2 --world-size 8")
     assert report.config["api"] == "FSDP2"
     assert "lm_head" in [u.module for u in report.units]
+    assert report.config["mp_policy"]["param_dtype"] == "bfloat16"
+    assert set(report.config["reshard_after_forward"].values()) == {2}
 
 
 def test_cell_magic_traces_the_model_the_cell_runs(ip: Any) -> None:
@@ -57,7 +60,8 @@ def test_cell_magic_traces_the_model_the_cell_runs(ip: Any) -> None:
         ("model --inputs ids --policy transformer:DecoderLayr", "did you mean 'DecoderLayer'"),
         ("model", "pass --inputs EXPR"),
         ("ids --inputs ids", "must be a torch.nn.Module"),
-        ("model --inputs ids --world-size 0", "world_size must be a positive int"),
+        ("model --inputs ids --world-size 0", "--world-size: expected a positive integer"),
+        ("model --inputs ids --fully-shard DecoderLayer --forward-prefetch", "is an FSDP1 option"),
     ],
 )
 def test_errors_are_short_messages(ip: Any, line: str, message: str) -> None:

@@ -1,0 +1,245 @@
+"""FSDP options written as command-line flags, shared by ``fsdpviz report`` and ``%fsdpviz``.
+
+:func:`add_fsdp_flags` adds the flags to an ``argparse`` parser; :func:`analyze_kwargs`
+turns the parsed flags into :func:`fsdpviz.analyze` keyword arguments for a model,
+raising :class:`UsageError` with what was wrong and what to write instead.
+
+FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
+``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
+(``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
+``--mixed-precision``, ``--world-size``, ``--trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
+
+BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+SHARDING = {
+    "full": "FULL_SHARD",
+    "grad_op": "SHARD_GRAD_OP",
+    "no_shard": "NO_SHARD",
+    "hybrid": "HYBRID_SHARD",
+}
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+_FSDP1_ONLY = {
+    "backward_prefetch": "--backward-prefetch",
+    "forward_prefetch": "--forward-prefetch",
+    "sharding_strategy": "--sharding-strategy",
+    "use_orig_params": "--use-orig-params",
+}
+
+
+class UsageError(Exception):
+    """A mistake in the flags: reported as a short message (exit status 2 on the command line)."""
+
+
+def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the FSDP flags to ``parser`` (see the module docstring)."""
+    parser.add_argument(
+        "--policy",
+        default="none",
+        metavar="SPEC",
+        help="FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of the "
+        "model's classes with these names), size:N (size_based_auto_wrap_policy, "
+        "min_num_params=N) or none (default: the root only)",
+    )
+    parser.add_argument(
+        "--fully-shard",
+        metavar="NAMES",
+        help="FSDP2 instead: fully_shard on these module classes or FQNs (comma-separated), "
+        "then on the root",
+    )
+    parser.add_argument(
+        "--reshard-after-forward",
+        metavar="true|false|N",
+        type=_reshard,
+        help="FSDP2 reshard_after_forward (default: torch's: True, the root False)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        metavar="DTYPE[,REDUCE]",
+        help="compute in DTYPE (bf16, fp16, fp32), reduce gradients in REDUCE (default "
+        "DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
+    )
+    parser.add_argument(
+        "--backward-prefetch",
+        choices=list(BACKWARD_PREFETCH),
+        help="FSDP1 BackwardPrefetch (FSDP's default: pre)",
+    )
+    parser.add_argument(
+        "--forward-prefetch", action="store_true", help="FSDP1 forward_prefetch=True"
+    )
+    parser.add_argument(
+        "--sharding-strategy", choices=list(SHARDING), help="FSDP1 ShardingStrategy (default: full)"
+    )
+    parser.add_argument("--use-orig-params", action="store_true", help="FSDP1 use_orig_params=True")
+    parser.add_argument(
+        "--world-size", type=positive_int, default=8, metavar="N", help="ranks (default: 8)"
+    )
+    parser.add_argument(
+        "--trace",
+        choices=["meta", "real", "fx"],
+        default="meta",
+        help="run the model on the meta device (default) or, for models that cannot, on a "
+        "copy on its own device (real) or through torch.fx (fx)",
+    )
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _reshard(text: str) -> bool | int:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return positive_int(low)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected true, false or a number of ranks, got {text!r}"
+        ) from None
+
+
+def analyze_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
+    """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``."""
+    kwargs: dict[str, Any] = {"world_size": args.world_size, "trace": args.trace}
+    param, reduce = _mixed_precision(args.mixed_precision)
+    if args.fully_shard:
+        given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key)]
+        if args.policy.strip().lower() != "none":
+            given.insert(0, "--policy")
+        if given:
+            verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
+            raise UsageError(
+                f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
+                "--fully-shard to plan FSDP1"
+            )
+        kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
+        if args.reshard_after_forward is not None:
+            kwargs["reshard_after_forward"] = args.reshard_after_forward
+        if param is not None:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+        return kwargs
+    if args.reshard_after_forward is not None:
+        raise UsageError(
+            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
+            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
+        )
+    kwargs["auto_wrap_policy"] = policy(args.policy, model)
+    kwargs["forward_prefetch"] = args.forward_prefetch
+    kwargs["use_orig_params"] = args.use_orig_params
+    if args.backward_prefetch is not None:
+        kwargs["backward_prefetch"] = BACKWARD_PREFETCH[args.backward_prefetch]
+    if args.sharding_strategy is not None:
+        kwargs["sharding_strategy"] = SHARDING[args.sharding_strategy]
+    if param is not None:
+        from torch.distributed.fsdp import MixedPrecision
+
+        kwargs["mixed_precision"] = MixedPrecision(
+            param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
+        )
+    return kwargs
+
+
+def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype | None]:
+    if not spec:
+        return None, None
+    names = [n.strip().lower() for n in spec.split(",")]
+    if len(names) > 2 or not all(names):
+        raise UsageError(f"--mixed-precision takes DTYPE or DTYPE,REDUCE_DTYPE, got {spec!r}")
+    dtypes = []
+    for name in names:
+        if name not in _DTYPES:
+            hint = difflib.get_close_matches(name, sorted(_DTYPES), n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise UsageError(
+                f"--mixed-precision: unknown dtype {name!r}{tip} (use bf16, fp16 or fp32)"
+            )
+        dtypes.append(_DTYPES[name])
+    return dtypes[0], dtypes[1] if len(dtypes) == 2 else None
+
+
+def _fully_shard(spec: str, model: nn.Module) -> list[Any]:
+    """Module FQNs stay names; other names are module classes of the model."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--fully-shard needs at least one module class or FQN")
+    modules = dict(model.named_modules())
+    targets: list[Any] = [n for n in names if n in modules]
+    classes = [n for n in names if n not in modules]
+    if classes:
+        targets += sorted(module_classes(classes, model, "--fully-shard"), key=str)
+    return targets
+
+
+def policy(spec: str, model: nn.Module) -> Any:
+    """The FSDP1 auto-wrap policy for ``--policy SPEC``."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind == "none" and not arg:
+        return None
+    if kind == "transformer" and arg:
+        return ModuleWrapPolicy(module_classes(arg.split(","), model, "--policy"))
+    if kind == "size" and arg:
+        try:
+            min_num_params = int(float(arg)) if "e" in arg.lower() else int(arg)
+        except ValueError:
+            min_num_params = -1
+        if min_num_params < 1:
+            raise UsageError(f"--policy size:N needs a positive integer N, got {arg!r}")
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+    raise UsageError(
+        f"--policy {spec!r} is not valid; use transformer:Class[,Class], size:N or none"
+    )
+
+
+def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[type[nn.Module]]:
+    """The model's module classes with these names (all classes of a name)."""
+    classes: dict[str, set[type[nn.Module]]] = {}
+    for m in model.modules():
+        classes.setdefault(type(m).__name__, set()).add(type(m))
+    found: set[type[nn.Module]] = set()
+    for name in filter(None, (n.strip() for n in names)):
+        if name not in classes:
+            hint = difflib.get_close_matches(name, sorted(classes), n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            what = "module of class or FQN" if flag == "--fully-shard" else "module of class"
+            raise UsageError(
+                f"{flag}: the model has no {what} {name!r}{tip} "
+                f"(classes: {', '.join(sorted(classes))})"
+            )
+        found |= classes[name]
+    if not found:
+        what = "--policy transformer:" if flag == "--policy" else flag
+        raise UsageError(f"{what} needs at least one class name")
+    return found
