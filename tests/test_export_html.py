@@ -20,7 +20,7 @@ from export_models import recorded_run
 from views_models import analyze_tiny
 
 from fsdpviz import Report
-from fsdpviz.views import timeline_data
+from fsdpviz.views import explorer_figure, timeline_data
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
 
@@ -244,12 +244,25 @@ def test_big_model_opens_and_closes_blocks(
     def title() -> str:
         return str(p.js("() => document.querySelector('#fv-explorer .gtitle').textContent"))
 
+    def drawn() -> list[Any]:
+        trace: list[Any] = p.js(
+            "() => { const t = document.getElementById('fv-explorer').data[0];"
+            " return [t.ids, t.parents, t.labels, t.customdata]; }"
+        )
+        return trace
+
+    def as_python(focus: str) -> list[Any]:
+        t = explorer_figure(report, focus=focus).data[0]
+        return [list(t.ids), list(t.parents), list(t.labels), [list(r) for r in t.customdata]]
+
     assert len(slices()) == 7 and "blocks.1 [unit 2] ▸" in slices()
+    assert drawn() == as_python("")
     assert "13 modules: click a block marked ▸ to open it" in title()
     p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2] ▸").first.click()
     p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.1'")
     p.page.wait_for_function("document.querySelectorAll('#fv-explorer g.slice').length === 3")
     assert sorted(slices()) == ["blocks.1 [unit 2]", "fc", "norm"]
+    assert drawn() == as_python("blocks.1")  # the page's rules are Python's
     assert p.body("selected-unit") == "blocks.1" and "'blocks.1'" in p.info()
     assert "inside 'blocks.1': click it to go up" in title()
     p.shot("big-opened")
