@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -348,9 +348,10 @@ def test_report_fsdp2(models: str, capsys: pytest.CaptureFixture[str]) -> None:
     )
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    factories = importlib.import_module(models)
     same = fsdpviz.analyze(
-        *_net_and_inputs(models),
-        fully_shard=[_block_class(models), "head"],
+        *factories.build_with_inputs(),
+        fully_shard=[factories.Block, "head"],
         reshard_after_forward=False,
         mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
         world_size=4,
@@ -368,18 +369,6 @@ def test_report_fsdp1_mixed_precision(models: str, capsys: pytest.CaptureFixture
         "--mixed-precision", "fp16",
     )  # fmt: skip
     assert all(u.compute_dtype == "float16" for u in report.units if u.numel)
-
-
-def _net_and_inputs(models: str) -> tuple[Any, Any]:
-    import importlib
-
-    return importlib.import_module(models).build_with_inputs()  # type: ignore[no-any-return]
-
-
-def _block_class(models: str) -> Any:
-    import importlib
-
-    return importlib.import_module(models).Block
 
 
 # --------------------------------------------------------- usage errors
