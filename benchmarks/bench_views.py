@@ -229,7 +229,7 @@ async def _replan(repeats: int, verbose: bool) -> None:
             gc.collect()  # what the idle kernel does between answers
             before = explorer.options
             start = time.perf_counter()
-            explorer.controls.set(**change)
+            explorer.controls.set(**change, as_browser=True)  # as a click in the page
             answered = time.perf_counter()
             assert explorer.options != before, f"{change} changed nothing"
             while view._deferred.pending("linked"):

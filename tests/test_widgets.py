@@ -381,3 +381,30 @@ def test_opening_a_block_reaches_the_browser(
     sent = SentToBrowser(ex.figure)
     ex.focus = "blocks.1"
     assert {"ids", "parents", "labels", "values", "level"} <= sent.trace_keys(0)
+
+
+def test_controls_changed_as_the_page_does(report: Report) -> None:
+    """``set(..., as_browser=True)`` sends each control the state the page sends (an index
+    for the pickers); the explorer re-plans exactly as for a change made from Python."""
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    answered: list[bool] = []
+    ex.observe(lambda c: answered.append(ex.answering_browser), names="report")
+    changes: list[dict[str, Any]] = [
+        {"world_size": 16},
+        {"sharding_strategy": "SHARD_GRAD_OP"},
+        {"backward_prefetch": None},
+        {"forward_prefetch": True},
+        {"layer_classes": ["Block", "Linear"]},
+        {"policy": "size"},
+        {"min_num_params": 5000},
+        {"recipe": "FSDP2", "policy": "classes", "sharding_strategy": "FULL_SHARD"},
+    ]
+    for change in changes:
+        ex.controls.set(**change, as_browser=True)
+        for key, value in change.items():
+            expected = tuple(value) if isinstance(value, list) else value
+            assert getattr(ex.options, key) == expected, (key, ex.options)
+    assert answered and all(answered)
+    assert ex.errors.last_error is None
+    ex.controls.set(world_size=32)
+    assert answered[-1] is False and ex.answering_browser is False

@@ -74,7 +74,7 @@ def test_the_explorer_answers_first_and_the_linked_views_follow(
     async def test() -> None:
         view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
         before = view.timeline.data
-        view.explorer.controls.set(world_size=16)
+        view.explorer.controls.set(world_size=16, as_browser=True)  # a click in the page
         new = view.explorer.report
         assert new.config["world_size"] == 16 and "world size 16" in str(
             view.explorer.figure.layout.title.text
@@ -82,6 +82,11 @@ def test_the_explorer_answers_first_and_the_linked_views_follow(
         assert view.timeline.data is before  # not yet: the explorer's answer goes out first
         await until(lambda: view.timeline.data is not before)
         assert view.timeline.data["memory"]["bytes"] == memory_series(new, iteration=-1)
+        # Changed from Python (a cell): all three views before set() returns.
+        view.explorer.controls.set(world_size=32, sharding_strategy="SHARD_GRAD_OP")
+        new = view.explorer.report
+        assert view.timeline.data["memory"]["bytes"] == memory_series(new, iteration=-1)
+        assert "world size 32" in str(view.explorer.figure.layout.title.text)
         assert view.errors.last_error is None and view.explorer.errors.last_error is None
 
     in_kernel(test)
@@ -95,10 +100,10 @@ def test_activations_are_traced_once_the_controls_rest(
     async def test() -> None:
         view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
         ex = view.explorer
-        ex.controls.set(forward_prefetch=True)  # a new autograd graph: from the stored trace
+        ex.controls.set(forward_prefetch=True, as_browser=True)  # a new graph: stored trace
         await until(lambda: "once the controls rest" in view.memory_note.value)
         assert traced == []
-        ex.controls.set(sharding_strategy="SHARD_GRAD_OP")  # changed again before they rested
+        ex.controls.set(sharding_strategy="SHARD_GRAD_OP", as_browser=True)  # before they rest
         assert ex.report.profile is None and ex.replanner is not None
         await until(lambda: "activations included" in view.memory_note.value)
         assert len(traced) == 1 and traced[0][0] == ex.options  # only the last plan

@@ -21,13 +21,17 @@ _STYLE = {"description_width": "initial"}
 
 
 class PlanControls(w.VBox):  # type: ignore[misc]
-    """Policy, world size, sharding, prefetch and recipe controls; calls ``on_change(options)``."""
+    """Policy, world size, sharding, prefetch and recipe controls.
+
+    Calls ``on_change(options, from_browser)``: ``from_browser`` is true when the change
+    came from the page (ipywidgets locks the properties it sets from the front end).
+    """
 
     def __init__(
         self,
         options: PlanOptions,
         replanner: Replanner | None,
-        on_change: Callable[[PlanOptions], None],
+        on_change: Callable[[PlanOptions, bool], None],
     ) -> None:
         self.options = options
         self._on_change = on_change
@@ -151,8 +155,12 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             recipe=self.recipe.value,
         )
 
-    def set(self, **changes: Any) -> None:
-        """Set controls by option name (as a user would), e.g. ``set(world_size=64)``."""
+    def set(self, *, as_browser: bool = False, **changes: Any) -> None:
+        """Set controls by option name, e.g. ``set(world_size=64)``.
+
+        ``as_browser=True`` delivers each change as the page does (``widget.set_state``
+        with the widget's synced state), so the views answer as they do to a click.
+        """
         widgets = {
             "policy": self.policy,
             "layer_classes": self.classes,
@@ -166,11 +174,22 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         for name, value in changes.items():
             if name not in widgets:
                 raise KeyError(f"no control {name!r}; controls: {', '.join(widgets)}")
-            widgets[name].value = tuple(value) if name == "layer_classes" else value
+            widget = widgets[name]
+            value = tuple(value) if name == "layer_classes" else value
+            if not as_browser:
+                widget.value = value
+            elif isinstance(widget, w.SelectMultiple):
+                values = [v for _, v in widget.options]
+                widget.set_state({"index": [values.index(v) for v in value]})
+            elif isinstance(widget, w.Dropdown | w.ToggleButtons):
+                values = [v for _, v in widget._options_full]
+                widget.set_state({"index": values.index(value)})
+            else:  # checkbox, slider
+                widget.set_state({"value": value})
 
     def _changed(self, change: dict[str, Any]) -> None:
         self._sync_enabled()
         options = self.read()
         if options != self.options:
             self.options = options
-            self._on_change(options)
+            self._on_change(options, bool(change["owner"]._property_lock))

@@ -5,8 +5,10 @@
 - ``selected_unit`` is shared: a click in any view selects the unit in all three;
 - a re-plan in the explorer redraws the prefetch graph and the timeline (and calls
   the memory model again when ``memory`` is a callable);
-- a re-plan answers in the explorer first; the prefetch graph and the timeline
-  follow right after that answer has reached the browser;
+- a re-plan made in the page answers in the explorer first; the prefetch graph and
+  the timeline follow right after that answer has reached the browser (a change made
+  from Python, ``view.explorer.controls.set(world_size=64)``, updates all three
+  before it returns);
 - ``memory="auto"`` (the default) draws :func:`fsdpviz.cost.memory_series` under the
   timeline. A re-plan answered from the stored trace has no trace profile, so its
   curve first shows parameters, gradients and optimizer state; the activations
@@ -170,10 +172,15 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         return series
 
     def _on_report(self, change: dict[str, Any]) -> None:
-        # The explorer has answered; the prefetch graph and the timeline follow at once
-        # after that answer is sent, and a pending trace of an older plan is dropped.
+        # A click in the page: the explorer has answered, the prefetch graph and the
+        # timeline follow as soon as that answer is sent. A change made from Python
+        # updates all three before it returns. A pending trace of an older plan is dropped.
         self._deferred.cancel("profile")
-        self._deferred.run("linked", self._update_linked, change["new"])
+        self._deferred.cancel("linked")
+        if self.explorer.answering_browser:
+            self._deferred.run("linked", self._update_linked, change["new"])
+        else:
+            self._update_linked(change["new"])
 
     def _update_linked(self, report: Report) -> None:
         if self.explorer.report is not report:

@@ -97,6 +97,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.view_size = w.ToggleButtons(
             options=[("parameters", "numel"), ("bytes per rank", "rank_bytes")], value="numel"
         )
+        self.answering_browser = False
         self.options = PlanOptions.from_report(report)
         """The options of the last re-plan (at first: what ``report.config`` says)."""
         if replanner is not None and report.source == "prediction":
@@ -135,23 +136,28 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.observe(g(self._redraw), names=["kind", "size", "theme", "focus"])
         self.observe(g(self._on_report), names="report")
 
-    def _replan(self, options: PlanOptions) -> None:
+    def _replan(self, options: PlanOptions, from_browser: bool = False) -> None:
+        """Answer a control change. ``answering_browser`` tells the dashboard whether to
+        answer here first and update the other views after (a click in the page) or all
+        at once (a change made from Python)."""
         if self.replanner is None:
             return
-        with answering():
-            self.status.value = "<i>re-planning...</i>"
-            try:
+        self.answering_browser = from_browser
+        try:
+            with answering():
+                self.status.value = "<i>re-planning...</i>"
                 report = self.replanner.plan(options)
-            except Exception as e:
-                self.status.value = "<b>re-plan failed</b> (see below)"
-                self.errors.show(e)
-                return
-            self.errors.clear()
-            planner = self.replanner
-            answer = (planner.last_seconds, planner.last_cached, planner.last_path)
-            self.options = options
-            self.report = report
-            self.status.value = self._summary(*answer)
+                planner = self.replanner
+                answer = (planner.last_seconds, planner.last_cached, planner.last_path)
+                self.errors.clear()
+                self.options = options
+                self.report = report
+                self.status.value = self._summary(*answer)
+        except Exception as e:
+            self.status.value = "<b>re-plan failed</b> (see below)"
+            self.errors.show(e)
+        finally:
+            self.answering_browser = False
 
     def _warm(self) -> None:
         """Make the stored trace the shown recipe re-plans from (the other recipe's is made
