@@ -323,7 +323,8 @@ def test_explorer_of_a_big_model_opens_and_closes_blocks(
 
 
 class SentToBrowser:
-    """What a plotly FigureWidget sends to its view in the browser (restyle/update/relayout)."""
+    """What a plotly FigureWidget sends to its view in the browser (restyle, update,
+    relayout, added traces)."""
 
     def __init__(self, fig: Any) -> None:
         self.restyled: list[tuple[set[str], list[int]]] = []
@@ -331,6 +332,8 @@ class SentToBrowser:
         fig.observe(self._restyle, names="_py2js_restyle")
         fig.observe(self._update, names="_py2js_update")
         fig.observe(self._relayout, names="_py2js_relayout")
+        fig.observe(self._add, names="_py2js_addTraces")
+        self._fig = fig
 
     def _restyle(self, change: dict[str, Any]) -> None:
         if change["new"]:
@@ -344,6 +347,13 @@ class SentToBrowser:
                 self.restyled.append((set(msg["style_data"]), list(msg["style_traces"])))
             if msg["layout_data"]:
                 self.relaid.append(set(msg["layout_data"]))
+
+    def _add(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            added = change["new"]["trace_data"]
+            first = len(self._fig.data) - len(added)
+            for k, trace in enumerate(added):
+                self.restyled.append((set(trace), [first + k]))
 
     def _relayout(self, change: dict[str, Any]) -> None:
         if change["new"]:

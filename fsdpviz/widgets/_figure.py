@@ -7,8 +7,10 @@ busy kernel, or just a quick hand) is overwritten by the unhover that follows
 it (an icicle sends one when the click zooms) and never reaches ``on_click``.
 fsdpviz's views only listen to clicks, so this widget loads plotly's own front
 end with hover and unhover left out of that traffic; the hover labels are drawn
-in the browser as before. If a plotly release changes the front end so that the
-patch does not apply, plotly's front end is used unchanged.
+in the browser as before. A click on the top module of the explorer reaches the
+kernel without plotly's zoom (the explorer redraws from another module itself).
+If a plotly release changes the front end so that the patch does not apply,
+plotly's front end is used unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +35,31 @@ _PATCH = """
   proto._send_points_callback_message = function (data, type) {
     if (type === "plotly_hover" || type === "plotly_unhover") return;
     return send.call(this, data, type);
+  };
+  // A click on the top of a hierarchy, or on a module marked "▸" (its children are not
+  // drawn), goes to the kernel as a click without plotly's own zoom: the explorer redraws
+  // from another module itself (fsdpviz.views.tree.tree_view).
+  const render = proto.perform_render;
+  if (typeof render !== "function") return;
+  proto.perform_render = function () {
+    const out = render.apply(this, arguments);
+    const view = this;
+    const attach = function () {
+      const gd = view.el;
+      if (!gd || typeof gd.on !== "function") return false;
+      const top = function (ev) {
+        const pt = ev && ev.points && ev.points[0];
+        const closed = pt && typeof pt.label === "string" && pt.label.endsWith(" \u25b8");
+        if (!pt || (pt.parent && !closed)) return undefined;
+        send.call(view, ev, "plotly_click");
+        return false;
+      };
+      gd.on("plotly_icicleclick", top);
+      gd.on("plotly_treemapclick", top);
+      return true;
+    };
+    if (!attach()) Promise.resolve(out).then(attach);
+    return out;
   };
 })(%s);
 """

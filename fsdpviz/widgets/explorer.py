@@ -208,12 +208,13 @@ class Explorer(w.VBox):  # type: ignore[misc]
         )
         with self.figure.batch_update():
             self.figure.layout = layout
-            if self.figure.data[0].type != trace["type"]:
+            if self.figure.data[0].type != trace["type"] or self.view != drawn:
+                # Other modules (opened, closed) or another kind: a new trace. Restyled
+                # instead, plotly.js moves the old slices while its own click zoom runs and
+                # leaves some where they were.
                 self.figure.data = []
                 self.figure.add_trace(trace)
                 self.figure.data[0].on_click(self.errors.guard(self._on_click))
-            elif self.view != drawn:  # other modules: the whole trace
-                self.figure.restyle(0, {k: v for k, v in trace.items() if k != "type"})
             else:  # the same modules: send what a plan or a theme changes
                 self.figure.restyle(0, {k: trace[k] for k in _REPLANNED})
 
