@@ -29,8 +29,7 @@ from browser_harness import (
     jupyterlab_server,
     require_browser_stack,
 )
-
-from fsdpviz.widgets.timeline import STATIC
+from views_models import needs_front_end
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
@@ -63,10 +62,7 @@ _STATE_CELL = (
 # array (the explorer outlines the current unit that way); the end state is drawn right.
 _TOLERATED = re.compile(r'^Error: <path> attribute d: Expected number, ".*NaN')
 
-pytestmark = pytest.mark.skipif(
-    not (STATIC / "timeline.js").exists(),
-    reason="front end not built: run `make js` (make test does)",
-)
+pytestmark = needs_front_end
 
 
 @dataclass

@@ -10,17 +10,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from views_models import Tiny, analyze_tiny, tiny_inputs
+from views_models import Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
 from fsdpviz import Report
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
-from fsdpviz.widgets.timeline import STATIC
 
-pytestmark = pytest.mark.skipif(
-    not (STATIC / "timeline.js").exists(),
-    reason="front end not built: run `make js` (make test does)",
-)
+pytestmark = needs_front_end
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from views_models import Tiny, analyze_tiny, tiny_inputs
+from views_models import Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
 import fsdpviz.widgets._idle as idle
 import fsdpviz.widgets.dashboard as dashboard_module
@@ -24,12 +24,8 @@ from fsdpviz import Report
 from fsdpviz.cost import memory_series
 from fsdpviz.replan import Replanner
 from fsdpviz.widgets import Dashboard, Explorer
-from fsdpviz.widgets.timeline import STATIC
 
-pytestmark = pytest.mark.skipif(
-    not (STATIC / "timeline.js").exists(),
-    reason="front end not built: run `make js` (make test does)",
-)
+pytestmark = needs_front_end
 
 
 @pytest.fixture(scope="module")

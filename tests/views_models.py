@@ -8,14 +8,22 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
+import pytest
 import torch
 from torch import nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz import Report
+from fsdpviz.widgets.timeline import STATIC
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+
+needs_front_end = pytest.mark.skipif(
+    not (STATIC / "timeline.js").exists(),
+    reason="front end not built: run `make js` (make test does)",
+)
+"""For tests of the widgets' front end (``pytestmark = needs_front_end``)."""
 
 
 class Block(nn.Module):
