@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
+from fsdpviz._gc import answering
 from fsdpviz.core.schema import Report
 from fsdpviz.errors import ConfigError
 
@@ -180,16 +180,9 @@ class Replanner:
             self.last_seconds, self.last_cached, self.last_path = 0.0, True, "cache"
             return cached
         start = time.perf_counter()
-        # No cyclic garbage collection inside a fast answer: a full collection over a
-        # large kernel's heap can take longer than the answer itself; it runs after.
         stored = self._stored_trace(opts)
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with answering():  # no garbage-collector pause inside a fast answer
             fast = self._replay(opts) or (self._from_stored(stored, opts) if stored else None)
-        finally:
-            if enabled:
-                gc.enable()
         report, path = fast or (self._analyze(opts), "trace")
         self.last_seconds, self.last_cached = time.perf_counter() - start, False
         self.last_path = path

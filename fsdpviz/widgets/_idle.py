@@ -4,11 +4,8 @@ In a notebook the widgets' callbacks run on the kernel's asyncio loop. An answer
 a control change (re-plan, redraw) should reach the browser in a fraction of a
 second, so:
 
-- :func:`answering` keeps Python's cyclic garbage collector out of the answer: a
-  full collection over a kernel that holds a model, its stored traces and a dozen
-  reports takes 300 ms or more. Automatic collection is paused while the answer is
-  computed, and one full collection runs once the kernel has been idle for a moment
-  (``IDLE_GC_S``); an answer that starts meanwhile postpones it again.
+- :func:`fsdpviz._gc.answering` keeps Python's cyclic garbage collector out of the
+  answer (see there);
 - :class:`Deferred` runs work after the answer has been sent (the linked views of a
   re-plan, a trace for the memory curve, warming a stored trace). A newer request
   under the same key replaces a pending one. Outside a running event loop (a script,
@@ -19,48 +16,12 @@ second, so:
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["IDLE_GC_S", "Deferred", "answering"]
+from fsdpviz._gc import answering, running_loop
 
-IDLE_GC_S = 0.3
-_pending_gc: asyncio.TimerHandle | None = None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-@contextmanager
-def answering() -> Iterator[None]:
-    """No automatic cyclic GC inside the block; one collection when the kernel is idle again."""
-    global _pending_gc
-    if _pending_gc is not None:
-        _pending_gc.cancel()
-        _pending_gc = None
-    if not gc.isenabled():  # nested, or the user turned it off: leave it be
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        loop = _running_loop()
-        if loop is not None:
-            _pending_gc = loop.call_later(IDLE_GC_S, _collect)
-
-
-def _collect() -> None:
-    global _pending_gc
-    _pending_gc = None
-    gc.collect()
+__all__ = ["Deferred"]
 
 
 class Deferred:
@@ -84,7 +45,7 @@ class Deferred:
     ) -> None:
         """``fn(*args)`` after ``delay`` seconds, replacing a pending call under ``key``."""
         self.cancel(key)
-        loop = _running_loop()
+        loop = running_loop()
         if loop is None:
             if not idle_only:
                 self._guard(fn)(*args)

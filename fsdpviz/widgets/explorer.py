@@ -16,6 +16,7 @@ from typing import Any, cast
 import ipywidgets as w
 import traitlets
 
+from fsdpviz._gc import answering
 from fsdpviz.core.schema import Report
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.views._style import Theme, format_bytes
@@ -29,7 +30,7 @@ from fsdpviz.views.explorer import (
 from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, tree_view
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
-from fsdpviz.widgets._idle import Deferred, answering
+from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.controls import PlanControls
 
 __all__ = ["Explorer"]

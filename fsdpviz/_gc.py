@@ -1,0 +1,59 @@
+"""No garbage-collector pause inside a short answer (a re-plan, a redraw).
+
+A full cyclic collection over a kernel that holds a model, its stored traces and a
+dozen reports takes 300 ms or more, longer than the answer itself. :func:`answering`
+pauses automatic collection while the answer is computed; in a kernel (a running
+asyncio loop) one full collection runs once it has been idle for ``IDLE_GC_S``
+seconds, and an answer that starts meanwhile postpones it again.
+
+Example::
+
+    with answering():
+        report = planner.plan(options)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["IDLE_GC_S", "answering", "running_loop"]
+
+IDLE_GC_S = 0.3
+_pending_gc: asyncio.TimerHandle | None = None
+
+
+@contextmanager
+def answering() -> Iterator[None]:
+    """No automatic cyclic GC inside the block; one collection when the kernel is idle again."""
+    global _pending_gc
+    if _pending_gc is not None:
+        _pending_gc.cancel()
+        _pending_gc = None
+    if not gc.isenabled():  # nested, or the user turned it off: leave it be
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        loop = running_loop()
+        if loop is not None:
+            _pending_gc = loop.call_later(IDLE_GC_S, _collect)
+
+
+def _collect() -> None:
+    global _pending_gc
+    _pending_gc = None
+    gc.collect()
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop (a kernel's), or ``None`` in a script."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
