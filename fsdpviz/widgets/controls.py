@@ -178,14 +178,12 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             value = tuple(value) if name == "layer_classes" else value
             if not as_browser:
                 widget.value = value
-            elif isinstance(widget, w.SelectMultiple):
-                values = [v for _, v in widget.options]
-                widget.set_state({"index": [values.index(v) for v in value]})
-            elif isinstance(widget, w.Dropdown | w.ToggleButtons):
-                values = [v for _, v in widget._options_full]
-                widget.set_state({"index": values.index(value)})
-            else:  # checkbox, slider
+            elif isinstance(widget, w.Checkbox | w.FloatLogSlider):
                 widget.set_state({"value": value})
+            else:  # the pickers sync the index of their choice (choices, for SelectMultiple)
+                values = [v for _, v in widget._options_full]
+                index = [values.index(v) for v in value] if name == "layer_classes" else None
+                widget.set_state({"index": values.index(value) if index is None else index})
 
     def _changed(self, change: dict[str, Any]) -> None:
         self._sync_enabled()
