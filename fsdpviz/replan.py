@@ -41,6 +41,7 @@ from torch import nn
 from fsdpviz._gc import answering
 from fsdpviz.core.schema import Report
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.copy import check_model
 
 if TYPE_CHECKING:
     from fsdpviz.fsdp1.fast import StoredTrace as StoredTrace1
@@ -125,6 +126,7 @@ class Replanner:
     def __init__(
         self, model: nn.Module, inputs: Any, *, cache_size: int = 16, **analyze_kwargs: Any
     ) -> None:
+        check_model(model, "Replanner")
         self.model = model
         self.inputs = inputs
         self.analyze_kwargs = {"progress": False, **analyze_kwargs}

@@ -26,6 +26,7 @@ from fsdpviz.cost.tables import dataframe
 from fsdpviz.cost.time import timeline
 from fsdpviz.cost.variants import REPLAYABLE, replay
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.copy import check_model
 
 AXES = {
     "world_size",
@@ -134,6 +135,7 @@ def sweep(
         )
         table.best(), table.to_pandas()
     """
+    check_model(model, "sweep")
     t0 = time.perf_counter()
     budget = None if memory_budget is None else parse_bytes(memory_budget)
     axes = {k: list(v) for k, v in options.items() if k in AXES and isinstance(v, (list, tuple))}

@@ -32,6 +32,7 @@ from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.machine import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.copy import check_model
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -90,6 +91,7 @@ def suggest(
         print(s)                       # the plan and why
         fsdpviz.analyze(model, {"input_ids": ids}, world_size=64, **s.kwargs)
     """
+    check_model(model, "suggest")
     budget = parse_bytes(memory_budget)
     kind = api.lower()
     if kind not in ("fsdp1", "fsdp2"):

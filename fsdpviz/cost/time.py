@@ -158,6 +158,7 @@ class _Sim:
         self.fsdp2 = cfg.get("api") == "FSDP2"
         self.ws = int(cfg.get("world_size") or 1)
         self.shard_ws = int(cfg.get("shard_world_size") or self.ws)
+        self.pg_ws = int(cfg.get("process_group_size") or self.ws)
         self.limit = limit and not self.fsdp2
         raf = cfg.get("reshard_after_forward") or {}
         self.raf_int = {
@@ -274,17 +275,14 @@ class _Sim:
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
-        if e.kind == "all_reduce":
-            self._collective(rec, "all_reduce", u.numel * reduce, self.ws, self.t_compute)
-            return
-        self._collective(
-            rec, "reduce_scatter", u.padded_numel * reduce, self.shard_ws, self.t_compute
-        )
-        replicas = self.ws // self.shard_ws
-        if replicas > 1:  # hybrid sharding: all-reduce the shard across replicas
-            extra = self.m.collective_seconds("all_reduce", u.sharded_numel * reduce, replicas)
-            rec["end"] += extra
-            self.t_comm = rec["end"]
+        if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
+            replicas = self.ws // self.shard_ws
+            self._collective(rec, "all_reduce", u.sharded_numel * reduce, replicas, self.t_compute)
+        elif e.kind == "all_reduce":  # NO_SHARD: the whole gradient over FSDP's process group
+            self._collective(rec, "all_reduce", u.numel * reduce, self.pg_ws, self.t_compute)
+        else:
+            ranks = self.shard_ws
+            self._collective(rec, "reduce_scatter", u.padded_numel * reduce, ranks, self.t_compute)
 
     def _all_gather_gate(self) -> float:
         if self.fsdp2:

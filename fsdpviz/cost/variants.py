@@ -38,6 +38,8 @@ REPLAYABLE = {
     "FSDP2": {"world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch"},
 }
 _PLACEHOLDER = nn.Module()
+# Warnings about the FSDP1 options themselves, which a replay re-derives.
+OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
 
 def replay(report: Report, **changes: Any) -> Report:
@@ -80,15 +82,21 @@ def _numel(shape: list[int]) -> int:
 
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
-    from fsdpviz.fsdp1.options import parse_fsdp1_options
+    from fsdpviz.fsdp1.options import parse_fsdp1_options, prefetch_named, strategy_named
     from fsdpviz.fsdp1.plan import PlannedUnit, UnitConfig
     from fsdpviz.fsdp1.runtime import FSDP1Runtime
 
     cfg = report.config
+    # The report stores names; the strategy asked for, where FSDP switched it on one rank.
+    strategy = cfg.get("sharding_strategy_given") or cfg.get("sharding_strategy")
     given = {
         "world_size": changes.get("world_size", cfg.get("world_size", 8)),
-        "sharding_strategy": changes.get("sharding_strategy", cfg.get("sharding_strategy")),
-        "backward_prefetch": changes.get("backward_prefetch", cfg.get("backward_prefetch")),
+        "sharding_strategy": changes.get(
+            "sharding_strategy", None if strategy is None else strategy_named(strategy)
+        ),
+        "backward_prefetch": changes.get(
+            "backward_prefetch", prefetch_named(cfg.get("backward_prefetch"))
+        ),
     }
     if changes.get("shard_group_size") is not None:
         given["shard_group_size"] = changes["shard_group_size"]
@@ -101,7 +109,13 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
         PlannedUnit(
             fqn=u.module,
             module=_PLACEHOLDER,
-            config=UnitConfig(opts.sharding_strategy, None, bp, bool(cfg.get("forward_prefetch"))),
+            config=UnitConfig(
+                opts.sharding_strategy,
+                None,
+                bp,
+                bool(cfg.get("forward_prefetch")),
+                replicas=opts.replicas,
+            ),
             param_infos=[(_PLACEHOLDER, p, p) for p in u.params],
             requires_grad=u.requires_grad is not False,
         )
@@ -117,9 +131,23 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
         config[key] = cfg.get(key)
     config["trace"] = cfg.get("trace")
     config["replayed"] = True
-    return _report(
+    for key in ("sharding_strategy_given", "process_group_size"):
+        if key not in opts.describe():
+            config.pop(key, None)
+    replayed = _report(
         report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
     )
+    # What FSDP warns about the options is the replayed options' own.
+    kept = [
+        w
+        for w in report.warnings
+        if w.code not in OPTION_WARNINGS
+        or (
+            w.code == "string_option"
+            and not {"sharding_strategy", "backward_prefetch"} & set(changes)
+        )
+    ]
+    return replace(replayed, warnings=opts.warnings + kept)
 
 
 def _resize_fsdp1(u: Unit, opts: Any, use_orig: bool, shapes: dict[str, list[int]]) -> Unit:
