@@ -17,6 +17,7 @@ import handwritten_models as hm
 import torch
 import torch.distributed as dist
 from fsdp_harness import record_real_fsdp1, record_real_fsdp2
+from rank_exit import leave_rank
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -180,5 +181,7 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
             torch.manual_seed(0)
             report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
             report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise  # torch.multiprocessing.spawn reports it to the parent
+    leave_rank()
