@@ -101,10 +101,10 @@ def suggest(
     if kind == "fsdp2":
         axes = {"reshard_after_forward": [True, False]}
     else:
-        from torch.distributed.fsdp import BackwardPrefetch
+        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 
         axes = {
-            "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"],
+            "sharding_strategy": [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP],
             "backward_prefetch": [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST],
         }
     table = sweep(
