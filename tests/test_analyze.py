@@ -17,6 +17,7 @@ from torch.distributed.fsdp import (
     CPUOffload,
     FullyShardedDataParallel,
     MixedPrecision,
+    MixedPrecisionPolicy,
     ShardingStrategy,
 )
 from torch.distributed.fsdp.wrap import (
@@ -95,6 +96,12 @@ def test_string_options_do_what_fsdp1_does_with_them() -> None:
     mp = MixedPrecision(param_dtype="bfloat16")  # type: ignore[arg-type]
     with pytest.raises(fsdpviz.FSDPConfigError, match=r"param_dtype='bfloat16'.*torch.bfloat16"):
         fsdpviz.analyze(hm.Stack(), _x(), mixed_precision=mp)
+    # FSDP2: dtypes must be torch.dtype too; reshard_after_forward must be a bool or an int
+    policy = MixedPrecisionPolicy(reduce_dtype="float32")  # type: ignore[arg-type]
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"reduce_dtype='float32'.*torch.float32"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], mp_policy=policy)
+    with pytest.raises(fsdpviz.ConfigError, match="reshard_after_forward must be a bool, an int"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], reshard_after_forward="True")
 
 
 def test_one_rank_runs_no_shard_as_fsdp1_switches_to_it() -> None:

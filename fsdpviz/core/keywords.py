@@ -6,7 +6,9 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fsdpviz.errors import ConfigError
+import torch
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
 
 
 def check_keywords(
@@ -29,3 +31,18 @@ def world_size(kwargs: Mapping[str, Any], default: int = 8) -> int:
     if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
         raise ConfigError(f"world_size must be a positive int, got {ws!r}")
     return ws
+
+
+def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
+    """Dtype fields of a mixed-precision policy must be ``torch.dtype`` or None: FSDP fails
+    on a string (``'bfloat16'``) when it first casts (``TypeError`` / ``Invalid device
+    string``)."""
+    for name in fields:
+        value = getattr(policy, name)
+        if value is not None and not isinstance(value, torch.dtype):
+            hint = getattr(torch, str(value), None)
+            fix = f"torch.{value}" if isinstance(hint, torch.dtype) else "a torch.dtype"
+            raise FSDPConfigError(
+                f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
+                f"casts with {value!r}; pass {fix}"
+            )

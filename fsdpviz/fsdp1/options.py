@@ -16,7 +16,7 @@ from torch.distributed.fsdp import (
     ShardingStrategy,
 )
 
-from fsdpviz.core.keywords import check_keywords, world_size
+from fsdpviz.core.keywords import check_dtypes, check_keywords, world_size
 from fsdpviz.core.schema import FsdpWarning, dtype_name
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
@@ -230,21 +230,6 @@ def effective_backward_prefetch(
             f"prefetched in backward; to prefetch, {_enum_hint(value, BackwardPrefetch)}",
         )
     ]
-
-
-def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
-    """Dtype fields of a mixed-precision policy must be ``torch.dtype`` or None: FSDP fails
-    on a string (``'bfloat16'``) when it first casts (``TypeError`` / ``Invalid device
-    string``)."""
-    for name in fields:
-        value = getattr(policy, name)
-        if value is not None and not isinstance(value, torch.dtype):
-            hint = getattr(torch, str(value), None)
-            fix = f"torch.{value}" if isinstance(hint, torch.dtype) else "a torch.dtype"
-            raise FSDPConfigError(
-                f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
-                f"casts with {value!r}; pass {fix}"
-            )
 
 
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from fsdpviz.core.keywords import check_keywords, world_size
+from fsdpviz.core.keywords import check_dtypes, check_keywords, world_size
 from fsdpviz.core.schema import Unit, dtype_name
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
@@ -79,6 +79,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
+    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
     raf = kwargs.get("reshard_after_forward")
     if raf is not None and not isinstance(raf, (bool, int, dict)):
         raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
