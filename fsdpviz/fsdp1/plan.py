@@ -278,7 +278,7 @@ def plan_fsdp1(
             if "mixed precision disabled" in msg:
                 code = "mixed_precision_override"
             fsdp_warnings.append(FsdpWarning(code=code, message=msg))
-    fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy, not targets))
+    fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy))
     names = {m: n for n, m in root.named_modules()}
     flattened: set[nn.Parameter] = set()
     by_module: dict[nn.Module, PlannedUnit] = {}
@@ -338,24 +338,19 @@ def model_classes(root: nn.Module, limit: int = 6) -> str:
     return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in ranked)
 
 
-def missing_class_warnings(root: nn.Module, policy: Any, root_only: bool) -> list[FsdpWarning]:
-    """A warning naming the policy's classes that no module of the model is an instance
-    of (FSDP1 wraps nothing for them, silently), with the classes the model has."""
+def missing_class_warnings(root: nn.Module, policy: Any) -> list[FsdpWarning]:
+    """A warning when no module of the model is an instance of any class the policy names:
+    FSDP1 then wraps nothing but the root, silently. It names the classes the model has.
+    (A policy may name classes some models lack, as ``_no_split_modules`` lists do.)"""
     spelled, classes = policy_classes(policy)
-    missing = [c for c in classes if not any(isinstance(m, c) for m in root.modules())]
-    if not missing:
+    if not classes or any(isinstance(m, tuple(classes)) for m in root.modules()):
         return []
-    names = ", ".join(sorted(c.__name__ for c in missing))
-    effect = (
-        "so the root is the only unit"
-        if root_only
-        else "so nothing is wrapped for " + ("it" if len(missing) == 1 else "them")
-    )
+    names = ", ".join(sorted(c.__name__ for c in classes))
     return [
         FsdpWarning(
             code="wrap_class_missing",
-            message=f"{spelled} names {names}, which is not a class of any module of "
-            f"{type(root).__name__} (FSDP1 does not check): {effect}. The model's classes "
+            message=f"{spelled} names {names}, but no module of {type(root).__name__} is an "
+            "instance (FSDP1 does not check): the root is the only unit. The model's classes "
             f"with parameters: {model_classes(root)}",
         )
     ]

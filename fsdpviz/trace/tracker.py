@@ -152,12 +152,14 @@ def default_loss(output: Any) -> torch.Tensor:
 # no meta kernel. Any other failure is the model's own answer to its inputs.
 _NEEDS_VALUES = (
     "meta",
+    "fake impl",
+    "abstract impl",
     ".item()",
     "data-dependent",
     "_local_scalar_dense",
     "data_ptr",
     "nonzero",
-    "Cannot copy out",
+    "cannot copy out",
 )
 
 
@@ -168,7 +170,7 @@ def failure_hint(
     otherwise the inputs, since the model rejected them."""
     text = f"{type(e).__name__}: {e}"
     if where == "the meta device" and (
-        isinstance(e, NotImplementedError) or any(k in text for k in _NEEDS_VALUES)
+        isinstance(e, NotImplementedError) or any(k in text.lower() for k in _NEEDS_VALUES)
     ):
         return (
             "If the model needs real data here (data-dependent control flow such as .item(), "
