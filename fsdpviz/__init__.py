@@ -17,6 +17,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from fsdpviz.analyze import analyze
+from fsdpviz.configs import (
+    ConfigNote,
+    HFModel,
+    TorchtitanJob,
+    TrainerConfig,
+    from_accelerate,
+    from_lightning,
+    from_torchtitan,
+    hf_model,
+)
 from fsdpviz.core.compare import Comparison, compare
 from fsdpviz.core.schema import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 from fsdpviz.cost import suggest, sweep
@@ -42,6 +52,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "Comparison",
     "ConfigError",
+    "ConfigNote",
     "Divergence",
     "Event",
     "ExportError",
@@ -50,17 +61,24 @@ __all__ = [
     "FSDPConfigError",
     "FsdpWarning",
     "FsdpvizError",
+    "HFModel",
     "ModuleEvent",
     "ModuleInfo",
     "RecordedRun",
     "Report",
     "ScheduleDiff",
+    "TorchtitanJob",
     "TraceError",
+    "TrainerConfig",
     "Unit",
     "__version__",
     "analyze",
     "compare",
     "diff",
+    "from_accelerate",
+    "from_lightning",
+    "from_torchtitan",
+    "hf_model",
     "load",
     "load_ipython_extension",
     "load_profile",

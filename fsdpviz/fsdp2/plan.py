@@ -28,7 +28,7 @@ from fsdpviz.errors import ConfigError, FSDPConfigError
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn",
+    "shard_placement_fn", "activation_checkpointing",
 }  # fmt: skip
 _REJECTED = {
     "mesh": "pass world_size=N instead (HSDP meshes are not modelled yet)",
@@ -48,6 +48,7 @@ class FSDP2Options:
     loss: Callable[[Any], torch.Tensor] | None
     trace: str
     progress: bool | None
+    activation_checkpointing: Any = None
 
     def describe(self, groups: list[Group]) -> dict[str, Any]:
         mp = self.mp_policy
@@ -97,6 +98,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         loss=kwargs.get("loss"),
         trace=trace,
         progress=kwargs.get("progress"),
+        activation_checkpointing=kwargs.get("activation_checkpointing"),
     )
 
 
