@@ -23,7 +23,7 @@ from typing import Any
 
 import networkx as nx
 
-from fsdpviz.core.schema import Report
+from fsdpviz.core.schema import Report, unit_label
 
 __all__ = ["module_graph", "to_node_link", "unit_graph", "write_graph"]
 
@@ -157,7 +157,9 @@ def unit_graph(report: Report, iteration: int = -1) -> nx.MultiDiGraph:
 def _check_units(graph: nx.MultiDiGraph, where: str, *names: str) -> None:
     for name in names:
         if name not in graph:
-            raise ValueError(f"{where} refers to unit {name!r}, which is not in report.units")
+            raise ValueError(
+                f"{where} refers to unit {unit_label(name)}, which is not in report.units"
+            )
 
 
 def to_node_link(graph: nx.Graph) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from fsdpviz.core.schema import Report, Unit
+from fsdpviz.core.schema import Report, Unit, unit_label
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,20 @@ class Comparison:
         for p in self.pairs:
             if p.differs:
                 note = f" ({p.bytes_note})" if p.bytes_note else ""
-                lines.append(f"  {p.a!r} ~ {p.b!r}: differs in {', '.join(p.differs)}{note}")
+                lines.append(
+                    f"  {_name(p.a)} ~ {_name(p.b)}: differs in {', '.join(p.differs)}{note}"
+                )
         for param, (ua, ub) in list(self.moved_params.items())[:20]:
-            lines.append(f"  parameter {param}: unit {ua!r} in {a}, {ub!r} in {b}")
+            lines.append(f"  parameter {param}: unit {_name(ua)} in {a}, {_name(ub)} in {b}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+def _name(unit: str | None) -> str:
+    """A unit of one plan, ``None`` when the other plan has no counterpart."""
+    return "(none)" if unit is None else unit_label(unit)
 
 
 def _counts(c: dict[str, int]) -> str:

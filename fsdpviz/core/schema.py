@@ -83,6 +83,17 @@ def dtype_name(dtype: Any) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
+def unit_label(fqn: str | None) -> str:
+    """A unit or module as every text shows it: quoted, ``(root)`` for the root (FQN ``""``).
+
+    ``unit_label("layers.0")`` -> ``"'layers.0'"``; ``unit_label("")`` -> ``"(root)"``;
+    ``None`` (no unit) -> ``"?"``.
+    """
+    if fqn is None:
+        return "?"
+    return "(root)" if fqn == "" else repr(fqn)
+
+
 EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
@@ -126,13 +137,15 @@ class Event:
         return replace(self, t=None, duration=None)
 
     def describe(self) -> str:
-        """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``."""
-        how: list[str] = [self.phase if self.hook is None else f"{self.hook} of {self.hook_unit!r}"]
+        """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``;
+        the root reads ``(root)``: ``free (root) (post_forward of (root))``."""
+        hook = f"{self.hook} of {unit_label(self.hook_unit)}"
+        how: list[str] = [self.phase if self.hook is None else hook]
         if self.prefetch:
             how.insert(0, "prefetch")
         if self.group == "replicate":
             how.insert(0, "across replicas")
-        return f"{self.kind} {self.unit!r} ({', '.join(how)})"
+        return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Event:
@@ -294,8 +307,8 @@ class Report:
         for u in self.units:
             if u.module == module:
                 return u
-        names = ", ".join(repr(u.module) for u in self.units[:8])
-        raise KeyError(f"no wrap unit for module {module!r}; units are {names}...")
+        names = ", ".join(unit_label(u.module) for u in self.units[:8])
+        raise KeyError(f"no wrap unit for module {unit_label(module)}; units are {names}...")
 
     def to_dict(self) -> dict[str, Any]:
         d = {

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch
 
 from fsdpviz.core.profile import StepProfile, TraceProfile
-from fsdpviz.core.schema import Event, Report, Unit
+from fsdpviz.core.schema import Event, Report, Unit, unit_label
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
@@ -195,7 +195,7 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         value = _raf(raf, name, fqns)
         if not isinstance(value, bool) and (value < 1 or value > ws or ws % value):
             raise FSDPConfigError(
-                f"reshard_after_forward={value} for {name or '<root>'!r}: if passing "
+                f"reshard_after_forward={value} for {unit_label(name)}: if passing "
                 f"reshard_after_forward as an int, it should be a factor of {ws} "
                 "(FSDP2 raises this)"
             )

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from fsdpviz.core.schema import Event, Report
+from fsdpviz.core.schema import Event, Report, unit_label
 from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
 from fsdpviz.cost.tape import HookCall, Tape
 
@@ -216,7 +216,9 @@ class Walker:
             if e is not None:
                 what = f"{where} {e.describe()}"
             elif c is not None:
-                what = f"{where} {c.hook} of {c.unit!r}" if c.hook != "end" else "at the end"
+                what = (
+                    f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
+                )
             else:
                 what = where
             self._peak_at = {"where": what, "event": len(self.records), "breakdown": dict(self.cat)}

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 
-from fsdpviz.core.schema import FsdpWarning, Unit, dtype_name
+from fsdpviz.core.schema import FsdpWarning, Unit, dtype_name, unit_label
 from fsdpviz.errors import FSDPConfigError
 from fsdpviz.fsdp1.options import FSDP1Options, effective_backward_prefetch, effective_strategy
 
@@ -170,12 +170,12 @@ def _build_unit(
     if len(dtypes) > 1:
         a, b = sorted(str(d) for d in dtypes)[:2]
         raise FSDPConfigError(
-            f"unit {fqn or '<root>'!r}: Must flatten tensors with uniform dtype but got {a} "
+            f"unit {unit_label(fqn)}: Must flatten tensors with uniform dtype but got {a} "
             f"and {b} (FSDP raises this). Wrap the modules of each dtype as separate units."
         )
     dtype = claimable[0].dtype
     if not dtype.is_floating_point:
-        raise FSDPConfigError(f"unit {fqn or '<root>'!r}: Cannot flatten integer dtype tensors")
+        raise FSDPConfigError(f"unit {unit_label(fqn)}: Cannot flatten integer dtype tensors")
     grads = {p.requires_grad for p in claimable}
     if len(grads) > 1 and not opts.use_orig_params:
         raise FSDPConfigError(

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Event, FsdpWarning, Report
+from fsdpviz.core.schema import Event, FsdpWarning, Report, unit_label
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.fsdp2.emulate import FSDP2Emulation
 from fsdpviz.fsdp2.existing import fsdp2_states, plan_from_fully_sharded
@@ -130,7 +130,7 @@ def _check_reshard_ints(groups: list[Group], world_size: int) -> None:
             continue
         if raf < 1 or raf > world_size or world_size % raf:
             raise FSDPConfigError(
-                f"reshard_after_forward={raf} for {g.name or '<root>'!r}: if passing "
+                f"reshard_after_forward={raf} for {unit_label(g.name)}: if passing "
                 f"reshard_after_forward as an int, it should be a factor of {world_size} "
                 "(FSDP2 raises this)"
             )

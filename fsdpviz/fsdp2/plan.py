@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.core.keywords import check_dtypes, check_keywords, world_size
-from fsdpviz.core.schema import Unit, dtype_name
+from fsdpviz.core.schema import Unit, dtype_name, unit_label
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
 _KNOWN = {
@@ -241,7 +241,7 @@ def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -
         trainable = {p.dtype for p in group.params if p.requires_grad}
         if len(trainable) > 1:
             raise FSDPConfigError(
-                f"fully_shard group {group.name or '<root>'!r}: FSDP expects uniform original "
+                f"fully_shard group {unit_label(group.name)}: FSDP expects uniform original "
                 f"parameter dtype but got {sorted(str(d) for d in trainable)} (FSDP2 raises "
                 "this at the first forward); shard the modules of each dtype separately"
             )

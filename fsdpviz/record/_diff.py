@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsdpviz.core.schema import Event, Report
+from fsdpviz.core.schema import Event, Report, unit_label
 from fsdpviz.record._recorded import RecordedRun
 
 Status = Literal["equal", "differs", "extra", "missing"]
@@ -157,7 +157,9 @@ def _report_problems(recorded: Report, predicted: Report) -> list[str]:
             keys = [k for k in rd if rd[k] != pd.get(k)]
             if r.module == p.module and keys:
                 what = "; ".join(f"{k} {rd[k]!r} vs {pd.get(k)!r}" for k in keys)
-                problems.append(f"unit {r.module!r} differs (recorded vs predicted): {what}")
+                problems.append(
+                    f"unit {unit_label(r.module)} differs (recorded vs predicted): {what}"
+                )
     ro, po = recorded.forward_order, predicted.forward_order
     if ro and ro != po:
         k = next((i for i, (a, b) in enumerate(zip(ro, po, strict=False)) if a != b), None)

@@ -81,7 +81,7 @@ def fx_call_tree(model: nn.Module) -> Call:
     except Exception as e:
         failing = tracer.failed_in or ""
         raise TraceError(
-            f"torch.fx symbolic tracing failed in module {failing or '<root>'!r}: "
+            f"torch.fx symbolic tracing failed in module {repr(failing) if failing else '(root)'}: "
             f"{type(e).__name__}: {e}\n{_fx_cause(model, failing, e)} Use trace='meta' "
             "(the default) or trace='real' for this model.",
             module=failing,

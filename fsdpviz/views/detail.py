@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from fsdpviz.core.schema import Report
+from fsdpviz.core.schema import Report, unit_label
 from fsdpviz.views._style import format_bytes, unit_colors
 from fsdpviz.views.tree import ModuleTree, module_tree
 
@@ -145,7 +145,7 @@ def _events_line(report: Report, unit: str) -> str:
             continue
         w = e.kind + (" (prefetch)" if e.prefetch else "")
         if e.hook is not None:
-            w += f" by {e.hook} of {e.hook_unit!r}"
+            w += f" by {e.hook} of {unit_label(e.hook_unit)}"
         words.append(f"{pos}: {w}")
     return "; ".join(words) or "no events"
 
@@ -165,7 +165,7 @@ def unit_detail_html(
     parts = [
         f'<div style="font-size:13px"><span style="display:inline-block;width:12px;height:12px;'
         f'background:{color};margin-right:6px;border:1px solid #0004"></span>'
-        f"<b>unit {index} of {len(report.units)}: {escape(repr(unit) if unit else '(root)')}</b> "
+        f"<b>unit {index} of {len(report.units)}: {escape(unit_label(unit))}</b> "
         f"({escape(u.module_class)})"
         f" · {escape(u.sharding_strategy)} · {u.numel:,} parameters in {len(u.params)} tensors · "
         f"{escape(str(u.dtype))}"

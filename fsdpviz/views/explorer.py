@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report
+from fsdpviz.core.schema import Report, unit_label
 from fsdpviz.views._style import (
     UNMANAGED_COLOR,
     Theme,
@@ -142,7 +142,7 @@ def explorer_parts(
         custom.append(
             [
                 node.module_class,
-                "not managed by FSDP" if node.unit is None else repr(node.unit),
+                "not managed by FSDP" if node.unit is None else unit_label(node.unit),
                 f"{node.numel_total:,}",
                 format_bytes(node.bytes_total),
                 format_bytes(node.rank_bytes_total),
@@ -182,7 +182,7 @@ def explorer_parts(
     ws = report.config.get("world_size")
     title = f"Wrap units: {len(report.units)} {units_word}, area = {size_word}, world size {ws}"
     if view.focus:
-        title += f"<br><sup>inside {view.focus!r}: click it to go up</sup>"
+        title += f"<br><sup>inside {unit_label(view.focus)}: click it to go up</sup>"
     elif view.closed:
         title += f"<br><sup>{len(tree.nodes):,} modules: click a block marked ▸ to open it</sup>"
     layout = {

@@ -31,6 +31,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from fsdpviz.core.schema import Report
+from fsdpviz.core.schema import unit_label as L
 from fsdpviz.graphs import unit_graph
 from fsdpviz.views._style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
 from fsdpviz.views._style import unit_colors as palette_for
@@ -103,14 +104,15 @@ def prefetch_parts(
     for a, b, data in graph.edges(data=True):
         kind = data["kind"]
         if kind == "forward_order":
-            arcs[kind].append((a, b, 0.0, f"forward order: {a!r} then {b!r}"))
+            arcs[kind].append((a, b, 0.0, f"forward order: {L(a)} then {L(b)}"))
         elif kind == "forward_prefetch":
             arcs[kind].append(
                 (
                     a,
                     b,
                     1.0,
-                    f"forward prefetch of {b!r} by {a!r} {data['hook']} (event {data['position']})",
+                    f"forward prefetch of {L(b)} by {L(a)} {data['hook']} "
+                    f"(event {data['position']})",
                 )
             )
     wrong = {(a, b, p) for a, b, _, p in facts.misordered}
@@ -118,12 +120,12 @@ def prefetch_parts(
         if data["kind"] != "backward_prefetch":
             continue
         kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"
-        text = f"backward prefetch of {b!r} by {a!r} {data['hook']} (event {data['position']})"
+        text = f"backward prefetch of {L(b)} by {L(a)} {data['hook']} (event {data['position']})"
         if kind == "misordered":
             expected = next(
                 e for x, y, e, p in facts.misordered if (x, y, p) == (a, b, data["position"])
             )
-            text += f"; the next unit in backward is {expected!r}"
+            text += f"; the next unit in backward is {L(expected)}"
         arcs[kind].append((a, b, -1.0, text))
     for a, b, post, gather in facts.missed:
         when = "never" if post is None else f"at event {post}"
@@ -132,8 +134,8 @@ def prefetch_parts(
                 a,
                 b,
                 -1.6,
-                f"{b!r} runs its backward after {a!r} but was all-gathered on demand "
-                f"(event {gather}); {a!r} post-backward {when}",
+                f"{L(b)} runs its backward after {L(a)} but was all-gathered on demand "
+                f"(event {gather}); {L(a)} post-backward {when}",
             )
         )
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
@@ -258,7 +260,7 @@ def _node_traces(
         d = graph.nodes[n]
         fi = d["forward_index"]
         hover.append(
-            f"<b>{n!r}</b> ({d['module_class']})<br>forward index: "
+            f"<b>{L(n)}</b> ({d['module_class']})<br>forward index: "
             f"{'not run in forward' if fi is None else fi}<br>"
             f"parameters: {d['numel']:,} in {d['n_params']} tensors<br>"
             f"bytes: {format_bytes(d['bytes'])} full, "
@@ -322,7 +324,7 @@ def _layout(
         a, b, post, gather = facts.missed[0]
         notes.append(
             f"BACKWARD_POST prefetches too late: {_count(facts.missed, 'backward all-gather')} "
-            f"on demand; e.g. {a!r} post-backward at event {post}, {b!r} already gathered at "
+            f"on demand; e.g. {L(a)} post-backward at event {post}, {L(b)} already gathered at "
             f"event {gather}"
         )
     elif facts.missed:
