@@ -13,7 +13,14 @@ Example::
 
 from fsdpviz.cost.grid import SweepTable, sweep
 from fsdpviz.cost.machine import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
-from fsdpviz.cost.memory import CATEGORIES, MemoryReport, memory_model, memory_series
+from fsdpviz.cost.memory import (
+    CATEGORIES,
+    MemoryLane,
+    MemoryReport,
+    memory_lane,
+    memory_model,
+    memory_series,
+)
 from fsdpviz.cost.planner import Suggestion, suggest
 from fsdpviz.cost.time import Timeline, timeline
 from fsdpviz.cost.variants import replay
@@ -24,11 +31,13 @@ __all__ = [
     "INTER_NODE",
     "INTRA_NODE",
     "Machine",
+    "MemoryLane",
     "MemoryReport",
     "Suggestion",
     "SweepTable",
     "Timeline",
     "machine",
+    "memory_lane",
     "memory_model",
     "memory_series",
     "replay",

@@ -43,13 +43,13 @@ bytes per rank:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fsdpviz.core.schema import Report
 from fsdpviz.cost.sizes import CATEGORIES, unit_bytes
 from fsdpviz.cost.tables import dataframe
 from fsdpviz.cost.tape import iteration_index, tape
-from fsdpviz.cost.walk import Walker
+from fsdpviz.cost.walk import Moment, Walker
 
 
 @dataclass
@@ -63,6 +63,8 @@ class MemoryReport:
     happens in), ``where``, ``breakdown`` and ``dominant`` (the largest category).
     ``unit_peaks``: ``{unit: {"forward": bytes, "backward": bytes}}``, the most
     reached while the unit's forward / backward ran (FSDPMemTracker's per-module peaks).
+    ``moments``: every point the model looked at the bytes in use, the peak among them
+    (``peak["moment"]``); :func:`memory_lane` gives them as the timeline draws them.
 
     Example::
 
@@ -77,6 +79,8 @@ class MemoryReport:
     peak: dict[str, Any]
     unit_peaks: dict[str, dict[str, int]]
     notes: list[str] = field(default_factory=list)
+    moments: list[Moment] = field(default_factory=list, repr=False)
+    """Every moment the model looked at the bytes in use (see :func:`memory_lane`)."""
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
@@ -147,6 +151,7 @@ def memory_model(
         peak=walker.peak_record(),
         unit_peaks=walker.unit_peaks,
         notes=notes,
+        moments=walker.moments,
     )
 
 
@@ -167,4 +172,100 @@ def memory_series(
     return out
 
 
-__all__ = ["CATEGORIES", "MemoryReport", "memory_model", "memory_series"]
+@dataclass
+class MemoryLane:
+    """Bytes in use per category at every moment the memory model looks at them.
+
+    What the timeline's memory lane draws (stacked by category), one or more
+    iterations in order. Per moment (parallel lists): ``iteration``, ``kind``
+    (``"compute"``: the most reached during the compute before hook call ``call``;
+    ``"event"``: at event ``event``; ``"hook"``: at hook call ``call``, e.g. an
+    all-gather's copy-out), ``call``, ``event`` (-1 unless ``kind == "event"``),
+    ``before`` (the event it precedes or happens in: what a click on it selects),
+    ``where`` (in words) and ``bytes[category]``; ``total`` sums the categories.
+    ``peak``: the peak of the iteration :func:`memory_model` looks at by default (the
+    last one shown), as its ``MemoryReport.peak`` (``bytes``, ``event``, ``where``,
+    ``dominant``, ``breakdown``) plus ``iteration`` and ``moment`` (the index of the
+    moment here). ``peak["bytes"]`` is the most of ``total``.
+
+    Example::
+
+        lane = fsdpviz.cost.memory_lane(report)       # the steady state
+        lane.peak["bytes"] == report.memory.peak["bytes"] == max(lane.total)
+    """
+
+    categories: list[str]
+    iteration: list[int]
+    kind: list[str]
+    call: list[int]
+    event: list[int]
+    before: list[int]
+    where: list[str]
+    bytes: dict[str, list[int]]
+    total: list[int]
+    peak: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "categories": list(self.categories),
+            "iteration": list(self.iteration),
+            "kind": list(self.kind),
+            "call": list(self.call),
+            "event": list(self.event),
+            "before": list(self.before),
+            "where": list(self.where),
+            "bytes": {k: list(v) for k, v in self.bytes.items()},
+            "total": list(self.total),
+            "peak": dict(self.peak),
+            "notes": list(self.notes),
+        }
+
+
+MomentKind = Literal["compute", "event", "hook"]
+
+
+def memory_lane(
+    report: Report,
+    *,
+    optimizer: str | int | None = "adamw",
+    iteration: int | None = -1,
+    memory: MemoryReport | None = None,
+) -> MemoryLane:
+    """The moments of ``report.iterations[iteration]`` (``None``: every iteration in order).
+
+    ``memory``: the :class:`MemoryReport` of the last iteration shown, when already made
+    with these options (``report.memory`` for the defaults), so it is not computed again.
+    """
+    n = len(report.iterations)
+    its = list(range(n)) if iteration is None else [iteration_index(report, iteration)]
+    lane = MemoryLane(list(CATEGORIES), [], [], [], [], [], [], {k: [] for k in CATEGORIES}, [], {})
+    for i in its:
+        last = i == its[-1]
+        mem = memory if last and memory is not None else None
+        mem = mem or memory_model(report, optimizer=optimizer, iteration=i)
+        offset = len(lane.total)
+        for m in mem.moments:
+            lane.iteration.append(i)
+            lane.kind.append(m.kind)
+            lane.call.append(m.call)
+            lane.event.append(m.event)
+            lane.before.append(m.before)
+            lane.where.append(m.where)
+            for k, b in zip(CATEGORIES, m.bytes, strict=True):
+                lane.bytes[k].append(b)
+            lane.total.append(sum(m.bytes))
+        if last:
+            lane.peak = {**mem.peak, "iteration": i, "moment": offset + mem.peak["moment"]}
+            lane.notes = list(mem.notes)
+    return lane
+
+
+__all__ = [
+    "CATEGORIES",
+    "MemoryLane",
+    "MemoryReport",
+    "memory_lane",
+    "memory_model",
+    "memory_series",
+]

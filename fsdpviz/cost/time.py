@@ -49,7 +49,14 @@ class Timeline:
     outside every unit), ``phase``, ``next_event`` (the first event issued at or after
     that hook call), ``start``, ``end``, ``flops``. ``totals``: ``step_s``, ``compute_s``,
     ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
-    ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``.
+    ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and the exposed
+    communication by phase of the collective waited for, ``exposed_forward_s`` and
+    ``exposed_backward_s`` (their sum is ``exposed_comm_s``). ``hooks``: per hook call
+    ``hook``, ``unit``, ``t`` (when it runs on the compute stream: the CPU issues its
+    events then) and ``events`` (the indices it issued). ``waits``: every stretch of time
+    the compute stream spends waiting for communication, ``start``, ``end``, ``event``
+    (the collective waited for), ``phase`` (its phase), ``tail`` (the final wait for the
+    last collective, after the last compute).
 
     Example::
 
@@ -62,6 +69,8 @@ class Timeline:
     compute: list[dict[str, Any]]
     totals: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    hooks: list[dict[str, Any]] = field(default_factory=list)
+    waits: list[dict[str, Any]] = field(default_factory=list)
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.events]
@@ -81,6 +90,8 @@ class Timeline:
             "compute": [dict(c) for c in self.compute],
             "totals": dict(self.totals),
             "notes": list(self.notes),
+            "hooks": [dict(h) for h in self.hooks],
+            "waits": [dict(w) for w in self.waits],
         }
 
     def summary(self) -> str:
@@ -117,6 +128,9 @@ def timeline(
     step = sim.end + opt_s
     comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] == "comm")
     exposed = sum(r["exposed"] for r in sim.records) + sim.tail_wait
+    by_phase = {"forward": 0.0, "backward": 0.0}
+    for w in sim.waits:
+        by_phase[w["phase"]] += w["end"] - w["start"]
     totals = {
         "step_s": step,
         "compute_s": sim.compute_s,
@@ -127,8 +141,10 @@ def timeline(
         "all_gather_bytes": sim.bytes.get("all_gather", 0.0),
         "reduce_scatter_bytes": sim.bytes.get("reduce_scatter", 0.0)
         + sim.bytes.get("all_reduce", 0.0),
+        "exposed_forward_s": by_phase["forward"],
+        "exposed_backward_s": by_phase["backward"],
     }
-    return Timeline(m.to_dict(), sim.records, sim.compute, totals, sim.notes)
+    return Timeline(m.to_dict(), sim.records, sim.compute, totals, sim.notes, sim.hooks, sim.waits)
 
 
 def _compute_dtype(units: list[Unit]) -> str:
@@ -179,6 +195,8 @@ class _Sim:
         self.compute_s = 0.0
         self.bytes: dict[str, float] = {}
         self.tail_wait = 0.0
+        self.hooks: list[dict[str, Any]] = []
+        self.waits: list[dict[str, Any]] = []
         self.end = 0.0
         self.notes: list[str] = []
         if not self.tape.measured:
@@ -195,6 +213,9 @@ class _Sim:
             owner = opened[-1] if opened else ""
             where = {"owner": owner, "next_event": first_after[k]}
             self._compute(c.flops_forward + c.flops_backward, c.hook, c.unit, k, where)
+            self.hooks.append(
+                {"hook": c.hook, "unit": c.unit, "t": self.t_compute, "events": list(c.events)}
+            )
             if c.hook in _WAITS:
                 opened.append(c.unit)
             elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
@@ -216,6 +237,12 @@ class _Sim:
         self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(calls), where)
         self.end = max(self.t_compute, self.t_comm)
         self.tail_wait = max(0.0, self.t_comm - self.t_compute)
+        if self.tail_wait > 0:
+            last = max((r for r in self.records if r["stream"] == "comm"), key=lambda r: r["end"])
+            self.waits.append(
+                {"start": self.t_compute, "end": self.t_comm, "event": last["index"],
+                 "phase": last["phase"], "tail": True}
+            )  # fmt: skip
 
     def _compute(self, flops: float, hook: str, unit: str, k: int, where: dict[str, Any]) -> None:
         dur = self.m.compute_seconds(flops, self.dtype)
@@ -223,7 +250,12 @@ class _Sim:
             return
         start = max(self.t_compute, self.gate)
         if start > self.t_compute and self.gate_by is not None:
-            self.records[self.gate_by]["exposed"] += start - self.t_compute
+            waited = self.records[self.gate_by]
+            waited["exposed"] += start - self.t_compute
+            self.waits.append(
+                {"start": self.t_compute, "end": start, "event": waited["index"],
+                 "phase": waited["phase"], "tail": False}
+            )  # fmt: skip
         self.t_compute = start + dur
         self.compute_s += dur
         phase = "forward" if hook.endswith("_forward") else "backward"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -11,6 +11,24 @@ from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
 from fsdpviz.cost.tape import HookCall, Tape
 
 _WAITS = ("pre_forward", "pre_backward")
+
+
+class Moment(NamedTuple):
+    """One look at the bytes in use (see :func:`fsdpviz.cost.memory.memory_lane`).
+
+    ``kind``: ``"compute"`` (the most reached during the compute before hook call
+    ``call``), ``"event"`` (at event ``event``, issued by hook call ``call``) or ``"hook"``
+    (at hook call ``call``: the copy-out of an all-gather, the final callback).
+    ``before``: the event it precedes or happens in (the event count after the last one).
+    ``bytes``: per category, in :data:`~fsdpviz.cost.sizes.CATEGORIES` order.
+    """
+
+    kind: str
+    call: int
+    event: int
+    before: int
+    where: str
+    bytes: tuple[int, ...]
 
 
 class Walker:
@@ -40,6 +58,11 @@ class Walker:
         self.rs: list[int] = []
         self.post_forward_shard: dict[str, int] = {}
         self.records: list[dict[str, Any]] = []
+        # Every moment the total is looked at, in order: where it is (a stretch of compute,
+        # an event, a hook), the event it precedes or happens in, and bytes per category.
+        self.moments: list[Moment] = []
+        self._call = 0
+        self._event_index = -1
         self.unit_peaks: dict[str, dict[str, int]] = {}
         self.notes: list[str] = []
         if not tp.measured:
@@ -61,9 +84,11 @@ class Walker:
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
-        for call in self.tape.calls:
+        for k, call in enumerate(self.tape.calls):
+            self._call = k
             self._compute(call)
             self._hook(call)
+        self._call = len(self.tape.calls)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
         self._unit_peaks()
@@ -105,11 +130,13 @@ class Walker:
         if c.hook in _WAITS and not own_gather:
             self._wait(unit, c)
         for e in c.events:
+            self._event_index = e
             self._event(self.tape.events[e], c)
             ev = self.tape.events[e]
             if c.hook in _WAITS and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
             self._snapshot(e)
+            self._event_index = -1
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             for name in list(self.pending):
@@ -211,6 +238,13 @@ class Walker:
         total = self._total()
         self._since = max(self._since, total)
         self._totals.append(total)
+        if e is not None:
+            kind, event = "event", self._event_index
+        else:
+            kind, event = ("compute" if where.startswith("during") else "hook"), -1
+        self.moments.append(
+            Moment(kind, self._call, event, len(self.records), where, tuple(self.cat.values()))
+        )
         if total > self._peak:
             self._peak = total
             if e is not None:
@@ -221,7 +255,12 @@ class Walker:
                 )
             else:
                 what = where
-            self._peak_at = {"where": what, "event": len(self.records), "breakdown": dict(self.cat)}
+            self._peak_at = {
+                "where": what,
+                "event": len(self.records),
+                "moment": len(self.moments) - 1,
+                "breakdown": dict(self.cat),
+            }
 
     def _snapshot(self, index: int) -> None:
         e = self.tape.events[index]
@@ -291,9 +330,12 @@ class Walker:
     def peak_record(self) -> dict[str, Any]:
         breakdown = self._peak_at.get("breakdown", dict(self.cat))
         dominant = max(breakdown, key=lambda k: breakdown[k]) if breakdown else None
+        last = max(len(self.tape.events) - 1, 0)
         return {
             "bytes": max(self._peak, 0),
-            "event": self._peak_at.get("event", 0),
+            # the event the peak precedes or happens in (the last one after the final callback)
+            "event": min(self._peak_at.get("event", 0), last),
+            "moment": self._peak_at.get("moment", 0),
             "where": self._peak_at.get("where", ""),
             "breakdown": breakdown,
             "dominant": dominant,

@@ -1,13 +1,14 @@
 """Colours and themes shared by every view (plotly figures and the JS timeline).
 
-Units are coloured from the Okabe-Ito palette (readable with the common forms of
-colour blindness), cycling by unit index in FSDP's handle order: neighbouring
-units always differ, and with hundreds of units the views also print the unit's
-name (labels, hover) wherever colour alone would be ambiguous.
+Units are coloured from a palette of 20 colours (Tableau's 20, its two greys
+replaced by cyans so that no unit looks unmanaged), ordered so that neighbouring
+units differ in hue and in lightness and no colour comes back within 20 units.
+Every view also prints the unit's number (its index in ``report.units``) on it,
+so units stay identifiable beyond colour.
 
 Example::
 
-    colors = unit_colors(report)      # {"": "#E69F00", "layers.0": "#56B4E9", ...}
+    colors = unit_colors(report)      # {"": "#4E79A7", "layers.0": "#FFBE7D", ...}
     fig.update_layout(template=template("dark"))
 """
 
@@ -33,15 +34,14 @@ __all__ = [
 
 Theme = Literal["light", "dark"]
 
-# Okabe & Ito (2008), without black (it vanishes on a dark background).
-PALETTE: tuple[str, ...] = (
-    "#E69F00",  # orange
-    "#56B4E9",  # sky blue
-    "#009E73",  # bluish green
-    "#F0E442",  # yellow
-    "#0072B2",  # blue
-    "#D55E00",  # vermillion
-    "#CC79A7",  # reddish purple
+_DARK = ("#4E79A7", "#F28E2B", "#59A14F", "#E15759", "#B07AA1",
+         "#9D7660", "#D37295", "#B6992D", "#499894", "#17BECF")  # fmt: skip
+_LIGHT = ("#A0CBE8", "#FFBE7D", "#8CD17D", "#FF9D9A", "#D4A6C8",
+          "#D7B5A6", "#FABFD2", "#F1CE63", "#86BCB6", "#9EDAE5")  # fmt: skip
+# Dark and light alternate; the hue steps by 3 of 10 (darks) and starts half-way round
+# (lights), so units k and k + 1 never share a hue and all 20 colours differ.
+PALETTE: tuple[str, ...] = tuple(
+    _DARK[(k // 2 * 3) % 10] if k % 2 == 0 else _LIGHT[(k // 2 * 3 + 5) % 10] for k in range(20)
 )
 UNMANAGED_COLOR = "#999999"
 # Edge kinds of the prefetch graph: colour and dash, so they differ without colour too.
@@ -92,7 +92,7 @@ def template(theme: Theme) -> go.layout.Template:
 
 
 def unit_colors(report: Report) -> dict[str, str]:
-    """Unit module FQN -> colour, cycling :data:`PALETTE` in handle order."""
+    """Unit module FQN -> colour, cycling :data:`PALETTE` (20 colours) in handle order."""
     return {u.module: PALETTE[i % len(PALETTE)] for i, u in enumerate(report.units)}
 
 
