@@ -60,6 +60,8 @@ class Comparison:
     moved_params: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     bytes_per_rank: tuple[int, int] = (0, 0)
     events: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    reports: tuple[Report, Report] | None = field(default=None, repr=False, compare=False)
+    """The two plans compared (what :meth:`show` draws); not part of :meth:`to_dict`."""
 
     @property
     def same_wrapping(self) -> bool:
@@ -90,13 +92,28 @@ class Comparison:
         return "same wrapping, different schedule"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, reports=None))
+        del d["reports"]
         d["verdict"] = self.verdict
         d["same_wrapping"] = self.same_wrapping
         d["identical"] = self.identical
         for row, pair in zip(d["pairs"], self.pairs, strict=True):
             row["differs"] = pair.differs
         return d
+
+    def show(self, **kwargs: Any) -> Any:
+        """Both plans' timelines on one time axis, units matched, the first difference
+        marked (a :class:`fsdpviz.widgets.TimelineWidget`; ``kwargs`` as it takes).
+
+        Example::
+
+            fsdpviz.compare(fsdp1, fsdp2).show()
+        """
+        if self.reports is None:
+            raise ValueError("this comparison was read back without its plans; compare() again")
+        from fsdpviz.widgets import TimelineWidget
+
+        return TimelineWidget(self, **kwargs)
 
     def to_records(self) -> list[dict[str, Any]]:
         """One flat record per unit pair (``pandas.DataFrame(cmp.to_records())``)."""
@@ -186,7 +203,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
     }
     total = (sum(u.sharded_bytes for u in a.units), sum(u.sharded_bytes for u in b.units))
     counts = (_kinds(a), _kinds(b))
-    return Comparison(name_a, name_b, pairs, moved, total, counts)
+    return Comparison(name_a, name_b, pairs, moved, total, counts, (a, b))
 
 
 def bytes_note(ua: Unit, ub: Unit, a: Report, b: Report) -> str:

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from fsdpviz.core.schema import Report
 
 __all__ = [
+    "CATEGORY_COLORS",
     "EDGE_COLORS",
     "PALETTE",
     "UNMANAGED_COLOR",
@@ -44,6 +45,23 @@ PALETTE: tuple[str, ...] = tuple(
     _DARK[(k // 2 * 3) % 10] if k % 2 == 0 else _LIGHT[(k // 2 * 3 + 5) % 10] for k in range(20)
 )
 UNMANAGED_COLOR = "#999999"
+# The memory lane's categories (fsdpviz.cost.CATEGORIES), stacked bottom to top: parameters
+# blue, gradients green, optimizer purple, activations orange, temporaries and buffers grey.
+CATEGORY_COLORS: dict[str, str] = {
+    "sharded_params": "#1F5F99",
+    "unsharded_params": "#6BAED6",
+    "all_gather": "#9ECAE1",
+    "unsharded_grads": "#31A354",
+    "reduce_scatter": "#A1D99B",
+    "sharded_grads": "#006D2C",
+    "activations": "#E6550D",
+    "forward_temp": "#FDAE6B",
+    "backward_temp": "#FDD0A2",
+    "optimizer": "#756BB1",
+    "inputs": "#969696",
+    "buffers": "#BDBDBD",
+    "memory": "#888888",
+}
 # Edge kinds of the prefetch graph: colour and dash, so they differ without colour too.
 EDGE_COLORS: dict[str, tuple[str, str]] = {
     "forward_order": ("#888888", "solid"),
