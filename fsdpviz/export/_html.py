@@ -17,14 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.cost.machine import Machine
 from fsdpviz.errors import ExportError
-from fsdpviz.export._sources import (
-    MemoryOption,
-    memory_for,
-    memory_summary,
-    ranks_of,
-    with_module_tree,
-)
+from fsdpviz.export._sources import memory_summary, ranks_of
 from fsdpviz.views._style import Theme, format_bytes, theme_colors
+from fsdpviz.views.timeline_data import MemoryOption
+from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -57,8 +53,8 @@ def html_page(
     theme_colors(theme)  # rejects an unknown theme before any work
     reports, names = ranks_of(obj)
     base = reports[0]
-    series = memory_for(base, iteration, memory)
-    data = timeline_data(reports, iteration, memory=series, rank_names=names, machine=machine)
+    drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
+    data = timeline_data(drawn, iteration, memory=memory, rank_names=names, machine=machine)
     tree_report = with_module_tree(base)
     tree = module_tree(tree_report)
     explorer = explorer_figure(tree_report, theme=theme, tree=tree)
@@ -84,7 +80,6 @@ def html_page(
         },
         "prefetch": {"div": "fv-prefetch", "positions": positions},
         "timelineDiv": "fv-timeline",
-        "statusDiv": "fv-status",
         "widgetScript": "fv-widget-esm",
     }
     heading = title or _title(obj, base)
@@ -120,7 +115,6 @@ _PAGE = """<!doctype html>
 <p class="fv-hint">Step with the buttons, the slider or the arrow keys (click the lanes first);
 the unit of the current event is outlined in the explorer and the prefetch graph below.
 Click a unit there to select it here.</p>
-<div id="fv-status" class="fv-status" aria-live="polite"></div>
 <div id="fv-timeline"></div>
 </section>
 <section class="fv-figures">

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fsdpviz.cost.machine import Machine
 from fsdpviz.errors import ExportError
-from fsdpviz.export._sources import MemoryOption, memory_for, ranks_of, with_module_tree
+from fsdpviz.export._sources import ranks_of
 from fsdpviz.views._style import Theme
+from fsdpviz.views.timeline_data import MemoryOption
+from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -60,8 +62,8 @@ def figure(
     if name == "timeline":
         from fsdpviz.views import timeline_data
 
-        series = memory_for(reports[0], iteration, memory)
-        data = timeline_data(reports, iteration, memory=series, rank_names=names, machine=machine)
+        drawn = reports if len(reports) == 1 and obj is reports[0] else obj
+        data = timeline_data(drawn, iteration, memory=memory, rank_names=names, machine=machine)
         return timeline_figure(reports, iteration, theme=theme, data=data)
     raise ValueError(f"unknown figure {name!r}; use one of {', '.join(map(repr, FIGURES))}")
 

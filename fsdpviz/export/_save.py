@@ -123,8 +123,9 @@ def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
 def _write_graph(
     obj: Report | RecordedRun, p: Path, *, graph: str = "unit", iteration: int = -1
 ) -> Path:
-    from fsdpviz.export._sources import ranks_of, with_module_tree
+    from fsdpviz.export._sources import ranks_of
     from fsdpviz.graphs import module_graph, unit_graph, write_graph
+    from fsdpviz.views.tree import with_module_tree
 
     report = ranks_of(obj)[0][0]
     if graph == "unit":

@@ -119,6 +119,23 @@ class RecordedRun:
         """Read what :meth:`to_dict` wrote (also the ``.json`` trace of :meth:`save`)."""
         return cls([Report.from_dict(r) for r in d["ranks"]], path, list(d.get("notes", [])))
 
+    def show(self, **kwargs: Any) -> Any:
+        """The interactive views of the run: every rank's timeline on the recorded clock
+        (a lane group per rank, the first event where ranks diverge marked on each), and the
+        first rank's units and prefetch graph. Returns a :class:`fsdpviz.widgets.Dashboard`
+        (``kwargs`` as it takes).
+
+        Example::
+
+            view = fsdpviz.load("fsdpviz-run").show()
+            view.timeline.step = 10
+        """
+        if not self.ranks:
+            raise ValueError("the recorded run has no ranks: nothing to show")
+        from fsdpviz.widgets import Dashboard
+
+        return Dashboard(self.ranks[0], ranks=self, **kwargs)
+
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """Write every rank's timeline; see :func:`fsdpviz.export.save`."""
         from fsdpviz.export import save

@@ -64,6 +64,7 @@ __all__ = [
     "MemoryOption",
     "MemorySeries",
     "MemorySource",
+    "auto_memory",
     "resolve_memory",
     "timeline_data",
 ]
@@ -621,16 +622,21 @@ def _memory_lane(g: _Group, iteration: int | None) -> MemoryLane | list[float] |
                 f"memory={source!r} is not valid; use 'auto', None, a MemoryLane, "
                 "bytes per event, or a callable report -> either"
             )
-        if not g.report.iterations or not g.report.units:
-            return None
-        shown = _shown(g.report, iteration)
-        defaults = shown[-1] == len(g.report.iterations) - 1
-        return memory_lane(
-            g.report, iteration=iteration, memory=g.report.memory if defaults else None
-        )
+        return auto_memory(g.report, iteration)
     if isinstance(source, MemoryLane):
         return source
     return [float(v) for v in source]
+
+
+def auto_memory(report: Report, iteration: int | None = -1) -> MemoryLane | None:
+    """What ``memory="auto"`` draws: the memory model's lane of the shown iterations (AdamW),
+    made from ``report.memory`` when the last one shown is the steady state; ``None`` for a
+    report with no iteration or no unit."""
+    if not report.iterations or not report.units:
+        return None
+    shown = _shown(report, iteration)
+    defaults = shown[-1] == len(report.iterations) - 1
+    return memory_lane(report, iteration=iteration, memory=report.memory if defaults else None)
 
 
 def _memory_entry(

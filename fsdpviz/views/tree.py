@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsdpviz.core.schema import ModuleInfo, Report, Unit
 
@@ -26,6 +26,7 @@ __all__ = [
     "module_tree",
     "node_id",
     "tree_view",
+    "with_module_tree",
 ]
 
 ROOT_ID = "<root>"
@@ -181,3 +182,38 @@ def _rank_bytes(nbytes: int, unit: Unit | None) -> int:
     if unit is None or unit.bytes == 0:
         return nbytes  # unmanaged: every rank holds all of it
     return nbytes * unit.sharded_bytes // unit.bytes
+
+
+def with_module_tree(report: Report) -> Report:
+    """``report`` itself, or for a recording (which has no module tree) one made of its units.
+
+    Each unit becomes a module under the nearest unit that contains it by FQN, so the
+    explorer still shows every unit with its size.
+    """
+    if report.modules:
+        return report
+    names = {u.module for u in report.units}
+    modules = []
+    for u in report.units:
+        parent: str | None = None
+        if u.module:
+            parts = u.module.split(".")
+            parent = next(
+                (
+                    p
+                    for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1))
+                    if p in names
+                ),
+                "" if "" in names else None,
+            )
+        modules.append(
+            ModuleInfo(
+                fqn=u.module,
+                module_class=u.module_class,
+                parent=parent,
+                unit=u.module,
+                numel=u.numel,
+                bytes=u.bytes,
+            )
+        )
+    return replace(report, modules=modules)

@@ -9,11 +9,15 @@
   the timeline follow right after that answer has reached the browser (a change made
   from Python, ``view.explorer.controls.set(world_size=64)``, updates all three
   before it returns);
-- ``memory="auto"`` (the default) draws :func:`fsdpviz.cost.memory_series` under the
+- ``memory="auto"`` (the default) draws the memory model's lane
+  (:func:`fsdpviz.cost.memory_lane`, the same numbers as ``report.memory``) in the
   timeline. A re-plan answered from the stored trace has no trace profile, so its
-  curve first shows parameters, gradients and optimizer state; the activations
+  lane first shows parameters, gradients and optimizer state; the activations
   follow from a trace made once the controls have rested for ``PROFILE_AFTER_S``
   seconds (``memory_note`` says which);
+- ``ranks``: the timeline of several ranks (reports, or a :class:`~fsdpviz.RecordedRun`:
+  a lane group per rank on the recorded clock, where ranks diverge marked); a recording
+  has no module tree, so the explorer shows its units as modules;
 - ``machine`` (default ``"h100"``; a preset name or :func:`fsdpviz.cost.machine`)
   places a prediction's events at the times :func:`fsdpviz.cost.timeline` models,
   once the plan has a trace profile (``None``: by event index);
@@ -29,21 +33,24 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 import traitlets
 
 from fsdpviz.core.schema import Report
 from fsdpviz.cost.machine import Machine
-from fsdpviz.cost.memory import memory_series
 from fsdpviz.views.prefetch import prefetch_parts
-from fsdpviz.views.timeline_data import MemorySource, resolve_memory
+from fsdpviz.views.timeline_data import MemoryOption, auto_memory
+from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
 from fsdpviz.widgets.timeline import TimelineWidget
+
+if TYPE_CHECKING:
+    from fsdpviz.record import RecordedRun
 
 __all__ = ["Dashboard", "show"]
 
@@ -68,8 +75,8 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         *,
         model: Any = None,
         inputs: Any = None,
-        memory: MemorySource | Literal["auto"] = "auto",
-        ranks: Sequence[Report] | None = None,
+        memory: MemoryOption = "auto",
+        ranks: Sequence[Report] | RecordedRun | None = None,
         iteration: int | None = -1,
         theme: str = "light",
         machine: Machine | str | None = "h100",
@@ -80,12 +87,14 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.errors = ErrorOutput()
         self._deferred = Deferred(self.errors.guard)
         self.memory_note = w.HTML()
-        self.explorer = Explorer(report, model=model, inputs=inputs, theme=theme, **analyze_kwargs)
+        self.explorer = Explorer(
+            with_module_tree(report), model=model, inputs=inputs, theme=theme, **analyze_kwargs
+        )
         traces, layout = prefetch_parts(report, theme=theme)  # type: ignore[arg-type]
         self.prefetch = ClickFigure({"data": traces, "layout": layout}, _validate=False)
-        timeline_reports = list(ranks) if ranks else [report]
+        shown = ranks if ranks is not None else report
         self.timeline = TimelineWidget(
-            timeline_reports, iteration, memory=self._memory(timeline_reports[0]), machine=machine
+            shown, iteration, memory=self._memory(report), machine=machine
         )
         super().__init__(
             [
@@ -154,13 +163,13 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _on_selected(self, change: dict[str, Any]) -> None:
         self._ring("selected", self.selected_unit)
 
-    def _memory(self, report: Report) -> list[float] | None:
+    def _memory(self, report: Report) -> MemoryOption:
         if self.memory != "auto":
-            return resolve_memory(self.memory, report)
+            return self.memory
         try:
-            series = memory_series(report, iteration=self.iteration)
-        except Exception as e:  # the views stay usable without the curve
-            self.memory_note.value = f"<small>no memory curve: {type(e).__name__}: {e}</small>"
+            lane = auto_memory(report, self.iteration)
+        except Exception as e:  # the views stay usable without the memory lane
+            self.memory_note.value = f"<small>no memory lane: {type(e).__name__}: {e}</small>"
             return None
         measured = report.profile is not None
         self.memory_note.value = (
@@ -169,7 +178,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             else "<small>memory: parameters, gradients and optimizer state only "
             "(no trace profile)</small>"
         )
-        return series
+        return lane
 
     def _on_report(self, change: dict[str, Any]) -> None:
         # A click in the page: the explorer has answered, the prefetch graph and the

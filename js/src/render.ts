@@ -1,15 +1,17 @@
-// Canvas drawing of the timeline: lanes per rank, an overview strip of the whole
-// run, and the memory curve with its peak. Only the visible window is drawn.
+// Canvas drawing of the timeline: a group of lanes per rank (or plan), the time axis on top,
+// an overview strip of the whole run at the bottom. Everything that depends only on the
+// visible window is drawn once into a layer (with the marks a click or hover can pick);
+// each step then draws only the cursor and the current event over that layer.
 import {
-  FREE,
   axisTicks,
-  KIND_LANE,
-  LANES,
-  type TimelineData,
-  type Window,
-  firstStepEndingAfter,
+  byteTicks,
+  FREE,
   formatBytes,
   fullRange,
+  lowerBound,
+  type TimelineData,
+  upperBound,
+  type Window,
 } from "./model";
 
 export interface ThemeColors {
@@ -19,11 +21,31 @@ export interface ThemeColors {
   muted: string;
   grid: string;
   accent: string;
+  wait: string;
+  call: string;
 }
 
 const FALLBACK: Record<"light" | "dark", ThemeColors> = {
-  light: { name: "light", bg: "#ffffff", fg: "#1f1f1f", muted: "#616161", grid: "#e0e0e0", accent: "#D55E00" },
-  dark: { name: "dark", bg: "#111111", fg: "#e0e0e0", muted: "#9e9e9e", grid: "#333333", accent: "#FF8C42" },
+  light: {
+    name: "light",
+    bg: "#ffffff",
+    fg: "#1f1f1f",
+    muted: "#616161",
+    grid: "#e0e0e0",
+    accent: "#D55E00",
+    wait: "#C62828",
+    call: "#ececec",
+  },
+  dark: {
+    name: "dark",
+    bg: "#111111",
+    fg: "#e0e0e0",
+    muted: "#9e9e9e",
+    grid: "#333333",
+    accent: "#FF8C42",
+    wait: "#FF6B6B",
+    call: "#262626",
+  },
 };
 
 /** JupyterLab's theme (body[data-jp-theme-light]) or the OS preference, with its CSS colours. */
@@ -35,15 +57,28 @@ export function readTheme(el: HTMLElement): ThemeColors {
       : typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
   const base = FALLBACK[dark ? "dark" : "light"];
   const css = getComputedStyle(el);
-  const v = (name: string, fallback: string): string => css.getPropertyValue(name).trim() || fallback;
+  const v = (name: string, fallback: string): string =>
+    css.getPropertyValue(name).trim() || fallback;
   return {
-    name: base.name,
+    ...base,
     bg: v("--jp-layout-color0", base.bg),
     fg: v("--jp-ui-font-color0", base.fg),
     muted: v("--jp-ui-font-color2", base.muted),
     grid: v("--jp-border-color2", base.grid),
-    accent: base.accent,
+    call: v("--jp-layout-color2", base.call),
   };
+}
+
+export const FONT = "11px system-ui, sans-serif";
+const LANE_H: Record<string, number> = { cpu: 24, compute: 20, stream: 22, memory: 116 };
+const LANE_GAP = 3;
+const GROUP_GAP = 10;
+const CELL_MAX = 16; // px per event cell in a hook call, at most
+
+export interface Row {
+  lane: number;
+  top: number;
+  h: number;
 }
 
 export interface Layout {
@@ -51,42 +86,51 @@ export interface Layout {
   height: number;
   labelW: number;
   plotW: number;
-  laneH: number;
-  laneTop: (rank: number, lane: number) => number;
-  lanesBottom: number;
   axisH: number;
+  /** One row per lane, in data.lanes order. */
+  rows: Row[];
+  /** y of each group's title row (when there are several groups). */
+  groupTop: number[];
+  lanesTop: number;
+  lanesBottom: number;
   overviewTop: number;
   overviewH: number;
-  memTop: number;
-  memH: number;
 }
 
 export function computeLayout(data: TimelineData, width: number): Layout {
-  const labelW = 150;
-  const laneH = 22;
-  const laneGap = 4;
-  const rankGap = 10;
-  const top = 6;
-  const rankH = LANES.length * (laneH + laneGap) + rankGap;
-  const lanesBottom = top + data.ranks.length * rankH - rankGap;
-  const axisH = 18;
-  const overviewTop = lanesBottom + axisH + 6;
+  const labelW = 156;
+  const axisH = 20;
+  const titled = data.groups.length > 1;
+  const rows: Row[] = [];
+  const groupTop: number[] = [];
+  let y = axisH + 4;
+  const lanesTop = y;
+  data.lanes.forEach((lane, i) => {
+    const first = i === 0 || data.lanes[i - 1].group !== lane.group;
+    if (first) {
+      if (i > 0) y += GROUP_GAP;
+      groupTop[lane.group] = y;
+      if (titled) y += 16;
+    }
+    const h = LANE_H[lane.kind] ?? 22;
+    rows.push({ lane: i, top: y, h });
+    y += h + LANE_GAP;
+  });
+  const lanesBottom = y - LANE_GAP;
+  const overviewTop = lanesBottom + 10;
   const overviewH = 18;
-  const memTop = overviewTop + overviewH + 10;
-  const memH = data.memory !== null ? 90 : 0;
   return {
     width,
-    height: memTop + memH + (memH > 0 ? 16 : 0),
+    height: overviewTop + overviewH + 4,
     labelW,
-    plotW: Math.max(width - labelW - 10, 50),
-    laneH,
-    laneTop: (rank, lane) => top + rank * rankH + lane * (laneH + laneGap),
-    lanesBottom,
+    plotW: Math.max(width - labelW - 12, 50),
     axisH,
+    rows,
+    groupTop,
+    lanesTop,
+    lanesBottom,
     overviewTop,
     overviewH,
-    memTop,
-    memH,
   };
 }
 
@@ -95,15 +139,222 @@ export const xToPx = (win: Window, l: Layout, x: number): number =>
 export const pxToX = (win: Window, l: Layout, px: number): number =>
   win.x0 + ((px - l.labelW) / l.plotW) * (win.x1 - win.x0);
 
-export interface DrawState {
-  step: number;
-  selectedUnit: number;
-  win: Window;
-  theme: ThemeColors;
-  layout: Layout;
+/** Black or white text on `hex`, whichever contrasts more. */
+export function textOn(hex: string): string {
+  const n = Number.parseInt(hex.slice(1), 16);
+  const lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255;
+  return lum > 0.55 ? "#000000" : "#ffffff";
 }
 
-function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number, color: string): void {
+// ---------------------------------------------------------------------------- marks
+
+export const MARK = { event: 0, call: 1, compute: 2, wait: 3, memory: 4, peak: 5 } as const;
+export type MarkKind = (typeof MARK)[keyof typeof MARK];
+
+/** What a pointer at (x, y) is on: the kind of mark, and the step (or moment) it stands for. */
+export interface Picked {
+  kind: MarkKind;
+  step: number;
+  /** For memory marks: which memory lane and moment. */
+  lane: number;
+  moment: number;
+  x: number;
+  y: number;
+  w: number;
+  h: number;
+}
+
+/** Every pickable mark of the drawn layer, in drawing order (later ones are on top). */
+export class MarkList {
+  n = 0;
+  private cap = 0;
+  private f = new Float64Array(0);
+  private i = new Int32Array(0);
+
+  clear(): void {
+    this.n = 0;
+  }
+
+  add(kind: MarkKind, step: number, x: number, y: number, w: number, h: number, lane = -1, moment = -1): void {
+    if (this.n === this.cap) this.grow();
+    const k = this.n++;
+    this.f.set([x, y, w, h], 4 * k);
+    this.i.set([kind, step, lane, moment], 4 * k);
+  }
+
+  private grow(): void {
+    this.cap = Math.max(1024, this.cap * 2);
+    const f = new Float64Array(4 * this.cap);
+    f.set(this.f);
+    const i = new Int32Array(4 * this.cap);
+    i.set(this.i);
+    this.f = f;
+    this.i = i;
+  }
+
+  get(k: number): Picked {
+    const f = this.f;
+    const i = this.i;
+    return {
+      kind: i[4 * k] as MarkKind,
+      step: i[4 * k + 1],
+      lane: i[4 * k + 2],
+      moment: i[4 * k + 3],
+      x: f[4 * k],
+      y: f[4 * k + 1],
+      w: f[4 * k + 2],
+      h: f[4 * k + 3],
+    };
+  }
+
+  /** The topmost mark containing (px, py); else the nearest within `slack` px in its row. */
+  pick(px: number, py: number, slack = 3): Picked | null {
+    const f = this.f;
+    let near = -1;
+    let best = slack + 1;
+    for (let k = this.n - 1; k >= 0; k--) {
+      const x = f[4 * k];
+      const y = f[4 * k + 1];
+      const w = f[4 * k + 2];
+      const h = f[4 * k + 3];
+      if (py < y || py > y + h) continue;
+      if (px >= x && px <= x + w) return this.get(k);
+      const d = px < x ? x - px : px - x - w;
+      if (d < best) {
+        best = d;
+        near = k;
+      }
+    }
+    return near >= 0 ? this.get(near) : null;
+  }
+
+  /** Marks of `step` of the given kind (for tests and the overlay). */
+  of(step: number, kind: MarkKind = MARK.event): Picked[] {
+    const out: Picked[] = [];
+    for (let k = 0; k < this.n; k++) {
+      if (this.i[4 * k] === kind && this.i[4 * k + 1] === step) out.push(this.get(k));
+    }
+    return out;
+  }
+}
+
+// ---------------------------------------------------------------------------- indexes
+
+/** What drawing needs to find the visible part of each lane quickly (made once per data). */
+export class Index {
+  /** Per group: [first, end) of its calls (calls are in group order, by x). */
+  readonly callRange: Array<[number, number]>;
+  /** Steps of each call, by slot. */
+  readonly callSteps: number[][];
+  /** Per stream lane: its steps by x0, their x0, and the longest one. */
+  readonly laneSteps = new Map<number, { steps: number[]; x0: number[]; longest: number }>();
+  /** Per group: compute segments and waits, by x0. */
+  readonly computeOf: number[][];
+  readonly waitsOf: number[][];
+  /** Per memory lane: the most of its totals (the top of its axis). */
+  readonly memoryMax: number[];
+  readonly full: Window;
+  /** Free events and the call cell they are drawn in. */
+  private readonly widths = new Map<string, number>();
+
+  constructor(readonly data: TimelineData) {
+    const nGroups = data.groups.length;
+    this.callRange = Array.from({ length: nGroups }, () => [0, 0] as [number, number]);
+    const calls = data.calls;
+    for (let c = calls.group.length - 1; c >= 0; c--) this.callRange[calls.group[c]][0] = c;
+    for (let c = 0; c < calls.group.length; c++) this.callRange[calls.group[c]][1] = c + 1;
+    this.callSteps = calls.n.map((n) => new Array<number>(n).fill(-1));
+    const s = data.steps;
+    for (let i = 0; i < data.n_steps; i++) this.callSteps[s.call[i]][s.slot[i]] = i;
+    for (let i = 0; i < data.n_steps; i++) {
+      if (s.kind[i] === FREE) continue;
+      let lane = this.laneSteps.get(s.lane[i]);
+      if (lane === undefined) {
+        lane = { steps: [], x0: [], longest: 0 };
+        this.laneSteps.set(s.lane[i], lane);
+      }
+      lane.steps.push(i);
+      lane.longest = Math.max(lane.longest, s.x1[i] - s.x0[i]);
+    }
+    for (const lane of this.laneSteps.values()) {
+      lane.steps.sort((a, b) => s.x0[a] - s.x0[b] || a - b);
+      lane.x0 = lane.steps.map((i) => s.x0[i]);
+    }
+    const byGroup = (group: number[], x0: number[]): number[][] => {
+      const out: number[][] = Array.from({ length: nGroups }, () => []);
+      group.forEach((g, k) => {
+        out[g].push(k);
+      });
+      for (const list of out) list.sort((a, b) => x0[a] - x0[b]);
+      return out;
+    };
+    this.computeOf = byGroup(data.compute.group, data.compute.x0);
+    this.waitsOf = byGroup(data.waits.group, data.waits.x0);
+    this.memoryMax = data.memory.map((m) => {
+      let max = 0;
+      for (let k = 0; k < m.total.length; k++) {
+        let sum = 0;
+        for (const c of m.categories) sum += m.bytes[c][k];
+        if (sum > max) max = sum;
+      }
+      return max;
+    });
+    this.full = fullRange(data);
+  }
+
+  /** Width of `text` in the current font (measured once). */
+  textWidth(ctx: CanvasRenderingContext2D, text: string): number {
+    let w = this.widths.get(text);
+    if (w === undefined) {
+      w = ctx.measureText(text).width;
+      this.widths.set(text, w);
+    }
+    return w;
+  }
+
+  /** The x span of a call's cells: from its x, as wide as its events need, never into the next call. */
+  callBox(c: number, win: Window, l: Layout): [number, number] {
+    const calls = this.data.calls;
+    const x = xToPx(win, l, calls.x[c]);
+    const range = this.callRange[calls.group[c]];
+    let room = CELL_MAX * calls.n[c];
+    if (c + 1 < range[1]) room = Math.min(room, xToPx(win, l, calls.x[c + 1]) - x - 1);
+    if (!this.data.timed) room = Math.max(room, xToPx(win, l, calls.x[c] + calls.n[c]) - x - 1);
+    return [x, Math.max(room, 1)];
+  }
+
+  /** The x span of a step's cell in its call. */
+  cell(step: number, win: Window, l: Layout): [number, number] {
+    const s = this.data.steps;
+    const c = s.call[step];
+    const [x, w] = this.callBox(c, win, l);
+    const n = this.data.calls.n[c];
+    return [x + (w * s.slot[step]) / n, w / n];
+  }
+
+  /** The steps of stream lane `lane` that may show in `win`, by start. */
+  visibleOnLane(lane: number, win: Window): number[] {
+    const entry = this.laneSteps.get(lane);
+    if (entry === undefined) return [];
+    const a = lowerBound(entry.x0, win.x0 - entry.longest);
+    const b = upperBound(entry.x0, win.x1, a);
+    const s = this.data.steps;
+    return entry.steps.slice(a, b).filter((i) => s.x1[i] >= win.x0);
+  }
+}
+
+// ---------------------------------------------------------------------------- drawing
+
+export interface Scene {
+  data: TimelineData;
+  index: Index;
+  layout: Layout;
+  win: Window;
+  theme: ThemeColors;
+  selectedUnit: number;
+}
+
+function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number, color: string, gap = 5): void {
   ctx.save();
   ctx.beginPath();
   ctx.rect(x, y, w, h);
@@ -111,7 +362,7 @@ function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h
   ctx.strokeStyle = color;
   ctx.lineWidth = 1;
   ctx.beginPath();
-  for (let d = -h; d < w; d += 5) {
+  for (let d = -h; d < w; d += gap) {
     ctx.moveTo(x + d, y + h);
     ctx.lineTo(x + d + h, y);
   }
@@ -119,119 +370,63 @@ function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h
   ctx.restore();
 }
 
-function label(ctx: CanvasRenderingContext2D, text: string, x: number, y: number, w: number, h: number, color: string): void {
-  if (w < 28) return;
-  const shown = ctx.measureText(text).width <= w - 6 ? text : "";
-  if (!shown) return;
-  ctx.fillStyle = color;
-  ctx.fillText(shown, x + w / 2, y + h / 2);
+/** The label that fits in `w` px: `3 layers.2`, else `3`, else nothing. */
+function fitLabel(ctx: CanvasRenderingContext2D, index: Index, full: string, short: string, w: number): string {
+  if (w < 12) return "";
+  if (index.textWidth(ctx, full) <= w - 6) return full;
+  if (index.textWidth(ctx, short) <= w - 4) return short;
+  return "";
 }
 
-/** Black or white text on `hex`, whichever contrasts more. */
-export function textOn(hex: string): string {
-  const n = parseInt(hex.slice(1), 16);
-  const lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255;
-  return lum > 0.55 ? "#000000" : "#ffffff";
+function unitLabels(data: TimelineData, unit: number): [string, string] {
+  const number = String(data.unit_numbers[unit]);
+  const name = data.units[unit] === "" ? "(root)" : data.units[unit];
+  return [`${number} ${name}`, number];
 }
 
-export function drawMain(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
-  const { layout: l, win, theme } = st;
-  ctx.clearRect(0, 0, l.width, l.memTop + l.memH + 16);
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.textAlign = "right";
-  ctx.textBaseline = "middle";
-  ctx.fillStyle = theme.muted;
-  data.ranks.forEach((rank, r) => {
-    LANES.forEach((lane, k) => ctx.fillText(`${rank} · ${lane}`, l.labelW - 8, l.laneTop(r, k) + l.laneH / 2));
-  });
+/** Everything that depends on the window: lanes, labels, axis; fills `marks`. */
+export function drawLayer(ctx: CanvasRenderingContext2D, sc: Scene, marks: MarkList): void {
+  const { data, layout: l } = sc;
+  marks.clear();
+  ctx.clearRect(0, 0, l.width, l.height);
+  ctx.font = FONT;
+  drawAxis(ctx, sc);
+  drawLaneLabels(ctx, sc);
   ctx.save();
   ctx.beginPath();
-  ctx.rect(l.labelW, 0, l.plotW, l.lanesBottom + 2);
+  ctx.rect(l.labelW, l.lanesTop - 2, l.plotW, l.lanesBottom - l.lanesTop + 4);
   ctx.clip();
-  ctx.textAlign = "center";
-  ctx.strokeStyle = theme.muted;
-  ctx.setLineDash([2, 3]);
-  for (const x of data.iteration_starts.slice(1)) {
-    const px = xToPx(win, l, x);
-    ctx.beginPath();
-    ctx.moveTo(px, 0);
-    ctx.lineTo(px, l.lanesBottom);
-    ctx.stroke();
+  drawIterationStarts(ctx, sc);
+  for (const row of l.rows) {
+    const lane = data.lanes[row.lane];
+    if (lane.kind === "compute") drawCompute(ctx, sc, row, marks);
+    else if (lane.kind === "stream") drawStream(ctx, sc, row, marks);
   }
-  ctx.setLineDash([]);
-  drawCompute(ctx, data, st);
-  drawEvents(ctx, data, st);
+  for (const row of l.rows) if (data.lanes[row.lane].kind === "cpu") drawCalls(ctx, sc, row, marks);
+  drawFlows(ctx, sc);
+  for (const row of l.rows) if (data.lanes[row.lane].kind === "memory") drawMemory(ctx, sc, row, marks);
+  drawMarks(ctx, sc);
   ctx.restore();
-  drawAxis(ctx, data, st);
-  drawCursor(ctx, data, st, 0, l.lanesBottom);
+  drawMemoryAxes(ctx, sc);
 }
 
-function drawCompute(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
-  const { layout: l, win, theme } = st;
-  const c = data.compute;
-  for (let i = 0; i < c.x0.length; i++) {
-    if (c.x1[i] < win.x0 || c.x0[i] > win.x1) continue;
-    const x = xToPx(win, l, c.x0[i]);
-    const w = Math.max(xToPx(win, l, c.x1[i]) - x - 1, 1);
-    const y = l.laneTop(c.rank[i], 0);
-    const color = data.colors[c.unit[i]];
-    ctx.globalAlpha = c.phase[i] === 0 ? 1 : 0.55;
-    ctx.fillStyle = color;
-    ctx.fillRect(x, y, w, l.laneH);
-    ctx.globalAlpha = 1;
-    if (c.unit[i] === st.selectedUnit) {
-      ctx.strokeStyle = theme.fg;
-      ctx.lineWidth = 2;
-      ctx.strokeRect(x + 1, y + 1, w - 2, l.laneH - 2);
-    }
-    const name = data.units[c.unit[i]] || "(root)";
-    label(ctx, c.phase[i] === 0 ? name : `${name} (bwd)`, x, y, w, l.laneH, textOn(color));
-  }
+function rowOf(l: Layout, lane: number): Row {
+  return l.rows[lane];
 }
 
-function drawEvents(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
-  const { layout: l, win, theme } = st;
-  const s = data.steps;
-  for (let i = firstStepEndingAfter(s, win.x0); i < data.n_steps && s.x0[i] <= win.x1; i++) {
-    const lane = KIND_LANE[s.kind[i]];
-    const y = l.laneTop(s.rank[i], lane);
-    const x = xToPx(win, l, s.x0[i]);
-    const x1 = xToPx(win, l, s.x1[i]);
-    const color = data.colors[s.unit[i]];
-    if (s.kind[i] === FREE) {
-      ctx.fillStyle = theme.fg;
-      ctx.fillRect(x1 - 1, y - 2, 2, l.laneH + 4);
-    } else {
-      const w = Math.max(x1 - x - 1, 1);
-      ctx.fillStyle = color;
-      ctx.fillRect(x, y, w, l.laneH);
-      if (s.prefetch[i]) hatch(ctx, x, y, w, l.laneH, textOn(color));
-      label(ctx, data.units[s.unit[i]] || "(root)", x, y, w, l.laneH, textOn(color));
-    }
-    if (s.unit[i] === st.selectedUnit && s.kind[i] !== FREE) {
-      ctx.strokeStyle = theme.fg;
-      ctx.lineWidth = 2;
-      ctx.strokeRect(x + 1, y + 1, Math.max(x1 - x - 3, 1), l.laneH - 2);
-    }
-    if (i === st.step) {
-      ctx.strokeStyle = theme.accent;
-      ctx.lineWidth = 3;
-      ctx.strokeRect(x - 1, y - 2, Math.max(x1 - x + 1, 3), l.laneH + 4);
-    }
-  }
-}
-
-function drawAxis(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
-  const { layout: l, win, theme } = st;
+function drawAxis(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, layout: l, win, theme } = sc;
   const ticks = axisTicks(win.x0, win.x1, l.plotW, data.timed);
   ctx.fillStyle = theme.muted;
-  ctx.textBaseline = "top";
-  const y = l.lanesBottom + 5;
+  ctx.textBaseline = "middle";
+  const y = l.axisH / 2;
   ticks.values.forEach((t, k) => {
     const px = xToPx(win, l, t);
-    ctx.fillRect(px, l.lanesBottom + 1, 1, 4);
-    // Centred under the tick, kept inside the plot at both ends.
-    const half = ctx.measureText(ticks.labels[k]).width / 2;
+    if (px < l.labelW - 0.5 || px > l.labelW + l.plotW + 0.5) return;
+    ctx.fillStyle = theme.grid;
+    ctx.fillRect(px, l.axisH - 3, 1, l.lanesBottom - l.axisH + 3);
+    ctx.fillStyle = theme.muted;
+    const half = index(sc).textWidth(ctx, ticks.labels[k]) / 2;
     ctx.textAlign = "center";
     ctx.fillText(ticks.labels[k], Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half), y);
   });
@@ -239,91 +434,326 @@ function drawAxis(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawSta
   ctx.fillText(data.timed ? `time (${ticks.unit})` : "event", l.labelW - 8, y);
 }
 
-function drawCursor(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState, y0: number, y1: number): void {
-  if (data.n_steps === 0) return;
-  const { layout: l, win, theme } = st;
-  const px = xToPx(win, l, data.steps.x0[st.step]);
-  if (px < l.labelW || px > l.labelW + l.plotW) return;
-  ctx.fillStyle = theme.accent;
-  ctx.fillRect(px - 1, y0, 2, y1 - y0);
+const index = (sc: Scene): Index => sc.index;
+
+function drawLaneLabels(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, layout: l, theme } = sc;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  if (data.groups.length > 1) {
+    ctx.font = `bold ${FONT}`;
+    ctx.textAlign = "left";
+    ctx.fillStyle = theme.fg;
+    data.groups.forEach((g, gi) => {
+      const y = l.groupTop[gi] + 7;
+      ctx.fillText(g.name, 6, y);
+      ctx.fillStyle = theme.muted;
+      ctx.font = FONT;
+      ctx.fillText(g.summary, l.labelW, y);
+      ctx.fillStyle = theme.fg;
+      ctx.font = `bold ${FONT}`;
+    });
+    ctx.font = FONT;
+    ctx.textAlign = "right";
+  }
+  ctx.fillStyle = theme.muted;
+  for (const row of l.rows) {
+    const lane = data.lanes[row.lane];
+    if (lane.kind === "memory") {
+      ctx.textAlign = "left";
+      ctx.fillText("memory per rank", 6, row.top + 7);
+      ctx.textAlign = "right";
+    } else {
+      ctx.fillText(lane.name, l.labelW - 8, row.top + row.h / 2);
+    }
+  }
 }
 
-/** The whole run at one pixel per column, drawn once per data/theme/size into `ctx`. */
-export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: TimelineData, l: Layout, theme: ThemeColors): void {
-  const full = fullRange(data);
-  ctx.clearRect(0, 0, l.width, l.overviewH);
-  ctx.fillStyle = theme.grid;
-  ctx.fillRect(l.labelW, 0, l.plotW, l.overviewH);
+function drawIterationStarts(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, layout: l, win, theme } = sc;
+  ctx.strokeStyle = theme.muted;
+  ctx.setLineDash([2, 3]);
+  data.iteration_starts.forEach((starts, g) => {
+    const rows = l.rows.filter((r) => data.lanes[r.lane].group === g);
+    if (rows.length === 0) return;
+    const top = rows[0].top;
+    const bottom = rows[rows.length - 1].top + rows[rows.length - 1].h;
+    for (const x of starts.slice(1)) {
+      const px = Math.round(xToPx(win, l, x)) + 0.5;
+      ctx.beginPath();
+      ctx.moveTo(px, top);
+      ctx.lineTo(px, bottom);
+      ctx.stroke();
+    }
+  });
+  ctx.setLineDash([]);
+}
+
+function drawCalls(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: MarkList): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  const group = data.lanes[row.lane].group;
+  const [first, end] = ix.callRange[group];
+  const calls = data.calls;
   const s = data.steps;
-  const h = l.overviewH / 2;
+  const top = row.top;
+  const headH = 10;
+  const cellTop = top + headH + 1;
+  const cellH = row.h - headH - 1;
+  // calls are by x: from the last one starting before the window
+  let c = Math.max(first, lowerBound(calls.x, win.x0, first, end) - 1);
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "left";
+  for (; c < end && calls.x[c] <= win.x1; c++) {
+    const [x, w] = ix.callBox(c, win, l);
+    if (x + w < l.labelW) continue;
+    ctx.fillStyle = theme.call;
+    ctx.fillRect(x, top, w, headH);
+    const steps = ix.callSteps[c];
+    const hook = calls.hook[c] >= 0 ? data.hooks[calls.hook[c]] : "hook";
+    if (w > 30 && steps.length > 0) {
+      const name = calls.unit[c] >= 0 ? String(data.unit_numbers[calls.unit[c]]) : "?";
+      const full = `${hook} ${name}`;
+      ctx.font = "9px system-ui, sans-serif";
+      const text = ix.textWidth(ctx, `9|${full}`) <= w - 4 ? full : "";
+      ctx.fillStyle = theme.muted;
+      if (text) ctx.fillText(text, x + 2, top + headH / 2 + 0.5);
+      ctx.font = FONT;
+    }
+    if (steps.length > 0) marks.add(MARK.call, steps[0], x, top, w, headH);
+    const cw = w / Math.max(steps.length, 1);
+    steps.forEach((i, k) => {
+      const cx = x + k * cw;
+      const color = data.colors[s.unit[i]];
+      const gap = cw > 4 ? 1 : 0;
+      if (s.kind[i] === FREE) {
+        ctx.strokeStyle = color;
+        ctx.lineWidth = 2;
+        ctx.strokeRect(cx + 1 + gap / 2, cellTop + 1, Math.max(cw - 2 - gap, 1), cellH - 2);
+        ctx.fillStyle = color;
+        ctx.fillRect(cx + gap / 2, cellTop + cellH - 3, Math.max(cw - gap, 1), 3);
+      } else {
+        ctx.fillStyle = color;
+        ctx.fillRect(cx + gap / 2, cellTop, Math.max(cw - gap, 1), cellH);
+        if (s.prefetch[i]) hatch(ctx, cx, cellTop, cw - gap, cellH, textOn(color), 4);
+      }
+      if (s.unit[i] === sc.selectedUnit) {
+        ctx.strokeStyle = theme.fg;
+        ctx.lineWidth = 1.5;
+        ctx.strokeRect(cx + 0.5, cellTop - 0.5, Math.max(cw - 1, 1), cellH + 1);
+      }
+      marks.add(MARK.event, i, cx, cellTop, cw, cellH);
+    });
+  }
+}
+
+/** Where a flow from the CPU lane ends: the start of the event's box on its stream lane. */
+function flowPath(ctx: CanvasRenderingContext2D, sc: Scene, i: number): boolean {
+  const { data, index: ix, layout: l, win } = sc;
+  const s = data.steps;
+  if (s.kind[i] === FREE) return false;
+  const cpu = l.rows.find((r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[i]);
+  const dst = rowOf(l, s.lane[i]);
+  if (cpu === undefined || dst === undefined) return false;
+  const [cx, cw] = ix.cell(i, win, l);
+  const x0 = cx + cw / 2;
+  const y0 = cpu.top + cpu.h;
+  const x1 = xToPx(win, l, s.x0[i]) + 1;
+  const y1 = dst.top + 1;
+  ctx.moveTo(x0, y0);
+  const mid = (y0 + y1) / 2;
+  ctx.bezierCurveTo(x0, mid, x1, mid, x1, y1);
+  return true;
+}
+
+function arrowHead(ctx: CanvasRenderingContext2D, sc: Scene, i: number, size: number): void {
+  const { data, layout: l, win } = sc;
+  const dst = rowOf(l, data.steps.lane[i]);
+  const x = xToPx(win, l, data.steps.x0[i]) + 1;
+  const y = dst.top + 1;
+  ctx.moveTo(x, y);
+  ctx.lineTo(x - size / 2, y - size);
+  ctx.lineTo(x + size / 2, y - size);
+  ctx.closePath();
+}
+
+/** Faint flows from each visible hook cell to where its collective runs (Perfetto's flows). */
+function drawFlows(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, win } = sc;
+  if (!data.timed) return; // by index the collective sits right under its cell
+  const s = data.steps;
+  let visible = 0;
   for (let i = 0; i < data.n_steps; i++) {
-    const lane = KIND_LANE[s.kind[i]];
-    if (s.kind[i] === FREE) continue;
-    const x = xToPx(full, l, s.x0[i]);
-    const w = Math.max(xToPx(full, l, s.x1[i]) - x, 1);
-    ctx.fillStyle = data.colors[s.unit[i]];
-    ctx.fillRect(x, lane === 1 ? 0 : h, w, h);
+    if (s.kind[i] !== FREE && s.issue[i] <= win.x1 && s.x0[i] >= win.x0) visible++;
   }
-  ctx.fillStyle = theme.muted;
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.textAlign = "right";
-  ctx.textBaseline = "middle";
-  ctx.fillText("overview", l.labelW - 8, l.overviewH / 2);
-}
-
-export function drawOverlay(ctx: CanvasRenderingContext2D, bitmap: CanvasImageSource, data: TimelineData, st: DrawState, dpr: number): void {
-  const { layout: l, win, theme } = st;
-  const full = fullRange(data);
-  ctx.drawImage(bitmap, 0, l.overviewTop, l.width, l.overviewH);
-  void dpr;
-  const a = xToPx(full, l, win.x0);
-  const b = xToPx(full, l, win.x1);
-  ctx.strokeStyle = theme.fg;
-  ctx.lineWidth = 1.5;
-  ctx.strokeRect(a, l.overviewTop - 1, Math.max(b - a, 2), l.overviewH + 2);
-  if (data.n_steps > 0) {
-    ctx.fillStyle = theme.accent;
-    ctx.fillRect(xToPx(full, l, data.steps.x0[st.step]) - 1, l.overviewTop - 3, 2, l.overviewH + 6);
-  }
-}
-
-export function drawMemory(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState): void {
-  const mem = data.memory;
-  if (mem === null || mem.bytes.length === 0) return;
-  const { layout: l, win, theme } = st;
-  const top = l.memTop;
-  let max = 0;
-  for (const b of mem.bytes) if (b > max) max = b;
-  const y = (b: number): number => top + l.memH - (b / (max || 1)) * (l.memH - 14);
-  ctx.fillStyle = theme.muted;
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.textAlign = "right";
-  ctx.textBaseline = "middle";
-  ctx.fillText("memory", l.labelW - 8, top + l.memH / 2);
-  ctx.fillText(formatBytes(max), l.labelW - 8, y(max));
-  ctx.fillStyle = theme.grid;
-  ctx.fillRect(l.labelW, top + l.memH, l.plotW, 1);
+  if (visible > 400) return;
   ctx.save();
+  ctx.globalAlpha = sc.theme.name === "dark" ? 0.45 : 0.35;
+  ctx.strokeStyle = sc.theme.muted;
+  ctx.lineWidth = 1;
   ctx.beginPath();
-  ctx.rect(l.labelW, top - 2, l.plotW, l.memH + 4);
-  ctx.clip();
-  ctx.strokeStyle = theme.fg;
-  ctx.lineWidth = 1.5;
-  ctx.beginPath();
-  // Each value holds from its x to the next value's; the last to the end of its event.
-  const n = mem.x.length;
-  const end = (k: number): number => (k + 1 < n ? mem.x[k + 1] : data.steps.x1[mem.step[k]]);
-  for (let k = 0; k < n; k++) {
-    const x0 = xToPx(win, l, mem.x[k]);
-    if (k === 0) ctx.moveTo(x0, y(mem.bytes[k]));
-    else ctx.lineTo(x0, y(mem.bytes[k]));
-    ctx.lineTo(xToPx(win, l, end(k)), y(mem.bytes[k]));
+  for (let i = 0; i < data.n_steps; i++) {
+    if (s.kind[i] === FREE || s.issue[i] > win.x1 || s.x0[i] < win.x0) continue;
+    flowPath(ctx, sc, i);
   }
   ctx.stroke();
-  if (data.peak_step !== null) {
-    const k = mem.step.indexOf(data.peak_step);
-    const px = xToPx(win, l, (mem.x[k] + end(k)) / 2);
-    const py = y(mem.bytes[k]);
+  ctx.restore();
+}
+
+/** The current event's flow, in the accent colour (drawn over the layer). */
+export function drawFlow(ctx: CanvasRenderingContext2D, sc: Scene, i: number, color: string): void {
+  ctx.save();
+  ctx.strokeStyle = color;
+  ctx.fillStyle = color;
+  ctx.lineWidth = 2;
+  ctx.beginPath();
+  if (flowPath(ctx, sc, i)) {
+    ctx.stroke();
+    ctx.beginPath();
+    arrowHead(ctx, sc, i, 6);
+    ctx.fill();
+  }
+  ctx.restore();
+}
+
+function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: MarkList): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  const group = data.lanes[row.lane].group;
+  const c = data.compute;
+  for (const k of ix.computeOf[group]) {
+    if (c.x1[k] < win.x0 || c.x0[k] > win.x1) continue;
+    const x = xToPx(win, l, c.x0[k]);
+    const w = Math.max(xToPx(win, l, c.x1[k]) - x, 1);
+    const color = data.colors[c.unit[k]];
+    ctx.globalAlpha = c.phase[k] === 0 ? 1 : 0.6;
+    ctx.fillStyle = color;
+    ctx.fillRect(x, row.top, w, row.h);
+    ctx.globalAlpha = 1;
+    if (c.unit[k] === sc.selectedUnit) {
+      ctx.strokeStyle = theme.fg;
+      ctx.lineWidth = 1.5;
+      ctx.strokeRect(x + 0.75, row.top + 0.75, Math.max(w - 1.5, 1), row.h - 1.5);
+    }
+    const [full, short] = unitLabels(data, c.unit[k]);
+    const text = fitLabel(ctx, ix, c.phase[k] === 0 ? full : `${full} (bwd)`, short, w);
+    if (text) {
+      ctx.fillStyle = textOn(color);
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      ctx.fillText(text, x + w / 2, row.top + row.h / 2);
+    }
+    marks.add(MARK.compute, c.step[k], x, row.top, w, row.h);
+  }
+  const wt = data.waits;
+  for (const k of ix.waitsOf[group]) {
+    if (wt.x1[k] < win.x0 || wt.x0[k] > win.x1) continue;
+    const x = xToPx(win, l, wt.x0[k]);
+    const w = Math.max(xToPx(win, l, wt.x1[k]) - x, 1);
+    ctx.fillStyle = theme.name === "dark" ? "rgba(255,107,107,0.16)" : "rgba(198,40,40,0.10)";
+    ctx.fillRect(x, row.top, w, row.h);
+    hatch(ctx, x, row.top, w, row.h, theme.wait, 6);
+    const target = wt.step[k];
+    const what = `waits for ${data.kinds[data.steps.kind[target]] === "all_gather" ? "all-gather" : "reduce"} ${data.unit_numbers[data.steps.unit[target]]}`;
+    const text = fitLabel(ctx, ix, what, "wait", w);
+    if (text) {
+      ctx.fillStyle = theme.wait;
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      ctx.font = `bold ${FONT}`;
+      ctx.fillText(text, x + w / 2, row.top + row.h / 2);
+      ctx.font = FONT;
+    }
+    marks.add(MARK.wait, target, x, row.top, w, row.h);
+  }
+}
+
+function drawStream(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: MarkList): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  const s = data.steps;
+  for (const i of ix.visibleOnLane(row.lane, win)) {
+    const x = xToPx(win, l, s.x0[i]);
+    const x1 = xToPx(win, l, s.x1[i]);
+    const w = Math.max(x1 - x, 1);
+    const color = data.colors[s.unit[i]];
+    const gap = w > 4 ? 1 : 0;
+    ctx.fillStyle = color;
+    ctx.fillRect(x, row.top, Math.max(w - gap, 1), row.h);
+    if (s.prefetch[i]) hatch(ctx, x, row.top, w - gap, row.h, textOn(color));
+    const [full, short] = unitLabels(data, s.unit[i]);
+    const text = fitLabel(ctx, ix, full, short, w);
+    if (text) {
+      const tw = ix.textWidth(ctx, text);
+      // a plate under the label keeps it readable over the hatching
+      if (s.prefetch[i]) {
+        ctx.fillStyle = color;
+        ctx.fillRect(x + w / 2 - tw / 2 - 2, row.top + row.h / 2 - 6, tw + 4, 12);
+      }
+      ctx.fillStyle = textOn(color);
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      ctx.fillText(text, x + w / 2, row.top + row.h / 2);
+    }
+    if (s.unit[i] === sc.selectedUnit) {
+      ctx.strokeStyle = theme.fg;
+      ctx.lineWidth = 1.5;
+      ctx.strokeRect(x + 0.75, row.top + 0.75, Math.max(w - 1.5 - gap, 1), row.h - 1.5);
+    }
+    marks.add(MARK.event, i, x, row.top, w, row.h);
+  }
+}
+
+function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: MarkList): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  const m = data.memory.findIndex((entry) => entry.lane === row.lane);
+  if (m < 0) return;
+  const mem = data.memory[m];
+  const max = ix.memoryMax[m] || 1;
+  const plotTop = row.top + 16;
+  const plotH = row.h - 18;
+  const y = (b: number): number => plotTop + plotH - (b / max) * plotH;
+  const cats = mem.categories;
+  const n = mem.total.length;
+  let k = lowerBound(mem.x1, win.x0);
+  const cols = new Map<number, number>(); // pixel column -> moment with the most bytes there
+  const stack = (q: number, x: number, w: number): void => {
+    let base = 0;
+    for (let c = 0; c < cats.length; c++) {
+      const b = mem.bytes[cats[c]][q];
+      if (b <= 0) continue;
+      ctx.fillStyle = mem.colors[c];
+      const top = y(base + b);
+      ctx.fillRect(x, top, w, y(base) - top);
+      base += b;
+    }
+  };
+  for (; k < n && mem.x0[k] <= win.x1; k++) {
+    const x0 = xToPx(win, l, mem.x0[k]);
+    const x1 = xToPx(win, l, mem.x1[k]);
+    if (x1 - x0 >= 1.5) {
+      stack(k, x0, x1 - x0);
+      marks.add(MARK.memory, mem.step[k], x0, plotTop, x1 - x0, plotH, m, k);
+    } else {
+      const col = Math.floor(x0);
+      const had = cols.get(col);
+      if (had === undefined || mem.total[k] > mem.total[had]) cols.set(col, k);
+    }
+  }
+  for (const [col, q] of cols) {
+    stack(q, col, 1.5);
+    marks.add(MARK.memory, mem.step[q], col, plotTop, 1.5, plotH, m, q);
+  }
+  // the peak: a line at its height, the marker over its moment
+  const peak = mem.peak;
+  const py = y(peak.bytes);
+  ctx.strokeStyle = theme.accent;
+  ctx.setLineDash([3, 3]);
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  ctx.moveTo(l.labelW, Math.round(py) + 0.5);
+  ctx.lineTo(l.labelW + l.plotW, Math.round(py) + 0.5);
+  ctx.stroke();
+  ctx.setLineDash([]);
+  const px = xToPx(win, l, peak.x);
+  if (px >= l.labelW - 6 && px <= l.labelW + l.plotW + 6) {
     ctx.fillStyle = theme.accent;
     ctx.beginPath();
     ctx.moveTo(px - 6, py - 12);
@@ -331,9 +761,141 @@ export function drawMemory(ctx: CanvasRenderingContext2D, data: TimelineData, st
     ctx.lineTo(px, py - 2);
     ctx.closePath();
     ctx.fill();
-    ctx.textAlign = "left";
-    ctx.fillText(`peak ${formatBytes(mem.bytes[k])}`, px + 8, py - 7);
+    const label = `peak ${formatBytes(peak.bytes)}`;
+    const tw = ix.textWidth(ctx, label);
+    const right = px + 9 + tw < l.labelW + l.plotW;
+    ctx.textAlign = right ? "left" : "right";
+    ctx.textBaseline = "middle";
+    ctx.fillStyle = theme.bg;
+    ctx.fillRect(right ? px + 8 : px - 10 - tw, py - 13, tw + 3, 12);
+    ctx.fillStyle = theme.accent;
+    ctx.fillText(label, right ? px + 9 : px - 9, py - 7);
+    marks.add(MARK.peak, peak.step, px - 7, py - 13, 14, 12, m, peak.moment);
+  }
+}
+
+/** The memory lane's y axis (in the label column, outside the plot's clip). */
+export function drawMemoryAxes(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, index: ix, layout: l, theme } = sc;
+  ctx.font = FONT;
+  data.memory.forEach((mem, m) => {
+    const row = rowOf(l, mem.lane);
+    const max = ix.memoryMax[m] || 1;
+    const plotTop = row.top + 16;
+    const plotH = row.h - 18;
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    for (const v of byteTicks(max, plotH)) {
+      const y = Math.round(plotTop + plotH - (v / max) * plotH) + 0.5;
+      ctx.fillStyle = theme.grid;
+      ctx.fillRect(l.labelW - 4, y - 0.5, 4, 1);
+      if (y < plotTop + 8) continue; // the top is labelled by the maximum below
+      ctx.fillStyle = theme.muted;
+      ctx.fillText(v === 0 ? "0" : formatBytes(v), l.labelW - 8, y);
+    }
+    ctx.fillStyle = theme.fg;
+    ctx.fillText(`max ${formatBytes(max)}`, l.labelW - 8, plotTop);
+    ctx.fillStyle = theme.grid;
+    ctx.fillRect(l.labelW, plotTop + plotH, l.plotW, 1);
+    ctx.fillRect(l.labelW - 1, plotTop, 1, plotH);
+  });
+}
+
+/** Flags on the events `data.marks` names (where ranks diverge, where two plans differ). */
+function drawMarks(ctx: CanvasRenderingContext2D, sc: Scene): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  for (const mark of data.marks) {
+    const i = mark.step;
+    const s = data.steps;
+    const row = rowOf(l, s.lane[i]);
+    const [x, w] =
+      s.kind[i] === FREE ? ix.cell(i, win, l) : [xToPx(win, l, s.x0[i]), xToPx(win, l, s.x1[i]) - xToPx(win, l, s.x0[i])];
+    ctx.strokeStyle = theme.wait;
+    ctx.lineWidth = 2;
+    ctx.strokeRect(x - 1, row.top - 1, Math.max(w, 2) + 2, row.h + 2);
+    ctx.fillStyle = theme.wait;
+    ctx.beginPath();
+    ctx.moveTo(x - 1, row.top - 1);
+    ctx.lineTo(x - 1, row.top - 9);
+    ctx.lineTo(x + 7, row.top - 6);
+    ctx.lineTo(x - 1, row.top - 3);
+    ctx.fill();
+  }
+}
+
+/** The cursor and the current event over the layer. */
+export function drawCurrent(ctx: CanvasRenderingContext2D, sc: Scene, step: number, cursorX: number): void {
+  const { data, index: ix, layout: l, win, theme } = sc;
+  if (data.n_steps === 0) return;
+  const s = data.steps;
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(l.labelW - 2, 0, l.plotW + 4, l.lanesBottom + 2);
+  ctx.clip();
+  const px = xToPx(win, l, cursorX);
+  ctx.fillStyle = theme.accent;
+  ctx.globalAlpha = 0.8;
+  ctx.fillRect(Math.round(px) - 1, l.axisH - 2, 2, l.lanesBottom - l.axisH + 2);
+  ctx.globalAlpha = 1;
+  ctx.strokeStyle = theme.accent;
+  ctx.lineWidth = 2.5;
+  const [cx, cw] = ix.cell(step, win, l);
+  const cpu = l.rows.find((r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[step]);
+  if (cpu !== undefined) ctx.strokeRect(cx - 1, cpu.top - 1, Math.max(cw, 2) + 2, cpu.h + 2);
+  if (s.kind[step] !== FREE) {
+    const row = rowOf(l, s.lane[step]);
+    const x0 = xToPx(win, l, s.x0[step]);
+    const x1 = xToPx(win, l, s.x1[step]);
+    ctx.strokeRect(x0 - 1, row.top - 2, Math.max(x1 - x0, 2) + 2, row.h + 4);
+    drawFlow(ctx, sc, step, theme.accent);
   }
   ctx.restore();
-  drawCursor(ctx, data, st, top, top + l.memH);
+}
+
+/** A hovered mark's outline. */
+export function drawHover(ctx: CanvasRenderingContext2D, sc: Scene, picked: Picked): void {
+  ctx.save();
+  ctx.strokeStyle = sc.theme.fg;
+  ctx.setLineDash([3, 2]);
+  ctx.lineWidth = 1;
+  ctx.strokeRect(picked.x - 0.5, picked.y - 0.5, picked.w + 1, picked.h + 1);
+  ctx.restore();
+}
+
+/** The whole run, drawn once per data/theme/size into `ctx`: every stream lane, one strip per group. */
+export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: TimelineData, ix: Index, l: Layout, theme: ThemeColors): void {
+  const full = ix.full;
+  ctx.clearRect(0, 0, l.width, l.overviewH);
+  ctx.fillStyle = theme.grid;
+  ctx.fillRect(l.labelW, 0, l.plotW, l.overviewH);
+  const streams = data.lanes.map((lane, i) => (lane.kind === "stream" ? i : -1)).filter((i) => i >= 0);
+  const h = l.overviewH / Math.max(streams.length, 1);
+  const s = data.steps;
+  streams.forEach((lane, k) => {
+    for (const i of ix.visibleOnLane(lane, full)) {
+      const x = xToPx(full, l, s.x0[i]);
+      const w = Math.max(xToPx(full, l, s.x1[i]) - x, 1);
+      ctx.fillStyle = data.colors[s.unit[i]];
+      ctx.fillRect(x, k * h, w, h);
+    }
+  });
+  ctx.fillStyle = theme.muted;
+  ctx.font = FONT;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  ctx.fillText("overview", l.labelW - 8, l.overviewH / 2);
+}
+
+export function drawOverview(ctx: CanvasRenderingContext2D, bitmap: CanvasImageSource, sc: Scene, cursorX: number): void {
+  const { index: ix, layout: l, win, theme } = sc;
+  const full = ix.full;
+  ctx.clearRect(0, l.overviewTop - 4, l.width, l.overviewH + 8);
+  ctx.drawImage(bitmap, 0, l.overviewTop, l.width, l.overviewH);
+  const a = xToPx(full, l, win.x0);
+  const b = xToPx(full, l, win.x1);
+  ctx.strokeStyle = theme.fg;
+  ctx.lineWidth = 1.5;
+  ctx.strokeRect(a, l.overviewTop - 1, Math.max(b - a, 2), l.overviewH + 2);
+  ctx.fillStyle = theme.accent;
+  ctx.fillRect(xToPx(full, l, cursorX) - 1, l.overviewTop - 3, 2, l.overviewH + 6);
 }

@@ -3,11 +3,11 @@
 // in-page model that implements anywidget's model interface; the current step's
 // unit is outlined in the plotly explorer and prefetch figures, and a click on a
 // unit there selects it in the timeline.
-import { type TimelineData, clampStep, describeStep, quote } from "./model";
+import { type TimelineData, clampStep } from "./model";
 import { type ExplorerTree, type TreeView, childrenOf, treeView, viewTitle, viewTrace } from "./tree";
 
 export { type ExplorerTree, type TreeView, childrenOf, treeView, viewTitle, viewTrace };
-import type { WidgetModel } from "./widget";
+import type { WidgetModel } from "./view";
 
 /** What Python writes into <script type="application/json" id="fv-config">. */
 export interface PageConfig {
@@ -30,7 +30,6 @@ export interface PageConfig {
   /** Prefetch figure: x position of each unit (its forward index). */
   prefetch: { div: string; positions: Record<string, number> } | null;
   timelineDiv: string;
-  statusDiv: string;
   /** id of the <script type="text/plain"> holding timeline.js, base64-encoded. */
   widgetScript: string;
 }
@@ -288,13 +287,6 @@ export class Linker {
     body.dataset.fvStep = String(step);
     body.dataset.fvCurrentUnit = current ?? "";
     body.dataset.fvSelectedUnit = selected ?? "";
-    const status = this.doc.getElementById(this.config.statusDiv);
-    if (status !== null) {
-      const parts = [describeStep(data, step)];
-      if (current !== null) parts.push(`outlined in the figures: unit ${quote(current)}`);
-      if (selected) parts.push(`selected: ${quote(selected)}`);
-      status.textContent = parts.join(" · ");
-    }
     this.ring("selected", selected); // a click: at once
     // Restyling a figure takes the browser tens of milliseconds, hundreds for a big one:
     // while the steps come quickly (playing, a held key) the figures follow once they pause.
@@ -370,6 +362,8 @@ export function initialState(config: PageConfig): WidgetModel {
     step: 0,
     playing: false,
     speed: 20,
+    order: "issue",
+    note: "",
     selected_unit: null,
     theme: config.theme,
     error: "",

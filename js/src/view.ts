@@ -1,0 +1,637 @@
+// The timeline widget's view: its elements, the controls above the canvas, what it shows
+// (data, window, theme, selection, hover) and its drawing. widget.ts binds it to the
+// model's traits and to the page.
+import type { AnyModel } from "@anywidget/types";
+import {
+  animationFrames,
+  axisTicks,
+  clampStep,
+  cursorX,
+  describeStep,
+  eventDetails,
+  exactBytes,
+  exposedText,
+  follow,
+  formatBytes,
+  formatSeconds,
+  memoryDetails,
+  nearestStep,
+  type Order,
+  orderOf,
+  Player,
+  quote,
+  Throttle,
+  type TimelineData,
+  unitText,
+  type Window,
+} from "./model";
+import {
+  computeLayout,
+  drawCurrent,
+  drawHover,
+  drawLayer,
+  drawOverview,
+  drawOverviewBitmap,
+  Index,
+  type Layout,
+  MARK,
+  MarkList,
+  type Picked,
+  pxToX,
+  readTheme,
+  type Scene,
+  type ThemeColors,
+} from "./render";
+
+export interface WidgetModel {
+  data: TimelineData;
+  step: number;
+  playing: boolean;
+  speed: number;
+  order: Order;
+  selected_unit: string | null;
+  theme: string;
+  error: string;
+  note: string;
+  sync_interval_ms: number;
+}
+
+type Model = AnyModel<WidgetModel>;
+
+const SPEEDS = [1, 5, 20, 100, 500];
+const MIN_WIDTH = 360;
+const DEFAULT_VISIBLE_STEPS = 150;
+
+/** `fn` on the next animation frame (a timer where there are no frames); returns a handle. */
+export function nextFrame(fn: () => void): number {
+  if (typeof requestAnimationFrame === "function") return requestAnimationFrame(() => fn());
+  return setTimeout(fn, 16) as unknown as number;
+}
+
+function element<K extends keyof HTMLElementTagNameMap>(tag: K, className: string): HTMLElementTagNameMap[K] {
+  const el = document.createElement(tag);
+  el.className = className;
+  return el;
+}
+
+function button(label: string, title: string, onClick: () => void): HTMLButtonElement {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.title = title;
+  b.setAttribute("aria-label", title);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+/** What the marks mean (colour says which unit; the number on a block says it too). */
+function legend(data: TimelineData): HTMLElement {
+  const el = element("div", "fv-legend");
+  const items: Array<[string, string]> = [
+    ["fv-call", "hook call (CPU), its events below it"],
+    ["fv-solid", "collective on its stream, numbered by unit"],
+    ["fv-hatch", "prefetch"],
+    ["fv-free", "free (reshard)"],
+    ["fv-flow", "issued → runs"],
+    ["fv-pale", "backward compute"],
+    ["fv-wait", "compute waiting for communication (exposed)"],
+  ];
+  if (data.marks.length > 0) items.push(["fv-flag", data.marks[0].text]);
+  for (const [kind, text] of items) {
+    const item = document.createElement("span");
+    const swatch = element("span", `fv-swatch ${kind}`);
+    item.append(swatch, text);
+    el.appendChild(item);
+  }
+  for (const mem of data.memory.slice(0, 1)) {
+    mem.categories.forEach((c, k) => {
+      const item = document.createElement("span");
+      const swatch = element("span", "fv-swatch");
+      swatch.style.background = mem.colors[k];
+      item.append(swatch, c.replace(/_/g, " "));
+      el.appendChild(item);
+    });
+  }
+  return el;
+}
+
+export interface Controls {
+  bar: HTMLElement;
+  slider: HTMLInputElement;
+  playButton: HTMLButtonElement;
+  peakButton: HTMLButtonElement;
+  speed: HTMLSelectElement;
+  order: HTMLSelectElement;
+}
+
+/** The view of one widget (or of the exported page's timeline). */
+export class TimelineView {
+  readonly root: HTMLElement;
+  readonly header: HTMLElement;
+  readonly canvas: HTMLCanvasElement;
+  readonly tooltip: HTMLElement;
+  readonly info: HTMLElement;
+  readonly caption: HTMLElement;
+  legendEl: HTMLElement;
+  readonly controls: Controls;
+  readonly player: Player;
+  data: TimelineData;
+  index: Index;
+  layout: Layout;
+  theme: ThemeColors;
+  win: Window;
+  span = 1;
+  order: Order;
+  selectedUnit = -1;
+  hovered: Picked | null = null;
+  disposed = false;
+  /** The marks of the drawn layer (what a click or hover picks). */
+  readonly marks = new MarkList();
+  /** Milliseconds the last draw and the last pick took (the benchmark reads them). */
+  lastDrawMs = 0;
+  lastPickMs = 0;
+  private readonly layer: HTMLCanvasElement;
+  private readonly overview: HTMLCanvasElement;
+  private layerKey = "";
+  private width = MIN_WIDTH;
+  private remeasure = 0;
+  private readonly sync: Throttle<number>;
+
+  constructor(
+    readonly model: Model,
+    el: HTMLElement,
+  ) {
+    this.root = element("div", "fsdpviz-timeline");
+    el.appendChild(this.root);
+    this.header = element("div", "fv-header");
+    this.canvas = element("canvas", "fv-canvas");
+    this.canvas.tabIndex = 0;
+    this.canvas.setAttribute("aria-label", "FSDP event timeline; arrow keys step, space plays");
+    this.tooltip = element("div", "fv-tooltip");
+    this.tooltip.hidden = true;
+    const stage = element("div", "fv-stage");
+    stage.append(this.canvas, this.tooltip);
+    this.info = element("div", "fv-info");
+    this.info.setAttribute("aria-live", "polite");
+    this.caption = element("div", "fv-note");
+    this.data = model.get("data");
+    this.legendEl = legend(this.data);
+    this.controls = this.makeControls();
+    this.root.append(this.header, this.controls.bar, stage, this.info, this.legendEl, this.caption);
+    this.layer = document.createElement("canvas");
+    this.overview = document.createElement("canvas");
+    this.index = new Index(this.data);
+    this.layout = computeLayout(this.data, 800);
+    this.theme = readTheme(this.root);
+    this.win = this.index.full;
+    this.order = model.get("order") === "stream" ? "stream" : "issue";
+    this.sync = new Throttle<number>(model.get("sync_interval_ms") || 150, (step) => {
+      model.set("step", step);
+      model.save_changes();
+    });
+    this.player = new Player({
+      n: this.data.n_steps,
+      step: model.get("step"),
+      speed: model.get("speed"),
+      order: orderOf(this.data, this.order),
+      scheduler: animationFrames(),
+      onChange: (step, playing) => {
+        this.sync.push(step); // the first change goes out at once, bursts at most every interval
+        if (model.get("playing") !== playing) {
+          this.sync.flush();
+          model.set("playing", playing);
+          model.save_changes();
+        }
+        this.draw();
+      },
+    });
+    (this.root as unknown as { fsdpviz: TimelineView }).fsdpviz = this;
+  }
+
+  private makeControls(): Controls {
+    const bar = element("div", "fv-controls");
+    const slider = element("input", "fv-slider");
+    slider.type = "range";
+    slider.min = "0";
+    slider.setAttribute("aria-label", "place in the order");
+    slider.addEventListener(
+      "input",
+      this.guard(() => this.player.goToPos(Number(slider.value))),
+    );
+    const playButton = button("play", "play / pause (space)", this.guard(() => this.player.toggle()));
+    const peakButton = button("peak", "jump to the memory peak (p)", this.guard(() => this.goToPeak()));
+    const speed = element("select", "fv-speed");
+    speed.title = "steps per second while playing";
+    for (const v of SPEEDS) speed.add(new Option(`${v}/s`, String(v)));
+    speed.value = String(this.model.get("speed"));
+    speed.addEventListener(
+      "change",
+      this.guard(() => {
+        this.player.speed = Number(speed.value);
+        this.model.set("speed", this.player.speed);
+        this.model.save_changes();
+      }),
+    );
+    const order = element("select", "fv-order");
+    order.title = "the order ◀ ▶ walk: as FSDP's hooks issue the events, or as they start on their streams";
+    order.setAttribute("aria-label", "step order");
+    order.add(new Option("issue order", "issue"));
+    order.add(new Option("stream-start order", "stream"));
+    order.value = this.model.get("order") === "stream" ? "stream" : "issue";
+    order.addEventListener(
+      "change",
+      this.guard(() => {
+        this.setOrder(order.value === "stream" ? "stream" : "issue");
+        this.model.set("order", this.order);
+        this.model.save_changes();
+      }),
+    );
+    bar.append(
+      button("|◀", "first step (Home)", this.guard(() => this.player.first())),
+      button("◀", "step back (←)", this.guard(() => this.player.stepBy(-1))),
+      playButton,
+      button("▶", "step forward (→)", this.guard(() => this.player.stepBy(1))),
+      button("▶|", "last step (End)", this.guard(() => this.player.end())),
+      peakButton,
+      order,
+      slider,
+      speed,
+      button("−", "zoom out (ctrl/shift + wheel)", this.guard(() => this.zoom(2))),
+      button("+", "zoom in (ctrl/shift + wheel)", this.guard(() => this.zoom(0.5))),
+      button("all", "show the whole run", this.guard(() => this.zoom(Number.POSITIVE_INFINITY))),
+    );
+    return { bar, slider, playButton, peakButton, speed, order };
+  }
+
+  /** `fn` with any error shown under the widget (and sent to Python) instead of lost. */
+  guard(fn: () => void): () => void {
+    return (): void => {
+      try {
+        fn();
+      } catch (err) {
+        this.showError(err);
+      }
+    };
+  }
+
+  showError(err: unknown): void {
+    const text = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    let pre = this.root.querySelector<HTMLPreElement>(".fv-error");
+    if (pre === null) {
+      pre = element("pre", "fv-error");
+      this.root.appendChild(pre);
+    }
+    pre.textContent = `fsdpviz timeline error: ${text}`;
+    this.model.set("error", text);
+    this.model.save_changes();
+  }
+
+  start(): void {
+    this.resetData();
+    if (this.model.get("theme") !== this.theme.name) {
+      this.model.set("theme", this.theme.name);
+      this.model.save_changes();
+    }
+    if (this.model.get("playing")) this.player.play();
+  }
+
+  dispose(): void {
+    this.disposed = true;
+    this.player.pause();
+    this.sync.flush();
+  }
+
+  /** The memory lane of the first group that has one (what the peak button goes to). */
+  firstMemory(): TimelineData["memory"][number] | null {
+    return this.data.memory[0] ?? null;
+  }
+
+  goToPeak(): void {
+    const mem = this.firstMemory();
+    if (mem !== null) this.player.goTo(mem.peak.step);
+  }
+
+  setOrder(order: Order): void {
+    this.order = order;
+    this.controls.order.value = order;
+    this.player.setOrder(orderOf(this.data, order));
+    this.draw();
+  }
+
+  selectUnit(name: string | null): void {
+    this.selectedUnit = name === null ? -1 : this.data.units.indexOf(name);
+    this.layerKey = "";
+  }
+
+  resetData(): void {
+    this.data = this.model.get("data");
+    this.index = new Index(this.data);
+    this.player.reset(this.data.n_steps, this.model.get("step"), orderOf(this.data, this.order));
+    const full = this.index.full;
+    this.span = (full.x1 - full.x0) * Math.min(1, DEFAULT_VISIBLE_STEPS / Math.max(this.data.n_steps, 1));
+    this.win = { x0: full.x0, x1: full.x0 };
+    this.controls.slider.max = String(Math.max(this.data.n_steps - 1, 0));
+    const mem = this.firstMemory();
+    const peak = this.controls.peakButton;
+    peak.disabled = mem === null;
+    peak.title =
+      mem === null
+        ? "no memory lane (TimelineWidget(..., memory='auto') draws the memory model's)"
+        : `jump to the memory peak: ${exactBytes(mem.peak.bytes)} (${formatBytes(mem.peak.bytes)}) at step ${mem.peak.step} (p)`;
+    peak.dataset.fvPeakStep = mem === null ? "" : String(mem.peak.step);
+    peak.dataset.fvPeakBytes = mem === null ? "" : String(mem.peak.bytes);
+    this.root.dataset.fvLaneMax = String(this.index.memoryMax[0] ?? "");
+    this.root.dataset.fvMarkerBytes = mem === null ? "" : String(mem.peak.bytes);
+    this.root.dataset.fvMarkerStep = mem === null ? "" : String(mem.peak.step);
+    this.writeHeader();
+    const fresh = legend(this.data);
+    this.legendEl.replaceWith(fresh);
+    this.legendEl = fresh;
+    this.selectUnit(this.model.get("selected_unit"));
+    this.resize();
+  }
+
+  private writeHeader(): void {
+    const h = this.header;
+    h.replaceChildren();
+    this.data.groups.forEach((g, gi) => {
+      const line = element("div", "fv-group-summary");
+      const parts: Array<string | HTMLElement> = [];
+      if (this.data.groups.length > 1) {
+        const b = document.createElement("b");
+        b.textContent = `${g.name}: `;
+        parts.push(b);
+      }
+      parts.push(g.summary);
+      const mem = this.data.memory.find((m) => m.group === gi);
+      if (mem !== undefined) {
+        const peak = element("span", "fv-peak");
+        peak.textContent = `peak ${formatBytes(mem.peak.bytes)} per rank`;
+        peak.title = `${exactBytes(mem.peak.bytes)} ${mem.peak.where}; dominated by ${mem.peak.dominant}`;
+        peak.dataset.fvPeakBytes = String(mem.peak.bytes);
+        parts.push(" · ", peak, ` ${mem.peak.where}`);
+      }
+      const exposed = exposedText(g);
+      if (exposed) parts.push(" · ", exposed);
+      line.append(...parts);
+      h.appendChild(line);
+    });
+  }
+
+  /** The width laid out last. A hidden widget, or one not yet in the page, measures 0
+   * (JupyterLab also hides the notebook for a moment while it switches themes, too briefly
+   * for the ResizeObserver to report): keep the last width and look again on the next
+   * frame instead of shrinking to the minimum. */
+  resize(): void {
+    const measured = this.root.clientWidth;
+    if (measured > 0) {
+      this.width = Math.max(measured, MIN_WIDTH);
+    } else if (this.remeasure === 0) {
+      this.remeasure = nextFrame(() => {
+        this.remeasure = 0;
+        if (this.disposed) return;
+        const w = this.root.clientWidth;
+        if (w > 0 && Math.max(w, MIN_WIDTH) !== this.width) this.guard(() => this.resize())();
+      });
+    }
+    const { width } = this;
+    this.layout = computeLayout(this.data, width);
+    const ratio = window.devicePixelRatio || 1;
+    for (const c of [this.canvas, this.layer]) {
+      c.width = Math.round(width * ratio);
+      c.height = Math.round(this.layout.height * ratio);
+    }
+    this.canvas.style.width = `${width}px`;
+    this.canvas.style.height = `${this.layout.height}px`;
+    this.overview.width = Math.round(width * ratio);
+    this.overview.height = Math.round(this.layout.overviewH * ratio);
+    const octx = this.overview.getContext("2d");
+    if (octx !== null) {
+      octx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      drawOverviewBitmap(octx, this.data, this.index, this.layout, this.theme);
+    }
+    this.layerKey = "";
+    this.draw();
+  }
+
+  applyTheme(): void {
+    this.theme = readTheme(this.root);
+    if (this.model.get("theme") !== this.theme.name) {
+      this.model.set("theme", this.theme.name);
+      this.model.save_changes();
+    }
+    this.resize();
+  }
+
+  zoom(factor: number): void {
+    const full = this.index.full;
+    const width = full.x1 - full.x0;
+    const minSpan = Math.min((width / Math.max(this.data.n_steps, 1)) * 4, width);
+    this.span = Math.min(Math.max(this.span * factor, minSpan), width);
+    this.win = { x0: this.win.x0, x1: this.win.x0 };
+    this.draw();
+  }
+
+  /** Show [x0, x1] (clamped to the run). */
+  showRange(x0: number, x1: number): void {
+    const full = this.index.full;
+    this.span = Math.min(Math.max(x1 - x0, 1e-12), full.x1 - full.x0);
+    const start = Math.max(full.x0, Math.min(x0, full.x1 - this.span));
+    this.win = { x0: start, x1: start + this.span };
+    this.layerKey = "";
+    this.paint();
+  }
+
+  scene(): Scene {
+    return {
+      data: this.data,
+      index: this.index,
+      layout: this.layout,
+      win: this.win,
+      theme: this.theme,
+      selectedUnit: this.selectedUnit,
+    };
+  }
+
+  cursor(): number {
+    return cursorX(this.data, this.player.step, this.order);
+  }
+
+  /** Follow the cursor, then paint. */
+  draw(): void {
+    if (this.data.n_steps > 0) this.win = follow(this.win, this.cursor(), this.span, this.index.full);
+    this.paint();
+  }
+
+  /** The layer (redrawn only when the window, size, theme or selection changed), then the
+   * cursor, the current event and the hovered mark over it. */
+  paint(): void {
+    const start = performance.now();
+    const { player, controls } = this;
+    const step = player.step;
+    controls.slider.value = String(player.pos);
+    controls.playButton.textContent = player.playing ? "pause" : "play";
+    this.writeInfo();
+    const ratio = window.devicePixelRatio || 1;
+    const sc = this.scene();
+    const key = `${this.win.x0}|${this.win.x1}|${this.layout.width}|${this.theme.name}|${this.theme.bg}|${this.selectedUnit}|${ratio}`;
+    if (key !== this.layerKey) {
+      const lctx = this.layer.getContext("2d");
+      if (lctx === null) return;
+      lctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      drawLayer(lctx, sc, this.marks);
+      this.layerKey = key;
+      const ticks = axisTicks(this.win.x0, this.win.x1, this.layout.plotW, this.data.timed);
+      this.caption.textContent = this.data.timed
+        ? `x: time in ${ticks.unit}, ${this.data.clock}. Steps are numbered from 0, as view.timeline.step.`
+        : `x: ${this.data.clock}. Steps are numbered from 0, as view.timeline.step.`;
+    }
+    const ctx = this.canvas.getContext("2d");
+    if (ctx === null) return;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
+    ctx.drawImage(this.layer, 0, 0);
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    const x = this.cursor();
+    drawCurrent(ctx, sc, step, x);
+    if (this.hovered !== null) drawHover(ctx, sc, this.hovered);
+    drawOverview(ctx, this.overview, sc, x);
+    const ds = this.root.dataset;
+    ds.fvStep = String(step);
+    ds.fvCursorX = String(x);
+    ds.fvOrder = this.order;
+    ds.fvWindow = `${this.win.x0},${this.win.x1}`;
+    this.lastDrawMs = performance.now() - start;
+  }
+
+  private writeInfo(): void {
+    const parts = [describeStep(this.data, this.player.step, this.order)];
+    const selected = this.model.get("selected_unit");
+    if (selected !== null && this.selectedUnit >= 0) parts.push(`selected: ${unitText(this.data, this.selectedUnit)}`);
+    else if (selected !== null) parts.push(`selected: ${quote(selected)}`);
+    const note = this.model.get("note");
+    if (note) parts.push(note);
+    this.info.textContent = parts.join(" · ");
+  }
+
+  /** What is at (px, py) in the canvas (CSS pixels), or null. */
+  pickAt(px: number, py: number): Picked | null {
+    const start = performance.now();
+    const l = this.layout;
+    let picked: Picked | null = null;
+    if (px >= l.labelW && py >= l.lanesTop - 2 && py <= l.lanesBottom + 2) picked = this.marks.pick(px, py);
+    this.lastPickMs = performance.now() - start;
+    return picked;
+  }
+
+  /** A click: select what is there (an event, the event a mark stands for), or move the overview. */
+  clickAt(px: number, py: number): void {
+    const l = this.layout;
+    if (px < l.labelW) return;
+    if (py >= l.overviewTop - 3 && py <= l.overviewTop + l.overviewH + 3) {
+      this.player.goTo(nearestStep(this.data, pxToX(this.index.full, l, px), this.order));
+      return;
+    }
+    const picked = this.pickAt(px, py);
+    if (picked === null) return;
+    this.selectStep(picked.step);
+  }
+
+  /** Select the event at `step`: its unit becomes the selected unit, the cursor goes there. */
+  selectStep(step: number): void {
+    const s = clampStep(step, this.data.n_steps);
+    const unit = this.data.steps.unit[s];
+    this.selectedUnit = unit;
+    this.layerKey = "";
+    const name = this.data.units[unit] ?? null;
+    if (this.model.get("selected_unit") !== name) {
+      this.model.set("selected_unit", name);
+      this.model.save_changes();
+    }
+    if (s !== this.player.step) this.player.goTo(s);
+    else this.draw();
+  }
+
+  /** The pointer moved to (px, py): outline what is there and say what it is. */
+  hoverAt(px: number, py: number): void {
+    const picked = this.pickAt(px, py);
+    const same =
+      picked !== null &&
+      this.hovered !== null &&
+      picked.kind === this.hovered.kind &&
+      picked.step === this.hovered.step &&
+      picked.moment === this.hovered.moment &&
+      picked.x === this.hovered.x;
+    if (same) return;
+    this.hovered = picked;
+    if (picked === null) {
+      this.tooltip.hidden = true;
+    } else {
+      this.tooltip.replaceChildren(...this.hoverLines(picked).map((t, k) => {
+        const d = document.createElement(k === 0 ? "b" : "div");
+        d.textContent = t;
+        return d;
+      }));
+      this.tooltip.hidden = false;
+      const box = this.tooltip;
+      const w = box.offsetWidth || 260;
+      const left = px + 14 + w > this.layout.width ? Math.max(px - 14 - w, 0) : px + 14;
+      box.style.left = `${left}px`;
+      box.style.top = `${py + 14}px`;
+    }
+    this.paint();
+  }
+
+  hoverLines(p: Picked): string[] {
+    const data = this.data;
+    if (p.kind === MARK.memory || p.kind === MARK.peak) return memoryDetails(data, data.memory[p.lane], p.moment);
+    if (p.kind === MARK.compute) {
+      return [
+        `compute of ${unitText(data, data.steps.unit[p.step])}`,
+        "click: the event it leads to",
+        ...eventDetails(data, p.step).slice(0, 1),
+      ];
+    }
+    if (p.kind === MARK.wait) {
+      const i = p.step;
+      const wait = (pxToX(this.win, this.layout, p.x + p.w) - pxToX(this.win, this.layout, p.x));
+      return [
+        `compute waits ${wait > 0 ? formatSeconds(wait) : ""} for ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])}`,
+        "communication not hidden by compute (exposed)",
+        ...eventDetails(data, i).slice(1),
+      ];
+    }
+    if (p.kind === MARK.call) {
+      const i = p.step;
+      const c = data.steps.call[i];
+      const hook = data.calls.hook[c] >= 0 ? data.hooks[data.calls.hook[c]] : "hook";
+      const n = data.calls.n[c];
+      return [
+        `${hook} of ${unitText(data, data.calls.unit[c])}`,
+        `issues ${n} event${n === 1 ? "" : "s"}: ${this.index.callSteps[c].map((s) => `${data.kinds[data.steps.kind[s]]} ${data.unit_numbers[data.steps.unit[s]]}`).join(", ")}`,
+        "click: its first event",
+      ];
+    }
+    return eventDetails(data, p.step);
+  }
+
+  leave(): void {
+    if (this.hovered === null) return;
+    this.hovered = null;
+    this.tooltip.hidden = true;
+    this.paint();
+  }
+
+  /** The centre of step's own mark in the drawn layer (CSS pixels), or null: for tests. */
+  markCentre(step: number): { x: number; y: number; w: number; h: number } | null {
+    const own = this.marks.of(step, MARK.event);
+    const s = this.data.steps;
+    const want = own.find((m) => {
+      const row = this.layout.rows[s.lane[step]];
+      return m.y >= row.top - 1 && m.y <= row.top + row.h;
+    });
+    if (want === undefined) return null;
+    return { x: want.x + want.w / 2, y: want.y + want.h / 2, w: want.w, h: want.h };
+  }
+}
+
