@@ -16,9 +16,6 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from fsdpviz.analyze import analyze
-from fsdpviz.core.compare import Comparison, compare
-from fsdpviz.core.schema import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 from fsdpviz.cost import suggest, sweep
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
@@ -33,6 +30,9 @@ from fsdpviz.record import (
     record,
     record_fsdp1,
 )
+from fsdpviz.schedule.comparison import Comparison, compare
+from fsdpviz.schedule.predict import analyze
+from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 
 try:
     __version__ = version("fsdpviz")

@@ -128,7 +128,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fsdpviz.analyze import analyze
+    from fsdpviz.schedule.predict import analyze
 
     path = _output_path(args.output)
     if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py

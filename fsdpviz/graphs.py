@@ -23,7 +23,7 @@ from typing import Any
 
 import networkx as nx
 
-from fsdpviz.core.schema import Report
+from fsdpviz.schema.report import Report
 
 __all__ = ["module_graph", "to_node_link", "unit_graph", "write_graph"]
 

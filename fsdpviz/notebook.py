@@ -71,8 +71,8 @@ def _parse(line: str, line_magic: bool) -> argparse.Namespace:
 def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
     from IPython.core.error import UsageError
 
-    from fsdpviz.analyze import analyze
     from fsdpviz.errors import FsdpvizError
+    from fsdpviz.schedule.predict import analyze
 
     if not isinstance(model, nn.Module):
         raise UsageError(

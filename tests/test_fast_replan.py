@@ -30,9 +30,9 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 
 import fsdpviz
 from fsdpviz.examples import ExampleConfig, example_inputs, example_model
-from fsdpviz.fsdp1.fast import StoredTrace
-from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan.stored_fsdp1 import StoredTrace
+from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
 SETTINGS = list(
     itertools.product(

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-import fsdpviz.fsdp1.analyze as fsdp1_analyze
+import fsdpviz.schedule.fsdp1 as fsdp1_analyze
 
 POLICY = ModuleWrapPolicy({hm.Block, hm.Outer})
 MODELS = hm.VIEW_ONLY

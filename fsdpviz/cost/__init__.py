@@ -11,12 +11,12 @@ Example::
     fsdpviz.suggest(model, ids, memory_budget="80GiB", world_size=64)
 """
 
-from fsdpviz.cost.grid import SweepTable, sweep
 from fsdpviz.cost.machine import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
 from fsdpviz.cost.memory import CATEGORIES, MemoryReport, memory_model, memory_series
-from fsdpviz.cost.planner import Suggestion, suggest
 from fsdpviz.cost.time import Timeline, timeline
-from fsdpviz.cost.variants import replay
+from fsdpviz.replan.hook_replay import replay
+from fsdpviz.replan.suggestion import Suggestion, suggest
+from fsdpviz.replan.sweep_table import SweepTable, sweep
 
 __all__ = [
     "CATEGORIES",

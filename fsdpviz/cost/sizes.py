@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpviz.core.schema import Report, Unit
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import Report, Unit
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
 CATEGORIES = (

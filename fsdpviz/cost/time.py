@@ -1,6 +1,6 @@
 """Estimated duration of every event, and how much communication compute hides.
 
-The model replays one iteration's :mod:`tape <fsdpviz.cost.tape>` on two streams
+The model replays one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` on two streams
 of a :class:`~fsdpviz.cost.machine.Machine`:
 
 - the **compute** stream runs the compute measured before each hook call, in
@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpviz.core.schema import Report, Unit
+from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.machine import machine as make_machine
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.tables import dataframe
-from fsdpviz.cost.tape import iteration_index, tape
+from fsdpviz.schema.report import Report, Unit
 
 _WAITS = ("pre_forward", "pre_backward")
 

@@ -24,13 +24,13 @@ from fsdpviz.export._sources import (
     ranks_of,
     with_module_tree,
 )
-from fsdpviz.views._style import Theme, format_bytes, theme_colors
+from fsdpviz.views.style import Theme, format_bytes, theme_colors
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from fsdpviz.core.schema import Report
     from fsdpviz.record import RecordedRun
+    from fsdpviz.schema.report import Report
     from fsdpviz.views.tree import ModuleTree
 
 __all__ = ["html_page"]

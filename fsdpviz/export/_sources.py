@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import ModuleInfo, Report
+from fsdpviz.schema.report import ModuleInfo, Report
 
 if TYPE_CHECKING:
     from fsdpviz.record import RecordedRun

@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.export._sources import ranks_of
+from fsdpviz.schema.report import Event, Report
 
 if TYPE_CHECKING:
     from fsdpviz.cost.machine import Machine

@@ -15,8 +15,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.record._recorded import RecordedRun
+from fsdpviz.schema.report import Event, Report
 
 Status = Literal["equal", "differs", "extra", "missing"]
 _COMPARED = ("kind", "unit", "phase", "prefetch", "hook", "hook_unit")

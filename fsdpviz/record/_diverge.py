@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdpviz.core.schema import Event, Report
+from fsdpviz.schema.report import Event, Report
 
 
 def module_path(report: Report, iteration: int, event: Event | None) -> tuple[str, ...]:

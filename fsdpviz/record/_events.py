@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from fsdpviz.core.schema import Event
+from fsdpviz.schema.report import Event
 
 now_ns = time.perf_counter_ns
 

@@ -11,7 +11,7 @@ The recorder wraps FSDP's own functions for the duration of a ``with`` block
 - the pre-/post-forward, pre-/post-backward hooks and the final callback: the
   hook each event is issued from, and the end of each iteration.
 
-The result is a :class:`~fsdpviz.core.schema.Report` of the same types as a
+The result is a :class:`~fsdpviz.schema.report.Report` of the same types as a
 prediction, so every view and :func:`fsdpviz.analyze` comparisons work on it.
 With ``timestamps=True`` each event also carries ``t`` (seconds since the
 recorder was entered, :func:`time.perf_counter_ns` clock) and ``duration`` (how
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
 from fsdpviz.record._events import EventLog, now_ns
+from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 
 def _patch(

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.core.schema import Event, Hook, Report, Unit, dtype_name
-from fsdpviz.fsdp2.existing import fsdp2_states
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.record._events import EventLog, now_ns
+from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.core.schema import Event, EventKind, Hook, Phase, Report
 from fsdpviz.record._profile_fsdp2 import KINDS as FSDP2_KINDS
 from fsdpviz.record._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
+from fsdpviz.schema.report import Event, EventKind, Hook, Phase, Report
 
 _P = "FullyShardedDataParallel."
 FSDP1_HOOK_LABELS: dict[str, tuple[Hook, Phase, bool]] = {

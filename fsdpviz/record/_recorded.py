@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.core.schema import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
 from fsdpviz.record._diverge import Divergence, find_divergence, module_path
 from fsdpviz.record._writer import RankFiles, read_rank, recorded_ranks
+from fsdpviz.schema.report import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
 
 _CONFIG_KEYS = ("api", "world_size", "rank", "backend", "started_unix")
 

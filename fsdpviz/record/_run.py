@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from fsdpviz.core.schema import SCHEMA_VERSION, Event, Report, Unit
 from fsdpviz.record._fsdp1 import FSDP1Recorder
 from fsdpviz.record._modules import ModuleTimeline
 from fsdpviz.record._recorded import rank_report
@@ -30,6 +29,7 @@ from fsdpviz.record._writer import (
     read_rank,
     write_all,
 )
+from fsdpviz.schema.report import SCHEMA_VERSION, Event, Report, Unit
 
 
 class ScheduleRecorder(Protocol):

@@ -15,7 +15,7 @@ A recording directory holds, for each rank ``r``:
     an operating-system crash may.)
 
 Each line: ``{"iteration", "complete", "events", "module_events"}``; ``events``
-and ``module_events`` use the dict forms of :mod:`fsdpviz.core.schema`.
+and ``module_events`` use the dict forms of :mod:`fsdpviz.schema.report`.
 ``complete`` is false for the events left over when the recording ended
 between two iterations (a forward with no backward after it).
 """

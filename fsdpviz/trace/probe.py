@@ -23,8 +23,8 @@ While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
 seen through weak references to the storages. Each FSDP hook call (an append
 to the runtime's ``log``) records a :class:`Mark`: the counters, and the number
-of events issued so far; :func:`fsdpviz.trace.cut.cut_profile` cuts the marks
-into one :class:`~fsdpviz.core.profile.StepProfile` per iteration.
+of events issued so far; :func:`fsdpviz.trace.marks.cut_profile` cuts the marks
+into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from fsdpviz.core.profile import TraceProfile
+from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
-from fsdpviz.trace.cut import cut_profile
+from fsdpviz.trace.marks import cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
 # Kinds of live storage; ``CostProbe.live`` is indexed by them.

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
-from fsdpviz.core.schema import Event, Report
-from fsdpviz.views._style import UNMANAGED_COLOR, format_bytes, unit_colors
+from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.style import UNMANAGED_COLOR, format_bytes, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport

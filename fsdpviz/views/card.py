@@ -18,9 +18,9 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Report, Unit
-from fsdpviz.views._style import format_bytes, three_digits, unit_colors
+from fsdpviz.schema.report import Report, Unit
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
+from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report
-from fsdpviz.views._style import (
+from fsdpviz.schema.report import Report
+from fsdpviz.views.style import (
     UNMANAGED_COLOR,
     Theme,
     format_bytes,

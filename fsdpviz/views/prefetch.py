@@ -30,15 +30,15 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report
 from fsdpviz.graphs import unit_graph
-from fsdpviz.views._style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
-from fsdpviz.views._style import unit_colors as palette_for
+from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch_analysis import (
     PrefetchAnalysis,
     backward_unit_order,
     prefetch_analysis,
 )
+from fsdpviz.views.style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
+from fsdpviz.views.style import unit_colors as palette_for
 
 __all__ = [
     "PrefetchAnalysis",

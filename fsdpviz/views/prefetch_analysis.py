@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from fsdpviz.core.schema import Report
 from fsdpviz.graphs import unit_graph
+from fsdpviz.schema.report import Report
 
 __all__ = ["PrefetchAnalysis", "backward_unit_order", "prefetch_analysis"]
 

@@ -36,9 +36,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.cost.machine import Machine
-from fsdpviz.views._style import unit_colors
+from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.style import unit_colors
 
 __all__ = [
     "HOOKS",

@@ -12,6 +12,6 @@ from __future__ import annotations
 
 from fsdpviz.widgets.dashboard import Dashboard, show
 from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.timeline import TimelineWidget
+from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 __all__ = ["Dashboard", "Explorer", "TimelineWidget", "show"]

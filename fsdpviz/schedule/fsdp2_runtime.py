@@ -6,7 +6,7 @@ all-gathers, frees and reduce-scatters: each group's sharded state
 the training state, the post-forward indices and the shared post-forward order
 that implicit backward prefetch pops from, explicit forward/backward prefetch
 targets, grouped calls (``_modules_to_run_forward``) and the root's final
-callback. Driven by :mod:`fsdpviz.fsdp2.emulate` from real autograd; every call
+callback. Driven by :mod:`fsdpviz.schedule.fsdp2_emulation` from real autograd; every call
 is logged so a later iteration can be replayed.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from fsdpviz.core.schema import Event, Hook
-from fsdpviz.fsdp2.plan import Group, _reshards
+from fsdpviz.plan.fsdp2 import Group, _reshards
+from fsdpviz.schema.report import Event, Hook
 
 
 class TS(enum.Enum):

@@ -26,12 +26,12 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Report
-from fsdpviz.cost.grid import SweepTable, sweep
 from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.machine import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
+from fsdpviz.replan.sweep_table import SweepTable, sweep
+from fsdpviz.schema.report import Report
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -43,7 +43,8 @@ class Suggestion:
     ``kwargs``: pass them to :func:`fsdpviz.analyze` (or use them to call
     ``fully_shard`` / ``FullyShardedDataParallel``); ``plan``: a readable name;
     ``report``: the chosen configuration's :class:`~fsdpviz.Report`; ``table``:
-    all candidates (:class:`~fsdpviz.cost.grid.SweepTable`); ``explanation``: lines for people.
+    all candidates (:class:`~fsdpviz.replan.sweep_table.SweepTable`); ``explanation``:
+    lines for people.
     """
 
     plan: str

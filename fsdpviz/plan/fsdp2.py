@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from fsdpviz.core.keywords import check_keywords, world_size
-from fsdpviz.core.schema import Unit, dtype_name
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.options import check_keywords, world_size
+from fsdpviz.schema.report import Unit, dtype_name
 
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",

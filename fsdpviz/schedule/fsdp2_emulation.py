@@ -20,8 +20,8 @@ from torch.autograd import Variable
 from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.distributed.utils import _apply_to_tensors
 
-from fsdpviz.fsdp2.plan import FSDP2Options, Group
-from fsdpviz.fsdp2.runtime import FSDP2Runtime
+from fsdpviz.plan.fsdp2 import FSDP2Options, Group
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 
 
 class _PostBackward(torch.autograd.Function):

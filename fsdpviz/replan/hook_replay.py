@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch
 
-from fsdpviz.core.profile import StepProfile, TraceProfile
-from fsdpviz.core.schema import Event, Report, Unit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.schema.profile import StepProfile, TraceProfile
+from fsdpviz.schema.report import Event, Report, Unit
 
 REPLAYABLE = {
     "FSDP1": {"world_size", "backward_prefetch", "sharding_strategy", "shard_group_size"},
@@ -80,9 +80,9 @@ def _numel(shape: list[int]) -> int:
 
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
-    from fsdpviz.fsdp1.options import parse_fsdp1_options
-    from fsdpviz.fsdp1.plan import PlannedUnit, UnitConfig
-    from fsdpviz.fsdp1.runtime import FSDP1Runtime
+    from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig
+    from fsdpviz.plan.fsdp1_options import parse_fsdp1_options
+    from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 
     cfg = report.config
     given = {
@@ -151,8 +151,8 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 
 # -------------------------------------------------------------------- FSDP2
 def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
-    from fsdpviz.fsdp2.plan import Group
-    from fsdpviz.fsdp2.runtime import FSDP2Runtime
+    from fsdpviz.plan.fsdp2 import Group
+    from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 
     cfg = report.config
     ws = int(changes.get("world_size", cfg.get("world_size", 8)))

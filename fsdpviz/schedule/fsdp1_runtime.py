@@ -22,8 +22,8 @@ from typing import Any
 
 from torch.distributed.fsdp import BackwardPrefetch
 
-from fsdpviz.core.schema import Event, Hook
-from fsdpviz.fsdp1.plan import NO_RESHARD_AFTER_FORWARD, RESHARD_AFTER_FORWARD, PlannedUnit
+from fsdpviz.plan.fsdp1 import NO_RESHARD_AFTER_FORWARD, RESHARD_AFTER_FORWARD, PlannedUnit
+from fsdpviz.schema.report import Event, Hook
 
 
 class TrainingState(enum.Enum):

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fsdpviz.core.schema import Report, Unit
+from fsdpviz.schema.report import Report, Unit
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 
-from fsdpviz.core.schema import FsdpWarning, Unit, dtype_name
 from fsdpviz.errors import FSDPConfigError
-from fsdpviz.fsdp1.options import FSDP1Options
+from fsdpviz.plan.fsdp1_options import FSDP1Options
+from fsdpviz.schema.report import FsdpWarning, Unit, dtype_name
 
 _SHARDED = {
     ShardingStrategy.FULL_SHARD,

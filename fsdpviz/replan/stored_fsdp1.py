@@ -11,12 +11,12 @@ with no FSDP hooks and keeps what every plan needs:
 - the autograd graph of the step and the ``AccumulateGrad`` node of every
   parameter.
 
-For a plan it drives :class:`~fsdpviz.fsdp1.runtime.FSDP1Runtime` through the
+For a plan it drives :class:`~fsdpviz.schedule.fsdp1_runtime.FSDP1Runtime` through the
 recorded calls, which says when each unit's views are created (forward
 prefetch moves them to the previous unit's pre-forward), rebuilds the graph
 FSDP1 would get (each use of a parameter goes through the view created last
 before it, the split node and the unit's flat ``AccumulateGrad``), and
-schedules it as the engine does (:func:`fsdpviz.fsdp1.steady.simulate`).
+schedules it as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`).
 
 Only FSDP's views change the graph in the cases handled here. Anything else
 that would (mixed-precision casts, frozen parameters, activation-checkpoint
@@ -39,12 +39,12 @@ from torch._C._autograd import _get_sequence_nr
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.core.schema import Event, Report
-from fsdpviz.fsdp1.analyze import _empty_unit, _placements, _runtime_warnings
-from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
-from fsdpviz.fsdp1.plan import Plan, PlannedUnit, plan_fsdp1
-from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
-from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
+from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.schedule.fsdp1 import _empty_unit, _placements, _runtime_warnings
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schema.report import Event, Report
 from fsdpviz.trace.copy import model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step

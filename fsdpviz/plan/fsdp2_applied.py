@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.fsdp2.plan import FSDP2Options, Group, finalize_groups
+from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
 
 
 def fsdp2_states(model: nn.Module) -> list[Any]:

@@ -16,9 +16,9 @@ from torch.distributed.fsdp import (
     ShardingStrategy,
 )
 
-from fsdpviz.core.keywords import check_keywords, world_size
-from fsdpviz.core.schema import dtype_name
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.options import check_keywords, world_size
+from fsdpviz.schema.report import dtype_name
 
 # Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
 _MODELLED = {

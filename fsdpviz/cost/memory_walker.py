@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from fsdpviz.core.schema import Event, Report
+from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
-from fsdpviz.cost.tape import HookCall, Tape
+from fsdpviz.schema.report import Event, Report
 
 _WAITS = ("pre_forward", "pre_backward")
 

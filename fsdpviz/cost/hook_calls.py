@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpviz.core.profile import StepProfile
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.profile import StepProfile
+from fsdpviz.schema.report import Event, Report
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ by the fastest exact path (``last_path`` says which):
   from a report that carries a trace profile: its hook calls are replayed
   (:func:`fsdpviz.cost.replay`), profile included;
 - ``"stored trace"``: plans come from one stored trace of the model per recipe
-  (:class:`fsdpviz.fsdp1.fast.StoredTrace`, :class:`fsdpviz.fsdp2.fast.StoredTrace`,
-  made on the recipe's first plan): a new policy, prefetch or recipe costs tens of
-  milliseconds; the report has no trace profile (the memory model then knows
-  parameters and gradients, not activations), which :meth:`Replanner.profiled` adds
-  by tracing;
+  (:class:`fsdpviz.replan.stored_fsdp1.StoredTrace`,
+  :class:`fsdpviz.replan.stored_fsdp2.StoredTrace`, made on the recipe's first plan):
+  a new policy, prefetch or recipe costs tens of milliseconds; the report has no trace
+  profile (the memory model then knows parameters and gradients, not activations),
+  which :meth:`Replanner.profiled` adds by tracing;
 - ``"trace"``: :func:`fsdpviz.analyze` (what the stored traces do not model: mixed
   precision, recomputation, FSDP1 with frozen parameters, ...).
 
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import nn
 
 from fsdpviz._gc import answering
-from fsdpviz.core.schema import Report
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import Report
 
 if TYPE_CHECKING:
-    from fsdpviz.fsdp1.fast import StoredTrace as StoredTrace1
-    from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
+    from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
+    from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
 __all__ = [
     "BACKWARD_PREFETCH",
@@ -224,7 +224,7 @@ class Replanner:
 
     def _replay(self, opts: PlanOptions) -> tuple[Report, PlanPath] | None:
         """Replay a profiled report that differs only in what replays exactly."""
-        from fsdpviz.cost.variants import replay
+        from fsdpviz.replan.hook_replay import replay
 
         fields, keys = _REPLAYABLE[opts.recipe]
         for other, report in reversed(self._cache.items()):
@@ -239,8 +239,8 @@ class Replanner:
 
     def _stored_trace(self, opts: PlanOptions) -> StoredTrace1 | StoredTrace2 | None:
         """The stored trace the recipe's plans come from (made now if this is the first)."""
-        from fsdpviz.fsdp1.fast import StoredTrace as StoredTrace1
-        from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
+        from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
+        from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
         kwargs = self.fsdp_kwargs(opts)
         refused = ("mixed_precision", "ignored_modules", "ignored_states", "mp_policy")
@@ -321,6 +321,6 @@ class Replanner:
 
     def _analyze(self, opts: PlanOptions) -> Report:
         """The engine call; a faster path plugs in here."""
-        from fsdpviz.analyze import analyze
+        from fsdpviz.schedule.predict import analyze
 
         return analyze(self.model, self.inputs, **self.fsdp_kwargs(opts))

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report
+from fsdpviz.schema.report import Report
 
 __all__ = [
     "EDGE_COLORS",

@@ -7,14 +7,20 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.profile import TraceProfile
-from fsdpviz.core.schema import Event, FsdpWarning, Report
 from fsdpviz.errors import ConfigError
-from fsdpviz.fsdp1.emulate import FSDP1Emulation
-from fsdpviz.fsdp1.options import FSDP1Options, parse_fsdp1_options
-from fsdpviz.fsdp1.plan import Plan, plan_fsdp1
-from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
-from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, simulate, steady_overrides
+from fsdpviz.plan.fsdp1 import Plan, plan_fsdp1
+from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.schedule.autograd_order import (
+    Graph,
+    GraphRecorder,
+    capture,
+    simulate,
+    steady_overrides,
+)
+from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.report import Event, FsdpWarning, Report
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
@@ -218,7 +224,7 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
 
 
 def _empty_unit(fqn: str, module: nn.Module) -> Any:
-    from fsdpviz.core.schema import Unit
+    from fsdpviz.schema.report import Unit
 
     return Unit(module=fqn, module_class=type(module).__name__, params=[])
 

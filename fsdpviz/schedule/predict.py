@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Report
+from fsdpviz.schema.report import Report
 
 
 def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
@@ -48,12 +48,12 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         )
         report.to_dict()["forward_order"]
     """
-    from fsdpviz.fsdp2.existing import fsdp2_states
+    from fsdpviz.plan.fsdp2_applied import fsdp2_states
 
     if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
-        from fsdpviz.fsdp2.analyze import analyze_fsdp2
+        from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 
         return analyze_fsdp2(model, inputs, **fsdp_kwargs)
-    from fsdpviz.fsdp1.analyze import analyze_fsdp1
+    from fsdpviz.schedule.fsdp1 import analyze_fsdp1
 
     return analyze_fsdp1(model, inputs, **fsdp_kwargs)

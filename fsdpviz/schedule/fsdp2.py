@@ -6,12 +6,12 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Event, FsdpWarning, Report
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.fsdp2.emulate import FSDP2Emulation
-from fsdpviz.fsdp2.existing import fsdp2_states, plan_from_fully_sharded
-from fsdpviz.fsdp2.plan import FSDP2Options, Group, build_groups, parse_fsdp2_options
-from fsdpviz.fsdp2.runtime import FSDP2Runtime
+from fsdpviz.plan.fsdp2 import FSDP2Options, Group, build_groups, parse_fsdp2_options
+from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.report import Event, FsdpWarning, Report
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe

@@ -1,6 +1,6 @@
 """What the trace measured for the memory and time model (:mod:`fsdpviz.cost`).
 
-A prediction's :class:`~fsdpviz.core.schema.Report` carries a
+A prediction's :class:`~fsdpviz.schema.report.Report` carries a
 :class:`TraceProfile` in ``report.profile``: per iteration, the sequence of FSDP
 hook calls the trace saw and, for the compute *before* each hook, the FLOPs,
 the bytes of activations saved for backward, other live tensors and the
@@ -15,7 +15,7 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     ``[hook, unit, arg]``: ``hook`` one of ``pre_forward`` | ``post_forward`` |
     ``pre_backward`` | ``post_backward`` | ``post_backward_reshard_only`` |
     ``final_callback``, ``arg`` what the runtime state machine was called with, so
-    the schedule can be replayed for other settings by :mod:`fsdpviz.cost.variants`),
+    the schedule can be replayed for other settings by :mod:`fsdpviz.replan.hook_replay`),
     ``event_hook`` (per event: index into ``hooks``) and arrays of length
     ``len(hooks) + 1`` (entry ``k`` is the compute before hook ``k``; the last
     entry is the compute after the last hook): ``flops_forward``,

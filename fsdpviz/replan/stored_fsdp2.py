@@ -9,11 +9,11 @@ pass-through node in front of every module that owns parameters (any of them
 may become a group) and keeps the module calls, the output nodes and the
 autograd graph.
 
-For a plan it builds the groups (:func:`~fsdpviz.fsdp2.plan.build_groups`),
-drives :class:`~fsdpviz.fsdp2.runtime.FSDP2Runtime` through the recorded calls
+For a plan it builds the groups (:func:`~fsdpviz.plan.fsdp2.build_groups`),
+drives :class:`~fsdpviz.schedule.fsdp2_runtime.FSDP2Runtime` through the recorded calls
 (which says which calls enter the forward pass and so keep their node), routes
 every use of a dropped node's output to the tensor it passed through, and
-schedules the graph as the engine does (:func:`fsdpviz.fsdp1.steady.simulate`):
+schedules the graph as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`):
 tensor hooks before their node, a kept node's post-backward when it runs, a
 parameter's gradient when its ``AccumulateGrad`` runs.
 
@@ -36,12 +36,12 @@ from torch import nn
 from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.core.schema import Report
-from fsdpviz.fsdp1.steady import Graph, GraphRecorder, capture, reachable, simulate
-from fsdpviz.fsdp2.analyze import _check_reshard_ints, _prefetch_indices, fsdp2_report
-from fsdpviz.fsdp2.existing import fsdp2_states
-from fsdpviz.fsdp2.plan import Group, build_groups, parse_fsdp2_options
-from fsdpviz.fsdp2.runtime import FSDP2Runtime
+from fsdpviz.plan.fsdp2 import Group, build_groups, parse_fsdp2_options
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.schedule.fsdp2 import _check_reshard_ints, _prefetch_indices, fsdp2_report
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import map_objects, model_copy
 from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 

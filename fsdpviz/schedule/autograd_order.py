@@ -42,7 +42,7 @@ class GraphRecorder:
     views: list[ViewInstance] = field(default_factory=list)
     tensor_hooks: list[tuple[Any, str, int]] = field(default_factory=list)  # node, kind, payload
     acc_hooks: dict[Any, int] = field(default_factory=dict)  # AccumulateGrad node -> unit
-    # a node -> payload logged as ("ran", payload) after it runs (fsdpviz.fsdp2.fast)
+    # a node -> payload logged as ("ran", payload) after it runs (fsdpviz.replan.stored_fsdp2)
     ran: dict[Any, int] = field(default_factory=dict)
     multi: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)  # id -> unit, nodes
     supported: bool = True  # False when a hook sits on a leaf tensor (not modelled)

@@ -54,7 +54,7 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     What the trace measured for the memory and time model: per iteration, the
     FSDP hook calls, the event each hook issued, and the FLOPs, activation and
     temporary bytes and unsharded gradients between hooks; see
-    :mod:`fsdpviz.core.profile`. ``report.memory`` and ``report.timeline``
+    :mod:`fsdpviz.schema.profile`. ``report.memory`` and ``report.timeline``
     (:mod:`fsdpviz.cost`) are computed from the report, not stored.
 """
 
@@ -66,7 +66,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fsdpviz.core.profile import TraceProfile
+from fsdpviz.schema.profile import TraceProfile
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport

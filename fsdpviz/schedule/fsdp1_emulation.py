@@ -22,9 +22,9 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed.utils import _apply_to_tensors, _cast_forward_inputs
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.fsdp1.plan import Plan
-from fsdpviz.fsdp1.runtime import FSDP1Runtime, Handle
-from fsdpviz.fsdp1.steady import GraphRecorder
+from fsdpviz.plan.fsdp1 import Plan
+from fsdpviz.schedule.autograd_order import GraphRecorder
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 
 
 class FSDP1Emulation:

@@ -22,8 +22,8 @@ from typing import Any
 import anywidget
 import traitlets
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.cost.machine import Machine
+from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.timeline_data import MemorySeries, timeline_data
 
 __all__ = ["STATIC", "TimelineWidget"]

@@ -18,8 +18,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fsdpviz.core.schema import Report
-from fsdpviz.views._style import Theme, format_bytes, template, theme_colors
+from fsdpviz.schema.report import Report
+from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
 from fsdpviz.views.timeline_data import MemorySeries, timeline_data
 
 __all__ = ["lane_names", "timeline_figure"]

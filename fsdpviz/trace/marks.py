@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.profile import StepProfile, TraceProfile
+from fsdpviz.schema.profile import StepProfile, TraceProfile
 
 if TYPE_CHECKING:
     from fsdpviz.trace.probe import Mark

@@ -5,7 +5,7 @@ given as a **list** is an axis of the grid. Wrap plans go in ``policies``. The
 model is traced once per wrap plan (and per value of an option that changes the
 autograd graph: FSDP1 ``forward_prefetch``, ``use_orig_params``, mixed
 precision); every other configuration is replayed from that trace
-(:mod:`fsdpviz.cost.variants`), which costs milliseconds.
+(:mod:`fsdpviz.replan.hook_replay`), which costs milliseconds.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.core.schema import Report
 from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.cost.tables import dataframe
 from fsdpviz.cost.time import timeline
-from fsdpviz.cost.variants import REPLAYABLE, replay
 from fsdpviz.errors import ConfigError
+from fsdpviz.replan.hook_replay import REPLAYABLE, replay
+from fsdpviz.schema.report import Report
 
 AXES = {
     "world_size",
@@ -164,7 +164,7 @@ def sweep(
 
 
 def _analyze(model: nn.Module, inputs: Any, kw: dict[str, Any]) -> Report:
-    from fsdpviz.analyze import analyze
+    from fsdpviz.schedule.predict import analyze
 
     kw = {"progress": False, **kw}
     return analyze(model, inputs, **kw)
