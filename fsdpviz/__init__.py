@@ -13,10 +13,10 @@ Example::
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from fsdpviz.cost import suggest, sweep
+from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(), ...)
+from fsdpviz._version import __version__
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
 from fsdpviz.record import (
@@ -30,14 +30,11 @@ from fsdpviz.record import (
     record,
     record_fsdp1,
 )
+from fsdpviz.replan import suggest, sweep
 from fsdpviz.schedule.comparison import Comparison, compare
 from fsdpviz.schedule.predict import analyze
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
-
-try:
-    __version__ = version("fsdpviz")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
 
 __all__ = [
     "Comparison",
@@ -54,6 +51,7 @@ __all__ = [
     "ModuleInfo",
     "RecordedRun",
     "Report",
+    "ReportConfig",
     "ScheduleDiff",
     "TraceError",
     "Unit",

@@ -138,8 +138,8 @@ def memory_model(
     notes = list(walker.notes)
     return MemoryReport(
         config={
-            "api": report.config.get("api", "FSDP1"),
-            "world_size": report.config.get("world_size"),
+            "api": report.config.api,
+            "world_size": report.config.world_size,
             "optimizer": optimizer,
             "iteration": i,
         },

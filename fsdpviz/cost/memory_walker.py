@@ -19,14 +19,10 @@ class Walker:
     def __init__(self, report: Report, sizes: dict[str, UnitBytes], tp: Tape, steady: bool):
         self.sizes = sizes
         self.tape = tp
-        self.fsdp2 = report.config.get("api") == "FSDP2"
-        self.ws = int(report.config.get("world_size") or 1)
-        raf = report.config.get("reshard_after_forward") or {}
-        self.raf_int = {
-            u: int(v)
-            for u, v in (raf.items() if isinstance(raf, dict) else [])
-            if not isinstance(v, bool) and isinstance(v, int) and 1 < v < self.ws
-        }
+        cfg = report.config
+        self.fsdp2 = cfg.api == "FSDP2"
+        self.ws = cfg.ranks
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         prof = report.profile
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())

@@ -155,16 +155,11 @@ class _Sim:
         self.units = {u.module: u for u in report.units}
         self.dtype = _compute_dtype(report.units)
         cfg = report.config
-        self.fsdp2 = cfg.get("api") == "FSDP2"
-        self.ws = int(cfg.get("world_size") or 1)
-        self.shard_ws = int(cfg.get("shard_world_size") or self.ws)
+        self.fsdp2 = cfg.api == "FSDP2"
+        self.ws = cfg.ranks
+        self.shard_ws = cfg.shard_ranks
         self.limit = limit and not self.fsdp2
-        raf = cfg.get("reshard_after_forward") or {}
-        self.raf_int = {
-            u: int(v)
-            for u, v in (raf.items() if isinstance(raf, dict) else [])
-            if not isinstance(v, bool) and 1 < int(v) < self.ws
-        }
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
         self.t_comm = 0.0
         self.gate = 0.0  # the next compute waits until then

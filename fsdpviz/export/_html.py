@@ -191,14 +191,14 @@ def _figure_json(fig: go.Figure) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from fsdpviz import __version__
+    from fsdpviz._version import __version__
 
     return __version__
 
 
 def _title(obj: Report | RecordedRun, base: Report) -> str:
-    api = base.config.get("api") or "FSDP"
-    ws = base.config.get("world_size")
+    api = base.config.api
+    ws = base.config.world_size
     if obj is base:
         what = "prediction" if base.source == "prediction" else "recording"
         return f"fsdpviz {what}: {api}, {len(base.units)} units, world size {ws}"

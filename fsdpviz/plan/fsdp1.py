@@ -32,7 +32,7 @@ _SHARDED = {
 }
 RESHARD_AFTER_FORWARD = {ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD}
 NO_RESHARD_AFTER_FORWARD = {ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2}
-_ALIGNMENT_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
+ALIGNMENT_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
 
 
 @dataclass
@@ -72,6 +72,66 @@ class PlannedUnit:
     @property
     def uses_sharded_strategy(self) -> bool:
         return self.config.sharding_strategy in _SHARDED
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """How a FlatParameter lays out its parameters: their numels in order, with padding."""
+
+    split_numels: list[int]  # parameters and padding, in order
+    is_padding: list[bool]
+    shard_world_size: int
+
+    @property
+    def numel(self) -> int:
+        """Elements of the parameters (no padding)."""
+        return sum(n for n, pad in zip(self.split_numels, self.is_padding, strict=True) if not pad)
+
+    @property
+    def flat_numel(self) -> int:
+        """Elements of the FlatParameter, padding included."""
+        return sum(self.split_numels)
+
+    @property
+    def sharded_numel(self) -> int:
+        """Elements each rank holds."""
+        return math.ceil(self.flat_numel / self.shard_world_size)
+
+    @property
+    def padded_numel(self) -> int:
+        """Elements of the all-gathered FlatParameter (a multiple of the shard world size)."""
+        return self.sharded_numel * self.shard_world_size
+
+
+def flat_param_layout(
+    numels: list[int], itemsize: int, *, use_orig_params: bool, shard_world_size: int
+) -> FlatLayout:
+    """The layout ``FlatParamHandle`` gives parameters of ``numels`` elements.
+
+    With ``use_orig_params=True`` each parameter starts at a multiple of
+    :data:`ALIGNMENT_BYTES` (of the compute dtype, ``itemsize`` bytes per element)
+    and the whole is padded to a multiple of ``shard_world_size``; otherwise the
+    parameters are packed and only the shard is rounded up.
+    """
+    align = ALIGNMENT_BYTES // itemsize if use_orig_params else 0
+    split: list[int] = []
+    padding: list[bool] = []
+    total = 0
+
+    def add(n: int, pad: bool) -> None:
+        nonlocal total
+        if n or not pad:
+            split.append(n)
+            padding.append(pad)
+            total += n
+
+    for n in numels:
+        if align:
+            add(-total % align, True)
+        add(n, False)
+    if align:
+        add(-total % shard_world_size, True)
+    return FlatLayout(split, padding, shard_world_size)
 
 
 @dataclass
@@ -163,12 +223,7 @@ def _build_unit(
             "unit, or pass use_orig_params=True."
         )
     itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
-    # FlatParamHandle aligns to 16 bytes of the forward/backward dtype (mixed precision's).
-    fwd_dtype = (config.mixed_precision.param_dtype if config.mixed_precision else None) or dtype
-    fwd_size = torch.empty((), dtype=fwd_dtype, device="meta").element_size()
-    aligned = _ALIGNMENT_BYTES // fwd_size if opts.use_orig_params else 0
     memo: dict[nn.Parameter, str] = {}
-    total = 0
     for sub_name, sub in module.named_modules(remove_duplicate=False):
         for name, p in _named_params_with_duplicates(sub):
             if p not in params_set:
@@ -177,28 +232,19 @@ def _build_unit(
             if p in memo:
                 unit.shared_infos.append((sub, name, full, memo[p]))
                 continue
-            if aligned > 0:
-                pad = aligned - (total % aligned)
-                if 0 < pad < aligned:
-                    unit.split_numels.append(pad)
-                    unit.is_padding.append(True)
-                    total += pad
             memo[p] = full
             unit.param_infos.append((sub, name, full))
             unit.params.append(p)
-            unit.split_numels.append(p.numel())
-            unit.is_padding.append(False)
             unit.shapes.append(p.shape)
-            total += p.numel()
-    numel = sum(s for s, pad in zip(unit.split_numels, unit.is_padding, strict=True) if not pad)
-    ws = opts.shard_world_size if unit.uses_sharded_strategy else 1
-    if aligned > 0:
-        pad = ws - (total % ws)
-        if 0 < pad < ws:
-            unit.split_numels.append(pad)
-            unit.is_padding.append(True)
-            total += pad
-    sharded = math.ceil(total / ws)
+    # FlatParamHandle aligns to the forward/backward dtype (mixed precision's).
+    fwd_dtype = (config.mixed_precision.param_dtype if config.mixed_precision else None) or dtype
+    layout = flat_param_layout(
+        [p.numel() for p in unit.params],
+        torch.empty((), dtype=fwd_dtype, device="meta").element_size(),
+        use_orig_params=opts.use_orig_params,
+        shard_world_size=opts.shard_world_size if unit.uses_sharded_strategy else 1,
+    )
+    unit.split_numels, unit.is_padding = layout.split_numels, layout.is_padding
     unit.requires_grad = any(grads)
     unit.dtype = dtype
     mp = config.mixed_precision
@@ -209,10 +255,10 @@ def _build_unit(
         module_class=type(module).__name__,
         params=[info[2] for info in unit.param_infos],
         shared_params={info[2]: info[3] for info in unit.shared_infos},
-        numel=numel,
-        flat_numel=total,
-        padded_numel=sharded * ws,
-        sharded_numel=sharded,
+        numel=layout.numel,
+        flat_numel=layout.flat_numel,
+        padded_numel=layout.padded_numel,
+        sharded_numel=layout.sharded_numel,
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),

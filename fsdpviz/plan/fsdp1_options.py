@@ -17,7 +17,8 @@ from torch.distributed.fsdp import (
 )
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.options import check_keywords, world_size
+from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_keywords, world_size
+from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import dtype_name
 
 # Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
@@ -49,7 +50,7 @@ _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 class FSDP1Options:
     """Validated FSDP1 configuration plus the fsdpviz-only knobs."""
 
-    world_size: int = 8
+    world_size: int = DEFAULT_WORLD_SIZE
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
     auto_wrap_policy: Any = None
     backward_prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE
@@ -61,7 +62,7 @@ class FSDP1Options:
     limit_all_gathers: bool = True
     shard_group_size: int | None = None
     loss: Callable[[Any], torch.Tensor] | None = None
-    trace: str = "meta"
+    trace: TraceMode = "meta"
     progress: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -74,27 +75,28 @@ class FSDP1Options:
             return self.shard_group_size or self.world_size
         return self.world_size
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-serialisable description for ``Report.config``."""
+    def describe(self) -> ReportConfig:
+        """These options as ``Report.config`` states them."""
         mp = self.mixed_precision
-        return {
-            "api": "FSDP1",
-            "world_size": self.world_size,
-            "shard_world_size": self.shard_world_size,
-            "sharding_strategy": self.sharding_strategy.name,
-            "auto_wrap_policy": describe_policy(self.auto_wrap_policy),
-            "backward_prefetch": self.backward_prefetch.name if self.backward_prefetch else None,
-            "forward_prefetch": self.forward_prefetch,
-            "use_orig_params": self.use_orig_params,
-            "mixed_precision": None
+        return ReportConfig(
+            api="FSDP1",
+            world_size=self.world_size,
+            shard_world_size=self.shard_world_size,
+            sharding_strategy=self.sharding_strategy.name,
+            auto_wrap_policy=describe_policy(self.auto_wrap_policy),
+            backward_prefetch=self.backward_prefetch.name if self.backward_prefetch else None,
+            forward_prefetch=self.forward_prefetch,
+            use_orig_params=self.use_orig_params,
+            mixed_precision=None
             if mp is None
             else {
                 "param_dtype": dtype_name(mp.param_dtype),
                 "reduce_dtype": dtype_name(mp.reduce_dtype),
                 "buffer_dtype": dtype_name(mp.buffer_dtype),
             },
-            "trace": self.trace,
-        }
+            trace=self.trace,
+            stated=FSDP1_KEYS,
+        )
 
 
 def describe_policy(policy: Any) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.options import check_keywords, world_size
+from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name
 
 _KNOWN = {
@@ -46,26 +47,28 @@ class FSDP2Options:
     backward_prefetch: dict[str, list[str]]
     ignored_params: list[nn.Parameter] | None
     loss: Callable[[Any], torch.Tensor] | None
-    trace: str
+    trace: TraceMode
     progress: bool | None
 
-    def describe(self, groups: list[Group]) -> dict[str, Any]:
+    def describe(self, groups: list[Group]) -> ReportConfig:
+        """These options and the groups they made, as ``Report.config`` states them."""
         mp = self.mp_policy
-        return {
-            "api": "FSDP2",
-            "world_size": self.world_size,
-            "fully_shard": [g.name for g in groups],
-            "reshard_after_forward": {g.name: g.reshard_after_forward for g in groups},
-            "mp_policy": {
+        return ReportConfig(
+            api="FSDP2",
+            world_size=self.world_size,
+            fully_shard=tuple(g.name for g in groups),
+            reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+            mp_policy={
                 "param_dtype": dtype_name(mp.param_dtype),
                 "reduce_dtype": dtype_name(mp.reduce_dtype),
                 "output_dtype": dtype_name(mp.output_dtype),
                 "cast_forward_inputs": mp.cast_forward_inputs,
             },
-            "forward_prefetch": self.forward_prefetch,
-            "backward_prefetch": self.backward_prefetch,
-            "trace": self.trace,
-        }
+            explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
+            explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
+            trace=self.trace,
+            stated=FSDP2_KEYS,
+        )
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
@@ -218,7 +221,9 @@ def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter
         for p in group.params:
             claimed[p] = group.name
         sharded.update(members)
-        group.reshard_after_forward, group.auto_reshard = _raf(opts.reshard_after_forward, group)
+        group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
+            opts.reshard_after_forward, group.name, group.fqns
+        )
         groups.append(group)
     finalize_groups(model, groups, opts)
     return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
@@ -264,25 +269,71 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
     return out
 
 
-def _raf(value: Any, group: Group) -> tuple[bool | int, bool]:
+def reshard_after_forward_of(
+    value: Any, name: str, fqns: tuple[str, ...]
+) -> tuple[bool | int, bool]:
+    """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
+    given the option's value (a bool, an int or ``{fqn: bool | int}``), and whether that is
+    torch's default (reshard all but the root)."""
     if isinstance(value, dict):
-        for key in (group.name, *group.fqns):
+        for key in (name, *fqns):
             if key in value:
                 return value[key], False
-        return (not group.is_root), True
+        value = None
     if value is None:
-        return (not group.is_root), True
+        return fqns != ("",), True
     return value, False
 
 
-def _reshards(raf: bool | int) -> bool:
+def reshards(raf: bool | int) -> bool:
+    """Whether a group with this ``reshard_after_forward`` frees its parameters after forward."""
     return raf if isinstance(raf, bool) else raf > 1
+
+
+def check_reshard_ints(groups: list[Group], world_size: int) -> None:
+    """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks."""
+    for g in groups:
+        raf = g.reshard_after_forward
+        if isinstance(raf, bool) or not isinstance(raf, int):
+            continue
+        if raf < 1 or raf > world_size or world_size % raf:
+            raise FSDPConfigError(
+                f"reshard_after_forward={raf} for {g.name or '<root>'!r}: if passing "
+                f"reshard_after_forward as an int, it should be a factor of {world_size} "
+                "(FSDP2 raises this)"
+            )
+
+
+def prefetch_indices(
+    spec: Mapping[str, Sequence[str]], groups: list[Group], name: str
+) -> dict[int, list[int]]:
+    """An explicit prefetch map ``{fqn: [fqn, ...]}`` (option ``name``) as group indices."""
+    index: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        for f in g.fqns:
+            index[f] = i
+
+    def find(fqn: str) -> int:
+        if fqn not in index:
+            known = ", ".join(repr(f) for f in list(index)[:6])
+            raise ConfigError(
+                f"{name}: {fqn!r} is not a module fully_shard is applied to (known: {known}, ...)"
+            )
+        return index[fqn]
+
+    return {find(k): [find(v) for v in vs] for k, vs in spec.items()}
+
+
+def sharded_numel(shape: Sequence[int], world_size: int) -> int:
+    """Elements of a parameter of ``shape`` that each rank holds: FSDP2 shards dim 0,
+    padded to a multiple of ``world_size``."""
+    return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
 
 
 def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
     ws = opts.world_size
     numel = sum(p.numel() for p in group.params)
-    sharded = sum(math.ceil(p.shape[0] / ws) * math.prod(p.shape[1:]) for p in group.params)
+    sharded = sum(sharded_numel(p.shape, ws) for p in group.params)
     dtypes = {p.dtype for p in group.params}
     dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
     mp = opts.mp_policy

@@ -1,4 +1,4 @@
-"""Checks shared by the FSDP1 and FSDP2 option parsers."""
+"""Checks shared by the FSDP1 and FSDP2 option parsers, one per option."""
 
 from __future__ import annotations
 
@@ -23,9 +23,17 @@ def check_keywords(
             raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {rejected[key]}")
 
 
-def world_size(kwargs: Mapping[str, Any], default: int = 8) -> int:
-    """``world_size`` from ``kwargs``: a positive int."""
-    ws = kwargs.get("world_size", default)
-    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-        raise ConfigError(f"world_size must be a positive int, got {ws!r}")
-    return ws
+DEFAULT_WORLD_SIZE = 8
+"""The ranks :func:`fsdpviz.analyze` plans for unless told (``world_size=``)."""
+
+
+def check_world_size(value: Any) -> int:
+    """``value`` as a world size: a positive int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"world_size must be a positive int, got {value!r}")
+    return value
+
+
+def world_size(kwargs: Mapping[str, Any]) -> int:
+    """``world_size`` from ``kwargs`` (default: ``DEFAULT_WORLD_SIZE``)."""
+    return check_world_size(kwargs.get("world_size", DEFAULT_WORLD_SIZE))

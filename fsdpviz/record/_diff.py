@@ -142,7 +142,7 @@ def align(recorded: list[Event], predicted: list[Event]) -> list[AlignedEvent]:
 
 def _report_problems(recorded: Report, predicted: Report) -> list[str]:
     problems: list[str] = []
-    ws_r, ws_p = recorded.config.get("world_size"), predicted.config.get("world_size")
+    ws_r, ws_p = recorded.config.world_size, predicted.config.world_size
     if ws_r is not None and ws_p is not None and ws_r != ws_p:
         problems.append(
             f"recorded on world size {ws_r}, predicted for {ws_p}: analyze with world_size={ws_r}"
@@ -182,8 +182,8 @@ def diff(
     from the second iteration on); ``str()`` of the result explains the first
     mismatch. ``kinds`` restricts the comparison to some event kinds; by default
     a report from :func:`fsdpviz.load_profile` is compared on the kinds its
-    trace shows (``config["kinds"]``). A recording that starts later than the
-    first iteration says so in ``config["iteration_offset"]``.
+    trace shows (``config.kinds``). A recording that starts later than the
+    first iteration says so in ``config.iteration_offset``.
 
     Example::
 
@@ -198,12 +198,12 @@ def diff(
     iterations: list[IterationDiff] = []
     compared: tuple[str, ...] | None = None
     for report in reports:
-        chosen = kinds if kinds is not None else report.config.get("kinds")
+        chosen = kinds if kinds is not None else report.config.kinds
         compared = tuple(chosen) if chosen is not None else None
-        rank = report.config.get("rank")
+        rank = report.config.rank
         prefix = f"rank {rank}: " if len(reports) > 1 else ""
         problems.extend(prefix + p for p in _report_problems(report, predicted))
-        offset = int(report.config.get("iteration_offset", 0))
+        offset = report.config.iteration_offset
         for i, events in enumerate(report.iterations):
             n = offset + i
             p = min(n, len(predicted.iterations) - 1)

@@ -132,7 +132,7 @@ def find_divergence(reports: Sequence[Report]) -> Divergence | None:
             for report, events in zip(reports, lists, strict=True):
                 event = report.iterations[it][i] if i < len(events) else None
                 path = module_path(report, it, event)
-                rank = int(report.config.get("rank", len(at)))
+                rank = len(at) if report.config.rank is None else report.config.rank
                 at.append(RankEvent(rank, event, path, format_path(report, path)))
             return Divergence(it, i, tuple(at), lists[0][i - 1] if i else None)
     return None

@@ -1,16 +1,28 @@
-"""The event bookkeeping both recorders share: iterations, timestamps, the ``with`` exit."""
+"""The bookkeeping both recorders share: iterations, timestamps, the ``with`` exit, the config."""
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any
 
+from fsdpviz.schema.config import Api, ReportConfig
 from fsdpviz.schema.report import Event
 
 now_ns = time.perf_counter_ns
+
+
+def recording_config(api: Api, extra: Mapping[str, Any] | None) -> ReportConfig:
+    """What a recorder knows of its run: the API, and the world size and rank when
+    ``torch.distributed`` is initialised; ``extra`` adds to it (or overrides)."""
+    import torch.distributed as dist
+
+    base: dict[str, Any] = {"api": api}
+    if dist.is_initialized():
+        base.update(world_size=dist.get_world_size(), rank=dist.get_rank())
+    return ReportConfig.from_dict({**base, **(extra or {})})
 
 
 class EventLog:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.record._events import EventLog, now_ns
+from fsdpviz.record._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 
@@ -253,15 +253,13 @@ class FSDP1Recorder(EventLog):
         return [self._name(h) for h in order]
 
     def report(self, config: dict[str, Any] | None = None) -> Report:
-        """The recording as a report: units, forward order, one event list per iteration."""
-        import torch.distributed as dist
+        """The recording as a report: units, forward order, one event list per iteration.
 
-        base: dict[str, Any] = {"api": "FSDP1"}
-        if dist.is_initialized():
-            base.update(world_size=dist.get_world_size(), rank=dist.get_rank())
+        ``config`` adds to ``report.config`` (keys fsdpviz does not know go to its ``extra``).
+        """
         return Report(
             source="recording",
-            config={**base, **(config or {})},
+            config=recording_config("FSDP1", config),
             units=self.units(),
             forward_order=self.forward_order(),
             iterations=[list(it) for it in self.iterations],

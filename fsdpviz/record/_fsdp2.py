@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.record._events import EventLog, now_ns
+from fsdpviz.record._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 
@@ -244,14 +244,10 @@ class FSDP2Recorder(EventLog):
         return list(self._forward_order)
 
     def report(self, config: dict[str, Any] | None = None) -> Report:
-        import torch.distributed as dist
-
-        base: dict[str, Any] = {"api": "FSDP2"}
-        if dist.is_initialized():
-            base.update(world_size=dist.get_world_size(), rank=dist.get_rank())
+        """The recording as a report (see :meth:`FSDP1Recorder.report`)."""
         return Report(
             source="recording",
-            config={**base, **(config or {})},
+            config=recording_config("FSDP2", config),
             units=self.units(),
             forward_order=list(self._forward_order),
             iterations=[list(it) for it in self.iterations],

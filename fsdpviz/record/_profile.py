@@ -12,7 +12,7 @@ FSDP1's labels (``FullyShardedDataParallel._pre_forward``,
 ``_post_backward_hook``, ``_post_backward_prefetch``, ...) say which hook ran
 and whether it prefetched, but not for which unit, and frees have no label.
 FSDP2's labels name their unit (see :mod:`fsdpviz.record._profile_fsdp2`).
-So the report holds all-gathers and reductions only (``config["kinds"]``,
+So the report holds all-gathers and reductions only (``config.kinds``,
 which :func:`fsdpviz.diff` honours), and unit names come from ``reference``
 (a prediction or a recording of the same job): the trace's events are aligned
 with the reference's on (kind, phase, prefetch, hook) and take the names of
@@ -29,6 +29,7 @@ from typing import Any
 
 from fsdpviz.record._profile_fsdp2 import KINDS as FSDP2_KINDS
 from fsdpviz.record._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, EventKind, Hook, Phase, Report
 
 _P = "FullyShardedDataParallel."
@@ -226,7 +227,7 @@ def load_profile(path: str | Path, *, reference: Report | None = None) -> Report
     collective was issued) and ``duration`` (the GPU kernels' time when the
     trace links the collective to kernels, else the host-side time).
     Iterations are the ``ProfilerStep#N`` spans when the trace has them
-    (``config["iteration_offset"]`` is the first ``N``), else each root FSDP
+    (``config.iteration_offset`` is the first ``N``), else each root FSDP
     forward that follows a backward starts one. FSDP1 traces name no units: pass
     ``reference`` (a prediction or a recording of the same job) to name them.
 
@@ -281,18 +282,20 @@ def load_profile(path: str | Path, *, reference: Report | None = None) -> Report
     info = data.get("distributedInfo") or {}
     return Report(
         source="recording",
-        config={
-            "api": "FSDP2" if fsdp2 else "FSDP1",
-            "trace": str(p),
-            "world_size": info.get("world_size"),
-            "rank": info.get("rank"),
-            "backend": info.get("backend"),
-            "kinds": list(FSDP2_KINDS if fsdp2 else FSDP1_KINDS),
-            "iteration_offset": offset,
-            "unit_names": "from trace"
-            if fsdp2
-            else ("from reference" if reference is not None else "unknown"),
-        },
+        config=ReportConfig.from_dict(
+            {
+                "api": "FSDP2" if fsdp2 else "FSDP1",
+                "trace": str(p),
+                "world_size": info.get("world_size"),
+                "rank": info.get("rank"),
+                "backend": info.get("backend"),
+                "kinds": list(FSDP2_KINDS if fsdp2 else FSDP1_KINDS),
+                "iteration_offset": offset,
+                "unit_names": "from trace"
+                if fsdp2
+                else ("from reference" if reference is not None else "unknown"),
+            }
+        ),
         units=[],
         forward_order=[],
         iterations=out,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fsdpviz.record._diverge import Divergence, find_divergence, module_path
 from fsdpviz.record._writer import RankFiles, read_rank, recorded_ranks
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.extensions import run_method
 from fsdpviz.schema.report import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
 
 _CONFIG_KEYS = ("api", "world_size", "rank", "backend", "started_unix")
@@ -21,10 +24,12 @@ def rank_report(files: RankFiles) -> Report:
     ]
     return Report(
         source="recording",
-        config={
-            **{k: h.get(k) for k in _CONFIG_KEYS},
-            "complete_iterations": files.complete_iterations,
-        },
+        config=ReportConfig.from_dict(
+            {
+                **{k: h.get(k) for k in _CONFIG_KEYS},
+                "complete_iterations": files.complete_iterations,
+            }
+        ),
         units=[Unit.from_dict(u) for u in h["units"]],
         forward_order=list(h["forward_order"]),
         iterations=[[Event.from_dict(e) for e in it["events"]] for it in files.iterations],
@@ -36,14 +41,14 @@ def rank_report(files: RankFiles) -> Report:
 class RecordedRun:
     """A real FSDP run recorded on every rank (what :func:`fsdpviz.load` returns for a directory).
 
-    ``ranks[i]`` is one rank's recording (its rank is ``ranks[i].config["rank"]``)
+    ``ranks[i]`` is one rank's recording (its rank is ``ranks[i].config.rank``)
     as a :class:`Report` of the same types as a prediction: ``units``,
     ``forward_order``, one event list per iteration with ``t`` (seconds since
-    that rank started recording; ``config["started_unix"]`` is the wall-clock
+    that rank started recording; ``config.started_unix`` is the wall-clock
     start) and ``duration``, and ``module_events`` per iteration. Iterations
     end at FSDP's final backward callback; when a rank stopped mid-iteration
     (an exception, or a forward with no backward before the block ended) the
-    events of that iteration come last and ``config["complete_iterations"]``
+    events of that iteration come last and ``config.complete_iterations``
     counts the others. ``notes`` says what was incomplete (ranks that crashed,
     a line cut short).
 
@@ -86,7 +91,7 @@ class RecordedRun:
 
     @property
     def world_size(self) -> int:
-        return int(self.ranks[0].config["world_size"])
+        return self.ranks[0].config.ranks
 
     def divergence(self) -> Divergence | None:
         """The first event where ranks disagree, or ``None``; see :class:`Divergence`."""
@@ -100,9 +105,9 @@ class RecordedRun:
     def rank(self, rank: int) -> Report:
         """The recording of rank ``rank``."""
         for report in self.ranks:
-            if report.config.get("rank") == rank:
+            if report.config.rank == rank:
                 return report
-        have = [r.config.get("rank") for r in self.ranks]
+        have = [r.config.rank for r in self.ranks]
         raise KeyError(f"rank {rank} was not recorded; this run has ranks {have}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,25 +125,23 @@ class RecordedRun:
         return cls([Report.from_dict(r) for r in d["ranks"]], path, list(d.get("notes", [])))
 
     def save(self, path: str | Path, **kwargs: Any) -> Path:
-        """Write every rank's timeline; see :func:`fsdpviz.export.save`."""
-        from fsdpviz.export import save
-
+        """Write every rank's events; see :func:`fsdpviz.export.save`."""
+        save: Callable[..., Path] = run_method("save")
         return save(self, path, **kwargs)
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
     ) -> dict[str, Any]:
         """The compact summary a notebook shows for a run in a cell's last line."""
-        from fsdpviz.views.card import run_bundle
-
-        return run_bundle(self)
+        card: Callable[[RecordedRun], dict[str, Any]] = run_method("card")
+        return card(self)
 
     def summary(self) -> str:
         first = self.ranks[0]
         counts = sorted({len(r.iterations) for r in self.ranks})
         lines = [
             f"fsdpviz recording of {len(self.ranks)} of {self.world_size} ranks "
-            f"({first.config.get('api')}, {len(first.units)} units), "
+            f"({first.config.api}, {len(first.units)} units), "
             f"{'/'.join(map(str, counts))} iterations per rank"
         ]
         div = self.divergence()

@@ -26,10 +26,23 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import BackwardPrefetch
 
 from fsdpviz.cost.sizes import itemsize
-from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
+from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.plan.fsdp2 import (
+    Group,
+    check_reshard_ints,
+    prefetch_indices,
+    reshard_after_forward_of,
+    sharded_numel,
+)
+from fsdpviz.plan.options import check_world_size
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
+from fsdpviz.schedule.fsdp2 import forward_order
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.profile import StepProfile, TraceProfile
 from fsdpviz.schema.report import Event, Report, Unit
 
@@ -53,7 +66,7 @@ def replay(report: Report, **changes: Any) -> Report:
             "this report has no trace profile (a recording, trace='fx' or profile=False), so "
             "its hook calls cannot be replayed; call fsdpviz.analyze with the new settings"
         )
-    api = str(report.config.get("api", "FSDP1"))
+    api = report.config.api
     unknown = set(changes) - REPLAYABLE[api]
     if unknown:
         raise ConfigError(
@@ -74,73 +87,65 @@ def _shapes(report: Report) -> dict[str, list[int]]:
     return out
 
 
-def _numel(shape: list[int]) -> int:
-    return math.prod(shape)
-
-
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
-    from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig
-    from fsdpviz.plan.fsdp1_options import parse_fsdp1_options
-    from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
-
     cfg = report.config
     given = {
-        "world_size": changes.get("world_size", cfg.get("world_size", 8)),
-        "sharding_strategy": changes.get("sharding_strategy", cfg.get("sharding_strategy")),
-        "backward_prefetch": changes.get("backward_prefetch", cfg.get("backward_prefetch")),
+        "world_size": changes.get("world_size", cfg.ranks),
+        "sharding_strategy": changes.get("sharding_strategy", cfg.sharding_strategy),
+        "backward_prefetch": changes.get("backward_prefetch", cfg.backward_prefetch),
     }
     if changes.get("shard_group_size") is not None:
         given["shard_group_size"] = changes["shard_group_size"]
     opts = parse_fsdp1_options(given)
-    bp: BackwardPrefetch | None = opts.backward_prefetch
-    use_orig = bool(cfg.get("use_orig_params", False))
     shapes = _shapes(report)
-    units = [_resize_fsdp1(u, opts, use_orig, shapes) for u in report.units]
+    units = [_resize_fsdp1(u, opts, cfg.use_orig_params, shapes) for u in report.units]
+    unit_config = UnitConfig(
+        opts.sharding_strategy, None, opts.backward_prefetch, cfg.forward_prefetch
+    )
     planned = [
         PlannedUnit(
             fqn=u.module,
             module=_PLACEHOLDER,
-            config=UnitConfig(opts.sharding_strategy, None, bp, bool(cfg.get("forward_prefetch"))),
+            config=unit_config,
             param_infos=[(_PLACEHOLDER, p, p) for p in u.params],
             requires_grad=u.requires_grad is not False,
         )
         for u in units
     ]
-    runtime = FSDP1Runtime(planned, use_orig, lambda h: None)
+    runtime = FSDP1Runtime(planned, cfg.use_orig_params, lambda h: None)
     index = {u.module: i for i, u in enumerate(units)}
     assert report.profile is not None
     iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry)
-    config = dict(cfg)
-    config.update(opts.describe())
-    for key in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision"):
-        config[key] = cfg.get(key)
-    config["trace"] = cfg.get("trace")
-    config["replayed"] = True
+    new = opts.describe()
+    config = cfg.replace(
+        world_size=new.world_size,
+        shard_world_size=new.shard_world_size,
+        sharding_strategy=new.sharding_strategy,
+        backward_prefetch=new.backward_prefetch,
+        replayed=True,
+    )
     return _report(
         report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
     )
 
 
-def _resize_fsdp1(u: Unit, opts: Any, use_orig: bool, shapes: dict[str, list[int]]) -> Unit:
+def _resize_fsdp1(
+    u: Unit, opts: FSDP1Options, use_orig: bool, shapes: dict[str, list[int]]
+) -> Unit:
     if not u.params:
         return replace(u, sharding_strategy=opts.sharding_strategy.name)
-    ws = opts.shard_world_size
-    total = 0
-    # FSDP1 aligns to 16 bytes of the forward/backward (compute) dtype.
-    aligned = 16 // itemsize(u.compute_dtype or u.dtype) if use_orig else 0
-    for p in u.params:
-        if aligned > 0 and 0 < aligned - total % aligned < aligned:
-            total += aligned - total % aligned
-        total += _numel(shapes[p])
-    if aligned > 0 and 0 < ws - total % ws < ws:
-        total += ws - total % ws
-    sharded = math.ceil(total / ws)
+    layout = flat_param_layout(
+        [math.prod(shapes[p]) for p in u.params],
+        itemsize(u.compute_dtype or u.dtype),
+        use_orig_params=use_orig,
+        shard_world_size=opts.shard_world_size,
+    )
     return replace(
         u,
-        flat_numel=total,
-        padded_numel=sharded * ws,
-        sharded_numel=sharded,
+        flat_numel=layout.flat_numel,
+        padded_numel=layout.padded_numel,
+        sharded_numel=layout.sharded_numel,
         sharding_strategy=opts.sharding_strategy.name,
     )
 
@@ -151,40 +156,30 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 
 # -------------------------------------------------------------------- FSDP2
 def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
-    from fsdpviz.plan.fsdp2 import Group
-    from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-
     cfg = report.config
-    ws = int(changes.get("world_size", cfg.get("world_size", 8)))
-    if ws < 1:
-        raise ConfigError(f"world_size must be a positive int, got {ws!r}")
-    names: list[str] = list(cfg.get("fully_shard", []))
-    raf = changes.get("reshard_after_forward", cfg.get("reshard_after_forward"))
-    with_params = {u.module: u for u in report.units}
+    ws = check_world_size(changes.get("world_size", cfg.ranks))
+    raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
+    with_params = {u.module for u in report.units}
     groups: list[Group] = []
-    for name in names:
+    for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
-        value = _raf(raf, name, fqns)
-        if not isinstance(value, bool) and (value < 1 or value > ws or ws % value):
-            raise FSDPConfigError(
-                f"reshard_after_forward={value} for {name or '<root>'!r}: if passing "
-                f"reshard_after_forward as an int, it should be a factor of {ws} "
-                "(FSDP2 raises this)"
-            )
         groups.append(
             Group(
                 name=name,
                 modules=tuple(_PLACEHOLDER for _ in fqns),
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=value,
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
             )
         )
+    check_reshard_ints(groups, ws)
     runtime = FSDP2Runtime(groups, ws)
-    where = {f: i for i, g in enumerate(groups) for f in g.fqns}
-    fwd = changes.get("forward_prefetch", cfg.get("forward_prefetch") or {})
-    bwd = changes.get("backward_prefetch", cfg.get("backward_prefetch") or {})
-    runtime.set_prefetch(_indices(fwd, where), _indices(bwd, where))
+    fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
+    bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
+    runtime.set_prefetch(
+        prefetch_indices(fwd, groups, "forward_prefetch"),
+        prefetch_indices(bwd, groups, "backward_prefetch"),
+    )
     index = {g.name: i for i, g in enumerate(groups)}
     assert report.profile is not None
     iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry)
@@ -192,49 +187,20 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     units = []
     for u in report.units:
         g = groups[index[u.module]]
-        sharded = sum(math.ceil(shapes[p][0] / ws) * _numel(shapes[p][1:]) for p in u.params)
+        sharded = sum(sharded_numel(shapes[p], ws) for p in u.params)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
         units.append(
             replace(u, padded_numel=sharded * ws, sharded_numel=sharded, sharding_strategy=strategy)
         )
-    forward_order: list[str] = []
-    for name, i, _ in runtime.log:
-        if name == "final_callback":
-            break
-        if name == "pre_forward" and groups[i].params and groups[i].name not in forward_order:
-            forward_order.append(groups[i].name)
-    config = dict(cfg)
-    config.update(
+    config = cfg.replace(
         world_size=ws,
         reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
-        forward_prefetch=fwd,
-        backward_prefetch=bwd,
+        explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
+        explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,
     )
-    return _report(report, config, units, forward_order, iterations, steps)
-
-
-def _raf(raf: Any, name: str, fqns: tuple[str, ...]) -> bool | int:
-    """``fully_shard``'s ``reshard_after_forward`` for one group, as ``analyze`` reads it."""
-    if isinstance(raf, dict):
-        for key in (name, *fqns):
-            if key in raf:
-                value: bool | int = raf[key]
-                return value
-        raf = None
-    if raf is None:
-        return fqns != ("",)  # torch's default: reshard all but the root
-    result: bool | int = raf
-    return result
-
-
-def _indices(spec: dict[str, list[str]], where: dict[str, int]) -> dict[int, list[int]]:
-    try:
-        return {where[k]: [where[v] for v in vs] for k, vs in spec.items()}
-    except KeyError as e:
-        raise ConfigError(
-            f"prefetch map names {e.args[0]!r}, which is not a fully_shard module"
-        ) from e
+    order = forward_order(runtime.log, groups)
+    return _report(report, config, units, order, iterations, steps)
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
@@ -264,7 +230,7 @@ def _run(
 
 def _report(
     base: Report,
-    config: dict[str, Any],
+    config: ReportConfig,
     units: list[Unit],
     forward_order: list[str],
     iterations: list[list[Event]],

@@ -40,6 +40,7 @@ from torch import nn
 
 from fsdpviz._gc import answering
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.schema.report import Report
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class PlanOptions:
     policy: PolicyKind = "classes"
     layer_classes: tuple[str, ...] = ()
     min_num_params: int = 100_000_000
-    world_size: int = 8
+    world_size: int = DEFAULT_WORLD_SIZE
     sharding_strategy: str = "FULL_SHARD"
     backward_prefetch: str | None = "BACKWARD_PRE"
     forward_prefetch: bool = False
@@ -107,11 +108,11 @@ class PlanOptions:
         return cls(
             policy="classes" if classes else "none",
             layer_classes=classes,
-            world_size=int(cfg.get("world_size") or 8),
-            sharding_strategy=str(cfg.get("sharding_strategy") or "FULL_SHARD"),
-            backward_prefetch=bp if isinstance(bp := cfg.get("backward_prefetch"), str) else None,
-            forward_prefetch=cfg.get("forward_prefetch") is True,
-            recipe="FSDP2" if cfg.get("api") == "FSDP2" else "FSDP1",
+            world_size=cfg.ranks,
+            sharding_strategy=cfg.sharding_strategy,
+            backward_prefetch=cfg.backward_prefetch,
+            forward_prefetch=cfg.forward_prefetch,
+            recipe=cfg.api,
         )
 
 
@@ -228,7 +229,7 @@ class Replanner:
 
         fields, keys = _REPLAYABLE[opts.recipe]
         for other, report in reversed(self._cache.items()):
-            if report.profile is None or report.config.get("replayed"):
+            if report.profile is None or report.config.replayed:
                 continue
             if dataclasses.replace(other, **{k: getattr(opts, k) for k in fields}) != opts:
                 continue

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_leaves
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
-from fsdpviz.schedule.fsdp1 import _empty_unit, _placements, _runtime_warnings
+from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.trace.copy import model_copy
@@ -205,20 +205,20 @@ class StoredTrace:
         if iterations is None:
             return None
         runtime = schedule.runtime
-        placements = _placements(plan)
+        where = placements(plan)
         return Report(
             source="prediction",
             config=opts.describe(),
-            units=[u.schema or _empty_unit(u.fqn, u.module) for u in plan.units],
+            units=[u.schema or empty_unit(u.fqn, u.module) for u in plan.units],
             forward_order=[h.name for h in runtime.pre_forward_order],
             iterations=iterations,
-            warnings=plan.warnings + _runtime_warnings(plan, runtime, iterations),
+            warnings=plan.warnings + runtime_warnings(plan, runtime, iterations),
             modules=module_infos(
-                self.copy, placements, {u.fqn: u.fqn for u in plan.units}, self.records
+                self.copy, where, {u.fqn: u.fqn for u in plan.units}, self.records
             ),
             module_order=self.order,
             module_backward_order=schedule.backward_order,
-            param_first_use=param_first_use(placements, self.order),
+            param_first_use=param_first_use(where, self.order),
             profile=None,
         )
 

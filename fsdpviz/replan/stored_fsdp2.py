@@ -36,10 +36,16 @@ from torch import nn
 from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import Group, build_groups, parse_fsdp2_options
+from fsdpviz.plan.fsdp2 import (
+    Group,
+    build_groups,
+    check_reshard_ints,
+    parse_fsdp2_options,
+    prefetch_indices,
+)
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
-from fsdpviz.schedule.fsdp2 import _check_reshard_ints, _prefetch_indices, fsdp2_report
+from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import map_objects, model_copy
@@ -194,11 +200,11 @@ class StoredTrace:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
         groups = build_groups(self.copy, opts, ignored)
-        _check_reshard_ints(groups, opts.world_size)
+        check_reshard_ints(groups, opts.world_size)
         runtime = FSDP2Runtime(groups, opts.world_size)
         runtime.set_prefetch(
-            _prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-            _prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+            prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+            prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
         )
         schedule = _Schedule(self, groups, runtime)
         return fsdp2_report(

@@ -30,6 +30,7 @@ from fsdpviz.cost.machine import Machine
 from fsdpviz.cost.machine import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.sweep_table import SweepTable, sweep
 from fsdpviz.schema.report import Report
 
@@ -71,7 +72,7 @@ def suggest(
     inputs: Any,
     *,
     memory_budget: str | int = "80GiB",
-    world_size: int = 8,
+    world_size: int = DEFAULT_WORLD_SIZE,
     api: str = "fsdp2",
     machine: Machine | str = "h100",
     optimizer: str | int | None = "adamw",

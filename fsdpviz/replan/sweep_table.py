@@ -227,7 +227,7 @@ def _row(
     peak = int(mem.peak["bytes"])
     return {
         "config": config,
-        "api": report.config.get("api", "FSDP1"),
+        "api": report.config.api,
         "units": len(report.units),
         "peak_bytes": peak,
         "peak_gib": peak / 2**30,

@@ -206,6 +206,6 @@ def _pair(
 
 
 def _label(report: Report) -> str:
-    api = report.config.get("api", "?")
-    detail = report.config.get("auto_wrap_policy") if api == "FSDP1" else None
+    api = report.config.api
+    detail = report.config.auto_wrap_policy if api == "FSDP1" else None
     return f"{api} {report.source}" + (f" ({detail})" if detail else "")

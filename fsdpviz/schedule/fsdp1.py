@@ -20,7 +20,7 @@ from fsdpviz.schedule.autograd_order import (
 from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.schema.report import Event, FsdpWarning, Report, Unit
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
@@ -64,19 +64,19 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     else:
         traced = _trace_autograd(copy, plan, opts, inputs, device)
     runtime = traced.runtime
-    placements = _placements(plan)
-    warnings = plan.warnings + traced.warnings + _runtime_warnings(plan, runtime, traced.iterations)
+    where = placements(plan)
+    warnings = plan.warnings + traced.warnings + runtime_warnings(plan, runtime, traced.iterations)
     return Report(
         source="prediction",
         config=opts.describe(),
-        units=[u.schema or _empty_unit(u.fqn, u.module) for u in plan.units],
+        units=[u.schema or empty_unit(u.fqn, u.module) for u in plan.units],
         forward_order=[h.name for h in runtime.pre_forward_order],
         iterations=traced.iterations,
         warnings=warnings,
-        modules=module_infos(copy, placements, {u.fqn: u.fqn for u in plan.units}, traced.records),
+        modules=module_infos(copy, where, {u.fqn: u.fqn for u in plan.units}, traced.records),
         module_order=traced.module_order,
         module_backward_order=traced.backward_order,
-        param_first_use=param_first_use(placements, traced.module_order),
+        param_first_use=param_first_use(where, traced.module_order),
         profile=traced.profile,
     )
 
@@ -223,13 +223,16 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
     return _Traced(iterations, runtime, module_order(tree), records, [warning])
 
 
-def _empty_unit(fqn: str, module: nn.Module) -> Any:
-    from fsdpviz.schema.report import Unit
-
+def empty_unit(fqn: str, module: nn.Module) -> Unit:
+    """The unit of a module FSDP1 wraps although it holds no parameters of its own."""
     return Unit(module=fqn, module_class=type(module).__name__, params=[])
 
 
-def _runtime_warnings(plan: Plan, runtime: Any, iterations: list[list[Event]]) -> list[FsdpWarning]:
+def runtime_warnings(
+    plan: Plan, runtime: FSDP1Runtime, iterations: list[list[Event]]
+) -> list[FsdpWarning]:
+    """What the schedule shows FSDP would warn about: shared parameters flattened twice,
+    units never used in forward, units all-gathered in backward without a gradient."""
     out: list[FsdpWarning] = []
     seen: dict[str, str] = {}
     shared: list[str] = []
@@ -275,7 +278,8 @@ def _runtime_warnings(plan: Plan, runtime: Any, iterations: list[list[Event]]) -
     return out
 
 
-def _placements(plan: Plan) -> list[ParamPlacement]:
+def placements(plan: Plan) -> list[ParamPlacement]:
+    """Where each parameter of the plan lives (its unit, shape and bytes per element)."""
     out: list[ParamPlacement] = []
     for unit in plan.units:
         size = unit.schema.itemsize if unit.schema else 0

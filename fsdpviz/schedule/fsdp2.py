@@ -6,8 +6,15 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.fsdp2 import FSDP2Options, Group, build_groups, parse_fsdp2_options
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import (
+    FSDP2Options,
+    Group,
+    build_groups,
+    check_reshard_ints,
+    parse_fsdp2_options,
+    prefetch_indices,
+)
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -38,12 +45,12 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         copy, mapping = model_copy(model, device)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         groups = build_groups(copy, opts, ignored)
-    _check_reshard_ints(groups, opts.world_size)
+    check_reshard_ints(groups, opts.world_size)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     runtime.set_prefetch(
-        _prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-        _prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     n_modules = sum(1 for _ in copy.modules())
     where = "the meta device" if device == "meta" else "the model's device"
@@ -91,15 +98,15 @@ def fsdp2_report(
     # autograd nodes every iteration, so the steady state replays the first.
     runtime.replay(list(runtime.log))
     iterations: list[list[Event]] = [first, runtime.take_events()]
-    forward_order = _forward_order(runtime.log, groups)
+    order = forward_order(runtime.log, groups)
     placements = _placements(groups)
     return Report(
         source="prediction",
         config=opts.describe(groups),
         units=[g.schema for g in groups if g.schema is not None and g.params],
-        forward_order=forward_order,
+        forward_order=order,
         iterations=iterations,
-        warnings=_warnings(groups, forward_order, view_outputs),
+        warnings=_warnings(groups, order, view_outputs),
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
         ),
@@ -110,7 +117,7 @@ def fsdp2_report(
     )
 
 
-def _forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:
+def forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:
     """Groups (with parameters) in the order their forward first started."""
     order: dict[str, None] = {}
     for name, i, _ in log:
@@ -119,38 +126,6 @@ def _forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list
         if name == "pre_forward" and groups[i].params:
             order.setdefault(groups[i].name, None)
     return list(order)
-
-
-def _check_reshard_ints(groups: list[Group], world_size: int) -> None:
-    for g in groups:
-        raf = g.reshard_after_forward
-        if isinstance(raf, bool) or not isinstance(raf, int):
-            continue
-        if raf < 1 or raf > world_size or world_size % raf:
-            raise FSDPConfigError(
-                f"reshard_after_forward={raf} for {g.name or '<root>'!r}: if passing "
-                f"reshard_after_forward as an int, it should be a factor of {world_size} "
-                "(FSDP2 raises this)"
-            )
-
-
-def _prefetch_indices(
-    spec: dict[str, list[str]], groups: list[Group], name: str
-) -> dict[int, list[int]]:
-    index: dict[str, int] = {}
-    for i, g in enumerate(groups):
-        for f in g.fqns:
-            index[f] = i
-
-    def find(fqn: str) -> int:
-        if fqn not in index:
-            known = ", ".join(repr(f) for f in list(index)[:6])
-            raise ConfigError(
-                f"{name}: {fqn!r} is not a module fully_shard is applied to (known: {known}, ...)"
-            )
-        return index[fqn]
-
-    return {find(k): [find(v) for v in vs] for k, vs in spec.items()}
 
 
 def _placements(groups: list[Group]) -> list[ParamPlacement]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from fsdpviz.plan.fsdp2 import Group, _reshards
+from fsdpviz.plan.fsdp2 import Group, reshards
 from fsdpviz.schema.report import Event, Hook
 
 
@@ -39,7 +39,7 @@ class GroupState:
         self.group = group
         self.name = group.name
         raf = group.reshard_after_forward
-        self.reshard_after_forward = _reshards(raf)
+        self.reshard_after_forward = reshards(raf)
         self.use_post_forward_mesh = (
             not isinstance(raf, bool) and isinstance(raf, int) and 1 < raf < world_size
         )

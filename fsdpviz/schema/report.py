@@ -33,6 +33,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     time a profiler measured); predictions never set them, and schedules are
     compared without them (:meth:`Event.untimed`). A recording has one event
     list per iteration it saw, not two.
+``config``
+    How the report was made: the FSDP options of a prediction, the rank and
+    backend of a recording (:class:`~fsdpviz.schema.config.ReportConfig`).
 ``warnings``
     What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
 ``modules``
@@ -61,14 +64,17 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.profile import TraceProfile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the types of the conveniences the layers above implement
     from fsdpviz.cost.memory import MemoryReport
     from fsdpviz.cost.time import Timeline
 
@@ -245,7 +251,7 @@ class Report:
     """
 
     source: Literal["prediction", "recording"]
-    config: dict[str, Any]
+    config: ReportConfig
     units: list[Unit]
     forward_order: list[str]
     iterations: list[list[Event]]
@@ -257,6 +263,10 @@ class Report:
     module_events: list[list[ModuleEvent]] = field(default_factory=list)
     profile: TraceProfile | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
+            self.config = ReportConfig.from_dict(self.config)
+
     @cached_property
     def memory(self) -> MemoryReport:
         """Per-rank memory at every event of the steady state, and its peak (computed once).
@@ -264,9 +274,8 @@ class Report:
         Defaults of :func:`fsdpviz.cost.memory_model`: AdamW optimizer state, last
         iteration. Call that function for other options.
         """
-        from fsdpviz.cost.memory import memory_model
-
-        return memory_model(self)
+        model: Callable[[Report], MemoryReport] = report_method("memory")
+        return model(self)
 
     @cached_property
     def timeline(self) -> Timeline:
@@ -275,9 +284,8 @@ class Report:
         Defaults of :func:`fsdpviz.cost.timeline` (``machine="h100"``); call it
         with another :class:`fsdpviz.cost.Machine` or preset name for other hardware.
         """
-        from fsdpviz.cost.time import timeline
-
-        return timeline(self)
+        model: Callable[[Report], Timeline] = report_method("timeline")
+        return model(self)
 
     def unit(self, module: str) -> Unit:
         """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
@@ -291,7 +299,7 @@ class Report:
         d = {
             "schema_version": SCHEMA_VERSION,
             "source": self.source,
-            "config": self.config,
+            "config": self.config.to_dict(),
             "units": [u.to_dict() for u in self.units],
             "forward_order": list(self.forward_order),
             "iterations": [[e.to_dict() for e in it] for it in self.iterations],
@@ -325,7 +333,7 @@ class Report:
             )
         return cls(
             source=d["source"],
-            config=d["config"],
+            config=ReportConfig.from_dict(d["config"]),
             units=[Unit.from_dict(u) for u in d["units"]],
             forward_order=list(d["forward_order"]),
             iterations=[[Event.from_dict(e) for e in it] for it in d["iterations"]],
@@ -356,18 +364,14 @@ class Report:
 
     def module_graph(self) -> Any:
         """The module tree as a ``networkx.DiGraph`` (see :mod:`fsdpviz.graphs`)."""
-        from fsdpviz.graphs import module_graph
-
-        return module_graph(self)
+        return report_method("module_graph")(self)
 
     def unit_graph(self, iteration: int = -1) -> Any:
         """Units with forward-order and prefetch edges of one iteration (default: steady state).
 
         A ``networkx.MultiDiGraph`` (a ``DiGraph`` subclass); see :mod:`fsdpviz.graphs`.
         """
-        from fsdpviz.graphs import unit_graph
-
-        return unit_graph(self, iteration)
+        return report_method("unit_graph")(self, iteration)
 
     def show(self, **kwargs: Any) -> Any:
         """The interactive views in a notebook: wrap-unit explorer, prefetch graph, timeline.
@@ -381,9 +385,7 @@ class Report:
             view = report.show(model=model, inputs=ids)
             view.timeline.step = 40
         """
-        from fsdpviz.widgets import show
-
-        return show(self, **kwargs)
+        return report_method("show")(self, **kwargs)
 
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """Write the report in the format its suffix names; see :func:`fsdpviz.export.save`.
@@ -391,21 +393,19 @@ class Report:
         ``.html`` (interactive, self-contained), ``.png`` / ``.svg`` / ``.pdf`` (one figure),
         ``.json`` (a Chrome trace that :func:`fsdpviz.load` also reads back), ``.graphml``.
         """
-        from fsdpviz.export import save
-
+        save: Callable[..., Path] = report_method("save")
         return save(self, path, **kwargs)
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
     ) -> dict[str, Any]:
         """The compact summary a notebook shows for a report in a cell's last line."""
-        from fsdpviz.views.card import report_bundle
-
-        return report_bundle(self)
+        card: Callable[[Report], dict[str, Any]] = report_method("card")
+        return card(self)
 
     def summary(self) -> str:
         """A few lines: units, bytes per rank, event counts, warnings."""
-        ws = self.config.get("world_size")
+        ws = self.config.world_size
         per_rank = sum(u.sharded_bytes for u in self.units)
         lines = [
             f"fsdpviz {self.source}: {len(self.units)} units, world size {ws}, "

@@ -1,13 +1,32 @@
-"""Cut the probe's marks (one per FSDP hook call) into one profile per iteration."""
+"""The probe's marks (one per FSDP hook call), cut into one profile per iteration."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from fsdpviz.schema.profile import StepProfile, TraceProfile
 
-if TYPE_CHECKING:
-    from fsdpviz.trace.probe import Mark
+
+@dataclass
+class Mark:
+    """Counters when one FSDP hook was called, for the compute since the previous one."""
+
+    flops_forward: float
+    flops_backward: float
+    activations: int
+    forward_temp: int
+    backward_temp: int
+    peak: int  # most activations + temp + new gradients since the previous mark
+    peak_activations: int  # activations when ``peak`` was reached
+    peak_forward_temp: int  # forward temp when ``peak`` was reached
+    peak_grads: int  # new gradients when ``peak`` was reached
+    grads: dict[str, int]  # new unsharded gradient bytes by unit
+    n_events: int  # events issued before this hook in the current iteration
+    measured: bool  # False for hook calls replayed without running the model
+
+
+EMPTY_MARK = Mark(0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
 
 
 def cut_profile(
@@ -27,8 +46,6 @@ def cut_profile(
     steady state) takes the compute of the first measured one, hook call by
     hook call. None when the log cannot be cut into that many iterations.
     """
-    from fsdpviz.trace.probe import EMPTY_MARK
-
     ends = [i + 1 for i, e in enumerate(log) if e[0] == "final_callback"]
     if len(ends) < len(n_events) or len(marks) != len(log) or not n_events:
         return None
@@ -73,8 +90,6 @@ def _matched(
 ) -> list[Mark]:
     """For each hook call of ``span``, the source's mark of the same call: the k-th call
     of a hook on a unit takes the compute before the k-th such call in the source."""
-    from fsdpviz.trace.probe import EMPTY_MARK
-
     where: dict[tuple[str, int, int], int] = {}
     seen: dict[tuple[str, int], int] = {}
     for i in range(*source):

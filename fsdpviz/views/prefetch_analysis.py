@@ -79,7 +79,7 @@ def prefetch_analysis(report: Report, iteration: int = -1) -> PrefetchAnalysis:
         if data["kind"] == "backward_prefetch" and successor.get(a) != b:
             out.misordered.append((a, b, successor.get(a), data["position"]))
     out.misordered.sort(key=lambda t: t[3])
-    if report.config.get("backward_prefetch") is None:
+    if not report.config.prefetches_backward:
         return out
     first_gather: dict[str, tuple[int, bool]] = {}
     post_backward: dict[str, int] = {}
