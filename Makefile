@@ -17,10 +17,17 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/fsdpviz demo -o fsdpviz-demo.html
 
-lint: setup
+# Python (ruff, mypy) and the TypeScript in js/ (biome: lint and format; `npm run format`
+# in js/ rewrites it).
+lint: setup js/node_modules/.package-lock.json
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd js && npm run --silent lint
+
+# js/'s tools, installed from the lock file.
+js/node_modules/.package-lock.json: js/package-lock.json
+	cd js && npm ci --no-audit --no-fund
 
 # The widget front end: install from the lock file, type-check and unit-test (vitest),
 # then bundle into fsdpviz/static/ (what the Python widget tests load).

@@ -196,8 +196,8 @@ async def _replan(repeats: int, verbose: bool) -> None:
 
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    from fsdpviz import analyze
     from fsdpviz.examples import DecoderLayer
-    from fsdpviz.schedule.predict import analyze
     from fsdpviz.widgets import Dashboard
 
     config = ExampleConfig(num_layers=83)

@@ -159,10 +159,36 @@ def test_no_private_name_is_imported_across_modules() -> None:
     assert not wrong, "make these names public in their package:\n" + "\n".join(wrong)
 
 
+def _bound_names(package: str) -> set[str]:
+    """Names a package's ``__init__`` binds to something other than its own submodules."""
+    tree = ast.parse(modules()[package].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            own = node.module == package and not node.level
+            names.update(a.asname or a.name for a in node.names if not (own and a.asname is None))
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_no_module_is_hidden_by_a_name_of_its_package() -> None:
+    """``fsdpviz.analyze`` is the function, and no module ``fsdpviz/analyze.py`` hides behind it
+    (``import fsdpviz.x.y as m`` would give the package's ``y``, not the module)."""
+    hidden = [
+        name
+        for name in modules()
+        if "." in name and name.rpartition(".")[2] in _bound_names(name.rpartition(".")[0])
+    ]
+    assert not hidden, f"modules hidden by a name their package binds: {hidden}"
+
+
 def test_the_checks_see_imports_inside_functions() -> None:
-    """The graph holds an import that only runs inside a function (the facade's ``load``
-    reads files with RecordedRun, imported at the top; the conveniences import widgets
-    inside functions)."""
+    """An import that runs only inside a function counts; one under TYPE_CHECKING does not."""
     edges = {(i.module, i.target) for i in imports()}
-    assert ("fsdpviz._conveniences", "fsdpviz.widgets") in edges
+    assert ("fsdpviz._conveniences", "fsdpviz.widgets") in edges  # inside show()
     assert ("fsdpviz.schema.report", "fsdpviz.cost.memory") not in edges  # TYPE_CHECKING only

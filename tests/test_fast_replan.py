@@ -1,4 +1,4 @@
-"""Plans from one stored trace (fsdpviz/fsdp1/fast.py, fsdpviz/fsdp2/fast.py) equal analyze.
+"""Plans from one stored trace (fsdpviz/replan/stored_fsdp1.py, stored_fsdp2.py) equal analyze.
 
 ``analyze`` is pinned to real FSDP1 and FSDP2 by the conformance tests; here every
 plan a stored trace answers must equal ``analyze(..., profile=False)`` field for

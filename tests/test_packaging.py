@@ -38,5 +38,5 @@ def test_wheel_contains_the_front_end(tmp_path: Path) -> None:
         "fsdpviz/static/standalone.js",
         "fsdpviz/export/page.css",
     } <= names
-    assert "fsdpviz/widgets/timeline.py" in names
+    assert "fsdpviz/widgets/timeline_widget.py" in names
     assert not any(n.startswith("js/") for n in names)

@@ -1,4 +1,7 @@
-"""Recording real FSDP runs into the same report types as a prediction."""
+"""Recording real FSDP runs into the same report types as a prediction, and comparing them.
+
+May import the layers below it: schema, trace, plan, schedule.
+"""
 
 from fsdpviz.record._diff import AlignedEvent, IterationDiff, ScheduleDiff, diff
 from fsdpviz.record._diverge import Divergence, RankEvent

@@ -6,7 +6,7 @@ module hooks that look the module up in a dict and append
 node pre-hook per distinct node (no multi-grad hooks); consecutive modules,
 where one's output is the next one's input, share that node's hook. Events
 become :class:`~fsdpviz.schema.report.ModuleEvent` dicts only when
-:meth:`ModuleTimeline.take` is called, at the end of an iteration.
+:meth:`ModuleEventRecorder.take` is called, at the end of an iteration.
 
 - ``forward_enter`` / ``forward_exit``: the module's forward starts / returns.
 - ``backward_enter``: autograd is about to run the node that produced the
@@ -85,14 +85,14 @@ class _NodeMarks:
         self.exits: list[str] = []
 
 
-class ModuleTimeline:
+class ModuleEventRecorder:
     """Records module enter/exit events of ``model`` while entered.
 
     Example::
 
-        with ModuleTimeline(model) as timeline:
+        with ModuleEventRecorder(model) as recorder:
             model(x).sum().backward()
-        events = timeline.take(origin_ns=timeline.t0_ns)   # [{"kind", "module", "t"}, ...]
+        events = recorder.take(origin_ns=recorder.t0_ns)   # [{"kind", "module", "t"}, ...]
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -103,7 +103,7 @@ class ModuleTimeline:
         self._last: tuple[Any, _NodeMarks] | None = None
         self.t0_ns = 0
 
-    def __enter__(self) -> ModuleTimeline:
+    def __enter__(self) -> ModuleEventRecorder:
         from torch.nn.modules import module as module_mod
 
         names = self._names

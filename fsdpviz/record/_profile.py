@@ -183,8 +183,8 @@ def _split_iterations(
         return per_step[used[0] : used[-1] + 1], steps[used[0]][0]
     iterations: list[list[_Found]] = [[]]
     backward_seen = False
-    timeline = sorted([(ts, 0, None) for ts in roots] + [(f.ts, 1, f) for f in found], key=_first)
-    for _, _, f in timeline:
+    in_order = sorted([(ts, 0, None) for ts in roots] + [(f.ts, 1, f) for f in found], key=_first)
+    for _, _, f in in_order:
         if f is None:
             if backward_seen:
                 iterations.append([])

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from fsdpviz.record._fsdp1 import FSDP1Recorder
-from fsdpviz.record._modules import ModuleTimeline
+from fsdpviz.record._modules import ModuleEventRecorder
 from fsdpviz.record._recorded import rank_report
 from fsdpviz.record._writer import (
     FORMAT,
@@ -90,7 +90,7 @@ class RunRecorder:
         self, model: nn.Module, out_dir: str | Path, *, gather: bool, modules: bool
     ) -> None:
         self.api, self._schedule = schedule_recorder(model)
-        self._timeline = ModuleTimeline(model) if modules else None
+        self._module_events = ModuleEventRecorder(model) if modules else None
         self.out_dir = Path(out_dir)
         self.gather = gather
         self.rank, self.world_size, self.backend = _dist_info()
@@ -112,8 +112,8 @@ class RunRecorder:
         try:
             stack.enter_context(self._schedule)
             started = time.time()
-            if self._timeline is not None:
-                stack.enter_context(self._timeline)
+            if self._module_events is not None:
+                stack.enter_context(self._module_events)
             self._schedule.on_iteration = self._write_iteration
             self._header = {
                 "format": FORMAT,
@@ -142,7 +142,7 @@ class RunRecorder:
         if self._writer is None:
             return
         origin = self._schedule.t0_ns
-        modules = self._timeline.take(origin) if self._timeline is not None else []
+        modules = self._module_events.take(origin) if self._module_events is not None else []
         self._writer.iteration(
             {
                 "iteration": index,

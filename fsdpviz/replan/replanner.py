@@ -7,7 +7,7 @@ by the fastest exact path (``last_path`` says which):
 - ``"cache"``: these options were planned before;
 - ``"replay"``: only the world size, backward prefetch or sharding strategy differ
   from a report that carries a trace profile: its hook calls are replayed
-  (:func:`fsdpviz.cost.replay`), profile included;
+  (:func:`fsdpviz.replan.replay`), profile included;
 - ``"stored trace"``: plans come from one stored trace of the model per recipe
   (:class:`fsdpviz.replan.stored_fsdp1.StoredTrace`,
   :class:`fsdpviz.replan.stored_fsdp2.StoredTrace`, made on the recipe's first plan):

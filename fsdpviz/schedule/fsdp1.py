@@ -105,7 +105,7 @@ def _trace_autograd(
     n_modules = sum(1 for _ in copy.modules())
     # Forward prefetch creates a prefetched unit's views earlier in the steady
     # state, which changes the backward hook order: simulate the engine on the
-    # captured graph (fsdp1/steady.py) or, if that cannot be trusted, trace again.
+    # captured graph (schedule/autograd_order.py) or, if that cannot be trusted, trace again.
     forward_prefetch = any(u.config.forward_prefetch for u in plan.units)
     graphs: list[Graph] = []
     if forward_prefetch and STEADY_BY_SIMULATION:

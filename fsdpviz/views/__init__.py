@@ -1,4 +1,6 @@
-"""Plotly figures of a :class:`~fsdpviz.Report`: pure functions, no widgets.
+"""Plotly figures of a :class:`~fsdpviz.Report` and the data behind them: pure functions.
+
+May import every layer up to fsdpviz.replan, and fsdpviz.graphs; never widgets or export.
 
 - :func:`explorer_figure`: the module tree as an icicle/treemap coloured by wrap unit;
 - :func:`prefetch_figure`: units in forward order with forward-order and prefetch edges;

@@ -1,5 +1,7 @@
 """Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline and the dashboard.
 
+May import every layer up to the views; not fsdpviz.export.
+
 Example::
 
     import fsdpviz
