@@ -19,7 +19,7 @@ from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(
 from fsdpviz._version import __version__
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
-from fsdpviz.record import (
+from fsdpviz.recording import (
     Divergence,
     FSDP1Recorder,
     FSDP2Recorder,

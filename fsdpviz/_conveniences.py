@@ -16,7 +16,7 @@ from fsdpviz.schema.extensions import register_report_method, register_run_metho
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport
     from fsdpviz.cost.time import Timeline
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
 

@@ -14,7 +14,7 @@ Example::
     fsdpviz.cost.timeline(report, machine("a100", network="roce-100"))
 """
 
-from fsdpviz.cost.machine import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
+from fsdpviz.cost.hardware import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
 from fsdpviz.cost.memory import CATEGORIES, MemoryReport, memory_model, memory_series
 from fsdpviz.cost.time import Timeline, timeline
 

@@ -1,7 +1,7 @@
 """Estimated duration of every event, and how much communication compute hides.
 
 The model replays one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` on two streams
-of a :class:`~fsdpviz.cost.machine.Machine`:
+of a :class:`~fsdpviz.cost.hardware.Machine`:
 
 - the **compute** stream runs the compute measured before each hook call, in
   order (FLOPs from the trace). The compute after a unit's pre-forward or
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
-from fsdpviz.cost.machine import Machine
-from fsdpviz.cost.machine import machine as make_machine
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.tables import dataframe
 from fsdpviz.schema.report import Report, Unit

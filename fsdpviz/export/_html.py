@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import (
     MemoryOption,
@@ -29,7 +29,7 @@ from fsdpviz.views.style import Theme, format_bytes, theme_colors
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
     from fsdpviz.views.tree import ModuleTree
 

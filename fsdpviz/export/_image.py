@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import MemoryOption, memory_for, ranks_of, with_module_tree
 from fsdpviz.views.style import Theme
@@ -17,7 +17,7 @@ from fsdpviz.views.style import Theme
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
 __all__ = ["FIGURES", "IMAGE_FORMATS", "figure", "write_image"]

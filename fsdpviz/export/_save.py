@@ -11,7 +11,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
 
 if TYPE_CHECKING:
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
 __all__ = ["SUFFIXES", "save"]

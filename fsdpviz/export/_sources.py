@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz.schema.report import ModuleInfo, Report
 
 if TYPE_CHECKING:
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
 AUTO = "auto"
 """``memory="auto"``: the memory model's series (:func:`fsdpviz.cost.memory_series`)."""
@@ -19,7 +19,7 @@ MemoryOption = str | Sequence[float] | Callable[[Report], Sequence[float]] | Non
 
 def ranks_of(obj: Report | RecordedRun) -> tuple[list[Report], list[str]]:
     """The reports to draw, one per rank, and their names (``"rank N"``)."""
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
     if isinstance(obj, Report):
         rank = obj.config.rank if obj.source == "recording" else None

@@ -24,8 +24,8 @@ from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.report import Event, Report
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.machine import Machine
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.cost.hardware import Machine
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["LANES", "chrome_trace"]
 
@@ -51,7 +51,7 @@ def chrome_trace(
         [e for e in trace["traceEvents"] if e["ph"] == "X"][:2]
     """
     from fsdpviz._version import __version__
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
     reports, names = ranks_of(obj)
     pids = [_pid(r, i, isinstance(obj, RecordedRun)) for i, r in enumerate(reports)]

@@ -26,8 +26,8 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.cost.machine import Machine
-from fsdpviz.cost.machine import machine as make_machine
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.cost.tables import dataframe

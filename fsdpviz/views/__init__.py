@@ -20,8 +20,8 @@ from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import explorer_figure
 from fsdpviz.views.prefetch import PrefetchAnalysis, prefetch_analysis, prefetch_figure
 from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
-from fsdpviz.views.timeline_data import MemorySeries, MemorySource, timeline_data
-from fsdpviz.views.timeline_figure import timeline_figure
+from fsdpviz.views.timeline_lanes import timeline_figure
+from fsdpviz.views.timeline_steps import MemorySeries, MemorySource, timeline_data
 from fsdpviz.views.tree import ModuleTree, module_tree
 
 __all__ = [

@@ -26,7 +26,7 @@ from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]
 

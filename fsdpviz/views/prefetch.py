@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 
 from fsdpviz.graphs import unit_graph
 from fsdpviz.schema.report import Report
-from fsdpviz.views.prefetch_analysis import (
+from fsdpviz.views.prefetch_facts import (
     PrefetchAnalysis,
     backward_unit_order,
     prefetch_analysis,

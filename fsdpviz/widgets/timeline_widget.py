@@ -22,9 +22,9 @@ from typing import Any
 import anywidget
 import traitlets
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.timeline_data import MemorySeries, timeline_data
+from fsdpviz.views.timeline_steps import MemorySeries, timeline_data
 
 __all__ = ["STATIC", "TimelineWidget"]
 

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsdpviz.record._recorded import RecordedRun
+from fsdpviz.recording._recorded import RecordedRun
 from fsdpviz.schema.report import Event, Report
 
 Status = Literal["equal", "differs", "extra", "missing"]

@@ -36,7 +36,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.style import unit_colors
 
@@ -112,7 +112,7 @@ def timeline_data(
 ) -> dict[str, Any]:
     """Columnar timeline of ``reports`` (one per rank) for ``iteration`` (``None``: all).
 
-    ``machine`` (a :class:`~fsdpviz.cost.machine.Machine` or preset name) times
+    ``machine`` (a :class:`~fsdpviz.cost.hardware.Machine` or preset name) times
     predictions that have a trace profile; see the module docstring.
 
     Keys: ``units``, ``colors``, ``ranks``, ``kinds``, ``hooks``, ``timed``,

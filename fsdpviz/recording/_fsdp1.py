@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.record._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 

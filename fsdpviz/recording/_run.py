@@ -1,6 +1,6 @@
 """``fsdpviz.record``: record a real FSDP run on every rank into a directory.
 
-Each rank writes its own files (see :mod:`fsdpviz.record._writer`): a header
+Each rank writes its own files (see :mod:`fsdpviz.recording._writer`): a header
 when recording starts and one line per iteration, at the end of that
 iteration (FSDP's final backward callback). Nothing is written on the hot path
 in between; module enter/exit events wait in a list until then.
@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from fsdpviz.record._fsdp1 import FSDP1Recorder
-from fsdpviz.record._modules import ModuleEventRecorder
-from fsdpviz.record._recorded import rank_report
-from fsdpviz.record._writer import (
+from fsdpviz.recording._fsdp1 import FSDP1Recorder
+from fsdpviz.recording._modules import ModuleEventRecorder
+from fsdpviz.recording._recorded import rank_report
+from fsdpviz.recording._writer import (
     FORMAT,
     FORMAT_VERSION,
     RankWriter,
@@ -35,7 +35,7 @@ from fsdpviz.schema.report import SCHEMA_VERSION, Event, Report, Unit
 class ScheduleRecorder(Protocol):
     """What :func:`record` needs from the recorder of one FSDP flavour.
 
-    :class:`~fsdpviz.record.FSDP1Recorder` (``timestamps=True``) provides it;
+    :class:`~fsdpviz.recording.FSDP1Recorder` (``timestamps=True``) provides it;
     an FSDP2 recorder plugs in by providing the same and being returned by
     :func:`schedule_recorder`.
     """
@@ -61,7 +61,7 @@ def schedule_recorder(model: nn.Module) -> tuple[str, ScheduleRecorder]:
     if any(isinstance(m, FullyShardedDataParallel) for m in modules):
         return "FSDP1", FSDP1Recorder(model, timestamps=True)
     if any(isinstance(m, FSDPModule) for m in modules):
-        from fsdpviz.record._fsdp2 import FSDP2Recorder
+        from fsdpviz.recording._fsdp2 import FSDP2Recorder
 
         return "FSDP2", FSDP2Recorder(model, timestamps=True)
     raise TypeError(

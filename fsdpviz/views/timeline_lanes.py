@@ -2,7 +2,7 @@
 
 Lanes per rank: compute, all-gather (frees as ticks) and reduce-scatter; the
 memory series, when given, below with its peak marked. See
-:mod:`fsdpviz.views.timeline_data` for how events are placed in time.
+:mod:`fsdpviz.views.timeline_steps` for how events are placed in time.
 
 Example::
 
@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from fsdpviz.schema.report import Report
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_data import MemorySeries, timeline_data
+from fsdpviz.views.timeline_steps import MemorySeries, timeline_data
 
 __all__ = ["lane_names", "timeline_figure"]
 

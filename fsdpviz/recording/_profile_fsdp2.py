@@ -6,7 +6,7 @@ FSDP2 labels name their group: ``FSDP::pre_forward (layers.0)``,
 ``FSDP::post_backward_reduce (...)``, ``FSDP::root_pre_forward`` and
 ``FSDP::root_post_backward_callback`` (the root group's labels carry no name).
 So all-gathers and reduce-scatters come with their unit, phase, prefetch flag
-and the hook that issued them, as :class:`~fsdpviz.record.FSDP2Recorder` sees
+and the hook that issued them, as :class:`~fsdpviz.recording.FSDP2Recorder` sees
 them; frees have no label of their own and are not rebuilt.
 """
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.record._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
 

@@ -11,7 +11,7 @@ FSDP1's labels (``FullyShardedDataParallel._pre_forward``,
 ``_pre_forward_prefetch``, ``_pre_backward_hook``, ``_pre_backward_prefetch``,
 ``_post_backward_hook``, ``_post_backward_prefetch``, ...) say which hook ran
 and whether it prefetched, but not for which unit, and frees have no label.
-FSDP2's labels name their unit (see :mod:`fsdpviz.record._profile_fsdp2`).
+FSDP2's labels name their unit (see :mod:`fsdpviz.recording._profile_fsdp2`).
 So the report holds all-gathers and reductions only (``config.kinds``,
 which :func:`fsdpviz.diff` honours), and unit names come from ``reference``
 (a prediction or a recording of the same job): the trace's events are aligned
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.record._profile_fsdp2 import KINDS as FSDP2_KINDS
-from fsdpviz.record._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
+from fsdpviz.recording._profile_fsdp2 import KINDS as FSDP2_KINDS
+from fsdpviz.recording._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, EventKind, Hook, Phase, Report
 
@@ -201,7 +201,7 @@ def _first(item: tuple[float, int, _Found | None]) -> tuple[float, int]:
 
 def _name(events: list[Event], reference: list[Event]) -> list[Event]:
     """Give ``events`` the unit names of the ``reference`` events they align with."""
-    from fsdpviz.record._diff import align
+    from fsdpviz.recording._diff import align
 
     def shape(e: Event) -> Event:
         return Event(e.kind, "", e.phase, e.prefetch, e.hook, "")

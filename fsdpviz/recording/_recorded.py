@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.record._diverge import Divergence, find_divergence, module_path
-from fsdpviz.record._writer import RankFiles, read_rank, recorded_ranks
+from fsdpviz.recording._diverge import Divergence, find_divergence, module_path
+from fsdpviz.recording._writer import RankFiles, read_rank, recorded_ranks
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import run_method
 from fsdpviz.schema.report import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
