@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
+
 __all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
 
 BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
@@ -157,9 +159,9 @@ def analyze_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]
     kwargs["forward_prefetch"] = args.forward_prefetch
     kwargs["use_orig_params"] = args.use_orig_params
     if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = BACKWARD_PREFETCH[args.backward_prefetch]
+        kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
     if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = SHARDING[args.sharding_strategy]
+        kwargs["sharding_strategy"] = strategy_named(SHARDING[args.sharding_strategy])
     if param is not None:
         from torch.distributed.fsdp import MixedPrecision
 

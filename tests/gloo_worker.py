@@ -1,4 +1,10 @@
-"""Worker for the 2-process gloo conformance test (spawned by torch.multiprocessing)."""
+"""Worker for the gloo conformance tests (spawned by torch.multiprocessing).
+
+``run(rank, world_size, port, out_dir, suite)`` records every case of one suite on each
+rank: ``"two"`` (2 ranks: FSDP1 and FSDP2 cases), ``"one"`` (1 rank, where FSDP1 switches
+to NO_SHARD) or ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
+given their ``(shard, replicate)`` process groups).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import handwritten_models as hm
 import torch
 import torch.distributed as dist
 from fsdp_harness import record_real_fsdp1, record_real_fsdp2
+from rank_exit import leave_rank
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -56,7 +63,75 @@ def gloo_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
             llama_inputs,
             {"auto_wrap_policy": ModuleWrapPolicy({LlamaDecoderLayer}), "forward_prefetch": True},
         ),
+        # FSDP1 keeps the string, which never equals a BackwardPrefetch: no backward prefetch
+        "stack-string-prefetch": (hm.Stack, x, {"auto_wrap_policy": block,
+                                                "backward_prefetch": "BACKWARD_PRE"}),
+    }  # fmt: skip
+
+
+def one_rank_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
+    """name -> (model factory, inputs factory, FSDP kwargs) on a process group of one rank."""
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    block = ModuleWrapPolicy({hm.Block})
+    return {
+        "one-full-shard": (hm.Stack, x, {"auto_wrap_policy": block}),
+        "one-grad-op-post": (
+            hm.CalledTwice,
+            x,
+            {
+                "auto_wrap_policy": block,
+                "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP,
+                "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+            },
+        ),
+        "one-string-strategy": (hm.Stack, x, {"auto_wrap_policy": block,
+                                              "sharding_strategy": "FULL_SHARD"}),
+    }  # fmt: skip
+
+
+HYBRID_SHARD_GROUP = 2
+
+
+def hybrid_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
+    """name -> (model factory, inputs factory, FSDP kwargs) on 4 ranks in shard groups of 2."""
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    block = ModuleWrapPolicy({hm.Block})
+    return {
+        f"hybrid-{s.name.lower()}-{p.name.lower()}": (
+            hm.Stack if p == BackwardPrefetch.BACKWARD_PRE else hm.Nested,
+            x,
+            {
+                "auto_wrap_policy": block
+                if p == BackwardPrefetch.BACKWARD_PRE
+                else ModuleWrapPolicy({hm.Block, hm.Outer}),
+                "sharding_strategy": s,
+                "backward_prefetch": p,
+            },
+        )
+        for s in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+        for p in (BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST)
     }
+
+
+def _hybrid_groups(rank: int, world_size: int) -> tuple[Any, Any]:
+    """This rank's (shard, replicate) process groups; every rank creates every group."""
+    size = HYBRID_SHARD_GROUP
+    shard = replicate = None
+    for start in range(0, world_size, size):
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            shard = group
+    for offset in range(size):
+        group = dist.new_group(list(range(offset, world_size, size)))
+        if rank % size == offset:
+            replicate = group
+    return shard, replicate
 
 
 def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[str, Any]]]:
@@ -86,19 +161,27 @@ def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[
     }
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.simplefilter("ignore")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        for name, (build, inputs, kwargs) in gloo_cases().items():
+        fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
+        groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
+        for name, (build, inputs, kwargs) in fsdp1.items():
             torch.manual_seed(0)
+            if groups is not None:
+                kwargs = {**kwargs, "process_group": groups}
             report = record_real_fsdp1(build(), inputs(), kwargs)
             report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
-        for name, (build, inputs, calls, kwargs) in gloo_fsdp2_cases().items():
+        for name, (build, inputs, calls, kwargs) in (
+            gloo_fsdp2_cases().items() if suite == "two" else []
+        ):
             torch.manual_seed(0)
             report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
             report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise  # torch.multiprocessing.spawn reports it to the parent
+    leave_rank()

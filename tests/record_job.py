@@ -29,6 +29,7 @@ from typing import Any
 import handwritten_models as hm
 import torch
 import torch.distributed as dist
+from rank_exit import leave_rank
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -191,16 +192,11 @@ def main(modes: str, out: Path) -> None:
     try:
         for mode in modes.split(","):
             run_mode(mode, out)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
 
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
-    # After profiling and gloo collectives, torch sometimes aborts in static
-    # destructors at interpreter exit ("terminate called without an active
-    # exception"), after everything above finished. Every file is written and
-    # closed by now: leave without running those destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_rank()  # every file is written and closed: see rank_exit.py

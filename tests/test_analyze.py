@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import warnings
 from typing import Any
@@ -15,9 +16,15 @@ from torch.distributed.fsdp import (
     BackwardPrefetch,
     CPUOffload,
     FullyShardedDataParallel,
+    MixedPrecision,
+    MixedPrecisionPolicy,
     ShardingStrategy,
 )
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.fsdp.wrap import (
+    ModuleWrapPolicy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 import fsdpviz
 
@@ -45,7 +52,7 @@ def _fsdp_error(model: nn.Module, **kwargs: Any) -> str:
         ({"device_mesh": None}, r"not modelled by fsdpviz"),
         ({"world_size": 0}, r"world_size must be a positive int"),
         ({"world_size": "8"}, r"world_size must be a positive int"),
-        ({"sharding_strategy": "QUARTER_SHARD"}, r"ShardingStrategy.FULL_SHARD"),
+        ({"sharding_strategy": 3}, r"ShardingStrategy.FULL_SHARD"),
         ({"backward_prefetch": 3}, r"BackwardPrefetch.BACKWARD_PRE"),
         ({"forward_prefetch": "yes"}, r"forward_prefetch must be True or False"),
         (
@@ -67,17 +74,125 @@ def test_bad_options_are_rejected_with_a_message(kwargs: dict[str, Any], pattern
         fsdpviz.analyze(hm.Stack(), _x(), **kwargs)
 
 
-def test_enum_names_as_strings_are_accepted() -> None:
+def test_string_options_do_what_fsdp1_does_with_them() -> None:
+    """FSDP1 keeps enum options as given: a string prefetches nothing in backward, and a
+    string strategy fails in FlatParameter construction (checked against real FSDP1 in
+    tests/test_conformance_gloo.py)."""
     report = fsdpviz.analyze(
-        hm.Stack(),
-        _x(),
-        auto_wrap_policy=POLICY,
-        sharding_strategy="shard_grad_op",
-        backward_prefetch="BACKWARD_POST",
-        world_size=2,
+        hm.Stack(), _x(), auto_wrap_policy=POLICY, backward_prefetch="BACKWARD_POST", world_size=2
     )
-    assert report.config["sharding_strategy"] == "SHARD_GRAD_OP"
-    assert report.config["backward_prefetch"] == "BACKWARD_POST"
+    assert report.config["backward_prefetch"] is None
+    assert not [e for e in report.iterations[1] if e.prefetch and e.phase == "backward"]
+    (warning,) = [w for w in report.warnings if w.code == "string_option"]
+    assert "nothing is prefetched in backward" in warning.message
+    assert "pass BackwardPrefetch.BACKWARD_POST" in warning.message
+    enum = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=2,
+        backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+    )  # fmt: skip
+    assert [e for e in enum.iterations[1] if e.prefetch and e.phase == "backward"]
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"KeyError: 'shard_grad_op'.*pass Shard"):
+        fsdpviz.analyze(hm.Stack(), _x(), sharding_strategy="shard_grad_op", world_size=2)
+    mp = MixedPrecision(param_dtype="bfloat16")  # type: ignore[arg-type]
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"param_dtype='bfloat16'.*torch.bfloat16"):
+        fsdpviz.analyze(hm.Stack(), _x(), mixed_precision=mp)
+    # FSDP2: dtypes must be torch.dtype too; reshard_after_forward must be a bool or an int
+    policy = MixedPrecisionPolicy(reduce_dtype="float32")  # type: ignore[arg-type]
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"reduce_dtype='float32'.*torch.float32"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], mp_policy=policy)
+    with pytest.raises(fsdpviz.ConfigError, match="reshard_after_forward must be a bool, an int"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], reshard_after_forward="True")
+
+
+def test_one_rank_runs_no_shard_as_fsdp1_switches_to_it() -> None:
+    report = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=1)
+    assert report.config["sharding_strategy"] == "NO_SHARD"
+    assert report.config["sharding_strategy_given"] == "FULL_SHARD"
+    assert {u.sharding_strategy for u in report.units} == {"NO_SHARD"}
+    assert {e.kind for e in report.iterations[1]} == {"all_reduce"}
+    (warning,) = report.warnings
+    assert warning.message == (
+        "FSDP is switching to use `NO_SHARD` instead of ShardingStrategy.FULL_SHARD since the "
+        "world size is 1."
+    )
+    # a string strategy is harmless on one rank, since FSDP replaces it
+    text = fsdpviz.analyze(hm.Stack(), _x(), sharding_strategy="FULL_SHARD", world_size=1)
+    assert {w.code for w in text.warnings} == {"string_option", "no_shard_world_size_1"}
+    # a replay to more ranks runs the strategy that was asked for
+    from fsdpviz.replan import replay
+
+    eight = replay(report, world_size=8)
+    fresh = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=8)
+    assert eight.iterations == fresh.iterations and eight.warnings == fresh.warnings
+    assert replay(fresh, world_size=1).iterations == report.iterations
+
+
+def test_hybrid_shard_groups_of_one_rank_never_synchronise() -> None:
+    report = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=4,
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD, shard_group_size=1,
+    )  # fmt: skip
+    assert report.config["process_group_size"] == 1
+    assert {e.kind for e in report.iterations[1]} == {"all_reduce"}
+    assert not [e for e in report.iterations[1] if e.group == "replicate"]
+    codes = [w.code for w in report.warnings]
+    assert codes == ["no_shard_world_size_1", "hybrid_not_synchronized"]
+    assert "never all-reduces across the 4 replicas" in report.warnings[1].message
+
+
+def test_hybrid_sharding_all_reduces_each_shard_across_replicas() -> None:
+    report = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=4,
+        sharding_strategy=ShardingStrategy._HYBRID_SHARD_ZERO2, shard_group_size=2,
+    )  # fmt: skip
+    steady = report.iterations[1]
+    for unit in ["", *[f"blocks.{i}" for i in range(4)]]:
+        reduced = [(e.kind, e.group) for e in steady if e.unit == unit and e.kind != "free"]
+        assert reduced[-2:] == [("reduce_scatter", None), ("all_reduce", "replicate")]
+    e = next(e for e in steady if e.group == "replicate")
+    assert e.describe() == "all_reduce 'blocks.3' (across replicas, post_backward of 'blocks.3')"
+    assert fsdpviz.Event.from_dict(e.to_dict()) == e
+
+
+def test_missing_wrap_class_is_named_with_the_classes_the_model_has() -> None:
+    report = fsdpviz.analyze(
+        hm.Stack(), _x(), auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer})
+    )
+    assert [u.module for u in report.units] == [""]  # as FSDP1: one unit, silently
+    (warning,) = report.warnings
+    assert warning.code == "wrap_class_missing"
+    assert warning.message.startswith(
+        "ModuleWrapPolicy names TransformerEncoderLayer, but no module of Stack is an instance "
+        "(FSDP1 does not check): the root is the only unit."
+    )
+    assert warning.message.endswith("with parameters: Block (x4), Linear (x10), LayerNorm (x4)")
+    # a policy may name classes a model lacks, as long as one is there
+    partial = functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls={hm.Block, nn.LSTM}
+    )
+    report = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=partial)
+    assert len(report.units) == 5 and not report.warnings
+    lstm = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.LSTM})
+    report = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=lstm)
+    assert report.warnings[0].message.startswith("transformer_auto_wrap_policy names LSTM")
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("hello", "the string 'hello'"),
+        (None, "None (did the function"),
+        (hm.Stack, "the class Stack; pass an instance"),
+        (hm.frozen_stack, "the callable 'frozen_stack'; call it"),
+        ({"w": torch.zeros(1)}, "a dict (a state_dict?)"),
+    ],
+)
+def test_not_a_module_says_what_was_expected(model: Any, said: str) -> None:
+    with pytest.raises(fsdpviz.ConfigError, match=r"expects the model, a torch\.nn\.Module") as e:
+        fsdpviz.analyze(model, _x())
+    assert said in str(e.value)
+    with pytest.raises(fsdpviz.ConfigError, match=r"^sweep expects the model"):
+        fsdpviz.sweep(model, _x(), world_size=[2, 4])
 
 
 @pytest.mark.parametrize(

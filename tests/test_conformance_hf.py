@@ -122,3 +122,73 @@ def test_hf_lora_style_frozen_base(fake_pg: int) -> None:
     kw = {"auto_wrap_policy": ModuleWrapPolicy({layer}), "use_orig_params": True}
     report = check_conformance(model, inputs, kw, fake_pg)
     assert any(w.code == "frozen_mixed" for w in report.warnings)
+
+
+def _mixtral(dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer
+
+    cfg = MixtralConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    return MixtralForCausalLM(cfg).to(dtype), {"input_ids": ids}, MixtralDecoderLayer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mixtral_experts_trace_on_meta_in_any_dtype(fake_pg: int, dtype: torch.dtype) -> None:
+    """``torch._grouped_mm``'s meta kernel takes bfloat16 only; the CPU and GPU kernels, and
+    so real FSDP, run float32 too: fsdpviz traces both and equals real FSDP1."""
+    model, inputs, layer = _mixtral(dtype)
+    report = check_conformance(model, inputs, {"auto_wrap_policy": ModuleWrapPolicy({layer})}, 4)
+    assert {u.dtype for u in report.units} == {str(dtype).removeprefix("torch.")}
+    # the shape-only kernel is gone once the trace ends
+    a = torch.empty(6, 8, device="meta")
+    with pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):
+        torch._grouped_mm(a, torch.empty(2, 8, 4, device="meta"), offs=torch.empty(2).int())
+
+
+def test_fx_says_why_a_wrapped_forward_cannot_be_traced() -> None:
+    model, inputs, _ = _mixtral(torch.bfloat16)
+    with pytest.raises(fsdpviz.TraceError) as err:
+        fsdpviz.analyze(model, inputs, trace="fx")
+    text = str(err.value)
+    assert "MixtralForCausalLM.forward is a (*args, **kwargs) wrapper" in text
+    assert "data-dependent" not in text and "Use trace='meta'" in text
+
+
+def test_wrong_inputs_point_at_the_inputs() -> None:
+    model, _, _ = HF_MODELS["llama"]()
+    ids = torch.randint(0, 96, (2, 8))
+    cases = [
+        ({"inputs_ids": ids}, "'inputs_ids' is not a parameter of LlamaForCausalLM.forward "
+         "(did you mean 'input_ids'?)"),
+        ({"input_ids": ids[..., None].expand(2, 8, 3)}, "input_ids: int64[2, 8, 3]"),
+        ({"input_ids": ids, "labels": ids[:1, :5]}, "labels: int64[1, 5]"),
+        ({"input_ids": ids.float()}, "input_ids: float32[2, 8]"),
+    ]  # fmt: skip
+    for inputs, said in cases:
+        with pytest.raises(fsdpviz.TraceError, match="The model rejected its inputs") as err:
+            fsdpviz.analyze(model, inputs)
+        assert said in str(err.value)
+        assert "trace='real'" not in str(err.value)
+        assert "LlamaForCausalLM.forward takes (input_ids, attention_mask," in str(err.value)
+
+
+def test_token_ids_past_the_vocabulary_are_warned_about() -> None:
+    model, _, _ = HF_MODELS["llama"]()
+    ids = torch.randint(0, 96, (2, 8))
+    ids[0, 0], ids[1, 3] = 0, 96
+    report = fsdpviz.analyze(model, {"input_ids": ids})
+    (warning,) = [w for w in report.warnings if w.code == "ids_out_of_range"]
+    assert warning.message.startswith(
+        "input_ids holds ids from 0 to 96, but 'model.embed_tokens' (Embedding) has 96 rows "
+        "(ids 0 to 95)"
+    )
+    fine = fsdpviz.analyze(model, {"input_ids": ids.clamp(max=95)})
+    assert not [w for w in fine.warnings if w.code == "ids_out_of_range"]
+    fsdp2 = fsdpviz.analyze(model, {"input_ids": ids}, fully_shard=[])
+    assert [w.code for w in fsdp2.warnings] == ["ids_out_of_range"]

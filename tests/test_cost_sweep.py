@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -18,6 +18,7 @@ from fsdpviz.replan import replay
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
 POLICY = ModuleWrapPolicy({DecoderLayer})
 PRE, POST = BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST
+SS = ShardingStrategy.__members__
 
 
 def _analyze(**kwargs: Any) -> fsdpviz.Report:
@@ -40,11 +41,10 @@ def _same(a: fsdpviz.Report, b: fsdpviz.Report) -> None:
 @pytest.mark.parametrize("use_orig_params", [False, True])
 def test_fsdp1_replay_equals_analyze(use_orig_params: bool) -> None:
     base = _analyze(auto_wrap_policy=POLICY, world_size=4, use_orig_params=use_orig_params)
-    grid = itertools.product(
-        [3, 16], [PRE, POST, None], ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
-    )
+    strategies = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+    grid = itertools.product([1, 3, 16], [PRE, POST, None], strategies)
     for ws, bp, strategy in grid:
-        kw = {"world_size": ws, "backward_prefetch": bp, "sharding_strategy": strategy}
+        kw = {"world_size": ws, "backward_prefetch": bp, "sharding_strategy": SS[strategy]}
         if strategy == "HYBRID_SHARD" and ws % 8:
             continue
         fresh = _analyze(auto_wrap_policy=POLICY, use_orig_params=use_orig_params, **kw)

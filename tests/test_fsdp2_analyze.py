@@ -160,9 +160,28 @@ def test_compare_fsdp1_policy_with_fsdp2_recipe() -> None:
     # FSDP1 does not free the root after forward; FSDP2 keeps the root by default too
     assert cmp.pairs[0].events_a["all_gather"] == cmp.pairs[0].events_b["all_gather"] == 1
     assert "FSDP1 prediction" in cmp.summary() and "same wrapping" in cmp.summary()
+    assert cmp.pairs[1].bytes_note == (
+        "sharded over 3 ranks; padding 0 vs 87 elements: FSDP1 pads its flat parameter to a "
+        "multiple of the shard ranks; FSDP2 pads dim 0 of each parameter to a multiple of the "
+        "shard ranks"
+    )
     import json
 
     json.dumps(cmp.to_dict())
+
+
+def test_compare_says_when_only_bytes_per_rank_differ() -> None:
+    a = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], world_size=3)
+    b = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=[hm.Block], world_size=5)
+    cmp = fsdpviz.compare(a, b)
+    assert cmp.same_wrapping and not cmp.identical
+    assert cmp.verdict == "same wrapping and schedule, different bytes per rank"
+    assert cmp.summary().splitlines()[0].endswith(cmp.verdict)
+    assert {tuple(p.differs) for p in cmp.pairs} == {("bytes per rank",)}
+    assert "(sharded over 3 vs 5 ranks; padding 87 vs 191 elements: FSDP2 pads dim 0" in (
+        cmp.summary()
+    )
+    assert cmp.to_dict()["verdict"] == cmp.verdict
 
 
 def test_compare_two_recipes_lists_moved_parameters() -> None:

@@ -169,6 +169,8 @@ class Walker:
             self.cat["all_gather"] -= pending[0]
 
     def _reduce(self, e: Event, s: UnitBytes) -> None:
+        if e.group == "replicate":
+            return  # hybrid sharding all-reduces the gradient shard in place
         grads = self.grads.pop(e.unit, 0)
         if not self.tape.measured:
             grads = s.grad

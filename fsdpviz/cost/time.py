@@ -158,6 +158,7 @@ class _Sim:
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
         self.shard_ws = cfg.shard_ranks
+        self.pg_ws = cfg.process_group_size or self.ws
         self.limit = limit and not self.fsdp2
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
@@ -269,17 +270,14 @@ class _Sim:
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
-        if e.kind == "all_reduce":
-            self._collective(rec, "all_reduce", u.numel * reduce, self.ws, self.t_compute)
-            return
-        self._collective(
-            rec, "reduce_scatter", u.padded_numel * reduce, self.shard_ws, self.t_compute
-        )
-        replicas = self.ws // self.shard_ws
-        if replicas > 1:  # hybrid sharding: all-reduce the shard across replicas
-            extra = self.m.collective_seconds("all_reduce", u.sharded_numel * reduce, replicas)
-            rec["end"] += extra
-            self.t_comm = rec["end"]
+        if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
+            replicas = self.ws // self.shard_ws
+            self._collective(rec, "all_reduce", u.sharded_numel * reduce, replicas, self.t_compute)
+        elif e.kind == "all_reduce":  # NO_SHARD: the whole gradient over FSDP's process group
+            self._collective(rec, "all_reduce", u.numel * reduce, self.pg_ws, self.t_compute)
+        else:
+            ranks = self.shard_ws
+            self._collective(rec, "reduce_scatter", u.padded_numel * reduce, ranks, self.t_compute)
 
     def _all_gather_gate(self) -> float:
         if self.fsdp2:

@@ -10,6 +10,7 @@ multiple of the shard world size.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import warnings
@@ -21,7 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 
 from fsdpviz.errors import FSDPConfigError
-from fsdpviz.plan.fsdp1_options import FSDP1Options
+from fsdpviz.plan.fsdp1_options import FSDP1Options, effective_backward_prefetch, effective_strategy
 from fsdpviz.schema.report import FsdpWarning, Unit, dtype_name
 
 _SHARDED = {
@@ -43,6 +44,8 @@ class UnitConfig:
     mixed_precision: MixedPrecision | None
     backward_prefetch: BackwardPrefetch | None
     forward_prefetch: bool
+    # Hybrid sharding: the shard groups whose gradient shards are all-reduced (else 1).
+    replicas: int = 1
 
 
 @dataclass
@@ -181,12 +184,30 @@ def _recorded_targets(
     return targets, messages
 
 
-def _unit_config(kwargs: dict[str, Any], opts: FSDP1Options) -> UnitConfig:
+def _unit_config(
+    kwargs: dict[str, Any], opts: FSDP1Options, found: list[FsdpWarning]
+) -> UnitConfig:
+    """The options one FSDP instance runs with: the root's, or a ``CustomPolicy``'s own,
+    taken as FSDP takes them (a string strategy or prefetch, one-rank process groups)."""
+    strategy = opts.sharding_strategy
+    if kwargs.get("sharding_strategy") not in (None, strategy):
+        strategy, warned = effective_strategy(
+            kwargs["sharding_strategy"], opts.process_group_size, "CustomPolicy sharding_strategy"
+        )
+        found.extend(warned)
+    prefetch = opts.backward_prefetch
+    if kwargs.get("backward_prefetch", prefetch) != prefetch:
+        prefetch, warned = effective_backward_prefetch(
+            kwargs["backward_prefetch"], "CustomPolicy backward_prefetch"
+        )
+        found.extend(warned)
+    hybrid = strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
     return UnitConfig(
-        sharding_strategy=kwargs.get("sharding_strategy") or opts.sharding_strategy,
+        sharding_strategy=strategy,
         mixed_precision=kwargs.get("mixed_precision", opts.mixed_precision),
-        backward_prefetch=kwargs.get("backward_prefetch", opts.backward_prefetch),
+        backward_prefetch=prefetch,
         forward_prefetch=bool(kwargs.get("forward_prefetch", opts.forward_prefetch)),
+        replicas=opts.world_size // opts.process_group_size if hybrid else 1,
     )
 
 
@@ -294,7 +315,7 @@ def plan_fsdp1(
         raise FSDPConfigError(str(e)) from e
     ignored_mods: set[nn.Module] = state._ignored_modules
     ignored_params: set[nn.Parameter] = state._ignored_params
-    fsdp_warnings: list[FsdpWarning] = []
+    fsdp_warnings: list[FsdpWarning] = list(opts.warnings)
     targets: list[tuple[nn.Module, dict[str, Any]]] = []
     if opts.auto_wrap_policy is not None:
         targets, messages = _recorded_targets(root, opts, ignored_mods, ignored_params)
@@ -303,6 +324,7 @@ def plan_fsdp1(
             if "mixed precision disabled" in msg:
                 code = "mixed_precision_override"
             fsdp_warnings.append(FsdpWarning(code=code, message=msg))
+    fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy))
     names = {m: n for n, m in root.named_modules()}
     flattened: set[nn.Parameter] = set()
     by_module: dict[nn.Module, PlannedUnit] = {}
@@ -311,7 +333,8 @@ def plan_fsdp1(
         claimable = [
             p for p in module.parameters() if p not in ignored_params and p not in flattened
         ]
-        unit = _build_unit(fqn, module, _unit_config(kwargs, opts), claimable, opts)
+        config = _unit_config(kwargs, opts, fsdp_warnings)
+        unit = _build_unit(fqn, module, config, claimable, opts)
         by_module[module] = unit
         if opts.use_orig_params:
             # The originals stay registered but are marked flattened.
@@ -324,4 +347,56 @@ def plan_fsdp1(
             for sub, name, _, _ in unit.shared_infos:
                 del sub._parameters[name]
     ordered = [by_module[m] for _, m in root.named_modules() if m in by_module]
-    return Plan(units=ordered, warnings=fsdp_warnings, ignored_params=ignored_params)
+    unique = list({(w.code, w.message): w for w in fsdp_warnings}.values())
+    return Plan(units=ordered, warnings=unique, ignored_params=ignored_params)
+
+
+def policy_classes(policy: Any) -> tuple[str, list[type[nn.Module]]]:
+    """The module classes an auto-wrap policy names, and how the user spelled the policy:
+    ``ModuleWrapPolicy({A})`` or ``partial(transformer_auto_wrap_policy,
+    transformer_layer_cls={A})``; other policies name no class."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    if isinstance(policy, ModuleWrapPolicy):
+        return "ModuleWrapPolicy", list(policy._module_classes)
+    if isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy:
+        layers = policy.keywords.get("transformer_layer_cls", ())
+        return "transformer_auto_wrap_policy", list(layers)
+    return "", []
+
+
+def model_classes(root: nn.Module, limit: int = 6) -> str:
+    """The classes of the root's submodules with parameters: containers before leaves,
+    repeated ones first, the bigger of equals first (the likely blocks), as in
+    ``'Qwen2DecoderLayer (x24), Qwen2MLP (x24), ...'``."""
+    counts: dict[str, int] = {}
+    leaf: dict[str, bool] = {}
+    size: dict[str, int] = {}
+    for m in root.modules():
+        numel = sum(p.numel() for p in m.parameters())
+        if m is not root and numel and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            name = type(m).__name__
+            counts[name] = counts.get(name, 0) + 1
+            leaf[name] = not any(True for _ in m.children())
+            size[name] = max(size.get(name, 0), numel)
+    order = sorted(counts, key=lambda n: (leaf[n], -counts[n], -size[n], n))
+    ranked = [(n, counts[n]) for n in order[:limit]]
+    return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in ranked)
+
+
+def missing_class_warnings(root: nn.Module, policy: Any) -> list[FsdpWarning]:
+    """A warning when no module of the model is an instance of any class the policy names:
+    FSDP1 then wraps nothing but the root, silently. It names the classes the model has.
+    (A policy may name classes some models lack, as ``_no_split_modules`` lists do.)"""
+    spelled, classes = policy_classes(policy)
+    if not classes or any(isinstance(m, tuple(classes)) for m in root.modules()):
+        return []
+    names = ", ".join(sorted(c.__name__ for c in classes))
+    return [
+        FsdpWarning(
+            code="wrap_class_missing",
+            message=f"{spelled} names {names}, but no module of {type(root).__name__} is an "
+            "instance (FSDP1 does not check): the root is the only unit. The model's classes "
+            f"with parameters: {model_classes(root)}",
+        )
+    ]

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.options import check_keywords, world_size
+from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name
 
@@ -82,6 +82,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
+    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
     raf = kwargs.get("reshard_after_forward")
     if raf is not None and not isinstance(raf, (bool, int, dict)):
         raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")

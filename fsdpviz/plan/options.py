@@ -6,7 +6,9 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fsdpviz.errors import ConfigError
+import torch
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
 
 
 def check_keywords(
@@ -37,3 +39,18 @@ def check_world_size(value: Any) -> int:
 def world_size(kwargs: Mapping[str, Any]) -> int:
     """``world_size`` from ``kwargs`` (default: ``DEFAULT_WORLD_SIZE``)."""
     return check_world_size(kwargs.get("world_size", DEFAULT_WORLD_SIZE))
+
+
+def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
+    """Dtype fields of a mixed-precision policy must be ``torch.dtype`` or None: FSDP fails
+    on a string (``'bfloat16'``) when it first casts (``TypeError`` / ``Invalid device
+    string``)."""
+    for name in fields:
+        value = getattr(policy, name)
+        if value is not None and not isinstance(value, torch.dtype):
+            hint = getattr(torch, str(value), None)
+            fix = f"torch.{value}" if isinstance(hint, torch.dtype) else "a torch.dtype"
+            raise FSDPConfigError(
+                f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
+                f"casts with {value!r}; pass {fix}"
+            )

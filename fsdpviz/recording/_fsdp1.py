@@ -8,6 +8,8 @@ The recorder wraps FSDP's own functions for the duration of a ``with`` block
   padded unsharded FlatParameter is still allocated,
 - ``_runtime_utils._prefetch_handle``: marks the all-gathers it issues as prefetch,
 - ``_runtime_utils._reduce_grad`` / ``_reduce_grad_no_shard``: gradient reduction,
+  and the ``torch.distributed.all_reduce`` that ``_reduce_grad`` issues on the
+  inter-node process group under hybrid sharding (an ``all_reduce`` across replicas),
 - the pre-/post-forward, pre-/post-backward hooks and the final callback: the
   hook each event is issued from, and the end of each iteration.
 
@@ -70,6 +72,7 @@ class FSDP1Recorder(EventLog):
         self._names: dict[int, str] = {}
         self._handle_names: dict[int, str] = {}
         self._hook: list[tuple[Hook, str]] = []
+        self._reducing: list[tuple[Any, Any]] = []  # (FSDP state, handle) inside _reduce_grad
         from torch.distributed.fsdp._common_utils import clean_tensor_name
 
         for name, module in model.named_modules():
@@ -92,6 +95,7 @@ class FSDP1Recorder(EventLog):
             _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
             _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
             _patch(stack, _runtime_utils, "_reduce_grad_no_shard", self._wrap_reduce("all_reduce"))
+            _patch(stack, torch.distributed, "all_reduce", self._wrap_all_reduce)
             _patch(stack, fsdp_mod, "_pre_forward", self._wrap_hook("pre_forward", 1))
             _patch(stack, fsdp_mod, "_post_forward", self._wrap_hook("post_forward", 1))
             _patch(stack, _runtime_utils, "_pre_backward_hook", self._wrap_hook("pre_backward", 2))
@@ -156,14 +160,38 @@ class FSDP1Recorder(EventLog):
             def reduce(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
                 start = now_ns()
                 i = self._emit(kind, handle, "backward")
+                self._reducing.append((state, handle))
                 try:
                     return original(state, handle, *args, **kwargs)
                 finally:
+                    self._reducing.pop()
                     self._timed(i, start)
 
             return reduce
 
         return wrap
+
+    def _wrap_all_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
+            if not self._reducing or group is None:
+                return original(tensor, *args, **kwargs)
+            state, handle = self._reducing[-1]
+            if group is not getattr(state, "_inter_node_pg", None):
+                return original(tensor, *args, **kwargs)
+            start = now_ns()
+            hook, hook_unit = self._hook[-1] if self._hook else (None, None)
+            i = self._append(
+                Event("all_reduce", self._name(handle), "backward", False, hook, hook_unit,
+                      group="replicate")
+            )  # fmt: skip
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._timed(i, start)
+
+        return all_reduce
 
     def _wrap_hook(
         self, hook: Hook, handle_arg: int

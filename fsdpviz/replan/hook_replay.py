@@ -30,7 +30,12 @@ from torch import nn
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
-from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.plan.fsdp1_options import (
+    FSDP1Options,
+    parse_fsdp1_options,
+    prefetch_named,
+    strategy_named,
+)
 from fsdpviz.plan.fsdp2 import (
     Group,
     check_reshard_ints,
@@ -51,6 +56,8 @@ REPLAYABLE = {
     "FSDP2": {"world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch"},
 }
 _PLACEHOLDER = nn.Module()
+# Warnings about the FSDP1 options themselves, which a replay re-derives.
+OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
 
 def replay(report: Report, **changes: Any) -> Report:
@@ -90,10 +97,14 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
+    # The report stores names; the strategy asked for, where FSDP switched it on one rank.
+    strategy = cfg.sharding_strategy_given or cfg.sharding_strategy
     given = {
         "world_size": changes.get("world_size", cfg.ranks),
-        "sharding_strategy": changes.get("sharding_strategy", cfg.sharding_strategy),
-        "backward_prefetch": changes.get("backward_prefetch", cfg.backward_prefetch),
+        "sharding_strategy": changes.get("sharding_strategy", strategy_named(strategy)),
+        "backward_prefetch": changes.get(
+            "backward_prefetch", prefetch_named(cfg.backward_prefetch)
+        ),
     }
     if changes.get("shard_group_size") is not None:
         given["shard_group_size"] = changes["shard_group_size"]
@@ -101,7 +112,11 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     shapes = _shapes(report)
     units = [_resize_fsdp1(u, opts, cfg.use_orig_params, shapes) for u in report.units]
     unit_config = UnitConfig(
-        opts.sharding_strategy, None, opts.backward_prefetch, cfg.forward_prefetch
+        opts.sharding_strategy,
+        None,
+        opts.backward_prefetch,
+        cfg.forward_prefetch,
+        replicas=opts.replicas,
     )
     planned = [
         PlannedUnit(
@@ -118,16 +133,29 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     assert report.profile is not None
     iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry)
     new = opts.describe()
+    switched = ("process_group_size", "sharding_strategy_given")
     config = cfg.replace(
         world_size=new.world_size,
         shard_world_size=new.shard_world_size,
         sharding_strategy=new.sharding_strategy,
         backward_prefetch=new.backward_prefetch,
+        **{k: getattr(new, k) for k in switched},
         replayed=True,
-    )
-    return _report(
+    ).unstate(*(k for k in switched if not new.states(k)))
+    replayed = _report(
         report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
     )
+    # What FSDP warns about the options is the replayed options' own.
+    kept = [
+        w
+        for w in report.warnings
+        if w.code not in OPTION_WARNINGS
+        or (
+            w.code == "string_option"
+            and not {"sharding_strategy", "backward_prefetch"} & set(changes)
+        )
+    ]
+    return replace(replayed, warnings=opts.warnings + kept)
 
 
 def _resize_fsdp1(

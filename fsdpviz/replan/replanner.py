@@ -42,6 +42,7 @@ from fsdpviz._gc import answering
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.copy import check_model
 
 if TYPE_CHECKING:
     from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
@@ -126,6 +127,7 @@ class Replanner:
     def __init__(
         self, model: nn.Module, inputs: Any, *, cache_size: int = 16, **analyze_kwargs: Any
     ) -> None:
+        check_model(model, "Replanner")
         self.model = model
         self.inputs = inputs
         self.analyze_kwargs = {"progress": False, **analyze_kwargs}

@@ -33,6 +33,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.sweep_table import SweepTable, sweep
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.copy import check_model
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -92,6 +93,7 @@ def suggest(
         print(s)                       # the plan and why
         fsdpviz.analyze(model, {"input_ids": ids}, world_size=64, **s.kwargs)
     """
+    check_model(model, "suggest")
     budget = parse_bytes(memory_budget)
     kind = api.lower()
     if kind not in ("fsdp1", "fsdp2"):
@@ -101,10 +103,10 @@ def suggest(
     if kind == "fsdp2":
         axes = {"reshard_after_forward": [True, False]}
     else:
-        from torch.distributed.fsdp import BackwardPrefetch
+        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 
         axes = {
-            "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"],
+            "sharding_strategy": [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP],
             "backward_prefetch": [BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST],
         }
     table = sweep(

@@ -26,6 +26,7 @@ from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.copy import check_model
 
 AXES = {
     "world_size",
@@ -134,6 +135,7 @@ def sweep(
         )
         table.best(), table.to_pandas()
     """
+    check_model(model, "sweep")
     t0 = time.perf_counter()
     budget = None if memory_budget is None else parse_bytes(memory_budget)
     axes = {k: list(v) for k, v in options.items() if k in AXES and isinstance(v, (list, tuple))}

@@ -10,7 +10,7 @@ moved to another unit and units with no counterpart are listed.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fsdpviz.schema.report import Report, Unit
@@ -31,6 +31,8 @@ class UnitPair:
     backward_prefetch_b: bool
     events_a: dict[str, int]
     events_b: dict[str, int]
+    # Why bytes per rank differ (padding, dtype), when they do.
+    bytes_note: str = ""
 
     @property
     def differs(self) -> list[str]:
@@ -71,8 +73,25 @@ class Comparison:
         """Same wrapping, bytes, order, prefetch and event counts."""
         return self.same_wrapping and not any(p.differs for p in self.pairs)
 
+    @property
+    def verdict(self) -> str:
+        """``identical``, ``different wrapping``, or what differs with the same wrapping:
+        the schedule (forward order, prefetch, events) and/or the bytes per rank."""
+        if self.identical:
+            return "identical"
+        if not self.same_wrapping:
+            return "different wrapping"
+        aspects = {d for p in self.pairs for d in p.differs}
+        schedule = bool(aspects & {"forward order", "backward prefetch", "events"})
+        if not schedule:
+            return "same wrapping and schedule, different bytes per rank"
+        if "bytes per rank" in aspects:
+            return "same wrapping, different schedule and bytes per rank"
+        return "same wrapping, different schedule"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["verdict"] = self.verdict
         d["same_wrapping"] = self.same_wrapping
         d["identical"] = self.identical
         for row, pair in zip(d["pairs"], self.pairs, strict=True):
@@ -85,21 +104,15 @@ class Comparison:
 
     def summary(self) -> str:
         a, b = self.name_a, self.name_b
-        verdict = (
-            "identical"
-            if self.identical
-            else (
-                "same wrapping, different schedule" if self.same_wrapping else "different wrapping"
-            )
-        )
         lines = [
-            f"{a} vs {b}: {verdict}",
+            f"{a} vs {b}: {self.verdict}",
             f"  bytes per rank: {self.bytes_per_rank[0]:,} vs {self.bytes_per_rank[1]:,}",
             f"  steady-state events: {_counts(self.events[0])} vs {_counts(self.events[1])}",
         ]
         for p in self.pairs:
             if p.differs:
-                lines.append(f"  {p.a!r} ~ {p.b!r}: differs in {', '.join(p.differs)}")
+                note = f" ({p.bytes_note})" if p.bytes_note else ""
+                lines.append(f"  {p.a!r} ~ {p.b!r}: differs in {', '.join(p.differs)}{note}")
         for param, (ua, ub) in list(self.moved_params.items())[:20]:
             lines.append(f"  parameter {param}: unit {ua!r} in {a}, {ub!r} in {b}")
         return "\n".join(lines)
@@ -148,7 +161,10 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         ub = units_b.get(frozenset(ua.params))
         if ub is not None:
             matched_b.add(ub.module)
-        pairs.append(_pair(ua, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b))
+        pair = _pair(ua, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b)
+        if ub is not None and "bytes per rank" in pair.differs:
+            pair = replace(pair, bytes_note=bytes_note(ua, ub, a, b))
+        pairs.append(pair)
     for ub in b.units:
         if ub.params and ub.module not in matched_b:
             pairs.append(_pair(None, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b))
@@ -164,6 +180,37 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
     total = (sum(u.sharded_bytes for u in a.units), sum(u.sharded_bytes for u in b.units))
     counts = (_kinds(a), _kinds(b))
     return Comparison(name_a, name_b, pairs, moved, total, counts)
+
+
+def bytes_note(ua: Unit, ub: Unit, a: Report, b: Report) -> str:
+    """Why two units holding the same parameters take other bytes per rank: their dtype,
+    the ranks they are sharded over, and how each API pads (FSDP1 pads its one flat
+    parameter, FSDP2 dim 0 of every parameter)."""
+    if ua.dtype != ub.dtype:
+        return f"dtype {ua.dtype} vs {ub.dtype}"
+    ranks = [_shard_ranks(a, ua), _shard_ranks(b, ub)]
+    over = f"{ranks[0]}" if ranks[0] == ranks[1] else f"{ranks[0]} vs {ranks[1]}"
+    parts = [f"sharded over {over} ranks"]
+    pads = [u.padded_numel - u.numel for u in (ua, ub)]
+    how = [_padding(r, u, n) for r, u, n in zip((a, b), (ua, ub), ranks, strict=True)]
+    said = how[0] if how[0] == how[1] else f"{how[0]}; {how[1]}"
+    parts.append(f"padding {pads[0]:,} vs {pads[1]:,} elements: {said}")
+    return "; ".join(parts)
+
+
+def _shard_ranks(report: Report, unit: Unit) -> int:
+    if unit.sharding_strategy == "NO_SHARD":
+        return 1
+    return report.config.shard_ranks
+
+
+def _padding(report: Report, unit: Unit, ranks: int) -> str:
+    """How a unit is padded, without the rank count where ``ranks`` is given elsewhere."""
+    if report.config.api == "FSDP2":
+        return "FSDP2 pads dim 0 of each parameter to a multiple of the shard ranks"
+    aligned = unit.flat_numel - unit.numel
+    align = f" after {aligned:,} elements of alignment" if aligned > 0 else ""
+    return f"FSDP1 pads its flat parameter to a multiple of the shard ranks{align}"
 
 
 def _group_of(unit_of: dict[str, str], param: str, report: Report) -> frozenset[str] | None:

@@ -150,6 +150,7 @@ def _trace_autograd(
         runtime,
         list(tracker.order),
         tracker.records,
+        warnings=list(tracker.warnings),
         backward_order=list(tracker.backward_order),
         profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
     )

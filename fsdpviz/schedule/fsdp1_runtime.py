@@ -92,7 +92,7 @@ class FSDP1Runtime:
         self._prefetching = False
 
     # ----------------------------------------------------------------- events
-    def _emit(self, kind: Any, handle: Handle, phase: Any) -> None:
+    def _emit(self, kind: Any, handle: Handle, phase: Any, group: Any = None) -> None:
         hook, hook_unit = self._hook or (None, None)
         self.events.append(
             Event(
@@ -102,6 +102,7 @@ class FSDP1Runtime:
                 self._prefetching and kind == "all_gather",
                 hook,
                 hook_unit,
+                group=group,
             )
         )
 
@@ -278,6 +279,8 @@ class FSDP1Runtime:
         self._prefetch(state, h, backward=True)
         if not reshard_only:
             self._emit("reduce_scatter" if h.sharded else "all_reduce", h, "backward")
+            if h.sharded and h.unit.config.replicas > 1:
+                self._emit("all_reduce", h, "backward", group="replicate")
         self._hook = None
 
     def final_callback(self) -> None:

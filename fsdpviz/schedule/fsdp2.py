@@ -106,7 +106,7 @@ def fsdp2_report(
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=order,
         iterations=iterations,
-        warnings=_warnings(groups, order, view_outputs),
+        warnings=_warnings(groups, order, view_outputs) + tracker.warnings,
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
         ),

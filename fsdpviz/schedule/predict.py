@@ -49,7 +49,9 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         report.to_dict()["forward_order"]
     """
     from fsdpviz.plan.fsdp2_applied import fsdp2_states
+    from fsdpviz.trace.copy import check_model
 
+    check_model(model)
     if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
         from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 

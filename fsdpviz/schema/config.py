@@ -53,6 +53,8 @@ class ReportConfig(Mapping[str, Any]):
     world_size: int | None = None  # None: not known (a recording without torch.distributed)
     # FSDP1: FullyShardedDataParallel's options
     shard_world_size: int | None = None  # ranks a FlatParameter is sharded over; None: world_size
+    process_group_size: int | None = None  # hybrid sharding: ranks of FSDP's group (a shard group)
+    sharding_strategy_given: str | None = None  # asked for, where one rank made it NO_SHARD
     sharding_strategy: str = "FULL_SHARD"
     auto_wrap_policy: str | None = None  # a short description of the policy
     backward_prefetch: str | None = None  # None: no backward prefetch, or not stated
@@ -117,6 +119,14 @@ class ReportConfig(Mapping[str, Any]):
         new = [k for k in changes if _key(k) not in self.stated and k != "stated"]
         stated = changes.pop("stated", self.stated)
         return dataclasses.replace(self, stated=(*stated, *(_key(k) for k in new)), **changes)
+
+    def unstate(self, *keys: str) -> ReportConfig:
+        """A copy that no longer states the JSON ``keys``; their fields read their defaults."""
+        names = [n for k in keys for n in _SHARED_KEYS.get(k, (k,))]
+        defaults = {n: _default(n) for n in names}
+        stated = tuple(k for k in self.stated if k not in keys)
+        extra = {k: v for k, v in self.extra.items() if k not in keys}
+        return dataclasses.replace(self, **defaults, stated=stated, extra=extra)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -202,6 +212,11 @@ def _field_for(key: str, value: Any) -> str | None:
             return plain if value is None or value in _TRACE_MODES else explicit
         return explicit if isinstance(value, Mapping) else plain
     return key if key in _FIELDS else None
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _optional(name: str) -> bool:

@@ -26,7 +26,10 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     for ``NO_SHARD``), ``unit``, ``phase`` (``forward`` | ``backward``),
     ``prefetch`` (all-gathers only), ``hook`` (the FSDP hook that issued it:
     ``pre_forward``, ``post_forward``, ``pre_backward``, ``post_backward``,
-    ``final_callback``) and ``hook_unit`` (the unit whose hook ran).
+    ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
+    (only where set): ``"replicate"`` for hybrid sharding's all-reduce of a gradient
+    shard across the shard groups; absent, a collective runs over the unit's own
+    process group (the shard group, or every rank under ``NO_SHARD``).
     Recordings of real runs (:func:`fsdpviz.record`, :func:`fsdpviz.load_profile`)
     may add ``t`` (seconds since the recording started, when the event was
     issued) and ``duration`` (seconds the call took on the host, or the device
@@ -89,6 +92,7 @@ def dtype_name(dtype: Any) -> str | None:
 EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
+Group = Literal["replicate"]
 ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
 
 
@@ -104,11 +108,14 @@ class Event:
     hook_unit: str | None = None
     t: float | None = None
     duration: float | None = None
+    group: Group | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
         if self.kind == "all_gather":
             d["prefetch"] = self.prefetch
+        if self.group is not None:
+            d["group"] = self.group
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
@@ -129,6 +136,8 @@ class Event:
         how: list[str] = [self.phase if self.hook is None else f"{self.hook} of {self.hook_unit!r}"]
         if self.prefetch:
             how.insert(0, "prefetch")
+        if self.group == "replicate":
+            how.insert(0, "across replicas")
         return f"{self.kind} {self.unit!r} ({', '.join(how)})"
 
     @classmethod
@@ -142,6 +151,7 @@ class Event:
             hook_unit=d.get("hook_unit"),
             t=d.get("t"),
             duration=d.get("duration"),
+            group=d.get("group"),
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import torch
@@ -10,6 +11,31 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fsdpviz.errors import ConfigError
+
+
+def check_model(model: Any, what: str = "analyze") -> None:
+    """Raise a :class:`ConfigError` saying what was passed where a model was expected."""
+    if isinstance(model, nn.Module):
+        return
+    if model is None:
+        got = "None (did the function that builds the model return it?)"
+    elif isinstance(model, type) and issubclass(model, nn.Module):
+        got = f"the class {model.__name__}; pass an instance, e.g. {model.__name__}(config)"
+    elif callable(model) and not isinstance(model, type):
+        name = getattr(model, "__name__", type(model).__name__)
+        got = f"the callable {name!r}; call it and pass the model it returns"
+    elif isinstance(model, dict):
+        got = (
+            "a dict (a state_dict?): the wrap units follow the module tree, so build the "
+            "model itself (on the meta device it costs no memory) and pass it"
+        )
+    elif isinstance(model, str):
+        got = f"the string {model!r}; build the model first and pass the module"
+    else:
+        got = f"a {type(model).__name__}"
+    raise ConfigError(
+        f"{what} expects the model, a torch.nn.Module, as its first argument; got {got}"
+    )
 
 
 def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[int, Any]]:
@@ -21,8 +47,7 @@ def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[
     own device instead (for models that cannot run on meta). Returns the copy
     and ``{id(original): copy}`` for every module, parameter and buffer.
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_model(model)
     memo: dict[int, Any] = {}
     for p in model.parameters(recurse=True):
         if id(p) not in memo:
@@ -49,23 +74,52 @@ def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[
     return dup, mapping
 
 
+# id of the meta copy of an integer input tensor -> (the copy, weakly; input name, smallest
+# and largest value of the user's tensor), so an embedding can tell ids past its vocabulary
+# (meta tensors hold no values). Keyed by id: tensors compare elementwise.
+_INDEX_RANGES: dict[int, tuple[weakref.ref[torch.Tensor], tuple[str, int, int]]] = {}
+
+
+def index_range(t: Any) -> tuple[str, int, int] | None:
+    """For the meta copy of an integer input tensor: its name, smallest and largest value."""
+    entry = _INDEX_RANGES.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def _remember_range(copy: torch.Tensor, info: tuple[str, int, int]) -> None:
+    key = id(copy)
+    _INDEX_RANGES[key] = (weakref.ref(copy, lambda _: _INDEX_RANGES.pop(key, None)), info)
+
+
 def inputs_copy(inputs: Any, device: str = "meta") -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Normalise ``inputs`` (dict: kwargs, tuple/list: args, tensor: one arg) onto ``device``."""
 
-    def to_target(x: Any) -> Any:
+    def to_target(x: Any, name: str) -> Any:
         if isinstance(x, torch.Tensor):
             if device == "real":
                 return x.detach().clone().requires_grad_(x.requires_grad)
             t = torch.empty_like(x, device="meta")
-            return t.requires_grad_(x.requires_grad) if x.is_floating_point() else t
+            if x.is_floating_point():
+                return t.requires_grad_(x.requires_grad)
+            if x.device.type != "meta" and x.numel() and x.dtype != torch.bool:
+                _remember_range(t, (name, int(x.min()), int(x.max())))
+            return t
         return x
 
+    def named(obj: Any, name: str) -> Any:
+        """``tree_map(to_target, obj)`` that knows each leaf's name (``labels``, ``inputs[0]``)."""
+        if type(obj) is dict:
+            return {k: named(v, f"{name}[{k!r}]" if name else str(k)) for k, v in obj.items()}
+        if type(obj) in (list, tuple):
+            return type(obj)(named(v, f"{name}[{i}]") for i, v in enumerate(obj))
+        return tree_map(lambda x: to_target(x, name), obj)
+
     if isinstance(inputs, dict):
-        return (), tree_map(to_target, dict(inputs))
+        return (), named(dict(inputs), "")
     if isinstance(inputs, (tuple, list)):
-        return tuple(tree_map(to_target, list(inputs))), {}
+        return tuple(named(list(inputs), "inputs")), {}
     if isinstance(inputs, torch.Tensor):
-        return (to_target(inputs),), {}
+        return (to_target(inputs, "inputs"),), {}
     raise ConfigError(
         f"inputs must be a dict (keyword arguments), a tuple (positional arguments) or one "
         f"tensor, got {type(inputs).__name__}"

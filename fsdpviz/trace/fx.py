@@ -12,6 +12,7 @@ done. Reports built this way carry an ``approximate_backward_order`` warning.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,11 +82,30 @@ def fx_call_tree(model: nn.Module) -> Call:
         failing = tracer.failed_in or ""
         raise TraceError(
             f"torch.fx symbolic tracing failed in module {failing or '<root>'!r}: "
-            f"{type(e).__name__}: {e}\nfx cannot follow data-dependent control flow; use "
-            "trace='meta' (default) or trace='real' for this model.",
+            f"{type(e).__name__}: {e}\n{_fx_cause(model, failing, e)} Use trace='meta' "
+            "(the default) or trace='real' for this model.",
             module=failing,
         ) from e
     return tracer.root_call
+
+
+def _fx_cause(model: nn.Module, failing: str, e: Exception) -> str:
+    """Why symbolic tracing failed, in words: fx's known limits, else its own message."""
+    module = dict(model.named_modules()).get(failing, model)
+    code = getattr(type(module).forward, "__code__", None)
+    varargs = code is not None and code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    if not failing and varargs:
+        return (
+            f"{type(module).__name__}.forward is a (*args, **kwargs) wrapper (a decorator "
+            "wraps it, as Hugging Face does), and fx's tracer can only make inputs for "
+            "named parameters."
+        )
+    if isinstance(e, torch.fx.proxy.TraceError) or "symbolically traced" in str(e):
+        return (
+            "fx cannot follow control flow that depends on tensor values "
+            "(an if, a loop or a .item() on a traced tensor)."
+        )
+    return "fx runs no operator, so code that needs real tensors fails under it."
 
 
 def hook_sequence(root: Call, units: dict[str, int]) -> list[tuple[str, int]]:

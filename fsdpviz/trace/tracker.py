@@ -7,7 +7,9 @@ which module was running when something failed.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -18,6 +20,9 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.errors import ConfigError, TraceError
+from fsdpviz.schema.report import FsdpWarning
+from fsdpviz.trace.copy import index_range
+from fsdpviz.trace.meta_kernels import shape_only_kernels
 
 
 @dataclass
@@ -48,6 +53,8 @@ class ModuleTracker:
         self.stack: list[str] = []
         self._on_call = on_call
         self._in_backward: set[str] = set()
+        # What the step showed that runs silently on meta but fails on a device.
+        self.warnings: list[FsdpWarning] = []
         # Set by the cost model's probe (fsdpviz.trace.probe): ``run_step`` runs under it.
         self.measure: Callable[[nn.Module, Any], AbstractContextManager[None]] | None = None
         self._handles = []
@@ -63,8 +70,29 @@ class ModuleTracker:
             self.order.append(name)
             rec.input_shapes = _shapes((args, kwargs))
         rec.calls += 1
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            self._check_ids(name, module, args[0] if args else kwargs.get("input"))
         if self._on_call is not None:
             self._on_call()
+
+    def _check_ids(self, name: str, module: nn.Embedding | nn.EmbeddingBag, ids: Any) -> None:
+        """Token ids outside an embedding's rows index out of range on a device; meta, which
+        holds no values, runs on: say so."""
+        known = index_range(ids)
+        if known is None:
+            return
+        given, lo, hi = known
+        rows = module.num_embeddings
+        if lo >= 0 and hi < rows:
+            return
+        message = (
+            f"{given} holds ids from {lo} to {hi}, but {name!r} ({type(module).__name__}) has "
+            f"{rows} rows (ids 0 to {rows - 1}): on a device this step fails with an index "
+            "out of range; the meta trace cannot tell. Check the tokenizer and the config's "
+            "vocab_size"
+        )
+        if all(w.message != message for w in self.warnings):
+            self.warnings.append(FsdpWarning(code="ids_out_of_range", message=message, units=[]))
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         name = self.names.get(module, "?")
@@ -120,6 +148,66 @@ def default_loss(output: Any) -> torch.Tensor:
     return total
 
 
+# What meta tensors cannot do: values (.item(), data-dependent shapes), or operators with
+# no meta kernel. Any other failure is the model's own answer to its inputs.
+_NEEDS_VALUES = (
+    "meta",
+    "fake impl",
+    "abstract impl",
+    ".item()",
+    "data-dependent",
+    "_local_scalar_dense",
+    "data_ptr",
+    "nonzero",
+    "cannot copy out",
+)
+
+
+def failure_hint(
+    e: BaseException, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], where: str
+) -> str:
+    """What to do about a failed step: other tracing for what meta tensors cannot do,
+    otherwise the inputs, since the model rejected them."""
+    text = f"{type(e).__name__}: {e}"
+    if where == "the meta device" and (
+        isinstance(e, NotImplementedError) or any(k in text.lower() for k in _NEEDS_VALUES)
+    ):
+        return (
+            "If the model needs real data here (data-dependent control flow such as .item(), "
+            "or an operator with no meta kernel), analyse with trace='real' on a model that "
+            "lives on a real device, or with trace='fx' (torch.fx symbolic tracing runs no "
+            "operator) for models fx can trace."
+        )
+    return "The model rejected its inputs; check them: " + describe_inputs(model, args, kwargs)
+
+
+def describe_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``input_ids: int64[2, 8], labels: int64[3, 5]`` and the names the model's forward
+    takes, with a suggestion for a keyword it does not name (``inputs_ids``)."""
+
+    def shape(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+        return type(x).__name__
+
+    given = [f"inputs[{i}]: {shape(a)}" for i, a in enumerate(args)]
+    given += [f"{k}: {shape(v)}" for k, v in kwargs.items()]
+    parts = [", ".join(given) or "no inputs"]
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return parts[0]
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for key in kwargs:
+        if key not in params:
+            close = difflib.get_close_matches(key, named, n=1)
+            tip = f" (did you mean {close[0]!r}?)" if close else ""
+            parts.append(f"{key!r} is not a parameter of {type(model).__name__}.forward{tip}")
+    shown = ", ".join(named[:8]) + (", ..." if len(named) > 8 else "")
+    parts.append(f"{type(model).__name__}.forward takes ({shown})")
+    return "; ".join(parts)
+
+
 def run_stored_step(
     model: nn.Module,
     inputs: Any,
@@ -158,7 +246,8 @@ def run_step(
     With ``tracker.measure`` set (the cost model's probe), the step runs under it.
     """
     measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
-    with measure:
+    kernels = shape_only_kernels() if where == "the meta device" else nullcontext()
+    with measure, kernels:
         _step(model, args, kwargs, loss_fn, tracker, where, on_loss)
 
 
@@ -179,10 +268,7 @@ def _step(
         label = failing or "<root>"
         raise TraceError(
             f"tracing on {where} failed in module {label!r} ({cls}): {type(e).__name__}: {e}\n"
-            "If the model needs real data here (data-dependent control flow such as .item(), "
-            "or an operator with no meta kernel), analyse with trace='real' on a model that "
-            "lives on a real device, or with trace='fx' (torch.fx symbolic tracing runs no "
-            "operator) for models fx can trace.",
+            + failure_hint(e, model, args, kwargs, where),
             module=failing,
         ) from e
     loss = (loss_fn or default_loss)(output)
