@@ -6,11 +6,13 @@ import dataclasses
 import json
 
 import pytest
+from torch.distributed.fsdp import ShardingStrategy
 from views_models import analyze_tiny
 
 import fsdpviz
 from fsdpviz import Report, ReportConfig
 
+HYBRID_SHARD, FULL_SHARD = ShardingStrategy.HYBRID_SHARD, ShardingStrategy.FULL_SHARD
 FSDP1_JSON = {
     "api": "FSDP1",
     "world_size": 4,
@@ -113,3 +115,19 @@ def test_reports_take_a_plain_dict_as_before_and_save_the_same_json() -> None:
     plain = dataclasses.replace(report, config={**report.config, "rank": 0})
     assert isinstance(plain.config, ReportConfig) and plain.config.rank == 0
     assert fsdpviz.ReportConfig is ReportConfig
+
+
+def test_unstate_drops_keys_and_their_values() -> None:
+    hybrid = ReportConfig.from_dict({**FSDP1_JSON, "process_group_size": 2, "job": "x"})
+    plain = hybrid.unstate("process_group_size", "job")
+    assert plain.to_dict() == FSDP1_JSON and plain.process_group_size is None
+    assert plain.extra == {}
+
+
+def test_a_replay_to_hybrid_sharding_states_its_process_group() -> None:
+    report = analyze_tiny(world_size=2)
+    four = fsdpviz.replan.replay(report, world_size=4, sharding_strategy=HYBRID_SHARD)
+    assert four.config.process_group_size == 4 and four.config.replayed
+    assert list(four.config)[-2:] == ["process_group_size", "replayed"]
+    back = fsdpviz.replan.replay(four, world_size=2, sharding_strategy=FULL_SHARD)
+    assert "process_group_size" not in back.config and back.config.process_group_size is None

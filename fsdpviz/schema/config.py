@@ -116,14 +116,14 @@ class ReportConfig(Mapping[str, Any]):
 
     def replace(self, **changes: Any) -> ReportConfig:
         """A copy with ``changes`` (field names); a field not stated before is stated now."""
-        new = [k for k in changes if _key(k) not in self.stated and k != "stated"]
         stated = changes.pop("stated", self.stated)
-        return dataclasses.replace(self, stated=(*stated, *(_key(k) for k in new)), **changes)
+        keys = tuple(dict.fromkeys([*stated, *(_key(k) for k in changes)]))
+        return dataclasses.replace(self, stated=keys, **changes)
 
     def unstate(self, *keys: str) -> ReportConfig:
         """A copy that no longer states the JSON ``keys``; their fields read their defaults."""
         names = [n for k in keys for n in _SHARED_KEYS.get(k, (k,))]
-        defaults = {n: _default(n) for n in names}
+        defaults = {n: _default(n) for n in names if n in _FIELDS}
         stated = tuple(k for k in self.stated if k not in keys)
         extra = {k: v for k, v in self.extra.items() if k not in keys}
         return dataclasses.replace(self, **defaults, stated=stated, extra=extra)
