@@ -17,6 +17,16 @@ from pathlib import Path
 
 from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(), ...)
 from fsdpviz._version import __version__
+from fsdpviz.configs import (
+    ConfigNote,
+    HFModel,
+    TorchtitanJob,
+    TrainerConfig,
+    from_accelerate,
+    from_lightning,
+    from_torchtitan,
+    hf_model,
+)
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
 from fsdpviz.recording import (
@@ -39,6 +49,7 @@ from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, R
 __all__ = [
     "Comparison",
     "ConfigError",
+    "ConfigNote",
     "Divergence",
     "Event",
     "ExportError",
@@ -47,18 +58,25 @@ __all__ = [
     "FSDPConfigError",
     "FsdpWarning",
     "FsdpvizError",
+    "HFModel",
     "ModuleEvent",
     "ModuleInfo",
     "RecordedRun",
     "Report",
     "ReportConfig",
     "ScheduleDiff",
+    "TorchtitanJob",
     "TraceError",
+    "TrainerConfig",
     "Unit",
     "__version__",
     "analyze",
     "compare",
     "diff",
+    "from_accelerate",
+    "from_lightning",
+    "from_torchtitan",
+    "hf_model",
     "load",
     "load_ipython_extension",
     "load_profile",

@@ -7,7 +7,11 @@ raising :class:`UsageError` with what was wrong and what to write instead.
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
 (``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
-``--mixed-precision``, ``--world-size``, ``--trace``.
+``--mixed-precision``, ``--world-size``, ``--trace``. Or a trainer's configuration:
+``--accelerate-config`` / ``--torchtitan-config`` (then the FSDP flags are refused).
+
+:func:`add_source_flags` adds what builds a Hugging Face model by id (``hf:ID``, see
+:func:`load_model`): ``--set``, ``--batch``, ``--seq``, ``--dtype``.
 """
 
 from __future__ import annotations
@@ -58,11 +62,21 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
     """Add the FSDP flags to ``parser`` (see the module docstring)."""
     parser.add_argument(
         "--policy",
-        default="none",
         metavar="SPEC",
         help="FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of the "
         "model's classes with these names), size:N (size_based_auto_wrap_policy, "
-        "min_num_params=N) or none (default: the root only)",
+        "min_num_params=N) or none (default: a Hugging Face model's _no_split_modules, "
+        "as accelerate's TRANSFORMER_BASED_WRAP; else the root only)",
+    )
+    parser.add_argument(
+        "--accelerate-config",
+        metavar="YAML",
+        help="plan what `accelerate launch --config_file YAML` runs (instead of FSDP flags)",
+    )
+    parser.add_argument(
+        "--torchtitan-config",
+        metavar="TOML",
+        help="plan the torchtitan job TOML: its Llama 3 model, batch and FSDP2 recipe",
     )
     parser.add_argument(
         "--fully-shard",
@@ -95,7 +109,10 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--use-orig-params", action="store_true", help="FSDP1 use_orig_params=True")
     parser.add_argument(
-        "--world-size", type=positive_int, default=8, metavar="N", help="ranks (default: 8)"
+        "--world-size",
+        type=positive_int,
+        metavar="N",
+        help="ranks (default: the config file's, else 8)",
     )
     parser.add_argument(
         "--trace",
@@ -128,13 +145,85 @@ def _reshard(text: str) -> bool | int:
         ) from None
 
 
-def analyze_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
-    """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``."""
-    kwargs: dict[str, Any] = {"world_size": args.world_size, "trace": args.trace}
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that build a Hugging Face model from its id (``hf:ID``)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hf: models: override a config field (repeatable), e.g. --set num_hidden_layers=4",
+    )
+    parser.add_argument(
+        "--batch", type=positive_int, default=1, metavar="N", help="hf: models: batch size (1)"
+    )
+    parser.add_argument(
+        "--seq",
+        type=positive_int,
+        metavar="N",
+        help="hf: models: tokens per sequence (default: the model's context, at most 2048)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="hf: models: parameter dtype (default float32, the master weights)",
+    )
+
+
+def hf_id(spec: str) -> str | None:
+    """The Hugging Face id or directory in a model spec: ``hf:ID``, or a bare ``org/name``
+    or a directory holding a config.json; None for anything else (``module:factory``)."""
+    if spec.startswith("hf:"):
+        return spec[3:]
+    from pathlib import Path
+
+    if ":" not in spec and (Path(spec).joinpath("config.json").is_file() or spec.count("/") == 1):
+        return spec
+    return None
+
+
+def load_hf_model(spec: str, args: argparse.Namespace) -> Any:
+    """:func:`fsdpviz.hf_model` for ``hf:ID`` and the ``--set/--batch/--seq/--dtype`` flags."""
+    from fsdpviz.configs import hf_model
+
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = _literal(text.strip())
+    return hf_model(spec, batch=args.batch, seq=args.seq, dtype=args.dtype, overrides=overrides)
+
+
+def _literal(text: str) -> Any:
+    """``4`` -> 4, ``0.5`` -> 0.5, ``true`` -> True, ``null`` -> None, else the text."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def analyze_kwargs(
+    args: argparse.Namespace,
+    model: nn.Module,
+    default_wrap: Sequence[type[nn.Module]] = (),
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``.
+
+    ``default_wrap`` are the classes wrapped when neither ``--policy`` nor ``--fully-shard``
+    is given (a Hugging Face model's ``_no_split_modules``). What a config file sets but
+    fsdpviz does not apply is appended to ``notes``.
+    """
+    if args.accelerate_config or getattr(args, "torchtitan_plan", None) is not None:
+        return _config_kwargs(args, model, notes if notes is not None else [])
+    kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}
     param, reduce = _mixed_precision(args.mixed_precision)
     if args.fully_shard:
         given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key)]
-        if args.policy.strip().lower() != "none":
+        if args.policy is not None and args.policy.strip().lower() != "none":
             given.insert(0, "--policy")
         if given:
             verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
@@ -155,7 +244,15 @@ def analyze_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]
             "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
             "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
         )
-    kwargs["auto_wrap_policy"] = policy(args.policy, model)
+    if args.policy is None and default_wrap:
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        layers = set(default_wrap)
+        kwargs["auto_wrap_policy"] = functools.partial(
+            transformer_auto_wrap_policy, transformer_layer_cls=layers
+        )
+    else:
+        kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
     kwargs["forward_prefetch"] = args.forward_prefetch
     kwargs["use_orig_params"] = args.use_orig_params
     if args.backward_prefetch is not None:
@@ -168,6 +265,42 @@ def analyze_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
         )
+    return kwargs
+
+
+_FSDP_FLAGS = {
+    "policy": "--policy", "fully_shard": "--fully-shard",
+    "reshard_after_forward": "--reshard-after-forward", "mixed_precision": "--mixed-precision",
+    "backward_prefetch": "--backward-prefetch", "forward_prefetch": "--forward-prefetch",
+    "sharding_strategy": "--sharding-strategy", "use_orig_params": "--use-orig-params",
+}  # fmt: skip
+
+
+def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> dict[str, Any]:
+    """The kwargs of ``--accelerate-config`` (or of the torchtitan plan already read), with
+    ``--world-size`` and ``--trace`` on top; FSDP flags would contradict the file."""
+    import warnings
+
+    from fsdpviz.configs import ConfigNote, from_accelerate
+
+    given = [flag for key, flag in _FSDP_FLAGS.items() if getattr(args, key, None)]
+    if given:
+        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
+        raise UsageError(
+            f"{', '.join(given)} cannot be combined with {source}: the file sets the FSDP "
+            "options (only --world-size and --trace can be given with it)"
+        )
+    if args.accelerate_config:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigNote)
+            plan = from_accelerate(args.accelerate_config, model)
+    else:
+        plan = args.torchtitan_plan
+    notes.extend(plan.notes)
+    kwargs = dict(plan)
+    if args.world_size is not None:
+        kwargs["world_size"] = args.world_size
+    kwargs["trace"] = args.trace
     return kwargs
 
 

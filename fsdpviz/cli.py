@@ -3,12 +3,16 @@
 Usage::
 
     fsdpviz demo [-o fsdpviz-demo.html] [--world-size 8]
+    fsdpviz report hf:meta-llama/Llama-3.1-8B --batch 2 --seq 8192 --world-size 64
+    fsdpviz report hf:./my-config-dir --set num_hidden_layers=4 --accelerate-config fsdp.yaml
+    fsdpviz report --torchtitan-config llama3_8b.toml --world-size 8
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --policy transformer:DecoderLayer --world-size 64 -o report.html
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --fully-shard DecoderLayer --mixed-precision bf16,fp32 -o report.html   # FSDP2
 
-The output's suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
+The report is written to ``report.html`` unless ``-o`` says otherwise; the output's
+suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
 (interactive page), ``.json`` (Chrome trace that ``fsdpviz.load`` reads back),
 ``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp`` (the wrap-unit explorer),
 ``.graphml`` / ``.nodelink.json`` (the unit graph).
@@ -32,7 +36,15 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz._options_cli import UsageError, add_fsdp_flags, analyze_kwargs, positive_int
+from fsdpviz._options_cli import (
+    UsageError,
+    add_fsdp_flags,
+    add_source_flags,
+    analyze_kwargs,
+    hf_id,
+    load_hf_model,
+    positive_int,
+)
 from fsdpviz.errors import FsdpvizError
 
 _PROG = "fsdpviz"
@@ -82,11 +94,18 @@ def _build_parser() -> argparse.ArgumentParser:
     report = subs.add_parser(
         "report",
         help="analyse your own model",
-        description="Analyse the model returned by MODULE:FACTORY (a callable returning a "
-        "model, or a (model, inputs) tuple) with FSDP1 (--policy ...) or FSDP2 "
-        "(--fully-shard ...) options and write the report.",
+        description="Analyse a model with FSDP1 (--policy ...), FSDP2 (--fully-shard ...) or a "
+        "trainer's config file (--accelerate-config, --torchtitan-config) and write the report. "
+        "MODEL is hf:ID (a Hugging Face model id or config directory, built on the meta device "
+        "from its config alone) or MODULE:FACTORY (a callable returning a model, or a (model, "
+        "inputs) tuple); a torchtitan config brings its own model.",
     )
-    report.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mypkg.models:build")
+    report.add_argument(
+        "factory",
+        metavar="MODEL",
+        nargs="?",
+        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build",
+    )
     report.add_argument(
         "--inputs",
         metavar="MODULE:FACTORY",
@@ -94,7 +113,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "of positional arguments or one tensor); required unless FACTORY returns them",
     )
     add_fsdp_flags(report)
-    _add_output(report, "fsdpviz-report.json")
+    add_source_flags(report)
+    _add_output(report, "report.html")
     report.set_defaults(func=_cmd_report, parser=report)
     return parser
 
@@ -128,12 +148,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    import warnings
+
+    from fsdpviz.configs import ConfigNote, from_torchtitan
     from fsdpviz.schedule.predict import analyze
 
     path = _output_path(args.output)
-    if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
-        sys.path.insert(0, os.getcwd())
-    model, inputs = _load_model(args.factory)
+    wraps: list[type[nn.Module]] = []
+    if args.torchtitan_config:
+        if args.factory is not None:
+            raise UsageError(
+                f"--torchtitan-config builds its own model (its model.flavor); leave out "
+                f"{args.factory!r}"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigNote)
+            job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
+        model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
+    elif args.factory is None:
+        raise UsageError("give the model: hf:ID, MODULE:FACTORY, or --torchtitan-config TOML")
+    elif (name := hf_id(args.factory)) is not None:
+        built = load_hf_model(name, args)
+        model, inputs, wraps = built.model, built.inputs, built.wrap_classes
+    else:
+        if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
+            sys.path.insert(0, os.getcwd())
+        model, inputs = _load_model(args.factory)
     if args.inputs is not None:
         obj = _import_object(args.inputs, "--inputs")
         inputs = obj() if callable(obj) else obj
@@ -142,7 +182,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY, "
             "or make the factory return (model, inputs)"
         )
-    kwargs = analyze_kwargs(args, model)
+    notes: list[str] = []
+    kwargs = analyze_kwargs(args, model, wraps, notes)
+    for line in notes:
+        print(f"note: {line}")
     start = time.perf_counter()
     report = analyze(model, inputs, **kwargs)
     return _write(report, path, time.perf_counter() - start)
@@ -167,6 +210,14 @@ def _write(report: Any, path: Path, seconds: float) -> int:
 
     save(report, path)
     print(report.summary())
+    if len(report.units) == 1:
+        print(
+            "root only: 1 unit (no wrap policy: pass --policy transformer:CLASS, "
+            "--fully-shard CLASS or a config file to shard the model's blocks)"
+        )
+    if report.profile is not None:
+        print(report.memory.summary().splitlines()[0])
+        print(report.timeline.summary().splitlines()[0])
     print(f"wrote {path} ({seconds:.1f}s)")
     return 0
 
@@ -205,7 +256,13 @@ def _load_model(spec: str) -> tuple[nn.Module, Any]:
         return factory, None
     if not callable(factory):
         raise UsageError(f"{spec} is a {type(factory).__name__}, not a callable")
-    result = factory()
+    try:
+        result = factory()
+    except TypeError as exc:
+        hint = ""
+        if getattr(factory, "__module__", "").startswith("transformers"):
+            hint = "; for a Hugging Face model pass hf:ID (e.g. hf:Qwen/Qwen2-0.5B) or hf:./dir"
+        raise UsageError(f"{spec} cannot be called without arguments ({exc}){hint}") from None
     if isinstance(result, nn.Module):
         return result, None
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):

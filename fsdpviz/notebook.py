@@ -2,7 +2,9 @@
 
 ``%fsdpviz model --inputs ids --policy transformer:LlamaDecoderLayer --world-size 64``
 analyses a model expression with FSDP options written like FSDP keyword
-arguments; ``%%fsdpviz --policy ...`` runs the cell and analyses the outermost
+arguments (``%fsdpviz hf:meta-llama/Llama-3.1-8B --seq 8192`` builds a Hugging Face model
+from its config; ``--accelerate-config`` / ``--torchtitan-config`` read a trainer's file);
+``%%fsdpviz --policy ...`` runs the cell and analyses the outermost
 module call the cell makes (the model it builds and runs, with those inputs).
 Both return the report, which renders as a rich summary as a cell's last line.
 """
@@ -18,11 +20,20 @@ from typing import Any
 from torch import nn
 
 from fsdpviz._options_cli import UsageError as FlagError
-from fsdpviz._options_cli import add_fsdp_flags, analyze_kwargs
+from fsdpviz._options_cli import (
+    add_fsdp_flags,
+    add_source_flags,
+    analyze_kwargs,
+    hf_id,
+    load_hf_model,
+)
 
 _OPTIONS = """\
-  MODEL                       a model expression (line magic only)
+  MODEL                       a model expression, or hf:ID (line magic only)
   --inputs EXPR               the inputs: a dict (kwargs), a tuple (args) or a tensor
+  --accelerate-config YAML    plan what accelerate launch runs with this config
+  --torchtitan-config TOML    plan a torchtitan job (its model, batch and recipe; no MODEL)
+  --set KEY=VALUE, --batch N, --seq N, --dtype D     hf: models: config override, batch
   --policy SPEC               FSDP1 auto_wrap_policy: transformer:Class[,Class] | size:N | none
   --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
   --reshard-after-forward true|false|N    FSDP2 reshard_after_forward
@@ -47,9 +58,10 @@ class _Parser(argparse.ArgumentParser):
 def _parser(line_magic: bool) -> _Parser:
     p = _Parser(prog="%fsdpviz", add_help=False)
     if line_magic:
-        p.add_argument("model")
+        p.add_argument("model", nargs="?")
     p.add_argument("--inputs")
     add_fsdp_flags(p)
+    add_source_flags(p)
     p.add_argument("--show", action="store_true")
     return p
 
@@ -68,7 +80,9 @@ def _parse(line: str, line_magic: bool) -> argparse.Namespace:
     return parser.parse_args(words)
 
 
-def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
+def _run(
+    model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]] | None = None
+) -> Any:
     from IPython.core.error import UsageError
 
     from fsdpviz.errors import FsdpvizError
@@ -78,11 +92,43 @@ def _run(model: Any, inputs: Any, args: argparse.Namespace) -> Any:
         raise UsageError(
             f"%fsdpviz: the model must be a torch.nn.Module, got {type(model).__name__}"
         )
+    notes: list[str] = []
     try:
-        report = analyze(model, inputs, **analyze_kwargs(args, model))
+        report = analyze(model, inputs, **analyze_kwargs(args, model, wraps or [], notes))
     except (FsdpvizError, FlagError) as e:
         raise UsageError(f"%fsdpviz: {e}") from None
+    for line in notes:
+        print(f"note: {line}")
     return report.show() if args.show and hasattr(report, "show") else report
+
+
+def _line_model(ip: Any, args: argparse.Namespace) -> tuple[Any, Any, list[type[nn.Module]]]:
+    """The model, inputs and default wrap classes a line magic names."""
+    import warnings
+
+    from IPython.core.error import UsageError
+
+    from fsdpviz.configs import ConfigNote, from_torchtitan
+    from fsdpviz.errors import FsdpvizError
+
+    try:
+        if args.torchtitan_config:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConfigNote)
+                job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
+            args.torchtitan_plan = job.config
+            return job.model, job.inputs, []
+        if args.model is None:
+            raise UsageError("%fsdpviz: give MODEL (an expression or hf:ID)\n" + _OPTIONS)
+        name = hf_id(args.model) if args.model.startswith("hf:") else None
+        if name is not None:
+            built = load_hf_model(name, args)
+            return built.model, built.inputs, built.wrap_classes
+    except (FsdpvizError, FlagError) as e:
+        raise UsageError(f"%fsdpviz: {e}") from None
+    if args.inputs is None:
+        raise UsageError("%fsdpviz: pass --inputs EXPR (the model's inputs)\n" + _OPTIONS)
+    return ip.ev(args.model), ip.ev(args.inputs), []
 
 
 def _outermost_call(run_cell: Any) -> tuple[nn.Module, Any]:
@@ -131,15 +177,14 @@ def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
-    from IPython.core.error import UsageError
 
     def fsdpviz(line: str, cell: str | None = None) -> Any:
         if cell is None:
             args = _parse(line, line_magic=True)
-            model = ip.ev(args.model)
-            if args.inputs is None:
-                raise UsageError("%fsdpviz: pass --inputs EXPR (the model's inputs)\n" + _OPTIONS)
-            return _run(model, ip.ev(args.inputs), args)
+            model, inputs, wraps = _line_model(ip, args)
+            if args.inputs is not None and (args.torchtitan_config or args.model.startswith("hf:")):
+                inputs = ip.ev(args.inputs)
+            return _run(model, inputs, args, wraps)
         args = _parse(line, line_magic=False)
         model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False))
         if args.inputs is not None:
@@ -149,6 +194,7 @@ def load_ipython_extension(ip: Any) -> None:
     fsdpviz.__doc__ = (
         "Analyse what FSDP does with a model.\n\n"
         "Line:  %fsdpviz MODEL --inputs EXPR [options]\n"
+        "       %fsdpviz hf:ID [--seq N] [options]   |   %fsdpviz --torchtitan-config TOML\n"
         "Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)\n\n"
         "Options:\n" + _OPTIONS
     )

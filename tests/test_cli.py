@@ -250,10 +250,13 @@ def test_report_with_inputs_factory(models: str, capsys: pytest.CaptureFixture[s
 
 
 def test_report_default_output_path(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without -o: the interactive page report.html, and a line saying only the root is a
+    unit when no wrap policy was given."""
     code, out, _ = _run(capsys, "report", f"{models}:build_with_inputs")
     assert code == 0
-    assert "fsdpviz-report.json" in out
-    assert len(fsdpviz.load("fsdpviz-report.json").units) == 1
+    assert "wrote report.html" in out
+    assert "root only: 1 unit (no wrap policy" in out
+    assert "<html" in Path("report.html").read_text()[:200].lower()
 
 
 def test_report_policy_transformer_several_classes(

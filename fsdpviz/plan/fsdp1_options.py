@@ -42,7 +42,9 @@ _REJECTED = {
     "process_group": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
     "device_mesh": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
 }
-_FSDPVIZ = {"world_size", "loss", "trace", "progress", "shard_group_size"}
+_FSDPVIZ = {
+    "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
+}  # fmt: skip
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 
 
@@ -64,6 +66,8 @@ class FSDP1Options:
     loss: Callable[[Any], torch.Tensor] | None = None
     trace: TraceMode = "meta"
     progress: bool | None = None
+    # Module classes or a predicate: run under non-reentrant checkpointing (trace/checkpointing.py)
+    activation_checkpointing: Any = None
     # Asked for HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FSDP's process group is the shard group
     # even where a shard group of one rank made FSDP switch the strategy to NO_SHARD.
     hybrid: bool = False
@@ -321,4 +325,5 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
     opts.trace = trace
     opts.progress = kwargs.get("progress")
+    opts.activation_checkpointing = kwargs.get("activation_checkpointing")
     return opts

@@ -29,7 +29,7 @@ from fsdpviz.schema.report import Unit, dtype_name
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn",
+    "shard_placement_fn", "activation_checkpointing",
 }  # fmt: skip
 _REJECTED = {
     "mesh": "pass world_size=N instead (HSDP meshes are not modelled yet)",
@@ -49,6 +49,7 @@ class FSDP2Options:
     loss: Callable[[Any], torch.Tensor] | None
     trace: TraceMode
     progress: bool | None
+    activation_checkpointing: Any = None
 
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
@@ -100,6 +101,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         loss=kwargs.get("loss"),
         trace=trace,
         progress=kwargs.get("progress"),
+        activation_checkpointing=kwargs.get("activation_checkpointing"),
     )
 
 

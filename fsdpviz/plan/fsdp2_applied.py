@@ -65,15 +65,23 @@ def _unsharded_copy(model: nn.Module, states: list[Any]) -> tuple[nn.Module, dic
     for module in dup.modules():
         for hooks in (module._forward_pre_hooks, module._forward_hooks):
             for key, fn in list(hooks.items()):
-                owners = [
-                    getattr(f, "__self__", None) for f in (fn, getattr(fn, "__wrapped__", None))
-                ]
+                owners = [getattr(f, "__self__", None) for f in _wrapping_chain(fn)]
                 if any(o is detached or _is_fsdp_state(o) for o in owners):
                     del hooks[key]
                     module._forward_pre_hooks_with_kwargs.pop(key, None)
                     module._forward_hooks_with_kwargs.pop(key, None)
                     module._forward_hooks_always_called.pop(key, None)
     return dup, {i: memo[i] for i in originals}
+
+
+def _wrapping_chain(fn: Any) -> list[Any]:
+    """``fn`` and every function it wraps (``__wrapped__``): a grouped ``fully_shard`` call
+    registers its state's hooks under two wrappers (``functools.wraps``, dynamo's disable)."""
+    chain: list[Any] = []
+    while fn is not None and len(chain) < 8:
+        chain.append(fn)
+        fn = getattr(fn, "__wrapped__", None)
+    return chain
 
 
 def _unwrapped_class(cls: type) -> type:
@@ -128,11 +136,14 @@ def plan_from_fully_sharded(
         state_name[id(state)] = fqns[0]
         group = Group(name=name, modules=tuple(dup_modules[f] for f in fqns), fqns=fqns)
         pg = state._fsdp_param_group
+        raf: bool | int | None = None
         if pg is not None:
             group.params = [mapping[id(fp.sharded_param)] for fp in pg.fsdp_params]
             raf = _reshard_after_forward(state, pg, fqns == ("",))
-            group.reshard_after_forward = (not group.is_root) if raf is None else raf
-            group.auto_reshard = raf is None
+        elif not (group.is_root and state._auto_reshard_after_forward):
+            raf = True  # a group without parameters: fully_shard's default, never applied
+        group.reshard_after_forward = (not group.is_root) if raf is None else raf
+        group.auto_reshard = raf is None
         groups.append(group)
 
     def prefetch(attr: str) -> dict[str, list[str]]:

@@ -187,6 +187,7 @@ class StoredTrace:
             or opts.ignored_modules
             or opts.ignored_states
             or opts.trace != "meta"
+            or opts.activation_checkpointing
         ):
             return None
         saved = {m: dict(m._parameters) for m in self.copy.modules()}

@@ -21,6 +21,7 @@ from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import Event, FsdpWarning, Report, Unit
+from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
@@ -48,6 +49,7 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
+    apply_checkpointing(copy, opts.activation_checkpointing)
     ignored_modules = map_objects(opts.ignored_modules, mapping, "ignored_modules")
     ignored_states = map_objects(opts.ignored_states, mapping, "ignored_states")
     mp = opts.mixed_precision

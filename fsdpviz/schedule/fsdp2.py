@@ -19,6 +19,7 @@ from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
@@ -43,6 +44,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         opts = parse_fsdp2_options(kwargs)
         device = "real" if opts.trace == "real" else "meta"
         copy, mapping = model_copy(model, device)
+        apply_checkpointing(copy, opts.activation_checkpointing)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         groups = build_groups(copy, opts, ignored)
     check_reshard_ints(groups, opts.world_size)

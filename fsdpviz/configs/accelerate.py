@@ -1,0 +1,332 @@
+"""An accelerate config file (``accelerate config`` / ``accelerate launch --config_file``)
+as the FSDP arguments accelerate passes for it.
+
+What ``accelerate launch`` does with each key is followed as accelerate 1.x does it
+(``commands/launch.py`` fills its arguments from the file, ``utils/launch.py`` exports them,
+``FullyShardedDataParallelPlugin`` reads them, ``Accelerator.prepare_model`` wraps):
+
+- FSDP1: ``FullyShardedDataParallel(model, sharding_strategy=..., auto_wrap_policy=...,
+  mixed_precision=..., backward_prefetch=..., forward_prefetch=..., use_orig_params=...)``.
+  Launch always exports ``fsdp_sharding_strategy`` (default ``FULL_SHARD``), which
+  ``prepare_model`` prefers to ``fsdp_reshard_after_forward``.
+- FSDP2: ``fully_shard`` on every module the wrap policy picks (bottom-up), on the input
+  embedding, on the final norm with the output embedding (``reshard_after_forward=False``),
+  then on the root (torch's default resharding).
+- ``fsdp_activation_checkpointing``: the modules the wrap policy picks are checkpointed.
+- ``mixed_precision``: ``bf16`` / ``fp16`` (``fp8`` computes in bf16) for parameters,
+  reduction and buffers (FSDP1) or outputs (FSDP2).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
+from fsdpviz.errors import ConfigError
+
+# fsdp_config keys accelerate reads and fsdpviz applies.
+_FSDP_KEYS = {
+    "fsdp_version",
+    "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_min_num_params",
+    "fsdp_sharding_strategy",
+    "fsdp_reshard_after_forward",
+    "fsdp_backward_prefetch",
+    "fsdp_forward_prefetch",
+    "fsdp_use_orig_params",
+    "fsdp_activation_checkpointing",
+    "fsdp_offload_params",
+}
+_FSDP_NOT_PLANNED = {
+    "fsdp_state_dict_type": "it only picks the checkpoint format",
+    "fsdp_cpu_ram_efficient_loading": "it is how weights are loaded, before training",
+    "fsdp_sync_module_states": "it is one broadcast at construction, before any iteration",
+    "fsdp_activation_checkpointing_offload": "offloading saved activations is not modelled",
+    "fsdp_ignored_modules": "ignored modules are not read from a config (pass ignored_modules=)",
+}
+# Top-level keys: where and how processes start, not what one rank does.
+_LAUNCH_KEYS = {
+    "compute_environment", "debug", "distributed_type", "downcast_bf16", "enable_cpu_affinity",
+    "machine_rank", "main_training_function", "num_machines", "num_processes", "rdzv_backend",
+    "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "gpu_ids",
+    "main_process_ip", "main_process_port", "mixed_precision", "fsdp_config",
+}  # fmt: skip
+_NOT_PLANNED = {
+    "dynamo_config": "torch.compile changes kernels, not the FSDP schedule (not modelled)",
+    "fp8_config": "FP8 matmuls are not modelled (computed as bf16)",
+    "parallelism_config": "tensor/context parallel dimensions are not read from accelerate",
+}
+_STRATEGIES = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+_MIXED = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+
+
+def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) -> TrainerConfig:
+    """The :func:`fsdpviz.analyze` arguments of an accelerate FSDP config for ``model``.
+
+    ``config`` is the YAML file's path (or its contents as a dict). Keys that do not
+    change the plan, or that fsdpviz does not model, each give one :class:`ConfigNote`
+    line; an unknown key is an error.
+
+    Example::
+
+        plan = fsdpviz.from_accelerate("fsdp.yaml", model)
+        report = fsdpviz.analyze(model, inputs, **plan)
+    """
+    data, where = _load(config)
+    notes = check_keys(data, _LAUNCH_KEYS | set(_NOT_PLANNED), where, ignored=_NOT_PLANNED)
+    if data.get("distributed_type", "FSDP") != "FSDP":
+        raise ConfigError(
+            f"{where}: distributed_type is {data['distributed_type']!r}, not FSDP; this "
+            "config does not shard with FSDP"
+        )
+    fsdp = dict(data.get("fsdp_config") or {})
+    fsdp = {k if k.startswith("fsdp_") else f"fsdp_{k}": v for k, v in fsdp.items()}
+    notes += check_keys(fsdp, _FSDP_KEYS, f"{where} fsdp_config", ignored=_FSDP_NOT_PLANNED)
+    version = int(fsdp.get("fsdp_version", 1))
+    if version not in (1, 2):
+        raise ConfigError(f"{where}: fsdp_version must be 1 or 2, got {version!r}")
+    kwargs: dict[str, Any] = {"world_size": int(data.get("num_processes", 1))}
+    wrap = _wrap_policy(fsdp, model, where)
+    mixed = str(data.get("mixed_precision") or "no").lower()
+    if mixed not in ("no", *_MIXED):
+        raise ConfigError(f"{where}: mixed_precision must be no, bf16, fp16 or fp8, got {mixed!r}")
+    if mixed == "fp8":
+        note(
+            notes,
+            f"{where}: mixed_precision='fp8' is planned as bf16 (FP8 matmuls are not modelled)",
+        )
+    dtype = _MIXED.get(mixed)
+    if version == 1:
+        kwargs.update(_fsdp1(fsdp, wrap, dtype, where, notes))
+    else:
+        kwargs.update(_fsdp2(fsdp, wrap, dtype, model, where, notes))
+    if _flag(fsdp.get("fsdp_activation_checkpointing", False)):
+        if wrap is None:
+            note(notes, f"{where}: fsdp_activation_checkpointing without a wrap policy "
+                        "checkpoints nothing")  # fmt: skip
+        else:
+            kwargs["activation_checkpointing"] = wrap.checkpointed
+    return TrainerConfig(f"accelerate config {where}", kwargs, notes)
+
+
+def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    if isinstance(config, Mapping):
+        return dict(config), "accelerate config"
+    import yaml
+
+    path = Path(config)
+    if not path.is_file():
+        raise ConfigError(f"accelerate config {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an accelerate config is a YAML mapping of keys")
+    return data, path.name
+
+
+def _flag(value: Any) -> bool:
+    """accelerate's ``str_to_bool``: yes/true/1 and no/false/0."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if text in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise ConfigError(f"expected true or false, got {value!r}")
+
+
+class _Wrap:
+    """The wrap policy accelerate builds: its FSDP1 policy and which modules it picks."""
+
+    def __init__(self, kind: str, classes: set[type[nn.Module]], min_num_params: int) -> None:
+        self.kind = kind
+        self.classes = classes
+        self.min_num_params = min_num_params
+
+    def fsdp1(self) -> Any:
+        from torch.distributed.fsdp.wrap import (
+            size_based_auto_wrap_policy,
+            transformer_auto_wrap_policy,
+        )
+
+        if self.kind == "transformer":
+            return functools.partial(
+                transformer_auto_wrap_policy, transformer_layer_cls=self.classes
+            )
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
+
+    def picks(self, module: nn.Module) -> bool:
+        """accelerate's FSDP2 policy (``fsdp2_prepare_auto_wrap_policy``)."""
+        if self.kind == "transformer":
+            return bool(self.classes) and isinstance(module, tuple(self.classes))
+        return sum(p.numel() for p in module.parameters()) > self.min_num_params
+
+    @property
+    def checkpointed(self) -> Any:
+        """What ``apply_activation_checkpointing(auto_wrap_policy=...)`` checkpoints."""
+        if self.kind == "transformer":
+            return sorted(self.classes, key=lambda c: c.__name__)
+        return self.picks
+
+
+def _wrap_policy(fsdp: dict[str, Any], model: nn.Module, where: str) -> _Wrap | None:
+    kind = str(fsdp.get("fsdp_auto_wrap_policy") or "NO_WRAP").upper()
+    if kind == "NO_WRAP":
+        return None
+    if kind == "TRANSFORMER_BASED_WRAP":
+        names = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+        if names is None:
+            names = list(getattr(model, "_no_split_modules", None) or [])
+        elif isinstance(names, str):
+            names = names.split(",")
+        classes = {module_class(model, str(n).strip(), where) for n in names}
+        return _Wrap("transformer", classes, 0)
+    if kind == "SIZE_BASED_WRAP":
+        threshold = int(fsdp.get("fsdp_min_num_params", int(1e8)))
+        return None if threshold <= 0 else _Wrap("size", set(), threshold)
+    raise ConfigError(
+        f"{where}: fsdp_auto_wrap_policy {kind!r} is not valid; use TRANSFORMER_BASED_WRAP, "
+        "SIZE_BASED_WRAP or NO_WRAP"
+    )
+
+
+def _named(value: Any, names: list[str], key: str, where: str) -> str:
+    """A name or accelerate's 1-based number for it."""
+    text = str(value).strip().upper()
+    if text.isdigit() and 1 <= int(text) <= len(names):
+        return names[int(text) - 1]
+    if text not in names:
+        raise ConfigError(f"{where}: {key} must be one of {', '.join(names)}, got {value!r}")
+    return text
+
+
+def _fsdp1(
+    fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, where: str,
+    notes: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        MixedPrecision,
+        ShardingStrategy,
+    )
+
+    strategy = _named(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"), _STRATEGIES,
+                      "fsdp_sharding_strategy", where)  # fmt: skip
+    asked = fsdp.get("fsdp_reshard_after_forward")
+    if asked is not None and str(asked).upper() != strategy:
+        note(
+            notes,
+            f"{where}: fsdp_reshard_after_forward={asked!r} is not what accelerate runs: "
+            f"launch exports fsdp_sharding_strategy (here {strategy}), which "
+            "Accelerator.prepare_model prefers; set fsdp_sharding_strategy to change it",
+        )
+    name = "_HYBRID_SHARD_ZERO2" if strategy == "HYBRID_SHARD_ZERO2" else strategy
+    kwargs: dict[str, Any] = {
+        "sharding_strategy": ShardingStrategy[name],
+        "auto_wrap_policy": None if wrap is None else wrap.fsdp1(),
+        "backward_prefetch": None,
+        "forward_prefetch": _flag(fsdp.get("fsdp_forward_prefetch", False)),
+        "use_orig_params": _flag(fsdp.get("fsdp_use_orig_params", True)),
+        "limit_all_gathers": True,
+    }
+    prefetch = fsdp.get("fsdp_backward_prefetch")
+    if prefetch is not None:
+        chosen = _named(prefetch, _PREFETCH, "fsdp_backward_prefetch", where)
+        kwargs["backward_prefetch"] = None if chosen == "NO_PREFETCH" else BackwardPrefetch[chosen]
+    if dtype is not None:
+        kwargs["mixed_precision"] = MixedPrecision(
+            param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
+        )
+    if _flag(fsdp.get("fsdp_offload_params", False)):
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
+    return kwargs
+
+
+def _fsdp2(
+    fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, model: nn.Module,
+    where: str, notes: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    for key in ("fsdp_sharding_strategy", "fsdp_backward_prefetch", "fsdp_forward_prefetch",
+                "fsdp_use_orig_params"):  # fmt: skip
+        if key in fsdp:
+            note(notes, f"{where}: {key} is an FSDP1 setting; accelerate does not use it "
+                        "with fsdp_version: 2")  # fmt: skip
+    raf = _flag(fsdp.get("fsdp_reshard_after_forward", True))
+    names = {m: n for n, m in model.named_modules()}
+    sharded: list[nn.Module] = []
+    if wrap is not None:
+        sharded = [m for m in _bottom_up(model)[:-1] if wrap.picks(m)]
+    calls: list[Any] = [names[m] for m in sharded]
+    reshard: dict[str, bool] = {names[m]: raf for m in sharded}
+    embed_fn = getattr(model, "get_input_embeddings", None)
+    head_fn = getattr(model, "get_output_embeddings", None)
+    embed = embed_fn() if callable(embed_fn) else None
+    head = head_fn() if callable(head_fn) else None
+    tied = (
+        embed is not None
+        and head is not None
+        and getattr(embed, "weight", None) is getattr(head, "weight", 0)
+    )
+    if not tied and embed is not None and embed not in sharded:
+        calls.append(names[embed])
+        reshard[names[embed]] = raf
+        sharded.append(embed)
+    tail = [m for m in ((_final_norm(model), embed, head) if tied else (_final_norm(model), head))
+            if m is not None and m not in sharded]  # fmt: skip
+    if tail:
+        group = tuple(names[m] for m in tail)
+        calls.append(group if len(group) > 1 else group[0])
+        reshard[", ".join(group)] = False
+    kwargs: dict[str, Any] = {"fully_shard": calls, "reshard_after_forward": reshard}
+    if dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
+        )
+        low = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        if low:
+            note(notes, f"{where}: accelerate casts the {', '.join(low)} parameters to float32 "
+                        "before fully_shard when mixed precision is on; this model is planned "
+                        "as it is")  # fmt: skip
+    if _flag(fsdp.get("fsdp_offload_params", False)):
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    return kwargs
+
+
+def _bottom_up(model: nn.Module) -> list[nn.Module]:
+    """accelerate's ``get_module_children_bottom_up``: every module after its children."""
+    out: list[nn.Module] = []
+    seen: set[nn.Module] = set()
+
+    def visit(m: nn.Module) -> None:
+        for child in m.children():
+            visit(child)
+        if m not in seen:
+            seen.add(m)
+            out.append(m)
+
+    visit(model)
+    return out
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    """accelerate's ``_find_final_norm``: the base model's last direct child named *Norm*."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    if not isinstance(base, nn.Module):
+        return None
+    found = None
+    for _, child in base.named_children():
+        if "Norm" in type(child).__name__:
+            found = child
+    return found

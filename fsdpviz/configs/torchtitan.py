@@ -1,0 +1,374 @@
+"""A torchtitan job (its TOML ``--job.config_file``) as the model and FSDP2 plan torchtitan
+builds for it.
+
+The job files are those of torchtitan's TOML configuration (``train_configs/*.toml``, up
+to its move to Python config registries in 2026). The Llama 3 flavors (``debugmodel``,
+``8B``, ``70B``, ``405B``) are built here as torchtitan builds them (``Transformer`` of
+``torchtitan/models/llama3/model``: the same module names and parameter shapes) on the meta
+device, and sharded as its ``apply_fsdp`` does: ``tok_embeddings``, each block, ``norm``
+with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward =
+"always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
+reduce_dtype=mixed_precision_reduce)``. ``activation_checkpoint.mode = "full"``
+checkpoints every block, ``"selective"`` with an integer option every n-th block.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fsdpviz.configs.common import TrainerConfig, note
+from fsdpviz.errors import ConfigError
+
+# torchtitan's llama3_args (torchtitan/models/llama3/__init__.py)
+FLAVORS: dict[str, dict[str, Any]] = {
+    "debugmodel": {"dim": 256, "n_layers": 6, "n_heads": 16, "vocab_size": 2048},
+    "8B": {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
+           "ffn_dim_multiplier": 1.3, "multiple_of": 1024},
+    "70B": {"dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
+            "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
+    "405B": {"dim": 16384, "n_layers": 126, "n_heads": 128, "n_kv_heads": 8,
+             "ffn_dim_multiplier": 1.2, "multiple_of": 4096},
+}  # fmt: skip
+# Keys of the sections that decide the plan (torchtitan/config/job_config.py); the other
+# sections (job, metrics, optimizer, checkpoint, ...) do not change what FSDP does.
+_SECTIONS: dict[str, set[str]] = {
+    "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
+              "print_after_conversion"},
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
+                 "max_norm", "steps", "enable_cpu_offload", "dtype", "mixed_precision_param",
+                 "mixed_precision_reduce", "gc_freq", "gc_debug", "dataloader"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward", "tensor_parallel_degree",
+                    "disable_loss_parallel", "enable_async_tensor_parallel",
+                    "pipeline_parallel_degree", "module_fqns_per_model_part",
+                    "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
+                    "context_parallel_load_balancer", "context_parallel_rotate_method",
+                    "expert_parallel_degree", "expert_tensor_parallel_degree",
+                    "expert_parallel_comm_backend"},
+    "activation_checkpoint": {"mode", "selective_ac_option",
+                              "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop",
+                              "memory_budget", "visualize_memory_budget_pareto",
+                              "preserve_rng_state", "determinism_check", "debug"},
+    "compile": {"enable", "components", "backend"},
+}  # fmt: skip
+_OTHER_SECTIONS = {
+    "job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "quantize",
+    "comm", "memory_estimation", "fault_tolerance", "experimental", "validation", "debug",
+}  # fmt: skip
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class TorchtitanJob:
+    """The model, batch and FSDP2 plan of a torchtitan job.
+
+    ``fsdpviz.analyze(job.model, job.inputs, **job.config)``; ``model, inputs, config =
+    job`` unpacks them.
+    """
+
+    model: nn.Module
+    inputs: torch.Tensor
+    config: TrainerConfig
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.inputs, self.config))
+
+
+def from_torchtitan(
+    job: str | Path | Mapping[str, Any], *, world_size: int | None = None
+) -> TorchtitanJob:
+    """Read a torchtitan job TOML: the Llama 3 model it trains, one batch, and its FSDP2 plan.
+
+    ``world_size`` is the number of ranks the job runs on; it is needed only when
+    ``data_parallel_shard_degree = -1`` (torchtitan's default: every rank; default 8).
+
+    Example::
+
+        job = fsdpviz.from_torchtitan("llama3_8b.toml", world_size=8)
+        report = fsdpviz.analyze(job.model, job.inputs, **job.config)
+    """
+    data, where = _load(job)
+    notes = _check(data, where)
+    model_cfg = data.get("model", {})
+    name = model_cfg.get("name", "llama3")
+    if name != "llama3":
+        raise ConfigError(f"{where}: model.name {name!r} is not modelled; fsdpviz builds llama3")
+    flavor = str(model_cfg.get("flavor", "debugmodel"))
+    if flavor not in FLAVORS:
+        close = difflib.get_close_matches(flavor, list(FLAVORS), n=1)
+        tip = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{where}: model.flavor {flavor!r} is not a llama3 flavor ({', '.join(FLAVORS)}){tip}"
+        )
+    for converter in model_cfg.get("converters", []) or []:
+        note(notes, f"{where}: model.converters {converter!r} (quantized training) is not modelled")
+    training = data.get("training", {})
+    parallel = data.get("parallelism", {})
+    seq = int(training.get("seq_len", 2048))
+    batch = int(training.get("local_batch_size", 8))
+    for key, meaning in (
+        ("tensor_parallel_degree", "tensor parallelism"),
+        ("pipeline_parallel_degree", "pipeline parallelism"),
+        ("context_parallel_degree", "context parallelism"),
+        ("data_parallel_replicate_degree", "replicated data parallelism (HSDP)"),
+    ):
+        if int(parallel.get(key, 1)) > 1:
+            note(
+                notes,
+                f"{where}: parallelism.{key} = {parallel[key]} ({meaning}) is not "
+                "modelled; planned as FSDP over the data-parallel shard ranks alone",
+            )
+    shard = int(parallel.get("data_parallel_shard_degree", -1))
+    if shard == -1:
+        shard = world_size or 8
+        if world_size is None:
+            note(
+                notes,
+                f"{where}: data_parallel_shard_degree = -1 uses every rank; planned "
+                "on 8 (pass world_size / --world-size for another count)",
+            )
+    elif world_size is not None and world_size != shard:
+        note(
+            notes,
+            f"{where}: data_parallel_shard_degree = {shard} is planned, not the "
+            f"{world_size} ranks given",
+        )
+    if int(training.get("global_batch_size", -1)) > batch * shard:
+        note(
+            notes,
+            f"{where}: global_batch_size = {training['global_batch_size']} means "
+            "gradient accumulation, which is not modelled (one micro-batch is planned)",
+        )
+    if training.get("enable_cpu_offload"):
+        note(notes, f"{where}: training.enable_cpu_offload is not modelled")
+    if data.get("compile", {}).get("enable"):
+        note(
+            notes, f"{where}: compile.enable changes kernels, not the FSDP schedule (not modelled)"
+        )
+    model = build_llama3(flavor, seq)
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    labels = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    kwargs = _plan(model, data, shard, where, notes)
+    kwargs["loss"] = _CrossEntropy(labels)
+    config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
+    return TorchtitanJob(model, tokens, config)
+
+
+def _load(job: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    if isinstance(job, Mapping):
+        return dict(job), "torchtitan job"
+    path = Path(job)
+    if not path.is_file():
+        raise ConfigError(f"torchtitan job file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text()), path.name
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+def _check(data: dict[str, Any], where: str) -> list[str]:
+    """Unknown sections and keys raise; the plan's sections are checked key by key."""
+    known = set(_SECTIONS) | _OTHER_SECTIONS
+    problems = []
+    for section, values in data.items():
+        if section not in known:
+            close = difflib.get_close_matches(section, sorted(known), n=1)
+            tip = f"; did you mean [{close[0]}]?" if close else ""
+            problems.append(f"{where}: unknown section [{section}]{tip}")
+            continue
+        for key in values if section in _SECTIONS and isinstance(values, dict) else []:
+            if key not in _SECTIONS[section]:
+                close = difflib.get_close_matches(key, sorted(_SECTIONS[section]), n=1)
+                tip = f"; did you mean {close[0]!r}?" if close else ""
+                problems.append(f"{where}: unknown key {section}.{key}{tip}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return []
+
+
+def _plan(
+    model: nn.Module, data: dict[str, Any], shard: int, where: str, notes: list[str]
+) -> dict[str, Any]:
+    """torchtitan's ``apply_fsdp`` and ``apply_ac`` for this job, as analyze arguments."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    training = data.get("training", {})
+    policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
+    if policy not in ("default", "always", "never"):
+        raise ConfigError(
+            f"{where}: parallelism.fsdp_reshard_after_forward must be default, always or "
+            f"never, got {policy!r}"
+        )
+    reshard = policy != "never"  # "default": True without pipeline parallelism
+    blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
+    raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
+    raf["norm, output"] = policy == "always"
+    param = _dtype(training.get("mixed_precision_param", "bfloat16"), "mixed_precision_param")
+    reduce = _dtype(training.get("mixed_precision_reduce", "float32"), "mixed_precision_reduce")
+    kwargs: dict[str, Any] = {
+        "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
+        "reshard_after_forward": raf,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
+        "world_size": shard,
+    }
+    ac = data.get("activation_checkpoint", {})
+    mode = str(ac.get("mode", "selective"))
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode == "full":
+        kwargs["activation_checkpointing"] = [TransformerBlock]
+    elif mode == "selective" and option.isdigit():
+        every = int(option)
+        layers = [model.get_submodule(name) for name in blocks]
+        chosen = {m for i, m in enumerate(layers) if not every or (i + 1) % every == 0}
+        kwargs["activation_checkpointing"] = lambda m: m in chosen
+    elif mode == "selective":
+        note(
+            notes,
+            f"{where}: activation_checkpoint selective_ac_option = {option!r} "
+            "(per-operator) is not modelled; planned without activation checkpointing",
+        )
+    elif mode == "memory_budget":
+        note(
+            notes,
+            f"{where}: activation_checkpoint mode = 'memory_budget' is not modelled; "
+            "planned without activation checkpointing",
+        )
+    elif mode != "none":
+        raise ConfigError(f"{where}: activation_checkpoint.mode {mode!r} is not valid")
+    return kwargs
+
+
+def _dtype(name: Any, key: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ConfigError(f"training.{key} must be bfloat16 or float32, got {name!r}")
+    return _DTYPES[name]
+
+
+class _CrossEntropy:
+    """torchtitan's loss: cross-entropy of the float32 logits against the labels."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+
+    def __call__(self, pred: torch.Tensor) -> torch.Tensor:
+        loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), self.labels.flatten(0, 1))
+        return loss
+
+
+# ------------------------------------------------------------------ the model
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = _rotate(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
+        k = _rotate(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        rep = self.n_heads // self.n_kv_heads  # torchtitan's repeat_kv
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return result
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return result
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: dict[str, Any]) -> None:
+        super().__init__()
+        dim = args["dim"]
+        self.attention = Attention(dim, args["n_heads"], args.get("n_kv_heads") or args["n_heads"])
+        self.feed_forward = FeedForward(dim, _ffn_hidden(args))
+        self.attention_norm = nn.RMSNorm(dim, eps=1e-5)
+        self.ffn_norm = nn.RMSNorm(dim, eps=1e-5)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h: torch.Tensor = x + self.attention(self.attention_norm(x), rope)
+        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return out
+
+
+class Transformer(nn.Module):
+    """torchtitan's Llama 3 ``Transformer``: module names and shapes as torchtitan has them."""
+
+    def __init__(self, args: dict[str, Any], seq_len: int) -> None:
+        super().__init__()
+        dim, vocab = args["dim"], args.get("vocab_size", 128256)
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(args) for i in range(args["n_layers"])}
+        )
+        self.norm = nn.RMSNorm(dim, eps=1e-5)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        half = dim // args["n_heads"] // 2
+        angles = torch.outer(
+            torch.arange(seq_len).float(), 1.0 / 500000 ** (torch.arange(half) / half)
+        )
+        self.register_buffer("rope_cos", angles.cos(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.tok_embeddings(tokens)
+        cos, sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
+        rope = (cos[: tokens.shape[1]], sin[: tokens.shape[1]])
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        logits: torch.Tensor = self.output(self.norm(h))
+        return logits
+
+
+def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary embedding of (batch, seq, heads, head_dim), on interleaved pairs as torchtitan."""
+    cos, sin = (t[None, :, None, :] for t in rope)
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+
+
+def _ffn_hidden(args: dict[str, Any]) -> int:
+    """torchtitan's FeedForward hidden size: 2/3 of 4*dim, scaled, rounded up to multiple_of."""
+    hidden = int(2 * (4 * args["dim"]) / 3)
+    if args.get("ffn_dim_multiplier") is not None:
+        hidden = int(args["ffn_dim_multiplier"] * hidden)
+    multiple = args.get("multiple_of", 256)
+    return int(multiple * math.ceil(hidden / multiple))
+
+
+def build_llama3(flavor: str, seq_len: int) -> nn.Module:
+    """torchtitan's Llama 3 ``flavor`` on the meta device, float32 as torchtitan builds it."""
+    with torch.device("meta"):
+        return Transformer(FLAVORS[flavor], seq_len).train()
