@@ -111,7 +111,7 @@ def record_real_fsdp2(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fsdpviz.record import FSDP2Recorder
+    from fsdpviz.recording import FSDP2Recorder
 
     real = copy.deepcopy(model)
     mods = dict(real.named_modules())

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpviz.core.schema import Report, Unit
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import Report, Unit
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
 CATEGORIES = (
@@ -107,7 +107,7 @@ class UnitBytes:
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
     """The :class:`UnitBytes` of every unit of ``report``, by unit name."""
-    fsdp2 = report.config.get("api") == "FSDP2"
+    fsdp2 = report.config.api == "FSDP2"
     states = optimizer_states(optimizer)
     return {u.module: _unit(u, fsdp2, states) for u in report.units}
 

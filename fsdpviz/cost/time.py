@@ -1,7 +1,7 @@
 """Estimated duration of every event, and how much communication compute hides.
 
-The model replays one iteration's :mod:`tape <fsdpviz.cost.tape>` on two streams
-of a :class:`~fsdpviz.cost.machine.Machine`:
+The model replays one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` on two streams
+of a :class:`~fsdpviz.cost.hardware.Machine`:
 
 - the **compute** stream runs the compute measured before each hook call, in
   order (FLOPs from the trace). The compute after a unit's pre-forward or
@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpviz.core.schema import Report, Unit
-from fsdpviz.cost.machine import Machine
-from fsdpviz.cost.machine import machine as make_machine
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
+from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.tables import dataframe
-from fsdpviz.cost.tape import iteration_index, tape
+from fsdpviz.schema.report import Report, Unit
 
 _WAITS = ("pre_forward", "pre_backward")
 
@@ -155,17 +155,12 @@ class _Sim:
         self.units = {u.module: u for u in report.units}
         self.dtype = _compute_dtype(report.units)
         cfg = report.config
-        self.fsdp2 = cfg.get("api") == "FSDP2"
-        self.ws = int(cfg.get("world_size") or 1)
-        self.shard_ws = int(cfg.get("shard_world_size") or self.ws)
-        self.pg_ws = int(cfg.get("process_group_size") or self.ws)
+        self.fsdp2 = cfg.api == "FSDP2"
+        self.ws = cfg.ranks
+        self.shard_ws = cfg.shard_ranks
+        self.pg_ws = cfg.process_group_size or self.ws
         self.limit = limit and not self.fsdp2
-        raf = cfg.get("reshard_after_forward") or {}
-        self.raf_int = {
-            u: int(v)
-            for u, v in (raf.items() if isinstance(raf, dict) else [])
-            if not isinstance(v, bool) and 1 < int(v) < self.ws
-        }
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
         self.t_comm = 0.0
         self.gate = 0.0  # the next compute waits until then

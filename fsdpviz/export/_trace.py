@@ -10,7 +10,7 @@ on the all-gather stream; ``args`` carry ``unit``, ``kind``, ``phase``,
 (``memory``, bytes per category after each event, from the memory model).
 
 Times: a recording's events sit at their recorded ``t`` (ranks aligned by
-``config["started_unix"]``) and last their recorded ``duration``; a prediction
+``config.started_unix``) and last their recorded ``duration``; a prediction
 has no times, so its events and compute come from the time model
 (:func:`fsdpviz.cost.timeline` on ``machine``), iterations one after the other.
 """
@@ -20,12 +20,12 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.export._sources import ranks_of
+from fsdpviz.schema.report import Event, Report
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.machine import Machine
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.cost.hardware import Machine
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["LANES", "chrome_trace"]
 
@@ -50,12 +50,12 @@ def chrome_trace(
         trace = chrome_trace(report)
         [e for e in trace["traceEvents"] if e["ph"] == "X"][:2]
     """
-    from fsdpviz import __version__
-    from fsdpviz.record import RecordedRun
+    from fsdpviz._version import __version__
+    from fsdpviz.recording import RecordedRun
 
     reports, names = ranks_of(obj)
     pids = [_pid(r, i, isinstance(obj, RecordedRun)) for i, r in enumerate(reports)]
-    starts = [float(r.config.get("started_unix") or 0.0) for r in reports]
+    starts = [float(r.config.started_unix or 0.0) for r in reports]
     events: list[dict[str, Any]] = []
     machine_name = None
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
@@ -75,7 +75,7 @@ def chrome_trace(
 
 
 def _pid(report: Report, i: int, run: bool) -> int:
-    rank = report.config.get("rank")
+    rank = report.config.rank
     if report.source == "recording" and isinstance(rank, int):
         return rank
     return i if run else 0

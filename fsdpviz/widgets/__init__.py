@@ -1,5 +1,7 @@
 """Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline and the dashboard.
 
+May import every layer up to the views; not fsdpviz.export.
+
 Example::
 
     import fsdpviz
@@ -12,6 +14,6 @@ from __future__ import annotations
 
 from fsdpviz.widgets.dashboard import Dashboard, show
 from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.timeline import TimelineWidget
+from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 __all__ = ["Dashboard", "Explorer", "TimelineWidget", "show"]

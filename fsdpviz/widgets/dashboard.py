@@ -34,16 +34,16 @@ from typing import Any, Literal
 import ipywidgets as w
 import traitlets
 
-from fsdpviz.core.schema import Report
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_series
+from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch import prefetch_parts
-from fsdpviz.views.timeline_data import MemorySource, resolve_memory
+from fsdpviz.views.timeline_steps import MemorySource, resolve_memory
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.timeline import TimelineWidget
+from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 __all__ = ["Dashboard", "show"]
 

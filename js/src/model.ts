@@ -309,7 +309,8 @@ const TIME_UNITS: ReadonlyArray<readonly [number, string]> = [
 /** A duration in seconds with 3 significant digits in the unit that suits it: `343 µs`, `12.3 ms`. */
 export function formatSeconds(seconds: number): string {
   if (seconds === 0) return "0 s";
-  const [scale, unit] = TIME_UNITS.find(([s]) => Math.abs(seconds) >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
+  const [scale, unit] =
+    TIME_UNITS.find(([s]) => Math.abs(seconds) >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
   return `${Number((seconds / scale).toPrecision(3))} ${unit}`;
 }
 
@@ -332,12 +333,15 @@ export function axisTicks(x0: number, x1: number, plotW: number, timed: boolean)
   let tick = [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw * (1 - 1e-9)) ?? mag * 10;
   if (!timed) tick = Math.max(1, Math.round(tick));
   const values: number[] = [];
-  for (let k = Math.ceil(x0 / tick - 1e-9); k * tick <= x1 + tick * 1e-9; k++) values.push(k * tick);
+  for (let k = Math.ceil(x0 / tick - 1e-9); k * tick <= x1 + tick * 1e-9; k++)
+    values.push(k * tick);
   if (!timed) return { values, labels: values.map((v) => String(Math.round(v))), unit: "event" };
   const top = Math.max(Math.abs(x0), Math.abs(x1));
   const [scale, unit] = TIME_UNITS.find(([s]) => top >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
   const decimals = Math.max(0, Math.ceil(-Math.log10(tick / scale) - 1e-9));
-  const labels = values.map((v) => (Math.abs(v) < tick * 1e-6 ? "0" : (v / scale).toFixed(decimals)));
+  const labels = values.map((v) =>
+    Math.abs(v) < tick * 1e-6 ? "0" : (v / scale).toFixed(decimals),
+  );
   return { values, labels, unit };
 }
 

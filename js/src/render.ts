@@ -1,15 +1,15 @@
 // Canvas drawing of the timeline: lanes per rank, an overview strip of the whole
 // run, and the memory curve with its peak. Only the visible window is drawn.
 import {
-  FREE,
   axisTicks,
+  FREE,
+  firstStepEndingAfter,
+  formatBytes,
+  fullRange,
   KIND_LANE,
   LANES,
   type TimelineData,
   type Window,
-  firstStepEndingAfter,
-  formatBytes,
-  fullRange,
 } from "./model";
 
 export interface ThemeColors {
@@ -22,8 +22,22 @@ export interface ThemeColors {
 }
 
 const FALLBACK: Record<"light" | "dark", ThemeColors> = {
-  light: { name: "light", bg: "#ffffff", fg: "#1f1f1f", muted: "#616161", grid: "#e0e0e0", accent: "#D55E00" },
-  dark: { name: "dark", bg: "#111111", fg: "#e0e0e0", muted: "#9e9e9e", grid: "#333333", accent: "#FF8C42" },
+  light: {
+    name: "light",
+    bg: "#ffffff",
+    fg: "#1f1f1f",
+    muted: "#616161",
+    grid: "#e0e0e0",
+    accent: "#D55E00",
+  },
+  dark: {
+    name: "dark",
+    bg: "#111111",
+    fg: "#e0e0e0",
+    muted: "#9e9e9e",
+    grid: "#333333",
+    accent: "#FF8C42",
+  },
 };
 
 /** JupyterLab's theme (body[data-jp-theme-light]) or the OS preference, with its CSS colours. */
@@ -35,7 +49,8 @@ export function readTheme(el: HTMLElement): ThemeColors {
       : typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
   const base = FALLBACK[dark ? "dark" : "light"];
   const css = getComputedStyle(el);
-  const v = (name: string, fallback: string): string => css.getPropertyValue(name).trim() || fallback;
+  const v = (name: string, fallback: string): string =>
+    css.getPropertyValue(name).trim() || fallback;
   return {
     name: base.name,
     bg: v("--jp-layout-color0", base.bg),
@@ -103,7 +118,14 @@ export interface DrawState {
   layout: Layout;
 }
 
-function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number, color: string): void {
+function hatch(
+  ctx: CanvasRenderingContext2D,
+  x: number,
+  y: number,
+  w: number,
+  h: number,
+  color: string,
+): void {
   ctx.save();
   ctx.beginPath();
   ctx.rect(x, y, w, h);
@@ -119,7 +141,15 @@ function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h
   ctx.restore();
 }
 
-function label(ctx: CanvasRenderingContext2D, text: string, x: number, y: number, w: number, h: number, color: string): void {
+function label(
+  ctx: CanvasRenderingContext2D,
+  text: string,
+  x: number,
+  y: number,
+  w: number,
+  h: number,
+  color: string,
+): void {
   if (w < 28) return;
   const shown = ctx.measureText(text).width <= w - 6 ? text : "";
   if (!shown) return;
@@ -142,7 +172,9 @@ export function drawMain(ctx: CanvasRenderingContext2D, data: TimelineData, st: 
   ctx.textBaseline = "middle";
   ctx.fillStyle = theme.muted;
   data.ranks.forEach((rank, r) => {
-    LANES.forEach((lane, k) => ctx.fillText(`${rank} · ${lane}`, l.labelW - 8, l.laneTop(r, k) + l.laneH / 2));
+    LANES.forEach((lane, k) => {
+      ctx.fillText(`${rank} · ${lane}`, l.labelW - 8, l.laneTop(r, k) + l.laneH / 2);
+    });
   });
   ctx.save();
   ctx.beginPath();
@@ -233,13 +265,23 @@ function drawAxis(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawSta
     // Centred under the tick, kept inside the plot at both ends.
     const half = ctx.measureText(ticks.labels[k]).width / 2;
     ctx.textAlign = "center";
-    ctx.fillText(ticks.labels[k], Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half), y);
+    ctx.fillText(
+      ticks.labels[k],
+      Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half),
+      y,
+    );
   });
   ctx.textAlign = "right";
   ctx.fillText(data.timed ? `time (${ticks.unit})` : "event", l.labelW - 8, y);
 }
 
-function drawCursor(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawState, y0: number, y1: number): void {
+function drawCursor(
+  ctx: CanvasRenderingContext2D,
+  data: TimelineData,
+  st: DrawState,
+  y0: number,
+  y1: number,
+): void {
   if (data.n_steps === 0) return;
   const { layout: l, win, theme } = st;
   const px = xToPx(win, l, data.steps.x0[st.step]);
@@ -249,7 +291,12 @@ function drawCursor(ctx: CanvasRenderingContext2D, data: TimelineData, st: DrawS
 }
 
 /** The whole run at one pixel per column, drawn once per data/theme/size into `ctx`. */
-export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: TimelineData, l: Layout, theme: ThemeColors): void {
+export function drawOverviewBitmap(
+  ctx: CanvasRenderingContext2D,
+  data: TimelineData,
+  l: Layout,
+  theme: ThemeColors,
+): void {
   const full = fullRange(data);
   ctx.clearRect(0, 0, l.width, l.overviewH);
   ctx.fillStyle = theme.grid;
@@ -271,7 +318,13 @@ export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: Timeline
   ctx.fillText("overview", l.labelW - 8, l.overviewH / 2);
 }
 
-export function drawOverlay(ctx: CanvasRenderingContext2D, bitmap: CanvasImageSource, data: TimelineData, st: DrawState, dpr: number): void {
+export function drawOverlay(
+  ctx: CanvasRenderingContext2D,
+  bitmap: CanvasImageSource,
+  data: TimelineData,
+  st: DrawState,
+  dpr: number,
+): void {
   const { layout: l, win, theme } = st;
   const full = fullRange(data);
   ctx.drawImage(bitmap, 0, l.overviewTop, l.width, l.overviewH);
