@@ -12,6 +12,10 @@ Compute: a stretch of ``F`` FLOPs in dtype ``d`` takes
 counts (matrix multiplies, attention, convolutions) are timed; ``compute_efficiency``
 (model FLOP utilisation of those kernels) absorbs the memory-bound operators.
 
+CPU offload: a shard's copy to the device before its all-gather, and a gradient shard's
+copy back after its reduction, take ``bytes / pcie_gbps``; the optimizer step runs on the
+host at ``host_gbps``.
+
 Collectives (ring algorithm) over ``N`` ranks moving ``S`` bytes (the unsharded
 size; each rank sends and receives ``(N - 1) / N * S``)::
 
@@ -45,6 +49,11 @@ class Machine:
     intra_node_gbps: float  # per-GPU collective bandwidth inside a node, GB/s
     inter_node_gbps: float  # per-GPU network bandwidth across nodes, GB/s
     gpus_per_node: int = 8
+    # CPU offload: host-to-device / device-to-host copies of shards and gradients (GB/s per
+    # GPU, one direction, achieved with pinned memory) and the host memory bandwidth one rank's
+    # optimizer step gets on the CPU (GB/s).
+    pcie_gbps: float = 25.0
+    host_gbps: float = 20.0
     intra_node_latency_us: float = 8.0
     inter_node_latency_us: float = 20.0
     compute_efficiency: float = 0.6
@@ -76,6 +85,10 @@ class Machine:
             lat * 1e-6 * math.ceil(math.log2(ranks)) + moved / (gbps * 1e9 * self.comm_efficiency)
         )
 
+    def copy_seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
+        return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -88,6 +101,7 @@ GPUS: dict[str, dict[str, Any]] = {
         "tflops": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0},
         "memory_gib": 80.0,
         "hbm_gbps": 3350.0,
+        "pcie_gbps": 50.0,  # PCIe 5 x16: 64 GB/s per direction
         "network": "nvlink4+ib-ndr",
     },
     "h200": {
@@ -95,6 +109,7 @@ GPUS: dict[str, dict[str, Any]] = {
         "tflops": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0},
         "memory_gib": 141.0,
         "hbm_gbps": 4800.0,
+        "pcie_gbps": 50.0,
         "network": "nvlink4+ib-ndr",
     },
     "a100": {

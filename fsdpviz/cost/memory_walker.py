@@ -32,6 +32,7 @@ class Walker:
         self.resident: set[str] = set()
         self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
         self.held: tuple[str, int] | None = None
+        self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.grads: dict[str, int] = {}
         self.rs: list[int] = []
         self.post_forward_shard: dict[str, int] = {}
@@ -123,13 +124,20 @@ class Walker:
         s = self.sizes.get(e.unit)
         if s is None:
             return
-        if e.kind == "all_gather":
+        if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
+            self.cat["all_gather"] += s.h2d
+            self.copied[e.unit] = s.h2d
+        elif e.kind == "h2d":
+            pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
+        elif e.kind == "d2h":
+            pass  # the gradient shard leaves the device: counted in host memory
+        elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)
             self.cat["all_gather"] += n + s.copy_in
-            if s.copy_in:  # the shard cast to the compute dtype, freed once gathered
+            if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
                 self._moment("at", c, e)
-                self.cat["all_gather"] -= s.copy_in
+                self.cat["all_gather"] -= s.copy_in + self.copied.pop(e.unit, 0)
         elif e.kind == "free":
             if e.unit in self.pending:
                 self._drop_pending(e.unit)

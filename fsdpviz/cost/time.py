@@ -18,7 +18,10 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
 
 The iteration ends when both streams are done (the final callback waits for
 the last reduce-scatter); ``exposed_comm`` also counts that last wait. With an
-optimizer, its step is added as a memory-bound pass over the shards.
+optimizer, its step is added as a memory-bound pass over the shards (on the host under CPU
+offload). CPU offload's ``h2d`` copies (a shard to the device; its all-gather waits for it)
+and ``d2h`` copies (a gradient shard back, after its reduction) run one at a time on a
+copy stream.
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
         return 0.0
     # read param + grad + states, write param + states
     touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
-    return touched / (m.hbm_gbps * 1e9)
+    # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
+    return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
 
 class _Sim:
@@ -163,6 +167,8 @@ class _Sim:
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
         self.t_comm = 0.0
+        self.t_copy = 0.0  # CPU offload's host-device copies
+        self.h2d_done: dict[str, float] = {}
         self.gate = 0.0  # the next compute waits until then
         self.gate_by: int | None = None
         self.ag_done: dict[str, tuple[float, int]] = {}
@@ -209,8 +215,8 @@ class _Sim:
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
         self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(calls), where)
-        self.end = max(self.t_compute, self.t_comm)
-        self.tail_wait = max(0.0, self.t_comm - self.t_compute)
+        self.end = max(self.t_compute, self.t_comm, self.t_copy)
+        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
 
     def _compute(self, flops: float, hook: str, unit: str, k: int, where: dict[str, Any]) -> None:
         dur = self.m.compute_seconds(flops, self.dtype)
@@ -259,13 +265,21 @@ class _Sim:
             if e.phase == "forward" and e.unit in self.raf_int:
                 self.post_forward_mesh.add(e.unit)
             return
+        if e.kind == "h2d":  # CPU offload: the host shard, before its all-gather
+            gate = self._all_gather_gate()
+            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
+            self.h2d_done[e.unit] = rec["end"]
+            return
+        if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
+            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, self.t_comm))
+            return
         if e.kind == "all_gather":
             ranks = self.shard_ws
             if e.unit in self.post_forward_mesh and e.phase == "backward":
                 ranks = self.raf_int[e.unit]
                 self.post_forward_mesh.discard(e.unit)
             size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
-            gate = self._all_gather_gate()
+            gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
             self._collective(rec, "all_gather", size, ranks, gate)
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
@@ -278,6 +292,14 @@ class _Sim:
         else:
             ranks = self.shard_ws
             self._collective(rec, "reduce_scatter", u.padded_numel * reduce, ranks, self.t_compute)
+
+    def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
+        """A host-device copy on the copy stream, one at a time."""
+        rec["stream"] = "copy"
+        rec["start"], rec["end"] = start, start + self.m.copy_seconds(nbytes)
+        rec["bytes"] = float(nbytes)
+        self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + nbytes
+        self.t_copy = rec["end"]
 
     def _all_gather_gate(self) -> float:
         if self.fsdp2:

@@ -46,6 +46,9 @@ class UnitConfig:
     forward_prefetch: bool
     # Hybrid sharding: the shard groups whose gradient shards are all-reduced (else 1).
     replicas: int = 1
+    # CPUOffload(offload_params=True): the shard is copied from host memory before each
+    # all-gather, the sharded gradient to host memory after its reduction.
+    offload_params: bool = False
 
 
 @dataclass
@@ -208,6 +211,7 @@ def _unit_config(
         backward_prefetch=prefetch,
         forward_prefetch=bool(kwargs.get("forward_prefetch", opts.forward_prefetch)),
         replicas=opts.world_size // opts.process_group_size if hybrid else 1,
+        offload_params=opts.offload_params,
     )
 
 

@@ -62,6 +62,7 @@ class FSDP1Options:
     ignored_modules: Iterable[nn.Module] | None = None
     ignored_states: Iterable[Any] | None = None
     limit_all_gathers: bool = True
+    offload_params: bool = False  # CPUOffload(offload_params=True): shards live in host memory
     shard_group_size: int | None = None
     loss: Callable[[Any], torch.Tensor] | None = None
     trace: TraceMode = "meta"
@@ -119,6 +120,7 @@ class FSDP1Options:
             },
             trace=self.trace,
             process_group_size=self.process_group_size if self.hybrid else None,
+            cpu_offload=self.offload_params,
             sharding_strategy_given=None
             if self.requested_strategy is None
             else self.requested_strategy.name,
@@ -132,6 +134,8 @@ class FSDP1Options:
             keys += ("process_group_size",)
         if self.requested_strategy is not None:
             keys += ("sharding_strategy_given",)
+        if self.offload_params:
+            keys += ("cpu_offload",)
         return keys
 
 
@@ -307,12 +311,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     if offload is not None:
         if not isinstance(offload, CPUOffload):
             raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")
-        if offload.offload_params:
-            raise ConfigError(
-                "cpu_offload=CPUOffload(offload_params=True) is not modelled by fsdpviz yet; "
-                "analyse without it (the all-gather/free/reduce-scatter order does not "
-                "include the host copies it adds)"
-            )
+        opts.offload_params = offload.offload_params
     opts.auto_wrap_policy = kwargs.get("auto_wrap_policy")
     opts.ignored_modules = kwargs.get("ignored_modules")
     opts.ignored_states = kwargs.get("ignored_states")

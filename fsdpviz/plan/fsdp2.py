@@ -32,7 +32,6 @@ _KNOWN = {
     "shard_placement_fn", "activation_checkpointing",
 }  # fmt: skip
 _REJECTED = {
-    "mesh": "pass world_size=N instead (HSDP meshes are not modelled yet)",
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
 }
 
@@ -50,6 +49,16 @@ class FSDP2Options:
     trace: TraceMode
     progress: bool | None
     activation_checkpointing: Any = None
+    # The mesh: ranks a group's parameters are sharded over, and the replicas of a 2-D mesh
+    # (HSDP: gradients all-reduced across them); names as init_device_mesh's mesh_dim_names.
+    shard_size: int = 0  # 0: world_size
+    replicas: int = 1
+    mesh_names: tuple[str, str] | None = None
+    offload: bool = False  # CPUOffloadPolicy: shards, gradients, optimizer in host memory
+
+    @property
+    def shard_ranks(self) -> int:
+        return self.shard_size or self.world_size
 
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
@@ -68,17 +77,31 @@ class FSDP2Options:
             explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
-            stated=FSDP2_KEYS,
+            shard_world_size=self.shard_ranks if self.replicas > 1 else None,
+            mesh=None
+            if self.mesh_names is None
+            else dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True)),
+            cpu_offload=self.offload,
+            stated=FSDP2_KEYS
+            + (("shard_world_size", "mesh") if self.replicas > 1 else ())
+            + (("cpu_offload",) if self.offload else ()),
         )
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option")
-    ws = world_size(kwargs)
-    offload = kwargs.get("offload_policy")
-    if offload is not None and type(offload).__name__ != "OffloadPolicy":
+    sizes, names = parse_mesh(kwargs.get("mesh"))
+    if sizes is not None and "world_size" in kwargs and kwargs["world_size"] != math.prod(sizes):
         raise ConfigError(
-            "offload_policy=CPUOffloadPolicy() is not modelled by fsdpviz yet; analyse without it"
+            f"world_size={kwargs['world_size']!r} but the mesh has {math.prod(sizes)} ranks "
+            f"({' x '.join(map(str, sizes))}); give one of them"
+        )
+    ws = math.prod(sizes) if sizes is not None else world_size(kwargs)
+    offload = kwargs.get("offload_policy")
+    if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(offload).__name__}"
         )
     mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
@@ -102,7 +125,48 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
+        shard_size=sizes[-1] if sizes is not None else 0,
+        replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
+        mesh_names=names if sizes is not None and len(sizes) == 2 else None,
+        offload=type(offload).__name__ == "CPUOffloadPolicy",
     )
+
+
+def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | None]:
+    """``mesh=`` as ``init_device_mesh`` shapes it: a ``DeviceMesh`` (its shape and
+    ``mesh_dim_names``), ``("dp_replicate", 4, "dp_shard", 8)``, ``{"dp_replicate": 4,
+    "dp_shard": 8}`` or sizes alone (``(4, 8)``). One dimension: FSDP over it; two: HSDP,
+    replicated over the first, sharded over the second, as ``fully_shard`` reads a 2-D mesh.
+    Returns the sizes and, for two dimensions, their names."""
+    if mesh is None:
+        return None, None
+    names: tuple[str, ...]
+    if hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "shape"):
+        sizes = tuple(int(n) for n in mesh.shape)
+        names = tuple(mesh.mesh_dim_names or ())
+    elif isinstance(mesh, dict):
+        names, sizes = tuple(str(k) for k in mesh), tuple(mesh.values())
+    elif isinstance(mesh, (tuple, list)) and mesh and all(isinstance(x, str) for x in mesh[::2]):
+        names, sizes = tuple(mesh[::2]), tuple(mesh[1::2])
+    elif isinstance(mesh, (tuple, list)):
+        names, sizes = (), tuple(mesh)
+    else:
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not sizes or len(sizes) > 2 or (names and len(names) != len(sizes)):
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise ConfigError(f"mesh sizes must be positive ints, got {sizes!r}")
+    if len(sizes) == 1:
+        return sizes, None
+    two = names if len(names) == 2 else ("replicate", "shard")
+    return sizes, (str(two[0]), str(two[1]))
+
+
+_MESH_HELP = (
+    "mesh must be a DeviceMesh, ('dp_replicate', R, 'dp_shard', S), {{'dp_replicate': R, "
+    "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard); "
+    "got {got}"
+)
 
 
 def _prefetch_map(value: Any, name: str) -> dict[str, list[str]]:
@@ -334,7 +398,7 @@ def sharded_numel(shape: Sequence[int], world_size: int) -> int:
 
 
 def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
-    ws = opts.world_size
+    ws = opts.shard_ranks
     numel = sum(p.numel() for p in group.params)
     sharded = sum(sharded_numel(p.shape, ws) for p in group.params)
     dtypes = {p.dtype for p in group.params}

@@ -7,6 +7,9 @@ The recorder wraps FSDP's own functions for the duration of a ``with`` block
 - ``FlatParamHandle._free_unsharded_flat_param``: a ``free`` event when the
   padded unsharded FlatParameter is still allocated,
 - ``_runtime_utils._prefetch_handle``: marks the all-gathers it issues as prefetch,
+- ``FlatParamHandle.pre_unshard`` / ``_runtime_utils._offload_grad``: with
+  ``CPUOffload(offload_params=True)``, the shard's host-to-device copy before an
+  all-gather (``h2d``) and the sharded gradient's copy back (``d2h``),
 - ``_runtime_utils._reduce_grad`` / ``_reduce_grad_no_shard``: gradient reduction,
   and the ``torch.distributed.all_reduce`` that ``_reduce_grad`` issues on the
   inter-node process group under hybrid sharding (an ``all_reduce`` across replicas),
@@ -40,6 +43,16 @@ def _patch(
     original = getattr(owner, name)
     setattr(owner, name, wrapper(original))
     stack.callback(setattr, owner, name, original)
+
+
+def _copies_host_shard(handle: Any) -> bool:
+    """Whether ``pre_unshard`` copies the host shard to the device (on a GPU; on a CPU the
+    copy is a no-op, so the FlatParameter is checked instead): with parameter mixed
+    precision every time, else when the FlatParameter points at the host shard."""
+    if handle._uses_param_mixed_precision and not handle._force_full_precision:
+        return True
+    flat = handle.flat_param
+    return bool(flat.data.data_ptr() == flat._local_shard.data_ptr())
 
 
 class FSDP1Recorder(EventLog):
@@ -92,6 +105,8 @@ class FSDP1Recorder(EventLog):
         try:
             _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
             _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
+            _patch(stack, handle_cls, "pre_unshard", self._wrap_pre_unshard)
+            _patch(stack, _runtime_utils, "_offload_grad", self._wrap_offload_grad)
             _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
             _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
             _patch(stack, _runtime_utils, "_reduce_grad_no_shard", self._wrap_reduce("all_reduce"))
@@ -170,6 +185,32 @@ class FSDP1Recorder(EventLog):
             return reduce
 
         return wrap
+
+    def _wrap_pre_unshard(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def pre_unshard(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            if handle._offload_params and _copies_host_shard(handle):
+                start = now_ns()
+                i = self._emit("h2d", handle, self._phase(handle))
+                try:
+                    return original(handle, *args, **kwargs)
+                finally:
+                    self._timed(i, start)
+            return original(handle, *args, **kwargs)
+
+        return pre_unshard
+
+    def _wrap_offload_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def offload_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+            start = now_ns()
+            i = self._emit("d2h", handle, "backward")
+            try:
+                return original(state, handle, *args, **kwargs)
+            finally:
+                self._timed(i, start)
+
+        return offload_grad
 
     def _wrap_all_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)

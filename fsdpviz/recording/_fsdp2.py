@@ -6,7 +6,11 @@ the recorder wraps FSDP2's own code:
 - ``foreach_all_gather`` (as called by ``FSDPParamGroup.unshard``): ``all_gather``,
 - ``FSDPParamGroup._to_sharded`` / ``_to_sharded_post_forward`` leaving the
   unsharded state: ``free``,
-- ``foreach_reduce``: ``reduce_scatter``,
+- ``foreach_reduce``: ``reduce_scatter``; on a 2-D mesh (HSDP) the
+  ``torch.distributed.all_reduce`` it issues across the replicas
+  (``all_reduce``, group ``"replicate"``); with ``CPUOffloadPolicy``, the gradient
+  shard's copy to host memory after it (``d2h``) and the shard's copy to the device
+  before each all-gather of a fully sharded group (``h2d``),
 - ``FSDPParamGroup._prefetch_unshard``: marks the all-gathers it issues as prefetch,
 - ``FSDPParamGroup.pre_forward`` / ``post_forward`` / ``post_backward``,
   ``FSDPState._pre_backward`` and the root's final callback: the hook each event
@@ -31,6 +35,12 @@ from torch import nn
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
+
+
+def _sharded(group: Any) -> bool:
+    """The group is fully sharded (not on its post-forward mesh): its all-gather input is
+    the shard itself, in host memory under CPUOffloadPolicy."""
+    return all(p.sharded_state.name == "SHARDED" for p in group.fsdp_params)
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
@@ -74,6 +84,7 @@ class FSDP2Recorder(EventLog):
         self._group: Any = None
         self._forward_order: list[str] = []
         self._stack: ExitStack | None = None
+        self._reducing: Any = None  # the group inside foreach_reduce
 
     def __enter__(self) -> FSDP2Recorder:
         from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
@@ -89,6 +100,8 @@ class FSDP2Recorder(EventLog):
             ):
                 collective = self._wrap_collective(getattr(pg_mod, name), kind)
                 _patch(stack, pg_mod, name, collective)
+            all_reduce = self._wrap_all_reduce(torch.distributed.all_reduce)
+            _patch(stack, torch.distributed, "all_reduce", all_reduce)
             for name in ("_to_sharded", "_to_sharded_post_forward"):
                 _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
             hooks: dict[str, Hook | None] = {
@@ -115,10 +128,13 @@ class FSDP2Recorder(EventLog):
     def _name(self, group: Any) -> str:
         return self._group_names.get(id(group), "?")
 
-    def _emit(self, kind: Any, group: Any, phase: Any, prefetch: bool = False) -> int:
+    def _emit(
+        self, kind: Any, group: Any, phase: Any, prefetch: bool = False, across: Any = None
+    ) -> int:
         """Append an event; its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook or (None, None)
-        return self._append(Event(kind, self._name(group), phase, prefetch, hook, hook_unit))
+        event = Event(kind, self._name(group), phase, prefetch, hook, hook_unit, group=across)
+        return self._append(event)
 
     @staticmethod
     def _phase(group: Any) -> str:
@@ -131,14 +147,37 @@ class FSDP2Recorder(EventLog):
             if group is None:
                 return original(*args, **kwargs)
             phase = "backward" if kind == "reduce_scatter" else self._phase(group)
+            offload = any(p.offload_to_cpu for p in group.fsdp_params)
+            if kind == "all_gather" and offload and _sharded(group):
+                self._emit("h2d", group, phase)  # all_gather_inputs copies the host shard
             start = now_ns()
             i = self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
+            self._reducing = group if kind == "reduce_scatter" else None
             try:
                 return original(*args, **kwargs)
             finally:
+                self._reducing = None
                 self._timed(i, start)
+                if kind == "reduce_scatter" and offload:
+                    self._emit("d2h", group, "backward")  # the gradient shard to host memory
 
         return collective
+
+    def _wrap_all_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            group = self._reducing
+            if group is None:
+                return original(tensor, *args, **kwargs)
+            # foreach_reduce all-reduces across the replicas of a 2-D mesh (HSDP)
+            start = now_ns()
+            i = self._emit("all_reduce", group, "backward", across="replicate")
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._timed(i, start)
+
+        return all_reduce
 
     def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)

@@ -185,7 +185,13 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 # -------------------------------------------------------------------- FSDP2
 def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
+    if cfg.mesh is not None and "world_size" in changes:
+        raise ConfigError(
+            "a report on a 2-D mesh does not say which dimension a new world_size changes; "
+            "call fsdpviz.analyze with the new mesh="
+        )
     ws = check_world_size(changes.get("world_size", cfg.ranks))
+    shard = cfg.shard_ranks if cfg.mesh is not None else ws
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
     with_params = {u.module for u in report.units}
     groups: list[Group] = []
@@ -200,8 +206,8 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
                 reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
             )
         )
-    check_reshard_ints(groups, ws)
-    runtime = FSDP2Runtime(groups, ws)
+    check_reshard_ints(groups, shard)
+    runtime = FSDP2Runtime(groups, shard, ws // shard, cfg.cpu_offload)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -215,10 +221,12 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     units = []
     for u in report.units:
         g = groups[index[u.module]]
-        sharded = sum(sharded_numel(shapes[p], ws) for p in u.params)
+        sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
         units.append(
-            replace(u, padded_numel=sharded * ws, sharded_numel=sharded, sharding_strategy=strategy)
+            replace(
+                u, padded_numel=sharded * shard, sharded_numel=sharded, sharding_strategy=strategy
+            )
         )
     config = cfg.replace(
         world_size=ws,

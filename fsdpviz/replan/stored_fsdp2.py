@@ -202,8 +202,8 @@ class StoredTrace:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
         groups = build_groups(self.copy, opts, ignored)
-        check_reshard_ints(groups, opts.world_size)
-        runtime = FSDP2Runtime(groups, opts.world_size)
+        check_reshard_ints(groups, opts.shard_ranks)
+        runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
             prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

@@ -44,6 +44,8 @@ class Handle:
         self.requires_grad = unit.requires_grad
         self.unsharded_allocated = False
         self.using_sharded = True
+        mp = unit.config.mixed_precision
+        self.low_shard = bool(mp and mp.param_dtype not in (None, unit.dtype))
         self.skipped_sharded_views = False
         self.prefetched = False
         self.needs_pre_forward_unshard = False
@@ -112,8 +114,13 @@ class FSDP1Runtime:
 
     # ------------------------------------------------------- unshard/reshard
     def _unshard(self, h: Handle) -> None:
+        phase = "forward" if h.training_state == TrainingState.FORWARD else "backward"
+        if h.unit.config.offload_params and h.unit.has_params and (h.using_sharded or h.low_shard):
+            # pre_unshard copies the host shard to the device: when the FlatParameter points
+            # at it, and on every unshard with parameter mixed precision (the low-precision
+            # shard is made from it each time)
+            self._emit("h2d", h, phase)
         if h.sharded and not h.unsharded_allocated:
-            phase = "forward" if h.training_state == TrainingState.FORWARD else "backward"
             self._emit("all_gather", h, phase)
             h.unsharded_allocated = True
         h.using_sharded = False
@@ -281,6 +288,8 @@ class FSDP1Runtime:
             self._emit("reduce_scatter" if h.sharded else "all_reduce", h, "backward")
             if h.sharded and h.unit.config.replicas > 1:
                 self._emit("all_reduce", h, "backward", group="replicate")
+            if h.unit.config.offload_params:
+                self._emit("d2h", h, "backward")  # _offload_grad
         self._hook = None
 
     def final_callback(self) -> None:

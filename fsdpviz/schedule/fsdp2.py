@@ -47,7 +47,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         apply_checkpointing(copy, opts.activation_checkpointing)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         groups = build_groups(copy, opts, ignored)
-    check_reshard_ints(groups, opts.world_size)
+    check_reshard_ints(groups, opts.shard_ranks)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     runtime.set_prefetch(

@@ -51,7 +51,7 @@ class FSDP2Emulation:
     def __init__(self, groups: list[Group], opts: FSDP2Options) -> None:
         self.groups = groups
         self.opts = opts
-        self.runtime = FSDP2Runtime(groups, opts.world_size)
+        self.runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}
         mp = opts.mp_policy

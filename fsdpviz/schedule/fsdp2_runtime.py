@@ -65,8 +65,16 @@ class StateRec:
 
 
 class FSDP2Runtime:
-    def __init__(self, groups: list[Group], world_size: int) -> None:
+    """``world_size``: the ranks a group is sharded over (a 2-D mesh's shard dimension);
+    ``replicas``: its replicate dimension (HSDP all-reduces each gradient shard across
+    them); ``offload``: CPUOffloadPolicy (shards come from, gradients go to, host memory)."""
+
+    def __init__(
+        self, groups: list[Group], world_size: int, replicas: int = 1, offload: bool = False
+    ) -> None:
         self.states = [StateRec(g, world_size) for g in groups]
+        self.replicas = replicas
+        self.offload = offload
         self.post_forward_order: list[GroupState] = []
         self.iter_forward_root: StateRec | None = None
         self.callback_queued = False
@@ -86,17 +94,20 @@ class FSDP2Runtime:
         events, self.events = self.events, []
         return events
 
-    def _emit(self, kind: Any, g: GroupState, phase: Any) -> None:
+    def _emit(self, kind: Any, g: GroupState, phase: Any, group: Any = None) -> None:
         hook, hook_unit = self._hook or (None, None)
         prefetch = self._prefetching and kind == "all_gather"
-        self.events.append(Event(kind, g.name, phase, prefetch, hook, hook_unit))
+        self.events.append(Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group))
 
     # ----------------------------------------------------------- group ops
     def _unshard(self, g: GroupState) -> None:
         if g.pending or g.sharded == Sharded.UNSHARDED:
             return
+        phase = "forward" if g.ts == TS.FORWARD else "backward"
+        if self.offload and g.sharded == Sharded.SHARDED:
+            self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over
         if g.world_size > 1:
-            self._emit("all_gather", g, "forward" if g.ts == TS.FORWARD else "backward")
+            self._emit("all_gather", g, phase)
         g.pending = True
 
     def _wait(self, g: GroupState) -> None:
@@ -248,6 +259,10 @@ class FSDP2Runtime:
         self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
+            if self.replicas > 1:  # foreach_reduce: HSDP's all-reduce across the replicas
+                self._emit("all_reduce", g, "backward", group="replicate")
+            if self.offload:  # foreach_reduce copies the gradient shard to host memory
+                self._emit("d2h", g, "backward")
 
     def final_callback(self, has_grads: dict[int, bool]) -> None:
         self.log.append(("final_callback", 0, has_grads))

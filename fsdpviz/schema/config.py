@@ -61,10 +61,15 @@ class ReportConfig(Mapping[str, Any]):
     forward_prefetch: bool = False
     use_orig_params: bool = False
     mixed_precision: Mapping[str, str | None] | None = None  # param, reduce and buffer dtype
+    # parameters, gradients and optimizer state in host memory (FSDP1 CPUOffload(offload_params
+    # =True), FSDP2 CPUOffloadPolicy): copied to the device before each all-gather
+    cpu_offload: bool = False
     # FSDP2: fully_shard's options
     fully_shard: tuple[str, ...] = ()  # the groups, as FSDP2 names them
     reshard_after_forward: Mapping[str, bool | int] = field(default_factory=dict)  # per group
     mp_policy: Mapping[str, str | bool | None] | None = None
+    # a 2-D mesh (HSDP): {replicate dim name: size, shard dim name: size}; None: 1-D
+    mesh: Mapping[str, int] | None = None
     # set_modules_to_{forward|backward}_prefetch: {group module: [modules it prefetches]}
     explicit_forward_prefetch: Mapping[str, tuple[str, ...]] | None = None
     explicit_backward_prefetch: Mapping[str, tuple[str, ...]] | None = None

@@ -22,11 +22,13 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     recorded in the first iteration).
 ``iterations``
     ``[first_iteration_events, steady_state_events]``. Each event:
-    ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, and ``all_reduce``
-    for ``NO_SHARD``), ``unit``, ``phase`` (``forward`` | ``backward``),
-    ``prefetch`` (all-gathers only), ``hook`` (the FSDP hook that issued it:
-    ``pre_forward``, ``post_forward``, ``pre_backward``, ``post_backward``,
-    ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
+    ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, ``all_reduce``
+    for ``NO_SHARD`` and hybrid sharding, and with CPU offload ``h2d`` (the unit's
+    shard copied from host memory before its all-gather) and ``d2h`` (its sharded
+    gradient copied to host memory after its reduction)), ``unit``, ``phase``
+    (``forward`` | ``backward``), ``prefetch`` (all-gathers only), ``hook`` (the
+    FSDP hook that issued it: ``pre_forward``, ``post_forward``, ``pre_backward``,
+    ``post_backward``, ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
     (only where set): ``"replicate"`` for hybrid sharding's all-reduce of a gradient
     shard across the shard groups; absent, a collective runs over the unit's own
     process group (the shard group, or every rank under ``NO_SHARD``).
@@ -89,7 +91,7 @@ def dtype_name(dtype: Any) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce"]
+EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h"]
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
 Group = Literal["replicate"]
