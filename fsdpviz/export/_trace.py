@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LANES", "chrome_trace"]
 
-LANES = {1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream"}
-_LANE_OF = {"all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3}
+LANES = {1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream"}
+_LANE_OF = {"all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4}
+_COPIES = ("h2d", "d2h")  # CPU offload's host-device copies: their lane only where they occur
 _US = 1e6
 
 
@@ -59,7 +60,8 @@ def chrome_trace(
     events: list[dict[str, Any]] = []
     machine_name = None
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
-        events += _metadata(pid, name)
+        copies = any(e.kind in _COPIES for it in report.iterations for e in it)
+        events += _metadata(pid, name, copies)
         its = _iterations(report, iteration)
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
@@ -85,7 +87,7 @@ def _machine_name(machine: Machine | str) -> str:
     return machine if isinstance(machine, str) else str(machine.name)
 
 
-def _metadata(pid: int, name: str) -> list[dict[str, Any]]:
+def _metadata(pid: int, name: str, copies: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
         {
@@ -97,6 +99,8 @@ def _metadata(pid: int, name: str) -> list[dict[str, Any]]:
         },
     ]
     for tid, lane in LANES.items():
+        if tid == _LANE_OF["h2d"] and not copies:
+            continue
         out.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
         )

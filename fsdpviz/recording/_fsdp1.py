@@ -203,6 +203,8 @@ class FSDP1Recorder(EventLog):
     def _wrap_offload_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def offload_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+            if not handle._offload_params:
+                return original(state, handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("d2h", handle, "backward")
             try:

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from fsdpviz.schema.report import Report
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_steps import MemorySeries, timeline_data
+from fsdpviz.views.timeline_steps import KINDS, MemorySeries, timeline_data
 
 __all__ = ["lane_names", "timeline_figure"]
 
@@ -152,7 +152,7 @@ def timeline_figure(
 
 
 def _event_text(s: dict[str, list[Any]], i: int, units: list[str], hooks: list[str]) -> str:
-    kind = ("all_gather", "free", "reduce_scatter", "all_reduce")[s["kind"][i]]
+    kind = KINDS[s["kind"][i]]
     parts = [f"step {i}: <b>{kind}</b> {units[s['unit'][i]]!r}"]
     if s["prefetch"][i]:
         parts.append("(prefetch)")

@@ -55,7 +55,7 @@ MemorySeries = Sequence[float]
 MemorySource = MemorySeries | Callable[[Report], MemorySeries] | None
 """A series, or a memory model called with the report (re-run after each re-plan)."""
 
-KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce")
+KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 UNTIMED_LABEL = "event index (predicted order; no durations are modelled, uniform spacing)"
 TIMED_LABEL = "time (s, recorded)"

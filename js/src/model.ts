@@ -52,8 +52,9 @@ export interface TimelineData {
 }
 
 export const LANES = ["compute", "all-gather", "reduce-scatter"] as const;
-/** Lane of an event kind: all_gather and free -> all-gather; reduce_scatter, all_reduce -> reduce-scatter. */
-export const KIND_LANE = [1, 1, 2, 2] as const;
+/** Lane of an event kind: all_gather, free and CPU offload's h2d copy -> all-gather;
+ * reduce_scatter, all_reduce and the d2h copy -> reduce-scatter. */
+export const KIND_LANE = [1, 1, 2, 2, 1, 2] as const;
 export const FREE = 1;
 
 export function clampStep(step: number, n: number): number {
