@@ -417,11 +417,15 @@ class Report:
 
     def summary(self) -> str:
         """A few lines: units, bytes per rank, event counts, warnings."""
-        ws = self.config.world_size
+        cfg = self.config
+        ws = f"world size {cfg.world_size}"
+        if cfg.mesh:
+            ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
         per_rank = sum(u.sharded_bytes for u in self.units)
+        where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
         lines = [
-            f"fsdpviz {self.source}: {len(self.units)} units, world size {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank",
+            f"fsdpviz {self.source}: {len(self.units)} units, {ws}, "
+            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
         ]
         for i, it in enumerate(self.iterations):
             counts: dict[str, int] = {}
