@@ -20,12 +20,18 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/fsdpviz demo -o fsdpviz-demo.html
 
-lint: setup
+# Python (ruff, mypy) and the TypeScript in js/ (biome: lint and format; `npm run format`
+# in js/ rewrites it).
+lint: setup js-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd js && npm run --silent lint
 
-js-deps: setup
+# js/'s packages, installed from the lock file (again when the lock file changes).
+js-deps: js/node_modules/.package-lock.json
+
+js/node_modules/.package-lock.json: js/package-lock.json | setup
 	cd js && npm ci --no-audit --no-fund
 
 # The widget front end: install from the lock file, type-check and unit-test (vitest),

@@ -196,7 +196,7 @@ async def _replan(repeats: int, verbose: bool) -> None:
 
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from fsdpviz.analyze import analyze
+    from fsdpviz import analyze
     from fsdpviz.examples import DecoderLayer
     from fsdpviz.widgets import Dashboard
 

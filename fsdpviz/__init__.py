@@ -13,10 +13,10 @@ Example::
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from fsdpviz.analyze import analyze
+from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(), ...)
+from fsdpviz._version import __version__
 from fsdpviz.configs import (
     ConfigNote,
     HFModel,
@@ -27,12 +27,9 @@ from fsdpviz.configs import (
     from_torchtitan,
     hf_model,
 )
-from fsdpviz.core.compare import Comparison, compare
-from fsdpviz.core.schema import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
-from fsdpviz.cost import suggest, sweep
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
 from fsdpviz.notebook import load_ipython_extension
-from fsdpviz.record import (
+from fsdpviz.recording import (
     Divergence,
     FSDP1Recorder,
     FSDP2Recorder,
@@ -43,11 +40,11 @@ from fsdpviz.record import (
     record,
     record_fsdp1,
 )
-
-try:
-    __version__ = version("fsdpviz")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+from fsdpviz.replan import suggest, sweep
+from fsdpviz.schedule.comparison import Comparison, compare
+from fsdpviz.schedule.predict import analyze
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 
 __all__ = [
     "Comparison",
@@ -66,6 +63,7 @@ __all__ = [
     "ModuleInfo",
     "RecordedRun",
     "Report",
+    "ReportConfig",
     "ScheduleDiff",
     "TorchtitanJob",
     "TraceError",

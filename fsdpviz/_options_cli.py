@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.fsdp1.options import prefetch_named, strategy_named
+from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
 
 __all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
 

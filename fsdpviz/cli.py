@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from fsdpviz import __version__
+    from fsdpviz._version import __version__
 
     parser = argparse.ArgumentParser(
         prog=_PROG,
@@ -150,8 +150,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     import warnings
 
-    from fsdpviz.analyze import analyze
     from fsdpviz.configs import ConfigNote, from_torchtitan
+    from fsdpviz.schedule.predict import analyze
 
     path = _output_path(args.output)
     wraps: list[type[nn.Module]] = []
@@ -192,8 +192,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _output_path(text: str) -> Path:
-    from fsdpviz.export import SUFFIXES
-    from fsdpviz.export._save import suffix_of
+    from fsdpviz.export import SUFFIXES, suffix_of
 
     path = Path(text)
     if suffix_of(path) not in SUFFIXES:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpviz.core.schema import Report
+from fsdpviz.schema.report import Report
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def example_analysis(**overrides: Any) -> Report:
     from torch.distributed.fsdp import BackwardPrefetch
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from fsdpviz.analyze import analyze
+    from fsdpviz.schedule.predict import analyze
 
     config: ExampleConfig | None = overrides.pop("config", None)
     kwargs: dict[str, Any] = {

@@ -23,7 +23,7 @@ from typing import Any
 
 import networkx as nx
 
-from fsdpviz.core.schema import Report, unit_label
+from fsdpviz.schema.report import Report, unit_label
 
 __all__ = ["module_graph", "to_node_link", "unit_graph", "write_graph"]
 
@@ -49,7 +49,7 @@ def module_graph(report: Report) -> nx.DiGraph:
         list(g.successors("layers"))           # ['layers.0', 'layers.1', ...]
     """
     graph = nx.DiGraph()
-    graph.graph.update(source=report.source, world_size=report.config.get("world_size"))
+    graph.graph.update(source=report.source, world_size=report.config.world_size)
     units = {u.module for u in report.units}
     first_call: dict[str, int] = {}
     for i, fqn in enumerate(report.module_order):
@@ -111,9 +111,7 @@ def unit_graph(report: Report, iteration: int = -1) -> nx.MultiDiGraph:
     index = iteration % n
     events = report.iterations[index]
     graph = nx.MultiDiGraph()
-    graph.graph.update(
-        source=report.source, world_size=report.config.get("world_size"), iteration=index
-    )
+    graph.graph.update(source=report.source, world_size=report.config.world_size, iteration=index)
     forward_index: dict[str, int] = {}
     for i, fqn in enumerate(report.forward_order):
         forward_index.setdefault(fqn, i)

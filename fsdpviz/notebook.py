@@ -85,8 +85,8 @@ def _run(
 ) -> Any:
     from IPython.core.error import UsageError
 
-    from fsdpviz.analyze import analyze
     from fsdpviz.errors import FsdpvizError
+    from fsdpviz.schedule.predict import analyze
 
     if not isinstance(model, nn.Module):
         raise UsageError(

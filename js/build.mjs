@@ -2,10 +2,11 @@
 // src/standalone.ts into ../fsdpviz/static/standalone.js (the script of the HTML page
 // fsdpviz.export writes) and copies the stylesheet. Run by `npm run build`, and by
 // hatch-jupyter-builder during `pip install` (see pyproject.toml).
-import { build } from "esbuild";
+
 import { copyFile, mkdir } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const outdir = resolve(here, "..", "fsdpviz", "static");

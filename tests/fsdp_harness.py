@@ -106,19 +106,28 @@ def record_real_fsdp2(
     backward_prefetch: dict[str, list[str]] | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
     iterations: int = 3,
+    mesh_shape: tuple[int, int] | None = None,
+    offload_policy: Any = None,
 ) -> fsdpviz.Report:
-    """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record."""
+    """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
+
+    ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fsdpviz.record import FSDP2Recorder
+    from fsdpviz.recording import FSDP2Recorder
 
     real = copy.deepcopy(model)
     mods = dict(real.named_modules())
-    mesh = init_device_mesh("cpu", (world_size,))
+    if mesh_shape is None:
+        mesh = init_device_mesh("cpu", (world_size,))
+    else:
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
 
     def kwargs_for(names: tuple[str, ...]) -> dict[str, Any]:
         kw: dict[str, Any] = {"mesh": mesh}
+        if offload_policy is not None:
+            kw["offload_policy"] = offload_policy
         raf = reshard_after_forward
         if isinstance(raf, dict):
             raf = next((raf[n] for n in (", ".join(names), *names) if n in raf), None)

@@ -54,6 +54,7 @@ def tracked(
     world_size: int,
     loss: Callable[[Any], torch.Tensor],
     optimizer: bool = False,
+    mesh_shape: tuple[int, int] | None = None,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -61,7 +62,10 @@ def tracked(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    if mesh_shape is None:
+        mesh = init_device_mesh("cpu", (world_size,))
+    else:  # HSDP: replicate over the first dimension, shard over the second
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
     # allow_non_fake_inputs: fully_shard(reshard_after_forward=int) builds a mesh from real tensors
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = build()

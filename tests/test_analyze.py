@@ -119,7 +119,7 @@ def test_one_rank_runs_no_shard_as_fsdp1_switches_to_it() -> None:
     text = fsdpviz.analyze(hm.Stack(), _x(), sharding_strategy="FULL_SHARD", world_size=1)
     assert {w.code for w in text.warnings} == {"string_option", "no_shard_world_size_1"}
     # a replay to more ranks runs the strategy that was asked for
-    from fsdpviz.cost import replay
+    from fsdpviz.replan import replay
 
     eight = replay(report, world_size=8)
     fresh = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=8)

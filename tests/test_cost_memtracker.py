@@ -99,18 +99,25 @@ def _loss(out: Any) -> torch.Tensor:
     return total
 
 
-def _check(fake_pg: int, case: str, optimizer: bool = False, **kwargs: Any) -> None:
+def _check(
+    fake_pg: int,
+    case: str,
+    optimizer: bool = False,
+    mesh_shape: tuple[int, int] | None = None,
+    **kwargs: Any,
+) -> None:
     build, blocks, block_cls = CASES[case]
     if block_cls is None:
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
         block_cls = LlamaDecoderLayer
-    real = tracked(build, _ids, blocks, fake_pg, _loss, optimizer=optimizer, **kwargs)
+    real = tracked(
+        build, _ids, blocks, fake_pg, _loss, optimizer=optimizer, mesh_shape=mesh_shape, **kwargs
+    )
     with torch.device("meta"):
         model = build()
-    report = fsdpviz.analyze(
-        model, _ids(), fully_shard=[block_cls], world_size=fake_pg, loss=_loss, **kwargs
-    )
+    ranks = {"mesh": mesh_shape} if mesh_shape else {"world_size": fake_pg}
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[block_cls], loss=_loss, **ranks, **kwargs)
     optim = "adam" if optimizer else None
     _compare(real, memory_model(report, optimizer=optim, iteration=1 if optimizer else 0))
 
@@ -131,3 +138,8 @@ def test_no_reshard_after_forward(fake_pg: int) -> None:
 
 def test_adam_steady_state(fake_pg: int) -> None:
     _check(fake_pg, "example", optimizer=True)
+
+
+def test_hybrid_sharding_mesh(fake_pg: int) -> None:
+    """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
+    _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)

@@ -12,8 +12,8 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-from fsdpviz.cost import replay
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.replan import replay
 
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
 POLICY = ModuleWrapPolicy({DecoderLayer})

@@ -1,4 +1,4 @@
-"""Plans from one stored trace (fsdpviz/fsdp1/fast.py, fsdpviz/fsdp2/fast.py) equal analyze.
+"""Plans from one stored trace (fsdpviz/replan/stored_fsdp1.py, stored_fsdp2.py) equal analyze.
 
 ``analyze`` is pinned to real FSDP1 and FSDP2 by the conformance tests; here every
 plan a stored trace answers must equal ``analyze(..., profile=False)`` field for
@@ -30,9 +30,9 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 
 import fsdpviz
 from fsdpviz.examples import ExampleConfig, example_inputs, example_model
-from fsdpviz.fsdp1.fast import StoredTrace
-from fsdpviz.fsdp2.fast import StoredTrace as StoredTrace2
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan.stored_fsdp1 import StoredTrace
+from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
 SETTINGS = list(
     itertools.product(

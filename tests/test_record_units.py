@@ -19,7 +19,7 @@ from torch.nn.modules import module as module_mod
 
 import fsdpviz
 from fsdpviz import Event, Report
-from fsdpviz.record._diverge import find_divergence
+from fsdpviz.recording._diverge import find_divergence
 
 POLICY = ModuleWrapPolicy({hm.Block})
 

@@ -1,7 +1,7 @@
 """The FSDP1 steady state with forward prefetch: simulated engine order vs a traced second pass.
 
 fsdpviz schedules the captured autograd graph instead of tracing a second
-iteration (fsdpviz/fsdp1/steady.py). These tests pin it to the traced result
+iteration (fsdpviz/schedule/autograd_order.py). These tests pin it to the traced result
 on every hand-written model and prefetch setting, and check the fallbacks.
 """
 
@@ -19,7 +19,7 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-import fsdpviz.fsdp1.analyze as fsdp1_analyze
+import fsdpviz.schedule.fsdp1 as fsdp1_analyze
 
 POLICY = ModuleWrapPolicy({hm.Block, hm.Outer})
 MODELS = hm.VIEW_ONLY

@@ -12,7 +12,7 @@ from views_models import analyze_tiny, check_golden, figure_json
 
 from fsdpviz import Event, Report
 from fsdpviz.views import timeline_data, timeline_figure
-from fsdpviz.views.timeline_data import UNTIMED_LABEL, resolve_memory
+from fsdpviz.views.timeline_steps import UNTIMED_LABEL, resolve_memory
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz import Report
-from fsdpviz.widgets.timeline import STATIC
+from fsdpviz.widgets.timeline_widget import STATIC
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 

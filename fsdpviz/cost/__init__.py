@@ -1,4 +1,9 @@
-"""Memory and time model of an FSDP schedule (see the README, "Memory and time").
+"""The memory and time model of a schedule: bytes per rank and modelled time at every event.
+
+May import the layers below it (schema, trace, plan, schedule, recording); it reads reports
+only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``,
+``fsdpviz.suggest``) and replaying a report under other options
+(:func:`fsdpviz.replan.replay`) live in :mod:`fsdpviz.replan`.
 
 Example::
 
@@ -7,12 +12,9 @@ Example::
     report.timeline.summary()       # step time and exposed communication on H100s
     fsdpviz.cost.memory_model(report, optimizer="sgd_momentum")
     fsdpviz.cost.timeline(report, machine("a100", network="roce-100"))
-    fsdpviz.sweep(model, ids, world_size=[8, 64], backward_prefetch=[...], policies={...})
-    fsdpviz.suggest(model, ids, memory_budget="80GiB", world_size=64)
 """
 
-from fsdpviz.cost.grid import SweepTable, sweep
-from fsdpviz.cost.machine import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
+from fsdpviz.cost.hardware import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
 from fsdpviz.cost.memory import (
     CATEGORIES,
     MemoryLane,
@@ -21,9 +23,7 @@ from fsdpviz.cost.memory import (
     memory_model,
     memory_series,
 )
-from fsdpviz.cost.planner import Suggestion, suggest
 from fsdpviz.cost.time import Timeline, timeline
-from fsdpviz.cost.variants import replay
 
 __all__ = [
     "CATEGORIES",
@@ -33,15 +33,10 @@ __all__ = [
     "Machine",
     "MemoryLane",
     "MemoryReport",
-    "Suggestion",
-    "SweepTable",
     "Timeline",
     "machine",
     "memory_lane",
     "memory_model",
     "memory_series",
-    "replay",
-    "suggest",
-    "sweep",
     "timeline",
 ]

@@ -1,6 +1,6 @@
 """Per-rank memory at every event of a schedule, and where it peaks.
 
-The model walks one iteration's :mod:`tape <fsdpviz.cost.tape>` and keeps, in
+The model walks one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` and keeps, in
 bytes per rank:
 
 ``sharded_params``
@@ -45,11 +45,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fsdpviz.core.schema import Report
+from fsdpviz.cost.hook_calls import iteration_index, tape
+from fsdpviz.cost.memory_walker import Moment, Walker
 from fsdpviz.cost.sizes import CATEGORIES, unit_bytes
 from fsdpviz.cost.tables import dataframe
-from fsdpviz.cost.tape import iteration_index, tape
-from fsdpviz.cost.walk import Moment, Walker
+from fsdpviz.schema.report import Report
 
 
 @dataclass
@@ -142,8 +142,8 @@ def memory_model(
     notes = list(walker.notes)
     return MemoryReport(
         config={
-            "api": report.config.get("api", "FSDP1"),
-            "world_size": report.config.get("world_size"),
+            "api": report.config.api,
+            "world_size": report.config.world_size,
             "optimizer": optimizer,
             "iteration": i,
         },

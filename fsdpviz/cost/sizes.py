@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpviz.core.schema import Report, Unit
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import Report, Unit
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
 CATEGORIES = (
@@ -103,16 +103,20 @@ class UnitBytes:
     sharded_grad: int  # sharded gradient (original dtype)
     optimizer: int  # optimizer state (original dtype)
     communicates: bool  # False under NO_SHARD (no all-gather, all-reduce instead)
+    h2d: int = 0  # CPU offload: the shard copied to the device before each all-gather
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
     """The :class:`UnitBytes` of every unit of ``report``, by unit name."""
-    fsdp2 = report.config.get("api") == "FSDP2"
+    fsdp2 = report.config.api == "FSDP2"
     states = optimizer_states(optimizer)
-    return {u.module: _unit(u, fsdp2, states) for u in report.units}
+    offload = report.config.cpu_offload
+    return {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
 
 
-def _unit(u: Unit, fsdp2: bool, states: int) -> UnitBytes:
+def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes:
+    """Device bytes of ``u``; under CPU offload its shard, sharded gradient and optimizer
+    state live in host memory, and only the copy of the shard comes to the device."""
     orig = itemsize(u.dtype)
     compute = itemsize(u.compute_dtype or u.dtype)
     reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
@@ -120,17 +124,19 @@ def _unit(u: Unit, fsdp2: bool, states: int) -> UnitBytes:
     communicates = u.sharding_strategy != "NO_SHARD"
     unsharded = u.padded_numel * compute if communicates else 0
     trains = u.requires_grad is not False
+    host = sharded if offload else 0
     return UnitBytes(
         name=u.module,
-        sharded=sharded,
+        sharded=sharded - host,
         unsharded=unsharded,
         all_gather=u.padded_numel * compute if fsdp2 and communicates else 0,
         copy_in=u.sharded_numel * compute if compute != orig or u.compute_dtype != u.dtype else 0,
         grad=u.numel * compute if trains else 0,
         reduce_scatter=u.padded_numel * reduce if trains and communicates else 0,
-        sharded_grad=sharded if trains else 0,
-        optimizer=sharded * states if trains else 0,
+        sharded_grad=sharded - host if trains else 0,
+        optimizer=(sharded - host) * states if trains else 0,
         communicates=communicates,
+        h2d=host,
     )
 
 

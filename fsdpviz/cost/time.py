@@ -1,7 +1,7 @@
 """Estimated duration of every event, and how much communication compute hides.
 
-The model replays one iteration's :mod:`tape <fsdpviz.cost.tape>` on two streams
-of a :class:`~fsdpviz.cost.machine.Machine`:
+The model replays one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` on two streams
+of a :class:`~fsdpviz.cost.hardware.Machine`:
 
 - the **compute** stream runs the compute measured before each hook call, in
   order (FLOPs from the trace). The compute after a unit's pre-forward or
@@ -18,7 +18,10 @@ of a :class:`~fsdpviz.cost.machine.Machine`:
 
 The iteration ends when both streams are done (the final callback waits for
 the last reduce-scatter); ``exposed_comm`` also counts that last wait. With an
-optimizer, its step is added as a memory-bound pass over the shards.
+optimizer, its step is added as a memory-bound pass over the shards (on the host under CPU
+offload). CPU offload's ``h2d`` copies (a shard to the device; its all-gather waits for it)
+and ``d2h`` copies (a gradient shard back, after its reduction) run one at a time on a
+copy stream.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpviz.core.schema import Report, Unit
-from fsdpviz.cost.machine import Machine
-from fsdpviz.cost.machine import machine as make_machine
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
+from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.tables import dataframe
-from fsdpviz.cost.tape import iteration_index, tape
+from fsdpviz.schema.report import Report, Unit
 
 _WAITS = ("pre_forward", "pre_backward")
 
@@ -161,7 +164,8 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
         return 0.0
     # read param + grad + states, write param + states
     touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
-    return touched / (m.hbm_gbps * 1e9)
+    # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
+    return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
 
 class _Sim:
@@ -171,19 +175,16 @@ class _Sim:
         self.units = {u.module: u for u in report.units}
         self.dtype = _compute_dtype(report.units)
         cfg = report.config
-        self.fsdp2 = cfg.get("api") == "FSDP2"
-        self.ws = int(cfg.get("world_size") or 1)
-        self.shard_ws = int(cfg.get("shard_world_size") or self.ws)
-        self.pg_ws = int(cfg.get("process_group_size") or self.ws)
+        self.fsdp2 = cfg.api == "FSDP2"
+        self.ws = cfg.ranks
+        self.shard_ws = cfg.shard_ranks
+        self.pg_ws = cfg.process_group_size or self.ws
         self.limit = limit and not self.fsdp2
-        raf = cfg.get("reshard_after_forward") or {}
-        self.raf_int = {
-            u: int(v)
-            for u, v in (raf.items() if isinstance(raf, dict) else [])
-            if not isinstance(v, bool) and 1 < int(v) < self.ws
-        }
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
         self.t_comm = 0.0
+        self.t_copy = 0.0  # CPU offload's host-device copies
+        self.h2d_done: dict[str, float] = {}
         self.gate = 0.0  # the next compute waits until then
         self.gate_by: int | None = None
         self.ag_done: dict[str, tuple[float, int]] = {}
@@ -235,13 +236,14 @@ class _Sim:
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
         self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(calls), where)
-        self.end = max(self.t_compute, self.t_comm)
-        self.tail_wait = max(0.0, self.t_comm - self.t_compute)
+        self.end = max(self.t_compute, self.t_comm, self.t_copy)
+        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
         if self.tail_wait > 0:
-            last = max((r for r in self.records if r["stream"] == "comm"), key=lambda r: r["end"])
+            streams = [r for r in self.records if r["stream"] in ("comm", "copy")]
+            last = max(streams, key=lambda r: r["end"])
             self.waits.append(
-                {"start": self.t_compute, "end": self.t_comm, "event": last["index"],
-                 "phase": last["phase"], "tail": True}
+                {"start": self.t_compute, "end": self.t_compute + self.tail_wait,
+                 "event": last["index"], "phase": last["phase"], "tail": True}
             )  # fmt: skip
 
     def _compute(self, flops: float, hook: str, unit: str, k: int, where: dict[str, Any]) -> None:
@@ -296,13 +298,21 @@ class _Sim:
             if e.phase == "forward" and e.unit in self.raf_int:
                 self.post_forward_mesh.add(e.unit)
             return
+        if e.kind == "h2d":  # CPU offload: the host shard, before its all-gather
+            gate = self._all_gather_gate()
+            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
+            self.h2d_done[e.unit] = rec["end"]
+            return
+        if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
+            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, self.t_comm))
+            return
         if e.kind == "all_gather":
             ranks = self.shard_ws
             if e.unit in self.post_forward_mesh and e.phase == "backward":
                 ranks = self.raf_int[e.unit]
                 self.post_forward_mesh.discard(e.unit)
             size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
-            gate = self._all_gather_gate()
+            gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
             self._collective(rec, "all_gather", size, ranks, gate)
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
@@ -315,6 +325,14 @@ class _Sim:
         else:
             ranks = self.shard_ws
             self._collective(rec, "reduce_scatter", u.padded_numel * reduce, ranks, self.t_compute)
+
+    def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
+        """A host-device copy on the copy stream, one at a time."""
+        rec["stream"] = "copy"
+        rec["start"], rec["end"] = start, start + self.m.copy_seconds(nbytes)
+        rec["bytes"] = float(nbytes)
+        self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + nbytes
+        self.t_copy = rec["end"]
 
     def _all_gather_gate(self) -> float:
         if self.fsdp2:

@@ -1,12 +1,15 @@
 """Write reports and recorded runs to files: HTML, images, Chrome traces, graphs.
 
+May import every layer up to the views (not the widgets).
+
 :func:`save` picks the format from the suffix (``report.save(path)`` and
 ``run.save(path)`` call it): ``.html`` (one self-contained interactive page),
 ``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp`` (one figure, through
 kaleido), ``.json`` (a Chrome trace that :func:`fsdpviz.load` reads back),
 ``.graphml`` and ``.nodelink.json`` (the unit or module graph). :data:`SUFFIXES`
-lists them. :func:`write_image` writes any plotly figure; :func:`chrome_trace`
-and :func:`html_page` return what ``.json`` and ``.html`` files hold.
+lists them and :func:`suffix_of` gives a path's. :func:`write_image` writes any
+plotly figure; :func:`chrome_trace` and :func:`html_page` return what ``.json``
+and ``.html`` files hold.
 
 Example::
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from fsdpviz.export._html import html_page
 from fsdpviz.export._image import write_image
-from fsdpviz.export._save import SUFFIXES, save
+from fsdpviz.export._save import SUFFIXES, save, suffix_of
 from fsdpviz.export._trace import chrome_trace
 
-__all__ = ["SUFFIXES", "chrome_trace", "html_page", "save", "write_image"]
+__all__ = ["SUFFIXES", "chrome_trace", "html_page", "save", "suffix_of", "write_image"]

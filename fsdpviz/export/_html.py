@@ -15,18 +15,18 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
-from fsdpviz.views._style import Theme, format_bytes, theme_colors
-from fsdpviz.views.timeline_data import MemoryOption
+from fsdpviz.views.style import Theme, format_bytes, theme_colors
+from fsdpviz.views.timeline_steps import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from fsdpviz.core.schema import Report
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schema.report import Report
     from fsdpviz.views.tree import ModuleTree
 
 __all__ = ["html_page"]
@@ -185,14 +185,14 @@ def _figure_json(fig: go.Figure) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from fsdpviz import __version__
+    from fsdpviz._version import __version__
 
     return __version__
 
 
 def _title(obj: Report | RecordedRun, base: Report) -> str:
-    api = base.config.get("api") or "FSDP"
-    ws = base.config.get("world_size")
+    api = base.config.api
+    ws = base.config.world_size
     if obj is base:
         what = "prediction" if base.source == "prediction" else "recording"
         return f"fsdpviz {what}: {api}, {len(base.units)} units, world size {ws}"

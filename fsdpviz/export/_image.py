@@ -9,18 +9,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import ranks_of
-from fsdpviz.views._style import Theme
-from fsdpviz.views.timeline_data import MemoryOption
+from fsdpviz.views.style import Theme
+from fsdpviz.views.timeline_steps import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from fsdpviz.core.schema import Report
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schema.report import Report
 
 __all__ = ["FIGURES", "IMAGE_FORMATS", "figure", "write_image"]
 

@@ -11,8 +11,8 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
 
 if TYPE_CHECKING:
-    from fsdpviz.core.schema import Report
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schema.report import Report
 
 __all__ = ["SUFFIXES", "save"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Report
+from fsdpviz.schema.report import Report
 
 if TYPE_CHECKING:
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
 AUTO = "auto"
 """``memory="auto"``: the memory model's lane (:func:`fsdpviz.cost.memory_lane`)."""
@@ -15,15 +15,16 @@ AUTO = "auto"
 
 def ranks_of(obj: Report | RecordedRun) -> tuple[list[Report], list[str]]:
     """The reports to draw, one per rank, and their names (``"rank N"``)."""
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
     if isinstance(obj, Report):
-        rank = obj.config.get("rank") if obj.source == "recording" else None
+        rank = obj.config.rank if obj.source == "recording" else None
         return [obj], [f"rank {0 if rank is None else rank}"]
     if isinstance(obj, RecordedRun):
         if not obj.ranks:
             raise ValueError("the recorded run has no ranks: nothing to export")
-        names = [f"rank {r.config.get('rank', i)}" for i, r in enumerate(obj.ranks)]
+        ranks = [r.config.rank for r in obj.ranks]
+        names = [f"rank {i if r is None else r}" for i, r in enumerate(ranks)]
         return list(obj.ranks), names
     raise TypeError(
         f"cannot export a {type(obj).__name__}; pass a fsdpviz.Report (fsdpviz.analyze, "

@@ -10,7 +10,7 @@ on the all-gather stream; ``args`` carry ``unit``, ``kind``, ``phase``,
 (``memory``, bytes per category after each event, from the memory model).
 
 Times: a recording's events sit at their recorded ``t`` (ranks aligned by
-``config["started_unix"]``) and last their recorded ``duration``; a prediction
+``config.started_unix``) and last their recorded ``duration``; a prediction
 has no times, so its events and compute come from the time model
 (:func:`fsdpviz.cost.timeline` on ``machine``), iterations one after the other.
 """
@@ -20,17 +20,18 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Event, Report
 from fsdpviz.export._sources import ranks_of
+from fsdpviz.schema.report import Event, Report
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.machine import Machine
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.cost.hardware import Machine
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["LANES", "chrome_trace"]
 
-LANES = {1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream"}
-_LANE_OF = {"all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3}
+LANES = {1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream"}
+_LANE_OF = {"all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4}
+_COPIES = ("h2d", "d2h")  # CPU offload's host-device copies: their lane only where they occur
 _US = 1e6
 
 
@@ -50,16 +51,17 @@ def chrome_trace(
         trace = chrome_trace(report)
         [e for e in trace["traceEvents"] if e["ph"] == "X"][:2]
     """
-    from fsdpviz import __version__
-    from fsdpviz.record import RecordedRun
+    from fsdpviz._version import __version__
+    from fsdpviz.recording import RecordedRun
 
     reports, names = ranks_of(obj)
     pids = [_pid(r, i, isinstance(obj, RecordedRun)) for i, r in enumerate(reports)]
-    starts = [float(r.config.get("started_unix") or 0.0) for r in reports]
+    starts = [float(r.config.started_unix or 0.0) for r in reports]
     events: list[dict[str, Any]] = []
     machine_name = None
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
-        events += _metadata(pid, name)
+        copies = any(e.kind in _COPIES for it in report.iterations for e in it)
+        events += _metadata(pid, name, copies)
         its = _iterations(report, iteration)
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
@@ -75,7 +77,7 @@ def chrome_trace(
 
 
 def _pid(report: Report, i: int, run: bool) -> int:
-    rank = report.config.get("rank")
+    rank = report.config.rank
     if report.source == "recording" and isinstance(rank, int):
         return rank
     return i if run else 0
@@ -85,7 +87,7 @@ def _machine_name(machine: Machine | str) -> str:
     return machine if isinstance(machine, str) else str(machine.name)
 
 
-def _metadata(pid: int, name: str) -> list[dict[str, Any]]:
+def _metadata(pid: int, name: str, copies: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
         {
@@ -97,6 +99,8 @@ def _metadata(pid: int, name: str) -> list[dict[str, Any]]:
         },
     ]
     for tid, lane in LANES.items():
+        if tid == _LANE_OF["h2d"] and not copies:
+            continue
         out.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
         )

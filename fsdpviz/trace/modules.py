@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fsdpviz.core.schema import ModuleInfo
+from fsdpviz.schema.report import ModuleInfo
 from fsdpviz.trace.tracker import ModuleCalls
 
 

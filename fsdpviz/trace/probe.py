@@ -23,8 +23,8 @@ While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
 seen through weak references to the storages. Each FSDP hook call (an append
 to the runtime's ``log``) records a :class:`Mark`: the counters, and the number
-of events issued so far; :func:`fsdpviz.trace.cut.cut_profile` cuts the marks
-into one :class:`~fsdpviz.core.profile.StepProfile` per iteration.
+of events issued so far; :func:`fsdpviz.trace.marks.cut_profile` cuts the marks
+into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from fsdpviz.core.profile import TraceProfile
+from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
-from fsdpviz.trace.cut import cut_profile
+from fsdpviz.trace.marks import Mark, cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
 # Kinds of live storage; ``CostProbe.live`` is indexed by them.
@@ -52,27 +52,6 @@ _FWD_TEMP, _ACT, _GRAD, _BWD_TEMP = 0, 1, 2, 3
 _FLOPS: dict[Any, Callable[..., int]] = dict(flop_registry)
 _FLOPS.update({op: flop_registry[like] for op, like in FUSED_FLOPS.items()})
 FLOP_OPS = sorted(str(k) for k in _FLOPS)
-
-
-@dataclass
-class Mark:
-    """Counters when one FSDP hook was called, for the compute since the previous one."""
-
-    flops_forward: float
-    flops_backward: float
-    activations: int
-    forward_temp: int
-    backward_temp: int
-    peak: int  # most activations + temp + new gradients since the previous mark
-    peak_activations: int  # activations when ``peak`` was reached
-    peak_forward_temp: int  # forward temp when ``peak`` was reached
-    peak_grads: int  # new gradients when ``peak`` was reached
-    grads: dict[str, int]  # new unsharded gradient bytes by unit
-    n_events: int  # events issued before this hook in the current iteration
-    measured: bool  # False for hook calls replayed without running the model
-
-
-EMPTY_MARK = Mark(0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
 
 
 @dataclass

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.core.schema import FsdpWarning
 from fsdpviz.errors import ConfigError, TraceError
+from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.copy import index_range
 from fsdpviz.trace.meta_kernels import shape_only_kernels
 
@@ -216,8 +216,9 @@ def run_stored_step(
     handles: list[Any],
     on_loss: Callable[[torch.Tensor], None],
 ) -> None:
-    """One step of a stored trace on meta (``fsdpviz.fsdp1.fast``, ``fsdpviz.fsdp2.fast``);
-    the tracker and ``handles`` are removed and gradients dropped however it ends."""
+    """One step of a stored trace on meta (``fsdpviz.replan.stored_fsdp1``,
+    ``fsdpviz.replan.stored_fsdp2``); the tracker and ``handles`` are removed and gradients
+    dropped however it ends."""
     from fsdpviz.trace.copy import inputs_copy
 
     try:
@@ -264,9 +265,9 @@ def _step(
     except Exception as e:
         failing = tracker.stack[-1] if tracker.stack else ""
         cls = type(dict(model.named_modules()).get(failing, model)).__name__
-        label = failing or "<root>"
+        label = repr(failing) if failing else "(root)"
         raise TraceError(
-            f"tracing on {where} failed in module {label!r} ({cls}): {type(e).__name__}: {e}\n"
+            f"tracing on {where} failed in module {label} ({cls}): {type(e).__name__}: {e}\n"
             + failure_hint(e, model, args, kwargs, where),
             module=failing,
         ) from e

@@ -1,4 +1,6 @@
-"""Plotly figures of a :class:`~fsdpviz.Report`: pure functions, no widgets.
+"""Plotly figures of a :class:`~fsdpviz.Report` and the data behind them: pure functions.
+
+May import every layer up to fsdpviz.replan, and fsdpviz.graphs; never widgets or export.
 
 - :func:`explorer_figure`: the module tree as an icicle/treemap coloured by wrap unit;
 - :func:`prefetch_figure`: units in forward order with forward-order and prefetch edges;
@@ -14,12 +16,12 @@ Example::
 
 from __future__ import annotations
 
-from fsdpviz.views._style import PALETTE, format_bytes, template, unit_colors
 from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import explorer_figure
 from fsdpviz.views.prefetch import PrefetchAnalysis, prefetch_analysis, prefetch_figure
-from fsdpviz.views.timeline import timeline_figure
-from fsdpviz.views.timeline_data import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
+from fsdpviz.views.timeline_lanes import timeline_figure
+from fsdpviz.views.timeline_steps import MemorySeries, MemorySource, timeline_data
 from fsdpviz.views.tree import ModuleTree, module_tree
 
 __all__ = [

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
-from fsdpviz.core.schema import Event, Report
-from fsdpviz.views._style import UNMANAGED_COLOR, format_bytes, unit_colors
+from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.style import UNMANAGED_COLOR, format_bytes, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport
@@ -31,7 +31,10 @@ MAX_STRIP_EVENTS = 240
 DIVERGE_COLOR = "#D55E00"
 _PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 8, 8, 18, 18
 _FONT = 'font-family="system-ui, sans-serif" font-size="10"'
-_KIND_HEIGHT = {"all_gather": 1.0, "free": 0.35, "reduce_scatter": 0.7, "all_reduce": 0.7}
+_KIND_HEIGHT = {
+    "all_gather": 1.0, "free": 0.35, "reduce_scatter": 0.7, "all_reduce": 0.7,
+    "h2d": 0.5, "d2h": 0.5,
+}  # fmt: skip
 
 
 def _num(x: float) -> str:
@@ -158,7 +161,8 @@ def event_strips_svg(
     body = [_text(_PAD_LEFT, 11, f"events of iteration {iteration} per rank")]
     for k, report in enumerate(ranks):
         top = _PAD_TOP + k * (row_h + gap)
-        body.append(_text(_PAD_LEFT, top + row_h - 3, f"rank {report.config.get('rank', k)}"))
+        rank = k if report.config.rank is None else report.config.rank
+        body.append(_text(_PAD_LEFT, top + row_h - 3, f"rank {rank}"))
         events: list[Event] = (
             report.iterations[iteration][start:stop] if iteration < len(report.iterations) else []
         )

@@ -15,16 +15,18 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.core.schema import Report, Unit
-from fsdpviz.views._style import format_bytes, three_digits, unit_colors
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.report import Report, Unit
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
+from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.cost.memory import MemoryReport
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]
 
@@ -58,14 +60,14 @@ def run_bundle(run: RecordedRun) -> dict[str, str]:
 
 def report_html(report: Report) -> str:
     """The card of a prediction or one rank's recording, as an HTML fragment."""
-    api = report.config.get("api", "FSDP1")
+    api = report.config.api
     per_rank = sum(u.sharded_bytes for u in report.units)
     full = sum(u.bytes for u in report.units)
     numel = sum(u.numel for u in report.units)
     title = (
         f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
         f"{_plural(len(report.units), 'wrap unit')} · world size "
-        f"{escape(str(report.config.get('world_size')))}"
+        f"{escape(str(report.config.world_size))}"
     )
     totals = (
         f"{_count(numel)} parameters · {format_bytes(full)} full · "
@@ -88,8 +90,8 @@ def report_html(report: Report) -> str:
 def run_html(run: RecordedRun) -> str:
     """The card of a run recorded on every rank: ranks, iterations, units, divergence."""
     first = run.ranks[0]
-    api = first.config.get("api", "FSDP1")
-    backend = first.config.get("backend")
+    api = first.config.api
+    backend = first.config.backend
     counts = sorted({len(r.iterations) for r in run.ranks})
     title = (
         f"<b>fsdpviz</b> recording · {escape(str(api))} · {len(run.ranks)} of "
@@ -132,55 +134,51 @@ def config_items(report: Report) -> list[str]:
     """The configuration as short phrases: strategy, policy or recipe, prefetch settings."""
     c = report.config
     items: list[str] = []
-    ws, shard_ws = c.get("world_size"), c.get("shard_world_size")
-    if shard_ws is not None and shard_ws != ws:
-        items.append(f"shard groups of {shard_ws}")
+    if c.shard_world_size is not None and c.shard_world_size != c.world_size:
+        items.append(f"shard groups of {c.shard_world_size}")
     if report.source == "recording":
-        if c.get("rank") is not None:
-            items.append(f"rank {c['rank']}")
+        if c.rank is not None:
+            items.append(f"rank {c.rank}")
         strategies = sorted({u.sharding_strategy for u in report.units})
-        if c.get("api") != "FSDP2" and len(strategies) == 1:
+        if c.api != "FSDP2" and len(strategies) == 1:
             items.append(strategies[0])
         return items
-    if c.get("api") == "FSDP2":
+    if c.api == "FSDP2":
         items.extend(_fsdp2_items(c))
     else:
         items.extend(_fsdp1_items(c))
-    if c.get("trace") not in (None, "meta"):
-        items.append(f"trace={c['trace']}")
+    if c.trace not in (None, "meta"):
+        items.append(f"trace={c.trace}")
     return items
 
 
-def _fsdp1_items(c: dict[str, Any]) -> list[str]:
-    items = [str(c.get("sharding_strategy", "FULL_SHARD"))]
-    if c.get("auto_wrap_policy") is not None:
-        items.append(f"auto_wrap_policy {c['auto_wrap_policy']}")
-    items.append(f"backward_prefetch {c.get('backward_prefetch')}")
-    items.append(f"forward_prefetch {'on' if c.get('forward_prefetch') else 'off'}")
-    if c.get("use_orig_params"):
+def _fsdp1_items(c: ReportConfig) -> list[str]:
+    items = [c.sharding_strategy]
+    if c.auto_wrap_policy is not None:
+        items.append(f"auto_wrap_policy {c.auto_wrap_policy}")
+    items.append(f"backward_prefetch {c.backward_prefetch}")
+    items.append(f"forward_prefetch {'on' if c.forward_prefetch else 'off'}")
+    if c.use_orig_params:
         items.append("use_orig_params")
-    mp = c.get("mixed_precision")
-    if isinstance(mp, dict):
-        items.append(_dtypes("mixed precision", mp))
+    if c.mixed_precision is not None:
+        items.append(_dtypes("mixed precision", c.mixed_precision))
     return items
 
 
-def _fsdp2_items(c: dict[str, Any]) -> list[str]:
-    items = [f"fully_shard on {_plural(len(c.get('fully_shard', [])), 'module')}"]
-    reshard = c.get("reshard_after_forward")
-    if isinstance(reshard, dict) and reshard:
+def _fsdp2_items(c: ReportConfig) -> list[str]:
+    items = [f"fully_shard on {_plural(len(c.fully_shard), 'module')}"]
+    reshard = c.reshard_after_forward
+    if reshard:
         root = reshard.get("")
         others = sorted({str(v) for k, v in reshard.items() if k != ""})
         text = "reshard_after_forward " + ("/".join(others) if others else str(root))
         if others and root is not None and [str(root)] != others:
             text += f" (root {root})"
         items.append(text)
-    elif reshard is not None:
-        items.append(f"reshard_after_forward {reshard}")
-    mp = c.get("mp_policy")
-    if isinstance(mp, dict) and (mp.get("param_dtype") or mp.get("reduce_dtype")):
+    mp = c.mp_policy
+    if mp is not None and (mp.get("param_dtype") or mp.get("reduce_dtype")):
         items.append(_dtypes("mp_policy", mp))
-    fwd, bwd = c.get("forward_prefetch") or {}, c.get("backward_prefetch") or {}
+    fwd, bwd = c.explicit_forward_prefetch or {}, c.explicit_backward_prefetch or {}
     items.append(
         f"forward prefetch set on {_plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
     )
@@ -192,7 +190,7 @@ def _fsdp2_items(c: dict[str, Any]) -> list[str]:
     return items
 
 
-def _dtypes(label: str, mp: dict[str, Any]) -> str:
+def _dtypes(label: str, mp: Mapping[str, Any]) -> str:
     kinds = ("param_dtype", "reduce_dtype")
     return label + " " + ", ".join(f"{k.split('_')[0]} {mp[k]}" for k in kinds if mp.get(k))
 
@@ -318,10 +316,11 @@ def _ranks_table(run: RecordedRun) -> str:
     )
     rows = [f"<tr>{head}</tr>"]
     for r in run.ranks:
-        done = r.config.get("complete_iterations", len(r.iterations))
+        done = r.config.complete_iterations
+        done = len(r.iterations) if done is None else done
         its = f"{done}" if done == len(r.iterations) else f"{done} (+{len(r.iterations) - done})"
         cells = (
-            (escape(str(r.config.get("rank"))), "right"),
+            (escape(str(r.config.rank)), "right"),
             (its, "right"),
             (escape(" / ".join(str(len(it)) for it in r.iterations[:8])), "left"),
         )

@@ -13,8 +13,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from fsdpviz.core.schema import Report, unit_label
-from fsdpviz.views._style import format_bytes, unit_colors
+from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.views.style import format_bytes, unit_colors
 from fsdpviz.views.tree import ModuleTree, module_tree
 
 __all__ = ["bytes_breakdown", "param_rows", "unit_detail_html"]

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report, unit_label
-from fsdpviz.views._style import (
+from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.views.style import (
     UNMANAGED_COLOR,
     Theme,
     format_bytes,
@@ -179,7 +179,7 @@ def explorer_parts(
         trace["level"] = node_id(view.focus)
     units_word = "unit" if len(report.units) == 1 else "units"
     size_word = "parameters" if size == "numel" else "bytes per rank"
-    ws = report.config.get("world_size")
+    ws = report.config.world_size
     title = f"Wrap units: {len(report.units)} {units_word}, area = {size_word}, world size {ws}"
     if view.focus:
         title += f"<br><sup>inside {unit_label(view.focus)}: click it to go up</sup>"

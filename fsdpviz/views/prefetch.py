@@ -30,16 +30,16 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.core.schema import Report
-from fsdpviz.core.schema import unit_label as L
 from fsdpviz.graphs import unit_graph
-from fsdpviz.views._style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
-from fsdpviz.views._style import unit_colors as palette_for
-from fsdpviz.views.prefetch_analysis import (
+from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import unit_label as L
+from fsdpviz.views.prefetch_facts import (
     PrefetchAnalysis,
     backward_unit_order,
     prefetch_analysis,
 )
+from fsdpviz.views.style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
+from fsdpviz.views.style import unit_colors as palette_for
 
 __all__ = [
     "PrefetchAnalysis",
@@ -320,7 +320,7 @@ def _layout(
     it = "first iteration" if facts.iteration == 0 else "steady state"
     cfg = report.config
     notes = []
-    if facts.missed and cfg.get("backward_prefetch") == "BACKWARD_POST":
+    if facts.missed and cfg.backward_prefetch == "BACKWARD_POST":
         a, b, post, gather = facts.missed[0]
         notes.append(
             f"BACKWARD_POST prefetches too late: {_count(facts.missed, 'backward all-gather')} "
@@ -335,19 +335,18 @@ def _layout(
         notes.append(
             f"{_count(facts.misordered, 'backward prefetch')} not for the next unit in backward"
         )
-    if cfg.get("api") == "FSDP2":
+    if cfg.api == "FSDP2":
         explicit = sum(
-            len(v)
-            for k in ("forward_prefetch", "backward_prefetch")
-            for v in (cfg.get(k) or {}).values()
+            len(targets)
+            for spec in (cfg.explicit_forward_prefetch, cfg.explicit_backward_prefetch)
+            for targets in (spec or {}).values()
         )
         setting = f"FSDP2, implicit prefetch + {explicit} explicit targets"
-    elif "forward_prefetch" not in cfg and "backward_prefetch" not in cfg:
-        setting = f"recorded ({cfg.get('api') or 'FSDP'})"  # a recording's config has no options
+    elif not (cfg.states("forward_prefetch") or cfg.states("backward_prefetch")):
+        setting = f"recorded ({cfg.api})"  # a recording's config has no options
     else:
         setting = (
-            f"forward_prefetch={cfg.get('forward_prefetch')}, "
-            f"backward_prefetch={cfg.get('backward_prefetch')}"
+            f"forward_prefetch={cfg.forward_prefetch}, backward_prefetch={cfg.backward_prefetch}"
         )
     return dict(
         template=template(theme),

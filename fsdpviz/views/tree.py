@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from fsdpviz.core.schema import ModuleInfo, Report, Unit
+from fsdpviz.schema.report import ModuleInfo, Report, Unit
 
 __all__ = [
     "EXPLORER_BUDGET",

@@ -1,4 +1,7 @@
-"""Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline and the dashboard.
+"""Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline, the dashboard and
+a sweep's table.
+
+May import every layer up to the views; not fsdpviz.export.
 
 Example::
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from fsdpviz.widgets.dashboard import Dashboard, show
 from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.timeline import TimelineWidget
+from fsdpviz.widgets.sweep import SweepView
+from fsdpviz.widgets.timeline_widget import TimelineWidget
 
-__all__ = ["Dashboard", "Explorer", "TimelineWidget", "show"]
+__all__ = ["Dashboard", "Explorer", "SweepView", "TimelineWidget", "show"]

@@ -38,19 +38,19 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets
 
-from fsdpviz.core.schema import Report
-from fsdpviz.cost.machine import Machine
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch import prefetch_parts
-from fsdpviz.views.timeline_data import MemoryOption, auto_memory
+from fsdpviz.views.timeline_steps import MemoryOption, auto_memory
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.timeline import TimelineWidget
+from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 if TYPE_CHECKING:
-    from fsdpviz.record import RecordedRun
+    from fsdpviz.recording import RecordedRun
 
 __all__ = ["Dashboard", "show"]
 

@@ -17,9 +17,8 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz._gc import answering
-from fsdpviz.core.schema import Report
 from fsdpviz.replan import PlanOptions, Replanner
-from fsdpviz.views._style import Theme, format_bytes
+from fsdpviz.schema.report import Report
 from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import (
     ExplorerKind,
@@ -27,6 +26,7 @@ from fsdpviz.views.explorer import (
     explorer_parts,
     highlight_lines,
 )
+from fsdpviz.views.style import Theme, format_bytes
 from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, tree_view
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure

@@ -452,12 +452,15 @@ export function axisTicks(x0: number, x1: number, plotW: number, timed: boolean)
   let tick = [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw * (1 - 1e-9)) ?? mag * 10;
   if (!timed) tick = Math.max(1, Math.round(tick));
   const values: number[] = [];
-  for (let k = Math.ceil(x0 / tick - 1e-9); k * tick <= x1 + tick * 1e-9; k++) values.push(k * tick);
+  for (let k = Math.ceil(x0 / tick - 1e-9); k * tick <= x1 + tick * 1e-9; k++)
+    values.push(k * tick);
   if (!timed) return { values, labels: values.map((v) => String(Math.round(v))), unit: "event" };
   const top = Math.max(Math.abs(x0), Math.abs(x1));
   const [scale, unit] = TIME_UNITS.find(([s]) => top >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
   const decimals = Math.max(0, Math.ceil(-Math.log10(tick / scale) - 1e-9));
-  const labels = values.map((v) => (Math.abs(v) < tick * 1e-6 ? "0" : (v / scale).toFixed(decimals)));
+  const labels = values.map((v) =>
+    Math.abs(v) < tick * 1e-6 ? "0" : (v / scale).toFixed(decimals),
+  );
   return { values, labels, unit };
 }
 
@@ -469,7 +472,8 @@ export function byteTicks(max: number, h: number): number[] {
   let scale = 1;
   while (raw >= scale * 1024) scale *= 1024;
   const mag = 10 ** Math.floor(Math.log10(raw / scale));
-  const tick = ([1, 2, 5, 10].map((m) => m * mag).find((t) => t * scale >= raw) ?? 10 * mag) * scale;
+  const tick =
+    ([1, 2, 5, 10].map((m) => m * mag).find((t) => t * scale >= raw) ?? 10 * mag) * scale;
   const out: number[] = [];
   for (let v = 0; v <= max * (1 + 1e-9); v += tick) out.push(v);
   return out;
@@ -537,19 +541,30 @@ export function eventDetails(data: TimelineData, step: number): string[] {
     `step ${i} · ${s.phase[i] === 0 ? "forward" : "backward"} · iteration ${s.iteration[i]}, event ${s.index[i]}`,
   ];
   if (data.groups.length > 1) lines.push(data.groups[s.group[i]].name);
-  if (s.hook[i] >= 0) lines.push(`issued by ${data.hooks[s.hook[i]]} of ${quoteUnit(data, s.hook_unit[i])}`);
-  if (s.kind[i] === 0) lines.push(s.prefetch[i] ? "prefetch: issued ahead by another unit's hook" : "not a prefetch: its own hook issued it");
-  if (s.bytes[i] >= 0 && s.kind[i] !== FREE) lines.push(`sends ${formatBytes(s.bytes[i])} per rank`);
+  if (s.hook[i] >= 0)
+    lines.push(`issued by ${data.hooks[s.hook[i]]} of ${quoteUnit(data, s.hook_unit[i])}`);
+  if (s.kind[i] === 0)
+    lines.push(
+      s.prefetch[i]
+        ? "prefetch: issued ahead by another unit's hook"
+        : "not a prefetch: its own hook issued it",
+    );
+  if (s.bytes[i] >= 0 && s.kind[i] !== FREE)
+    lines.push(`sends ${formatBytes(s.bytes[i])} per rank`);
   if (data.timed) {
     lines.push(`issued at ${formatSeconds(s.issue[i])}`);
     if (s.kind[i] !== FREE) {
-      lines.push(`starts ${formatSeconds(s.x0[i])} on ${data.lanes[s.lane[i]]?.name ?? "its stream"}, lasts ${formatSeconds(s.x1[i] - s.x0[i])}`);
+      lines.push(
+        `starts ${formatSeconds(s.x0[i])} on ${data.lanes[s.lane[i]]?.name ?? "its stream"}, lasts ${formatSeconds(s.x1[i] - s.x0[i])}`,
+      );
     }
   } else {
     lines.push("placed by index: no durations modelled");
   }
-  if (s.exposed[i] > 0) lines.push(`compute waited ${formatSeconds(s.exposed[i])} for it (exposed)`);
-  else if (s.exposed[i] === 0 && s.kind[i] !== FREE) lines.push("compute never waited for it (hidden)");
+  if (s.exposed[i] > 0)
+    lines.push(`compute waited ${formatSeconds(s.exposed[i])} for it (exposed)`);
+  else if (s.exposed[i] === 0 && s.kind[i] !== FREE)
+    lines.push("compute never waited for it (hidden)");
   for (const m of data.marks) if (m.step === i) lines.push(`⚑ ${m.text}`);
   return lines;
 }
@@ -564,7 +579,9 @@ export function memoryDetails(data: TimelineData, mem: MemoryLane, k: number): s
   if (k === mem.peak.moment) lines.unshift("▼ the peak of this iteration");
   for (const [c, b] of parts.slice(0, 6)) lines.push(`${c.replace(/_/g, " ")}: ${formatBytes(b)}`);
   if (parts.length > 6) lines.push(`… ${parts.length - 6} more`);
-  lines.push(`click: step ${mem.step[k]} (${data.kinds[data.steps.kind[mem.step[k]]]} ${unitText(data, data.steps.unit[mem.step[k]])})`);
+  lines.push(
+    `click: step ${mem.step[k]} (${data.kinds[data.steps.kind[mem.step[k]]]} ${unitText(data, data.steps.unit[mem.step[k]])})`,
+  );
   return lines;
 }
 

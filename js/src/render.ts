@@ -175,7 +175,16 @@ export class MarkList {
     this.n = 0;
   }
 
-  add(kind: MarkKind, step: number, x: number, y: number, w: number, h: number, lane = -1, moment = -1): void {
+  add(
+    kind: MarkKind,
+    step: number,
+    x: number,
+    y: number,
+    w: number,
+    h: number,
+    lane = -1,
+    moment = -1,
+  ): void {
     if (this.n === this.cap) this.grow();
     const k = this.n++;
     this.f.set([x, y, w, h], 4 * k);
@@ -354,7 +363,15 @@ export interface Scene {
   selectedUnit: number;
 }
 
-function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number, color: string, gap = 5): void {
+function hatch(
+  ctx: CanvasRenderingContext2D,
+  x: number,
+  y: number,
+  w: number,
+  h: number,
+  color: string,
+  gap = 5,
+): void {
   ctx.save();
   ctx.beginPath();
   ctx.rect(x, y, w, h);
@@ -371,7 +388,13 @@ function hatch(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h
 }
 
 /** The label that fits in `w` px: `3 layers.2`, else `3`, else nothing. */
-function fitLabel(ctx: CanvasRenderingContext2D, index: Index, full: string, short: string, w: number): string {
+function fitLabel(
+  ctx: CanvasRenderingContext2D,
+  index: Index,
+  full: string,
+  short: string,
+  w: number,
+): string {
   if (w < 12) return "";
   if (index.textWidth(ctx, full) <= w - 6) return full;
   if (index.textWidth(ctx, short) <= w - 4) return short;
@@ -404,7 +427,8 @@ export function drawLayer(ctx: CanvasRenderingContext2D, sc: Scene, marks: MarkL
   }
   for (const row of l.rows) if (data.lanes[row.lane].kind === "cpu") drawCalls(ctx, sc, row, marks);
   drawFlows(ctx, sc);
-  for (const row of l.rows) if (data.lanes[row.lane].kind === "memory") drawMemory(ctx, sc, row, marks);
+  for (const row of l.rows)
+    if (data.lanes[row.lane].kind === "memory") drawMemory(ctx, sc, row, marks);
   drawMarks(ctx, sc);
   ctx.restore();
   drawMemoryAxes(ctx, sc);
@@ -428,7 +452,11 @@ function drawAxis(ctx: CanvasRenderingContext2D, sc: Scene): void {
     ctx.fillStyle = theme.muted;
     const half = index(sc).textWidth(ctx, ticks.labels[k]) / 2;
     ctx.textAlign = "center";
-    ctx.fillText(ticks.labels[k], Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half), y);
+    ctx.fillText(
+      ticks.labels[k],
+      Math.min(Math.max(px, l.labelW + half), l.labelW + l.plotW - half),
+      y,
+    );
   });
   ctx.textAlign = "right";
   ctx.fillText(data.timed ? `time (${ticks.unit})` : "event", l.labelW - 8, y);
@@ -551,7 +579,9 @@ function flowPath(ctx: CanvasRenderingContext2D, sc: Scene, i: number): boolean 
   const { data, index: ix, layout: l, win } = sc;
   const s = data.steps;
   if (s.kind[i] === FREE) return false;
-  const cpu = l.rows.find((r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[i]);
+  const cpu = l.rows.find(
+    (r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[i],
+  );
   const dst = rowOf(l, s.lane[i]);
   if (cpu === undefined || dst === undefined) return false;
   const [cx, cw] = ix.cell(i, win, l);
@@ -809,7 +839,9 @@ function drawMarks(ctx: CanvasRenderingContext2D, sc: Scene): void {
     const s = data.steps;
     const row = rowOf(l, s.lane[i]);
     const [x, w] =
-      s.kind[i] === FREE ? ix.cell(i, win, l) : [xToPx(win, l, s.x0[i]), xToPx(win, l, s.x1[i]) - xToPx(win, l, s.x0[i])];
+      s.kind[i] === FREE
+        ? ix.cell(i, win, l)
+        : [xToPx(win, l, s.x0[i]), xToPx(win, l, s.x1[i]) - xToPx(win, l, s.x0[i])];
     ctx.strokeStyle = theme.wait;
     ctx.lineWidth = 2;
     ctx.strokeRect(x - 1, row.top - 1, Math.max(w, 2) + 2, row.h + 2);
@@ -824,7 +856,12 @@ function drawMarks(ctx: CanvasRenderingContext2D, sc: Scene): void {
 }
 
 /** The cursor and the current event over the layer. */
-export function drawCurrent(ctx: CanvasRenderingContext2D, sc: Scene, step: number, cursorX: number): void {
+export function drawCurrent(
+  ctx: CanvasRenderingContext2D,
+  sc: Scene,
+  step: number,
+  cursorX: number,
+): void {
   const { data, index: ix, layout: l, win, theme } = sc;
   if (data.n_steps === 0) return;
   const s = data.steps;
@@ -840,7 +877,9 @@ export function drawCurrent(ctx: CanvasRenderingContext2D, sc: Scene, step: numb
   ctx.strokeStyle = theme.accent;
   ctx.lineWidth = 2.5;
   const [cx, cw] = ix.cell(step, win, l);
-  const cpu = l.rows.find((r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[step]);
+  const cpu = l.rows.find(
+    (r) => data.lanes[r.lane].kind === "cpu" && data.lanes[r.lane].group === s.group[step],
+  );
   if (cpu !== undefined) ctx.strokeRect(cx - 1, cpu.top - 1, Math.max(cw, 2) + 2, cpu.h + 2);
   if (s.kind[step] !== FREE) {
     const row = rowOf(l, s.lane[step]);
@@ -863,12 +902,20 @@ export function drawHover(ctx: CanvasRenderingContext2D, sc: Scene, picked: Pick
 }
 
 /** The whole run, drawn once per data/theme/size into `ctx`: every stream lane, one strip per group. */
-export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: TimelineData, ix: Index, l: Layout, theme: ThemeColors): void {
+export function drawOverviewBitmap(
+  ctx: CanvasRenderingContext2D,
+  data: TimelineData,
+  ix: Index,
+  l: Layout,
+  theme: ThemeColors,
+): void {
   const full = ix.full;
   ctx.clearRect(0, 0, l.width, l.overviewH);
   ctx.fillStyle = theme.grid;
   ctx.fillRect(l.labelW, 0, l.plotW, l.overviewH);
-  const streams = data.lanes.map((lane, i) => (lane.kind === "stream" ? i : -1)).filter((i) => i >= 0);
+  const streams = data.lanes
+    .map((lane, i) => (lane.kind === "stream" ? i : -1))
+    .filter((i) => i >= 0);
   const h = l.overviewH / Math.max(streams.length, 1);
   const s = data.steps;
   streams.forEach((lane, k) => {
@@ -886,7 +933,12 @@ export function drawOverviewBitmap(ctx: CanvasRenderingContext2D, data: Timeline
   ctx.fillText("overview", l.labelW - 8, l.overviewH / 2);
 }
 
-export function drawOverview(ctx: CanvasRenderingContext2D, bitmap: CanvasImageSource, sc: Scene, cursorX: number): void {
+export function drawOverview(
+  ctx: CanvasRenderingContext2D,
+  bitmap: CanvasImageSource,
+  sc: Scene,
+  cursorX: number,
+): void {
   const { index: ix, layout: l, win, theme } = sc;
   const full = ix.full;
   ctx.clearRect(0, l.overviewTop - 4, l.width, l.overviewH + 8);

@@ -3,10 +3,18 @@
 // in-page model that implements anywidget's model interface; the current step's
 // unit is outlined in the plotly explorer and prefetch figures, and a click on a
 // unit there selects it in the timeline.
-import { type TimelineData, clampStep } from "./model";
-import { type ExplorerTree, type TreeView, childrenOf, treeView, viewTitle, viewTrace } from "./tree";
+import { clampStep, type TimelineData } from "./model";
+import {
+  childrenOf,
+  type ExplorerTree,
+  type TreeView,
+  treeView,
+  viewTitle,
+  viewTrace,
+} from "./tree";
 
-export { type ExplorerTree, type TreeView, childrenOf, treeView, viewTitle, viewTrace };
+export { childrenOf, type ExplorerTree, type TreeView, treeView, viewTitle, viewTrace };
+
 import type { WidgetModel } from "./view";
 
 /** What Python writes into <script type="application/json" id="fv-config">. */
@@ -124,13 +132,19 @@ export interface ClickPoint {
   data?: { name?: unknown };
 }
 
-export function explorerUnit(config: NonNullable<PageConfig["explorer"]>, point: ClickPoint): string | null {
+export function explorerUnit(
+  config: NonNullable<PageConfig["explorer"]>,
+  point: ClickPoint,
+): string | null {
   let i = typeof point.id === "string" ? config.ids.indexOf(point.id) : -1;
   if (i < 0 && typeof point.pointNumber === "number") i = point.pointNumber;
   return config.units[i] ?? null;
 }
 
-export function prefetchUnit(config: NonNullable<PageConfig["prefetch"]>, point: ClickPoint): string | null {
+export function prefetchUnit(
+  config: NonNullable<PageConfig["prefetch"]>,
+  point: ClickPoint,
+): string | null {
   const u = point.customdata;
   return typeof u === "string" && u in config.positions ? u : null;
 }
@@ -152,7 +166,6 @@ interface PlotDiv extends HTMLElement {
   data?: Array<{ name?: string }>;
   on?(event: string, callback: (ev: { points?: ClickPoint[] }) => unknown): void;
 }
-
 
 /**
  * Keeps the figures in step with the model: outlines the current step's unit in
@@ -205,7 +218,9 @@ export class Linker {
     const ex = this.config.explorer;
     if (!ex?.tree) return 0;
     const parent = new Map<number, number>();
-    this.children.forEach((cs, p) => cs.forEach((c) => parent.set(c, p)));
+    this.children.forEach((cs, p) => {
+      for (const c of cs) parent.set(c, p);
+    });
     const chain = [i];
     for (let p = parent.get(i); p !== undefined; p = parent.get(p)) chain.push(p);
     for (const candidate of chain.reverse()) {
@@ -362,12 +377,12 @@ export function initialState(config: PageConfig): WidgetModel {
     step: 0,
     playing: false,
     speed: 20,
-    order: "issue",
-    note: "",
     selected_unit: null,
     theme: config.theme,
     error: "",
     sync_interval_ms: 100,
+    order: "issue",
+    note: "",
   };
 }
 

@@ -49,7 +49,12 @@ export function treeView(children: number[][], focus: number, budget: number): T
 }
 
 /** The explorer trace's arrays for `view` (what explorer_parts gives for that focus). */
-export function viewTrace(ids: string[], tree: ExplorerTree, children: number[][], view: TreeView): Record<string, unknown> {
+export function viewTrace(
+  ids: string[],
+  tree: ExplorerTree,
+  children: number[][],
+  view: TreeView,
+): Record<string, unknown> {
   const pick = <T>(xs: T[]): T[] => view.indices.map((i) => xs[i]);
   return {
     ids: pick(ids),
@@ -58,7 +63,8 @@ export function viewTrace(ids: string[], tree: ExplorerTree, children: number[][
     values: pick(tree.values),
     customdata: view.indices.map((i) => {
       const row = [...tree.customdata[i]];
-      if (view.closed.has(i)) row[6] = `${String(row[6])}<br>click to open its ${children[i].length} submodules`;
+      if (view.closed.has(i))
+        row[6] = `${String(row[6])}<br>click to open its ${children[i].length} submodules`;
       else if (i === view.focus && view.focus !== 0) row[6] = `${String(row[6])}<br>click to go up`;
       return row;
     }),
@@ -68,7 +74,8 @@ export function viewTrace(ids: string[], tree: ExplorerTree, children: number[][
 
 /** The figure's title for `view` (as explorer_parts writes it). */
 export function viewTitle(ids: string[], tree: ExplorerTree, view: TreeView): string {
-  if (view.focus !== 0) return `${tree.title}<br><sup>inside ${quote(ids[view.focus])}: click it to go up</sup>`;
+  if (view.focus !== 0)
+    return `${tree.title}<br><sup>inside ${quote(ids[view.focus])}: click it to go up</sup>`;
   if (view.closed.size > 0) {
     return `${tree.title}<br><sup>${ids.length.toLocaleString("en-US")} modules: click a block marked ▸ to open it</sup>`;
   }

@@ -68,7 +68,10 @@ export function nextFrame(fn: () => void): number {
   return setTimeout(fn, 16) as unknown as number;
 }
 
-function element<K extends keyof HTMLElementTagNameMap>(tag: K, className: string): HTMLElementTagNameMap[K] {
+function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+): HTMLElementTagNameMap[K] {
   const el = document.createElement(tag);
   el.className = className;
   return el;
@@ -218,8 +221,16 @@ export class TimelineView {
       "input",
       this.guard(() => this.player.goToPos(Number(slider.value))),
     );
-    const playButton = button("play", "play / pause (space)", this.guard(() => this.player.toggle()));
-    const peakButton = button("peak", "jump to the memory peak (p)", this.guard(() => this.goToPeak()));
+    const playButton = button(
+      "play",
+      "play / pause (space)",
+      this.guard(() => this.player.toggle()),
+    );
+    const peakButton = button(
+      "peak",
+      "jump to the memory peak (p)",
+      this.guard(() => this.goToPeak()),
+    );
     const speed = element("select", "fv-speed");
     speed.title = "steps per second while playing";
     for (const v of SPEEDS) speed.add(new Option(`${v}/s`, String(v)));
@@ -233,7 +244,8 @@ export class TimelineView {
       }),
     );
     const order = element("select", "fv-order");
-    order.title = "the order ◀ ▶ walk: as FSDP's hooks issue the events, or as they start on their streams";
+    order.title =
+      "the order ◀ ▶ walk: as FSDP's hooks issue the events, or as they start on their streams";
     order.setAttribute("aria-label", "step order");
     order.add(new Option("issue order", "issue"));
     order.add(new Option("stream-start order", "stream"));
@@ -247,18 +259,46 @@ export class TimelineView {
       }),
     );
     bar.append(
-      button("|◀", "first step (Home)", this.guard(() => this.player.first())),
-      button("◀", "step back (←)", this.guard(() => this.player.stepBy(-1))),
+      button(
+        "|◀",
+        "first step (Home)",
+        this.guard(() => this.player.first()),
+      ),
+      button(
+        "◀",
+        "step back (←)",
+        this.guard(() => this.player.stepBy(-1)),
+      ),
       playButton,
-      button("▶", "step forward (→)", this.guard(() => this.player.stepBy(1))),
-      button("▶|", "last step (End)", this.guard(() => this.player.end())),
+      button(
+        "▶",
+        "step forward (→)",
+        this.guard(() => this.player.stepBy(1)),
+      ),
+      button(
+        "▶|",
+        "last step (End)",
+        this.guard(() => this.player.end()),
+      ),
       peakButton,
       order,
       slider,
       speed,
-      button("−", "zoom out (ctrl/shift + wheel)", this.guard(() => this.zoom(2))),
-      button("+", "zoom in (ctrl/shift + wheel)", this.guard(() => this.zoom(0.5))),
-      button("all", "show the whole run", this.guard(() => this.zoom(Number.POSITIVE_INFINITY))),
+      button(
+        "−",
+        "zoom out (ctrl/shift + wheel)",
+        this.guard(() => this.zoom(2)),
+      ),
+      button(
+        "+",
+        "zoom in (ctrl/shift + wheel)",
+        this.guard(() => this.zoom(0.5)),
+      ),
+      button(
+        "all",
+        "show the whole run",
+        this.guard(() => this.zoom(Number.POSITIVE_INFINITY)),
+      ),
     );
     return { bar, slider, playButton, peakButton, speed, order };
   }
@@ -328,7 +368,8 @@ export class TimelineView {
     this.index = new Index(this.data);
     this.player.reset(this.data.n_steps, this.model.get("step"), orderOf(this.data, this.order));
     const full = this.index.full;
-    this.span = (full.x1 - full.x0) * Math.min(1, DEFAULT_VISIBLE_STEPS / Math.max(this.data.n_steps, 1));
+    this.span =
+      (full.x1 - full.x0) * Math.min(1, DEFAULT_VISIBLE_STEPS / Math.max(this.data.n_steps, 1));
     this.win = { x0: full.x0, x1: full.x0 };
     this.controls.slider.max = String(Math.max(this.data.n_steps - 1, 0));
     const mem = this.firstMemory();
@@ -459,7 +500,8 @@ export class TimelineView {
 
   /** Follow the cursor, then paint. */
   draw(): void {
-    if (this.data.n_steps > 0) this.win = follow(this.win, this.cursor(), this.span, this.index.full);
+    if (this.data.n_steps > 0)
+      this.win = follow(this.win, this.cursor(), this.span, this.index.full);
     this.paint();
   }
 
@@ -507,7 +549,8 @@ export class TimelineView {
   private writeInfo(): void {
     const parts = [describeStep(this.data, this.player.step, this.order)];
     const selected = this.model.get("selected_unit");
-    if (selected !== null && this.selectedUnit >= 0) parts.push(`selected: ${unitText(this.data, this.selectedUnit)}`);
+    if (selected !== null && this.selectedUnit >= 0)
+      parts.push(`selected: ${unitText(this.data, this.selectedUnit)}`);
     else if (selected !== null) parts.push(`selected: ${quote(selected)}`);
     const note = this.model.get("note");
     if (note) parts.push(note);
@@ -519,7 +562,8 @@ export class TimelineView {
     const start = performance.now();
     const l = this.layout;
     let picked: Picked | null = null;
-    if (px >= l.labelW && py >= l.lanesTop - 2 && py <= l.lanesBottom + 2) picked = this.marks.pick(px, py);
+    if (px >= l.labelW && py >= l.lanesTop - 2 && py <= l.lanesBottom + 2)
+      picked = this.marks.pick(px, py);
     this.lastPickMs = performance.now() - start;
     return picked;
   }
@@ -567,11 +611,13 @@ export class TimelineView {
     if (picked === null) {
       this.tooltip.hidden = true;
     } else {
-      this.tooltip.replaceChildren(...this.hoverLines(picked).map((t, k) => {
-        const d = document.createElement(k === 0 ? "b" : "div");
-        d.textContent = t;
-        return d;
-      }));
+      this.tooltip.replaceChildren(
+        ...this.hoverLines(picked).map((t, k) => {
+          const d = document.createElement(k === 0 ? "b" : "div");
+          d.textContent = t;
+          return d;
+        }),
+      );
       this.tooltip.hidden = false;
       const box = this.tooltip;
       const w = box.offsetWidth || 260;
@@ -584,7 +630,8 @@ export class TimelineView {
 
   hoverLines(p: Picked): string[] {
     const data = this.data;
-    if (p.kind === MARK.memory || p.kind === MARK.peak) return memoryDetails(data, data.memory[p.lane], p.moment);
+    if (p.kind === MARK.memory || p.kind === MARK.peak)
+      return memoryDetails(data, data.memory[p.lane], p.moment);
     if (p.kind === MARK.compute) {
       return [
         `compute of ${unitText(data, data.steps.unit[p.step])}`,
@@ -594,7 +641,7 @@ export class TimelineView {
     }
     if (p.kind === MARK.wait) {
       const i = p.step;
-      const wait = (pxToX(this.win, this.layout, p.x + p.w) - pxToX(this.win, this.layout, p.x));
+      const wait = pxToX(this.win, this.layout, p.x + p.w) - pxToX(this.win, this.layout, p.x);
       return [
         `compute waits ${wait > 0 ? formatSeconds(wait) : ""} for ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])}`,
         "communication not hidden by compute (exposed)",
@@ -634,4 +681,3 @@ export class TimelineView {
     return { x: want.x + want.w / 2, y: want.y + want.h / 2, w: want.w, h: want.h };
   }
 }
-

@@ -75,8 +75,9 @@ function listenToInput(view: TimelineView): void {
   canvas.addEventListener("mousemove", (ev) => {
     if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
       dragged = true;
-      const dx = ((ev.clientX - down.x) / view.layout.plotW) * (down.win.x1 - down.win.x0);
-      view.guard(() => view.showRange(down!.win.x0 - dx, down!.win.x1 - dx))();
+      const { win } = down;
+      const dx = ((ev.clientX - down.x) / view.layout.plotW) * (win.x1 - win.x0);
+      view.guard(() => view.showRange(win.x0 - dx, win.x1 - dx))();
       return;
     }
     const [x, y] = at(ev);

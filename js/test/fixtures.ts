@@ -29,10 +29,21 @@ export function sample(n = 6, timed = false): TimelineData {
       x0,
       x1: x0.map((x) => x + (timed ? 0.5 : 1)),
     },
-    compute: { rank: [0, 0], unit: [0, 1], phase: [0, 1], x0: [0, 3], x1: [3, n], step0: [0, 3], step1: [2, n - 1] },
-    memory: { x: x0.map((x) => x + 0.5), bytes: idx.map((i) => (i === 4 ? 3072 : 1024)), step: idx },
+    compute: {
+      rank: [0, 0],
+      unit: [0, 1],
+      phase: [0, 1],
+      x0: [0, 3],
+      x1: [3, n],
+      step0: [0, 3],
+      step1: [2, n - 1],
+    },
+    memory: {
+      x: x0.map((x) => x + 0.5),
+      bytes: idx.map((i) => (i === 4 ? 3072 : 1024)),
+      step: idx,
+    },
     peak_step: 4,
     iteration_starts: [0],
   };
 }
-

@@ -1,18 +1,18 @@
 import { describe, expect, it, vi } from "vitest";
 import {
-  type FrameScheduler,
-  Player,
-  Throttle,
   axisTicks,
   clampStep,
   describeStep,
+  type FrameScheduler,
   firstStepEndingAfter,
   follow,
   formatBytes,
   formatSeconds,
   fullRange,
   nearestStep,
+  Player,
   stepAt,
+  Throttle,
 } from "../src/model";
 import { sample } from "./fixtures";
 
@@ -64,7 +64,12 @@ describe("Player", () => {
   it("plays by elapsed time at `speed` steps per second and stops at the end", () => {
     const frames = manualFrames();
     const seen: Array<[number, boolean]> = [];
-    const p = new Player({ n: 50, speed: 10, scheduler: frames, onChange: (s, playing) => seen.push([s, playing]) });
+    const p = new Player({
+      n: 50,
+      speed: 10,
+      scheduler: frames,
+      onChange: (s, playing) => seen.push([s, playing]),
+    });
     p.play();
     expect(frames.running).toBe(true);
     frames.tick(1000); // first frame only sets the clock
@@ -108,7 +113,11 @@ describe("Throttle", () => {
     vi.useFakeTimers();
     let now = 0;
     const sent: number[] = [];
-    const t = new Throttle<number>(100, (v) => sent.push(v), () => now);
+    const t = new Throttle<number>(
+      100,
+      (v) => sent.push(v),
+      () => now,
+    );
     t.push(1);
     t.push(2);
     t.push(3);
@@ -128,7 +137,11 @@ describe("Throttle", () => {
     vi.useFakeTimers();
     let now = 0;
     const sent: number[] = [];
-    const t = new Throttle<number>(150, (v) => sent.push(v), () => now);
+    const t = new Throttle<number>(
+      150,
+      (v) => sent.push(v),
+      () => now,
+    );
     const frames = manualFrames();
     const p = new Player({ n: 5000, speed: 500, scheduler: frames, onChange: (s) => t.push(s) });
     p.play();
@@ -200,7 +213,9 @@ describe("text", () => {
   });
 
   it("names the root's unit (FQN '') as (root)", () => {
-    expect(describeStep(sample(), 0)).toContain("all_gather (root) · forward · pre_forward hook of (root)");
+    expect(describeStep(sample(), 0)).toContain(
+      "all_gather (root) · forward · pre_forward hook of (root)",
+    );
   });
 
   it("writes durations in the unit that suits them", () => {
@@ -226,7 +241,10 @@ describe("axis ticks", () => {
     const t = axisTicks(0.0003, 0.0031, 140, true);
     expect(t.values.length).toBeLessThanOrEqual(3);
     expect(t).toMatchObject({ unit: "ms", labels: ["2"] });
-    expect(axisTicks(0, 450e-6, 900, true)).toMatchObject({ unit: "µs", labels: ["0", "50", "100", "150", "200", "250", "300", "350", "400", "450"] });
+    expect(axisTicks(0, 450e-6, 900, true)).toMatchObject({
+      unit: "µs",
+      labels: ["0", "50", "100", "150", "200", "250", "300", "350", "400", "450"],
+    });
   });
 
   it("counts event indices in integers", () => {
@@ -236,4 +254,3 @@ describe("axis ticks", () => {
     expect(axisTicks(0, 5000, 900, false).labels.slice(0, 3)).toEqual(["0", "500", "1000"]);
   });
 });
-

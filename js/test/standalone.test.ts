@@ -1,18 +1,19 @@
 // @vitest-environment jsdom
 // The standalone HTML page: the in-page model, and the links between the timeline
 // widget and the plotly figures (plotly replaced by a recorder of restyle calls).
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+
 import type { AnyModel } from "@anywidget/types";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
-  FOLLOW_AFTER_MS,
-  Linker,
-  PageModel,
-  type PageConfig,
   childrenOf,
   explorerUnit,
   explorerWidths,
+  FOLLOW_AFTER_MS,
   initialState,
+  Linker,
   nextStepOfUnit,
+  type PageConfig,
+  PageModel,
   prefetchUnit,
   treeView,
   unitOfStep,
@@ -37,7 +38,9 @@ function plotDiv(id: string, names: string[]): HTMLElement & { click_: (p: unkno
   el.on = (e, cb) => {
     if (e === "plotly_click") handlers.push(cb);
   };
-  el.click_ = (p) => handlers.forEach((h) => h({ points: [p] }));
+  el.click_ = (p) => {
+    for (const h of handlers) h({ points: [p] });
+  };
   document.body.appendChild(el);
   return el;
 }
@@ -95,7 +98,8 @@ function setup(cfg: PageConfig = config()) {
   const layouts: Array<Record<string, unknown>> = [];
   const plotly = {
     newPlot: () => undefined,
-    restyle: (gd: HTMLElement, update: Record<string, unknown>, traces?: number[]) => calls.push({ id: gd.id, update, traces }),
+    restyle: (gd: HTMLElement, update: Record<string, unknown>, traces?: number[]) =>
+      calls.push({ id: gd.id, update, traces }),
     relayout: (_gd: HTMLElement, update: Record<string, unknown>) => layouts.push(update),
   };
   const model = new PageModel<WidgetModel>(initialState(cfg));
@@ -106,11 +110,24 @@ function setup(cfg: PageConfig = config()) {
   return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl };
 }
 
-const lastRestyle = (calls: ReturnType<typeof setup>["calls"], id: string, trace: number, key?: string) =>
-  [...calls].reverse().find((c) => c.id === id && c.traces?.[0] === trace && (key === undefined || key in c.update));
+const lastRestyle = (
+  calls: ReturnType<typeof setup>["calls"],
+  id: string,
+  trace: number,
+  key?: string,
+) =>
+  [...calls]
+    .reverse()
+    .find((c) => c.id === id && c.traces?.[0] === trace && (key === undefined || key in c.update));
 
 beforeEach(() => {
-  vi.stubGlobal("ResizeObserver", class { observe(): void {} disconnect(): void {} });
+  vi.stubGlobal(
+    "ResizeObserver",
+    class {
+      observe(): void {}
+      disconnect(): void {}
+    },
+  );
   vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockReturnValue(null);
 });
 
@@ -172,16 +189,22 @@ describe("pure helpers", () => {
 describe("linked page", () => {
   it("outlines the first event's unit at start and follows the step buttons", () => {
     const { calls, status, tl } = setup();
-    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({ "marker.line.width": [[3, 0.5, 0.5, 0.5]] });
+    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
+      "marker.line.width": [[3, 0.5, 0.5, 0.5]],
+    });
     expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[0]], y: [[0]] });
     expect(status.textContent).toContain("step 1/6");
     expect(document.body.dataset.fvCurrentUnit).toBe("");
-    const forward = [...tl.querySelectorAll("button")].find((b) => b.title.startsWith("step forward"));
+    const forward = [...tl.querySelectorAll("button")].find((b) =>
+      b.title.startsWith("step forward"),
+    );
     forward?.click();
     expect(status.textContent).toContain("step 2/6");
     expect(status.textContent).toContain("outlined in the figures: unit 'b'");
     expect(document.body.dataset.fvCurrentUnit).toBe("b");
-    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({ "marker.line.width": [[0.5, 3, 3, 0.5]] });
+    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
+      "marker.line.width": [[0.5, 3, 3, 0.5]],
+    });
     expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[1]], y: [[0]] });
   });
 
@@ -223,13 +246,17 @@ describe("a big model's explorer in the page", () => {
     const trace = viewTrace(ex.ids, tree, children, top);
     expect(trace.labels).toEqual(["M [unit 0]", "inp", "blocks", "b [unit 1] ▸", "c ▸", "head"]);
     expect((trace.customdata as string[][])[3][6]).toBe("<br>click to open its 1 submodules");
-    expect(viewTitle(ex.ids, tree, top)).toBe("Wrap units<br><sup>8 modules: click a block marked ▸ to open it</sup>");
+    expect(viewTitle(ex.ids, tree, top)).toBe(
+      "Wrap units<br><sup>8 modules: click a block marked ▸ to open it</sup>",
+    );
     const inside = treeView(children, 3, 6);
     const opened = viewTrace(ex.ids, tree, children, inside);
     expect(opened.ids).toEqual(["b", "b.fc"]);
     expect(opened.parents).toEqual(["", "b"]);
     expect((opened.customdata as string[][])[0][6]).toBe("<br>click to go up");
-    expect(viewTitle(ex.ids, tree, inside)).toBe("Wrap units<br><sup>inside 'b': click it to go up</sup>");
+    expect(viewTitle(ex.ids, tree, inside)).toBe(
+      "Wrap units<br><sup>inside 'b': click it to go up</sup>",
+    );
   });
 
   it("opens a block on a click, goes back up on a click on it, and shows a unit picked elsewhere", () => {
@@ -242,7 +269,9 @@ describe("a big model's explorer in the page", () => {
     expect(model.get("selected_unit")).toBe("b");
     explorer.click_({ id: "b" }); // the opened block: up
     expect(linker.view.focus).toBe(0);
-    expect(lastRestyle(calls, "ex", 0, "ids")?.update.ids).toEqual([["<root>", "inp", "blocks", "b", "c", "head"]]);
+    expect(lastRestyle(calls, "ex", 0, "ids")?.update.ids).toEqual([
+      ["<root>", "inp", "blocks", "b", "c", "head"],
+    ]);
     linker.focus(5);
     prefetch.click_({ customdata: "b" }); // 'b' is not drawn inside 'c': back to where it is
     expect(linker.view.focus).toBe(0);
@@ -250,7 +279,9 @@ describe("a big model's explorer in the page", () => {
 
   it("outlines and rings the current unit once the steps pause, never while playing", async () => {
     const cfg = bigConfig();
-    (cfg.explorer as NonNullable<PageConfig["explorer"]>).ids.push(...Array.from({ length: 200 }, (_, i) => `x${i}`));
+    (cfg.explorer as NonNullable<PageConfig["explorer"]>).ids.push(
+      ...Array.from({ length: 200 }, (_, i) => `x${i}`),
+    );
     const ex = cfg.explorer as NonNullable<PageConfig["explorer"]>;
     ex.units.push(...Array.from({ length: 200 }, () => null));
     const tree = ex.tree as NonNullable<typeof ex.tree>;
@@ -264,7 +295,9 @@ describe("a big model's explorer in the page", () => {
     tree.budget = 1000; // 208 modules drawn: a big figure
     cfg.timeline = sample(200); // long enough not to play to its end during the test
     const { model, calls, tl } = setup(cfg);
-    const forward = [...tl.querySelectorAll("button")].find((b) => b.title.startsWith("step forward"));
+    const forward = [...tl.querySelectorAll("button")].find((b) =>
+      b.title.startsWith("step forward"),
+    );
     const before = calls.length;
     forward?.click();
     forward?.click();
@@ -284,4 +317,3 @@ describe("a big model's explorer in the page", () => {
     expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[x]], y: [[0]] });
   });
 });
-

@@ -1,8 +1,9 @@
 // @vitest-environment jsdom
 // The anywidget front end in a DOM: controls step the view and sync `step`, Python's
 // `step` moves the view, a click on an event sets `selected_unit`.
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+
 import type { AnyModel } from "@anywidget/types";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import widget, { type WidgetModel } from "../src/widget";
 import { sample } from "./fixtures";
 
@@ -188,7 +189,7 @@ describe("timeline widget", () => {
   it("explains its marks in a legend", () => {
     const { el } = setup();
     const text = el.querySelector(".fv-legend")?.textContent ?? "";
-    for (const item of ["prefetch", "free", "backward compute", "memory"]) expect(text).toContain(item);
+    for (const item of ["prefetch", "free", "backward compute", "memory"])
+      expect(text).toContain(item);
   });
 });
-

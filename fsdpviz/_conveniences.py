@@ -1,0 +1,100 @@
+"""The conveniences of :class:`~fsdpviz.Report` and :class:`~fsdpviz.RecordedRun`, wired to the
+layers that implement them (see :mod:`fsdpviz.schema.extensions`).
+
+``import fsdpviz`` imports this module. Each implementation is imported when first
+used, as the methods did when they lived on the data types: ``import fsdpviz`` does
+not load plotly or the widgets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.schema.extensions import register_report_method, register_run_method, register_show
+
+if TYPE_CHECKING:
+    from fsdpviz.cost.memory import MemoryReport
+    from fsdpviz.cost.time import Timeline
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.replan.sweep_table import SweepTable
+    from fsdpviz.schedule.comparison import Comparison
+    from fsdpviz.schema.report import Report
+
+
+@register_report_method("memory")
+def memory(report: Report) -> MemoryReport:
+    from fsdpviz.cost.memory import memory_model
+
+    return memory_model(report)
+
+
+@register_report_method("timeline")
+def timeline(report: Report) -> Timeline:
+    from fsdpviz.cost.time import timeline
+
+    return timeline(report)
+
+
+@register_report_method("module_graph")
+def module_graph(report: Report) -> Any:
+    from fsdpviz.graphs import module_graph
+
+    return module_graph(report)
+
+
+@register_report_method("unit_graph")
+def unit_graph(report: Report, iteration: int = -1) -> Any:
+    from fsdpviz.graphs import unit_graph
+
+    return unit_graph(report, iteration)
+
+
+@register_report_method("show")
+def show(report: Report, **kwargs: Any) -> Any:
+    from fsdpviz.widgets import show
+
+    return show(report, **kwargs)
+
+
+@register_run_method("show")
+def show_run(run: RecordedRun, **kwargs: Any) -> Any:
+    from fsdpviz.widgets import Dashboard
+
+    return Dashboard(run.ranks[0], ranks=run, **kwargs)
+
+
+@register_show("comparison")
+def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
+    from fsdpviz.widgets import TimelineWidget
+
+    return TimelineWidget(comparison, **kwargs)
+
+
+@register_show("sweep")
+def show_sweep(table: SweepTable, **kwargs: Any) -> Any:
+    from fsdpviz.widgets import SweepView
+
+    return SweepView(table, **kwargs)
+
+
+@register_report_method("save")
+@register_run_method("save")
+def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Any) -> Path:
+    from fsdpviz.export import save
+
+    return save(obj, path, **kwargs)
+
+
+@register_report_method("card")
+def report_card(report: Report) -> dict[str, str]:
+    from fsdpviz.views.card import report_bundle
+
+    return report_bundle(report)
+
+
+@register_run_method("card")
+def run_card(run: RecordedRun) -> dict[str, str]:
+    from fsdpviz.views.card import run_bundle
+
+    return run_bundle(run)

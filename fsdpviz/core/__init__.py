@@ -1,1 +1,0 @@
-"""fsdpviz internals."""

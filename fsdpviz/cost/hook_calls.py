@@ -1,0 +1,111 @@
+"""One iteration as a sequence of FSDP hook calls, each with the compute before it.
+
+Both cost models walk this *tape*: for every hook call, first the compute that
+ran before it (FLOPs, activation and temporary bytes, unsharded gradients
+created, from ``report.profile``), then the events the hook issued, in order.
+Reports without a profile (recordings of real runs, ``trace="fx"``) get a tape
+with one hook call per event and no measured compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.schema.profile import StepProfile
+from fsdpviz.schema.report import Event, Report
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """One FSDP hook call and the compute measured before it."""
+
+    hook: str
+    unit: str
+    events: tuple[int, ...]  # indices into the iteration's events
+    flops_forward: float
+    flops_backward: float
+    activations: int
+    forward_temp: int
+    backward_temp: int
+    peak: int  # most activations + temp + new gradients during the compute before it
+    peak_activations: int  # activations at that moment
+    peak_forward_temp: int  # forward temp at that moment
+    peak_grads: int  # new gradients at that moment (the rest is backward temp)
+    grads: dict[str, int]  # unsharded gradient bytes created by that compute, by unit
+
+    @property
+    def backward(self) -> bool:
+        return self.hook in ("pre_backward", "post_backward", "post_backward_reshard_only") or (
+            self.hook == "final_callback"
+        )
+
+
+@dataclass(frozen=True)
+class Tape:
+    events: list[Event]
+    calls: list[HookCall]
+    tail: HookCall  # compute after the last hook call
+    measured: bool  # False when the report has no profile
+
+
+def iteration_index(report: Report, iteration: int) -> int:
+    n = len(report.iterations)
+    if n == 0:
+        raise ConfigError("the report has no iterations to model")
+    if not -n <= iteration < n:
+        raise ConfigError(f"iteration={iteration} is out of range for {n} iterations")
+    return iteration % n
+
+
+def tape(report: Report, iteration: int) -> Tape:
+    """The tape of ``report.iterations[iteration]``."""
+    i = iteration_index(report, iteration)
+    events = report.iterations[i]
+    profile = report.profile
+    if profile is None or i >= len(profile.iterations):
+        return _unmeasured(events)
+    step = profile.iterations[i]
+    if len(step.event_hook) != len(events):
+        return _unmeasured(events)
+    return _measured(events, step)
+
+
+def _measured(events: list[Event], step: StepProfile) -> Tape:
+    by_hook: dict[int, list[int]] = {}
+    for e, k in enumerate(step.event_hook):
+        by_hook.setdefault(k, []).append(e)
+    calls = [
+        _call(step, k, hook, unit, tuple(by_hook.get(k, ())))
+        for k, (hook, unit, _) in enumerate(step.hooks)
+    ]
+    n = len(step.hooks)
+    return Tape(events, calls, _call(step, n, "end", "", ()), True)
+
+
+def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ...]) -> HookCall:
+    return HookCall(
+        hook=hook,
+        unit=unit,
+        events=events,
+        flops_forward=step.flops_forward[k],
+        flops_backward=step.flops_backward[k],
+        activations=step.activations[k],
+        forward_temp=step.forward_temp[k],
+        backward_temp=step.backward_temp[k],
+        peak=step.peak[k],
+        peak_activations=step.peak_activations[k],
+        peak_forward_temp=step.peak_forward_temp[k],
+        peak_grads=step.peak_grads[k],
+        grads=step.grads[k],
+    )
+
+
+def _unmeasured(events: list[Event]) -> Tape:
+    calls = [
+        HookCall(
+            e.hook or "unknown", e.hook_unit or e.unit, (i,), 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}
+        )
+        for i, e in enumerate(events)
+    ]
+    return Tape(events, calls, HookCall("end", "", (), 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}), False)

@@ -1,0 +1,346 @@
+"""The walk behind :func:`fsdpviz.cost.memory.memory_model` (see its module docstring)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fsdpviz.cost.hook_calls import HookCall, Tape
+from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
+from fsdpviz.schema.report import Event, Report, unit_label
+
+_WAITS = ("pre_forward", "pre_backward")
+
+
+class Moment(NamedTuple):
+    """One look at the bytes in use (see :func:`fsdpviz.cost.memory.memory_lane`).
+
+    ``kind``: ``"compute"`` (the most reached during the compute before hook call
+    ``call``), ``"event"`` (at event ``event``, issued by hook call ``call``) or ``"hook"``
+    (at hook call ``call``: the copy-out of an all-gather, the final callback).
+    ``before``: the event it precedes or happens in (the event count after the last one).
+    ``bytes``: per category, in :data:`~fsdpviz.cost.sizes.CATEGORIES` order.
+    """
+
+    kind: str
+    call: int
+    event: int
+    before: int
+    where: str
+    bytes: tuple[int, ...]
+
+
+class Walker:
+    """Steps one iteration's tape and keeps bytes per category."""
+
+    def __init__(self, report: Report, sizes: dict[str, UnitBytes], tp: Tape, steady: bool):
+        self.sizes = sizes
+        self.tape = tp
+        cfg = report.config
+        self.fsdp2 = cfg.api == "FSDP2"
+        self.ws = cfg.ranks
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
+        prof = report.profile
+        self.cat = dict.fromkeys(CATEGORIES, 0)
+        self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
+        self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0
+        self.cat["inputs"] = prof.input_bytes if prof else 0
+        self.cat["buffers"] = prof.buffer_bytes if prof else 0
+        self.resident: set[str] = set()
+        self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
+        self.held: tuple[str, int] | None = None
+        self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
+        self.grads: dict[str, int] = {}
+        self.rs: list[int] = []
+        self.post_forward_shard: dict[str, int] = {}
+        self.records: list[dict[str, Any]] = []
+        # Every moment the total is looked at, in order: where it is (a stretch of compute,
+        # an event, a hook), the event it precedes or happens in, and bytes per category.
+        self.moments: list[Moment] = []
+        self._call = 0
+        self._event_index = -1
+        self.unit_peaks: dict[str, dict[str, int]] = {}
+        self.notes: list[str] = []
+        if not tp.measured:
+            self.notes.append(
+                "no trace profile (a recording, or trace='fx'): activations and temporaries "
+                "are unknown, and each unit's gradient appears at its reduce-scatter"
+            )
+        # Open per-unit windows: (total when opened, index into _totals where they opened).
+        self._open: dict[tuple[str, str], tuple[int, int]] = {}
+        self._totals: list[int] = []  # the total at every moment, for the windows' peaks
+        # Closed windows: (unit, direction, total when opened, first and end moment index).
+        self._closed: list[tuple[str, str, int, int, int]] = []
+        self._closing: list[tuple[str, str]] = []
+        self._since = 0
+        self._peak = -1
+        self._peak_at: dict[str, Any] = {}
+        self._root: str | None = None
+        self.in_backward = False
+
+    # ------------------------------------------------------------------ walk
+    def run(self) -> None:
+        for k, call in enumerate(self.tape.calls):
+            self._call = k
+            self._compute(call)
+            self._hook(call)
+        self._call = len(self.tape.calls)
+        self._compute(self.tape.tail)
+        self._window(self.tape.tail, opening=False)
+        self._unit_peaks()
+
+    def _compute(self, c: HookCall) -> None:
+        if c.flops_forward + c.flops_backward > 0:
+            for key in self._closing:
+                self._close(key)
+            self._closing.clear()
+        if self.tape.measured:
+            # The most activations + temp + new gradients the trace saw in this stretch.
+            after = dict(self.cat)
+            self.cat["unsharded_grads"] += c.peak_grads
+            self.cat["activations"] = c.peak_activations
+            self.cat["forward_temp"] = c.peak_forward_temp
+            self.cat["backward_temp"] = (
+                c.peak - c.peak_activations - c.peak_forward_temp - c.peak_grads
+            )
+            self._moment("during the compute before", c)
+            self.cat = after
+            for unit, n in c.grads.items():
+                self.grads[unit] = self.grads.get(unit, 0) + n
+                self.cat["unsharded_grads"] += n
+            self.cat["activations"] = c.activations
+            self.cat["forward_temp"] = c.forward_temp
+            self.cat["backward_temp"] = c.backward_temp
+        if c.hook == "pre_backward":
+            self.in_backward = True
+        self._window(c, opening=True)
+
+    def _hook(self, c: HookCall) -> None:
+        unit = c.unit
+        if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
+            self._root = unit
+        own_gather = any(
+            self.tape.events[e].kind == "all_gather" and self.tape.events[e].unit == unit
+            for e in c.events
+        )
+        if c.hook in _WAITS and not own_gather:
+            self._wait(unit, c)
+        for e in c.events:
+            self._event_index = e
+            self._event(self.tape.events[e], c)
+            ev = self.tape.events[e]
+            if c.hook in _WAITS and ev.kind == "all_gather" and ev.unit == unit:
+                self._wait(unit, c)
+            self._snapshot(e)
+            self._event_index = -1
+        if c.hook == "final_callback":
+            self._release_reduce_scatter()
+            for name in list(self.pending):
+                self._drop_pending(name)
+            self._moment("after the final callback of", c)
+        root_done = self.fsdp2 and c.hook == "post_forward" and unit == self._root
+        if root_done and not self.in_backward:
+            self._release_held()  # the root's post-forward frees the kept all-gather buffer
+        self._window(c, opening=False)
+        if c.hook == "final_callback":
+            self.in_backward = False
+
+    # ---------------------------------------------------------------- events
+    def _event(self, e: Event, c: HookCall) -> None:
+        s = self.sizes.get(e.unit)
+        if s is None:
+            return
+        if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
+            self.cat["all_gather"] += s.h2d
+            self.copied[e.unit] = s.h2d
+        elif e.kind == "h2d":
+            pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
+        elif e.kind == "d2h":
+            pass  # the gradient shard leaves the device: counted in host memory
+        elif e.kind == "all_gather":
+            n = s.all_gather if self.fsdp2 else s.unsharded
+            self.pending[e.unit] = (n, e.prefetch)
+            self.cat["all_gather"] += n + s.copy_in
+            if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
+                self._moment("at", c, e)
+                self.cat["all_gather"] -= s.copy_in + self.copied.pop(e.unit, 0)
+        elif e.kind == "free":
+            if e.unit in self.pending:
+                self._drop_pending(e.unit)
+            elif e.unit in self.resident:
+                self.resident.discard(e.unit)
+                self.cat["unsharded_params"] -= s.unsharded
+                raf = self.raf_int.get(e.unit)
+                if raf and e.phase == "forward":
+                    self.post_forward_shard[e.unit] = s.unsharded // raf
+                    self.cat["sharded_params"] += s.unsharded // raf
+        else:
+            self._reduce(e, s)
+        self._moment("at", c, e)
+
+    def _wait(self, unit: str, c: HookCall) -> None:
+        s = self.sizes.get(unit)
+        if s is None or unit in self.resident:
+            return
+        pending = self.pending.pop(unit, None)
+        if pending is None and not self.fsdp2:
+            return  # NO_SHARD, or never resharded
+        self.resident.add(unit)
+        self.cat["unsharded_params"] += s.unsharded
+        if pending is not None and not self.fsdp2:
+            self.cat["all_gather"] -= pending[0]  # FSDP1: the gathered FlatParameter is in use
+        self._moment("at the copy-out in", c)
+        if unit in self.post_forward_shard:
+            self.cat["sharded_params"] -= self.post_forward_shard.pop(unit)
+        if not self.fsdp2 or pending is None:
+            return
+        forward = c.hook == "pre_forward" and not self.in_backward
+        if forward:
+            self._release_held()
+        if forward and not pending[1] and self.ws > 1:
+            self.held = (unit, pending[0])
+        else:
+            self.cat["all_gather"] -= pending[0]
+
+    def _reduce(self, e: Event, s: UnitBytes) -> None:
+        if e.group == "replicate":
+            return  # hybrid sharding all-reduces the gradient shard in place
+        grads = self.grads.pop(e.unit, 0)
+        if not self.tape.measured:
+            grads = s.grad
+            self.cat["unsharded_grads"] += grads
+        if e.kind == "all_reduce":
+            self.cat["unsharded_grads"] -= grads
+            self.cat["sharded_grads"] += s.sharded_grad
+            return
+        self._release_reduce_scatter()
+        self.cat["reduce_scatter"] += s.reduce_scatter
+        self._moment("at", None, e)  # the copy-in: gradients and the input both alive
+        self.cat["unsharded_grads"] -= grads
+        self.cat["sharded_grads"] += s.sharded_grad
+        self.rs.append(s.reduce_scatter)
+
+    def _release_reduce_scatter(self) -> None:
+        while self.rs:
+            self.cat["reduce_scatter"] -= self.rs.pop()
+
+    def _release_held(self) -> None:
+        if self.held is not None:
+            self.cat["all_gather"] -= self.held[1]
+            self.held = None
+
+    def _drop_pending(self, unit: str) -> None:
+        n, _ = self.pending.pop(unit)
+        self.cat["all_gather"] -= n
+
+    # --------------------------------------------------------------- records
+    def _total(self) -> int:
+        return sum(self.cat.values())
+
+    def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None:
+        total = self._total()
+        self._since = max(self._since, total)
+        self._totals.append(total)
+        if e is not None:
+            kind, event = "event", self._event_index
+        else:
+            kind, event = ("compute" if where.startswith("during") else "hook"), -1
+        self.moments.append(
+            Moment(kind, self._call, event, len(self.records), where, tuple(self.cat.values()))
+        )
+        if total > self._peak:
+            self._peak = total
+            if e is not None:
+                what = f"{where} {e.describe()}"
+            elif c is not None:
+                what = (
+                    f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
+                )
+            else:
+                what = where
+            self._peak_at = {
+                "where": what,
+                "event": len(self.records),
+                "moment": len(self.moments) - 1,
+                "breakdown": dict(self.cat),
+            }
+
+    def _snapshot(self, index: int) -> None:
+        e = self.tape.events[index]
+        total = self._total()
+        rec: dict[str, Any] = {
+            "index": index,
+            "kind": e.kind,
+            "unit": e.unit,
+            "phase": e.phase,
+            "hook": e.hook,
+            "hook_unit": e.hook_unit,
+        }
+        rec.update(self.cat)
+        rec["total"] = total
+        rec["peak_before"] = max(self._since, total)
+        self.records.append(rec)
+        self._since = total
+
+    def _window(self, c: HookCall, opening: bool) -> None:
+        """Open/close the per-unit windows of ``unit_peaks``.
+
+        A unit's forward runs from its pre-forward to its post-forward hook. Its
+        backward runs from its pre-backward hook until the next compute after its
+        post-backward: hooks that fire on its input gradients (the previous unit's
+        pre-backward, with its copy-out) belong to it, as in ``ModTracker``.
+        """
+        if opening:
+            recompute = c.hook == "pre_forward" and self.in_backward
+            key = (c.unit, "backward" if c.backward else "forward")
+            if c.hook in _WAITS and key not in self._open and not recompute:
+                self._open[key] = (self._total(), len(self._totals))
+            return
+        if c.hook == "post_forward":
+            self._close((c.unit, "forward"))
+        elif c.hook.startswith("post_backward"):
+            self._closing.append((c.unit, "backward"))
+        elif c.hook in ("final_callback", "end"):
+            for key in [k for k in self._open if k[1] == "backward"]:
+                self._close(key)
+            self._closing.clear()
+
+    def _close(self, key: tuple[str, str]) -> None:
+        if key in self._open:
+            opened, start = self._open.pop(key)
+            self._closed.append((key[0], key[1], opened, start, len(self._totals)))
+
+    def _unit_peaks(self) -> None:
+        """Each closed window's peak: the most of its opening total and the moments in it.
+
+        Range maxima from a sparse table (windows can span most of an iteration, and
+        there is one per unit and direction).
+        """
+        totals = np.asarray(self._totals, dtype=np.int64)
+        table = [totals]  # table[k][i]: the most of totals[i : i + 2**k]
+        while (1 << len(table)) <= len(totals):
+            half = 1 << (len(table) - 1)
+            table.append(np.maximum(table[-1][:-half], table[-1][half:]))
+        for unit, direction, opened, start, end in self._closed:
+            peak = opened
+            if end > start:
+                k = (end - start).bit_length() - 1
+                level = table[k]
+                peak = max(peak, int(level[start]), int(level[end - (1 << k)]))
+            slot = self.unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot[direction] = max(slot[direction], peak)
+
+    def peak_record(self) -> dict[str, Any]:
+        breakdown = self._peak_at.get("breakdown", dict(self.cat))
+        dominant = max(breakdown, key=lambda k: breakdown[k]) if breakdown else None
+        last = max(len(self.tape.events) - 1, 0)
+        return {
+            "bytes": max(self._peak, 0),
+            # the event the peak precedes or happens in (the last one after the final callback)
+            "event": min(self._peak_at.get("event", 0), last),
+            "moment": self._peak_at.get("moment", 0),
+            "where": self._peak_at.get("where", ""),
+            "breakdown": breakdown,
+            "dominant": dominant,
+        }

@@ -1,1 +1,0 @@
-"""FSDP2 (fully_shard): options, groups, runtime emulation."""

@@ -1,0 +1,406 @@
+"""Which modules FSDP1 wraps and what each unit's FlatParameter holds.
+
+The wrap targets come from FSDP's own ``_auto_wrap`` (the same policy code,
+post-order traversal and mixed-precision overrides), run on fsdpviz's meta
+copy of the model with a wrapper that only records. Unit construction then
+follows ``FlatParamHandle``: post-order claiming, first-FQN naming of shared
+parameters, alignment padding for ``use_orig_params=True`` and padding to a
+multiple of the shard world size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+
+from fsdpviz.errors import FSDPConfigError
+from fsdpviz.plan.fsdp1_options import FSDP1Options, effective_backward_prefetch, effective_strategy
+from fsdpviz.schema.report import FsdpWarning, Unit, dtype_name, unit_label
+
+_SHARDED = {
+    ShardingStrategy.FULL_SHARD,
+    ShardingStrategy.SHARD_GRAD_OP,
+    ShardingStrategy.HYBRID_SHARD,
+    ShardingStrategy._HYBRID_SHARD_ZERO2,
+}
+RESHARD_AFTER_FORWARD = {ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD}
+NO_RESHARD_AFTER_FORWARD = {ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2}
+ALIGNMENT_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
+
+
+@dataclass
+class UnitConfig:
+    """The FSDP arguments one unit was built with (policies may override per unit)."""
+
+    sharding_strategy: ShardingStrategy
+    mixed_precision: MixedPrecision | None
+    backward_prefetch: BackwardPrefetch | None
+    forward_prefetch: bool
+    # Hybrid sharding: the shard groups whose gradient shards are all-reduced (else 1).
+    replicas: int = 1
+    # CPUOffload(offload_params=True): the shard is copied from host memory before each
+    # all-gather, the sharded gradient to host memory after its reduction.
+    offload_params: bool = False
+
+
+@dataclass
+class PlannedUnit:
+    """A unit on fsdpviz's meta copy: the module and its FlatParameter layout."""
+
+    fqn: str
+    module: nn.Module
+    config: UnitConfig
+    # (owning submodule, attribute name, FQN) of each flattened parameter, in order.
+    param_infos: list[tuple[nn.Module, str, str]] = field(default_factory=list)
+    params: list[nn.Parameter] = field(default_factory=list)
+    # (submodule, attribute name, FQN, FQN of the primary) for shared references.
+    shared_infos: list[tuple[nn.Module, str, str, str]] = field(default_factory=list)
+    # Split sizes of the flat parameter, padding included, and which are padding.
+    split_numels: list[int] = field(default_factory=list)
+    is_padding: list[bool] = field(default_factory=list)
+    shapes: list[torch.Size] = field(default_factory=list)
+    requires_grad: bool = False
+    dtype: torch.dtype | None = None
+    schema: Unit | None = None
+
+    @property
+    def has_params(self) -> bool:
+        return bool(self.param_infos)
+
+    @property
+    def uses_sharded_strategy(self) -> bool:
+        return self.config.sharding_strategy in _SHARDED
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """How a FlatParameter lays out its parameters: their numels in order, with padding."""
+
+    split_numels: list[int]  # parameters and padding, in order
+    is_padding: list[bool]
+    shard_world_size: int
+
+    @property
+    def numel(self) -> int:
+        """Elements of the parameters (no padding)."""
+        return sum(n for n, pad in zip(self.split_numels, self.is_padding, strict=True) if not pad)
+
+    @property
+    def flat_numel(self) -> int:
+        """Elements of the FlatParameter, padding included."""
+        return sum(self.split_numels)
+
+    @property
+    def sharded_numel(self) -> int:
+        """Elements each rank holds."""
+        return math.ceil(self.flat_numel / self.shard_world_size)
+
+    @property
+    def padded_numel(self) -> int:
+        """Elements of the all-gathered FlatParameter (a multiple of the shard world size)."""
+        return self.sharded_numel * self.shard_world_size
+
+
+def flat_param_layout(
+    numels: list[int], itemsize: int, *, use_orig_params: bool, shard_world_size: int
+) -> FlatLayout:
+    """The layout ``FlatParamHandle`` gives parameters of ``numels`` elements.
+
+    With ``use_orig_params=True`` each parameter starts at a multiple of
+    :data:`ALIGNMENT_BYTES` (of the compute dtype, ``itemsize`` bytes per element)
+    and the whole is padded to a multiple of ``shard_world_size``; otherwise the
+    parameters are packed and only the shard is rounded up.
+    """
+    align = ALIGNMENT_BYTES // itemsize if use_orig_params else 0
+    split: list[int] = []
+    padding: list[bool] = []
+    total = 0
+
+    def add(n: int, pad: bool) -> None:
+        nonlocal total
+        if n or not pad:
+            split.append(n)
+            padding.append(pad)
+            total += n
+
+    for n in numels:
+        if align:
+            add(-total % align, True)
+        add(n, False)
+    if align:
+        add(-total % shard_world_size, True)
+    return FlatLayout(split, padding, shard_world_size)
+
+
+@dataclass
+class Plan:
+    units: list[PlannedUnit]  # FSDP's handle order (depth-first, root first)
+    warnings: list[FsdpWarning]
+    ignored_params: set[nn.Parameter]
+
+
+def _recorded_targets(
+    root: nn.Module, opts: FSDP1Options, ignored_modules: set[nn.Module], ignored_params: set[Any]
+) -> tuple[list[tuple[nn.Module, dict[str, Any]]], list[str]]:
+    """Run FSDP's own auto-wrap with a wrapper that records instead of wrapping."""
+    from torch.distributed.fsdp._wrap_utils import _auto_wrap
+
+    targets: list[tuple[nn.Module, dict[str, Any]]] = []
+
+    def record(module: nn.Module, **kwargs: Any) -> nn.Module:
+        targets.append((module, kwargs))
+        return module
+
+    root_kwargs: dict[str, Any] = {
+        "process_group": None,
+        "sharding_strategy": opts.sharding_strategy,
+        "cpu_offload": None,
+        "backward_prefetch": opts.backward_prefetch,
+        "mixed_precision": opts.mixed_precision,
+        "param_init_fn": None,
+        "device_id": None,
+        "sync_module_states": False,
+        "forward_prefetch": opts.forward_prefetch,
+        "limit_all_gathers": opts.limit_all_gathers,
+        "use_orig_params": opts.use_orig_params,
+        "ignored_states": ignored_params,
+        "device_mesh": None,
+    }
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _auto_wrap(
+                root, opts.auto_wrap_policy, ignored_modules, ignored_params, root_kwargs, record
+            )
+        except (ValueError, AssertionError, TypeError) as e:
+            raise FSDPConfigError(f"FSDP would reject this auto_wrap_policy: {e}") from e
+    messages.extend(str(w.message) for w in caught)
+    return targets, messages
+
+
+def _unit_config(
+    kwargs: dict[str, Any], opts: FSDP1Options, found: list[FsdpWarning]
+) -> UnitConfig:
+    """The options one FSDP instance runs with: the root's, or a ``CustomPolicy``'s own,
+    taken as FSDP takes them (a string strategy or prefetch, one-rank process groups)."""
+    strategy = opts.sharding_strategy
+    if kwargs.get("sharding_strategy") not in (None, strategy):
+        strategy, warned = effective_strategy(
+            kwargs["sharding_strategy"], opts.process_group_size, "CustomPolicy sharding_strategy"
+        )
+        found.extend(warned)
+    prefetch = opts.backward_prefetch
+    if kwargs.get("backward_prefetch", prefetch) != prefetch:
+        prefetch, warned = effective_backward_prefetch(
+            kwargs["backward_prefetch"], "CustomPolicy backward_prefetch"
+        )
+        found.extend(warned)
+    hybrid = strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    return UnitConfig(
+        sharding_strategy=strategy,
+        mixed_precision=kwargs.get("mixed_precision", opts.mixed_precision),
+        backward_prefetch=prefetch,
+        forward_prefetch=bool(kwargs.get("forward_prefetch", opts.forward_prefetch)),
+        replicas=opts.world_size // opts.process_group_size if hybrid else 1,
+        offload_params=opts.offload_params,
+    )
+
+
+def _named_params_with_duplicates(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in module._parameters.items() if p is not None]
+
+
+def _build_unit(
+    fqn: str,
+    module: nn.Module,
+    config: UnitConfig,
+    claimable: list[nn.Parameter],
+    opts: FSDP1Options,
+) -> PlannedUnit:
+    unit = PlannedUnit(fqn=fqn, module=module, config=config)
+    if not claimable:
+        return unit
+    params_set = set(claimable)
+    dtypes = {p.dtype for p in claimable}
+    if len(dtypes) > 1:
+        a, b = sorted(str(d) for d in dtypes)[:2]
+        raise FSDPConfigError(
+            f"unit {unit_label(fqn)}: Must flatten tensors with uniform dtype but got {a} "
+            f"and {b} (FSDP raises this). Wrap the modules of each dtype as separate units."
+        )
+    dtype = claimable[0].dtype
+    if not dtype.is_floating_point:
+        raise FSDPConfigError(f"unit {unit_label(fqn)}: Cannot flatten integer dtype tensors")
+    grads = {p.requires_grad for p in claimable}
+    if len(grads) > 1 and not opts.use_orig_params:
+        raise FSDPConfigError(
+            f"unit {unit_label(fqn)}: Must flatten tensors with uniform `requires_grad` when "
+            "`use_orig_params=False` (FSDP raises this). Wrap the frozen parameters as their own "
+            "unit, or pass use_orig_params=True."
+        )
+    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+    memo: dict[nn.Parameter, str] = {}
+    for sub_name, sub in module.named_modules(remove_duplicate=False):
+        for name, p in _named_params_with_duplicates(sub):
+            if p not in params_set:
+                continue
+            full = _join(fqn, _join(sub_name, name))
+            if p in memo:
+                unit.shared_infos.append((sub, name, full, memo[p]))
+                continue
+            memo[p] = full
+            unit.param_infos.append((sub, name, full))
+            unit.params.append(p)
+            unit.shapes.append(p.shape)
+    # FlatParamHandle aligns to the forward/backward dtype (mixed precision's).
+    fwd_dtype = (config.mixed_precision.param_dtype if config.mixed_precision else None) or dtype
+    layout = flat_param_layout(
+        [p.numel() for p in unit.params],
+        torch.empty((), dtype=fwd_dtype, device="meta").element_size(),
+        use_orig_params=opts.use_orig_params,
+        shard_world_size=opts.shard_world_size if unit.uses_sharded_strategy else 1,
+    )
+    unit.split_numels, unit.is_padding = layout.split_numels, layout.is_padding
+    unit.requires_grad = any(grads)
+    unit.dtype = dtype
+    mp = config.mixed_precision
+    compute = (mp.param_dtype if mp else None) or dtype
+    reduce = (mp.reduce_dtype if mp else None) or compute
+    unit.schema = Unit(
+        module=fqn,
+        module_class=type(module).__name__,
+        params=[info[2] for info in unit.param_infos],
+        shared_params={info[2]: info[3] for info in unit.shared_infos},
+        numel=layout.numel,
+        flat_numel=layout.flat_numel,
+        padded_numel=layout.padded_numel,
+        sharded_numel=layout.sharded_numel,
+        dtype=dtype_name(dtype),
+        compute_dtype=dtype_name(compute),
+        reduce_dtype=dtype_name(reduce),
+        requires_grad=None if len(grads) > 1 else unit.requires_grad,
+        sharding_strategy=config.sharding_strategy.name,
+        itemsize=itemsize,
+    )
+    return unit
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def plan_fsdp1(
+    root: nn.Module, opts: FSDP1Options, ignored_modules: Any, ignored_states: Any
+) -> Plan:
+    """Build the units FSDP1 would build for ``root`` (fsdpviz's own copy; it is modified).
+
+    ``ignored_modules`` / ``ignored_states`` must already refer to modules and
+    parameters of ``root``.
+    """
+    from torch.distributed.fsdp._init_utils import _init_ignored_module_states
+
+    try:
+        state = _init_ignored_module_states(
+            types.SimpleNamespace(),
+            root,
+            ignored_modules,
+            ignored_states,
+        )
+    except ValueError as e:
+        raise FSDPConfigError(str(e)) from e
+    ignored_mods: set[nn.Module] = state._ignored_modules
+    ignored_params: set[nn.Parameter] = state._ignored_params
+    fsdp_warnings: list[FsdpWarning] = list(opts.warnings)
+    targets: list[tuple[nn.Module, dict[str, Any]]] = []
+    if opts.auto_wrap_policy is not None:
+        targets, messages = _recorded_targets(root, opts, ignored_mods, ignored_params)
+        for msg in messages:
+            code = "frozen_mixed" if "requires_grad=True and False" in msg else "fsdp"
+            if "mixed precision disabled" in msg:
+                code = "mixed_precision_override"
+            fsdp_warnings.append(FsdpWarning(code=code, message=msg))
+    fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy))
+    names = {m: n for n, m in root.named_modules()}
+    flattened: set[nn.Parameter] = set()
+    by_module: dict[nn.Module, PlannedUnit] = {}
+    for module, kwargs in [*targets, (root, {})]:
+        fqn = names.get(module, "")
+        claimable = [
+            p for p in module.parameters() if p not in ignored_params and p not in flattened
+        ]
+        config = _unit_config(kwargs, opts, fsdp_warnings)
+        unit = _build_unit(fqn, module, config, claimable, opts)
+        by_module[module] = unit
+        if opts.use_orig_params:
+            # The originals stay registered but are marked flattened.
+            flattened.update(claimable)
+        else:
+            # FSDP1 replaces the originals by views of its FlatParameter, so an
+            # enclosing unit no longer sees them unless another module shares them.
+            for sub, name, _ in unit.param_infos:
+                del sub._parameters[name]
+            for sub, name, _, _ in unit.shared_infos:
+                del sub._parameters[name]
+    ordered = [by_module[m] for _, m in root.named_modules() if m in by_module]
+    unique = list({(w.code, w.message): w for w in fsdp_warnings}.values())
+    return Plan(units=ordered, warnings=unique, ignored_params=ignored_params)
+
+
+def policy_classes(policy: Any) -> tuple[str, list[type[nn.Module]]]:
+    """The module classes an auto-wrap policy names, and how the user spelled the policy:
+    ``ModuleWrapPolicy({A})`` or ``partial(transformer_auto_wrap_policy,
+    transformer_layer_cls={A})``; other policies name no class."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    if isinstance(policy, ModuleWrapPolicy):
+        return "ModuleWrapPolicy", list(policy._module_classes)
+    if isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy:
+        layers = policy.keywords.get("transformer_layer_cls", ())
+        return "transformer_auto_wrap_policy", list(layers)
+    return "", []
+
+
+def model_classes(root: nn.Module, limit: int = 6) -> str:
+    """The classes of the root's submodules with parameters: containers before leaves,
+    repeated ones first, the bigger of equals first (the likely blocks), as in
+    ``'Qwen2DecoderLayer (x24), Qwen2MLP (x24), ...'``."""
+    counts: dict[str, int] = {}
+    leaf: dict[str, bool] = {}
+    size: dict[str, int] = {}
+    for m in root.modules():
+        numel = sum(p.numel() for p in m.parameters())
+        if m is not root and numel and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            name = type(m).__name__
+            counts[name] = counts.get(name, 0) + 1
+            leaf[name] = not any(True for _ in m.children())
+            size[name] = max(size.get(name, 0), numel)
+    order = sorted(counts, key=lambda n: (leaf[n], -counts[n], -size[n], n))
+    ranked = [(n, counts[n]) for n in order[:limit]]
+    return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in ranked)
+
+
+def missing_class_warnings(root: nn.Module, policy: Any) -> list[FsdpWarning]:
+    """A warning when no module of the model is an instance of any class the policy names:
+    FSDP1 then wraps nothing but the root, silently. It names the classes the model has.
+    (A policy may name classes some models lack, as ``_no_split_modules`` lists do.)"""
+    spelled, classes = policy_classes(policy)
+    if not classes or any(isinstance(m, tuple(classes)) for m in root.modules()):
+        return []
+    names = ", ".join(sorted(c.__name__ for c in classes))
+    return [
+        FsdpWarning(
+            code="wrap_class_missing",
+            message=f"{spelled} names {names}, but no module of {type(root).__name__} is an "
+            "instance (FSDP1 does not check): the root is the only unit. The model's classes "
+            f"with parameters: {model_classes(root)}",
+        )
+    ]

@@ -1,0 +1,328 @@
+"""FSDP1 keyword arguments, accepted as ``FullyShardedDataParallel(...)`` takes them."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    MixedPrecision,
+    ShardingStrategy,
+)
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_dtypes, check_keywords, world_size
+from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode
+from fsdpviz.schema.report import FsdpWarning, dtype_name
+
+# Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
+_MODELLED = {
+    "sharding_strategy",
+    "auto_wrap_policy",
+    "backward_prefetch",
+    "mixed_precision",
+    "ignored_modules",
+    "ignored_states",
+    "forward_prefetch",
+    "use_orig_params",
+    "cpu_offload",
+    # No effect on which units exist or on the order of collectives and frees:
+    "limit_all_gathers",  # only makes the CPU wait on a free event
+    "device_id",  # where the module is moved; fsdpviz traces on meta
+    "sync_module_states",  # one broadcast at construction, before any iteration
+    "param_init_fn",  # how meta modules are materialised
+}
+_REJECTED = {
+    "process_group": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
+    "device_mesh": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
+}
+_FSDPVIZ = {
+    "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
+}  # fmt: skip
+_HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
+
+
+@dataclass
+class FSDP1Options:
+    """Validated FSDP1 configuration plus the fsdpviz-only knobs."""
+
+    world_size: int = DEFAULT_WORLD_SIZE
+    sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
+    auto_wrap_policy: Any = None
+    backward_prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE
+    forward_prefetch: bool = False
+    use_orig_params: bool = False
+    mixed_precision: MixedPrecision | None = None
+    ignored_modules: Iterable[nn.Module] | None = None
+    ignored_states: Iterable[Any] | None = None
+    limit_all_gathers: bool = True
+    offload_params: bool = False  # CPUOffload(offload_params=True): shards live in host memory
+    shard_group_size: int | None = None
+    loss: Callable[[Any], torch.Tensor] | None = None
+    trace: TraceMode = "meta"
+    progress: bool | None = None
+    # Module classes or a predicate: run under non-reentrant checkpointing (trace/checkpointing.py)
+    activation_checkpointing: Any = None
+    # Asked for HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FSDP's process group is the shard group
+    # even where a shard group of one rank made FSDP switch the strategy to NO_SHARD.
+    hybrid: bool = False
+    # The strategy asked for, where FSDP switched it to NO_SHARD on a one-rank process group.
+    requested_strategy: ShardingStrategy | None = None
+    # What FSDP would warn about the options themselves (strings, the switch to NO_SHARD).
+    warnings: list[FsdpWarning] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard_world_size(self) -> int:
+        """Ranks one FlatParameter is sharded over."""
+        if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+            return 1
+        return self.process_group_size
+
+    @property
+    def process_group_size(self) -> int:
+        """Ranks of FSDP's process group (``state.world_size``): the shard group when hybrid."""
+        if self.hybrid:
+            return self.shard_group_size or self.world_size
+        return self.world_size
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups whose gradients hybrid sharding all-reduces (1 when not hybrid)."""
+        if self.sharding_strategy in _HYBRID:
+            return self.world_size // self.shard_world_size
+        return 1
+
+    def describe(self) -> ReportConfig:
+        """These options as ``Report.config`` states them."""
+        mp = self.mixed_precision
+        return ReportConfig(
+            api="FSDP1",
+            world_size=self.world_size,
+            shard_world_size=self.shard_world_size,
+            sharding_strategy=self.sharding_strategy.name,
+            auto_wrap_policy=describe_policy(self.auto_wrap_policy),
+            backward_prefetch=self.backward_prefetch.name if self.backward_prefetch else None,
+            forward_prefetch=self.forward_prefetch,
+            use_orig_params=self.use_orig_params,
+            mixed_precision=None
+            if mp is None
+            else {
+                "param_dtype": dtype_name(mp.param_dtype),
+                "reduce_dtype": dtype_name(mp.reduce_dtype),
+                "buffer_dtype": dtype_name(mp.buffer_dtype),
+            },
+            trace=self.trace,
+            process_group_size=self.process_group_size if self.hybrid else None,
+            cpu_offload=self.offload_params,
+            sharding_strategy_given=None
+            if self.requested_strategy is None
+            else self.requested_strategy.name,
+            stated=FSDP1_KEYS + self._switched(),
+        )
+
+    def _switched(self) -> tuple[str, ...]:
+        """Config keys of hybrid sharding's process group and of FSDP's switch to NO_SHARD."""
+        keys: tuple[str, ...] = ()
+        if self.hybrid:
+            keys += ("process_group_size",)
+        if self.requested_strategy is not None:
+            keys += ("sharding_strategy_given",)
+        if self.offload_params:
+            keys += ("cpu_offload",)
+        return keys
+
+
+def describe_policy(policy: Any) -> str | None:
+    """A short human-readable name of an FSDP1 auto-wrap policy."""
+    if policy is None:
+        return None
+    if isinstance(policy, functools.partial):
+        kw = ", ".join(f"{k}={_short(v)}" for k, v in policy.keywords.items())
+        return f"{getattr(policy.func, '__name__', repr(policy.func))}({kw})"
+    cls = type(policy).__name__
+    classes = getattr(policy, "_module_classes", None)
+    if classes is not None:
+        return f"{cls}({_short(classes)})"
+    return cls if cls not in ("function",) else getattr(policy, "__name__", repr(policy))
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (set, frozenset, list, tuple)):
+        names = sorted(getattr(x, "__name__", repr(x)) for x in v)
+        return "{" + ", ".join(names) + "}"
+    return getattr(v, "__name__", repr(v))
+
+
+def strategy_named(name: str) -> ShardingStrategy:
+    """``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``: for names fsdpviz itself stores
+    (``Report.config``, the CLI, the widgets), never for what a user passes to ``analyze``."""
+    return ShardingStrategy[name]
+
+
+def prefetch_named(name: str | None) -> BackwardPrefetch | None:
+    """``"BACKWARD_PRE"`` -> ``BackwardPrefetch.BACKWARD_PRE`` (None stays None); see
+    :func:`strategy_named`."""
+    return None if name is None else BackwardPrefetch[name]
+
+
+def _enum_hint(value: str, enum: Any) -> str:
+    key = value.upper().replace("-", "_")
+    if key in enum.__members__:
+        return f"pass {enum.__name__}.{key}"
+    return "pass one of " + ", ".join(f"{enum.__name__}.{m}" for m in enum.__members__)
+
+
+def effective_strategy(
+    value: Any, fsdp_world_size: int, where: str = "sharding_strategy"
+) -> tuple[ShardingStrategy, list[FsdpWarning]]:
+    """The strategy one FSDP1 instance runs with, as ``_init_core_state`` decides it.
+
+    FSDP1 keeps ``sharding_strategy`` as given. On a process group of one rank it switches
+    every strategy to ``NO_SHARD`` (with a warning). Elsewhere a string fails, because FSDP
+    looks it up among ``ShardingStrategy`` members (``KeyError: 'FULL_SHARD'``).
+    """
+    found: list[FsdpWarning] = []
+    given = ShardingStrategy.FULL_SHARD if value is None else value
+    if not isinstance(given, (str, ShardingStrategy)):
+        raise ConfigError(
+            f"{where}={value!r} is not valid; use one of "
+            + ", ".join(f"ShardingStrategy.{m}" for m in ShardingStrategy.__members__)
+        )
+    if isinstance(given, str) and fsdp_world_size > 1:
+        raise FSDPConfigError(
+            f"{where}={given!r} is a string: FSDP1 keeps it as given and fails with "
+            f"KeyError: {given!r} when it builds the first FlatParameter (it looks the strategy "
+            f"up among ShardingStrategy members); {_enum_hint(given, ShardingStrategy)}"
+        )
+    if fsdp_world_size > 1:
+        assert isinstance(given, ShardingStrategy)
+        return given, found
+    if isinstance(given, str):
+        found.append(
+            FsdpWarning(
+                code="string_option",
+                message=f"{where}={given!r} is a string, which FSDP1 cannot use; it does no "
+                "harm on one rank only because FSDP switches to NO_SHARD there "
+                f"({_enum_hint(given, ShardingStrategy)})",
+            )
+        )
+    if given != ShardingStrategy.NO_SHARD:
+        found.append(
+            FsdpWarning(
+                code="no_shard_world_size_1",
+                message=f"FSDP is switching to use `NO_SHARD` instead of {given} since the "
+                "world size is 1.",
+            )
+        )
+    return ShardingStrategy.NO_SHARD, found
+
+
+def effective_backward_prefetch(
+    value: Any, where: str = "backward_prefetch"
+) -> tuple[BackwardPrefetch | None, list[FsdpWarning]]:
+    """The backward prefetch FSDP1 runs with: a string never equals a ``BackwardPrefetch``
+    member in ``_get_handle_to_prefetch``, so FSDP prefetches nothing in backward."""
+    if value is None or isinstance(value, BackwardPrefetch):
+        return value, []
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"{where}={value!r} is not valid; use None or one of "
+            + ", ".join(f"BackwardPrefetch.{m}" for m in BackwardPrefetch.__members__)
+        )
+    return None, [
+        FsdpWarning(
+            code="string_option",
+            message=f"{where}={value!r} is a string: FSDP1 keeps it as given and compares it "
+            "with BackwardPrefetch members, which a string never equals, so nothing is "
+            f"prefetched in backward; to prefetch, {_enum_hint(value, BackwardPrefetch)}",
+        )
+    ]
+
+
+def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
+    """Check ``kwargs`` the way ``FullyShardedDataParallel`` would, plus fsdpviz's own.
+
+    Options take effect as FSDP1 applies them: a string for an enum option is kept as
+    given (``backward_prefetch="BACKWARD_PRE"`` prefetches nothing; ``sharding_strategy``
+    as a string fails), and a process group of one rank runs ``NO_SHARD``.
+    """
+    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option")
+    opts = FSDP1Options()
+    opts.world_size = ws = world_size(kwargs)
+    given = kwargs.get("sharding_strategy")
+    opts.hybrid = given in _HYBRID
+    sgs = kwargs.get("shard_group_size")
+    if sgs is not None:
+        if not opts.hybrid:
+            raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
+        if not isinstance(sgs, int) or isinstance(sgs, bool) or sgs < 1 or ws % sgs:
+            raise ConfigError(
+                f"shard_group_size={sgs!r} must be a positive divisor of world_size={ws}"
+            )
+        opts.shard_group_size = sgs
+    elif opts.hybrid:
+        opts.shard_group_size = min(8, ws) if ws % min(8, ws) == 0 else ws
+    opts.sharding_strategy, found = effective_strategy(given, opts.process_group_size)
+    opts.warnings.extend(found)
+    asked = ShardingStrategy.FULL_SHARD if given is None else given
+    if isinstance(asked, ShardingStrategy) and asked != opts.sharding_strategy:
+        opts.requested_strategy = asked
+    if opts.hybrid and opts.sharding_strategy == ShardingStrategy.NO_SHARD and ws > 1:
+        opts.warnings.append(
+            FsdpWarning(
+                code="hybrid_not_synchronized",
+                message=(
+                    f"{getattr(given, 'name', given)} with shard groups of one rank: FSDP "
+                    "switches each shard group to NO_SHARD, whose all-reduce spans that one "
+                    f"rank, and never all-reduces across the {ws} replicas, so every rank "
+                    "keeps its own gradients. Use shard groups of 2+ ranks, or NO_SHARD / "
+                    "DistributedDataParallel over all ranks"
+                ),
+            )
+        )
+    if "backward_prefetch" in kwargs:
+        opts.backward_prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
+        opts.warnings.extend(found)
+    for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers"):
+        if flag in kwargs:
+            value = kwargs[flag]
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False, got {value!r}")
+            setattr(opts, flag, value)
+    mp = kwargs.get("mixed_precision")
+    if mp is not None and not isinstance(mp, MixedPrecision):
+        raise ConfigError(
+            "mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got "
+            f"{type(mp).__name__}"
+        )
+    if mp is not None:
+        check_dtypes(mp, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
+    if mp is not None and mp.keep_low_precision_grads:
+        opts.extra["keep_low_precision_grads"] = True
+    opts.mixed_precision = mp
+    offload = kwargs.get("cpu_offload")
+    if offload is not None:
+        if not isinstance(offload, CPUOffload):
+            raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")
+        opts.offload_params = offload.offload_params
+    opts.auto_wrap_policy = kwargs.get("auto_wrap_policy")
+    opts.ignored_modules = kwargs.get("ignored_modules")
+    opts.ignored_states = kwargs.get("ignored_states")
+    loss = kwargs.get("loss")
+    if loss is not None and not callable(loss):
+        raise ConfigError("loss must be a callable from the model output to a scalar tensor")
+    opts.loss = loss
+    trace = kwargs.get("trace", "meta")
+    if trace not in ("meta", "real", "fx"):
+        raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
+    opts.trace = trace
+    opts.progress = kwargs.get("progress")
+    opts.activation_checkpointing = kwargs.get("activation_checkpointing")
+    return opts

@@ -1,0 +1,428 @@
+"""FSDP2 (``fully_shard``) options and parameter groups.
+
+``fully_shard=`` lists what the user would call ``fully_shard`` on: module
+classes, module FQNs, a tuple of FQNs for one grouped call, or a callable
+``(name, module) -> bool``. Calls are applied bottom-up (post-order, as FSDP2
+recipes do) and the root last. Each call manages the parameters of its
+modules' subtrees that no earlier call manages (``_get_managed_modules`` /
+``_get_managed_states``); each parameter is sharded on dim 0 and padded so the
+dim divides the shard world size.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
+from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
+from fsdpviz.schema.report import Unit, dtype_name, unit_label
+
+_KNOWN = {
+    "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
+    "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
+    "shard_placement_fn", "activation_checkpointing",
+}  # fmt: skip
+_REJECTED = {
+    "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
+}
+
+
+@dataclass
+class FSDP2Options:
+    world_size: int
+    targets: Any
+    reshard_after_forward: bool | int | dict[str, bool | int] | None
+    mp_policy: MixedPrecisionPolicy
+    forward_prefetch: dict[str, list[str]]
+    backward_prefetch: dict[str, list[str]]
+    ignored_params: list[nn.Parameter] | None
+    loss: Callable[[Any], torch.Tensor] | None
+    trace: TraceMode
+    progress: bool | None
+    activation_checkpointing: Any = None
+    # The mesh: ranks a group's parameters are sharded over, and the replicas of a 2-D mesh
+    # (HSDP: gradients all-reduced across them); names as init_device_mesh's mesh_dim_names.
+    shard_size: int = 0  # 0: world_size
+    replicas: int = 1
+    mesh_names: tuple[str, str] | None = None
+    offload: bool = False  # CPUOffloadPolicy: shards, gradients, optimizer in host memory
+
+    @property
+    def shard_ranks(self) -> int:
+        return self.shard_size or self.world_size
+
+    def describe(self, groups: list[Group]) -> ReportConfig:
+        """These options and the groups they made, as ``Report.config`` states them."""
+        mp = self.mp_policy
+        return ReportConfig(
+            api="FSDP2",
+            world_size=self.world_size,
+            fully_shard=tuple(g.name for g in groups),
+            reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+            mp_policy={
+                "param_dtype": dtype_name(mp.param_dtype),
+                "reduce_dtype": dtype_name(mp.reduce_dtype),
+                "output_dtype": dtype_name(mp.output_dtype),
+                "cast_forward_inputs": mp.cast_forward_inputs,
+            },
+            explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
+            explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
+            trace=self.trace,
+            shard_world_size=self.shard_ranks if self.replicas > 1 else None,
+            mesh=None
+            if self.mesh_names is None
+            else dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True)),
+            cpu_offload=self.offload,
+            stated=FSDP2_KEYS
+            + (("shard_world_size", "mesh") if self.replicas > 1 else ())
+            + (("cpu_offload",) if self.offload else ()),
+        )
+
+
+def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
+    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option")
+    sizes, names = parse_mesh(kwargs.get("mesh"))
+    if sizes is not None and "world_size" in kwargs and kwargs["world_size"] != math.prod(sizes):
+        raise ConfigError(
+            f"world_size={kwargs['world_size']!r} but the mesh has {math.prod(sizes)} ranks "
+            f"({' x '.join(map(str, sizes))}); give one of them"
+        )
+    ws = math.prod(sizes) if sizes is not None else world_size(kwargs)
+    offload = kwargs.get("offload_policy")
+    if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(offload).__name__}"
+        )
+    mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
+    if not isinstance(mp, MixedPrecisionPolicy):
+        raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
+    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
+    raf = kwargs.get("reshard_after_forward")
+    if raf is not None and not isinstance(raf, (bool, int, dict)):
+        raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    trace = kwargs.get("trace", "meta")
+    if trace not in ("meta", "real"):
+        raise ConfigError(f"trace={trace!r} is not valid for FSDP2; use 'meta' or 'real'")
+    return FSDP2Options(
+        world_size=ws,
+        targets=kwargs.get("fully_shard"),
+        reshard_after_forward=raf,
+        mp_policy=mp,
+        forward_prefetch=_prefetch_map(kwargs.get("forward_prefetch"), "forward_prefetch"),
+        backward_prefetch=_prefetch_map(kwargs.get("backward_prefetch"), "backward_prefetch"),
+        ignored_params=kwargs.get("ignored_params"),
+        loss=kwargs.get("loss"),
+        trace=trace,
+        progress=kwargs.get("progress"),
+        activation_checkpointing=kwargs.get("activation_checkpointing"),
+        shard_size=sizes[-1] if sizes is not None else 0,
+        replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
+        mesh_names=names if sizes is not None and len(sizes) == 2 else None,
+        offload=type(offload).__name__ == "CPUOffloadPolicy",
+    )
+
+
+def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | None]:
+    """``mesh=`` as ``init_device_mesh`` shapes it: a ``DeviceMesh`` (its shape and
+    ``mesh_dim_names``), ``("dp_replicate", 4, "dp_shard", 8)``, ``{"dp_replicate": 4,
+    "dp_shard": 8}`` or sizes alone (``(4, 8)``). One dimension: FSDP over it; two: HSDP,
+    replicated over the first, sharded over the second, as ``fully_shard`` reads a 2-D mesh.
+    Returns the sizes and, for two dimensions, their names."""
+    if mesh is None:
+        return None, None
+    names: tuple[str, ...]
+    if hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "shape"):
+        sizes = tuple(int(n) for n in mesh.shape)
+        names = tuple(mesh.mesh_dim_names or ())
+    elif isinstance(mesh, dict):
+        names, sizes = tuple(str(k) for k in mesh), tuple(mesh.values())
+    elif isinstance(mesh, (tuple, list)) and mesh and all(isinstance(x, str) for x in mesh[::2]):
+        names, sizes = tuple(mesh[::2]), tuple(mesh[1::2])
+    elif isinstance(mesh, (tuple, list)):
+        names, sizes = (), tuple(mesh)
+    else:
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not sizes or len(sizes) > 2 or (names and len(names) != len(sizes)):
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise ConfigError(f"mesh sizes must be positive ints, got {sizes!r}")
+    if len(sizes) == 1:
+        return sizes, None
+    two = names if len(names) == 2 else ("replicate", "shard")
+    return sizes, (str(two[0]), str(two[1]))
+
+
+_MESH_HELP = (
+    "mesh must be a DeviceMesh, ('dp_replicate', R, 'dp_shard', S), {{'dp_replicate': R, "
+    "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard); "
+    "got {got}"
+)
+
+
+def _prefetch_map(value: Any, name: str) -> dict[str, list[str]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (list, tuple)) for k, v in value.items()
+    ):
+        raise ConfigError(
+            f"{name} must map a module FQN to a list of module FQNs, e.g. "
+            f'{{"layers.0": ["layers.1"]}} (the effect of set_modules_to_{name})'
+        )
+    return {k: list(v) for k, v in value.items()}
+
+
+@dataclass
+class Group:
+    """One ``fully_shard`` call: its modules, parameters and sizes."""
+
+    name: str  # FSDP2's name: member FQNs joined by ", " in named_modules() order
+    modules: tuple[nn.Module, ...]
+    fqns: tuple[str, ...]
+    params: list[nn.Parameter] = field(default_factory=list)
+    param_fqns: list[str] = field(default_factory=list)
+    reshard_after_forward: bool | int = True
+    auto_reshard: bool = False
+    schema: Unit | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.fqns == ("",)
+
+
+def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
+    """The ``fully_shard`` calls, as tuples of FQNs, bottom-up with the root last."""
+    names = {m: n for n, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    items: Iterable[Any] = [] if spec is None else spec
+    if (callable(spec) and not isinstance(spec, type)) or isinstance(spec, (str, type)):
+        items = [spec]
+    calls: list[tuple[str, ...]] = []
+    for item in items:
+        if isinstance(item, type):
+            found = [(n,) for m, n in names.items() if isinstance(m, item)]
+            if not found:
+                raise ConfigError(f"fully_shard: no module of class {item.__name__} in the model")
+            calls.extend(found)
+        elif isinstance(item, str):
+            calls.append((_lookup(item, modules),))
+        elif isinstance(item, tuple):
+            calls.append(tuple(_lookup(str(i), modules) for i in item))
+        elif callable(item):
+            calls.extend((n,) for n, m in model.named_modules() if item(n, m))
+        else:
+            raise ConfigError(
+                f"fully_shard entries must be module classes, FQNs, tuples of FQNs or a "
+                f"callable (name, module) -> bool, got {item!r}"
+            )
+    post = {n: i for i, n in enumerate(_post_order(model))}
+    unique = list(dict.fromkeys(c for c in calls if c != ("",)))
+    unique.sort(key=lambda c: max(post[n] for n in c))
+    return [*unique, ("",)]
+
+
+def _lookup(fqn: str, modules: dict[str, nn.Module]) -> str:
+    if fqn not in modules:
+        hint = difflib.get_close_matches(fqn, list(modules), n=1)
+        tip = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ConfigError(f"fully_shard: no module named {fqn!r} in the model{tip}")
+    return fqn
+
+
+def _post_order(model: nn.Module) -> list[str]:
+    out: list[str] = []
+    seen: set[nn.Module] = set()
+
+    def dfs(name: str, m: nn.Module) -> None:
+        seen.add(m)
+        for child_name, child in m.named_children():
+            if child not in seen:
+                dfs(f"{name}.{child_name}" if name else child_name, child)
+        out.append(name)
+
+    dfs("", model)
+    return out
+
+
+def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter]) -> list[Group]:
+    """Apply the calls in order, claiming parameters as ``fully_shard`` does."""
+    modules = dict(model.named_modules())
+    names = {m: n for n, m in modules.items()}
+    position = {n: i for i, n in enumerate(names.values())}
+    sharded: set[nn.Module] = set()
+    claimed: dict[nn.Parameter, str] = {}
+    groups: list[Group] = []
+    for call in resolve_targets(model, opts.targets):
+        members = tuple(modules[n] for n in call)
+        ordered = sorted(set(call), key=position.__getitem__)
+        group = Group(name=", ".join(ordered), modules=members, fqns=call)
+        seen: set[nn.Parameter] = set()
+        for module in _managed_modules(members, sharded):
+            for pname, p in module.named_parameters(recurse=False):
+                if p in ignored or p in seen:
+                    continue
+                seen.add(p)
+                if p.dim() == 0:
+                    raise FSDPConfigError(
+                        f"fully_shard doesn't support scalar parameters. Change "
+                        f"{names[module]}.{pname} to a 1D tensor with numel equal to 1."
+                    )
+                if p in claimed:
+                    raise FSDPConfigError(
+                        f"Parameter '{names[module]}.{pname}' is shared with a parameter already "
+                        f"managed by another FSDP group ({claimed[p]!r}). For shared/tied "
+                        "parameters, use fully_shard([module_a, module_b]) to place them in the "
+                        "same FSDP group (FSDP2 raises this at the first forward)."
+                    )
+                group.params.append(p)
+        for p in group.params:
+            claimed[p] = group.name
+        sharded.update(members)
+        group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
+            opts.reshard_after_forward, group.name, group.fqns
+        )
+        groups.append(group)
+    finalize_groups(model, groups, opts)
+    return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
+
+
+def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:
+    """Name each group's parameters by their first FQN and compute its sizes."""
+    first_fqn: dict[nn.Parameter, str] = {}
+    for n, p in model.named_parameters():
+        first_fqn.setdefault(p, n)
+    aliases: dict[nn.Parameter, dict[str, str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if n != first_fqn[p]:
+            aliases.setdefault(p, {})[n] = first_fqn[p]
+    for group in groups:
+        group.param_fqns = [first_fqn[p] for p in group.params]
+        trainable = {p.dtype for p in group.params if p.requires_grad}
+        if len(trainable) > 1:
+            raise FSDPConfigError(
+                f"fully_shard group {unit_label(group.name)}: FSDP expects uniform original "
+                f"parameter dtype but got {sorted(str(d) for d in trainable)} (FSDP2 raises "
+                "this at the first forward); shard the modules of each dtype separately"
+            )
+        shared = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
+        group.schema = _schema(group, opts, shared)
+
+
+def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> list[nn.Module]:
+    out: list[nn.Module] = []
+    visited: set[nn.Module] = set()
+
+    def dfs(m: nn.Module) -> None:
+        if m not in roots and m in sharded:
+            return
+        visited.add(m)
+        for child in m.children():
+            if child not in visited:
+                dfs(child)
+        out.append(m)
+
+    for root in roots:
+        dfs(root)
+    return out
+
+
+def reshard_after_forward_of(
+    value: Any, name: str, fqns: tuple[str, ...]
+) -> tuple[bool | int, bool]:
+    """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
+    given the option's value (a bool, an int or ``{fqn: bool | int}``), and whether that is
+    torch's default (reshard all but the root)."""
+    if isinstance(value, dict):
+        for key in (name, *fqns):
+            if key in value:
+                return value[key], False
+        value = None
+    if value is None:
+        return fqns != ("",), True
+    return value, False
+
+
+def reshards(raf: bool | int) -> bool:
+    """Whether a group with this ``reshard_after_forward`` frees its parameters after forward."""
+    return raf if isinstance(raf, bool) else raf > 1
+
+
+def check_reshard_ints(groups: list[Group], world_size: int) -> None:
+    """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks."""
+    for g in groups:
+        raf = g.reshard_after_forward
+        if isinstance(raf, bool) or not isinstance(raf, int):
+            continue
+        if raf < 1 or raf > world_size or world_size % raf:
+            raise FSDPConfigError(
+                f"reshard_after_forward={raf} for {unit_label(g.name)}: if passing "
+                f"reshard_after_forward as an int, it should be a factor of {world_size} "
+                "(FSDP2 raises this)"
+            )
+
+
+def prefetch_indices(
+    spec: Mapping[str, Sequence[str]], groups: list[Group], name: str
+) -> dict[int, list[int]]:
+    """An explicit prefetch map ``{fqn: [fqn, ...]}`` (option ``name``) as group indices."""
+    index: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        for f in g.fqns:
+            index[f] = i
+
+    def find(fqn: str) -> int:
+        if fqn not in index:
+            known = ", ".join(repr(f) for f in list(index)[:6])
+            raise ConfigError(
+                f"{name}: {fqn!r} is not a module fully_shard is applied to (known: {known}, ...)"
+            )
+        return index[fqn]
+
+    return {find(k): [find(v) for v in vs] for k, vs in spec.items()}
+
+
+def sharded_numel(shape: Sequence[int], world_size: int) -> int:
+    """Elements of a parameter of ``shape`` that each rank holds: FSDP2 shards dim 0,
+    padded to a multiple of ``world_size``."""
+    return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
+
+
+def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
+    ws = opts.shard_ranks
+    numel = sum(p.numel() for p in group.params)
+    sharded = sum(sharded_numel(p.shape, ws) for p in group.params)
+    dtypes = {p.dtype for p in group.params}
+    dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+    mp = opts.mp_policy
+    compute = mp.param_dtype or dtype
+    reduce = mp.reduce_dtype or compute
+    grads = {p.requires_grad for p in group.params}
+    itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
+    return Unit(
+        module=group.name,
+        module_class=", ".join(type(m).__name__ for m in group.modules),
+        params=list(group.param_fqns),
+        shared_params=shared,
+        numel=numel,
+        flat_numel=numel,
+        padded_numel=sharded * ws,
+        sharded_numel=sharded,
+        dtype=dtype_name(dtype),
+        compute_dtype=dtype_name(compute),
+        reduce_dtype=dtype_name(reduce),
+        requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+        sharding_strategy="FULL_SHARD"
+        if group.reshard_after_forward is not False
+        else "SHARD_GRAD_OP",
+        itemsize=itemsize,
+    )

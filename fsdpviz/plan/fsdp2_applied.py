@@ -1,0 +1,170 @@
+"""Read the plan of a model on which the user already called ``fully_shard``.
+
+People check their real training script's wrapping by applying it to a
+meta-device model (with the fake process group) and passing that model in.
+fsdpviz reads FSDP2's own state (groups, their modules and parameters,
+``reshard_after_forward`` as the post-forward mesh, ``MixedPrecisionPolicy``,
+explicit prefetch targets, mesh size) and makes an unsharded meta copy to
+trace: parameters become meta tensors of their global shape, FSDP2's hooks and
+class swap are dropped. The user's model is not modified.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
+
+
+def fsdp2_states(model: nn.Module) -> list[Any]:
+    """FSDP2 states in the root's ``named_modules`` order (FSDP2's own state order)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+    states: list[Any] = []
+    for module in model.modules():
+        state = _get_module_fsdp_state(module)
+        if state is not None and state not in states:
+            states.append(state)
+    return states
+
+
+class _Detached:
+    """Stands in for an FSDP2 state inside the copy, so its hooks can be found and dropped."""
+
+
+def _unsharded_copy(model: nn.Module, states: list[Any]) -> tuple[nn.Module, dict[int, Any]]:
+    from torch.distributed.fsdp import FSDPModule
+
+    detached = _Detached()
+    memo: dict[int, Any] = {id(state): detached for state in states}
+    for p in model.parameters():
+        memo.setdefault(
+            id(p),
+            nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), p.requires_grad),
+        )
+    for b in model.buffers():
+        memo.setdefault(id(b), torch.empty(b.shape, dtype=b.dtype, device="meta"))
+    originals = {id(p): p for p in model.parameters()}
+    # FSDPModule forbids deepcopy: copy with the original classes, restored at once.
+    swapped: list[tuple[nn.Module, type]] = [
+        (m, type(m)) for m in model.modules() if isinstance(m, FSDPModule)
+    ]
+    try:
+        for wrapped, cls in swapped:
+            wrapped.__class__ = _unwrapped_class(cls)
+        dup = copy.deepcopy(model, memo)
+    finally:
+        for wrapped, cls in swapped:
+            wrapped.__class__ = cls
+    for module in dup.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key, fn in list(hooks.items()):
+                owners = [getattr(f, "__self__", None) for f in _wrapping_chain(fn)]
+                if any(o is detached or _is_fsdp_state(o) for o in owners):
+                    del hooks[key]
+                    module._forward_pre_hooks_with_kwargs.pop(key, None)
+                    module._forward_hooks_with_kwargs.pop(key, None)
+                    module._forward_hooks_always_called.pop(key, None)
+    return dup, {i: memo[i] for i in originals}
+
+
+def _wrapping_chain(fn: Any) -> list[Any]:
+    """``fn`` and every function it wraps (``__wrapped__``): a grouped ``fully_shard`` call
+    registers its state's hooks under two wrappers (``functools.wraps``, dynamo's disable)."""
+    chain: list[Any] = []
+    while fn is not None and len(chain) < 8:
+        chain.append(fn)
+        fn = getattr(fn, "__wrapped__", None)
+    return chain
+
+
+def _unwrapped_class(cls: type) -> type:
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in cls.__mro__[1:] if c is not FSDPModule and issubclass(c, nn.Module))
+
+
+def _is_fsdp_state(obj: Any) -> bool:
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    return isinstance(obj, FSDPState)
+
+
+def _reshard_after_forward(state: Any, group: Any, is_root: bool) -> bool | int | None:
+    if is_root and state._auto_reshard_after_forward:
+        return None  # the installed torch's default for the root
+    post = group.post_forward_mesh_info
+    if post is None:
+        return False
+    if post == group.mesh_info:
+        return True
+    return int(post.shard_mesh_size)
+
+
+def plan_from_fully_sharded(
+    model: nn.Module, fsdpviz_kwargs: dict[str, Any]
+) -> tuple[nn.Module, list[Group], FSDP2Options]:
+    """The unsharded meta copy, its groups and the options read from FSDP2's state."""
+    states = fsdp2_states(model)
+    dup, mapping = _unsharded_copy(model, states)
+    names = {m: n for n, m in model.named_modules()}
+    dup_modules = dict(dup.named_modules())
+    policies = {repr(s._mp_policy) for s in states}
+    if len(policies) > 1:
+        raise ConfigError(
+            "the fully_shard calls use different MixedPrecisionPolicy objects; fsdpviz models one "
+            "policy for the whole model so far"
+        )
+    sizes = {
+        int(s._fsdp_param_group.mesh_info.shard_mesh_size)
+        for s in states
+        if s._fsdp_param_group is not None
+    }
+    if len(sizes) > 1:
+        raise ConfigError("the fully_shard calls use meshes of different sizes; not modelled yet")
+    state_name: dict[int, str] = {}
+    groups: list[Group] = []
+    for state in states:
+        fqns = tuple(n for m, n in names.items() if m in set(state._modules))
+        name = ", ".join(fqns)
+        state_name[id(state)] = fqns[0]
+        group = Group(name=name, modules=tuple(dup_modules[f] for f in fqns), fqns=fqns)
+        pg = state._fsdp_param_group
+        raf: bool | int | None = None
+        if pg is not None:
+            group.params = [mapping[id(fp.sharded_param)] for fp in pg.fsdp_params]
+            raf = _reshard_after_forward(state, pg, fqns == ("",))
+        elif not (group.is_root and state._auto_reshard_after_forward):
+            raf = True  # a group without parameters: fully_shard's default, never applied
+        group.reshard_after_forward = (not group.is_root) if raf is None else raf
+        group.auto_reshard = raf is None
+        groups.append(group)
+
+    def prefetch(attr: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for state in states:
+            targets = getattr(state, attr) or []
+            if targets:
+                out[state_name[id(state)]] = [state_name[id(t)] for t in targets]
+        return out
+
+    opts = FSDP2Options(
+        world_size=sizes.pop() if sizes else 1,
+        targets=[g.fqns for g in groups],
+        reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+        mp_policy=states[0]._mp_policy if states else MixedPrecisionPolicy(),
+        forward_prefetch=prefetch("_states_to_forward_prefetch"),
+        backward_prefetch=prefetch("_states_to_backward_prefetch"),
+        ignored_params=None,
+        loss=fsdpviz_kwargs.get("loss"),
+        trace="meta",
+        progress=fsdpviz_kwargs.get("progress"),
+    )
+    finalize_groups(dup, groups, opts)
+    return dup, groups, opts

@@ -1,0 +1,56 @@
+"""Checks shared by the FSDP1 and FSDP2 option parsers, one per option."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+
+
+def check_keywords(
+    kwargs: Mapping[str, Any], known: Iterable[str], rejected: Mapping[str, str], what: str
+) -> None:
+    """Unknown keywords get a suggestion; known but unmodelled ones say what to do instead."""
+    names = sorted(set(known) | set(rejected))
+    for key in kwargs:
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"unknown {what} {key!r}{tip}")
+        if key in rejected:
+            raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {rejected[key]}")
+
+
+DEFAULT_WORLD_SIZE = 8
+"""The ranks :func:`fsdpviz.analyze` plans for unless told (``world_size=``)."""
+
+
+def check_world_size(value: Any) -> int:
+    """``value`` as a world size: a positive int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"world_size must be a positive int, got {value!r}")
+    return value
+
+
+def world_size(kwargs: Mapping[str, Any]) -> int:
+    """``world_size`` from ``kwargs`` (default: ``DEFAULT_WORLD_SIZE``)."""
+    return check_world_size(kwargs.get("world_size", DEFAULT_WORLD_SIZE))
+
+
+def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
+    """Dtype fields of a mixed-precision policy must be ``torch.dtype`` or None: FSDP fails
+    on a string (``'bfloat16'``) when it first casts (``TypeError`` / ``Invalid device
+    string``)."""
+    for name in fields:
+        value = getattr(policy, name)
+        if value is not None and not isinstance(value, torch.dtype):
+            hint = getattr(torch, str(value), None)
+            fix = f"torch.{value}" if isinstance(hint, torch.dtype) else "a torch.dtype"
+            raise FSDPConfigError(
+                f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
+                f"casts with {value!r}; pass {fix}"
+            )

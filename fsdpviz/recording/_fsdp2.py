@@ -1,0 +1,304 @@
+"""Record what a real FSDP2 (``fully_shard``) run does on this rank.
+
+For the duration of a ``with`` block (restored on exit, exceptions included)
+the recorder wraps FSDP2's own code:
+
+- ``foreach_all_gather`` (as called by ``FSDPParamGroup.unshard``): ``all_gather``,
+- ``FSDPParamGroup._to_sharded`` / ``_to_sharded_post_forward`` leaving the
+  unsharded state: ``free``,
+- ``foreach_reduce``: ``reduce_scatter``; on a 2-D mesh (HSDP) the
+  ``torch.distributed.all_reduce`` it issues across the replicas
+  (``all_reduce``, group ``"replicate"``); with ``CPUOffloadPolicy``, the gradient
+  shard's copy to host memory after it (``d2h``) and the shard's copy to the device
+  before each all-gather of a fully sharded group (``h2d``),
+- ``FSDPParamGroup._prefetch_unshard``: marks the all-gathers it issues as prefetch,
+- ``FSDPParamGroup.pre_forward`` / ``post_forward`` / ``post_backward``,
+  ``FSDPState._pre_backward`` and the root's final callback: the hook each event
+  comes from, and the end of each iteration.
+
+Enter the recorder before the first forward after ``fully_shard`` (the
+pre-backward hooks are bound when a forward registers them). With
+``timestamps=True`` each event also carries ``t`` (seconds since the recorder
+was entered) and ``duration`` (host time of the call).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
+
+
+def _sharded(group: Any) -> bool:
+    """The group is fully sharded (not on its post-forward mesh): its all-gather input is
+    the shard itself, in host memory under CPUOffloadPolicy."""
+    return all(p.sharded_state.name == "SHARDED" for p in group.fsdp_params)
+
+
+def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, original)
+
+
+class FSDP2Recorder(EventLog):
+    """Records the all-gathers, frees and reduce-scatters of a ``fully_shard`` model.
+
+    Example::
+
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        with fsdpviz.FSDP2Recorder(model) as rec:
+            for _ in range(2):
+                model(x).sum().backward()
+        report = rec.report()   # same types as fsdpviz.analyze(..., fully_shard=[...])
+    """
+
+    def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
+        if not fsdp2_states(model):
+            raise TypeError(
+                "FSDP2Recorder needs a model on which fully_shard was called; "
+                f"{type(model).__name__} has no FSDP2 state"
+            )
+        super().__init__(timestamps)
+        self.model = model
+        names = {m: n for n, m in model.named_modules()}
+        self._state_names: dict[int, str] = {}
+        self._group_names: dict[int, str] = {}
+        for state in fsdp2_states(model):
+            name = ", ".join(n for m, n in names.items() if m in set(state._modules))
+            self._state_names[id(state)] = name
+            if state._fsdp_param_group is not None:
+                self._group_names[id(state._fsdp_param_group)] = name
+        self._hook: tuple[Hook, str] | None = None
+        self._in_final = False
+        self._group: Any = None
+        self._forward_order: list[str] = []
+        self._stack: ExitStack | None = None
+        self._reducing: Any = None  # the group inside foreach_reduce
+
+    def __enter__(self) -> FSDP2Recorder:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+        from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
+
+        group_cls = pg_mod.FSDPParamGroup
+        state_cls = state_mod.FSDPState
+        stack = ExitStack()
+        try:
+            for name, kind in (
+                ("foreach_all_gather", "all_gather"),
+                ("foreach_reduce", "reduce_scatter"),
+            ):
+                collective = self._wrap_collective(getattr(pg_mod, name), kind)
+                _patch(stack, pg_mod, name, collective)
+            all_reduce = self._wrap_all_reduce(torch.distributed.all_reduce)
+            _patch(stack, torch.distributed, "all_reduce", all_reduce)
+            for name in ("_to_sharded", "_to_sharded_post_forward"):
+                _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
+            hooks: dict[str, Hook | None] = {
+                "unshard": None,
+                "pre_forward": "pre_forward",
+                "post_forward": "post_forward",
+                "post_backward": "post_backward",
+            }
+            for name, hook in hooks.items():
+                _patch(stack, group_cls, name, self._wrap_group(getattr(group_cls, name), hook))
+            prefetch = self._wrap_prefetch(group_cls._prefetch_unshard)
+            _patch(stack, group_cls, "_prefetch_unshard", staticmethod(prefetch))
+            pre_backward = self._wrap_pre_backward(state_cls._pre_backward)
+            _patch(stack, state_cls, "_pre_backward", pre_backward)
+            final = self._wrap_final(state_cls._root_post_backward_final_callback)
+            _patch(stack, state_cls, "_root_post_backward_final_callback", final)
+        except BaseException:
+            stack.close()
+            raise
+        self._started(stack)
+        return self
+
+    # -------------------------------------------------------------- wrappers
+    def _name(self, group: Any) -> str:
+        return self._group_names.get(id(group), "?")
+
+    def _emit(
+        self, kind: Any, group: Any, phase: Any, prefetch: bool = False, across: Any = None
+    ) -> int:
+        """Append an event; its index for :meth:`_timed` (-1 without timestamps)."""
+        hook, hook_unit = self._hook or (None, None)
+        event = Event(kind, self._name(group), phase, prefetch, hook, hook_unit, group=across)
+        return self._append(event)
+
+    @staticmethod
+    def _phase(group: Any) -> str:
+        return "forward" if group._training_state.name == "FORWARD" else "backward"
+
+    def _wrap_collective(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            group = self._group
+            if group is None:
+                return original(*args, **kwargs)
+            phase = "backward" if kind == "reduce_scatter" else self._phase(group)
+            offload = any(p.offload_to_cpu for p in group.fsdp_params)
+            if kind == "all_gather" and offload and _sharded(group):
+                self._emit("h2d", group, phase)  # all_gather_inputs copies the host shard
+            start = now_ns()
+            i = self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
+            self._reducing = group if kind == "reduce_scatter" else None
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._reducing = None
+                self._timed(i, start)
+                if kind == "reduce_scatter" and offload:
+                    self._emit("d2h", group, "backward")  # the gradient shard to host memory
+
+        return collective
+
+    def _wrap_all_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            group = self._reducing
+            if group is None:
+                return original(tensor, *args, **kwargs)
+            # foreach_reduce all-reduces across the replicas of a 2-D mesh (HSDP)
+            start = now_ns()
+            i = self._emit("all_reduce", group, "backward", across="replicate")
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._timed(i, start)
+
+        return all_reduce
+
+    def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def to_sharded(group: Any) -> Any:
+            if not group.is_unsharded:
+                return original(group)
+            start = now_ns()
+            i = self._emit("free", group, self._phase(group))
+            try:
+                return original(group)
+            finally:
+                self._timed(i, start)
+
+        return to_sharded
+
+    def _wrap_group(self, original: Callable[..., Any], hook: Hook | None) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def run(group: Any, *args: Any, **kwargs: Any) -> Any:
+            name = self._name(group)
+            if hook is not None and not (hook == "post_backward" and self._in_final):
+                self._hook = (hook, name)
+            first_iteration = hook == "pre_forward" and not self.iterations
+            if first_iteration and name not in self._forward_order:
+                self._forward_order.append(name)
+            previous, self._group = self._group, group
+            try:
+                return original(group, *args, **kwargs)
+            finally:
+                self._group = previous
+
+        return run
+
+    def _wrap_pre_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def pre_backward(state: Any, grad: torch.Tensor) -> Any:
+            self._hook = ("pre_backward", self._state_names.get(id(state), "?"))
+            return original(state, grad)
+
+        return pre_backward
+
+    def _wrap_final(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def final(state: Any) -> Any:
+            self._hook = ("final_callback", self._state_names.get(id(state), "?"))
+            self._in_final = True
+            try:
+                return original(state)
+            finally:
+                self._in_final = False
+                self._hook = None
+                self._end_iteration()
+
+        return final
+
+    # ---------------------------------------------------------------- report
+    def units(self) -> list[Unit]:
+        """The parameter groups, in FSDP2's state order (``named_modules`` of the root)."""
+        first: dict[nn.Parameter, str] = {}
+        aliases: dict[nn.Parameter, dict[str, str]] = {}
+        for n, p in self.model.named_parameters(remove_duplicate=False):
+            if p in first:
+                aliases.setdefault(p, {})[n] = first[p]
+            else:
+                first[p] = n
+        out: list[Unit] = []
+        for state in fsdp2_states(self.model):
+            group = state._fsdp_param_group
+            if group is None:
+                continue
+            params = group.fsdp_params
+            # read from the policy: the FSDPParam dtype attributes exist only after lazy init
+            orig = {fp.sharded_param.dtype for fp in params}
+            dtype = orig.pop() if len(orig) == 1 else None
+            compute = group.mp_policy.param_dtype or dtype
+            grads = {fp.sharded_param.requires_grad for fp in params}
+            out.append(
+                Unit(
+                    module=self._name(group),
+                    module_class=", ".join(_orig_class(m) for m in group.modules),
+                    params=[first[fp.sharded_param] for fp in params],
+                    shared_params={
+                        k: v for fp in params for k, v in aliases.get(fp.sharded_param, {}).items()
+                    },
+                    numel=sum(fp._orig_size.numel() for fp in params),
+                    flat_numel=sum(fp._orig_size.numel() for fp in params),
+                    padded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params)
+                    * group.mesh_info.shard_mesh_size,
+                    sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
+                    dtype=dtype_name(dtype),
+                    compute_dtype=dtype_name(compute),
+                    reduce_dtype=dtype_name(group.mp_policy.reduce_dtype or compute),
+                    requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+                    sharding_strategy="FULL_SHARD"
+                    if group.post_forward_mesh_info is not None
+                    else "SHARD_GRAD_OP",
+                    itemsize=torch.empty((), dtype=dtype or torch.float32).element_size(),
+                )
+            )
+        return out
+
+    def forward_order(self) -> list[str]:
+        """Groups in the order their first-iteration forward started."""
+        return list(self._forward_order)
+
+    def report(self, config: dict[str, Any] | None = None) -> Report:
+        """The recording as a report (see :meth:`FSDP1Recorder.report`)."""
+        return Report(
+            source="recording",
+            config=recording_config("FSDP2", config),
+            units=self.units(),
+            forward_order=list(self._forward_order),
+            iterations=[list(it) for it in self.iterations],
+        )
+
+
+def _orig_class(module: nn.Module) -> str:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return type(module).__name__
+    for cls in type(module).__mro__[1:]:
+        if cls is not FSDPModule and issubclass(cls, nn.Module):
+            return cls.__name__
+    return type(module).__name__

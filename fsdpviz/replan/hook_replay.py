@@ -1,0 +1,283 @@
+"""The same wrap plan under other settings, without tracing the model again.
+
+A traced report records, in ``report.profile``, every FSDP hook call in the
+order torch's autograd made them. Settings that do not change that order can
+be predicted by feeding the recorded calls through FSDP's runtime state
+machine again (what ``analyze`` already does for the steady state):
+
+- FSDP1: ``world_size``, ``backward_prefetch``, ``sharding_strategy`` (with
+  ``shard_group_size``). Backward prefetching and resharding only change which
+  collectives are issued, never when autograd reaches a hook; the unit sizes are
+  recomputed for the new shard world size (padding, alignment).
+- FSDP2: ``world_size``, ``reshard_after_forward``, ``forward_prefetch`` /
+  ``backward_prefetch`` maps.
+
+Anything that changes the autograd graph needs a new trace: the wrap policy,
+FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
+``use_orig_params``, mixed precision (input casts), the inputs.
+``tests/test_cost_sweep.py`` checks that a replay equals a fresh ``analyze``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.cost.sizes import itemsize
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
+from fsdpviz.plan.fsdp1_options import (
+    FSDP1Options,
+    parse_fsdp1_options,
+    prefetch_named,
+    strategy_named,
+)
+from fsdpviz.plan.fsdp2 import (
+    Group,
+    check_reshard_ints,
+    prefetch_indices,
+    reshard_after_forward_of,
+    sharded_numel,
+)
+from fsdpviz.plan.options import check_world_size
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
+from fsdpviz.schedule.fsdp2 import forward_order
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.profile import StepProfile, TraceProfile
+from fsdpviz.schema.report import Event, Report, Unit
+
+REPLAYABLE = {
+    "FSDP1": {"world_size", "backward_prefetch", "sharding_strategy", "shard_group_size"},
+    "FSDP2": {"world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch"},
+}
+_PLACEHOLDER = nn.Module()
+# Warnings about the FSDP1 options themselves, which a replay re-derives.
+OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
+
+
+def replay(report: Report, **changes: Any) -> Report:
+    """``report``'s wrap plan with ``changes`` applied, predicted without a new trace.
+
+    Example::
+
+        base = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
+        other = replay(base, world_size=64, backward_prefetch=None)
+    """
+    if report.profile is None:
+        raise ConfigError(
+            "this report has no trace profile (a recording, trace='fx' or profile=False), so "
+            "its hook calls cannot be replayed; call fsdpviz.analyze with the new settings"
+        )
+    api = report.config.api
+    unknown = set(changes) - REPLAYABLE[api]
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(sorted(unknown))} cannot be replayed from a trace ({api} replays "
+            f"{', '.join(sorted(REPLAYABLE[api]))}); they change the autograd graph, so call "
+            "fsdpviz.analyze again"
+        )
+    if api == "FSDP2":
+        return _replay_fsdp2(report, changes)
+    return _replay_fsdp1(report, changes)
+
+
+def _shapes(report: Report) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for m in report.modules:
+        for name, shape in m.params.items():
+            out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
+    return out
+
+
+# -------------------------------------------------------------------- FSDP1
+def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
+    cfg = report.config
+    # The report stores names; the strategy asked for, where FSDP switched it on one rank.
+    strategy = cfg.sharding_strategy_given or cfg.sharding_strategy
+    given = {
+        "world_size": changes.get("world_size", cfg.ranks),
+        "sharding_strategy": changes.get("sharding_strategy", strategy_named(strategy)),
+        "backward_prefetch": changes.get(
+            "backward_prefetch", prefetch_named(cfg.backward_prefetch)
+        ),
+    }
+    if changes.get("shard_group_size") is not None:
+        given["shard_group_size"] = changes["shard_group_size"]
+    opts = parse_fsdp1_options(given)
+    shapes = _shapes(report)
+    units = [_resize_fsdp1(u, opts, cfg.use_orig_params, shapes) for u in report.units]
+    unit_config = UnitConfig(
+        opts.sharding_strategy,
+        None,
+        opts.backward_prefetch,
+        cfg.forward_prefetch,
+        replicas=opts.replicas,
+    )
+    planned = [
+        PlannedUnit(
+            fqn=u.module,
+            module=_PLACEHOLDER,
+            config=unit_config,
+            param_infos=[(_PLACEHOLDER, p, p) for p in u.params],
+            requires_grad=u.requires_grad is not False,
+        )
+        for u in units
+    ]
+    runtime = FSDP1Runtime(planned, cfg.use_orig_params, lambda h: None)
+    index = {u.module: i for i, u in enumerate(units)}
+    assert report.profile is not None
+    iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry)
+    new = opts.describe()
+    switched = ("process_group_size", "sharding_strategy_given")
+    config = cfg.replace(
+        world_size=new.world_size,
+        shard_world_size=new.shard_world_size,
+        sharding_strategy=new.sharding_strategy,
+        backward_prefetch=new.backward_prefetch,
+        **{k: getattr(new, k) for k in switched},
+        replayed=True,
+    ).unstate(*(k for k in switched if not new.states(k)))
+    replayed = _report(
+        report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
+    )
+    # What FSDP warns about the options is the replayed options' own.
+    kept = [
+        w
+        for w in report.warnings
+        if w.code not in OPTION_WARNINGS
+        or (
+            w.code == "string_option"
+            and not {"sharding_strategy", "backward_prefetch"} & set(changes)
+        )
+    ]
+    return replace(replayed, warnings=opts.warnings + kept)
+
+
+def _resize_fsdp1(
+    u: Unit, opts: FSDP1Options, use_orig: bool, shapes: dict[str, list[int]]
+) -> Unit:
+    if not u.params:
+        return replace(u, sharding_strategy=opts.sharding_strategy.name)
+    layout = flat_param_layout(
+        [math.prod(shapes[p]) for p in u.params],
+        itemsize(u.compute_dtype or u.dtype),
+        use_orig_params=use_orig,
+        shard_world_size=opts.shard_world_size,
+    )
+    return replace(
+        u,
+        flat_numel=layout.flat_numel,
+        padded_numel=layout.padded_numel,
+        sharded_numel=layout.sharded_numel,
+        sharding_strategy=opts.sharding_strategy.name,
+    )
+
+
+def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
+    return (name, index, bool(arg))
+
+
+# -------------------------------------------------------------------- FSDP2
+def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
+    cfg = report.config
+    if cfg.mesh is not None and "world_size" in changes:
+        raise ConfigError(
+            "a report on a 2-D mesh does not say which dimension a new world_size changes; "
+            "call fsdpviz.analyze with the new mesh="
+        )
+    ws = check_world_size(changes.get("world_size", cfg.ranks))
+    shard = cfg.shard_ranks if cfg.mesh is not None else ws
+    raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
+    with_params = {u.module for u in report.units}
+    groups: list[Group] = []
+    for name in cfg.fully_shard:
+        fqns = tuple(name.split(", ")) if name else ("",)
+        groups.append(
+            Group(
+                name=name,
+                modules=tuple(_PLACEHOLDER for _ in fqns),
+                fqns=fqns,
+                params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
+            )
+        )
+    check_reshard_ints(groups, shard)
+    runtime = FSDP2Runtime(groups, shard, ws // shard, cfg.cpu_offload)
+    fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
+    bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
+    runtime.set_prefetch(
+        prefetch_indices(fwd, groups, "forward_prefetch"),
+        prefetch_indices(bwd, groups, "backward_prefetch"),
+    )
+    index = {g.name: i for i, g in enumerate(groups)}
+    assert report.profile is not None
+    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry)
+    shapes = _shapes(report)
+    units = []
+    for u in report.units:
+        g = groups[index[u.module]]
+        sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
+        strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
+        units.append(
+            replace(
+                u, padded_numel=sharded * shard, sharded_numel=sharded, sharding_strategy=strategy
+            )
+        )
+    config = cfg.replace(
+        world_size=ws,
+        reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+        explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
+        explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
+        replayed=True,
+    )
+    order = forward_order(runtime.log, groups)
+    return _report(report, config, units, order, iterations, steps)
+
+
+def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
+    if name == "post_forward":
+        return (name, index, tuple(arg))
+    if name == "final_callback":
+        return (name, index, {int(k): bool(v) for k, v in arg.items()})
+    return (name, index, arg)
+
+
+# ------------------------------------------------------------------- shared
+def _run(
+    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any
+) -> tuple[list[list[Event]], list[StepProfile]]:
+    """Replay each iteration's hook calls; return its events and re-pointed profile."""
+    iterations: list[list[Event]] = []
+    steps: list[StepProfile] = []
+    for step in profile.iterations:
+        event_hook: list[int] = []
+        for k, (name, unit, arg) in enumerate(step.hooks):
+            runtime.replay([entry(name, index[unit], arg)])
+            event_hook.extend([k] * (len(runtime.events) - len(event_hook)))
+        iterations.append(runtime.take_events())
+        steps.append(replace(step, event_hook=event_hook))
+    return iterations, steps
+
+
+def _report(
+    base: Report,
+    config: ReportConfig,
+    units: list[Unit],
+    forward_order: list[str],
+    iterations: list[list[Event]],
+    steps: list[StepProfile],
+) -> Report:
+    assert base.profile is not None
+    return replace(
+        base,
+        config=config,
+        units=units,
+        forward_order=forward_order,
+        iterations=iterations,
+        profile=replace(base.profile, iterations=steps),
+    )

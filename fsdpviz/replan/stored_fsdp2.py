@@ -1,0 +1,309 @@
+"""FSDP2 plans from one stored trace: re-planning ``fully_shard`` without running the model again.
+
+FSDP2 computes with plain parameters, so the only nodes its hooks add to the
+autograd graph are the post-backward nodes (``RegisterPostBackwardFunction``),
+one per group each time the group enters the forward pass, applied to the
+inputs that require grad; the pre-backward hooks are tensor hooks on the
+group's outputs. :class:`StoredTrace` runs the model once on meta with such a
+pass-through node in front of every module that owns parameters (any of them
+may become a group) and keeps the module calls, the output nodes and the
+autograd graph.
+
+For a plan it builds the groups (:func:`~fsdpviz.plan.fsdp2.build_groups`),
+drives :class:`~fsdpviz.schedule.fsdp2_runtime.FSDP2Runtime` through the recorded calls
+(which says which calls enter the forward pass and so keep their node), routes
+every use of a dropped node's output to the tensor it passed through, and
+schedules the graph as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`):
+tensor hooks before their node, a kept node's post-backward when it runs, a
+parameter's gradient when its ``AccumulateGrad`` runs.
+
+What changes the graph in other ways makes :meth:`plan` return ``None`` and the
+caller traces instead: ``mp_policy`` casts, recomputation inside backward,
+``trace`` other than meta, a model that already has ``fully_shard`` applied, a
+model whose forward fails with the pass-through nodes (an in-place op on a
+module's input). ``tests/test_fast_replan.py`` checks that a plan equals
+:func:`fsdpviz.analyze` across models and options.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
+from torch.utils._pytree import tree_leaves
+
+from fsdpviz.plan.fsdp2 import (
+    Group,
+    build_groups,
+    check_reshard_ints,
+    parse_fsdp2_options,
+    prefetch_indices,
+)
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.schedule.fsdp2 import fsdp2_report
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.report import Report
+from fsdpviz.trace.copy import map_objects, model_copy
+from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
+
+__all__ = ["StoredTrace"]
+
+_Output = tuple[Any, int, bool]  # grad_fn, output number, the tensor is a view
+
+
+class _PassThrough(torch.autograd.Function):
+    """The node FSDP2's ``RegisterPostBackwardFunction`` would be, for any module."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
+        return inputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        return grads
+
+
+@dataclass
+class _Node:
+    """A pass-through node: where each of its inputs came from."""
+
+    nexts: list[tuple[Any, int]]  # (grad_fn, output number) per input
+    views: list[bool]  # the input tensor is a view
+
+
+@dataclass
+class _Call:
+    """One module pre- or post-forward, as FSDP2's hooks around it would see it."""
+
+    module: str
+    pre: bool
+    grad: bool
+    node: Any = None  # pre: the pass-through node made here
+    outputs: list[_Output] = field(default_factory=list)  # post: FSDP2's pre-backward hooks
+    leaves: list[_Output] = field(default_factory=list)  # post: the module tracker's hooks
+
+
+class StoredTrace:
+    """One meta trace of ``model`` on ``inputs`` that FSDP2 plans are computed from.
+
+    ``loss`` as for :func:`fsdpviz.analyze`. ``reason`` says why plans cannot be
+    computed from this trace (``None`` when they can).
+    """
+
+    def __init__(self, model: nn.Module, inputs: Any, loss: Any = None) -> None:
+        self.reason: str | None = None
+        self.calls: list[_Call] = []
+        self.nodes: dict[Any, _Node] = {}
+        self.module_names: list[str] = []
+        self._graph: Graph | None = None
+        self._into: list[tuple[Any, int, Any, int]] = []  # consumer, slot, pass-through, nr
+        self._grads: dict[Any, nn.Parameter] = {}  # AccumulateGrad node -> parameter
+        if fsdp2_states(model):
+            self.reason = "the model already has fully_shard applied"
+            return
+        self.copy, self._mapping = model_copy(model, "meta")
+        self._backward = False
+        try:
+            self._trace(inputs, loss)
+        except Exception as e:  # analyze gives the user's error; here it only means "trace"
+            first_line = str(e).splitlines()[0]
+            self.reason = f"the forward fails with a node in front of every module: {first_line}"
+
+    def _trace(self, inputs: Any, loss: Any) -> None:
+        acc: dict[Any, nn.Parameter] = {}
+        for p in self.copy.parameters():
+            if p.requires_grad:
+                grad_fn = p.expand_as(p).grad_fn  # makes the AccumulateGrad node
+                assert grad_fn is not None
+                acc[grad_fn.next_functions[0][0]] = p
+        tracker = ModuleTracker(self.copy)
+        names = tracker.names
+        self.module_names = list(names.values())
+        owners = {m for m in names if next(m.parameters(), None) is not None}
+        handles = []
+        for module, name in names.items():
+            handles.append(
+                module.register_forward_pre_hook(
+                    functools.partial(self._pre, name, module in owners),
+                    prepend=True,
+                    with_kwargs=True,
+                )
+            )
+            handles.append(module.register_forward_hook(functools.partial(self._post, name)))
+        graphs: list[Graph] = []
+
+        def on_loss(loss: torch.Tensor) -> None:
+            graph = capture(loss)
+            graphs.append(graph)
+            for node in graph.edges:  # while the graph is whole: which output each edge takes
+                slots = [(n, nr) for n, nr in node.next_functions if n is not None]
+                for slot, (n, nr) in enumerate(slots):
+                    if n in self.nodes:
+                        self._into.append((node, slot, n, nr))
+            self._backward = True
+
+        run_stored_step(self.copy, inputs, loss, tracker, handles, on_loss)
+        self.tracker = tracker
+        self._graph = graphs[0]
+        self._grads = {node: p for node, p in acc.items() if node in self._graph.edges}
+
+    # ------------------------------------------------------------- recording
+    def _pre(
+        self, name: str, owner: bool, module: nn.Module, args: Any, kwargs: Any
+    ) -> tuple[Any, Any] | None:
+        if self._backward:
+            self.reason = f"module {name!r} runs inside backward (activation recomputation)"
+        call = _Call(name, True, torch.is_grad_enabled())
+        self.calls.append(call)
+        if not (owner and call.grad):
+            return None
+        inputs = collect_grad_tensors((args, kwargs))
+        if not inputs:
+            return None
+        outputs = _PassThrough.apply(*inputs)  # type: ignore[no-untyped-call]
+        call.node = outputs[0].grad_fn
+        self.nodes[call.node] = _Node(
+            list(call.node.next_functions), [t._base is not None for t in inputs]
+        )
+        return replace_grad_tensors((args, kwargs), iter(outputs))  # type: ignore[no-any-return]
+
+    def _post(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
+        call = _Call(name, False, torch.is_grad_enabled())
+        self.calls.append(call)
+        if not call.grad:
+            return
+        for t in collect_grad_tensors(output):
+            if t.grad_fn is None:
+                self.reason = f"module {name!r} returns a leaf tensor that requires grad"
+            call.outputs.append((t.grad_fn, t.output_nr, t._base is not None))
+        call.leaves = [
+            (t.grad_fn, t.output_nr, False)
+            for t in tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+
+    # -------------------------------------------------------------- planning
+    def plan(self, **fsdp2_kwargs: Any) -> Report | None:
+        """The report :func:`fsdpviz.analyze` gives for these ``fully_shard`` options
+        (without ``profile``); ``None`` when this trace cannot answer (see ``reason``).
+        """
+        if self.reason is not None:
+            return None
+        opts = parse_fsdp2_options(dict(fsdp2_kwargs))
+        mp = opts.mp_policy
+        if opts.trace != "meta" or mp.param_dtype is not None or mp.output_dtype is not None:
+            return None
+        if opts.activation_checkpointing:
+            return None
+        ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
+        groups = build_groups(self.copy, opts, ignored)
+        check_reshard_ints(groups, opts.shard_ranks)
+        runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
+        runtime.set_prefetch(
+            prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+            prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+        )
+        schedule = _Schedule(self, groups, runtime)
+        return fsdp2_report(
+            self.copy,
+            groups,
+            opts,
+            runtime,
+            self.tracker,
+            schedule.backward_order,
+            list(schedule.view_outputs),
+        )
+
+
+class _Schedule:
+    """One iteration of one plan over a :class:`StoredTrace`, fed to the runtime."""
+
+    def __init__(self, trace: StoredTrace, groups: list[Group], runtime: FSDP2Runtime) -> None:
+        self.trace = trace
+        self.runtime = runtime
+        self.kept: dict[Any, int] = {}  # pass-through node -> the group whose node it is
+        self.view_outputs: dict[str, None] = {}
+        self.backward_order: list[str] = []
+        self._hooks: list[tuple[Any, str, int]] = []
+        member = {f: (i, m) for i, g in enumerate(groups) for m, f in enumerate(g.fqns)}
+        self._forward(member, groups)
+        self._backward(groups)
+
+    def _resolve(self, node: Any, nr: int) -> Any:
+        """The node a use of ``(node, nr)`` reaches once dropped pass-throughs are gone."""
+        nodes = self.trace.nodes
+        while node in nodes and node not in self.kept:
+            node, nr = nodes[node].nexts[nr]
+        return node
+
+    def _is_view(self, node: Any, nr: int, view: bool) -> bool:
+        nodes = self.trace.nodes
+        while node in nodes:
+            if node in self.kept:
+                return True  # an output of FSDP2's post-backward node is a view
+            view = nodes[node].views[nr]
+            node, nr = nodes[node].nexts[nr]
+        return view
+
+    def _forward(self, member: dict[str, tuple[int, int]], groups: list[Group]) -> None:
+        rt = self.runtime
+        module_ids = {n: k for k, n in enumerate(self.trace.module_names)}
+        for call in self.trace.calls:
+            found = member.get(call.module)
+            if found is not None and call.pre:
+                entering = rt.pre_forward(found[0], found[1])
+                if entering and call.node is not None:
+                    self.kept[call.node] = found[0]
+            elif found is not None:
+                completed = rt.post_forward(found[0], False, found[1])
+                for j in (completed or ()) if call.grad else ():
+                    for node, nr, view in call.outputs:
+                        if self._is_view(node, nr, view):
+                            self.view_outputs.setdefault(groups[j].name, None)
+                        self._hooks.append((self._resolve(node, nr), "pre_backward", j))
+            if not call.pre:
+                for node, nr, _ in call.leaves:
+                    self._hooks.append((self._resolve(node, nr), "module", module_ids[call.module]))
+
+    def _backward(self, groups: list[Group]) -> None:
+        graph = self.trace._graph
+        assert graph is not None
+        edges = graph.edges
+        changed: dict[Any, list[Any]] = {}
+        for consumer, slot, node, nr in self.trace._into:
+            target = self._resolve(node, nr)
+            if target is not node:
+                nexts = changed.get(consumer)
+                if nexts is None:
+                    nexts = changed[consumer] = list(edges[consumer])
+                nexts[slot] = target
+        if changed:
+            edges = {**edges, **changed}
+        group_of = {p: i for i, g in enumerate(groups) for p in g.params}
+        rec = GraphRecorder(tensor_hooks=self._hooks, acc_hooks=dict(self.kept))
+        for node, p in self.trace._grads.items():
+            if p in group_of:
+                rec.ran[node] = group_of[p]
+        log = simulate(Graph(graph.seq, reachable(graph.root, edges), graph.root), rec, {})
+        rt = self.runtime
+        pending: set[int] = set()  # groups with a gradient since their last post-backward
+        queued = False  # the root's final callback is queued by the first pre-backward
+        reached: dict[str, None] = {}
+        for kind, payload, _ in log:
+            if kind == "ran":
+                pending.add(payload)
+            elif kind == "module":
+                reached.setdefault(self.trace.module_names[payload], None)
+            elif kind == "pre_backward":
+                queued = rt.pre_backward(payload) or queued
+            elif kind == "post_backward":
+                rt.post_backward(payload, payload in pending)
+                pending.discard(payload)
+            elif kind == "final_callback" and queued:
+                rt.final_callback({i: i in pending for i in range(len(groups))})
+        self.backward_order = list(reached)

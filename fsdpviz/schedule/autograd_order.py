@@ -1,0 +1,180 @@
+"""The FSDP1 steady-state backward order with forward prefetch, without a second trace.
+
+With ``forward_prefetch=True`` a prefetched unit's parameter views are created
+during the previous unit's pre-forward (FSDP1 creates views whenever it
+unshards in the forward), so their autograd nodes get earlier sequence numbers
+and the autograd engine runs their post-backward hooks later. Instead of
+tracing a second iteration, fsdpviz captures the first iteration's autograd
+graph and schedules it the way the engine's CPU ready queue does (dependencies
+counted over the reachable graph, highest sequence number first,
+``AccumulateGrad`` highest of all; tensor hooks before their node runs,
+``AccumulateGrad`` hooks after it) with the moved view nodes re-numbered.
+
+The simulation first replays the first iteration and must reproduce the hook
+order the real engine produced; if it does not (or the model recomputes
+activations inside backward), the caller traces a second iteration instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+HookLog = list[tuple[str, int, Any]]
+
+
+@dataclass
+class ViewInstance:
+    """One ``_use_unsharded_views`` call: the split node and the view nodes."""
+
+    unit: int
+    nodes: list[Any]  # split node first, then one view node per parameter
+
+
+@dataclass
+class GraphRecorder:
+    """What the emulation registers during the forward, in registration order."""
+
+    views: list[ViewInstance] = field(default_factory=list)
+    tensor_hooks: list[tuple[Any, str, int]] = field(default_factory=list)  # node, kind, payload
+    acc_hooks: dict[Any, int] = field(default_factory=dict)  # AccumulateGrad node -> unit
+    # a node -> payload logged as ("ran", payload) after it runs (fsdpviz.replan.stored_fsdp2)
+    ran: dict[Any, int] = field(default_factory=dict)
+    multi: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)  # id -> unit, nodes
+    supported: bool = True  # False when a hook sits on a leaf tensor (not modelled)
+
+    def add_views(self, unit: int, views: list[torch.Tensor]) -> None:
+        if not views or views[0].grad_fn is None:  # a frozen unit: no nodes to place
+            self.supported = False
+            return
+        split = views[0].grad_fn.next_functions[0][0]
+        self.views.append(ViewInstance(unit, [split, *(v.grad_fn for v in views)]))
+
+    def add_tensor_hook(self, t: torch.Tensor, unit: int) -> None:
+        if t.grad_fn is None:
+            self.supported = False
+            return
+        self.tensor_hooks.append((t.grad_fn, "pre_backward", unit))
+
+    def add_multi(self, unit: int, tensors: list[torch.Tensor]) -> None:
+        key = len(self.multi)
+        if any(t.grad_fn is None for t in tensors):
+            self.supported = False
+        nodes = [t.grad_fn for t in tensors]
+        self.multi[key] = (unit, nodes)
+        for node in nodes:
+            self.tensor_hooks.append((node, "multi", key))
+
+
+@dataclass
+class Graph:
+    seq: dict[Any, float]
+    edges: dict[Any, list[Any]]
+    root: Any
+
+
+def capture(loss: torch.Tensor) -> Graph:
+    """The autograd graph reachable from ``loss`` (before ``backward`` frees it)."""
+    root: Any = loss.grad_fn
+    seq: dict[Any, float] = {}
+    edges: dict[Any, list[Any]] = {}
+    queue = deque([root])
+    seq[root] = float(root._sequence_nr())
+    while queue:
+        node = queue.popleft()
+        nexts = [n for n, _ in node.next_functions if n is not None]
+        edges[node] = nexts
+        for n in nexts:
+            if n not in seq:
+                seq[n] = float(n._sequence_nr())
+                queue.append(n)
+    return Graph(seq, edges, root)
+
+
+def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> HookLog:
+    """FSDP1's backward hook calls in the order the autograd engine would make them."""
+    deps: dict[Any, int] = dict.fromkeys(graph.edges, 0)
+    for nexts in graph.edges.values():
+        for n in nexts:
+            deps[n] += 1
+    pre: dict[Any, list[tuple[str, int]]] = {}
+    for node, kind, payload in rec.tensor_hooks:
+        pre.setdefault(node, []).append((kind, payload))
+    expected = {k: sum(1 for n in nodes if n in graph.edges) for k, (_, nodes) in rec.multi.items()}
+    fired: dict[int, int] = dict.fromkeys(rec.multi, 0)
+    out: HookLog = []
+    counter = 0
+    heap = [(-overrides.get(graph.root, graph.seq[graph.root]), counter, graph.root)]
+    while heap:
+        _, _, node = heapq.heappop(heap)
+        for kind, payload in pre.get(node, ()):
+            if kind == "pre_backward":
+                out.append(("pre_backward", payload, False))
+            elif kind == "module":  # a module's output gradient (the stored traces)
+                out.append(("module", payload, False))
+            else:
+                fired[payload] += 1
+                if fired[payload] == expected[payload]:
+                    out.append(("post_backward_reshard_only", rec.multi[payload][0], False))
+        if node in rec.acc_hooks:
+            out.append(("post_backward", rec.acc_hooks[node], False))
+        if node in rec.ran:
+            out.append(("ran", rec.ran[node], False))
+        for n in graph.edges[node]:
+            deps[n] -= 1
+            if deps[n] == 0:
+                counter += 1
+                heapq.heappush(heap, (-overrides.get(n, graph.seq[n]), counter, n))
+    out.append(("final_callback", 0, False))
+    return out
+
+
+def reachable(root: Any, edges: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+    """The part of ``edges`` reachable from ``root``."""
+    out: dict[Any, list[Any]] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node in out:
+            continue
+        nexts = edges[node]
+        out[node] = nexts
+        stack.extend(n for n in nexts if n not in out)
+    return out
+
+
+def steady_overrides(
+    rec: GraphRecorder, creations: list[tuple[int, int, int, bool]], first_log_views: int
+) -> dict[Any, float]:
+    """New sequence numbers for view instances the steady state creates elsewhere.
+
+    ``creations``: the steady-state view creations in order, as ``(unit,
+    pre-forward unit, its call number, prefetch)``. Instance ``k`` of a unit in
+    the first iteration is created at that unit's ``k``-th pre-forward.
+    """
+    by_unit: dict[int, list[ViewInstance]] = {}
+    for inst in rec.views[:first_log_views]:
+        by_unit.setdefault(inst.unit, []).append(inst)
+    used: dict[int, int] = {}
+    own_created: set[tuple[int, int]] = set()
+    out: dict[Any, float] = {}
+    for unit, host, call, prefetch in creations:
+        k = used.get(unit, 0)
+        used[unit] = k + 1
+        inst = by_unit[unit][k]
+        if not prefetch:
+            own_created.add((host, call))
+            continue
+        host_inst = by_unit[host][call]
+        base = host_inst.nodes[0]._sequence_nr()
+        if (host, call) in own_created:
+            anchor = float(host_inst.nodes[-1]._sequence_nr()) + 0.5
+        else:  # the host was prefetched itself: nothing of its own is created here
+            anchor = base - 0.5
+        for t, node in enumerate(inst.nodes):
+            out[node] = anchor + (t + 1) * 1e-6
+    return out

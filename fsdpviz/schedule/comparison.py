@@ -1,0 +1,281 @@
+"""Two plans side by side: "is my FSDP2 wrapping the same as my FSDP1 policy?".
+
+Units are matched by the parameters they hold (FSDP1 names a unit by its
+module, FSDP2 by its group's modules, so names alone cannot match them). For
+each matched pair the comparison gives bytes per rank, position in the forward
+order, how it is prefetched in backward and its event counts; parameters that
+moved to another unit and units with no counterpart are listed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from fsdpviz.schema.extensions import show_method
+from fsdpviz.schema.report import Report, Unit, unit_label
+
+
+@dataclass(frozen=True)
+class UnitPair:
+    """One unit of A and the unit of B holding the same parameters (or None)."""
+
+    a: str | None
+    b: str | None
+    params: int
+    sharded_bytes_a: int
+    sharded_bytes_b: int
+    forward_index_a: int | None
+    forward_index_b: int | None
+    backward_prefetch_a: bool
+    backward_prefetch_b: bool
+    events_a: dict[str, int]
+    events_b: dict[str, int]
+    # Why bytes per rank differ (padding, dtype), when they do.
+    bytes_note: str = ""
+
+    @property
+    def differs(self) -> list[str]:
+        out = []
+        if self.a is None or self.b is None:
+            out.append("unit")
+        if self.sharded_bytes_a != self.sharded_bytes_b:
+            out.append("bytes per rank")
+        if self.forward_index_a != self.forward_index_b:
+            out.append("forward order")
+        if self.backward_prefetch_a != self.backward_prefetch_b:
+            out.append("backward prefetch")
+        if self.events_a != self.events_b:
+            out.append("events")
+        return out
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`; ``to_dict()`` is JSON-serialisable."""
+
+    name_a: str
+    name_b: str
+    pairs: list[UnitPair]
+    moved_params: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    bytes_per_rank: tuple[int, int] = (0, 0)
+    events: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    reports: tuple[Report, Report] | None = field(default=None, repr=False, compare=False)
+    """The two plans compared (what :meth:`show` draws); not part of :meth:`to_dict`."""
+
+    @property
+    def same_wrapping(self) -> bool:
+        """Every unit holds the same parameters in both plans."""
+        return not self.moved_params and all(
+            p.a is not None and p.b is not None for p in self.pairs
+        )
+
+    @property
+    def identical(self) -> bool:
+        """Same wrapping, bytes, order, prefetch and event counts."""
+        return self.same_wrapping and not any(p.differs for p in self.pairs)
+
+    @property
+    def verdict(self) -> str:
+        """``identical``, ``different wrapping``, or what differs with the same wrapping:
+        the schedule (forward order, prefetch, events) and/or the bytes per rank."""
+        if self.identical:
+            return "identical"
+        if not self.same_wrapping:
+            return "different wrapping"
+        aspects = {d for p in self.pairs for d in p.differs}
+        schedule = bool(aspects & {"forward order", "backward prefetch", "events"})
+        if not schedule:
+            return "same wrapping and schedule, different bytes per rank"
+        if "bytes per rank" in aspects:
+            return "same wrapping, different schedule and bytes per rank"
+        return "same wrapping, different schedule"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(replace(self, reports=None))
+        del d["reports"]
+        d["verdict"] = self.verdict
+        d["same_wrapping"] = self.same_wrapping
+        d["identical"] = self.identical
+        for row, pair in zip(d["pairs"], self.pairs, strict=True):
+            row["differs"] = pair.differs
+        return d
+
+    def show(self, **kwargs: Any) -> Any:
+        """Both plans' timelines on one time axis, units matched, the first difference
+        marked (a :class:`fsdpviz.widgets.TimelineWidget`; ``kwargs`` as it takes).
+
+        Example::
+
+            fsdpviz.compare(fsdp1, fsdp2).show()
+        """
+        if self.reports is None:
+            raise ValueError("this comparison was read back without its plans; compare() again")
+        return show_method("comparison")(self, **kwargs)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One flat record per unit pair (``pandas.DataFrame(cmp.to_records())``)."""
+        return [{**asdict(p), "differs": ", ".join(p.differs)} for p in self.pairs]
+
+    def summary(self) -> str:
+        a, b = self.name_a, self.name_b
+        lines = [
+            f"{a} vs {b}: {self.verdict}",
+            f"  bytes per rank: {self.bytes_per_rank[0]:,} vs {self.bytes_per_rank[1]:,}",
+            f"  steady-state events: {_counts(self.events[0])} vs {_counts(self.events[1])}",
+        ]
+        for p in self.pairs:
+            if p.differs:
+                note = f" ({p.bytes_note})" if p.bytes_note else ""
+                lines.append(
+                    f"  {_name(p.a)} ~ {_name(p.b)}: differs in {', '.join(p.differs)}{note}"
+                )
+        for param, (ua, ub) in list(self.moved_params.items())[:20]:
+            lines.append(f"  parameter {param}: unit {_name(ua)} in {a}, {_name(ub)} in {b}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def _name(unit: str | None) -> str:
+    """A unit of one plan, ``None`` when the other plan has no counterpart."""
+    return "(none)" if unit is None else unit_label(unit)
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
+
+
+def _unit_of_param(report: Report) -> dict[str, str]:
+    return {p: u.module for u in report.units for p in u.params}
+
+
+def _facts(report: Report) -> tuple[dict[str, int], dict[str, bool], dict[str, Counter[str]]]:
+    steady = report.iterations[-1] if report.iterations else []
+    order = {name: i for i, name in enumerate(report.forward_order)}
+    prefetched = {e.unit: True for e in steady if e.prefetch and e.phase == "backward"}
+    events: dict[str, Counter[str]] = {}
+    for e in steady:
+        events.setdefault(e.unit, Counter())[e.kind] += 1
+    return order, prefetched, events
+
+
+def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Comparison:
+    """Compare two plans unit by unit.
+
+    Example::
+
+        fsdp1 = fsdpviz.analyze(model, ids, auto_wrap_policy=ModuleWrapPolicy({Block}))
+        fsdp2 = fsdpviz.analyze(model, ids, fully_shard=[Block])
+        cmp = fsdpviz.compare(fsdp1, fsdp2)
+        cmp.same_wrapping, print(cmp)
+    """
+    name_a, name_b = names or (_label(a), _label(b))
+    units_b = {frozenset(u.params): u for u in b.units if u.params}
+    order_a, pref_a, ev_a = _facts(a)
+    order_b, pref_b, ev_b = _facts(b)
+    pairs: list[UnitPair] = []
+    matched_b: set[str] = set()
+    for ua in a.units:
+        if not ua.params:
+            continue
+        ub = units_b.get(frozenset(ua.params))
+        if ub is not None:
+            matched_b.add(ub.module)
+        pair = _pair(ua, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b)
+        if ub is not None and "bytes per rank" in pair.differs:
+            pair = replace(pair, bytes_note=bytes_note(ua, ub, a, b))
+        pairs.append(pair)
+    for ub in b.units:
+        if ub.params and ub.module not in matched_b:
+            pairs.append(_pair(None, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b))
+    pa, pb = _unit_of_param(a), _unit_of_param(b)
+    # Moved: now in a unit of other parameters under another name. A unit renamed
+    # with the same parameters, or one that only gained some (such as the root),
+    # keeps the parameters it had.
+    moved = {
+        p: (pa.get(p), pb.get(p))
+        for p in sorted(set(pa) | set(pb))
+        if pa.get(p) != pb.get(p) and _group_of(pa, p, a) != _group_of(pb, p, b)
+    }
+    total = (sum(u.sharded_bytes for u in a.units), sum(u.sharded_bytes for u in b.units))
+    counts = (_kinds(a), _kinds(b))
+    return Comparison(name_a, name_b, pairs, moved, total, counts, (a, b))
+
+
+def bytes_note(ua: Unit, ub: Unit, a: Report, b: Report) -> str:
+    """Why two units holding the same parameters take other bytes per rank: their dtype,
+    the ranks they are sharded over, and how each API pads (FSDP1 pads its one flat
+    parameter, FSDP2 dim 0 of every parameter)."""
+    if ua.dtype != ub.dtype:
+        return f"dtype {ua.dtype} vs {ub.dtype}"
+    ranks = [_shard_ranks(a, ua), _shard_ranks(b, ub)]
+    over = f"{ranks[0]}" if ranks[0] == ranks[1] else f"{ranks[0]} vs {ranks[1]}"
+    parts = [f"sharded over {over} ranks"]
+    pads = [u.padded_numel - u.numel for u in (ua, ub)]
+    how = [_padding(r, u, n) for r, u, n in zip((a, b), (ua, ub), ranks, strict=True)]
+    said = how[0] if how[0] == how[1] else f"{how[0]}; {how[1]}"
+    parts.append(f"padding {pads[0]:,} vs {pads[1]:,} elements: {said}")
+    return "; ".join(parts)
+
+
+def _shard_ranks(report: Report, unit: Unit) -> int:
+    if unit.sharding_strategy == "NO_SHARD":
+        return 1
+    return report.config.shard_ranks
+
+
+def _padding(report: Report, unit: Unit, ranks: int) -> str:
+    """How a unit is padded, without the rank count where ``ranks`` is given elsewhere."""
+    if report.config.api == "FSDP2":
+        return "FSDP2 pads dim 0 of each parameter to a multiple of the shard ranks"
+    aligned = unit.flat_numel - unit.numel
+    align = f" after {aligned:,} elements of alignment" if aligned > 0 else ""
+    return f"FSDP1 pads its flat parameter to a multiple of the shard ranks{align}"
+
+
+def _group_of(unit_of: dict[str, str], param: str, report: Report) -> frozenset[str] | None:
+    unit = unit_of.get(param)
+    return None if unit is None else frozenset(report.unit(unit).params)
+
+
+def _kinds(report: Report) -> dict[str, int]:
+    steady = report.iterations[-1] if report.iterations else []
+    return dict(Counter(e.kind + (" (prefetch)" if e.prefetch else "") for e in steady))
+
+
+def _pair(
+    ua: Unit | None,
+    ub: Unit | None,
+    order_a: dict[str, int],
+    order_b: dict[str, int],
+    pref_a: dict[str, bool],
+    pref_b: dict[str, bool],
+    ev_a: dict[str, Counter[str]],
+    ev_b: dict[str, Counter[str]],
+) -> UnitPair:
+    na = ua.module if ua else None
+    nb = ub.module if ub else None
+    either = ua or ub
+    assert either is not None
+    return UnitPair(
+        a=na,
+        b=nb,
+        params=len(either.params),
+        sharded_bytes_a=ua.sharded_bytes if ua else 0,
+        sharded_bytes_b=ub.sharded_bytes if ub else 0,
+        forward_index_a=order_a.get(na) if na is not None else None,
+        forward_index_b=order_b.get(nb) if nb is not None else None,
+        backward_prefetch_a=pref_a.get(na, False) if na is not None else False,
+        backward_prefetch_b=pref_b.get(nb, False) if nb is not None else False,
+        events_a=dict(ev_a.get(na, Counter())) if na is not None else {},
+        events_b=dict(ev_b.get(nb, Counter())) if nb is not None else {},
+    )
+
+
+def _label(report: Report) -> str:
+    api = report.config.api
+    detail = report.config.auto_wrap_policy if api == "FSDP1" else None
+    return f"{api} {report.source}" + (f" ({detail})" if detail else "")

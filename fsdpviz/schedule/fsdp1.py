@@ -1,0 +1,300 @@
+"""``analyze`` for FSDP1: trace a private copy, plan units, emulate two iterations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1 import Plan, plan_fsdp1
+from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.schedule.autograd_order import (
+    Graph,
+    GraphRecorder,
+    capture,
+    simulate,
+    steady_overrides,
+)
+from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
+from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.report import Event, FsdpWarning, Report, Unit
+from fsdpviz.trace.checkpointing import apply_checkpointing
+from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
+from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
+
+
+@dataclass
+class _Traced:
+    iterations: list[list[Event]]
+    runtime: FSDP1Runtime
+    module_order: list[str]
+    records: dict[str, ModuleCalls]
+    warnings: list[FsdpWarning] = field(default_factory=list)
+    backward_order: list[str] = field(default_factory=list)
+    profile: TraceProfile | None = None
+
+
+def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    # profile=False: do not measure activations and FLOPs (report.profile is None)
+    profile = bool(kwargs.pop("profile", True))
+    opts = parse_fsdp1_options(kwargs)
+    opts.extra["profile"] = profile
+    _reject_wrapped(model)
+    device = "real" if opts.trace == "real" else "meta"
+    copy, mapping = model_copy(model, device)
+    apply_checkpointing(copy, opts.activation_checkpointing)
+    ignored_modules = map_objects(opts.ignored_modules, mapping, "ignored_modules")
+    ignored_states = map_objects(opts.ignored_states, mapping, "ignored_states")
+    mp = opts.mixed_precision
+    if mp is not None and mp.buffer_dtype is not None:
+        for buf_owner in copy.modules():
+            for name, buf in buf_owner._buffers.items():
+                if buf is not None and buf.is_floating_point():
+                    buf_owner._buffers[name] = buf.to(mp.buffer_dtype)
+    # fx traces the intact copy; planning then replaces parameters by views.
+    tree = fx_call_tree(copy) if opts.trace == "fx" else None
+    plan = plan_fsdp1(copy, opts, ignored_modules, ignored_states)
+    if tree is not None:
+        traced = _trace_fx(tree, plan, opts)
+    else:
+        traced = _trace_autograd(copy, plan, opts, inputs, device)
+    runtime = traced.runtime
+    where = placements(plan)
+    warnings = plan.warnings + traced.warnings + runtime_warnings(plan, runtime, traced.iterations)
+    return Report(
+        source="prediction",
+        config=opts.describe(),
+        units=[u.schema or empty_unit(u.fqn, u.module) for u in plan.units],
+        forward_order=[h.name for h in runtime.pre_forward_order],
+        iterations=traced.iterations,
+        warnings=warnings,
+        modules=module_infos(copy, where, {u.fqn: u.fqn for u in plan.units}, traced.records),
+        module_order=traced.module_order,
+        module_backward_order=traced.backward_order,
+        param_first_use=param_first_use(where, traced.module_order),
+        profile=traced.profile,
+    )
+
+
+def _reject_wrapped(model: nn.Module) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise ConfigError(
+            "the model is already wrapped in FullyShardedDataParallel; analyse the model "
+            "before wrapping it, or record the wrapped model's real run with FSDP1Recorder"
+        )
+
+
+# Set to False to always trace the steady state a second time (tests compare both).
+STEADY_BY_SIMULATION = True
+_BACKWARD_HOOKS = {"pre_backward", "post_backward", "post_backward_reshard_only", "final_callback"}
+
+
+def _trace_autograd(
+    copy: nn.Module, plan: Plan, opts: FSDP1Options, inputs: Any, device: str
+) -> _Traced:
+    """Run the copy with FSDP1's hooks emulated; real autograd orders the backward hooks."""
+    emulation = FSDP1Emulation(plan, opts.use_orig_params, real=device == "real")
+    runtime = emulation.runtime
+    n_modules = sum(1 for _ in copy.modules())
+    # Forward prefetch creates a prefetched unit's views earlier in the steady
+    # state, which changes the backward hook order: simulate the engine on the
+    # captured graph (schedule/autograd_order.py) or, if that cannot be trusted, trace again.
+    forward_prefetch = any(u.config.forward_prefetch for u in plan.units)
+    graphs: list[Graph] = []
+    if forward_prefetch and STEADY_BY_SIMULATION:
+        emulation.recorder = GraphRecorder()
+    where = "the meta device" if device == "meta" else "the model's device"
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
+        tracker = ModuleTracker(copy, on_call=bar.tick)
+        probe: CostProbe | None = None
+        try:
+            if opts.extra.get("profile", True):
+                probe = _probe(tracker, emulation, plan, copy)
+            args, kw = inputs_copy(inputs, device)
+            capture_graph = (
+                (lambda loss: graphs.append(capture(loss))) if emulation.recorder else None
+            )
+            run_step(copy, args, kw, opts.loss, tracker, where, capture_graph)
+            emulation.end_iteration()
+            first_log = list(runtime.log)
+            iterations = [runtime.take_events()]
+            if not forward_prefetch:
+                runtime.replay(first_log)
+                iterations.append(runtime.take_events())
+            else:
+                recorder, emulation.recorder = emulation.recorder, None
+                steady = None
+                if recorder is not None and graphs:
+                    steady = _simulated_steady(runtime, recorder, graphs[0], first_log)
+                if steady is None:
+                    tracker.reset_calls()
+                    args, kw = inputs_copy(inputs, device)
+                    run_step(copy, args, kw, opts.loss, tracker, where)
+                    emulation.end_iteration()
+                    steady = runtime.take_events()
+                iterations.append(steady)
+        finally:
+            tracker.remove()
+            emulation.remove()
+            if probe is not None:
+                probe.remove()
+    return _Traced(
+        iterations,
+        runtime,
+        list(tracker.order),
+        tracker.records,
+        warnings=list(tracker.warnings),
+        backward_order=list(tracker.backward_order),
+        profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
+    )
+
+
+def _probe(
+    tracker: ModuleTracker, emulation: FSDP1Emulation, plan: Plan, copy: nn.Module
+) -> CostProbe:
+    """Measure activations and FLOPs for the cost model (fsdpviz.cost)."""
+    owners = {flat: fqn for fqn, flat in emulation.flats.items()}
+    probe = CostProbe(tracker, owners, [u.fqn for u in plan.units], list(copy.buffers()))
+    probe.attach(emulation.runtime)
+    return probe
+
+
+def _simulated_steady(
+    runtime: FSDP1Runtime, rec: GraphRecorder, graph: Graph, log: list[tuple[str, int, bool]]
+) -> list[Event] | None:
+    """The steady-state events from the captured graph, or None if it cannot be trusted."""
+    start = next((i for i, e in enumerate(log) if e[0] in _BACKWARD_HOOKS), len(log))
+    forward, backward = log[:start], log[start:]
+    if not rec.supported or any(e[0] not in _BACKWARD_HOOKS for e in backward):
+        return None  # hooks on leaves, or forward hooks inside backward (recompute)
+    if simulate(graph, rec, {}) != backward:
+        return None  # the simulation does not reproduce the engine's first iteration
+    index = {u.unit.fqn: i for i, u in enumerate(runtime.states)}
+    creations: list[tuple[int, int, int, bool]] = []
+    calls: dict[int, int] = {}
+    current = [0, 0]
+
+    def record(h: Handle) -> None:
+        creations.append((index[h.name], current[0], current[1], runtime._prefetching))
+
+    make_views, runtime.make_views = runtime.make_views, record
+    try:
+        for entry in forward:
+            if entry[0] == "pre_forward":
+                current[:] = [entry[1], calls.get(entry[1], 0)]
+                calls[entry[1]] = current[1] + 1
+            runtime.replay([entry])
+    finally:
+        runtime.make_views = make_views
+    runtime.replay(simulate(graph, rec, steady_overrides(rec, creations, len(rec.views))))
+    return runtime.take_events()
+
+
+def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
+    """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
+    runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
+    index = {u.fqn: i for i, u in enumerate(plan.units)}
+    log: list[tuple[str, int, bool]] = []
+    for hook, i in hook_sequence(tree, index):
+        unit = plan.units[i]
+        if hook == "post_backward":
+            if not unit.has_params:
+                continue
+            hook = "post_backward" if unit.requires_grad else "post_backward_reshard_only"
+        log.append((hook, i, hook in ("pre_forward", "post_forward")))
+    log.append(("final_callback", 0, False))
+    iterations: list[list[Event]] = []
+    for _ in range(2):
+        runtime.replay(log)
+        iterations.append(runtime.take_events())
+    records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
+    warning = FsdpWarning(
+        "approximate_backward_order",
+        "trace='fx' runs no autograd: the backward hook order is inferred from the forward "
+        "call order (exact for sequential models without forward prefetch). Use "
+        "trace='meta' or trace='real' for the order torch's autograd engine produces.",
+    )
+    return _Traced(iterations, runtime, module_order(tree), records, [warning])
+
+
+def empty_unit(fqn: str, module: nn.Module) -> Unit:
+    """The unit of a module FSDP1 wraps although it holds no parameters of its own."""
+    return Unit(module=fqn, module_class=type(module).__name__, params=[])
+
+
+def runtime_warnings(
+    plan: Plan, runtime: FSDP1Runtime, iterations: list[list[Event]]
+) -> list[FsdpWarning]:
+    """What the schedule shows FSDP would warn about: shared parameters flattened twice,
+    units never used in forward, units all-gathered in backward without a gradient."""
+    out: list[FsdpWarning] = []
+    seen: dict[str, str] = {}
+    shared: list[str] = []
+    for unit in plan.units:
+        for p, info in zip(unit.params, unit.param_infos, strict=True):
+            key = str(id(p))
+            if key in seen:
+                shared.append(f"{info[2]} (also in unit {seen[key]!r})")
+            seen[key] = unit.fqn
+    if shared:
+        out.append(
+            FsdpWarning(
+                "shared_param_across_units",
+                "Parameters shared across units are flattened into more than one FlatParameter, "
+                "which FSDP does not support: " + ", ".join(shared),
+            )
+        )
+    used = {h.name for h in runtime.pre_forward_order}
+    unused = [u.fqn for u in plan.units if u.has_params and u.fqn not in used]
+    if unused:
+        out.append(
+            FsdpWarning(
+                "unit_unused_in_forward",
+                "These units never ran in the forward, so FSDP never all-gathers them: "
+                + ", ".join(repr(n) for n in unused),
+                unused,
+            )
+        )
+    gathered_in_bwd = {
+        e.unit for e in iterations[-1] if e.kind == "all_gather" and e.phase == "backward"
+    }
+    reduced = {e.unit for e in iterations[-1] if e.kind in ("reduce_scatter", "all_reduce")}
+    no_grad = sorted(gathered_in_bwd - reduced - {u.fqn for u in plan.units if not u.requires_grad})
+    if no_grad:
+        out.append(
+            FsdpWarning(
+                "gathered_without_gradient",
+                "These units are all-gathered in backward but get no gradient reduction: "
+                + ", ".join(repr(n) for n in no_grad),
+                no_grad,
+            )
+        )
+    return out
+
+
+def placements(plan: Plan) -> list[ParamPlacement]:
+    """Where each parameter of the plan lives (its unit, shape and bytes per element)."""
+    out: list[ParamPlacement] = []
+    for unit in plan.units:
+        size = unit.schema.itemsize if unit.schema else 0
+        shapes = {
+            fqn: list(s) for (_, _, fqn), s in zip(unit.param_infos, unit.shapes, strict=True)
+        }
+        out.extend(ParamPlacement(f, unit.fqn, s, size, f) for f, s in shapes.items())
+        out.extend(
+            ParamPlacement(f, unit.fqn, shapes[prim], size, prim)
+            for _, _, f, prim in unit.shared_infos
+        )
+    return out
+
+
+__all__ = ["FSDP1Options", "analyze_fsdp1"]

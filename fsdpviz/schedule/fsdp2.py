@@ -1,0 +1,190 @@
+"""``analyze`` for FSDP2 (``fully_shard``): plan groups, trace once, replay the steady state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import (
+    FSDP2Options,
+    Group,
+    build_groups,
+    check_reshard_ints,
+    parse_fsdp2_options,
+    prefetch_indices,
+)
+from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.trace.checkpointing import apply_checkpointing
+from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.tracker import ModuleTracker, run_step
+
+
+def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    # profile=False: do not measure activations and FLOPs (report.profile is None)
+    profile = bool(kwargs.pop("profile", True))
+    if fsdp2_states(model):
+        given = sorted(set(kwargs) - {"loss", "progress"})
+        if given:
+            raise ConfigError(
+                f"the model already has fully_shard applied, so its plan is read from FSDP2's "
+                f"state and {', '.join(given)} cannot be given; pass the model before "
+                "fully_shard with fully_shard=[...] to try another recipe"
+            )
+        copy, groups, opts = plan_from_fully_sharded(model, kwargs)
+        device = "meta"
+    else:
+        opts = parse_fsdp2_options(kwargs)
+        device = "real" if opts.trace == "real" else "meta"
+        copy, mapping = model_copy(model, device)
+        apply_checkpointing(copy, opts.activation_checkpointing)
+        ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
+        groups = build_groups(copy, opts, ignored)
+    check_reshard_ints(groups, opts.shard_ranks)
+    emulation = FSDP2Emulation(groups, opts)
+    runtime = emulation.runtime
+    runtime.set_prefetch(
+        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+    )
+    n_modules = sum(1 for _ in copy.modules())
+    where = "the meta device" if device == "meta" else "the model's device"
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
+        tracker = ModuleTracker(copy, on_call=bar.tick)
+        probe: CostProbe | None = None
+        try:
+            if profile:
+                owners = {p: g.name for g in groups for p in g.params}
+                names = [g.name for g in groups]
+                probe = CostProbe(tracker, owners, names, list(copy.buffers()))
+                probe.attach(runtime)
+            args, kw = inputs_copy(inputs, device)
+            run_step(copy, args, kw, opts.loss, tracker, where)
+        finally:
+            tracker.remove()
+            emulation.remove()
+            if probe is not None:
+                probe.remove()
+    return fsdp2_report(
+        copy,
+        groups,
+        opts,
+        runtime,
+        tracker,
+        list(tracker.backward_order),
+        list(emulation.view_outputs),
+        probe,
+    )
+
+
+def fsdp2_report(
+    copy: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    runtime: FSDP2Runtime,
+    tracker: ModuleTracker,
+    backward_order: list[str],
+    view_outputs: list[str],
+    probe: CostProbe | None = None,
+) -> Report:
+    """The report of one traced iteration (the runtime's events so far) and its replay."""
+    first = runtime.take_events()
+    # FSDP2 computes with plain unsharded parameters: its hooks add the same
+    # autograd nodes every iteration, so the steady state replays the first.
+    runtime.replay(list(runtime.log))
+    iterations: list[list[Event]] = [first, runtime.take_events()]
+    order = forward_order(runtime.log, groups)
+    placements = _placements(groups)
+    return Report(
+        source="prediction",
+        config=opts.describe(groups),
+        units=[g.schema for g in groups if g.schema is not None and g.params],
+        forward_order=order,
+        iterations=iterations,
+        warnings=_warnings(groups, order, view_outputs) + tracker.warnings,
+        modules=module_infos(
+            copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
+        ),
+        module_order=list(tracker.order),
+        module_backward_order=backward_order,
+        param_first_use=param_first_use(placements, tracker.order),
+        profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
+    )
+
+
+def forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:
+    """Groups (with parameters) in the order their forward first started."""
+    order: dict[str, None] = {}
+    for name, i, _ in log:
+        if name == "final_callback":
+            break
+        if name == "pre_forward" and groups[i].params:
+            order.setdefault(groups[i].name, None)
+    return list(order)
+
+
+def _placements(groups: list[Group]) -> list[ParamPlacement]:
+    out: list[ParamPlacement] = []
+    for g in groups:
+        size = g.schema.itemsize if g.schema else 0
+        shapes = {f: list(p.shape) for f, p in zip(g.param_fqns, g.params, strict=True)}
+        out.extend(ParamPlacement(f, g.name, s, size, f) for f, s in shapes.items())
+        if g.schema is not None:
+            out.extend(
+                ParamPlacement(a, g.name, shapes[prim], size, prim)
+                for a, prim in g.schema.shared_params.items()
+            )
+    return out
+
+
+def _warnings(
+    groups: list[Group], forward_order: list[str], view_outputs: list[str]
+) -> list[FsdpWarning]:
+    out: list[FsdpWarning] = []
+    if view_outputs:
+        out.append(
+            FsdpWarning(
+                "view_output",
+                "These fully_shard modules return a view tensor (FSDP2 warns): an in-place op "
+                "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
+                "Use out-of-place ops or .clone() the output: "
+                + ", ".join(repr(n) for n in view_outputs),
+                view_outputs,
+            )
+        )
+    ran = set(forward_order)
+    unused = [g.name for g in groups if g.params and g.name not in ran]
+    if unused:
+        out.append(
+            FsdpWarning(
+                "unit_unused_in_forward",
+                "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers "
+                "them: " + ", ".join(repr(n) for n in unused),
+                unused,
+            )
+        )
+    mixed = [
+        g.name
+        for g in groups
+        if g.schema is not None and g.schema.requires_grad is None and g.params
+    ]
+    if mixed:
+        out.append(
+            FsdpWarning(
+                "frozen_mixed",
+                "These groups mix frozen and trainable parameters; only the trainable ones "
+                "are reduce-scattered: " + ", ".join(repr(n) for n in mixed),
+                mixed,
+            )
+        )
+    return out
+
+
+__all__ = ["FSDP2Options", "analyze_fsdp2"]

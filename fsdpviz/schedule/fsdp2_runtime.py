@@ -1,0 +1,297 @@
+"""FSDP2's runtime state machine (``torch/distributed/fsdp/_fully_shard``, PyTorch 2.13).
+
+A port of ``FSDPState`` / ``FSDPParamGroup`` reduced to what decides the
+all-gathers, frees and reduce-scatters: each group's sharded state
+(sharded, sharded to the post-forward mesh, unsharded), a pending all-gather,
+the training state, the post-forward indices and the shared post-forward order
+that implicit backward prefetch pops from, explicit forward/backward prefetch
+targets, grouped calls (``_modules_to_run_forward``) and the root's final
+callback. Driven by :mod:`fsdpviz.schedule.fsdp2_emulation` from real autograd; every call
+is logged so a later iteration can be replayed.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from fsdpviz.plan.fsdp2 import Group, reshards
+from fsdpviz.schema.report import Event, Hook
+
+
+class TS(enum.Enum):
+    IDLE = "idle"
+    FORWARD = "forward"
+    PRE_BACKWARD = "pre_backward"
+    POST_BACKWARD = "post_backward"
+
+
+class Sharded(enum.Enum):
+    SHARDED = "sharded"
+    POST_FORWARD = "sharded_post_forward"
+    UNSHARDED = "unsharded"
+
+
+class GroupState:
+    """An emulated ``FSDPParamGroup``."""
+
+    def __init__(self, group: Group, world_size: int) -> None:
+        self.group = group
+        self.name = group.name
+        raf = group.reshard_after_forward
+        self.reshard_after_forward = reshards(raf)
+        self.use_post_forward_mesh = (
+            not isinstance(raf, bool) and isinstance(raf, int) and 1 < raf < world_size
+        )
+        self.world_size = world_size
+        self.sharded = Sharded.SHARDED
+        self.pending = False
+        self.ts = TS.IDLE
+        self.post_forward_indices: list[int] = []
+        self.ever_unsharded = False
+
+
+class StateRec:
+    """An emulated ``FSDPState``: one ``fully_shard`` call (zero or one group)."""
+
+    def __init__(self, group: Group, world_size: int) -> None:
+        self.group = group
+        self.groups = [GroupState(group, world_size)] if group.params else []
+        self.ts = TS.IDLE
+        self.n_modules = len(group.modules)
+        self.modules_to_run: set[int] = set()
+        self.forward_prefetch: list[StateRec] = []
+        self.backward_prefetch: list[StateRec] = []
+
+
+class FSDP2Runtime:
+    """``world_size``: the ranks a group is sharded over (a 2-D mesh's shard dimension);
+    ``replicas``: its replicate dimension (HSDP all-reduces each gradient shard across
+    them); ``offload``: CPUOffloadPolicy (shards come from, gradients go to, host memory)."""
+
+    def __init__(
+        self, groups: list[Group], world_size: int, replicas: int = 1, offload: bool = False
+    ) -> None:
+        self.states = [StateRec(g, world_size) for g in groups]
+        self.replicas = replicas
+        self.offload = offload
+        self.post_forward_order: list[GroupState] = []
+        self.iter_forward_root: StateRec | None = None
+        self.callback_queued = False
+        self.callback_state = self.states[0]
+        self.events: list[Event] = []
+        self.log: list[tuple[str, int, Any]] = []
+        self._hook: tuple[Hook, str] | None = None
+        self._prefetching = False
+
+    def set_prefetch(self, forward: dict[int, list[int]], backward: dict[int, list[int]]) -> None:
+        for i, targets in forward.items():
+            self.states[i].forward_prefetch = [self.states[t] for t in targets]
+        for i, targets in backward.items():
+            self.states[i].backward_prefetch = [self.states[t] for t in targets]
+
+    def take_events(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    def _emit(self, kind: Any, g: GroupState, phase: Any, group: Any = None) -> None:
+        hook, hook_unit = self._hook or (None, None)
+        prefetch = self._prefetching and kind == "all_gather"
+        self.events.append(Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group))
+
+    # ----------------------------------------------------------- group ops
+    def _unshard(self, g: GroupState) -> None:
+        if g.pending or g.sharded == Sharded.UNSHARDED:
+            return
+        phase = "forward" if g.ts == TS.FORWARD else "backward"
+        if self.offload and g.sharded == Sharded.SHARDED:
+            self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over
+        if g.world_size > 1:
+            self._emit("all_gather", g, phase)
+        g.pending = True
+
+    def _wait(self, g: GroupState) -> None:
+        if g.pending:
+            g.pending = False
+            g.sharded = Sharded.UNSHARDED
+            g.ever_unsharded = True
+
+    def _to(self, g: GroupState, target: Sharded) -> None:
+        if g.sharded == target:
+            return
+        if g.sharded == Sharded.UNSHARDED:
+            self._emit("free", g, "forward" if g.ts == TS.FORWARD else "backward")
+        g.sharded = target
+
+    def _reshard(self, g: GroupState) -> None:
+        if g.ts == TS.FORWARD:
+            if not g.reshard_after_forward:
+                return
+            if g.use_post_forward_mesh:
+                self._to(g, Sharded.POST_FORWARD)
+                return
+        self._to(g, Sharded.SHARDED)
+
+    def _prefetch(self, g: GroupState, backward: bool) -> None:
+        prev = g.ts
+        g.ts = TS.PRE_BACKWARD if backward else TS.FORWARD
+        self._prefetching = True
+        try:
+            self._unshard(g)
+        finally:
+            self._prefetching = False
+            g.ts = prev
+
+    def _backward_prefetch(self, g: GroupState) -> None:
+        if g.ts != TS.PRE_BACKWARD or not g.post_forward_indices:
+            return
+        index = g.post_forward_indices.pop()
+        if index > 0:
+            self._prefetch(self.post_forward_order[index - 1], backward=True)
+
+    # ------------------------------------------------------------- forward
+    def pre_forward(self, i: int, member: int = 0) -> list[int]:
+        """Module ``member`` of call ``i`` starts its forward (FSDP's forward pre-hook).
+
+        Returns the groups entering the forward pass (they register post-backward).
+        """
+        self.log.append(("pre_forward", i, member))
+        state = self.states[i]
+        if state.n_modules > 1 and not state.modules_to_run:
+            state.modules_to_run = set(range(state.n_modules))
+        if state.ts == TS.PRE_BACKWARD:  # activation-checkpoint recompute
+            for g in state.groups:
+                if g.sharded != Sharded.UNSHARDED:
+                    self._unshard(g)
+                    self._wait(g)
+            return []
+        self._hook = ("pre_forward", state.group.name)
+        first_in_pass = state.ts != TS.FORWARD
+        state.ts = TS.FORWARD
+        if first_in_pass and self.iter_forward_root is None:
+            self.iter_forward_root = state
+        entering = []
+        for n, g in enumerate(state.groups):
+            if g.ts != TS.FORWARD:
+                entering.append(n)
+            g.ts = TS.FORWARD
+            self._unshard(g)
+            self._wait(g)
+        if first_in_pass:
+            for target in state.forward_prefetch:
+                for g in target.groups:
+                    self._prefetch(g, backward=False)
+        return entering
+
+    def post_forward(self, i: int, in_backward: bool, member: int = 0) -> list[int] | None:
+        """Module ``member`` of call ``i`` finished its forward (FSDP's forward hook).
+
+        Returns None when FSDP's post-forward does nothing now (a grouped call
+        waiting for its other members, or a recompute inside backward), else the
+        states whose post-forward ran: this one and any the root force-completed.
+        """
+        self.log.append(("post_forward", i, (in_backward, member)))
+        state = self.states[i]
+        if state.n_modules > 1:
+            if member not in state.modules_to_run:
+                return None
+            state.modules_to_run.discard(member)
+            if state.modules_to_run:
+                return None
+        if state.ts == TS.PRE_BACKWARD:
+            return None
+        self._complete_forward(state, in_backward)
+        forced: list[int] = [i]
+        if self.iter_forward_root is state:
+            for j in reversed(range(len(self.states))):
+                other = self.states[j]
+                if other is state or not other.modules_to_run:
+                    continue
+                self._complete_forward(other, in_backward)
+                other.modules_to_run.clear()
+                forced.append(j)
+            self.iter_forward_root = None
+        return forced
+
+    def _complete_forward(self, state: StateRec, in_backward: bool) -> None:
+        self._hook = ("post_forward", state.group.name)
+        for g in state.groups:
+            if not in_backward:
+                self._reshard(g)
+                g.post_forward_indices.append(len(self.post_forward_order))
+                self.post_forward_order.append(g)
+            g.ts = TS.IDLE
+        state.ts = TS.IDLE
+
+    # ------------------------------------------------------------ backward
+    def pre_backward(self, i: int) -> bool:
+        """Returns True when the root's final callback must be queued now."""
+        self.log.append(("pre_backward", i, None))
+        state = self.states[i]
+        self._hook = ("pre_backward", state.group.name)
+        state.ts = TS.PRE_BACKWARD
+        queue = not self.callback_queued
+        if queue:  # the callback is bound to the state whose pre-backward ran first
+            self.callback_state = state
+        self.callback_queued = True
+        default_prefetch = not state.backward_prefetch
+        for g in state.groups:
+            if g.ts == TS.PRE_BACKWARD:
+                continue
+            g.ts = TS.PRE_BACKWARD
+            self._unshard(g)
+            self._wait(g)
+            if default_prefetch:
+                self._backward_prefetch(g)
+        for target in state.backward_prefetch:
+            for g in reversed(target.groups):
+                self._prefetch(g, backward=True)
+        return queue
+
+    def post_backward(self, i: int, has_grads: bool) -> None:
+        self.log.append(("post_backward", i, has_grads))
+        self._hook = ("post_backward", self.states[i].group.name)
+        for g in self.states[i].groups:
+            self._post_backward(g, has_grads)
+
+    def _post_backward(self, g: GroupState, has_grads: bool) -> None:
+        g.ts = TS.POST_BACKWARD
+        self._reshard(g)
+        if has_grads and g.ever_unsharded:
+            self._emit("reduce_scatter", g, "backward")
+            if self.replicas > 1:  # foreach_reduce: HSDP's all-reduce across the replicas
+                self._emit("all_reduce", g, "backward", group="replicate")
+            if self.offload:  # foreach_reduce copies the gradient shard to host memory
+                self._emit("d2h", g, "backward")
+
+    def final_callback(self, has_grads: dict[int, bool]) -> None:
+        self.log.append(("final_callback", 0, has_grads))
+        self._hook = ("final_callback", self.callback_state.group.name)
+        self.iter_forward_root = None
+        for i, state in enumerate(self.states):
+            state.modules_to_run.clear()
+            for g in reversed(state.groups):
+                if g.ts != TS.POST_BACKWARD:
+                    self._post_backward(g, has_grads.get(i, False))
+                g.ts = TS.IDLE
+            state.ts = TS.IDLE
+            for g in state.groups:
+                g.pending = False
+                g.post_forward_indices.clear()
+        self.post_forward_order.clear()
+        self.callback_queued = False
+        self._hook = None
+
+    def replay(self, log: list[tuple[str, int, Any]]) -> None:
+        """Feed a logged call sequence through the state machine (no model run)."""
+        for name, i, flag in log:
+            if name == "pre_forward":
+                self.pre_forward(i, flag)
+            elif name == "post_forward":
+                self.post_forward(i, *flag)
+            elif name == "pre_backward":
+                self.pre_backward(i)
+            elif name == "post_backward":
+                self.post_backward(i, flag)
+            elif name == "final_callback":
+                self.final_callback(flag)

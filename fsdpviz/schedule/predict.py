@@ -1,0 +1,61 @@
+"""The ``analyze`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.schema.report import Report
+
+
+def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
+    """Predict what FSDP1 does with ``model`` for one training step on ``inputs``.
+
+    ``fsdp_kwargs`` are the keyword arguments of ``FullyShardedDataParallel``
+    (``auto_wrap_policy``, ``sharding_strategy``, ``backward_prefetch``,
+    ``forward_prefetch``, ``use_orig_params``, ``mixed_precision``,
+    ``ignored_modules``, ``ignored_states``, ...) with FSDP's own enums and
+    policy objects, plus:
+
+    - ``world_size`` (default 8),
+    - ``loss``: callable from the model output to a scalar (default
+      ``output.loss``, else ``output.logits.sum()``, else the sum of the
+      floating-point tensors of the output),
+    - ``trace``: ``"meta"`` (default; nothing of the model is allocated) or
+      ``"real"`` (runs a copy on the model's own device, for models that cannot
+      run on meta),
+    - ``shard_group_size`` for hybrid sharding (ranks per shard group),
+    - ``progress``: show a progress bar (default: only when tracing is slow).
+
+    FSDP2: pass ``fully_shard=[...]`` (module classes, FQNs, tuples of FQNs
+    for one grouped call, or a callable ``(name, module) -> bool``) with
+    ``reshard_after_forward``, ``mp_policy`` and explicit ``forward_prefetch`` /
+    ``backward_prefetch`` maps ``{fqn: [fqn, ...]}``; or pass a model on which
+    ``fully_shard`` was already called (e.g. on the meta device with the fake
+    process group) and its plan is read from FSDP2's state.
+
+    ``inputs`` is a dict (keyword arguments), a tuple (positional arguments)
+    or one tensor. The model and inputs are not modified.
+
+    Example::
+
+        report = fsdpviz.analyze(
+            model, {"input_ids": ids},
+            auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+            backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+            world_size=64,
+        )
+        report.to_dict()["forward_order"]
+    """
+    from fsdpviz.plan.fsdp2_applied import fsdp2_states
+    from fsdpviz.trace.copy import check_model
+
+    check_model(model)
+    if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
+        from fsdpviz.schedule.fsdp2 import analyze_fsdp2
+
+        return analyze_fsdp2(model, inputs, **fsdp_kwargs)
+    from fsdpviz.schedule.fsdp1 import analyze_fsdp1
+
+    return analyze_fsdp1(model, inputs, **fsdp_kwargs)

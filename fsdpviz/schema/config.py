@@ -1,0 +1,246 @@
+"""``Report.config``: how a report was made, as a typed, frozen record.
+
+A prediction states the FSDP options :func:`fsdpviz.analyze` was given (as FSDP
+names them: ``"FULL_SHARD"``, ``"BACKWARD_PRE"``, a policy's short description);
+a recording states what the run knew about itself (rank, backend, start time).
+Each field has one default, the value a reader gets when the report does not
+state it. :meth:`ReportConfig.to_dict` writes the keys the report states, in the
+order they were stated, with the same JSON as before the config was typed; keys
+fsdpviz does not know (a recorder's ``config=`` extras) are kept in ``extra``.
+
+For code written against the former plain dict, a config is also a read-only
+``Mapping`` of its JSON form: ``report.config["world_size"]``,
+``report.config.get("rank")`` and ``{**report.config}`` still work (a key the
+report does not state is missing there, while the attribute gives its default).
+
+Example::
+
+    cfg = fsdpviz.analyze(model, ids, world_size=64).config
+    cfg.world_size, cfg.sharding_strategy, cfg.backward_prefetch   # 64, 'FULL_SHARD', None
+    cfg.to_dict()["auto_wrap_policy"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+Api = Literal["FSDP1", "FSDP2"]
+TraceMode = Literal["meta", "real", "fx"]
+
+_TRACE_MODES = frozenset(get_args(TraceMode))
+# JSON keys that two fields share: FSDP1 and FSDP2 give prefetch settings of different
+# shapes under one name, and a prediction's trace mode and a recording's profiler file
+# are both "trace". The field that holds a value is the one written under the key.
+_SHARED_KEYS = {
+    "forward_prefetch": ("explicit_forward_prefetch", "forward_prefetch"),
+    "backward_prefetch": ("explicit_backward_prefetch", "backward_prefetch"),
+    "trace": ("profiler_trace", "trace"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ReportConfig(Mapping[str, Any]):
+    """How a report was made; see the module docstring.
+
+    ``stated``: the JSON keys the report states, in order (what :meth:`to_dict`
+    writes); build one with :meth:`from_dict` or with the fields and ``stated``.
+    """
+
+    api: Api = "FSDP1"
+    world_size: int | None = None  # None: not known (a recording without torch.distributed)
+    # FSDP1: FullyShardedDataParallel's options
+    shard_world_size: int | None = None  # ranks a FlatParameter is sharded over; None: world_size
+    process_group_size: int | None = None  # hybrid sharding: ranks of FSDP's group (a shard group)
+    sharding_strategy_given: str | None = None  # asked for, where one rank made it NO_SHARD
+    sharding_strategy: str = "FULL_SHARD"
+    auto_wrap_policy: str | None = None  # a short description of the policy
+    backward_prefetch: str | None = None  # None: no backward prefetch, or not stated
+    forward_prefetch: bool = False
+    use_orig_params: bool = False
+    mixed_precision: Mapping[str, str | None] | None = None  # param, reduce and buffer dtype
+    # parameters, gradients and optimizer state in host memory (FSDP1 CPUOffload(offload_params
+    # =True), FSDP2 CPUOffloadPolicy): copied to the device before each all-gather
+    cpu_offload: bool = False
+    # FSDP2: fully_shard's options
+    fully_shard: tuple[str, ...] = ()  # the groups, as FSDP2 names them
+    reshard_after_forward: Mapping[str, bool | int] = field(default_factory=dict)  # per group
+    mp_policy: Mapping[str, str | bool | None] | None = None
+    # a 2-D mesh (HSDP): {replicate dim name: size, shard dim name: size}; None: 1-D
+    mesh: Mapping[str, int] | None = None
+    # set_modules_to_{forward|backward}_prefetch: {group module: [modules it prefetches]}
+    explicit_forward_prefetch: Mapping[str, tuple[str, ...]] | None = None
+    explicit_backward_prefetch: Mapping[str, tuple[str, ...]] | None = None
+    # how a prediction was made
+    trace: TraceMode | None = None
+    replayed: bool = False  # predicted from another report's trace (fsdpviz.replan.replay)
+    # recordings
+    rank: int | None = None
+    backend: str | None = None
+    started_unix: float | None = None  # wall-clock time the recording started
+    complete_iterations: int | None = None  # iterations that reached the final callback
+    kinds: tuple[str, ...] | None = None  # the event kinds recorded; None: all
+    iteration_offset: int = 0  # the first recorded iteration's number in the run
+    unit_names: str | None = None  # where a profiler trace's unit names came from
+    profiler_trace: str | None = None  # the torch.profiler trace file it was read from
+    # bookkeeping
+    stated: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks the schedule runs on: ``world_size``, or 1 when the report does not say."""
+        return self.world_size or 1
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks one unit's parameters are sharded over (FSDP1's ``shard_world_size`` for
+        hybrid and ``NO_SHARD`` plans, otherwise all of them)."""
+        return self.shard_world_size or self.ranks
+
+    @property
+    def prefetches_backward(self) -> bool:
+        """Whether the plan prefetches in backward: FSDP1 with a ``backward_prefetch``, or
+        FSDP2 (it always prefetches the group before). False when a recording does not say."""
+        return self.backward_prefetch is not None or self.explicit_backward_prefetch is not None
+
+    def states(self, *keys: str) -> bool:
+        """Whether the report states all these JSON keys (a recording may not know its world
+        size; a prediction states its options)."""
+        return all(k in self.stated for k in keys)
+
+    def reshard_ranks(self, unit: str) -> int | None:
+        """FSDP2 ``reshard_after_forward=N`` of ``unit``: the ranks its parameters are
+        resharded over after forward, when that is neither all ranks nor none."""
+        value = self.reshard_after_forward.get(unit)
+        if isinstance(value, bool) or value is None or not 1 < value < self.ranks:
+            return None
+        return value
+
+    def replace(self, **changes: Any) -> ReportConfig:
+        """A copy with ``changes`` (field names); a field not stated before is stated now."""
+        stated = changes.pop("stated", self.stated)
+        keys = tuple(dict.fromkeys([*stated, *(_key(k) for k in changes)]))
+        return dataclasses.replace(self, stated=keys, **changes)
+
+    def unstate(self, *keys: str) -> ReportConfig:
+        """A copy that no longer states the JSON ``keys``; their fields read their defaults."""
+        names = [n for k in keys for n in _SHARED_KEYS.get(k, (k,))]
+        defaults = {n: _default(n) for n in names if n in _FIELDS}
+        stated = tuple(k for k in self.stated if k not in keys)
+        extra = {k: v for k, v in self.extra.items() if k not in keys}
+        return dataclasses.replace(self, **defaults, stated=stated, extra=extra)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The stated keys and their JSON values (what ``Report.to_dict`` writes)."""
+        return {key: self[key] for key in self.stated}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReportConfig:
+        """Read :meth:`to_dict`'s output (or any former ``Report.config`` dict)."""
+        if isinstance(d, ReportConfig):
+            return d
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        stated: list[str] = []
+        for key, value in d.items():
+            name = _field_for(key, value)
+            if name is None:
+                extra[key] = value
+            elif value is None and not _optional(name):
+                continue  # e.g. a recording that could not tell its world size: the default
+            else:
+                values[name] = _from_json(name, value)
+            stated.append(key)
+        return cls(**values, stated=tuple(stated), extra=extra)
+
+    # --------------------------------------------------------------- Mapping
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.stated:
+            raise KeyError(key)
+        if key in self.extra:
+            return self.extra[key]
+        names = _SHARED_KEYS.get(key, (key,))
+        name = next((n for n in names if getattr(self, n) is not None), names[-1])
+        return _to_json(getattr(self, name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stated)
+
+    def __len__(self) -> int:
+        return len(self.stated)
+
+    def __repr__(self) -> str:
+        return f"ReportConfig({', '.join(f'{k}={self[k]!r}' for k in self.stated)})"
+
+
+FSDP1_KEYS = (
+    "api",
+    "world_size",
+    "shard_world_size",
+    "sharding_strategy",
+    "auto_wrap_policy",
+    "backward_prefetch",
+    "forward_prefetch",
+    "use_orig_params",
+    "mixed_precision",
+    "trace",
+)
+"""What an FSDP1 prediction states, in order."""
+FSDP2_KEYS = (
+    "api",
+    "world_size",
+    "fully_shard",
+    "reshard_after_forward",
+    "mp_policy",
+    "forward_prefetch",
+    "backward_prefetch",
+    "trace",
+)
+"""What an FSDP2 prediction states, in order."""
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ReportConfig) if f.name not in ("stated", "extra")}
+
+
+def _key(name: str) -> str:
+    """The JSON key of field ``name``."""
+    return next((k for k, names in _SHARED_KEYS.items() if name in names), name)
+
+
+def _field_for(key: str, value: Any) -> str | None:
+    if key in _SHARED_KEYS:
+        explicit, plain = _SHARED_KEYS[key]
+        if key == "trace":
+            return plain if value is None or value in _TRACE_MODES else explicit
+        return explicit if isinstance(value, Mapping) else plain
+    return key if key in _FIELDS else None
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _optional(name: str) -> bool:
+    return str(_FIELDS[name].type).endswith("| None")
+
+
+def _from_json(name: str, value: Any) -> Any:
+    if name in ("fully_shard", "kinds"):
+        return tuple(value)
+    if name in ("explicit_forward_prefetch", "explicit_backward_prefetch"):
+        return {str(k): tuple(v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value

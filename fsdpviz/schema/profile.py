@@ -1,0 +1,127 @@
+"""What the trace measured for the memory and time model (:mod:`fsdpviz.cost`).
+
+A prediction's :class:`~fsdpviz.schema.report.Report` carries a
+:class:`TraceProfile` in ``report.profile``: per iteration, the sequence of FSDP
+hook calls the trace saw and, for the compute *before* each hook, the FLOPs,
+the bytes of activations saved for backward, other live tensors and the
+unsharded gradients produced. Each event of ``report.iterations[i]`` points at
+the hook call that issued it, so memory and time can be stepped event by event
+without running the model again.
+
+Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
+
+``iterations``
+    One entry per entry of ``report.iterations``, each with ``hooks`` (list of
+    ``[hook, unit, arg]``: ``hook`` one of ``pre_forward`` | ``post_forward`` |
+    ``pre_backward`` | ``post_backward`` | ``post_backward_reshard_only`` |
+    ``final_callback``, ``arg`` what the runtime state machine was called with, so
+    the schedule can be replayed for other settings by :mod:`fsdpviz.replan.hook_replay`),
+    ``event_hook`` (per event: index into ``hooks``) and arrays of length
+    ``len(hooks) + 1`` (entry ``k`` is the compute before hook ``k``; the last
+    entry is the compute after the last hook): ``flops_forward``,
+    ``flops_backward`` (FLOPs counted in that stretch; backward includes
+    activation-checkpoint recomputation), ``activations`` (bytes of live tensors
+    saved for backward when hook ``k`` ran, recomputed ones included),
+    ``forward_temp`` / ``backward_temp`` (bytes of other live tensors the
+    forward created, such as the model output, or the backward created, such as
+    gradients of activations; parameter gradients excluded), ``peak`` (the most
+    ``activations + temp + new gradients`` reached in that stretch),
+    ``peak_activations`` / ``peak_forward_temp`` / ``peak_grads`` (their share at
+    that moment; the rest is backward temp) and ``grads`` (``{unit: bytes}`` of unsharded parameter
+    gradients created in that stretch).
+``modules``
+    ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
+    module was the innermost one running, and forward FLOPs counted while it was
+    (children excluded), in the first traced iteration.
+``input_bytes`` / ``buffer_bytes``
+    Bytes of the model inputs and of the model's buffers.
+``flop_ops``
+    The operators whose FLOPs are counted (``torch.utils.flop_counter``'s
+    formulas: matrix multiplies, attention, convolutions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepProfile:
+    """Hook calls of one iteration and the compute measured between them."""
+
+    hooks: list[tuple[str, str, Any]]
+    event_hook: list[int]
+    flops_forward: list[float]
+    flops_backward: list[float]
+    activations: list[int]
+    forward_temp: list[int]
+    backward_temp: list[int]
+    peak: list[int]
+    peak_activations: list[int]
+    peak_forward_temp: list[int]
+    peak_grads: list[int]
+    grads: list[dict[str, int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hooks": [list(h) for h in self.hooks],
+            "event_hook": list(self.event_hook),
+            "flops_forward": list(self.flops_forward),
+            "flops_backward": list(self.flops_backward),
+            "activations": list(self.activations),
+            "forward_temp": list(self.forward_temp),
+            "backward_temp": list(self.backward_temp),
+            "peak": list(self.peak),
+            "peak_activations": list(self.peak_activations),
+            "peak_forward_temp": list(self.peak_forward_temp),
+            "peak_grads": list(self.peak_grads),
+            "grads": [dict(g) for g in self.grads],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepProfile:
+        return cls(
+            hooks=[(str(h), str(u), arg) for h, u, arg in d["hooks"]],
+            event_hook=[int(i) for i in d["event_hook"]],
+            flops_forward=[float(x) for x in d["flops_forward"]],
+            flops_backward=[float(x) for x in d["flops_backward"]],
+            activations=[int(x) for x in d["activations"]],
+            forward_temp=[int(x) for x in d["forward_temp"]],
+            backward_temp=[int(x) for x in d["backward_temp"]],
+            peak=[int(x) for x in d["peak"]],
+            peak_activations=[int(x) for x in d["peak_activations"]],
+            peak_forward_temp=[int(x) for x in d["peak_forward_temp"]],
+            peak_grads=[int(x) for x in d["peak_grads"]],
+            grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
+        )
+
+
+@dataclass
+class TraceProfile:
+    """Activation bytes, FLOPs and hook positions recorded by the trace."""
+
+    iterations: list[StepProfile]
+    modules: dict[str, dict[str, float]] = field(default_factory=dict)
+    input_bytes: int = 0
+    buffer_bytes: int = 0
+    flop_ops: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iterations": [it.to_dict() for it in self.iterations],
+            "modules": {k: dict(v) for k, v in self.modules.items()},
+            "input_bytes": self.input_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "flop_ops": list(self.flop_ops),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TraceProfile:
+        return cls(
+            iterations=[StepProfile.from_dict(it) for it in d["iterations"]],
+            modules={str(k): dict(v) for k, v in d.get("modules", {}).items()},
+            input_bytes=int(d.get("input_bytes", 0)),
+            buffer_bytes=int(d.get("buffer_bytes", 0)),
+            flop_ops=list(d.get("flop_ops", [])),
+        )

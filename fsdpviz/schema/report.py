@@ -1,0 +1,454 @@
+"""The JSON-serialisable types every fsdpviz view reads.
+
+A prediction (:func:`fsdpviz.analyze`) and a recording of a real FSDP run
+(:class:`fsdpviz.FSDP1Recorder`) both produce a :class:`Report` made of
+these types, so every graph, table and figure works for both.
+
+Schema of :meth:`Report.to_dict` (``schema_version`` 1):
+
+``units``
+    One entry per FSDP wrap unit (one ``FullyShardedDataParallel`` instance),
+    in FSDP's handle order (depth-first over the module tree, root first).
+    ``module`` is the wrapped module's FQN in the user's model (``""`` for the
+    root); ``params`` the FQNs of the parameters its FlatParameter holds, in
+    flattening order, a shared parameter under its first FQN (the other names
+    are in ``shared_params``). Sizes: ``numel`` (sum of the parameters),
+    ``flat_numel`` (with the alignment padding of ``use_orig_params=True``),
+    ``padded_numel`` (padded to a multiple of the shard world size),
+    ``sharded_numel`` (held by each rank), and the matching ``bytes`` /
+    ``sharded_bytes`` in ``dtype``.
+``forward_order``
+    Unit ``module`` names in FSDP's pre-forward order (first use only, as
+    recorded in the first iteration).
+``iterations``
+    ``[first_iteration_events, steady_state_events]``. Each event:
+    ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, ``all_reduce``
+    for ``NO_SHARD`` and hybrid sharding, and with CPU offload ``h2d`` (the unit's
+    shard copied from host memory before its all-gather) and ``d2h`` (its sharded
+    gradient copied to host memory after its reduction)), ``unit``, ``phase``
+    (``forward`` | ``backward``), ``prefetch`` (all-gathers only), ``hook`` (the
+    FSDP hook that issued it: ``pre_forward``, ``post_forward``, ``pre_backward``,
+    ``post_backward``, ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
+    (only where set): ``"replicate"`` for hybrid sharding's all-reduce of a gradient
+    shard across the shard groups; absent, a collective runs over the unit's own
+    process group (the shard group, or every rank under ``NO_SHARD``).
+    Recordings of real runs (:func:`fsdpviz.record`, :func:`fsdpviz.load_profile`)
+    may add ``t`` (seconds since the recording started, when the event was
+    issued) and ``duration`` (seconds the call took on the host, or the device
+    time a profiler measured); predictions never set them, and schedules are
+    compared without them (:meth:`Event.untimed`). A recording has one event
+    list per iteration it saw, not two.
+``config``
+    How the report was made: the FSDP options of a prediction, the rank and
+    backend of a recording (:class:`~fsdpviz.schema.config.ReportConfig`).
+``warnings``
+    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
+``modules``
+    The module tree: ``fqn``, ``module_class``, ``parent``, ``unit`` (the unit
+    that manages its direct parameters), ``numel``/``bytes`` (direct
+    parameters), ``calls`` and the ``input_shapes``/``output_shapes`` seen.
+``module_order`` / ``module_backward_order``
+    Module FQNs in the order their forward first ran / their backward was first
+    reached (the gradient of one of their outputs computed).
+``param_first_use``
+    Parameter FQN (first FQN of a shared parameter) -> the module whose forward
+    used it first.
+``module_events`` (recordings only, omitted when empty)
+    One list per iteration, parallel to ``iterations``: ``{"kind", "module", "t"}``
+    with ``kind`` one of ``forward_enter`` | ``forward_exit`` | ``backward_enter``
+    | ``backward_exit``, ``module`` the module FQN (FSDP wrappers named like the
+    module they wrap) and ``t`` on the same clock as the events' ``t``.
+``profile`` (predictions traced with autograd, omitted when absent)
+    What the trace measured for the memory and time model: per iteration, the
+    FSDP hook calls, the event each hook issued, and the FLOPs, activation and
+    temporary bytes and unsharded gradients between hooks; see
+    :mod:`fsdpviz.schema.profile`. ``report.memory`` and ``report.timeline``
+    (:mod:`fsdpviz.cost`) are computed from the report, not stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.extensions import report_method
+from fsdpviz.schema.profile import TraceProfile
+
+if TYPE_CHECKING:  # the types of the conveniences the layers above implement
+    from fsdpviz.cost.memory import MemoryReport
+    from fsdpviz.cost.time import Timeline
+
+SCHEMA_VERSION = 1
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (None stays None), as reports store dtypes."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def unit_label(fqn: str | None) -> str:
+    """A unit or module as every text shows it: quoted, ``(root)`` for the root (FQN ``""``).
+
+    ``unit_label("layers.0")`` -> ``"'layers.0'"``; ``unit_label("")`` -> ``"(root)"``;
+    ``None`` (no unit) -> ``"?"``.
+    """
+    if fqn is None:
+        return "?"
+    return "(root)" if fqn == "" else repr(fqn)
+
+
+EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h"]
+Phase = Literal["forward", "backward"]
+Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
+Group = Literal["replicate"]
+ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One collective or free on a rank, in issue order."""
+
+    kind: EventKind
+    unit: str
+    phase: Phase
+    prefetch: bool = False
+    hook: Hook | None = None
+    hook_unit: str | None = None
+    t: float | None = None
+    duration: float | None = None
+    group: Group | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
+        if self.kind == "all_gather":
+            d["prefetch"] = self.prefetch
+        if self.group is not None:
+            d["group"] = self.group
+        if self.hook is not None:
+            d["hook"] = self.hook
+            d["hook_unit"] = self.hook_unit
+        if self.t is not None:
+            d["t"] = self.t
+        if self.duration is not None:
+            d["duration"] = self.duration
+        return d
+
+    def untimed(self) -> Event:
+        """This event without ``t`` and ``duration``: what schedules are compared on."""
+        if self.t is None and self.duration is None:
+            return self
+        return replace(self, t=None, duration=None)
+
+    def describe(self) -> str:
+        """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``;
+        the root reads ``(root)``: ``free (root) (post_forward of (root))``."""
+        hook = f"{self.hook} of {unit_label(self.hook_unit)}"
+        how: list[str] = [self.phase if self.hook is None else hook]
+        if self.prefetch:
+            how.insert(0, "prefetch")
+        if self.group == "replicate":
+            how.insert(0, "across replicas")
+        return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        return cls(
+            kind=d["kind"],
+            unit=d["unit"],
+            phase=d["phase"],
+            prefetch=bool(d.get("prefetch", False)),
+            hook=d.get("hook"),
+            hook_unit=d.get("hook_unit"),
+            t=d.get("t"),
+            duration=d.get("duration"),
+            group=d.get("group"),
+        )
+
+
+@dataclass(frozen=True)
+class ModuleEvent:
+    """A module's forward or backward starting or ending on a rank (recordings only)."""
+
+    kind: ModuleEventKind
+    module: str
+    t: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "module": self.module, "t": self.t}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModuleEvent:
+        return cls(kind=d["kind"], module=d["module"], t=float(d["t"]))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP wrap unit and the FlatParameter it manages."""
+
+    module: str
+    module_class: str
+    params: list[str]
+    shared_params: dict[str, str] = field(default_factory=dict)
+    numel: int = 0
+    flat_numel: int = 0
+    padded_numel: int = 0
+    sharded_numel: int = 0
+    dtype: str | None = None
+    compute_dtype: str | None = None
+    reduce_dtype: str | None = None
+    requires_grad: bool | None = None
+    sharding_strategy: str = "FULL_SHARD"
+    itemsize: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def sharded_bytes(self) -> int:
+        return self.sharded_numel * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bytes"] = self.bytes
+        d["sharded_bytes"] = self.sharded_bytes
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Unit:
+        known = {k: v for k, v in d.items() if k not in ("bytes", "sharded_bytes")}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the traced model."""
+
+    fqn: str
+    module_class: str
+    parent: str | None
+    unit: str | None
+    numel: int
+    bytes: int
+    params: dict[str, list[int]] = field(default_factory=dict)
+    calls: int = 0
+    input_shapes: list[list[int]] = field(default_factory=list)
+    output_shapes: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModuleInfo:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class FsdpWarning:
+    """A warning FSDP would raise for this configuration, or one fsdpviz adds."""
+
+    code: str
+    message: str
+    units: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
+        return cls(**d)
+
+
+@dataclass
+class Report:
+    """What FSDP does with a model: units, forward order and the event schedule.
+
+    Example::
+
+        report = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
+        [u.module for u in report.units]
+        report.to_dict()["iterations"][1][:3]
+    """
+
+    source: Literal["prediction", "recording"]
+    config: ReportConfig
+    units: list[Unit]
+    forward_order: list[str]
+    iterations: list[list[Event]]
+    warnings: list[FsdpWarning] = field(default_factory=list)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    module_order: list[str] = field(default_factory=list)
+    module_backward_order: list[str] = field(default_factory=list)
+    param_first_use: dict[str, str] = field(default_factory=dict)
+    module_events: list[list[ModuleEvent]] = field(default_factory=list)
+    profile: TraceProfile | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
+            self.config = ReportConfig.from_dict(self.config)
+
+    @cached_property
+    def memory(self) -> MemoryReport:
+        """Per-rank memory at every event of the steady state, and its peak (computed once).
+
+        Defaults of :func:`fsdpviz.cost.memory_model`: AdamW optimizer state, last
+        iteration. Call that function for other options.
+        """
+        model: Callable[[Report], MemoryReport] = report_method("memory")
+        return model(self)
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """Estimated start and end of every event of the steady state on an H100 node.
+
+        Defaults of :func:`fsdpviz.cost.timeline` (``machine="h100"``); call it
+        with another :class:`fsdpviz.cost.Machine` or preset name for other hardware.
+        """
+        model: Callable[[Report], Timeline] = report_method("timeline")
+        return model(self)
+
+    def unit(self, module: str) -> Unit:
+        """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
+        for u in self.units:
+            if u.module == module:
+                return u
+        names = ", ".join(unit_label(u.module) for u in self.units[:8])
+        raise KeyError(f"no wrap unit for module {unit_label(module)}; units are {names}...")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "config": self.config.to_dict(),
+            "units": [u.to_dict() for u in self.units],
+            "forward_order": list(self.forward_order),
+            "iterations": [[e.to_dict() for e in it] for it in self.iterations],
+            "warnings": [w.to_dict() for w in self.warnings],
+            "modules": [m.to_dict() for m in self.modules],
+            "module_order": list(self.module_order),
+            "module_backward_order": list(self.module_backward_order),
+            "param_first_use": dict(self.param_first_use),
+        }
+        if self.module_events:
+            d["module_events"] = [[m.to_dict() for m in it] for it in self.module_events]
+        if self.profile is not None:
+            d["profile"] = self.profile.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        """Read :meth:`to_dict`'s output; other keys (a Chrome trace's ``traceEvents``,
+        ``displayTimeUnit``, ``otherData``, as :func:`fsdpviz.export.save` writes) are ignored.
+        """
+        if "ranks" in d and "units" not in d:
+            raise ValueError(
+                f"this holds a recorded run of {len(d['ranks'])} ranks, not one report; "
+                "read it with fsdpviz.load(path) (a RecordedRun)"
+            )
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"report schema_version {version!r} is not supported by this fsdpviz "
+                f"(expects {SCHEMA_VERSION}); re-create the report with this version"
+            )
+        return cls(
+            source=d["source"],
+            config=ReportConfig.from_dict(d["config"]),
+            units=[Unit.from_dict(u) for u in d["units"]],
+            forward_order=list(d["forward_order"]),
+            iterations=[[Event.from_dict(e) for e in it] for it in d["iterations"]],
+            warnings=[FsdpWarning.from_dict(w) for w in d.get("warnings", [])],
+            modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
+            module_order=list(d.get("module_order", [])),
+            module_backward_order=list(d.get("module_backward_order", [])),
+            param_first_use=dict(d.get("param_first_use", {})),
+            module_events=[
+                [ModuleEvent.from_dict(m) for m in it] for it in d.get("module_events", [])
+            ],
+            profile=TraceProfile.from_dict(d["profile"]) if d.get("profile") else None,
+        )
+
+    def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:
+        """The report as JSON; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Report:
+        """Read a report written by :meth:`to_json`."""
+        p = Path(text_or_path)
+        text = p.read_text() if p.suffix == ".json" and p.exists() else str(text_or_path)
+        return cls.from_dict(json.loads(text))
+
+    def module_graph(self) -> Any:
+        """The module tree as a ``networkx.DiGraph`` (see :mod:`fsdpviz.graphs`)."""
+        return report_method("module_graph")(self)
+
+    def unit_graph(self, iteration: int = -1) -> Any:
+        """Units with forward-order and prefetch edges of one iteration (default: steady state).
+
+        A ``networkx.MultiDiGraph`` (a ``DiGraph`` subclass); see :mod:`fsdpviz.graphs`.
+        """
+        return report_method("unit_graph")(self, iteration)
+
+    def show(self, **kwargs: Any) -> Any:
+        """The interactive views in a notebook: wrap-unit explorer, prefetch graph, timeline.
+
+        Returns a :class:`fsdpviz.widgets.Dashboard` (displayed as the last line of a
+        cell). ``model=`` and ``inputs=`` enable re-planning from the explorer's
+        controls; ``memory=`` takes bytes per event, or a callable ``report -> series``.
+
+        Example::
+
+            view = report.show(model=model, inputs=ids)
+            view.timeline.step = 40
+        """
+        return report_method("show")(self, **kwargs)
+
+    def save(self, path: str | Path, **kwargs: Any) -> Path:
+        """Write the report in the format its suffix names; see :func:`fsdpviz.export.save`.
+
+        ``.html`` (interactive, self-contained), ``.png`` / ``.svg`` / ``.pdf`` (one figure),
+        ``.json`` (a Chrome trace that :func:`fsdpviz.load` also reads back), ``.graphml``.
+        """
+        save: Callable[..., Path] = report_method("save")
+        return save(self, path, **kwargs)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The compact summary a notebook shows for a report in a cell's last line."""
+        card: Callable[[Report], dict[str, Any]] = report_method("card")
+        return card(self)
+
+    def summary(self) -> str:
+        """A few lines: units, bytes per rank, event counts, warnings."""
+        cfg = self.config
+        ws = f"world size {cfg.world_size}"
+        if cfg.mesh:
+            ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
+        per_rank = sum(u.sharded_bytes for u in self.units)
+        where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
+        lines = [
+            f"fsdpviz {self.source}: {len(self.units)} units, {ws}, "
+            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
+        ]
+        for i, it in enumerate(self.iterations):
+            counts: dict[str, int] = {}
+            for e in it:
+                key = e.kind + (" (prefetch)" if e.prefetch else "")
+                counts[key] = counts.get(key, 0) + 1
+            name = "first iteration" if i == 0 else "steady state"
+            lines.append(f"  {name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        lines.extend(f"  warning [{w.code}]: {w.message.splitlines()[0]}" for w in self.warnings)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()

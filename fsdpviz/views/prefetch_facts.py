@@ -1,0 +1,96 @@
+"""What the prefetch graph shows, as data: unit positions, misordered and missed prefetches.
+
+See :mod:`fsdpviz.views.prefetch` for the figure and what the two kinds of mistake mean.
+
+Example::
+
+    facts = prefetch_analysis(report)
+    facts.missed   # [(previous unit, unit gathered on demand, its post-backward, gather)]
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from fsdpviz.graphs import unit_graph
+from fsdpviz.schema.report import Report
+
+__all__ = ["PrefetchAnalysis", "backward_unit_order", "prefetch_analysis"]
+
+
+@dataclass
+class PrefetchAnalysis:
+    """Facts behind the prefetch graph for one iteration.
+
+    ``misordered``: ``(issuer, target, expected, position)`` per backward prefetch whose
+    target is not the issuer's successor ``expected`` in the backward order.
+    ``missed``: ``(previous, unit, post_backward_position, gather_position)`` per unit
+    gathered on demand in backward although ``backward_prefetch`` is set (positions are
+    event indices; ``post_backward_position`` is ``None`` when ``previous`` had no
+    post-backward event).
+    """
+
+    iteration: int
+    positions: dict[str, int]
+    backward_order: list[str]
+    never_prefetched: list[str]
+    misordered: list[tuple[str, str, str | None, int]] = field(default_factory=list)
+    missed: list[tuple[str, str, int | None, int]] = field(default_factory=list)
+
+
+def backward_unit_order(report: Report, iteration: int = -1) -> list[str]:
+    """Units in the order their backward is first reached.
+
+    From ``report.module_backward_order``; for reports without it, the order of each
+    unit's first backward event in ``report.iterations[iteration]``.
+    """
+    units = {u.module for u in report.units}
+    source = report.module_backward_order or [
+        e.unit for e in report.iterations[iteration] if e.phase == "backward"
+    ]
+    seen: dict[str, None] = {}
+    for name in source:
+        if name in units:
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def prefetch_analysis(report: Report, iteration: int = -1) -> PrefetchAnalysis:
+    """Positions, never-prefetched units and the misordered and missed prefetches."""
+    graph = unit_graph(report, iteration)
+    index = graph.graph["iteration"]
+    events = report.iterations[index]
+    positions: dict[str, int] = {}
+    order = [n for n in report.forward_order if n in graph]
+    for name in order:
+        positions.setdefault(name, len(positions))
+    for u in report.units:
+        positions.setdefault(u.module, len(positions))
+    backward = backward_unit_order(report, index)
+    successor = dict(itertools.pairwise(backward))
+    out = PrefetchAnalysis(
+        iteration=index,
+        positions=positions,
+        backward_order=backward,
+        never_prefetched=[n for n, d in graph.nodes(data=True) if d["never_prefetched"]],
+    )
+    for a, b, data in graph.edges(data=True):
+        if data["kind"] == "backward_prefetch" and successor.get(a) != b:
+            out.misordered.append((a, b, successor.get(a), data["position"]))
+    out.misordered.sort(key=lambda t: t[3])
+    if not report.config.prefetches_backward:
+        return out
+    first_gather: dict[str, tuple[int, bool]] = {}
+    post_backward: dict[str, int] = {}
+    for pos, e in enumerate(events):
+        if e.phase != "backward":
+            continue
+        if e.kind == "all_gather":
+            first_gather.setdefault(e.unit, (pos, e.prefetch))
+        if e.hook == "post_backward" and e.hook_unit is not None:
+            post_backward.setdefault(e.hook_unit, pos)
+    for a, b in itertools.pairwise(backward):
+        if b in first_gather and not first_gather[b][1]:
+            out.missed.append((a, b, post_backward.get(a), first_gather[b][0]))
+    return out

@@ -1,0 +1,211 @@
+"""``TimelineWidget``: the step-through timeline as an anywidget (front end in ``js/``).
+
+Stepping and playing run in the browser. ``step``, ``playing``, ``speed``, ``order``
+and ``selected_unit`` are synced traitlets: ``view.step = 40`` moves the view (steps
+are numbered from 0, in FSDP's issue order, as the page shows them), a click on an
+event sets ``view.selected_unit`` and ``step``; ``order="stream"`` makes the arrows
+walk the events by the time they start on their streams. While playing, the browser
+sends ``step`` at most every ``sync_interval_ms``. ``machine`` places a profiled
+prediction at modelled times (:func:`fsdpviz.views.timeline_data`).
+
+Example::
+
+    view = TimelineWidget(report)                  # memory="auto": the memory model's lane
+    view.step = 40
+    view.current_event                              # (0, Event(kind='all_gather', ...))
+    view.jump_to_peak(); view.step == view.peak_step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anywidget
+import traitlets
+
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.timeline_steps import MemoryOption, timeline_data
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schedule.comparison import Comparison
+
+    Shown: TypeAlias = Report | Sequence[Report] | RecordedRun | Comparison
+
+__all__ = ["STATIC", "TimelineWidget"]
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+
+
+class TimelineWidget(anywidget.AnyWidget):
+    """A lane group per rank (or plan): hook calls, compute, streams, memory; step and play."""
+
+    _esm = STATIC / "timeline.js"
+    _css = STATIC / "timeline.css"
+
+    data = traitlets.Dict().tag(sync=True)
+    step = traitlets.Int(0).tag(sync=True)
+    playing = traitlets.Bool(False).tag(sync=True)
+    speed = traitlets.Float(20.0).tag(sync=True)
+    order = traitlets.Enum(["issue", "stream"], "issue").tag(sync=True)
+    selected_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+    theme = traitlets.Unicode("light").tag(sync=True)
+    error = traitlets.Unicode("").tag(sync=True)
+    note = traitlets.Unicode("").tag(sync=True)
+    """A line the page shows after the step (e.g. why the step moved after a re-plan)."""
+    sync_interval_ms = traitlets.Int(150).tag(sync=True)
+    current_unit = traitlets.Unicode(None, allow_none=True)
+    """Unit of the event at ``step`` (Python side only; follows ``step``)."""
+
+    def __init__(
+        self,
+        reports: Shown,
+        iteration: int | None = -1,
+        *,
+        memory: MemoryOption = "auto",
+        rank_names: Sequence[str] | None = None,
+        machine: Machine | str | None = "h100",
+        **kwargs: Any,
+    ) -> None:
+        if not (STATIC / "timeline.js").exists():
+            raise FileNotFoundError(
+                f"{STATIC / 'timeline.js'} is missing: the front end was not built. Build it with "
+                "`npm --prefix js ci && npm --prefix js run build` from a source checkout, or "
+                "reinstall fsdpviz from a wheel"
+            )
+        self._iteration = iteration
+        self._rank_names = rank_names
+        self._machine = machine
+        self._shown: Shown = []
+        self._reports: list[Report] = []
+        super().__init__(**kwargs)
+        self.set_reports(reports, memory=memory)
+
+    def set_reports(self, reports: Shown, *, memory: MemoryOption = "auto") -> None:
+        """Show other reports (e.g. after a re-plan). The selected event stays selected
+        when the new plan has it (the same kind, unit, phase and occurrence); otherwise
+        the step goes back to 0 and ``note`` says why."""
+        before = self._identity(self.step) if self._reports and self.n_steps else None
+        data = timeline_data(
+            reports,
+            self._iteration,
+            memory=memory,
+            rank_names=self._rank_names,
+            machine=self._machine,
+        )
+        self._shown = reports
+        self._reports = _reports_of(reports)
+        with self.hold_trait_notifications():
+            self.data = data
+            if before is None:
+                self.step = min(self.step, max(data["n_steps"] - 1, 0))
+                self.note = ""
+            else:
+                found = self._find(before)
+                self.step = 0 if found is None else found
+                self.note = (
+                    ""
+                    if found is not None
+                    else f"the event at the old step ({before[-1]}) is not in this plan: "
+                    "back to step 0"
+                )
+        self._update_current()
+
+    def _identity(self, step: int) -> tuple[Any, ...]:
+        """What makes an event the same across plans: group, iteration, kind, unit, phase,
+        prefetch and how many such events came before it; and a description."""
+        key = self._key(step)
+        nth = sum(1 for i in range(step) if self._key(i) == key)
+        rank_event = self._event_at(step)
+        what = rank_event[1].describe() if rank_event is not None else str(step)
+        return (*key, nth, what)
+
+    def _key(self, step: int) -> tuple[Any, ...]:
+        s = self.data["steps"]
+        units = self.data["units"]
+        return (
+            s["group"][step],
+            s["iteration"][step],
+            s["kind"][step],
+            units[s["unit"][step]],
+            s["phase"][step],
+            s["prefetch"][step],
+        )
+
+    def _find(self, identity: tuple[Any, ...]) -> int | None:
+        *key, nth, _ = identity
+        seen = 0
+        for i in range(self.n_steps):
+            if list(self._key(i)) == key:
+                if seen == nth:
+                    return i
+                seen += 1
+        return None
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.data.get("n_steps", 0))
+
+    @property
+    def peak_step(self) -> int | None:
+        """Step of the memory peak (of the first lane group), ``None`` without a memory lane."""
+        memory = self.data.get("memory") or []
+        return int(memory[0]["peak"]["step"]) if memory else None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The memory peak the lane marks, in bytes (``report.memory.peak["bytes"]``)."""
+        memory = self.data.get("memory") or []
+        return int(memory[0]["peak"]["bytes"]) if memory else None
+
+    @property
+    def current_event(self) -> tuple[int, Event] | None:
+        """``(group, event)`` at ``step`` (the group: a rank, or a plan of a comparison)."""
+        return self._event_at(self.step) if self.n_steps else None
+
+    def _event_at(self, step: int) -> tuple[int, Event] | None:
+        s = self.data["steps"]
+        group, index, it = s["group"][step], s["index"][step], s["iteration"][step]
+        if group >= len(self._reports):
+            return None
+        return group, self._reports[group].iterations[it][index]
+
+    def jump_to_peak(self) -> None:
+        """Move to the memory peak (``ValueError`` without a memory lane)."""
+        if self.peak_step is None:
+            raise ValueError("no memory lane: TimelineWidget(..., memory='auto') draws one")
+        self.step = self.peak_step
+
+    @traitlets.validate("step")
+    def _valid_step(self, proposal: dict[str, Any]) -> int:
+        n = int(self.data.get("n_steps", 0)) if self.data else 0
+        return max(0, min(int(proposal["value"]), max(n - 1, 0)))
+
+    @traitlets.observe("step")
+    def _on_step(self, change: dict[str, Any]) -> None:
+        self._update_current()
+
+    def _update_current(self) -> None:
+        if self.n_steps == 0:
+            self.current_unit = None
+            return
+        self.current_unit = self.data["units"][self.data["steps"]["unit"][self.step]]
+
+
+def _reports_of(shown: Shown) -> list[Report]:
+    """The report of each lane group."""
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schedule.comparison import Comparison
+
+    if isinstance(shown, Report):
+        return [shown]
+    if isinstance(shown, RecordedRun):
+        return list(shown.ranks)
+    if isinstance(shown, Comparison):
+        return list(shown.reports or ())
+    return list(shown)

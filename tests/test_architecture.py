@@ -1,0 +1,194 @@
+"""The import graph of fsdpviz flows one way (see ARCHITECTURE.md).
+
+Every ``import`` that runs counts, at the top of a module or inside a function;
+imports under ``if TYPE_CHECKING:`` only name types for annotations and never run.
+The layers are read from the ``layers`` block of ARCHITECTURE.md, bottom first: a
+module may import from its own layer and the layers below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fsdpviz"
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the fsdpviz module it loads
+    names: tuple[str, ...]  # the names taken from it (``from target import ...``)
+    line: int
+
+
+@cache
+def modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements that run, in functions too; not those under ``if TYPE_CHECKING``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _type_checking(child):
+            for other in child.orelse:
+                found.extend(_walk(other))
+            continue
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            found.append(child)
+        found.extend(_walk(child))
+    return found
+
+
+@cache
+def imports() -> list[Import]:
+    known = modules()
+    out: list[Import] = []
+    for name, path in known.items():
+        for node in _walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.extend(
+                    Import(name, a.name, (), node.lineno)
+                    for a in node.names
+                    if a.name.split(".")[0] == "fsdpviz"
+                )
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if _is_package(name) else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.split(".")[0] != "fsdpviz":
+                continue
+            taken: list[str] = []
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in known:
+                    out.append(Import(name, full, (), node.lineno))
+                else:
+                    taken.append(alias.name)
+            if taken:
+                out.append(Import(name, base, tuple(taken), node.lineno))
+    return out
+
+
+@cache
+def layers() -> list[list[str]]:
+    """The ``layers`` block of ARCHITECTURE.md: one line per layer, bottom first."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text.split("```layers\n", 1)[1].split("```", 1)[0]
+    return [line.split()[1:] for line in block.splitlines() if line.strip()]
+
+
+def layer_of(module: str) -> int:
+    best: tuple[int, int] | None = None  # (length of the matching prefix, layer)
+    for index, members in enumerate(layers()):
+        for prefix in members:
+            inside = module == prefix or module.startswith(prefix + ".")
+            if inside and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    assert best is not None, f"{module} is in no layer of ARCHITECTURE.md; add it to one"
+    return best[1]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in modules():
+        layer_of(module)
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    upward = [
+        f"{i.module}:{i.line} imports {i.target} "
+        f"(layer {layer_of(i.target)} > {layer_of(i.module)})"
+        for i in imports()
+        if i.target in modules() and layer_of(i.target) > layer_of(i.module)
+    ]
+    assert not upward, "imports against the layers of ARCHITECTURE.md:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles() -> None:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules())
+    graph.add_edges_from((i.module, i.target) for i in imports() if i.target in modules())
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    cycles += [[m] for m in graph if graph.has_edge(m, m)]
+    assert not cycles, f"import cycles among fsdpviz modules: {cycles}"
+
+
+def _private_module_owner(target: str) -> str | None:
+    """The package a private module (``pkg._name``) belongs to, or None if none is private."""
+    parts = target.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k].startswith("_") and not parts[k].startswith("__"):
+            return ".".join(parts[:k])
+    return None
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    wrong: list[str] = []
+    for i in imports():
+        private = [n for n in i.names if n.startswith("_") and not n.startswith("__")]
+        if private:
+            wrong.append(f"{i.module}:{i.line} takes {', '.join(private)} from {i.target}")
+        owner = _private_module_owner(i.target)
+        if owner is not None and not (i.module == owner or i.module.startswith(owner + ".")):
+            wrong.append(f"{i.module}:{i.line} imports {i.target}, private to {owner}")
+    assert not wrong, "make these names public in their package:\n" + "\n".join(wrong)
+
+
+def _bound_names(package: str) -> set[str]:
+    """Names a package's ``__init__`` binds to something other than its own submodules."""
+    tree = ast.parse(modules()[package].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            own = node.module == package and not node.level
+            names.update(a.asname or a.name for a in node.names if not (own and a.asname is None))
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_no_module_is_hidden_by_a_name_of_its_package() -> None:
+    """``fsdpviz.analyze`` is the function, and no module ``fsdpviz/analyze.py`` hides behind it
+    (``import fsdpviz.x.y as m`` would give the package's ``y``, not the module)."""
+    hidden = [
+        name
+        for name in modules()
+        if "." in name and name.rpartition(".")[2] in _bound_names(name.rpartition(".")[0])
+    ]
+    assert not hidden, f"modules hidden by a name their package binds: {hidden}"
+
+
+def test_the_checks_see_imports_inside_functions() -> None:
+    """An import that runs only inside a function counts; one under TYPE_CHECKING does not."""
+    edges = {(i.module, i.target) for i in imports()}
+    assert ("fsdpviz._conveniences", "fsdpviz.widgets") in edges  # inside show()
+    assert ("fsdpviz.schema.report", "fsdpviz.cost.memory") not in edges  # TYPE_CHECKING only
