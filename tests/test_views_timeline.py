@@ -1,25 +1,27 @@
-"""Timeline data and figure: lanes, uniform spacing for predictions, recorded times when events
-carry ``t``, several ranks, and the memory hook with its peak. Golden file
-``tests/golden/views_timeline_small.json`` (``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites it).
+"""Timeline data and figure: lane groups, issue order, the time model's places and waits, the
+memory lane (one truth with ``report.memory``), recordings on their clock, comparisons.
+Golden file ``tests/golden/views_timeline_small.json`` and the front end's test data in
+``js/test/data/`` (``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from pathlib import Path
 
 import pytest
-from views_models import analyze_tiny, check_golden, figure_json
+from export_models import recorded, recorded_run
+from views_models import Block, Tiny, analyze_tiny, check_golden, figure_json, tiny_inputs
 
-from fsdpviz import Event, Report
+import fsdpviz
+from fsdpviz import Event, RecordedRun, Report
+from fsdpviz.cost import memory_lane, timeline
 from fsdpviz.views import timeline_data, timeline_figure
-from fsdpviz.views.timeline_steps import UNTIMED_LABEL, resolve_memory
+from fsdpviz.views.timeline_steps import STREAM_LANES, UNTIMED_CLOCK
 
-
-@dataclasses.dataclass(frozen=True)
-class TimedEvent(Event):
-    """An event with a recorded time, whether or not ``Event`` has ``t`` yet."""
-
-    t: float | None = None  # type: ignore[misc]
+JS_DATA = Path(__file__).resolve().parent.parent / "js" / "test" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -27,149 +29,273 @@ def report() -> Report:
     return analyze_tiny()
 
 
+@pytest.fixture(scope="module")
+def fsdp2() -> Report:
+    return fsdpviz.analyze(Tiny(), tiny_inputs(), fully_shard=[Block], world_size=4, progress=False)
+
+
 def synthetic_memory(n: int) -> list[float]:
-    """A made-up series (the memory model is separate): peaks at the middle event."""
+    """A made-up series (bytes after each event): peaks at the middle event."""
     return [1000.0 + 10 * min(i, n - 1 - i) for i in range(n)]
 
 
+def diverging_run() -> RecordedRun:
+    """Two ranks of ``analyze_tiny``; rank 1 issues its last iteration's events 3 and 4 swapped."""
+    base = analyze_tiny(world_size=2)
+    r0, r1 = recorded(base, 0, 1000.0), recorded(base, 1, 1000.01)
+    last = list(r1.iterations[-1])
+    a, b = last[3], last[4]
+    last[3], last[4] = dataclasses.replace(b, t=a.t), dataclasses.replace(a, t=b.t)
+    r1 = dataclasses.replace(r1, iterations=[*r1.iterations[:-1], last])
+    return RecordedRun([r0, r1], None, [])
+
+
 def test_timeline_golden(report: Report) -> None:
-    n = len(report.iterations[-1])
-    fig = timeline_figure(report, memory=synthetic_memory(n), step=3)
+    fig = timeline_figure(report, step=3, machine="h100")
     check_golden("views_timeline_small.json", figure_json(fig))
 
 
-def test_predictions_are_laid_out_by_index(report: Report) -> None:
-    d = timeline_data(report)
+def test_front_end_test_data_is_current(report: Report) -> None:
+    """js/test/data holds what timeline_data gives today: the front end is tested on it."""
+    cases = {
+        "prediction.json": timeline_data(report, machine="h100"),
+        "untimed.json": timeline_data(report, memory=None),
+        "recording.json": timeline_data(diverging_run()),
+    }
+    for name, data in cases.items():
+        path = JS_DATA / name
+        text = json.dumps(data, indent=None, separators=(",", ":"), sort_keys=True) + "\n"
+        if os.environ.get("FSDPVIZ_UPDATE_GOLDEN") == "1":
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+        assert path.exists(), f"{path} is missing: run with FSDPVIZ_UPDATE_GOLDEN=1"
+        assert json.loads(path.read_text()) == json.loads(text), (
+            f"{name} differs from timeline_data: rewrite it with FSDPVIZ_UPDATE_GOLDEN=1"
+        )
+
+
+def test_a_prediction_without_a_machine_is_laid_out_by_index(report: Report) -> None:
+    d = timeline_data(report, memory=None)
     events = report.iterations[-1]
-    assert d["n_steps"] == len(events)
-    assert d["timed"] is False and d["x_label"] == UNTIMED_LABEL
-    assert d["steps"]["x0"] == [float(i) for i in range(len(events))]
-    assert d["steps"]["x1"] == [float(i + 1) for i in range(len(events))]
-    kinds = [d["kinds"][k] for k in d["steps"]["kind"]]
-    assert kinds == [e.kind for e in events]
-    assert [d["units"][u] for u in d["steps"]["unit"]] == [e.unit for e in events]
-    assert d["memory"] is None and d["peak_step"] is None
+    n = len(events)
+    assert d["version"] == 2 and d["n_steps"] == n
+    assert d["timed"] is False and d["clock"] == UNTIMED_CLOCK
+    s = d["steps"]
+    assert s["issue"] == s["x0"] == [float(i) for i in range(n)]
+    assert s["x1"] == [float(i + 1) for i in range(n)]
+    assert [d["kinds"][k] for k in s["kind"]] == [e.kind for e in events]
+    assert [d["units"][u] for u in s["unit"]] == [e.unit for e in events]
+    assert [lane["name"] for lane in d["lanes"]] == [
+        "CPU · hooks",
+        "compute",
+        "all-gather",
+        "reduce-scatter",
+    ]
+    assert d["memory"] == [] and d["marks"] == []
+    # every event sits in its own lane: frees in the CPU lane, collectives on their stream
+    lanes = [d["lanes"][k]["name"] for k in s["lane"]]
+    for e, lane in zip(events, lanes, strict=True):
+        want = "CPU · hooks" if e.kind == "free" else STREAM_LANES[(e.kind, e.group)]
+        assert lane == want, (e, lane)
+    # a hook call's events are in one call, in its order
+    for i, e in enumerate(events):
+        c = s["call"][i]
+        assert d["hooks"][d["calls"]["hook"][c]] == e.hook
+        assert d["units"][d["calls"]["unit"][c]] == e.hook_unit
 
 
-def test_predictions_are_placed_by_the_time_model(report: Report) -> None:
-    """With a machine, a profiled prediction's events sit at the modelled times, steps keep
-    FSDP's issue order, and the memory curve moves forward in time."""
-    from fsdpviz.cost import machine, timeline
-
+def test_a_profiled_prediction_is_placed_by_the_time_model(report: Report) -> None:
+    """Each event at its modelled start and end, issued when its hook runs; the steps in
+    issue order never go back in time; stream order sorts by start."""
     events = report.iterations[-1]
-    memory = synthetic_memory(len(events))
-    d = timeline_data(report, memory=memory, machine="a100")
+    d = timeline_data(report, machine="a100")
     tl = timeline(report, "a100", iteration=-1)
-    assert d["timed"] is True and d["x_label"].startswith("time (s, modelled on A100")
-    assert d["steps"]["index"] == list(range(len(events)))  # issue order
-    assert [d["kinds"][k] for k in d["steps"]["kind"]] == [e.kind for e in events]
+    assert d["timed"] is True and d["clock"].startswith("modelled on A100")
+    s = d["steps"]
+    assert s["index"] == list(range(len(events)))
     by_index = {r["index"]: r for r in tl.events}
-    assert d["steps"]["x0"] == [by_index[i]["start"] for i in range(len(events))]
-    assert d["steps"]["x1"] == [by_index[i]["end"] for i in range(len(events))]
-    assert max(d["steps"]["x1"]) <= tl.totals["step_s"]
-    xs = d["memory"]["x"]
-    assert xs == sorted(xs) and d["memory"]["bytes"] == memory
-    assert d["peak_step"] == (len(events) - 1) // 2
-    # the compute lane: the time model's stretches, coloured by the unit they belong to
+    assert s["x0"] == [by_index[i]["start"] for i in range(len(events))]
+    assert s["x1"] == [by_index[i]["end"] for i in range(len(events))]
+    assert s["issue"] == [by_index[i]["issued"] for i in range(len(events))]
+    assert s["exposed"] == [by_index[i]["exposed"] for i in range(len(events))]
+    assert s["issue"] == sorted(s["issue"])  # stepping in issue order never goes back
+    starts = [s["x0"][i] for i in d["stream_order"]]
+    assert starts == sorted(starts) and sorted(d["stream_order"]) == list(range(len(events)))
+    assert s["x0"] != sorted(s["x0"])  # the two orders differ on this plan
+    # compute: the time model's stretches, by the unit they belong to
     comp = d["compute"]
     assert list(zip(comp["x0"], comp["x1"], strict=True)) == [
         (c["start"], c["end"]) for c in tl.compute if c["owner"] in d["units"]
     ]
-    owned = {(d["units"][u], p) for u, p in zip(comp["unit"], comp["phase"], strict=True)}
-    assert {("blocks.0", 0), ("blocks.0", 1), ("", 0), ("", 1)} <= owned
-    assert all(c["owner"] == c["unit"] for c in tl.compute if c["hook"] == "post_forward")
-    # another machine, other times; all iterations back to back
-    slower = timeline_data(report, machine=machine("a100", intra_node_latency_us=100.0))
-    assert slower["steps"]["x1"][-1] > d["steps"]["x1"][-1]
-    both = timeline_data(report, None, machine="a100")
-    first = timeline(report, "a100", iteration=0).totals["step_s"]
-    assert both["iteration_starts"] == [0.0, pytest.approx(first)]
+    # the waits are the exposed communication, by phase
+    waits = d["waits"]
+    total = {0: 0.0, 1: 0.0}
+    for a, b, p in zip(waits["x0"], waits["x1"], waits["phase"], strict=True):
+        total[p] += b - a
+    exposed = d["groups"][0]["exposed"]
+    assert total[0] == pytest.approx(tl.totals["exposed_forward_s"]) == exposed["forward"]
+    assert total[1] == pytest.approx(tl.totals["exposed_backward_s"]) == exposed["backward"]
+    assert exposed["total"] == pytest.approx(tl.totals["exposed_comm_s"])
+    assert sum(total.values()) == pytest.approx(tl.totals["exposed_comm_s"])
+    # a wait names the collective it waits for, which ends when the wait does
+    for step, end, tail in zip(waits["step"], waits["x1"], waits["tail"], strict=True):
+        assert s["kind"][step] != 1 and (tail or s["x1"][step] == pytest.approx(end))
 
 
-def test_time_model_needs_a_profile_and_leaves_recordings_alone(report: Report) -> None:
-    unprofiled = dataclasses.replace(report, profile=None)
-    d = timeline_data(unprofiled, machine="h100")
-    assert d["timed"] is False and d["x_label"] == UNTIMED_LABEL
-    events = [
-        TimedEvent(
-            **{f.name: getattr(e, f.name) for f in dataclasses.fields(Event) if f.name != "t"},
-            t=0.5 + 0.25 * i,
-        )
-        for i, e in enumerate(report.iterations[-1])
-    ]
-    rec = dataclasses.replace(report, source="recording", iterations=[events])
-    assert timeline_data(rec, machine="h100")["x_label"] == "time (s, recorded)"
-
-
-def test_all_iterations_concatenated(report: Report) -> None:
-    d = timeline_data(report, None)
+def test_all_iterations_back_to_back(report: Report) -> None:
+    d = timeline_data(report, None, machine="a100")
     n0, n1 = (len(it) for it in report.iterations)
     assert d["n_steps"] == n0 + n1
-    assert d["iteration_starts"] == [0.0, float(n0)]
+    first = timeline(report, "a100", iteration=0).totals["step_s"]
+    assert d["iteration_starts"] == [[0.0, pytest.approx(first)]]
     assert d["steps"]["iteration"][n0] == 1
+    assert d["steps"]["issue"] == sorted(d["steps"]["issue"])
+    untimed = timeline_data(report, None, memory=None)
+    assert untimed["iteration_starts"] == [[0.0, float(n0)]]
 
 
-def test_compute_lane_follows_the_hooks(report: Report) -> None:
-    c = timeline_data(report)["compute"]
-    units = timeline_data(report)["units"]
-    forward = [units[u] for u, p in zip(c["unit"], c["phase"], strict=True) if p == 0]
-    assert forward == ["", "blocks.0", "blocks.1", "blocks.2"]
-    assert all(a < b for a, b in zip(c["x0"], c["x1"], strict=True))
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+@pytest.mark.parametrize("profiled", [True, False])
+def test_memory_lane_is_report_memory(
+    report: Report, fsdp2: Report, api: str, profiled: bool
+) -> None:
+    """The lane's maximum, its marker and the peak's event are report.memory.peak, to the
+    byte, with and without a trace profile, placed by the time model or by index."""
+    base = report if api == "FSDP1" else fsdp2
+    r = base if profiled else dataclasses.replace(base, profile=None)
+    peak = r.memory.peak
+    for machine in ("h100", None):
+        d = timeline_data(r, machine=machine)
+        (m,) = d["memory"]
+        assert m["peak"]["bytes"] == peak["bytes"] == max(m["total"])
+        k = m["peak"]["moment"]
+        assert m["total"][k] == peak["bytes"] and m["where"][k] == peak["where"]
+        sums = [sum(m["bytes"][c][j] for c in m["categories"]) for j in range(len(m["total"]))]
+        assert sums == m["total"]
+        step = m["peak"]["step"]
+        assert d["steps"]["index"][step] == peak["event"]
+        assert m["x0"][k] <= m["peak"]["x"] <= m["x1"][k]
+        assert m["x0"] == sorted(m["x0"]) and all(
+            a <= b for a, b in zip(m["x0"], m["x1"], strict=True)
+        )
+    lane = memory_lane(r)
+    assert lane.peak["bytes"] == peak["bytes"] == max(lane.total)
 
 
-def test_memory_series_and_peak(report: Report) -> None:
+def test_the_peak_inside_a_stretch_of_compute_is_drawn_over_that_stretch(report: Report) -> None:
+    """The model's peak of the tiny plan is reached during a stretch of compute: the lane
+    holds it over that stretch, not at an event."""
+    d = timeline_data(report, machine="h100")
+    (m,) = d["memory"]
+    k = m["peak"]["moment"]
+    assert m["where"][k].startswith("during the compute before")
+    stretches = list(zip(d["compute"]["x0"], d["compute"]["x1"], strict=True))
+    assert (m["x0"][k], m["x1"][k]) in stretches
+
+
+def test_a_plain_series_is_one_category(report: Report) -> None:
     n = len(report.iterations[-1])
     series = synthetic_memory(n)
     d = timeline_data(report, memory=series)
-    assert d["memory"]["bytes"] == series
-    assert d["peak_step"] == series.index(max(series))
-    fig = timeline_figure(report, memory=series)
-    peak = next(t for t in fig.data if t.name == "peak")
-    assert peak.y[0] == max(series) and "peak" in peak.text[0]
+    (m,) = d["memory"]
+    assert m["categories"] == ["memory"] and m["total"] == series
+    assert m["peak"]["bytes"] == max(series) and m["peak"]["step"] == series.index(max(series))
     with pytest.raises(ValueError, match="one value \\(bytes\\) per event"):
         timeline_data(report, memory=series[:-1])
+    called = timeline_data(report, memory=lambda r: [1.0] * len(r.iterations[-1]))
+    assert called["memory"][0]["total"] == [1.0] * n
 
 
-def test_memory_model_callable_is_called_with_the_report(report: Report) -> None:
-    assert resolve_memory(lambda r: [1, 2] * len(r.units), report) == [1.0, 2.0] * 4
-    assert resolve_memory(None, report) is None
+def test_a_recording_is_on_its_clock_and_its_divergence_marked() -> None:
+    run = diverging_run()
+    d = timeline_data(run)
+    assert d["source"] == "recording" and d["timed"] and d["clock"] == "recorded"
+    assert [g["name"] for g in d["groups"]] == ["rank 0", "rank 1"]
+    s = d["steps"]
+    # rank 1 started 10 ms later: its events are 10 ms later on the shared clock
+    first = {g: next(i for i in range(d["n_steps"]) if s["group"][i] == g) for g in (0, 1)}
+    t0 = run.ranks[0].iterations[-1][0].t
+    t1 = run.ranks[1].iterations[-1][0].t
+    assert s["issue"][first[0]] == pytest.approx(t0)
+    assert s["issue"][first[1]] == pytest.approx(0.01 + t1)
+    assert s["issue"] == sorted(s["issue"])
+    div = run.divergence()
+    assert div is not None
+    marked = {
+        (s["group"][m["step"]], s["iteration"][m["step"]], s["index"][m["step"]])
+        for m in d["marks"]
+    }
+    assert marked == {(0, div.iteration, div.index), (1, div.iteration, div.index)}
+    # memory for the first rank only (parameters, gradients, optimizer: no profile)
+    assert [m["group"] for m in d["memory"]] == [0]
+    assert d["memory"][0]["peak"]["bytes"] == run.ranks[0].memory.peak["bytes"]
 
 
-def test_recorded_times_are_used(report: Report) -> None:
-    events = [
-        TimedEvent(
-            **{f.name: getattr(e, f.name) for f in dataclasses.fields(Event) if f.name != "t"},
-            t=0.5 + 0.25 * i,
-        )
-        for i, e in enumerate(report.iterations[-1])
-    ]
-    rec = dataclasses.replace(report, source="recording", iterations=[events])
-    d = timeline_data(rec)
-    assert d["timed"] is True and d["x_label"].startswith("time")
-    assert d["steps"]["x0"][:3] == [0.5, 0.75, 1.0]
-    assert d["steps"]["x1"][-1] == pytest.approx(d["steps"]["x0"][-1] + 0.25)
+def test_a_comparison_draws_both_plans_units_matched(report: Report, fsdp2: Report) -> None:
+    cmp = fsdpviz.compare(report, fsdp2)
+    d = timeline_data(cmp, machine="h100")
+    assert d["source"] == "comparison" and len(d["groups"]) == 2
+    n_a = len(report.units)
+    pairs = {p.b: p.a for p in cmp.pairs if p.a is not None and p.b is not None}
+    for i, name in enumerate(d["units"][n_a:], start=n_a):
+        twin = pairs.get(name)
+        if twin is not None:
+            j = d["units"].index(twin)
+            assert d["unit_numbers"][i] == d["unit_numbers"][j]
+            assert d["colors"][i] == d["colors"][j]
+    assert [m["group"] for m in d["memory"]] == [0, 1]
+    assert d["memory"][1]["peak"]["bytes"] == fsdp2.memory.peak["bytes"]
+    # a plan that differs: prefetch off in the second; the first difference marked on both
+    other = fsdpviz.analyze(Tiny(), tiny_inputs(), world_size=4, progress=False,
+                            auto_wrap_policy=__import__("torch").distributed.fsdp.wrap.ModuleWrapPolicy({Block}),
+                            backward_prefetch=None)  # fmt: skip
+    d2 = timeline_data(fsdpviz.compare(report, other))
+    marks = d2["marks"]
+    assert len(marks) == 2 and {d2["steps"]["group"][m["step"]] for m in marks} == {0, 1}
+    (i,) = {d2["steps"]["index"][m["step"]] for m in marks}
+    ea, eb = report.iterations[-1], other.iterations[-1]
+    assert all(a.untimed() == b.untimed() for a, b in zip(ea[:i], eb[:i], strict=True))
+    assert ea[i].untimed() != eb[i].untimed()
 
 
-def test_recorded_durations_set_the_width(report: Report) -> None:
-    @dataclasses.dataclass(frozen=True)
-    class Lasting(TimedEvent):
-        duration: float | None = None  # type: ignore[misc]
+def test_offload_copies_get_their_own_lane() -> None:
+    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    base = report.iterations[-1][:3]
-    events = [
-        Lasting(kind=e.kind, unit=e.unit, phase=e.phase, t=float(i), duration=0.1 * (i + 1))
-        for i, e in enumerate(base)
-    ]
-    d = timeline_data(dataclasses.replace(report, iterations=[events]))
-    assert d["steps"]["x1"] == pytest.approx([0.1, 1.2, 2.3])
+    r = analyze_tiny(cpu_offload=CPUOffload(offload_params=True))
+    d = timeline_data(r, machine="h100")
+    names = [lane["name"] for lane in d["lanes"]]
+    assert "host-device copies" in names
+    s = d["steps"]
+    copies = [i for i in range(d["n_steps"]) if d["kinds"][s["kind"][i]] in ("h2d", "d2h")]
+    assert copies and {names[s["lane"][i]] for i in copies} == {"host-device copies"}
+    del ModuleWrapPolicy
 
 
-def test_several_ranks_interleave(report: Report) -> None:
-    d = timeline_data([report, report], rank_names=["rank 0", "rank 3"])
+def test_several_reports_are_groups(report: Report) -> None:
+    d = timeline_data([report, report], rank_names=["rank 0", "rank 3"], memory=None)
     n = len(report.iterations[-1])
-    assert d["n_steps"] == 2 * n and d["ranks"] == ["rank 0", "rank 3"]
-    assert d["steps"]["rank"][:4] == [0, 1, 0, 1]
-    fig = timeline_figure([report, report])
-    assert len(fig.layout.yaxis.categoryarray) == 6  # 3 lanes per rank
+    assert d["n_steps"] == 2 * n and [g["name"] for g in d["groups"]] == ["rank 0", "rank 3"]
+    assert d["steps"]["group"][:4] == [0, 1, 0, 1]
     with pytest.raises(ValueError, match="2 rank names for 1 reports"):
         timeline_data(report, rank_names=["a", "b"])
+    with pytest.raises(TypeError, match="takes reports, a RecordedRun or a Comparison"):
+        timeline_data(["not a report"])  # type: ignore[list-item]
+
+
+def test_event_describe_names_the_root() -> None:
+    e = Event(kind="free", unit="", phase="forward", hook="post_forward", hook_unit="")
+    assert e.describe() == "free (root) (post_forward of (root))"
+
+
+def test_figure_draws_lanes_memory_and_peak(report: Report) -> None:
+    fig = timeline_figure(report, machine="h100")
+    names = {t.name for t in fig.data}
+    assert {"compute (forward solid, backward pale)", "peak", "issued by a hook (CPU)"} <= names
+    peak = next(t for t in fig.data if t.name == "peak")
+    assert peak.y[0] == report.memory.peak["bytes"]
+    assert fig.layout.xaxis2.title.text.startswith("time (µs), modelled on H100")
+    stacked = [t for t in fig.data if getattr(t, "stackgroup", None)]
+    assert {t.name for t in stacked} >= {"sharded params", "optimizer"}
+    multi = timeline_figure(recorded_run(), memory=None)
+    assert len(multi.layout.yaxis.categoryarray) == 8  # 4 lanes per rank

@@ -19,7 +19,8 @@ class Moment(NamedTuple):
     ``kind``: ``"compute"`` (the most reached during the compute before hook call
     ``call``), ``"event"`` (at event ``event``, issued by hook call ``call``) or ``"hook"``
     (at hook call ``call``: the copy-out of an all-gather, the final callback).
-    ``before``: the event it precedes or happens in (the event count after the last one).
+    ``before``: the event it precedes or happens in (the event count after the last one);
+    ``where``: in words, as ``MemoryReport.peak["where"]``.
     ``bytes``: per category, in :data:`~fsdpviz.cost.sizes.CATEGORIES` order.
     """
 
@@ -244,21 +245,19 @@ class Walker:
         self._totals.append(total)
         if e is not None:
             kind, event = "event", self._event_index
+            what = f"{where} {e.describe()}"
         else:
             kind, event = ("compute" if where.startswith("during") else "hook"), -1
-        self.moments.append(
-            Moment(kind, self._call, event, len(self.records), where, tuple(self.cat.values()))
-        )
-        if total > self._peak:
-            self._peak = total
-            if e is not None:
-                what = f"{where} {e.describe()}"
-            elif c is not None:
+            what = where
+            if c is not None:
                 what = (
                     f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
                 )
-            else:
-                what = where
+        self.moments.append(
+            Moment(kind, self._call, event, len(self.records), what, tuple(self.cat.values()))
+        )
+        if total > self._peak:
+            self._peak = total
             self._peak_at = {
                 "where": what,
                 "event": len(self.records),

@@ -1,224 +1,303 @@
-"""The step-through timeline as a static plotly figure (the widget draws the same data in JS).
+"""The timeline view as a static plotly figure (the widget draws the same data in JS).
 
-Lanes per rank: compute, all-gather (frees as ticks) and reduce-scatter; the
-memory series, when given, below with its peak marked. See
-:mod:`fsdpviz.views.timeline_steps` for how events are placed in time.
+A group of lanes per rank (or plan): hook calls on the CPU, compute with its waits for
+communication shaded, a lane per stream, and the memory lane stacked by category with
+the peak marked. See :mod:`fsdpviz.views.timeline_steps` for how events are placed.
+Times are drawn in the unit that suits the run (µs, ms or s), named on the axis.
 
 Example::
 
-    fig = timeline_figure(report, memory=series, step=40)
+    fig = timeline_figure(report, step=40)
     fig.write_image("timeline.png")
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fsdpviz.schema.report import Report
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_steps import KINDS, MemorySeries, timeline_data
+from fsdpviz.views.timeline_steps import FREE, MemoryOption, timeline_data
 
-__all__ = ["lane_names", "timeline_figure"]
+__all__ = ["lane_names", "time_unit", "timeline_figure"]
 
-_LANES = ("compute", "all-gather", "reduce-scatter")
-_MAX_LABELLED_SEGMENTS = 400
+_MAX_LABELLED = 400
+_WAIT = "#C62828"
 
 
-def lane_names(ranks: Sequence[str]) -> list[str]:
-    """Category names of the lanes, top to bottom."""
-    return [f"{r} · {lane}" for r in ranks for lane in _LANES]
+def lane_names(d: dict[str, Any]) -> list[str]:
+    """Category names of the event lanes, top to bottom (``group · lane``)."""
+    groups = d["groups"]
+    return [
+        f"{groups[lane['group']]['name']} · {lane['name']}"
+        for lane in d["lanes"]
+        if lane["kind"] != "memory"
+    ]
+
+
+def time_unit(d: dict[str, Any]) -> tuple[float, str]:
+    """Scale and name of the unit the x axis is drawn in: ``(1e6, "µs")``, or ``(1, "event")``."""
+    if not d["timed"]:
+        return 1.0, "event"
+    top = max([abs(x) for x in d["steps"]["x1"]] or [0.0])
+    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "µs")):
+        if top * scale >= 1:
+            return scale, unit
+    return 1e9, "ns"
 
 
 def timeline_figure(
-    reports: Report | Sequence[Report],
+    reports: Any,
     iteration: int | None = -1,
     *,
-    memory: MemorySeries | None = None,
+    memory: MemoryOption = "auto",
     step: int | None = None,
     theme: Theme = "light",
     data: dict[str, Any] | None = None,
+    machine: str | None = None,
 ) -> go.Figure:
-    """Lanes of ``reports`` (one report per rank) for ``iteration`` (``None``: all).
+    """Lanes of ``reports`` (as :func:`timeline_data` takes them) for ``iteration``.
 
-    ``step`` draws the cursor at that step; ``data`` reuses a :func:`timeline_data`.
+    ``step`` draws the cursor at that step (at its hook call's time); ``data`` reuses a
+    :func:`timeline_data`.
     """
-    d = data if data is not None else timeline_data(reports, iteration, memory=memory)
+    if data is None:
+        data = timeline_data(reports, iteration, memory=memory, machine=machine)
+    d = data
     c = theme_colors(theme)
-    has_memory = d["memory"] is not None
+    mem = d["memory"]
+    rows = 1 + len(mem)
+    heights = [0.62] + [0.38 / max(len(mem), 1)] * len(mem) if mem else [1.0]
     fig = make_subplots(
-        rows=2 if has_memory else 1,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.06,
-        row_heights=[0.62, 0.38] if has_memory else [1.0],
+        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05, row_heights=heights
     )
-    units, colors, ranks = d["units"], d["colors"], d["ranks"]
+    scale, unit = time_unit(d)
+    lanes = lane_names(d)
+    event_lanes = [i for i, lane in enumerate(d["lanes"]) if lane["kind"] != "memory"]
+    category = dict(zip(event_lanes, lanes, strict=True))
+    _add_compute(fig, d, category, scale)
+    _add_streams(fig, d, category, scale, c)
+    _add_calls(fig, d, category, scale, c)
+    for k, entry in enumerate(mem):
+        _add_memory(fig, d, entry, k + 2, scale, c)
+    _layout(fig, d, step, theme, lanes, scale, unit)
+    return fig
+
+
+def _label(d: dict[str, Any], unit: int) -> str:
+    name = d["units"][unit] or "(root)"
+    return f"{d['unit_numbers'][unit]} {name}"
+
+
+def _add_compute(fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float) -> None:
+    comp = d["compute"]
+    groups = d["groups"]
+    lane_of = {lane["group"]: i for i, lane in enumerate(d["lanes"]) if lane["kind"] == "compute"}
+    labelled = len(comp["unit"]) <= _MAX_LABELLED
+    if comp["unit"]:
+        fig.add_trace(
+            go.Bar(
+                name="compute (forward solid, backward pale)",
+                orientation="h",
+                base=[x * scale for x in comp["x0"]],
+                x=[(b - a) * scale for a, b in zip(comp["x0"], comp["x1"], strict=True)],
+                y=[category[lane_of[g]] for g in comp["group"]],
+                marker={
+                    "color": [d["colors"][u] for u in comp["unit"]],
+                    "opacity": [1.0 if p == 0 else 0.6 for p in comp["phase"]],
+                },
+                text=[_label(d, u) for u in comp["unit"]] if labelled else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                hovertext=[
+                    f"{'forward' if p == 0 else 'backward'} of {_label(d, u)}"
+                    + (f" · {groups[g]['name']}" if len(groups) > 1 else "")
+                    for u, p, g in zip(comp["unit"], comp["phase"], comp["group"], strict=True)
+                ],
+                hovertemplate="%{hovertext}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    waits = d["waits"]
+    if waits["step"]:
+        s = d["steps"]
+        fig.add_trace(
+            go.Bar(
+                name="compute waiting for communication (exposed)",
+                orientation="h",
+                base=[x * scale for x in waits["x0"]],
+                x=[(b - a) * scale for a, b in zip(waits["x0"], waits["x1"], strict=True)],
+                y=[category[lane_of[g]] for g in waits["group"]],
+                marker={
+                    "color": "rgba(198,40,40,0.12)",
+                    "line": {"color": _WAIT, "width": 1},
+                    "pattern": {"shape": "/", "fgcolor": _WAIT, "size": 6},
+                },
+                hovertext=[
+                    f"waits for {d['kinds'][s['kind'][i]]} {_label(d, s['unit'][i])}"
+                    for i in waits["step"]
+                ],
+                hovertemplate="%{hovertext}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+
+
+def _add_streams(
+    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+) -> None:
     s = d["steps"]
     n = d["n_steps"]
-    comp = d["compute"]
-    labelled = len(comp["unit"]) <= _MAX_LABELLED_SEGMENTS
-    fig.add_trace(
-        go.Bar(
-            name="compute (unit whose hooks run)",
-            orientation="h",
-            base=comp["x0"],
-            x=[b - a for a, b in zip(comp["x0"], comp["x1"], strict=True)],
-            y=[f"{ranks[r]} · compute" for r in comp["rank"]],
-            marker={
-                "color": [colors[u] for u in comp["unit"]],
-                "pattern": {
-                    "shape": ["" if p == 0 else "." for p in comp["phase"]],
-                    "fgcolor": c["bg"],
-                    "size": 8,
-                    "solidity": 0.15,
-                },
-            },
-            text=[units[u] or "(root)" for u in comp["unit"]] if labelled else None,
-            textposition="inside",
-            insidetextanchor="middle",
-            textangle=0,
-            hovertext=[
-                f"{'forward' if p == 0 else 'backward'} of {units[u]!r}, steps {a}-{b}"
-                for u, p, a, b in zip(
-                    comp["unit"], comp["phase"], comp["step0"], comp["step1"], strict=True
-                )
-            ],
-            hovertemplate="%{hovertext}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    lanes = {0: "all-gather", 1: "all-gather", 2: "reduce-scatter", 3: "reduce-scatter"}
-    hooks = d["hooks"]
-    for kind_index, label, want_prefetch in (
-        (0, "all-gather", False),
-        (0, "all-gather (prefetch)", True),
-        (2, "reduce-scatter", None),
-        (3, "all-reduce", None),
-    ):
-        idx = [
-            i
-            for i in range(n)
-            if s["kind"][i] == kind_index
-            and (want_prefetch is None or bool(s["prefetch"][i]) == want_prefetch)
-        ]
+    for label, want in (("collective", 0), ("prefetch (all-gather issued ahead)", 1)):
+        idx = [i for i in range(n) if s["kind"][i] != FREE and s["prefetch"][i] == want]
         if not idx:
             continue
         fig.add_trace(
             go.Bar(
                 name=label,
                 orientation="h",
-                base=[s["x0"][i] for i in idx],
-                x=[s["x1"][i] - s["x0"][i] for i in idx],
-                y=[f"{ranks[s['rank'][i]]} · {lanes[kind_index]}" for i in idx],
+                base=[s["x0"][i] * scale for i in idx],
+                x=[max(s["x1"][i] - s["x0"][i], 0.0) * scale for i in idx],
+                y=[category[s["lane"][i]] for i in idx],
                 marker={
-                    "color": [colors[s["unit"][i]] for i in idx],
+                    "color": [d["colors"][s["unit"][i]] for i in idx],
                     "line": {"width": 0.5, "color": c["bg"]},
-                    "pattern": {
-                        "shape": "/" if want_prefetch else "",
-                        "fgcolor": c["fg"],
-                        "size": 5,
-                    },
+                    "pattern": {"shape": "/" if want else "", "fgcolor": c["fg"], "size": 5},
                 },
-                hovertext=[_event_text(s, i, units, hooks) for i in idx],
+                text=[_label(d, s["unit"][i]) for i in idx] if n <= _MAX_LABELLED else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                hovertext=[_event_text(d, i) for i in idx],
                 hovertemplate="%{hovertext}<extra></extra>",
             ),
             row=1,
             col=1,
         )
-    frees = [i for i in range(n) if s["kind"][i] == 1]
-    if frees:
+
+
+def _add_calls(
+    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+) -> None:
+    """Each event where its hook issued it on the CPU: a square, an open one for a free."""
+    s = d["steps"]
+    cpu = {lane["group"]: i for i, lane in enumerate(d["lanes"]) if lane["kind"] == "cpu"}
+    for label, free in (("issued by a hook (CPU)", False), ("free (reshard)", True)):
+        idx = [i for i in range(d["n_steps"]) if (s["kind"][i] == FREE) == free]
+        if not idx:
+            continue
         fig.add_trace(
             go.Scatter(
-                name="free",
+                name=label,
                 mode="markers",
-                x=[s["x1"][i] for i in frees],
-                y=[f"{ranks[s['rank'][i]]} · all-gather" for i in frees],
-                marker={"symbol": "line-ns", "size": 16, "line": {"width": 2, "color": c["fg"]}},
-                hovertext=[_event_text(s, i, units, hooks) for i in frees],
+                x=[s["issue"][i] * scale for i in idx],
+                y=[category[cpu[s["group"][i]]] for i in idx],
+                marker={
+                    "symbol": "square-open" if free else "square",
+                    "size": 9,
+                    "color": [d["colors"][s["unit"][i]] for i in idx],
+                    "line": {"width": 2 if free else 0.5, "color": c["bg"]}
+                    if not free
+                    else {"width": 2, "color": [d["colors"][s["unit"][i]] for i in idx]},
+                },
+                hovertext=[_event_text(d, i) for i in idx],
                 hovertemplate="%{hovertext}<extra></extra>",
             ),
             row=1,
             col=1,
         )
-    if has_memory:
-        _add_memory(fig, d, c)
-    _layout(fig, d, step, theme, has_memory)
-    return fig
 
 
-def _event_text(s: dict[str, list[Any]], i: int, units: list[str], hooks: list[str]) -> str:
-    kind = KINDS[s["kind"][i]]
-    parts = [f"step {i}: <b>{kind}</b> {units[s['unit'][i]]!r}"]
+def _event_text(d: dict[str, Any], i: int) -> str:
+    s = d["steps"]
+    parts = [f"step {i}: <b>{d['kinds'][s['kind'][i]]}</b> {_label(d, s['unit'][i])}"]
     if s["prefetch"][i]:
         parts.append("(prefetch)")
     parts.append("forward" if s["phase"][i] == 0 else "backward")
     if s["hook"][i] >= 0:
-        hook_unit = units[s["hook_unit"][i]] if s["hook_unit"][i] >= 0 else None
-        parts.append(f"<br>hook {hooks[s['hook'][i]]} of {hook_unit!r}")
+        who = _label(d, s["hook_unit"][i]) if s["hook_unit"][i] >= 0 else "?"
+        parts.append(f"<br>issued by {d['hooks'][s['hook'][i]]} of {who}")
+    if s["exposed"][i] > 0:
+        parts.append(f"<br>compute waited {s['exposed'][i] * 1e6:.3g} µs for it")
     parts.append(f"<br>event {s['index'][i]} of iteration {s['iteration'][i]}")
     return " ".join(parts)
 
 
-def _add_memory(fig: go.Figure, d: dict[str, Any], c: dict[str, str]) -> None:
-    mem = d["memory"]
-    if not mem["x"]:
-        return
-    # each value holds from its x to the next one's; the last to the end of its event
-    ends = [*mem["x"][1:], d["steps"]["x1"][mem["step"][-1]]]
-    fig.add_trace(
-        go.Scatter(
-            name="memory",
-            mode="lines",
-            x=[*mem["x"], ends[-1]],
-            y=[*mem["bytes"], mem["bytes"][-1]],
-            line={"shape": "hv", "color": c["fg"]},
-            hovertext=[
-                f"step {s}: {format_bytes(b)}"
-                for s, b in zip(mem["step"], mem["bytes"], strict=True)
-            ]
-            + [f"step {mem['step'][-1]}: {format_bytes(mem['bytes'][-1])}"],
-            hovertemplate="%{hovertext}<extra></extra>",
-        ),
-        row=2,
-        col=1,
-    )
-    if d["peak_step"] is not None:
-        k = mem["step"].index(d["peak_step"])
-        peak = mem["bytes"][k]
+def _add_memory(
+    fig: go.Figure, d: dict[str, Any], m: dict[str, Any], row: int, scale: float,
+    c: dict[str, str],
+) -> None:  # fmt: skip
+    xs = [x * scale for x in m["x0"]] + ([m["x1"][-1] * scale] if m["x1"] else [])
+    for name, color in zip(m["categories"], m["colors"], strict=True):
+        ys = list(m["bytes"][name])
         fig.add_trace(
             go.Scatter(
-                name="peak",
-                mode="markers+text",
-                x=[(mem["x"][k] + ends[k]) / 2],
-                y=[peak],
-                text=[f"peak {format_bytes(peak)}"],
-                textposition="middle right",
-                cliponaxis=False,
-                marker={"symbol": "triangle-down", "size": 12, "color": "#D55E00"},
-                hovertemplate=f"peak at step {d['peak_step']}: {format_bytes(peak)}<extra></extra>",
+                name=name.replace("_", " "),
+                x=xs,
+                y=[*ys, ys[-1]] if ys else [],
+                mode="lines",
+                line={"shape": "hv", "width": 0, "color": color},
+                fillcolor=color,
+                stackgroup=f"memory{m['group']}",
+                hovertemplate=f"{name.replace('_', ' ')}: %{{y:,}} bytes<extra></extra>",
+                legendgroup="memory",
             ),
-            row=2,
+            row=row,
             col=1,
         )
+    peak = m["peak"]
+    fig.add_trace(
+        go.Scatter(
+            name="peak",
+            mode="markers+text",
+            x=[peak["x"] * scale],
+            y=[peak["bytes"]],
+            text=[f"peak {format_bytes(peak['bytes'])}"],
+            textposition="top center",
+            cliponaxis=False,
+            marker={"symbol": "triangle-down", "size": 12, "color": "#D55E00"},
+            hovertemplate=(
+                f"peak {peak['bytes']:,} bytes at step {peak['step']}<br>{peak['where']}"
+                "<extra></extra>"
+            ),
+        ),
+        row=row,
+        col=1,
+    )
+    fig.update_yaxes(
+        title_text=f"{d['groups'][m['group']]['name'] if len(d['groups']) > 1 else 'memory'}",
+        tickformat="~s",
+        ticksuffix="B",
+        range=[0, peak["bytes"] * 1.15 if peak["bytes"] else 1],
+        row=row,
+        col=1,
+    )
 
 
 def _layout(
-    fig: go.Figure, d: dict[str, Any], step: int | None, theme: Theme, has_memory: bool
+    fig: go.Figure,
+    d: dict[str, Any],
+    step: int | None,
+    theme: Theme,
+    lanes: list[str],
+    scale: float,
+    unit: str,
 ) -> None:
-    lanes = lane_names(d["ranks"])
+    has_memory = bool(d["memory"])
+    title = " · ".join(g["summary"] for g in d["groups"][:2])
     fig.update_layout(
         template=template(theme),
         barmode="overlay",
         bargap=0.25,
-        title={"text": f"Timeline ({d['source']}): {d['n_steps']} events", "font": {"size": 14}},
-        height=160 + 60 * len(lanes) + (160 if has_memory else 0),
+        title={"text": f"Timeline: {title}", "font": {"size": 14}},
+        height=160 + 34 * len(lanes) + (170 * len(d["memory"]) if has_memory else 0),
         margin={"l": 8, "r": 8, "t": 48, "b": 8},
-        legend={"orientation": "h", "y": -0.18 if has_memory else -0.3, "x": 0},
+        legend={"orientation": "h", "y": -0.12, "x": 0},
         uniformtext={"minsize": 8, "mode": "hide"},
         hovermode="closest",
         uirevision="timeline",
@@ -227,13 +306,12 @@ def _layout(
     fig.update_yaxes(
         categoryorder="array", categoryarray=lanes[::-1], type="category", row=1, col=1
     )
-    fig.update_xaxes(title_text=d["x_label"], row=2 if has_memory else 1, col=1)
-    if has_memory:
-        fig.update_yaxes(title_text="bytes", row=2, col=1)
-    for start in d["iteration_starts"][1:]:
-        fig.add_vline(
-            x=start, line={"dash": "dot", "width": 1, "color": theme_colors(theme)["muted"]}
-        )
+    axis = f"time ({unit}), {d['clock']}" if d["timed"] else d["clock"]
+    fig.update_xaxes(title_text=axis, row=1 + len(d["memory"]), col=1)
+    muted = theme_colors(theme)["muted"]
+    for starts in d["iteration_starts"]:
+        for start in starts[1:]:
+            fig.add_vline(x=start * scale, line={"dash": "dot", "width": 1, "color": muted})
     if step is not None and 0 <= step < d["n_steps"]:
-        x = d["steps"]["x0"][step]
+        x = d["steps"]["issue"][step] * scale
         fig.add_vline(x=x, line={"width": 2, "color": "#D55E00"}, name="cursor")

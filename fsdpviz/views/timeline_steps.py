@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from fsdpviz.schedule.comparison import Comparison
 
 __all__ = [
+    "FREE",
     "HOOKS",
     "KINDS",
     "STREAM_LANES",
@@ -79,6 +80,7 @@ MemoryOption = Literal["auto"] | MemoryLane | MemorySeries | Callable[[Report], 
 or ``None`` (no memory lane)."""
 
 KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h")
+FREE = KINDS.index("free")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("all_gather", None): "all-gather",
