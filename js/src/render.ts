@@ -25,7 +25,7 @@ export interface ThemeColors {
   call: string;
 }
 
-const FALLBACK: Record<"light" | "dark", ThemeColors> = {
+export const FALLBACK_THEMES: Record<"light" | "dark", ThemeColors> = {
   light: {
     name: "light",
     bg: "#ffffff",
@@ -55,7 +55,7 @@ export function readTheme(el: HTMLElement): ThemeColors {
     flag !== undefined
       ? flag === "false"
       : typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
-  const base = FALLBACK[dark ? "dark" : "light"];
+  const base = FALLBACK_THEMES[dark ? "dark" : "light"];
   const css = getComputedStyle(el);
   const v = (name: string, fallback: string): string =>
     css.getPropertyValue(name).trim() || fallback;
@@ -73,7 +73,9 @@ export const FONT = "11px system-ui, sans-serif";
 const LANE_H: Record<string, number> = { cpu: 24, compute: 20, stream: 22, memory: 116 };
 const LANE_GAP = 3;
 const GROUP_GAP = 10;
-const CELL_MAX = 16; // px per event cell in a hook call, at most
+const CELL_MAX = 16; // px per event cell in a hook call, at most ...
+const MIN_CELL = 7; // ... and at least, while calls can be packed
+const MAX_DRIFT = 48; // px a packed call may sit right of its time
 
 export interface Row {
   lane: number;
@@ -263,8 +265,9 @@ export class Index {
   /** Per memory lane: the most of its totals (the top of its axis). */
   readonly memoryMax: number[];
   readonly full: Window;
-  /** Free events and the call cell they are drawn in. */
   private readonly widths = new Map<string, number>();
+  private boxX = new Float64Array(0);
+  private boxW = new Float64Array(0);
 
   constructor(readonly data: TimelineData) {
     const nGroups = data.groups.length;
@@ -321,15 +324,44 @@ export class Index {
     return w;
   }
 
-  /** The x span of a call's cells: from its x, as wide as its events need, never into the next call. */
-  callBox(c: number, win: Window, l: Layout): [number, number] {
+  /**
+   * Where each visible hook call's cells go in `win` (px): from the call's time, as wide
+   * as its events need (at most CELL_MAX each), up to the next call. Calls closer than
+   * MIN_CELL px per event (issued at the same time, or zoomed out) are packed one after
+   * another, at most MAX_DRIFT px right of their time; beyond that they overlap.
+   */
+  placeCalls(win: Window, l: Layout): void {
     const calls = this.data.calls;
-    const x = xToPx(win, l, calls.x[c]);
-    const range = this.callRange[calls.group[c]];
-    let room = CELL_MAX * calls.n[c];
-    if (c + 1 < range[1]) room = Math.min(room, xToPx(win, l, calls.x[c + 1]) - x - 1);
-    if (!this.data.timed) room = Math.max(room, xToPx(win, l, calls.x[c] + calls.n[c]) - x - 1);
-    return [x, Math.max(room, 1)];
+    if (this.boxX.length !== calls.x.length) {
+      this.boxX = new Float64Array(calls.x.length);
+      this.boxW = new Float64Array(calls.x.length);
+    }
+    this.boxX.fill(Number.NaN);
+    const slack = ((win.x1 - win.x0) / l.plotW) * MAX_DRIFT;
+    for (const [first, end] of this.callRange) {
+      let c = Math.max(first, lowerBound(calls.x, win.x0 - slack, first, end) - 1);
+      let prevEnd = Number.NEGATIVE_INFINITY;
+      for (; c < end && calls.x[c] <= win.x1; c++) {
+        const x = xToPx(win, l, calls.x[c]);
+        let bx = Math.max(x, prevEnd + 1);
+        if (bx - x > MAX_DRIFT) bx = x;
+        const n = calls.n[c];
+        const next = c + 1 < end ? xToPx(win, l, calls.x[c + 1]) : Number.POSITIVE_INFINITY;
+        const room = next - bx - 1;
+        // by index a call spans its events' slots; on a clock, a few px per event
+        const want = this.data.timed ? n * CELL_MAX : xToPx(win, l, calls.x[c] + n) - bx - 1;
+        const w = room >= n * MIN_CELL ? Math.min(room, want) : n * MIN_CELL;
+        this.boxX[c] = bx;
+        this.boxW[c] = w;
+        prevEnd = bx + w;
+      }
+    }
+  }
+
+  /** The x span (px) of a call's cells, as placed by `placeCalls` (else at its time). */
+  callBox(c: number, win: Window, l: Layout): [number, number] {
+    if (c < this.boxX.length && !Number.isNaN(this.boxX[c])) return [this.boxX[c], this.boxW[c]];
+    return [xToPx(win, l, this.data.calls.x[c]), MIN_CELL * this.data.calls.n[c]];
   }
 
   /** The x span of a step's cell in its call. */
@@ -411,6 +443,7 @@ function unitLabels(data: TimelineData, unit: number): [string, string] {
 export function drawLayer(ctx: CanvasRenderingContext2D, sc: Scene, marks: MarkList): void {
   const { data, layout: l } = sc;
   marks.clear();
+  sc.index.placeCalls(sc.win, l);
   ctx.clearRect(0, 0, l.width, l.height);
   ctx.font = FONT;
   drawAxis(ctx, sc);
@@ -533,7 +566,7 @@ function drawCalls(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: Ma
   ctx.textAlign = "left";
   for (; c < end && calls.x[c] <= win.x1; c++) {
     const [x, w] = ix.callBox(c, win, l);
-    if (x + w < l.labelW) continue;
+    if (x + w < l.labelW || x > l.labelW + l.plotW) continue;
     ctx.fillStyle = theme.call;
     ctx.fillRect(x, top, w, headH);
     const steps = ix.callSteps[c];

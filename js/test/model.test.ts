@@ -1,20 +1,27 @@
 import { describe, expect, it, vi } from "vitest";
 import {
   axisTicks,
+  byteTicks,
   clampStep,
+  cursorX,
   describeStep,
+  eventDetails,
+  exactBytes,
+  exposedText,
   type FrameScheduler,
-  firstStepEndingAfter,
   follow,
   formatBytes,
   formatSeconds,
   fullRange,
+  lowerBound,
+  memoryDetails,
   nearestStep,
+  orderOf,
   Player,
-  stepAt,
   Throttle,
+  upperBound,
 } from "../src/model";
-import { sample } from "./fixtures";
+import { byIndex, predicted } from "./fixtures";
 
 /** A scheduler the test drives by hand: frames happen when `tick` is called. */
 function manualFrames(): FrameScheduler & { tick(now: number): void; running: boolean } {
@@ -99,6 +106,41 @@ describe("Player", () => {
     expect(p.step).toBe(0);
   });
 
+  it("walks a given order, and keeps the step when the order changes", () => {
+    const seen: number[] = [];
+    const order = [0, 2, 1, 3];
+    const p = new Player({ n: 4, order, scheduler: manualFrames(), onChange: (s) => seen.push(s) });
+    p.stepBy(1);
+    p.stepBy(1);
+    expect(seen).toEqual([2, 1]);
+    expect(p.pos).toBe(2);
+    p.setOrder(null);
+    expect(p.step).toBe(1);
+    expect(p.pos).toBe(1);
+    p.end();
+    expect(p.step).toBe(3);
+    p.setOrder(order);
+    p.first();
+    expect(p.step).toBe(0);
+  });
+
+  it("plays along its order", () => {
+    const frames = manualFrames();
+    const p = new Player({
+      n: 4,
+      order: [3, 2, 1, 0],
+      speed: 10,
+      scheduler: frames,
+      onChange: () => {},
+    });
+    expect(p.step).toBe(0);
+    p.play(); // at the end of the order: starts over from its first step
+    expect(p.step).toBe(3);
+    frames.tick(0);
+    frames.tick(200);
+    expect(p.step).toBe(1);
+  });
+
   it("keeps the step on new data when it still exists", () => {
     const p = new Player({ n: 100, step: 40, scheduler: manualFrames(), onChange: () => {} });
     p.reset(30, 40);
@@ -157,11 +199,25 @@ describe("Throttle", () => {
   });
 });
 
-describe("windows and hit testing", () => {
-  const data = sample();
+describe("orders and windows", () => {
+  it("walks the steps in issue order without going back in time, or by stream start", () => {
+    const data = predicted();
+    for (const order of ["issue", "stream"] as const) {
+      const steps = orderOf(data, order);
+      expect([...steps].sort((a, b) => a - b)).toEqual([...Array(data.n_steps).keys()]);
+      const xs = steps.map((s) => cursorX(data, s, order));
+      expect(xs).toEqual([...xs].sort((a, b) => a - b));
+    }
+    expect(orderOf(data, "stream")).toEqual(data.stream_order);
+    expect(orderOf(data, "stream")).not.toEqual(orderOf(data, "issue"));
+  });
 
-  it("spans the run", () => {
-    expect(fullRange(data)).toEqual({ x0: 0, x1: 6 });
+  it("spans every mark of the run", () => {
+    const data = predicted();
+    const full = fullRange(data);
+    expect(full.x0).toBe(0);
+    expect(full.x1).toBeGreaterThanOrEqual(Math.max(...data.steps.x1));
+    expect(fullRange(byIndex())).toEqual({ x0: 0, x1: byIndex().n_steps });
   });
 
   it("follows the cursor and stays inside the run", () => {
@@ -177,44 +233,83 @@ describe("windows and hit testing", () => {
     expect(follow(win, 5, 500, bounds)).toEqual({ x0: 0, x1: 100 });
   });
 
-  it("finds the step under a point in each lane", () => {
-    expect(firstStepEndingAfter(data.steps, 2.5)).toBe(2);
-    expect(stepAt(data, 1.5, 0, 1)).toBe(1); // all-gather lane
-    expect(stepAt(data, 3.2, 0, 2)).toBe(3); // reduce-scatter lane
-    expect(stepAt(data, 3.2, 0, 1)).toBe(-1);
-    expect(stepAt(data, 4.5, 0, 0)).toBe(3); // compute segment -> its first step
-    expect(stepAt(data, 1.5, 1, 1)).toBe(-1); // no such rank
+  it("finds the nearest step to a point of the overview, in either order", () => {
+    const data = byIndex();
     expect(nearestStep(data, 2.4)).toBe(2);
     expect(nearestStep(data, 2.6)).toBe(3);
-    expect(nearestStep(data, 99)).toBe(5);
+    expect(nearestStep(data, 99)).toBe(data.n_steps - 1);
+    const p = predicted();
+    const s = p.stream_order[5];
+    expect(nearestStep(p, p.steps.x0[s], "stream")).toBe(s);
+  });
+
+  it("binary-searches sorted columns, in a range", () => {
+    const xs = [0, 1, 1, 2, 5];
+    expect(lowerBound(xs, 1)).toBe(1);
+    expect(upperBound(xs, 1)).toBe(3);
+    expect(lowerBound(xs, 9)).toBe(5);
+    expect(lowerBound(xs, 1, 2, 4)).toBe(2);
   });
 });
 
 describe("text", () => {
-  it("formats bytes in binary units", () => {
+  it("formats bytes in binary units, and exactly", () => {
     expect(formatBytes(512)).toBe("512 B");
     expect(formatBytes(1536)).toBe("1.5 KiB");
     expect(formatBytes(3 * 2 ** 30)).toBe("3 GiB");
+    expect(exactBytes(30999176)).toBe("30,999,176 bytes");
   });
 
-  it("describes a predicted step by event index and a recorded one by time", () => {
-    const d = sample();
-    expect(describeStep(d, 1)).toBe(
-      "step 2/6 · all_gather 'b' (prefetch) · forward · pre_forward hook of 'b' · event 1 of iteration 1 · memory 1 KiB",
+  it("numbers steps from 0, as view.timeline.step, and names the root (root)", () => {
+    const d = byIndex();
+    expect(describeStep(d, 0)).toBe(
+      "step 0 of 18 · all_gather unit 0 (root) · forward · pre_forward of (root) · event 0 of iteration 1",
     );
-    expect(describeStep(sample(6, true), 4)).toContain("t = 2 s");
-    expect(describeStep(d, 4)).toContain("memory 3 KiB");
+    expect(describeStep(d, 17)).toContain("step 17 of 18");
   });
 
-  it("marks a prediction's times as modelled", () => {
-    const d = { ...sample(6, true), source: "prediction" };
-    expect(describeStep(d, 4)).toContain("t = 2 s (modelled)");
-    expect(describeStep({ ...d, source: "recording" }, 4)).not.toContain("modelled");
+  it("says when an event was issued and when it ran, and how long compute waited", () => {
+    const d = predicted();
+    const text = describeStep(d, 8);
+    expect(text).toContain("all_gather unit 2 'blocks.1' (prefetch)");
+    expect(text).toContain("pre_backward of 'blocks.2'");
+    expect(text).toContain("issued at 64 µs, on all-gather 80 µs–96 µs");
+    expect(text).toMatch(/compute waited [\d.]+ µs for it/);
+    expect(text).toMatch(/memory [\d.]+ KiB/);
+    expect(describeStep(d, 8, "stream")).toContain("(stream-start order)");
   });
 
-  it("names the root's unit (FQN '') as (root)", () => {
-    expect(describeStep(sample(), 0)).toContain(
-      "all_gather (root) · forward · pre_forward hook of (root)",
+  it("details an event on hover: unit, kind, phase, bytes, issue, start, duration, hook, prefetch, wait", () => {
+    const d = predicted();
+    const lines = eventDetails(d, 8).join("\n");
+    for (const part of [
+      "all_gather unit 2 'blocks.1'",
+      "backward",
+      "issued by pre_backward of 'blocks.2'",
+      "prefetch: issued ahead",
+      "sends",
+      "issued at 64 µs",
+      "starts 80 µs on all-gather, lasts 16 µs",
+      "compute waited",
+    ])
+      expect(lines).toContain(part);
+    expect(eventDetails(d, 9).join("\n")).not.toContain("starts"); // a free has no stream time
+  });
+
+  it("details a memory moment and says which is the peak", () => {
+    const d = predicted();
+    const mem = d.memory[0];
+    const lines = memoryDetails(d, mem, mem.peak.moment);
+    expect(lines[0]).toBe("▼ the peak of this iteration");
+    expect(lines[1]).toContain(exactBytes(mem.peak.bytes));
+    expect(lines).toContain(mem.peak.where);
+    expect(lines.at(-1)).toContain(`click: step ${mem.peak.step}`);
+  });
+
+  it("sums exposed communication by phase", () => {
+    const g = predicted().groups[0];
+    expect(exposedText(g)).toMatch(
+      /^exposed communication: forward [\d.]+ µs, backward [\d.]+ µs \([\d.]+ µs of a [\d.]+ µs step\)$/,
     );
   });
 
@@ -224,6 +319,17 @@ describe("text", () => {
     expect(formatSeconds(0.0123456)).toBe("12.3 ms");
     expect(formatSeconds(1.5)).toBe("1.5 s");
     expect(formatSeconds(4.2e-8)).toBe("42 ns");
+  });
+});
+
+describe("byte ticks", () => {
+  it("ticks 0 to the maximum in round binary amounts", () => {
+    expect(byteTicks(3 * 2 ** 20, 100)).toEqual([0, 2 ** 20, 2 * 2 ** 20, 3 * 2 ** 20]);
+    expect(byteTicks(0, 100)).toEqual([0]);
+    const t = byteTicks(30999176, 98);
+    expect(t[0]).toBe(0);
+    expect(t.length).toBeLessThanOrEqual(5);
+    expect(t.at(-1)).toBeLessThanOrEqual(30999176);
   });
 });
 

@@ -4,6 +4,7 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { TimelineData } from "../src/model";
 import {
   childrenOf,
   explorerUnit,
@@ -21,7 +22,14 @@ import {
   viewTrace,
 } from "../src/standalone";
 import widget, { type WidgetModel } from "../src/widget";
-import { sample } from "./fixtures";
+import { predicted } from "./fixtures";
+
+/** The tiny prediction, its units renamed to b, c, d: "", b, c and d. */
+function sample(): TimelineData {
+  const data = predicted();
+  data.units = ["", "b", "c", "d"];
+  return data;
+}
 
 type ClickHandler = (ev: { points?: unknown[] }) => void;
 
@@ -56,9 +64,8 @@ function config(): PageConfig {
       ids: ["<root>", "b", "b.fc", "c"],
       units: ["", "b", "b", null],
     },
-    prefetch: { div: "pf", positions: { "": 0, b: 1 } },
+    prefetch: { div: "pf", positions: { "": 0, b: 1, c: 2, d: 3 } },
     timelineDiv: "tl",
-    statusDiv: "status",
     widgetScript: "esm",
   };
 }
@@ -89,11 +96,10 @@ function bigConfig(): PageConfig {
 function setup(cfg: PageConfig = config()) {
   const explorer = plotDiv("ex", ["modules"]);
   const prefetch = plotDiv("pf", ["forward order", "units", "current", "selected"]);
-  const status = document.createElement("div");
-  status.id = "status";
   const tl = document.createElement("div");
   tl.id = "tl";
-  document.body.append(status, tl);
+  document.body.append(tl);
+  const status = tl;
   const calls: Array<{ id: string; update: Record<string, unknown>; traces?: number[] }> = [];
   const layouts: Array<Record<string, unknown>> = [];
   const plotly = {
@@ -169,8 +175,9 @@ describe("pure helpers", () => {
     const data = sample();
     expect(unitOfStep(data, 1)).toBe("b");
     expect(unitOfStep({ ...data, n_steps: 0 }, 0)).toBeNull();
-    expect(nextStepOfUnit(data, "b", 1)).toBe(3);
-    expect(nextStepOfUnit(data, "", 4)).toBe(0);
+    expect(nextStepOfUnit(data, "b", 1)).toBe(2);
+    expect(nextStepOfUnit(data, "", 4)).toBe(16);
+    expect(nextStepOfUnit(data, "", 17)).toBe(0);
     expect(nextStepOfUnit(data, "nope", 0)).toBe(-1);
   });
 
@@ -193,15 +200,17 @@ describe("linked page", () => {
       "marker.line.width": [[3, 0.5, 0.5, 0.5]],
     });
     expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[0]], y: [[0]] });
-    expect(status.textContent).toContain("step 1/6");
+    expect(status.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 /);
     expect(document.body.dataset.fvCurrentUnit).toBe("");
     const forward = [...tl.querySelectorAll("button")].find((b) =>
       b.title.startsWith("step forward"),
     );
     forward?.click();
-    expect(status.textContent).toContain("step 2/6");
-    expect(status.textContent).toContain("outlined in the figures: unit 'b'");
+    expect(status.querySelector(".fv-info")?.textContent).toMatch(
+      /^step 1 of 18 · all_gather unit 1 'b'/,
+    );
     expect(document.body.dataset.fvCurrentUnit).toBe("b");
+    expect(document.querySelectorAll(".fv-info")).toHaveLength(1); // one status line
     expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
       "marker.line.width": [[0.5, 3, 3, 0.5]],
     });
@@ -213,7 +222,7 @@ describe("linked page", () => {
     const slider = tl.querySelector(".fv-slider") as HTMLInputElement;
     slider.value = "4";
     slider.dispatchEvent(new Event("input"));
-    expect(status.textContent).toContain("step 5/6");
+    expect(status.querySelector(".fv-info")?.textContent).toMatch(/^step 4 of 18 /);
     expect(document.body.dataset.fvStep).toBe("4");
   });
 
@@ -222,13 +231,13 @@ describe("linked page", () => {
     explorer.click_({ id: "b" });
     expect(model.get("selected_unit")).toBe("b");
     expect(model.get("step")).toBe(1); // the next event of 'b'
-    expect(tl.querySelector(".fv-info")?.textContent).toContain("step 2/6");
+    expect(tl.querySelector(".fv-info")?.textContent).toMatch(/^step 1 of 18 /);
     expect(lastRestyle(calls, "pf", 3)?.update).toEqual({ x: [[1]], y: [[0]] });
     explorer.click_({ id: "b.fc" });
-    expect(model.get("step")).toBe(3);
+    expect(model.get("step")).toBe(2);
     prefetch.click_({ customdata: "" });
     expect(model.get("selected_unit")).toBe("");
-    expect(model.get("step")).toBe(4);
+    expect(model.get("step")).toBe(16);
     expect(document.body.dataset.fvSelectedUnit).toBe("");
     explorer.click_({ id: "c" }); // not managed by FSDP: nothing to select
     expect(model.get("selected_unit")).toBe("");
@@ -293,7 +302,7 @@ describe("a big model's explorer in the page", () => {
       tree.customdata.push(["", "", "", "", "", "", ""]);
     }
     tree.budget = 1000; // 208 modules drawn: a big figure
-    cfg.timeline = sample(200); // long enough not to play to its end during the test
+    cfg.timeline = sample(); // played slowly: not to its end during the test
     const { model, calls, tl } = setup(cfg);
     const forward = [...tl.querySelectorAll("button")].find((b) =>
       b.title.startsWith("step forward"),

@@ -4,8 +4,9 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { TimelineView } from "../src/view";
 import widget, { type WidgetModel } from "../src/widget";
-import { sample } from "./fixtures";
+import { byIndex, fakeContext, predicted } from "./fixtures";
 
 type Handler = () => void;
 
@@ -50,12 +51,14 @@ class FakeModel {
   }
 }
 
-function setup(): { model: FakeModel; el: HTMLElement; cleanup: () => void } {
+function setup(data = byIndex()): { model: FakeModel; el: HTMLElement; cleanup: () => void } {
   const model = new FakeModel({
-    data: sample(),
+    data,
     step: 0,
     playing: false,
     speed: 20,
+    order: "issue",
+    note: "",
     selected_unit: null,
     theme: "light",
     error: "",
@@ -82,8 +85,13 @@ beforeEach(() => {
       disconnect(): void {}
     },
   );
-  // jsdom has no canvas: drawing is skipped, everything else runs.
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockReturnValue(null);
+  // jsdom has no canvas: a context that draws nothing (the marks are still laid out).
+  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
+    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
+  );
+  vi.spyOn(HTMLCanvasElement.prototype, "getBoundingClientRect").mockReturnValue(
+    new DOMRect(0, 0, 1000, 400),
+  );
 });
 
 afterEach(() => {
@@ -91,6 +99,10 @@ afterEach(() => {
   vi.restoreAllMocks();
   document.body.innerHTML = "";
 });
+
+/** The view behind a rendered widget (the root element carries it, for tests). */
+const viewOf = (el: HTMLElement): TimelineView =>
+  (el.querySelector(".fsdpviz-timeline") as unknown as { fsdpviz: TimelineView }).fsdpviz;
 
 describe("timeline widget", () => {
   it("steps with the buttons and the keyboard; syncs the first step at once, bursts later", async () => {
@@ -102,22 +114,57 @@ describe("timeline widget", () => {
     buttonTitled(el, "step forward").click();
     buttonTitled(el, "step back").click();
     // the view moved at once, without waiting for the kernel ...
-    expect(el.querySelector(".fv-info")?.textContent).toContain("step 3/6");
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(/^step 2 of 18 · /);
     expect(model.state.step).toBe(1);
     // ... and Python gets the latest step after the sync interval
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(model.state.step).toBe(2);
   });
 
-  it("moves when Python sets step, and jumps to the peak", async () => {
+  it("moves when Python sets step, numbered from 0 as Python numbers it", () => {
     const { model, el } = setup();
-    model.fromPython("step", 5);
-    expect(el.querySelector(".fv-info")?.textContent).toContain("step 6/6");
-    expect((el.querySelector(".fv-slider") as HTMLInputElement).value).toBe("5");
-    buttonTitled(el, "jump to the memory peak").click();
-    expect(el.querySelector(".fv-info")?.textContent).toContain("step 5/6");
+    model.fromPython("step", 10);
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(/^step 10 of 18 · /);
+    expect((el.querySelector(".fv-slider") as HTMLInputElement).value).toBe("10");
+    const root = el.querySelector(".fsdpviz-timeline") as HTMLElement;
+    expect(root.dataset.fvStep).toBe("10");
+  });
+
+  it("jumps to the memory peak: the step, bytes and marker of the memory lane", async () => {
+    const data = predicted();
+    const { model, el } = setup(data);
+    const peak = data.memory[0].peak;
+    const button = buttonTitled(el, "jump to the memory peak");
+    expect(button.title).toContain(`${peak.bytes.toLocaleString("en-US")} bytes`);
+    expect(button.dataset.fvPeakBytes).toBe(String(peak.bytes));
+    button.click();
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(new RegExp(`^step ${peak.step} of`));
+    const root = el.querySelector(".fsdpviz-timeline") as HTMLElement;
+    expect(root.dataset.fvLaneMax).toBe(String(peak.bytes));
+    expect(root.dataset.fvMarkerBytes).toBe(String(peak.bytes));
+    expect(root.dataset.fvMarkerStep).toBe(String(peak.step));
+    const summary = el.querySelector(".fv-peak") as HTMLElement;
+    expect(summary.dataset.fvPeakBytes).toBe(String(peak.bytes));
     await new Promise((resolve) => setTimeout(resolve, 200));
-    expect(model.state.step).toBe(4);
+    expect(model.state.step).toBe(peak.step);
+  });
+
+  it("walks the stream-start order when asked, from the page or from Python", () => {
+    const data = predicted();
+    const { model, el } = setup(data);
+    const order = el.querySelector(".fv-order") as HTMLSelectElement;
+    order.value = "stream";
+    order.dispatchEvent(new Event("change"));
+    expect(model.state.order).toBe("stream");
+    const seen = [viewOf(el).cursor()];
+    for (let k = 1; k < data.n_steps; k++) {
+      buttonTitled(el, "step forward").click();
+      seen.push(viewOf(el).cursor());
+    }
+    expect(seen).toEqual([...seen].sort((a, b) => a - b));
+    expect(viewOf(el).player.step).toBe(data.stream_order.at(-1));
+    model.fromPython("order", "issue");
+    expect(order.value).toBe("issue");
   });
 
   it("plays and pauses from the button, and from Python", () => {
@@ -132,14 +179,41 @@ describe("timeline widget", () => {
     expect(play.textContent).toBe("pause");
   });
 
-  it("a click on an event selects its unit and step", () => {
-    const { model, el } = setup();
+  it("a click at an event's centre selects that event and its unit", () => {
+    const data = predicted();
+    const { model, el } = setup(data);
+    const view = viewOf(el);
+    view.zoom(Number.POSITIVE_INFINITY);
+    const c = view.markCentre(8);
+    expect(c).not.toBeNull();
     const canvas = el.querySelector("canvas") as HTMLCanvasElement;
-    // 300 px wide: labels 150 px, plot 140 px for x in [0, 6); lane 1 (all-gather) at y 32..54
-    canvas.dispatchEvent(new MouseEvent("click", { clientX: 150 + (1.5 / 6) * 140, clientY: 40 }));
-    expect(model.state.selected_unit).toBe("b");
-    expect(model.state.step).toBe(1);
-    expect(model.saved.some((c) => c.selected_unit === "b")).toBe(true);
+    canvas.dispatchEvent(new MouseEvent("click", { clientX: c?.x, clientY: c?.y }));
+    expect(model.state.selected_unit).toBe("blocks.1");
+    expect(model.state.step).toBe(8);
+    expect(model.saved.some((ch) => ch.selected_unit === "blocks.1")).toBe(true);
+    expect(el.querySelector(".fv-info")?.textContent).toContain("selected: unit 2 'blocks.1'");
+  });
+
+  it("says what is under the pointer", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    view.zoom(Number.POSITIVE_INFINITY);
+    const c = view.markCentre(8);
+    const canvas = el.querySelector("canvas") as HTMLCanvasElement;
+    canvas.dispatchEvent(new MouseEvent("mousemove", { clientX: c?.x, clientY: c?.y }));
+    const tip = el.querySelector(".fv-tooltip") as HTMLElement;
+    expect(tip.hidden).toBe(false);
+    expect(tip.textContent).toContain("all_gather unit 2 'blocks.1'");
+    expect(tip.textContent).toContain("issued by pre_backward of 'blocks.2'");
+    canvas.dispatchEvent(new MouseEvent("mouseleave"));
+    expect(tip.hidden).toBe(true);
+  });
+
+  it("shows Python's note after the step", () => {
+    const { model, el } = setup();
+    model.fromPython("note", "the event at the old step is not in this plan: back to step 0");
+    expect(el.querySelector(".fv-info")?.textContent).toContain("back to step 0");
   });
 
   it("reports the JupyterLab theme and cleans up its listeners", () => {
@@ -152,11 +226,9 @@ describe("timeline widget", () => {
     delete document.body.dataset.jpThemeLight;
   });
 
-  it("shows the peak button disabled without a memory series", () => {
-    const data = { ...sample(), memory: null, peak_step: null };
-    const { model, el } = setup();
-    model.fromPython("data", data);
-    expect(buttonTitled(el, "no memory series").disabled).toBe(true);
+  it("shows the peak button disabled without a memory lane", () => {
+    const { el } = setup(byIndex());
+    expect(buttonTitled(el, "no memory lane").disabled).toBe(true);
   });
 
   it("keeps its width while the notebook is hidden for a moment (a theme switch)", async () => {
@@ -180,16 +252,24 @@ describe("timeline widget", () => {
     vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
     const { el } = setup(); // rendered before it is in the page
     const canvas = el.querySelector("canvas") as HTMLCanvasElement;
-    expect(canvas.style.width).toBe("300px");
+    expect(canvas.style.width).toBe("360px");
     width = 700;
     await new Promise((resolve) => setTimeout(resolve, 50));
     expect(canvas.style.width).toBe("700px");
   });
 
-  it("explains its marks in a legend", () => {
-    const { el } = setup();
+  it("explains its marks and the memory categories in a legend, and its x axis in a caption", () => {
+    const { el } = setup(predicted());
     const text = el.querySelector(".fv-legend")?.textContent ?? "";
-    for (const item of ["prefetch", "free", "backward compute", "memory"])
+    for (const item of [
+      "hook call",
+      "prefetch",
+      "free",
+      "backward compute",
+      "exposed",
+      "optimizer",
+    ])
       expect(text).toContain(item);
+    expect(el.querySelector(".fv-note")?.textContent).toMatch(/^x: time in µs, modelled on H100/);
   });
 });

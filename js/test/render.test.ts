@@ -1,0 +1,123 @@
+// Drawing and picking without a browser: the marks the layer draws are what a click picks.
+import { describe, expect, it } from "vitest";
+import { fullRange, type TimelineData, type Window } from "../src/model";
+import {
+  computeLayout,
+  drawLayer,
+  FALLBACK_THEMES,
+  Index,
+  MARK,
+  MarkList,
+  type Scene,
+} from "../src/render";
+import { byIndex, fakeContext, predicted, recorded } from "./fixtures";
+
+function scene(data: TimelineData, win?: Window, width = 1000): Scene {
+  const index = new Index(data);
+  return {
+    data,
+    index,
+    layout: computeLayout(data, width),
+    win: win ?? index.full,
+    theme: FALLBACK_THEMES.light,
+    selectedUnit: -1,
+  };
+}
+
+/** Draw `sc` and return its marks. */
+function draw(sc: Scene): MarkList {
+  const marks = new MarkList();
+  drawLayer(fakeContext(), sc, marks);
+  return marks;
+}
+
+/** The centre of step's own mark (in its own lane) as drawn in `sc`, or null. */
+function centre(
+  sc: Scene,
+  marks: MarkList,
+  step: number,
+): { x: number; y: number; w: number } | null {
+  const row = sc.layout.rows[sc.data.steps.lane[step]];
+  const m = marks.of(step, MARK.event).find((k) => k.y >= row.top - 1 && k.y < row.top + row.h);
+  return m === undefined ? null : { x: m.x + m.w / 2, y: m.y + m.h / 2, w: m.w };
+}
+
+describe("index", () => {
+  it("finds calls, lanes and the memory lane's top", () => {
+    const data = predicted();
+    const ix = new Index(data);
+    expect(ix.callRange).toEqual([[0, data.calls.x.length]]);
+    for (const [lane, entry] of ix.laneSteps) {
+      expect(data.lanes[lane].kind).toBe("stream");
+      expect(entry.x0).toEqual([...entry.x0].sort((a, b) => a - b));
+    }
+    expect(ix.memoryMax[0]).toBe(data.memory[0].peak.bytes);
+    expect(ix.full).toEqual(fullRange(data));
+  });
+
+  it("packs hook calls issued at the same time side by side", () => {
+    const data = predicted();
+    const sc = scene(data);
+    draw(sc);
+    // steps 7 and 8: prefetches issued by two hooks that ran at the same modelled time
+    expect(data.steps.issue[7]).toBeCloseTo(data.steps.issue[8], 9); // 3 ps apart
+    const [x7, w7] = sc.index.cell(7, sc.win, sc.layout);
+    const [x8] = sc.index.cell(8, sc.win, sc.layout);
+    expect(w7).toBeGreaterThanOrEqual(6);
+    expect(x8).toBeGreaterThanOrEqual(x7 + w7);
+  });
+});
+
+describe("marks", () => {
+  it("picks the topmost mark under the pointer, else the nearest in its row", () => {
+    const marks = new MarkList();
+    marks.add(MARK.event, 1, 10, 0, 20, 10);
+    marks.add(MARK.event, 2, 15, 0, 4, 10);
+    expect(marks.pick(16, 5)?.step).toBe(2);
+    expect(marks.pick(12, 5)?.step).toBe(1);
+    expect(marks.pick(32, 5)?.step).toBe(1); // 2 px off its right edge
+    expect(marks.pick(40, 5)).toBeNull();
+    expect(marks.pick(12, 20)).toBeNull();
+    for (let k = 0; k < 3000; k++) marks.add(MARK.event, k, k, 30, 1, 10);
+    expect(marks.pick(2500.5, 35)?.step).toBe(2500);
+  });
+
+  for (const [name, make] of [
+    ["a prediction placed by the time model", predicted],
+    ["a prediction by index", byIndex],
+    ["a recording of two ranks", recorded],
+  ] as const) {
+    it(`a click at the centre of every event of ${name} picks exactly that event`, () => {
+      const data = make();
+      const full = new Index(data).full;
+      for (let step = 0; step < data.n_steps; step++) {
+        // zoomed out until the event's own mark is at least 4 px wide and on top
+        let span = full.x1 - full.x0;
+        let ok = false;
+        for (let zoom = 0; zoom < 12 && !ok; zoom++, span /= 2) {
+          const s = data.steps;
+          const mid = s.kind[step] === 1 ? s.issue[step] : (s.x0[step] + s.x1[step]) / 2;
+          const x0 = Math.max(full.x0, Math.min(mid - span / 2, full.x1 - span));
+          const sc = scene(data, { x0, x1: x0 + span });
+          const marks = draw(sc);
+          const c = centre(sc, marks, step);
+          if (c === null || c.w < 4) continue;
+          const picked = marks.pick(c.x, c.y);
+          ok = picked !== null && picked.kind === MARK.event && picked.step === step;
+        }
+        expect(ok, `step ${step} of ${name}`).toBe(true);
+      }
+    });
+  }
+
+  it("marks the memory peak where the lane draws it, picking the peak's step", () => {
+    const data = predicted();
+    const sc = scene(data);
+    const marks = draw(sc);
+    const peak = marks.of(data.memory[0].peak.step, MARK.peak);
+    expect(peak).toHaveLength(1);
+    const p = marks.pick(peak[0].x + peak[0].w / 2, peak[0].y + peak[0].h / 2);
+    expect(p?.kind).toBe(MARK.peak);
+    expect(p?.moment).toBe(data.memory[0].peak.moment);
+  });
+});
