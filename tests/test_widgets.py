@@ -50,14 +50,20 @@ def test_timeline_traitlets(report: Report) -> None:
     view.step = -5
     assert view.step == 0
     view.jump_to_peak()
-    assert view.step == view.peak_step == view.data["peak_step"]
+    assert view.step == view.peak_step == view.data["memory"][0]["peak"]["step"]
+    assert view.order == "issue" and view.trait_metadata("order", "sync")
 
 
-def test_timeline_without_memory_has_no_peak(report: Report) -> None:
+def test_timeline_draws_the_memory_model_by_default(report: Report) -> None:
     view = TimelineWidget(report)
-    assert view.peak_step is None
+    assert view.peak_bytes == report.memory.peak["bytes"]
+    assert view.current_event is not None
+    view.jump_to_peak()
+    assert view.current_event == (0, report.iterations[-1][report.memory.peak["event"]])
+    none = TimelineWidget(report, memory=None)
+    assert none.peak_step is None and none.peak_bytes is None
     with pytest.raises(ValueError, match="memory="):
-        view.jump_to_peak()
+        none.jump_to_peak()
 
 
 def test_timeline_all_iterations_and_new_reports(report: Report) -> None:
@@ -67,8 +73,21 @@ def test_timeline_all_iterations_and_new_reports(report: Report) -> None:
     assert view.current_event == (0, report.iterations[1][2])
     small = analyze_tiny(auto_wrap_policy=None)
     view.set_reports(small)
-    assert view.step == min(n0 + 2, view.n_steps - 1)
     assert view.data["units"] == [""]
+    assert view.step == 0 and "back to step 0" in view.note  # that event is gone
+
+
+def test_a_re_plan_keeps_the_selected_event(report: Report) -> None:
+    """The step follows its event (kind, unit, phase and occurrence) into the new plan."""
+    view = TimelineWidget(report, machine=None)
+    events = report.iterations[-1]
+    k = next(i for i, e in enumerate(events) if e.kind == "reduce_scatter" and e.unit == "blocks.1")
+    view.step = k
+    other = analyze_tiny(backward_prefetch=None)
+    view.set_reports(other)
+    group, event = view.current_event  # type: ignore[misc]
+    assert (event.kind, event.unit, event.phase) == ("reduce_scatter", "blocks.1", "backward")
+    assert view.step != k and view.note == ""  # no prefetch: the event moved
 
 
 # ------------------------------------------------------------------ explorer
@@ -192,8 +211,8 @@ def test_dashboard_links_step_selection_and_replan(report: Report) -> None:
     assert view.timeline.selected_unit == units.customdata[0]
     # re-plan: the other views follow, the memory model runs again
     view.explorer.controls.set(backward_prefetch="BACKWARD_POST")
-    assert view.timeline.data["peak_step"] is not None
-    assert len(view.timeline.data["memory"]["bytes"]) == len(view.explorer.report.iterations[-1])
+    assert view.timeline.peak_step is not None
+    assert len(view.timeline.data["memory"][0]["total"]) == len(view.explorer.report.iterations[-1])
     assert "BACKWARD_POST" in view.prefetch.layout.title.text
     assert view.errors.last_error is None and view.explorer.errors.last_error is None
 
@@ -219,14 +238,15 @@ def test_report_show_opens_the_dashboard(report: Report) -> None:
 
 
 def test_dashboard_draws_the_memory_model_by_default(report: Report) -> None:
-    """memory="auto": the curve is fsdpviz.cost.memory_series, peak marked."""
-    from fsdpviz.cost import memory_series
+    """memory="auto": the lane is fsdpviz.cost.memory_lane, its peak report.memory's."""
+    from fsdpviz.cost import memory_lane
 
     view = Dashboard(report)
-    assert view.timeline.data["memory"]["bytes"] == memory_series(report, iteration=-1)
-    assert view.timeline.peak_step is not None
+    (m,) = view.timeline.data["memory"]
+    assert m["total"] == memory_lane(report).total
+    assert view.timeline.peak_bytes == report.memory.peak["bytes"]
     assert "activations included" in view.memory_note.value
-    assert Dashboard(report, memory=None).timeline.data["memory"] is None
+    assert Dashboard(report, memory=None).timeline.data["memory"] == []
 
 
 def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
@@ -236,28 +256,28 @@ def test_fast_replan_then_activations_from_a_trace(report: Report) -> None:
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     ex = view.explorer
     assert ex.replanner is not None
-    assert view.timeline.data["x_label"].startswith("time (s, modelled on H100")
+    assert view.timeline.data["clock"].startswith("modelled on H100")
     notes: list[str] = []
     view.memory_note.observe(lambda c: notes.append(c["new"]), names="value")
     labels: list[str] = []
-    view.timeline.observe(lambda c: labels.append(c["new"]["x_label"]), names="data")
+    view.timeline.observe(lambda c: labels.append(c["new"]["clock"]), names="data")
     # The report the view opened with is the plan of the controls' first options: a world
     # size change replays it, profile and all.
     ex.controls.set(world_size=16)
     assert ex.replanner.last_path == "replay" and ex.report.profile is not None
-    assert labels[-1].startswith("time (s, modelled")
+    assert labels[-1].startswith("modelled")
     labels.clear()
     ex.controls.set(forward_prefetch=True)
     assert ex.report.profile is None and "stored trace" in ex.status.value
     assert any("parameters, gradients" in n for n in notes)
     # no FLOPs without a profile: laid out by index until the traced plan places it in time
-    assert labels[0].startswith("event index") and labels[-1].startswith("time (s, modelled")
+    assert labels[0].startswith("event index") and labels[-1].startswith("modelled")
     # Outside a kernel the trace runs at once: the curve now includes activations.
     assert "activations included" in view.memory_note.value
     profiled = ex.replanner.cached(ex.options)
     assert profiled is not None and profiled.profile is not None
-    curve = view.timeline.data["memory"]["bytes"]
-    assert curve == memory_series(profiled, iteration=-1)
+    curve = view.timeline.data["memory"][0]["total"]
+    assert max(curve) == profiled.memory.peak["bytes"]
     assert max(curve) > max(memory_series(ex.report, iteration=-1))
     # A plain world-size change now replays the traced report: profile kept.
     ex.controls.set(world_size=32)
