@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import (
     BackwardPrefetch,
-    CPUOffload,
     FullyShardedDataParallel,
     MixedPrecision,
     MixedPrecisionPolicy,
@@ -55,10 +54,7 @@ def _fsdp_error(model: nn.Module, **kwargs: Any) -> str:
         ({"sharding_strategy": 3}, r"ShardingStrategy.FULL_SHARD"),
         ({"backward_prefetch": 3}, r"BackwardPrefetch.BACKWARD_PRE"),
         ({"forward_prefetch": "yes"}, r"forward_prefetch must be True or False"),
-        (
-            {"cpu_offload": CPUOffload(offload_params=True)},
-            r"offload_params=True\) is not modelled",
-        ),
+        ({"cpu_offload": True}, r"cpu_offload must be a CPUOffload, got bool"),
         ({"mixed_precision": torch.bfloat16}, r"must be a torch.distributed.fsdp.MixedPrecision"),
         ({"trace": "fast"}, r"trace='fast' is not valid"),
         ({"loss": 3}, r"loss must be a callable"),

@@ -69,9 +69,9 @@ def test_default_reshard_after_forward_root_false() -> None:
         ),
         ({"fully_shard": [3]}, fsdpviz.ConfigError, "module classes, FQNs, tuples"),
         (
-            {"fully_shard": BLOCKS, "mesh": None},
+            {"fully_shard": BLOCKS, "mesh": "2x4"},
             fsdpviz.ConfigError,
-            "HSDP meshes are not modelled",
+            "mesh must be a DeviceMesh",
         ),
         (
             {"fully_shard": BLOCKS, "reshard_after_forward": 3},
@@ -105,11 +105,11 @@ def test_bad_fsdp2_options(kwargs: dict[str, Any], error: type, pattern: str) ->
         fsdpviz.analyze(hm.Stack(), _x(), **kwargs)
 
 
-def test_cpu_offload_is_rejected() -> None:
-    from torch.distributed.fsdp import CPUOffloadPolicy
+def test_offload_policy_must_be_fsdp2s() -> None:
+    from torch.distributed.fsdp import CPUOffload
 
-    with pytest.raises(fsdpviz.ConfigError, match=r"CPUOffloadPolicy.*not modelled"):
-        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS, offload_policy=CPUOffloadPolicy())
+    with pytest.raises(fsdpviz.ConfigError, match=r"CPUOffloadPolicy\(\) or OffloadPolicy\(\)"):
+        fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS, offload_policy=CPUOffload())
 
 
 def test_model_already_fully_sharded_on_meta(fake_pg: int) -> None:
