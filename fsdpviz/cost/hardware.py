@@ -4,34 +4,40 @@ Every constant can be overridden::
 
     m = machine("h100")                                   # H100 SXM, NVLink 4, InfiniBand NDR
     m = machine("a100", network="roce-200")               # another inter-node fabric
-    m = machine("h100", compute_efficiency=0.45, inter_node_gbps=40.0)
+    m = machine("h100", compute_efficiency=0.6, inter_node_gbps=40.0)
     m = Machine(name="mine", tflops={"bfloat16": 500.0}, intra_node_gbps=200.0, ...)
 
-Compute: a stretch of ``F`` FLOPs in dtype ``d`` takes
-``F / (tflops[d] * 1e12 * compute_efficiency)`` seconds. Only the FLOPs the trace
-counts (matrix multiplies, attention, convolutions) are timed; ``compute_efficiency``
-(model FLOP utilisation of those kernels) absorbs the memory-bound operators.
+Compute: each kernel the trace saw gets a roofline time (:mod:`fsdpviz.cost.kernels`):
+matrix multiplies at ``tflops[d] * compute_efficiency`` for large GEMMs, less for small
+ones (``gemm_half_us``: a GEMM that would take this long reaches half of that),
+fused attention at ``attention_efficiency`` / ``attention_backward_efficiency`` of the peak
+(for long sequences, ``attention_seq_half`` the sequence length at which it is half that),
+memory-bound kernels at ``hbm_gbps * memory_efficiency`` plus ``kernel_us`` each, and the
+CPU issuing ``launch_forward_us`` / ``launch_backward_us`` per kernel. The presets'
+efficiencies are calibrated on published training runs (``benchmarks/bench_published.py``).
+A report without kernel records (saved before they were measured) is timed at
+``flops / (tflops[d] * compute_efficiency)``.
 
 CPU offload: a shard's copy to the device before its all-gather, and a gradient shard's
 copy back after its reduction, take ``bytes / pcie_gbps``; the optimizer step runs on the
 host at ``host_gbps``.
 
-Collectives (ring algorithm) over ``N`` ranks moving ``S`` bytes (the unsharded
+Collectives as NCCL's ring runs them, over ``N`` ranks moving ``S`` bytes (the unsharded
 size; each rank sends and receives ``(N - 1) / N * S``)::
 
-    all_gather, reduce_scatter:  latency(N) + (N - 1) / N * S / bandwidth(N)
-    all_reduce:                  2 * latency(N) + 2 * (N - 1) / N * S / bandwidth(N)
+    all_gather, reduce_scatter:  base + (N - 1) * step + (N - 1) / N * S / busbw(N)
+    all_reduce:                  base + 2 (N - 1) * step + 2 (N - 1) / N * S / busbw(N)
 
-``bandwidth(N)`` is ``intra_node_gbps`` (GB/s per GPU) when the ``N`` ranks fit
-in one node (``N <= gpus_per_node``), else ``inter_node_gbps``: a ring that spans
-nodes goes through each GPU's network link; both times ``comm_efficiency``.
-``latency(N)`` is ``intra_node_latency_us`` or ``inter_node_latency_us`` times
-``ceil(log2 N)``.
+``busbw(N)`` is ``intra_node_gbps`` (GB/s per GPU: NVLink through NVSwitch, or PCIe) when
+the ``N`` ranks fit in one node (``N <= gpus_per_node``), else ``inter_node_gbps`` (each
+GPU's own network link: a ring that spans nodes crosses it), both times
+``comm_efficiency``. ``step`` is ``intra_node_latency_us`` inside a node, else
+``inter_node_latency_us`` (a ring step waits for its slowest hop); ``base`` is
+``collective_base_us``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -43,9 +49,9 @@ class Machine:
     """One GPU type in nodes of ``gpus_per_node``, with its intra- and inter-node links."""
 
     name: str
-    tflops: dict[str, float]  # dense peak TFLOP/s per compute dtype
+    tflops: dict[str, float]  # dense peak TFLOP/s per compute dtype (the data sheet's)
     memory_gib: float  # device memory
-    hbm_gbps: float  # device memory bandwidth, GB/s (optimizer step estimate)
+    hbm_gbps: float  # device memory bandwidth, GB/s
     intra_node_gbps: float  # per-GPU collective bandwidth inside a node, GB/s
     inter_node_gbps: float  # per-GPU network bandwidth across nodes, GB/s
     gpus_per_node: int = 8
@@ -54,23 +60,51 @@ class Machine:
     # optimizer step gets on the CPU (GB/s).
     pcie_gbps: float = 25.0
     host_gbps: float = 20.0
-    intra_node_latency_us: float = 8.0
-    inter_node_latency_us: float = 20.0
-    compute_efficiency: float = 0.6
+    intra_node_latency_us: float = 1.0  # per ring step over NVLink / PCIe
+    inter_node_latency_us: float = 2.5  # per ring step when the ring crosses nodes
+    collective_base_us: float = 10.0  # per collective
+    compute_efficiency: float = 0.6  # share of the peak a large matrix multiply reaches
+    gemm_half_us: float = 3.0  # a GEMM this long at compute_efficiency reaches half of it
+    attention_efficiency: float = 0.5  # fused attention forward, long sequences, head dim 128
+    attention_backward_efficiency: float = 0.4
+    attention_seq_half: float = 256.0
+    efficient_attention_factor: float = 0.7  # memory-efficient kernel against flash
+    memory_efficiency: float = 0.8  # share of hbm_gbps memory-bound kernels reach
+    kernel_us: float = 1.5  # least GPU time of a kernel
+    launch_forward_us: float = 10.0  # CPU time to issue one kernel in forward (eager)
+    launch_backward_us: float = 6.0  # ... in backward (the autograd engine)
     comm_efficiency: float = 0.8
     network: str = ""
 
-    def compute_seconds(self, flops: float, dtype: str | None) -> float:
-        """Seconds for ``flops`` FLOPs computed in ``dtype`` (``"bfloat16"``, ...)."""
-        if flops <= 0:
-            return 0.0
+    def peak_flops(self, dtype: str | None) -> float:
+        """Dense peak FLOP/s in ``dtype`` (``"bfloat16"``, ...)."""
         key = dtype if dtype in self.tflops else "float32"
         if key not in self.tflops:
             raise ConfigError(
                 f"machine {self.name!r} has no throughput for {dtype!r}; pass "
                 f"tflops={{{dtype!r}: ...}} to machine()"
             )
-        return flops / (self.tflops[key] * 1e12 * self.compute_efficiency)
+        return self.tflops[key] * 1e12
+
+    def compute_seconds(self, flops: float, dtype: str | None) -> float:
+        """Seconds for ``flops`` FLOPs of large matrix multiplies in ``dtype``."""
+        if flops <= 0:
+            return 0.0
+        return flops / (self.peak_flops(dtype) * self.compute_efficiency)
+
+    def matmul_seconds(self, flops: float, dtype: str | None, count: int = 1) -> float:
+        """Seconds for ``count`` matrix multiplies of ``flops / count`` FLOPs each: a GEMM
+        that would take ``t`` at ``compute_efficiency`` takes ``t + gemm_half_us`` (its
+        efficiency is ``compute_efficiency * t / (t + gemm_half_us)``: small GEMMs reach
+        less of the peak)."""
+        if flops <= 0:
+            return 0.0
+        ideal = flops / (self.peak_flops(dtype) * self.compute_efficiency)
+        return ideal + count * self.gemm_half_us * 1e-6
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """Seconds to read and write ``nbytes`` of device memory."""
+        return nbytes / (self.hbm_gbps * 1e9 * self.memory_efficiency) if nbytes > 0 else 0.0
 
     def collective_seconds(self, kind: str, nbytes: float, ranks: int) -> float:
         """Seconds for an ``all_gather`` / ``reduce_scatter`` / ``all_reduce`` of ``nbytes``."""
@@ -78,11 +112,13 @@ class Machine:
             return 0.0
         inside = ranks <= self.gpus_per_node
         gbps = self.intra_node_gbps if inside else self.inter_node_gbps
-        lat = self.intra_node_latency_us if inside else self.inter_node_latency_us
-        steps = 2 if kind == "all_reduce" else 1
+        step = self.intra_node_latency_us if inside else self.inter_node_latency_us
+        passes = 2 if kind == "all_reduce" else 1
         moved = (ranks - 1) / ranks * nbytes
-        return steps * (
-            lat * 1e-6 * math.ceil(math.log2(ranks)) + moved / (gbps * 1e9 * self.comm_efficiency)
+        return (
+            self.collective_base_us * 1e-6
+            + passes * (ranks - 1) * step * 1e-6
+            + passes * moved / (gbps * 1e9 * self.comm_efficiency)
         )
 
     def copy_seconds(self, nbytes: float) -> float:
@@ -95,29 +131,75 @@ class Machine:
 
 # Dense (no sparsity) peak throughput from the vendors' data sheets; float32 is the
 # non-tensor-core rate (TF32 tensor cores are faster: set tflops["float32"] to use them).
+# The efficiencies are what eager PyTorch reaches on each (see the module docstring).
+_H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0}
+_A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}
 GPUS: dict[str, dict[str, Any]] = {
     "h100": {
         "name": "H100 SXM 80GB",
-        "tflops": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0},
+        "tflops": _H100_TFLOPS,
         "memory_gib": 80.0,
         "hbm_gbps": 3350.0,
         "pcie_gbps": 50.0,  # PCIe 5 x16: 64 GB/s per direction
         "network": "nvlink4+ib-ndr",
+        "compute_efficiency": 0.72,
+        "attention_efficiency": 0.38,  # FlashAttention-2 on Hopper
+        "attention_backward_efficiency": 0.30,
+    },
+    # H100 SXM with 96 GB of HBM2e at 500 W (Meta's Grand Teton hosts, torchtitan's
+    # published runs): the same data-sheet peak, lower clocks under the power cap.
+    "h100-hbm2e": {
+        "name": "H100 96GB HBM2e 500W",
+        "tflops": _H100_TFLOPS,
+        "memory_gib": 96.0,
+        "hbm_gbps": 2400.0,
+        "pcie_gbps": 50.0,
+        "network": "nvlink4+roce-400",
+        "compute_efficiency": 0.58,
+        "attention_efficiency": 0.32,
+        "attention_backward_efficiency": 0.25,
+    },
+    "h100-pcie": {
+        "name": "H100 PCIe 80GB",
+        "tflops": {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0, "float8_e4m3fn": 1513.0},
+        "memory_gib": 80.0,
+        "hbm_gbps": 2000.0,
+        "pcie_gbps": 50.0,
+        "network": "pcie5+ib-ndr",
+        "compute_efficiency": 0.65,
+        "attention_efficiency": 0.36,
+        "attention_backward_efficiency": 0.28,
     },
     "h200": {
         "name": "H200 SXM 141GB",
-        "tflops": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0},
+        "tflops": _H100_TFLOPS,
         "memory_gib": 141.0,
         "hbm_gbps": 4800.0,
         "pcie_gbps": 50.0,
         "network": "nvlink4+ib-ndr",
+        "compute_efficiency": 0.74,
+        "attention_efficiency": 0.38,
+        "attention_backward_efficiency": 0.30,
     },
     "a100": {
         "name": "A100 SXM 80GB",
-        "tflops": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
+        "tflops": _A100_TFLOPS,
         "memory_gib": 80.0,
         "hbm_gbps": 2039.0,
         "network": "nvlink3+ib-hdr",
+        "compute_efficiency": 0.80,
+        "attention_efficiency": 0.65,  # FlashAttention-2 on Ampere
+        "attention_backward_efficiency": 0.50,
+    },
+    "a100-40gb": {
+        "name": "A100 SXM 40GB",
+        "tflops": _A100_TFLOPS,
+        "memory_gib": 40.0,
+        "hbm_gbps": 1555.0,
+        "network": "nvlink3+ib-hdr",
+        "compute_efficiency": 0.80,
+        "attention_efficiency": 0.65,
+        "attention_backward_efficiency": 0.50,
     },
     "l40s": {
         "name": "L40S 48GB",
@@ -125,6 +207,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 48.0,
         "hbm_gbps": 864.0,
         "network": "pcie4+roce-200",
+        "compute_efficiency": 0.62,
+        "attention_efficiency": 0.45,
+        "attention_backward_efficiency": 0.35,
     },
 }
 GPUS["h100-sxm"] = GPUS["h100"]
@@ -147,7 +232,8 @@ INTER_NODE = {
 
 
 def machine(gpu: str | Machine = "h100", network: str | None = None, **overrides: Any) -> Machine:
-    """A preset (``"h100"``, ``"h200"``, ``"a100"``, ``"l40s"``) with any constant overridden.
+    """A preset (``"h100"``, ``"h100-hbm2e"``, ``"h100-pcie"``, ``"h200"``, ``"a100"``,
+    ``"a100-40gb"``, ``"l40s"``) with any constant overridden.
 
     ``network`` is ``"<intra>+<inter>"`` or just one of them, from
     ``INTRA_NODE`` (``nvlink4``, ``nvlink3``, ``pcie5``, ``pcie4``) and

@@ -10,6 +10,7 @@ with one hook call per event and no measured compute.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.profile import StepProfile
@@ -33,6 +34,7 @@ class HookCall:
     peak_forward_temp: int  # forward temp at that moment
     peak_grads: int  # new gradients at that moment (the rest is backward temp)
     grads: dict[str, int]  # unsharded gradient bytes created by that compute, by unit
+    kernels: tuple[tuple[Any, ...], ...] = ()  # the GPU kernels of that compute (StepProfile)
 
     @property
     def backward(self) -> bool:
@@ -98,6 +100,7 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         peak_forward_temp=step.peak_forward_temp[k],
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
+        kernels=tuple(tuple(x) for x in step.kernels[k]) if k < len(step.kernels) else (),
     )
 
 

@@ -4,7 +4,10 @@ The model replays one iteration's :mod:`tape <fsdpviz.cost.hook_calls>` on two s
 of a :class:`~fsdpviz.cost.hardware.Machine`:
 
 - the **compute** stream runs the compute measured before each hook call, in
-  order (FLOPs from the trace). The compute after a unit's pre-forward or
+  order: every kernel the trace saw at its roofline time on the machine
+  (:mod:`fsdpviz.cost.kernels`). The CPU issues those kernels ahead of the GPU; a
+  stretch cannot end before the CPU has issued its last kernel, so a model of many small
+  kernels runs at the CPU's pace. The compute after a unit's pre-forward or
   pre-backward hook waits until that unit's last all-gather has finished; the
   time it waits is *exposed* communication, charged to that all-gather.
 - the **communication** stream runs the collectives one at a time, in issue
@@ -16,12 +19,25 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
   used it). A reduce-scatter starts once the compute before its post-backward
   hook is done. ``free`` events take no time on the compute stream.
 
+FSDP2 copies each unit's shards into the all-gather buffer (copy-in, on the
+all-gather's stream, before it) and the gathered parameters out of it (copy-out, on the
+compute stream when the unit is first needed), and the gradients into the
+reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass.
+
 The iteration ends when both streams are done (the final callback waits for
-the last reduce-scatter); ``exposed_comm`` also counts that last wait. With an
-optimizer, its step is added as a memory-bound pass over the shards (on the host under CPU
-offload). CPU offload's ``h2d`` copies (a shard to the device; its all-gather waits for it)
-and ``d2h`` copies (a gradient shard back, after its reduction) run one at a time on a
-copy stream.
+the last reduce-scatter); ``exposed_comm`` also counts that last wait. With
+gradient accumulation (``grad_accum=n``) a step runs ``n`` such micro-batches (under
+``no_sync``, the first ``n - 1`` without reducing gradients), then the optimizer: a
+memory-bound pass over the shards (fused AdamW reads parameter, gradient and both fp32
+states and writes parameter and states; on the host under CPU offload). CPU offload's
+``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
+gradient shard back, after its reduction) run one at a time on a copy stream.
+
+Throughput is reported as users read it: ``tokens_per_s`` per GPU (the traced batch is
+one rank's), ``mfu`` (model FLOPs utilisation: three times the forward's matrix-multiply
+and attention FLOPs, ``6 N + 12 l h q t`` per token for a transformer as torchtitan and
+llm-foundry count it, over the step and the GPU's dense peak) and ``hfu`` (hardware FLOPs:
+what ran, activation-checkpoint recomputation included).
 """
 
 from __future__ import annotations
@@ -31,9 +47,11 @@ from typing import Any
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
-from fsdpviz.cost.hook_calls import iteration_index, tape
+from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
+from fsdpviz.cost.kernels import StretchCost, stretch_cost
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.tables import dataframe
+from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report, Unit
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -54,7 +72,13 @@ class Timeline:
     ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
     ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and the exposed
     communication by phase of the collective waited for, ``exposed_forward_s`` and
-    ``exposed_backward_s`` (their sum is ``exposed_comm_s``). ``hooks``: per hook call
+    ``exposed_backward_s`` (their sum is ``exposed_comm_s``); the compute by kind,
+    ``matmul_s``, ``attention_s``, ``memory_bound_s``, ``copy_s`` (FSDP2's copy-out),
+    ``cpu_bound_s`` (time the GPU waited for the CPU to issue kernels); throughput,
+    ``micro_batches``, ``micro_step_s``, ``tokens`` (per step and GPU), ``tokens_per_s``
+    (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU), ``mfu``, ``hfu``
+    (0 when the report has no trace profile). Times, bytes and exposure of ``events``,
+    ``compute`` and ``waits`` are those of the step's last micro-batch. ``hooks``: per hook call
     ``hook``, ``unit``, ``t`` (when it runs on the compute stream: the CPU issues its
     events then) and ``events`` (the indices it issued). ``waits``: every stretch of time
     the compute stream spends waiting for communication, ``start``, ``end``, ``event``
@@ -99,14 +123,25 @@ class Timeline:
 
     def summary(self) -> str:
         t = self.totals
-        return (
+        text = (
             f"step {t['step_s'] * 1e3:.1f} ms on {self.machine['name']}: compute "
             f"{t['compute_s'] * 1e3:.1f} ms, communication {t['comm_s'] * 1e3:.1f} ms of which "
             f"{t['exposed_comm_s'] * 1e3:.1f} ms exposed ({t['overlap']:.0%} hidden)"
         )
+        if t.get("tokens_per_s", 0.0) > 0:
+            text += "\n" + throughput_line(t)
+        return text
 
     def __repr__(self) -> str:
         return f"Timeline({self.summary()})"
+
+
+def throughput_line(totals: dict[str, float]) -> str:
+    """``"5,762 tokens/s per GPU, MFU 33.8%, HFU 41.0%"`` from a timeline's totals."""
+    return (
+        f"{totals['tokens_per_s']:,.0f} tokens/s per GPU, MFU {totals['mfu']:.1%}, "
+        f"HFU {totals['hfu']:.1%}"
+    )
 
 
 def timeline(
@@ -116,24 +151,45 @@ def timeline(
     iteration: int = -1,
     optimizer: str | int | None = "adamw",
     limit_all_gathers: bool = True,
+    grad_accum: int = 1,
+    no_sync: bool = False,
 ) -> Timeline:
     """Estimate the duration of ``report.iterations[iteration]`` on ``machine``.
 
-    ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h200"``,
-    ``"a100"``, ``"l40s"``). ``limit_all_gathers``: FSDP1's rate limiter (on by
-    default in FSDP).
+    ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h100-hbm2e"``,
+    ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``).
+    ``limit_all_gathers``: FSDP1's rate limiter (on by default in FSDP). ``grad_accum``:
+    micro-batches per optimizer step (each the traced batch); ``no_sync``: the first
+    ``grad_accum - 1`` of them do not reduce gradients (FSDP1's ``no_sync()``, FSDP2's
+    ``set_requires_gradient_sync(False)``).
+
+    Example::
+
+        tl = fsdpviz.cost.timeline(report, "h100", grad_accum=4)
+        tl.totals["tokens_per_s"], tl.totals["mfu"]
     """
+    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
+        raise ConfigError(f"grad_accum must be a positive int (micro-batches), got {grad_accum!r}")
     m = make_machine(machine) if isinstance(machine, str) else machine
     i = iteration_index(report, iteration)
     sim = _Sim(report, m, i, limit_all_gathers)
     sim.run()
+    micro = sim.end * grad_accum
+    if no_sync and grad_accum > 1:
+        quiet = _Sim(report, m, i, limit_all_gathers, reduce=False)
+        quiet.run()
+        micro = quiet.end * (grad_accum - 1) + sim.end
     opt_s = _optimizer_seconds(report, m, optimizer)
-    step = sim.end + opt_s
+    step = micro + opt_s
     comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] == "comm")
     exposed = sum(r["exposed"] for r in sim.records) + sim.tail_wait
     by_phase = {"forward": 0.0, "backward": 0.0}
     for w in sim.waits:
         by_phase[w["phase"]] += w["end"] - w["start"]
+    tokens = float(report.profile.tokens if report.profile is not None else 0) * grad_accum
+    model_flops = 3.0 * sim.flops_forward * grad_accum
+    hardware_flops = (sim.flops_forward + sim.flops_backward) * grad_accum
+    peak = m.peak_flops(sim.dtype) * step if step > 0 else 0.0
     totals = {
         "step_s": step,
         "compute_s": sim.compute_s,
@@ -146,6 +202,19 @@ def timeline(
         + sim.bytes.get("all_reduce", 0.0),
         "exposed_forward_s": by_phase["forward"],
         "exposed_backward_s": by_phase["backward"],
+        "matmul_s": sim.by_kind["matmul"],
+        "attention_s": sim.by_kind["attention"],
+        "memory_bound_s": sim.by_kind["memory"],
+        "copy_s": sim.by_kind["copy"],
+        "cpu_bound_s": sim.by_kind["cpu"],
+        "micro_batches": float(grad_accum),
+        "micro_step_s": sim.end,
+        "tokens": tokens,
+        "tokens_per_s": tokens / step if step > 0 else 0.0,
+        "model_flops": model_flops,
+        "hardware_flops": hardware_flops,
+        "mfu": model_flops / peak if peak > 0 and sim.measured else 0.0,
+        "hfu": hardware_flops / peak if peak > 0 and sim.measured else 0.0,
     }
     return Timeline(m.to_dict(), sim.records, sim.compute, totals, sim.notes, sim.hooks, sim.waits)
 
@@ -169,9 +238,18 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
 
 
 class _Sim:
-    def __init__(self, report: Report, m: Machine, i: int, limit: bool) -> None:
+    def __init__(
+        self, report: Report, m: Machine, i: int, limit: bool, reduce: bool = True
+    ) -> None:
         self.m = m
+        self.reduce = reduce
         self.tape = tape(report, i)
+        self.measured = self.tape.measured
+        self.t_cpu = 0.0  # when the CPU has issued the kernels so far
+        self.pending_copy = 0.0  # FSDP2 copy-out the next compute runs first
+        self.flops_forward = 0.0
+        self.flops_backward = 0.0
+        self.by_kind = dict.fromkeys(("matmul", "attention", "memory", "copy", "cpu"), 0.0)
         self.units = {u.module: u for u in report.units}
         self.dtype = _compute_dtype(report.units)
         cfg = report.config
@@ -188,6 +266,7 @@ class _Sim:
         self.gate = 0.0  # the next compute waits until then
         self.gate_by: int | None = None
         self.ag_done: dict[str, tuple[float, int]] = {}
+        self.copy_out: dict[str, float] = {}  # FSDP2: gathered bytes not yet copied out
         self.frees: list[float] = []  # FSDP1 rate limiter: compute time of unpopped frees
         self.last_wait = 0.0
         self.post_forward_mesh: set[str] = set()
@@ -213,7 +292,7 @@ class _Sim:
         for k, c in enumerate(calls):
             owner = opened[-1] if opened else ""
             where = {"owner": owner, "next_event": first_after[k]}
-            self._compute(c.flops_forward + c.flops_backward, c.hook, c.unit, k, where)
+            self._compute(c, k, where)
             self.hooks.append(
                 {"hook": c.hook, "unit": c.unit, "t": self.t_compute, "events": list(c.events)}
             )
@@ -235,7 +314,7 @@ class _Sim:
                     self._need(c.unit)
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
-        self._compute(tail.flops_forward + tail.flops_backward, "end", "", len(calls), where)
+        self._compute(tail, len(calls), where)
         self.end = max(self.t_compute, self.t_comm, self.t_copy)
         self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
         if self.tail_wait > 0:
@@ -246,11 +325,33 @@ class _Sim:
                  "event": last["index"], "phase": last["phase"], "tail": True}
             )  # fmt: skip
 
-    def _compute(self, flops: float, hook: str, unit: str, k: int, where: dict[str, Any]) -> None:
+    def _stretch(self, call: HookCall) -> StretchCost:
+        if call.kernels:
+            return stretch_cost(call.kernels, self.m)
+        flops = call.flops_forward + call.flops_backward  # a profile without kernel records
         dur = self.m.compute_seconds(flops, self.dtype)
-        if dur <= 0:
+        return StretchCost(dur, 0.0, 0, dur, 0.0, 0.0)
+
+    def _compute(self, call: HookCall, k: int, where: dict[str, Any]) -> None:
+        hook, unit = call.hook, call.unit
+        flops = call.flops_forward + call.flops_backward
+        self.flops_forward += call.flops_forward
+        self.flops_backward += call.flops_backward
+        cost = self._stretch(call)
+        gpu = cost.gpu_s + self.pending_copy
+        if gpu <= 0 and cost.cpu_s <= 0:
             return
+        self.by_kind["matmul"] += cost.matmul_s
+        self.by_kind["attention"] += cost.attention_s
+        self.by_kind["memory"] += cost.memory_s
+        self.by_kind["copy"] += self.pending_copy
+        self.pending_copy = 0.0
+        self.t_cpu += cost.cpu_s
         start = max(self.t_compute, self.gate)
+        # the stretch's last kernel cannot end before the CPU has issued it
+        cpu_wait = max(0.0, self.t_cpu - (start + gpu))
+        self.by_kind["cpu"] += cpu_wait
+        dur = gpu + cpu_wait
         if start > self.t_compute and self.gate_by is not None:
             waited = self.records[self.gate_by]
             waited["exposed"] += start - self.t_compute
@@ -272,6 +373,9 @@ class _Sim:
         done = self.ag_done.get(unit)
         if done is not None and done[0] > self.gate:
             self.gate, self.gate_by = done
+        if self.fsdp2 and unit in self.copy_out:
+            # FSDP2's copy-out: the gathered parameters out of the all-gather buffer
+            self.pending_copy += self.m.memory_seconds(2 * self.copy_out.pop(unit))
         # FSDP2's next all-gather waits for this unit's copy-out on the compute stream.
         self.last_wait = max(self.last_wait, self.t_compute, done[0] if done else 0.0)
 
@@ -313,7 +417,11 @@ class _Sim:
                 self.post_forward_mesh.discard(e.unit)
             size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
             gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
-            self._collective(rec, "all_gather", size, ranks, gate)
+            # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer
+            extra = self.m.memory_seconds(2 * size / ranks) if self.fsdp2 else 0.0
+            self._collective(rec, "all_gather", size, ranks, gate, extra)
+            if self.fsdp2:
+                self.copy_out[e.unit] = float(size)
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
@@ -323,8 +431,10 @@ class _Sim:
         elif e.kind == "all_reduce":  # NO_SHARD: the whole gradient over FSDP's process group
             self._collective(rec, "all_reduce", u.numel * reduce, self.pg_ws, self.t_compute)
         else:
-            ranks = self.shard_ws
-            self._collective(rec, "reduce_scatter", u.padded_numel * reduce, ranks, self.t_compute)
+            ranks, size = self.shard_ws, u.padded_numel * reduce
+            # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
+            extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
+            self._collective(rec, "reduce_scatter", size, ranks, self.t_compute, extra)
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""
@@ -338,14 +448,25 @@ class _Sim:
         if self.fsdp2:
             return self.last_wait
         if self.limit and len(self.frees) >= 2:
-            return self.frees.pop(0)
+            freed = self.frees.pop(0)
+            self.t_cpu = max(self.t_cpu, freed)  # the CPU blocks until that free is done
+            return freed
         return 0.0
 
     def _collective(
-        self, rec: dict[str, Any], kind: str, size: float, ranks: int, gate: float
+        self,
+        rec: dict[str, Any],
+        kind: str,
+        size: float,
+        ranks: int,
+        gate: float,
+        extra: float = 0.0,
     ) -> None:
         start = max(self.t_comm, gate)
-        dur = self.m.collective_seconds(kind, size, ranks)
+        if kind != "all_gather" and not self.reduce:  # no_sync: gradients stay unreduced
+            rec["start"] = rec["end"] = start
+            return
+        dur = self.m.collective_seconds(kind, size, ranks) + (extra if ranks > 1 else 0.0)
         rec["start"], rec["end"] = start, start + dur
         rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
         self.bytes[kind] = self.bytes.get(kind, 0.0) + rec["bytes"]

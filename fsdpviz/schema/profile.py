@@ -38,6 +38,25 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
 ``flop_ops``
     The operators whose FLOPs are counted (``torch.utils.flop_counter``'s
     formulas: matrix multiplies, attention, convolutions).
+``tokens``
+    Tokens in one traced batch: the elements of the first integer input (token ids,
+    ``batch x sequence``), else the first two dimensions of the first input; 0 when
+    the inputs hold no tensor.
+
+Each iteration also has ``kernels``: per stretch (the same ``len(hooks) + 1`` entries),
+the GPU kernels the operators of that stretch launch, identical ones merged, as lists
+ending in ``count, bytes`` (bytes read and written, all of them together):
+
+- ``["gemm", backward, M, N, K, batch, itemsize, count, bytes]``: a matrix multiply
+  ``(batch x) M x K @ K x N`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``);
+- ``["attn", kernel, backward, B, H, Sq, Skv, D, causal, itemsize, count, bytes]``: a
+  fused attention kernel (``kernel`` ``"flash"`` or ``"efficient"``, ``backward`` 0 or 1;
+  eager attention is its matrix multiplies and softmax);
+- ``["flops", backward, flops, count, bytes]``: another operator with a FLOP formula
+  (convolutions);
+- ``["mem", backward, count, bytes]``: every other operator that launches a kernel
+  (element-wise, normalisation, softmax, casts, copies, losses), merged per stretch;
+  views and allocations launch none.
 """
 
 from __future__ import annotations
@@ -62,6 +81,7 @@ class StepProfile:
     peak_forward_temp: list[int]
     peak_grads: list[int]
     grads: list[dict[str, int]]
+    kernels: list[list[list[Any]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +97,7 @@ class StepProfile:
             "peak_forward_temp": list(self.peak_forward_temp),
             "peak_grads": list(self.peak_grads),
             "grads": [dict(g) for g in self.grads],
+            "kernels": [[list(k) for k in ks] for ks in self.kernels],
         }
 
     @classmethod
@@ -94,6 +115,7 @@ class StepProfile:
             peak_forward_temp=[int(x) for x in d["peak_forward_temp"]],
             peak_grads=[int(x) for x in d["peak_grads"]],
             grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
+            kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
         )
 
 
@@ -106,6 +128,7 @@ class TraceProfile:
     input_bytes: int = 0
     buffer_bytes: int = 0
     flop_ops: list[str] = field(default_factory=list)
+    tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +137,7 @@ class TraceProfile:
             "input_bytes": self.input_bytes,
             "buffer_bytes": self.buffer_bytes,
             "flop_ops": list(self.flop_ops),
+            "tokens": self.tokens,
         }
 
     @classmethod
@@ -124,4 +148,5 @@ class TraceProfile:
             input_bytes=int(d.get("input_bytes", 0)),
             buffer_bytes=int(d.get("buffer_bytes", 0)),
             flop_ops=list(d.get("flop_ops", [])),
+            tokens=int(d.get("tokens", 0)),
         )

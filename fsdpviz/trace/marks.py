@@ -12,6 +12,7 @@ from fsdpviz.schema.profile import StepProfile, TraceProfile
 class Mark:
     """Counters when one FSDP hook was called, for the compute since the previous one."""
 
+    kernels: list[list[Any]]  # the GPU kernels of the stretch, merged (see StepProfile)
     flops_forward: float
     flops_backward: float
     activations: int
@@ -26,7 +27,7 @@ class Mark:
     measured: bool  # False for hook calls replayed without running the model
 
 
-EMPTY_MARK = Mark(0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
+EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
 
 
 def cut_profile(
@@ -70,6 +71,7 @@ def cut_profile(
                 hooks=[(str(e[0]), unit_names[e[1]], _json_arg(e[2])) for e in log[start:end]],
                 event_hook=event_hook,
                 flops_forward=[m.flops_forward for m in data],
+                kernels=[[list(k) for k in m.kernels] for m in data],
                 flops_backward=[m.flops_backward for m in data],
                 activations=[m.activations for m in data],
                 forward_temp=[m.forward_temp for m in data],

@@ -56,6 +56,7 @@ FLOP_OPS = sorted(str(k) for k in _FLOPS)
 
 @dataclass
 class _Stretch:
+    kernels: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
     flops_forward: float = 0.0
     flops_backward: float = 0.0
     peak: int = 0
@@ -115,7 +116,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for p, name in grad_owner.items():
             self._by_unit.setdefault(name, []).append(p)
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
-        self._ops: dict[Any, tuple[Callable[..., int] | None, bool, bool]] = {}
+        self._ops: dict[Any, Any] = {}
         self._external: set[int] = set()
         self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
         self.live = [0, 0, 0, 0]  # bytes by kind
@@ -128,6 +129,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.module_flops: dict[str, float] = {}
         self._record_modules = True
         self.input_bytes = 0
+        self.tokens = 0
         self.buffer_bytes = _nbytes(buffers)
         self._handles = [
             p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
@@ -148,6 +150,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = _nbytes(inputs)
+        self.tokens = _tokens(inputs)
         self._external = {
             id(st)
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
@@ -182,12 +185,17 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         op = self._ops.get(func)
         if op is None:
             op = self._ops[func] = _op_info(func)
-        flop_fn, on_shapes, fresh = op
+        flop_fn, on_shapes, fresh, cost = op
+        flops = 0
         if flop_fn is not None and on_shapes:
             shapes = [a.shape if isinstance(a, torch.Tensor) else a for a in args]
-            self._count_flops(flop_fn(*shapes, **kwargs, out_shape=_shape(out)))
+            flops = flop_fn(*shapes, **kwargs, out_shape=_shape(out))
+            self._count_flops(flops)
         elif flop_fn is not None:
-            self._count_flops(flop_fn(*args, **kwargs, out_val=out))
+            flops = flop_fn(*args, **kwargs, out_val=out)
+            self._count_flops(flops)
+        if cost is not None:
+            self._count_kernel(cost, args, kwargs, out, flops)
         if not fresh:
             return out  # views and in-place ops return storage that already exists
         if isinstance(out, torch.Tensor):
@@ -206,6 +214,48 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self._record_modules:
             name = self._tracker.stack[-1] if self._tracker.stack else ""
             self.module_flops[name] = self.module_flops.get(name, 0.0) + flops
+
+    def _count_kernel(
+        self,
+        cost: tuple[Any, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        flops: int,
+    ) -> None:
+        """One GPU kernel this operator launches, merged with the same kernels of the stretch
+        (see :mod:`fsdpviz.schema.profile`, ``kernels``)."""
+        backward = int(torch._C._current_graph_task_id() != -1)
+        kind = cost[0]
+        key: tuple[Any, ...]
+        if kind == "gemm":
+            a, b = args[cost[1]], args[cost[1] + 1]
+            *batch, m, k = a.shape
+            n = b.shape[-1]
+            nb = batch[0] if batch else 1
+            isz = a.element_size()
+            key = ("gemm", backward, m, n, k, nb, isz)
+            nbytes = (m * k + k * n + m * n) * nb * isz
+        elif kind == "attn":
+            q, kv = args[cost[1]], args[cost[1] + 1]
+            causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
+            b, h, sq, d = q.shape
+            skv = kv.shape[2]
+            isz = q.element_size()
+            key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz)
+            nbytes = (2 * b * h * sq * d + 2 * b * kv.shape[1] * skv * d) * isz * (1 + backward)
+        elif kind == "flops":
+            key = ("flops", backward, flops)
+            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+        else:
+            key = ("mem", backward)
+            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+        rec = self._stretch.kernels.get(key)
+        if rec is None:
+            self._stretch.kernels[key] = [1, nbytes]
+        else:
+            rec[0] += 1
+            rec[1] += nbytes
 
     def _track(self, t: torch.Tensor) -> None:
         st = _storage(t)
@@ -280,6 +330,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         s, live = self._stretch, self.live
         self._bump_peak()
         mark = Mark(
+            [[*key, int(n), int(b)] for key, (n, b) in s.kernels.items()],
             s.flops_forward,
             s.flops_backward,
             live[_ACT],
@@ -338,19 +389,81 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             log,
             n_events,
             self._unit_names,
-            TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS),
+            TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS, self.tokens),
         )
 
 
-def _op_info(func: Any) -> tuple[Callable[..., int] | None, bool, bool]:
-    """The op's FLOP formula, whether it takes shapes, whether outputs can be new storage."""
-    returns = getattr(getattr(func, "_schema", None), "returns", ())
+def _op_info(
+    func: Any,
+) -> tuple[Callable[..., int] | None, bool, bool, tuple[Any, ...] | None]:
+    """The op's FLOP formula, whether it takes shapes, whether outputs can be new storage,
+    and what kernel it launches on a GPU (None: none, as a view)."""
+    schema = getattr(func, "_schema", None)
+    returns = getattr(schema, "returns", ())
     fresh = not any(r.alias_info is not None for r in returns)
+    writes = any(r.alias_info is not None and r.alias_info.is_write for r in returns)
     wrapped = _FLOPS.get(func._overloadpacket)
     # Most of flop_registry's formulas take shapes behind a pytree map of the arguments;
     # these ops take top-level tensors only, so call the formula on their shapes directly.
     raw = getattr(wrapped, "__wrapped__", None)
-    return (raw, True, fresh) if raw is not None else (wrapped, False, fresh)
+    cost = _kernel_kind(func, schema, wrapped is not None, fresh or writes)
+    return (raw, True, fresh, cost) if raw is not None else (wrapped, False, fresh, cost)
+
+
+def _kernel_kind(func: Any, schema: Any, counted: bool, kernel: bool) -> tuple[Any, ...] | None:
+    """``("gemm", first matrix arg)``, ``("attn", q arg, kernel, is_causal arg)``,
+    ``("flops",)`` (another op with a FLOP formula), ``("mem",)`` or None (no kernel)."""
+    name = func._overloadpacket.__name__
+    if name in _GEMMS:
+        return ("gemm", _GEMMS[name])
+    if name in _ATTENTION:
+        args = [a.name for a in schema.arguments]
+        backward = name.endswith("_backward")
+        causal = args.index("is_causal") if "is_causal" in args else None
+        return ("attn", 1 if backward else 0, _ATTENTION[name], causal)
+    if counted:
+        return ("flops",)
+    if not kernel or name in _NO_KERNEL:
+        return None
+    return ("mem",)
+
+
+# Matrix multiplies (the index of their first matrix argument) and fused attention kernels.
+_GEMMS = {"mm": 0, "bmm": 0, "addmm": 1, "baddbmm": 1}
+_ATTENTION = {
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_flash_attention_backward": "flash",
+    # what the probe routes scaled_dot_product_attention to on meta (a flash kernel on a GPU)
+    "_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "flash",
+    "_scaled_dot_product_cudnn_attention": "flash",
+    "_scaled_dot_product_cudnn_attention_backward": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_scaled_dot_product_efficient_attention_backward": "efficient",
+}
+# Operators that allocate or reinterpret memory without launching a kernel.
+_NO_KERNEL = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
+    "detach", "lift_fresh", "alias", "_local_scalar_dense", "set_", "resize_",
+}  # fmt: skip
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    return args[index] if index < len(args) else kwargs.get(name, False)
+
+
+def _tensor_bytes(x: Any) -> int:
+    """Bytes of the tensors in ``x`` (a tensor, or a flat list or tuple of arguments)."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    n = 0
+    if isinstance(x, (tuple, list)):
+        for t in x:
+            if isinstance(t, torch.Tensor):
+                n += t.numel() * t.element_size()
+            elif isinstance(t, (tuple, list)):
+                n += sum(u.numel() * u.element_size() for u in t if isinstance(u, torch.Tensor))
+    return n
 
 
 def _shape(out: Any) -> Any:
@@ -359,6 +472,19 @@ def _shape(out: Any) -> Any:
     if isinstance(out, (tuple, list)):
         return type(out)(t.shape if isinstance(t, torch.Tensor) else t for t in out)
     return out
+
+
+def _tokens(inputs: Any) -> int:
+    """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
+    dimensions of the first tensor."""
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool:
+            return int(t.numel())
+    if not tensors:
+        return 0
+    shape = tensors[0].shape
+    return int(shape[0] * shape[1]) if len(shape) >= 2 else int(shape[0]) if shape else 1
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,131 @@
+"""The per-kernel roofline of the time model, on small cases computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fsdpviz
+from fsdpviz.cost import Machine, machine, timeline
+from fsdpviz.cost.kernels import attention_seconds, gemm_seconds, stretch_cost
+
+# A made-up GPU with round numbers: 100 TFLOP/s, 1 TB/s.
+TOY = Machine(
+    "toy", {"bfloat16": 100.0, "float32": 50.0}, 16.0, 1000.0, 100.0, 10.0,
+    compute_efficiency=0.5, gemm_half_us=20.0, memory_efficiency=1.0,
+    attention_efficiency=0.5, attention_backward_efficiency=0.25, attention_seq_half=256.0,
+    kernel_us=2.0, launch_forward_us=10.0, launch_backward_us=5.0,
+)  # fmt: skip
+
+
+def test_gemm_is_compute_or_memory_bound() -> None:
+    # 1000^3 in bf16: 2 GFLOP at 0.5 of 100 TFLOP/s (40 us), plus 20 us
+    assert gemm_seconds(TOY, 1000, 1000, 1000, 1, 2) == pytest.approx(2e9 / 50e12 + 20e-6)
+    # a matrix-vector product: 2 GFLOP but ~2 GB to read, so 2 ms at 1 TB/s
+    skinny = gemm_seconds(TOY, 1_000_000, 1, 1000, 1, 2)
+    assert skinny == pytest.approx((1e9 + 1000 + 1e6) * 2 / 1e12)
+    # small GEMMs reach less of the peak: 8x fewer FLOPs take more than 1/8 of the time
+    big = gemm_seconds(TOY, 2000, 2000, 2000, 1, 2)
+    small = gemm_seconds(TOY, 1000, 1000, 1000, 1, 2)
+    assert small > big / 8
+
+
+def test_attention_by_kernel_sequence_and_causality() -> None:
+    shape = (1, 8, 1024, 1024, 128)
+    fwd = attention_seconds(TOY, "flash", False, shape, False, 2)
+    flops = 4.0 * 8 * 1024 * 1024 * 128
+    eff = 0.5 * 1024 / (1024 + 256)  # head dim 128: no head-dim factor
+    assert fwd == pytest.approx(flops / (100e12 * eff))
+    causal = attention_seconds(TOY, "flash", False, shape, True, 2)
+    assert causal == pytest.approx(fwd * 0.5 * (1 + 128 / 1024))
+    bwd = attention_seconds(TOY, "flash", True, shape, False, 2)
+    assert bwd == pytest.approx(fwd * 2.5 * 0.5 / 0.25)
+    eff_kernel = attention_seconds(TOY, "efficient", False, shape, False, 2)
+    assert eff_kernel == pytest.approx(fwd / TOY.efficient_attention_factor)
+    short = attention_seconds(TOY, "flash", False, (1, 8, 256, 256, 128), False, 2)
+    assert short > fwd / 16  # 16x fewer FLOPs, a lower efficiency
+
+
+def test_stretch_gpu_and_cpu_time() -> None:
+    kernels = [
+        ["gemm", 0, 1000, 1000, 1000, 1, 2, 3, 3 * 6_000_000],
+        ["mem", 0, 10, 4_000_000_000],
+        ["mem", 1, 4, 1_000_000],
+    ]
+    cost = stretch_cost(kernels, TOY)
+    assert cost.matmul_s == pytest.approx(3 * (2e9 / 50e12 + 20e-6))
+    assert cost.memory_s == pytest.approx(4e9 / 1e12 + 10 * 2e-6 + 1e6 / 1e12 + 4 * 2e-6)
+    assert cost.cpu_s == pytest.approx((13 * 10 + 4 * 5) * 1e-6)
+    assert cost.kernels == 17 and cost.seconds == max(cost.gpu_s, cost.cpu_s)
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 64)
+        self.up = nn.Linear(64, 256)
+        self.down = nn.Linear(256, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(torch.relu(self.up(self.emb(ids))))
+        return out
+
+
+def _mlp_report(**kwargs: object) -> fsdpviz.Report:
+    ids = torch.zeros(4, 8, dtype=torch.long)
+    return fsdpviz.analyze(_Mlp(), ids, world_size=2, progress=False, **kwargs)
+
+
+def test_trace_records_each_kernel() -> None:
+    report = _mlp_report(auto_wrap_policy=None)
+    assert report.profile is not None and report.profile.tokens == 32
+    step = report.profile.iterations[-1]
+    rows = [tuple(k) for ks in step.kernels for k in ks]
+    gemms = {r[:7]: r[7] for r in rows if r[0] == "gemm"}
+    # forward: the two linears as addmm on (32 tokens x features), float32
+    assert gemms[("gemm", 0, 32, 256, 64, 1, 4)] == 1
+    assert gemms[("gemm", 0, 32, 64, 256, 1, 4)] == 1
+    # backward: input gradient of `down` and both weight gradients
+    assert gemms[("gemm", 1, 32, 256, 64, 1, 4)] == 1  # grad_out(32x64) @ W(64x256)
+    assert gemms[("gemm", 1, 256, 64, 32, 1, 4)] == 1  # grad_out^T(256x32) @ x(32x64)
+    assert ("gemm", 1, 64, 256, 32, 1, 4) in gemms
+    forward_mem = [r for r in rows if r[0] == "mem" and r[1] == 0]
+    assert forward_mem and all(r[-1] > 0 for r in forward_mem)
+
+
+def test_throughput_mfu_and_hfu() -> None:
+    report = _mlp_report(auto_wrap_policy=None)
+    m = machine("h100")
+    tl = timeline(report, m, optimizer=None)
+    t = tl.totals
+    forward = 2 * 32 * (64 * 256 + 256 * 64)  # the two linears
+    assert t["model_flops"] == pytest.approx(3 * forward)
+    assert t["tokens"] == 32 and t["tokens_per_s"] == pytest.approx(32 / t["step_s"])
+    assert t["mfu"] == pytest.approx(3 * forward / t["step_s"] / (67.0e12))
+    assert t["hfu"] >= t["mfu"] > 0
+    assert "tokens/s per GPU, MFU" in tl.summary()
+    # a model this small is launch-bound: the GPU waits for the CPU
+    assert t["cpu_bound_s"] > 0
+
+
+def test_gradient_accumulation_and_no_sync() -> None:
+    report = _mlp_report(auto_wrap_policy=None)
+    one = timeline(report, "h100").totals
+    four = timeline(report, "h100", grad_accum=4).totals
+    assert four["step_s"] == pytest.approx(4 * one["micro_step_s"] + one["optimizer_s"])
+    assert four["tokens"] == 4 * one["tokens"]
+    quiet = timeline(report, "h100", grad_accum=4, no_sync=True).totals
+    assert quiet["step_s"] < four["step_s"]
+    with pytest.raises(fsdpviz.ConfigError, match="grad_accum must be a positive int"):
+        timeline(report, grad_accum=0)
+
+
+def test_fsdp2_copies_and_cpu_launches() -> None:
+    fsdp2 = _mlp_report(fully_shard=["up", "down"])
+    assert timeline(fsdp2, "h100").totals["copy_s"] > 0
+    fsdp1 = _mlp_report(auto_wrap_policy=None)
+    assert timeline(fsdp1, "h100").totals["copy_s"] == 0.0
+    slow_cpu = timeline(fsdp1, machine("h100", launch_forward_us=1000.0, launch_backward_us=1000.0))
+    kernels = sum(k[-2] for ks in fsdp1.profile.iterations[-1].kernels for k in ks)  # type: ignore[union-attr]
+    assert slow_cpu.totals["step_s"] >= kernels * 1e-3
