@@ -372,9 +372,30 @@ def test_torchtitan_job_keys_are_checked(tmp_path: Path) -> None:
         fsdpviz.from_torchtitan(path)
     with pytest.raises(fsdpviz.ConfigError, match="'3B' is not a llama3 flavor"):
         fsdpviz.from_torchtitan(_job(tmp_path, flavor="3B"))
-    with pytest.warns(fsdpviz.ConfigNote) as caught:
-        fsdpviz.from_torchtitan(_job(tmp_path, option="op"), world_size=4)
-    assert "selective_ac_option = 'op' (per-operator) is not modelled" in str(caught[0].message)
+    with pytest.raises(fsdpviz.ConfigError, match="selective_ac_option must be 'op' or an"):
+        fsdpviz.from_torchtitan(_job(tmp_path, option="layer"), world_size=4)
+
+
+def test_torchtitan_per_operator_checkpointing(tmp_path: Path) -> None:
+    """selective_ac_option = "op": torchtitan's save list inside every block, between no
+    checkpointing and full checkpointing in memory and in recomputed FLOPs."""
+    from fsdpviz.trace.checkpointing import SelectiveCheckpoint
+
+    reports = {}
+    for mode, option in (("none", "2"), ("selective", "op"), ("full", "2")):
+        job = _quiet(
+            fsdpviz.from_torchtitan, _job(tmp_path, mode=mode, option=option), world_size=4
+        )
+        if option == "op":
+            assert isinstance(job.config["activation_checkpointing"], SelectiveCheckpoint)
+        reports[mode] = fsdpviz.analyze(job.model, job.inputs, **job.config)
+    none, op = reports["none"], reports["selective"]
+    assert op.iterations == none.iterations  # recomputation issues no all-gather
+    peak = {k: r.memory.peak["bytes"] for k, r in reports.items()}
+    assert peak["full"] < peak["selective"] < peak["none"]
+    flops = {k: r.timeline.totals["hardware_flops"] for k, r in reports.items()}
+    assert flops["none"] < flops["selective"] < flops["full"]
+    assert op.timeline.totals["model_flops"] == pytest.approx(none.timeline.totals["model_flops"])
 
 
 # ---------------------------------------------------------------- Lightning

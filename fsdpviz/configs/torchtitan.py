@@ -9,7 +9,9 @@ device, and sharded as its ``apply_fsdp`` does: ``tok_embeddings``, each block, 
 with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward =
 "always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
 reduce_dtype=mixed_precision_reduce)``. ``activation_checkpoint.mode = "full"``
-checkpoints every block, ``"selective"`` with an integer option every n-th block.
+checkpoints every block, ``"selective"`` with an integer option every n-th block, with
+``"op"`` per operator inside every block
+(:class:`~fsdpviz.trace.checkpointing.SelectiveCheckpoint`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 
 from fsdpviz.configs.common import TrainerConfig, note
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 # torchtitan's llama3_args (torchtitan/models/llama3/__init__.py)
 FLAVORS: dict[str, dict[str, Any]] = {
@@ -148,10 +151,12 @@ def from_torchtitan(
             f"{world_size} ranks given",
         )
     if int(training.get("global_batch_size", -1)) > batch * shard:
+        steps = int(training["global_batch_size"]) // (batch * shard)
         note(
             notes,
             f"{where}: global_batch_size = {training['global_batch_size']} means "
-            "gradient accumulation, which is not modelled (one micro-batch is planned)",
+            f"{steps} micro-batches per step; one is planned (time the step with "
+            f"fsdpviz.cost.timeline(report, grad_accum={steps}))",
         )
     if training.get("enable_cpu_offload"):
         note(notes, f"{where}: training.enable_cpu_offload is not modelled")
@@ -235,11 +240,12 @@ def _plan(
         layers = [model.get_submodule(name) for name in blocks]
         chosen = {m for i, m in enumerate(layers) if not every or (i + 1) % every == 0}
         kwargs["activation_checkpointing"] = lambda m: m in chosen
+    elif mode == "selective" and option == "op":
+        kwargs["activation_checkpointing"] = SelectiveCheckpoint([TransformerBlock])
     elif mode == "selective":
-        note(
-            notes,
-            f"{where}: activation_checkpoint selective_ac_option = {option!r} "
-            "(per-operator) is not modelled; planned without activation checkpointing",
+        raise ConfigError(
+            f"{where}: activation_checkpoint.selective_ac_option must be 'op' or an "
+            f"integer, got {option!r}"
         )
     elif mode == "memory_budget":
         note(

@@ -7,20 +7,75 @@ run the chosen modules under non-reentrant ``torch.utils.checkpoint``: the forwa
 only the module's inputs, and backward runs the forward again. FSDP's hooks stay outside
 the checkpointed region, so the recomputation issues no all-gather. The copy's chosen
 modules run their forward that way; their names and parameters do not change.
+
+:class:`SelectiveCheckpoint` checkpoints per operator instead, as torchtitan's
+``activation_checkpoint.mode = "selective"`` with ``selective_ac_option = "op"`` does
+(``torch.utils.checkpoint.create_selective_checkpoint_contexts``): inside each chosen
+module, the outputs of matrix multiplies (every second one recomputed), fused attention
+and a few others are saved, everything else is recomputed in backward.
+
+Example::
+
+    fsdpviz.analyze(model, ids, fully_shard=[Block],
+                    activation_checkpointing=SelectiveCheckpoint([Block]))
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from fsdpviz.errors import ConfigError
 
-CheckpointSpec = Sequence[type[nn.Module]] | Callable[[nn.Module], bool] | None
+_aten = torch.ops.aten
+# torchtitan's save list (torchtitan/distributed/activation_checkpoint.py): outputs that are
+# expensive to recompute. The probe runs scaled_dot_product_attention as the CPU flash kernel
+# on the meta device, so that one is listed too.
+TORCHTITAN_SAVE_OPS: frozenset[Any] = frozenset(
+    {
+        _aten.mm.default,
+        _aten.linear.default,
+        _aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_flash_attention.default,
+        _aten._scaled_dot_product_cudnn_attention.default,
+        _aten._scaled_dot_product_flash_attention_for_cpu.default,
+        _aten.max.default,
+        _aten.topk.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    }
+)
+_MATMULS = frozenset({_aten.mm.default, _aten.linear.default})
+
+
+@dataclass(frozen=True)
+class SelectiveCheckpoint:
+    """Per-operator selective activation checkpointing of ``modules`` (module classes or a
+    predicate, as ``activation_checkpointing`` takes them), as torchtitan's
+    ``selective_ac_option = "op"``: the outputs of ``save_ops`` are saved, except every
+    ``recompute_every_mm``-th matrix multiply (``0``: none), and everything else is
+    recomputed in backward.
+
+    Example::
+
+        fsdpviz.analyze(model, ids, fully_shard=[Block],
+                        activation_checkpointing=SelectiveCheckpoint([Block]))
+    """
+
+    modules: Sequence[type[nn.Module]] | Callable[[nn.Module], bool]
+    save_ops: frozenset[Any] = field(default=TORCHTITAN_SAVE_OPS)
+    recompute_every_mm: int = 2
+
+
+CheckpointSpec = (
+    Sequence[type[nn.Module]] | Callable[[nn.Module], bool] | SelectiveCheckpoint | None
+)
 
 
 def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Module]:
@@ -31,6 +86,8 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
     """
     if spec is None:
         return []
+    if isinstance(spec, SelectiveCheckpoint):
+        spec = spec.modules
     if callable(spec) and not isinstance(spec, type):
         picks: Callable[[nn.Module], bool] = spec
     elif isinstance(spec, (list, tuple, set, frozenset)) and all(
@@ -42,8 +99,8 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
             return isinstance(m, classes)
     else:
         raise ConfigError(
-            "activation_checkpointing must be a list of module classes or a callable "
-            f"module -> bool, got {spec!r}"
+            "activation_checkpointing must be a list of module classes, a callable "
+            f"module -> bool or a SelectiveCheckpoint, got {spec!r}"
         )
     chosen: list[nn.Module] = []
 
@@ -62,10 +119,39 @@ def apply_checkpointing(model: nn.Module, spec: CheckpointSpec) -> int:
     """Run the picked modules of ``model`` (fsdpviz's own copy) under non-reentrant
     checkpointing; returns how many."""
     chosen = checkpointed_modules(model, spec)
+    selective = spec if isinstance(spec, SelectiveCheckpoint) else None
     for module in chosen:
-        module.forward = functools.partial(_checkpointed, module.forward)
+        if selective is None:
+            module.forward = functools.partial(_checkpointed, module.forward)
+        else:
+            module.forward = functools.partial(_selective, selective, module.forward)
     return len(chosen)
 
 
 def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _selective(
+    spec: SelectiveCheckpoint, forward: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    counts = {"forward": 0, "recompute": 0}  # matrix multiplies seen, per pass of this call
+
+    def policy(ctx: Any, func: Any, *_: Any, **__: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in _MATMULS:
+            counts[mode] += 1
+        if func not in spec.save_ops:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        every = spec.recompute_every_mm
+        if func in _MATMULS and every and counts[mode] % every == 0:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE
+
+    return torch.utils.checkpoint.checkpoint(
+        forward,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: create_selective_checkpoint_contexts(policy),
+        **kwargs,
+    )
