@@ -152,6 +152,6 @@ def _selective(
         forward,
         *args,
         use_reentrant=False,
-        context_fn=lambda: create_selective_checkpoint_contexts(policy),
+        context_fn=lambda: create_selective_checkpoint_contexts(policy),  # type: ignore[no-untyped-call]
         **kwargs,
     )
