@@ -286,7 +286,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = _rotate(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
         k = _rotate(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
@@ -322,7 +322,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(dim, eps=1e-5)
         self.ffn_norm = nn.RMSNorm(dim, eps=1e-5)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         h: torch.Tensor = x + self.attention(self.attention_norm(x), rope)
         out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
         return out
@@ -344,25 +344,24 @@ class Transformer(nn.Module):
         angles = torch.outer(
             torch.arange(seq_len).float(), 1.0 / 500000 ** (torch.arange(half) / half)
         )
-        self.register_buffer("rope_cos", angles.cos(), persistent=False)
-        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        # torchtitan's precompute_freqs_cis: complex rotations, one per position and pair
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h: torch.Tensor = self.tok_embeddings(tokens)
-        cos, sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
-        rope = (cos[: tokens.shape[1]], sin[: tokens.shape[1]])
+        rope = self.get_buffer("freqs_cis")[: tokens.shape[1]]
         for layer in self.layers.values():
             h = layer(h, rope)
         logits: torch.Tensor = self.output(self.norm(h))
         return logits
 
 
-def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotary embedding of (batch, seq, heads, head_dim), on interleaved pairs as torchtitan."""
-    cos, sin = (t[None, :, None, :] for t in rope)
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    a, b = pairs[..., 0], pairs[..., 1]
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of (batch, seq, heads, head_dim) as torchtitan's apply_rotary_emb:
+    interleaved pairs as complex numbers, multiplied by the rotations, in float32."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    out = torch.view_as_real(pairs * freqs_cis[None, :, None, :]).flatten(3)
+    return out.type_as(x)
 
 
 def _ffn_hidden(args: dict[str, Any]) -> int:

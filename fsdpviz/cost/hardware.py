@@ -29,11 +29,12 @@ size; each rank sends and receives ``(N - 1) / N * S``)::
     all_reduce:                  base + 2 (N - 1) * step + 2 (N - 1) / N * S / busbw(N)
 
 ``busbw(N)`` is ``intra_node_gbps`` (GB/s per GPU: NVLink through NVSwitch, or PCIe) when
-the ``N`` ranks fit in one node (``N <= gpus_per_node``), else ``inter_node_gbps`` (each
-GPU's own network link: a ring that spans nodes crosses it), both times
-``comm_efficiency``. ``step`` is ``intra_node_latency_us`` inside a node, else
-``inter_node_latency_us`` (a ring step waits for its slowest hop); ``base`` is
-``collective_base_us``.
+the ``N`` ranks fit in one node (``N <= gpus_per_node``), else the node's network cards
+together, ``gpus_per_node * inter_node_gbps`` (``inter_node_gbps`` per GPU: NCCL runs one
+ring per card, each crossing between nodes through another GPU's card), at most
+``intra_node_gbps``; both times ``comm_efficiency``. ``step`` is
+``intra_node_latency_us`` inside a node, else ``inter_node_latency_us`` (a ring step
+waits for its slowest hop); ``base`` is ``collective_base_us``.
 """
 
 from __future__ import annotations
@@ -111,7 +112,10 @@ class Machine:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         inside = ranks <= self.gpus_per_node
-        gbps = self.intra_node_gbps if inside else self.inter_node_gbps
+        # Across nodes NCCL runs one ring per network card, each leaving the node through
+        # another GPU's card: the node's cards together carry the traffic, NVLink inside.
+        across = min(self.intra_node_gbps, self.gpus_per_node * self.inter_node_gbps)
+        gbps = self.intra_node_gbps if inside else across
         step = self.intra_node_latency_us if inside else self.inter_node_latency_us
         passes = 2 if kind == "all_reduce" else 1
         moved = (ranks - 1) / ranks * nbytes
@@ -131,7 +135,11 @@ class Machine:
 
 # Dense (no sparsity) peak throughput from the vendors' data sheets; float32 is the
 # non-tensor-core rate (TF32 tensor cores are faster: set tflops["float32"] to use them).
-# The efficiencies are what eager PyTorch reaches on each (see the module docstring).
+# The efficiencies are what eager PyTorch reaches on each: those of h100, h100-hbm2e, a100
+# and a100-40gb are fitted on the calibration rows of benchmarks/bench_published.py (one
+# factor per GPU on the compute and attention efficiencies); h200 takes the H100 SXM's (the
+# same chip and clocks), h100-pcie the H100 SXM's factor and l40s the median factor, as no
+# published run was found to fit them on.
 _H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0}
 _A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}
 GPUS: dict[str, dict[str, Any]] = {
@@ -142,9 +150,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 3350.0,
         "pcie_gbps": 50.0,  # PCIe 5 x16: 64 GB/s per direction
         "network": "nvlink4+ib-ndr",
-        "compute_efficiency": 0.72,
-        "attention_efficiency": 0.38,  # FlashAttention-2 on Hopper
-        "attention_backward_efficiency": 0.30,
+        "compute_efficiency": 0.53,
+        "attention_efficiency": 0.279,
+        "attention_backward_efficiency": 0.221,
     },
     # H100 SXM with 96 GB of HBM2e at 500 W (Meta's Grand Teton hosts, torchtitan's
     # published runs): the same data-sheet peak, lower clocks under the power cap.
@@ -155,9 +163,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 2400.0,
         "pcie_gbps": 50.0,
         "network": "nvlink4+roce-400",
-        "compute_efficiency": 0.58,
-        "attention_efficiency": 0.32,
-        "attention_backward_efficiency": 0.25,
+        "compute_efficiency": 0.558,
+        "attention_efficiency": 0.308,
+        "attention_backward_efficiency": 0.241,
     },
     "h100-pcie": {
         "name": "H100 PCIe 80GB",
@@ -166,9 +174,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 2000.0,
         "pcie_gbps": 50.0,
         "network": "pcie5+ib-ndr",
-        "compute_efficiency": 0.65,
-        "attention_efficiency": 0.36,
-        "attention_backward_efficiency": 0.28,
+        "compute_efficiency": 0.478,
+        "attention_efficiency": 0.265,
+        "attention_backward_efficiency": 0.206,
     },
     "h200": {
         "name": "H200 SXM 141GB",
@@ -177,9 +185,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 4800.0,
         "pcie_gbps": 50.0,
         "network": "nvlink4+ib-ndr",
-        "compute_efficiency": 0.74,
-        "attention_efficiency": 0.38,
-        "attention_backward_efficiency": 0.30,
+        "compute_efficiency": 0.53,
+        "attention_efficiency": 0.279,
+        "attention_backward_efficiency": 0.221,
     },
     "a100": {
         "name": "A100 SXM 80GB",
@@ -187,9 +195,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 80.0,
         "hbm_gbps": 2039.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.80,
-        "attention_efficiency": 0.65,  # FlashAttention-2 on Ampere
-        "attention_backward_efficiency": 0.50,
+        "compute_efficiency": 0.706,
+        "attention_efficiency": 0.574,
+        "attention_backward_efficiency": 0.441,
     },
     "a100-40gb": {
         "name": "A100 SXM 40GB",
@@ -197,9 +205,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 40.0,
         "hbm_gbps": 1555.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.80,
-        "attention_efficiency": 0.65,
-        "attention_backward_efficiency": 0.50,
+        "compute_efficiency": 0.686,
+        "attention_efficiency": 0.558,
+        "attention_backward_efficiency": 0.429,
     },
     "l40s": {
         "name": "L40S 48GB",
@@ -207,9 +215,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 48.0,
         "hbm_gbps": 864.0,
         "network": "pcie4+roce-200",
-        "compute_efficiency": 0.62,
-        "attention_efficiency": 0.45,
-        "attention_backward_efficiency": 0.35,
+        "compute_efficiency": 0.54,
+        "attention_efficiency": 0.39,
+        "attention_backward_efficiency": 0.3,
     },
 }
 GPUS["h100-sxm"] = GPUS["h100"]

@@ -1,0 +1,380 @@
+"""The time model against published training throughput: calibration and validation.
+
+Each row is a run someone published (tokens per second per GPU), rebuilt here as the same
+model shape, batch, FSDP plan, activation checkpointing and GPU, traced by
+``fsdpviz.analyze`` on the meta device and timed by ``fsdpviz.cost.timeline``. Rows
+marked ``calibration`` are the ones the GPU presets' efficiencies were fitted on (``--fit``
+prints the fit); ``validation`` rows were never used to choose any constant.
+
+Sources:
+
+- torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md`` (Llama 3.1 8B, FSDP2,
+  H100 96 GB HBM2e 500 W, 400 Gb/s RDMA per GPU, Tables 1 and 3, without compile/float8);
+- torchtitan, ``docs/performance.md`` (Llama 3 8B/70B on 64 A100 80 GB, December 2024;
+  Llama 2 13B/70B on 64 A100 80 GB, April 2024, sequence length 4096);
+- llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT 125M-70B, FSDP1 through
+  Composer, flash attention, H100 80 GB, A100 80 GB and A100 40 GB with RoCE).
+
+Prints the table (markdown: ``--markdown``), the median and 90th percentile of |error| per
+set, and torchtitan's published memory (the caching allocator's peak reserved) against
+``report.memory``'s peak and its reserved estimate.
+
+    python benchmarks/bench_published.py [--only calibration|validation] [--markdown] [--fit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.configs import torchtitan as titan
+from fsdpviz.cost import Machine, machine, timeline
+from fsdpviz.replan import replay
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    model: str  # "llama3:8B", "llama2:13B", "mpt:7b"
+    gpu: str  # a preset of fsdpviz.cost.machine
+    network: str
+    gpus: int
+    batch: int  # micro-batch per GPU (sequences)
+    seq: int
+    ac: str  # "none", "full", "op" (per-operator SAC), "layer" (every second block)
+    published: float  # tokens/s per GPU
+    split: str  # "calibration" or "validation"
+    grad_accum: int = 1
+    sharding: str = "FULL_SHARD"
+    mixed: str = "DEFAULT"  # MPT: Composer's FSDP mixed precision mode
+    memory_gib: float | None = None  # published peak reserved memory
+
+    @property
+    def name(self) -> str:
+        acc = f" x{self.grad_accum}" if self.grad_accum > 1 else ""
+        shard = ", SGO" if self.sharding == "SHARD_GRAD_OP" else ""
+        return (
+            f"{self.model} {self.gpus}x{self.gpu} b{self.batch}{acc} s{self.seq} "
+            f"AC={self.ac}{shard}"
+        )
+
+
+TT_H100 = "torchtitan H100 (Dec 2024)"
+TT_A100 = "torchtitan A100 (Dec 2024)"
+TT_A100_OLD = "torchtitan A100 (Apr 2024)"
+FOUNDRY = "llm-foundry MPT"
+CAL, VAL = "calibration", "validation"
+
+ROWS = [
+    # torchtitan, Llama 3.1 8B, H100 HBM2e 500 W (Grand Teton), 400 Gb/s RDMA per GPU
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 2, 8192, "op", 5762, CAL,
+        memory_gib=82.4),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 5605, VAL,
+        memory_gib=67.0),
+    # torchtitan, 64 A100 80 GB
+    Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "op", 2973, CAL),
+    Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "layer", 2904, VAL),
+    Row(TT_A100, "llama3:70B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "full", 331, VAL),
+    Row(TT_A100_OLD, "llama2:13B", "a100", "nvlink3+ib-hdr", 64, 2, 4096, "none", 2162, VAL),
+    Row(TT_A100_OLD, "llama2:13B", "a100", "nvlink3+ib-hdr", 64, 2, 4096, "op", 1904, VAL),
+    Row(TT_A100_OLD, "llama2:70B", "a100", "nvlink3+ib-hdr", 64, 1, 4096, "op", 355, VAL),
+    Row(TT_A100_OLD, "llama2:70B", "a100", "nvlink3+ib-hdr", 64, 2, 4096, "full", 353, VAL),
+    # llm-foundry, H100 80 GB (amp_bf16, FSDP mixed precision DEFAULT)
+    Row(FOUNDRY, "mpt:7b", "h100", "nvlink4+ib-ndr", 8, 6, 2048, "none", 10643, CAL),
+    Row(FOUNDRY, "mpt:1b", "h100", "nvlink4+ib-ndr", 8, 14, 2048, "none", 45455, VAL),
+    Row(FOUNDRY, "mpt:760m", "h100", "nvlink4+ib-ndr", 8, 24, 2048, "none", 63147, VAL, 2),
+    Row(FOUNDRY, "mpt:3b", "h100", "nvlink4+ib-ndr", 8, 3, 8192, "none", 16578, VAL, 6),
+    Row(FOUNDRY, "mpt:7b", "h100", "nvlink4+ib-ndr", 8, 8, 8192, "full", 6935, VAL, 2),
+    Row(FOUNDRY, "mpt:13b", "h100", "nvlink4+ib-ndr", 8, 2, 2048, "none", 4792, VAL),
+    Row(FOUNDRY, "mpt:13b", "h100", "nvlink4+ib-ndr", 64, 2, 2048, "none", 4800, VAL),
+    Row(FOUNDRY, "mpt:13b", "h100", "nvlink4+ib-ndr", 128, 16, 2048, "full", 5080, VAL),
+    Row(FOUNDRY, "mpt:30b", "h100", "nvlink4+ib-ndr", 32, 14, 2048, "full", 2308, VAL, 3),
+    Row(FOUNDRY, "mpt:70b", "h100", "nvlink4+ib-ndr", 64, 8, 2048, "full", 1039, VAL, 4),
+    Row(FOUNDRY, "mpt:1b", "h100", "nvlink4+ib-ndr", 128, 12, 2048, "none", 44123, VAL,
+        sharding="SHARD_GRAD_OP"),
+    # llm-foundry, A100 80 GB
+    Row(FOUNDRY, "mpt:7b", "a100", "nvlink3+ib-hdr", 8, 6, 2048, "none", 4641, CAL, 2),
+    Row(FOUNDRY, "mpt:350m", "a100", "nvlink3+ib-hdr", 8, 32, 2048, "none", 58782, VAL, 2),
+    Row(FOUNDRY, "mpt:1b", "a100", "nvlink3+ib-hdr", 8, 14, 2048, "none", 20513, VAL, 4),
+    Row(FOUNDRY, "mpt:3b", "a100", "nvlink3+ib-hdr", 8, 3, 8192, "none", 7695, VAL, 6),
+    Row(FOUNDRY, "mpt:7b", "a100", "nvlink3+ib-hdr", 8, 2, 32768, "full", 1672, VAL, 2),
+    Row(FOUNDRY, "mpt:13b", "a100", "nvlink3+ib-hdr", 8, 10, 4096, "full", 2060, VAL, 3),
+    Row(FOUNDRY, "mpt:30b", "a100", "nvlink3+ib-hdr", 8, 3, 2048, "full", 916, VAL, 21),
+    Row(FOUNDRY, "mpt:70b", "a100", "nvlink3+ib-hdr", 64, 8, 2048, "full", 410, VAL, 4),
+    # llm-foundry, A100 40 GB, 1600 Gb/s RoCE per node (bf16, FSDP mixed precision PURE)
+    Row(FOUNDRY, "mpt:7b", "a100-40gb", "nvlink3+roce-200", 8, 12, 2048, "full", 3679, CAL, 4,
+        mixed="PURE"),
+    Row(FOUNDRY, "mpt:125m", "a100-40gb", "nvlink3+roce-200", 8, 26, 2048, "none", 136334, VAL,
+        3, mixed="PURE"),
+    Row(FOUNDRY, "mpt:1b", "a100-40gb", "nvlink3+roce-200", 8, 8, 2048, "none", 19271, VAL, 8,
+        mixed="PURE"),
+    Row(FOUNDRY, "mpt:3b", "a100-40gb", "nvlink3+roce-200", 8, 1, 8192, "none", 7149, VAL, 8,
+        mixed="PURE"),
+    Row(FOUNDRY, "mpt:13b", "a100-40gb", "nvlink3+roce-200", 64, 16, 2048, "full", 1976, VAL,
+        mixed="PURE"),
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------ models
+LLAMA2 = {  # torchtitan's llama2 flavors (torchtitan/models/llama, 2024)
+    "13B": {"dim": 5120, "n_layers": 40, "n_heads": 40, "vocab_size": 32000},
+    "70B": {"dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8, "vocab_size": 32000,
+            "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
+}  # fmt: skip
+MPT = {  # llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml: d_model, n_heads, n_layers
+    "125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
+    "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32),
+    "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80),
+}  # fmt: skip
+
+
+class MptBlock(nn.Module):
+    """An MPT block as llm-foundry builds it: no biases, low-precision LayerNorm, fused QKV,
+    flash attention, a GELU MLP of 4x the width."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm_1 = nn.LayerNorm(d, bias=False)
+        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.out_proj = nn.Linear(d, d, bias=False)
+        self.norm_2 = nn.LayerNorm(d, bias=False)
+        self.up_proj = nn.Linear(d, 4 * d, bias=False)
+        self.down_proj = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        qkv = self.Wqkv(self.norm_1(x)).view(b, s, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out_proj(att.transpose(1, 2).reshape(b, s, d))
+        out: torch.Tensor = x + self.down_proj(F.gelu(self.up_proj(self.norm_2(x))))
+        return out
+
+
+class Mpt(nn.Module):
+    def __init__(self, d: int, heads: int, layers: int, vocab: int = 50368) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(MptBlock(d, heads) for _ in range(layers))
+        self.norm_f = nn.LayerNorm(d, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.wte(ids)
+        for block in self.blocks:
+            h = block(h)
+        return F.linear(self.norm_f(h), self.wte.weight)  # tied unembedding
+
+
+class _Loss:
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1).float(), self.labels.flatten())
+        return out
+
+
+def analyze_row(row: Row) -> fsdpviz.Report:
+    family, size = row.model.split(":")
+    if family in ("llama3", "llama2"):
+        return _torchtitan(row, family, size)
+    return _mpt(row, size)
+
+
+def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
+    flavor = size if family == "llama3" else f"llama2-{size}"
+    if family == "llama2":
+        titan.FLAVORS.setdefault(flavor, LLAMA2[size])
+    mode, option = {"none": ("none", "2"), "full": ("full", "2"), "op": ("selective", "op"),
+                    "layer": ("selective", "2")}[row.ac]  # fmt: skip
+    job = {
+        "model": {"name": "llama3", "flavor": flavor},
+        "training": {"local_batch_size": row.batch, "seq_len": row.seq},
+        "activation_checkpoint": {"mode": mode, "selective_ac_option": option},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
+    return fsdpviz.analyze(tt.model, tt.inputs, **tt.config, progress=False)
+
+
+def _mpt(row: Row, size: str) -> fsdpviz.Report:
+    d, heads, layers = MPT[size]
+    with torch.device("meta"):
+        model = Mpt(d, heads, layers)
+    ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
+    labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
+    reduce = torch.float32 if row.mixed == "DEFAULT" else torch.bfloat16
+    return fsdpviz.analyze(
+        model,
+        ids,
+        loss=_Loss(labels),
+        auto_wrap_policy=ModuleWrapPolicy({MptBlock}),
+        sharding_strategy=ShardingStrategy[row.sharding],
+        backward_prefetch=BackwardPrefetch.BACKWARD_POST,  # Composer's default
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce),
+        activation_checkpointing=[MptBlock] if row.ac == "full" else None,
+        world_size=row.gpus,
+        progress=False,
+    )
+
+
+# ------------------------------------------------------------------ running
+@dataclass
+class Result:
+    row: Row
+    report: fsdpviz.Report = field(repr=False)
+    predicted: float = 0.0
+    mfu: float = 0.0
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.row.published - 1.0
+
+
+def trace_all(rows: list[Row]) -> list[Result]:
+    """One trace per model, batch, sequence and checkpointing; other world sizes replayed."""
+    traced: dict[tuple[Any, ...], fsdpviz.Report] = {}
+    out = []
+    for row in rows:
+        key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed)
+        base = traced.get(key)
+        if base is None:
+            report = traced[key] = analyze_row(row)
+        elif base.config.world_size != row.gpus:
+            report = replay(base, world_size=row.gpus)
+        else:
+            report = base
+        out.append(Result(row, report))
+    return out
+
+
+def predict(results: list[Result], machines: dict[str, Machine] | None = None) -> None:
+    for r in results:
+        m = (machines or {}).get(r.row.gpu) or machine(r.row.gpu, network=r.row.network)
+        m = replace(m, network=r.row.network) if machines else m
+        t = timeline(r.report, m, grad_accum=r.row.grad_accum).totals
+        r.predicted, r.mfu = t["tokens_per_s"], t["mfu"]
+
+
+def stats(errors: list[float]) -> tuple[float, float]:
+    a = sorted(abs(e) for e in errors)
+    if not a:
+        return math.nan, math.nan
+    p90 = a[min(len(a) - 1, math.ceil(0.9 * len(a)) - 1)]
+    return statistics.median(a), p90
+
+
+def fit(results: list[Result]) -> dict[str, float]:
+    """Per GPU preset, the one factor on its compute and attention efficiencies that makes
+    the calibration rows' median error zero (a bisection on the log error)."""
+    factors: dict[str, float] = {}
+    for gpu in sorted({r.row.gpu for r in results if r.row.split == CAL}):
+        cal = [r for r in results if r.row.split == CAL and r.row.gpu == gpu]
+        lo, hi = 0.5, 1.5
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            base = machine(gpu)
+            m = replace(
+                base,
+                compute_efficiency=base.compute_efficiency * mid,
+                attention_efficiency=base.attention_efficiency * mid,
+                attention_backward_efficiency=base.attention_backward_efficiency * mid,
+            )
+            for r in cal:
+                mm = machine(m, network=r.row.network)
+                r.predicted = timeline(r.report, mm, grad_accum=r.row.grad_accum).totals[
+                    "tokens_per_s"
+                ]
+            med = statistics.median(math.log(r.predicted / r.row.published) for r in cal)
+            lo, hi = (mid, hi) if med < 0 else (lo, mid)
+        factors[gpu] = (lo + hi) / 2
+    return factors
+
+
+def reserved_estimate(report: fsdpviz.Report) -> tuple[float, float]:
+    """Peak allocated (the memory model) and the allocator's reserved estimate, GiB."""
+    mem = report.memory
+    reserved = getattr(mem, "reserved", mem.peak)
+    return mem.peak["bytes"] / 2**30, reserved["bytes"] / 2**30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", choices=[CAL, VAL])
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--fit", action="store_true", help="fit the presets on calibration rows")
+    args = parser.parse_args()
+    rows = [r for r in ROWS if args.only in (None, r.split)]
+    t0 = time.perf_counter()
+    results = trace_all(rows)
+    traced_s = time.perf_counter() - t0
+    if args.fit:
+        for gpu, factor in fit(results).items():
+            m = machine(gpu)
+            print(
+                f"{gpu}: x{factor:.3f} -> compute_efficiency {m.compute_efficiency * factor:.3f}, "
+                f"attention_efficiency {m.attention_efficiency * factor:.3f}, "
+                f"attention_backward_efficiency {m.attention_backward_efficiency * factor:.3f}"
+            )
+    t1 = time.perf_counter()
+    predict(results)
+    timed_s = time.perf_counter() - t1
+    header = ["set", "source", "configuration", "published tok/s/GPU", "predicted", "error",
+              "MFU (pred.)"]  # fmt: skip
+    lines = []
+    for split in (CAL, VAL):
+        for r in results:
+            if r.row.split != split:
+                continue
+            lines.append([split, r.row.source, r.row.name, f"{r.row.published:,.0f}",
+                          f"{r.predicted:,.0f}", f"{r.error:+.1%}", f"{r.mfu:.1%}"])  # fmt: skip
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+        for line in [header, *lines]:
+            print("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)))
+    print()
+    for split in (CAL, VAL):
+        errs = [r.error for r in results if r.row.split == split]
+        if errs:
+            med, p90 = stats(errs)
+            print(f"{split}: {len(errs)} runs, median |error| {med:.1%}, p90 |error| {p90:.1%}")
+    gpus = sorted({r.row.gpu for r in results if r.row.split == VAL})
+    sources = sorted({r.row.source.split()[0] for r in results if r.row.split == VAL})
+    print(f"validation spans GPUs {', '.join(gpus)}; sources {', '.join(sources)}")
+    print(f"{len(results)} rows: traced/replayed in {traced_s:.1f} s, timed in {timed_s:.2f} s")
+    print()
+    for r in results:
+        if r.row.memory_gib is None:
+            continue
+        peak, reserved = reserved_estimate(r.report)
+        print(
+            f"memory {r.row.name}: published {r.row.memory_gib:.1f} GiB reserved; predicted "
+            f"peak allocated {peak:.1f} GiB, reserved {reserved:.1f} GiB "
+            f"({reserved / r.row.memory_gib - 1:+.1%})"
+        )
+
+
+if __name__ == "__main__":
+    main()
