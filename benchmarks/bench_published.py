@@ -311,8 +311,7 @@ def fit(results: list[Result]) -> dict[str, float]:
 def reserved_estimate(report: fsdpviz.Report) -> tuple[float, float]:
     """Peak allocated (the memory model) and the allocator's reserved estimate, GiB."""
     mem = report.memory
-    reserved = getattr(mem, "reserved", mem.peak)
-    return mem.peak["bytes"] / 2**30, reserved["bytes"] / 2**30
+    return mem.peak["bytes"] / 2**30, mem.reserved["bytes"] / 2**30
 
 
 def main() -> None:

@@ -129,3 +129,38 @@ def test_fsdp2_copies_and_cpu_launches() -> None:
     slow_cpu = timeline(fsdp1, machine("h100", launch_forward_us=1000.0, launch_backward_us=1000.0))
     kernels = sum(k[-2] for ks in fsdp1.profile.iterations[-1].kernels for k in ks)  # type: ignore[union-attr]
     assert slow_cpu.totals["step_s"] >= kernels * 1e-3
+
+
+def test_reserved_memory_sums_each_streams_own_peak() -> None:
+    from fsdpviz.cost.memory import reserved_estimate
+    from fsdpviz.cost.memory_walker import Moment
+    from fsdpviz.cost.sizes import CATEGORIES
+
+    mib = 2**20
+
+    def moment(**bytes_: int) -> Moment:
+        row = tuple(bytes_.get(c, 0) for c in CATEGORIES)
+        return Moment("event", 0, 0, 0, "", row)
+
+    # the all-gather buffer peaks while activations are low, and the other way round:
+    # one pool per stream keeps both (3 MiB rounds up to 4 MiB blocks)
+    moments = [
+        moment(all_gather=3 * mib, activations=10 * mib),
+        moment(activations=20 * mib, reduce_scatter=2 * mib),
+    ]
+    est = reserved_estimate(moments)
+    assert est["pools"] == {"compute": 20 * mib, "all_gather": 4 * mib, "reduce_scatter": 2 * mib}
+    assert est["bytes"] == 26 * mib
+
+
+def test_card_page_and_sweep_show_throughput() -> None:
+    from fsdpviz.views.card import report_html
+
+    report = _mlp_report(auto_wrap_policy=None)
+    t = report.timeline.totals
+    card = report_html(report)
+    assert f"{t['tokens_per_s']:,.0f} tokens/s per GPU" in card and f"MFU {t['mfu']:.1%}" in card
+    assert report.memory.reserved["bytes"] >= report.memory.peak["bytes"]
+    table = fsdpviz.sweep(_Mlp(), torch.zeros(4, 8, dtype=torch.long), world_size=[2, 4])
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] <= r["hfu"] for r in table.rows)
+    assert "tok/s/GPU" in table.summary() and "MFU" in table.summary()

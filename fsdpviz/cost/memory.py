@@ -38,6 +38,14 @@ bytes per rank:
     first ``optimizer.step()`` creates it.
 ``inputs`` / ``buffers``
     the model's inputs and buffers (FSDP does not shard buffers).
+
+``MemoryReport.reserved`` estimates what the CUDA caching allocator holds at its
+peak (``torch.cuda.max_memory_reserved``, what torchtitan reports as "Memory"): the
+allocator keeps one pool of blocks per stream, and FSDP allocates its all-gather
+outputs on the all-gather stream and its reduce-scatter inputs on the reduce-scatter
+stream, so a block freed by one is not reused by the others. The estimate is the sum
+of each pool's own peak (``all_gather``; ``reduce_scatter``; everything else on the
+compute stream), every pool rounded up to the allocator's 2 MiB blocks.
 """
 
 from __future__ import annotations
@@ -80,6 +88,9 @@ class MemoryReport:
     unit_peaks: dict[str, dict[str, int]]
     notes: list[str] = field(default_factory=list)
     moments: list[Moment] = field(default_factory=list, repr=False)
+    reserved: dict[str, Any] = field(default_factory=dict)
+    """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
+    (``compute``, ``all_gather``, ``reduce_scatter``: each stream's own peak)."""
     """Every moment the model looked at the bytes in use (see :func:`memory_lane`)."""
 
     def records(self) -> list[dict[str, Any]]:
@@ -103,6 +114,7 @@ class MemoryReport:
             "peak": dict(self.peak),
             "unit_peaks": {k: dict(v) for k, v in self.unit_peaks.items()},
             "notes": list(self.notes),
+            "reserved": {**self.reserved, "pools": dict(self.reserved.get("pools", {}))},
         }
 
     def summary(self) -> str:
@@ -152,7 +164,31 @@ def memory_model(
         unit_peaks=walker.unit_peaks,
         notes=notes,
         moments=walker.moments,
+        reserved=reserved_estimate(walker.moments),
     )
+
+
+_BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
+_POOLS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
+
+
+def reserved_estimate(moments: list[Moment]) -> dict[str, Any]:
+    """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
+
+    Example::
+
+        reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
+    """
+    pools = {"compute": 0, "all_gather": 0, "reduce_scatter": 0}
+    stream_of = [_POOLS.get(c, "compute") for c in CATEGORIES]
+    for m in moments:
+        now = {"compute": 0, "all_gather": 0, "reduce_scatter": 0}
+        for k, b in enumerate(m.bytes):
+            now[stream_of[k]] += b
+        for pool, b in now.items():
+            pools[pool] = max(pools[pool], b)
+    rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in pools.items()}
+    return {"bytes": sum(rounded.values()), "pools": rounded}
 
 
 def memory_series(
@@ -268,4 +304,5 @@ __all__ = [
     "memory_lane",
     "memory_model",
     "memory_series",
+    "reserved_estimate",
 ]

@@ -222,7 +222,10 @@ def _header(
             )
         )
     if base.source == "prediction":
-        rows.append(("step time (modelled)", _step_time(base)))
+        step, *throughput = _step_time(base).splitlines()
+        rows.append(("step time (modelled)", step))
+        if throughput:
+            rows.append(("throughput (modelled)", throughput[0]))
     rows.append(("events", _event_counts(reports, iteration)))
     notes = [f"[{w.code}] {w.message.splitlines()[0]}" for w in base.warnings]
     div = getattr(obj, "divergence", None)

@@ -101,7 +101,10 @@ class SweepTable:
         return min(fitting, key=lambda r: (r["exposed_comm_s"], r["step_s"], r["peak_bytes"]))
 
     def summary(self) -> str:
-        cols = f"{'peak GiB':>9} {'exposed ms':>11} {'step ms':>9} {'moved GB':>9}"
+        cols = (
+            f"{'peak GiB':>9} {'exposed ms':>11} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} "
+            f"{'moved GB':>9}"
+        )
         head = f"{'configuration':<60} {cols}"
         lines = [head]
         for r in self.rows:
@@ -109,7 +112,8 @@ class SweepTable:
             fit = "" if r["fits"] is not False else "  (over budget)"
             lines.append(
                 f"{name[:60]:<60} {r['peak_gib']:>9.2f} {r['exposed_comm_s'] * 1e3:>11.1f} "
-                f"{r['step_s'] * 1e3:>9.1f} {r['bytes_moved'] / 1e9:>9.2f}{fit}"
+                f"{r['step_s'] * 1e3:>9.1f} {r['tokens_per_s']:>10,.0f} {r['mfu']:>6.1%} "
+                f"{r['bytes_moved'] / 1e9:>9.2f}{fit}"
             )
         lines.append(
             f"{len(self.rows)} configurations from {self.traces} trace(s) and {self.replays} "
@@ -252,6 +256,9 @@ def _row(
         "dominant": mem.peak["dominant"],
         "fits": None if budget is None else peak <= budget,
         "step_s": t["step_s"],
+        "tokens_per_s": t["tokens_per_s"],
+        "mfu": t["mfu"],
+        "hfu": t["hfu"],
         "compute_s": t["compute_s"],
         "comm_s": t["comm_s"],
         "exposed_comm_s": t["exposed_comm_s"],

@@ -79,6 +79,7 @@ def report_html(report: Report) -> str:
         _line(escape(" · ".join(config_items(report))), _MUTED),
         _line(totals),
         memory,
+        _time_part(report),
         _figures([unit_bytes_svg(report), *figures]),
         units_table(report),
         _warnings(report),
@@ -274,6 +275,29 @@ def _memory_parts(report: Report) -> tuple[str, list[str]]:
             f"peak memory: the memory model failed ({escape(type(e).__name__)}: {escape(first)})",
             _MUTED,
         ), []
+
+
+def _time_part(report: Report) -> str:
+    """Step time and throughput on the default machine, for a report with a trace profile."""
+    if report.profile is None or not report.iterations or not report.units:
+        return ""
+    try:
+        tl = report.timeline
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        return _line(
+            f"step time: the time model failed ({escape(type(e).__name__)}: {escape(first)})",
+            _MUTED,
+        )
+    t = tl.totals
+    text = f"<b>step {t['step_s'] * 1e3:,.1f} ms</b> on {escape(str(tl.machine['name']))}"
+    if t["tokens_per_s"] > 0:
+        text += (
+            f" · <b>{t['tokens_per_s']:,.0f} tokens/s per GPU</b> · MFU {t['mfu']:.1%}"
+            f" · HFU {t['hfu']:.1%}"
+        )
+    text += f" · {t['overlap']:.0%} of communication hidden"
+    return _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
 
 
 def _warnings(report: Report) -> str:
