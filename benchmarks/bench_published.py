@@ -344,11 +344,12 @@ def main() -> None:
                 continue
             lines.append([split, r.row.source, r.row.name, f"{r.row.published:,.0f}",
                           f"{r.predicted:,.0f}", f"{r.error:+.1%}", f"{r.mfu:.1%}"])  # fmt: skip
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
+    if args.markdown:  # compact, for the README
+        print("| set | source | run | published | predicted | error |")
+        print("|---|---|---|--:|--:|--:|")
         for line in lines:
-            print("| " + " | ".join(line) + " |")
+            short = [line[0][:3], line[1].split()[0], line[2], *line[3:6]]
+            print("| " + " | ".join(short) + " |")
     else:
         widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
         for line in [header, *lines]:
