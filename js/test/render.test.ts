@@ -59,12 +59,14 @@ describe("index", () => {
     const data = predicted();
     const sc = scene(data);
     draw(sc);
-    // steps 7 and 8: prefetches issued by two hooks that ran at the same modelled time
-    expect(data.steps.issue[7]).toBeCloseTo(data.steps.issue[8], 9); // 3 ps apart
-    const [x7, w7] = sc.index.cell(7, sc.win, sc.layout);
-    const [x8] = sc.index.cell(8, sc.win, sc.layout);
-    expect(w7).toBeGreaterThanOrEqual(6);
-    expect(x8).toBeGreaterThanOrEqual(x7 + w7);
+    // steps 10 and 11: a reduce-scatter and a prefetch issued by two hooks (a post-backward
+    // and the next pre-backward) that ran at the same modelled time
+    expect(data.steps.call[10]).not.toBe(data.steps.call[11]);
+    expect(data.steps.issue[10]).toBeCloseTo(data.steps.issue[11], 9);
+    const [x10, w10] = sc.index.cell(10, sc.win, sc.layout);
+    const [x11] = sc.index.cell(11, sc.win, sc.layout);
+    expect(w10).toBeGreaterThanOrEqual(6);
+    expect(x11).toBeGreaterThanOrEqual(x10 + w10);
   });
 });
 
