@@ -96,11 +96,11 @@ def report() -> Report:
 
 
 def _outlined(p: Page) -> list[str]:
-    """Explorer node ids drawn with the thick outline (the current unit's modules)."""
+    """Explorer node ids outlined in the text colour (the current unit's modules)."""
     return list(
         p.js(
             """() => { const t = document.getElementById('fv-explorer').data[0];
-                 return t.ids.filter((_, i) => t.marker.line.width[i] === 3); }"""
+                 return t.ids.filter((_, i) => t.marker.line.color[i] === '#1f1f1f'); }"""
         )
     )
 

@@ -111,8 +111,8 @@ def test_explorer_click_selects_module_and_unit(report: Report) -> None:
 def test_explorer_highlight_kind_and_size(report: Report) -> None:
     ex = Explorer(report)
     ex.highlight_unit = "blocks.0"
-    widths = dict(zip(ex.figure.data[0].ids, ex.figure.data[0].marker.line.width, strict=True))
-    assert widths["blocks.0.fc"] > widths["blocks.1.fc"]
+    lines = dict(zip(ex.figure.data[0].ids, ex.figure.data[0].marker.line.color, strict=True))
+    assert lines["blocks.0.fc"] == "#1f1f1f" and lines["blocks.1.fc"] == "#ffffff"
     ex.view_kind.value = "treemap"
     assert ex.figure.data[0].type == "treemap"
     ex.view_size.value = "rank_bytes"
@@ -321,7 +321,7 @@ def test_explorer_of_a_big_model_opens_and_closes_blocks(
     ex = Explorer(report)
     trace = ex.figure.data[0]
     assert len(trace.ids) == 7 and "blocks.1 [unit 2] ▸" in trace.labels
-    assert len(trace.marker.line.width) == 7
+    assert len(trace.marker.line.color) == 7
     ex._on_click(trace, click(trace, list(trace.ids).index("blocks.1")), None)
     trace = ex.figure.data[0]
     assert ex.focus == "blocks.1" and ex.selected_unit == "blocks.1"
@@ -329,7 +329,7 @@ def test_explorer_of_a_big_model_opens_and_closes_blocks(
     assert list(trace.parents) == ["", "blocks.1", "blocks.1"]
     assert "inside 'blocks.1'" in ex.figure.layout.title.text
     ex.highlight_unit = "blocks.1"
-    assert list(ex.figure.data[0].marker.line.width) == [3.0, 3.0, 3.0]
+    assert list(ex.figure.data[0].marker.line.color) == ["#1f1f1f"] * 3
     ex._on_click(trace, click(trace, 0), None)  # the opened block: up
     assert ex.focus == "" and len(ex.figure.data[0].ids) == 7
     ex.focus = "blocks.0"
@@ -385,7 +385,7 @@ def test_every_change_reaches_the_browser(report: Report) -> None:
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     explorer, prefetch = SentToBrowser(view.explorer.figure), SentToBrowser(view.prefetch)
     view.timeline.step = 3
-    assert "marker.line.width" in explorer.trace_keys(0)
+    assert "marker.line.color" in explorer.trace_keys(0)
     ring = next(k for k, t in enumerate(view.prefetch.data) if t.name == "current")
     assert "x" in prefetch.trace_keys(ring)
     view.explorer.controls.set(policy="none")  # every module in the root's unit now
