@@ -184,7 +184,13 @@ def explorer_parts(
         "name": "modules",
         "sort": False,
         "maxdepth": 6,
-        "pathbar": {"visible": True, "side": "top", "textfont": {"size": LABEL_PX}},
+        # thick enough for its labels at LABEL_PX (uniformtext hides them otherwise)
+        "pathbar": {
+            "visible": True,
+            "side": "top",
+            "thickness": 22,
+            "textfont": {"size": LABEL_PX},
+        },
     }
     if kind == "icicle":
         trace.update(tiling={"orientation": "v"}, leaf={"opacity": 1.0})
@@ -209,7 +215,7 @@ def explorer_parts(
             "pad": {"t": 8},
         },
         # Room above the blocks for the title and for the path bar a zoom draws there.
-        "margin": {"l": 8, "r": 8, "t": (80 if "<br>" in title else 64), "b": 8},
+        "margin": {"l": 8, "r": 8, "t": (84 if "<br>" in title else 68), "b": 8},
         "autosize": True,  # no width: the figure fills its output and follows its resizes
         "height": 540,
         "uniformtext": {"minsize": LABEL_PX, "mode": "hide"},

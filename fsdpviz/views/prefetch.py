@@ -146,7 +146,12 @@ def prefetch_parts(
             )
         )
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
-    aspect = (_PLOT_PX[1] / 4.0) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
+    # The y range holds the arcs drawn (none above the line without forward prefetch).
+    heights = [
+        _arc(pos[a], pos[b], side, 2)[1][1] for edges in arcs.values() for a, b, side, _ in edges
+    ]
+    y_range = [min([0.0, *heights]) - 0.5, max([0.0, *heights]) + 0.5]
+    aspect = (_PLOT_PX[1] / (y_range[1] - y_range[0])) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
     for kind, edges in arcs.items():
         if edges:
             traces += _edge_traces(kind, edges, pos, aspect)
@@ -174,7 +179,7 @@ def prefetch_parts(
                 "showlegend": False,
             }
         )
-    return traces, _layout(report, facts, pos, theme)
+    return traces, _layout(report, facts, pos, theme, y_range)
 
 
 def _arc(x0: float, x1: float, side: float, steps: int) -> tuple[list[float], list[float]]:
@@ -328,7 +333,11 @@ def _node_traces(
 
 
 def _layout(
-    report: Report, facts: PrefetchAnalysis, pos: dict[str, int], theme: Theme
+    report: Report,
+    facts: PrefetchAnalysis,
+    pos: dict[str, int],
+    theme: Theme,
+    y_range: list[float],
 ) -> dict[str, Any]:
     names = sorted(pos, key=pos.__getitem__)
     step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
@@ -379,11 +388,11 @@ def _layout(
             "automargin": True,  # room for the rotated unit names, then the axis title
             "title": {"text": "units in forward order", "standoff": 8},
         },
-        yaxis={"visible": False, "range": [-2.0, 2.0], "fixedrange": True},
+        yaxis={"visible": False, "range": y_range, "fixedrange": True},
         legend={"orientation": "h", "yanchor": "top", "y": 1.0, "x": 1.0, "xanchor": "right"},
         margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": 8},
         autosize=True,  # no width: the figure fills its output
-        height=420,
+        height=440 if y_range[0] < -0.5 and y_range[1] > 0.5 else 360,  # arcs on both sides
         meta={
             "fsdpviz_ticks": {
                 "vals": [pos[n] for n in names],

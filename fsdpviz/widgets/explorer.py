@@ -90,7 +90,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         # a selection never pushes the page down; in a narrow output it wraps below.
         self.detail = w.HTML(
             layout=w.Layout(
-                flex="1 1 340px",
+                flex="1 1 0",
+                min_width="300px",
                 max_height=f"{layout['height']}px",
                 overflow="auto",
                 padding="0 0 0 8px",
@@ -132,7 +133,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
                 w.HBox(
                     [
                         # The figure takes the width the panel leaves, and follows it.
-                        w.VBox([self.figure], layout=w.Layout(flex="3 1 560px", min_width="0")),
+                        w.VBox([self.figure], layout=w.Layout(flex="2 1 0", min_width="480px")),
                         self.detail,
                     ],
                     layout=w.Layout(flex_flow="row wrap", align_items="flex-start"),
