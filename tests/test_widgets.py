@@ -85,7 +85,7 @@ def test_a_re_plan_keeps_the_selected_event(report: Report) -> None:
     view.step = k
     other = analyze_tiny(backward_prefetch=None)
     view.set_reports(other)
-    group, event = view.current_event  # type: ignore[misc]
+    _group, event = view.current_event  # type: ignore[misc]
     assert (event.kind, event.unit, event.phase) == ("reduce_scatter", "blocks.1", "backward")
     assert view.step != k and view.note == ""  # no prefetch: the event moved
 
