@@ -10,8 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from views_models import Tiny, analyze_tiny, needs_front_end, tiny_inputs
+import torch
+from views_models import Block, Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
+import fsdpviz
 from fsdpviz import Report
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
@@ -171,6 +173,34 @@ def test_fsdp2_recipe_control(report: Report) -> None:
     assert ex.controls.backward.disabled and ex.controls.forward.disabled
     ex.controls.set(layer_classes=["Linear"])
     assert {u.module_class for u in ex.report.units} == {"Linear", "Tiny"}
+
+
+def test_only_the_chosen_apis_controls_are_active(report: Report) -> None:
+    """FSDP1 shows its sharding strategy and prefetch switches; FSDP2 shows
+    reshard_after_forward (True, False or a factor of the world size) instead."""
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    c = ex.controls
+    assert c.reshard.layout.display == "none" and c.sharding.layout.display is None
+    assert c.min_params.layout.display == "none"  # the size slider only under "size"
+    c.set(policy="size")
+    assert c.min_params.layout.display is None and c.classes.layout.display == "none"
+    c.set(policy="classes", recipe="FSDP2")
+    assert c.sharding.disabled and c.sharding.layout.display == "none"
+    assert c.reshard.layout.display is None and not c.reshard.disabled
+    assert [v for _, v in c.reshard.options] == [True, False, 2]  # 4 ranks
+    c.set(reshard_after_forward=2)
+    torch.manual_seed(0)
+    want = fsdpviz.analyze(
+        Tiny(), tiny_inputs(), fully_shard=[Block], reshard_after_forward=2, world_size=4
+    )
+    assert ex.report.to_dict()["iterations"] == want.to_dict()["iterations"]
+    c.set(world_size=16)
+    assert [v for _, v in c.reshard.options] == [True, False, 2, 4, 8]
+    assert ex.options.reshard_after_forward == 2
+    c.set(world_size=8, reshard_after_forward=4)
+    c.set(world_size=2)  # 4 does not divide 2: back to True, as the control shows
+    assert ex.options.reshard_after_forward is True and c.reshard.value is True
+    assert ex.errors.last_error is None
 
 
 def test_replanner_lists_layer_classes() -> None:
@@ -423,7 +453,8 @@ def test_controls_changed_as_the_page_does(report: Report) -> None:
         {"layer_classes": ["Block", "Linear"]},
         {"policy": "size"},
         {"min_num_params": 5000},
-        {"recipe": "FSDP2", "policy": "classes", "sharding_strategy": "FULL_SHARD"},
+        {"recipe": "FSDP2", "policy": "classes"},
+        {"reshard_after_forward": False},
     ]
     for change in changes:
         ex.controls.set(**change, as_browser=True)
