@@ -8,6 +8,7 @@ the explorer and prefetch graph follow), and select a unit clicked in a figure.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_harness import CHROMIUM_ARGS, chromium_executable
-from export_models import recorded_run
-from views_models import analyze_tiny
+import torch
+from browser_harness import CHROMIUM_ARGS, chromium_executable, click_every_event, step_through
+from export_models import recorded_run, report_49_units
+from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
+import fsdpviz
 from fsdpviz import Report
 from fsdpviz.views import explorer_figure, timeline_data
+from fsdpviz.views.style import format_bytes
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
 
@@ -285,3 +289,79 @@ def test_big_model_opens_and_closes_blocks(
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
     assert "blocks.2 [unit 3] ▸" in slices()
     assert p.console == [] and p.blocked == []
+
+
+# ------------------------------------------------ every mark answers, stepping, one peak
+
+
+@pytest.fixture(scope="module")
+def report49() -> Report:
+    return report_49_units()
+
+
+def test_every_event_of_a_49_unit_plan_answers_its_click(
+    report49: Report, tmp_path: Path, open_page: Any
+) -> None:
+    """The centre of every event's mark, in every lane: the click selects exactly that
+    event (the cursor goes to it, its unit is selected) and the hover names it."""
+    p = open_page(report49.save(tmp_path / "big.html"))
+    n, wrong = click_every_event(p.page, p.page.locator(".fsdpviz-timeline"))
+    assert n == len(report49.iterations[-1]) == 243
+    assert wrong == []
+    assert p.console == []
+
+
+def test_every_event_of_a_recording_answers_its_click(tmp_path: Path, open_page: Any) -> None:
+    run = recorded_run()
+    p = open_page(run.save(tmp_path / "run.html"))
+    n, wrong = click_every_event(p.page, p.page.locator(".fsdpviz-timeline"))
+    assert n == sum(len(r.iterations[-1]) for r in run.ranks)
+    assert wrong == []
+    assert p.console == []
+
+
+@pytest.mark.parametrize("order", ["issue", "stream"])
+def test_stepping_never_moves_back(
+    report49: Report, tmp_path: Path, open_page: Any, order: str
+) -> None:
+    """A whole iteration stepped with →: the cursor never moves left, in either order."""
+    p = open_page(report49.save(tmp_path / "big.html"))
+    xs = step_through(p.page, p.page.locator(".fsdpviz-timeline"), order)
+    assert len(xs) == len(report49.iterations[-1])
+    assert all(b >= a for a, b in itertools.pairwise(xs)), order
+    assert xs[-1] > xs[0]
+
+
+@pytest.mark.parametrize(
+    ("api", "profile"), [("FSDP1", True), ("FSDP1", False), ("FSDP2", True), ("FSDP2", False)]
+)
+def test_one_memory_peak_on_the_page(
+    tmp_path: Path, open_page: Any, api: str, profile: bool
+) -> None:
+    """The page's summary, the timeline's header, the lane's maximum, the ▼ marker and the
+    peak button agree to the byte with ``report.memory.peak``; the button goes to its step."""
+    if api == "FSDP2":
+        torch.manual_seed(0)
+        report = fsdpviz.analyze(
+            Tiny(), tiny_inputs(), fully_shard=[Block], world_size=4, profile=profile
+        )
+    else:
+        report = analyze_tiny(profile=profile)
+    peak = report.memory.peak
+    p = open_page(report.save(tmp_path / "peak.html"))
+    root = p.page.locator(".fsdpviz-timeline")
+    button = root.locator("button[title^='jump to the memory peak']")
+    values = {
+        "header": root.locator(".fv-peak").first.get_attribute("data-fv-peak-bytes"),
+        "lane maximum": root.get_attribute("data-fv-lane-max"),
+        "marker": root.get_attribute("data-fv-marker-bytes"),
+        "button": button.get_attribute("data-fv-peak-bytes"),
+    }
+    assert values == dict.fromkeys(values, str(peak["bytes"]))
+    assert format_bytes(peak["bytes"]) in p.page.inner_text("body")  # the page's summary
+    button.click()
+    marker_step = root.get_attribute("data-fv-marker-step")
+    p.page.wait_for_function(f"document.body.dataset.fvStep === '{marker_step}'")
+    assert marker_step == button.get_attribute("data-fv-peak-step")
+    assert p.body("step") == marker_step
+    assert p.console == []

@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from views_models import Block, Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
 import fsdpviz
 from fsdpviz import Report
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.views.style import format_bytes
 from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
 
 pytestmark = needs_front_end
@@ -465,3 +467,43 @@ def test_controls_changed_as_the_page_does(report: Report) -> None:
     assert ex.errors.last_error is None
     ex.controls.set(world_size=32)
     assert answered[-1] is False and ex.answering_browser is False
+
+
+# ------------------------------------------------------------------ sweep table
+
+
+def test_sweep_table_shows_sorts_and_opens_rows() -> None:
+    """``sweep(...).show()``: one row per configuration with its numbers; a heading
+    click sorts by that column; "open" shows that row's dashboard of the same plan."""
+    torch.manual_seed(0)
+    table = fsdpviz.sweep(
+        Tiny(),
+        tiny_inputs(),
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        world_size=[2, 8],
+        memory_budget="1GiB",
+    )
+    view = table.show()
+    rows = view.grid.children
+    n_cols = len(view._columns) + 1
+    assert len(rows) == n_cols * (1 + len(table.rows))
+    headings = [b.description for b in rows[1:n_cols]]
+    assert headings[:2] == ["world_size", "API"] and "peak per rank" in headings
+    peak_col = headings.index("peak per rank") + 1
+    peaks = [rows[n_cols * (r + 1) + peak_col].value for r in range(len(table.rows))]
+    assert all(format_bytes(r["peak_bytes"]) in p for r, p in zip(table.rows, peaks, strict=True))
+    # sort by peak, descending on the second click: the first row holds the largest peak
+    heading = rows[peak_col]
+    heading.click()
+    heading.click()
+    first = view._order[0]
+    assert table.rows[first]["peak_bytes"] == max(r["peak_bytes"] for r in table.rows)
+    assert rows is not view.grid.children and "▼" in view.grid.children[peak_col].description
+    # open the second row shown: its dashboard is that configuration's plan
+    open_button = view.grid.children[n_cols * 2]
+    assert open_button.description == "open"
+    open_button.click()
+    row = view._order[1]
+    assert view.opened == row and view.errors.last_error is None
+    assert view.dashboard.explorer.report is table.reports[row]
+    assert view.grid.children[n_cols * 2].description == "shown"
