@@ -151,7 +151,7 @@ def test_fsdp2_vs_fsdp1(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.M
     )
     split = _texts(_cell(nb, "fsdp2_split = fsdpviz.analyze("))
     assert "different wrapping" in split
-    assert "parameter lm_head.weight: unit '' in FSDP1" in split
+    assert "parameter lm_head.weight: unit (root) in FSDP1" in split
     table = _texts(_cell(nb, "plans = {"))
     assert table.splitlines()[0].split() == [
         "plan",
