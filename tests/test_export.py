@@ -248,7 +248,7 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
     want = timeline_data(report, -1, machine="h100")  # the memory model's lane
     assert config["timeline"] == json.loads(json.dumps(want))
     assert config["timeline"]["memory"][0]["peak"]["bytes"] == report.memory.peak["bytes"]
-    assert config["timeline"]["x_label"].startswith("time (s, modelled on H100")
+    assert config["timeline"]["clock"].startswith("modelled on H100")
     assert config["explorer"]["units"][:2] == ["", ""]
     assert config["prefetch"]["positions"] == {"": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3}
 
