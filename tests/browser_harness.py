@@ -333,7 +333,7 @@ def _decode(payload: str | bytes) -> dict[str, Any] | None:
 # ------------------------------------------------------------- the timeline, as a user drives it
 
 # The timeline's root element carries its view (js/src/widget.ts); these read and place it.
-_EVENT_CENTRE = """([root, s]) => {
+EVENT_CENTRE = """([root, s]) => {
   const v = root.fsdpviz, st = v.data.steps;
   const w = Math.max(st.x1[s] - st.x0[s], 1e-9);
   v.showRange(st.x0[s] - 2 * w, st.x1[s] + 2 * w);
@@ -365,7 +365,7 @@ def click_every_event(page: Any, root: Any) -> tuple[int, list[str]]:
     n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
     wrong: list[str] = []
     for s in range(n):
-        at = page.evaluate(_EVENT_CENTRE, [handle, s])
+        at = page.evaluate(EVENT_CENTRE, [handle, s])
         event = page.evaluate(_EVENT, [handle, s])
         if at is None:
             wrong.append(f"step {s} ({event}): no mark drawn")
