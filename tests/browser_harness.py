@@ -328,3 +328,71 @@ def _decode(payload: str | bytes) -> dict[str, Any] | None:
         return msg
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
+
+
+# ------------------------------------------------------------- the timeline, as a user drives it
+
+# The timeline's root element carries its view (js/src/widget.ts); these read and place it.
+EVENT_CENTRE = """([root, s]) => {
+  const v = root.fsdpviz, st = v.data.steps;
+  const w = Math.max(st.x1[s] - st.x0[s], 1e-9);
+  v.showRange(st.x0[s] - 2 * w, st.x1[s] + 2 * w);
+  v.canvas.scrollIntoView({block: 'center'});
+  const c = v.markCentre(s);
+  if (c === null) return null;
+  const r = v.canvas.getBoundingClientRect();
+  return [r.left + c.x, r.top + c.y];
+}"""
+_SELECTED = """root => {
+  const v = root.fsdpviz, tip = root.querySelector('.fv-tooltip');
+  return {step: v.player.step, unit: v.model.get('selected_unit'),
+          tip: tip && !tip.hidden ? tip.textContent : ''};
+}"""
+_EVENT = """([root, s]) => {
+  const d = root.fsdpviz.data, st = d.steps;
+  return {kind: d.kinds[st.kind[s]], unit: d.units[st.unit[s]]};
+}"""
+
+
+def click_every_event(page: Any, root: Any) -> tuple[int, list[str]]:
+    """Click the centre of every event's own mark in the timeline ``root`` (a locator of
+    ``.fsdpviz-timeline``), each zoomed so its mark is wide enough to hit; hover it first.
+
+    Returns how many events were clicked and what went wrong: an event with no mark, a
+    click that selected another event or unit, a hover that named another event.
+    """
+    handle = root.element_handle()
+    n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
+    wrong: list[str] = []
+    for s in range(n):
+        at = page.evaluate(EVENT_CENTRE, [handle, s])
+        event = page.evaluate(_EVENT, [handle, s])
+        if at is None:
+            wrong.append(f"step {s} ({event}): no mark drawn")
+            continue
+        page.mouse.move(at[0], at[1])
+        hovered = page.evaluate(_SELECTED, handle)
+        page.mouse.click(at[0], at[1])
+        got = page.evaluate(_SELECTED, handle)
+        if got["step"] != s or got["unit"] != event["unit"]:
+            wrong.append(f"step {s} ({event}): the click selected {got}")
+        elif event["kind"] not in hovered["tip"]:
+            wrong.append(f"step {s} ({event}): the hover says {hovered['tip']!r}")
+    return n, wrong
+
+
+def step_through(page: Any, root: Any, order: str) -> list[float]:
+    """Walk one whole timeline with the → key in ``order`` ("issue" or "stream"), from
+    its first step; the cursor's x after each press."""
+    handle = root.element_handle()
+    page.evaluate(
+        """([root, order]) => { const v = root.fsdpviz; v.setOrder(order); v.player.first(); }""",
+        [handle, order],
+    )
+    n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
+    root.locator("canvas").first.focus()
+    xs = [float(handle.evaluate("root => root.fsdpviz.cursor()"))]
+    for _ in range(n - 1):
+        page.keyboard.press("ArrowRight")
+        xs.append(float(handle.evaluate("root => root.fsdpviz.cursor()")))
+    return xs

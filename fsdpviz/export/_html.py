@@ -54,7 +54,9 @@ def html_page(
     reports, names = ranks_of(obj)
     base = reports[0]
     drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
-    data = timeline_data(drawn, iteration, memory=memory, rank_names=names, machine=machine)
+    data = timeline_data(
+        drawn, iteration, memory=memory, rank_names=None if obj is base else names, machine=machine
+    )
     tree_report = with_module_tree(base)
     tree = module_tree(tree_report)
     explorer = explorer_figure(tree_report, theme=theme, tree=tree)
