@@ -167,6 +167,6 @@ class ClickFigure(go.FigureWidget):  # type: ignore[misc]
             self.plotly_restyle({"level": [level]}, trace_indexes=[index])
 
     def restyle(self, index: int, props: dict[str, Any]) -> None:
-        """Set ``props`` (``{"marker.line.width": [...], "ids": [...]}``) of trace ``index``,
+        """Set ``props`` (``{"marker.line.color": [...], "ids": [...]}``) of trace ``index``,
         here and in the browser (only what changed is sent)."""
         self.plotly_restyle({key: [value] for key, value in props.items()}, trace_indexes=[index])
