@@ -507,3 +507,30 @@ def test_sweep_table_shows_sorts_and_opens_rows() -> None:
     assert view.opened == row and view.errors.last_error is None
     assert view.dashboard.explorer.report is table.reports[row]
     assert view.grid.children[n_cols * 2].description == "shown"
+
+
+def test_explorer_search_box_selects_and_zooms(report: Report) -> None:
+    """Typed in the search box: a unit or module name, (root), or a part of a name; the
+    module is selected, the figure zooms to it (its parent for a module without children),
+    and the zoom reaches the browser even when the kernel had set that level before."""
+    ex = Explorer(report)
+    sent = SentToBrowser(ex.figure)
+    assert ex.search.options == ("(root)", "blocks.0", "blocks.1", "blocks.2")
+    ex.search.value = "blocks.1"
+    assert (ex.selected_unit, ex.selected_module) == ("blocks.1", "blocks.1")
+    assert ex.figure.data[0].level == "blocks.1" and "unit 2 of 4" in ex.detail.value
+    assert "found 'blocks.1'" in ex.status.value
+    ex.search.value = "FC"  # no unit's name holds it: the first module's does
+    assert (ex.selected_unit, ex.selected_module) == ("blocks.0", "blocks.0.fc")
+    assert ex.figure.data[0].level == "blocks.0"
+    ex.search.value = "(root)"
+    assert ex.selected_unit == "" and ex.figure.data[0].level == "<root>"
+    ex.search.value = "nothing like it"
+    assert "no unit or module matches 'nothing like it'" in ex.status.value
+    assert ex.selected_unit == ""
+    levels = sum("level" in keys for keys, _ in sent.restyled)
+    ex.find("root")  # (a click zoomed the browser elsewhere meanwhile): sent again
+    assert sum("level" in keys for keys, _ in sent.restyled) == levels + 1
+    with pytest.raises(KeyError, match="no unit or module matches 'zzz'"):
+        ex.find("zzz")
+    assert ex.errors.last_error is None

@@ -275,7 +275,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         try:
             self.find(text)
         except KeyError as e:
-            self.status.value = f"<small>{escape(str(e.args[0]))}</small>"
+            self.status.value = f"<small>{escape(str(e.args[0]), quote=False)}</small>"
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if not points.point_inds:
@@ -360,7 +360,7 @@ def _match(tree: ModuleTree, units: list[str], text: str) -> str:
         return text
     low = text.lower()
     for name in [*units, *(n.fqn for n in tree.nodes)]:
-        if name and low in name.lower():
+        if name in tree.by_fqn and low in (name or "(root)").lower():
             return name
     raise KeyError(
         f"no unit or module matches {text!r}: type a module name such as "

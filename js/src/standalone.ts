@@ -128,10 +128,13 @@ export function findModule(ids: string[], units: Array<string | null>, text: str
   const exact = ids.indexOf(t);
   if (exact >= 0 && t !== ROOT_ID) return exact;
   const low = t.toLowerCase();
-  const unitNames = [...new Set(units.filter((u): u is string => u !== null && u !== ""))];
-  const unit = unitNames.find((u) => u.toLowerCase().includes(low));
+  const name = (id: string): string => (id === ROOT_ID ? "(root)" : id).toLowerCase();
+  const unitIds = [...new Set(units.filter((u): u is string => u !== null))].map((u) =>
+    u === "" ? ROOT_ID : u,
+  );
+  const unit = unitIds.find((u) => ids.includes(u) && name(u).includes(low));
   if (unit !== undefined) return ids.indexOf(unit);
-  return ids.findIndex((id) => id !== ROOT_ID && id.toLowerCase().includes(low));
+  return ids.findIndex((id) => name(id).includes(low));
 }
 
 /** Name of the unit of the event at `step`, or null when there are no events. */

@@ -202,6 +202,7 @@ describe("pure helpers", () => {
     expect(findModule(ids, units, "FC")).toBe(4);
     expect(findModule(ids, units, "ea")).toBe(6);
     expect(findModule(ids, units, "<root>")).toBe(-1); // the id is not a name
+    expect(findModule(ids, units, "roo")).toBe(0); // the root reads (root)
     expect(findModule(ids, units, "nope")).toBe(-1);
     expect(findModule(ids, units, "  ")).toBe(-1);
   });
