@@ -361,7 +361,7 @@ def test_click_on_a_timeline_event_selects_its_unit(session: Session) -> None:
         before,
     )
     assert step >= 0, f"every all-gather is of the selected unit {before!r}"
-    x, y = session.page.evaluate(EVENT_CENTRE, [handle, step])
+    x, y, *_ = session.page.evaluate(EVENT_CENTRE, [handle, step])
     session.page.mouse.click(x, y)
     info = timeline.locator(".fv-info")
     m = re.match(
@@ -590,7 +590,7 @@ def test_every_show_draws_in_jupyterlab(session: Session) -> None:
     table.wait_for(timeout=UI_MS)
     table.get_by_role("button", name="open").first.click()
     _last_output(session).locator(".fsdpviz-timeline canvas").first.wait_for(timeout=CELL_MS)
+    session.screenshot("sweep", _last_output(session))
     out = session.run_new_cell("print(sweep_view.opened)")
     assert out.strip().splitlines()[-1] in {"0", "1"}
-    session.screenshot("sweep", _last_output(session))
     session.assert_no_browser_errors()

@@ -418,7 +418,12 @@ function hatch(
   ctx.strokeStyle = color;
   ctx.lineWidth = 1;
   ctx.beginPath();
-  for (let d = -h; d < w; d += gap) {
+  // only the lines that cross the canvas (a zoomed-in mark can be millions of px wide);
+  // the first keeps its phase, so the stripes do not move as the window pans
+  const left = Math.max(x, 0);
+  const right = Math.min(x + w, ctx.canvas.width);
+  const first = -h + Math.max(0, Math.floor((left - x) / gap)) * gap;
+  for (let d = first; d < right - x; d += gap) {
     ctx.moveTo(x + d, y + h);
     ctx.lineTo(x + d + h, y);
   }
