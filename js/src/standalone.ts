@@ -194,9 +194,58 @@ export const QUICK_PREFETCH = 40; // units
 export const FOLLOW_AFTER_MS = 250;
 
 interface PlotDiv extends HTMLElement, TickedDiv {
-  data?: Array<{ name?: string; ids?: string[]; parents?: string[] }>;
-  _fullData?: Array<{ level?: string }>;
+  data?: Array<{ name?: string; ids?: string[]; parents?: string[]; x?: number[] }>;
+  _fullData?: Array<{
+    level?: string;
+    marker?: { size?: number; color?: string; line?: { width?: number } };
+  }>;
+  _fullLayout?: {
+    _size?: { l: number; t: number };
+    xaxis?: { _length?: number; range?: number[]; l2p?(v: number): number };
+    yaxis?: { l2p?(v: number): number };
+  };
   on?(event: string, callback: (ev: { points?: ClickPoint[] }) => unknown): void;
+}
+
+/** The prefetch graph's ring traces: the current step's unit, the selected unit. */
+const RINGS = ["current", "selected"];
+
+/** The element that draws ring trace `trace` of `gd`, placed at the trace's point (hidden
+ * when it has none), in the trace's marker size and colour. */
+function placeRing(doc: Document, gd: PlotDiv, trace: number): void {
+  const t = gd.data?.[trace];
+  const L = gd._fullLayout;
+  const [size, xaxis, yaxis] = [L?._size, L?.xaxis, L?.yaxis];
+  if (t === undefined || size === undefined || !xaxis?.l2p || !yaxis?.l2p) return;
+  const id = `fv-ring-${t.name ?? trace}`;
+  let el = doc.getElementById(id);
+  if (el === null) {
+    const full = gd._fullData?.[trace]?.marker;
+    const size = full?.size ?? 20;
+    el = doc.createElement("div");
+    el.id = id;
+    el.className = "fv-ring";
+    const line = full?.line?.width ?? 2;
+    Object.assign(el.style, {
+      position: "absolute",
+      pointerEvents: "none",
+      boxSizing: "border-box",
+      width: `${size}px`,
+      height: `${size}px`,
+      marginLeft: `${-size / 2}px`,
+      marginTop: `${-size / 2}px`,
+      borderRadius: "50%",
+      border: `${line}px solid ${full?.color ?? "#D55E00"}`,
+    });
+    if (getComputedStyle(gd).position === "static") gd.style.position = "relative";
+    gd.appendChild(el);
+  }
+  const x = t.x?.[0];
+  el.hidden = x === undefined;
+  if (x === undefined) return;
+  el.style.left = `${size.l + xaxis.l2p(x)}px`;
+  el.style.top = `${size.t + yaxis.l2p(0)}px`;
+  el.dataset.fvX = String(x);
 }
 
 /** Whether hierarchy node `id` is `level` or one of its ancestors (a click there zooms out). */
@@ -317,6 +366,7 @@ export class Linker {
   }
 
   start(): void {
+    this.startRings();
     this.model.on("change:step", () => this.update());
     this.model.on("change:selected_unit", () => this.update());
     this.model.on("change:playing", () => {
@@ -433,16 +483,35 @@ export class Linker {
     this.plotly.restyle(explorer, { "marker.line.color": [colors] }, [0]);
   }
 
+  /** Ring `unit` in the prefetch graph. A re-plot of a graph of hundreds of units takes
+   * the browser ~200 ms, so the ring is an element placed over the plot (moved on each
+   * re-plot), and the trace's own points are hidden; the trace's data follows, so
+   * `gd.data` says where each ring is. */
   private ring(name: string, unit: string | null): void {
     const gd = this.div(this.config.prefetch?.div);
     const positions = this.config.prefetch?.positions;
     if (!gd || !positions || !gd.data) return;
-    if (this.ringed.get(name) === unit) return; // already there: no restyle
+    if (this.ringed.get(name) === unit) return; // already there
     this.ringed.set(name, unit);
     const trace = gd.data.findIndex((t) => t.name === name);
     if (trace < 0) return;
     const x = unit !== null && unit in positions ? [positions[unit]] : [];
-    this.plotly.restyle(gd, { x: [x], y: [x.map(() => 0)] }, [trace]);
+    Object.assign(gd.data[trace], { x, y: x.map(() => 0) });
+    placeRing(this.doc, gd, trace);
+  }
+
+  /** Hide the ring traces' own points (the overlays draw them) and keep the overlays in
+   * place whenever plotly re-plots (a resize, the axis labels thinned). */
+  private startRings(): void {
+    const gd = this.div(this.config.prefetch?.div);
+    if (!gd?.data) return;
+    const traces = gd.data.flatMap((t, i) => (RINGS.includes(t.name ?? "") ? [i] : []));
+    if (traces.length === 0) return;
+    for (const i of traces) placeRing(this.doc, gd, i); // read the style before hiding
+    this.plotly.restyle(gd, { visible: false }, traces);
+    gd.on?.("plotly_afterplot", () => {
+      for (const i of traces) placeRing(this.doc, gd, i);
+    });
   }
 
   private div(id: string | undefined): PlotDiv | null {

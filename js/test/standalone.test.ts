@@ -138,6 +138,9 @@ function setup(cfg: PageConfig = config()) {
   return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl, find, note };
 }
 
+/** Where the prefetch graph's ring trace `trace` is (its data: the overlay draws it). */
+const ringAt = (gd: { data: Array<Record<string, unknown>> }, trace: number) => gd.data[trace].x;
+
 const lastRestyle = (
   calls: ReturnType<typeof setup>["calls"],
   id: string,
@@ -231,11 +234,11 @@ describe("pure helpers", () => {
 
 describe("linked page", () => {
   it("outlines the first event's unit at start and follows the step buttons", () => {
-    const { calls, status, tl } = setup();
+    const { calls, status, tl, prefetch } = setup();
     expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
       "marker.line.color": [["F", "B", "B", "B"]],
     });
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[0]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([0]);
     expect(status.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 /);
     expect(document.body.dataset.fvCurrentUnit).toBe("");
     const forward = [...tl.querySelectorAll("button")].find((b) =>
@@ -250,7 +253,7 @@ describe("linked page", () => {
     expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
       "marker.line.color": [["B", "F", "F", "B"]],
     });
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[1]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([1]);
   });
 
   it("follows the widget's slider", () => {
@@ -263,12 +266,12 @@ describe("linked page", () => {
   });
 
   it("a click on a unit in either figure selects it in the timeline", () => {
-    const { model, calls, explorer, prefetch, tl } = setup();
+    const { model, explorer, prefetch, tl } = setup();
     explorer.click_({ id: "b" });
     expect(model.get("selected_unit")).toBe("b");
     expect(model.get("step")).toBe(1); // the next event of 'b'
     expect(tl.querySelector(".fv-info")?.textContent).toMatch(/^step 1 of 18 /);
-    expect(lastRestyle(calls, "pf", 3)?.update).toEqual({ x: [[1]], y: [[0]] });
+    expect(ringAt(prefetch, 3)).toEqual([1]);
     explorer.click_({ id: "b.fc" });
     expect(model.get("step")).toBe(2);
     prefetch.click_({ customdata: "" });
@@ -394,7 +397,7 @@ describe("a big model's explorer in the page", () => {
     }
     tree.budget = 1000; // 208 modules drawn: a big figure
     cfg.timeline = sample(); // played slowly: not to its end during the test
-    const { model, calls, tl } = setup(cfg);
+    const { model, calls, tl, prefetch } = setup(cfg);
     const forward = [...tl.querySelectorAll("button")].find((b) =>
       b.title.startsWith("step forward"),
     );
@@ -414,6 +417,6 @@ describe("a big model's explorer in the page", () => {
     model.set("playing", false); // caught up at once: the current unit ringed
     const current = document.body.dataset.fvCurrentUnit ?? "";
     const x = (cfg.prefetch as NonNullable<PageConfig["prefetch"]>).positions[current];
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[x]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([x]);
   });
 });
