@@ -8,8 +8,11 @@
    dashboard as it runs in a kernel (the explorer's answer, and all three views
    updated; target 200 ms), measured alternately with ``fsdpviz.analyze`` for the
    same options.
+3. A 500-unit plan's exported page in headless Chromium: hover and click on events
+   spread over the iteration, each until the next frame is drawn (target 50 ms), and a
+   step drawn (target 16 ms per frame).
 
-    python benchmarks/bench_views.py [--repeats 3] [--skip-big]
+    python benchmarks/bench_views.py [--repeats 3] [--skip-big] [--skip-replan] [--units 500]
 """
 
 from __future__ import annotations
@@ -102,6 +105,90 @@ _PLAY_JS = """async (ms) => {
   return {steps: window.fsdpvizModel.get('step') - s0, frames: gaps.length,
           p95: gaps[Math.floor(gaps.length * 0.95)], max: gaps[gaps.length - 1]};
 }"""
+
+
+_POINTER_JS = """async (n) => {
+  const root = document.querySelector('.fsdpviz-timeline'), v = root.fsdpviz;
+  const st = v.data.steps;
+  const frame = () => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)));
+  const hover = [], click = [], tip = root.querySelector('.fv-tooltip');
+  for (let k = 0; k < n; k++) {
+    const s = Math.floor((k + 0.5) * v.data.n_steps / n);
+    const w = Math.max(st.x1[s] - st.x0[s], 1e-9);
+    v.showRange(st.x0[s] - 2 * w, st.x1[s] + 2 * w);
+    await frame();
+    const c = v.markCentre(s), r = v.canvas.getBoundingClientRect();
+    const at = {clientX: r.left + c.x, clientY: r.top + c.y, bubbles: true};
+    let t0 = performance.now();
+    v.canvas.dispatchEvent(new MouseEvent('mousemove', at));
+    await frame();
+    hover.push(performance.now() - t0);
+    if (tip.hidden) throw new Error('no hover details for step ' + s);
+    t0 = performance.now();
+    v.canvas.dispatchEvent(new MouseEvent('click', at));
+    await frame();
+    click.push(performance.now() - t0);
+    if (v.player.step !== s) throw new Error(`the click on step ${s} selected ${v.player.step}`);
+  }
+  const q = (xs, p) =>
+    [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
+  return {hover: [q(hover, 0.5), q(hover, 0.95), Math.max(...hover)],
+          click: [q(click, 0.5), q(click, 0.95), Math.max(...click)],
+          pick: v.lastPickMs};
+}"""
+
+
+def _open_page(p: Any, path: Any, chromium: str) -> tuple[Any, Any, float]:
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+    browser = p.chromium.launch(executable_path=chromium, args=args)
+    page = browser.new_page(viewport={"width": 1300, "height": 1500})
+    start = time.perf_counter()
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-fv-ready=true]", timeout=300_000)
+    return browser, page, time.perf_counter() - start
+
+
+def pointer(units: int) -> None:
+    """Hover, click and step on the exported page of a ``units``-unit plan."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("pointer in the browser: skipped (playwright is not installed)")
+        return
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("pointer in the browser: skipped (no chromium)")
+        return
+    start = time.perf_counter()
+    report = example_analysis(config=ExampleConfig(num_layers=units - 1, **SMALL), progress=False)
+    print(
+        f"{len(report.units)}-unit plan ({len(report.modules)} modules, "
+        f"{len(report.iterations[-1])} events per iteration), analyze "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    path = Path(tempfile.mkdtemp()) / "units.html"
+    report.save(path)
+    with sync_playwright() as p:
+        browser, page, ready = _open_page(p, path, chromium)
+        got = page.evaluate(_POINTER_JS, 100)
+        step = page.evaluate(_STEP_JS, 200)
+        browser.close()
+    print(f"  exported page ({path.stat().st_size / 1e6:.1f} MB) drawn in {ready:.2f} s")
+    for name in ("hover", "click"):
+        median, p95, most = got[name]
+        print(
+            f"  {name} answered and drawn: median {median:.0f} ms, 95th percentile {p95:.0f} ms, "
+            f"max {most:.0f} ms (100 events; target 50 ms)"
+        )
+    print(
+        f"  one step, drawn: median {step['median']:.1f} ms, 95th percentile "
+        f"{step['p95']:.1f} ms, max {step['max']:.1f} ms (200 steps; target 16 ms)"
+    )
 
 
 def stepping(report: Any) -> None:
@@ -280,9 +367,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--skip-replan", action="store_true")
+    parser.add_argument("--units", type=int, default=500, help="units of the pointer bench")
     parser.add_argument("--verbose", action="store_true", help="print every re-plan")
     args = parser.parse_args()
-    replan(args.repeats, args.verbose)
+    if not args.skip_replan:
+        replan(args.repeats, args.verbose)
+    pointer(args.units)
     if not args.skip_big:
         big(args.repeats)
 

@@ -328,3 +328,94 @@ def _decode(payload: str | bytes) -> dict[str, Any] | None:
         return msg
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
+
+
+# ------------------------------------------------------------- the timeline, as a user drives it
+
+# The timeline's root element carries its view (js/src/widget.ts); these read and place it.
+EVENT_CENTRE = """([root, s]) => {
+  const v = root.fsdpviz, st = v.data.steps;
+  const w = Math.max(st.x1[s] - st.x0[s], 1e-9);
+  v.showRange(st.x0[s] - 2 * w, st.x1[s] + 2 * w);
+  v.canvas.scrollIntoView({block: 'center'});
+  const c = v.markCentre(s);
+  if (c === null) return null;
+  const r = v.canvas.getBoundingClientRect();
+  return [r.left + c.x, r.top + c.y, r.left, r.top];
+}"""
+_CANVAS_AT = """root => { const r = root.fsdpviz.canvas.getBoundingClientRect();
+                         return [r.left, r.top]; }"""
+_SELECTED = """root => {
+  const v = root.fsdpviz, tip = root.querySelector('.fv-tooltip');
+  return {step: v.player.step, unit: v.model.get('selected_unit'),
+          tip: tip && !tip.hidden ? tip.textContent : ''};
+}"""
+_EVENT = """([root, s]) => {
+  const d = root.fsdpviz.data, st = d.steps;
+  return {kind: d.kinds[st.kind[s]], unit: d.units[st.unit[s]]};
+}"""
+
+
+def click_every_event(page: Any, root: Any) -> tuple[int, list[str]]:
+    """Click the centre of every event's own mark in the timeline ``root`` (a locator of
+    ``.fsdpviz-timeline``), each zoomed so its mark is wide enough to hit; hover it first.
+
+    Returns how many events were clicked and what went wrong: an event with no mark, a
+    click that selected another event or unit, a hover that named another event. A click
+    aimed while the page moved the timeline (a view above it grew, answering the last
+    click) is aimed again once the page is still, as a person would.
+    """
+    handle = root.element_handle()
+    n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
+    wrong: list[str] = []
+    for s in range(n):
+        event = page.evaluate(_EVENT, [handle, s])
+        for attempt in range(3):
+            at = page.evaluate(EVENT_CENTRE, [handle, s])
+            if at is None:
+                break
+            page.mouse.move(at[0], at[1])
+            hovered = page.evaluate(_SELECTED, handle)
+            page.mouse.click(at[0], at[1])
+            got = page.evaluate(_SELECTED, handle)
+            if page.evaluate(_CANVAS_AT, handle) == at[2:] or attempt == 2:
+                break
+            _wait_until_still(page, handle)
+        if at is None:
+            wrong.append(f"step {s} ({event}): no mark drawn")
+        elif got["step"] != s or got["unit"] != event["unit"]:
+            wrong.append(f"step {s} ({event}): the click selected {got}")
+        elif event["kind"] not in hovered["tip"]:
+            wrong.append(f"step {s} ({event}): the hover says {hovered['tip']!r}")
+    return n, wrong
+
+
+def _wait_until_still(page: Any, handle: Any) -> None:
+    """Until the timeline's canvas has stayed in one place for 200 ms."""
+    page.wait_for_function(
+        """root => new Promise(done => {
+             const at = () => { const r = root.fsdpviz.canvas.getBoundingClientRect();
+                                return r.left + ',' + r.top; };
+             const first = at();
+             setTimeout(() => done(at() === first), 200);
+           })""",
+        arg=handle,
+        timeout=20_000,
+    )
+
+
+def step_through(page: Any, root: Any, order: str) -> list[float]:
+    """Walk one whole timeline with the → key in ``order`` ("issue" or "stream"), from
+    its first step; the cursor's x after each press."""
+    handle = root.element_handle()
+    page.evaluate(
+        """([root, order]) => { const v = root.fsdpviz; v.setOrder(order); v.player.first(); }""",
+        [handle, order],
+    )
+    n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
+    root.locator("canvas").first.focus()
+    xs = [float(handle.evaluate("root => root.fsdpviz.cursor()"))]
+    for _ in range(n - 1):
+        page.keyboard.press("ArrowRight")
+        xs.append(float(handle.evaluate("root => root.fsdpviz.cursor()")))
+    return xs

@@ -41,3 +41,13 @@ def recorded_run() -> RecordedRun:
     """Two ranks of ``analyze_tiny``'s schedule; rank 1 started recording 10 ms later."""
     base = analyze_tiny(world_size=2)
     return RecordedRun([recorded(base, 0, 1000.0), recorded(base, 1, 1000.01)], None, [])
+
+
+def report_49_units() -> Report:
+    """The bundled example with 48 decoder layers, small: 49 wrap units, profiled."""
+    from fsdpviz.examples import ExampleConfig, example_analysis
+
+    config = ExampleConfig(
+        num_layers=48, vocab_size=256, hidden_size=64, intermediate_size=128, num_heads=2
+    )
+    return example_analysis(config=config, progress=False)

@@ -23,9 +23,11 @@ import nbformat
 import pytest
 from browser_harness import (
     CHROMIUM_ARGS,
+    EVENT_CENTRE,
     KernelTraffic,
     LabServer,
     chromium_executable,
+    click_every_event,
     jupyterlab_server,
     require_browser_stack,
 )
@@ -258,7 +260,7 @@ def test_quickstart_runs_and_draws_the_views(session: Session) -> None:
     assert painted["width"] > 300 and painted["height"] > 100, painted
     assert painted["painted"] > 0.1, painted
     info = timeline.locator(".fv-info").inner_text()
-    assert re.match(r"step \d+/\d+ · \w+ '", info), info
+    assert re.match(r"step 10 of \d+ · \w+ unit \d+ '", info), info  # view.timeline.step = 10
     session.screenshot("timeline", timeline)
 
     state = session.kernel_state()
@@ -345,41 +347,29 @@ def _wait_for_value(select: Any, unit: str) -> None:
 
 
 def test_click_on_a_timeline_event_selects_its_unit(session: Session) -> None:
+    """A click at the centre of an all-gather of another unit: the page selects that event,
+    and the kernel's dashboard (explorer and timeline) selects its unit at that step."""
     timeline = session.timeline()
-    canvas = timeline.locator("canvas").first
+    handle = timeline.element_handle()
     before = session.kernel_state()["selected_unit"]
-    # The all-gather lane of rank 0 (see js/src/render.ts computeLayout): find the painted
-    # events along it and click the first whose unit is not selected yet.
-    runs = canvas.evaluate(
-        """c => {
-          const dpr = window.devicePixelRatio || 1, y = 6 + 26 + 6;
-          const d = c.getContext('2d').getImageData(0, Math.round(y * dpr), c.width, 1).data;
-          const runs = [];
-          let start = -1;
-          for (let x = Math.round(150 * dpr); x <= c.width; x++) {
-            const on = x < c.width && d[4 * x + 3] > 0;
-            if (on && start < 0) start = x;
-            if (!on && start >= 0) {
-              if (x - start > 6 * dpr) runs.push((start + x) / 2 / dpr);
-              start = -1;
-            }
-          }
-          return runs;
-        }"""
+    step = handle.evaluate(
+        """(root, before) => { const d = root.fsdpviz.data, st = d.steps;
+             for (let s = 0; s < d.n_steps; s++)
+               if (d.kinds[st.kind[s]] === 'all_gather' && d.units[st.unit[s]] !== before)
+                 return s;
+             return -1; }""",
+        before,
     )
-    assert runs, "no event drawn in the all-gather lane"
+    assert step >= 0, f"every all-gather is of the selected unit {before!r}"
+    x, y, *_ = session.page.evaluate(EVENT_CENTRE, [handle, step])
+    session.page.mouse.click(x, y)
     info = timeline.locator(".fv-info")
-    clicked = None
-    for x in runs:
-        canvas.click(position={"x": x, "y": 6 + 26 + 11})
-        m = re.match(r"step (\d+)/\d+ · \w+ (?:'([^']*)'|\(root\))", info.inner_text())
-        assert m, info.inner_text()
-        shown = m.group(2) or ""  # the root's unit reads (root)
-        if shown != before:
-            clicked = (int(m.group(1)) - 1, shown)
-            break
-    assert clicked is not None, f"every event is of the selected unit {before!r}"
-    step, unit = clicked
+    m = re.match(
+        rf"step {step} of \d+ · all_gather unit \d+ (?:'([^']*)'|\(root\))", info.inner_text()
+    )
+    assert m, info.inner_text()
+    unit = m.group(1) or ""  # the root's unit reads (root)
+    assert unit != before
     state = session.kernel_state()
     assert state["timeline_selected_unit"] == state["selected_unit"] == unit, state
     assert state["explorer_selected_unit"] == unit, state
@@ -392,13 +382,13 @@ def test_step_button_moves_the_timeline(session: Session) -> None:
     timeline = session.timeline()
     info = timeline.locator(".fv-info")
     canvas = timeline.locator("canvas").first
-    m = re.match(r"step (\d+)/(\d+)", info.inner_text())
+    m = re.match(r"step (\d+) of (\d+)", info.inner_text())
     assert m, info.inner_text()
-    step, n = int(m.group(1)) - 1, int(m.group(2))
+    step, n = int(m.group(1)), int(m.group(2))
     assert step + 1 < n, "already at the last step"
     image = canvas.evaluate("c => c.toDataURL()")
     timeline.get_by_role("button", name="step forward (→)").click()
-    _wait_for_text(info, rf"^step {step + 2}/{n} · ", UI_MS, "the timeline to step")
+    _wait_for_text(info, rf"^step {step + 1} of {n} · ", UI_MS, "the timeline to step")
     assert timeline.locator("input.fv-slider").input_value() == str(step + 1)
     assert canvas.evaluate("c => c.toDataURL()") != image, "the canvas did not change"
     assert session.kernel_state()["step"] == step + 1
@@ -477,19 +467,19 @@ def test_controls_re_plan_every_view(session: Session) -> None:
     _wait_for_text(note, r"activations included", 60_000, "the traced memory curve")
     out = session.run_new_cell(
         "import json as _json\n"
-        "from fsdpviz.cost import memory_series as _ms\n"
+        "from fsdpviz.cost import memory_lane as _ml\n"
         "_r = view.explorer.report\n"
         "print(_json.dumps({'world_size': _r.config['world_size'], "
         "'forward_prefetch': _r.config['forward_prefetch'], "
         "'path': view.explorer.replanner.last_path, "
-        "'curve_is_traced': view.timeline.data['memory']['bytes'] == _ms("
-        "view.explorer.replanner.cached(view.explorer.options), iteration=-1), "
-        "'x_label': view.timeline.data['x_label'], "
+        "'curve_is_traced': view.timeline.data['memory'][0]['total'] == _ml("
+        "view.explorer.replanner.cached(view.explorer.options)).total, "
+        "'clock': view.timeline.data['clock'], "
         "'errors': repr(view.errors.last_error or view.explorer.errors.last_error)}))"
     )
     state = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert state["world_size"] == 64 and state["forward_prefetch"] is True, state
-    assert state["curve_is_traced"] and state["x_label"].startswith("time (s, modelled"), state
+    assert state["curve_is_traced"] and state["clock"].startswith("modelled on H100"), state
     assert state["errors"] == "None", state
     session.screenshot("dashboard-after-re-plan", show=session.dashboard())
     session.assert_no_browser_errors()
@@ -534,11 +524,73 @@ def test_a_big_model_opens_and_closes_blocks_in_the_explorer(session: Session) -
     _settle(plot)
     labels = _slice_labels(plot.locator(".slice"))
     assert labels[0].endswith("[unit 0]") and f"{block} [unit 1] ▸" in labels, labels
-    # drawn where it belongs: below the root, not left at the top by plotly's zoom
-    y_root = _centre(plot.locator(".slice"), labels, labels[0], "text.slicetext")[1]
-    y_block = _centre(plot.locator(".slice"), labels, f"{block} [unit 1] ▸", "text.slicetext")[1]
+    # drawn where it belongs: below the root, not left at the top by plotly's zoom (the
+    # blocks, their labels hidden where they do not fit, compared by their surfaces)
+    y_root = _centre(plot.locator(".slice"), labels, labels[0])[1]
+    y_block = _centre(plot.locator(".slice"), labels, f"{block} [unit 1] ▸")[1]
     assert y_block > y_root + 50, (y_root, y_block)
     assert "'' " in session.run_new_cell("print(repr(big.focus), repr(big.selected_module))")
     session.run_new_cell("_tree.EXPLORER_BUDGET = 1500")
     session.screenshot("big-explorer", cell)
+    session.assert_no_browser_errors()
+
+
+# The views below are added at the end of the notebook: keep these tests last.
+
+
+def _last_output(session: Session) -> Any:
+    return session.page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-Cell-outputArea")
+
+
+def test_every_event_of_a_49_unit_plan_and_a_recording_answers_its_click(
+    session: Session,
+) -> None:
+    """In JupyterLab: the centre of every event's mark selects exactly that event (and the
+    kernel hears the last one), for a 49-unit plan and for each rank of a recording."""
+    session.run_new_cell(
+        f"import sys as _sys\n_sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from export_models import recorded_run as _run, report_49_units as _r49\n"
+        "big49 = fsdpviz.widgets.TimelineWidget(_r49())\nbig49"
+    )
+    timeline = _last_output(session).locator(".fsdpviz-timeline")
+    timeline.locator("canvas").first.wait_for(timeout=UI_MS)
+    n, wrong = click_every_event(session.page, timeline)
+    assert n == 243 and wrong == []
+    out = session.run_new_cell("print(big49.step, repr(big49.selected_unit))")
+    assert out.strip().splitlines()[-1] == "242 ''"  # the last event is the root's
+    session.run_new_cell("run2 = _run()\nrun2.show()")
+    timeline = _last_output(session).locator(".fsdpviz-timeline")
+    timeline.locator("canvas").first.wait_for(timeout=UI_MS)
+    n, wrong = click_every_event(session.page, timeline)
+    assert n == 36 and wrong == []
+    session.screenshot("recording-after-clicks", timeline)
+    session.assert_no_browser_errors()
+
+
+def test_every_show_draws_in_jupyterlab(session: Session) -> None:
+    """A rank's recording, a comparison and a sweep table, each shown by its show()."""
+    session.run_new_cell("run2.ranks[1].show()")
+    _last_output(session).locator(".fsdpviz-timeline canvas").first.wait_for(timeout=UI_MS)
+    groups = _last_output(session).locator(".fv-group-summary").all_inner_texts()
+    assert len(groups) == 1 and "recording" in groups[0], groups
+    session.run_new_cell(
+        "fsdp2 = fsdpviz.analyze(model, inputs, fully_shard=[LlamaDecoderLayer], world_size=8)\n"
+        "fsdpviz.compare(report, fsdp2).show()"
+    )
+    timeline = _last_output(session).locator(".fsdpviz-timeline")
+    timeline.locator("canvas").first.wait_for(timeout=UI_MS)
+    header = timeline.locator(".fv-group-summary").all_inner_texts()
+    assert len(header) == 2 and "FSDP1" in header[0] and "FSDP2" in header[1], header
+    session.screenshot("comparison", timeline)
+    session.run_new_cell(
+        "sweep_view = fsdpviz.sweep(model, inputs, fully_shard=[LlamaDecoderLayer], "
+        "world_size=[8, 64]).show()\nsweep_view"
+    )
+    table = _last_output(session).locator(".fsdpviz-sweep")
+    table.wait_for(timeout=UI_MS)
+    table.get_by_role("button", name="open").first.click()
+    _last_output(session).locator(".fsdpviz-timeline canvas").first.wait_for(timeout=CELL_MS)
+    session.screenshot("sweep", _last_output(session))
+    out = session.run_new_cell("print(sweep_view.opened)")
+    assert out.strip().splitlines()[-1] in {"0", "1"}
     session.assert_no_browser_errors()

@@ -21,7 +21,7 @@ from views_models import analyze_tiny, check_golden
 
 import fsdpviz
 from fsdpviz import ConfigError, RecordedRun, Report
-from fsdpviz.cost import memory_model, memory_series, timeline
+from fsdpviz.cost import memory_model, timeline
 from fsdpviz.export import SUFFIXES, chrome_trace, html_page, save
 from fsdpviz.views import timeline_data
 
@@ -245,9 +245,10 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
     config = _config(page)
     assert [f["div"] for f in config["figures"]] == ["fv-explorer", "fv-prefetch"]
     assert config["figures"][0]["figure"]["data"][0]["type"] == "icicle"
-    want = timeline_data(report, -1, memory=memory_series(report, iteration=-1), machine="h100")
+    want = timeline_data(report, -1, machine="h100")  # the memory model's lane
     assert config["timeline"] == json.loads(json.dumps(want))
-    assert config["timeline"]["x_label"].startswith("time (s, modelled on H100")
+    assert config["timeline"]["memory"][0]["peak"]["bytes"] == report.memory.peak["bytes"]
+    assert config["timeline"]["clock"].startswith("modelled on H100")
     assert config["explorer"]["units"][:2] == ["", ""]
     assert config["prefetch"]["positions"] == {"": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3}
 
@@ -258,14 +259,15 @@ def test_html_options(report: Report) -> None:
     assert "<title>my &lt;run&gt;</title>" in dark
     config = _config(dark)
     assert config["theme"] == "dark"
-    assert config["timeline"]["memory"] is None
+    assert config["timeline"]["memory"] == []  # no memory lane
     assert config["timeline"]["n_steps"] == sum(len(it) for it in report.iterations)
     assert config["figures"][0]["figure"]["layout"]["template"]["layout"]["paper_bgcolor"] == (
         "#111111"
     )
     n = len(report.iterations[0])
     first = _config(html_page(report, iteration=0, memory=[float(i) for i in range(n)]))
-    assert first["timeline"]["memory"]["bytes"] == [float(i) for i in range(n)]
+    (lane,) = first["timeline"]["memory"]
+    assert lane["total"] == [float(i) for i in range(n)]
     with pytest.raises(ValueError, match="unknown theme 'blue'"):
         html_page(report, theme="blue")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="memory='model' is not valid"):
@@ -275,7 +277,7 @@ def test_html_options(report: Report) -> None:
 def test_html_of_a_recorded_run_has_every_rank(run: RecordedRun, tmp_path: Path) -> None:
     page = run.save(tmp_path / "run.html").read_text()
     config = _config(page)
-    assert config["timeline"]["ranks"] == ["rank 0", "rank 1"]
+    assert [g["name"] for g in config["timeline"]["groups"]] == ["rank 0", "rank 1"]
     assert config["timeline"]["timed"] is True
     assert "recording of 2 ranks" in page and "all agree" in page
     ids = config["explorer"]["ids"]  # a recording has no module tree: one node per unit
@@ -340,4 +342,5 @@ def test_real_four_rank_recording(tmp_path: Path) -> None:
     assert isinstance(back, RecordedRun) and back.ranks == run.ranks
     page = run.save(tmp_path / "run.html").read_text()
     assert "Ranks diverge in iteration 0 at event 3" in page
-    assert _config(page)["timeline"]["ranks"] == [f"rank {r}" for r in range(4)]
+    groups = _config(page)["timeline"]["groups"]
+    assert [g["name"] for g in groups] == [f"rank {r}" for r in range(4)]

@@ -8,6 +8,7 @@ the explorer and prefetch graph follow), and select a unit clicked in a figure.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_harness import CHROMIUM_ARGS, chromium_executable
-from export_models import recorded_run
-from views_models import analyze_tiny
+import torch
+from browser_harness import CHROMIUM_ARGS, chromium_executable, click_every_event, step_through
+from export_models import recorded_run, report_49_units
+from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
+import fsdpviz
 from fsdpviz import Report
 from fsdpviz.views import explorer_figure, timeline_data
+from fsdpviz.views.style import format_bytes
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
 
@@ -42,9 +46,6 @@ class Page:
     page: Any
     console: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
-
-    def status(self) -> str:
-        return str(self.page.inner_text("#fv-status"))
 
     def info(self) -> str:
         return str(self.page.inner_text(".fv-info"))
@@ -96,11 +97,11 @@ def report() -> Report:
 
 
 def _outlined(p: Page) -> list[str]:
-    """Explorer node ids drawn with the thick outline (the current unit's modules)."""
+    """Explorer node ids outlined in the text colour (the current unit's modules)."""
     return list(
         p.js(
             """() => { const t = document.getElementById('fv-explorer').data[0];
-                 return t.ids.filter((_, i) => t.marker.line.width[i] === 3); }"""
+                 return t.ids.filter((_, i) => t.marker.line.color[i] === '#1f1f1f'); }"""
         )
     )
 
@@ -137,16 +138,17 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     _views_drawn(p)
     p.shot("light-start")
     assert p.body("step") == "0" and p.body("current-unit") == units[0] == ""
-    assert p.info().startswith(f"step 1/{data['n_steps']} · all_gather (root) ")
-    assert " s (modelled)" in p.info()  # placed by the time model on the default H100
-    assert "outlined in the figures: unit (root)" in p.status()
+    assert p.info().startswith(f"step 0 of {data['n_steps']} · all_gather unit 0 (root) ")
+    caption = p.page.inner_text(".fsdpviz-timeline")
+    assert "modelled on H100 SXM 80GB by fsdpviz.cost.timeline" in caption  # the default
+    assert "Steps are numbered from 0, as view.timeline.step." in caption
+    assert p.page.locator(".fv-info").count() == 1  # one status line in the page
     assert "<root>" in _outlined(p)
     assert _ring(p, "current") == [0]
 
     p.page.click("button[title^='step forward']")
     p.page.wait_for_function("document.body.dataset.fvStep === '1'")
-    assert p.info().startswith(f"step 2/{data['n_steps']} · all_gather 'blocks.0' ")
-    assert p.status().startswith("step 2/")
+    assert p.info().startswith(f"step 1 of {data['n_steps']} · all_gather unit 1 'blocks.0' ")
     assert p.body("current-unit") == units[1] == "blocks.0"
     assert set(_outlined(p)) == {"blocks.0", "blocks.0.norm", "blocks.0.fc"}
     assert _ring(p, "current") == [1]
@@ -157,7 +159,7 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     p.page.keyboard.press("End")
     last = data["n_steps"] - 1
     p.page.wait_for_function(f"document.body.dataset.fvStep === '{last}'")
-    assert p.info().startswith(f"step {last + 1}/{data['n_steps']}")
+    assert p.info().startswith(f"step {last} of {data['n_steps']}")
     assert p.body("current-unit") == units[last] == ""
     assert "<root>" in _outlined(p) and "blocks.0" not in _outlined(p)
 
@@ -175,8 +177,8 @@ def test_click_on_a_unit_selects_it_in_the_timeline(
     p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2]").first.click()
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.1'")
     assert p.body("current-unit") == "blocks.1"
-    assert "all_gather 'blocks.1'" in p.info()
-    assert "selected: 'blocks.1'" in p.status()
+    assert "all_gather unit 2 'blocks.1'" in p.info()
+    assert "selected: unit 2 'blocks.1'" in p.info()
     assert _ring(p, "selected") == [2]
     assert p.js("() => window.fsdpvizModel.get('selected_unit')") == "blocks.1"
     p.page.wait_for_function(  # plotly's own zoom into the clicked unit
@@ -205,7 +207,7 @@ def test_dark_page(report: Report, tmp_path: Path, open_page: Any) -> None:
     assert p.js("() => getComputedStyle(document.body).backgroundColor") == "rgb(17, 17, 17)"
     assert p.js("() => window.fsdpvizModel.get('theme')") == "dark"
     n = sum(len(it) for it in report.iterations)
-    assert p.info().startswith(f"step 1/{n} ")
+    assert p.info().startswith(f"step 0 of {n} ")
     p.shot("dark")
     assert p.console == [] and p.blocked == []
 
@@ -218,7 +220,11 @@ def test_recorded_run_shows_every_rank(tmp_path: Path, open_page: Any) -> None:
     assert height > 2 * 3 * 22  # two ranks of three lanes
     p.page.click("button[title^='step forward']")
     p.page.wait_for_function("document.body.dataset.fvStep === '1'")
-    assert "rank 1" in p.info() and "t = " in p.info()
+    assert "rank 0 · issued at " in p.info()
+    p.page.locator(".fv-slider").focus()
+    p.page.keyboard.press("End")
+    p.page.wait_for_function("document.body.dataset.fvStep !== '1'")
+    assert "rank 1 · issued at " in p.info()
     p.shot("run")
     assert p.console == [] and p.blocked == []
 
@@ -285,3 +291,79 @@ def test_big_model_opens_and_closes_blocks(
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
     assert "blocks.2 [unit 3] ▸" in slices()
     assert p.console == [] and p.blocked == []
+
+
+# ------------------------------------------------ every mark answers, stepping, one peak
+
+
+@pytest.fixture(scope="module")
+def report49() -> Report:
+    return report_49_units()
+
+
+def test_every_event_of_a_49_unit_plan_answers_its_click(
+    report49: Report, tmp_path: Path, open_page: Any
+) -> None:
+    """The centre of every event's mark, in every lane: the click selects exactly that
+    event (the cursor goes to it, its unit is selected) and the hover names it."""
+    p = open_page(report49.save(tmp_path / "big.html"))
+    n, wrong = click_every_event(p.page, p.page.locator(".fsdpviz-timeline"))
+    assert n == len(report49.iterations[-1]) == 243
+    assert wrong == []
+    assert p.console == []
+
+
+def test_every_event_of_a_recording_answers_its_click(tmp_path: Path, open_page: Any) -> None:
+    run = recorded_run()
+    p = open_page(run.save(tmp_path / "run.html"))
+    n, wrong = click_every_event(p.page, p.page.locator(".fsdpviz-timeline"))
+    assert n == sum(len(r.iterations[-1]) for r in run.ranks)
+    assert wrong == []
+    assert p.console == []
+
+
+@pytest.mark.parametrize("order", ["issue", "stream"])
+def test_stepping_never_moves_back(
+    report49: Report, tmp_path: Path, open_page: Any, order: str
+) -> None:
+    """A whole iteration stepped with →: the cursor never moves left, in either order."""
+    p = open_page(report49.save(tmp_path / "big.html"))
+    xs = step_through(p.page, p.page.locator(".fsdpviz-timeline"), order)
+    assert len(xs) == len(report49.iterations[-1])
+    assert all(b >= a for a, b in itertools.pairwise(xs)), order
+    assert xs[-1] > xs[0]
+
+
+@pytest.mark.parametrize(
+    ("api", "profile"), [("FSDP1", True), ("FSDP1", False), ("FSDP2", True), ("FSDP2", False)]
+)
+def test_one_memory_peak_on_the_page(
+    tmp_path: Path, open_page: Any, api: str, profile: bool
+) -> None:
+    """The page's summary, the timeline's header, the lane's maximum, the ▼ marker and the
+    peak button agree to the byte with ``report.memory.peak``; the button goes to its step."""
+    if api == "FSDP2":
+        torch.manual_seed(0)
+        report = fsdpviz.analyze(
+            Tiny(), tiny_inputs(), fully_shard=[Block], world_size=4, profile=profile
+        )
+    else:
+        report = analyze_tiny(profile=profile)
+    peak = report.memory.peak
+    p = open_page(report.save(tmp_path / "peak.html"))
+    root = p.page.locator(".fsdpviz-timeline")
+    button = root.locator("button[title^='jump to the memory peak']")
+    values = {
+        "header": root.locator(".fv-peak").first.get_attribute("data-fv-peak-bytes"),
+        "lane maximum": root.get_attribute("data-fv-lane-max"),
+        "marker": root.get_attribute("data-fv-marker-bytes"),
+        "button": button.get_attribute("data-fv-peak-bytes"),
+    }
+    assert values == dict.fromkeys(values, str(peak["bytes"]))
+    assert format_bytes(peak["bytes"]) in p.page.inner_text("body")  # the page's summary
+    button.click()
+    marker_step = root.get_attribute("data-fv-marker-step")
+    p.page.wait_for_function(f"document.body.dataset.fvStep === '{marker_step}'")
+    assert marker_step == button.get_attribute("data-fv-peak-step")
+    assert p.body("step") == marker_step
+    assert p.console == []

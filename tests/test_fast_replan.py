@@ -208,8 +208,9 @@ def test_fsdp2_recipe_plans_from_its_stored_trace_then_replays() -> None:
     assert planner.last_path == "trace"
     for change in [
         {"world_size": 32},
-        {"sharding_strategy": "SHARD_GRAD_OP"},
-        {"world_size": 2, "sharding_strategy": "SHARD_GRAD_OP", "backward_prefetch": None},
+        {"reshard_after_forward": False},
+        {"world_size": 16, "reshard_after_forward": 4},
+        {"world_size": 2, "reshard_after_forward": False, "backward_prefetch": None},
     ]:
         opts = base.replace(**change)
         replayed = planner.plan(opts).to_dict()

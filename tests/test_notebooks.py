@@ -140,16 +140,18 @@ def test_fsdp2_vs_fsdp1(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.M
     same = _texts(_cell(nb, "cmp = fsdpviz.compare(fsdp1, fsdp2)"))
     assert "same wrapping, different schedule" in same
     assert "same wrapping: True | identical schedule: False" in same
+    assert "application/vnd.jupyter.widget-view+json" in _mimes(_cell(nb, "cmp.show()"))
     root = _texts(
         _cell(nb, 'for name, report in (("FSDP1", fsdp1), ("FSDP2", fsdp2)):\n    print(name)')
     )
-    assert "free '' (post_forward of '')" in root and "all_gather '' (pre_backward of '')" in root
+    assert "free (root) (post_forward of (root))" in root
+    assert "all_gather (root) (pre_backward of (root))" in root
     assert "prefetch" in _texts(
         _cell(nb, 'for name, report in (("FSDP1", fsdp1), ("FSDP2", fsdp2)):\n    pre')
     )
     split = _texts(_cell(nb, "fsdp2_split = fsdpviz.analyze("))
     assert "different wrapping" in split
-    assert "parameter lm_head.weight: unit '' in FSDP1" in split
+    assert "parameter lm_head.weight: unit (root) in FSDP1" in split
     table = _texts(_cell(nb, "plans = {"))
     assert table.splitlines()[0].split() == [
         "plan",
@@ -186,6 +188,8 @@ def test_record_real_run(
     assert (
         "rank 1: all_gather 'blocks.2' (pre_forward of 'blocks.2')  in Net > blocks.2" in divergence
     )
+    for shown in ("branch.rank(1).show()", "branch.show()"):
+        assert "application/vnd.jupyter.widget-view+json" in _mimes(_cell(nb, shown)), shown
     diff = _texts(_cell(nb, "print(fsdpviz.diff(branch, prediction))"))
     assert "recording differs from prediction" in diff and "rank 1: forward order differs" in diff
     for run in ("run", "run-branch"):
@@ -200,6 +204,9 @@ def test_memory_budget(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Mo
     table = _texts(_cell(nb, "table = fsdpviz.sweep("))
     assert "4 configurations from 1 trace(s) and 3 replay(s)" in table
     assert table.count("(over budget)") == 1
+    assert "application/vnd.jupyter.widget-view+json" in _mimes(
+        _cell(nb, "sweep_view = table.show()")
+    )
     suggestion = _texts(_cell(nb, "suggestion = fsdpviz.suggest("))
     assert "Budget 14.0 GiB per rank, 8 ranks" in suggestion and "Proposed: " in suggestion
     assert "Alternatives:" in suggestion

@@ -76,15 +76,16 @@ def test_hover_names_unit_bytes_dtype() -> None:
     r = analyze_tiny()
     trace = explorer_figure(r).data[0]
     i = list(trace.ids).index("blocks.0.fc")
-    cls, unit, numel, full, rank, dtype, warn = trace.customdata[i]
+    cls, unit, numel, full, rank, dtype, warn, name = trace.customdata[i]
     assert rank == "72 B"  # 1/4 of 288 B on 4 ranks
-    assert (cls, unit, numel, full, dtype, warn) == (
+    assert (cls, unit, numel, full, dtype, warn, name) == (
         "Linear",
         "'blocks.0'",
         "72",
         "288 B",
         "float32",
         "",
+        "blocks.0.fc",
     )
     assert "customdata[4]" in trace.hovertemplate and "per rank" in trace.hovertemplate
 
@@ -101,10 +102,11 @@ def test_palette_cycles_for_hundreds_of_units() -> None:
 
 def test_highlight_outlines_one_unit(report: Report) -> None:
     tree = module_tree(report)
-    widths = highlight_lines(tree, "blocks.2")
-    thick = {n.fqn for n, w in zip(tree.nodes, widths, strict=True) if w > 1}
-    assert thick == {"blocks.2", "blocks.2.norm", "blocks.2.fc"}
-    assert max(highlight_lines(tree, None)) < 1
+    lines = highlight_lines(tree, "blocks.2", theme="dark")
+    outlined = {n.fqn for n, c in zip(tree.nodes, lines, strict=True) if c == "#e0e0e0"}
+    assert outlined == {"blocks.2", "blocks.2.norm", "blocks.2.fc"}
+    assert set(lines) == {"#e0e0e0", "#111111"}  # the others: the background
+    assert set(highlight_lines(tree, None)) == {"#ffffff"}
 
 
 def test_bad_options_say_what_to_use(report: Report) -> None:

@@ -10,10 +10,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from views_models import Tiny, analyze_tiny, needs_front_end, tiny_inputs
+import torch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from views_models import Block, Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
+import fsdpviz
 from fsdpviz import Report
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.views.style import format_bytes
 from fsdpviz.widgets import Dashboard, Explorer, TimelineWidget
 
 pytestmark = needs_front_end
@@ -111,8 +115,8 @@ def test_explorer_click_selects_module_and_unit(report: Report) -> None:
 def test_explorer_highlight_kind_and_size(report: Report) -> None:
     ex = Explorer(report)
     ex.highlight_unit = "blocks.0"
-    widths = dict(zip(ex.figure.data[0].ids, ex.figure.data[0].marker.line.width, strict=True))
-    assert widths["blocks.0.fc"] > widths["blocks.1.fc"]
+    lines = dict(zip(ex.figure.data[0].ids, ex.figure.data[0].marker.line.color, strict=True))
+    assert lines["blocks.0.fc"] == "#1f1f1f" and lines["blocks.1.fc"] == "#ffffff"
     ex.view_kind.value = "treemap"
     assert ex.figure.data[0].type == "treemap"
     ex.view_size.value = "rank_bytes"
@@ -171,6 +175,34 @@ def test_fsdp2_recipe_control(report: Report) -> None:
     assert ex.controls.backward.disabled and ex.controls.forward.disabled
     ex.controls.set(layer_classes=["Linear"])
     assert {u.module_class for u in ex.report.units} == {"Linear", "Tiny"}
+
+
+def test_only_the_chosen_apis_controls_are_active(report: Report) -> None:
+    """FSDP1 shows its sharding strategy and prefetch switches; FSDP2 shows
+    reshard_after_forward (True, False or a factor of the world size) instead."""
+    ex = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    c = ex.controls
+    assert c.reshard.layout.display == "none" and c.sharding.layout.display is None
+    assert c.min_params.layout.display == "none"  # the size slider only under "size"
+    c.set(policy="size")
+    assert c.min_params.layout.display is None and c.classes.layout.display == "none"
+    c.set(policy="classes", recipe="FSDP2")
+    assert c.sharding.disabled and c.sharding.layout.display == "none"
+    assert c.reshard.layout.display is None and not c.reshard.disabled
+    assert [v for _, v in c.reshard.options] == [True, False, 2]  # 4 ranks
+    c.set(reshard_after_forward=2)
+    torch.manual_seed(0)
+    want = fsdpviz.analyze(
+        Tiny(), tiny_inputs(), fully_shard=[Block], reshard_after_forward=2, world_size=4
+    )
+    assert ex.report.to_dict()["iterations"] == want.to_dict()["iterations"]
+    c.set(world_size=16)
+    assert [v for _, v in c.reshard.options] == [True, False, 2, 4, 8]
+    assert ex.options.reshard_after_forward == 2
+    c.set(world_size=8, reshard_after_forward=4)
+    c.set(world_size=2)  # 4 does not divide 2: back to True, as the control shows
+    assert ex.options.reshard_after_forward is True and c.reshard.value is True
+    assert ex.errors.last_error is None
 
 
 def test_replanner_lists_layer_classes() -> None:
@@ -321,7 +353,7 @@ def test_explorer_of_a_big_model_opens_and_closes_blocks(
     ex = Explorer(report)
     trace = ex.figure.data[0]
     assert len(trace.ids) == 7 and "blocks.1 [unit 2] ▸" in trace.labels
-    assert len(trace.marker.line.width) == 7
+    assert len(trace.marker.line.color) == 7
     ex._on_click(trace, click(trace, list(trace.ids).index("blocks.1")), None)
     trace = ex.figure.data[0]
     assert ex.focus == "blocks.1" and ex.selected_unit == "blocks.1"
@@ -329,7 +361,7 @@ def test_explorer_of_a_big_model_opens_and_closes_blocks(
     assert list(trace.parents) == ["", "blocks.1", "blocks.1"]
     assert "inside 'blocks.1'" in ex.figure.layout.title.text
     ex.highlight_unit = "blocks.1"
-    assert list(ex.figure.data[0].marker.line.width) == [3.0, 3.0, 3.0]
+    assert list(ex.figure.data[0].marker.line.color) == ["#1f1f1f"] * 3
     ex._on_click(trace, click(trace, 0), None)  # the opened block: up
     assert ex.focus == "" and len(ex.figure.data[0].ids) == 7
     ex.focus = "blocks.0"
@@ -385,7 +417,7 @@ def test_every_change_reaches_the_browser(report: Report) -> None:
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     explorer, prefetch = SentToBrowser(view.explorer.figure), SentToBrowser(view.prefetch)
     view.timeline.step = 3
-    assert "marker.line.width" in explorer.trace_keys(0)
+    assert "marker.line.color" in explorer.trace_keys(0)
     ring = next(k for k, t in enumerate(view.prefetch.data) if t.name == "current")
     assert "x" in prefetch.trace_keys(ring)
     view.explorer.controls.set(policy="none")  # every module in the root's unit now
@@ -423,7 +455,8 @@ def test_controls_changed_as_the_page_does(report: Report) -> None:
         {"layer_classes": ["Block", "Linear"]},
         {"policy": "size"},
         {"min_num_params": 5000},
-        {"recipe": "FSDP2", "policy": "classes", "sharding_strategy": "FULL_SHARD"},
+        {"recipe": "FSDP2", "policy": "classes"},
+        {"reshard_after_forward": False},
     ]
     for change in changes:
         ex.controls.set(**change, as_browser=True)
@@ -434,3 +467,70 @@ def test_controls_changed_as_the_page_does(report: Report) -> None:
     assert ex.errors.last_error is None
     ex.controls.set(world_size=32)
     assert answered[-1] is False and ex.answering_browser is False
+
+
+# ------------------------------------------------------------------ sweep table
+
+
+def test_sweep_table_shows_sorts_and_opens_rows() -> None:
+    """``sweep(...).show()``: one row per configuration with its numbers; a heading
+    click sorts by that column; "open" shows that row's dashboard of the same plan."""
+    torch.manual_seed(0)
+    table = fsdpviz.sweep(
+        Tiny(),
+        tiny_inputs(),
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        world_size=[2, 8],
+        memory_budget="1GiB",
+    )
+    view = table.show()
+    rows = view.grid.children
+    n_cols = len(view._columns) + 1
+    assert len(rows) == n_cols * (1 + len(table.rows))
+    headings = [b.description for b in rows[1:n_cols]]
+    assert headings[:2] == ["world_size", "API"] and "peak per rank" in headings
+    peak_col = headings.index("peak per rank") + 1
+    peaks = [rows[n_cols * (r + 1) + peak_col].value for r in range(len(table.rows))]
+    assert all(format_bytes(r["peak_bytes"]) in p for r, p in zip(table.rows, peaks, strict=True))
+    # sort by peak, descending on the second click: the first row holds the largest peak
+    heading = rows[peak_col]
+    heading.click()
+    heading.click()
+    first = view._order[0]
+    assert table.rows[first]["peak_bytes"] == max(r["peak_bytes"] for r in table.rows)
+    assert rows is not view.grid.children and "▼" in view.grid.children[peak_col].description
+    # open the second row shown: its dashboard is that configuration's plan
+    open_button = view.grid.children[n_cols * 2]
+    assert open_button.description == "open"
+    open_button.click()
+    row = view._order[1]
+    assert view.opened == row and view.errors.last_error is None
+    assert view.dashboard.explorer.report is table.reports[row]
+    assert view.grid.children[n_cols * 2].description == "shown"
+
+
+def test_explorer_search_box_selects_and_zooms(report: Report) -> None:
+    """Typed in the search box: a unit or module name, (root), or a part of a name; the
+    module is selected, the figure zooms to it (its parent for a module without children),
+    and the zoom reaches the browser even when the kernel had set that level before."""
+    ex = Explorer(report)
+    sent = SentToBrowser(ex.figure)
+    assert ex.search.options == ("(root)", "blocks.0", "blocks.1", "blocks.2")
+    ex.search.value = "blocks.1"
+    assert (ex.selected_unit, ex.selected_module) == ("blocks.1", "blocks.1")
+    assert ex.figure.data[0].level == "blocks.1" and "unit 2 of 4" in ex.detail.value
+    assert "found 'blocks.1'" in ex.status.value
+    ex.search.value = "FC"  # no unit's name holds it: the first module's does
+    assert (ex.selected_unit, ex.selected_module) == ("blocks.0", "blocks.0.fc")
+    assert ex.figure.data[0].level == "blocks.0"
+    ex.search.value = "(root)"
+    assert ex.selected_unit == "" and ex.figure.data[0].level == "<root>"
+    ex.search.value = "nothing like it"
+    assert "no unit or module matches 'nothing like it'" in ex.status.value
+    assert ex.selected_unit == ""
+    levels = sum("level" in keys for keys, _ in sent.restyled)
+    ex.find("root")  # (a click zoomed the browser elsewhere meanwhile): sent again
+    assert sum("level" in keys for keys, _ in sent.restyled) == levels + 1
+    with pytest.raises(KeyError, match="no unit or module matches 'zzz'"):
+        ex.find("zzz")
+    assert ex.errors.last_error is None

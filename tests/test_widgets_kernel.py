@@ -21,7 +21,7 @@ import fsdpviz._gc as gc_pause
 import fsdpviz.widgets.dashboard as dashboard_module
 import fsdpviz.widgets.explorer as explorer_module
 from fsdpviz import Report
-from fsdpviz.cost import memory_series
+from fsdpviz.cost import memory_lane
 from fsdpviz.replan import Replanner
 from fsdpviz.widgets import Dashboard, Explorer
 
@@ -77,11 +77,11 @@ def test_the_explorer_answers_first_and_the_linked_views_follow(
         )
         assert view.timeline.data is before  # not yet: the explorer's answer goes out first
         await until(lambda: view.timeline.data is not before)
-        assert view.timeline.data["memory"]["bytes"] == memory_series(new, iteration=-1)
+        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
         # Changed from Python (a cell): all three views before set() returns.
         view.explorer.controls.set(world_size=32, sharding_strategy="SHARD_GRAD_OP")
         new = view.explorer.report
-        assert view.timeline.data["memory"]["bytes"] == memory_series(new, iteration=-1)
+        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
         assert "world size 32" in str(view.explorer.figure.layout.title.text)
         assert view.errors.last_error is None and view.explorer.errors.last_error is None
 
@@ -105,7 +105,7 @@ def test_activations_are_traced_once_the_controls_rest(
         assert len(traced) == 1 and traced[0][0] == ex.options  # only the last plan
         profiled = ex.replanner.cached(ex.options)
         assert profiled is not None and profiled.profile is not None
-        assert view.timeline.data["memory"]["bytes"] == memory_series(profiled, iteration=-1)
+        assert view.timeline.data["memory"][0]["total"] == memory_lane(profiled).total
 
     in_kernel(test)
 

@@ -54,13 +54,13 @@ def html_page(
     reports, names = ranks_of(obj)
     base = reports[0]
     drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
-    data = timeline_data(drawn, iteration, memory=memory, rank_names=names, machine=machine)
+    data = timeline_data(
+        drawn, iteration, memory=memory, rank_names=None if obj is base else names, machine=machine
+    )
     tree_report = with_module_tree(base)
     tree = module_tree(tree_report)
     explorer = explorer_figure(tree_report, theme=theme, tree=tree)
-    # plotly.js draws the icicle's path bar from per-node outline widths as NaN paths
-    # once zoomed in (console errors); a click on the top node zooms out just the same.
-    explorer.update_traces(pathbar={"visible": False})
+    colors = theme_colors(theme)
     prefetch_iteration = -1 if iteration is None else iteration
     prefetch = prefetch_figure(base, prefetch_iteration, theme=theme)
     positions = prefetch_analysis(base, prefetch_iteration).positions
@@ -75,10 +75,13 @@ def html_page(
         "explorer": {
             "div": "fv-explorer",
             "ids": [node_id(n.fqn) for n in tree.nodes],
+            "parents": ["" if n.parent is None else node_id(n.parent) for n in tree.nodes],
             "units": [n.unit for n in tree.nodes],
+            "outline": [colors["fg"], colors["bg"]],
             "tree": _explorer_tree(tree_report, tree, theme),
         },
         "prefetch": {"div": "fv-prefetch", "positions": positions},
+        "find": {"input": "fv-find", "note": "fv-find-note"},
         "timelineDiv": "fv-timeline",
         "widgetScript": "fv-widget-esm",
     }
@@ -89,6 +92,9 @@ def html_page(
         css=_read(CSS) + _read(STATIC / "timeline.css"),
         plotly=_plotly_js(),
         header=_header(obj, reports, heading, iteration),
+        unit_options="".join(
+            f'<option value="{html.escape(u.module or "(root)")}"></option>' for u in base.units
+        ),
         config=_script_json(config),
         widget=base64.b64encode(_read(STATIC / "timeline.js").encode()).decode(),
         page_js=_inline_script(_read(STATIC / "standalone.js")),
@@ -118,7 +124,13 @@ Click a unit there to select it here.</p>
 <div id="fv-timeline"></div>
 </section>
 <section class="fv-figures">
-<div><h2>Wrap units</h2><div id="fv-explorer" class="fv-plot"></div></div>
+<div><h2>Wrap units</h2>
+<p class="fv-find"><label>find <input id="fv-find" list="fv-find-units" type="search"
+placeholder="a unit or module" autocomplete="off"></label>
+<span id="fv-find-note" class="fv-hint" role="status"></span></p>
+<datalist id="fv-find-units">{unit_options}</datalist>
+<p class="fv-hint">Click a block to zoom into it; the path bar above the blocks leads back up.</p>
+<div id="fv-explorer" class="fv-plot"></div></div>
 <div><h2>Prefetch graph</h2><div id="fv-prefetch" class="fv-plot"></div></div>
 </section>
 <footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>

@@ -63,7 +63,13 @@ def figure(
         from fsdpviz.views import timeline_data
 
         drawn = reports if len(reports) == 1 and obj is reports[0] else obj
-        data = timeline_data(drawn, iteration, memory=memory, rank_names=names, machine=machine)
+        data = timeline_data(
+            drawn,
+            iteration,
+            memory=memory,
+            rank_names=None if obj is reports[0] else names,
+            machine=machine,
+        )
         return timeline_figure(reports, iteration, theme=theme, data=data)
     raise ValueError(f"unknown figure {name!r}; use one of {', '.join(map(repr, FIGURES))}")
 

@@ -66,7 +66,13 @@ _REPLAYABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("world_size", "backward_prefetch", "sharding_strategy"),
     ),
     "FSDP2": (
-        ("world_size", "sharding_strategy", "backward_prefetch", "forward_prefetch"),
+        (
+            "world_size",
+            "sharding_strategy",
+            "backward_prefetch",
+            "forward_prefetch",
+            "reshard_after_forward",
+        ),
         ("world_size", "reshard_after_forward"),
     ),
 }
@@ -83,7 +89,8 @@ class PlanOptions:
     :meth:`Replanner.layer_classes` lists them; ``ModuleWrapPolicy``), ``"size"`` wraps
     subtrees of at least ``min_num_params`` parameters (``size_based_auto_wrap_policy``),
     ``"none"`` wraps only the root. ``recipe="FSDP2"`` applies ``fully_shard`` to the same
-    modules instead.
+    modules instead, with ``reshard_after_forward`` (``True``, ``False`` or the number of
+    ranks to reshard to); ``sharding_strategy`` and the prefetch switches are FSDP1's.
     """
 
     policy: PolicyKind = "classes"
@@ -94,6 +101,7 @@ class PlanOptions:
     backward_prefetch: str | None = "BACKWARD_PRE"
     forward_prefetch: bool = False
     recipe: Recipe = "FSDP1"
+    reshard_after_forward: bool | int = True
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (``layer_classes`` may be any sequence)."""
@@ -106,6 +114,7 @@ class PlanOptions:
         """The options a report was made with, as far as its ``config`` says."""
         cfg = report.config
         classes = tuple(sorted({u.module_class for u in report.units if u.module != ""}))
+        values = Counter(v for unit, v in cfg.reshard_after_forward.items() if unit != "")
         return cls(
             policy="classes" if classes else "none",
             layer_classes=classes,
@@ -114,6 +123,7 @@ class PlanOptions:
             backward_prefetch=cfg.backward_prefetch,
             forward_prefetch=cfg.forward_prefetch,
             recipe=cfg.api,
+            reshard_after_forward=values.most_common(1)[0][0] if values else True,
         )
 
 
@@ -302,16 +312,10 @@ class Replanner:
     def _fsdp2_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
         """FSDP2: ``fully_shard`` on every instance of the layer classes, then the root.
 
-        FSDP2 prefetches implicitly (explicit maps are ``analyze`` options), so the FSDP1
-        prefetch switches do not apply; ``FULL_SHARD`` / ``SHARD_GRAD_OP`` become
-        ``reshard_after_forward=True`` / ``False``.
+        FSDP2 prefetches implicitly (explicit maps are ``analyze`` options) and has no
+        sharding strategy, so those FSDP1 options do not apply; ``reshard_after_forward``
+        goes to every ``fully_shard`` call as it is.
         """
-        raf = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}.get(opts.sharding_strategy)
-        if raf is None:
-            raise ConfigError(
-                f"the FSDP2 recipe models FULL_SHARD and SHARD_GRAD_OP (reshard_after_forward), "
-                f"not {opts.sharding_strategy}"
-            )
         if opts.policy == "size":
             raise ConfigError("the FSDP2 recipe takes layer classes, not a size threshold")
         classes = sorted(self._resolve(opts.layer_classes), key=lambda c: c.__name__)
@@ -319,7 +323,7 @@ class Replanner:
             **self.analyze_kwargs,
             "world_size": opts.world_size,
             "fully_shard": classes if opts.policy == "classes" else [],
-            "reshard_after_forward": raf,
+            "reshard_after_forward": opts.reshard_after_forward,
         }
 
     def _analyze(self, opts: PlanOptions) -> Report:

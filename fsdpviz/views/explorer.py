@@ -2,9 +2,12 @@
 
 Each wrap unit has its own colour (:func:`fsdpviz.views.unit_colors`); a module
 takes the colour of the unit that manages its parameters. Unit roots are
-labelled ``name [unit k]`` so that units stay identifiable where colours repeat.
-Hover shows the module, its class and unit, parameters, bytes in full and per
-rank, dtype and the FSDP warnings that name its unit.
+labelled ``name [unit k]`` so that units stay identifiable where colours repeat;
+the model itself reads ``(root)``. Labels are drawn at one readable size or not
+at all (a block too small for its label shows it on hover). Hover shows the
+module, its class and unit, parameters, bytes in full and per rank, dtype and
+the FSDP warnings that name its unit. A click zooms into a module; the path bar
+above the blocks leads back up. The figure takes the width it is given.
 
 Example::
 
@@ -36,14 +39,19 @@ __all__ = [
     "explorer_figure",
     "explorer_parts",
     "highlight_lines",
+    "module_label",
 ]
 
 ExplorerKind = Literal["icicle", "treemap"]
 ExplorerSize = Literal["numel", "rank_bytes"]
 
 VALIDATE_BELOW = 2000
+LABEL_PX = 11
+"""Size of every label in the figure; a label that does not fit its block at this size is
+hidden (plotly's ``uniformtext``), never drawn smaller."""
+OUTLINE_PX = 1.5
 _HOVER = (
-    "<b>%{id}</b> (%{customdata[0]})<br>"
+    "<b>%{customdata[7]}</b> (%{customdata[0]})<br>"
     "unit: %{customdata[1]}<br>"
     "parameters: %{customdata[2]}<br>"
     "bytes: %{customdata[3]} full, %{customdata[4]} per rank<br>"
@@ -66,8 +74,9 @@ def explorer_figure(
 
     ``size`` picks the area: ``"numel"`` (parameters) or ``"rank_bytes"`` (bytes one
     rank holds). Modules with no parameters in their subtree have no area. The
-    trace's ``ids`` are module FQNs (``<root>`` for the root). ``highlight_unit``
-    outlines that unit's modules (see :func:`highlight_lines`); ``tree`` reuses a
+    trace's ``ids`` are module FQNs (``<root>`` for the root; its text reads
+    ``(root)``). ``highlight_unit`` outlines that unit's modules (see
+    :func:`highlight_lines`); ``tree`` reuses a
     :func:`module_tree`. A model of more than :data:`~fsdpviz.views.tree.EXPLORER_BUDGET`
     modules is drawn as deep as that many modules allow, from ``focus`` (a module FQN,
     default the root): modules whose children are not drawn are marked ``▸``.
@@ -121,9 +130,9 @@ def explorer_parts(
         ids.append(node_id(node.fqn))
         top = node.fqn == view.focus
         parents.append(node_id(node.parent) if node.parent is not None and not top else "")
-        label = node.name
-        if node.is_unit_root:
-            label = f"{node.fqn or node.name} [unit {unit_index[node.fqn]}]"
+        label = module_label(node.fqn, node.name)
+        if node.is_unit_root:  # named in full: which layer it is
+            label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
         if node.fqn in view.closed:
             label += " ▸"
         labels.append(label)
@@ -148,6 +157,7 @@ def explorer_parts(
                 format_bytes(node.rank_bytes_total),
                 dtype,
                 note,
+                "(root)" if node.fqn == "" else node.fqn,
             ]
         )
     trace: dict[str, Any] = {
@@ -161,17 +171,26 @@ def explorer_parts(
         "hovertemplate": _HOVER,
         "marker": {
             "colors": marker_colors,
+            # One width for all (plotly.js cannot draw the path bar with per-node widths):
+            # the highlighted unit is outlined in the text colour, the others separated by
+            # the background's.
             "line": {
-                "color": theme_colors(theme)["fg"],
-                "width": _compact(highlight_lines(tree, highlight_unit, view)),
+                "color": highlight_lines(tree, highlight_unit, view, theme),
+                # thinner where hundreds of narrow blocks would turn into separators
+                "width": OUTLINE_PX if len(view.indices) <= 300 else OUTLINE_PX / 2,
             },
         },
+        "textfont": {"size": LABEL_PX},
         "name": "modules",
         "sort": False,
         "maxdepth": 6,
-        # plotly.js draws the path bar with NaN coordinates after a zoom when nodes have
-        # their own outline widths (the highlighted unit); clicking the top node zooms out.
-        "pathbar": {"visible": False},
+        # thick enough for its labels at LABEL_PX (uniformtext hides them otherwise)
+        "pathbar": {
+            "visible": True,
+            "side": "top",
+            "thickness": 22,
+            "textfont": {"size": LABEL_PX},
+        },
     }
     if kind == "icicle":
         trace.update(tiling={"orientation": "v"}, leaf={"opacity": 1.0})
@@ -187,9 +206,19 @@ def explorer_parts(
         title += f"<br><sup>{len(tree.nodes):,} modules: click a block marked ▸ to open it</sup>"
     layout = {
         "template": template(theme),
-        "title": {"text": title, "font": {"size": 14}},
-        "margin": {"l": 8, "r": 8, "t": 56 if "<br>" in title else 40, "b": 8},
-        "height": 520,
+        "title": {
+            "text": title,
+            "font": {"size": 14},
+            "yref": "container",
+            "y": 1.0,
+            "yanchor": "top",
+            "pad": {"t": 8},
+        },
+        # Room above the blocks for the title and for the path bar a zoom draws there.
+        "margin": {"l": 8, "r": 8, "t": (84 if "<br>" in title else 68), "b": 8},
+        "autosize": True,  # no width: the figure fills its output and follows its resizes
+        "height": 540,
+        "uniformtext": {"minsize": LABEL_PX, "mode": "hide"},
         "uirevision": f"explorer:{view.focus}" if view.focus else "explorer",  # new focus: unzoomed
     }
     return trace, layout
@@ -200,16 +229,20 @@ def _compact(array: np.ndarray) -> np.ndarray | list[Any]:
     return array if len(array) >= VALIDATE_BELOW else array.tolist()
 
 
-def highlight_lines(tree: ModuleTree, unit: str | None, view: TreeView | None = None) -> np.ndarray:
-    """Outline widths that make ``unit``'s modules stand out (thin separators elsewhere),
-    one per module ``view`` draws (default: every module).
+def module_label(fqn: str, name: str) -> str:
+    """A module's label in the explorer: its last FQN part; ``(root) ClassName`` for the model."""
+    return f"(root) {name}" if fqn == "" else name
 
-    Only widths change, so a widget can move the highlight by sending one numeric array.
+
+def highlight_lines(
+    tree: ModuleTree, unit: str | None, view: TreeView | None = None, theme: Theme = "light"
+) -> list[str]:
+    """Outline colours that make ``unit``'s modules stand out: the theme's text colour for
+    them, its background (plain separators) elsewhere; one per module ``view`` draws
+    (default: every module).
+
+    Only colours change, so a widget moves the highlight by sending one array.
     """
+    c = theme_colors(theme)
     nodes = tree.nodes if view is None else [tree.nodes[k] for k in view.indices]
-    widths = np.full(len(nodes), 0.5)
-    if unit is not None:
-        for i, node in enumerate(nodes):
-            if node.unit == unit:
-                widths[i] = 3.0
-    return widths
+    return [c["fg"] if unit is not None and n.unit == unit else c["bg"] for n in nodes]

@@ -15,6 +15,12 @@ things FSDP gets wrong are drawn in vermillion:
 
 Units that are all-gathered but never by a prefetch get a square outline.
 
+The unit markers are the figure's last pickable trace and edges answer hover only at
+their middles, away from the line of units, so a click on a unit always picks that
+unit. The figure has no fixed width: it fills its output. Unit names label the x axis,
+as many as stand apart at the width drawn (``layout.meta.fsdpviz_ticks`` lists them
+all; fsdpviz's widget and saved page thin them to the width, plotly rotates them).
+
 Example::
 
     fig = prefetch_figure(report)            # steady state
@@ -56,7 +62,8 @@ _LABELS = {
     "misordered": "backward prefetch, not the next unit",
     "missed": "next in backward, gathered on demand",
 }
-_MAX_TICK_LABELS = 60
+_MAX_TICK_LABELS = 60  # drawn where no script thins them to the width (static images)
+TICK_MIN_PX = 16  # unit names stand at least this far apart (they are 11 px high)
 _COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golden files)
 _PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
 
@@ -139,12 +146,18 @@ def prefetch_parts(
             )
         )
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
-    aspect = (_PLOT_PX[1] / 4.0) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
+    # The y range holds the arcs drawn (none above the line without forward prefetch).
+    heights = [
+        _arc(pos[a], pos[b], side, 2)[1][1] for edges in arcs.values() for a, b, side, _ in edges
+    ]
+    y_range = [min([0.0, *heights]) - 0.5, max([0.0, *heights]) + 0.5]
+    aspect = (_PLOT_PX[1] / (y_range[1] - y_range[0])) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
     for kind, edges in arcs.items():
         if edges:
             traces += _edge_traces(kind, edges, pos, aspect)
-    traces += _node_traces(graph, pos, colors, facts.never_prefetched, c)
-    for name, unit, color in (
+    size = _node_size(len(pos))
+    traces += _node_traces(graph, pos, colors, facts.never_prefetched, c, size)
+    for name, unit, color in (  # not pickable: a click goes to the unit below
         ("current", highlight_unit, c["fg"]),
         ("selected", selected_unit, "#D55E00"),
     ):
@@ -159,14 +172,14 @@ def prefetch_parts(
                 "hoverinfo": "skip",
                 "marker": {
                     "symbol": "circle-open",
-                    "size": 30,
+                    "size": round(size + 10, 1),
                     "color": color,
-                    "line": {"width": 3},
+                    "line": {"width": 3 if size >= 12 else 2},
                 },
                 "showlegend": False,
             }
         )
-    return traces, _layout(report, facts, pos, theme)
+    return traces, _layout(report, facts, pos, theme, y_range)
 
 
 def _arc(x0: float, x1: float, side: float, steps: int) -> tuple[list[float], list[float]]:
@@ -209,7 +222,7 @@ def _edge_traces(
         angles.append(round(math.degrees(math.atan2(dx, dy * aspect)), 1))
     label = _LABELS[kind]
     arrow = round(max(5.0, min(11.0, 0.5 * _PLOT_PX[0] / max(len(pos), 1))), 1)
-    return [
+    traces: list[dict[str, Any]] = [
         {
             "type": "scatter",
             "x": _compact(xs),
@@ -230,18 +243,27 @@ def _edge_traces(
             "hoverinfo": "skip",
             "marker": {"symbol": "arrow", "size": arrow, "color": color, "angle": _compact(angles)},
         },
-        {
-            "type": "scatter",
-            "x": _compact(mid_x),
-            "y": _compact(mid_y),
-            "mode": "markers",
-            "legendgroup": kind,
-            "showlegend": False,
-            "text": texts,
-            "hovertemplate": "%{text}<extra></extra>",
-            "marker": {"size": 8, "color": color, "opacity": 0.0},
-        },
     ]
+    if kind != "forward_order":  # its segments join neighbours on the line of units
+        traces.append(  # hover at each arc's middle, off the line: never over a unit
+            {
+                "type": "scatter",
+                "x": _compact(mid_x),
+                "y": _compact(mid_y),
+                "mode": "markers",
+                "legendgroup": kind,
+                "showlegend": False,
+                "text": texts,
+                "hovertemplate": "%{text}<extra></extra>",
+                "marker": {"size": 8, "color": color, "opacity": 0.0},
+            }
+        )
+    return traces
+
+
+def _node_size(n: int) -> float:
+    """Unit markers shrink to fit the plot (never below 7 px, still a target for a click)."""
+    return max(7.0, min(20.0, 0.75 * _PLOT_PX[0] / max(n, 1)))
 
 
 def _node_traces(
@@ -250,11 +272,10 @@ def _node_traces(
     colors: dict[str, str],
     never: list[str],
     c: dict[str, str],
+    size: float,
 ) -> list[dict[str, Any]]:
     names = sorted(pos, key=pos.__getitem__)
-    # Markers shrink to fit the plot; their forward index is printed while it fits.
-    size = max(6.0, min(20.0, 0.75 * _PLOT_PX[0] / max(len(names), 1)))
-    many = size < 15
+    many = size < 15  # their forward index is printed inside while it fits
     hover = []
     for n in names:
         d = graph.nodes[n]
@@ -281,9 +302,9 @@ def _node_traces(
                 "hoverinfo": "skip",
                 "marker": {
                     "symbol": "square-open",
-                    "size": 26,
+                    "size": round(size + 6, 1),
                     "color": c["muted"],
-                    "line": {"width": 2},
+                    "line": {"width": 2 if size >= 12 else 1.5},
                 },
             }
         )
@@ -312,11 +333,16 @@ def _node_traces(
 
 
 def _layout(
-    report: Report, facts: PrefetchAnalysis, pos: dict[str, int], theme: Theme
+    report: Report,
+    facts: PrefetchAnalysis,
+    pos: dict[str, int],
+    theme: Theme,
+    y_range: list[float],
 ) -> dict[str, Any]:
     names = sorted(pos, key=pos.__getitem__)
     step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
     shown = names[::step]
+    text = [L(n) if n == "" else n for n in names]
     it = "first iteration" if facts.iteration == 0 else "steady state"
     cfg = report.config
     notes = []
@@ -353,17 +379,27 @@ def _layout(
         title={"text": f"Prefetch graph ({it}): {setting}", "font": {"size": 14}},
         xaxis={
             "tickvals": [pos[n] for n in shown],
-            "ticktext": ["(root)" if n == "" else n for n in shown],
-            "tickangle": -40 if len(shown) > 8 else 0,
+            "ticktext": text[::step],
+            # no tickangle: plotly picks the first of these at which labels do not overlap
+            "autotickangles": [0, -40, -90],
+            "tickfont": {"size": 11},
             "showgrid": False,
             "zeroline": False,
             "automargin": True,  # room for the rotated unit names, then the axis title
             "title": {"text": "units in forward order", "standoff": 8},
         },
-        yaxis={"visible": False, "range": [-2.0, 2.0], "fixedrange": True},
+        yaxis={"visible": False, "range": y_range, "fixedrange": True},
         legend={"orientation": "h", "yanchor": "top", "y": 1.0, "x": 1.0, "xanchor": "right"},
         margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": 8},
-        height=380,
+        autosize=True,  # no width: the figure fills its output
+        height=440 if y_range[0] < -0.5 and y_range[1] > 0.5 else 360,  # arcs on both sides
+        meta={
+            "fsdpviz_ticks": {
+                "vals": [pos[n] for n in names],
+                "text": text,
+                "min_px": TICK_MIN_PX,
+            }
+        },
         hovermode="closest",
         uirevision="prefetch",
         annotations=[

@@ -16,7 +16,6 @@ _NO_MODEL = (
     "Explorer(report, model=model, inputs=inputs)."
 )
 _WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-_LAYOUT = w.Layout(width="auto")
 _STYLE = {"description_width": "initial"}
 
 
@@ -35,6 +34,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
     ) -> None:
         self.options = options
         self._on_change = on_change
+        self._syncing = False
         classes = replanner.layer_classes() if replanner is not None else []
         known = {name for name, _ in classes}
         extra = [(c, 0) for c in options.layer_classes if c not in known]
@@ -69,7 +69,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             value=options.world_size,
             description="world size",
             style=_STYLE,
-            layout=_LAYOUT,
+            layout=w.Layout(width="auto"),
         )
         self.sharding = w.Dropdown(
             options=list(SHARDING_STRATEGIES),
@@ -78,20 +78,28 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             else "FULL_SHARD",
             description="sharding",
             style=_STYLE,
-            layout=_LAYOUT,
+            layout=w.Layout(width="auto"),
         )
         self.backward = w.Dropdown(
             options=[(str(v), v) for v in BACKWARD_PREFETCH],
             value=options.backward_prefetch,
             description="backward prefetch",
             style=_STYLE,
-            layout=_LAYOUT,
+            layout=w.Layout(width="auto"),
         )
         self.forward = w.Checkbox(
             value=options.forward_prefetch,
             description="forward prefetch",
             indent=False,
-            layout=_LAYOUT,
+            layout=w.Layout(width="auto"),
+        )
+        self.reshard = w.Dropdown(
+            options=_reshard_choices(options.world_size),
+            value=options.reshard_after_forward,
+            description="reshard_after_forward",
+            style=_STYLE,
+            layout=w.Layout(width="auto"),
+            tooltip="FSDP2: free after forward (True), keep (False), or reshard to N ranks",
         )
         self.recipe = w.ToggleButtons(
             options=["FSDP1", "FSDP2"],
@@ -112,12 +120,13 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             self.backward,
             self.forward,
             self.recipe,
+            self.reshard,
         ]
         super().__init__(
             [
                 w.HBox([self.policy, self.recipe]),
                 w.HBox([self.classes, w.VBox([self.min_params, self.forward])]),
-                w.HBox([self.world_size, self.sharding, self.backward]),
+                w.HBox([self.world_size, self.sharding, self.reshard, self.backward]),
             ]
         )
         if replanner is None:
@@ -130,9 +139,16 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             self._sync_enabled()
 
     def _sync_enabled(self) -> None:
+        """Only the chosen API's controls are active; a policy's own control is shown
+        only under that policy (FSDP2 takes layer classes, so no size slider)."""
         fsdp2 = self.recipe.value == "FSDP2"
-        self.classes.disabled = self.policy.value != "classes"
-        self.min_params.disabled = self.policy.value != "size" or fsdp2
+        self.classes.layout.display = None if self.policy.value == "classes" else "none"
+        self.min_params.layout.display = (
+            None if self.policy.value == "size" and not fsdp2 else "none"
+        )
+        self.sharding.disabled = fsdp2
+        self.sharding.layout.display = "none" if fsdp2 else None
+        self.reshard.layout.display = None if fsdp2 else "none"
         self.backward.disabled = fsdp2
         self.forward.disabled = fsdp2
         for c in (self.backward, self.forward):
@@ -141,6 +157,24 @@ class PlanControls(w.VBox):  # type: ignore[misc]
                 if fsdp2
                 else ""
             )
+        choices = _reshard_choices(int(self.world_size.value))
+        if [v for _, v in self.reshard.options] != [v for _, v in choices]:
+            # a factor of the old world size that does not divide the new one: back to True
+            keep = (
+                self.reshard.value
+                if any(
+                    v is self.reshard.value
+                    or (type(v) is type(self.reshard.value) and v == self.reshard.value)
+                    for _, v in choices
+                )
+                else True
+            )
+            self._syncing = True
+            try:
+                self.reshard.options = choices
+                self.reshard.value = keep
+            finally:
+                self._syncing = False
 
     def read(self) -> PlanOptions:
         """The options the controls show now."""
@@ -153,6 +187,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             backward_prefetch=self.backward.value,
             forward_prefetch=bool(self.forward.value),
             recipe=self.recipe.value,
+            reshard_after_forward=self.reshard.value,
         )
 
     def set(self, *, as_browser: bool = False, **changes: Any) -> None:
@@ -170,6 +205,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             "backward_prefetch": self.backward,
             "forward_prefetch": self.forward,
             "recipe": self.recipe,
+            "reshard_after_forward": self.reshard,
         }
         for name, value in changes.items():
             if name not in widgets:
@@ -186,8 +222,20 @@ class PlanControls(w.VBox):  # type: ignore[misc]
                 widget.set_state({"index": values.index(value) if index is None else index})
 
     def _changed(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
         self._sync_enabled()
         options = self.read()
         if options != self.options:
             self.options = options
             self._on_change(options, bool(change["owner"]._property_lock))
+
+
+def _reshard_choices(world_size: int) -> list[tuple[str, bool | int]]:
+    """FSDP2's ``reshard_after_forward`` values for ``world_size`` ranks: ``True``,
+    ``False`` and each factor N with 1 < N < world size (``fully_shard`` turns 1 into
+    ``False`` and the world size into ``True``)."""
+    factors = [n for n in range(2, world_size) if world_size % n == 0]
+    choices: list[tuple[str, bool | int]] = [("True", True), ("False", False)]
+    choices += [(f"{n} ranks", n) for n in factors]
+    return choices

@@ -4,6 +4,7 @@ Example::
 
     ex = Explorer(report, model=model, inputs=ids)   # model/inputs enable re-planning
     ex.selected_unit = "layers.3"                     # opens the detail panel
+    ex.find("layers.3.mlp")                           # what the search box does
     ex.controls.set(world_size=64)                    # re-plans from the same model
     ex.report                                         # the new report
 """
@@ -11,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import time
+from html import escape
 from typing import Any, cast
 
 import ipywidgets as w
@@ -18,7 +20,7 @@ import traitlets
 
 from fsdpviz._gc import answering
 from fsdpviz.replan import PlanOptions, Replanner
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import Report, unit_label
 from fsdpviz.views.detail import unit_detail_html
 from fsdpviz.views.explorer import (
     ExplorerKind,
@@ -27,7 +29,7 @@ from fsdpviz.views.explorer import (
     highlight_lines,
 )
 from fsdpviz.views.style import Theme, format_bytes
-from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, tree_view
+from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, node_id, tree_view
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred
@@ -84,10 +86,26 @@ class Explorer(w.VBox):  # type: ignore[misc]
         # Not validated: the figure is fsdpviz's own (explorer_figure is checked by the
         # golden tests), and plotly's checks would cost more than a re-plan.
         self.figure = ClickFigure({"data": [trace], "layout": layout}, _validate=False)
+        # The detail panel sits beside the figure, as high as it and scrolled on its own, so
+        # a selection never pushes the page down; in a narrow output it wraps below.
         self.detail = w.HTML(
-            layout=w.Layout(max_height="420px", overflow="auto", padding="0 0 0 8px")
+            layout=w.Layout(
+                flex="1 1 0",
+                min_width="300px",
+                max_height=f"{layout['height']}px",
+                overflow="auto",
+                padding="0 0 0 8px",
+            )
         )
         self.detail.add_class("fsdpviz-detail")
+        self.search = w.Combobox(
+            placeholder="find a unit or module",
+            description="find",
+            ensure_option=False,
+            continuous_update=False,
+            style={"description_width": "initial"},
+            layout=w.Layout(width="260px"),
+        )
         self.status = w.HTML()
         self.unit_picker = w.Dropdown(
             description="unit",
@@ -107,10 +125,19 @@ class Explorer(w.VBox):  # type: ignore[misc]
         super().__init__(
             [
                 self.controls,
-                w.HBox([self.view_kind, self.view_size, self.unit_picker]),
+                w.HBox(
+                    [self.view_kind, self.view_size, self.unit_picker, self.search],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
                 self.status,
-                self.figure,  # its own row: plotly draws 700 px wide
-                self.detail,
+                w.HBox(
+                    [
+                        # The figure takes the width the panel leaves, and follows it.
+                        w.VBox([self.figure], layout=w.Layout(flex="2 1 0", min_width="480px")),
+                        self.detail,
+                    ],
+                    layout=w.Layout(flex_flow="row wrap", align_items="flex-start"),
+                ),
                 self.errors,
             ]
         )
@@ -130,6 +157,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         g = self.errors.guard
         self.figure.data[0].on_click(g(self._on_click))
         self.unit_picker.observe(g(self._picked), names="value")
+        self.search.observe(g(self._searched), names="value")
         self.view_kind.observe(g(lambda c: setattr(self, "kind", c["new"])), names="value")
         self.view_size.observe(g(lambda c: setattr(self, "size", c["new"])), names="value")
         self.observe(g(self._selection_changed), names=["selected_unit", "selected_module"])
@@ -220,8 +248,34 @@ class Explorer(w.VBox):  # type: ignore[misc]
                 self.figure.restyle(0, {k: trace[k] for k in _REPLANNED})
 
     def _highlight_changed(self, change: dict[str, Any]) -> None:
-        widths = highlight_lines(self.tree, self.highlight_unit, self.view)
-        self.figure.restyle(0, {"marker.line.width": widths})
+        colors = highlight_lines(self.tree, self.highlight_unit, self.view, cast(Theme, self.theme))
+        self.figure.restyle(0, {"marker.line.color": colors})
+
+    def find(self, text: str) -> str:
+        """What the search box does: select the module or unit named ``text`` and zoom the
+        figure to it. ``text`` is a unit or module FQN, ``(root)``, or a part of a name
+        (case-insensitive; units first, then modules, in model order). Returns the FQN
+        found; raises ``KeyError`` (saying what to type) when nothing matches."""
+        fqn = _match(self.tree, [u.module for u in self.report.units], text)
+        node = self.tree.by_fqn[fqn]
+        # A block fills the figure, its children drawn; a leaf is shown inside its parent.
+        top = fqn if node.children or node.parent is None else node.parent
+        focus = self._focus_for(top, opened=True)
+        if focus != self.view.focus:
+            self.focus = focus
+        self.select_module(fqn)
+        self.figure.set_level(0, node_id(top))
+        self.status.value = self._summary(None) + f"<small> · found {unit_label(fqn)}</small>"
+        return fqn
+
+    def _searched(self, change: dict[str, Any]) -> None:
+        text = change["new"].strip()
+        if not text:
+            return
+        try:
+            self.find(text)
+        except KeyError as e:
+            self.status.value = f"<small>{escape(str(e.args[0]), quote=False)}</small>"
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if not points.point_inds:
@@ -289,8 +343,26 @@ class Explorer(w.VBox):  # type: ignore[misc]
             (f"{i}: {u.module or '(root)'}", u.module) for i, u in enumerate(self.report.units)
         ]
         self.unit_picker.options = options
+        self.search.options = [u.module or "(root)" for u in self.report.units]
         self._set_picker_value()
 
     def _set_picker_value(self) -> None:
         unit = self.selected_unit if self.selected_unit in self.tree.units else None
         self.unit_picker.value = _NO_UNIT if unit is None else unit
+
+
+def _match(tree: ModuleTree, units: list[str], text: str) -> str:
+    """The module FQN ``text`` names (see :meth:`Explorer.find`)."""
+    text = text.strip()
+    if text in ("(root)", "") and "" in tree.by_fqn:
+        return ""
+    if text in tree.by_fqn:
+        return text
+    low = text.lower()
+    for name in [*units, *(n.fqn for n in tree.nodes)]:
+        if name in tree.by_fqn and low in (name or "(root)").lower():
+            return name
+    raise KeyError(
+        f"no unit or module matches {text!r}: type a module name such as "
+        f"{next((u for u in units if u), '(root)')!r}, a part of one, or (root)"
+    )

@@ -11,7 +11,7 @@ Example::
 
     view = fsdpviz.sweep(model, ids, world_size=[8, 64], policies={...}).show()
     view.sort("peak_bytes")
-    view.open(2)                  # view.opened: the row shown; view.dashboard: its views
+    view.open_row(2)                 # view.opened: the row shown; view.dashboard: its views
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
         self._sorted_by = (key, descending)
         self._draw()
 
-    def open(self, row: int) -> Any:
+    def open_row(self, row: int) -> Any:
         """Show the views of ``table.rows[row]`` below the table; returns its dashboard."""
         from fsdpviz.widgets.dashboard import Dashboard
 
@@ -172,7 +172,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
                 layout=w.Layout(width="auto"),
             )
             b.add_class("fsdpviz-sweep-open")
-            b.on_click(self.errors.guard(lambda _, i=i: self.open(i)))
+            b.on_click(self.errors.guard(lambda _, i=i: self.open_row(i)))
             cells.append(b)
             for k, (_, _, _, text) in enumerate(cols):
                 star = "★ " if k == 0 and i == self._best else ""

@@ -91,8 +91,9 @@ export interface Layout {
   axisH: number;
   /** One row per lane, in data.lanes order. */
   rows: Row[];
-  /** y of each group's title row (when there are several groups). */
-  groupTop: number[];
+  /** Title rows (when there are several groups): a group's name over each run of its
+   * lanes (its stream lanes, later its memory lane), its summary beside the first. */
+  titles: Array<{ group: number; top: number; first: boolean }>;
   lanesTop: number;
   lanesBottom: number;
   overviewTop: number;
@@ -104,15 +105,21 @@ export function computeLayout(data: TimelineData, width: number): Layout {
   const axisH = 20;
   const titled = data.groups.length > 1;
   const rows: Row[] = [];
-  const groupTop: number[] = [];
+  const titles: Layout["titles"] = [];
   let y = axisH + 4;
   const lanesTop = y;
   data.lanes.forEach((lane, i) => {
     const first = i === 0 || data.lanes[i - 1].group !== lane.group;
     if (first) {
       if (i > 0) y += GROUP_GAP;
-      groupTop[lane.group] = y;
-      if (titled) y += 16;
+      if (titled) {
+        titles.push({
+          group: lane.group,
+          top: y,
+          first: !titles.some((t) => t.group === lane.group),
+        });
+        y += 16;
+      }
     }
     const h = LANE_H[lane.kind] ?? 22;
     rows.push({ lane: i, top: y, h });
@@ -128,7 +135,7 @@ export function computeLayout(data: TimelineData, width: number): Layout {
     plotW: Math.max(width - labelW - 12, 50),
     axisH,
     rows,
-    groupTop,
+    titles,
     lanesTop,
     lanesBottom,
     overviewTop,
@@ -411,7 +418,12 @@ function hatch(
   ctx.strokeStyle = color;
   ctx.lineWidth = 1;
   ctx.beginPath();
-  for (let d = -h; d < w; d += gap) {
+  // only the lines that cross the canvas (a zoomed-in mark can be millions of px wide);
+  // the first keeps its phase, so the stripes do not move as the window pans
+  const left = Math.max(x, 0);
+  const right = Math.min(x + w, ctx.canvas.width);
+  const first = -h + Math.max(0, Math.floor((left - x) / gap)) * gap;
+  for (let d = first; d < right - x; d += gap) {
     ctx.moveTo(x + d, y + h);
     ctx.lineTo(x + d + h, y);
   }
@@ -505,15 +517,19 @@ function drawLaneLabels(ctx: CanvasRenderingContext2D, sc: Scene): void {
     ctx.font = `bold ${FONT}`;
     ctx.textAlign = "left";
     ctx.fillStyle = theme.fg;
-    data.groups.forEach((g, gi) => {
-      const y = l.groupTop[gi] + 7;
+    for (const t of l.titles) {
+      const g = data.groups[t.group];
+      const y = t.top + 7;
       ctx.fillText(g.name, 6, y);
+      if (!t.first) continue;
+      // the summary after the name: at the lanes' left edge, or past a longer name
+      const after = Math.max(l.labelW, 6 + ctx.measureText(g.name).width + 12);
       ctx.fillStyle = theme.muted;
       ctx.font = FONT;
-      ctx.fillText(g.summary, l.labelW, y);
+      ctx.fillText(g.summary, after, y);
       ctx.fillStyle = theme.fg;
       ctx.font = `bold ${FONT}`;
-    });
+    }
     ctx.font = FONT;
     ctx.textAlign = "right";
   }

@@ -4,6 +4,7 @@
 // unit is outlined in the plotly explorer and prefetch figures, and a click on a
 // unit there selects it in the timeline.
 import { clampStep, type TimelineData } from "./model";
+import { type TickedDiv, tickUpdate } from "./ticks";
 import {
   childrenOf,
   type ExplorerTree,
@@ -13,6 +14,7 @@ import {
   viewTrace,
 } from "./tree";
 
+export { thinnedTicks, tickUpdate } from "./ticks";
 export { childrenOf, type ExplorerTree, type TreeView, treeView, viewTitle, viewTrace };
 
 import type { WidgetModel } from "./view";
@@ -32,9 +34,15 @@ export interface PageConfig {
   explorer: {
     div: string;
     ids: string[];
+    /** Each module's parent id ("" for the root). */
+    parents?: string[];
     units: Array<string | null>;
+    /** Outline colours: of the current unit's modules, and of the others. */
+    outline?: [string, string];
     tree?: ExplorerTree | null;
   } | null;
+  /** The search box: an <input> whose value names a unit or module, and a note beside it. */
+  find?: { input: string; note: string } | null;
   /** Prefetch figure: x position of each unit (its forward index). */
   prefetch: { div: string; positions: Record<string, number> } | null;
   timelineDiv: string;
@@ -101,9 +109,32 @@ export class PageModel<T extends object> {
 
 const ROOT_ID = "<root>"; // fsdpviz.views.tree.ROOT_ID: the plotly id of the model's root
 
-/** Outline widths of the explorer's nodes: 3 for `unit`'s modules, 0.5 elsewhere. */
-export function explorerWidths(units: Array<string | null>, unit: string | null): number[] {
-  return units.map((u) => (unit !== null && u === unit ? 3 : 0.5));
+/** Outline colours of the explorer's nodes: `on` for `unit`'s modules, `off` elsewhere
+ * (fsdpviz.views.explorer.highlight_lines). */
+export function explorerOutline(
+  units: Array<string | null>,
+  unit: string | null,
+  [on, off]: [string, string] = ["#1f1f1f", "#ffffff"],
+): string[] {
+  return units.map((u) => (unit !== null && u === unit ? on : off));
+}
+
+/** The module `text` names: `(root)`, a module id, else the first unit then module whose
+ * name contains it (any case), as fsdpviz.widgets.Explorer.find; -1 when none does. */
+export function findModule(ids: string[], units: Array<string | null>, text: string): number {
+  const t = text.trim();
+  if (t === "") return -1;
+  if (t === "(root)") return ids.indexOf(ROOT_ID);
+  const exact = ids.indexOf(t);
+  if (exact >= 0 && t !== ROOT_ID) return exact;
+  const low = t.toLowerCase();
+  const name = (id: string): string => (id === ROOT_ID ? "(root)" : id).toLowerCase();
+  const unitIds = [...new Set(units.filter((u): u is string => u !== null))].map((u) =>
+    u === "" ? ROOT_ID : u,
+  );
+  const unit = unitIds.find((u) => ids.includes(u) && name(u).includes(low));
+  if (unit !== undefined) return ids.indexOf(unit);
+  return ids.findIndex((id) => name(id).includes(low));
 }
 
 /** Name of the unit of the event at `step`, or null when there are no events. */
@@ -162,9 +193,68 @@ export const QUICK_EXPLORER = 150; // modules drawn
 export const QUICK_PREFETCH = 40; // units
 export const FOLLOW_AFTER_MS = 250;
 
-interface PlotDiv extends HTMLElement {
-  data?: Array<{ name?: string }>;
+interface PlotDiv extends HTMLElement, TickedDiv {
+  data?: Array<{ name?: string; ids?: string[]; parents?: string[]; x?: number[] }>;
+  _fullData?: Array<{
+    level?: string;
+    marker?: { size?: number; color?: string; line?: { width?: number } };
+  }>;
+  _fullLayout?: {
+    _size?: { l: number; t: number };
+    xaxis?: { _length?: number; range?: number[]; l2p?(v: number): number };
+    yaxis?: { l2p?(v: number): number };
+  };
   on?(event: string, callback: (ev: { points?: ClickPoint[] }) => unknown): void;
+}
+
+/** The prefetch graph's ring traces: the current step's unit, the selected unit. */
+const RINGS = ["current", "selected"];
+
+/** The element that draws ring trace `trace` of `gd`, placed at the trace's point (hidden
+ * when it has none), in the trace's marker size and colour. */
+function placeRing(doc: Document, gd: PlotDiv, trace: number): void {
+  const t = gd.data?.[trace];
+  const L = gd._fullLayout;
+  const [size, xaxis, yaxis] = [L?._size, L?.xaxis, L?.yaxis];
+  if (t === undefined || size === undefined || !xaxis?.l2p || !yaxis?.l2p) return;
+  const id = `fv-ring-${t.name ?? trace}`;
+  let el = doc.getElementById(id);
+  if (el === null) {
+    const full = gd._fullData?.[trace]?.marker;
+    const size = full?.size ?? 20;
+    el = doc.createElement("div");
+    el.id = id;
+    el.className = "fv-ring";
+    const line = full?.line?.width ?? 2;
+    Object.assign(el.style, {
+      position: "absolute",
+      pointerEvents: "none",
+      boxSizing: "border-box",
+      width: `${size}px`,
+      height: `${size}px`,
+      marginLeft: `${-size / 2}px`,
+      marginTop: `${-size / 2}px`,
+      borderRadius: "50%",
+      border: `${line}px solid ${full?.color ?? "#D55E00"}`,
+    });
+    if (getComputedStyle(gd).position === "static") gd.style.position = "relative";
+    gd.appendChild(el);
+  }
+  const x = t.x?.[0];
+  el.hidden = x === undefined;
+  if (x === undefined) return;
+  el.style.left = `${size.l + xaxis.l2p(x)}px`;
+  el.style.top = `${size.t + yaxis.l2p(0)}px`;
+  el.dataset.fvX = String(x);
+}
+
+/** Whether hierarchy node `id` is `level` or one of its ancestors (a click there zooms out). */
+function zoomsOut(gd: PlotDiv, id: unknown, level: string): boolean {
+  const t = gd.data?.[0];
+  if (typeof id !== "string" || !level || !t?.ids || !t.parents) return false;
+  const parent = new Map(t.ids.map((x, i) => [x, t.parents?.[i] ?? ""] as [string, string]));
+  for (let x: string | undefined = level; x; x = parent.get(x)) if (x === id) return true;
+  return false;
 }
 
 /**
@@ -202,7 +292,8 @@ export class Linker {
     this.view = treeView(this.children, focus, ex.tree.budget);
     const trace = viewTrace(ex.ids, ex.tree, this.children, this.view);
     const units = this.view.indices.map((i) => ex.units[i]);
-    trace["marker.line.width"] = explorerWidths(units, this.shown ?? null);
+    trace["marker.line.color"] = explorerOutline(units, this.shown ?? null, ex.outline);
+    trace.level = ex.ids[focus]; // drawn from its top, whatever plotly zoomed to before
     const update: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(trace)) update[k] = [v];
     this.plotly.restyle(gd, update, [0]);
@@ -230,12 +321,34 @@ export class Linker {
     return i;
   }
 
-  /** Whether a click on `point` opens a block or goes up (instead of plotly's own zoom). */
-  refocuses(point: ClickPoint): boolean {
+  /** Whether a click on `point` opens a block or goes up (instead of plotly's own zoom):
+   * the top, when plotly has not zoomed into it (`level`, the module it shows on top). */
+  refocuses(point: ClickPoint, level = ""): boolean {
     const ex = this.config.explorer;
     if (!ex?.tree || typeof point.id !== "string") return false;
     const i = ex.ids.indexOf(point.id);
-    return i >= 0 && (this.view.closed.has(i) || (i === this.view.focus && i !== 0));
+    const atTop = level === "" || level === point.id;
+    return i >= 0 && (this.view.closed.has(i) || (i === this.view.focus && i !== 0 && atTop));
+  }
+
+  /** The search box's answer: select the module `text` names and zoom the explorer to it
+   * (its parent for a module without children). Returns the module's id, or null. */
+  find(text: string): string | null {
+    const ex = this.config.explorer;
+    const gd = this.div(ex?.div);
+    if (!ex) return null;
+    const i = findModule(ex.ids, ex.units, text);
+    if (i < 0) return null;
+    const parents = ex.tree?.parents ?? ex.parents ?? [];
+    const parentIndex = ex.ids.indexOf(parents[i] ?? "");
+    const leaf = ex.tree ? this.children[i].length === 0 : !parents.includes(ex.ids[i]);
+    const top = leaf && parentIndex >= 0 ? parentIndex : i;
+    if (ex.tree) this.focus(this.focusFor(top, true));
+    const unit = ex.units[i];
+    if (unit !== null) this.select(unit);
+    if (gd !== null) this.plotly.restyle(gd, { level: [ex.ids[top]] }, [0]);
+    this.doc.body.dataset.fvFound = ex.ids[i];
+    return ex.ids[i];
   }
 
   private explorerClicked(point: ClickPoint): void {
@@ -253,6 +366,7 @@ export class Linker {
   }
 
   start(): void {
+    this.startRings();
     this.model.on("change:step", () => this.update());
     this.model.on("change:selected_unit", () => this.update());
     this.model.on("change:playing", () => {
@@ -260,23 +374,53 @@ export class Linker {
     });
     const explorer = this.div(this.config.explorer?.div);
     const prefetch = this.div(this.config.prefetch?.div);
-    explorer?.on?.("plotly_click", (ev) => {
-      const p = ev.points?.[0];
-      if (p) this.explorerClicked(p);
-    });
     // A click that opens a block or goes up re-draws the explorer itself: plotly must not
     // also zoom to the clicked module (returning false skips its zoom and its plotly_click).
+    // A click that zooms out (the path bar, or the block zoomed into) selects nothing.
+    let zoomOut = false;
+    explorer?.on?.("plotly_click", (ev) => {
+      const p = ev.points?.[0];
+      if (p && !zoomOut) this.explorerClicked(p);
+      zoomOut = false;
+    });
     const hierarchyClick = (ev: { points?: ClickPoint[] }): false | undefined => {
       const p = ev.points?.[0];
-      if (p === undefined || !this.refocuses(p)) return undefined;
-      this.explorerClicked(p);
-      return false;
+      const level = (explorer?._fullData?.[0]?.level ?? "") || "";
+      zoomOut = false;
+      if (p === undefined) return undefined;
+      if (this.refocuses(p, level)) {
+        this.explorerClicked(p);
+        return false;
+      }
+      zoomOut = explorer !== null && zoomsOut(explorer, p.id, level);
+      return undefined;
     };
     explorer?.on?.("plotly_icicleclick", hierarchyClick);
     explorer?.on?.("plotly_treemapclick", hierarchyClick);
     prefetch?.on?.("plotly_click", (ev) => {
       const p = ev.points?.[0];
       if (p && this.config.prefetch) this.select(prefetchUnit(this.config.prefetch, p));
+    });
+    // Unit names on the x axis: as many as stand apart at the width drawn.
+    const thin = (): void => {
+      const update = prefetch === null ? null : tickUpdate(prefetch);
+      if (update !== null && prefetch !== null) this.plotly.relayout?.(prefetch, update);
+    };
+    prefetch?.on?.("plotly_afterplot", thin);
+    thin();
+    const find = this.config.find;
+    const input = find ? (this.doc.getElementById(find.input) as HTMLInputElement | null) : null;
+    const note = find ? this.doc.getElementById(find.note) : null;
+    input?.addEventListener("change", () => {
+      const text = input.value;
+      if (text.trim() === "") return;
+      const found = this.find(text);
+      if (note !== null) {
+        note.textContent =
+          found === null
+            ? `no unit or module matches '${text.trim()}': type a part of a module name, or (root)`
+            : `found ${found === ROOT_ID ? "(root)" : `'${found}'`}`;
+      }
     });
     this.update();
   }
@@ -335,20 +479,39 @@ export class Linker {
     const explorer = this.div(ex?.div);
     if (!explorer || !ex) return;
     const units = this.view.indices.map((i) => ex.units[i]);
-    const widths = explorerWidths(units, this.shown ?? null);
-    this.plotly.restyle(explorer, { "marker.line.width": [widths] }, [0]);
+    const colors = explorerOutline(units, this.shown ?? null, ex.outline);
+    this.plotly.restyle(explorer, { "marker.line.color": [colors] }, [0]);
   }
 
+  /** Ring `unit` in the prefetch graph. A re-plot of a graph of hundreds of units takes
+   * the browser ~200 ms, so the ring is an element placed over the plot (moved on each
+   * re-plot), and the trace's own points are hidden; the trace's data follows, so
+   * `gd.data` says where each ring is. */
   private ring(name: string, unit: string | null): void {
     const gd = this.div(this.config.prefetch?.div);
     const positions = this.config.prefetch?.positions;
     if (!gd || !positions || !gd.data) return;
-    if (this.ringed.get(name) === unit) return; // already there: no restyle
+    if (this.ringed.get(name) === unit) return; // already there
     this.ringed.set(name, unit);
     const trace = gd.data.findIndex((t) => t.name === name);
     if (trace < 0) return;
     const x = unit !== null && unit in positions ? [positions[unit]] : [];
-    this.plotly.restyle(gd, { x: [x], y: [x.map(() => 0)] }, [trace]);
+    Object.assign(gd.data[trace], { x, y: x.map(() => 0) });
+    placeRing(this.doc, gd, trace);
+  }
+
+  /** Hide the ring traces' own points (the overlays draw them) and keep the overlays in
+   * place whenever plotly re-plots (a resize, the axis labels thinned). */
+  private startRings(): void {
+    const gd = this.div(this.config.prefetch?.div);
+    if (!gd?.data) return;
+    const traces = gd.data.flatMap((t, i) => (RINGS.includes(t.name ?? "") ? [i] : []));
+    if (traces.length === 0) return;
+    for (const i of traces) placeRing(this.doc, gd, i); // read the style before hiding
+    this.plotly.restyle(gd, { visible: false }, traces);
+    gd.on?.("plotly_afterplot", () => {
+      for (const i of traces) placeRing(this.doc, gd, i);
+    });
   }
 
   private div(id: string | undefined): PlotDiv | null {

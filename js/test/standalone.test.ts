@@ -7,15 +7,18 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { TimelineData } from "../src/model";
 import {
   childrenOf,
+  explorerOutline,
   explorerUnit,
-  explorerWidths,
   FOLLOW_AFTER_MS,
+  findModule,
   initialState,
   Linker,
   nextStepOfUnit,
   type PageConfig,
   PageModel,
   prefetchUnit,
+  thinnedTicks,
+  tickUpdate,
   treeView,
   unitOfStep,
   viewTitle,
@@ -31,23 +34,34 @@ function sample(): TimelineData {
   return data;
 }
 
-type ClickHandler = (ev: { points?: unknown[] }) => void;
+type ClickHandler = (ev: { points?: unknown[] }) => unknown;
 
-/** A plotly graph div: `data` with trace names, `on` for plotly_click. */
-function plotDiv(id: string, names: string[]): HTMLElement & { click_: (p: unknown) => void } {
+/** A plotly graph div: `data` with trace names, `on` for its events; `click_` sends a
+ * plotly_click, `fire` any event (returning what its handlers return). */
+function plotDiv(
+  id: string,
+  names: string[],
+): HTMLElement & {
+  click_: (p: unknown) => void;
+  fire: (e: string, p?: unknown) => unknown[];
+  data: Array<Record<string, unknown>>;
+  _fullData?: Array<{ level?: string }>;
+} {
   const el = document.createElement("div") as unknown as HTMLElement & {
-    data: Array<{ name: string }>;
+    data: Array<Record<string, unknown>>;
     on: (e: string, cb: ClickHandler) => void;
     click_: (p: unknown) => void;
+    fire: (e: string, p?: unknown) => unknown[];
   };
   el.id = id;
   el.data = names.map((name) => ({ name }));
-  const handlers: ClickHandler[] = [];
+  const handlers = new Map<string, ClickHandler[]>();
   el.on = (e, cb) => {
-    if (e === "plotly_click") handlers.push(cb);
+    handlers.set(e, [...(handlers.get(e) ?? []), cb]);
   };
+  el.fire = (e, p) => (handlers.get(e) ?? []).map((h) => h({ points: p === undefined ? [] : [p] }));
   el.click_ = (p) => {
-    for (const h of handlers) h({ points: [p] });
+    el.fire("plotly_click", p);
   };
   document.body.appendChild(el);
   return el;
@@ -62,8 +76,11 @@ function config(): PageConfig {
     explorer: {
       div: "ex",
       ids: ["<root>", "b", "b.fc", "c"],
+      parents: ["", "<root>", "b", "<root>"],
       units: ["", "b", "b", null],
+      outline: ["F", "B"],
     },
+    find: { input: "find", note: "find-note" },
     prefetch: { div: "pf", positions: { "": 0, b: 1, c: 2, d: 3 } },
     timelineDiv: "tl",
     widgetScript: "esm",
@@ -96,6 +113,11 @@ function bigConfig(): PageConfig {
 function setup(cfg: PageConfig = config()) {
   const explorer = plotDiv("ex", ["modules"]);
   const prefetch = plotDiv("pf", ["forward order", "units", "current", "selected"]);
+  const find = document.createElement("input");
+  find.id = "find";
+  const note = document.createElement("span");
+  note.id = "find-note";
+  document.body.append(find, note);
   const tl = document.createElement("div");
   tl.id = "tl";
   document.body.append(tl);
@@ -113,8 +135,11 @@ function setup(cfg: PageConfig = config()) {
   render({ model: model as unknown as AnyModel<WidgetModel>, el: tl });
   const linker = new Linker(cfg, model, plotly, document);
   linker.start();
-  return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl };
+  return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl, find, note };
 }
+
+/** Where the prefetch graph's ring trace `trace` is (its data: the overlay draws it). */
+const ringAt = (gd: { data: Array<Record<string, unknown>> }, trace: number) => gd.data[trace].x;
 
 const lastRestyle = (
   calls: ReturnType<typeof setup>["calls"],
@@ -167,8 +192,22 @@ describe("PageModel", () => {
 
 describe("pure helpers", () => {
   it("outlines one unit's explorer nodes", () => {
-    expect(explorerWidths(["", "b", "b", null], "b")).toEqual([0.5, 3, 3, 0.5]);
-    expect(explorerWidths(["", null], null)).toEqual([0.5, 0.5]);
+    expect(explorerOutline(["", "b", "b", null], "b", ["F", "B"])).toEqual(["B", "F", "F", "B"]);
+    expect(explorerOutline(["", null], null, ["F", "B"])).toEqual(["B", "B"]);
+  });
+
+  it("finds a module by name, (root), or a part of a unit's or module's name", () => {
+    const ids = ["<root>", "inp", "blocks", "b", "b.fc", "c", "head"];
+    const units = ["", "", "", "b", "b", null, ""];
+    expect(findModule(ids, units, "(root)")).toBe(0);
+    expect(findModule(ids, units, " b.fc ")).toBe(4);
+    expect(findModule(ids, units, "B")).toBe(3); // units first
+    expect(findModule(ids, units, "FC")).toBe(4);
+    expect(findModule(ids, units, "ea")).toBe(6);
+    expect(findModule(ids, units, "<root>")).toBe(-1); // the id is not a name
+    expect(findModule(ids, units, "roo")).toBe(0); // the root reads (root)
+    expect(findModule(ids, units, "nope")).toBe(-1);
+    expect(findModule(ids, units, "  ")).toBe(-1);
   });
 
   it("finds the unit of a step and the next step of a unit, wrapping around", () => {
@@ -195,11 +234,11 @@ describe("pure helpers", () => {
 
 describe("linked page", () => {
   it("outlines the first event's unit at start and follows the step buttons", () => {
-    const { calls, status, tl } = setup();
+    const { calls, status, tl, prefetch } = setup();
     expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
-      "marker.line.width": [[3, 0.5, 0.5, 0.5]],
+      "marker.line.color": [["F", "B", "B", "B"]],
     });
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[0]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([0]);
     expect(status.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 /);
     expect(document.body.dataset.fvCurrentUnit).toBe("");
     const forward = [...tl.querySelectorAll("button")].find((b) =>
@@ -212,9 +251,9 @@ describe("linked page", () => {
     expect(document.body.dataset.fvCurrentUnit).toBe("b");
     expect(document.querySelectorAll(".fv-info")).toHaveLength(1); // one status line
     expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
-      "marker.line.width": [[0.5, 3, 3, 0.5]],
+      "marker.line.color": [["B", "F", "F", "B"]],
     });
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[1]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([1]);
   });
 
   it("follows the widget's slider", () => {
@@ -227,12 +266,12 @@ describe("linked page", () => {
   });
 
   it("a click on a unit in either figure selects it in the timeline", () => {
-    const { model, calls, explorer, prefetch, tl } = setup();
+    const { model, explorer, prefetch, tl } = setup();
     explorer.click_({ id: "b" });
     expect(model.get("selected_unit")).toBe("b");
     expect(model.get("step")).toBe(1); // the next event of 'b'
     expect(tl.querySelector(".fv-info")?.textContent).toMatch(/^step 1 of 18 /);
-    expect(lastRestyle(calls, "pf", 3)?.update).toEqual({ x: [[1]], y: [[0]] });
+    expect(ringAt(prefetch, 3)).toEqual([1]);
     explorer.click_({ id: "b.fc" });
     expect(model.get("step")).toBe(2);
     prefetch.click_({ customdata: "" });
@@ -241,6 +280,61 @@ describe("linked page", () => {
     expect(document.body.dataset.fvSelectedUnit).toBe("");
     explorer.click_({ id: "c" }); // not managed by FSDP: nothing to select
     expect(model.get("selected_unit")).toBe("");
+  });
+});
+
+describe("search box, path bar and axis labels", () => {
+  it("the search box selects the unit it names and zooms the explorer to it", () => {
+    const { model, calls, find, note } = setup();
+    find.value = "fc";
+    find.dispatchEvent(new Event("change"));
+    expect(model.get("selected_unit")).toBe("b");
+    expect(model.get("step")).toBe(1);
+    // b.fc has no children: the explorer shows it inside its parent
+    expect(lastRestyle(calls, "ex", 0, "level")?.update).toEqual({ level: ["b"] });
+    expect(note.textContent).toBe("found 'b.fc'");
+    expect(document.body.dataset.fvFound).toBe("b.fc");
+    find.value = "(root)";
+    find.dispatchEvent(new Event("change"));
+    expect(model.get("selected_unit")).toBe("");
+    expect(lastRestyle(calls, "ex", 0, "level")?.update).toEqual({ level: ["<root>"] });
+    expect(note.textContent).toBe("found (root)");
+    find.value = "nope";
+    find.dispatchEvent(new Event("change"));
+    expect(note.textContent).toMatch(/^no unit or module matches 'nope'/);
+    expect(model.get("selected_unit")).toBe("");
+  });
+
+  it("a click that zooms out (the path bar) selects nothing; a click that zooms in does", () => {
+    const { model, explorer } = setup();
+    explorer.data[0] = { name: "modules", ids: ["<root>", "b", "b.fc", "c"] };
+    explorer.data[0].parents = ["", "<root>", "b", "<root>"];
+    explorer._fullData = [{ level: "b" }]; // zoomed into 'b'
+    model.set("selected_unit", "c");
+    expect(explorer.fire("plotly_icicleclick", { id: "<root>" })).toEqual([undefined]);
+    explorer.click_({ id: "<root>" }); // plotly's own zoom out, then its click
+    expect(model.get("selected_unit")).toBe("c");
+    explorer.fire("plotly_icicleclick", { id: "b.fc" });
+    explorer.click_({ id: "b.fc" });
+    expect(model.get("selected_unit")).toBe("b");
+  });
+
+  it("keeps every k-th unit name so that names stand apart at the width drawn", () => {
+    const ticks = {
+      vals: [0, 1, 2, 3, 4, 5, 6],
+      text: ["a", "b", "c", "d", "e", "f", "g"],
+      min_px: 16,
+    };
+    expect(thinnedTicks(ticks, 700, 7).vals).toEqual([0, 1, 2, 3, 4, 5, 6]);
+    expect(thinnedTicks(ticks, 70, 7)).toEqual({ vals: [0, 2, 4, 6], text: ["a", "c", "e", "g"] });
+    const gd = {
+      layout: { meta: { fsdpviz_ticks: ticks }, xaxis: { tickvals: [0, 2, 4, 6] } },
+      _fullLayout: { xaxis: { _length: 70, range: [-0.5, 6.5] } },
+    };
+    expect(tickUpdate(gd)).toBeNull(); // already thinned so
+    gd._fullLayout.xaxis._length = 30;
+    expect(tickUpdate(gd)).toEqual({ "xaxis.tickvals": [0, 4], "xaxis.ticktext": ["a", "e"] });
+    expect(tickUpdate({ layout: {} })).toBeNull();
   });
 });
 
@@ -303,7 +397,7 @@ describe("a big model's explorer in the page", () => {
     }
     tree.budget = 1000; // 208 modules drawn: a big figure
     cfg.timeline = sample(); // played slowly: not to its end during the test
-    const { model, calls, tl } = setup(cfg);
+    const { model, calls, tl, prefetch } = setup(cfg);
     const forward = [...tl.querySelectorAll("button")].find((b) =>
       b.title.startsWith("step forward"),
     );
@@ -313,7 +407,7 @@ describe("a big model's explorer in the page", () => {
     expect(calls.length).toBe(before); // not yet: the steps may go on
     // the page model hears the second step after the widget's sync interval (100 ms)
     await new Promise((resolve) => setTimeout(resolve, FOLLOW_AFTER_MS + 200));
-    expect(lastRestyle(calls, "ex", 0)?.update["marker.line.width"]).toBeDefined();
+    expect(lastRestyle(calls, "ex", 0)?.update["marker.line.color"]).toBeDefined();
     expect(document.body.dataset.fvStep).toBe("2");
     const n = calls.length;
     model.set("playing", true);
@@ -323,6 +417,6 @@ describe("a big model's explorer in the page", () => {
     model.set("playing", false); // caught up at once: the current unit ringed
     const current = document.body.dataset.fvCurrentUnit ?? "";
     const x = (cfg.prefetch as NonNullable<PageConfig["prefetch"]>).positions[current];
-    expect(lastRestyle(calls, "pf", 2)?.update).toEqual({ x: [[x]], y: [[0]] });
+    expect(ringAt(prefetch, 2)).toEqual([x]);
   });
 });
