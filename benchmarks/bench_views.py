@@ -213,15 +213,8 @@ def stepping(report: Any) -> None:
         return
     path = Path(tempfile.mkdtemp()) / "big.html"
     report.save(path)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=args)
-        page = browser.new_page(viewport={"width": 1300, "height": 1500})
-        start = time.perf_counter()
-        page.goto(path.as_uri())
-        page.wait_for_selector("body[data-fv-ready=true]", timeout=300_000)
-        ready = time.perf_counter() - start
+        browser, page, ready = _open_page(p, path, chromium)
         drawn = page.evaluate("document.querySelectorAll('#fv-explorer g.slice').length")
         step = page.evaluate(_STEP_JS, 200)
         play = page.evaluate(_PLAY_JS, 3000)

@@ -62,7 +62,7 @@ def chrome_trace(
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
         copies = any(e.kind in _COPIES for it in report.iterations for e in it)
         events += _metadata(pid, name, copies)
-        its = _iterations(report, iteration)
+        its = report.iteration_indices(iteration)
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
         else:
@@ -114,15 +114,6 @@ def _metadata(pid: int, name: str, copies: bool) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _iterations(report: Report, iteration: int | None) -> list[int]:
-    n = len(report.iterations)
-    if iteration is None:
-        return list(range(n))
-    if not -n <= iteration < n:
-        raise IndexError(f"iteration {iteration} is out of range: the report has {n}")
-    return [iteration % n]
 
 
 def _timed(report: Report, its: list[int]) -> bool:

@@ -320,6 +320,16 @@ class Report:
         names = ", ".join(unit_label(u.module) for u in self.units[:8])
         raise KeyError(f"no wrap unit for module {unit_label(module)}; units are {names}...")
 
+    def iteration_indices(self, iteration: int | None = -1) -> list[int]:
+        """Indices into ``iterations`` of ``iteration`` (negative counts from the end;
+        ``None``: every iteration, in order). IndexError when it is out of range."""
+        n = len(self.iterations)
+        if iteration is None:
+            return list(range(n))
+        if not -n <= iteration < n:
+            raise IndexError(f"iteration {iteration} is out of range: the report has {n}")
+        return [iteration % n]
+
     def to_dict(self) -> dict[str, Any]:
         d = {
             "schema_version": SCHEMA_VERSION,

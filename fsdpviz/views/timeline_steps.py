@@ -295,18 +295,9 @@ class _Placed:
     timed: bool
 
 
-def _shown(report: Report, iteration: int | None) -> list[int]:
-    n = len(report.iterations)
-    if iteration is None:
-        return list(range(n))
-    if not -n <= iteration < n:
-        raise IndexError(f"iteration {iteration} is out of range: the report has {n}")
-    return [iteration % n]
-
-
 def _place(g: _Group, iteration: int | None, machine: Machine | str | None) -> _Placed:
     report = g.report
-    its = _shown(report, iteration)
+    its = report.iteration_indices(iteration)
     events = [(i, k, e) for i in its for k, e in enumerate(report.iterations[i])]
     if machine is not None and report.source == "prediction" and report.profile is not None:
         return _modelled(report, its, events, machine)
@@ -638,7 +629,7 @@ def auto_memory(report: Report, iteration: int | None = -1) -> MemoryLane | None
     report with no iteration or no unit."""
     if not report.iterations or not report.units:
         return None
-    shown = _shown(report, iteration)
+    shown = report.iteration_indices(iteration)
     defaults = shown[-1] == len(report.iterations) - 1
     return memory_lane(report, iteration=iteration, memory=report.memory if defaults else None)
 
