@@ -65,15 +65,22 @@ def _execute(name: str, kernel_path: Path, tmp_path: Path, mp: pytest.MonkeyPatc
 
 
 def _texts(cell: NotebookNode) -> str:
-    """Everything a reader sees in a cell's outputs: streams and text/plain, HTML, errors."""
+    """Everything a reader sees in a cell's outputs: streams and text/plain, HTML, errors.
+
+    A stream reads as the page shows it: one text, however many messages the kernel sent
+    it in (how print() output is cut into messages depends on timing)."""
     parts: list[str] = []
+    last_stream: str | None = None
     for out in cell.get("outputs", []):
-        if out.output_type == "stream":
+        if out.output_type == "stream" and out.name == last_stream:
+            parts[-1] += out.text
+        elif out.output_type == "stream":
             parts.append(out.text)
         elif out.output_type in ("display_data", "execute_result"):
             for mime in ("text/plain", "text/html"):
                 if mime in out.data:
                     parts.append(out.data[mime])
+        last_stream = out.name if out.output_type == "stream" else None
     return "\n".join(parts)
 
 
