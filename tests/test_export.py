@@ -22,7 +22,7 @@ from views_models import analyze_tiny, check_golden
 import fsdpviz
 from fsdpviz import ConfigError, RecordedRun, Report
 from fsdpviz.cost import memory_model, timeline
-from fsdpviz.export import SUFFIXES, chrome_trace, html_page, save
+from fsdpviz.export import SUFFIXES, chrome_trace, html_page, page_script, save
 from fsdpviz.views import timeline_data
 
 
@@ -226,9 +226,7 @@ def test_graph_of_a_recording_uses_its_units(run: RecordedRun, tmp_path: Path) -
 
 
 def _config(page: str) -> dict[str, Any]:
-    match = re.search(r'<script type="application/json" id="fv-config">(.*?)</script>', page, re.S)
-    assert match is not None
-    data: dict[str, Any] = json.loads(match.group(1))
+    data: dict[str, Any] = json.loads(page_script(page, "fv-config"))
     return data
 
 
@@ -237,7 +235,8 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
 ) -> None:
     page = save(report, tmp_path / "report.html").read_text()
     assert page.startswith("<!doctype html>")
-    assert page.count("plotly.js v") == 1  # the bundle's banner: inlined once
+    assert page_script(page, "fv-plotly").count("plotly.js v") == 1  # inlined once
+    assert "plotly.js v" not in page  # packed: gzip and base64
     assert not re.search(r"<(script|link|img)[^>]*\s(src|href)=", page)
     assert "<title>fsdpviz prediction: FSDP1, 4 units, world size 4</title>" in page
     assert 'data-jp-theme-light="true"' in page

@@ -9,7 +9,7 @@ kaleido), ``.json`` (a Chrome trace that :func:`fsdpviz.load` reads back),
 ``.graphml`` and ``.nodelink.json`` (the unit or module graph). :data:`SUFFIXES`
 lists them and :func:`suffix_of` gives a path's. :func:`write_image` writes any
 plotly figure; :func:`chrome_trace` and :func:`html_page` return what ``.json``
-and ``.html`` files hold.
+and ``.html`` files hold; :func:`page_script` reads a page's packed data back.
 
 Example::
 
@@ -21,9 +21,17 @@ Example::
 
 from __future__ import annotations
 
-from fsdpviz.export._html import html_page
+from fsdpviz.export._html import html_page, page_script
 from fsdpviz.export._image import write_image
 from fsdpviz.export._save import SUFFIXES, save, suffix_of
 from fsdpviz.export._trace import chrome_trace
 
-__all__ = ["SUFFIXES", "chrome_trace", "html_page", "save", "suffix_of", "write_image"]
+__all__ = [
+    "SUFFIXES",
+    "chrome_trace",
+    "html_page",
+    "page_script",
+    "save",
+    "suffix_of",
+    "write_image",
+]

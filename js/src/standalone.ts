@@ -19,7 +19,7 @@ export { childrenOf, type ExplorerTree, type TreeView, treeView, viewTitle, view
 
 import type { WidgetModel } from "./view";
 
-/** What Python writes into <script type="application/json" id="fv-config">. */
+/** What Python writes, as JSON, gzip-compressed and base64-encoded, into <script id="fv-config">. */
 export interface PageConfig {
   /** plotly figures to draw first: `{data, layout}` as plotly.py writes them, per div id. */
   figures: Array<{ div: string; figure: { data: unknown[]; layout: unknown } }>;
@@ -46,9 +46,17 @@ export interface PageConfig {
   /** Prefetch figure: x position of each unit (its forward index). */
   prefetch: { div: string; positions: Record<string, number> } | null;
   timelineDiv: string;
-  /** id of the <script type="text/plain"> holding timeline.js, base64-encoded. */
-  widgetScript: string;
 }
+
+/**
+ * The page's packed scripts: each holds a text gzip-compressed and base64-encoded
+ * (fsdpviz.export's `html_page` writes them), which keeps a big model's page a few MB.
+ */
+export const PACKED = {
+  plotly: "fv-plotly",
+  config: "fv-config",
+  widget: "fv-widget-esm",
+} as const;
 
 type Handler = (...args: unknown[]) => void;
 
@@ -524,9 +532,8 @@ interface WidgetModule {
 }
 
 /** Import the embedded widget bundle (an ES module) from a blob: URL, as anywidget does. */
-export async function importWidget(base64: string): Promise<WidgetModule> {
-  const bytes = Uint8Array.from(atob(base64.replace(/\s+/g, "")), (c) => c.charCodeAt(0));
-  const url = URL.createObjectURL(new Blob([bytes], { type: "text/javascript" }));
+export async function importWidget(source: string): Promise<WidgetModule> {
+  const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   try {
     return (await import(/* @vite-ignore */ url)) as WidgetModule;
   } finally {
@@ -549,9 +556,36 @@ export function initialState(config: PageConfig): WidgetModel {
   };
 }
 
-/** Read the page's config, draw the figures and the timeline, and link them. */
-export async function mount(doc: Document, plotly: PlotlyLike): Promise<PageModel<WidgetModel>> {
-  const config = JSON.parse(doc.getElementById("fv-config")?.textContent ?? "null") as PageConfig;
+/** The text held by a packed script of the page (see {@link PACKED}). */
+export async function unpack(doc: Document, id: string): Promise<string> {
+  const packed = doc.getElementById(id)?.textContent;
+  if (packed === undefined || packed === null || packed === "") {
+    throw new Error(`the page has no packed script #${id}`);
+  }
+  const bytes = Uint8Array.from(atob(packed.replace(/\s+/g, "")), (c) => c.charCodeAt(0));
+  const body = new Response(bytes).body;
+  if (body === null) throw new Error(`the packed script #${id} is empty`);
+  return await new Response(body.pipeThrough(new DecompressionStream("gzip"))).text();
+}
+
+/** Run plotly.js's bundle as a classic script (it defines `window.Plotly`). */
+function loadPlotly(doc: Document, source: string): PlotlyLike {
+  const script = doc.createElement("script");
+  script.textContent = source;
+  doc.head.append(script);
+  script.remove();
+  const plotly = doc.defaultView?.Plotly;
+  if (plotly === undefined) throw new Error("plotly.js did not load");
+  return plotly;
+}
+
+/** Draw the figures and the timeline from `config`, and link them. */
+export async function mount(
+  doc: Document,
+  plotly: PlotlyLike,
+  config: PageConfig,
+  widgetSource: string,
+): Promise<PageModel<WidgetModel>> {
   for (const { div, figure } of config.figures) {
     const gd = doc.getElementById(div);
     if (gd === null) throw new Error(`the page has no element #${div} for a figure`);
@@ -559,12 +593,22 @@ export async function mount(doc: Document, plotly: PlotlyLike): Promise<PageMode
   }
   const model = new PageModel<WidgetModel>(initialState(config));
   const el = doc.getElementById(config.timelineDiv);
-  const source = doc.getElementById(config.widgetScript)?.textContent ?? "";
-  if (el === null || source === "") throw new Error("the page lacks the timeline or its script");
-  const widget = await importWidget(source);
+  if (el === null) throw new Error("the page lacks the timeline's element");
+  const widget = await importWidget(widgetSource);
   widget.default.render({ model, el });
   new Linker(config, model, plotly, doc).start();
   return model;
+}
+
+/** Unpack the page's scripts, then {@link mount}. */
+export async function boot(doc: Document): Promise<PageModel<WidgetModel>> {
+  const [plotlySource, configText, widgetSource] = await Promise.all([
+    unpack(doc, PACKED.plotly),
+    unpack(doc, PACKED.config),
+    unpack(doc, PACKED.widget),
+  ]);
+  const plotly = loadPlotly(doc, plotlySource);
+  return mount(doc, plotly, JSON.parse(configText) as PageConfig, widgetSource);
 }
 
 function showPageError(doc: Document, err: unknown): void {
@@ -582,17 +626,12 @@ declare global {
   }
 }
 
-if (typeof document !== "undefined" && document.getElementById("fv-config") !== null) {
-  const plotly = window.Plotly;
-  if (plotly === undefined) {
-    showPageError(document, new Error("plotly.js did not load"));
-  } else {
-    mount(document, plotly).then(
-      (model) => {
-        window.fsdpvizModel = model;
-        document.body.dataset.fvReady = "true";
-      },
-      (err: unknown) => showPageError(document, err),
-    );
-  }
+if (typeof document !== "undefined" && document.getElementById(PACKED.config) !== null) {
+  boot(document).then(
+    (model) => {
+      window.fsdpvizModel = model;
+      document.body.dataset.fvReady = "true";
+    },
+    (err: unknown) => showPageError(document, err),
+  );
 }

@@ -21,6 +21,7 @@ import {
   tickUpdate,
   treeView,
   unitOfStep,
+  unpack,
   viewTitle,
   viewTrace,
 } from "../src/standalone";
@@ -83,7 +84,6 @@ function config(): PageConfig {
     find: { input: "find", note: "find-note" },
     prefetch: { div: "pf", positions: { "": 0, b: 1, c: 2, d: 3 } },
     timelineDiv: "tl",
-    widgetScript: "esm",
   };
 }
 
@@ -418,5 +418,36 @@ describe("a big model's explorer in the page", () => {
     const current = document.body.dataset.fvCurrentUnit ?? "";
     const x = (cfg.prefetch as NonNullable<PageConfig["prefetch"]>).positions[current];
     expect(ringAt(prefetch, 2)).toEqual([x]);
+  });
+});
+
+/** `text` gzip-compressed and base64-encoded, as Python's gzip and base64 modules do. */
+async function gzipBase64(text: string): Promise<string> {
+  const body = new Response(text).body as ReadableStream<BufferSource>;
+  const gzipped = new Response(body.pipeThrough(new CompressionStream("gzip")));
+  const bytes = new Uint8Array(await gzipped.arrayBuffer());
+  return btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(""));
+}
+
+describe("packed scripts", () => {
+  it("unpacks gzip and base64 as Python's fsdpviz.export.pack writes them", async () => {
+    const text = `{"unit":"layers.0","bytes":${2 ** 40},"note":"é ✓"}`.repeat(50);
+    const script = document.createElement("script");
+    script.type = "application/gzip";
+    script.id = "fv-packed-test";
+    // base64 broken over lines, as some editors re-wrap long lines: whitespace is ignored
+    script.textContent = (await gzipBase64(text)).replace(/(.{76})/g, "$1\n");
+    document.body.append(script);
+    try {
+      expect(await unpack(document, "fv-packed-test")).toBe(text);
+    } finally {
+      script.remove();
+    }
+  });
+
+  it("names the script a page lacks", async () => {
+    await expect(unpack(document, "fv-missing")).rejects.toThrow(
+      "the page has no packed script #fv-missing",
+    );
   });
 });
