@@ -22,7 +22,8 @@ from views_models import analyze_tiny, check_golden
 import fsdpviz
 from fsdpviz import ConfigError, RecordedRun, Report
 from fsdpviz.cost import memory_model, timeline
-from fsdpviz.export import SUFFIXES, chrome_trace, html_page, page_script, save
+from fsdpviz.errors import ExportError
+from fsdpviz.export import PAGE_TRACES, SUFFIXES, chrome_trace, html_page, page_script, save
 from fsdpviz.views import timeline_data
 
 
@@ -235,8 +236,10 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
 ) -> None:
     page = save(report, tmp_path / "report.html").read_text()
     assert page.startswith("<!doctype html>")
-    assert page_script(page, "fv-plotly").count("plotly.js v") == 1  # inlined once
-    assert "plotly.js v" not in page  # packed: gzip and base64
+    static = Path(fsdpviz.__file__).parent / "static"
+    # plotly.js once: the part the page draws with (js/src/plotly.ts), packed
+    assert page_script(page, "fv-plotly") == (static / "plotly.js").read_text()
+    assert "Plotly" not in page.split("<body", 1)[0]  # nothing of it unpacked in the head
     assert not re.search(r"<(script|link|img)[^>]*\s(src|href)=", page)
     assert "<title>fsdpviz prediction: FSDP1, 4 units, world size 4</title>" in page
     assert 'data-jp-theme-light="true"' in page
@@ -250,6 +253,22 @@ def test_html_is_one_file_with_plotly_once_and_no_remote_references(
     assert config["timeline"]["clock"].startswith("modelled on H100")
     assert config["explorer"]["units"][:2] == ["", ""]
     assert config["prefetch"]["positions"] == {"": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3}
+
+
+def test_html_figures_draw_only_what_the_page_plotly_holds(
+    report: Report, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plotly.graph_objects as go
+
+    import fsdpviz.views
+
+    page = html_page(report)
+    for figure in _config(page)["figures"]:
+        assert {t.get("type", "scatter") for t in figure["figure"]["data"]} <= set(PAGE_TRACES)
+    bars = go.Figure(go.Bar(x=[1], y=[2]))
+    monkeypatch.setattr(fsdpviz.views, "prefetch_figure", lambda *a, **k: bars)
+    with pytest.raises(ExportError, match=r"draws a 'bar' trace, which the page's plotly.js"):
+        html_page(report)
 
 
 def test_html_options(report: Report) -> None:

@@ -1,13 +1,14 @@
 """One self-contained HTML page: summary, explorer, prefetch graph and step-through timeline.
 
-Everything is inlined (plotly.js once, the timeline widget's own bundle, the page
-script ``standalone.js`` built from ``js/src/standalone.ts``, the data), so the
-page works from a file, offline, without a kernel. plotly.js, the data and the
-widget are packed (gzip, then base64, see :func:`pack`): a 10,000-module model's
-page is a few MB instead of ten; the page script unpacks them with the browser's
-``DecompressionStream``. The timeline widget runs
-against an in-page model; the current step's unit is outlined in the figures and
-a click on a unit there selects it in the timeline.
+Everything is inlined (the part of plotly.js the page draws with, ``plotly.js``
+built from ``js/src/plotly.ts``; the timeline widget's own bundle; the page script
+``standalone.js`` built from ``js/src/standalone.ts``; the data), so the page works
+from a file, offline, without a kernel. plotly.js, the data and the widget are
+packed (gzip, then base64, see :func:`pack`): a 10,000-module model's page is a few
+MB instead of ten; the page script unpacks them with the browser's
+``DecompressionStream``. The timeline widget runs against an in-page model; the
+current step's unit is outlined in the figures and a click on a unit there selects
+it in the timeline.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = ["html_page", "pack", "page_script"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
+# The trace types js/src/plotly.ts registers (scatter is plotly.js's core).
+PAGE_TRACES = ("scatter", "icicle", "treemap")
 _PLOT_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
@@ -180,10 +183,23 @@ def _read(path: Path) -> str:
 
 @functools.cache
 def _packed_plotly() -> str:
-    """plotly.js, packed once per process (the same bytes for every page)."""
-    from plotly.offline import get_plotlyjs
+    """The page's plotly.js, packed once per process (the same bytes for every page)."""
+    return pack(_read(STATIC / "plotly.js"))
 
-    return pack(get_plotlyjs())
+
+def _figure_json(fig: go.Figure) -> dict[str, Any]:
+    """A figure as plotly.js draws it; its traces must be of the types the page's plotly.js
+    holds (:data:`PAGE_TRACES`)."""
+    data: dict[str, Any] = json.loads(fig.to_json())
+    for trace in data.get("data", []):
+        kind = trace.get("type", "scatter")
+        if kind not in PAGE_TRACES:
+            raise ExportError(
+                f"a figure of the page draws a {kind!r} trace, which the page's plotly.js "
+                f"does not hold (only {', '.join(PAGE_TRACES)}): add it in js/src/plotly.ts "
+                "and to PAGE_TRACES"
+            )
+    return {"data": data.get("data", []), "layout": data.get("layout", {})}
 
 
 def _inline_script(source: str) -> str:
@@ -208,11 +224,6 @@ def page_script(page: str, script_id: str) -> str:
     if match is None:
         raise ExportError(f"the page has no packed script #{script_id}")
     return gzip.decompress(base64.b64decode(match.group(1))).decode()
-
-
-def _figure_json(fig: go.Figure) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(fig.to_json())
-    return {"data": data.get("data", []), "layout": data.get("layout", {})}
 
 
 def _version() -> str:

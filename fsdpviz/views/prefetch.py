@@ -65,6 +65,10 @@ _LABELS = {
 _MAX_TICK_LABELS = 60  # drawn where no script thins them to the width (static images)
 TICK_MIN_PX = 16  # unit names stand at least this far apart (they are 11 px high)
 _COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golden files)
+# From this many units the names stand upright (tickangle -90) under a bottom margin
+# measured here: plotly's automargin would draw a graph this big twice (~0.5 s each).
+_UPRIGHT_FROM = 100
+_CHAR_PX = 0.62  # width of a character of the 11 px tick font, as a fraction of its size
 _PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
 
 
@@ -374,25 +378,33 @@ def _layout(
         setting = (
             f"forward_prefetch={cfg.forward_prefetch}, backward_prefetch={cfg.backward_prefetch}"
         )
+    xaxis: dict[str, Any] = {
+        "tickvals": [pos[n] for n in shown],
+        "ticktext": text[::step],
+        # no tickangle: plotly picks the first of these at which labels do not overlap
+        "autotickangles": [0, -40, -90],
+        "tickfont": {"size": 11},
+        "showgrid": False,
+        "zeroline": False,
+        "automargin": True,  # room for the rotated unit names, then the axis title
+        "title": {"text": "units in forward order", "standoff": 8},
+    }
+    bottom = 8
+    if len(names) >= _UPRIGHT_FROM:  # names upright at any width, the margin made here
+        longest = max(len(t) for t in text)
+        bottom = math.ceil(longest * 11 * _CHAR_PX) + 8 + 34  # names, standoff, title
+        xaxis.update(tickangle=-90, automargin=False)
+        del xaxis["autotickangles"]
     return dict(
         template=template(theme),
         title={"text": f"Prefetch graph ({it}): {setting}", "font": {"size": 14}},
-        xaxis={
-            "tickvals": [pos[n] for n in shown],
-            "ticktext": text[::step],
-            # no tickangle: plotly picks the first of these at which labels do not overlap
-            "autotickangles": [0, -40, -90],
-            "tickfont": {"size": 11},
-            "showgrid": False,
-            "zeroline": False,
-            "automargin": True,  # room for the rotated unit names, then the axis title
-            "title": {"text": "units in forward order", "standoff": 8},
-        },
+        xaxis=xaxis,
         yaxis={"visible": False, "range": y_range, "fixedrange": True},
         legend={"orientation": "h", "yanchor": "top", "y": 1.0, "x": 1.0, "xanchor": "right"},
-        margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": 8},
+        margin={"l": 16, "r": 16, "t": 48 + 16 * len(notes), "b": bottom},
         autosize=True,  # no width: the figure fills its output
-        height=440 if y_range[0] < -0.5 and y_range[1] > 0.5 else 360,  # arcs on both sides
+        # arcs on both sides get more height; upright names get their margin on top of it
+        height=(440 if y_range[0] < -0.5 and y_range[1] > 0.5 else 360) + bottom - 8,
         meta={
             "fsdpviz_ticks": {
                 "vals": [pos[n] for n in names],

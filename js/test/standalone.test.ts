@@ -110,7 +110,7 @@ function bigConfig(): PageConfig {
   };
 }
 
-function setup(cfg: PageConfig = config()) {
+function setup(cfg: PageConfig = config(), prepared = false) {
   const explorer = plotDiv("ex", ["modules"]);
   const prefetch = plotDiv("pf", ["forward order", "units", "current", "selected"]);
   const find = document.createElement("input");
@@ -134,6 +134,11 @@ function setup(cfg: PageConfig = config()) {
   const render = (widget as { render: (p: unknown) => () => void }).render;
   render({ model: model as unknown as AnyModel<WidgetModel>, el: tl });
   const linker = new Linker(cfg, model, plotly, document);
+  if (prepared) {
+    // as mount does: each figure prepared, then drawn (the fake plotly draws its data as is)
+    linker.prepare("ex", explorer);
+    linker.prepare("pf", prefetch);
+  }
   linker.start();
   return { cfg, model, calls, layouts, linker, explorer, prefetch, status, tl, find, note };
 }
@@ -254,6 +259,22 @@ describe("linked page", () => {
       "marker.line.color": [["B", "F", "F", "B"]],
     });
     expect(ringAt(prefetch, 2)).toEqual([1]);
+  });
+
+  it("a prepared page starts without re-drawing a figure, outlined and ringed as drawn", () => {
+    const { calls, explorer, prefetch, tl } = setup(config(), true);
+    const marker = explorer.data[0].marker as { line: { color: string[] } };
+    expect(marker.line.color).toEqual(["F", "B", "B", "B"]); // the first event's unit
+    expect(prefetch.data.map((t) => t.visible)).toEqual([undefined, undefined, false, false]);
+    expect(calls).toEqual([]); // no restyle: nothing drawn twice
+    expect(ringAt(prefetch, 2)).toEqual([0]);
+    const forward = [...tl.querySelectorAll("button")].find((b) =>
+      b.title.startsWith("step forward"),
+    );
+    forward?.click();
+    expect(lastRestyle(calls, "ex", 0)?.update).toEqual({
+      "marker.line.color": [["B", "F", "F", "B"]],
+    });
   });
 
   it("follows the widget's slider", () => {
