@@ -141,6 +141,10 @@ _POINTER_JS = """async (n) => {
 }"""
 
 
+_MARKS_JS = """() => performance.getEntriesByType("mark")
+  .filter((m) => m.name.startsWith("fsdpviz:")).map((m) => [m.name, m.startTime])"""
+
+
 def _open_page(p: Any, path: Any, chromium: str) -> tuple[Any, Any, float]:
     args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -216,6 +220,7 @@ def stepping(report: Any) -> None:
     with sync_playwright() as p:
         browser, page, ready = _open_page(p, path, chromium)
         drawn = page.evaluate("document.querySelectorAll('#fv-explorer g.slice').length")
+        marks = page.evaluate(_MARKS_JS)
         step = page.evaluate(_STEP_JS, 200)
         play = page.evaluate(_PLAY_JS, 3000)
         browser.close()
@@ -224,6 +229,11 @@ def stepping(report: Any) -> None:
         f"(explorer: {drawn} of {len(report.modules)} modules); software-rendered headless "
         "Chromium"
     )
+    stages, last = [], 0.0
+    for name, at in marks:  # the page's performance marks: each stage's share of the time
+        stages.append(f"{name.removeprefix('fsdpviz:').removeprefix('fv-')} {at - last:.0f}")
+        last = at
+    print(f"  stages (ms, from navigation start): {', '.join(stages)}")
     print(
         f"  one step, drawn: median {step['median']:.0f} ms, 95th percentile "
         f"{step['p95']:.0f} ms, max {step['max']:.0f} ms (200 steps)"

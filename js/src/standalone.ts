@@ -8,6 +8,7 @@ import { type TickedDiv, tickUpdate } from "./ticks";
 import {
   childrenOf,
   type ExplorerTree,
+  fittingLabels,
   type TreeView,
   treeView,
   viewTitle,
@@ -15,7 +16,15 @@ import {
 } from "./tree";
 
 export { thinnedTicks, tickUpdate } from "./ticks";
-export { childrenOf, type ExplorerTree, type TreeView, treeView, viewTitle, viewTrace };
+export {
+  childrenOf,
+  type ExplorerTree,
+  fittingLabels,
+  type TreeView,
+  treeView,
+  viewTitle,
+  viewTrace,
+};
 
 import type { WidgetModel } from "./view";
 
@@ -209,6 +218,7 @@ interface PlotDiv extends HTMLElement, TickedDiv {
     x?: number[];
     visible?: unknown;
     marker?: RingStyle;
+    texttemplate?: unknown;
   }>;
   _fullData?: Array<{
     level?: string;
@@ -271,6 +281,26 @@ function placeRing(doc: Document, gd: PlotDiv, trace: number): void {
   el.dataset.fvX = String(x);
 }
 
+/** The width an icicle's slices share: the plot's, inside the figure's margins. */
+function labelWidth(gd: HTMLElement, layout: PlotDiv["layout"]): number {
+  const margin = (layout as { margin?: { l?: number; r?: number } } | undefined)?.margin;
+  return Math.max(0, gd.clientWidth - (margin?.l ?? 80) - (margin?.r ?? 80));
+}
+
+/** Give `id` and its ancestors their labels back before plotly zooms to one of them:
+ * the top of the figure always shows its label (fittingLabels blanked the slices too
+ * narrow for one under their parent). The data is plotly's own: the zoom draws it. */
+function labelChain(gd: PlotDiv, id: string): void {
+  const t = gd.data?.[0];
+  const template = t?.texttemplate;
+  if (!t?.ids || !t.parents || !Array.isArray(template)) return;
+  const parent = new Map(t.ids.map((x, i) => [x, t.parents?.[i] ?? ""] as [string, string]));
+  for (let x: string | undefined = id; x; x = parent.get(x)) {
+    const k = t.ids.indexOf(x);
+    if (k >= 0) template[k] = "%{label}";
+  }
+}
+
 /** Whether hierarchy node `id` is `level` or one of its ancestors (a click there zooms out). */
 function zoomsOut(gd: PlotDiv, id: unknown, level: string): boolean {
   const t = gd.data?.[0];
@@ -317,6 +347,11 @@ export class Linker {
     const units = this.view.indices.map((i) => ex.units[i]);
     trace["marker.line.color"] = explorerOutline(units, this.shown ?? null, ex.outline);
     trace.level = ex.ids[focus]; // drawn from its top, whatever plotly zoomed to before
+    trace.texttemplate = fittingLabels(
+      trace as { ids: string[]; parents: string[]; labels: string[]; values: number[] },
+      labelWidth(gd, gd.layout),
+      ex.ids[focus],
+    );
     const update: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(trace)) update[k] = [v];
     this.plotly.restyle(gd, update, [0]);
@@ -369,7 +404,10 @@ export class Linker {
     if (ex.tree) this.focus(this.focusFor(top, true));
     const unit = ex.units[i];
     if (unit !== null) this.select(unit);
-    if (gd !== null) this.plotly.restyle(gd, { level: [ex.ids[top]] }, [0]);
+    if (gd !== null) {
+      labelChain(gd, ex.ids[top]);
+      this.plotly.restyle(gd, { level: [ex.ids[top]] }, [0]);
+    }
     this.doc.body.dataset.fvFound = ex.ids[i];
     return ex.ids[i];
   }
@@ -391,10 +429,11 @@ export class Linker {
   /**
    * Fit `figure`, to be drawn in `div`, to the page before its first draw, so that
    * {@link start} re-draws nothing (a re-draw of a 10,000-module model's figures takes
-   * the browser ~0.5 s each): the explorer outlines the first step's unit, and the
-   * prefetch graph's ring traces are hidden (elements placed over the plot draw them).
+   * the browser ~0.5 s each): the explorer outlines the first step's unit and labels
+   * only the slices whose label can be read (see fittingLabels), and the prefetch
+   * graph's ring traces are hidden (elements placed over the plot draw them).
    */
-  prepare(div: string, figure: { data: unknown[] }): void {
+  prepare(div: string, figure: { data: unknown[]; layout?: unknown }): void {
     const ex = this.config.explorer;
     if (ex && div === ex.div && figure.data.length > 0) {
       const data = this.config.timeline;
@@ -404,6 +443,14 @@ export class Linker {
       const line = { ...trace.marker?.line, color: explorerOutline(units, current, ex.outline) };
       trace.marker = { ...trace.marker, line };
       this.shown = current;
+      const t = figure.data[0] as Record<string, unknown>;
+      const gd = this.div(div);
+      const arrays = ["ids", "parents", "labels", "values"].every((k) => Array.isArray(t[k]));
+      if (gd !== null && arrays && (t.tiling as { orientation?: string })?.orientation !== "h") {
+        const fit = t as { ids: string[]; parents: string[]; labels: string[]; values: number[] };
+        const layout = figure.layout as PlotDiv["layout"];
+        t.texttemplate = fittingLabels(fit, labelWidth(gd, layout), String(t.level ?? fit.ids[0]));
+      }
     }
     if (div === this.config.prefetch?.div) {
       for (const t of figure.data as Array<{ name?: string; visible?: unknown }>) {
@@ -440,7 +487,8 @@ export class Linker {
         return false;
       }
       zoomOut = explorer !== null && zoomsOut(explorer, p.id, level);
-      return undefined;
+      if (explorer !== null && typeof p.id === "string") labelChain(explorer, p.id);
+      return undefined; // plotly zooms: to p, or up from it
     };
     explorer?.on?.("plotly_icicleclick", hierarchyClick);
     explorer?.on?.("plotly_treemapclick", hierarchyClick);

@@ -11,6 +11,7 @@ import {
   explorerUnit,
   FOLLOW_AFTER_MS,
   findModule,
+  fittingLabels,
   initialState,
   Linker,
   nextStepOfUnit,
@@ -470,5 +471,29 @@ describe("packed scripts", () => {
     await expect(unpack(document, "fv-missing")).rejects.toThrow(
       "the page has no packed script #fv-missing",
     );
+  });
+});
+
+describe("explorer labels", () => {
+  const trace = {
+    ids: ["M", "blocks", "lm_head", "blocks.0", "blocks.1"],
+    parents: ["", "M", "M", "blocks", "blocks"],
+    labels: ["M", "blocks", "lm_head", "blocks.0", "blocks.1"],
+    values: [100, 99, 1, 98, 1],
+  };
+
+  it("labels a slice only where its label fits once its parent fills the width", () => {
+    // at 1000 px: lm_head is 10 px under M (needs 7 x 7.15), blocks.1 10 px under blocks
+    expect(fittingLabels(trace, 1000, "M")).toEqual(["%{label}", "%{label}", "", "%{label}", ""]);
+    // at 10,000 px both fit; the top always shows its label, however narrow
+    expect(fittingLabels(trace, 10_000, "M")).toEqual(trace.ids.map(() => "%{label}"));
+    expect(fittingLabels(trace, 100, "blocks.1")[4]).toBe("%{label}");
+  });
+
+  it("gives the zoom target and its ancestors their labels before plotly zooms", () => {
+    const { explorer } = setup();
+    explorer.data[0] = { ...trace, name: "modules", texttemplate: ["%{label}", "", "", "", ""] };
+    explorer.fire("plotly_icicleclick", { id: "blocks.1" });
+    expect(explorer.data[0].texttemplate).toEqual(["%{label}", "%{label}", "", "", "%{label}"]);
   });
 });
