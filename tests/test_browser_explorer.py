@@ -68,7 +68,8 @@ _NODE_CENTRES = """gd => {
 
 # Labels the explorer draws (visible ones: plotly hides those that do not fit).
 _SLICE_LABELS = """gd => [...gd.querySelectorAll('g.slice text.slicetext')]
-  .filter(t => { const r = t.getBoundingClientRect(); return r.width > 0 && r.height > 0; })
+  .filter(t => { const r = t.getBoundingClientRect();
+                 return t.textContent.trim() !== '' && r.width > 0 && r.height > 0; })
   .map(t => ({text: t.textContent, size: parseFloat(getComputedStyle(t).fontSize),
               box: t.getBoundingClientRect().toJSON(),
               slice: t.closest('g.slice').querySelector('path.surface')
