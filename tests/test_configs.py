@@ -18,6 +18,7 @@ from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStr
 
 import fsdpviz
 from fsdpviz.cli import main
+from fsdpviz.export import page_script
 
 pytest.importorskip("transformers")
 
@@ -438,7 +439,8 @@ def test_cli_report_of_a_hf_config_directory(
     assert code == 0 and "wrote report.html" in out
     assert "fsdpviz prediction: 3 units, world size 4" in out  # _no_split_modules wrapped
     assert "peak " in out and "step " in out
-    assert "LlamaDecoderLayer" in (in_tmp / "report.html").read_text()
+    config = page_script((in_tmp / "report.html").read_text(), "fv-config")
+    assert "LlamaDecoderLayer" in config  # the explorer's data names the wrapped class
 
 
 def test_cli_with_trainer_configs(

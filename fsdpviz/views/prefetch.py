@@ -393,7 +393,9 @@ def _layout(
     if len(names) >= _UPRIGHT_FROM:  # names upright at any width, the margin made here
         longest = max(len(t) for t in text)
         bottom = math.ceil(longest * 11 * _CHAR_PX) + 8 + 34  # names, standoff, title
-        xaxis.update(tickangle=-90, automargin=False)
+        pad = 0.06 * (len(names) - 1)  # about what plotly's autorange leaves on each side
+        # a set range: the page thins the names before the first draw, to the same ones
+        xaxis.update(tickangle=-90, automargin=False, range=[-pad, len(names) - 1 + pad])
         del xaxis["autotickangles"]
     return dict(
         template=template(theme),
