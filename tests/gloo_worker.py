@@ -2,8 +2,9 @@
 
 ``run(rank, world_size, port, out_dir, suite)`` records every case of one suite on each
 rank: ``"two"`` (2 ranks: FSDP1 and FSDP2 cases), ``"one"`` (1 rank, where FSDP1 switches
-to NO_SHARD) or ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
-given their ``(shard, replicate)`` process groups).
+to NO_SHARD), ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
+given their ``(shard, replicate)`` process groups) or ``"tp"`` (4 ranks as a dp 2 x tp 2
+mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp).
 """
 
 from __future__ import annotations
@@ -161,26 +162,57 @@ def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[
     }
 
 
+TP_MESH = (2, 2)  # (dp, tp)
+
+
+def record_tp(rank: int, out_dir: str) -> None:
+    """FSDP2 + tensor parallelism as torchtitan applies it, recorded on this rank."""
+    import tp_models
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with FSDP2Recorder(model) as rec:
+        for _ in range(3):
+            model(tp_models.tokens()).sum().backward()
+    rec.report().to_json(Path(out_dir) / f"tp-llama-rank{rank}.json")
+
+
+def record_suite(rank: int, world_size: int, out_dir: str, suite: str) -> None:
+    """Record every FSDP1 and FSDP2 case of ``suite`` on this rank."""
+    fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
+    groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
+    for name, (build, inputs, kwargs) in fsdp1.items():
+        torch.manual_seed(0)
+        if groups is not None:
+            kwargs = {**kwargs, "process_group": groups}
+        report = record_real_fsdp1(build(), inputs(), kwargs)
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+    for name, (build, inputs, calls, kwargs) in (
+        gloo_fsdp2_cases().items() if suite == "two" else []
+    ):
+        torch.manual_seed(0)
+        report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+
+
 def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.simplefilter("ignore")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
-        groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
-        for name, (build, inputs, kwargs) in fsdp1.items():
-            torch.manual_seed(0)
-            if groups is not None:
-                kwargs = {**kwargs, "process_group": groups}
-            report = record_real_fsdp1(build(), inputs(), kwargs)
-            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
-        for name, (build, inputs, calls, kwargs) in (
-            gloo_fsdp2_cases().items() if suite == "two" else []
-        ):
-            torch.manual_seed(0)
-            report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
-            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        if suite == "tp":
+            record_tp(rank, out_dir)
+        else:
+            record_suite(rank, world_size, out_dir, suite)
     except BaseException:
         dist.destroy_process_group()
         raise  # torch.multiprocessing.spawn reports it to the parent
