@@ -9,8 +9,11 @@ mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,10 +182,49 @@ def record_tp(rank: int, out_dir: str) -> None:
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    with FSDP2Recorder(model) as rec:
+    with FSDP2Recorder(model) as rec, _tp_collectives() as collectives:
         for _ in range(3):
             model(tp_models.tokens()).sum().backward()
     rec.report().to_json(Path(out_dir) / f"tp-llama-rank{rank}.json")
+    path = Path(out_dir) / f"tp-llama-collectives-rank{rank}.json"
+    path.write_text(json.dumps(collectives))
+
+
+_FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kind
+    "all_gather_single": "tp_all_gather",
+    "all_gather_tensor": "tp_all_gather",
+    "reduce_scatter_single": "tp_reduce_scatter",
+    "reduce_scatter_tensor": "tp_reduce_scatter",
+    "all_reduce": "tp_all_reduce",
+    "all_to_all_single": "tp_all_to_all",
+}
+
+
+@contextmanager
+def _tp_collectives() -> Iterator[list[list[Any]]]:
+    """Every functional collective DTensor issues, as ``[kind, bytes of the whole tensor]``
+    (an all-gather's output, a reduce-scatter's or an all-reduce's input)."""
+    import torch.distributed._functional_collectives as funcol
+
+    seen: list[list[Any]] = []
+    originals = {name: getattr(funcol, name) for name in _FUNCOL}
+
+    def wrap(name: str) -> Any:
+        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = originals[name](t, *args, **kwargs)
+            whole = out if _FUNCOL[name] == "tp_all_gather" else t
+            seen.append([_FUNCOL[name], whole.numel() * whole.element_size()])
+            return out
+
+        return collective
+
+    for name in _FUNCOL:
+        setattr(funcol, name, wrap(name))
+    try:
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(funcol, name, fn)
 
 
 def record_suite(rank: int, world_size: int, out_dir: str, suite: str) -> None:

@@ -4,12 +4,14 @@ The ranks form a dp 2 x tp 2 mesh; a Llama-style model (``tp_models.Llama``) get
 torchtitan's tensor-parallel plan with ``parallelize_module`` and ``fully_shard`` on the dp
 dimension, and each rank records its run. ``analyze`` of the unparallelised model with the
 same plan (``parallelize_plan=``, ``mesh=("dp", 2, "tp", 2)``) must equal every rank: its
-units with each parameter's shard shape and tp placement, and both iterations' FSDP events
-(the tensor-parallel collectives, which FSDP's recorder does not see, are checked apart).
+units with each parameter's shard shape and tp placement, and both iterations' FSDP events;
+the tensor-parallel collectives, which FSDP's recorder does not see, are recorded apart
+from DTensor's functional collectives and must equal the predicted ones, kind and bytes.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -66,6 +68,10 @@ def test_fsdp_and_tensor_parallel_on_a_2x2_mesh_match_four_gloo_ranks(tp_recordi
         for r_unit, p_unit in zip(real.units, predicted.units, strict=True):
             assert r_unit.shard_shapes == p_unit.shard_shapes and r_unit.shard_shapes
             assert r_unit.tp_placements == p_unit.tp_placements
+        # tensor parallelism's collectives, as DTensor issued them, in order, three iterations
+        seen = json.loads((tp_recordings / f"tp-llama-collectives-rank{rank}.json").read_text())
+        tp = [[e.kind, e.nbytes] for e in predicted.iterations[1] if e.tensor_parallel]
+        assert seen == tp * 3
     wq = predicted.units[1].shard_shapes["layers.0.attention.wq.weight"]
     assert wq == [16 // 2 // 2, 16]  # tp Shard(0), then FSDP's dim-0 shard
     assert predicted.units[1].tp_placements["layers.0.attention.wo.weight"] == "Shard(1)"
