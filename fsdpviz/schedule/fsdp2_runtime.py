@@ -292,7 +292,7 @@ class FSDP2Runtime:
     def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
         """A collective of tensor parallelism, issued in the forward or backward of ``module``
         (in group ``i``): it changes no FSDP state, but is logged so a replay issues it too."""
-        self.log.append(("tp", i, (kind, module, phase, nbytes)))
+        self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes)))
         self.events.append(self._tp_event(kind, self.states[i].group.name, module, phase, nbytes))
 
     def _tp_event(
@@ -307,7 +307,7 @@ class FSDP2Runtime:
     def replay(self, log: list[tuple[str, int, Any]]) -> None:
         """Feed a logged call sequence through the state machine (no model run)."""
         for name, i, flag in log:
-            if name == "tp":
+            if name in ("tp_forward", "tp_backward"):
                 self.tensor_parallel(i, *flag)
             elif name == "pre_forward":
                 self.pre_forward(i, flag)

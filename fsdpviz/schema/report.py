@@ -486,6 +486,15 @@ class Report:
             f"fsdpviz {self.source}: {len(self.units)} units, {ws}, "
             f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
         ]
+        if cfg.tp_world_size:
+            plan = cfg.parallelize_plan or {}
+            tp_sharded = sum(
+                1 for u in self.units for p in u.tp_placements.values() if p.startswith("Shard")
+            )
+            lines.append(
+                f"  tensor parallel over {cfg.tp_world_size} ranks: {len(plan)} modules "
+                f"parallelised, {tp_sharded} parameters tp-sharded"
+            )
         for i, it in enumerate(self.iterations):
             counts: dict[str, int] = {}
             for e in it:

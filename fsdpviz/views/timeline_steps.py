@@ -79,7 +79,10 @@ MemoryOption = Literal["auto"] | MemoryLane | MemorySeries | Callable[[Report], 
 :class:`~fsdpviz.cost.MemoryLane`, bytes after each event, a callable ``report ->`` either,
 or ``None`` (no memory lane)."""
 
-KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h")
+KINDS = (
+    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
+    "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+)  # fmt: skip
 FREE = KINDS.index("free")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 STREAM_LANES: dict[tuple[str, str | None], str] = {
@@ -89,6 +92,10 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("all_reduce", "replicate"): "replicate all-reduce",
     ("h2d", None): "host-device copies",
     ("d2h", None): "host-device copies",
+    ("tp_all_gather", "tp"): "tensor parallel",
+    ("tp_reduce_scatter", "tp"): "tensor parallel",
+    ("tp_all_reduce", "tp"): "tensor parallel",
+    ("tp_all_to_all", "tp"): "tensor parallel",
 }
 """The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
 ``reduce-scatter`` are always drawn; other lanes only where their events occur."""
