@@ -110,3 +110,10 @@ def test_card_summary_and_detail_show_the_mesh_and_tp_sharded_parameters(
     assert (
         "shard per rank" in html and "7 of 9 parameters are sharded by tensor parallelism" in html
     )
+
+
+def test_a_tensor_parallel_report_is_not_replayed(report: fsdpviz.Report) -> None:
+    from fsdpviz.replan import replay
+
+    with pytest.raises(fsdpviz.ConfigError, match="plans tensor parallelism"):
+        replay(report, reshard_after_forward=False)
