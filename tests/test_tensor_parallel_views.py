@@ -117,3 +117,40 @@ def test_a_tensor_parallel_report_is_not_replayed(report: fsdpviz.Report) -> Non
 
     with pytest.raises(fsdpviz.ConfigError, match="plans tensor parallelism"):
         replay(report, reshard_after_forward=False)
+
+
+def test_llama3_70b_as_fsdp_32_x_tp_8_is_planned_in_under_ten_seconds() -> None:
+    """The README's example: 80 decoder layers, the tp plan on each layer's projections."""
+    import time
+
+    from torch.distributed.tensor.parallel import ColwiseParallel as Col
+    from torch.distributed.tensor.parallel import RowwiseParallel as Row
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(
+            LlamaConfig(hidden_size=8192, intermediate_size=28672, vocab_size=128256,
+                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8)
+        )  # fmt: skip
+    at = "model.layers.*."
+    plan = {at + "self_attn.[qkv]_proj": Col(), at + "self_attn.o_proj": Row(),
+            at + "mlp.[gu]*_proj": Col(), at + "mlp.down_proj": Row()}  # fmt: skip
+    start = time.perf_counter()
+    report = fsdpviz.analyze(
+        model, torch.zeros(1, 8192, dtype=torch.long), parallelize_plan=plan,
+        fully_shard=[LlamaDecoderLayer], mesh=("dp_shard", 32, "tp", 8), progress=False,
+    )  # fmt: skip
+    assert time.perf_counter() - start < 10.0
+    assert len(report.units) == 81 and report.config.world_size == 256
+    layer = report.unit("model.layers.0")
+    # q 8192x8192, k and v 1024x8192, o, gate, up, down: one eighth each, then FSDP's 1/32
+    per_layer = (8192 * 8192 * 2 + 1024 * 8192 * 2 + 3 * 8192 * 28672) // 8 + 2 * 8192
+    assert layer.numel == per_layer and layer.sharded_numel * 32 == per_layer
+    assert layer.shard_shapes["model.layers.0.self_attn.k_proj.weight"] == [1024 // 8 // 32, 8192]
+    # without sequence parallel: forward all-reduces after o_proj and down_proj, backward ones
+    # of the replicated inputs of q, k, v, gate and up
+    steady = report.iterations[1]
+    tp = [e for e in steady if e.tensor_parallel and e.unit == "model.layers.5"]
+    assert [e.phase for e in tp].count("forward") == 2 and len(tp) == 7
+    assert {e.kind for e in tp} == {"tp_all_reduce"}
