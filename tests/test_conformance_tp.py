@@ -65,6 +65,7 @@ def test_fsdp_and_tensor_parallel_on_a_2x2_mesh_match_four_gloo_ranks(tp_recordi
         real = fsdpviz.load(str(tp_recordings / f"tp-llama-rank{rank}.json"))
         assert real.config["rank"] == rank and real.config["world_size"] == WORLD_SIZE
         assert_same_schedule(real, fsdp_only(predicted))
+        assert fsdpviz.diff(real, predicted).equal  # compared on FSDP's kinds
         for r_unit, p_unit in zip(real.units, predicted.units, strict=True):
             assert r_unit.shard_shapes == p_unit.shard_shapes and r_unit.shard_shapes
             assert r_unit.tp_placements == p_unit.tp_placements
