@@ -67,6 +67,11 @@ def test_tp_collectives_have_their_own_lane(report: fsdpviz.Report, tmp_path: Pa
     tp = [i for i in range(d["n_steps"]) if d["kinds"][s["kind"][i]].startswith("tp_")]
     assert len(tp) == sum(e.tensor_parallel for e in report.iterations[-1])
     assert {names[s["lane"][i]] for i in tp} == {"tensor parallel"}
+    # the front end names the module that issued each (its status line and hover)
+    assert {d["modules"][s["module"][i]] for i in tp} == {
+        e.module for e in report.iterations[-1] if e.tensor_parallel
+    }
+    assert all(s["module"][i] == -1 for i in range(d["n_steps"]) if i not in tp)
     figure = timeline_figure(report)
     assert "tensor parallel" in json.dumps(figure.layout.to_plotly_json()["yaxis"])
     page = tmp_path / "tp.html"

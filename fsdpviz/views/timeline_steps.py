@@ -155,7 +155,9 @@ def timeline_data(
     ``call``, ``slot`` (the event's place in its hook call), ``lane`` (a stream lane;
     a free's is its group's CPU lane), ``issue`` (x of its hook call), ``x0``, ``x1``
     (on its lane), ``bytes`` (sent by one rank, -1 unknown), ``exposed`` (seconds
-    compute waited for it, -1 unknown)), ``stream_order``, ``calls`` (``group``,
+    compute waited for it, -1 unknown), and where tensor parallelism's collectives
+    occur ``module``: the module that issued each, into ``modules``, -1 none),
+    ``stream_order``, ``calls`` (``group``,
     ``hook``, ``unit``, ``x``, ``n``: events it issued), ``compute`` (``group``,
     ``unit``, ``phase``, ``x0``, ``x1``, ``step``: the event it leads to), ``waits``
     (``group``, ``x0``, ``x1``, ``step``: the collective waited for, ``phase``,
@@ -479,6 +481,13 @@ def _build(
         marks += _marks(gi, g, p, step_of)
     timed = all(p.timed for p in placed)
     clocks = list(dict.fromkeys(p.clock for p in placed))
+    # tensor parallelism's collectives name the module that issued them: a column of indices
+    # into ``modules`` (-1: none), only where such events occur
+    named = [placed[gi].events[i][2].module for _, gi, i in rows]
+    modules = list(dict.fromkeys(m for m in named if m is not None))
+    if modules:
+        at = {m: k for k, m in enumerate(modules)}
+        steps["module"] = [-1 if m is None else at[m] for m in named]
     return {
         "version": 2,
         "source": source,
@@ -487,6 +496,7 @@ def _build(
         "colors": colors,
         "kinds": list(KINDS),
         "hooks": list(HOOKS),
+        **({"modules": modules} if modules else {}),
         "timed": timed,
         "clock": "; ".join(clocks) if timed else UNTIMED_CLOCK,
         "groups": group_info,
