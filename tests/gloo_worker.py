@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -259,3 +260,18 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
         dist.destroy_process_group()
         raise  # torch.multiprocessing.spawn reports it to the parent
     leave_rank()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_suite(out: Path, world_size: int, suite: str) -> Path:
+    """Run ``suite`` on ``world_size`` gloo ranks (each writes its recordings to ``out``);
+    every rank leaves through :func:`rank_exit.leave_rank`, so none aborts at exit."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(run, args=(world_size, free_port(), str(out), suite), nprocs=world_size, join=True)
+    return out

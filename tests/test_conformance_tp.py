@@ -12,32 +12,22 @@ from DTensor's functional collectives and must equal the predicted ones, kind an
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import tp_models
 from fsdp_harness import assert_same_schedule
-from gloo_worker import TP_MESH, run
+from gloo_worker import TP_MESH, spawn_suite
 
 import fsdpviz
 
 WORLD_SIZE = TP_MESH[0] * TP_MESH[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def tp_recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gloo-tp")
-    mp.spawn(run, args=(WORLD_SIZE, _free_port(), str(out), "tp"), nprocs=WORLD_SIZE, join=True)
-    return out
+    return spawn_suite(tmp_path_factory.mktemp("gloo-tp"), WORLD_SIZE, "tp")
 
 
 def predict() -> fsdpviz.Report:
