@@ -2,14 +2,19 @@
 
 ``run(rank, world_size, port, out_dir, suite)`` records every case of one suite on each
 rank: ``"two"`` (2 ranks: FSDP1 and FSDP2 cases), ``"one"`` (1 rank, where FSDP1 switches
-to NO_SHARD) or ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
-given their ``(shard, replicate)`` process groups).
+to NO_SHARD), ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
+given their ``(shard, replicate)`` process groups) or ``"tp"`` (4 ranks as a dp 2 x tp 2
+mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -161,27 +166,112 @@ def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[
     }
 
 
+TP_MESH = (2, 2)  # (dp, tp)
+
+
+def record_tp(rank: int, out_dir: str) -> None:
+    """FSDP2 + tensor parallelism as torchtitan applies it, recorded on this rank."""
+    import tp_models
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with FSDP2Recorder(model) as rec, _tp_collectives() as collectives:
+        for _ in range(3):
+            model(tp_models.tokens()).sum().backward()
+    rec.report().to_json(Path(out_dir) / f"tp-llama-rank{rank}.json")
+    path = Path(out_dir) / f"tp-llama-collectives-rank{rank}.json"
+    path.write_text(json.dumps(collectives))
+
+
+_FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kind
+    "all_gather_single": "tp_all_gather",
+    "all_gather_tensor": "tp_all_gather",
+    "reduce_scatter_single": "tp_reduce_scatter",
+    "reduce_scatter_tensor": "tp_reduce_scatter",
+    "all_reduce": "tp_all_reduce",
+    "all_to_all_single": "tp_all_to_all",
+}
+
+
+@contextmanager
+def _tp_collectives() -> Iterator[list[list[Any]]]:
+    """Every functional collective DTensor issues, as ``[kind, bytes of the whole tensor]``
+    (an all-gather's output, a reduce-scatter's or an all-reduce's input)."""
+    import torch.distributed._functional_collectives as funcol
+
+    seen: list[list[Any]] = []
+    originals = {name: getattr(funcol, name) for name in _FUNCOL}
+
+    def wrap(name: str) -> Any:
+        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = originals[name](t, *args, **kwargs)
+            whole = out if _FUNCOL[name] == "tp_all_gather" else t
+            seen.append([_FUNCOL[name], whole.numel() * whole.element_size()])
+            return out
+
+        return collective
+
+    for name in _FUNCOL:
+        setattr(funcol, name, wrap(name))
+    try:
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(funcol, name, fn)
+
+
+def record_suite(rank: int, world_size: int, out_dir: str, suite: str) -> None:
+    """Record every FSDP1 and FSDP2 case of ``suite`` on this rank."""
+    fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
+    groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
+    for name, (build, inputs, kwargs) in fsdp1.items():
+        torch.manual_seed(0)
+        if groups is not None:
+            kwargs = {**kwargs, "process_group": groups}
+        report = record_real_fsdp1(build(), inputs(), kwargs)
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+    for name, (build, inputs, calls, kwargs) in (
+        gloo_fsdp2_cases().items() if suite == "two" else []
+    ):
+        torch.manual_seed(0)
+        report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+
+
 def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.simplefilter("ignore")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
-        groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
-        for name, (build, inputs, kwargs) in fsdp1.items():
-            torch.manual_seed(0)
-            if groups is not None:
-                kwargs = {**kwargs, "process_group": groups}
-            report = record_real_fsdp1(build(), inputs(), kwargs)
-            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
-        for name, (build, inputs, calls, kwargs) in (
-            gloo_fsdp2_cases().items() if suite == "two" else []
-        ):
-            torch.manual_seed(0)
-            report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
-            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        if suite == "tp":
+            record_tp(rank, out_dir)
+        else:
+            record_suite(rank, world_size, out_dir, suite)
     except BaseException:
         dist.destroy_process_group()
         raise  # torch.multiprocessing.spawn reports it to the parent
     leave_rank()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_suite(out: Path, world_size: int, suite: str) -> Path:
+    """Run ``suite`` on ``world_size`` gloo ranks (each writes its recordings to ``out``);
+    every rank leaves through :func:`rank_exit.leave_rank`, so none aborts at exit."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(run, args=(world_size, free_port(), str(out), suite), nprocs=world_size, join=True)
+    return out

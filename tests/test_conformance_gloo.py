@@ -9,12 +9,10 @@ shard group, all-reduces across the replicas).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsdp_harness import assert_same_schedule
 from gloo_worker import (
     HYBRID_SHARD_GROUP,
@@ -22,7 +20,7 @@ from gloo_worker import (
     gloo_fsdp2_cases,
     hybrid_cases,
     one_rank_cases,
-    run,
+    spawn_suite,
 )
 
 import fsdpviz
@@ -32,30 +30,19 @@ WORLD_SIZE = 2
 HYBRID_WORLD_SIZE = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(out: Path, world_size: int, suite: str) -> Path:
-    mp.spawn(run, args=(world_size, _free_port(), str(out), suite), nprocs=world_size, join=True)
-    return out
-
-
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _spawn(tmp_path_factory.mktemp("gloo"), WORLD_SIZE, "two")
+    return spawn_suite(tmp_path_factory.mktemp("gloo"), WORLD_SIZE, "two")
 
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _spawn(tmp_path_factory.mktemp("gloo1"), 1, "one")
+    return spawn_suite(tmp_path_factory.mktemp("gloo1"), 1, "one")
 
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _spawn(tmp_path_factory.mktemp("gloo4"), HYBRID_WORLD_SIZE, "hybrid")
+    return spawn_suite(tmp_path_factory.mktemp("gloo4"), HYBRID_WORLD_SIZE, "hybrid")
 
 
 @pytest.mark.slow

@@ -38,9 +38,10 @@ class HookCall:
 
     @property
     def backward(self) -> bool:
-        return self.hook in ("pre_backward", "post_backward", "post_backward_reshard_only") or (
-            self.hook == "final_callback"
-        )
+        return self.hook in (
+            "pre_backward", "post_backward", "post_backward_reshard_only", "final_callback",
+            "tp_backward",  # a tensor-parallel collective in backward
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,10 @@ class Walker:
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
+        # tensor parallelism: the trace ran the whole model; a rank of the tp group holds a
+        # 1/tp share of its activations, temporaries and gradients (sequence parallel shards
+        # the rest; the parameters' sizes are already one rank's)
+        self.tp = cfg.tp_ranks
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         prof = report.profile
         self.cat = dict.fromkeys(CATEGORIES, 0)
@@ -97,22 +101,23 @@ class Walker:
                 self._close(key)
             self._closing.clear()
         if self.tape.measured:
+            tp = self.tp
             # The most activations + temp + new gradients the trace saw in this stretch.
             after = dict(self.cat)
-            self.cat["unsharded_grads"] += c.peak_grads
-            self.cat["activations"] = c.peak_activations
-            self.cat["forward_temp"] = c.peak_forward_temp
+            self.cat["unsharded_grads"] += c.peak_grads // tp
+            self.cat["activations"] = c.peak_activations // tp
+            self.cat["forward_temp"] = c.peak_forward_temp // tp
             self.cat["backward_temp"] = (
                 c.peak - c.peak_activations - c.peak_forward_temp - c.peak_grads
-            )
+            ) // tp
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
-                self.grads[unit] = self.grads.get(unit, 0) + n
-                self.cat["unsharded_grads"] += n
-            self.cat["activations"] = c.activations
-            self.cat["forward_temp"] = c.forward_temp
-            self.cat["backward_temp"] = c.backward_temp
+                self.grads[unit] = self.grads.get(unit, 0) + n // tp
+                self.cat["unsharded_grads"] += n // tp
+            self.cat["activations"] = c.activations // tp
+            self.cat["forward_temp"] = c.forward_temp // tp
+            self.cat["backward_temp"] = c.backward_temp // tp
         if c.hook == "pre_backward":
             self.in_backward = True
         self._window(c, opening=True)
@@ -159,6 +164,8 @@ class Walker:
             pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
         elif e.kind == "d2h":
             pass  # the gradient shard leaves the device: counted in host memory
+        elif e.tensor_parallel:
+            pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)

@@ -181,12 +181,17 @@ def timeline(
         micro = quiet.end * (grad_accum - 1) + sim.end
     opt_s = _optimizer_seconds(report, m, optimizer)
     step = micro + opt_s
-    comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] == "comm")
+    comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] in ("comm", "tp"))
     exposed = sum(r["exposed"] for r in sim.records) + sim.tail_wait
     by_phase = {"forward": 0.0, "backward": 0.0}
     for w in sim.waits:
         by_phase[w["phase"]] += w["end"] - w["start"]
-    tokens = float(report.profile.tokens if report.profile is not None else 0) * grad_accum
+    # the ranks of a tensor-parallel group share their tokens
+    tokens = (
+        float(report.profile.tokens if report.profile is not None else 0)
+        * grad_accum
+        / report.config.tp_ranks
+    )
     model_flops = 3.0 * sim.flops_forward * grad_accum
     hardware_flops = (sim.flops_forward + sim.flops_backward) * grad_accum
     peak = m.peak_flops(sim.dtype) * step if step > 0 else 0.0
@@ -200,6 +205,7 @@ def timeline(
         "all_gather_bytes": sim.bytes.get("all_gather", 0.0),
         "reduce_scatter_bytes": sim.bytes.get("reduce_scatter", 0.0)
         + sim.bytes.get("all_reduce", 0.0),
+        "tp_bytes": sum(v for k, v in sim.bytes.items() if k.startswith("tp_")),
         "exposed_forward_s": by_phase["forward"],
         "exposed_backward_s": by_phase["backward"],
         "matmul_s": sim.by_kind["matmul"],
@@ -256,6 +262,11 @@ class _Sim:
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
         self.shard_ws = cfg.shard_ranks
+        self.replicas = cfg.replicas
+        # tensor parallelism: the trace ran the whole (unsharded) model, each rank of the tp
+        # group computes a 1/tp share of it; tp collectives block the compute stream
+        self.tp = cfg.tp_ranks
+        self.t_tp = 0.0
         self.pg_ws = cfg.process_group_size or self.ws
         self.limit = limit and not self.fsdp2
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
@@ -334,10 +345,16 @@ class _Sim:
 
     def _compute(self, call: HookCall, k: int, where: dict[str, Any]) -> None:
         hook, unit = call.hook, call.unit
-        flops = call.flops_forward + call.flops_backward
-        self.flops_forward += call.flops_forward
-        self.flops_backward += call.flops_backward
+        flops = (call.flops_forward + call.flops_backward) / self.tp
+        self.flops_forward += call.flops_forward / self.tp
+        self.flops_backward += call.flops_backward / self.tp
         cost = self._stretch(call)
+        if self.tp > 1:
+            share = 1.0 / self.tp
+            cost = StretchCost(
+                cost.gpu_s * share, cost.cpu_s, cost.kernels, cost.matmul_s * share,
+                cost.attention_s * share, cost.memory_s * share,
+            )  # fmt: skip
         gpu = cost.gpu_s + self.pending_copy
         if gpu <= 0 and cost.cpu_s <= 0:
             return
@@ -395,6 +412,9 @@ class _Sim:
             "exposed": 0.0,
         }
         self.records.append(rec)
+        if e.tensor_parallel:
+            self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
+            return
         if u is None:
             return
         if e.kind == "free":
@@ -426,7 +446,7 @@ class _Sim:
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
-            replicas = self.ws // self.shard_ws
+            replicas = self.replicas
             self._collective(rec, "all_reduce", u.sharded_numel * reduce, replicas, self.t_compute)
         elif e.kind == "all_reduce":  # NO_SHARD: the whole gradient over FSDP's process group
             self._collective(rec, "all_reduce", u.numel * reduce, self.pg_ws, self.t_compute)
@@ -435,6 +455,20 @@ class _Sim:
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
             extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
             self._collective(rec, "reduce_scatter", size, ranks, self.t_compute, extra)
+
+    def _tensor_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
+        """A tensor-parallel collective of an activation (or a partial gradient) over the tp
+        ranks, inside a node: the compute after it needs its result, so it waits for it."""
+        rec["stream"] = "tp"
+        start = max(self.t_compute, self.t_tp)
+        ranks = self.tp
+        dur = self.m.collective_seconds(kind, size, ranks) if ranks > 1 else 0.0
+        rec["start"], rec["end"] = start, start + dur
+        rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + rec["bytes"]
+        self.t_tp = rec["end"]
+        if rec["end"] > self.gate:
+            self.gate, self.gate_by = rec["end"], len(self.records) - 1
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""

@@ -253,6 +253,12 @@ def _header(
     full = sum(u.bytes for u in base.units)
     per_rank = sum(u.sharded_bytes for u in base.units)
     rows.append(("wrap units", f"{len(base.units)}"))
+    cfg = base.config
+    if cfg.mesh and len(cfg.mesh) > 1:
+        mesh = " × ".join(f"{name} {size}" for name, size in cfg.mesh.items())
+        if cfg.tp_world_size:
+            mesh += f"; tensor parallel over {cfg.tp_world_size} ranks"
+        rows.append(("mesh", mesh))
     rows.append(("parameters", f"{format_bytes(full)} in all, {format_bytes(per_rank)} per rank"))
     peak = memory_summary(base)
     if peak is not None:

@@ -29,9 +29,18 @@ if TYPE_CHECKING:
 
 __all__ = ["LANES", "chrome_trace"]
 
-LANES = {1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream"}
-_LANE_OF = {"all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4}
-_COPIES = ("h2d", "d2h")  # CPU offload's host-device copies: their lane only where they occur
+LANES = {
+    1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream",
+    5: "tensor parallel",
+}  # fmt: skip
+_LANE_OF = {
+    "all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4,
+    "tp_all_gather": 5, "tp_reduce_scatter": 5, "tp_all_reduce": 5, "tp_all_to_all": 5,
+}  # fmt: skip
+# lanes drawn only where their events occur: CPU offload's host-device copies, tensor
+# parallelism's collectives
+_OPTIONAL = {4: ("h2d", "d2h"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce",
+                                    "tp_all_to_all")}  # fmt: skip
 _US = 1e6
 
 
@@ -60,8 +69,9 @@ def chrome_trace(
     events: list[dict[str, Any]] = []
     machine_name = None
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
-        copies = any(e.kind in _COPIES for it in report.iterations for e in it)
-        events += _metadata(pid, name, copies)
+        kinds = {e.kind for it in report.iterations for e in it}
+        shown = {tid for tid, ks in _OPTIONAL.items() if kinds.intersection(ks)}
+        events += _metadata(pid, name, shown)
         its = report.iteration_indices(iteration)
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
@@ -87,7 +97,7 @@ def _machine_name(machine: Machine | str) -> str:
     return machine if isinstance(machine, str) else str(machine.name)
 
 
-def _metadata(pid: int, name: str, copies: bool) -> list[dict[str, Any]]:
+def _metadata(pid: int, name: str, shown: set[int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
         {
@@ -99,7 +109,7 @@ def _metadata(pid: int, name: str, copies: bool) -> list[dict[str, Any]]:
         },
     ]
     for tid, lane in LANES.items():
-        if tid == _LANE_OF["h2d"] and not copies:
+        if tid in _OPTIONAL and tid not in shown:
             continue
         out.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
@@ -144,7 +154,7 @@ def _slice(
 
 
 def _event(e: Event, pid: int, ts: float, dur: float, args: dict[str, Any]) -> dict[str, Any]:
-    label = f"{e.kind} {e.unit or '(root)'}"
+    label = f"{e.kind} {e.module or e.unit or '(root)'}"
     tid = _LANE_OF[e.kind]
     cat = e.kind + (",prefetch" if e.prefetch else "")
     if e.kind == "free":

@@ -23,13 +23,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
+from fsdpviz.plan.tensor_parallel import (
+    TPPlan,
+    fsdp_shard_shape,
+    layout_name,
+    local_shape,
+    parse_tp_mesh,
+)
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
 
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn", "activation_checkpointing",
+    "shard_placement_fn", "activation_checkpointing", "parallelize_plan",
 }  # fmt: skip
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
@@ -55,6 +62,13 @@ class FSDP2Options:
     replicas: int = 1
     mesh_names: tuple[str, str] | None = None
     offload: bool = False  # CPUOffloadPolicy: shards, gradients, optimizer in host memory
+    # tensor parallelism: parallelize_module's plan (resolved on the traced copy by
+    # build_groups), the tp dimension's size and name, and the mesh as given
+    parallelize_plan: Any = None
+    tp: TPPlan | None = None
+    tp_size: int = 1
+    tp_name: str = ""
+    mesh_dims: dict[str, int] | None = None
 
     @property
     def shard_ranks(self) -> int:
@@ -77,26 +91,46 @@ class FSDP2Options:
             explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
-            shard_world_size=self.shard_ranks if self.replicas > 1 else None,
-            mesh=None
-            if self.mesh_names is None
-            else dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True)),
+            shard_world_size=self.shard_ranks if self.replicas > 1 or self.tp else None,
+            mesh=self._mesh(),
+            tp_world_size=self.tp_size if self.tp else None,
+            parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
             stated=FSDP2_KEYS
-            + (("shard_world_size", "mesh") if self.replicas > 1 else ())
+            + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
+            + (("tp_world_size", "parallelize_plan") if self.tp else ())
             + (("cpu_offload",) if self.offload else ()),
         )
+
+    def _mesh(self) -> dict[str, int] | None:
+        if self.mesh_dims is not None and self.tp:
+            return dict(self.mesh_dims)
+        if self.mesh_names is None:
+            return None
+        return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option")
-    sizes, names = parse_mesh(kwargs.get("mesh"))
-    if sizes is not None and "world_size" in kwargs and kwargs["world_size"] != math.prod(sizes):
+    plan = kwargs.get("parallelize_plan")
+    all_sizes, all_names = mesh_dims(kwargs.get("mesh"), 3 if plan is not None else 2)
+    sizes: tuple[int, ...] | None = None
+    names: tuple[str, ...] = ()
+    tp_size, tp_name = 1, ""
+    if all_sizes is not None:
+        sizes, names, tp_size, tp_name = parse_tp_mesh(all_sizes, all_names, plan)
+    elif plan is not None:
+        parse_tp_mesh((1,), (), plan)  # raises: a plan needs a mesh with a tp dimension
+    if sizes is not None and len(sizes) == 2 and not names:
+        names = ("replicate", "shard")
+    two = (str(names[0]), str(names[1])) if sizes is not None and len(sizes) == 2 else None
+    ranks = math.prod(all_sizes) if all_sizes is not None else None
+    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ranks:
         raise ConfigError(
-            f"world_size={kwargs['world_size']!r} but the mesh has {math.prod(sizes)} ranks "
-            f"({' x '.join(map(str, sizes))}); give one of them"
+            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
         )
-    ws = math.prod(sizes) if sizes is not None else world_size(kwargs)
+    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
     offload = kwargs.get("offload_policy")
     if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
         raise ConfigError(
@@ -127,9 +161,24 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         activation_checkpointing=kwargs.get("activation_checkpointing"),
         shard_size=sizes[-1] if sizes is not None else 0,
         replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
-        mesh_names=names if sizes is not None and len(sizes) == 2 else None,
+        mesh_names=two,
         offload=type(offload).__name__ == "CPUOffloadPolicy",
+        parallelize_plan=plan,
+        tp_size=tp_size,
+        tp_name=tp_name,
+        mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
     )
+
+
+def _named_dims(
+    sizes: tuple[int, ...] | None, names: tuple[str, ...], tp: bool
+) -> dict[str, int] | None:
+    if sizes is None:
+        return None
+    if not names:
+        dp = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(sizes) - tp]
+        names = (*dp, "tp") if tp else dp
+    return dict(zip(names, sizes, strict=True))
 
 
 def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | None]:
@@ -138,8 +187,19 @@ def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | Non
     "dp_shard": 8}`` or sizes alone (``(4, 8)``). One dimension: FSDP over it; two: HSDP,
     replicated over the first, sharded over the second, as ``fully_shard`` reads a 2-D mesh.
     Returns the sizes and, for two dimensions, their names."""
+    sizes, names = mesh_dims(mesh, 2)
+    if sizes is None or len(sizes) == 1:
+        return sizes, None
+    two = names if len(names) == 2 else ("replicate", "shard")
+    return sizes, (str(two[0]), str(two[1]))
+
+
+def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    """The sizes and names (possibly none) of ``mesh=`` with at most ``most`` dimensions
+    (three with a tensor-parallel dimension: ``("dp_replicate", 2, "dp_shard", 16, "tp",
+    8)``)."""
     if mesh is None:
-        return None, None
+        return None, ()
     names: tuple[str, ...]
     if hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "shape"):
         sizes = tuple(int(n) for n in mesh.shape)
@@ -152,20 +212,17 @@ def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | Non
         names, sizes = (), tuple(mesh)
     else:
         raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
-    if not sizes or len(sizes) > 2 or (names and len(names) != len(sizes)):
+    if not sizes or len(sizes) > most or (names and len(names) != len(sizes)):
         raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
         raise ConfigError(f"mesh sizes must be positive ints, got {sizes!r}")
-    if len(sizes) == 1:
-        return sizes, None
-    two = names if len(names) == 2 else ("replicate", "shard")
-    return sizes, (str(two[0]), str(two[1]))
+    return sizes, tuple(str(n) for n in names)
 
 
 _MESH_HELP = (
     "mesh must be a DeviceMesh, ('dp_replicate', R, 'dp_shard', S), {{'dp_replicate': R, "
-    "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard); "
-    "got {got}"
+    "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard; "
+    "with parallelize_plan=... a tp dimension last, e.g. ('dp_shard', 32, 'tp', 8)); got {got}"
 )
 
 
@@ -194,6 +251,9 @@ class Group:
     reshard_after_forward: bool | int = True
     auto_reshard: bool = False
     schema: Unit | None = None
+    # tensor parallelism: the replicated parameters whose gradients are partial sums, all-
+    # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes)
+    tp_partial_grads: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def is_root(self) -> bool:
@@ -305,6 +365,9 @@ def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -
     for n, p in model.named_parameters(remove_duplicate=False):
         if n != first_fqn[p]:
             aliases.setdefault(p, {})[n] = first_fqn[p]
+    placements = opts.tp.placements(model) if opts.tp is not None else {}
+    partial = opts.tp.partial_grads(model) if opts.tp is not None else set()
+    compute = opts.mp_policy.param_dtype
     for group in groups:
         group.param_fqns = [first_fqn[p] for p in group.params]
         trainable = {p.dtype for p in group.params if p.requires_grad}
@@ -315,7 +378,12 @@ def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -
                 "this at the first forward); shard the modules of each dtype separately"
             )
         shared = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
-        group.schema = _schema(group, opts, shared)
+        group.schema = _schema(group, opts, shared, placements)
+        group.tp_partial_grads = [
+            (f, p.numel() * (compute or p.dtype).itemsize)
+            for f, p in zip(group.param_fqns, group.params, strict=True)
+            if p in partial and p.requires_grad
+        ]
 
 
 def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> list[nn.Module]:
@@ -397,10 +465,15 @@ def sharded_numel(shape: Sequence[int], world_size: int) -> int:
     return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
 
 
-def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
+def _schema(
+    group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
+) -> Unit:
+    """The unit of ``group``. Under tensor parallelism FSDP2 shards each rank's tp-local
+    tensor (``FSDPParam._orig_size`` is the local size): sizes are one rank's."""
     ws = opts.shard_ranks
-    numel = sum(p.numel() for p in group.params)
-    sharded = sum(sharded_numel(p.shape, ws) for p in group.params)
+    local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in group.params]
+    numel = sum(math.prod(s) for s in local)
+    sharded = sum(sharded_numel(s, ws) for s in local)
     dtypes = {p.dtype for p in group.params}
     dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
     mp = opts.mp_policy
@@ -425,4 +498,14 @@ def _schema(group: Group, opts: FSDP2Options, shared: dict[str, str]) -> Unit:
         if group.reshard_after_forward is not False
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
+        shard_shapes={
+            f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
+        }
+        if opts.tp is not None
+        else {},
+        tp_placements={
+            f: layout_name(placements[p])
+            for f, p in zip(group.param_fqns, group.params, strict=True)
+            if p in placements
+        },
     )

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
+from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
 
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
@@ -63,6 +64,10 @@ def _unsharded_copy(model: nn.Module, states: list[Any]) -> tuple[nn.Module, dic
         for wrapped, cls in swapped:
             wrapped.__class__ = cls
     for module in dup.modules():
+        found = tp_hooks(module)  # parallelize_module's: read from the original model
+        for hooks, key in found.keys if found else ():
+            hooks.pop(key, None)
+            module._forward_pre_hooks_with_kwargs.pop(key, None)
         for hooks in (module._forward_pre_hooks, module._forward_hooks):
             for key, fn in list(hooks.items()):
                 owners = [getattr(f, "__self__", None) for f in _wrapping_chain(fn)]
@@ -166,5 +171,26 @@ def plan_from_fully_sharded(
         trace="meta",
         progress=fsdpviz_kwargs.get("progress"),
     )
+    tp = _tp_mesh(states)
+    if tp is not None:
+        shard = opts.world_size
+        opts.tp_size, opts.tp_name = tp[1][-1], tp[0][-1]
+        opts.world_size, opts.shard_size = shard * opts.tp_size, shard
+        opts.mesh_dims = dict(zip(tp[0], tp[1], strict=True))
+        opts.tp = plan_from_hooks(model, opts.tp_size, opts.tp_name)
     finalize_groups(dup, groups, opts)
     return dup, groups, opts
+
+
+def _tp_mesh(states: list[Any]) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    """The names and sizes of FSDP's mesh and the tp mesh (tp last) where FSDP2 manages
+    DTensor parameters (``parallelize_module`` before ``fully_shard``), None if it does not."""
+    for state in states:
+        pg = state._fsdp_param_group
+        for fp in pg.fsdp_params if pg is not None else ():
+            if fp.is_dtensor:
+                spec = getattr(fp, "_unsharded_dtensor_spec", None) or fp._tp_spec
+                dp, tp = pg.mesh_info.mesh, spec.mesh
+                names = (*(dp.mesh_dim_names or ("dp_shard",)), *(tp.mesh_dim_names or ("tp",)))
+                return tuple(str(n) for n in names), (*map(int, dp.shape), *map(int, tp.shape))
+    return None

@@ -13,10 +13,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from fsdpviz.recording._recorded import RecordedRun
-from fsdpviz.schema.report import Event, Report, unit_label
+from fsdpviz.schema.report import TP_KINDS, Event, EventKind, Report, unit_label
 
 Status = Literal["equal", "differs", "extra", "missing"]
 _COMPARED = ("kind", "unit", "phase", "prefetch", "hook", "hook_unit")
@@ -184,7 +184,9 @@ def diff(
     from the second iteration on); ``str()`` of the result explains the first
     mismatch. ``kinds`` restricts the comparison to some event kinds; by default
     a report from :func:`fsdpviz.load_profile` is compared on the kinds its
-    trace shows (``config.kinds``). A recording that starts later than the
+    trace shows (``config.kinds``), and a recording without tensor parallelism's
+    collectives (FSDP's recorders do not see them) on every kind but those. A recording
+    that starts later than the
     first iteration says so in ``config.iteration_offset``.
 
     Example::
@@ -201,6 +203,8 @@ def diff(
     compared: tuple[str, ...] | None = None
     for report in reports:
         chosen = kinds if kinds is not None else report.config.kinds
+        if chosen is None and _tp_unrecorded(report, predicted):
+            chosen = [k for k in get_args(EventKind) if k not in TP_KINDS]
         compared = tuple(chosen) if chosen is not None else None
         rank = report.config.rank
         prefix = f"rank {rank}: " if len(reports) > 1 else ""
@@ -215,3 +219,9 @@ def diff(
                 pred = [e for e in pred if e.kind in compared]
             iterations.append(IterationDiff(rank, n, p, align(rec, pred)))
     return ScheduleDiff(iterations, problems, compared)
+
+
+def _tp_unrecorded(recorded: Report, predicted: Report) -> bool:
+    """Whether the prediction has tensor-parallel collectives the recording lacks."""
+    has = any(e.tensor_parallel for it in predicted.iterations for e in it)
+    return has and not any(e.tensor_parallel for it in recorded.iterations for e in it)

@@ -243,6 +243,12 @@ class FSDP2Recorder(EventLog):
             else:
                 first[p] = n
         out: list[Unit] = []
+        tp = any(
+            fp.is_dtensor
+            for state in fsdp2_states(self.model)
+            if state._fsdp_param_group is not None
+            for fp in state._fsdp_param_group.fsdp_params
+        )
         for state in fsdp2_states(self.model):
             group = state._fsdp_param_group
             if group is None:
@@ -274,6 +280,16 @@ class FSDP2Recorder(EventLog):
                     if group.post_forward_mesh_info is not None
                     else "SHARD_GRAD_OP",
                     itemsize=torch.empty((), dtype=dtype or torch.float32).element_size(),
+                    shard_shapes={
+                        first[fp.sharded_param]: list(fp.padded_sharded_param_size) for fp in params
+                    }
+                    if tp
+                    else {},
+                    tp_placements={
+                        first[fp.sharded_param]: _placement(_tp_spec(fp).placements[-1])
+                        for fp in params
+                        if fp.is_dtensor
+                    },
                 )
             )
         return out
@@ -291,6 +307,18 @@ class FSDP2Recorder(EventLog):
             forward_order=list(self._forward_order),
             iterations=[list(it) for it in self.iterations],
         )
+
+
+def _tp_spec(fp: Any) -> Any:
+    """The DTensor spec of a tensor-parallel parameter before FSDP sharded it."""
+    spec = getattr(fp, "_unsharded_dtensor_spec", None)
+    return spec if spec is not None else fp._tp_spec  # older torch
+
+
+def _placement(p: Any) -> str:
+    """A DTensor placement as fsdpviz writes it: ``Shard(0)``, ``Replicate()``, ``Partial()``."""
+    name = type(p).__name__
+    return f"Shard({p.dim})" if name in ("Shard", "_StridedShard") else f"{name}()"
 
 
 def _orig_class(module: nn.Module) -> str:

@@ -73,6 +73,11 @@ def replay(report: Report, **changes: Any) -> Report:
             "this report has no trace profile (a recording, trace='fx' or profile=False), so "
             "its hook calls cannot be replayed; call fsdpviz.analyze with the new settings"
         )
+    if report.config.tp_world_size:
+        raise ConfigError(
+            "this report plans tensor parallelism, whose shard sizes and collectives replay "
+            "does not recompute; call fsdpviz.analyze with the new settings"
+        )
     api = report.config.api
     unknown = set(changes) - REPLAYABLE[api]
     if unknown:

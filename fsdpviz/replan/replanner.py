@@ -241,8 +241,8 @@ class Replanner:
 
         fields, keys = _REPLAYABLE[opts.recipe]
         for other, report in reversed(self._cache.items()):
-            if report.profile is None or report.config.replayed:
-                continue
+            if report.profile is None or report.config.replayed or report.config.tp_world_size:
+                continue  # tensor-parallel plans are traced again (replay cannot size them)
             if dataclasses.replace(other, **{k: getattr(opts, k) for k in fields}) != opts:
                 continue
             kw, before = self.fsdp_kwargs(opts), self.fsdp_kwargs(other)
@@ -256,7 +256,9 @@ class Replanner:
         from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
         kwargs = self.fsdp_kwargs(opts)
-        refused = ("mixed_precision", "ignored_modules", "ignored_states", "mp_policy")
+        refused = (
+            "mixed_precision", "ignored_modules", "ignored_states", "mp_policy", "parallelize_plan",
+        )  # fmt: skip
         if any(k in kwargs for k in refused) or kwargs.get("trace", "meta") != "meta":
             return None
         if opts.recipe not in self._stored:

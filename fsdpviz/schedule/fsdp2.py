@@ -16,8 +16,10 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.report import Event, FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
@@ -46,10 +48,14 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         copy, mapping = model_copy(model, device)
         apply_checkpointing(copy, opts.activation_checkpointing)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
+        if opts.parallelize_plan is not None:
+            opts.tp = resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
         groups = build_groups(copy, opts, ignored)
     check_reshard_ints(groups, opts.shard_ranks)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
+    # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
+    tp = TPEmulation(copy, opts.tp, groups, runtime) if opts.tp is not None else None
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
@@ -70,6 +76,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         finally:
             tracker.remove()
             emulation.remove()
+            if tp is not None:
+                tp.remove()
             if probe is not None:
                 probe.remove()
     return fsdp2_report(

@@ -256,6 +256,13 @@ class FSDP2Runtime:
 
     def _post_backward(self, g: GroupState, has_grads: bool) -> None:
         g.ts = TS.POST_BACKWARD
+        if has_grads and g.ever_unsharded:
+            # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
+            # over the tp dimension (DTensor redistribute), before the parameters are freed
+            for fqn, nbytes in g.group.tp_partial_grads:
+                self.events.append(
+                    self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
+                )
         self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
@@ -282,10 +289,27 @@ class FSDP2Runtime:
         self.callback_queued = False
         self._hook = None
 
+    def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
+        """A collective of tensor parallelism, issued in the forward or backward of ``module``
+        (in group ``i``): it changes no FSDP state, but is logged so a replay issues it too."""
+        self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes)))
+        self.events.append(self._tp_event(kind, self.states[i].group.name, module, phase, nbytes))
+
+    def _tp_event(
+        self, kind: Any, unit: str, module: str, phase: Any, nbytes: int, fsdp: bool = False
+    ) -> Event:
+        """A ``tp_*`` event; ``fsdp``: issued inside an FSDP hook (a partial gradient's
+        all-reduce in post-backward), otherwise by the model's parallel styles (no hook)."""
+        hook, hook_unit = self._hook if fsdp and self._hook else (None, None)
+        return Event(kind, unit, phase, False, hook, hook_unit, group="tp", module=module,
+                     nbytes=int(nbytes))  # fmt: skip
+
     def replay(self, log: list[tuple[str, int, Any]]) -> None:
         """Feed a logged call sequence through the state machine (no model run)."""
         for name, i, flag in log:
-            if name == "pre_forward":
+            if name in ("tp_forward", "tp_backward"):
+                self.tensor_parallel(i, *flag)
+            elif name == "pre_forward":
                 self.pre_forward(i, flag)
             elif name == "post_forward":
                 self.post_forward(i, *flag)

@@ -68,8 +68,13 @@ class ReportConfig(Mapping[str, Any]):
     fully_shard: tuple[str, ...] = ()  # the groups, as FSDP2 names them
     reshard_after_forward: Mapping[str, bool | int] = field(default_factory=dict)  # per group
     mp_policy: Mapping[str, str | bool | None] | None = None
-    # a 2-D mesh (HSDP): {replicate dim name: size, shard dim name: size}; None: 1-D
+    # a 2-D mesh (HSDP): {replicate dim name: size, shard dim name: size}; None: 1-D; with
+    # tensor parallelism its tp dimension last ({"dp_shard": 32, "tp": 8})
     mesh: Mapping[str, int] | None = None
+    # tensor parallelism: the ranks of the tp dimension, and parallelize_module's plan as it
+    # resolved ({module: its parallel style, as torch's repr shortens it})
+    tp_world_size: int | None = None
+    parallelize_plan: Mapping[str, str] | None = None
     # set_modules_to_{forward|backward}_prefetch: {group module: [modules it prefetches]}
     explicit_forward_prefetch: Mapping[str, tuple[str, ...]] | None = None
     explicit_backward_prefetch: Mapping[str, tuple[str, ...]] | None = None
@@ -99,6 +104,16 @@ class ReportConfig(Mapping[str, Any]):
         """Ranks one unit's parameters are sharded over (FSDP1's ``shard_world_size`` for
         hybrid and ``NO_SHARD`` plans, otherwise all of them)."""
         return self.shard_world_size or self.ranks
+
+    @property
+    def tp_ranks(self) -> int:
+        """Ranks of the tensor-parallel mesh dimension (1 without tensor parallelism)."""
+        return self.tp_world_size or 1
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each shard: the replicate dimension of a 2-D (HSDP) mesh, else 1."""
+        return max(1, self.ranks // (self.shard_ranks * self.tp_ranks))
 
     @property
     def prefetches_backward(self) -> bool:

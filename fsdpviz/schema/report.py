@@ -30,8 +30,13 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     FSDP hook that issued it: ``pre_forward``, ``post_forward``, ``pre_backward``,
     ``post_backward``, ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
     (only where set): ``"replicate"`` for hybrid sharding's all-reduce of a gradient
-    shard across the shard groups; absent, a collective runs over the unit's own
-    process group (the shard group, or every rank under ``NO_SHARD``).
+    shard across the shard groups, ``"tp"`` for tensor parallelism's collectives;
+    absent, a collective runs over the unit's own process group (the shard group, or
+    every rank under ``NO_SHARD``). Tensor parallelism's collectives have kinds of their
+    own (``tp_all_gather`` | ``tp_reduce_scatter`` | ``tp_all_reduce`` |
+    ``tp_all_to_all``), ``unit`` the FSDP unit whose module issued them, ``module`` that
+    module (or, for a replicated parameter's partial gradient, that parameter) and
+    ``nbytes`` the size of the whole tensor.
     Recordings of real runs (:func:`fsdpviz.record`, :func:`fsdpviz.load_profile`)
     may add ``t`` (seconds since the recording started, when the event was
     issued) and ``duration`` (seconds the call took on the host, or the device
@@ -102,10 +107,16 @@ def unit_label(fqn: str | None) -> str:
     return "(root)" if fqn == "" else repr(fqn)
 
 
-EventKind = Literal["all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h"]
+EventKind = Literal[
+    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
+    "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+]  # fmt: skip
+TP_KINDS = ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all")
+"""Tensor parallelism's collectives (of activations, and of replicated parameters' partial
+gradients): over the ``tp`` mesh dimension, issued by the model's parallel styles."""
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
-Group = Literal["replicate"]
+Group = Literal["replicate", "tp"]
 ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
 
 
@@ -122,6 +133,15 @@ class Event:
     t: float | None = None
     duration: float | None = None
     group: Group | None = None
+    # tensor parallelism's collectives: the module (or parameter) they are issued for, and
+    # the bytes of the whole tensor they move (the unsharded activation or gradient)
+    module: str | None = None
+    nbytes: int | None = None
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether this is a collective of tensor parallelism (not of FSDP)."""
+        return self.kind in TP_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
@@ -129,6 +149,10 @@ class Event:
             d["prefetch"] = self.prefetch
         if self.group is not None:
             d["group"] = self.group
+        if self.module is not None:
+            d["module"] = self.module
+        if self.nbytes is not None:
+            d["nbytes"] = self.nbytes
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
@@ -153,6 +177,8 @@ class Event:
             how.insert(0, "prefetch")
         if self.group == "replicate":
             how.insert(0, "across replicas")
+        if self.module is not None:
+            return f"{self.kind} {self.module!r} ({', '.join(how)}, in {unit_label(self.unit)})"
         return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
 
     @classmethod
@@ -167,6 +193,8 @@ class Event:
             t=d.get("t"),
             duration=d.get("duration"),
             group=d.get("group"),
+            module=d.get("module"),
+            nbytes=d.get("nbytes"),
         )
 
 
@@ -204,6 +232,11 @@ class Unit:
     requires_grad: bool | None = None
     sharding_strategy: str = "FULL_SHARD"
     itemsize: int = 0
+    # tensor parallelism (FSDP2 on a mesh with a tp dimension): each parameter's shard on one
+    # rank (its tp shard, then FSDP's padded dim-0 shard) and the tp placement of the
+    # parameters that are DTensors over the tp dimension ("Shard(0)", "Replicate()")
+    shard_shapes: dict[str, list[int]] = field(default_factory=dict)
+    tp_placements: dict[str, str] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -215,6 +248,9 @@ class Unit:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for key in ("shard_shapes", "tp_placements"):  # stated by tensor-parallel plans only
+            if not d[key]:
+                del d[key]
         d["bytes"] = self.bytes
         d["sharded_bytes"] = self.sharded_bytes
         return d
@@ -450,6 +486,15 @@ class Report:
             f"fsdpviz {self.source}: {len(self.units)} units, {ws}, "
             f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
         ]
+        if cfg.tp_world_size:
+            plan = cfg.parallelize_plan or {}
+            tp_sharded = sum(
+                1 for u in self.units for p in u.tp_placements.values() if p.startswith("Shard")
+            )
+            lines.append(
+                f"  tensor parallel over {cfg.tp_world_size} ranks: {len(plan)} modules "
+                f"parallelised, {tp_sharded} parameters tp-sharded"
+            )
         for i, it in enumerate(self.iterations):
             counts: dict[str, int] = {}
             for e in it:

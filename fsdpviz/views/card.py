@@ -67,7 +67,7 @@ def report_html(report: Report) -> str:
     title = (
         f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
         f"{_plural(len(report.units), 'wrap unit')} · world size "
-        f"{escape(str(report.config.world_size))}"
+        f"{escape(str(report.config.world_size))}{escape(_mesh(report.config))}"
     )
     totals = (
         f"{_count(numel)} parameters · {format_bytes(full)} full · "
@@ -131,6 +131,13 @@ def run_html(run: RecordedRun) -> str:
     return _card(parts)
 
 
+def _mesh(c: ReportConfig) -> str:
+    """`` (mesh dp_shard 32 × tp 8)``: a mesh of more than one dimension, else nothing."""
+    if not c.mesh or len(c.mesh) < 2:
+        return ""
+    return " (mesh " + " × ".join(f"{name} {size}" for name, size in c.mesh.items()) + ")"
+
+
 def config_items(report: Report) -> list[str]:
     """The configuration as short phrases: strategy, policy or recipe, prefetch settings."""
     c = report.config
@@ -146,6 +153,12 @@ def config_items(report: Report) -> list[str]:
         return items
     if c.api == "FSDP2":
         items.extend(_fsdp2_items(c))
+        if c.tp_world_size:
+            plan = c.parallelize_plan or {}
+            items.append(
+                f"tensor parallel over {c.tp_world_size} ranks "
+                f"({_plural(len(plan), 'module')} parallelised)"
+            )
     else:
         items.extend(_fsdp1_items(c))
     if c.trace not in (None, "meta"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.schema.report import Report, Unit, unit_label
 from fsdpviz.views.style import format_bytes, unit_colors
 from fsdpviz.views.tree import ModuleTree, module_tree
 
@@ -46,7 +46,9 @@ def _table(header: list[str], rows: list[list[Any]], numeric: set[int]) -> str:
 
 
 def param_rows(report: Report, unit: str) -> list[list[Any]]:
-    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit``'s FlatParameter."""
+    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit``'s FlatParameter;
+    under tensor parallelism also ``[tp placement, shard per rank]`` (a tp-sharded
+    parameter's placement, ``Replicate()`` or ``-``, and its shape on one rank)."""
     u = report.unit(unit)
     shapes: dict[str, list[int]] = {}
     for m in report.modules:
@@ -66,9 +68,19 @@ def param_rows(report: Report, unit: str) -> list[list[Any]]:
                 f"{numel:,}" if shape is not None else "?",
                 format_bytes(numel * u.itemsize) if shape is not None else "?",
                 report.param_first_use.get(fqn, "-"),
+                *_tp_cells(u, fqn),
             ]
         )
     return rows
+
+
+def _tp_cells(u: Unit, fqn: str) -> list[str]:
+    if not u.shard_shapes:
+        return []
+    placement = u.tp_placements.get(fqn, "-")
+    mark = f"⊞ tp {placement}" if placement.startswith("Shard") else placement
+    shard = u.shard_shapes.get(fqn)
+    return [mark, "?" if shard is None else "×".join(map(str, shard)) or "scalar"]
 
 
 def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[Any]]:
@@ -198,13 +210,21 @@ def unit_detail_html(
         )
     )
     parts.append("<b>Parameters</b> (flattening order)")
+    tp = ["tensor parallel", "shard per rank"] if u.shard_shapes else []
     parts.append(
         _table(
-            ["parameter", "shape", "numel", "bytes", "first used by"],
+            ["parameter", "shape", "numel", "bytes", "first used by", *tp],
             param_rows(report, unit),
             {2, 3},
         )
     )
+    if u.tp_placements:
+        sharded = sum(1 for p in u.tp_placements.values() if p.startswith("Shard"))
+        parts.append(
+            f"<p>⊞ {sharded} of {len(u.params)} parameters are sharded by tensor parallelism "
+            "(DTensor placement on the tp dimension); FSDP shards each rank's piece on dim 0. "
+            "Shapes above are the whole parameter; “shard per rank” is what one rank holds.</p>"
+        )
     if u.shared_params:
         shared = ", ".join(f"{escape(a)} = {escape(b)}" for a, b in u.shared_params.items())
         parts.append(f"<p>Shared parameters: {shared}</p>")

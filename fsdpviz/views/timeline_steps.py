@@ -79,7 +79,10 @@ MemoryOption = Literal["auto"] | MemoryLane | MemorySeries | Callable[[Report], 
 :class:`~fsdpviz.cost.MemoryLane`, bytes after each event, a callable ``report ->`` either,
 or ``None`` (no memory lane)."""
 
-KINDS = ("all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h")
+KINDS = (
+    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
+    "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+)  # fmt: skip
 FREE = KINDS.index("free")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 STREAM_LANES: dict[tuple[str, str | None], str] = {
@@ -89,6 +92,10 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("all_reduce", "replicate"): "replicate all-reduce",
     ("h2d", None): "host-device copies",
     ("d2h", None): "host-device copies",
+    ("tp_all_gather", "tp"): "tensor parallel",
+    ("tp_reduce_scatter", "tp"): "tensor parallel",
+    ("tp_all_reduce", "tp"): "tensor parallel",
+    ("tp_all_to_all", "tp"): "tensor parallel",
 }
 """The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
 ``reduce-scatter`` are always drawn; other lanes only where their events occur."""
@@ -148,7 +155,9 @@ def timeline_data(
     ``call``, ``slot`` (the event's place in its hook call), ``lane`` (a stream lane;
     a free's is its group's CPU lane), ``issue`` (x of its hook call), ``x0``, ``x1``
     (on its lane), ``bytes`` (sent by one rank, -1 unknown), ``exposed`` (seconds
-    compute waited for it, -1 unknown)), ``stream_order``, ``calls`` (``group``,
+    compute waited for it, -1 unknown), and where tensor parallelism's collectives
+    occur ``module``: the module that issued each, into ``modules``, -1 none),
+    ``stream_order``, ``calls`` (``group``,
     ``hook``, ``unit``, ``x``, ``n``: events it issued), ``compute`` (``group``,
     ``unit``, ``phase``, ``x0``, ``x1``, ``step``: the event it leads to), ``waits``
     (``group``, ``x0``, ``x1``, ``step``: the collective waited for, ``phase``,
@@ -472,6 +481,13 @@ def _build(
         marks += _marks(gi, g, p, step_of)
     timed = all(p.timed for p in placed)
     clocks = list(dict.fromkeys(p.clock for p in placed))
+    # tensor parallelism's collectives name the module that issued them: a column of indices
+    # into ``modules`` (-1: none), only where such events occur
+    named = [placed[gi].events[i][2].module for _, gi, i in rows]
+    modules = list(dict.fromkeys(m for m in named if m is not None))
+    if modules:
+        at = {m: k for k, m in enumerate(modules)}
+        steps["module"] = [-1 if m is None else at[m] for m in named]
     return {
         "version": 2,
         "source": source,
@@ -480,6 +496,7 @@ def _build(
         "colors": colors,
         "kinds": list(KINDS),
         "hooks": list(HOOKS),
+        **({"modules": modules} if modules else {}),
         "timed": timed,
         "clock": "; ".join(clocks) if timed else UNTIMED_CLOCK,
         "groups": group_info,

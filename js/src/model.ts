@@ -24,6 +24,8 @@ export interface Steps {
   /** Bytes one rank sends (-1: unknown) and seconds compute waited for it (-1: unknown). */
   bytes: number[];
   exposed: number[];
+  /** Tensor parallelism: the module that issued a collective (into `modules`; -1: none). */
+  module?: number[];
 }
 
 export interface Calls {
@@ -98,6 +100,8 @@ export interface TimelineData {
   colors: string[];
   kinds: string[];
   hooks: string[];
+  /** Modules named by tensor-parallel collectives (present only where they occur). */
+  modules?: string[];
   timed: boolean;
   clock: string;
   groups: Group[];
@@ -505,7 +509,7 @@ export function describeStep(data: TimelineData, step: number, order: Order = "i
   const i = clampStep(step, data.n_steps);
   const parts = [
     `step ${i} of ${data.n_steps}${order === "stream" ? " (stream-start order)" : ""}`,
-    `${data.kinds[s.kind[i]]} ${unitText(data, s.unit[i])}${s.prefetch[i] ? " (prefetch)" : ""}`,
+    `${data.kinds[s.kind[i]]} ${eventSubject(data, i)}${s.prefetch[i] ? " (prefetch)" : ""}`,
     s.phase[i] === 0 ? "forward" : "backward",
   ];
   if (s.hook[i] >= 0) parts.push(`${data.hooks[s.hook[i]]} of ${quoteUnit(data, s.hook_unit[i])}`);
@@ -518,6 +522,15 @@ export function describeStep(data: TimelineData, step: number, order: Order = "i
     if (k >= 0) parts.push(`memory ${formatBytes(mem.total[k])}`);
   }
   return parts.join(" · ");
+}
+
+/** What an event is about: its unit, or for a tensor-parallel collective the module that
+ *  issued it and the unit it belongs to. */
+export function eventSubject(data: TimelineData, step: number): string {
+  const unit = unitText(data, data.steps.unit[step]);
+  const m = data.steps.module?.[step] ?? -1;
+  const name = m >= 0 ? data.modules?.[m] : undefined;
+  return name === undefined ? unit : `${quote(name)} in ${unit}`;
 }
 
 function quoteUnit(data: TimelineData, unit: number): string {
@@ -537,7 +550,7 @@ export function eventDetails(data: TimelineData, step: number): string[] {
   const i = clampStep(step, data.n_steps);
   const kind = data.kinds[s.kind[i]];
   const lines = [
-    `${kind} ${unitText(data, s.unit[i])}`,
+    `${kind} ${eventSubject(data, i)}`,
     `step ${i} · ${s.phase[i] === 0 ? "forward" : "backward"} · iteration ${s.iteration[i]}, event ${s.index[i]}`,
   ];
   if (data.groups.length > 1) lines.push(data.groups[s.group[i]].name);

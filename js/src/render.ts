@@ -731,7 +731,7 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
     ctx.fillRect(x, row.top, w, row.h);
     hatch(ctx, x, row.top, w, row.h, theme.wait, 6);
     const target = wt.step[k];
-    const what = `waits for ${data.kinds[data.steps.kind[target]] === "all_gather" ? "all-gather" : "reduce"} ${data.unit_numbers[data.steps.unit[target]]}`;
+    const what = `waits for ${waitedKind(data.kinds[data.steps.kind[target]])} ${data.unit_numbers[data.steps.unit[target]]}`;
     const text = fitLabel(ctx, ix, what, "wait", w);
     if (text) {
       ctx.fillStyle = theme.wait;
@@ -999,4 +999,12 @@ export function drawOverview(
   ctx.strokeRect(a, l.overviewTop - 1, Math.max(b - a, 2), l.overviewH + 2);
   ctx.fillStyle = theme.accent;
   ctx.fillRect(xToPx(full, l, cursorX) - 1, l.overviewTop - 3, 2, l.overviewH + 6);
+}
+
+/** What the compute waits for, in words: an FSDP all-gather or reduction, or a tensor-parallel
+ *  collective (`tp_all_gather` reads "tensor-parallel all-gather"). */
+function waitedKind(kind: string): string {
+  if (kind === "all_gather") return "all-gather";
+  if (kind.startsWith("tp_")) return `tensor-parallel ${kind.slice(3).replace(/_/g, "-")}`;
+  return "reduce";
 }

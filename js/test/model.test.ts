@@ -268,6 +268,15 @@ describe("text", () => {
     expect(describeStep(d, 17)).toContain("step 17 of 18");
   });
 
+  it("names the module of a tensor-parallel collective, and its unit", () => {
+    const d = predicted();
+    d.modules = ["blocks.1.fc1"];
+    d.steps.module = d.steps.kind.map((_, i) => (i === 8 ? 0 : -1));
+    expect(describeStep(d, 8)).toContain("'blocks.1.fc1' in unit 2 'blocks.1'");
+    expect(eventDetails(d, 8)[0]).toContain("'blocks.1.fc1' in unit 2 'blocks.1'");
+    expect(describeStep(d, 7)).not.toContain("blocks.1.fc1");
+  });
+
   it("says when an event was issued and when it ran, and how long compute waited", () => {
     const d = predicted();
     const text = describeStep(d, 8);

@@ -1,0 +1,453 @@
+"""Tensor parallelism under FSDP2: ``parallelize_module``'s plan, read as torch applies it.
+
+``parallelize_plan=`` is the dict torch's ``parallelize_module`` takes (module-name patterns,
+matched one name atom at a time with ``fnmatch``, to ``ColwiseParallel``,
+``RowwiseParallel``, ``SequenceParallel``, ``PrepareModuleInput``, ``PrepareModuleOutput``
+objects), given for the whole model. :func:`resolve_plan` finds the module each entry
+applies to and turns its style into a :class:`TPModule`: the tp placement of each of the
+module's parameters (``ColwiseParallel``: a linear's weight and bias ``Shard(0)``, an
+embedding's weight ``Shard(1)``; ``RowwiseParallel``: a linear's weight ``Shard(1)`` and
+bias ``Replicate()``, an embedding's weight ``Shard(0)``; ``SequenceParallel``:
+``Replicate()``), and how its inputs and outputs are redistributed. A model that was already
+parallelised is read back by :func:`plan_from_hooks` from the hooks ``parallelize_module``
+left on it.
+
+:func:`collective` names the collective a redistribution issues (``Shard -> Replicate``: an
+all-gather, ``Partial -> Replicate``: an all-reduce, ``Partial -> Shard``: a
+reduce-scatter, ``Shard(a) -> Shard(b)``: an all-to-all, from ``Replicate``: none, a local
+chunk). In backward the gradient goes the other way: the gradient of an input a
+``ColwiseParallel`` linear (or a ``PrepareModuleInput`` feeding such linears) wants
+replicated is a partial sum, and a gradient that would go back to ``Partial`` stays
+replicated (DTensor's ``Redistribute.backward``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from typing import Any, Literal
+
+from torch import nn
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+
+Collective = Literal["tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all"]
+Layout = tuple[str, int | None]  # ("shard", dim) | ("replicate", None) | ("partial", None)
+
+REPLICATE: Layout = ("replicate", None)
+PARTIAL: Layout = ("partial", None)
+STYLES = (
+    "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+    "PrepareModuleOutput", "PrepareModuleInputOutput",
+)  # fmt: skip
+
+
+def layout_of(placement: Any) -> Layout | None:
+    """A DTensor placement (``Shard(1)``, ``Replicate()``, ``Partial()``) as a layout; None
+    stays None (an input a ``PrepareModuleInput`` leaves alone)."""
+    if placement is None:
+        return None
+    name = type(placement).__name__
+    if name in ("Shard", "_StridedShard"):
+        return ("shard", int(placement.dim))
+    if name == "Replicate":
+        return REPLICATE
+    if name == "Partial":
+        return PARTIAL
+    raise ConfigError(f"parallelize_plan: placement {placement!r} is not modelled")
+
+
+def layout_name(layout: Layout) -> str:
+    """``Shard(0)``, ``Replicate()``, ``Partial()``: as torch prints a placement."""
+    kind, dim = layout
+    return f"Shard({dim})" if kind == "shard" else f"{kind.capitalize()}()"
+
+
+def _same(a: Layout, b: Layout, ndim: int) -> bool:
+    if a[0] == b[0] == "shard" and a[1] is not None and b[1] is not None:
+        return a[1] % ndim == b[1] % ndim
+    return a == b
+
+
+def collective(src: Layout, dst: Layout, ndim: int) -> Collective | None:
+    """The collective that redistributes a tensor of ``ndim`` dims from ``src`` to ``dst``."""
+    if _same(src, dst, ndim) or src == REPLICATE:
+        return None
+    if src[0] == "shard":
+        if dst == REPLICATE:
+            return "tp_all_gather"
+        return "tp_all_to_all" if dst[0] == "shard" else None
+    if dst == REPLICATE:
+        return "tp_all_reduce"
+    return "tp_reduce_scatter" if dst[0] == "shard" else None
+
+
+def backward_collective(grad: Layout, src: Layout, ndim: int) -> Collective | None:
+    """The collective of a gradient in ``grad`` going back to ``src`` (``Partial`` stays
+    replicated: DTensor keeps such gradients replicated)."""
+    return collective(grad, REPLICATE if src == PARTIAL else src, ndim)
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """One input (``position`` or keyword) or the output of a module: the layout it arrives
+    in, the layout the style wants, and the layout its gradient comes back in."""
+
+    src: Layout
+    dst: Layout
+    grad: Layout
+    position: int | str = 0
+    # an input that arrives as a plain tensor is made a DTensor of ``src`` (from_local); one
+    # that arrives as a DTensor is only redistributed (its producer reduces the gradient)
+    from_local: bool = True
+
+
+@dataclass
+class TPModule:
+    """What ``parallelize_module`` does to one module."""
+
+    fqn: str
+    style: str  # the style's class name
+    inputs: tuple[Redistribution, ...] = ()
+    outputs: tuple[Redistribution, ...] = ()
+    params: dict[str, Layout] = field(default_factory=dict)  # local name -> tp placement
+    partial_grads: tuple[str, ...] = ()  # replicated parameters whose gradient is partial
+    local_output: bool = True  # use_local_output: the output is a plain tensor again
+    output_layout: Layout | None = None  # the output's layout when it stays a DTensor
+
+    @property
+    def description(self) -> str:
+        """``ColwiseParallel(Replicate() -> Replicate(); out Shard(-1) -> Replicate())``: the
+        style and the redistributions of its inputs and output."""
+        parts = [f"{layout_name(r.src)} -> {layout_name(r.dst)}" for r in self.inputs]
+        parts += [f"out {layout_name(r.src)} -> {layout_name(r.dst)}" for r in self.outputs]
+        return f"{self.style}({'; '.join(parts)})"
+
+
+@dataclass
+class TPPlan:
+    """The tensor-parallel plan of a model: ``size`` ranks on the mesh dimension ``dim``."""
+
+    size: int
+    dim: str
+    modules: dict[str, TPModule]  # by module FQN, in the order the plan applied them
+
+    def placements(self, model: nn.Module) -> dict[nn.Parameter, Layout]:
+        """The tp placement of every parameter a style distributes."""
+        mods = dict(model.named_modules())
+        out: dict[nn.Parameter, Layout] = {}
+        for fqn, tpm in self.modules.items():
+            for name, layout in tpm.params.items():
+                out[getattr(mods[fqn], name)] = layout
+        return out
+
+    def partial_grads(self, model: nn.Module) -> set[nn.Parameter]:
+        mods = dict(model.named_modules())
+        return {getattr(mods[f], n) for f, m in self.modules.items() for n in m.partial_grads}
+
+    def describe(self) -> dict[str, str]:
+        return {fqn: m.description for fqn, m in self.modules.items()}
+
+
+def local_shape(shape: Sequence[int], layout: Layout | None, size: int) -> list[int]:
+    """One rank's piece of a tensor of ``shape`` in ``layout`` over ``size`` ranks: the
+    first rank's chunk (``torch.chunk``: the largest one)."""
+    out = list(shape)
+    if layout is not None and layout[0] == "shard" and layout[1] is not None and out:
+        d = layout[1] % len(out)
+        out[d] = min(out[d], math.ceil(out[d] / size))
+    return out
+
+
+def fsdp_shard_shape(shape: Sequence[int], shard_size: int) -> list[int]:
+    """FSDP2's shard of a (tp-local) parameter: dim 0 chunked over the shard ranks and padded
+    to the first chunk's size."""
+    out = list(shape)
+    out[0] = math.ceil(out[0] / shard_size)
+    return out
+
+
+# ---------------------------------------------------------------- resolving
+def resolve_plan(model: nn.Module, plan: Any, size: int, dim: str) -> TPPlan:
+    """``parallelize_module(model, tp_mesh, plan)`` as a :class:`TPPlan` (nothing is changed).
+
+    Example::
+
+        plan = {"layers.*.attention.wq": ColwiseParallel(), "layers.*.attention.wo":
+                RowwiseParallel(output_layouts=Shard(1))}
+        resolve_plan(model, plan, 8, "tp").modules["layers.0.attention.wq"].params
+        # {'weight': ('shard', 0)}
+    """
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    if isinstance(plan, ParallelStyle):
+        plan = {"": plan}
+    if not isinstance(plan, dict) or not all(
+        isinstance(k, str) and isinstance(v, ParallelStyle) for k, v in plan.items()
+    ):
+        raise ConfigError(
+            "parallelize_plan must be parallelize_module's plan: a dict of module names (fnmatch "
+            "patterns per name, e.g. 'layers.*.attention.wq') to ColwiseParallel(), "
+            f"RowwiseParallel(), SequenceParallel(), PrepareModuleInput(...); got {plan!r}"
+        )
+    modules: dict[str, TPModule] = {}
+    for pattern, style in plan.items():
+        found = _match(model, pattern)
+        if not found:
+            raise ConfigError(
+                f"parallelize_plan: {pattern!r} matches no module of the model (torch warns "
+                "and skips it); check the name against model.named_modules()"
+            )
+        for fqn, module in found:
+            _add(modules, style_module(fqn, module, style))
+    order = {fqn: i for i, (fqn, _) in enumerate(model.named_modules())}
+    return TPPlan(size, dim, dict(sorted(modules.items(), key=lambda kv: order[kv[0]])))
+
+
+def _add(modules: dict[str, TPModule], tpm: TPModule) -> None:
+    if tpm.fqn in modules:  # a second style on one module: its hooks come after the first's
+        first = modules[tpm.fqn]
+        both = first.style if first.style == tpm.style else f"{first.style} + {tpm.style}"
+        tpm = TPModule(
+            tpm.fqn, both,
+            first.inputs + tpm.inputs, first.outputs + tpm.outputs,
+            {**first.params, **tpm.params}, first.partial_grads + tpm.partial_grads,
+            tpm.local_output, tpm.output_layout,
+        )  # fmt: skip
+    modules[tpm.fqn] = tpm
+
+
+def _match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """The modules ``parallelize_module`` applies a plan entry to: one name atom at a time."""
+    if pattern == "":
+        return [("", model)]
+    level: list[tuple[str, nn.Module]] = [("", model)]
+    for token in pattern.split("."):
+        level = [
+            (f"{fqn}.{name}" if fqn else name, child)
+            for fqn, module in level
+            for name, child in module.named_children()
+            if fnmatch(name, token)
+        ]
+    return level
+
+
+def style_module(fqn: str, module: nn.Module, style: Any) -> TPModule:
+    """What ``style`` does to ``module`` (``fqn``), read from the style's attributes."""
+    name = type(style).__name__
+    if name == "PrepareModuleInputOutput":
+        first = style_module(fqn, module, style.prepare_module_input)
+        second = style_module(fqn, module, style.prepare_module_output)
+        return TPModule(
+            fqn, name, first.inputs, second.outputs,
+            local_output=second.local_output, output_layout=second.output_layout,
+        )  # fmt: skip
+    if name in ("ColwiseParallel", "RowwiseParallel"):
+        return _linear(fqn, module, name, style)
+    if name == "SequenceParallel":
+        seq = layout_of(style.sequence_sharding[0])
+        assert seq is not None
+        return TPModule(
+            fqn, name,
+            inputs=(Redistribution(seq, seq, seq),),
+            params={n: REPLICATE for n, _ in module.named_parameters()},
+            partial_grads=tuple(n for n, _ in module.named_parameters()),
+            local_output=bool(style.use_local_output), output_layout=seq,
+        )  # fmt: skip
+    if name == "PrepareModuleInput":
+        return _prepare_input(fqn, name, style)
+    if name == "PrepareModuleOutput":
+        return _prepare_output(fqn, name, style)
+    raise ConfigError(
+        f"parallelize_plan: {name} (for {fqn!r}) is not modelled; use ColwiseParallel, "
+        "RowwiseParallel, SequenceParallel, PrepareModuleInput or PrepareModuleOutput"
+    )
+
+
+def _linear(fqn: str, module: nn.Module, name: str, style: Any) -> TPModule:
+    colwise = name == "ColwiseParallel"
+    if isinstance(module, nn.Linear):
+        kind = "linear"
+    elif isinstance(module, nn.Embedding):
+        kind = "embedding"
+    else:
+        raise FSDPConfigError(
+            f"parallelize_plan: {fqn!r} is a {type(module).__name__}, and {name} currently only "
+            "support nn.Linear and nn.Embedding! (parallelize_module raises this)"
+        )
+    src = layout_of(style.input_layouts[0])
+    out = layout_of(style.output_layouts[0])
+    assert src is not None and out is not None
+    params: dict[str, Layout]
+    if colwise:
+        dst = REPLICATE
+        produced: Layout = ("shard", -1)
+        params = {n: ("shard", 0 if kind == "linear" else 1) for n, _ in module.named_parameters()}
+    else:
+        dst = ("shard", -1) if kind == "linear" else REPLICATE
+        produced = PARTIAL
+        params = {n: ("shard", 1 if kind == "linear" else 0) for n, _ in module.named_parameters()}
+        if kind == "linear" and getattr(module, "bias", None) is not None:
+            params["bias"] = REPLICATE
+    # the gradient of a replicated input of a column-wise linear is a partial sum
+    grad = PARTIAL if colwise else dst
+    partial_bias = (
+        ("bias",) if not colwise and "bias" in params and out[0] == "shard" else ()
+    )  # a replicated bias under a sequence-sharded output: its gradient sums over shards
+    return TPModule(
+        fqn, name,
+        inputs=(Redistribution(src, dst, grad),),
+        outputs=(Redistribution(produced, out, out),),
+        params=params, partial_grads=partial_bias,
+        local_output=bool(style.use_local_output), output_layout=out,
+    )  # fmt: skip
+
+
+def _prepare_input(fqn: str, name: str, style: Any) -> TPModule:
+    inputs: list[Redistribution] = []
+    pairs: list[tuple[int | str, Any, Any]] = []
+    if style.input_layouts is not None:
+        pairs += [
+            (i, a, b)
+            for i, (a, b) in enumerate(
+                zip(style.input_layouts, style.desired_input_layouts, strict=True)
+            )
+        ]
+    pairs += [
+        (k, v, style.desired_input_kwarg_layouts.get(k))
+        for k, v in style.input_kwarg_layouts.items()
+    ]
+    for position, a, b in pairs:
+        src, dst = layout_of(a), layout_of(b)
+        if src is None:
+            continue
+        dst = dst or src
+        # the replicated input of an attention or MLP block feeds column-wise linears
+        inputs.append(Redistribution(src, dst, PARTIAL if dst == REPLICATE else dst, position))
+    return TPModule(fqn, name, inputs=tuple(inputs))
+
+
+def _prepare_output(fqn: str, name: str, style: Any) -> TPModule:
+    outputs: list[Redistribution] = []
+    for i, (a, b) in enumerate(
+        zip(style.output_layouts, style.desired_output_layouts, strict=True)
+    ):
+        src, dst = layout_of(a), layout_of(b)
+        if src is not None and dst is not None:
+            outputs.append(Redistribution(src, dst, dst, i))
+    return TPModule(fqn, name, outputs=tuple(outputs), local_output=bool(style.use_local_output))
+
+
+# ------------------------------------------------- an already parallelised model
+def plan_from_hooks(model: nn.Module, size: int, dim: str) -> TPPlan:
+    """The plan ``parallelize_module`` applied to ``model``, read from the hooks it left
+    (each closes over its style, or a ``functools.partial`` of the style's function)."""
+    modules: dict[str, TPModule] = {}
+    for fqn, module in model.named_modules():
+        found = tp_hooks(module)
+        if not found:
+            continue
+        params = dict(module.named_parameters(recurse=False))
+        for style in found.styles:
+            _add(modules, style_module(fqn, module, style))
+        for cls, fn in found.partials:
+            tpm = _from_partials(fqn, module, cls, fn, found)
+            placed = {n: _placement_of(p) for n, p in params.items()}
+            tpm.params = {n: layout for n, layout in placed.items() if layout is not None}
+            _add(modules, tpm)
+    return TPPlan(size, dim, modules)
+
+
+@dataclass
+class _Found:
+    styles: list[Any] = field(default_factory=list)  # style objects (PrepareModule*)
+    partials: list[tuple[str, Any]] = field(default_factory=list)  # (class, input partial)
+    outputs: dict[str, Any] = field(default_factory=dict)  # class -> output partial
+    keys: list[tuple[dict[Any, Any], Any]] = field(default_factory=list)  # hooks to drop
+
+
+def tp_hooks(module: nn.Module) -> _Found | None:
+    """The hooks ``parallelize_module`` registered on ``module`` (None: none)."""
+    found = _Found()
+    for hooks in (module._forward_pre_hooks, module._forward_hooks):
+        for key, fn in hooks.items():
+            cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
+            for obj in cells:
+                if type(obj).__name__ in STYLES[3:] and obj not in found.styles:
+                    found.styles.append(obj)
+                    found.keys.append((hooks, key))
+                elif isinstance(obj, functools.partial):
+                    cls = getattr(obj.func, "__qualname__", "").split(".")[0]
+                    if cls not in STYLES[:3]:
+                        continue
+                    found.keys.append((hooks, key))
+                    if obj.func.__name__ == "_prepare_input_fn":
+                        found.partials.append((cls, obj))
+                    else:
+                        found.outputs[cls] = obj
+    return found if found.keys else None
+
+
+def _from_partials(fqn: str, module: nn.Module, cls: str, fn: Any, found: _Found) -> TPModule:
+    out = found.outputs.get(cls)
+    if cls == "SequenceParallel":
+        seq = layout_of(fn.args[0][0])
+        assert seq is not None
+        local = bool(out.args[0]) if out is not None else False
+        return TPModule(
+            fqn, cls,
+            inputs=(Redistribution(seq, seq, seq),),
+            partial_grads=tuple(n for n, _ in module.named_parameters(recurse=False)),
+            local_output=local, output_layout=seq,
+        )  # fmt: skip
+    src, dst = layout_of(fn.args[0][0]), layout_of(fn.args[1][0])
+    assert src is not None and dst is not None
+    out_layout = layout_of(out.args[0][0]) if out is not None else None
+    local = bool(out.args[1]) if out is not None else True
+    colwise = cls == "ColwiseParallel"
+    produced: Layout = ("shard", -1) if colwise else PARTIAL
+    outputs = (Redistribution(produced, out_layout, out_layout),) if out_layout else ()
+    return TPModule(
+        fqn, cls,
+        inputs=(Redistribution(src, dst, PARTIAL if colwise else dst),),
+        outputs=outputs, local_output=local, output_layout=out_layout,
+    )  # fmt: skip
+
+
+def _placement_of(p: Any) -> Layout | None:
+    spec = getattr(p, "_spec", None)
+    if spec is None:
+        return None
+    return layout_of(spec.placements[-1])
+
+
+def parse_tp_mesh(
+    sizes: tuple[int, ...], names: tuple[str, ...], plan: Any
+) -> tuple[tuple[int, ...], tuple[str, ...], int, str]:
+    """Split a mesh with a tensor-parallel dimension: the data-parallel sizes and names, and
+    the tp size and name. The tp dimension is the one named ``tp`` or, unnamed, the last
+    (torchtitan keeps tp innermost, inside a node)."""
+    if plan is None:
+        if "tp" in names:
+            raise ConfigError(
+                "the mesh has a 'tp' dimension but no parallelize_plan was given: pass "
+                "parallelize_module's plan as parallelize_plan={...}, or leave tp out of the mesh"
+            )
+        return sizes, names, 1, ""
+    if len(sizes) < 2:
+        raise ConfigError(
+            "parallelize_plan needs a mesh with a tensor-parallel dimension, e.g. "
+            "mesh=('dp_shard', 32, 'tp', 8) (as init_device_mesh('cuda', (32, 8), "
+            "mesh_dim_names=('dp_shard', 'tp')))"
+        )
+    at = names.index("tp") if "tp" in names else len(sizes) - 1
+    if at != len(sizes) - 1:
+        raise ConfigError(
+            f"the mesh's tp dimension must be the last (innermost), as torchtitan builds it; got "
+            f"dimensions {names}"
+        )
+    tp_name = names[at] if names else "tp"
+    return sizes[:at], names[:at], sizes[at], tp_name

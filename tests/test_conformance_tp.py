@@ -1,0 +1,143 @@
+"""Conformance of FSDP2 + tensor parallelism (2-D) against real torch on 4 gloo ranks.
+
+The ranks form a dp 2 x tp 2 mesh; a Llama-style model (``tp_models.Llama``) gets
+torchtitan's tensor-parallel plan with ``parallelize_module`` and ``fully_shard`` on the dp
+dimension, and each rank records its run. ``analyze`` of the unparallelised model with the
+same plan (``parallelize_plan=``, ``mesh=("dp", 2, "tp", 2)``) must equal every rank: its
+units with each parameter's shard shape and tp placement, and both iterations' FSDP events;
+the tensor-parallel collectives, which FSDP's recorder does not see, are recorded apart
+from DTensor's functional collectives and must equal the predicted ones, kind and bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import tp_models
+from fsdp_harness import assert_same_schedule
+from gloo_worker import TP_MESH, spawn_suite
+
+import fsdpviz
+
+WORLD_SIZE = TP_MESH[0] * TP_MESH[1]
+
+
+@pytest.fixture(scope="module")
+def tp_recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return spawn_suite(tmp_path_factory.mktemp("gloo-tp"), WORLD_SIZE, "tp")
+
+
+def predict() -> fsdpviz.Report:
+    torch.manual_seed(0)
+    return fsdpviz.analyze(
+        tp_models.Llama(),
+        tp_models.tokens(),
+        fully_shard=tp_models.LAYERS,
+        mesh=("dp", TP_MESH[0], "tp", TP_MESH[1]),
+        parallelize_plan=tp_models.whole_plan(),
+    )
+
+
+def fsdp_only(report: fsdpviz.Report) -> fsdpviz.Report:
+    """The report without tensor parallelism's events (what FSDP's recorder records)."""
+    its = [[e for e in it if not e.tensor_parallel] for it in report.iterations]
+    return fsdpviz.Report.from_dict({**report.to_dict(), "iterations": [
+        [e.to_dict() for e in it] for it in its]})  # fmt: skip
+
+
+@pytest.mark.slow
+def test_fsdp_and_tensor_parallel_on_a_2x2_mesh_match_four_gloo_ranks(tp_recordings: Path) -> None:
+    predicted = predict()
+    for rank in range(WORLD_SIZE):
+        real = fsdpviz.load(str(tp_recordings / f"tp-llama-rank{rank}.json"))
+        assert real.config["rank"] == rank and real.config["world_size"] == WORLD_SIZE
+        assert_same_schedule(real, fsdp_only(predicted))
+        assert fsdpviz.diff(real, predicted).equal  # compared on FSDP's kinds
+        for r_unit, p_unit in zip(real.units, predicted.units, strict=True):
+            assert r_unit.shard_shapes == p_unit.shard_shapes and r_unit.shard_shapes
+            assert r_unit.tp_placements == p_unit.tp_placements
+        # tensor parallelism's collectives, as DTensor issued them, in order, three iterations
+        seen = json.loads((tp_recordings / f"tp-llama-collectives-rank{rank}.json").read_text())
+        tp = [[e.kind, e.nbytes] for e in predicted.iterations[1] if e.tensor_parallel]
+        assert seen == tp * 3
+    wq = predicted.units[1].shard_shapes["layers.0.attention.wq.weight"]
+    assert wq == [16 // 2 // 2, 16]  # tp Shard(0), then FSDP's dim-0 shard
+    assert predicted.units[1].tp_placements["layers.0.attention.wo.weight"] == "Shard(1)"
+
+
+def test_a_model_parallelised_on_meta_is_read_from_its_dtensors(fake_pg: int) -> None:
+    """parallelize_module + fully_shard on a meta model (fake process group): the plan read
+    from the model's DTensor placements and hooks equals the plan given as options."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    assert fake_pg == WORLD_SIZE
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        model = tp_models.parallelize(tp_models.Llama(), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    applied = fsdpviz.analyze(model, tp_models.tokens())
+    predicted = predict()
+    assert [u.to_dict() for u in applied.units] == [u.to_dict() for u in predicted.units]
+    assert applied.config.to_dict() == predicted.config.to_dict()
+    for a, b in zip(applied.iterations, predicted.iterations, strict=True):
+        assert [e.to_dict() for e in a] == [e.to_dict() for e in b]
+    assert type(model.layers["0"].attention.wq.weight).__name__ == "DTensor"  # left as it was
+
+
+def test_tensor_parallel_collectives_of_torchtitans_plan() -> None:
+    """Sequence parallel: each block all-gathers its attention and MLP inputs and
+    reduce-scatters their outputs in forward, the reverse in backward; the norms' partial
+    gradients are all-reduced in the block's post-backward, before its reduce-scatter."""
+    report = predict()
+    steady = report.iterations[1]
+    block = [
+        (e.kind, e.module, e.phase) for e in steady if e.tensor_parallel and e.unit == "layers.1"
+    ]
+    assert block == [
+        ("tp_all_gather", "layers.1.attention", "forward"),
+        ("tp_reduce_scatter", "layers.1.attention.wo", "forward"),
+        ("tp_all_gather", "layers.1.feed_forward", "forward"),
+        ("tp_reduce_scatter", "layers.1.feed_forward.w2", "forward"),
+        ("tp_all_gather", "layers.1.feed_forward.w2", "backward"),
+        ("tp_reduce_scatter", "layers.1.feed_forward", "backward"),
+        ("tp_all_gather", "layers.1.attention.wo", "backward"),
+        ("tp_reduce_scatter", "layers.1.attention", "backward"),
+        ("tp_all_reduce", "layers.1.attention_norm.weight", "backward"),
+        ("tp_all_reduce", "layers.1.ffn_norm.weight", "backward"),
+    ]
+    kinds = [(e.kind, e.module) for e in steady if e.unit == "layers.1" and e.phase == "backward"]
+    assert kinds.index(("reduce_scatter", None)) > kinds.index(
+        ("tp_all_reduce", "layers.1.ffn_norm.weight")
+    )
+    activation = 2 * 8 * 16 * 4  # batch x sequence x dim, float32: the whole tensor
+    assert {e.nbytes for e in steady if e.module == "layers.1.attention"} == {activation}
+    assert all(e.group == "tp" for e in steady if e.tensor_parallel)
+    assert report.config.mesh == {"dp": 2, "tp": 2} and report.config.tp_world_size == 2
+    assert report.config.world_size == 4 and report.config.shard_world_size == 2
+
+
+def test_tensor_parallel_option_errors() -> None:
+    model, ids = tp_models.Llama(), tp_models.tokens()
+    plan = tp_models.whole_plan()
+    with pytest.raises(fsdpviz.ConfigError, match="needs a mesh with a tensor-parallel"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan)
+    with pytest.raises(fsdpviz.ConfigError, match="'tp' dimension but no parallelize_plan"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2))
+    with pytest.raises(fsdpviz.ConfigError, match="matches no module"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                        parallelize_plan={"layers.*.attn.wq": plan["output"]})  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match="must be parallelize_module's plan"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                        parallelize_plan={"output": "colwise"})  # fmt: skip
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"only support nn\.Linear and nn\.Embedding"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                        parallelize_plan={"norm": plan["output"]})  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match="tp dimension must be the last"):
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("tp", 2, "dp", 2),
+                        parallelize_plan=plan)  # fmt: skip
