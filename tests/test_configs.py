@@ -377,6 +377,42 @@ def test_torchtitan_job_keys_are_checked(tmp_path: Path) -> None:
         fsdpviz.from_torchtitan(_job(tmp_path, option="layer"), world_size=4)
 
 
+def test_torchtitan_tensor_parallel_hsdp_and_offload(tmp_path: Path) -> None:
+    """tensor_parallel_degree, data_parallel_replicate_degree and enable_cpu_offload plan
+    torchtitan's mesh (dp_shard = -1 takes the ranks the others leave), apply_tp's plan
+    (loss parallel by default) and CPUOffloadPolicy."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from torch.distributed.tensor import Replicate, Shard
+
+    path = _job(tmp_path)
+    text = path.read_text().replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
+    text = text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2")
+    path.write_text(text.replace('dataset = "c4"', 'dataset = "c4"\nenable_cpu_offload = true'))
+    with pytest.warns(fsdpviz.ConfigNote, match="cross-entropy's own all-reduces"):
+        job = fsdpviz.from_torchtitan(path, world_size=16)
+    assert job.config["mesh"] == ("dp_replicate", 2, "dp_shard", 4, "tp", 2)
+    assert "world_size" not in job.config
+    assert isinstance(job.config["offload_policy"], CPUOffloadPolicy)
+    plan = job.config["parallelize_plan"]
+    assert plan["output"].output_layouts == (Shard(-1),) and not plan["output"].use_local_output
+    assert plan["layers.*.attention.wo"].output_layouts == (Shard(1),)
+    report = fsdpviz.analyze(job.model, job.inputs, **job.config)
+    assert report.config.world_size == 16 and report.config.cpu_offload
+    assert report.config.mesh == {"dp_replicate": 2, "dp_shard": 4, "tp": 2}
+    w1 = report.unit("layers.0").shard_shapes["layers.0.feed_forward.w1.weight"]
+    assert w1 == [768 // 2 // 4, 256]  # tp's column half, then FSDP's quarter of dim 0
+    steady = {e.kind for e in report.iterations[1]}
+    assert {"tp_all_gather", "tp_reduce_scatter", "all_reduce", "h2d", "d2h"} <= steady
+    # disable_loss_parallel: the logits replicated (an all-gather over the vocabulary)
+    path.write_text(path.read_text().replace(
+        "tensor_parallel_degree = 2", "tensor_parallel_degree = 2\ndisable_loss_parallel = true"
+    ))  # fmt: skip
+    replicated = fsdpviz.from_torchtitan(path, world_size=16).config["parallelize_plan"]
+    assert replicated["output"].output_layouts == (Replicate(),)
+    with pytest.raises(fsdpviz.ConfigError, match="10 ranks do not divide by the other"):
+        fsdpviz.from_torchtitan(path, world_size=10)
+
+
 def test_torchtitan_per_operator_checkpointing(tmp_path: Path) -> None:
     """selective_ac_option = "op": torchtitan's save list inside every block, between no
     checkpointing and full checkpointing in memory and in recomputed FLOPs."""

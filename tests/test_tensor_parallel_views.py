@@ -13,7 +13,7 @@ import tp_models
 
 import fsdpviz
 from fsdpviz.cost.hardware import machine
-from fsdpviz.export import chrome_trace
+from fsdpviz.export import chrome_trace, page_script
 from fsdpviz.views.card import report_html
 from fsdpviz.views.detail import param_rows, unit_detail_html
 from fsdpviz.views.timeline_lanes import timeline_figure
@@ -76,7 +76,7 @@ def test_tp_collectives_have_their_own_lane(report: fsdpviz.Report, tmp_path: Pa
     assert "tensor parallel" in json.dumps(figure.layout.to_plotly_json()["yaxis"])
     page = tmp_path / "tp.html"
     report.save(str(page))
-    assert '"tensor parallel"' in page.read_text()
+    assert '"tensor parallel"' in page_script(page.read_text(), "fv-config")
     trace = chrome_trace(report)
     lanes = {
         e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"
@@ -124,10 +124,9 @@ def test_a_tensor_parallel_report_is_not_replayed(report: fsdpviz.Report) -> Non
         replay(report, reshard_after_forward=False)
 
 
-def test_llama3_70b_as_fsdp_32_x_tp_8_is_planned_in_under_ten_seconds() -> None:
-    """The README's example: 80 decoder layers, the tp plan on each layer's projections."""
-    import time
-
+def test_llama3_70b_as_fsdp_32_x_tp_8_of_the_readme() -> None:
+    """The README's example: 80 decoder layers, the tp plan on each layer's projections (its
+    time, under 10 s, is measured by benchmarks/bench_analyze_70b.py --tp)."""
     from torch.distributed.tensor.parallel import ColwiseParallel as Col
     from torch.distributed.tensor.parallel import RowwiseParallel as Row
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -141,12 +140,10 @@ def test_llama3_70b_as_fsdp_32_x_tp_8_is_planned_in_under_ten_seconds() -> None:
     at = "model.layers.*."
     plan = {at + "self_attn.[qkv]_proj": Col(), at + "self_attn.o_proj": Row(),
             at + "mlp.[gu]*_proj": Col(), at + "mlp.down_proj": Row()}  # fmt: skip
-    start = time.perf_counter()
     report = fsdpviz.analyze(
         model, torch.zeros(1, 8192, dtype=torch.long), parallelize_plan=plan,
         fully_shard=[LlamaDecoderLayer], mesh=("dp_shard", 32, "tp", 8), progress=False,
     )  # fmt: skip
-    assert time.perf_counter() - start < 10.0
     assert len(report.units) == 81 and report.config.world_size == 256
     layer = report.unit("model.layers.0")
     # q 8192x8192, k and v 1024x8192, o, gate, up, down: one eighth each, then FSDP's 1/32

@@ -8,7 +8,11 @@ to its move to Python config registries in 2026). The Llama 3 flavors (``debugmo
 device, and sharded as its ``apply_fsdp`` does: ``tok_embeddings``, each block, ``norm``
 with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward =
 "always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
-reduce_dtype=mixed_precision_reduce)``. ``activation_checkpoint.mode = "full"``
+reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (HSDP) when
+``data_parallel_replicate_degree > 1``, ``dp_shard``, and ``tp`` with ``apply_tp``'s plan
+(sequence parallel, loss parallel unless ``disable_loss_parallel``) when
+``tensor_parallel_degree > 1``; ``enable_cpu_offload`` gives ``CPUOffloadPolicy()``.
+``activation_checkpoint.mode = "full"``
 checkpoints every block, ``"selective"`` with an integer option every n-th block, with
 ``"op"`` per operator inside every block
 (:class:`~fsdpviz.trace.checkpointing.SelectiveCheckpoint`).
@@ -124,42 +128,25 @@ def from_torchtitan(
     seq = int(training.get("seq_len", 2048))
     batch = int(training.get("local_batch_size", 8))
     for key, meaning in (
-        ("tensor_parallel_degree", "tensor parallelism"),
         ("pipeline_parallel_degree", "pipeline parallelism"),
         ("context_parallel_degree", "context parallelism"),
-        ("data_parallel_replicate_degree", "replicated data parallelism (HSDP)"),
     ):
         if int(parallel.get(key, 1)) > 1:
             note(
                 notes,
                 f"{where}: parallelism.{key} = {parallel[key]} ({meaning}) is not "
-                "modelled; planned as FSDP over the data-parallel shard ranks alone",
+                "modelled; planned as the FSDP x TP mesh of one stage",
             )
-    shard = int(parallel.get("data_parallel_shard_degree", -1))
-    if shard == -1:
-        shard = world_size or 8
-        if world_size is None:
-            note(
-                notes,
-                f"{where}: data_parallel_shard_degree = -1 uses every rank; planned "
-                "on 8 (pass world_size / --world-size for another count)",
-            )
-    elif world_size is not None and world_size != shard:
-        note(
-            notes,
-            f"{where}: data_parallel_shard_degree = {shard} is planned, not the "
-            f"{world_size} ranks given",
-        )
-    if int(training.get("global_batch_size", -1)) > batch * shard:
-        steps = int(training["global_batch_size"]) // (batch * shard)
+    mesh = _mesh(parallel, world_size, where, notes)
+    shard = mesh["dp_shard"]
+    if int(training.get("global_batch_size", -1)) > batch * shard * mesh["dp_replicate"]:
+        steps = int(training["global_batch_size"]) // (batch * shard * mesh["dp_replicate"])
         note(
             notes,
             f"{where}: global_batch_size = {training['global_batch_size']} means "
             f"{steps} micro-batches per step; one is planned (time the step with "
             f"fsdpviz.cost.timeline(report, grad_accum={steps}))",
         )
-    if training.get("enable_cpu_offload"):
-        note(notes, f"{where}: training.enable_cpu_offload is not modelled")
     if data.get("compile", {}).get("enable"):
         note(
             notes, f"{where}: compile.enable changes kernels, not the FSDP schedule (not modelled)"
@@ -167,7 +154,7 @@ def from_torchtitan(
     model = build_llama3(flavor, seq)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
     labels = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    kwargs = _plan(model, data, shard, where, notes)
+    kwargs = _plan(model, data, mesh, where, notes)
     kwargs["loss"] = _CrossEntropy(labels)
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
     return TorchtitanJob(model, tokens, config)
@@ -205,11 +192,100 @@ def _check(data: dict[str, Any], where: str) -> list[str]:
     return []
 
 
+def _mesh(
+    parallel: dict[str, Any], world_size: int | None, where: str, notes: list[str]
+) -> dict[str, int]:
+    """The sizes of torchtitan's ``ParallelDims`` for FSDP's and TP's mesh dimensions:
+    ``data_parallel_shard_degree = -1`` takes the ranks the other degrees leave."""
+    degrees = {
+        key: int(parallel.get(key, 1))
+        for key in ("data_parallel_replicate_degree", "tensor_parallel_degree",
+                    "pipeline_parallel_degree", "context_parallel_degree")
+    }  # fmt: skip
+    for key, value in degrees.items():
+        if value < 1:
+            raise ConfigError(f"{where}: parallelism.{key} must be 1 or more, got {value}")
+    others = math.prod(degrees.values())
+    shard = int(parallel.get("data_parallel_shard_degree", -1))
+    if shard == -1:
+        ranks = world_size or 8
+        if world_size is None:
+            note(
+                notes,
+                f"{where}: data_parallel_shard_degree = -1 uses every rank; planned "
+                "on 8 (pass world_size / --world-size for another count)",
+            )
+        if ranks % others:
+            raise ConfigError(
+                f"{where}: {ranks} ranks do not divide by the other degrees' product {others} "
+                "(replicate x tp x pp x cp); give a world size that does"
+            )
+        shard = ranks // others
+    elif shard < 1:
+        raise ConfigError(
+            f"{where}: parallelism.data_parallel_shard_degree must be -1 or 1 or more, got {shard}"
+        )
+    elif world_size is not None and world_size != shard * others:
+        note(
+            notes,
+            f"{where}: data_parallel_shard_degree = {shard} x the other degrees ({others}) "
+            f"is planned, not the {world_size} ranks given",
+        )
+    return {
+        "dp_replicate": degrees["data_parallel_replicate_degree"],
+        "dp_shard": shard,
+        "tp": degrees["tensor_parallel_degree"],
+    }
+
+
+def _tp_plan(loss_parallel: bool) -> dict[str, Any]:
+    """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
+    sequence parallel norms, column/row-wise projections, the output sharded over the
+    vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+    block = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(  # (x, freqs_cis): the rotations stay plain tensors
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    plan.update({f"layers.*.{k}": v for k, v in block.items()})
+    return plan
+
+
 def _plan(
-    model: nn.Module, data: dict[str, Any], shard: int, where: str, notes: list[str]
+    model: nn.Module, data: dict[str, Any], mesh: dict[str, int], where: str, notes: list[str]
 ) -> dict[str, Any]:
-    """torchtitan's ``apply_fsdp`` and ``apply_ac`` for this job, as analyze arguments."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
+    arguments."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     training = data.get("training", {})
     policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
@@ -228,8 +304,30 @@ def _plan(
         "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
         "reshard_after_forward": raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
-        "world_size": shard,
     }
+    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1:
+        kwargs["world_size"] = mesh["dp_shard"]
+    else:  # HSDP and/or TP: the mesh as torchtitan's ParallelDims builds it
+        dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
+        kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
+    if mesh["tp"] > 1:
+        parallel = data.get("parallelism", {})
+        loss_parallel = not parallel.get("disable_loss_parallel", False)
+        kwargs["parallelize_plan"] = _tp_plan(loss_parallel)
+        if loss_parallel:
+            note(
+                notes,
+                f"{where}: loss parallel keeps the logits sharded over the vocabulary; the "
+                "cross-entropy's own all-reduces (a few values per token) are not shown",
+            )
+        if parallel.get("enable_async_tensor_parallel"):
+            note(
+                notes,
+                f"{where}: enable_async_tensor_parallel overlaps tp collectives with the "
+                "matmuls (not modelled; planned as synchronous tensor parallelism)",
+            )
+    if training.get("enable_cpu_offload"):
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     ac = data.get("activation_checkpoint", {})
     mode = str(ac.get("mode", "selective"))
     option = str(ac.get("selective_ac_option", "2"))
