@@ -55,23 +55,32 @@ def tracked(
     loss: Callable[[Any], torch.Tensor],
     optimizer: bool = False,
     mesh_shape: tuple[int, int] | None = None,
+    parallelize: Callable[[nn.Module, Any], object] | None = None,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     if mesh_shape is None:
         mesh = init_device_mesh("cpu", (world_size,))
+    elif parallelize is not None:  # FSDP x TP: parallelize on tp, fully_shard on dp_shard
+        both = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_shard", "tp"))
+        mesh = both["dp_shard"]
     else:  # HSDP: replicate over the first dimension, shard over the second
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
     # allow_non_fake_inputs: fully_shard(reshard_after_forward=int) builds a mesh from real tensors
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = build()
-        for block in blocks(model):
-            fully_shard(block, mesh=mesh, **fully_shard_kwargs)
-        fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+        if parallelize is not None:
+            parallelize(model, both["tp"])
+        # the dp x tp mesh fully_shard joins is computed from real tensors (nonzero on a fake
+        # tensor has no fixed shape); the parameters stay fake
+        with unset_fake_temporarily():
+            for block in blocks(model):
+                fully_shard(block, mesh=mesh, **fully_shard_kwargs)
+            fully_shard(model, mesh=mesh, **fully_shard_kwargs)
         batch = inputs()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer else None
         if opt is not None:
