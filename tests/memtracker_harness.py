@@ -11,6 +11,7 @@ before tracking, so the tracked step is the steady state.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ def tracked(
     optimizer: bool = False,
     mesh_shape: tuple[int, int] | None = None,
     parallelize: Callable[[nn.Module, Any], object] | None = None,
+    around: Callable[[], AbstractContextManager[object]] = nullcontext,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -70,8 +72,13 @@ def tracked(
         mesh = both["dp_shard"]
     else:  # HSDP: replicate over the first dimension, shard over the second
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
-    # allow_non_fake_inputs: fully_shard(reshard_after_forward=int) builds a mesh from real tensors
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # allow_non_fake_inputs: fully_shard(reshard_after_forward=int) builds a mesh from real tensors.
+    # FSDP x TP runs on real CPU tensors (the models are small): DTensor computes each output's
+    # placement on fake tensors of the global shape, under the fake mode that is active, and
+    # FSDPMemTracker entered inside a fake mode counts those as allocations; outside one it
+    # skips them (torch's comment in MemTracker.__torch_dispatch__).
+    fake = FakeTensorMode(allow_non_fake_inputs=True) if parallelize is None else nullcontext()
+    with fake:
         model = build()
         if parallelize is not None:
             parallelize(model, both["tp"])
@@ -89,7 +96,7 @@ def tracked(
             opt.zero_grad()
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((batch,))
-        with tracker:
+        with tracker, around():
             out = model(**batch)
             loss(out).backward()
         del out

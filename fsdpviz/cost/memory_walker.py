@@ -41,12 +41,12 @@ class Walker:
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
-        # tensor parallelism: the trace ran the whole model; a rank of the tp group holds a
-        # 1/tp share of its activations, temporaries and gradients (sequence parallel shards
-        # the rest; the parameters' sizes are already one rank's)
-        self.tp = cfg.tp_ranks
-        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         prof = report.profile
+        # tensor parallelism: the trace measured one rank's activations, temporaries and
+        # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one
+        # rank's); a plan for another degree scales them
+        self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
+        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0

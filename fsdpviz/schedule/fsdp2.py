@@ -69,8 +69,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             if profile:
                 owners = {p: g.name for g in groups for p in g.params}
                 names = [g.name for g in groups]
-                probe = CostProbe(tracker, owners, names, list(copy.buffers()))
+                shares = tp.shares() if tp is not None else None
+                probe = CostProbe(tracker, owners, names, list(copy.buffers()), shares)
                 probe.attach(runtime)
+                if tp is not None:
+                    tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:

@@ -9,6 +9,12 @@ gradient's redistribution in backward is reported by an identity autograd node o
 tensor, when the gradient reaches it. An input a style leaves a DTensor (``PrepareModuleInput``,
 ``SequenceParallel`` with ``use_local_output=False``) is remembered, so the next style
 redistributes it instead of making a DTensor of it again, as DTensor does.
+
+While a :class:`~fsdpviz.trace.probe.CostProbe` measures (:meth:`TPEmulation.measure`), a
+redistribution that gives a rank a new buffer (all-gather, reduce-scatter, all-to-all; an
+all-reduce works in place) makes one on the traced copy too, in the layout it arrives in, so
+the probe counts what a rank holds: the all-gathered input of a column-parallel projection
+whole, the reduce-scattered output of a row-parallel one as a share.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from torch import nn
 
 from fsdpviz.plan.fsdp2 import Group
 from fsdpviz.plan.tensor_parallel import (
+    PARTIAL,
+    REPLICATE,
     Layout,
     Redistribution,
     TPModule,
@@ -30,20 +38,28 @@ from fsdpviz.plan.tensor_parallel import (
     collective,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.trace.probe import CostProbe, TPShares
+
+# Collectives whose result is a new buffer on each rank (an all-reduce works in place).
+_NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
+Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
 
 
 class _GradCollective(torch.autograd.Function):
-    """Identity; its backward reports the gradient's collective."""
+    """Identity (or the collective's new buffer, ``copy``); its backward reports the
+    gradient's collective (and makes its buffer, ``back_copy``)."""
 
     @staticmethod
-    def forward(ctx: Any, report: Any, t: torch.Tensor) -> torch.Tensor:
-        ctx.report = report
-        return t.view_as(t)
+    def forward(
+        ctx: Any, report: Any, copy: Copy, back_copy: Copy, t: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.report, ctx.back_copy = report, back_copy
+        return copy(t) if copy is not None else t.view_as(t)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         ctx.report()
-        return None, grad
+        return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
 
 
 def owner_index(fqn: str, groups: list[Group]) -> int:
@@ -63,6 +79,9 @@ class TPEmulation:
         self, model: nn.Module, plan: TPPlan, groups: list[Group], runtime: FSDP2Runtime
     ) -> None:
         self.runtime = runtime
+        self.plan = plan
+        self._model = model
+        self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         self._handles: list[Any] = []
         modules = dict(model.named_modules())
@@ -79,6 +98,45 @@ class TPEmulation:
                     functools.partial(self._post_forward, tpm, i), prepend=True
                 )
             )
+
+    def shares(self) -> TPShares:
+        """What a rank of the tp group holds, for the probe."""
+        placements = self.plan.placements(self._model)
+        return TPShares(
+            self.plan.size,
+            frozenset(p for p, layout in placements.items() if layout[0] == "shard"),
+            frozenset(f for f, m in self.plan.modules.items() if m.style == "RowwiseParallel"),
+        )
+
+    def measure(self, probe: CostProbe) -> None:
+        """Give ``probe`` the buffers the collectives make (see the module's docstring)."""
+        self._probe = probe
+
+    def _buffer(self, collective: str | None, src: Layout, dst: Layout, ndim: int) -> Copy:
+        """A function making the new buffer of ``collective`` from ``src`` to ``dst``, or None.
+
+        Collectives run on dimension 0: an all-gather along another dimension gathers into a
+        whole buffer first and copies it into place, a reduce-scatter along another dimension
+        copies its input into a whole buffer first; a rank briefly holds both.
+        """
+        probe = self._probe
+        if probe is None or collective not in _NEW_BUFFER:
+            return None
+        sharded = dst[0] == "shard"
+        moved = src if collective == "tp_all_gather" else dst
+        rearranged = (
+            collective in ("tp_all_gather", "tp_reduce_scatter")
+            and moved[0] == "shard"
+            and (moved[1] or 0) % ndim != 0
+        )
+
+        def make(t: torch.Tensor) -> torch.Tensor:
+            with probe.redistributed(False):
+                whole = t.clone() if rearranged else t
+            with probe.redistributed(sharded):
+                return whole.clone()
+
+        return make
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -109,13 +167,16 @@ class TPEmulation:
         back = (
             backward_collective(r.grad, src, ndim) if known is None or forward is not None else None
         )
+        copy = self._buffer(forward, src, r.dst, ndim)
         if back is None or not (t.requires_grad and torch.is_grad_enabled()):
-            return t
+            return t if copy is None else copy(t)
 
         def report() -> None:
             self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", nbytes)
 
-        return _GradCollective.apply(report, t)  # type: ignore[no-untyped-call]
+        # the gradient goes back to src (a partial one stays replicated)
+        back_copy = self._buffer(back, r.grad, REPLICATE if src == PARTIAL else src, ndim)
+        return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any
@@ -154,3 +215,4 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
+        self._probe = None

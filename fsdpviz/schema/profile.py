@@ -38,6 +38,10 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
 ``flop_ops``
     The operators whose FLOPs are counted (``torch.utils.flop_counter``'s
     formulas: matrix multiplies, attention, convolutions).
+``tp_ranks``
+    The tensor-parallel degree the bytes were measured for: activations,
+    temporaries and gradients are one rank's of a tp group of this size (1: the
+    whole model's).
 ``tokens``
     Tokens in one traced batch: the elements of the first integer input (token ids,
     ``batch x sequence``), else the first two dimensions of the first input; 0 when
@@ -129,6 +133,7 @@ class TraceProfile:
     buffer_bytes: int = 0
     flop_ops: list[str] = field(default_factory=list)
     tokens: int = 0
+    tp_ranks: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +143,7 @@ class TraceProfile:
             "buffer_bytes": self.buffer_bytes,
             "flop_ops": list(self.flop_ops),
             "tokens": self.tokens,
+            "tp_ranks": self.tp_ranks,
         }
 
     @classmethod
@@ -149,4 +155,5 @@ class TraceProfile:
             buffer_bytes=int(d.get("buffer_bytes", 0)),
             flop_ops=list(d.get("flop_ops", [])),
             tokens=int(d.get("tokens", 0)),
+            tp_ranks=int(d.get("tp_ranks", 1)),
         )

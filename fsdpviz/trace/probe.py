@@ -14,6 +14,12 @@ counts, on the meta device, without allocating anything:
   activations).
 - **gradients**: the storage that lands in a parameter's ``.grad`` (FSDP1: the
   FlatParameter's), by unit, moved out of *temp* by a post-accumulate-grad hook.
+- **tensor parallelism** (``tp``, a :class:`TPShares`): one rank's bytes of every
+  storage. A storage holds a 1/tp share when an input of the operator that made it
+  does (starting from the parameters the plan shards), except the whole (partial)
+  result of a matrix multiply of two shares and anything a ``RowwiseParallel``
+  module computes; a tp collective's output buffer (:meth:`CostProbe.redistributed`)
+  is counted in the layout it arrives in, and costs no kernel.
 - **FLOPs** of the operators ``torch.utils.flop_counter`` has formulas for
   (matrix multiplies, attention, convolutions), forward and backward. Other
   operators are not counted: next to a transformer's matrix multiplies their
@@ -52,6 +58,21 @@ _FWD_TEMP, _ACT, _GRAD, _BWD_TEMP = 0, 1, 2, 3
 _FLOPS: dict[Any, Callable[..., int]] = dict(flop_registry)
 _FLOPS.update({op: flop_registry[like] for op, like in FUSED_FLOPS.items()})
 FLOP_OPS = sorted(str(k) for k in _FLOPS)
+
+
+@dataclass(frozen=True)
+class TPShares:
+    """What a rank of a tensor-parallel group of ``size`` holds: the parameters the plan
+    shards, and the modules whose operators give whole tensors on every rank
+    (``RowwiseParallel``: partial sums before their reduction)."""
+
+    size: int
+    sharded_params: frozenset[torch.nn.Parameter]
+    whole_outputs: frozenset[str]
+
+
+# Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.
+_MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
 @dataclass
@@ -108,9 +129,14 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         grad_owner: dict[torch.nn.Parameter, str],
         unit_names: list[str],
         buffers: list[torch.Tensor],
+        tp: TPShares | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
+        self._tp = tp
+        self.tp_ranks = tp.size if tp is not None else 1
+        self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
+        self._forced: bool | None = None  # inside redistributed(): the outputs' layout
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
         for p, name in grad_owner.items():
@@ -156,6 +182,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
             if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None
         }
+        if self._tp is not None:
+            self._sharded = {
+                id(st) for p in self._tp.sharded_params if (st := _storage(p)) is not None
+            }
         self._stretch = self._new_stretch()
         self._measuring = True
         try:
@@ -165,6 +195,16 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._measuring = False
             self._tails[len(self.marks)] = self._close_stretch()
             self._record_modules = False
+
+    @contextmanager
+    def redistributed(self, sharded: bool) -> Iterator[None]:
+        """The operators in this block make a tp collective's output buffer: no kernel, and
+        one rank holds 1/tp of it if ``sharded``, else all of it."""
+        before, self._forced = self._forced, sharded
+        try:
+            yield
+        finally:
+            self._forced = before
 
     def remove(self) -> None:
         self._tracker.measure = None
@@ -182,6 +222,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self._forced is not None:
+            self._track_all(out, self._forced)
+            return out
         op = self._ops.get(func)
         if op is None:
             op = self._ops[func] = _op_info(func)
@@ -198,13 +241,31 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._count_kernel(cost, args, kwargs, out, flops)
         if not fresh:
             return out  # views and in-place ops return storage that already exists
+        self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
+        return out
+
+    def _track_all(self, out: Any, sharded: bool) -> None:
         if isinstance(out, torch.Tensor):
-            self._track(out)
+            self._track(out, sharded)
         elif isinstance(out, (tuple, list)):
             for t in out:
                 if isinstance(t, torch.Tensor):
-                    self._track(t)
-        return out
+                    self._track(t, sharded)
+
+    def _is_share(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and id(_storage(t)) in self._sharded
+
+    def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether one rank holds 1/tp of what ``func`` makes (see the module's docstring)."""
+        assert self._tp is not None
+        stack = self._tracker.stack
+        forward = torch._C._current_graph_task_id() == -1
+        if forward and stack and stack[-1] in self._tp.whole_outputs:
+            return False
+        mats = _MM.get(func)
+        if mats is not None and all(self._is_share(args[i]) for i in mats):
+            return False
+        return any(self._is_share(t) for t in tree_leaves((args, kwargs)))
 
     def _count_flops(self, flops: int) -> None:
         if torch._C._current_graph_task_id() != -1:
@@ -257,7 +318,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             rec[0] += 1
             rec[1] += nbytes
 
-    def _track(self, t: torch.Tensor) -> None:
+    def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = _storage(t)
         if st is None:
             return
@@ -267,6 +328,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         n = st.nbytes()
         if n == 0:
             return
+        if sharded and t.dim() > 0:  # a scalar is whole on every rank
+            self._sharded.add(key)
+            n //= self.tp_ranks
         kind = _FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
             kind = _ACT if _recomputing() else _BWD_TEMP
@@ -286,6 +350,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         rec = self._live.get(key)
         if rec is None or rec[2] is not ref:
             return
+        self._sharded.discard(key)
         del self._live[key]
         self.live[rec[1]] -= rec[0]
 
@@ -308,14 +373,18 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return
         key = id(st)
         rec = self._live.get(key)
+        # one rank's gradient is the size of its share of the parameter
+        n = st.nbytes()
+        if self._tp is not None and p in self._tp.sharded_params:
+            n //= self.tp_ranks
         if rec is None:
             ref = weakref.ref(st, functools.partial(self._freed, key))
-            rec = self._live[key] = [st.nbytes(), _GRAD, ref]
+            rec = self._live[key] = [n, _GRAD, ref]
             self.live[_GRAD] += rec[0]
-        elif rec[1] != _GRAD:
+        elif rec[1] != _GRAD or rec[0] != n:
             self.live[rec[1]] -= rec[0]
-            rec[1] = _GRAD
-            self.live[_GRAD] += rec[0]
+            rec[0], rec[1] = n, _GRAD
+            self.live[_GRAD] += n
         prev_key, prev_bytes = self._param_grad.get(id(p), (None, 0))
         if prev_key == key:
             return  # accumulated in place
@@ -389,7 +458,15 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             log,
             n_events,
             self._unit_names,
-            TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS, self.tokens),
+            TraceProfile(
+                [],
+                modules,
+                self.input_bytes,
+                self.buffer_bytes,
+                FLOP_OPS,
+                self.tokens,
+                self.tp_ranks,
+            ),
         )
 
 
