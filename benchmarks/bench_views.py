@@ -234,6 +234,13 @@ def stepping(report: Any) -> None:
         stages.append(f"{name.removeprefix('fsdpviz:').removeprefix('fv-')} {at - last:.0f}")
         last = at
     print(f"  stages (ms, from navigation start): {', '.join(stages)}")
+    at = dict(marks)
+    if "fsdpviz:first-view" in at and "fsdpviz:linked" in at:
+        print(
+            f"  first view (summary and timeline, usable) painted at "
+            f"{at['fsdpviz:first-view'] / 1000:.2f} s; every view drawn and linked at "
+            f"{at['fsdpviz:linked'] / 1000:.2f} s (from navigation start)"
+        )
     print(
         f"  one step, drawn: median {step['median']:.0f} ms, 95th percentile "
         f"{step['p95']:.0f} ms, max {step['max']:.0f} ms (200 steps)"

@@ -384,6 +384,9 @@ def _layout(
         # no tickangle: plotly picks the first of these at which labels do not overlap
         "autotickangles": [0, -40, -90],
         "tickfont": {"size": 11},
+        # the names stand inside the plot's width (thinned, margin made): plotly need not
+        # lay each one out to test it for overflow
+        "ticklabeloverflow": "allow",
         "showgrid": False,
         "zeroline": False,
         "automargin": True,  # room for the rotated unit names, then the axis title
