@@ -46,6 +46,7 @@ pytestmark = needs_front_end
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")
 SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
 UI_MS = 20_000
+KERNEL_S = 90.0  # a kernel's answer, behind any idle work it started before
 RUN_ALL_MS = 240_000
 
 # The rectangle of each x tick label of a plotly figure: its centre on the page, its
@@ -364,7 +365,24 @@ def lab(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Lab]
             )
             for k in (1, 2, 3):
                 s.output(k).locator(".fsdpviz-timeline canvas").first.wait_for(timeout=UI_MS)
+                try:
+                    s.plots(k).nth(0).locator("g.slice").first.wait_for(timeout=UI_MS)
+                except Exception as e:
+                    state = (
+                        s.plots(k)
+                        .nth(0)
+                        .evaluate(
+                            "g => JSON.stringify([g.data?.length, g.data?.[0]?.type,"
+                            " g.data?.[0]?.ids?.length, Object.keys(g.layout || {}),"
+                            " !!g._fullLayout, g.innerHTML.length,"
+                            " g.querySelectorAll('g.slice').length])"
+                        )
+                    )
+                    raise AssertionError(f"explorer of cell {k} not drawn: {state}") from e
                 s.plots(k).nth(1).locator(".xtick").first.wait_for(timeout=UI_MS)
+            # every view drawn and every message of their start answered (the kernel's
+            # idle work included): a test's first action meets a page at rest
+            s.traffic.wait_until_answered(after=0, timeout=KERNEL_S, quiet=2.0)
             yield s
         finally:
             page.close()
@@ -503,18 +521,34 @@ def test_lab_screenshots_light_and_dark(lab: Lab) -> None:
             f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=UI_MS
         )
 
+    backgrounds = (
+        "() => [...document.querySelectorAll("
+        "'.jp-CodeCell .js-plotly-plot svg.main-svg:first-of-type')]"
+        ".map(s => getComputedStyle(s).backgroundColor)"
+    )
     for theme, light, bg in [
         ("JupyterLab Dark", False, "rgb(17, 17, 17)"),
         ("JupyterLab Light", True, "rgb(255, 255, 255)"),
     ]:
+        sent = lab.traffic.sent
         choose(theme, light)
-        page.wait_for_function(
-            "bg => [...document.querySelectorAll("
-            "'.jp-CodeCell .js-plotly-plot svg.main-svg:first-of-type')]"
-            ".every(s => getComputedStyle(s).background.includes(bg))",
-            arg=bg,
-            timeout=UI_MS,
-        )
+        # each timeline tells its kernel the theme; the kernel may first finish work it
+        # does while idle (a stored trace for re-planning), then restyles the figures
+        lab.traffic.wait_until_answered(after=sent, timeout=KERNEL_S)
+        try:
+            page.wait_for_function(
+                f"() => ({backgrounds})().every(c => c === {bg!r})", timeout=UI_MS
+            )
+        except Exception as e:
+            seen = page.evaluate(backgrounds)
+            seen += page.evaluate(
+                "() => [...document.querySelectorAll('.jp-CodeCell .js-plotly-plot')]"
+                ".map(g => [g.layout?.paper_bgcolor, g.layout?.template?.layout?.paper_bgcolor,"
+                " g._fullLayout?.paper_bgcolor, g.offsetWidth])"
+            )
+            shown = page.locator(".jp-CodeCell .jp-OutputArea-output").all_inner_texts()
+            seen += [t for t in shown if "fsdpviz:" in t or "Error" in t]
+            raise AssertionError(f"figure backgrounds {seen}, not all {bg}") from e
         page.wait_for_timeout(500)
         for k, units in [(3, 5), (2, 120)]:
             out = lab.output(k)
