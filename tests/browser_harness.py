@@ -419,3 +419,14 @@ def step_through(page: Any, root: Any, order: str) -> list[float]:
         page.keyboard.press("ArrowRight")
         xs.append(float(handle.evaluate("root => root.fsdpviz.cursor()")))
     return xs
+
+
+def choose_theme(page: Any, theme: str, light: bool, *, timeout_ms: float) -> None:
+    """Settings → Theme → ``theme`` in JupyterLab's menu, until the page says it is ``light``."""
+    page.get_by_role("menuitem", name="Settings", exact=True).click()
+    item = ".lm-Menu .lm-Menu-item:has(.lm-Menu-itemLabel:text-is('{}'))"
+    page.locator(item.format("Theme")).hover()
+    page.locator(item.format(theme)).click()
+    page.wait_for_function(
+        f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=timeout_ms
+    )

@@ -29,6 +29,7 @@ from browser_harness import (
     CHROMIUM_ARGS,
     KernelTraffic,
     LabServer,
+    choose_theme,
     chromium_executable,
     jupyterlab_server,
     require_browser_stack,
@@ -512,15 +513,6 @@ def test_lab_screenshots_light_and_dark(lab: Lab) -> None:
     theme restyles them (their background follows JupyterLab's)."""
     page = lab.page
 
-    def choose(theme: str, light: bool) -> None:
-        page.get_by_role("menuitem", name="Settings", exact=True).click()
-        item = ".lm-Menu .lm-Menu-item:has(.lm-Menu-itemLabel:text-is('{}'))"
-        page.locator(item.format("Theme")).hover()
-        page.locator(item.format(theme)).click()
-        page.wait_for_function(
-            f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=UI_MS
-        )
-
     backgrounds = (
         "() => [...document.querySelectorAll("
         "'.jp-CodeCell .js-plotly-plot svg.main-svg:first-of-type')]"
@@ -531,7 +523,7 @@ def test_lab_screenshots_light_and_dark(lab: Lab) -> None:
         ("JupyterLab Light", True, "rgb(255, 255, 255)"),
     ]:
         sent = lab.traffic.sent
-        choose(theme, light)
+        choose_theme(page, theme, light, timeout_ms=UI_MS)
         # each timeline tells its kernel the theme; the kernel may first finish work it
         # does while idle (a stored trace for re-planning), then restyles the figures
         lab.traffic.wait_until_answered(after=sent, timeout=KERNEL_S)

@@ -26,6 +26,7 @@ from browser_harness import (
     EVENT_CENTRE,
     KernelTraffic,
     LabServer,
+    choose_theme,
     chromium_executable,
     click_every_event,
     jupyterlab_server,
@@ -403,15 +404,6 @@ def test_dark_theme_restyles_every_view(session: Session) -> None:
     redraws the plotly panels dark; back to light the same way."""
     page = session.page
 
-    def choose(theme: str, light: bool) -> None:
-        page.get_by_role("menuitem", name="Settings", exact=True).click()
-        item = ".lm-Menu .lm-Menu-item:has(.lm-Menu-itemLabel:text-is('{}'))"
-        page.locator(item.format("Theme")).hover()
-        page.locator(item.format(theme)).click()
-        page.wait_for_function(
-            f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=UI_MS
-        )
-
     def backgrounds() -> list[str]:
         plots = session.dashboard().locator(".js-plotly-plot svg.main-svg:first-of-type")
         found: list[str] = plots.evaluate_all("ss => ss.map(s => getComputedStyle(s).background)")
@@ -421,7 +413,7 @@ def test_dark_theme_restyles_every_view(session: Session) -> None:
         ("JupyterLab Dark", False, "dark", "rgb(17, 17, 17)"),
         ("JupyterLab Light", True, "light", "rgb(255, 255, 255)"),
     ]:
-        choose(theme, light)
+        choose_theme(page, theme, light, timeout_ms=UI_MS)
         deadline = time.monotonic() + UI_MS / 1000
         while session.kernel_state()["theme"] != name:
             assert time.monotonic() < deadline, f"the kernel never heard of the {name} theme"
