@@ -49,6 +49,11 @@ def _fsdp_error(model: nn.Module, **kwargs: Any) -> str:
         ({"backward_prefech": None}, r"did you mean 'backward_prefetch'"),
         ({"process_group": None}, r"not modelled by fsdpviz: pass world_size"),
         ({"device_mesh": None}, r"not modelled by fsdpviz"),
+        ({"offload_policy": None}, r"an option of FSDP2's fully_shard.*pass fully_shard=\["),
+        (
+            {"fully_shard": [hm.Block], "auto_wrap_policy": POLICY},
+            r"an option of FSDP1 .*drop fully_shard to plan FSDP1",
+        ),
         ({"world_size": 0}, r"world_size must be a positive int"),
         ({"world_size": "8"}, r"world_size must be a positive int"),
         ({"sharding_strategy": 3}, r"ShardingStrategy.FULL_SHARD"),

@@ -175,3 +175,53 @@ def test_memory_series_feeds_the_timeline_view(report: fsdpviz.Report) -> None:
     first = memory_model(report, iteration=0).arrays()["total"]
     assert series[: len(first)] == [float(v) for v in first]
     assert series[len(first) :] == [float(v) for v in report.memory.arrays()["total"]]
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_cpu_offload_keeps_shards_gradients_and_states_off_the_device(api: str) -> None:
+    """Under CPU offload the device holds no sharded parameter, sharded gradient or optimizer
+    state at any moment; each unit's shard comes over as an ``h2d`` copy of its bytes (held
+    on the device until its all-gather, then freed) and its gradient shard leaves as a
+    ``d2h`` copy; the time model moves both at the machine's PCIe rate."""
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy
+
+    from fsdpviz.cost import machine, timeline
+
+    if api == "FSDP1":
+        plain = {"auto_wrap_policy": POLICY}
+        offload: dict[str, object] = {**plain, "cpu_offload": CPUOffload(offload_params=True)}
+    else:
+        plain = {"fully_shard": [DecoderLayer]}
+        offload = {**plain, "offload_policy": CPUOffloadPolicy(pin_memory=False)}
+    cfg = ExampleConfig()
+    base = fsdpviz.analyze(example_model(cfg), example_inputs(cfg), world_size=4, **plain)
+    off = fsdpviz.analyze(example_model(cfg), example_inputs(cfg), world_size=4, **offload)
+    assert [u.module for u in off.units] == [u.module for u in base.units]
+
+    records = off.memory.records()
+    for c in ("sharded_params", "sharded_grads", "optimizer"):
+        assert all(r[c] == 0 for r in records), c
+        assert base.memory.peak["breakdown"][c] > 0, c
+    assert off.memory.peak["bytes"] < base.memory.peak["bytes"]
+
+    # every all-gather right after its unit's h2d copy of the shard (fp32: 4 bytes per
+    # element, a quarter of the padded unit on 4 ranks), one d2h per reduce-scatter
+    shard = {u.module: u.sharded_numel * 4 for u in off.units}
+    assert all(4 * u.sharded_numel == u.padded_numel for u in off.units)
+    events = off.iterations[1]
+    for i, e in enumerate(events):
+        if e.kind == "all_gather":
+            assert (events[i - 1].kind, events[i - 1].unit) == ("h2d", e.unit)
+    assert [e.unit for e in events if e.kind == "d2h"] == [
+        e.unit for e in events if e.kind == "reduce_scatter"
+    ]
+    m = machine("h100")
+    copies = [r for r in timeline(off, m).records() if r["kind"] in ("h2d", "d2h")]
+    assert copies and all(r["stream"] == "copy" for r in copies)
+    for r in copies:
+        assert r["bytes"] == shard[r["unit"]]
+        assert r["end"] - r["start"] == pytest.approx(shard[r["unit"]] / (m.pcie_gbps * 1e9))
+    # 4 bytes per element at 50 GB/s (PCIe 5 x16): hand-computed for the first unit
+    first = copies[0]
+    assert m.pcie_gbps == 50.0
+    assert first["end"] - first["start"] == pytest.approx(4 * off.units[0].sharded_numel / 50e9)

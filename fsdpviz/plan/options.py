@@ -10,13 +10,38 @@ import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
+# Options of one API given to the other: what each is, and what to pass instead.
+_FSDP2_ONLY = {
+    "fully_shard", "reshard_after_forward", "mp_policy", "offload_policy", "mesh",
+    "parallelize_plan", "shard_placement_fn", "ignored_params",
+}  # fmt: skip
+_FSDP1_ONLY = {
+    "auto_wrap_policy", "sharding_strategy", "mixed_precision", "cpu_offload",
+    "use_orig_params", "limit_all_gathers", "sync_module_states", "ignored_modules",
+    "ignored_states", "param_init_fn", "device_id", "shard_group_size", "process_group",
+    "device_mesh",
+}  # fmt: skip
+
 
 def check_keywords(
     kwargs: Mapping[str, Any], known: Iterable[str], rejected: Mapping[str, str], what: str
 ) -> None:
-    """Unknown keywords get a suggestion; known but unmodelled ones say what to do instead."""
+    """Unknown keywords get a suggestion; known but unmodelled ones say what to do instead;
+    an option of the other FSDP API says so."""
     names = sorted(set(known) | set(rejected))
+    fsdp2 = "fully_shard" in names
     for key in kwargs:
+        if key not in names and not fsdp2 and key in _FSDP2_ONLY:
+            raise ConfigError(
+                f"{key!r} is an option of FSDP2's fully_shard, and this plan is FSDP1's "
+                "(no fully_shard=): pass fully_shard=[<module classes>] to plan FSDP2"
+            )
+        if key not in names and fsdp2 and key in _FSDP1_ONLY:
+            raise ConfigError(
+                f"{key!r} is an option of FSDP1 (FullyShardedDataParallel), and fully_shard= "
+                "plans FSDP2: drop fully_shard to plan FSDP1, or use FSDP2's own options "
+                "(mp_policy, offload_policy, reshard_after_forward, mesh)"
+            )
         if key not in names:
             hint = difflib.get_close_matches(key, names, n=1)
             tip = f"; did you mean {hint[0]!r}?" if hint else ""
