@@ -117,3 +117,37 @@ def test_fsdp2_and_reports_without_profile() -> None:
     tl = timeline(bare)
     assert tl.totals["compute_s"] == 0.0 and tl.totals["comm_s"] > 0
     assert "no trace profile" in tl.notes[0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"auto_wrap_policy": POLICY},
+        {"auto_wrap_policy": POLICY, "limit_all_gathers": False},
+        {"fully_shard": [DecoderLayer]},
+        {"fully_shard": [DecoderLayer], "reshard_after_forward": False},
+    ],
+    ids=["fsdp1", "fsdp1-unlimited", "fsdp2", "fsdp2-no-reshard"],
+)
+def test_events_are_issued_on_the_cpu_clock_before_they_start(options: dict[str, object]) -> None:
+    """The CPU runs ahead of the GPU: each event is issued when the CPU runs its hook (the
+    CPU clock, never behind), no event starts on its stream before it is issued, and the
+    compute stream is at or past that time when the hook's events take effect; the hooks
+    are issued in order and the CPU is ahead of the compute stream on this GPU-bound plan."""
+    ids = example_inputs(CONFIG, batch=4, seq=256)
+    report = fsdpviz.analyze(example_model(CONFIG), ids, world_size=64, **options)
+    tl = timeline(report, "h100")
+    issued = [r["issued"] for r in sorted(tl.events, key=lambda r: r["index"])]
+    assert issued == sorted(issued)
+    assert [h["t"] for h in tl.hooks] == sorted(h["t"] for h in tl.hooks)
+    for r in tl.events:
+        assert r["start"] >= r["issued"] - 1e-15, r
+        assert r["compute_t"] >= r["issued"] - 1e-15, r
+    for h in tl.hooks:
+        assert h["compute_t"] >= h["t"] - 1e-15
+    ahead = [r for r in tl.events if r["issued"] < r["compute_t"] - 1e-9]
+    assert len(ahead) > len(tl.events) // 2
+    # an all-gather issued early (prefetch, or the CPU ahead) starts before its hook is
+    # reached on the compute stream, and never before the CPU issued it
+    early = [r for r in tl.events if r["kind"] == "all_gather" and r["start"] < r["compute_t"]]
+    assert early

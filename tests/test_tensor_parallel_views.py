@@ -53,7 +53,7 @@ def test_time_model_puts_tp_collectives_on_nvlink_before_the_compute_that_needs_
     # the compute after a tp collective starts once it is done
     starts = sorted(c["start"] for c in tl.compute)
     for r in tp:
-        later = [s for s in starts if s >= r["issued"]]
+        later = [s for s in starts if s >= r["compute_t"]]
         assert not later or later[0] >= r["end"] - 1e-12
     assert tl.totals["tp_bytes"] == pytest.approx(sum(r["bytes"] for r in tp))
     assert tl.totals["tp_bytes"] > 0

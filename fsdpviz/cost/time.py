@@ -9,7 +9,8 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
   stretch cannot end before the CPU has issued its last kernel, so a model of many small
   kernels runs at the CPU's pace. The compute after a unit's pre-forward or
   pre-backward hook waits until that unit's last all-gather has finished; the
-  time it waits is *exposed* communication, charged to that all-gather.
+  time this adds to the stretch is *exposed* communication, charged to that all-gather
+  (where the CPU is still issuing the stretch's kernels, the GPU would wait anyway).
 - the **communication** stream runs the collectives one at a time, in issue
   order. The CPU runs ahead of the GPU, so an all-gather may start before the
   hook that issued it is reached on the compute stream, as far as FSDP lets it:
@@ -61,29 +62,32 @@ _WAITS = ("pre_forward", "pre_backward")
 class Timeline:
     """Start and end (seconds from the start of the iteration) of every event.
 
-    ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``,
-    ``issued`` (when the hook that issued it runs on the compute stream), ``start``,
-    ``end``, ``bytes`` (sent by this rank) and ``exposed`` (compute time lost waiting
-    for it). ``compute``: per stretch of compute ``hook``, ``unit`` (the
-    hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
-    pre-forward or pre-backward hook opened last and no post hook closed yet, ``""``
-    outside every unit), ``phase``, ``next_event`` (the first event issued at or after
-    that hook call), ``start``, ``end``, ``flops``. ``totals``: ``step_s``, ``compute_s``,
-    ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute),
-    ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and the exposed
-    communication by phase of the collective waited for, ``exposed_forward_s`` and
-    ``exposed_backward_s`` (their sum is ``exposed_comm_s``); the compute by kind,
+    ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``, ``issued``
+    (when the CPU issued it: the CPU clock when its hook ran, after any wait of FSDP1's rate
+    limiter; never after ``start``), ``compute_t`` (where the compute stream is at that
+    hook: a free takes effect there), ``start``, ``end``, ``bytes`` (sent by this rank) and
+    ``exposed`` (compute time lost waiting for it). ``compute``: per stretch of compute
+    ``hook``, ``unit`` (the hook call it precedes), ``owner`` (whose forward or backward it
+    is: the unit a pre-forward or pre-backward hook opened last and no post hook closed yet,
+    ``""`` outside every unit), ``phase``, ``next_event`` (the first event issued at or
+    after that hook call), ``start``, ``end``, ``flops``. ``totals``: ``step_s``,
+    ``compute_s``, ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication
+    hidden by compute), ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and
+    the exposed communication by phase of the collective waited for, ``exposed_forward_s``
+    and ``exposed_backward_s`` (their sum is ``exposed_comm_s``); the compute by kind,
     ``matmul_s``, ``attention_s``, ``memory_bound_s``, ``copy_s`` (FSDP2's copy-out),
     ``cpu_bound_s`` (time the GPU waited for the CPU to issue kernels); throughput,
     ``micro_batches``, ``micro_step_s``, ``tokens`` (per step and GPU), ``tokens_per_s``
-    (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU), ``mfu``, ``hfu``
-    (0 when the report has no trace profile). Times, bytes and exposure of ``events``,
-    ``compute`` and ``waits`` are those of the step's last micro-batch. ``hooks``: per hook call
-    ``hook``, ``unit``, ``t`` (when it runs on the compute stream: the CPU issues its
-    events then) and ``events`` (the indices it issued). ``waits``: every stretch of time
-    the compute stream spends waiting for communication, ``start``, ``end``, ``event``
-    (the collective waited for), ``phase`` (its phase), ``tail`` (the final wait for the
-    last collective, after the last compute).
+    (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU), ``mfu``, ``hfu`` (0
+    when the report has no trace profile). Times, bytes and exposure of ``events``,
+    ``compute`` and ``waits`` are those of the step's last micro-batch. ``hooks``: per hook
+    call ``hook``, ``unit``, ``t`` (when the CPU runs it: the CPU runs ahead of the GPU, by
+    the kernels' launch time, and waits only where FSDP makes it), ``compute_t`` (where the
+    compute stream is then, in its own order) and ``events`` (the indices it issued).
+    ``waits``: every stretch of time the compute stream spends waiting for communication (as
+    much as the wait adds), ``start``, ``end``, ``event`` (the collective waited for),
+    ``phase`` (its phase), ``tail`` (the final wait for the last collective, after the last
+    compute).
 
     Example::
 
@@ -305,7 +309,13 @@ class _Sim:
             where = {"owner": owner, "next_event": first_after[k]}
             self._compute(c, k, where)
             self.hooks.append(
-                {"hook": c.hook, "unit": c.unit, "t": self.t_compute, "events": list(c.events)}
+                {
+                    "hook": c.hook,
+                    "unit": c.unit,
+                    "t": self.t_cpu,
+                    "compute_t": self.t_compute,
+                    "events": list(c.events),
+                }
             )
             if c.hook in _WAITS:
                 opened.append(c.unit)
@@ -369,11 +379,14 @@ class _Sim:
         cpu_wait = max(0.0, self.t_cpu - (start + gpu))
         self.by_kind["cpu"] += cpu_wait
         dur = gpu + cpu_wait
-        if start > self.t_compute and self.gate_by is not None:
+        # the wait for communication costs what it adds to the stretch's end: where the CPU
+        # is still issuing the stretch's kernels, the GPU would have waited for it anyway
+        lost = start + dur - max(self.t_compute + gpu, self.t_cpu)
+        if lost > 1e-15 and self.gate_by is not None:
             waited = self.records[self.gate_by]
-            waited["exposed"] += start - self.t_compute
+            waited["exposed"] += lost
             self.waits.append(
-                {"start": self.t_compute, "end": start, "event": waited["index"],
+                {"start": start - lost, "end": start, "event": waited["index"],
                  "phase": waited["phase"], "tail": False}
             )  # fmt: skip
         self.t_compute = start + dur
@@ -405,7 +418,8 @@ class _Sim:
             "unit": e.unit,
             "phase": e.phase,
             "stream": "compute" if e.kind == "free" else "comm",
-            "issued": self.t_compute,
+            "issued": self.t_cpu,
+            "compute_t": self.t_compute,
             "start": self.t_compute,
             "end": self.t_compute,
             "bytes": 0.0,
@@ -424,6 +438,7 @@ class _Sim:
             return
         if e.kind == "h2d":  # CPU offload: the host shard, before its all-gather
             gate = self._all_gather_gate()
+            rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
             self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
             self.h2d_done[e.unit] = rec["end"]
             return
@@ -437,6 +452,7 @@ class _Sim:
                 self.post_forward_mesh.discard(e.unit)
             size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
             gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
+            rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
             # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer
             extra = self.m.memory_seconds(2 * size / ranks) if self.fsdp2 else 0.0
             self._collective(rec, "all_gather", size, ranks, gate, extra)
@@ -460,7 +476,7 @@ class _Sim:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
         ranks, inside a node: the compute after it needs its result, so it waits for it."""
         rec["stream"] = "tp"
-        start = max(self.t_compute, self.t_tp)
+        start = max(self.t_compute, self.t_tp, rec["issued"])
         ranks = self.tp
         dur = self.m.collective_seconds(kind, size, ranks) if ranks > 1 else 0.0
         rec["start"], rec["end"] = start, start + dur
@@ -473,6 +489,7 @@ class _Sim:
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""
         rec["stream"] = "copy"
+        start = max(start, rec["issued"])  # not before the CPU issued it
         rec["start"], rec["end"] = start, start + self.m.copy_seconds(nbytes)
         rec["bytes"] = float(nbytes)
         self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + nbytes
@@ -496,7 +513,7 @@ class _Sim:
         gate: float,
         extra: float = 0.0,
     ) -> None:
-        start = max(self.t_comm, gate)
+        start = max(self.t_comm, gate, rec["issued"])  # not before the CPU issued it
         if kind != "all_gather" and not self.reduce:  # no_sync: gradients stay unreduced
             rec["start"] = rec["end"] = start
             return

@@ -23,8 +23,9 @@ stream lanes
 
 Time: a prediction with a trace profile is placed by the time model
 (:func:`fsdpviz.cost.timeline` on ``machine``, iterations back to back): a hook
-call at the time it runs on the compute stream (when the CPU issues its events),
-a collective from its start to its end on its stream. A recording is placed on
+call at the time the CPU runs it (it issues its events then; the CPU runs ahead of the GPU),
+a collective from its start to its end on its stream, the memory lane at the compute
+stream's place when each hook ran. A recording is placed on
 its recorded clock (``Event.t``: when the event was issued; ``duration``), ranks
 aligned by the wall-clock time they started recording. Otherwise events are laid
 out by index, one unit of x per event (the order is modelled, durations are not).
@@ -298,6 +299,10 @@ class _Placed:
     starts: list[float]  # x where each shown iteration begins
     ends: list[float]  # x where each shown iteration ends
     hook_x: dict[tuple[int, int], float]  # (iteration, hook call) -> x
+    # modelled: where the compute stream is at each event's and hook call's issue (the
+    # memory lane's x: a free takes effect there, in the stream's order)
+    stream_x: list[float]
+    hook_stream_x: dict[tuple[int, int], float]
     compute_x: dict[tuple[int, int], tuple[float, float]]  # (iteration, call) -> stretch
     totals: dict[str, float] | None
     clock: str
@@ -321,7 +326,7 @@ def _modelled(
 ) -> _Placed:
     from fsdpviz.cost.time import timeline
 
-    p = _Placed(events, [], [], [], [], [], [], [], [], [], {}, {}, None, "", True)
+    p = _Placed(events, [], [], [], [], [], [], [], [], [], {}, [], {}, {}, None, "", True)
     offset = 0.0
     totals = {"forward": 0.0, "backward": 0.0, "total": 0.0, "step": 0.0}
     name = machine if isinstance(machine, str) else machine.name
@@ -334,6 +339,7 @@ def _modelled(
         first = len(p.x0)
         p.starts.append(offset)
         p.issue += [offset + float(r["issued"]) for r in placed]
+        p.stream_x += [offset + float(r["compute_t"]) for r in placed]
         p.x0 += [offset + float(r["start"]) for r in placed]
         p.x1 += [offset + float(r["end"]) for r in placed]
         p.bytes += [float(r["bytes"]) for r in placed]
@@ -347,7 +353,9 @@ def _modelled(
             p.compute_x[(it, int(c["index"]))] = (x0, x1)
         for k, h in enumerate(tl.hooks):
             p.hook_x[(it, k)] = offset + float(h["t"])
+            p.hook_stream_x[(it, k)] = offset + float(h["compute_t"])
         p.hook_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
+        p.hook_stream_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         for w in tl.waits:
             p.waits.append(
                 (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
@@ -383,8 +391,8 @@ def _recorded(events: list[tuple[int, int, Event]], offset: float) -> _Placed:
     stops.append(x1[-1])
     n = len(events)
     return _Placed(
-        events, ts, ts, x1, [-1.0] * n, [-1.0] * n, [], [], starts, stops, {}, {}, None,
-        RECORDED_CLOCK, True,
+        events, ts, ts, x1, [-1.0] * n, [-1.0] * n, [], [], starts, stops, {}, ts, {}, {},
+        None, RECORDED_CLOCK, True,
     )  # fmt: skip
 
 
@@ -398,7 +406,7 @@ def _by_index(report: Report, its: list[int], events: list[tuple[int, int, Event
         stops.append(float(at))
     return _Placed(
         events, xs, xs, [x + 1 for x in xs], [-1.0] * n, [-1.0] * n, [], [], starts, stops,
-        {}, {}, None, UNTIMED_CLOCK, False,
+        {}, xs, {}, {}, None, UNTIMED_CLOCK, False,
     )  # fmt: skip
 
 
@@ -742,9 +750,9 @@ def _moment_x(
                 x0[j], x1[j] = p.compute_x[(it, call)]
                 continue
             if kind == "event":
-                x0[j] = p.issue[base + lane.event[j]]
+                x0[j] = p.stream_x[base + lane.event[j]]
             else:
-                x0[j] = p.hook_x.get((it, call), end_of[it])
+                x0[j] = p.hook_stream_x.get((it, call), end_of[it])
             x1[j] = x0[j]
         for j in range(m):  # a moment holds until the next one begins
             if lane.kind[j] != "compute" or x1[j] <= x0[j]:

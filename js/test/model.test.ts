@@ -282,7 +282,7 @@ describe("text", () => {
     const text = describeStep(d, 8);
     expect(text).toContain("all_gather unit 2 'blocks.1' (prefetch)");
     expect(text).toContain("pre_backward of 'blocks.2'");
-    expect(text).toContain("issued at 148 µs, on all-gather 83 µs–96 µs");
+    expect(text).toContain("issued at 48 µs, on all-gather 65 µs–78 µs");
     expect(text).not.toContain("compute waited"); // a prefetch the backward's compute hides
     // the first block's all-gather in forward is not prefetched: compute waits for it
     expect(describeStep(d, 1)).toMatch(/compute waited [\d.]+ µs for it/);
@@ -299,8 +299,8 @@ describe("text", () => {
       "issued by pre_backward of 'blocks.2'",
       "prefetch: issued ahead",
       "sends",
-      "issued at 148 µs",
-      "starts 83 µs on all-gather, lasts 13 µs",
+      "issued at 48 µs",
+      "starts 65 µs on all-gather, lasts 13 µs",
     ])
       expect(lines).toContain(part);
     expect(eventDetails(d, 1).join("\n")).toContain("compute waited");
