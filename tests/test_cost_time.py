@@ -151,3 +151,15 @@ def test_events_are_issued_on_the_cpu_clock_before_they_start(options: dict[str,
     # reached on the compute stream, and never before the CPU issued it
     early = [r for r in tl.events if r["kind"] == "all_gather" and r["start"] < r["compute_t"]]
     assert early
+
+
+def test_summary_gives_each_time_in_a_readable_unit() -> None:
+    from fsdpviz.cost.time import duration_text
+
+    assert [duration_text(s) for s in (4.88e-5, 2.45e-3, 1.69, 0.99996e-3)] == [
+        "48.8 µs", "2.45 ms", "1.69 s", "1 ms",
+    ]  # fmt: skip
+    tl = _report(world_size=64).timeline
+    t = tl.totals
+    assert f"of which {duration_text(t['exposed_comm_s'])} exposed" in tl.summary()
+    assert tl.summary().startswith(f"step {duration_text(t['step_s'])} on H100")

@@ -127,10 +127,11 @@ class Timeline:
 
     def summary(self) -> str:
         t = self.totals
+        d = duration_text
         text = (
-            f"step {t['step_s'] * 1e3:.1f} ms on {self.machine['name']}: compute "
-            f"{t['compute_s'] * 1e3:.1f} ms, communication {t['comm_s'] * 1e3:.1f} ms of which "
-            f"{t['exposed_comm_s'] * 1e3:.1f} ms exposed ({t['overlap']:.0%} hidden)"
+            f"step {d(t['step_s'])} on {self.machine['name']}: compute {d(t['compute_s'])}, "
+            f"communication {d(t['comm_s'])} of which {d(t['exposed_comm_s'])} exposed "
+            f"({t['overlap']:.0%} hidden)"
         )
         if t.get("tokens_per_s", 0.0) > 0:
             text += "\n" + throughput_line(t)
@@ -138,6 +139,15 @@ class Timeline:
 
     def __repr__(self) -> str:
         return f"Timeline({self.summary()})"
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` to three significant figures in s, ms or µs: ``"48.8 µs"``, ``"2.45 ms"``."""
+    for unit, scale in (("µs", 1e-6), ("ms", 1e-3)):
+        text = f"{seconds / scale:.3g}"
+        if abs(float(text)) < 1000:
+            return f"{text} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def throughput_line(totals: dict[str, float]) -> str:
