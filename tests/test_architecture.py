@@ -192,3 +192,13 @@ def test_the_checks_see_imports_inside_functions() -> None:
     edges = {(i.module, i.target) for i in imports()}
     assert ("fsdpviz._conveniences", "fsdpviz.widgets") in edges  # inside show()
     assert ("fsdpviz.schema.report", "fsdpviz.cost.memory") not in edges  # TYPE_CHECKING only
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    """Each package's docstring says in a line what the package may import."""
+    quiet = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if "May import" not in doc and "Imports nothing" not in doc:
+            quiet.append(init.parent.name)
+    assert not quiet, f"packages whose docstring does not say what they may import: {quiet}"

@@ -1,5 +1,6 @@
 """Models and FSDP options as users configure them: Hugging Face model ids, accelerate,
 torchtitan and Lightning configurations, turned into :func:`fsdpviz.analyze` arguments.
+May import fsdpviz.schema, fsdpviz.errors and fsdpviz.trace (the plan layer's peers).
 
 Example::
 
