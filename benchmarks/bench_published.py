@@ -20,6 +20,13 @@ set, and torchtitan's published memory (the caching allocator's peak reserved) a
 ``report.memory``'s peak and its reserved estimate.
 
     python benchmarks/bench_published.py [--only calibration|validation] [--markdown] [--fit]
+                                         [--measure [--gpu PRESET] [--out result.json]]
+
+``--measure`` (on a machine with a CUDA GPU) also trains a small Llama-shaped model with
+FSDP2 on that GPU (one rank, bf16 parameters, fp32 reduction, fused AdamW), times its steps
+with the GPU synchronised, and prints (and with ``--out`` writes) the measured tokens/s
+beside fsdpviz's prediction for the same plan on the preset of that GPU. Without a GPU it
+says so and measures nothing; nothing in the test suite needs a GPU.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz.configs import torchtitan as titan
-from fsdpviz.cost import Machine, machine, timeline
+from fsdpviz.cost import GPUS, Machine, machine, timeline
 from fsdpviz.replan import replay
 
 
@@ -314,12 +321,108 @@ def reserved_estimate(report: fsdpviz.Report) -> tuple[float, float]:
     return mem.peak["bytes"] / 2**30, mem.reserved["bytes"] / 2**30
 
 
+# --------------------------------------------------------------- measured on this GPU
+
+_PRESET_BY_NAME = (("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"),
+                   ("A100", "a100"), ("L40S", "l40s"))  # fmt: skip
+
+
+def gpu_preset(name: str, total_bytes: int) -> str:
+    """The preset of :func:`fsdpviz.cost.machine` for a CUDA device called ``name``."""
+    for key, preset in _PRESET_BY_NAME:
+        if key in name:
+            if preset == "a100" and total_bytes < 60 * 2**30:
+                return "a100-40gb"
+            return preset
+    raise SystemExit(f"no preset for GPU {name!r}: pass --gpu with one of {sorted(GPUS)}")
+
+
+def measure_step(preset: str | None, out: str | None, steps: int = 10) -> dict[str, Any] | None:
+    """Train a small Llama-shaped model with FSDP2 on this GPU; measured vs predicted."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    if not torch.cuda.is_available():
+        print("--measure: no CUDA GPU here; nothing measured")
+        return None
+    props = torch.cuda.get_device_properties(0)
+    preset = preset or gpu_preset(props.name, props.total_memory)
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
+                      attn_implementation="sdpa")  # fmt: skip
+    batch, seq = 4, 2048
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        torch.cuda.set_device(0)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+        times = []
+        for i in range(3 + steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        measured_s = statistics.median(times)
+    finally:
+        dist.destroy_process_group()
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(cfg)
+    inputs = {"input_ids": torch.zeros(batch, seq, dtype=torch.long)}
+    inputs["labels"] = inputs["input_ids"]
+    report = fsdpviz.analyze(meta, inputs, fully_shard=[LlamaDecoderLayer], mp_policy=mp,
+                             world_size=1, progress=False)  # fmt: skip
+    tl = timeline(report, machine(preset))
+    params = sum(p.numel() for p in meta.parameters())
+    name = f"llama {cfg.num_hidden_layers} x {cfg.hidden_size}, {params / 1e9:.2f}B parameters"
+    result = {
+        "gpu": props.name, "preset": preset, "model": name,
+        "batch": batch, "seq": seq, "steps": steps,
+        "measured_step_s": measured_s, "measured_tokens_per_s": batch * seq / measured_s,
+        "predicted_step_s": tl.totals["step_s"],
+        "predicted_tokens_per_s": tl.totals["tokens_per_s"],
+    }  # fmt: skip
+    result["error"] = result["predicted_tokens_per_s"] / result["measured_tokens_per_s"] - 1
+    measured, predicted = result["measured_tokens_per_s"], result["predicted_tokens_per_s"]
+    print(
+        f"measured on {props.name} (preset {preset}): {measured:,.0f} tokens/s "
+        f"({measured_s * 1e3:.1f} ms/step); predicted {predicted:,.0f} "
+        f"({tl.totals['step_s'] * 1e3:.1f} ms/step), error {result['error']:+.1%}"
+    )
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", choices=[CAL, VAL])
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--fit", action="store_true", help="fit the presets on calibration rows")
+    parser.add_argument("--measure", action="store_true", help="also measure a step on this GPU")
+    parser.add_argument("--gpu", choices=sorted(GPUS), help="the preset of this GPU (--measure)")
+    parser.add_argument("--out", help="write the measured result here as JSON (--measure)")
     args = parser.parse_args()
+    if args.measure:
+        measure_step(args.gpu, args.out)
     rows = [r for r in ROWS if args.only in (None, r.split)]
     t0 = time.perf_counter()
     results = trace_all(rows)
