@@ -304,3 +304,23 @@ def test_figure_draws_lanes_memory_and_peak(report: Report) -> None:
     assert {t.name for t in stacked} >= {"sharded params", "optimizer"}
     multi = timeline_figure(recorded_run(), memory=None)
     assert len(multi.layout.yaxis.categoryarray) == 8  # 4 lanes per rank
+
+
+def test_the_cpu_runs_ahead_and_the_memory_lane_stays_on_the_compute_stream() -> None:
+    """On a GPU-bound FSDP2 plan the CPU issues the hooks well ahead of the compute: every
+    step is issued no later than it starts, the hook cells come in time order, and the memory
+    lane's moments stay in the compute stream's order (never drawn back in time)."""
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    cfg = ExampleConfig(hidden_size=1024, intermediate_size=2816, num_layers=6, num_heads=8)
+    ids = example_inputs(cfg, batch=4, seq=256)
+    r = fsdpviz.analyze(example_model(cfg), ids, world_size=64, fully_shard=[DecoderLayer])
+    d = timeline_data(r, machine="h100")
+    s, n = d["steps"], d["n_steps"]
+    assert all(s["issue"][i] <= s["x0"][i] for i in range(n))
+    assert d["calls"]["x"] == sorted(d["calls"]["x"])
+    # the CPU is through the forward's hooks while the compute is still in its first layers
+    forward = [i for i in range(n) if s["phase"][i] == 0]
+    assert max(s["issue"][i] for i in forward) < max(s["x0"][i] for i in forward) / 2
+    (m,) = d["memory"]
+    assert m["x0"] == sorted(m["x0"]) and all(a <= b for a, b in zip(m["x0"], m["x1"], strict=True))
