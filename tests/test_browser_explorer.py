@@ -405,6 +405,10 @@ def test_lab_every_prefetch_node_selects_its_unit(lab: Lab, reports: dict[int, R
             arg=[picker.element_handle(), f"{index[unit]}: {unit or '(root)'}"],
             timeout=UI_MS,
         )
+        # the rest of the kernel's answer (the rings and outlines it restyles) lands before
+        # the next hover: a restyle after the hover clears plotly's hovered point, and a
+        # click then selects nothing, as a person's would who clicked mid-redraw
+        lab.traffic.wait_until_answered(after=-1, timeout=KERNEL_S)
     assert lab.traffic.points.count("plotly_click") - clicks == len(centres)
     state = lab.kernel(
         "[view.selected_unit, view.timeline.selected_unit, repr(view.errors.last_error)]"
