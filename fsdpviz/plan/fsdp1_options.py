@@ -253,7 +253,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     given (``backward_prefetch="BACKWARD_PRE"`` prefetches nothing; ``sharding_strategy``
     as a string fails), and a process group of one rank runs ``NO_SHARD``.
     """
-    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option")
+    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
     opts = FSDP1Options()
     opts.world_size = ws = world_size(kwargs)
     given = kwargs.get("sharding_strategy")

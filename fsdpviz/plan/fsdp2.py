@@ -111,7 +111,7 @@ class FSDP2Options:
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
-    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option")
+    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
     plan = kwargs.get("parallelize_plan")
     all_sizes, all_names = mesh_dims(kwargs.get("mesh"), 3 if plan is not None else 2)
     sizes: tuple[int, ...] | None = None

@@ -24,12 +24,17 @@ _FSDP1_ONLY = {
 
 
 def check_keywords(
-    kwargs: Mapping[str, Any], known: Iterable[str], rejected: Mapping[str, str], what: str
+    kwargs: Mapping[str, Any],
+    known: Iterable[str],
+    rejected: Mapping[str, str],
+    what: str,
+    api: str,
 ) -> None:
     """Unknown keywords get a suggestion; known but unmodelled ones say what to do instead;
-    an option of the other FSDP API says so."""
+    an option of the other FSDP API (``api`` is the plan's: ``"FSDP1"`` or ``"FSDP2"``)
+    says so."""
     names = sorted(set(known) | set(rejected))
-    fsdp2 = "fully_shard" in names
+    fsdp2 = api == "FSDP2"
     for key in kwargs:
         if key not in names and not fsdp2 and key in _FSDP2_ONLY:
             raise ConfigError(
