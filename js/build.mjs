@@ -1,7 +1,6 @@
 // Bundles src/widget.ts into ../fsdpviz/static/timeline.js (ES module for anywidget),
 // src/standalone.ts into ../fsdpviz/static/standalone.js (the script of the HTML page
-// fsdpviz.export writes), src/plotly.ts into ../fsdpviz/static/plotly.js (the part of
-// plotly.js that page draws with, always minified) and copies the stylesheet. Run by `npm run build`, and by
+// fsdpviz.export writes) and copies the stylesheet. Run by `npm run build`, and by
 // hatch-jupyter-builder during `pip install` (see pyproject.toml).
 
 import { copyFile, mkdir } from "node:fs/promises";
@@ -31,14 +30,5 @@ await build({
   entryPoints: [resolve(here, "src", "standalone.ts")],
   outfile: resolve(outdir, "standalone.js"),
 });
-await build({
-  ...options,
-  entryPoints: [resolve(here, "src", "plotly.ts")],
-  outfile: resolve(outdir, "plotly.js"),
-  format: "iife",
-  minify: true,
-  define: { global: "globalThis" }, // plotly.js's CommonJS sources name node's `global`
-  loader: { ".css": "empty" }, // maplibre's stylesheet, which only map traces use
-});
 await copyFile(resolve(here, "src", "timeline.css"), resolve(outdir, "timeline.css"));
-console.log(`wrote ${outdir}/timeline.js, standalone.js, plotly.js and timeline.css`);
+console.log(`wrote ${outdir}/timeline.js, standalone.js and timeline.css`);

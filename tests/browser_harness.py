@@ -430,3 +430,92 @@ def choose_theme(page: Any, theme: str, light: bool, *, timeout_ms: float) -> No
     page.wait_for_function(
         f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=timeout_ms
     )
+
+
+# The exported page's explorer and prefetch graph (js/src/explorer.ts, prefetch.ts): where a
+# module's block and a unit's node are on the page, what each view shows.
+EXPLORER_VIEW = "document.querySelector('#fv-explorer .fsdpviz-explorer').fsdpviz"
+PREFETCH_VIEW = "document.querySelector('#fv-prefetch .fsdpviz-prefetch').fsdpviz"
+_BLOCK_AT = f"""name => {{ const v = {EXPLORER_VIEW};
+  const s = v.slotOf(v.index.byName.get(name) ?? -1); if (s === null) return null;
+  const r = v.canvas.getBoundingClientRect();
+  return [r.left + s.x + s.w / 2, r.top + s.y + s.h / 2]; }}"""
+_NODE_AT = f"""name => {{ const v = {PREFETCH_VIEW};
+  const c = v.nodeCentre(name); if (c === null) return null;
+  const r = v.canvas.getBoundingClientRect(); return [r.left + c.x, r.top + c.y]; }}"""
+
+
+def click_block(page: Any, module: str) -> None:
+    """Click the centre of ``module``'s block in the page's explorer, as a user does."""
+    page.locator("#fv-explorer canvas").scroll_into_view_if_needed()
+    at = page.evaluate(_BLOCK_AT, module)
+    assert at is not None, f"the explorer does not draw {module!r}"
+    page.mouse.move(at[0] - 2, at[1])
+    page.mouse.click(*at)
+
+
+def click_node(page: Any, unit: str) -> None:
+    """Click the centre of ``unit``'s node in the page's prefetch graph."""
+    page.locator("#fv-prefetch canvas").scroll_into_view_if_needed()
+    at = page.evaluate(_NODE_AT, unit)
+    assert at is not None, f"the prefetch graph does not draw {unit!r}"
+    page.mouse.move(at[0] - 2, at[1])
+    page.mouse.click(*at)
+
+
+def explorer_state(page: Any) -> dict[str, Any]:
+    """What the page's explorer shows: the module at the top, the units outlined, the
+    modules outlined as the current step's, the labels drawn (with their blocks)."""
+    state: dict[str, Any] = page.evaluate(
+        f"""() => {{ const v = {EXPLORER_VIEW}, names = v.data.modules.name;
+          return {{focus: names[v.focus], current: v.root.dataset.fvCurrentUnit,
+                   selected: v.root.dataset.fvSelectedUnit,
+                   outlined: v.outlinedModules(), labels: v.drawnLabels(),
+                   crumbs: v.crumbs.textContent, span: [v.span.a, v.span.b],
+                   width: v.canvas.getBoundingClientRect().width,
+                   outer: v.root.getBoundingClientRect().width}}; }}"""
+    )
+    return state
+
+
+def prefetch_state(page: Any) -> dict[str, Any]:
+    """What the page's prefetch graph shows: the window, the units ringed, the names."""
+    state: dict[str, Any] = page.evaluate(
+        f"""() => {{ const v = {PREFETCH_VIEW}, u = v.data.units;
+          return {{window: [v.win.u0, v.win.u1],
+                   current: v.current < 0 ? null : u[v.current],
+                   selected: v.selected < 0 ? null : u[v.selected],
+                   names: v.names().map(([k, t]) => [t, v.xOf(k)]),
+                   upright: v.layout.upright, width: v.canvas.getBoundingClientRect().width,
+                   outer: v.root.getBoundingClientRect().width}}; }}"""
+    )
+    return state
+
+
+# A copy of a canvas's pixels, read from a canvas made for reading (reading the page's own
+# canvas more than once makes Chromium warn in the console).
+_PIXELS = """sel => { const src = document.querySelector(sel), c = document.createElement('canvas');
+  c.width = src.width; c.height = src.height;
+  const ctx = c.getContext('2d', {willReadFrequently: true}); ctx.drawImage(src, 0, 0);
+  return ctx.getImageData(0, 0, c.width, c.height); }"""
+
+
+def painted_pixels(page: Any, selector: str) -> int:
+    """Pixels of a canvas that are not transparent."""
+    n: int = page.evaluate(
+        f"""sel => {{ const d = ({_PIXELS})(sel).data;
+             let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }}""",
+        selector,
+    )
+    return n
+
+
+def pixel(page: Any, selector: str, x: int, y: int) -> list[int]:
+    """The RGBA of a canvas's pixel (x, y) (device pixels; negative: from the far edge)."""
+    rgba: list[int] = page.evaluate(
+        f"""([sel, x, y]) => {{ const im = ({_PIXELS})(sel);
+             const px = x < 0 ? im.width + x : x, py = y < 0 ? im.height + y : y;
+             const k = 4 * (py * im.width + px); return [...im.data.slice(k, k + 4)]; }}""",
+        [selector, x, y],
+    )
+    return rgba

@@ -14,6 +14,7 @@ at 120 units.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -27,11 +28,16 @@ import nbformat
 import pytest
 from browser_harness import (
     CHROMIUM_ARGS,
+    EXPLORER_VIEW,
+    PREFETCH_VIEW,
     KernelTraffic,
     LabServer,
     choose_theme,
     chromium_executable,
+    click_node,
+    explorer_state,
     jupyterlab_server,
+    prefetch_state,
     require_browser_stack,
 )
 from views_models import needs_front_end
@@ -47,6 +53,7 @@ pytestmark = needs_front_end
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")
 SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
 UI_MS = 20_000
+LABEL_FONT = "11px system-ui, sans-serif"  # js/src/render.ts FONT: every label's
 START_MS = 90_000  # the notebook's dashboards drawn once all its cells ran
 KERNEL_S = 90.0  # a kernel's answer, behind any idle work it started before
 RUN_ALL_MS = 240_000
@@ -201,40 +208,72 @@ def test_page_every_prefetch_node_selects_its_unit(
 ) -> None:
     report = reports[49]
     p = open_page(report)
-    plot = p.plot("fv-prefetch")
-    plot.scroll_into_view_if_needed()
-    centres = plot.evaluate(_NODE_CENTRES)
-    assert sorted(u for u, _, _ in centres) == sorted(u.module for u in report.units)
-    for unit, x, y in centres:
-        point_at(p.page, plot, unit, x, y)
-        p.page.mouse.click(x, y)
+    assert prefetch_state(p.page)["window"] == [0, 49]  # 49 units fit the page's width
+    for unit in [u.module for u in report.units]:
+        click_node(p.page, unit)
         p.page.wait_for_function(
             "u => document.body.dataset.fvSelectedUnit === u", arg=unit, timeout=UI_MS
         )
-        ring = plot.evaluate("gd => [...gd.data.find(t => t.name === 'selected').x]")
-        assert ring == [prefetch_analysis(report).positions[unit]]
+        assert prefetch_state(p.page)["selected"] == unit
     assert p.console == []
+
+
+def test_page_prefetch_graph_of_120_units_follows_the_step(
+    reports: dict[int, Report], open_page: Any
+) -> None:
+    """120 units do not fit: a window of them, which follows the timeline's current unit;
+    a unit selected in the timeline is brought into it, and its node answers a click."""
+    report = reports[120]
+    p = open_page(report)
+    u0, u1 = prefetch_state(p.page)["window"]
+    assert u0 == 0 and 40 < u1 < 120
+    p.page.locator(".fv-slider").focus()
+    p.page.keyboard.press("End")  # the last event: the root's
+    p.page.wait_for_function("document.body.dataset.fvStep !== '0'")
+    last = report.iterations[-1][-1].unit
+    assert prefetch_state(p.page)["current"] == last
+    target = "layers.100"
+    p.page.evaluate(f"() => window.fsdpvizModel.set('selected_unit', '{target}')")
+    state = prefetch_state(p.page)
+    position = prefetch_analysis(report).positions[target]
+    assert state["selected"] == target
+    assert state["window"][0] <= position < state["window"][1]
+    click_node(p.page, "layers.99")
+    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'layers.99'")
+    assert p.console == []
+
+
+def _names_apart(state: dict[str, Any], least: int) -> None:
+    """Unit names under the prefetch graph: at least ``least`` of them, upright, each at
+    least 14 px (11 px text) from the next."""
+    xs = [x for _, x in state["names"]]
+    assert state["upright"] and len(xs) >= least, state
+    assert min(b - a for a, b in itertools.pairwise(xs)) >= 14
 
 
 @pytest.mark.parametrize("width", [1300, 800])
 def test_page_unit_names_never_overlap_at_120_units(
     reports: dict[int, Report], open_page: Any, width: int
 ) -> None:
-    report = reports[120]
-    p = open_page(report, width=width)
-    plot = p.plot("fv-prefetch")
-    names = ["(root)" if u.module == "" else u.module for u in report.units]
-    check_tick_labels(plot.evaluate(_TICK_BOXES), names, least=width // 40)
-    # the figure follows the page's width, and the names follow the figure
+    p = open_page(reports[120], width=width)
+    _names_apart(prefetch_state(p.page), least=width // 40)
+    # the graph follows the page's width, and the names follow the graph
     p.page.set_viewport_size({"width": width - 300, "height": 1400})
     p.page.wait_for_function(
-        "w => document.querySelector('#fv-prefetch .main-svg').getBoundingClientRect().width < w",
+        f"w => {PREFETCH_VIEW}.canvas.getBoundingClientRect().width < w",
         arg=width - 300,
         timeout=UI_MS,
     )
-    p.page.wait_for_timeout(300)
-    check_tick_labels(plot.evaluate(_TICK_BOXES), names, least=(width - 300) // 40)
+    _names_apart(prefetch_state(p.page), least=(width - 300) // 40)
+    p.page.locator("#fv-prefetch .fv-zoom button", has_text="all").click()
+    _names_apart(prefetch_state(p.page), least=(width - 300) // 40)
     assert p.console == []
+
+
+# Every label the explorer draws with its text's width as the page's canvas measures it.
+_LABEL_WIDTHS = f"""() => {{ const v = {EXPLORER_VIEW};
+  const ctx = document.createElement('canvas').getContext('2d'); ctx.font = '{LABEL_FONT}';
+  return v.drawnLabels().map(l => ({{...l, text_w: ctx.measureText(l.text).width}})); }}"""
 
 
 def test_page_figures_fill_the_width_and_labels_stay_readable(
@@ -242,40 +281,31 @@ def test_page_figures_fill_the_width_and_labels_stay_readable(
 ) -> None:
     for units, theme in [(5, "light"), (120, "dark"), (120, "light"), (5, "dark")]:
         p = open_page(reports[units], theme=theme)
-        for div in ("fv-explorer", "fv-prefetch"):
-            widths = p.plot(div).evaluate(
-                "gd => [gd.getBoundingClientRect().width,"
-                " gd.querySelector('.main-svg').getBoundingClientRect().width]"
-            )
-            assert widths[0] > 1200 and abs(widths[0] - widths[1]) <= 2, (div, widths)
-        check_slice_labels(p.plot("fv-explorer").evaluate(_SLICE_LABELS))
+        for state in (explorer_state(p.page), prefetch_state(p.page)):
+            assert state["outer"] > 1200 and abs(state["outer"] - state["width"]) <= 2, state
+        labels = p.page.evaluate(_LABEL_WIDTHS)
+        assert labels, "no label drawn in the explorer"
+        for label in labels:  # one size (11 px), inside its block; cut short, never smaller
+            assert label["text_w"] <= label["w"] - 8 + 0.5, label
         _shot(p.page.locator(".fv-figures"), f"page-{units}-units-{theme}")
         assert p.console == []
 
 
 def test_page_search_box_and_path_bar(reports: dict[int, Report], open_page: Any) -> None:
     p = open_page(reports[49])
-    explorer = p.plot("fv-explorer")
-    level = "gd => gd._fullData[0].level || ''"
     find = p.page.locator("#fv-find")
     find.fill("layers.7")
     find.press("Enter")
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'layers.7'")
     assert p.page.inner_text("#fv-find-note") == "found 'layers.7'"
-    p.page.wait_for_function(
-        "() => document.getElementById('fv-explorer')._fullData[0].level === 'layers.7'"
-    )
-    p.page.wait_for_timeout(800)  # plotly's zoom animation
-    # the path bar leads back up: (root), then 'layers'
-    assert path_bar(explorer) == ["(root) ExampleModel [unit 0]", "layers"]
-    check_slice_labels(explorer.evaluate(_SLICE_LABELS))
+    state = explorer_state(p.page)
+    assert state["focus"] == "layers.7"
+    # the path above leads back up: (root), then 'layers'
+    assert state["crumbs"] == "(root) › layers › 7"
     _shot(p.page.locator(".fv-figures"), "page-49-units-found")
-    explorer.locator("g.pathbar", has_text="(root)").click()
-    p.page.wait_for_function(
-        "() => (document.getElementById('fv-explorer')._fullData[0].level || '<root>') === '<root>'"
-    )
-    assert p.body("selected-unit") == "layers.7"  # zooming out selects nothing
-    assert explorer.evaluate(level) in ("", "<root>")
+    p.page.locator("#fv-explorer .fv-crumbs button", has_text="(root)").click()
+    p.page.wait_for_function("document.body.dataset.fvFocus === ''")
+    assert p.body("selected-unit") == "layers.7"  # going up selects nothing
     find.fill("nothing like it")
     find.press("Enter")
     assert p.page.inner_text("#fv-find-note").startswith("no unit or module matches")

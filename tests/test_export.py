@@ -22,9 +22,10 @@ from views_models import analyze_tiny, check_golden
 import fsdpviz
 from fsdpviz import ConfigError, RecordedRun, Report
 from fsdpviz.cost import memory_model, timeline
-from fsdpviz.errors import ExportError
-from fsdpviz.export import PAGE_TRACES, SUFFIXES, chrome_trace, html_page, page_script, save
+from fsdpviz.export import SUFFIXES, chrome_trace, html_page, page_script, save
 from fsdpviz.views import timeline_data
+from fsdpviz.views.explorer import explorer_data
+from fsdpviz.views.prefetch import prefetch_data
 
 
 @pytest.fixture(scope="module")
@@ -231,44 +232,30 @@ def _config(page: str) -> dict[str, Any]:
     return data
 
 
-def test_html_is_one_file_with_plotly_once_and_no_remote_references(
-    report: Report, tmp_path: Path
-) -> None:
+def test_html_is_one_file_with_no_remote_references(report: Report, tmp_path: Path) -> None:
     page = save(report, tmp_path / "report.html").read_text()
     assert page.startswith("<!doctype html>")
     static = Path(fsdpviz.__file__).parent / "static"
-    # plotly.js once: the part the page draws with (js/src/plotly.ts), packed
-    assert page_script(page, "fv-plotly") == (static / "plotly.js").read_text()
-    assert "Plotly" not in page.split("<body", 1)[0]  # nothing of it unpacked in the head
+    assert page_script(page, "fv-widget-esm") == (static / "timeline.js").read_text()
+    assert (static / "standalone.js").read_text() in page
+    assert "plotly" not in page.lower()  # the page draws its views itself
     assert not re.search(r"<(script|link|img)[^>]*\s(src|href)=", page)
     assert "<title>fsdpviz prediction: FSDP1, 4 units, world size 4</title>" in page
     assert 'data-jp-theme-light="true"' in page
     assert "peak memory per rank" in page and "step time (modelled)" in page
     config = _config(page)
-    assert [f["div"] for f in config["figures"]] == ["fv-explorer", "fv-prefetch"]
-    assert config["figures"][0]["figure"]["data"][0]["type"] == "icicle"
+    assert config["divs"] == {
+        "timeline": "fv-timeline",
+        "explorer": "fv-explorer",
+        "prefetch": "fv-prefetch",
+    }
     want = timeline_data(report, -1, machine="h100")  # the memory model's lane
     assert config["timeline"] == json.loads(json.dumps(want))
     assert config["timeline"]["memory"][0]["peak"]["bytes"] == report.memory.peak["bytes"]
     assert config["timeline"]["clock"].startswith("modelled on H100")
-    assert config["explorer"]["units"][:2] == ["", ""]
-    assert config["prefetch"]["positions"] == {"": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3}
-
-
-def test_html_figures_draw_only_what_the_page_plotly_holds(
-    report: Report, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import plotly.graph_objects as go
-
-    import fsdpviz.views
-
-    page = html_page(report)
-    for figure in _config(page)["figures"]:
-        assert {t.get("type", "scatter") for t in figure["figure"]["data"]} <= set(PAGE_TRACES)
-    bars = go.Figure(go.Bar(x=[1], y=[2]))
-    monkeypatch.setattr(fsdpviz.views, "prefetch_figure", lambda *a, **k: bars)
-    with pytest.raises(ExportError, match=r"draws a 'bar' trace, which the page's plotly.js"):
-        html_page(report)
+    assert config["explorer"] == json.loads(json.dumps(explorer_data(report)))
+    assert config["prefetch"] == json.loads(json.dumps(prefetch_data(report)))
+    assert config["prefetch"]["units"] == ["", "blocks.0", "blocks.1", "blocks.2"]
 
 
 def test_html_options(report: Report) -> None:
@@ -279,9 +266,6 @@ def test_html_options(report: Report) -> None:
     assert config["theme"] == "dark"
     assert config["timeline"]["memory"] == []  # no memory lane
     assert config["timeline"]["n_steps"] == sum(len(it) for it in report.iterations)
-    assert config["figures"][0]["figure"]["layout"]["template"]["layout"]["paper_bgcolor"] == (
-        "#111111"
-    )
     n = len(report.iterations[0])
     first = _config(html_page(report, iteration=0, memory=[float(i) for i in range(n)]))
     (lane,) = first["timeline"]["memory"]
@@ -298,9 +282,10 @@ def test_html_of_a_recorded_run_has_every_rank(run: RecordedRun, tmp_path: Path)
     assert [g["name"] for g in config["timeline"]["groups"]] == ["rank 0", "rank 1"]
     assert config["timeline"]["timed"] is True
     assert "recording of 2 ranks" in page and "all agree" in page
-    ids = config["explorer"]["ids"]  # a recording has no module tree: one node per unit
-    assert ids == ["<root>", "blocks.0", "blocks.1", "blocks.2"]
-    assert config["explorer"]["units"] == ["", "blocks.0", "blocks.1", "blocks.2"]
+    modules = config["explorer"]["modules"]  # a recording has no module tree: one per unit
+    assert modules["name"] == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert modules["parent"] == [-1, 0, 0, 0]
+    assert [u["name"] for u in config["explorer"]["units"]] == modules["name"]
 
 
 # ------------------------------------------------------------------ errors

@@ -17,13 +17,24 @@ from typing import Any
 
 import pytest
 import torch
-from browser_harness import CHROMIUM_ARGS, chromium_executable, click_every_event, step_through
+from browser_harness import (
+    CHROMIUM_ARGS,
+    chromium_executable,
+    click_block,
+    click_every_event,
+    click_node,
+    explorer_state,
+    painted_pixels,
+    pixel,
+    prefetch_state,
+    step_through,
+)
 from export_models import recorded_run, report_49_units
 from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
 import fsdpviz
 from fsdpviz import Report
-from fsdpviz.views import explorer_figure, timeline_data
+from fsdpviz.views import timeline_data
 from fsdpviz.views.style import format_bytes
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
@@ -96,39 +107,12 @@ def report() -> Report:
     return analyze_tiny()
 
 
-def _outlined(p: Page) -> list[str]:
-    """Explorer node ids outlined in the text colour (the current unit's modules)."""
-    return list(
-        p.js(
-            """() => { const t = document.getElementById('fv-explorer').data[0];
-                 return t.ids.filter((_, i) => t.marker.line.color[i] === '#1f1f1f'); }"""
-        )
-    )
-
-
-def _ring(p: Page, name: str) -> list[float]:
-    return list(
-        p.js(
-            f"""() => [...(document.getElementById('fv-prefetch').data
-                    .find(t => t.name === '{name}').x || [])]"""
-        )
-    )
-
-
-def _views_drawn(p: Page, slices: int = 10) -> None:
-    assert p.js("() => document.querySelectorAll('#fv-explorer g.slice').length") >= slices
-    labels = p.js("() => document.getElementById('fv-explorer').textContent")
-    assert "blocks.1 [unit 2]" in labels
-    assert p.js("() => document.querySelectorAll('#fv-prefetch .scatterlayer .trace').length") > 4
-    assert "units in forward order" in p.js(
-        "() => document.getElementById('fv-prefetch').textContent"
-    )
-    painted = p.js(
-        """() => { const c = document.querySelector('#fv-timeline canvas');
-             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-             let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }"""
-    )
-    assert painted > 5000
+def _views_drawn(p: Page) -> None:
+    explorer = explorer_state(p.page)
+    assert "blocks.1 [unit 2]" in [label["text"] for label in explorer["labels"]]
+    assert p.page.inner_text("#fv-prefetch .fv-title").startswith("Prefetch graph")
+    for canvas in ("#fv-timeline canvas", "#fv-explorer canvas", "#fv-prefetch canvas"):
+        assert painted_pixels(p.page, canvas) > 5000, canvas
 
 
 def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open_page: Any) -> None:
@@ -143,15 +127,15 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     assert "modelled on H100 SXM 80GB by fsdpviz.cost.timeline" in caption  # the default
     assert "Steps are numbered from 0, as view.timeline.step." in caption
     assert p.page.locator(".fv-info").count() == 1  # one status line in the page
-    assert "<root>" in _outlined(p)
-    assert _ring(p, "current") == [0]
+    assert explorer_state(p.page)["outlined"] == ["", "inp", "blocks", "head"]
+    assert prefetch_state(p.page)["current"] == ""
 
     p.page.click("button[title^='step forward']")
     p.page.wait_for_function("document.body.dataset.fvStep === '1'")
     assert p.info().startswith(f"step 1 of {data['n_steps']} · all_gather unit 1 'blocks.0' ")
     assert p.body("current-unit") == units[1] == "blocks.0"
-    assert set(_outlined(p)) == {"blocks.0", "blocks.0.norm", "blocks.0.fc"}
-    assert _ring(p, "current") == [1]
+    assert explorer_state(p.page)["outlined"] == ["blocks.0", "blocks.0.norm", "blocks.0.fc"]
+    assert prefetch_state(p.page)["current"] == "blocks.0"
     p.shot("light-step-1")
 
     slider = p.page.locator(".fv-slider")
@@ -161,7 +145,7 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     p.page.wait_for_function(f"document.body.dataset.fvStep === '{last}'")
     assert p.info().startswith(f"step {last} of {data['n_steps']}")
     assert p.body("current-unit") == units[last] == ""
-    assert "<root>" in _outlined(p) and "blocks.0" not in _outlined(p)
+    assert explorer_state(p.page)["outlined"] == ["", "inp", "blocks", "head"]
 
     p.page.click("button[title^='play']")
     p.page.wait_for_function("document.body.dataset.fvStep !== '" + str(last) + "'")
@@ -174,29 +158,24 @@ def test_click_on_a_unit_selects_it_in_the_timeline(
     report: Report, tmp_path: Path, open_page: Any
 ) -> None:
     p = open_page(report.save(tmp_path / "report.html"))
-    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2]").first.click()
+    click_block(p.page, "blocks.1")
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.1'")
     assert p.body("current-unit") == "blocks.1"
     assert "all_gather unit 2 'blocks.1'" in p.info()
     assert "selected: unit 2 'blocks.1'" in p.info()
-    assert _ring(p, "selected") == [2]
+    assert prefetch_state(p.page)["selected"] == "blocks.1"
     assert p.js("() => window.fsdpvizModel.get('selected_unit')") == "blocks.1"
-    p.page.wait_for_function(  # plotly's own zoom into the clicked unit
-        "document.getElementById('fv-explorer')._fullData[0].level === 'blocks.1'"
-    )
+    explorer = explorer_state(p.page)
+    assert explorer["focus"] == "blocks.1" and explorer["selected"] == "blocks.1"  # zoomed in
+    assert p.body("focus") == "blocks.1"
+    assert explorer["crumbs"] == "(root) › blocks › 1"
 
-    # the prefetch graph's node of 'blocks.2' (x = 3 on its axis)
-    p.page.locator("#fv-prefetch").scroll_into_view_if_needed()
-    x, y = p.js(
-        """() => { const gd = document.getElementById('fv-prefetch'), L = gd._fullLayout;
-             const r = gd.getBoundingClientRect();
-             return [r.left + L._size.l + L.xaxis.l2p(3), r.top + L._size.t + L.yaxis.l2p(0)]; }"""
-    )
-    p.page.mouse.move(x - 5, y)
-    p.page.mouse.click(x, y)
+    click_node(p.page, "blocks.2")
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.2'")
-    assert _ring(p, "selected") == [3]
+    assert prefetch_state(p.page)["selected"] == "blocks.2"
     assert "'blocks.2'" in p.info()
+    # the explorer brings the unit selected elsewhere into view
+    assert explorer_state(p.page)["focus"] == "blocks"
     p.shot("light-selected")
     assert p.console == [] and p.blocked == []
 
@@ -204,6 +183,8 @@ def test_click_on_a_unit_selects_it_in_the_timeline(
 def test_dark_page(report: Report, tmp_path: Path, open_page: Any) -> None:
     p = open_page(report.save(tmp_path / "dark.html", theme="dark", iteration=None))
     _views_drawn(p)
+    # under the head's block: the page's dark background
+    assert pixel(p.page, "#fv-explorer canvas", -2, -2)[:3] == [17, 17, 17]
     assert p.js("() => getComputedStyle(document.body).backgroundColor") == "rgb(17, 17, 17)"
     assert p.js("() => window.fsdpvizModel.get('theme')") == "dark"
     n = sum(len(it) for it in report.iterations)
@@ -215,7 +196,7 @@ def test_dark_page(report: Report, tmp_path: Path, open_page: Any) -> None:
 def test_recorded_run_shows_every_rank(tmp_path: Path, open_page: Any) -> None:
     run = recorded_run()
     p = open_page(run.save(tmp_path / "run.html"))
-    _views_drawn(p, slices=4)  # a recording has no module tree: one node per unit
+    _views_drawn(p)  # a recording has no module tree: a block per unit
     height = p.js("() => document.querySelector('#fv-timeline canvas').clientHeight")
     assert height > 2 * 3 * 22  # two ranks of three lanes
     p.page.click("button[title^='step forward']")
@@ -229,67 +210,37 @@ def test_recorded_run_shows_every_rank(tmp_path: Path, open_page: Any) -> None:
     assert p.console == [] and p.blocked == []
 
 
-def test_big_model_opens_and_closes_blocks(
-    report: Report, tmp_path: Path, open_page: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A model with more modules than the explorer draws at once (here: a budget of 7 for
-    the 13 modules of the test model) is drawn down to its blocks, each marked ▸; a click
-    opens one, a click on the opened block goes back up, all in the page."""
-    import fsdpviz.views.tree as tree_module
-
-    monkeypatch.setattr(tree_module, "EXPLORER_BUDGET", 7)
-    p = open_page(report.save(tmp_path / "big.html"))
-
-    def slices() -> list[str]:
-        labels: list[str] = p.js(
-            "() => [...document.querySelectorAll('#fv-explorer g.slice text.slicetext')]"
-            ".map(t => t.getAttribute('data-unformatted') || t.textContent)"
-        )
-        return labels
-
-    def title() -> str:
-        return str(p.js("() => document.querySelector('#fv-explorer .gtitle').textContent"))
-
-    def drawn() -> list[Any]:
-        trace: list[Any] = p.js(
-            "() => { const t = document.getElementById('fv-explorer').data[0];"
-            " return [t.ids, t.parents, t.labels, t.customdata]; }"
-        )
-        return trace
-
-    def as_python(focus: str) -> list[Any]:
-        t = explorer_figure(report, focus=focus).data[0]
-        return [list(t.ids), list(t.parents), list(t.labels), [list(r) for r in t.customdata]]
-
-    assert len(slices()) == 7 and "blocks.1 [unit 2] ▸" in slices()
-    assert drawn() == as_python("")
-    assert "13 modules: click a block marked ▸ to open it" in title()
-    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2] ▸").first.click()
-    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.1'")
-    p.page.wait_for_function("document.querySelectorAll('#fv-explorer g.slice').length === 3")
-    assert sorted(slices()) == ["blocks.1 [unit 2]", "fc", "norm"]
-    assert drawn() == as_python("blocks.1")  # the page's rules are Python's
-    assert p.body("selected-unit") == "blocks.1" and "'blocks.1'" in p.info()
-    assert "inside 'blocks.1': click it to go up" in title()
-    p.shot("big-opened")
-    p.page.locator("#fv-explorer g.slice", has_text="blocks.1 [unit 2]").first.click()
+def test_explorer_goes_in_up_and_across(report: Report, tmp_path: Path, open_page: Any) -> None:
+    """A click zooms into a block, a click on the top block or the path above goes back up
+    (selecting nothing new), and ctrl + wheel zooms across, 'all' back out."""
+    p = open_page(report.save(tmp_path / "report.html"))
+    click_block(p.page, "blocks")
+    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks'")
+    assert p.body("selected-unit") == ""  # 'blocks' is the root unit's
+    click_block(p.page, "blocks.0.norm")  # a leaf: selects its unit, stays
+    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.0'")
+    assert explorer_state(p.page)["focus"] == "blocks"
+    click_block(p.page, "blocks")  # the top: up one
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
-    p.page.wait_for_function("document.querySelectorAll('#fv-explorer g.slice').length === 7")
-    assert "blocks.0 [unit 1] ▸" in slices()
-    # A unit chosen elsewhere that the explorer does not draw brings it back into view.
-    p.page.locator("#fv-explorer g.slice", has_text="blocks.0 [unit 1] ▸").first.click()
-    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.0'")
-    p.page.locator("#fv-prefetch").scroll_into_view_if_needed()
-    x, y = p.js(
-        """() => { const gd = document.getElementById('fv-prefetch'), L = gd._fullLayout;
-             const r = gd.getBoundingClientRect();
-             return [r.left + L._size.l + L.xaxis.l2p(3), r.top + L._size.t + L.yaxis.l2p(0)]; }"""
-    )
-    p.page.mouse.move(x - 5, y)  # plotly clicks what it hovers
-    p.page.mouse.click(x, y)  # the prefetch graph's node of 'blocks.2'
-    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.2'")
+    assert p.body("selected-unit") == ""  # the top block's unit: the root's
+    click_block(p.page, "blocks.2")
+    p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.2'")
+    p.page.locator("#fv-explorer .fv-crumbs button", has_text="(root)").click()
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
-    assert "blocks.2 [unit 3] ▸" in slices()
+    assert p.body("selected-unit") == "blocks.2"  # going up selects nothing
+    box = p.page.locator("#fv-explorer canvas").bounding_box()
+    p.page.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + 10)
+    p.page.keyboard.down("Control")
+    for _ in range(4):
+        p.page.mouse.wheel(0, -100)
+    p.page.keyboard.up("Control")
+    a, b = explorer_state(p.page)["span"]
+    assert b - a == pytest.approx(0.8**4)
+    assert a < 0.75 < b  # around the pointer
+    assert "zoomed" in explorer_state(p.page)["crumbs"]
+    p.page.locator("#fv-explorer .fv-zoom button", has_text="all").click()
+    assert explorer_state(p.page)["span"] == [0, 1]
+    p.shot("explorer-zoomed")
     assert p.console == [] and p.blocked == []
 
 

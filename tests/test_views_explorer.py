@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from views_models import analyze_tiny, check_golden, figure_json
+from views_models import analyze_tiny, check_front_end_data, check_golden, figure_json
 
 from fsdpviz import Report
 from fsdpviz.examples import ExampleConfig, example_analysis
 from fsdpviz.views import PALETTE, explorer_figure, module_tree, unit_colors, unit_detail_html
 from fsdpviz.views.detail import bytes_breakdown, param_rows
-from fsdpviz.views.explorer import highlight_lines
+from fsdpviz.views.explorer import explorer_data, highlight_lines
 from fsdpviz.views.tree import ROOT_ID
 
 
@@ -136,3 +136,36 @@ def test_detail_panel(report: Report) -> None:
     ):
         assert text in html
     assert "Click a module" in unit_detail_html(report, None)
+
+
+def test_explorer_data_holds_what_the_figure_draws(report: Report) -> None:
+    """explorer_data, what the exported page draws: every module in tree order with the
+    figure's labels and colours, its parent, unit and subtree sizes."""
+    data = explorer_data(report)
+    m = data["modules"]
+    trace = explorer_figure(report).data[0]
+    tree = module_tree(report)
+    assert m["name"] == [n.fqn for n in tree.nodes]
+    assert m["label"] == list(trace.labels)
+    assert [-1 if p < 0 else m["name"][p] for p in m["parent"]] == [
+        -1 if n.parent is None else n.parent for n in tree.nodes
+    ]
+    assert m["numel"] == list(trace.values) == [n.numel_total for n in tree.nodes]
+    assert m["rank_bytes"] == [n.rank_bytes_total for n in tree.nodes]
+    units = data["units"]
+    colors = [data["unmanaged_color"] if u < 0 else units[u]["color"] for u in m["unit"]]
+    assert colors == list(trace.marker.colors)
+    assert [units[u]["name"] for u in m["unit"]] == [n.unit for n in tree.nodes]
+    assert [data["classes"][c] for c in m["cls"]] == [n.module_class for n in tree.nodes]
+    assert units[0] == {
+        "name": "",
+        "color": unit_colors(report)[""],
+        "dtype": "float32",
+        "warnings": [],
+    }
+    assert data["title"] == "4 units, world size 4"
+
+
+def test_front_end_test_data_is_current(report: Report) -> None:
+    """js/test/data/explorer.json holds what explorer_data gives today."""
+    check_front_end_data("explorer.json", explorer_data(report))

@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 from torch.distributed.fsdp import BackwardPrefetch
-from views_models import analyze_tiny, check_golden, figure_json
+from views_models import analyze_tiny, check_front_end_data, check_golden, figure_json
 
 from fsdpviz import Event, Report
-from fsdpviz.views import prefetch_analysis, prefetch_figure
-from fsdpviz.views.prefetch import backward_unit_order
+from fsdpviz.views import prefetch_analysis, prefetch_figure, unit_colors
+from fsdpviz.views.prefetch import backward_unit_order, prefetch_data
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,50 @@ def test_recording_title_names_the_source(report: Report) -> None:
     recorded = dataclasses.replace(report, source="recording", config={"api": "FSDP1"})
     title = prefetch_figure(recorded).layout.title.text
     assert "recorded (FSDP1)" in title and "None" not in title
+
+
+def test_prefetch_data_holds_what_the_figure_draws(report: Report) -> None:
+    """prefetch_data, what the exported page draws: the units in forward order with their
+    numbers and colours, every edge of the figure with its hover text, the notes."""
+    data = prefetch_data(report)
+    assert data["units"] == report.forward_order == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert data["numbers"] == [[u.module for u in report.units].index(n) for n in data["units"]]
+    assert data["colors"] == [unit_colors(report)[n] for n in data["units"]]
+    assert data["never"] == [True, False, False, False]
+    assert data["hover"][1][0] == "'blocks.0' (Block)"
+    kinds = [k["name"] for k in data["kinds"]]
+    edges = data["edges"]
+    drawn = {
+        (kinds[k], data["units"][s], data["units"][t], text)
+        for k, s, t, text in zip(
+            edges["kind"], edges["source"], edges["target"], edges["text"], strict=True
+        )
+    }
+    graph = report.unit_graph()
+    assert {(k, a, b) for k, a, b, _ in drawn} == {
+        (d["kind"], a, b) for a, b, d in graph.edges(data=True)
+    }
+    figure_texts = {
+        text for t in prefetch_figure(report).data if t.legendgroup for text in t.text or ()
+    }
+    assert {text for *_, text in drawn if not text.startswith("forward order")} == figure_texts
+    sides = {k["name"]: k["side"] for k in data["kinds"]}
+    assert sides["forward_prefetch"] > 0 > sides["backward_prefetch"] > sides["missed"]
+
+
+def test_prefetch_data_says_what_backward_post_gets_wrong() -> None:
+    r = analyze_tiny(backward_prefetch=BackwardPrefetch.BACKWARD_POST)
+    data = prefetch_data(r)
+    kinds = [k["name"] for k in data["kinds"]]
+    assert "missed" in {kinds[k] for k in data["edges"]["kind"]}
+    assert data["notes"] and data["notes"][0].startswith("BACKWARD_POST prefetches too late")
+    assert data["title"] == prefetch_figure(r).layout.title.text
+
+
+def test_front_end_test_data_is_current(report: Report) -> None:
+    """js/test/data holds what prefetch_data gives today: forward prefetch above the line and
+    backward prefetch below (prefetch.json), and BACKWARD_POST's misses (prefetch_post.json).
+    The front end is tested on them."""
+    check_front_end_data("prefetch.json", prefetch_data(report))
+    r = analyze_tiny(forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_POST)
+    check_front_end_data("prefetch_post.json", prefetch_data(r))

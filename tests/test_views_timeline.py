@@ -7,21 +7,24 @@ Golden file ``tests/golden/views_timeline_small.json`` and the front end's test 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from pathlib import Path
 
 import pytest
 from export_models import recorded, recorded_run
-from views_models import Block, Tiny, analyze_tiny, check_golden, figure_json, tiny_inputs
+from views_models import (
+    Block,
+    Tiny,
+    analyze_tiny,
+    check_front_end_data,
+    check_golden,
+    figure_json,
+    tiny_inputs,
+)
 
 import fsdpviz
 from fsdpviz import Event, RecordedRun, Report
 from fsdpviz.cost import machine, memory_lane, timeline
 from fsdpviz.views import timeline_data, timeline_figure
 from fsdpviz.views.timeline_steps import STREAM_LANES, UNTIMED_CLOCK
-
-JS_DATA = Path(__file__).resolve().parent.parent / "js" / "test" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +70,7 @@ def test_front_end_test_data_is_current(report: Report) -> None:
         "recording.json": timeline_data(diverging_run()),
     }
     for name, data in cases.items():
-        path = JS_DATA / name
-        text = json.dumps(data, indent=None, separators=(",", ":"), sort_keys=True) + "\n"
-        if os.environ.get("FSDPVIZ_UPDATE_GOLDEN") == "1":
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(text)
-        assert path.exists(), f"{path} is missing: run with FSDPVIZ_UPDATE_GOLDEN=1"
-        assert json.loads(path.read_text()) == json.loads(text), (
-            f"{name} differs from timeline_data: rewrite it with FSDPVIZ_UPDATE_GOLDEN=1"
-        )
+        check_front_end_data(name, data)
 
 
 def test_a_prediction_without_a_machine_is_laid_out_by_index(report: Report) -> None:

@@ -70,6 +70,23 @@ def figure_json(fig: go.Figure) -> Any:
     return json.loads(fig.to_json())
 
 
+JS_DATA = Path(__file__).resolve().parent.parent / "js" / "test" / "data"
+
+
+def check_front_end_data(name: str, data: Any) -> None:
+    """``js/test/data/<name>`` holds ``data``: the front end's tests run on what Python
+    writes today (``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites it)."""
+    path = JS_DATA / name
+    text = json.dumps(data, indent=None, separators=(",", ":"), sort_keys=True) + "\n"
+    if os.environ.get("FSDPVIZ_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run with FSDPVIZ_UPDATE_GOLDEN=1"
+    assert json.loads(path.read_text()) == json.loads(text), (
+        f"{name} differs from what Python writes: rewrite it with FSDPVIZ_UPDATE_GOLDEN=1"
+    )
+
+
 def check_golden(name: str, data: Any) -> None:
     """Compare ``data`` with ``tests/golden/<name>``; ``FSDPVIZ_UPDATE_GOLDEN=1`` rewrites it."""
     path = GOLDEN_DIR / name

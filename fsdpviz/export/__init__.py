@@ -21,13 +21,12 @@ Example::
 
 from __future__ import annotations
 
-from fsdpviz.export._html import PAGE_TRACES, html_page, page_script
+from fsdpviz.export._html import html_page, page_script
 from fsdpviz.export._image import write_image
 from fsdpviz.export._save import SUFFIXES, save, suffix_of
 from fsdpviz.export._trace import chrome_trace
 
 __all__ = [
-    "PAGE_TRACES",
     "SUFFIXES",
     "chrome_trace",
     "html_page",

@@ -1,26 +1,24 @@
-"""One self-contained HTML page: summary, explorer, prefetch graph and step-through timeline.
+"""One self-contained HTML page: summary, step-through timeline, explorer and prefetch graph.
 
-Everything is inlined (the part of plotly.js the page draws with, ``plotly.js``
-built from ``js/src/plotly.ts``; the timeline widget's own bundle; the page script
-``standalone.js`` built from ``js/src/standalone.ts``; the data), so the page works
-from a file, offline, without a kernel. plotly.js, the data and the widget are
-packed (gzip, then base64, see :func:`pack`): a 10,000-module model's page is a few
-MB instead of ten; the page script unpacks them with the browser's
-``DecompressionStream``. The timeline widget runs against an in-page model; the
-current step's unit is outlined in the figures and a click on a unit there selects
-it in the timeline.
+Everything is inlined (the timeline widget's bundle; the page script ``standalone.js``
+built from ``js/src/standalone.ts``, which draws the explorer and the prefetch graph on
+canvases; the data), so the page works from a file, offline, without a kernel. The data
+and the widget are packed (gzip, then base64, see :func:`pack`): a 10,000-module model's
+page is about a MB instead of several; the page script unpacks them with the browser's
+``DecompressionStream``. The timeline widget runs against an in-page model; the current
+step's unit is outlined in the explorer and ringed in the prefetch graph, and a click on
+a unit there selects it in the timeline.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import gzip
 import html
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
@@ -30,19 +28,13 @@ from fsdpviz.views.timeline_steps import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
-    import plotly.graph_objects as go
-
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
-    from fsdpviz.views.tree import ModuleTree
 
 __all__ = ["html_page", "pack", "page_script"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
-# The trace types js/src/plotly.ts registers (scatter is plotly.js's core).
-PAGE_TRACES = ("scatter", "icicle", "treemap")
-_PLOT_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
 def html_page(
@@ -55,9 +47,9 @@ def html_page(
     machine: Machine | str | None = "h100",
 ) -> str:
     """The page as a string (see :func:`fsdpviz.export.save` for the options)."""
-    from fsdpviz.views import explorer_figure, module_tree, prefetch_figure, timeline_data
-    from fsdpviz.views.prefetch import prefetch_analysis
-    from fsdpviz.views.tree import node_id
+    from fsdpviz.views.explorer import explorer_data
+    from fsdpviz.views.prefetch import prefetch_data
+    from fsdpviz.views.timeline_steps import timeline_data
 
     theme_colors(theme)  # rejects an unknown theme before any work
     reports, names = ranks_of(obj)
@@ -66,39 +58,19 @@ def html_page(
     data = timeline_data(
         drawn, iteration, memory=memory, rank_names=None if obj is base else names, machine=machine
     )
-    tree_report = with_module_tree(base)
-    tree = module_tree(tree_report)
-    explorer = explorer_figure(tree_report, theme=theme, tree=tree)
-    colors = theme_colors(theme)
-    prefetch_iteration = -1 if iteration is None else iteration
-    prefetch = prefetch_figure(base, prefetch_iteration, theme=theme)
-    positions = prefetch_analysis(base, prefetch_iteration).positions
     config = {
-        "figures": [
-            {"div": "fv-explorer", "figure": _figure_json(explorer)},
-            {"div": "fv-prefetch", "figure": _figure_json(prefetch)},
-        ],
-        "plotConfig": _PLOT_CONFIG,
         "timeline": data,
         "theme": theme,
-        "explorer": {
-            "div": "fv-explorer",
-            "ids": [node_id(n.fqn) for n in tree.nodes],
-            "parents": ["" if n.parent is None else node_id(n.parent) for n in tree.nodes],
-            "units": [n.unit for n in tree.nodes],
-            "outline": [colors["fg"], colors["bg"]],
-            "tree": _explorer_tree(tree_report, tree, theme),
-        },
-        "prefetch": {"div": "fv-prefetch", "positions": positions},
+        "explorer": explorer_data(with_module_tree(base)),
+        "prefetch": prefetch_data(base, -1 if iteration is None else iteration),
         "find": {"input": "fv-find", "note": "fv-find-note"},
-        "timelineDiv": "fv-timeline",
+        "divs": {"timeline": "fv-timeline", "explorer": "fv-explorer", "prefetch": "fv-prefetch"},
     }
     heading = title or _title(obj, base)
     return _PAGE.format(
         title=html.escape(heading),
         light="false" if theme == "dark" else "true",
         css=_read(CSS) + _read(STATIC / "timeline.css"),
-        plotly=_packed_plotly(),
         header=_header(obj, reports, heading, iteration),
         unit_options="".join(
             f'<option value="{html.escape(u.module or "(root)")}"></option>' for u in base.units
@@ -136,39 +108,16 @@ Click a unit there to select it here.</p>
 placeholder="a unit or module" autocomplete="off"></label>
 <span id="fv-find-note" class="fv-hint" role="status"></span></p>
 <datalist id="fv-find-units">{unit_options}</datalist>
-<p class="fv-hint">Click a block to zoom into it; the path bar above the blocks leads back up.</p>
 <div id="fv-explorer" class="fv-plot"></div></div>
 <div><h2>Prefetch graph</h2><div id="fv-prefetch" class="fv-plot"></div></div>
 </section>
 <footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
-<script type="application/gzip" id="fv-plotly">{plotly}</script>
 <script type="application/gzip" id="fv-config">{config}</script>
 <script type="application/gzip" id="fv-widget-esm">{widget}</script>
 <script type="module">{page_js}</script>
 </body>
 </html>
 """
-
-
-def _explorer_tree(report: Report, tree: ModuleTree, theme: Theme) -> dict[str, Any] | None:
-    """Every module as the explorer draws it, for a page whose figure shows only part of a
-    big model: the page opens and closes blocks itself (``js/src/standalone.ts``)."""
-    from fsdpviz.views.explorer import explorer_parts
-    from fsdpviz.views.tree import EXPLORER_BUDGET, TreeView
-
-    if len(tree.nodes) <= EXPLORER_BUDGET:
-        return None
-    everything = TreeView(focus="", indices=list(range(len(tree.nodes))), closed=frozenset())
-    trace, layout = explorer_parts(report, theme=theme, tree=tree, view=everything)
-    return {
-        "parents": trace["parents"],
-        "labels": trace["labels"],
-        "values": [int(v) for v in trace["values"]],
-        "colors": trace["marker"]["colors"],
-        "customdata": trace["customdata"],
-        "budget": EXPLORER_BUDGET,
-        "title": layout["title"]["text"],
-    }
 
 
 def _read(path: Path) -> str:
@@ -179,27 +128,6 @@ def _read(path: Path) -> str:
             "reinstall fsdpviz from a wheel"
         )
     return path.read_text(encoding="utf-8")
-
-
-@functools.cache
-def _packed_plotly() -> str:
-    """The page's plotly.js, packed once per process (the same bytes for every page)."""
-    return pack(_read(STATIC / "plotly.js"))
-
-
-def _figure_json(fig: go.Figure) -> dict[str, Any]:
-    """A figure as plotly.js draws it; its traces must be of the types the page's plotly.js
-    holds (:data:`PAGE_TRACES`)."""
-    data: dict[str, Any] = json.loads(fig.to_json())
-    for trace in data.get("data", []):
-        kind = trace.get("type", "scatter")
-        if kind not in PAGE_TRACES:
-            raise ExportError(
-                f"a figure of the page draws a {kind!r} trace, which the page's plotly.js "
-                f"does not hold (only {', '.join(PAGE_TRACES)}): add it in js/src/plotly.ts "
-                "and to PAGE_TRACES"
-            )
-    return {"data": data.get("data", []), "layout": data.get("layout", {})}
 
 
 def _inline_script(source: str) -> str:
@@ -217,7 +145,7 @@ def pack(text: str) -> str:
 
 def page_script(page: str, script_id: str) -> str:
     """The text of the packed script ``script_id`` of a page :func:`html_page` wrote
-    (``fv-plotly``, ``fv-config`` or ``fv-widget-esm``)."""
+    (``fv-config`` or ``fv-widget-esm``)."""
     match = re.search(
         rf'<script type="application/gzip" id="{re.escape(script_id)}">(.*?)</script>', page, re.S
     )

@@ -36,6 +36,7 @@ from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, node_id, tree_
 __all__ = [
     "ExplorerKind",
     "ExplorerSize",
+    "explorer_data",
     "explorer_figure",
     "explorer_parts",
     "highlight_lines",
@@ -222,6 +223,70 @@ def explorer_parts(
         "uirevision": f"explorer:{view.focus}" if view.focus else "explorer",  # new focus: unzoomed
     }
     return trace, layout
+
+
+def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str, Any]:
+    """The module tree as the explorer of fsdpviz's page draws it (``js/src/explorer.ts``):
+    JSON-ready columns, one entry per module in tree order (parents before children).
+
+    ``modules``: ``name`` (FQN, ``""`` for the root), ``label`` (as :func:`explorer_figure`
+    writes it: ``name [unit k]`` for a unit's own module), ``parent`` (index, -1 for the
+    root), ``cls`` (index into ``classes``), ``unit`` (index into ``units``, -1 when FSDP
+    does not manage it), and the subtree's ``numel``, ``bytes`` and ``rank_bytes``.
+    ``units``: per unit its ``name``, ``color``, ``dtype`` and the ``warnings`` (codes)
+    that name it. The view draws every module; the area is ``numel`` or ``rank_bytes``.
+
+    Example::
+
+        data = explorer_data(report)
+        data["modules"]["label"][0]     # '(root) ExampleModel [unit 0]'
+    """
+    tree = tree or module_tree(report)
+    colors = unit_colors(report)
+    unit_index = {u.module: i for i, u in enumerate(report.units)}
+    warn_codes: dict[str, list[str]] = {}
+    for w in report.warnings:
+        for name in w.units:
+            warn_codes.setdefault(name, []).append(w.code)
+    index = {n.fqn: i for i, n in enumerate(tree.nodes)}
+    classes: dict[str, int] = {}
+    modules: dict[str, list[Any]] = {
+        k: [] for k in ("name", "label", "parent", "cls", "unit", "numel", "bytes", "rank_bytes")
+    }
+    for node in tree.nodes:
+        label = module_label(node.fqn, node.name)
+        if node.is_unit_root:
+            label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
+        modules["name"].append(node.fqn)
+        modules["label"].append(label)
+        modules["parent"].append(-1 if node.parent is None else index[node.parent])
+        modules["cls"].append(classes.setdefault(node.module_class, len(classes)))
+        modules["unit"].append(-1 if node.unit is None else unit_index.get(node.unit, -1))
+        modules["numel"].append(node.numel_total)
+        modules["bytes"].append(node.bytes_total)
+        modules["rank_bytes"].append(node.rank_bytes_total)
+    units = []
+    for u in report.units:
+        dtype = str(u.dtype)
+        if u.compute_dtype and u.compute_dtype != u.dtype:
+            dtype += f" (compute {u.compute_dtype})"
+        units.append(
+            {
+                "name": u.module,
+                "color": colors[u.module],
+                "dtype": dtype,
+                "warnings": warn_codes.get(u.module, []),
+            }
+        )
+    ws = report.config.world_size
+    return {
+        "title": f"{len(report.units)} {'unit' if len(report.units) == 1 else 'units'}, "
+        f"world size {ws}",
+        "modules": modules,
+        "classes": list(classes),
+        "units": units,
+        "unmanaged_color": UNMANAGED_COLOR,
+    }
 
 
 def _compact(array: np.ndarray) -> np.ndarray | list[Any]:

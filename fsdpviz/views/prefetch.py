@@ -51,6 +51,7 @@ __all__ = [
     "PrefetchAnalysis",
     "backward_unit_order",
     "prefetch_analysis",
+    "prefetch_data",
     "prefetch_figure",
     "prefetch_parts",
 ]
@@ -62,6 +63,14 @@ _LABELS = {
     "misordered": "backward prefetch, not the next unit",
     "missed": "next in backward, gathered on demand",
 }
+_SIDES = {  # where each kind's arcs run: along the line, above it, below, further below
+    "forward_order": 0.0,
+    "forward_prefetch": 1.0,
+    "backward_prefetch": -1.0,
+    "misordered": -1.0,
+    "missed": -1.6,
+}
+_NEVER = "never prefetched"
 _MAX_TICK_LABELS = 60  # drawn where no script thins them to the width (static images)
 TICK_MIN_PX = 16  # unit names stand at least this far apart (they are 11 px high)
 _COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golden files)
@@ -111,44 +120,7 @@ def prefetch_parts(
     colors = palette_for(report)
     c = theme_colors(theme)
     traces: list[dict[str, Any]] = []
-    arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
-    for a, b, data in graph.edges(data=True):
-        kind = data["kind"]
-        if kind == "forward_order":
-            arcs[kind].append((a, b, 0.0, f"forward order: {L(a)} then {L(b)}"))
-        elif kind == "forward_prefetch":
-            arcs[kind].append(
-                (
-                    a,
-                    b,
-                    1.0,
-                    f"forward prefetch of {L(b)} by {L(a)} {data['hook']} "
-                    f"(event {data['position']})",
-                )
-            )
-    wrong = {(a, b, p) for a, b, _, p in facts.misordered}
-    for a, b, data in graph.edges(data=True):
-        if data["kind"] != "backward_prefetch":
-            continue
-        kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"
-        text = f"backward prefetch of {L(b)} by {L(a)} {data['hook']} (event {data['position']})"
-        if kind == "misordered":
-            expected = next(
-                e for x, y, e, p in facts.misordered if (x, y, p) == (a, b, data["position"])
-            )
-            text += f"; the next unit in backward is {L(expected)}"
-        arcs[kind].append((a, b, -1.0, text))
-    for a, b, post, gather in facts.missed:
-        when = "never" if post is None else f"at event {post}"
-        arcs["missed"].append(
-            (
-                a,
-                b,
-                -1.6,
-                f"{L(b)} runs its backward after {L(a)} but was all-gathered on demand "
-                f"(event {gather}); {L(a)} post-backward {when}",
-            )
-        )
+    arcs = _arcs(graph, facts)
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
     # The y range holds the arcs drawn (none above the line without forward prefetch).
     heights = [
@@ -184,6 +156,104 @@ def prefetch_parts(
             }
         )
     return traces, _layout(report, facts, pos, theme, y_range)
+
+
+def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
+    """The prefetch graph as fsdpviz's front end draws it (``js/src/prefetch.ts``): the
+    facts of :func:`prefetch_figure` as JSON-ready columns, units in forward order.
+
+    ``units``: FQNs in forward order (the x axis); ``numbers``: each one's index in
+    ``report.units`` (the number the timeline and the explorer print); ``colors``;
+    ``hover``: lines per unit; ``never``: never all-gathered by a prefetch. ``edges``:
+    ``kind`` (index into ``kinds``), ``source`` and ``target`` (indices into ``units``)
+    and ``text`` per edge. ``kinds``: ``name``, ``label``, ``color``, ``dash`` and
+    ``side`` (0: along the line of units, 1: above it, -1: below, -1.6: further below).
+
+    Example::
+
+        data = prefetch_data(report)
+        data["units"][:3]          # ['', 'layers.0', 'layers.1']
+    """
+    graph = unit_graph(report, iteration)
+    facts = prefetch_analysis(report, iteration)
+    pos = facts.positions
+    names = sorted(pos, key=pos.__getitem__)
+    number = {u.module: i for i, u in enumerate(report.units)}
+    colors = palette_for(report)
+    never = set(facts.never_prefetched)
+    title, notes = _heading(report, facts)
+    kinds = list(_LABELS)
+    edges: dict[str, list[Any]] = {"kind": [], "source": [], "target": [], "text": []}
+    for kind, arcs in _arcs(graph, facts).items():
+        for a, b, _side, text in arcs:
+            edges["kind"].append(kinds.index(kind))
+            edges["source"].append(pos[a])
+            edges["target"].append(pos[b])
+            edges["text"].append(text)
+    return {
+        "title": title,
+        "notes": notes,
+        "units": names,
+        "numbers": [number[n] for n in names],
+        "colors": [colors[n] for n in names],
+        "hover": [_unit_lines(graph, n) for n in names],
+        "never": [n in never for n in names],
+        "edges": edges,
+        "kinds": [
+            {
+                "name": k,
+                "label": _LABELS[k],
+                "color": EDGE_COLORS[k][0],
+                "dash": EDGE_COLORS[k][1],
+                "side": _SIDES[k],
+            }
+            for k in kinds
+        ],
+    }
+
+
+def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str, float, str]]]:
+    """The graph's edges by kind: ``(from, to, side, text)``; ``side`` is where the arc
+    runs (0: along the line of units, 1: above, -1: below, -1.6: further below)."""
+    arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
+    for a, b, data in graph.edges(data=True):
+        kind = data["kind"]
+        if kind == "forward_order":
+            arcs[kind].append((a, b, _SIDES[kind], f"forward order: {L(a)} then {L(b)}"))
+        elif kind == "forward_prefetch":
+            arcs[kind].append(
+                (
+                    a,
+                    b,
+                    1.0,
+                    f"forward prefetch of {L(b)} by {L(a)} {data['hook']} "
+                    f"(event {data['position']})",
+                )
+            )
+    wrong = {(a, b, p) for a, b, _, p in facts.misordered}
+    for a, b, data in graph.edges(data=True):
+        if data["kind"] != "backward_prefetch":
+            continue
+        kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"
+        text = f"backward prefetch of {L(b)} by {L(a)} {data['hook']} (event {data['position']})"
+        if kind == "misordered":
+            expected = next(
+                e for x, y, e, p in facts.misordered if (x, y, p) == (a, b, data["position"])
+            )
+            text += f"; the next unit in backward is {L(expected)}"
+        arcs[kind].append((a, b, -1.0, text))
+    for a, b, post, gather in facts.missed:
+        when = "never" if post is None else f"at event {post}"
+        arcs["missed"].append(
+            (
+                a,
+                b,
+                -1.6,
+                f"{L(b)} runs its backward after {L(a)} but was all-gathered on demand "
+                f"(event {gather}); {L(a)} post-backward {when}",
+            )
+        )
+    return arcs
 
 
 def _arc(x0: float, x1: float, side: float, steps: int) -> tuple[list[float], list[float]]:
@@ -265,6 +335,23 @@ def _edge_traces(
     return traces
 
 
+def _unit_lines(graph: Any, n: str) -> list[str]:
+    """What hovering unit ``n`` says, a line each."""
+    d = graph.nodes[n]
+    fi = d["forward_index"]
+    lines = [
+        f"{L(n)} ({d['module_class']})",
+        f"forward index: {'not run in forward' if fi is None else fi}",
+        f"parameters: {d['numel']:,} in {d['n_params']} tensors",
+        f"bytes: {format_bytes(d['bytes'])} full, {format_bytes(d['sharded_bytes'])} per rank",
+        f"prefetched in forward: {d['prefetched_forward']}, in backward: "
+        f"{d['prefetched_backward']}",
+    ]
+    if d["never_prefetched"]:
+        lines.append(_NEVER)
+    return lines
+
+
 def _node_size(n: int) -> float:
     """Unit markers shrink to fit the plot (never below 7 px, still a target for a click)."""
     return max(7.0, min(20.0, 0.75 * _PLOT_PX[0] / max(n, 1)))
@@ -282,18 +369,9 @@ def _node_traces(
     many = size < 15  # their forward index is printed inside while it fits
     hover = []
     for n in names:
-        d = graph.nodes[n]
-        fi = d["forward_index"]
-        hover.append(
-            f"<b>{L(n)}</b> ({d['module_class']})<br>forward index: "
-            f"{'not run in forward' if fi is None else fi}<br>"
-            f"parameters: {d['numel']:,} in {d['n_params']} tensors<br>"
-            f"bytes: {format_bytes(d['bytes'])} full, "
-            f"{format_bytes(d['sharded_bytes'])} per rank<br>"
-            f"prefetched in forward: {d['prefetched_forward']}, "
-            f"in backward: {d['prefetched_backward']}"
-            + ("<br><b>never prefetched</b>" if d["never_prefetched"] else "")
-        )
+        first, *rest = _unit_lines(graph, n)  # the unit's name and the last line in bold
+        rest = [f"<b>{t}</b>" if t == _NEVER else t for t in rest]
+        hover.append("<br>".join([f"<b>{L(n)}</b>{first[len(L(n)) :]}", *rest]))
     traces: list[dict[str, Any]] = []
     if never:
         traces.append(
@@ -347,37 +425,7 @@ def _layout(
     step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
     shown = names[::step]
     text = [L(n) if n == "" else n for n in names]
-    it = "first iteration" if facts.iteration == 0 else "steady state"
-    cfg = report.config
-    notes = []
-    if facts.missed and cfg.backward_prefetch == "BACKWARD_POST":
-        a, b, post, gather = facts.missed[0]
-        notes.append(
-            f"BACKWARD_POST prefetches too late: {_count(facts.missed, 'backward all-gather')} "
-            f"on demand; e.g. {L(a)} post-backward at event {post}, {L(b)} already gathered at "
-            f"event {gather}"
-        )
-    elif facts.missed:
-        notes.append(
-            f"{_count(facts.missed, 'backward all-gather')} on demand despite backward prefetch"
-        )
-    if facts.misordered:
-        notes.append(
-            f"{_count(facts.misordered, 'backward prefetch')} not for the next unit in backward"
-        )
-    if cfg.api == "FSDP2":
-        explicit = sum(
-            len(targets)
-            for spec in (cfg.explicit_forward_prefetch, cfg.explicit_backward_prefetch)
-            for targets in (spec or {}).values()
-        )
-        setting = f"FSDP2, implicit prefetch + {explicit} explicit targets"
-    elif not (cfg.states("forward_prefetch") or cfg.states("backward_prefetch")):
-        setting = f"recorded ({cfg.api})"  # a recording's config has no options
-    else:
-        setting = (
-            f"forward_prefetch={cfg.forward_prefetch}, backward_prefetch={cfg.backward_prefetch}"
-        )
+    title, notes = _heading(report, facts)
     xaxis: dict[str, Any] = {
         "tickvals": [pos[n] for n in shown],
         "ticktext": text[::step],
@@ -402,7 +450,7 @@ def _layout(
         del xaxis["autotickangles"]
     return dict(
         template=template(theme),
-        title={"text": f"Prefetch graph ({it}): {setting}", "font": {"size": 14}},
+        title={"text": title, "font": {"size": 14}},
         xaxis=xaxis,
         yaxis={"visible": False, "range": y_range, "fixedrange": True},
         legend={"orientation": "h", "yanchor": "top", "y": 1.0, "x": 1.0, "xanchor": "right"},
@@ -435,6 +483,43 @@ def _layout(
         if notes
         else [],
     )
+
+
+def _heading(report: Report, facts: PrefetchAnalysis) -> tuple[str, list[str]]:
+    """The graph's title (which iteration, which prefetch settings) and its notes (what
+    FSDP gets wrong in it)."""
+    it = "first iteration" if facts.iteration == 0 else "steady state"
+    cfg = report.config
+    notes = []
+    if facts.missed and cfg.backward_prefetch == "BACKWARD_POST":
+        a, b, post, gather = facts.missed[0]
+        notes.append(
+            f"BACKWARD_POST prefetches too late: {_count(facts.missed, 'backward all-gather')} "
+            f"on demand; e.g. {L(a)} post-backward at event {post}, {L(b)} already gathered at "
+            f"event {gather}"
+        )
+    elif facts.missed:
+        notes.append(
+            f"{_count(facts.missed, 'backward all-gather')} on demand despite backward prefetch"
+        )
+    if facts.misordered:
+        notes.append(
+            f"{_count(facts.misordered, 'backward prefetch')} not for the next unit in backward"
+        )
+    if cfg.api == "FSDP2":
+        explicit = sum(
+            len(targets)
+            for spec in (cfg.explicit_forward_prefetch, cfg.explicit_backward_prefetch)
+            for targets in (spec or {}).values()
+        )
+        setting = f"FSDP2, implicit prefetch + {explicit} explicit targets"
+    elif not (cfg.states("forward_prefetch") or cfg.states("backward_prefetch")):
+        setting = f"recorded ({cfg.api})"  # a recording's config has no options
+    else:
+        setting = (
+            f"forward_prefetch={cfg.forward_prefetch}, backward_prefetch={cfg.backward_prefetch}"
+        )
+    return f"Prefetch graph ({it}): {setting}", notes
 
 
 def _count(items: list[Any], noun: str) -> str:

@@ -2,6 +2,7 @@
 // (data, window, theme, selection, hover) and its drawing. widget.ts binds it to the
 // model's traits and to the page.
 import type { AnyModel } from "@anywidget/types";
+import { button, element, Tooltip } from "./dom";
 import {
   animationFrames,
   axisTicks,
@@ -68,25 +69,6 @@ export function nextFrame(fn: () => void): number {
   return setTimeout(fn, 16) as unknown as number;
 }
 
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-): HTMLElementTagNameMap[K] {
-  const el = document.createElement(tag);
-  el.className = className;
-  return el;
-}
-
-function button(label: string, title: string, onClick: () => void): HTMLButtonElement {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.textContent = label;
-  b.title = title;
-  b.setAttribute("aria-label", title);
-  b.addEventListener("click", onClick);
-  return b;
-}
-
 /** What the marks mean (colour says which unit; the number on a block says it too). */
 function legend(data: TimelineData): HTMLElement {
   const el = element("div", "fv-legend");
@@ -132,7 +114,7 @@ export class TimelineView {
   readonly root: HTMLElement;
   readonly header: HTMLElement;
   readonly canvas: HTMLCanvasElement;
-  readonly tooltip: HTMLElement;
+  readonly tooltip: Tooltip;
   readonly info: HTMLElement;
   readonly caption: HTMLElement;
   legendEl: HTMLElement;
@@ -170,10 +152,9 @@ export class TimelineView {
     this.canvas = element("canvas", "fv-canvas");
     this.canvas.tabIndex = 0;
     this.canvas.setAttribute("aria-label", "FSDP event timeline; arrow keys step, space plays");
-    this.tooltip = element("div", "fv-tooltip");
-    this.tooltip.hidden = true;
     const stage = element("div", "fv-stage");
-    stage.append(this.canvas, this.tooltip);
+    stage.append(this.canvas);
+    this.tooltip = new Tooltip(stage);
     this.info = element("div", "fv-info");
     this.info.setAttribute("aria-live", "polite");
     this.caption = element("div", "fv-note");
@@ -608,23 +589,8 @@ export class TimelineView {
       picked.x === this.hovered.x;
     if (same) return;
     this.hovered = picked;
-    if (picked === null) {
-      this.tooltip.hidden = true;
-    } else {
-      this.tooltip.replaceChildren(
-        ...this.hoverLines(picked).map((t, k) => {
-          const d = document.createElement(k === 0 ? "b" : "div");
-          d.textContent = t;
-          return d;
-        }),
-      );
-      this.tooltip.hidden = false;
-      const box = this.tooltip;
-      const w = box.offsetWidth || 260;
-      const left = px + 14 + w > this.layout.width ? Math.max(px - 14 - w, 0) : px + 14;
-      box.style.left = `${left}px`;
-      box.style.top = `${py + 14}px`;
-    }
+    if (picked === null) this.tooltip.hide();
+    else this.tooltip.show(this.hoverLines(picked), px, py, this.layout.width);
     this.paint();
   }
 
@@ -665,7 +631,7 @@ export class TimelineView {
   leave(): void {
     if (this.hovered === null) return;
     this.hovered = null;
-    this.tooltip.hidden = true;
+    this.tooltip.hide();
     this.paint();
   }
 

@@ -1,8 +1,13 @@
 // Timeline data as Python makes it (tests/test_views_timeline.py writes and checks these
 // files): the tiny model's prediction placed by the time model, the same laid out by index
 // with no memory lane, and a recording of two ranks that diverge.
+import type { ExplorerData } from "../src/explorer";
 import type { TimelineData } from "../src/model";
+import type { PrefetchData } from "../src/prefetch";
+import explorer from "./data/explorer.json";
 import prediction from "./data/prediction.json";
+import prefetch from "./data/prefetch.json";
+import prefetchMissed from "./data/prefetch_post.json";
 import recording from "./data/recording.json";
 import untimed from "./data/untimed.json";
 
@@ -27,3 +32,10 @@ export function fakeContext(): CanvasRenderingContext2D {
     },
   }) as unknown as CanvasRenderingContext2D;
 }
+
+/** The tiny model's explorer and prefetch graph as Python writes them (explorer_data,
+ * prefetch_data; tests/test_views_explorer.py and test_views_prefetch.py keep them current):
+ * forward prefetch above the line and backward prefetch below; BACKWARD_POST's misses. */
+export const explorerData = (): ExplorerData => structuredClone(explorer) as ExplorerData;
+export const prefetchData = (): PrefetchData => structuredClone(prefetch) as PrefetchData;
+export const prefetchPost = (): PrefetchData => structuredClone(prefetchMissed) as PrefetchData;

@@ -1,0 +1,154 @@
+// What the explorer and the prefetch graph share: a root element holding a canvas and
+// its hover box, errors shown under the view instead of lost, and the pointer, the view's
+// width and the page's theme bound to what each view does with them.
+import { element, Tooltip } from "./dom";
+
+export abstract class CanvasView {
+  readonly root: HTMLElement;
+  readonly canvas: HTMLCanvasElement;
+  readonly stage: HTMLElement;
+  readonly tooltip: Tooltip;
+  disposed = false;
+  /** Milliseconds the last draw took (the benchmark reads them). */
+  lastDrawMs = 0;
+  private readonly stops: Array<() => void> = [];
+
+  constructor(
+    el: HTMLElement,
+    className: string,
+    label: string,
+    private readonly what: string,
+  ) {
+    this.root = element("div", `${className} fsdpviz-view`);
+    el.appendChild(this.root);
+    this.canvas = element("canvas", "fv-canvas");
+    this.canvas.tabIndex = 0;
+    this.canvas.setAttribute("aria-label", label);
+    this.stage = element("div", "fv-stage");
+    this.stage.append(this.canvas);
+    this.tooltip = new Tooltip(this.stage);
+    (this.root as unknown as { fsdpviz: CanvasView }).fsdpviz = this;
+  }
+
+  /** `fn` with any error shown under the view instead of lost. */
+  guard(fn: () => void): () => void {
+    return (): void => {
+      try {
+        fn();
+      } catch (err) {
+        this.showError(err);
+      }
+    };
+  }
+
+  showError(err: unknown): void {
+    const text = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    let pre = this.root.querySelector<HTMLPreElement>(".fv-error");
+    if (pre === null) {
+      pre = element("pre", "fv-error");
+      this.root.appendChild(pre);
+    }
+    pre.textContent = `fsdpviz ${this.what} error: ${text}`;
+    console.error(err);
+  }
+
+  /** The pointer moved to (x, y) of the canvas (CSS pixels). */
+  abstract hoverAt(x: number, y: number): void;
+  abstract clickAt(x: number, y: number): void;
+  abstract leave(): void;
+  /** Lay out again at the root's width and the page's theme, and draw. */
+  abstract resize(): void;
+  /** A drag starts: returns what moves the view by `dx` px from where it started. */
+  protected abstract dragFrom(): (dx: number) => void;
+  /** ctrl/shift + wheel at x: zoom by `factor` (> 1: show more) around it. */
+  protected abstract wheelAt(x: number, factor: number): void;
+
+  /** Mouse and wheel on the canvas, the root's width and the page's theme. */
+  protected listen(): void {
+    const c = this.canvas;
+    const at = (ev: MouseEvent): [number, number] => {
+      const rect = c.getBoundingClientRect();
+      return [ev.clientX - rect.left, ev.clientY - rect.top];
+    };
+    let down: { x: number; move: (dx: number) => void } | null = null;
+    let dragged = false;
+    c.addEventListener("mousedown", (ev) => {
+      down = { x: ev.clientX, move: this.dragFrom() };
+      dragged = false;
+    });
+    const up = (): void => {
+      down = null;
+    };
+    window.addEventListener("mouseup", up);
+    this.stops.push(() => window.removeEventListener("mouseup", up));
+    c.addEventListener("mousemove", (ev) => {
+      if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
+        dragged = true;
+        const { move, x } = down;
+        this.guard(() => move(ev.clientX - x))();
+        return;
+      }
+      const [x, y] = at(ev);
+      this.guard(() => this.hoverAt(x, y))();
+    });
+    c.addEventListener("mouseleave", () => this.guard(() => this.leave())());
+    c.addEventListener("click", (ev) => {
+      if (dragged) return;
+      const [x, y] = at(ev);
+      this.guard(() => this.clickAt(x, y))();
+    });
+    c.addEventListener("wheel", (ev) => {
+      if (!ev.ctrlKey && !ev.shiftKey) return;
+      ev.preventDefault();
+      const [x] = at(ev);
+      this.guard(() => this.wheelAt(x, ev.deltaY > 0 ? 1.25 : 0.8))();
+    });
+    if (typeof ResizeObserver === "function") {
+      let last = 0;
+      const observer = new ResizeObserver(
+        this.guard(() => {
+          const w = this.root.clientWidth;
+          if (w > 0 && w !== last) {
+            last = w;
+            this.resize();
+          }
+        }),
+      );
+      observer.observe(this.root);
+      this.stops.push(() => observer.disconnect());
+    }
+    if (typeof MutationObserver === "function") {
+      // now, and again on the next frame: the new theme's CSS variables may apply later
+      const themeWatch = new MutationObserver(
+        this.guard(() => {
+          this.resize();
+          if (typeof requestAnimationFrame === "function")
+            requestAnimationFrame(this.guard(() => this.disposed || this.resize()));
+        }),
+      );
+      themeWatch.observe(document.body, {
+        attributes: true,
+        attributeFilter: ["data-jp-theme-light"],
+      });
+      this.stops.push(() => themeWatch.disconnect());
+    }
+  }
+
+  /** Draw `layer` (the part redrawn only when the view moves) onto the canvas; returns the
+   * canvas's context scaled to CSS pixels, for what is drawn over it. */
+  protected overLayer(layer: HTMLCanvasElement): CanvasRenderingContext2D | null {
+    const ctx = this.canvas.getContext("2d");
+    if (ctx === null) return null;
+    const ratio = (typeof window !== "undefined" && window.devicePixelRatio) || 1;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
+    ctx.drawImage(layer, 0, 0);
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    return ctx;
+  }
+
+  dispose(): void {
+    this.disposed = true;
+    for (const stop of this.stops) stop();
+  }
+}
