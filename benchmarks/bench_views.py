@@ -1,16 +1,18 @@
 """Interactive views at scale: figure build time and JSON size, and re-plan latency.
 
 1. A 10,000-module model (the bundled example with 833 decoder layers): build time and
-   JSON size of the explorer (icicle), prefetch graph and timeline figures, and of the
-   timeline widget's payload (targets: explorer under 1 s and 5 MB); its exported page in
-   headless Chromium: time to draw, time per step, frames while playing.
+   JSON size of the explorer (icicle), prefetch graph and timeline figures, of the data
+   the exported page draws the explorer and the prefetch graph from, and of the timeline
+   widget's payload (targets: explorer under 1 s and 5 MB); its exported page in headless
+   Chromium (target: under 5 MB, drawn in under 1 s): time to draw each stage, time per
+   step, frames while playing.
 2. A 1,000-module model (83 layers): what one change of a control costs in the
    dashboard as it runs in a kernel (the explorer's answer, and all three views
    updated; target 200 ms), measured alternately with ``fsdpviz.analyze`` for the
    same options.
 3. A 500-unit plan's exported page in headless Chromium: hover and click on events
-   spread over the iteration, each until the next frame is drawn (target 50 ms), and a
-   step drawn (target 16 ms per frame).
+   spread over the iteration, and on units in the explorer and the prefetch graph, each
+   until the next frame is drawn (target 50 ms), and a step drawn (target 16 ms per frame).
 
     python benchmarks/bench_views.py [--repeats 3] [--skip-big] [--skip-replan] [--units 500]
 """
@@ -27,6 +29,8 @@ from typing import Any
 
 from fsdpviz.examples import ExampleConfig, example_analysis, example_inputs, example_model
 from fsdpviz.views import explorer_figure, prefetch_figure, timeline_data, timeline_figure
+from fsdpviz.views.explorer import explorer_data
+from fsdpviz.views.prefetch import prefetch_data
 
 SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
 
@@ -62,6 +66,15 @@ def big(repeats: int) -> None:
         seconds, fig = timed(build, repeats)
         size = len(fig.to_json())
         print(f"  {name:36s} build {seconds * 1000:7.0f} ms   JSON {size / 1e6:5.2f} MB")
+    for name, make in (
+        ("explorer data (the page's)", lambda: explorer_data(report)),
+        ("prefetch graph data (the page's)", lambda: prefetch_data(report)),
+    ):
+        seconds, made = timed(make, repeats)
+        print(
+            f"  {name:36s} build {seconds * 1000:7.0f} ms   JSON "
+            f"{len(json.dumps(made)) / 1e6:5.2f} MB"
+        )
     seconds, data = timed(lambda: timeline_data(report, None), repeats)
     print(
         f"  {'timeline widget payload':36s} build {seconds * 1000:7.0f} ms   JSON "
@@ -90,7 +103,7 @@ _STEP_JS = """async (n) => {
 _PLAY_JS = """async (ms) => {
   const play = [...document.querySelectorAll('.fsdpviz-timeline button')]
     .find(x => x.title.startsWith('play'));
-  const speed = document.querySelector('.fsdpviz-timeline select');
+  const speed = document.querySelector('.fsdpviz-timeline select.fv-speed');
   speed.value = '100';
   speed.dispatchEvent(new Event('change'));
   const s0 = window.fsdpvizModel.get('step');
@@ -141,6 +154,51 @@ _POINTER_JS = """async (n) => {
 }"""
 
 
+# Hover and click on the explorer's blocks and the prefetch graph's nodes, each until the
+# next frame is drawn: n of each, spread over the model (the views zoom to what is clicked).
+_VIEWS_POINTER_JS = """async (n) => {
+  const frame = () => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)));
+  const q = (xs, p) =>
+    [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
+  const ex = document.querySelector('#fv-explorer .fsdpviz-explorer').fsdpviz;
+  const pf = document.querySelector('#fv-prefetch .fsdpviz-prefetch').fsdpviz;
+  const out = {};
+  const run = async (name, view, targets, centre, check) => {
+    const hover = [], click = [];
+    for (const t of targets) {
+      const c = centre(t);
+      if (c === null) throw new Error(`${name}: ${t} is not drawn`);
+      const r = view.canvas.getBoundingClientRect();
+      const at = {clientX: r.left + c[0], clientY: r.top + c[1], bubbles: true};
+      let t0 = performance.now();
+      view.canvas.dispatchEvent(new MouseEvent('mousemove', at));
+      await frame();
+      hover.push(performance.now() - t0);
+      if (!view.tooltip.shown) throw new Error(`${name}: no hover details for ${t}`);
+      t0 = performance.now();
+      view.canvas.dispatchEvent(new MouseEvent('click', at));
+      await frame();
+      click.push(performance.now() - t0);
+      check(t);
+    }
+    out[name] = {hover: [q(hover, 0.5), q(hover, 0.95), Math.max(...hover)],
+                 click: [q(click, 0.5), q(click, 0.95), Math.max(...click)]};
+  };
+  const units = pf.data.units;
+  const picks = Array.from({length: n}, (_, k) => units[Math.floor((k + 0.5) * units.length / n)]);
+  await run('prefetch graph', pf, picks, (u) => {
+    pf.follow(pf.data.units.indexOf(u));
+    const c = pf.nodeCentre(u); return c && [c.x, c.y];
+  }, (u) => { if (document.body.dataset.fvSelectedUnit !== u) throw new Error(`selected ${u}?`); });
+  await run('explorer', ex, picks, (u) => {
+    ex.focusOn(0); ex.reveal(ex.index.unitModule[ex.data.units.findIndex(x => x.name === u)]);
+    const s = ex.slotOf(ex.index.unitModule[ex.data.units.findIndex(x => x.name === u)]);
+    return s && [s.x + s.w / 2, s.y + s.h / 2];
+  }, (u) => { if (document.body.dataset.fvSelectedUnit !== u) throw new Error(`selected ${u}?`); });
+  return out;
+}"""
+
+
 _MARKS_JS = """() => performance.getEntriesByType("mark")
   .filter((m) => m.name.startsWith("fsdpviz:")).map((m) => [m.name, m.startTime])"""
 
@@ -184,6 +242,7 @@ def pointer(units: int) -> None:
         browser, page, ready = _open_page(p, path, chromium)
         got = page.evaluate(_POINTER_JS, 100)
         step = page.evaluate(_STEP_JS, 200)
+        views = page.evaluate(_VIEWS_POINTER_JS, 50)
         browser.close()
     print(f"  exported page ({path.stat().st_size / 1e6:.1f} MB) drawn in {ready:.2f} s")
     for name in ("hover", "click"):
@@ -192,6 +251,13 @@ def pointer(units: int) -> None:
             f"  {name} answered and drawn: median {median:.0f} ms, 95th percentile {p95:.0f} ms, "
             f"max {most:.0f} ms (100 events; target 50 ms)"
         )
+    for view, times in views.items():
+        for name in ("hover", "click"):
+            median, p95, most = times[name]
+            print(
+                f"  {view} {name} answered and drawn: median {median:.0f} ms, 95th percentile "
+                f"{p95:.0f} ms, max {most:.0f} ms (50 units; target 50 ms)"
+            )
     print(
         f"  one step: its work (state, text, canvas) median {step['work']:.1f} ms, 95th "
         f"percentile {step['work95']:.1f} ms (target 16 ms, a frame); shown on the next frame: "
@@ -219,15 +285,18 @@ def stepping(report: Any) -> None:
     report.save(path)
     with sync_playwright() as p:
         browser, page, ready = _open_page(p, path, chromium)
-        drawn = page.evaluate("document.querySelectorAll('#fv-explorer g.slice').length")
+        drawn = page.evaluate(
+            "document.querySelector('#fv-explorer .fsdpviz-explorer').fsdpviz.rows"
+            ".reduce((n, r) => n + r.x.length, 0)"
+        )
         marks = page.evaluate(_MARKS_JS)
         step = page.evaluate(_STEP_JS, 200)
         play = page.evaluate(_PLAY_JS, 3000)
         browser.close()
     print(
-        f"  exported page ({path.stat().st_size / 1e6:.1f} MB) drawn in {ready:.1f} s "
-        f"(explorer: {drawn} of {len(report.modules)} modules); software-rendered headless "
-        "Chromium"
+        f"  exported page ({path.stat().st_size / 1e6:.2f} MB) drawn in {ready:.2f} s "
+        f"(explorer: {drawn} blocks drawn for {len(report.modules)} modules, the thinnest as "
+        "pixel columns); software-rendered headless Chromium"
     )
     stages, last = [], 0.0
     for name, at in marks:  # the page's performance marks: each stage's share of the time
@@ -235,11 +304,11 @@ def stepping(report: Any) -> None:
         last = at
     print(f"  stages (ms, from navigation start): {', '.join(stages)}")
     at = dict(marks)
-    if "fsdpviz:first-view" in at and "fsdpviz:linked" in at:
+    if "fsdpviz:first-view" in at and "fsdpviz:painted" in at:
         print(
             f"  first view (summary and timeline, usable) painted at "
-            f"{at['fsdpviz:first-view'] / 1000:.2f} s; every view drawn and linked at "
-            f"{at['fsdpviz:linked'] / 1000:.2f} s (from navigation start)"
+            f"{at['fsdpviz:first-view'] / 1000:.2f} s; every view drawn, linked and painted at "
+            f"{at['fsdpviz:painted'] / 1000:.2f} s from navigation start (target 1 s)"
         )
     print(
         f"  one step, drawn: median {step['median']:.0f} ms, 95th percentile "
