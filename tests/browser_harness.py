@@ -445,22 +445,34 @@ _NODE_AT = f"""name => {{ const v = {PREFETCH_VIEW};
   const r = v.canvas.getBoundingClientRect(); return [r.left + c.x, r.top + c.y]; }}"""
 
 
-def click_block(page: Any, module: str) -> None:
-    """Click the centre of ``module``'s block in the page's explorer, as a user does."""
+def hover_block(page: Any, module: str) -> tuple[float, float]:
+    """Move the mouse onto the centre of ``module``'s block in the page's explorer."""
     page.locator("#fv-explorer canvas").scroll_into_view_if_needed()
     at = page.evaluate(_BLOCK_AT, module)
     assert at is not None, f"the explorer does not draw {module!r}"
     page.mouse.move(at[0] - 2, at[1])
-    page.mouse.click(*at)
+    page.mouse.move(*at)
+    return at[0], at[1]
 
 
-def click_node(page: Any, unit: str) -> None:
-    """Click the centre of ``unit``'s node in the page's prefetch graph."""
+def click_block(page: Any, module: str) -> None:
+    """Click the centre of ``module``'s block in the page's explorer, as a user does."""
+    page.mouse.click(*hover_block(page, module))
+
+
+def hover_node(page: Any, unit: str) -> tuple[float, float]:
+    """Move the mouse onto the centre of ``unit``'s node in the page's prefetch graph."""
     page.locator("#fv-prefetch canvas").scroll_into_view_if_needed()
     at = page.evaluate(_NODE_AT, unit)
     assert at is not None, f"the prefetch graph does not draw {unit!r}"
     page.mouse.move(at[0] - 2, at[1])
-    page.mouse.click(*at)
+    page.mouse.move(*at)
+    return at[0], at[1]
+
+
+def click_node(page: Any, unit: str) -> None:
+    """Click the centre of ``unit``'s node in the page's prefetch graph."""
+    page.mouse.click(*hover_node(page, unit))
 
 
 def explorer_state(page: Any) -> dict[str, Any]:

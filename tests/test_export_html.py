@@ -23,6 +23,8 @@ from browser_harness import (
     click_block,
     click_every_event,
     click_node,
+    hover_block,
+    hover_node,
     explorer_state,
     painted_pixels,
     pixel,
@@ -34,7 +36,8 @@ from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
 import fsdpviz
 from fsdpviz import Report
-from fsdpviz.views import timeline_data
+from fsdpviz.views import module_tree, timeline_data
+from fsdpviz.views.prefetch import prefetch_data
 from fsdpviz.views.style import format_bytes
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
@@ -177,6 +180,33 @@ def test_click_on_a_unit_selects_it_in_the_timeline(
     # the explorer brings the unit selected elsewhere into view
     assert explorer_state(p.page)["focus"] == "blocks"
     p.shot("light-selected")
+    assert p.console == [] and p.blocked == []
+
+
+def test_hover_says_what_python_says(report: Report, tmp_path: Path, open_page: Any) -> None:
+    """The explorer's and the prefetch graph's hover details, as the page draws them, are
+    the numbers of fsdpviz's Python API (module_tree, format_bytes, prefetch_data)."""
+    p = open_page(report.save(tmp_path / "report.html"))
+    node = module_tree(report).by_fqn["blocks.1.fc"]
+    hover_block(p.page, "blocks.1.fc")
+    assert p.page.locator("#fv-explorer .fv-tooltip").inner_text().splitlines() == [
+        "blocks.1.fc (Linear)",
+        "unit: 'blocks.1' (unit 2)",
+        f"parameters: {node.numel_total:,}",
+        f"bytes: {format_bytes(node.bytes_total)} full, {format_bytes(node.rank_bytes_total)} "
+        "per rank",
+        f"dtype: {report.units[2].dtype}",
+        "click: select its unit",
+    ]
+    data = prefetch_data(report)
+    hover_node(p.page, "blocks.1")
+    lines = p.page.locator("#fv-prefetch .fv-tooltip").inner_text().splitlines()
+    assert lines == [*data["hover"][2], "unit 2; click: select it"]
+    unit = report.units[2]  # as unit_graph says
+    assert (
+        f"bytes: {format_bytes(unit.bytes)} full, {format_bytes(unit.sharded_bytes)} per rank"
+        in lines
+    )
     assert p.console == [] and p.blocked == []
 
 

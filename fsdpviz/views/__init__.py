@@ -3,7 +3,9 @@
 May import every layer up to fsdpviz.replan, and fsdpviz.graphs; never widgets or export.
 
 - :func:`explorer_figure`: the module tree as an icicle/treemap coloured by wrap unit;
+  :func:`explorer_data`: the same as JSON-ready columns (what the exported page draws);
 - :func:`prefetch_figure`: units in forward order with forward-order and prefetch edges;
+  :func:`prefetch_data`: the same as JSON-ready columns (what the exported page draws);
 - :func:`timeline_figure`: lanes per rank and the memory curve;
 - :func:`timeline_data`: the timeline as JSON-ready columns (what the JS widget draws);
 - :func:`unit_detail_html`: the explorer's detail panel.
@@ -17,8 +19,13 @@ Example::
 from __future__ import annotations
 
 from fsdpviz.views.detail import unit_detail_html
-from fsdpviz.views.explorer import explorer_figure
-from fsdpviz.views.prefetch import PrefetchAnalysis, prefetch_analysis, prefetch_figure
+from fsdpviz.views.explorer import explorer_data, explorer_figure
+from fsdpviz.views.prefetch import (
+    PrefetchAnalysis,
+    prefetch_analysis,
+    prefetch_data,
+    prefetch_figure,
+)
 from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
 from fsdpviz.views.timeline_lanes import timeline_figure
 from fsdpviz.views.timeline_steps import MemorySeries, MemorySource, timeline_data
@@ -30,10 +37,12 @@ __all__ = [
     "MemorySource",
     "ModuleTree",
     "PrefetchAnalysis",
+    "explorer_data",
     "explorer_figure",
     "format_bytes",
     "module_tree",
     "prefetch_analysis",
+    "prefetch_data",
     "prefetch_figure",
     "template",
     "timeline_data",

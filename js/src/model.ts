@@ -405,12 +405,37 @@ export function nearestStep(data: TimelineData, x: number, order: Order = "issue
   return Math.abs(xs[j] - x) <= Math.abs(xs[i] - x) ? steps[j] : steps[i];
 }
 
+/**
+ * `v` to three significant figures as Python's `f"{v:.3g}"` rounds it (a tie, where `v` is
+ * exactly half-way, goes to the even digit: 160.5 -> 160, not toPrecision's 161), never in
+ * exponent form; so the page prints the numbers fsdpviz's Python API prints.
+ */
+export function threeDigits(v: number): string {
+  if (v === 0 || !Number.isFinite(v)) return String(v);
+  const a = Math.abs(v);
+  const text =
+    a >= 999.5 ? String(roundEven(a, 1 + Math.floor(Math.log10(a)))) : String(roundEven(a, 3));
+  return v < 0 ? `-${text}` : text;
+}
+
+/** `a` (> 0) rounded to `digits` significant digits from its exact decimal value, a tie to
+ * the even digit, as Python's format does (`(48.85).toPrecision(3)` and a scaled
+ * `Math.round` see ties that are not there, or miss them). */
+function roundEven(a: number, digits: number): number {
+  const [mantissa, exponent] = a.toExponential(100).split("e");
+  const all = mantissa.replace(".", "");
+  let n = Number(all.slice(0, digits));
+  const rest = all.slice(digits);
+  if (rest[0] > "5" || (rest[0] === "5" && (/[1-9]/.test(rest.slice(1)) || n % 2 === 1))) n += 1;
+  return Number((n * 10 ** (Number(exponent) - digits + 1)).toPrecision(Math.max(digits, 1)));
+}
+
 export function formatBytes(n: number): string {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let v = n;
   for (let u = 0; u < units.length; u++) {
     if (Math.abs(v) < 1024 || u === units.length - 1) {
-      return u === 0 ? `${Math.round(v)} B` : `${Number(v.toPrecision(3))} ${units[u]}`;
+      return u === 0 ? `${Math.round(v)} B` : `${threeDigits(v)} ${units[u]}`;
     }
     v /= 1024;
   }
@@ -432,9 +457,14 @@ const TIME_UNITS: ReadonlyArray<readonly [number, string]> = [
 /** A duration in seconds with 3 significant digits in the unit that suits it: `343 µs`, `12.3 ms`. */
 export function formatSeconds(seconds: number): string {
   if (seconds === 0) return "0 s";
-  const [scale, unit] =
-    TIME_UNITS.find(([s]) => Math.abs(seconds) >= s) ?? TIME_UNITS[TIME_UNITS.length - 1];
-  return `${Number((seconds / scale).toPrecision(3))} ${unit}`;
+  let k = TIME_UNITS.findIndex(([s]) => Math.abs(seconds) >= s);
+  if (k < 0) k = TIME_UNITS.length - 1;
+  let text = threeDigits(seconds / TIME_UNITS[k][0]);
+  if (Math.abs(Number(text)) >= 1000 && k > 0) {
+    k -= 1; // 999.7 µs reads 1 ms, as fsdpviz.cost.time.duration_text writes it
+    text = threeDigits(seconds / TIME_UNITS[k][0]);
+  }
+  return `${text} ${TIME_UNITS[k][1]}`;
 }
 
 export interface AxisTicks {

@@ -19,6 +19,7 @@ import {
   orderOf,
   Player,
   Throttle,
+  threeDigits,
   upperBound,
 } from "../src/model";
 import { byIndex, predicted } from "./fixtures";
@@ -255,6 +256,32 @@ describe("orders and windows", () => {
 describe("text", () => {
   it("formats bytes in binary units, and exactly", () => {
     expect(formatBytes(512)).toBe("512 B");
+    // as fsdpviz.views.style.format_bytes writes them (Python rounds a tie to even)
+    const python: Array<[number, string]> = [
+      [164352, "160 KiB"],
+      [1048064, "1024 KiB"],
+      [1023692.8, "1000 KiB"],
+      [20608, "20.1 KiB"],
+      [1053818.88, "1 MiB"],
+      [172335562752, "160 GiB"],
+      [2401.28, "2.35 KiB"],
+      [102912, "100 KiB"],
+    ];
+    for (const [n, text] of python) expect(formatBytes(n)).toBe(text);
+    // fsdpviz.views.style.three_digits, from the exact value of each number
+    const digits: Array<[number, string]> = [
+      [48.85, "48.9"],
+      [160.5, "160"],
+      [1023.5, "1024"],
+      [999.5, "1000"],
+      [999.4, "999"],
+      [0.1235, "0.123"],
+      [2.675, "2.67"],
+      [100.05, "100"],
+      [1.005, "1"],
+      [12.25, "12.2"],
+    ];
+    for (const [v, text] of digits) expect(threeDigits(v)).toBe(text);
     expect(formatBytes(1536)).toBe("1.5 KiB");
     expect(formatBytes(3 * 2 ** 30)).toBe("3 GiB");
     expect(exactBytes(30999176)).toBe("30,999,176 bytes");
@@ -330,6 +357,8 @@ describe("text", () => {
     expect(formatSeconds(0.0123456)).toBe("12.3 ms");
     expect(formatSeconds(1.5)).toBe("1.5 s");
     expect(formatSeconds(4.2e-8)).toBe("42 ns");
+    expect(formatSeconds(999.7e-6)).toBe("1 ms"); // as duration_text: not "1000 µs"
+    expect(formatSeconds(48.85e-6)).toBe("48.9 µs");
   });
 });
 
