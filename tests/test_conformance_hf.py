@@ -99,7 +99,12 @@ def test_hf_use_orig_params_mixed_precision(fake_pg: int, name: str) -> None:
 def test_hf_gradient_checkpointing(fake_pg: int) -> None:
     torch.manual_seed(0)
     model, inputs, layer = HF_MODELS["llama"]()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x's name
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     kw = {"auto_wrap_policy": ModuleWrapPolicy({layer})}
     # In training mode HF checks the (data-dependent) position ids for packed

@@ -62,6 +62,8 @@ export abstract class CanvasView {
   protected abstract dragFrom(): (dx: number) => void;
   /** ctrl/shift + wheel at x: zoom by `factor` (> 1: show more) around it. */
   protected abstract wheelAt(x: number, factor: number): void;
+  /** A key pressed on the canvas; returns whether the view used it. */
+  protected abstract key(key: string): boolean;
 
   /** Mouse and wheel on the canvas, the root's width and the page's theme. */
   protected listen(): void {
@@ -102,6 +104,13 @@ export abstract class CanvasView {
       ev.preventDefault();
       const [x] = at(ev);
       this.guard(() => this.wheelAt(x, ev.deltaY > 0 ? 1.25 : 0.8))();
+    });
+    c.addEventListener("keydown", (ev) => {
+      let used = false;
+      this.guard(() => {
+        used = this.key(ev.key);
+      })();
+      if (used) ev.preventDefault();
     });
     if (typeof ResizeObserver === "function") {
       let last = 0;

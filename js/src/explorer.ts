@@ -224,7 +224,8 @@ export class ExplorerView extends CanvasView {
     super(
       el,
       "fsdpviz-explorer",
-      "module tree coloured by wrap unit; click a block to zoom into it",
+      "module tree coloured by wrap unit; click a block to zoom into it, Backspace goes up, " +
+        "+ and − zoom across, arrow keys move along",
       "explorer",
     );
     const header = element("div", "fv-header");
@@ -348,12 +349,13 @@ export class ExplorerView extends CanvasView {
     const where = this.fractionOf(i);
     if (where === null) return;
     const [f0, f1] = where;
-    const drawn = ((f1 - f0) / (this.span.b - this.span.a)) * this.width;
+    const shown = this.span.b - this.span.a;
+    const drawn = ((f1 - f0) / shown) * this.width;
     const inside = f0 >= this.span.a && f1 <= this.span.b;
     if (inside && drawn >= Math.min(REVEAL_PX, this.width)) return;
-    const wanted = Math.min(1, Math.max((f1 - f0) * (this.width / REVEAL_PX), f1 - f0, MIN_SPAN));
-    const keep = Math.max(this.span.b - this.span.a, f1 - f0);
-    const w = inside || keep > wanted ? Math.min(wanted, keep) : wanted;
+    // zoomed in until it is REVEAL_PX wide (never out), or out until all of it fits
+    const narrow = drawn < REVEAL_PX ? ((f1 - f0) * this.width) / REVEAL_PX : shown;
+    const w = Math.max(Math.min(shown, narrow), f1 - f0);
     const mid = (f0 + f1) / 2;
     this.showSpan({ a: mid - w / 2, b: mid + w / 2 });
   }
@@ -662,5 +664,22 @@ export class ExplorerView extends CanvasView {
 
   protected wheelAt(x: number, factor: number): void {
     this.zoom(factor, x / this.width);
+  }
+
+  /** Backspace or Escape: up one module; + and −: zoom across; ← →: move along. */
+  protected key(key: string): boolean {
+    const w = this.span.b - this.span.a;
+    const keys: Record<string, () => void> = {
+      Backspace: () => this.focusOn(Math.max(this.data.modules.parent[this.focus], 0)),
+      Escape: () => this.focusOn(Math.max(this.data.modules.parent[this.focus], 0)),
+      "+": () => this.zoom(0.5),
+      "=": () => this.zoom(0.5),
+      "-": () => this.zoom(2),
+      ArrowLeft: () => this.showSpan({ a: this.span.a - w / 4, b: this.span.b - w / 4 }),
+      ArrowRight: () => this.showSpan({ a: this.span.a + w / 4, b: this.span.b + w / 4 }),
+    };
+    const action = keys[key];
+    action?.();
+    return action !== undefined;
   }
 }

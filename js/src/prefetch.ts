@@ -162,7 +162,12 @@ export class PrefetchView extends CanvasView {
     data: PrefetchData,
     private readonly events: PrefetchEvents = {},
   ) {
-    super(el, "fsdpviz-prefetch", "prefetch graph: units in forward order", "prefetch graph");
+    super(
+      el,
+      "fsdpviz-prefetch",
+      "prefetch graph: units in forward order; + and − show fewer or more, arrow keys move along",
+      "prefetch graph",
+    );
     const header = element("div", "fv-header");
     this.titleEl = element("div", "fv-title");
     this.notesEl = element("div", "fv-notes");
@@ -689,6 +694,22 @@ export class PrefetchView extends CanvasView {
     const { u0, u1 } = this.win;
     const spacing = this.spacing;
     return (dx) => this.showWindow({ u0: u0 - dx / spacing, u1: u1 - dx / spacing });
+  }
+
+  /** + and −: fewer or more units; ← →: move along by a quarter of the window. */
+  protected key(key: string): boolean {
+    const span = this.win.u1 - this.win.u0;
+    const move = (d: number) => () => this.showWindow({ u0: this.win.u0 + d, u1: this.win.u1 + d });
+    const keys: Record<string, () => void> = {
+      "+": () => this.zoom(0.5),
+      "=": () => this.zoom(0.5),
+      "-": () => this.zoom(2),
+      ArrowLeft: move(-span / 4),
+      ArrowRight: move(span / 4),
+    };
+    const action = keys[key];
+    action?.();
+    return action !== undefined;
   }
 
   protected wheelAt(x: number, factor: number): void {

@@ -265,6 +265,24 @@ describe("the explorer view", () => {
     expect(view.span).toEqual({ a: 0, b: 1 });
   });
 
+  it("answers keys on its canvas: Backspace goes up, + and − zoom across, arrows move", () => {
+    const { view } = mount();
+    const press = (key: string): void => {
+      view.canvas.dispatchEvent(new KeyboardEvent("keydown", { key, cancelable: true }));
+    };
+    view.focusOn(at(view.data, "blocks.1"));
+    press("Backspace");
+    expect(names(view.data)[view.focus]).toBe("blocks");
+    press("Escape");
+    expect(view.focus).toBe(0);
+    press("+");
+    expect(view.span).toEqual({ a: 0.25, b: 0.75 });
+    press("ArrowRight");
+    expect(view.span).toEqual({ a: 0.375, b: 0.875 });
+    press("-");
+    expect(view.span).toEqual({ a: 0, b: 1 });
+  });
+
   it("finds what the search box names: a block at the top, a leaf inside its parent", () => {
     const { view, selected } = mount();
     expect(view.find("blocks.2")).toBe(at(view.data, "blocks.2"));

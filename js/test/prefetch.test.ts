@@ -173,6 +173,14 @@ describe("the prefetch graph view", () => {
     expect(names.length).toBeLessThan(500 / 10); // every k-th, apart at this spacing
     const gaps = names.slice(1).map(([u], k) => view.xOf(u) - view.xOf(names[k][0]));
     expect(Math.min(...gaps)).toBeGreaterThanOrEqual(14);
+    // keys on the canvas: + shows fewer units, arrows move along
+    const press = (key: string): void => {
+      view.canvas.dispatchEvent(new KeyboardEvent("keydown", { key }));
+    };
+    press("+");
+    expect(view.win).toEqual({ u0: 125, u1: 375 });
+    press("ArrowLeft");
+    expect(view.win.u0).toBeCloseTo(62.5, 9);
     // a click in the overview centres the window there
     view.zoom(0.1);
     const l = view.layout;
