@@ -129,6 +129,10 @@ def test_explorer_without_model_cannot_replan(report: Report) -> None:
     assert ex.replanner is None
     assert all(c.disabled for c in ex.controls._all)
     assert "model" in ex.controls.world_size.tooltip
+    # shown as the plan was made: only its API's and its policy's controls
+    c = ex.controls
+    assert c.min_params.layout.display == "none" and c.classes.layout.display is None
+    assert c.reshard.layout.display == "none" and c.sharding.layout.display is None
 
 
 def test_explorer_replans_live(report: Report) -> None:

@@ -129,14 +129,14 @@ class PlanControls(w.VBox):  # type: ignore[misc]
                 w.HBox([self.world_size, self.sharding, self.reshard, self.backward]),
             ]
         )
+        self._replans = replanner is not None
         if replanner is None:
             for c in self._all:
-                c.disabled = True
                 c.tooltip = _NO_MODEL
         else:
             for c in self._all:
                 c.observe(self._changed, names="value")
-            self._sync_enabled()
+        self._sync_enabled()
 
     def _sync_enabled(self) -> None:
         """Only the chosen API's controls are active; a policy's own control is shown
@@ -146,9 +146,13 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         self.min_params.layout.display = (
             None if self.policy.value == "size" and not fsdp2 else "none"
         )
-        self.sharding.disabled = fsdp2
         self.sharding.layout.display = "none" if fsdp2 else None
         self.reshard.layout.display = None if fsdp2 else "none"
+        if not self._replans:  # shown as planned, not to be changed: no model to re-plan
+            for c in self._all:
+                c.disabled = True
+            return
+        self.sharding.disabled = fsdp2
         self.backward.disabled = fsdp2
         self.forward.disabled = fsdp2
         for c in (self.backward, self.forward):

@@ -88,12 +88,14 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.figure = ClickFigure({"data": [trace], "layout": layout}, _validate=False)
         # The detail panel sits beside the figure, as high as it and scrolled on its own, so
         # a selection never pushes the page down; in a narrow output it wraps below.
+        # (no margin: at its full height, it is no taller than the figure beside it)
         self.detail = w.HTML(
             layout=w.Layout(
                 flex="1 1 0",
                 min_width="300px",
                 max_height=f"{layout['height']}px",
                 overflow="auto",
+                margin="0",
                 padding="0 0 0 8px",
             )
         )
