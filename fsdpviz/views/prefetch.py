@@ -123,8 +123,11 @@ def prefetch_parts(
     arcs = _arcs(graph, facts)
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
     # The y range holds the arcs drawn (none above the line without forward prefetch).
+    flat = _flatness(len(pos))
     heights = [
-        _arc(pos[a], pos[b], side, 2)[1][1] for edges in arcs.values() for a, b, side, _ in edges
+        _arc(pos[a], pos[b], side, 2, flat)[1][1]
+        for edges in arcs.values()
+        for a, b, side, _ in edges
     ]
     y_range = [min([0.0, *heights]) - 0.5, max([0.0, *heights]) + 0.5]
     aspect = (_PLOT_PX[1] / (y_range[1] - y_range[0])) / (_PLOT_PX[0] / max(len(pos) - 1, 1))
@@ -256,16 +259,29 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
     return arcs
 
 
-def _arc(x0: float, x1: float, side: float, steps: int) -> tuple[list[float], list[float]]:
+def _arc(
+    x0: float, x1: float, side: float, steps: int, flat: float = 1.0
+) -> tuple[list[float], list[float]]:
+    """The points of an arc from x0 to x1 on the line of units, ``side`` of it; ``flat``
+    (at most 1) flattens arcs between near units, where many units share the width."""
     if side == 0.0:
         return [x0, x1], [0.0, 0.0]
-    height = side * min(0.35 + 0.12 * abs(x1 - x0), 1.6) if abs(side) == 1.0 else side
+    if abs(side) == 1.0:
+        height = side * min((0.35 + 0.12 * abs(x1 - x0)) * flat, 1.6)
+    else:
+        height = side * max(flat, 0.2)
     xs, ys = [], []
     for i in range(steps + 1):
         t = i / steps
         xs.append((1 - t) * x0 + t * x1)
         ys.append(4 * height * t * (1 - t))
     return xs, ys
+
+
+def _flatness(n: int) -> float:
+    """Arcs keep the shape they have at 40 units; where more units share the width, arcs
+    between near units are flatter (tall, narrow loops would merge into a band)."""
+    return min(1.0, 40 / max(n, 1))
 
 
 def _edge_traces(
@@ -281,7 +297,7 @@ def _edge_traces(
     # Points per arc: 12 where there is room, fewer where hundreds of units share the axis.
     steps = max(4, min(12, round(_PLOT_PX[0] * 3 / max(len(pos), 1))))
     for a, b, side, text in edges:
-        ax, ay = _arc(pos[a], pos[b], side, steps)
+        ax, ay = _arc(pos[a], pos[b], side, steps, _flatness(len(pos)))
         xs += [*ax, None]
         ys += [*ay, None]
         m = len(ax) // 2
