@@ -445,14 +445,18 @@ _NODE_AT = f"""name => {{ const v = {PREFETCH_VIEW};
   const r = v.canvas.getBoundingClientRect(); return [r.left + c.x, r.top + c.y]; }}"""
 
 
-def hover_block(page: Any, module: str) -> tuple[float, float]:
-    """Move the mouse onto the centre of ``module``'s block in the page's explorer."""
-    page.locator("#fv-explorer canvas").scroll_into_view_if_needed()
-    at = page.evaluate(_BLOCK_AT, module)
-    assert at is not None, f"the explorer does not draw {module!r}"
+def _hover(page: Any, view: str, locate: str, name: str) -> tuple[float, float]:
+    page.locator(f"#{view} canvas").scroll_into_view_if_needed()
+    at = page.evaluate(locate, name)
+    assert at is not None, f"#{view} does not draw {name!r}"
     page.mouse.move(at[0] - 2, at[1])
     page.mouse.move(*at)
     return at[0], at[1]
+
+
+def hover_block(page: Any, module: str) -> tuple[float, float]:
+    """Move the mouse onto the centre of ``module``'s block in the page's explorer."""
+    return _hover(page, "fv-explorer", _BLOCK_AT, module)
 
 
 def click_block(page: Any, module: str) -> None:
@@ -462,12 +466,7 @@ def click_block(page: Any, module: str) -> None:
 
 def hover_node(page: Any, unit: str) -> tuple[float, float]:
     """Move the mouse onto the centre of ``unit``'s node in the page's prefetch graph."""
-    page.locator("#fv-prefetch canvas").scroll_into_view_if_needed()
-    at = page.evaluate(_NODE_AT, unit)
-    assert at is not None, f"the prefetch graph does not draw {unit!r}"
-    page.mouse.move(at[0] - 2, at[1])
-    page.mouse.move(*at)
-    return at[0], at[1]
+    return _hover(page, "fv-prefetch", _NODE_AT, unit)
 
 
 def click_node(page: Any, unit: str) -> None:

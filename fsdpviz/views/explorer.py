@@ -121,10 +121,7 @@ def explorer_parts(
     view = view or tree_view(tree, focus)
     colors = unit_colors(report)
     unit_index = {u.module: i for i, u in enumerate(report.units)}
-    warn_codes: dict[str, list[str]] = {}
-    for w in report.warnings:
-        for name in w.units:
-            warn_codes.setdefault(name, []).append(w.code)
+    warn_codes = _warning_codes(report)
     ids, parents, labels, marker_colors, custom = [], [], [], [], []
     values = np.empty(len(view.indices), dtype=np.int64)
     for i, node in enumerate(tree.nodes[k] for k in view.indices):
@@ -244,10 +241,7 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
     tree = tree or module_tree(report)
     colors = unit_colors(report)
     unit_index = {u.module: i for i, u in enumerate(report.units)}
-    warn_codes: dict[str, list[str]] = {}
-    for w in report.warnings:
-        for name in w.units:
-            warn_codes.setdefault(name, []).append(w.code)
+    warn_codes = _warning_codes(report)
     index = {n.fqn: i for i, n in enumerate(tree.nodes)}
     classes: dict[str, int] = {}
     modules: dict[str, list[Any]] = {
@@ -287,6 +281,15 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         "units": units,
         "unmanaged_color": UNMANAGED_COLOR,
     }
+
+
+def _warning_codes(report: Report) -> dict[str, list[str]]:
+    """The codes of the FSDP warnings that name each unit."""
+    codes: dict[str, list[str]] = {}
+    for w in report.warnings:
+        for name in w.units:
+            codes.setdefault(name, []).append(w.code)
+    return codes
 
 
 def _compact(array: np.ndarray) -> np.ndarray | list[Any]:

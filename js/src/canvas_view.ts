@@ -1,7 +1,7 @@
 // What the explorer and the prefetch graph share: a root element holding a canvas and
 // its hover box, errors shown under the view instead of lost, and the pointer, the view's
 // width and the page's theme bound to what each view does with them.
-import { element, Tooltip } from "./dom";
+import { element, guarded, showViewError, Tooltip } from "./dom";
 
 export abstract class CanvasView {
   readonly root: HTMLElement;
@@ -32,23 +32,11 @@ export abstract class CanvasView {
 
   /** `fn` with any error shown under the view instead of lost. */
   guard(fn: () => void): () => void {
-    return (): void => {
-      try {
-        fn();
-      } catch (err) {
-        this.showError(err);
-      }
-    };
+    return guarded(fn, (err) => this.showError(err));
   }
 
   showError(err: unknown): void {
-    const text = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-    let pre = this.root.querySelector<HTMLPreElement>(".fv-error");
-    if (pre === null) {
-      pre = element("pre", "fv-error");
-      this.root.appendChild(pre);
-    }
-    pre.textContent = `fsdpviz ${this.what} error: ${text}`;
+    showViewError(this.root, this.what, err);
     console.error(err);
   }
 

@@ -58,6 +58,29 @@ export function fitText(
   return lo >= Math.min(least, text.length - 1) && lo > 0 ? `${text.slice(0, lo)}…` : "";
 }
 
+/** `fn` with any error it throws handed to `onError` instead of lost. */
+export function guarded(fn: () => void, onError: (err: unknown) => void): () => void {
+  return (): void => {
+    try {
+      fn();
+    } catch (err) {
+      onError(err);
+    }
+  };
+}
+
+/** Show `err` under a view (`root`), as "fsdpviz <what> error: ..."; returns its text. */
+export function showViewError(root: HTMLElement, what: string, err: unknown): string {
+  const text = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  let pre = root.querySelector<HTMLPreElement>(".fv-error");
+  if (pre === null) {
+    pre = element("pre", "fv-error");
+    root.appendChild(pre);
+  }
+  pre.textContent = `fsdpviz ${what} error: ${text}`;
+  return text;
+}
+
 /** The box of hover details over a view's canvas: its first line in bold. */
 export class Tooltip {
   readonly el: HTMLElement;

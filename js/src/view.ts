@@ -2,7 +2,7 @@
 // (data, window, theme, selection, hover) and its drawing. widget.ts binds it to the
 // model's traits and to the page.
 import type { AnyModel } from "@anywidget/types";
-import { button, element, Tooltip } from "./dom";
+import { button, element, guarded, showViewError, Tooltip } from "./dom";
 import {
   animationFrames,
   axisTicks,
@@ -286,23 +286,11 @@ export class TimelineView {
 
   /** `fn` with any error shown under the widget (and sent to Python) instead of lost. */
   guard(fn: () => void): () => void {
-    return (): void => {
-      try {
-        fn();
-      } catch (err) {
-        this.showError(err);
-      }
-    };
+    return guarded(fn, (err) => this.showError(err));
   }
 
   showError(err: unknown): void {
-    const text = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-    let pre = this.root.querySelector<HTMLPreElement>(".fv-error");
-    if (pre === null) {
-      pre = element("pre", "fv-error");
-      this.root.appendChild(pre);
-    }
-    pre.textContent = `fsdpviz timeline error: ${text}`;
+    const text = showViewError(this.root, "timeline", err);
     this.model.set("error", text);
     this.model.save_changes();
   }
