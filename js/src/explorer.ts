@@ -41,8 +41,9 @@ export const AREAS: Record<Area, string> = { numel: "parameters", rank_bytes: "b
 export const ROW_H = 24;
 const MAX_ROWS = 9;
 const LABEL_PAD = 4;
-/** A module found or selected elsewhere is shown at least this wide (zoomed across). */
-export const REVEAL_PX = 24;
+/** A module found or selected elsewhere is shown at least this wide (zoomed across): room
+ * for a label such as "layers.400 [unit 401]". */
+export const REVEAL_PX = 160;
 const MIN_SPAN = 1e-6;
 
 export interface ExplorerEvents {
