@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.schema.report import Report, Unit, unit_label
 from fsdpviz.views.style import (
     UNMANAGED_COLOR,
     Theme,
@@ -31,7 +31,7 @@ from fsdpviz.views.style import (
     theme_colors,
     unit_colors,
 )
-from fsdpviz.views.tree import ModuleTree, TreeView, module_tree, node_id, tree_view
+from fsdpviz.views.tree import ModuleTree, TreeNode, TreeView, module_tree, node_id, tree_view
 
 __all__ = [
     "ExplorerKind",
@@ -128,18 +128,14 @@ def explorer_parts(
         ids.append(node_id(node.fqn))
         top = node.fqn == view.focus
         parents.append(node_id(node.parent) if node.parent is not None and not top else "")
-        label = module_label(node.fqn, node.name)
-        if node.is_unit_root:  # named in full: which layer it is
-            label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
+        label = _block_label(node, unit_index)
         if node.fqn in view.closed:
             label += " ▸"
         labels.append(label)
         marker_colors.append(UNMANAGED_COLOR if node.unit is None else colors[node.unit])
         values[i] = node.numel_total if size == "numel" else node.rank_bytes_total
         unit = tree.units.get(node.unit) if node.unit is not None else None
-        dtype = "-" if unit is None else str(unit.dtype)
-        if unit is not None and unit.compute_dtype and unit.compute_dtype != unit.dtype:
-            dtype += f" (compute {unit.compute_dtype})"
+        dtype = "-" if unit is None else _dtype_text(unit)
         codes = warn_codes.get(node.unit, []) if node.unit is not None else []
         note = f"<br>warnings: {', '.join(codes)}" if codes else ""
         if node.fqn in view.closed:
@@ -248,11 +244,8 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         k: [] for k in ("name", "label", "parent", "cls", "unit", "numel", "bytes", "rank_bytes")
     }
     for node in tree.nodes:
-        label = module_label(node.fqn, node.name)
-        if node.is_unit_root:
-            label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
         modules["name"].append(node.fqn)
-        modules["label"].append(label)
+        modules["label"].append(_block_label(node, unit_index))
         modules["parent"].append(-1 if node.parent is None else index[node.parent])
         modules["cls"].append(classes.setdefault(node.module_class, len(classes)))
         modules["unit"].append(-1 if node.unit is None else unit_index.get(node.unit, -1))
@@ -261,14 +254,11 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         modules["rank_bytes"].append(node.rank_bytes_total)
     units = []
     for u in report.units:
-        dtype = str(u.dtype)
-        if u.compute_dtype and u.compute_dtype != u.dtype:
-            dtype += f" (compute {u.compute_dtype})"
         units.append(
             {
                 "name": u.module,
                 "color": colors[u.module],
-                "dtype": dtype,
+                "dtype": _dtype_text(u),
                 "warnings": warn_codes.get(u.module, []),
             }
         )
@@ -281,6 +271,22 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         "units": units,
         "unmanaged_color": UNMANAGED_COLOR,
     }
+
+
+def _block_label(node: TreeNode, unit_index: dict[str, int]) -> str:
+    """A module's label: a unit's own module named in full, with its number (which layer
+    it is); others by their last FQN part."""
+    label = module_label(node.fqn, node.name)
+    if node.is_unit_root:
+        label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
+    return label
+
+
+def _dtype_text(unit: Unit) -> str:
+    """A unit's dtype, and the one it computes in where mixed precision differs."""
+    if unit.compute_dtype and unit.compute_dtype != unit.dtype:
+        return f"{unit.dtype} (compute {unit.compute_dtype})"
+    return str(unit.dtype)
 
 
 def _warning_codes(report: Report) -> dict[str, list[str]]:

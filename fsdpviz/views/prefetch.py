@@ -228,7 +228,7 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
                 (
                     a,
                     b,
-                    1.0,
+                    _SIDES[kind],
                     f"forward prefetch of {L(b)} by {L(a)} {data['hook']} "
                     f"(event {data['position']})",
                 )
@@ -244,14 +244,14 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
                 e for x, y, e, p in facts.misordered if (x, y, p) == (a, b, data["position"])
             )
             text += f"; the next unit in backward is {L(expected)}"
-        arcs[kind].append((a, b, -1.0, text))
+        arcs[kind].append((a, b, _SIDES[kind], text))
     for a, b, post, gather in facts.missed:
         when = "never" if post is None else f"at event {post}"
         arcs["missed"].append(
             (
                 a,
                 b,
-                -1.6,
+                _SIDES["missed"],
                 f"{L(b)} runs its backward after {L(a)} but was all-gathered on demand "
                 f"(event {gather}); {L(a)} post-backward {when}",
             )
