@@ -1,7 +1,7 @@
 // What the explorer and the prefetch graph share: a root element holding a canvas and
 // its hover box, errors shown under the view instead of lost, and the pointer, the view's
 // width and the page's theme bound to what each view does with them.
-import { element, guarded, showViewError, Tooltip } from "./dom";
+import { bindPointer, element, guarded, showViewError, Tooltip } from "./dom";
 
 export abstract class CanvasView {
   readonly root: HTMLElement;
@@ -50,56 +50,25 @@ export abstract class CanvasView {
   protected abstract dragFrom(): (dx: number) => void;
   /** ctrl/shift + wheel at x: zoom by `factor` (> 1: show more) around it. */
   protected abstract wheelAt(x: number, factor: number): void;
-  /** A key pressed on the canvas; returns whether the view used it. */
-  protected abstract key(key: string): boolean;
+  /** What a key does on the canvas, if anything. */
+  protected abstract keyAction(key: string): (() => void) | undefined;
 
-  /** Mouse and wheel on the canvas, the root's width and the page's theme. */
+  /** Mouse, wheel and keys on the canvas, the root's width and the page's theme. */
   protected listen(): void {
-    const c = this.canvas;
-    const at = (ev: MouseEvent): [number, number] => {
-      const rect = c.getBoundingClientRect();
-      return [ev.clientX - rect.left, ev.clientY - rect.top];
-    };
-    let down: { x: number; move: (dx: number) => void } | null = null;
-    let dragged = false;
-    c.addEventListener("mousedown", (ev) => {
-      down = { x: ev.clientX, move: this.dragFrom() };
-      dragged = false;
-    });
-    const up = (): void => {
-      down = null;
-    };
-    window.addEventListener("mouseup", up);
-    this.stops.push(() => window.removeEventListener("mouseup", up));
-    c.addEventListener("mousemove", (ev) => {
-      if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
-        dragged = true;
-        const { move, x } = down;
-        this.guard(() => move(ev.clientX - x))();
-        return;
-      }
-      const [x, y] = at(ev);
-      this.guard(() => this.hoverAt(x, y))();
-    });
-    c.addEventListener("mouseleave", () => this.guard(() => this.leave())());
-    c.addEventListener("click", (ev) => {
-      if (dragged) return;
-      const [x, y] = at(ev);
-      this.guard(() => this.clickAt(x, y))();
-    });
-    c.addEventListener("wheel", (ev) => {
-      if (!ev.ctrlKey && !ev.shiftKey) return;
-      ev.preventDefault();
-      const [x] = at(ev);
-      this.guard(() => this.wheelAt(x, ev.deltaY > 0 ? 1.25 : 0.8))();
-    });
-    c.addEventListener("keydown", (ev) => {
-      let used = false;
-      this.guard(() => {
-        used = this.key(ev.key);
-      })();
-      if (used) ev.preventDefault();
-    });
+    this.stops.push(
+      bindPointer(
+        this.canvas,
+        {
+          hover: (x, y) => this.hoverAt(x, y),
+          click: (x, y) => this.clickAt(x, y),
+          leave: () => this.leave(),
+          dragFrom: () => this.dragFrom(),
+          wheel: (x, factor) => this.wheelAt(x, factor),
+          keyAction: (key) => this.keyAction(key),
+        },
+        (fn) => this.guard(fn),
+      ),
+    );
     if (typeof ResizeObserver === "function") {
       let last = 0;
       const observer = new ResizeObserver(

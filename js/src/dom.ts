@@ -81,6 +81,76 @@ export function showViewError(root: HTMLElement, what: string, err: unknown): st
   return text;
 }
 
+/** What a view does with the pointer and the keys on its canvas (see {@link bindPointer}). */
+export interface PointerHandlers {
+  /** The pointer moved to (x, y) of the canvas (CSS pixels), not dragging. */
+  hover(x: number, y: number): void;
+  /** A click that ended no drag. */
+  click(x: number, y: number): void;
+  leave(): void;
+  /** A drag starts: returns what moves the view by `dx` px from where it started. */
+  dragFrom(): (dx: number) => void;
+  /** ctrl/shift + wheel at x: zoom by `factor` (1.25: show more, 0.8: less) around it. */
+  wheel(x: number, factor: number): void;
+  /** What a key does on the canvas, if anything. */
+  keyAction(key: string): (() => void) | undefined;
+}
+
+/**
+ * Mouse, wheel and keys on `canvas`, each through `guard`: hover, click (not after a drag),
+ * drag with the left button (more than 4 px), ctrl/shift + wheel, keys. Returns what
+ * removes the listener it puts on the window (a drag may end outside the canvas).
+ */
+export function bindPointer(
+  canvas: HTMLCanvasElement,
+  h: PointerHandlers,
+  guard: (fn: () => void) => () => void,
+): () => void {
+  const at = (ev: MouseEvent): [number, number] => {
+    const rect = canvas.getBoundingClientRect();
+    return [ev.clientX - rect.left, ev.clientY - rect.top];
+  };
+  let down: { x: number; move: (dx: number) => void } | null = null;
+  let dragged = false;
+  canvas.addEventListener("mousedown", (ev) => {
+    down = { x: ev.clientX, move: h.dragFrom() };
+    dragged = false;
+  });
+  const up = (): void => {
+    down = null;
+  };
+  window.addEventListener("mouseup", up);
+  canvas.addEventListener("mousemove", (ev) => {
+    if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
+      dragged = true;
+      const { move, x } = down;
+      guard(() => move(ev.clientX - x))();
+      return;
+    }
+    const [x, y] = at(ev);
+    guard(() => h.hover(x, y))();
+  });
+  canvas.addEventListener("mouseleave", () => guard(() => h.leave())());
+  canvas.addEventListener("click", (ev) => {
+    if (dragged) return;
+    const [x, y] = at(ev);
+    guard(() => h.click(x, y))();
+  });
+  canvas.addEventListener("wheel", (ev) => {
+    if (!ev.ctrlKey && !ev.shiftKey) return;
+    ev.preventDefault();
+    const [x] = at(ev);
+    guard(() => h.wheel(x, ev.deltaY > 0 ? 1.25 : 0.8))();
+  });
+  canvas.addEventListener("keydown", (ev) => {
+    const action = h.keyAction(ev.key);
+    if (action === undefined) return;
+    ev.preventDefault();
+    guard(action)();
+  });
+  return () => window.removeEventListener("mouseup", up);
+}
+
 /** The box of hover details over a view's canvas: its first line in bold. */
 export class Tooltip {
   readonly el: HTMLElement;

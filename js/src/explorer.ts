@@ -8,7 +8,7 @@
 // The current unit's blocks are outlined in the text colour, the selected unit's in orange.
 import { CanvasView } from "./canvas_view";
 import { button, element, fitText, sizeCanvas } from "./dom";
-import { formatBytes, quote } from "./model";
+import { formatBytes, moduleName, quote } from "./model";
 import { FONT, readTheme, type ThemeColors, textOn } from "./render";
 
 export interface ExplorerData {
@@ -111,10 +111,19 @@ export function findModule(index: ModuleIndex, text: string): number {
   const exact = index.byName.get(t);
   if (exact !== undefined && t !== "") return exact;
   const low = t.toLowerCase();
-  const shown = (name: string): string => (name === "" ? "(root)" : name).toLowerCase();
+  const shown = (name: string): string => moduleName(name).toLowerCase();
   const unit = index.data.units.findIndex((u) => shown(u.name).includes(low));
   if (unit >= 0 && index.unitModule[unit] >= 0) return index.unitModule[unit];
   return index.data.modules.name.findIndex((name) => shown(name).includes(low));
+}
+
+/** A label the explorer drew, with its module and its block (x, width, row). */
+export interface DrawnLabel {
+  node: number;
+  text: string;
+  x: number;
+  w: number;
+  row: number;
 }
 
 /** The blocks of one row, left to right: x and width in CSS pixels, and the module. */
@@ -216,6 +225,7 @@ export class ExplorerView extends CanvasView {
   width = 600;
   private readonly layer: HTMLCanvasElement;
   private nRows = 1;
+  private labels: DrawnLabel[] = [];
 
   constructor(
     el: HTMLElement,
@@ -396,7 +406,7 @@ export class ExplorerView extends CanvasView {
     const p = this.data.modules.parent[i];
     this.focusOn(this.index.children[i].length > 0 || p < 0 ? i : p);
     this.reveal(i);
-    this.choose(i, false);
+    this.choose(i);
     return i;
   }
 
@@ -459,6 +469,7 @@ export class ExplorerView extends CanvasView {
     ctx.font = FONT;
     ctx.textBaseline = "middle";
     const labels = this.data.modules.label;
+    this.labels = [];
     this.rows.forEach((r, row) => {
       const y = row * ROW_H;
       for (let k = 0; k < r.x.length; k++) {
@@ -474,6 +485,7 @@ export class ExplorerView extends CanvasView {
         if (text !== "") {
           ctx.fillStyle = textOn(fill);
           ctx.fillText(text, left, y + ROW_H / 2);
+          this.labels.push({ node: r.node[k], text, x, w, row });
         }
       }
     });
@@ -580,20 +592,8 @@ export class ExplorerView extends CanvasView {
   }
 
   /** The labels drawn, each with its block (for tests). */
-  drawnLabels(): Array<{ node: number; text: string; x: number; w: number; row: number }> {
-    const ctx = this.layer.getContext("2d");
-    const out: Array<{ node: number; text: string; x: number; w: number; row: number }> = [];
-    if (ctx === null) return out;
-    ctx.font = FONT;
-    this.rows.forEach((r, row) => {
-      for (let k = 0; k < r.x.length; k++) {
-        const left = Math.max(r.x[k], 0) + LABEL_PAD;
-        const room = Math.min(r.x[k] + r.w[k], this.width) - left - LABEL_PAD;
-        const text = room >= 12 ? fitText(ctx, this.data.modules.label[r.node[k]], room) : "";
-        if (text !== "") out.push({ node: r.node[k], text, x: r.x[k], w: r.w[k], row });
-      }
-    });
-    return out;
+  drawnLabels(): DrawnLabel[] {
+    return this.labels;
   }
 
   /** What hovering module `i` says. */
@@ -602,7 +602,7 @@ export class ExplorerView extends CanvasView {
     const u = m.unit[i];
     const unit = u >= 0 ? this.data.units[u] : null;
     const lines = [
-      `${i === 0 ? "(root)" : m.name[i]} (${this.data.classes[m.cls[i]]})`,
+      `${moduleName(m.name[i])} (${this.data.classes[m.cls[i]]})`,
       `unit: ${unit === null ? "not managed by FSDP" : `${quote(unit.name)} (unit ${u})`}`,
       `parameters: ${m.numel[i].toLocaleString("en-US")}`,
       `bytes: ${formatBytes(m.bytes[i])} full, ${formatBytes(m.rank_bytes[i])} per rank`,
@@ -624,18 +624,18 @@ export class ExplorerView extends CanvasView {
     if (i < 0) return;
     if (i === this.focus) {
       if (i !== 0) this.focusOn(this.data.modules.parent[i]);
-      this.choose(i, false);
+      this.choose(i);
       return;
     }
     if (this.index.children[i].some((c) => this.values()[c] > 0)) this.focusOn(i);
-    this.choose(i, false);
+    this.choose(i);
   }
 
   /** Select module `i`'s unit and tell the page or the kernel. */
-  private choose(i: number, reveal: boolean): void {
+  private choose(i: number): void {
     const u = this.data.modules.unit[i];
     const unit = u >= 0 ? this.data.units[u].name : null;
-    if (unit !== null) this.setSelected(unit, reveal);
+    if (unit !== null) this.setSelected(unit, false); // as the click or the search left it
     this.events.select?.(unit, this.data.modules.name[i]);
   }
 
@@ -668,7 +668,7 @@ export class ExplorerView extends CanvasView {
   }
 
   /** Backspace or Escape: up one module; + and −: zoom across; ← →: move along. */
-  protected key(key: string): boolean {
+  protected keyAction(key: string): (() => void) | undefined {
     const w = this.span.b - this.span.a;
     const keys: Record<string, () => void> = {
       Backspace: () => this.focusOn(Math.max(this.data.modules.parent[this.focus], 0)),
@@ -679,8 +679,6 @@ export class ExplorerView extends CanvasView {
       ArrowLeft: () => this.showSpan({ a: this.span.a - w / 4, b: this.span.b - w / 4 }),
       ArrowRight: () => this.showSpan({ a: this.span.a + w / 4, b: this.span.b + w / 4 }),
     };
-    const action = keys[key];
-    action?.();
-    return action !== undefined;
+    return keys[key];
   }
 }

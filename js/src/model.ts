@@ -513,6 +513,9 @@ export function byteTicks(max: number, h: number): number[] {
   return out;
 }
 
+/** A module's name as the views show it unquoted: `(root)` for the root (whose FQN is ""). */
+export const moduleName = (name: string): string => (name === "" ? "(root)" : name);
+
 /** A unit's name as the views show it: quoted, `(root)` for the root's (whose FQN is ""). */
 export const quote = (name: string): string => (name === "" ? "(root)" : `'${name}'`);
 

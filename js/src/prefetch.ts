@@ -7,7 +7,7 @@
 // on an arc (its target), selects that unit.
 import { CanvasView } from "./canvas_view";
 import { button, dashPattern, element, fitText, sizeCanvas } from "./dom";
-import { quote } from "./model";
+import { moduleName, quote } from "./model";
 import { FONT, readTheme, type ThemeColors, textOn } from "./render";
 
 export interface PrefetchData {
@@ -45,6 +45,10 @@ export interface UnitWindow {
 /** What a pointer is on: a unit (its position) or an edge (its index). */
 export type PrefetchPick = { kind: "unit"; u: number } | { kind: "edge"; e: number } | null;
 
+/** One text per thing a pointer can be on: "" for nothing. */
+const pickKey = (p: PrefetchPick): string =>
+  p === null ? "" : p.kind === "unit" ? `u${p.u}` : `e${p.e}`;
+
 export interface PrefetchEvents {
   /** A click chose `unit` (by its node, its name, or an arc into it). */
   select?(unit: string): void;
@@ -66,8 +70,6 @@ export interface PrefetchLayout {
   windowed: boolean;
 }
 
-export const unitName = (name: string): string => (name === "" ? "(root)" : name);
-
 /** The layout of `data` on a canvas `width` px wide; `measure` gives a text's width. */
 export function prefetchLayout(
   data: PrefetchData,
@@ -84,7 +86,7 @@ export function prefetchLayout(
   const bottom = below ? ARC_BOTTOM + (missed ? ARC_MISSED : 0) : 12;
   const baseY = top + R_MAX;
   const spacing = Math.max(plotW / Math.max(n, 1), MIN_SPACING);
-  const widest = Math.min(Math.max(0, ...data.units.map((u) => measure(unitName(u)))), LABEL_MAX);
+  const widest = Math.min(Math.max(0, ...data.units.map((u) => measure(moduleName(u)))), LABEL_MAX);
   const upright = widest + 6 > spacing;
   const labelTop = baseY + R_MAX + bottom;
   const labelH = upright ? widest + 10 : 18;
@@ -509,7 +511,7 @@ export class PrefetchView extends CanvasView {
     if (ctx !== null) ctx.font = FONT;
     for (let u = lo; u < hi; u++) {
       if (u % k !== 0) continue;
-      const name = unitName(this.data.units[u]);
+      const name = moduleName(this.data.units[u]);
       out.push([u, ctx === null ? name : fitText(ctx, name, LABEL_MAX)]);
     }
     return out;
@@ -652,15 +654,7 @@ export class PrefetchView extends CanvasView {
 
   hoverAt(x: number, y: number): void {
     const p = this.pickAt(x, y);
-    const same =
-      (p === null && this.hovered === null) ||
-      (p !== null &&
-        this.hovered !== null &&
-        p.kind === this.hovered.kind &&
-        (p.kind === "unit"
-          ? p.u === (this.hovered as { u: number }).u
-          : p.e === (this.hovered as { e: number }).e));
-    if (same) return;
+    if (pickKey(p) === pickKey(this.hovered)) return;
     this.hovered = p;
     if (p === null) this.tooltip.hide();
     else this.tooltip.show(this.hoverLines(p), x, y, this.layout.width);
@@ -697,7 +691,7 @@ export class PrefetchView extends CanvasView {
   }
 
   /** + and −: fewer or more units; ← →: move along by a quarter of the window. */
-  protected key(key: string): boolean {
+  protected keyAction(key: string): (() => void) | undefined {
     const span = this.win.u1 - this.win.u0;
     const move = (d: number) => () => this.showWindow({ u0: this.win.u0 + d, u1: this.win.u1 + d });
     const keys: Record<string, () => void> = {
@@ -707,9 +701,7 @@ export class PrefetchView extends CanvasView {
       ArrowLeft: move(-span / 4),
       ArrowRight: move(span / 4),
     };
-    const action = keys[key];
-    action?.();
-    return action !== undefined;
+    return keys[key];
   }
 
   protected wheelAt(x: number, factor: number): void {

@@ -7,6 +7,7 @@
 // bindings to the model's traits, and its bindings to the page (mouse and keys on the
 // canvas, the widget's size, JupyterLab's theme).
 import type { RenderProps } from "@anywidget/types";
+import { bindPointer } from "./dom";
 import { clampStep } from "./model";
 import { nextFrame, TimelineView, type WidgetModel } from "./view";
 
@@ -57,57 +58,34 @@ function listenToModel(view: TimelineView): () => void {
 
 /** Mouse and keys on the canvas: click to select, hover for details, drag or ctrl/shift +
  * wheel to move and zoom, keys to step. */
-function listenToInput(view: TimelineView): void {
-  const { canvas, player } = view;
-  const at = (ev: MouseEvent): [number, number] => {
-    const rect = canvas.getBoundingClientRect();
-    return [ev.clientX - rect.left, ev.clientY - rect.top];
+function listenToInput(view: TimelineView): () => void {
+  const { player } = view;
+  const keys: Record<string, () => void> = {
+    ArrowLeft: () => player.stepBy(-1),
+    ArrowRight: () => player.stepBy(1),
+    " ": () => player.toggle(),
+    Home: () => player.first(),
+    End: () => player.end(),
+    p: () => view.goToPeak(),
   };
-  let down: { x: number; win: { x0: number; x1: number } } | null = null;
-  let dragged = false;
-  canvas.addEventListener("mousedown", (ev) => {
-    down = { x: ev.clientX, win: { ...view.win } };
-    dragged = false;
-  });
-  window.addEventListener("mouseup", () => {
-    down = null;
-  });
-  canvas.addEventListener("mousemove", (ev) => {
-    if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
-      dragged = true;
-      const { win } = down;
-      const dx = ((ev.clientX - down.x) / view.layout.plotW) * (win.x1 - win.x0);
-      view.guard(() => view.showRange(win.x0 - dx, win.x1 - dx))();
-      return;
-    }
-    const [x, y] = at(ev);
-    view.guard(() => view.hoverAt(x, y))();
-  });
-  canvas.addEventListener("mouseleave", () => view.guard(() => view.leave())());
-  canvas.addEventListener("click", (ev) => {
-    if (dragged) return;
-    const [x, y] = at(ev);
-    view.guard(() => view.clickAt(x, y))();
-  });
-  canvas.addEventListener("wheel", (ev) => {
-    if (!ev.ctrlKey && !ev.shiftKey) return;
-    ev.preventDefault();
-    view.zoom(ev.deltaY > 0 ? 1.25 : 0.8);
-  });
-  canvas.addEventListener("keydown", (ev) => {
-    const keys: Record<string, () => void> = {
-      ArrowLeft: () => player.stepBy(-1),
-      ArrowRight: () => player.stepBy(1),
-      " ": () => player.toggle(),
-      Home: () => player.first(),
-      End: () => player.end(),
-      p: () => view.goToPeak(),
-    };
-    const action = keys[ev.key];
-    if (action === undefined) return;
-    ev.preventDefault();
-    view.guard(action)();
-  });
+  return bindPointer(
+    view.canvas,
+    {
+      hover: (x, y) => view.hoverAt(x, y),
+      click: (x, y) => view.clickAt(x, y),
+      leave: () => view.leave(),
+      dragFrom: () => {
+        const win = { ...view.win };
+        return (dx) => {
+          const d = (dx / view.layout.plotW) * (win.x1 - win.x0);
+          view.showRange(win.x0 - d, win.x1 - d);
+        };
+      },
+      wheel: (_x, factor) => view.zoom(factor),
+      keyAction: (key) => keys[key],
+    },
+    (fn) => view.guard(fn),
+  );
 }
 
 /** Redraw when the widget's size or JupyterLab's theme changes; returns what stops it. */
@@ -132,11 +110,12 @@ function watchPage(view: TimelineView): () => void {
 function render({ model, el }: RenderProps<WidgetModel>): () => void {
   const view = new TimelineView(model, el);
   const stopListening = listenToModel(view);
-  listenToInput(view);
+  const stopInput = listenToInput(view);
   const stopWatching = watchPage(view);
   view.guard(() => view.start())();
   return () => {
     view.dispose();
+    stopInput();
     stopWatching();
     stopListening();
   };
