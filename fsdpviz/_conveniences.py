@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz.schema.extensions import register_report_method, register_run_method, register_show
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.memory import MemoryReport
-    from fsdpviz.cost.time import Timeline
     from fsdpviz.recording import RecordedRun
     from fsdpviz.replan.sweep_table import SweepTable
     from fsdpviz.schedule.comparison import Comparison
+    from fsdpviz.schema.memory import MemoryReport
     from fsdpviz.schema.report import Report
+    from fsdpviz.schema.timeline import Timeline
 
 
 @register_report_method("memory")

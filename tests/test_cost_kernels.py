@@ -133,8 +133,7 @@ def test_fsdp2_copies_and_cpu_launches() -> None:
 
 def test_reserved_memory_sums_each_streams_own_peak() -> None:
     from fsdpviz.cost.memory import reserved_estimate
-    from fsdpviz.cost.memory_walker import Moment
-    from fsdpviz.cost.sizes import CATEGORIES
+    from fsdpviz.schema.memory import CATEGORIES, Moment
 
     mib = 2**20
 

@@ -154,7 +154,7 @@ def test_events_are_issued_on_the_cpu_clock_before_they_start(options: dict[str,
 
 
 def test_summary_gives_each_time_in_a_readable_unit() -> None:
-    from fsdpviz.cost.time import duration_text
+    from fsdpviz.schema.timeline import duration_text
 
     assert [duration_text(s) for s in (4.88e-5, 2.45e-3, 1.69, 0.99996e-3)] == [
         "48.8 µs", "2.45 ms", "1.69 s", "1 ms",

@@ -16,14 +16,14 @@ Example::
 
 from fsdpviz.cost.hardware import GPUS, INTER_NODE, INTRA_NODE, Machine, machine
 from fsdpviz.cost.memory import (
-    CATEGORIES,
     MemoryLane,
-    MemoryReport,
     memory_lane,
     memory_model,
     memory_series,
 )
-from fsdpviz.cost.time import Timeline, timeline
+from fsdpviz.cost.time import timeline
+from fsdpviz.schema.memory import CATEGORIES, MemoryReport
+from fsdpviz.schema.timeline import Timeline
 
 __all__ = [
     "CATEGORIES",

@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.sizes import CATEGORIES, UnitBytes
+from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.schema.memory import CATEGORIES, Moment
 from fsdpviz.schema.report import Event, Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
-
-
-class Moment(NamedTuple):
-    """One look at the bytes in use (see :func:`fsdpviz.cost.memory.memory_lane`).
-
-    ``kind``: ``"compute"`` (the most reached during the compute before hook call
-    ``call``), ``"event"`` (at event ``event``, issued by hook call ``call``) or ``"hook"``
-    (at hook call ``call``: the copy-out of an all-gather, the final callback).
-    ``before``: the event it precedes or happens in (the event count after the last one);
-    ``where``: in words, as ``MemoryReport.peak["where"]``.
-    ``bytes``: per category, in :data:`~fsdpviz.cost.sizes.CATEGORIES` order.
-    """
-
-    kind: str
-    call: int
-    event: int
-    before: int
-    where: str
-    bytes: tuple[int, ...]
 
 
 class Walker:

@@ -21,22 +21,6 @@ from dataclasses import dataclass
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report, Unit
 
-# Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
-CATEGORIES = (
-    "sharded_params",
-    "unsharded_params",
-    "all_gather",
-    "unsharded_grads",
-    "reduce_scatter",
-    "sharded_grads",
-    "activations",
-    "forward_temp",
-    "backward_temp",
-    "optimizer",
-    "inputs",
-    "buffers",
-)
-
 _ITEMSIZE = {
     "float64": 8,
     "float32": 4,

@@ -170,7 +170,8 @@ def _iteration_mark(pid: int, iteration: int, ts: float) -> dict[str, Any]:
 
 def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> list[dict[str, Any]]:
     """``"C"`` samples: bytes per category after each event, at the event's time."""
-    from fsdpviz.cost.memory import CATEGORIES, memory_model
+    from fsdpviz.cost.memory import memory_model
+    from fsdpviz.schema.memory import CATEGORIES
 
     try:
         records = memory_model(report, iteration=iteration).records()

@@ -15,7 +15,7 @@ machine again (what ``analyze`` already does for the steady state):
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
 ``use_orig_params``, mixed precision (input casts), the inputs.
-``tests/test_cost_sweep.py`` checks that a replay equals a fresh ``analyze``.
+``tests/test_replan_sweep.py`` checks that a replay equals a fresh ``analyze``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Only FSDP's views change the graph in the cases handled here. Anything else
 that would (mixed-precision casts, frozen parameters, activation-checkpoint
 recomputation, a parameter used before its unit's forward or returned as an
 output, ignored modules, ``trace`` other than meta) makes :meth:`plan` return
-``None`` and the caller traces instead. ``tests/test_fast_replan.py`` checks
+``None`` and the caller traces instead. ``tests/test_replan_stored_trace.py`` checks
 that a plan equals :func:`fsdpviz.analyze` across models and options.
 """
 

@@ -21,7 +21,7 @@ What changes the graph in other ways makes :meth:`plan` return ``None`` and the
 caller traces instead: ``mp_policy`` casts, recomputation inside backward,
 ``trace`` other than meta, a model that already has ``fully_shard`` applied, a
 model whose forward fails with the pass-through nodes (an in-place op on a
-module's input). ``tests/test_fast_replan.py`` checks that a plan equals
+module's input). ``tests/test_replan_stored_trace.py`` checks that a plan equals
 :func:`fsdpviz.analyze` across models and options.
 """
 

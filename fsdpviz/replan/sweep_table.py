@@ -21,12 +21,12 @@ from torch import nn
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
-from fsdpviz.cost.tables import dataframe
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.schema.extensions import show_method
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.tables import dataframe
 from fsdpviz.trace.copy import check_model
 
 AXES = {

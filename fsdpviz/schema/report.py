@@ -78,15 +78,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
+from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.profile import TraceProfile
-
-if TYPE_CHECKING:  # the types of the conveniences the layers above implement
-    from fsdpviz.cost.memory import MemoryReport
-    from fsdpviz.cost.time import Timeline
+from fsdpviz.schema.timeline import Timeline
 
 SCHEMA_VERSION = 1
 

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING
 
+from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.style import UNMANAGED_COLOR, format_bytes, unit_colors
-
-if TYPE_CHECKING:
-    from fsdpviz.cost.memory import MemoryReport
 
 __all__ = ["event_strips_svg", "memory_curve_svg", "unit_bytes_svg"]
 

@@ -20,12 +20,12 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Report, Unit
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
 from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.memory import MemoryReport
     from fsdpviz.recording import RecordedRun
 
 __all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]

@@ -1,4 +1,4 @@
-"""Plain records to a ``pandas.DataFrame``, for the cost model's tables (pandas optional)."""
+"""Plain records to a ``pandas.DataFrame``, for the result tables (pandas optional)."""
 
 from __future__ import annotations
 

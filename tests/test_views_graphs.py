@@ -2,7 +2,7 @@
 
 Golden file: ``test_unit_graph_golden`` compares ``to_node_link(unit_graph(report))``
 with ``tests/golden/graphs_unit_graph_small.json``. After an intended change, rewrite
-it with ``FSDPVIZ_UPDATE_GOLDEN=1 pytest tests/test_graphs.py`` and review the diff.
+it with ``FSDPVIZ_UPDATE_GOLDEN=1 pytest tests/test_views_graphs.py`` and review the diff.
 """
 
 from __future__ import annotations
