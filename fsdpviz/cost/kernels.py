@@ -30,7 +30,7 @@ longer of its GPU time and its CPU time.
 Example::
 
     m = machine("h100")
-    stretch_seconds(report.profile.iterations[0].kernels[3], m, "bfloat16")
+    stretch_cost(report.profile.iterations[0].kernels[3], m).seconds
 """
 
 from __future__ import annotations
@@ -120,11 +120,6 @@ def stretch_cost(kernels: Sequence[Sequence[Any]], m: Machine) -> StretchCost:
             memory += m.memory_seconds(nbytes) + n * m.kernel_us * 1e-6
             cpu += n * (m.launch_backward_us if k[1] else m.launch_forward_us)
     return StretchCost(matmul + attention + memory, cpu * 1e-6, count, matmul, attention, memory)
-
-
-def stretch_seconds(kernels: Sequence[Sequence[Any]], m: Machine) -> float:
-    """Seconds the compute stream spends on one stretch: the longer of GPU and CPU time."""
-    return stretch_cost(kernels, m).seconds
 
 
 def _dtype(m: Machine, itemsize: int) -> str:

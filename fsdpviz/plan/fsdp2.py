@@ -181,19 +181,6 @@ def _named_dims(
     return dict(zip(names, sizes, strict=True))
 
 
-def parse_mesh(mesh: Any) -> tuple[tuple[int, ...] | None, tuple[str, str] | None]:
-    """``mesh=`` as ``init_device_mesh`` shapes it: a ``DeviceMesh`` (its shape and
-    ``mesh_dim_names``), ``("dp_replicate", 4, "dp_shard", 8)``, ``{"dp_replicate": 4,
-    "dp_shard": 8}`` or sizes alone (``(4, 8)``). One dimension: FSDP over it; two: HSDP,
-    replicated over the first, sharded over the second, as ``fully_shard`` reads a 2-D mesh.
-    Returns the sizes and, for two dimensions, their names."""
-    sizes, names = mesh_dims(mesh, 2)
-    if sizes is None or len(sizes) == 1:
-        return sizes, None
-    two = names if len(names) == 2 else ("replicate", "shard")
-    return sizes, (str(two[0]), str(two[1]))
-
-
 def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
     """The sizes and names (possibly none) of ``mesh=`` with at most ``most`` dimensions
     (three with a tensor-parallel dimension: ``("dp_replicate", 2, "dp_shard", 16, "tp",

@@ -114,10 +114,6 @@ class Comparison:
             raise ValueError("this comparison was read back without its plans; compare() again")
         return show_method("comparison")(self, **kwargs)
 
-    def to_records(self) -> list[dict[str, Any]]:
-        """One flat record per unit pair (``pandas.DataFrame(cmp.to_records())``)."""
-        return [{**asdict(p), "differs": ", ".join(p.differs)} for p in self.pairs]
-
     def summary(self) -> str:
         a, b = self.name_a, self.name_b
         lines = [
