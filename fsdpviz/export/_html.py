@@ -204,15 +204,11 @@ def _header(
             rows.append(("throughput (modelled)", throughput[0]))
     rows.append(("events", _event_counts(reports, iteration)))
     notes = [f"[{w.code}] {w.message.splitlines()[0]}" for w in base.warnings]
-    div = getattr(obj, "divergence", None)
-    if callable(div):
-        d = div()
-        if d is None:
-            rows.append(("ranks", "all agree"))
-        else:
-            rows.append(("ranks", str(d).splitlines()[0].rstrip(":") + " (below)"))
-            notes.append(str(d))
-        notes += list(getattr(obj, "notes", []))
+    findings = getattr(obj, "findings", None)
+    if callable(findings):  # a recorded run: whether its ranks agree, and the details
+        verdict, details = findings()
+        rows.append(("ranks", verdict))
+        notes += details
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
     warn = ""
     if notes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fsdpviz.recording._diverge import Divergence, find_divergence, module_path
 from fsdpviz.recording._writer import RankFiles, read_rank, recorded_ranks
@@ -14,6 +14,20 @@ from fsdpviz.schema.extensions import run_method
 from fsdpviz.schema.report import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
 
 _CONFIG_KEYS = ("api", "world_size", "rank", "backend", "started_unix")
+DIVERGE_TEXT = "first event where the ranks diverge"
+
+
+@dataclass(frozen=True)
+class RunMark:
+    """An event a view of a run marks: event ``index`` of ``iteration`` (an index into
+    ``ranks[i].iterations``) of rank ``rank``, with the ``text`` its hover shows. ``kind``:
+    ``"diverge"`` (where the ranks first disagree) or ``"stuck"`` (where a rank stopped)."""
+
+    rank: int
+    iteration: int
+    index: int
+    text: str
+    kind: Literal["diverge", "stuck"] = "diverge"
 
 
 def rank_report(files: RankFiles) -> Report:
@@ -96,6 +110,24 @@ class RecordedRun:
     def divergence(self) -> Divergence | None:
         """The first event where ranks disagree, or ``None``; see :class:`Divergence`."""
         return find_divergence(self.ranks)
+
+    def marks(self) -> list[RunMark]:
+        """The events the timeline marks: each rank's event at the first divergence."""
+        div = self.divergence()
+        if div is None:
+            return []
+        return [
+            RunMark(r.rank, div.iteration, div.index, DIVERGE_TEXT)
+            for r in div.ranks
+            if r.event is not None
+        ]
+
+    def findings(self) -> tuple[str, list[str]]:
+        """What a page's header says of the ranks: one line, and the details below it."""
+        div = self.divergence()
+        if div is None:
+            return "all agree", list(self.notes)
+        return str(div).splitlines()[0].rstrip(":") + " (below)", [str(div), *self.notes]
 
     def module_path(self, rank: int, iteration: int, index: int) -> tuple[str, ...]:
         """The modules (outermost first) that were running when rank ``rank`` issued that event."""

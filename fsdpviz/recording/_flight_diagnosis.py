@@ -1,0 +1,754 @@
+"""What the flight recorder dumps of a hung or desynced job say, in FSDP's terms.
+
+Three questions, answered from the dumps alone and, given a prediction
+(:func:`fsdpviz.analyze` of the same model and options), in FSDP's terms:
+
+- where each rank stopped: its last collective (NCCL: the first one that never completed;
+  gloo records no completion), the unit, phase, hook and iteration it belongs to, and
+  which ranks of its group never issued it (the ones it waits for);
+- the first collective the ranks disagree on, group by group, by sequence number: a
+  different kind, size or dtype (what torch's ``fr_trace`` checks), a rank that never
+  issued it, FSDP hooks that differ (read from the stacks: one rank in the forward, another
+  in the backward), or, with a prediction, another unit's collective of the same shape;
+- where each rank left the predicted schedule, and what it did instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fsdpviz.recording._flight_align import (
+    Alignment,
+    Departure,
+    Predicted,
+    Role,
+    align,
+)
+from fsdpviz.recording._flight_dump import Collective, GroupInfo
+from fsdpviz.schema.extensions import run_method
+from fsdpviz.schema.report import Report, unit_label
+
+__all__ = ["Diagnosis", "Disagreement", "RankStop", "diagnose"]
+
+Reason = Literal["kind", "size", "dtype", "missing", "hook", "identity"]
+RAW_REASONS: tuple[Reason, ...] = ("kind", "size", "dtype", "missing")
+"""What torch's ``fr_trace`` finds too: the collectives' kinds, sizes and dtypes, and ranks
+that never joined."""
+_VERB = {
+    "all_gather": "gathered",
+    "reduce_scatter": "reduce-scattered",
+    "all_reduce": "all-reduced",
+}
+
+
+@dataclass(frozen=True)
+class RankStop:
+    """Where one rank stopped: ``collective`` (``None``: its dump holds none), whether it
+    ``completed`` (``None``: the backend does not record it), the ``predicted`` collective
+    it is, and ``waits_for``: ranks of its group that never issued it."""
+
+    rank: int
+    collective: Collective | None
+    completed: bool | None
+    predicted: Predicted | None = None
+    waits_for: tuple[int, ...] = ()
+    base: int = 0  # iteration numbers shown count from this one
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """The first collective of one group (``seq``) the member ranks disagree on.
+
+    ``entries[r]``: what rank ``r`` issued as that collective (``None``: it never did);
+    ``predicted[r]``: the predicted collective it matches (with a prediction); ``reasons``:
+    how they disagree (``kind``, ``size``, ``dtype``, ``missing``, ``hook``, ``identity``).
+    """
+
+    group: GroupInfo
+    seq: int
+    reasons: tuple[Reason, ...]
+    entries: Mapping[int, Collective | None]
+    predicted: Mapping[int, Predicted | None] = field(default_factory=dict)
+    t: float = 0.0
+
+    @property
+    def raw(self) -> bool:
+        """Whether torch's ``fr_trace`` sees it (kind, size, dtype or a missing rank)."""
+        return any(r in RAW_REASONS for r in self.reasons)
+
+
+@dataclass
+class Diagnosis:
+    """The dumps' answer: where each rank stopped and where the ranks first disagree.
+
+    ``str(diagnosis)`` is the whole answer in words. ``divergence`` is the first
+    disagreement of any kind; ``mismatch`` the first by kind, size, dtype or a rank that
+    never joined (what ``python -m torch.distributed.flight_recorder.fr_trace`` reports
+    first), the same or later. With a prediction, ``departures[r]`` says where rank ``r``
+    left the predicted schedule. ``show()`` draws a lane group per rank on the recorded
+    clock with both marked; ``save(path)`` writes the page.
+
+    Example::
+
+        run = fsdpviz.load_flight_recorder("fr-dumps")
+        d = run.diagnose(fsdpviz.analyze(model, batch, world_size=8, auto_wrap_policy=policy))
+        print(d)
+        d.divergence.seq, d.stops[1].predicted.event.unit
+        d.show()
+    """
+
+    world_size: int
+    backend: str
+    stops: list[RankStop]
+    divergence: Disagreement | None
+    mismatch: Disagreement | None
+    disagreements: list[Disagreement]
+    groups: dict[str, GroupInfo]
+    prediction: Report | None = None
+    alignments: dict[int, dict[str, Alignment]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    iterations: dict[int, int] = field(default_factory=dict)  # rank -> last iteration seen
+    last_step: str = ""
+    view: Any = None  # the RecordedRun drawn by show() and save()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every group's ranks issued the same collectives up to the same one."""
+        return self.divergence is None
+
+    @property
+    def departures(self) -> dict[int, list[Departure]]:
+        """Per rank, where it left the prediction (empty without one)."""
+        out: dict[int, list[Departure]] = {}
+        for rank, by_group in self.alignments.items():
+            deps = [d for a in by_group.values() for d in a.departures]
+            out[rank] = sorted(deps, key=lambda d: d.recorded.t if d.recorded else float("inf"))
+        return out
+
+    def stop(self, rank: int) -> RankStop:
+        """Where rank ``rank`` stopped."""
+        for s in self.stops:
+            if s.rank == rank:
+                return s
+        raise KeyError(f"rank {rank} has no dump here; dumps: {[s.rank for s in self.stops]}")
+
+    def summary(self) -> str:
+        """One line: the verdict."""
+        if self.divergence is None:
+            return "no divergence" + (f"; {self.last_step}" if self.last_step else "")
+        d = self.divergence
+        return (
+            f"the ranks diverge at collective #{d.seq} of {d.group.label()} ({_reasons(d.reasons)})"
+        )
+
+    def __str__(self) -> str:
+        return "\n".join(_text(self))
+
+    def __repr__(self) -> str:
+        return f"<Diagnosis: {self.summary()}>"
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        import html
+
+        text = str(self)
+        return {
+            "text/plain": text,
+            "text/html": '<pre style="white-space:pre-wrap;font-size:12px;line-height:1.4">'
+            f"{html.escape(text)}</pre>",
+        }
+
+    def show(self, **kwargs: Any) -> Any:
+        """A lane group per rank on the recorded clock, every iteration in the dumps, the
+        first divergent collectives and each rank's last one marked (with a prediction:
+        named by unit, with the model's wrap units beside). ``kwargs`` as
+        :class:`fsdpviz.widgets.Dashboard` takes."""
+        options = {"memory": None, "iteration": None, "machine": None, **kwargs}
+        return run_method("show")(self._view(), **options)
+
+    def save(self, path: str | Path, **kwargs: Any) -> Path:
+        """Write the diagnosis as :func:`fsdpviz.export.save` writes a recorded run (``.html``:
+        the page, its header holding this text)."""
+        from_suffix = str(path).lower()
+        options: dict[str, Any] = {"iteration": None, "machine": None}
+        if not from_suffix.endswith(".json") and not from_suffix.endswith(".graphml"):
+            options["memory"] = None
+        save: Callable[..., Path] = run_method("save")
+        return save(self._view(), path, **{**options, **kwargs})
+
+    def _view(self) -> Any:
+        if self.view is None:
+            raise ValueError("this diagnosis has no recording to draw; use run.diagnose()")
+        return self.view
+
+
+# ---------------------------------------------------------------------------- analysis
+
+
+def diagnose(
+    collectives: Mapping[int, list[Collective]],
+    groups: dict[str, GroupInfo],
+    world_size: int,
+    backend: str,
+    prediction: Report | None = None,
+    notes: Iterable[str] = (),
+) -> Diagnosis:
+    """The diagnosis of one job's dumps (``collectives``: per rank, in record order)."""
+    alignments = _alignments(collectives, groups, prediction) if prediction is not None else {}
+    matched = _matched(alignments)
+    found = [
+        d
+        for g in groups.values()
+        if (d := _first_disagreement(g, collectives, matched, any_reason=True)) is not None
+    ]
+    raw = [
+        d
+        for g in groups.values()
+        if (d := _first_disagreement(g, collectives, matched, any_reason=False)) is not None
+    ]
+    found.sort(key=lambda d: d.t)
+    raw.sort(key=lambda d: d.t)
+    stops = [_stop(r, cs, groups, collectives, matched, alignments) for r, cs in
+             sorted(collectives.items())]  # fmt: skip
+    diagnosis = Diagnosis(
+        world_size=world_size,
+        backend=backend,
+        stops=stops,
+        divergence=found[0] if found else None,
+        mismatch=raw[0] if raw else None,
+        disagreements=found,
+        groups=groups,
+        prediction=prediction,
+        alignments=alignments,
+        notes=list(notes),
+    )
+    diagnosis.iterations, diagnosis.last_step = _last_step(diagnosis, collectives)
+    return diagnosis
+
+
+def fsdp_collectives(cs: Sequence[Collective]) -> list[Collective]:
+    """FSDP's collectives of a rank (all of them when its dump has no stacks to tell)."""
+    if not any(c.frames for c in cs):
+        return list(cs)
+    return [c for c in cs if c.fsdp or (c.hook is None and not c.frames)]
+
+
+def _alignments(
+    collectives: Mapping[int, list[Collective]],
+    groups: dict[str, GroupInfo],
+    prediction: Report,
+) -> dict[int, dict[str, Alignment]]:
+    out: dict[int, dict[str, Alignment]] = {}
+    for rank, cs in collectives.items():
+        mine = fsdp_collectives(cs)
+        for name, g in groups.items():
+            if g.role is None:
+                continue
+            role: Role = g.role  # type: ignore[assignment]
+            on = [c for c in mine if c.group == name]
+            a = align(on, prediction, role) if on else None
+            if a is not None:
+                out.setdefault(rank, {})[name] = a
+    return out
+
+
+_Key = tuple[int, str, int]  # rank, group, seq
+
+
+def _matched(
+    alignments: dict[int, dict[str, Alignment]],
+) -> dict[_Key, tuple[Predicted | None, int]]:
+    """(rank, group, seq) -> (the predicted collective it is, the iteration base)."""
+    out: dict[_Key, tuple[Predicted | None, int]] = {}
+    for rank, by_group in alignments.items():
+        for name, a in by_group.items():
+            for c, p in zip(a.collectives, a.matched, strict=True):
+                out[(rank, name, c.seq)] = (p, a.base)
+    return out
+
+
+def _first_disagreement(
+    g: GroupInfo,
+    collectives: Mapping[int, list[Collective]],
+    matched: Mapping[_Key, tuple[Predicted | None, int]],
+    any_reason: bool,
+) -> Disagreement | None:
+    members = [r for r in g.ranks if r in collectives]
+    if len(members) < 2:
+        return None
+    on = {r: {c.seq: c for c in collectives[r] if c.group == g.name and not c.is_p2p}
+          for r in members}  # fmt: skip
+    windows = {r: (min(s), max(s)) for r, s in on.items() if s}
+    for seq in sorted(set().union(*(s.keys() for s in on.values()))):
+        here: dict[int, Collective | None] = {}
+        for r in members:
+            lo_hi = windows.get(r)
+            if seq in on[r]:
+                here[r] = on[r][seq]
+            elif lo_hi is None or seq > lo_hi[1]:
+                here[r] = None  # it never issued it
+            # else: its ring buffer overwrote it: that rank says nothing here
+        present = [c for c in here.values() if c is not None]
+        if len(here) < 2 or not present:
+            continue
+        reasons: list[Reason] = []
+        if any(c is None for c in here.values()):
+            reasons.append("missing")
+        if len({c.op for c in present}) > 1 or len({c.kind for c in present}) > 1:
+            reasons.append("kind")
+        elif len({(c.input_sizes, c.output_sizes) for c in present}) > 1:
+            reasons.append("size")
+        if len({(c.input_dtypes, c.output_dtypes) for c in present}) > 1:
+            reasons.append("dtype")
+        predicted = {r: matched[(r, g.name, seq)][0] for r in here if (r, g.name, seq) in matched}
+        if any_reason:
+            hooked = [c for c in present if c.hook is not None]
+            if len(hooked) == len(present) and len({(c.hook, c.prefetch) for c in hooked}) > 1:
+                reasons.append("hook")
+            if not reasons and len(predicted) == len(here):
+                ids = {_identity(p) for p in predicted.values()}
+                if len(ids) > 1:
+                    reasons.append("identity")
+        raw = [r for r in reasons if r in RAW_REASONS]
+        if reasons if any_reason else raw:
+            t = min(c.t for c in present)
+            return Disagreement(g, seq, tuple(reasons), here, predicted, t)
+    return None
+
+
+def _identity(p: Predicted | None) -> tuple[Any, ...] | None:
+    if p is None:
+        return None
+    return (p.iteration, p.event.unit, p.event.kind, p.event.hook, p.event.prefetch)
+
+
+def _stop(
+    rank: int,
+    cs: list[Collective],
+    groups: dict[str, GroupInfo],
+    collectives: Mapping[int, list[Collective]],
+    matched: Mapping[_Key, tuple[Predicted | None, int]],
+    alignments: dict[int, dict[str, Alignment]],
+) -> RankStop:
+    if not cs:
+        return RankStop(rank, None, None)
+    tracks = any(c.state != "scheduled" for c in cs)
+    stuck = next((c for c in cs if c.state != "completed"), None) if tracks else cs[-1]
+    c = stuck if stuck is not None else cs[-1]
+    completed = (c.state == "completed") if tracks else None
+    g = groups.get(c.group)
+    waits: list[int] = []
+    if g is not None and completed is not True:
+        for r in g.ranks:
+            if r == rank:
+                continue
+            theirs = [x.seq for x in collectives.get(r, []) if x.group == c.group]
+            if r not in collectives or not theirs or max(theirs) < c.seq:
+                waits.append(r)
+    p, base = matched.get((rank, c.group, c.seq), (None, 0))
+    return RankStop(rank, c, completed, p, tuple(waits), base)
+
+
+def _last_step(
+    d: Diagnosis, collectives: Mapping[int, list[Collective]]
+) -> tuple[dict[int, int], str]:
+    """Per rank, the last iteration its dump reaches; the last step in words."""
+    last: dict[int, int] = {}
+    for s in d.stops:
+        if s.predicted is not None:
+            last[s.rank] = s.predicted.iteration - s.base
+        else:
+            phases = [c.phase for c in collectives.get(s.rank, []) if c.phase is not None]
+            if phases:
+                last[s.rank] = sum(
+                    1 for a, b in itertools.pairwise(phases) if a == "backward" and b == "forward"
+                )
+    if d.divergence is not None or not d.stops or d.stops[0].collective is None:
+        return last, ""
+    s = d.stops[0]
+    c = s.collective
+    assert c is not None
+    if s.predicted is not None:
+        p = s.predicted
+        a = d.alignments.get(s.rank, {}).get(c.group)
+        nxt = a.expected_next if a is not None else None
+        done = nxt is None or nxt.iteration != p.iteration
+        it = p.iteration - s.base
+        what = f"the {p.kind} of {unit_label(p.event.unit)}, {p.event.hook or p.phase}"
+        if done:
+            return last, (
+                f"the last completed step is iteration {it}: every rank's last collective, "
+                f"#{c.seq} ({what}), is that iteration's last"
+            )
+        return last, f"every rank stopped in iteration {it}, at #{c.seq} ({what}), before its end"
+    if s.rank in last:
+        return last, (
+            f"the dumps end in the {c.phase or 'last'} of iteration {last[s.rank]} "
+            f"(iterations counted in the dumps from FSDP's hooks in the stacks; give the "
+            f"prediction to tell whether that step finished)"
+        )
+    return last, f"every rank's last collective is #{c.seq} of {_group(d, c)}"
+
+
+# ---------------------------------------------------------------------------- words
+
+
+def _text(d: Diagnosis) -> list[str]:
+    present = [s.rank for s in d.stops]
+    missing = [r for r in range(d.world_size) if r not in present]
+    api = _api(d)
+    head = (
+        f"fsdpviz: flight recorder dumps of {len(present)} of {d.world_size} ranks"
+        f" ({d.backend or 'backend unknown'}{', ' + api if api else ''})"
+    )
+    if d.prediction is not None:
+        p = d.prediction
+        head += (
+            f", read against the prediction ({p.config.api}, {len(p.units)} units, "
+            f"world size {p.config.world_size})"
+        )
+    lines = [head + "."]
+    if missing:
+        lines.append(
+            f"No dump from rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}: {'they' if len(missing) > 1 else 'it'} may have "
+            "died, or never wrote one; the answer below is partial."
+        )
+    lines.append("")
+    if d.divergence is None:
+        lines += _healthy(d)
+    else:
+        lines += _divergence(d, d.divergence)
+    lines.append("")
+    lines += _stops(d)
+    if d.prediction is not None:
+        lines.append("")
+        lines += _departures(d)
+    if d.notes:
+        lines.append("")
+        lines.append("Notes:")
+        lines += [f"  - {n}" for n in d.notes]
+    return lines
+
+
+def _api(d: Diagnosis) -> str:
+    names = {
+        f.filename.replace("\\", "/")
+        for s in d.stops
+        if s.collective is not None
+        for f in s.collective.frames
+    }
+    if any("/fsdp/_fully_shard/" in n for n in names):
+        return "FSDP2"
+    if any("/fsdp/_runtime_utils" in n or "/fsdp/_flat_param" in n for n in names):
+        return "FSDP1"
+    return ""
+
+
+def _healthy(d: Diagnosis) -> list[str]:
+    counts = []
+    for g in d.groups.values():
+        seqs = [
+            s.collective.seq
+            for s in d.stops
+            if s.collective is not None and s.collective.group == g.name
+        ]
+        if seqs:
+            counts.append(f"#{max(seqs)} on {g.label()}")
+    lines = [
+        "No divergence: on every process group the ranks issued the same collectives, "
+        "in the same order, of the same kinds and sizes"
+        + (
+            " and from the same FSDP hooks"
+            if any(s.collective and s.collective.frames for s in d.stops)
+            else ""
+        )
+        + (
+            ", matching the prediction"
+            if d.prediction is not None and not any(d.departures.values())
+            else ""
+        )
+        + (f" (up to {', '.join(counts)})" if counts else "")
+        + "."
+    ]
+    if d.last_step:
+        lines.append(d.last_step[0].upper() + d.last_step[1:] + ".")
+    return lines
+
+
+def _divergence(d: Diagnosis, dis: Disagreement) -> list[str]:
+    when = time.strftime("%H:%M:%S", time.localtime(dis.t)) + f".{int(dis.t % 1 * 1000):03d}"
+    ranks = ", ".join(map(str, dis.group.ranks))
+    lines = [
+        f"The ranks diverge at collective #{dis.seq} of {dis.group.label()} "
+        f"(ranks {ranks}{'; ' + dis.group.dimension() if dis.group.dimension() else ''}), "
+        f"issued {when}: {_reasons(dis.reasons)}."
+    ]
+    for r, c in sorted(dis.entries.items()):
+        p = dis.predicted.get(r)
+        base = _base(d, r, dis.group.name)
+        if c is None:
+            theirs = [x.seq for x in _of(d, r, dis.group.name)]
+            last = f"its last collective there is #{max(theirs)}" if theirs else "none recorded"
+            lines.append(f"  rank {r}: never issued it ({last})")
+            continue
+        what = c.describe()
+        if p is not None:
+            what += f" = {_pred_text(p, base)}"
+        elif d.prediction is not None and c.fsdp:
+            what += " (not in the prediction)"
+        if c.caller is not None and not c.fsdp:
+            what += f", called from {c.caller}"
+        lines.append(f"  rank {r}: {what}")
+    lines += _iterations_apart(d, dis)
+    m = d.mismatch
+    if m is not None and (m.group.name, m.seq) != (dis.group.name, dis.seq):
+        lines.append(
+            f"torch's fr_trace would report the first mismatch only at #{m.seq} of "
+            f"{m.group.label()} ({_reasons(m.reasons)}); from #{dis.seq} on, the ranks' "
+            "collectives already pair different work."
+        )
+    elif m is None:
+        lines.append(
+            "torch's fr_trace finds no mismatch here: the collectives agree in kind, size "
+            "and dtype, so they pair up and run, silently wrong."
+        )
+    else:
+        lines.append("This is also the first mismatch torch's fr_trace reports.")
+    for other in d.disagreements[1:]:
+        lines.append(
+            f"Also: {other.group.label()} first disagrees at #{other.seq} "
+            f"({_reasons(other.reasons)})."
+        )
+    return lines
+
+
+def _iterations_apart(d: Diagnosis, dis: Disagreement) -> list[str]:
+    """With a prediction: ranks that never issued the collective because they finished an
+    iteration the others went past."""
+    if "missing" not in dis.reasons or d.prediction is None:
+        return []
+    ahead = {r: p for r, p in dis.predicted.items() if dis.entries.get(r) is not None and p}
+    behind = [r for r, c in dis.entries.items() if c is None]
+    ended = []
+    for r in behind:
+        a = d.alignments.get(r, {}).get(dis.group.name)
+        last = next((p for p in reversed(a.matched) if p is not None), None) if a else None
+        nxt = a.expected_next if a is not None else None
+        if last is None or (nxt is not None and nxt.iteration == last.iteration):
+            return []
+        ended.append((r, last.iteration - a.base if a else last.iteration))
+    if not ahead or not ended:
+        return []
+    r_ahead, p = next(iter(sorted(ahead.items())))
+    its = sorted({it for _, it in ended})
+    who = ", ".join(str(r) for r, _ in ended)
+    return [
+        f"Rank {r_ahead} is in iteration {p.iteration - _base(d, r_ahead, dis.group.name)} while "
+        f"rank{'s' if len(ended) > 1 else ''} {who} finished iteration "
+        f"{'/'.join(map(str, its))} and issued nothing more on this group: the ranks ran "
+        "different numbers of iterations (data of another length on some ranks? a rank that "
+        "left the loop early?)."
+    ]
+
+
+def _reasons(reasons: Sequence[Reason]) -> str:
+    words = {
+        "kind": "collectives of different kinds",
+        "size": "different sizes",
+        "dtype": "different dtypes",
+        "missing": "not every rank issued it",
+        "hook": "the same kind and size, issued by different FSDP hooks",
+        "identity": "the same kind, size and hook, but (by the prediction) different "
+        "units' collectives",
+    }
+    return "; ".join(words[r] for r in reasons)
+
+
+def _stops(d: Diagnosis) -> list[str]:
+    lines = ["Where each rank stopped:"]
+    tracks = any(s.completed is not None for s in d.stops)
+    for s in d.stops:
+        c = s.collective
+        if c is None:
+            lines.append(f"  rank {s.rank}: its dump holds no collective")
+            continue
+        state = "" if s.completed is None else (" (completed)" if s.completed else f" ({c.state})")
+        line = f"  rank {s.rank}: {c.describe()} on {_group(d, c)}{state}"
+        if s.predicted is not None:
+            line += f"\n      = {_pred_text(s.predicted, s.base)}"
+        elif d.prediction is not None and c.fsdp:
+            line += "\n      (a collective the prediction does not have)"
+        elif c.phase is not None and s.rank in d.iterations:
+            line += f"\n      in the {c.phase} of iteration {d.iterations[s.rank]} of the dump"
+        if c.caller is not None:
+            line += f"; called from {c.caller}"
+        if s.waits_for:
+            who = ", ".join(map(str, s.waits_for))
+            line += (
+                f"\n      rank{'s' if len(s.waits_for) > 1 else ''} {who} of its group never "
+                "issued it: this rank waits for " + ("them" if len(s.waits_for) > 1 else "it")
+            )
+        lines.append(line)
+    if not tracks and d.backend == "gloo":
+        lines.append(
+            "  (gloo records no start or completion: a rank's last collective is the one it "
+            "was in when the dump was written)"
+        )
+    return lines
+
+
+def _departures(d: Diagnosis) -> list[str]:
+    lines = ["Against the prediction:"]
+    deps = d.departures
+    for s in d.stops:
+        mine = deps.get(s.rank, [])
+        if s.collective is None:
+            continue
+        if not mine:
+            aligned = sum(1 for a in d.alignments.get(s.rank, {}).values() for p in a.matched if p)
+            its = ""
+            if s.predicted is not None:
+                its = f", up to iteration {s.predicted.iteration - s.base}"
+            lines.append(f"  rank {s.rank}: as predicted ({aligned} FSDP collectives{its})")
+            continue
+        lines.append(f"  rank {s.rank}: " + _narrate(d, s.rank, mine[0]))
+        if len(mine) > 1:
+            lines.append(
+                f"      then {len(mine) - 1} more collective{'s' if len(mine) > 2 else ''} off "
+                "the prediction (matched by kind and size; units of the same size may be "
+                "told apart wrongly)"
+            )
+    return lines
+
+
+def _narrate(d: Diagnosis, rank: int, dep: Departure) -> str:
+    c = dep.recorded
+    group = c.group if c is not None else None
+    base = _base(d, rank, group or "")
+    if dep.what == "skipped":
+        first = dep.predicted[0]
+        it = first.iteration - base
+        forward = all(
+            p.event.hook == "pre_forward" and p.kind == "all_gather" for p in dep.predicted
+        )
+        units = [p.event.unit for p in dep.predicted]
+        if forward and len(dep.candidates) > len(units):
+            what = (
+                f"skipped the forward of one of {_units(dep.candidates, 'or')} (their all-gathers "
+                "are alike, the same kind and size: the dumps cannot tell which)"
+            )
+        elif forward:
+            what = f"skipped the forward of {_units(units)}"
+        else:
+            what = "did not issue " + ", ".join(
+                f"the {p.kind} of {unit_label(p.event.unit)} ({p.event.hook})"
+                for p in dep.predicted
+            )
+            if len(dep.candidates) > len(units):
+                what += (
+                    f" (or of another of {_units(dep.candidates, 'or')}: alike in kind and size)"
+                )
+        text = f"in iteration {it} it {what}"
+        if c is None:
+            return text + ", and issued nothing after"
+        return text + "; " + _instead(d, rank, c)
+    if c is None:
+        return "left the prediction"
+    if dep.what == "extra":
+        where = f" (from {c.caller})" if c.caller is not None else ""
+        like = f" (it looks like that of {_units(dep.candidates, 'or')})" if dep.candidates else ""
+        return (
+            f"issued {c.describe()} on {_group(d, c)}{where}, a collective the prediction "
+            "does not have there: a module it did not see run (a data-dependent branch?) "
+            f"or a collective outside FSDP{like}; " + _instead(d, rank, c, extra=True)
+        )
+    p = dep.predicted[0]
+    return (
+        f"in iteration {p.iteration - base} it issued the {p.kind} of "
+        f"{unit_label(p.event.unit)} from {c.how() or 'no FSDP hook'} ({c.phase}), where the "
+        f"prediction has it from {p.event.hook} ({p.phase}); " + _instead(d, rank, c)
+    )
+
+
+def _instead(d: Diagnosis, rank: int, c: Collective, extra: bool = False) -> str:
+    """``from #12 on it gathered X while rank 0 gathered Y`` (``extra``: ``at #12 ...``)."""
+    me = _matched_of(d, rank, c)
+    mine = _did(c, me)
+    others = []
+    g = d.groups.get(c.group)
+    for r in g.ranks if g is not None else ():
+        if r == rank:
+            continue
+        theirs = next((x for x in _of(d, r, c.group) if x.seq == c.seq), None)
+        if theirs is None:
+            continue
+        others.append(f"rank {r} {_did(theirs, _matched_of(d, r, theirs))}")
+    listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    if extra:
+        return f"at #{c.seq} {listed}" if others else f"no other rank issued #{c.seq}"
+    return f"from #{c.seq} on it {mine}" + (f" while {listed}" if others else "")
+
+
+def _did(c: Collective, p: Predicted | None) -> str:
+    """``gathered 'blocks.2' (pre_backward)``: a collective as the prediction names it."""
+    if p is None:
+        return f"issued {c.describe()}"
+    verb = _VERB.get(c.kind, f"issued the {c.kind} of")
+    how = c.how() or p.event.hook or p.phase
+    return f"{verb} {unit_label(p.event.unit)} ({how})"
+
+
+def _matched_of(d: Diagnosis, rank: int, c: Collective) -> Predicted | None:
+    a = d.alignments.get(rank, {}).get(c.group)
+    if a is None:
+        return None
+    for x, p in zip(a.collectives, a.matched, strict=True):
+        if x.record_id == c.record_id:
+            return p
+    return None
+
+
+def _of(d: Diagnosis, rank: int, group: str) -> list[Collective]:
+    a = d.alignments.get(rank, {}).get(group)
+    if a is not None:
+        return a.collectives
+    view = d.view
+    if view is not None and hasattr(view, "collectives"):
+        return [c for c in view.collectives.get(rank, []) if c.group == group]
+    return []
+
+
+def _base(d: Diagnosis, rank: int, group: str) -> int:
+    a = d.alignments.get(rank, {}).get(group)
+    return a.base if a is not None else 0
+
+
+def _group(d: Diagnosis, c: Collective) -> str:
+    g = d.groups.get(c.group)
+    return g.label() if g is not None else f"group {c.group}"
+
+
+def _units(units: Sequence[str], word: str = "and") -> str:
+    labels = [unit_label(u) for u in units]
+    if len(labels) <= 2:
+        return f" {word} ".join(labels)
+    return ", ".join(labels[:-1]) + f" {word} " + labels[-1]
+
+
+def _pred_text(p: Predicted, base: int) -> str:
+    """``'blocks.1' in iteration 1 (backward; prefetched by the pre_backward of 'blocks.2')``."""
+    e = p.event
+    how: str = e.phase
+    if e.hook is not None and e.prefetch:
+        how = f"{e.phase}; prefetched by the {e.hook} of {unit_label(e.hook_unit)}"
+    elif e.hook is not None:
+        how = f"{e.phase}; {e.hook} of {unit_label(e.hook_unit)}"
+    name = f"{e.kind} {e.module!r}" if e.module is not None else f"{e.kind} {unit_label(e.unit)}"
+    return f"{name} in iteration {p.iteration - base} ({how})"
