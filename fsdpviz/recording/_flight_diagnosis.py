@@ -50,7 +50,8 @@ _VERB = {
 class RankStop:
     """Where one rank stopped: ``collective`` (``None``: its dump holds none), whether it
     ``completed`` (``None``: the backend does not record it), the ``predicted`` collective
-    it is, and ``waits_for``: ranks of its group that never issued it."""
+    it is, ``waits_for``: ranks of its group that never issued it, and ``paired``: whether
+    every other member issued it alike (without completion records, a sign it completed)."""
 
     rank: int
     collective: Collective | None
@@ -58,6 +59,15 @@ class RankStop:
     predicted: Predicted | None = None
     waits_for: tuple[int, ...] = ()
     base: int = 0  # iteration numbers shown count from this one
+    paired: bool = False  # every other member of its group issued the same collective
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the rank waited in it: NCCL saw it not complete; without completion
+        records (gloo), another member of its group never issued it or issued another."""
+        if self.collective is None or self.completed is True:
+            return False
+        return self.completed is False or not self.paired
 
 
 @dataclass(frozen=True)
@@ -175,10 +185,12 @@ class Diagnosis:
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """Write the diagnosis as :func:`fsdpviz.export.save` writes a recorded run (``.html``:
         the page, its header holding this text)."""
-        from_suffix = str(path).lower()
+        suffix = str(path).lower()
         options: dict[str, Any] = {"iteration": None, "machine": None}
-        if not from_suffix.endswith(".json") and not from_suffix.endswith(".graphml"):
+        if not suffix.endswith((".json", ".graphml")):
             options["memory"] = None
+        if suffix.endswith(".html"):
+            options["title"] = f"fsdpviz flight recorder: {self.summary()}"
         save: Callable[..., Path] = run_method("save")
         return save(self._view(), path, **{**options, **kwargs})
 
@@ -352,7 +364,16 @@ def _stop(
             if r not in collectives or not theirs or max(theirs) < c.seq:
                 waits.append(r)
     p, base = matched.get((rank, c.group, c.seq), (None, 0))
-    return RankStop(rank, c, completed, p, tuple(waits), base)
+    paired = g is not None and all(
+        r in collectives
+        and any(
+            x.group == c.group and x.seq == c.seq and x.signature() == c.signature()
+            for x in collectives[r]
+        )
+        for r in g.ranks
+        if r != rank
+    )
+    return RankStop(rank, c, completed, p, tuple(waits), base, paired)
 
 
 def _last_step(
@@ -595,11 +616,16 @@ def _stops(d: Diagnosis) -> list[str]:
                 f"\n      rank{'s' if len(s.waits_for) > 1 else ''} {who} of its group never "
                 "issued it: this rank waits for " + ("them" if len(s.waits_for) > 1 else "it")
             )
+        elif s.completed is None and s.paired and d.divergence is not None:
+            line += (
+                "\n      every rank of its group issued it alike: it completed, and this rank "
+                "issued no collective after it (finished, or busy outside collectives)"
+            )
         lines.append(line)
     if not tracks and d.backend == "gloo":
         lines.append(
-            "  (gloo records no start or completion: a rank's last collective is the one it "
-            "was in when the dump was written)"
+            "  (gloo records no start or completion: a last collective that another rank of "
+            "its group never issued, or issued differently, is the one the rank waited in)"
         )
     return lines
 

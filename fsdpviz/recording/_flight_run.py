@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +105,14 @@ class FlightRecorderRun(RecordedRun):
                     f"{self.size}"
                 )
         d = diagnose(self.collectives, groups, self.size, self.backend, prediction, notes)
+        stuck = _stuck(d)
         if prediction is None:
             self.diagnosis = d
+            self.ranks, self.placement = _reports(self, {}, None, stuck)
             self.run_marks = _marks(d, self.placement)
             d.view = self
             return d
-        ranks, where = _reports(self, d.alignments, prediction)
+        ranks, where = _reports(self, d.alignments, prediction, stuck)
         view = FlightRecorderRun(
             ranks,
             self.path,
@@ -260,8 +262,7 @@ def from_dumps(
         backend=max(set(backends), key=backends.count) if backends else "",
         version="/".join(versions),
     )
-    run.ranks, run.placement = _reports(run, {}, None)
-    run.diagnose()
+    run.diagnose()  # the views' reports, and what they mark
     return run
 
 
@@ -301,17 +302,27 @@ def dump_flight_recorder(folder: str | Path | None = None, *, json: bool = False
 # ---------------------------------------------------------------------------- the views' data
 
 
+def _stuck(d: Diagnosis) -> set[tuple[int, int]]:
+    """``(rank, record_id)`` of the collectives ranks stopped in, when the ranks diverged."""
+    if d.divergence is None:
+        return set()
+    return {(s.rank, s.collective.record_id) for s in d.stops if s.collective and s.stuck}
+
+
 def _reports(
     run: FlightRecorderRun,
     alignments: dict[int, dict[str, Alignment]],
     prediction: Report | None,
+    stuck: set[tuple[int, int]],
 ) -> tuple[list[Report], dict[tuple[int, int], tuple[int, int]]]:
     """A recorded report per rank, and where each collective landed:
-    ``(rank, record_id) -> (iteration index, event index)``."""
+    ``(rank, record_id) -> (iteration index, event index)``. A collective in ``stuck`` is
+    drawn for its timeout (the rank waited in it that long)."""
     reports: list[Report] = []
     where: dict[tuple[int, int], tuple[int, int]] = {}
     for rank, cs in run.collectives.items():
-        report, placed = _rank_report(run, rank, cs, alignments.get(rank, {}), prediction)
+        mine = {rid for r, rid in stuck if r == rank}
+        report, placed = _rank_report(run, rank, cs, alignments.get(rank, {}), prediction, mine)
         reports.append(report)
         where.update({(rank, rid): at for rid, at in placed.items()})
     return reports, where
@@ -323,6 +334,7 @@ def _rank_report(
     cs: Sequence[Collective],
     alignments: dict[str, Alignment],
     prediction: Report | None,
+    stuck: set[int],
 ) -> tuple[Report, dict[int, tuple[int, int]]]:
     matched = {
         c.record_id: (p, a.base)
@@ -331,6 +343,8 @@ def _rank_report(
         if p is not None
     }
     units: dict[str, Unit] = {u.module: u for u in prediction.units} if prediction else {}
+    if prediction is None:  # the sizes' units under one root, as the explorer draws a model
+        units[""] = Unit("", "(no prediction: units named by size)", [])
     start = cs[0].t if cs else 0.0
     iteration = 0
     phase: str | None = None
@@ -343,13 +357,16 @@ def _rank_report(
             e = p.event
             event = Event(
                 e.kind, e.unit, c.phase or e.phase, c.prefetch if c.hook else e.prefetch,  # type: ignore[arg-type]
-                c.hook or e.hook, e.hook_unit, c.t - start, _duration(c), e.group, e.module,
+                c.hook or e.hook, e.hook_unit, c.t - start, _duration(c, c.record_id in stuck),
+                e.group, e.module,
                 e.nbytes,
             )  # fmt: skip
         else:
             if not alignments and c.phase == "forward" and phase == "backward":
                 iteration += 1
             event = _unmatched(c, run.groups.get(c.group), units, prediction, start)
+            if c.record_id in stuck:
+                event = replace(event, duration=_duration(c, True))
         if c.phase is not None:
             phase = c.phase
         rows.append((iteration, c, event))
@@ -439,11 +456,15 @@ def _unmatched(
     )
 
 
-def _duration(c: Collective) -> float | None:
+def _duration(c: Collective, stuck: bool = False) -> float | None:
+    """Seconds the collective ran: NCCL's device time, else from its recorded start and end;
+    a rank's last one that never completed, its timeout (it waited that long, then raised)."""
     if c.duration is not None:
         return c.duration
     if c.completed is not None:
         return max(c.completed - (c.started or c.t), 0.0)
+    if stuck and c.state != "completed" and c.timeout is not None:
+        return c.timeout
     return None
 
 
@@ -467,7 +488,7 @@ def _marks(d: Diagnosis, where: dict[tuple[int, int], tuple[int, int]]) -> list[
                 marks.append(RunMark(r, it, k, DIVERGE_TEXT, "diverge"))
         for s in d.stops:
             c = s.collective
-            if c is not None and s.completed is not True and (s.rank, c.record_id) in where:
+            if c is not None and s.stuck and (s.rank, c.record_id) in where:
                 it, k = where[(s.rank, c.record_id)]
                 marks.append(RunMark(s.rank, it, k, STUCK_TEXT, "stuck"))
     return marks
