@@ -10,6 +10,9 @@ Usage::
         --policy transformer:DecoderLayer --world-size 64 -o report.html
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --fully-shard DecoderLayer --mixed-precision bf16,fp32 -o report.html   # FSDP2
+    fsdpviz doctor /tmp/fr-dumps                     # torch flight recorder dumps of a hang
+    fsdpviz doctor /tmp/fr-dumps mypkg.models:build_model --inputs mypkg.models:make_batch \\
+        --policy transformer:DecoderLayer            # ... read in FSDP's terms
 
 The report is written to ``report.html`` unless ``-o`` says otherwise; the output's
 suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
@@ -116,7 +119,34 @@ def _build_parser() -> argparse.ArgumentParser:
     add_source_flags(report)
     _add_output(report, "report.html")
     report.set_defaults(func=_cmd_report, parser=report)
+    _add_doctor(subs)
     return parser
+
+
+def _add_doctor(subs: Any) -> None:
+    doctor = subs.add_parser(
+        "doctor",
+        help="read the flight recorder dumps of a hung job",
+        description="Read torch's flight recorder dumps of a hung or desynced job (a folder "
+        "with one file per rank, as torch writes them) and print where each rank stopped and "
+        "where the ranks first disagree; given the job's model (MODEL and the flags of "
+        "`fsdpviz report`), in FSDP's terms: unit, phase, hook and iteration. Writes the page "
+        "(a lane group per rank, the stuck and the first divergent collectives marked).",
+    )
+    doctor.add_argument("dumps", metavar="DIR", help="the folder of dumps (nccl_trace_rank_0, ...)")
+    doctor.add_argument(
+        "factory",
+        metavar="MODEL",
+        nargs="?",
+        help="the job's model, as fsdpviz report takes it: hf:ID or MODULE:FACTORY",
+    )
+    doctor.add_argument(
+        "--inputs", metavar="MODULE:FACTORY", help="callable returning the model inputs"
+    )
+    add_fsdp_flags(doctor)
+    add_source_flags(doctor)
+    _add_output(doctor, "doctor.html")
+    doctor.set_defaults(func=_cmd_doctor, parser=doctor)
 
 
 def _add_output(parser: argparse.ArgumentParser, default: str) -> None:
@@ -189,6 +219,61 @@ def _cmd_report(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     report = analyze(model, inputs, **kwargs)
     return _write(report, path, time.perf_counter() - start)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from fsdpviz.recording import load_flight_recorder
+
+    path = _output_path(args.output)
+    try:
+        run = load_flight_recorder(args.dumps)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    prediction = None
+    if args.factory is not None or args.torchtitan_config:
+        from fsdpviz.schedule.predict import analyze
+
+        if args.world_size is None:  # the job's, as the dumps tell it
+            args.world_size = run.world_size
+        model, inputs, wraps = _doctor_model(args)
+        notes: list[str] = []
+        kwargs = analyze_kwargs(args, model, wraps, notes)
+        for line in notes:
+            print(f"note: {line}")
+        prediction = analyze(model, inputs, **kwargs)
+    diagnosis = run.diagnose(prediction)
+    print(diagnosis)
+    diagnosis.save(path)
+    print(f"wrote {path}")
+    return 0
+
+
+def _doctor_model(args: argparse.Namespace) -> tuple[nn.Module, Any, list[type[nn.Module]]]:
+    """The model, inputs and default wrap classes ``fsdpviz doctor`` predicts the job with
+    (the sources of ``fsdpviz report``)."""
+    import warnings
+
+    from fsdpviz.configs import ConfigNote, from_torchtitan
+
+    wraps: list[type[nn.Module]] = []
+    if args.torchtitan_config:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigNote)
+            job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
+        model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
+    elif (name := hf_id(args.factory)) is not None:
+        built = load_hf_model(name, args)
+        model, inputs, wraps = built.model, built.inputs, built.wrap_classes
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        model, inputs = _load_model(args.factory)
+    if args.inputs is not None:
+        obj = _import_object(args.inputs, "--inputs")
+        inputs = obj() if callable(obj) else obj
+    if inputs is None:
+        raise UsageError(f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY")
+    return model, inputs, wraps
 
 
 def _output_path(text: str) -> Path:

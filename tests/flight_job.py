@@ -89,6 +89,12 @@ def inputs(width: int = 8) -> torch.Tensor:
     return torch.randn(4, width, generator=torch.Generator().manual_seed(0))
 
 
+def model_and_inputs() -> tuple[Model, torch.Tensor]:
+    """The job's model and a batch, as ``fsdpviz report`` / ``fsdpviz doctor`` take them."""
+    torch.manual_seed(0)
+    return Model(), inputs()
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One job: ``api``, ranks, and what goes wrong on ``rank`` in iteration ``at``."""
