@@ -28,7 +28,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,14 +107,14 @@ class Scenario:
     skip: int = 1  # the block "skip" leaves out
     buffer: int = 2000  # TORCH_FR_BUFFER_SIZE
     guard: bool = False  # hold back a collective that differs from the others' (see above)
-    env: dict[str, str] = field(default_factory=dict)
+    json: bool = False  # also dump the JSON form, to OUT_DIR/<scenario>-json/rank<r>.json
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "fsdp1-healthy": Scenario("fsdp1"),
+    "fsdp1-healthy": Scenario("fsdp1", json=True),
     "fsdp2-healthy": Scenario("fsdp2"),
     # blocks.1 has a twin (blocks.2): nothing differs in size where the ranks part
-    "fsdp1-skip": Scenario("fsdp1", wrong="skip", skip=1, guard=True),
+    "fsdp1-skip": Scenario("fsdp1", wrong="skip", skip=1, guard=True, json=True),
     # blocks.0 is unique: the rank's next all-gather is of another size
     "fsdp2-skip": Scenario("fsdp2", wrong="skip", skip=0, guard=True),
     "fsdp1-extra": Scenario("fsdp1", wrong="extra"),
@@ -194,6 +194,8 @@ def run_rank(name: str, rank: int, out: str, store_path: str) -> None:
         if guard is not None:
             guard.remove()
     fsdpviz.dump_flight_recorder(Path(out) / name)
+    if s.json:
+        fsdpviz.dump_flight_recorder(Path(out) / f"{name}-json", json=True)
     store.set(f"dumped{rank}", "1")
     store.wait([f"dumped{r}" for r in range(ws)], datetime.timedelta(seconds=60))
     sys.stdout.flush()

@@ -364,14 +364,18 @@ def _stop(
             if r not in collectives or not theirs or max(theirs) < c.seq:
                 waits.append(r)
     p, base = matched.get((rank, c.group, c.seq), (None, 0))
-    paired = g is not None and all(
-        r in collectives
-        and any(
-            x.group == c.group and x.seq == c.seq and x.signature() == c.signature()
-            for x in collectives[r]
+    paired = (
+        g is not None
+        and not g.unseen
+        and all(
+            r in collectives
+            and any(
+                x.group == c.group and x.seq == c.seq and x.signature() == c.signature()
+                for x in collectives[r]
+            )
+            for r in g.ranks
+            if r != rank
         )
-        for r in g.ranks
-        if r != rank
     )
     return RankStop(rank, c, completed, p, tuple(waits), base, paired)
 
@@ -473,6 +477,14 @@ def _api(d: Diagnosis) -> str:
 
 
 def _healthy(d: Diagnosis) -> list[str]:
+    present = [s for s in d.stops if s.collective is not None]
+    if len(present) < 2:
+        who = f"rank {present[0].rank}'s" if present else "no rank's"
+        lines = [
+            f"Only {who} collectives are here: there is no other rank to compare them with, "
+            "so where the ranks diverge is not known."
+        ]
+        return lines + ([d.last_step[0].upper() + d.last_step[1:] + "."] if d.last_step else [])
     counts = []
     for g in d.groups.values():
         seqs = [
@@ -610,6 +622,13 @@ def _stops(d: Diagnosis) -> list[str]:
             line += f"\n      in the {c.phase} of iteration {d.iterations[s.rank]} of the dump"
         if c.caller is not None:
             line += f"; called from {c.caller}"
+        g = d.groups.get(c.group)
+        if g is not None and g.unseen and s.stuck:
+            line += (
+                f"\n      {g.unseen} rank{'s' if g.unseen > 1 else ''} of its group "
+                f"{'have' if g.unseen > 1 else 'has'} no dump here: whether "
+                f"{'they' if g.unseen > 1 else 'it'} issued it is not known"
+            )
         if s.waits_for:
             who = ", ".join(map(str, s.waits_for))
             line += (

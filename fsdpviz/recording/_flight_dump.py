@@ -121,8 +121,9 @@ class Collective:
     ``"reduce_scatter"``, ``"all_reduce"``, else ``op``): gloo runs a reduce-scatter as an
     all-reduce of the whole input, which its stack tells. ``t`` is when it was issued
     (seconds since the epoch, the rank's wall clock), ``started``/``completed`` when the
-    recorder saw it start and finish (``None``: not seen; gloo records neither) and
-    ``duration`` the device time NCCL measured (seconds). ``hook`` and ``prefetch`` are read
+    recorder saw it start and finish (``None``: not seen; gloo records neither),
+    ``elapsed`` the seconds between them (to the nanosecond) and ``duration`` the device
+    time NCCL measured (seconds). ``hook`` and ``prefetch`` are read
     from FSDP's functions in the stack (``None``: not issued by FSDP, or no stack).
     """
 
@@ -144,6 +145,7 @@ class Collective:
     completed: float | None = None
     duration: float | None = None
     timeout: float | None = None
+    elapsed: float | None = None  # from its recorded start (else issue) to its end, seconds
     is_p2p: bool = False
     frames: tuple[Frame, ...] = ()
     hook: Hook | None = None
@@ -320,6 +322,14 @@ def _collective(e: Mapping[str, Any], rank: int) -> Collective:
     seq = int(e.get("p2p_seq_id", 0) if is_p2p else e["collective_seq_id"])
     timeout = e.get("timeout_ms")
     duration = e.get("duration_ms")
+    created, began, ended = (
+        e.get(k) for k in ("time_created_ns", "time_discovered_started_ns",
+                           "time_discovered_completed_ns")
+    )  # fmt: skip
+    elapsed = None
+    if isinstance(ended, int) and ended > 0:
+        start = began if isinstance(began, int) and began > 0 else int(created or 0)
+        elapsed = max(ended - start, 0) / 1e9
     return Collective(
         rank=rank,
         record_id=int(e["record_id"]),
@@ -339,6 +349,7 @@ def _collective(e: Mapping[str, Any], rank: int) -> Collective:
         completed=_seconds(e.get("time_discovered_completed_ns")),
         duration=float(duration) / 1e3 if isinstance(duration, int | float) else None,
         timeout=float(timeout) / 1e3 if isinstance(timeout, int | float) and timeout else None,
+        elapsed=elapsed,
         is_p2p=is_p2p,
         frames=frames,
         hook=hook,
@@ -404,7 +415,7 @@ class GroupInfo:
     """A process group the dumps name: its ``name`` (``"0"`` for the default group), the
     ``desc`` torch gave it (``"default_pg"``, ``"mesh_shard"``), its member ``ranks``
     (``listed``: as the dumps' ``pg_config`` lists them; otherwise the ranks whose dumps
-    have entries on it) and its ``role`` for FSDP (``"shard"``: FSDP's own group,
+    have entries on it), its ``size`` and its ``role`` for FSDP (``"shard"``: FSDP's own group,
     ``"replicate"``: hybrid sharding's all-reduce across shard groups, ``"tp"``: tensor
     parallelism; ``None``: not known)."""
 
@@ -413,6 +424,12 @@ class GroupInfo:
     ranks: tuple[int, ...]
     listed: bool
     role: str | None = None
+    size: int = 0  # ranks in it: listed, else read from an all-gather's output shape
+
+    @property
+    def unseen(self) -> int:
+        """Members whose dumps are not here (their ranks unknown when not ``listed``)."""
+        return max(self.size - len(self.ranks), 0)
 
     def label(self) -> str:
         """How the text names it: ``the default group``, ``group 3 ('mesh_shard')``."""
@@ -445,10 +462,17 @@ def infer_groups(dumps: Mapping[int, RankDump]) -> dict[str, GroupInfo]:
         for name, (_, ranks) in d.pg_config.items():
             if name in seen and d.rank in ranks:
                 listed.setdefault(name, ranks)
+    sizes: dict[str, int] = {}
+    for d in dumps.values():
+        for c in d.collectives:
+            if c.kind == "all_gather" and c.input_sizes and c.output_sizes:
+                ins, outs = _numel(c.input_sizes[:1]), _numel(c.output_sizes[:1])
+                if ins and outs % ins == 0:
+                    sizes.setdefault(c.group, outs // ins)
     groups = {}
     for name, (desc, users) in seen.items():
         members = listed.get(name)
-        groups[name] = GroupInfo(
-            name, desc, tuple(sorted(members or users)), listed=members is not None
-        )
+        ranks = tuple(sorted(members or users))
+        size = len(ranks) if members else max(len(ranks), sizes.get(name, 0))
+        groups[name] = GroupInfo(name, desc, ranks, listed=members is not None, size=size)
     return groups

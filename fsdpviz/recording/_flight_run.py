@@ -96,15 +96,18 @@ class FlightRecorderRun(RecordedRun):
             )
         groups = guess_roles(self.groups, self.collectives, prediction)
         notes = list(self.notes)
+        size = self.size
         if prediction is not None:
             ws = prediction.config.world_size
-            if ws is not None and ws != self.size:
+            if ws is not None and ws > size:  # the job's ranks beyond the last dump
+                notes.append(f"no dump from ranks {size} to {ws - 1} (the prediction's world size)")
+                size = ws
+            elif ws is not None and ws < size:
                 notes.append(
-                    f"the prediction is for world size {ws}, the dumps for {self.size}: "
-                    "sizes per rank may not match; analyze with world_size="
-                    f"{self.size}"
+                    f"the prediction is for world size {ws}, the dumps for {size}: sizes per "
+                    f"rank may not match; analyze with world_size={size}"
                 )
-        d = diagnose(self.collectives, groups, self.size, self.backend, prediction, notes)
+        d = diagnose(self.collectives, groups, size, self.backend, prediction, notes)
         stuck = _stuck(d)
         if prediction is None:
             self.diagnosis = d
@@ -461,8 +464,8 @@ def _duration(c: Collective, stuck: bool = False) -> float | None:
     a rank's last one that never completed, its timeout (it waited that long, then raised)."""
     if c.duration is not None:
         return c.duration
-    if c.completed is not None:
-        return max(c.completed - (c.started or c.t), 0.0)
+    if c.elapsed is not None:
+        return c.elapsed
     if stuck and c.state != "completed" and c.timeout is not None:
         return c.timeout
     return None
