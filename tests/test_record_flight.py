@@ -10,6 +10,7 @@ checked against what the job did and against torch's own ``fr_trace`` analyzer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import pickle
@@ -51,11 +52,12 @@ def dumps() -> Path:
     try:
         _, stderr = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
         proc.communicate()
         raise AssertionError("the flight recorder jobs ran over 300 s") from None
     finally:
-        if proc.poll() is None:
+        # the ranks and the forkserver are in the job's process group: none outlives it
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     if proc.returncode != 0:
         raise AssertionError(f"flight_job.py exited with {proc.returncode}:\n{stderr[-6000:]}")
