@@ -428,18 +428,20 @@ def test_the_view_marks_the_first_divergent_and_the_stuck_collectives(tmp_path: 
     data = timeline_data(d.view, None, memory=None)
     s = data["steps"]
     marked = sorted(
-        (m["kind"], s["group"][m["step"]], data["units"][s["unit"][m["step"]]], m["text"])
+        (m["text"], s["group"][m["step"]], data["units"][s["unit"][m["step"]]])
         for m in data["marks"]
     )
     assert marked == [
-        ("diverge", 0, "blocks.0", "first collective where the ranks disagree"),
-        ("diverge", 1, "blocks.1", "first collective where the ranks disagree"),
-        ("stuck", 0, "blocks.0", "where this rank stopped: its last collective"),
-        ("stuck", 1, "blocks.1", "where this rank stopped: its last collective"),
+        ("first collective where the ranks disagree", 0, "blocks.0"),
+        ("first collective where the ranks disagree", 1, "blocks.1"),
+        ("where this rank stopped: its last collective", 0, "blocks.0"),
+        ("where this rank stopped: its last collective", 1, "blocks.1"),
     ]
+    assert {(m.rank, m.kind) for m in d.view.marks()} == {
+        (0, "diverge"), (1, "diverge"), (0, "stuck"), (1, "stuck")}  # fmt: skip
     assert [g["name"] for g in data["groups"]] == ["rank 0", "rank 1"]
     # a rank's stuck collective is drawn for its timeout: it waited that long
-    stuck = next(m["step"] for m in data["marks"] if m["kind"] == "stuck")
+    stuck = next(m["step"] for m in data["marks"] if m["text"].startswith("where this rank"))
     assert s["x1"][stuck] - s["x0"][stuck] == pytest.approx(3.0)
     page = d.save(tmp_path / "diagnosis.html")
     from fsdpviz.export._html import page_script
@@ -458,7 +460,11 @@ def test_the_view_marks_the_first_divergent_and_the_stuck_collectives(tmp_path: 
 def test_show_in_a_notebook_marks_them_too() -> None:
     view = diagnose("fsdp1-skip", True).show()
     marks = view.timeline.data["marks"]
-    assert {m["kind"] for m in marks} == {"diverge", "stuck"}
+    texts = {
+        "first collective where the ranks disagree",
+        "where this rank stopped: its last collective",
+    }
+    assert len(marks) == 4 and {m["text"] for m in marks} == texts
     assert len(view.timeline.data["groups"]) == 2
 
 

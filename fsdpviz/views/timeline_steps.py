@@ -123,9 +123,7 @@ class _Group:
     units: dict[str, int]
     offset: float = 0.0
     memory: MemoryOption = None
-    # iteration, index, text, kind ("diverge": where runs first differ, "stuck": where a rank
-    # stopped)
-    marks: list[tuple[int, int, str, str]] = field(default_factory=list)
+    marks: list[tuple[int, int, str]] = field(default_factory=list)  # iteration, index, text
 
 
 def timeline_data(
@@ -167,8 +165,7 @@ def timeline_data(
     ``tail``), ``memory`` (one entry per group with a memory lane: ``group``, ``lane``,
     ``categories``, ``colors``, ``x0``, ``x1``, ``bytes`` per category, ``total``,
     ``step``, ``where``, ``peak``: ``moment``, ``bytes``, ``step``, ``where``,
-    ``dominant``, ``x``), ``marks`` (``step``, ``text``, ``kind``: ``"diverge"`` where
-    runs first differ, ``"stuck"`` where a rank stopped), ``iteration_starts`` (x where
+    ``dominant``, ``x``), ``marks`` (``step``, ``text``), ``iteration_starts`` (x where
     each shown iteration begins, per group).
     """
     groups, source = _groups(reports, rank_names, memory)
@@ -237,7 +234,7 @@ def _run_groups(
     for g, r in enumerate(run.ranks):
         offset = float(starts[g]) - origin if origin is not None else 0.0  # type: ignore[arg-type]
         rank = r.config.rank if r.config.rank is not None else g
-        marks = [(m.iteration, m.index, m.text, str(m.kind)) for m in run_marks if m.rank == rank]
+        marks = [(m.iteration, m.index, m.text) for m in run_marks if m.rank == rank]
         groups.append(_Group(names[g], r, units, offset, memory if g == 0 else None, marks))
     return groups
 
@@ -255,8 +252,8 @@ def _comparison_groups(cmp: Comparison, memory: MemoryOption) -> list[_Group]:
         units_b[u.module] = len(units) + b_index[u.module]
     first = _first_difference(cmp, a, b)
     text = f"first difference between {cmp.name_a} and {cmp.name_b}"
-    marks_a = [] if first is None else [(len(a.iterations) - 1, first, text, "diverge")]
-    marks_b = [] if first is None else [(len(b.iterations) - 1, first, text, "diverge")]
+    marks_a = [] if first is None else [(len(a.iterations) - 1, first, text)]
+    marks_b = [] if first is None else [(len(b.iterations) - 1, first, text)]
     mem_b = memory if memory == "auto" else None
     return [
         _Group(cmp.name_a, a, units, memory=memory, marks=marks_a),
@@ -796,7 +793,7 @@ def _marks(
 ) -> list[dict[str, Any]]:
     where = {(it, k): i for i, (it, k, _) in enumerate(p.events)}
     return [
-        {"step": step_of[(gi, where[(it, k)])], "text": text, "kind": kind}
-        for it, k, text, kind in g.marks
+        {"step": step_of[(gi, where[(it, k)])], "text": text}
+        for it, k, text in g.marks
         if (it, k) in where
     ]
