@@ -218,14 +218,29 @@ class RankDump:
     backend: str = ""
 
 
-def read_dumps(folder: Path) -> tuple[dict[int, RankDump], list[str]]:
-    """Every dump in ``folder`` by rank, and notes on the files that could not be read."""
-    notes: list[str] = []
-    found: dict[int, list[Path]] = {}
+def read_dumps(folder: Path) -> tuple[dict[int, RankDump], list[str], set[int]]:
+    """Every dump in ``folder`` by rank, notes on the files that could not be read, and the
+    ranks named by a dump's file, read or not.
+
+    Dumps share a file name prefix (``nccl_trace_rank_``); the prefix most readable files
+    have wins, so a folder like ``/tmp`` holding other files ending in digits still reads.
+    """
+    by_prefix: dict[str, dict[int, list[Path]]] = {}
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
-        rank = rank_of(path)
-        if rank is not None:
-            found.setdefault(rank, []).append(path)
+        named = _split(path)
+        if named is not None:
+            prefix, rank = named
+            by_prefix.setdefault(prefix, {}).setdefault(rank, []).append(path)
+    best: tuple[dict[int, RankDump], list[str], set[int]] = ({}, [], set())
+    for files in by_prefix.values():
+        dumps, notes = _read_ranks(files)
+        if (len(dumps), -len(notes)) > (len(best[0]), -len(best[1])):
+            best = dumps, notes, set(files)
+    return best
+
+
+def _read_ranks(found: dict[int, list[Path]]) -> tuple[dict[int, RankDump], list[str]]:
+    notes: list[str] = []
     dumps: dict[int, RankDump] = {}
     for rank, paths in sorted(found.items()):
         # a pickle and its JSON twin: the pickle holds the stacks
@@ -244,13 +259,19 @@ def read_dumps(folder: Path) -> tuple[dict[int, RankDump], list[str]]:
 
 def rank_of(path: Path) -> int | None:
     """The rank a dump's file name ends with (``nccl_trace_rank_3`` -> 3), else ``None``."""
+    named = _split(path)
+    return named[1] if named is not None else None
+
+
+def _split(path: Path) -> tuple[str, int] | None:
+    """``(prefix, rank)`` of a dump's file name: ``rank3.json`` -> ``("rank", 3)``."""
     name = path.name
     for suffix in _SUFFIXES:
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
             break
     m = _RANK.match(name)
-    return int(m.group(2)) if m else None
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 class DumpError(ValueError):

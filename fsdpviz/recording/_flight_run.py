@@ -187,9 +187,10 @@ def load_flight_recorder(path: str | Path) -> FlightRecorderRun:
     if p.is_file():
         dumps = {(r := rank_of(p) or 0): read_dump_or_raise(p, r)}
         notes: list[str] = []
+        named = set(dumps)
         folder = p.parent
     elif p.is_dir():
-        dumps, notes = read_dumps(p)
+        dumps, notes, named = read_dumps(p)
         folder = p
         if not dumps:
             names = sorted(x.name for x in p.iterdir())[:6]
@@ -203,7 +204,7 @@ def load_flight_recorder(path: str | Path) -> FlightRecorderRun:
             f"{str(p)!r} does not exist; pass the folder the ranks dumped into "
             "(TORCH_FR_DUMP_TEMP_FILE's directory, /tmp by default)"
         )
-    return from_dumps(dumps, folder, notes)
+    return from_dumps(dumps, folder, notes, named)
 
 
 def read_dump_or_raise(path: Path, rank: int) -> RankDump:
@@ -216,14 +217,20 @@ def read_dump_or_raise(path: Path, rank: int) -> RankDump:
 
 
 def from_dumps(
-    dumps: dict[int, RankDump], path: Path | None, notes: list[str]
+    dumps: dict[int, RankDump], path: Path | None, notes: list[str], named: set[int] | None = None
 ) -> FlightRecorderRun:
-    """A run from dumps already read (``{rank: RankDump}``)."""
+    """A run from dumps already read (``{rank: RankDump}``); ``named``: ranks whose dump
+    files were found, read or not. The world size is the most any of them tells: the
+    highest rank, a group's members, the size of a group's all-gather."""
     collectives = {r: d.collectives for r, d in sorted(dumps.items())}
     groups = guess_roles(infer_groups(dumps), collectives)
-    size = max([*(max(g.ranks) + 1 for g in groups.values() if g.ranks), max(dumps) + 1])
+    seen = {*(named or ()), *dumps}
+    size = max(
+        [*(max(g.ranks) + 1 for g in groups.values() if g.ranks),
+         *(g.size for g in groups.values()), *(r + 1 for r in seen)]
+    )  # fmt: skip
     notes = list(notes)
-    missing = [r for r in range(size) if r not in dumps]
+    missing = [r for r in range(size) if r not in seen]
     if missing:
         notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_list(missing)}")
     for r, d in sorted(dumps.items()):
