@@ -422,6 +422,11 @@ def test_nccl_states_say_which_collective_never_completed(tmp_path: Path) -> Non
     assert s1.collective.seq == 28 and "(started)" in str(d)
     assert run.collectives[0][0].duration is None
     assert d.view.ranks[0].iterations[0][0].duration == pytest.approx(1e-6)
+    # the group lists rank 0, whose dump is gone: not a rank that never issued it
+    (folder / "rank0").unlink()
+    alone = fsdpviz.load_flight_recorder(folder).diagnose()
+    assert alone.stop(1).stuck and alone.stop(1).waits_for == ()
+    assert "1 rank of its group has no dump here" in str(alone)
 
 
 # ---------------------------------------------------------------------------- views, CLI

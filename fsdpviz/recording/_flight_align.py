@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from fsdpviz.recording._flight_dump import Collective, GroupInfo
+from fsdpviz.recording._flight_dump import Collective, GroupInfo, Role
 from fsdpviz.schema.report import TP_KINDS, Event, Report, Unit
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "role_of_event",
 ]  # fmt: skip
 
-Role = Literal["shard", "replicate", "tp"]
 _GAP = 1.0  # a predicted collective the rank skipped
 _EXTRA = 1.05  # a recorded one the prediction does not have: a skip that explains one is likelier
 _HOOK_COST = 0.4  # the same collective issued by another hook of the same phase

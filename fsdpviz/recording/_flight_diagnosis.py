@@ -24,7 +24,6 @@ from fsdpviz.recording._flight_align import (
     Alignment,
     Departure,
     Predicted,
-    Role,
     align,
 )
 from fsdpviz.recording._flight_dump import Collective, GroupInfo
@@ -227,8 +226,8 @@ def diagnose(
     ]
     found.sort(key=lambda d: d.t)
     raw.sort(key=lambda d: d.t)
-    stops = [_stop(r, cs, groups, collectives, matched, alignments) for r, cs in
-             sorted(collectives.items())]  # fmt: skip
+    index = _Index.of(collectives)
+    stops = [_stop(r, cs, groups, index, matched) for r, cs in sorted(collectives.items())]
     diagnosis = Diagnosis(
         world_size=world_size,
         backend=backend,
@@ -264,8 +263,9 @@ def _alignments(
         for name, g in groups.items():
             if g.role is None:
                 continue
-            role: Role = g.role  # type: ignore[assignment]
-            on = [c for c in mine if c.group == name]
+            role = g.role
+            # tensor parallelism's collectives come from DTensor, not from FSDP's hooks
+            on = [c for c in (cs if role == "tp" else mine) if c.group == name]
             a = align(on, prediction, role) if on else None
             if a is not None:
                 out.setdefault(rank, {})[name] = a
@@ -296,15 +296,21 @@ def _first_disagreement(
     members = [r for r in g.ranks if r in collectives]
     if len(members) < 2:
         return None
-    on = {r: {c.seq: c for c in collectives[r] if c.group == g.name and not c.is_p2p}
-          for r in members}  # fmt: skip
+    # a coalesced group of ops shares one sequence number (NCCL): compared as a whole
+    on: dict[int, dict[int, list[Collective]]] = {r: {} for r in members}
+    for r in members:
+        for c in collectives[r]:
+            if c.group == g.name and not c.is_p2p:
+                on[r].setdefault(c.seq, []).append(c)
     windows = {r: (min(s), max(s)) for r, s in on.items() if s}
     for seq in sorted(set().union(*(s.keys() for s in on.values()))):
         here: dict[int, Collective | None] = {}
+        ops: dict[int, list[Collective]] = {}
         for r in members:
             lo_hi = windows.get(r)
             if seq in on[r]:
-                here[r] = on[r][seq]
+                ops[r] = on[r][seq]
+                here[r] = ops[r][0]
             elif lo_hi is None or seq > lo_hi[1]:
                 here[r] = None  # it never issued it
             # else: its ring buffer overwrote it: that rank says nothing here
@@ -314,11 +320,11 @@ def _first_disagreement(
         reasons: list[Reason] = []
         if any(c is None for c in here.values()):
             reasons.append("missing")
-        if len({c.op for c in present}) > 1 or len({c.kind for c in present}) > 1:
+        if len({tuple((c.op, c.kind) for c in cs) for cs in ops.values()}) > 1:
             reasons.append("kind")
-        elif len({(c.input_sizes, c.output_sizes) for c in present}) > 1:
+        elif len({tuple((c.input_sizes, c.output_sizes) for c in cs) for cs in ops.values()}) > 1:
             reasons.append("size")
-        if len({(c.input_dtypes, c.output_dtypes) for c in present}) > 1:
+        if len({tuple((c.input_dtypes, c.output_dtypes) for c in cs) for cs in ops.values()}) > 1:
             reasons.append("dtype")
         predicted = {r: matched[(r, g.name, seq)][0] for r in here if (r, g.name, seq) in matched}
         if any_reason:
@@ -346,9 +352,8 @@ def _stop(
     rank: int,
     cs: list[Collective],
     groups: dict[str, GroupInfo],
-    collectives: Mapping[int, list[Collective]],
+    index: _Index,
     matched: Mapping[_Key, tuple[Predicted | None, int]],
-    alignments: dict[int, dict[str, Alignment]],
 ) -> RankStop:
     if not cs:
         return RankStop(rank, None, None)
@@ -357,26 +362,36 @@ def _stop(
     c = stuck if stuck is not None else cs[-1]
     completed = (c.state == "completed") if tracks else None
     g = groups.get(c.group)
-    waits: list[int] = []
-    if g is not None and completed is not True:
-        for r in g.ranks:
-            if r == rank:
-                continue
-            theirs = [x.seq for x in collectives.get(r, []) if x.group == c.group]
-            if r not in collectives or not theirs or max(theirs) < c.seq:
-                waits.append(r)
+    others = [r for r in g.ranks if r != rank] if g is not None else []
+    # ranks of its group whose dumps end before it (a rank without a dump: not known)
+    seen = [r for r in others if r in index.ranks]
+    waits = [] if completed else [r for r in seen if index.last.get((r, c.group), 0) < c.seq]
     p, base = matched.get((rank, c.group, c.seq), (None, 0))
+    mine = index.signatures.get((rank, c.group, c.seq))
     paired = (
         g is not None
         and not g.unseen
-        and all(
-            r in collectives
-            and any(
-                x.group == c.group and x.seq == c.seq and x.signature() == c.signature()
-                for x in collectives[r]
-            )
-            for r in g.ranks
-            if r != rank
-        )
+        and len(seen) == len(others)
+        and all(index.signatures.get((r, c.group, c.seq)) == mine for r in others)
     )
     return RankStop(rank, c, completed, p, tuple(waits), base, paired)
+
+
+@dataclass
+class _Index:
+    """Each rank's last sequence number per group, and each collective's signature(s)."""
+
+    ranks: set[int]
+    last: dict[tuple[int, str], int]
+    signatures: dict[_Key, tuple[Any, ...]]
+
+    @classmethod
+    def of(cls, collectives: Mapping[int, list[Collective]]) -> _Index:
+        last: dict[tuple[int, str], int] = {}
+        signatures: dict[_Key, tuple[Any, ...]] = {}
+        for rank, cs in collectives.items():
+            for c in cs:
+                last[(rank, c.group)] = max(last.get((rank, c.group), 0), c.seq)
+                key = (rank, c.group, c.seq)
+                signatures[key] = (*signatures.get(key, ()), c.signature())
+        return cls(set(collectives), last, signatures)

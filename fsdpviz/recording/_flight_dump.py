@@ -30,11 +30,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fsdpviz.schema.report import Hook
 
-__all__ = ["Collective", "DumpError", "Frame", "RankDump", "human_bytes", "read_dump", "read_dumps"]
+__all__ = [
+    "Collective", "DumpError", "Frame", "GroupInfo", "RankDump", "Role", "human_bytes",
+    "infer_groups", "read_dump", "read_dumps",
+]  # fmt: skip
+
+Role = Literal["shard", "replicate", "tp"]
+"""What a process group is to FSDP: its own (shard) group, hybrid sharding's replicate
+group, or the tensor-parallel group."""
 
 _SUFFIXES = (".json", ".pkl", ".pickle", ".bin", ".dump")
 _RANK = re.compile(r"^(.*?)(\d+)$")
@@ -444,7 +451,7 @@ class GroupInfo:
     desc: str
     ranks: tuple[int, ...]
     listed: bool
-    role: str | None = None
+    role: Role | None = None
     size: int = 0  # ranks in it: listed, else read from an all-gather's output shape
 
     @property

@@ -271,11 +271,12 @@ def _stops(d: Diagnosis) -> list[str]:
         if c.caller is not None:
             line += f"; called from {c.caller}"
         g = d.groups.get(c.group)
-        if g is not None and g.unseen and s.stuck:
+        unseen = g.unseen + sum(r not in d.collectives for r in g.ranks) if g else 0
+        if unseen and s.stuck:
             line += (
-                f"\n      {g.unseen} rank{'s' if g.unseen > 1 else ''} of its group "
-                f"{'have' if g.unseen > 1 else 'has'} no dump here: whether "
-                f"{'they' if g.unseen > 1 else 'it'} issued it is not known"
+                f"\n      {unseen} rank{'s' if unseen > 1 else ''} of its group "
+                f"{'have' if unseen > 1 else 'has'} no dump here: whether "
+                f"{'they' if unseen > 1 else 'it'} issued it is not known"
             )
         if s.waits_for:
             who = ", ".join(map(str, s.waits_for))
