@@ -214,18 +214,9 @@ def diagnose(
     """The diagnosis of one job's dumps (``collectives``: per rank, in record order)."""
     alignments = _alignments(collectives, groups, prediction) if prediction is not None else {}
     matched = _matched(alignments)
-    found = [
-        d
-        for g in groups.values()
-        if (d := _first_disagreement(g, collectives, matched, any_reason=True)) is not None
-    ]
-    raw = [
-        d
-        for g in groups.values()
-        if (d := _first_disagreement(g, collectives, matched, any_reason=False)) is not None
-    ]
-    found.sort(key=lambda d: d.t)
-    raw.sort(key=lambda d: d.t)
+    firsts = [_first_disagreements(g, collectives, matched) for g in groups.values()]
+    found = sorted((f for f, _ in firsts if f is not None), key=lambda d: d.t)
+    raw = sorted((r for _, r in firsts if r is not None), key=lambda d: d.t)
     index = _Index.of(collectives)
     stops = [_stop(r, cs, groups, index, matched) for r, cs in sorted(collectives.items())]
     diagnosis = Diagnosis(
@@ -287,15 +278,17 @@ def _matched(
     return out
 
 
-def _first_disagreement(
+def _first_disagreements(
     g: GroupInfo,
     collectives: Mapping[int, list[Collective]],
     matched: Mapping[_Key, tuple[Predicted | None, int]],
-    any_reason: bool,
-) -> Disagreement | None:
+) -> tuple[Disagreement | None, Disagreement | None]:
+    """The first collective of group ``g`` its ranks disagree on in any way, and the first
+    they disagree on as torch's ``fr_trace`` sees it (:data:`RAW_REASONS`)."""
+    first: Disagreement | None = None
     members = [r for r in g.ranks if r in collectives]
     if len(members) < 2:
-        return None
+        return None, None
     # a coalesced group of ops shares one sequence number (NCCL): compared as a whole
     on: dict[int, dict[int, list[Collective]]] = {r: {} for r in members}
     for r in members:
@@ -326,8 +319,9 @@ def _first_disagreement(
             reasons.append("size")
         if len({tuple((c.input_dtypes, c.output_dtypes) for c in cs) for cs in ops.values()}) > 1:
             reasons.append("dtype")
+        raw = bool(reasons)
         predicted = {r: matched[(r, g.name, seq)][0] for r in here if (r, g.name, seq) in matched}
-        if any_reason:
+        if first is None:
             hooked = [c for c in present if c.hook is not None]
             if len(hooked) == len(present) and len({(c.hook, c.prefetch) for c in hooked}) > 1:
                 reasons.append("hook")
@@ -335,11 +329,13 @@ def _first_disagreement(
                 ids = {_identity(p) for p in predicted.values()}
                 if len(ids) > 1:
                     reasons.append("identity")
-        raw = [r for r in reasons if r in RAW_REASONS]
-        if reasons if any_reason else raw:
+        if reasons:
             t = min(c.t for c in present)
-            return Disagreement(g, seq, tuple(reasons), here, predicted, t)
-    return None
+            found = Disagreement(g, seq, tuple(reasons), here, predicted, t)
+            first = first or found
+            if raw:
+                return first, found
+    return first, None
 
 
 def _identity(p: Predicted | None) -> tuple[Any, ...] | None:

@@ -317,9 +317,10 @@ def read_dump(path: Path, rank: int) -> RankDump:
         raise DumpError("it holds no 'entries': not a flight recorder dump")
     entries = raw.get("entries") or []
     collectives = []
+    stacks = _Stacks()  # lives while ``raw`` does: frames are keyed by their dicts' ids
     for e in entries:
         try:
-            collectives.append(_collective(e, rank))
+            collectives.append(_collective(e, rank, stacks))
         except (KeyError, TypeError, ValueError) as exc:
             raise DumpError(f"an entry lacks what torch writes ({exc!r})") from None
     collectives.sort(key=lambda c: c.record_id)
@@ -334,17 +335,46 @@ def read_dump(path: Path, rank: int) -> RankDump:
     )
 
 
-def _collective(e: Mapping[str, Any], rank: int) -> Collective:
+class _Stacks:
+    """Stacks and what they say, read once: a dump holds each distinct frame once, shared by
+    the entries whose stacks pass through it (thousands of entries, a few dozen stacks)."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, Frame] = {}
+        self.stacks: dict[tuple[int, ...], tuple[tuple[Frame, ...], str | None, Hook | None,
+                                                 bool]] = {}  # fmt: skip
+
+    def of(self, raw: Any) -> tuple[tuple[Frame, ...], str | None, Hook | None, bool]:
+        """The stack, the torch.distributed function at its top, FSDP's hook, prefetch."""
+        if not raw:
+            return (), None, None, False
+        key = tuple(map(id, raw))
+        known = self.stacks.get(key)
+        if known is None:
+            frames = tuple(self._frame(f) for f in raw)
+            api = None
+            if _in_torch(frames[0], "distributed/distributed_c10d.py"):
+                api = frames[0].name
+            known = (frames, api, *_hook(frames))
+            self.stacks[key] = known
+        return known
+
+    def _frame(self, f: Mapping[str, Any]) -> Frame:
+        frame = self.frames.get(id(f))
+        if frame is None:
+            frame = Frame(str(f.get("name", "")), str(f.get("filename", "")),
+                          int(f.get("line", 0) or 0))  # fmt: skip
+            self.frames[id(f)] = frame
+        return frame
+
+
+def _collective(e: Mapping[str, Any], rank: int, stacks: _Stacks) -> Collective:
     backend, _, name = str(e["profiling_name"]).partition(":")
     op = name.split(" ")[0] if name else backend
-    frames = tuple(
-        Frame(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line", 0) or 0))
-        for f in e.get("frames") or ()
-    )
+    frames, api, hook, prefetch = stacks.of(e.get("frames"))
     kind = _KINDS.get(op, op)
-    if frames and _in_torch(frames[0], "distributed/distributed_c10d.py"):
-        kind = _API_KINDS.get(frames[0].name, kind)
-    hook, prefetch = _hook(frames)
+    if api is not None:
+        kind = _API_KINDS.get(api, kind)
     pg = e.get("process_group") or ("", "")
     is_p2p = bool(e.get("is_p2p", False))
     seq = int(e.get("p2p_seq_id", 0) if is_p2p else e["collective_seq_id"])
@@ -400,7 +430,8 @@ def _in_torch(frame: Frame, part: str) -> bool:
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     if not value:
         return ()
-    return tuple(tuple(int(d) for d in s) for s in value)
+    return tuple(tuple(s) if all(type(d) is int for d in s) else tuple(map(int, s))
+                 for s in value)  # fmt: skip
 
 
 def _seconds(ns: Any) -> float | None:
