@@ -5,7 +5,8 @@ May import the layers below it: schema, trace, plan, schedule.
 
 from fsdpviz.recording._diff import AlignedEvent, IterationDiff, ScheduleDiff, diff
 from fsdpviz.recording._diverge import Divergence, RankEvent
-from fsdpviz.recording._flight_diagnosis import Diagnosis, Disagreement, RankStop
+from fsdpviz.recording._flight_compare import Disagreement, RankStop
+from fsdpviz.recording._flight_diagnosis import Diagnosis
 from fsdpviz.recording._flight_dump import Collective, Frame, GroupInfo
 from fsdpviz.recording._flight_run import (
     FlightRecorderRun,
