@@ -447,7 +447,7 @@ def _stops(d: Diagnosis) -> list[str]:
                 "issued no collective after it (finished, or busy outside collectives)"
             )
         lines.append(line)
-    if not tracks and d.backend == "gloo":
+    if not tracks and d.backend == "gloo" and d.divergence is not None:
         lines.append(
             "  (gloo records no start or completion: a last collective that another rank of "
             "its group never issued, or issued differently, is the one the rank waited in)"
