@@ -230,6 +230,15 @@ def _build_unit(
     if not claimable:
         return unit
     params_set = set(claimable)
+    scalar = next((p for p in claimable if p.dim() == 0), None)
+    if scalar is not None:
+        # _init_utils._verify_managed_params, before the FlatParameter is built
+        name = next(n for n, p in module.named_parameters() if p is scalar)
+        raise FSDPConfigError(
+            f"unit {unit_label(fqn)}: FSDP doesn't support scalar parameters. Change {name} "
+            "to a 1D tensor with numel equal to 1. (FSDP raises this when it wraps the module; "
+            "a parameter in ignored_states is not checked.)"
+        )
     dtypes = {p.dtype for p in claimable}
     if len(dtypes) > 1:
         a, b = sorted(str(d) for d in dtypes)[:2]
