@@ -1,0 +1,204 @@
+"""Trainer configurations as users write them: accelerate's old key names, broken files,
+Lightning's strategies; every mistake gets a message that names the fix."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+
+import fsdpviz
+import fsdpviz.configs.accelerate as accelerate_config
+from fsdpviz.cli import main
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def llama() -> fsdpviz.HFModel:
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=96, max_position_embeddings=64,
+    )  # fmt: skip
+    cfg.architectures = ["LlamaForCausalLM"]
+    return fsdpviz.hf_model(_save(cfg), seq=16)
+
+
+def _save(cfg: Any) -> str:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="fsdpviz-llama-"))
+    cfg.save_pretrained(path)
+    return str(path)
+
+
+def _read(path: Path, model: torch.nn.Module) -> fsdpviz.TrainerConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fsdpviz.ConfigNote)
+        return fsdpviz.from_accelerate(path, model)
+
+
+def _accelerate_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """accelerate's own FullyShardedDataParallelPlugin for ``accelerate launch --config_file
+    path`` (the launch parser reads the file, prepare_multi_gpu_env exports it)."""
+    pytest.importorskip("accelerate")
+    import accelerate.utils.dataclasses as accelerate_dataclasses
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    for key, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(accelerate_dataclasses, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return FullyShardedDataParallelPlugin(), args
+
+
+# accelerate's FSDP guide (usage_guides/fsdp.md) writes this, as accelerate 0.2x did
+DOCS_YAML = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config: {}
+distributed_type: FSDP
+downcast_bf16: 'no'
+dynamo_backend: 'NO'
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch_policy: BACKWARD_PRE
+  fsdp_forward_prefetch: true
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: 1
+  fsdp_state_dict_type: FULL_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_use_orig_params: true
+machine_rank: 0
+main_training_function: main
+megatron_lm_config: {}
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+
+
+def test_old_key_names_are_read_as_the_installed_accelerate_reads_them(
+    llama: fsdpviz.HFModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(DOCS_YAML)
+    with pytest.warns(fsdpviz.ConfigNote) as caught:
+        ours = fsdpviz.from_accelerate(path, llama.model)
+    (renamed,) = [n for n in ours.notes if "fsdp_backward_prefetch_policy" in n]
+    assert renamed.startswith(
+        "fsdp.yaml fsdp_config: fsdp_backward_prefetch_policy='BACKWARD_PRE' is the old name "
+        "of fsdp_backward_prefetch: accelerate stopped reading it in 0.27"
+    )
+    assert renamed.endswith("rename it to fsdp_backward_prefetch to apply it")
+    assert any(renamed == str(w.message) for w in caught)
+    plugin, args = _accelerate_runs(path, monkeypatch)
+    assert ours["backward_prefetch"] == plugin.backward_prefetch  # None: accelerate drops it
+    assert ours["sharding_strategy"] == plugin.sharding_strategy == ShardingStrategy.FULL_SHARD
+    assert ours["forward_prefetch"] is plugin.forward_prefetch is True
+    assert ours["world_size"] == int(args.num_processes) == 2
+    # where the installed accelerate still reads the old name (before 0.27), it applies
+    monkeypatch.setattr(accelerate_config, "_accelerate_version", lambda: (0, 26))
+    old = _read(path, llama.model)
+    assert old["backward_prefetch"] == BackwardPrefetch.BACKWARD_PRE
+    assert not [n for n in old.notes if "fsdp_backward_prefetch_policy" in n]
+    both = tmp_path / "both.yaml"
+    both.write_text(DOCS_YAML.replace("  fsdp_forward", "  fsdp_backward_prefetch: NO_PREFETCH\n"
+                                                      "  fsdp_forward"))  # fmt: skip
+    assert _read(both, llama.model)["backward_prefetch"] == BackwardPrefetch.BACKWARD_PRE
+
+
+def test_old_top_level_keys(llama: fsdpviz.HFModel) -> None:
+    plan = _read_dict({"distributed_type": "FSDP", "fp16": True, "dynamo_backend": "NO",
+                       "command_file": None, "tpu_name": None}, llama)  # fmt: skip
+    assert plan["mixed_precision"].param_dtype == torch.float16
+    assert "mixed_precision" not in _read_dict({"distributed_type": "FSDP", "fp16": False}, llama)
+    unquoted_no = _read_dict({"distributed_type": "FSDP", "mixed_precision": False}, llama)
+    assert "mixed_precision" not in unquoted_no  # `mixed_precision: no` reads as false
+
+
+def _read_dict(data: dict[str, Any], llama: fsdpviz.HFModel) -> fsdpviz.TrainerConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fsdpviz.ConfigNote)
+        return fsdpviz.from_accelerate(data, llama.model)
+
+
+BROKEN = {
+    "indent.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\n   fsdp_offload_params: x\n",
+        "indent.yaml is not valid YAML (line 4, column 23): mapping values are not allowed here",
+    ),
+    "tab.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n\tfsdp_version: 1\n",
+        "found character '\\t' that cannot start any token; an accelerate config is YAML as "
+        "`accelerate config` writes it",
+    ),
+    "list.yaml": ("- FSDP\n", "list.yaml: an accelerate config is a YAML mapping of keys"),
+    "empty.yaml": ("", "got an empty file"),
+    "processes.yaml": (
+        "distributed_type: FSDP\nnum_processes: two\n",
+        "num_processes must be an integer, got 'two'; accelerate reads it with int(), so "
+        "write the number in digits",
+    ),
+    "size.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
+        "  fsdp_min_num_params: 1e8\n",
+        "fsdp_min_num_params must be an integer, got '1e8'; accelerate reads it with int(), "
+        "so write 100000000",
+    ),
+    "fsdp2.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n",
+        "fsdp_reshard_after_forward='SHARD_GRAD_OP' is FSDP1's sharding strategy; with "
+        "fsdp_version: 2 accelerate takes true or false (accelerate to-fsdp2 writes false for "
+        "SHARD_GRAD_OP)",
+    ),
+    "flag.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_use_orig_params: maybe\n",
+        "flag.yaml: fsdp_use_orig_params must be true or false, got 'maybe'",
+    ),
+    "nested.yaml": (
+        "distributed_type: FSDP\nfsdp_config:\n  - fsdp_version\n",
+        "fsdp_config must be a mapping of keys (fsdp_version: 1, ...), got ['fsdp_version']",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_files_get_a_message_not_a_traceback(
+    name: str, llama: fsdpviz.HFModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, said = BROKEN[name]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(fsdpviz.ConfigError) as err:
+        fsdpviz.from_accelerate(path, llama.model)
+    assert said in str(err.value)
+    code = main(["report", f"hf:{llama.name}", "--accelerate-config", str(path)])
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("error: ") and said in captured.err
+
+
+def test_launcher_decided_process_count(llama: fsdpviz.HFModel) -> None:
+    with pytest.warns(fsdpviz.ConfigNote, match="num_processes=-1 leaves the number"):
+        plan = fsdpviz.from_accelerate({"distributed_type": "FSDP", "num_processes": -1},
+                                       llama.model)  # fmt: skip
+    assert plan["world_size"] == 8
