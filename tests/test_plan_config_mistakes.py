@@ -202,3 +202,76 @@ def test_launcher_decided_process_count(llama: fsdpviz.HFModel) -> None:
         plan = fsdpviz.from_accelerate({"distributed_type": "FSDP", "num_processes": -1},
                                        llama.model)  # fmt: skip
     assert plan["world_size"] == 8
+
+
+# ---------------------------------------------------------------- Lightning
+def test_lightning_hybrid_shards_within_a_node(llama: fsdpviz.HFModel) -> None:
+    """FSDP1's HYBRID_SHARD without a process group shards over the node's devices and
+    replicates across nodes (torch's _init_intra_and_inter_node_groups)."""
+    pytest.importorskip("lightning")
+    layer = llama.wrap_classes[0]
+    plan = fsdpviz.from_lightning(devices=4, num_nodes=2, sharding_strategy="HYBRID_SHARD",
+                                  auto_wrap_policy={layer})  # fmt: skip
+    assert plan["world_size"] == 8 and plan["shard_group_size"] == 4
+    report = fsdpviz.analyze(*llama, **plan)
+    assert report.config.process_group_size == 4
+    assert all(u.padded_numel == 4 * u.sharded_numel for u in report.units)
+    steady = report.iterations[1]
+    assert {e.group for e in steady if e.kind == "all_reduce"} == {"replicate"}
+    mesh = fsdpviz.from_lightning(devices=4, num_nodes=2, sharding_strategy="_HYBRID_SHARD_ZERO2",
+                                  device_mesh=(4, 2))  # fmt: skip
+    assert mesh["shard_group_size"] == 2 and "device_mesh" not in mesh
+    with pytest.raises(fsdpviz.ConfigError, match=r"replicas x shard = devices x num_nodes = 8"):
+        fsdpviz.from_lightning(devices=4, num_nodes=2, sharding_strategy="HYBRID_SHARD",
+                               device_mesh=(3, 2))  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match="requires you to pass at least one of"):
+        fsdpviz.from_lightning(devices=4, num_nodes=2, sharding_strategy="HYBRID_SHARD")
+
+
+def test_lightning_strategy_instance_keeps_its_options(llama: fsdpviz.HFModel) -> None:
+    pytest.importorskip("lightning")
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    layer = llama.wrap_classes[0]
+    given = dict(auto_wrap_policy={layer}, sharding_strategy="SHARD_GRAD_OP",
+                 activation_checkpointing_policy={layer}, cpu_offload=True)  # fmt: skip
+    built = fsdpviz.from_lightning(strategy=FSDPStrategy(**given), devices=2,
+                                   precision="bf16-mixed")  # fmt: skip
+    direct = fsdpviz.from_lightning(devices=2, precision="bf16-mixed", **given)
+    assert built.keys() == direct.keys()
+    assert all(built[k] == direct[k] for k in built if k != "auto_wrap_policy")
+    assert built["auto_wrap_policy"]._module_classes == {layer}
+    assert built["activation_checkpointing"] == [layer]
+    report = fsdpviz.analyze(*llama, **built)  # no "unknown option 'strategy'"
+    assert len(report.units) == 3 and report.config.sharding_strategy == "SHARD_GRAD_OP"
+    plugin = FSDPStrategy(precision_plugin=FSDPPrecision("bf16-mixed"))
+    assert fsdpviz.from_lightning(strategy=plugin)["mixed_precision"].param_dtype == torch.bfloat16
+    offload = fsdpviz.from_lightning(strategy="fsdp_cpu_offload", devices=2)
+    assert offload["cpu_offload"].offload_params and offload["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"sharding_stratgy": "FULL_SHARD"}, "FSDPStrategy has no argument 'sharding_stratgy'"
+         ", and FullyShardedDataParallel, which gets the ones FSDPStrategy does not take, has "
+         "none either; did you mean 'sharding_strategy'?"),
+        ({"strategy": "fsdp2"}, "strategy='fsdp2' is not an FSDP strategy Lightning registers;"
+         " did you mean 'fsdp'? use one of fsdp, fsdp_cpu_offload or FSDPStrategy(...)"),
+        ({"strategy": "fsdp", "cpu_offload": True}, "pass strategy=FSDPStrategy(...) or the "
+         "strategy's arguments (cpu_offload), not both"),
+        ({"devices": "auto"}, "devices='auto': the number of devices per node decides the "
+         "world size"),
+        ({"precision": "bf16"}, "Lightning rejects these arguments: `precision='bf16')` is not "
+         "supported in FSDP"),
+        ({"device_mesh": (2, 4)}, "is a 2-D mesh, which FSDP1 takes only with "
+         "sharding_strategy='HYBRID_SHARD'"),
+        ({"strategy": object()}, "strategy=object is not Lightning's FSDPStrategy"),
+    ],
+)  # fmt: skip
+def test_lightning_mistakes(kwargs: dict[str, Any], said: str) -> None:
+    pytest.importorskip("lightning")
+    with pytest.raises(fsdpviz.ConfigError) as err:
+        fsdpviz.from_lightning(**kwargs)
+    assert said in str(err.value)
