@@ -3,6 +3,7 @@ Lightning's strategies; every mistake gets a message that names the fix."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,63 @@ def test_lightning_mistakes(kwargs: dict[str, Any], said: str) -> None:
     with pytest.raises(fsdpviz.ConfigError) as err:
         fsdpviz.from_lightning(**kwargs)
     assert said in str(err.value)
+
+
+# ---------------------------------------------------------------- Hugging Face ids
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("num_hidden_layers=two", "LlamaConfig.num_hidden_layers is an integer (it is 2), got "
+         "'two'; set an integer, e.g. num_hidden_layers=2"),
+        ("num_hidden_layers=2.5", "num_hidden_layers is an integer (it is 2), got 2.5"),
+        ("tie_word_embeddings=3", "LlamaConfig.tie_word_embeddings is true or false (it is "
+         "False), got 3; set true or false, e.g. tie_word_embeddings=false"),
+        ("rms_norm_eps=small", "LlamaConfig.rms_norm_eps is a number (it is 1e-06), got 'small'"),
+    ],
+)  # fmt: skip
+def test_set_with_a_value_of_the_wrong_type(
+    text: str, said: str, llama: fsdpviz.HFModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["report", f"hf:{llama.name}", "--set", text])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: ") and said in err, err
+    assert "Traceback" not in err
+    ok = fsdpviz.hf_model(llama.name, overrides={"num_hidden_layers": 1, "rms_norm_eps": 1})
+    assert len(ok.model.model.layers) == 1 and ok.config.rms_norm_eps == 1
+
+
+def test_unreachable_hub_fails_at_once(tmp_path: Path) -> None:
+    """No five retries: one connection to the hub, then the cache, then a message."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cached = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc"
+    cached.mkdir(parents=True)
+    (cached.parent.parent / "refs").mkdir()
+    (cached.parent.parent / "refs" / "main").write_text("abc")
+    from transformers import LlamaConfig
+
+    LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, vocab_size=96,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(cached)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "ALL_"))}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HUB_CACHE=str(tmp_path / "hub"))
+    script = (
+        "import fsdpviz, sys; from fsdpviz.cli import main\n"
+        "print(len(fsdpviz.hf_model('acme/tiny').model.model.layers))\n"
+        "sys.exit(main(['report', 'hf:acme/missing']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.stdout.splitlines()[0] == "1", proc.stderr  # the cached config, offline
+    assert proc.returncode == 1, proc.stderr
+    assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        "error: the config of 'acme/missing' (its config.json) is not in the Hugging Face "
+        f"cache and the hub is not reachable from here (http://127.0.0.1:{port}: Connection "
+        "refused): fetch it once where the hub is reachable (`hf download acme/missing "
+        "config.json`"
+    ) in proc.stderr
