@@ -78,6 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     except FsdpvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the user's own code (a factory), or a file that cannot be written
+        if os.environ.get("FSDPVIZ_TRACEBACK"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc}{_raised_at(exc)}", file=sys.stderr)
+        print("(set FSDPVIZ_TRACEBACK=1 to see the whole traceback)", file=sys.stderr)
+        return 1
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (raised in models.py, line 12, in build)``: the innermost frame outside torch,
+    fsdpviz and the standard library, where the fix most likely is."""
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        file = code.co_filename
+        library = file.startswith(stdlib) and "site-packages" not in file
+        if not library and not any(p in file for p in ("/torch/", "/fsdpviz/", "<frozen")):
+            found = f" (raised in {Path(file).name}, line {tb.tb_lineno}, in {code.co_name})"
+        tb = tb.tb_next
+    return found
 
 
 def _unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
@@ -227,6 +254,8 @@ def _output_path(text: str) -> Path:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise UsageError(f"cannot write {text!r}: it is a directory; give a file name")
     return path
 
 

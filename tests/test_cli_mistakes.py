@@ -238,3 +238,27 @@ def test_real_fsdp1_refuses_classes_as_a_policy_too(fake_pg: int) -> None:
     for policy in (Block, {Block}):
         with pytest.raises(TypeError):
             FullyShardedDataParallel(Net(), auto_wrap_policy=policy, device_id=torch.device("cpu"))
+
+
+def test_errors_of_the_users_code_are_a_message(
+    factory: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "broken_models.py").write_text(
+        "def build():\n    raise RuntimeError('the weights are not downloaded')\n"
+    )
+    code, _, err = _run(capsys, "report", "broken_models:build")
+    assert code == 1
+    assert err.splitlines() == [
+        "error: RuntimeError: the weights are not downloaded (raised in broken_models.py, "
+        "line 2, in build)",
+        "(set FSDPVIZ_TRACEBACK=1 to see the whole traceback)",
+    ]
+    (tmp_path / "taken.html").mkdir()  # a directory where the page would go
+    code, _, err = _run(capsys, "report", factory, "-o", "taken.html")
+    assert code == 2 and "cannot write 'taken.html': it is a directory; give a file name" in err
+    monkeypatch.setenv("FSDPVIZ_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="the weights are not downloaded"):
+        main(["report", "broken_models:build"])
