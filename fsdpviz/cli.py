@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``fsdpviz`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     parser = _build_parser()
     words = sys.argv[1:] if argv is None else argv
-    if words and words[0].startswith("-") and words[0] not in parser._option_string_actions:
+    first = words[0].split("=")[0] if words else ""
+    if first.startswith("-") and not any(
+        o.startswith(first) for o in parser._option_string_actions
+    ):
         parser.print_usage(sys.stderr)  # a misspelled option before the command
         print(f"{_PROG}: error: {_unrecognized(words[:1], parser)}", file=sys.stderr)
         return 2

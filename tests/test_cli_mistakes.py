@@ -121,6 +121,8 @@ def test_misspelled_options_get_a_suggestion(
     code, _, err = _run(capsys, "demo", "--wrold-size=8", "--outptu", "x.html")
     assert code == 2
     assert "--wrold-size: did you mean --world-size?; --outptu: did you mean --output?" in err
+    code, out, _ = _run(capsys, "--vers")  # argparse's abbreviations still work
+    assert code == 0 and out.startswith("fsdpviz ")
     code, _, err = _run(capsys, "--verison")
     assert code == 2 and "fsdpviz: error: unrecognized arguments: --verison; --verison: did " \
         "you mean --version?" in err  # fmt: skip
