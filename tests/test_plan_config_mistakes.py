@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def llama() -> fsdpviz.HFModel:
+def llama(tmp_path_factory: pytest.TempPathFactory) -> fsdpviz.HFModel:
+    """A tiny Llama from a config directory (``llama.name`` is the directory)."""
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
@@ -28,15 +29,9 @@ def llama() -> fsdpviz.HFModel:
         num_key_value_heads=2, vocab_size=96, max_position_embeddings=64,
     )  # fmt: skip
     cfg.architectures = ["LlamaForCausalLM"]
-    return fsdpviz.hf_model(_save(cfg), seq=16)
-
-
-def _save(cfg: Any) -> str:
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="fsdpviz-llama-"))
+    path = tmp_path_factory.mktemp("llama")
     cfg.save_pretrained(path)
-    return str(path)
+    return fsdpviz.hf_model(str(path), seq=16)
 
 
 def _read(path: Path, model: torch.nn.Module) -> fsdpviz.TrainerConfig:
