@@ -98,6 +98,10 @@ __all__ = [
 def load(path: str | Path) -> Report | RecordedRun:
     """Read a report file, or a directory of a run recorded with :func:`record`.
 
+    A path that does not exist raises ``FileNotFoundError``, a file that is not a
+    report (not JSON, a page, a graph, a profiler trace) :class:`ConfigError`, each
+    saying what to pass.
+
     A ``.json`` file saved with ``report.to_json(path)`` or ``report.save(path)`` (a
     Chrome trace that also holds the report) gives a :class:`Report`; a directory
     written by ``fsdpviz.record(model, out_dir=path)``, or the ``.json`` of
@@ -113,10 +117,52 @@ def load(path: str | Path) -> Report | RecordedRun:
     p = Path(path)
     if p.is_dir():
         return RecordedRun.load(p)
-    if p.suffix.lower() == ".json" and p.is_file():
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"{str(p)!r} does not exist: fsdpviz.load reads a report's .json (written by "
+            "report.save('report.json') or report.to_json(path)) or the directory "
+            "fsdpviz.record(model, out_dir=...) wrote"
+        )
+    try:
         data = json.loads(p.read_text())
-        if isinstance(data, dict) and "ranks" in data and "units" not in data:
-            return RecordedRun.from_dict(data, p)
-        if isinstance(data, dict):
-            return Report.from_dict(data)
-    return Report.from_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(_not_a_report(p, _what_it_is(p, e))) from None
+    if isinstance(data, dict) and "ranks" in data and "units" not in data:
+        return RecordedRun.from_dict(data, p)
+    if not isinstance(data, dict) or "units" not in data:
+        raise ConfigError(_not_a_report(p, _what_json_is(data)))
+    try:
+        return Report.from_dict(data)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(
+            _not_a_report(p, f"a report with a missing or malformed field ({e!r})")
+        ) from None
+
+
+def _not_a_report(path: Path, what: str) -> str:
+    return (
+        f"{str(path)!r} is {what}, not an fsdpviz report: fsdpviz.load reads the .json of "
+        "report.save('report.json') / report.to_json(path) (or run.save), or the directory "
+        "fsdpviz.record wrote"
+    )
+
+
+def _what_it_is(path: Path, error: Exception) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return "not a text file"
+    head = path.read_text(errors="replace")[:200].lstrip().lower()
+    if head.startswith(("<!doctype html", "<html")):
+        return "an HTML page (the report's page shows it; save the report as .json to load it)"
+    assert isinstance(error, json.JSONDecodeError)
+    return f"not JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+
+
+def _what_json_is(data: object) -> str:
+    if isinstance(data, dict) and "traceEvents" in data:
+        return (
+            "a Chrome trace without a report in it (a torch.profiler trace is read by "
+            "fsdpviz.load_profile)"
+        )
+    if isinstance(data, dict) and "nodes" in data and "edges" in data:
+        return "a graph (.nodelink.json: networkx.node_link_graph reads it)"
+    return f"JSON holding a {type(data).__name__} without 'units'"

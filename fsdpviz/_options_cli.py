@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
 
 __all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
@@ -119,7 +120,8 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
         choices=["meta", "real", "fx"],
         default="meta",
         help="run the model on the meta device (default) or, for models that cannot, on a "
-        "copy on its own device (real) or through torch.fx (fx)",
+        "copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
+        "--fully-shard)",
     )
 
 
@@ -230,6 +232,11 @@ def analyze_kwargs(
             raise UsageError(
                 f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
                 "--fully-shard to plan FSDP1"
+            )
+        if args.trace == "fx":
+            raise UsageError(
+                "--trace fx traces FSDP1 plans only (torch.fx symbolic tracing of the module "
+                "tree); with --fully-shard (FSDP2) use --trace meta (default) or --trace real"
             )
         kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
         if args.reshard_after_forward is not None:
@@ -366,12 +373,12 @@ def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[typ
     found: set[type[nn.Module]] = set()
     for name in filter(None, (n.strip() for n in names)):
         if name not in classes:
-            hint = difflib.get_close_matches(name, sorted(classes), n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            hint = closest_class(model, name)
+            tip = f"; did you mean {hint!r}?" if hint else ""
             what = "module of class or FQN" if flag == "--fully-shard" else "module of class"
             raise UsageError(
-                f"{flag}: the model has no {what} {name!r}{tip} "
-                f"(classes: {', '.join(sorted(classes))})"
+                f"{flag}: the model has no {what} {name!r}{tip} (its classes with parameters, "
+                f"blocks first: {model_classes(model)})"
             )
         found |= classes[name]
     if not found:

@@ -56,10 +56,23 @@ _PROG = "fsdpviz"
 def main(argv: list[str] | None = None) -> int:
     """Run ``fsdpviz`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     parser = _build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    first = words[0].split("=")[0] if words else ""
+    if first.startswith("-") and not any(
+        o.startswith(first) for o in parser._option_string_actions
+    ):
+        parser.print_usage(sys.stderr)  # a misspelled option before the command
+        print(f"{_PROG}: error: {_unrecognized(words[:1], parser)}", file=sys.stderr)
+        return 2
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     except SystemExit as exc:  # argparse reports its own errors and --help this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    if unknown:
+        given: argparse.ArgumentParser = getattr(args, "parser", parser)
+        given.print_usage(sys.stderr)
+        print(f"{given.prog}: error: {_unrecognized(unknown, given)}", file=sys.stderr)
+        return 2
     command: Callable[[argparse.Namespace], int] = args.func
     try:
         return command(args)
@@ -71,6 +84,47 @@ def main(argv: list[str] | None = None) -> int:
     except FsdpvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the user's own code (a factory), or a file that cannot be written
+        if os.environ.get("FSDPVIZ_TRACEBACK"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc}{_raised_at(exc)}", file=sys.stderr)
+        print("(set FSDPVIZ_TRACEBACK=1 to see the whole traceback)", file=sys.stderr)
+        return 1
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (raised in models.py, line 12, in build)``: the innermost frame outside torch,
+    fsdpviz and the standard library, where the fix most likely is."""
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        file = code.co_filename
+        library = file.startswith(stdlib) and "site-packages" not in file
+        if not library and not any(p in file for p in ("/torch/", "/fsdpviz/", "<frozen")):
+            found = f" (raised in {Path(file).name}, line {tb.tb_lineno}, in {code.co_name})"
+        tb = tb.tb_next
+    return found
+
+
+def _unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's message for arguments it does not know, with the option each misspells
+    (``--wrold-size`` -> ``--world-size``), as ``%fsdpviz`` says it."""
+    known = sorted(o for o in parser._option_string_actions if o.startswith("--"))
+    tips = []
+    for word in words:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1)
+            if close:
+                tips.append(f"{word.split('=')[0]}: did you mean {close[0]}?")
+    text = f"unrecognized arguments: {' '.join(words)}"
+    return text + ("; " + "; ".join(tips) if tips else "")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -218,7 +272,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"note: {line}")
     start = time.perf_counter()
     report = analyze(model, inputs, **kwargs)
-    return _write(report, path, time.perf_counter() - start)
+    root_only = (args.policy or "").strip().lower() == "none"
+    return _write(report, path, time.perf_counter() - start, root_only)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -287,15 +342,19 @@ def _output_path(text: str) -> Path:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise UsageError(f"cannot write {text!r}: it is a directory; give a file name")
     return path
 
 
-def _write(report: Any, path: Path, seconds: float) -> int:
+def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> int:
     from fsdpviz.export import save
 
     save(report, path)
     print(report.summary())
-    if len(report.units) == 1:
+    if len(report.units) == 1 and root_only:
+        print("root only, as --policy none asks: the whole model is one unit")
+    elif len(report.units) == 1:
         print(
             "root only: 1 unit (no wrap policy: pass --policy transformer:CLASS, "
             "--fully-shard CLASS or a config file to shard the model's blocks)"

@@ -43,7 +43,7 @@ _OPTIONS = """\
   --sharding-strategy full|grad_op|no_shard|hybrid    FSDP1
   --use-orig-params           FSDP1 use_orig_params=True
   --world-size N              ranks (default 8)
-  --trace meta|real|fx        how to trace (default meta)
+  --trace meta|real|fx        how to trace (default meta; fx: FSDP1 only)
   --show                      open the interactive explorer instead of the summary
 """
 

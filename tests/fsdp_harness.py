@@ -108,10 +108,12 @@ def record_real_fsdp2(
     iterations: int = 3,
     mesh_shape: tuple[int, int] | None = None,
     offload_policy: Any = None,
+    ignored_params: list[str] | None = None,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
-    ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP)."""
+    ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP); ``ignored_params``
+    (parameter FQNs) are left out of the root's call."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -139,7 +141,10 @@ def record_real_fsdp2(
 
     for names in [*calls, ("",)]:
         targets = [mods[n] for n in names]
-        fully_shard(targets if len(targets) > 1 else targets[0], **kwargs_for(names))
+        kw = kwargs_for(names)
+        if names == ("",) and ignored_params:
+            kw["ignored_params"] = {real.get_parameter(n) for n in ignored_params}
+        fully_shard(targets if len(targets) > 1 else targets[0], **kw)
     for key, attr in (
         (forward_prefetch, "set_modules_to_forward_prefetch"),
         (backward_prefetch, "set_modules_to_backward_prefetch"),

@@ -4,7 +4,8 @@
 rank: ``"two"`` (2 ranks: FSDP1 and FSDP2 cases), ``"one"`` (1 rank, where FSDP1 switches
 to NO_SHARD), ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
 given their ``(shard, replicate)`` process groups) or ``"tp"`` (4 ranks as a dp 2 x tp 2
-mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp).
+mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp) or
+``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import handwritten_models as hm
 import torch
@@ -166,6 +167,101 @@ def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[
     }
 
 
+class Corner(NamedTuple):
+    """A case real FSDP and fsdpviz must agree on: both accept it (and plan the same
+    schedule) or both reject it for the same reason (``accepts=False``).
+
+    ``build()`` gives ``(model, inputs)``; ``options(model)`` the ``analyze`` keyword
+    arguments for that model; FSDP2 cases name their ``fully_shard`` calls by FQN."""
+
+    build: Any
+    api: str
+    options: Any
+    accepts: bool
+
+
+def corner_cases() -> dict[str, Corner]:
+    """name -> case, on 2 ranks: the cases that refuse come last (a rank that raised in
+    forward leaves its FSDP state behind)."""
+    import corner_models as cm
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    def wrap_layers(model: torch.nn.Module) -> dict[str, Any]:
+        layer = type(model.get_submodule("model.layers.0"))
+        return {"auto_wrap_policy": ModuleWrapPolicy({layer})}
+
+    def layers(prefix: str, n: int = 2) -> Any:
+        return lambda model: {"fully_shard": [(f"{prefix}.{i}",) for i in range(n)]}
+
+    def head_in_fp32(api: str) -> Any:
+        def options(model: torch.nn.Module) -> dict[str, Any]:
+            if api == "FSDP1":
+                return {
+                    "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+                    "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16),
+                    "ignored_modules": [model.get_submodule("head")],
+                }
+            return {
+                "fully_shard": [(f"blocks.{i}",) for i in range(4)],
+                "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+                "ignored_params": [model.get_parameter(n) for n in ("head.weight", "head.bias")],
+            }
+
+        return options
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    return {
+        "mla-fsdp1": Corner(cm.deepseek_mla, "FSDP1", wrap_layers, True),
+        "mla-fsdp2": Corner(cm.deepseek_mla, "FSDP2", layers("model.layers"), True),
+        **{
+            f"{name}-no-cache": Corner(
+                lambda name=name: cm.no_cache(name),
+                api,
+                wrap_layers if api == "FSDP1" else layers("model.layers"),
+                True,
+            )
+            for name, api in (("qwen3", "FSDP1"), ("gemma3", "FSDP2"), ("qwen3_moe", "FSDP1"))
+        },
+        "scalar-fsdp1": Corner(
+            lambda: (cm.WithScalar(), x()),
+            "FSDP1",
+            lambda model: {"auto_wrap_policy": ModuleWrapPolicy({cm.Scaled})},
+            False,
+        ),
+        "fp32-head-fsdp1": Corner(lambda: (cm.stack(), x()), "FSDP1", head_in_fp32("FSDP1"), False),
+        "fp32-head-fsdp2": Corner(lambda: (cm.stack(), x()), "FSDP2", head_in_fp32("FSDP2"), False),
+    }
+
+
+def record_corners(rank: int, world_size: int, out_dir: str) -> None:
+    """Each corner case on this rank: its recording, or what real FSDP raised."""
+    for name, case in corner_cases().items():
+        torch.manual_seed(0)
+        model, inputs = case.build()
+        options = case.options(model)
+        try:
+            if case.api == "FSDP1":
+                report = record_real_fsdp1(model, inputs, options)
+            else:
+                report = _record_fsdp2(model, inputs, options, world_size)
+        except Exception as e:  # real FSDP refuses: what it said, to compare
+            text = json.dumps({"type": type(e).__name__, "message": str(e)})
+            (Path(out_dir) / f"{name}-rank{rank}.error.json").write_text(text)
+            continue
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+
+
+def _record_fsdp2(model: Any, inputs: Any, options: dict[str, Any], world_size: int) -> Any:
+    names = {p: n for n, p in model.named_parameters()}
+    ignored = [names[p] for p in options.get("ignored_params", [])]
+    return record_real_fsdp2(
+        model, inputs, options["fully_shard"], world_size, mp_policy=options.get("mp_policy"),
+        ignored_params=ignored,
+    )  # fmt: skip
+
+
 TP_MESH = (2, 2)  # (dp, tp)
 
 
@@ -254,6 +350,8 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
     try:
         if suite == "tp":
             record_tp(rank, out_dir)
+        elif suite == "corners":
+            record_corners(rank, world_size, out_dir)
         else:
             record_suite(rank, world_size, out_dir, suite)
     except BaseException:

@@ -107,15 +107,12 @@ def test_hf_gradient_checkpointing(fake_pg: int) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     kw = {"auto_wrap_policy": ModuleWrapPolicy({layer})}
-    # In training mode HF checks the (data-dependent) position ids for packed
-    # sequences, which the meta device cannot answer: fsdpviz names the module
-    # and points to trace="real", which then matches real FSDP exactly.
-    with pytest.raises(
-        fsdpviz.TraceError, match=r"(?s)module 'model' \(LlamaModel\).*trace='real'"
-    ) as err:
-        fsdpviz.analyze(model, inputs, world_size=fake_pg, **kw)
-    assert err.value.module == "model"
-    check_conformance(model, inputs, kw, fake_pg, trace="real")
+    # Checkpointing turns the cache off, and HF then checks the position ids for packed
+    # sequences (a value the meta device does not hold): fsdpviz answers it as the model's
+    # own position ids (one sequence per row) do, and both traces match real FSDP.
+    report = check_conformance(model, inputs, kw, fake_pg)
+    real = check_conformance(model, inputs, kw, fake_pg, trace="real")
+    assert report.memory.peak == real.memory.peak
 
 
 def test_hf_lora_style_frozen_base(fake_pg: int) -> None:

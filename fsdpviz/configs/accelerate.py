@@ -15,6 +15,13 @@ What ``accelerate launch`` does with each key is followed as accelerate 1.x does
 - ``fsdp_activation_checkpointing``: the modules the wrap policy picks are checkpointed.
 - ``mixed_precision``: ``bf16`` / ``fp16`` (``fp8`` computes in bf16) for parameters,
   reduction and buffers (FSDP1) or outputs (FSDP2).
+
+Older accelerate releases wrote other names, and files written by them are read as the
+installed accelerate reads them: ``fp16: true`` is ``mixed_precision: fp16``,
+``dynamo_backend: X`` is ``dynamo_config: {dynamo_backend: X}``, fsdp_config keys without
+the ``fsdp_`` prefix take it, and ``fsdp_backward_prefetch_policy`` (accelerate before
+0.27; its docs still show it) is ``fsdp_backward_prefetch`` where the installed accelerate
+still reads it, and otherwise prefetches nothing, which a note says.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torch import nn
 
 from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 
 # fsdp_config keys accelerate reads and fsdpviz applies.
 _FSDP_KEYS = {
@@ -58,6 +66,18 @@ _LAUNCH_KEYS = {
     "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "gpu_ids",
     "main_process_ip", "main_process_port", "mixed_precision", "fsdp_config",
 }  # fmt: skip
+# Further keys of accelerate's ClusterConfig and SageMakerConfig (accelerate config writes
+# them): TPU pods, launch commands, other backends' settings, SageMaker's job.
+_CLUSTER_KEYS = {
+    "command_file", "commands", "tpu_name", "tpu_zone", "tpu_vm", "mpirun_config",
+    "ipex_config", "deepspeed_config", "megatron_lm_config", "ec2_instance_type",
+    "iam_role_name", "image_uri", "profile", "region", "base_job_name", "pytorch_version",
+    "transformers_version", "py_version", "sagemaker_inputs_file", "sagemaker_metrics_file",
+    "additional_args",
+}  # fmt: skip
+# Old fsdp_config names -> (the current name, the accelerate release that stopped reading it;
+# None: accelerate still reads the old name).
+_RENAMED = {"fsdp_backward_prefetch_policy": ("fsdp_backward_prefetch", (0, 27))}
 _NOT_PLANNED = {
     "dynamo_config": "torch.compile changes kernels, not the FSDP schedule (not modelled)",
     "fp8_config": "FP8 matmuls are not modelled (computed as bf16)",
@@ -81,21 +101,36 @@ def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) ->
         report = fsdpviz.analyze(model, inputs, **plan)
     """
     data, where = _load(config)
-    notes = check_keys(data, _LAUNCH_KEYS | set(_NOT_PLANNED), where, ignored=_NOT_PLANNED)
+    data = _current_names(data)
+    known = _LAUNCH_KEYS | _CLUSTER_KEYS | set(_NOT_PLANNED)
+    notes = check_keys(data, known, where, ignored=_NOT_PLANNED)
     if data.get("distributed_type", "FSDP") != "FSDP":
         raise ConfigError(
             f"{where}: distributed_type is {data['distributed_type']!r}, not FSDP; this "
             "config does not shard with FSDP"
         )
-    fsdp = dict(data.get("fsdp_config") or {})
+    fsdp = data.get("fsdp_config") or {}
+    if not isinstance(fsdp, Mapping):
+        raise ConfigError(
+            f"{where}: fsdp_config must be a mapping of keys (fsdp_version: 1, ...), got {fsdp!r}"
+        )
     fsdp = {k if k.startswith("fsdp_") else f"fsdp_{k}": v for k, v in fsdp.items()}
+    fsdp = _current_fsdp_names(fsdp, f"{where} fsdp_config", notes)
     notes += check_keys(fsdp, _FSDP_KEYS, f"{where} fsdp_config", ignored=_FSDP_NOT_PLANNED)
-    version = int(fsdp.get("fsdp_version", 1))
+    version = _int(fsdp.get("fsdp_version", 1), "fsdp_version", where)
     if version not in (1, 2):
         raise ConfigError(f"{where}: fsdp_version must be 1 or 2, got {version!r}")
-    kwargs: dict[str, Any] = {"world_size": int(data.get("num_processes", 1))}
+    kwargs: dict[str, Any] = {
+        "world_size": _int(data.get("num_processes", 1), "num_processes", where)
+    }
+    if kwargs["world_size"] < 1:
+        note(notes, f"{where}: num_processes={kwargs['world_size']} leaves the number of "
+                    f"processes to the launcher; planned for {DEFAULT_WORLD_SIZE} ranks (pass "
+                    "world_size=N, or --world-size N, for the job's)")  # fmt: skip
+        kwargs["world_size"] = DEFAULT_WORLD_SIZE
     wrap = _wrap_policy(fsdp, model, where)
-    mixed = str(data.get("mixed_precision") or "no").lower()
+    mixed = data.get("mixed_precision")
+    mixed = "no" if mixed is None or mixed is False else str(mixed).lower()
     if mixed not in ("no", *_MIXED):
         raise ConfigError(f"{where}: mixed_precision must be no, bf16, fp16 or fp8, got {mixed!r}")
     if mixed == "fp8":
@@ -108,7 +143,9 @@ def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) ->
         kwargs.update(_fsdp1(fsdp, wrap, dtype, where, notes))
     else:
         kwargs.update(_fsdp2(fsdp, wrap, dtype, model, where, notes))
-    if _flag(fsdp.get("fsdp_activation_checkpointing", False)):
+    if _flag(
+        fsdp.get("fsdp_activation_checkpointing", False), "fsdp_activation_checkpointing", where
+    ):
         if wrap is None:
             note(notes, f"{where}: fsdp_activation_checkpointing without a wrap policy "
                         "checkpoints nothing")  # fmt: skip
@@ -125,13 +162,102 @@ def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     path = Path(config)
     if not path.is_file():
         raise ConfigError(f"accelerate config {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"{path} is not valid YAML{at}: {problem}; an accelerate config is YAML as "
+            "`accelerate config` writes it (key: value, nested keys indented with spaces)"
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file; pass the accelerate config YAML") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: an accelerate config is a YAML mapping of keys")
+        raise ConfigError(
+            f"{path}: an accelerate config is a YAML mapping of keys (distributed_type: FSDP, "
+            f"fsdp_config: ...), got {type(data).__name__ if data is not None else 'an empty file'}"
+        )
     return data, path.name
 
 
-def _flag(value: Any) -> bool:
+def _current_names(data: dict[str, Any]) -> dict[str, Any]:
+    """Top-level keys of older accelerate releases as accelerate reads them
+    (``BaseConfig.process_config``): ``fp16: true`` -> ``mixed_precision: fp16``,
+    ``dynamo_backend: X`` -> ``dynamo_config``."""
+    data = dict(data)
+    if "fp16" in data:
+        fp16 = data.pop("fp16")
+        if "mixed_precision" not in data:
+            data["mixed_precision"] = "fp16" if fp16 else None
+    if "dynamo_backend" in data:
+        backend = data.pop("dynamo_backend")
+        if "dynamo_config" not in data:
+            no = str(backend).upper() == "NO"
+            data["dynamo_config"] = {} if no else {"dynamo_backend": backend}
+    return data
+
+
+def _accelerate_version() -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("accelerate")
+    except PackageNotFoundError:
+        return None
+    parts = []
+    for part in text.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _current_fsdp_names(fsdp: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """fsdp_config keys of older accelerate releases, read as the installed accelerate reads
+    them (not installed: as the current release does)."""
+    installed = _accelerate_version()
+    out = dict(fsdp)
+    for old, (new, dropped) in _RENAMED.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        release = f"accelerate {'.'.join(map(str, installed))}" if installed else "accelerate"
+        if installed is not None and installed < dropped:
+            out[new] = value  # read under its old name, which wins over the new one
+        elif new in out:
+            note(notes, f"{where}: {old}={value!r} is the old name of {new}, which {release} "
+                        f"no longer reads; {new}={out[new]!r} applies")  # fmt: skip
+        else:
+            since = ".".join(map(str, dropped))
+            note(notes, f"{where}: {old}={value!r} is the old name of {new}: accelerate "
+                        f"stopped reading it in {since}, so {release} runs without it "
+                        f"(planned so); rename it to {new} to apply it")  # fmt: skip
+    return out
+
+
+def _int(value: Any, key: str, where: str) -> int:
+    """An integer setting as accelerate reads it (``int(value)``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        pass
+    fix = "write the number in digits"
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = None
+    if number is not None and number.is_integer():
+        fix = f"write {int(number)}"
+    raise ConfigError(
+        f"{where}: {key} must be an integer, got {value!r}; accelerate reads it with int(), "
+        f"so {fix}"
+    )
+
+
+def _flag(value: Any, key: str = "", where: str = "") -> bool:
     """accelerate's ``str_to_bool``: yes/true/1 and no/false/0."""
     if isinstance(value, bool):
         return value
@@ -140,7 +266,8 @@ def _flag(value: Any) -> bool:
         return True
     if text in ("n", "no", "f", "false", "off", "0"):
         return False
-    raise ConfigError(f"expected true or false, got {value!r}")
+    what = f"{where}: {key} must be" if key else "expected"
+    raise ConfigError(f"{what} true or false, got {value!r}")
 
 
 class _Wrap:
@@ -190,7 +317,7 @@ def _wrap_policy(fsdp: dict[str, Any], model: nn.Module, where: str) -> _Wrap | 
         classes = {module_class(model, str(n).strip(), where) for n in names}
         return _Wrap("transformer", classes, 0)
     if kind == "SIZE_BASED_WRAP":
-        threshold = int(fsdp.get("fsdp_min_num_params", int(1e8)))
+        threshold = _int(fsdp.get("fsdp_min_num_params", 100_000_000), "fsdp_min_num_params", where)
         return None if threshold <= 0 else _Wrap("size", set(), threshold)
     raise ConfigError(
         f"{where}: fsdp_auto_wrap_policy {kind!r} is not valid; use TRANSFORMER_BASED_WRAP, "
@@ -234,8 +361,12 @@ def _fsdp1(
         "sharding_strategy": ShardingStrategy[name],
         "auto_wrap_policy": None if wrap is None else wrap.fsdp1(),
         "backward_prefetch": None,
-        "forward_prefetch": _flag(fsdp.get("fsdp_forward_prefetch", False)),
-        "use_orig_params": _flag(fsdp.get("fsdp_use_orig_params", True)),
+        "forward_prefetch": _flag(
+            fsdp.get("fsdp_forward_prefetch", False), "fsdp_forward_prefetch", where
+        ),
+        "use_orig_params": _flag(
+            fsdp.get("fsdp_use_orig_params", True), "fsdp_use_orig_params", where
+        ),
         "limit_all_gathers": True,
     }
     prefetch = fsdp.get("fsdp_backward_prefetch")
@@ -246,7 +377,7 @@ def _fsdp1(
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
         )
-    if _flag(fsdp.get("fsdp_offload_params", False)):
+    if _flag(fsdp.get("fsdp_offload_params", False), "fsdp_offload_params", where):
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     return kwargs
 
@@ -261,8 +392,18 @@ def _fsdp2(
                 "fsdp_use_orig_params"):  # fmt: skip
         if key in fsdp:
             note(notes, f"{where}: {key} is an FSDP1 setting; accelerate does not use it "
-                        "with fsdp_version: 2")  # fmt: skip
-    raf = _flag(fsdp.get("fsdp_reshard_after_forward", True))
+                        "with fsdp_version: 2" + (
+                            " (accelerate to-fsdp2 turns it into fsdp_reshard_after_forward)"
+                            if key == "fsdp_sharding_strategy" else ""))  # fmt: skip
+    raf_given = fsdp.get("fsdp_reshard_after_forward", True)
+    if str(raf_given).upper() in _STRATEGIES:
+        as_bool = str(raf_given).upper() in ("FULL_SHARD", "HYBRID_SHARD")
+        raise ConfigError(
+            f"{where}: fsdp_reshard_after_forward={raf_given!r} is FSDP1's sharding strategy; "
+            "with fsdp_version: 2 accelerate takes true or false (accelerate to-fsdp2 writes "
+            f"{str(as_bool).lower()} for {str(raf_given).upper()})"
+        )
+    raf = _flag(raf_given, "fsdp_reshard_after_forward", where)
     names = {m: n for n, m in model.named_modules()}
     sharded: list[nn.Module] = []
     if wrap is not None:
@@ -298,7 +439,7 @@ def _fsdp2(
             note(notes, f"{where}: accelerate casts the {', '.join(low)} parameters to float32 "
                         "before fully_shard when mixed precision is on; this model is planned "
                         "as it is")  # fmt: skip
-    if _flag(fsdp.get("fsdp_offload_params", False)):
+    if _flag(fsdp.get("fsdp_offload_params", False), "fsdp_offload_params", where):
         kwargs["offload_policy"] = CPUOffloadPolicy()
     return kwargs
 

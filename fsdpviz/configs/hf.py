@@ -4,6 +4,7 @@ alone: no weights are downloaded and no parameter memory is allocated."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,11 +103,19 @@ def _config(transformers: Any, name_or_path: str, overrides: dict[str, Any]) -> 
             f"no config.json in {str(path)!r}: pass a directory holding the model's "
             "config.json (as saved by config.save_pretrained) or a Hugging Face hub id"
         )
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    unreachable = None if local or offline else _hub_unreachable()
     try:
-        config = transformers.AutoConfig.from_pretrained(str(path) if local else name_or_path)
+        config = transformers.AutoConfig.from_pretrained(
+            str(path) if local else name_or_path, local_files_only=unreachable is not None
+        )
     except OSError as e:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-        where = "offline (HF_HUB_OFFLINE is set)" if offline else "not reachable or refused"
+        if offline:
+            where = "offline (HF_HUB_OFFLINE is set)"
+        elif unreachable is not None:
+            where = f"not reachable from here ({unreachable})"
+        else:
+            where = "not reachable or refused"
         raise ConfigError(
             f"the config of {name_or_path!r} (its config.json) is not in the Hugging Face "
             f"cache and the hub is {where}: fetch it once where the hub is reachable "
@@ -121,8 +130,89 @@ def _config(transformers: Any, name_or_path: str, overrides: dict[str, Any]) -> 
             raise ConfigError(
                 f"{type(config).__name__} has no field {key!r} to set; see its config.json"
             )
-        setattr(config, key, value)
+        try:
+            setattr(config, key, _override(config, key, value))
+        except (TypeError, ValueError) as e:  # transformers' own validation of the field
+            cause = e.__cause__ or e
+            raise ConfigError(
+                f"{type(config).__name__}.{key}={value!r} is refused: {cause}"
+            ) from None
     return config
+
+
+def _override(config: Any, key: str, value: Any) -> Any:
+    """``value`` for the config field ``key``, refused where its type cannot be the field's
+    (``num_hidden_layers="two"`` would fail deep inside the model's constructor)."""
+    current = getattr(config, key)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(current, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(current, int):
+        ok, kind = numeric and float(value).is_integer(), "an integer"
+        value = int(value) if ok else value
+    elif isinstance(current, float):
+        ok, kind = numeric, "a number"
+        value = float(value) if ok else value
+    else:
+        return value
+    if not ok:
+        raise ConfigError(
+            f"{type(config).__name__}.{key} is {kind} (it is {current!r}), got {value!r}; "
+            f"set {kind}, e.g. {key}={_literal(current)}"
+        )
+    return value
+
+
+def _literal(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (None when it can, or when a proxy decides):
+    one connection, so an unreachable hub fails now instead of after the hub client's five
+    retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    try:
+        from huggingface_hub import constants
+
+        endpoint = str(constants.ENDPOINT)
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return None
+    url = urlparse(endpoint)
+    host = url.hostname or "huggingface.co"
+    port = url.port or (443 if url.scheme == "https" else 80)
+    found: list[Any] = []
+    # getaddrinfo takes no timeout (a resolver without network can take 20 s to give up)
+    resolve = threading.Thread(
+        target=lambda: found.append(_resolve(host, port)), daemon=True, name="fsdpviz-hub-dns"
+    )
+    resolve.start()
+    resolve.join(timeout)
+    if not found:
+        return f"{endpoint}: no answer for {host} within {timeout:.0f} s"
+    if isinstance(found[0], OSError):
+        return f"{endpoint}: {found[0].strerror or type(found[0]).__name__}"
+    family, kind, proto, _, address = found[0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        return None
+    except OSError as e:
+        return f"{endpoint}: {e.strerror or type(e).__name__}"
+
+
+def _resolve(host: str, port: int) -> Any:
+    import socket
+
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        return e
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype:

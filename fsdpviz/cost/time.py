@@ -113,7 +113,7 @@ def timeline(
         "compute_s": sim.compute_s,
         "comm_s": comm,
         "exposed_comm_s": exposed,
-        "overlap": 1.0 - exposed / comm if comm > 0 else 1.0,
+        "overlap": max(0.0, 1.0 - exposed / comm) if comm > 0 else 1.0,
         "optimizer_s": opt_s,
         "all_gather_bytes": sim.bytes.get("all_gather", 0.0),
         "reduce_scatter_bytes": sim.bytes.get("reduce_scatter", 0.0)

@@ -10,6 +10,7 @@ multiple of the shard world size.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import types
@@ -230,6 +231,15 @@ def _build_unit(
     if not claimable:
         return unit
     params_set = set(claimable)
+    scalar = next((p for p in claimable if p.dim() == 0), None)
+    if scalar is not None:
+        # _init_utils._verify_managed_params, before the FlatParameter is built
+        name = next(n for n, p in module.named_parameters() if p is scalar)
+        raise FSDPConfigError(
+            f"unit {unit_label(fqn)}: FSDP doesn't support scalar parameters. Change {name} "
+            "to a 1D tensor with numel equal to 1. (FSDP raises this when it wraps the module; "
+            "a parameter in ignored_states is not checked.)"
+        )
     dtypes = {p.dtype for p in claimable}
     if len(dtypes) > 1:
         a, b = sorted(str(d) for d in dtypes)[:2]
@@ -386,6 +396,27 @@ def model_classes(root: nn.Module, limit: int = 6) -> str:
     order = sorted(counts, key=lambda n: (leaf[n], -counts[n], -size[n], n))
     ranked = [(n, counts[n]) for n in order[:limit]]
     return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in ranked)
+
+
+def closest_class(root: nn.Module, name: str) -> str | None:
+    """The class of the model's modules a mistyped or guessed class name most likely means:
+    a near spelling (``LlamaDecoderLayr``); for a name of a block or layer, the model's
+    repeated block (``Qwen2Block`` -> ``Qwen2DecoderLayer``, not ``Qwen2Model``); else the
+    closest name, else the likeliest block."""
+    every = sorted({type(m).__name__ for m in root.modules()})
+    typo = difflib.get_close_matches(name, every, n=1, cutoff=0.85)
+    if typo:
+        return typo[0]
+    blocks = [c.split(" (x")[0] for c in model_classes(root, limit=len(every)).split(", ")]
+    blocks = [c for c in blocks if c]
+    counts = {c: sum(1 for m in root.modules() if type(m).__name__ == c) for c in blocks}
+    repeated = [c for c in blocks if counts[c] > 1]
+    if repeated and name.lower().rstrip("s").endswith(("block", "layer")):
+        return repeated[0]  # what the name asks for: the model's repeated block
+    near = difflib.get_close_matches(name, every, n=1)
+    if near:
+        return near[0]
+    return repeated[0] if repeated else None
 
 
 def missing_class_warnings(root: nn.Module, policy: Any) -> list[FsdpWarning]:

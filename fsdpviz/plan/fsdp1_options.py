@@ -246,6 +246,40 @@ def effective_backward_prefetch(
     ]
 
 
+def check_policy(policy: Any) -> Any:
+    """``auto_wrap_policy`` as FSDP1 takes it: a policy object or a callable policy. Module
+    classes (a class, or a set of them as Lightning takes it) and class names fail in FSDP
+    with a message about its own internals; say what to pass instead."""
+    if isinstance(policy, (set, frozenset, list, tuple)) and policy:
+        items = list(policy)
+    elif isinstance(policy, (type, str)):
+        items = [policy]
+    else:
+        return policy
+    if not all(isinstance(c, str) or (isinstance(c, type) and issubclass(c, nn.Module))
+               for c in items):  # fmt: skip
+        return policy
+    names = sorted(c if isinstance(c, str) else c.__name__ for c in items)
+    by_name = any(isinstance(c, str) for c in items)
+    given = (
+        f"the class {names[0]}" if isinstance(policy, type)
+        else f"the name {policy!r}" if isinstance(policy, str)
+        else f"a {type(policy).__name__} of module {'names' if by_name else 'classes'}"
+    )  # fmt: skip
+    wrap = "ModuleWrapPolicy({" + ", ".join(names) + "})"
+    listed = ", ".join(repr(n) if by_name else n for n in names)
+    how = (
+        "with the classes imported from their modules (names are for the command line's "
+        "--policy transformer:NAME)"
+        if by_name
+        else "(from torch.distributed.fsdp.wrap)"
+    )
+    raise ConfigError(
+        f"auto_wrap_policy is {given}, but FullyShardedDataParallel takes a policy: pass "
+        f"auto_wrap_policy={wrap} {how}, or fully_shard=[{listed}] to plan FSDP2"
+    )
+
+
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     """Check ``kwargs`` the way ``FullyShardedDataParallel`` would, plus fsdpviz's own.
 
@@ -312,7 +346,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         if not isinstance(offload, CPUOffload):
             raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")
         opts.offload_params = offload.offload_params
-    opts.auto_wrap_policy = kwargs.get("auto_wrap_policy")
+    opts.auto_wrap_policy = check_policy(kwargs.get("auto_wrap_policy"))
     opts.ignored_modules = kwargs.get("ignored_modules")
     opts.ignored_states = kwargs.get("ignored_states")
     loss = kwargs.get("loss")

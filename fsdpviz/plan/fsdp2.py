@@ -1,11 +1,13 @@
 """FSDP2 (``fully_shard``) options and parameter groups.
 
 ``fully_shard=`` lists what the user would call ``fully_shard`` on: module
-classes, module FQNs, a tuple of FQNs for one grouped call, or a callable
-``(name, module) -> bool``. Calls are applied bottom-up (post-order, as FSDP2
-recipes do) and the root last. Each call manages the parameters of its
-modules' subtrees that no earlier call manages (``_get_managed_modules`` /
-``_get_managed_states``); each parameter is sharded on dim 0 and padded so the
+classes (or their names, as the command line takes them: a string that is no
+module's FQN but a class name of the model's modules), module FQNs, a tuple of
+FQNs for one grouped call, or a callable ``(name, module) -> bool``. Calls are
+applied bottom-up (post-order, as FSDP2 recipes do) and the root last. Each call
+manages the parameters of its modules' subtrees that no earlier call manages
+(``_get_managed_modules`` / ``_get_managed_states``); each parameter is sharded
+on dim 0 and padded so the
 dim divides the shard world size.
 """
 
@@ -22,6 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
@@ -146,7 +149,10 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
     trace = kwargs.get("trace", "meta")
     if trace not in ("meta", "real"):
-        raise ConfigError(f"trace={trace!r} is not valid for FSDP2; use 'meta' or 'real'")
+        fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
+        raise ConfigError(
+            f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
+        )
     return FSDP2Options(
         world_size=ws,
         targets=kwargs.get("fully_shard"),
@@ -251,6 +257,7 @@ def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
     """The ``fully_shard`` calls, as tuples of FQNs, bottom-up with the root last."""
     names = {m: n for n, m in model.named_modules()}
     modules = dict(model.named_modules())
+    classes = {type(m).__name__ for m in modules.values()}
     items: Iterable[Any] = [] if spec is None else spec
     if (callable(spec) and not isinstance(spec, type)) or isinstance(spec, (str, type)):
         items = [spec]
@@ -261,10 +268,19 @@ def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
             if not found:
                 raise ConfigError(f"fully_shard: no module of class {item.__name__} in the model")
             calls.extend(found)
+        elif isinstance(item, str) and item not in modules and item in classes:
+            calls.extend((n,) for m, n in names.items() if type(m).__name__ == item)
         elif isinstance(item, str):
-            calls.append((_lookup(item, modules),))
+            calls.append((_lookup(item, modules, model),))
         elif isinstance(item, tuple):
-            calls.append(tuple(_lookup(str(i), modules) for i in item))
+            grouped = [str(i) for i in item if str(i) not in modules and str(i) in classes]
+            if grouped:
+                raise ConfigError(
+                    f"fully_shard: a tuple groups modules by FQN into one fully_shard call, and "
+                    f"{grouped[0]!r} is a class name: list it alone (fully_shard=[{grouped[0]!r}]"
+                    ") to shard each module of that class, or give the FQNs to group"
+                )
+            calls.append(tuple(_lookup(str(i), modules, model) for i in item))
         elif callable(item):
             calls.extend((n,) for n, m in model.named_modules() if item(n, m))
         else:
@@ -278,12 +294,24 @@ def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
     return [*unique, ("",)]
 
 
-def _lookup(fqn: str, modules: dict[str, nn.Module]) -> str:
-    if fqn not in modules:
-        hint = difflib.get_close_matches(fqn, list(modules), n=1)
-        tip = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ConfigError(f"fully_shard: no module named {fqn!r} in the model{tip}")
-    return fqn
+def _lookup(fqn: str, modules: dict[str, nn.Module], model: nn.Module) -> str:
+    """A module FQN of ``fully_shard=`` (a string that names no class of the model)."""
+    if fqn in modules:
+        return fqn
+    hint = difflib.get_close_matches(fqn, list(modules), n=1)
+    if hint:
+        tip = f"; did you mean {hint[0]!r}?"
+    elif "." in fqn or any(c.isdigit() for c in fqn):
+        tip = ""
+    else:  # a class name, most likely
+        cls = closest_class(model, fqn)
+        tip = (
+            f"; a string names a module (an FQN such as 'layers.0') or a class of the model's "
+            f"modules: did you mean the class {cls!r}? ({model_classes(model)})"
+            if cls
+            else ""
+        )
+    raise ConfigError(f"fully_shard: no module named {fqn!r} in the model{tip}")
 
 
 def _post_order(model: nn.Module) -> list[str]:

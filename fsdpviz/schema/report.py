@@ -480,8 +480,9 @@ class Report:
             ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
         per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
+        units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
         lines = [
-            f"fsdpviz {self.source}: {len(self.units)} units, {ws}, "
+            f"fsdpviz {self.source}: {units}, {ws}, "
             f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
         ]
         if cfg.tp_world_size:

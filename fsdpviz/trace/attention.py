@@ -8,10 +8,16 @@ PyTorch uses on a CPU) never keep. While the cost probe measures a step,
 ``aten._scaled_dot_product_flash_attention_for_cpu`` (it has meta kernels and an
 autograd formula), which saves query, key, value, output and the per-row
 log-sum-exp, like the GPU kernels (grouped-query attention included, without
-copying key and value per head). Calls with dropout, or not on meta, are left
-alone. The fused op takes the place of the decomposition's nodes in the
-autograd graph with the same inputs and outputs, so the order of FSDP's hooks
-does not change (the conformance suite checks it).
+copying key and value per head). Where the value head size differs from the
+query's (DeepSeek's multi-head latent attention: 128 against 192), which flash
+kernels refuse, a GPU runs the memory-efficient kernel: such calls go to
+``aten._scaled_dot_product_efficient_attention``, whose meta kernel gives the
+output the value's head size and saves the same kinds of tensors. Calls with
+dropout, or not on meta, are left alone, and so is grouped-query attention with
+such a value (the GPU falls back to the math path there too). The fused op takes
+the place of the decomposition's nodes in the autograd graph with the same inputs
+and outputs, so the order of FSDP's hooks does not change (the conformance suite
+checks it).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 
 _SDPA = F.scaled_dot_product_attention
 _FUSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
 
 
 def _fused(
@@ -43,11 +50,18 @@ def _fused(
         return None
     if key.shape[1] != query.shape[1] and not enable_gqa:
         return None  # torch raises its own error for this
+    other_value_size = value.shape[-1] != query.shape[-1]
+    if other_value_size and key.shape[1] != query.shape[1]:
+        return None  # no fused kernel takes both: the GPU runs the math path
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
             attn_mask.logical_not(), float("-inf")
         )
-    out, _ = _FUSED(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+    if other_value_size:
+        grad = query.requires_grad or key.requires_grad or value.requires_grad
+        out = _EFFICIENT(query, key, value, attn_mask, grad, 0.0, is_causal, scale=scale)[0]
+    else:
+        out, _ = _FUSED(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
     result: torch.Tensor = out
     return result
 

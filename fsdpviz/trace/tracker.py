@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from torch.utils._pytree import tree_leaves
 from fsdpviz.errors import ConfigError, TraceError
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.copy import index_range
-from fsdpviz.trace.meta_kernels import shape_only_kernels
+from fsdpviz.trace.hf_masks import answered_mask_checks
+from fsdpviz.trace.meta_kernels import device_rules
 
 
 @dataclass
@@ -163,12 +165,36 @@ _NEEDS_VALUES = (
 )
 
 
+# What the kernels say when two tensors of an operator have different dtypes.
+_DTYPE_MISMATCH = re.compile(
+    r"have the same dtype|expected scalar type|type \(.*\) should be the same|"
+    r"input dtypes must be the same",
+    re.IGNORECASE,
+)
+
+
 def failure_hint(
-    e: BaseException, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], where: str
+    e: BaseException,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    where: str,
+    module: nn.Module | None = None,
 ) -> str:
-    """What to do about a failed step: other tracing for what meta tensors cannot do,
-    otherwise the inputs, since the model rejected them."""
+    """What to do about a failed step: for tensors of two dtypes, which parameters FSDP casts;
+    other tracing for what meta tensors cannot do; otherwise the inputs, since the model
+    rejected them."""
     text = f"{type(e).__name__}: {e}"
+    if isinstance(e, RuntimeError) and _DTYPE_MISMATCH.search(text):
+        return dtype_hint(module)
+    if where == "the meta device" and _in_transformers_masks(e):
+        return (
+            "transformers' mask code reads values here (whether attention_mask pads tokens, "
+            "whether position_ids pack sequences), which meta tensors do not hold. To plan, "
+            "pass no attention_mask (or one of all ones) where no token is padding: the model "
+            "then masks causally, as it does on a device for a mask of ones; leave position_ids "
+            "out where each row is one sequence; or analyse with trace='real'."
+        )
     if where == "the meta device" and (
         isinstance(e, NotImplementedError) or any(k in text.lower() for k in _NEEDS_VALUES)
     ):
@@ -179,6 +205,43 @@ def failure_hint(
             "operator) for models fx can trace."
         )
     return "The model rejected its inputs; check them: " + describe_inputs(model, args, kwargs)
+
+
+def _in_transformers_masks(e: BaseException) -> bool:
+    """The failure happened inside ``transformers.masking_utils``."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "transformers.masking_utils":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def dtype_hint(module: nn.Module | None) -> str:
+    """Why a step meets tensors of two dtypes, and the fixes."""
+    held = ""
+    if module is not None:
+        dtypes: dict[str, list[str]] = {}
+        for name, p in module.named_parameters():
+            dtypes.setdefault(str(p.dtype).removeprefix("torch."), []).append(name)
+        if dtypes:
+            held = (
+                "This module's parameters are "
+                + "; ".join(
+                    f"{d} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+                    for d, names in dtypes.items()
+                )
+                + ". "
+            )
+    return (
+        f"{held}Tensors of two dtypes meet in one operator, and the device's kernel refuses "
+        "them as the meta trace does. With mixed precision, FSDP casts only the parameters it "
+        "manages: parameters of ignored_modules / ignored_states / ignored_params, and of "
+        "modules MixedPrecision's _module_classes_to_ignore leaves out, keep their own dtype "
+        "while the activations they meet are in param_dtype. Cast that module to the compute "
+        "dtype (module.to(torch.bfloat16)), cast its input in its forward, or let FSDP manage "
+        "its parameters."
+    )
 
 
 def describe_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -246,8 +309,10 @@ def run_step(
     With ``tracker.measure`` set (the cost model's probe), the step runs under it.
     """
     measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
-    kernels = shape_only_kernels() if where == "the meta device" else nullcontext()
-    with measure, kernels:
+    meta = where == "the meta device"
+    kernels = device_rules() if meta else nullcontext()
+    masks = answered_mask_checks(model, args, kwargs) if meta else nullcontext()
+    with measure, kernels, masks:
         _step(model, args, kwargs, loss_fn, tracker, where, on_loss)
 
 
@@ -268,7 +333,7 @@ def _step(
         label = repr(failing) if failing else "(root)"
         raise TraceError(
             f"tracing on {where} failed in module {label} ({cls}): {type(e).__name__}: {e}\n"
-            + failure_hint(e, model, args, kwargs, where),
+            + failure_hint(e, model, args, kwargs, where, dict(model.named_modules()).get(failing)),
             module=failing,
         ) from e
     loss = (loss_fn or default_loss)(output)
