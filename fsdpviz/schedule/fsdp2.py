@@ -16,6 +16,7 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.plan.job import JOB_KEYS
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -33,7 +34,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
-        given = sorted(set(kwargs) - {"loss", "progress"})
+        given = sorted(set(kwargs) - {"loss", "progress"} - JOB_KEYS)
         if given:
             raise ConfigError(
                 f"the model already has fully_shard applied, so its plan is read from FSDP2's "

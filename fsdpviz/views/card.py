@@ -310,7 +310,28 @@ def _time_part(report: Report) -> str:
             f" · HFU {t['hfu']:.1%}"
         )
     text += f" · {t['overlap']:.0%} of communication hidden"
-    return _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
+    line = _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
+    return line + _topology_line(tl.machine)
+
+
+def _topology_line(machine: Mapping[str, Any]) -> str:
+    """Which mesh dimension's groups stay inside a node and which cross nodes (where the
+    network, shared by the groups crossing a node, times their collectives)."""
+    spans = [s for s in machine.get("topology", []) if s.get("ranks", 1) > 1]
+    if not spans:
+        return ""
+    per_node = machine.get("gpus_per_node", 8)
+    parts = []
+    for s in spans:
+        if s["nodes"] <= 1:
+            parts.append(f"{escape(str(s['dim']))} {s['ranks']} inside a node")
+            continue
+        text = f"<b>{escape(str(s['dim']))} {s['ranks']} across {s['nodes']} nodes</b>"
+        text += f" ({s['per_node']} of {per_node} GPUs in each"
+        if s["sharing"] > 1:
+            text += f", {s['sharing']} groups share a node's network"
+        parts.append(text + ")")
+    return _line(f"nodes of {per_node} GPUs: " + " · ".join(parts), _MUTED)
 
 
 def _warnings(report: Report) -> str:
