@@ -238,3 +238,12 @@ def float8_weights(modules: Iterable[ModuleInfo], spec: Float8) -> set[str]:
         if len(shape) == 2 and spec.picks(m.fqn, shape[1], shape[0]):
             found.add(f"{m.fqn}.weight" if m.fqn else "weight")
     return found
+
+
+def micro_step_syncs(grad_accum: int) -> list[bool]:
+    """Whether each iteration a prediction holds reduces its gradients: two optimizer steps
+    (the first, and one in the steady state) of ``grad_accum`` micro-steps each, the last
+    micro-step of each synchronised; two synchronised iterations without accumulation."""
+    if grad_accum <= 1:
+        return [True, True]
+    return [i % grad_accum == grad_accum - 1 for i in range(2 * grad_accum)]
