@@ -43,6 +43,7 @@ what ran, activation-checkpoint recomputation included).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -53,6 +54,7 @@ from fsdpviz.cost.kernels import StretchCost, stretch_cost
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.report import Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
@@ -229,6 +231,27 @@ def _compute_dtype(units: list[Unit]) -> str:
     return max(weight, key=lambda d: weight[d]) if weight else "float32"
 
 
+def _float8_shares(report: Report) -> dict[str, float]:
+    """FSDP2's float8 all-gather: per unit, the share of its elements in the weights of
+    float8 linears, which it all-gathers in float8."""
+    spec = report.config.float8
+    if not spec or not spec.get("enable_fsdp_float8_all_gather") or report.config.api != "FSDP2":
+        return {}
+    weights = float8_weights(report.modules, Float8.from_dict(spec))
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: math.prod(shape)
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    shares: dict[str, float] = {}
+    for u in report.units:
+        total = sum(shapes.get(p, 0) for p in u.params)
+        fp8 = sum(shapes.get(p, 0) for p in u.params if p in weights)
+        if total and fp8:
+            shares[u.module] = fp8 / total
+    return shares
+
+
 def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
     states = optimizer_states(optimizer)
     if states == 0 and optimizer is None:
@@ -269,6 +292,7 @@ class _Sim:
         # where each mesh dimension's groups sit on the machine's nodes
         self.spans = spans(cfg, m.gpus_per_node)
         self.cfg = cfg
+        self.float8_share = _float8_shares(report)
         self.limit = limit and not self.fsdp2
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
@@ -476,7 +500,11 @@ class _Sim:
                 ranks = self.raf_int[e.unit]
                 span = post_forward_span(self.cfg, ranks, self.m.gpus_per_node)
                 self.post_forward_mesh.discard(e.unit)
-            size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
+            compute = itemsize(u.compute_dtype or u.dtype)
+            share = self.float8_share.get(e.unit, 0.0)  # FSDP2's float8 all-gather
+            size = u.padded_numel * (share + (1 - share) * compute)
+            if share > 0:
+                rec["float8_share"] = share
             gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
             # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer

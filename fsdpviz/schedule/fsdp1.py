@@ -177,9 +177,16 @@ def _probe(
     copy: nn.Module,
     opts: FSDP1Options,
 ) -> CostProbe:
-    """Measure activations and FLOPs for the cost model (fsdpviz.cost)."""
+    """Measure activations, FLOPs and kernels for the cost model (fsdpviz.cost)."""
     owners = {flat: fqn for fqn, flat in emulation.flats.items()}
-    probe = CostProbe(tracker, owners, [u.fqn for u in plan.units], list(copy.buffers()))
+    probe = CostProbe(
+        tracker,
+        owners,
+        [u.fqn for u in plan.units],
+        list(copy.buffers()),
+        compiled=opts.job.compiled_modules(copy),
+        float8=opts.job.float8_modules(copy),
+    )
     probe.attach(emulation.runtime)
     return probe
 

@@ -71,7 +71,19 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 owners = {p: g.name for g in groups for p in g.params}
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
-                probe = CostProbe(tracker, owners, names, list(copy.buffers()), shares)
+                job = opts.job
+                probe = CostProbe(
+                    tracker,
+                    owners,
+                    names,
+                    list(copy.buffers()),
+                    shares,
+                    compiled=job.compiled_modules(copy),
+                    float8=job.float8_modules(copy),
+                    float8_weights_gathered=bool(
+                        job.float8 and job.float8.enable_fsdp_float8_all_gather
+                    ),
+                )
                 probe.attach(runtime)
                 if tp is not None:
                     tp.measure(probe)
