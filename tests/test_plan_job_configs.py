@@ -1,5 +1,6 @@
-"""torchtitan jobs as torchtitan runs them: selective per-layer checkpointing on the traced
-copy, torch.compile and float8 linears, and the keys of older job files."""
+"""The job around FSDP from trainer configs: torchtitan jobs as torchtitan runs them (selective
+per-layer checkpointing on the traced copy, torch.compile, float8 linears, the keys of older
+job files) and accelerate's dynamo settings."""
 
 from __future__ import annotations
 
@@ -155,3 +156,31 @@ def test_compile_and_float8_as_torchtitan_applies_them(tmp_path: Path) -> None:
     assert fsdpviz.analyze(old.model, old.inputs, **old.config, progress=False).config[
         "compile"
     ] == ["TransformerBlock"]
+
+
+def test_accelerate_dynamo_config_compiles_the_model() -> None:
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
+
+    model = example_model(ExampleConfig(num_layers=2))
+    base = {
+        "distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
+        "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                        "fsdp_transformer_layer_cls_to_wrap": "DecoderLayer"},
+    }  # fmt: skip
+
+    def plan(dynamo: dict[str, Any]) -> tuple[Any, list[str]]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            config = fsdpviz.from_accelerate({**base, "dynamo_config": dynamo}, model)
+        return config.get("compile"), [str(w.message) for w in seen]
+
+    assert plan({"dynamo_backend": "INDUCTOR"}) == (True, [])
+    regional, _ = plan({"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True})
+    assert regional == [DecoderLayer]
+    assert plan({"dynamo_backend": "NO"})[0] is None
+    eager, notes = plan({"dynamo_backend": "AOT_EAGER"})
+    assert eager is None and "does not fuse kernels" in notes[0]
+    _, notes = plan({"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune"})
+    assert "costed as the default mode" in notes[0]
+    with pytest.raises(fsdpviz.ConfigError, match="unknown key 'dynamo_backed'"):
+        plan({"dynamo_backed": "INDUCTOR"})
