@@ -87,3 +87,36 @@ def test_accumulation_options_say_what_to_pass() -> None:
         _report(fully_shard=[DecoderLayer], requires_gradient_sync=False)
     with pytest.raises(fsdpviz.ConfigError, match="grad_accum must be a positive int"):
         replay(_report(auto_wrap_policy=POLICY), grad_accum=-1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"auto_wrap_policy": POLICY},
+        {"auto_wrap_policy": POLICY, "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP},
+        {"fully_shard": [DecoderLayer]},
+    ],
+    ids=["full-shard", "grad-op", "fsdp2"],
+)
+def test_memory_carries_unreduced_gradients_across_micro_steps(options: dict[str, object]) -> None:
+    """Without gradient sync every unit's unsharded gradient stays until the synced
+    micro-step reduces it (and SHARD_GRAD_OP's parameters stay unsharded): a micro-step after
+    the first starts with them, and the synced one peaks above an iteration that syncs."""
+    from fsdpviz.cost import memory_lane, memory_model
+
+    base = _report(**options)
+    acc = _report(grad_accum=4, **options)
+    grads = sum(
+        u.padded_numel if options.get("fully_shard") is None else u.numel for u in acc.units
+    )
+    first, *later = (memory_model(acc, iteration=i) for i in range(4, 8))
+    assert first.peak["bytes"] == base.memory.peak["bytes"]  # after a synced step: as usual
+    lane = memory_lane(acc, iteration=None)
+    for i, mem in zip(range(5, 8), later, strict=True):
+        start = next(k for k, it in enumerate(lane.iteration) if it == i)
+        assert lane.bytes["unsharded_grads"][start] >= grads * 4 * 0.99  # fp32 gradients
+        assert mem.peak["bytes"] > base.memory.peak["bytes"]
+        if options.get("sharding_strategy") == ShardingStrategy.SHARD_GRAD_OP:
+            unsharded = sum(u.padded_numel * 4 for u in acc.units)
+            assert lane.bytes["unsharded_params"][start] == unsharded
+    assert acc.memory.peak["bytes"] == later[-1].peak["bytes"]
