@@ -18,7 +18,12 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
   pass the ``free`` two frees back (its rate limiter); FSDP2 waits for the
   copy-out of the previous all-gather (the compute stream reaching the hook that
   used it). A reduce-scatter starts once the compute before its post-backward
-  hook is done. ``free`` events take no time on the compute stream.
+  hook is done. ``free`` events take no time on the compute stream. Each collective
+  runs over its process group as the mesh places it on the machine's nodes
+  (:mod:`fsdpviz.cost.topology`: shard, replicate, tp, FSDP1's process group, FSDP2's
+  post-forward mesh), timed by the slowest link its ring crosses
+  (:meth:`~fsdpviz.cost.hardware.Machine.collective_seconds`); FSDP2's float8
+  all-gather moves the float8 linears' weights in one byte each.
 
 FSDP2 copies each unit's shards into the all-gather buffer (copy-in, on the
 all-gather's stream, before it) and the gathered parameters out of it (copy-out, on the
@@ -26,9 +31,10 @@ compute stream when the unit is first needed), and the gradients into the
 reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass.
 
 The iteration ends when both streams are done (the final callback waits for
-the last reduce-scatter); ``exposed_comm`` also counts that last wait. With
-gradient accumulation (``grad_accum=n``) a step runs ``n`` such micro-batches (under
-``no_sync``, the first ``n - 1`` without reducing gradients), then the optimizer: a
+the last reduce-scatter); ``exposed_comm`` also counts that last wait. An optimizer
+step runs its micro-steps one after the other (one without gradient accumulation; the
+``N`` a report planned with ``grad_accum=N`` holds, each from its own events; or the
+iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: a
 memory-bound pass over the shards (fused AdamW reads parameter, gradient and both fp32
 states and writes parameter and states; on the host under CPU offload). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a

@@ -161,8 +161,26 @@ def config_items(report: Report) -> list[str]:
             )
     else:
         items.extend(_fsdp1_items(c))
+    items.extend(_job_items(c))
     if c.trace not in (None, "meta"):
         items.append(f"trace={c.trace}")
+    return items
+
+
+def _job_items(c: ReportConfig) -> list[str]:
+    """Gradient accumulation, torch.compile, float8 and TF32, where the plan states them."""
+    items: list[str] = []
+    if c.grad_accum > 1:
+        quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
+        items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
+    if c.compile:
+        on = f" on {', '.join(c.compile)}" if isinstance(c.compile, tuple) else ""
+        items.append(f"torch.compile{on}")
+    if c.float8:
+        gather = " + float8 all-gather" if c.float8.get("enable_fsdp_float8_all_gather") else ""
+        items.append(f"float8 linears{gather}")
+    if c.float32_matmul_precision in ("high", "medium"):
+        items.append("TF32 matmuls")
     return items
 
 
