@@ -39,6 +39,7 @@ def test_accumulated_micro_steps_match_real_fsdp(recordings: Path, name: str) ->
         real = fsdpviz.load(str(recordings / f"{name}-rank{rank}.json"))
         assert real.config["rank"] == rank
         assert_same_accumulation(real, predicted, ACCUM)
+        assert fsdpviz.diff(real, predicted).equal  # all three steps, micro-step by micro-step
     quiet, synced = predicted.iterations[ACCUM], predicted.iterations[2 * ACCUM - 1]
     reductions = ("reduce_scatter", "all_reduce")
     assert not [e for e in quiet if e.kind in reductions]
