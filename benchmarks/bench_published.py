@@ -9,7 +9,18 @@ prints the fit); ``validation`` rows were never used to choose any constant.
 Sources:
 
 - torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md`` (Llama 3.1 8B, FSDP2,
-  H100 96 GB HBM2e 500 W, 400 Gb/s RDMA per GPU, Tables 1 and 3, without compile/float8);
+  H100 96 GB HBM2e 500 W, 400 Gb/s RDMA per GPU, Tables 1 and 3: eager, with
+  torch.compile, with compile and float8; Table 4: Llama 3.1 70B on 256 GPUs as FSDP 32 x
+  TP 8 with compile and float8);
+- torchtitan, ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` (the same hosts,
+  June 2025: Llama 3 70B FSDP 32 x TP 8 and 8B FSDP 8 x TP 8 with compile, bf16 and float8
+  tensorwise, vanilla TP);
+- torchtitan, ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`` (Trainy, June 2025:
+  Llama 3.1 8B, FSDP2 over 4 and 8 nodes of 8 H200, 400 Gb/s per GPU, compile and float8
+  with FSDP's float8 all-gather);
+- IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
+  compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
+  H100 with 800 Gb/s per node);
 - torchtitan, ``docs/performance.md`` (Llama 3 8B/70B on 64 A100 80 GB, December 2024;
   Llama 2 13B/70B on 64 A100 80 GB, April 2024, sequence length 4096);
 - llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT 125M-70B, FSDP1 through
@@ -70,20 +81,30 @@ class Row:
     sharding: str = "FULL_SHARD"
     mixed: str = "DEFAULT"  # MPT: Composer's FSDP mixed precision mode
     memory_gib: float | None = None  # published peak reserved memory
+    compile: bool = False  # torch.compile (torchtitan: each block; fms-fsdp: the model)
+    float8: str = ""  # "tensorwise" linears, "+ag": with FSDP2's float8 all-gather
+    tp: int = 1  # tensor-parallel degree (inside a node), FSDP over the rest
+    inter_node_gbps: float | None = None  # network per GPU where no preset fits (GB/s)
 
     @property
     def name(self) -> str:
         acc = f" x{self.grad_accum}" if self.grad_accum > 1 else ""
-        shard = ", SGO" if self.sharding == "SHARD_GRAD_OP" else ""
+        shard = {"SHARD_GRAD_OP": ", SGO", "HYBRID_SHARD": ", HSDP"}.get(self.sharding, "")
+        tp = f", FSDP {self.gpus // self.tp} x TP {self.tp}" if self.tp > 1 else ""
+        extra = ", compile" * self.compile + (f", fp8{'+ag' * self.float8.endswith('+ag')}"
+                                               if self.float8 else "")  # fmt: skip
         return (
             f"{self.model} {self.gpus}x{self.gpu} b{self.batch}{acc} s{self.seq} "
-            f"AC={self.ac}{shard}"
+            f"AC={self.ac}{shard}{tp}{extra}"
         )
 
 
 TT_H100 = "torchtitan H100 (Dec 2024)"
 TT_A100 = "torchtitan A100 (Dec 2024)"
 TT_A100_OLD = "torchtitan A100 (Apr 2024)"
+TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
+TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
+FMS = "fms-fsdp IBM (2024)"
 FOUNDRY = "llm-foundry MPT"
 CAL, VAL = "calibration", "validation"
 
@@ -93,6 +114,33 @@ ROWS = [
         memory_gib=82.4),
     Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 5605, VAL,
         memory_gib=67.0),
+    # ... with torch.compile, and with float8 linears (Tables 1 and 3; float8 with torchtitan's
+    # recommended enable_fsdp_float8_all_gather of the time); Table 4: 70B on 32 nodes
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 2, 8192, "op", 6667, VAL,
+        compile=True),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 2, 8192, "op", 8532, VAL,
+        compile=True, float8="tensorwise+ag"),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 6514, VAL,
+        compile=True),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 8380, VAL,
+        compile=True, float8="tensorwise+ag"),
+    Row(TT_H100, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full", 829, VAL,
+        compile=True, float8="tensorwise+ag", tp=8),
+    # torchtitan async TP benchmarks, vanilla TP column (float8 tensorwise by recipe name,
+    # which torchtitan runs without FSDP's float8 all-gather)
+    Row(TT_ASYNC_TP, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full",
+        597.3, VAL, compile=True, tp=8),
+    Row(TT_ASYNC_TP, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full",
+        809.8, VAL, compile=True, float8="tensorwise", tp=8),
+    Row(TT_ASYNC_TP, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 64, 12, 8192, "op", 4378,
+        VAL, compile=True, tp=8),
+    Row(TT_ASYNC_TP, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 64, 12, 8192, "op", 5078.1,
+        VAL, compile=True, float8="tensorwise", tp=8),
+    # Trainy on H200: FSDP2 over 4 and 8 nodes, compile, float8 with FSDP's float8 all-gather
+    Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 32, 2, 8192, "op", 10938, VAL,
+        compile=True, float8="tensorwise+ag"),
+    Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
+        compile=True, float8="tensorwise+ag"),
     # torchtitan, 64 A100 80 GB
     Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "op", 2973, CAL),
     Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "layer", 2904, VAL),
@@ -101,6 +149,12 @@ ROWS = [
     Row(TT_A100_OLD, "llama2:13B", "a100", "nvlink3+ib-hdr", 64, 2, 4096, "op", 1904, VAL),
     Row(TT_A100_OLD, "llama2:70B", "a100", "nvlink3+ib-hdr", 64, 1, 4096, "op", 355, VAL),
     Row(TT_A100_OLD, "llama2:70B", "a100", "nvlink3+ib-hdr", 64, 2, 4096, "full", 353, VAL),
+    # IBM fms-fsdp: Llama 2 7B, FSDP1 HYBRID_SHARD (a node shards, nodes replicate), compiled;
+    # 400 Gb/s per node of A100 (6.25 GB/s per GPU), 800 Gb/s per node of H100
+    Row(FMS, "llama2:7B", "a100", "nvlink3", 128, 2, 4096, "none", 4550, VAL,
+        sharding="HYBRID_SHARD", compile=True, inter_node_gbps=6.25),
+    Row(FMS, "llama2:7B", "h100", "nvlink4+roce-100", 96, 2, 4096, "none", 9600, VAL,
+        sharding="HYBRID_SHARD", compile=True),
     # llm-foundry, H100 80 GB (amp_bf16, FSDP mixed precision DEFAULT)
     Row(FOUNDRY, "mpt:7b", "h100", "nvlink4+ib-ndr", 8, 6, 2048, "none", 10643, CAL),
     Row(FOUNDRY, "mpt:1b", "h100", "nvlink4+ib-ndr", 8, 14, 2048, "none", 45455, VAL),
@@ -139,6 +193,7 @@ ROWS = [
 
 # ------------------------------------------------------------------ models
 LLAMA2 = {  # torchtitan's llama2 flavors (torchtitan/models/llama, 2024)
+    "7B": {"dim": 4096, "n_layers": 32, "n_heads": 32, "vocab_size": 32000},
     "13B": {"dim": 5120, "n_layers": 40, "n_heads": 40, "vocab_size": 32000},
     "70B": {"dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8, "vocab_size": 32000,
             "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
@@ -199,26 +254,64 @@ class _Loss:
 
 def analyze_row(row: Row) -> fsdpviz.Report:
     family, size = row.model.split(":")
+    if row.source == FMS:
+        return _fms(row, size)
     if family in ("llama3", "llama2"):
         return _torchtitan(row, family, size)
     return _mpt(row, size)
 
 
-def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
+def _flavor(family: str, size: str) -> str:
     flavor = size if family == "llama3" else f"llama2-{size}"
     if family == "llama2":
         titan.FLAVORS.setdefault(flavor, LLAMA2[size])
+    return flavor
+
+
+def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
+    flavor = _flavor(family, size)
     mode, option = {"none": ("none", "2"), "full": ("full", "2"), "op": ("selective", "op"),
                     "layer": ("selective", "2")}[row.ac]  # fmt: skip
-    job = {
+    job: dict[str, Any] = {
         "model": {"name": "llama3", "flavor": flavor},
         "training": {"local_batch_size": row.batch, "seq_len": row.seq},
+        "parallelism": {"tensor_parallel_degree": row.tp},
         "activation_checkpoint": {"mode": mode, "selective_ac_option": option},
     }
+    if row.compile:  # torchtitan compiled each block (the loss too only from August 2025)
+        job["compile"] = {"enable": True, "components": ["model"]}
+    if row.float8:
+        job["model"]["converters"] = ["float8"]
+        job["float8"] = (
+            {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["output"]}
+            if row.float8.endswith("+ag")
+            else {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
     return fsdpviz.analyze(tt.model, tt.inputs, **tt.config, progress=False)
+
+
+def _fms(row: Row, size: str) -> fsdpviz.Report:
+    """IBM's fms-fsdp: FSDP1 over each block, hybrid sharding (the node shards), bf16
+    parameters, reduction and buffers, use_orig_params for torch.compile on the model."""
+    model = titan.build_llama3(_flavor("llama2", size), row.seq)
+    ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
+    labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
+    bf16 = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16)
+    return fsdpviz.analyze(
+        model,
+        ids,
+        loss=_Loss(labels),
+        auto_wrap_policy=ModuleWrapPolicy({titan.TransformerBlock}),
+        sharding_strategy=ShardingStrategy[row.sharding],
+        mixed_precision=bf16,
+        use_orig_params=True,
+        compile=row.compile,
+        world_size=row.gpus,
+        progress=False,
+    )
 
 
 def _mpt(row: Row, size: str) -> fsdpviz.Report:
@@ -260,9 +353,10 @@ def trace_all(rows: list[Row]) -> list[Result]:
     traced: dict[tuple[Any, ...], fsdpviz.Report] = {}
     out = []
     for row in rows:
-        key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed)
+        key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
+               row.float8, row.tp, row.source == FMS)  # fmt: skip
         base = traced.get(key)
-        if base is None:
+        if base is None or (base.config.world_size != row.gpus and row.tp > 1):
             report = traced[key] = analyze_row(row)
         elif base.config.world_size != row.gpus:
             report = replay(base, world_size=row.gpus)
@@ -272,12 +366,24 @@ def trace_all(rows: list[Row]) -> list[Result]:
     return out
 
 
+def row_machine(row: Row, base: Machine | None = None) -> Machine:
+    """The machine of ``row``: its GPU preset (or ``base``) on its network."""
+    m = machine(base or row.gpu, network=row.network)
+    if row.inter_node_gbps is not None:
+        m = replace(m, inter_node_gbps=row.inter_node_gbps)
+    return m
+
+
 def predict(results: list[Result], machines: dict[str, Machine] | None = None) -> None:
     for r in results:
-        m = (machines or {}).get(r.row.gpu) or machine(r.row.gpu, network=r.row.network)
-        m = replace(m, network=r.row.network) if machines else m
+        m = row_machine(r.row, (machines or {}).get(r.row.gpu))
         t = timeline(r.report, m, grad_accum=r.row.grad_accum).totals
         r.predicted, r.mfu = t["tokens_per_s"], t["mfu"]
+
+
+def _job_row(row: Row) -> bool:
+    """A run with torch.compile, float8, hybrid sharding across nodes or tensor parallelism."""
+    return row.compile or bool(row.float8) or row.tp > 1 or row.sharding == "HYBRID_SHARD"
 
 
 def stats(errors: list[float]) -> tuple[float, float]:
@@ -305,7 +411,7 @@ def fit(results: list[Result]) -> dict[str, float]:
                 attention_backward_efficiency=base.attention_backward_efficiency * mid,
             )
             for r in cal:
-                mm = machine(m, network=r.row.network)
+                mm = row_machine(r.row, m)
                 r.predicted = timeline(r.report, mm, grad_accum=r.row.grad_accum).totals[
                     "tokens_per_s"
                 ]
@@ -451,7 +557,7 @@ def main() -> None:
         print("| set | source | run | published | predicted | error |")
         print("|---|---|---|--:|--:|--:|")
         for line in lines:
-            short = [line[0][:3], line[1].split()[0], line[2], *line[3:6]]
+            short = [line[0][:3], line[1], line[2], *line[3:6]]
             print("| " + " | ".join(short) + " |")
     else:
         widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
@@ -463,6 +569,13 @@ def main() -> None:
         if errs:
             med, p90 = stats(errs)
             print(f"{split}: {len(errs)} runs, median |error| {med:.1%}, p90 |error| {p90:.1%}")
+    job = [r.error for r in results if r.row.split == VAL and _job_row(r.row)]
+    if job:
+        med, p90 = stats(job)
+        print(
+            f"validation with compile, float8, HSDP across nodes or FSDP x TP: {len(job)} runs, "
+            f"median |error| {med:.1%}, p90 |error| {p90:.1%}"
+        )
     gpus = sorted({r.row.gpu for r in results if r.row.split == VAL})
     sources = sorted({r.row.source.split()[0] for r in results if r.row.split == VAL})
     print(f"validation spans GPUs {', '.join(gpus)}; sources {', '.join(sources)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable
@@ -21,8 +22,12 @@ def record_real_fsdp1(
     fsdp_kwargs: dict[str, Any],
     loss: Callable[[Any], torch.Tensor] | None = None,
     iterations: int = 3,
+    grad_accum: int = 1,
 ) -> fsdpviz.Report:
-    """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record."""
+    """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record.
+
+    ``grad_accum=N``: each step is ``N`` micro-steps, the first ``N - 1`` under
+    ``no_sync()``, then the gradients are dropped as ``zero_grad`` does."""
     memo: dict[int, Any] = {}
     real = copy.deepcopy(model, memo)
     fsdp_kwargs = dict(fsdp_kwargs)
@@ -34,9 +39,14 @@ def record_real_fsdp1(
         fsdp = FSDP(real, device_id=torch.device("cpu"), **fsdp_kwargs)
         with fsdpviz.FSDP1Recorder(fsdp) as rec:
             for _ in range(iterations):
-                args, kwargs = _split(inputs)
-                out = fsdp(*args, **kwargs)
-                (loss or default_loss)(out).backward()
+                for k in range(grad_accum):
+                    quiet = fsdp.no_sync() if k < grad_accum - 1 else contextlib.nullcontext()
+                    with quiet:
+                        args, kwargs = _split(inputs)
+                        out = fsdp(*args, **kwargs)
+                        (loss or default_loss)(out).backward()
+                if grad_accum > 1:
+                    fsdp.zero_grad(set_to_none=True)
     return rec.report()
 
 
@@ -78,6 +88,27 @@ def assert_same_schedule(real: fsdpviz.Report, predicted: fsdpviz.Report) -> Non
         assert len(r) == len(p), f"iteration {n}: {len(r)} real events vs {len(p)} predicted"
 
 
+def assert_same_accumulation(real: fsdpviz.Report, predicted: fsdpviz.Report, n: int) -> None:
+    """Gradient accumulation over ``n`` micro-steps: the prediction's two optimizer steps (the
+    first, and the steady one) equal the recording's first two, micro-step by micro-step and
+    event by event, and the recording's third step equals its second."""
+    assert predicted.config.grad_accum == n and len(predicted.iterations) == 2 * n
+    assert len(real.iterations) >= 3 * n, "record at least three optimizer steps"
+    steady = [[e.to_dict() for e in it] for it in real.iterations[n : 2 * n]]
+    third = [[e.to_dict() for e in it] for it in real.iterations[2 * n : 3 * n]]
+    assert third == steady, "real run has no steady state"
+    for k, (r_it, p_it) in enumerate(zip(real.iterations, predicted.iterations, strict=False)):
+        r = [e.to_dict() for e in r_it]
+        p = [e.to_dict() for e in p_it]
+        for i, (a, b) in enumerate(zip(r, p, strict=False)):
+            if a != b:
+                raise AssertionError(
+                    f"step {k // n} micro-step {k % n}: first difference at event {i}\n"
+                    f"real:\n{_fmt(r, i)}\npredicted:\n{_fmt(p, i)}"
+                )
+        assert len(r) == len(p), f"micro-step {k}: {len(r)} real events vs {len(p)} predicted"
+
+
 def check_conformance(
     model: nn.Module,
     inputs: Any,
@@ -109,11 +140,14 @@ def record_real_fsdp2(
     mesh_shape: tuple[int, int] | None = None,
     offload_policy: Any = None,
     ignored_params: list[str] | None = None,
+    grad_accum: int = 1,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
     ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP); ``ignored_params``
-    (parameter FQNs) are left out of the root's call."""
+    (parameter FQNs) are left out of the root's call. ``grad_accum=N``: each
+    step is ``N`` micro-steps, the first ``N - 1`` after ``set_requires_gradient_sync(False)``,
+    then the gradients are dropped as ``zero_grad`` does."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -153,7 +187,12 @@ def record_real_fsdp2(
             getattr(mods[src], attr)([mods[d] for d in dsts])
     with FSDP2Recorder(real) as rec:
         for _ in range(iterations):
-            args, kwargs = _split(inputs)
-            out = real(*args, **kwargs)
-            (loss or default_loss)(out).backward()
+            for k in range(grad_accum):
+                if grad_accum > 1:
+                    real.set_requires_gradient_sync(k == grad_accum - 1)  # type: ignore[operator]
+                args, kwargs = _split(inputs)
+                out = real(*args, **kwargs)
+                (loss or default_loss)(out).backward()
+            if grad_accum > 1:
+                real.zero_grad(set_to_none=True)
     return rec.report()

@@ -3,7 +3,9 @@
 ``run(rank, world_size, port, out_dir, suite)`` records every case of one suite on each
 rank: ``"two"`` (2 ranks: FSDP1 and FSDP2 cases), ``"one"`` (1 rank, where FSDP1 switches
 to NO_SHARD), ``"hybrid"`` (4 ranks in two shard groups of 2, FSDP1's hybrid strategies
-given their ``(shard, replicate)`` process groups) or ``"tp"`` (4 ranks as a dp 2 x tp 2
+given their ``(shard, replicate)`` process groups), ``"accum"`` (2 ranks: gradient
+accumulation over ``ACCUM`` micro-steps, FSDP1 ``no_sync`` and FSDP2
+``set_requires_gradient_sync(False)``) or ``"tp"`` (4 ranks as a dp 2 x tp 2
 mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp) or
 ``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused).
 """
@@ -167,6 +169,50 @@ def gloo_fsdp2_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[
     }
 
 
+ACCUM = 3  # micro-steps per optimizer step in the "accum" suite
+
+
+def accum_cases() -> dict[str, tuple[Any, Any, Any, dict[str, Any]]]:
+    """name -> (model factory, inputs factory, fully_shard calls or None for FSDP1, options),
+    each trained with ``ACCUM`` micro-steps per optimizer step."""
+    from hf_models import HF_MODELS
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    def llama() -> Any:
+        return HF_MODELS["llama"]()[0]
+
+    def llama_inputs() -> Any:
+        return HF_MODELS["llama"]()[1]
+
+    block = ModuleWrapPolicy({hm.Block})
+    grad_op = ShardingStrategy.SHARD_GRAD_OP
+    return {
+        "accum-full-shard": (hm.Stack, x, None, {"auto_wrap_policy": block}),
+        "accum-grad-op": (
+            hm.Stack, x, None, {"auto_wrap_policy": block, "sharding_strategy": grad_op},
+        ),
+        "accum-grad-op-post-fwd": (
+            hm.CalledTwice, x, None,
+            {"auto_wrap_policy": block, "sharding_strategy": grad_op, "use_orig_params": True,
+             "backward_prefetch": BackwardPrefetch.BACKWARD_POST, "forward_prefetch": True},
+        ),
+        "accum-llama-grad-op": (
+            llama, llama_inputs, None,
+            {"auto_wrap_policy": ModuleWrapPolicy({LlamaDecoderLayer}),
+             "sharding_strategy": grad_op},
+        ),
+        "accum-fsdp2-stack": (hm.Stack, x, [(f"blocks.{i}",) for i in range(4)], {}),
+        "accum-fsdp2-llama-bf16": (
+            llama, llama_inputs, [(f"model.layers.{i}",) for i in range(3)],
+            {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)},
+        ),
+    }  # fmt: skip
+
+
 class Corner(NamedTuple):
     """A case real FSDP and fsdpviz must agree on: both accept it (and plan the same
     schedule) or both reject it for the same reason (``accepts=False``).
@@ -326,6 +372,17 @@ def _tp_collectives() -> Iterator[list[list[Any]]]:
 
 def record_suite(rank: int, world_size: int, out_dir: str, suite: str) -> None:
     """Record every FSDP1 and FSDP2 case of ``suite`` on this rank."""
+    if suite == "accum":
+        for name, (build, inputs, calls, kwargs) in accum_cases().items():
+            torch.manual_seed(0)
+            if calls is None:
+                report = record_real_fsdp1(build(), inputs(), kwargs, grad_accum=ACCUM)
+            else:
+                report = record_real_fsdp2(
+                    build(), inputs(), calls, world_size, grad_accum=ACCUM, **kwargs
+                )
+            report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        return
     fsdp1 = {"two": gloo_cases, "one": one_rank_cases, "hybrid": hybrid_cases}[suite]()
     groups = _hybrid_groups(rank, world_size) if suite == "hybrid" else None
     for name, (build, inputs, kwargs) in fsdp1.items():

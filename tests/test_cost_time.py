@@ -163,3 +163,52 @@ def test_summary_gives_each_time_in_a_readable_unit() -> None:
     t = tl.totals
     assert f"of which {duration_text(t['exposed_comm_s'])} exposed" in tl.summary()
     assert tl.summary().startswith(f"step {duration_text(t['step_s'])} on H100")
+
+
+def test_float32_matmuls_take_the_matmul_precision_setting() -> None:
+    """fp32 training: the full FP32 peak under torch's default, TF32 tensor cores under
+    'high' (given to analyze, or set in the process when analyze runs), and a note says
+    which one the time model assumed."""
+    fp32 = _report(world_size=8)
+    assert "float32_matmul_precision" not in fp32.config  # 'highest' is not stated
+    slow = timeline(fp32, "h100")
+    assert any("full-precision FP32 peak" in n for n in slow.notes)
+    tf32 = _report(world_size=8, float32_matmul_precision="high")
+    assert tf32.config["float32_matmul_precision"] == "high"
+    fast = timeline(tf32, "h100")
+    assert any("TF32 tensor cores" in n for n in fast.notes)
+    assert fast.totals["matmul_s"] < slow.totals["matmul_s"] / 4  # 494.5 vs 67 TFLOP/s
+    # the machine's own setting wins over the report's
+    back = timeline(tf32, machine("h100", float32_matmul_precision="highest"))
+    assert back.totals["matmul_s"] == pytest.approx(slow.totals["matmul_s"])
+    torch = pytest.importorskip("torch")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        seen = _report(world_size=8)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen.config.float32_matmul_precision == "high"
+    with pytest.raises(fsdpviz.ConfigError, match="float32_matmul_precision must be one of"):
+        _report(world_size=8, float32_matmul_precision="tf32")
+    with pytest.raises(fsdpviz.ConfigError, match="float32_matmul_precision must be one of"):
+        machine("a100", float32_matmul_precision="fast")
+
+
+def test_no_shard_all_reduces_the_padded_flat_parameter() -> None:
+    import torch
+    from torch.distributed.fsdp import ShardingStrategy
+
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+    report = fsdpviz.analyze(
+        model, torch.randn(4, 7), world_size=8, sharding_strategy=ShardingStrategy.NO_SHARD,
+        use_orig_params=True, progress=False,
+    )  # fmt: skip
+    tl = timeline(report, "h100")
+    units = {u.module: u for u in report.units}
+    reduced = [r for r in tl.events if r["kind"] == "all_reduce"]
+    assert reduced
+    assert any(u.flat_numel > u.numel for u in units.values())  # alignment padding
+    for r in reduced:
+        u = units[r["unit"]]
+        assert r["bytes"] == pytest.approx(2 * 7 / 8 * u.flat_numel * 4)

@@ -301,3 +301,27 @@ def test_counts_read_as_numbers() -> None:
         "1.23 M",
         "70.6 B",
     ]
+
+
+def test_card_says_which_mesh_dimension_crosses_nodes() -> None:
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    config = ExampleConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4)
+    report = fsdpviz.analyze(
+        example_model(config), example_inputs(config, batch=2, seq=64),
+        fully_shard=[DecoderLayer], mesh=("dp_replicate", 4, "dp_shard", 8), progress=False,
+    )  # fmt: skip
+    text = _text(report_html(report))
+    assert (
+        "nodes of 8 GPUs: dp_replicate 4 across 4 nodes (1 of 8 GPUs in each, 8 groups share "
+        "a node's network) · dp_shard 8 inside a node"
+    ) in text
+    job = fsdpviz.analyze(
+        example_model(config), example_inputs(config, batch=2, seq=64),
+        fully_shard=[DecoderLayer], world_size=8, grad_accum=4, compile=[DecoderLayer],
+        float8={"enable_fsdp_float8_all_gather": True}, progress=False,
+    )  # fmt: skip
+    assert (
+        "grad_accum 4 (no gradient sync on 3) · torch.compile on DecoderLayer · float8 linears "
+        "+ float8 all-gather"
+    ) in _text(report_html(job))

@@ -15,6 +15,10 @@ What ``accelerate launch`` does with each key is followed as accelerate 1.x does
 - ``fsdp_activation_checkpointing``: the modules the wrap policy picks are checkpointed.
 - ``mixed_precision``: ``bf16`` / ``fp16`` (``fp8`` computes in bf16) for parameters,
   reduction and buffers (FSDP1) or outputs (FSDP2).
+- ``dynamo_config``: ``dynamo_backend: INDUCTOR`` compiles the wrapped model
+  (``torch.compile``, ``analyze(..., compile=True)``), or with
+  ``dynamo_use_regional_compilation`` each repeated block (``compile_regions``: the
+  transformer layer classes); other backends do not fuse kernels and are costed eager.
 
 Older accelerate releases wrote other names, and files written by them are read as the
 installed accelerate reads them: ``fp16: true`` is ``mixed_precision: fp16``,
@@ -64,7 +68,11 @@ _LAUNCH_KEYS = {
     "compute_environment", "debug", "distributed_type", "downcast_bf16", "enable_cpu_affinity",
     "machine_rank", "main_training_function", "num_machines", "num_processes", "rdzv_backend",
     "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "gpu_ids",
-    "main_process_ip", "main_process_port", "mixed_precision", "fsdp_config",
+    "main_process_ip", "main_process_port", "mixed_precision", "fsdp_config", "dynamo_config",
+}  # fmt: skip
+_DYNAMO_KEYS = {
+    "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+    "dynamo_use_regional_compilation",
 }  # fmt: skip
 # Further keys of accelerate's ClusterConfig and SageMakerConfig (accelerate config writes
 # them): TPU pods, launch commands, other backends' settings, SageMaker's job.
@@ -79,7 +87,6 @@ _CLUSTER_KEYS = {
 # None: accelerate still reads the old name).
 _RENAMED = {"fsdp_backward_prefetch_policy": ("fsdp_backward_prefetch", (0, 27))}
 _NOT_PLANNED = {
-    "dynamo_config": "torch.compile changes kernels, not the FSDP schedule (not modelled)",
     "fp8_config": "FP8 matmuls are not modelled (computed as bf16)",
     "parallelism_config": "tensor/context parallel dimensions are not read from accelerate",
 }
@@ -151,7 +158,39 @@ def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) ->
                         "checkpoints nothing")  # fmt: skip
         else:
             kwargs["activation_checkpointing"] = wrap.checkpointed
+    compiled = _dynamo(dict(data.get("dynamo_config") or {}), wrap, where, notes)
+    if compiled:
+        kwargs["compile"] = compiled
     return TrainerConfig(f"accelerate config {where}", kwargs, notes)
+
+
+def _dynamo(
+    dynamo: dict[str, Any], wrap: _Wrap | None, where: str, notes: list[str]
+) -> bool | list[type[nn.Module]]:
+    """accelerate's ``TorchDynamoPlugin``: ``prepare_model`` compiles the wrapped model, or
+    with regional compilation each repeated block."""
+    notes += check_keys(dynamo, _DYNAMO_KEYS, f"{where} dynamo_config", ignored={})
+    backend = str(dynamo.get("dynamo_backend") or "NO").upper()
+    if backend == "NO":
+        return False
+    if backend != "INDUCTOR":
+        note(
+            notes,
+            f"{where}: dynamo_backend {backend} does not fuse kernels as Inductor does; the "
+            "compute is costed eager",
+        )
+        return False
+    mode = str(dynamo.get("dynamo_mode") or "default")
+    if mode != "default":
+        note(
+            notes,
+            f"{where}: dynamo_mode {mode!r} (autotuned matrix multiplies, CUDA graphs) is "
+            "costed as the default mode: fused memory-bound kernels, the same matrix multiplies",
+        )
+    regional = _flag(dynamo.get("dynamo_use_regional_compilation", False))
+    if regional and wrap is not None and wrap.kind == "transformer" and wrap.classes:
+        return sorted(wrap.classes, key=lambda c: c.__name__)
+    return True
 
 
 def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:

@@ -16,10 +16,26 @@ reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (
 checkpoints every block, ``"selective"`` with an integer option every n-th block, with
 ``"op"`` per operator inside every block
 (:class:`~fsdpviz.trace.checkpointing.SelectiveCheckpoint`).
+
+The job around FSDP: ``[compile] enable`` compiles each block (``analyze(...,
+compile=[TransformerBlock])``; with ``components`` including ``"loss"``, as torchtitan's
+default, the whole model: the blocks and the loss, with the embedding and final norm
+costed fused too); float8 linears (``model.converters = ["quantize.linear.float8"]`` with
+``[quantize.linear.float8]``, or ``["float8"]`` with ``[float8]``) become ``float8=``
+(torchtitan's keys: ``enable_fsdp_float8_all_gather``, ``recipe_name``, ``filter_fqns``).
+
+Older job files read as torchtitan read them then, with a note where a key was renamed:
+``training.batch_size`` (``training.local_batch_size`` since June 2025),
+``training.compile`` (``[compile] enable`` since August 2025, compiling the blocks only),
+``training.data_parallel_*_degree``, ``training.tensor_parallel_degree``,
+``training.disable_loss_parallel`` and ``experimental.{pipeline,context}_parallel_degree``
+(``[parallelism]`` since March 2025), ``[float8] enable_float8_linear`` (``model.converters``
+since early 2025, ``[quantize.linear.float8]`` since September 2025).
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import tomllib
@@ -71,11 +87,39 @@ _SECTIONS: dict[str, set[str]] = {
                               "memory_budget", "visualize_memory_budget_pareto",
                               "preserve_rng_state", "determinism_check", "debug"},
     "compile": {"enable", "components", "backend"},
+    # torchtitan's Float8 / Float8Linear keys, in [float8] (2024 to September 2025) and
+    # [quantize.linear.float8] (since)
+    "float8": {"enable_float8_linear", "enable_fsdp_float8_all_gather",
+               "precompute_float8_dynamic_scale_for_fsdp", "force_recompute_fp8_weight_in_bwd",
+               "recipe_name", "filter_fqns", "emulate", "scaling_type_input",
+               "scaling_type_weight", "scaling_type_grad_output"},
 }  # fmt: skip
 _OTHER_SECTIONS = {
     "job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "quantize",
     "comm", "memory_estimation", "fault_tolerance", "experimental", "validation", "debug",
+    "mx",
 }  # fmt: skip
+# Keys torchtitan moved, as (old section, old key) -> (section, key, since): read where they
+# were, with a note
+_RENAMED = {
+    ("training", "batch_size"): ("training", "local_batch_size", "June 2025"),
+    ("training", "compile"): ("compile", "enable", "August 2025"),
+    **{
+        ("training", key): ("parallelism", key, "March 2025")
+        for key in ("data_parallel_replicate_degree", "data_parallel_shard_degree",
+                    "tensor_parallel_degree", "disable_loss_parallel")
+    },
+    **{
+        ("experimental", key): ("parallelism", key, "March 2025")
+        for key in ("pipeline_parallel_degree", "context_parallel_degree",
+                    "enable_async_tensor_parallel")
+    },
+}  # fmt: skip
+# Keys of older job files that no longer exist and do not change the plan
+_OLD_KEYS = {
+    "training": {"warmup_steps", "seed", "deterministic", "enable_compiled_autograd"},
+    "model": {"norm_type"},
+}
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -109,7 +153,9 @@ def from_torchtitan(
         report = fsdpviz.analyze(job.model, job.inputs, **job.config)
     """
     data, where = _load(job)
-    notes = _check(data, where)
+    data = copy.deepcopy(data)  # the older keys move: never in the caller's dict
+    notes = _upgrade(data, where)
+    notes += _check(data, where)
     model_cfg = data.get("model", {})
     name = model_cfg.get("name", "llama3")
     if name != "llama3":
@@ -121,8 +167,13 @@ def from_torchtitan(
         raise ConfigError(
             f"{where}: model.flavor {flavor!r} is not a llama3 flavor ({', '.join(FLAVORS)}){tip}"
         )
+    float8 = _float8(data, where, notes)
     for converter in model_cfg.get("converters", []) or []:
-        note(notes, f"{where}: model.converters {converter!r} (quantized training) is not modelled")
+        if converter not in ("float8", "quantize.linear.float8"):
+            note(
+                notes,
+                f"{where}: model.converters {converter!r} (quantized training) is not modelled",
+            )
     training = data.get("training", {})
     parallel = data.get("parallelism", {})
     seq = int(training.get("seq_len", 2048))
@@ -144,18 +195,20 @@ def from_torchtitan(
         note(
             notes,
             f"{where}: global_batch_size = {training['global_batch_size']} means "
-            f"{steps} micro-batches per step; one is planned (time the step with "
+            f"{steps} micro-batches per step, each reducing its gradients (torchtitan does not "
+            f"skip gradient sync); one is planned (time the step with "
             f"fsdpviz.cost.timeline(report, grad_accum={steps}))",
-        )
-    if data.get("compile", {}).get("enable"):
-        note(
-            notes, f"{where}: compile.enable changes kernels, not the FSDP schedule (not modelled)"
         )
     model = build_llama3(flavor, seq)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
     labels = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     kwargs = _plan(model, data, mesh, where, notes)
     kwargs["loss"] = _CrossEntropy(labels)
+    compiled = _compile(data.get("compile", {}), where, notes)
+    if compiled:
+        kwargs["compile"] = compiled
+    if float8 is not None:
+        kwargs["float8"] = float8
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
     return TorchtitanJob(model, tokens, config)
 
@@ -170,6 +223,85 @@ def _load(job: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         return tomllib.loads(path.read_text()), path.name
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+def _upgrade(data: dict[str, Any], where: str) -> list[str]:
+    """Move the keys of older job files to where torchtitan has them now (see the module
+    docstring), with a note for each; a key given in both places keeps the new one."""
+    notes: list[str] = []
+    for (old_section, old_key), (section, key, since) in _RENAMED.items():
+        values = data.get(old_section)
+        if not isinstance(values, dict) or old_key not in values:
+            continue
+        value = values.pop(old_key)
+        target = data.setdefault(section, {})
+        if key in target:
+            note(
+                notes,
+                f"{where}: {old_section}.{old_key} and {section}.{key} are both given; "
+                f"{section}.{key} is read (torchtitan renamed the first in {since})",
+            )
+            continue
+        target[key] = value
+        note(
+            notes,
+            f"{where}: {old_section}.{old_key} is read as {section}.{key} "
+            f"(torchtitan's name since {since})",
+        )
+        if (old_section, old_key) == ("training", "compile"):
+            data["compile"].setdefault("components", ["model"])  # the blocks, as then
+    for section, keys in _OLD_KEYS.items():
+        values = data.get(section)
+        if isinstance(values, dict):
+            for key in keys & set(values):
+                values.pop(key)
+    quantize = data.get("quantize")
+    if isinstance(quantize, dict):
+        linear = quantize.get("linear")
+        if isinstance(linear, dict) and isinstance(linear.get("float8"), dict):
+            data.setdefault("float8", {}).update(linear["float8"])
+    return notes
+
+
+def _float8(data: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any] | None:
+    """torchtitan's float8 linears: ``model.converters`` naming them (``"float8"``, since
+    September 2025 ``"quantize.linear.float8"``) or, before converters, ``[float8]
+    enable_float8_linear``; their options from ``[float8]`` / ``[quantize.linear.float8]``."""
+    section = dict(data.get("float8", {}))
+    converters = data.get("model", {}).get("converters", []) or []
+    enabled = section.pop("enable_float8_linear", None)
+    if enabled is not None:
+        note(
+            notes,
+            f"{where}: float8.enable_float8_linear is read as model.converters = "
+            '["quantize.linear.float8"] (torchtitan\'s name since early 2025)',
+        )
+    if not enabled and not {"float8", "quantize.linear.float8"} & set(converters):
+        return None
+    filters = list(section.get("filter_fqns") or [])
+    if "auto_filter_small_kn" in filters:
+        filters.remove("auto_filter_small_kn")
+        note(
+            notes,
+            f"{where}: float8 filter_fqns 'auto_filter_small_kn' (torchao's choice of linears "
+            "too small to gain) is not modelled; every linear whose dimensions divide by 16 "
+            "runs in float8",
+        )
+    section["filter_fqns"] = filters
+    return section
+
+
+def _compile(section: dict[str, Any], where: str, notes: list[str]) -> bool | list[type]:
+    """torchtitan's ``apply_compile``: each block (``"model"``), and the loss (``"loss"``)."""
+    if not section.get("enable"):
+        return False
+    components = list(section.get("components", ["model", "loss"]))
+    if "model" not in components:
+        note(notes, f"{where}: compile of the loss alone is not modelled; costed eager")
+        return False
+    if "loss" in components:
+        return True  # the blocks and the loss; the embedding and final norm fuse too
+    return [TransformerBlock]
 
 
 def _check(data: dict[str, Any], where: str) -> list[str]:
@@ -334,10 +466,7 @@ def _plan(
     if mode == "full":
         kwargs["activation_checkpointing"] = [TransformerBlock]
     elif mode == "selective" and option.isdigit():
-        every = int(option)
-        layers = [model.get_submodule(name) for name in blocks]
-        chosen = {m for i, m in enumerate(layers) if not every or (i + 1) % every == 0}
-        kwargs["activation_checkpointing"] = lambda m: m in chosen
+        kwargs["activation_checkpointing"] = EveryNthBlock(int(option))
     elif mode == "selective" and option == "op":
         kwargs["activation_checkpointing"] = SelectiveCheckpoint([TransformerBlock])
     elif mode == "selective":
@@ -354,6 +483,21 @@ def _plan(
     elif mode != "none":
         raise ConfigError(f"{where}: activation_checkpoint.mode {mode!r} is not valid")
     return kwargs
+
+
+@dataclass(frozen=True)
+class EveryNthBlock:
+    """torchtitan's ``selective_ac_option = "<n>"``: every ``n``-th block is checkpointed,
+    counting from 1 (``0``: every block). Picks by the block's ``layer_id``, so it picks the
+    same blocks of fsdpviz's traced copy as of the model."""
+
+    every: int
+
+    def __call__(self, module: nn.Module) -> bool:
+        layer = getattr(module, "layer_id", None)
+        if not isinstance(module, TransformerBlock) or layer is None:
+            return False
+        return not self.every or (int(layer) + 1) % self.every == 0
 
 
 def _dtype(name: Any, key: str) -> torch.dtype:
@@ -412,8 +556,9 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: dict[str, Any]) -> None:
+    def __init__(self, layer_id: int, args: dict[str, Any]) -> None:
         super().__init__()
+        self.layer_id = layer_id
         dim = args["dim"]
         self.attention = Attention(dim, args["n_heads"], args.get("n_kv_heads") or args["n_heads"])
         self.feed_forward = FeedForward(dim, _ffn_hidden(args))
@@ -434,7 +579,7 @@ class Transformer(nn.Module):
         dim, vocab = args["dim"], args.get("vocab_size", 128256)
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(args) for i in range(args["n_layers"])}
+            {str(i): TransformerBlock(i, args) for i in range(args["n_layers"])}
         )
         self.norm = nn.RMSNorm(dim, eps=1e-5)
         self.output = nn.Linear(dim, vocab, bias=False)

@@ -22,27 +22,42 @@ CPU offload: a shard's copy to the device before its all-gather, and a gradient 
 copy back after its reduction, take ``bytes / pcie_gbps``; the optimizer step runs on the
 host at ``host_gbps``.
 
+float32 matrix multiplies run at ``tflops["float32"]`` (CUDA cores) under torch's default
+``float32_matmul_precision`` ``"highest"``, and on TF32 tensor cores (``tflops["tfloat32"]``)
+under ``"high"`` or ``"medium"`` (``torch.set_float32_matmul_precision``, or
+``torch.backends.cuda.matmul.allow_tf32 = True``). ``float32_matmul_precision=None`` takes
+the report's: what ``analyze`` saw in the process, or its ``float32_matmul_precision=``.
+
 Collectives as NCCL's ring runs them, over ``N`` ranks moving ``S`` bytes (the unsharded
 size; each rank sends and receives ``(N - 1) / N * S``)::
 
-    all_gather, reduce_scatter:  base + (N - 1) * step + (N - 1) / N * S / busbw(N)
-    all_reduce:                  base + 2 (N - 1) * step + 2 (N - 1) / N * S / busbw(N)
+    all_gather, reduce_scatter:  base + (N - 1) * step + (N - 1) / N * S / busbw
+    all_reduce:                  base + 2 (N - 1) * step + 2 (N - 1) / N * S / busbw
 
-``busbw(N)`` is ``intra_node_gbps`` (GB/s per GPU: NVLink through NVSwitch, or PCIe) when
-the ``N`` ranks fit in one node (``N <= gpus_per_node``), else the node's network cards
-together, ``gpus_per_node * inter_node_gbps`` (``inter_node_gbps`` per GPU: NCCL runs one
-ring per card, each crossing between nodes through another GPU's card), at most
-``intra_node_gbps``; both times ``comm_efficiency``. ``step`` is
-``intra_node_latency_us`` inside a node, else ``inter_node_latency_us`` (a ring step
-waits for its slowest hop); ``base`` is ``collective_base_us``.
+The ranks sit on nodes as the mesh lays them out (:mod:`fsdpviz.cost.topology`: a
+:class:`~fsdpviz.cost.topology.Span`; without one, ``N`` consecutive ranks). A ring is as
+fast as the slowest link it crosses: inside one node ``busbw`` is ``intra_node_gbps``
+(GB/s per GPU: NVLink through NVSwitch, or PCIe); a ring that crosses nodes leaves each
+node through its network cards (``inter_node_gbps`` per GPU, ``gpus_per_node`` of them),
+which the groups of that mesh dimension with ranks in the node share (``sharing``: the
+replicate groups of HSDP, one per shard rank, run their all-reduces at the same time), so
+``busbw = min(intra_node_gbps, gpus_per_node * inter_node_gbps / sharing)``; times
+``comm_efficiency``. ``step`` is ``intra_node_latency_us`` inside a node, else
+``inter_node_latency_us`` (a ring step waits for its slowest hop); an all-reduce across
+nodes takes NCCL's tree where its latency is lower (``2 (ceil(log2 nodes) *
+inter_node_latency_us + (per_node - 1) * intra_node_latency_us)``); ``base`` is
+``collective_base_us``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from fsdpviz.cost.topology import Span, consecutive
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import FLOAT32_MATMUL_PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -76,16 +91,28 @@ class Machine:
     launch_backward_us: float = 6.0  # ... in backward (the autograd engine)
     comm_efficiency: float = 0.8
     network: str = ""
+    # float32 matrix multiplies: "highest" (CUDA cores), "high" / "medium" (TF32 tensor
+    # cores, tflops["tfloat32"]); None: the report's setting (what analyze saw)
+    float32_matmul_precision: str | None = None
+    compiled_launch_us: float = 4.0  # CPU time to launch one kernel of a torch.compile'd graph
 
     def peak_flops(self, dtype: str | None) -> float:
-        """Dense peak FLOP/s in ``dtype`` (``"bfloat16"``, ...)."""
+        """Dense peak FLOP/s in ``dtype`` (``"bfloat16"``, ...); float32 on TF32 tensor cores
+        when ``float32_matmul_precision`` is ``"high"`` or ``"medium"``."""
         key = dtype if dtype in self.tflops else "float32"
+        if key == "float32" and self.tf32 and "tfloat32" in self.tflops:
+            key = "tfloat32"
         if key not in self.tflops:
             raise ConfigError(
                 f"machine {self.name!r} has no throughput for {dtype!r}; pass "
                 f"tflops={{{dtype!r}: ...}} to machine()"
             )
         return self.tflops[key] * 1e12
+
+    @property
+    def tf32(self) -> bool:
+        """Whether float32 matrix multiplies run on TF32 tensor cores."""
+        return self.float32_matmul_precision in ("high", "medium")
 
     def compute_seconds(self, flops: float, dtype: str | None) -> float:
         """Seconds for ``flops`` FLOPs of large matrix multiplies in ``dtype``."""
@@ -107,21 +134,34 @@ class Machine:
         """Seconds to read and write ``nbytes`` of device memory."""
         return nbytes / (self.hbm_gbps * 1e9 * self.memory_efficiency) if nbytes > 0 else 0.0
 
-    def collective_seconds(self, kind: str, nbytes: float, ranks: int) -> float:
-        """Seconds for an ``all_gather`` / ``reduce_scatter`` / ``all_reduce`` of ``nbytes``."""
+    def collective_seconds(
+        self, kind: str, nbytes: float, ranks: int, span: Span | None = None
+    ) -> float:
+        """Seconds for an ``all_gather`` / ``reduce_scatter`` / ``all_reduce`` of ``nbytes``
+        over ``ranks`` placed as ``span`` says (default: consecutive ranks)."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
-        inside = ranks <= self.gpus_per_node
-        # Across nodes NCCL runs one ring per network card, each leaving the node through
-        # another GPU's card: the node's cards together carry the traffic, NVLink inside.
-        across = min(self.intra_node_gbps, self.gpus_per_node * self.inter_node_gbps)
-        gbps = self.intra_node_gbps if inside else across
-        step = self.intra_node_latency_us if inside else self.inter_node_latency_us
+        where = span if span is not None and span.ranks == ranks else None
+        where = where or consecutive(ranks, self.gpus_per_node)
         passes = 2 if kind == "all_reduce" else 1
+        if not where.across_nodes:
+            gbps, latency = self.intra_node_gbps, passes * (ranks - 1) * self.intra_node_latency_us
+        else:
+            # the ring leaves each node through its network cards, shared by the groups of
+            # this mesh dimension that cross the node at the same time; NVLink inside
+            cards = self.gpus_per_node * self.inter_node_gbps / max(1, where.sharing)
+            gbps = min(self.intra_node_gbps, cards)
+            latency = passes * (ranks - 1) * self.inter_node_latency_us
+            if kind == "all_reduce":  # NCCL's tree, where its latency is lower
+                tree = 2 * (
+                    math.ceil(math.log2(where.nodes)) * self.inter_node_latency_us
+                    + (where.per_node - 1) * self.intra_node_latency_us
+                )
+                latency = min(latency, tree)
         moved = (ranks - 1) / ranks * nbytes
         return (
             self.collective_base_us * 1e-6
-            + passes * (ranks - 1) * step * 1e-6
+            + latency * 1e-6
             + passes * moved / (gbps * 1e9 * self.comm_efficiency)
         )
 
@@ -134,14 +174,19 @@ class Machine:
 
 
 # Dense (no sparsity) peak throughput from the vendors' data sheets; float32 is the
-# non-tensor-core rate (TF32 tensor cores are faster: set tflops["float32"] to use them).
+# non-tensor-core rate, tfloat32 that of TF32 tensor cores (float32_matmul_precision "high").
 # The efficiencies are what eager PyTorch reaches on each: those of h100, h100-hbm2e, a100
 # and a100-40gb are fitted on the calibration rows of benchmarks/bench_published.py (one
 # factor per GPU on the compute and attention efficiencies); h200 takes the H100 SXM's (the
 # same chip and clocks), h100-pcie the H100 SXM's factor and l40s the median factor, as no
 # published run was found to fit them on.
-_H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float8_e4m3fn": 1979.0}
-_A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}
+_H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tfloat32": 494.5,
+                "float8_e4m3fn": 1979.0}  # fmt: skip
+_A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5, "tfloat32": 156.0}
+_H100_PCIE_TFLOPS = {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0, "tfloat32": 378.0,
+                     "float8_e4m3fn": 1513.0}  # fmt: skip
+_L40S_TFLOPS = {"bfloat16": 362.0, "float16": 362.0, "float32": 91.6, "tfloat32": 183.0,
+                "float8_e4m3fn": 733.0}  # fmt: skip
 GPUS: dict[str, dict[str, Any]] = {
     "h100": {
         "name": "H100 SXM 80GB",
@@ -169,7 +214,7 @@ GPUS: dict[str, dict[str, Any]] = {
     },
     "h100-pcie": {
         "name": "H100 PCIe 80GB",
-        "tflops": {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0, "float8_e4m3fn": 1513.0},
+        "tflops": _H100_PCIE_TFLOPS,
         "memory_gib": 80.0,
         "hbm_gbps": 2000.0,
         "pcie_gbps": 50.0,
@@ -211,7 +256,7 @@ GPUS: dict[str, dict[str, Any]] = {
     },
     "l40s": {
         "name": "L40S 48GB",
-        "tflops": {"bfloat16": 362.0, "float16": 362.0, "float32": 91.6, "float8_e4m3fn": 733.0},
+        "tflops": _L40S_TFLOPS,
         "memory_gib": 48.0,
         "hbm_gbps": 864.0,
         "network": "pcie4+roce-200",
@@ -267,6 +312,12 @@ def machine(gpu: str | Machine = "h100", network: str | None = None, **overrides
         raise ConfigError(
             f"unknown machine constant(s) {', '.join(sorted(unknown))}; known: "
             + ", ".join(Machine.__dataclass_fields__)
+        )
+    precision = overrides.get("float32_matmul_precision")
+    if precision is not None and precision not in FLOAT32_MATMUL_PRECISIONS:
+        raise ConfigError(
+            f"float32_matmul_precision must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
+            f"(as torch.set_float32_matmul_precision takes it), got {precision!r}"
         )
     return replace(base, **overrides)
 

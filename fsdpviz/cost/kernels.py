@@ -27,6 +27,17 @@ modules and the dispatcher), ``launch_backward_us`` in backward (the autograd en
 GPU faster than the CPU that feeds it waits for it: the time model gives a stretch the
 longer of its GPU time and its CPU time.
 
+**torch.compile** (``compiled=True``): Inductor fuses each run of memory-bound operators
+between two matrix multiplies or attention kernels (in the compiled modules, forward and
+backward) into one kernel. The trace records those runs (``fused``: see
+:mod:`fsdpviz.schema.profile`): a fused region reads each tensor it takes from outside once
+and writes each tensor that outlives it once (what a later kernel reads, or autograd saves),
+instead of every operator reading and writing its own; it costs those bytes at the memory
+bandwidth plus one ``kernel_us``, and ``compiled_launch_us`` of CPU time to launch.
+Matrix multiplies and attention keep their kernels and their time. Assumed: no
+recomputation chosen by AOTAutograd's partitioner beyond activation checkpointing's, no
+CUDA graphs, no matmul epilogue fusion (``max_autotune`` off).
+
 Example::
 
     m = machine("h100")
@@ -95,8 +106,11 @@ def attention_seconds(
     return max(flops / (peak * min(eff, 1.0)), m.memory_seconds(nbytes))
 
 
-def stretch_cost(kernels: Sequence[Sequence[Any]], m: Machine) -> StretchCost:
-    """The time of one stretch's kernels (a ``StepProfile.kernels`` entry) on ``m``."""
+def stretch_cost(
+    kernels: Sequence[Sequence[Any]], m: Machine, compiled: bool = False
+) -> StretchCost:
+    """The time of one stretch's kernels (a ``StepProfile.kernels`` entry) on ``m``, eager
+    or (``compiled``) with its fused regions as ``torch.compile`` runs them."""
     if not kernels:
         return ZERO
     matmul = attention = memory = cpu = 0.0
@@ -104,6 +118,15 @@ def stretch_cost(kernels: Sequence[Sequence[Any]], m: Machine) -> StretchCost:
     for k in kernels:
         kind = k[0]
         n, nbytes = int(k[-2]), float(k[-1])
+        if kind == "fused":
+            if compiled:  # these memory-bound kernels run as n fused ones
+                eager_n, eager_bytes = int(k[2]), float(k[3])
+                launch = m.launch_backward_us if k[1] else m.launch_forward_us
+                memory += m.memory_seconds(nbytes) + n * m.kernel_us * 1e-6
+                memory -= m.memory_seconds(eager_bytes) + eager_n * m.kernel_us * 1e-6
+                cpu += n * m.compiled_launch_us - eager_n * launch
+                count += n - eager_n
+            continue
         count += n
         if kind == "gemm":
             matmul += n * gemm_seconds(m, k[2], k[3], k[4], k[5], k[6])
@@ -119,6 +142,7 @@ def stretch_cost(kernels: Sequence[Sequence[Any]], m: Machine) -> StretchCost:
         else:  # memory-bound
             memory += m.memory_seconds(nbytes) + n * m.kernel_us * 1e-6
             cpu += n * (m.launch_backward_us if k[1] else m.launch_forward_us)
+    memory, cpu = max(memory, 0.0), max(cpu, 0.0)
     return StretchCost(matmul + attention + memory, cpu * 1e-6, count, matmul, attention, memory)
 
 

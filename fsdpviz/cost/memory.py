@@ -75,7 +75,13 @@ def memory_model(
         print(mem.summary())
     """
     i = iteration_index(report, iteration)
-    walker = Walker(report, unit_bytes(report, optimizer), tape(report, i), steady=i > 0)
+    sizes = unit_bytes(report, optimizer)
+    carry: Walker | None = None
+    accum = report.config.grad_accum if report.source == "prediction" else 1
+    for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
+        carry = Walker(report, sizes, tape(report, k), steady=k > 0, carry=carry)
+        carry.run()
+    walker = Walker(report, sizes, tape(report, i), steady=i > 0, carry=carry)
     walker.run()
     notes = list(walker.notes)
     return MemoryReport(

@@ -15,9 +15,22 @@ _WAITS = ("pre_forward", "pre_backward")
 
 
 class Walker:
-    """Steps one iteration's tape and keeps bytes per category."""
+    """Steps one iteration's tape and keeps bytes per category.
 
-    def __init__(self, report: Report, sizes: dict[str, UnitBytes], tp: Tape, steady: bool):
+    ``carry``: the walk of the micro-step before this one in the same optimizer step
+    (gradient accumulation): the parameters it left unsharded (``SHARD_GRAD_OP`` under
+    ``no_sync``) and the gradients it left unreduced are there when this one starts, and
+    this one's gradients of those units accumulate into them in place.
+    """
+
+    def __init__(
+        self,
+        report: Report,
+        sizes: dict[str, UnitBytes],
+        tp: Tape,
+        steady: bool,
+        carry: Walker | None = None,
+    ):
         self.sizes = sizes
         self.tape = tp
         cfg = report.config
@@ -65,6 +78,13 @@ class Walker:
         self._peak_at: dict[str, Any] = {}
         self._root: str | None = None
         self.in_backward = False
+        self._accumulating: set[str] = set()
+        if carry is not None:
+            self.resident = set(carry.resident)
+            self.cat["unsharded_params"] = carry.cat["unsharded_params"]
+            self.grads = dict(carry.grads)
+            self.cat["unsharded_grads"] = carry.cat["unsharded_grads"]
+            self._accumulating = set(carry.grads)
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -95,6 +115,8 @@ class Walker:
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
+                if unit in self._accumulating:
+                    continue  # added in place to the gradient an earlier micro-step left
                 self.grads[unit] = self.grads.get(unit, 0) + n // tp
                 self.cat["unsharded_grads"] += n // tp
             self.cat["activations"] = c.activations // tp

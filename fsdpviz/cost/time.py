@@ -18,7 +18,12 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
   pass the ``free`` two frees back (its rate limiter); FSDP2 waits for the
   copy-out of the previous all-gather (the compute stream reaching the hook that
   used it). A reduce-scatter starts once the compute before its post-backward
-  hook is done. ``free`` events take no time on the compute stream.
+  hook is done. ``free`` events take no time on the compute stream. Each collective
+  runs over its process group as the mesh places it on the machine's nodes
+  (:mod:`fsdpviz.cost.topology`: shard, replicate, tp, FSDP1's process group, FSDP2's
+  post-forward mesh), timed by the slowest link its ring crosses
+  (:meth:`~fsdpviz.cost.hardware.Machine.collective_seconds`); FSDP2's float8
+  all-gather moves the float8 linears' weights in one byte each.
 
 FSDP2 copies each unit's shards into the all-gather buffer (copy-in, on the
 all-gather's stream, before it) and the gathered parameters out of it (copy-out, on the
@@ -26,9 +31,10 @@ compute stream when the unit is first needed), and the gradients into the
 reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass.
 
 The iteration ends when both streams are done (the final callback waits for
-the last reduce-scatter); ``exposed_comm`` also counts that last wait. With
-gradient accumulation (``grad_accum=n``) a step runs ``n`` such micro-batches (under
-``no_sync``, the first ``n - 1`` without reducing gradients), then the optimizer: a
+the last reduce-scatter); ``exposed_comm`` also counts that last wait. An optimizer
+step runs its micro-steps one after the other (one without gradient accumulation; the
+``N`` a report planned with ``grad_accum=N`` holds, each from its own events; or the
+iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: a
 memory-bound pass over the shards (fused AdamW reads parameter, gradient and both fp32
 states and writes parameter and states; on the host under CPU offload). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
@@ -43,6 +49,8 @@ what ran, activation-checkpoint recomputation included).
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 from fsdpviz.cost.hardware import Machine
@@ -50,7 +58,9 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, stretch_cost
 from fsdpviz.cost.sizes import itemsize, optimizer_states
+from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.report import Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
@@ -64,69 +74,92 @@ def timeline(
     iteration: int = -1,
     optimizer: str | int | None = "adamw",
     limit_all_gathers: bool = True,
-    grad_accum: int = 1,
+    grad_accum: int | None = None,
     no_sync: bool = False,
+    compile: bool | None = None,
 ) -> Timeline:
-    """Estimate the duration of ``report.iterations[iteration]`` on ``machine``.
+    """Estimate the optimizer step of ``report.iterations[iteration]`` on ``machine``.
 
     ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h100-hbm2e"``,
     ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``).
-    ``limit_all_gathers``: FSDP1's rate limiter (on by default in FSDP). ``grad_accum``:
-    micro-batches per optimizer step (each the traced batch); ``no_sync``: the first
-    ``grad_accum - 1`` of them do not reduce gradients (FSDP1's ``no_sync()``, FSDP2's
-    ``set_requires_gradient_sync(False)``).
+    ``limit_all_gathers``: FSDP1's rate limiter (on by default in FSDP).
+
+    Gradient accumulation: a report planned with ``fsdpviz.analyze(..., grad_accum=N)``
+    holds every micro-step as FSDP issues it (the first ``N - 1`` under ``no_sync()`` /
+    ``set_requires_gradient_sync(False)``); the step is the ``N`` micro-steps of the
+    optimizer step that ``iteration`` belongs to, each timed from its own events.
+    ``grad_accum=N`` on a report planned without it repeats the iteration ``N`` times, each
+    reducing its gradients (accumulation without ``no_sync``, as torchtitan and Composer
+    run it). ``compile``: cost the compute as ``torch.compile`` runs it (default: as the
+    report was planned, ``analyze(..., compile=...)``).
 
     Example::
 
         tl = fsdpviz.cost.timeline(report, "h100", grad_accum=4)
         tl.totals["tokens_per_s"], tl.totals["mfu"]
     """
-    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
-        raise ConfigError(f"grad_accum must be a positive int (micro-batches), got {grad_accum!r}")
+    if no_sync:
+        raise ConfigError(
+            "timeline(no_sync=True) is gone: plan the accumulation with "
+            "fsdpviz.analyze(..., grad_accum=N) (or fsdpviz.replan.replay(report, "
+            "grad_accum=N)); its report holds every micro-step as FSDP issues it "
+            "(no_sync's all-gathers, frees and missing reductions), and the time model "
+            "steps through them"
+        )
+    micro_steps = _micro_steps(report, iteration, grad_accum)
     m = make_machine(machine) if isinstance(machine, str) else machine
+    if m.float32_matmul_precision is None:
+        precision = report.config.float32_matmul_precision or "highest"
+        m = replace(m, float32_matmul_precision=precision)
+    compiled = bool(report.config.compile) if compile is None else bool(compile)
     i = iteration_index(report, iteration)
-    sim = _Sim(report, m, i, limit_all_gathers)
-    sim.run()
-    micro = sim.end * grad_accum
-    if no_sync and grad_accum > 1:
-        quiet = _Sim(report, m, i, limit_all_gathers, reduce=False)
-        quiet.run()
-        micro = quiet.end * (grad_accum - 1) + sim.end
+    runs: dict[int, _Sim] = {}
+    for k in dict.fromkeys(micro_steps):
+        runs[k] = _Sim(report, m, k, limit_all_gathers, compiled=compiled)
+        runs[k].run()
+    sim = runs[i]
+    sums: dict[str, float] = {}
+    micro: list[dict[str, Any]] = []
+    t = 0.0
+    planned = report.config.grad_accum > 1
+    for n, k in enumerate(micro_steps):
+        own = runs[k].own_totals()
+        for key, value in own.items():
+            sums[key] = sums.get(key, 0.0) + value
+        sync = not planned or n == len(micro_steps) - 1
+        micro.append({"iteration": k, "start": t, "end": t + runs[k].end, "sync": sync, **own})
+        t += runs[k].end
     opt_s = _optimizer_seconds(report, m, optimizer)
-    step = micro + opt_s
-    comm = sum(r["end"] - r["start"] for r in sim.records if r["stream"] in ("comm", "tp"))
-    exposed = sum(r["exposed"] for r in sim.records) + sim.tail_wait
-    by_phase = {"forward": 0.0, "backward": 0.0}
-    for w in sim.waits:
-        by_phase[w["phase"]] += w["end"] - w["start"]
+    step = t + opt_s
+    comm, exposed = sums["comm_s"], sums["exposed_comm_s"]
+    count = len(micro_steps)
     # the ranks of a tensor-parallel group share their tokens
     tokens = (
         float(report.profile.tokens if report.profile is not None else 0)
-        * grad_accum
+        * count
         / report.config.tp_ranks
     )
-    model_flops = 3.0 * sim.flops_forward * grad_accum
-    hardware_flops = (sim.flops_forward + sim.flops_backward) * grad_accum
+    model_flops = 3.0 * sums["flops_forward"]
+    hardware_flops = sums["flops_forward"] + sums["flops_backward"]
     peak = m.peak_flops(sim.dtype) * step if step > 0 else 0.0
     totals = {
         "step_s": step,
-        "compute_s": sim.compute_s,
+        "compute_s": sums["compute_s"],
         "comm_s": comm,
         "exposed_comm_s": exposed,
         "overlap": max(0.0, 1.0 - exposed / comm) if comm > 0 else 1.0,
         "optimizer_s": opt_s,
-        "all_gather_bytes": sim.bytes.get("all_gather", 0.0),
-        "reduce_scatter_bytes": sim.bytes.get("reduce_scatter", 0.0)
-        + sim.bytes.get("all_reduce", 0.0),
-        "tp_bytes": sum(v for k, v in sim.bytes.items() if k.startswith("tp_")),
-        "exposed_forward_s": by_phase["forward"],
-        "exposed_backward_s": by_phase["backward"],
-        "matmul_s": sim.by_kind["matmul"],
-        "attention_s": sim.by_kind["attention"],
-        "memory_bound_s": sim.by_kind["memory"],
-        "copy_s": sim.by_kind["copy"],
-        "cpu_bound_s": sim.by_kind["cpu"],
-        "micro_batches": float(grad_accum),
+        "all_gather_bytes": sums["all_gather_bytes"],
+        "reduce_scatter_bytes": sums["reduce_scatter_bytes"],
+        "tp_bytes": sums["tp_bytes"],
+        "exposed_forward_s": sums["exposed_forward_s"],
+        "exposed_backward_s": sums["exposed_backward_s"],
+        "matmul_s": sums["matmul_s"],
+        "attention_s": sums["attention_s"],
+        "memory_bound_s": sums["memory_bound_s"],
+        "copy_s": sums["copy_s"],
+        "cpu_bound_s": sums["cpu_bound_s"],
+        "micro_batches": float(count),
         "micro_step_s": sim.end,
         "tokens": tokens,
         "tokens_per_s": tokens / step if step > 0 else 0.0,
@@ -135,7 +168,65 @@ def timeline(
         "mfu": model_flops / peak if peak > 0 and sim.measured else 0.0,
         "hfu": hardware_flops / peak if peak > 0 and sim.measured else 0.0,
     }
-    return Timeline(m.to_dict(), sim.records, sim.compute, totals, sim.notes, sim.hooks, sim.waits)
+    described = m.to_dict()
+    described["topology"] = [
+        {**s.to_dict(), "role": role, "link": "network" if s.across_nodes else "intra-node"}
+        for role, s in sim.spans.items()
+        if role != "process_group"
+    ]
+    notes = list(sim.notes) + _notes(report, m, sim, compiled)
+    return Timeline(described, sim.records, sim.compute, totals, notes, sim.hooks, sim.waits, micro)
+
+
+def _micro_steps(report: Report, iteration: int, grad_accum: int | None) -> list[int]:
+    """The iterations the optimizer step of ``iteration`` runs, one per micro-step."""
+    if grad_accum is not None and (
+        not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1
+    ):
+        raise ConfigError(f"grad_accum must be a positive int (micro-batches), got {grad_accum!r}")
+    i = iteration_index(report, iteration)
+    planned = report.config.grad_accum
+    if planned <= 1:
+        return [i] * (grad_accum or 1)
+    if grad_accum not in (None, planned):
+        raise ConfigError(
+            f"the report was planned with grad_accum={planned} (its iterations are the "
+            f"micro-steps as FSDP issues them); timeline(grad_accum={grad_accum}) cannot "
+            "change that: leave grad_accum out, or plan again with "
+            f"fsdpviz.analyze(..., grad_accum={grad_accum})"
+        )
+    first = i - i % planned
+    if first + planned > len(report.iterations):
+        raise ConfigError(
+            f"iteration {iteration} belongs to an optimizer step of {planned} micro-steps "
+            f"the report does not hold in full ({len(report.iterations)} iterations)"
+        )
+    return list(range(first, first + planned))
+
+
+def _notes(report: Report, m: Machine, sim: _Sim, compiled: bool) -> list[str]:
+    """What the time model assumed that the user may want to change."""
+    notes: list[str] = []
+    if sim.float32_matmuls:
+        if m.tf32:
+            notes.append(
+                f"float32 matrix multiplies run on TF32 tensor cores "
+                f"(float32_matmul_precision={m.float32_matmul_precision!r})"
+            )
+        else:
+            notes.append(
+                "float32 matrix multiplies run at the full-precision FP32 peak "
+                "(float32_matmul_precision='highest', torch's default); with "
+                "torch.set_float32_matmul_precision('high') they use TF32 tensor cores: "
+                "analyze(..., float32_matmul_precision='high') or "
+                "machine(..., float32_matmul_precision='high')"
+            )
+    if compiled and not sim.fused_measured and sim.measured:
+        notes.append(
+            "compile: the trace holds no fused regions (a report saved before they were "
+            "measured); the compute is costed eager"
+        )
+    return notes
 
 
 def _compute_dtype(units: list[Unit]) -> str:
@@ -144,6 +235,27 @@ def _compute_dtype(units: list[Unit]) -> str:
         d = u.compute_dtype or u.dtype or "float32"
         weight[d] = weight.get(d, 0) + u.numel
     return max(weight, key=lambda d: weight[d]) if weight else "float32"
+
+
+def _float8_shares(report: Report) -> dict[str, float]:
+    """FSDP2's float8 all-gather: per unit, the share of its elements in the weights of
+    float8 linears, which it all-gathers in float8."""
+    spec = report.config.float8
+    if not spec or not spec.get("enable_fsdp_float8_all_gather") or report.config.api != "FSDP2":
+        return {}
+    weights = float8_weights(report.modules, Float8.from_dict(spec))
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: math.prod(shape)
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    shares: dict[str, float] = {}
+    for u in report.units:
+        total = sum(shapes.get(p, 0) for p in u.params)
+        fp8 = sum(shapes.get(p, 0) for p in u.params if p in weights)
+        if total and fp8:
+            shares[u.module] = fp8 / total
+    return shares
 
 
 def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
@@ -158,10 +270,12 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
 
 class _Sim:
     def __init__(
-        self, report: Report, m: Machine, i: int, limit: bool, reduce: bool = True
+        self, report: Report, m: Machine, i: int, limit: bool, compiled: bool = False
     ) -> None:
         self.m = m
-        self.reduce = reduce
+        self.compiled = compiled
+        self.float32_matmuls = False  # a matrix multiply ran in float32
+        self.fused_measured = False  # the trace recorded fused regions (compile)
         self.tape = tape(report, i)
         self.measured = self.tape.measured
         self.t_cpu = 0.0  # when the CPU has issued the kernels so far
@@ -181,6 +295,10 @@ class _Sim:
         self.tp = cfg.tp_ranks
         self.t_tp = 0.0
         self.pg_ws = cfg.process_group_size or self.ws
+        # where each mesh dimension's groups sit on the machine's nodes
+        self.spans = spans(cfg, m.gpus_per_node)
+        self.cfg = cfg
+        self.float8_share = _float8_shares(report)
         self.limit = limit and not self.fsdp2
         self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
         self.t_compute = 0.0
@@ -255,9 +373,37 @@ class _Sim:
                  "event": last["index"], "phase": last["phase"], "tail": True}
             )  # fmt: skip
 
+    def own_totals(self) -> dict[str, float]:
+        """This micro-step's sums, which the step adds up."""
+        recs = self.records
+        by_phase = {"forward": 0.0, "backward": 0.0}
+        for w in self.waits:
+            by_phase[w["phase"]] += w["end"] - w["start"]
+        return {
+            "compute_s": self.compute_s,
+            "comm_s": sum(r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp")),
+            "exposed_comm_s": sum(r["exposed"] for r in recs) + self.tail_wait,
+            "all_gather_bytes": self.bytes.get("all_gather", 0.0),
+            "reduce_scatter_bytes": self.bytes.get("reduce_scatter", 0.0)
+            + self.bytes.get("all_reduce", 0.0),
+            "tp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("tp_")),
+            "exposed_forward_s": by_phase["forward"],
+            "exposed_backward_s": by_phase["backward"],
+            "matmul_s": self.by_kind["matmul"],
+            "attention_s": self.by_kind["attention"],
+            "memory_bound_s": self.by_kind["memory"],
+            "copy_s": self.by_kind["copy"],
+            "cpu_bound_s": self.by_kind["cpu"],
+            "flops_forward": self.flops_forward,
+            "flops_backward": self.flops_backward,
+        }
+
     def _stretch(self, call: HookCall) -> StretchCost:
         if call.kernels:
-            return stretch_cost(call.kernels, self.m)
+            if not self.float32_matmuls:
+                self.float32_matmuls = any(k[0] == "gemm" and k[6] == 4 for k in call.kernels)
+            self.fused_measured = self.fused_measured or any(k[0] == "fused" for k in call.kernels)
+            return stretch_cost(call.kernels, self.m, compiled=self.compiled)
         flops = call.flops_forward + call.flops_backward  # a profile without kernel records
         dur = self.m.compute_seconds(flops, self.dtype)
         return StretchCost(dur, 0.0, 0, dur, 0.0, 0.0)
@@ -355,31 +501,40 @@ class _Sim:
             self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, self.t_comm))
             return
         if e.kind == "all_gather":
-            ranks = self.shard_ws
+            ranks, span = self.shard_ws, self.spans["shard"]
             if e.unit in self.post_forward_mesh and e.phase == "backward":
                 ranks = self.raf_int[e.unit]
+                span = post_forward_span(self.cfg, ranks, self.m.gpus_per_node)
                 self.post_forward_mesh.discard(e.unit)
-            size = u.padded_numel * itemsize(u.compute_dtype or u.dtype)
+            compute = itemsize(u.compute_dtype or u.dtype)
+            share = self.float8_share.get(e.unit, 0.0)  # FSDP2's float8 all-gather
+            size = u.padded_numel * (share + (1 - share) * compute)
+            if share > 0:
+                rec["float8_share"] = share
             gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
             # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer
             extra = self.m.memory_seconds(2 * size / ranks) if self.fsdp2 else 0.0
-            self._collective(rec, "all_gather", size, ranks, gate, extra)
+            self._collective(rec, "all_gather", size, ranks, gate, extra, span)
             if self.fsdp2:
                 self.copy_out[e.unit] = float(size)
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
-            replicas = self.replicas
-            self._collective(rec, "all_reduce", u.sharded_numel * reduce, replicas, self.t_compute)
-        elif e.kind == "all_reduce":  # NO_SHARD: the whole gradient over FSDP's process group
-            self._collective(rec, "all_reduce", u.numel * reduce, self.pg_ws, self.t_compute)
+            size = u.sharded_numel * reduce
+            across = self.spans.get("replicate")
+            self._collective(rec, "all_reduce", size, self.replicas, self.t_compute, 0.0, across)
+        elif e.kind == "all_reduce":  # NO_SHARD: the padded flat gradient over FSDP's group
+            size = (u.flat_numel or u.numel) * reduce
+            group = self.spans.get("process_group")
+            self._collective(rec, "all_reduce", size, self.pg_ws, self.t_compute, 0.0, group)
         else:
             ranks, size = self.shard_ws, u.padded_numel * reduce
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
             extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
-            self._collective(rec, "reduce_scatter", size, ranks, self.t_compute, extra)
+            shard = self.spans["shard"]
+            self._collective(rec, "reduce_scatter", size, ranks, self.t_compute, extra, shard)
 
     def _tensor_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
@@ -387,7 +542,8 @@ class _Sim:
         rec["stream"] = "tp"
         start = max(self.t_compute, self.t_tp, rec["issued"])
         ranks = self.tp
-        dur = self.m.collective_seconds(kind, size, ranks) if ranks > 1 else 0.0
+        span = self.spans.get("tp")
+        dur = self.m.collective_seconds(kind, size, ranks, span) if ranks > 1 else 0.0
         rec["start"], rec["end"] = start, start + dur
         rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
         self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + rec["bytes"]
@@ -421,12 +577,10 @@ class _Sim:
         ranks: int,
         gate: float,
         extra: float = 0.0,
+        span: Span | None = None,
     ) -> None:
         start = max(self.t_comm, gate, rec["issued"])  # not before the CPU issued it
-        if kind != "all_gather" and not self.reduce:  # no_sync: gradients stay unreduced
-            rec["start"] = rec["end"] = start
-            return
-        dur = self.m.collective_seconds(kind, size, ranks) + (extra if ranks > 1 else 0.0)
+        dur = self.m.collective_seconds(kind, size, ranks, span) + (extra if ranks > 1 else 0.0)
         rec["start"], rec["end"] = start, start + dur
         rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
         self.bytes[kind] = self.bytes.get(kind, 0.0) + rec["bytes"]

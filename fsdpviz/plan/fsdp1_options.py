@@ -17,6 +17,7 @@ from torch.distributed.fsdp import (
 )
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_dtypes, check_keywords, world_size
 from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import FsdpWarning, dtype_name
@@ -41,9 +42,14 @@ _MODELLED = {
 _REJECTED = {
     "process_group": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
     "device_mesh": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
+    "no_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first N - 1 under "
+    "model.no_sync()",
+    "requires_gradient_sync": "FSDP1's counterpart is no_sync(): pass grad_accum=N for N "
+    "micro-steps per optimizer step, the first N - 1 under no_sync()",
 }
 _FSDPVIZ = {
     "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
+    *JOB_KEYS,
 }  # fmt: skip
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 
@@ -77,6 +83,8 @@ class FSDP1Options:
     # What FSDP would warn about the options themselves (strings, the switch to NO_SHARD).
     warnings: list[FsdpWarning] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py).
+    job: JobOptions = field(default_factory=JobOptions)
 
     @property
     def shard_world_size(self) -> int:
@@ -102,6 +110,7 @@ class FSDP1Options:
     def describe(self) -> ReportConfig:
         """These options as ``Report.config`` states them."""
         mp = self.mixed_precision
+        job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP1",
             world_size=self.world_size,
@@ -124,7 +133,8 @@ class FSDP1Options:
             sharding_strategy_given=None
             if self.requested_strategy is None
             else self.requested_strategy.name,
-            stated=FSDP1_KEYS + self._switched(),
+            **job,
+            stated=FSDP1_KEYS + self._switched() + job_keys,
         )
 
     def _switched(self) -> tuple[str, ...]:
@@ -359,4 +369,5 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     opts.trace = trace
     opts.progress = kwargs.get("progress")
     opts.activation_checkpointing = kwargs.get("activation_checkpointing")
+    opts.job = parse_job_options(kwargs, "FSDP1")
     return opts

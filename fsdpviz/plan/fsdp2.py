@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
+from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
@@ -40,9 +41,14 @@ _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
     "shard_placement_fn", "activation_checkpointing", "parallelize_plan",
+    *JOB_KEYS,
 }  # fmt: skip
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
+    "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
+    "N - 1 after model.set_requires_gradient_sync(False)",
+    "no_sync": "FSDP2's counterpart is set_requires_gradient_sync(False): pass grad_accum=N for "
+    "N micro-steps per optimizer step, the first N - 1 without gradient sync",
 }
 
 
@@ -72,6 +78,8 @@ class FSDP2Options:
     tp_size: int = 1
     tp_name: str = ""
     mesh_dims: dict[str, int] | None = None
+    # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
+    job: JobOptions = field(default_factory=JobOptions)
 
     @property
     def shard_ranks(self) -> int:
@@ -80,6 +88,7 @@ class FSDP2Options:
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         mp = self.mp_policy
+        job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP2",
             world_size=self.world_size,
@@ -99,10 +108,12 @@ class FSDP2Options:
             tp_world_size=self.tp_size if self.tp else None,
             parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
+            **job,
             stated=FSDP2_KEYS
             + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
-            + (("cpu_offload",) if self.offload else ()),
+            + (("cpu_offload",) if self.offload else ())
+            + job_keys,
         )
 
     def _mesh(self) -> dict[str, int] | None:
@@ -173,6 +184,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         tp_size=tp_size,
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
+        job=parse_job_options(kwargs, "FSDP2"),
     )
 
 

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
+from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
 
 
@@ -170,6 +171,7 @@ def plan_from_fully_sharded(
         loss=fsdpviz_kwargs.get("loss"),
         trace="meta",
         progress=fsdpviz_kwargs.get("progress"),
+        job=parse_job_options(fsdpviz_kwargs, "FSDP2"),
     )
     tp = _tp_mesh(states)
     if tp is not None:

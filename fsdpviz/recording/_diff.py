@@ -5,7 +5,9 @@ their untimed form (kind, unit, phase, prefetch, hook, hook unit), so one
 extra or missing all-gather shows up as one row, not as a shifted tail. A
 recording has one event list per iteration; a prediction has two (first
 iteration, steady state): recorded iteration ``i`` is compared with predicted
-iteration ``min(i, 1)``.
+iteration ``min(i, 1)``. A prediction of gradient accumulation over ``N`` micro-steps
+has two optimizer steps of ``N``: recorded micro-step ``i`` is compared with the same
+micro-step of the first step, or of the steady one from the second step on.
 """
 
 from __future__ import annotations
@@ -212,13 +214,22 @@ def diff(
         offset = report.config.iteration_offset
         for i, events in enumerate(report.iterations):
             n = offset + i
-            p = min(n, len(predicted.iterations) - 1)
+            p = _predicted_index(n, predicted)
             rec, pred = events, predicted.iterations[p]
             if compared is not None:
                 rec = [e for e in rec if e.kind in compared]
                 pred = [e for e in pred if e.kind in compared]
             iterations.append(IterationDiff(rank, n, p, align(rec, pred)))
     return ScheduleDiff(iterations, problems, compared)
+
+
+def _predicted_index(n: int, predicted: Report) -> int:
+    """The predicted iteration recorded iteration ``n`` is compared with."""
+    accum = predicted.config.grad_accum
+    last = len(predicted.iterations) - 1
+    if accum > 1 and len(predicted.iterations) == 2 * accum:
+        return n if n < 2 * accum else accum + n % accum
+    return min(n, last)
 
 
 def _tp_unrecorded(recorded: Report, predicted: Report) -> bool:

@@ -11,6 +11,9 @@ machine again (what ``analyze`` already does for the steady state):
   recomputed for the new shard world size (padding, alignment).
 - FSDP2: ``world_size``, ``reshard_after_forward``, ``forward_prefetch`` /
   ``backward_prefetch`` maps.
+- Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
+  gradient sync): the micro-steps run the same hook calls as the steady state, with
+  ``no_sync`` deciding what they issue.
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -43,6 +46,7 @@ from fsdpviz.plan.fsdp2 import (
     reshard_after_forward_of,
     sharded_numel,
 )
+from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
@@ -52,9 +56,14 @@ from fsdpviz.schema.profile import StepProfile, TraceProfile
 from fsdpviz.schema.report import Event, Report, Unit
 
 REPLAYABLE = {
-    "FSDP1": {"world_size", "backward_prefetch", "sharding_strategy", "shard_group_size"},
-    "FSDP2": {"world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch"},
-}
+    "FSDP1": {
+        "world_size", "backward_prefetch", "sharding_strategy", "shard_group_size", "grad_accum",
+    },
+    "FSDP2": {
+        "world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
+        "grad_accum",
+    },
+}  # fmt: skip
 _PLACEHOLDER = nn.Module()
 # Warnings about the FSDP1 options themselves, which a replay re-derives.
 OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
@@ -136,7 +145,8 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     runtime = FSDP1Runtime(planned, cfg.use_orig_params, lambda h: None)
     index = {u.module: i for i, u in enumerate(units)}
     assert report.profile is not None
-    iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry)
+    accum = _grad_accum(report, changes)
+    iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry, accum)
     new = opts.describe()
     switched = ("process_group_size", "sharding_strategy_given")
     config = cfg.replace(
@@ -146,7 +156,8 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
         backward_prefetch=new.backward_prefetch,
         **{k: getattr(new, k) for k in switched},
         replayed=True,
-    ).unstate(*(k for k in switched if not new.states(k)))
+        grad_accum=accum,
+    ).unstate(*(k for k in switched if not new.states(k)), *(("grad_accum",) if accum == 1 else ()))
     replayed = _report(
         report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
     )
@@ -221,7 +232,8 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     )
     index = {g.name: i for i, g in enumerate(groups)}
     assert report.profile is not None
-    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry)
+    accum = _grad_accum(report, changes)
+    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum)
     shapes = _shapes(report)
     units = []
     for u in report.units:
@@ -239,7 +251,8 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
         explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,
-    )
+        grad_accum=accum,
+    ).unstate(*(("grad_accum",) if accum == 1 else ()))
     order = forward_order(runtime.log, groups)
     return _report(report, config, units, order, iterations, steps)
 
@@ -253,19 +266,35 @@ def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 
 
 # ------------------------------------------------------------------- shared
+def _grad_accum(report: Report, changes: dict[str, Any]) -> int:
+    accum = changes.get("grad_accum", report.config.grad_accum)
+    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+        raise ConfigError(
+            f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
+        )
+    return accum
+
+
 def _run(
-    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any
+    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any, grad_accum: int
 ) -> tuple[list[list[Event]], list[StepProfile]]:
-    """Replay each iteration's hook calls; return its events and re-pointed profile."""
+    """Replay each iteration's hook calls (the first traced iteration, then the steady
+    state's for every other micro-step, each with its gradient sync); return the events
+    and the re-pointed profile of each."""
     iterations: list[list[Event]] = []
     steps: list[StepProfile] = []
-    for step in profile.iterations:
+    traced = profile.iterations
+    syncs = micro_step_syncs(grad_accum)
+    for n, sync in enumerate(syncs):
+        step = traced[0] if n == 0 else traced[-1]
+        runtime.sync = sync
         event_hook: list[int] = []
         for k, (name, unit, arg) in enumerate(step.hooks):
             runtime.replay([entry(name, index[unit], arg)])
             event_hook.extend([k] * (len(runtime.events) - len(event_hook)))
         iterations.append(runtime.take_events())
         steps.append(replace(step, event_hook=event_hook))
+    runtime.sync = True
     return iterations, steps
 
 

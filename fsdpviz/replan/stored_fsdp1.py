@@ -188,6 +188,7 @@ class StoredTrace:
             or opts.ignored_states
             or opts.trace != "meta"
             or opts.activation_checkpointing
+            or opts.job.grad_accum > 1  # micro-steps: analyze (or replay) plans them
         ):
             return None
         saved = {m: dict(m._parameters) for m in self.copy.modules()}

@@ -198,7 +198,7 @@ class StoredTrace:
         mp = opts.mp_policy
         if opts.trace != "meta" or mp.param_dtype is not None or mp.output_dtype is not None:
             return None
-        if opts.activation_checkpointing:
+        if opts.activation_checkpointing or opts.job.grad_accum > 1:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
         groups = build_groups(self.copy, opts, ignored)

@@ -10,6 +10,7 @@ from torch import nn
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import Plan, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
+from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.schedule.autograd_order import (
     Graph,
     GraphRecorder,
@@ -104,6 +105,9 @@ def _trace_autograd(
     """Run the copy with FSDP1's hooks emulated; real autograd orders the backward hooks."""
     emulation = FSDP1Emulation(plan, opts.use_orig_params, real=device == "real")
     runtime = emulation.runtime
+    # gradient accumulation: the micro-steps under no_sync() reduce nothing, and keep
+    # SHARD_GRAD_OP's parameters unsharded through backward (set per iteration)
+    syncs = micro_step_syncs(opts.job.grad_accum)
     n_modules = sum(1 for _ in copy.modules())
     # Forward prefetch creates a prefetched unit's views earlier in the steady
     # state, which changes the backward hook order: simulate the engine on the
@@ -118,20 +122,21 @@ def _trace_autograd(
         probe: CostProbe | None = None
         try:
             if opts.extra.get("profile", True):
-                probe = _probe(tracker, emulation, plan, copy)
+                probe = _probe(tracker, emulation, plan, copy, opts)
             args, kw = inputs_copy(inputs, device)
             capture_graph = (
                 (lambda loss: graphs.append(capture(loss))) if emulation.recorder else None
             )
+            runtime.sync = syncs[0]
             run_step(copy, args, kw, opts.loss, tracker, where, capture_graph)
             emulation.end_iteration()
             first_log = list(runtime.log)
             iterations = [runtime.take_events()]
-            if not forward_prefetch:
-                runtime.replay(first_log)
-                iterations.append(runtime.take_events())
-            else:
+            steady_log = first_log
+            if forward_prefetch:
                 recorder, emulation.recorder = emulation.recorder, None
+                runtime.sync = syncs[1]
+                start = len(runtime.log)
                 steady = None
                 if recorder is not None and graphs:
                     steady = _simulated_steady(runtime, recorder, graphs[0], first_log)
@@ -142,6 +147,13 @@ def _trace_autograd(
                     emulation.end_iteration()
                     steady = runtime.take_events()
                 iterations.append(steady)
+                steady_log = list(runtime.log[start:])
+            # the other micro-steps run the steady state's hook calls
+            for sync in syncs[len(iterations) :]:
+                runtime.sync = sync
+                runtime.replay(steady_log)
+                iterations.append(runtime.take_events())
+            runtime.sync = True
         finally:
             tracker.remove()
             emulation.remove()
@@ -159,11 +171,22 @@ def _trace_autograd(
 
 
 def _probe(
-    tracker: ModuleTracker, emulation: FSDP1Emulation, plan: Plan, copy: nn.Module
+    tracker: ModuleTracker,
+    emulation: FSDP1Emulation,
+    plan: Plan,
+    copy: nn.Module,
+    opts: FSDP1Options,
 ) -> CostProbe:
-    """Measure activations and FLOPs for the cost model (fsdpviz.cost)."""
+    """Measure activations, FLOPs and kernels for the cost model (fsdpviz.cost)."""
     owners = {flat: fqn for fqn, flat in emulation.flats.items()}
-    probe = CostProbe(tracker, owners, [u.fqn for u in plan.units], list(copy.buffers()))
+    probe = CostProbe(
+        tracker,
+        owners,
+        [u.fqn for u in plan.units],
+        list(copy.buffers()),
+        compiled=opts.job.compiled_modules(copy),
+        float8=opts.job.float8_modules(copy),
+    )
     probe.attach(emulation.runtime)
     return probe
 
@@ -203,6 +226,7 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
     """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
     runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
     index = {u.fqn: i for i, u in enumerate(plan.units)}
+    syncs = micro_step_syncs(opts.job.grad_accum)
     log: list[tuple[str, int, bool]] = []
     for hook, i in hook_sequence(tree, index):
         unit = plan.units[i]
@@ -213,9 +237,11 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
         log.append((hook, i, hook in ("pre_forward", "post_forward")))
     log.append(("final_callback", 0, False))
     iterations: list[list[Event]] = []
-    for _ in range(2):
+    for sync in syncs:
+        runtime.sync = sync
         runtime.replay(log)
         iterations.append(runtime.take_events())
+    runtime.sync = True
     records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
     warning = FsdpWarning(
         "approximate_backward_order",

@@ -92,6 +92,9 @@ class FSDP1Runtime:
         self.log: list[tuple[str, int, bool]] = []
         self._hook: tuple[Hook, str] | None = None
         self._prefetching = False
+        # ``_sync_gradients`` of every FSDP state: False inside ``model.no_sync()`` (set by
+        # whoever drives the runtime, per iteration: it is not part of the hook log)
+        self.sync = True
 
     # ----------------------------------------------------------------- events
     def _emit(self, kind: Any, handle: Handle, phase: Any, group: Any = None) -> None:
@@ -183,7 +186,11 @@ class FSDP1Runtime:
         return None
 
     def _should_free_in_backward(self, h: Handle) -> bool:
-        return h.sharded  # gradients are synchronised (no ``no_sync``)
+        """Under ``no_sync`` FSDP keeps the strategies that do not reshard after forward
+        (``SHARD_GRAD_OP``, ``_HYBRID_SHARD_ZERO2``) unsharded through backward."""
+        if not h.sharded:
+            return False
+        return self.sync or h.unit.config.sharding_strategy in RESHARD_AFTER_FORWARD
 
     # ------------------------------------------------------------- forward
     def is_recompute(self, index: int) -> bool:
@@ -284,7 +291,7 @@ class FSDP1Runtime:
         h.training_state = TrainingState.BACKWARD_POST
         self._reshard(h, self._should_free_in_backward(h))
         self._prefetch(state, h, backward=True)
-        if not reshard_only:
+        if not reshard_only and self.sync:  # no_sync: the gradient accumulates unreduced
             self._emit("reduce_scatter" if h.sharded else "all_reduce", h, "backward")
             if h.sharded and h.unit.config.replicas > 1:
                 self._emit("all_reduce", h, "backward", group="replicate")

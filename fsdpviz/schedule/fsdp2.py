@@ -16,6 +16,7 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -33,7 +34,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
-        given = sorted(set(kwargs) - {"loss", "progress"})
+        given = sorted(set(kwargs) - {"loss", "progress"} - JOB_KEYS)
         if given:
             raise ConfigError(
                 f"the model already has fully_shard applied, so its plan is read from FSDP2's "
@@ -70,11 +71,24 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 owners = {p: g.name for g in groups for p in g.params}
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
-                probe = CostProbe(tracker, owners, names, list(copy.buffers()), shares)
+                job = opts.job
+                probe = CostProbe(
+                    tracker,
+                    owners,
+                    names,
+                    list(copy.buffers()),
+                    shares,
+                    compiled=job.compiled_modules(copy),
+                    float8=job.float8_modules(copy),
+                    float8_weights_gathered=bool(
+                        job.float8 and job.float8.enable_fsdp_float8_all_gather
+                    ),
+                )
                 probe.attach(runtime)
                 if tp is not None:
                     tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
+            runtime.sync = micro_step_syncs(opts.job.grad_accum)[0]
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             tracker.remove()
@@ -106,11 +120,16 @@ def fsdp2_report(
     probe: CostProbe | None = None,
 ) -> Report:
     """The report of one traced iteration (the runtime's events so far) and its replay."""
-    first = runtime.take_events()
+    iterations: list[list[Event]] = [runtime.take_events()]
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
-    # autograd nodes every iteration, so the steady state replays the first.
-    runtime.replay(list(runtime.log))
-    iterations: list[list[Event]] = [first, runtime.take_events()]
+    # autograd nodes every iteration, so the steady state (and every micro-step of
+    # gradient accumulation, with or without gradient sync) replays the first.
+    log = list(runtime.log)
+    for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
+        runtime.sync = sync
+        runtime.replay(log)
+        iterations.append(runtime.take_events())
+    runtime.sync = True
     order = forward_order(runtime.log, groups)
     placements = _placements(groups)
     return Report(

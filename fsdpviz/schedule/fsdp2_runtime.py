@@ -83,6 +83,9 @@ class FSDP2Runtime:
         self.log: list[tuple[str, int, Any]] = []
         self._hook: tuple[Hook, str] | None = None
         self._prefetching = False
+        # set_requires_gradient_sync: False for the micro-steps that accumulate gradients
+        # without reducing them (set per iteration by whoever drives the runtime)
+        self.sync = True
 
     def set_prefetch(self, forward: dict[int, list[int]], backward: dict[int, list[int]]) -> None:
         for i, targets in forward.items():
@@ -256,6 +259,9 @@ class FSDP2Runtime:
 
     def _post_backward(self, g: GroupState, has_grads: bool) -> None:
         g.ts = TS.POST_BACKWARD
+        # without gradient sync the group reshards and keeps its unsharded gradient
+        # (a tp partial gradient stays partial: no redistribute)
+        has_grads = has_grads and self.sync
         if has_grads and g.ever_unsharded:
             # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
             # over the tp dimension (DTensor redistribute), before the parameters are freed

@@ -78,6 +78,16 @@ class ReportConfig(Mapping[str, Any]):
     # set_modules_to_{forward|backward}_prefetch: {group module: [modules it prefetches]}
     explicit_forward_prefetch: Mapping[str, tuple[str, ...]] | None = None
     explicit_backward_prefetch: Mapping[str, tuple[str, ...]] | None = None
+    # the job around FSDP, as the time model needs it: micro-steps per optimizer step (the
+    # first grad_accum - 1 without gradient sync: FSDP1 no_sync(), FSDP2
+    # set_requires_gradient_sync(False)); torch.compile (True, or the compiled module
+    # classes); float8 linears ({"recipe_name", "enable_fsdp_float8_all_gather",
+    # "filter_fqns"}, torchtitan's keys); torch's float32 matmul precision ("highest",
+    # "high", "medium")
+    grad_accum: int = 1
+    compile: bool | tuple[str, ...] = False
+    float8: Mapping[str, Any] | None = None
+    float32_matmul_precision: str | None = None
     # how a prediction was made
     trace: TraceMode | None = None
     replayed: bool = False  # predicted from another report's trace (fsdpviz.replan.replay)
@@ -244,7 +254,7 @@ def _optional(name: str) -> bool:
 
 
 def _from_json(name: str, value: Any) -> Any:
-    if name in ("fully_shard", "kinds"):
+    if name in ("fully_shard", "kinds") or (name == "compile" and isinstance(value, list)):
         return tuple(value)
     if name in ("explicit_forward_prefetch", "explicit_backward_prefetch"):
         return {str(k): tuple(v) for k, v in value.items()}

@@ -61,6 +61,13 @@ ending in ``count, bytes`` (bytes read and written, all of them together):
 - ``["mem", backward, count, bytes]``: every other operator that launches a kernel
   (element-wise, normalisation, softmax, casts, copies, losses), merged per stretch;
   views and allocations launch none.
+- ``["fused", backward, eager_count, eager_bytes, count, bytes]``: what ``torch.compile``
+  makes of the ``mem`` kernels of the compiled modules (``eager_count`` kernels moving
+  ``eager_bytes``, already in the ``mem`` records): ``count`` fused kernels moving ``bytes``
+  (see :mod:`fsdpviz.trace.fusion`); the time model reads them only for a compiled job.
+
+A float8 linear's matrix multiplies are ``gemm`` records of ``itemsize`` 1 (the float8 rate),
+their casts ``mem`` kernels.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
 ``iterations``
-    ``[first_iteration_events, steady_state_events]``. Each event:
+    ``[first_iteration_events, steady_state_events]``; with gradient accumulation
+    (``config.grad_accum = N``) the ``N`` micro-steps of the first optimizer step, then
+    the ``N`` of a steady one (the first ``N - 1`` of each without gradient sync). Each event:
     ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, ``all_reduce``
     for ``NO_SHARD`` and hybrid sharding, and with CPU offload ``h2d`` (the unit's
     shard copied from host memory before its all-gather) and ``d2h`` (its sharded
@@ -494,12 +496,17 @@ class Report:
                 f"  tensor parallel over {cfg.tp_world_size} ranks: {len(plan)} modules "
                 f"parallelised, {tp_sharded} parameters tp-sharded"
             )
+        accum = cfg.grad_accum if self.source == "prediction" else 1
         for i, it in enumerate(self.iterations):
             counts: dict[str, int] = {}
             for e in it:
                 key = e.kind + (" (prefetch)" if e.prefetch else "")
                 counts[key] = counts.get(key, 0) + 1
             name = "first iteration" if i == 0 else "steady state"
+            if accum > 1:  # two optimizer steps of accum micro-steps
+                sync = "synced" if i % accum == accum - 1 else "no gradient sync"
+                step = "first step" if i < accum else "steady step"
+                name = f"{step}, micro-step {i % accum + 1}/{accum} ({sync})"
             lines.append(f"  {name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
         lines.extend(f"  warning [{w.code}]: {w.message.splitlines()[0]}" for w in self.warnings)
         return "\n".join(lines)

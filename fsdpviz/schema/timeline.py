@@ -33,14 +33,20 @@ class Timeline:
     ``micro_batches``, ``micro_step_s``, ``tokens`` (per step and GPU), ``tokens_per_s``
     (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU), ``mfu``, ``hfu`` (0
     when the report has no trace profile). Times, bytes and exposure of ``events``,
-    ``compute`` and ``waits`` are those of the step's last micro-batch. ``hooks``: per hook
+    ``compute`` and ``waits`` are those of the micro-step ``iteration`` chose (by default the
+    step's last). ``hooks``: per hook
     call ``hook``, ``unit``, ``t`` (when the CPU runs it: the CPU runs ahead of the GPU, by
     the kernels' launch time, and waits only where FSDP makes it), ``compute_t`` (where the
     compute stream is then, in its own order) and ``events`` (the indices it issued).
     ``waits``: every stretch of time the compute stream spends waiting for communication (as
     much as the wait adds), ``start``, ``end``, ``event`` (the collective waited for),
     ``phase`` (its phase), ``tail`` (the final wait for the last collective, after the last
-    compute).
+    compute). ``micro_steps``: per micro-step of the optimizer step (one without gradient
+    accumulation), ``iteration`` (its index in ``report.iterations``), ``start``, ``end``,
+    ``sync`` (whether it reduces gradients) and its own ``compute_s``, ``comm_s``,
+    ``exposed_comm_s``, bytes and compute by kind; the ``totals`` are their sums (per
+    optimizer step). ``machine["topology"]``: where each mesh dimension's groups sit
+    (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``).
 
     Example::
 
@@ -55,6 +61,7 @@ class Timeline:
     notes: list[str] = field(default_factory=list)
     hooks: list[dict[str, Any]] = field(default_factory=list)
     waits: list[dict[str, Any]] = field(default_factory=list)
+    micro_steps: list[dict[str, Any]] = field(default_factory=list)
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.events]
@@ -76,6 +83,7 @@ class Timeline:
             "notes": list(self.notes),
             "hooks": [dict(h) for h in self.hooks],
             "waits": [dict(w) for w in self.waits],
+            "micro_steps": [dict(s) for s in self.micro_steps],
         }
 
     def summary(self) -> str:

@@ -24,6 +24,11 @@ counts, on the meta device, without allocating anything:
   (matrix multiplies, attention, convolutions), forward and backward. Other
   operators are not counted: next to a transformer's matrix multiplies their
   FLOPs are negligible (they are memory-bound, see the README).
+- **kernels** (:mod:`fsdpviz.schema.profile`): every GPU kernel an operator launches, and
+  the fused kernels ``torch.compile`` would make of the memory-bound ones in the compiled
+  modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
+  matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
+  around them (their weights arrive in float8 with ``float8_weights_gathered``).
 
 While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
@@ -50,6 +55,7 @@ from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
+from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
 from fsdpviz.trace.marks import Mark, cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -130,9 +136,17 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         unit_names: list[str],
         buffers: list[torch.Tensor],
         tp: TPShares | None = None,
+        compiled: list[torch.nn.Module] | None = None,
+        float8: list[torch.nn.Module] | None = None,
+        float8_weights_gathered: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
+        self._compiled = ModuleScope("compiled", compiled)
+        self._float8 = ModuleScope("float8", float8) if float8 else None
+        self._float8_gathered = float8_weights_gathered
+        self._float8_nodes: set[int] = set()  # backward nodes whose gradient is cast already
+        self._fused = FusedRegions()
         self._tp = tp
         self.tp_ranks = tp.size if tp is not None else 1
         self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
@@ -208,6 +222,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def remove(self) -> None:
         self._tracker.measure = None
+        self._compiled.remove()
+        if self._float8 is not None:
+            self._float8.remove()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -223,6 +240,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self._forced is not None:
+            self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)
             return out
         op = self._ops.get(func)
@@ -238,7 +256,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             flops = flop_fn(*args, **kwargs, out_val=out)
             self._count_flops(flops)
         if cost is not None:
-            self._count_kernel(cost, args, kwargs, out, flops)
+            self._count_kernel(cost, args, kwargs, out, flops, fresh)
         if not fresh:
             return out  # views and in-place ops return storage that already exists
         self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
@@ -283,12 +301,22 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any],
         out: Any,
         flops: int,
+        fresh: bool = True,
     ) -> None:
         """One GPU kernel this operator launches, merged with the same kernels of the stretch
         (see :mod:`fsdpviz.schema.profile`, ``kernels``)."""
         backward = int(torch._C._current_graph_task_id() != -1)
         kind = cost[0]
         key: tuple[Any, ...]
+        if kind == "mem":
+            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+            self._add_kernel(("mem", backward), 1, nbytes)
+            if self._compiled.active():
+                self._fused.add(backward, args, out, nbytes, fresh)
+            else:
+                self._fused.close()
+            return
+        self._fused.close()  # a matrix multiply, attention or convolution ends a fused run
         if kind == "gemm":
             a, b = args[cost[1]], args[cost[1] + 1]
             *batch, m, k = a.shape
@@ -297,6 +325,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             isz = a.element_size()
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
+            if self._float8 is not None and self._float8.active():
+                key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
+                nbytes = (m * k + k * n) * nb + m * n * nb * isz
+                self._float8_casts(backward, a, b)
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
@@ -305,18 +337,32 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             isz = q.element_size()
             key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz)
             nbytes = (2 * b * h * sq * d + 2 * b * kv.shape[1] * skv * d) * isz * (1 + backward)
-        elif kind == "flops":
+        else:
             key = ("flops", backward, flops)
             nbytes = _tensor_bytes(args) + _tensor_bytes(out)
-        else:
-            key = ("mem", backward)
-            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+        self._add_kernel(key, 1, nbytes)
+
+    def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None:
         rec = self._stretch.kernels.get(key)
         if rec is None:
-            self._stretch.kernels[key] = [1, nbytes]
+            self._stretch.kernels[key] = [count, nbytes]
         else:
-            rec[0] += 1
+            rec[0] += count
             rec[1] += nbytes
+
+    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`)."""
+        first = True
+        if backward:
+            node = torch._C._current_autograd_node()
+            first = node is None or id(node) not in self._float8_nodes
+            if node is not None:
+                self._float8_nodes.add(id(node))
+        compiled = self._compiled.active()
+        for count, eager, fused in float8_casts(bool(backward), a, b, self._float8_gathered, first):
+            self._add_kernel(("mem", backward), count, eager)
+            if compiled:
+                self._fused.extra(backward, count, eager, fused)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = _storage(t)
@@ -399,7 +445,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         s, live = self._stretch, self.live
         self._bump_peak()
         mark = Mark(
-            [[*key, int(n), int(b)] for key, (n, b) in s.kernels.items()],
+            [[*key, int(n), int(b)] for key, (n, b) in s.kernels.items()] + self._fused.take(),
             s.flops_forward,
             s.flops_backward,
             live[_ACT],

@@ -161,8 +161,26 @@ def config_items(report: Report) -> list[str]:
             )
     else:
         items.extend(_fsdp1_items(c))
+    items.extend(_job_items(c))
     if c.trace not in (None, "meta"):
         items.append(f"trace={c.trace}")
+    return items
+
+
+def _job_items(c: ReportConfig) -> list[str]:
+    """Gradient accumulation, torch.compile, float8 and TF32, where the plan states them."""
+    items: list[str] = []
+    if c.grad_accum > 1:
+        quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
+        items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
+    if c.compile:
+        on = f" on {', '.join(c.compile)}" if isinstance(c.compile, tuple) else ""
+        items.append(f"torch.compile{on}")
+    if c.float8:
+        gather = " + float8 all-gather" if c.float8.get("enable_fsdp_float8_all_gather") else ""
+        items.append(f"float8 linears{gather}")
+    if c.float32_matmul_precision in ("high", "medium"):
+        items.append("TF32 matmuls")
     return items
 
 
@@ -310,7 +328,28 @@ def _time_part(report: Report) -> str:
             f" · HFU {t['hfu']:.1%}"
         )
     text += f" · {t['overlap']:.0%} of communication hidden"
-    return _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
+    line = _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
+    return line + _topology_line(tl.machine)
+
+
+def _topology_line(machine: Mapping[str, Any]) -> str:
+    """Which mesh dimension's groups stay inside a node and which cross nodes (where the
+    network, shared by the groups crossing a node, times their collectives)."""
+    spans = [s for s in machine.get("topology", []) if s.get("ranks", 1) > 1]
+    if not spans:
+        return ""
+    per_node = machine.get("gpus_per_node", 8)
+    parts = []
+    for s in spans:
+        if s["nodes"] <= 1:
+            parts.append(f"{escape(str(s['dim']))} {s['ranks']} inside a node")
+            continue
+        text = f"<b>{escape(str(s['dim']))} {s['ranks']} across {s['nodes']} nodes</b>"
+        text += f" ({s['per_node']} of {per_node} GPUs in each"
+        if s["sharing"] > 1:
+            text += f", {s['sharing']} groups share a node's network"
+        parts.append(text + ")")
+    return _line(f"nodes of {per_node} GPUs: " + " · ".join(parts), _MUTED)
 
 
 def _warnings(report: Report) -> str:

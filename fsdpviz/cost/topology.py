@@ -1,0 +1,133 @@
+"""Where a report's process groups sit on a machine's nodes.
+
+torch's ``DeviceMesh`` numbers the ranks of a mesh row-major: the last dimension is the
+innermost (its ranks are consecutive), and a launcher puts ranks ``n * G`` to
+``(n + 1) * G - 1`` on node ``n`` (``G = gpus_per_node``). A process group is the set of
+ranks that differ only along one mesh dimension, so the dimensions decide which groups
+stay inside a node and which cross nodes:
+
+- FSDP2: ``report.config.mesh`` in the order torchtitan and ``init_device_mesh`` give it
+  (``dp_replicate``, ``dp_shard``, ``tp``): HSDP shards inside a node and replicates
+  across nodes; FSDP x TP keeps tensor parallelism inside the node, so each data-parallel
+  group has one rank per node. Without a mesh, one dimension of every rank.
+- FSDP1: hybrid sharding's shard groups are consecutive ranks (``shard_group_size``,
+  default a node's 8), its replicate groups take one rank of each; otherwise one group
+  of every rank (``NO_SHARD``'s all-reduce too).
+
+A :class:`Span` says how one group of a dimension sits: its ranks, the nodes it spans,
+its ranks per node, and how many groups of that dimension have ranks in one node (they
+run their collectives at the same time and share the node's network cards).
+
+Example::
+
+    spans(report.config, 8)["replicate"]  # Span(dim='dp_replicate', ranks=4, nodes=4, ...)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fsdpviz.schema.config import ReportConfig
+
+
+@dataclass(frozen=True)
+class Span:
+    """One process group of mesh dimension ``dim`` on nodes of ``gpus_per_node`` GPUs.
+
+    ``ranks`` in ``nodes`` nodes, at most ``per_node`` in one; ``sharing``: the groups of
+    this dimension with ranks in one node, whose rings cross the node's network cards
+    together (each gets ``1 / sharing`` of them).
+    """
+
+    dim: str
+    ranks: int
+    nodes: int
+    per_node: int
+    sharing: int
+
+    @property
+    def across_nodes(self) -> bool:
+        return self.nodes > 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "dim": self.dim,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "per_node": self.per_node,
+            "sharing": self.sharing,
+        }
+
+
+def consecutive(ranks: int, gpus_per_node: int, dim: str = "") -> Span:
+    """A group of ``ranks`` consecutive ranks (one dimension of a mesh, or its innermost)."""
+    return span_of([(dim, ranks)], 0, gpus_per_node)
+
+
+def span_of(dims: Sequence[tuple[str, int]], index: int, gpus_per_node: int) -> Span:
+    """How the group along ``dims[index]`` of the mesh ``dims`` (outermost first) that holds
+    rank 0 sits on nodes of ``gpus_per_node`` GPUs."""
+    g = max(1, gpus_per_node)
+    sizes = [max(1, int(n)) for _, n in dims]
+    world = math.prod(sizes)
+    stride = math.prod(sizes[index + 1 :])
+    size = sizes[index]
+    members = [j * stride for j in range(size)]
+    per_node: dict[int, int] = {}
+    for r in members:
+        per_node[r // g] = per_node.get(r // g, 0) + 1
+    # the groups of this dimension with a rank in node 0: ranks that differ in another coordinate
+    groups = {(r // (stride * size), r % stride) for r in range(min(g, world))}
+    return Span(dims[index][0], size, len(per_node), max(per_node.values()), len(groups))
+
+
+_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+def mesh_dims(config: ReportConfig) -> list[tuple[str, str, int]]:
+    """The mesh of a report as ``(role, name, size)``, outermost first; roles are
+    ``replicate``, ``shard`` and ``tp`` (FSDP1 without hybrid sharding, or a plan without
+    a mesh: one ``shard`` dimension of every rank)."""
+    ranks = config.ranks
+    if config.api == "FSDP2" and config.mesh:
+        items = [(str(k), int(v)) for k, v in config.mesh.items()]
+        roles = ["replicate", "shard"][-(len(items) - (1 if config.tp_world_size else 0)) :]
+        if config.tp_world_size:
+            roles = [*roles, "tp"]
+        return [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]
+    if config.api == "FSDP1" and config.sharding_strategy in (
+        "HYBRID_SHARD",
+        "_HYBRID_SHARD_ZERO2",
+    ):
+        shard = config.shard_ranks
+        return [("replicate", "replicate", max(1, ranks // shard)), ("shard", "shard", shard)]
+    if config.api == "FSDP1" and config.process_group_size:  # hybrid switched to NO_SHARD
+        shard = config.process_group_size
+        return [("replicate", "replicate", max(1, ranks // shard)), ("shard", "shard", shard)]
+    return [("shard", "world" if config.api == "FSDP1" else "dp_shard", ranks)]
+
+
+def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
+    """The :class:`Span` of each role of the report's mesh (``shard``, and ``replicate`` /
+    ``tp`` where the mesh has them), and ``process_group`` (FSDP1's process group: the
+    shard group, or every rank)."""
+    dims = mesh_dims(config)
+    named = [(name, size) for _, name, size in dims]
+    out = {role: span_of(named, i, gpus_per_node) for i, (role, _, _) in enumerate(dims)}
+    out["process_group"] = out["shard"]
+    return out
+
+
+def post_forward_span(config: ReportConfig, ranks: int, gpus_per_node: int) -> Span:
+    """FSDP2 ``reshard_after_forward=ranks``: the backward all-gather over consecutive
+    ``ranks`` of the shard dimension (``_init_post_forward_mesh_info``)."""
+    named: list[tuple[str, int]] = []
+    for role, name, size in mesh_dims(config):
+        if role == "shard":
+            named += [(name, max(1, size // ranks)), (f"{name} (post-forward)", ranks)]
+        else:
+            named.append((name, size))
+    index = next(i for i, (n, _) in enumerate(named) if n.endswith("(post-forward)"))
+    return span_of(named, index, gpus_per_node)

@@ -1,0 +1,249 @@
+"""Options of the training job around FSDP that ``analyze`` takes for both APIs.
+
+- ``grad_accum=N``: ``N`` micro-steps per optimizer step, the first ``N - 1`` without
+  gradient synchronisation (FSDP1 ``with model.no_sync():``, FSDP2
+  ``model.set_requires_gradient_sync(False)``), the last one synchronised. The report holds
+  every micro-step as FSDP issues it.
+- ``compile``: the model runs under ``torch.compile``: ``True`` (the whole model), or module
+  classes compiled one by one (torchtitan compiles each block). It changes the kernels, not
+  FSDP's schedule; the time model costs the compute as compiled (:mod:`fsdpviz.cost.kernels`).
+- ``float8``: torchao's float8 training of ``nn.Linear`` as torchtitan runs it: ``True``
+  (tensorwise scaling, every linear whose dimensions divide by 16), or torchtitan's
+  ``[float8]`` / ``[quantize.linear.float8]`` keys as a dict
+  (``enable_fsdp_float8_all_gather``, ``recipe_name``, ``filter_fqns``, ...).
+- ``float32_matmul_precision``: ``"highest"``, ``"high"`` or ``"medium"``, as
+  ``torch.set_float32_matmul_precision`` takes it (default: the process's setting when
+  ``analyze`` runs): whether float32 matrix multiplies run on TF32 tensor cores.
+
+Example::
+
+    fsdpviz.analyze(model, ids, fully_shard=[Block], grad_accum=4, compile=[Block],
+                    float8={"enable_fsdp_float8_all_gather": True})
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import ModuleInfo
+
+JOB_KEYS = frozenset({"grad_accum", "compile", "float8", "float32_matmul_precision"})
+"""The keywords of this module, accepted by ``analyze`` for FSDP1 and FSDP2."""
+FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# torchtitan's Float8 / Float8Linear config keys; the ones that change no kernel or byte are
+# accepted and ignored (precompute's one all-reduce of scales per step, emulation)
+_FLOAT8_KEYS = {
+    "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+    "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate",
+    "enable_float8_linear", "scaling_type_input", "scaling_type_weight",
+    "scaling_type_grad_output",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Float8:
+    """Float8 training of ``nn.Linear`` (torchao's ``Float8Linear``): the matrix multiplies
+    of every linear that ``filter_fqns`` does not exclude (a substring of its FQN) and whose
+    dimensions divide by 16 run in float8, their inputs cast (with an amax reduction) first;
+    with ``enable_fsdp_float8_all_gather`` FSDP2 all-gathers those weights in float8."""
+
+    recipe_name: str = "tensorwise"
+    enable_fsdp_float8_all_gather: bool = False
+    filter_fqns: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe_name": self.recipe_name,
+            "enable_fsdp_float8_all_gather": self.enable_fsdp_float8_all_gather,
+            "filter_fqns": list(self.filter_fqns),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Float8:
+        return cls(
+            str(d.get("recipe_name") or "tensorwise"),
+            bool(d.get("enable_fsdp_float8_all_gather", False)),
+            tuple(d.get("filter_fqns") or ()),
+        )
+
+    def picks(self, fqn: str, in_features: int, out_features: int) -> bool:
+        """Whether the linear ``fqn`` of these dimensions trains in float8 (torchao's
+        ``module_filter_fn`` with torchtitan's ``filter_fqns``)."""
+        if any(f and f in fqn for f in self.filter_fqns):
+            return False
+        return in_features % 16 == 0 and out_features % 16 == 0
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The job options of one ``analyze`` call (see the module docstring)."""
+
+    grad_accum: int = 1
+    compile: bool | tuple[type[nn.Module], ...] = False
+    float8: Float8 | None = None
+    float32_matmul_precision: str = "highest"
+    stated: tuple[str, ...] = field(default=())
+
+    def config(self) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The ``ReportConfig`` fields these options set, and the keys a report states (only
+        the options that differ from a plain eager bf16 job, so older reports read the same)."""
+        compiled: bool | tuple[str, ...] = (
+            tuple(c.__name__ for c in self.compile)
+            if isinstance(self.compile, tuple)
+            else self.compile
+        )
+        fields: dict[str, Any] = {
+            "grad_accum": self.grad_accum,
+            "compile": compiled,
+            "float8": self.float8.to_dict() if self.float8 else None,
+            "float32_matmul_precision": self.float32_matmul_precision,
+        }
+        keys = tuple(
+            k
+            for k in ("grad_accum", "compile", "float8", "float32_matmul_precision")
+            if k in self.stated
+            or (k == "float32_matmul_precision" and self.float32_matmul_precision != "highest")
+        )
+        return fields, keys
+
+    def compiled_modules(self, model: nn.Module) -> list[nn.Module] | None:
+        """The modules compiled one by one (outermost picked), or None for the whole model."""
+        if not isinstance(self.compile, tuple):
+            return None
+        classes = self.compile
+        chosen: list[nn.Module] = []
+
+        def visit(m: nn.Module) -> None:
+            if m is not model and isinstance(m, classes):
+                chosen.append(m)
+                return
+            for child in m.children():
+                visit(child)
+
+        visit(model)
+        return chosen
+
+    def float8_modules(self, model: nn.Module) -> list[nn.Module]:
+        """The ``nn.Linear`` modules of ``model`` that train in float8."""
+        if self.float8 is None:
+            return []
+        spec = self.float8
+        return [
+            m
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and spec.picks(name, m.in_features, m.out_features)
+        ]
+
+
+def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
+    """Check the job options among ``kwargs`` (``api``: ``"FSDP1"`` or ``"FSDP2"``)."""
+    stated = tuple(k for k in ("grad_accum", "compile", "float8") if k in kwargs)
+    accum = kwargs.get("grad_accum", 1)
+    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+        raise ConfigError(
+            f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
+        )
+    if accum == 1:
+        stated = tuple(k for k in stated if k != "grad_accum")
+    compiled = _compile(kwargs.get("compile", False))
+    if compiled is False:
+        stated = tuple(k for k in stated if k != "compile")
+    float8 = _float8(kwargs.get("float8"), api)
+    if float8 is None:
+        stated = tuple(k for k in stated if k != "float8")
+    precision = kwargs.get("float32_matmul_precision")
+    if precision is None:
+        precision = torch.get_float32_matmul_precision()
+    if precision not in FLOAT32_MATMUL_PRECISIONS:
+        raise ConfigError(
+            f"float32_matmul_precision must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
+            f"(as torch.set_float32_matmul_precision takes it), got {precision!r}"
+        )
+    return JobOptions(accum, compiled, float8, str(precision), stated)
+
+
+def _compile(value: Any) -> bool | tuple[type[nn.Module], ...]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, type) and issubclass(value, nn.Module):
+        return (value,)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        items = tuple(value)
+        if items and all(isinstance(c, type) and issubclass(c, nn.Module) for c in items):
+            return items
+    raise ConfigError(
+        "compile must be True (torch.compile on the whole model), False, or the module "
+        f"classes compiled one by one (e.g. [TransformerBlock], as torchtitan does); got {value!r}"
+    )
+
+
+def _float8(value: Any, api: str) -> Float8 | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Float8()
+    if isinstance(value, Float8):
+        spec = value
+    elif isinstance(value, Mapping):
+        for key in value:
+            if key not in _FLOAT8_KEYS:
+                close = difflib.get_close_matches(str(key), sorted(_FLOAT8_KEYS), n=1)
+                tip = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"float8: unknown key {key!r}{tip}")
+        if value.get("enable_float8_linear") is False:
+            return None
+        recipe = value.get("recipe_name") or "tensorwise"
+        if recipe not in FLOAT8_RECIPES:
+            raise ConfigError(
+                f"float8: recipe_name must be one of {', '.join(FLOAT8_RECIPES)}, got {recipe!r}"
+            )
+        gather = bool(value.get("enable_fsdp_float8_all_gather", False))
+        if gather and value.get("recipe_name") is not None:
+            raise ConfigError(
+                "float8: enable_fsdp_float8_all_gather applies to tensorwise scaling without "
+                "a recipe_name (torchtitan asserts this); drop one of them"
+            )
+        filters = value.get("filter_fqns") or ()
+        if isinstance(filters, str):
+            filters = [f.strip() for f in filters.split(",") if f.strip()]
+        spec = Float8(str(recipe), gather, tuple(str(f) for f in filters))
+    else:
+        raise ConfigError(
+            "float8 must be True (tensorwise float8 linears), a dict of torchtitan's float8 "
+            f"keys (enable_fsdp_float8_all_gather, recipe_name, filter_fqns) or None; got {value!r}"
+        )
+    if spec.enable_fsdp_float8_all_gather and api != "FSDP2":
+        raise ConfigError(
+            "float8: enable_fsdp_float8_all_gather needs FSDP2 (fully_shard); FSDP1 all-gathers "
+            "the weights in their own dtype. Drop it, or plan with fully_shard=[...]"
+        )
+    return spec
+
+
+def float8_weights(modules: Iterable[ModuleInfo], spec: Float8) -> set[str]:
+    """FQNs of the weights that train in float8, from a report's modules."""
+    found: set[str] = set()
+    for m in modules:
+        if m.module_class != "Linear" or "weight" not in m.params:
+            continue
+        shape = m.params["weight"]
+        if len(shape) == 2 and spec.picks(m.fqn, shape[1], shape[0]):
+            found.add(f"{m.fqn}.weight" if m.fqn else "weight")
+    return found
+
+
+def micro_step_syncs(grad_accum: int) -> list[bool]:
+    """Whether each iteration a prediction holds reduces its gradients: two optimizer steps
+    (the first, and one in the steady state) of ``grad_accum`` micro-steps each, the last
+    micro-step of each synchronised; two synchronised iterations without accumulation."""
+    if grad_accum <= 1:
+        return [True, True]
+    return [i % grad_accum == grad_accum - 1 for i in range(2 * grad_accum)]

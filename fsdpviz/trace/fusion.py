@@ -1,0 +1,242 @@
+"""What ``torch.compile`` and float8 linears change in the kernels a trace records.
+
+:class:`ModuleScope` tells whether the operator running now belongs to some modules: in
+forward, while their forward runs (an activation-checkpoint recomputation included); in
+backward, while the autograd engine runs a node their forward created (each such node
+is marked in ``node.metadata`` when the module's forward returns: the nodes reachable
+from its outputs, created after it started).
+
+:class:`FusedRegions` collects what Inductor would fuse: each run of memory-bound
+operators inside the compiled modules, ended by a matrix multiply, an attention kernel, a
+collective, an operator outside the compiled modules or an FSDP hook, is one fused
+kernel. It reads each tensor it takes from outside the run once, and writes each tensor
+it makes that outlives the run (read by a later kernel, or saved by autograd) once.
+
+Float8 linears (torchao's ``Float8Linear``, tensorwise scaling) run their matrix
+multiplies in float8: :func:`float8_casts` gives the memory-bound work around each one.
+
+Example::
+
+    scope = ModuleScope("compiled", [block for block in model.layers])
+    ...
+    scope.active()   # inside a compiled block's forward or backward
+    scope.remove()
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+_ACCUMULATE = 2**63  # AccumulateGrad nodes run last: their sequence number is the largest
+
+
+def _sequence_nr() -> int:
+    """The autograd sequence number the next node created will have (about: the one just
+    taken), so that nodes created from now on can be told apart."""
+    with torch.enable_grad():
+        probe = torch.empty(0, device="meta", requires_grad=True).view(0)
+    assert probe.grad_fn is not None
+    return int(probe.grad_fn._sequence_nr())
+
+
+class ModuleScope:
+    """Whether the current operator runs in the forward or backward of ``modules`` (None:
+    of the whole model). Hooks are removed by :meth:`remove`."""
+
+    def __init__(self, name: str, modules: Sequence[nn.Module] | None) -> None:
+        self.name = f"fsdpviz_{name}"
+        self.everywhere = modules is None
+        self.depth = 0
+        self._starts: list[int] = []
+        self._handles: list[Any] = []
+        for m in modules or ():
+            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_hook(self._leave))
+
+    def active(self) -> bool:
+        if self.everywhere or self.depth > 0:
+            return True
+        node = torch._C._current_autograd_node()
+        return node is not None and self.name in _metadata(node)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        self.depth += 1
+        self._starts.append(_sequence_nr())
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.depth -= 1
+        start = self._starts.pop() if self._starts else 0
+        if not torch.is_grad_enabled():
+            return
+        todo: list[Any] = [
+            t.grad_fn
+            for t in tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        ]
+        seen: set[int] = set()
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            nr = int(node._sequence_nr())
+            if nr < start or nr >= _ACCUMULATE:
+                continue  # made before this forward (its input's graph), or a leaf's
+            _metadata(node)[self.name] = True
+            todo.extend(n for n, _ in node.next_functions)
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    """``node.metadata``: a dict kept on the autograd node (a property at run time)."""
+    meta: dict[str, Any] = node.metadata
+    return meta
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return int(t.numel() * t.element_size())
+
+
+@dataclass
+class _Region:
+    backward: int
+    # storages read from outside, made inside, and written in place (outside ones), each
+    # as bytes and a weak reference (a freed storage's id can come back for another)
+    reads: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    made: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    written: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    stale: int = 0  # bytes read or written of a storage freed since (its id reused)
+    eager_count: int = 0
+    eager_bytes: float = 0.0
+
+
+def _note(table: dict[int, tuple[int, Any]], region: _Region, st: Any, n: int) -> None:
+    """Record ``n`` bytes of storage ``st`` in ``table`` (the most seen of it)."""
+    key = id(st)
+    old = table.get(key)
+    if old is not None and old[1]() is not st:  # another storage that had the same id
+        if table is not region.made:  # a freed intermediate was never written out
+            region.stale += old[0]
+        old = None
+    table[key] = (max(n, old[0] if old else 0), weakref.ref(st))
+
+
+class FusedRegions:
+    """Memory-bound operators grouped into the kernels Inductor would make (see the module
+    docstring), per stretch: :meth:`take` gives ``["fused", backward, eager count, eager
+    bytes, kernels, bytes]`` records."""
+
+    def __init__(self) -> None:
+        self._open: _Region | None = None
+        self._done: dict[int, list[float]] = {}
+
+    def add(self, backward: int, args: Any, out: Any, nbytes: float, fresh: bool) -> None:
+        """A memory-bound operator (``nbytes`` eager) in the compiled modules."""
+        r = self._open
+        if r is None or r.backward != backward:
+            self.close()
+            r = self._open = _Region(backward)
+        r.eager_count += 1
+        r.eager_bytes += nbytes
+        for t in tree_leaves(args):
+            st = _storage(t)
+            if st is not None and not _holds(r.made, st):
+                _note(r.reads, r, st, _bytes(t))
+        for t in tree_leaves(out):
+            st = _storage(t)
+            if st is None or _holds(r.made, st):
+                continue
+            _note(r.made if fresh else r.written, r, st, _bytes(t))
+
+    def extra(self, backward: int, eager_count: int, eager_bytes: float, fused: float) -> None:
+        """A kernel of its own (a float8 cast): eager it is ``eager_count`` kernels of
+        ``eager_bytes``, fused one kernel of ``fused`` bytes."""
+        rec = self._done.setdefault(backward, [0, 0.0, 0, 0.0])
+        rec[0] += eager_count
+        rec[1] += eager_bytes
+        rec[2] += 1
+        rec[3] += fused
+
+    def close(self) -> None:
+        """End the current run: it becomes one fused kernel."""
+        r, self._open = self._open, None
+        if r is None:
+            return
+        out = sum(n for n, ref in r.made.values() if ref() is not None)
+        fused = sum(n for n, _ in r.reads.values()) + out + sum(n for n, _ in r.written.values())
+        fused += r.stale
+        rec = self._done.setdefault(r.backward, [0, 0.0, 0, 0.0])
+        rec[0] += r.eager_count
+        rec[1] += r.eager_bytes
+        rec[2] += 1
+        rec[3] += fused
+
+    def take(self) -> list[list[Any]]:
+        self.close()
+        done, self._done = self._done, {}
+        return [
+            ["fused", backward, int(n), float(b), int(k), float(f)]
+            for backward, (n, b, k, f) in sorted(done.items())
+        ]
+
+
+def _storage(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _holds(table: dict[int, tuple[int, Any]], st: Any) -> bool:
+    entry = table.get(id(st))
+    return entry is not None and entry[1]() is st
+
+
+def float8_casts(
+    backward: bool, a: torch.Tensor, b: torch.Tensor, weight_in_float8: bool, first: bool
+) -> list[tuple[int, float, float]]:
+    """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
+    the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
+    bytes)`` each: a cast is an amax reduction and a scaled cast (read twice, write one byte
+    per element; fused, read once); a transposed copy reads and writes float8.
+
+    Forward (``input @ weight.t()``): the input is cast, and the weight unless FSDP gathered
+    it in float8 (``weight_in_float8``). Backward: the first matrix multiply of a linear's
+    backward (``first``) casts the output gradient; the other reuses it through a transposed
+    copy; each also copies its float8 second operand (saved by forward) transposed.
+    """
+    casts: list[tuple[int, float, float]] = []
+
+    def cast(t: torch.Tensor) -> None:
+        n = t.numel()
+        high = n * t.element_size()
+        casts.append((2, 2.0 * high + n, float(high + n)))
+
+    def transposed(t: torch.Tensor) -> None:
+        n = float(t.numel())
+        casts.append((1, 2.0 * n, 2.0 * n))
+
+    if not backward:
+        cast(a)
+        if not weight_in_float8:
+            cast(b)
+        return casts
+    if first:
+        cast(a)
+    else:
+        transposed(a)
+    transposed(b)
+    return casts

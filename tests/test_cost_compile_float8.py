@@ -1,0 +1,115 @@
+"""torch.compile and float8 linears in the time model: compile fuses the memory-bound
+kernels and changes no event; float8 runs the linears' matrix multiplies in float8 and,
+with FSDP2's float8 all-gather, gathers their weights in one byte per element."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.cost import machine, timeline
+from fsdpviz.cost.kernels import stretch_cost
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+CONFIG = ExampleConfig(hidden_size=512, intermediate_size=1408, num_layers=2, num_heads=8)
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _report(**kwargs: object) -> fsdpviz.Report:
+    ids = example_inputs(CONFIG, batch=2, seq=512)
+    return fsdpviz.analyze(example_model(CONFIG), ids, world_size=8, progress=False, **kwargs)
+
+
+def _events(report: fsdpviz.Report) -> list[list[dict[str, object]]]:
+    return [[e.to_dict() for e in it] for it in report.iterations]
+
+
+def test_fused_kernels_read_and_write_each_tensor_once() -> None:
+    """Each fused record replaces its memory-bound kernels by fewer, smaller ones."""
+    m = machine("h100")
+    kernels = [["mem", 0, 10, 8e9], ["fused", 0, 10, 8e9, 2, 2e9]]
+    eager, compiled = stretch_cost(kernels, m), stretch_cost(kernels, m, compiled=True)
+    assert eager.memory_s == pytest.approx(m.memory_seconds(8e9) + 10 * m.kernel_us * 1e-6)
+    assert compiled.memory_s == pytest.approx(m.memory_seconds(2e9) + 2 * m.kernel_us * 1e-6)
+    assert compiled.kernels == 2 and eager.kernels == 10
+    assert compiled.cpu_s == pytest.approx(2 * m.compiled_launch_us * 1e-6)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [{"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer})}, {"fully_shard": [DecoderLayer]}],
+    ids=["fsdp1", "fsdp2"],
+)
+def test_compile_changes_compute_time_and_not_the_schedule(plan: dict[str, object]) -> None:
+    eager = _report(**plan)
+    whole = _report(compile=True, **plan)
+    blocks = _report(compile=[DecoderLayer], **plan)
+    assert _events(whole) == _events(eager) == _events(blocks)
+    assert whole.config["compile"] is True and blocks.config["compile"] == ["DecoderLayer"]
+    assert "compile" not in eager.config
+    e, w, b = eager.timeline.totals, whole.timeline.totals, blocks.timeline.totals
+    # matrix multiplies and attention as before; the memory-bound kernels fused
+    assert w["matmul_s"] == pytest.approx(e["matmul_s"])
+    assert w["attention_s"] == pytest.approx(e["attention_s"])
+    assert w["memory_bound_s"] < e["memory_bound_s"] / 1.5
+    # compiling the blocks alone leaves the loss and the final norm eager
+    assert w["memory_bound_s"] < b["memory_bound_s"] < e["memory_bound_s"]
+    assert w["compute_s"] < e["compute_s"]
+    # the same fused regions are recorded for any report: compile it in the time model
+    assert timeline(eager, compile=True).totals["compute_s"] == pytest.approx(w["compute_s"])
+    assert timeline(whole, compile=False).totals["compute_s"] == pytest.approx(e["compute_s"])
+    # every fused record covers kernels that the eager records hold too
+    for ks in whole.profile.iterations[-1].kernels:  # type: ignore[union-attr]
+        mem = sum(k[3] for k in ks if k[0] == "mem")
+        fused = [k for k in ks if k[0] == "fused"]
+        assert sum(k[3] for k in fused) <= mem + 1e-6
+        assert all(0 < k[4] <= k[2] and 0 < k[5] <= k[3] + 1e-6 for k in fused)
+
+
+def test_float8_linears_and_fsdp2_float8_all_gather() -> None:
+    plain = _report(fully_shard=[DecoderLayer], mp_policy=BF16)
+    spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"]}
+    f8 = _report(fully_shard=[DecoderLayer], mp_policy=BF16, float8=spec)
+    assert _events(f8) == _events(plain)
+    assert f8.config["float8"] == {
+        "recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True,
+        "filter_fqns": ["lm_head"],
+    }  # fmt: skip
+    rows = [tuple(k) for ks in f8.profile.iterations[-1].kernels for k in ks]  # type: ignore[union-attr]
+    fp8 = [r for r in rows if r[0] == "gemm" and r[6] == 1]
+    bf16 = [r for r in rows if r[0] == "gemm" and r[6] == 2]
+    # the 7 linears of each block run in float8 (forward and both backward products); the
+    # LM head is filtered out and attention's own products stay in bf16
+    assert sum(r[7] for r in fp8 if r[1] == 0) == 7 * CONFIG.num_layers
+    assert sum(r[7] for r in fp8 if r[1] == 1) == 2 * 7 * CONFIG.num_layers
+    assert any(r[2:6] == (1024, CONFIG.vocab_size, CONFIG.hidden_size, 1) for r in bf16)
+    t8, tp = f8.timeline, plain.timeline
+    assert t8.totals["matmul_s"] < tp.totals["matmul_s"]
+    # the blocks' all-gathers move their linears' weights in float8 (their norms in bf16)
+    shapes = {
+        f"{m.fqn}.{n}": math.prod(s) for m in f8.modules for n, s in m.params.items()
+    }  # fmt: skip
+    units = {u.module: u for u in f8.units}
+    gathered = [r for r in t8.events if r["kind"] == "all_gather"]
+    for r in gathered:
+        u = units[r["unit"]]
+        fp8_numel = sum(
+            shapes[p] for p in u.params if p.endswith("proj.weight") and "lm_head" not in p
+        )
+        share = fp8_numel / sum(shapes[p] for p in u.params)
+        assert r.get("float8_share", 0.0) == pytest.approx(share)
+        size = u.padded_numel * (share + (1 - share) * 2)
+        assert r["bytes"] == pytest.approx(7 / 8 * size)
+    assert any(r.get("float8_share") for r in gathered)
+    assert t8.totals["all_gather_bytes"] < 0.6 * tp.totals["all_gather_bytes"]
+    with pytest.raises(fsdpviz.ConfigError, match="enable_fsdp_float8_all_gather needs FSDP2"):
+        _report(auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}), float8=spec)
+    with pytest.raises(fsdpviz.ConfigError, match="unknown key 'all_gather'"):
+        _report(fully_shard=[DecoderLayer], float8={"all_gather": True})
+    with pytest.raises(fsdpviz.ConfigError, match="compile must be True"):
+        _report(fully_shard=[DecoderLayer], compile="max-autotune")
