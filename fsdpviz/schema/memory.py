@@ -180,7 +180,9 @@ def gib_text(n: float) -> str:
 
 def size_text(n: float) -> str:
     """Bytes to three significant figures: ``"78.5 GiB"``, ``"182 GiB"``, ``"34.0 MiB"``,
-    ``"16 B"``."""
+    ``"16 B"``, ``"-512.0 MiB"``."""
+    if n < 0:
+        return "-" + size_text(-n)
     if n >= 2**30:
         return f"{n / 2**30:.3g} GiB"
     return gib_text(n) if n >= 2**10 else f"{n:,.0f} B"

@@ -226,84 +226,95 @@ def _explain(
     kind, unit = r["kind"], unit_label(r["unit"])
     hook = r.get("hook")
     issuer = f"{hook} of {unit_label(r.get('hook_unit'))}" if hook else "its hook"
+    own = not r.get("prefetch") and r.get("hook_unit") == r["unit"] and kind == "all_gather"
+    how = f"not prefetched, {issuer} issued it" if own else f"issued by {issuer}"
+    if r.get("prefetch"):
+        how = f"prefetched by {issuer}"
+        if hook == "post_backward":
+            how += " (BACKWARD_POST: after that unit's backward; BACKWARD_PRE issues it earlier)"
     lasts = d(r["end"] - r["start"])
     other = by_index.get(int(r.get("held_by", -1)))
     other_text = f"{other['kind']} {unit_label(other['unit'])}" if other is not None else "?"
     held = r.get("held", "")
-    module = repr(r["module"]) if r.get("module") else "a module"
     parts: list[tuple[str, str]] = []
     if needed is not None:
-        late = r["start"] - r["issued"]
+        late = d(r["start"] - r["issued"])
+        window = (
+            f"{d(needed - r['start'])} before"
+            if needed > r["start"]
+            else f"{d(r['start'] - needed)} after"
+        )
+        hint = ""
+        if own:
+            hint = (
+                "; forward prefetch (FSDP1 forward_prefetch=True, FSDP2 "
+                "set_modules_to_forward_prefetch) issues it a unit earlier"
+                if r["phase"] == "forward"
+                else "; backward prefetch (FSDP1 BACKWARD_PRE, FSDP2 "
+                "set_modules_to_backward_prefetch) issues it a unit earlier"
+            )
         if kind.startswith("tp_"):
+            module = repr(r["module"]) if r.get("module") else "a module"
             parts.append(
                 ("tensor_parallel",
                  f"tensor parallelism's {kind.removeprefix('tp_')} of {module} in {unit}: the "
                  f"compute after it needs its result, so nothing overlaps its {lasts}")
             )  # fmt: skip
         elif held == "stream":
+            # issuing it earlier helps only to get ahead of a reduction, not of all-gathers
+            reduction = other is not None and other["kind"] in ("reduce_scatter", "all_reduce")
             parts.append(
                 ("queued",
-                 f"queued behind {other_text} on the communication stream: issued by {issuer}, "
-                 f"it started {d(late)} later and took {lasts}; the collectives ahead of it "
-                 "take longer than the compute between them")
+                 f"queued behind {other_text} on the communication stream: {how}, it started "
+                 f"{late} after its issue, {window} its compute needed it, and took "
+                 f"{lasts} (the collectives ahead of it take longer than the compute between "
+                 f"them){hint if reduction else ''}")
             )  # fmt: skip
         elif held == "rate_limiter":
             parts.append(
                 ("rate_limited",
-                 f"rate-limited: FSDP1's limit_all_gathers held the CPU "
-                 f"{d(r.get('rate_limited_s', 0.0))} until {other_text} ran (at most two "
-                 f"all-gathers in flight), so {issuer} issued it late; it took {lasts}")
+                 f"rate-limited: FSDP1's limit_all_gathers (at most two all-gathers in flight) "
+                 f"held the CPU {d(r.get('rate_limited_s', 0.0))} until {other_text} ran, so "
+                 f"{issuer} issued it only {window} its compute needed it; it took "
+                 f"{lasts}")
             )  # fmt: skip
         elif held == "copy_out":
             parts.append(
                 ("copy_out",
-                 f"issued by {issuer}, it waited {d(late)} for the copy-out of {other_text} "
-                 "(FSDP2 starts an all-gather only after the previous one is copied out on "
-                 f"the compute stream); it took {lasts}")
+                 f"{how}, it started {late} after its issue, once {other_text} was copied out "
+                 f"(FSDP2 starts an all-gather only after the previous one's copy-out on the "
+                 f"compute stream): {window} its compute needed it, and it took {lasts}")
             )  # fmt: skip
         elif held == "h2d":
             parts.append(
                 ("cpu_offload",
-                 f"waited {d(late)} for its shard's copy from host memory (CPU offload), then "
-                 f"took {lasts}")
+                 f"waited {late} for its shard's copy from host memory (CPU offload), then "
+                 f"took {lasts}, {window} its compute needed it")
             )  # fmt: skip
         elif not any(c["start"] < r["start"] for c in compute):
             parts.append(
                 ("first",
                  f"the step's first {kind}: no compute runs before it to hide its {lasts} "
-                 f"(issued by {issuer})")
+                 f"({how})")
             )  # fmt: skip
-        elif not r.get("prefetch") and r.get("hook_unit") == r["unit"]:
-            hint = (
-                "forward prefetch (FSDP1 forward_prefetch=True, FSDP2 "
-                "set_modules_to_forward_prefetch) would issue it a unit earlier"
-                if r["phase"] == "forward"
-                else "backward prefetch (FSDP1 BACKWARD_PRE, FSDP2 "
-                "set_modules_to_backward_prefetch) would issue it a unit earlier"
-            )
+        elif own:
             parts.append(
                 ("not_prefetched",
-                 f"not prefetched: {issuer} issued it when its compute needed it, so nothing "
-                 f"hides its {lasts}; {hint}")
+                 f"{how} when its compute needed it ({window}), so nothing hides its "
+                 f"{lasts}{hint}")
             )  # fmt: skip
         else:
-            ahead = max(needed - r["issued"], 0.0)
-            late_hook = (
-                " (BACKWARD_POST issues it only after that unit's backward)"
-                if (hook == "post_backward")
-                else ""
-            )
             parts.append(
                 ("short_window",
-                 f"prefetched by {issuer}{late_hook} {d(ahead)} before its compute needed it, "
-                 f"and it takes {lasts}: communication longer than the compute that hides it")
+                 f"{how} {window} its compute needed it, and it takes "
+                 f"{lasts}: communication longer than the compute that hides it")
             )  # fmt: skip
     if tail > 0:
         behind = f", queued behind {other_text}" if held == "stream" else ""
         parts.append(
             ("tail",
              f"the step's tail: the final callback waits {d(tail)} for this {kind} of {unit} "
-             f"(issued by {issuer}{behind}, {lasts}) after the last compute")
+             f"({how}{behind}; it took {lasts}) after the last compute")
         )  # fmt: skip
     cause = "tail" if tail >= r["exposed"] - tail else parts[0][0]
     return cause, "; then ".join(text for _, text in parts)
