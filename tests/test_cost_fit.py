@@ -79,6 +79,7 @@ def test_a_plan_that_does_not_fit_an_h100_is_warned(too_big: fsdpviz.Report) -> 
     assert "80 GiB less 1.5 GiB for the CUDA context and NCCL leaves 78.5 GiB" in msg
     assert f"({size_text(-mem.headroom)} short)" in msg
     assert "First try: activation checkpointing of each block" in msg
+    assert "analyze(..., activation_checkpointing=[DecoderLayer]) shows its effect" in msg
     index = mem.peak["event"]
     assert warning.units == [too_big.iterations[-1][index].unit]
     # in words wherever the report is summarised

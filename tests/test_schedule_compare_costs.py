@@ -120,3 +120,22 @@ def test_suggest_budgets_the_machine_by_default() -> None:
     assert s.explanation[0].startswith("H100 SXM 80GB's memory (80 GiB, less the CUDA context")
     assert all(r["fits"] == (r["headroom_bytes"] >= 0) for r in s.table.rows)
     assert s.report.config.machine == "h100" and s.report.memory.fits
+
+
+def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) -> None:
+    """Checkpoint wrappers rename the parameters (``layers.0._checkpoint_wrapped_module.…``,
+    as torchtitan's AC does): the units still match, and the costs say what it buys."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    model = example_model(CONFIG)
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, DecoderLayer))
+    ids = torch.zeros(2, 128, dtype=torch.long)
+    checkpointed = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer])
+    assert checkpointed.units[1].module == "layers.0._checkpoint_wrapped_module"
+    cmp = fsdpviz.compare(base, checkpointed)
+    assert cmp.same_wrapping and cmp.moved_params == {}
+    assert [(p.a, p.b) for p in cmp.pairs][1] == ("layers.0", "layers.0._checkpoint_wrapped_module")
+    assert cmp.delta("peak_bytes") < 0  # fewer activations saved
+    assert cmp.delta("step_s") > 0  # the recomputation

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,11 +131,12 @@ def first_fix(report: Report, memory: MemoryReport) -> str:
     kind = max(share, key=lambda k: share[k])
     held = size_text(share[kind])
     if kind == "activations":
+        classes = Counter(u.module_class for u in report.units if u.module)
+        block = classes.most_common(1)[0][0] if classes else "<block class>"
         return (
             f"activation checkpointing of each block (activations and temporaries hold {held} "
-            "at the peak; torch.utils.checkpoint, or a Hugging Face model's "
-            "gradient_checkpointing_enable()), or a smaller batch per rank with gradient "
-            "accumulation"
+            f"at the peak; analyze(..., activation_checkpointing=[{block}]) shows its effect), "
+            "or a smaller batch per rank with gradient accumulation"
         )
     if kind == "sharded":
         strategy = cfg.sharding_strategy if cfg.api == "FSDP1" else "FULL_SHARD"

@@ -2,7 +2,8 @@
 changes if I switch?".
 
 Units are matched by the parameters they hold (FSDP1 names a unit by its
-module, FSDP2 by its group's modules, so names alone cannot match them). For
+module, FSDP2 by its group's modules, so names alone cannot match them; the
+prefixes activation checkpointing and ``torch.compile`` wrappers add are left out). For
 each matched pair the comparison gives bytes per rank, position in the forward
 order, how it is prefetched in backward and its event counts; parameters that
 moved to another unit and units with no counterpart are listed.
@@ -258,8 +259,26 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
 
 
+# Wrappers that insert themselves into parameter names, as FSDP's own clean_tensor_name
+# strips them: activation checkpointing's, FSDP1's and torch.compile's.
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+def clean_name(fqn: str) -> str:
+    """A parameter's name without the wrappers' prefixes, so a plan with activation
+    checkpointing matches the same model without it:
+    ``"layers.0._checkpoint_wrapped_module.mlp.weight"`` -> ``"layers.0.mlp.weight"``."""
+    for w in _WRAPPERS:
+        fqn = fqn.replace(w, "")
+    return fqn
+
+
+def _params(unit: Unit) -> frozenset[str]:
+    return frozenset(clean_name(p) for p in unit.params)
+
+
 def _unit_of_param(report: Report) -> dict[str, str]:
-    return {p: u.module for u in report.units for p in u.params}
+    return {clean_name(p): u.module for u in report.units for p in u.params}
 
 
 def _facts(report: Report) -> tuple[dict[str, int], dict[str, bool], dict[str, Counter[str]]]:
@@ -285,7 +304,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         cmp.costs["peak_bytes"], cmp.delta("exposed_comm_s")
     """
     name_a, name_b = names or (_label(a), _label(b))
-    units_b = {frozenset(u.params): u for u in b.units if u.params}
+    units_b = {_params(u): u for u in b.units if u.params}
     order_a, pref_a, ev_a = _facts(a)
     order_b, pref_b, ev_b = _facts(b)
     pairs: list[UnitPair] = []
@@ -293,7 +312,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
     for ua in a.units:
         if not ua.params:
             continue
-        ub = units_b.get(frozenset(ua.params))
+        ub = units_b.get(_params(ua))
         if ub is not None:
             matched_b.add(ub.module)
         pair = _pair(ua, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b)
@@ -352,7 +371,7 @@ def _padding(report: Report, unit: Unit, ranks: int) -> str:
 
 def _group_of(unit_of: dict[str, str], param: str, report: Report) -> frozenset[str] | None:
     unit = unit_of.get(param)
-    return None if unit is None else frozenset(report.unit(unit).params)
+    return None if unit is None else _params(report.unit(unit))
 
 
 def _kinds(report: Report) -> dict[str, int]:
