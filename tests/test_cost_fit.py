@@ -20,7 +20,7 @@ from fsdpviz.cost.fit import (
     process_groups,
     runtime_overhead,
 )
-from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.replan import replay
 from fsdpviz.schema.memory import size_text
 
@@ -207,3 +207,24 @@ def test_recordings_are_not_warned(fitting: fsdpviz.Report) -> None:
     recorded = replace(fitting, source="recording", warnings=[])
     check_fit(recorded)
     assert recorded.warnings == []
+
+
+def test_re_planning_keeps_the_machine() -> None:
+    """The explorer's re-plans (a stored trace, a new trace, a replay) are all planned for the
+    machine asked for, and each checks its own fit."""
+    from fsdpviz.replan.replanner import PlanOptions, Replanner
+
+    config = ExampleConfig(num_layers=3)
+    planner = Replanner(example_model(config), example_inputs(config), machine="h200")
+    base = PlanOptions(layer_classes=("DecoderLayer",), world_size=8)
+    paths = []
+    for plan in (
+        lambda: planner.plan(base),
+        lambda: planner.profiled(base),
+        lambda: planner.plan(base.replace(world_size=32)),
+    ):
+        report = plan()
+        paths.append(planner.last_path)
+        assert report.config.machine == "h200" and report.memory.capacity == 141 * GiB
+        assert report.memory.fits and "out_of_memory" not in [w.code for w in report.warnings]
+    assert paths == ["stored trace", "trace", "replay"]
