@@ -85,7 +85,7 @@ class MemoryReport:
     """Bytes of device memory of the modelled machine (``Machine.memory_gib``)."""
     overhead: int = 0
     """Bytes of it the CUDA context and NCCL take, which tensors cannot use (see
-    :func:`fsdpviz.cost.runtime_overhead`)."""
+    :func:`fsdpviz.cost.fit.runtime_overhead`)."""
     machine: str = ""
     """The modelled machine's name (``"H100 SXM 80GB"``)."""
 
