@@ -36,6 +36,20 @@ def timeline(report: Report) -> Timeline:
     return timeline(report)
 
 
+@register_report_method("check_fit")
+def check_fit(report: Report) -> None:
+    from fsdpviz.cost.fit import check_fit
+
+    check_fit(report)
+
+
+@register_report_method("machine_spec")
+def machine_spec(spec: Any) -> str | dict[str, Any]:
+    from fsdpviz.cost.fit import machine_spec
+
+    return machine_spec(spec)
+
+
 @register_report_method("module_graph")
 def module_graph(report: Report) -> Any:
     from fsdpviz.graphs import module_graph

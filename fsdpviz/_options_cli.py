@@ -7,7 +7,7 @@ raising :class:`UsageError` with what was wrong and what to write instead.
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
 (``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
-``--mixed-precision``, ``--world-size``, ``--trace``. Or a trainer's configuration:
+``--mixed-precision``, ``--world-size``, ``--machine``, ``--trace``. Or a trainer's configuration:
 ``--accelerate-config`` / ``--torchtitan-config`` (then the FSDP flags are refused).
 
 :func:`add_source_flags` adds what builds a Hugging Face model by id (``hf:ID``, see
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.cost.hardware import GPUS
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
 
@@ -114,6 +115,13 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="ranks (default: the config file's, else 8)",
+    )
+    parser.add_argument(
+        "--machine",
+        choices=sorted(GPUS),
+        metavar="GPU",
+        help="the GPU the plan is for, whose memory it must fit and whose speed the step "
+        f"time models: {', '.join(sorted(GPUS))} (default: h100)",
     )
     parser.add_argument(
         "--trace",
@@ -217,8 +225,20 @@ def analyze_kwargs(
 
     ``default_wrap`` are the classes wrapped when neither ``--policy`` nor ``--fully-shard``
     is given (a Hugging Face model's ``_no_split_modules``). What a config file sets but
-    fsdpviz does not apply is appended to ``notes``.
+    fsdpviz does not apply is appended to ``notes``. ``--machine`` goes with every plan.
     """
+    kwargs = _plan_kwargs(args, model, default_wrap, notes)
+    if getattr(args, "machine", None) is not None:
+        kwargs["machine"] = args.machine
+    return kwargs
+
+
+def _plan_kwargs(
+    args: argparse.Namespace,
+    model: nn.Module,
+    default_wrap: Sequence[type[nn.Module]],
+    notes: list[str] | None,
+) -> dict[str, Any]:
     if args.accelerate_config or getattr(args, "torchtitan_plan", None) is not None:
         return _config_kwargs(args, model, notes if notes is not None else [])
     kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}

@@ -10,6 +10,7 @@ Usage::
         --policy transformer:DecoderLayer --world-size 64 -o report.html
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --fully-shard DecoderLayer --mixed-precision bf16,fp32 -o report.html   # FSDP2
+    fsdpviz report hf:meta-llama/Llama-3.1-8B --seq 8192 --machine h100 --check   # CI gate
     fsdpviz doctor /tmp/fr-dumps                     # torch flight recorder dumps of a hang
     fsdpviz doctor /tmp/fr-dumps mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --policy transformer:DecoderLayer            # ... read in FSDP's terms
@@ -22,7 +23,9 @@ suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
 
 Exit status: 0 on success, 2 for usage errors (bad arguments, a factory or
 class name that cannot be found), 1 when the analysis itself fails with an
-:class:`fsdpviz.FsdpvizError`.
+:class:`fsdpviz.FsdpvizError`, and with ``--check`` 3 when the plan does not fit in the
+machine's memory (``report.memory.fits``; ``--check`` writes a file only when ``-o``
+names one).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from fsdpviz._options_cli import (
 from fsdpviz.errors import FsdpvizError
 
 _PROG = "fsdpviz"
+DOES_NOT_FIT = 3
+"""Exit status of ``fsdpviz report --check`` for a plan that does not fit."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +176,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_fsdp_flags(report)
     add_source_flags(report)
-    _add_output(report, "report.html")
+    _add_output(report, "report.html", given=True)
+    report.add_argument(
+        "--check",
+        action="store_true",
+        help=f"check that the plan fits in the machine's memory (--machine): exit status "
+        f"{DOES_NOT_FIT} when it does not, 0 when it does (a CI gate); writes a file only "
+        "with -o",
+    )
     report.set_defaults(func=_cmd_report, parser=report)
     _add_doctor(subs)
     return parser
@@ -203,13 +215,14 @@ def _add_doctor(subs: Any) -> None:
     doctor.set_defaults(func=_cmd_doctor, parser=doctor)
 
 
-def _add_output(parser: argparse.ArgumentParser, default: str) -> None:
+def _add_output(parser: argparse.ArgumentParser, default: str, *, given: bool = False) -> None:
+    """``-o``; ``given``: parse to None when it is left out (the command applies ``default``)."""
     from fsdpviz.export import SUFFIXES
 
     parser.add_argument(
         "-o",
         "--output",
-        default=default,
+        default=None if given else default,
         metavar="PATH",
         help=f"file to write; its suffix picks the format: {', '.join(SUFFIXES)} "
         f"(default: {default})",
@@ -237,7 +250,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from fsdpviz.configs import ConfigNote, from_torchtitan
     from fsdpviz.schedule.predict import analyze
 
-    path = _output_path(args.output)
+    explicit = args.output is not None
+    path = _output_path(args.output if explicit else "report.html")
+    if args.check and args.trace == "fx":
+        raise UsageError(
+            "--check needs the activations the trace measures, and --trace fx measures "
+            "none; use --trace meta (the default) or real"
+        )
     wraps: list[type[nn.Module]] = []
     if args.torchtitan_config:
         if args.factory is not None:
@@ -273,6 +292,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     report = analyze(model, inputs, **kwargs)
     root_only = (args.policy or "").strip().lower() == "none"
+    if args.check:
+        return _check(report, path if explicit else None, time.perf_counter() - start)
     return _write(report, path, time.perf_counter() - start, root_only)
 
 
@@ -360,10 +381,26 @@ def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> 
             "--fully-shard CLASS or a config file to shard the model's blocks)"
         )
     if report.profile is not None:
-        print(report.memory.summary().splitlines()[0])
+        print(report.memory.summary())  # the peak, and whether it fits
         print(report.timeline.summary().splitlines()[0])
     print(f"wrote {path} ({seconds:.1f}s)")
     return 0
+
+
+def _check(report: Any, path: Path | None, seconds: float) -> int:
+    """``--check``: whether the plan fits in its machine's memory, as the exit status."""
+    if path is not None:
+        _write(report, path, seconds)
+    else:
+        print(report.summary())
+        print(report.memory.summary().splitlines()[0])
+    memory = report.memory
+    if memory.fits:
+        print(f"check passed: {memory.fit_text()}")
+        return 0
+    warning = next(w for w in report.warnings if w.code == "out_of_memory")
+    print(f"check failed: {warning.message}", file=sys.stderr)
+    return DOES_NOT_FIT
 
 
 def _import_object(spec: str, what: str) -> Any:

@@ -124,7 +124,8 @@ def test_suggest_fits_the_budget_with_least_exposed_communication() -> None:
     assert {r["config"]["policy"] for r in rows} >= {"root only", "per DecoderLayer"}
     assert s.row["fits"] and s.row["peak_bytes"] <= 10 * 2**20
     assert s.row["exposed_comm_s"] == min(r["exposed_comm_s"] for r in rows if r["fits"])
-    assert s.explanation[1].startswith("Proposed:") and "Alternatives:" in s.explanation
+    assert s.explanation[1].startswith("Proposed:")
+    assert "Alternatives, and what each changes against the proposal:" in s.explanation
     again = fsdpviz.analyze(model, ids, world_size=16, **s.kwargs)
     assert again.memory.peak["bytes"] == s.row["peak_bytes"]
     json.dumps(s.to_dict())

@@ -154,11 +154,26 @@ def test_a_failing_memory_model_leaves_a_note(monkeypatch: pytest.MonkeyPatch) -
         raise RuntimeError("no <tape>\nmore detail")
 
     monkeypatch.setattr(fsdpviz.cost.memory, "memory_model", broken)
-    html = report_html(analyze_tiny())
+    report = analyze_tiny()
+    # analyze still gives the plan, and says the fit was not checked
+    [warning] = [w for w in report.warnings if w.code == "fit_not_checked"]
+    assert "the memory model failed (RuntimeError: no <tape>)" in warning.message
+    html = report_html(report)
     text = _text(html)
     assert "peak memory: the memory model failed (RuntimeError: no <tape>)" in text
     assert "more detail" not in text
     assert "blocks.0" in text and html.count("<svg") == 1
+
+
+def test_the_card_says_whether_it_fits() -> None:
+    report = analyze_tiny()
+    text = _text(report_html(report))
+    assert f"✓ {report.memory.fit_text()}" in text
+    assert "fits in H100 SXM 80GB: needs " in text
+    small = analyze_tiny(machine=fsdpviz.cost.machine("h100", memory_gib=0.001))
+    text = _text(report_html(small))
+    assert f"✗ {small.memory.fit_text()}" in text and "does not fit in H100 SXM 80GB" in text
+    assert "out_of_memory" in text  # and among the warnings
 
 
 def test_without_a_profile_the_card_says_why_there_is_no_peak() -> None:

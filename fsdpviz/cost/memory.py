@@ -53,6 +53,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fsdpviz.cost.fit import machine_of, runtime_overhead
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.sizes import unit_bytes
@@ -61,13 +64,19 @@ from fsdpviz.schema.report import Report
 
 
 def memory_model(
-    report: Report, *, optimizer: str | int | None = "adamw", iteration: int = -1
+    report: Report,
+    *,
+    optimizer: str | int | None = "adamw",
+    iteration: int = -1,
+    machine: Machine | str | None = None,
 ) -> MemoryReport:
     """Step through ``report.iterations[iteration]`` and return memory per rank per event.
 
     ``optimizer``: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd_momentum"``,
     an int (states per parameter element) or None. ``iteration``: 0 for the first
-    iteration, -1 (default) for the steady state.
+    iteration, -1 (default) for the steady state. ``machine``: whose device memory the
+    result's ``capacity``, ``fits`` and ``headroom`` are about (a :class:`Machine` or a
+    preset name; default: the report's, see :mod:`fsdpviz.cost.fit`).
 
     Example::
 
@@ -84,6 +93,10 @@ def memory_model(
     walker = Walker(report, sizes, tape(report, i), steady=i > 0, carry=carry)
     walker.run()
     notes = list(walker.notes)
+    if machine is None:
+        m = machine_of(report)
+    else:
+        m = make_machine(machine) if isinstance(machine, str) else machine
     return MemoryReport(
         config={
             "api": report.config.api,
@@ -97,6 +110,9 @@ def memory_model(
         notes=notes,
         moments=walker.moments,
         reserved=reserved_estimate(walker.moments),
+        capacity=int(m.memory_gib * 2**30),
+        overhead=runtime_overhead(report),
+        machine=m.name,
     )
 
 

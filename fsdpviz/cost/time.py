@@ -53,6 +53,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
@@ -65,11 +66,12 @@ from fsdpviz.schema.report import Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
+_GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
 def timeline(
     report: Report,
-    machine: Machine | str = "h100",
+    machine: Machine | str | None = None,
     *,
     iteration: int = -1,
     optimizer: str | int | None = "adamw",
@@ -81,7 +83,8 @@ def timeline(
     """Estimate the optimizer step of ``report.iterations[iteration]`` on ``machine``.
 
     ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h100-hbm2e"``,
-    ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``).
+    ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``); default: the
+    machine the report was planned for (``analyze(..., machine=...)``), else ``"h100"``.
     ``limit_all_gathers``: FSDP1's rate limiter (on by default in FSDP).
 
     Gradient accumulation: a report planned with ``fsdpviz.analyze(..., grad_accum=N)``
@@ -107,7 +110,10 @@ def timeline(
             "steps through them"
         )
     micro_steps = _micro_steps(report, iteration, grad_accum)
-    m = make_machine(machine) if isinstance(machine, str) else machine
+    if machine is None:
+        m = machine_of(report)
+    else:
+        m = make_machine(machine) if isinstance(machine, str) else machine
     if m.float32_matmul_precision is None:
         precision = report.config.float32_matmul_precision or "highest"
         m = replace(m, float32_matmul_precision=precision)
@@ -175,6 +181,7 @@ def timeline(
         if role != "process_group"
     ]
     notes = list(sim.notes) + _notes(report, m, sim, compiled)
+    _rates(sim.compute, m, sim.dtype)
     return Timeline(described, sim.records, sim.compute, totals, notes, sim.hooks, sim.waits, micro)
 
 
@@ -227,6 +234,17 @@ def _notes(report: Report, m: Machine, sim: _Sim, compiled: bool) -> list[str]:
             "measured); the compute is costed eager"
         )
     return notes
+
+
+def _rates(compute: list[dict[str, Any]], m: Machine, dtype: str) -> None:
+    """Each stretch's ``duration``, achieved ``flops_per_s`` and its share of the peak."""
+    peak = m.peak_flops(dtype)
+    for c in compute:
+        dur = c["end"] - c["start"]
+        rate = c["flops"] / dur if dur > 0 else 0.0
+        c["duration"] = dur
+        c["flops_per_s"] = rate
+        c["peak_share"] = rate / peak if peak > 0 else 0.0
 
 
 def _compute_dtype(units: list[Unit]) -> str:
@@ -305,12 +323,17 @@ class _Sim:
         self.t_comm = 0.0
         self.t_copy = 0.0  # CPU offload's host-device copies
         self.h2d_done: dict[str, float] = {}
+        self.h2d_event: dict[str, int] = {}
         self.gate = 0.0  # the next compute waits until then
         self.gate_by: int | None = None
         self.ag_done: dict[str, tuple[float, int]] = {}
         self.copy_out: dict[str, float] = {}  # FSDP2: gathered bytes not yet copied out
         self.frees: list[float] = []  # FSDP1 rate limiter: compute time of unpopped frees
+        self.free_events: list[int] = []  # ... and their event indices
+        self.limited_by = -1  # the free the rate limiter last waited for
         self.last_wait = 0.0
+        self.last_wait_event = -1  # FSDP2: the all-gather whose copy-out sets last_wait
+        self.comm_last = -1  # the event last run on the communication stream
         self.post_forward_mesh: set[str] = set()
         self.records: list[dict[str, Any]] = []
         self.compute: list[dict[str, Any]] = []
@@ -368,6 +391,7 @@ class _Sim:
         if self.tail_wait > 0:
             streams = [r for r in self.records if r["stream"] in ("comm", "copy")]
             last = max(streams, key=lambda r: r["end"])
+            last["exposed"] += self.tail_wait  # the final callback waits for it
             self.waits.append(
                 {"start": self.t_compute, "end": self.t_compute + self.tail_wait,
                  "event": last["index"], "phase": last["phase"], "tail": True}
@@ -382,7 +406,11 @@ class _Sim:
         return {
             "compute_s": self.compute_s,
             "comm_s": sum(r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp")),
-            "exposed_comm_s": sum(r["exposed"] for r in recs) + self.tail_wait,
+            # summed largest first, as Timeline.bottlenecks() lists them (the tail wait is
+            # folded into the exposed time of the collective it waits for): their sum is this
+            "exposed_comm_s": sum(
+                sorted((r["exposed"] for r in recs if r["exposed"] > 0), reverse=True)
+            ),
             "all_gather_bytes": self.bytes.get("all_gather", 0.0),
             "reduce_scatter_bytes": self.bytes.get("reduce_scatter", 0.0)
             + self.bytes.get("all_reduce", 0.0),
@@ -462,7 +490,10 @@ class _Sim:
             # FSDP2's copy-out: the gathered parameters out of the all-gather buffer
             self.pending_copy += self.m.memory_seconds(2 * self.copy_out.pop(unit))
         # FSDP2's next all-gather waits for this unit's copy-out on the compute stream.
-        self.last_wait = max(self.last_wait, self.t_compute, done[0] if done else 0.0)
+        wait = max(self.t_compute, done[0] if done else 0.0)
+        if wait >= self.last_wait:
+            self.last_wait_event = self.records[done[1]]["index"] if done else -1
+        self.last_wait = max(self.last_wait, wait)
 
     def _event(self, index: int) -> None:
         e = self.tape.events[index]
@@ -479,6 +510,17 @@ class _Sim:
             "end": self.t_compute,
             "bytes": 0.0,
             "exposed": 0.0,
+            # why it ran when it did (what Timeline.bottlenecks() explains): the hook that
+            # issued it (and a tensor-parallel collective's module), whether it is a
+            # prefetch, how long FSDP1's rate limiter held the CPU before issuing it, and
+            # what its start waited for ("held": see Timeline) with that event ("held_by")
+            "hook": e.hook,
+            "hook_unit": e.hook_unit,
+            "module": e.module,
+            "prefetch": e.prefetch,
+            "rate_limited_s": 0.0,
+            "held": "",
+            "held_by": -1,
         }
         self.records.append(rec)
         if e.tensor_parallel:
@@ -488,14 +530,17 @@ class _Sim:
             return
         if e.kind == "free":
             self.frees.append(self.t_compute)
+            self.free_events.append(index)
             if e.phase == "forward" and e.unit in self.raf_int:
                 self.post_forward_mesh.add(e.unit)
             return
         if e.kind == "h2d":  # CPU offload: the host shard, before its all-gather
             gate = self._all_gather_gate()
+            rec["rate_limited_s"] = self.t_cpu - rec["issued"]
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
             self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
             self.h2d_done[e.unit] = rec["end"]
+            self.h2d_event[e.unit] = index
             return
         if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
             self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, self.t_comm))
@@ -511,11 +556,19 @@ class _Sim:
             size = u.padded_numel * (share + (1 - share) * compute)
             if share > 0:
                 rec["float8_share"] = share
-            gate = max(self._all_gather_gate(), self.h2d_done.pop(e.unit, 0.0))
+            limiter = self._all_gather_gate()
+            h2d = self.h2d_done.pop(e.unit, 0.0)
+            gate = max(limiter, h2d)
+            rec["rate_limited_s"] = self.t_cpu - rec["issued"]
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
+            held = ("rate_limiter", self.limited_by) if rec["rate_limited_s"] > 0 else ("", -1)
+            if h2d > limiter:
+                held = ("h2d", self.h2d_event.pop(e.unit, -1))
+            elif self.fsdp2:
+                held = ("copy_out", self.last_wait_event)
             # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer
             extra = self.m.memory_seconds(2 * size / ranks) if self.fsdp2 else 0.0
-            self._collective(rec, "all_gather", size, ranks, gate, extra, span)
+            self._collective(rec, "all_gather", size, ranks, gate, extra, span, held)
             if self.fsdp2:
                 self.copy_out[e.unit] = float(size)
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
@@ -524,17 +577,23 @@ class _Sim:
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
             size = u.sharded_numel * reduce
             across = self.spans.get("replicate")
-            self._collective(rec, "all_reduce", size, self.replicas, self.t_compute, 0.0, across)
+            self._collective(
+                rec, "all_reduce", size, self.replicas, self.t_compute, 0.0, across, _GRADS
+            )
         elif e.kind == "all_reduce":  # NO_SHARD: the padded flat gradient over FSDP's group
             size = (u.flat_numel or u.numel) * reduce
             group = self.spans.get("process_group")
-            self._collective(rec, "all_reduce", size, self.pg_ws, self.t_compute, 0.0, group)
+            self._collective(
+                rec, "all_reduce", size, self.pg_ws, self.t_compute, 0.0, group, _GRADS
+            )
         else:
             ranks, size = self.shard_ws, u.padded_numel * reduce
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
             extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
             shard = self.spans["shard"]
-            self._collective(rec, "reduce_scatter", size, ranks, self.t_compute, extra, shard)
+            self._collective(
+                rec, "reduce_scatter", size, ranks, self.t_compute, extra, shard, _GRADS
+            )
 
     def _tensor_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
@@ -565,6 +624,7 @@ class _Sim:
             return self.last_wait
         if self.limit and len(self.frees) >= 2:
             freed = self.frees.pop(0)
+            self.limited_by = self.free_events.pop(0)
             self.t_cpu = max(self.t_cpu, freed)  # the CPU blocks until that free is done
             return freed
         return 0.0
@@ -578,10 +638,17 @@ class _Sim:
         gate: float,
         extra: float = 0.0,
         span: Span | None = None,
+        held: tuple[str, int] = ("", -1),
     ) -> None:
         start = max(self.t_comm, gate, rec["issued"])  # not before the CPU issued it
+        if start > rec["issued"]:
+            stream = start == self.t_comm and self.comm_last >= 0
+            rec["held"], rec["held_by"] = ("stream", self.comm_last) if stream else held
+        elif held[0] == "rate_limiter":  # issued (and started) when the limiter let it
+            rec["held"], rec["held_by"] = held
         dur = self.m.collective_seconds(kind, size, ranks, span) + (extra if ranks > 1 else 0.0)
         rec["start"], rec["end"] = start, start + dur
         rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
         self.bytes[kind] = self.bytes.get(kind, 0.0) + rec["bytes"]
         self.t_comm = start + dur
+        self.comm_last = rec["index"]

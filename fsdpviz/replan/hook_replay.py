@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
@@ -95,9 +96,9 @@ def replay(report: Report, **changes: Any) -> Report:
             f"{', '.join(sorted(REPLAYABLE[api]))}); they change the autograd graph, so call "
             "fsdpviz.analyze again"
         )
-    if api == "FSDP2":
-        return _replay_fsdp2(report, changes)
-    return _replay_fsdp1(report, changes)
+    replayed = _replay_fsdp2(report, changes) if api == "FSDP2" else _replay_fsdp1(report, changes)
+    check_fit(replayed)  # the out_of_memory warning of the new plan, not of the traced one
+    return replayed
 
 
 def _shapes(report: Report) -> dict[str, list[int]]:

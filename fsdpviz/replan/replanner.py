@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import nn
 
 from fsdpviz._gc import answering
+from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.schema.report import Report
@@ -272,8 +273,14 @@ class Replanner:
     ) -> tuple[Report, PlanPath] | None:
         kwargs = self.fsdp_kwargs(opts)
         kwargs.pop("profile", None)
+        machine = kwargs.pop("machine", None)  # analyze's, not an FSDP option
         report = stored.plan(**kwargs)
-        return None if report is None else (report, "stored trace")
+        if report is None:
+            return None
+        if machine is not None:
+            report.config = report.config.replace(machine=machine_spec(machine))
+        check_fit(report)
+        return report, "stored trace"
 
     def fsdp_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
         """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""

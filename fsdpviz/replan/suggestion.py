@@ -16,6 +16,13 @@ plan. Candidates come from the model's structure:
 - FSDP2: pairs of consecutive blocks in one ``fully_shard`` call (fewer, larger
   collectives);
 - the blocks' large children (attention, MLP) instead of the blocks (finer).
+
+FSDP2 plans are tried with ``reshard_after_forward`` True, False, and False on the last
+block only (torchtitan's choice: its backward starts right after the forward ends). Each
+choice is explained by what it changes against the proposed plan, and the proposed plan
+against the usual recipe (one unit per block with FSDP's defaults): exposed
+communication, peak memory, step time, reserved memory, tokens/s
+(``"reshard_after_forward=False on 'layers.3': -3.1 ms exposed, +1.2 GiB peak"``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,10 @@ from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.sweep_table import SweepTable, sweep
+from fsdpviz.schedule.comparison import COSTS, deltas_text
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.timeline import duration_text
 from fsdpviz.trace.copy import check_model
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -46,7 +56,11 @@ class Suggestion:
     ``fully_shard`` / ``FullyShardedDataParallel``); ``plan``: a readable name;
     ``report``: the chosen configuration's :class:`~fsdpviz.Report`; ``table``:
     all candidates (:class:`~fsdpviz.replan.sweep_table.SweepTable`); ``explanation``:
-    lines for people.
+    lines for people; ``baseline``: the usual recipe's row (one unit per block, FSDP's
+    defaults), what the proposal is measured against (None without repeated blocks);
+    ``changes``: per other candidate, what it changes against the proposal (``config``,
+    ``change``: its settings that differ, in words, ``delta``: ``{cost: other - proposed}``
+    for :data:`~fsdpviz.schedule.comparison.COSTS`, ``text``).
     """
 
     plan: str
@@ -55,6 +69,8 @@ class Suggestion:
     report: Report
     table: SweepTable
     explanation: list[str] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    changes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +78,8 @@ class Suggestion:
             "row": dict(self.row),
             "explanation": list(self.explanation),
             "table": self.table.to_dict(),
+            "baseline": None if self.baseline is None else dict(self.baseline),
+            "changes": [dict(c) for c in self.changes],
         }
 
     def __repr__(self) -> str:
@@ -72,7 +90,7 @@ def suggest(
     model: nn.Module,
     inputs: Any,
     *,
-    memory_budget: str | int = "80GiB",
+    memory_budget: str | int | None = None,
     world_size: int = DEFAULT_WORLD_SIZE,
     api: str = "fsdp2",
     machine: Machine | str = "h100",
@@ -82,6 +100,10 @@ def suggest(
     """Evaluate candidate wrap plans and return the one that fits ``memory_budget`` per rank
     with the least exposed communication (then the shortest step, then the lowest peak).
 
+    ``memory_budget``: bytes or ``"60GiB"`` for the peak; default: the ``machine``'s own
+    memory, where the peak and the reserved estimate must both fit after the CUDA context
+    and NCCL (``MemoryReport.fits``).
+
     ``api``: ``"fsdp2"`` (``fully_shard`` lists, with ``reshard_after_forward`` True
     and False) or ``"fsdp1"`` (``auto_wrap_policy``, with ``FULL_SHARD`` /
     ``SHARD_GRAD_OP`` and ``BACKWARD_PRE`` / ``BACKWARD_POST``). ``options`` are
@@ -89,19 +111,21 @@ def suggest(
 
     Example::
 
-        s = fsdpviz.suggest(model, {"input_ids": ids}, memory_budget="80GiB", world_size=64)
-        print(s)                       # the plan and why
+        s = fsdpviz.suggest(model, {"input_ids": ids}, world_size=64, machine="h100")
+        print(s)                       # the plan, why, and what each alternative changes
         fsdpviz.analyze(model, {"input_ids": ids}, world_size=64, **s.kwargs)
     """
     check_model(model, "suggest")
-    budget = parse_bytes(memory_budget)
+    budget = None if memory_budget is None else parse_bytes(memory_budget)
     kind = api.lower()
     if kind not in ("fsdp1", "fsdp2"):
         raise ConfigError(f"api must be 'fsdp1' or 'fsdp2', got {api!r}")
     plans = _candidates(model, kind)
     axes: dict[str, Any]
     if kind == "fsdp2":
-        axes = {"reshard_after_forward": [True, False]}
+        last = _last_block(model)
+        extra = [{last: False}] if last is not None else []
+        axes = {"reshard_after_forward": [True, False, *extra]}
     else:
         from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 
@@ -120,10 +144,14 @@ def suggest(
         **axes,
         **options,
     )
+    if budget is None:  # the machine's memory: peak and reserved, after CUDA and NCCL
+        for r in table.rows:
+            r["fits"] = r["headroom_bytes"] >= 0
+        table.budget = min(r["peak_bytes"] + r["headroom_bytes"] for r in table.rows)
     fitting = [r for r in table.rows if r["fits"]]
     pool = fitting or table.rows
     key: Callable[[dict[str, Any]], Any] = (
-        (lambda r: (r["exposed_comm_s"], r["step_s"], r["peak_bytes"]))
+        (lambda r: (round(r["exposed_comm_s"], 9), round(r["step_s"], 9), r["peak_bytes"]))
         if fitting
         else (lambda r: r["peak_bytes"])
     )
@@ -132,8 +160,65 @@ def suggest(
     name = best["config"]["policy"]
     kwargs = {**plans[name], **{k: v for k, v in _values(best, axes).items()}}
     m = make_machine(machine) if isinstance(machine, str) else machine
-    lines = _explain(best, table, budget, world_size, m, optimizer, bool(fitting))
-    return Suggestion(name, kwargs, best, table.reports[i], table, lines)
+    baseline = _baseline(table, plans, kind)
+    changes = [_change(best, r) for r in table.rows if r is not best]
+    lines = _explain(best, table, budget, world_size, m, optimizer, bool(fitting), baseline)
+    return Suggestion(name, kwargs, best, table.reports[i], table, lines, baseline, changes)
+
+
+def _costs(row: dict[str, Any]) -> dict[str, float]:
+    return {k: float(row[k]) for k in COSTS}
+
+
+def _change(best: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """What choosing ``row`` instead of ``best`` changes: its different settings, the deltas."""
+    a, b = _costs(best), _costs(row)
+    change = _settings(best["config"], row["config"])
+    return {
+        "config": dict(row["config"]),
+        "change": change,
+        "delta": {k: b[k] - a[k] for k in COSTS},
+        "text": f"{change}: {deltas_text(a, b)}",
+    }
+
+
+def _settings(base: dict[str, Any], other: dict[str, Any]) -> str:
+    """The settings of ``other`` that differ from ``base``, in words."""
+    parts = []
+    for key, value in other.items():
+        if base.get(key) == value:
+            continue
+        if key == "policy":
+            parts.append(f"wrap {value}")
+        elif key == "reshard_after_forward" and isinstance(value, dict):
+            units = ", ".join(repr(u) for u in value)
+            parts.append(f"reshard_after_forward=False on {units} only")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts) or "the same settings"
+
+
+def _baseline(
+    table: SweepTable, plans: dict[str, dict[str, Any]], api: str
+) -> dict[str, Any] | None:
+    """The usual recipe's row: one unit per block, FSDP's defaults (FSDP2: resharding after
+    forward; FSDP1: FULL_SHARD, BACKWARD_PRE)."""
+    usual = {"reshard_after_forward": True} if api == "fsdp2" else {
+        "sharding_strategy": "FULL_SHARD", "backward_prefetch": "BACKWARD_PRE"
+    }  # fmt: skip
+    per_block = next((p for p in plans if p.startswith("per ") and "+" not in p), None)
+    for r in table.rows:
+        cfg = r["config"]
+        if cfg.get("policy") == per_block and all(cfg.get(k) == v for k, v in usual.items()):
+            return r
+    return None
+
+
+def _last_block(model: nn.Module) -> str | None:
+    named = dict(model.named_modules())
+    block = _block_class(named, sum(p.numel() for p in model.parameters()))
+    blocks = [n for n, m in named.items() if block is not None and type(m) is block]
+    return blocks[-1] if len(blocks) >= 2 else None
 
 
 def _values(row: dict[str, Any], axes: dict[str, Any]) -> dict[str, Any]:
@@ -147,48 +232,68 @@ def _values(row: dict[str, Any], axes: dict[str, Any]) -> dict[str, Any]:
 def _explain(
     best: dict[str, Any],
     table: SweepTable,
-    budget: int,
+    budget: int | None,
     world_size: int,
     m: Machine,
     optimizer: str | int | None,
     fits: bool,
+    baseline: dict[str, Any] | None,
 ) -> list[str]:
-    gib = 2**30
-    cfg = ", ".join(f"{k}={v}" for k, v in best["config"].items())
+    cfg = ", ".join(f"{k}={_value(v)}" for k, v in best["config"].items())
+    room = (
+        f"Budget {size_text(budget)} per rank"
+        if budget is not None
+        else f"{m.name}'s memory ({m.memory_gib:g} GiB, less the CUDA context and NCCL)"
+    )
     lines = [
-        f"Budget {budget / gib:.1f} GiB per rank, {world_size} ranks, optimizer {optimizer}, "
+        f"{room}, {world_size} ranks, optimizer {optimizer}, "
         f"{m.name} ({m.network}); {len(table.rows)} configurations from {table.traces} traces.",
     ]
+    limit = budget if budget is not None else best["peak_bytes"] + best["headroom_bytes"]
     if fits:
         lines.append(
-            f"Proposed: {cfg}. Peak {best['peak_gib']:.1f} GiB ({best['peak_bytes'] / budget:.0%} "
-            f"of the budget) {best['peak_where']}, dominated by {best['dominant']}; exposed "
-            f"communication {best['exposed_comm_s'] * 1e3:.1f} ms of a "
-            f"{best['step_s'] * 1e3:.1f} ms step; {best['bytes_moved'] / 1e9:.2f} GB moved "
-            "per rank."
+            f"Proposed: {cfg}. Peak {size_text(best['peak_bytes'])} "
+            f"({best['peak_bytes'] / limit:.0%} of the budget) {best['peak_where']}, dominated "
+            f"by {best['dominant']}; exposed communication "
+            f"{duration_text(best['exposed_comm_s'])} of a {duration_text(best['step_s'])} "
+            f"step; {best['bytes_moved'] / 1e9:.2f} GB moved per rank."
         )
         n = sum(1 for r in table.rows if r["fits"])
         lines.append(
             f"Why: {n} of {len(table.rows)} configurations fit; this one exposes the least "
-            "communication (ties broken by step time, then peak memory)."
+            "communication (ties, to the nanosecond, broken by step time, then peak memory)."
         )
+        if baseline is not None and baseline is not best:
+            against = ", ".join(f"{k}={_value(v)}" for k, v in baseline["config"].items())
+            lines.append(
+                f"Against the usual recipe ({against}): "
+                f"{deltas_text(_costs(baseline), _costs(best))}."
+            )
+        elif baseline is best:
+            lines.append("This is the usual recipe (one unit per block, FSDP's defaults).")
     else:
         lines.append(
-            f"Nothing fits. The lowest peak is {best['peak_gib']:.1f} GiB with {cfg}, "
+            f"Nothing fits. The lowest peak is {size_text(best['peak_bytes'])} with {cfg}, "
             f"dominated by {best['dominant']}: add ranks, use activation checkpointing or "
             "mixed precision, or lower the batch."
         )
-    lines.append("Alternatives:")
+    lines.append("Alternatives, and what each changes against the proposal:")
     for r in sorted(table.rows, key=lambda r: (not r["fits"], r["exposed_comm_s"])):
         if r is best:
             continue
         verdict = "fits" if r["fits"] else "over budget"
-        name = ", ".join(f"{k}={v}" for k, v in r["config"].items())
         lines.append(
-            f"  {name}: peak {r['peak_gib']:.1f} GiB ({verdict}, {r['dominant']}), exposed "
-            f"{r['exposed_comm_s'] * 1e3:.1f} ms, step {r['step_s'] * 1e3:.1f} ms"
+            f"  {_change(best, r)['text']} (peak {size_text(r['peak_bytes'])}, {verdict}, "
+            f"{r['dominant']}; exposed {duration_text(r['exposed_comm_s'])}, step "
+            f"{duration_text(r['step_s'])})"
         )
     return lines
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "False on " + ", ".join(repr(k) for k in value) + " only"
+    return str(value)
 
 
 # ---------------------------------------------------------------- candidates

@@ -98,7 +98,11 @@ class SweepTable:
                 f"peak is {min(r['peak_gib'] for r in self.rows):.1f} GiB. Add ranks, shard "
                 "finer, or use activation checkpointing"
             )
-        return min(fitting, key=lambda r: (r["exposed_comm_s"], r["step_s"], r["peak_bytes"]))
+        # times equal to the nanosecond are a tie: the lower peak wins
+        return min(
+            fitting,
+            key=lambda r: (round(r["exposed_comm_s"], 9), round(r["step_s"], 9), r["peak_bytes"]),
+        )
 
     def summary(self) -> str:
         cols = (
@@ -142,7 +146,10 @@ def sweep(
     list are swept. ``policies`` maps a name to a wrap plan: an FSDP1
     ``auto_wrap_policy``, a list for FSDP2's ``fully_shard=``, or a dict of
     ``analyze`` keywords (``{"fully_shard": fn}`` for an FSDP2 callable).
-    ``memory_budget`` (``"80GiB"``) marks the rows that fit.
+    ``memory_budget`` (``"80GiB"``) marks the rows that fit (``fits``: the peak within it);
+    ``headroom_bytes`` is what each row leaves of the ``machine``'s memory
+    (``MemoryReport.headroom``: negative where it does not fit there), ``reserved_bytes``
+    the allocator's reserved estimate. The reports are planned for ``machine``.
 
     Example::
 
@@ -172,7 +179,7 @@ def sweep(
         key = (plan_name, *(_label(kw[k]) for k in sorted(kw) if k in AXES and k not in changes))
         base = traced.get(key)
         if base is None:
-            report = traced[key] = _analyze(model, inputs, kw)
+            report = traced[key] = _analyze(model, inputs, kw, machine)
             from_trace = True
         else:
             report = replay(base, **changes)
@@ -184,10 +191,10 @@ def sweep(
     return SweepTable(rows, len(traced), replays, time.perf_counter() - t0, budget, reports)
 
 
-def _analyze(model: nn.Module, inputs: Any, kw: dict[str, Any]) -> Report:
+def _analyze(model: nn.Module, inputs: Any, kw: dict[str, Any], machine: Machine | str) -> Report:
     from fsdpviz.schedule.predict import analyze
 
-    kw = {"progress": False, **kw}
+    kw = {"progress": False, "machine": machine, **kw}
     return analyze(model, inputs, **kw)
 
 
@@ -239,7 +246,7 @@ def _row(
     iteration: int,
     limit: bool,
 ) -> dict[str, Any]:
-    mem = memory_model(report, optimizer=optimizer, iteration=iteration)
+    mem = memory_model(report, optimizer=optimizer, iteration=iteration, machine=machine)
     tl = timeline(
         report, machine, iteration=iteration, optimizer=optimizer, limit_all_gathers=limit
     )
@@ -252,6 +259,8 @@ def _row(
         "units": len(report.units),
         "peak_bytes": peak,
         "peak_gib": peak / 2**30,
+        "reserved_bytes": int(mem.reserved.get("bytes", 0)),
+        "headroom_bytes": mem.headroom,
         "peak_where": mem.peak["where"],
         "dominant": mem.peak["dominant"],
         "fits": None if budget is None else peak <= budget,

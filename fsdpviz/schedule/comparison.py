@@ -1,10 +1,17 @@
-"""Two plans side by side: "is my FSDP2 wrapping the same as my FSDP1 policy?".
+"""Two plans side by side: "is my FSDP2 wrapping the same as my FSDP1 policy?", and "what
+changes if I switch?".
 
 Units are matched by the parameters they hold (FSDP1 names a unit by its
-module, FSDP2 by its group's modules, so names alone cannot match them). For
+module, FSDP2 by its group's modules, so names alone cannot match them; the
+prefixes activation checkpointing and ``torch.compile`` wrappers add are left out). For
 each matched pair the comparison gives bytes per rank, position in the forward
 order, how it is prefetched in backward and its event counts; parameters that
 moved to another unit and units with no counterpart are listed.
+
+What each plan costs, from the memory and time model (``report.memory`` and
+``report.timeline``, each on the report's own machine): peak memory, the reserved
+estimate, step time, exposed communication and tokens/s, side by side with the
+difference (:data:`COSTS`). Two plans are identical only when these are too.
 """
 
 from __future__ import annotations
@@ -14,7 +21,21 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fsdpviz.schema.extensions import show_method
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report, Unit, unit_label
+from fsdpviz.schema.timeline import duration_text
+
+COSTS = ("peak_bytes", "reserved_bytes", "step_s", "exposed_comm_s", "tokens_per_s")
+"""What a comparison costs each plan at: peak allocated and reserved bytes per rank
+(``report.memory``), step time, exposed communication and tokens/s per GPU
+(``report.timeline``)."""
+_LABELS = {
+    "peak_bytes": "peak",
+    "reserved_bytes": "reserved",
+    "step_s": "step",
+    "exposed_comm_s": "exposed",
+    "tokens_per_s": "tokens/s",
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,9 @@ class Comparison:
     moved_params: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     bytes_per_rank: tuple[int, int] = (0, 0)
     events: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    costs: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """``{name: (a, b)}`` for each of :data:`COSTS`; empty when a plan has no trace profile
+    (a recording, ``trace="fx"``), so its activations and compute are unknown."""
     reports: tuple[Report, Report] | None = field(default=None, repr=False, compare=False)
     """The two plans compared (what :meth:`show` draws); not part of :meth:`to_dict`."""
 
@@ -73,31 +97,53 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
-        """Same wrapping, bytes, order, prefetch and event counts."""
-        return self.same_wrapping and not any(p.differs for p in self.pairs)
+        """Same wrapping, bytes, order, prefetch and event counts, and the same costs."""
+        same_plan = self.same_wrapping and not any(p.differs for p in self.pairs)
+        return same_plan and not self.cost_differs
+
+    @property
+    def cost_differs(self) -> list[str]:
+        """The costs (of :data:`COSTS`) that differ between the two plans."""
+        return [k for k, (a, b) in self.costs.items() if not _same(a, b)]
+
+    def delta(self, name: str) -> float:
+        """``b - a`` of a cost (``"peak_bytes"``, ``"step_s"``, ...)."""
+        a, b = self.costs[name]
+        return b - a
 
     @property
     def verdict(self) -> str:
         """``identical``, ``different wrapping``, or what differs with the same wrapping:
-        the schedule (forward order, prefetch, events) and/or the bytes per rank."""
+        the schedule (forward order, prefetch, events), the bytes per rank, and the costs
+        (``different memory`` / ``different time`` where only those differ)."""
         if self.identical:
             return "identical"
         if not self.same_wrapping:
             return "different wrapping"
         aspects = {d for p in self.pairs for d in p.differs}
         schedule = bool(aspects & {"forward order", "backward prefetch", "events"})
+        if not schedule and "bytes per rank" not in aspects:
+            return f"same wrapping and schedule, {self._costs_word()}"
         if not schedule:
             return "same wrapping and schedule, different bytes per rank"
         if "bytes per rank" in aspects:
             return "same wrapping, different schedule and bytes per rank"
         return "same wrapping, different schedule"
 
+    def _costs_word(self) -> str:
+        memory = {"peak_bytes", "reserved_bytes"} & set(self.cost_differs)
+        time = {"step_s", "exposed_comm_s", "tokens_per_s"} & set(self.cost_differs)
+        what = [w for w, on in (("memory", memory), ("time", time)) if on]
+        return "different " + " and ".join(what)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(replace(self, reports=None))
         del d["reports"]
+        d["costs"] = {k: list(v) for k, v in self.costs.items()}
         d["verdict"] = self.verdict
         d["same_wrapping"] = self.same_wrapping
         d["identical"] = self.identical
+        d["cost_differs"] = self.cost_differs
         for row, pair in zip(d["pairs"], self.pairs, strict=True):
             row["differs"] = pair.differs
         return d
@@ -118,6 +164,7 @@ class Comparison:
         a, b = self.name_a, self.name_b
         lines = [
             f"{a} vs {b}: {self.verdict}",
+            *self.cost_lines(),
             f"  bytes per rank: {self.bytes_per_rank[0]:,} vs {self.bytes_per_rank[1]:,}",
             f"  steady-state events: {_counts(self.events[0])} vs {_counts(self.events[1])}",
         ]
@@ -131,8 +178,76 @@ class Comparison:
             lines.append(f"  parameter {param}: unit {_name(ua)} in {a}, {_name(ub)} in {b}")
         return "\n".join(lines)
 
+    def cost_lines(self) -> list[str]:
+        """The costs side by side: ``"  peak: 23.9 MiB vs 22.4 MiB (-1.5 MiB, -6%)"``."""
+        if not self.costs:
+            return ["  costs: not modelled (a plan has no trace profile)"]
+        lines = []
+        for k in COSTS:
+            if k not in self.costs:
+                continue
+            a, b = self.costs[k]
+            change = "same" if _same(a, b) else signed_text(k, b - a) + _percent(a, b)
+            lines.append(f"  {_LABELS[k]}: {cost_text(k, a)} vs {cost_text(k, b)} ({change})")
+        return lines
+
     def __repr__(self) -> str:
         return self.summary()
+
+
+def plan_costs(report: Report) -> dict[str, float]:
+    """A plan's :data:`COSTS` from its memory and time model (``report.memory`` and
+    ``report.timeline``, computed once per report); ``{}`` without a trace profile.
+
+    Example::
+
+        plan_costs(report)["peak_bytes"] / 2**30
+    """
+    if report.profile is None or not report.iterations or not report.units:
+        return {}
+    memory, totals = report.memory, report.timeline.totals
+    return {
+        "peak_bytes": float(memory.peak["bytes"]),
+        "reserved_bytes": float(memory.reserved.get("bytes", 0)),
+        "step_s": totals["step_s"],
+        "exposed_comm_s": totals["exposed_comm_s"],
+        "tokens_per_s": totals.get("tokens_per_s", 0.0),
+    }
+
+
+def cost_text(name: str, value: float) -> str:
+    """One cost as people read it: bytes in GiB/MiB, times in ms/µs, tokens/s with commas."""
+    if name.endswith("_bytes"):
+        return size_text(value)
+    if name == "tokens_per_s":
+        return f"{value:,.0f}"
+    return duration_text(value)
+
+
+def signed_text(name: str, delta: float) -> str:
+    """A difference of a cost with its sign: ``"+1.2 GiB"``, ``"-3.1 ms"``."""
+    sign = "+" if delta > 0 else "-"
+    return sign + cost_text(name, abs(delta))
+
+
+def deltas_text(a: dict[str, float], b: dict[str, float]) -> str:
+    """What going from costs ``a`` to ``b`` changes in exposed communication, peak memory
+    and step time, the differences only: ``"-3.1 ms exposed, +1.2 GiB peak"`` (``"no
+    change"`` when none)."""
+    parts = [
+        f"{signed_text(k, b[k] - a[k])} {_LABELS[k]}"
+        for k in ("exposed_comm_s", "peak_bytes", "step_s")
+        if k in a and k in b and not _same(a[k], b[k])
+    ]
+    return ", ".join(parts) or "no change"
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def _percent(a: float, b: float) -> str:
+    return f", {(b - a) / a:+.0%}" if a else ""
 
 
 def _name(unit: str | None) -> str:
@@ -144,8 +259,26 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
 
 
+# Wrappers that insert themselves into parameter names, as FSDP's own clean_tensor_name
+# strips them: activation checkpointing's, FSDP1's and torch.compile's.
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+def clean_name(fqn: str) -> str:
+    """A parameter's name without the wrappers' prefixes, so a plan with activation
+    checkpointing matches the same model without it:
+    ``"layers.0._checkpoint_wrapped_module.mlp.weight"`` -> ``"layers.0.mlp.weight"``."""
+    for w in _WRAPPERS:
+        fqn = fqn.replace(w, "")
+    return fqn
+
+
+def _params(unit: Unit) -> frozenset[str]:
+    return frozenset(clean_name(p) for p in unit.params)
+
+
 def _unit_of_param(report: Report) -> dict[str, str]:
-    return {p: u.module for u in report.units for p in u.params}
+    return {clean_name(p): u.module for u in report.units for p in u.params}
 
 
 def _facts(report: Report) -> tuple[dict[str, int], dict[str, bool], dict[str, Counter[str]]]:
@@ -159,7 +292,8 @@ def _facts(report: Report) -> tuple[dict[str, int], dict[str, bool], dict[str, C
 
 
 def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Comparison:
-    """Compare two plans unit by unit.
+    """Compare two plans unit by unit, and what each costs (:data:`COSTS`, from
+    ``report.memory`` and ``report.timeline`` on each report's machine).
 
     Example::
 
@@ -167,9 +301,10 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         fsdp2 = fsdpviz.analyze(model, ids, fully_shard=[Block])
         cmp = fsdpviz.compare(fsdp1, fsdp2)
         cmp.same_wrapping, print(cmp)
+        cmp.costs["peak_bytes"], cmp.delta("exposed_comm_s")
     """
     name_a, name_b = names or (_label(a), _label(b))
-    units_b = {frozenset(u.params): u for u in b.units if u.params}
+    units_b = {_params(u): u for u in b.units if u.params}
     order_a, pref_a, ev_a = _facts(a)
     order_b, pref_b, ev_b = _facts(b)
     pairs: list[UnitPair] = []
@@ -177,7 +312,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
     for ua in a.units:
         if not ua.params:
             continue
-        ub = units_b.get(frozenset(ua.params))
+        ub = units_b.get(_params(ua))
         if ub is not None:
             matched_b.add(ub.module)
         pair = _pair(ua, ub, order_a, order_b, pref_a, pref_b, ev_a, ev_b)
@@ -198,7 +333,9 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
     }
     total = (sum(u.sharded_bytes for u in a.units), sum(u.sharded_bytes for u in b.units))
     counts = (_kinds(a), _kinds(b))
-    return Comparison(name_a, name_b, pairs, moved, total, counts, (a, b))
+    cost_a, cost_b = plan_costs(a), plan_costs(b)
+    costs = {k: (cost_a[k], cost_b[k]) for k in COSTS if k in cost_a and k in cost_b}
+    return Comparison(name_a, name_b, pairs, moved, total, counts, costs, (a, b))
 
 
 def bytes_note(ua: Unit, ub: Unit, a: Report, b: Report) -> str:
@@ -234,7 +371,7 @@ def _padding(report: Report, unit: Unit, ranks: int) -> str:
 
 def _group_of(unit_of: dict[str, str], param: str, report: Report) -> frozenset[str] | None:
     unit = unit_of.get(param)
-    return None if unit is None else frozenset(report.unit(unit).params)
+    return None if unit is None else _params(report.unit(unit))
 
 
 def _kinds(report: Report) -> dict[str, int]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.report import Report
 
 
@@ -26,7 +27,11 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
       ``"real"`` (runs a copy on the model's own device, for models that cannot
       run on meta),
     - ``shard_group_size`` for hybrid sharding (ranks per shard group),
-    - ``progress``: show a progress bar (default: only when tracing is slow).
+    - ``progress``: show a progress bar (default: only when tracing is slow),
+    - ``machine``: the GPU the plan is for, a preset name (``"h100"``, the default,
+      ``"h200"``, ``"a100-40gb"``, ...) or an :class:`fsdpviz.cost.Machine`: what
+      ``report.timeline`` models and ``report.memory.fits`` checks. A plan whose peak
+      does not fit in its memory gets an ``out_of_memory`` warning.
 
     FSDP2: pass ``fully_shard=[...]`` (module classes, FQNs, tuples of FQNs
     for one grouped call, or a callable ``(name, module) -> bool``) with
@@ -52,10 +57,18 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     from fsdpviz.trace.copy import check_model
 
     check_model(model)
+    given = fsdp_kwargs.pop("machine", None)
+    # the cost model (a layer above) checks and answers for the machine
+    machine = None if given is None else report_method("machine_spec")(given)
     if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
         from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 
-        return analyze_fsdp2(model, inputs, **fsdp_kwargs)
-    from fsdpviz.schedule.fsdp1 import analyze_fsdp1
+        report = analyze_fsdp2(model, inputs, **fsdp_kwargs)
+    else:
+        from fsdpviz.schedule.fsdp1 import analyze_fsdp1
 
-    return analyze_fsdp1(model, inputs, **fsdp_kwargs)
+        report = analyze_fsdp1(model, inputs, **fsdp_kwargs)
+    if machine is not None:
+        report.config = report.config.replace(machine=machine)
+    report_method("check_fit")(report)
+    return report

@@ -91,6 +91,9 @@ class ReportConfig(Mapping[str, Any]):
     # how a prediction was made
     trace: TraceMode | None = None
     replayed: bool = False  # predicted from another report's trace (fsdpviz.replan.replay)
+    # the machine the plan is modelled on (analyze(..., machine=...)): a GPU preset's name or a
+    # Machine's constants (fsdpviz.cost.fit); None: the H100 preset
+    machine: str | Mapping[str, Any] | None = None
     # recordings
     rank: int | None = None
     backend: str | None = None

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-ReportMethod = Literal["memory", "timeline", "module_graph", "unit_graph", "show", "save", "card"]
+ReportMethod = Literal[
+    "memory", "timeline", "module_graph", "unit_graph", "show", "save", "card",
+    "check_fit", "machine_spec",
+]  # fmt: skip
+"""``check_fit`` (``fn(report)``: set its ``out_of_memory`` warning) and ``machine_spec``
+(``fn(spec)``: a machine as ``ReportConfig.machine`` holds it) are what ``analyze`` asks of
+the cost model, which sits above it."""
 RunMethod = Literal["show", "save", "card"]
 Owner = Literal["comparison", "sweep"]
 F = TypeVar("F", bound=Callable[..., Any])

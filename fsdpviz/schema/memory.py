@@ -59,11 +59,14 @@ class MemoryReport:
     reached while the unit's forward / backward ran (FSDPMemTracker's per-module peaks).
     ``moments``: every point the model looked at the bytes in use, the peak among them
     (``peak["moment"]``); :func:`fsdpviz.cost.memory_lane` gives them as the timeline draws them.
+    Will it fit: ``capacity`` (the machine's device memory), ``overhead`` (what the CUDA
+    context and NCCL take of it), ``fits``, ``headroom`` and ``fit_text()``.
 
     Example::
 
         mem = fsdpviz.cost.memory_model(report, optimizer="adamw")
         mem.peak["bytes"] / 2**30, mem.peak["dominant"]
+        mem.fits, mem.headroom / 2**30  # on the report's machine (default: H100 80GB)
         mem.arrays()["total"]          # per event, ready to plot
         mem.to_pandas()                # needs pandas
     """
@@ -78,6 +81,55 @@ class MemoryReport:
     reserved: dict[str, Any] = field(default_factory=dict)
     """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
     (``compute``, ``all_gather``, ``reduce_scatter``: each stream's own peak)."""
+    capacity: int = 0
+    """Bytes of device memory of the modelled machine (``Machine.memory_gib``)."""
+    overhead: int = 0
+    """Bytes of it the CUDA context and NCCL take, which tensors cannot use (see
+    :func:`fsdpviz.cost.fit.runtime_overhead`)."""
+    machine: str = ""
+    """The modelled machine's name (``"H100 SXM 80GB"``)."""
+
+    @property
+    def usable(self) -> int:
+        """Bytes left for tensors: ``capacity`` less ``overhead``."""
+        return self.capacity - self.overhead
+
+    @property
+    def needed(self) -> int:
+        """What the step needs of it: the peak allocated, or the reserved estimate when
+        that is larger (the allocator holds what it reserved)."""
+        return max(int(self.peak.get("bytes", 0)), int(self.reserved.get("bytes", 0)))
+
+    @property
+    def headroom(self) -> int:
+        """Bytes left over at the peak: ``usable - needed`` (negative: short by that much)."""
+        return self.usable - self.needed
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak allocated and the reserved estimate both fit in ``usable``."""
+        return self.capacity > 0 and self.headroom >= 0
+
+    def fit_text(self) -> str:
+        """The answer in words: ``"fits in H100 SXM 80GB: needs 12.3 GiB of 78.5 GiB (66.2
+        GiB headroom)"`` or ``"does not fit in ...: needs 182 GiB ..."``."""
+        if self.capacity <= 0:
+            return "fit not checked: no device memory given"
+        need = size_text(self.needed)
+        of = (
+            f"{size_text(self.usable)} usable ({size_text(self.capacity)} less "
+            f"{size_text(self.overhead)} for the CUDA context and NCCL)"
+        )
+        what = "reserved" if self.needed > int(self.peak.get("bytes", 0)) else "peak"
+        if self.fits:
+            return (
+                f"fits in {self.machine}: needs {need} ({what}) of {of}, "
+                f"{size_text(self.headroom)} headroom"
+            )
+        return (
+            f"does not fit in {self.machine}: needs {need} ({what}) of {of}, "
+            f"{size_text(-self.headroom)} short"
+        )
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
@@ -101,13 +153,19 @@ class MemoryReport:
             "unit_peaks": {k: dict(v) for k, v in self.unit_peaks.items()},
             "notes": list(self.notes),
             "reserved": {**self.reserved, "pools": dict(self.reserved.get("pools", {}))},
+            "capacity": self.capacity,
+            "overhead": self.overhead,
+            "machine": self.machine,
+            "fits": self.fits,
+            "headroom": self.headroom,
         }
 
     def summary(self) -> str:
         p = self.peak
         parts = ", ".join(f"{k} {gib_text(v)}" for k, v in p["breakdown"].items() if v)
         peak = gib_text(p["bytes"])
-        return f"peak {peak} per rank {p['where']}; dominated by {p['dominant']} ({parts})"
+        text = f"peak {peak} per rank {p['where']}; dominated by {p['dominant']} ({parts})"
+        return text + "\n" + self.fit_text() if self.capacity > 0 else text
 
     def __repr__(self) -> str:
         return f"MemoryReport({self.summary()})"
@@ -118,3 +176,13 @@ def gib_text(n: float) -> str:
     if n >= 2**28:
         return f"{n / 2**30:.2f} GiB"
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def size_text(n: float) -> str:
+    """Bytes to three significant figures: ``"78.5 GiB"``, ``"182 GiB"``, ``"34.0 MiB"``,
+    ``"16 B"``, ``"-512.0 MiB"``."""
+    if n < 0:
+        return "-" + size_text(-n)
+    if n >= 2**30:
+        return f"{n / 2**30:.3g} GiB"
+    return gib_text(n) if n >= 2**10 else f"{n:,.0f} B"

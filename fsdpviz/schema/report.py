@@ -85,6 +85,7 @@ from typing import Any, Literal
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.memory import MemoryReport
+from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.timeline import Timeline
 
@@ -94,17 +95,6 @@ SCHEMA_VERSION = 1
 def dtype_name(dtype: Any) -> str | None:
     """``torch.bfloat16`` -> ``"bfloat16"`` (None stays None), as reports store dtypes."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def unit_label(fqn: str | None) -> str:
-    """A unit or module as every text shows it: quoted, ``(root)`` for the root (FQN ``""``).
-
-    ``unit_label("layers.0")`` -> ``"'layers.0'"``; ``unit_label("")`` -> ``"(root)"``;
-    ``None`` (no unit) -> ``"?"``.
-    """
-    if fqn is None:
-        return "?"
-    return "(root)" if fqn == "" else repr(fqn)
 
 
 EventKind = Literal[

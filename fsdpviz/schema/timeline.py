@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.tables import dataframe
 
 
@@ -18,12 +19,20 @@ class Timeline:
     ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``, ``issued``
     (when the CPU issued it: the CPU clock when its hook ran, after any wait of FSDP1's rate
     limiter; never after ``start``), ``compute_t`` (where the compute stream is at that
-    hook: a free takes effect there), ``start``, ``end``, ``bytes`` (sent by this rank) and
-    ``exposed`` (compute time lost waiting for it). ``compute``: per stretch of compute
-    ``hook``, ``unit`` (the hook call it precedes), ``owner`` (whose forward or backward it
-    is: the unit a pre-forward or pre-backward hook opened last and no post hook closed yet,
-    ``""`` outside every unit), ``phase``, ``next_event`` (the first event issued at or
-    after that hook call), ``start``, ``end``, ``flops``. ``totals``: ``step_s``,
+    hook: a free takes effect there), ``start``, ``end``, ``bytes`` (sent by this rank),
+    ``exposed`` (compute time lost waiting for it, the step's tail waiting for the last
+    collective included), and why it ran when it did: ``hook`` and ``hook_unit`` (who issued
+    it), ``prefetch``, ``rate_limited_s`` (how long FSDP1's rate limiter held the CPU before
+    issuing it), ``held`` (what its start waited for beyond its issue: ``"stream"``, the
+    collective before it; ``"copy_out"``, FSDP2's copy-out of the all-gather ``held_by``;
+    ``"h2d"``, its shard's copy to the device; ``"compute"``, the compute producing its
+    gradients; ``"rate_limiter"``, issued when the limiter let it; ``""``) and ``held_by``
+    (that event, -1 for none). ``compute``: per stretch of compute ``hook``, ``unit`` (the
+    hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
+    pre-forward or pre-backward hook opened last and no post hook closed yet, ``""`` outside
+    every unit), ``phase``, ``next_event`` (the first event issued at or after that hook
+    call), ``start``, ``end``, ``duration``, ``flops``, ``flops_per_s`` (achieved) and
+    ``peak_share`` (of the GPU's dense peak in the compute dtype). ``totals``: ``step_s``,
     ``compute_s``, ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication
     hidden by compute), ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and
     the exposed communication by phase of the collective waited for, ``exposed_forward_s``
@@ -48,10 +57,13 @@ class Timeline:
     optimizer step). ``machine["topology"]``: where each mesh dimension's groups sit
     (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``).
 
+    Why is it slow: :meth:`bottlenecks` ranks the waits; :meth:`bottleneck_table` prints them.
+
     Example::
 
         tl = fsdpviz.cost.timeline(report, machine("a100", network="roce-100"))
         tl.totals["exposed_comm_s"], tl.summary()
+        tl.bottlenecks()[0]["reason"]
     """
 
     machine: dict[str, Any]
@@ -101,6 +113,100 @@ class Timeline:
     def __repr__(self) -> str:
         return f"Timeline({self.summary()})"
 
+    def bottlenecks(self) -> list[dict[str, Any]]:
+        """The collectives the compute waited for, most exposed time first.
+
+        One mapping per event with exposed time: ``unit``, ``kind``, ``phase``, ``exposed_s``
+        (compute time lost waiting for it), ``share`` (of the step's exposed communication),
+        ``cause`` (``"first"``: the step's first all-gather, with no compute before it;
+        ``"not_prefetched"``: its own hook issued it when its compute needed it;
+        ``"rate_limited"``: FSDP1's ``limit_all_gathers`` held its issue; ``"queued"``:
+        behind other collectives on the communication stream; ``"copy_out"``: FSDP2 waits
+        for the previous all-gather's copy-out; ``"cpu_offload"``: its shard's copy to the
+        device; ``"short_window"``: prefetched, but with less compute ahead than it takes;
+        ``"tensor_parallel"``: tensor parallelism's collective, needed at once; ``"tail"``:
+        the step's end waits for it after the last compute), ``reason`` in words, and
+        ``event``, ``hook``, ``hook_unit``, ``prefetch``, ``issued``, ``start``, ``end``,
+        ``duration_s``, ``needed_at`` (when the compute wanted it; None for a tail) and
+        ``tail_s`` (the part of ``exposed_s`` spent at the step's tail).
+
+        The ``exposed_s`` add up to ``totals["exposed_comm_s"]`` exactly, summed in this
+        order (``sum(b["exposed_s"] for b in tl.bottlenecks())``). Under gradient
+        accumulation the events are the step's last micro-step's, and they add up to its own
+        exposed communication, ``micro_steps[-1]["exposed_comm_s"]``.
+
+        Example::
+
+            for b in report.timeline.bottlenecks()[:3]:
+                print(b["kind"], b["unit"], b["exposed_s"], b["reason"])
+        """
+        by_index = {int(r["index"]): r for r in self.events}
+        own = self.micro_steps[-1] if len(self.micro_steps) > 1 else self.totals
+        total = own.get("exposed_comm_s", 0.0)
+        rows = []
+        for r in self.events:
+            if r["exposed"] <= 0:
+                continue
+            waits = [w for w in self.waits if w["event"] == r["index"]]
+            tail = sum(w["end"] - w["start"] for w in waits if w["tail"])
+            needed = min((w["start"] for w in waits if not w["tail"]), default=None)
+            cause, reason = _explain(r, by_index, self.compute, needed, tail)
+            rows.append(
+                {
+                    "unit": r["unit"],
+                    "kind": r["kind"],
+                    "phase": r["phase"],
+                    "exposed_s": r["exposed"],
+                    "share": r["exposed"] / total if total > 0 else 0.0,
+                    "cause": cause,
+                    "reason": reason,
+                    "event": r["index"],
+                    "hook": r.get("hook"),
+                    "hook_unit": r.get("hook_unit"),
+                    "prefetch": bool(r.get("prefetch", False)),
+                    "issued": r["issued"],
+                    "start": r["start"],
+                    "end": r["end"],
+                    "duration_s": r["end"] - r["start"],
+                    "needed_at": needed,
+                    "tail_s": tail,
+                }
+            )
+        rows.sort(key=lambda b: (-b["exposed_s"], b["event"]))
+        return rows
+
+    def bottleneck_table(self, limit: int | None = 10) -> str:
+        """:meth:`bottlenecks` as a table for people, the ``limit`` largest (None: all).
+
+        Example::
+
+            print(report.timeline.bottleneck_table())
+        """
+        rows = self.bottlenecks()
+        t = self.totals
+        head = (
+            f"exposed communication {duration_text(t['exposed_comm_s'])} of a "
+            f"{duration_text(t['step_s'])} step, {len(rows)} wait(s)"
+        )
+        if not rows:
+            return head + ": the compute never waits for communication"
+        lines = [head, f"{'exposed':>9} {'share':>5}  {'event':<36} why"]
+        shown = rows if limit is None else rows[:limit]
+        for b in shown:
+            what = f"#{b['event']} {b['kind']} {unit_label(b['unit'])} ({b['phase']})"
+            lines.append(
+                f"{duration_text(b['exposed_s']):>9} {b['share']:>5.0%}  {what:<36} {b['reason']}"
+            )
+        if len(rows) > len(shown):
+            rest = rows[len(shown) :]
+            causes: dict[str, int] = {}
+            for b in rest:
+                causes[b["cause"]] = causes.get(b["cause"], 0) + 1
+            why = ", ".join(f"{n} {c}" for c, n in sorted(causes.items(), key=lambda x: -x[1]))
+            lost = duration_text(sum(b["exposed_s"] for b in rest))
+            lines.append(f"… {len(rest)} more wait(s), {lost} ({why})")
+        return "\n".join(lines)
+
 
 def duration_text(seconds: float) -> str:
     """``seconds`` to three significant figures in s, ms or µs: ``"48.8 µs"``, ``"2.45 ms"``."""
@@ -117,3 +223,109 @@ def throughput_line(totals: dict[str, float]) -> str:
         f"{totals['tokens_per_s']:,.0f} tokens/s per GPU, MFU {totals['mfu']:.1%}, "
         f"HFU {totals['hfu']:.1%}"
     )
+
+
+def _explain(
+    r: dict[str, Any],
+    by_index: dict[int, dict[str, Any]],
+    compute: list[dict[str, Any]],
+    needed: float | None,
+    tail: float,
+) -> tuple[str, str]:
+    """Why the compute waited for event ``r``: a cause and a sentence (see ``bottlenecks``)."""
+    d = duration_text
+    kind, unit = r["kind"], unit_label(r["unit"])
+    hook = r.get("hook")
+    issuer = f"{hook} of {unit_label(r.get('hook_unit'))}" if hook else "its hook"
+    own = not r.get("prefetch") and r.get("hook_unit") == r["unit"] and kind == "all_gather"
+    how = f"not prefetched, {issuer} issued it" if own else f"issued by {issuer}"
+    if r.get("prefetch"):
+        how = f"prefetched by {issuer}"
+        if hook == "post_backward":
+            how += " (BACKWARD_POST: after that unit's backward; BACKWARD_PRE issues it earlier)"
+    lasts = d(r["end"] - r["start"])
+    other = by_index.get(int(r.get("held_by", -1)))
+    other_text = f"{other['kind']} {unit_label(other['unit'])}" if other is not None else "?"
+    held = r.get("held", "")
+    parts: list[tuple[str, str]] = []
+    if needed is not None:
+        late = d(r["start"] - r["issued"])
+        window = (
+            f"{d(needed - r['start'])} before"
+            if needed > r["start"]
+            else f"{d(r['start'] - needed)} after"
+        )
+        hint = ""
+        if own:
+            hint = (
+                "; forward prefetch (FSDP1 forward_prefetch=True, FSDP2 "
+                "set_modules_to_forward_prefetch) issues it a unit earlier"
+                if r["phase"] == "forward"
+                else "; backward prefetch (FSDP1 BACKWARD_PRE, FSDP2 "
+                "set_modules_to_backward_prefetch) issues it a unit earlier"
+            )
+        if kind.startswith("tp_"):
+            module = repr(r["module"]) if r.get("module") else "a module"
+            parts.append(
+                ("tensor_parallel",
+                 f"tensor parallelism's {kind.removeprefix('tp_')} of {module} in {unit}: the "
+                 f"compute after it needs its result, so nothing overlaps its {lasts}")
+            )  # fmt: skip
+        elif held == "stream":
+            # issuing it earlier helps only to get ahead of a reduction, not of all-gathers
+            reduction = other is not None and other["kind"] in ("reduce_scatter", "all_reduce")
+            parts.append(
+                ("queued",
+                 f"queued behind {other_text} on the communication stream: {how}, it started "
+                 f"{late} after its issue, {window} its compute needed it, and took "
+                 f"{lasts} (the collectives ahead of it take longer than the compute between "
+                 f"them){hint if reduction else ''}")
+            )  # fmt: skip
+        elif held == "rate_limiter":
+            parts.append(
+                ("rate_limited",
+                 f"rate-limited: FSDP1's limit_all_gathers (at most two all-gathers in flight) "
+                 f"held the CPU {d(r.get('rate_limited_s', 0.0))} until {other_text} ran, so "
+                 f"{issuer} issued it only {window} its compute needed it; it took "
+                 f"{lasts}")
+            )  # fmt: skip
+        elif held == "copy_out":
+            parts.append(
+                ("copy_out",
+                 f"{how}, it started {late} after its issue, once {other_text} was copied out "
+                 f"(FSDP2 starts an all-gather only after the previous one's copy-out on the "
+                 f"compute stream): {window} its compute needed it, and it took {lasts}")
+            )  # fmt: skip
+        elif held == "h2d":
+            parts.append(
+                ("cpu_offload",
+                 f"waited {late} for its shard's copy from host memory (CPU offload), then "
+                 f"took {lasts}, {window} its compute needed it")
+            )  # fmt: skip
+        elif not any(c["start"] < r["start"] for c in compute):
+            parts.append(
+                ("first",
+                 f"the step's first {kind}: no compute runs before it to hide its {lasts} "
+                 f"({how})")
+            )  # fmt: skip
+        elif own:
+            parts.append(
+                ("not_prefetched",
+                 f"{how} when its compute needed it ({window}), so nothing hides its "
+                 f"{lasts}{hint}")
+            )  # fmt: skip
+        else:
+            parts.append(
+                ("short_window",
+                 f"{how} {window} its compute needed it, and it takes "
+                 f"{lasts}: communication longer than the compute that hides it")
+            )  # fmt: skip
+    if tail > 0:
+        behind = f", queued behind {other_text}" if held == "stream" else ""
+        parts.append(
+            ("tail",
+             f"the step's tail: the final callback waits {d(tail)} for this {kind} of {unit} "
+             f"({how}{behind}; it took {lasts}) after the last compute")
+        )  # fmt: skip
+    cause = "tail" if tail >= r["exposed"] - tail else parts[0][0]
+    return cause, "; then ".join(text for _, text in parts)

@@ -299,13 +299,23 @@ def _memory_parts(report: Report) -> tuple[str, list[str]]:
             f"{escape(str(peak['where']))}; dominated by {escape(str(peak['dominant']))} "
             f'<span style="{_MUTED}">(AdamW, steady state; report.memory)</span>'
         )
-        return line, [memory_curve_svg(memory)]
+        return line + _fit_line(memory), [memory_curve_svg(memory)]
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else ""
         return _line(
             f"peak memory: the memory model failed ({escape(type(e).__name__)}: {escape(first)})",
             _MUTED,
         ), []
+
+
+def _fit_line(memory: MemoryReport) -> str:
+    """Whether the step fits in the machine's memory, in words: ``✗ does not fit in ...``."""
+    if memory.capacity <= 0:
+        return ""
+    text = escape(memory.fit_text())
+    if memory.fits:
+        return _line(f"✓ {text}", _OK)
+    return _line(f"<b>✗ {text}</b>", _ERROR)
 
 
 def _time_part(report: Report) -> str:

@@ -1,0 +1,228 @@
+"""Will it fit: the memory model's peak against the modelled machine's device memory.
+
+A plan is made for one machine: ``analyze(..., machine="h200")`` states it in
+``report.config.machine`` (a preset name, or a :class:`~fsdpviz.cost.Machine`'s constants);
+without it, the H100 preset (``"h100"``, 80 GiB), as the time model's default.
+``report.memory`` and ``report.timeline`` model that machine, and a plan that does not fit in
+it gets an ``out_of_memory`` warning in ``report.warnings`` (set by ``analyze`` and by
+:func:`fsdpviz.replan.replay`).
+
+Of the device memory, tensors get what the CUDA context and NCCL leave
+(:func:`runtime_overhead`): ``CUDA_CONTEXT_BYTES`` (the context, the kernels PyTorch loads,
+cuBLAS workspaces) and ``NCCL_BYTES_PER_GROUP`` for each process group the plan communicates
+over (NCCL's channel buffers; FSDP's group, HSDP's replicate group, the tensor-parallel
+group). A plan fits when the peak allocated and the allocator's reserved estimate
+(``MemoryReport.reserved``) both fit in the rest.
+
+Example::
+
+    report = fsdpviz.analyze(model, ids, fully_shard=[Block], world_size=64, machine="a100-40gb")
+    report.memory.fits, report.memory.headroom / 2**30
+    [w.message for w in report.warnings if w.code == "out_of_memory"]
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from fsdpviz.cost.hardware import Machine, machine
+from fsdpviz.errors import ConfigError
+from fsdpviz.schema.memory import MemoryReport, size_text
+from fsdpviz.schema.report import FsdpWarning, Report, unit_label
+
+DEFAULT_MACHINE = "h100"
+"""The machine a report is modelled on unless ``analyze(..., machine=...)`` says otherwise."""
+CUDA_CONTEXT_BYTES = 512 * 2**20
+"""Device memory the CUDA context takes before any tensor (context, loaded kernels, cuBLAS
+workspaces): about 0.5 GiB on an H100 with CUDA 12's lazy loading."""
+NCCL_BYTES_PER_GROUP = 2**30
+"""Device memory NCCL takes per communicator (its channels' buffers, NVLS on NVSwitch
+systems): about 1 GiB; NCCL's own tests keep 1 GB free for it."""
+
+_CODES = ("out_of_memory", "fit_not_checked")
+_ACTIVATIONS = ("activations", "forward_temp", "backward_temp", "inputs")
+_SHARDED = ("sharded_params", "sharded_grads", "optimizer")
+_UNSHARDED = ("unsharded_params", "all_gather")
+_GRADIENTS = ("unsharded_grads", "reduce_scatter")
+
+
+def machine_spec(spec: Any) -> str | dict[str, Any]:
+    """What ``report.config.machine`` holds for ``spec``: a preset's name (checked), or a
+    :class:`~fsdpviz.cost.Machine`'s constants. ``ConfigError`` for anything else."""
+    if isinstance(spec, str):
+        machine(spec)  # an unknown preset fails here, with the list of presets
+        return spec.lower()
+    if isinstance(spec, Machine):
+        return spec.to_dict()
+    raise ConfigError(
+        f"machine must be a GPU preset name (e.g. 'h100', 'a100-40gb') or an "
+        f"fsdpviz.cost.Machine, got {type(spec).__name__}"
+    )
+
+
+def machine_of(report: Report) -> Machine:
+    """The machine ``report`` is modelled on: ``report.config.machine``, else the H100 preset."""
+    spec = report.config.machine
+    if spec is None:
+        return machine(DEFAULT_MACHINE)
+    if isinstance(spec, str):
+        return machine(spec)
+    constants: dict[str, Any] = {
+        k: dict(v) if isinstance(v, Mapping) else v for k, v in spec.items()
+    }
+    return Machine(**constants)
+
+
+def process_groups(report: Report) -> int:
+    """The process groups the plan's collectives run over (each one NCCL communicator):
+    FSDP's (the shard group, or every rank under ``NO_SHARD``), hybrid sharding's replicate
+    group, the tensor-parallel group."""
+    cfg = report.config
+    groups = 1 if cfg.ranks // cfg.tp_ranks > 1 else 0
+    if cfg.replicas > 1 and cfg.shard_ranks > 1:
+        groups += 1
+    if cfg.tp_ranks > 1:
+        groups += 1
+    return groups
+
+
+def runtime_overhead(report: Report) -> int:
+    """Bytes of device memory tensors cannot use: the CUDA context and NCCL's buffers."""
+    return CUDA_CONTEXT_BYTES + NCCL_BYTES_PER_GROUP * process_groups(report)
+
+
+def fit_warning(report: Report, memory: MemoryReport) -> FsdpWarning | None:
+    """The ``out_of_memory`` warning of a plan that does not fit (None when it fits).
+
+    It names the peak, where it happens, the capacity and the first thing to try.
+    """
+    if memory.fits or memory.capacity <= 0:
+        return None
+    peak = memory.peak
+    breakdown: dict[str, int] = peak.get("breakdown", {})
+    top = sorted(((b, k) for k, b in breakdown.items() if b), reverse=True)[:3]
+    parts = ", ".join(f"{k} {size_text(b)}" for b, k in top)
+    reserved = int(memory.reserved.get("bytes", 0))
+    message = (
+        f"does not fit in {memory.machine}: peak {size_text(peak['bytes'])} per rank "
+        f"{peak['where']} ({parts}); the allocator would reserve about {size_text(reserved)}, "
+        f"and {size_text(memory.capacity)} less {size_text(memory.overhead)} for the CUDA "
+        f"context and NCCL leaves {size_text(memory.usable)} ({size_text(-memory.headroom)} "
+        f"short). First try: {first_fix(report, memory)}"
+    )
+    unit = _unit_at_peak(report, memory)
+    return FsdpWarning("out_of_memory", message, [] if unit is None else [unit])
+
+
+def first_fix(report: Report, memory: MemoryReport) -> str:
+    """The first thing to try for a plan that does not fit, from what dominates its peak."""
+    breakdown: dict[str, int] = memory.peak.get("breakdown", {})
+    short = max(-memory.headroom, 0)
+    cfg = report.config
+    share = {
+        "activations": sum(breakdown.get(k, 0) for k in _ACTIVATIONS),
+        "sharded": sum(breakdown.get(k, 0) for k in _SHARDED),
+        "unsharded": sum(breakdown.get(k, 0) for k in _UNSHARDED),
+        "gradients": sum(breakdown.get(k, 0) for k in _GRADIENTS),
+    }
+    kind = max(share, key=lambda k: share[k])
+    held = size_text(share[kind])
+    if kind == "activations":
+        classes = Counter(u.module_class for u in report.units if u.module)
+        block = classes.most_common(1)[0][0] if classes else "<block class>"
+        return (
+            f"activation checkpointing of each block (activations and temporaries hold {held} "
+            f"at the peak; analyze(..., activation_checkpointing=[{block}]) shows its effect), "
+            "or a smaller batch per rank with gradient accumulation"
+        )
+    if kind == "sharded":
+        strategy = cfg.sharding_strategy if cfg.api == "FSDP1" else "FULL_SHARD"
+        if strategy != "FULL_SHARD" and strategy != "SHARD_GRAD_OP":
+            return (
+                f"sharding_strategy=FULL_SHARD over all {cfg.ranks} ranks: {strategy} keeps "
+                f"more copies of the parameters, gradients and optimizer state ({held})"
+            )
+        if share["sharded"] > short:
+            ranks = cfg.ranks * share["sharded"] / (share["sharded"] - short)
+            needed = 2 ** math.ceil(math.log2(ranks))
+            return (
+                f"more ranks: parameters, gradients and optimizer state ({held}) are sharded "
+                f"over {cfg.shard_ranks} ranks and shrink with more; about {needed} ranks "
+                f"instead of {cfg.ranks} would fit"
+            )
+        return (
+            f"CPU offload (FSDP1 cpu_offload=CPUOffload(offload_params=True), FSDP2 "
+            f"offload_policy=CPUOffloadPolicy()): parameters, gradients and optimizer state "
+            f"({held}) do not fit even sharded over {cfg.ranks} ranks"
+        )
+    if kind == "unsharded":
+        kept = [u for u, v in cfg.reshard_after_forward.items() if v is False and u != ""]
+        if cfg.api == "FSDP2" and kept:
+            return (
+                f"reshard_after_forward=True: {len(kept)} unit(s) keep their parameters "
+                f"unsharded from forward to backward ({held} unsharded at the peak)"
+            )
+        if cfg.api == "FSDP1" and cfg.sharding_strategy == "SHARD_GRAD_OP":
+            return (
+                "sharding_strategy=FULL_SHARD: SHARD_GRAD_OP keeps every unit unsharded from "
+                f"forward to backward ({held} unsharded at the peak)"
+            )
+        return _finer(report, held, "unsharded parameters")
+    return _finer(report, held, "unsharded gradients, until their reduce-scatter,")
+
+
+def _finer(report: Report, held: str, what: str) -> str:
+    largest = max(report.units, key=lambda u: u.padded_numel, default=None)
+    if largest is None or len(report.units) == 1:
+        return (
+            f"wrap the model's blocks as units: one unit holds the whole model ({held} of {what})"
+        )
+    return (
+        f"smaller units: {what} hold {held} at the peak, and the largest unit, "
+        f"{unit_label(largest.module)}, gathers {largest.padded_numel:,} parameters at once"
+    )
+
+
+def _unit_at_peak(report: Report, memory: MemoryReport) -> str | None:
+    iteration = memory.config.get("iteration", -1)
+    events = report.iterations[iteration] if report.iterations else []
+    index = int(memory.peak.get("event", -1))
+    return events[index].unit if 0 <= index < len(events) else None
+
+
+def check_fit(report: Report) -> None:
+    """Set ``report``'s ``out_of_memory`` warning from ``report.memory`` (replacing any it
+    had): a prediction that does not fit on its machine gets one, and one whose memory model
+    fails a ``fit_not_checked`` warning saying so. Recordings are left as they are (they ran,
+    or failed, on their own hardware)."""
+    report.warnings[:] = [w for w in report.warnings if w.code not in _CODES]
+    if report.source != "prediction" or not report.iterations or not report.units:
+        return
+    try:
+        warning = fit_warning(report, report.memory)
+    except Exception as e:  # a plan is still worth showing when its memory model fails
+        first = str(e).splitlines()[0] if str(e) else ""
+        warning = FsdpWarning(
+            "fit_not_checked",
+            f"whether the plan fits was not checked: the memory model failed "
+            f"({type(e).__name__}: {first})",
+        )
+    if warning is not None:
+        report.warnings.append(warning)
+
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "DEFAULT_MACHINE",
+    "NCCL_BYTES_PER_GROUP",
+    "check_fit",
+    "first_fix",
+    "fit_warning",
+    "machine_of",
+    "machine_spec",
+    "process_groups",
+    "runtime_overhead",
+]

@@ -1,0 +1,141 @@
+"""What changes if I switch: compare() and suggest() in peak memory, reserved, step time,
+exposed communication and tokens/s."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fsdpviz
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.schedule.comparison import COSTS, deltas_text, plan_costs
+
+CONFIG = ExampleConfig()
+
+
+def _plan(batch: int = 2, **kwargs: object) -> fsdpviz.Report:
+    ids = torch.zeros(batch, 128, dtype=torch.long)
+    return fsdpviz.analyze(example_model(CONFIG), ids, fully_shard=[DecoderLayer], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def base() -> fsdpviz.Report:
+    return _plan()
+
+
+def test_plans_differing_only_in_memory_and_time_are_not_identical(
+    base: fsdpviz.Report,
+) -> None:
+    """Same wrapping and schedule (the same units and events), twice the batch: the peak,
+    the reserved estimate and tokens/s differ, and the comparison says so."""
+    bigger = _plan(batch=4)
+    cmp = fsdpviz.compare(base, bigger)
+    assert cmp.same_wrapping and not any(p.differs for p in cmp.pairs)
+    assert not cmp.identical
+    assert cmp.verdict == "same wrapping and schedule, different memory and time"
+    assert set(cmp.costs) == set(COSTS)
+    assert cmp.costs["peak_bytes"] == (base.memory.peak["bytes"], bigger.memory.peak["bytes"])
+    assert cmp.delta("peak_bytes") == bigger.memory.peak["bytes"] - base.memory.peak["bytes"] > 0
+    assert cmp.costs["reserved_bytes"][1] == bigger.memory.reserved["bytes"]
+    tokens = cmp.costs["tokens_per_s"]
+    assert tokens == (base.timeline.totals["tokens_per_s"], bigger.timeline.totals["tokens_per_s"])
+    assert "peak_bytes" in cmp.cost_differs and "tokens_per_s" in cmp.cost_differs
+    lines = cmp.summary().splitlines()
+    assert lines[0].endswith(cmp.verdict)
+    peak = next(line for line in lines if line.startswith("  peak: "))
+    a, b = (base.memory.peak["bytes"] / 2**20, bigger.memory.peak["bytes"] / 2**20)
+    assert peak.startswith(f"  peak: {a:.1f} MiB vs {b:.1f} MiB (+{b - a:.1f} MiB, +")
+    assert any(line.startswith("  tokens/s: ") for line in lines)
+    d = cmp.to_dict()
+    assert d["identical"] is False and d["costs"]["peak_bytes"] == list(cmp.costs["peak_bytes"])
+    json.dumps(d)
+
+
+def test_reshard_after_forward_shows_its_memory_cost(base: fsdpviz.Report) -> None:
+    kept = _plan(reshard_after_forward=False)
+    cmp = fsdpviz.compare(base, kept)
+    assert cmp.verdict == "same wrapping, different schedule"
+    assert cmp.delta("peak_bytes") > 0  # parameters kept from forward to backward
+    assert f"+{cmp.delta('peak_bytes') / 2**20:.1f} MiB" in cmp.summary()
+
+
+def test_a_plan_is_identical_to_itself_and_to_its_replay(base: fsdpviz.Report) -> None:
+    from fsdpviz.replan import replay
+
+    assert fsdpviz.compare(base, base).identical
+    same = replay(base, world_size=base.config.world_size)
+    cmp = fsdpviz.compare(base, same)
+    assert cmp.identical and cmp.verdict == "identical" and not cmp.cost_differs
+    assert "(same)" in cmp.summary()
+
+
+def test_without_a_trace_profile_the_costs_are_left_out(base: fsdpviz.Report) -> None:
+    bare = _plan(profile=False)
+    assert plan_costs(bare) == {}
+    cmp = fsdpviz.compare(base, bare)
+    assert cmp.costs == {}
+    assert "costs: not modelled (a plan has no trace profile)" in cmp.summary()
+
+
+def test_deltas_in_words() -> None:
+    a = {"peak_bytes": 2.0 * 2**30, "exposed_comm_s": 5e-3, "step_s": 0.1}
+    b = {"peak_bytes": 3.2 * 2**30, "exposed_comm_s": 1.9e-3, "step_s": 0.1}
+    assert deltas_text(a, b) == "-3.1 ms exposed, +1.2 GiB peak"
+    assert deltas_text(a, a) == "no change"
+
+
+def test_suggest_explains_each_choice_by_its_deltas() -> None:
+    model, ids = example_model(CONFIG), example_inputs(CONFIG)
+    s = fsdpviz.suggest(model, ids, memory_budget="40MiB", world_size=16)
+    best = s.row
+    # every other candidate, by what it changes against the proposal
+    assert len(s.changes) == len(s.table.rows) - 1
+    for change in s.changes:
+        row = next(r for r in s.table.rows if r["config"] == change["config"])
+        assert change["delta"] == {k: float(row[k]) - float(best[k]) for k in COSTS}
+        assert change["text"] in "\n".join(s.explanation)
+    raf = [c for c in s.changes if c["change"] == "reshard_after_forward=False"]
+    assert raf and raf[0]["text"].startswith("reshard_after_forward=False: ")
+    assert raf[0]["delta"]["peak_bytes"] > 0 and "MiB peak" in raf[0]["text"]
+    last = [c for c in s.changes if c["change"].startswith("reshard_after_forward=False on ")]
+    assert last and last[0]["change"] == "reshard_after_forward=False on 'layers.3' only"
+    # the proposal against the usual recipe: one unit per block, FSDP's defaults
+    assert s.baseline is not None
+    assert s.baseline["config"] == {
+        "policy": "per DecoderLayer",
+        "reshard_after_forward": True,
+    }
+    assert any(
+        line.startswith("Against the usual recipe") or line.startswith("This is the usual")
+        for line in s.explanation
+    )
+    json.dumps(s.to_dict())
+
+
+def test_suggest_budgets_the_machine_by_default() -> None:
+    model, ids = example_model(CONFIG), example_inputs(CONFIG)
+    s = fsdpviz.suggest(model, ids, world_size=16, machine="h100")
+    assert s.explanation[0].startswith("H100 SXM 80GB's memory (80 GiB, less the CUDA context")
+    assert all(r["fits"] == (r["headroom_bytes"] >= 0) for r in s.table.rows)
+    assert s.report.config.machine == "h100" and s.report.memory.fits
+
+
+def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) -> None:
+    """Checkpoint wrappers rename the parameters (``layers.0._checkpoint_wrapped_module.…``,
+    as torchtitan's AC does): the units still match, and the costs say what it buys."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    model = example_model(CONFIG)
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, DecoderLayer))
+    ids = torch.zeros(2, 128, dtype=torch.long)
+    checkpointed = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer])
+    assert checkpointed.units[1].module == "layers.0._checkpoint_wrapped_module"
+    cmp = fsdpviz.compare(base, checkpointed)
+    assert cmp.same_wrapping and cmp.moved_params == {}
+    assert [(p.a, p.b) for p in cmp.pairs][1] == ("layers.0", "layers.0._checkpoint_wrapped_module")
+    assert cmp.delta("peak_bytes") < 0  # fewer activations saved
+    assert cmp.delta("step_s") > 0  # the recomputation
