@@ -131,3 +131,26 @@ def test_a_replay_to_hybrid_sharding_states_its_process_group() -> None:
     assert list(four.config)[-2:] == ["process_group_size", "replayed"]
     back = fsdpviz.replan.replay(four, world_size=2, sharding_strategy=FULL_SHARD)
     assert "process_group_size" not in back.config and back.config.process_group_size is None
+
+
+def test_the_shard_replica_split_is_worked_out_once() -> None:
+    """The options, a unit's own strategy and a report's config read one rule."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from fsdpviz.plan.fsdp1_options import parse_fsdp1_options
+    from fsdpviz.schema.config import shard_split
+
+    assert shard_split(8, 4, "HYBRID_SHARD") == (4, 2)
+    assert shard_split(8, 4, "_HYBRID_SHARD_ZERO2") == (4, 2)
+    assert shard_split(8, 8, "FULL_SHARD") == (8, 1)
+    assert shard_split(8, 8, "NO_SHARD") == (1, 1)
+    for strategy, group in (("HYBRID_SHARD", 4), ("FULL_SHARD", None), ("NO_SHARD", None)):
+        kwargs = {"world_size": 8, "sharding_strategy": ShardingStrategy[strategy]}
+        if group:
+            kwargs["shard_group_size"] = group
+        opts = parse_fsdp1_options(kwargs)
+        config = opts.describe()
+        assert (opts.shard_world_size, opts.replicas) == shard_split(8, group or 8, strategy), (
+            strategy
+        )
+        assert (config.shard_ranks, config.replicas) == (opts.shard_world_size, opts.replicas)

@@ -205,13 +205,12 @@ def _unit_config(
             kwargs["backward_prefetch"], "CustomPolicy backward_prefetch"
         )
         found.extend(warned)
-    hybrid = strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
     return UnitConfig(
         sharding_strategy=strategy,
         mixed_precision=kwargs.get("mixed_precision", opts.mixed_precision),
         backward_prefetch=prefetch,
         forward_prefetch=bool(kwargs.get("forward_prefetch", opts.forward_prefetch)),
-        replicas=opts.world_size // opts.process_group_size if hybrid else 1,
+        replicas=opts.split(strategy)[1],
         offload_params=opts.offload_params,
     )
 

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import (
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_dtypes, check_keywords, world_size
-from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode
+from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
 # Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
@@ -89,9 +89,7 @@ class FSDP1Options:
     @property
     def shard_world_size(self) -> int:
         """Ranks one FlatParameter is sharded over."""
-        if self.sharding_strategy == ShardingStrategy.NO_SHARD:
-            return 1
-        return self.process_group_size
+        return self.split(self.sharding_strategy)[0]
 
     @property
     def process_group_size(self) -> int:
@@ -103,9 +101,13 @@ class FSDP1Options:
     @property
     def replicas(self) -> int:
         """Shard groups whose gradients hybrid sharding all-reduces (1 when not hybrid)."""
-        if self.sharding_strategy in _HYBRID:
-            return self.world_size // self.shard_world_size
-        return 1
+        return self.split(self.sharding_strategy)[1]
+
+    def split(self, strategy: ShardingStrategy) -> tuple[int, int]:
+        """The shard ranks and replicas of a unit under ``strategy`` (the options' own, or
+        one a ``CustomPolicy`` gives a unit), on FSDP's process group: see
+        :func:`~fsdpviz.schema.config.shard_split`."""
+        return shard_split(self.world_size, self.process_group_size, strategy.name)
 
     def describe(self) -> ReportConfig:
         """These options as ``Report.config`` states them."""

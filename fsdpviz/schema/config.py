@@ -41,6 +41,30 @@ _SHARED_KEYS = {
 }
 
 
+HYBRID_STRATEGIES = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+def shard_split(world_size: int, group_size: int, strategy: str) -> tuple[int, int]:
+    """FSDP1's ``strategy`` (a ``ShardingStrategy`` name) on a process group of
+    ``group_size`` of ``world_size`` ranks: the ranks one FlatParameter is sharded over and
+    the copies of each shard that hybrid sharding all-reduces across (1 when it does not).
+
+    The one place this is worked out: the options (``FSDP1Options``), each unit's strategy
+    (a ``CustomPolicy`` may set its own) and a report's config (:attr:`ReportConfig.replicas`)
+    read it.
+
+    Example::
+
+        shard_split(8, 4, "HYBRID_SHARD")  # (4, 2): shard within 4 ranks, 2 replicas
+        shard_split(8, 8, "NO_SHARD")      # (1, 1): nothing sharded, all-reduced in its group
+    """
+    if strategy == "NO_SHARD":
+        return 1, 1
+    if strategy in HYBRID_STRATEGIES:
+        return group_size, max(1, world_size // group_size)
+    return group_size, 1
+
+
 @dataclass(frozen=True, eq=False)
 class ReportConfig(Mapping[str, Any]):
     """How a report was made; see the module docstring.
@@ -125,7 +149,11 @@ class ReportConfig(Mapping[str, Any]):
 
     @property
     def replicas(self) -> int:
-        """Copies of each shard: the replicate dimension of a 2-D (HSDP) mesh, else 1."""
+        """Copies of each shard whose gradients are all-reduced across them: the replicate
+        dimension of a 2-D (HSDP) mesh, FSDP1's shard groups under hybrid sharding, else 1."""
+        if self.api == "FSDP1" and self.sharding_strategy is not None:
+            group = self.process_group_size or self.shard_world_size or self.ranks
+            return shard_split(self.ranks, group, self.sharding_strategy)[1]
         return max(1, self.ranks // (self.shard_ranks * self.tp_ranks))
 
     @property
