@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -225,3 +226,31 @@ def test_cpu_offload_keeps_shards_gradients_and_states_off_the_device(api: str) 
     first = copies[0]
     assert m.pcie_gbps == 50.0
     assert first["end"] - first["start"] == pytest.approx(4 * off.units[0].sharded_numel / 50e9)
+
+
+class _Pair(torch.nn.Module):
+    """Takes its input under two names, as ``model(input_ids=ids, labels=ids)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(96, 16)
+        self.head = torch.nn.Linear(16, 96)
+
+    def forward(self, input_ids: torch.Tensor, labels: Any = None) -> torch.Tensor:
+        logits = self.head(self.embed(input_ids))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), input_ids.flatten())
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_inputs_that_share_memory_count_once(api: str) -> None:
+    ids = torch.randint(0, 96, (2, 33))
+    kw: dict[str, Any] = {"fully_shard": [torch.nn.Linear]} if api == "FSDP2" else {}
+    cases = {
+        "labels": {"input_ids": ids, "labels": ids},
+        "views": {"input_ids": ids[:, :-1], "labels": ids[:, 1:]},
+        "dict and list": {"input_ids": ids, "labels": {"again": [ids, ids[0]]}},
+    }
+    for name, inputs in cases.items():
+        report = fsdpviz.analyze(_Pair(), inputs, world_size=2, loss=lambda out: out, **kw)
+        assert report.profile is not None and report.profile.input_bytes == ids.nbytes, name
+        assert report.memory.peak["breakdown"]["inputs"] == ids.nbytes, name

@@ -92,19 +92,34 @@ def _remember_range(copy: torch.Tensor, info: tuple[str, int, int]) -> None:
 
 
 def inputs_copy(inputs: Any, device: str = "meta") -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Normalise ``inputs`` (dict: kwargs, tuple/list: args, tensor: one arg) onto ``device``."""
+    """Normalise ``inputs`` (dict: kwargs, tuple/list: args, tensor: one arg) onto ``device``.
+
+    Inputs that share memory share it in the copy too: a tensor passed under two names
+    (``{"input_ids": ids, "labels": ids}``) is one copy, and views of one tensor are views
+    of one copied storage, so the trace counts the bytes once, as the user's process holds
+    them. Example::
+
+        args, kwargs = inputs_copy({"input_ids": ids, "labels": ids})
+        kwargs["input_ids"] is kwargs["labels"]      # True
+    """
+    tensors: dict[int, torch.Tensor] = {}  # id(user's tensor) -> its copy
+    storages: dict[int, torch.UntypedStorage] = {}  # the user's storage -> its copy
 
     def to_target(x: Any, name: str) -> Any:
-        if isinstance(x, torch.Tensor):
-            if device == "real":
-                return x.detach().clone().requires_grad_(x.requires_grad)
-            t = torch.empty_like(x, device="meta")
-            if x.is_floating_point():
-                return t.requires_grad_(x.requires_grad)
-            if x.device.type != "meta" and x.numel() and x.dtype != torch.bool:
-                _remember_range(t, (name, int(x.min()), int(x.max())))
-            return t
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        done = tensors.get(id(x))
+        if done is not None:
+            return done
+        t = _aliased_copy(x, device, storages)
+        if t is None:  # not a plain strided tensor: a copy of its own
+            t = x.detach().clone() if device == "real" else torch.empty_like(x, device="meta")
+        if x.is_floating_point() or x.is_complex():
+            t.requires_grad_(x.requires_grad)
+        elif device != "real" and x.device.type != "meta" and x.numel() and x.dtype != torch.bool:
+            _remember_range(t, (name, int(x.min()), int(x.max())))
+        tensors[id(x)] = t
+        return t
 
     def named(obj: Any, name: str) -> Any:
         """``tree_map(to_target, obj)`` that knows each leaf's name (``labels``, ``inputs[0]``)."""
@@ -124,6 +139,31 @@ def inputs_copy(inputs: Any, device: str = "meta") -> tuple[tuple[Any, ...], dic
         f"inputs must be a dict (keyword arguments), a tuple (positional arguments) or one "
         f"tensor, got {type(inputs).__name__}"
     )
+
+
+def _aliased_copy(
+    x: torch.Tensor, device: str, storages: dict[int, torch.UntypedStorage]
+) -> torch.Tensor | None:
+    """``x`` over the copy of its storage (made once per storage: a meta storage of the same
+    bytes, or a clone on its own device), or None for a tensor that is not a plain strided
+    one (a subclass, sparse, quantized, conjugated)."""
+    plain = type(x) in (torch.Tensor, nn.Parameter) and x.layout == torch.strided
+    if not plain or x.is_quantized or x.is_conj() or x.is_neg():
+        return None
+    try:
+        storage = x.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    key = storage._cdata
+    target = storages.get(key)
+    if target is None:
+        if device == "real":
+            target = storage.clone()  # type: ignore[no-untyped-call]
+        else:
+            target = torch.UntypedStorage(storage.nbytes(), device="meta")  # type: ignore[no-untyped-call]
+        storages[key] = target
+    t = torch.empty(0, dtype=x.dtype, device=target.device)
+    return t.set_(target, x.storage_offset(), x.size(), x.stride())
 
 
 def map_objects(objs: Any, mapping: dict[int, Any], what: str) -> Any:
