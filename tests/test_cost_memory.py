@@ -254,3 +254,32 @@ def test_inputs_that_share_memory_count_once(api: str) -> None:
         report = fsdpviz.analyze(_Pair(), inputs, world_size=2, loss=lambda out: out, **kw)
         assert report.profile is not None and report.profile.input_bytes == ids.nbytes, name
         assert report.memory.peak["breakdown"]["inputs"] == ids.nbytes, name
+
+
+def test_unit_backward_windows_without_a_profile(report: fsdpviz.Report) -> None:
+    """A recording has no compute between hook calls: a unit's backward peak runs from its
+    pre-backward to its post-backward's last event (its reduce-scatter), with the pre-backward
+    events right after it, not to the end of backward. (A unit whose pre-backward issued no
+    event, all-gathered ahead by the one before, has no window without a profile.)"""
+    bare = replace(report, profile=None)
+    records = bare.memory.records()
+    checked = 0
+    for unit in [u.module for u in bare.units if u.module]:
+        starts = [
+            i for i, r in enumerate(records)
+            if r["hook"] == "pre_backward" and r["hook_unit"] == unit
+        ]  # fmt: skip
+        if not starts:
+            continue
+        peak, done = records[starts[0] - 1]["total"], False
+        for r in records[starts[0] :]:
+            mine = r["hook"].startswith("post_backward") and r["hook_unit"] == unit
+            if done and not mine and r["hook"] != "pre_backward":
+                break
+            done = done or mine
+            peak = max(peak, r["peak_before"])
+        assert done, unit
+        assert bare.memory.unit_peaks[unit]["backward"] == peak, unit
+        checked += 1
+    assert checked == 3
+    assert bare.memory.unit_peaks["layers.3"]["backward"] < bare.memory.peak["bytes"]

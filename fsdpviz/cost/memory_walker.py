@@ -79,7 +79,9 @@ class Walker:
 
     def _compute(self, c: HookCall) -> None:
         ran = c.kernels or c.flops_forward + c.flops_backward
-        if self._closing and (ran or c.hook != "pre_backward"):
+        # without a profile each event is a hook call: a post-backward's next event goes on
+        same = c.hook.startswith("post_backward") and (c.unit, "backward") in self._closing
+        if self._closing and (ran or (c.hook != "pre_backward" and not same)):
             for key in self._closing:
                 self._close(key)
             self._closing.clear()
