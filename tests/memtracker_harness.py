@@ -10,7 +10,9 @@ tracked step is the steady state.
 
 On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
 gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
-the tracker still sees the reduce-scatter and names its input "Reduce Scatter".
+the tracker still sees the reduce-scatter and names its input "Reduce Scatter". Every
+collective returns once gloo's worker thread has let go of its tensors, so each storage
+dies where the program drops it and the measurement is the same on every run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -29,7 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+    DefaultAllGather,
+    DefaultReduceScatter,
+)
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
@@ -118,6 +125,7 @@ def tracked(
                 if isinstance(module, FSDPModule):
                     comm = _GlooReduceScatter(copies) if gloo_reduce_scatter else _NoCopy()
                     module.set_custom_reduce_scatter(comm)
+                    module.set_custom_all_gather(_SyncAllGather())
         batch = inputs()
         opt = _optimizer(model, optimizer)
         if opt is not None:
@@ -175,9 +183,49 @@ class _CountAllGathers(TorchDispatchMode):  # type: ignore[misc]
         return func(*args, **(kwargs or {}))
 
 
+# gloo runs a collective on a worker thread, which lets go of the work's tensors only after
+# the main thread has seen it done: a storage FSDP (or gloo) frees then may die a moment
+# later, while the main thread runs on, and the tracker count it there. Each collective
+# below waits until gloo has let go, so every storage dies where the program drops it.
+_RELEASE_S = 60.0
+
+
+def _wait_released(alive: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _RELEASE_S
+    while alive():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gloo's worker thread still holds {what} after {_RELEASE_S} s")
+        time.sleep(0.0005)
+
+
+def _uses(t: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+class _SyncAllGather(DefaultAllGather):  # type: ignore[misc]
+    """FSDP2's all-gather as it issues it (``async_op=False``: done when it returns), returning
+    once gloo has let go of the output."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> Any:
+        if async_op:  # an explicit unshard(async_op=True): as FSDP does it
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+        uses = _uses(output_tensor)
+        work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True)
+        work.wait()
+        del work
+        _wait_released(lambda: _uses(output_tensor) > uses, "an all-gather output")
+        return None
+
+
 class _NoCopy(DefaultReduceScatter):  # type: ignore[misc]
     """FSDP2's reduce-scatter, without the copy of its input gloo makes in ``work.wait()``
-    (no tracker sees what runs there)."""
+    (no tracker sees what runs there, nor the copy, made inside the collective)."""
 
     def __call__(
         self,
@@ -192,12 +240,13 @@ class _NoCopy(DefaultReduceScatter):  # type: ignore[misc]
         )
         with _disable_current_modes():
             work.wait()
-        return work
+        return None
 
 
 class _GlooReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
     """FSDP2's reduce-scatter on gloo as it is, noting the bytes of the storages that the
-    operators run in ``work.wait()`` return (the tracker sees and counts them)."""
+    operators run in ``work.wait()`` return (the tracker sees and counts them: gloo's copy of
+    the input), and returning once they are freed."""
 
     def __init__(self, copies: list[int]) -> None:
         self.copies = copies
@@ -216,26 +265,31 @@ class _GlooReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
         known = {t.untyped_storage()._cdata for t in (output_tensor, input_tensor)}
         with _NewStorages(known) as new:
             work.wait()
+        del work
         self.copies.append(sum(new.seen.values()))
-        return work
+        refs = list(new.refs.values())
+        _wait_released(lambda: any(r() is not None for r in refs), "a reduce-scatter's copy")
+        return None
 
 
 class _NewStorages(TorchDispatchMode):  # type: ignore[misc]
-    """The storages the operators in the block return, but those in ``known``."""
+    """The storages the operators in the block return, but those in ``known``: their bytes
+    (``seen``) and weak references (``refs``)."""
 
     def __init__(self, known: set[int]) -> None:
         super().__init__()
         self.known = known
         self.seen: dict[int, int] = {}
+        self.refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
-            if (
-                isinstance(t, torch.Tensor)
-                and (key := t.untyped_storage()._cdata) not in self.known
-            ):
-                self.seen[key] = t.untyped_storage().nbytes()
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage._cdata not in self.known:
+                    self.seen[storage._cdata] = storage.nbytes()
+                    self.refs[storage._cdata] = weakref.ref(storage)
         return out
 
 
