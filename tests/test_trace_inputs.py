@@ -61,3 +61,25 @@ def test_a_tensor_that_is_not_strided_is_copied_alone() -> None:
     sparse = torch.eye(3).to_sparse()
     args, _ = inputs_copy((sparse, sparse))
     assert args[0] is args[1] and args[0].is_sparse and args[0].device.type == "meta"
+
+
+def test_a_batch_cut_from_a_larger_tensor_copies_the_batch() -> None:
+    data = torch.arange(1000).reshape(100, 10)
+    _, kwargs = inputs_copy({"x": data[20:22, :-1], "y": data[20:22, 1:]})
+    assert _storage(kwargs["x"]) is _storage(kwargs["y"])
+    assert _storage(kwargs["x"]).nbytes() == 2 * 10 * 8  # rows 20 and 21, not all 100
+    _, real = inputs_copy({"x": data[20:22, :-1], "y": data[20:22, 1:]}, "real")
+    assert torch.equal(real["x"], data[20:22, :-1]) and torch.equal(real["y"], data[20:22, 1:])
+    assert _storage(real["x"]).nbytes() == 160
+
+
+def test_views_of_one_storage_in_two_dtypes() -> None:
+    x = torch.arange(6, dtype=torch.int64)
+    words = x.view(torch.int32)[3:9]
+    args, _ = inputs_copy((x[1:], words), "real")
+    assert _storage(args[0]) is _storage(args[1])
+    assert torch.equal(args[0], x[1:]) and torch.equal(args[1], words)
+    meta, _ = inputs_copy((x[1:], words))
+    assert [(t.storage_offset(), t.shape) for t in meta] == [
+        (t.storage_offset() - s, t.shape) for t, s in ((x[1:], 1), (words, 2))
+    ]
