@@ -21,6 +21,7 @@ run fsdpviz models are each measured (docs/cost.md states them).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -281,6 +282,25 @@ def test_head_after_a_norm(fake_pg: int) -> None:
     _compare(real, mem, backward=backward)
     # the tracker holds lm_head's 1 MiB gradient while its reduced shard is allocated
     assert backward["lm_head"] - mem.unit_peaks["lm_head"]["backward"] == 131_072
+
+
+def test_an_input_cut_from_a_larger_tensor(fake_pg: int) -> None:
+    """The tracker counts the whole storage of an input cut from a larger tensor; fsdpviz
+    counts the batch, what it holds once moved to a GPU."""
+
+    def cut() -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.zeros(100, 64, dtype=torch.long)[2:4]}
+
+    build = functools.partial(ExampleModel, ExampleConfig())
+    real = tracked(build, cut, lambda m: list(m.layers), fake_pg, _loss)
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, cut(), fully_shard=[DecoderLayer], world_size=fake_pg)
+    mem = memory_model(report, optimizer=None, iteration=0)
+    rest = (100 - 2) * 64 * 8
+    assert mem.peak["breakdown"]["inputs"] == 2 * 64 * 8
+    assert real.peak["Inputs"] == mem.peak["breakdown"]["inputs"] + rest
+    assert real.peak["Total"] == mem.peak["bytes"] + rest
 
 
 def test_tracker_gathers_a_group_once_per_module(fake_pg: int) -> None:
