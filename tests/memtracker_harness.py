@@ -1,22 +1,44 @@
-"""Run torch's ``FSDPMemTracker`` on real ``fully_shard`` (fake tensors, fake process group).
+"""Run torch's ``FSDPMemTracker`` on real ``fully_shard``.
 
-``tracked(build, ...)`` builds the model under ``FakeTensorMode`` on the CPU, applies
-``fully_shard`` to each block then the root on a mesh of the fake process group,
-and measures one forward+backward with ``FSDPMemTracker``. The step holds the
-model output until backward returns (``out = model(x); loss(out).backward()``),
-like fsdpviz's trace. With ``optimizer=True`` a first step with Adam runs
-before tracking, so the tracked step is the steady state.
+``tracked(build, ...)`` builds the model under ``FakeTensorMode`` on the CPU (or, with
+``real=True``, as real CPU tensors, on the gloo ranks of :func:`spawn_gloo`), applies
+``fully_shard`` to each block (a list of modules is one group) then the root, and
+measures one forward+backward with ``FSDPMemTracker``. The step holds the model output
+until backward returns (``out = model(x); loss(out).backward()``), like fsdpviz's trace.
+With ``optimizer="adam"`` or ``"adamw"`` a first step runs before tracking, so the
+tracked step is the steady state.
+
+On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
+gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
+the tracker still sees the reduce-scatter and names its input "Reduce Scatter". Every
+collective returns once gloo's worker thread has let go of its tensors, so each storage
+dies where the program drops it and the measurement is the same on every run.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import time
+import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+    DefaultAllGather,
+    DefaultReduceScatter,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
 
 # FSDPMemTracker category -> the fsdpviz categories it is compared with. Two
 # differences are in how the two tools name memory, not in how much there is:
@@ -45,25 +67,31 @@ MAPPING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 class Tracked:
     peak: dict[str, int]  # FSDPMemTracker category -> bytes at the global peak
     modules: dict[str, dict[str, int]]  # module FQN -> {"forward", "backward"} peak bytes
-    tracker: Any
+    tracker: Any = field(default=None, repr=False)  # None once read back from a file
+    after_forward: dict[str, int] = field(default_factory=dict)  # category -> bytes
+    all_gathers: int = 0  # all-gathers FSDP issued in the tracked step
+    # gloo_reduce_scatter: the bytes gloo allocated while each reduce-scatter completed
+    reduce_scatter_copies: list[int] = field(default_factory=list)
 
 
 def tracked(
     build: Callable[[], nn.Module],
-    inputs: Callable[[], dict[str, torch.Tensor]],
-    blocks: Callable[[nn.Module], list[nn.Module]],
+    inputs: Callable[[], dict[str, Any]],
+    blocks: Callable[[nn.Module], list[nn.Module] | list[list[nn.Module]]],
     world_size: int,
     loss: Callable[[Any], torch.Tensor],
-    optimizer: bool = False,
+    optimizer: bool | str = False,
     mesh_shape: tuple[int, int] | None = None,
     parallelize: Callable[[nn.Module, Any], object] | None = None,
     around: Callable[[], AbstractContextManager[object]] = nullcontext,
+    real: bool = False,
+    gloo_reduce_scatter: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if mesh_shape is None:
         mesh = init_device_mesh("cpu", (world_size,))
@@ -78,6 +106,9 @@ def tracked(
     # FSDPMemTracker entered inside a fake mode counts those as allocations; outside one it
     # skips them (torch's comment in MemTracker.__torch_dispatch__).
     fake = FakeTensorMode(allow_non_fake_inputs=True) if parallelize is None else nullcontext()
+    if real:
+        fake = nullcontext()
+        torch.manual_seed(0)
     with fake:
         model = build()
         if parallelize is not None:
@@ -88,16 +119,25 @@ def tracked(
             for block in blocks(model):
                 fully_shard(block, mesh=mesh, **fully_shard_kwargs)
             fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+        copies: list[int] = []
+        if real:
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    comm = _GlooReduceScatter(copies) if gloo_reduce_scatter else _NoCopy()
+                    module.set_custom_reduce_scatter(comm)
+                    module.set_custom_all_gather(_SyncAllGather())
         batch = inputs()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer else None
+        opt = _optimizer(model, optimizer)
         if opt is not None:
             loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
+            copies.clear()
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((batch,))
-        with tracker, around():
+        with tracker, around(), count_all_gathers() as gathers:
             out = model(**batch)
+            after_forward = next(iter(tracker.get_tracker_snapshot().values()))
             loss(out).backward()
         del out
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
@@ -109,5 +149,321 @@ def tracked(
             phase: max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
             for phase, name in (("forward", "Forward"), ("backward", "Backward"))
         }
-    cats = {str(getattr(k, "value", k)): int(v) for k, v in peak.items()}
-    return Tracked(cats, modules, tracker)
+    return Tracked(
+        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies
+    )
+
+
+def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
+    return {str(getattr(k, "value", k)): int(v) for k, v in snapshot.items()}
+
+
+def _optimizer(model: nn.Module, name: bool | str) -> torch.optim.Optimizer | None:
+    if not name:
+        return None
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=1e-3)
+
+
+def count_all_gathers() -> _CountAllGathers:
+    """A mode counting FSDP's all-gathers in its block (``with count_all_gathers() as c:``)."""
+    return _CountAllGathers()
+
+
+class _CountAllGathers(TorchDispatchMode):  # type: ignore[misc]
+    """Counts FSDP's all-gathers (``c10d._allgather_base_``) in the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.c10d._allgather_base_.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+# gloo runs a collective on a worker thread, which lets go of the work's tensors only after
+# the main thread has seen it done: a storage FSDP (or gloo) frees then may die a moment
+# later, while the main thread runs on, and the tracker count it there. Each collective
+# below waits until gloo has let go, so every storage dies where the program drops it.
+_RELEASE_S = 60.0
+
+
+def _wait_released(alive: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _RELEASE_S
+    while alive():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gloo's worker thread still holds {what} after {_RELEASE_S} s")
+        time.sleep(0.0005)
+
+
+def _uses(t: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+class _SyncAllGather(DefaultAllGather):  # type: ignore[misc]
+    """FSDP2's all-gather as it issues it (``async_op=False``: done when it returns), returning
+    once gloo has let go of the output."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> Any:
+        if async_op:  # an explicit unshard(async_op=True): as FSDP does it
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+        uses = _uses(output_tensor)
+        work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True)
+        work.wait()
+        del work
+        _wait_released(lambda: _uses(output_tensor) > uses, "an all-gather output")
+        return None
+
+
+class _NoCopy(DefaultReduceScatter):  # type: ignore[misc]
+    """FSDP2's reduce-scatter, without the copy of its input gloo makes in ``work.wait()``
+    (no tracker sees what runs there, nor the copy, made inside the collective)."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        work = dist.reduce_scatter_single(
+            output=output_tensor, input=input_tensor, group=group, op=op, async_op=True
+        )
+        with _disable_current_modes():
+            work.wait()
+        return None
+
+
+class _GlooReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
+    """FSDP2's reduce-scatter on gloo as it is, noting the bytes of the storages that the
+    operators run in ``work.wait()`` return (the tracker sees and counts them: gloo's copy of
+    the input), and returning once they are freed."""
+
+    def __init__(self, copies: list[int]) -> None:
+        self.copies = copies
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        work = dist.reduce_scatter_single(
+            output=output_tensor, input=input_tensor, group=group, op=op, async_op=True
+        )
+        known = {t.untyped_storage()._cdata for t in (output_tensor, input_tensor)}
+        with _NewStorages(known) as new:
+            work.wait()
+        del work
+        self.copies.append(sum(new.seen.values()))
+        refs = list(new.refs.values())
+        _wait_released(lambda: any(r() is not None for r in refs), "a reduce-scatter's copy")
+        return None
+
+
+class _NewStorages(TorchDispatchMode):  # type: ignore[misc]
+    """The storages the operators in the block return, but those in ``known``: their bytes
+    (``seen``) and weak references (``refs``)."""
+
+    def __init__(self, known: set[int]) -> None:
+        super().__init__()
+        self.known = known
+        self.seen: dict[int, int] = {}
+        self.refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage._cdata not in self.known:
+                    self.seen[storage._cdata] = storage.nbytes()
+                    self.refs[storage._cdata] = weakref.ref(storage)
+        return out
+
+
+# ---------------------------------------------------------------- gloo ranks
+GLOO_WORLD_SIZE = 2
+
+
+@dataclass(frozen=True)
+class GlooCase:
+    """One model measured on the gloo ranks (real CPU tensors) and predicted by fsdpviz.
+
+    ``units``: the ``fully_shard`` calls before the root's, as fsdpviz's ``fully_shard=``
+    takes them; ``options``: ``fully_shard``'s; ``loss``: from the model's output.
+    """
+
+    build: Callable[[], nn.Module]
+    inputs: Callable[[], dict[str, Any]]
+    units: list[tuple[str, ...]]
+    loss: Callable[[Any], torch.Tensor]
+    options: dict[str, Any] = field(default_factory=dict)
+    optimizer: str | None = None
+    gloo_reduce_scatter: bool = False
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _neox() -> nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    return GPTNeoXForCausalLM(cfg)
+
+
+def _labels_are_ids() -> dict[str, Any]:
+    ids = _tokens(256, 2, 16)
+    return {"input_ids": ids, "labels": ids}
+
+
+class ShiftedLM(nn.Module):
+    """The example model trained on next tokens: ``tokens`` and ``targets`` are two views of
+    one batch (``batch[:, :-1]``, ``batch[:, 1:]``); returns the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from fsdpviz.examples import ExampleConfig, ExampleModel
+
+        cfg = ExampleConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4
+        )
+        self.model = ExampleModel(cfg)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class PickedLM(ShiftedLM):
+    """:class:`ShiftedLM` trained on three positions, picked with a list index."""
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        picked = self.model(tokens)[:, [3, 7, 11]]
+        return nn.functional.cross_entropy(picked.flatten(0, 1), targets[:, :3].flatten())
+
+
+def _shifted_views() -> dict[str, Any]:
+    batch = _tokens(256, 2, 17)
+    return {"tokens": batch[:, :-1], "targets": batch[:, 1:]}
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    loss: torch.Tensor = out.loss
+    return loss
+
+
+def _itself(out: torch.Tensor) -> torch.Tensor:
+    return out
+
+
+_BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def gloo_cases() -> dict[str, GlooCase]:
+    """name -> case; every rank builds the same model from the same seed."""
+    llama_units = [("model.layers.0",), ("model.layers.1",), ("lm_head",)]
+    neox_units = [("gpt_neox.layers.0",), ("gpt_neox.layers.1",), ("lm_head",)]
+    shifted_units = [("model.layers.0",), ("model.layers.1",), ("model.lm_head",)]
+    return {
+        "llama-labels": GlooCase(_llama, _labels_are_ids, llama_units, _hf_loss),
+        "shifted-views": GlooCase(ShiftedLM, _shifted_views, shifted_units, _itself),
+        "neox-labels": GlooCase(_neox, _labels_are_ids, neox_units, _hf_loss),
+        "llama-gloo-reduce-scatter": GlooCase(
+            _llama, _labels_are_ids, llama_units, _hf_loss, gloo_reduce_scatter=True
+        ),
+        "llama-adamw": GlooCase(_llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw"),
+        "neox-bf16": GlooCase(_neox, _labels_are_ids, neox_units, _hf_loss, {"mp_policy": _BF16}),
+        "picked-list-index": GlooCase(PickedLM, _shifted_views, shifted_units, _itself),
+    }
+
+
+def _measure(case: GlooCase) -> Tracked:
+    modules = [list(names) for names in case.units]
+
+    def blocks(model: nn.Module) -> list[list[nn.Module]]:
+        return [[model.get_submodule(n) for n in names] for names in modules]
+
+    return tracked(
+        case.build,
+        case.inputs,
+        blocks,
+        GLOO_WORLD_SIZE,
+        case.loss,
+        optimizer=case.optimizer or False,
+        real=True,
+        gloo_reduce_scatter=case.gloo_reduce_scatter,
+        **case.options,
+    )
+
+
+def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Measure every gloo case on this rank; write ``<case>-rank<rank>.json``."""
+    from rank_exit import leave_rank
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        for name, case in gloo_cases().items():
+            m = _measure(case)
+            data = {k: v for k, v in vars(m).items() if k != "tracker"}
+            (Path(out_dir) / f"{name}-rank{rank}.json").write_text(json.dumps(data))
+    except BaseException:
+        dist.destroy_process_group()
+        raise  # torch.multiprocessing.spawn reports it to the parent
+    leave_rank()
+
+
+def spawn_gloo(out: Path) -> Path:
+    """Run every gloo case on :data:`GLOO_WORLD_SIZE` gloo ranks; each writes its files to
+    ``out``."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(run_rank, args=(GLOO_WORLD_SIZE, port, str(out)), nprocs=GLOO_WORLD_SIZE, join=True)
+    return out
+
+
+def load_tracked(out: Path, name: str, rank: int) -> Tracked:
+    """What rank ``rank`` measured for case ``name``."""
+    data = json.loads((out / f"{name}-rank{rank}.json").read_text())
+    return Tracked(**data)

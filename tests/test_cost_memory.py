@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -225,3 +226,60 @@ def test_cpu_offload_keeps_shards_gradients_and_states_off_the_device(api: str) 
     first = copies[0]
     assert m.pcie_gbps == 50.0
     assert first["end"] - first["start"] == pytest.approx(4 * off.units[0].sharded_numel / 50e9)
+
+
+class _Pair(torch.nn.Module):
+    """Takes its input under two names, as ``model(input_ids=ids, labels=ids)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(96, 16)
+        self.head = torch.nn.Linear(16, 96)
+
+    def forward(self, input_ids: torch.Tensor, labels: Any = None) -> torch.Tensor:
+        logits = self.head(self.embed(input_ids))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), input_ids.flatten())
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_inputs_that_share_memory_count_once(api: str) -> None:
+    ids = torch.randint(0, 96, (2, 33))
+    kw: dict[str, Any] = {"fully_shard": [torch.nn.Linear]} if api == "FSDP2" else {}
+    cases = {
+        "labels": {"input_ids": ids, "labels": ids},
+        "views": {"input_ids": ids[:, :-1], "labels": ids[:, 1:]},
+        "dict and list": {"input_ids": ids, "labels": {"again": [ids, ids[0]]}},
+    }
+    for name, inputs in cases.items():
+        report = fsdpviz.analyze(_Pair(), inputs, world_size=2, loss=lambda out: out, **kw)
+        assert report.profile is not None and report.profile.input_bytes == ids.nbytes, name
+        assert report.memory.peak["breakdown"]["inputs"] == ids.nbytes, name
+
+
+def test_unit_backward_windows_without_a_profile(report: fsdpviz.Report) -> None:
+    """A recording has no compute between hook calls: a unit's backward peak runs from its
+    pre-backward to its post-backward's last event (its reduce-scatter), with the pre-backward
+    events right after it, not to the end of backward. (A unit whose pre-backward issued no
+    event, all-gathered ahead by the one before, has no window without a profile.)"""
+    bare = replace(report, profile=None)
+    records = bare.memory.records()
+    checked = 0
+    for unit in [u.module for u in bare.units if u.module]:
+        starts = [
+            i for i, r in enumerate(records)
+            if r["hook"] == "pre_backward" and r["hook_unit"] == unit
+        ]  # fmt: skip
+        if not starts:
+            continue
+        peak, done = records[starts[0] - 1]["total"], False
+        for r in records[starts[0] :]:
+            mine = r["hook"].startswith("post_backward") and r["hook_unit"] == unit
+            if done and not mine and r["hook"] != "pre_backward":
+                break
+            done = done or mine
+            peak = max(peak, r["peak_before"])
+        assert done, unit
+        assert bare.memory.unit_peaks[unit]["backward"] == peak, unit
+        checked += 1
+    assert checked == 3
+    assert bare.memory.unit_peaks["layers.3"]["backward"] < bare.memory.peak["bytes"]

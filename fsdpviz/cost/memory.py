@@ -37,7 +37,8 @@ bytes per rank:
     momentum), in the steady state only: the first iteration runs before the
     first ``optimizer.step()`` creates it.
 ``inputs`` / ``buffers``
-    the model's inputs and buffers (FSDP does not shard buffers).
+    the model's inputs, by the memory they use (a tensor passed under two names, or
+    views of one tensor, count once), and buffers (FSDP does not shard buffers).
 
 ``MemoryReport.reserved`` estimates what the CUDA caching allocator holds at its
 peak (``torch.cuda.max_memory_reserved``, what torchtitan reports as "Memory"): the

@@ -98,7 +98,10 @@ class Walker:
         self._unit_peaks()
 
     def _compute(self, c: HookCall) -> None:
-        if c.flops_forward + c.flops_backward > 0:
+        ran = c.kernels or c.flops_forward + c.flops_backward
+        # without a profile each event is a hook call: a post-backward's next event goes on
+        same = c.hook.startswith("post_backward") and (c.unit, "backward") in self._closing
+        if self._closing and (ran or (c.hook != "pre_backward" and not same)):
             for key in self._closing:
                 self._close(key)
             self._closing.clear()
@@ -297,9 +300,11 @@ class Walker:
         """Open/close the per-unit windows of ``unit_peaks``.
 
         A unit's forward runs from its pre-forward to its post-forward hook. Its
-        backward runs from its pre-backward hook until the next compute after its
-        post-backward: hooks that fire on its input gradients (the previous unit's
-        pre-backward, with its copy-out) belong to it, as in ``ModTracker``.
+        backward runs from its pre-backward hook to its post-backward hook, plus the
+        pre-backward hooks that fire on the same gradients (the previous unit's, with its
+        copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It
+        ends at the next compute, any operator (a norm's backward counts no FLOPs), or the
+        next hook call of another kind.
         """
         if opening:
             recompute = c.hook == "pre_forward" and self.in_backward

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fsdpviz.errors import ConfigError
 
@@ -92,19 +92,37 @@ def _remember_range(copy: torch.Tensor, info: tuple[str, int, int]) -> None:
 
 
 def inputs_copy(inputs: Any, device: str = "meta") -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Normalise ``inputs`` (dict: kwargs, tuple/list: args, tensor: one arg) onto ``device``."""
+    """Normalise ``inputs`` (dict: kwargs, tuple/list: args, tensor: one arg) onto ``device``.
+
+    Inputs that share memory share it in the copy too: a tensor passed under two names
+    (``{"input_ids": ids, "labels": ids}``) is one copy, and views of one tensor are views
+    of one copied storage, the span of it they use (``batch[:, :-1]`` and ``batch[:, 1:]``:
+    the batch), so the trace counts those bytes once. Example::
+
+        args, kwargs = inputs_copy({"input_ids": ids, "labels": ids})
+        kwargs["input_ids"] is kwargs["labels"]      # True
+    """
+    spans = _spans(inputs)
+    tensors: dict[int, torch.Tensor] = {}  # id(user's tensor) -> its copy
+    storages: dict[int, torch.UntypedStorage] = {}  # the user's storage -> its copy
 
     def to_target(x: Any, name: str) -> Any:
-        if isinstance(x, torch.Tensor):
-            if device == "real":
-                return x.detach().clone().requires_grad_(x.requires_grad)
-            t = torch.empty_like(x, device="meta")
-            if x.is_floating_point():
-                return t.requires_grad_(x.requires_grad)
-            if x.device.type != "meta" and x.numel() and x.dtype != torch.bool:
-                _remember_range(t, (name, int(x.min()), int(x.max())))
-            return t
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        done = tensors.get(id(x))
+        if done is not None:
+            return done
+        key = _storage_key(x)
+        if key is None:  # not a plain strided tensor: a copy of its own
+            t = x.detach().clone() if device == "real" else torch.empty_like(x, device="meta")
+        else:
+            t = _aliased_copy(x, device, storages, key, spans[key])
+        if x.is_floating_point() or x.is_complex():
+            t.requires_grad_(x.requires_grad)
+        elif device != "real" and x.device.type != "meta" and x.numel() and x.dtype != torch.bool:
+            _remember_range(t, (name, int(x.min()), int(x.max())))
+        tensors[id(x)] = t
+        return t
 
     def named(obj: Any, name: str) -> Any:
         """``tree_map(to_target, obj)`` that knows each leaf's name (``labels``, ``inputs[0]``)."""
@@ -124,6 +142,73 @@ def inputs_copy(inputs: Any, device: str = "meta") -> tuple[tuple[Any, ...], dic
         f"inputs must be a dict (keyword arguments), a tuple (positional arguments) or one "
         f"tensor, got {type(inputs).__name__}"
     )
+
+
+def _storage_key(x: torch.Tensor) -> int | None:
+    """The storage of a plain strided tensor, else None (a subclass, sparse, quantized,
+    conjugated: copied alone)."""
+    plain = type(x) in (torch.Tensor, nn.Parameter) and x.layout == torch.strided
+    if not plain or x.is_quantized or x.is_conj() or x.is_neg():
+        return None
+    try:
+        return int(x.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _spans(inputs: Any) -> dict[int, tuple[int, int]]:
+    """Per storage, the bytes ``[start, end)`` that the input tensors on it use.
+
+    A slice of a large tensor (a batch cut from a dataset) copies the slice, not all of it.
+    """
+    on: dict[int, list[torch.Tensor]] = {}
+    for x in tree_leaves(inputs):
+        if isinstance(x, torch.Tensor) and (key := _storage_key(x)) is not None:
+            on.setdefault(key, []).append(x)
+    spans: dict[int, tuple[int, int]] = {}
+    for key, xs in on.items():
+        used = [(_offset(x), _extent(x) * x.element_size()) for x in xs if x.numel()]
+        start = min((a for a, _ in used), default=0)
+        end = max((a + n for a, n in used), default=0)
+        if any((_offset(x) - start) % x.element_size() for x in xs):
+            start = 0  # tensors of different dtypes on one storage, out of step: from its start
+        spans[key] = (start, end)
+    return spans
+
+
+def _offset(x: torch.Tensor) -> int:
+    """Where ``x`` starts in its storage, in bytes."""
+    return int(x.storage_offset()) * x.element_size()
+
+
+def _extent(x: torch.Tensor) -> int:
+    """Elements of storage that ``x`` reaches from its offset."""
+    return 1 + sum((int(n) - 1) * int(s) for n, s in zip(x.size(), x.stride(), strict=True))
+
+
+def _aliased_copy(
+    x: torch.Tensor,
+    device: str,
+    storages: dict[int, torch.UntypedStorage],
+    key: int,
+    span: tuple[int, int],
+) -> torch.Tensor:
+    """``x`` over the copy of the span its storage's inputs use, made once per storage (on
+    meta, or a clone of those bytes on their own device)."""
+    start, end = span
+    target = storages.get(key)
+    if target is None:
+        if device == "real":
+            raw = torch.empty(0, dtype=torch.uint8, device=x.device)
+            raw.set_(x.untyped_storage(), start, (end - start,), (1,))
+            target = raw.clone().untyped_storage()
+        else:
+            target = torch.UntypedStorage(end - start, device="meta")  # type: ignore[no-untyped-call]
+        storages[key] = target
+    size = x.element_size()
+    offset = min(max(int(x.storage_offset()) - start // size, 0), (end - start) // size)
+    t = torch.empty(0, dtype=x.dtype, device=target.device)
+    return t.set_(target, offset, x.size(), x.stride())
 
 
 def map_objects(objs: Any, mapping: dict[int, Any], what: str) -> Any:
