@@ -30,5 +30,5 @@ await build({
   entryPoints: [resolve(here, "src", "standalone.ts")],
   outfile: resolve(outdir, "standalone.js"),
 });
-await copyFile(resolve(here, "src", "timeline.css"), resolve(outdir, "timeline.css"));
+await copyFile(resolve(here, "src", "widget.css"), resolve(outdir, "timeline.css"));
 console.log(`wrote ${outdir}/timeline.js, standalone.js and timeline.css`);

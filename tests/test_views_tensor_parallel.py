@@ -16,8 +16,8 @@ from fsdpviz.cost.hardware import machine
 from fsdpviz.export import chrome_trace, page_script
 from fsdpviz.views.card import report_html
 from fsdpviz.views.detail import param_rows, unit_detail_html
-from fsdpviz.views.timeline_lanes import timeline_figure
-from fsdpviz.views.timeline_steps import timeline_data
+from fsdpviz.views.timeline_view import timeline_data
+from fsdpviz.views.timeline_view_figure import timeline_figure
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
 from fsdpviz.views.style import Theme, format_bytes, theme_colors
-from fsdpviz.views.timeline_steps import MemoryOption
+from fsdpviz.views.timeline_view import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def html_page(
     """The page as a string (see :func:`fsdpviz.export.save` for the options)."""
     from fsdpviz.views.explorer import explorer_data
     from fsdpviz.views.prefetch import prefetch_data
-    from fsdpviz.views.timeline_steps import timeline_data
+    from fsdpviz.views.timeline_view import timeline_data
 
     theme_colors(theme)  # rejects an unknown theme before any work
     reports, names = ranks_of(obj)

@@ -27,8 +27,8 @@ from fsdpviz.views.prefetch import (
     prefetch_figure,
 )
 from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
-from fsdpviz.views.timeline_lanes import timeline_figure
-from fsdpviz.views.timeline_steps import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.timeline_view import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.timeline_view_figure import timeline_figure
 from fsdpviz.views.tree import ModuleTree, module_tree
 
 __all__ = [

@@ -44,7 +44,14 @@ from fsdpviz.views.prefetch_facts import (
     backward_unit_order,
     prefetch_analysis,
 )
-from fsdpviz.views.style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
+from fsdpviz.views.style import (
+    EDGE_COLORS,
+    Theme,
+    format_bytes,
+    template,
+    text_on,
+    theme_colors,
+)
 from fsdpviz.views.style import unit_colors as palette_for
 
 __all__ = [
@@ -138,7 +145,7 @@ def prefetch_parts(
     traces += _node_traces(graph, pos, colors, facts.never_prefetched, c, size)
     for name, unit, color in (  # not pickable: a click goes to the unit below
         ("current", highlight_unit, c["fg"]),
-        ("selected", selected_unit, "#D55E00"),
+        ("selected", selected_unit, c["accent"]),
     ):
         xs = [pos[unit]] if unit is not None and unit in pos else []
         traces.append(
@@ -417,7 +424,7 @@ def _node_traces(
             "showlegend": False,
             "text": [str(pos[n]) for n in names],
             "textposition": "middle center",
-            "textfont": {"size": 10, "color": "#000000"},
+            "textfont": {"size": 10, "color": [text_on(colors[n]) for n in names]},
             "hovertext": hover,
             "hovertemplate": "%{hovertext}<extra></extra>",
             "marker": {

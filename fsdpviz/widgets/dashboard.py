@@ -41,7 +41,7 @@ import traitlets
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch import prefetch_parts
-from fsdpviz.views.timeline_steps import MemoryOption, auto_memory
+from fsdpviz.views.timeline_view import MemoryOption, auto_memory
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._figure import ClickFigure

@@ -27,7 +27,7 @@ import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.timeline_steps import MemoryOption, timeline_data
+from fsdpviz.views.timeline_view import MemoryOption, timeline_data
 
 if TYPE_CHECKING:
     from typing import TypeAlias

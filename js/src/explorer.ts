@@ -8,8 +8,8 @@
 // The current unit's blocks are outlined in the text colour, the selected unit's in orange.
 import { CanvasView } from "./canvas_view";
 import { button, element, fitText, sizeCanvas } from "./dom";
-import { formatBytes, moduleName, quote } from "./model";
-import { FONT, readTheme, type ThemeColors, textOn } from "./render";
+import { formatBytes, moduleName, quote } from "./format";
+import { FONT, type ThemeColors, takeTheme, textOn } from "./theme";
 
 export interface ExplorerData {
   /** "834 units, world size 8". */
@@ -281,7 +281,7 @@ export class ExplorerView extends CanvasView {
     this.layer = document.createElement("canvas");
     this.data = data;
     this.index = new ModuleIndex(data);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.listen();
     this.setData(data);
   }
@@ -429,7 +429,7 @@ export class ExplorerView extends CanvasView {
   resize(): void {
     const measured = this.root.clientWidth;
     if (measured > 0) this.width = Math.max(measured, 240);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.draw();
   }
 

@@ -7,8 +7,8 @@
 // on an arc (its target), selects that unit.
 import { CanvasView } from "./canvas_view";
 import { button, dashPattern, element, fitText, sizeCanvas } from "./dom";
-import { moduleName, quote } from "./model";
-import { FONT, readTheme, type ThemeColors, textOn } from "./render";
+import { moduleName, quote } from "./format";
+import { FONT, type ThemeColors, takeTheme, textOn } from "./theme";
 
 export interface PrefetchData {
   title: string;
@@ -202,7 +202,7 @@ export class PrefetchView extends CanvasView {
     this.root.append(header, this.stage, note);
     this.layer = document.createElement("canvas");
     this.data = data;
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.layout = this.computeLayout();
     this.listen();
     this.setData(data);
@@ -272,7 +272,7 @@ export class PrefetchView extends CanvasView {
   resize(): void {
     const measured = this.root.clientWidth;
     if (measured > 0) this.width = Math.max(measured, 240);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     const before = this.layout;
     this.layout = this.computeLayout();
     const n = this.data.units.length;

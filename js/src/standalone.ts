@@ -4,9 +4,10 @@
 // (explorer.ts, prefetch.ts) are drawn below it. The current step's unit is outlined in
 // both, and a click on a unit there selects it in the timeline.
 import { type ExplorerData, ExplorerView } from "./explorer";
-import { clampStep, quote, type TimelineData } from "./model";
+import { quote } from "./format";
 import { type PrefetchData, PrefetchView } from "./prefetch";
-import type { WidgetModel } from "./view";
+import { clampStep, type TimelineData } from "./timeline_data";
+import type { WidgetModel } from "./timeline_view";
 
 /** What Python writes, as JSON, gzip-compressed and base64-encoded, into <script id="fv-config">. */
 export interface PageConfig {

@@ -8,10 +8,10 @@
 // canvas, the widget's size, JupyterLab's theme).
 import type { RenderProps } from "@anywidget/types";
 import { bindPointer } from "./dom";
-import { clampStep } from "./model";
-import { nextFrame, TimelineView, type WidgetModel } from "./view";
+import { clampStep } from "./timeline_data";
+import { nextFrame, TimelineView, type WidgetModel } from "./timeline_view";
 
-export type { WidgetModel } from "./view";
+export type { WidgetModel } from "./timeline_view";
 
 /** Follow Python's changes to the traits; returns what stops following them. */
 function listenToModel(view: TimelineView): () => void {

@@ -4,7 +4,7 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import type { TimelineView } from "../src/view";
+import type { TimelineView } from "../src/timeline_view";
 import widget, { type WidgetModel } from "../src/widget";
 import { byIndex, fakeContext, predicted } from "./fixtures";
 

@@ -3,29 +3,24 @@
 // model's traits and to the page.
 import type { AnyModel } from "@anywidget/types";
 import { button, element, guarded, showViewError, Tooltip } from "./dom";
+import { axisTicks, exactBytes, formatBytes, formatSeconds, quote } from "./format";
+import { animationFrames, Player, Throttle } from "./player";
+import { type ThemeColors, takeTheme } from "./theme";
 import {
-  animationFrames,
-  axisTicks,
   clampStep,
   cursorX,
   describeStep,
   eventDetails,
-  exactBytes,
   exposedText,
   follow,
-  formatBytes,
-  formatSeconds,
   memoryDetails,
   nearestStep,
   type Order,
   orderOf,
-  Player,
-  quote,
-  Throttle,
   type TimelineData,
   unitText,
   type Window,
-} from "./model";
+} from "./timeline_data";
 import {
   computeLayout,
   drawCurrent,
@@ -39,10 +34,8 @@ import {
   MarkList,
   type Picked,
   pxToX,
-  readTheme,
   type Scene,
-  type ThemeColors,
-} from "./render";
+} from "./timeline_draw";
 
 export interface WidgetModel {
   data: TimelineData;
@@ -166,7 +159,7 @@ export class TimelineView {
     this.overview = document.createElement("canvas");
     this.index = new Index(this.data);
     this.layout = computeLayout(this.data, 800);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.win = this.index.full;
     this.order = model.get("order") === "stream" ? "stream" : "issue";
     this.sync = new Throttle<number>(model.get("sync_interval_ms") || 150, (step) => {
@@ -425,7 +418,7 @@ export class TimelineView {
   }
 
   applyTheme(): void {
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     if (this.model.get("theme") !== this.theme.name) {
       this.model.set("theme", this.theme.name);
       this.model.save_changes();

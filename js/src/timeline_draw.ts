@@ -2,74 +2,17 @@
 // an overview strip of the whole run at the bottom. Everything that depends only on the
 // visible window is drawn once into a layer (with the marks a click or hover can pick);
 // each step then draws only the cursor and the current event over that layer.
+import { axisTicks, byteTicks, formatBytes } from "./format";
+import { FONT, type ThemeColors, textOn } from "./theme";
 import {
-  axisTicks,
-  byteTicks,
   FREE,
-  formatBytes,
   fullRange,
   lowerBound,
   type TimelineData,
   upperBound,
   type Window,
-} from "./model";
+} from "./timeline_data";
 
-export interface ThemeColors {
-  name: "light" | "dark";
-  bg: string;
-  fg: string;
-  muted: string;
-  grid: string;
-  accent: string;
-  wait: string;
-  call: string;
-}
-
-export const FALLBACK_THEMES: Record<"light" | "dark", ThemeColors> = {
-  light: {
-    name: "light",
-    bg: "#ffffff",
-    fg: "#1f1f1f",
-    muted: "#616161",
-    grid: "#e0e0e0",
-    accent: "#D55E00",
-    wait: "#C62828",
-    call: "#ececec",
-  },
-  dark: {
-    name: "dark",
-    bg: "#111111",
-    fg: "#e0e0e0",
-    muted: "#9e9e9e",
-    grid: "#333333",
-    accent: "#FF8C42",
-    wait: "#FF6B6B",
-    call: "#262626",
-  },
-};
-
-/** JupyterLab's theme (body[data-jp-theme-light]) or the OS preference, with its CSS colours. */
-export function readTheme(el: HTMLElement): ThemeColors {
-  const flag = document.body.dataset.jpThemeLight;
-  const dark =
-    flag !== undefined
-      ? flag === "false"
-      : typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
-  const base = FALLBACK_THEMES[dark ? "dark" : "light"];
-  const css = getComputedStyle(el);
-  const v = (name: string, fallback: string): string =>
-    css.getPropertyValue(name).trim() || fallback;
-  return {
-    ...base,
-    bg: v("--jp-layout-color0", base.bg),
-    fg: v("--jp-ui-font-color0", base.fg),
-    muted: v("--jp-ui-font-color2", base.muted),
-    grid: v("--jp-border-color2", base.grid),
-    call: v("--jp-layout-color2", base.call),
-  };
-}
-
-export const FONT = "11px system-ui, sans-serif";
 const LANE_H: Record<string, number> = { cpu: 24, compute: 20, stream: 22, memory: 116 };
 const LANE_GAP = 3;
 const GROUP_GAP = 10;
@@ -147,13 +90,6 @@ export const xToPx = (win: Window, l: Layout, x: number): number =>
   l.labelW + ((x - win.x0) / (win.x1 - win.x0 || 1)) * l.plotW;
 export const pxToX = (win: Window, l: Layout, px: number): number =>
   win.x0 + ((px - l.labelW) / l.plotW) * (win.x1 - win.x0);
-
-/** Black or white text on `hex`, whichever contrasts more. */
-export function textOn(hex: string): string {
-  const n = Number.parseInt(hex.slice(1), 16);
-  const lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255;
-  return lum > 0.55 ? "#000000" : "#ffffff";
-}
 
 // ---------------------------------------------------------------------------- marks
 
@@ -727,7 +663,7 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
     if (wt.x1[k] < win.x0 || wt.x0[k] > win.x1) continue;
     const x = xToPx(win, l, wt.x0[k]);
     const w = Math.max(xToPx(win, l, wt.x1[k]) - x, 1);
-    ctx.fillStyle = theme.name === "dark" ? "rgba(255,107,107,0.16)" : "rgba(198,40,40,0.10)";
+    ctx.fillStyle = theme.wait_fill;
     ctx.fillRect(x, row.top, w, row.h);
     hatch(ctx, x, row.top, w, row.h, theme.wait, 6);
     const target = wt.step[k];

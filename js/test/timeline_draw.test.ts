@@ -1,15 +1,8 @@
 // Drawing and picking without a browser: the marks the layer draws are what a click picks.
 import { describe, expect, it } from "vitest";
-import { fullRange, type TimelineData, type Window } from "../src/model";
-import {
-  computeLayout,
-  drawLayer,
-  FALLBACK_THEMES,
-  Index,
-  MARK,
-  MarkList,
-  type Scene,
-} from "../src/render";
+import { THEMES } from "../src/theme";
+import { fullRange, type TimelineData, type Window } from "../src/timeline_data";
+import { computeLayout, drawLayer, Index, MARK, MarkList, type Scene } from "../src/timeline_draw";
 import { byIndex, fakeContext, predicted, recorded } from "./fixtures";
 
 function scene(data: TimelineData, win?: Window, width = 1000): Scene {
@@ -19,7 +12,7 @@ function scene(data: TimelineData, win?: Window, width = 1000): Scene {
     index,
     layout: computeLayout(data, width),
     win: win ?? index.full,
-    theme: FALLBACK_THEMES.light,
+    theme: THEMES.light,
     selectedUnit: -1,
   };
 }
