@@ -278,12 +278,17 @@ export class PrefetchView extends CanvasView {
     const n = this.data.units.length;
     if (this.win.u1 <= this.win.u0 || before.plotW !== this.layout.plotW) {
       const keep = this.win.u1 > this.win.u0 ? this.win : null;
-      const first = firstWindow(n, this.layout.plotW);
-      if (keep === null) this.win = first;
-      else {
-        // the same units per pixel where there is room for them
+      const was = firstWindow(n, before.plotW);
+      const untouched = keep !== null && keep.u0 === was.u0 && keep.u1 === was.u1;
+      if (keep === null || untouched) {
+        // as the graph was first shown: every unit where they fit, else the first ones
+        this.win = firstWindow(n, this.layout.plotW);
+      } else {
+        // zoomed or moved: the same units per pixel, around the same middle
         const span = Math.min(((keep.u1 - keep.u0) * this.layout.plotW) / before.plotW, n);
-        this.win = { u0: keep.u0, u1: keep.u0 + Math.max(span, Math.min(n, 1)) };
+        const mid = (keep.u0 + keep.u1) / 2;
+        const w = Math.max(span, Math.min(n, 1));
+        this.win = { u0: mid - w / 2, u1: mid + w / 2 };
       }
     }
     this.showWindow(this.win);

@@ -91,3 +91,30 @@ export function textOn(hex: string): string {
   const lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255;
   return lum > 0.55 ? "#000000" : "#ffffff";
 }
+
+/**
+ * Call `onChange` when the page's theme changes: JupyterLab's flag on the body, or the
+ * OS setting where the page has no flag. Called again on the next frame, as the new
+ * theme's CSS variables may apply after the flag. Returns what stops watching.
+ */
+export function watchTheme(onChange: () => void, doc: Document = document): () => void {
+  const again = (): void => {
+    onChange();
+    if (typeof requestAnimationFrame === "function") requestAnimationFrame(() => onChange());
+  };
+  const stops: Array<() => void> = [];
+  if (typeof MutationObserver === "function" && doc.body) {
+    const flag = new MutationObserver(again);
+    flag.observe(doc.body, { attributes: true, attributeFilter: ["data-jp-theme-light"] });
+    stops.push(() => flag.disconnect());
+  }
+  const query =
+    typeof matchMedia === "function" ? matchMedia("(prefers-color-scheme: dark)") : null;
+  if (query !== null && typeof query.addEventListener === "function") {
+    query.addEventListener("change", again);
+    stops.push(() => query.removeEventListener("change", again));
+  }
+  return () => {
+    for (const stop of stops) stop();
+  };
+}

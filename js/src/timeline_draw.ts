@@ -407,7 +407,6 @@ export function drawLayer(ctx: CanvasRenderingContext2D, sc: Scene, marks: MarkL
     else if (lane.kind === "stream") drawStream(ctx, sc, row, marks);
   }
   for (const row of l.rows) if (data.lanes[row.lane].kind === "cpu") drawCalls(ctx, sc, row, marks);
-  drawFlows(ctx, sc);
   for (const row of l.rows)
     if (data.lanes[row.lane].kind === "memory") drawMemory(ctx, sc, row, marks);
   drawMarks(ctx, sc);
@@ -591,26 +590,43 @@ function arrowHead(ctx: CanvasRenderingContext2D, sc: Scene, i: number, size: nu
   ctx.closePath();
 }
 
-/** Faint flows from each visible hook cell to where its collective runs (Perfetto's flows). */
-function drawFlows(ctx: CanvasRenderingContext2D, sc: Scene): void {
-  const { data, win } = sc;
-  if (!data.timed) return; // by index the collective sits right under its cell
-  const s = data.steps;
-  let visible = 0;
-  for (let i = 0; i < data.n_steps; i++) {
-    if (s.kind[i] !== FREE && s.issue[i] <= win.x1 && s.x0[i] >= win.x0) visible++;
+/**
+ * The events whose flows (hook cell -> where the collective runs) are drawn: the current
+ * event's and the hovered one's, and their neighbours (the other events of the same hook
+ * call, the steps just before and after). All of them at once would fan across the
+ * lanes and hide the labels (FSDP2, hybrid sharding).
+ */
+export function flowSteps(sc: Scene, step: number, hovered: number | null): number[] {
+  const { data, index } = sc;
+  const out = new Set<number>();
+  for (const s of [step, hovered]) {
+    if (s === null || s < 0 || s >= data.n_steps) continue;
+    for (const k of [s - 1, s, s + 1]) if (k >= 0 && k < data.n_steps) out.add(k);
+    for (const k of index.callSteps[data.steps.call[s]] ?? []) if (k >= 0) out.add(k);
   }
-  if (visible > 400) return;
+  return [...out].filter((i) => data.steps.kind[i] !== FREE).sort((a, b) => a - b);
+}
+
+/** Faint flows of `steps` (see {@link flowSteps}), drawn over the layer. */
+export function drawFlows(ctx: CanvasRenderingContext2D, sc: Scene, steps: number[]): void {
+  if (!sc.data.timed || steps.length === 0) return; // by index a collective sits under its cell
+  const { layout: l } = sc;
   ctx.save();
-  ctx.globalAlpha = sc.theme.name === "dark" ? 0.45 : 0.35;
-  ctx.strokeStyle = sc.theme.muted;
-  ctx.lineWidth = 1;
   ctx.beginPath();
-  for (let i = 0; i < data.n_steps; i++) {
-    if (s.kind[i] === FREE || s.issue[i] > win.x1 || s.x0[i] < win.x0) continue;
-    flowPath(ctx, sc, i);
+  ctx.rect(l.labelW - 2, 0, l.plotW + 4, l.lanesBottom + 2);
+  ctx.clip();
+  ctx.globalAlpha = sc.theme.name === "dark" ? 0.6 : 0.5;
+  ctx.strokeStyle = sc.theme.muted;
+  ctx.fillStyle = sc.theme.muted;
+  ctx.lineWidth = 1;
+  for (const i of steps) {
+    ctx.beginPath();
+    if (!flowPath(ctx, sc, i)) continue;
+    ctx.stroke();
+    ctx.beginPath();
+    arrowHead(ctx, sc, i, 5);
+    ctx.fill();
   }
-  ctx.stroke();
   ctx.restore();
 }
 
