@@ -8,6 +8,7 @@ is tested with vitest in ``js/test`` and in Chromium (``test_browser_*.py``).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ def test_timeline_traitlets(report: Report) -> None:
     view = TimelineWidget(report, memory=memory_model(report))
     assert set(view.keys) >= {"view", "data", "step", "playing", "speed", "selected_unit", "busy"}
     assert "theme" not in view.keys  # the browser reads the page's theme itself
+    sent = view.get_state("data")["data"]  # one buffer of JSON: nothing walked, nothing re-encoded
+    assert isinstance(sent, memoryview) and json.loads(bytes(sent)) == view.data
     assert view.trait_metadata("step", "sync") and view.trait_metadata("selected_unit", "sync")
     assert view.n_steps == len(report.iterations[-1])
     view.step = 4
@@ -106,7 +109,7 @@ def test_a_re_plan_keeps_the_selected_event(report: Report) -> None:
 def test_explorer_click_selects_module_and_unit(report: Report) -> None:
     ex = Explorer(report)
     assert isinstance(ex.view, ExplorerWidget) and ex.view.view == "explorer"
-    details = ex.view.data["details"]
+    details = ex.view.details
     assert [d["title"].split(":")[0] for d in details] == [f"unit {k} of 4" for k in range(4)]
     click(ex.view, selected_unit="blocks.1", selected_module="blocks.1.fc", focus="blocks.1")
     assert (ex.selected_module, ex.selected_unit, ex.focus) == (

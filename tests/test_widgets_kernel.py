@@ -23,6 +23,7 @@ import fsdpviz.widgets.explorer as explorer_module
 from fsdpviz import Report
 from fsdpviz.cost import memory_lane
 from fsdpviz.replan import Replanner
+from fsdpviz.views import unit_details
 from fsdpviz.widgets import Dashboard, Explorer
 
 pytestmark = needs_front_end
@@ -79,6 +80,23 @@ def test_a_control_change_redraws_every_view_in_one_answer(report: Report, quick
         assert "world size 32" in view.explorer.view.data["title"]
         assert not (view.explorer.busy or view.timeline.busy or view.prefetch.busy)
         assert view.errors.last_error is None and view.explorer.errors.last_error is None
+
+    in_kernel(test)
+
+
+def test_the_answer_carries_the_selected_units_details_the_others_follow(
+    report: Report, quick: None
+) -> None:
+    async def test() -> None:
+        view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+        assert all(view.explorer.view.details)  # every unit's, from the start
+        view.selected_unit = "blocks.1"
+        view.explorer.controls.set(world_size=16, as_browser=True)
+        details = view.explorer.view.details
+        assert [d is not None for d in details] == [False, False, True, False]
+        assert details[2]["facts"].endswith("352 B full, 24 B per rank")  # 16 ranks: the new plan
+        await until(lambda: all(view.explorer.view.details))
+        assert view.explorer.view.details == unit_details(view.explorer.report)
 
     in_kernel(test)
 

@@ -17,11 +17,12 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from fsdpviz.schema.report import Report, Unit, unit_label
+from fsdpviz.schema.report import ModuleInfo, Report, Unit, unit_label
 from fsdpviz.views.style import format_bytes
-from fsdpviz.views.tree import ModuleTree, module_tree
+from fsdpviz.views.tree import ModuleTree, TreeNode, module_tree
 
 __all__ = ["bytes_breakdown", "dtype_text", "param_rows", "unit_details"]
 
@@ -47,18 +48,26 @@ def _shape(dims: list[int] | None) -> str:
     return "?" if dims is None else "×".join(map(str, dims)) or "scalar"
 
 
-def param_rows(report: Report, unit: str) -> list[list[str]]:
-    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit`` (FSDP1: in
-    flattening order). Then, where a rank holds a piece of each parameter, ``shard per
-    rank`` (FSDP2: dim 0 split over the ranks); under tensor parallelism ``[tp placement,
-    shard per rank]`` (a tp-sharded parameter's placement, ``Replicate()`` or ``-``, and
-    what one rank holds of it)."""
-    u = report.unit(unit)
+def _param_shapes(report: Report) -> dict[str, list[int]]:
+    """Every parameter's shape, by FQN."""
     shapes: dict[str, list[int]] = {}
     for m in report.modules:
         prefix = f"{m.fqn}." if m.fqn else ""
         for name, dims in m.params.items():
             shapes[prefix + name] = dims
+    return shapes
+
+
+def param_rows(
+    report: Report, unit: str, shapes: dict[str, list[int]] | None = None
+) -> list[list[str]]:
+    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit`` (FSDP1: in
+    flattening order). Then, where a rank holds a piece of each parameter, ``shard per
+    rank`` (FSDP2: dim 0 split over the ranks); under tensor parallelism ``[tp placement,
+    shard per rank]`` (a tp-sharded parameter's placement, ``Replicate()`` or ``-``, and
+    what one rank holds of it). ``shapes``: every parameter's, when known already."""
+    u = report.unit(unit)
+    shapes = _param_shapes(report) if shapes is None else shapes
     fsdp2 = report.config.api == "FSDP2"
     ranks = report.config.shard_ranks
     rows = []
@@ -85,20 +94,34 @@ def param_rows(report: Report, unit: str) -> list[list[str]]:
     return rows
 
 
-def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[str]]:
+def _nodes_by_unit(tree: ModuleTree) -> dict[str | None, list[TreeNode]]:
+    """The modules with parameters of each unit, in tree order."""
+    out: dict[str | None, list[TreeNode]] = {}
+    for node in tree.nodes:
+        if node.numel:
+            out.setdefault(node.unit, []).append(node)
+    return out
+
+
+def bytes_breakdown(
+    report: Report,
+    tree: ModuleTree,
+    unit: str,
+    nodes: dict[str | None, list[TreeNode]] | None = None,
+) -> list[list[str]]:
     """Where ``unit``'s bytes go: ``[part, parameters, bytes full, bytes per rank, share]``.
 
     One row per top-level module of the unit (the unit root's own parameters first), then
     padding (FSDP1: ``use_orig_params``' alignment and the FlatParameter padded to a
     multiple of the shard size; FSDP2: each parameter's dim 0 padded to a multiple of the
     ranks), then the total: FSDP1's ``FlatParameter``, FSDP2's group, all-gathered in one.
+    ``nodes``: the tree's modules with parameters by unit, when known already.
     """
     u = report.unit(unit)
     parts: dict[str, list[int]] = {}
     root = tree.by_fqn.get(unit)
-    for node in tree.nodes:
-        if node.unit != unit or node.numel == 0:
-            continue
+    nodes = _nodes_by_unit(tree) if nodes is None else nodes
+    for node in nodes.get(unit, []):
         key = node.fqn
         if root is not None and node.fqn != unit:
             rel = node.fqn[len(unit) + 1 :] if unit else node.fqn
@@ -141,17 +164,16 @@ def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[st
     return rows
 
 
-def _events_line(report: Report, unit: str) -> str:
+def _events_lines(report: Report) -> dict[str, str]:
+    """Each unit's events of the steady state, in words."""
     it = report.iterations[-1] if report.iterations else []
-    words = []
+    words: dict[str, list[str]] = {}
     for pos, e in enumerate(it):
-        if e.unit != unit:
-            continue
         w = e.kind + (" (prefetch)" if e.prefetch else "")
         if e.hook is not None:
             w += f" by {e.hook} of {unit_label(e.hook_unit)}"
-        words.append(f"{pos}: {w}")
-    return "; ".join(words) or "no events"
+        words.setdefault(e.unit, []).append(f"{pos}: {w}")
+    return {unit: "; ".join(ws) for unit, ws in words.items()}
 
 
 def _how_sharded(report: Report, u: Unit) -> str:
@@ -183,10 +205,27 @@ def _text(title: str, text: str) -> dict[str, Any]:
     return {"title": title, "text": text}
 
 
-def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
+class _Facts:
+    """What every unit's panel reads from the report, gathered once."""
+
+    def __init__(self, report: Report, tree: ModuleTree) -> None:
+        self.shapes = _param_shapes(report)
+        self.nodes = _nodes_by_unit(tree)
+        self.events = _events_lines(report)
+        self.modules: dict[str | None, list[ModuleInfo]] = {}
+        for m in report.modules:
+            node = tree.by_fqn.get(m.fqn)
+            if node is not None and (m.calls or m.params):
+                self.modules.setdefault(node.unit, []).append(m)
+
+
+def unit_detail(
+    report: Report, tree: ModuleTree, index: int, known: _Facts | None = None
+) -> dict[str, Any]:
     """The panel of ``report.units[index]``: ``title``, ``facts`` (one line), ``warnings``
     and ``sections``, each a table (``title``, ``note``, ``header``, ``rows`` of text,
     ``more``: rows left out, ``numeric``: the columns aligned right) or a ``text``."""
+    known = _Facts(report, tree) if known is None else known
     u = report.units[index]
     fsdp2 = report.config.api == "FSDP2"
     facts = [
@@ -199,7 +238,7 @@ def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
         _table(
             "Where its bytes go",
             ["part", "parameters", "full", "per rank", "share"],
-            bytes_breakdown(report, tree, u.module),
+            bytes_breakdown(report, tree, u.module, known.nodes),
             [1, 2, 3, 4],
         )
     ]
@@ -212,7 +251,7 @@ def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
         _table(
             "Parameters",
             header,
-            param_rows(report, u.module),
+            param_rows(report, u.module, known.shapes),
             [2, 3],
             note="each a DTensor sharded on dim 0, all-gathered together"
             if fsdp2
@@ -233,10 +272,7 @@ def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
         shared = ", ".join(f"{a} = {b}" for a, b in u.shared_params.items())
         sections.append(_text("Shared parameters", shared))
     shape_rows = []
-    for m in report.modules:
-        node = tree.by_fqn.get(m.fqn)
-        if node is None or node.unit != u.module or (m.calls == 0 and not m.params):
-            continue
+    for m in known.modules.get(u.module, []):
         shape_rows.append(
             [
                 m.fqn or "(root)",
@@ -255,7 +291,7 @@ def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
                 [2],
             )
         )
-    sections.append(_text("Events (steady state)", _events_line(report, u.module)))
+    sections.append(_text("Events (steady state)", known.events.get(u.module, "no events")))
     return {
         "title": f"unit {index} of {len(report.units)}: {unit_label(u.module)} ({u.module_class})",
         "facts": " · ".join(facts),
@@ -268,7 +304,12 @@ def unit_detail(report: Report, tree: ModuleTree, index: int) -> dict[str, Any]:
     }
 
 
-def unit_details(report: Report, tree: ModuleTree | None = None) -> list[dict[str, Any]]:
-    """:func:`unit_detail` of every unit, in ``report.units`` order."""
+def unit_details(
+    report: Report, tree: ModuleTree | None = None, indices: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`unit_detail` of every unit, in ``report.units`` order (of the units at
+    ``indices`` only, when given)."""
     tree = tree or module_tree(report)
-    return [unit_detail(report, tree, i) for i in range(len(report.units))]
+    facts = _Facts(report, tree)
+    which = range(len(report.units)) if indices is None else indices
+    return [unit_detail(report, tree, i, facts) for i in which]

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 import numpy as np
@@ -219,7 +220,9 @@ def explorer_parts(
     return trace, layout
 
 
-def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str, Any]:
+def explorer_data(
+    report: Report, *, tree: ModuleTree | None = None, details: bool | Collection[str] = True
+) -> dict[str, Any]:
     """The module tree as the explorer of fsdpviz's page draws it (``js/src/explorer.ts``):
     JSON-ready columns, one entry per module in tree order (parents before children).
 
@@ -229,8 +232,9 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
     does not manage it), and the subtree's ``numel``, ``bytes`` and ``rank_bytes``.
     ``units``: per unit its ``name``, ``color``, ``dtype`` and the ``warnings`` (codes)
     that name it. ``details``: the detail panel of each unit
-    (:func:`fsdpviz.views.detail.unit_detail`). The view draws every module; the area is
-    ``numel`` or ``rank_bytes``.
+    (:func:`fsdpviz.views.detail.unit_detail`; with ``details=`` a set of unit names, only
+    theirs, ``None`` for the others; ``details=False``: none). The view draws every module;
+    the area is ``numel`` or ``rank_bytes``.
 
     Example::
 
@@ -273,8 +277,19 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         "classes": list(classes),
         "units": units,
         "unmanaged_color": UNMANAGED_COLOR,
-        "details": unit_details(report, tree),
+        "details": _details(report, tree, details),
     }
+
+
+def _details(
+    report: Report, tree: ModuleTree, which: bool | Collection[str]
+) -> list[dict[str, Any] | None]:
+    if which is True:
+        return list(unit_details(report, tree))
+    wanted = set() if which is False else set(which)
+    indices = [i for i, u in enumerate(report.units) if u.module in wanted]
+    some = dict(zip(indices, unit_details(report, tree, indices), strict=True))
+    return [some.get(i) for i in range(len(report.units))]
 
 
 def _block_label(node: TreeNode, unit_index: dict[str, int]) -> str:

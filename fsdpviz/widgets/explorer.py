@@ -147,10 +147,19 @@ class Explorer(w.VBox):  # type: ignore[misc]
         return f"<small>{text}</small>"
 
     def _on_report(self, change: dict[str, Any]) -> None:
-        self.tree = module_tree(self.report)  # the same modules, other units
+        """A re-plan: the new plan drawn in this answer, with the selected unit's details;
+        every other unit's follow right after the answer."""
+        report = self.report
+        self.tree = module_tree(report)  # the same modules, other units
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
-        self.view.set_report(self.report, tree=self.tree)
+        shown = [] if self.selected_unit is None else [self.selected_unit]
+        self.view.set_report(report, tree=self.tree, details=shown)
+        self._deferred.run("details", self._add_details, report)
+
+    def _add_details(self, report: Report) -> None:
+        if self.report is report:  # not when a newer plan came meanwhile
+            self.view.set_details(report, tree=self.tree)
 
     def _on_browser_error(self, change: dict[str, Any]) -> None:
         if change["new"]:

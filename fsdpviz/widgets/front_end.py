@@ -10,13 +10,14 @@ met back to Python (the dashboard shows it under the views).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anywidget
 import traitlets
 
-__all__ = ["STATIC", "FrontEnd", "check_built"]
+__all__ = ["DATA", "STATIC", "FrontEnd", "check_built"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 """Where the built front end is (``widget.js``, ``widget.css``, ``page.js``)."""
@@ -30,6 +31,20 @@ def check_built() -> None:
             "`npm --prefix js ci && npm --prefix js run build` from a source checkout, or "
             "reinstall fsdpviz from a wheel"
         )
+
+
+def _to_buffer(value: Any, widget: Any) -> memoryview:
+    return memoryview(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+
+
+def _from_buffer(value: Any, widget: Any) -> Any:
+    return json.loads(bytes(value))
+
+
+DATA = {"sync": True, "to_json": _to_buffer, "from_json": _from_buffer}
+"""How a view's ``data`` trait is synced: as UTF-8 JSON in one binary buffer. ipywidgets
+then neither walks the (big, nested) data for buffers nor encodes it again as part of the
+message; the front end reads it with ``dataOf`` (``js/src/wire.ts``)."""
 
 
 class FrontEnd(anywidget.AnyWidget):

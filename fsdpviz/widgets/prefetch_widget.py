@@ -20,7 +20,7 @@ import traitlets
 
 from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch import prefetch_data
-from fsdpviz.widgets.front_end import FrontEnd
+from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["PrefetchWidget"]
 
@@ -29,7 +29,7 @@ class PrefetchWidget(FrontEnd):
     """The prefetch graph of one iteration (default: the steady state)."""
 
     view = traitlets.Unicode("prefetch").tag(sync=True)
-    data = traitlets.Dict().tag(sync=True)
+    data = traitlets.Dict().tag(**DATA)
     current_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
     selected_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
 

@@ -26,7 +26,7 @@ import traitlets
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.timeline_view import MemoryOption, timeline_data
-from fsdpviz.widgets.front_end import FrontEnd
+from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -43,7 +43,7 @@ class TimelineWidget(FrontEnd):
     """A lane group per rank (or plan): hook calls, compute, streams, memory; step and play."""
 
     view = traitlets.Unicode("timeline").tag(sync=True)
-    data = traitlets.Dict().tag(sync=True)
+    data = traitlets.Dict().tag(**DATA)
     step = traitlets.Int(0).tag(sync=True)
     playing = traitlets.Bool(False).tag(sync=True)
     speed = traitlets.Float(20.0).tag(sync=True)

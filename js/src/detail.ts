@@ -154,6 +154,17 @@ export class DetailPanel {
     this.place();
   }
 
+  /** A unit whose details are on their way (made right after a re-plan's answer). */
+  showPending(unit: string): void {
+    this.shown = null;
+    this.closed = false;
+    const p = element("p", "fv-hint");
+    p.textContent = `${quote(unit)}: its details are on their way…`;
+    this.body.replaceChildren(p);
+    this.el.dataset.fvUnit = "";
+    this.el.hidden = false;
+  }
+
   /** The panel's text (for tests). */
   get text(): string {
     return this.body.textContent ?? "";

@@ -33,8 +33,9 @@ export interface ExplorerData {
   classes: string[];
   units: Array<{ name: string; color: string; dtype: string; warnings: string[] }>;
   unmanaged_color: string;
-  /** Each unit's detail panel (fsdpviz.views.detail.unit_detail), in `units` order. */
-  details: UnitDetail[];
+  /** Each unit's detail panel (fsdpviz.views.detail.unit_detail), in `units` order; null
+   * for one not made yet. A widget sends them as a trait of their own (`details`). */
+  details?: Array<UnitDetail | null>;
 }
 
 /** What a block's width stands for. */

@@ -4,14 +4,17 @@
 // `focus`, the width menu `area`; Python (or the page) sets `data`, `current_unit` (the
 // timeline's) and `selected_unit` (another view's click), and `busy` while it re-plans.
 import type { AnyModel } from "@anywidget/types";
-import { DetailPanel, type PickedModule } from "./detail";
+import { DetailPanel, type PickedModule, type UnitDetail } from "./detail";
 import { element } from "./dom";
 import { type Area, type ExplorerData, ExplorerView } from "./explorer";
+import { dataOf, traitOf } from "./wire";
 
 /** The traits of fsdpviz.widgets.ExplorerWidget. */
 export interface ExplorerModel {
   view: "explorer";
   data: ExplorerData;
+  /** Each unit's detail panel (null: not made yet); empty: those in `data`. */
+  details: Array<UnitDetail | null>;
   current_unit: string | null;
   selected_unit: string | null;
   selected_module: string | null;
@@ -26,6 +29,7 @@ export function explorerDefaults(data: ExplorerData): ExplorerModel {
   return {
     view: "explorer",
     data,
+    details: [],
     current_unit: null,
     selected_unit: null,
     selected_module: null,
@@ -56,7 +60,7 @@ export class ExplorerWidgetView {
     const left = element("div", "fv-explorer-main");
     this.panel = new DetailPanel();
     this.root.append(left, this.panel.el);
-    this.view = new ExplorerView(left, model.get("data"), {
+    this.view = new ExplorerView(left, dataOf<ExplorerData>(model), {
       select: (unit, module) => this.send({ selected_unit: unit, selected_module: module }),
       focus: (module) => this.send({ focus: module }),
       area: (area) => this.send({ area }),
@@ -103,7 +107,7 @@ export class ExplorerWidgetView {
       [
         "change:data",
         () => {
-          this.view.setData(m.get("data"));
+          this.view.setData(dataOf<ExplorerData>(m));
           this.showDetail();
         },
       ],
@@ -116,6 +120,7 @@ export class ExplorerWidgetView {
         },
       ],
       ["change:selected_module", () => this.showDetail()],
+      ["change:details", () => this.showDetail()],
       [
         "change:focus",
         () => {
@@ -166,7 +171,10 @@ export class ExplorerWidgetView {
             bytes: m.bytes[i],
             rankBytes: m.rank_bytes[i],
           };
-    this.panel.show(k < 0 ? null : (data.details[k] ?? null), picked);
+    const sent = traitOf<Array<UnitDetail | null>>(this.model, "details") ?? [];
+    const details = sent.length > 0 ? sent : (data.details ?? []);
+    if (k >= 0 && !details[k]) this.panel.showPending(data.units[k].name);
+    else this.panel.show(k < 0 ? null : (details[k] ?? null), picked);
   }
 
   showBusy(): void {

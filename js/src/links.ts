@@ -10,6 +10,7 @@ import type { ExplorerModel } from "./explorer_widget";
 import type { PrefetchModel } from "./prefetch_widget";
 import { clampStep, type TimelineData } from "./timeline_data";
 import type { TimelineModel } from "./timeline_view";
+import { dataOf } from "./wire";
 
 /** The part of anywidget's model interface the links use. */
 export interface Model<T> {
@@ -61,7 +62,7 @@ export function linkViews(m: LinkedModels): () => void {
     model.save_changes();
   };
   const current = (): void => {
-    const unit = unitOfStep(timeline.get("data"), timeline.get("step"));
+    const unit = unitOfStep(dataOf<TimelineData>(timeline), timeline.get("step"));
     for (const o of others) set(o as Model<PrefetchModel>, "current_unit", unit);
   };
   const share = (from: object, moveTimeline: boolean) => (): void => {
@@ -73,7 +74,7 @@ export function linkViews(m: LinkedModels): () => void {
       for (const o of [timeline, ...others])
         if (o !== from) set(o as Model<PrefetchModel>, "selected_unit", unit);
       if (moveTimeline && unit !== null) {
-        const step = nextStepOfUnit(timeline.get("data"), unit, timeline.get("step"));
+        const step = nextStepOfUnit(dataOf<TimelineData>(timeline), unit, timeline.get("step"));
         if (step >= 0) {
           timeline.set("step", step);
           timeline.save_changes();

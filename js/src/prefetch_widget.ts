@@ -4,6 +4,7 @@
 // `selected_unit` (another view's click) and `busy` while it re-plans.
 import type { AnyModel } from "@anywidget/types";
 import { type PrefetchData, PrefetchView } from "./prefetch";
+import { dataOf } from "./wire";
 
 /** The traits of fsdpviz.widgets.PrefetchWidget. */
 export interface PrefetchModel {
@@ -29,7 +30,7 @@ export function prefetchDefaults(data: PrefetchData): PrefetchModel {
 /** Draw the prefetch graph of `model` into `el`; returns what removes it. */
 export function renderPrefetch(model: AnyModel<PrefetchModel>, el: HTMLElement): () => void {
   let own = false;
-  const view = new PrefetchView(el, model.get("data"), {
+  const view = new PrefetchView(el, dataOf<PrefetchData>(model), {
     select: (unit) => {
       own = true;
       try {
@@ -51,7 +52,7 @@ export function renderPrefetch(model: AnyModel<PrefetchModel>, el: HTMLElement):
   view.setSelected(model.get("selected_unit"));
   busy();
   const handlers: Array<[string, () => void]> = [
-    ["change:data", () => view.setData(model.get("data"))],
+    ["change:data", () => view.setData(dataOf<PrefetchData>(model))],
     ["change:current_unit", () => view.setCurrent(model.get("current_unit"))],
     [
       "change:selected_unit",

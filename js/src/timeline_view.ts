@@ -38,6 +38,7 @@ import {
   pxToX,
   type Scene,
 } from "./timeline_draw";
+import { dataOf } from "./wire";
 
 /** The traits of fsdpviz.widgets.TimelineWidget. */
 export interface TimelineModel {
@@ -187,7 +188,7 @@ export class TimelineView {
     this.info = element("div", "fv-info");
     this.info.setAttribute("aria-live", "polite");
     this.caption = element("div", "fv-note");
-    this.data = model.get("data");
+    this.data = dataOf<TimelineData>(model);
     this.legendEl = legend(this.data);
     this.controls = this.makeControls();
     this.root.append(this.header, this.controls.bar, stage, this.info, this.legendEl, this.caption);
@@ -359,7 +360,7 @@ export class TimelineView {
   }
 
   resetData(): void {
-    this.data = this.model.get("data");
+    this.data = dataOf<TimelineData>(this.model);
     this.index = new Index(this.data);
     this.player.reset(this.data.n_steps, this.model.get("step"), orderOf(this.data, this.order));
     const full = this.index.full;

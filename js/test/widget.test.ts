@@ -123,6 +123,17 @@ describe("timeline widget", () => {
     expect(model.state.step).toBe(2);
   });
 
+  it("reads its data from the binary buffer Python sends, as from plain JSON", () => {
+    const data = predicted();
+    const bytes = new TextEncoder().encode(JSON.stringify(data));
+    const { el } = mount<TimelineModel>({
+      ...timelineDefaults(data),
+      data: new DataView(bytes.buffer) as unknown as TimelineModel["data"],
+    });
+    expect(viewOf(el).data.n_steps).toBe(data.n_steps);
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 · /);
+  });
+
   it("moves when Python sets step, numbered from 0 as Python numbers it", () => {
     const { model, el } = setup();
     model.fromPython("step", 10);
@@ -361,6 +372,23 @@ describe("explorer widget", () => {
     expect(box.view.areaSelect.value).toBe("rank_bytes");
     model.fromPython("busy", true);
     expect(box.root.classList.contains("fv-busy")).toBe(true);
+  });
+
+  it("shows a unit's details as they come: the selected one's with a re-plan, then all", () => {
+    const data = explorerData();
+    const all = data.details ?? [];
+    const { model, el } = mount({
+      ...explorerDefaults(data),
+      details: all.map((d, k) => (k === 2 ? d : null)),
+      selected_unit: "blocks.0",
+    });
+    const box = explorerBox(el);
+    expect(box.panel.text).toBe("'blocks.0': its details are on their way…");
+    model.fromPython("selected_unit", "blocks.1");
+    expect(box.panel.text).toContain("unit 2 of 4: 'blocks.1' (Block)");
+    model.fromPython("selected_unit", "blocks.0");
+    model.fromPython("details", all);
+    expect(box.panel.text).toContain("unit 1 of 4: 'blocks.0' (Block)");
   });
 
   it("puts its panel beside the icicle in a wide output and over it in a narrow one", () => {
