@@ -44,7 +44,7 @@ function table(section: DetailSection): HTMLElement {
     const tr = document.createElement("tr");
     cells.forEach((text, k) => {
       const c = document.createElement(tag);
-      if (k === 0 && tag === "td") {
+      if (tag === "td" && !numeric.has(k)) {
         // a name may break after each dot where the panel is narrow, nowhere else
         text.split(/(?<=\.)/).forEach((part, j) => {
           if (j > 0) c.appendChild(document.createElement("wbr"));

@@ -199,21 +199,24 @@ export function layoutIcicle(
 }
 
 /**
- * A block's label as it fits `room` px: whole; else the end of the module's name, which
+ * A block's label as it fits `room` px: whole; else, for a dotted name, its end, which
  * tells a model's modules apart ("…layers.12 [unit 13]", then "…layers.12" without its
- * unit's number); else nothing. Labels are never drawn smaller.
+ * unit's number), and for a leaf's own name its start ("gate_p…"); else nothing. Labels
+ * are never drawn smaller.
  */
 export function fitBlockLabel(ctx: CanvasRenderingContext2D, label: string, room: number): string {
   if (ctx.measureText(label).width <= room) return label;
+  const keep = (name: string): "start" | "end" => (name.includes(".") ? "end" : "start");
   const unit = /^(.*) (\[unit \d+\])$/.exec(label);
   if (unit !== null) {
     const [, name, number] = unit;
     const suffix = ` ${number}`;
-    const withNumber = fitText(ctx, name, room - ctx.measureText(suffix).width, 6, "end");
+    const room1 = room - ctx.measureText(suffix).width;
+    const withNumber = fitText(ctx, name, room1, 6, keep(name));
     if (withNumber !== "") return withNumber + suffix;
-    return fitText(ctx, name, room, 3, "end");
+    return fitText(ctx, name, room, 3, keep(name));
   }
-  return fitText(ctx, label, room, 3, "end");
+  return fitText(ctx, label, room, 3, keep(label));
 }
 
 /** The block of `row` under x (the last one starting at or before it that covers it). */
@@ -391,11 +394,13 @@ export class ExplorerView extends CanvasView {
     this.paint();
   }
 
-  /** The unit outlined as selected; `reveal`: brought into view if it is not drawn. */
-  setSelected(unit: string | null, reveal = true): void {
+  /** The unit outlined as selected; `reveal`: brought into view if it is not drawn (the
+   * module picked in it, `module`, where there is one). */
+  setSelected(unit: string | null, reveal = true, module: string | null = null): void {
     this.selected = this.unitIndex(unit);
     if (reveal && this.selected >= 0) {
-      const i = this.index.unitModule[this.selected];
+      const picked = module === null ? undefined : this.index.byName.get(module);
+      const i = picked ?? this.index.unitModule[this.selected];
       if (i >= 0) this.reveal(i);
     }
     this.paint();

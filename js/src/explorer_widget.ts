@@ -41,7 +41,7 @@ export function explorerDefaults(data: ExplorerData): ExplorerModel {
 }
 
 /** Below this width the panel goes over the icicle instead of beside it. */
-export const BESIDE_FROM = 860;
+export const BESIDE_FROM = 900;
 
 /** An explorer with its panel: what `renderExplorer` puts into the page. */
 export class ExplorerWidgetView {
@@ -73,7 +73,7 @@ export class ExplorerWidgetView {
     this.view.setArea(model.get("area") === "rank_bytes" ? "rank_bytes" : "numel");
     this.focusOn(model.get("focus"));
     this.view.setCurrent(model.get("current_unit"));
-    this.view.setSelected(model.get("selected_unit"), true);
+    this.view.setSelected(model.get("selected_unit"), true, this.pickedModule());
     this.showDetail();
     this.showBusy();
   }
@@ -115,7 +115,7 @@ export class ExplorerWidgetView {
       [
         "change:selected_unit",
         () => {
-          if (!this.own) this.view.setSelected(m.get("selected_unit"), true);
+          if (!this.own) this.view.setSelected(m.get("selected_unit"), true, this.pickedModule());
           this.showDetail();
         },
       ],
@@ -153,12 +153,23 @@ export class ExplorerWidgetView {
     };
   }
 
+  /** The module picked in the selected unit: `selected_module` where it is one of the
+   * unit's (a unit selected in another view leaves an older module behind), else null. */
+  pickedModule(): string | null {
+    const name = this.model.get("selected_module");
+    const i = name === null ? undefined : this.view.index.byName.get(name);
+    if (i === undefined) return null;
+    const u = this.view.data.modules.unit[i];
+    const unit = this.model.get("selected_unit");
+    return (u < 0 ? null : this.view.data.units[u].name) === unit ? name : null;
+  }
+
   /** The selected unit's panel, and the module picked in it. */
   showDetail(): void {
     const data = this.view.data;
     const unit = this.model.get("selected_unit");
     const k = unit === null ? -1 : data.units.findIndex((u) => u.name === unit);
-    const name = this.model.get("selected_module");
+    const name = this.pickedModule();
     const i = name === null ? undefined : this.view.index.byName.get(name);
     const m = data.modules;
     const picked: PickedModule | null =

@@ -472,8 +472,9 @@ function drawLaneLabels(ctx: CanvasRenderingContext2D, sc: Scene): void {
   for (const row of l.rows) {
     const lane = data.lanes[row.lane];
     if (lane.kind === "memory") {
+      // at the left of the column, half-way down: the byte axis's labels are on its right
       ctx.textAlign = "left";
-      ctx.fillText("memory per rank", 6, row.top + 7);
+      ctx.fillText("memory per rank", 6, row.top + row.h / 2);
       ctx.textAlign = "right";
     } else {
       ctx.fillText(lane.name, l.labelW - 8, row.top + row.h / 2);

@@ -315,7 +315,8 @@ describe("the explorer view", () => {
     expect(fitBlockLabel(ctx, label, 130)).toBe("…layers.12 [unit 13]");
     expect(fitBlockLabel(ctx, label, 100)).toBe("model.layers.12");
     expect(fitBlockLabel(ctx, label, 60)).toBe("…layers.12");
-    expect(fitBlockLabel(ctx, "self_attn", 36)).toBe("…_attn");
+    expect(fitBlockLabel(ctx, "self_attn", 36)).toBe("self_…");
+    expect(fitBlockLabel(ctx, "(root) Model [unit 0]", 100)).toBe("(root)… [unit 0]");
     expect(fitBlockLabel(ctx, "mlp", 12)).toBe("");
   });
 });
