@@ -367,3 +367,22 @@ def test_one_memory_peak_on_the_page(
     assert marker_step == button.get_attribute("data-fv-peak-step")
     assert p.body("step") == marker_step
     assert p.console == []
+
+
+def test_the_first_view_shows_the_whole_step(tmp_path: Path, open_page: Any) -> None:
+    """A plan's timeline opens on its whole iteration, FSDP2's as FSDP1's (no part of it
+    hidden to the right of the first window)."""
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    config = ExampleConfig(num_layers=40, vocab_size=256, hidden_size=64, intermediate_size=128,
+                           num_heads=2)  # fmt: skip
+    fsdp2 = fsdpviz.analyze(example_model(config), example_inputs(config), world_size=8,
+                            fully_shard=[DecoderLayer], progress=False)  # fmt: skip
+    assert fsdp2.config.api == "FSDP2" and len(fsdp2.iterations[-1]) > 150
+    p = open_page(fsdp2.save(tmp_path / "fsdp2.html"))
+    shown = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return [v.win.x0, v.win.x1, v.index.full.x0, v.index.full.x1]; }"""
+    )
+    assert shown[:2] == pytest.approx(shown[2:])
+    assert p.console == []
