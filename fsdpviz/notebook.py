@@ -186,7 +186,9 @@ def load_ipython_extension(ip: Any) -> None:
                 inputs = ip.ev(args.inputs)
             return _run(model, inputs, args, wraps)
         args = _parse(line, line_magic=False)
-        model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False))
+        # silent: the cell runs as it is, but its last value is not shown (the answer is
+        # the report)
+        model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False, silent=True))
         if args.inputs is not None:
             inputs = ip.ev(args.inputs)
         return _run(model, inputs, args)

@@ -1,7 +1,8 @@
-// Bundles src/widget.ts into ../fsdpviz/static/timeline.js (ES module for anywidget),
-// src/standalone.ts into ../fsdpviz/static/standalone.js (the script of the HTML page
-// fsdpviz.export writes) and copies the stylesheet. Run by `npm run build`, and by
-// hatch-jupyter-builder during `pip install` (see pyproject.toml).
+// Bundles src/widget.ts into ../fsdpviz/static/widget.js (the ES module of every view, which
+// anywidget loads in the notebook and the exported page imports), src/page.ts into
+// ../fsdpviz/static/page.js (the page's boot script: it unpacks the data and the widget
+// module, draws and links the views) and copies the stylesheet widget.css. Run by
+// `npm run build`, and by hatch-jupyter-builder during `pip install` (see pyproject.toml).
 
 import { copyFile, mkdir } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
@@ -23,12 +24,12 @@ const options = {
 await build({
   ...options,
   entryPoints: [resolve(here, "src", "widget.ts")],
-  outfile: resolve(outdir, "timeline.js"),
+  outfile: resolve(outdir, "widget.js"),
 });
 await build({
   ...options,
-  entryPoints: [resolve(here, "src", "standalone.ts")],
-  outfile: resolve(outdir, "standalone.js"),
+  entryPoints: [resolve(here, "src", "page.ts")],
+  outfile: resolve(outdir, "page.js"),
 });
-await copyFile(resolve(here, "src", "timeline.css"), resolve(outdir, "timeline.css"));
-console.log(`wrote ${outdir}/timeline.js, standalone.js and timeline.css`);
+await copyFile(resolve(here, "src", "widget.css"), resolve(outdir, "widget.css"));
+console.log(`wrote ${outdir}/widget.js, page.js and widget.css`);

@@ -7,6 +7,13 @@ only kernel, ``python3``, is the Python running the tests (``sys.executable``).
 
 ``chromium_executable()`` finds the system Chromium that Playwright drives (no browser
 download); both fail with how to install what is missing.
+
+The session fixtures ``chromium`` and ``jupyterlab`` (tests/conftest.py imports them) give
+every browser suite one Chromium, one JupyterLab server and one kernel: the quick-start
+notebook and the explorer suite's plans, run once (:func:`lab_session`). The helpers below
+drive a view the same way in JupyterLab and in the exported page (the same front end draws
+both), wait for what they need (a kernel's answer, a drawn frame) rather than for a fixed
+time, and say when a failure came on a busy machine (:func:`load_note`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -330,9 +338,303 @@ def _decode(payload: str | bytes) -> dict[str, Any] | None:
         return None
 
 
-# ------------------------------------------------------------- the timeline, as a user drives it
+# ------------------------------------------------------------- a busy machine
 
-# The timeline's root element carries its view (js/src/widget.ts); these read and place it.
+LOAD_HINT = (
+    "the machine was busy: load average {load:.1f} over the last minute on {cpus} cores "
+    "(above 1 per core, other work competed with the browser, JupyterLab and the kernel); "
+    "run the test again on a quieter machine before looking for a bug"
+)
+
+
+def load_note() -> str:
+    """What the machine's load says about a failure: a hint when it was busy, else ""."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cpus = os.cpu_count() or 1
+    return LOAD_HINT.format(load=load, cpus=cpus) if load > cpus else ""
+
+
+def wait_until(page: Any, js: str, what: str, *, arg: Any = None, timeout_ms: float) -> None:
+    """Until ``js`` (a function of ``arg``) is true in the page; its timeout is only a
+    failsafe, and its error says what was awaited and whether the machine was busy."""
+    try:
+        page.wait_for_function(js, arg=arg, timeout=timeout_ms)
+    except Exception as e:
+        raise AssertionError(f"waited {timeout_ms / 1000:.0f} s for {what}; {load_note()}") from e
+
+
+def next_frame(page: Any) -> None:
+    """Until the page has drawn its next frame (what a change asked for is on the screen)."""
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+
+
+# ------------------------------------------------------------- the kernel, asked directly
+
+
+class KernelClient:
+    """A second client of the notebook's kernel: the tests ask it for the widgets' Python
+    state without adding cells to the notebook (the kernel answers in the order it got the
+    messages, so what the page sent before has been handled)."""
+
+    def __init__(self, lab: LabServer, timeout: float = 600.0) -> None:
+        from jupyter_client import BlockingKernelClient
+
+        kernels = lab.api("api/kernels")
+        assert isinstance(kernels, list) and len(kernels) == 1, kernels
+        runtime = lab.root.parent / f"{lab.root.name}-jupyter" / "runtime"
+        self.client = BlockingKernelClient(
+            connection_file=str(runtime / f"kernel-{kernels[0]['id']}.json")
+        )
+        self.client.load_connection_file()
+        self.client.start_channels()
+        self.timeout = timeout
+
+    def run(self, code: str) -> str:
+        """Run ``code``; what it printed (raises with the traceback when it failed)."""
+        out: list[str] = []
+        errors: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                (out if content["name"] == "stdout" else errors).append(content["text"])
+            elif kind == "error":
+                errors.append("\n".join(content["traceback"]))
+
+        try:
+            reply = self.client.execute_interactive(
+                code, store_history=False, timeout=self.timeout, output_hook=hook
+            )
+        except TimeoutError as e:
+            raise AssertionError(f"the kernel did not answer in {self.timeout:.0f} s; "
+                                 f"{load_note()}") from e  # fmt: skip
+        if reply["content"]["status"] != "ok" or errors:
+            raise AssertionError(f"the kernel failed to run {code!r}:\n{''.join(errors)}")
+        return "".join(out)
+
+    def json(self, expression: str) -> Any:
+        """The value of a Python ``expression`` in the kernel (JSON-able)."""
+        out = self.run(f"import json as _j\nprint(_j.dumps({expression}))")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+# ------------------------------------------------------------- one JupyterLab per session
+
+# The notebook both JupyterLab suites drive: the quick-start notebook (its dashboard is
+# `view`), then the explorer suite's plans of 5, 49 and 120 units and their dashboards.
+# Each added cell starts with a marker that finds it again.
+SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
+SUITE_CELLS = {
+    "# fv:reports": "from fsdpviz.examples import ExampleConfig, example_analysis\n"
+    f"SMALL = {SMALL!r}\n"
+    "r5, r49, r120 = (example_analysis(config=ExampleConfig(num_layers=n - 1, **SMALL),"
+    " progress=False) for n in (5, 49, 120))",
+    "# fv:v49": "v49 = r49.show()\nv49",
+    "# fv:v120": "v120 = r120.show()\nv120",
+    "# fv:v5": "v5 = r5.show()\nv5",
+}
+QUICKSTART = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
+NOTEBOOK = "session.ipynb"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+# Generous failsafes: every wait is for a condition, these only end a wait that never ends.
+UI_MS = 120_000
+RUN_ALL_MS = 1_200_000
+
+# plotly.js is no longer on the page; nothing of the browser is tolerated
+_STDERR = "application/vnd.jupyter.stderr"
+
+
+def session_notebook(root: Path) -> None:
+    """The quick-start notebook, outputs cleared, then :data:`SUITE_CELLS`, in ``root``."""
+    import nbformat
+
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    for marker, code in SUITE_CELLS.items():
+        nb.cells.append(nbformat.v4.new_code_cell(f"{marker}\n{code}"))
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    nbformat.write(nb, root / NOTEBOOK)
+
+
+@dataclass
+class LabSession:
+    """JupyterLab with the session notebook run, in one browser page, and its kernel."""
+
+    lab: LabServer
+    page: Any  # playwright.sync_api.Page
+    traffic: KernelTraffic
+    kernel: KernelClient
+    shots: Path
+    errors: list[str]
+
+    def cell(self, marker: str) -> Any:
+        """The code cell whose source starts with ``marker`` (``# fv:v49``)."""
+        return self.page.locator(".jp-Notebook .jp-CodeCell").filter(
+            has=self.page.locator(".jp-InputArea", has_text=marker)
+        )
+
+    def output(self, marker: str) -> Any:
+        return self.cell(marker).locator(".jp-Cell-outputArea")
+
+    def settle(self, timeout_ms: float = UI_MS) -> None:
+        """Until every widget message the page sent was answered, and the page drew it."""
+        self.traffic.wait_until_answered(after=-1, timeout=timeout_ms / 1000)
+        next_frame(self.page)
+
+    def py(self, expression: str) -> Any:
+        """The kernel's value of ``expression``, once it has handled what the page sent."""
+        self.settle()
+        return self.kernel.json(expression)
+
+    def run_new_cell(self, code: str) -> str:
+        """Add a cell at the end of the notebook through the UI, run it, return its output."""
+        from playwright.sync_api import expect
+
+        page = self.page
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        n = cells.count()
+        cells.nth(n - 1).locator(".jp-InputPrompt").click()
+        toolbar = page.get_by_role("toolbar", name="main area toolbar")
+        toolbar.get_by_role("button", name=re.compile(r"^Insert a cell below")).click()
+        new = cells.nth(n)
+        new.wait_for(timeout=UI_MS)
+        new.locator(".cm-content").click()
+        page.keyboard.insert_text(code)
+        page.keyboard.press("Control+Enter")  # run, stay on the cell
+        try:
+            expect(new.locator(".jp-InputPrompt")).to_have_text(
+                re.compile(r"^\[\d+\]:$"), timeout=UI_MS
+            )
+        except AssertionError as e:
+            raise AssertionError(f"the added cell did not finish; {load_note()}") from e
+        return str(new.locator(".jp-Cell-outputArea").first.inner_text())
+
+    def last_output(self) -> Any:
+        return self.page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-Cell-outputArea")
+
+    def screenshot(self, name: str, locator: Any = None) -> Path:
+        """``locator`` (else the page) as ``name.png``, also under ``tests/artifacts/``."""
+        path = self.shots / f"{name}.png"
+        self.page.mouse.move(1, 1)  # no hover box over the views
+        (locator or self.page).screenshot(path=str(path))
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(path, ARTIFACTS / path.name)
+        return path
+
+    def on_console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(f"console.error: {message.text}")
+
+    def assert_no_browser_errors(self) -> None:
+        assert not self.errors, "errors in the browser:\n" + "\n".join(self.errors)
+
+
+def views_drawn(scope: Any, what: str, timeout_ms: float = UI_MS) -> None:
+    """Until the timeline, the explorer and the prefetch graph of ``scope`` (a dashboard's
+    output) have each drawn a frame on their canvases."""
+    for view in ("fsdpviz-timeline", "fsdpviz-explorer", "fsdpviz-prefetch"):
+        root = scope.locator(f".{view}").first
+        try:
+            root.wait_for(timeout=timeout_ms)
+        except Exception as e:
+            raise AssertionError(f"{what}: no {view} drawn; {load_note()}") from e
+        wait_until(
+            scope.page,
+            "el => el.fsdpviz !== undefined && el.querySelector('canvas').width > 0",
+            f"{what}: {view} drawn",
+            arg=root.element_handle(),
+            timeout_ms=timeout_ms,
+        )
+
+
+@contextlib.contextmanager
+def lab_session(root: Path, browser: Any, shots: Path) -> Iterator[LabSession]:
+    """JupyterLab on the session notebook, run with Run → Run All Cells, every dashboard
+    drawn and every message of its start answered (the kernel's idle work included)."""
+    session_notebook(root)
+    with jupyterlab_server(root) as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        kernel: KernelClient | None = None
+        try:
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            traffic = KernelTraffic(page)
+            page.goto(server.url + f"lab/tree/{NOTEBOOK}")
+            # The indicator reads "idle" before the session exists too: first wait for the
+            # page's connection to the kernel (the server counts it), then for it to be idle.
+            server.wait_for_kernel_connection(UI_MS / 1000)
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(
+                timeout=UI_MS
+            )
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            # Done: no cell queued or running, and every code cell ran (or one failed).
+            wait_until(
+                page,
+                """() => {
+                  const STDERR = '.jp-OutputArea-output[data-mime-type="STDERR_TYPE"]';
+                  const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+                    .map(p => p.textContent.trim());
+                  const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
+                  const idle = status !== null && status.dataset.status === 'idle';
+                  const failed = [...document.querySelectorAll(STDERR)]
+                    .some(o => o.textContent.includes('Traceback'));
+                  return idle && !prompts.includes('[*]:')
+                    && (failed || prompts.every(p => /^\\[\\d+\\]:$/.test(p)));
+                }""".replace("STDERR_TYPE", _STDERR),
+                "Run All Cells to finish",
+                timeout_ms=RUN_ALL_MS,
+            )
+            kernel = KernelClient(server)
+            s = LabSession(server, page, traffic, kernel, shots, errors)
+            page.on("console", s.on_console)
+            for marker in ("# fv:v49", "# fv:v120", "# fv:v5"):
+                views_drawn(s.output(marker), marker)
+            views_drawn(s.page.locator(".jp-CodeCell").filter(has_text="view = report.show"),
+                        "the quick-start dashboard")  # fmt: skip
+            s.settle()
+            yield s
+        finally:
+            if kernel is not None:
+                kernel.close()
+            page.close()
+
+
+# ------------------------------------------------------------- the views, as a user drives them
+#
+# Each view's root element carries its view object (`fsdpviz`): the same code draws it in
+# JupyterLab and in the exported page, and these helpers drive it the same way in both.
+# `scope` is a locator holding one view (a dashboard's output, or the page).
+
+
+def timeline_root(scope: Any) -> Any:
+    return scope.locator(".fsdpviz-timeline").first
+
+
+def explorer_root(scope: Any) -> Any:
+    """The explorer's canvas view (its box, `.fsdpviz-explorer-box`, holds it and the panel)."""
+    return scope.locator(".fsdpviz-explorer").first
+
+
+def prefetch_root(scope: Any) -> Any:
+    return scope.locator(".fsdpviz-prefetch").first
+
+
+# The timeline's root element carries its view (js/src/timeline_view.ts): these read and place it.
 EVENT_CENTRE = """([root, s]) => {
   const v = root.fsdpviz, st = v.data.steps;
   const w = Math.max(st.x1[s] - st.x0[s], 1e-9);
@@ -391,16 +693,18 @@ def click_every_event(page: Any, root: Any) -> tuple[int, list[str]]:
 
 
 def _wait_until_still(page: Any, handle: Any) -> None:
-    """Until the timeline's canvas has stayed in one place for 200 ms."""
-    page.wait_for_function(
+    """Until the view's canvas has stayed in one place for 200 ms."""
+    wait_until(
+        page,
         """root => new Promise(done => {
              const at = () => { const r = root.fsdpviz.canvas.getBoundingClientRect();
                                 return r.left + ',' + r.top; };
              const first = at();
              setTimeout(() => done(at() === first), 200);
            })""",
+        "the page to stop moving",
         arg=handle,
-        timeout=20_000,
+        timeout_ms=UI_MS,
     )
 
 
@@ -421,86 +725,177 @@ def step_through(page: Any, root: Any, order: str) -> list[float]:
     return xs
 
 
-def choose_theme(page: Any, theme: str, light: bool, *, timeout_ms: float) -> None:
-    """Settings → Theme → ``theme`` in JupyterLab's menu, until the page says it is ``light``."""
+def choose_theme(page: Any, theme: str, light: bool) -> None:
+    """Settings → Theme → ``theme`` in JupyterLab's menu, until every view of the page has
+    read it (each view reads the page's theme itself)."""
     page.get_by_role("menuitem", name="Settings", exact=True).click()
     item = ".lm-Menu .lm-Menu-item:has(.lm-Menu-itemLabel:text-is('{}'))"
     page.locator(item.format("Theme")).hover()
     page.locator(item.format(theme)).click()
-    page.wait_for_function(
-        f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=timeout_ms
+    name = "light" if light else "dark"
+    wait_until(
+        page,
+        f"""() => document.body.dataset.jpThemeLight === '{str(light).lower()}'
+          && [...document.querySelectorAll('.fsdpviz-timeline, .fsdpviz-view')]
+               .every(e => e.fsdpviz && e.fsdpviz.theme.name === '{name}')""",
+        f"every view to read JupyterLab's {name} theme",
+        timeout_ms=UI_MS,
     )
+    next_frame(page)
 
 
-# The exported page's explorer and prefetch graph (js/src/explorer.ts, prefetch.ts): where a
-# module's block and a unit's node are on the page, what each view shows.
-EXPLORER_VIEW = "document.querySelector('#fv-explorer .fsdpviz-explorer').fsdpviz"
-PREFETCH_VIEW = "document.querySelector('#fv-prefetch .fsdpviz-prefetch').fsdpviz"
-_BLOCK_AT = f"""name => {{ const v = {EXPLORER_VIEW};
+# The explorer and the prefetch graph (js/src/explorer.ts, prefetch.ts, drawn by
+# explorer_widget.ts and prefetch_widget.ts): where a module's block and a unit's node are,
+# what each view shows, and what its model holds (what the notebook's kernel or the page
+# hears).
+_BLOCK_AT = """([root, name]) => { const v = root.fsdpviz;
   const s = v.slotOf(v.index.byName.get(name) ?? -1); if (s === null) return null;
   const r = v.canvas.getBoundingClientRect();
-  return [r.left + s.x + s.w / 2, r.top + s.y + s.h / 2]; }}"""
-_NODE_AT = f"""name => {{ const v = {PREFETCH_VIEW};
+  return [r.left + s.x + s.w / 2, r.top + s.y + s.h / 2]; }"""
+_NODE_AT = """([root, name]) => { const v = root.fsdpviz;
   const c = v.nodeCentre(name); if (c === null) return null;
-  const r = v.canvas.getBoundingClientRect(); return [r.left + c.x, r.top + c.y]; }}"""
+  const r = v.canvas.getBoundingClientRect(); return [r.left + c.x, r.top + c.y]; }"""
+_MODEL = """root => { const box = root.closest('.fsdpviz-explorer-box');
+  const m = box !== null ? box.fsdpviz.model : null;
+  return m === null ? null : {selected_unit: m.get('selected_unit'),
+                              selected_module: m.get('selected_module'), focus: m.get('focus')};
+}"""
 
 
-def _hover(page: Any, view: str, locate: str, name: str) -> tuple[float, float]:
-    page.locator(f"#{view} canvas").scroll_into_view_if_needed()
-    at = page.evaluate(locate, name)
-    assert at is not None, f"#{view} does not draw {name!r}"
+def _hover(page: Any, root: Any, locate: str, name: str) -> tuple[float, float]:
+    root.locator("canvas").first.scroll_into_view_if_needed()
+    at = page.evaluate(locate, [root.element_handle(), name])
+    assert at is not None, f"{name!r} is not drawn"
     page.mouse.move(at[0] - 2, at[1])
     page.mouse.move(*at)
     return at[0], at[1]
 
 
-def hover_block(page: Any, module: str) -> tuple[float, float]:
-    """Move the mouse onto the centre of ``module``'s block in the page's explorer."""
-    return _hover(page, "fv-explorer", _BLOCK_AT, module)
+def hover_block(page: Any, root: Any, module: str) -> tuple[float, float]:
+    """Move the mouse onto the centre of ``module``'s block in the explorer ``root``."""
+    return _hover(page, root, _BLOCK_AT, module)
 
 
-def click_block(page: Any, module: str) -> None:
-    """Click the centre of ``module``'s block in the page's explorer, as a user does."""
-    page.mouse.click(*hover_block(page, module))
+def click_block(page: Any, root: Any, module: str) -> None:
+    """Click the centre of ``module``'s block in the explorer ``root``, as a user does."""
+    page.mouse.click(*hover_block(page, root, module))
 
 
-def hover_node(page: Any, unit: str) -> tuple[float, float]:
-    """Move the mouse onto the centre of ``unit``'s node in the page's prefetch graph."""
-    return _hover(page, "fv-prefetch", _NODE_AT, unit)
+def hover_node(page: Any, root: Any, unit: str) -> tuple[float, float]:
+    """Move the mouse onto the centre of ``unit``'s node in the prefetch graph ``root``."""
+    return _hover(page, root, _NODE_AT, unit)
 
 
-def click_node(page: Any, unit: str) -> None:
-    """Click the centre of ``unit``'s node in the page's prefetch graph."""
-    page.mouse.click(*hover_node(page, unit))
+def click_node(page: Any, root: Any, unit: str) -> None:
+    """Click the centre of ``unit``'s node in the prefetch graph ``root``."""
+    page.mouse.click(*hover_node(page, root, unit))
 
 
-def explorer_state(page: Any) -> dict[str, Any]:
-    """What the page's explorer shows: the module at the top, the units outlined, the
-    modules outlined as the current step's, the labels drawn (with their blocks)."""
-    state: dict[str, Any] = page.evaluate(
-        f"""() => {{ const v = {EXPLORER_VIEW}, names = v.data.modules.name;
-          return {{focus: names[v.focus], current: v.root.dataset.fvCurrentUnit,
-                   selected: v.root.dataset.fvSelectedUnit,
-                   outlined: v.outlinedModules(), labels: v.drawnLabels(),
-                   crumbs: v.crumbs.textContent, span: [v.span.a, v.span.b],
-                   width: v.canvas.getBoundingClientRect().width,
-                   outer: v.root.getBoundingClientRect().width}}; }}"""
+def explorer_state(root: Any) -> dict[str, Any]:
+    """What the explorer ``root`` shows: the module at the top, the units outlined, the
+    modules outlined as the current step's, the labels drawn (with their blocks), its
+    detail panel, and what its model holds."""
+    state: dict[str, Any] = root.evaluate(
+        """root => { const v = root.fsdpviz, names = v.data.modules.name;
+          const box = root.closest('.fsdpviz-explorer-box');
+          const panel = box && box.querySelector('.fv-detail');
+          return {focus: names[v.focus], current: v.root.dataset.fvCurrentUnit,
+                  selected: v.root.dataset.fvSelectedUnit,
+                  outlined: v.outlinedModules(), labels: v.drawnLabels(),
+                  crumbs: v.crumbs.textContent, span: [v.span.a, v.span.b],
+                  title: v.titleEl.textContent, found: v.findNote.textContent,
+                  width: v.canvas.getBoundingClientRect().width,
+                  outer: v.root.getBoundingClientRect().width,
+                  detail: panel === null || panel.hidden ? '' : panel.textContent,
+                  theme: v.theme.name};
+        }"""
+    )
+    state["model"] = root.evaluate(_MODEL)
+    return state
+
+
+def prefetch_state(root: Any) -> dict[str, Any]:
+    """What the prefetch graph ``root`` shows: the window, the units ringed, the names."""
+    state: dict[str, Any] = root.evaluate(
+        """root => { const v = root.fsdpviz, u = v.data.units;
+          return {window: [v.win.u0, v.win.u1],
+                  current: v.current < 0 ? null : u[v.current],
+                  selected: v.selected < 0 ? null : u[v.selected],
+                  names: v.names().map(([k, t]) => [t, v.xOf(k)]),
+                  upright: v.layout.upright, windowed: v.layout.windowed,
+                  title: v.titleEl.textContent, n: u.length,
+                  width: v.canvas.getBoundingClientRect().width,
+                  outer: v.root.getBoundingClientRect().width, theme: v.theme.name}; }"""
     )
     return state
 
 
-def prefetch_state(page: Any) -> dict[str, Any]:
-    """What the page's prefetch graph shows: the window, the units ringed, the names."""
-    state: dict[str, Any] = page.evaluate(
-        f"""() => {{ const v = {PREFETCH_VIEW}, u = v.data.units;
-          return {{window: [v.win.u0, v.win.u1],
-                   current: v.current < 0 ? null : u[v.current],
-                   selected: v.selected < 0 ? null : u[v.selected],
-                   names: v.names().map(([k, t]) => [t, v.xOf(k)]),
-                   upright: v.layout.upright, width: v.canvas.getBoundingClientRect().width,
-                   outer: v.root.getBoundingClientRect().width}}; }}"""
+def click_every_block(page: Any, root: Any) -> tuple[int, list[str]]:
+    """Click the centre of every module's block in the explorer ``root``, each drawn below
+    the module above it (its parent at the top) and zoomed across until it is wide enough
+    to hit, as a person would reach it. Each click must select the module and its unit
+    (what the model holds: what the kernel or the page hears) and zoom into a block that
+    has modules below it. Returns how many blocks were clicked and what went wrong."""
+    handle = root.element_handle()
+    n = int(handle.evaluate("root => root.fsdpviz.index.n"))
+    wrong: list[str] = []
+    for i in range(n):
+        want = page.evaluate(
+            """([root, i]) => { const v = root.fsdpviz, m = v.data.modules;
+                 const p = m.parent[i];
+                 v.focusOn(p < 0 ? 0 : p);
+                 v.reveal(i);
+                 const opens = i !== v.focus && v.index.children[i].some(c => v.values()[c] > 0);
+                 const u = m.unit[i];
+                 return {name: m.name[i], unit: u < 0 ? null : v.data.units[u].name,
+                         focus: opens ? m.name[i] : m.name[v.focus]}; }""",
+            [handle, i],
+        )
+        page.mouse.click(*hover_block(page, root, want["name"]))
+        got = handle.evaluate(_MODEL)
+        expected = {
+            "selected_unit": want["unit"],
+            "selected_module": want["name"],
+            "focus": want["focus"],
+        }
+        if got != expected:
+            wrong.append(f"{want['name'] or '(root)'}: the click left {got}, not {expected}")
+    return n, wrong
+
+
+def click_every_node(page: Any, root: Any) -> tuple[int, list[str]]:
+    """Click the centre of every unit's node in the prefetch graph ``root`` (the window
+    moved to it first where it is not shown), hovering it first. Each click must select
+    exactly that unit, and the hover must name it. Returns how many and what went wrong."""
+    handle = root.element_handle()
+    units: list[str] = handle.evaluate("root => root.fsdpviz.data.units")
+    wrong: list[str] = []
+    for k, unit in enumerate(units):
+        handle.evaluate("(root, u) => root.fsdpviz.follow(u)", k)
+        x, y = hover_node(page, root, unit)
+        tip = str(handle.evaluate("root => root.fsdpviz.tooltip.lines.join('\\n')"))
+        page.mouse.click(x, y)
+        got = handle.evaluate(
+            "root => { const v = root.fsdpviz;"
+            " return v.selected < 0 ? null : v.data.units[v.selected]; }"
+        )
+        label = "(root)" if unit == "" else f"'{unit}'"
+        if got != unit:
+            wrong.append(f"{label}: the click selected {got!r}")
+        elif not tip.startswith(label):
+            wrong.append(f"{label}: the hover says {tip.splitlines()[:1]}")
+    return len(units), wrong
+
+
+def canvas_background(root: Any) -> list[int]:
+    """The RGB of the canvas of ``root`` at its bottom-right corner (the view's background)."""
+    rgb: list[int] = root.evaluate(
+        """root => { const src = root.querySelector('canvas'), c = document.createElement('canvas');
+          c.width = src.width; c.height = src.height;
+          const ctx = c.getContext('2d', {willReadFrequently: true}); ctx.drawImage(src, 0, 0);
+          return [...ctx.getImageData(c.width - 2, c.height - 2, 1, 1).data.slice(0, 3)]; }"""
     )
-    return state
+    return rgb
 
 
 # A copy of a canvas's pixels, read from a canvas made for reading (reading the page's own
@@ -530,3 +925,48 @@ def pixel(page: Any, selector: str, x: int, y: int) -> list[int]:
         [selector, x, y],
     )
     return rgba
+
+
+def contrast(a: list[int], b: list[int]) -> float:
+    """WCAG contrast ratio of two RGB colours (1 to 21; 4.5 reads as body text)."""
+
+    def luminance(rgb: list[int]) -> float:
+        def channel(c: int) -> float:
+            v = c / 255
+            return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+        r, g, b_ = (channel(c) for c in rgb[:3])
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b_
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+# ------------------------------------------------------------- session fixtures
+
+# tests/conftest.py imports these, so every browser suite of a test session shares one
+# Chromium and one JupyterLab (server, page and kernel).
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the session (the system's; no browser download)."""
+    require_browser_stack()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def jupyterlab(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[LabSession]:
+    """JupyterLab with the session notebook run (see :func:`lab_session`)."""
+    root = tmp_path_factory.mktemp("lab") / "root"
+    root.mkdir()
+    shots = tmp_path_factory.mktemp("screenshots")
+    with lab_session(root, chromium, shots) as s:
+        yield s

@@ -1,12 +1,15 @@
-"""Shared fixtures: a fake process group so real FSDP runs in this process."""
+"""Shared fixtures: a fake process group so real FSDP runs in this process; one Chromium and
+one JupyterLab (server, page, kernel) for every browser suite of the session."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch.distributed as dist
+from browser_harness import chromium, jupyterlab, load_note  # noqa: F401 (session fixtures)
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,3 +25,29 @@ def fake_pg() -> Iterator[int]:
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE)
     yield FAKE_WORLD_SIZE
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """A failed test that drove a browser says so when the machine was busy meanwhile."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and {"chromium", "jupyterlab"} & set(getattr(item, "fixturenames", ())):
+        note = load_note()
+        if note:
+            report.sections.append(("machine load", note))
+
+
+@pytest.fixture(autouse=True)
+def _garbage_collector_left_on() -> Iterator[None]:
+    """Every test starts and ends with Python's garbage collector on: code that leaves it
+    off (a user's kernel would then never collect cycles) fails the test that did it."""
+    import gc
+
+    if not gc.isenabled():
+        gc.enable()
+        pytest.fail("the garbage collector was off when this test started")
+    yield
+    if not gc.isenabled():
+        gc.enable()
+        pytest.fail("this test left the garbage collector off")

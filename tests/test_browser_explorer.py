@@ -1,154 +1,71 @@
 """The explorer and the prefetch graph in real Chromium, as a user meets them: in JupyterLab
-(the dashboard widget) and in the saved HTML page.
+(the dashboard's widgets) and in the saved HTML page, which the same front end draws; each
+test drives both through the same helpers (tests/browser_harness.py).
 
-- every unit of a 49-unit plan clicked in the prefetch graph selects exactly that unit;
-- at 120 units no two unit names on the prefetch graph's axis overlap, at two widths;
-- the figures fill their output and follow its width; the explorer's labels are drawn at
-  one readable size or not at all; its detail panel sits beside it (nothing below moves
-  when a unit is selected); the search box selects and zooms; the path bar zooms back out
-  without changing the selection.
+- every block of the explorer and every node of the prefetch graph, clicked, selects
+  exactly its module and unit (and the kernel hears the last one);
+- at 120 units no two unit names under the prefetch graph overlap, and the graph lays its
+  units out again when the output narrows or widens;
+- the views fill their output and follow its width; the explorer's labels are drawn at one
+  readable size or not at all, keeping the end of a name; its detail panel sits beside it
+  (nothing below moves when a unit is selected), or over it in a narrow output, and is
+  never cut off; the find box selects and draws; the path above leads back up;
+- what the views say on hover is what fsdpviz's Python API says.
 
-``FSDPVIZ_SCREENSHOTS=<folder>`` keeps screenshots of each view, light and dark, at 5 and
-at 120 units.
+``FSDPVIZ_SCREENSHOTS=<folder>`` keeps screenshots of each view, light and dark, at 5 and at
+120 units, in JupyterLab and in the page.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 from browser_harness import (
-    CHROMIUM_ARGS,
-    EXPLORER_VIEW,
-    PREFETCH_VIEW,
-    KernelTraffic,
-    LabServer,
+    SMALL,
+    UI_MS,
+    LabSession,
     choose_theme,
-    chromium_executable,
+    click_block,
+    click_every_block,
+    click_every_node,
     click_node,
+    explorer_root,
     explorer_state,
-    jupyterlab_server,
+    hover_block,
+    hover_node,
+    next_frame,
+    prefetch_root,
     prefetch_state,
-    require_browser_stack,
+    wait_until,
 )
 from views_models import needs_front_end
 
 from fsdpviz import Report
 from fsdpviz.examples import ExampleConfig, example_analysis
-from fsdpviz.schema.report import unit_label
-from fsdpviz.views.explorer import LABEL_PX
+from fsdpviz.views import module_tree, prefetch_data
 from fsdpviz.views.prefetch import prefetch_analysis
+from fsdpviz.views.style import format_bytes
 
 pytestmark = needs_front_end
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")
-SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
-UI_MS = 20_000
-LABEL_FONT = "11px system-ui, sans-serif"  # js/src/render.ts FONT: every label's
-START_MS = 90_000  # the notebook's dashboards drawn once all its cells ran
-KERNEL_S = 90.0  # a kernel's answer, behind any idle work it started before
-RUN_ALL_MS = 240_000
-
-# The rectangle of each x tick label of a plotly figure: its centre on the page, its
-# unrotated size and its rotation (plotly rotates labels that would overlap flat).
-_TICK_BOXES = """gd => [...gd.querySelectorAll('.xtick text')].map(t => {
-  const r = t.getBoundingClientRect(), b = t.getBBox();
-  const m = /rotate\\(([-\\d.]+)/.exec(t.getAttribute('transform') || '');
-  return {text: t.textContent, cx: r.x + r.width / 2, cy: r.y + r.height / 2,
-          w: b.width, h: b.height, angle: m ? Number(m[1]) : 0,
-          size: parseFloat(getComputedStyle(t).fontSize)};
-})"""
-
-# Where plotly drew each unit of the prefetch graph: page coordinates of its marker centre.
-_NODE_CENTRES = """gd => {
-  const t = gd.data.find(d => d.name === 'units'), L = gd._fullLayout;
-  const r = gd.getBoundingClientRect();
-  return t.customdata.map((u, i) => [u, r.left + L._size.l + L.xaxis.l2p(t.x[i]),
-                                      r.top + L._size.t + L.yaxis.l2p(t.y[i])]);
-}"""
-
-# Labels the explorer draws (visible ones: plotly hides those that do not fit).
-_SLICE_LABELS = """gd => [...gd.querySelectorAll('g.slice text.slicetext')]
-  .filter(t => { const r = t.getBoundingClientRect();
-                 return t.textContent.trim() !== '' && r.width > 0 && r.height > 0; })
-  .map(t => ({text: t.textContent, size: parseFloat(getComputedStyle(t).fontSize),
-              box: t.getBoundingClientRect().toJSON(),
-              slice: t.closest('g.slice').querySelector('path.surface')
-                .getBoundingClientRect().toJSON()}))"""
+LABEL_FONT = "11px system-ui, sans-serif"  # js/src/theme.ts FONT: every label's
 
 
 def report_of(units: int) -> Report:
     return example_analysis(config=ExampleConfig(num_layers=units - 1, **SMALL), progress=False)
 
 
-def overlapping(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Pairs of tick labels whose (rotated) rectangles intersect by more than a pixel."""
-    found = []
-    ordered = sorted(boxes, key=lambda b: b["cx"])
-    for i, a in enumerate(ordered):
-        for b in ordered[i + 1 : i + 4]:
-            angle = math.radians(a["angle"])
-            dx, dy = b["cx"] - a["cx"], b["cy"] - a["cy"]
-            along = abs(dx * math.cos(angle) + dy * math.sin(angle))
-            across = abs(-dx * math.sin(angle) + dy * math.cos(angle))
-            # glyphs fill ~3/4 of a text box's height (the rest is line spacing)
-            if along < (a["w"] + b["w"]) / 2 - 1 and across < 0.75 * (a["h"] + b["h"]) / 2 - 1:
-                found.append((a["text"], b["text"]))
-    return found
-
-
-def check_tick_labels(boxes: list[dict[str, Any]], names: list[str], least: int) -> None:
-    assert len(boxes) >= least, f"only {len(boxes)} unit names on the axis"
-    assert {b["text"] for b in boxes} <= set(names)
-    assert min(b["size"] for b in boxes) >= 11
-    assert not overlapping(boxes), overlapping(boxes)
-
-
-def check_slice_labels(labels: list[dict[str, Any]]) -> None:
-    """Every label drawn is LABEL_PX high and inside its block."""
-    assert labels, "no label drawn in the explorer"
-    assert {lab["size"] for lab in labels} == {LABEL_PX}, labels
-    for lab in labels:
-        box, inside = lab["box"], lab["slice"]
-        assert box["left"] >= inside["left"] - 1 and box["right"] <= inside["right"] + 1, lab
-        assert box["top"] >= inside["top"] - 1 and box["bottom"] <= inside["bottom"] + 1, lab
-
-
-def path_bar(explorer: Any) -> list[str]:
-    """The labels plotly's path bar shows (visible ones), left to right."""
-    found: list[str] = explorer.evaluate(
-        """gd => [...gd.querySelectorAll('g.pathbar text.slicetext')]
-          .map(t => [t.getBoundingClientRect(), t.textContent])
-          .filter(([r]) => r.width > 0).sort((a, b) => a[0].x - b[0].x).map(([, s]) => s)"""
-    )
-    return found
-
-
-def point_at(page: Any, plot: Any, unit: str, x: float, y: float) -> None:
-    """Move the mouse onto a unit's marker and wait for its hover label, as a user looks
-    before clicking (plotly clicks the point it last hovered, at most every 50 ms)."""
-    page.mouse.move(x - 3, y)
-    page.wait_for_function(
-        "([gd, name]) => (gd.querySelector('.hoverlayer .hovertext')?.textContent ?? '')"
-        ".startsWith(name + ' (')",
-        arg=[plot.element_handle(), unit_label(unit)],
-        timeout=UI_MS,
-    )
-
-
 def _shot(locator: Any, name: str) -> None:
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-        locator.page.mouse.move(1, 1)  # no hover label over the figures
+        locator.page.mouse.move(1, 1)  # no hover box over the views
         locator.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"))
 
 
@@ -157,18 +74,67 @@ def reports() -> dict[int, Report]:
     return {n: report_of(n) for n in (5, 49, 120)}
 
 
+# Every label the explorer draws with its text's width as the page's canvas measures it.
+_LABEL_WIDTHS = f"""root => {{ const v = root.fsdpviz;
+  const ctx = document.createElement('canvas').getContext('2d'); ctx.font = '{LABEL_FONT}';
+  return v.drawnLabels().map(l => ({{...l, text_w: ctx.measureText(l.text).width}})); }}"""
+
+
+def check_labels(root: Any) -> None:
+    """Every label drawn is one size (11 px) and inside its block: cut short, never smaller;
+    a cut keeps the end of a module's name."""
+    labels = root.evaluate(_LABEL_WIDTHS)
+    assert labels, "no label drawn in the explorer"
+    for label in labels:
+        assert label["text_w"] <= label["w"] - 8 + 0.5, label
+        if label["text"].startswith("…"):
+            assert not label["text"].startswith("…."), label
+
+
+def _names_apart(state: dict[str, Any], least: int) -> None:
+    """Unit names under the prefetch graph: at least ``least`` of them, upright, each at
+    least 14 px (11 px text) from the next."""
+    xs = [x for _, x in state["names"]]
+    assert state["upright"] and len(xs) >= least, state
+    assert min(b - a for a, b in itertools.pairwise(xs)) >= 14
+
+
+def _hover_says_what_python_says(page: Any, scope: Any, report: Report) -> None:
+    """The explorer's and the prefetch graph's hover details are fsdpviz's Python numbers
+    (module_tree, format_bytes, prefetch_data)."""
+    unit = report.units[3]
+    module = f"{unit.module}.mlp"
+    node = module_tree(report).by_fqn[module]
+    ex = explorer_root(scope)
+    ex.evaluate(
+        "(root, name) => { const v = root.fsdpviz; v.reveal(v.index.byName.get(name)); }",
+        module,
+    )
+    hover_block(page, ex, module)
+    lines = ex.locator(".fv-tooltip").inner_text().splitlines()
+    assert lines[:5] == [
+        f"{module} ({node.module_class})",
+        f"unit: '{unit.module}' (unit 3)",
+        f"parameters: {node.numel_total:,}",
+        f"bytes: {format_bytes(node.bytes_total)} full, {format_bytes(node.rank_bytes_total)} "
+        "per rank",
+        f"dtype: {unit.dtype}",
+    ]
+    data = prefetch_data(report)
+    pf = prefetch_root(scope)
+    pf.evaluate("(root, u) => root.fsdpviz.follow(u)", data["units"].index(unit.module))
+    hover_node(page, pf, unit.module)
+    lines = pf.locator(".fv-tooltip").inner_text().splitlines()
+    k = data["units"].index(unit.module)
+    assert lines == [*data["hover"][k], f"unit {data['numbers'][k]}; click: select it"]
+    assert (
+        f"bytes: {format_bytes(unit.bytes)} full, {format_bytes(unit.sharded_bytes)} per rank"
+        in lines
+    )
+    page.mouse.move(1, 1)
+
+
 # ------------------------------------------------------------------ the saved page
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_browser_stack()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @dataclass
@@ -176,26 +142,29 @@ class Page:
     page: Any
     console: list[str] = field(default_factory=list)
 
-    def body(self, key: str) -> str:
-        return str(self.page.get_attribute("body", f"data-fv-{key}"))
+    @property
+    def explorer(self) -> Any:
+        return explorer_root(self.page.locator("#fv-explorer"))
 
-    def plot(self, div: str) -> Any:
-        return self.page.locator(f"#{div}")
+    @property
+    def prefetch(self) -> Any:
+        return prefetch_root(self.page.locator("#fv-prefetch"))
 
 
 @pytest.fixture
-def open_page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+def open_page(chromium: Any, tmp_path: Path) -> Iterator[Any]:
     pages: list[Any] = []
 
     def open_(report: Report, theme: str = "light", width: int = 1300) -> Page:
         path = report.save(tmp_path / f"{len(report.units)}-{theme}.html", theme=theme)
-        page = browser.new_page(viewport={"width": width, "height": 1400})
+        page = chromium.new_page(viewport={"width": width, "height": 1400})
         pages.append(page)
         out = Page(page)
         page.on("console", lambda m: out.console.append(f"{m.type}: {m.text}"))
         page.on("pageerror", lambda e: out.console.append(f"pageerror: {e}"))
         page.goto(path.resolve().as_uri())
-        page.wait_for_selector("body[data-fv-ready=true]", timeout=30_000)
+        wait_until(page, "() => document.body.dataset.fvReady === 'true'", "the page to draw",
+                   timeout_ms=UI_MS)  # fmt: skip
         return out
 
     yield open_
@@ -208,13 +177,24 @@ def test_page_every_prefetch_node_selects_its_unit(
 ) -> None:
     report = reports[49]
     p = open_page(report)
-    assert prefetch_state(p.page)["window"] == [0, 49]  # 49 units fit the page's width
-    for unit in [u.module for u in report.units]:
-        click_node(p.page, unit)
-        p.page.wait_for_function(
-            "u => document.body.dataset.fvSelectedUnit === u", arg=unit, timeout=UI_MS
-        )
-        assert prefetch_state(p.page)["selected"] == unit
+    assert prefetch_state(p.prefetch)["window"] == [0, 49]  # 49 units fit the page's width
+    n, wrong = click_every_node(p.page, p.prefetch)
+    assert n == 49 and wrong == []
+    last = prefetch_data(report)["units"][-1]  # clicked in forward order
+    assert p.page.evaluate("() => window.fsdpvizModel.get('selected_unit')") == last
+    assert p.console == []
+
+
+def test_page_every_explorer_block_selects_its_module(
+    reports: dict[int, Report], open_page: Any
+) -> None:
+    p = open_page(reports[5])
+    n, wrong = click_every_block(p.page, p.explorer)
+    assert n == len(reports[5].modules) and wrong == []
+    last = reports[5].modules[-1]
+    assert p.page.evaluate("() => window.fsdpvizModels.explorer.get('selected_module')") == (
+        last.fqn
+    )
     assert p.console == []
 
 
@@ -225,30 +205,24 @@ def test_page_prefetch_graph_of_120_units_follows_the_step(
     a unit selected in the timeline is brought into it, and its node answers a click."""
     report = reports[120]
     p = open_page(report)
-    u0, u1 = prefetch_state(p.page)["window"]
+    u0, u1 = prefetch_state(p.prefetch)["window"]
     assert u0 == 0 and 40 < u1 < 120
     p.page.locator(".fv-slider").focus()
     p.page.keyboard.press("End")  # the last event: the root's
-    p.page.wait_for_function("document.body.dataset.fvStep !== '0'")
+    wait_until(p.page, "() => document.body.dataset.fvStep !== '0'", "the last step",
+               timeout_ms=UI_MS)  # fmt: skip
     last = report.iterations[-1][-1].unit
-    assert prefetch_state(p.page)["current"] == last
+    assert prefetch_state(p.prefetch)["current"] == last
     target = "layers.100"
     p.page.evaluate(f"() => window.fsdpvizModel.set('selected_unit', '{target}')")
-    state = prefetch_state(p.page)
+    state = prefetch_state(p.prefetch)
     position = prefetch_analysis(report).positions[target]
     assert state["selected"] == target
     assert state["window"][0] <= position < state["window"][1]
-    click_node(p.page, "layers.99")
-    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'layers.99'")
+    click_node(p.page, p.prefetch, "layers.99")
+    assert prefetch_state(p.prefetch)["selected"] == "layers.99"
+    assert p.page.evaluate("() => window.fsdpvizModel.get('selected_unit')") == "layers.99"
     assert p.console == []
-
-
-def _names_apart(state: dict[str, Any], least: int) -> None:
-    """Unit names under the prefetch graph: at least ``least`` of them, upright, each at
-    least 14 px (11 px text) from the next."""
-    xs = [x for _, x in state["names"]]
-    assert state["upright"] and len(xs) >= least, state
-    assert min(b - a for a, b in itertools.pairwise(xs)) >= 14
 
 
 @pytest.mark.parametrize("width", [1300, 800])
@@ -256,326 +230,233 @@ def test_page_unit_names_never_overlap_at_120_units(
     reports: dict[int, Report], open_page: Any, width: int
 ) -> None:
     p = open_page(reports[120], width=width)
-    _names_apart(prefetch_state(p.page), least=width // 40)
+    _names_apart(prefetch_state(p.prefetch), least=width // 40)
     # the graph follows the page's width, and the names follow the graph
     p.page.set_viewport_size({"width": width - 300, "height": 1400})
-    p.page.wait_for_function(
-        f"w => {PREFETCH_VIEW}.canvas.getBoundingClientRect().width < w",
-        arg=width - 300,
-        timeout=UI_MS,
+    wait_until(
+        p.page,
+        "([root, w]) => root.fsdpviz.canvas.getBoundingClientRect().width < w",
+        "the prefetch graph to narrow",
+        arg=[p.prefetch.element_handle(), width - 300],
+        timeout_ms=UI_MS,
     )
-    _names_apart(prefetch_state(p.page), least=(width - 300) // 40)
-    p.page.locator("#fv-prefetch .fv-zoom button", has_text="all").click()
-    _names_apart(prefetch_state(p.page), least=(width - 300) // 40)
+    _names_apart(prefetch_state(p.prefetch), least=(width - 300) // 40)
+    p.prefetch.locator(".fv-zoom button", has_text="all").click()
+    _names_apart(prefetch_state(p.prefetch), least=(width - 300) // 40)
     assert p.console == []
 
 
-# Every label the explorer draws with its text's width as the page's canvas measures it.
-_LABEL_WIDTHS = f"""() => {{ const v = {EXPLORER_VIEW};
-  const ctx = document.createElement('canvas').getContext('2d'); ctx.font = '{LABEL_FONT}';
-  return v.drawnLabels().map(l => ({{...l, text_w: ctx.measureText(l.text).width}})); }}"""
+def test_page_prefetch_graph_lays_out_again_on_resize(
+    reports: dict[int, Report], open_page: Any
+) -> None:
+    """49 units fit 1,920 px; at 1,000 px they do not: a window of them and an overview of
+    all; back at 1,920 px, every unit again."""
+    p = open_page(reports[49], width=1920)
+    state = prefetch_state(p.prefetch)
+    assert state["window"] == [0, 49] and not state["windowed"]
+    for width, windowed in [(1000, True), (1920, False)]:
+        p.page.set_viewport_size({"width": width, "height": 1400})
+        wait_until(
+            p.page,
+            "([root, w]) => Math.abs(root.fsdpviz.canvas.getBoundingClientRect().width"
+            " - root.getBoundingClientRect().width) <= 2 && root.fsdpviz.layout.width <= w",
+            f"the prefetch graph to lay out at {width} px",
+            arg=[p.prefetch.element_handle(), width],
+            timeout_ms=UI_MS,
+        )
+        state = prefetch_state(p.prefetch)
+        assert state["windowed"] is windowed, (width, state)
+        assert (state["window"][1] < 49) is windowed, (width, state)
+        assert state["outer"] < width
+    assert p.console == []
 
 
-def test_page_figures_fill_the_width_and_labels_stay_readable(
+def test_page_views_fill_the_width_and_labels_stay_readable(
     reports: dict[int, Report], open_page: Any
 ) -> None:
     for units, theme in [(5, "light"), (120, "dark"), (120, "light"), (5, "dark")]:
         p = open_page(reports[units], theme=theme)
-        for state in (explorer_state(p.page), prefetch_state(p.page)):
-            assert state["outer"] > 1200 and abs(state["outer"] - state["width"]) <= 2, state
-        labels = p.page.evaluate(_LABEL_WIDTHS)
-        assert labels, "no label drawn in the explorer"
-        for label in labels:  # one size (11 px), inside its block; cut short, never smaller
-            assert label["text_w"] <= label["w"] - 8 + 0.5, label
-        _shot(p.page.locator(".fv-figures"), f"page-{units}-units-{theme}")
+        for state in (explorer_state(p.explorer), prefetch_state(p.prefetch)):
+            assert state["theme"] == theme
+            assert abs(state["outer"] - state["width"]) <= 2, state
+        assert prefetch_state(p.prefetch)["outer"] > 1200
+        check_labels(p.explorer)
+        _shot(p.page.locator("body"), f"page-{units}-units-{theme}")
         assert p.console == []
 
 
-def test_page_search_box_and_path_bar(reports: dict[int, Report], open_page: Any) -> None:
+def test_page_find_box_path_and_panel(reports: dict[int, Report], open_page: Any) -> None:
     p = open_page(reports[49])
-    find = p.page.locator("#fv-find")
+    find = p.explorer.locator(".fv-find-input")
     find.fill("layers.7")
     find.press("Enter")
-    p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'layers.7'")
-    assert p.page.inner_text("#fv-find-note") == "found 'layers.7'"
-    state = explorer_state(p.page)
-    assert state["focus"] == "layers.7"
+    state = explorer_state(p.explorer)
+    assert state["found"] == "found 'layers.7'" and state["focus"] == "layers.7"
+    assert state["model"]["selected_unit"] == "layers.7"
     # the path above leads back up: (root), then 'layers'
     assert state["crumbs"] == "(root) › layers › 7"
+    assert "unit 8 of 49: 'layers.7' (DecoderLayer)" in state["detail"]
     _shot(p.page.locator(".fv-figures"), "page-49-units-found")
-    p.page.locator("#fv-explorer .fv-crumbs button", has_text="(root)").click()
-    p.page.wait_for_function("document.body.dataset.fvFocus === ''")
-    assert p.body("selected-unit") == "layers.7"  # going up selects nothing
+    p.explorer.locator(".fv-crumbs button", has_text="(root)").click()
+    state = explorer_state(p.explorer)
+    assert state["focus"] == "" and state["model"]["selected_unit"] == "layers.7"  # nothing new
     find.fill("nothing like it")
     find.press("Enter")
-    assert p.page.inner_text("#fv-find-note").startswith("no unit or module matches")
+    assert explorer_state(p.explorer)["found"].startswith("no unit or module matches")
+    _hover_says_what_python_says(p.page, p.page, reports[49])
+    assert p.console == []
+
+
+def test_page_narrow_panel_goes_over_the_explorer(
+    reports: dict[int, Report], open_page: Any
+) -> None:
+    """In a narrow page the panel opens over the icicle when a unit is selected, inside the
+    page and scrolling on its own; its × closes it."""
+    p = open_page(reports[49], width=760)
+    box = p.page.locator("#fv-explorer .fsdpviz-explorer-box")
+    panel = box.locator(".fv-detail")
+    assert panel.is_hidden()
+    click_block(p.page, p.explorer, "layers.3")
+    assert panel.is_visible()
+    area, rect = box.bounding_box(), panel.bounding_box()
+    assert rect["x"] >= area["x"] - 1 and rect["x"] + rect["width"] <= area["x"] + area["width"] + 1
+    assert box.locator(".fv-detail-body").evaluate("b => getComputedStyle(b).overflowY") == "auto"
+    assert "'layers.3'" in panel.inner_text()
+    _shot(box, "page-49-units-narrow-panel")
+    panel.locator(".fv-detail-close").click()
+    assert panel.is_hidden()
     assert p.console == []
 
 
 # ------------------------------------------------------------------ JupyterLab
 
-NOTEBOOK = "explorer.ipynb"
-_CELLS = [
-    "from fsdpviz.examples import ExampleConfig, example_analysis\n"
-    f"SMALL = {SMALL!r}\n"
-    "r5, r49, r120 = (example_analysis(config=ExampleConfig(num_layers=n - 1, **SMALL),"
-    " progress=False) for n in (5, 49, 120))",
-    "view = r49.show()\nview",
-    "big = r120.show()\nbig",
-    "small = r5.show()\nsmall",
-]
 
-
-@dataclass
-class Lab:
-    lab: LabServer
-    page: Any
-    traffic: KernelTraffic
-    errors: list[str] = field(default_factory=list)
-
-    def output(self, k: int) -> Any:
-        """The output area of code cell ``k``."""
-        return self.page.locator(".jp-Notebook .jp-CodeCell").nth(k).locator(".jp-Cell-outputArea")
-
-    def plots(self, k: int) -> Any:
-        return self.output(k).locator(".js-plotly-plot")
-
-    def run_new_cell(self, code: str) -> str:
-        page = self.page
-        cells = page.locator(".jp-Notebook .jp-Cell")
-        n = cells.count()
-        cells.nth(n - 1).locator(".jp-InputPrompt").click()
-        toolbar = page.get_by_role("toolbar", name="main area toolbar")
-        toolbar.get_by_role("button", name=re.compile(r"^Insert a cell below")).click()
-        new = cells.nth(n)
-        new.locator(".cm-content").click()
-        page.keyboard.insert_text(code)
-        page.keyboard.press("Control+Enter")
-        from playwright.sync_api import expect
-
-        expect(new.locator(".jp-InputPrompt")).to_have_text(
-            re.compile(r"^\[\d+\]:$"), timeout=UI_MS
-        )
-        return str(new.locator(".jp-Cell-outputArea").first.inner_text())
-
-    def kernel(self, expression: str) -> Any:
-        out = self.run_new_cell(f"import json as _j\nprint(_j.dumps({expression}))")
-        return json.loads(out.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Lab]:
-    root = tmp_path_factory.mktemp("explorer-lab") / "root"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in _CELLS])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, root / NOTEBOOK)
-    with jupyterlab_server(root) as server:
-        page = browser.new_page(viewport={"width": 1400, "height": 1400})
-        try:
-            s = Lab(server, page, KernelTraffic(page))
-            page.on("pageerror", lambda e: s.errors.append(f"page error: {e}"))
-            page.on(
-                "console",
-                lambda m: s.errors.append(m.text) if m.type == "error" else None,
-            )
-            page.goto(server.url + f"lab/tree/{NOTEBOOK}")
-            server.wait_for_kernel_connection(60)
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(
-                timeout=60_000
-            )
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-            page.wait_for_function(
-                """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-                   .every(p => /^\\[\\d+\\]:$/.test(p.textContent.trim()))""",
-                timeout=RUN_ALL_MS,
-            )
-            # the three dashboards drawn (a start-up, on a busy machine slower than a UI answer)
-            for k in (1, 2, 3):
-                for what, view in [
-                    ("timeline", s.output(k).locator(".fsdpviz-timeline canvas").first),
-                    ("explorer", s.plots(k).nth(0).locator("g.slice").first),
-                    ("prefetch graph", s.plots(k).nth(1).locator(".xtick").first),
-                ]:
-                    try:
-                        view.wait_for(timeout=START_MS)
-                    except Exception as e:
-                        shown = s.output(k).inner_text()[:300]
-                        raise AssertionError(f"cell {k}: no {what} drawn; shown: {shown}") from e
-            # every view drawn and every message of their start answered (the kernel's
-            # idle work included): a test's first action meets a page at rest
-            s.traffic.wait_until_answered(after=0, timeout=KERNEL_S, quiet=2.0)
-            yield s
-        finally:
-            page.close()
-
-
-def test_lab_every_prefetch_node_selects_its_unit(lab: Lab, reports: dict[int, Report]) -> None:
-    report = reports[49]
-    plot = lab.plots(1).nth(1)
-    plot.scroll_into_view_if_needed()
-    picker = lab.output(1).locator(".widget-dropdown", has_text="unit").locator("select")
-    centres = plot.evaluate(_NODE_CENTRES)
-    assert sorted(u for u, _, _ in centres) == sorted(u.module for u in report.units)
-    lab.traffic.wait_until_answered(after=-1)
-    clicks = lab.traffic.points.count("plotly_click")
-    index = {u.module: i for i, u in enumerate(report.units)}
-    for unit, x, y in centres:
-        point_at(plot.page, plot, unit, x, y)
-        plot.page.mouse.click(x, y)
-        # the explorer's unit picker, set by the kernel: "<index>: <name>"
-        plot.page.wait_for_function(
-            "([el, text]) => (el.options[el.selectedIndex]?.text ?? '')"
-            ".replace(/\\s/g, ' ') === text",
-            arg=[picker.element_handle(), f"{index[unit]}: {unit or '(root)'}"],
-            timeout=UI_MS,
-        )
-        # the rest of the kernel's answer (the rings and outlines it restyles) lands before
-        # the next hover: a restyle after the hover clears plotly's hovered point, and a
-        # click then selects nothing, as a person's would who clicked mid-redraw
-        lab.traffic.wait_until_answered(after=-1, timeout=KERNEL_S)
-    assert lab.traffic.points.count("plotly_click") - clicks == len(centres)
-    state = lab.kernel(
-        "[view.selected_unit, view.timeline.selected_unit, repr(view.errors.last_error)]"
+def test_lab_every_prefetch_node_selects_its_unit(
+    jupyterlab: LabSession, reports: dict[int, Report]
+) -> None:
+    s = jupyterlab
+    out = s.output("# fv:v49")
+    root = prefetch_root(out)
+    n, wrong = click_every_node(s.page, root)
+    assert n == 49 and wrong == []
+    last = prefetch_data(reports[49])["units"][-1]  # clicked in forward order
+    state = s.py(
+        "[v49.selected_unit, v49.timeline.selected_unit, v49.explorer.selected_unit, "
+        "repr(v49.errors.last_error)]"
     )
-    assert state == [centres[-1][0], centres[-1][0], "None"]
+    assert state == [last, last, last, "None"]
+    s.assert_no_browser_errors()
 
 
-def test_lab_unit_names_never_overlap_at_120_units(lab: Lab, reports: dict[int, Report]) -> None:
-    names = ["(root)" if u.module == "" else u.module for u in reports[120].units]
-    plot = lab.plots(2).nth(1)
-    plot.scroll_into_view_if_needed()
-    check_tick_labels(plot.evaluate(_TICK_BOXES), names, least=25)
-    width = plot.evaluate("gd => gd.getBoundingClientRect().width")
-    lab.page.set_viewport_size({"width": 900, "height": 1400})
+def test_lab_every_explorer_block_selects_its_module(
+    jupyterlab: LabSession, reports: dict[int, Report]
+) -> None:
+    s = jupyterlab
+    root = explorer_root(s.output("# fv:v5"))
+    n, wrong = click_every_block(s.page, root)
+    assert n == len(reports[5].modules) and wrong == []
+    last = reports[5].modules[-1]
+    state = s.py("[v5.explorer.selected_module, v5.selected_unit, v5.explorer.focus]")
+    assert state == [last.fqn, explorer_state(root)["model"]["selected_unit"], state[2]]
+    assert state[2] == explorer_state(root)["focus"]
+    s.assert_no_browser_errors()
+
+
+def test_lab_unit_names_never_overlap_at_120_units_and_follow_the_width(
+    jupyterlab: LabSession,
+) -> None:
+    s = jupyterlab
+    root = prefetch_root(s.output("# fv:v120"))
+    root.scroll_into_view_if_needed()
+    _names_apart(prefetch_state(root), least=25)
+    width = prefetch_state(root)["outer"]
+    s.page.set_viewport_size({"width": 900, "height": 1600})
     try:
-        lab.page.wait_for_function(
-            "([gd, w]) => gd.querySelector('.main-svg').getBoundingClientRect().width < w - 300",
-            arg=[plot.element_handle(), width],
-            timeout=UI_MS,
+        wait_until(
+            s.page,
+            "([root, w]) => root.getBoundingClientRect().width < w - 300"
+            " && Math.abs(root.fsdpviz.layout.width - root.getBoundingClientRect().width) <= 2",
+            "the prefetch graph to lay out at the narrower width",
+            arg=[root.element_handle(), width],
+            timeout_ms=UI_MS,
         )
-        lab.page.wait_for_timeout(500)
-        check_tick_labels(plot.evaluate(_TICK_BOXES), names, least=15)
+        _names_apart(prefetch_state(root), least=15)
     finally:
-        lab.page.set_viewport_size({"width": 1400, "height": 1400})
+        s.page.set_viewport_size({"width": 1400, "height": 1600})
+    s.assert_no_browser_errors()
 
 
-def test_lab_figures_fill_the_output_and_the_panel_sits_beside(lab: Lab) -> None:
-    out = lab.output(1)
-    explorer, prefetch = lab.plots(1).nth(0), lab.plots(1).nth(1)
-    detail = out.locator(".fsdpviz-detail")
-    lab.page.wait_for_function(  # the widget's figure takes its width once attached
-        "gd => Math.abs(gd.querySelector('.main-svg').getBoundingClientRect().width"
-        " - gd.getBoundingClientRect().width) <= 2",
-        arg=explorer.element_handle(),
-        timeout=UI_MS,
-    )
+def test_lab_views_fill_the_output_and_the_panel_sits_beside(
+    jupyterlab: LabSession, reports: dict[int, Report]
+) -> None:
+    s = jupyterlab
+    out = s.output("# fv:v49")
+    explorer, prefetch = explorer_root(out), prefetch_root(out)
+    box = out.locator(".fsdpviz-explorer-box")
+    panel = box.locator(".fv-detail")
     area = out.bounding_box()
-    ex, pf, panel = explorer.bounding_box(), prefetch.bounding_box(), detail.bounding_box()
+    ex, pf, side = explorer.bounding_box(), prefetch.bounding_box(), panel.bounding_box()
     assert pf["width"] > 0.9 * area["width"], (pf, area)
     assert ex["width"] > 0.5 * area["width"], (ex, area)
-    assert ex["width"] + panel["width"] > 0.9 * area["width"], (ex, panel, area)
-    assert panel["x"] >= ex["x"] + ex["width"] - 1 and abs(panel["y"] - ex["y"]) < 40
-    below = prefetch.bounding_box()["y"] - out.bounding_box()["y"]
-    lab.run_new_cell("view.selected_unit = 'layers.3'")
-    lab.page.wait_for_function(
-        "el => el.textContent.includes(\"'layers.3'\")", arg=detail.element_handle(), timeout=UI_MS
+    assert ex["width"] + side["width"] > 0.9 * area["width"], (ex, side, area)
+    assert side["x"] >= ex["x"] + ex["width"] - 1 and abs(side["y"] - ex["y"]) < 40
+    below = prefetch.bounding_box()["y"]
+    s.kernel.run("v49.selected_unit = 'layers.3'")
+    wait_until(
+        s.page,
+        "el => el.textContent.includes(\"'layers.3'\")",
+        "the panel to show 'layers.3'",
+        arg=panel.element_handle(),
+        timeout_ms=UI_MS,
     )
-    # the panel did not push what follows down
-    assert prefetch.bounding_box()["y"] - out.bounding_box()["y"] == below
-    assert detail.bounding_box()["height"] <= ex["height"] + 1
-    check_slice_labels(explorer.evaluate(_SLICE_LABELS))
-    # and the figures follow the output's width
-    lab.page.set_viewport_size({"width": 1000, "height": 1400})
-    try:
-        lab.page.wait_for_function(
-            "gd => gd.querySelector('.main-svg').getBoundingClientRect().width < 900",
-            arg=prefetch.element_handle(),
-            timeout=UI_MS,
-        )
-    finally:
-        lab.page.set_viewport_size({"width": 1400, "height": 1400})
-    assert not lab.errors, lab.errors
+    assert prefetch.bounding_box()["y"] == below  # the panel did not push what follows down
+    assert box.locator(".fv-detail-body").evaluate("b => getComputedStyle(b).overflowY") == "auto"
+    assert (
+        panel.bounding_box()["x"] + panel.bounding_box()["width"] <= area["x"] + area["width"] + 1
+    )
+    detail = s.py("fsdpviz.views.unit_details(r49)[4]")
+    text = panel.inner_text()
+    assert detail["title"] in text and detail["facts"] in text
+    check_labels(explorer)
+    _hover_says_what_python_says(s.page, out, reports[49])
+    s.assert_no_browser_errors()
 
 
-def test_lab_search_box_and_path_bar(lab: Lab) -> None:
-    out = lab.output(1)
-    explorer = lab.plots(1).nth(0)
-    search = out.locator(".fsdpviz-explorer input[list]")
-    search.fill("layers.11")
-    search.press("Enter")
-    picker = out.locator(".widget-dropdown", has_text="unit").locator("select")
-    lab.page.wait_for_function(
-        "el => (el.options[el.selectedIndex]?.text ?? '').replace(/\\s/g, ' ') === '12: layers.11'",
-        arg=picker.element_handle(),
-        timeout=UI_MS,
-    )
-    lab.page.wait_for_function(
-        "gd => gd._fullData[0].level === 'layers.11'", arg=explorer.element_handle(), timeout=UI_MS
-    )
-    lab.page.wait_for_timeout(800)
-    assert path_bar(explorer) == ["(root) ExampleModel [unit 0]", "layers"]
-    assert "'layers.11'" in out.locator(".fsdpviz-detail").inner_text()
-    check_slice_labels(explorer.evaluate(_SLICE_LABELS))
-    lab.traffic.wait_until_answered(after=-1)
-    explorer.locator("g.pathbar", has_text="(root)").click()
-    lab.page.wait_for_function(
-        "gd => (gd._fullData[0].level || '<root>') === '<root>'",
-        arg=explorer.element_handle(),
-        timeout=UI_MS,
-    )
-    state = lab.kernel("[view.selected_unit, view.explorer.selected_module]")
-    assert state == ["layers.11", "layers.11"]  # zooming out selected nothing
-    search.fill("no such module")
-    search.press("Enter")
-    status = out.get_by_text(re.compile(r"^no unit or module matches"))
-    status.wait_for(timeout=UI_MS)
-    assert not lab.errors, lab.errors
+def test_lab_find_box_and_path(jupyterlab: LabSession) -> None:
+    s = jupyterlab
+    out = s.output("# fv:v49")
+    root = explorer_root(out)
+    find = root.locator(".fv-find-input")
+    find.fill("layers.11")
+    find.press("Enter")
+    state = explorer_state(root)
+    assert state["focus"] == "layers.11" and state["crumbs"] == "(root) › layers › 11"
+    assert s.py("[v49.selected_unit, v49.explorer.selected_module, v49.explorer.focus]") == [
+        "layers.11",
+        "layers.11",
+        "layers.11",
+    ]
+    assert "'layers.11'" in explorer_state(root)["detail"]
+    root.locator(".fv-crumbs button", has_text="(root)").click()
+    assert s.py("[v49.selected_unit, v49.explorer.focus]") == ["layers.11", ""]
+    find.fill("no such module")
+    find.press("Enter")
+    assert explorer_state(root)["found"].startswith("no unit or module matches")
+    s.assert_no_browser_errors()
 
 
-def test_lab_screenshots_light_and_dark(lab: Lab) -> None:
-    """The explorer and the prefetch graph at 5 and 120 units, in both themes; the dark
-    theme restyles them (their background follows JupyterLab's)."""
-    page = lab.page
-
-    backgrounds = (
-        "() => [...document.querySelectorAll("
-        "'.jp-CodeCell .js-plotly-plot svg.main-svg:first-of-type')]"
-        ".map(s => getComputedStyle(s).backgroundColor)"
-    )
-    for theme, light, bg in [
-        ("JupyterLab Dark", False, "rgb(17, 17, 17)"),
-        ("JupyterLab Light", True, "rgb(255, 255, 255)"),
-    ]:
-        sent = lab.traffic.sent
-        choose_theme(page, theme, light, timeout_ms=UI_MS)
-        # each timeline tells its kernel the theme; the kernel may first finish work it
-        # does while idle (a stored trace for re-planning), then restyles the figures
-        lab.traffic.wait_until_answered(after=sent, timeout=KERNEL_S)
-        try:
-            page.wait_for_function(
-                f"() => ({backgrounds})().every(c => c === {bg!r})", timeout=UI_MS
-            )
-        except Exception as e:
-            seen = page.evaluate(backgrounds)
-            seen += page.evaluate(
-                "() => [...document.querySelectorAll('.jp-CodeCell .js-plotly-plot')]"
-                ".map(g => [g.layout?.paper_bgcolor, g.layout?.template?.layout?.paper_bgcolor,"
-                " g._fullLayout?.paper_bgcolor, g.offsetWidth])"
-            )
-            shown = page.locator(".jp-CodeCell .jp-OutputArea-output").all_inner_texts()
-            seen += [t for t in shown if "fsdpviz:" in t or "Error" in t]
-            raise AssertionError(f"figure backgrounds {seen}, not all {bg}") from e
-        page.wait_for_timeout(500)
-        for k, units in [(3, 5), (2, 120)]:
-            out = lab.output(k)
-            check_slice_labels(lab.plots(k).nth(0).evaluate(_SLICE_LABELS))
-            name = "dark" if not light else "light"
-            _shot(out.locator(".fsdpviz-explorer"), f"lab-explorer-{units}-units-{name}")
-            _shot(lab.plots(k).nth(1), f"lab-prefetch-{units}-units-{name}")
-    assert not lab.errors, lab.errors
+def test_lab_screenshots_light_and_dark(jupyterlab: LabSession) -> None:
+    """The dashboards of 5 and 120 units in both themes: each view reads the theme itself;
+    its labels stay readable."""
+    s = jupyterlab
+    for theme, light in [("JupyterLab Dark", False), ("JupyterLab Light", True)]:
+        choose_theme(s.page, theme, light)
+        name = "light" if light else "dark"
+        for marker, units in [("# fv:v5", 5), ("# fv:v120", 120)]:
+            out = s.output(marker)
+            out.scroll_into_view_if_needed()
+            next_frame(s.page)
+            assert explorer_state(explorer_root(out))["theme"] == name
+            check_labels(explorer_root(out))
+            _shot(out, f"lab-dashboard-{units}-units-{name}")
+    s.assert_no_browser_errors()

@@ -129,7 +129,7 @@ def test_the_end_of_step_reduce_scatter_reads_the_same_everywhere() -> None:
     """The tail's wait is its reduce-scatter's exposed time: the wait mark ("compute waits
     34.8 µs for reduce_scatter (root)") and the event ("compute waited 34.8 µs for it")
     agree, in the time model and in the data the timeline view draws."""
-    from fsdpviz.views.timeline_steps import timeline_data
+    from fsdpviz.views.timeline_view import timeline_data
 
     report = example_analysis(world_size=8)
     tl = report.timeline

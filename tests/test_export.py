@@ -228,20 +228,24 @@ def test_graph_of_a_recording_uses_its_units(run: RecordedRun, tmp_path: Path) -
 
 
 def _config(page: str) -> dict[str, Any]:
+    """The page's config, with each view's data under its name (what the page draws)."""
     data: dict[str, Any] = json.loads(page_script(page, "fv-config"))
-    return data
+    views = data["views"]
+    return {**{name: None if s is None else s["data"] for name, s in views.items()}, **data}
 
 
 def test_html_is_one_file_with_no_remote_references(report: Report, tmp_path: Path) -> None:
     page = save(report, tmp_path / "report.html").read_text()
     assert page.startswith("<!doctype html>")
     static = Path(fsdpviz.__file__).parent / "static"
-    assert page_script(page, "fv-widget-esm") == (static / "timeline.js").read_text()
-    assert (static / "standalone.js").read_text() in page
+    # the very module the notebook's widgets load, and the page's boot script
+    assert page_script(page, "fv-widget-esm") == (static / "widget.js").read_text()
+    assert (static / "page.js").read_text() in page
     assert "plotly" not in page.lower()  # the page draws its views itself
     assert not re.search(r"<(script|link|img)[^>]*\s(src|href)=", page)
     assert "<title>fsdpviz prediction: FSDP1, 4 units, world size 4</title>" in page
-    assert 'data-jp-theme-light="true"' in page
+    assert "data-jp-theme-light" not in page.split("</head>")[1][:40]  # the reader's setting
+    assert "@media (prefers-color-scheme: dark)" in page
     assert "peak memory per rank" in page and "step time (modelled)" in page
     config = _config(page)
     assert config["divs"] == {
@@ -260,17 +264,19 @@ def test_html_is_one_file_with_no_remote_references(report: Report, tmp_path: Pa
 
 def test_html_options(report: Report) -> None:
     dark = html_page(report, theme="dark", iteration=None, memory=None, title="my <run>")
-    assert 'data-jp-theme-light="false"' in dark
+    assert '<body data-jp-theme-light="false">' in dark
+    assert '<body data-jp-theme-light="true">' in html_page(report, theme="light")
     assert "<title>my &lt;run&gt;</title>" in dark
     config = _config(dark)
-    assert config["theme"] == "dark"
     assert config["timeline"]["memory"] == []  # no memory lane
     assert config["timeline"]["n_steps"] == sum(len(it) for it in report.iterations)
     n = len(report.iterations[0])
     first = _config(html_page(report, iteration=0, memory=[float(i) for i in range(n)]))
     (lane,) = first["timeline"]["memory"]
     assert lane["total"] == [float(i) for i in range(n)]
-    with pytest.raises(ValueError, match="unknown theme 'blue'"):
+    with pytest.raises(
+        ValueError, match="theme='blue' is not valid; use 'auto', 'light' or 'dark'"
+    ):
         html_page(report, theme="blue")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="memory='model' is not valid"):
         html_page(report, memory="model")

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 import torch
 from browser_harness import (
-    CHROMIUM_ARGS,
-    chromium_executable,
     click_block,
     click_every_event,
     click_node,
+    explorer_root,
     explorer_state,
     hover_block,
     hover_node,
     painted_pixels,
     pixel,
+    prefetch_root,
     prefetch_state,
     step_through,
 )
@@ -41,18 +41,6 @@ from fsdpviz.views.prefetch import prefetch_data
 from fsdpviz.views.style import format_bytes
 
 SCREENSHOTS = os.environ.get("FSDPVIZ_SCREENSHOTS")  # a folder to keep the screenshots in
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail('playwright is not installed: pip install -e ".[test]"', pytrace=False)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @dataclass
@@ -70,6 +58,14 @@ class Page:
     def js(self, expression: str) -> Any:
         return self.page.evaluate(expression)
 
+    @property
+    def explorer(self) -> Any:
+        return explorer_root(self.page.locator("#fv-explorer"))
+
+    @property
+    def prefetch(self) -> Any:
+        return prefetch_root(self.page.locator("#fv-prefetch"))
+
     def shot(self, name: str) -> None:
         if SCREENSHOTS:
             Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
@@ -77,11 +73,13 @@ class Page:
 
 
 @pytest.fixture
-def open_page(browser: Any) -> Iterator[Any]:
+def open_page(chromium: Any) -> Iterator[Any]:
     pages: list[Any] = []
 
-    def open_(path: Path) -> Page:
-        page = browser.new_page(viewport={"width": 1300, "height": 1500})
+    def open_(path: Path, color_scheme: str = "light") -> Page:
+        page = chromium.new_page(
+            viewport={"width": 1300, "height": 1500}, color_scheme=color_scheme
+        )
         pages.append(page)
         out = Page(page)
         page.on("console", lambda m: out.console.append(f"{m.type}: {m.text}"))
@@ -111,7 +109,7 @@ def report() -> Report:
 
 
 def _views_drawn(p: Page) -> None:
-    explorer = explorer_state(p.page)
+    explorer = explorer_state(p.explorer)
     assert "blocks.1 [unit 2]" in [label["text"] for label in explorer["labels"]]
     assert p.page.inner_text("#fv-prefetch .fv-title").startswith("Prefetch graph")
     for canvas in ("#fv-timeline canvas", "#fv-explorer canvas", "#fv-prefetch canvas"):
@@ -130,15 +128,15 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     assert "modelled on H100 SXM 80GB by fsdpviz.cost.timeline" in caption  # the default
     assert "Steps are numbered from 0, as view.timeline.step." in caption
     assert p.page.locator(".fv-info").count() == 1  # one status line in the page
-    assert explorer_state(p.page)["outlined"] == ["", "inp", "blocks", "head"]
-    assert prefetch_state(p.page)["current"] == ""
+    assert explorer_state(p.explorer)["outlined"] == ["", "inp", "blocks", "head"]
+    assert prefetch_state(p.prefetch)["current"] == ""
 
     p.page.click("button[title^='step forward']")
     p.page.wait_for_function("document.body.dataset.fvStep === '1'")
     assert p.info().startswith(f"step 1 of {data['n_steps']} · all_gather unit 1 'blocks.0' ")
     assert p.body("current-unit") == units[1] == "blocks.0"
-    assert explorer_state(p.page)["outlined"] == ["blocks.0", "blocks.0.norm", "blocks.0.fc"]
-    assert prefetch_state(p.page)["current"] == "blocks.0"
+    assert explorer_state(p.explorer)["outlined"] == ["blocks.0", "blocks.0.norm", "blocks.0.fc"]
+    assert prefetch_state(p.prefetch)["current"] == "blocks.0"
     p.shot("light-step-1")
 
     slider = p.page.locator(".fv-slider")
@@ -148,7 +146,7 @@ def test_page_draws_steps_and_links_offline(report: Report, tmp_path: Path, open
     p.page.wait_for_function(f"document.body.dataset.fvStep === '{last}'")
     assert p.info().startswith(f"step {last} of {data['n_steps']}")
     assert p.body("current-unit") == units[last] == ""
-    assert explorer_state(p.page)["outlined"] == ["", "inp", "blocks", "head"]
+    assert explorer_state(p.explorer)["outlined"] == ["", "inp", "blocks", "head"]
 
     p.page.click("button[title^='play']")
     p.page.wait_for_function("document.body.dataset.fvStep !== '" + str(last) + "'")
@@ -161,24 +159,24 @@ def test_click_on_a_unit_selects_it_in_the_timeline(
     report: Report, tmp_path: Path, open_page: Any
 ) -> None:
     p = open_page(report.save(tmp_path / "report.html"))
-    click_block(p.page, "blocks.1")
+    click_block(p.page, p.explorer, "blocks.1")
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.1'")
     assert p.body("current-unit") == "blocks.1"
     assert "all_gather unit 2 'blocks.1'" in p.info()
     assert "selected: unit 2 'blocks.1'" in p.info()
-    assert prefetch_state(p.page)["selected"] == "blocks.1"
+    assert prefetch_state(p.prefetch)["selected"] == "blocks.1"
     assert p.js("() => window.fsdpvizModel.get('selected_unit')") == "blocks.1"
-    explorer = explorer_state(p.page)
+    explorer = explorer_state(p.explorer)
     assert explorer["focus"] == "blocks.1" and explorer["selected"] == "blocks.1"  # zoomed in
     assert p.body("focus") == "blocks.1"
     assert explorer["crumbs"] == "(root) › blocks › 1"
 
-    click_node(p.page, "blocks.2")
+    click_node(p.page, p.prefetch, "blocks.2")
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.2'")
-    assert prefetch_state(p.page)["selected"] == "blocks.2"
+    assert prefetch_state(p.prefetch)["selected"] == "blocks.2"
     assert "'blocks.2'" in p.info()
     # the explorer brings the unit selected elsewhere into view
-    assert explorer_state(p.page)["focus"] == "blocks"
+    assert explorer_state(p.explorer)["focus"] == "blocks"
     p.shot("light-selected")
     assert p.console == [] and p.blocked == []
 
@@ -188,7 +186,7 @@ def test_hover_says_what_python_says(report: Report, tmp_path: Path, open_page: 
     the numbers of fsdpviz's Python API (module_tree, format_bytes, prefetch_data)."""
     p = open_page(report.save(tmp_path / "report.html"))
     node = module_tree(report).by_fqn["blocks.1.fc"]
-    hover_block(p.page, "blocks.1.fc")
+    hover_block(p.page, p.explorer, "blocks.1.fc")
     assert p.page.locator("#fv-explorer .fv-tooltip").inner_text().splitlines() == [
         "blocks.1.fc (Linear)",
         "unit: 'blocks.1' (unit 2)",
@@ -199,7 +197,7 @@ def test_hover_says_what_python_says(report: Report, tmp_path: Path, open_page: 
         "click: select its unit",
     ]
     data = prefetch_data(report)
-    hover_node(p.page, "blocks.1")
+    hover_node(p.page, p.prefetch, "blocks.1")
     lines = p.page.locator("#fv-prefetch .fv-tooltip").inner_text().splitlines()
     assert lines == [*data["hover"][2], "unit 2; click: select it"]
     unit = report.units[2]  # as unit_graph says
@@ -216,10 +214,31 @@ def test_dark_page(report: Report, tmp_path: Path, open_page: Any) -> None:
     # under the head's block: the page's dark background
     assert pixel(p.page, "#fv-explorer canvas", -2, -2)[:3] == [17, 17, 17]
     assert p.js("() => getComputedStyle(document.body).backgroundColor") == "rgb(17, 17, 17)"
-    assert p.js("() => window.fsdpvizModel.get('theme')") == "dark"
+    timeline = "document.querySelector('.fsdpviz-timeline').fsdpviz"
+    assert p.js(f"() => {timeline}.theme.name") == "dark"
     n = sum(len(it) for it in report.iterations)
     assert p.info().startswith(f"step 0 of {n} ")
     p.shot("dark")
+    assert p.console == [] and p.blocked == []
+
+
+def test_the_page_follows_the_readers_dark_setting(
+    report: Report, tmp_path: Path, open_page: Any
+) -> None:
+    """theme="auto" (the default): dark where the reader's OS is dark, and it follows a
+    change of the setting while open; every view reads the theme from the page itself."""
+    p = open_page(report.save(tmp_path / "auto.html"), color_scheme="dark")
+    _views_drawn(p)
+    body = "() => getComputedStyle(document.body).backgroundColor"
+    names = """() => [...document.querySelectorAll('.fsdpviz-timeline, .fsdpviz-view')]
+                 .map(e => e.fsdpviz.theme.name)"""
+    assert p.js(body) == "rgb(17, 17, 17)"
+    assert p.js(names) == ["dark", "dark", "dark"]
+    assert pixel(p.page, "#fv-explorer canvas", -2, -2)[:3] == [17, 17, 17]
+    p.page.emulate_media(color_scheme="light")
+    p.page.wait_for_function(f"() => ({names})().every(n => n === 'light')")
+    assert p.js(body) == "rgb(255, 255, 255)"
+    assert pixel(p.page, "#fv-explorer canvas", -2, -2)[:3] == [255, 255, 255]
     assert p.console == [] and p.blocked == []
 
 
@@ -244,18 +263,18 @@ def test_explorer_goes_in_up_and_across(report: Report, tmp_path: Path, open_pag
     """A click zooms into a block, a click on the top block or the path above goes back up
     (selecting nothing new), and ctrl + wheel zooms across, 'all' back out."""
     p = open_page(report.save(tmp_path / "report.html"))
-    click_block(p.page, "blocks")
+    click_block(p.page, p.explorer, "blocks")
     p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks'")
     assert p.body("selected-unit") == ""  # 'blocks' is the root unit's
-    click_block(p.page, "blocks.0.norm")  # a leaf: selects its unit, stays
+    click_block(p.page, p.explorer, "blocks.0.norm")  # a leaf: selects its unit, stays
     p.page.wait_for_function("document.body.dataset.fvSelectedUnit === 'blocks.0'")
-    assert explorer_state(p.page)["focus"] == "blocks"
-    click_block(p.page, "blocks")  # the top: up one
+    assert explorer_state(p.explorer)["focus"] == "blocks"
+    click_block(p.page, p.explorer, "blocks")  # the top: up one
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
     assert p.body("selected-unit") == ""  # the top block's unit: the root's
-    click_block(p.page, "blocks.2")
+    click_block(p.page, p.explorer, "blocks.2")
     p.page.wait_for_function("document.body.dataset.fvFocus === 'blocks.2'")
-    p.page.locator("#fv-explorer .fv-crumbs button", has_text="(root)").click()
+    p.explorer.locator(".fv-crumbs button", has_text="(root)").click()
     p.page.wait_for_function("document.body.dataset.fvFocus === ''")
     assert p.body("selected-unit") == "blocks.2"  # going up selects nothing
     box = p.page.locator("#fv-explorer canvas").bounding_box()
@@ -264,12 +283,12 @@ def test_explorer_goes_in_up_and_across(report: Report, tmp_path: Path, open_pag
     for _ in range(4):
         p.page.mouse.wheel(0, -100)
     p.page.keyboard.up("Control")
-    a, b = explorer_state(p.page)["span"]
+    a, b = explorer_state(p.explorer)["span"]
     assert b - a == pytest.approx(0.8**4)
     assert a < 0.75 < b  # around the pointer
-    assert "zoomed" in explorer_state(p.page)["crumbs"]
-    p.page.locator("#fv-explorer .fv-zoom button", has_text="all").click()
-    assert explorer_state(p.page)["span"] == [0, 1]
+    assert "zoomed" in explorer_state(p.explorer)["crumbs"]
+    p.explorer.locator(".fv-zoom button", has_text="all").click()
+    assert explorer_state(p.explorer)["span"] == [0, 1]
     p.shot("explorer-zoomed")
     assert p.console == [] and p.blocked == []
 
@@ -347,4 +366,23 @@ def test_one_memory_peak_on_the_page(
     p.page.wait_for_function(f"document.body.dataset.fvStep === '{marker_step}'")
     assert marker_step == button.get_attribute("data-fv-peak-step")
     assert p.body("step") == marker_step
+    assert p.console == []
+
+
+def test_the_first_view_shows_the_whole_step(tmp_path: Path, open_page: Any) -> None:
+    """A plan's timeline opens on its whole iteration, FSDP2's as FSDP1's (no part of it
+    hidden to the right of the first window)."""
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    config = ExampleConfig(num_layers=40, vocab_size=256, hidden_size=64, intermediate_size=128,
+                           num_heads=2)  # fmt: skip
+    fsdp2 = fsdpviz.analyze(example_model(config), example_inputs(config), world_size=8,
+                            fully_shard=[DecoderLayer], progress=False)  # fmt: skip
+    assert fsdp2.config.api == "FSDP2" and len(fsdp2.iterations[-1]) > 150
+    p = open_page(fsdp2.save(tmp_path / "fsdp2.html"))
+    shown = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return [v.win.x0, v.win.x1, v.index.full.x0, v.index.full.x1]; }"""
+    )
+    assert shown[:2] == pytest.approx(shown[2:])
     assert p.console == []

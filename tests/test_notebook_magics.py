@@ -53,6 +53,23 @@ def test_cell_magic_traces_the_model_the_cell_runs(ip: Any) -> None:
     assert "out" in ip.user_ns  # the cell itself ran
 
 
+def test_cell_magic_shows_the_report_not_the_cells_last_value(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell that ends on the model's output (a training step often does) runs as it is,
+    prints what it prints, and shows no tensor: the magic's answer is the report."""
+    cell = (
+        "net = example_model(device='cpu')\n"
+        "print('the cell ran')\n"
+        "net(example_inputs(batch=1, seq=8, device='cpu')['input_ids'])\n"
+    )
+    count = ip.execution_count
+    report = ip.run_cell_magic("fsdpviz", "--policy transformer:DecoderLayer --world-size 4", cell)
+    printed = capsys.readouterr().out
+    assert printed == "the cell ran\n", printed  # no "Out[...]: tensor(...)"
+    assert len(report.units) == 5 and ip.execution_count == count
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

@@ -215,11 +215,11 @@ def test_memory_budget(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Mo
         _cell(nb, "sweep_view = table.show()")
     )
     suggestion = _texts(_cell(nb, "suggestion = fsdpviz.suggest("))
-    assert "Budget 14.0 GiB per rank, 8 ranks" in suggestion and "Proposed: " in suggestion
+    assert "Budget 14 GiB per rank, 8 ranks" in suggestion and "Proposed: " in suggestion
     assert "Alternatives:" in suggestion
     assert "application/vnd.plotly.v1+json" in _mimes(_cell(nb, "def candidates_figure("))
     assert "<b>fsdpviz</b> prediction · FSDP2" in _texts(_cell(nb, "kwargs = suggestion.kwargs"))
     assert "Nothing fits." in _texts(_cell(nb, "tight = fsdpviz.suggest("))
     checkpointed = _texts(_cell(nb, "from torch.distributed.algorithms"))
-    assert "Budget 8.0 GiB" in checkpointed and "Proposed: " in checkpointed
+    assert "Budget 8 GiB" in checkpointed and "Proposed: " in checkpointed
     assert "peak " in _texts(_cell(nb, "checkpointed.report"))

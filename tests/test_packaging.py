@@ -15,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "fsdpviz" / "static"
 FRONT_END = {
-    "fsdpviz/static/timeline.js",
-    "fsdpviz/static/timeline.css",
-    "fsdpviz/static/standalone.js",
+    "fsdpviz/static/widget.js",
+    "fsdpviz/static/widget.css",
+    "fsdpviz/static/page.js",
 }
 
 
@@ -26,7 +26,7 @@ def _pip(*args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run(command, check=True, env=env)
 
 
-@pytest.mark.skipif(not (STATIC / "timeline.js").exists(), reason="run `make js` first")
+@pytest.mark.skipif(not (STATIC / "widget.js").exists(), reason="run `make js` first")
 def test_sdist_and_wheel_contain_the_front_end(tmp_path: Path) -> None:
     sdist_dir = tmp_path / "sdist"
     # pip builds no sdist; hatchling's PEP 517 hook does, as `python -m build --sdist` would
@@ -52,5 +52,8 @@ def test_sdist_and_wheel_contain_the_front_end(tmp_path: Path) -> None:
          str(source), env=env)  # fmt: skip
     (wheel,) = wheels.glob("fsdpviz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert FRONT_END | {"fsdpviz/export/page.css", "fsdpviz/py.typed"} <= names
+    assert (
+        FRONT_END | {"fsdpviz/export/page.css", "fsdpviz/views/colors.json", "fsdpviz/py.typed"}
+        <= names
+    )
     assert not any(n.startswith("js/") for n in names)

@@ -9,12 +9,20 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from views_models import analyze_tiny, check_front_end_data, check_golden, figure_json
+from views_models import (
+    Tiny,
+    analyze_tiny,
+    check_front_end_data,
+    check_golden,
+    figure_json,
+    tiny_inputs,
+)
 
+import fsdpviz
 from fsdpviz import Report
 from fsdpviz.examples import ExampleConfig, example_analysis
-from fsdpviz.views import PALETTE, explorer_figure, module_tree, unit_colors, unit_detail_html
-from fsdpviz.views.detail import bytes_breakdown, param_rows
+from fsdpviz.views import PALETTE, explorer_figure, module_tree, unit_colors, unit_details
+from fsdpviz.views.detail import bytes_breakdown, dtype_text, param_rows
 from fsdpviz.views.explorer import explorer_data, highlight_lines
 from fsdpviz.views.tree import ROOT_ID
 
@@ -125,17 +133,64 @@ def test_detail_panel(report: Report) -> None:
     odd = analyze_tiny(world_size=3)  # 88 parameters: padded to 90
     parts = bytes_breakdown(odd, module_tree(odd), "blocks.1")
     assert parts[-2] == ["padding to a multiple of the shard size", "", "8 B", "", "2.2%"]
-    html = unit_detail_html(report, "blocks.1", "blocks.1.fc")
-    for text in (
-        "unit 2 of 4",
+    detail = unit_details(report)[2]
+    assert detail["title"] == "unit 2 of 4: 'blocks.1' (Block)"
+    assert (
+        detail["facts"]
+        == "FULL_SHARD · 88 parameters in 4 tensors · float32 · 352 B full, 88 B per rank"
+    )
+    titles = [s["title"] for s in detail["sections"]]
+    assert titles == [
         "Where its bytes go",
-        "blocks.1.fc.weight",
-        "Shapes seen",
-        "[2, 8]",
-        "Selected module",
-    ):
-        assert text in html
-    assert "Click a module" in unit_detail_html(report, None)
+        "Parameters",
+        "Shapes seen in the trace",
+        "Events (steady state)",
+    ]
+    params = detail["sections"][1]
+    assert params["note"] == "in flattening order: one FlatParameter"
+    assert [r[0] for r in params["rows"]] == report.unit("blocks.1").params
+    shapes = detail["sections"][2]["rows"]
+    assert ["blocks.1.fc", "Linear", "1", "[2, 8]", "[2, 8]"] in shapes
+
+
+def test_an_fsdp2_unit_is_described_in_fsdp2_words() -> None:
+    """No FlatParameter, flattening order or sharding strategy for a fully_shard plan: each
+    parameter is a DTensor sharded on dim 0, the unit's resharding is reshard_after_forward."""
+    fsdp2 = fsdpviz.analyze(Tiny(), tiny_inputs(), fully_shard=["blocks.0", "blocks.1", "blocks.2"],
+                            reshard_after_forward=False, world_size=3, progress=False)  # fmt: skip
+    detail = unit_details(fsdp2)[2]
+    text = str(detail)
+    for fsdp1_word in ("FlatParameter", "flattening", "SHARD_GRAD_OP", "FULL_SHARD"):
+        assert fsdp1_word not in text, fsdp1_word
+    assert detail["facts"].startswith("reshard_after_forward=False · 88 parameters in 4 tensors")
+    bytes_rows = detail["sections"][0]["rows"]
+    assert bytes_rows[-1][0] == "in all (one all-gather)"
+    assert bytes_rows[-2][0] == "padding: each dim 0 to a multiple of 3 ranks"
+    params = detail["sections"][1]
+    assert params["note"] == "each a DTensor sharded on dim 0, all-gathered together"
+    assert params["header"][-1] == "shard per rank"
+    assert params["rows"][2][1] == "8×8" and params["rows"][2][-1] == "3×8"  # 8 rows over 3
+
+
+def test_a_parameterless_unit_reads_the_same_everywhere() -> None:
+    """A root that holds no parameters of its own (FSDP1 wraps every layer): its dtype reads
+    one way in the card, the explorer's hover and data, and its details."""
+    from torch import nn
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from fsdpviz.views.card import units_table
+
+    layers = ModuleWrapPolicy({nn.Linear, nn.LayerNorm})
+    report = fsdpviz.analyze(
+        Tiny(), tiny_inputs(), auto_wrap_policy=layers, world_size=4, progress=False
+    )
+    root = report.unit("")
+    assert root.numel == 0 and root.dtype is None
+    assert dtype_text(root) == "no parameters"
+    assert explorer_data(report)["units"][0]["dtype"] == "no parameters"
+    assert explorer_figure(report).data[0].customdata[0][5] == "no parameters"  # the hover
+    assert "no parameters" in units_table(report)
+    assert "no parameters" in unit_details(report)[0]["facts"]
 
 
 def test_explorer_data_holds_what_the_figure_draws(report: Report) -> None:

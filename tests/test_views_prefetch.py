@@ -47,11 +47,42 @@ def test_units_in_forward_order_with_edge_kinds(report: Report) -> None:
     assert min(y for y in t["backward prefetch"].y if y is not None) < 0  # type: ignore[attr-defined]
 
 
-def test_never_prefetched_units_are_marked(report: Report) -> None:
-    facts = prefetch_analysis(report)
-    assert facts.never_prefetched == [""]  # the root is all-gathered on demand
-    t = traces(prefetch_figure(report))
-    assert list(t["never prefetched"].x) == [0]  # type: ignore[attr-defined]
+def test_never_prefetched_units_are_marked() -> None:
+    """Units all-gathered where a prefetch could have gathered them, never by one, get a
+    square; not FSDP1's root: it is the first unit of the forward (nothing runs before it)
+    and stays unsharded for backward, so it is all-gathered once and could not be
+    prefetched."""
+    none = analyze_tiny(backward_prefetch=None)
+    facts = prefetch_analysis(none)
+    assert facts.never_prefetched == ["blocks.0", "blocks.1", "blocks.2"]
+    t = traces(prefetch_figure(none))
+    assert list(t["never prefetched"].x) == [1, 2, 3]  # type: ignore[attr-defined]
+    assert prefetch_data(none)["never"] == [False, True, True, True]
+    gathered = [e.unit for e in none.iterations[-1] if e.kind == "all_gather"]
+    assert gathered.count("") == 1 and gathered[0] == ""  # the root: once, first
+    assert prefetch_analysis(analyze_tiny(forward_prefetch=True)).never_prefetched == []
+
+
+def test_a_recording_draws_its_root_first_and_flags_nothing_it_did_right(report: Report) -> None:
+    """A recording that states no forward or backward order (a profiler trace read back):
+    the units go in the order the events name them, the root first, joined by the forward
+    order; the root's pre-backward prefetch of the last block is not flagged."""
+    recorded = dataclasses.replace(
+        report, source="recording", forward_order=[], module_backward_order=[],
+        config={"api": "FSDP1"},
+    )  # fmt: skip
+    facts = prefetch_analysis(recorded)
+    assert facts.forward_order == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert facts.backward_order[:2] == ["", "blocks.2"]
+    assert facts.misordered == [] and facts.never_prefetched == []
+    data = prefetch_data(recorded)
+    assert data["units"] == ["", "blocks.0", "blocks.1", "blocks.2"]
+    order = data["kinds"].index(next(k for k in data["kinds"] if k["name"] == "forward_order"))
+    joined = [
+        (s, t) for k, s, t in zip(data["edges"]["kind"], data["edges"]["source"],
+                                  data["edges"]["target"], strict=True) if k == order
+    ]  # fmt: skip
+    assert joined == [(0, 1), (1, 2), (2, 3)]  # the root is no lone node
 
 
 def test_backward_post_too_late_is_visible() -> None:
@@ -90,7 +121,9 @@ def test_prefetch_of_the_wrong_unit_is_flagged(report: Report) -> None:
 
 def test_backward_order_falls_back_to_events(report: Report) -> None:
     bare = dataclasses.replace(report, module_backward_order=[])
-    assert backward_unit_order(bare) == ["blocks.2", "blocks.1", "blocks.0", ""]
+    # the root's pre-backward hook runs first: it issues the first backward prefetch
+    assert backward_unit_order(bare) == ["", "blocks.2", "blocks.1", "blocks.0"]
+    assert backward_unit_order(bare) == backward_unit_order(report)
 
 
 def test_rings_and_no_prefetch_config() -> None:
@@ -125,7 +158,7 @@ def test_prefetch_data_holds_what_the_figure_draws(report: Report) -> None:
     assert data["units"] == report.forward_order == ["", "blocks.0", "blocks.1", "blocks.2"]
     assert data["numbers"] == [[u.module for u in report.units].index(n) for n in data["units"]]
     assert data["colors"] == [unit_colors(report)[n] for n in data["units"]]
-    assert data["never"] == [True, False, False, False]
+    assert data["never"] == [False, False, False, False]  # the root could not be prefetched
     assert data["hover"][1][0] == "'blocks.0' (Block)"
     kinds = [k["name"] for k in data["kinds"]]
     edges = data["edges"]

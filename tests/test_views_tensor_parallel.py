@@ -15,9 +15,9 @@ import fsdpviz
 from fsdpviz.cost.hardware import machine
 from fsdpviz.export import chrome_trace, page_script
 from fsdpviz.views.card import report_html
-from fsdpviz.views.detail import param_rows, unit_detail_html
-from fsdpviz.views.timeline_lanes import timeline_figure
-from fsdpviz.views.timeline_steps import timeline_data
+from fsdpviz.views.detail import param_rows, unit_details
+from fsdpviz.views.timeline_view import timeline_data
+from fsdpviz.views.timeline_view_figure import timeline_figure
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +111,10 @@ def test_card_summary_and_detail_show_the_mesh_and_tp_sharded_parameters(
     ]  # fmt: skip
     assert rows["layers.0.attention.wo.weight"][-2:] == ["⊞ tp Shard(1)", "8×8"]
     assert rows["layers.0.ffn_norm.weight"][-2:] == ["Replicate()", "8"]
-    html = unit_detail_html(report, "layers.0")
-    assert (
-        "shard per rank" in html and "7 of 9 parameters are sharded by tensor parallelism" in html
-    )
+    detail = unit_details(report)[[u.module for u in report.units].index("layers.0")]
+    params = next(s for s in detail["sections"] if s["title"] == "Parameters")
+    assert params["header"][-2:] == ["tensor parallel", "shard per rank"]
+    assert "7 of 9 parameters are sharded by tensor parallelism" in str(detail["sections"])
 
 
 def test_a_tensor_parallel_report_is_not_replayed(report: fsdpviz.Report) -> None:

@@ -24,7 +24,7 @@ import fsdpviz
 from fsdpviz import Event, RecordedRun, Report
 from fsdpviz.cost import machine, memory_lane, timeline
 from fsdpviz.views import timeline_data, timeline_figure
-from fsdpviz.views.timeline_steps import STREAM_LANES, UNTIMED_CLOCK
+from fsdpviz.views.timeline_view import STREAM_LANES, UNTIMED_CLOCK
 
 
 @pytest.fixture(scope="module")

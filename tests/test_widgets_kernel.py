@@ -1,9 +1,9 @@
 """The dashboard as it runs in a kernel: callbacks on an asyncio loop, answers kept short.
 
-A control change answers in the explorer first; the prefetch graph and the timeline
-follow once that answer is out; a trace for the memory curve waits until the controls
-rest; stored traces are made while the kernel is idle; no garbage-collector pause
-lands inside an answer. (Outside a loop everything runs at once: see test_widgets.py.)
+A control change redraws all three views in one answer; a trace for the memory curve
+waits until the controls rest; stored traces are made while the kernel is idle; no
+garbage-collector pause lands inside an answer. (Outside a loop everything runs at once:
+see test_widgets.py.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import fsdpviz.widgets.explorer as explorer_module
 from fsdpviz import Report
 from fsdpviz.cost import memory_lane
 from fsdpviz.replan import Replanner
+from fsdpviz.views import unit_details
 from fsdpviz.widgets import Dashboard, Explorer
 
 pytestmark = needs_front_end
@@ -64,26 +65,38 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[A
     return calls
 
 
-def test_the_explorer_answers_first_and_the_linked_views_follow(
+def test_a_control_change_redraws_every_view_in_one_answer(report: Report, quick: None) -> None:
+    async def test() -> None:
+        view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+        view.explorer.controls.set(world_size=16, as_browser=True)  # a click in the page
+        new = view.explorer.report
+        assert new.config["world_size"] == 16
+        assert "world size 16" in view.explorer.view.data["title"]
+        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
+        assert "world size 16" in view.timeline.data["groups"][0]["summary"]
+        view.explorer.controls.set(world_size=32, sharding_strategy="SHARD_GRAD_OP")
+        new = view.explorer.report
+        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
+        assert "world size 32" in view.explorer.view.data["title"]
+        assert not (view.explorer.busy or view.timeline.busy or view.prefetch.busy)
+        assert view.errors.last_error is None and view.explorer.errors.last_error is None
+
+    in_kernel(test)
+
+
+def test_the_answer_carries_the_selected_units_details_the_others_follow(
     report: Report, quick: None
 ) -> None:
     async def test() -> None:
         view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
-        before = view.timeline.data
-        view.explorer.controls.set(world_size=16, as_browser=True)  # a click in the page
-        new = view.explorer.report
-        assert new.config["world_size"] == 16 and "world size 16" in str(
-            view.explorer.figure.layout.title.text
-        )
-        assert view.timeline.data is before  # not yet: the explorer's answer goes out first
-        await until(lambda: view.timeline.data is not before)
-        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
-        # Changed from Python (a cell): all three views before set() returns.
-        view.explorer.controls.set(world_size=32, sharding_strategy="SHARD_GRAD_OP")
-        new = view.explorer.report
-        assert view.timeline.data["memory"][0]["total"] == memory_lane(new).total
-        assert "world size 32" in str(view.explorer.figure.layout.title.text)
-        assert view.errors.last_error is None and view.explorer.errors.last_error is None
+        assert all(view.explorer.view.details)  # every unit's, from the start
+        view.selected_unit = "blocks.1"
+        view.explorer.controls.set(world_size=16, as_browser=True)
+        details = view.explorer.view.details
+        assert [d is not None for d in details] == [False, False, True, False]
+        assert details[2]["facts"].endswith("352 B full, 24 B per rank")  # 16 ranks: the new plan
+        await until(lambda: all(view.explorer.view.details))
+        assert view.explorer.view.details == unit_details(view.explorer.report)
 
     in_kernel(test)
 
@@ -156,31 +169,3 @@ def test_no_garbage_collector_pause_inside_an_answer(
         in_kernel(test)
     finally:
         gc.callbacks.remove(on_gc)
-
-
-def test_big_figures_follow_the_current_unit_once_the_steps_pause(
-    report: Report, quick: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(dashboard_module, "_QUICK_EXPLORER", 0)  # every figure counts as big
-    monkeypatch.setattr(dashboard_module, "FOLLOW_AFTER_S", 0.05)
-
-    async def test() -> None:
-        view = Dashboard(report)
-        await asyncio.sleep(0.1)
-        units = [e.unit for e in report.iterations[-1]]
-        step = next(i for i, u in enumerate(units) if u != view.explorer.highlight_unit)
-        view.timeline.step = step
-        assert view.explorer.highlight_unit != units[step]  # not restyled at every step
-        await until(lambda: view.explorer.highlight_unit == units[step])
-        ring = next(t for t in view.prefetch.data if t.name == "current")
-        units_trace = next(t for t in view.prefetch.data if t.name == "units")
-        position = units_trace.x[list(units_trace.customdata).index(units[step])]
-        assert list(ring.x) == [position]
-        view.timeline.playing = True
-        view.timeline.step = step - 1
-        await asyncio.sleep(0.15)
-        assert view.explorer.highlight_unit == units[step]  # never while playing
-        view.timeline.playing = False
-        await until(lambda: view.explorer.highlight_unit == units[step - 1])
-
-    in_kernel(test)

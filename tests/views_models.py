@@ -15,12 +15,12 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz import Report
-from fsdpviz.widgets.timeline_widget import STATIC
+from fsdpviz.widgets.front_end import STATIC
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
 needs_front_end = pytest.mark.skipif(
-    not (STATIC / "timeline.js").exists(),
+    not (STATIC / "widget.js").exists(),
     reason="front end not built: run `make js` (make test does)",
 )
 """For tests of the widgets' front end (``pytestmark = needs_front_end``)."""

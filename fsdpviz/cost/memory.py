@@ -145,7 +145,10 @@ def memory_series(
 ) -> list[float]:
     """Total bytes per rank after each event: one iteration, or all of them in order.
 
-    The shape the timeline views take (``report.show(memory=fsdpviz.cost.memory_series)``).
+    One value per event, so not what the timeline's memory lane draws (:func:`memory_lane`:
+    every moment the model looks at, the peaks inside compute too, by category); a series
+    of this shape is what ``memory=`` takes for a lane of one category
+    (``report.show(memory=fsdpviz.cost.memory_series)``).
     """
     its = range(len(report.iterations)) if iteration is None else [iteration]
     out: list[float] = []

@@ -1,13 +1,17 @@
 """One self-contained HTML page: summary, step-through timeline, explorer and prefetch graph.
 
-Everything is inlined (the timeline widget's bundle; the page script ``standalone.js``
-built from ``js/src/standalone.ts``, which draws the explorer and the prefetch graph on
-canvases; the data), so the page works from a file, offline, without a kernel. The data
-and the widget are packed (gzip, then base64, see :func:`pack`): a 10,000-module model's
-page is about a MB instead of several; the page script unpacks them with the browser's
-``DecompressionStream``. The timeline widget runs against an in-page model; the current
-step's unit is outlined in the explorer and ringed in the prefetch graph, and a click on
-a unit there selects it in the timeline.
+The page draws the very views the notebook shows: it holds the widget bundle
+(``widget.js``, the ES module anywidget loads for :class:`~fsdpviz.widgets.TimelineWidget`,
+``ExplorerWidget`` and ``PrefetchWidget``), each view's state (the traits the widget would
+have: its data, and for a saved dashboard the step, the selection, the focus) and the
+page's boot script ``page.js`` (``js/src/page.ts``), which imports the bundle as anywidget
+does, draws the three views against in-page models and links them as the dashboard does.
+Everything is inlined, so the page works from a file, offline, without a kernel. The
+states and the bundle are packed (gzip, then base64, see :func:`pack`): a 10,000-module
+model's page is about a MB instead of several.
+
+The page follows the reader's light or dark setting (``theme="auto"``, the default), or
+is drawn ``"light"`` or ``"dark"``; its colours come from fsdpviz's colour table.
 """
 
 from __future__ import annotations
@@ -17,68 +21,123 @@ import gzip
 import html
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from fsdpviz.cost.hardware import Machine
-from fsdpviz.errors import ExportError
+from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
-from fsdpviz.views.style import Theme, format_bytes, theme_colors
-from fsdpviz.views.timeline_steps import MemoryOption
+from fsdpviz.views.style import format_bytes, theme_colors
+from fsdpviz.views.timeline_view import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
-__all__ = ["html_page", "pack", "page_script"]
+__all__ = ["PageTheme", "html_page", "pack", "page_script"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
+PageTheme = Literal["auto", "light", "dark"]
+VIEWS = ("timeline", "explorer", "prefetch")
 
 
 def html_page(
     obj: Report | RecordedRun,
     *,
-    theme: Theme = "light",
+    theme: PageTheme = "auto",
     iteration: int | None = -1,
     memory: MemoryOption = "auto",
     title: str | None = None,
     machine: Machine | str | None = "h100",
+    states: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The page as a string (see :func:`fsdpviz.export.save` for the options)."""
+    """The page as a string (see :func:`fsdpviz.export.save` for the options).
+
+    ``states``: each view's state (``"timeline"``, ``"explorer"``, ``"prefetch"``: the
+    traits the page draws it from, at least ``data``), as a dashboard saves itself
+    (:meth:`fsdpviz.widgets.Dashboard.save`); by default made from ``obj`` as the
+    widgets make theirs.
+    """
     from fsdpviz.views.explorer import explorer_data
     from fsdpviz.views.prefetch import prefetch_data
-    from fsdpviz.views.timeline_steps import timeline_data
+    from fsdpviz.views.timeline_view import timeline_data
 
-    theme_colors(theme)  # rejects an unknown theme before any work
+    if theme not in ("auto", "light", "dark"):
+        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
     reports, names = ranks_of(obj)
     base = reports[0]
-    drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
-    data = timeline_data(
-        drawn, iteration, memory=memory, rank_names=None if obj is base else names, machine=machine
-    )
+    if states is None:
+        drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
+        states = {
+            "timeline": {
+                "data": timeline_data(
+                    drawn,
+                    iteration,
+                    memory=memory,
+                    rank_names=None if obj is base else names,
+                    machine=machine,
+                )
+            },
+            "explorer": {"data": explorer_data(with_module_tree(base))},
+            "prefetch": {"data": prefetch_data(base, -1 if iteration is None else iteration)},
+        }
+    unknown = set(states) - set(VIEWS)
+    if unknown or "timeline" not in states:
+        raise ExportError(
+            f"states name the views {sorted(states)}; give 'timeline', and 'explorer' and "
+            "'prefetch' where the page draws them"
+        )
     config = {
-        "timeline": data,
-        "theme": theme,
-        "explorer": explorer_data(with_module_tree(base)),
-        "prefetch": prefetch_data(base, -1 if iteration is None else iteration),
-        "find": {"input": "fv-find", "note": "fv-find-note"},
-        "divs": {"timeline": "fv-timeline", "explorer": "fv-explorer", "prefetch": "fv-prefetch"},
+        "views": {name: dict(states[name]) if name in states else None for name in VIEWS},
+        "divs": {name: f"fv-{name}" for name in VIEWS},
     }
     heading = title or _title(obj, base)
+    light = "true" if theme == "light" else "false"
     return _PAGE.format(
         title=html.escape(heading),
-        light="false" if theme == "dark" else "true",
-        css=_read(CSS) + _read(STATIC / "timeline.css"),
+        theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
+        css=_theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
         header=_header(obj, reports, heading, iteration),
-        unit_options="".join(
-            f'<option value="{html.escape(u.module or "(root)")}"></option>' for u in base.units
-        ),
         config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
-        widget=pack(_read(STATIC / "timeline.js")),
-        page_js=_inline_script(_read(STATIC / "standalone.js")),
+        widget=pack(_read(STATIC / "widget.js")),
+        page_js=_inline_script(_read(STATIC / "page.js")),
         version=html.escape(_version()),
+    )
+
+
+# The variables of JupyterLab's theme the views read, from fsdpviz's colour table.
+_THEME_VARIABLES = {
+    "--jp-layout-color0": "bg",
+    "--jp-layout-color1": "panel",
+    "--jp-layout-color2": "call",
+    "--jp-ui-font-color0": "fg",
+    "--jp-ui-font-color1": "fg",
+    "--jp-ui-font-color2": "muted",
+    "--jp-border-color1": "border",
+    "--jp-border-color2": "grid",
+    "--fv-accent": "accent",
+    "--fv-warn": "warn",
+    "--fv-warn-bg": "warn_bg",
+}
+
+
+def _theme_css() -> str:
+    """The page's light and dark colours: dark where the page says so
+    (``data-jp-theme-light="false"``) or, with no flag, where the reader's OS is dark."""
+
+    def block(theme: Literal["light", "dark"]) -> str:
+        c = theme_colors(theme)
+        return "".join(f"{var}: {c[key]}; " for var, key in _THEME_VARIABLES.items())
+
+    return (
+        f"body {{ {block('light')}}}\n"
+        f'body[data-jp-theme-light="false"] {{ {block("dark")}}}\n'
+        "@media (prefers-color-scheme: dark) {\n"
+        f"  body:not([data-jp-theme-light]) {{ {block('dark')}}}\n"
+        "}\n"
     )
 
 
@@ -87,28 +146,24 @@ _PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
 <meta name="generator" content="fsdpviz {version}">
 <title>{title}</title>
 <style>
 {css}
 </style>
 </head>
-<body data-jp-theme-light="{light}">
+<body{theme_flag}>
 {header}
 <section id="fv-timeline-section">
 <h2>Timeline</h2>
 <p class="fv-hint">Step with the buttons, the slider or the arrow keys (click the lanes first);
 the unit of the current event is outlined in the explorer and the prefetch graph below.
-Click a unit there to select it here.</p>
+Click a unit there to select it here and go to its next event.</p>
 <div id="fv-timeline"></div>
 </section>
 <section class="fv-figures">
-<div><h2>Wrap units</h2>
-<p class="fv-find"><label>find <input id="fv-find" list="fv-find-units" type="search"
-placeholder="a unit or module" autocomplete="off"></label>
-<span id="fv-find-note" class="fv-hint" role="status"></span></p>
-<datalist id="fv-find-units">{unit_options}</datalist>
-<div id="fv-explorer" class="fv-plot"></div></div>
+<div><h2>Wrap units</h2><div id="fv-explorer" class="fv-plot"></div></div>
 <div><h2>Prefetch graph</h2><div id="fv-prefetch" class="fv-plot"></div></div>
 </section>
 <footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
@@ -139,7 +194,7 @@ def _inline_script(source: str) -> str:
 def pack(text: str) -> str:
     """``text`` as the page holds it: gzip-compressed (no timestamp, so a page is the same
     bytes for the same report), then base64-encoded. :func:`page_script` reverses it, as the
-    page script does (``unpack`` in ``js/src/standalone.ts``)."""
+    page script does (``unpack`` in ``js/src/page.ts``)."""
     return base64.b64encode(gzip.compress(text.encode(), compresslevel=6, mtime=0)).decode("ascii")
 
 

@@ -47,9 +47,11 @@ def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
 
     The format follows the suffix (case-insensitive):
 
-    - ``.html``: one self-contained page (plotly.js and the timeline inlined; no kernel,
-      no network): summary, wrap-unit explorer, prefetch graph and the step-through
-      timeline, linked. Options: ``theme`` (``"light"`` | ``"dark"``), ``iteration``
+    - ``.html``: one self-contained page (no kernel, no network): summary, the
+      step-through timeline, the wrap-unit explorer and the prefetch graph, linked, drawn
+      by the front end the notebook's widgets use (inlined in the page, no plotly.js).
+      Options: ``theme`` (``"auto"``: the reader's OS setting, the default; ``"light"`` |
+      ``"dark"``), ``iteration``
       (default ``-1``, the steady state; ``None`` for all), ``memory`` (``"auto"``: the
       memory model; ``None``: no curve; or bytes per event, or ``report -> bytes``),
       ``title``, ``machine`` (times the timeline of a prediction that has a trace

@@ -107,7 +107,7 @@ class SweepTable:
     def summary(self) -> str:
         cols = (
             f"{'peak GiB':>9} {'exposed ms':>11} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} "
-            f"{'moved GB':>9}"
+            f"{'moved GiB':>9}"
         )
         head = f"{'configuration':<60} {cols}"
         lines = [head]
@@ -117,7 +117,7 @@ class SweepTable:
             lines.append(
                 f"{name[:60]:<60} {r['peak_gib']:>9.2f} {r['exposed_comm_s'] * 1e3:>11.1f} "
                 f"{r['step_s'] * 1e3:>9.1f} {r['tokens_per_s']:>10,.0f} {r['mfu']:>6.1%} "
-                f"{r['bytes_moved'] / 1e9:>9.2f}{fit}"
+                f"{r['bytes_moved'] / 2**30:>9.2f}{fit}"
             )
         lines.append(
             f"{len(self.rows)} configurations from {self.traces} trace(s) and {self.replays} "

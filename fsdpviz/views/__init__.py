@@ -8,7 +8,7 @@ May import every layer up to fsdpviz.replan, and fsdpviz.graphs; never widgets o
   :func:`prefetch_data`: the same as JSON-ready columns (what the exported page draws);
 - :func:`timeline_figure`: lanes per rank and the memory curve;
 - :func:`timeline_data`: the timeline as JSON-ready columns (what the JS widget draws);
-- :func:`unit_detail_html`: the explorer's detail panel.
+- :func:`unit_details`: the explorer's detail panel of each unit, as data.
 
 Example::
 
@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from fsdpviz.views.detail import unit_detail_html
+from fsdpviz.views.detail import unit_details
 from fsdpviz.views.explorer import explorer_data, explorer_figure
 from fsdpviz.views.prefetch import (
     PrefetchAnalysis,
@@ -27,8 +27,8 @@ from fsdpviz.views.prefetch import (
     prefetch_figure,
 )
 from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
-from fsdpviz.views.timeline_lanes import timeline_figure
-from fsdpviz.views.timeline_steps import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.timeline_view import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.timeline_view_figure import timeline_figure
 from fsdpviz.views.tree import ModuleTree, module_tree
 
 __all__ = [
@@ -48,5 +48,5 @@ __all__ = [
     "timeline_data",
     "timeline_figure",
     "unit_colors",
-    "unit_detail_html",
+    "unit_details",
 ]

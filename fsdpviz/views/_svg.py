@@ -17,7 +17,13 @@ from html import escape
 
 from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.style import UNMANAGED_COLOR, format_bytes, unit_colors
+from fsdpviz.views.style import (
+    MEMORY_CURVE_COLOR,
+    UNMANAGED_COLOR,
+    format_bytes,
+    theme_colors,
+    unit_colors,
+)
 
 __all__ = ["event_strips_svg", "memory_curve_svg", "unit_bytes_svg"]
 
@@ -25,7 +31,7 @@ WIDTH = 340
 HEIGHT = 110
 MAX_BARS = 400
 MAX_STRIP_EVENTS = 240
-DIVERGE_COLOR = "#D55E00"
+DIVERGE_COLOR = theme_colors("light")["accent"]
 _PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 8, 8, 18, 18
 _FONT = 'font-family="system-ui, sans-serif" font-size="10"'
 _KIND_HEIGHT = {
@@ -118,8 +124,8 @@ def memory_curve_svg(memory: MemoryReport) -> str:
     points = " ".join(f"{_num(x_at(k / 2))},{_num(y_at(v))}" for k, v in enumerate(ys))
     if points:
         body.append(
-            f'<polyline points="{points}" fill="none" stroke="#56B4E9" stroke-width="1.75" '
-            'stroke-linejoin="round"/>'
+            f'<polyline points="{points}" fill="none" stroke="{MEMORY_CURVE_COLOR}" '
+            'stroke-width="1.75" stroke-linejoin="round"/>'
         )
     at = int(memory.peak.get("event", 0))
     during = at < n and float(records[at]["peak_before"]) == peak

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import Report
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
+from fsdpviz.views.detail import dtype_text
 from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def units_table(report: Report, limit: int = MAX_UNIT_ROWS) -> str:
             _count(u.numel),
             format_bytes(u.bytes),
             format_bytes(u.sharded_bytes),
-            escape(_dtype(u)),
+            escape(dtype_text(u)),
         ]
         rows.append(
             "<tr>"
@@ -271,13 +272,6 @@ def units_table(report: Report, limit: int = MAX_UNIT_ROWS) -> str:
         '<table style="border-collapse:collapse;margin:6px 0;font-size:12px;color:inherit;'
         f'background:transparent">{"".join(rows)}</table>'
     )
-
-
-def _dtype(u: Unit) -> str:
-    dtype = u.dtype or "?"
-    if u.compute_dtype and u.compute_dtype != u.dtype:
-        return f"{dtype} → {u.compute_dtype}"
-    return dtype
 
 
 def _memory_parts(report: Report) -> tuple[str, list[str]]:

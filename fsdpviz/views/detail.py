@@ -1,100 +1,127 @@
-"""The explorer's detail panel as HTML: one unit's parameters, traced shapes and where its bytes go.
+"""The explorer's detail panel as data: one unit's parameters, traced shapes and where its
+bytes go, in the words of the API that made the plan.
 
-Pure functions of a report (no widgets), so they are tested like the figures.
+FSDP1 flattens a unit's parameters into one ``FlatParameter`` (padded to a multiple of the
+shard size, after ``use_orig_params``' alignment); FSDP2 keeps each parameter a DTensor
+sharded on dim 0 (each dim 0 padded to a multiple of the ranks) and all-gathers a group's
+parameters together. The front end (``js/src/detail.ts``) draws these sections, in the
+notebook and in the exported page alike. Pure functions of a report (no widgets).
 
 Example::
 
-    html = unit_detail_html(report, "layers.0")
+    details = unit_details(report)          # one entry per unit, in report.units order
+    details[1]["title"]                      # "unit 1 of 4: 'layers.0' (DecoderLayer)"
     rows = bytes_breakdown(report, module_tree(report), "layers.0")
 """
 
 from __future__ import annotations
 
-from html import escape
+import math
+from collections.abc import Sequence
 from typing import Any
 
-from fsdpviz.schema.report import Report, Unit, unit_label
-from fsdpviz.views.style import format_bytes, unit_colors
-from fsdpviz.views.tree import ModuleTree, module_tree
+from fsdpviz.schema.report import ModuleInfo, Report, Unit, unit_label
+from fsdpviz.views.style import format_bytes
+from fsdpviz.views.tree import ModuleTree, TreeNode, module_tree
 
-__all__ = ["bytes_breakdown", "param_rows", "unit_detail_html"]
+__all__ = ["bytes_breakdown", "dtype_text", "param_rows", "unit_details"]
 
-_MAX_ROWS = 200
-_TABLE = (
-    '<table style="border-collapse:collapse;font-size:12px;margin:4px 0 10px 0;'
-    'font-family:var(--jp-code-font-family,ui-monospace,monospace)">'
-)
-_CELL = "padding:1px 8px;border-bottom:1px solid var(--jp-border-color2,#e0e0e0);text-align:{}"
+MAX_ROWS = 200
+"""Rows of a table the panel lists; the rest are counted (``… 12 more``)."""
 
 
-def _table(header: list[str], rows: list[list[Any]], numeric: set[int]) -> str:
-    def cell(i: int, v: Any, tag: str = "td") -> str:
-        align = "right" if i in numeric else "left"
-        return f'<{tag} style="{_CELL.format(align)}">{escape(str(v))}</{tag}>'
-
-    head = "".join(cell(i, h, "th") for i, h in enumerate(header))
-    body = "".join(
-        "<tr>" + "".join(cell(i, v) for i, v in enumerate(row)) + "</tr>"
-        for row in rows[:_MAX_ROWS]
-    )
-    more = (
-        f'<tr><td colspan="{len(header)}">... {len(rows) - _MAX_ROWS} more</td></tr>'
-        if len(rows) > _MAX_ROWS
-        else ""
-    )
-    return f"{_TABLE}<tr>{head}</tr>{body}{more}</table>"
+def dtype_text(unit: Unit) -> str:
+    """A unit's dtype as every view writes it (the card, the explorer's hover, the detail
+    panel): ``float32``, ``float32 (compute bfloat16)`` under mixed precision, ``no
+    parameters`` for a unit without any (a parameterless root), ``unknown`` when a
+    recording does not say."""
+    if unit.numel == 0 and not unit.params:
+        return "no parameters"
+    if not unit.dtype:
+        return "unknown"
+    if unit.compute_dtype and unit.compute_dtype != unit.dtype:
+        return f"{unit.dtype} (compute {unit.compute_dtype})"
+    return str(unit.dtype)
 
 
-def param_rows(report: Report, unit: str) -> list[list[Any]]:
-    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit``'s FlatParameter;
-    under tensor parallelism also ``[tp placement, shard per rank]`` (a tp-sharded
-    parameter's placement, ``Replicate()`` or ``-``, and its shape on one rank)."""
-    u = report.unit(unit)
+def _shape(dims: list[int] | None) -> str:
+    return "?" if dims is None else "×".join(map(str, dims)) or "scalar"
+
+
+def _param_shapes(report: Report) -> dict[str, list[int]]:
+    """Every parameter's shape, by FQN."""
     shapes: dict[str, list[int]] = {}
     for m in report.modules:
         prefix = f"{m.fqn}." if m.fqn else ""
         for name, dims in m.params.items():
             shapes[prefix + name] = dims
+    return shapes
+
+
+def param_rows(
+    report: Report, unit: str, shapes: dict[str, list[int]] | None = None
+) -> list[list[str]]:
+    """``[fqn, shape, numel, bytes, first used by]`` per parameter of ``unit`` (FSDP1: in
+    flattening order). Then, where a rank holds a piece of each parameter, ``shard per
+    rank`` (FSDP2: dim 0 split over the ranks); under tensor parallelism ``[tp placement,
+    shard per rank]`` (a tp-sharded parameter's placement, ``Replicate()`` or ``-``, and
+    what one rank holds of it). ``shapes``: every parameter's, when known already."""
+    u = report.unit(unit)
+    shapes = _param_shapes(report) if shapes is None else shapes
+    fsdp2 = report.config.api == "FSDP2"
+    ranks = report.config.shard_ranks
     rows = []
     for fqn in u.params:
         shape: list[int] | None = shapes.get(fqn)
-        numel = 1
-        for s in shape or []:
-            numel *= s
-        rows.append(
-            [
-                fqn,
-                "?" if shape is None else "×".join(map(str, shape)) or "scalar",
-                f"{numel:,}" if shape is not None else "?",
-                format_bytes(numel * u.itemsize) if shape is not None else "?",
-                report.param_first_use.get(fqn, "-"),
-                *_tp_cells(u, fqn),
+        numel = math.prod(shape) if shape is not None else None
+        row = [
+            fqn,
+            _shape(shape),
+            "?" if numel is None else f"{numel:,}",
+            "?" if numel is None else format_bytes(numel * u.itemsize),
+            report.param_first_use.get(fqn, "-"),
+        ]
+        if u.shard_shapes:
+            placement = u.tp_placements.get(fqn, "-")
+            row += [
+                f"⊞ tp {placement}" if placement.startswith("Shard") else placement,
+                _shape(u.shard_shapes.get(fqn)),
             ]
-        )
+        elif fsdp2:
+            local = None if not shape else [math.ceil(shape[0] / ranks), *shape[1:]]
+            row.append(_shape(local))
+        rows.append(row)
     return rows
 
 
-def _tp_cells(u: Unit, fqn: str) -> list[str]:
-    if not u.shard_shapes:
-        return []
-    placement = u.tp_placements.get(fqn, "-")
-    mark = f"⊞ tp {placement}" if placement.startswith("Shard") else placement
-    shard = u.shard_shapes.get(fqn)
-    return [mark, "?" if shard is None else "×".join(map(str, shard)) or "scalar"]
+def _nodes_by_unit(tree: ModuleTree) -> dict[str | None, list[TreeNode]]:
+    """The modules with parameters of each unit, in tree order."""
+    out: dict[str | None, list[TreeNode]] = {}
+    for node in tree.nodes:
+        if node.numel:
+            out.setdefault(node.unit, []).append(node)
+    return out
 
 
-def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[Any]]:
+def bytes_breakdown(
+    report: Report,
+    tree: ModuleTree,
+    unit: str,
+    nodes: dict[str | None, list[TreeNode]] | None = None,
+) -> list[list[str]]:
     """Where ``unit``'s bytes go: ``[part, parameters, bytes full, bytes per rank, share]``.
 
-    One row per top-level module of the unit (the unit root's own parameters first),
-    then alignment and world-size padding, then the total FlatParameter.
+    One row per top-level module of the unit (the unit root's own parameters first), then
+    padding (FSDP1: ``use_orig_params``' alignment and the FlatParameter padded to a
+    multiple of the shard size; FSDP2: each parameter's dim 0 padded to a multiple of the
+    ranks), then the total: FSDP1's ``FlatParameter``, FSDP2's group, all-gathered in one.
+    ``nodes``: the tree's modules with parameters by unit, when known already.
     """
     u = report.unit(unit)
     parts: dict[str, list[int]] = {}
     root = tree.by_fqn.get(unit)
-    for node in tree.nodes:
-        if node.unit != unit or node.numel == 0:
-            continue
+    nodes = _nodes_by_unit(tree) if nodes is None else nodes
+    for node in nodes.get(unit, []):
         key = node.fqn
         if root is not None and node.fqn != unit:
             rel = node.fqn[len(unit) + 1 :] if unit else node.fqn
@@ -104,42 +131,30 @@ def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[An
         acc[1] += node.bytes
         acc[2] += node.rank_bytes
     total = max(u.padded_numel * u.itemsize, 1)
-    rows: list[list[Any]] = []
+
+    def share(n: int) -> str:
+        return f"{100 * n / total:.1f}%"
+
+    rows: list[list[str]] = []
     for key, (numel, full, rank) in sorted(parts.items(), key=lambda kv: -kv[1][1]):
-        rows.append(
-            [
-                key or "(root)",
-                f"{numel:,}",
-                format_bytes(full),
-                format_bytes(rank),
-                f"{100 * full / total:.1f}%",
-            ]
-        )
+        rows.append([key or "(root)", f"{numel:,}", format_bytes(full), format_bytes(rank),
+                     share(full)])  # fmt: skip
+    fsdp2 = report.config.api == "FSDP2"
     align = (u.flat_numel - u.numel) * u.itemsize
     pad = (u.padded_numel - u.flat_numel) * u.itemsize
     if align:
-        rows.append(
-            [
-                "alignment padding (use_orig_params)",
-                "",
-                format_bytes(align),
-                "",
-                f"{100 * align / total:.1f}%",
-            ]
-        )
+        rows.append(["alignment padding (use_orig_params)", "", format_bytes(align), "",
+                     share(align)])  # fmt: skip
     if pad:
-        rows.append(
-            [
-                "padding to a multiple of the shard size",
-                "",
-                format_bytes(pad),
-                "",
-                f"{100 * pad / total:.1f}%",
-            ]
+        what = (
+            f"padding: each dim 0 to a multiple of {report.config.shard_ranks} ranks"
+            if fsdp2
+            else "padding to a multiple of the shard size"
         )
+        rows.append([what, "", format_bytes(pad), "", share(pad)])
     rows.append(
         [
-            "FlatParameter",
+            "in all (one all-gather)" if fsdp2 else "FlatParameter",
             f"{u.padded_numel:,}",
             format_bytes(u.padded_numel * u.itemsize),
             format_bytes(u.sharded_bytes),
@@ -149,103 +164,152 @@ def bytes_breakdown(report: Report, tree: ModuleTree, unit: str) -> list[list[An
     return rows
 
 
-def _events_line(report: Report, unit: str) -> str:
+def _events_lines(report: Report) -> dict[str, str]:
+    """Each unit's events of the steady state, in words."""
     it = report.iterations[-1] if report.iterations else []
-    words = []
+    words: dict[str, list[str]] = {}
     for pos, e in enumerate(it):
-        if e.unit != unit:
-            continue
         w = e.kind + (" (prefetch)" if e.prefetch else "")
         if e.hook is not None:
             w += f" by {e.hook} of {unit_label(e.hook_unit)}"
-        words.append(f"{pos}: {w}")
-    return "; ".join(words) or "no events"
+        words.setdefault(e.unit, []).append(f"{pos}: {w}")
+    return {unit: "; ".join(ws) for unit, ws in words.items()}
 
 
-def unit_detail_html(
-    report: Report, unit: str | None, module: str | None = None, tree: ModuleTree | None = None
-) -> str:
-    """The detail panel for ``unit`` (and the clicked ``module``, when given)."""
-    if unit is None:
-        if module is not None:
-            return f"<p>Module <code>{escape(module)}</code> holds no parameters FSDP manages.</p>"
-        return "<p>Click a module or pick a unit to see its parameters, shapes and bytes.</p>"
-    tree = tree or module_tree(report)
-    u = report.unit(unit)
-    index = next(i for i, x in enumerate(report.units) if x.module == unit)
-    color = unit_colors(report)[unit]
-    parts = [
-        f'<div style="font-size:13px"><span style="display:inline-block;width:12px;height:12px;'
-        f'background:{color};margin-right:6px;border:1px solid #0004"></span>'
-        f"<b>unit {index} of {len(report.units)}: {escape(unit_label(unit))}</b> "
-        f"({escape(u.module_class)})"
-        f" · {escape(u.sharding_strategy)} · {u.numel:,} parameters in {len(u.params)} tensors · "
-        f"{escape(str(u.dtype))}"
-        + (
-            f" (compute {escape(str(u.compute_dtype))})"
-            if u.compute_dtype not in (None, u.dtype)
-            else ""
-        )
-        + f" · {format_bytes(u.bytes)} full, {format_bytes(u.sharded_bytes)} per rank</div>"
+def _how_sharded(report: Report, u: Unit) -> str:
+    """FSDP1's sharding strategy, or FSDP2's ``reshard_after_forward`` for this unit."""
+    c = report.config
+    if c.api != "FSDP2":
+        return u.sharding_strategy
+    value = c.reshard_after_forward.get(u.module)
+    if value is None:  # not stated (a recording): what the unit's sizes imply
+        value = u.sharding_strategy != "SHARD_GRAD_OP"
+    ranks = f"{value} ranks" if not isinstance(value, bool) else str(value)
+    return f"reshard_after_forward={ranks}"
+
+
+def _table(
+    title: str, header: list[str], rows: list[list[str]], numeric: list[int], note: str = ""
+) -> dict[str, Any]:
+    return {
+        "title": title,
+        "note": note,
+        "header": header,
+        "rows": rows[:MAX_ROWS],
+        "more": max(len(rows) - MAX_ROWS, 0),
+        "numeric": numeric,
+    }
+
+
+def _text(title: str, text: str) -> dict[str, Any]:
+    return {"title": title, "text": text}
+
+
+class _Facts:
+    """What every unit's panel reads from the report, gathered once."""
+
+    def __init__(self, report: Report, tree: ModuleTree) -> None:
+        self.shapes = _param_shapes(report)
+        self.nodes = _nodes_by_unit(tree)
+        self.events = _events_lines(report)
+        self.modules: dict[str | None, list[ModuleInfo]] = {}
+        for m in report.modules:
+            node = tree.by_fqn.get(m.fqn)
+            if node is not None and (m.calls or m.params):
+                self.modules.setdefault(node.unit, []).append(m)
+
+
+def unit_detail(
+    report: Report, tree: ModuleTree, index: int, known: _Facts | None = None
+) -> dict[str, Any]:
+    """The panel of ``report.units[index]``: ``title``, ``facts`` (one line), ``warnings``
+    and ``sections``, each a table (``title``, ``note``, ``header``, ``rows`` of text,
+    ``more``: rows left out, ``numeric``: the columns aligned right) or a ``text``."""
+    known = _Facts(report, tree) if known is None else known
+    u = report.units[index]
+    fsdp2 = report.config.api == "FSDP2"
+    facts = [
+        _how_sharded(report, u),
+        f"{u.numel:,} parameters in {len(u.params)} tensors",
+        dtype_text(u),
+        f"{format_bytes(u.bytes)} full, {format_bytes(u.sharded_bytes)} per rank",
     ]
-    if module is not None and module in tree.by_fqn and module != unit:
-        picked = tree.by_fqn[module]
-        parts.append(
-            f"<p>Selected module <code>{escape(module)}</code> ({escape(picked.module_class)}): "
-            f"{picked.numel_total:,} parameters, {format_bytes(picked.bytes_total)} full, "
-            f"{format_bytes(picked.rank_bytes_total)} per rank.</p>"
-        )
-    for w in report.warnings:
-        if unit in w.units:
-            parts.append(
-                f'<p style="color:var(--jp-warn-color0,#b35900)">warning [{escape(w.code)}]: '
-                f"{escape(w.message.splitlines()[0])}</p>"
-            )
-    parts.append("<b>Where its bytes go</b>")
-    parts.append(
+    sections = [
         _table(
+            "Where its bytes go",
             ["part", "parameters", "full", "per rank", "share"],
-            bytes_breakdown(report, tree, unit),
-            {1, 2, 3, 4},
+            bytes_breakdown(report, tree, u.module, known.nodes),
+            [1, 2, 3, 4],
         )
-    )
-    parts.append("<b>Parameters</b> (flattening order)")
-    tp = ["tensor parallel", "shard per rank"] if u.shard_shapes else []
-    parts.append(
+    ]
+    header = ["parameter", "shape", "numel", "bytes", "first used by"]
+    if u.shard_shapes:
+        header += ["tensor parallel", "shard per rank"]
+    elif fsdp2:
+        header += ["shard per rank"]
+    sections.append(
         _table(
-            ["parameter", "shape", "numel", "bytes", "first used by", *tp],
-            param_rows(report, unit),
-            {2, 3},
+            "Parameters",
+            header,
+            param_rows(report, u.module, known.shapes),
+            [2, 3],
+            note="each a DTensor sharded on dim 0, all-gathered together"
+            if fsdp2
+            else "in flattening order: one FlatParameter",
         )
     )
     if u.tp_placements:
         sharded = sum(1 for p in u.tp_placements.values() if p.startswith("Shard"))
-        parts.append(
-            f"<p>⊞ {sharded} of {len(u.params)} parameters are sharded by tensor parallelism "
-            "(DTensor placement on the tp dimension); FSDP shards each rank's piece on dim 0. "
-            "Shapes above are the whole parameter; “shard per rank” is what one rank holds.</p>"
+        sections.append(
+            _text(
+                "Tensor parallelism",
+                f"⊞ {sharded} of {len(u.params)} parameters are sharded by tensor parallelism "
+                "(DTensor placement on the tp dimension); FSDP shards each rank's piece on "
+                "dim 0. Shapes are the whole parameter; “shard per rank” is what one rank holds.",
+            )
         )
     if u.shared_params:
-        shared = ", ".join(f"{escape(a)} = {escape(b)}" for a, b in u.shared_params.items())
-        parts.append(f"<p>Shared parameters: {shared}</p>")
+        shared = ", ".join(f"{a} = {b}" for a, b in u.shared_params.items())
+        sections.append(_text("Shared parameters", shared))
     shape_rows = []
-    for m in report.modules:
-        node = tree.by_fqn.get(m.fqn)
-        if node is None or node.unit != unit or (m.calls == 0 and not m.params):
-            continue
+    for m in known.modules.get(u.module, []):
         shape_rows.append(
             [
                 m.fqn or "(root)",
                 m.module_class,
-                m.calls,
+                str(m.calls),
                 "; ".join(map(str, m.input_shapes)) or "-",
                 "; ".join(map(str, m.output_shapes)) or "-",
             ]
         )
-    parts.append("<b>Shapes seen in the trace</b>")
-    parts.append(_table(["module", "class", "calls", "inputs", "outputs"], shape_rows, {2}))
-    parts.append(
-        f"<b>Events (steady state)</b><p style='font-size:12px'>"
-        f"{escape(_events_line(report, unit))}</p>"
-    )
-    return "".join(parts)
+    if shape_rows:
+        sections.append(
+            _table(
+                "Shapes seen in the trace",
+                ["module", "class", "calls", "inputs", "outputs"],
+                shape_rows,
+                [2],
+            )
+        )
+    sections.append(_text("Events (steady state)", known.events.get(u.module, "no events")))
+    return {
+        "title": f"unit {index} of {len(report.units)}: {unit_label(u.module)} ({u.module_class})",
+        "facts": " · ".join(facts),
+        "warnings": [
+            f"[{w.code}] {w.message.splitlines()[0] if w.message else ''}"
+            for w in report.warnings
+            if u.module in w.units
+        ],
+        "sections": sections,
+    }
+
+
+def unit_details(
+    report: Report, tree: ModuleTree | None = None, indices: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`unit_detail` of every unit, in ``report.units`` order (of the units at
+    ``indices`` only, when given)."""
+    tree = tree or module_tree(report)
+    facts = _Facts(report, tree)
+    which = range(len(report.units)) if indices is None else indices
+    return [unit_detail(report, tree, i, facts) for i in which]

@@ -17,12 +17,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.schema.report import Report, Unit, unit_label
+from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.views.detail import dtype_text, unit_details
 from fsdpviz.views.style import (
     UNMANAGED_COLOR,
     Theme,
@@ -135,7 +137,7 @@ def explorer_parts(
         marker_colors.append(UNMANAGED_COLOR if node.unit is None else colors[node.unit])
         values[i] = node.numel_total if size == "numel" else node.rank_bytes_total
         unit = tree.units.get(node.unit) if node.unit is not None else None
-        dtype = "-" if unit is None else _dtype_text(unit)
+        dtype = "-" if unit is None else dtype_text(unit)
         codes = warn_codes.get(node.unit, []) if node.unit is not None else []
         note = f"<br>warnings: {', '.join(codes)}" if codes else ""
         if node.fqn in view.closed:
@@ -218,7 +220,9 @@ def explorer_parts(
     return trace, layout
 
 
-def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str, Any]:
+def explorer_data(
+    report: Report, *, tree: ModuleTree | None = None, details: bool | Collection[str] = True
+) -> dict[str, Any]:
     """The module tree as the explorer of fsdpviz's page draws it (``js/src/explorer.ts``):
     JSON-ready columns, one entry per module in tree order (parents before children).
 
@@ -227,7 +231,10 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
     root), ``cls`` (index into ``classes``), ``unit`` (index into ``units``, -1 when FSDP
     does not manage it), and the subtree's ``numel``, ``bytes`` and ``rank_bytes``.
     ``units``: per unit its ``name``, ``color``, ``dtype`` and the ``warnings`` (codes)
-    that name it. The view draws every module; the area is ``numel`` or ``rank_bytes``.
+    that name it. ``details``: the detail panel of each unit
+    (:func:`fsdpviz.views.detail.unit_detail`; with ``details=`` a set of unit names, only
+    theirs, ``None`` for the others; ``details=False``: none). The view draws every module;
+    the area is ``numel`` or ``rank_bytes``.
 
     Example::
 
@@ -258,7 +265,7 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
             {
                 "name": u.module,
                 "color": colors[u.module],
-                "dtype": _dtype_text(u),
+                "dtype": dtype_text(u),
                 "warnings": warn_codes.get(u.module, []),
             }
         )
@@ -270,7 +277,19 @@ def explorer_data(report: Report, *, tree: ModuleTree | None = None) -> dict[str
         "classes": list(classes),
         "units": units,
         "unmanaged_color": UNMANAGED_COLOR,
+        "details": _details(report, tree, details),
     }
+
+
+def _details(
+    report: Report, tree: ModuleTree, which: bool | Collection[str]
+) -> list[dict[str, Any] | None]:
+    if which is True:
+        return list(unit_details(report, tree))
+    wanted = set() if which is False else set(which)
+    indices = [i for i, u in enumerate(report.units) if u.module in wanted]
+    some = dict(zip(indices, unit_details(report, tree, indices), strict=True))
+    return [some.get(i) for i in range(len(report.units))]
 
 
 def _block_label(node: TreeNode, unit_index: dict[str, int]) -> str:
@@ -280,13 +299,6 @@ def _block_label(node: TreeNode, unit_index: dict[str, int]) -> str:
     if node.is_unit_root:
         label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
     return label
-
-
-def _dtype_text(unit: Unit) -> str:
-    """A unit's dtype, and the one it computes in where mixed precision differs."""
-    if unit.compute_dtype and unit.compute_dtype != unit.dtype:
-        return f"{unit.dtype} (compute {unit.compute_dtype})"
-    return str(unit.dtype)
 
 
 def _warning_codes(report: Report) -> dict[str, list[str]]:

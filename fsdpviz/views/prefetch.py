@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -44,7 +45,14 @@ from fsdpviz.views.prefetch_facts import (
     backward_unit_order,
     prefetch_analysis,
 )
-from fsdpviz.views.style import EDGE_COLORS, Theme, format_bytes, template, theme_colors
+from fsdpviz.views.style import (
+    EDGE_COLORS,
+    Theme,
+    format_bytes,
+    template,
+    text_on,
+    theme_colors,
+)
 from fsdpviz.views.style import unit_colors as palette_for
 
 __all__ = [
@@ -138,7 +146,7 @@ def prefetch_parts(
     traces += _node_traces(graph, pos, colors, facts.never_prefetched, c, size)
     for name, unit, color in (  # not pickable: a click goes to the unit below
         ("current", highlight_unit, c["fg"]),
-        ("selected", selected_unit, "#D55E00"),
+        ("selected", selected_unit, c["accent"]),
     ):
         xs = [pos[unit]] if unit is not None and unit in pos else []
         traces.append(
@@ -199,7 +207,7 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
         "units": names,
         "numbers": [number[n] for n in names],
         "colors": [colors[n] for n in names],
-        "hover": [_unit_lines(graph, n) for n in names],
+        "hover": [_unit_lines(graph, n, n in never) for n in names],
         "never": [n in never for n in names],
         "edges": edges,
         "kinds": [
@@ -219,11 +227,13 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
     """The graph's edges by kind: ``(from, to, side, text)``; ``side`` is where the arc
     runs (0: along the line of units, 1: above, -1: below, -1.6: further below)."""
     arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
+    for a, b in itertools.pairwise(facts.forward_order):
+        arcs["forward_order"].append(
+            (a, b, _SIDES["forward_order"], f"forward order: {L(a)} then {L(b)}")
+        )
     for a, b, data in graph.edges(data=True):
         kind = data["kind"]
-        if kind == "forward_order":
-            arcs[kind].append((a, b, _SIDES[kind], f"forward order: {L(a)} then {L(b)}"))
-        elif kind == "forward_prefetch":
+        if kind == "forward_prefetch":
             arcs[kind].append(
                 (
                     a,
@@ -351,7 +361,7 @@ def _edge_traces(
     return traces
 
 
-def _unit_lines(graph: Any, n: str) -> list[str]:
+def _unit_lines(graph: Any, n: str, never: bool) -> list[str]:
     """What hovering unit ``n`` says, a line each."""
     d = graph.nodes[n]
     fi = d["forward_index"]
@@ -363,7 +373,7 @@ def _unit_lines(graph: Any, n: str) -> list[str]:
         f"prefetched in forward: {d['prefetched_forward']}, in backward: "
         f"{d['prefetched_backward']}",
     ]
-    if d["never_prefetched"]:
+    if never:
         lines.append(_NEVER)
     return lines
 
@@ -385,7 +395,7 @@ def _node_traces(
     many = size < 15  # their forward index is printed inside while it fits
     hover = []
     for n in names:
-        first, *rest = _unit_lines(graph, n)  # the unit's name and the last line in bold
+        first, *rest = _unit_lines(graph, n, n in never)  # the name, the last line in bold
         rest = [f"<b>{t}</b>" if t == _NEVER else t for t in rest]
         hover.append("<br>".join([f"<b>{L(n)}</b>{first[len(L(n)) :]}", *rest]))
     traces: list[dict[str, Any]] = []
@@ -417,7 +427,7 @@ def _node_traces(
             "showlegend": False,
             "text": [str(pos[n]) for n in names],
             "textposition": "middle center",
-            "textfont": {"size": 10, "color": "#000000"},
+            "textfont": {"size": 10, "color": [text_on(colors[n]) for n in names]},
             "hovertext": hover,
             "hovertemplate": "%{hovertext}<extra></extra>",
             "marker": {

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fsdpviz.graphs import unit_graph
 from fsdpviz.schema.report import Report
 
-__all__ = ["PrefetchAnalysis", "backward_unit_order", "prefetch_analysis"]
+__all__ = ["PrefetchAnalysis", "backward_unit_order", "forward_unit_order", "prefetch_analysis"]
 
 
 @dataclass
@@ -28,13 +28,18 @@ class PrefetchAnalysis:
     ``missed``: ``(previous, unit, post_backward_position, gather_position)`` per unit
     gathered on demand in backward although ``backward_prefetch`` is set (positions are
     event indices; ``post_backward_position`` is ``None`` when ``previous`` had no
-    post-backward event).
+    post-backward event). ``forward_order``: the units in the order their forward is
+    first reached (``report.forward_order``, else what the events say; the root first).
+    ``never_prefetched``: units all-gathered where a prefetch could have gathered them,
+    and never by one (not the first unit of the forward, which nothing runs before, when
+    it is not gathered again: FSDP1's root, kept unsharded for backward).
     """
 
     iteration: int
     positions: dict[str, int]
     backward_order: list[str]
     never_prefetched: list[str]
+    forward_order: list[str] = field(default_factory=list)
     misordered: list[tuple[str, str, str | None, int]] = field(default_factory=list)
     missed: list[tuple[str, str, int | None, int]] = field(default_factory=list)
 
@@ -42,12 +47,18 @@ class PrefetchAnalysis:
 def backward_unit_order(report: Report, iteration: int = -1) -> list[str]:
     """Units in the order their backward is first reached.
 
-    From ``report.module_backward_order``; for reports without it, the order of each
-    unit's first backward event in ``report.iterations[iteration]``.
+    From ``report.module_backward_order``; for reports without it (a recording), the order
+    in which ``report.iterations[iteration]``'s backward events name each unit, the unit
+    whose pre-backward hook issued an event before the unit it names (a root kept
+    unsharded gathers nothing in backward, but its pre-backward hook runs first).
     """
     units = {u.module for u in report.units}
     source = report.module_backward_order or [
-        e.unit for e in report.iterations[iteration] if e.phase == "backward"
+        name
+        for e in report.iterations[iteration]
+        if e.phase == "backward"
+        for name in (e.hook_unit if e.hook == "pre_backward" else None, e.unit)
+        if name is not None
     ]
     seen: dict[str, None] = {}
     for name in source:
@@ -56,24 +67,53 @@ def backward_unit_order(report: Report, iteration: int = -1) -> list[str]:
     return list(seen)
 
 
+def forward_unit_order(report: Report, iteration: int = -1) -> list[str]:
+    """Units in the order their forward is first reached: ``report.forward_order``, else
+    (a recording that does not state it) the order in which the forward's events name
+    them; the root first when it is a unit and neither names it (a root whose own
+    parameters are none is never gathered, yet its forward wraps every other)."""
+    units = {u.module for u in report.units}
+    source = report.forward_order or [
+        name
+        for e in report.iterations[iteration]
+        if e.phase == "forward"
+        for name in (e.hook_unit if e.hook == "pre_forward" else None, e.unit)
+        if name is not None
+    ]
+    order = list(dict.fromkeys(n for n in source if n in units))
+    if "" in units and "" not in order:
+        order.insert(0, "")
+    return order
+
+
 def prefetch_analysis(report: Report, iteration: int = -1) -> PrefetchAnalysis:
     """Positions, never-prefetched units and the misordered and missed prefetches."""
     graph = unit_graph(report, iteration)
     index = graph.graph["iteration"]
     events = report.iterations[index]
     positions: dict[str, int] = {}
-    order = [n for n in report.forward_order if n in graph]
+    order = forward_unit_order(report, index)
     for name in order:
         positions.setdefault(name, len(positions))
     for u in report.units:
         positions.setdefault(u.module, len(positions))
     backward = backward_unit_order(report, index)
     successor = dict(itertools.pairwise(backward))
+    gathers = [(pos, e) for pos, e in enumerate(events) if e.kind == "all_gather"]
+    first = next((e.unit for _, e in gathers if e.phase == "forward"), None)
+    gathered_once_first = first is not None and all(
+        e.unit != first for _, e in gathers if e.phase == "backward"
+    )
     out = PrefetchAnalysis(
         iteration=index,
         positions=positions,
         backward_order=backward,
-        never_prefetched=[n for n, d in graph.nodes(data=True) if d["never_prefetched"]],
+        never_prefetched=[
+            n
+            for n, d in graph.nodes(data=True)
+            if d["never_prefetched"] and not (n == first and gathered_once_first)
+        ],
+        forward_order=order,
     )
     for a, b, data in graph.edges(data=True):
         if data["kind"] == "backward_prefetch" and successor.get(a) != b:

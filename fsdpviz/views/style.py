@@ -1,4 +1,4 @@
-"""Colours and themes shared by every view (plotly figures and the JS timeline).
+"""Colours and themes shared by every view: the plotly figures, the cards and the front end.
 
 Units are coloured from a palette of 20 colours (Tableau's 20, its two greys
 replaced by cyans so that no unit looks unmanaged), ordered so that neighbouring
@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from typing import Any, Literal
 
 import plotly.graph_objects as go
@@ -23,11 +25,14 @@ from fsdpviz.schema.report import Report
 __all__ = [
     "CATEGORY_COLORS",
     "EDGE_COLORS",
+    "MEMORY_CURVE_COLOR",
     "PALETTE",
+    "TABLE",
     "UNMANAGED_COLOR",
     "Theme",
     "format_bytes",
     "template",
+    "text_on",
     "theme_colors",
     "three_digits",
     "unit_colors",
@@ -35,50 +40,36 @@ __all__ = [
 
 Theme = Literal["light", "dark"]
 
-_DARK = ("#4E79A7", "#F28E2B", "#59A14F", "#E15759", "#B07AA1",
-         "#9D7660", "#D37295", "#B6992D", "#499894", "#17BECF")  # fmt: skip
-_LIGHT = ("#A0CBE8", "#FFBE7D", "#8CD17D", "#FF9D9A", "#D4A6C8",
-          "#D7B5A6", "#FABFD2", "#F1CE63", "#86BCB6", "#9EDAE5")  # fmt: skip
+TABLE: dict[str, Any] = json.loads(
+    resources.files("fsdpviz.views").joinpath("colors.json").read_text(encoding="utf-8")
+)
+"""The colour table (``fsdpviz/views/colors.json``): the front end in ``js/`` bundles the
+same file, so the plotly figures, the cards and the canvases draw the same colours."""
+
+_DARK: tuple[str, ...] = tuple(TABLE["palette_dark"])
+_LIGHT: tuple[str, ...] = tuple(TABLE["palette_light"])
 # Dark and light alternate; the hue steps by 3 of 10 (darks) and starts half-way round
 # (lights), so units k and k + 1 never share a hue and all 20 colours differ.
 PALETTE: tuple[str, ...] = tuple(
     _DARK[(k // 2 * 3) % 10] if k % 2 == 0 else _LIGHT[(k // 2 * 3 + 5) % 10] for k in range(20)
 )
-UNMANAGED_COLOR = "#999999"
+UNMANAGED_COLOR: str = TABLE["unmanaged"]
+MEMORY_CURVE_COLOR: str = TABLE["memory_curve"]
 # The memory lane's categories (fsdpviz.cost.CATEGORIES), stacked bottom to top: parameters
 # blue, gradients green, optimizer purple, activations orange, temporaries and buffers grey.
-CATEGORY_COLORS: dict[str, str] = {
-    "sharded_params": "#1F5F99",
-    "unsharded_params": "#6BAED6",
-    "all_gather": "#9ECAE1",
-    "unsharded_grads": "#31A354",
-    "reduce_scatter": "#A1D99B",
-    "sharded_grads": "#006D2C",
-    "activations": "#E6550D",
-    "forward_temp": "#FDAE6B",
-    "backward_temp": "#FDD0A2",
-    "optimizer": "#756BB1",
-    "inputs": "#969696",
-    "buffers": "#BDBDBD",
-    "memory": "#888888",
-}
+CATEGORY_COLORS: dict[str, str] = dict(TABLE["categories"])
 # Edge kinds of the prefetch graph: colour and dash, so they differ without colour too.
 EDGE_COLORS: dict[str, tuple[str, str]] = {
-    "forward_order": ("#888888", "solid"),
-    "forward_prefetch": ("#0072B2", "dash"),
-    "backward_prefetch": ("#009E73", "dot"),
-    "misordered": ("#D55E00", "solid"),
-    "missed": ("#D55E00", "dashdot"),
+    kind: (edge["color"], edge["dash"]) for kind, edge in TABLE["edges"].items()
 }
-
-_THEMES: dict[str, dict[str, str]] = {
-    "light": {"bg": "#ffffff", "fg": "#1f1f1f", "muted": "#616161", "grid": "#e0e0e0"},
-    "dark": {"bg": "#111111", "fg": "#e0e0e0", "muted": "#9e9e9e", "grid": "#333333"},
-}
+_THEMES: dict[str, dict[str, str]] = TABLE["themes"]
 
 
 def theme_colors(theme: Theme) -> dict[str, str]:
-    """Background, foreground, muted text and grid colours of ``theme``."""
+    """The colours of ``theme``: background (``bg``), text (``fg``), ``muted`` text, ``grid``,
+    ``accent`` (the selection and the memory peak), ``wait`` and ``wait_fill`` (compute
+    waiting for communication), ``call`` (hook calls), ``panel``, ``border``, ``warn``,
+    ``warn_bg``, ``highlight`` (a row picked out) and ``focus``."""
     if theme not in _THEMES:
         raise ValueError(f"unknown theme {theme!r}; use 'light' or 'dark'")
     return dict(_THEMES[theme])
@@ -107,6 +98,14 @@ def template(theme: Theme) -> go.layout.Template:
             "legend": {"bgcolor": "rgba(0,0,0,0)"},
         }
     )
+
+
+def text_on(color: str) -> str:
+    """Black or white, whichever reads better on ``color`` (``#rrggbb``): the rule the front
+    end's ``textOn`` applies, so a label reads the same on a canvas and in a figure."""
+    n = int(color.lstrip("#")[:6], 16)
+    lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255
+    return "#000000" if lum > 0.55 else "#ffffff"
 
 
 def unit_colors(report: Report) -> dict[str, str]:

@@ -1,7 +1,9 @@
-"""Notebook widgets over :mod:`fsdpviz.views`: the explorer, the timeline, the dashboard and
-a sweep's table.
+"""Notebook widgets over :mod:`fsdpviz.views`: the timeline, the explorer and the prefetch
+graph (three views of fsdpviz's front end, ``js/``), the dashboard that links them under
+the re-plan controls, and a sweep's table.
 
-May import every layer up to the views; not fsdpviz.export.
+May import every layer up to the views, and :mod:`fsdpviz.export` (a dashboard saves
+itself as a page).
 
 Example::
 
@@ -9,13 +11,24 @@ Example::
     report = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
     view = report.show(model=model, inputs=ids)    # a Dashboard
     view.timeline.step = 40
+    view.save("now.html")
 """
 
 from __future__ import annotations
 
 from fsdpviz.widgets.dashboard import Dashboard, show
 from fsdpviz.widgets.explorer import Explorer
+from fsdpviz.widgets.explorer_widget import ExplorerWidget
+from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.sweep import SweepView
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
-__all__ = ["Dashboard", "Explorer", "SweepView", "TimelineWidget", "show"]
+__all__ = [
+    "Dashboard",
+    "Explorer",
+    "ExplorerWidget",
+    "PrefetchWidget",
+    "SweepView",
+    "TimelineWidget",
+    "show",
+]

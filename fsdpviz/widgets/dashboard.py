@@ -1,38 +1,44 @@
-"""``Dashboard``: explorer, prefetch graph and timeline in one layout, linked.
+"""``Dashboard``: the timeline, the explorer and the prefetch graph of one report, linked.
 
-- the timeline's current event outlines its unit in the explorer and rings it in
-  the prefetch graph;
-- ``selected_unit`` is shared: a click in any view selects the unit in all three;
-- a re-plan in the explorer redraws the prefetch graph and the timeline (and calls
-  the memory model again when ``memory`` is a callable);
-- a re-plan made in the page answers in the explorer first; the prefetch graph and
-  the timeline follow right after that answer has reached the browser (a change made
-  from Python, ``view.explorer.controls.set(world_size=64)``, updates all three
-  before it returns);
+Three views of fsdpviz's front end (:class:`TimelineWidget`, :class:`ExplorerWidget`,
+:class:`PrefetchWidget`), under the explorer's re-plan controls, linked as the exported
+page links them (``js/src/links.ts``):
+
+- the timeline's current event's unit is outlined in the explorer and ringed in the
+  prefetch graph (``current_unit``);
+- ``selected_unit`` is shared: a click in any view selects the unit in all three; a unit
+  chosen in the explorer or the prefetch graph also moves the timeline to its next event;
+- a re-plan redraws all three in one answer: each view shows none of the old plan's
+  numbers from the moment the re-plan starts (``busy``) until it draws the new one;
 - ``memory="auto"`` (the default) draws the memory model's lane
   (:func:`fsdpviz.cost.memory_lane`, the same numbers as ``report.memory``) in the
-  timeline. A re-plan answered from the stored trace has no trace profile, so its
-  lane first shows parameters, gradients and optimizer state; the activations
-  follow from a trace made once the controls have rested for ``PROFILE_AFTER_S``
-  seconds (``memory_note`` says which);
+  timeline. A re-plan answered from the stored trace has no trace profile, so its lane
+  first shows parameters, gradients and optimizer state; the activations follow from a
+  trace made once the controls have rested for ``PROFILE_AFTER_S`` seconds
+  (``memory_note`` says which);
 - ``ranks``: the timeline of several ranks (reports, or a :class:`~fsdpviz.RecordedRun`:
   a lane group per rank on the recorded clock, where ranks diverge marked); a recording
   has no module tree, so the explorer shows its units as modules;
 - ``machine`` (default ``"h100"``; a preset name or :func:`fsdpviz.cost.machine`)
   places a prediction's events at the times :func:`fsdpviz.cost.timeline` models,
-  once the plan has a trace profile (``None``: by event index);
-- the theme the timeline reads from JupyterLab restyles the plotly panels.
+  once the plan has a trace profile (``None``: by event index).
+
+Each view reads the page's theme itself (JupyterLab's light or dark). ``save`` writes the
+dashboard as it is now (the plan, the step, the selection) to an HTML page.
 
 Example::
 
     view = Dashboard(report, model=model, inputs=ids, memory=my_memory_model)
     view.timeline.step = 40          # moves the timeline; outlines that event's unit
     view.selected_unit = "layers.3"  # selects it in all views
+    view.save("now.html")            # the page of what the dashboard shows
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -40,13 +46,12 @@ import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Report
-from fsdpviz.views.prefetch import prefetch_parts
-from fsdpviz.views.timeline_steps import MemoryOption, auto_memory
+from fsdpviz.views.timeline_view import MemoryOption, auto_memory
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
-from fsdpviz.widgets._figure import ClickFigure
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
+from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 if TYPE_CHECKING:
@@ -54,14 +59,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Dashboard", "show"]
 
-# Figures at most this big follow each step at once; bigger ones follow once the timeline's
-# steps pause for FOLLOW_AFTER_S seconds (as in the exported page, js/src/standalone.ts).
-_QUICK_EXPLORER = 150  # modules drawn
-_QUICK_PREFETCH = 40  # units
-FOLLOW_AFTER_S = 0.25
 # Seconds the controls must rest before a re-plan without activations is traced for them
 # (the trace keeps the kernel busy: a control changed meanwhile would wait for it).
 PROFILE_AFTER_S = 1.5
+
+
+def _heading(text: str) -> w.HTML:
+    return w.HTML(f"<b>{text}</b>", layout=w.Layout(margin="8px 0 0 0"))
 
 
 class Dashboard(w.VBox):  # type: ignore[misc]
@@ -78,7 +82,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         memory: MemoryOption = "auto",
         ranks: Sequence[Report] | RecordedRun | None = None,
         iteration: int | None = -1,
-        theme: str = "light",
         machine: Machine | str | None = "h100",
         **analyze_kwargs: Any,
     ) -> None:
@@ -86,82 +89,89 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.iteration = iteration
         self.errors = ErrorOutput()
         self._deferred = Deferred(self.errors.guard)
+        self._linking = False
         self.memory_note = w.HTML()
         self.explorer = Explorer(
-            with_module_tree(report), model=model, inputs=inputs, theme=theme, **analyze_kwargs
+            with_module_tree(report), model=model, inputs=inputs, **analyze_kwargs
         )
-        traces, layout = prefetch_parts(report, theme=theme)  # type: ignore[arg-type]
-        self.prefetch = ClickFigure({"data": traces, "layout": layout}, _validate=False)
-        shown = ranks if ranks is not None else report
+        self.prefetch = PrefetchWidget(report, iteration)
+        self._shown: Report | Sequence[Report] | RecordedRun = (
+            ranks if ranks is not None else report
+        )
         self.timeline = TimelineWidget(
-            shown, iteration, memory=self._memory(report), machine=machine
+            self._shown, iteration, memory=self._memory(report), machine=machine
         )
         super().__init__(
             [
-                w.HTML("<b>Wrap units</b>"),
-                self.explorer,
-                w.HTML("<b>Prefetch graph</b>"),
-                self.prefetch,
-                w.HTML(
-                    "<b>Timeline</b> <small>(← → step, space plays; click an event to "
-                    "select its unit; shift+wheel zooms)</small>"
-                ),
+                self.explorer.controls,
+                self.explorer.status,
+                _heading("Timeline"),
                 self.timeline,
                 self.memory_note,
+                _heading("Wrap units"),
+                self.explorer.view,
+                _heading("Prefetch graph"),
+                self.prefetch,
+                self.explorer.errors,
                 self.errors,
             ]
         )
+        self.add_class("fsdpviz-dashboard")
         g = self.errors.guard
-        traitlets.link((self, "selected_unit"), (self.explorer, "selected_unit"))
-        traitlets.link((self, "selected_unit"), (self.timeline, "selected_unit"))
-        self.timeline.observe(g(self._on_current), names=["current_unit", "playing"])
-        self.timeline.observe(g(self._on_theme), names="theme")
-        self.timeline.observe(g(self._on_js_error), names="error")
-        self.explorer.observe(g(self._on_report), names="report")
+        self.timeline.observe(g(self._on_current), names="current_unit")
         self.observe(g(self._on_selected), names="selected_unit")
-        self._bind_prefetch_click()
+        for view in (self.timeline, self.explorer.view, self.prefetch):
+            view.observe(g(self._on_view_selected), names="selected_unit")
+        for view in (self.timeline, self.prefetch):  # the explorer shows its own
+            view.observe(g(self._on_js_error), names="error")
+        self.explorer.view.observe(g(self._on_busy), names="busy")
+        self.explorer.observe(g(self._on_report), names="report")
         self._on_current()
 
-    def _bind_prefetch_click(self) -> None:
-        for trace in self.prefetch.data:
-            if trace.name == "units":
-                trace.on_click(self.errors.guard(self._prefetch_clicked))
-
-    def _prefetch_clicked(self, trace: Any, points: Any, state: Any) -> None:
-        if points.point_inds:
-            self.selected_unit = trace.customdata[points.point_inds[0]]
-
-    def _ring(self, name: str, unit: str | None) -> None:
-        xs: list[float] = []
-        units = next((t for t in self.prefetch.data if t.name == "units"), None)
-        if unit is not None and units is not None and unit in list(units.customdata):
-            xs = [units.x[list(units.customdata).index(unit)]]
-        for k, trace in enumerate(self.prefetch.data):
-            if trace.name == name:
-                self.prefetch.restyle(k, {"x": xs, "y": [0.0] * len(xs)})
+    @contextmanager
+    def _link(self) -> Iterator[None]:
+        """Changes the dashboard makes itself: they are not clicks to answer."""
+        self._linking = True
+        try:
+            yield
+        finally:
+            self._linking = False
 
     def _on_current(self, change: dict[str, Any] | None = None) -> None:
-        # Restyling a figure takes the browser tens of milliseconds, hundreds for a big one:
-        # small figures follow each step at once; big ones, and any while the timeline plays,
-        # follow once the steps pause, so stepping and playing stay smooth.
-        quick = (
-            len(self.explorer.view.indices) <= _QUICK_EXPLORER
-            and len(self.explorer.report.units) <= _QUICK_PREFETCH
-        )
-        self._deferred.cancel("follow")
-        if quick and not self.timeline.playing:
-            self._follow_step()
-        elif not self.timeline.playing:
-            self._deferred.run("follow", self._follow_step, delay=FOLLOW_AFTER_S)
-
-    def _follow_step(self) -> None:
         """The current step's unit outlined in the explorer and ringed in the prefetch graph."""
         unit = self.timeline.current_unit
-        self._ring("current", unit)
-        self.explorer.highlight_unit = unit
+        self.explorer.current_unit = unit
+        self.prefetch.current_unit = unit
+
+    def _share(self, unit: str | None) -> None:
+        with self._link():
+            self.selected_unit = unit
+            for view in (self.timeline, self.explorer.view, self.prefetch):
+                view.selected_unit = unit
 
     def _on_selected(self, change: dict[str, Any]) -> None:
-        self._ring("selected", self.selected_unit)
+        if not self._linking:  # set from Python: every view shows it
+            self._share(self.selected_unit)
+
+    def _on_view_selected(self, change: dict[str, Any]) -> None:
+        """A view's own selection (a click, the find box): the others follow, and a unit
+        chosen outside the timeline moves it to that unit's next event."""
+        if self._linking:
+            return
+        unit = change["new"]
+        self._share(unit)
+        if change["owner"] is not self.timeline and unit is not None:
+            step = self.timeline.next_step_of(unit)
+            if step is not None:
+                self.timeline.step = step
+
+    def _on_busy(self, change: dict[str, Any]) -> None:
+        # A re-plan starts: the other views hide the old plan at once. Each shows the new
+        # plan with its data (a failed re-plan leaves the old plan shown again).
+        if change["new"]:
+            self.prefetch.busy = self.timeline.busy = True
+        else:
+            self.prefetch.busy = self.timeline.busy = False
 
     def _memory(self, report: Report) -> MemoryOption:
         if self.memory != "auto":
@@ -181,21 +191,17 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         return lane
 
     def _on_report(self, change: dict[str, Any]) -> None:
-        # A click in the page: the explorer has answered, the prefetch graph and the
-        # timeline follow as soon as that answer is sent. A change made from Python
-        # updates all three before it returns. A pending trace of an older plan is dropped.
+        """A re-plan: the prefetch graph and the timeline show it in the same answer as the
+        explorer. A pending trace of an older plan is dropped."""
         self._deferred.cancel("profile")
-        self._deferred.cancel("linked")
-        if self.explorer.answering_browser:
-            self._deferred.run("linked", self._update_linked, change["new"])
-        else:
-            self._update_linked(change["new"])
-
-    def _update_linked(self, report: Report) -> None:
-        if self.explorer.report is not report:
-            return  # a newer re-plan is on its way
-        self._replace_prefetch(report)
+        report: Report = change["new"]
+        self.prefetch.set_report(report)
+        self._shown = report
         self.timeline.set_reports(report, memory=self._memory(report))
+        with self._link():
+            for view in (self.explorer.view, self.prefetch, self.timeline):
+                view.selected_unit = self.explorer.selected_unit
+            self.selected_unit = self.explorer.selected_unit
         planner = self.explorer.replanner
         if self.memory == "auto" and report.profile is None and planner is not None:
             self.memory_note.value = (
@@ -217,34 +223,28 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         if self.explorer.report is report:
             self.timeline.set_reports(profiled, memory=self._memory(profiled))
 
-    def _replace_prefetch(self, report: Report) -> None:
-        traces, layout = prefetch_parts(
-            report,
-            theme=self.explorer.theme,  # type: ignore[arg-type]
-            highlight_unit=self.timeline.current_unit,
-            selected_unit=self.selected_unit,
-        )
-        same = [(t.type, t.name) for t in self.prefetch.data] == [
-            (t["type"], t.get("name")) for t in traces
-        ]
-        with self.prefetch.batch_update():
-            if same:  # the same kinds of edges: update in place (plotly re-validates added traces)
-                for k, new in enumerate(traces):
-                    self.prefetch.restyle(k, {key: v for key, v in new.items() if key != "type"})
-            else:
-                self.prefetch.data = []
-                self.prefetch.add_traces(traces)
-            self.prefetch.layout = layout
-        if not same:
-            self._bind_prefetch_click()
-
     def _on_js_error(self, change: dict[str, Any]) -> None:
         if change["new"]:
-            self.errors.show(RuntimeError(f"timeline (browser): {change['new']}"))
+            what = change["owner"].view
+            self.errors.show(RuntimeError(f"{what} (browser): {change['new']}"))
 
-    def _on_theme(self, change: dict[str, Any]) -> None:
-        self.explorer.theme = self.timeline.theme
-        self._replace_prefetch(self.explorer.report)
+    def save(self, path: str | Path, *, theme: str = "auto", title: str | None = None) -> Path:
+        """Write the dashboard as it is now to an HTML page: the plan it shows (after any
+        re-plan), the step, the selection, the explorer's focus, drawn by the same front
+        end. ``theme``: ``"auto"`` (the reader's OS setting), ``"light"`` or ``"dark"``."""
+        from fsdpviz.export import html_page
+
+        states = {
+            "timeline": self.timeline.page_state(),
+            "explorer": self.explorer.view.page_state(),
+            "prefetch": self.prefetch.page_state(),
+        }
+        p = Path(path)
+        p.write_text(
+            html_page(self._shown, theme=theme, title=title, states=states),  # type: ignore[arg-type]
+            encoding="utf-8",
+        )
+        return p
 
 
 def show(report: Report, **kwargs: Any) -> Dashboard:

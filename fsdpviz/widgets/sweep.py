@@ -24,19 +24,28 @@ import traitlets
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.sweep_table import SweepTable
-from fsdpviz.views.style import format_bytes
 from fsdpviz.widgets._errors import ErrorOutput
 
 __all__ = ["SweepView"]
 
 _CELL = "padding:2px 8px;white-space:nowrap"
-_BEST = "background:var(--jp-brand-color3, #e3f2fd)"
+# The best row: JupyterLab's own text on its raised background, edged in its brand colour,
+# so it reads in the light and the dark theme alike.
+_BEST = (
+    "color:var(--jp-ui-font-color0);background:var(--jp-layout-color2);"
+    "box-shadow:inset 0 -1px var(--jp-brand-color1),inset 0 1px var(--jp-brand-color1)"
+)
 
 Column = tuple[str, str, Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], str]]
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
+
+
+def gib(n: float) -> str:
+    """Bytes in GiB to the hundredth, as the printed table (``table.summary()``) writes them."""
+    return f"{n / 2**30:.2f} GiB"
 
 
 def _config(key: str) -> tuple[Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], str]]:
@@ -51,7 +60,7 @@ def _config(key: str) -> tuple[Callable[[dict[str, Any]], Any], Callable[[dict[s
 
 def _peak(row: dict[str, Any]) -> str:
     over = " (over budget)" if row["fits"] is False else ""
-    return format_bytes(row["peak_bytes"]) + over
+    return gib(row["peak_bytes"]) + over
 
 
 def _columns(table: SweepTable) -> list[Column]:
@@ -70,7 +79,7 @@ def _columns(table: SweepTable) -> list[Column]:
          lambda r: _ms(r["exposed_comm_s"])),
         ("step_s", "step", lambda r: r["step_s"], lambda r: _ms(r["step_s"])),
         ("bytes_moved", "moved", lambda r: r["bytes_moved"],
-         lambda r: format_bytes(r["bytes_moved"])),
+         lambda r: gib(r["bytes_moved"])),
     ]  # fmt: skip
     return cols
 
@@ -106,9 +115,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
         self.grid = w.GridBox(layout=w.Layout(grid_gap="0px", overflow="auto"))
         self.grid.add_class("fsdpviz-sweep")
         self.views = w.Box(layout=w.Layout(width="100%"))
-        budget = (
-            f"; budget {format_bytes(table.budget)} per rank" if table.budget is not None else ""
-        )
+        budget = f"; budget {gib(table.budget)} per rank" if table.budget is not None else ""
         head = w.HTML(
             f"<b>Sweep</b>: {len(table.rows)} configurations from {table.traces} trace(s) "
             f"and {table.replays} replay(s){budget}. Click a heading to sort, "
@@ -177,6 +184,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
             for k, (_, _, _, text) in enumerate(cols):
                 star = "★ " if k == 0 and i == self._best else ""
                 weight = ";font-weight:600" if shown else ""
-                cells.append(w.HTML(f'<div style="{style}{weight}">{star}{text(row)}</div>'))
+                best = ' class="fsdpviz-sweep-best"' if i == self._best else ""
+                cells.append(w.HTML(f'<div{best} style="{style}{weight}">{star}{text(row)}</div>'))
         self.grid.layout.grid_template_columns = f"repeat({len(cols) + 1}, auto)"
         self.grid.children = cells

@@ -1,4 +1,4 @@
-"""``TimelineWidget``: the step-through timeline as an anywidget (front end in ``js/``).
+"""``TimelineWidget``: the step-through timeline, a view of fsdpviz's front end (``js/``).
 
 Stepping and playing run in the browser. ``step``, ``playing``, ``speed``, ``order``
 and ``selected_unit`` are synced traitlets: ``view.step = 40`` moves the view (steps
@@ -19,15 +19,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import anywidget
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.timeline_steps import MemoryOption, timeline_data
+from fsdpviz.views.timeline_view import MemoryOption, timeline_data
+from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -37,30 +36,26 @@ if TYPE_CHECKING:
 
     Shown: TypeAlias = Report | Sequence[Report] | RecordedRun | Comparison
 
-__all__ = ["STATIC", "TimelineWidget"]
-
-STATIC = Path(__file__).resolve().parent.parent / "static"
+__all__ = ["TimelineWidget"]
 
 
-class TimelineWidget(anywidget.AnyWidget):
+class TimelineWidget(FrontEnd):
     """A lane group per rank (or plan): hook calls, compute, streams, memory; step and play."""
 
-    _esm = STATIC / "timeline.js"
-    _css = STATIC / "timeline.css"
-
-    data = traitlets.Dict().tag(sync=True)
+    view = traitlets.Unicode("timeline").tag(sync=True)
+    data = traitlets.Dict().tag(**DATA)
     step = traitlets.Int(0).tag(sync=True)
     playing = traitlets.Bool(False).tag(sync=True)
     speed = traitlets.Float(20.0).tag(sync=True)
     order = traitlets.Enum(["issue", "stream"], "issue").tag(sync=True)
     selected_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
-    theme = traitlets.Unicode("light").tag(sync=True)
-    error = traitlets.Unicode("").tag(sync=True)
     note = traitlets.Unicode("").tag(sync=True)
     """A line the page shows after the step (e.g. why the step moved after a re-plan)."""
     sync_interval_ms = traitlets.Int(150).tag(sync=True)
     current_unit = traitlets.Unicode(None, allow_none=True)
     """Unit of the event at ``step`` (Python side only; follows ``step``)."""
+
+    PAGE_TRAITS: ClassVar[tuple[str, ...]] = ("data", "step", "speed", "order", "selected_unit")
 
     def __init__(
         self,
@@ -72,12 +67,6 @@ class TimelineWidget(anywidget.AnyWidget):
         machine: Machine | str | None = "h100",
         **kwargs: Any,
     ) -> None:
-        if not (STATIC / "timeline.js").exists():
-            raise FileNotFoundError(
-                f"{STATIC / 'timeline.js'} is missing: the front end was not built. Build it with "
-                "`npm --prefix js ci && npm --prefix js run build` from a source checkout, or "
-                "reinstall fsdpviz from a wheel"
-            )
         self._iteration = iteration
         self._rank_names = rank_names
         self._machine = machine
@@ -89,7 +78,8 @@ class TimelineWidget(anywidget.AnyWidget):
     def set_reports(self, reports: Shown, *, memory: MemoryOption = "auto") -> None:
         """Show other reports (e.g. after a re-plan). The selected event stays selected
         when the new plan has it (the same kind, unit, phase and occurrence); otherwise
-        the step goes back to 0 and ``note`` says why."""
+        the step goes back to 0 and ``note`` says why. The new data, step and note reach
+        the browser in one message, which also ends ``busy``."""
         before = self._identity(self.step) if self._reports and self.n_steps else None
         data = timeline_data(
             reports,
@@ -100,8 +90,9 @@ class TimelineWidget(anywidget.AnyWidget):
         )
         self._shown = reports
         self._reports = _reports_of(reports)
-        with self.hold_trait_notifications():
+        with self.hold_sync(), self.hold_trait_notifications():
             self.data = data
+            self.busy = False
             if before is None:
                 self.step = min(self.step, max(data["n_steps"] - 1, 0))
                 self.note = ""
@@ -174,6 +165,20 @@ class TimelineWidget(anywidget.AnyWidget):
         if group >= len(self._reports):
             return None
         return group, self._reports[group].iterations[it][index]
+
+    def next_step_of(self, unit: str) -> int | None:
+        """The next step after ``step`` whose event is ``unit``'s (wrapping around): where a
+        click on the unit in another view moves the timeline. ``None`` when it has none."""
+        n = self.n_steps
+        if n == 0 or unit not in self.data["units"]:
+            return None
+        u = self.data["units"].index(unit)
+        owner = self.data["steps"]["unit"]
+        for k in range(1, n + 1):
+            s = (self.step + k) % n
+            if owner[s] == u:
+                return s
+        return None
 
     def jump_to_peak(self) -> None:
         """Move to the memory peak (``ValueError`` without a memory lane)."""

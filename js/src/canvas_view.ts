@@ -2,6 +2,7 @@
 // its hover box, errors shown under the view instead of lost, and the pointer, the view's
 // width and the page's theme bound to what each view does with them.
 import { bindPointer, element, guarded, showViewError, Tooltip } from "./dom";
+import { watchTheme } from "./theme";
 
 export abstract class CanvasView {
   readonly root: HTMLElement;
@@ -35,9 +36,13 @@ export abstract class CanvasView {
     return guarded(fn, (err) => this.showError(err));
   }
 
+  /** Where errors go besides the view (a widget tells Python through its model). */
+  onError: ((text: string) => void) | null = null;
+
   showError(err: unknown): void {
-    showViewError(this.root, this.what, err);
+    const text = showViewError(this.root, this.what, err);
     console.error(err);
+    this.onError?.(text);
   }
 
   /** The pointer moved to (x, y) of the canvas (CSS pixels). */
@@ -83,21 +88,13 @@ export abstract class CanvasView {
       observer.observe(this.root);
       this.stops.push(() => observer.disconnect());
     }
-    if (typeof MutationObserver === "function") {
-      // now, and again on the next frame: the new theme's CSS variables may apply later
-      const themeWatch = new MutationObserver(
+    this.stops.push(
+      watchTheme(
         this.guard(() => {
-          this.resize();
-          if (typeof requestAnimationFrame === "function")
-            requestAnimationFrame(this.guard(() => this.disposed || this.resize()));
+          if (!this.disposed) this.resize();
         }),
-      );
-      themeWatch.observe(document.body, {
-        attributes: true,
-        attributeFilter: ["data-jp-theme-light"],
-      });
-      this.stops.push(() => themeWatch.disconnect());
-    }
+      ),
+    );
   }
 
   /** Draw `layer` (the part redrawn only when the view moves) onto the canvas; returns the

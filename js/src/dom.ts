@@ -39,23 +39,29 @@ export function sizeCanvas(
 }
 
 /** `text` as it fits `maxW` px in the context's font: whole, cut short with "…" (at least
- * `least` characters kept), or "" where not even that fits. Labels are never drawn smaller. */
+ * `least` characters kept), or "" where not even that fits. Labels are never drawn smaller.
+ * `keep: "end"` cuts the start instead ("…layers.12"): the end of a module's name tells
+ * the modules of a model apart. */
 export function fitText(
   ctx: CanvasRenderingContext2D,
   text: string,
   maxW: number,
   least = 3,
+  keep: "start" | "end" = "start",
 ): string {
   if (maxW <= 0 || text === "") return "";
   if (ctx.measureText(text).width <= maxW) return text;
+  // from the end, a name's parts stay whole: "…layers.12", not "….layers.12"
+  const cut = (n: number): string =>
+    keep === "end" ? `…${text.slice(text.length - n).replace(/^\./, "")}` : `${text.slice(0, n)}…`;
   let lo = 0;
   let hi = text.length - 1;
   while (lo < hi) {
     const mid = (lo + hi + 1) >> 1;
-    if (ctx.measureText(`${text.slice(0, mid)}…`).width <= maxW) lo = mid;
+    if (ctx.measureText(cut(mid)).width <= maxW) lo = mid;
     else hi = mid - 1;
   }
-  return lo >= Math.min(least, text.length - 1) && lo > 0 ? `${text.slice(0, lo)}…` : "";
+  return lo >= Math.min(least, text.length - 1) && lo > 0 ? cut(lo) : "";
 }
 
 /** `fn` with any error it throws handed to `onError` instead of lost. */
@@ -98,7 +104,8 @@ export interface PointerHandlers {
 
 /**
  * Mouse, wheel and keys on `canvas`, each through `guard`: hover, click (not after a drag),
- * drag with the left button (more than 4 px), ctrl/shift + wheel, keys. Returns what
+ * drag with the left button (more than 4 px), ctrl/shift + wheel (then a hover where the
+ * pointer is, so its details follow the zoom), keys. Returns what
  * removes the listener it puts on the window (a drag may end outside the canvas).
  */
 export function bindPointer(
@@ -139,13 +146,16 @@ export function bindPointer(
   canvas.addEventListener("wheel", (ev) => {
     if (!ev.ctrlKey && !ev.shiftKey) return;
     ev.preventDefault();
-    const [x] = at(ev);
+    const [x, y] = at(ev);
     guard(() => h.wheel(x, ev.deltaY > 0 ? 1.25 : 0.8))();
+    // what is under the pointer now: the hover details follow the zoom
+    guard(() => h.hover(x, y))();
   });
   canvas.addEventListener("keydown", (ev) => {
     const action = h.keyAction(ev.key);
     if (action === undefined) return;
     ev.preventDefault();
+    ev.stopPropagation(); // the view's key, not the notebook's (JupyterLab's shortcuts)
     guard(action)();
   });
   return () => window.removeEventListener("mouseup", up);

@@ -7,9 +7,10 @@
 // A click on a block zooms into it and selects its unit; the path above leads back up.
 // The current unit's blocks are outlined in the text colour, the selected unit's in orange.
 import { CanvasView } from "./canvas_view";
+import type { UnitDetail } from "./detail";
 import { button, element, fitText, sizeCanvas } from "./dom";
-import { formatBytes, moduleName, quote } from "./model";
-import { FONT, readTheme, type ThemeColors, textOn } from "./render";
+import { formatBytes, moduleName, quote } from "./format";
+import { FONT, type ThemeColors, takeTheme, textOn } from "./theme";
 
 export interface ExplorerData {
   /** "834 units, world size 8". */
@@ -32,6 +33,9 @@ export interface ExplorerData {
   classes: string[];
   units: Array<{ name: string; color: string; dtype: string; warnings: string[] }>;
   unmanaged_color: string;
+  /** Each unit's detail panel (fsdpviz.views.detail.unit_detail), in `units` order; null
+   * for one not made yet. A widget sends them as a trait of their own (`details`). */
+  details?: Array<UnitDetail | null>;
 }
 
 /** What a block's width stands for. */
@@ -47,10 +51,13 @@ export const REVEAL_PX = 160;
 const MIN_SPAN = 1e-6;
 
 export interface ExplorerEvents {
-  /** A click chose module `module`: `unit` is its unit's name (null: not managed by FSDP). */
+  /** A click or the find box chose module `module`: `unit` is its unit's name (null: not
+   * managed by FSDP). */
   select?(unit: string | null, module: string): void;
   /** The module drawn at the top changed (its name; "" for the model). */
   focus?(module: string): void;
+  /** The block width changed (the width menu). */
+  area?(area: Area): void;
 }
 
 /** The tree's structure, made once per data. */
@@ -191,6 +198,27 @@ export function layoutIcicle(
   return out;
 }
 
+/**
+ * A block's label as it fits `room` px: whole; else, for a dotted name, its end, which
+ * tells a model's modules apart ("…layers.12 [unit 13]", then "…layers.12" without its
+ * unit's number), and for a leaf's own name its start ("gate_p…"); else nothing. Labels
+ * are never drawn smaller.
+ */
+export function fitBlockLabel(ctx: CanvasRenderingContext2D, label: string, room: number): string {
+  if (ctx.measureText(label).width <= room) return label;
+  const keep = (name: string): "start" | "end" => (name.includes(".") ? "end" : "start");
+  const unit = /^(.*) (\[unit \d+\])$/.exec(label);
+  if (unit !== null) {
+    const [, name, number] = unit;
+    const suffix = ` ${number}`;
+    const room1 = room - ctx.measureText(suffix).width;
+    const withNumber = fitText(ctx, name, room1, 6, keep(name));
+    if (withNumber !== "") return withNumber + suffix;
+    return fitText(ctx, name, room, 3, keep(name));
+  }
+  return fitText(ctx, label, room, 3, keep(label));
+}
+
 /** The block of `row` under x (the last one starting at or before it that covers it). */
 function blockAt(r: Row, x: number): number {
   let lo = 0;
@@ -206,11 +234,17 @@ function blockAt(r: Row, x: number): number {
   return found >= 0 && x <= r.x[found] + Math.max(r.w[found], 1) ? found : -1;
 }
 
+let lists = 0; // the find boxes' lists of units, one id each in a page
+
 /** The explorer of one page or widget: its elements, its state and its drawing. */
 export class ExplorerView extends CanvasView {
   readonly crumbs: HTMLElement;
   readonly titleEl: HTMLElement;
   readonly areaSelect: HTMLSelectElement;
+  /** The find box: a unit or module by name, (root), or a part of a name. */
+  readonly findInput: HTMLInputElement;
+  readonly findNote: HTMLElement;
+  private readonly findList: HTMLDataListElement;
   data: ExplorerData;
   index: ModuleIndex;
   area: Area = "numel";
@@ -248,10 +282,41 @@ export class ExplorerView extends CanvasView {
       this.areaSelect.add(new Option(`width: ${text}`, value));
     this.areaSelect.addEventListener(
       "change",
-      this.guard(() =>
-        this.setArea(this.areaSelect.value === "rank_bytes" ? "rank_bytes" : "numel"),
-      ),
+      this.guard(() => {
+        const area = this.areaSelect.value === "rank_bytes" ? "rank_bytes" : "numel";
+        this.setArea(area);
+        this.events.area?.(area);
+      }),
     );
+    const find = element("label", "fv-find");
+    find.append("find ");
+    this.findInput = element("input", "fv-find-input");
+    this.findInput.type = "search";
+    this.findInput.placeholder = "a unit or module";
+    this.findInput.autocomplete = "off";
+    this.findInput.setAttribute("aria-label", "find a unit or module");
+    this.findList = element("datalist", "fv-find-units");
+    this.findList.id = `fv-find-units-${++lists}`;
+    this.findInput.setAttribute("list", this.findList.id);
+    this.findNote = element("span", "fv-hint");
+    this.findNote.setAttribute("role", "status");
+    find.append(this.findInput, this.findList);
+    // Enter (or a name picked from the list) finds, once; Enter goes no further (in
+    // JupyterLab it would edit the cell instead)
+    let last = "";
+    const typed = this.guard(() => {
+      if (this.findInput.value === last) return;
+      last = this.findInput.value;
+      this.findTyped();
+    });
+    this.findInput.addEventListener("change", typed);
+    this.findInput.addEventListener("keydown", (ev) => {
+      ev.stopPropagation();
+      if (ev.key !== "Enter") return;
+      ev.preventDefault();
+      last = "";
+      typed();
+    });
     const zoom = element("span", "fv-zoom");
     zoom.append(
       button(
@@ -270,7 +335,7 @@ export class ExplorerView extends CanvasView {
         this.guard(() => this.showSpan({ a: 0, b: 1 })),
       ),
     );
-    header.append(this.titleEl, this.areaSelect, zoom);
+    header.append(this.titleEl, this.areaSelect, zoom, find, this.findNote);
     this.crumbs = element("nav", "fv-crumbs");
     this.crumbs.setAttribute("aria-label", "modules above the top block");
     const hint = element("div", "fv-note");
@@ -281,7 +346,7 @@ export class ExplorerView extends CanvasView {
     this.layer = document.createElement("canvas");
     this.data = data;
     this.index = new ModuleIndex(data);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.listen();
     this.setData(data);
   }
@@ -297,7 +362,8 @@ export class ExplorerView extends CanvasView {
     this.current = this.unitIndex(current);
     this.selected = this.unitIndex(selected);
     this.hovered = -1;
-    this.titleEl.textContent = `${data.title} · `;
+    this.titleEl.textContent = data.title;
+    this.findList.replaceChildren(...data.units.map((u) => new Option(moduleName(u.name))));
     this.nRows = Math.min(this.index.below[0] + 1, MAX_ROWS);
     this.resize();
   }
@@ -328,11 +394,13 @@ export class ExplorerView extends CanvasView {
     this.paint();
   }
 
-  /** The unit outlined as selected; `reveal`: brought into view if it is not drawn. */
-  setSelected(unit: string | null, reveal = true): void {
+  /** The unit outlined as selected; `reveal`: brought into view if it is not drawn (the
+   * module picked in it, `module`, where there is one). */
+  setSelected(unit: string | null, reveal = true, module: string | null = null): void {
     this.selected = this.unitIndex(unit);
     if (reveal && this.selected >= 0) {
-      const i = this.index.unitModule[this.selected];
+      const picked = module === null ? undefined : this.index.byName.get(module);
+      const i = picked ?? this.index.unitModule[this.selected];
       if (i >= 0) this.reveal(i);
     }
     this.paint();
@@ -410,6 +478,18 @@ export class ExplorerView extends CanvasView {
     return i;
   }
 
+  /** The find box's answer: the module it names drawn and its unit selected, or why not. */
+  findTyped(): void {
+    const text = this.findInput.value;
+    if (text.trim() === "") return;
+    const i = this.find(text);
+    this.findNote.textContent =
+      i < 0
+        ? `no unit or module matches '${text.trim()}': type a part of a module name, or (root)`
+        : `found ${quote(this.data.modules.name[i])}`;
+    this.root.dataset.fvFound = i < 0 ? "" : this.data.modules.name[i];
+  }
+
   /** Show the part `span` of the top module's width. */
   showSpan(span: Span): void {
     const w = Math.min(Math.max(span.b - span.a, MIN_SPAN), 1);
@@ -429,7 +509,7 @@ export class ExplorerView extends CanvasView {
   resize(): void {
     const measured = this.root.clientWidth;
     if (measured > 0) this.width = Math.max(measured, 240);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.draw();
   }
 
@@ -481,7 +561,7 @@ export class ExplorerView extends CanvasView {
         ctx.fillRect(x, y, w >= 3 ? w - 1 : w, ROW_H - 1);
         const left = Math.max(x, 0) + LABEL_PAD;
         const room = Math.min(x + w, this.width) - left - LABEL_PAD;
-        const text = room >= 12 ? fitText(ctx, labels[r.node[k]], room) : "";
+        const text = room >= 12 ? fitBlockLabel(ctx, labels[r.node[k]], room) : "";
         if (text !== "") {
           ctx.fillStyle = textOn(fill);
           ctx.fillText(text, left, y + ROW_H / 2);

@@ -7,8 +7,8 @@
 // on an arc (its target), selects that unit.
 import { CanvasView } from "./canvas_view";
 import { button, dashPattern, element, fitText, sizeCanvas } from "./dom";
-import { moduleName, quote } from "./model";
-import { FONT, readTheme, type ThemeColors, textOn } from "./render";
+import { moduleName, quote } from "./format";
+import { FONT, type ThemeColors, takeTheme, textOn } from "./theme";
 
 export interface PrefetchData {
   title: string;
@@ -202,7 +202,7 @@ export class PrefetchView extends CanvasView {
     this.root.append(header, this.stage, note);
     this.layer = document.createElement("canvas");
     this.data = data;
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.layout = this.computeLayout();
     this.listen();
     this.setData(data);
@@ -272,18 +272,23 @@ export class PrefetchView extends CanvasView {
   resize(): void {
     const measured = this.root.clientWidth;
     if (measured > 0) this.width = Math.max(measured, 240);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     const before = this.layout;
     this.layout = this.computeLayout();
     const n = this.data.units.length;
     if (this.win.u1 <= this.win.u0 || before.plotW !== this.layout.plotW) {
       const keep = this.win.u1 > this.win.u0 ? this.win : null;
-      const first = firstWindow(n, this.layout.plotW);
-      if (keep === null) this.win = first;
-      else {
-        // the same units per pixel where there is room for them
+      const was = firstWindow(n, before.plotW);
+      const untouched = keep !== null && keep.u0 === was.u0 && keep.u1 === was.u1;
+      if (keep === null || untouched) {
+        // as the graph was first shown: every unit where they fit, else the first ones
+        this.win = firstWindow(n, this.layout.plotW);
+      } else {
+        // zoomed or moved: the same units per pixel, around the same middle
         const span = Math.min(((keep.u1 - keep.u0) * this.layout.plotW) / before.plotW, n);
-        this.win = { u0: keep.u0, u1: keep.u0 + Math.max(span, Math.min(n, 1)) };
+        const mid = (keep.u0 + keep.u1) / 2;
+        const w = Math.max(span, Math.min(n, 1));
+        this.win = { u0: mid - w / 2, u1: mid + w / 2 };
       }
     }
     this.showWindow(this.win);

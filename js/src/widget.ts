@@ -1,124 +1,32 @@
-// The anywidget front end of fsdpviz.widgets.TimelineWidget. Stepping and playing
-// run here without waiting for the kernel; `step` is synced to Python at once for a
-// single step, at most every `sync_interval_ms` during bursts (playing, a held key),
-// and on pause.
-//
-// `render` puts together the view (view.ts: elements, controls, state, drawing), its
-// bindings to the model's traits, and its bindings to the page (mouse and keys on the
-// canvas, the widget's size, JupyterLab's theme).
-import type { RenderProps } from "@anywidget/types";
-import { bindPointer } from "./dom";
-import { clampStep } from "./model";
-import { nextFrame, TimelineView, type WidgetModel } from "./view";
+// fsdpviz's front end, one ES module for every view: anywidget loads it for
+// fsdpviz.widgets.TimelineWidget, ExplorerWidget and PrefetchWidget (the model's `view`
+// trait says which to draw), and the exported page imports the very same module, draws
+// the same three views from the same state, and links them as the Dashboard does.
+import type { AnyModel, RenderProps } from "@anywidget/types";
+import { type ExplorerModel, renderExplorer } from "./explorer_widget";
+import { type PrefetchModel, renderPrefetch } from "./prefetch_widget";
+import type { TimelineModel } from "./timeline_view";
+import { renderTimeline } from "./timeline_widget";
 
-export type { WidgetModel } from "./view";
+export { explorerDefaults } from "./explorer_widget";
+export { linkViews, nextStepOfUnit, unitOfStep } from "./links";
+export { prefetchDefaults } from "./prefetch_widget";
+export { timelineDefaults } from "./timeline_view";
+export type { ExplorerModel, PrefetchModel, TimelineModel };
 
-/** Follow Python's changes to the traits; returns what stops following them. */
-function listenToModel(view: TimelineView): () => void {
-  const { model, player } = view;
-  const handlers: Array<[string, () => void]> = [
-    [
-      "change:step",
-      () => {
-        const s = clampStep(model.get("step"), view.data.n_steps);
-        if (s !== player.step) player.goTo(s);
-      },
-    ],
-    [
-      "change:playing",
-      () => {
-        if (model.get("playing") && !player.playing) player.play();
-        if (!model.get("playing") && player.playing) player.pause();
-      },
-    ],
-    [
-      "change:selected_unit",
-      () => {
-        view.selectUnit(model.get("selected_unit"));
-        view.draw();
-      },
-    ],
-    [
-      "change:speed",
-      () => {
-        player.speed = model.get("speed");
-        view.controls.speed.value = String(player.speed);
-      },
-    ],
-    ["change:order", () => view.setOrder(model.get("order") === "stream" ? "stream" : "issue")],
-    ["change:note", () => view.paint()],
-    ["change:data", () => view.resetData()],
-  ];
-  const guarded = handlers.map(([name, fn]): [string, () => void] => [name, view.guard(fn)]);
-  for (const [name, fn] of guarded) model.on(name, fn);
-  return () => {
-    for (const [name, fn] of guarded) model.off(name, fn);
-  };
-}
+export type ViewModel = TimelineModel | ExplorerModel | PrefetchModel;
 
-/** Mouse and keys on the canvas: click to select, hover for details, drag or ctrl/shift +
- * wheel to move and zoom, keys to step. */
-function listenToInput(view: TimelineView): () => void {
-  const { player } = view;
-  const keys: Record<string, () => void> = {
-    ArrowLeft: () => player.stepBy(-1),
-    ArrowRight: () => player.stepBy(1),
-    " ": () => player.toggle(),
-    Home: () => player.first(),
-    End: () => player.end(),
-    p: () => view.goToPeak(),
-  };
-  return bindPointer(
-    view.canvas,
-    {
-      hover: (x, y) => view.hoverAt(x, y),
-      click: (x, y) => view.clickAt(x, y),
-      leave: () => view.leave(),
-      dragFrom: () => {
-        const win = { ...view.win };
-        return (dx) => {
-          const d = (dx / view.layout.plotW) * (win.x1 - win.x0);
-          view.showRange(win.x0 - d, win.x1 - d);
-        };
-      },
-      wheel: (_x, factor) => view.zoom(factor),
-      keyAction: (key) => keys[key],
-    },
-    (fn) => view.guard(fn),
-  );
-}
-
-/** Redraw when the widget's size or JupyterLab's theme changes; returns what stops it. */
-function watchPage(view: TimelineView): () => void {
-  const observer = new ResizeObserver(view.guard(() => view.resize()));
-  observer.observe(view.root);
-  const applyTheme = view.guard(() => view.applyTheme());
-  // Now, and again on the next frame: the new theme's CSS variables may apply after the flag.
-  const themeWatch = new MutationObserver(() => {
-    applyTheme();
-    nextFrame(() => {
-      if (!view.disposed) applyTheme();
-    });
-  });
-  themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light"] });
-  return () => {
-    observer.disconnect();
-    themeWatch.disconnect();
-  };
-}
-
-function render({ model, el }: RenderProps<WidgetModel>): () => void {
-  const view = new TimelineView(model, el);
-  const stopListening = listenToModel(view);
-  const stopInput = listenToInput(view);
-  const stopWatching = watchPage(view);
-  view.guard(() => view.start())();
-  return () => {
-    view.dispose();
-    stopInput();
-    stopWatching();
-    stopListening();
-  };
+/** Draw the view the model names into `el`; returns what removes it. */
+function render({ model, el }: RenderProps<ViewModel>): () => void {
+  const view = (model as AnyModel<{ view: string }>).get("view") ?? "timeline";
+  if (view === "explorer") return renderExplorer(model as AnyModel<ExplorerModel>, el);
+  if (view === "prefetch") return renderPrefetch(model as AnyModel<PrefetchModel>, el);
+  if (view === "timeline") return renderTimeline(model as AnyModel<TimelineModel>, el);
+  const pre = document.createElement("pre");
+  pre.className = "fv-error";
+  pre.textContent = `fsdpviz: no view named '${view}' (timeline, explorer or prefetch)`;
+  el.appendChild(pre);
+  return () => pre.remove();
 }
 
 export default { render };

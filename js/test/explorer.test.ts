@@ -7,6 +7,7 @@ import {
   type ExplorerData,
   ExplorerView,
   findModule,
+  fitBlockLabel,
   layoutIcicle,
   ModuleIndex,
   REVEAL_PX,
@@ -62,6 +63,7 @@ function wide(layers: number): ExplorerData {
       })),
     ),
     unmanaged_color: "#999999",
+    details: [],
   };
 }
 
@@ -185,7 +187,7 @@ describe("the explorer view", () => {
   it("draws the tree from the model down, titled, with the path above it", () => {
     const { view, el } = mount();
     expect(view.rows.map((r) => r.x.length)).toEqual([1, 3, 3, 6]);
-    expect(el.querySelector(".fv-title")?.textContent).toBe("4 units, world size 4 · ");
+    expect(el.querySelector(".fv-title")?.textContent).toBe("4 units, world size 4");
     expect(el.querySelector(".fv-crumbs")?.textContent).toBe("(root)");
     expect(el.querySelector("canvas")?.style.height).toBe(`${4 * ROW_H}px`);
     const labels = view.drawnLabels();
@@ -304,5 +306,17 @@ describe("the explorer view", () => {
     view.focusOn(at(d, "blocks"));
     view.setData(explorerData());
     expect(names(view.data)[view.focus]).toBe("blocks");
+  });
+
+  it("cuts a label to keep the end of the module's name, then its unit's number", () => {
+    const ctx = fakeContext(); // 6 px per character
+    const label = "model.layers.12 [unit 13]";
+    expect(fitBlockLabel(ctx, label, 150)).toBe(label);
+    expect(fitBlockLabel(ctx, label, 130)).toBe("…layers.12 [unit 13]");
+    expect(fitBlockLabel(ctx, label, 100)).toBe("model.layers.12");
+    expect(fitBlockLabel(ctx, label, 60)).toBe("…layers.12");
+    expect(fitBlockLabel(ctx, "self_attn", 36)).toBe("self_…");
+    expect(fitBlockLabel(ctx, "(root) Model [unit 0]", 100)).toBe("(root)… [unit 0]");
+    expect(fitBlockLabel(ctx, "mlp", 12)).toBe("");
   });
 });

@@ -2,8 +2,8 @@
 // files): the tiny model's prediction placed by the time model, the same laid out by index
 // with no memory lane, and a recording of two ranks that diverge.
 import type { ExplorerData } from "../src/explorer";
-import type { TimelineData } from "../src/model";
 import type { PrefetchData } from "../src/prefetch";
+import type { TimelineData } from "../src/timeline_data";
 import explorer from "./data/explorer.json";
 import prediction from "./data/prediction.json";
 import prefetch from "./data/prefetch.json";

@@ -99,7 +99,11 @@ describe("the prefetch graph view", () => {
     const legend = el.querySelector(".fv-legend")?.textContent ?? "";
     expect(legend).toContain("next in backward, gathered on demand");
     expect(legend).not.toContain("misordered");
-    expect(legend).toContain("never prefetched");
+    expect(legend).not.toContain("never prefetched"); // every unit gathered ahead at least once
+    const never = prefetchPost();
+    never.never[2] = true;
+    const other = mount(never);
+    expect(other.el.querySelector(".fv-legend")?.textContent).toContain("never prefetched");
   });
 
   it("picks the unit at every node and every name, before the arcs into it", () => {
@@ -186,5 +190,37 @@ describe("the prefetch graph view", () => {
     const l = view.layout;
     view.clickAt(28 + 0.8 * l.plotW, l.overviewTop + 10);
     expect((view.win.u0 + view.win.u1) / 2).toBeCloseTo(400, 6);
+  });
+
+  it("lays its units out again when the page narrows: all of them, or a window and its overview", () => {
+    let width = 1920;
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
+    const { view } = mount(chain(70)); // 70 units fit 1,920 px 22 px apart
+    expect(view.win).toEqual({ u0: 0, u1: 70 });
+    expect(view.layout.windowed).toBe(false);
+    width = 1000;
+    view.resize();
+    expect(view.layout.windowed).toBe(true); // an overview of them all underneath
+    expect(view.win.u0).toBe(0);
+    expect(view.win.u1).toBeCloseTo((1000 - 56) / MIN_SPACING, 9);
+    expect(view.spacing).toBeCloseTo(MIN_SPACING, 9);
+    width = 1920;
+    view.resize();
+    expect(view.win).toEqual({ u0: 0, u1: 70 });
+    expect(view.layout.windowed).toBe(false);
+  });
+
+  it("says what is under the pointer after a ctrl + wheel zoom, not what was", () => {
+    const { view } = mount(chain(40));
+    const at = view.nodeCentre("layers.10");
+    if (at === null) throw new Error("layers.10 is not drawn");
+    const where = { clientX: at.x + 9, clientY: at.y, bubbles: true };
+    view.canvas.dispatchEvent(new MouseEvent("mousemove", where));
+    expect(view.tooltip.lines[0]).toBe("layers.10");
+    view.canvas.dispatchEvent(new WheelEvent("wheel", { ...where, deltaY: 100, ctrlKey: true }));
+    const now = view.pickAt(at.x + 9, at.y);
+    expect(now).not.toBeNull();
+    if (now !== null) expect(view.tooltip.lines).toEqual(view.hoverLines(now));
+    expect(view.tooltip.lines[0]).not.toBe("layers.10"); // more units shown: another's node
   });
 });

@@ -4,34 +4,42 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import type { TimelineView } from "../src/view";
-import widget, { type WidgetModel } from "../src/widget";
-import { byIndex, fakeContext, predicted } from "./fixtures";
+import type { ExplorerWidgetView } from "../src/explorer_widget";
+import type { PrefetchView } from "../src/prefetch";
+import { fullRange } from "../src/timeline_data";
+import { firstSpan, type TimelineView } from "../src/timeline_view";
+import widget, {
+  explorerDefaults,
+  prefetchDefaults,
+  type TimelineModel,
+  timelineDefaults,
+} from "../src/widget";
+import { byIndex, explorerData, fakeContext, predicted, prefetchData } from "./fixtures";
 
 type Handler = () => void;
 
 /** Enough of anywidget's model: get/set/on/off/save_changes, change events on set. */
-class FakeModel {
-  state: WidgetModel;
-  saved: Array<Partial<WidgetModel>> = [];
-  private pending: Partial<WidgetModel> = {};
+class FakeModel<T extends object> {
+  state: T;
+  saved: Array<Partial<T>> = [];
+  private pending: Partial<T> = {};
   private handlers = new Map<string, Set<Handler>>();
 
-  constructor(state: WidgetModel) {
+  constructor(state: T) {
     this.state = state;
   }
-  get<K extends keyof WidgetModel>(key: K): WidgetModel[K] {
+  get<K extends keyof T>(key: K): T[K] {
     return this.state[key];
   }
-  set<K extends keyof WidgetModel>(key: K, value: WidgetModel[K]): void {
+  set<K extends keyof T>(key: K, value: T[K]): void {
     this.state[key] = value;
     this.pending[key] = value;
-    for (const h of this.handlers.get(`change:${key}`) ?? []) h();
+    for (const h of this.handlers.get(`change:${String(key)}`) ?? []) h();
   }
   /** A change coming from Python: no save. */
-  fromPython<K extends keyof WidgetModel>(key: K, value: WidgetModel[K]): void {
+  fromPython<K extends keyof T>(key: K, value: T[K]): void {
     this.state[key] = value;
-    for (const h of this.handlers.get(`change:${key}`) ?? []) h();
+    for (const h of this.handlers.get(`change:${String(key)}`) ?? []) h();
   }
   save_changes(): void {
     this.saved.push(this.pending);
@@ -51,24 +59,18 @@ class FakeModel {
   }
 }
 
-function setup(data = byIndex()): { model: FakeModel; el: HTMLElement; cleanup: () => void } {
-  const model = new FakeModel({
-    data,
-    step: 0,
-    playing: false,
-    speed: 20,
-    order: "issue",
-    note: "",
-    selected_unit: null,
-    theme: "light",
-    error: "",
-    sync_interval_ms: 150,
-  });
+/** Render `state` with the widget bundle's own render, as anywidget does. */
+function mount<T extends object>(state: T) {
+  const model = new FakeModel(state);
   const el = document.createElement("div");
   document.body.appendChild(el);
   const render = (widget as { render: (p: unknown) => () => void }).render;
-  const cleanup = render({ model: model as unknown as AnyModel<WidgetModel>, el });
+  const cleanup = render({ model: model as unknown as AnyModel<T>, el });
   return { model, el, cleanup };
+}
+
+function setup(data = byIndex()) {
+  return mount<TimelineModel>({ ...timelineDefaults(data) });
 }
 
 const buttonTitled = (el: HTMLElement, title: string): HTMLButtonElement => {
@@ -119,6 +121,17 @@ describe("timeline widget", () => {
     // ... and Python gets the latest step after the sync interval
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(model.state.step).toBe(2);
+  });
+
+  it("reads its data from the binary buffer Python sends, as from plain JSON", () => {
+    const data = predicted();
+    const bytes = new TextEncoder().encode(JSON.stringify(data));
+    const { el } = mount<TimelineModel>({
+      ...timelineDefaults(data),
+      data: new DataView(bytes.buffer) as unknown as TimelineModel["data"],
+    });
+    expect(viewOf(el).data.n_steps).toBe(data.n_steps);
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 · /);
   });
 
   it("moves when Python sets step, numbered from 0 as Python numbers it", () => {
@@ -210,20 +223,69 @@ describe("timeline widget", () => {
     expect(tip.hidden).toBe(true);
   });
 
+  it("says what is under the pointer after a ctrl + wheel zoom, not what was", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    view.zoom(Number.POSITIVE_INFINITY);
+    const c = view.markCentre(8);
+    if (c === null) throw new Error("step 8 is not drawn");
+    const canvas = el.querySelector("canvas") as HTMLCanvasElement;
+    const where = { clientX: c.x, clientY: c.y, bubbles: true };
+    canvas.dispatchEvent(new MouseEvent("mousemove", where));
+    const before = view.tooltip.lines;
+    expect(before[0]).toContain("all_gather unit 2 'blocks.1'");
+    canvas.dispatchEvent(new WheelEvent("wheel", { ...where, deltaY: -100, shiftKey: true }));
+    canvas.dispatchEvent(new WheelEvent("wheel", { ...where, deltaY: -100, shiftKey: true }));
+    const now = view.pickAt(c.x, c.y);
+    if (now === null) expect(view.tooltip.shown).toBe(false);
+    else expect(view.tooltip.lines).toEqual(view.hoverLines(now));
+    expect(view.tooltip.lines).not.toEqual(before);
+  });
+
+  it("shows one whole iteration first, however many events it has, up to a thousand", () => {
+    const data = predicted();
+    const full = fullRange(data);
+    expect(firstSpan(data, full)).toBe(full.x1 - full.x0);
+    const { el } = setup(data);
+    const win = viewOf(el).win;
+    expect([win.x0, win.x1]).toEqual([full.x0, full.x1]);
+    // two iterations shown (all of them): the first, whole
+    const two = { ...data, iteration_starts: [[full.x0, full.x0 + 0.4 * (full.x1 - full.x0)]] };
+    expect(firstSpan(two, full)).toBeCloseTo(0.4 * (full.x1 - full.x0), 12);
+    // a huge iteration: a part of it, 500 steps' worth
+    const many = { ...data, steps: { ...data.steps, iteration: new Array(2000).fill(1) } };
+    expect(firstSpan({ ...many, n_steps: 2000 }, full)).toBeCloseTo((full.x1 - full.x0) / 4, 12);
+  });
+
   it("shows Python's note after the step", () => {
     const { model, el } = setup();
     model.fromPython("note", "the event at the old step is not in this plan: back to step 0");
     expect(el.querySelector(".fv-info")?.textContent).toContain("back to step 0");
   });
 
-  it("reports the JupyterLab theme and cleans up its listeners", () => {
+  it("reads the page's theme itself, and cleans up its listeners", () => {
     document.body.dataset.jpThemeLight = "false";
-    const { model, cleanup } = setup();
-    expect(model.state.theme).toBe("dark");
+    const { el, model, cleanup } = setup();
+    const view = viewOf(el);
+    expect(view.theme.name).toBe("dark");
+    expect(view.root.style.getPropertyValue("--fv-accent")).toBe("#FF8C42");
+    expect("theme" in model.state).toBe(false); // nothing sent to Python and back
     expect(model.listeners()).toBeGreaterThan(0);
     cleanup();
     expect(model.listeners()).toBe(0);
     delete document.body.dataset.jpThemeLight;
+  });
+
+  it("hides the old plan while Python re-plans, and shows the new one with its data", () => {
+    const { model, el } = setup(predicted());
+    const root = el.querySelector(".fsdpviz-timeline") as HTMLElement;
+    model.fromPython("busy", true);
+    expect(root.classList.contains("fv-busy")).toBe(true);
+    model.fromPython("data", byIndex());
+    model.fromPython("busy", false);
+    expect(root.classList.contains("fv-busy")).toBe(false);
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(/^step 0 of 18 · /);
   });
 
   it("shows the peak button disabled without a memory lane", () => {
@@ -271,5 +333,96 @@ describe("timeline widget", () => {
     ])
       expect(text).toContain(item);
     expect(el.querySelector(".fv-note")?.textContent).toMatch(/^x: time in µs, modelled on H100/);
+  });
+});
+
+const explorerBox = (el: HTMLElement): ExplorerWidgetView =>
+  (el.querySelector(".fsdpviz-explorer-box") as unknown as { fsdpviz: ExplorerWidgetView }).fsdpviz;
+
+/** The centre of module `name`'s block in the explorer's canvas. */
+function blockAt(box: ExplorerWidgetView, name: string): [number, number] {
+  const slot = box.view.slotOf(box.view.index.byName.get(name) ?? -1);
+  if (slot === null) throw new Error(`${name} is not drawn`);
+  return [slot.x + slot.w / 2, slot.y + slot.h / 2];
+}
+
+describe("explorer widget", () => {
+  it("draws the model's view and tells Python what a click selects", () => {
+    const { model, el } = mount({ ...explorerDefaults(explorerData()) });
+    const box = explorerBox(el);
+    box.view.clickAt(...blockAt(box, "blocks.1"));
+    expect(model.state.selected_unit).toBe("blocks.1");
+    expect(model.state.selected_module).toBe("blocks.1");
+    expect(model.state.focus).toBe("blocks.1"); // it zoomed into the block
+    expect(model.saved.at(-1)).toEqual({ selected_unit: "blocks.1", selected_module: "blocks.1" });
+    expect(box.panel.text).toContain("unit 2 of 4: 'blocks.1' (Block)");
+  });
+
+  it("follows Python: the current unit, a unit selected elsewhere, the focus and the width", () => {
+    const { model, el } = mount({ ...explorerDefaults(explorerData()) });
+    const box = explorerBox(el);
+    model.fromPython("current_unit", "blocks.0");
+    expect(box.view.root.dataset.fvCurrentUnit).toBe("blocks.0");
+    model.fromPython("selected_unit", "blocks.2");
+    expect(box.view.root.dataset.fvSelectedUnit).toBe("blocks.2");
+    expect(box.panel.text).toContain("'blocks.2'");
+    model.fromPython("focus", "blocks.0");
+    expect(box.view.data.modules.name[box.view.focus]).toBe("blocks.0");
+    model.fromPython("area", "rank_bytes");
+    expect(box.view.areaSelect.value).toBe("rank_bytes");
+    model.fromPython("busy", true);
+    expect(box.root.classList.contains("fv-busy")).toBe(true);
+  });
+
+  it("shows a unit's details as they come: the selected one's with a re-plan, then all", () => {
+    const data = explorerData();
+    const all = data.details ?? [];
+    const { model, el } = mount({
+      ...explorerDefaults(data),
+      details: all.map((d, k) => (k === 2 ? d : null)),
+      selected_unit: "blocks.0",
+    });
+    const box = explorerBox(el);
+    expect(box.panel.text).toBe("'blocks.0': its details are on their way…");
+    model.fromPython("selected_unit", "blocks.1");
+    expect(box.panel.text).toContain("unit 2 of 4: 'blocks.1' (Block)");
+    model.fromPython("selected_unit", "blocks.0");
+    model.fromPython("details", all);
+    expect(box.panel.text).toContain("unit 1 of 4: 'blocks.0' (Block)");
+  });
+
+  it("puts its panel beside the icicle in a wide output and over it in a narrow one", () => {
+    let width = 1200;
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
+    const wide = explorerBox(mount({ ...explorerDefaults(explorerData()) }).el);
+    expect(wide.root.classList.contains("fv-beside")).toBe(true);
+    expect(wide.panel.el.hidden).toBe(false); // its hint, before anything is selected
+    width = 700;
+    const { model, el } = mount({ ...explorerDefaults(explorerData()) });
+    const narrow = explorerBox(el);
+    expect(narrow.root.classList.contains("fv-beside")).toBe(false);
+    expect(narrow.panel.el.hidden).toBe(true); // nothing to show over the icicle yet
+    model.fromPython("selected_unit", "blocks.1");
+    expect(narrow.panel.el.hidden).toBe(false);
+    expect(narrow.panel.el.classList.contains("fv-detail-over")).toBe(true);
+    (narrow.panel.el.querySelector(".fv-detail-close") as HTMLButtonElement).click();
+    expect(narrow.panel.el.hidden).toBe(true);
+  });
+});
+
+describe("prefetch widget", () => {
+  it("draws the model's graph, rings Python's current unit and tells it a click", () => {
+    const { model, el } = mount({ ...prefetchDefaults(prefetchData()) });
+    const view = (el.querySelector(".fsdpviz-prefetch") as unknown as { fsdpviz: PrefetchView })
+      .fsdpviz;
+    model.fromPython("current_unit", "blocks.1");
+    expect(view.root.dataset.fvCurrentUnit).toBe("blocks.1");
+    const c = view.nodeCentre("blocks.2");
+    if (c === null) throw new Error("blocks.2 is not drawn");
+    view.clickAt(c.x, c.y);
+    expect(model.state.selected_unit).toBe("blocks.2");
+    expect(model.saved.at(-1)).toEqual({ selected_unit: "blocks.2" });
+    model.fromPython("busy", true);
+    expect(view.root.classList.contains("fv-busy")).toBe(true);
   });
 });

@@ -1,30 +1,31 @@
 // @vitest-environment jsdom
-// The standalone HTML page: the in-page model, its packed scripts, and the links between
-// the timeline widget, the explorer and the prefetch graph (the tiny model's data as Python
-// writes it: js/test/data).
+// The exported page: its in-page models, its packed scripts, and the three views drawn by
+// the widget bundle itself, linked as the dashboard links them (the tiny model's data as
+// Python writes it: js/test/data).
 
-import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { ExplorerView } from "../src/explorer";
+import type { ExplorerWidgetView } from "../src/explorer_widget";
+import { nextStepOfUnit, unitOfStep } from "../src/links";
 import {
-  initialState,
-  type Linker,
-  mountViews,
-  nextStepOfUnit,
+  mountView,
   type PageConfig,
   PageModel,
-  unitOfStep,
+  type PageModels,
   unpack,
-} from "../src/standalone";
-import widget, { type WidgetModel } from "../src/widget";
+  type WidgetModule,
+} from "../src/page";
+import type { PrefetchView } from "../src/prefetch";
+import * as widget from "../src/widget";
 import { explorerData, fakeContext, predicted, prefetchData } from "./fixtures";
 
 function config(): PageConfig {
   return {
-    timeline: predicted(),
-    theme: "light",
-    explorer: explorerData(),
-    prefetch: prefetchData(),
-    find: { input: "find", note: "find-note" },
+    views: {
+      timeline: { data: predicted() },
+      explorer: { data: explorerData() },
+      prefetch: { data: prefetchData() },
+    },
     divs: { timeline: "tl", explorer: "ex", prefetch: "pf" },
   };
 }
@@ -35,20 +36,27 @@ function setup(cfg: PageConfig = config()) {
     div.id = id;
     document.body.append(div);
   }
-  const find = document.createElement("input");
-  find.id = "find";
-  const note = document.createElement("span");
-  note.id = "find-note";
-  document.body.append(find, note);
-  const model = new PageModel<WidgetModel>(initialState(cfg));
-  const render = (widget as { render: (p: unknown) => () => void }).render;
+  const module = widget as unknown as WidgetModule;
+  const models: PageModels = {
+    timeline: mountView(document, module, cfg, "timeline"),
+    explorer: mountView(document, module, cfg, "explorer"),
+    prefetch: mountView(document, module, cfg, "prefetch"),
+  };
+  widget.linkViews(models as never);
+  const model = models.timeline as PageModel<Record<string, unknown>>;
+  const box = (
+    document.querySelector(".fsdpviz-explorer-box") as unknown as {
+      fsdpviz: ExplorerWidgetView;
+    }
+  ).fsdpviz;
+  const explorer: ExplorerView = box.view;
+  const prefetch = (
+    document.querySelector(".fsdpviz-prefetch") as unknown as {
+      fsdpviz: PrefetchView;
+    }
+  ).fsdpviz;
   const tl = document.getElementById("tl") as HTMLElement;
-  render({ model: model as unknown as AnyModel<WidgetModel>, el: tl });
-  const linker: Linker = mountViews(document, cfg, model);
-  const explorer = linker.explorer;
-  const prefetch = linker.prefetch;
-  if (explorer === null || prefetch === null) throw new Error("a view is missing");
-  return { cfg, model, linker, explorer, prefetch, tl, find, note };
+  return { cfg, models, model, box, explorer, prefetch, tl };
 }
 
 const stepForward = (tl: HTMLElement): void => {
@@ -56,7 +64,7 @@ const stepForward = (tl: HTMLElement): void => {
 };
 
 /** The centre of module `name`'s block in the explorer. */
-function blockCentre(view: NonNullable<Linker["explorer"]>, name: string): [number, number] {
+function blockCentre(view: ExplorerView, name: string): [number, number] {
   const slot = view.slotOf(view.index.byName.get(name) ?? -1);
   if (slot === null) throw new Error(`${name} is not drawn`);
   return [slot.x + slot.w / 2, slot.y + slot.h / 2];
@@ -125,7 +133,6 @@ describe("linked page", () => {
     expect(tl.querySelector(".fv-info")?.textContent).toMatch(
       /^step 1 of 18 · all_gather unit 1 'blocks.0'/,
     );
-    expect(document.body.dataset.fvCurrentUnit).toBe("blocks.0");
     expect(explorer.root.dataset.fvCurrentUnit).toBe("blocks.0");
     expect(prefetch.root.dataset.fvCurrentUnit).toBe("blocks.0");
     expect(document.querySelectorAll(".fv-info")).toHaveLength(1); // one status line
@@ -137,8 +144,7 @@ describe("linked page", () => {
     slider.value = "4";
     slider.dispatchEvent(new Event("input"));
     expect(tl.querySelector(".fv-info")?.textContent).toMatch(/^step 4 of 18 /);
-    expect(document.body.dataset.fvStep).toBe("4");
-    expect(explorer.root.dataset.fvCurrentUnit).toBe(document.body.dataset.fvCurrentUnit);
+    expect(explorer.root.dataset.fvCurrentUnit).toBe(unitOfStep(predicted(), 4));
   });
 
   it("a click on a unit in either view selects it in the timeline, at its next event", () => {
@@ -155,7 +161,6 @@ describe("linked page", () => {
     if (c === null) throw new Error("(root) is not drawn");
     prefetch.clickAt(c.x, c.y);
     expect(model.get("selected_unit")).toBe("");
-    expect(document.body.dataset.fvSelectedUnit).toBe("");
     expect(explorer.root.dataset.fvSelectedUnit).toBe("");
     expect(explorer.focus).toBe(0); // (root) selected elsewhere: brought into view
   });
@@ -167,20 +172,45 @@ describe("linked page", () => {
     expect(explorer.root.dataset.fvSelectedUnit).toBe("blocks.2");
     expect(explorer.data.modules.name[explorer.focus]).toBe("blocks");
     expect(prefetch.root.dataset.fvSelectedUnit).toBe("blocks.2");
-    expect(document.body.dataset.fvFocus).toBe("blocks");
   });
 
-  it("the search box selects the unit it names and draws the module", () => {
-    const { find, note, model, explorer } = setup();
-    find.value = "blocks.2.fc";
-    find.dispatchEvent(new Event("change"));
-    expect(note.textContent).toBe("found 'blocks.2.fc'");
+  it("the find box selects the unit it names and draws the module", () => {
+    const { models, model, explorer } = setup();
+    explorer.findInput.value = "blocks.2.fc";
+    explorer.findInput.dispatchEvent(new Event("change"));
+    expect(explorer.findNote.textContent).toBe("found 'blocks.2.fc'");
     expect(model.get("selected_unit")).toBe("blocks.2");
+    expect(models.explorer?.get("selected_module")).toBe("blocks.2.fc");
     expect(explorer.data.modules.name[explorer.focus]).toBe("blocks.2");
-    expect(document.body.dataset.fvFound).toBe("blocks.2.fc");
-    find.value = "zzz";
-    find.dispatchEvent(new Event("change"));
-    expect(note.textContent).toMatch(/^no unit or module matches 'zzz'/);
+    expect(models.explorer?.get("focus")).toBe("blocks.2");
+    explorer.findInput.value = "zzz";
+    explorer.findInput.dispatchEvent(new Event("change"));
+    expect(explorer.findNote.textContent).toMatch(/^no unit or module matches 'zzz'/);
+  });
+
+  it("shows the selected unit's details beside the explorer, in the plan's words", () => {
+    const { box, explorer } = setup();
+    expect(box.panel.text).toContain("Click a module or find a unit");
+    explorer.clickAt(...blockCentre(explorer, "blocks.1"));
+    explorer.clickAt(...blockCentre(explorer, "blocks.1.fc"));
+    const text = box.panel.text;
+    expect(text).toContain("unit 2 of 4: 'blocks.1' (Block)");
+    expect(text).toContain("FULL_SHARD");
+    expect(text).toContain("Selected module 'blocks.1.fc' (Linear)");
+    expect(text).toContain("Parameters (in flattening order: one FlatParameter)");
+    expect(text).toContain("blocks.1.fc.weight");
+  });
+
+  it("hides the old plan while a re-plan is on its way", () => {
+    const { models, tl } = setup();
+    for (const m of [models.timeline, models.explorer, models.prefetch]) m?.set("busy", true);
+    expect(tl.querySelector(".fsdpviz-timeline")?.classList.contains("fv-busy")).toBe(true);
+    expect(document.querySelector(".fsdpviz-explorer-box")?.classList.contains("fv-busy")).toBe(
+      true,
+    );
+    expect(document.querySelector(".fsdpviz-prefetch")?.classList.contains("fv-busy")).toBe(true);
+    models.prefetch?.set("busy", false);
+    expect(document.querySelector(".fsdpviz-prefetch")?.classList.contains("fv-busy")).toBe(false);
   });
 });
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane, memory_lane
 from fsdpviz.schema.report import Event, Report, unit_label
-from fsdpviz.views.style import CATEGORY_COLORS, unit_colors
+from fsdpviz.views.style import CATEGORY_COLORS, UNMANAGED_COLOR, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -211,8 +211,7 @@ def _rank_names(ranks: list[Report]) -> list[str]:
     if len(ranks) == 1 and ranks[0].source == "prediction":
         return ["prediction"]
     return [
-        f"rank {r.config.get('rank') if r.config.get('rank') is not None else i}"
-        for i, r in enumerate(ranks)
+        f"rank {r.config.rank if r.config.rank is not None else i}" for i, r in enumerate(ranks)
     ]
 
 
@@ -222,7 +221,7 @@ def _run_groups(
     if not run.ranks:
         raise ValueError("the recorded run has no ranks: nothing to draw")
     names = list(rank_names) if rank_names is not None else _rank_names(run.ranks)
-    starts = [r.config.get("started_unix") for r in run.ranks]
+    starts = [r.config.started_unix for r in run.ranks]
     known = [float(s) for s in starts if isinstance(s, int | float)]
     origin = min(known) if len(known) == len(starts) else None
     units: dict[str, int] = {}
@@ -532,14 +531,14 @@ def _unit_table(groups: list[_Group]) -> tuple[list[str], list[int], list[str]]:
     size = max(max(g.units.values(), default=-1) for g in groups) + 1
     names = [""] * size
     numbers = [0] * size
-    colors = ["#999999"] * size
+    colors = [UNMANAGED_COLOR] * size
     base = groups[0]
     palette = unit_colors(base.report)
     number = {u.module: i for i, u in enumerate(base.report.units)}
     for fqn, i in base.units.items():
         names[i] = fqn
         numbers[i] = number.get(fqn, i)
-        colors[i] = palette.get(fqn, "#999999")
+        colors[i] = palette.get(fqn, UNMANAGED_COLOR)
     for g in groups[1:]:
         if g.units is base.units:
             continue
@@ -553,7 +552,7 @@ def _unit_table(groups: list[_Group]) -> tuple[list[str], list[int], list[str]]:
             if match is not None:
                 numbers[i], colors[i] = number[match], palette[match]
             else:
-                numbers[i], colors[i] = own[fqn], other.get(fqn, "#999999")
+                numbers[i], colors[i] = own[fqn], other.get(fqn, UNMANAGED_COLOR)
     return names, numbers, colors
 
 
@@ -779,8 +778,8 @@ def _shown_its(p: _Placed) -> list[int]:
 
 def _group_info(g: _Group, p: _Placed) -> dict[str, Any]:
     r = g.report
-    api = r.config.get("api") or "FSDP"
-    ws = r.config.get("world_size")
+    api = r.config.api if r.config.states("api") else "FSDP"
+    ws = r.config.world_size
     summary = f"{api} {r.source} · {len(r.units)} units · world size {ws}"
     exposed = None
     if p.totals is not None:

@@ -2,74 +2,17 @@
 // an overview strip of the whole run at the bottom. Everything that depends only on the
 // visible window is drawn once into a layer (with the marks a click or hover can pick);
 // each step then draws only the cursor and the current event over that layer.
+import { axisTicks, byteTicks, formatBytes } from "./format";
+import { FONT, type ThemeColors, textOn } from "./theme";
 import {
-  axisTicks,
-  byteTicks,
   FREE,
-  formatBytes,
   fullRange,
   lowerBound,
   type TimelineData,
   upperBound,
   type Window,
-} from "./model";
+} from "./timeline_data";
 
-export interface ThemeColors {
-  name: "light" | "dark";
-  bg: string;
-  fg: string;
-  muted: string;
-  grid: string;
-  accent: string;
-  wait: string;
-  call: string;
-}
-
-export const FALLBACK_THEMES: Record<"light" | "dark", ThemeColors> = {
-  light: {
-    name: "light",
-    bg: "#ffffff",
-    fg: "#1f1f1f",
-    muted: "#616161",
-    grid: "#e0e0e0",
-    accent: "#D55E00",
-    wait: "#C62828",
-    call: "#ececec",
-  },
-  dark: {
-    name: "dark",
-    bg: "#111111",
-    fg: "#e0e0e0",
-    muted: "#9e9e9e",
-    grid: "#333333",
-    accent: "#FF8C42",
-    wait: "#FF6B6B",
-    call: "#262626",
-  },
-};
-
-/** JupyterLab's theme (body[data-jp-theme-light]) or the OS preference, with its CSS colours. */
-export function readTheme(el: HTMLElement): ThemeColors {
-  const flag = document.body.dataset.jpThemeLight;
-  const dark =
-    flag !== undefined
-      ? flag === "false"
-      : typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
-  const base = FALLBACK_THEMES[dark ? "dark" : "light"];
-  const css = getComputedStyle(el);
-  const v = (name: string, fallback: string): string =>
-    css.getPropertyValue(name).trim() || fallback;
-  return {
-    ...base,
-    bg: v("--jp-layout-color0", base.bg),
-    fg: v("--jp-ui-font-color0", base.fg),
-    muted: v("--jp-ui-font-color2", base.muted),
-    grid: v("--jp-border-color2", base.grid),
-    call: v("--jp-layout-color2", base.call),
-  };
-}
-
-export const FONT = "11px system-ui, sans-serif";
 const LANE_H: Record<string, number> = { cpu: 24, compute: 20, stream: 22, memory: 116 };
 const LANE_GAP = 3;
 const GROUP_GAP = 10;
@@ -147,13 +90,6 @@ export const xToPx = (win: Window, l: Layout, x: number): number =>
   l.labelW + ((x - win.x0) / (win.x1 - win.x0 || 1)) * l.plotW;
 export const pxToX = (win: Window, l: Layout, px: number): number =>
   win.x0 + ((px - l.labelW) / l.plotW) * (win.x1 - win.x0);
-
-/** Black or white text on `hex`, whichever contrasts more. */
-export function textOn(hex: string): string {
-  const n = Number.parseInt(hex.slice(1), 16);
-  const lum = (0.299 * ((n >> 16) & 255) + 0.587 * ((n >> 8) & 255) + 0.114 * (n & 255)) / 255;
-  return lum > 0.55 ? "#000000" : "#ffffff";
-}
 
 // ---------------------------------------------------------------------------- marks
 
@@ -471,7 +407,6 @@ export function drawLayer(ctx: CanvasRenderingContext2D, sc: Scene, marks: MarkL
     else if (lane.kind === "stream") drawStream(ctx, sc, row, marks);
   }
   for (const row of l.rows) if (data.lanes[row.lane].kind === "cpu") drawCalls(ctx, sc, row, marks);
-  drawFlows(ctx, sc);
   for (const row of l.rows)
     if (data.lanes[row.lane].kind === "memory") drawMemory(ctx, sc, row, marks);
   drawMarks(ctx, sc);
@@ -537,8 +472,9 @@ function drawLaneLabels(ctx: CanvasRenderingContext2D, sc: Scene): void {
   for (const row of l.rows) {
     const lane = data.lanes[row.lane];
     if (lane.kind === "memory") {
+      // at the left of the column, half-way down: the byte axis's labels are on its right
       ctx.textAlign = "left";
-      ctx.fillText("memory per rank", 6, row.top + 7);
+      ctx.fillText("memory per rank", 6, row.top + row.h / 2);
       ctx.textAlign = "right";
     } else {
       ctx.fillText(lane.name, l.labelW - 8, row.top + row.h / 2);
@@ -655,26 +591,43 @@ function arrowHead(ctx: CanvasRenderingContext2D, sc: Scene, i: number, size: nu
   ctx.closePath();
 }
 
-/** Faint flows from each visible hook cell to where its collective runs (Perfetto's flows). */
-function drawFlows(ctx: CanvasRenderingContext2D, sc: Scene): void {
-  const { data, win } = sc;
-  if (!data.timed) return; // by index the collective sits right under its cell
-  const s = data.steps;
-  let visible = 0;
-  for (let i = 0; i < data.n_steps; i++) {
-    if (s.kind[i] !== FREE && s.issue[i] <= win.x1 && s.x0[i] >= win.x0) visible++;
+/**
+ * The events whose flows (hook cell -> where the collective runs) are drawn: the current
+ * event's and the hovered one's, and their neighbours (the other events of the same hook
+ * call, the steps just before and after). All of them at once would fan across the
+ * lanes and hide the labels (FSDP2, hybrid sharding).
+ */
+export function flowSteps(sc: Scene, step: number, hovered: number | null): number[] {
+  const { data, index } = sc;
+  const out = new Set<number>();
+  for (const s of [step, hovered]) {
+    if (s === null || s < 0 || s >= data.n_steps) continue;
+    for (const k of [s - 1, s, s + 1]) if (k >= 0 && k < data.n_steps) out.add(k);
+    for (const k of index.callSteps[data.steps.call[s]] ?? []) if (k >= 0) out.add(k);
   }
-  if (visible > 400) return;
+  return [...out].filter((i) => data.steps.kind[i] !== FREE).sort((a, b) => a - b);
+}
+
+/** Faint flows of `steps` (see {@link flowSteps}), drawn over the layer. */
+export function drawFlows(ctx: CanvasRenderingContext2D, sc: Scene, steps: number[]): void {
+  if (!sc.data.timed || steps.length === 0) return; // by index a collective sits under its cell
+  const { layout: l } = sc;
   ctx.save();
-  ctx.globalAlpha = sc.theme.name === "dark" ? 0.45 : 0.35;
-  ctx.strokeStyle = sc.theme.muted;
-  ctx.lineWidth = 1;
   ctx.beginPath();
-  for (let i = 0; i < data.n_steps; i++) {
-    if (s.kind[i] === FREE || s.issue[i] > win.x1 || s.x0[i] < win.x0) continue;
-    flowPath(ctx, sc, i);
+  ctx.rect(l.labelW - 2, 0, l.plotW + 4, l.lanesBottom + 2);
+  ctx.clip();
+  ctx.globalAlpha = sc.theme.name === "dark" ? 0.6 : 0.5;
+  ctx.strokeStyle = sc.theme.muted;
+  ctx.fillStyle = sc.theme.muted;
+  ctx.lineWidth = 1;
+  for (const i of steps) {
+    ctx.beginPath();
+    if (!flowPath(ctx, sc, i)) continue;
+    ctx.stroke();
+    ctx.beginPath();
+    arrowHead(ctx, sc, i, 5);
+    ctx.fill();
   }
-  ctx.stroke();
   ctx.restore();
 }
 
@@ -727,7 +680,7 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
     if (wt.x1[k] < win.x0 || wt.x0[k] > win.x1) continue;
     const x = xToPx(win, l, wt.x0[k]);
     const w = Math.max(xToPx(win, l, wt.x1[k]) - x, 1);
-    ctx.fillStyle = theme.name === "dark" ? "rgba(255,107,107,0.16)" : "rgba(198,40,40,0.10)";
+    ctx.fillStyle = theme.wait_fill;
     ctx.fillRect(x, row.top, w, row.h);
     hatch(ctx, x, row.top, w, row.h, theme.wait, 6);
     const target = wt.step[k];

@@ -2,7 +2,7 @@
 
 A group of lanes per rank (or plan): hook calls on the CPU, compute with its waits for
 communication shaded, a lane per stream, and the memory lane stacked by category with
-the peak marked. See :mod:`fsdpviz.views.timeline_steps` for how events are placed.
+the peak marked. See :mod:`fsdpviz.views.timeline_view` for how events are placed.
 Times are drawn in the unit that suits the run (µs, ms or s), named on the axis.
 
 Example::
@@ -19,12 +19,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_steps import FREE, MemoryOption, timeline_data
+from fsdpviz.views.timeline_view import FREE, MemoryOption, timeline_data
 
 __all__ = ["lane_names", "time_unit", "timeline_figure"]
 
 _MAX_LABELLED = 400
-_WAIT = "#C62828"
 
 
 def lane_names(d: dict[str, Any]) -> list[str]:
@@ -77,7 +76,7 @@ def timeline_figure(
     lanes = lane_names(d)
     event_lanes = [i for i, lane in enumerate(d["lanes"]) if lane["kind"] != "memory"]
     category = dict(zip(event_lanes, lanes, strict=True))
-    _add_compute(fig, d, category, scale)
+    _add_compute(fig, d, category, scale, c)
     _add_streams(fig, d, category, scale, c)
     _add_calls(fig, d, category, scale, c)
     for k, entry in enumerate(mem):
@@ -91,7 +90,9 @@ def _label(d: dict[str, Any], unit: int) -> str:
     return f"{d['unit_numbers'][unit]} {name}"
 
 
-def _add_compute(fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float) -> None:
+def _add_compute(
+    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+) -> None:
     comp = d["compute"]
     groups = d["groups"]
     lane_of = {lane["group"]: i for i, lane in enumerate(d["lanes"]) if lane["kind"] == "compute"}
@@ -133,9 +134,9 @@ def _add_compute(fig: go.Figure, d: dict[str, Any], category: dict[int, str], sc
                 x=[(b - a) * scale for a, b in zip(waits["x0"], waits["x1"], strict=True)],
                 y=[category[lane_of[g]] for g in waits["group"]],
                 marker={
-                    "color": "rgba(198,40,40,0.12)",
-                    "line": {"color": _WAIT, "width": 1},
-                    "pattern": {"shape": "/", "fgcolor": _WAIT, "size": 6},
+                    "color": c["wait_fill"],
+                    "line": {"color": c["wait"], "width": 1},
+                    "pattern": {"shape": "/", "fgcolor": c["wait"], "size": 6},
                 },
                 hovertext=[
                     f"waits for {d['kinds'][s['kind'][i]]} {_label(d, s['unit'][i])}"
@@ -260,7 +261,7 @@ def _add_memory(
             text=[f"peak {format_bytes(peak['bytes'])}"],
             textposition="top center",
             cliponaxis=False,
-            marker={"symbol": "triangle-down", "size": 12, "color": "#D55E00"},
+            marker={"symbol": "triangle-down", "size": 12, "color": c["accent"]},
             hovertemplate=(
                 f"peak {peak['bytes']:,} bytes at step {peak['step']}<br>{peak['where']}"
                 "<extra></extra>"
@@ -314,4 +315,4 @@ def _layout(
             fig.add_vline(x=start * scale, line={"dash": "dot", "width": 1, "color": muted})
     if step is not None and 0 <= step < d["n_steps"]:
         x = d["steps"]["issue"][step] * scale
-        fig.add_vline(x=x, line={"width": 2, "color": "#D55E00"}, name="cursor")
+        fig.add_vline(x=x, line={"width": 2, "color": theme_colors(theme)["accent"]}, name="cursor")

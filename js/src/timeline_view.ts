@@ -1,67 +1,97 @@
 // The timeline widget's view: its elements, the controls above the canvas, what it shows
-// (data, window, theme, selection, hover) and its drawing. widget.ts binds it to the
+// (data, window, theme, selection, hover) and its drawing. timeline_widget.ts binds it to the
 // model's traits and to the page.
 import type { AnyModel } from "@anywidget/types";
 import { button, element, guarded, showViewError, Tooltip } from "./dom";
+import { axisTicks, exactBytes, formatBytes, formatSeconds, quote } from "./format";
+import { animationFrames, Player, Throttle } from "./player";
+import { type ThemeColors, takeTheme } from "./theme";
 import {
-  animationFrames,
-  axisTicks,
   clampStep,
   cursorX,
   describeStep,
   eventDetails,
-  exactBytes,
   exposedText,
   follow,
-  formatBytes,
-  formatSeconds,
   memoryDetails,
   nearestStep,
   type Order,
   orderOf,
-  Player,
-  quote,
-  Throttle,
   type TimelineData,
   unitText,
   type Window,
-} from "./model";
+} from "./timeline_data";
 import {
   computeLayout,
   drawCurrent,
+  drawFlows,
   drawHover,
   drawLayer,
   drawOverview,
   drawOverviewBitmap,
+  flowSteps,
   Index,
   type Layout,
   MARK,
   MarkList,
   type Picked,
   pxToX,
-  readTheme,
   type Scene,
-  type ThemeColors,
-} from "./render";
+} from "./timeline_draw";
+import { dataOf } from "./wire";
 
-export interface WidgetModel {
+/** The traits of fsdpviz.widgets.TimelineWidget. */
+export interface TimelineModel {
+  view: "timeline";
   data: TimelineData;
   step: number;
   playing: boolean;
   speed: number;
   order: Order;
   selected_unit: string | null;
-  theme: string;
+  /** A re-plan is on its way: nothing of the old plan is shown meanwhile. */
+  busy: boolean;
   error: string;
   note: string;
   sync_interval_ms: number;
 }
 
-type Model = AnyModel<WidgetModel>;
+/** What the timeline starts with when Python gives only its data (the exported page). */
+export function timelineDefaults(data: TimelineData): TimelineModel {
+  return {
+    view: "timeline",
+    data,
+    step: 0,
+    playing: false,
+    speed: 20,
+    order: "issue",
+    selected_unit: null,
+    busy: false,
+    error: "",
+    note: "",
+    sync_interval_ms: 150,
+  };
+}
+
+type Model = AnyModel<TimelineModel>;
 
 const SPEEDS = [1, 5, 20, 100, 500];
 const MIN_WIDTH = 360;
-const DEFAULT_VISIBLE_STEPS = 150;
+/** Steps of one iteration beyond which the first view shows a part of it. */
+const MAX_FIRST_STEPS = 1000;
+
+/** The width of x the timeline shows first: one whole iteration (the first shown), or
+ * MAX_FIRST_STEPS / 2 steps' worth of it when it has more than MAX_FIRST_STEPS. */
+export function firstSpan(data: TimelineData, full: Window): number {
+  const width = full.x1 - full.x0;
+  const starts = data.iteration_starts[0] ?? [];
+  const first = data.n_steps > 0 ? data.steps.iteration[0] : 0;
+  let steps = 0;
+  for (let i = 0; i < data.n_steps; i++) if (data.steps.iteration[i] === first) steps++;
+  const iteration = starts.length > 1 ? starts[1] - full.x0 : width;
+  const span = Math.min(Math.max(iteration, 0) || width, width);
+  return steps > MAX_FIRST_STEPS ? (span * MAX_FIRST_STEPS) / 2 / steps : span;
+}
 
 /** `fn` on the next animation frame (a timer where there are no frames); returns a handle. */
 export function nextFrame(fn: () => void): number {
@@ -158,7 +188,7 @@ export class TimelineView {
     this.info = element("div", "fv-info");
     this.info.setAttribute("aria-live", "polite");
     this.caption = element("div", "fv-note");
-    this.data = model.get("data");
+    this.data = dataOf<TimelineData>(model);
     this.legendEl = legend(this.data);
     this.controls = this.makeControls();
     this.root.append(this.header, this.controls.bar, stage, this.info, this.legendEl, this.caption);
@@ -166,7 +196,7 @@ export class TimelineView {
     this.overview = document.createElement("canvas");
     this.index = new Index(this.data);
     this.layout = computeLayout(this.data, 800);
-    this.theme = readTheme(this.root);
+    this.theme = takeTheme(this.root);
     this.win = this.index.full;
     this.order = model.get("order") === "stream" ? "stream" : "issue";
     this.sync = new Throttle<number>(model.get("sync_interval_ms") || 150, (step) => {
@@ -297,10 +327,7 @@ export class TimelineView {
 
   start(): void {
     this.resetData();
-    if (this.model.get("theme") !== this.theme.name) {
-      this.model.set("theme", this.theme.name);
-      this.model.save_changes();
-    }
+    this.showBusy();
     if (this.model.get("playing")) this.player.play();
   }
 
@@ -333,12 +360,11 @@ export class TimelineView {
   }
 
   resetData(): void {
-    this.data = this.model.get("data");
+    this.data = dataOf<TimelineData>(this.model);
     this.index = new Index(this.data);
     this.player.reset(this.data.n_steps, this.model.get("step"), orderOf(this.data, this.order));
     const full = this.index.full;
-    this.span =
-      (full.x1 - full.x0) * Math.min(1, DEFAULT_VISIBLE_STEPS / Math.max(this.data.n_steps, 1));
+    this.span = firstSpan(this.data, full);
     this.win = { x0: full.x0, x1: full.x0 };
     this.controls.slider.max = String(Math.max(this.data.n_steps - 1, 0));
     const mem = this.firstMemory();
@@ -425,12 +451,13 @@ export class TimelineView {
   }
 
   applyTheme(): void {
-    this.theme = readTheme(this.root);
-    if (this.model.get("theme") !== this.theme.name) {
-      this.model.set("theme", this.theme.name);
-      this.model.save_changes();
-    }
+    this.theme = takeTheme(this.root);
     this.resize();
+  }
+
+  /** While a re-plan is on its way the old plan's numbers are not shown. */
+  showBusy(): void {
+    this.root.classList.toggle("fv-busy", Boolean(this.model.get("busy")));
   }
 
   zoom(factor: number): void {
@@ -504,6 +531,10 @@ export class TimelineView {
     ctx.drawImage(this.layer, 0, 0);
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     const x = this.cursor();
+    const h = this.hovered;
+    const hoveredStep =
+      h !== null && (h.kind === MARK.event || h.kind === MARK.call) ? h.step : null;
+    drawFlows(ctx, sc, flowSteps(sc, step, hoveredStep));
     drawCurrent(ctx, sc, step, x);
     if (this.hovered !== null) drawHover(ctx, sc, this.hovered);
     drawOverview(ctx, this.overview, sc, x);

@@ -1,15 +1,16 @@
 // Drawing and picking without a browser: the marks the layer draws are what a click picks.
 import { describe, expect, it } from "vitest";
-import { fullRange, type TimelineData, type Window } from "../src/model";
+import { THEMES } from "../src/theme";
+import { fullRange, type TimelineData, type Window } from "../src/timeline_data";
 import {
   computeLayout,
   drawLayer,
-  FALLBACK_THEMES,
+  flowSteps,
   Index,
   MARK,
   MarkList,
   type Scene,
-} from "../src/render";
+} from "../src/timeline_draw";
 import { byIndex, fakeContext, predicted, recorded } from "./fixtures";
 
 function scene(data: TimelineData, win?: Window, width = 1000): Scene {
@@ -19,7 +20,7 @@ function scene(data: TimelineData, win?: Window, width = 1000): Scene {
     index,
     layout: computeLayout(data, width),
     win: win ?? index.full,
-    theme: FALLBACK_THEMES.light,
+    theme: THEMES.light,
     selectedUnit: -1,
   };
 }
@@ -121,5 +122,22 @@ describe("marks", () => {
     const p = marks.pick(peak[0].x + peak[0].w / 2, peak[0].y + peak[0].h / 2);
     expect(p?.kind).toBe(MARK.peak);
     expect(p?.moment).toBe(data.memory[0].peak.moment);
+  });
+
+  it("draws the flows of the current and the hovered event and their neighbours only", () => {
+    const data = predicted();
+    const sc = scene(data);
+    const st = data.steps;
+    const near = (s: number, at: number): boolean =>
+      Math.abs(s - at) <= 1 || st.call[s] === st.call[at];
+    const current = flowSteps(sc, 8, null);
+    expect(current).toContain(8);
+    expect(current.every((s) => near(s, 8) && st.kind[s] !== 1)).toBe(true); // no free
+    expect(current.length).toBeLessThan(data.n_steps / 3);
+    const both = flowSteps(sc, 8, 14);
+    expect(both).toEqual(
+      [...new Set([...current, ...flowSteps(sc, 14, null)])].sort((a, b) => a - b),
+    );
+    expect(flowSteps(sc, -1, null)).toEqual([]);
   });
 });

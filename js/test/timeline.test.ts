@@ -2,26 +2,26 @@ import { describe, expect, it, vi } from "vitest";
 import {
   axisTicks,
   byteTicks,
+  exactBytes,
+  formatBytes,
+  formatSeconds,
+  threeDigits,
+} from "../src/format";
+import { type FrameScheduler, Player, Throttle } from "../src/player";
+import {
   clampStep,
   cursorX,
   describeStep,
   eventDetails,
-  exactBytes,
   exposedText,
-  type FrameScheduler,
   follow,
-  formatBytes,
-  formatSeconds,
   fullRange,
   lowerBound,
   memoryDetails,
   nearestStep,
   orderOf,
-  Player,
-  Throttle,
-  threeDigits,
   upperBound,
-} from "../src/model";
+} from "../src/timeline_data";
 import { byIndex, predicted } from "./fixtures";
 
 /** A scheduler the test drives by hand: frames happen when `tick` is called. */

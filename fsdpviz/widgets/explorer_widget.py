@@ -1,0 +1,82 @@
+"""``ExplorerWidget``: the wrap-unit explorer, a view of fsdpviz's front end (``js/``).
+
+The module tree as an icicle on a canvas, each module's width its share of its parent's
+parameters (or bytes per rank), coloured by wrap unit, with the selected unit's detail
+panel beside it (over it in a narrow output). It draws :func:`fsdpviz.views.explorer_data`
+of its report, as the exported page does. Synced traitlets: ``selected_unit`` and
+``selected_module`` (set by a click or the find box), ``current_unit`` (outlined: the
+timeline's current event's unit), ``focus`` (the module drawn at the top, ``""`` for the
+model) and ``area`` (``"numel"`` or ``"rank_bytes"``).
+
+:class:`~fsdpviz.widgets.Explorer` puts it under the re-plan controls.
+
+Example::
+
+    view = ExplorerWidget(report)
+    view.selected_unit = "layers.3"     # outlined, brought into view, its details shown
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any, ClassVar
+
+import traitlets
+
+from fsdpviz.schema.report import Report
+from fsdpviz.views.detail import unit_details
+from fsdpviz.views.explorer import explorer_data
+from fsdpviz.views.tree import ModuleTree, with_module_tree
+from fsdpviz.widgets.front_end import DATA, FrontEnd
+
+__all__ = ["ExplorerWidget"]
+
+
+class ExplorerWidget(FrontEnd):
+    """The module tree coloured by wrap unit, and the selected unit's details."""
+
+    view = traitlets.Unicode("explorer").tag(sync=True)
+    data = traitlets.Dict().tag(**DATA)
+    current_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+    selected_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+    selected_module = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+    focus = traitlets.Unicode("").tag(sync=True)
+    area = traitlets.Enum(["numel", "rank_bytes"], "numel").tag(sync=True)
+
+    details: traitlets.List[Any] = traitlets.List().tag(**DATA)
+    """Each unit's detail panel (:func:`fsdpviz.views.unit_details`); ``None`` for one not
+    made yet (after a re-plan only the selected unit's come with the answer)."""
+
+    PAGE_TRAITS: ClassVar[tuple[str, ...]] = (
+        "data",
+        "details",
+        "current_unit",
+        "selected_unit",
+        "selected_module",
+        "focus",
+        "area",
+    )
+
+    def __init__(self, report: Report, *, tree: ModuleTree | None = None, **kwargs: Any) -> None:
+        data = explorer_data(with_module_tree(report), tree=tree)
+        super().__init__(details=data.pop("details"), data=data, **kwargs)
+
+    def set_report(
+        self,
+        report: Report,
+        *,
+        tree: ModuleTree | None = None,
+        details: bool | Collection[str] = True,
+    ) -> None:
+        """Draw another plan of the same model (a re-plan), with the detail panels of
+        ``details`` (all; or these units', the others following with :meth:`set_details`).
+        ``busy`` stays as it is: the :class:`~fsdpviz.widgets.Explorer` ends it once every
+        linked view has the plan."""
+        data = explorer_data(with_module_tree(report), tree=tree, details=details)
+        with self.hold_sync():
+            self.details = data.pop("details")
+            self.data = data
+
+    def set_details(self, report: Report, *, tree: ModuleTree | None = None) -> None:
+        """Every unit's detail panel of ``report`` (the plan drawn)."""
+        self.details = unit_details(with_module_tree(report), tree)

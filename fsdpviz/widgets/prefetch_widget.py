@@ -1,0 +1,48 @@
+"""``PrefetchWidget``: the prefetch graph, a view of fsdpviz's front end (``js/``).
+
+Units on a line in forward order, forward prefetches arcing above, backward prefetches
+below, FSDP's mistakes in vermillion (:func:`fsdpviz.views.prefetch_data` of its report,
+as the exported page draws it). Where the units do not fit it shows a window of them that
+follows ``current_unit``. Synced traitlets: ``selected_unit`` (set by a click on a unit or
+an arc) and ``current_unit`` (ringed: the timeline's current event's unit).
+
+Example::
+
+    view = PrefetchWidget(report)
+    view.current_unit = "layers.3"
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import traitlets
+
+from fsdpviz.schema.report import Report
+from fsdpviz.views.prefetch import prefetch_data
+from fsdpviz.widgets.front_end import DATA, FrontEnd
+
+__all__ = ["PrefetchWidget"]
+
+
+class PrefetchWidget(FrontEnd):
+    """The prefetch graph of one iteration (default: the steady state)."""
+
+    view = traitlets.Unicode("prefetch").tag(sync=True)
+    data = traitlets.Dict().tag(**DATA)
+    current_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+    selected_unit = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+
+    PAGE_TRAITS: ClassVar[tuple[str, ...]] = ("data", "current_unit", "selected_unit")
+
+    def __init__(self, report: Report, iteration: int | None = -1, **kwargs: Any) -> None:
+        self.iteration = -1 if iteration is None else iteration
+        super().__init__(data=prefetch_data(report, self.iteration), **kwargs)
+
+    def set_report(self, report: Report) -> None:
+        """Draw another plan (a re-plan): its data reaches the browser in one message, which
+        also ends ``busy``."""
+        data = prefetch_data(report, self.iteration)
+        with self.hold_sync():
+            self.data = data
+            self.busy = False

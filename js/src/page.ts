@@ -1,0 +1,233 @@
+// The page that fsdpviz.export.save("report.html") writes: no kernel, no network.
+// It imports the widget bundle (widget.js, embedded packed) as anywidget does, draws the
+// timeline, the explorer and the prefetch graph with it from the state Python wrote (the
+// same traits the notebook's widgets have), each against an in-page model that implements
+// anywidget's model interface, and links them as fsdpviz.widgets.Dashboard does.
+
+/** The state of one view: its traits (at least its `data`), as the widget would have them. */
+export type ViewState = Record<string, unknown> & { data: unknown };
+
+/** What Python writes, as JSON, gzip-compressed and base64-encoded, into <script id="fv-config">. */
+export interface PageConfig {
+  views: { timeline: ViewState; explorer: ViewState | null; prefetch: ViewState | null };
+  /** The elements each view is drawn in. */
+  divs: { timeline: string; explorer: string; prefetch: string };
+}
+
+/**
+ * The page's packed scripts: each holds a text gzip-compressed and base64-encoded
+ * (fsdpviz.export's `html_page` writes them), which keeps a big model's page a few MB.
+ */
+export const PACKED = {
+  config: "fv-config",
+  widget: "fv-widget-esm",
+} as const;
+
+type Handler = (...args: unknown[]) => void;
+
+/**
+ * anywidget's model interface over a plain object: get/set/on/off/save_changes/send.
+ * `set` emits `change:<key>` (and `change`) when the value differs; there is no
+ * kernel, so `save_changes` has nothing to send and `send` only records the message.
+ */
+export class PageModel<T extends object> {
+  readonly sent: unknown[] = [];
+  private readonly handlers = new Map<string, Set<Handler>>();
+
+  constructor(private readonly state: T) {}
+
+  get<K extends keyof T>(key: K): T[K] {
+    return this.state[key];
+  }
+
+  set<K extends keyof T>(key: K, value: T[K]): void {
+    if (Object.is(this.state[key], value)) return;
+    this.state[key] = value;
+    this.emit(`change:${String(key)}`, value);
+    this.emit("change", key, value);
+  }
+
+  on(name: string, callback: Handler): void {
+    for (const n of name.split(/\s+/).filter(Boolean)) {
+      if (!this.handlers.has(n)) this.handlers.set(n, new Set());
+      this.handlers.get(n)?.add(callback);
+    }
+  }
+
+  off(name?: string | null, callback?: Handler | null): void {
+    if (!name) {
+      this.handlers.clear();
+      return;
+    }
+    if (!callback) this.handlers.delete(name);
+    else this.handlers.get(name)?.delete(callback);
+  }
+
+  save_changes(): void {}
+
+  send(content: unknown, _callbacks?: unknown, _buffers?: unknown): void {
+    this.sent.push(content);
+  }
+
+  listeners(): number {
+    let n = 0;
+    for (const set of this.handlers.values()) n += set.size;
+    return n;
+  }
+
+  private emit(name: string, ...args: unknown[]): void {
+    for (const h of [...(this.handlers.get(name) ?? [])]) h(...args);
+  }
+}
+
+/** What the page uses of the widget bundle (widget.ts). */
+export interface WidgetModule {
+  default: { render(props: { model: unknown; el: HTMLElement }): unknown };
+  timelineDefaults(data: never): object;
+  explorerDefaults(data: never): object;
+  prefetchDefaults(data: never): object;
+  linkViews(models: { timeline: unknown; explorer: unknown; prefetch: unknown }): () => void;
+}
+
+/** Import the embedded widget bundle (an ES module) from a blob: URL, as anywidget does. */
+export async function importWidget(source: string): Promise<WidgetModule> {
+  const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+  try {
+    return (await import(/* @vite-ignore */ url)) as WidgetModule;
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+}
+
+/** The text held by a packed script of the page (see {@link PACKED}). */
+export async function unpack(doc: Document, id: string): Promise<string> {
+  const packed = doc.getElementById(id)?.textContent;
+  if (packed === undefined || packed === null || packed === "") {
+    throw new Error(`the page has no packed script #${id}`);
+  }
+  // a data: URL: the browser decodes base64 natively, far sooner than atob and a loop
+  const response = await fetch(`data:application/gzip;base64,${packed.replace(/\s+/g, "")}`);
+  const body = response.body;
+  if (body === null) throw new Error(`the packed script #${id} is empty`);
+  return await new Response(body.pipeThrough(new DecompressionStream("gzip"))).text();
+}
+
+/** The browser's next paint, then a task after it; at most `ms` later (a page in a
+ * background tab gets no animation frames). */
+function afterPaint(doc: Document, ms = 100): Promise<void> {
+  return new Promise((resolve) => {
+    doc.defaultView?.requestAnimationFrame(() => setTimeout(resolve, 0));
+    setTimeout(resolve, ms);
+  });
+}
+
+export type ViewName = "timeline" | "explorer" | "prefetch";
+
+/** The page's models, one per view drawn. */
+export type PageModels = Record<ViewName, PageModel<Record<string, unknown>> | null>;
+
+/** The model of a view: the widget's defaults, then the state Python wrote. */
+export function pageModel(
+  widget: WidgetModule,
+  name: ViewName,
+  state: ViewState,
+): PageModel<Record<string, unknown>> {
+  const defaults = {
+    timeline: widget.timelineDefaults,
+    explorer: widget.explorerDefaults,
+    prefetch: widget.prefetchDefaults,
+  }[name](state.data as never);
+  return new PageModel<Record<string, unknown>>({ ...defaults, ...state, view: name });
+}
+
+/** Draw view `name` of `config` with the widget bundle; null when the page has none. */
+export function mountView(
+  doc: Document,
+  widget: WidgetModule,
+  config: PageConfig,
+  name: ViewName,
+): PageModel<Record<string, unknown>> | null {
+  const state = config.views[name];
+  if (state === null) return null;
+  const el = doc.getElementById(config.divs[name]);
+  if (el === null) throw new Error(`the page has no element #${config.divs[name]} for a view`);
+  const model = pageModel(widget, name, state);
+  widget.default.render({ model, el });
+  performance.mark(`fsdpviz:${config.divs[name]}`);
+  return model;
+}
+
+/** Mirror the linked state on the body (data-fv-step, -current-unit, -selected-unit), for
+ * whoever reads the page from outside (tests, benchmarks). */
+function mirror(doc: Document, models: PageModels): void {
+  const timeline = models.timeline;
+  if (timeline === null) return;
+  const show = (): void => {
+    const ds = doc.body.dataset;
+    ds.fvStep = String(timeline.get("step"));
+    ds.fvSelectedUnit = String(timeline.get("selected_unit") ?? "");
+    const current = models.explorer ?? models.prefetch;
+    ds.fvCurrentUnit = String(current?.get("current_unit") ?? "");
+    ds.fvFocus = String(models.explorer?.get("focus") ?? "");
+  };
+  for (const m of [timeline, models.explorer, models.prefetch]) m?.on("change", () => show());
+  show();
+}
+
+/**
+ * Unpack the page's data and draw it from the top: the timeline first, painted, then the
+ * explorer and the prefetch graph, then link them. Each stage leaves a performance mark
+ * (`fsdpviz:unpacked`, `fsdpviz:<div>` per view, `fsdpviz:first-view` once the timeline is
+ * painted, `fsdpviz:linked`, `fsdpviz:painted` once all of it is on the screen), which
+ * benchmarks/bench_views.py reads.
+ */
+export async function boot(doc: Document): Promise<PageModels> {
+  const [configText, widgetSource] = await Promise.all([
+    unpack(doc, PACKED.config),
+    unpack(doc, PACKED.widget),
+  ]);
+  performance.mark("fsdpviz:unpacked");
+  const config = JSON.parse(configText) as PageConfig;
+  const widget = await importWidget(widgetSource);
+  const models: PageModels = { timeline: null, explorer: null, prefetch: null };
+  models.timeline = mountView(doc, widget, config, "timeline");
+  await afterPaint(doc);
+  performance.mark("fsdpviz:first-view");
+  doc.body.dataset.fvFirstView = "true";
+  models.explorer = mountView(doc, widget, config, "explorer");
+  models.prefetch = mountView(doc, widget, config, "prefetch");
+  if (models.timeline !== null) widget.linkViews(models);
+  mirror(doc, models);
+  performance.mark("fsdpviz:linked");
+  await afterPaint(doc);
+  performance.mark("fsdpviz:painted");
+  return models;
+}
+
+function showPageError(doc: Document, err: unknown): void {
+  const pre = doc.createElement("pre");
+  pre.className = "fv-page-error";
+  pre.textContent = `fsdpviz page error: ${err instanceof Error ? err.message : String(err)}`;
+  doc.body.prepend(pre);
+  console.error(err);
+}
+
+declare global {
+  interface Window {
+    /** The page's models (the timeline's, the explorer's, the prefetch graph's). */
+    fsdpvizModels?: PageModels;
+    /** The timeline's model. */
+    fsdpvizModel?: PageModel<Record<string, unknown>> | null;
+  }
+}
+
+if (typeof document !== "undefined" && document.getElementById(PACKED.config) !== null) {
+  boot(document).then(
+    (models) => {
+      window.fsdpvizModels = models;
+      window.fsdpvizModel = models.timeline;
+      document.body.dataset.fvReady = "true";
+    },
+    (err: unknown) => showPageError(document, err),
+  );
+}
