@@ -41,6 +41,7 @@ from fsdpviz.recording import (
     dump_flight_recorder,
     load_flight_recorder,
     load_profile,
+    load_run,
     record,
     record_fsdp1,
 )
@@ -96,39 +97,52 @@ __all__ = [
 
 
 def load(path: str | Path) -> Report | RecordedRun:
-    """Read a report file, or a directory of a run recorded with :func:`record`.
+    """Read a report file, a directory of a run recorded with :func:`record`, or torch's
+    flight recorder dumps.
 
     A path that does not exist raises ``FileNotFoundError``, a file that is not a
-    report (not JSON, a page, a graph, a profiler trace) :class:`ConfigError`, each
-    saying what to pass.
+    report (not JSON, a page, a graph, a profiler trace) :class:`ConfigError`, and a
+    directory that holds neither a recording nor dumps ``FileNotFoundError``, each
+    saying what it found and what to pass.
 
     A ``.json`` file saved with ``report.to_json(path)`` or ``report.save(path)`` (a
     Chrome trace that also holds the report) gives a :class:`Report`; a directory
     written by ``fsdpviz.record(model, out_dir=path)``, or the ``.json`` of
     ``run.save(path)``, gives a :class:`RecordedRun` (``.ranks``: one recorded
-    :class:`Report` per rank).
+    :class:`Report` per rank); a directory of flight recorder dumps (one file per rank,
+    ``nccl_trace_rank_0``, ...), or one dump, gives what :func:`load_flight_recorder`
+    gives, a :class:`FlightRecorderRun` (``.diagnose()``).
 
     Example::
 
         report = fsdpviz.load("report.json")
         run = fsdpviz.load("fsdpviz-run")
         run.ranks[0].iterations[0][:3], run.divergence()
+        print(fsdpviz.load("/tmp/fr").diagnose())   # flight recorder dumps
     """
     p = Path(path)
     if p.is_dir():
-        return RecordedRun.load(p)
+        return load_run(p)
     if not p.is_file():
         raise FileNotFoundError(
             f"{str(p)!r} does not exist: fsdpviz.load reads a report's .json (written by "
-            "report.save('report.json') or report.to_json(path)) or the directory "
-            "fsdpviz.record(model, out_dir=...) wrote"
+            "report.save('report.json') or report.to_json(path)), the directory "
+            "fsdpviz.record(model, out_dir=...) wrote, or a directory of torch flight "
+            "recorder dumps"
         )
     try:
         data = json.loads(p.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        dump = _flight_dump(p) if isinstance(e, UnicodeDecodeError) else None
+        if dump is not None:  # the pickle torch writes
+            return dump
         raise ConfigError(_not_a_report(p, _what_it_is(p, e))) from None
     if isinstance(data, dict) and "ranks" in data and "units" not in data:
         return RecordedRun.from_dict(data, p)
+    if isinstance(data, dict) and "entries" in data and "units" not in data:
+        dump = _flight_dump(p)  # the JSON form of a flight recorder dump
+        if dump is not None:
+            return dump
     if not isinstance(data, dict) or "units" not in data:
         raise ConfigError(_not_a_report(p, _what_json_is(data)))
     try:
@@ -137,6 +151,15 @@ def load(path: str | Path) -> Report | RecordedRun:
         raise ConfigError(
             _not_a_report(p, f"a report with a missing or malformed field ({e!r})")
         ) from None
+
+
+def _flight_dump(path: Path) -> FlightRecorderRun | None:
+    """One rank's flight recorder dump, read as :func:`load_flight_recorder` reads it; None
+    when the file is not one."""
+    try:
+        return load_flight_recorder(path)
+    except ValueError:
+        return None
 
 
 def _not_a_report(path: Path, what: str) -> str:

@@ -7,8 +7,10 @@ raising :class:`UsageError` with what was wrong and what to write instead.
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
 (``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
-``--mixed-precision``, ``--world-size``, ``--machine``, ``--trace``. Or a trainer's configuration:
-``--accelerate-config`` / ``--torchtitan-config`` (then the FSDP flags are refused).
+``--mixed-precision``, ``--world-size``, ``--machine``, ``--trace``, and the job around FSDP
+(:mod:`fsdpviz.plan.job`): ``--grad-accum``, ``--compile``, ``--float8``,
+``--float32-matmul-precision``. Or a trainer's configuration: ``--accelerate-config`` /
+``--torchtitan-config`` (then the FSDP flags are refused; the job flags override the file's).
 
 :func:`add_source_flags` adds what builds a Hugging Face model by id (``hf:ID``, see
 :func:`load_model`): ``--set``, ``--batch``, ``--seq``, ``--dtype``.
@@ -26,8 +28,11 @@ import torch
 from torch import nn
 
 from fsdpviz.cost.hardware import GPUS
+from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS, parse_job_options
 
 __all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
 
@@ -131,6 +136,68 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
         "copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
         "--fully-shard)",
     )
+    add_job_flags(parser)
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
+    parser.add_argument(
+        "--grad-accum",
+        type=_grad_accum,
+        metavar="N",
+        help="gradient accumulation: N micro-steps per optimizer step, the first N-1 without "
+        "gradient sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)), each "
+        "planned as FSDP issues it (default 1)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const=True,
+        metavar="CLASSES",
+        help="the model runs under torch.compile: the whole model, or these module classes "
+        "compiled one by one (comma-separated, as torchtitan compiles each block); the compute "
+        "is costed as fused kernels, FSDP's schedule is unchanged",
+    )
+    parser.add_argument(
+        "--float8",
+        nargs="?",
+        const=True,
+        metavar="SPEC",
+        help="float8 linears (torchao) as torchtitan trains them: tensorwise scaling, or SPEC, "
+        "comma-separated: a recipe (rowwise, rowwise_with_gw_hp), all-gather (FSDP2's float8 "
+        "all-gather), filter_fqns=output,router, or torchtitan's KEY=VALUE",
+    )
+    parser.add_argument(
+        "--float32-matmul-precision",
+        type=_precision,
+        metavar="{" + ",".join(FLOAT32_MATMUL_PRECISIONS) + "}",
+        help="as torch.set_float32_matmul_precision takes it: high or medium run float32 "
+        "matrix multiplies on TF32 tensor cores (default: highest, torch's)",
+    )
+
+
+def _grad_accum(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive int (micro-steps per optimizer step), got {text!r}"
+        )
+    return value
+
+
+def _precision(text: str) -> str:
+    value = text.strip().lower()
+    if value in FLOAT32_MATMUL_PRECISIONS:
+        return value
+    close = difflib.get_close_matches(value, FLOAT32_MATMUL_PRECISIONS, n=1)
+    tip = f"; did you mean {close[0]!r}?" if close else ""
+    raise argparse.ArgumentTypeError(
+        f"must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} (as "
+        f"torch.set_float32_matmul_precision takes it), got {text!r}{tip}"
+    )
 
 
 def positive_int(text: str) -> int:
@@ -230,7 +297,119 @@ def analyze_kwargs(
     kwargs = _plan_kwargs(args, model, default_wrap, notes)
     if getattr(args, "machine", None) is not None:
         kwargs["machine"] = args.machine
+    job = job_kwargs(args, model)
+    if notes is not None and (args.accelerate_config or args.torchtitan_config):
+        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
+        notes.extend(
+            f"{_flag_text(k, v)} overrides {source}'s {k}={kwargs[k]!r}"
+            for k, v in job.items()
+            if k in kwargs and kwargs[k] != v
+        )
+    kwargs.update(job)
+    api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
+    try:
+        parse_job_options(kwargs, api)
+    except ConfigError as exc:  # what analyze would raise, in the flags' words
+        text = str(exc)
+        for key, flag in _JOB_FLAGS.items():
+            if text.startswith(key) and key not in job:
+                raise  # the config file's, not the flags'
+            if text.startswith(key):
+                text = flag + text[len(key) :]
+        raise UsageError(text.replace("fully_shard=[...]", "--fully-shard NAMES")) from None
     return kwargs
+
+
+_FLOAT8_WORDS = (*FLOAT8_RECIPES, "all_gather")
+_JOB_FLAGS = {
+    "grad_accum": "--grad-accum", "compile": "--compile", "float8": "--float8",
+    "float32_matmul_precision": "--float32-matmul-precision",
+}  # fmt: skip
+
+
+def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
+    """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given."""
+    kwargs: dict[str, Any] = {}
+    if getattr(args, "grad_accum", None) is not None:
+        kwargs["grad_accum"] = args.grad_accum
+    compiled = getattr(args, "compile", None)
+    if compiled is True:
+        kwargs["compile"] = True
+    elif isinstance(compiled, str):
+        names = [n for n in compiled.split(",") if n.strip()]
+        kwargs["compile"] = sorted(module_classes(names, model, "--compile"), key=str)
+    if getattr(args, "float8", None) is not None:
+        kwargs["float8"] = _float8(args.float8)
+    if getattr(args, "float32_matmul_precision", None) is not None:
+        kwargs["float32_matmul_precision"] = args.float32_matmul_precision
+    return kwargs
+
+
+def job_flag_value(args: argparse.Namespace) -> str | None:
+    """The word ``--compile`` or ``--float8`` took when the command's positional argument is
+    missing (``--compile mypkg:build``: the model, not module classes): the flag is set to
+    its bare form and the word returned, else None."""
+    for key in ("compile", "float8"):
+        value = getattr(args, key, None)
+        if not isinstance(value, str):
+            continue
+        word = value.strip().lower().replace("-", "_")
+        if key == "float8" and ("=" in value or "," in value or word in _FLOAT8_WORDS):
+            continue
+        setattr(args, key, True)
+        return value
+    return None
+
+
+def _flag_text(key: str, value: Any) -> str:
+    """The flag that gives ``key=value``: ``--compile Block``."""
+    if value is True:
+        return _JOB_FLAGS[key]
+    if isinstance(value, list):
+        text = ",".join(getattr(v, "__name__", str(v)) for v in value)
+    elif isinstance(value, dict):
+        text = ",".join(f"{k}={v}" for k, v in value.items())
+    else:
+        text = str(value)
+    return f"{_JOB_FLAGS[key]} {text}"
+
+
+def _float8(spec: str | bool) -> bool | dict[str, Any]:
+    """``--float8 SPEC``: comma-separated torchtitan float8 keys (``KEY=VALUE``; a key alone
+    is ``true``), a recipe name for ``recipe_name``, ``all-gather`` for
+    ``enable_fsdp_float8_all_gather``; ``filter_fqns=a,b`` takes the words after it that have
+    no ``=``."""
+    if spec is True or not str(spec).strip():
+        return True
+    out: dict[str, Any] = {}
+    listing = False
+    for item in (w.strip() for w in str(spec).split(",")):
+        if not item:
+            continue
+        key, sep, value = (p.strip() for p in item.partition("="))
+        word = key.lower().replace("-", "_")
+        if not sep and listing and word not in _FLOAT8_WORDS:
+            out["filter_fqns"].append(item)
+            continue
+        listing = key == "filter_fqns"
+        if listing:
+            out[key] = [value] if value else []
+        elif not sep and word in FLOAT8_RECIPES:
+            out["recipe_name"] = word
+        elif not sep and word == "all_gather":
+            out["enable_fsdp_float8_all_gather"] = True
+        elif not sep and (close := difflib.get_close_matches(word, _FLOAT8_WORDS, n=1)):
+            raise UsageError(
+                f"--float8: unknown {key!r}; did you mean "
+                f"{'all-gather' if close[0] == 'all_gather' else close[0]!r}? "
+                f"(a recipe: {', '.join(FLOAT8_RECIPES)}; all-gather; or KEY=VALUE of "
+                "torchtitan's float8 keys)"
+            )
+        elif not sep or value.lower() in ("true", "false"):
+            out[key] = not sep or value.lower() == "true"
+        else:
+            out[key] = value
+    return out
 
 
 def _plan_kwargs(

@@ -11,6 +11,9 @@ Usage::
     fsdpviz report mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --fully-shard DecoderLayer --mixed-precision bf16,fp32 -o report.html   # FSDP2
     fsdpviz report hf:meta-llama/Llama-3.1-8B --seq 8192 --machine h100 --check   # CI gate
+    fsdpviz report hf:Qwen/Qwen2-0.5B --fully-shard Qwen2DecoderLayer --grad-accum 4 \
+        --compile Qwen2DecoderLayer --float32-matmul-precision high   # the job around FSDP
+    fsdpviz report fsdpviz-run -o run.html           # a saved report, a recording, or dumps
     fsdpviz doctor /tmp/fr-dumps                     # torch flight recorder dumps of a hang
     fsdpviz doctor /tmp/fr-dumps mypkg.models:build_model --inputs mypkg.models:make_batch \\
         --policy transformer:DecoderLayer            # ... read in FSDP's terms
@@ -48,6 +51,7 @@ from fsdpviz._options_cli import (
     add_source_flags,
     analyze_kwargs,
     hf_id,
+    job_flag_value,
     load_hf_model,
     positive_int,
 )
@@ -160,13 +164,16 @@ def _build_parser() -> argparse.ArgumentParser:
         "trainer's config file (--accelerate-config, --torchtitan-config) and write the report. "
         "MODEL is hf:ID (a Hugging Face model id or config directory, built on the meta device "
         "from its config alone) or MODULE:FACTORY (a callable returning a model, or a (model, "
-        "inputs) tuple); a torchtitan config brings its own model.",
+        "inputs) tuple); a torchtitan config brings its own model. MODEL may also be what "
+        "fsdpviz.load reads (a saved report's .json, a folder fsdpviz.record wrote, torch "
+        "flight recorder dumps): it is written as it was saved.",
     )
     report.add_argument(
         "factory",
         metavar="MODEL",
         nargs="?",
-        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build",
+        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build; or a saved "
+        "report, recording or dumps folder",
     )
     report.add_argument(
         "--inputs",
@@ -197,9 +204,15 @@ def _add_doctor(subs: Any) -> None:
         "with one file per rank, as torch writes them) and print where each rank stopped and "
         "where the ranks first disagree; given the job's model (MODEL and the flags of "
         "`fsdpviz report`), in FSDP's terms: unit, phase, hook and iteration. Writes the page "
-        "(a lane group per rank, the stuck and the first divergent collectives marked).",
+        "(a lane group per rank, the stuck and the first divergent collectives marked). "
+        "DIR may also be a run fsdpviz.record wrote: where its ranks diverge and, given "
+        "MODEL, how it differs from the prediction (fsdpviz.diff).",
     )
-    doctor.add_argument("dumps", metavar="DIR", help="the folder of dumps (nccl_trace_rank_0, ...)")
+    doctor.add_argument(
+        "dumps",
+        metavar="DIR",
+        help="the folder of dumps (nccl_trace_rank_0, ...) or of a recording (rank0.json, ...)",
+    )
     doctor.add_argument(
         "factory",
         metavar="MODEL",
@@ -250,8 +263,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from fsdpviz.configs import ConfigNote, from_torchtitan
     from fsdpviz.schedule.predict import analyze
 
+    if args.factory is None and not args.torchtitan_config:
+        args.factory = job_flag_value(args)  # `--compile MODEL`: the word was MODEL
     explicit = args.output is not None
     path = _output_path(args.output if explicit else "report.html")
+    if args.factory is not None and _is_saved(args.factory):
+        return _report_saved(args, path, explicit)
     if args.check and args.trace == "fx":
         raise UsageError(
             "--check needs the activations the trace measures, and --trace fx measures "
@@ -298,14 +315,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from fsdpviz.recording import load_flight_recorder
+    from fsdpviz.recording import FlightRecorderRun, diff, load_run
 
     path = _output_path(args.output)
     try:
-        run = load_flight_recorder(args.dumps)
+        run = load_run(args.dumps)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     prediction = None
+    if args.factory is None and not args.torchtitan_config:
+        args.factory = job_flag_value(args)  # `--compile MODEL`: the word was MODEL
     if args.factory is not None or args.torchtitan_config:
         from fsdpviz.schedule.predict import analyze
 
@@ -317,10 +336,67 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         for line in notes:
             print(f"note: {line}")
         prediction = analyze(model, inputs, **kwargs)
-    diagnosis = run.diagnose(prediction)
-    print(diagnosis)
-    diagnosis.save(path)
+    if isinstance(run, FlightRecorderRun):
+        diagnosis = run.diagnose(prediction)
+        print(diagnosis)
+        diagnosis.save(path)
+    else:  # a run fsdpviz.record wrote: where its ranks diverge, and what differs from the plan
+        print(run.summary())
+        divergence = run.divergence()
+        if divergence is not None:
+            print(divergence)
+        if prediction is not None:
+            print(diff(run, prediction))
+        run.save(path)
     print(f"wrote {path}")
+    return 0
+
+
+def _is_saved(spec: str) -> bool:
+    """Whether MODEL names what :func:`fsdpviz.load` reads (a saved report, a recording, flight
+    recorder dumps) rather than a model: a path that exists, and no Hugging Face config."""
+    p = Path(spec)
+    return ":" not in spec and p.exists() and not p.joinpath("config.json").is_file()
+
+
+def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
+    """``fsdpviz report PATH``: write what :func:`fsdpviz.load` reads from PATH."""
+    from fsdpviz import load
+    from fsdpviz.recording import FlightRecorderRun
+    from fsdpviz.schema.report import Report
+
+    parser: argparse.ArgumentParser = args.parser
+    skip = {"help", "factory", "output", "check", "func", "parser"}
+    given = [
+        a.option_strings[-1]
+        for a in parser._actions
+        if a.dest not in skip and a.option_strings and getattr(args, a.dest) != a.default
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'plans' if len(given) == 1 else 'plan'} a model, and "
+            f"{args.factory!r} is read as it was saved; leave "
+            f"{'it' if len(given) == 1 else 'them'} out, or give MODEL as hf:ID or "
+            "MODULE:FACTORY"
+        )
+    start = time.perf_counter()
+    try:
+        loaded = load(args.factory)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if isinstance(loaded, Report):
+        if args.check:
+            return _check(loaded, path if explicit else None, time.perf_counter() - start)
+        return _write(loaded, path, time.perf_counter() - start)
+    if args.check:
+        raise UsageError(
+            f"--check checks that a plan fits in memory; {args.factory!r} is a recorded run"
+        )
+    loaded.save(path)
+    print(loaded.summary())
+    if isinstance(loaded, FlightRecorderRun):
+        print(f"(fsdpviz doctor {args.factory} MODEL [flags] reads it in FSDP's terms)")
+    print(f"wrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0
 
 
@@ -373,6 +449,9 @@ def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> 
 
     save(report, path)
     print(report.summary())
+    job = _job_line(report)
+    if job:
+        print(job)
     if len(report.units) == 1 and root_only:
         print("root only, as --policy none asks: the whole model is one unit")
     elif len(report.units) == 1:
@@ -385,6 +464,25 @@ def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> 
         print(report.timeline.summary().splitlines()[0])
     print(f"wrote {path} ({seconds:.1f}s)")
     return 0
+
+
+def _job_line(report: Any) -> str:
+    """The job around FSDP the plan assumes (``--grad-accum``, ``--compile``, ``--float8``,
+    ``--float32-matmul-precision``), where it states one; else ``""``."""
+    c = report.config
+    items = []
+    if c.grad_accum > 1:
+        quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
+        items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
+    if c.compile:
+        on = f" on {', '.join(c.compile)}" if isinstance(c.compile, tuple) else ""
+        items.append(f"torch.compile{on} (fused kernels)")
+    if c.float8:
+        gather = " + float8 all-gather" if c.float8.get("enable_fsdp_float8_all_gather") else ""
+        items.append(f"float8 linears ({c.float8.get('recipe_name', 'tensorwise')}){gather}")
+    if c.float32_matmul_precision in ("high", "medium"):
+        items.append(f"TF32 matmuls (float32_matmul_precision {c.float32_matmul_precision})")
+    return f"  job: {', '.join(items)}" if items else ""
 
 
 def _check(report: Any, path: Path | None, seconds: float) -> int:

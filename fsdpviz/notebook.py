@@ -25,6 +25,7 @@ from fsdpviz._options_cli import (
     add_source_flags,
     analyze_kwargs,
     hf_id,
+    job_flag_value,
     load_hf_model,
 )
 
@@ -44,6 +45,11 @@ _OPTIONS = """\
   --use-orig-params           FSDP1 use_orig_params=True
   --world-size N              ranks (default 8)
   --trace meta|real|fx        how to trace (default meta; fx: FSDP1 only)
+  --machine GPU               the GPU to fit and time the plan on (default h100)
+  --grad-accum N              micro-steps per optimizer step, N-1 without gradient sync
+  --compile [CLASSES]         torch.compile: the whole model, or these classes one by one
+  --float8 [SPEC]             float8 linears: tensorwise, or torchtitan's keys (rowwise, ...)
+  --float32-matmul-precision highest|high|medium    high, medium: TF32 matmuls
   --show                      open the interactive explorer instead of the summary
 """
 
@@ -118,6 +124,8 @@ def _line_model(ip: Any, args: argparse.Namespace) -> tuple[Any, Any, list[type[
                 job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
             args.torchtitan_plan = job.config
             return job.model, job.inputs, []
+        if args.model is None and not args.torchtitan_config:
+            args.model = job_flag_value(args)  # `--compile model`: the word was MODEL
         if args.model is None:
             raise UsageError("%fsdpviz: give MODEL (an expression or hf:ID)\n" + _OPTIONS)
         name = hf_id(args.model) if args.model.startswith("hf:") else None

@@ -217,6 +217,9 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "report", "--help")
     assert code == 0
     assert "MODULE:FACTORY" in out and "transformer:Class" in out
+    for flag in ("--grad-accum N", "--compile [CLASSES]", "--float8 [SPEC]",
+                 "--float32-matmul-precision {highest,high,medium}"):  # fmt: skip
+        assert flag in out
     code, out, _ = _run(capsys, "--version")
     assert code == 0
     assert fsdpviz.__version__ in out
@@ -372,6 +375,122 @@ def test_report_fsdp1_mixed_precision(models: str, capsys: pytest.CaptureFixture
         "--mixed-precision", "fp16",
     )  # fmt: skip
     assert all(u.compute_dtype == "float16" for u in report.units if u.numel)
+
+
+# ---------------------------------------------------- the job around FSDP
+
+
+def test_report_job_flags_print_what_analyze_gives(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--grad-accum, --compile, --float8 and --float32-matmul-precision plan what the Python
+    keywords plan, and the command prints what that report says: a line per micro-step, the
+    step as the time model costs it compiled, in float8, on TF32."""
+    report, out = _report(
+        capsys, f"{models}:build_with_inputs", "--fully-shard", "Block", "--world-size", "4",
+        "--grad-accum", "3", "--compile", "Block", "--float8",
+        "all-gather,filter_fqns=head", "--float32-matmul-precision",
+        "high",
+    )  # fmt: skip
+    factories = importlib.import_module(models)
+    same = fsdpviz.analyze(
+        *factories.build_with_inputs(), fully_shard=[factories.Block], world_size=4,
+        grad_accum=3, compile=[factories.Block], float32_matmul_precision="high",
+        float8={"enable_fsdp_float8_all_gather": True, "filter_fqns": ["head"]}, progress=False,
+    )  # fmt: skip
+    assert report.to_dict() == same.to_dict()
+    assert report.config["grad_accum"] == 3 and report.config["compile"] == ["Block"]
+    assert report.config["float8"] == {
+        "recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True,
+        "filter_fqns": ["head"],
+    }  # fmt: skip
+    assert report.config["float32_matmul_precision"] == "high"
+    assert same.summary() in out
+    assert "  first step, micro-step 1/3 (no gradient sync): " in out
+    assert "  steady step, micro-step 3/3 (synced): " in out
+    assert same.timeline.summary().splitlines()[0] in out
+    assert (
+        "  job: grad_accum 3 (no gradient sync on 2), torch.compile on Block (fused kernels), "
+        "float8 linears (tensorwise) + float8 all-gather, TF32 matmuls "
+        "(float32_matmul_precision high)\n"
+    ) in out
+
+    def without(key: str) -> fsdpviz.Report:
+        options = {
+            "grad_accum": 3, "compile": [factories.Block], "float32_matmul_precision": "high",
+            "float8": {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["head"]},
+        }  # fmt: skip
+        del options[key]
+        return fsdpviz.analyze(
+            *factories.build_with_inputs(), fully_shard=[factories.Block], world_size=4,
+            progress=False, **options,
+        )  # fmt: skip
+
+    eager, wide = without("compile").timeline, without("float8").timeline
+    assert same.timeline.totals["memory_bound_s"] < eager.totals["memory_bound_s"]  # fused
+    assert same.timeline.totals["all_gather_bytes"] < wide.totals["all_gather_bytes"]
+    for other in (eager, wide):
+        assert other.summary().splitlines()[0] not in out
+
+
+def test_report_job_flags_fsdp1_and_bare(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """FSDP1 takes them too; bare --compile and --float8 are compile=True and float8=True;
+    `--compile MODEL` reads MODEL as the model (argparse gave it to --compile)."""
+    report, out = _report(
+        capsys, "--compile", f"{models}:build_with_inputs", "--policy", "transformer:Block",
+        "--grad-accum", "2", "--float8", "--float32-matmul-precision", "medium",
+    )  # fmt: skip
+    factories = importlib.import_module(models)
+    same = fsdpviz.analyze(
+        *factories.build_with_inputs(), auto_wrap_policy=ModuleWrapPolicy({factories.Block}),
+        grad_accum=2, compile=True, float8=True, float32_matmul_precision="medium",
+        progress=False,
+    )  # fmt: skip
+    assert report.to_dict() == same.to_dict()
+    assert report.config["compile"] is True and report.config["float8"] is not None
+    assert same.summary() in out and "micro-step 2/2 (synced)" in out
+    assert (
+        "  job: grad_accum 2 (no_sync() on 1), torch.compile (fused kernels), float8 linears "
+        "(tensorwise), TF32 matmuls (float32_matmul_precision medium)\n"
+    ) in out
+    plain, out = _report(capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block")
+    assert "job:" not in out
+    for key in ("grad_accum", "compile", "float8", "float32_matmul_precision"):
+        assert key not in plain.config.to_dict()  # not given: not stated, as in Python
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--grad-accum", "0"], "argument --grad-accum: must be a positive int (micro-steps "
+         "per optimizer step), got '0'"),
+        (["--grad-accum", "two"], "must be a positive int"),
+        (["--float32-matmul-precision", "hgh"], "argument --float32-matmul-precision: must be "
+         "one of highest, high, medium (as torch.set_float32_matmul_precision takes it), got "
+         "'hgh'; did you mean 'high'?"),
+        (["--compile", "Blok"], "--compile: the model has no module of class 'Blok'; did you "
+         "mean 'Block'?"),
+        (["--float8", "rowwize"], "--float8: unknown 'rowwize'; did you mean 'rowwise'?"),
+        (["--float8", "allgather"], "--float8: unknown 'allgather'; did you mean 'all-gather'?"),
+        (["--float8", "recipe=rowwise"], "--float8: unknown key 'recipe'; did you mean "
+         "'recipe_name'?"),
+        (["--float8", "enable_fsdp_float8_all_gather"], "--float8: "
+         "enable_fsdp_float8_all_gather needs FSDP2 (fully_shard); FSDP1 all-gathers the "
+         "weights in their own dtype. Drop it, or plan with --fully-shard NAMES"),
+        (["--fully-shard", "Block", "--float8", "recipe_name=rowwise,"
+          "enable_fsdp_float8_all_gather=true"], "--float8: enable_fsdp_float8_all_gather "
+         "applies to tensorwise scaling"),
+    ],
+)  # fmt: skip
+def test_report_bad_job_flags(
+    models: str, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """The messages analyze gives for these keywords, in the flags' words: exit status 2."""
+    code, out, err = _run(capsys, "report", f"{models}:build_with_inputs", *flags)
+    assert code == 2 and out == ""
+    assert err.startswith("usage: fsdpviz report")
+    assert message in err
+    assert "Traceback" not in err
 
 
 # --------------------------------------------------------- usage errors

@@ -63,10 +63,53 @@ def test_load_of_a_missing_path(files: Path) -> None:
         fsdpviz.load("nope.json")
     assert str(err.value) == (
         "'nope.json' does not exist: fsdpviz.load reads a report's .json (written by "
-        "report.save('report.json') or report.to_json(path)) or the directory "
-        "fsdpviz.record(model, out_dir=...) wrote"
+        "report.save('report.json') or report.to_json(path)), the directory "
+        "fsdpviz.record(model, out_dir=...) wrote, or a directory of torch flight "
+        "recorder dumps"
     )
     assert isinstance(fsdpviz.load(files / "report.json"), fsdpviz.Report)
+
+
+def test_load_of_a_folder_that_is_neither_a_recording_nor_dumps(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "rank0.json").write_text(json.dumps({"loss": 1.5}))  # neither header nor dump
+    with pytest.raises(FileNotFoundError) as err:
+        fsdpviz.load(folder)
+    assert str(err.value) == (
+        f"{str(folder)!r} is neither a run fsdpviz.record wrote (rank<N>.json and rank<N>.jsonl "
+        "per rank) nor torch flight recorder dumps (a file per rank named <prefix><rank>, as "
+        "torch writes them: nccl_trace_rank_0, ...): it holds notes.txt, rank0.json"
+    )
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"it holds nothing$"):
+        fsdpviz.load(tmp_path / "empty")
+    code, out, err_text = _run(capsys, "report", str(folder))
+    assert code == 2 and out == "" and "is neither a run fsdpviz.record wrote" in err_text
+    code, out, err_text = _run(capsys, "doctor", str(folder))
+    assert code == 2 and "it holds notes.txt, rank0.json" in err_text
+
+
+def test_report_of_a_saved_report_writes_it_again(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = fsdpviz.load(files / "report.json")
+    assert isinstance(saved, fsdpviz.Report)
+    code, out, _ = _run(
+        capsys, "report", str(files / "report.json"), "-o", str(tmp_path / "r.html")
+    )
+    assert code == 0 and out.startswith(saved.summary() + "\n")
+    assert "fsdpviz prediction: FSDP1" in (tmp_path / "r.html").read_text()
+    code, out, _ = _run(capsys, "report", str(files / "report.json"), "--check")
+    assert code == 0 and "check passed" in out
+    code, out, err = _run(capsys, "report", str(files / "report.json"), "--world-size", "4",
+                          "--grad-accum", "2")  # fmt: skip
+    assert code == 2 and "--world-size, --grad-accum plan a model, and" in err
+    code, out, err = _run(capsys, "report", str(files / "notes.json"))
+    assert code == 2 and "is not JSON (Expecting value at line 1, column 1)" in err
 
 
 # ---------------------------------------------------------------- the command line
@@ -121,6 +164,9 @@ def test_misspelled_options_get_a_suggestion(
     code, _, err = _run(capsys, "demo", "--wrold-size=8", "--outptu", "x.html")
     assert code == 2
     assert "--wrold-size: did you mean --world-size?; --outptu: did you mean --output?" in err
+    code, _, err = _run(capsys, "report", factory, "--grad-acum", "2", "--float32-matmul-precison")
+    assert "--grad-acum: did you mean --grad-accum?; --float32-matmul-precison: did you mean " \
+        "--float32-matmul-precision?" in err and code == 2  # fmt: skip
     code, out, _ = _run(capsys, "--vers")  # argparse's abbreviations still work
     assert code == 0 and out.startswith("fsdpviz ")
     code, _, err = _run(capsys, "--verison")

@@ -42,6 +42,27 @@ def test_line_magic_fsdp2(ip: Any) -> None:
     assert set(report.config["reshard_after_forward"].values()) == {2}
 
 
+def test_line_magic_job_flags(ip: Any) -> None:
+    """The job around FSDP, as analyze takes it: the report is the one analyze gives."""
+    import fsdpviz
+    from fsdpviz.examples import DecoderLayer
+
+    line = (
+        "model --inputs ids --fully-shard DecoderLayer --grad-accum 2 --compile DecoderLayer "
+        "--float8 --float32-matmul-precision high"
+    )
+    report = ip.run_line_magic("fsdpviz", line)
+    same = fsdpviz.analyze(
+        ip.user_ns["model"], ip.user_ns["ids"], fully_shard=[DecoderLayer], grad_accum=2,
+        compile=[DecoderLayer], float8=True, float32_matmul_precision="high", progress=False,
+    )  # fmt: skip
+    assert report.to_dict() == same.to_dict()
+    assert report.config["grad_accum"] == 2 and report.config["compile"] == ["DecoderLayer"]
+    assert repr(report) == same.summary() and "micro-step 2/2 (synced)" in repr(report)
+    bare = ip.run_line_magic("fsdpviz", "--compile model --inputs ids --world-size 4")
+    assert bare.config["compile"] is True and bare.config["world_size"] == 4
+
+
 def test_cell_magic_traces_the_model_the_cell_runs(ip: Any) -> None:
     cell = (
         "net = example_model(device='cpu')\n"
@@ -79,6 +100,27 @@ def test_cell_magic_shows_the_report_not_the_cells_last_value(
         ("ids --inputs ids", "must be a torch.nn.Module"),
         ("model --inputs ids --world-size 0", "--world-size: expected a positive integer"),
         ("model --inputs ids --fully-shard DecoderLayer --forward-prefetch", "is an FSDP1 option"),
+        (
+            "model --inputs ids --grad-accum 0",
+            "--grad-accum: must be a positive int (micro-steps per optimizer step), got '0'",
+        ),
+        (
+            "model --inputs ids --grad-acum 2",
+            "unknown option --grad-acum; did you mean --grad-accum?",
+        ),
+        (
+            "model --inputs ids --float32-matmul-precision tf32",
+            "must be one of highest, high, medium",
+        ),
+        (
+            "model --inputs ids --compile DecoderLayr",
+            "--compile: the model has no module of "
+            "class 'DecoderLayr'; did you mean 'DecoderLayer'?",
+        ),
+        (
+            "model --inputs ids --float8 enable_fsdp_float8_all_gather=true",
+            "--float8: enable_fsdp_float8_all_gather needs FSDP2",
+        ),
     ],
 )
 def test_errors_are_short_messages(ip: Any, line: str, message: str) -> None:
@@ -92,3 +134,6 @@ def test_errors_are_short_messages(ip: Any, line: str, message: str) -> None:
 def test_help_lists_the_options(ip: Any) -> None:
     doc = ip.find_line_magic("fsdpviz").__doc__
     assert "--backward-prefetch" in doc and "--fully-shard" in doc
+    for flag in ("--grad-accum N", "--compile [CLASSES]", "--float8 [SPEC]",
+                 "--float32-matmul-precision highest|high|medium"):  # fmt: skip
+        assert flag in doc

@@ -431,6 +431,48 @@ def test_nccl_states_say_which_collective_never_completed(tmp_path: Path) -> Non
     assert "1 rank of its group has no dump here" in str(alone)
 
 
+# ---------------------------------------------------------------------------- fsdpviz.load
+
+
+def test_load_reads_dumps_as_load_flight_recorder_does(tmp_path: Path) -> None:
+    """A folder of dumps (pickles, or JSON ones named rank0.json as a recording's headers
+    are), or one dump, is what load_flight_recorder gives."""
+    for name in ("fsdp2-skip", "fsdp1-skip-json"):
+        loaded, read = fsdpviz.load(dumps() / name), load(name)
+        assert isinstance(loaded, FlightRecorderRun)
+        assert loaded.collectives == read.collectives and loaded.notes == read.notes
+        assert str(loaded.diagnose()) == str(read.diagnose())
+        predicted = prediction(SCENARIOS[name.removesuffix("-json")].api)
+        assert str(loaded.diagnose(predicted)) == str(read.diagnose(predicted))
+    json_names = sorted(p.name for p in (dumps() / "fsdp1-skip-json").iterdir())
+    assert json_names[:2] == ["rank0.json", "rank1.json"]
+    for one in (dumps() / "fsdp2-skip" / "rank1", dumps() / "fsdp1-skip-json" / "rank1.json"):
+        single = fsdpviz.load(one)
+        assert isinstance(single, FlightRecorderRun)
+        assert single.collectives == fsdpviz.load_flight_recorder(one).collectives
+        assert sorted(single.collectives) == [1]
+
+
+def test_report_of_a_dumps_folder_writes_its_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsdpviz.cli import main
+
+    folder = dumps() / "fsdp1-skip"
+    page = tmp_path / "dumps.html"
+    assert main(["report", str(folder), "-o", str(page)]) == 0
+    out = capsys.readouterr().out
+    run = fsdpviz.load_flight_recorder(folder)
+    assert out.startswith(run.summary() + "\n")
+    assert f"fsdpviz doctor {folder} MODEL [flags] reads it in FSDP's terms" in out
+    assert f"fsdpviz flight recorder: {run.diagnose().summary()}" in page.read_text()
+    assert main(["report", str(folder), "--policy", "transformer:Block"]) == 2
+    err = capsys.readouterr().err
+    assert f"--policy plans a model, and {str(folder)!r} is read as it was saved" in err
+    assert main(["report", str(folder), "--check"]) == 2
+    assert "is a recorded run" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- views, CLI
 
 

@@ -176,6 +176,39 @@ def test_directory_errors_say_what_to_do(tmp_path: Path) -> None:
         fsdpviz.load(tmp_path)
 
 
+def test_doctor_and_report_read_a_recording_too(
+    fake_pg: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``fsdpviz doctor DIR`` of a run fsdpviz.record wrote: where the ranks diverge and, with
+    the model, fsdpviz.diff against the prediction; ``fsdpviz report DIR`` writes its page."""
+    from fsdpviz.cli import main
+
+    out = tmp_path / "run"
+    _record(fake_pg, out)
+    (tmp_path / "stack_models.py").write_text(
+        "import torch, handwritten_models as hm\n"
+        "def build():\n    return hm.Stack(), torch.randn(4, 8)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    run = fsdpviz.load(out)
+    assert main(["doctor", str(out), "-o", str(tmp_path / "d.html")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(run.summary() + "\n") and "all ranks agree" in printed
+    assert (tmp_path / "d.html").is_file()
+    args = ["doctor", str(out), "stack_models:build", "--policy", "transformer:Block",
+            "-o", str(tmp_path / "d.html")]  # fmt: skip
+    assert main(args) == 0
+    predicted = fsdpviz.analyze(hm.Stack(), _x(), auto_wrap_policy=POLICY, world_size=fake_pg)
+    assert str(fsdpviz.diff(run, predicted)) in capsys.readouterr().out
+    assert main(["report", str(out), "-o", str(tmp_path / "r.html")]) == 0
+    assert capsys.readouterr().out.startswith(run.summary() + "\n")
+    assert "fsdpviz recording" in (tmp_path / "r.html").read_text()
+
+
 def test_event_dicts_round_trip_with_and_without_times() -> None:
     plain = Event("all_gather", "blocks.0", "forward", True, "pre_forward", "")
     assert plain.to_dict() == {

@@ -12,6 +12,7 @@ from fsdpviz.recording._flight_run import (
     FlightRecorderRun,
     dump_flight_recorder,
     load_flight_recorder,
+    load_run,
 )
 from fsdpviz.recording._fsdp1 import FSDP1Recorder, record_fsdp1
 from fsdpviz.recording._fsdp2 import FSDP2Recorder
@@ -41,6 +42,7 @@ __all__ = [
     "dump_flight_recorder",
     "load_flight_recorder",
     "load_profile",
+    "load_run",
     "record",
     "record_fsdp1",
 ]

@@ -12,6 +12,7 @@ them by unit and iteration.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -31,10 +32,11 @@ from fsdpviz.recording._flight_dump import (
     read_dumps,
 )
 from fsdpviz.recording._recorded import RecordedRun, RunMark
+from fsdpviz.recording._writer import FORMAT, header_path, recorded_ranks
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, Report, Unit
 
-__all__ = ["FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder"]
+__all__ = ["FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder", "load_run"]
 
 DIVERGE_TEXT = "first collective where the ranks disagree"
 STUCK_TEXT = "where this rank stopped: its last collective"
@@ -205,6 +207,40 @@ def load_flight_recorder(path: str | Path) -> FlightRecorderRun:
             "(TORCH_FR_DUMP_TEMP_FILE's directory, /tmp by default)"
         )
     return from_dumps(dumps, folder, notes, named)
+
+
+def load_run(path: str | Path) -> RecordedRun:
+    """A folder of a run: one :func:`fsdpviz.record` wrote (a :class:`RecordedRun`), or torch
+    flight recorder dumps (a :class:`FlightRecorderRun`, as :func:`load_flight_recorder`
+    reads them). A folder that holds neither raises ``FileNotFoundError`` naming what it
+    holds.
+    """
+    p = Path(path)
+    if not p.is_dir() or is_recording(p):
+        return RecordedRun.load(p)
+    dumps, notes, named = read_dumps(p)
+    if dumps:
+        return from_dumps(dumps, p, notes, named)
+    names = sorted(x.name for x in p.iterdir())
+    held = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    raise FileNotFoundError(
+        f"{str(p)!r} is neither a run fsdpviz.record wrote (rank<N>.json and rank<N>.jsonl "
+        "per rank) nor torch flight recorder dumps (a file per rank named <prefix><rank>, as "
+        f"torch writes them: nccl_trace_rank_0, ...): it holds {held or 'nothing'}"
+    )
+
+
+def is_recording(folder: Path) -> bool:
+    """Whether ``folder`` holds a run :func:`fsdpviz.record` wrote (a rank's header names
+    the format; JSON flight recorder dumps may be called ``rank0.json`` too)."""
+    for rank in recorded_ranks(folder):
+        try:
+            header = json.loads(header_path(folder, rank).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(header, dict) and header.get("format") == FORMAT:
+            return True
+    return False
 
 
 def read_dump_or_raise(path: Path, rank: int) -> RankDump:
