@@ -48,7 +48,7 @@ _OPTIONS = """\
   --machine GPU               the GPU to fit and time the plan on (default h100)
   --grad-accum N              micro-steps per optimizer step, N-1 without gradient sync
   --compile [CLASSES]         torch.compile: the whole model, or these classes one by one
-  --float8 [SPEC]             float8 linears: tensorwise, or torchtitan's keys (rowwise, ...)
+  --float8 [SPEC]             float8 linears (tensorwise), or rowwise, all-gather, KEY=VALUE
   --float32-matmul-precision highest|high|medium    high, medium: TF32 matmuls
   --show                      open the interactive explorer instead of the summary
 """

@@ -212,11 +212,19 @@ def load_flight_recorder(path: str | Path) -> FlightRecorderRun:
 def load_run(path: str | Path) -> RecordedRun:
     """A folder of a run: one :func:`fsdpviz.record` wrote (a :class:`RecordedRun`), or torch
     flight recorder dumps (a :class:`FlightRecorderRun`, as :func:`load_flight_recorder`
-    reads them). A folder that holds neither raises ``FileNotFoundError`` naming what it
-    holds.
+    reads them; one dump file too). A folder that holds neither raises ``FileNotFoundError``
+    naming what it holds.
     """
     p = Path(path)
-    if not p.is_dir() or is_recording(p):
+    if p.is_file():
+        return load_flight_recorder(p)
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"{str(p)!r} does not exist; pass the folder fsdpviz.record(model, out_dir=...) "
+            "wrote, or the one torch's flight recorder dumped into (TORCH_FR_DUMP_TEMP_FILE's "
+            "directory, /tmp by default)"
+        )
+    if is_recording(p):
         return RecordedRun.load(p)
     dumps, notes, named = read_dumps(p)
     if dumps:
