@@ -496,6 +496,28 @@ def test_cli_with_trainer_configs(
                  "-o", "t.json"])  # fmt: skip
     assert code == 0
     assert len(fsdpviz.load("t.json").units) == 8
+    # the job flags go on top of a trainer's file, as --world-size does
+    code = main(["report", "--torchtitan-config", str(_job(in_tmp)), "--world-size", "2",
+                 "--grad-accum", "2", "--compile", "TransformerBlock", "--float8",
+                 "all-gather", "-o", "t.json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    config = fsdpviz.load("t.json").config
+    assert config["grad_accum"] == 2 and config["compile"] == ["TransformerBlock"]
+    assert config["float8"]["enable_fsdp_float8_all_gather"] is True
+    assert "micro-step 2/2 (synced)" in out
+    code = main(["report", f"hf:{llama_dir}", "--accelerate-config", str(yaml), "--float8",
+                 "all-gather"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--float8: enable_fsdp_float8_all_gather needs FSDP2" in err
+    dynamo = in_tmp / "dynamo.yaml"
+    dynamo.write_text(yaml.read_text() + "dynamo_config:\n  dynamo_backend: INDUCTOR\n")
+    code = main(["report", f"hf:{llama_dir}", "--accelerate-config", str(dynamo), "--compile",
+                 "LlamaDecoderLayer", "-o", "d.json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "note: --compile LlamaDecoderLayer overrides --accelerate-config's compile=True" in out
+    assert fsdpviz.load("d.json").config["compile"] == ["LlamaDecoderLayer"]
     code = main(["report", f"hf:{llama_dir}", "--accelerate-config", str(yaml), "--policy",
                  "none"])  # fmt: skip
     err = capsys.readouterr().err
