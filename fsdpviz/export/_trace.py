@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.timeline_view import resolve_machine
 
 if TYPE_CHECKING:
     from fsdpviz.cost.hardware import Machine
@@ -45,7 +46,7 @@ _US = 1e6
 
 
 def chrome_trace(
-    obj: Report | RecordedRun, *, iteration: int | None = None, machine: Machine | str = "h100"
+    obj: Report | RecordedRun, *, iteration: int | None = None, machine: Machine | str = "auto"
 ) -> dict[str, Any]:
     """``obj`` as one JSON object: a Chrome trace that also holds the report(s) themselves.
 
@@ -53,7 +54,8 @@ def chrome_trace(
     :meth:`Report.to_dict`'s keys (a report) or ``"ranks"`` and ``"notes"`` (a
     recorded run), so Perfetto and ``chrome://tracing`` open the file and
     :func:`fsdpviz.load` reads it back. ``iteration``: one iteration (``-1``: the
-    last), or ``None`` for all; ``machine`` times a prediction.
+    last), or ``None`` for all; ``machine`` times a prediction (``"auto"``: the machine it
+    was planned for, ``analyze(..., machine=...)``).
 
     Example::
 
@@ -76,8 +78,9 @@ def chrome_trace(
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
         else:
-            events += _predicted(report, its, pid, machine)
-            machine_name = _machine_name(machine)
+            on = resolve_machine(machine, report)
+            events += _predicted(report, its, pid, on)
+            machine_name = _machine_name(on)
     other: dict[str, Any] = {"generator": f"fsdpviz {__version__}", "source": reports[0].source}
     if machine_name is not None:
         other["machine"] = machine_name
