@@ -36,6 +36,7 @@ from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
 import fsdpviz
 from fsdpviz import Report
+from fsdpviz.recording import RunMark
 from fsdpviz.schema.timeline import duration_text
 from fsdpviz.views import module_tree, timeline_data
 from fsdpviz.views.prefetch import prefetch_data
@@ -531,4 +532,52 @@ def test_a_comparison_s_page_puts_both_memory_lanes_on_one_scale(
         assert line["usable"] - row == pytest.approx(height(r.memory.usable))
     assert p.page.locator("#fv-explorer").count() == 0  # a comparison's page: the timelines
     p.shot("comparison_dark")
+    assert p.console == []
+
+
+class _StuckRun(fsdpviz.RecordedRun):
+    """A recording whose ranks disagree at event 3 of the last iteration and stop at event 6
+    (as a flight recorder's diagnosis marks its run)."""
+
+    def marks(self) -> list[RunMark]:
+        it = len(self.ranks[0].iterations) - 1
+        return [
+            *(RunMark(r, it, 3, "first collective where the ranks disagree") for r in (0, 1)),
+            *(RunMark(r, it, 6, "where this rank stopped", "stuck") for r in (0, 1)),
+        ]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_stuck_collective_is_drawn_apart_from_a_divergent_one(
+    tmp_path: Path, open_page: Any, theme: str
+) -> None:
+    """Each kind of mark has its legend entry and its colour: a stuck collective's is the
+    colour table's ``stuck``, a divergent one's its ``wait``."""
+    plain = recorded_run()
+    run = _StuckRun(plain.ranks, None, [])
+    p = open_page(run.save(tmp_path / "stuck.html", theme=theme))
+    legend = p.page.locator(".fsdpviz-timeline .fv-legend")
+    assert legend.locator("[data-fv-legend='fv-flag']").inner_text().strip() == (
+        "first collective where the ranks disagree"
+    )
+    assert legend.locator("[data-fv-legend='fv-stuck']").inner_text().strip() == (
+        "where this rank stopped"
+    )
+    marks = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return v.data.marks.map(m => { const c = v.markCentre(m.step);
+                   const row = v.layout.rows[v.data.steps.lane[m.step]];
+                   return [m.kind, c === null ? null : [c.x - c.w / 2, row.top]]; }); }"""
+    )
+    assert sorted(k for k, _ in marks) == ["diverge", "diverge", "stuck", "stuck"]
+    colors = fsdpviz.views.style.theme_colors(theme)
+    want = {"stuck": colors["stuck"], "diverge": colors["wait"]}
+    assert all(box is not None for _, box in marks)
+    for kind, (left, top) in marks:
+        # over the event's lane, at its left edge: the stuck one's pause sign, the flag
+        x, y = round(left), round(top - 7)
+        got = pixel(p.page, "#fv-timeline canvas", x, y)[:3]
+        hexed = "#" + "".join(f"{c:02X}" for c in got)
+        assert hexed == want[kind].upper(), (kind, hexed, left, top)
+    p.shot(f"stuck_{theme}")
     assert p.console == []

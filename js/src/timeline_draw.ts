@@ -301,7 +301,8 @@ export class Index {
    * Where each visible hook call's cells go in `win` (px): from the call's time, as wide
    * as its events need (at most CELL_MAX each), up to the next call. Calls closer than
    * MIN_CELL px per event (issued at the same time, or zoomed out) are packed one after
-   * another, at most MAX_DRIFT px right of their time; beyond that they overlap.
+   * another, at most MAX_DRIFT px right of their time; beyond that they overlap. Calls that
+   * would run past the plot's right edge are pulled back inside it.
    */
   placeCalls(win: Window, l: Layout): void {
     const calls = this.data.calls;
@@ -327,6 +328,14 @@ export class Index {
         this.boxX[c] = bx;
         this.boxW[c] = w;
         prevEnd = bx + w;
+      }
+      // the calls at the run's end (the final callback's, the last post-backward's) would
+      // run past the plot's right edge: pull the last ones back inside, in order
+      let limit = l.labelW + l.plotW;
+      for (let k = c - 1; k >= first && !Number.isNaN(this.boxX[k]); k--) {
+        if (this.boxX[k] + this.boxW[k] <= limit) break;
+        this.boxX[k] = Math.max(limit - this.boxW[k], l.labelW);
+        limit = this.boxX[k] - 1;
       }
     }
   }
