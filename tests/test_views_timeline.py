@@ -442,3 +442,20 @@ def test_a_recording_opens_on_its_first_divergent_iteration() -> None:
 
     view = Dashboard(run.ranks[0], ranks=run)
     assert view.iteration == 0 and len(view.timeline.data["marks"]) == 2
+
+
+def test_the_tail_s_wait_is_the_step_s_end_s_in_every_hover(report: Report) -> None:
+    """The last reduce-scatter's wait is the step's end's: the figure's hover says so, and
+    never that the compute waited for it."""
+    d = timeline_data(report, machine="auto")
+    w = d["waits"]
+    tails = [k for k, t in enumerate(w["tail"]) if t]
+    assert tails
+    fig = timeline_figure(report, machine="auto", data=d)
+    waits = next(t for t in fig.data if t.name == "compute waiting for communication (exposed)")
+    for k in tails:
+        assert waits.hovertext[k].startswith("the step's end waits ")
+    events = [t for t in fig.data if t.hovertext and t.name == "collective"]
+    step = w["step"][tails[0]]
+    text = next(h for t in events for h in t.hovertext if h.startswith(f"step {step}:"))
+    assert "the step's end waited" in text and "compute waited" not in text

@@ -142,14 +142,22 @@ def _add_compute(
                     "pattern": {"shape": "/", "fgcolor": c["wait"], "size": 6},
                 },
                 hovertext=[
-                    f"waits for {d['kinds'][s['kind'][i]]} {_label(d, s['unit'][i])}"
-                    for i in waits["step"]
+                    f"{_WAITER[bool(tail)]} waits "
+                    f"{(x1 - x0) * 1e6:.3g} µs for {d['kinds'][s['kind'][i]]} "
+                    f"{_label(d, s['unit'][i])}"
+                    for i, x0, x1, tail in zip(
+                        waits["step"], waits["x0"], waits["x1"], waits["tail"], strict=True
+                    )
                 ],
                 hovertemplate="%{hovertext}<extra></extra>",
             ),
             row=1,
             col=1,
         )
+
+
+_WAITER = {True: "the step's end", False: "compute"}
+"""Who waits for a collective: the compute, or the step's end (the tail's reduce-scatter)."""
 
 
 def _add_streams(
@@ -227,7 +235,14 @@ def _event_text(d: dict[str, Any], i: int) -> str:
         who = _label(d, s["hook_unit"][i]) if s["hook_unit"][i] >= 0 else "?"
         parts.append(f"<br>issued by {d['hooks'][s['hook'][i]]} of {who}")
     if s["exposed"][i] > 0:
-        parts.append(f"<br>compute waited {s['exposed'][i] * 1e6:.3g} µs for it")
+        w = d["waits"]
+        at = [k for k, step in enumerate(w["step"]) if step == i]
+        tail = sum(w["x1"][k] - w["x0"][k] for k in at if w["tail"][k])
+        tail = min(tail, s["exposed"][i]) if at else 0.0
+        if s["exposed"][i] - tail > s["exposed"][i] * 1e-9:
+            parts.append(f"<br>compute waited {(s['exposed'][i] - tail) * 1e6:.3g} µs for it")
+        if tail > 0:
+            parts.append(f"<br>the step's end waited {tail * 1e6:.3g} µs for it")
     parts.append(f"<br>event {s['index'][i]} of iteration {s['iteration'][i]}")
     return " ".join(parts)
 
