@@ -11,7 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.schema.extensions import register_report_method, register_run_method, register_show
+from fsdpviz.schema.extensions import (
+    register_report_method,
+    register_run_method,
+    register_save,
+    register_show,
+)
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -83,6 +88,13 @@ def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
     from fsdpviz.widgets import TimelineWidget
 
     return TimelineWidget(comparison, **kwargs)
+
+
+@register_save("comparison")
+def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Any) -> Path:
+    from fsdpviz.export import save
+
+    return save(comparison, path, **kwargs)
 
 
 @register_show("sweep")

@@ -708,9 +708,12 @@ def _wait_until_still(page: Any, handle: Any) -> None:
     )
 
 
-def step_through(page: Any, root: Any, order: str) -> list[float]:
-    """Walk one whole timeline with the → key in ``order`` ("issue" or "stream"), from
-    its first step; the cursor's x after each press."""
+def walk_cursor(page: Any, root: Any, order: str) -> list[dict[str, float]]:
+    """Walk one whole timeline with the → key in ``order`` ("issue" or "stream"), from its
+    first step; after each press, what the view drew: ``step``, the cursor's ``x`` (data)
+    and ``px`` (CSS pixels, as drawn), the left edge of the current event's own mark
+    (``mark_px``: on its stream lane, a free's in the CPU lane; NaN if not drawn), the
+    event's own start (``start``: ``x0``, a free's hook time) and ``issue`` (its hook's)."""
     handle = root.element_handle()
     page.evaluate(
         """([root, order]) => { const v = root.fsdpviz; v.setOrder(order); v.player.first(); }""",
@@ -718,11 +721,16 @@ def step_through(page: Any, root: Any, order: str) -> list[float]:
     )
     n = int(handle.evaluate("root => root.fsdpviz.data.n_steps"))
     root.locator("canvas").first.focus()
-    xs = [float(handle.evaluate("root => root.fsdpviz.cursor()"))]
+    read = """root => { const v = root.fsdpviz; const s = v.player.step; const d = v.data.steps;
+        const m = v.markCentre(s);
+        return { step: s, x: v.cursor(), px: v.cursorPx(),
+                 mark_px: m === null ? NaN : m.x - m.w / 2,
+                 start: d.kind[s] === 1 ? d.issue[s] : d.x0[s], issue: d.issue[s] }; }"""
+    out = [dict(handle.evaluate(read))]
     for _ in range(n - 1):
         page.keyboard.press("ArrowRight")
-        xs.append(float(handle.evaluate("root => root.fsdpviz.cursor()")))
-    return xs
+        out.append(dict(handle.evaluate(read)))
+    return out
 
 
 def choose_theme(page: Any, theme: str, light: bool) -> None:

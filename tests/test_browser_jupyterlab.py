@@ -444,3 +444,37 @@ def test_a_wait_that_ends_on_its_failsafe_names_a_busy_machine(
     assert f"load average {3.0 * cpus:.1f}" in text and load_note() in text
     monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.0, 0.0))
     assert load_note() == ""
+
+
+def test_a_bottleneck_row_selects_its_event_in_the_notebook(jupyterlab: LabSession) -> None:
+    """The dashboard's timeline ranks the step's waits beside its lanes, as
+    report.timeline.bottlenecks() does; a click on a row moves the kernel's timeline there.
+    (Last in the file: the unit it selects is brought into view in the explorer.)"""
+    s = jupyterlab
+    timeline = timeline_root(dashboard(s))
+    rows = timeline.locator(".fv-bottleneck-table tbody tr")
+    want = s.py(
+        "[(b['kind'], b['exposed_s'], b['reason'], b['event']) "
+        "for b in view.timeline._reports[0].timeline.bottlenecks()]"
+    )
+    assert want and rows.count() == len(want)
+    steps = s.py("view.timeline.data['steps']['index']")
+    for k, (kind, _exposed, reason, event) in enumerate(want[:10]):
+        row = rows.nth(k)
+        assert reason in row.inner_text() and kind in row.inner_text()
+        assert steps[int(row.get_attribute("data-fv-step") or -1)] == event
+    target = rows.nth(min(len(want), 10) - 1)
+    step = int(target.get_attribute("data-fv-step") or -1)
+    target.click()
+    info = timeline.locator(".fv-info")
+    wait_until(
+        s.page,
+        "([el, text]) => el.textContent.startsWith(text)",
+        "the timeline to go to the row's event",
+        arg=[info.element_handle(), f"step {step} of "],
+        timeout_ms=UI_MS,
+    )
+    state = s.py(_STATE)
+    assert state["step"] == step, state
+    s.screenshot("bottleneck-row-clicked", timeline)
+    s.assert_no_browser_errors()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,15 @@ from browser_harness import (
     pixel,
     prefetch_root,
     prefetch_state,
-    step_through,
+    walk_cursor,
 )
 from export_models import recorded_run, report_49_units
 from views_models import Block, Tiny, analyze_tiny, tiny_inputs
 
 import fsdpviz
 from fsdpviz import Report
+from fsdpviz.recording import RunMark
+from fsdpviz.schema.timeline import duration_text
 from fsdpviz.views import module_tree, timeline_data
 from fsdpviz.views.prefetch import prefetch_data
 from fsdpviz.views.style import format_bytes
@@ -326,12 +328,40 @@ def test_every_event_of_a_recording_answers_its_click(tmp_path: Path, open_page:
 def test_stepping_never_moves_back(
     report49: Report, tmp_path: Path, open_page: Any, order: str
 ) -> None:
-    """A whole iteration stepped with →: the cursor never moves left, in either order."""
+    """A whole iteration stepped with →: in issue order the hooks' times never go back, in
+    stream-start order the cursor never moves left; in both, the cursor is on the event."""
     p = open_page(report49.save(tmp_path / "big.html"))
-    xs = step_through(p.page, p.page.locator(".fsdpviz-timeline"), order)
-    assert len(xs) == len(report49.iterations[-1])
+    walk = walk_cursor(p.page, p.page.locator(".fsdpviz-timeline"), order)
+    assert len(walk) == len(report49.iterations[-1])
+    xs = [w["issue"] if order == "issue" else w["x"] for w in walk]
     assert all(b >= a for a, b in itertools.pairwise(xs)), order
     assert xs[-1] > xs[0]
+    assert [w["x"] for w in walk] == [w["start"] for w in walk]
+
+
+@pytest.mark.parametrize("order", ["issue", "stream"])
+def test_the_cursor_is_on_each_event_of_an_fsdp2_step(
+    tmp_path: Path, open_page: Any, order: str
+) -> None:
+    """Every step of an FSDP2 plan, in either order: the cursor is drawn at the event's own
+    start on its own lane (a collective's on its stream, not its hook's issue time on the
+    CPU), and the readout gives the memory curve's value at the cursor."""
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    config = ExampleConfig(num_layers=6, vocab_size=256, hidden_size=64, intermediate_size=128,
+                           num_heads=2)  # fmt: skip
+    fsdp2 = fsdpviz.analyze(example_model(config), example_inputs(config), world_size=8,
+                            fully_shard=[DecoderLayer], progress=False)  # fmt: skip
+    p = open_page(fsdp2.save(tmp_path / "fsdp2.html"))
+    walk = walk_cursor(p.page, p.page.locator(".fsdpviz-timeline"), order)
+    assert len(walk) == len(fsdp2.iterations[-1])
+    assert sorted(int(w["step"]) for w in walk) == list(range(len(walk)))
+    for w in walk:
+        assert w["x"] == w["start"], w
+        assert w["px"] == pytest.approx(w["mark_px"], abs=0.01), w
+    # the CPU runs ahead: somewhere the cursor is not at the hook's issue time
+    assert any(w["x"] != w["issue"] for w in walk)
+    assert p.console == []
 
 
 @pytest.mark.parametrize(
@@ -366,6 +396,13 @@ def test_one_memory_peak_on_the_page(
     p.page.wait_for_function(f"document.body.dataset.fvStep === '{marker_step}'")
     assert marker_step == button.get_attribute("data-fv-peak-step")
     assert p.body("step") == marker_step
+    # the cursor on the ▼ moment, the readout giving the peak's value, not the step start's
+    cursor, marker = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return [v.cursor(), v.data.memory[0].peak.x]; }"""
+    )
+    assert cursor == marker
+    assert f"memory {format_bytes(peak['bytes'])} ▼ peak" in p.info()
     assert p.console == []
 
 
@@ -385,4 +422,162 @@ def test_the_first_view_shows_the_whole_step(tmp_path: Path, open_page: Any) -> 
                  return [v.win.x0, v.win.x1, v.index.full.x0, v.index.full.x1]; }"""
     )
     assert shown[:2] == pytest.approx(shown[2:])
+    assert p.console == []
+
+
+def test_a_plan_that_does_not_fit_says_so_and_is_over_the_line(
+    tmp_path: Path, open_page: Any
+) -> None:
+    """The page's header and the timeline's say "does not fit" in words; the memory lane
+    draws the machine's usable memory as a line in the warning colour, the peak above it."""
+    tight = replace(fsdpviz.cost.machine("h100"), name="tiny GPU", memory_gib=1.5 + 2**11 / 2**30)
+    report = analyze_tiny(machine=tight)
+    mem = report.memory
+    assert not mem.fits
+    p = open_page(report.save(tmp_path / "tight.html", theme="light"))
+    verdict = p.page.locator("header .fv-verdict")
+    assert "fv-no-fit" in (verdict.get_attribute("class") or "")
+    assert verdict.inner_text() == f"✗ {mem.fit_text()}"
+    assert mem.fit_text().startswith("does not fit in tiny GPU")
+    assert p.page.inner_text(".fsdpviz-timeline .fv-fit") == f"✗ {mem.fit_text()}"
+    state = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 const m = v.data.memory[0]; const row = v.layout.rows[m.lane];
+                 const plotH = row.h - 18, top = v.index.memoryTop;
+                 return { cap: m.capacity, line: v.capacityLines()[0], top,
+                          peakY: row.top + 16 + plotH - (m.peak.bytes / top) * plotH,
+                          x0: v.layout.labelW, w: v.layout.plotW }; }"""
+    )
+    cap = state["cap"]
+    assert (cap["usable"], cap["needed"], cap["fits"]) == (mem.usable, mem.needed, False)
+    assert state["peakY"] < state["line"]["usable"]  # the peak is drawn above the line
+    # the line is drawn in the warning colour across the lane
+    y = round(state["line"]["usable"])
+    xs = [int(state["x0"] + state["w"] * f) for f in (0.3, 0.45, 0.6)]
+    wait = [0xC6, 0x28, 0x28]
+    hits = [x for x in xs if pixel(p.page, "#fv-timeline canvas", x, y)[:3] == wait]
+    assert hits, [pixel(p.page, "#fv-timeline canvas", x, y) for x in xs]
+    p.shot("does_not_fit")
+    assert p.console == []
+
+
+def test_the_bottleneck_table_ranks_the_waits_and_selects_them(
+    report: Report, tmp_path: Path, open_page: Any
+) -> None:
+    """Beside the timeline, report.timeline.bottlenecks() as a table, most exposed first; a
+    click on a row moves the timeline to that event."""
+    want = report.timeline.bottlenecks()
+    assert want
+    p = open_page(report.save(tmp_path / "slow.html"))
+    rows = p.page.locator(".fsdpviz-timeline .fv-bottleneck-table tbody tr")
+    assert rows.count() == len(want)
+    events = report.iterations[-1]
+    for k, b in enumerate(want[:10]):
+        text = rows.nth(k).inner_text()
+        assert duration_text(b["exposed_s"]) in text and b["reason"] in text, (k, text)
+        step = int(rows.nth(k).get_attribute("data-fv-step") or -1)
+        index = p.js(
+            f"() => document.querySelector('.fsdpviz-timeline').fsdpviz.data.steps.index[{step}]"
+        )
+        assert events[index].kind == b["kind"] and index == b["event"]
+    summary = p.page.inner_text(".fsdpviz-timeline .fv-bottlenecks summary")
+    assert duration_text(report.timeline.totals["exposed_comm_s"]) in summary
+    target = rows.nth(min(len(want), 10) - 1)
+    step = target.get_attribute("data-fv-step")
+    target.click()
+    p.page.wait_for_function(f"document.body.dataset.fvStep === '{step}'")
+    assert p.info().startswith(f"step {step} of")
+    assert "fv-current" in (target.get_attribute("class") or "")
+    x, start = p.js(
+        f"""() => {{ const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                  return [v.cursor(), v.data.steps.x0[{step}]]; }}"""
+    )
+    assert x == start
+    assert p.console == []
+
+
+def test_a_comparison_s_page_puts_both_memory_lanes_on_one_scale(
+    report: Report, tmp_path: Path, open_page: Any
+) -> None:
+    """compare(a, b).save(): the costs side by side, whether each plan fits, both timelines;
+    the two memory lanes on one byte scale, each with its machine's capacity line."""
+    torch.manual_seed(0)
+    fsdp2 = fsdpviz.analyze(Tiny(), tiny_inputs(), fully_shard=[Block], world_size=4,
+                            progress=False)  # fmt: skip
+    cmp = fsdpviz.compare(report, fsdp2)
+    p = open_page(cmp.save(tmp_path / "compare.html", theme="dark"))
+    header = p.page.inner_text("header")
+    assert f"{cmp.name_a} vs {cmp.name_b}" in header
+    for line in cmp.cost_lines():
+        assert line.strip().partition(": ")[2] in header
+    assert f"device memory, {cmp.name_b}" in header and fsdp2.memory.fit_text() in header
+    state = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return { top: v.index.memoryTop, own: v.index.memoryMax,
+                          lines: v.capacityLines(),
+                          rows: v.data.memory.map(m => v.layout.rows[m.lane].top),
+                          peaks: v.data.memory.map(m => m.peak.bytes) }; }"""
+    )
+    assert state["peaks"] == [report.memory.peak["bytes"], fsdp2.memory.peak["bytes"]]
+    assert state["top"] >= max(state["own"])
+    # one scale: each plan's capacity line and reserved estimate at its own height on the
+    # shared axis (at the lane's top where it is off the scale)
+    plot_h = 116 - 18
+
+    def height(v: float) -> float:
+        return 16 + plot_h - v / state["top"] * plot_h if v <= state["top"] else 16
+
+    for line, row, r in zip(state["lines"], state["rows"], (report, fsdp2), strict=True):
+        assert line["reserved"] - row == pytest.approx(height(r.memory.reserved["bytes"]))
+        assert line["usable"] - row == pytest.approx(height(r.memory.usable))
+    assert p.page.locator("#fv-explorer").count() == 0  # a comparison's page: the timelines
+    p.shot("comparison_dark")
+    assert p.console == []
+
+
+class _StuckRun(fsdpviz.RecordedRun):
+    """A recording whose ranks disagree at event 3 of the last iteration and stop at event 6
+    (as a flight recorder's diagnosis marks its run)."""
+
+    def marks(self) -> list[RunMark]:
+        it = len(self.ranks[0].iterations) - 1
+        return [
+            *(RunMark(r, it, 3, "first collective where the ranks disagree") for r in (0, 1)),
+            *(RunMark(r, it, 6, "where this rank stopped", "stuck") for r in (0, 1)),
+        ]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_stuck_collective_is_drawn_apart_from_a_divergent_one(
+    tmp_path: Path, open_page: Any, theme: str
+) -> None:
+    """Each kind of mark has its legend entry and its colour: a stuck collective's is the
+    colour table's ``stuck``, a divergent one's its ``wait``."""
+    plain = recorded_run()
+    run = _StuckRun(plain.ranks, None, [])
+    p = open_page(run.save(tmp_path / "stuck.html", theme=theme))
+    legend = p.page.locator(".fsdpviz-timeline .fv-legend")
+    assert legend.locator("[data-fv-legend='fv-flag']").inner_text().strip() == (
+        "first collective where the ranks disagree"
+    )
+    assert legend.locator("[data-fv-legend='fv-stuck']").inner_text().strip() == (
+        "where this rank stopped"
+    )
+    marks = p.js(
+        """() => { const v = document.querySelector('.fsdpviz-timeline').fsdpviz;
+                 return v.data.marks.map(m => { const c = v.markCentre(m.step);
+                   const row = v.layout.rows[v.data.steps.lane[m.step]];
+                   return [m.kind, c === null ? null : [c.x - c.w / 2, row.top]]; }); }"""
+    )
+    assert sorted(k for k, _ in marks) == ["diverge", "diverge", "stuck", "stuck"]
+    colors = fsdpviz.views.style.theme_colors(theme)
+    want = {"stuck": colors["stuck"], "diverge": colors["wait"]}
+    assert all(box is not None for _, box in marks)
+    for kind, (left, top) in marks:
+        # over the event's lane, at its left edge: the stuck one's pause sign, the flag
+        x, y = round(left), round(top - 7)
+        got = pixel(p.page, "#fv-timeline canvas", x, y)[:3]
+        hexed = "#" + "".join(f"{c:02X}" for c in got)
+        assert hexed == want[kind].upper(), (kind, hexed, left, top)
+    p.shot(f"stuck_{theme}")
     assert p.console == []

@@ -492,6 +492,13 @@ def test_the_view_marks_the_first_divergent_and_the_stuck_collectives(tmp_path: 
     ]
     assert {(m.rank, m.kind) for m in d.view.marks()} == {
         (0, "diverge"), (1, "diverge"), (0, "stuck"), (1, "stuck")}  # fmt: skip
+    # each mark says its kind: the front end draws a stuck collective in its own colour and
+    # shape, with a legend entry per kind
+    kinds = {m["text"]: m["kind"] for m in data["marks"]}
+    assert kinds == {
+        "first collective where the ranks disagree": "diverge",
+        "where this rank stopped: its last collective": "stuck",
+    }
     assert [g["name"] for g in data["groups"]] == ["rank 0", "rank 1"]
     # a rank's stuck collective is drawn for its timeout: it waited that long
     stuck = next(m["step"] for m in data["marks"] if m["text"].startswith("where this rank"))
@@ -505,7 +512,9 @@ def test_the_view_marks_the_first_divergent_and_the_stuck_collectives(tmp_path: 
     import json
 
     config = json.loads(page_script(text, "fv-config"))
-    assert len(config["views"]["timeline"]["data"]["marks"]) == 4
+    page_marks = config["views"]["timeline"]["data"]["marks"]
+    assert len(page_marks) == 4
+    assert sorted(m["kind"] for m in page_marks) == ["diverge", "diverge", "stuck", "stuck"]
     assert [u.module for u in d.view.ranks[0].units][:4] == [
         u.module for u in prediction("fsdp2").units][:4]  # fmt: skip
 

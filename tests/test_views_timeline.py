@@ -24,7 +24,13 @@ import fsdpviz
 from fsdpviz import Event, RecordedRun, Report
 from fsdpviz.cost import machine, memory_lane, timeline
 from fsdpviz.views import timeline_data, timeline_figure
-from fsdpviz.views.timeline_view import STREAM_LANES, UNTIMED_CLOCK
+from fsdpviz.views.timeline_view import (
+    MODELLED_CLOCK,
+    STREAM_LANES,
+    UNTIMED_CLOCK,
+    cursor_x,
+    opening_iteration,
+)
 
 
 @pytest.fixture(scope="module")
@@ -319,3 +325,137 @@ def test_the_cpu_runs_ahead_and_the_memory_lane_stays_on_the_compute_stream() ->
     assert max(s["issue"][i] for i in forward) < max(s["x0"][i] for i in forward) / 2
     (m,) = d["memory"]
     assert m["x0"] == sorted(m["x0"]) and all(a <= b for a, b in zip(m["x0"], m["x1"], strict=True))
+
+
+def test_the_memory_lane_says_whether_it_fits_as_report_memory(report: Report) -> None:
+    """The capacity line's numbers are report.memory's, on the report's own machine by
+    default; another machine's memory where the view is timed on another."""
+    d = timeline_data(report, machine="auto")
+    cap = d["memory"][0]["capacity"]
+    mem = report.memory
+    assert cap["machine"] == mem.machine == "H100 SXM 80GB"
+    assert (cap["bytes"], cap["usable"], cap["overhead"]) == (
+        mem.capacity,
+        mem.usable,
+        mem.overhead,
+    )
+    assert cap["reserved"] == mem.reserved["bytes"] and cap["needed"] == mem.needed
+    assert cap["fits"] is mem.fits is True and cap["headroom"] == mem.headroom
+    assert cap["text"] == mem.fit_text()
+    assert cap["label"] == f"H100 SXM 80GB: {fsdpviz.schema.memory.size_text(mem.usable)} usable"
+    other = timeline_data(report, machine="a100-40gb")["memory"][0]["capacity"]
+    assert other["machine"] == machine("a100-40gb").name
+    assert other["bytes"] == int(machine("a100-40gb").memory_gib * 2**30)
+    assert other["text"].startswith(f"fits in {other['machine']}")
+    # a caller's series is not the memory model's: no capacity drawn against it
+    n = len(report.iterations[-1])
+    assert timeline_data(report, memory=synthetic_memory(n))["memory"][0]["capacity"] is None
+
+
+def test_a_plan_that_does_not_fit_is_over_its_line() -> None:
+    tight = dataclasses.replace(machine("h100"), name="tiny GPU", memory_gib=1.5 + 2**11 / 2**30)
+    report = analyze_tiny(machine=tight)
+    assert not report.memory.fits
+    cap = timeline_data(report, machine="auto")["memory"][0]["capacity"]
+    # 2 KiB left once the CUDA context and NCCL take theirs: less than the 3.3 KiB peak
+    assert cap["fits"] is False and cap["usable"] == 2**11 < cap["peak"] <= cap["needed"]
+    assert cap["text"].startswith("does not fit in tiny GPU")
+    fig = timeline_figure(report, machine="auto")
+    line = next(t for t in fig.data if t.name.startswith("capacity: tiny GPU"))
+    assert line.y[0] == cap["usable"] or "off scale" in line.text[1]
+    assert "does not fit" in line.text[1]
+
+
+def test_views_default_to_the_machine_the_report_was_planned_for() -> None:
+    report = analyze_tiny(machine="a100-40gb")
+    name = machine("a100-40gb").name
+    assert timeline_data(report, machine="auto")["clock"] == MODELLED_CLOCK.format(machine=name)
+    from fsdpviz.export import chrome_trace
+    from fsdpviz.widgets import TimelineWidget
+
+    assert TimelineWidget(report).data["clock"] == MODELLED_CLOCK.format(machine=name)
+    assert chrome_trace(report)["otherData"]["machine"] == "a100-40gb"  # as it was named
+    assert TimelineWidget(report, machine="h100").data["memory"][0]["capacity"]["machine"] == (
+        machine("h100").name
+    )
+
+
+def test_the_bottlenecks_beside_the_timeline_are_report_timeline_s(report: Report) -> None:
+    """Each group's waits, ranked as report.timeline.bottlenecks() ranks them, each naming
+    the step of the event waited for; they add up to the exposed communication."""
+    d = timeline_data(report, machine="auto")
+    rows = d["groups"][0]["bottlenecks"]
+    want = report.timeline.bottlenecks()
+    assert [(b["kind"], b["unit"], b["exposed"], b["reason"]) for b in rows] == [
+        (w["kind"], d["units"].index(w["unit"]), w["exposed_s"], w["reason"]) for w in want
+    ]
+    s = d["steps"]
+    for b, w in zip(rows, want, strict=True):
+        assert s["index"][b["step"]] == w["event"] and s["exposed"][b["step"]] == w["exposed_s"]
+    assert sum(b["exposed"] for b in rows) == pytest.approx(
+        report.timeline.totals["exposed_comm_s"], rel=1e-12
+    )
+    assert timeline_data(report, memory=None)["groups"][0]["bottlenecks"] is None
+
+
+def test_compute_carries_its_flops_and_rate(report: Report) -> None:
+    d = timeline_data(report, machine="auto")
+    c = d["compute"]
+    tl = report.timeline
+    assert c["flops"] and all(f >= 0 for f in c["flops"])
+    by_span = {(x["start"], x["end"]): x for x in tl.compute}
+    for x0, x1, f, r in zip(c["x0"], c["x1"], c["flops"], c["flops_per_s"], strict=True):
+        src = by_span[(x0, x1)]
+        assert (f, r) == (src["flops"], src["flops_per_s"])
+    assert set(timeline_data(report, memory=None)["compute"]["flops"]) == {-1.0}
+
+
+def test_the_cursor_stands_where_each_event_starts_on_its_own_lane(report: Report) -> None:
+    d = timeline_data(report, machine=CPU_AHEAD)
+    s = d["steps"]
+    own = [cursor_x(d, i) for i in range(d["n_steps"])]
+    for i in range(d["n_steps"]):
+        assert own[i] == (s["issue"][i] if d["kinds"][s["kind"][i]] == "free" else s["x0"][i])
+    assert [own[i] for i in d["stream_order"]] == sorted(own)
+
+
+def test_a_recording_opens_on_its_first_divergent_iteration() -> None:
+    base = analyze_tiny(world_size=2)
+    r0, r1 = recorded(base, 0, 1000.0), recorded(base, 1, 1000.01)
+    first = list(r1.iterations[0])
+    first[3], first[4] = (
+        dataclasses.replace(first[4], t=first[3].t),
+        dataclasses.replace(first[3], t=first[4].t),
+    )
+    run = RecordedRun(
+        [r0, dataclasses.replace(r1, iterations=[first, *r1.iterations[1:]])], None, []
+    )
+    assert len(run.ranks[0].iterations) > 1
+    assert opening_iteration(run) == 0 and opening_iteration(run, -1) == -1
+    assert opening_iteration(base) == -1
+    d = timeline_data(run, opening_iteration(run))
+    s = d["steps"]
+    assert {s["iteration"][m["step"]] for m in d["marks"]} == {0}
+    assert {s["group"][m["step"]] for m in d["marks"]} == {0, 1}  # on every rank
+    assert {m["kind"] for m in d["marks"]} == {"diverge"}
+    from fsdpviz.widgets import Dashboard
+
+    view = Dashboard(run.ranks[0], ranks=run)
+    assert view.iteration == 0 and len(view.timeline.data["marks"]) == 2
+
+
+def test_the_tail_s_wait_is_the_step_s_end_s_in_every_hover(report: Report) -> None:
+    """The last reduce-scatter's wait is the step's end's: the figure's hover says so, and
+    never that the compute waited for it."""
+    d = timeline_data(report, machine="auto")
+    w = d["waits"]
+    tails = [k for k, t in enumerate(w["tail"]) if t]
+    assert tails
+    fig = timeline_figure(report, machine="auto", data=d)
+    waits = next(t for t in fig.data if t.name == "compute waiting for communication (exposed)")
+    for k in tails:
+        assert waits.hovertext[k].startswith("the step's end waits ")
+    events = [t for t in fig.data if t.hovertext and t.name == "collective"]
+    step = w["step"][tails[0]]
+    text = next(h for t in events for h in t.hovertext if h.startswith(f"step {step}:"))
+    assert "the step's end waited" in text and "compute waited" not in text

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
+from fsdpviz.schedule.comparison import Comparison
 from fsdpviz.views.style import format_bytes, theme_colors
-from fsdpviz.views.timeline_view import MemoryOption
+from fsdpviz.views.timeline_view import MemoryOption, opening_iteration
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
@@ -45,13 +46,13 @@ VIEWS = ("timeline", "explorer", "prefetch")
 
 
 def html_page(
-    obj: Report | RecordedRun,
+    obj: Report | RecordedRun | Comparison,
     *,
     theme: PageTheme = "auto",
-    iteration: int | None = -1,
+    iteration: int | Literal["auto"] | None = "auto",
     memory: MemoryOption = "auto",
     title: str | None = None,
-    machine: Machine | str | None = "h100",
+    machine: Machine | str | None = "auto",
     states: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The page as a string (see :func:`fsdpviz.export.save` for the options).
@@ -67,6 +68,16 @@ def html_page(
 
     if theme not in ("auto", "light", "dark"):
         raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
+    iteration = opening_iteration(obj, iteration)
+    if isinstance(obj, Comparison):
+        if obj.reports is None:
+            raise ExportError("this comparison was read back without its plans; compare() again")
+        if states is None:
+            data = timeline_data(obj, iteration, memory=memory, machine=machine)
+            states = {"timeline": {"data": data}}
+        heading = title or f"fsdpviz comparison: {obj.name_a} vs {obj.name_b}"
+        header = _comparison_header(obj, heading)
+        return _page(states, theme, heading, header)
     reports, names = ranks_of(obj)
     base = reports[0]
     if states is None:
@@ -84,6 +95,13 @@ def html_page(
             "explorer": {"data": explorer_data(with_module_tree(base))},
             "prefetch": {"data": prefetch_data(base, -1 if iteration is None else iteration)},
         }
+    heading = title or _title(obj, base)
+    return _page(states, theme, heading, _header(obj, reports, heading, iteration))
+
+
+def _page(
+    states: Mapping[str, Mapping[str, Any]], theme: PageTheme, heading: str, header: str
+) -> str:
     unknown = set(states) - set(VIEWS)
     if unknown or "timeline" not in states:
         raise ExportError(
@@ -94,13 +112,22 @@ def html_page(
         "views": {name: dict(states[name]) if name in states else None for name in VIEWS},
         "divs": {name: f"fv-{name}" for name in VIEWS},
     }
-    heading = title or _title(obj, base)
+    figures = [(n, t) for n, t in (("explorer", "Wrap units"), ("prefetch", "Prefetch graph"))
+               if n in states]  # fmt: skip
     light = "true" if theme == "light" else "false"
     return _PAGE.format(
         title=html.escape(heading),
         theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
         css=_theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
-        header=_header(obj, reports, heading, iteration),
+        header=header,
+        figures=_FIGURES.format(
+            divs="".join(
+                f'<div><h2>{t}</h2><div id="fv-{n}" class="fv-plot"></div></div>'
+                for n, t in figures
+            )
+        )
+        if figures
+        else "",
         config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
         widget=pack(_read(STATIC / "widget.js")),
         page_js=_inline_script(_read(STATIC / "page.js")),
@@ -121,6 +148,8 @@ _THEME_VARIABLES = {
     "--fv-accent": "accent",
     "--fv-warn": "warn",
     "--fv-warn-bg": "warn_bg",
+    "--fv-wait": "wait",
+    "--fv-wait-fill": "wait_fill",
 }
 
 
@@ -162,10 +191,7 @@ the unit of the current event is outlined in the explorer and the prefetch graph
 Click a unit there to select it here and go to its next event.</p>
 <div id="fv-timeline"></div>
 </section>
-<section class="fv-figures">
-<div><h2>Wrap units</h2><div id="fv-explorer" class="fv-plot"></div></div>
-<div><h2>Prefetch graph</h2><div id="fv-prefetch" class="fv-plot"></div></div>
-</section>
+{figures}
 <footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
 <script type="application/gzip" id="fv-config">{config}</script>
 <script type="application/gzip" id="fv-widget-esm">{widget}</script>
@@ -173,6 +199,9 @@ Click a unit there to select it here and go to its next event.</p>
 </body>
 </html>
 """
+
+
+_FIGURES = '<section class="fv-figures">\n{divs}\n</section>'
 
 
 def _read(path: Path) -> str:
@@ -252,6 +281,9 @@ def _header(
                 f"dominated by {peak['dominant']}",
             )
         )
+    fit = _fit(base)
+    if fit is not None:
+        rows.append(("device memory", fit[1]))
     if base.source == "prediction":
         step, *throughput = _step_time(base).splitlines()
         rows.append(("step time (modelled)", step))
@@ -272,9 +304,54 @@ def _header(
             + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
             + "</ul>"
         )
+    verdict = ""
+    if fit is not None:
+        fits, text = fit
+        mark, cls = ("✓", "fv-fits") if fits else ("✗", "fv-no-fit")
+        verdict = f'<p class="fv-verdict {cls}">{mark} {html.escape(text)}</p>'
     return (
-        f'<header><h1>{html.escape(heading)}</h1><dl class="fv-summary">{items}</dl>{warn}</header>'
+        f"<header><h1>{html.escape(heading)}</h1>{verdict}"
+        f'<dl class="fv-summary">{items}</dl>{warn}</header>'
     )
+
+
+def _comparison_header(cmp: Comparison, heading: str) -> str:
+    """A comparison's summary: its verdict, the costs side by side, whether each plan fits."""
+    a, b = cmp.reports or (None, None)
+    rows: list[tuple[str, str]] = [("plans", f"{cmp.name_a} vs {cmp.name_b}: {cmp.verdict}")]
+    for line in cmp.cost_lines():
+        key, _, value = line.strip().partition(": ")
+        rows.append((key, value))
+    verdicts = []
+    for name, report in ((cmp.name_a, a), (cmp.name_b, b)):
+        fit = _fit(report) if report is not None else None
+        if fit is None:
+            continue
+        rows.append((f"device memory, {name}", fit[1]))
+        fits, text = fit
+        mark, cls = ("✓", "fv-fits") if fits else ("✗", "fv-no-fit")
+        verdicts.append(
+            f'<p class="fv-verdict {cls}">{mark} {html.escape(name)}: {html.escape(text)}</p>'
+        )
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
+    return (
+        f"<header><h1>{html.escape(heading)}</h1>{''.join(verdicts)}"
+        f'<dl class="fv-summary">{items}</dl></header>'
+    )
+
+
+def _fit(report: Report) -> tuple[bool, str] | None:
+    """Whether a prediction fits in its machine's memory, and that in words
+    (``report.memory.fit_text()``); ``None`` for a recording or where it is not modelled."""
+    if report.source != "prediction" or not report.units or not report.iterations:
+        return None
+    try:
+        memory = report.memory
+    except (ValueError, KeyError, IndexError):
+        return None
+    if memory.capacity <= 0:
+        return None
+    return memory.fits, memory.fit_text()
 
 
 def _step_time(report: Report) -> str:

@@ -45,7 +45,7 @@ def figure(
     theme: Theme = "light",
     iteration: int | None = -1,
     memory: MemoryOption = "auto",
-    machine: Machine | str | None = "h100",
+    machine: Machine | str | None = "auto",
 ) -> go.Figure:
     """One view of ``obj`` as a plotly figure: ``"explorer"``, ``"prefetch"`` or ``"timeline"``.
 

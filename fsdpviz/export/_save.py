@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
+from fsdpviz.schedule.comparison import Comparison
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -42,8 +43,9 @@ def suffix_of(path: str | Path) -> str:
     return Path(name).suffix
 
 
-def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
-    """Write ``obj`` (a :class:`~fsdpviz.Report` or :class:`~fsdpviz.RecordedRun`) to ``path``.
+def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: Any) -> Path:
+    """Write ``obj`` (a :class:`~fsdpviz.Report` or :class:`~fsdpviz.RecordedRun`; a
+    :class:`~fsdpviz.Comparison` as a page) to ``path``.
 
     The format follows the suffix (case-insensitive):
 
@@ -52,17 +54,20 @@ def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
       by the front end the notebook's widgets use (inlined in the page, no plotly.js).
       Options: ``theme`` (``"auto"``: the reader's OS setting, the default; ``"light"`` |
       ``"dark"``), ``iteration``
-      (default ``-1``, the steady state; ``None`` for all), ``memory`` (``"auto"``: the
+      (default: the steady state, ``-1``, or a recording's first iteration where its
+      ranks diverge; ``None`` for all), ``memory`` (``"auto"``: the
       memory model; ``None``: no curve; or bytes per event, or ``report -> bytes``),
       ``title``, ``machine`` (times the timeline of a prediction that has a trace
-      profile; default ``"h100"``; ``None``: by event index).
+      profile; default ``"auto"``, the machine the report was planned for; ``None``: by
+      event index).
     - ``.png``, ``.svg``, ``.pdf``, ``.jpeg``/``.jpg``, ``.webp``: one figure through
       kaleido (needs Chromium). Options: ``figure`` (``"explorer"`` (default),
       ``"prefetch"``, ``"timeline"``), ``width``, ``height``, ``scale``, ``theme``,
       ``iteration``, ``memory``, ``machine``.
     - ``.json``: a Chrome trace (Trace Event Format) holding the report too, so that
       Perfetto opens it and :func:`fsdpviz.load` reads it back. Options: ``iteration``
-      (default ``None``, all), ``machine`` (times a prediction; default ``"h100"``),
+      (default ``None``, all), ``machine`` (times a prediction; default ``"auto"``,
+      the machine it was planned for),
       ``indent``.
     - ``.graphml`` and ``.nodelink.json``: the unit graph (``graph="unit"``, default) or
       the module tree (``graph="module"``); ``iteration`` picks the unit graph's.
@@ -85,6 +90,11 @@ def save(obj: Report | RecordedRun, path: str | Path, **options: Any) -> Path:
         text = html_page(obj, **options)
         p.write_text(text, encoding="utf-8")
         return p
+    if isinstance(obj, Comparison):
+        raise ConfigError(
+            f"a comparison is saved as a page (.html), not {suffix or 'a file without suffix'}; "
+            "save each plan's report for the other formats"
+        )
     if suffix in IMAGE_FORMATS:
         from fsdpviz.export._image import figure, write_image
 

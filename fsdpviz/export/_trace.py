@@ -20,11 +20,13 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.cost.fit import DEFAULT_MACHINE
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.report import Event, Report
+from fsdpviz.views.timeline_view import resolve_machine
 
 if TYPE_CHECKING:
-    from fsdpviz.cost.hardware import Machine
     from fsdpviz.recording import RecordedRun
 
 __all__ = ["LANES", "chrome_trace"]
@@ -45,7 +47,7 @@ _US = 1e6
 
 
 def chrome_trace(
-    obj: Report | RecordedRun, *, iteration: int | None = None, machine: Machine | str = "h100"
+    obj: Report | RecordedRun, *, iteration: int | None = None, machine: Machine | str = "auto"
 ) -> dict[str, Any]:
     """``obj`` as one JSON object: a Chrome trace that also holds the report(s) themselves.
 
@@ -53,7 +55,8 @@ def chrome_trace(
     :meth:`Report.to_dict`'s keys (a report) or ``"ranks"`` and ``"notes"`` (a
     recorded run), so Perfetto and ``chrome://tracing`` open the file and
     :func:`fsdpviz.load` reads it back. ``iteration``: one iteration (``-1``: the
-    last), or ``None`` for all; ``machine`` times a prediction.
+    last), or ``None`` for all; ``machine`` times a prediction (``"auto"``: the machine it
+    was planned for, ``analyze(..., machine=...)``).
 
     Example::
 
@@ -76,8 +79,11 @@ def chrome_trace(
         if _timed(report, its):
             events += _recorded(report, its, pid, (start - min(starts)) * _US)
         else:
-            events += _predicted(report, its, pid, machine)
-            machine_name = _machine_name(machine)
+            on = resolve_machine(machine, report)
+            events += _predicted(report, its, pid, on)
+            # as the user named it: the preset's name, else the machine's own
+            spec = report.config.machine or DEFAULT_MACHINE if machine == "auto" else machine
+            machine_name = _machine_name(spec if isinstance(spec, str | Machine) else on)
     other: dict[str, Any] = {"generator": f"fsdpviz {__version__}", "source": reports[0].source}
     if machine_name is not None:
         other["machine"] = machine_name

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from fsdpviz.schema.extensions import show_method
+from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report, Unit, unit_label
 from fsdpviz.schema.timeline import duration_text
@@ -159,6 +160,21 @@ class Comparison:
         if self.reports is None:
             raise ValueError("this comparison was read back without its plans; compare() again")
         return show_method("comparison")(self, **kwargs)
+
+    def save(self, path: str | Path, **kwargs: Any) -> Path:
+        """The comparison as one self-contained page (``.html``): each plan's costs and
+        whether it fits side by side, both plans' timelines on one time axis with their
+        memory lanes on one byte scale, each with its capacity line. ``kwargs`` as
+        :func:`fsdpviz.export.save` takes for a page (``theme``, ``iteration``, ``memory``,
+        ``title``, ``machine``).
+
+        Example::
+
+            fsdpviz.compare(fsdp1, fsdp2).save("compare.html", theme="dark")
+        """
+        if self.reports is None:
+            raise ValueError("this comparison was read back without its plans; compare() again")
+        return Path(save_method("comparison")(self, path, **kwargs))
 
     def summary(self) -> str:
         a, b = self.name_a, self.name_b

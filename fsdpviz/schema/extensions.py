@@ -3,10 +3,10 @@
 ``report.memory``, ``report.timeline``, ``report.module_graph()``,
 ``report.unit_graph()``, ``report.show()``, ``report.save()`` and the card a
 notebook shows (``_repr_mimebundle_``), ``run.show()``, ``run.save()`` and the card of a
-:class:`~fsdpviz.RecordedRun`, and the ``show()`` of a :class:`~fsdpviz.Comparison` and of
-a sweep's table, are declared, typed, on the data types; what they
-do lives in the layers above (the cost model, graphs, views, widgets, export),
-which register it here, as pandas registers ``DataFrame.plot``. ``import
+:class:`~fsdpviz.RecordedRun`, the ``show()`` and ``save()`` of a
+:class:`~fsdpviz.Comparison` and the ``show()`` of a sweep's table, are declared, typed,
+on the data types; what they do lives in the layers above (the cost model, graphs,
+views, widgets, export), which register it here, as pandas registers ``DataFrame.plot``. ``import
 fsdpviz`` registers them all (``fsdpviz/_conveniences.py``).
 
 Example::
@@ -34,6 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _REPORT: dict[str, Callable[..., Any]] = {}
 _RUN: dict[str, Callable[..., Any]] = {}
 _SHOW: dict[str, Callable[..., Any]] = {}
+_SAVE: dict[str, Callable[..., Any]] = {}
 
 
 def register_report_method(name: ReportMethod) -> Callable[[F], F]:
@@ -64,6 +65,25 @@ def register_show(owner: Owner) -> Callable[[F], F]:
         return fn
 
     return add
+
+
+def register_save(owner: Literal["comparison"]) -> Callable[[F], F]:
+    """Decorator: ``fn(obj, path, ...)`` implements ``obj.save(path)`` of a comparison."""
+
+    def add(fn: F) -> F:
+        _SAVE[owner] = fn
+        return fn
+
+    return add
+
+
+def save_method(owner: Literal["comparison"]) -> Callable[..., Any]:
+    """The implementation of ``save()`` of a comparison."""
+    if owner not in _SAVE:
+        raise RuntimeError(
+            f"{owner}.save has no implementation registered; it comes with `import fsdpviz`"
+        )
+    return _SAVE[owner]
 
 
 def show_method(owner: Owner) -> Callable[..., Any]:

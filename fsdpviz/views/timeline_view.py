@@ -31,13 +31,14 @@ aligned by the wall-clock time they started recording. Otherwise events are laid
 out by index, one unit of x per event (the order is modelled, durations are not).
 
 Steps are the events of every group in issue order (by the time their hook runs,
-then group, then index): stepping through them never goes back in time.
-``stream_order`` lists the steps by the time they start on their stream, the
-other order a user may step in.
+then group, then index): stepping through them never goes back in their hooks' time.
+``stream_order`` lists the steps by the time they start on their own lane (a
+collective on its stream, a free in its hook call), the other order a user may step
+in. In either order the cursor stands where the event starts on its own lane.
 
 Example::
 
-    data = timeline_data(report, machine="h100")         # memory="auto": the memory model
+    data = timeline_data(report, machine="auto")         # memory="auto": the memory model
     data["n_steps"], data["memory"][0]["peak"]["bytes"] == report.memory.peak["bytes"]
 """
 
@@ -46,11 +47,14 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.memory import MemoryLane, memory_lane
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Event, Report, unit_label
 from fsdpviz.views.style import CATEGORY_COLORS, UNMANAGED_COLOR, unit_colors
 
@@ -59,6 +63,8 @@ if TYPE_CHECKING:
     from fsdpviz.schedule.comparison import Comparison
 
 __all__ = [
+    "AUTO_ITERATION",
+    "AUTO_MACHINE",
     "FREE",
     "HOOKS",
     "KINDS",
@@ -67,6 +73,9 @@ __all__ = [
     "MemorySeries",
     "MemorySource",
     "auto_memory",
+    "cursor_x",
+    "opening_iteration",
+    "resolve_machine",
     "resolve_memory",
     "timeline_data",
 ]
@@ -104,6 +113,34 @@ _ALWAYS = ("all-gather", "reduce-scatter")
 UNTIMED_CLOCK = "event index: the order of the events, not their durations"
 RECORDED_CLOCK = "recorded"
 MODELLED_CLOCK = "modelled on {machine} by fsdpviz.cost.timeline"
+AUTO_ITERATION = "auto"
+"""``iteration="auto"``: a recording's first divergent iteration, else the last
+(:func:`opening_iteration`)."""
+AUTO_MACHINE = "auto"
+"""``machine="auto"``: each report on the machine it was planned for (``analyze(...,
+machine=...)``, else the H100 preset), as ``report.memory`` and ``report.timeline``."""
+
+
+def opening_iteration(
+    obj: Report | Sequence[Report] | RecordedRun | Comparison, iteration: int | str | None = "auto"
+) -> int | None:
+    """The iteration a view of ``obj`` opens on: ``iteration`` as given, or for ``"auto"``
+    a recording's first iteration where its ranks diverge (each rank's event there marked),
+    else the last one (-1, the steady state of a prediction)."""
+    if iteration != AUTO_ITERATION:
+        if iteration is not None and not isinstance(iteration, int):
+            raise ValueError(
+                f"iteration={iteration!r} is not valid; use an index (-1: the last), None "
+                "(every iteration) or 'auto'"
+            )
+        return iteration
+    from fsdpviz.recording import RecordedRun
+
+    if isinstance(obj, RecordedRun):
+        diverge = [m.iteration for m in obj.marks() if m.kind == "diverge"]
+        if diverge:
+            return min(diverge)
+    return -1
 
 
 def resolve_memory(source: MemorySource, report: Report) -> list[float] | None:
@@ -123,7 +160,8 @@ class _Group:
     units: dict[str, int]
     offset: float = 0.0
     memory: MemoryOption = None
-    marks: list[tuple[int, int, str]] = field(default_factory=list)  # iteration, index, text
+    # iteration, index, text, kind ("diverge", "stuck", "difference")
+    marks: list[tuple[int, int, str, str]] = field(default_factory=list)
 
 
 def timeline_data(
@@ -140,8 +178,10 @@ def timeline_data(
     group per rank on the recorded clock, the first event where ranks diverge marked
     on each) or a :class:`~fsdpviz.Comparison` (its two plans, units matched by their
     parameters, the first difference marked). ``machine`` (a
-    :class:`~fsdpviz.cost.Machine` or preset name) times predictions that have a trace
-    profile. ``memory``: see :data:`MemoryOption`; for several groups it applies to the
+    :class:`~fsdpviz.cost.Machine`, a preset name, or ``"auto"``: each report's own, the
+    machine it was planned for) times predictions that have a trace profile, and its
+    device memory is the memory lane's capacity line; ``None`` lays events out by index.
+    ``memory``: see :data:`MemoryOption`; for several groups it applies to the
     first, and a comparison gets the memory model of both plans with ``"auto"``.
 
     Keys: ``version`` (2), ``source``, ``units``, ``unit_numbers`` (what blocks are
@@ -149,7 +189,10 @@ def timeline_data(
     the number of the unit it matches), ``colors``, ``kinds``, ``hooks``, ``timed``,
     ``clock`` (how x was found, in words: the unit of time is the axis'), ``groups``
     (``name``, ``summary``, ``exposed``: seconds of exposed communication by phase and
-    ``step``, or ``None``), ``lanes`` (``group``, ``kind``: ``cpu`` | ``compute`` |
+    ``step``, or ``None``; ``bottlenecks``: the waits of
+    :meth:`~fsdpviz.schema.timeline.Timeline.bottlenecks`, most exposed first, each
+    ``step``, ``unit``, ``kind``, ``phase``, ``exposed``, ``share``, ``tail``, ``cause``,
+    ``reason``, or ``None`` untimed), ``lanes`` (``group``, ``kind``: ``cpu`` | ``compute`` |
     ``stream`` | ``memory``, ``name``), ``n_steps``, ``steps`` (columns: ``group``,
     ``kind``, ``unit``, ``phase`` 0 forward / 1 backward, ``prefetch``, ``hook`` (-1
     none), ``hook_unit`` (-1 none), ``iteration``, ``index`` (in its iteration),
@@ -160,12 +203,18 @@ def timeline_data(
     occur ``module``: the module that issued each, into ``modules``, -1 none),
     ``stream_order``, ``calls`` (``group``,
     ``hook``, ``unit``, ``x``, ``n``: events it issued), ``compute`` (``group``,
-    ``unit``, ``phase``, ``x0``, ``x1``, ``step``: the event it leads to), ``waits``
+    ``unit``, ``phase``, ``x0``, ``x1``, ``step``: the event it leads to, and as the time
+    model has them ``flops``, ``flops_per_s`` achieved, ``peak_share`` of the GPU's peak;
+    -1 where not modelled), ``waits``
     (``group``, ``x0``, ``x1``, ``step``: the collective waited for, ``phase``,
     ``tail``), ``memory`` (one entry per group with a memory lane: ``group``, ``lane``,
     ``categories``, ``colors``, ``x0``, ``x1``, ``bytes`` per category, ``total``,
     ``step``, ``where``, ``peak``: ``moment``, ``bytes``, ``step``, ``where``,
-    ``dominant``, ``x``), ``marks`` (``step``, ``text``), ``iteration_starts`` (x where
+    ``dominant``, ``x``; ``capacity``: for a prediction's modelled lane, will it fit
+    (``machine``, ``bytes``, ``overhead``, ``usable``, ``reserved``, ``peak``, ``needed``,
+    ``headroom``, ``fits``, ``label``, ``text``: as ``report.memory``), else ``None``),
+    ``marks`` (``step``, ``text``, ``kind``: ``"diverge"``, ``"stuck"`` or
+    ``"difference"``), ``iteration_starts`` (x where
     each shown iteration begins, per group).
     """
     groups, source = _groups(reports, rank_names, memory)
@@ -233,7 +282,9 @@ def _run_groups(
     for g, r in enumerate(run.ranks):
         offset = float(starts[g]) - origin if origin is not None else 0.0  # type: ignore[arg-type]
         rank = r.config.rank if r.config.rank is not None else g
-        marks = [(m.iteration, m.index, m.text) for m in run_marks if m.rank == rank]
+        marks: list[tuple[int, int, str, str]] = [
+            (m.iteration, m.index, m.text, m.kind) for m in run_marks if m.rank == rank
+        ]
         groups.append(_Group(names[g], r, units, offset, memory if g == 0 else None, marks))
     return groups
 
@@ -251,8 +302,8 @@ def _comparison_groups(cmp: Comparison, memory: MemoryOption) -> list[_Group]:
         units_b[u.module] = len(units) + b_index[u.module]
     first = _first_difference(cmp, a, b)
     text = f"first difference between {cmp.name_a} and {cmp.name_b}"
-    marks_a = [] if first is None else [(len(a.iterations) - 1, first, text)]
-    marks_b = [] if first is None else [(len(b.iterations) - 1, first, text)]
+    marks_a = [] if first is None else [(len(a.iterations) - 1, first, text, "difference")]
+    marks_b = [] if first is None else [(len(b.iterations) - 1, first, text, "difference")]
     mem_b = memory if memory == "auto" else None
     return [
         _Group(cmp.name_a, a, units, memory=memory, marks=marks_a),
@@ -303,6 +354,11 @@ class _Placed:
     totals: dict[str, float] | None
     clock: str
     timed: bool
+    # modelled: per compute stretch (FLOPs, achieved FLOP/s, share of the GPU's peak); the
+    # waits ranked by Timeline.bottlenecks, each with its event's index in ``events``
+    compute_rates: list[tuple[float, float, float]] = field(default_factory=list)
+    bottlenecks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    machine: Machine | None = None
 
 
 def _place(g: _Group, iteration: int | None, machine: Machine | str | None) -> _Placed:
@@ -310,7 +366,7 @@ def _place(g: _Group, iteration: int | None, machine: Machine | str | None) -> _
     its = report.iteration_indices(iteration)
     events = [(i, k, e) for i in its for k, e in enumerate(report.iterations[i])]
     if machine is not None and report.source == "prediction" and report.profile is not None:
-        return _modelled(report, its, events, machine)
+        return _modelled(report, its, events, resolve_machine(machine, report))
     times = [e.t for _, _, e in events]
     if events and all(isinstance(t, int | float) for t in times):
         return _recorded(events, g.offset)
@@ -323,6 +379,7 @@ def _modelled(
     from fsdpviz.cost.time import timeline
 
     p = _Placed(events, [], [], [], [], [], [], [], [], [], {}, [], {}, {}, None, "", True)
+    p.machine = machine if isinstance(machine, Machine) else None
     offset = 0.0
     totals = {"forward": 0.0, "backward": 0.0, "total": 0.0, "step": 0.0}
     name = machine if isinstance(machine, str) else machine.name
@@ -346,6 +403,10 @@ def _modelled(
                 (str(c["owner"]), 0 if c["phase"] == "forward" else 1, x0, x1,
                  first + int(c["next_event"]))
             )  # fmt: skip
+            p.compute_rates.append(
+                (float(c.get("flops", 0.0)), float(c.get("flops_per_s", 0.0)),
+                 float(c.get("peak_share", 0.0)))
+            )  # fmt: skip
             p.compute_x[(it, int(c["index"]))] = (x0, x1)
         for k, h in enumerate(tl.hooks):
             p.hook_x[(it, k)] = offset + float(h["t"])
@@ -357,6 +418,7 @@ def _modelled(
                 (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
                  str(w["phase"]), bool(w["tail"]))
             )  # fmt: skip
+        p.bottlenecks += [(first + int(b["event"]), b) for b in tl.bottlenecks()]
         t = tl.totals
         totals["forward"] += t["exposed_forward_s"]
         totals["backward"] += t["exposed_backward_s"]
@@ -409,6 +471,9 @@ def _by_index(report: Report, its: list[int], events: list[tuple[int, int, Event
 # ---------------------------------------------------------------------------- building
 
 
+_COMPUTE_COLUMNS = (
+    "group", "unit", "phase", "x0", "x1", "step", "flops", "flops_per_s", "peak_share",
+)  # fmt: skip
 _STEP_COLUMNS = (
     "group", "kind", "unit", "phase", "prefetch", "hook", "hook_unit", "iteration", "index",
     "call", "slot", "lane", "issue", "x0", "x1", "bytes", "exposed",
@@ -460,8 +525,11 @@ def _build(
         for k, v in zip(_STEP_COLUMNS, row, strict=True):
             steps[k].append(v)
     n = len(rows)
-    stream_order = sorted(range(n), key=lambda s: (steps["x0"][s], steps["group"][s], s))
-    compute: dict[str, list[Any]] = {k: [] for k in ("group", "unit", "phase", "x0", "x1", "step")}
+    # by where each starts on its own lane: a collective on its stream, a free (the hook's
+    # own work) in its hook call on the CPU lane; the cursor's x in either order
+    own = [steps["issue"][s] if steps["kind"][s] == FREE else steps["x0"][s] for s in range(n)]
+    stream_order = sorted(range(n), key=lambda s: (own[s], steps["group"][s], s))
+    compute: dict[str, list[Any]] = {k: [] for k in _COMPUTE_COLUMNS}
     waits: dict[str, list[Any]] = {k: [] for k in ("group", "x0", "x1", "step", "phase", "tail")}
     for gi, p in enumerate(placed):
         _compute(gi, p, groups[gi].units, step_of, compute)
@@ -479,9 +547,10 @@ def _build(
         resolved = _memory_lane(g, iteration)
         if resolved is not None:
             entry = _memory_entry(gi, g, p, resolved, step_of, len(lanes))
+            entry["capacity"] = _capacity(g, p) if isinstance(resolved, MemoryLane) else None
             lanes.append({"group": gi, "kind": "memory", "name": "memory"})
             memory.append(entry)
-        group_info.append(_group_info(g, p))
+        group_info.append(_group_info(g, p, step_of, gi))
         marks += _marks(gi, g, p, step_of)
     timed = all(p.timed for p in placed)
     clocks = list(dict.fromkeys(p.clock for p in placed))
@@ -515,6 +584,13 @@ def _build(
         "marks": marks,
         "iteration_starts": [p.starts for p in placed],
     }
+
+
+def cursor_x(data: dict[str, Any], step: int) -> float:
+    """Where the cursor of ``step`` stands: where its event starts on its own lane (a
+    collective on its stream, a free in its hook's cell on the CPU lane), in either order."""
+    s = data["steps"]
+    return float(s["issue"][step] if s["kind"][step] == FREE else s["x0"][step])
 
 
 def _stream(e: Event) -> str:
@@ -599,19 +675,22 @@ def _compute(
 ) -> None:
     """Modelled compute stretches, else runs of events issued by one unit's hooks."""
 
-    def add(unit: int, phase: int, x0: float, x1: float, event: int) -> None:
+    def add(
+        unit: int, phase: int, x0: float, x1: float, event: int,
+        rates: tuple[float, float, float] = (-1.0, -1.0, -1.0),
+    ) -> None:  # fmt: skip
         for k, v in zip(
-            ("group", "unit", "phase", "x0", "x1", "step"),
-            (gi, unit, phase, x0, x1, step_of[(gi, event)]),
+            _COMPUTE_COLUMNS,
+            (gi, unit, phase, x0, x1, step_of[(gi, event)], *rates),
             strict=True,
         ):
             out[k].append(v)
 
     last = len(p.events) - 1
     if p.totals is not None:
-        for owner, phase, x0, x1, event in p.compute:
+        for (owner, phase, x0, x1, event), rates in zip(p.compute, p.compute_rates, strict=True):
             if owner in units and last >= 0:  # the root without parameters is no unit
-                add(units[owner], phase, x0, x1, min(event, last))
+                add(units[owner], phase, x0, x1, min(event, last), rates)
         return
     current: tuple[int, int] | None = None
     for i, (_, _, e) in enumerate(p.events):
@@ -776,15 +855,75 @@ def _shown_its(p: _Placed) -> list[int]:
     return list(dict.fromkeys(it for it, _, _ in p.events))
 
 
-def _group_info(g: _Group, p: _Placed) -> dict[str, Any]:
+def _group_info(
+    g: _Group, p: _Placed, step_of: dict[tuple[int, int], int], gi: int
+) -> dict[str, Any]:
     r = g.report
     api = r.config.api if r.config.states("api") else "FSDP"
     ws = r.config.world_size
     summary = f"{api} {r.source} · {len(r.units)} units · world size {ws}"
     exposed = None
+    bottlenecks: list[dict[str, Any]] | None = None
     if p.totals is not None:
         exposed = dict(p.totals)
-    return {"name": g.name, "summary": summary, "exposed": exposed}
+        bottlenecks = [
+            {
+                "step": step_of[(gi, i)],
+                "unit": g.units.get(b["unit"], -1),
+                "kind": str(b["kind"]),
+                "phase": str(b["phase"]),
+                "exposed": float(b["exposed_s"]),
+                "share": float(b["share"]),
+                "tail": float(b["tail_s"]),
+                "cause": str(b["cause"]),
+                "reason": str(b["reason"]),
+            }
+            for i, b in p.bottlenecks
+        ]
+        bottlenecks.sort(key=lambda b: (-b["exposed"], b["step"]))
+    return {"name": g.name, "summary": summary, "exposed": exposed, "bottlenecks": bottlenecks}
+
+
+def resolve_machine(machine: Machine | str, report: Report) -> Machine:
+    """The machine that times ``report``: ``"auto"`` is the one it was planned for
+    (:func:`fsdpviz.cost.fit.machine_of`), a name a preset."""
+    if isinstance(machine, Machine):
+        return machine
+    if machine == AUTO_MACHINE:
+        return machine_of(report)
+    return make_machine(machine)
+
+
+def _capacity(g: _Group, p: _Placed) -> dict[str, Any] | None:
+    """Will it fit, for the memory lane of a prediction: ``report.memory``'s capacity,
+    reserved estimate and headroom, on the machine that times the view (the report's own
+    unless ``machine=`` names another). ``None`` for a recording, or where the memory model
+    fails."""
+    r = g.report
+    if r.source != "prediction" or not r.units or not r.iterations:
+        return None
+    try:
+        mem = r.memory
+    except (ValueError, KeyError, IndexError):
+        return None
+    m = p.machine
+    if m is not None and m.name != mem.machine:
+        mem = replace(mem, capacity=int(m.memory_gib * 2**30), machine=m.name)
+    if mem.capacity <= 0:
+        return None
+    return {
+        "machine": mem.machine,
+        "bytes": mem.capacity,
+        "overhead": mem.overhead,
+        "usable": mem.usable,
+        "reserved": int(mem.reserved.get("bytes", 0)),
+        "peak": int(mem.peak.get("bytes", 0)),
+        "needed": mem.needed,
+        "headroom": mem.headroom,
+        "fits": mem.fits,
+        "label": f"{mem.machine}: {size_text(mem.usable)} usable",
+        "text": mem.fit_text(),
+    }
 
 
 def _marks(
@@ -792,7 +931,7 @@ def _marks(
 ) -> list[dict[str, Any]]:
     where = {(it, k): i for i, (it, k, _) in enumerate(p.events)}
     return [
-        {"step": step_of[(gi, where[(it, k)])], "text": text}
-        for it, k, text in g.marks
+        {"step": step_of[(gi, where[(it, k)])], "text": text, "kind": kind}
+        for it, k, text, kind in g.marks
         if (it, k) in where
     ]

@@ -19,9 +19,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_view import FREE, MemoryOption, timeline_data
+from fsdpviz.views.timeline_view import FREE, MemoryOption, cursor_x, timeline_data
 
-__all__ = ["lane_names", "time_unit", "timeline_figure"]
+__all__ = ["CAPACITY_IN_SCALE", "lane_names", "memory_axis_top", "time_unit", "timeline_figure"]
 
 _MAX_LABELLED = 400
 
@@ -59,8 +59,10 @@ def timeline_figure(
 ) -> go.Figure:
     """Lanes of ``reports`` (as :func:`timeline_data` takes them) for ``iteration``.
 
-    ``step`` draws the cursor at that step (at its hook call's time); ``data`` reuses a
-    :func:`timeline_data`.
+    ``step`` draws the cursor at that step (where the event starts on its own lane, as the
+    front end's cursor); ``data`` reuses a :func:`timeline_data`. The memory lanes share one
+    y scale (:func:`memory_axis_top`) and a prediction's draw its machine's usable memory
+    and the reserved estimate.
     """
     if data is None:
         data = timeline_data(reports, iteration, memory=memory, machine=machine)
@@ -79,8 +81,9 @@ def timeline_figure(
     _add_compute(fig, d, category, scale, c)
     _add_streams(fig, d, category, scale, c)
     _add_calls(fig, d, category, scale, c)
+    top = memory_axis_top(mem)
     for k, entry in enumerate(mem):
-        _add_memory(fig, d, entry, k + 2, scale, c)
+        _add_memory(fig, d, entry, k + 2, scale, c, top)
     _layout(fig, d, step, theme, lanes, scale, unit)
     return fig
 
@@ -139,14 +142,22 @@ def _add_compute(
                     "pattern": {"shape": "/", "fgcolor": c["wait"], "size": 6},
                 },
                 hovertext=[
-                    f"waits for {d['kinds'][s['kind'][i]]} {_label(d, s['unit'][i])}"
-                    for i in waits["step"]
+                    f"{_WAITER[bool(tail)]} waits "
+                    f"{(x1 - x0) * 1e6:.3g} µs for {d['kinds'][s['kind'][i]]} "
+                    f"{_label(d, s['unit'][i])}"
+                    for i, x0, x1, tail in zip(
+                        waits["step"], waits["x0"], waits["x1"], waits["tail"], strict=True
+                    )
                 ],
                 hovertemplate="%{hovertext}<extra></extra>",
             ),
             row=1,
             col=1,
         )
+
+
+_WAITER = {True: "the step's end", False: "compute"}
+"""Who waits for a collective: the compute, or the step's end (the tail's reduce-scatter)."""
 
 
 def _add_streams(
@@ -224,14 +235,43 @@ def _event_text(d: dict[str, Any], i: int) -> str:
         who = _label(d, s["hook_unit"][i]) if s["hook_unit"][i] >= 0 else "?"
         parts.append(f"<br>issued by {d['hooks'][s['hook'][i]]} of {who}")
     if s["exposed"][i] > 0:
-        parts.append(f"<br>compute waited {s['exposed'][i] * 1e6:.3g} µs for it")
+        w = d["waits"]
+        at = [k for k, step in enumerate(w["step"]) if step == i]
+        tail = sum(w["x1"][k] - w["x0"][k] for k in at if w["tail"][k])
+        tail = min(tail, s["exposed"][i]) if at else 0.0
+        if s["exposed"][i] - tail > s["exposed"][i] * 1e-9:
+            parts.append(f"<br>compute waited {(s['exposed'][i] - tail) * 1e6:.3g} µs for it")
+        if tail > 0:
+            parts.append(f"<br>the step's end waited {tail * 1e6:.3g} µs for it")
     parts.append(f"<br>event {s['index'][i]} of iteration {s['iteration'][i]}")
     return " ".join(parts)
 
 
+def memory_axis_top(entries: list[dict[str, Any]]) -> float:
+    """The top of the memory lanes' one y scale (a comparison's lanes share it): the most
+    any lane holds, and each lane's reserved estimate and its machine's usable memory unless
+    they are more than :data:`CAPACITY_IN_SCALE` times that (then their line is drawn at the
+    top, marked as off scale). ``js/src/timeline_draw.ts`` draws with the same rule."""
+    held = 0.0
+    for m in entries:
+        held = max(held, max(m["total"], default=0.0), float(m["peak"]["bytes"]))
+    top = held
+    for m in entries:
+        cap = m.get("capacity")
+        for v in (float(cap["reserved"]), float(cap["usable"])) if cap else ():
+            if 0 < v <= CAPACITY_IN_SCALE * held:
+                top = max(top, v)
+    return top
+
+
+CAPACITY_IN_SCALE = 3.0
+"""The capacity line is on the memory lane's scale while the machine's usable memory is at
+most this many times what the plan holds (its peak, its reserved estimate)."""
+
+
 def _add_memory(
     fig: go.Figure, d: dict[str, Any], m: dict[str, Any], row: int, scale: float,
-    c: dict[str, str],
+    c: dict[str, str], top: float,
 ) -> None:  # fmt: skip
     xs = [x * scale for x in m["x0"]] + ([m["x1"][-1] * scale] if m["x1"] else [])
     for name, color in zip(m["categories"], m["colors"], strict=True):
@@ -270,14 +310,69 @@ def _add_memory(
         row=row,
         col=1,
     )
+    cap = m.get("capacity")
+    if cap:
+        _add_capacity(fig, m, cap, row, scale, c, top)
     fig.update_yaxes(
         title_text=f"{d['groups'][m['group']]['name'] if len(d['groups']) > 1 else 'memory'}",
         tickformat="~s",
         ticksuffix="B",
-        range=[0, peak["bytes"] * 1.15 if peak["bytes"] else 1],
+        range=[0, top * 1.15 if top else 1],
         row=row,
         col=1,
     )
+
+
+def _add_capacity(
+    fig: go.Figure, m: dict[str, Any], cap: dict[str, Any], row: int, scale: float,
+    c: dict[str, str], top: float,
+) -> None:  # fmt: skip
+    """The machine's usable memory as a line (at the top, marked off scale, when it is far
+    above the plan) and the allocator's reserved estimate, dashed; the verdict beside."""
+    x0 = (m["x0"][0] if m["x0"] else 0.0) * scale
+    x1 = (m["x1"][-1] if m["x1"] else 1.0) * scale
+    usable = float(cap["usable"])
+    on_scale = usable <= top * 1.0001
+    y = usable if on_scale else top * 1.1
+    color = c["fg"] if cap["fits"] else c["wait"]
+    label = cap["label"] + ("" if on_scale else " (above, off scale)")
+    verdict = "fits" if cap["fits"] else "does not fit"
+    fig.add_trace(
+        go.Scatter(
+            name=f"capacity: {cap['label']}",
+            mode="lines+text",
+            x=[x0, x1],
+            y=[y, y],
+            text=["", f"{label} · {verdict}"],
+            textposition="top left",
+            cliponaxis=False,
+            line={"color": color, "width": 2, "dash": "solid" if on_scale else "dot"},
+            hovertemplate=f"{cap['text']}<extra></extra>",
+            legendgroup="capacity",
+        ),
+        row=row,
+        col=1,
+    )
+    reserved = float(cap["reserved"])
+    if reserved > 0:
+        above = reserved > top * 1.0001
+        fig.add_trace(
+            go.Scatter(
+                name=f"reserved (estimated) {format_bytes(reserved)}"
+                + (" (above, off scale)" if above else ""),
+                mode="lines",
+                x=[x0, x1],
+                y=[top * 1.05, top * 1.05] if above else [reserved, reserved],
+                line={"color": c["muted"], "width": 1, "dash": "dash"},
+                hovertemplate=(
+                    f"the caching allocator reserves about {format_bytes(reserved)} "
+                    f"({int(reserved):,} bytes)<extra></extra>"
+                ),
+                legendgroup="capacity",
+            ),
+            row=row,
+            col=1,
+        )
 
 
 def _layout(
@@ -314,5 +409,5 @@ def _layout(
         for start in starts[1:]:
             fig.add_vline(x=start * scale, line={"dash": "dot", "width": 1, "color": muted})
     if step is not None and 0 <= step < d["n_steps"]:
-        x = d["steps"]["issue"][step] * scale
+        x = cursor_x(d, step) * scale
         fig.add_vline(x=x, line={"width": 2, "color": theme_colors(theme)["accent"]}, name="cursor")

@@ -19,9 +19,13 @@ page links them (``js/src/links.ts``):
 - ``ranks``: the timeline of several ranks (reports, or a :class:`~fsdpviz.RecordedRun`:
   a lane group per rank on the recorded clock, where ranks diverge marked); a recording
   has no module tree, so the explorer shows its units as modules;
-- ``machine`` (default ``"h100"``; a preset name or :func:`fsdpviz.cost.machine`)
-  places a prediction's events at the times :func:`fsdpviz.cost.timeline` models,
-  once the plan has a trace profile (``None``: by event index).
+- ``iteration`` (default ``"auto"``: a recording's first iteration where its ranks diverge,
+  else the last, a prediction's steady state; ``None``: every iteration);
+- ``machine`` (default ``"auto"``: the machine the report was planned for,
+  ``analyze(..., machine=...)``; a preset name or :func:`fsdpviz.cost.machine`) places a
+  prediction's events at the times :func:`fsdpviz.cost.timeline` models, once the plan
+  has a trace profile (``None``: by event index), and its device memory is the memory
+  lane's capacity line.
 
 Each view reads the page's theme itself (JupyterLab's light or dark). ``save`` writes the
 dashboard as it is now (the plan, the step, the selection) to an HTML page.
@@ -39,14 +43,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import ipywidgets as w
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Report
-from fsdpviz.views.timeline_view import MemoryOption, auto_memory
+from fsdpviz.views.timeline_view import MemoryOption, auto_memory, opening_iteration
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
@@ -81,11 +85,12 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         inputs: Any = None,
         memory: MemoryOption = "auto",
         ranks: Sequence[Report] | RecordedRun | None = None,
-        iteration: int | None = -1,
-        machine: Machine | str | None = "h100",
+        iteration: int | Literal["auto"] | None = "auto",
+        machine: Machine | str | None = "auto",
         **analyze_kwargs: Any,
     ) -> None:
         self.memory = memory
+        iteration = opening_iteration(ranks if ranks is not None else report, iteration)
         self.iteration = iteration
         self.errors = ErrorOutput()
         self._deferred = Deferred(self.errors.guard)
@@ -241,7 +246,13 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         }
         p = Path(path)
         p.write_text(
-            html_page(self._shown, theme=theme, title=title, states=states),  # type: ignore[arg-type]
+            html_page(
+                self._shown,  # type: ignore[arg-type]
+                theme=theme,  # type: ignore[arg-type]
+                title=title,
+                states=states,
+                iteration=self.iteration,
+            ),
             encoding="utf-8",
         )
         return p

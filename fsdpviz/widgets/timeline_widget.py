@@ -6,7 +6,10 @@ are numbered from 0, in FSDP's issue order, as the page shows them), a click on 
 event sets ``view.selected_unit`` and ``step``; ``order="stream"`` makes the arrows
 walk the events by the time they start on their streams. While playing, the browser
 sends ``step`` at most every ``sync_interval_ms``. ``machine`` places a profiled
-prediction at modelled times (:func:`fsdpviz.views.timeline_data`).
+prediction at modelled times (:func:`fsdpviz.views.timeline_data`; by default ``"auto"``,
+the machine the report was planned for, whose device memory the memory lane draws as its
+capacity line). ``iteration`` (default ``"auto"``): a recording opens on its first iteration
+where the ranks diverge, anything else on its last.
 
 Example::
 
@@ -19,13 +22,13 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.timeline_view import MemoryOption, timeline_data
+from fsdpviz.views.timeline_view import MemoryOption, opening_iteration, timeline_data
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 if TYPE_CHECKING:
@@ -60,14 +63,14 @@ class TimelineWidget(FrontEnd):
     def __init__(
         self,
         reports: Shown,
-        iteration: int | None = -1,
+        iteration: int | Literal["auto"] | None = "auto",
         *,
         memory: MemoryOption = "auto",
         rank_names: Sequence[str] | None = None,
-        machine: Machine | str | None = "h100",
+        machine: Machine | str | None = "auto",
         **kwargs: Any,
     ) -> None:
-        self._iteration = iteration
+        self._iteration = opening_iteration(reports, iteration)
         self._rank_names = rank_names
         self._machine = machine
         self._shown: Shown = []

@@ -22,6 +22,8 @@ export interface ThemeColors {
   warn_bg: string;
   highlight: string;
   focus: string;
+  /** A flight recorder's collective where a rank stopped (`wait`: where ranks diverge). */
+  stuck: string;
 }
 
 /** The table's colours of each theme. */

@@ -2,7 +2,7 @@
 // steps are walked in, the visible window, and what the timeline says about a step in
 // words. No DOM here, so vitest can test all of it in node.
 
-import { exactBytes, formatBytes, formatSeconds, quote } from "./format";
+import { exactBytes, formatBytes, formatSeconds, quote, threeDigits } from "./format";
 
 /** One column per field, one entry per step: every event of every group, in issue order. */
 export interface Steps {
@@ -46,6 +46,10 @@ export interface ComputeSegments {
   x0: number[];
   x1: number[];
   step: number[];
+  /** As the time model has them (-1: not modelled): FLOPs, achieved FLOP/s, share of peak. */
+  flops?: number[];
+  flops_per_s?: number[];
+  peak_share?: number[];
 }
 
 export interface Waits {
@@ -66,6 +70,24 @@ export interface MemoryPeak {
   x: number;
 }
 
+/** Will it fit: the machine's memory against the plan's (`report.memory`, in Python). */
+export interface Capacity {
+  machine: string;
+  /** The device's memory, what the CUDA context and NCCL take of it, what is left. */
+  bytes: number;
+  overhead: number;
+  usable: number;
+  /** The allocator's reserved estimate, the peak allocated, the larger of the two. */
+  reserved: number;
+  peak: number;
+  needed: number;
+  headroom: number;
+  fits: boolean;
+  /** `H100 SXM 80GB: 77.0 GiB usable`, and the whole answer in words (`fit_text()`). */
+  label: string;
+  text: string;
+}
+
 /** One group's memory lane: bytes per category at every moment the model looked. */
 export interface MemoryLane {
   group: number;
@@ -80,6 +102,8 @@ export interface MemoryLane {
   where: string[];
   peak: MemoryPeak;
   notes: string[];
+  /** A prediction's modelled lane: its machine's memory (null or absent otherwise). */
+  capacity?: Capacity | null;
 }
 
 export interface Lane {
@@ -88,10 +112,33 @@ export interface Lane {
   name: string;
 }
 
+/** A wait of the step, as `report.timeline.bottlenecks()` ranks them. */
+export interface Bottleneck {
+  step: number;
+  unit: number;
+  kind: string;
+  phase: string;
+  /** Seconds of compute lost waiting for it, its share of the step's, the part at the tail. */
+  exposed: number;
+  share: number;
+  tail: number;
+  cause: string;
+  reason: string;
+}
+
 export interface Group {
   name: string;
   summary: string;
   exposed: { forward: number; backward: number; total: number; step: number } | null;
+  /** Modelled: the waits, most exposed first (absent or null untimed). */
+  bottlenecks?: Bottleneck[] | null;
+}
+
+/** A flagged event: where ranks diverge, where a rank is stuck, where two plans differ. */
+export interface Mark {
+  step: number;
+  text: string;
+  kind?: "diverge" | "stuck" | "difference";
 }
 
 /** What `fsdpviz.views.timeline_data` returns (see its docstring). */
@@ -116,7 +163,7 @@ export interface TimelineData {
   compute: ComputeSegments;
   waits: Waits;
   memory: MemoryLane[];
-  marks: Array<{ step: number; text: string }>;
+  marks: Mark[];
   iteration_starts: number[][];
 }
 
@@ -134,11 +181,22 @@ export function orderOf(data: TimelineData, order: Order): number[] {
   return Array.from({ length: data.n_steps }, (_, i) => i);
 }
 
-/** The x of a step's cursor in `order`: when its hook ran, or when it starts on its lane. */
-export function cursorX(data: TimelineData, step: number, order: Order): number {
+/** The x of a step's cursor, in either order: where its event starts on its own lane (a
+ * collective on its stream; a free, the hook's own work, on the CPU lane when its hook
+ * ran). The CPU lane shows when the hook issued a collective (its cell is outlined).
+ * `_order` is the order stepped in: it moves the cursor from event to event, never off it. */
+export function cursorX(data: TimelineData, step: number, _order: Order = "issue"): number {
   if (data.n_steps === 0) return 0;
   const s = clampStep(step, data.n_steps);
-  return order === "stream" ? data.steps.x0[s] : data.steps.issue[s];
+  return data.steps.kind[s] === FREE ? data.steps.issue[s] : data.steps.x0[s];
+}
+
+/** The memory moment of `mem` that holds at x: the curve under a cursor there (moments
+ * are in order, each holding until the next begins; of several begun at x, the last), or
+ * -1 before the first. */
+export function momentAt(mem: MemoryLane, x: number): number {
+  if (mem.x0.length === 0 || x < mem.x0[0]) return -1;
+  return upperBound(mem.x0, x) - 1;
 }
 
 export interface Window {
@@ -198,15 +256,21 @@ export function upperBound(xs: ArrayLike<number>, x: number, lo = 0, hi = xs.len
   return lo;
 }
 
-/** The step whose cursor x (in `order`) is closest to x: for clicks on the overview. */
+/** The step whose cursor x is closest to x (of several, the first in `order`): for clicks
+ * on the overview. */
 export function nearestStep(data: TimelineData, x: number, order: Order = "issue"): number {
   const n = data.n_steps;
   if (n === 0) return 0;
-  const steps = orderOf(data, order);
-  const xs = steps.map((s) => cursorX(data, s, order));
-  const i = Math.min(lowerBound(xs, x), n - 1);
-  const j = Math.max(i - 1, 0);
-  return Math.abs(xs[j] - x) <= Math.abs(xs[i] - x) ? steps[j] : steps[i];
+  let best = -1;
+  let bestD = Number.POSITIVE_INFINITY;
+  for (const s of orderOf(data, order)) {
+    const d = Math.abs(cursorX(data, s, order) - x);
+    if (d < bestD) {
+      bestD = d;
+      best = s;
+    }
+  }
+  return best;
 }
 
 /** `3 'layers.2'`: the unit's number (its index in report.units) and its name. */
@@ -225,8 +289,15 @@ function timeText(data: TimelineData, s: number): string {
 }
 
 /** The status line: `step 3 of 23 · all_gather unit 2 'layers.1' (prefetch) · ...`. Steps
- * are numbered from 0, as `view.timeline.step` counts them. */
-export function describeStep(data: TimelineData, step: number, order: Order = "issue"): string {
+ * are numbered from 0, as `view.timeline.step` counts them. The memory it gives is the
+ * curve's at the cursor (the event's own start), or at `moment` when one is picked (the
+ * peak button, a click on the memory lane). */
+export function describeStep(
+  data: TimelineData,
+  step: number,
+  order: Order = "issue",
+  moment: number | null = null,
+): string {
   const s = data.steps;
   if (data.n_steps === 0) return "no events";
   const i = clampStep(step, data.n_steps);
@@ -238,11 +309,16 @@ export function describeStep(data: TimelineData, step: number, order: Order = "i
   if (s.hook[i] >= 0) parts.push(`${data.hooks[s.hook[i]]} of ${quoteUnit(data, s.hook_unit[i])}`);
   if (data.groups.length > 1) parts.push(data.groups[s.group[i]].name);
   parts.push(timeText(data, i));
-  if (s.exposed[i] > 0) parts.push(`compute waited ${formatSeconds(s.exposed[i])} for it`);
+  const { compute, tail } = waitedFor(data, i);
+  if (compute > 0) parts.push(`compute waited ${formatSeconds(compute)} for it`);
+  if (tail > 0) parts.push(`the step's end waited ${formatSeconds(tail)} for it`);
   const mem = data.memory.find((m) => m.group === s.group[i]);
   if (mem !== undefined) {
-    const k = lastMomentOf(mem, i);
-    if (k >= 0) parts.push(`memory ${formatBytes(mem.total[k])}`);
+    const k = moment ?? momentAt(mem, cursorX(data, i, order));
+    if (k >= 0 && k < mem.total.length) {
+      const peak = k === mem.peak.moment ? " ▼ peak" : "";
+      parts.push(`memory ${formatBytes(mem.total[k])}${peak}`);
+    }
   }
   return parts.join(" · ");
 }
@@ -297,12 +373,79 @@ export function eventDetails(data: TimelineData, step: number): string[] {
   } else {
     lines.push("placed by index: no durations modelled");
   }
-  if (s.exposed[i] > 0)
-    lines.push(`compute waited ${formatSeconds(s.exposed[i])} for it (exposed)`);
-  else if (s.exposed[i] === 0 && s.kind[i] !== FREE)
-    lines.push("compute never waited for it (hidden)");
-  for (const m of data.marks) if (m.step === i) lines.push(`⚑ ${m.text}`);
+  const { compute, tail } = waitedFor(data, i);
+  if (compute > 0) lines.push(`compute waited ${formatSeconds(compute)} for it (exposed)`);
+  if (tail > 0)
+    lines.push(
+      `the step's end waited ${formatSeconds(tail)} for it (after the last compute, exposed)`,
+    );
+  if (s.exposed[i] === 0 && s.kind[i] !== FREE) lines.push("compute never waited for it (hidden)");
+  for (const m of data.marks) if (m.step === i) lines.push(`${markSymbol(m)} ${m.text}`);
   return lines;
+}
+
+/** ⚑ where ranks diverge or plans differ, ⏸ where a rank is stuck. */
+export function markSymbol(m: Mark): string {
+  return m.kind === "stuck" ? "⏸" : "⚑";
+}
+
+/**
+ * Seconds waited for step `i`: by the compute (before it could go on) and by the step's end
+ * (the tail: after the last compute, for the last reduce-scatter). Their sum is its
+ * `exposed`; where the waits are not drawn, all of it is the compute's.
+ */
+export function waitedFor(data: TimelineData, i: number): { compute: number; tail: number } {
+  const exposed = data.steps.exposed[i];
+  if (!(exposed > 0)) return { compute: 0, tail: 0 };
+  const w = data.waits;
+  let tail = 0;
+  let any = false;
+  for (let k = 0; k < w.step.length; k++) {
+    if (w.step[k] !== i) continue;
+    any = true;
+    if (w.tail[k]) tail += w.x1[k] - w.x0[k];
+  }
+  if (!any) return { compute: exposed, tail: 0 };
+  tail = Math.min(tail, exposed);
+  // what is not the tail's is the compute's (the drawn waits add up to it)
+  const compute = exposed - tail > exposed * 1e-9 ? exposed - tail : 0;
+  return { compute, tail };
+}
+
+/** The lines of a compute stretch's hover: whose, when, how long, its FLOPs and rate. */
+export function computeDetails(data: TimelineData, k: number): string[] {
+  const c = data.compute;
+  const phase = c.phase[k] === 0 ? "forward" : "backward";
+  const lines = [`${phase} compute of ${unitText(data, c.unit[k])}`];
+  if (data.groups.length > 1) lines.push(data.groups[c.group[k]].name);
+  if (data.timed)
+    lines.push(`starts ${formatSeconds(c.x0[k])}, lasts ${formatSeconds(c.x1[k] - c.x0[k])}`);
+  const flops = c.flops?.[k] ?? -1;
+  const rate = c.flops_per_s?.[k] ?? -1;
+  const share = c.peak_share?.[k] ?? -1;
+  if (flops >= 0) lines.push(`${formatFlops(flops)} (modelled, from the traced kernels)`);
+  if (rate > 0)
+    lines.push(
+      `achieved ${formatFlops(rate)}/s${share >= 0 ? `, ${(share * 100).toFixed(1)}% of the GPU's peak` : ""}`,
+    );
+  const i = c.step[k];
+  lines.push(
+    `click: the event it leads to (step ${i}, ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])})`,
+  );
+  return lines;
+}
+
+/** `1.23 TFLOP`, `456 GFLOP`: FLOPs to three significant figures. */
+export function formatFlops(n: number): string {
+  const units: Array<[number, string]> = [
+    [1e15, "PFLOP"],
+    [1e12, "TFLOP"],
+    [1e9, "GFLOP"],
+    [1e6, "MFLOP"],
+    [1e3, "kFLOP"],
+  ];
+  for (const [scale, unit] of units) if (n >= scale) return `${threeDigits(n / scale)} ${unit}`;
+  return `${Math.round(n)} FLOP`;
 }
 
 /** The lines of a memory moment's hover: total, the biggest categories, where it is. */

@@ -5,9 +5,11 @@
 import { axisTicks, byteTicks, formatBytes } from "./format";
 import { FONT, type ThemeColors, textOn } from "./theme";
 import {
+  type Capacity,
   FREE,
   fullRange,
   lowerBound,
+  type Mark,
   type TimelineData,
   upperBound,
   type Window,
@@ -194,6 +196,31 @@ export class MarkList {
 
 // ---------------------------------------------------------------------------- indexes
 
+/** The capacity line is on the memory scale while the machine's usable memory is at most
+ * this many times what the plan holds (fsdpviz.views.timeline_view_figure.CAPACITY_IN_SCALE). */
+export const CAPACITY_IN_SCALE = 3;
+
+/**
+ * The top of the memory lanes' y scale, one for all (a comparison's two plans side by
+ * side): the most any lane holds, and each lane's reserved estimate and machine's usable
+ * memory unless they are more than CAPACITY_IN_SCALE times that (then their line is drawn
+ * at the top, marked off scale), as `memory_axis_top` in Python.
+ */
+export function memoryAxisTop(data: TimelineData, laneMax: number[]): number {
+  let held = 0;
+  data.memory.forEach((m, k) => {
+    held = Math.max(held, laneMax[k] ?? 0, m.peak.bytes);
+  });
+  let top = held;
+  for (const m of data.memory) {
+    const cap = m.capacity;
+    if (!cap) continue;
+    for (const v of [cap.reserved, cap.usable])
+      if (v > 0 && v <= CAPACITY_IN_SCALE * held) top = Math.max(top, v);
+  }
+  return top;
+}
+
 /** What drawing needs to find the visible part of each lane quickly (made once per data). */
 export class Index {
   /** Per group: [first, end) of its calls (calls are in group order, by x). */
@@ -205,8 +232,10 @@ export class Index {
   /** Per group: compute segments and waits, by x0. */
   readonly computeOf: number[][];
   readonly waitsOf: number[][];
-  /** Per memory lane: the most of its totals (the top of its axis). */
+  /** Per memory lane: the most of its totals. */
   readonly memoryMax: number[];
+  /** The top of the memory lanes' one y scale (see {@link memoryAxisTop}). */
+  readonly memoryTop: number;
   readonly full: Window;
   private readonly widths = new Map<string, number>();
   private boxX = new Float64Array(0);
@@ -254,6 +283,7 @@ export class Index {
       }
       return max;
     });
+    this.memoryTop = memoryAxisTop(data, this.memoryMax);
     this.full = fullRange(data);
   }
 
@@ -271,7 +301,8 @@ export class Index {
    * Where each visible hook call's cells go in `win` (px): from the call's time, as wide
    * as its events need (at most CELL_MAX each), up to the next call. Calls closer than
    * MIN_CELL px per event (issued at the same time, or zoomed out) are packed one after
-   * another, at most MAX_DRIFT px right of their time; beyond that they overlap.
+   * another, at most MAX_DRIFT px right of their time; beyond that they overlap. Calls that
+   * would run past the plot's right edge are pulled back inside it.
    */
   placeCalls(win: Window, l: Layout): void {
     const calls = this.data.calls;
@@ -297,6 +328,14 @@ export class Index {
         this.boxX[c] = bx;
         this.boxW[c] = w;
         prevEnd = bx + w;
+      }
+      // the calls at the run's end (the final callback's, the last post-backward's) would
+      // run past the plot's right edge: pull the last ones back inside, in order
+      let limit = l.labelW + l.plotW;
+      for (let k = c - 1; k >= first && !Number.isNaN(this.boxX[k]); k--) {
+        if (this.boxX[k] + this.boxW[k] <= limit) break;
+        this.boxX[k] = Math.max(limit - this.boxW[k], l.labelW);
+        limit = this.boxX[k] - 1;
       }
     }
   }
@@ -673,7 +712,7 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
       ctx.textBaseline = "middle";
       ctx.fillText(text, x + w / 2, row.top + row.h / 2);
     }
-    marks.add(MARK.compute, c.step[k], x, row.top, w, row.h);
+    marks.add(MARK.compute, c.step[k], x, row.top, w, row.h, -1, k);
   }
   const wt = data.waits;
   for (const k of ix.waitsOf[group]) {
@@ -694,7 +733,7 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
       ctx.fillText(text, x + w / 2, row.top + row.h / 2);
       ctx.font = FONT;
     }
-    marks.add(MARK.wait, target, x, row.top, w, row.h);
+    marks.add(MARK.wait, target, x, row.top, w, row.h, -1, k);
   }
 }
 
@@ -738,7 +777,7 @@ function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: M
   const m = data.memory.findIndex((entry) => entry.lane === row.lane);
   if (m < 0) return;
   const mem = data.memory[m];
-  const max = ix.memoryMax[m] || 1;
+  const max = ix.memoryTop || 1;
   const plotTop = row.top + 16;
   const plotH = row.h - 18;
   const y = (b: number): number => plotTop + plotH - (b / max) * plotH;
@@ -773,6 +812,7 @@ function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: M
     stack(q, col, 1.5);
     marks.add(MARK.memory, mem.step[q], col, plotTop, 1.5, plotH, m, q);
   }
+  if (mem.capacity) drawCapacity(ctx, sc, mem.capacity, y, plotTop);
   // the peak: a line at its height, the marker over its moment
   const peak = mem.peak;
   const py = y(peak.bytes);
@@ -806,13 +846,93 @@ function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: M
   }
 }
 
+/** Where the capacity line of a memory lane is drawn (CSS px), or null: for tests. */
+export function capacityY(sc: Scene, m: number): { usable: number; reserved: number } | null {
+  const mem = sc.data.memory[m];
+  const cap = mem?.capacity;
+  if (!cap) return null;
+  const row = rowOf(sc.layout, mem.lane);
+  const plotTop = row.top + 16;
+  const plotH = row.h - 18;
+  const max = sc.index.memoryTop || 1;
+  const y = (b: number): number => plotTop + plotH - (b / max) * plotH;
+  const at = (b: number): number => (b <= max * 1.000001 ? y(b) : plotTop);
+  return { usable: at(cap.usable), reserved: at(cap.reserved) };
+}
+
+/**
+ * The machine's usable memory as a line, labelled (`H100 SXM 80GB: 77.0 GiB usable`), in
+ * the warning colour with the space above it shaded when the plan does not fit; at the
+ * lane's top, dotted, when it is off the scale; the reserved estimate dashed.
+ */
+function drawCapacity(
+  ctx: CanvasRenderingContext2D,
+  sc: Scene,
+  cap: Capacity,
+  y: (b: number) => number,
+  plotTop: number,
+): void {
+  const { index: ix, layout: l, theme } = sc;
+  const left = l.labelW;
+  const right = l.labelW + l.plotW;
+  const onScale = cap.usable <= (ix.memoryTop || 1) * 1.000001;
+  const cy = Math.round(onScale ? y(cap.usable) : plotTop) + 0.5;
+  const color = cap.fits ? theme.fg : theme.wait;
+  if (!cap.fits && cy > plotTop) {
+    ctx.fillStyle = theme.wait_fill;
+    ctx.fillRect(left, plotTop, l.plotW, cy - plotTop);
+  }
+  if (cap.reserved > 0) {
+    const above = cap.reserved > (ix.memoryTop || 1) * 1.000001;
+    const ry = Math.round(above ? plotTop : y(cap.reserved)) + 0.5;
+    ctx.strokeStyle = theme.muted;
+    ctx.setLineDash(above ? [2, 3] : [6, 3]);
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    ctx.moveTo(left, ry);
+    ctx.lineTo(right, ry);
+    ctx.stroke();
+    ctx.setLineDash([]);
+    const text = `${above ? "▲ " : ""}reserved ≈ ${formatBytes(cap.reserved)}${above ? " (above)" : ""}`;
+    const tw = ix.textWidth(ctx, text);
+    ctx.fillStyle = theme.bg;
+    ctx.fillRect(left + 3, ry - 12, tw + 4, 11);
+    ctx.fillStyle = theme.muted;
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    ctx.fillText(text, left + 5, ry - 6.5);
+  }
+  ctx.strokeStyle = color;
+  ctx.lineWidth = onScale ? 2 : 1.5;
+  ctx.setLineDash(onScale ? [] : [2, 3]);
+  ctx.beginPath();
+  ctx.moveTo(left, cy);
+  ctx.lineTo(right, cy);
+  ctx.stroke();
+  ctx.setLineDash([]);
+  const label = onScale
+    ? `${cap.label}${cap.fits ? "" : ": does not fit"}`
+    : `▲ ${cap.label} (above: ${formatBytes(cap.headroom)} headroom)`;
+  ctx.font = `bold ${FONT}`;
+  const tw = ctx.measureText(label).width;
+  const ty = onScale && cy - plotTop > 13 ? cy - 7 : cy + 7;
+  ctx.fillStyle = theme.bg;
+  ctx.fillRect(right - tw - 8, ty - 6, tw + 6, 12);
+  ctx.fillStyle = color;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  ctx.fillText(label, right - 5, ty);
+  ctx.font = FONT;
+}
+
 /** The memory lane's y axis (in the label column, outside the plot's clip). */
 export function drawMemoryAxes(ctx: CanvasRenderingContext2D, sc: Scene): void {
   const { data, index: ix, layout: l, theme } = sc;
   ctx.font = FONT;
   data.memory.forEach((mem, m) => {
     const row = rowOf(l, mem.lane);
-    const max = ix.memoryMax[m] || 1;
+    const max = ix.memoryTop || 1;
+    const own = ix.memoryMax[m] || 0;
     const plotTop = row.top + 16;
     const plotH = row.h - 18;
     ctx.textAlign = "right";
@@ -826,14 +946,24 @@ export function drawMemoryAxes(ctx: CanvasRenderingContext2D, sc: Scene): void {
       ctx.fillText(v === 0 ? "0" : formatBytes(v), l.labelW - 8, y);
     }
     ctx.fillStyle = theme.fg;
-    ctx.fillText(`max ${formatBytes(max)}`, l.labelW - 8, plotTop);
+    ctx.fillText(own === max ? `max ${formatBytes(max)}` : formatBytes(max), l.labelW - 8, plotTop);
     ctx.fillStyle = theme.grid;
     ctx.fillRect(l.labelW, plotTop + plotH, l.plotW, 1);
     ctx.fillRect(l.labelW - 1, plotTop, 1, plotH);
   });
 }
 
-/** Flags on the events `data.marks` names (where ranks diverge, where two plans differ). */
+/** The colour a mark of `kind` is drawn in: a stuck collective its own, the others the
+ * warning colour. */
+export function markColor(theme: ThemeColors, kind: Mark["kind"]): string {
+  return kind === "stuck" ? theme.stuck : theme.wait;
+}
+
+/**
+ * Marks on the events `data.marks` names: where ranks diverge or two plans differ, a flag
+ * over a solid outline; where a rank is stuck (its last collective in a flight recorder's
+ * dump), a pause sign over a dashed outline, in its own colour.
+ */
 function drawMarks(ctx: CanvasRenderingContext2D, sc: Scene): void {
   const { data, index: ix, layout: l, win, theme } = sc;
   for (const mark of data.marks) {
@@ -844,10 +974,19 @@ function drawMarks(ctx: CanvasRenderingContext2D, sc: Scene): void {
       s.kind[i] === FREE
         ? ix.cell(i, win, l)
         : [xToPx(win, l, s.x0[i]), xToPx(win, l, s.x1[i]) - xToPx(win, l, s.x0[i])];
-    ctx.strokeStyle = theme.wait;
+    const color = markColor(theme, mark.kind);
+    ctx.strokeStyle = color;
+    ctx.fillStyle = color;
     ctx.lineWidth = 2;
+    if (mark.kind === "stuck") {
+      ctx.setLineDash([4, 2]);
+      ctx.strokeRect(x - 2, row.top - 2, Math.max(w, 2) + 4, row.h + 4);
+      ctx.setLineDash([]);
+      ctx.fillRect(x - 1, row.top - 11, 3, 8);
+      ctx.fillRect(x + 4, row.top - 11, 3, 8);
+      continue;
+    }
     ctx.strokeRect(x - 1, row.top - 1, Math.max(w, 2) + 2, row.h + 2);
-    ctx.fillStyle = theme.wait;
     ctx.beginPath();
     ctx.moveTo(x - 1, row.top - 1);
     ctx.lineTo(x - 1, row.top - 9);
@@ -862,7 +1001,7 @@ export function drawCurrent(
   ctx: CanvasRenderingContext2D,
   sc: Scene,
   step: number,
-  cursorX: number,
+  px: number,
 ): void {
   const { data, index: ix, layout: l, win, theme } = sc;
   if (data.n_steps === 0) return;
@@ -871,7 +1010,6 @@ export function drawCurrent(
   ctx.beginPath();
   ctx.rect(l.labelW - 2, 0, l.plotW + 4, l.lanesBottom + 2);
   ctx.clip();
-  const px = xToPx(win, l, cursorX);
   ctx.fillStyle = theme.accent;
   ctx.globalAlpha = 0.8;
   ctx.fillRect(Math.round(px) - 1, l.axisH - 2, 2, l.lanesBottom - l.axisH + 2);

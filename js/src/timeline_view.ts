@@ -8,10 +8,12 @@ import { animationFrames, Player, Throttle } from "./player";
 import { type ThemeColors, takeTheme } from "./theme";
 import {
   clampStep,
+  computeDetails,
   cursorX,
   describeStep,
   eventDetails,
   exposedText,
+  FREE,
   follow,
   memoryDetails,
   nearestStep,
@@ -22,6 +24,7 @@ import {
   type Window,
 } from "./timeline_data";
 import {
+  capacityY,
   computeLayout,
   drawCurrent,
   drawFlows,
@@ -37,6 +40,7 @@ import {
   type Picked,
   pxToX,
   type Scene,
+  xToPx,
 } from "./timeline_draw";
 import { dataOf } from "./wire";
 
@@ -111,9 +115,24 @@ function legend(data: TimelineData): HTMLElement {
     ["fv-pale", "backward compute"],
     ["fv-wait", "compute waiting for communication (exposed)"],
   ];
-  if (data.marks.length > 0) items.push(["fv-flag", data.marks[0].text]);
+  // one entry per kind of mark: where ranks diverge (or plans differ), where a rank is stuck
+  const kinds = new Map<string, string>();
+  for (const m of data.marks) {
+    const kind = m.kind ?? "diverge";
+    if (!kinds.has(kind)) kinds.set(kind, m.text);
+  }
+  for (const [kind, text] of kinds) items.push([kind === "stuck" ? "fv-stuck" : "fv-flag", text]);
+  const cap = data.memory.find((m) => m.capacity)?.capacity;
+  if (cap) {
+    items.push([
+      cap.fits ? "fv-capacity" : "fv-capacity fv-no-fit",
+      `usable device memory (${cap.machine})`,
+    ]);
+    if (cap.reserved > 0) items.push(["fv-reserved", "reserved by the allocator (estimate)"]);
+  }
   for (const [kind, text] of items) {
     const item = document.createElement("span");
+    item.dataset.fvLegend = kind;
     const swatch = element("span", `fv-swatch ${kind}`);
     item.append(swatch, text);
     el.appendChild(item);
@@ -159,6 +178,12 @@ export class TimelineView {
   order: Order;
   selectedUnit = -1;
   hovered: Picked | null = null;
+  /** Where the cursor was put other than at its event (the peak button, a click on the memory
+   * lane): at that moment of that step, until the step changes. */
+  pinned: { step: number; x: number; lane: number; moment: number } | null = null;
+  /** The bottleneck table's rows, by step (for the current row's outline). */
+  bottleneckRows = new Map<number, HTMLTableRowElement>();
+  bottlenecksEl: HTMLElement;
   disposed = false;
   /** The marks of the drawn layer (what a click or hover picks). */
   readonly marks = new MarkList();
@@ -190,8 +215,17 @@ export class TimelineView {
     this.caption = element("div", "fv-note");
     this.data = dataOf<TimelineData>(model);
     this.legendEl = legend(this.data);
+    this.bottlenecksEl = element("div", "fv-bottlenecks");
     this.controls = this.makeControls();
-    this.root.append(this.header, this.controls.bar, stage, this.info, this.legendEl, this.caption);
+    this.root.append(
+      this.header,
+      this.controls.bar,
+      stage,
+      this.info,
+      this.legendEl,
+      this.caption,
+      this.bottlenecksEl,
+    );
     this.layer = document.createElement("canvas");
     this.overview = document.createElement("canvas");
     this.index = new Index(this.data);
@@ -210,6 +244,7 @@ export class TimelineView {
       order: orderOf(this.data, this.order),
       scheduler: animationFrames(),
       onChange: (step, playing) => {
+        if (this.pinned !== null && this.pinned.step !== step) this.pinned = null;
         this.sync.push(step); // the first change goes out at once, bursts at most every interval
         if (model.get("playing") !== playing) {
           this.sync.flush();
@@ -342,9 +377,21 @@ export class TimelineView {
     return this.data.memory[0] ?? null;
   }
 
+  /** The cursor on the ▼ peak's moment, the readout giving the peak's bytes. */
   goToPeak(): void {
     const mem = this.firstMemory();
-    if (mem !== null) this.player.goTo(mem.peak.step);
+    if (mem !== null) this.pinMoment(0, mem.peak.moment);
+  }
+
+  /** Move to memory lane `m`'s moment `k`: its step, the cursor at the moment itself. */
+  pinMoment(m: number, k: number): void {
+    const mem = this.data.memory[m];
+    if (mem === undefined || k < 0 || k >= mem.step.length) return;
+    const step = mem.step[k];
+    const x = k === mem.peak.moment ? mem.peak.x : (mem.x0[k] + mem.x1[k]) / 2;
+    this.pinned = { step, x, lane: m, moment: k };
+    if (step !== this.player.step) this.player.goTo(step);
+    else this.draw();
   }
 
   setOrder(order: Order): void {
@@ -379,10 +426,12 @@ export class TimelineView {
     this.root.dataset.fvLaneMax = String(this.index.memoryMax[0] ?? "");
     this.root.dataset.fvMarkerBytes = mem === null ? "" : String(mem.peak.bytes);
     this.root.dataset.fvMarkerStep = mem === null ? "" : String(mem.peak.step);
+    this.pinned = null;
     this.writeHeader();
     const fresh = legend(this.data);
     this.legendEl.replaceWith(fresh);
     this.legendEl = fresh;
+    this.writeBottlenecks();
     this.selectUnit(this.model.get("selected_unit"));
     this.resize();
   }
@@ -411,7 +460,100 @@ export class TimelineView {
       if (exposed) parts.push(" · ", exposed);
       line.append(...parts);
       h.appendChild(line);
+      const cap = mem?.capacity;
+      if (cap) {
+        const fit = element("div", cap.fits ? "fv-fit fv-fits" : "fv-fit fv-no-fit");
+        fit.textContent = `${cap.fits ? "✓" : "✗"} ${cap.text}`;
+        fit.dataset.fvFits = String(cap.fits);
+        h.appendChild(fit);
+      }
     });
+  }
+
+  /** Why is it slow: each group's waits as `report.timeline.bottlenecks()` ranks them, a
+   * click on a row selecting that event. */
+  private writeBottlenecks(): void {
+    const el = this.bottlenecksEl;
+    el.replaceChildren();
+    this.bottleneckRows.clear();
+    const groups = this.data.groups.filter((g) => g.bottlenecks);
+    for (const g of groups) {
+      const rows = g.bottlenecks ?? [];
+      const box = document.createElement("details");
+      box.open = true;
+      const summary = document.createElement("summary");
+      const total = g.exposed;
+      const head =
+        total === null
+          ? `${rows.length} wait(s)`
+          : `exposed communication ${formatSeconds(total.total)} of a ${formatSeconds(total.step)} step, ${rows.length} wait(s)`;
+      summary.textContent = `Why is it slow${groups.length > 1 || this.data.groups.length > 1 ? ` (${g.name})` : ""}: ${head}${rows.length ? ", most exposed first; click a row to go to it" : ": the compute never waits for communication"}`;
+      box.appendChild(summary);
+      if (rows.length > 0) box.appendChild(this.bottleneckTable(rows));
+      el.appendChild(box);
+    }
+  }
+
+  private bottleneckTable(
+    rows: NonNullable<TimelineData["groups"][number]["bottlenecks"]>,
+  ): HTMLElement {
+    const table = element("table", "fv-bottleneck-table");
+    const head = table.createTHead().insertRow();
+    for (const name of ["", "exposed", "share", "event", "phase", "step", "why"]) {
+      const th = document.createElement("th");
+      th.textContent = name;
+      head.appendChild(th);
+    }
+    const body = table.createTBody();
+    const LIMIT = 10;
+    rows.forEach((b, k) => {
+      const tr = body.insertRow();
+      tr.dataset.fvStep = String(b.step);
+      tr.tabIndex = 0;
+      tr.title = "click: select this event on the timeline";
+      if (k >= LIMIT) tr.hidden = true;
+      const swatch = element("span", "fv-swatch");
+      swatch.style.background = this.data.colors[b.unit] ?? "";
+      const what = `${b.kind} ${unitText(this.data, b.unit)}`;
+      const cells: Array<string | HTMLElement> = [
+        swatch,
+        formatSeconds(b.exposed),
+        `${Math.round(b.share * 100)}%`,
+        what,
+        b.phase,
+        String(b.step),
+        b.reason,
+      ];
+      for (const c of cells) {
+        const td = tr.insertCell();
+        td.append(c);
+      }
+      const go = this.guard(() => this.selectStep(b.step));
+      tr.addEventListener("click", go);
+      tr.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter" || ev.key === " ") {
+          ev.preventDefault();
+          go();
+        }
+      });
+      this.bottleneckRows.set(b.step, tr);
+    });
+    if (rows.length > LIMIT) {
+      const more = button(
+        `show all ${rows.length}`,
+        "show every wait",
+        this.guard(() => {
+          for (const tr of Array.from(body.rows)) tr.hidden = false;
+          more.remove();
+        }),
+      );
+      const wrap = element("div", "fv-bottleneck-more");
+      wrap.appendChild(more);
+      const out = element("div", "fv-bottleneck-wrap");
+      out.append(table, wrap);
+      return out;
+    }
+    return table;
   }
 
   /** The width laid out last. A hidden widget, or one not yet in the page, measures 0
@@ -490,8 +632,22 @@ export class TimelineView {
     };
   }
 
+  /** The cursor's x: the current event's own start on its lane, or the moment pinned. */
   cursor(): number {
+    const p = this.pinned;
+    if (p !== null && p.step === this.player.step) return p.x;
     return cursorX(this.data, this.player.step, this.order);
+  }
+
+  /** The cursor's x in CSS pixels, as drawn: on the current event's own mark (a free's
+   * cell where its hook call is placed on the CPU lane), or at the pinned moment. */
+  cursorPx(): number {
+    const step = this.player.step;
+    const p = this.pinned;
+    const pinned = p !== null && p.step === step;
+    if (!pinned && this.data.n_steps > 0 && this.data.steps.kind[step] === FREE)
+      return this.index.cell(step, this.win, this.layout)[0];
+    return xToPx(this.win, this.layout, this.cursor());
   }
 
   /** Follow the cursor, then paint. */
@@ -535,19 +691,24 @@ export class TimelineView {
     const hoveredStep =
       h !== null && (h.kind === MARK.event || h.kind === MARK.call) ? h.step : null;
     drawFlows(ctx, sc, flowSteps(sc, step, hoveredStep));
-    drawCurrent(ctx, sc, step, x);
+    const px = this.cursorPx();
+    drawCurrent(ctx, sc, step, px);
     if (this.hovered !== null) drawHover(ctx, sc, this.hovered);
     drawOverview(ctx, this.overview, sc, x);
     const ds = this.root.dataset;
     ds.fvStep = String(step);
     ds.fvCursorX = String(x);
+    ds.fvCursorPx = String(px);
+    for (const [s, tr] of this.bottleneckRows) tr.classList.toggle("fv-current", s === step);
     ds.fvOrder = this.order;
     ds.fvWindow = `${this.win.x0},${this.win.x1}`;
     this.lastDrawMs = performance.now() - start;
   }
 
   private writeInfo(): void {
-    const parts = [describeStep(this.data, this.player.step, this.order)];
+    const p = this.pinned;
+    const moment = p !== null && p.step === this.player.step ? p.moment : null;
+    const parts = [describeStep(this.data, this.player.step, this.order, moment)];
     const selected = this.model.get("selected_unit");
     if (selected !== null && this.selectedUnit >= 0)
       parts.push(`selected: ${unitText(this.data, this.selectedUnit)}`);
@@ -578,6 +739,11 @@ export class TimelineView {
     }
     const picked = this.pickAt(px, py);
     if (picked === null) return;
+    if (picked.kind === MARK.memory || picked.kind === MARK.peak) {
+      this.selectStep(picked.step);
+      this.pinMoment(picked.lane, picked.moment);
+      return;
+    }
     this.selectStep(picked.step);
   }
 
@@ -617,21 +783,20 @@ export class TimelineView {
     const data = this.data;
     if (p.kind === MARK.memory || p.kind === MARK.peak)
       return memoryDetails(data, data.memory[p.lane], p.moment);
-    if (p.kind === MARK.compute) {
-      return [
-        `compute of ${unitText(data, data.steps.unit[p.step])}`,
-        "click: the event it leads to",
-        ...eventDetails(data, p.step).slice(0, 1),
-      ];
-    }
+    if (p.kind === MARK.compute) return computeDetails(data, p.moment);
     if (p.kind === MARK.wait) {
       const i = p.step;
-      const wait = pxToX(this.win, this.layout, p.x + p.w) - pxToX(this.win, this.layout, p.x);
-      return [
-        `compute waits ${wait > 0 ? formatSeconds(wait) : ""} for ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])}`,
-        "communication not hidden by compute (exposed)",
-        ...eventDetails(data, i).slice(1),
-      ];
+      const w = data.waits;
+      const k = p.moment;
+      const wait = formatSeconds(w.x1[k] - w.x0[k]);
+      const what = `${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])}`;
+      const head = w.tail[k]
+        ? [
+            `the step's end waited ${wait} for this ${what}`,
+            "after the last compute: no compute left to hide it (exposed)",
+          ]
+        : [`compute waits ${wait} for ${what}`, "communication not hidden by compute (exposed)"];
+      return [...head, ...eventDetails(data, i).slice(1)];
     }
     if (p.kind === MARK.call) {
       const i = p.step;
@@ -652,6 +817,13 @@ export class TimelineView {
     this.hovered = null;
     this.tooltip.hide();
     this.paint();
+  }
+
+  /** Where each memory lane's capacity line and reserved estimate are drawn (CSS pixels,
+   * null for a lane without one): for tests. */
+  capacityLines(): Array<{ usable: number; reserved: number } | null> {
+    const sc = this.scene();
+    return this.data.memory.map((_, m) => capacityY(sc, m));
   }
 
   /** The centre of step's own mark in the drawn layer (CSS pixels), or null: for tests. */

@@ -10,17 +10,21 @@ import {
 import { type FrameScheduler, Player, Throttle } from "../src/player";
 import {
   clampStep,
+  computeDetails,
   cursorX,
   describeStep,
   eventDetails,
   exposedText,
+  FREE,
   follow,
+  formatFlops,
   fullRange,
   lowerBound,
   memoryDetails,
   nearestStep,
   orderOf,
   upperBound,
+  waitedFor,
 } from "../src/timeline_data";
 import { byIndex, predicted } from "./fixtures";
 
@@ -206,8 +210,15 @@ describe("orders and windows", () => {
     for (const order of ["issue", "stream"] as const) {
       const steps = orderOf(data, order);
       expect([...steps].sort((a, b) => a - b)).toEqual([...Array(data.n_steps).keys()]);
-      const xs = steps.map((s) => cursorX(data, s, order));
+      // issue order: by when the hooks ran; stream order: by where each starts on its lane
+      const xs = steps.map((s) => (order === "issue" ? data.steps.issue[s] : cursorX(data, s)));
       expect(xs).toEqual([...xs].sort((a, b) => a - b));
+    }
+    // in either order the cursor stands where the event starts on its own lane
+    for (let s = 0; s < data.n_steps; s++) {
+      const own = data.steps.kind[s] === FREE ? data.steps.issue[s] : data.steps.x0[s];
+      expect(cursorX(data, s, "issue")).toBe(own);
+      expect(cursorX(data, s, "stream")).toBe(own);
     }
     expect(orderOf(data, "stream")).toEqual(data.stream_order);
     expect(orderOf(data, "stream")).not.toEqual(orderOf(data, "issue"));
@@ -241,7 +252,36 @@ describe("orders and windows", () => {
     expect(nearestStep(data, 99)).toBe(data.n_steps - 1);
     const p = predicted();
     const s = p.stream_order[5];
-    expect(nearestStep(p, p.steps.x0[s], "stream")).toBe(s);
+    expect(nearestStep(p, cursorX(p, s), "stream")).toBe(s);
+  });
+
+  it("hovers a compute stretch with its start, duration, FLOPs and achieved rate", () => {
+    const data = predicted();
+    const c = data.compute;
+    const k = c.unit.findIndex((_, j) => (c.flops?.[j] ?? -1) > 0);
+    expect(k).toBeGreaterThanOrEqual(0);
+    const lines = computeDetails(data, k).join("\n");
+    expect(lines).toContain(
+      `starts ${formatSeconds(c.x0[k])}, lasts ${formatSeconds(c.x1[k] - c.x0[k])}`,
+    );
+    expect(lines).toContain(formatFlops(c.flops?.[k] ?? 0));
+    expect(lines).toContain(`achieved ${formatFlops(c.flops_per_s?.[k] ?? 0)}/s`);
+    expect(formatFlops(1.5e12)).toBe("1.5 TFLOP");
+    expect(formatFlops(2.345e9)).toBe("2.35 GFLOP");
+  });
+
+  it("says the step's end waited for the tail's reduce-scatter, never that compute did", () => {
+    const data = predicted();
+    const w = data.waits;
+    const k = w.tail.indexOf(1);
+    expect(k).toBeGreaterThanOrEqual(0);
+    const i = w.step[k];
+    const lines = eventDetails(data, i).join("\n");
+    expect(lines).toContain(`the step's end waited ${formatSeconds(w.x1[k] - w.x0[k])} for it`);
+    expect(lines).not.toContain("never waited");
+    expect(lines).not.toContain("compute waited");
+    const { compute, tail } = waitedFor(data, i);
+    expect(compute + tail).toBeCloseTo(data.steps.exposed[i], 15);
   });
 
   it("binary-searches sorted columns, in a range", () => {

@@ -5,8 +5,11 @@
 import type { AnyModel } from "@anywidget/types";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { ExplorerWidgetView } from "../src/explorer_widget";
+import { formatBytes, formatSeconds } from "../src/format";
 import type { PrefetchView } from "../src/prefetch";
-import { fullRange } from "../src/timeline_data";
+import { THEMES } from "../src/theme";
+import { cursorX, eventDetails, FREE, fullRange, momentAt } from "../src/timeline_data";
+import { capacityY, markColor } from "../src/timeline_draw";
 import { firstSpan, type TimelineView } from "../src/timeline_view";
 import widget, {
   explorerDefaults,
@@ -14,7 +17,7 @@ import widget, {
   type TimelineModel,
   timelineDefaults,
 } from "../src/widget";
-import { byIndex, explorerData, fakeContext, predicted, prefetchData } from "./fixtures";
+import { byIndex, explorerData, fakeContext, predicted, prefetchData, recorded } from "./fixtures";
 
 type Handler = () => void;
 
@@ -318,6 +321,131 @@ describe("timeline widget", () => {
     width = 700;
     await new Promise((resolve) => setTimeout(resolve, 50));
     expect(canvas.style.width).toBe("700px");
+  });
+
+  it("peak: the cursor on the ▼ moment, the readout giving the peak's bytes", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    const peak = data.memory[0].peak;
+    view.player.goTo(0);
+    buttonTitled(el, "jump to the memory peak").click();
+    expect(view.player.step).toBe(peak.step);
+    expect(view.cursor()).toBe(peak.x);
+    const info = el.querySelector(".fv-info")?.textContent ?? "";
+    expect(info).toContain(`memory ${formatBytes(peak.bytes)} ▼ peak`);
+    // the next step leaves the peak: the cursor goes back to that event's own start
+    buttonTitled(el, "step forward").click();
+    expect(view.pinned).toBeNull();
+    expect(view.cursor()).toBe(cursorX(data, view.player.step));
+  });
+
+  it("in either order, the cursor stands on the current event's own mark", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    for (const order of ["issue", "stream"] as const) {
+      view.setOrder(order);
+      for (let s = 0; s < data.n_steps; s++) {
+        view.player.goTo(s);
+        const c = view.markCentre(s);
+        if (c === null) throw new Error(`step ${s} is not drawn`);
+        expect(Math.abs(view.cursorPx() - (c.x - c.w / 2))).toBeLessThan(0.01);
+        const own = data.steps.kind[s] === FREE ? data.steps.issue[s] : data.steps.x0[s];
+        expect(view.cursor()).toBe(own);
+      }
+    }
+  });
+
+  it("the readout's memory is the curve's under the cursor", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    const mem = data.memory[0];
+    for (let s = 0; s < data.n_steps; s++) {
+      view.player.goTo(s);
+      const k = momentAt(mem, view.cursor());
+      if (k < 0) continue;
+      const info = el.querySelector(".fv-info")?.textContent ?? "";
+      expect(info).toContain(`memory ${formatBytes(mem.total[k])}`);
+    }
+  });
+
+  it("ranks the waits in a table beside the timeline; a click on a row selects that event", async () => {
+    const data = predicted();
+    const { model, el } = setup(data);
+    const view = viewOf(el);
+    const waits = data.groups[0].bottlenecks ?? [];
+    expect(waits.length).toBeGreaterThan(0);
+    const rows = [...el.querySelectorAll<HTMLTableRowElement>(".fv-bottleneck-table tbody tr")];
+    expect(rows.map((r) => Number(r.dataset.fvStep))).toEqual(waits.map((b) => b.step));
+    const exposed = waits.map((b) => b.exposed);
+    expect(exposed).toEqual([...exposed].sort((a, b) => b - a));
+    const total = waits.reduce((a, b) => a + b.exposed, 0);
+    expect(total).toBeCloseTo(data.groups[0].exposed?.total ?? -1, 12);
+    expect(rows[0].textContent).toContain(formatSeconds(waits[0].exposed));
+    expect(rows[0].textContent).toContain(waits[0].reason);
+    const target = rows.at(-1) as HTMLTableRowElement;
+    target.click();
+    const step = Number(target.dataset.fvStep);
+    expect(view.player.step).toBe(step);
+    expect(view.cursor()).toBe(cursorX(data, step));
+    expect(target.classList.contains("fv-current")).toBe(true);
+    expect(el.querySelector(".fv-info")?.textContent).toMatch(new RegExp(`^step ${step} of`));
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(model.state.step).toBe(step);
+  });
+
+  it("draws the machine's usable memory as a line; a plan over it says it does not fit", () => {
+    const data = predicted();
+    const cap = data.memory[0].capacity;
+    if (!cap) throw new Error("no capacity in the prediction's data");
+    expect(cap.label).toMatch(/^H100 SXM 80GB: .* usable$/);
+    const { el } = setup(data);
+    const fits = el.querySelector(".fv-fit") as HTMLElement;
+    expect(fits.dataset.fvFits).toBe("true");
+    expect(fits.textContent).toBe(`✓ ${cap.text}`);
+    // the same plan on a device smaller than its peak
+    const small = predicted();
+    const peak = small.memory[0].peak.bytes;
+    Object.assign(small.memory[0].capacity as object, {
+      usable: Math.round(peak * 0.6),
+      headroom: Math.round(peak * 0.6) - cap.needed,
+      fits: false,
+      label: "small GPU: 1 GiB usable",
+      text: "does not fit in small GPU: needs more",
+    });
+    document.body.innerHTML = "";
+    const other = setup(small);
+    const view = viewOf(other.el);
+    const header = other.el.querySelector(".fv-fit") as HTMLElement;
+    expect(header.classList.contains("fv-no-fit")).toBe(true);
+    expect(header.textContent).toContain("does not fit");
+    const line = capacityY(view.scene(), 0);
+    const row = view.layout.rows[small.memory[0].lane];
+    const plotH = row.h - 18;
+    const peakY = row.top + 16 + plotH - (peak / view.index.memoryTop) * plotH;
+    expect(line).not.toBeNull();
+    expect(peakY).toBeLessThan(line?.usable ?? 0); // the peak is above the line
+    const legend = other.el.querySelector(".fv-legend")?.textContent ?? "";
+    expect(legend).toContain("usable device memory");
+  });
+
+  it("draws a stuck collective apart from a divergent one: its own colour, a legend entry each", () => {
+    const data = recorded();
+    expect(data.marks.every((m) => m.kind === "diverge")).toBe(true);
+    data.marks[1] = { ...data.marks[1], kind: "stuck", text: "where this rank stopped" };
+    const { el } = setup(data);
+    const entries = [...el.querySelectorAll<HTMLElement>(".fv-legend [data-fv-legend]")];
+    const kinds = entries.map((e) => e.dataset.fvLegend);
+    expect(kinds).toContain("fv-flag");
+    expect(kinds).toContain("fv-stuck");
+    const stuck = entries.find((e) => e.dataset.fvLegend === "fv-stuck");
+    expect(stuck?.textContent).toBe("where this rank stopped");
+    expect(markColor(THEMES.light, "stuck")).toBe(THEMES.light.stuck);
+    expect(markColor(THEMES.dark, "stuck")).not.toBe(markColor(THEMES.dark, "diverge"));
+    const lines = eventDetails(data, data.marks[1].step).join("\n");
+    expect(lines).toContain("⏸ where this rank stopped");
   });
 
   it("explains its marks and the memory categories in a legend, and its x axis in a caption", () => {
