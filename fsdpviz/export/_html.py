@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
-__all__ = ["PageTheme", "html_page", "pack", "page_script"]
+__all__ = ["PageTheme", "html_page", "pack", "page_config", "page_header", "page_script"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
@@ -61,12 +61,44 @@ def html_page(
     (:meth:`fsdpviz.widgets.Dashboard.save`); by default made from ``obj`` as the
     widgets make theirs.
     """
+    if theme not in ("auto", "light", "dark"):
+        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
+    config = page_config(obj, iteration=iteration, memory=memory, machine=machine, states=states)
+    reports, _ = ranks_of(obj)
+    base = reports[0]
+    heading = title or _title(obj, base)
+    light = "true" if theme == "light" else "false"
+    return _PAGE.format(
+        title=html.escape(heading),
+        theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
+        css=_theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
+        header=_header(obj, reports, heading, iteration),
+        config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
+        widget=pack(_read(STATIC / "widget.js")),
+        page_js=_inline_script(_read(STATIC / "page.js")),
+        version=html.escape(_version()),
+    )
+
+
+def page_config(
+    obj: Report | RecordedRun,
+    *,
+    iteration: int | None = -1,
+    memory: MemoryOption = "auto",
+    machine: Machine | str | None = "h100",
+    states: Mapping[str, Mapping[str, Any]] | None = None,
+    required: tuple[str, ...] = ("timeline",),
+) -> dict[str, Any]:
+    """What the page draws, as JSON: ``{"views": {name: state or None}, "divs": {...}}``.
+
+    ``states`` as :func:`html_page` takes them (by default each view made from ``obj`` as
+    the widgets make theirs); ``required``: the views ``states`` must give. JupyterLab's
+    fsdpviz renderer draws the same config (:func:`fsdpviz.export.report_mime`).
+    """
     from fsdpviz.views.explorer import explorer_data
     from fsdpviz.views.prefetch import prefetch_data
     from fsdpviz.views.timeline_view import timeline_data
 
-    if theme not in ("auto", "light", "dark"):
-        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
     reports, names = ranks_of(obj)
     base = reports[0]
     if states is None:
@@ -85,27 +117,25 @@ def html_page(
             "prefetch": {"data": prefetch_data(base, -1 if iteration is None else iteration)},
         }
     unknown = set(states) - set(VIEWS)
-    if unknown or "timeline" not in states:
+    if unknown or not set(required) <= set(states):
         raise ExportError(
             f"states name the views {sorted(states)}; give 'timeline', and 'explorer' and "
             "'prefetch' where the page draws them"
         )
-    config = {
+    return {
         "views": {name: dict(states[name]) if name in states else None for name in VIEWS},
         "divs": {name: f"fv-{name}" for name in VIEWS},
     }
-    heading = title or _title(obj, base)
-    light = "true" if theme == "light" else "false"
-    return _PAGE.format(
-        title=html.escape(heading),
-        theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
-        css=_theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
-        header=_header(obj, reports, heading, iteration),
-        config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
-        widget=pack(_read(STATIC / "widget.js")),
-        page_js=_inline_script(_read(STATIC / "page.js")),
-        version=html.escape(_version()),
-    )
+
+
+def page_header(
+    obj: Report | RecordedRun, *, iteration: int | None = -1, title: str | None = None
+) -> tuple[str, str]:
+    """The page's heading and its summary (an HTML ``<header>``), as :func:`html_page`
+    writes them."""
+    reports, _ = ranks_of(obj)
+    heading = title or _title(obj, reports[0])
+    return heading, _header(obj, reports, heading, iteration)
 
 
 # The variables of JupyterLab's theme the views read, from fsdpviz's colour table.
