@@ -24,7 +24,7 @@ from browser_harness import (
     EVENT_CENTRE,
     QUICKSTART,
     UI_MS,
-    LabSession,
+    LabServer,
     choose_theme,
     explorer_root,
     load_note,
@@ -84,6 +84,15 @@ def _cell_output(page: Any, text: str) -> Any:
     return page.locator(".jp-CodeCell").filter(has_text=text).locator(".jp-Cell-outputArea")
 
 
+def _shut_down_kernels(lab: LabServer, *paths: str) -> None:
+    """Shut the sessions of ``paths`` down (what this test's pages started)."""
+    sessions = lab.api("api/sessions")
+    assert isinstance(sessions, list)
+    for session in sessions:
+        if session["path"].endswith(paths):
+            lab.api(f"api/sessions/{session['id']}", method="DELETE")
+
+
 def _light(page: Any) -> None:
     if page.evaluate("() => document.body.dataset.jpThemeLight") != "true":
         choose_theme(page, "JupyterLab Light", True)
@@ -95,9 +104,9 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_saved_notebook_reopens_with_its_views(
-    jupyterlab: LabSession, chromium: Any, shots: Path
+    lab_server: LabServer, chromium: Any, shots: Path
 ) -> None:
-    lab = jupyterlab.lab
+    lab = lab_server
     nb = nbformat.read(QUICKSTART, as_version=4)
     nb.metadata["kernelspec"] = {
         "name": "python3",
@@ -139,10 +148,7 @@ def test_saved_notebook_reopens_with_its_views(
             if MIME in o.get("data", {})
         ]  # fmt: skip
         assert len(shown) >= 2, "the card and the dashboard carry the views' data"
-        sessions = lab.api("api/sessions")
-        assert isinstance(sessions, list)
-        (mine,) = [x for x in sessions if x["path"].endswith(SAVED)]
-        lab.api(f"api/sessions/{mine['id']}", method="DELETE")  # Kernel > Shut Down Kernel
+        _shut_down_kernels(lab, SAVED)  # Kernel > Shut Down Kernel
 
         page.reload()
         out = _cell_output(page, "view = report.show")
@@ -181,12 +187,13 @@ def test_saved_notebook_reopens_with_its_views(
         _light(page)
     finally:
         page.close()
+        _shut_down_kernels(lab, SAVED)
 
 
-def test_report_file_opens_as_the_page(jupyterlab: LabSession, chromium: Any, shots: Path) -> None:
+def test_report_file_opens_as_the_page(lab_server: LabServer, chromium: Any, shots: Path) -> None:
     from export_models import report_49_units
 
-    lab = jupyterlab.lab
+    lab = lab_server
     report = report_49_units()
     report.save(lab.root / "plan.fsdpviz.json")
     report.save(lab.root / "plan-trace.json")
@@ -194,7 +201,7 @@ def test_report_file_opens_as_the_page(jupyterlab: LabSession, chromium: Any, sh
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     try:
-        page.goto(lab.url + "lab/workspaces/fv-files/tree")
+        page.goto(lab.url + "lab/workspaces/fv-files")
         item = page.locator(".jp-DirListing-item", has_text="plan.fsdpviz.json")
         item.wait_for(timeout=UI_MS)
         item.dblclick()

@@ -343,6 +343,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       contentType: "file",
       fileFormat: "text",
     });
+    const documentRenderer: IRenderMime.IRendererFactory = {
+      safe: true,
+      mimeTypes: [DOCUMENT_MIME],
+      createRenderer: (options) => new ReportDocument(options),
+    };
+    rendermime.addFactory(documentRenderer, RANK);
     registry.addWidgetFactory(
       new MimeDocumentFactory({
         name: "fsdpviz report",
@@ -353,11 +359,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         rendermime,
         dataType: "json",
         renderTimeout: 60_000,
-        renderer: {
-          safe: true,
-          mimeTypes: [DOCUMENT_MIME],
-          createRenderer: (options) => new ReportDocument(options),
-        },
+        factory: documentRenderer,
       }),
     );
   },

@@ -66,7 +66,8 @@ declare module "@jupyterlab/docregistry" {
       defaultFor?: string[];
       modelName?: string;
       rendermime: IRenderMimeRegistry;
-      renderer?: IRenderMime.IRendererFactory;
+      /** The renderer of the file's content (else the registry's for its mimetype). */
+      factory?: IRenderMime.IRendererFactory;
       primaryFileType?: DocumentRegistry.IFileType;
       dataType?: "json" | "string";
       renderTimeout?: number;
