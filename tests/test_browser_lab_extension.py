@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,26 @@ def _shut_down_kernels(lab: LabServer, *paths: str) -> None:
             lab.api(f"api/sessions/{session['id']}", method="DELETE")
 
 
+def _wait_for_kernel(page: Any, lab: LabServer, path: str) -> None:
+    """Until the notebook ``path``'s kernel is connected to the page and idle (a "Select
+    Kernel" dialog, where JupyterLab asks, answered with its choice)."""
+    deadline = time.monotonic() + UI_MS / 1000
+    while time.monotonic() < deadline:
+        select = page.locator(".jp-Dialog button.jp-mod-accept")
+        if select.count():
+            select.first.click()
+        sessions = lab.api("api/sessions")
+        assert isinstance(sessions, list)
+        kernels = [s["kernel"] for s in sessions if s["path"].endswith(path)]
+        if any(k["connections"] > 0 and k["execution_state"] == "idle" for k in kernels):
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(
+                timeout=UI_MS
+            )
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"no kernel connected and idle for {path}; {load_note()}")
+
+
 def _light(page: Any) -> None:
     if page.evaluate("() => document.body.dataset.jpThemeLight") != "true":
         choose_theme(page, "JupyterLab Light", True)
@@ -119,7 +140,7 @@ def test_saved_notebook_reopens_with_its_views(
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     try:
         page.goto(lab.url + f"lab/workspaces/fv-saved/tree/{SAVED}")
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(timeout=UI_MS)
+        _wait_for_kernel(page, lab, SAVED)
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         wait_until(page, _DONE, "the quick-start notebook to run", timeout_ms=RUN_ALL_MS)
@@ -165,10 +186,7 @@ def test_saved_notebook_reopens_with_its_views(
         # linked as the page links them: the clicked unit is the explorer's and the graph's
         unit = timeline.evaluate("r => r.fsdpviz.model.get('selected_unit')")
         for root in (explorer_root(static), prefetch_root(static)):
-            model_unit = root.evaluate(
-                "r => (r.closest('.fsdpviz-explorer-box') ?? r).fsdpviz.model.get('selected_unit')"
-            )
-            assert model_unit == unit
+            assert root.evaluate("r => r.dataset.fvSelectedUnit") == unit
         # hover names the event under the mouse
         at = page.evaluate(EVENT_CENTRE, [timeline.element_handle(), 1])
         page.mouse.move(at[0], at[1])
