@@ -52,7 +52,6 @@ js: js-deps
 	cd js && npm test && npm run build
 	$(link_labextension)
 
-
 # Chromium for static image export (kaleido) and the browser tests (Playwright drives the
 # system Chromium; no browser download). Installed with apt-get when missing, saying so
 # first; without root, the message says what to install instead.
