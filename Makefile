@@ -8,6 +8,16 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup system demo test lint js js-deps bench
 
+# JupyterLab (and Notebook 7) find fsdpviz's extension in the venv's share/jupyter: the
+# wheel installs it there; a checkout links the one `npm run build` writes in
+# fsdpviz/labextension (as `jupyter labextension develop` would), so a rebuild is seen.
+LABEXT := $(VENV)/share/jupyter/labextensions/fsdpviz
+define link_labextension
+	rm -rf $(LABEXT)
+	mkdir -p $(dir $(LABEXT))
+	ln -s $(abspath fsdpviz/labextension) $(LABEXT)
+endef
+
 setup: $(VENV)/.installed
 
 # torch==2.13.0 first: it is the CPU build on disk; a bare `torch` would fetch a CUDA build.
@@ -15,6 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(link_labextension)
 	touch $@
 
 demo: setup
@@ -35,9 +46,11 @@ js/node_modules/.package-lock.json: js/package-lock.json | setup
 	cd js && npm ci --no-audit --no-fund
 
 # The widget front end: install from the lock file, type-check and unit-test (vitest),
-# then bundle into fsdpviz/static/ (what the Python widget tests load).
+# then bundle into fsdpviz/static/ (what the Python widget tests load) and build the
+# JupyterLab extension into fsdpviz/labextension/ (what the browser tests' JupyterLab loads).
 js: js-deps
 	cd js && npm test && npm run build
+	$(link_labextension)
 
 # Chromium for static image export (kaleido) and the browser tests (Playwright drives the
 # system Chromium; no browser download). Installed with apt-get when missing, saying so

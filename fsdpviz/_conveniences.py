@@ -113,14 +113,28 @@ def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Any) -> Path:
 
 
 @register_report_method("card")
-def report_card(report: Report) -> dict[str, str]:
+def report_card(report: Report) -> dict[str, Any]:
     from fsdpviz.views.card import report_bundle
 
-    return report_bundle(report)
+    return run_bundle(report, base=report_bundle(report))
 
 
 @register_run_method("card")
-def run_card(run: RecordedRun) -> dict[str, str]:
-    from fsdpviz.views.card import run_bundle
+def run_card(run: RecordedRun) -> dict[str, Any]:
+    from fsdpviz.views.card import run_bundle as card
 
-    return run_bundle(run)
+    return run_bundle(run, base=card(run))
+
+
+@register_run_method("bundle")
+def run_bundle(obj: Report | RecordedRun, base: dict[str, Any], **options: Any) -> dict[str, Any]:
+    """``base`` (a card, a diagnosis' text) with the views' data for fsdpviz's JupyterLab
+    extension and a static SVG of them; ``base`` alone where those cannot be made (a
+    card is always shown), its ``text/plain`` saying why."""
+    from fsdpviz.export import object_bundle
+
+    try:
+        return object_bundle(obj, base=base, **options)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        text = base.get("text/plain", "")
+        return {**base, "text/plain": f"{text}\n(no saved views: {type(e).__name__}: {e})"}

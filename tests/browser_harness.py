@@ -562,56 +562,53 @@ def views_drawn(scope: Any, what: str, timeout_ms: float = UI_MS) -> None:
 
 
 @contextlib.contextmanager
-def lab_session(root: Path, browser: Any, shots: Path) -> Iterator[LabSession]:
+def lab_session(server: LabServer, browser: Any, shots: Path) -> Iterator[LabSession]:
     """JupyterLab on the session notebook, run with Run → Run All Cells, every dashboard
     drawn and every message of its start answered (the kernel's idle work included)."""
-    session_notebook(root)
-    with jupyterlab_server(root) as server:
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        kernel: KernelClient | None = None
-        try:
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-            traffic = KernelTraffic(page)
-            page.goto(server.url + f"lab/tree/{NOTEBOOK}")
-            # The indicator reads "idle" before the session exists too: first wait for the
-            # page's connection to the kernel (the server counts it), then for it to be idle.
-            server.wait_for_kernel_connection(UI_MS / 1000)
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(
-                timeout=UI_MS
-            )
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-            # Done: no cell queued or running, and every code cell ran (or one failed).
-            wait_until(
-                page,
-                """() => {
-                  const STDERR = '.jp-OutputArea-output[data-mime-type="STDERR_TYPE"]';
-                  const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-                    .map(p => p.textContent.trim());
-                  const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
-                  const idle = status !== null && status.dataset.status === 'idle';
-                  const failed = [...document.querySelectorAll(STDERR)]
-                    .some(o => o.textContent.includes('Traceback'));
-                  return idle && !prompts.includes('[*]:')
-                    && (failed || prompts.every(p => /^\\[\\d+\\]:$/.test(p)));
-                }""".replace("STDERR_TYPE", _STDERR),
-                "Run All Cells to finish",
-                timeout_ms=RUN_ALL_MS,
-            )
-            kernel = KernelClient(server)
-            s = LabSession(server, page, traffic, kernel, shots, errors)
-            page.on("console", s.on_console)
-            for marker in ("# fv:v49", "# fv:v120", "# fv:v5"):
-                views_drawn(s.output(marker), marker)
-            views_drawn(s.page.locator(".jp-CodeCell").filter(has_text="view = report.show"),
-                        "the quick-start dashboard")  # fmt: skip
-            s.settle()
-            yield s
-        finally:
-            if kernel is not None:
-                kernel.close()
-            page.close()
+    session_notebook(server.root)
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    kernel: KernelClient | None = None
+    try:
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        traffic = KernelTraffic(page)
+        page.goto(server.url + f"lab/tree/{NOTEBOOK}")
+        # The indicator reads "idle" before the session exists too: first wait for the
+        # page's connection to the kernel (the server counts it), then for it to be idle.
+        server.wait_for_kernel_connection(UI_MS / 1000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(timeout=UI_MS)
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        # Done: no cell queued or running, and every code cell ran (or one failed).
+        wait_until(
+            page,
+            """() => {
+              const STDERR = '.jp-OutputArea-output[data-mime-type="STDERR_TYPE"]';
+              const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+                .map(p => p.textContent.trim());
+              const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
+              const idle = status !== null && status.dataset.status === 'idle';
+              const failed = [...document.querySelectorAll(STDERR)]
+                .some(o => o.textContent.includes('Traceback'));
+              return idle && !prompts.includes('[*]:')
+                && (failed || prompts.every(p => /^\\[\\d+\\]:$/.test(p)));
+            }""".replace("STDERR_TYPE", _STDERR),
+            "Run All Cells to finish",
+            timeout_ms=RUN_ALL_MS,
+        )
+        kernel = KernelClient(server)
+        s = LabSession(server, page, traffic, kernel, shots, errors)
+        page.on("console", s.on_console)
+        for marker in ("# fv:v49", "# fv:v120", "# fv:v5"):
+            views_drawn(s.output(marker), marker)
+        views_drawn(s.page.locator(".jp-CodeCell").filter(has_text="view = report.show"),
+                    "the quick-start dashboard")  # fmt: skip
+        s.settle()
+        yield s
+    finally:
+        if kernel is not None:
+            kernel.close()
+        page.close()
 
 
 # ------------------------------------------------------------- the views, as a user drives them
@@ -971,10 +968,20 @@ def chromium() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def jupyterlab(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[LabSession]:
-    """JupyterLab with the session notebook run (see :func:`lab_session`)."""
+def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """The session's one JupyterLab server (see :func:`jupyterlab_server`)."""
+    require_browser_stack()
     root = tmp_path_factory.mktemp("lab") / "root"
     root.mkdir()
+    with jupyterlab_server(root) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def jupyterlab(
+    tmp_path_factory: pytest.TempPathFactory, chromium: Any, lab_server: LabServer
+) -> Iterator[LabSession]:
+    """JupyterLab with the session notebook run (see :func:`lab_session`)."""
     shots = tmp_path_factory.mktemp("screenshots")
-    with lab_session(root, chromium, shots) as s:
+    with lab_session(lab_server, chromium, shots) as s:
         yield s

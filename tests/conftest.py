@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from browser_harness import chromium, jupyterlab, load_note  # noqa: F401 (session fixtures)
+from browser_harness import (  # noqa: F401 (session fixtures)
+    chromium,
+    jupyterlab,
+    lab_server,
+    load_note,
+)
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,7 +37,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     """A failed test that drove a browser says so when the machine was busy meanwhile."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.failed and {"chromium", "jupyterlab"} & set(getattr(item, "fixturenames", ())):
+    browser = {"chromium", "jupyterlab", "lab_server"}
+    if report.failed and browser & set(getattr(item, "fixturenames", ())):
         note = load_note()
         if note:
             report.sections.append(("machine load", note))

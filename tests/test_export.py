@@ -159,8 +159,9 @@ def test_report_round_trips_through_the_trace(report: Report, tmp_path: Path) ->
     assert Report.from_json(path) == report
     assert json.loads(report.to_json()) == {
         k: v for k, v in json.loads(path.read_text()).items()
-        if k not in ("traceEvents", "displayTimeUnit", "otherData")
+        if k not in ("traceEvents", "displayTimeUnit", "otherData", "fsdpviz_page")
     }  # fmt: skip
+    assert "config" in json.loads(path.read_text())["fsdpviz_page"]  # JupyterLab's page
 
 
 def test_recorded_run_is_one_trace_with_a_process_per_rank(

@@ -9,6 +9,7 @@ directory put first on ``JUPYTER_PATH`` (nothing is registered globally).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -21,6 +22,9 @@ from nbclient import NotebookClient
 from nbformat import NotebookNode
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+MIME = "application/vnd.fsdpviz.report+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+SVG = "image/svg+xml"
 LIMIT_S = 120.0
 PROBE = "import sys; print('kernel python:', sys.executable)"
 
@@ -61,7 +65,30 @@ def _execute(name: str, kernel_path: Path, tmp_path: Path, mp: pytest.MonkeyPatc
     print(f"{name}: {seconds:.1f} s")
     assert seconds < LIMIT_S, f"{name} took {seconds:.0f} s, over the {LIMIT_S:.0f} s limit"
     assert f"kernel python: {sys.executable}" in _texts(nb.cells[-1])
+    _check_saved_views(name, nb)
     return nb, seconds, workdir
+
+
+def _check_saved_views(name: str, nb: NotebookNode) -> None:
+    """Every fsdpviz output (a live widget, a card) carries the views' data for fsdpviz's
+    JupyterLab extension and a static SVG fallback, so the saved notebook keeps them."""
+    shown = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            html = data.get("text/html", "")
+            progress = re.search(r"\d+%\|", data.get("text/plain", ""))  # a tqdm bar
+            if (
+                (WIDGET in data and not progress)
+                or MIME in data
+                or html.startswith('<div class="fsdpviz-card"')
+            ):
+                shown += 1
+                where = f"{name}: the output of {cell.source.splitlines()[0]!r}"
+                assert MIME in data and SVG in data, f"{where} has {sorted(data)}"
+                assert data[SVG].startswith("<svg") and data["text/plain"].strip(), where
+                assert data[MIME]["config"], where
+    assert shown > 0, f"{name} shows no fsdpviz output"
 
 
 def _texts(cell: NotebookNode) -> str:
@@ -132,6 +159,16 @@ def test_quickstart(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     assert "application/vnd.jupyter.widget-view+json" in _mimes(_cell(nb, "view = report.show("))
     step = _texts(_cell(nb, "view.timeline.step = 10"))
     assert "event 10: " in step and "unit outlined: model.layers." in step
+    # nbconvert --to html of the notebook as JupyterLab saves it (no widget state; nbclient
+    # keeps it, and nbconvert would embed the live widgets): the static SVG stands in
+    from nbconvert import HTMLExporter
+
+    saved = nbformat.from_dict(nb)
+    saved.metadata.pop("widgets", None)
+    page, _ = HTMLExporter().from_notebook_node(saved)
+    images = page.count('data-mime-type="image/svg+xml"')
+    assert images >= 1 and "Error displaying widget" not in page, images
+    assert "data:image/svg+xml;base64," in page
     out = workdir / "fsdpviz-out"
     assert (out / "quickstart.html").stat().st_size > 10_000
     assert (out / "units.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,6 +10,10 @@ kaleido), ``.json`` (a Chrome trace that :func:`fsdpviz.load` reads back),
 lists them and :func:`suffix_of` gives a path's. :func:`write_image` writes any
 plotly figure; :func:`chrome_trace` and :func:`html_page` return what ``.json``
 and ``.html`` files hold; :func:`page_script` reads a page's packed data back.
+:func:`output_bundle` and :func:`object_bundle` make what fsdpviz's notebook outputs hold
+beside a live widget (:data:`MIME`, the views' data that fsdpviz's JupyterLab extension
+draws without a kernel, and a static SVG); :func:`report_file` what ``.fsdpviz.json``
+files hold.
 
 Example::
 
@@ -23,14 +27,20 @@ from __future__ import annotations
 
 from fsdpviz.export._html import html_page, page_script
 from fsdpviz.export._image import write_image
+from fsdpviz.export._notebook import MIME, PAGE_KEY, object_bundle, output_bundle, report_file
 from fsdpviz.export._save import SUFFIXES, save, suffix_of
 from fsdpviz.export._trace import chrome_trace
 
 __all__ = [
+    "MIME",
+    "PAGE_KEY",
     "SUFFIXES",
     "chrome_trace",
     "html_page",
+    "object_bundle",
+    "output_bundle",
     "page_script",
+    "report_file",
     "save",
     "suffix_of",
     "write_image",

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
-__all__ = ["PageTheme", "html_page", "pack", "page_script"]
+__all__ = ["PageTheme", "html_page", "pack", "page_config", "page_header", "page_script"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
@@ -62,58 +62,12 @@ def html_page(
     (:meth:`fsdpviz.widgets.Dashboard.save`); by default made from ``obj`` as the
     widgets make theirs.
     """
-    from fsdpviz.views.explorer import explorer_data
-    from fsdpviz.views.prefetch import prefetch_data
-    from fsdpviz.views.timeline_view import timeline_data
-
     if theme not in ("auto", "light", "dark"):
         raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
-    iteration = opening_iteration(obj, iteration)
-    if isinstance(obj, Comparison):
-        if obj.reports is None:
-            raise ExportError("this comparison was read back without its plans; compare() again")
-        if states is None:
-            data = timeline_data(obj, iteration, memory=memory, machine=machine)
-            states = {"timeline": {"data": data}}
-        heading = title or f"fsdpviz comparison: {obj.name_a} vs {obj.name_b}"
-        header = _comparison_header(obj, heading)
-        return _page(states, theme, heading, header)
-    reports, names = ranks_of(obj)
-    base = reports[0]
-    if states is None:
-        drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
-        states = {
-            "timeline": {
-                "data": timeline_data(
-                    drawn,
-                    iteration,
-                    memory=memory,
-                    rank_names=None if obj is base else names,
-                    machine=machine,
-                )
-            },
-            "explorer": {"data": explorer_data(with_module_tree(base))},
-            "prefetch": {"data": prefetch_data(base, -1 if iteration is None else iteration)},
-        }
-    heading = title or _title(obj, base)
-    return _page(states, theme, heading, _header(obj, reports, heading, iteration))
-
-
-def _page(
-    states: Mapping[str, Mapping[str, Any]], theme: PageTheme, heading: str, header: str
-) -> str:
-    unknown = set(states) - set(VIEWS)
-    if unknown or "timeline" not in states:
-        raise ExportError(
-            f"states name the views {sorted(states)}; give 'timeline', and 'explorer' and "
-            "'prefetch' where the page draws them"
-        )
-    config = {
-        "views": {name: dict(states[name]) if name in states else None for name in VIEWS},
-        "divs": {name: f"fv-{name}" for name in VIEWS},
-    }
+    config = page_config(obj, iteration=iteration, memory=memory, machine=machine, states=states)
+    heading, header = page_header(obj, iteration=iteration, title=title)
     figures = [(n, t) for n, t in (("explorer", "Wrap units"), ("prefetch", "Prefetch graph"))
-               if n in states]  # fmt: skip
+               if config["views"][n] is not None]  # fmt: skip
     light = "true" if theme == "light" else "false"
     return _PAGE.format(
         title=html.escape(heading),
@@ -133,6 +87,79 @@ def _page(
         page_js=_inline_script(_read(STATIC / "page.js")),
         version=html.escape(_version()),
     )
+
+
+def page_config(
+    obj: Report | RecordedRun | Comparison,
+    *,
+    iteration: int | Literal["auto"] | None = "auto",
+    memory: MemoryOption = "auto",
+    machine: Machine | str | None = "auto",
+    states: Mapping[str, Mapping[str, Any]] | None = None,
+    required: tuple[str, ...] = ("timeline",),
+) -> dict[str, Any]:
+    """What the page draws, as JSON: ``{"views": {name: state or None}, "divs": {...}}``.
+
+    ``states`` as :func:`html_page` takes them (by default each view made from ``obj`` as
+    the widgets make theirs; a comparison's page draws its timeline only); ``required``:
+    the views ``states`` must give. JupyterLab's fsdpviz renderer draws the same config
+    (:func:`fsdpviz.export.report_mime`).
+    """
+    from fsdpviz.views.explorer import explorer_data
+    from fsdpviz.views.prefetch import prefetch_data
+    from fsdpviz.views.timeline_view import timeline_data
+
+    iteration = opening_iteration(obj, iteration)
+    if isinstance(obj, Comparison):
+        if obj.reports is None:
+            raise ExportError("this comparison was read back without its plans; compare() again")
+        if states is None:
+            data = timeline_data(obj, iteration, memory=memory, machine=machine)
+            states = {"timeline": {"data": data}}
+    elif states is None:
+        reports, names = ranks_of(obj)
+        base = reports[0]
+        drawn = reports if obj is base else obj  # a run: a lane group per rank, divergence marked
+        states = {
+            "timeline": {
+                "data": timeline_data(
+                    drawn,
+                    iteration,
+                    memory=memory,
+                    rank_names=None if obj is base else names,
+                    machine=machine,
+                )
+            },
+            "explorer": {"data": explorer_data(with_module_tree(base))},
+            "prefetch": {"data": prefetch_data(base, -1 if iteration is None else iteration)},
+        }
+    unknown = set(states) - set(VIEWS)
+    if unknown or not set(required) <= set(states):
+        raise ExportError(
+            f"states name the views {sorted(states)}; give 'timeline', and 'explorer' and "
+            "'prefetch' where the page draws them"
+        )
+    return {
+        "views": {name: dict(states[name]) if name in states else None for name in VIEWS},
+        "divs": {name: f"fv-{name}" for name in VIEWS},
+    }
+
+
+def page_header(
+    obj: Report | RecordedRun | Comparison,
+    *,
+    iteration: int | Literal["auto"] | None = "auto",
+    title: str | None = None,
+) -> tuple[str, str]:
+    """The page's heading and its summary (an HTML ``<header>``), as :func:`html_page`
+    writes them."""
+    if isinstance(obj, Comparison):
+        heading = title or f"fsdpviz comparison: {obj.name_a} vs {obj.name_b}"
+        return heading, _comparison_header(obj, heading)
+    iteration = opening_iteration(obj, iteration)
+    reports, _ = ranks_of(obj)
+    heading = title or _title(obj, reports[0])
+    return heading, _header(obj, reports, heading, iteration)
 
 
 # The variables of JupyterLab's theme the views read, from fsdpviz's colour table.

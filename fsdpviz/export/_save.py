@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 __all__ = ["SUFFIXES", "save"]
 
 NODE_LINK = ".nodelink.json"
+REPORT_JSON = ".fsdpviz.json"
 SUFFIXES: dict[str, str] = {
     ".html": "interactive page: summary, explorer, prefetch graph, timeline (self-contained)",
+    REPORT_JSON: "the report as JSON (fsdpviz.load reads it back; JupyterLab opens it as the page)",
     ".json": "Chrome trace (Perfetto, chrome://tracing) that fsdpviz.load reads back",
     NODE_LINK: "the unit or module graph as networkx node-link JSON",
     ".graphml": "the unit or module graph as GraphML",
@@ -31,15 +33,19 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "html": ("theme", "iteration", "memory", "title", "machine"),
     "image": ("figure", "theme", "iteration", "memory", "width", "height", "scale", "machine"),
     "json": ("iteration", "machine", "indent"),
+    "report": ("iteration", "memory", "title", "machine", "indent"),
     "graph": ("graph", "iteration"),
 }
 
 
 def suffix_of(path: str | Path) -> str:
-    """The suffix :func:`save` dispatches on (``.nodelink.json`` counts as one), lower case."""
+    """The suffix :func:`save` dispatches on (``.nodelink.json`` and ``.fsdpviz.json`` count
+    as one), lower case."""
     name = Path(path).name.lower()
     if name.endswith(NODE_LINK):
         return NODE_LINK
+    if name.endswith(REPORT_JSON):
+        return REPORT_JSON
     return Path(name).suffix
 
 
@@ -64,8 +70,13 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
       kaleido (needs Chromium). Options: ``figure`` (``"explorer"`` (default),
       ``"prefetch"``, ``"timeline"``), ``width``, ``height``, ``scale``, ``theme``,
       ``iteration``, ``memory``, ``machine``.
+    - ``.fsdpviz.json``: the report as JSON (:meth:`~fsdpviz.Report.to_dict`, which
+      :func:`fsdpviz.load` reads back) with its page (the views' data and the summary,
+      packed): JupyterLab with fsdpviz opens it from the file browser as the interactive
+      page. Options as for ``.html`` (not ``theme``), and ``indent``.
     - ``.json``: a Chrome trace (Trace Event Format) holding the report too, so that
-      Perfetto opens it and :func:`fsdpviz.load` reads it back. Options: ``iteration``
+      Perfetto opens it and :func:`fsdpviz.load` reads it back, and the page (JupyterLab's
+      "Open With > fsdpviz report"). Options: ``iteration``
       (default ``None``, all), ``machine`` (times a prediction; default ``"auto"``,
       the machine it was planned for),
       ``indent``.
@@ -78,6 +89,7 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
     Example::
 
         report.save("report.html", theme="dark")
+        report.save("report.fsdpviz.json")      # fsdpviz.load reads it; JupyterLab opens it
         report.save("units.svg", figure="explorer")
         run.save("run.json")                     # open in https://ui.perfetto.dev
     """
@@ -104,12 +116,25 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
             raise ConfigError(f"figure={name!r} is not one of {', '.join(map(repr, FIGURES))}")
         size = {k: options.pop(k) for k in ("width", "height", "scale") if k in options}
         return write_image(figure(obj, name, **options), p, **size)
+    if suffix == REPORT_JSON:
+        from fsdpviz.export._notebook import report_file
+
+        _check("report", suffix, options)
+        indent = options.pop("indent", None)
+        text = json.dumps(report_file(obj, **options), indent=indent, allow_nan=False)
+        p.write_text(text + "\n", encoding="utf-8")
+        return p
     if suffix == ".json":
+        from fsdpviz.export._notebook import PAGE_KEY, report_file
         from fsdpviz.export._trace import chrome_trace
 
         _check("json", suffix, options)
         indent = options.pop("indent", None)
-        text = json.dumps(chrome_trace(obj, **options), indent=indent, allow_nan=False)
+        trace = chrome_trace(obj, **options)
+        # the page, for JupyterLab's "Open With > fsdpviz report" (its views as the page's)
+        page = {"machine": options["machine"]} if "machine" in options else {}
+        trace[PAGE_KEY] = report_file(obj, **page)[PAGE_KEY]
+        text = json.dumps(trace, indent=indent, allow_nan=False)
         p.write_text(text + "\n", encoding="utf-8")
         return p
     if suffix in (".graphml", NODE_LINK):

@@ -115,11 +115,16 @@ class Diagnosis:
     ) -> dict[str, Any]:
 
         text = str(self)
-        return {
+        bundle: dict[str, Any] = {
             "text/plain": text,
             "text/html": '<pre style="white-space:pre-wrap;font-size:12px;line-height:1.4">'
             f"{html.escape(text)}</pre>",
         }
+        if self.view is None:  # nothing to draw
+            return bundle
+        # the views of the recording as show() draws them, for a saved notebook
+        options = {"memory": None, "iteration": None, "machine": None}
+        return run_method("bundle")(self.view, bundle, **options)  # type: ignore[no-any-return]
 
     def show(self, **kwargs: Any) -> Any:
         """A lane group per rank on the recorded clock, every iteration in the dumps, the

@@ -27,7 +27,9 @@ ReportMethod = Literal[
 """``check_fit`` (``fn(report)``: set its ``out_of_memory`` warning) and ``machine_spec``
 (``fn(spec)``: a machine as ``ReportConfig.machine`` holds it) are what ``analyze`` asks of
 the cost model, which sits above it."""
-RunMethod = Literal["show", "save", "card"]
+RunMethod = Literal["show", "save", "card", "bundle"]
+"""``bundle`` (``fn(run, base=..., **options)``): a notebook output of the run beside
+``base`` (its views' data and a static image, see :func:`fsdpviz.export.object_bundle`)."""
 Owner = Literal["comparison", "sweep"]
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -55,6 +55,7 @@ from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.explorer import Explorer
+from fsdpviz.widgets.front_end import with_saved_views
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
@@ -233,17 +234,40 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             what = change["owner"].view
             self.errors.show(RuntimeError(f"{what} (browser): {change['new']}"))
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """The live dashboard and, for the notebook once saved, its three views' data as
+        they are now (drawn by fsdpviz's JupyterLab extension without a kernel) and a
+        static SVG of the timeline and the plan
+        (:func:`fsdpviz.widgets.front_end.with_saved_views`)."""
+        report = self.explorer.report
+        text = report.summary()
+        if not isinstance(self._shown, Report):
+            text = getattr(self._shown, "summary", lambda: text)()
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        return with_saved_views(
+            bundle,
+            self._states(),
+            report,
+            text.splitlines()[0],
+            text,
+        )
+
+    def _states(self) -> dict[str, dict[str, Any]]:
+        return {
+            "timeline": self.timeline.page_state(),
+            "explorer": self.explorer.view.page_state(),
+            "prefetch": self.prefetch.page_state(),
+        }
+
     def save(self, path: str | Path, *, theme: str = "auto", title: str | None = None) -> Path:
         """Write the dashboard as it is now to an HTML page: the plan it shows (after any
         re-plan), the step, the selection, the explorer's focus, drawn by the same front
         end. ``theme``: ``"auto"`` (the reader's OS setting), ``"light"`` or ``"dark"``."""
         from fsdpviz.export import html_page
 
-        states = {
-            "timeline": self.timeline.page_state(),
-            "explorer": self.explorer.view.page_state(),
-            "prefetch": self.prefetch.page_state(),
-        }
+        states = self._states()
         p = Path(path)
         p.write_text(
             html_page(

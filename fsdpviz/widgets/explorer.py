@@ -25,6 +25,7 @@ from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets.controls import PlanControls
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
+from fsdpviz.widgets.front_end import with_saved_views
 
 __all__ = ["Explorer"]
 
@@ -164,6 +165,21 @@ class Explorer(w.VBox):  # type: ignore[misc]
     def _on_browser_error(self, change: dict[str, Any]) -> None:
         if change["new"]:
             self.errors.show(RuntimeError(f"explorer (browser): {change['new']}"))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """The live explorer and what outlives its kernel (see
+        :func:`fsdpviz.widgets.front_end.with_saved_views`)."""
+        text = self.report.summary()
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        return with_saved_views(
+            bundle,
+            {"explorer": self.view.page_state()},
+            self.report,
+            f"fsdpviz explorer: {text.splitlines()[0].removeprefix('fsdpviz ')}",
+            text,
+        )
 
     def find(self, text: str) -> str:
         """What the find box does: select the module or unit named ``text`` and draw it (a

@@ -60,6 +60,11 @@ class ExplorerWidget(FrontEnd):
     def __init__(self, report: Report, *, tree: ModuleTree | None = None, **kwargs: Any) -> None:
         data = explorer_data(with_module_tree(report), tree=tree)
         super().__init__(details=data.pop("details"), data=data, **kwargs)
+        self._report = report
+
+    def shown_report(self) -> Report | None:
+        """The plan the explorer draws."""
+        return self._report
 
     def set_report(
         self,
@@ -72,6 +77,7 @@ class ExplorerWidget(FrontEnd):
         ``details`` (all; or these units', the others following with :meth:`set_details`).
         ``busy`` stays as it is: the :class:`~fsdpviz.widgets.Explorer` ends it once every
         linked view has the plan."""
+        self._report = report
         data = explorer_data(with_module_tree(report), tree=tree, details=details)
         with self.hold_sync():
             self.details = data.pop("details")

@@ -11,13 +11,17 @@ met back to Python (the dashboard shows it under the views).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anywidget
 import traitlets
 
-__all__ = ["DATA", "STATIC", "FrontEnd", "check_built"]
+if TYPE_CHECKING:
+    from fsdpviz.schema.report import Report
+
+__all__ = ["DATA", "STATIC", "FrontEnd", "check_built", "with_saved_views"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 """Where the built front end is (``widget.js``, ``widget.css``, ``page.js``)."""
@@ -68,3 +72,44 @@ class FrontEnd(anywidget.AnyWidget):
         """This view's state as the exported page takes it (``fsdpviz.export.html_page``'s
         ``states``): the view is drawn there as it is here."""
         return {name: getattr(self, name) for name in self.PAGE_TRAITS}
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[Any, Any], dict[Any, Any]] | None:
+        """The live view and, for the notebook once saved, the view's data (drawn by
+        fsdpviz's JupyterLab extension without a kernel) and a static SVG of it."""
+        shown = super()._repr_mimebundle_(**kwargs)
+        if shown is None:
+            return None
+        bundle, metadata = shown
+        report = self.shown_report()
+        title = f"fsdpviz {self.view}" + (f": {_first_line(report)}" if report else "")
+        states = {self.view: self.page_state()}
+        return with_saved_views(bundle, states, report, title, title), metadata
+
+    def shown_report(self) -> Report | None:
+        """The report whose plan the static image of the view shows (``None``: none)."""
+        return None
+
+
+def _first_line(report: Report) -> str:
+    return report.summary().splitlines()[0].removeprefix("fsdpviz ")
+
+
+def with_saved_views(
+    bundle: dict[str, Any],
+    states: Mapping[str, Mapping[str, Any]],
+    report: Report | None,
+    title: str,
+    text: str,
+) -> dict[str, Any]:
+    """A widget's display ``bundle`` with what outlives its kernel
+    (:func:`fsdpviz.export.output_bundle`: the views' ``states`` for fsdpviz's JupyterLab
+    extension, a static SVG with ``report``'s units) and ``text`` as its ``text/plain``.
+    Where those cannot be made, the widget's bundle, saying why in its ``text/plain``."""
+    from fsdpviz.export import output_bundle
+
+    try:
+        return output_bundle(states, report=report, title=title, text=text, base=bundle) | {
+            "text/plain": text
+        }
+    except (ValueError, TypeError, KeyError) as e:
+        return bundle | {"text/plain": f"{text}\n(no saved views: {type(e).__name__}: {e})"}

@@ -38,11 +38,17 @@ class PrefetchWidget(FrontEnd):
     def __init__(self, report: Report, iteration: int | None = -1, **kwargs: Any) -> None:
         self.iteration = -1 if iteration is None else iteration
         super().__init__(data=prefetch_data(report, self.iteration), **kwargs)
+        self._report = report
+
+    def shown_report(self) -> Report | None:
+        """The plan the graph draws."""
+        return self._report
 
     def set_report(self, report: Report) -> None:
         """Draw another plan (a re-plan): its data reaches the browser in one message, which
         also ends ``busy``."""
         data = prefetch_data(report, self.iteration)
+        self._report = report
         with self.hold_sync():
             self.data = data
             self.busy = False

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from html import escape
 from typing import Any
 
 import ipywidgets as w
@@ -124,6 +125,28 @@ class SweepView(w.VBox):  # type: ignore[misc]
         )
         super().__init__([head, self.grid, self.errors, self.views])
         self._draw()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """The live table and, for the notebook once saved, the table as HTML and the views
+        of its best row (★; else the first) for fsdpviz's JupyterLab extension, with a
+        static SVG of them (:func:`fsdpviz.export.object_bundle`)."""
+        from fsdpviz.export import object_bundle
+
+        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        text = self.table.summary()
+        row = max(self._best, 0)
+        table = {
+            "text/plain": text,
+            "text/html": '<pre class="fsdpviz-sweep-table" style="font-size:12px">'
+            f"{escape(text)}\n(the views below: row {row})</pre>",
+        }
+        try:
+            shown: dict[str, Any] = object_bundle(self.table.reports[row], base=bundle | table)
+            return shown
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            return bundle | table | {"text/plain": f"{text}\n(no saved views: {e})"}
 
     def sort(self, key: str, descending: bool | None = None) -> None:
         """Sort the rows by the column ``key`` (``"peak_bytes"``, ``"config.world_size"``...);

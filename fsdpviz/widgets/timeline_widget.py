@@ -78,6 +78,10 @@ class TimelineWidget(FrontEnd):
         super().__init__(**kwargs)
         self.set_reports(reports, memory=memory)
 
+    def shown_report(self) -> Report | None:
+        """The first report (rank, or plan of a comparison) the timeline shows."""
+        return self._reports[0] if self._reports else None
+
     def set_reports(self, reports: Shown, *, memory: MemoryOption = "auto") -> None:
         """Show other reports (e.g. after a re-plan). The selected event stays selected
         when the new plan has it (the same kind, unit, phase and occurrence); otherwise

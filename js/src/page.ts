@@ -9,7 +9,9 @@ export type ViewState = Record<string, unknown> & { data: unknown };
 
 /** What Python writes, as JSON, gzip-compressed and base64-encoded, into <script id="fv-config">. */
 export interface PageConfig {
-  views: { timeline: ViewState; explorer: ViewState | null; prefetch: ViewState | null };
+  /** Each view's state; a view the page does not draw is null (a notebook's single
+   * explorer or prefetch graph has no timeline). */
+  views: { timeline: ViewState | null; explorer: ViewState | null; prefetch: ViewState | null };
   /** The elements each view is drawn in. */
   divs: { timeline: string; explorer: string; prefetch: string };
 }
@@ -93,7 +95,7 @@ export interface WidgetModule {
 export async function importWidget(source: string): Promise<WidgetModule> {
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   try {
-    return (await import(/* @vite-ignore */ url)) as WidgetModule;
+    return (await import(/* webpackIgnore: true */ /* @vite-ignore */ url)) as WidgetModule;
   } finally {
     URL.revokeObjectURL(url);
   }
@@ -105,10 +107,16 @@ export async function unpack(doc: Document, id: string): Promise<string> {
   if (packed === undefined || packed === null || packed === "") {
     throw new Error(`the page has no packed script #${id}`);
   }
+  return await unpackText(packed, `the packed script #${id}`);
+}
+
+/** A text packed as fsdpviz packs it (gzip, then base64: fsdpviz.export's `pack`), read
+ * back; `what` names it in the error an empty one raises. */
+export async function unpackText(packed: string, what = "the packed text"): Promise<string> {
   // a data: URL: the browser decodes base64 natively, far sooner than atob and a loop
   const response = await fetch(`data:application/gzip;base64,${packed.replace(/\s+/g, "")}`);
   const body = response.body;
-  if (body === null) throw new Error(`the packed script #${id} is empty`);
+  if (body === null) throw new Error(`${what} is empty`);
   return await new Response(body.pipeThrough(new DecompressionStream("gzip"))).text();
 }
 
@@ -148,13 +156,59 @@ export function mountView(
   name: ViewName,
 ): PageModel<Record<string, unknown>> | null {
   const state = config.views[name];
-  if (state === null) return null;
+  if (state === null || state === undefined) return null;
   const el = doc.getElementById(config.divs[name]);
   if (el === null) throw new Error(`the page has no element #${config.divs[name]} for a view`);
   const model = pageModel(widget, name, state);
   widget.default.render({ model, el });
   performance.mark(`fsdpviz:${config.divs[name]}`);
   return model;
+}
+
+/** The views drawn by {@link drawViews}: their models, and what removes them all. */
+export interface DrawnViews {
+  models: PageModels;
+  dispose(): void;
+}
+
+/**
+ * Draw the views of `config` into the elements `els` gives (one per view; a view the
+ * config lacks is left out), linked as the page links them: what JupyterLab's fsdpviz
+ * renderer draws a saved output or a report file with (`lab.ts`), the page's own path
+ * with elements of the renderer's making. The timeline is drawn first and painted.
+ */
+export async function drawViews(
+  widget: WidgetModule,
+  config: PageConfig,
+  els: Record<ViewName, HTMLElement | null>,
+): Promise<DrawnViews> {
+  const models: PageModels = { timeline: null, explorer: null, prefetch: null };
+  const cleanups: (() => void)[] = [];
+  const mount = (name: ViewName): void => {
+    const state = config.views[name];
+    const el = els[name];
+    if (state === null || state === undefined || el === null) return;
+    const model = pageModel(widget, name, state);
+    const cleanup = widget.default.render({ model, el });
+    if (typeof cleanup === "function") cleanups.push(cleanup as () => void);
+    models[name] = model;
+  };
+  mount("timeline");
+  const doc = Object.values(els).find((el) => el !== null)?.ownerDocument;
+  if (doc !== undefined) await afterPaint(doc);
+  mount("explorer");
+  mount("prefetch");
+  if (models.timeline !== null) cleanups.push(widget.linkViews(models));
+  return {
+    models,
+    dispose: () => {
+      for (const cleanup of cleanups.splice(0).reverse()) cleanup();
+      for (const model of Object.values(models)) model?.off();
+      for (const name of ["timeline", "explorer", "prefetch"] as const) {
+        if (models[name] !== null) els[name]?.replaceChildren();
+      }
+    },
+  };
 }
 
 /** Mirror the linked state on the body (data-fv-step, -current-unit, -selected-unit), for

@@ -8,6 +8,7 @@ import type { ExplorerView } from "../src/explorer";
 import type { ExplorerWidgetView } from "../src/explorer_widget";
 import { nextStepOfUnit, unitOfStep } from "../src/links";
 import {
+  drawViews,
   mountView,
   type PageConfig,
   PageModel,
@@ -242,5 +243,46 @@ describe("packed scripts", () => {
     await expect(unpack(document, "fv-missing")).rejects.toThrow(
       "the page has no packed script #fv-missing",
     );
+  });
+});
+
+describe("views drawn into given elements (JupyterLab's renderer)", () => {
+  it("draws, links and removes the views of a config", async () => {
+    const els = { timeline: null, explorer: null, prefetch: null } as Record<
+      "timeline" | "explorer" | "prefetch",
+      HTMLElement | null
+    >;
+    for (const name of ["timeline", "explorer", "prefetch"] as const) {
+      const el = document.createElement("div");
+      document.body.append(el);
+      els[name] = el;
+    }
+    const drawn = await drawViews(widget as unknown as WidgetModule, config(), els);
+    const { timeline, explorer, prefetch } = drawn.models;
+    expect(els.timeline?.querySelector(".fsdpviz-timeline")).not.toBeNull();
+    expect(els.explorer?.querySelector(".fsdpviz-explorer-box")).not.toBeNull();
+    expect(els.prefetch?.querySelector(".fsdpviz-prefetch")).not.toBeNull();
+    explorer?.set("selected_unit", "blocks.1"); // linked as the page links them
+    expect(timeline?.get("selected_unit")).toBe("blocks.1");
+    expect(prefetch?.get("selected_unit")).toBe("blocks.1");
+    drawn.dispose();
+    expect(timeline?.listeners()).toBe(0);
+    expect(els.timeline?.querySelector(".fsdpviz-timeline")).toBeNull();
+  });
+
+  it("draws only the views a config has (a comparison's timeline)", async () => {
+    const cfg = config();
+    cfg.views.explorer = null;
+    cfg.views.prefetch = null;
+    const el = document.createElement("div");
+    document.body.append(el);
+    const drawn = await drawViews(widget as unknown as WidgetModule, cfg, {
+      timeline: el,
+      explorer: null,
+      prefetch: null,
+    });
+    expect(drawn.models.explorer).toBeNull();
+    expect(el.querySelector(".fsdpviz-timeline")).not.toBeNull();
+    drawn.dispose();
   });
 });
