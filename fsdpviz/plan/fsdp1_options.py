@@ -403,7 +403,9 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     """
     check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
     opts = FSDP1Options()
-    _shard(opts, world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size"))
+    _shard(
+        opts, world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
+    )
     if "backward_prefetch" in kwargs:
         opts.backward_prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
         opts.warnings.extend(found)
