@@ -4,12 +4,14 @@ Every ``import`` that runs counts, at the top of a module or inside a function;
 imports under ``if TYPE_CHECKING:`` only name types for annotations and never run, so they
 count for cycles (a type named across a circle is still a circle) but not for layers.
 The layers are read from the ``layers`` block of ARCHITECTURE.md, bottom first: a
-module may import from its own layer and the layers below it.
+module may import from its own layer and the layers below it. The page also names every
+module (in its layer's row of the layer table) and every file of the front end.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -99,11 +101,21 @@ def imports(typing: bool = False) -> list[Import]:
 
 
 @cache
-def layers() -> list[list[str]]:
-    """The ``layers`` block of ARCHITECTURE.md: one line per layer, bottom first."""
+def _layer_lines() -> list[list[str]]:
+    """The ``layers`` block of ARCHITECTURE.md, bottom first: number, name, modules."""
     text = (ROOT / "ARCHITECTURE.md").read_text()
     block = text.split("```layers\n", 1)[1].split("```", 1)[0]
-    return [line.split()[1:] for line in block.splitlines() if line.strip()]
+    return [line.split() for line in block.splitlines() if line.strip()]
+
+
+def layers() -> list[list[str]]:
+    """The modules of each layer, bottom first (a layer's name first)."""
+    return [line[1:] for line in _layer_lines()]
+
+
+def layer_names() -> list[str]:
+    """Each layer's name, bottom first."""
+    return [line[1] for line in _layer_lines()]
 
 
 def layer_of(module: str) -> int:
@@ -210,3 +222,41 @@ def test_every_package_says_what_it_may_import() -> None:
         if "May import" not in doc and "Imports nothing" not in doc:
             quiet.append(init.parent.name)
     assert not quiet, f"packages whose docstring does not say what they may import: {quiet}"
+
+
+def _table_rows() -> dict[str, str]:
+    """The layer table of ARCHITECTURE.md: each layer's row, by the layer's name."""
+    rows: dict[str, str] = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3:
+            rows[cells[0]] = line
+    return rows
+
+
+def test_architecture_names_every_module() -> None:
+    """Each module of fsdpviz is named (``name.py``) in the row of its layer in the layer
+    table, and each file of the front end (``js/src/*.ts``) on the page."""
+    names = layer_names()
+    rows = _table_rows()
+    missing = []
+    for module, path in modules().items():
+        if path.name == "__init__.py" and module != "fsdpviz":
+            continue  # a package is named by its folder
+        row = rows.get(names[layer_of(module)], "")
+        if f"`{path.name}`" not in row:
+            missing.append(f"{path.relative_to(ROOT)} (layer {names[layer_of(module)]})")
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    missing += [
+        str(ts.relative_to(ROOT))
+        for ts in sorted((ROOT / "js" / "src").glob("*.ts"))
+        if f"`{ts.name}`" not in text
+    ]
+    assert not missing, "modules ARCHITECTURE.md does not name:\n" + "\n".join(missing)
+
+
+def test_architecture_names_no_file_that_is_gone() -> None:
+    """Every ``name.py`` and ``name.ts`` ARCHITECTURE.md names is a file of the repository."""
+    named = set(re.findall(r"`(\w+\.(?:py|ts))`", (ROOT / "ARCHITECTURE.md").read_text()))
+    files = {p.name for d in ("fsdpviz", "js/src", "tests") for p in (ROOT / d).rglob("*.*")}
+    assert not named - files, f"ARCHITECTURE.md names files that do not exist: {named - files}"

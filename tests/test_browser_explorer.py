@@ -411,6 +411,8 @@ def test_lab_views_fill_the_output_and_the_panel_sits_beside(
     )
     assert prefetch.bounding_box()["y"] == below  # the panel did not push what follows down
     assert box.locator(".fv-detail-body").evaluate("b => getComputedStyle(b).overflowY") == "auto"
+    # every column of its tables in sight: long names break, the numbers stay in the panel
+    assert box.locator(".fv-detail-body").evaluate("b => b.scrollWidth <= b.clientWidth")
     assert (
         panel.bounding_box()["x"] + panel.bounding_box()["width"] <= area["x"] + area["width"] + 1
     )

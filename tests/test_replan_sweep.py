@@ -134,3 +134,20 @@ def test_suggest_fits_the_budget_with_least_exposed_communication() -> None:
     tight = fsdpviz.suggest(model, ids, memory_budget="1MiB", world_size=16)
     assert not tight.row["fits"] and tight.explanation[1].startswith("Nothing fits")
     assert tight.row["peak_bytes"] == min(r["peak_bytes"] for r in tight.table.rows)
+
+
+def test_fsdp1_replay_keeps_a_hybrid_plans_shard_group() -> None:
+    """A replay keeps the shard group the report was planned with; a new world size gets
+    the default group, as analyze without shard_group_size does."""
+    hybrid = {"auto_wrap_policy": POLICY, "sharding_strategy": SS["HYBRID_SHARD"]}
+    base = _analyze(world_size=16, shard_group_size=4, **hybrid)
+    for changes, fresh in [
+        ({"backward_prefetch": POST}, {"world_size": 16, "shard_group_size": 4}),
+        ({"world_size": 32}, {"world_size": 32}),
+        ({"world_size": 32, "shard_group_size": 2}, {"world_size": 32, "shard_group_size": 2}),
+    ]:
+        expected = _analyze(**hybrid, **{**fresh, **changes})
+        got = replay(base, **changes)
+        _same(expected, got)
+        assert got.config.to_dict() == {**expected.config.to_dict(), "replayed": True}
+        assert [w.to_dict() for w in got.warnings] == [w.to_dict() for w in expected.warnings]

@@ -18,7 +18,13 @@ from torch.distributed.fsdp import (
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
-from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_dtypes, check_keywords, world_size
+from fsdpviz.plan.options import (
+    DEFAULT_WORLD_SIZE,
+    check_dtypes,
+    check_keywords,
+    check_world_size,
+    world_size,
+)
 from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
@@ -115,11 +121,8 @@ class FSDP1Options:
         job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP1",
-            world_size=self.world_size,
-            shard_world_size=self.shard_world_size,
-            sharding_strategy=self.sharding_strategy.name,
+            **self._sharding_fields(),
             auto_wrap_policy=describe_policy(self.auto_wrap_policy),
-            backward_prefetch=self.backward_prefetch.name if self.backward_prefetch else None,
             forward_prefetch=self.forward_prefetch,
             use_orig_params=self.use_orig_params,
             mixed_precision=None
@@ -130,14 +133,77 @@ class FSDP1Options:
                 "buffer_dtype": dtype_name(mp.buffer_dtype),
             },
             trace=self.trace,
-            process_group_size=self.process_group_size if self.hybrid else None,
             cpu_offload=self.offload_params,
-            sharding_strategy_given=None
-            if self.requested_strategy is None
-            else self.requested_strategy.name,
             **job,
             stated=FSDP1_KEYS + self._switched() + job_keys,
         )
+
+    def restate(self, config: ReportConfig) -> ReportConfig:
+        """``config`` (of a report these options re-plan, :meth:`from_config`) with their
+        world size, sharding and backward prefetch, stated as :meth:`describe` states them."""
+        switched = self._switched()
+        return config.replace(**self._sharding_fields()).unstate(
+            *(k for k in ("process_group_size", "sharding_strategy_given") if k not in switched)
+        )
+
+    def _sharding_fields(self) -> dict[str, Any]:
+        """The config fields of the world size, the sharding and the backward prefetch."""
+        return {
+            "world_size": self.world_size,
+            "shard_world_size": self.shard_world_size,
+            "sharding_strategy": self.sharding_strategy.name,
+            "backward_prefetch": self.backward_prefetch.name if self.backward_prefetch else None,
+            "process_group_size": self.process_group_size if self.hybrid else None,
+            "sharding_strategy_given": None
+            if self.requested_strategy is None
+            else self.requested_strategy.name,
+        }
+
+    @classmethod
+    def from_config(cls, config: ReportConfig, **changes: Any) -> FSDP1Options:
+        """The options ``config`` (an FSDP1 prediction's) states, with ``changes`` to
+        ``world_size``, ``sharding_strategy``, ``shard_group_size`` and
+        ``backward_prefetch`` applied: what a replay re-plans with.
+
+        A stated option is one FSDP already took (``describe`` wrote it), so only the changes
+        are checked, as :func:`parse_fsdp1_options` checks them; the strategy FSDP runs with
+        (``NO_SHARD`` on a process group of one rank) and its warnings are derived again
+        for the new world size. Hybrid sharding keeps its shard group unless the world size
+        or ``shard_group_size`` changes (a new world size gets the default group, as
+        ``analyze`` without ``shard_group_size`` would). The wrap policy and mixed
+        precision are not rebuilt (the config keeps their description, which
+        :meth:`restate` leaves as it is).
+
+        Example::
+
+            opts = FSDP1Options.from_config(report.config, world_size=64)
+            opts.shard_world_size, opts.restate(report.config).world_size   # 64, 64
+        """
+        opts = cls(
+            forward_prefetch=config.forward_prefetch,
+            use_orig_params=config.use_orig_params,
+            offload_params=config.cpu_offload,
+            trace=config.trace or "meta",
+        )
+        ws = config.ranks
+        if "world_size" in changes:
+            ws = check_world_size(changes["world_size"])
+        # the strategy asked for, where FSDP switched it to NO_SHARD on one rank
+        stored = ShardingStrategy[config.sharding_strategy_given or config.sharding_strategy]
+        given = changes.get("sharding_strategy", stored)
+        group = changes.get("shard_group_size")
+        if group is None and ws == config.ranks and given in _HYBRID:
+            group = config.process_group_size
+        _shard(opts, ws, given, group)
+        if "backward_prefetch" in changes:
+            opts.backward_prefetch, found = effective_backward_prefetch(
+                changes["backward_prefetch"]
+            )
+            opts.warnings.extend(found)
+        else:
+            name = config.backward_prefetch
+            opts.backward_prefetch = None if name is None else BackwardPrefetch[name]
+        return opts
 
     def _switched(self) -> tuple[str, ...]:
         """Config keys of hybrid sharding's process group and of FSDP's switch to NO_SHARD."""
@@ -292,19 +358,12 @@ def check_policy(policy: Any) -> Any:
     )
 
 
-def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
-    """Check ``kwargs`` the way ``FullyShardedDataParallel`` would, plus fsdpviz's own.
-
-    Options take effect as FSDP1 applies them: a string for an enum option is kept as
-    given (``backward_prefetch="BACKWARD_PRE"`` prefetches nothing; ``sharding_strategy``
-    as a string fails), and a process group of one rank runs ``NO_SHARD``.
-    """
-    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
-    opts = FSDP1Options()
-    opts.world_size = ws = world_size(kwargs)
-    given = kwargs.get("sharding_strategy")
+def _shard(opts: FSDP1Options, ws: int, given: Any, sgs: Any) -> None:
+    """Set ``opts``' world size, shard group and the strategy FSDP runs with, from the
+    world size, the ``sharding_strategy`` and the ``shard_group_size`` given, with what
+    FSDP warns about them."""
+    opts.world_size = ws
     opts.hybrid = given in _HYBRID
-    sgs = kwargs.get("shard_group_size")
     if sgs is not None:
         if not opts.hybrid:
             raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
@@ -333,6 +392,20 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
                 ),
             )
         )
+
+
+def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
+    """Check ``kwargs`` the way ``FullyShardedDataParallel`` would, plus fsdpviz's own.
+
+    Options take effect as FSDP1 applies them: a string for an enum option is kept as
+    given (``backward_prefetch="BACKWARD_PRE"`` prefetches nothing; ``sharding_strategy``
+    as a string fails), and a process group of one rank runs ``NO_SHARD``.
+    """
+    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
+    opts = FSDP1Options()
+    _shard(
+        opts, world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
+    )
     if "backward_prefetch" in kwargs:
         opts.backward_prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
         opts.warnings.extend(found)

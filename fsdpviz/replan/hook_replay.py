@@ -34,12 +34,7 @@ from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
-from fsdpviz.plan.fsdp1_options import (
-    FSDP1Options,
-    parse_fsdp1_options,
-    prefetch_named,
-    strategy_named,
-)
+from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
     check_reshard_ints,
@@ -112,25 +107,14 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
-    # The report stores names; the strategy asked for, where FSDP switched it on one rank.
-    strategy = cfg.sharding_strategy_given or cfg.sharding_strategy
-    given = {
-        "world_size": changes.get("world_size", cfg.ranks),
-        "sharding_strategy": changes.get("sharding_strategy", strategy_named(strategy)),
-        "backward_prefetch": changes.get(
-            "backward_prefetch", prefetch_named(cfg.backward_prefetch)
-        ),
-    }
-    if changes.get("shard_group_size") is not None:
-        given["shard_group_size"] = changes["shard_group_size"]
-    opts = parse_fsdp1_options(given)
+    opts = FSDP1Options.from_config(cfg, **changes)
     shapes = _shapes(report)
-    units = [_resize_fsdp1(u, opts, cfg.use_orig_params, shapes) for u in report.units]
+    units = [_resize_fsdp1(u, opts, shapes) for u in report.units]
     unit_config = UnitConfig(
         opts.sharding_strategy,
         None,
         opts.backward_prefetch,
-        cfg.forward_prefetch,
+        opts.forward_prefetch,
         replicas=opts.replicas,
     )
     planned = [
@@ -143,22 +127,14 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
         )
         for u in units
     ]
-    runtime = FSDP1Runtime(planned, cfg.use_orig_params, lambda h: None)
+    runtime = FSDP1Runtime(planned, opts.use_orig_params, lambda h: None)
     index = {u.module: i for i, u in enumerate(units)}
     assert report.profile is not None
     accum = _grad_accum(report, changes)
     iterations, steps = _run(runtime, report.profile, index, _fsdp1_entry, accum)
-    new = opts.describe()
-    switched = ("process_group_size", "sharding_strategy_given")
-    config = cfg.replace(
-        world_size=new.world_size,
-        shard_world_size=new.shard_world_size,
-        sharding_strategy=new.sharding_strategy,
-        backward_prefetch=new.backward_prefetch,
-        **{k: getattr(new, k) for k in switched},
-        replayed=True,
-        grad_accum=accum,
-    ).unstate(*(k for k in switched if not new.states(k)), *(("grad_accum",) if accum == 1 else ()))
+    config = opts.restate(cfg).replace(replayed=True, grad_accum=accum)
+    if accum == 1:
+        config = config.unstate("grad_accum")
     replayed = _report(
         report, config, units, [h.name for h in runtime.pre_forward_order], iterations, steps
     )
@@ -175,15 +151,13 @@ def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     return replace(replayed, warnings=opts.warnings + kept)
 
 
-def _resize_fsdp1(
-    u: Unit, opts: FSDP1Options, use_orig: bool, shapes: dict[str, list[int]]
-) -> Unit:
+def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> Unit:
     if not u.params:
         return replace(u, sharding_strategy=opts.sharding_strategy.name)
     layout = flat_param_layout(
         [math.prod(shapes[p]) for p in u.params],
         itemsize(u.compute_dtype or u.dtype),
-        use_orig_params=use_orig,
+        use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size,
     )
     return replace(

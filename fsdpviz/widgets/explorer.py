@@ -116,6 +116,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
                 self.options = options
                 self.report = report
                 self.status.value = self._summary(*answer)
+                # every view shown again before the collector, paused meanwhile, looks at
+                # what the answer made
+                self.busy = False
         except Exception as e:
             self.status.value = "<b>re-plan failed</b> (see below)"
             self.errors.show(e)
