@@ -57,3 +57,21 @@ def _garbage_collector_left_on() -> Iterator[None]:
     if not gc.isenabled():
         gc.enable()
         pytest.fail("this test left the garbage collector off")
+
+
+@pytest.fixture(autouse=True)
+def _no_browser_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Playwright's sync API (the session's Chromium) leaves its asyncio loop marked as
+    running in this thread once started; a test that drives no browser runs as a script
+    does, with no running loop (else fsdpviz would defer work to a loop nobody runs)."""
+    import asyncio
+
+    if "chromium" in request.fixturenames:
+        yield
+        return
+    loop = asyncio._get_running_loop()
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(loop)

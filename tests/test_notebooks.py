@@ -253,7 +253,7 @@ def test_memory_budget(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Mo
     )
     suggestion = _texts(_cell(nb, "suggestion = fsdpviz.suggest("))
     assert "Budget 14 GiB per rank, 8 ranks" in suggestion and "Proposed: " in suggestion
-    assert "Alternatives:" in suggestion
+    assert "Alternatives, and what each changes against the proposal:" in suggestion
     assert "application/vnd.plotly.v1+json" in _mimes(_cell(nb, "def candidates_figure("))
     assert "<b>fsdpviz</b> prediction · FSDP2" in _texts(_cell(nb, "kwargs = suggestion.kwargs"))
     assert "Nothing fits." in _texts(_cell(nb, "tight = fsdpviz.suggest("))
