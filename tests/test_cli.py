@@ -170,7 +170,7 @@ def test_demo_rejects_unknown_suffix(
     code, out, err = _run(capsys, "demo", "-o", str(path))
     assert code == 2
     assert "unknown suffix" in err
-    assert ".html, .json" in err and ".png" in err and ".graphml" in err
+    assert ".html, .fsdpviz.json, .json" in err and ".png" in err and ".graphml" in err
     assert not path.exists()
     assert out == ""
 
