@@ -469,19 +469,9 @@ def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> 
 def _job_line(report: Any) -> str:
     """The job around FSDP the plan assumes (``--grad-accum``, ``--compile``, ``--float8``,
     ``--float32-matmul-precision``), where it states one; else ``""``."""
-    c = report.config
-    items = []
-    if c.grad_accum > 1:
-        quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
-        items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
-    if c.compile:
-        on = f" on {', '.join(c.compile)}" if isinstance(c.compile, tuple) else ""
-        items.append(f"torch.compile{on} (fused kernels)")
-    if c.float8:
-        gather = " + float8 all-gather" if c.float8.get("enable_fsdp_float8_all_gather") else ""
-        items.append(f"float8 linears ({c.float8.get('recipe_name', 'tensorwise')}){gather}")
-    if c.float32_matmul_precision in ("high", "medium"):
-        items.append(f"TF32 matmuls (float32_matmul_precision {c.float32_matmul_precision})")
+    from fsdpviz.views.card import job_items
+
+    items = job_items(report.config, detailed=True)
     return f"  job: {', '.join(items)}" if items else ""
 
 

@@ -162,26 +162,30 @@ def config_items(report: Report) -> list[str]:
             )
     else:
         items.extend(_fsdp1_items(c))
-    items.extend(_job_items(c))
+    items.extend(job_items(c))
     if c.trace not in (None, "meta"):
         items.append(f"trace={c.trace}")
     return items
 
 
-def _job_items(c: ReportConfig) -> list[str]:
-    """Gradient accumulation, torch.compile, float8 and TF32, where the plan states them."""
+def job_items(c: ReportConfig, *, detailed: bool = False) -> list[str]:
+    """Gradient accumulation, torch.compile, float8 and TF32, where the plan states them;
+    ``detailed`` (the CLI's ``job:`` line) adds what each changes (fused kernels, the
+    float8 recipe, the matmul precision)."""
     items: list[str] = []
     if c.grad_accum > 1:
         quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
         items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
     if c.compile:
         on = f" on {', '.join(c.compile)}" if isinstance(c.compile, tuple) else ""
-        items.append(f"torch.compile{on}")
+        items.append(f"torch.compile{on}" + (" (fused kernels)" if detailed else ""))
     if c.float8:
         gather = " + float8 all-gather" if c.float8.get("enable_fsdp_float8_all_gather") else ""
-        items.append(f"float8 linears{gather}")
+        recipe = f" ({c.float8.get('recipe_name', 'tensorwise')})" if detailed else ""
+        items.append(f"float8 linears{recipe}{gather}")
     if c.float32_matmul_precision in ("high", "medium"):
-        items.append("TF32 matmuls")
+        precision = f" (float32_matmul_precision {c.float32_matmul_precision})"
+        items.append("TF32 matmuls" + (precision if detailed else ""))
     return items
 
 
