@@ -148,6 +148,47 @@ class Plan:
     ignored_params: set[nn.Parameter]
 
 
+@dataclass
+class WrapMemo:
+    """What :func:`plan_fsdp1` works out from the model alone, kept across the plans of one
+    model copy whose structure does not change (fsdpviz.replan's stored traces): the
+    modules' names, and the wrap targets and FSDP's messages of each auto-wrap policy that
+    :func:`policy_key` can name. Plans with ignored states or mixed precision do not use it
+    (both change what FSDP's auto-wrap does)."""
+
+    names: dict[nn.Module, str] = field(default_factory=dict)
+    order: list[nn.Module] = field(default_factory=list)  # named_modules() order
+    targets: dict[Any, tuple[list[nn.Module], list[str]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, root: nn.Module) -> WrapMemo:
+        named = list(root.named_modules())
+        return cls(names={m: n for n, m in named}, order=[m for _, m in named])
+
+
+def policy_key(policy: Any) -> Any:
+    """A hashable stand-in for an auto-wrap policy whose targets are FSDP's root arguments
+    with nothing per module (``ModuleWrapPolicy``, ``transformer_auto_wrap_policy`` and
+    ``size_based_auto_wrap_policy`` with their usual arguments), else ``None``: two policies
+    with one key wrap the same modules of one model."""
+    from torch.distributed.fsdp.wrap import (
+        ModuleWrapPolicy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    if type(policy) is ModuleWrapPolicy:
+        return ("classes", frozenset(policy._module_classes))
+    if type(policy) is not functools.partial or policy.args:
+        return None
+    kw = policy.keywords
+    if policy.func is transformer_auto_wrap_policy and set(kw) == {"transformer_layer_cls"}:
+        return ("classes", frozenset(kw["transformer_layer_cls"]))
+    if policy.func is size_based_auto_wrap_policy and set(kw) <= {"min_num_params"}:
+        return ("size", kw.get("min_num_params"))
+    return None
+
+
 def _recorded_targets(
     root: nn.Module, opts: FSDP1Options, ignored_modules: set[nn.Module], ignored_params: set[Any]
 ) -> tuple[list[tuple[nn.Module, dict[str, Any]]], list[str]]:
@@ -308,13 +349,24 @@ def _join(prefix: str, name: str) -> str:
 
 
 def plan_fsdp1(
-    root: nn.Module, opts: FSDP1Options, ignored_modules: Any, ignored_states: Any
+    root: nn.Module,
+    opts: FSDP1Options,
+    ignored_modules: Any,
+    ignored_states: Any,
+    memo: WrapMemo | None = None,
 ) -> Plan:
     """Build the units FSDP1 would build for ``root`` (fsdpviz's own copy; it is modified).
 
     ``ignored_modules`` / ``ignored_states`` must already refer to modules and
-    parameters of ``root``.
+    parameters of ``root``. ``memo`` (made by :meth:`WrapMemo.of` for this ``root``) keeps
+    what does not depend on ``opts`` for the next plan of the same copy.
     """
+    if memo is not None and (
+        ignored_modules is not None or ignored_states is not None or opts.mixed_precision
+    ):
+        memo = None  # both change which modules FSDP wraps and which parameters it takes
+    if memo is not None:
+        return _plan(root, opts, set(), set(), memo)
     from torch.distributed.fsdp._init_utils import _init_ignored_module_states
 
     try:
@@ -326,19 +378,35 @@ def plan_fsdp1(
         )
     except ValueError as e:
         raise FSDPConfigError(str(e)) from e
-    ignored_mods: set[nn.Module] = state._ignored_modules
-    ignored_params: set[nn.Parameter] = state._ignored_params
+    return _plan(root, opts, state._ignored_modules, state._ignored_params, WrapMemo.of(root))
+
+
+def _plan(
+    root: nn.Module,
+    opts: FSDP1Options,
+    ignored_mods: set[nn.Module],
+    ignored_params: set[nn.Parameter],
+    memo: WrapMemo,
+) -> Plan:
     fsdp_warnings: list[FsdpWarning] = list(opts.warnings)
     targets: list[tuple[nn.Module, dict[str, Any]]] = []
     if opts.auto_wrap_policy is not None:
-        targets, messages = _recorded_targets(root, opts, ignored_mods, ignored_params)
+        key = policy_key(opts.auto_wrap_policy)
+        key = None if key is None else (key, opts.use_orig_params)
+        if key in memo.targets:  # the same modules; their arguments are the root's
+            modules, messages = memo.targets[key]
+            targets = [(m, {}) for m in modules]
+        else:
+            targets, messages = _recorded_targets(root, opts, ignored_mods, ignored_params)
+            if key is not None:
+                memo.targets[key] = ([m for m, _ in targets], messages)
         for msg in messages:
             code = "frozen_mixed" if "requires_grad=True and False" in msg else "fsdp"
             if "mixed precision disabled" in msg:
                 code = "mixed_precision_override"
             fsdp_warnings.append(FsdpWarning(code=code, message=msg))
     fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy))
-    names = {m: n for n, m in root.named_modules()}
+    names = memo.names
     flattened: set[nn.Parameter] = set()
     by_module: dict[nn.Module, PlannedUnit] = {}
     for module, kwargs in [*targets, (root, {})]:
@@ -359,7 +427,7 @@ def plan_fsdp1(
                 del sub._parameters[name]
             for sub, name, _, _ in unit.shared_infos:
                 del sub._parameters[name]
-    ordered = [by_module[m] for _, m in root.named_modules() if m in by_module]
+    ordered = [by_module[m] for m in memo.order if m in by_module]
     unique = list({(w.code, w.message): w for w in fsdp_warnings}.values())
     return Plan(units=ordered, warnings=unique, ignored_params=ignored_params)
 

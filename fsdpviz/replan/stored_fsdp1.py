@@ -39,9 +39,9 @@ from torch._C._autograd import _get_sequence_nr
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
+from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
-from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.schedule.autograd_order import Graph, NumberedGraph, capture, engine_order
 from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.report import Event, Report
@@ -80,12 +80,16 @@ class StoredTrace:
         self.reason: str | None = None
         self.calls: list[_Call] = []
         self._acc: dict[str, Any] = {}  # parameter FQN -> its AccumulateGrad node
-        self._graph: Graph | None = None
-        self._users: dict[str, list[tuple[Any, int]]] = {}  # registration -> (node, edge slot)
+        self._graph: NumberedGraph | None = None
+        # registration -> (node, edge slot, its AccumulateGrad node), nodes numbered
+        self._users: dict[str, list[tuple[int, int, int]]] = {}
+        # a node -> the modules whose output gradient it makes (the module backward order)
+        self._module_hooks: dict[int, list[int]] = {}
         self.order: list[str] = []
         self.records: dict[str, ModuleCalls] = {}
         self.module_names: list[str] = []
         self.module_ids: dict[str, int] = {}
+        self._memo = WrapMemo.of(self.copy)  # what every plan of the copy shares
         if any(not p.requires_grad for p in self.copy.parameters()):
             self.reason = "the model has frozen parameters"
             return
@@ -139,13 +143,20 @@ class StoredTrace:
         run_stored_step(self.copy, inputs, loss, tracker, handles, on_loss)
         self.order = list(tracker.order)
         self.records = tracker.records
-        self._graph = graphs[0]
-        param_of = {node: fqn for fqn, node in self._acc.items()}
-        for node, nexts in self._graph.edges.items():
+        graph = self._graph = NumberedGraph.of(graphs[0])
+        param_of = {
+            graph.number[node]: fqn for fqn, node in self._acc.items() if node in graph.number
+        }
+        for node, nexts in enumerate(graph.edges):
             for slot, n in enumerate(nexts):
                 fqn = param_of.get(n)
                 if fqn is not None:
-                    self._users.setdefault(fqn, []).append((node, slot))
+                    self._users.setdefault(fqn, []).append((node, slot, n))
+        for call in self.calls:
+            for node in call.leaves if call.grad and not call.pre else ():
+                if node in graph.number:  # else its gradient is never made
+                    hooks = self._module_hooks.setdefault(graph.number[node], [])
+                    hooks.append(self.module_ids[call.module])
 
     # ------------------------------------------------------------- recording
     def _pre(self, name: str, module: nn.Module, args: Any) -> None:
@@ -191,9 +202,9 @@ class StoredTrace:
             or opts.job.grad_accum > 1  # micro-steps: analyze (or replay) plans them
         ):
             return None
-        saved = {m: dict(m._parameters) for m in self.copy.modules()}
+        saved = {m: dict(m._parameters) for m in self._memo.order}
         try:
-            plan = plan_fsdp1(self.copy, opts, None, None)
+            plan = plan_fsdp1(self.copy, opts, None, None, self._memo)
             return self._report(plan, opts)
         finally:
             for m, params in saved.items():
@@ -295,50 +306,61 @@ class _Schedule:
         return iterations
 
     def _backward(self, record_order: bool) -> list[tuple[str, int, Any]] | None:
-        """The backward hook calls the engine makes for this iteration's views."""
+        """The backward hook calls the engine makes for this iteration's views.
+
+        The stored graph is copied and edited: each view instance adds a split node
+        (numbered at the instance's place in the forward) into the unit's flat
+        ``AccumulateGrad``, and each use of a parameter goes through a view node of the
+        instance current at that use. Edge counts are kept as edges move, so the nodes
+        no edge reaches any more (a parameter's own ``AccumulateGrad``, an instance no
+        use goes through) never count."""
         trace, graph = self.trace, self.trace._graph
         assert graph is not None
-        seq = dict(graph.seq)
-        edges = dict(graph.edges)
-        instances: dict[int, list[tuple[float, tuple[Any, ...]]]] = {}
-        rec = GraphRecorder()
+        g = _Edit(list(graph.seq), list(graph.edges), list(graph.deps))
+        instances: dict[int, list[tuple[float, int]]] = {}
+        flat: dict[int, int] = {}
         for made, at in self._created:
-            flat = ("flat", made)
-            split = ("split", made, at)
-            seq[split] = at
-            edges[split] = [flat]
-            seq[flat] = _ACC_SEQ
-            edges[flat] = []
-            instances.setdefault(made, []).append((at, split))
-        for i in self._acc_hooks:
-            rec.acc_hooks[("flat", i)] = i
+            if made not in flat:
+                flat[made] = g.add(_ACC_SEQ, [])
+            instances.setdefault(made, []).append((at, g.add(at, [flat[made]])))
+        acc_hooks = {flat[i]: i for i in self._acc_hooks if i in flat}
         for index, unit in enumerate(self.plan.units):
             if not unit.has_params or index not in instances:
                 continue
-            if not self._route(unit, index, instances[index], seq, edges):
+            if not self._route(unit, index, instances[index], g):
                 return None
+        for splits in instances.values():  # a split is reached through its views
+            for _, split in splits:
+                if g.deps[split]:
+                    g.deps[g.edges[split][0]] += 1
+        pre: dict[int, list[int]] = {}
+        number = graph.number
         for call in trace.calls:
-            if call.pre or not call.grad:
-                continue
-            hooked = self.index.get(call.module)
+            hooked = None if call.pre or not call.grad else self.index.get(call.module)
             if hooked is not None:
                 for node in call.outputs:
-                    rec.tensor_hooks.append((node, "pre_backward", hooked))
-            for node in call.leaves:  # the module tracker's hooks: the module backward order
-                rec.tensor_hooks.append((node, "module", trace.module_ids[call.module]))
-        log = simulate(Graph(seq, reachable(graph.root, edges), graph.root), rec, {})
+                    if node in number:  # else never reached
+                        pre.setdefault(number[node], []).append(hooked)
+        log: list[tuple[str, int, Any]] = []
+        reached: dict[int, None] = {}
+        for node in engine_order(g.seq, g.edges, g.deps):
+            for unit in pre.get(node, ()):
+                log.append(("pre_backward", unit, False))
+            if record_order and node in trace._module_hooks:
+                reached.update(dict.fromkeys(trace._module_hooks[node]))
+            if node in acc_hooks:
+                log.append(("post_backward", acc_hooks[node], False))
+        log.append(("final_callback", 0, False))
         if record_order:
-            reached = dict.fromkeys(trace.module_names[i] for kind, i, _ in log if kind == "module")
-            self.backward_order = list(reached)
-        return [entry for entry in log if entry[0] != "module"]
+            self.backward_order = [trace.module_names[i] for i in reached]
+        return log
 
     def _route(
         self,
         unit: PlannedUnit,
         index: int,
-        made: list[tuple[float, tuple[Any, ...]]],
-        seq: dict[Any, float],
-        edges: dict[Any, list[Any]],
+        made: list[tuple[float, int]],
+        g: _Edit,
     ) -> bool:
         """Send every use of the unit's parameters through the view current at that use."""
         positions = [at for at, _ in made]
@@ -346,17 +368,36 @@ class _Schedule:
         registrations = list(view_of.items())
         registrations += [(fqn, view_of[prim]) for _, _, fqn, prim in unit.shared_infos]
         step = _STEP / (len(view_of) + 2)  # the views follow their split node
+        views: dict[tuple[int, int], int] = {}
+        users = self.trace._users
         for fqn, j in registrations:
-            for node, slot in self.trace._users.get(fqn, ()):
-                k = bisect.bisect_left(positions, seq[node]) - 1
+            for node, slot, acc in users.get(fqn, ()):
+                k = bisect.bisect_left(positions, g.seq[node]) - 1
                 if k < 0:
                     return False  # used before the unit's first forward: not modelled here
                 at, split = made[k]
-                view = ("view", index, at, j)
-                if view not in seq:
-                    seq[view] = at + (j + 1) * step
-                    edges[view] = [split]
-                nexts = list(edges[node])
+                view = views.get((k, j))
+                if view is None:
+                    view = views[(k, j)] = g.add(at + (j + 1) * step, [split])
+                    g.deps[split] += 1
+                nexts = list(g.edges[node])
                 nexts[slot] = view
-                edges[node] = nexts
+                g.edges[node] = nexts
+                g.deps[acc] -= 1
+                g.deps[view] += 1
         return True
+
+
+@dataclass
+class _Edit:
+    """A copy of a stored graph's numbered nodes being edited for one plan."""
+
+    seq: list[float]
+    edges: list[list[int]]
+    deps: list[int]
+
+    def add(self, seq: float, nexts: list[int]) -> int:
+        self.seq.append(seq)
+        self.edges.append(nexts)
+        self.deps.append(0)
+        return len(self.seq) - 1

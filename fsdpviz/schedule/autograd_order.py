@@ -95,6 +95,50 @@ def capture(loss: torch.Tensor) -> Graph:
     return Graph(seq, edges, root)
 
 
+@dataclass
+class NumberedGraph:
+    """A captured graph with its nodes numbered (the root is 0), for plans that edit a
+    copy of it many times (fsdpviz.replan's stored traces): ``deps`` counts each node's
+    incoming edges; every node is reachable from the root."""
+
+    nodes: list[Any]
+    number: dict[Any, int]
+    seq: list[float]
+    edges: list[list[int]]
+    deps: list[int]
+
+    @classmethod
+    def of(cls, graph: Graph) -> NumberedGraph:
+        nodes = [graph.root, *(n for n in graph.edges if n is not graph.root)]
+        number = {n: i for i, n in enumerate(nodes)}
+        edges = [[number[n] for n in graph.edges[node]] for node in nodes]
+        deps = [0] * len(nodes)
+        for nexts in edges:
+            for n in nexts:
+                deps[n] += 1
+        return cls(nodes, number, [graph.seq[n] for n in nodes], edges, deps)
+
+
+def engine_order(seq: list[float], edges: list[list[int]], deps: list[int]) -> list[int]:
+    """The order the engine's CPU ready queue runs the nodes reachable from node 0 in:
+    a node is ready once every edge into it from a node that ran has been taken (``deps``
+    counts the edges into each node from the reachable part, and is used up), the ready
+    node with the highest sequence number runs first, ties in the order they got ready."""
+    out: list[int] = []
+    heap = [(-seq[0], 0, 0)]
+    counter = 0
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        node = pop(heap)[2]
+        out.append(node)
+        for n in edges[node]:
+            deps[n] -= 1
+            if deps[n] == 0:
+                counter += 1
+                push(heap, (-seq[n], counter, n))
+    return out
+
+
 def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> HookLog:
     """FSDP1's backward hook calls in the order the autograd engine would make them."""
     deps: dict[Any, int] = dict.fromkeys(graph.edges, 0)
