@@ -147,11 +147,11 @@ class StoredTrace:
         param_of = {
             graph.number[node]: fqn for fqn, node in self._acc.items() if node in graph.number
         }
-        for node, nexts in enumerate(graph.edges):
-            for slot, n in enumerate(nexts):
-                fqn = param_of.get(n)
+        for user, nexts in enumerate(graph.edges):
+            for slot, acc in enumerate(nexts):
+                fqn = param_of.get(acc)
                 if fqn is not None:
-                    self._users.setdefault(fqn, []).append((node, slot, n))
+                    self._users.setdefault(fqn, []).append((user, slot, acc))
         for call in self.calls:
             for node in call.leaves if call.grad and not call.pre else ():
                 if node in graph.number:  # else its gradient is never made
@@ -344,8 +344,8 @@ class _Schedule:
         log: list[tuple[str, int, Any]] = []
         reached: dict[int, None] = {}
         for node in engine_order(g.seq, g.edges, g.deps):
-            for unit in pre.get(node, ()):
-                log.append(("pre_backward", unit, False))
+            for hooked in pre.get(node, ()):
+                log.append(("pre_backward", hooked, False))
             if record_order and node in trace._module_hooks:
                 reached.update(dict.fromkeys(trace._module_hooks[node]))
             if node in acc_hooks:
