@@ -159,24 +159,53 @@ class WrapMemo:
     names: dict[nn.Module, str] = field(default_factory=dict)
     order: list[nn.Module] = field(default_factory=list)  # named_modules() order
     targets: dict[Any, tuple[list[nn.Module], list[str]]] = field(default_factory=dict)
+    # a module -> named_modules(remove_duplicate=False) of it
+    subtrees: dict[nn.Module, list[tuple[str, nn.Module]]] = field(default_factory=dict)
+    # (policy key, use_orig_params) -> what each unit takes, in the order they are built
+    claims: dict[Any, list[_Claim]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, root: nn.Module) -> WrapMemo:
         named = list(root.named_modules())
         return cls(names={m: n for n, m in named}, order=[m for _, m in named])
 
+    def subtree(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        found = self.subtrees.get(module)
+        if found is None:
+            found = self.subtrees[module] = list(module.named_modules(remove_duplicate=False))
+        return found
+
+
+def _parameters(subtree: list[tuple[str, nn.Module]], skip: set[int]) -> list[nn.Parameter]:
+    """``module.parameters()`` of the module whose subtree this is, as registered now,
+    less the parameters whose ``id`` is in ``skip``."""
+    seen: set[int] = set()
+    out: list[nn.Parameter] = []
+    for _, m in subtree:
+        if id(m) in seen:
+            continue  # named_modules() would not enter a module twice
+        seen.add(id(m))
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                if id(p) not in skip:
+                    out.append(p)
+    return out
+
 
 def policy_key(policy: Any) -> Any:
     """A hashable stand-in for an auto-wrap policy whose targets are FSDP's root arguments
     with nothing per module (``ModuleWrapPolicy``, ``transformer_auto_wrap_policy`` and
-    ``size_based_auto_wrap_policy`` with their usual arguments), else ``None``: two policies
-    with one key wrap the same modules of one model."""
+    ``size_based_auto_wrap_policy`` with their usual arguments, or none), else ``None``: two
+    policies with one key wrap the same modules of one model."""
     from torch.distributed.fsdp.wrap import (
         ModuleWrapPolicy,
         size_based_auto_wrap_policy,
         transformer_auto_wrap_policy,
     )
 
+    if policy is None:
+        return ("root only",)
     if type(policy) is ModuleWrapPolicy:
         return ("classes", frozenset(policy._module_classes))
     if type(policy) is not functools.partial or policy.args:
@@ -260,17 +289,31 @@ def _named_params_with_duplicates(module: nn.Module) -> list[tuple[str, nn.Param
     return [(n, p) for n, p in module._parameters.items() if p is not None]
 
 
-def _build_unit(
+@dataclass
+class _Claim:
+    """What one unit takes of the model: the same for every plan with one wrap policy
+    (and ``use_orig_params``), whatever the sharding, world size or prefetch."""
+
+    param_infos: list[tuple[nn.Module, str, str]] = field(default_factory=list)
+    params: list[nn.Parameter] = field(default_factory=list)
+    shared_infos: list[tuple[nn.Module, str, str, str]] = field(default_factory=list)
+    shapes: list[torch.Size] = field(default_factory=list)
+    requires_grad: bool = False
+    mixed_grads: bool = False  # frozen and trainable parameters
+    dtype: torch.dtype | None = None
+
+
+def _claim(
     fqn: str,
     module: nn.Module,
-    config: UnitConfig,
     claimable: list[nn.Parameter],
     opts: FSDP1Options,
-) -> PlannedUnit:
-    unit = PlannedUnit(fqn=fqn, module=module, config=config)
+    subtree: list[tuple[str, nn.Module]],
+) -> _Claim:
+    claim = _Claim()
     if not claimable:
-        return unit
-    params_set = set(claimable)
+        return claim
+    params_set = {id(p) for p in claimable}
     scalar = next((p for p in claimable if p.dim() == 0), None)
     if scalar is not None:
         # _init_utils._verify_managed_params, before the FlatParameter is built
@@ -297,30 +340,49 @@ def _build_unit(
             "`use_orig_params=False` (FSDP raises this). Wrap the frozen parameters as their own "
             "unit, or pass use_orig_params=True."
         )
-    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
-    memo: dict[nn.Parameter, str] = {}
-    for sub_name, sub in module.named_modules(remove_duplicate=False):
+    memo: dict[int, str] = {}
+    for sub_name, sub in subtree:
         for name, p in _named_params_with_duplicates(sub):
-            if p not in params_set:
+            if id(p) not in params_set:
                 continue
             full = _join(fqn, _join(sub_name, name))
-            if p in memo:
-                unit.shared_infos.append((sub, name, full, memo[p]))
+            if id(p) in memo:
+                claim.shared_infos.append((sub, name, full, memo[id(p)]))
                 continue
-            memo[p] = full
-            unit.param_infos.append((sub, name, full))
-            unit.params.append(p)
-            unit.shapes.append(p.shape)
+            memo[id(p)] = full
+            claim.param_infos.append((sub, name, full))
+            claim.params.append(p)
+            claim.shapes.append(p.shape)
+    claim.requires_grad, claim.mixed_grads, claim.dtype = any(grads), len(grads) > 1, dtype
+    return claim
+
+
+def _build_unit(
+    fqn: str, module: nn.Module, config: UnitConfig, claim: _Claim, opts: FSDP1Options
+) -> PlannedUnit:
+    unit = PlannedUnit(
+        fqn=fqn,
+        module=module,
+        config=config,
+        param_infos=list(claim.param_infos),
+        params=list(claim.params),
+        shared_infos=list(claim.shared_infos),
+        shapes=list(claim.shapes),
+    )
+    dtype = claim.dtype
+    if dtype is None:
+        return unit
+    itemsize = dtype.itemsize
     # FlatParamHandle aligns to the forward/backward dtype (mixed precision's).
     fwd_dtype = (config.mixed_precision.param_dtype if config.mixed_precision else None) or dtype
     layout = flat_param_layout(
         [p.numel() for p in unit.params],
-        torch.empty((), dtype=fwd_dtype, device="meta").element_size(),
+        fwd_dtype.itemsize,
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size if unit.uses_sharded_strategy else 1,
     )
     unit.split_numels, unit.is_padding = layout.split_numels, layout.is_padding
-    unit.requires_grad = any(grads)
+    unit.requires_grad = claim.requires_grad
     unit.dtype = dtype
     mp = config.mixed_precision
     compute = (mp.param_dtype if mp else None) or dtype
@@ -337,7 +399,7 @@ def _build_unit(
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
-        requires_grad=None if len(grads) > 1 else unit.requires_grad,
+        requires_grad=None if claim.mixed_grads else unit.requires_grad,
         sharding_strategy=config.sharding_strategy.name,
         itemsize=itemsize,
     )
@@ -390,9 +452,9 @@ def _plan(
 ) -> Plan:
     fsdp_warnings: list[FsdpWarning] = list(opts.warnings)
     targets: list[tuple[nn.Module, dict[str, Any]]] = []
+    key = policy_key(opts.auto_wrap_policy)  # None for a policy it cannot name
+    key = None if key is None else (key, opts.use_orig_params)
     if opts.auto_wrap_policy is not None:
-        key = policy_key(opts.auto_wrap_policy)
-        key = None if key is None else (key, opts.use_orig_params)
         if key in memo.targets:  # the same modules; their arguments are the root's
             modules, messages = memo.targets[key]
             targets = [(m, {}) for m in modules]
@@ -407,26 +469,33 @@ def _plan(
             fsdp_warnings.append(FsdpWarning(code=code, message=msg))
     fsdp_warnings.extend(missing_class_warnings(root, opts.auto_wrap_policy))
     names = memo.names
-    flattened: set[nn.Parameter] = set()
+    skip = {id(p) for p in ignored_params}  # and, once flattened, a unit's parameters
     by_module: dict[nn.Module, PlannedUnit] = {}
-    for module, kwargs in [*targets, (root, {})]:
+    claims = memo.claims.get(key) if key is not None else None
+    made: list[_Claim] = []
+    for k, (module, kwargs) in enumerate([*targets, (root, {})]):
         fqn = names.get(module, "")
-        claimable = [
-            p for p in module.parameters() if p not in ignored_params and p not in flattened
-        ]
-        config = _unit_config(kwargs, opts, fsdp_warnings)
-        unit = _build_unit(fqn, module, config, claimable, opts)
-        by_module[module] = unit
-        if opts.use_orig_params:
-            # The originals stay registered but are marked flattened.
-            flattened.update(claimable)
+        if claims is not None:
+            claim = claims[k]
         else:
+            subtree = memo.subtree(module)
+            claimable = _parameters(subtree, skip)
+            claim = _claim(fqn, module, claimable, opts, subtree)
+            if opts.use_orig_params:  # the originals stay registered but are marked flattened
+                skip.update(id(p) for p in claimable)
+        made.append(claim)
+        config = _unit_config(kwargs, opts, fsdp_warnings)
+        unit = _build_unit(fqn, module, config, claim, opts)
+        by_module[module] = unit
+        if not opts.use_orig_params:
             # FSDP1 replaces the originals by views of its FlatParameter, so an
             # enclosing unit no longer sees them unless another module shares them.
             for sub, name, _ in unit.param_infos:
                 del sub._parameters[name]
             for sub, name, _, _ in unit.shared_infos:
                 del sub._parameters[name]
+    if key is not None:
+        memo.claims[key] = made
     ordered = [by_module[m] for m in memo.order if m in by_module]
     unique = list({(w.code, w.message): w for w in fsdp_warnings}.values())
     return Plan(units=ordered, warnings=unique, ignored_params=ignored_params)

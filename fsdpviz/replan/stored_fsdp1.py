@@ -85,11 +85,14 @@ class StoredTrace:
         self._users: dict[str, list[tuple[int, int, int]]] = {}
         # a node -> the modules whose output gradient it makes (the module backward order)
         self._module_hooks: dict[int, list[int]] = {}
+        # per module output made with grad: the module, the nodes of its outputs (numbered)
+        self._outputs: list[tuple[str, list[int]]] = []
         self.order: list[str] = []
         self.records: dict[str, ModuleCalls] = {}
         self.module_names: list[str] = []
         self.module_ids: dict[str, int] = {}
         self._memo = WrapMemo.of(self.copy)  # what every plan of the copy shares
+        self._named = list(self.copy.named_modules())
         if any(not p.requires_grad for p in self.copy.parameters()):
             self.reason = "the model has frozen parameters"
             return
@@ -153,8 +156,12 @@ class StoredTrace:
                 if fqn is not None:
                     self._users.setdefault(fqn, []).append((user, slot, acc))
         for call in self.calls:
-            for node in call.leaves if call.grad and not call.pre else ():
-                if node in graph.number:  # else its gradient is never made
+            if call.pre or not call.grad:
+                continue
+            reached = [graph.number[n] for n in call.outputs if n in graph.number]
+            self._outputs.append((call.module, reached))  # others' gradients are never made
+            for node in call.leaves:
+                if node in graph.number:
                     hooks = self._module_hooks.setdefault(graph.number[node], [])
                     hooks.append(self.module_ids[call.module])
 
@@ -202,13 +209,15 @@ class StoredTrace:
             or opts.job.grad_accum > 1  # micro-steps: analyze (or replay) plans them
         ):
             return None
-        saved = {m: dict(m._parameters) for m in self._memo.order}
+        saved = [(m._parameters, dict(m._parameters)) for m in self._memo.order]
         try:
             plan = plan_fsdp1(self.copy, opts, None, None, self._memo)
             return self._report(plan, opts)
-        finally:
-            for m, params in saved.items():
-                m._parameters = params
+        finally:  # planning takes the flattened parameters off their modules
+            for params, was in saved:
+                if len(params) != len(was) or any(params.get(k) is not p for k, p in was.items()):
+                    params.clear()
+                    params.update(was)
 
     def _report(self, plan: Plan, opts: FSDP1Options) -> Report | None:
         if any(u.has_params and not u.requires_grad for u in plan.units):
@@ -227,7 +236,11 @@ class StoredTrace:
             iterations=iterations,
             warnings=plan.warnings + runtime_warnings(plan, runtime, iterations),
             modules=module_infos(
-                self.copy, where, {u.fqn: u.fqn for u in plan.units}, self.records
+                self.copy,
+                where,
+                {u.fqn: u.fqn for u in plan.units},
+                self.records,
+                self._named,
             ),
             module_order=self.order,
             module_backward_order=schedule.backward_order,
@@ -333,14 +346,12 @@ class _Schedule:
             for _, split in splits:
                 if g.deps[split]:
                     g.deps[g.edges[split][0]] += 1
-        pre: dict[int, list[int]] = {}
-        number = graph.number
-        for call in trace.calls:
-            hooked = None if call.pre or not call.grad else self.index.get(call.module)
+        pre: dict[int, list[int]] = {}  # a node -> the units whose pre-backward it runs
+        for module, outputs in trace._outputs:
+            hooked = self.index.get(module)
             if hooked is not None:
-                for node in call.outputs:
-                    if node in number:  # else never reached
-                        pre.setdefault(number[node], []).append(hooked)
+                for node in outputs:
+                    pre.setdefault(node, []).append(hooked)
         log: list[tuple[str, int, Any]] = []
         reached: dict[int, None] = {}
         for node in engine_order(g.seq, g.edges, g.deps):

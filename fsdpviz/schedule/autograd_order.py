@@ -128,14 +128,27 @@ def engine_order(seq: list[float], edges: list[list[int]], deps: list[int]) -> l
     heap = [(-seq[0], 0, 0)]
     counter = 0
     pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        node = pop(heap)[2]
+    node = -1  # the node that runs next without going through the heap, if any
+    while heap or node >= 0:
+        if node < 0:
+            node = pop(heap)[2]
         out.append(node)
+        ready = -1
         for n in edges[node]:
             deps[n] -= 1
             if deps[n] == 0:
+                if ready >= 0:
+                    counter += 1
+                    push(heap, (-seq[ready], counter, ready))
+                ready = n
+        # one node got ready: it runs next when it is ahead of every queued node
+        if ready >= 0 and (not heap or -seq[ready] < heap[0][0]):
+            node = ready
+        else:
+            if ready >= 0:
                 counter += 1
-                push(heap, (-seq[n], counter, n))
+                push(heap, (-seq[ready], counter, ready))
+            node = -1
     return out
 
 

@@ -27,8 +27,10 @@ def module_infos(
     placements: list[ParamPlacement],
     unit_of_module: dict[str, str],
     records: dict[str, ModuleCalls],
+    named: list[tuple[str, nn.Module]] | None = None,
 ) -> list[ModuleInfo]:
-    """One ``ModuleInfo`` per module of ``model`` (fsdpviz's copy, before planning)."""
+    """One ``ModuleInfo`` per module of ``model`` (fsdpviz's copy, before planning);
+    ``named``: ``list(model.named_modules())`` when the caller keeps it."""
     direct: dict[str, dict[str, list[int]]] = {}
     managed_by: dict[str, str] = {}
     itemsize: dict[str, int] = {}
@@ -38,7 +40,7 @@ def module_infos(
         managed_by.setdefault(owner, p.unit)
         itemsize[p.unit] = p.itemsize
     infos: list[ModuleInfo] = []
-    for fqn, module in model.named_modules():
+    for fqn, module in model.named_modules() if named is None else named:
         params = direct.get(fqn, {})
         numel = sum(math.prod(s) for s in params.values())
         unit = managed_by.get(fqn, unit_of_module.get(fqn))
