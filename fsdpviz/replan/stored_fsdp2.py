@@ -44,7 +44,13 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.schedule.autograd_order import Graph, GraphRecorder, capture, reachable, simulate
+from fsdpviz.schedule.autograd_order import (
+    Graph,
+    NumberedGraph,
+    capture,
+    drop_unreached,
+    engine_order,
+)
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
@@ -100,8 +106,9 @@ class StoredTrace:
         self.calls: list[_Call] = []
         self.nodes: dict[Any, _Node] = {}
         self.module_names: list[str] = []
-        self._graph: Graph | None = None
-        self._into: list[tuple[Any, int, Any, int]] = []  # consumer, slot, pass-through, nr
+        self._graph: NumberedGraph | None = None
+        # numbered consumer, edge slot, the pass-through node it takes, output number
+        self._into: list[tuple[int, int, Any, int]] = []
         self._grads: dict[Any, nn.Parameter] = {}  # AccumulateGrad node -> parameter
         if fsdp2_states(model):
             self.reason = "the model already has fully_shard applied"
@@ -136,6 +143,7 @@ class StoredTrace:
             )
             handles.append(module.register_forward_hook(functools.partial(self._post, name)))
         graphs: list[Graph] = []
+        into: list[tuple[Any, int, Any, int]] = []
 
         def on_loss(loss: torch.Tensor) -> None:
             graph = capture(loss)
@@ -144,13 +152,14 @@ class StoredTrace:
                 slots = [(n, nr) for n, nr in node.next_functions if n is not None]
                 for slot, (n, nr) in enumerate(slots):
                     if n in self.nodes:
-                        self._into.append((node, slot, n, nr))
+                        into.append((node, slot, n, nr))
             self._backward = True
 
         run_stored_step(self.copy, inputs, loss, tracker, handles, on_loss)
         self.tracker = tracker
-        self._graph = graphs[0]
-        self._grads = {node: p for node, p in acc.items() if node in self._graph.edges}
+        graph = self._graph = NumberedGraph.of(graphs[0])
+        self._into = [(graph.number[c], slot, n, nr) for c, slot, n, nr in into]
+        self._grads = {node: p for node, p in acc.items() if node in graph.number}
 
     # ------------------------------------------------------------- recording
     def _pre(
@@ -271,25 +280,39 @@ class _Schedule:
                     self._hooks.append((self._resolve(node, nr), "module", module_ids[call.module]))
 
     def _backward(self, groups: list[Group]) -> None:
+        """The stored graph with each dropped pass-through's uses sent to where its input
+        came from, scheduled as the engine does (edge counts move with the edges, so the
+        dropped nodes, no longer reached, never count)."""
         graph = self.trace._graph
         assert graph is not None
-        edges = graph.edges
-        changed: dict[Any, list[Any]] = {}
+        number = graph.number
+        edges, deps = list(graph.edges), list(graph.deps)
+        moved: list[int] = []
         for consumer, slot, node, nr in self.trace._into:
             target = self._resolve(node, nr)
             if target is not node:
-                nexts = changed.get(consumer)
-                if nexts is None:
-                    nexts = changed[consumer] = list(edges[consumer])
-                nexts[slot] = target
-        if changed:
-            edges = {**edges, **changed}
+                nexts = edges[consumer] = list(edges[consumer])
+                moved.append(nexts[slot])
+                deps[nexts[slot]] -= 1
+                nexts[slot] = number[target]
+                deps[nexts[slot]] += 1
+        drop_unreached(edges, deps, moved)
+        pre: dict[int, list[tuple[str, int]]] = {}
+        for node, kind, payload in self._hooks:
+            if node in number:  # else its gradient is never made
+                pre.setdefault(number[node], []).append((kind, payload))
+        post = {number[node]: j for node, j in self.kept.items() if node in number}
         group_of = {p: i for i, g in enumerate(groups) for p in g.params}
-        rec = GraphRecorder(tensor_hooks=self._hooks, acc_hooks=dict(self.kept))
-        for node, p in self.trace._grads.items():
-            if p in group_of:
-                rec.ran[node] = group_of[p]
-        log = simulate(Graph(graph.seq, reachable(graph.root, edges), graph.root), rec, {})
+        ran = {number[n]: group_of[p] for n, p in self.trace._grads.items() if p in group_of}
+        log: list[tuple[str, int, Any]] = []
+        for node in engine_order(graph.seq, edges, deps):
+            for kind, payload in pre.get(node, ()):
+                log.append((kind, payload, False))
+            if node in post:
+                log.append(("post_backward", post[node], False))
+            if node in ran:
+                log.append(("ran", ran[node], False))
+        log.append(("final_callback", 0, False))
         rt = self.runtime
         pending: set[int] = set()  # groups with a gradient since their last post-backward
         queued = False  # the root's final callback is queued by the first pre-backward

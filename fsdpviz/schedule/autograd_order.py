@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +151,20 @@ def engine_order(seq: list[float], edges: list[list[int]], deps: list[int]) -> l
                 push(heap, (-seq[ready], counter, ready))
             node = -1
     return out
+
+
+def drop_unreached(edges: list[list[int]], deps: list[int], candidates: Iterable[int]) -> None:
+    """Take out of ``deps`` the edges of the nodes no edge reaches any more, starting from
+    ``candidates`` (nodes whose incoming edges were moved away), and of the nodes only they
+    reached. The graph is acyclic, so a node is reached from node 0 exactly when it keeps
+    an incoming edge once the unreached ones are taken away."""
+    stack = [n for n in dict.fromkeys(candidates) if n != 0 and deps[n] == 0]
+    while stack:
+        node = stack.pop()
+        for n in edges[node]:
+            deps[n] -= 1
+            if deps[n] == 0:
+                stack.append(n)
 
 
 def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> HookLog:
