@@ -265,10 +265,67 @@ class Group:
         return self.fqns == ("",)
 
 
-def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
+@dataclass
+class _Claim:
+    """One ``fully_shard`` call and the parameters it takes: the same for every plan with
+    one ``fully_shard`` spec, whatever the world size or resharding."""
+
+    name: str
+    modules: tuple[nn.Module, ...]
+    fqns: tuple[str, ...]
+    params: list[nn.Parameter]
+
+
+@dataclass
+class GroupMemo:
+    """What :func:`build_groups` works out from the model alone, kept across the plans of
+    one model copy whose structure does not change (fsdpviz.replan's stored traces): the
+    modules by name and position, each parameter's first name and its other names, and
+    the calls and parameters of each ``fully_shard`` spec :func:`_spec_key` can name."""
+
+    modules: dict[str, nn.Module]
+    names: dict[nn.Module, str]
+    position: dict[str, int]
+    post: dict[str, int]  # a module's place in post-order
+    first_fqn: dict[nn.Parameter, str]
+    aliases: dict[nn.Parameter, dict[str, str]]
+    claims: dict[Any, list[_Claim]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> GroupMemo:
+        modules = dict(model.named_modules())
+        first_fqn: dict[nn.Parameter, str] = {}
+        for n, p in model.named_parameters():
+            first_fqn.setdefault(p, n)
+        aliases: dict[nn.Parameter, dict[str, str]] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            if n != first_fqn[p]:
+                aliases.setdefault(p, {})[n] = first_fqn[p]
+        return cls(
+            modules=modules,
+            names={m: n for n, m in modules.items()},
+            position={n: i for i, n in enumerate(modules)},
+            post={n: i for i, n in enumerate(_post_order(model))},
+            first_fqn=first_fqn,
+            aliases=aliases,
+        )
+
+
+def _spec_key(spec: Any, ignored: set[nn.Parameter]) -> Any:
+    """A hashable stand-in for ``fully_shard=`` made of classes and FQNs (with the ignored
+    parameters), else ``None``."""
+    items = [] if spec is None else [spec] if isinstance(spec, (str, type)) else spec
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, (str, type)) for i in items):
+        return None
+    return (tuple(items), frozenset(id(p) for p in ignored))
+
+
+def resolve_targets(
+    model: nn.Module, spec: Any, memo: GroupMemo | None = None
+) -> list[tuple[str, ...]]:
     """The ``fully_shard`` calls, as tuples of FQNs, bottom-up with the root last."""
-    names = {m: n for n, m in model.named_modules()}
-    modules = dict(model.named_modules())
+    memo = memo or GroupMemo.of(model)
+    names, modules = memo.names, memo.modules
     classes = {type(m).__name__ for m in modules.values()}
     items: Iterable[Any] = [] if spec is None else spec
     if (callable(spec) and not isinstance(spec, type)) or isinstance(spec, (str, type)):
@@ -294,13 +351,13 @@ def resolve_targets(model: nn.Module, spec: Any) -> list[tuple[str, ...]]:
                 )
             calls.append(tuple(_lookup(str(i), modules, model) for i in item))
         elif callable(item):
-            calls.extend((n,) for n, m in model.named_modules() if item(n, m))
+            calls.extend((n,) for n, m in modules.items() if item(n, m))
         else:
             raise ConfigError(
                 f"fully_shard entries must be module classes, FQNs, tuples of FQNs or a "
                 f"callable (name, module) -> bool, got {item!r}"
             )
-    post = {n: i for i, n in enumerate(_post_order(model))}
+    post = memo.post
     unique = list(dict.fromkeys(c for c in calls if c != ("",)))
     unique.sort(key=lambda c: max(post[n] for n in c))
     return [*unique, ("",)]
@@ -341,22 +398,52 @@ def _post_order(model: nn.Module) -> list[str]:
     return out
 
 
-def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter]) -> list[Group]:
-    """Apply the calls in order, claiming parameters as ``fully_shard`` does."""
-    modules = dict(model.named_modules())
-    names = {m: n for n, m in modules.items()}
-    position = {n: i for i, n in enumerate(names.values())}
+def build_groups(
+    model: nn.Module,
+    opts: FSDP2Options,
+    ignored: set[nn.Parameter],
+    memo: GroupMemo | None = None,
+) -> list[Group]:
+    """Apply the calls in order, claiming parameters as ``fully_shard`` does. ``memo`` (made
+    by :meth:`GroupMemo.of` for this ``model``) keeps what does not depend on ``opts``
+    beyond ``fully_shard=`` for the next plan of the same model."""
+    memo = memo or GroupMemo.of(model)
+    key = _spec_key(opts.targets, ignored)
+    claims = memo.claims.get(key) if key is not None else None
+    if claims is None:
+        claims = _claims(model, opts.targets, ignored, memo)
+        if key is not None:
+            memo.claims[key] = claims
+    groups: list[Group] = []
+    for claim in claims:
+        group = Group(
+            name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
+        )
+        group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
+            opts.reshard_after_forward, group.name, group.fqns
+        )
+        groups.append(group)
+    finalize_groups(model, groups, opts, memo)
+    position = memo.position
+    return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
+
+
+def _claims(
+    model: nn.Module, spec: Any, ignored: set[nn.Parameter], memo: GroupMemo
+) -> list[_Claim]:
+    """The calls of ``fully_shard=`` in order, each with the parameters it claims."""
+    modules, names, position = memo.modules, memo.names, memo.position
     sharded: set[nn.Module] = set()
     claimed: dict[nn.Parameter, str] = {}
-    groups: list[Group] = []
-    for call in resolve_targets(model, opts.targets):
+    out: list[_Claim] = []
+    for call in resolve_targets(model, spec, memo):
         members = tuple(modules[n] for n in call)
         ordered = sorted(set(call), key=position.__getitem__)
-        group = Group(name=", ".join(ordered), modules=members, fqns=call)
+        claim = _Claim(name=", ".join(ordered), modules=members, fqns=call, params=[])
         seen: set[nn.Parameter] = set()
         for module in _managed_modules(members, sharded):
-            for pname, p in module.named_parameters(recurse=False):
-                if p in ignored or p in seen:
+            for pname, p in module._parameters.items():  # named_parameters(recurse=False)
+                if p is None or p in ignored or p in seen:
                     continue
                 seen.add(p)
                 if p.dim() == 0:
@@ -371,27 +458,20 @@ def build_groups(model: nn.Module, opts: FSDP2Options, ignored: set[nn.Parameter
                         "parameters, use fully_shard([module_a, module_b]) to place them in the "
                         "same FSDP group (FSDP2 raises this at the first forward)."
                     )
-                group.params.append(p)
-        for p in group.params:
-            claimed[p] = group.name
+                claim.params.append(p)
+        for p in claim.params:
+            claimed[p] = claim.name
         sharded.update(members)
-        group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
-            opts.reshard_after_forward, group.name, group.fqns
-        )
-        groups.append(group)
-    finalize_groups(model, groups, opts)
-    return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
+        out.append(claim)
+    return out
 
 
-def finalize_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:
+def finalize_groups(
+    model: nn.Module, groups: list[Group], opts: FSDP2Options, memo: GroupMemo | None = None
+) -> None:
     """Name each group's parameters by their first FQN and compute its sizes."""
-    first_fqn: dict[nn.Parameter, str] = {}
-    for n, p in model.named_parameters():
-        first_fqn.setdefault(p, n)
-    aliases: dict[nn.Parameter, dict[str, str]] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        if n != first_fqn[p]:
-            aliases.setdefault(p, {})[n] = first_fqn[p]
+    memo = memo or GroupMemo.of(model)
+    first_fqn, aliases = memo.first_fqn, memo.aliases
     placements = opts.tp.placements(model) if opts.tp is not None else {}
     partial = opts.tp.partial_grads(model) if opts.tp is not None else set()
     compute = opts.mp_policy.param_dtype

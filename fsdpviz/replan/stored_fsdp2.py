@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.plan.fsdp2 import (
     Group,
+    GroupMemo,
     build_groups,
     check_reshard_ints,
     parse_fsdp2_options,
@@ -114,6 +115,7 @@ class StoredTrace:
             self.reason = "the model already has fully_shard applied"
             return
         self.copy, self._mapping = model_copy(model, "meta")
+        self._memo = GroupMemo.of(self.copy)  # what every plan of the copy shares
         self._backward = False
         try:
             self._trace(inputs, loss)
@@ -210,7 +212,7 @@ class StoredTrace:
         if opts.activation_checkpointing or opts.job.grad_accum > 1:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
-        groups = build_groups(self.copy, opts, ignored)
+        groups = build_groups(self.copy, opts, ignored, self._memo)
         check_reshard_ints(groups, opts.shard_ranks)
         runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
         runtime.set_prefetch(
@@ -226,6 +228,7 @@ class StoredTrace:
             self.tracker,
             schedule.backward_order,
             list(schedule.view_outputs),
+            named=list(self._memo.modules.items()),
         )
 
 

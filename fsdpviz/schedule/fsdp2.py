@@ -118,8 +118,10 @@ def fsdp2_report(
     backward_order: list[str],
     view_outputs: list[str],
     probe: CostProbe | None = None,
+    named: list[tuple[str, nn.Module]] | None = None,
 ) -> Report:
-    """The report of one traced iteration (the runtime's events so far) and its replay."""
+    """The report of one traced iteration (the runtime's events so far) and its replay;
+    ``named``: ``list(copy.named_modules())`` when the caller keeps it."""
     iterations: list[list[Event]] = [runtime.take_events()]
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
     # autograd nodes every iteration, so the steady state (and every micro-step of
@@ -140,7 +142,7 @@ def fsdp2_report(
         iterations=iterations,
         warnings=_warnings(groups, order, view_outputs) + tracker.warnings,
         modules=module_infos(
-            copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records
+            copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records, named
         ),
         module_order=list(tracker.order),
         module_backward_order=backward_order,
