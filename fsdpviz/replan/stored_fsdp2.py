@@ -305,8 +305,10 @@ class _Schedule:
             if node in number:  # else its gradient is never made
                 pre.setdefault(number[node], []).append((kind, payload))
         post = {number[node]: j for node, j in self.kept.items() if node in number}
-        group_of = {p: i for i, g in enumerate(groups) for p in g.params}
-        ran = {number[n]: group_of[p] for n, p in self.trace._grads.items() if p in group_of}
+        group_of = {id(p): i for i, g in enumerate(groups) for p in g.params}
+        ran = {
+            number[n]: group_of[id(p)] for n, p in self.trace._grads.items() if id(p) in group_of
+        }
         log: list[tuple[str, int, Any]] = []
         for node in engine_order(graph.seq, edges, deps):
             for kind, payload in pre.get(node, ()):
