@@ -346,23 +346,23 @@ class _Schedule:
             for _, split in splits:
                 if g.deps[split]:
                     g.deps[g.edges[split][0]] += 1
-        pre: dict[int, list[int]] = {}  # a node -> the units whose pre-backward it runs
+        calls: dict[int, list[tuple[str, int, Any]]] = {}  # a node -> the hooks it runs
         for module, outputs in trace._outputs:
             hooked = self.index.get(module)
             if hooked is not None:
                 for node in outputs:
-                    pre.setdefault(node, []).append(hooked)
+                    calls.setdefault(node, []).append(("pre_backward", hooked, False))
+        for node, made in acc_hooks.items():  # after the node runs
+            calls.setdefault(node, []).append(("post_backward", made, False))
+        order = engine_order(g.seq, g.edges, g.deps)
         log: list[tuple[str, int, Any]] = []
-        reached: dict[int, None] = {}
-        for node in engine_order(g.seq, g.edges, g.deps):
-            for hooked in pre.get(node, ()):
-                log.append(("pre_backward", hooked, False))
-            if record_order and node in trace._module_hooks:
-                reached.update(dict.fromkeys(trace._module_hooks[node]))
-            if node in acc_hooks:
-                log.append(("post_backward", acc_hooks[node], False))
+        for node in order:
+            if node in calls:
+                log.extend(calls[node])
         log.append(("final_callback", 0, False))
         if record_order:
+            hooks = trace._module_hooks
+            reached = dict.fromkeys(i for node in order if node in hooks for i in hooks[node])
             self.backward_order = [trace.module_names[i] for i in reached]
         return log
 

@@ -300,23 +300,21 @@ class _Schedule:
                 nexts[slot] = number[target]
                 deps[nexts[slot]] += 1
         drop_unreached(edges, deps, moved)
-        pre: dict[int, list[tuple[str, int]]] = {}
+        calls: dict[int, list[tuple[str, int, Any]]] = {}  # a node -> the hooks it runs
         for node, kind, payload in self._hooks:
             if node in number:  # else its gradient is never made
-                pre.setdefault(number[node], []).append((kind, payload))
-        post = {number[node]: j for node, j in self.kept.items() if node in number}
+                calls.setdefault(number[node], []).append((kind, payload, False))
+        for node, j in self.kept.items():  # after the node runs
+            if node in number:
+                calls.setdefault(number[node], []).append(("post_backward", j, False))
         group_of = {id(p): i for i, g in enumerate(groups) for p in g.params}
-        ran = {
-            number[n]: group_of[id(p)] for n, p in self.trace._grads.items() if id(p) in group_of
-        }
+        for n, p in self.trace._grads.items():
+            if id(p) in group_of:
+                calls.setdefault(number[n], []).append(("ran", group_of[id(p)], False))
         log: list[tuple[str, int, Any]] = []
         for node in engine_order(graph.seq, edges, deps):
-            for kind, payload in pre.get(node, ()):
-                log.append((kind, payload, False))
-            if node in post:
-                log.append(("post_backward", post[node], False))
-            if node in ran:
-                log.append(("ran", ran[node], False))
+            if node in calls:
+                log.extend(calls[node])
         log.append(("final_callback", 0, False))
         rt = self.runtime
         pending: set[int] = set()  # groups with a gradient since their last post-backward
