@@ -123,7 +123,7 @@ def prefetch_parts(
     """The traces and the layout of :func:`prefetch_figure` as plain dicts, not validated
     (for widgets that redraw on every re-plan)."""
     graph = unit_graph(report, iteration)
-    facts = prefetch_analysis(report, iteration)
+    facts = prefetch_analysis(report, iteration, graph)
     pos = facts.positions
     colors = palette_for(report)
     c = theme_colors(theme)
@@ -186,7 +186,7 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
         data["units"][:3]          # ['', 'layers.0', 'layers.1']
     """
     graph = unit_graph(report, iteration)
-    facts = prefetch_analysis(report, iteration)
+    facts = prefetch_analysis(report, iteration, graph)
     pos = facts.positions
     names = sorted(pos, key=pos.__getitem__)
     number = {u.module: i for i, u in enumerate(report.units)}
