@@ -89,16 +89,16 @@ def module_tree(report: Report) -> ModuleTree:
         numel, nbytes = _counted(m, shared)
         unit = _owner(m, numel, units, parent)
         full, held = shares.get(unit, (0, 0)) if unit is not None else (0, 0)
-        node = TreeNode(
-            fqn=m.fqn,
-            name=m.fqn.rsplit(".", 1)[-1] if m.fqn else m.module_class,
-            parent=parent.fqn if parent is not None else None,
-            module_class=m.module_class,
-            unit=unit,
-            numel=numel,
-            bytes=nbytes,
+        node = TreeNode(  # fqn, name, parent, module_class, unit, numel, bytes, rank_bytes
+            m.fqn,
+            m.fqn.rsplit(".", 1)[-1] if m.fqn else m.module_class,
+            parent.fqn if parent is not None else None,
+            m.module_class,
+            unit,
+            numel,
+            nbytes,
             # one rank's share of the padded shard; unmanaged: every rank holds all of it
-            rank_bytes=nbytes * held // full if full else nbytes,
+            nbytes * held // full if full else nbytes,
         )
         nodes.append(node)
         by_fqn[m.fqn] = node
