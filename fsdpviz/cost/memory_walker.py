@@ -308,9 +308,10 @@ class Walker:
         next hook call of another kind.
         """
         if opening:
-            recompute = c.hook == "pre_forward" and self.in_backward
+            if c.hook not in _WAITS or (c.hook == "pre_forward" and self.in_backward):
+                return  # (a recomputation's pre-forward opens no window)
             key = (c.unit, "backward" if c.backward else "forward")
-            if c.hook in _WAITS and key not in self._open and not recompute:
+            if key not in self._open:
                 self._open[key] = (self._total(), len(self._totals))
             return
         if c.hook == "post_forward":

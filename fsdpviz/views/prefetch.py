@@ -231,7 +231,8 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
         arcs["forward_order"].append(
             (a, b, _SIDES["forward_order"], f"forward order: {L(a)} then {L(b)}")
         )
-    for a, b, data in graph.edges(data=True):
+    edges = list(graph.edges(data=True))
+    for a, b, data in edges:
         kind = data["kind"]
         if kind == "forward_prefetch":
             arcs[kind].append(
@@ -244,7 +245,7 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
                 )
             )
     wrong = {(a, b, p) for a, b, _, p in facts.misordered}
-    for a, b, data in graph.edges(data=True):
+    for a, b, data in edges:
         if data["kind"] != "backward_prefetch":
             continue
         kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"
