@@ -138,29 +138,27 @@ class TimelineWidget(FrontEnd):
     def _identity(self, step: int) -> tuple[Any, ...]:
         """What makes an event the same across plans: group, iteration, kind, unit, phase,
         prefetch and how many such events came before it; and a description."""
-        key = self._key(step)
-        nth = sum(1 for i in range(step) if self._key(i) == key)
+        keys = self._keys()
+        key = keys[step]
+        nth = keys[:step].count(key)
         rank_event = self._event_at(step)
         what = rank_event[1].describe() if rank_event is not None else str(step)
         return (*key, nth, what)
 
-    def _key(self, step: int) -> tuple[Any, ...]:
+    def _keys(self) -> list[tuple[Any, ...]]:
+        """The key of every step (of ``_identity``), read from the data once."""
         s = self.data["steps"]
         units = self.data["units"]
-        return (
-            s["group"][step],
-            s["iteration"][step],
-            s["kind"][step],
-            units[s["unit"][step]],
-            s["phase"][step],
-            s["prefetch"][step],
-        )
+        names = [units[u] for u in s["unit"]]
+        columns = (s["group"], s["iteration"], s["kind"], names, s["phase"], s["prefetch"])
+        return list(zip(*columns, strict=True))
 
     def _find(self, identity: tuple[Any, ...]) -> int | None:
         *key, nth, _ = identity
+        wanted = tuple(key)
         seen = 0
-        for i in range(self.n_steps):
-            if list(self._key(i)) == key:
+        for i, k in enumerate(self._keys()):
+            if k == wanted:
                 if seen == nth:
                     return i
                 seen += 1
