@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.views.explorer import explorer_data
 from fsdpviz.views.prefetch import prefetch_data
 from fsdpviz.views.timeline_view import auto_memory, timeline_data
-from fsdpviz.widgets import Dashboard, ExplorerWidget, PrefetchWidget, TimelineWidget
+from fsdpviz.widgets import Dashboard, ExplorerWidget, PrefetchWidget, TimelineWidget, front_end
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA
 
@@ -57,7 +58,9 @@ def test_a_memo_makes_again_for_a_changed_or_another_report(report: Report) -> N
     assert memo.find(report) is not None and memo.find(twin, key="other") is None
 
 
-def test_going_back_to_a_plan_sends_what_it_sent_the_first_time(report: Report) -> None:
+def test_going_back_to_a_plan_sends_what_it_sent_the_first_time(
+    report: Report, monkeypatch: pytest.MonkeyPatch
+) -> None:
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     views = (view.explorer.view, view.prefetch, view.timeline)
     first = [v.data for v in views]
@@ -65,11 +68,24 @@ def test_going_back_to_a_plan_sends_what_it_sent_the_first_time(report: Report) 
     view.explorer.controls.set(world_size=16)
     other = [v.data for v in views]
     assert all(a is not b for a, b in zip(first, other, strict=True))
+    for v in views:
+        sent(v)  # the other plan's data sent
+    encodes: list[Any] = []
+
+    def dumps(value: Any, **kwargs: Any) -> str:
+        encodes.append(value)
+        return json.dumps(value, **kwargs)
+
+    monkeypatch.setattr(front_end, "json", SimpleNamespace(dumps=dumps, loads=json.loads))
     view.explorer.controls.set(world_size=report.config.world_size)  # back, from the cache
     assert view.explorer.report is report
     assert [v.data for v in views] == first
     assert all(a is b for a, b in zip(first, (v.data for v in views), strict=True))
     assert [sent(v) for v in views] == first_bytes
+    # the same bytes, not encoded again (only the explorer's details: none shown, no unit
+    # selected, each unit's following after the answer)
+    assert encodes == [[None] * len(report.units)]
+    monkeypatch.undo()
     # what a view that never saw the other plan would send
     assert first_bytes[1] == encoded(prefetch_data(report, -1))
     lane = auto_memory(report, -1)

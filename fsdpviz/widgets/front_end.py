@@ -41,14 +41,14 @@ def check_built() -> None:
 
 
 def _to_buffer(value: Any, widget: Any) -> memoryview:
-    kept: OrderedDict[int, tuple[Any, memoryview | None]] | None = getattr(widget, "_kept", None)
+    kept: OrderedDict[int, tuple[Any, bytes | None]] | None = getattr(widget, "_kept", None)
     entry = kept.get(id(value)) if kept is not None else None
     if entry is not None and entry[0] is value and entry[1] is not None:
-        return entry[1]
-    buffer = memoryview(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+        return memoryview(entry[1])  # kept by the view (see FrontEnd._keep_encoded)
+    encoded = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     if kept is not None and entry is not None and entry[0] is value:
-        kept[id(value)] = (value, buffer)
-    return buffer
+        kept[id(value)] = (value, encoded)
+    return memoryview(encoded)
 
 
 def _from_buffer(value: Any, widget: Any) -> Any:
@@ -83,7 +83,7 @@ class FrontEnd(anywidget.AnyWidget):
         once, the first time they are sent; the last ``2 * SIZE`` are kept: going back to
         a plan sends the same bytes without encoding them again."""
         if not hasattr(self, "_kept"):  # (a subclass may make its data before __init__)
-            self._kept: OrderedDict[int, tuple[Any, memoryview | None]] = OrderedDict()
+            self._kept: OrderedDict[int, tuple[Any, bytes | None]] = OrderedDict()
         for value in values:
             if id(value) not in self._kept or self._kept[id(value)][0] is not value:
                 self._kept[id(value)] = (value, None)
