@@ -69,13 +69,18 @@ class ReportMemo(Generic[T]):
         identity, e.g. a memory lane) when the report has not changed since; else
         ``make()``, remembered."""
         k = (id(report), (key, id(same)))
-        found = self.find(report, key=key, same=same)
-        if found is not None:
+        entry = self._entries.get(k)
+        state = report_state(report)
+        if entry is not None and entry[0] is report and entry[1] is same and entry[2] == state:
             self._entries.move_to_end(k)
-            return found
+            return entry[3]
+        # ``make`` reads the report (the views are pure functions of it); all it may add is
+        # a cached property it then read (report.memory): the state is taken again then
+        attributes = len(vars(report))
         value = make()
-        # the state after: making it may have computed report.memory, which it then read
-        self._entries[k] = (report, same, report_state(report), value)
+        if len(vars(report)) != attributes:
+            state = report_state(report)
+        self._entries[k] = (report, same, state, value)
         self._entries.move_to_end(k)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
