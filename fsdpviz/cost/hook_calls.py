@@ -101,7 +101,7 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         peak_forward_temp=step.peak_forward_temp[k],
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
-        kernels=tuple(tuple(x) for x in step.kernels[k]) if k < len(step.kernels) else (),
+        kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
     )
 
 

@@ -118,7 +118,12 @@ def memory_model(
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
-_POOLS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
+_ALL_GATHER = CATEGORIES.index("all_gather")  # its stream's pool; reduce_scatter's too
+_REDUCE_SCATTER = CATEGORIES.index("reduce_scatter")
+
+
+def _rest(total: int, gather: int, scatter: int) -> int:
+    return total - gather - scatter
 
 
 def reserved_estimate(moments: list[Moment]) -> dict[str, Any]:
@@ -129,13 +134,14 @@ def reserved_estimate(moments: list[Moment]) -> dict[str, Any]:
         reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
     """
     pools = {"compute": 0, "all_gather": 0, "reduce_scatter": 0}
-    stream_of = [_POOLS.get(c, "compute") for c in CATEGORIES]
-    for m in moments:
-        now = {"compute": 0, "all_gather": 0, "reduce_scatter": 0}
-        for k, b in enumerate(m.bytes):
-            now[stream_of[k]] += b
-        for pool, b in now.items():
-            pools[pool] = max(pools[pool], b)
+    rows = [m.bytes for m in moments]
+    if rows:
+        columns = list(zip(*rows, strict=True))
+        gather, scatter = columns[_ALL_GATHER], columns[_REDUCE_SCATTER]
+        pools["all_gather"] = max(0, *gather)
+        pools["reduce_scatter"] = max(0, *scatter)
+        # the compute stream's pool: everything else
+        pools["compute"] = max(0, *map(_rest, map(sum, rows), gather, scatter))
     rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in pools.items()}
     return {"bytes": sum(rounded.values()), "pools": rounded}
 
@@ -233,16 +239,18 @@ def memory_lane(
         mem = memory if last and memory is not None else None
         mem = mem or memory_model(report, optimizer=optimizer, iteration=i)
         offset = len(lane.total)
-        for m in mem.moments:
-            lane.iteration.append(i)
-            lane.kind.append(m.kind)
-            lane.call.append(m.call)
-            lane.event.append(m.event)
-            lane.before.append(m.before)
-            lane.where.append(m.where)
-            for k, b in zip(CATEGORIES, m.bytes, strict=True):
-                lane.bytes[k].append(b)
-            lane.total.append(sum(m.bytes))
+        moments = mem.moments
+        lane.iteration += [i] * len(moments)
+        lane.kind += [m.kind for m in moments]
+        lane.call += [m.call for m in moments]
+        lane.event += [m.event for m in moments]
+        lane.before += [m.before for m in moments]
+        lane.where += [m.where for m in moments]
+        rows = [m.bytes for m in moments]
+        if rows:
+            for k, column in zip(CATEGORIES, zip(*rows, strict=True), strict=True):
+                lane.bytes[k] += column
+        lane.total += map(sum, rows)
         if last:
             lane.peak = {**mem.peak, "iteration": i, "moment": offset + mem.peak["moment"]}
             lane.notes = list(mem.notes)

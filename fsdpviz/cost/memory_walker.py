@@ -133,17 +133,18 @@ class Walker:
         unit = c.unit
         if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
             self._root = unit
-        own_gather = any(
-            self.tape.events[e].kind == "all_gather" and self.tape.events[e].unit == unit
-            for e in c.events
+        events = self.tape.events
+        waits = c.hook in _WAITS
+        own_gather = waits and any(
+            events[e].kind == "all_gather" and events[e].unit == unit for e in c.events
         )
-        if c.hook in _WAITS and not own_gather:
+        if waits and not own_gather:
             self._wait(unit, c)
         for e in c.events:
+            ev = events[e]
             self._event_index = e
-            self._event(self.tape.events[e], c)
-            ev = self.tape.events[e]
-            if c.hook in _WAITS and ev.kind == "all_gather" and ev.unit == unit:
+            self._event(ev, c)
+            if waits and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
             self._snapshot(e)
             self._event_index = -1
@@ -254,8 +255,10 @@ class Walker:
         return sum(self.cat.values())
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None:
-        total = self._total()
-        self._since = max(self._since, total)
+        values = tuple(self.cat.values())
+        total = sum(values)
+        if total > self._since:
+            self._since = total
         self._totals.append(total)
         if e is not None:
             kind, event = "event", self._event_index
@@ -267,9 +270,7 @@ class Walker:
                 what = (
                     f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
                 )
-        self.moments.append(
-            Moment(kind, self._call, event, len(self.records), what, tuple(self.cat.values()))
-        )
+        self.moments.append(Moment(kind, self._call, event, len(self.records), what, values))
         if total > self._peak:
             self._peak = total
             self._peak_at = {
@@ -307,9 +308,10 @@ class Walker:
         next hook call of another kind.
         """
         if opening:
-            recompute = c.hook == "pre_forward" and self.in_backward
+            if c.hook not in _WAITS or (c.hook == "pre_forward" and self.in_backward):
+                return  # (a recomputation's pre-forward opens no window)
             key = (c.unit, "backward" if c.backward else "forward")
-            if c.hook in _WAITS and key not in self._open and not recompute:
+            if key not in self._open:
                 self._open[key] = (self._total(), len(self._totals))
             return
         if c.hook == "post_forward":

@@ -39,6 +39,7 @@ __all__ = [
     "ExplorerKind",
     "ExplorerSize",
     "explorer_data",
+    "explorer_details",
     "explorer_figure",
     "explorer_parts",
     "highlight_lines",
@@ -247,18 +248,17 @@ def explorer_data(
     warn_codes = _warning_codes(report)
     index = {n.fqn: i for i, n in enumerate(tree.nodes)}
     classes: dict[str, int] = {}
+    nodes = tree.nodes
     modules: dict[str, list[Any]] = {
-        k: [] for k in ("name", "label", "parent", "cls", "unit", "numel", "bytes", "rank_bytes")
+        "name": [node.fqn for node in nodes],
+        "label": [_block_label(node, unit_index) for node in nodes],
+        "parent": [-1 if node.parent is None else index[node.parent] for node in nodes],
+        "cls": [classes.setdefault(node.module_class, len(classes)) for node in nodes],
+        "unit": [-1 if node.unit is None else unit_index.get(node.unit, -1) for node in nodes],
+        "numel": [node.numel_total for node in nodes],
+        "bytes": [node.bytes_total for node in nodes],
+        "rank_bytes": [node.rank_bytes_total for node in nodes],
     }
-    for node in tree.nodes:
-        modules["name"].append(node.fqn)
-        modules["label"].append(_block_label(node, unit_index))
-        modules["parent"].append(-1 if node.parent is None else index[node.parent])
-        modules["cls"].append(classes.setdefault(node.module_class, len(classes)))
-        modules["unit"].append(-1 if node.unit is None else unit_index.get(node.unit, -1))
-        modules["numel"].append(node.numel_total)
-        modules["bytes"].append(node.bytes_total)
-        modules["rank_bytes"].append(node.rank_bytes_total)
     units = []
     for u in report.units:
         units.append(
@@ -277,17 +277,21 @@ def explorer_data(
         "classes": list(classes),
         "units": units,
         "unmanaged_color": UNMANAGED_COLOR,
-        "details": _details(report, tree, details),
+        "details": explorer_details(report, tree, details),
     }
 
 
-def _details(
-    report: Report, tree: ModuleTree, which: bool | Collection[str]
+def explorer_details(
+    report: Report, tree: ModuleTree, which: bool | Collection[str] = True
 ) -> list[dict[str, Any] | None]:
+    """``explorer_data``'s ``details``: the detail panel of each unit in ``which`` (all
+    for ``True``, none for ``False``, else the units named), ``None`` for the others."""
     if which is True:
         return list(unit_details(report, tree))
     wanted = set() if which is False else set(which)
     indices = [i for i, u in enumerate(report.units) if u.module in wanted]
+    if not indices:
+        return [None] * len(report.units)
     some = dict(zip(indices, unit_details(report, tree, indices), strict=True))
     return [some.get(i) for i in range(len(report.units))]
 

@@ -123,7 +123,7 @@ def prefetch_parts(
     """The traces and the layout of :func:`prefetch_figure` as plain dicts, not validated
     (for widgets that redraw on every re-plan)."""
     graph = unit_graph(report, iteration)
-    facts = prefetch_analysis(report, iteration)
+    facts = prefetch_analysis(report, iteration, graph)
     pos = facts.positions
     colors = palette_for(report)
     c = theme_colors(theme)
@@ -186,7 +186,7 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
         data["units"][:3]          # ['', 'layers.0', 'layers.1']
     """
     graph = unit_graph(report, iteration)
-    facts = prefetch_analysis(report, iteration)
+    facts = prefetch_analysis(report, iteration, graph)
     pos = facts.positions
     names = sorted(pos, key=pos.__getitem__)
     number = {u.module: i for i, u in enumerate(report.units)}
@@ -231,7 +231,8 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
         arcs["forward_order"].append(
             (a, b, _SIDES["forward_order"], f"forward order: {L(a)} then {L(b)}")
         )
-    for a, b, data in graph.edges(data=True):
+    edges = list(graph.edges(data=True))
+    for a, b, data in edges:
         kind = data["kind"]
         if kind == "forward_prefetch":
             arcs[kind].append(
@@ -244,7 +245,7 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
                 )
             )
     wrong = {(a, b, p) for a, b, _, p in facts.misordered}
-    for a, b, data in graph.edges(data=True):
+    for a, b, data in edges:
         if data["kind"] != "backward_prefetch":
             continue
         kind = "misordered" if (a, b, data["position"]) in wrong else "backward_prefetch"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import networkx as nx
+
 from fsdpviz.graphs import unit_graph
 from fsdpviz.schema.report import Report
 
@@ -86,9 +88,12 @@ def forward_unit_order(report: Report, iteration: int = -1) -> list[str]:
     return order
 
 
-def prefetch_analysis(report: Report, iteration: int = -1) -> PrefetchAnalysis:
-    """Positions, never-prefetched units and the misordered and missed prefetches."""
-    graph = unit_graph(report, iteration)
+def prefetch_analysis(
+    report: Report, iteration: int = -1, graph: nx.MultiDiGraph | None = None
+) -> PrefetchAnalysis:
+    """Positions, never-prefetched units and the misordered and missed prefetches.
+    ``graph``: ``unit_graph(report, iteration)``, when made already."""
+    graph = unit_graph(report, iteration) if graph is None else graph
     index = graph.graph["iteration"]
     events = report.iterations[index]
     positions: dict[str, int] = {}

@@ -504,7 +504,7 @@ def _build(
         key=lambda r: (r[0], r[1], r[2]),
     )
     step_of = {(gi, i): s for s, (_, gi, i) in enumerate(rows)}
-    steps: dict[str, list[Any]] = {k: [] for k in _STEP_COLUMNS}
+    table: list[tuple[Any, ...]] = []  # a row per step, in _STEP_COLUMNS order
     calls: dict[str, list[Any]] = {k: [] for k in ("group", "hook", "unit", "x", "n")}
     call_of: dict[tuple[int, int], tuple[int, int]] = {}
     for gi, p in enumerate(placed):
@@ -522,13 +522,15 @@ def _build(
             g.units.get(e.hook_unit, -1) if e.hook_unit is not None else -1, it, index,
             call, slot, lane, p.issue[i], p.x0[i], p.x1[i], p.bytes[i], p.exposed[i],
         )  # fmt: skip
-        for k, v in zip(_STEP_COLUMNS, row, strict=True):
-            steps[k].append(v)
+        table.append(row)
+    columns = zip(*table, strict=True) if table else ([] for _ in _STEP_COLUMNS)
+    steps: dict[str, list[Any]] = {k: list(c) for k, c in zip(_STEP_COLUMNS, columns, strict=True)}
     n = len(rows)
     # by where each starts on its own lane: a collective on its stream, a free (the hook's
     # own work) in its hook call on the CPU lane; the cursor's x in either order
-    own = [steps["issue"][s] if steps["kind"][s] == FREE else steps["x0"][s] for s in range(n)]
-    stream_order = sorted(range(n), key=lambda s: (own[s], steps["group"][s], s))
+    kinds, issues, starts, owners = steps["kind"], steps["issue"], steps["x0"], steps["group"]
+    own = [issues[s] if kinds[s] == FREE else starts[s] for s in range(n)]
+    stream_order = sorted(range(n), key=lambda s: (own[s], owners[s], s))
     compute: dict[str, list[Any]] = {k: [] for k in _COMPUTE_COLUMNS}
     waits: dict[str, list[Any]] = {k: [] for k in ("group", "x0", "x1", "step", "phase", "tail")}
     for gi, p in enumerate(placed):
@@ -652,18 +654,20 @@ def _calls(
     """Hook calls of one group: runs of consecutive events issued by one hook of one unit
     (modelled: at one time; a recording's events of one call are issued one by one)."""
     current: tuple[Any, ...] | None = None
+    timed = p.totals is not None
+    groups, hooks, owners, xs, counts = (calls[k] for k in ("group", "hook", "unit", "x", "n"))
     for i, (it, _, e) in enumerate(p.events):
-        key = (it, e.hook, e.hook_unit, p.issue[i] if p.totals is not None else None)
+        key = (it, e.hook, e.hook_unit, p.issue[i] if timed else None)
         if e.hook is None or key != current:
-            calls["group"].append(gi)
-            calls["hook"].append(HOOKS.index(e.hook) if e.hook in HOOKS else -1)
-            calls["unit"].append(units.get(e.hook_unit, -1) if e.hook_unit is not None else -1)
-            calls["x"].append(p.issue[i])
-            calls["n"].append(0)
+            groups.append(gi)
+            hooks.append(HOOKS.index(e.hook) if e.hook in HOOKS else -1)
+            owners.append(units.get(e.hook_unit, -1) if e.hook_unit is not None else -1)
+            xs.append(p.issue[i])
+            counts.append(0)
         current = key
-        c = len(calls["n"]) - 1
-        call_of[(gi, i)] = (c, calls["n"][c])
-        calls["n"][c] += 1
+        c = len(counts) - 1
+        call_of[(gi, i)] = (c, counts[c])
+        counts[c] += 1
 
 
 def _compute(
@@ -679,12 +683,11 @@ def _compute(
         unit: int, phase: int, x0: float, x1: float, event: int,
         rates: tuple[float, float, float] = (-1.0, -1.0, -1.0),
     ) -> None:  # fmt: skip
-        for k, v in zip(
-            _COMPUTE_COLUMNS,
-            (gi, unit, phase, x0, x1, step_of[(gi, event)], *rates),
-            strict=True,
-        ):
-            out[k].append(v)
+        row = (gi, unit, phase, x0, x1, step_of[(gi, event)], *rates)
+        for column, v in zip(columns, row, strict=True):
+            column.append(v)
+
+    columns = [out[k] for k in _COMPUTE_COLUMNS]
 
     last = len(p.events) - 1
     if p.totals is not None:
@@ -777,11 +780,12 @@ def _memory_entry(
     for i, (it, _, _) in enumerate(p.events):
         first_event.setdefault(it, i)
     x0, x1 = _moment_x(lane, p, first_event)
-    steps = []
-    for it, before in zip(lane.iteration, lane.before, strict=True):
-        base = first_event.get(it, 0)
-        count = len(g.report.iterations[it])
-        steps.append(step_of[(gi, base + min(before, max(count - 1, 0)))])
+    # per shown iteration: its first event's index here, and its last event's in it
+    last = {it: max(len(g.report.iterations[it]) - 1, 0) for it in dict.fromkeys(lane.iteration)}
+    steps = [
+        step_of[(gi, first_event.get(it, 0) + min(before, last[it]))]
+        for it, before in zip(lane.iteration, lane.before, strict=True)
+    ]
     cats = [c for c in lane.categories if any(lane.bytes[c])]
     k = int(lane.peak.get("moment", 0))
     peak = lane.peak
@@ -837,17 +841,16 @@ def _moment_x(
     # by index or recorded: the moments before event i share [its x, the next event's x)
     n = len(p.events)
     slots: dict[int, list[int]] = {}
-    for j in range(m):
-        base = first_event.get(lane.iteration[j], 0)
-        i = min(base + lane.before[j], n - 1)
-        slots.setdefault(i, []).append(j)
+    for j, (it, before) in enumerate(zip(lane.iteration, lane.before, strict=True)):
+        slots.setdefault(min(first_event.get(it, 0) + before, n - 1), []).append(j)
     for i, js in slots.items():
         a = p.issue[i]
         b = p.issue[i + 1] if i + 1 < n and p.events[i + 1][0] == p.events[i][0] else p.x1[i]
         b = max(b, a)
+        k = len(js)
         for q, j in enumerate(js):
-            x0[j] = a + (b - a) * q / len(js)
-            x1[j] = a + (b - a) * (q + 1) / len(js)
+            x0[j] = a + (b - a) * q / k
+            x1[j] = a + (b - a) * (q + 1) / k
     return x0, x1
 
 

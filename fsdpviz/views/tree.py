@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from fsdpviz.schema.report import ModuleInfo, Report, Unit
@@ -79,22 +80,25 @@ def module_tree(report: Report) -> ModuleTree:
     """Build the :class:`ModuleTree` of ``report`` in one pass plus a bottom-up sum."""
     units = {u.module: u for u in report.units}
     shared = {name for u in report.units for name in u.shared_params}
+    # each unit's (bytes in full, bytes per rank), read once
+    shares = {name: (u.bytes, u.sharded_bytes) for name, u in units.items()}
     nodes: list[TreeNode] = []
     by_fqn: dict[str, TreeNode] = {}
     for m in report.modules:
         parent = by_fqn.get(m.parent) if m.parent is not None else None
         numel, nbytes = _counted(m, shared)
         unit = _owner(m, numel, units, parent)
-        rank = _rank_bytes(nbytes, units.get(unit) if unit is not None else None)
-        node = TreeNode(
-            fqn=m.fqn,
-            name=m.fqn.rsplit(".", 1)[-1] if m.fqn else m.module_class,
-            parent=parent.fqn if parent is not None else None,
-            module_class=m.module_class,
-            unit=unit,
-            numel=numel,
-            bytes=nbytes,
-            rank_bytes=rank,
+        full, held = shares.get(unit, (0, 0)) if unit is not None else (0, 0)
+        node = TreeNode(  # fqn, name, parent, module_class, unit, numel, bytes, rank_bytes
+            m.fqn,
+            m.fqn.rsplit(".", 1)[-1] if m.fqn else m.module_class,
+            parent.fqn if parent is not None else None,
+            m.module_class,
+            unit,
+            numel,
+            nbytes,
+            # one rank's share of the padded shard; unmanaged: every rank holds all of it
+            nbytes * held // full if full else nbytes,
         )
         nodes.append(node)
         by_fqn[m.fqn] = node
@@ -152,17 +156,14 @@ def _counted(m: ModuleInfo, shared: set[str]) -> tuple[int, int]:
     """Direct parameters of ``m`` without the non-first names of shared parameters."""
     if m.numel == 0:
         return 0, 0
-    prefix = f"{m.fqn}." if m.fqn else ""
-    numel = 0
-    for name, shape in m.params.items():
-        if prefix + name in shared:
-            continue
-        n = 1
-        for s in shape:
-            n *= s
-        numel += n
     if not m.params:  # older reports without shapes: trust the totals
         return m.numel, m.bytes
+    if shared:
+        prefix = f"{m.fqn}." if m.fqn else ""
+        shapes = [shape for name, shape in m.params.items() if prefix + name not in shared]
+    else:
+        shapes = list(m.params.values())
+    numel = sum(map(math.prod, shapes))
     nbytes = m.bytes * numel // m.numel
     return numel, nbytes
 
@@ -175,13 +176,6 @@ def _owner(
     if numel > 0:
         return m.unit
     return parent.unit if parent is not None else None
-
-
-def _rank_bytes(nbytes: int, unit: Unit | None) -> int:
-    """Bytes one rank holds of ``nbytes`` in ``unit`` (its share of the padded shard)."""
-    if unit is None or unit.bytes == 0:
-        return nbytes  # unmanaged: every rank holds all of it
-    return nbytes * unit.sharded_bytes // unit.bytes
 
 
 def with_module_tree(report: Report) -> Report:

@@ -49,11 +49,13 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_view import MemoryOption, auto_memory, opening_iteration
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
+from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.explorer import Explorer
 from fsdpviz.widgets.front_end import with_saved_views
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
@@ -97,6 +99,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self._deferred = Deferred(self.errors.guard)
         self._linking = False
         self.memory_note = w.HTML()
+        self._lanes: ReportMemo[MemoryLane | None] = ReportMemo()  # per plan (see _memo.py)
         self.explorer = Explorer(
             with_module_tree(report), model=model, inputs=inputs, **analyze_kwargs
         )
@@ -182,8 +185,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _memory(self, report: Report) -> MemoryOption:
         if self.memory != "auto":
             return self.memory
+        iteration = self.iteration
         try:
-            lane = auto_memory(report, self.iteration)
+            lane = self._lanes.get(report, lambda: auto_memory(report, iteration), key=iteration)
         except Exception as e:  # the views stay usable without the memory lane
             self.memory_note.value = f"<small>no memory lane: {type(e).__name__}: {e}</small>"
             return None

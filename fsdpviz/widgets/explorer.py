@@ -23,6 +23,7 @@ from fsdpviz.views.style import format_bytes
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
+from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.controls import PlanControls
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
 from fsdpviz.widgets.front_end import with_saved_views
@@ -76,7 +77,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
             replanner = Replanner(model, inputs, **analyze_kwargs)
         self.replanner = replanner
         self.errors = ErrorOutput()
-        self.tree: ModuleTree = module_tree(report)
+        self._trees: ReportMemo[ModuleTree] = ReportMemo()  # per plan (see _memo.py)
+        self.tree: ModuleTree = self._trees.get(report, lambda: module_tree(report))
         self.view = ExplorerWidget(report, tree=self.tree)
         """The icicle and the detail panel, drawn by the front end."""
         self.status = w.HTML()
@@ -154,7 +156,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         """A re-plan: the new plan drawn in this answer, with the selected unit's details;
         every other unit's follow right after the answer."""
         report = self.report
-        self.tree = module_tree(report)  # the same modules, other units
+        self.tree = self._trees.get(report, lambda: module_tree(report))  # other units
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
         shown = [] if self.selected_unit is None else [self.selected_unit]

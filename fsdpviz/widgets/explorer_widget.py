@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 import traitlets
 
 from fsdpviz.schema.report import Report
-from fsdpviz.views.detail import unit_details
-from fsdpviz.views.explorer import explorer_data
-from fsdpviz.views.tree import ModuleTree, with_module_tree
+from fsdpviz.views.explorer import explorer_data, explorer_details
+from fsdpviz.views.tree import ModuleTree, module_tree, with_module_tree
+from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["ExplorerWidget"]
@@ -58,9 +58,43 @@ class ExplorerWidget(FrontEnd):
     )
 
     def __init__(self, report: Report, *, tree: ModuleTree | None = None, **kwargs: Any) -> None:
-        data = explorer_data(with_module_tree(report), tree=tree)
-        super().__init__(details=data.pop("details"), data=data, **kwargs)
+        # per plan (see _memo.py): the data without details, and every unit's details
+        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
+        self._all_details: ReportMemo[list[Any]] = ReportMemo()
+        super().__init__(
+            details=self._details(report, tree, True), data=self._data(report, tree), **kwargs
+        )
         self._report = report
+
+    def _data(self, report: Report, tree: ModuleTree | None) -> dict[str, Any]:
+        def make() -> dict[str, Any]:
+            data = explorer_data(with_module_tree(report), tree=tree, details=False)
+            del data["details"]
+            return data
+
+        data = self._memo.get(report, make, same=tree)
+        self._keep_encoded(data)
+        return data
+
+    def _details(
+        self, report: Report, tree: ModuleTree | None, which: bool | Collection[str]
+    ) -> list[Any]:
+        """``explorer_details`` of ``which``: taken from every unit's once they were made."""
+
+        def make(which: bool | Collection[str]) -> list[Any]:
+            shown = with_module_tree(report)
+            return explorer_details(shown, tree or module_tree(shown), which)
+
+        full = self._all_details.find(report, same=tree)
+        if full is None and which is True:
+            full = self._all_details.get(report, lambda: make(True), same=tree)
+        if full is None:
+            return make(which)  # only these units' (the others follow after the answer)
+        if which is True:
+            self._keep_encoded(full)
+            return full
+        wanted = set() if which is False else set(which)
+        return [d if u.module in wanted else None for u, d in zip(report.units, full, strict=True)]
 
     def shown_report(self) -> Report | None:
         """The plan the explorer draws."""
@@ -78,11 +112,12 @@ class ExplorerWidget(FrontEnd):
         ``busy`` stays as it is: the :class:`~fsdpviz.widgets.Explorer` ends it once every
         linked view has the plan."""
         self._report = report
-        data = explorer_data(with_module_tree(report), tree=tree, details=details)
+        data = self._data(report, tree)
+        shown = self._details(report, tree, details)
         with self.hold_sync():
-            self.details = data.pop("details")
+            self.details = shown
             self.data = data
 
     def set_details(self, report: Report, *, tree: ModuleTree | None = None) -> None:
         """Every unit's detail panel of ``report`` (the plan drawn)."""
-        self.details = unit_details(with_module_tree(report), tree)
+        self.details = self._details(report, tree, True)

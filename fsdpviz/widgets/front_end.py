@@ -11,12 +11,15 @@ met back to Python (the dashboard shows it under the views).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import anywidget
 import traitlets
+
+from fsdpviz.widgets._memo import SIZE
 
 if TYPE_CHECKING:
     from fsdpviz.schema.report import Report
@@ -38,7 +41,14 @@ def check_built() -> None:
 
 
 def _to_buffer(value: Any, widget: Any) -> memoryview:
-    return memoryview(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+    kept: OrderedDict[int, tuple[Any, bytes | None]] | None = getattr(widget, "_kept", None)
+    entry = kept.get(id(value)) if kept is not None else None
+    if entry is not None and entry[0] is value and entry[1] is not None:
+        return memoryview(entry[1])  # kept by the view (see FrontEnd._keep_encoded)
+    encoded = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    if kept is not None and entry is not None and entry[0] is value:
+        kept[id(value)] = (value, encoded)
+    return memoryview(encoded)
 
 
 def _from_buffer(value: Any, widget: Any) -> Any:
@@ -67,6 +77,19 @@ class FrontEnd(anywidget.AnyWidget):
     def __init__(self, **kwargs: Any) -> None:
         check_built()
         super().__init__(**kwargs)
+
+    def _keep_encoded(self, *values: Any) -> None:
+        """Encode ``values`` (data the view remembers per plan, never changed in place)
+        once, the first time they are sent; the last ``2 * SIZE`` are kept: going back to
+        a plan sends the same bytes without encoding them again."""
+        if not hasattr(self, "_kept"):  # (a subclass may make its data before __init__)
+            self._kept: OrderedDict[int, tuple[Any, bytes | None]] = OrderedDict()
+        for value in values:
+            if id(value) not in self._kept or self._kept[id(value)][0] is not value:
+                self._kept[id(value)] = (value, None)
+            self._kept.move_to_end(id(value))
+        while len(self._kept) > 2 * SIZE:
+            self._kept.popitem(last=False)
 
     def page_state(self) -> dict[str, Any]:
         """This view's state as the exported page takes it (``fsdpviz.export.html_page``'s

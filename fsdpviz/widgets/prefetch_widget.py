@@ -20,6 +20,7 @@ import traitlets
 
 from fsdpviz.schema.report import Report
 from fsdpviz.views.prefetch import prefetch_data
+from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["PrefetchWidget"]
@@ -37,8 +38,16 @@ class PrefetchWidget(FrontEnd):
 
     def __init__(self, report: Report, iteration: int | None = -1, **kwargs: Any) -> None:
         self.iteration = -1 if iteration is None else iteration
-        super().__init__(data=prefetch_data(report, self.iteration), **kwargs)
+        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
+        super().__init__(data=self._data(report), **kwargs)
         self._report = report
+
+    def _data(self, report: Report) -> dict[str, Any]:
+        """:func:`prefetch_data` of ``report``, made once per plan (see ``_memo.py``)."""
+        it = self.iteration
+        data = self._memo.get(report, lambda: prefetch_data(report, it), key=it)
+        self._keep_encoded(data)
+        return data
 
     def shown_report(self) -> Report | None:
         """The plan the graph draws."""
@@ -47,7 +56,7 @@ class PrefetchWidget(FrontEnd):
     def set_report(self, report: Report) -> None:
         """Draw another plan (a re-plan): its data reaches the browser in one message, which
         also ends ``busy``."""
-        data = prefetch_data(report, self.iteration)
+        data = self._data(report)
         self._report = report
         with self.hold_sync():
             self.data = data

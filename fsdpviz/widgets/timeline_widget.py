@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.timeline_view import MemoryOption, opening_iteration, timeline_data
+from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class TimelineWidget(FrontEnd):
         self._machine = machine
         self._shown: Shown = []
         self._reports: list[Report] = []
+        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
         super().__init__(**kwargs)
         self.set_reports(reports, memory=memory)
 
@@ -88,13 +91,7 @@ class TimelineWidget(FrontEnd):
         the step goes back to 0 and ``note`` says why. The new data, step and note reach
         the browser in one message, which also ends ``busy``."""
         before = self._identity(self.step) if self._reports and self.n_steps else None
-        data = timeline_data(
-            reports,
-            self._iteration,
-            memory=memory,
-            rank_names=self._rank_names,
-            machine=self._machine,
-        )
+        data = self._data(reports, memory)
         self._shown = reports
         self._reports = _reports_of(reports)
         with self.hold_sync(), self.hold_trait_notifications():
@@ -114,32 +111,54 @@ class TimelineWidget(FrontEnd):
                 )
         self._update_current()
 
+    def _data(self, reports: Shown, memory: MemoryOption) -> dict[str, Any]:
+        """:func:`timeline_data` of ``reports``; of one report, made once per plan and
+        memory lane (see ``_memo.py``; a callable or a series may differ from call to call)."""
+
+        def make() -> dict[str, Any]:
+            return timeline_data(
+                reports,
+                self._iteration,
+                memory=memory,
+                rank_names=self._rank_names,
+                machine=self._machine,
+            )
+
+        if not isinstance(reports, Report):
+            return make()
+        if memory is None or isinstance(memory, str):
+            data = self._memo.get(reports, make, key=memory)
+        elif isinstance(memory, MemoryLane):
+            data = self._memo.get(reports, make, key="lane", same=memory)
+        else:
+            return make()
+        self._keep_encoded(data)
+        return data
+
     def _identity(self, step: int) -> tuple[Any, ...]:
         """What makes an event the same across plans: group, iteration, kind, unit, phase,
         prefetch and how many such events came before it; and a description."""
-        key = self._key(step)
-        nth = sum(1 for i in range(step) if self._key(i) == key)
+        keys = self._keys()
+        key = keys[step]
+        nth = keys[:step].count(key)
         rank_event = self._event_at(step)
         what = rank_event[1].describe() if rank_event is not None else str(step)
         return (*key, nth, what)
 
-    def _key(self, step: int) -> tuple[Any, ...]:
+    def _keys(self) -> list[tuple[Any, ...]]:
+        """The key of every step (of ``_identity``), read from the data once."""
         s = self.data["steps"]
         units = self.data["units"]
-        return (
-            s["group"][step],
-            s["iteration"][step],
-            s["kind"][step],
-            units[s["unit"][step]],
-            s["phase"][step],
-            s["prefetch"][step],
-        )
+        names = [units[u] for u in s["unit"]]
+        columns = (s["group"], s["iteration"], s["kind"], names, s["phase"], s["prefetch"])
+        return list(zip(*columns, strict=True))
 
     def _find(self, identity: tuple[Any, ...]) -> int | None:
         *key, nth, _ = identity
+        wanted = tuple(key)
         seen = 0
-        for i in range(self.n_steps):
-            if list(self._key(i)) == key:
+        for i, k in enumerate(self._keys()):
+            if k == wanted:
                 if seen == nth:
                     return i
                 seen += 1
