@@ -46,6 +46,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,33 @@ def attention_seconds(
     peak = m.peak_flops(_dtype(m, itemsize))
     nbytes = float((2 * b * h * sq * d + 2 * b * h * skv * d) * itemsize * (2 if backward else 1))
     return max(flops / (peak * min(eff, 1.0)), m.memory_seconds(nbytes))
+
+
+_REMEMBERED: dict[tuple[Any, ...], StretchCost] = {}
+
+
+def machine_key(m: Machine) -> tuple[Any, ...]:
+    """A hashable stand-in for every number of ``m`` (a machine holds dictionaries)."""
+    return tuple(
+        (f.name, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+        for f in dataclasses.fields(m)
+        for v in (getattr(m, f.name),)
+    )
+
+
+def remembered_stretch_cost(
+    kernels: tuple[tuple[Any, ...], ...], m: Machine, key: tuple[Any, ...], compiled: bool
+) -> StretchCost:
+    """:func:`stretch_cost` of kernels held as tuples on ``m`` (``key``: its
+    :func:`machine_key`), remembered: a profile's stretches are costed again on every
+    replay of it (a re-plan that changes the world size, sharding or prefetch)."""
+    at = (kernels, key, compiled)
+    found = _REMEMBERED.get(at)
+    if found is None:
+        if len(_REMEMBERED) >= 8192:
+            _REMEMBERED.clear()
+        found = _REMEMBERED[at] = stretch_cost(kernels, m, compiled)
+    return found
 
 
 def stretch_cost(

@@ -57,7 +57,7 @@ from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
-from fsdpviz.cost.kernels import StretchCost, stretch_cost
+from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
 from fsdpviz.cost.sizes import itemsize, optimizer_states
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
@@ -291,6 +291,7 @@ class _Sim:
         self, report: Report, m: Machine, i: int, limit: bool, compiled: bool = False
     ) -> None:
         self.m = m
+        self.machine_key = machine_key(m)  # what remembered stretch costs are kept by
         self.compiled = compiled
         self.float32_matmuls = False  # a matrix multiply ran in float32
         self.fused_measured = False  # the trace recorded fused regions (compile)
@@ -431,7 +432,7 @@ class _Sim:
             if not self.float32_matmuls:
                 self.float32_matmuls = any(k[0] == "gemm" and k[6] == 4 for k in call.kernels)
             self.fused_measured = self.fused_measured or any(k[0] == "fused" for k in call.kernels)
-            return stretch_cost(call.kernels, self.m, compiled=self.compiled)
+            return remembered_stretch_cost(call.kernels, self.m, self.machine_key, self.compiled)
         flops = call.flops_forward + call.flops_backward  # a profile without kernel records
         dur = self.m.compute_seconds(flops, self.dtype)
         return StretchCost(dur, 0.0, 0, dur, 0.0, 0.0)
