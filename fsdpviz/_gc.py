@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = ["IDLE_GC_S", "answering", "running_loop"]
 
 IDLE_GC_S = 0.3
+# The interpreter's thread switch interval inside an answer (Python's default is 5 ms): the
+# kernel's IOPub thread, which sends the widgets' messages, gets the interpreter lock soon
+# after each message is queued, so "busy" and each view's data leave while the answer goes on.
+ANSWER_SWITCH_S = 0.0005
 _pending_gc: asyncio.TimerHandle | None = None
 
 
@@ -36,9 +41,12 @@ def answering() -> Iterator[None]:
         yield
         return
     gc.disable()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, ANSWER_SWITCH_S))
     try:
         yield
     finally:
+        sys.setswitchinterval(switch)
         gc.enable()
         loop = running_loop()
         if loop is not None:

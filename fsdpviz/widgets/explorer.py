@@ -33,6 +33,10 @@ __all__ = ["Explorer"]
 # Seconds after the explorer is shown before the stored trace the controls re-plan from is
 # made, when the kernel is idle.
 WARM_AFTER_S = 0.5
+# Seconds after a re-plan's answer before every other unit's detail panel is made and sent:
+# meanwhile the browser draws the new plan (on a small machine the kernel, the server and the
+# browser share the cores); a unit picked sooner shows its panel as pending until then.
+DETAILS_AFTER_S = 0.25
 
 
 def _shared(name: str, doc: str) -> Any:
@@ -154,14 +158,14 @@ class Explorer(w.VBox):  # type: ignore[misc]
 
     def _on_report(self, change: dict[str, Any]) -> None:
         """A re-plan: the new plan drawn in this answer, with the selected unit's details;
-        every other unit's follow right after the answer."""
+        every other unit's follow once the browser has had ``DETAILS_AFTER_S`` to draw it."""
         report = self.report
         self.tree = self._trees.get(report, lambda: module_tree(report))  # other units
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
         shown = [] if self.selected_unit is None else [self.selected_unit]
         self.view.set_report(report, tree=self.tree, details=shown)
-        self._deferred.run("details", self._add_details, report)
+        self._deferred.run("details", self._add_details, report, delay=DETAILS_AFTER_S)
 
     def _add_details(self, report: Report) -> None:
         if self.report is report:  # not when a newer plan came meanwhile
