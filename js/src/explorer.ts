@@ -257,6 +257,7 @@ export class ExplorerView extends CanvasView {
   rows: Row[] = [];
   theme: ThemeColors;
   width = 600;
+  private measured = false; // the width was measured (the view was in the page)
   private readonly layer: HTMLCanvasElement;
   private nRows = 1;
   private labels: DrawnLabel[] = [];
@@ -365,7 +366,9 @@ export class ExplorerView extends CanvasView {
     this.titleEl.textContent = data.title;
     this.findList.replaceChildren(...data.units.map((u) => new Option(moduleName(u.name))));
     this.nRows = Math.min(this.index.below[0] + 1, MAX_ROWS);
-    this.resize();
+    // at the width and theme read last (see TimelineView.relayout)
+    if (this.measured) this.draw();
+    else this.resize();
   }
 
   private unitName(k: number): string | null {
@@ -508,7 +511,10 @@ export class ExplorerView extends CanvasView {
 
   resize(): void {
     const measured = this.root.clientWidth;
-    if (measured > 0) this.width = Math.max(measured, 240);
+    if (measured > 0) {
+      this.width = Math.max(measured, 240);
+      this.measured = true;
+    }
     this.theme = takeTheme(this.root);
     this.draw();
   }

@@ -156,6 +156,7 @@ export class PrefetchView extends CanvasView {
   selected = -1;
   hovered: PrefetchPick = null;
   private width = 600;
+  private measured = false; // the width was measured (the view was in the page)
   private readonly layer: HTMLCanvasElement;
   private readonly position = new Map<string, number>();
 
@@ -229,7 +230,8 @@ export class PrefetchView extends CanvasView {
     );
     this.writeLegend();
     this.win = { u0: 0, u1: 0 }; // laid out again at the width below
-    this.resize();
+    if (this.measured) this.relayout();
+    else this.resize();
   }
 
   private writeLegend(): void {
@@ -271,8 +273,16 @@ export class PrefetchView extends CanvasView {
 
   resize(): void {
     const measured = this.root.clientWidth;
-    if (measured > 0) this.width = Math.max(measured, 240);
+    if (measured > 0) {
+      this.width = Math.max(measured, 240);
+      this.measured = true;
+    }
     this.theme = takeTheme(this.root);
+    this.relayout();
+  }
+
+  /** Lay out and draw at the width and theme read last (see TimelineView.relayout). */
+  private relayout(): void {
     const before = this.layout;
     this.layout = this.computeLayout();
     const n = this.data.units.length;

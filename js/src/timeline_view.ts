@@ -194,6 +194,7 @@ export class TimelineView {
   private readonly overview: HTMLCanvasElement;
   private layerKey = "";
   private width = MIN_WIDTH;
+  private measured = false; // the width was measured (the view was in the page)
   private remeasure = 0;
   private readonly sync: Throttle<number>;
 
@@ -433,7 +434,8 @@ export class TimelineView {
     this.legendEl = fresh;
     this.writeBottlenecks();
     this.selectUnit(this.model.get("selected_unit"));
-    this.resize();
+    if (this.measured) this.relayout();
+    else this.resize();
   }
 
   private writeHeader(): void {
@@ -564,6 +566,7 @@ export class TimelineView {
     const measured = this.root.clientWidth;
     if (measured > 0) {
       this.width = Math.max(measured, MIN_WIDTH);
+      this.measured = true;
     } else if (this.remeasure === 0) {
       this.remeasure = nextFrame(() => {
         this.remeasure = 0;
@@ -572,6 +575,13 @@ export class TimelineView {
         if (w > 0 && Math.max(w, MIN_WIDTH) !== this.width) this.guard(() => this.resize())();
       });
     }
+    this.relayout();
+  }
+
+  /** Lay out and draw at the width measured last (new data: the ResizeObserver reports a
+   * change of width, and measuring now would make the browser lay out the whole page at
+   * once, with the header, legend and table just rewritten). */
+  private relayout(): void {
     const { width } = this;
     this.layout = computeLayout(this.data, width);
     const ratio = window.devicePixelRatio || 1;
