@@ -193,6 +193,17 @@ def _unit_at_peak(report: Report, memory: MemoryReport) -> str | None:
     return events[index].unit if 0 <= index < len(events) else None
 
 
+def modelled_memory(report: Report) -> MemoryReport | None:
+    """``report.memory`` of a prediction, what its fit is judged by; ``None`` for a
+    recording, a plan without units or events, or where the memory model cannot be made."""
+    if report.source != "prediction" or not report.units or not report.iterations:
+        return None
+    try:
+        return report.memory
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
 def check_fit(report: Report) -> None:
     """Set ``report``'s ``out_of_memory`` warning from ``report.memory`` (replacing any it
     had): a prediction that does not fit on its machine gets one, and one whose memory model
@@ -223,6 +234,7 @@ __all__ = [
     "fit_warning",
     "machine_of",
     "machine_spec",
+    "modelled_memory",
     "process_groups",
     "runtime_overhead",
 ]

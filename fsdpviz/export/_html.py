@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz.cost.fit import modelled_memory
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
@@ -370,13 +371,8 @@ def _comparison_header(cmp: Comparison, heading: str) -> str:
 def _fit(report: Report) -> tuple[bool, str] | None:
     """Whether a prediction fits in its machine's memory, and that in words
     (``report.memory.fit_text()``); ``None`` for a recording or where it is not modelled."""
-    if report.source != "prediction" or not report.units or not report.iterations:
-        return None
-    try:
-        memory = report.memory
-    except (ValueError, KeyError, IndexError):
-        return None
-    if memory.capacity <= 0:
+    memory = modelled_memory(report)
+    if memory is None or memory.capacity <= 0:
         return None
     return memory.fits, memory.fit_text()
 

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from fsdpviz.cost.fit import machine_of
+from fsdpviz.cost.fit import machine_of, modelled_memory
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.memory import MemoryLane, memory_lane
@@ -902,12 +902,8 @@ def _capacity(g: _Group, p: _Placed) -> dict[str, Any] | None:
     reserved estimate and headroom, on the machine that times the view (the report's own
     unless ``machine=`` names another). ``None`` for a recording, or where the memory model
     fails."""
-    r = g.report
-    if r.source != "prediction" or not r.units or not r.iterations:
-        return None
-    try:
-        mem = r.memory
-    except (ValueError, KeyError, IndexError):
+    mem = modelled_memory(g.report)
+    if mem is None:
         return None
     m = p.machine
     if m is not None and m.name != mem.machine:
