@@ -156,8 +156,8 @@ class WrapMemo:
     :func:`policy_key` can name. Plans with ignored states or mixed precision do not use it
     (both change what FSDP's auto-wrap does)."""
 
+    named: list[tuple[str, nn.Module]] = field(default_factory=list)  # named_modules()
     names: dict[nn.Module, str] = field(default_factory=dict)
-    order: list[nn.Module] = field(default_factory=list)  # named_modules() order
     targets: dict[Any, tuple[list[nn.Module], list[str]]] = field(default_factory=dict)
     # a module -> named_modules(remove_duplicate=False) of it
     subtrees: dict[nn.Module, list[tuple[str, nn.Module]]] = field(default_factory=dict)
@@ -167,7 +167,7 @@ class WrapMemo:
     @classmethod
     def of(cls, root: nn.Module) -> WrapMemo:
         named = list(root.named_modules())
-        return cls(names={m: n for n, m in named}, order=[m for _, m in named])
+        return cls(named=named, names={m: n for n, m in named})
 
     def subtree(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
         found = self.subtrees.get(module)
@@ -496,7 +496,7 @@ def _plan(
                 del sub._parameters[name]
     if key is not None:
         memo.claims[key] = made
-    ordered = [by_module[m] for m in memo.order if m in by_module]
+    ordered = [by_module[m] for _, m in memo.named if m in by_module]
     unique = list({(w.code, w.message): w for w in fsdp_warnings}.values())
     return Plan(units=ordered, warnings=unique, ignored_params=ignored_params)
 

@@ -294,13 +294,7 @@ class GroupMemo:
     @classmethod
     def of(cls, model: nn.Module) -> GroupMemo:
         modules = dict(model.named_modules())
-        first_fqn: dict[nn.Parameter, str] = {}
-        for n, p in model.named_parameters():
-            first_fqn.setdefault(p, n)
-        aliases: dict[nn.Parameter, dict[str, str]] = {}
-        for n, p in model.named_parameters(remove_duplicate=False):
-            if n != first_fqn[p]:
-                aliases.setdefault(p, {})[n] = first_fqn[p]
+        first_fqn, aliases = _parameter_names(model)
         return cls(
             modules=modules,
             names={m: n for n, m in modules.items()},
@@ -309,6 +303,20 @@ class GroupMemo:
             first_fqn=first_fqn,
             aliases=aliases,
         )
+
+
+def _parameter_names(
+    model: nn.Module,
+) -> tuple[dict[nn.Parameter, str], dict[nn.Parameter, dict[str, str]]]:
+    """Each parameter's first FQN, and its other FQNs (shared parameters) -> the first."""
+    first_fqn: dict[nn.Parameter, str] = {}
+    for n, p in model.named_parameters():
+        first_fqn.setdefault(p, n)
+    aliases: dict[nn.Parameter, dict[str, str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if n != first_fqn[p]:
+            aliases.setdefault(p, {})[n] = first_fqn[p]
+    return first_fqn, aliases
 
 
 def _spec_key(spec: Any, ignored: set[nn.Parameter]) -> Any:
@@ -470,8 +478,9 @@ def finalize_groups(
     model: nn.Module, groups: list[Group], opts: FSDP2Options, memo: GroupMemo | None = None
 ) -> None:
     """Name each group's parameters by their first FQN and compute its sizes."""
-    memo = memo or GroupMemo.of(model)
-    first_fqn, aliases = memo.first_fqn, memo.aliases
+    first_fqn, aliases = (
+        (memo.first_fqn, memo.aliases) if memo is not None else _parameter_names(model)
+    )
     placements = opts.tp.placements(model) if opts.tp is not None else {}
     partial = opts.tp.partial_grads(model) if opts.tp is not None else set()
     compute = opts.mp_policy.param_dtype

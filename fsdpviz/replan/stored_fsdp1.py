@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
-from fsdpviz.schedule.autograd_order import Graph, NumberedGraph, capture, engine_order
+from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.report import Event, Report
@@ -81,8 +81,7 @@ class StoredTrace:
         self.calls: list[_Call] = []
         self._acc: dict[str, Any] = {}  # parameter FQN -> its AccumulateGrad node
         self._graph: NumberedGraph | None = None
-        # registration -> (node, edge slot, its AccumulateGrad node), nodes numbered
-        self._users: dict[str, list[tuple[int, int, int]]] = {}
+        self._users: dict[str, list[tuple[int, int]]] = {}  # registration -> (node, edge slot)
         # a node -> the modules whose output gradient it makes (the module backward order)
         self._module_hooks: dict[int, list[int]] = {}
         # per module output made with grad: the module, the nodes of its outputs (numbered)
@@ -92,7 +91,6 @@ class StoredTrace:
         self.module_names: list[str] = []
         self.module_ids: dict[str, int] = {}
         self._memo = WrapMemo.of(self.copy)  # what every plan of the copy shares
-        self._named = list(self.copy.named_modules())
         if any(not p.requires_grad for p in self.copy.parameters()):
             self.reason = "the model has frozen parameters"
             return
@@ -154,7 +152,7 @@ class StoredTrace:
             for slot, acc in enumerate(nexts):
                 fqn = param_of.get(acc)
                 if fqn is not None:
-                    self._users.setdefault(fqn, []).append((user, slot, acc))
+                    self._users.setdefault(fqn, []).append((user, slot))
         for call in self.calls:
             if call.pre or not call.grad:
                 continue
@@ -209,7 +207,7 @@ class StoredTrace:
             or opts.job.grad_accum > 1  # micro-steps: analyze (or replay) plans them
         ):
             return None
-        saved = [(m._parameters, dict(m._parameters)) for m in self._memo.order]
+        saved = [(m._parameters, dict(m._parameters)) for _, m in self._memo.named]
         try:
             plan = plan_fsdp1(self.copy, opts, None, None, self._memo)
             return self._report(plan, opts)
@@ -240,7 +238,7 @@ class StoredTrace:
                 where,
                 {u.fqn: u.fqn for u in plan.units},
                 self.records,
-                self._named,
+                self._memo.named,
             ),
             module_order=self.order,
             module_backward_order=schedule.backward_order,
@@ -329,7 +327,7 @@ class _Schedule:
         use goes through) never count."""
         trace, graph = self.trace, self.trace._graph
         assert graph is not None
-        g = _Edit(list(graph.seq), list(graph.edges), list(graph.deps))
+        g = GraphEdit.of(graph)
         instances: dict[int, list[tuple[float, int]]] = {}
         flat: dict[int, int] = {}
         for made, at in self._created:
@@ -340,12 +338,8 @@ class _Schedule:
         for index, unit in enumerate(self.plan.units):
             if not unit.has_params or index not in instances:
                 continue
-            if not self._route(unit, index, instances[index], g):
+            if not self._route(unit, instances[index], g):
                 return None
-        for splits in instances.values():  # a split is reached through its views
-            for _, split in splits:
-                if g.deps[split]:
-                    g.deps[g.edges[split][0]] += 1
         calls: dict[int, list[tuple[str, int, Any]]] = {}  # a node -> the hooks it runs
         for module, outputs in trace._outputs:
             hooked = self.index.get(module)
@@ -354,7 +348,8 @@ class _Schedule:
                     calls.setdefault(node, []).append(("pre_backward", hooked, False))
         for node, made in acc_hooks.items():  # after the node runs
             calls.setdefault(node, []).append(("post_backward", made, False))
-        order = engine_order(g.seq, g.edges, g.deps)
+        # an instance no use goes through is not reached (a split counts through its views)
+        order = g.order(split for splits in instances.values() for _, split in splits)
         log: list[tuple[str, int, Any]] = []
         for node in order:
             if node in calls:
@@ -366,13 +361,7 @@ class _Schedule:
             self.backward_order = [trace.module_names[i] for i in reached]
         return log
 
-    def _route(
-        self,
-        unit: PlannedUnit,
-        index: int,
-        made: list[tuple[float, int]],
-        g: _Edit,
-    ) -> bool:
+    def _route(self, unit: PlannedUnit, made: list[tuple[float, int]], g: GraphEdit) -> bool:
         """Send every use of the unit's parameters through the view current at that use."""
         positions = [at for at, _ in made]
         view_of = {fqn: j for j, (_, _, fqn) in enumerate(unit.param_infos)}
@@ -382,7 +371,7 @@ class _Schedule:
         views: dict[tuple[int, int], int] = {}
         users = self.trace._users
         for fqn, j in registrations:
-            for node, slot, acc in users.get(fqn, ()):
+            for node, slot in users.get(fqn, ()):
                 k = bisect.bisect_left(positions, g.seq[node]) - 1
                 if k < 0:
                     return False  # used before the unit's first forward: not modelled here
@@ -390,25 +379,5 @@ class _Schedule:
                 view = views.get((k, j))
                 if view is None:
                     view = views[(k, j)] = g.add(at + (j + 1) * step, [split])
-                    g.deps[split] += 1
-                nexts = list(g.edges[node])
-                nexts[slot] = view
-                g.edges[node] = nexts
-                g.deps[acc] -= 1
-                g.deps[view] += 1
+                g.move(node, slot, view)
         return True
-
-
-@dataclass
-class _Edit:
-    """A copy of a stored graph's numbered nodes being edited for one plan."""
-
-    seq: list[float]
-    edges: list[list[int]]
-    deps: list[int]
-
-    def add(self, seq: float, nexts: list[int]) -> int:
-        self.seq.append(seq)
-        self.edges.append(nexts)
-        self.deps.append(0)
-        return len(self.seq) - 1

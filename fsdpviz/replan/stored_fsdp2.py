@@ -45,13 +45,7 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.schedule.autograd_order import (
-    Graph,
-    NumberedGraph,
-    capture,
-    drop_unreached,
-    engine_order,
-)
+from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
@@ -289,17 +283,12 @@ class _Schedule:
         graph = self.trace._graph
         assert graph is not None
         number = graph.number
-        edges, deps = list(graph.edges), list(graph.deps)
+        g = GraphEdit.of(graph)
         moved: list[int] = []
         for consumer, slot, node, nr in self.trace._into:
             target = self._resolve(node, nr)
             if target is not node:
-                nexts = edges[consumer] = list(edges[consumer])
-                moved.append(nexts[slot])
-                deps[nexts[slot]] -= 1
-                nexts[slot] = number[target]
-                deps[nexts[slot]] += 1
-        drop_unreached(edges, deps, moved)
+                moved.append(g.move(consumer, slot, number[target]))
         calls: dict[int, list[tuple[str, int, Any]]] = {}  # a node -> the hooks it runs
         for node, kind, payload in self._hooks:
             if node in number:  # else its gradient is never made
@@ -312,7 +301,7 @@ class _Schedule:
             if id(p) in group_of:
                 calls.setdefault(number[n], []).append(("ran", group_of[id(p)], False))
         log: list[tuple[str, int, Any]] = []
-        for node in engine_order(graph.seq, edges, deps):
+        for node in g.order(moved):
             if node in calls:
                 log.extend(calls[node])
         log.append(("final_callback", 0, False))

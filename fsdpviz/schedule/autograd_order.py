@@ -120,6 +120,44 @@ class NumberedGraph:
         return cls(nodes, number, [graph.seq[n] for n in nodes], edges, deps)
 
 
+@dataclass
+class GraphEdit:
+    """A copy of a :class:`NumberedGraph` edited for one plan: nodes added and edges moved,
+    each edge counted in ``deps`` as it is made or moved."""
+
+    seq: list[float]
+    edges: list[list[int]]
+    deps: list[int]
+
+    @classmethod
+    def of(cls, graph: NumberedGraph) -> GraphEdit:
+        return cls(list(graph.seq), list(graph.edges), list(graph.deps))
+
+    def add(self, seq: float, nexts: list[int]) -> int:
+        """A new node (numbered next) with edges to ``nexts``."""
+        self.seq.append(seq)
+        self.edges.append(nexts)
+        self.deps.append(0)
+        for n in nexts:
+            self.deps[n] += 1
+        return len(self.seq) - 1
+
+    def move(self, node: int, slot: int, target: int) -> int:
+        """Point ``node``'s edge ``slot`` at ``target``; returns where it pointed."""
+        nexts = self.edges[node] = list(self.edges[node])
+        was = nexts[slot]
+        self.deps[was] -= 1
+        nexts[slot] = target
+        self.deps[target] += 1
+        return was
+
+    def order(self, candidates: Iterable[int]) -> list[int]:
+        """The engine's order of the nodes reached from node 0, once the nodes no edge
+        reaches any more (among ``candidates`` and what only they reached) are taken out."""
+        drop_unreached(self.edges, self.deps, candidates)
+        return engine_order(self.seq, self.edges, self.deps)
+
+
 def engine_order(seq: list[float], edges: list[list[int]], deps: list[int]) -> list[int]:
     """The order the engine's CPU ready queue runs the nodes reachable from node 0 in:
     a node is ready once every edge into it from a node that ran has been taken (``deps``
