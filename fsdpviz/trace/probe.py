@@ -190,7 +190,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = _nbytes(inputs)
-        self.tokens = _tokens(inputs)
+        self.tokens = batch_tokens(inputs)
         self._external = {
             id(st)
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
@@ -597,7 +597,7 @@ def _shape(out: Any) -> Any:
     return out
 
 
-def _tokens(inputs: Any) -> int:
+def batch_tokens(inputs: Any) -> int:
     """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
     dimensions of the first tensor."""
     tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
