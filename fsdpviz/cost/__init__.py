@@ -1,9 +1,9 @@
 """The memory and time model of a schedule: bytes per rank and modelled time at every event.
 
 May import the layers below it (schema, trace, plan, schedule, recording); it reads reports
-only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``,
-``fsdpviz.suggest``) and replaying a report under other options
-(:func:`fsdpviz.replan.replay`) live in :mod:`fsdpviz.replan`.
+only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``) and
+replaying a report under other options (:func:`fsdpviz.replan.replay`) live in
+:mod:`fsdpviz.replan`; searching them for the fastest that fits in :mod:`fsdpviz.tune`.
 
 Example::
 

@@ -131,6 +131,8 @@ def summary(tuning: Tuning) -> str:
                 f"It fits from {needs['world_size']} ranks (peak "
                 f"{size_text(needs['peak_bytes'])}): the sharded state shrinks with the ranks."
             )
+        elif needs.get("reason"):
+            lines.append(f"{needs['reason'][0].upper()}{needs['reason'][1:]}.")
         pinned = [n for n in tuning.notes if n.endswith("(pinned)")]
         if pinned:
             lines.append(

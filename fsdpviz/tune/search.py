@@ -44,6 +44,7 @@ from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.replan.hook_replay import replay
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import check_model
 from fsdpviz.tune.result import Candidate, Tuning
@@ -177,6 +178,40 @@ def tune(
         needs=search.needs,
     )
     return tuning
+
+
+def suggest(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    memory_budget: str | int | None = None,
+    world_size: int | Sequence[int] = DEFAULT_WORLD_SIZE,
+    api: str = "fsdp2",
+    machine: Machine | str = "h100",
+    optimizer: str | int | None = "adamw",
+    **options: Any,
+) -> Tuning:
+    """:func:`tune` turning only the wrap plan and FSDP's own switches (FSDP2's
+    ``reshard_after_forward``; FSDP1's sharding strategy and prefetch): the rest of the job
+    (``options``: ``mp_policy``, ``activation_checkpointing``, ``grad_accum``, ...) stays
+    as given.
+
+    Example::
+
+        tuning = fsdpviz.suggest(model, {"input_ids": ids}, memory_budget="60GiB", world_size=64)
+        tuning.best.kwargs        # pass them to fsdpviz.analyze
+    """
+    return tune(
+        model,
+        inputs,
+        world_size=world_size,
+        machine=machine,
+        api=api,
+        optimizer=optimizer,
+        memory_budget=memory_budget,
+        knobs=("wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch"),
+        **options,
+    )
 
 
 # ------------------------------------------------------------------ arguments
@@ -432,7 +467,7 @@ class _Search:
             samples=batch,
         )
         mbs = [user_mb]
-        if batch and "micro_batch" not in pinned:
+        if batch:
             tokens = batch * accum if tokens_per_step is None else 0
             if tokens_per_step is not None:
                 tokens = self._samples_per_step(tokens_per_step, batch)
@@ -850,36 +885,53 @@ class _Search:
         return self._config_of(best) or fallback
 
     def _needs(self) -> None:
-        """When nothing fits: how many ranks the lowest peak needs to fit."""
+        """When nothing fits: how many ranks the lowest peak needs to fit (its sharded state
+        shrinks with them), or why more ranks do not help."""
         if self._fastest_fit() is not None or not self.candidates:
             return
         lightest = min(self.candidates, key=lambda c: c.peak_bytes)
-        self.needs = {"candidate": lightest.index, "world_size": None, "peak_bytes": None}
+        needs: dict[str, Any] = {
+            "candidate": lightest.index, "world_size": None, "peak_bytes": None, "reason": ""
+        }  # fmt: skip
+        self.needs = needs
         report = lightest.report
         if report.config.tp_world_size or report.config.mesh is not None:
-            self.notes.append("how many ranks would fit is not worked out for a 2-D mesh")
+            needs["reason"] = "how many ranks would fit is not worked out for a 2-D mesh"
             return
-        ws = lightest.world_size
-        for _ in range(14):
+        ws, low = lightest.world_size, lightest.peak_bytes
+        while ws < 1 << 16:
             ws *= 2
+            changes: dict[str, Any] = {"world_size": ws}
+            if report.config.api == "FSDP2":
+                changes["mesh"] = None
             try:
-                changes: dict[str, Any] = {"world_size": ws}
-                if report.config.api == "FSDP2":
-                    changes["mesh"] = None
                 other = replay(report, **changes)
-            except FsdpvizError:
+            except FsdpvizError as e:
+                needs["reason"] = str(e).splitlines()[0]
                 return
             mem = (
                 other.memory
                 if self.optimizer == "adamw"
                 else memory_model(other, optimizer=self.optimizer)
             )
-            fits = mem.fits if self.budget is None else mem.peak["bytes"] <= self.budget
-            if fits:
-                self.needs.update(world_size=ws, peak_bytes=int(mem.peak["bytes"]))
+            peak = int(mem.peak["bytes"])
+            if mem.fits if self.budget is None else peak <= self.budget:
+                needs.update(world_size=ws, peak_bytes=peak)
                 return
-            if ws > 1 << 16:
-                return
+            if peak >= low:  # the sharded state no longer shrinks what the peak holds
+                break
+            low = peak
+        breakdown = lightest.report.memory.peak.get("breakdown", {})
+        per_rank = sum(
+            v
+            for k, v in breakdown.items()
+            if k not in ("sharded_params", "sharded_grads", "optimizer")
+        )
+        needs["reason"] = (
+            f"more ranks do not make it fit: {size_text(per_rank)} of its peak (activations, "
+            "unsharded parameters and gradients, buffers) does not shrink with the ranks; "
+            "a smaller micro-batch or sequence, or more checkpointing, would"
+        )
 
 
 _SHOWN = (
@@ -946,4 +998,4 @@ def _value_label(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["tune"]
+__all__ = ["suggest", "tune"]
