@@ -44,7 +44,7 @@ def _same(a: fsdpviz.Report, b: fsdpviz.Report) -> None:
 
 def test_every_configuration_is_the_plan_analyze_gives(tuning: Tuning) -> None:
     model = _model()
-    sample = tuning.candidates[:: max(1, len(tuning.candidates) // 25)] + [tuning.candidates[-1]]
+    sample = [*tuning.candidates[:: max(1, len(tuning.candidates) // 25)], tuning.candidates[-1]]
     for c in sample:
         _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
     assert tuning.traces < len(tuning.candidates) / 4  # the rest were replayed
