@@ -53,9 +53,9 @@ def test_every_configuration_is_the_plan_analyze_gives(tuning: Tuning) -> None:
 def test_the_best_fits_and_is_the_fastest_that_does(tuning: Tuning) -> None:
     best = tuning.best
     assert best is not None and best.fits
-    assert best.peak_bytes <= 3 * 2**20
+    assert best.memory_bytes <= 3 * 2**20
     assert best.tokens_per_s == max(c.tokens_per_s for c in tuning.candidates if c.fits)
-    assert all(c.fits == (c.peak_bytes <= 3 * 2**20) for c in tuning.candidates)
+    assert all(c.fits == (c.memory_bytes <= 3 * 2**20) for c in tuning.candidates)
     # the user's configuration (the root alone, as given) is evaluated and marked
     assert tuning.user.user and tuning.user.knobs["wrap"] == "the root alone"
     assert not tuning.user.fits
@@ -64,16 +64,16 @@ def test_the_best_fits_and_is_the_fastest_that_does(tuning: Tuning) -> None:
 
 def test_the_frontier_is_what_nothing_else_beats(tuning: Tuning) -> None:
     front = tuning.frontier
-    assert front and front == sorted(front, key=lambda c: c.peak_bytes)
+    assert front and front == sorted(front, key=lambda c: c.memory_bytes)
     for c in tuning.candidates:
         dominated = any(
-            o.peak_bytes <= c.peak_bytes
+            o.memory_bytes <= c.memory_bytes
             and o.tokens_per_s >= c.tokens_per_s
-            and (o.peak_bytes, o.tokens_per_s) != (c.peak_bytes, c.tokens_per_s)
+            and (o.memory_bytes, o.tokens_per_s) != (c.memory_bytes, c.tokens_per_s)
             for o in tuning.candidates
         )
         assert (c in front) != dominated or any(
-            (o.peak_bytes, o.tokens_per_s) == (c.peak_bytes, c.tokens_per_s) and o in front
+            (o.memory_bytes, o.tokens_per_s) == (c.memory_bytes, c.tokens_per_s) and o in front
             for o in tuning.candidates
         )
 
@@ -149,11 +149,11 @@ def test_nothing_fits_says_how_many_ranks_would() -> None:
     keep = ("wrap", "reshard_after_forward", "activation_checkpointing", "micro_batch")
     t = fsdpviz.tune(model, ids, world_size=8, memory_budget="90MiB", knobs=keep, progress=False)
     assert t.best is None and t.needs is not None
-    low = min(t.candidates, key=lambda c: c.peak_bytes)
+    low = min(t.candidates, key=lambda c: c.memory_bytes)
     assert t.needs["candidate"] == low.index
     ws = t.needs["world_size"]
     assert ws is not None and ws > 8
-    assert f"It fits from {ws} ranks" in str(t) and "Nothing fits. The lowest peak is" in str(t)
+    assert f"It fits from {ws} ranks" in str(t) and "Nothing fits. The lightest configuration needs" in str(t)
     fresh = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws})
     assert fresh.memory.peak["bytes"] <= 90 * 2**20
     half = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws // 2})
@@ -203,7 +203,7 @@ def test_suggest_turns_only_the_wrap_plan_and_fsdps_switches() -> None:
     assert len({c.knobs["wrap"] for c in t.candidates}) >= 3
     assert t.best is not None and t.best.fits
     again = fsdpviz.analyze(_model(), t.best.inputs, **t.best.kwargs)
-    assert again.memory.peak["bytes"] == t.best.peak_bytes
+    assert again.memory.peak["bytes"] == t.best.memory_bytes
 
 
 def test_the_model_and_inputs_come_back_untouched() -> None:

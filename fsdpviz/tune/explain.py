@@ -17,12 +17,12 @@ def _anchor(tuning: Tuning) -> Candidate:
     best = tuning.best
     if best is not None:
         return best
-    return min(tuning.candidates, key=lambda c: c.peak_bytes)
+    return min(tuning.candidates, key=lambda c: c.memory_bytes)
 
 
 def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
     """Per knob, the best configuration that differs from the anchor (the best, else the
-    lowest peak) in that knob, as few other knobs changed as possible (fitting ones first,
+    lightest) in that knob, as few other knobs changed as possible (fitting ones first,
     then the most tokens/s)."""
     anchor = _anchor(tuning)
     out: list[dict[str, Any]] = []
@@ -33,7 +33,7 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
 
         fewest = min(_distance(c, anchor, knob) for c in others)
         near = [c for c in others if _distance(c, anchor, knob) == fewest]
-        pick = max(near, key=lambda c: (c.fits, round(c.tokens_per_s, 6), -c.peak_bytes))
+        pick = max(near, key=lambda c: (c.fits, round(c.tokens_per_s, 6), -c.memory_bytes))
         out.append({"knob": knob, "candidate": pick, "text": _change(anchor, pick, knob)})
     return out
 
@@ -82,7 +82,8 @@ def summary(tuning: Tuning) -> str:
         if tuning.budget is not None
         else f"{tuning.machine}'s usable memory"
     )
-    ranks = ", ".join(str(w) for w in tuning.world_sizes)
+    sizes = [str(w) for w in tuning.world_sizes]
+    ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
         f"({tuning.traces} traced, the rest replayed) in {tuning.seconds:.1f} s; {fits} fit "
@@ -121,8 +122,8 @@ def summary(tuning: Tuning) -> str:
     else:
         low = _anchor(tuning)
         lines.append(
-            f"Nothing fits. The lowest peak is {size_text(low.peak_bytes)} "
-            f"({low.verdict()}), dominated by {low.dominant}, with:"
+            f"Nothing fits. The lightest configuration needs {low.verdict()} (its peak "
+            f"{size_text(low.peak_bytes)}, dominated by {low.dominant}), with:"
         )
         lines += _config_lines(low)
         needs = tuning.needs or {}

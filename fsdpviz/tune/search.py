@@ -788,6 +788,7 @@ class _Search:
             micro_batch=config["micro_batch"].samples or self.space.batch,
             grad_accum=int(config["micro_batch"].kwargs.get("grad_accum", 1)),
             dominant=str(mem.peak.get("dominant", "")),
+            memory_bytes=peak if self.budget is not None else max(peak, reserved),
             traced=traced,
             user=user,
             index=len(self.candidates),
@@ -881,7 +882,7 @@ class _Search:
         offload = sp.choices["cpu_offload"][-1]
         best = self._best_traced(self._start())
         if self._fastest_fit() is None:  # CPU offload: the last resort
-            lightest = min(self.candidates, key=lambda c: c.peak_bytes)
+            lightest = min(self.candidates, key=lambda c: c.memory_bytes)
             config = self._config_of(lightest)
             if config is not None and config["cpu_offload"].label != offload.label:
                 self.evaluate_key({**config, "cpu_offload": offload})
@@ -999,7 +1000,7 @@ class _Search:
         best = self._fastest_fit(world_size)
         pool = [c for c in self.candidates if world_size is None or c.world_size == world_size]
         if best is None and pool:
-            best = min(pool, key=lambda c: c.peak_bytes)
+            best = min(pool, key=lambda c: c.memory_bytes)
         if best is None:
             return fallback
         return self._config_of(best) or fallback
@@ -1009,7 +1010,7 @@ class _Search:
         shrinks with them), or why more ranks do not help."""
         if self._fastest_fit() is not None or not self.candidates:
             return
-        lightest = min(self.candidates, key=lambda c: c.peak_bytes)
+        lightest = min(self.candidates, key=lambda c: c.memory_bytes)
         needs: dict[str, Any] = {
             "candidate": lightest.index, "world_size": None, "peak_bytes": None, "reason": ""
         }  # fmt: skip
