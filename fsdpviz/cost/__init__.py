@@ -21,6 +21,7 @@ from fsdpviz.cost.memory import (
     memory_model,
     memory_series,
 )
+from fsdpviz.cost.slowdowns import slowdowns
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport
 from fsdpviz.schema.timeline import Timeline
@@ -38,5 +39,6 @@ __all__ = [
     "memory_lane",
     "memory_model",
     "memory_series",
+    "slowdowns",
     "timeline",
 ]

@@ -38,6 +38,31 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
     return out
 
 
+def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
+    """See :meth:`fsdpviz.tune.Tuning.why_slow`."""
+    from fsdpviz.cost.slowdowns import slowdowns
+
+    out = []
+    for row in slowdowns(c.report):
+        knob = row["knob"]
+        others = [
+            o for o in tuning.candidates if knob in o.knobs and o.knobs[knob] != c.knobs.get(knob)
+        ]
+        pick: Candidate | None = None
+        if others:
+            fewest = min(_distance(o, c, knob) for o in others)
+            near = [o for o in others if _distance(o, c, knob) == fewest]
+            pick = max(near, key=lambda o: (o.fits, round(o.tokens_per_s, 6)))
+        if pick is not None:
+            predicted = f"tune: {_change(c, pick, knob)}"
+        elif knob in ("compile", "float8", "cpu_offload"):
+            predicted = f"tune tries {knob} with allow=({knob!r},)"
+        else:
+            predicted = ""
+        out.append(row | {"prediction": pick, "predicted": predicted})
+    return out
+
+
 def _distance(c: Candidate, anchor: Candidate, knob: str) -> int:
     """How many knobs other than ``knob`` differ between ``c`` and ``anchor``."""
     return sum(1 for k, v in c.knobs.items() if k != knob and anchor.knobs.get(k) != v)
@@ -139,6 +164,15 @@ def summary(tuning: Tuning) -> str:
             lines.append(
                 "Pinned, so not turned: " + "; ".join(p[: -len(" (pinned)")] for p in pinned) + "."
             )
+    slow = [r for r in why_slow(tuning, user) if r["seconds"] > 0][:4]
+    if slow:
+        lines.append(
+            f"Why the configuration as given is slow (its step: {duration_text(user.step_s)}):"
+        )
+        for r in slow:
+            lines.append(f"  {r['share']:.0%} {r['text']}")
+            if r["predicted"]:
+                lines.append(f"      {r['predicted']}")
     alts = alternatives(tuning)
     if alts:
         lines.append("Per knob, the best alternative:")

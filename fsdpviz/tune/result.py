@@ -212,6 +212,15 @@ class Tuning:
 
         return alternatives(self)
 
+    def why_slow(self, candidate: Candidate | None = None) -> list[dict[str, Any]]:
+        """Why ``candidate`` (default: the configuration as given) is slow: its step's time
+        by cause (:func:`fsdpviz.cost.slowdowns`), each with ``prediction``: the fastest
+        configuration evaluated that turns that cause's knob (as few other knobs changed as
+        possible; None where none was) and ``predicted`` in words."""
+        from fsdpviz.tune.explain import why_slow
+
+        return why_slow(self, candidate or self.user)
+
     def summary(self) -> str:
         """The best configuration, why, and per knob what the best alternative changes."""
         from fsdpviz.tune.explain import summary

@@ -760,10 +760,7 @@ class _Search:
         user: bool,
     ) -> Candidate:
         check_fit(report)
-        if self.optimizer == "adamw":
-            mem = report.memory
-        else:
-            mem = memory_model(report, optimizer=self.optimizer)
+        mem = self._memory(report)
         tl = timeline(report, optimizer=self.optimizer)
         peak = int(mem.peak["bytes"])
         reserved = int(mem.reserved.get("bytes", 0))
@@ -799,10 +796,12 @@ class _Search:
         return c
 
     def _variants(self, config: Config) -> list[Config]:
-        """``config`` under every choice of the replayed knobs (the meshes of its
-        tensor-parallel degree: one where it has one, as a replay keeps the tp layout)."""
+        """``config`` under every choice of the replayed knobs (none with tensor parallelism:
+        a replay does not recompute its shards)."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
+        if tp > 1:  # a replay keeps no tensor-parallel plan: each is traced
+            return [config]
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
@@ -900,6 +899,13 @@ class _Search:
             return
         start["mesh"] = mine[0]
         self._climb(start, ws)
+        if self._state_too_big(ws):
+            note = (
+                f"on {ws} ranks the sharded parameters, gradients and optimizer state alone "
+                "exceed the memory: no units, checkpointing or tensor parallelism can fit it"
+            )
+            self.notes.append(note)
+            return
         # the other wrap plans: at the best trace key, or climbing each where the usual
         # units fit nowhere; then FSDP1's forward prefetch and what allow= permits
         if "wrap" not in sp.pinned:
@@ -941,6 +947,30 @@ class _Search:
                 )
                 if note not in self.notes:
                     self.notes.append(note)
+
+    def _state_too_big(self, ws: int) -> bool:
+        """Whether, on ``ws`` ranks, what every rank holds of the sharded state (parameters,
+        gradients and optimizer state: the whole state over the ranks, whatever the mesh)
+        is already more than the memory, in the lightest configuration evaluated."""
+        if self._fastest_fit(ws) is not None:
+            return False
+        mine = [c for c in self.candidates if c.world_size == ws and not c.user]
+        if not mine:
+            return False
+        keys = ("sharded_params", "sharded_grads", "optimizer")
+
+        def state(c: Candidate) -> int:
+            mem = self._memory(c.report)
+            return sum(int(mem.peak.get("breakdown", {}).get(k, 0)) for k in keys)
+
+        least = min(mine, key=state)
+        return state(least) > least.usable_bytes
+
+    def _memory(self, report: Report) -> Any:
+        """The memory model of ``report`` for this search's optimizer."""
+        if self.optimizer == "adamw":
+            return report.memory
+        return memory_model(report, optimizer=self.optimizer)
 
     def _climb(self, start: Config, ws: int) -> None:
         """From the lightest configurations (the most checkpointing; if they do not fit on
