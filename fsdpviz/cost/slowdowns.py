@@ -9,8 +9,8 @@ time beyond the compute of the model itself at the GPU's bf16 rate:
   seconds they take beyond the same matrix multiplies in bf16 (``mp_policy`` /
   ``mixed_precision`` with bf16 parameters);
 - ``recomputation``: activation checkpointing's forward run again in backward: its FLOPs
-  (the hardware FLOPs beyond three times the forward's) at the rate the step's matrix
-  multiplies reach;
+  (the hardware FLOPs beyond three times the forward's, as HFU and MFU count them) at the
+  rate the step's matrix multiplies and attention reach;
 - ``attention``: eager attention (its batched matrix multiplies, where the model has no
   fused attention kernel), or fused attention's own time where it dominates;
 - ``small_matmuls``: matrix multiplies too small to reach half the GPU's matmul efficiency
@@ -50,9 +50,10 @@ __all__ = ["slowdowns"]
 _SMALL = 0.5
 
 
-def slowdowns(report: Report) -> list[dict[str, Any]]:
+def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[str, Any]]:
     """What the step's time goes to beyond the model's compute in bf16, most first (see the
-    module docstring); empty for a report without a trace profile."""
+    module docstring); empty for a report without a trace profile. ``checkpointing``:
+    whether the plan checkpoints activations (default: what its config states)."""
     if report.profile is None or not report.profile.iterations:
         return []
     tl = report.timeline
@@ -85,9 +86,11 @@ def slowdowns(report: Report) -> list[dict[str, Any]]:
             f"{duration_text(at_bf16)} in bf16",
             "bf16 parameters with float32 reduction (mp_policy / mixed_precision)",
         )
+    if checkpointing is None:
+        checkpointing = bool(getattr(report.config, "activation_checkpointing", None))
     recompute = float(t["hardware_flops"]) - float(t["model_flops"])
     flops = float(t["hardware_flops"])
-    if recompute > 0 and flops > 0:
+    if checkpointing and recompute > 0 and flops > 0:
         share = recompute / flops
         add(
             "recomputation",

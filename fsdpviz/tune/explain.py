@@ -43,7 +43,8 @@ def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
     from fsdpviz.cost.slowdowns import slowdowns
 
     out = []
-    for row in slowdowns(c.report):
+    checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
+    for row in slowdowns(c.report, checkpointing=checkpointed):
         knob = row["knob"]
         others = [
             o for o in tuning.candidates if knob in o.knobs and o.knobs[knob] != c.knobs.get(knob)
@@ -86,9 +87,12 @@ def _change(anchor: Candidate, other: Candidate, knob: str) -> str:
 def _speed(anchor: Candidate, other: Candidate) -> str:
     if anchor.tokens_per_s <= 0:
         return f"{other.tokens_per_s:,.0f} tokens/s"
-    change = other.tokens_per_s / anchor.tokens_per_s - 1
+    ratio = other.tokens_per_s / anchor.tokens_per_s
+    change = ratio - 1
     if abs(change) < 0.0005:
         return "same tokens/s"
+    if ratio >= 2:
+        return f"{ratio:.1f}x the tokens/s"
     return f"{change:+.0%} tokens/s" if abs(change) >= 0.01 else f"{change:+.1%} tokens/s"
 
 
