@@ -49,11 +49,14 @@ from fsdpviz._options_cli import (
     UsageError,
     add_fsdp_flags,
     add_source_flags,
+    add_tune_flags,
     analyze_kwargs,
+    frontier_table,
     hf_id,
     job_flag_value,
     load_hf_model,
     positive_int,
+    run_tune,
 )
 from fsdpviz.errors import FsdpvizError
 
@@ -221,66 +224,9 @@ def _add_tune(subs: Any) -> None:
     )
     add_fsdp_flags(tune)
     add_source_flags(tune)
-    sizes = tune._option_string_actions["--world-size"]
-    sizes.type = _world_sizes
-    sizes.metavar = "N[,N...]"
-    sizes.help = "ranks, or counts to compare (8,16,32; default: the config file's, else 8)"
-    tune.add_argument(
-        "--allow",
-        metavar="WHAT",
-        type=_words,
-        default=[],
-        help="also try compile, float8 and/or cpu_offload (comma-separated): they change "
-        "numerics or start-up, so only when asked (CPU offload is tried anyway when "
-        "nothing else fits)",
-    )
-    tune.add_argument(
-        "--pin",
-        metavar="KNOBS",
-        type=_words,
-        default=[],
-        help="knobs that stay as the flags give them (comma-separated): wrap, "
-        "reshard_after_forward, backward_prefetch, forward_prefetch, "
-        "activation_checkpointing, precision, micro_batch, mesh, cpu_offload, compile, float8",
-    )
-    tune.add_argument(
-        "--tokens-per-step",
-        type=positive_int,
-        metavar="N",
-        help="tokens per rank per optimizer step (default: the batch x --grad-accum)",
-    )
-    tune.add_argument(
-        "--memory-budget",
-        metavar="BYTES",
-        help="a peak per rank to fit (60GiB) instead of the machine's memory",
-    )
-    tune.add_argument(
-        "--api",
-        choices=["fsdp1", "fsdp2"],
-        help="which FSDP to tune (default: FSDP1 where its flags are given, else FSDP2)",
-    )
-    tune.add_argument(
-        "--exhaustive",
-        action="store_true",
-        help="evaluate every combination of the knobs (one trace each) instead of the staged "
-        "search",
-    )
-    tune.add_argument(
-        "--code",
-        choices=["python", "torchtitan", "accelerate"],
-        help="print the code (or trainer keys) that run the best configuration (default: "
-        "the trainer's where the configuration came from one, else python)",
-    )
+    add_tune_flags(tune)
     _add_output(tune, "tune.html")
     tune.set_defaults(func=_cmd_tune, parser=tune)
-
-
-def _world_sizes(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",") if part.strip()]
-
-
-def _words(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _add_doctor(subs: Any) -> None:
@@ -402,8 +348,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from fsdpviz.tune import KNOBS, tune
-
     path = Path(args.output)
     if path.suffix not in (".html", ".json"):
         raise UsageError(
@@ -412,11 +356,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
-    for knob in args.pin:
-        if knob not in KNOBS:
-            close = difflib.get_close_matches(knob, KNOBS, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"--pin: unknown knob {knob!r}{tip}")
     if args.factory is None and not args.torchtitan_config:
         args.factory = job_flag_value(args)
     if args.factory is None and not args.torchtitan_config:
@@ -424,36 +363,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     sizes: list[int] | None = args.world_size
     args.world_size = sizes[0] if sizes else None
     model, inputs, wraps = _doctor_model(args)
-    notes: list[str] = []
-    kwargs = analyze_kwargs(args, model, wraps, notes)
-    for line in notes:
-        print(f"note: {line}")
-    api = args.api
-    if api is None and not _fsdp1_flags(args):
-        api = "fsdp2"
-    if api == "fsdp2" and "fully_shard" not in kwargs:
-        kwargs = _as_fsdp2(kwargs, wraps)
-    world = kwargs.pop("world_size", 8)
-    machine = kwargs.pop("machine", "h100")
-    kwargs.pop("progress", None)
-    if "mesh" in kwargs:
-        world = None
+    args.world_size = sizes
     start = time.perf_counter()
-    tuning = tune(
-        model,
-        inputs,
-        world_size=sizes or ([world] if world is not None else _mesh_ranks(kwargs)),
-        machine=machine,
-        allow=args.allow,
-        knobs=[k for k in KNOBS if k not in args.pin],
-        tokens_per_step=args.tokens_per_step,
-        memory_budget=args.memory_budget,
-        exhaustive=args.exhaustive,
-        api=api,
-        **kwargs,
-    )
+    tuning = run_tune(args, model, inputs, wraps, print)
     print(tuning)
-    print(_frontier_table(tuning))
+    print(frontier_table(tuning))
     best = tuning.best
     if best is not None:
         style = args.code or (
@@ -465,70 +379,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     tuning.save(str(path))
     print(f"wrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0 if best is not None else DOES_NOT_FIT
-
-
-def _fsdp1_flags(args: argparse.Namespace) -> bool:
-    """Whether the flags plan FSDP1 (a wrap policy, its switches, or a config file)."""
-    given = [args.policy, args.sharding_strategy, args.backward_prefetch, args.accelerate_config]
-    return any(v is not None for v in given) or args.forward_prefetch or args.use_orig_params
-
-
-def _as_fsdp2(kwargs: dict[str, Any], wraps: list[type[nn.Module]]) -> dict[str, Any]:
-    """The configuration the flags give, in FSDP2's words (``fsdpviz tune`` without FSDP1
-    flags): the default wrap classes as ``fully_shard``, mixed precision as ``mp_policy``."""
-    out = {
-        k: v
-        for k, v in kwargs.items()
-        if k not in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision")
-    }
-    out["fully_shard"] = list(wraps)
-    mp = kwargs.get("mixed_precision")
-    if mp is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        out["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
-        )
-    return out
-
-
-def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
-    import math
-
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
-    sizes, _ = mesh_dims(kwargs["mesh"], 3)
-    return [math.prod(sizes or (8,))]
-
-
-def _frontier_table(tuning: Any) -> str:
-    """The frontier as a table: memory per rank, tokens/s per GPU, and what each
-    configuration changes against the best (the lowest peak where nothing fits); the best
-    and the user's marked."""
-    from fsdpviz.schema.memory import size_text
-    from fsdpviz.tune.result import KNOB_NAMES
-
-    rows = list(tuning.frontier)
-    if tuning.user not in rows:
-        rows.append(tuning.user)
-    anchor = tuning.best or min(tuning.candidates, key=lambda c: c.memory_bytes)
-    rows.sort(key=lambda c: c.memory_bytes)
-    lines = [
-        "Frontier (no other configuration is both faster and lighter), against "
-        f"{'the best' if tuning.best is not None else 'the lowest peak'}:"
-    ]
-    for c in rows:
-        mark = "best" if c is tuning.best else "yours" if c.user else ""
-        changed = [
-            f"{KNOB_NAMES.get(k, k)} {v}" for k, v in c.knobs.items() if anchor.knobs.get(k) != v
-        ]
-        what = ", ".join(changed) if changed else "(the same)" if c is not anchor else ""
-        fit = "fits" if c.fits else "does not fit"
-        lines.append(
-            f"  {mark:>5} {size_text(c.memory_bytes):>10} {c.tokens_per_s:>10,.0f} tokens/s  "
-            f"{fit:<12} {what}".rstrip()
-        )
-    return "\n".join(lines)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ PLANS = {
 @pytest.mark.parametrize("name", PLANS)
 def test_the_cache_changes_no_number(name: str, no_cache: Callable[[], None]) -> None:
     plan = PLANS[name]
-    meta_cache._SEEN.clear()
+    meta_cache.clear()
     cold = plan()
     warm = plan()
     no_cache()

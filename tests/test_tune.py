@@ -153,7 +153,9 @@ def test_nothing_fits_says_how_many_ranks_would() -> None:
     assert t.needs["candidate"] == low.index
     ws = t.needs["world_size"]
     assert ws is not None and ws > 8
-    assert f"It fits from {ws} ranks" in str(t) and "Nothing fits. The lightest configuration needs" in str(t)
+    assert f"It fits from {ws} ranks" in str(
+        t
+    ) and "Nothing fits. The lightest configuration needs" in str(t)
     fresh = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws})
     assert fresh.memory.peak["bytes"] <= 90 * 2**20
     half = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws // 2})

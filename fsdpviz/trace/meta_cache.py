@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["run"]
+__all__ = ["clear", "run"]
 
 _META = torch.device("meta")
 _SIZE = 200_000
@@ -55,6 +55,11 @@ def run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         _SEEN.clear()
     _SEEN[key] = _record(out, args, kwargs)
     return out
+
+
+def clear() -> None:
+    """Forget every remembered result (a benchmark's cold start)."""
+    _SEEN.clear()
 
 
 def _cacheable(func: Any) -> bool:
