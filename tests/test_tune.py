@@ -22,7 +22,12 @@ def _model() -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def tuning() -> Tuning:
     return fsdpviz.tune(
-        _model(), example_inputs(CONFIG), world_size=[8, 16], memory_budget="3MiB", progress=False
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        memory_budget="3MiB",
+        progress=False,
+        workers=1,
     )
 
 
@@ -239,3 +244,19 @@ def _tp_plan() -> dict[str, Any]:
         at + "mlp.[gu]*_proj": ColwiseParallel(),
         at + "mlp.down_proj": RowwiseParallel(),
     }
+
+
+def test_workers_change_no_number(tuning: Tuning) -> None:
+    """Traces made side by side in forked workers give the very same search."""
+    other = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        memory_budget="3MiB",
+        progress=False,
+        workers=2,
+    )
+    assert [c.label for c in other.candidates] == [c.label for c in tuning.candidates]
+    assert [c.traced for c in other.candidates] == [c.traced for c in tuning.candidates]
+    for a, b in zip(other.candidates, tuning.candidates, strict=True):
+        assert a.report.to_dict() == b.report.to_dict()

@@ -94,6 +94,7 @@ def tune(
     knobs: Iterable[str] | None = None,
     config: Mapping[str, Any] | None = None,
     exhaustive: bool = False,
+    workers: int | None = None,
     progress: bool | None = None,
     **kwargs: Any,
 ) -> Tuning:
@@ -117,6 +118,10 @@ def tune(
     ``tokens_per_step``: tokens per rank per optimizer step (default: what the inputs and
     ``grad_accum`` give); micro-batches and gradient accumulation keep it.
     ``memory_budget``: a peak per rank to fit instead of the machine's memory.
+    ``workers``: processes that trace configurations the search evaluates anyway side by side
+    (forked: only where ``fork`` exists; default: the CPUs, at most 4, where a trace takes a
+    second or more; 1: none). The configurations evaluated, and every number, are the same
+    whatever the workers.
 
     Example::
 
@@ -164,6 +169,7 @@ def tune(
         budget,
         progress,
         source,
+        _workers(workers),
     )
     search.run(exhaustive)
     tuning = Tuning(
@@ -311,8 +317,13 @@ class _Search:
         budget: int | None,
         progress: bool | None,
         source: str = "",
+        workers: int = 1,
     ) -> None:
         self.model = model
+        self._workers = abs(workers)
+        self._auto_workers = workers < 0  # chosen by tune: only where traces are slow
+        self._prefetched: set[tuple[Any, ...]] = set()  # traces made by workers, not yet used
+        self._trace_seconds: list[float] = []
         self.inputs = inputs
         self.api = api
         self.machine = machine
@@ -714,11 +725,11 @@ class _Search:
         inputs = self._micro_inputs(config["micro_batch"].samples, user and self._cache_off)
         traced = False
         try:
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                traced = True
             if key not in self._traces:
-                trace_kw = dict(kwargs)
-                if not self._traces_accum(config):
-                    trace_kw.pop("grad_accum", None)  # replayed
-                self._traces[key] = self._analyze(inputs, trace_kw)
+                self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
                 traced = True
             base = self._traces[key]
             if base is None:
@@ -739,16 +750,68 @@ class _Search:
         self._configs[candidate.index] = dict(config)
         return candidate
 
+    def _trace_kwargs(self, config: Config, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The analyze keywords of ``config``'s trace (its accumulation is replayed)."""
+        out = dict(kwargs)
+        if not self._traces_accum(config):
+            out.pop("grad_accum", None)
+        return out
+
+    def prefetch(self, configs: list[Config], user: Config | None = None) -> None:
+        """Trace the configurations' keys not traced yet (and ``user``'s, the configuration
+        as given) side by side in worker processes (forked: they have the model), for
+        :meth:`evaluate` to use; a trace that fails in a worker is made again in this
+        process when evaluated, so the errors and every number are this process's."""
+        todo: dict[tuple[Any, ...], tuple[Config, bool]] = {}
+        pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
+        for config, mine in pairs:
+            key = (*self._key(config), mine and self._cache_off)
+            if key not in self._traces and key not in todo:
+                todo[key] = (config, mine)
+        if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
+            return
+        import multiprocessing
+
+        jobs = [
+            (
+                self._micro_inputs(c["micro_batch"].samples, mine and self._cache_off),
+                self._trace_kwargs(c, self.space.kwargs(c)),
+            )
+            for c, mine in todo.values()
+        ]
+        global _FORKED
+        _FORKED = (self, jobs)
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(self._workers, len(jobs))) as pool:
+                results = pool.map(_trace_job, range(len(jobs)), chunksize=1)
+        except (OSError, ValueError, RuntimeError):
+            return  # no workers here: each is traced when evaluated
+        finally:
+            _FORKED = None
+        for key, result in zip(todo, results, strict=True):
+            if result is not None:
+                self._traces[key] = result
+                self._prefetched.add(key)
+                self.trace_count += 1
+
+    def _slow_traces(self) -> bool:
+        """Whether traces take long enough for workers to pay for their start (a second):
+        as measured, or, before any, for a model of a billion parameters or more."""
+        if self._trace_seconds:
+            return sorted(self._trace_seconds)[len(self._trace_seconds) // 2] >= 1.0
+        return sum(p.numel() for p in self.model.parameters()) >= 10**9
+
     def _analyze(self, inputs: Any, kwargs: dict[str, Any]) -> Report | None:
         from fsdpviz.schedule.predict import analyze
 
         self.trace_count += 1
         if self._bar is not None:
             self._bar.set_postfix_str(f"{self.trace_count} traces", refresh=False)
-        try:
-            return analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
-        except FsdpvizError:
-            raise
+        started = time.perf_counter()
+        report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
+        self._trace_seconds.append(time.perf_counter() - started)
+        return report
 
     def _candidate(
         self,
@@ -833,6 +896,8 @@ class _Search:
             else tqdm(desc="fsdpviz tune", unit="config", delay=0 if enabled else 1.0, leave=False)
         )
         try:
+            if not exhaustive:
+                self.prefetch([self._first_lightest()], user=dict(self.space.user))
             user = self.evaluate(dict(self.space.user), user=True)
             assert user is not None
             self.user = user
@@ -914,6 +979,10 @@ class _Search:
             others = [c for c in sp.choices["wrap"] if c.label != start["wrap"].label]
             if len(others) > 1:
                 others = [c for c in others if c.label != "the root alone"]
+            if fitted:
+                self.prefetch([{**best, "wrap": choice} for choice in others])
+            else:
+                self.prefetch([self._lightest({**start, "wrap": choice}) for choice in others])
             for choice in others:
                 if fitted:
                     self.evaluate_key({**best, "wrap": choice})
@@ -923,6 +992,9 @@ class _Search:
         for knob in ("forward_prefetch", "compile", "float8"):
             if knob not in sp.choices or knob in sp.pinned:
                 continue
+            self.prefetch(
+                [{**best, knob: c} for c in sp.choices[knob] if c.label != best[knob].label]
+            )
             for choice in sp.choices[knob]:
                 if choice.label != best[knob].label:
                     self.evaluate_key({**best, knob: choice})
@@ -938,7 +1010,9 @@ class _Search:
                 note = f"tensor parallelism not tried: {self._tp_why}"
                 if note not in self.notes:
                     self.notes.append(note)
-            for mesh in sorted(tp_meshes, key=lambda m: m.mesh[2]):
+            ordered = sorted(tp_meshes, key=lambda m: m.mesh[2])
+            self.prefetch([self._lightest({**best, "mesh": mesh}) for mesh in ordered])
+            for mesh in ordered:
                 self._climb({**best, "mesh": mesh}, ws)
             if self._tp_standard and any(c.report.config.tp_world_size for c in self.candidates):
                 note = (
@@ -972,6 +1046,25 @@ class _Search:
             return report.memory
         return memory_model(report, optimizer=self.optimizer)
 
+    def _lightest(self, start: Config) -> Config:
+        """``start`` at its first lightest: the largest micro-batch, the most checkpointing."""
+        sp = self.space
+        return {
+            **start,
+            "micro_batch": sp.choices["micro_batch"][0],
+            "activation_checkpointing": sp.choices["activation_checkpointing"][-1],
+        }
+
+    def _first_lightest(self) -> Config:
+        """The first configuration the staged search evaluates after the user's."""
+        start = self._start()
+        user_tp = self.space.user["mesh"].mesh[2]
+        ws = self.world_sizes[0]
+        mine = [m for m in self.space.choices["mesh"] if m.mesh[0] == ws and m.mesh[2] == user_tp]
+        if mine:
+            start["mesh"] = mine[0]
+        return self._lightest(start)
+
     def _climb(self, start: Config, ws: int) -> None:
         """From the lightest configurations (the most checkpointing; if they do not fit on
         ``ws`` ranks, nothing with the other knobs of ``start`` does) to the fastest: each
@@ -994,7 +1087,7 @@ class _Search:
                     {**start, "micro_batch": mb, "activation_checkpointing": heaviest}
                 )
             )
-            for mb in dict.fromkeys([mbs[-1], mbs[0]])
+            for mb in dict.fromkeys([mbs[0], mbs[-1]])
         ):
             return
         lightest_fit: int | None = None
@@ -1089,6 +1182,38 @@ _SHOWN = (
     "mesh", "wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch",
     "activation_checkpointing", "precision", "micro_batch", "cpu_offload", "compile", "float8",
 )  # fmt: skip
+
+
+_FORKED: tuple[_Search, list[tuple[Any, dict[str, Any]]]] | None = None
+"""What a forked worker traces: the search (the model with it) and the jobs (inputs, keywords)."""
+
+
+def _trace_job(index: int) -> Report | None:
+    """In a worker: trace job ``index`` (None where it fails: the parent traces it again)."""
+    from fsdpviz.schedule.predict import analyze
+
+    assert _FORKED is not None
+    search, jobs = _FORKED
+    inputs, kwargs = jobs[index]
+    try:
+        return analyze(search.model, inputs, progress=False, machine=search.machine_arg, **kwargs)
+    except Exception:
+        return None
+
+
+def _workers(workers: int | None) -> int:
+    import multiprocessing
+    import os
+
+    if workers is not None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"workers must be a positive int, got {workers!r}")
+        if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
+            raise ConfigError("workers > 1 needs the fork start method, which this OS lacks")
+        return workers
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return -max(1, min(os.cpu_count() or 1, 4))  # negative: tune's own choice
 
 
 def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
