@@ -51,7 +51,7 @@ from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tune import Candidate, Tuning, suggest, tune
+from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
 __all__ = [
     "Candidate",

@@ -204,7 +204,7 @@ def run_tune(
     """:func:`fsdpviz.tune` for the parsed flags: the flags give the user's configuration
     (as ``analyze_kwargs`` reads them; FSDP2 unless FSDP1's flags or ``--api fsdp1``),
     ``add_tune_flags``'s the search. ``say`` prints the notes."""
-    from fsdpviz.tune import KNOBS, tune
+    from fsdpviz.tuning import KNOBS, tune
 
     for knob in args.pin:
         if knob not in KNOBS:
@@ -284,7 +284,7 @@ def frontier_table(tuning: Any) -> str:
     configuration changes against the best (the lowest peak where nothing fits); the best
     and the user's marked."""
     from fsdpviz.schema.memory import size_text
-    from fsdpviz.tune.result import KNOB_NAMES
+    from fsdpviz.tuning.space import KNOB_NAMES
 
     rows = list(tuning.frontier)
     if tuning.user not in rows:

@@ -11,7 +11,7 @@ Both return the report, which renders as a rich summary as a cell's last line.
 ``%fsdpviz tune MODEL ...`` (and ``%%fsdpviz tune ...``) searches for the fastest
 configuration that fits (:func:`fsdpviz.tune`), the flags giving the configuration to start
 from, plus ``--allow``, ``--pin``, ``--tokens-per-step``, ``--memory-budget`` and
-``--world-size 8,16,32``; it returns the :class:`~fsdpviz.tune.Tuning`.
+``--world-size 8,16,32``; it returns the :class:`~fsdpviz.tuning.Tuning`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
-from fsdpviz.tune import Tuning
+from fsdpviz.tuning import Tuning
 
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
 

@@ -507,13 +507,15 @@ def _dtype(name: Any, key: str) -> torch.dtype:
 
 
 class _CrossEntropy:
-    """torchtitan's loss: cross-entropy of the float32 logits against the labels."""
+    """torchtitan's loss: cross-entropy of the float32 logits against the labels (the first
+    samples', for a micro-batch of fewer)."""
 
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels = labels
 
     def __call__(self, pred: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), self.labels.flatten(0, 1))
+        labels = self.labels[: pred.shape[0]]
+        loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
         return loss
 
 

@@ -3,7 +3,7 @@
 May import the layers below it (schema, trace, plan, schedule, recording); it reads reports
 only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``) and
 replaying a report under other options (:func:`fsdpviz.replan.replay`) live in
-:mod:`fsdpviz.replan`; searching them for the fastest that fits in :mod:`fsdpviz.tune`.
+:mod:`fsdpviz.replan`; searching them for the fastest that fits in :mod:`fsdpviz.tuning`.
 
 Example::
 
@@ -21,7 +21,7 @@ from fsdpviz.cost.memory import (
     memory_model,
     memory_series,
 )
-from fsdpviz.cost.slowdowns import slowdowns
+from fsdpviz.cost.slow_causes import slowdowns
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport
 from fsdpviz.schema.timeline import Timeline

@@ -3,8 +3,8 @@
 May import every layer below it (schema, trace, plan, schedule, cost, replan).
 """
 
-from fsdpviz.tune.result import Candidate, TuneTable, Tuning
-from fsdpviz.tune.search import suggest, tune
-from fsdpviz.tune.space import KNOBS
+from fsdpviz.tuning.result import Candidate, TuneTable, Tuning
+from fsdpviz.tuning.search import suggest, tune
+from fsdpviz.tuning.space import KNOBS
 
 __all__ = ["KNOBS", "Candidate", "TuneTable", "Tuning", "suggest", "tune"]

@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 
-if TYPE_CHECKING:
-    from fsdpviz.tune.result import Candidate
+
+class Candidate(Protocol):
+    """What the code of a configuration is made from (a :class:`fsdpviz.tuning.Candidate`)."""
+
+    knobs: dict[str, str]
+    kwargs: dict[str, Any]
+    report: Report
+    micro_batch: int
+    grad_accum: int
+
 
 STYLES = ("python", "torchtitan", "accelerate")
 _DTYPES = {
@@ -24,7 +33,7 @@ _DTYPES = {
 
 
 def configuration_code(c: Candidate, style: str = "python") -> str:
-    """See :meth:`fsdpviz.tune.Candidate.code`."""
+    """See :meth:`fsdpviz.tuning.Candidate.code`."""
     if style not in STYLES:
         from fsdpviz.errors import ConfigError
 

@@ -62,6 +62,20 @@ OWNED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "float8": (frozenset({"float8"}), frozenset({"float8"})),
 }
 KNOBS = tuple(OWNED)
+# The knobs in the order a person reads a configuration, and what each is called.
+KNOB_NAMES = {
+    "mesh": "ranks",
+    "wrap": "units",
+    "reshard_after_forward": "resharding",
+    "backward_prefetch": "backward prefetch",
+    "forward_prefetch": "forward prefetch",
+    "activation_checkpointing": "checkpointing",
+    "precision": "precision",
+    "micro_batch": "micro-batch",
+    "cpu_offload": "CPU offload",
+    "compile": "torch.compile",
+    "float8": "float8",
+}
 # Knobs whose choices a replay of a trace applies (per API); the rest key a trace.
 REPLAYED = {
     "FSDP2": frozenset({"reshard_after_forward", "mesh"}),
@@ -443,6 +457,7 @@ def _classes(spec: Any) -> str:
 __all__ = [
     "ALLOWABLE",
     "KNOBS",
+    "KNOB_NAMES",
     "OWNED",
     "REPLAYED",
     "Choice",
