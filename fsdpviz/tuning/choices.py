@@ -411,10 +411,29 @@ def _same_ac(choice: Choice, spec: Any) -> bool:
 
 
 def _value_label(kwargs: Mapping[str, Any]) -> str:
+    """A value as given, in words (``reshard_after_forward`` per group: which keep their
+    parameters after forward)."""
     if not kwargs:
         return "as given (default)"
+    raf = kwargs.get("reshard_after_forward")
+    if len(kwargs) == 1 and isinstance(raf, Mapping):
+        return _reshard_label(raf)
     parts = []
     for k, v in kwargs.items():
         name = getattr(v, "name", None) or getattr(v, "__name__", None)
         parts.append(f"{k}={name or v!r}")
     return ", ".join(parts)
+
+
+def _reshard_label(per_group: Mapping[str, Any]) -> str:
+    """``{group: bool | int}`` in words: ``"all but norm, output"`` (those keep theirs)."""
+    kept = [g or "(root)" for g, v in per_group.items() if v is False]
+    ints = sorted({v for v in per_group.values() if not isinstance(v, bool)})
+    if not kept and not ints:
+        return "all"
+    if len(kept) == len(per_group):
+        return "never"
+    parts = [f"all but {', '.join(kept)}" if kept else "all"]
+    if ints:
+        parts.append(f"to {', '.join(map(str, ints))} ranks where given")
+    return "; ".join(parts)

@@ -372,7 +372,9 @@ def _torchtitan(c: Candidate) -> str:
     reduce = getattr(mp, "reduce_dtype", None) or param
     tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
     raf = kw.get("reshard_after_forward")
-    if raf is None:
+    if isinstance(raf, Mapping):
+        raf = _titan_policy(raf)
+    if raf is None or raf == "default":
         policy = "default"
     elif raf is False:
         policy = "never"
@@ -431,6 +433,20 @@ def _torchtitan(c: Candidate) -> str:
     if kw.get("offload_policy") is not None:
         out.insert(5, "enable_cpu_offload = true")
     return "\n".join(out + [f"# note: {n}" for n in notes])
+
+
+def _titan_policy(per_group: Mapping[str, Any]) -> Any:
+    """A per-group ``reshard_after_forward`` as torchtitan's ``fsdp_reshard_after_forward``
+    would set it (``"default"``: every group but the last, the norm with the output; the
+    value itself where it is none of torchtitan's)."""
+    values = list(per_group.values())
+    if all(v is False for v in values):
+        return False
+    if all(v is True for v in values):
+        return True
+    if all(v is True for v in values[:-1]) and values[-1] is False:
+        return "default"
+    return dict(per_group)
 
 
 # ------------------------------------------------------------------ accelerate
