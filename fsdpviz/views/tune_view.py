@@ -1,0 +1,355 @@
+"""A tuning as a view: every configuration :func:`fsdpviz.tune` evaluated, tokens/s per GPU
+against the memory it needs per rank, with the capacity line, the frontier joined, the best
+and the user's own configuration marked, and the knob table beside it.
+
+- x: the memory a configuration needs per rank: the larger of its peak and the allocator's
+  reserved estimate (what ``fits`` checks against the machine's usable memory), or, with a
+  ``memory_budget``, its peak (what ``fits`` checks against the budget); so a point left of
+  the capacity line fits, and one right of it does not;
+- y: tokens/s per GPU (:attr:`~fsdpviz.tune.Candidate.tokens_per_s`);
+- ``frontier``: :attr:`~fsdpviz.tune.Tuning.frontier` (no other configuration is both faster
+  and lighter), joined in the order of x;
+- the knob table: per knob, the value of the best (or, when nothing fits, of the lowest
+  peak), the user's, and the best alternative :meth:`~fsdpviz.tune.Tuning.alternatives`
+  gives, with its text.
+
+:func:`tune_data` is what fsdpviz's front end draws (``js/src/tune.ts``) in the notebook
+(:class:`fsdpviz.widgets.TuneView`) and in the page ``tuning.save("tune.html")`` writes;
+:func:`tune_figure` draws the same as a plotly figure (``tuning.save("tune.png")``).
+
+Example::
+
+    tuning = fsdpviz.tune(model, ids, world_size=[8, 16])
+    data = tune_data(tuning)                 # JSON-ready
+    tune_figure(tuning, theme="dark").show()
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.timeline import duration_text
+from fsdpviz.tune.result import KNOB_NAMES, Candidate, Tuning
+from fsdpviz.views.style import TABLE, Theme, format_bytes, template, theme_colors
+
+__all__ = ["anchor_of", "needed_bytes", "tune_data", "tune_figure"]
+
+GROUP_COLORS: tuple[str, ...] = tuple(TABLE["palette_dark"])
+"""One colour per world size compared, in order (the colour table's dark palette)."""
+
+
+def needed_bytes(tuning: Tuning, c: Candidate) -> int:
+    """The memory ``c`` needs per rank, as the view's x axis places it: the peak under a
+    ``memory_budget``, else the larger of the peak and the reserved estimate."""
+    if tuning.budget is not None:
+        return c.peak_bytes
+    return max(c.peak_bytes, c.reserved_bytes)
+
+
+def _capacity(tuning: Tuning) -> dict[str, Any] | None:
+    if tuning.budget is not None:
+        return {"bytes": tuning.budget, "label": f"budget: {size_text(tuning.budget)} per rank"}
+    usable = max((c.usable_bytes for c in tuning.candidates), default=0)
+    if usable <= 0:
+        return None
+    return {"bytes": usable, "label": f"{tuning.machine}: {size_text(usable)} usable"}
+
+
+def anchor_of(tuning: Tuning) -> Candidate:
+    """What the knob table compares with: the best, else the lowest peak (as
+    :meth:`~fsdpviz.tune.Tuning.alternatives` does)."""
+    best = tuning.best
+    if best is not None:
+        return best
+    return min(tuning.candidates, key=lambda c: c.peak_bytes)
+
+
+def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
+    best = tuning.best
+    tags = [f"#{c.index}"]
+    if best is not None and c is best:
+        tags.append("best")
+    if c.user:
+        tags.append("as given")
+    if c.index in frontier:
+        tags.append("on the frontier")
+    tags.append("fits" if c.fits else "does not fit")
+    if tuning.budget is not None:
+        memory = (
+            f"memory per rank: peak {size_text(c.peak_bytes)} of the "
+            f"{size_text(tuning.budget)} budget (reserved ≈ {size_text(c.reserved_bytes)})"
+        )
+    else:
+        of = size_text(c.usable_bytes) if c.usable_bytes else "?"
+        memory = (
+            f"memory per rank: {size_text(needed_bytes(tuning, c))} of {of} "
+            f"(peak {size_text(c.peak_bytes)}, reserved ≈ {size_text(c.reserved_bytes)})"
+        )
+    lines = [
+        " · ".join(tags),
+        f"{c.tokens_per_s:,.0f} tokens/s per GPU ({c.total_tokens_per_s:,.0f} on "
+        f"{c.world_size} GPUs)",
+        f"MFU {c.mfu:.1%}, step {duration_text(c.step_s)}, exposed communication "
+        f"{duration_text(c.exposed_comm_s)}",
+        memory,
+    ]
+    if c.dominant:
+        lines.append(f"the peak is mostly {c.dominant}")
+    lines += [f"{KNOB_NAMES.get(k, k)}: {v}" for k, v in c.knobs.items()]
+    lines.append(
+        "traced: the model ran for it" if c.traced else "replayed from another one's trace"
+    )
+    return lines
+
+
+def tune_data(tuning: Tuning) -> dict[str, Any]:
+    """The tuning as the front end draws it (JSON-ready).
+
+    ``points``: one column per field, one entry per candidate in ``tuning.candidates``'
+    order (``index``: the candidate's :attr:`~fsdpviz.tune.Candidate.index`; ``x``: bytes,
+    see the module docstring; ``y``: tokens/s per GPU; ``fits``, ``frontier``, ``traced``,
+    ``group``: its world size's entry in ``groups``; ``hover``: its lines of text);
+    ``frontier``: positions of the frontier's points, by x; ``best`` and ``user``:
+    positions (``best`` ``None`` when nothing fits); ``capacity``: the line (``bytes``,
+    ``label``) or ``None``; ``knobs``: the knob table's rows; ``summary``: the lines of
+    :meth:`~fsdpviz.tune.Tuning.summary`.
+    """
+    cands = tuning.candidates
+    position = {id(c): k for k, c in enumerate(cands)}
+    frontier = tuning.frontier
+    on_frontier = {c.index for c in frontier}
+    sizes = list(dict.fromkeys([*tuning.world_sizes, *(c.world_size for c in cands)]))
+    groups = [
+        {
+            "world_size": ws,
+            "label": f"{ws} ranks",
+            "color": GROUP_COLORS[k % len(GROUP_COLORS)],
+        }
+        for k, ws in enumerate(sizes)
+    ]
+    group_of = {ws: k for k, ws in enumerate(sizes)}
+    xs = [needed_bytes(tuning, c) for c in cands]
+    best = tuning.best
+    anchor = anchor_of(tuning)
+    alternatives = {a["knob"]: a for a in tuning.alternatives()}
+    knobs = []
+    for knob, value in anchor.knobs.items():
+        alt = alternatives.get(knob)
+        other: Candidate | None = alt["candidate"] if alt is not None else None
+        knobs.append(
+            {
+                "knob": knob,
+                "name": KNOB_NAMES.get(knob, knob),
+                "value": value,
+                "user": tuning.user.knobs.get(knob, ""),
+                "alternative": None if alt is None else str(alt["text"]),
+                "candidate": None if other is None else position[id(other)],
+            }
+        )
+    budget = tuning.budget is not None
+    return {
+        "title": tuning.summary().splitlines()[0],
+        "summary": tuning.summary().splitlines(),
+        "x_label": "memory per rank: peak"
+        if budget
+        else "memory per rank: the larger of peak and reserved",
+        "y_label": "tokens/s per GPU",
+        "capacity": _capacity(tuning),
+        "groups": groups,
+        "points": {
+            "index": [c.index for c in cands],
+            "x": xs,
+            "y": [c.tokens_per_s for c in cands],
+            "fits": [c.fits for c in cands],
+            "frontier": [c.index in on_frontier for c in cands],
+            "traced": [c.traced for c in cands],
+            "group": [group_of[c.world_size] for c in cands],
+            "hover": [_hover(tuning, c, on_frontier) for c in cands],
+        },
+        "frontier": sorted(
+            (position[id(c)] for c in frontier), key=lambda k: (xs[k], -cands[k].tokens_per_s)
+        ),
+        "best": None if best is None else position[id(best)],
+        "user": position[id(tuning.user)],
+        "anchor": "best" if best is not None else "lowest peak",
+        "knobs": knobs,
+    }
+
+
+def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
+    """:func:`tune_data` as a plotly figure, for static images: the scatter (filled: fits;
+    open: does not fit; one colour per world size), the frontier joined, the best (★) and
+    the configuration as given (◆) marked, the capacity line with the space past it
+    shaded, and the knob table beside it."""
+    data = tune_data(tuning)
+    c = theme_colors(theme)
+    p = data["points"]
+    n = len(p["index"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.58, 0.42],
+        specs=[[{"type": "xy"}, {"type": "table"}]],
+        horizontal_spacing=0.04,
+    )
+    cap = data["capacity"]
+    top = max([*p["x"], cap["bytes"] if cap else 0]) * 1.06 or 1.0
+    if cap is not None:
+        fig.add_vrect(
+            x0=cap["bytes"],
+            x1=top,
+            fillcolor=c["wait_fill"],
+            line_width=0,
+            layer="below",
+            row=1,
+            col=1,
+        )
+        fig.add_vline(x=cap["bytes"], line={"color": c["fg"], "width": 2}, row=1, col=1)
+        fig.add_annotation(
+            x=cap["bytes"],
+            y=1,
+            yref="y domain",
+            text=cap["label"],
+            showarrow=False,
+            xanchor="right",
+            yanchor="top",
+            font={"color": c["fg"], "size": 11},
+            row=1,
+            col=1,
+        )
+    order = data["frontier"]
+    fig.add_trace(
+        go.Scatter(
+            x=[p["x"][k] for k in order],
+            y=[p["y"][k] for k in order],
+            mode="lines",
+            line={"color": c["muted"], "width": 1.5},
+            name="frontier",
+            hoverinfo="skip",
+        ),
+        row=1,
+        col=1,
+    )
+    hover = ["<br>".join(lines) for lines in p["hover"]]
+    for g, group in enumerate(data["groups"]):
+        for fits in (True, False):
+            ks = [k for k in range(n) if p["group"][k] == g and p["fits"][k] == fits]
+            if not ks:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[p["x"][k] for k in ks],
+                    y=[p["y"][k] for k in ks],
+                    mode="markers",
+                    name=f"{group['label']}, {'fits' if fits else 'does not fit'}",
+                    marker={
+                        "color": group["color"],
+                        "size": 8,
+                        "symbol": "circle" if fits else "circle-open",
+                        "line": {"width": 1.5 if not fits else 0.5, "color": group["color"]},
+                    },
+                    text=[hover[k] for k in ks],
+                    hovertemplate="%{text}<extra></extra>",
+                ),
+                row=1,
+                col=1,
+            )
+    for key, symbol, label in (("best", "star", "best"), ("user", "diamond-open", "as given")):
+        k = data[key]
+        if k is None:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[p["x"][k]],
+                y=[p["y"][k]],
+                mode="markers+text",
+                name=label,
+                text=[label],
+                textposition="top center",
+                textfont={"color": c["fg"]},
+                marker={
+                    "symbol": symbol,
+                    "size": 16 if key == "best" else 14,
+                    "color": c["accent"] if key == "best" else c["fg"],
+                    "line": {"width": 2, "color": c["fg"]},
+                },
+                hovertext=[hover[k]],
+                hovertemplate="%{hovertext}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    knobs = data["knobs"]
+    fig.add_trace(
+        go.Table(
+            columnwidth=[0.8, 1.6, 2.6],
+            header={
+                "values": ["knob", data["anchor"], "best alternative"],
+                "fill_color": c["call"],
+                "font": {"color": c["fg"], "size": 11},
+                "align": "left",
+                "line_color": c["grid"],
+            },
+            cells={
+                "values": [
+                    [r["name"] for r in knobs],
+                    [r["value"] for r in knobs],
+                    [r["alternative"] or "none tried" for r in knobs],
+                ],
+                "fill_color": c["bg"],
+                "font": {"color": c["fg"], "size": 10},
+                "align": "left",
+                "line_color": c["grid"],
+            },
+        ),
+        row=1,
+        col=2,
+    )
+    ticks = _byte_ticks(top)
+    fig.update_xaxes(
+        title_text=data["x_label"],
+        range=[0, top],
+        tickvals=ticks,
+        ticktext=[format_bytes(v) for v in ticks],
+        showgrid=True,
+        row=1,
+        col=1,
+    )
+    ys = p["y"]
+    fig.update_yaxes(
+        title_text=data["y_label"],
+        range=[0, (max(ys, default=0.0) or 1.0) * 1.1],
+        tickformat=",.0f",
+        row=1,
+        col=1,
+    )
+    fig.update_layout(
+        template=template(theme),
+        title={"text": data["title"], "font": {"size": 13}},
+        legend={"orientation": "h", "y": -0.18, "x": 0},
+        margin={"l": 70, "r": 20, "t": 60, "b": 90},
+        height=560,
+        width=1300,
+    )
+    return fig
+
+
+def _byte_ticks(top: float) -> list[int]:
+    """About six ticks from 0 to ``top`` bytes, at 1, 2 or 5 times a power of ten of the
+    binary unit ``top`` is written in (``format_bytes`` labels them); the front end's
+    ``niceTicks`` picks the same."""
+    if top <= 0:
+        return [0]
+    scale = 1
+    while top / scale >= 1024 and scale < 2**40:
+        scale *= 1024
+    raw = top / scale / 6
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next((m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9)), 10 * mag)
+    count = int(top / scale / step + 1e-9)
+    return [int(round(k * step * scale)) for k in range(count + 1)]
