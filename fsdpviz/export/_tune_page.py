@@ -146,9 +146,7 @@ def tune_page(
             continue
         used += len(packed)
         plans[str(c.index)] = entry
-        scripts.append(
-            f'<script type="application/gzip" id="{entry["script"]}">{packed}</script>'
-        )
+        scripts.append(f'<script type="application/gzip" id="{entry["script"]}">{packed}</script>')
     data = tune_data(tuning)
     kept = [int(k) for k in plans]
     config = {
@@ -220,8 +218,7 @@ def _header(tuning: Tuning, heading: str, data: dict[str, Any]) -> str:
             + "</ul>"
         )
     return (
-        f"<header><h1>{html.escape(heading)}</h1>"
-        f'<dl class="fv-summary">{items}</dl>{warn}</header>'
+        f'<header><h1>{html.escape(heading)}</h1><dl class="fv-summary">{items}</dl>{warn}</header>'
     )
 
 

@@ -352,4 +352,4 @@ def _byte_ticks(top: float) -> list[int]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next((m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9)), 10 * mag)
     count = int(top / scale / step + 1e-9)
-    return [int(round(k * step * scale)) for k in range(count + 1)]
+    return [round(k * step * scale) for k in range(count + 1)]

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 import traitlets
 
 from fsdpviz.schema.report import Report
-from fsdpviz.tune.result import Tuning
-from fsdpviz.views.tune_view import tune_data
+from fsdpviz.tune.result import Candidate, Tuning
+from fsdpviz.views.tune_view import anchor_of, tune_data
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["TuneWidget"]
@@ -56,10 +56,10 @@ class TuneWidget(FrontEnd):
         """The selected configuration's plan (for the static image), else the best's."""
         c = self.candidate
         if c is None:
-            c = self.tuning.best or self.tuning.user
+            c = anchor_of(self.tuning)
         return c.report
 
     @property
-    def candidate(self) -> Any:
+    def candidate(self) -> Candidate | None:
         """The selected :class:`~fsdpviz.tune.Candidate`, or ``None``."""
         return None if self.selected is None else self._by_index[self.selected]
