@@ -198,29 +198,55 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
         horizontal_spacing=0.04,
     )
     cap = data["capacity"]
-    top = max([*p["x"], cap["bytes"] if cap else 0]) * 1.06 or 1.0
-    if cap is not None:
-        fig.add_vrect(
+    top = _x_top(p["x"], cap["bytes"] if cap else None)
+    if cap is not None and cap["bytes"] > top:  # far past every point: named at the edge
+        fig.add_annotation(
+            x=1,
+            y=0,
+            xref="x domain",
+            yref="y domain",
+            text=f"<b>{cap['label']}</b> →",
+            showarrow=False,
+            xanchor="right",
+            yanchor="bottom",
+            font={"color": c["fg"], "size": 11},
+            bgcolor=c["bg"],
+        )
+    elif cap is not None:
+        fig.add_shape(
+            type="rect",
+            xref="x",
+            yref="y domain",
             x0=cap["bytes"],
             x1=top,
+            y0=0,
+            y1=1,
             fillcolor=c["wait_fill"],
             line_width=0,
             layer="below",
-            row=1,
-            col=1,
         )
-        fig.add_vline(x=cap["bytes"], line={"color": c["fg"], "width": 2}, row=1, col=1)
+        fig.add_shape(
+            type="line",
+            xref="x",
+            yref="y domain",
+            x0=cap["bytes"],
+            x1=cap["bytes"],
+            y0=0,
+            y1=1,
+            line={"color": c["fg"], "width": 2},
+        )
         fig.add_annotation(
             x=cap["bytes"],
             y=1,
+            xref="x",
             yref="y domain",
-            text=cap["label"],
+            text=f"<b>{cap['label']}</b>",
             showarrow=False,
             xanchor="right",
             yanchor="top",
+            xshift=-4,
             font={"color": c["fg"], "size": 11},
-            row=1,
-            col=1,
+            bgcolor=c["bg"],
         )
     order = data["frontier"]
     fig.add_trace(
@@ -259,24 +285,28 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
                 row=1,
                 col=1,
             )
-    for key, symbol, label in (("best", "star", "best"), ("user", "diamond-open", "as given")):
+    same = data["best"] == data["user"]
+    marks = (("best", "star", "best, as given" if same else "best", "top center"),
+             ("user", "diamond-open", "" if same else "as given", "bottom center"))  # fmt: skip
+    for key, symbol, label, where in marks:
         k = data[key]
         if k is None:
             continue
+        group = data["groups"][p["group"][k]]
         fig.add_trace(
             go.Scatter(
                 x=[p["x"][k]],
                 y=[p["y"][k]],
                 mode="markers+text",
-                name=label,
+                name="best" if key == "best" else "as given",
                 text=[label],
-                textposition="top center",
+                textposition=where,
                 textfont={"color": c["fg"]},
                 marker={
                     "symbol": symbol,
-                    "size": 16 if key == "best" else 14,
-                    "color": c["accent"] if key == "best" else c["fg"],
-                    "line": {"width": 2, "color": c["fg"]},
+                    "size": 18 if key == "best" else 14,
+                    "color": group["color"] if key == "best" else c["fg"],
+                    "line": {"width": 1.5 if key == "best" else 2, "color": c["fg"]},
                 },
                 hovertext=[hover[k]],
                 hovertemplate="%{hovertext}<extra></extra>",
@@ -284,7 +314,11 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
             row=1,
             col=1,
         )
-    knobs = data["knobs"]
+    turned = [r for r in data["knobs"] if r["alternative"]]
+    fixed = [f"{r['name']} {r['value']}" for r in data["knobs"] if not r["alternative"]]
+    rows = [(r["name"], r["value"], r["alternative"]) for r in turned]
+    if fixed:
+        rows.append(("not turned", "; ".join(fixed), "no other value tried"))
     fig.add_trace(
         go.Table(
             columnwidth=[0.8, 1.6, 2.6],
@@ -296,11 +330,7 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
                 "line_color": c["grid"],
             },
             cells={
-                "values": [
-                    [r["name"] for r in knobs],
-                    [r["value"] for r in knobs],
-                    [r["alternative"] or "none tried" for r in knobs],
-                ],
+                "values": [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
                 "fill_color": c["bg"],
                 "font": {"color": c["fg"], "size": 10},
                 "align": "left",
@@ -315,7 +345,7 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
         title_text=data["x_label"],
         range=[0, top],
         tickvals=ticks,
-        ticktext=[format_bytes(v) for v in ticks],
+        ticktext=[format_bytes(v) if v else "0" for v in ticks],
         showgrid=True,
         row=1,
         col=1,
@@ -333,10 +363,23 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
         title={"text": data["title"], "font": {"size": 13}},
         legend={"orientation": "h", "y": -0.18, "x": 0},
         margin={"l": 70, "r": 20, "t": 60, "b": 90},
-        height=560,
+        # the table's rows, wrapped at about 40 characters, all shown
+        height=max(560, 190 + sum(15 * (1 + max(len(r[1]), len(r[2])) // 40) + 16 for r in rows)),
         width=1300,
     )
     return fig
+
+
+def _x_top(xs: list[int], capacity: int | None) -> float:
+    """The right end of the memory axis: past the largest point, and past the capacity
+    line unless that is more than three times as far (then the points would be a
+    smudge at the left: the line is named at the edge instead), as the front end does."""
+    most = max(xs, default=0)
+    if capacity is not None and capacity <= 3 * most:
+        most = max(most, capacity)
+    elif capacity is not None and most <= 0:
+        most = capacity
+    return most * 1.06 or 1.0
 
 
 def _byte_ticks(top: float) -> list[int]:

@@ -94,10 +94,13 @@ export function rateLabel(v: number, step: number): string {
   });
 }
 
-/** The whole tuning: from 0 to past the largest point and the capacity line. */
+/** The whole tuning: from 0 to past the largest point and the capacity line, unless the
+ * line is more than three times as far (the points would be a smudge at the left: the
+ * line is named at the edge instead), as fsdpviz.views.tune_figure does. */
 export function fullWindow(data: TuneData): TuneWindow {
   const cap = data.capacity?.bytes ?? 0;
-  const xMax = Math.max(cap, ...data.points.x, 0);
+  const most = Math.max(...data.points.x, 0);
+  const xMax = cap <= 3 * most || most <= 0 ? Math.max(cap, most) : most;
   const yMax = Math.max(...data.points.y, 0);
   return { x0: 0, x1: xMax > 0 ? xMax * 1.06 : 1, y0: 0, y1: yMax > 0 ? yMax * 1.1 : 1 };
 }
@@ -530,8 +533,23 @@ export class TuneView extends CanvasView {
     const x = this.capacityX();
     if (cap === null || x === null) return;
     const p = this.plot;
-    if (x < p.left || x > p.left + p.w) return;
     ctx.font = `bold ${FONT}`;
+    if (x < p.left || x > p.left + p.w) {
+      // off the window: named at the edge it lies beyond
+      const right = x > p.left + p.w;
+      const text = right ? `${cap.label} →` : `← ${cap.label}`;
+      const tw = ctx.measureText(text).width;
+      const tx = right ? p.left + p.w - 6 - tw : p.left + 6;
+      const ty = p.top + p.h - 11; // at the bottom: the fastest points are at the top
+      ctx.fillStyle = this.theme.bg;
+      ctx.fillRect(tx - 2, ty - 7, tw + 4, 14);
+      ctx.fillStyle = right ? this.theme.fg : this.theme.wait;
+      ctx.textAlign = "left";
+      ctx.textBaseline = "middle";
+      ctx.fillText(text, tx, ty);
+      ctx.font = FONT;
+      return;
+    }
     const text = cap.label;
     const tw = ctx.measureText(text).width;
     const left = x - 6 - tw >= p.left + 2;
