@@ -73,7 +73,9 @@ export function niceTicks(lo: number, hi: number, count: number, unit = 1): numb
   const step =
     ([1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw * (1 - 1e-9)) ?? 10 * mag) * unit;
   const out: number[] = [];
-  for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k++) out.push(k * step);
+  // to 12 digits: 0.6, not 0.6000000000000001; + 0: 0, not -0
+  for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k++)
+    out.push(Number((k * step).toPrecision(12)) + 0);
   return out;
 }
 
