@@ -189,11 +189,13 @@ def _header(tuning: Tuning, heading: str, data: dict[str, Any]) -> str:
     as given, the best per world size, the search's notes."""
     rows = []
     user = tuning.user
+    k = data["user"]
+    memory = data["points"]["hover"][k][3].removeprefix("memory per rank: ")
     rows.append(
         (
             "as given",
-            f"#{user.index}: {user.tokens_per_s:,.0f} tokens/s per GPU, {user.verdict()}"
-            f" ({'fits' if user.fits else 'does not fit'})",
+            f"#{user.index}: {user.tokens_per_s:,.0f} tokens/s per GPU; {memory} per rank, "
+            f"{'fits' if user.fits else 'does not fit'}",
         )
     )
     if len(tuning.world_sizes) > 1:

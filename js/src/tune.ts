@@ -556,7 +556,7 @@ export class TuneView extends CanvasView {
     const tw = ctx.measureText(text).width;
     const left = x - 6 - tw >= p.left + 2;
     const tx = left ? x - 6 - tw : x + 6;
-    const ty = p.top + 11;
+    const ty = p.top + p.h - 11; // at the bottom: the fastest points are at the top
     ctx.fillStyle = this.theme.bg;
     ctx.fillRect(tx - 2, ty - 7, tw + 4, 14);
     ctx.fillStyle = this.theme.fg;
@@ -568,7 +568,7 @@ export class TuneView extends CanvasView {
     const past = "does not fit →";
     const pw = ctx.measureText(past).width;
     if (x + 6 + pw < p.left + p.w) {
-      ctx.fillText(past, x + 6, left ? ty : ty + 16);
+      ctx.fillText(past, x + 6, left ? ty : ty - 16);
     }
     ctx.font = FONT;
   }
@@ -666,6 +666,12 @@ export class TuneView extends CanvasView {
       const [x, y] = at(k);
       ctx.beginPath();
       ctx.arc(x, y, r, 0, 2 * Math.PI);
+      if (dash.length === 0 && width > 2) {
+        // a halo of the background: the ring stands apart from a mark of its colour
+        ctx.strokeStyle = t.bg;
+        ctx.lineWidth = width + 2.5;
+        ctx.stroke();
+      }
       ctx.strokeStyle = color;
       ctx.lineWidth = width;
       ctx.setLineDash(dash);
