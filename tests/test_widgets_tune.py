@@ -105,7 +105,10 @@ def test_a_saved_notebook_keeps_the_words_and_the_plan_shown(tuning: Tuning) -> 
     assert bundle is not None
     assert {MIME, "image/svg+xml", "text/html", "text/plain"} <= set(bundle)
     assert bundle["text/plain"] == tuning.summary()
-    assert f"(the views below: configuration #{tuning.user.index}: " in bundle["text/html"]
+    html = bundle["text/html"]
+    assert f"(the views below: configuration #{tuning.user.index}: " in html
+    assert html.count("<circle ") == len(tuning.candidates)  # the scatter, static
+    assert f"{len(tuning.candidates)} configurations, {len(tuning.fitting)} fit" in html
     config = json.loads(gzip.decompress(base64.b64decode(bundle[MIME]["config"])))
     shown = config["views"]["explorer"]["data"]
     assert shown == json.loads(json.dumps(explorer_data(with_module_tree(tuning.user.report))))

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import math
+from html import escape
 from typing import Any
 
 import plotly.graph_objects as go
@@ -37,7 +38,7 @@ from fsdpviz.schema.timeline import duration_text
 from fsdpviz.tune.result import KNOB_NAMES, Candidate, Tuning
 from fsdpviz.views.style import TABLE, Theme, format_bytes, template, theme_colors
 
-__all__ = ["anchor_of", "needed_bytes", "tune_data", "tune_figure"]
+__all__ = ["anchor_of", "needed_bytes", "tune_data", "tune_figure", "tune_svg"]
 
 GROUP_COLORS: tuple[str, ...] = tuple(TABLE["palette_dark"])
 """One colour per world size compared, in order (the colour table's dark palette)."""
@@ -382,6 +383,16 @@ def _x_top(xs: list[int], capacity: int | None) -> float:
     return most * 1.06 or 1.0
 
 
+def _nice_ticks(top: float, count: int) -> list[float]:
+    """About ``count`` ticks from 0 to ``top`` at 1, 2 or 5 times a power of ten."""
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next((m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9)), 10 * mag)
+    return [k * step for k in range(int(top / step + 1e-9) + 1)]
+
+
 def _byte_ticks(top: float) -> list[int]:
     """About six ticks from 0 to ``top`` bytes, at 1, 2 or 5 times a power of ten of the
     binary unit ``top`` is written in (``format_bytes`` labels them); the front end's
@@ -396,3 +407,85 @@ def _byte_ticks(top: float) -> list[int]:
     step = next((m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9)), 10 * mag)
     count = int(top / scale / step + 1e-9)
     return [round(k * step * scale) for k in range(count + 1)]
+
+
+def tune_svg(data: dict[str, Any], width: int = 560, height: int = 260) -> str:
+    """:func:`tune_data` as a small static SVG (no script, no kaleido): the points, the
+    frontier, the capacity line, the best (★) and the given (◆), for what a saved notebook
+    shows without fsdpviz's front end. Text, axes and lines use ``currentColor``, so it
+    follows the page's light or dark theme."""
+    p = data["points"]
+    cap = data["capacity"]
+    top = _x_top(p["x"], cap["bytes"] if cap else None)
+    y_top = (max(p["y"], default=0.0) or 1.0) * 1.1
+    left, right, up, down = 58, 10, 22, 30
+    pw, ph = width - left - right, height - up - down
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return left + x / top * pw, up + ph - y / y_top * ph
+
+    def text(x: float, y: float, t: str, anchor: str = "start", extra: str = "") -> str:
+        return (
+            f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="currentColor" '
+            f'font-family="system-ui, sans-serif" font-size="10"{extra}>{escape(t)}</text>'
+        )
+
+    n, fit = len(p["index"]), sum(p["fits"])
+    body = [text(left, 12, f"{n} configurations, {fit} fit: {data['y_label']} against memory")]
+    body.append(
+        f'<rect x="{left}" y="{up}" width="{pw}" height="{ph}" fill="none" '
+        'stroke="currentColor" stroke-opacity="0.35"/>'
+    )
+    for v in _byte_ticks(top):
+        x, _ = at(v, 0)
+        body.append(
+            text(x, up + ph + 12, format_bytes(v) if v else "0", "middle", ' opacity="0.7"')
+        )
+    for rate in _nice_ticks(y_top, 5):
+        _, y = at(0, rate)
+        body.append(text(left - 4, y + 3, f"{rate:,.0f}", "end", ' opacity="0.7"'))
+    body.append(text(left + pw / 2, height - 4, data["x_label"], "middle"))
+    if cap is not None and cap["bytes"] <= top:
+        x, _ = at(cap["bytes"], 0)
+        body.append(
+            f'<rect x="{x:.1f}" y="{up}" width="{left + pw - x:.1f}" height="{ph}" '
+            f'fill="{theme_colors("light")["wait"]}" fill-opacity="0.10"/>'
+            f'<line x1="{x:.1f}" y1="{up}" x2="{x:.1f}" y2="{up + ph}" stroke="currentColor" '
+            'stroke-width="1.5"/>'
+        )
+        room = x - left > 6 * len(cap["label"])  # about 6 px a character
+        body.append(
+            text(
+                x + (-4 if room else 4),
+                up + ph - 6,
+                cap["label"],
+                "end" if room else "start",
+                ' font-weight="600"',
+            )
+        )
+    elif cap is not None:
+        body.append(text(left + pw - 4, up + ph - 6, f"{cap['label']} →", "end"))
+    line = " ".join("{:.1f},{:.1f}".format(*at(p["x"][k], p["y"][k])) for k in data["frontier"])
+    body.append(
+        f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-opacity="0.6"/>'
+    )
+    for k in range(len(p["index"])):
+        x, y = at(p["x"][k], p["y"][k])
+        color = data["groups"][p["group"][k]]["color"]
+        fill = color if p["fits"][k] else "none"
+        body.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" stroke="{color}" '
+            'stroke-width="1.3"><title>'
+            + escape(" | ".join(p["hover"][k][:4]))
+            + "</title></circle>"
+        )
+    for key, mark in (("user", "◆ as given"), ("best", "★ best")):
+        k = data[key]
+        if k is not None:
+            x, y = at(p["x"][k], p["y"][k])
+            body.append(text(x, y - 7, mark, "middle", ' font-weight="600"'))
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(data["title"])}" '
+        'style="overflow:visible;color:inherit">' + "".join(body) + "</svg>"
+    )

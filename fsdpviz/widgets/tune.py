@@ -26,7 +26,7 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.tune.result import Candidate, Tuning
-from fsdpviz.views.tune_view import anchor_of
+from fsdpviz.views.tune_view import anchor_of, tune_svg
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets.tune_widget import TuneWidget
 
@@ -153,9 +153,10 @@ class TuneView(w.VBox):  # type: ignore[misc]
         return save_tuning(self.tuning, path, **options)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        """The live view and, for the notebook once saved, the tuning in words and the
-        views of the configuration shown (else the best) for fsdpviz's JupyterLab
-        extension, with a static SVG of them (:func:`fsdpviz.export.object_bundle`)."""
+        """The live view and, for the notebook once saved, the scatter as a static SVG with
+        the tuning in words (``text/html``), and the views of the configuration shown (else
+        the best) for fsdpviz's JupyterLab extension, with a static SVG of them
+        (:func:`fsdpviz.export.object_bundle`)."""
         from fsdpviz.export import object_bundle
 
         bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
@@ -166,8 +167,9 @@ class TuneView(w.VBox):  # type: ignore[misc]
         shown = f"configuration #{c.index}: {c.label}"
         words = {
             "text/plain": text,
-            "text/html": '<pre class="fsdpviz-tune-summary" style="font-size:12px">'
-            f"{escape(text)}\n\n(the views below: {escape(shown)})</pre>",
+            "text/html": f'<div class="fsdpviz-tune-static">{tune_svg(self.scatter.data)}'
+            '<pre class="fsdpviz-tune-summary" style="font-size:12px">'
+            f"{escape(text)}\n\n(the views below: {escape(shown)})</pre></div>",
         }
         try:
             out: dict[str, Any] = object_bundle(c.report, base=bundle | words)
