@@ -45,13 +45,13 @@ from fsdpviz.recording import (
     record,
     record_fsdp1,
 )
-from fsdpviz.replan import suggest, sweep
+from fsdpviz.replan import sweep
 from fsdpviz.schedule.comparison import Comparison, compare
 from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tune import Candidate, Tuning, tune
+from fsdpviz.tune import Candidate, Tuning, suggest, tune
 
 __all__ = [
     "Candidate",

@@ -14,7 +14,8 @@ machine again (what ``analyze`` already does for the steady state):
   maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
-  ``no_sync`` deciding what they issue.
+  ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
+  steady state was traced under the first micro-step's sync).
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -109,6 +110,12 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
+    if cfg.forward_prefetch and changes.get("grad_accum", cfg.grad_accum) != cfg.grad_accum:
+        raise ConfigError(
+            "grad_accum cannot be replayed from a plan with forward_prefetch=True: FSDP1's "
+            "steady state was traced (or simulated) under the first micro-step's gradient "
+            "sync; call fsdpviz.analyze with the new grad_accum"
+        )
     opts = FSDP1Options.from_config(cfg, **changes)
     shapes = _shapes(report)
     units = [_resize_fsdp1(u, opts, shapes) for u in report.units]

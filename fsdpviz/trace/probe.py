@@ -54,6 +54,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
 from fsdpviz.trace.marks import Mark, cut_profile
@@ -238,7 +239,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = meta_cache.run(func, args, kwargs)
         if self._forced is not None:
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)

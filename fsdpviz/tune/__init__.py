@@ -4,6 +4,7 @@ May import every layer below it (schema, trace, plan, schedule, cost, replan).
 """
 
 from fsdpviz.tune.result import Candidate, TuneTable, Tuning
-from fsdpviz.tune.search import tune
+from fsdpviz.tune.search import suggest, tune
+from fsdpviz.tune.space import KNOBS
 
-__all__ = ["Candidate", "TuneTable", "Tuning", "tune"]
+__all__ = ["KNOBS", "Candidate", "TuneTable", "Tuning", "suggest", "tune"]

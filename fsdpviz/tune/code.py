@@ -69,7 +69,7 @@ def _checkpointing(spec: Any) -> list[str]:
         lines += [
             "picked = [m for m in model.modules() if isinstance(m, blocks)]",
             f"every = {{id(m) for m in picked[{spec.every - 1}::{spec.every}]}}  "
-            f"# every {spec.every}th block, counting from 1",
+            f"# every {_nth(spec.every)} block, counting from 1",
             "check_fn = lambda m: id(m) in every",
         ]
     elif names:
@@ -112,6 +112,10 @@ def _checkpointing(spec: Any) -> list[str]:
             "check_fn=check_fn)"
         )
     return lines
+
+
+def _nth(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
 def _op_code(op: str) -> str:

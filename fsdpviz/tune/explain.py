@@ -17,12 +17,12 @@ def _anchor(tuning: Tuning) -> Candidate:
     best = tuning.best
     if best is not None:
         return best
-    return min(tuning.candidates, key=lambda c: c.peak_bytes)
+    return min(tuning.candidates, key=lambda c: c.memory_bytes)
 
 
 def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
     """Per knob, the best configuration that differs from the anchor (the best, else the
-    lowest peak) in that knob, as few other knobs changed as possible (fitting ones first,
+    lightest) in that knob, as few other knobs changed as possible (fitting ones first,
     then the most tokens/s)."""
     anchor = _anchor(tuning)
     out: list[dict[str, Any]] = []
@@ -33,8 +33,34 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
 
         fewest = min(_distance(c, anchor, knob) for c in others)
         near = [c for c in others if _distance(c, anchor, knob) == fewest]
-        pick = max(near, key=lambda c: (c.fits, round(c.tokens_per_s, 6), -c.peak_bytes))
+        pick = max(near, key=lambda c: (c.fits, round(c.tokens_per_s, 6), -c.memory_bytes))
         out.append({"knob": knob, "candidate": pick, "text": _change(anchor, pick, knob)})
+    return out
+
+
+def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
+    """See :meth:`fsdpviz.tune.Tuning.why_slow`."""
+    from fsdpviz.cost.slowdowns import slowdowns
+
+    out = []
+    checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
+    for row in slowdowns(c.report, checkpointing=checkpointed):
+        knob = row["knob"]
+        others = [
+            o for o in tuning.candidates if knob in o.knobs and o.knobs[knob] != c.knobs.get(knob)
+        ]
+        pick: Candidate | None = None
+        if others:
+            fewest = min(_distance(o, c, knob) for o in others)
+            near = [o for o in others if _distance(o, c, knob) == fewest]
+            pick = max(near, key=lambda o: (o.fits, round(o.tokens_per_s, 6)))
+        if pick is not None:
+            predicted = f"tune: {_change(c, pick, knob)}"
+        elif knob in ("compile", "float8", "cpu_offload"):
+            predicted = f"tune tries {knob} with allow=({knob!r},)"
+        else:
+            predicted = ""
+        out.append(row | {"prediction": pick, "predicted": predicted})
     return out
 
 
@@ -61,9 +87,12 @@ def _change(anchor: Candidate, other: Candidate, knob: str) -> str:
 def _speed(anchor: Candidate, other: Candidate) -> str:
     if anchor.tokens_per_s <= 0:
         return f"{other.tokens_per_s:,.0f} tokens/s"
-    change = other.tokens_per_s / anchor.tokens_per_s - 1
+    ratio = other.tokens_per_s / anchor.tokens_per_s
+    change = ratio - 1
     if abs(change) < 0.0005:
         return "same tokens/s"
+    if ratio >= 2:
+        return f"{ratio:.1f}x the tokens/s"
     return f"{change:+.0%} tokens/s" if abs(change) >= 0.01 else f"{change:+.1%} tokens/s"
 
 
@@ -82,7 +111,8 @@ def summary(tuning: Tuning) -> str:
         if tuning.budget is not None
         else f"{tuning.machine}'s usable memory"
     )
-    ranks = ", ".join(str(w) for w in tuning.world_sizes)
+    sizes = [str(w) for w in tuning.world_sizes]
+    ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
         f"({tuning.traces} traced, the rest replayed) in {tuning.seconds:.1f} s; {fits} fit "
@@ -121,8 +151,8 @@ def summary(tuning: Tuning) -> str:
     else:
         low = _anchor(tuning)
         lines.append(
-            f"Nothing fits. The lowest peak is {size_text(low.peak_bytes)} "
-            f"({low.verdict()}), dominated by {low.dominant}, with:"
+            f"Nothing fits. The lightest configuration needs {low.verdict()} (its peak "
+            f"{size_text(low.peak_bytes)}, dominated by {low.dominant}), with:"
         )
         lines += _config_lines(low)
         needs = tuning.needs or {}
@@ -131,11 +161,22 @@ def summary(tuning: Tuning) -> str:
                 f"It fits from {needs['world_size']} ranks (peak "
                 f"{size_text(needs['peak_bytes'])}): the sharded state shrinks with the ranks."
             )
+        elif needs.get("reason"):
+            lines.append(f"{needs['reason'][0].upper()}{needs['reason'][1:]}.")
         pinned = [n for n in tuning.notes if n.endswith("(pinned)")]
         if pinned:
             lines.append(
                 "Pinned, so not turned: " + "; ".join(p[: -len(" (pinned)")] for p in pinned) + "."
             )
+    slow = [r for r in why_slow(tuning, user) if r["seconds"] > 0][:4]
+    if slow:
+        lines.append(
+            f"Why the configuration as given is slow (its step: {duration_text(user.step_s)}):"
+        )
+        for r in slow:
+            lines.append(f"  {r['share']:.0%} {r['text']}")
+            if r["predicted"]:
+                lines.append(f"      {r['predicted']}")
     alts = alternatives(tuning)
     if alts:
         lines.append("Per knob, the best alternative:")

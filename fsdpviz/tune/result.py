@@ -63,6 +63,7 @@ class Candidate:
     micro_batch: int
     grad_accum: int
     dominant: str
+    memory_bytes: int = 0  # what must fit: the peak under a budget, else peak or reserved
     traced: bool = False
     user: bool = False
     index: int = 0
@@ -86,6 +87,7 @@ class Candidate:
             "peak_bytes": self.peak_bytes,
             "peak_gib": self.peak_bytes / 2**30,
             "reserved_bytes": self.reserved_bytes,
+            "memory_bytes": self.memory_bytes,
             "usable_bytes": self.usable_bytes,
             "tokens_per_s": self.tokens_per_s,
             "total_tokens_per_s": self.total_tokens_per_s,
@@ -111,10 +113,9 @@ class Candidate:
         return configuration_code(self, style)
 
     def verdict(self) -> str:
-        """``"71.2 of 78.5 GiB"`` (the larger of the peak and the reserved estimate)."""
-        need = max(self.peak_bytes, self.reserved_bytes)
+        """``"71.2 GiB of 78.5 GiB"``: what must fit (:attr:`memory_bytes`) of what may."""
         of = size_text(self.usable_bytes) if self.usable_bytes else "?"
-        return f"{size_text(need)} of {of}"
+        return f"{size_text(self.memory_bytes)} of {of}"
 
     def __repr__(self) -> str:
         fit = "fits" if self.fits else "does not fit"
@@ -176,20 +177,20 @@ class Tuning:
         fitting = self.fitting
         if not fitting:
             return None
-        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.peak_bytes))
+        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.memory_bytes))
 
     def best_for(self, world_size: int) -> Candidate | None:
         """The best fitting configuration on ``world_size`` ranks."""
         fitting = [c for c in self.fitting if c.world_size == world_size]
         if not fitting:
             return None
-        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.peak_bytes))
+        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.memory_bytes))
 
     @property
     def frontier(self) -> list[Candidate]:
-        """The configurations no other beats in both tokens/s and peak memory (Pareto),
-        by increasing peak."""
-        ordered = sorted(self.candidates, key=lambda c: (c.peak_bytes, -c.tokens_per_s))
+        """The configurations no other beats in both tokens/s and memory (Pareto; memory:
+        :attr:`Candidate.memory_bytes`, what must fit), by increasing memory."""
+        ordered = sorted(self.candidates, key=lambda c: (c.memory_bytes, -c.tokens_per_s))
         out: list[Candidate] = []
         fastest = -1.0
         for c in ordered:
@@ -210,6 +211,15 @@ class Tuning:
         from fsdpviz.tune.explain import alternatives
 
         return alternatives(self)
+
+    def why_slow(self, candidate: Candidate | None = None) -> list[dict[str, Any]]:
+        """Why ``candidate`` (default: the configuration as given) is slow: its step's time
+        by cause (:func:`fsdpviz.cost.slowdowns`), each with ``prediction``: the fastest
+        configuration evaluated that turns that cause's knob (as few other knobs changed as
+        possible; None where none was) and ``predicted`` in words."""
+        from fsdpviz.tune.explain import why_slow
+
+        return why_slow(self, candidate or self.user)
 
     def summary(self) -> str:
         """The best configuration, why, and per knob what the best alternative changes."""

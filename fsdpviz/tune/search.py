@@ -44,6 +44,7 @@ from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.replan.hook_replay import replay
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import check_model
 from fsdpviz.tune.result import Candidate, Tuning
@@ -61,11 +62,13 @@ from fsdpviz.tune.space import (
     checkpoint_choices,
     checkpoint_label,
     divisors,
+    heads,
     micro_batch_inputs,
     param_dtype,
     pinned_knobs,
     precision_label,
     standard_precision,
+    standard_tp_plan,
     wrap_plans,
 )
 
@@ -160,6 +163,7 @@ def tune(
         optimizer,
         budget,
         progress,
+        source,
     )
     search.run(exhaustive)
     tuning = Tuning(
@@ -177,6 +181,40 @@ def tune(
         needs=search.needs,
     )
     return tuning
+
+
+def suggest(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    memory_budget: str | int | None = None,
+    world_size: int | Sequence[int] = DEFAULT_WORLD_SIZE,
+    api: str = "fsdp2",
+    machine: Machine | str = "h100",
+    optimizer: str | int | None = "adamw",
+    **options: Any,
+) -> Tuning:
+    """:func:`tune` turning only the wrap plan and FSDP's own switches (FSDP2's
+    ``reshard_after_forward``; FSDP1's sharding strategy and prefetch): the rest of the job
+    (``options``: ``mp_policy``, ``activation_checkpointing``, ``grad_accum``, ...) stays
+    as given.
+
+    Example::
+
+        tuning = fsdpviz.suggest(model, {"input_ids": ids}, memory_budget="60GiB", world_size=64)
+        tuning.best.kwargs        # pass them to fsdpviz.analyze
+    """
+    return tune(
+        model,
+        inputs,
+        world_size=world_size,
+        machine=machine,
+        api=api,
+        optimizer=optimizer,
+        memory_budget=memory_budget,
+        knobs=("wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch"),
+        **options,
+    )
 
 
 # ------------------------------------------------------------------ arguments
@@ -272,6 +310,7 @@ class _Search:
         optimizer: str | int | None,
         budget: int | None,
         progress: bool | None,
+        source: str = "",
     ) -> None:
         self.model = model
         self.inputs = inputs
@@ -291,7 +330,18 @@ class _Search:
         self._seen: dict[tuple[str, ...], Candidate | None] = {}
         self._configs: dict[int, Config] = {}  # candidate index -> its configuration
         self._fixed = fixed
-        self._inputs: dict[int, Any] = {}
+        self._inputs: dict[tuple[int, bool], Any] = {}
+        self._cache_off = _keeps_a_cache(model, inputs)
+        self._source = source
+        self._tp_why = ""
+        self._tp_standard = False
+        if self._cache_off:
+            self.notes.append(
+                "use_cache=False in the inputs of every configuration but the one as given: "
+                "training never reads Hugging Face's key/value cache, and a checkpointed layer "
+                "would append to it again when recomputed (gradient_checkpointing_enable sets "
+                "it so)"
+            )
         self._bar: Any = None
         self._progress = progress
         pinned = pinned_knobs(list(fixed), api) | (set(KNOBS) - turned)
@@ -432,7 +482,7 @@ class _Search:
             samples=batch,
         )
         mbs = [user_mb]
-        if batch and "micro_batch" not in pinned:
+        if batch:
             tokens = batch * accum if tokens_per_step is None else 0
             if tokens_per_step is not None:
                 tokens = self._samples_per_step(tokens_per_step, batch)
@@ -455,12 +505,19 @@ class _Search:
                 )
             user_mb = pick[0]
         choices["micro_batch"], user["micro_batch"] = mbs, user_mb
-        # the mesh
+        # the mesh: data parallel (HSDP on multi-node jobs), and tensor parallelism with the
+        # user's plan or, for a model that needs it, its own
         user_mesh = given("mesh")
         tp = _tp_degree(user_mesh)
+        plan = user_mesh.get("parallelize_plan")
+        self._tp_standard = plan is None
+        if plan is None:
+            plan, why = standard_tp_plan(model, self._source)
+            if plan is None:
+                self._tp_why = why
         meshes = []
         for ws in self.world_sizes:
-            meshes.extend(self._meshes(ws, tp, user_mesh))
+            meshes.extend(self._meshes(ws, tp, plan))
         mine_mesh = self._user_mesh(user_mesh, meshes)
         choices["mesh"], user["mesh"] = meshes, mine_mesh
         # offload, compile, float8
@@ -483,7 +540,6 @@ class _Search:
         if "micro_batch" in pinned and tokens_per_step is not None:
             self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
         space = Space(api, block, blocks, choices, user, base, batch, frozenset(pinned))
-        self._tp = tp
         self._describe_pins(space)
         return space
 
@@ -517,24 +573,29 @@ class _Search:
         tokens = batch_tokens(self.inputs)
         return max(1, tokens // max(batch, 1))
 
-    def _meshes(self, ws: int, tp: int, user_mesh: dict[str, Any]) -> list[Choice]:
+    def _meshes(self, ws: int, tp: int, plan: dict[str, Any] | None) -> list[Choice]:
+        """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
+        (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
+        node that divides the ranks and the heads (with the user's plan, else the model's
+        own; ``tp``: the user's degree)."""
         node = self.machine.gpus_per_node
-        if tp > 1:
-            if ws % tp:
-                return []
-            kw = {"mesh": ("dp_shard", ws // tp, "tp", tp)}
-            kw["parallelize_plan"] = user_mesh["parallelize_plan"]
-            return [
-                Choice(
-                    "mesh", f"{ws} ranks (FSDP {ws // tp} x TP {tp})", kw, mesh=(ws, ws // tp, tp)
-                )
-            ]
         out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
         if self.api == "FSDP2" and ws > node and ws % node == 0:
-            kw = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
+            kw: dict[str, Any] = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
             out.append(
                 Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
             )
+        if self.api != "FSDP2" or plan is None:
+            return out
+        n_heads = heads(self.model)
+        degree = 2
+        while degree <= max(node, tp):
+            fits = ws % degree == 0 and ws > degree and (not n_heads or n_heads % degree == 0)
+            if fits and (degree <= node or degree == tp):
+                kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
+                label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
+                out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
+            degree *= 2
         return out
 
     def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
@@ -592,22 +653,30 @@ class _Search:
 
     # ------------------------------------------------------------ evaluation
     def _key(self, config: Config) -> tuple[Any, ...]:
-        replayed = REPLAYED[self.api] - ({"mesh"} if self._tp > 1 else set())
-        out: list[Any] = []
+        """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
+        mesh, where it has a tensor-parallel dimension)."""
+        mesh = config["mesh"]
+        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 else 1]
+        if self._traces_accum(config):
+            out.append(config["micro_batch"].label)
         for knob in KNOBS:
             c = config.get(knob)
-            if c is None or knob in replayed:
+            if c is None or knob in REPLAYED[self.api]:
                 continue
             out.append(c.samples if knob == "micro_batch" else c.label)
-            if knob == "mesh":
-                out.append(c.label)
         return tuple(out)
+
+    def _traces_accum(self, config: Config) -> bool:
+        """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
+        with forward prefetch (its steady state depends on the first micro-step's sync)."""
+        prefetch = config.get("forward_prefetch")
+        return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
 
     def _replay_changes(self, config: Config) -> dict[str, Any]:
         changes: dict[str, Any] = {}
         for knob in REPLAYED[self.api]:
             c = config.get(knob)
-            if c is None or (knob == "mesh" and self._tp > 1):
+            if c is None or (knob == "mesh" and c.mesh[2] > 1):
                 continue
             kw = dict(c.kwargs)
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
@@ -618,12 +687,18 @@ class _Search:
         changes["grad_accum"] = int(config["micro_batch"].kwargs.get("grad_accum", 1))
         return changes
 
-    def _micro_inputs(self, samples: int) -> Any:
-        if samples not in self._inputs:
-            self._inputs[samples] = micro_batch_inputs(
-                self.inputs, self.space.batch, samples or self.space.batch
-            )
-        return self._inputs[samples]
+    def _micro_inputs(self, samples: int, user: bool = False) -> Any:
+        """The inputs of a micro-batch of ``samples``; a Hugging Face model's without its
+        key/value cache (``use_cache=False``, as ``gradient_checkpointing_enable`` sets it:
+        training never reads the cache, and a recomputed layer would append to it again),
+        except in the configuration as given."""
+        key = (samples, user)
+        if key not in self._inputs:
+            inputs = micro_batch_inputs(self.inputs, self.space.batch, samples or self.space.batch)
+            if not user and self._cache_off:
+                inputs = {**inputs, "use_cache": False}
+            self._inputs[key] = inputs
+        return self._inputs[key]
 
     def evaluate(self, config: Config, user: bool = False) -> Candidate | None:
         """The candidate of ``config`` (None when FSDP refuses it); each once."""
@@ -634,20 +709,22 @@ class _Search:
                 found.user = True
             return found
         self._seen[labels] = None
-        key = self._key(config)
+        key = (*self._key(config), user and self._cache_off)
         kwargs = self.space.kwargs(config)
-        inputs = self._micro_inputs(config["micro_batch"].samples)
+        inputs = self._micro_inputs(config["micro_batch"].samples, user and self._cache_off)
         traced = False
         try:
             if key not in self._traces:
-                trace_kw = {k: v for k, v in kwargs.items() if k != "grad_accum"}
+                trace_kw = dict(kwargs)
+                if not self._traces_accum(config):
+                    trace_kw.pop("grad_accum", None)  # replayed
                 self._traces[key] = self._analyze(inputs, trace_kw)
                 traced = True
             base = self._traces[key]
             if base is None:
                 return None
             changes = self._replay_changes(config)
-            if traced and changes["grad_accum"] == 1:
+            if traced and changes["grad_accum"] == base.config.grad_accum:
                 report = base
             else:
                 report = replay(base, **changes)
@@ -683,10 +760,7 @@ class _Search:
         user: bool,
     ) -> Candidate:
         check_fit(report)
-        if self.optimizer == "adamw":
-            mem = report.memory
-        else:
-            mem = memory_model(report, optimizer=self.optimizer)
+        mem = self._memory(report)
         tl = timeline(report, optimizer=self.optimizer)
         peak = int(mem.peak["bytes"])
         reserved = int(mem.reserved.get("bytes", 0))
@@ -711,6 +785,7 @@ class _Search:
             micro_batch=config["micro_batch"].samples or self.space.batch,
             grad_accum=int(config["micro_batch"].kwargs.get("grad_accum", 1)),
             dominant=str(mem.peak.get("dominant", "")),
+            memory_bytes=peak if self.budget is not None else max(peak, reserved),
             traced=traced,
             user=user,
             index=len(self.candidates),
@@ -721,12 +796,22 @@ class _Search:
         return c
 
     def _variants(self, config: Config) -> list[Config]:
-        """``config`` under every choice of the replayed knobs."""
-        replayed = sorted(REPLAYED[self.api] - ({"mesh"} if self._tp > 1 else set()))
-        out = []
-        for combo in itertools.product(*(self.space.choices[k] for k in replayed)):
-            out.append({**config, **dict(zip(replayed, combo, strict=True))})
-        return out
+        """``config`` under every choice of the replayed knobs (none with tensor parallelism:
+        a replay does not recompute its shards)."""
+        replayed = sorted(REPLAYED[self.api])
+        tp = config["mesh"].mesh[2]
+        if tp > 1:  # a replay keeps no tensor-parallel plan: each is traced
+            return [config]
+        options = []
+        for knob in replayed:
+            values = self.space.choices[knob]
+            if knob == "mesh":
+                values = [config["mesh"]] if tp > 1 else [c for c in values if c.mesh[2] == 1]
+            options.append(values)
+        return [
+            {**config, **dict(zip(replayed, combo, strict=True))}
+            for combo in itertools.product(*options)
+        ]
 
     def evaluate_key(self, config: Config) -> list[Candidate]:
         """``config`` (traced once) and every choice of the replayed knobs (replayed)."""
@@ -779,113 +864,246 @@ class _Search:
                 config[knob] = sp.user[knob]
         return config
 
-    def _fastest_fit(self) -> Candidate | None:
-        fitting = [c for c in self.candidates if c.fits]
+    def _fastest_fit(self, world_size: int | None = None) -> Candidate | None:
+        fitting = [
+            c
+            for c in self.candidates
+            if c.fits and (world_size is None or c.world_size == world_size)
+        ]
         return max(fitting, key=lambda c: c.tokens_per_s) if fitting else None
 
     def _staged(self) -> None:
+        for ws in self.world_sizes:
+            self._stages(ws)
+        sp = self.space
+        if "cpu_offload" in sp.pinned:
+            return
+        offload = sp.choices["cpu_offload"][-1]
+        best = self._best_traced(self._start())
+        if self._fastest_fit() is None:  # CPU offload: the last resort
+            lightest = min(self.candidates, key=lambda c: c.memory_bytes)
+            config = self._config_of(lightest)
+            if config is not None and config["cpu_offload"].label != offload.label:
+                self.evaluate_key({**config, "cpu_offload": offload})
+        elif "cpu_offload" in self.allowed and best["cpu_offload"].label != offload.label:
+            self.evaluate_key({**best, "cpu_offload": offload})
+
+    def _stages(self, ws: int) -> None:
+        """The search on ``ws`` ranks (the meshes of other world sizes come with each trace,
+        replayed)."""
         sp = self.space
         start = self._start()
+        user_tp = sp.user["mesh"].mesh[2]
+        mine = [m for m in sp.choices["mesh"] if m.mesh[0] == ws and m.mesh[2] == user_tp]
+        if not mine:
+            return
+        start["mesh"] = mine[0]
+        self._climb(start, ws)
+        if self._state_too_big(ws):
+            note = (
+                f"on {ws} ranks the sharded parameters, gradients and optimizer state alone "
+                "exceed the memory: no units, checkpointing or tensor parallelism can fit it"
+            )
+            self.notes.append(note)
+            return
+        # the other wrap plans: at the best trace key, or climbing each where the usual
+        # units fit nowhere; then FSDP1's forward prefetch and what allow= permits
+        if "wrap" not in sp.pinned:
+            fitted = self._fastest_fit(ws) is not None
+            best = self._best_traced(start, ws)
+            others = [c for c in sp.choices["wrap"] if c.label != start["wrap"].label]
+            if len(others) > 1:
+                others = [c for c in others if c.label != "the root alone"]
+            for choice in others:
+                if fitted:
+                    self.evaluate_key({**best, "wrap": choice})
+                else:
+                    self._climb({**start, "wrap": choice}, ws)
+        best = self._best_traced(start, ws)
+        for knob in ("forward_prefetch", "compile", "float8"):
+            if knob not in sp.choices or knob in sp.pinned:
+                continue
+            for choice in sp.choices[knob]:
+                if choice.label != best[knob].label:
+                    self.evaluate_key({**best, knob: choice})
+            best = self._best_traced(best, ws)
+        # tensor parallelism: where nothing fits without it, or the user plans with it
+        tp_meshes = [
+            m
+            for m in sp.choices["mesh"]
+            if m.mesh[0] == ws and m.mesh[2] > 1 and m.mesh[2] != user_tp
+        ]
+        if "mesh" not in sp.pinned and (self._fastest_fit(ws) is None or user_tp > 1):
+            if not tp_meshes and self._fastest_fit(ws) is None and self._tp_why:
+                note = f"tensor parallelism not tried: {self._tp_why}"
+                if note not in self.notes:
+                    self.notes.append(note)
+            for mesh in sorted(tp_meshes, key=lambda m: m.mesh[2]):
+                self._climb({**best, "mesh": mesh}, ws)
+            if self._tp_standard and any(c.report.config.tp_world_size for c in self.candidates):
+                note = (
+                    "tensor parallelism with the model's own plan "
+                    f"({'torchtitan' if self._source == 'torchtitan' else 'its config'}'s)"
+                )
+                if note not in self.notes:
+                    self.notes.append(note)
+
+    def _state_too_big(self, ws: int) -> bool:
+        """Whether, on ``ws`` ranks, what every rank holds of the sharded state (parameters,
+        gradients and optimizer state: the whole state over the ranks, whatever the mesh)
+        is already more than the memory, in the lightest configuration evaluated."""
+        if self._fastest_fit(ws) is not None:
+            return False
+        mine = [c for c in self.candidates if c.world_size == ws and not c.user]
+        if not mine:
+            return False
+        keys = ("sharded_params", "sharded_grads", "optimizer")
+
+        def state(c: Candidate) -> int:
+            mem = self._memory(c.report)
+            return sum(int(mem.peak.get("breakdown", {}).get(k, 0)) for k in keys)
+
+        least = min(mine, key=state)
+        return state(least) > least.usable_bytes
+
+    def _memory(self, report: Report) -> Any:
+        """The memory model of ``report`` for this search's optimizer."""
+        if self.optimizer == "adamw":
+            return report.memory
+        return memory_model(report, optimizer=self.optimizer)
+
+    def _climb(self, start: Config, ws: int) -> None:
+        """From the lightest configurations (the most checkpointing; if they do not fit on
+        ``ws`` ranks, nothing with the other knobs of ``start`` does) to the fastest: each
+        micro-batch from the largest, checkpointing from the lightest until one fits on
+        ``ws`` ranks."""
+        sp = self.space
         acs = sp.choices["activation_checkpointing"]
-        acs = [c for c in acs if c.label != "as given" or len(acs) == 1] or acs
+        mbs = sp.choices["micro_batch"]
+
+        def fits(found: list[Candidate]) -> bool:
+            return any(c.fits and c.world_size == ws for c in found)
+
+        # The least memory is at the most checkpointing, and at the largest micro-batch (no
+        # accumulation: no unsharded gradients kept between micro-steps) or the smallest
+        # (the fewest activations): if neither fits, nothing with these knobs does.
+        heaviest = acs[-1]
+        if not any(
+            fits(
+                self.evaluate_key(
+                    {**start, "micro_batch": mb, "activation_checkpointing": heaviest}
+                )
+            )
+            for mb in dict.fromkeys([mbs[-1], mbs[0]])
+        ):
+            return
         lightest_fit: int | None = None
-        fastest_at: dict[int, float] = {}  # checkpointing index -> fastest seen at a larger mb
-        for mb in sp.choices["micro_batch"]:
+        fastest_at: dict[int, float] = {}  # checkpointing index -> fastest at a larger mb
+        for mb in mbs:
             limit = len(acs) if lightest_fit is None else lightest_fit
             fitted = None
             for i, ac in enumerate(acs[:limit]):
-                fastest = self._fastest_fit()
+                fastest = self._fastest_fit(ws)
                 bound = fastest_at.get(i)
                 if fastest is not None and bound is not None and bound <= fastest.tokens_per_s:
                     continue  # a smaller micro-batch is no faster than this one was
                 found = self.evaluate_key(
                     {**start, "micro_batch": mb, "activation_checkpointing": ac}
                 )
-                if found:
-                    fastest_at[i] = max(c.tokens_per_s for c in found)
-                if any(c.fits for c in found):
+                mine = [c for c in found if c.world_size == ws]
+                if mine:
+                    fastest_at[i] = max(c.tokens_per_s for c in mine)
+                if fits(found):
                     fitted = i
                     break
             if fitted is not None:
                 lightest_fit = fitted if lightest_fit is None else min(lightest_fit, fitted)
             if lightest_fit == 0:
                 break
-        best = self._best_traced(start)
-        # the other wrap plans, FSDP1's forward prefetch, and what allow= permits
-        for knob in ("wrap", "forward_prefetch", "compile", "float8"):
-            if knob not in sp.choices or knob in sp.pinned:
-                continue
-            for choice in sp.choices[knob]:
-                if choice.label == best[knob].label:
-                    continue
-                if (
-                    knob == "wrap"
-                    and choice.label == "the root alone"
-                    and len(sp.choices[knob]) > 2
-                ):
-                    continue
-                self.evaluate_key({**best, knob: choice})
-            best = self._best_traced(best)
-        if self._fastest_fit() is None and "cpu_offload" not in sp.pinned:
-            lightest = min(self.candidates, key=lambda c: c.peak_bytes)
-            config = self._config_of(lightest)
-            on = sp.choices["cpu_offload"][-1]
-            if config is not None and config["cpu_offload"].label != on.label:
-                self.evaluate_key({**config, "cpu_offload": on})
-        elif "cpu_offload" in self.allowed and "cpu_offload" not in sp.pinned:
-            on = sp.choices["cpu_offload"][-1]
-            if best["cpu_offload"].label != on.label:
-                self.evaluate_key({**best, "cpu_offload": on})
 
     def _config_of(self, c: Candidate) -> Config | None:
         return self._configs.get(c.index)
 
-    def _best_traced(self, fallback: Config) -> Config:
-        """The configuration of the fastest fit so far (else the lowest peak)."""
-        best = self._fastest_fit()
-        if best is None and self.candidates:
-            best = min(self.candidates, key=lambda c: c.peak_bytes)
+    def _best_traced(self, fallback: Config, world_size: int | None = None) -> Config:
+        """The configuration of the fastest fit so far on ``world_size`` ranks (any: None),
+        else of the lowest peak."""
+        best = self._fastest_fit(world_size)
+        pool = [c for c in self.candidates if world_size is None or c.world_size == world_size]
+        if best is None and pool:
+            best = min(pool, key=lambda c: c.memory_bytes)
         if best is None:
             return fallback
         return self._config_of(best) or fallback
 
     def _needs(self) -> None:
-        """When nothing fits: how many ranks the lowest peak needs to fit."""
+        """When nothing fits: how many ranks the lowest peak needs to fit (its sharded state
+        shrinks with them), or why more ranks do not help."""
         if self._fastest_fit() is not None or not self.candidates:
             return
-        lightest = min(self.candidates, key=lambda c: c.peak_bytes)
-        self.needs = {"candidate": lightest.index, "world_size": None, "peak_bytes": None}
+        lightest = min(self.candidates, key=lambda c: c.memory_bytes)
+        needs: dict[str, Any] = {
+            "candidate": lightest.index, "world_size": None, "peak_bytes": None, "reason": ""
+        }  # fmt: skip
+        self.needs = needs
         report = lightest.report
         if report.config.tp_world_size or report.config.mesh is not None:
-            self.notes.append("how many ranks would fit is not worked out for a 2-D mesh")
+            needs["reason"] = "how many ranks would fit is not worked out for a 2-D mesh"
             return
-        ws = lightest.world_size
-        for _ in range(14):
+        ws, low = lightest.world_size, lightest.peak_bytes
+        while ws < 1 << 16:
             ws *= 2
+            changes: dict[str, Any] = {"world_size": ws}
+            if report.config.api == "FSDP2":
+                changes["mesh"] = None
             try:
-                changes: dict[str, Any] = {"world_size": ws}
-                if report.config.api == "FSDP2":
-                    changes["mesh"] = None
                 other = replay(report, **changes)
-            except FsdpvizError:
+            except FsdpvizError as e:
+                needs["reason"] = str(e).splitlines()[0]
                 return
             mem = (
                 other.memory
                 if self.optimizer == "adamw"
                 else memory_model(other, optimizer=self.optimizer)
             )
-            fits = mem.fits if self.budget is None else mem.peak["bytes"] <= self.budget
-            if fits:
-                self.needs.update(world_size=ws, peak_bytes=int(mem.peak["bytes"]))
+            peak = int(mem.peak["bytes"])
+            if mem.fits if self.budget is None else peak <= self.budget:
+                needs.update(world_size=ws, peak_bytes=peak)
                 return
-            if ws > 1 << 16:
-                return
+            if peak >= low:  # the sharded state no longer shrinks what the peak holds
+                break
+            low = peak
+        breakdown = lightest.report.memory.peak.get("breakdown", {})
+        per_rank = sum(
+            v
+            for k, v in breakdown.items()
+            if k not in ("sharded_params", "sharded_grads", "optimizer")
+        )
+        needs["reason"] = (
+            f"more ranks do not make it fit: {size_text(per_rank)} of its peak (activations, "
+            "unsharded parameters and gradients, buffers) does not shrink with the ranks; "
+            "a smaller micro-batch or sequence, or more checkpointing, would"
+        )
 
 
 _SHOWN = (
     "mesh", "wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch",
     "activation_checkpointing", "precision", "micro_batch", "cpu_offload", "compile", "float8",
 )  # fmt: skip
+
+
+def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
+    """Whether ``model`` (a Hugging Face model taking ``use_cache``) keeps a key/value cache
+    with these keyword inputs."""
+    import inspect
+
+    if not isinstance(inputs, dict) or "use_cache" in inputs:
+        return False
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    config = getattr(model, "config", None)
+    return "use_cache" in params and bool(getattr(config, "use_cache", False))
 
 
 def _mb_label(samples: int, steps: int) -> str:
@@ -946,4 +1164,4 @@ def _value_label(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["tune"]
+__all__ = ["suggest", "tune"]

@@ -320,6 +320,53 @@ def precision_label(kwargs: Mapping[str, Any], dtype: torch.dtype | None) -> str
     return f"{p} params" if p == r else f"{p} params, {r} reduce"
 
 
+# -------------------------------------------------------------- tensor parallel
+def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | None, str]:
+    """The model's own tensor-parallel plan, as ``parallelize_module`` takes it: torchtitan's
+    for its Llama (``source="torchtitan"``), else the Hugging Face config's
+    ``base_model_tp_plan`` (``"colwise"`` / ``"rowwise"`` entries); None and why where there
+    is none."""
+    if source == "torchtitan":
+        from fsdpviz.configs.torchtitan import tp_plan
+
+        return tp_plan(loss_parallel=False), ""
+    config = getattr(model, "config", None)
+    plan = getattr(config, "base_model_tp_plan", None)
+    if not plan:
+        return None, "the model defines no tensor-parallel plan (pass parallelize_plan=...)"
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    prefix = getattr(model, "base_model_prefix", "")
+    names = {n for n, _ in model.named_modules()}
+    at = f"{prefix}." if prefix and prefix in names else ""
+    out: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        if style not in styles:
+            return None, (
+                f"its Hugging Face plan uses {style!r} ({pattern}), which fsdpviz does not "
+                "read; pass parallelize_plan=..."
+            )
+        out[at + pattern] = styles[style]()
+    return out, ""
+
+
+def heads(model: nn.Module) -> int:
+    """The attention heads (key/value heads where fewer) a tensor-parallel degree must divide
+    (0: not known)."""
+    config = getattr(model, "config", None)
+    for key in ("num_key_value_heads", "num_attention_heads", "n_kv_heads", "n_heads"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    for m in model.modules():
+        for key in ("n_kv_heads", "n_heads", "num_key_value_heads", "num_heads"):
+            value = getattr(m, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return 0
+
+
 # --------------------------------------------------------------------- fixed
 def check_fixed(fixed: Mapping[str, Any], api: str) -> dict[str, Any]:
     """``fixed`` as analyze keywords; a knob's name pins its user value (``{"micro_batch":
@@ -407,10 +454,12 @@ __all__ = [
     "checkpoint_choices",
     "checkpoint_label",
     "divisors",
+    "heads",
     "micro_batch_inputs",
     "param_dtype",
     "pinned_knobs",
     "precision_label",
     "standard_precision",
+    "standard_tp_plan",
     "wrap_plans",
 ]
