@@ -130,7 +130,7 @@ def api_lines(tuning: Tuning, c: Candidate) -> list[str]:
         )
     else:
         memory = (
-            f"memory per rank: {size_text(max(c.peak_bytes, c.reserved_bytes))} of "
+            f"memory per rank: {size_text(c.memory_bytes)} of "
             f"{size_text(c.usable_bytes)} (peak {size_text(c.peak_bytes)}, reserved ≈ "
             f"{size_text(c.reserved_bytes)})"
         )
@@ -225,7 +225,7 @@ def test_a_click_on_a_point_opens_its_plan(small: Tuning, open_tune: Any) -> Non
     p.tune.locator("canvas").focus()
     p.page.keyboard.press("Home")
     p.page.keyboard.press("ArrowRight")
-    order = sorted(small.frontier, key=lambda c: (max(c.peak_bytes, 0), -c.tokens_per_s))
+    order = sorted(small.frontier, key=lambda c: (c.memory_bytes, -c.tokens_per_s))
     best = small.best
     assert best is not None
     at = [c.index for c in order].index(best.index)

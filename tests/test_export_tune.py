@@ -89,12 +89,12 @@ def test_a_page_caps_its_plans_and_says_so(tuning: Tuning) -> None:
     assert list(one["plans"]) == [str(anchor_of(tuning).index)]
 
 
-def test_a_tuning_where_nothing_fits_opens_on_the_lowest_peak() -> None:
+def test_a_tuning_where_nothing_fits_opens_on_the_lightest() -> None:
     tuning = tune_small(memory_budget="1MiB")
     tune = _config(tune_page(tuning))["tune"]
-    low = min(tuning.candidates, key=lambda c: c.peak_bytes)
+    low = min(tuning.candidates, key=lambda c: c.memory_bytes)
     assert tune["state"]["selected"] == low.index
-    assert tune["state"]["data"]["anchor"] == "lowest peak"
+    assert tune["state"]["data"]["anchor"] == "lightest"
 
 
 def test_mistakes_say_what_to_do(tuning: Tuning, tmp_path: Path) -> None:

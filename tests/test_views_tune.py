@@ -18,7 +18,7 @@ from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.timeline import duration_text
 from fsdpviz.tune.result import KNOB_NAMES
 from fsdpviz.views.style import format_bytes, theme_colors
-from fsdpviz.views.tune_view import GROUP_COLORS, anchor_of, needed_bytes, tune_data, tune_figure
+from fsdpviz.views.tune_view import GROUP_COLORS, anchor_of, tune_data, tune_figure
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_every_point_is_a_candidate_as_the_api_states_it(tuning: Tuning) -> None
     cands = tuning.candidates
     assert p["index"] == [c.index for c in cands]
     assert p["y"] == [c.tokens_per_s for c in cands]
-    assert p["x"] == [c.peak_bytes for c in cands]  # a budget: the peak is what fits checks
+    assert p["x"] == [c.memory_bytes for c in cands] == [c.peak_bytes for c in cands]  # budget
     assert p["fits"] == [c.fits for c in cands]
     assert p["traced"] == [c.traced for c in cands]
     cap = data["capacity"]
@@ -49,7 +49,7 @@ def test_every_point_is_a_candidate_as_the_api_states_it(tuning: Tuning) -> None
     frontier = {c.index for c in tuning.frontier}
     assert p["frontier"] == [c.index in frontier for c in cands]
     assert [p["index"][k] for k in data["frontier"]] == [
-        c.index for c in sorted(tuning.frontier, key=lambda c: (c.peak_bytes, -c.tokens_per_s))
+        c.index for c in sorted(tuning.frontier, key=lambda c: (c.memory_bytes, -c.tokens_per_s))
     ]
     assert tuning.best is not None and p["index"][data["best"]] == tuning.best.index
     assert p["index"][data["user"]] == tuning.user.index and tuning.user.user
@@ -118,20 +118,20 @@ def test_the_machines_memory_is_the_line_without_a_budget() -> None:
         "label": f"{tuning.machine}: {size_text(usable)} usable",
     }
     assert data["points"]["x"] == [max(c.peak_bytes, c.reserved_bytes) for c in cands]
-    assert data["points"]["x"] == [needed_bytes(tuning, c) for c in cands]
+    assert data["points"]["x"] == [c.memory_bytes for c in cands]
     assert data["points"]["x"] == [c.report.memory.needed for c in cands]
     assert data["points"]["fits"] == [x <= usable for x in data["points"]["x"]]
     assert data["x_label"] == "memory per rank: the larger of peak and reserved"
     assert "(peak " in data["points"]["hover"][0][3]
 
 
-def test_nothing_fits_compares_with_the_lowest_peak() -> None:
+def test_nothing_fits_compares_with_the_lightest() -> None:
     tuning = tune_small(memory_budget="1MiB")
     data = tune_data(tuning)
     assert tuning.best is None and data["best"] is None
-    assert data["anchor"] == "lowest peak"
+    assert data["anchor"] == "lightest"
     low = anchor_of(tuning)
-    assert low.peak_bytes == min(c.peak_bytes for c in tuning.candidates)
+    assert low.memory_bytes == min(c.memory_bytes for c in tuning.candidates)
     assert [r["value"] for r in data["knobs"]] == list(low.knobs.values())
     assert not any(data["points"]["fits"])
 

@@ -124,7 +124,7 @@ def tune_page(
     """The page of ``tuning`` as a string (see the module docstring).
 
     ``selected``: the candidate (its ``index``) whose plan is shown when the page opens
-    (default: the best; when nothing fits, the lowest peak); ``max_plans``, ``max_bytes``:
+    (default: the best; when nothing fits, the lightest); ``max_plans``, ``max_bytes``:
     how many plans the page holds at most, and how many bytes of them packed;
     ``iteration``, ``machine``: as for a report's page.
     """

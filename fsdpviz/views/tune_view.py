@@ -2,13 +2,14 @@
 against the memory it needs per rank, with the capacity line, the frontier joined, the best
 and the user's own configuration marked, and the knob table beside it.
 
-- x: the memory a configuration needs per rank: the larger of its peak and the allocator's
-  reserved estimate (what ``fits`` checks against the machine's usable memory), or, with a
-  ``memory_budget``, its peak (what ``fits`` checks against the budget); so a point left of
-  the capacity line fits, and one right of it does not;
+- x: the memory a configuration needs per rank (:attr:`~fsdpviz.tune.Candidate.memory_bytes`):
+  the larger of its peak and the allocator's reserved estimate (what ``fits`` checks against
+  the machine's usable memory), or, with a ``memory_budget``, its peak (what ``fits`` checks
+  against the budget); so a point left of the capacity line fits, and one right of it does
+  not;
 - y: tokens/s per GPU (:attr:`~fsdpviz.tune.Candidate.tokens_per_s`);
 - ``frontier``: :attr:`~fsdpviz.tune.Tuning.frontier` (no other configuration is both faster
-  and lighter), joined in the order of x;
+  and lighter), joined from left to right;
 - the knob table: per knob, the value of the best (or, when nothing fits, of the lowest
   peak), the user's, and the best alternative :meth:`~fsdpviz.tune.Tuning.alternatives`
   gives, with its text.
@@ -38,18 +39,10 @@ from fsdpviz.schema.timeline import duration_text
 from fsdpviz.tune.result import KNOB_NAMES, Candidate, Tuning
 from fsdpviz.views.style import TABLE, Theme, format_bytes, template, theme_colors
 
-__all__ = ["anchor_of", "needed_bytes", "tune_data", "tune_figure", "tune_svg"]
+__all__ = ["anchor_of", "tune_data", "tune_figure", "tune_svg"]
 
 GROUP_COLORS: tuple[str, ...] = tuple(TABLE["palette_dark"])
 """One colour per world size compared, in order (the colour table's dark palette)."""
-
-
-def needed_bytes(tuning: Tuning, c: Candidate) -> int:
-    """The memory ``c`` needs per rank, as the view's x axis places it: the peak under a
-    ``memory_budget``, else the larger of the peak and the reserved estimate."""
-    if tuning.budget is not None:
-        return c.peak_bytes
-    return max(c.peak_bytes, c.reserved_bytes)
 
 
 def _capacity(tuning: Tuning) -> dict[str, Any] | None:
@@ -62,12 +55,12 @@ def _capacity(tuning: Tuning) -> dict[str, Any] | None:
 
 
 def anchor_of(tuning: Tuning) -> Candidate:
-    """What the knob table compares with: the best, else the lowest peak (as
+    """What the knob table compares with: the best, else the lightest (as
     :meth:`~fsdpviz.tune.Tuning.alternatives` does)."""
     best = tuning.best
     if best is not None:
         return best
-    return min(tuning.candidates, key=lambda c: c.peak_bytes)
+    return min(tuning.candidates, key=lambda c: c.memory_bytes)
 
 
 def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
@@ -88,7 +81,7 @@ def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
     else:
         of = size_text(c.usable_bytes) if c.usable_bytes else "?"
         memory = (
-            f"memory per rank: {size_text(needed_bytes(tuning, c))} of {of} "
+            f"memory per rank: {size_text(c.memory_bytes)} of {of} "
             f"(peak {size_text(c.peak_bytes)}, reserved ≈ {size_text(c.reserved_bytes)})"
         )
     lines = [
@@ -134,7 +127,7 @@ def tune_data(tuning: Tuning) -> dict[str, Any]:
         for k, ws in enumerate(sizes)
     ]
     group_of = {ws: k for k, ws in enumerate(sizes)}
-    xs = [needed_bytes(tuning, c) for c in cands]
+    xs = [c.memory_bytes for c in cands]
     best = tuning.best
     anchor = anchor_of(tuning)
     alternatives = {a["knob"]: a for a in tuning.alternatives()}
@@ -177,7 +170,7 @@ def tune_data(tuning: Tuning) -> dict[str, Any]:
         ),
         "best": None if best is None else position[id(best)],
         "user": position[id(tuning.user)],
-        "anchor": "best" if best is not None else "lowest peak",
+        "anchor": "best" if best is not None else "lightest",
         "knobs": knobs,
     }
 

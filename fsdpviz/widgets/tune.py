@@ -4,7 +4,7 @@ On top, the configurations :func:`fsdpviz.tune` evaluated as a scatter with the 
 beside it (:class:`TuneWidget`: tokens/s per GPU against memory per rank, the capacity
 line, the frontier, the best ★ and the configuration as given ◆). Below, the
 :class:`~fsdpviz.widgets.Dashboard` (timeline, explorer, prefetch graph) of the
-configuration selected: at first the best (when nothing fits, the lowest peak), then
+configuration selected: at first the best (when nothing fits, the lightest), then
 whichever a click on a point, Enter, or an alternative in the knob table selects, in place
 of the one shown before.
 
@@ -38,7 +38,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
 
     ``selected``: the index (:attr:`~fsdpviz.tune.Candidate.index`) of the configuration
     whose views are shown, or ``None``; ``dashboard``: those views. ``selected=``: the
-    index shown first (default ``"best"``: the best, else the lowest peak; ``None``: none).
+    index shown first (default ``"best"``: the best, else the lightest; ``None``: none).
     ``model=`` (the model tuned) lets each opened dashboard's controls re-plan from that
     configuration; other keywords go to each :class:`~fsdpviz.widgets.Dashboard`.
     """

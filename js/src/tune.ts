@@ -34,7 +34,7 @@ export interface TuneData {
   frontier: number[];
   best: number | null;
   user: number;
-  /** What the knob table compares with: "best", or "lowest peak" when nothing fits. */
+  /** What the knob table compares with: "best", or "lightest" when nothing fits. */
   anchor: string;
   knobs: Array<{
     knob: string;
@@ -277,7 +277,7 @@ export class TuneView extends CanvasView {
     caption.textContent =
       d.anchor === "best"
         ? "Per knob: the best's value, the one given, and the best alternative (click it to open)"
-        : "Nothing fits. Per knob: the lowest peak's value, the one given, and the best alternative";
+        : "Nothing fits. Per knob: the lightest's value, the one given, and the best alternative";
     const table = element("table", "fv-tune-table");
     const head = document.createElement("thead");
     const hr = document.createElement("tr");
