@@ -245,6 +245,17 @@ class Tuning:
             return p
         return save_method("tuning")(self, p, **kwargs)
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """A notebook shows the view (:meth:`show`), which keeps the summary as its text."""
+        view = self.show()
+        shown = view._repr_mimebundle_(**kwargs)
+        if isinstance(shown, tuple):  # (data, metadata), as ipywidgets returns it
+            data, meta = shown
+            return {**data, "text/plain": self.summary()}, meta
+        if isinstance(shown, dict):
+            return {**shown, "text/plain": self.summary()}
+        return shown
+
     def __str__(self) -> str:
         return self.summary()
 
