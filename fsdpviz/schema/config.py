@@ -74,6 +74,9 @@ class ReportConfig(Mapping[str, Any]):
     """
 
     api: Api = "FSDP1"
+    # whose FSDP: the torch release a prediction follows, or a recording ran ("2.8.0"); None:
+    # not stated (a report saved before fsdpviz stated it)
+    torch_version: str | None = None
     world_size: int | None = None  # None: not known (a recording without torch.distributed)
     # FSDP1: FullyShardedDataParallel's options
     shard_world_size: int | None = None  # ranks a FlatParameter is sharded over; None: world_size
@@ -235,6 +238,7 @@ class ReportConfig(Mapping[str, Any]):
 
 FSDP1_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "shard_world_size",
     "sharding_strategy",
@@ -248,6 +252,7 @@ FSDP1_KEYS = (
 """What an FSDP1 prediction states, in order."""
 FSDP2_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "fully_shard",
     "reshard_after_forward",

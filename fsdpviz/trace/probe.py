@@ -41,6 +41,7 @@ into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -622,6 +623,21 @@ def _recomputing() -> bool:
     activations. (A reentrant checkpoint recomputes under our own hooks: what it
     saves is counted by ``_pack``.)
     """
-    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    peek = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if peek is None:  # torch < 2.8 cannot show the hooks: find the recomputation's frame
+        return _in_recompute_fn()
+    top = peek(True)
     name = getattr(top[0], "__qualname__", "") if top is not None else ""
     return name.startswith("_recomputation_hook")
+
+
+def _in_recompute_fn() -> bool:
+    """Whether ``torch.utils.checkpoint``'s ``recompute_fn`` (which runs the checkpointed
+    forward again under ``_recomputation_hook``) is on the Python stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "recompute_fn" and code.co_filename.endswith("checkpoint.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
