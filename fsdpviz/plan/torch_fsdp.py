@@ -167,10 +167,7 @@ def torch_fsdp(version: str | None = None) -> TorchFSDP:
             f"torch_version={version!r}: fsdpviz plans the FSDP of torch {_range()}; "
             "give a release in that range"
         )
-    here = installed()
-    if rules.release == here.release:
-        return here
-    return rules
+    return rules.replace(installed=rules.release == installed().release)
 
 
 # ----------------------------------------------------------------- FSDP2's hooked tensors

@@ -140,6 +140,13 @@ class ReportConfig(Mapping[str, Any]):
         return self.world_size or 1
 
     @property
+    def whose_fsdp(self) -> str:
+        """Whose FSDP the report is of: ``"FSDP2 of torch 2.8.0"``; the API alone where the
+        report does not say (saved before fsdpviz stated it)."""
+        api = self.api if "api" in self.stated or self.torch_version else "FSDP"
+        return f"{api} of torch {self.torch_version}" if self.torch_version else api
+
+    @property
     def shard_ranks(self) -> int:
         """Ranks one unit's parameters are sharded over (FSDP1's ``shard_world_size`` for
         hybrid and ``NO_SHARD`` plans, otherwise all of them)."""

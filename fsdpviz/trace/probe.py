@@ -531,7 +531,41 @@ def _op_info(
     # these ops take top-level tensors only, so call the formula on their shapes directly.
     raw = getattr(wrapped, "__wrapped__", None)
     cost = _kernel_kind(func, schema, wrapped is not None, fresh or writes)
+    name = func._overloadpacket.__name__
+    if raw is not None and name in _ATTENTION and not _counts_gqa():
+        raw = _gqa_as_heads(raw, 1 if name.endswith("_backward") else 0)
     return (raw, True, fresh, cost) if raw is not None else (wrapped, False, fresh, cost)
+
+
+@functools.cache
+def _counts_gqa() -> bool:
+    """Whether torch's attention FLOP formulas take fewer key/value heads than query heads
+    (grouped-query attention; torch < 2.9 asserts equal heads)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    try:
+        sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))
+    except AssertionError:
+        return False
+    return True
+
+
+def _gqa_as_heads(formula: Callable[..., int], query: int) -> Callable[..., int]:
+    """``formula`` with grouped-query key and value shapes given as many heads as the query
+    (argument ``query``; key and value follow it): the kernels broadcast them, so the
+    FLOPs are those of full heads."""
+
+    def flops(*shapes: Any, **kwargs: Any) -> int:
+        q = shapes[query]
+        if len(shapes) > query + 2 and len(q) == 4:
+            k, v = shapes[query + 1], shapes[query + 2]
+            if len(k) == 4 and len(v) == 4 and k[1] != q[1]:
+                k = (k[0], q[1], *k[2:])
+                v = (v[0], q[1], *v[2:])
+                shapes = (*shapes[:query + 1], k, v, *shapes[query + 3:])
+        return formula(*shapes, **kwargs)
+
+    return flops
 
 
 def _kernel_kind(func: Any, schema: Any, counted: bool, kernel: bool) -> tuple[Any, ...] | None:
