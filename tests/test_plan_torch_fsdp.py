@@ -126,7 +126,7 @@ def test_a_grouped_call_half_run_before_2_13_is_never_completed() -> None:
 
 def test_ignored_params_needs_2_7() -> None:
     model = hm.Stack()
-    with pytest.raises(FSDPConfigError, match="torch 2.7"):
+    with pytest.raises(FSDPConfigError, match=r"torch 2\.7"):
         _fsdp2("2.6", model, ignored_params={model.head.weight})
     _fsdp2("2.7", model, ignored_params={model.head.weight})
 

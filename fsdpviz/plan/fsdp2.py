@@ -27,7 +27,6 @@ from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
-from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     fsdp_shard_shape,
@@ -35,6 +34,7 @@ from fsdpviz.plan.tensor_parallel import (
     local_shape,
     parse_tp_mesh,
 )
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
 

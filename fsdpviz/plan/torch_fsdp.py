@@ -44,7 +44,7 @@ import torch
 
 from fsdpviz.errors import ConfigError
 
-__all__ = ["OLDEST", "NEWEST", "TorchFSDP", "installed", "torch_fsdp"]
+__all__ = ["NEWEST", "OLDEST", "TorchFSDP", "installed", "torch_fsdp"]
 
 OLDEST = (2, 6)
 """The oldest torch release fsdpviz plans and records."""
@@ -239,7 +239,9 @@ def _replace(obj: Any, it: Any, depth: int) -> Any:
         return next(it)
     if _is_namedtuple(obj):
         items = [_replace(x, it, depth + 1) for x in obj]
-        return type(obj)(*items) if any(a is not b for a, b in zip(items, obj)) else obj
+        return (
+            type(obj)(*items) if any(a is not b for a, b in zip(items, obj, strict=True)) else obj
+        )
     if _is_dataclass(obj):
         changes = {}
         for f in dataclasses.fields(obj):
@@ -255,7 +257,7 @@ def _replace(obj: Any, it: Any, depth: int) -> Any:
         return values if type(obj) is dict else type(obj)(values)
     if isinstance(obj, (list, tuple)):
         items = [_replace(x, it, depth + 1) for x in obj]
-        if all(a is b for a, b in zip(items, obj)):
+        if all(a is b for a, b in zip(items, obj, strict=True)):
             return obj
         try:
             return type(obj)(items)

@@ -562,7 +562,7 @@ def _gqa_as_heads(formula: Callable[..., int], query: int) -> Callable[..., int]
             if len(k) == 4 and len(v) == 4 and k[1] != q[1]:
                 k = (k[0], q[1], *k[2:])
                 v = (v[0], q[1], *v[2:])
-                shapes = (*shapes[:query + 1], k, v, *shapes[query + 3:])
+                shapes = (*shapes[: query + 1], k, v, *shapes[query + 3 :])
         return formula(*shapes, **kwargs)
 
     return flops

@@ -98,7 +98,8 @@ def run_html(run: RecordedRun) -> str:
     counts = sorted({len(r.iterations) for r in run.ranks})
     title = (
         f"<b>fsdpviz</b> recording · {escape(str(api))} · {len(run.ranks)} of "
-        f"{run.world_size} ranks" + (f" · {escape(str(backend))}" if backend else "")
+        f"{run.world_size} ranks"
+        + (f" · {escape(str(backend))}" if backend else "")
         + escape(_torch(first.config))
     )
     summary = (
