@@ -2,8 +2,8 @@
 
 The behaviours that differ between releases are planned from the release's rules
 (``fsdpviz/plan/torch_fsdp.py``); these tests plan for older releases on whatever torch is
-installed, and check the rules against the installed torch's own code. The conformance
-suites run real FSDP on an older torch too (``make test-older-torch``).
+installed, and check the rules against the installed torch's own code (2.8 to 2.14). The
+conformance suites run real FSDP on an older torch too (``make test-older-torch``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ from fsdpviz.errors import ConfigError
 __all__ = ["NEWEST", "OLDEST", "TorchFSDP", "installed", "torch_fsdp"]
 
 OLDEST = (2, 6)
-"""The oldest torch release fsdpviz plans and records."""
+"""The oldest torch release ``torch_version=`` plans (fsdpviz installs with torch 2.8 and
+newer: the FSDP2 of 2.6 and 2.7 does not run on a CPU, so no real run checks it in CI)."""
 NEWEST = (2, 14)
 """The newest torch release fsdpviz plans and records."""
 
