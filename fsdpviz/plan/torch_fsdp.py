@@ -8,7 +8,7 @@ below). A plan follows the installed torch (:func:`installed`) unless ``analyze`
 cluster pinned to an older one.
 
 [Note: FSDP2 across releases] (read from ``torch/distributed/fsdp/_fully_shard`` of each
-release 2.6.0 ... 2.14.1 and checked against real runs on gloo):
+release 2.6.0 ... 2.14.1; checked against real runs on gloo with 2.8.0 and 2.13.0):
 
 - 2.7: ``fully_shard(ignored_params=...)``; the root's final callback runs the
   post-backward of every group not in ``POST_BACKWARD`` (2.6: of every group that is
