@@ -370,7 +370,7 @@ def _mesh(
     }
 
 
-def _tp_plan(loss_parallel: bool) -> dict[str, Any]:
+def tp_plan(loss_parallel: bool) -> dict[str, Any]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
     vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
@@ -445,7 +445,7 @@ def _plan(
     if mesh["tp"] > 1:
         parallel = data.get("parallelism", {})
         loss_parallel = not parallel.get("disable_loss_parallel", False)
-        kwargs["parallelize_plan"] = _tp_plan(loss_parallel)
+        kwargs["parallelize_plan"] = tp_plan(loss_parallel)
         if loss_parallel:
             note(
                 notes,

@@ -59,6 +59,8 @@ _FSDPVIZ = {
     "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
     "torch_version", *JOB_KEYS,
 }  # fmt: skip
+FSDP1_KEYWORDS = frozenset(_MODELLED | _FSDPVIZ)
+"""Every keyword ``analyze`` takes for FSDP1 (``FullyShardedDataParallel``'s and fsdpviz's)."""
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 
 

@@ -44,6 +44,8 @@ _KNOWN = {
     "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
     *JOB_KEYS,
 }  # fmt: skip
+FSDP2_KEYWORDS = frozenset(_KNOWN)
+"""Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
     "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "

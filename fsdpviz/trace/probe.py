@@ -55,6 +55,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
 from fsdpviz.trace.marks import Mark, cut_profile
@@ -191,7 +192,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = _nbytes(inputs)
-        self.tokens = _tokens(inputs)
+        self.tokens = batch_tokens(inputs)
         self._external = {
             id(st)
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
@@ -239,7 +240,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = meta_cache.run(func, args, kwargs)
         if self._forced is not None:
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)
@@ -632,7 +633,7 @@ def _shape(out: Any) -> Any:
     return out
 
 
-def _tokens(inputs: Any) -> int:
+def batch_tokens(inputs: Any) -> int:
     """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
     dimensions of the first tensor."""
     tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
