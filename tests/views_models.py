@@ -60,7 +60,11 @@ def tiny_inputs() -> torch.Tensor:
 
 def analyze_tiny(**kwargs: Any) -> Report:
     torch.manual_seed(0)
-    options: dict[str, Any] = {"auto_wrap_policy": ModuleWrapPolicy({Block}), "world_size": 4}
+    options: dict[str, Any] = {
+        "auto_wrap_policy": ModuleWrapPolicy({Block}),
+        "world_size": 4,
+        "torch_version": "2.13",  # goldens: the same whatever torch is installed
+    }
     options.update(kwargs)
     return fsdpviz.analyze(Tiny(), tiny_inputs(), progress=False, **options)
 

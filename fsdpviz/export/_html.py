@@ -307,6 +307,9 @@ def _header(
         rows.append(("source", base.source))
     else:
         rows.append(("source", f"recording of {len(reports)} ranks"))
+    if base.config.torch_version:
+        verb = "predicted" if base.source == "prediction" else "recorded"
+        rows.append(("FSDP", f"{base.config.whose_fsdp} ({verb})"))
     full = sum(u.bytes for u in base.units)
     per_rank = sum(u.sharded_bytes for u in base.units)
     rows.append(("wrap units", f"{len(base.units)}"))

@@ -47,6 +47,7 @@ from fsdpviz.plan.fsdp2 import (
 )
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
+from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -195,6 +196,7 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     if "offload_policy" in changes:
         offload = _offload(changes["offload_policy"])
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
+    rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module for u in report.units}
     groups: list[Group] = []
     for name in cfg.fully_shard:
@@ -205,11 +207,11 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
                 modules=tuple(_PLACEHOLDER for _ in fqns),
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
             )
         )
     check_reshard_ints(groups, shard)
-    runtime = FSDP2Runtime(groups, shard, ws // shard, offload)
+    runtime = FSDP2Runtime(groups, shard, ws // shard, offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(

@@ -41,6 +41,7 @@ into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -531,7 +532,41 @@ def _op_info(
     # these ops take top-level tensors only, so call the formula on their shapes directly.
     raw = getattr(wrapped, "__wrapped__", None)
     cost = _kernel_kind(func, schema, wrapped is not None, fresh or writes)
+    name = func._overloadpacket.__name__
+    if raw is not None and name in _ATTENTION and not _counts_gqa():
+        raw = _gqa_as_heads(raw, 1 if name.endswith("_backward") else 0)
     return (raw, True, fresh, cost) if raw is not None else (wrapped, False, fresh, cost)
+
+
+@functools.cache
+def _counts_gqa() -> bool:
+    """Whether torch's attention FLOP formulas take fewer key/value heads than query heads
+    (grouped-query attention; torch < 2.9 asserts equal heads)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    try:
+        sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))  # type: ignore[no-untyped-call]
+    except AssertionError:
+        return False
+    return True
+
+
+def _gqa_as_heads(formula: Callable[..., int], query: int) -> Callable[..., int]:
+    """``formula`` with grouped-query key and value shapes given as many heads as the query
+    (argument ``query``; key and value follow it): the kernels broadcast them, so the
+    FLOPs are those of full heads."""
+
+    def flops(*shapes: Any, **kwargs: Any) -> int:
+        q = shapes[query]
+        if len(shapes) > query + 2 and len(q) == 4:
+            k, v = shapes[query + 1], shapes[query + 2]
+            if len(k) == 4 and len(v) == 4 and k[1] != q[1]:
+                k = (k[0], q[1], *k[2:])
+                v = (v[0], q[1], *v[2:])
+                shapes = (*shapes[: query + 1], k, v, *shapes[query + 3 :])
+        return formula(*shapes, **kwargs)
+
+    return flops
 
 
 def _kernel_kind(func: Any, schema: Any, counted: bool, kernel: bool) -> tuple[Any, ...] | None:
@@ -623,6 +658,21 @@ def _recomputing() -> bool:
     activations. (A reentrant checkpoint recomputes under our own hooks: what it
     saves is counted by ``_pack``.)
     """
-    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    peek = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if peek is None:  # torch < 2.8 cannot show the hooks: find the recomputation's frame
+        return _in_recompute_fn()
+    top = peek(True)
     name = getattr(top[0], "__qualname__", "") if top is not None else ""
     return name.startswith("_recomputation_hook")
+
+
+def _in_recompute_fn() -> bool:
+    """Whether ``torch.utils.checkpoint``'s ``recompute_fn`` (which runs the checkpointed
+    forward again under ``_recomputation_hook``) is on the Python stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "recompute_fn" and code.co_filename.endswith("checkpoint.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
