@@ -260,3 +260,52 @@ def test_workers_change_no_number(tuning: Tuning) -> None:
     assert [c.traced for c in other.candidates] == [c.traced for c in tuning.candidates]
     for a, b in zip(other.candidates, tuning.candidates, strict=True):
         assert a.report.to_dict() == b.report.to_dict()
+
+
+def test_tensor_parallelism_with_the_users_plan() -> None:
+    """A plan with tensor parallelism: each degree up to a node that divides the heads, and
+    plain data parallelism, each traced (a replay keeps no tensor-parallel plan)."""
+    plan = _tp_plan()
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=plan,
+        knobs=("mesh", "activation_checkpointing"),
+        progress=False,
+        workers=1,
+    )
+    meshes = {c.knobs["mesh"] for c in t.candidates}
+    assert meshes == {"8 ranks", "8 ranks (FSDP 4 x TP 2)", "8 ranks (FSDP 2 x TP 4)"}
+    assert t.user.knobs["mesh"] == "8 ranks (FSDP 4 x TP 2)"
+    for c in t.candidates:
+        if c.report.config.tp_world_size:
+            assert c.traced
+            _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+
+
+def test_allowed_compile_and_float8_are_tried_at_the_best() -> None:
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        allow=("compile", "float8"),
+        knobs=("compile", "float8", "wrap"),
+        fully_shard=[DecoderLayer],
+        progress=False,
+        workers=1,
+    )
+    assert {c.knobs["compile"] for c in t.candidates} == {"off", "each DecoderLayer"}
+    assert {c.knobs["float8"] for c in t.candidates} == {
+        "off",
+        "tensorwise",
+        "tensorwise, float8 all-gather",
+    }
+    compiled = next(c for c in t.candidates if c.knobs["compile"] != "off")
+    assert compiled.report.config.compile == ("DecoderLayer",)
+    plain = fsdpviz.tune(
+        _model(), example_inputs(CONFIG), world_size=8, progress=False, workers=1, knobs=("wrap",)
+    )
+    assert {c.knobs["compile"] for c in plain.candidates} == {"off"}

@@ -436,6 +436,8 @@ class _Search(Evaluations):
             for m in sp.choices["mesh"]
             if m.mesh[0] == ws and m.mesh[2] > 1 and m.mesh[2] != user_tp
         ]
+        if user_tp > 1:  # and plain data parallelism, against the user's tensor parallelism
+            tp_meshes[:0] = [m for m in sp.choices["mesh"] if m.mesh == (ws, ws, 1)]
         if "mesh" not in sp.pinned and (self._fastest_fit(ws) is None or user_tp > 1):
             if not tp_meshes and self._fastest_fit(ws) is None and self._tp_why:
                 note = f"tensor parallelism not tried: {self._tp_why}"
