@@ -71,3 +71,26 @@ def test_the_cache_changes_no_number(name: str, no_cache: Callable[[], None]) ->
     kernels = plan()
     assert cold == kernels
     assert warm == kernels
+
+
+def test_a_process_first_plan_is_its_later_ones(tmp_path: Any) -> None:
+    """Nothing a trace does once per process (a library's probe of its kernels, the cache's
+    first misses) shows in the plan: a fresh interpreter's first plan equals its second."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import fsdpviz, hf_models\n"
+        "model, inputs, block = hf_models.llama()\n"
+        "plans = [fsdpviz.analyze(model, inputs, fully_shard=[block], progress=False).to_dict()\n"
+        "         for _ in range(2)]\n"
+        "print(json.dumps(plans[0] == plans[1]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "true"

@@ -309,3 +309,21 @@ def test_allowed_compile_and_float8_are_tried_at_the_best() -> None:
         _model(), example_inputs(CONFIG), world_size=8, progress=False, workers=1, knobs=("wrap",)
     )
     assert {c.knobs["compile"] for c in plain.candidates} == {"off"}
+
+
+def test_a_hugging_face_search_is_exact_too() -> None:
+    """A Hugging Face model (its inputs without the key/value cache but for the given)."""
+    import hf_models
+
+    model, inputs, block = hf_models.llama()
+    t = fsdpviz.tune(
+        model, inputs, world_size=[4, 8], fully_shard=[block], progress=False, workers=1
+    )
+    assert any("use_cache=False" in n for n in t.notes)
+    assert "use_cache" not in t.user.inputs
+    sample = [c for c in t.candidates if c.traced] + t.candidates[1::7]
+    for c in sample:
+        if c is not t.user:
+            assert c.inputs["use_cache"] is False
+        _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
+    assert {c.knobs["activation_checkpointing"] for c in t.candidates} >= {"none"}

@@ -120,8 +120,11 @@ def fused_attention() -> Iterator[None]:
 
     The function is replaced on ``torch.nn.functional`` for the duration (a torch
     function mode would not see the recomputation activation checkpointing runs
-    inside backward, which must take the same path as the forward).
+    inside backward, which must take the same path as the forward). What the installed
+    torch's kernel does under grouped-query attention is asked first, before the trace's
+    dispatch mode is on: its probe is not the model's compute.
     """
+    _fused_takes_gqa()
     F.scaled_dot_product_attention = _sdpa
     try:
         yield
