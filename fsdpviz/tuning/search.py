@@ -54,6 +54,12 @@ from fsdpviz.tuning.space import (
     pinned_knobs,
 )
 
+
+def c_usable(c: Candidate) -> int:
+    """The memory a candidate may use (the machine's usable memory, or the budget)."""
+    return c.usable_bytes
+
+
 _FSDP1_ONLY = {
     "auto_wrap_policy", "sharding_strategy", "mixed_precision", "shard_group_size",
     "use_orig_params", "cpu_offload", "limit_all_gathers", "ignored_modules", "ignored_states",
@@ -410,6 +416,8 @@ class _Search(Evaluations):
             others = [c for c in sp.choices["wrap"] if c.label != start["wrap"].label]
             if len(others) > 1:
                 others = [c for c in others if c.label != "the root alone"]
+            if fitted and self._units_cannot_matter(best, ws):
+                others = []
             if fitted:
                 self.prefetch([{**best, "wrap": choice} for choice in others])
             else:
@@ -454,6 +462,43 @@ class _Search(Evaluations):
                 )
                 if note not in self.notes:
                     self.notes.append(note)
+
+    def _units_cannot_matter(self, best: Config, ws: int) -> bool:
+        """Whether no other wrap plan can beat the best on ``ws`` ranks: units change the
+        communication and the unsharded parameters and gradients, not the compute; so not
+        where the best's step waits for communication less than 1% of it, and the lighter
+        checkpointing at its micro-batch needs more memory than the units of the best could
+        give back (three times its largest unit unsharded: its parameters, a prefetched
+        unit's, its gradients)."""
+        fastest = self._fastest_fit(ws)
+        if fastest is None or fastest.exposed_comm_s > 0.01 * fastest.step_s:
+            return False
+        acs = self.space.choices["activation_checkpointing"]
+        mine = (
+            acs.index(best["activation_checkpointing"])
+            if best["activation_checkpointing"] in acs
+            else 0
+        )
+        largest = max((u.bytes for u in fastest.report.units), default=0)
+        for ac in acs[:mine]:
+            lighter = [
+                c
+                for c in self.candidates
+                if c.world_size == ws
+                and c.knobs["activation_checkpointing"] == ac.label
+                and c.micro_batch == fastest.micro_batch
+                and c.knobs["precision"] == fastest.knobs["precision"]
+            ]
+            if not lighter or min(c.memory_bytes for c in lighter) - 3 * largest <= c_usable(
+                fastest
+            ):
+                return False
+        self.notes.append(
+            f"the other wrap plans were not evaluated on {ws} ranks: the best waits "
+            f"{fastest.exposed_comm_s / fastest.step_s:.1%} of its step for communication, and "
+            "no lighter checkpointing could fit with the memory other units would give back"
+        )
+        return True
 
     def _state_too_big(self, ws: int) -> bool:
         """Whether, on ``ws`` ranks, what every rank holds of the sharded state (parameters,
