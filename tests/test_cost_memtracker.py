@@ -126,7 +126,8 @@ def _as_the_tracker_sees(
         if e.kind != "reduce_scatter":
             continue
         unit = report.unit(e.unit)
-        held = model.get_parameter(unit.params[-1]).numel()
+        last = [p for p in unit.params if p not in unit.frozen_params][-1]  # with a gradient
+        held = model.get_parameter(last).numel()
         held *= itemsize(unit.compute_dtype or unit.dtype)
         copy = sizes[e.unit].reduce_scatter if copies else 0
         for name in {e.unit, ""}:

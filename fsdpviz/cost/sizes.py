@@ -107,21 +107,36 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
     sharded = u.sharded_numel * orig
     communicates = u.sharding_strategy != "NO_SHARD"
     unsharded = u.padded_numel * compute if communicates else 0
-    trains = u.requires_grad is not False
     host = sharded if offload else 0
+    trainable, trainable_sharded = u.trainable
+    grad_numel = trainable if fsdp2 else (u.numel if trainable else 0)
+    grad_sharded = reduced_shard_numel(u, fsdp2)
+    shard_ranks = u.padded_numel // u.sharded_numel if u.sharded_numel else 0
     return UnitBytes(
         name=u.module,
         sharded=sharded - host,
         unsharded=unsharded,
         all_gather=u.padded_numel * compute if fsdp2 and communicates else 0,
         copy_in=u.sharded_numel * compute if compute != orig or u.compute_dtype != u.dtype else 0,
-        grad=u.numel * compute if trains else 0,
-        reduce_scatter=u.padded_numel * reduce if trains and communicates else 0,
-        sharded_grad=sharded - host if trains else 0,
-        optimizer=(sharded - host) * states if trains else 0,
+        grad=grad_numel * compute,
+        reduce_scatter=grad_sharded * shard_ranks * reduce if communicates else 0,
+        sharded_grad=0 if offload else grad_sharded * orig,
+        optimizer=0 if offload else trainable_sharded * orig * states,
         communicates=communicates,
         h2d=host,
     )
+
+
+def reduced_shard_numel(u: Unit, fsdp2: bool) -> int:
+    """Elements of ``u``'s gradient one rank holds once reduced: what its reduce-scatter
+    outputs (its input is this times the shard ranks), hybrid sharding all-reduces across
+    the replicas, and the sharded gradient holds. FSDP1 reduces the whole FlatParameter's
+    gradient (a frozen parameter's part is zeros); FSDP2 reduce-scatters the gradients that
+    exist, the trainable parameters' padded shards."""
+    trainable, trainable_sharded = u.trainable
+    if fsdp2:
+        return trainable_sharded
+    return u.sharded_numel if trainable else 0
 
 
 _UNITS = {

@@ -58,7 +58,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
-from fsdpviz.cost.sizes import itemsize, optimizer_states
+from fsdpviz.cost.sizes import itemsize, optimizer_states, reduced_shard_numel
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
@@ -281,7 +281,7 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
     if states == 0 and optimizer is None:
         return 0.0
     # read param + grad + states, write param + states
-    touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
+    touched = sum(u.trainable[1] * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
     return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
@@ -576,7 +576,7 @@ class _Sim:
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
-            size = u.sharded_numel * reduce
+            size = reduced_shard_numel(u, self.fsdp2) * reduce
             across = self.spans.get("replicate")
             self._collective(
                 rec, "all_reduce", size, self.replicas, self.t_compute, 0.0, across, _GRADS
@@ -588,7 +588,9 @@ class _Sim:
                 rec, "all_reduce", size, self.pg_ws, self.t_compute, 0.0, group, _GRADS
             )
         else:
-            ranks, size = self.shard_ws, u.padded_numel * reduce
+            ranks = self.shard_ws
+            shards = u.padded_numel // max(u.sharded_numel, 1)
+            size = reduced_shard_numel(u, self.fsdp2) * shards * reduce
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
             extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
             shard = self.spans["shard"]

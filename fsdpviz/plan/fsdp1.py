@@ -15,7 +15,8 @@ import functools
 import math
 import types
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -108,6 +109,28 @@ class FlatLayout:
     def padded_numel(self) -> int:
         """Elements of the all-gathered FlatParameter (a multiple of the shard world size)."""
         return self.sharded_numel * self.shard_world_size
+
+    def trainable(self, trains: Sequence[bool]) -> tuple[int, int]:
+        """Elements of the parameters flagged in ``trains`` (one flag per parameter, in
+        order): in all, and the most of them one rank's shard holds. With
+        ``use_orig_params=True`` each parameter is a view of its part of the rank's shard,
+        and the optimizer keeps state for the parts of those that train."""
+        spans: list[tuple[int, int]] = []
+        start = 0
+        flags = iter(trains)
+        for n, pad in zip(self.split_numels, self.is_padding, strict=True):
+            if not pad and next(flags):
+                spans.append((start, start + n))
+            start += n
+        size = self.sharded_numel
+        most = max(
+            (
+                sum(max(0, min(b, lo + size) - max(a, lo)) for a, b in spans)
+                for lo in range(0, size * self.shard_world_size, size)
+            ),
+            default=0,
+        )
+        return sum(b - a for a, b in spans), most
 
 
 def flat_param_layout(
@@ -403,7 +426,24 @@ def _build_unit(
         sharding_strategy=config.sharding_strategy.name,
         itemsize=itemsize,
     )
+    if claim.mixed_grads:
+        trains = [p.requires_grad for p in unit.params]
+        unit.schema = replace(unit.schema, **trainable_fields(unit.schema.params, trains, layout))
     return unit
+
+
+def trainable_fields(
+    fqns: Sequence[str], trains: Sequence[bool], layout: FlatLayout
+) -> dict[str, Any]:
+    """``Unit``'s fields for a FlatParameter of frozen and trainable parameters
+    (``use_orig_params=True``, one flag per parameter in ``trains``): the frozen ones, and
+    the trainable elements in all and in one rank's shard (:meth:`FlatLayout.trainable`)."""
+    total, most = layout.trainable(trains)
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": total,
+        "trainable_sharded_numel": most,
+    }
 
 
 def _join(prefix: str, name: str) -> str:

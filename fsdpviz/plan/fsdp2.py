@@ -581,6 +581,21 @@ def sharded_numel(shape: Sequence[int], world_size: int) -> int:
     return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
 
 
+def trainable_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], trains: Sequence[bool], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
+    reduce-scatters the gradients that exist, one padded dim-0 shard per trainable
+    parameter, and the optimizer keeps state for those shards only."""
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
+        "trainable_sharded_numel": sum(
+            sharded_numel(s, world_size) for s, t in zip(shapes, trains, strict=True) if t
+        ),
+    }
+
+
 def _schema(
     group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
 ) -> Unit:
@@ -596,6 +611,8 @@ def _schema(
     compute = mp.param_dtype or dtype
     reduce = mp.reduce_dtype or compute
     grads = {p.requires_grad for p in group.params}
+    mixed = len(grads) > 1
+    trains = [p.requires_grad for p in group.params]
     itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
     return Unit(
         module=group.name,
@@ -609,11 +626,12 @@ def _schema(
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
-        requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+        requires_grad=None if mixed else (grads.pop() if grads else None),
         sharding_strategy="FULL_SHARD"
         if group.reshard_after_forward is not False
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
+        **(trainable_fields(group.param_fqns, local, trains, ws) if mixed else {}),
         shard_shapes={
             f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
         }

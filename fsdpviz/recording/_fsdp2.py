@@ -259,6 +259,21 @@ class FSDP2Recorder(EventLog):
             dtype = orig.pop() if len(orig) == 1 else None
             compute = group.mp_policy.param_dtype or dtype
             grads = {fp.sharded_param.requires_grad for fp in params}
+            fqns = [first[fp.sharded_param] for fp in params]
+            trainable: dict[str, Any] = {}
+            if len(grads) > 1:  # FSDP2's reduce-scatter holds each trainable padded shard
+                trains = [fp.sharded_param.requires_grad for fp in params]
+                trainable = {
+                    "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+                    "trainable_numel": sum(
+                        fp._orig_size.numel() for fp, t in zip(params, trains, strict=True) if t
+                    ),
+                    "trainable_sharded_numel": sum(
+                        fp.padded_sharded_param_size.numel()
+                        for fp, t in zip(params, trains, strict=True)
+                        if t
+                    ),
+                }
             out.append(
                 Unit(
                     module=self._name(group),
@@ -290,6 +305,7 @@ class FSDP2Recorder(EventLog):
                         for fp in params
                         if fp.is_dtensor
                     },
+                    **trainable,
                 )
             )
         return out

@@ -34,6 +34,7 @@ from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
+from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
@@ -42,6 +43,7 @@ from fsdpviz.plan.fsdp2 import (
     reshard_after_forward_of,
     sharded_numel,
 )
+from fsdpviz.plan.fsdp2 import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
@@ -160,12 +162,15 @@ def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> 
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size,
     )
+    frozen = set(u.frozen_params)
+    trainable = fsdp1_trainable(u.params, [p not in frozen for p in u.params], layout)
     return replace(
         u,
         flat_numel=layout.flat_numel,
         padded_numel=layout.padded_numel,
         sharded_numel=layout.sharded_numel,
         sharding_strategy=opts.sharding_strategy.name,
+        **(trainable if frozen else {}),
     )
 
 
@@ -215,9 +220,17 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         g = groups[index[u.module]]
         sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
+        frozen = set(u.frozen_params)
+        trainable = fsdp2_trainable(
+            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard
+        )
         units.append(
             replace(
-                u, padded_numel=sharded * shard, sharded_numel=sharded, sharding_strategy=strategy
+                u,
+                padded_numel=sharded * shard,
+                sharded_numel=sharded,
+                sharding_strategy=strategy,
+                **(trainable if frozen else {}),
             )
         )
     config = cfg.replace(

@@ -16,7 +16,10 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``flat_numel`` (with the alignment padding of ``use_orig_params=True``),
     ``padded_numel`` (padded to a multiple of the shard world size),
     ``sharded_numel`` (held by each rank), and the matching ``bytes`` /
-    ``sharded_bytes`` in ``dtype``.
+    ``sharded_bytes`` in ``dtype``. ``requires_grad`` is None for a unit that mixes
+    frozen and trainable parameters (a LoRA adapter beside its frozen base weight); such a
+    unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
+    (the trainable elements one rank holds: what its optimizer state is of).
 ``forward_order``
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
@@ -227,6 +230,13 @@ class Unit:
     # parameters that are DTensors over the tp dimension ("Shard(0)", "Replicate()")
     shard_shapes: dict[str, list[int]] = field(default_factory=dict)
     tp_placements: dict[str, str] = field(default_factory=dict)
+    # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
+    # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
+    # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
+    # with use_orig_params: the trainable elements in the rank's slice of the FlatParameter)
+    frozen_params: list[str] = field(default_factory=list)
+    trainable_numel: int | None = None
+    trainable_sharded_numel: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -236,10 +246,23 @@ class Unit:
     def sharded_bytes(self) -> int:
         return self.sharded_numel * self.itemsize
 
+    @property
+    def trainable(self) -> tuple[int, int]:
+        """Elements of the parameters that require grad: in all, and in one rank's shard
+        (the rank that holds the most). What optimizer state and sharded gradients are of."""
+        if self.trainable_numel is not None:
+            return self.trainable_numel, self.trainable_sharded_numel or 0
+        if self.requires_grad is False:
+            return 0, 0
+        return self.numel, self.sharded_numel
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("shard_shapes", "tp_placements"):  # stated by tensor-parallel plans only
+        for key in ("shard_shapes", "tp_placements", "frozen_params"):  # stated where they apply
             if not d[key]:
+                del d[key]
+        for key in ("trainable_numel", "trainable_sharded_numel"):
+            if d[key] is None:
                 del d[key]
         d["bytes"] = self.bytes
         d["sharded_bytes"] = self.sharded_bytes
