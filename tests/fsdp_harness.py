@@ -23,11 +23,13 @@ def record_real_fsdp1(
     loss: Callable[[Any], torch.Tensor] | None = None,
     iterations: int = 3,
     grad_accum: int = 1,
+    after: Callable[[nn.Module], None] | None = None,
 ) -> fsdpviz.Report:
     """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record.
 
     ``grad_accum=N``: each step is ``N`` micro-steps, the first ``N - 1`` under
-    ``no_sync()``, then the gradients are dropped as ``zero_grad`` does."""
+    ``no_sync()``, then the gradients are dropped as ``zero_grad`` does. ``after`` is called
+    with the wrapped model once the recording is done."""
     memo: dict[int, Any] = {}
     real = copy.deepcopy(model, memo)
     fsdp_kwargs = dict(fsdp_kwargs)
@@ -47,6 +49,8 @@ def record_real_fsdp1(
                         (loss or default_loss)(out).backward()
                 if grad_accum > 1:
                     fsdp.zero_grad(set_to_none=True)
+        if after is not None:
+            after(fsdp)
     return rec.report()
 
 
@@ -141,13 +145,15 @@ def record_real_fsdp2(
     offload_policy: Any = None,
     ignored_params: list[str] | None = None,
     grad_accum: int = 1,
+    after: Callable[[nn.Module], None] | None = None,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
     ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP); ``ignored_params``
     (parameter FQNs) are left out of the root's call. ``grad_accum=N``: each
     step is ``N`` micro-steps, the first ``N - 1`` after ``set_requires_gradient_sync(False)``,
-    then the gradients are dropped as ``zero_grad`` does."""
+    then the gradients are dropped as ``zero_grad`` does. ``after`` is called with the
+    sharded model once the recording is done."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -195,4 +201,6 @@ def record_real_fsdp2(
                 (loss or default_loss)(out).backward()
             if grad_accum > 1:
                 real.zero_grad(set_to_none=True)
+    if after is not None:
+        after(real)
     return rec.report()

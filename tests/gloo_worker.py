@@ -7,7 +7,8 @@ given their ``(shard, replicate)`` process groups), ``"accum"`` (2 ranks: gradie
 accumulation over ``ACCUM`` micro-steps, FSDP1 ``no_sync`` and FSDP2
 ``set_requires_gradient_sync(False)``) or ``"tp"`` (4 ranks as a dp 2 x tp 2
 mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp) or
-``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused).
+``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused) or ``"peft"`` (2
+ranks: :func:`peft_cases`, fine-tuning adapters, with the bytes of every collective).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import handwritten_models as hm
 import torch
@@ -308,6 +309,151 @@ def _record_fsdp2(model: Any, inputs: Any, options: dict[str, Any], world_size: 
     )  # fmt: skip
 
 
+def peft_cases() -> dict[str, Corner]:
+    """name -> fine-tuning case on 2 ranks: LoRA (Llama) and DoRA (GPT-NeoX) adapters as
+    ``peft`` builds them, under FSDP1 and FSDP2. FSDP1 wraps them as accelerate does for a
+    PEFT model (peft's ``fsdp_auto_wrap_policy``: each adapter a unit of its own, and each
+    layer) or each layer with ``use_orig_params=True`` (frozen and trainable parameters in
+    one FlatParameter)."""
+    import peft_models as pm
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def peft_policy(model: torch.nn.Module) -> dict[str, Any]:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        return {"auto_wrap_policy": fsdp_auto_wrap_policy(model)}
+
+    def layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
+        name = type(model.get_base_model()).__name__
+        return pm.MODELS["llama-lora" if "Llama" in name else "neox-dora"]()[2]
+
+    def layers(orig_params: bool) -> Any:
+        def options(model: torch.nn.Module) -> dict[str, Any]:
+            return {"auto_wrap_policy": ModuleWrapPolicy({layer_class(model)}),
+                    "use_orig_params": orig_params}  # fmt: skip
+
+        return options
+
+    def shard_layers(mp: bool) -> Any:
+        def options(model: torch.nn.Module) -> dict[str, Any]:
+            layer = layer_class(model)
+            names = [n for n, m in model.named_modules() if isinstance(m, layer)]
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            return {"fully_shard": [(n,) for n in names], **({"mp_policy": policy} if mp else {})}
+
+        return options
+
+    def build(name: str) -> Any:
+        return lambda: pm.MODELS[name]()[:2]
+
+    return {
+        "peft-llama-lora-fsdp1-peft-policy": Corner(
+            build("llama-lora"), "FSDP1", peft_policy, True
+        ),
+        "peft-llama-lora-fsdp1-orig-params": Corner(
+            build("llama-lora"), "FSDP1", layers(True), True
+        ),
+        "peft-llama-lora-fsdp2-bf16": Corner(
+            build("llama-lora"), "FSDP2", shard_layers(True), True
+        ),
+        "peft-neox-dora-fsdp1-orig-params": Corner(build("neox-dora"), "FSDP1", layers(True), True),
+        "peft-neox-dora-fsdp2": Corner(build("neox-dora"), "FSDP2", shard_layers(False), True),
+    }
+
+
+def record_peft(rank: int, world_size: int, out_dir: str) -> None:
+    """Each fine-tuning case on this rank: its recording, the tensor each collective moved
+    (``[kind, bytes]``: an all-gather's output, a reduce-scatter's input), and after one more
+    step of AdamW over ``model.parameters()`` the bytes of its state and of the gradients
+    FSDP left (per FlatParameter / parameter group, as the ranks hold them)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for name, case in peft_cases().items():
+        torch.manual_seed(0)
+        model, inputs = case.build()
+        options = case.options(model)
+        measured: dict[str, Any] = {}
+        mode = _Collectives()
+
+        def step(
+            wrapped: torch.nn.Module,
+            measured: dict[str, Any] = measured,
+            mode: Any = mode,
+            inputs: Any = inputs,
+        ) -> None:
+            measured["recorded"] = len(mode.moved)  # the recorded iterations' collectives
+            opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+            wrapped(**inputs).loss.backward()
+            if isinstance(wrapped, FSDP):
+                grads = [m._handle.flat_param.grad for m in FSDP.fsdp_modules(wrapped)
+                         if m._handle is not None]  # fmt: skip
+            else:  # FSDP2: a group's gradients are views of its reduce-scatter output
+                grads = [p.grad._local_tensor for p in wrapped.parameters() if p.grad is not None]
+            storages = {g.untyped_storage()._cdata: g.untyped_storage().nbytes()
+                        for g in grads if g is not None}  # fmt: skip
+            measured["sharded_grads"] = sum(storages.values())
+            opt.step()
+            local = [
+                getattr(t, "_local_tensor", t)  # FSDP2: this rank's part of a DTensor
+                for state in opt.state.values()
+                for k, t in state.items()
+                if k != "step"
+            ]
+            measured["optimizer"] = sum(t.numel() * t.element_size() for t in local)
+
+        with mode:
+            if case.api == "FSDP1":
+                report = record_real_fsdp1(model, inputs, options, loss=_hf_loss, after=step)
+            else:
+                report = record_real_fsdp2(
+                    model, inputs, options["fully_shard"], world_size, loss=_hf_loss,
+                    mp_policy=options.get("mp_policy"), after=step,
+                )  # fmt: skip
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        measured["collectives"] = mode.moved
+        (Path(out_dir) / f"{name}-measured-rank{rank}.json").write_text(json.dumps(measured))
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    loss: torch.Tensor = out.loss
+    return loss
+
+
+class _Collectives:
+    """Every all-gather, reduce-scatter and all-reduce FSDP issues in the block, as
+    ``[kind, bytes]`` (an all-gather's output, a reduce-scatter's input, an all-reduce's
+    tensor): the ``torch.distributed`` functions FSDP1 and FSDP2 call, wrapped."""
+
+    _WRAPPED: ClassVar[dict[str, tuple[str, tuple[int, str]]]] = {  # function -> (kind, arg)
+        "all_gather_single": ("all_gather", (0, "output_tensor")),
+        "all_gather": ("all_gather", (0, "tensor_list")),  # FSDP1 on a CPU: the output's chunks
+        "reduce_scatter_single": ("reduce_scatter", (1, "input")),
+        "all_reduce": ("all_reduce", (0, "tensor")),
+    }
+
+    def __init__(self) -> None:
+        self.moved: list[list[Any]] = []
+        self._originals: dict[str, Any] = {}
+
+    def __enter__(self) -> _Collectives:
+        for name, (kind, arg) in self._WRAPPED.items():
+            original = self._originals[name] = getattr(dist, name)
+
+            def wrapped(*args: Any, original: Any = original, kind: str = kind,
+                        arg: tuple[int, str] = arg, **kwargs: Any) -> Any:  # fmt: skip
+                t = args[arg[0]] if len(args) > arg[0] else kwargs[arg[1]]
+                parts = t if isinstance(t, list) else [t]
+                self.moved.append([kind, sum(p.numel() * p.element_size() for p in parts)])
+                return original(*args, **kwargs)
+
+            setattr(dist, name, wrapped)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
 TP_MESH = (2, 2)  # (dp, tp)
 
 
@@ -409,6 +555,8 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
             record_tp(rank, out_dir)
         elif suite == "corners":
             record_corners(rank, world_size, out_dir)
+        elif suite == "peft":
+            record_peft(rank, world_size, out_dir)
         else:
             record_suite(rank, world_size, out_dir, suite)
     except BaseException:

@@ -49,6 +49,7 @@ from fsdpviz.cost import MemoryReport, memory_model
 from fsdpviz.cost.hook_calls import tape
 from fsdpviz.cost.sizes import itemsize, unit_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+from fsdpviz.schema.memory import CATEGORIES
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -144,6 +145,11 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], list[nn.Mo
     ),
     "llama": (_llama, lambda m: list(m.model.layers), None),
 }
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    loss: torch.Tensor = out.loss
+    return loss
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -451,3 +457,59 @@ def test_gloo_list_index_tensors(gloo: Path) -> None:
     for real in _ranks(gloo, "picked-list-index"):
         assert real.after_forward["Activation"] == _after_forward(report, 0) + 3 * 8
         _compare(real, mem, backward=backward)  # backward has freed it by the peak
+
+
+# ------------------------------------------------------------------ fine-tuning adapters
+
+
+def _collect_after_dora(model: nn.Module) -> nn.Module:
+    """Collect garbage after each DoRA layer's forward. Under the tracker's module hooks the
+    identity matrix DoRA builds (``torch.eye(in_features)``, the input of its ``lora_A``) is
+    left in a reference cycle until Python's garbage collector runs; without the tracker it
+    dies when the forward returns, as fsdpviz counts it."""
+    import gc
+
+    from peft.tuners.lora.dora import DoraLinearLayer
+
+    def collect(*_: Any) -> None:
+        gc.collect()
+
+    for module in model.modules():
+        if isinstance(module, DoraLinearLayer):
+            module.register_forward_hook(collect)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", [None, "adamw"])
+@pytest.mark.parametrize("name", ["llama-lora", "neox-dora"])
+def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
+    """LoRA (Llama) and DoRA (GPT-NeoX, a magnitude vector per adapted linear) as
+    ``peft.get_peft_model`` builds them, each layer a unit, real CPU tensors: AdamW keeps state
+    for the adapters only, FSDP2 reduce-scatters and keeps their gradients only, and the peak,
+    every category at it and every module's peaks equal FSDPMemTracker's to the byte."""
+    pytest.importorskip("peft")
+    from peft_models import MODELS
+
+    factory = MODELS[name]
+    layer = factory()[2]
+    real = tracked(
+        lambda: _collect_after_dora(factory()[0]), lambda: dict(factory()[1]),
+        lambda m: [x for x in m.modules() if isinstance(x, layer)], fake_pg, _hf_loss,
+        optimizer=optimizer or False, real=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model, inputs, _ = factory()
+    report = fsdpviz.analyze(model, inputs, fully_shard=[layer], loss=_hf_loss, world_size=fake_pg)
+    mem = memory_model(report, optimizer=optimizer, iteration=1 if optimizer else 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert 0 < sum(p.numel() for p in trainable) < sum(p.numel() for p in model.parameters()) / 10
+    steps = 4 * len(trainable) if optimizer else 0  # AdamW's step counters
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model), steps=steps)
+    if optimizer:  # two states of each adapter's shard, none of the frozen weights
+        shards = sum(u.trainable[1] for u in report.units)
+        assert mem.peak["breakdown"]["optimizer"] == 2 * 4 * shards > 0
+    # the gradients left after backward: each unit's trainable shards
+    last = mem.moments[-1].bytes[CATEGORIES.index("sharded_grads")]
+    assert (
+        real.after_backward["Sharded Grad"] == last == sum(4 * u.trainable[1] for u in report.units)
+    )
