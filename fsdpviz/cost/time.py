@@ -233,6 +233,13 @@ def _notes(report: Report, m: Machine, sim: _Sim, compiled: bool) -> list[str]:
             "compile: the trace holds no fused regions (a report saved before they were "
             "measured); the compute is costed eager"
         )
+    trainable = report.trainable_text()
+    if trainable:
+        notes.append(
+            f"{trainable}: the backward computes no weight gradient for the frozen ones (the "
+            "trace's kernels, hfu), the optimizer steps the trainable shards only; mfu counts "
+            "the forward's FLOPs three times, as for full training"
+        )
     return notes
 
 
