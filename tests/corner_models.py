@@ -93,3 +93,25 @@ def stack() -> Stack:
     """The plain stack; ``head`` left out of mixed precision (ignored) meets bf16."""
     torch.manual_seed(0)
     return Stack()
+
+
+class Activation(nn.Module):
+    """An activation as a module: no parameters of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+class WithActivation(Stack):
+    """The plain stack with a parameter-less module between the blocks and the head, which
+    a policy wraps as a unit of its own (with its own sharding strategy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = Activation()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.act(h))

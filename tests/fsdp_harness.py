@@ -24,17 +24,21 @@ def record_real_fsdp1(
     iterations: int = 3,
     grad_accum: int = 1,
     after: Callable[[nn.Module], None] | None = None,
+    copied: bool = True,
 ) -> fsdpviz.Report:
     """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record.
+
+    ``copied=False`` wraps ``model`` itself: a policy that tests module identity
+    (``CustomPolicy(lambda m: m is model.head)``) then meets the modules it names.
 
     ``grad_accum=N``: each step is ``N`` micro-steps, the first ``N - 1`` under
     ``no_sync()``, then the gradients are dropped as ``zero_grad`` does. ``after`` is called
     with the wrapped model once the recording is done."""
     memo: dict[int, Any] = {}
-    real = copy.deepcopy(model, memo)
+    real = copy.deepcopy(model, memo) if copied else model
     fsdp_kwargs = dict(fsdp_kwargs)
     for key in ("ignored_modules", "ignored_states"):
-        if fsdp_kwargs.get(key) is not None:
+        if fsdp_kwargs.get(key) is not None and copied:
             fsdp_kwargs[key] = [memo[id(o)] for o in fsdp_kwargs[key]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -204,3 +208,19 @@ def record_real_fsdp2(
     if after is not None:
         after(real)
     return rec.report()
+
+
+def timeline_collectives(report: fsdpviz.Report, world_size: int) -> list[list[Any]]:
+    """``[kind, bytes of the tensor]`` of every FSDP collective of the first iteration and of
+    the steady state twice (what three recorded iterations issue), as the time model sizes
+    them: its bus bytes back to the tensor's (``(n - 1) / n`` of it over ``n`` ranks, twice
+    that for an all-reduce)."""
+    from fsdpviz.cost import timeline
+
+    out: list[list[Any]] = []
+    for i in (0, 1, 1):
+        for rec in timeline(report, iteration=i).records():
+            if rec["kind"] in ("all_gather", "reduce_scatter", "all_reduce"):
+                share = (world_size - 1) / world_size * (2 if rec["kind"] == "all_reduce" else 1)
+                out.append([rec["kind"], round(rec["bytes"] / share)])
+    return out

@@ -225,13 +225,17 @@ class Corner(NamedTuple):
     api: str
     options: Any
     accepts: bool
+    said: str | None = None  # where real FSDP's message names objects: the part fsdpviz says
 
 
 def corner_cases() -> dict[str, Corner]:
     """name -> case, on 2 ranks: the cases that refuse come last (a rank that raised in
     forward leaves its FSDP state behind)."""
+    import functools
+
     import corner_models as cm
     from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+    from torch.distributed.fsdp.wrap import CustomPolicy, lambda_auto_wrap_policy
 
     def wrap_layers(model: torch.nn.Module) -> dict[str, Any]:
         layer = type(model.get_submodule("model.layers.0"))
@@ -271,11 +275,60 @@ def corner_cases() -> dict[str, Corner]:
             )
             for name, api in (("qwen3", "FSDP1"), ("gemma3", "FSDP2"), ("qwen3_moe", "FSDP1"))
         },
+        "identity-policy-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": CustomPolicy(lambda m: m is model.head or m is model.blocks[1])
+            },
+            True,
+        ),
+        "lambda-in-list-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": functools.partial(
+                    lambda_auto_wrap_policy, lambda_fn=lambda m: m in [model.blocks[0], model.inp]
+                )
+            },
+            True,
+        ),
+        "paramless-unit-fsdp1": Corner(
+            lambda: (cm.WithActivation(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": CustomPolicy(
+                    lambda m: (
+                        {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
+                        if isinstance(m, cm.Activation)
+                        else isinstance(m, hm.Block)
+                    )
+                )
+            },
+            True,
+        ),
+        "no-shard-orig-params-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+                "sharding_strategy": ShardingStrategy.NO_SHARD,
+                "use_orig_params": True,
+            },
+            True,
+        ),
         "scalar-fsdp1": Corner(
             lambda: (cm.WithScalar(), x()),
             "FSDP1",
             lambda model: {"auto_wrap_policy": ModuleWrapPolicy({cm.Scaled})},
             False,
+        ),
+        "module-list-fsdp2": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks",)]},
+            False,
+            "fully_shard does not support containers that do not implement forward",
         ),
         "fp32-head-fsdp1": Corner(lambda: (cm.stack(), x()), "FSDP1", head_in_fp32("FSDP1"), False),
         "fp32-head-fsdp2": Corner(lambda: (cm.stack(), x()), "FSDP2", head_in_fp32("FSDP2"), False),
@@ -289,15 +342,18 @@ def record_corners(rank: int, world_size: int, out_dir: str) -> None:
         model, inputs = case.build()
         options = case.options(model)
         try:
-            if case.api == "FSDP1":
-                report = record_real_fsdp1(model, inputs, options)
-            else:
-                report = _record_fsdp2(model, inputs, options, world_size)
+            with _Collectives() as moved:
+                if case.api == "FSDP1":
+                    report = record_real_fsdp1(model, inputs, options, copied=False)
+                else:
+                    report = _record_fsdp2(model, inputs, options, world_size)
         except Exception as e:  # real FSDP refuses: what it said, to compare
             text = json.dumps({"type": type(e).__name__, "message": str(e)})
             (Path(out_dir) / f"{name}-rank{rank}.error.json").write_text(text)
             continue
         report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        path = Path(out_dir) / f"{name}-collectives-rank{rank}.json"
+        path.write_text(json.dumps(moved.moved))
 
 
 def _record_fsdp2(model: Any, inputs: Any, options: dict[str, Any], world_size: int) -> Any:

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import torch
-from fsdp_harness import assert_same_schedule
+from fsdp_harness import assert_same_schedule, timeline_collectives
 from gloo_worker import peft_cases, spawn_suite
 
 import fsdpviz
-from fsdpviz.cost import memory_model, timeline
+from fsdpviz.cost import memory_model
 from fsdpviz.cost.sizes import unit_bytes
 from fsdpviz.schema.memory import CATEGORIES
 
@@ -40,19 +40,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _hf_loss(out: Any) -> torch.Tensor:
     loss: torch.Tensor = out.loss
     return loss
-
-
-def _predicted_collectives(report: fsdpviz.Report) -> list[list[Any]]:
-    """``[kind, bytes of the tensor]`` of every collective of the first iteration and of
-    the steady state twice, as the time model sizes them (its bus bytes back to the tensor's:
-    ``(n - 1) / n`` of it over ``n`` ranks, twice that for an all-reduce)."""
-    out: list[list[Any]] = []
-    for i in (0, 1, 1):
-        for rec in timeline(report, iteration=i).records():
-            if rec["kind"] in ("all_gather", "reduce_scatter", "all_reduce"):
-                share = (WORLD_SIZE - 1) / WORLD_SIZE * (2 if rec["kind"] == "all_reduce" else 1)
-                out.append([rec["kind"], round(rec["bytes"] / share)])
-    return out
 
 
 @pytest.mark.slow
@@ -78,7 +65,7 @@ def test_adapters_on_gloo_ranks(runs: Path, name: str) -> None:
         for e in predicted.iterations[i]
         if e.kind in ("all_gather", "reduce_scatter")
     ]
-    collectives = _predicted_collectives(predicted)
+    collectives = timeline_collectives(predicted, WORLD_SIZE)
     assert collectives == by_event  # the time model and the memory model agree
     mem = memory_model(predicted, optimizer="adamw")
     optimizer = mem.peak["breakdown"]["optimizer"]

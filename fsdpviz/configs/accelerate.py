@@ -425,7 +425,7 @@ def _peft_wrap(
             os.environ[key] = str(names)
         elif before is not None:  # launch would not pass the caller's: it is not in the file
             del os.environ[key]
-        policy = fsdp_auto_wrap_policy(model)
+        policy = fsdp_auto_wrap_policy(model)  # type: ignore[no-untyped-call]
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: peft's fsdp_auto_wrap_policy refuses this model: {e}") from e
     finally:

@@ -134,14 +134,20 @@ class FlatLayout:
 
 
 def flat_param_layout(
-    numels: list[int], itemsize: int, *, use_orig_params: bool, shard_world_size: int
+    numels: list[int],
+    itemsize: int,
+    *,
+    use_orig_params: bool,
+    shard_world_size: int,
+    pad_to: int | None = None,
 ) -> FlatLayout:
     """The layout ``FlatParamHandle`` gives parameters of ``numels`` elements.
 
     With ``use_orig_params=True`` each parameter starts at a multiple of
     :data:`ALIGNMENT_BYTES` (of the compute dtype, ``itemsize`` bytes per element)
-    and the whole is padded to a multiple of ``shard_world_size``; otherwise the
-    parameters are packed and only the shard is rounded up.
+    and the whole is padded to a multiple of ``pad_to``, the size of FSDP's process group
+    (default ``shard_world_size``; under ``NO_SHARD`` too, which shards over one rank);
+    otherwise the parameters are packed and only the shard is rounded up.
     """
     align = ALIGNMENT_BYTES // itemsize if use_orig_params else 0
     split: list[int] = []
@@ -160,7 +166,7 @@ def flat_param_layout(
             add(-total % align, True)
         add(n, False)
     if align:
-        add(-total % shard_world_size, True)
+        add(-total % (pad_to or shard_world_size), True)
     return FlatLayout(split, padding, shard_world_size)
 
 
@@ -403,6 +409,7 @@ def _build_unit(
         fwd_dtype.itemsize,
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size if unit.uses_sharded_strategy else 1,
+        pad_to=opts.process_group_size,
     )
     unit.split_numels, unit.is_padding = layout.split_numels, layout.is_padding
     unit.requires_grad = claim.requires_grad

@@ -446,6 +446,19 @@ def _claims(
     out: list[_Claim] = []
     for call in resolve_targets(model, spec, memo):
         members = tuple(modules[n] for n in call)
+        container = members[0] if len(members) == 1 else None
+        if (
+            isinstance(container, (nn.ModuleList, nn.ModuleDict))
+            and type(container).forward is nn.Module.forward
+        ):
+            kinds = sorted({type(m).__name__ for m in container.children()})
+            raise FSDPConfigError(
+                f"fully_shard does not support containers that do not implement forward: "
+                f"{call[0]!r} is a {type(container).__name__} of {len(container)} "
+                f"({', '.join(kinds)}), and FSDP2 raises this for it. Shard each module in it "
+                "(fully_shard=[the block class], or their FQNs), or group them in one call "
+                "(a tuple of their FQNs)"
+            )
         ordered = sorted(set(call), key=position.__getitem__)
         claim = _Claim(name=", ".join(ordered), modules=members, fqns=call, params=[])
         seen: set[nn.Parameter] = set()

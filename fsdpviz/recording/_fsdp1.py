@@ -281,8 +281,10 @@ class FSDP1Recorder(EventLog):
             fqn = self._names[id(fsdp)]
             inner = fsdp._fsdp_wrapped_module
             handle = fsdp._handle
-            if handle is None:
-                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[]))
+            if handle is None:  # no parameters of its own, a sharding strategy still
+                strategy = fsdp.sharding_strategy.name
+                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[],
+                                sharding_strategy=strategy))  # fmt: skip
                 continue
             fp = handle.flat_param
             join = functools.partial(_join, fqn)

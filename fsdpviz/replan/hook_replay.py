@@ -161,6 +161,7 @@ def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> 
         itemsize(u.compute_dtype or u.dtype),
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size,
+        pad_to=opts.process_group_size,
     )
     frozen = set(u.frozen_params)
     trainable = fsdp1_trainable(u.params, [p not in frozen for p in u.params], layout)
