@@ -226,6 +226,7 @@ class Corner(NamedTuple):
     options: Any
     accepts: bool
     said: str | None = None  # where real FSDP's message names objects: the part fsdpviz says
+    loss: Any = None  # the loss from the model's output (default: fsdpviz's)
 
 
 def corner_cases() -> dict[str, Corner]:
@@ -307,6 +308,34 @@ def corner_cases() -> dict[str, Corner]:
             },
             True,
         ),
+        "bart-no-mask-fsdp2": Corner(
+            cm.bart,
+            "FSDP2",
+            lambda model: {
+                "fully_shard": [
+                    (f"model.{part}.layers.{i}",)
+                    for part in ("encoder", "decoder")
+                    for i in range(2)
+                ]
+            },
+            True,
+        ),
+        "learned-mask-fsdp2": Corner(
+            lambda: (
+                cm.BiasedStack(),
+                torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0)),
+            ),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks.0",), ("blocks.1",)]},
+            True,
+        ),
+        "chunked-head-fsdp2": Corner(
+            lambda: (cm.ChunkedHead(), x()),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks.0",), ("blocks.1",), ("norm", "head")]},
+            True,
+            loss=cm.chunked_loss,
+        ),
         "no-shard-orig-params-fsdp1": Corner(
             lambda: (cm.stack(), x()),
             "FSDP1",
@@ -344,9 +373,9 @@ def record_corners(rank: int, world_size: int, out_dir: str) -> None:
         try:
             with _Collectives() as moved:
                 if case.api == "FSDP1":
-                    report = record_real_fsdp1(model, inputs, options, copied=False)
+                    report = record_real_fsdp1(model, inputs, options, case.loss, copied=False)
                 else:
-                    report = _record_fsdp2(model, inputs, options, world_size)
+                    report = _record_fsdp2(model, inputs, options, world_size, case.loss)
         except Exception as e:  # real FSDP refuses: what it said, to compare
             text = json.dumps({"type": type(e).__name__, "message": str(e)})
             (Path(out_dir) / f"{name}-rank{rank}.error.json").write_text(text)
@@ -356,12 +385,14 @@ def record_corners(rank: int, world_size: int, out_dir: str) -> None:
         path.write_text(json.dumps(moved.moved))
 
 
-def _record_fsdp2(model: Any, inputs: Any, options: dict[str, Any], world_size: int) -> Any:
+def _record_fsdp2(
+    model: Any, inputs: Any, options: dict[str, Any], world_size: int, loss: Any = None
+) -> Any:
     names = {p: n for n, p in model.named_parameters()}
     ignored = [names[p] for p in options.get("ignored_params", [])]
     return record_real_fsdp2(
         model, inputs, options["fully_shard"], world_size, mp_policy=options.get("mp_policy"),
-        ignored_params=ignored,
+        ignored_params=ignored, loss=loss,
     )  # fmt: skip
 
 

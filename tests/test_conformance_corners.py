@@ -40,7 +40,7 @@ def test_real_fsdp_and_fsdpviz_agree(corners: Path, name: str) -> None:
     refused = [corners / f"{name}-rank{rank}.error.json" for rank in range(WORLD_SIZE)]
     if case.accepts:
         assert not any(p.exists() for p in refused), refused[0].read_text()
-        predicted = fsdpviz.analyze(model, inputs, world_size=WORLD_SIZE, **options)
+        predicted = fsdpviz.analyze(model, inputs, world_size=WORLD_SIZE, loss=case.loss, **options)
         assert predicted.config.api == case.api
         collectives = timeline_collectives(predicted, WORLD_SIZE)
         for rank in range(WORLD_SIZE):

@@ -80,6 +80,7 @@ class FSDP2Recorder(EventLog):
             if state._fsdp_param_group is not None:
                 self._group_names[id(state._fsdp_param_group)] = name
         self._hook: tuple[Hook, str] | None = None
+        self._ctx = next(iter(fsdp2_states(model)))._state_ctx  # shared by every state
         self._in_final = False
         self._group: Any = None
         self._forward_order: list[str] = []
@@ -197,7 +198,12 @@ class FSDP2Recorder(EventLog):
         @functools.wraps(original)
         def run(group: Any, *args: Any, **kwargs: Any) -> Any:
             name = self._name(group)
-            if hook is not None and not (hook == "post_backward" and self._in_final):
+            if hook == "post_forward" and args and args[0] is None:
+                # the forward root's post-forward completes a grouped call whose forward
+                # ran only some of its modules (no module given): the root's hook issues it
+                root = self._ctx.iter_forward_root if self._ctx is not None else None
+                self._hook = (hook, self._state_names.get(id(root), name))
+            elif hook is not None and not (hook == "post_backward" and self._in_final):
                 self._hook = (hook, name)
             first_iteration = hook == "pre_forward" and not self.iterations
             if first_iteration and name not in self._forward_order:

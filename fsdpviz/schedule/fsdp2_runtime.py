@@ -210,14 +210,18 @@ class FSDP2Runtime:
                 other = self.states[j]
                 if other is state or not other.modules_to_run:
                     continue
-                self._complete_forward(other, in_backward)
+                self._complete_forward(other, in_backward, by=state)
                 other.modules_to_run.clear()
                 forced.append(j)
             self.iter_forward_root = None
         return forced
 
-    def _complete_forward(self, state: StateRec, in_backward: bool) -> None:
-        self._hook = ("post_forward", state.group.name)
+    def _complete_forward(
+        self, state: StateRec, in_backward: bool, by: StateRec | None = None
+    ) -> None:
+        """``state``'s post-forward, run by its own hook or (``by``) the forward root's,
+        which completes a grouped call whose forward ran only some of its modules."""
+        self._hook = ("post_forward", (by or state).group.name)
         for g in state.groups:
             if not in_backward:
                 self._reshard(g)
