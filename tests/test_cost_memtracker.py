@@ -513,3 +513,39 @@ def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
     assert (
         real.after_backward["Sharded Grad"] == last == sum(4 * u.trainable[1] for u in report.units)
     )
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_tied_gpt2_with_labels_and_a_long_sequence(fake_pg: int, bf16: bool) -> None:
+    """GPT-2 (its LM head tied to the token embedding, in the root's group) called with
+    ``labels=input_ids`` on 2 x 512 tokens: exact in float32. With bf16 compute the tracker's
+    forward tensors are lower by the layer norms' statistics alone, which the CPU keeps in
+    bf16 and a GPU in fp32 (2 bytes per token for each of a norm's mean and rstd, while
+    saved): no tensor is counted twice."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    def build() -> nn.Module:
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=1024)
+        return GPT2LMHeadModel(config)
+
+    def inputs() -> dict[str, torch.Tensor]:
+        ids = torch.zeros(2, 512, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids}
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None)
+    real = tracked(build, inputs, lambda m: list(m.transformer.h), fake_pg, _hf_loss, mp_policy=mp)
+    with torch.device("meta"):
+        model = build()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    report = fsdpviz.analyze(model, inputs(), fully_shard=[GPT2Block], world_size=fake_pg,
+                             loss=_hf_loss, mp_policy=mp)  # fmt: skip
+    mem = memory_model(report, optimizer=None, iteration=0)
+    if not bf16:
+        _compare(real, mem)
+        return
+    norms = sum(isinstance(m, nn.LayerNorm) for m in model.modules())
+    statistics = norms * 2 * 2 * 512 * (4 - 2)  # mean and rstd per token, fp32 -> bf16
+    assert (norms, statistics) == (5, 20_480)
+    assert real.after_forward["Activation"] == _after_forward(report, 0) - statistics
+    assert real.peak["Total"] == mem.peak["bytes"] - 3 * statistics // norms  # 3 norms saved
