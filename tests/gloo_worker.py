@@ -445,6 +445,9 @@ def peft_cases() -> dict[str, Corner]:
         ),
         "peft-neox-dora-fsdp1-orig-params": Corner(build("neox-dora"), "FSDP1", layers(True), True),
         "peft-neox-dora-fsdp2": Corner(build("neox-dora"), "FSDP2", shard_layers(False), True),
+        "peft-llama-bf16-fp32-adapters-fsdp2": Corner(
+            build("llama-lora-bf16"), "FSDP2", shard_layers(False), True
+        ),
     }
 
 

@@ -69,4 +69,15 @@ def neox_dora() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     return model, {"input_ids": ids, "labels": ids}, GPTNeoXLayer
 
 
-MODELS = {"llama-lora": llama_lora, "neox-dora": neox_dora}
+def llama_lora_bf16() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+    """LoRA on a bf16 Llama as peft adds it by default: the adapters in fp32
+    (``autocast_adapter_dtype``), so each layer's group holds two dtypes."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    ids = tokens()
+    model = adapt(llama_base().to(torch.bfloat16), ["q_proj", "v_proj"])
+    return model, {"input_ids": ids, "labels": ids}, LlamaDecoderLayer
+
+
+MODELS = {"llama-lora": llama_lora, "neox-dora": neox_dora, "llama-lora-bf16": llama_lora_bf16}

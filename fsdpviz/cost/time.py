@@ -58,7 +58,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
-from fsdpviz.cost.sizes import itemsize, optimizer_states, reduced_shard_numel
+from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_states, reduced_shard_numel
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
@@ -258,6 +258,10 @@ def _compute_dtype(units: list[Unit]) -> str:
     weight: dict[str, int] = {}
     for u in units:
         d = u.compute_dtype or u.dtype or "float32"
+        if u.dtype_numels and u.compute_dtype is None:  # several dtypes, each computes in its own
+            for name, (n, _) in u.dtype_numels.items():
+                weight[name] = weight.get(name, 0) + n
+            continue
         weight[d] = weight.get(d, 0) + u.numel
     return max(weight, key=lambda d: weight[d]) if weight else "float32"
 
@@ -546,7 +550,7 @@ class _Sim:
             gate = self._all_gather_gate()
             rec["rate_limited_s"] = self.t_cpu - rec["issued"]
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
-            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
+            self._copy(rec, u.sharded_bytes, max(self.t_copy, gate))
             self.h2d_done[e.unit] = rec["end"]
             self.h2d_event[e.unit] = index
             return
@@ -559,9 +563,8 @@ class _Sim:
                 ranks = self.raf_int[e.unit]
                 span = post_forward_span(self.cfg, ranks, self.m.gpus_per_node)
                 self.post_forward_mesh.discard(e.unit)
-            compute = itemsize(u.compute_dtype or u.dtype)
             share = self.float8_share.get(e.unit, 0.0)  # FSDP2's float8 all-gather
-            size = u.padded_numel * (share + (1 - share) * compute)
+            size = gathered_bytes(u) * (1 - share) + u.padded_numel * share
             if share > 0:
                 rec["float8_share"] = share
             limiter = self._all_gather_gate()

@@ -609,6 +609,22 @@ def trainable_fields(
     }
 
 
+def dtype_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[Any], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group of parameters in several dtypes: each dtype's
+    parameters, and their elements in all and in one rank's padded shard."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fqn, shape, dt in zip(fqns, shapes, dtypes, strict=True):
+        name = dtype_name(dt) or str(dt)
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += math.prod(shape)
+        counts[1] += sharded_numel(shape, world_size)
+    return {"param_dtypes": names, "dtype_numels": numels}
+
+
 def _schema(
     group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
 ) -> Unit:
@@ -619,10 +635,12 @@ def _schema(
     numel = sum(math.prod(s) for s in local)
     sharded = sum(sharded_numel(s, ws) for s in local)
     dtypes = {p.dtype for p in group.params}
-    dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+    # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
+    orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
+    dtype = next(iter(orig)) if len(orig) == 1 else None
     mp = opts.mp_policy
-    compute = mp.param_dtype or dtype
-    reduce = mp.reduce_dtype or compute
+    compute = mp.param_dtype or (dtype if len(dtypes) == 1 else None)
+    reduce = mp.reduce_dtype or mp.param_dtype or dtype
     grads = {p.requires_grad for p in group.params}
     mixed = len(grads) > 1
     trains = [p.requires_grad for p in group.params]
@@ -645,6 +663,11 @@ def _schema(
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
         **(trainable_fields(group.param_fqns, local, trains, ws) if mixed else {}),
+        **(
+            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws)
+            if len(dtypes) > 1
+            else {}
+        ),
         shard_shapes={
             f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
         }

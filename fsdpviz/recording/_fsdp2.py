@@ -261,9 +261,13 @@ class FSDP2Recorder(EventLog):
                 continue
             params = group.fsdp_params
             # read from the policy: the FSDPParam dtype attributes exist only after lazy init
-            orig = {fp.sharded_param.dtype for fp in params}
+            every = {fp.sharded_param.dtype for fp in params}
+            # FSDP2's orig dtype: the trainable parameters' (they share one)
+            orig = {fp.sharded_param.dtype for fp in params if fp.sharded_param.requires_grad}
+            orig = orig or set(every)
             dtype = orig.pop() if len(orig) == 1 else None
-            compute = group.mp_policy.param_dtype or dtype
+            mp = group.mp_policy
+            compute = mp.param_dtype or (dtype if len(every) == 1 else None)
             grads = {fp.sharded_param.requires_grad for fp in params}
             fqns = [first[fp.sharded_param] for fp in params]
             trainable: dict[str, Any] = {}
@@ -295,7 +299,7 @@ class FSDP2Recorder(EventLog):
                     sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
                     dtype=dtype_name(dtype),
                     compute_dtype=dtype_name(compute),
-                    reduce_dtype=dtype_name(group.mp_policy.reduce_dtype or compute),
+                    reduce_dtype=dtype_name(mp.reduce_dtype or mp.param_dtype or dtype),
                     requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
                     sharding_strategy="FULL_SHARD"
                     if group.post_forward_mesh_info is not None
@@ -312,6 +316,7 @@ class FSDP2Recorder(EventLog):
                         if fp.is_dtensor
                     },
                     **trainable,
+                    **(_dtypes(params, fqns) if len(every) > 1 else {}),
                 )
             )
         return out
@@ -329,6 +334,20 @@ class FSDP2Recorder(EventLog):
             forward_order=list(self._forward_order),
             iterations=[list(it) for it in self.iterations],
         )
+
+
+def _dtypes(params: list[Any], fqns: list[str]) -> dict[str, Any]:
+    """A group of parameters in several dtypes: each dtype's, and their elements in all and
+    in a rank's padded shard, as FSDP2 holds them."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fp, fqn in zip(params, fqns, strict=True):
+        name = dtype_name(fp.sharded_param.dtype) or "?"
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += fp._orig_size.numel()
+        counts[1] += fp.padded_sharded_param_size.numel()
+    return {"param_dtypes": names, "dtype_numels": numels}
 
 
 def _tp_spec(fp: Any) -> Any:

@@ -43,6 +43,7 @@ from fsdpviz.plan.fsdp2 import (
     reshard_after_forward_of,
     sharded_numel,
 )
+from fsdpviz.plan.fsdp2 import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2 import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
@@ -225,13 +226,17 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         trainable = fsdp2_trainable(
             u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard
         )
+        if u.param_dtypes:  # several dtypes: each one's shards at the new size
+            of = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
+                                      [of[p] for p in u.params], shard)  # fmt: skip
         units.append(
             replace(
                 u,
                 padded_numel=sharded * shard,
                 sharded_numel=sharded,
                 sharding_strategy=strategy,
-                **(trainable if frozen else {}),
+                **(trainable if frozen or u.param_dtypes else {}),
             )
         )
     config = cfg.replace(

@@ -19,7 +19,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``sharded_bytes`` in ``dtype``. ``requires_grad`` is None for a unit that mixes
     frozen and trainable parameters (a LoRA adapter beside its frozen base weight); such a
     unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
-    (the trainable elements one rank holds: what its optimizer state is of).
+    (the trainable elements one rank holds: what its optimizer state is of). An FSDP2
+    group whose parameters have several dtypes has ``dtype`` of its trainable ones and
+    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own.
 ``forward_order``
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
@@ -93,6 +95,14 @@ from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.timeline import Timeline
 
 SCHEMA_VERSION = 1
+
+
+DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int64": 8, "int32": 4,
+    "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+"""Bytes per element of the dtypes reports name (``Unit.dtype``)."""
 
 
 def dtype_name(dtype: Any) -> str | None:
@@ -237,13 +247,22 @@ class Unit:
     frozen_params: list[str] = field(default_factory=list)
     trainable_numel: int | None = None
     trainable_sharded_numel: int | None = None
+    # an FSDP2 group of parameters in several dtypes (frozen bf16 weights beside fp32
+    # adapters; FSDP2 asks only the trainable ones to share a dtype, ``dtype`` then): the
+    # parameters of each dtype, and their elements in all and in one rank's padded shard
+    param_dtypes: dict[str, list[str]] = field(default_factory=dict)
+    dtype_numels: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
+        if self.dtype_numels:
+            return sum(n * DTYPE_SIZES[d] for d, (n, _) in self.dtype_numels.items())
         return self.numel * self.itemsize
 
     @property
     def sharded_bytes(self) -> int:
+        if self.dtype_numels:
+            return sum(n * DTYPE_SIZES[d] for d, (_, n) in self.dtype_numels.items())
         return self.sharded_numel * self.itemsize
 
     @property
@@ -258,7 +277,8 @@ class Unit:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("shard_shapes", "tp_placements", "frozen_params"):  # stated where they apply
+        for key in ("shard_shapes", "tp_placements", "frozen_params", "param_dtypes",
+                    "dtype_numels"):  # fmt: skip  # stated where they apply
             if not d[key]:
                 del d[key]
         for key in ("trainable_numel", "trainable_sharded_numel"):
