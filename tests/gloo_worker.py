@@ -227,6 +227,9 @@ class Corner(NamedTuple):
     accepts: bool
     said: str | None = None  # where real FSDP's message names objects: the part fsdpviz says
     loss: Any = None  # the loss from the model's output (default: fsdpviz's)
+    # a group reduce-scattered before all its gradients exist: FSDP2 moves those that do,
+    # fsdpviz sizes the reduce-scatter by all its trainable parameters
+    partial_grads: bool = False
 
 
 def corner_cases() -> dict[str, Corner]:
@@ -335,6 +338,7 @@ def corner_cases() -> dict[str, Corner]:
             lambda model: {"fully_shard": [("blocks.0",), ("blocks.1",), ("norm", "head")]},
             True,
             loss=cm.chunked_loss,
+            partial_grads=True,
         ),
         "no-shard-orig-params-fsdp1": Corner(
             lambda: (cm.stack(), x()),

@@ -47,6 +47,12 @@ def test_real_fsdp_and_fsdpviz_agree(corners: Path, name: str) -> None:
             real = fsdpviz.load(str(corners / f"{name}-rank{rank}.json"))
             assert_same_schedule(real, predicted)
             moved = json.loads((corners / f"{name}-collectives-rank{rank}.json").read_text())
+            if case.partial_grads:  # the first of a group's two reduce-scatters moves less
+                assert [k for k, _ in moved] == [k for k, _ in collectives]
+                differ = [(a, b) for a, b in zip(moved, collectives, strict=True) if a != b]
+                assert differ and all(a[0] == "reduce_scatter" and a[1] < b[1]
+                                      for a, b in differ)  # fmt: skip
+                continue
             assert moved == collectives  # every all-gather's output, reduce-scatter's input
         return
     said = {json.loads(p.read_text())["message"] for p in refused}
