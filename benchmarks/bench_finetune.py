@@ -25,7 +25,7 @@ Sources:
   transformers Trainer), FSDP1 from ``scripts/benchmarks/accelerate.yaml``
   (TRANSFORMER_BASED_WRAP, FULL_SHARD, BACKWARD_PRE, no mixed precision: bf16 weights),
   gradient checkpointing, flash attention, 2 sequences per GPU of Alpaca, padded per batch.
-  Published: ``train_tokens_per_second`` (counted as transformers counts them) and
+  Published: ``train_tokens_per_second`` (per GPU: transformers counts one process's batches) and
   ``mem_peak_torch_mem_alloc_in_bytes``. Alpaca's sequence lengths are not published with
   the runs; the plan takes 512 tokens for the longest batch (the peak) and for the
   throughput, and prints the peak at 256 and 1,024 too.
@@ -71,7 +71,8 @@ def chunked_cross_entropy(chunks: list[torch.Tensor]) -> torch.Tensor:
     total = torch.zeros((), device=chunks[0].device)
     for logits in chunks:
         labels = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
-        total = total + F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
+        total = total + loss
     return total
 
 
@@ -106,8 +107,9 @@ def fms_mistral_7b(lora: bool, seq: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model: nn.Module = MistralForCausalLM(config).to(torch.bfloat16)
         if lora:
-            adapters = LoraConfig(r=16, lora_alpha=16,
-                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+            adapters = LoraConfig(
+                r=16, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+            )
             model = get_peft_model(model, adapters)  # the adapters in fp32, as peft adds them
     base = model.get_base_model() if lora else model
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -163,8 +165,9 @@ def main() -> None:
     for lora in (False, True):
         for seq in (256, 1024):
             mem = fms_mistral_7b(lora, seq).memory
-            print(f"Mistral-7B {'LoRA' if lora else 'full'} b2 x {seq}: peak "
-                  f"{mem.peak['bytes'] / GIB:.1f} GiB, reserved {mem.reserved['bytes'] / GIB:.1f} GiB")  # fmt: skip
+            peak, reserved = mem.peak["bytes"] / GIB, mem.reserved["bytes"] / GIB
+            what = "LoRA" if lora else "full"
+            print(f"Mistral-7B {what} b2 x {seq}: peak {peak:.1f} GiB, reserved {reserved:.1f} GiB")
 
 
 if __name__ == "__main__":
