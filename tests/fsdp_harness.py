@@ -150,14 +150,18 @@ def record_real_fsdp2(
     ignored_params: list[str] | None = None,
     grad_accum: int = 1,
     after: Callable[[nn.Module], None] | None = None,
+    reshard_after_backward: bool = True,
+    requires_all_reduce: bool = True,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
     ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP); ``ignored_params``
     (parameter FQNs) are left out of the root's call. ``grad_accum=N``: each
     step is ``N`` micro-steps, the first ``N - 1`` after ``set_requires_gradient_sync(False)``,
-    then the gradients are dropped as ``zero_grad`` does. ``after`` is called with the
-    sharded model once the recording is done."""
+    then the gradients are dropped as ``zero_grad`` does; ``requires_all_reduce=False``
+    calls ``set_requires_all_reduce(False)`` instead before those (HSDP: reduce-scatter, no
+    all-reduce), and ``reshard_after_backward=False`` adds ``set_reshard_after_backward(False)``.
+    ``after`` is called with the sharded model once the recording is done."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -199,7 +203,13 @@ def record_real_fsdp2(
         for _ in range(iterations):
             for k in range(grad_accum):
                 if grad_accum > 1:
-                    real.set_requires_gradient_sync(k == grad_accum - 1)  # type: ignore[operator]
+                    last = k == grad_accum - 1
+                    if requires_all_reduce:
+                        real.set_requires_gradient_sync(last)  # type: ignore[operator]
+                    else:
+                        real.set_requires_all_reduce(last)  # type: ignore[operator]
+                    if not reshard_after_backward:
+                        real.set_reshard_after_backward(last)  # type: ignore[operator]
                 args, kwargs = _split(inputs)
                 out = real(*args, **kwargs)
                 (loss or default_loss)(out).backward()

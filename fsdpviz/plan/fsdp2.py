@@ -41,7 +41,7 @@ _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
     "shard_placement_fn", "activation_checkpointing", "parallelize_plan",
-    *JOB_KEYS,
+    "reshard_after_backward", "requires_all_reduce", *JOB_KEYS,
 }  # fmt: skip
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
@@ -80,6 +80,12 @@ class FSDP2Options:
     mesh_dims: dict[str, int] | None = None
     # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
     job: JobOptions = field(default_factory=JobOptions)
+    # the micro-steps before the last of an accumulation: set_reshard_after_backward(False)
+    # keeps the parameters gathered into the next micro-step (as pipeline schedules do);
+    # set_requires_all_reduce(False) reduce-scatters each and all-reduces across the HSDP
+    # replicas in the last only (instead of set_requires_gradient_sync(False))
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
 
     @property
     def shard_ranks(self) -> int:
@@ -108,12 +114,16 @@ class FSDP2Options:
             tp_world_size=self.tp_size if self.tp else None,
             parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
+            reshard_after_backward=self.reshard_after_backward,
+            requires_all_reduce=self.requires_all_reduce,
             **job,
             stated=FSDP2_KEYS
             + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
             + (("cpu_offload",) if self.offload else ())
-            + job_keys,
+            + job_keys
+            + (("reshard_after_backward",) if not self.reshard_after_backward else ())
+            + (("requires_all_reduce",) if not self.requires_all_reduce else ()),
         )
 
     def _mesh(self) -> dict[str, int] | None:
@@ -164,6 +174,14 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         raise ConfigError(
             f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
         )
+    job = parse_job_options(kwargs, "FSDP2")
+    after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
+    all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
+    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
+        )
     return FSDP2Options(
         world_size=ws,
         targets=kwargs.get("fully_shard"),
@@ -184,8 +202,25 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         tp_size=tp_size,
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
-        job=parse_job_options(kwargs, "FSDP2"),
+        job=job,
+        reshard_after_backward=after_backward,
+        requires_all_reduce=all_reduce,
     )
+
+
+def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool:
+    """An option of the micro-steps that accumulate gradients (``set_<name>(False)`` before
+    each, ``True`` before the last)."""
+    value = kwargs.get(name, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    if not value and grad_accum < 2:
+        raise ConfigError(
+            f"{name}=False is what the micro-steps before the last do (FSDP2's "
+            f"set_{name}(False), then True for the last one): pass grad_accum=N for N "
+            "micro-steps per optimizer step"
+        )
+    return value
 
 
 def _named_dims(

@@ -215,7 +215,9 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     index = {g.name: i for i, g in enumerate(groups)}
     assert report.profile is not None
     accum = _grad_accum(report, changes)
-    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum)
+    flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
+    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
+    runtime.micro_step(True)
     shapes = _shapes(report)
     units = []
     for u in report.units:
@@ -246,7 +248,9 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,
         grad_accum=accum,
-    ).unstate(*(("grad_accum",) if accum == 1 else ()))
+    ).unstate(
+        *(("grad_accum", "reshard_after_backward", "requires_all_reduce") if accum == 1 else ())
+    )
     order = forward_order(runtime.log, groups)
     return _report(report, config, units, order, iterations, steps)
 
@@ -270,18 +274,27 @@ def _grad_accum(report: Report, changes: dict[str, Any]) -> int:
 
 
 def _run(
-    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any, grad_accum: int
+    runtime: Any,
+    profile: TraceProfile,
+    index: dict[str, int],
+    entry: Any,
+    grad_accum: int,
+    accumulating: tuple[bool, bool] | None = None,
 ) -> tuple[list[list[Event]], list[StepProfile]]:
     """Replay each iteration's hook calls (the first traced iteration, then the steady
-    state's for every other micro-step, each with its gradient sync); return the events
-    and the re-pointed profile of each."""
+    state's for every other micro-step, each with its gradient sync; FSDP2's
+    ``accumulating``: what the micro-steps before the last set, reshard after backward and
+    all-reduce); return the events and the re-pointed profile of each."""
     iterations: list[list[Event]] = []
     steps: list[StepProfile] = []
     traced = profile.iterations
     syncs = micro_step_syncs(grad_accum)
     for n, sync in enumerate(syncs):
         step = traced[0] if n == 0 else traced[-1]
-        runtime.sync = sync
+        if accumulating is None:
+            runtime.sync = sync
+        else:
+            runtime.micro_step(sync, *accumulating)
         event_hook: list[int] = []
         for k, (name, unit, arg) in enumerate(step.hooks):
             runtime.replay([entry(name, index[unit], arg)])

@@ -98,7 +98,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 if tp is not None:
                     tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
-            runtime.sync = micro_step_syncs(opts.job.grad_accum)[0]
+            runtime.micro_step(micro_step_syncs(opts.job.grad_accum)[0], *_accumulating(opts))
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             tracker.remove()
@@ -117,6 +117,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         list(emulation.view_outputs),
         probe,
     )
+
+
+def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
+    """What the micro-steps before the last set: reshard after backward, all-reduce."""
+    return opts.reshard_after_backward, opts.requires_all_reduce
 
 
 def fsdp2_report(
@@ -138,10 +143,10 @@ def fsdp2_report(
     # gradient accumulation, with or without gradient sync) replays the first.
     log = list(runtime.log)
     for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
-        runtime.sync = sync
+        runtime.micro_step(sync, *_accumulating(opts))
         runtime.replay(log)
         iterations.append(runtime.take_events())
-    runtime.sync = True
+    runtime.micro_step(True)
     order = forward_order(runtime.log, groups)
     placements = _placements(groups)
     return Report(
