@@ -173,10 +173,10 @@ def answered_mask_checks(
         made,
     )
     torch_ones = torch.ones
-    torch.ones = _ones(torch_ones, made)  # type: ignore[assignment]
+    torch.ones = _ones(torch_ones, made)
     try:
         yield
     finally:
-        torch.ones = torch_ones  # type: ignore[assignment]
+        torch.ones = torch_ones
         for name, fn in originals.items():
             setattr(masking, name, fn)
