@@ -76,6 +76,11 @@ def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[
     return dup, mapping
 
 
+def _torchs(fn: Any) -> bool:
+    """Whether ``fn`` is one of torch's own functions or policy objects (no user code)."""
+    return str(getattr(fn, "__module__", "") or type(fn).__module__).startswith("torch.")
+
+
 def original_modules(model: nn.Module, mapping: dict[int, Any]) -> dict[int, nn.Module]:
     """``id(copy's module) -> the user's module``, from :func:`model_copy`'s ``mapping``."""
     return {id(mapping[id(m)]): m for m in model.modules() if id(m) in mapping}
@@ -101,14 +106,14 @@ def asked_of_originals(value: Any, originals: Mapping[int, nn.Module]) -> Any:
         return type(value)(asked_of_originals(v, originals) for v in value)
     if isinstance(value, CustomPolicy):
         return CustomPolicy(asked_of_originals(value._lambda_fn, originals))
-    if isinstance(value, functools.partial):
+    if isinstance(value, functools.partial) and _torchs(value.func):
         keywords = dict(value.keywords)
         if "lambda_fn" in keywords:  # lambda_auto_wrap_policy
             keywords["lambda_fn"] = asked_of_originals(keywords["lambda_fn"], originals)
         if "policies" in keywords:  # _or_policy
             keywords["policies"] = asked_of_originals(keywords["policies"], originals)
         return functools.partial(value.func, *value.args, **keywords)
-    if not callable(value) or getattr(value, "__module__", "").startswith("torch."):
+    if not callable(value) or _torchs(value):
         return value  # a policy object (ModuleWrapPolicy) or one of torch's functions
 
     def original(x: Any) -> Any:
