@@ -516,9 +516,10 @@ class Report:
         per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
+        whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
+            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}{whose}",
         ]
         trainable = self.trainable_text()
         if trainable:
