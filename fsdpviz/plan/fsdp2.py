@@ -42,7 +42,7 @@ _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
     "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
-    *JOB_KEYS,
+    "reshard_after_backward", "requires_all_reduce", *JOB_KEYS,
 }  # fmt: skip
 FSDP2_KEYWORDS = frozenset(_KNOWN)
 """Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
@@ -85,6 +85,12 @@ class FSDP2Options:
     job: JobOptions = field(default_factory=JobOptions)
     # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
     torch: TorchFSDP = field(default_factory=installed)
+    # the micro-steps before the last of an accumulation: set_reshard_after_backward(False)
+    # keeps the parameters gathered into the next micro-step (as pipeline schedules do);
+    # set_requires_all_reduce(False) reduce-scatters each and all-reduces across the HSDP
+    # replicas in the last only (instead of set_requires_gradient_sync(False))
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
 
     @property
     def shard_ranks(self) -> int:
@@ -114,12 +120,16 @@ class FSDP2Options:
             tp_world_size=self.tp_size if self.tp else None,
             parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
+            reshard_after_backward=self.reshard_after_backward,
+            requires_all_reduce=self.requires_all_reduce,
             **job,
             stated=FSDP2_KEYS
             + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
             + (("cpu_offload",) if self.offload else ())
-            + job_keys,
+            + job_keys
+            + (("reshard_after_backward",) if not self.reshard_after_backward else ())
+            + (("requires_all_reduce",) if not self.requires_all_reduce else ()),
         )
 
     def _mesh(self) -> dict[str, int] | None:
@@ -176,6 +186,14 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         raise ConfigError(
             f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
         )
+    job = parse_job_options(kwargs, "FSDP2")
+    after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
+    all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
+    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
+        )
     return FSDP2Options(
         world_size=ws,
         targets=kwargs.get("fully_shard"),
@@ -196,9 +214,26 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         tp_size=tp_size,
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
-        job=parse_job_options(kwargs, "FSDP2"),
+        job=job,
         torch=rules,
+        reshard_after_backward=after_backward,
+        requires_all_reduce=all_reduce,
     )
+
+
+def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool:
+    """An option of the micro-steps that accumulate gradients (``set_<name>(False)`` before
+    each, ``True`` before the last)."""
+    value = kwargs.get(name, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    if not value and grad_accum < 2:
+        raise ConfigError(
+            f"{name}=False is what the micro-steps before the last do (FSDP2's "
+            f"set_{name}(False), then True for the last one): pass grad_accum=N for N "
+            "micro-steps per optimizer step"
+        )
+    return value
 
 
 def _named_dims(
@@ -459,6 +494,19 @@ def _claims(
     out: list[_Claim] = []
     for call in resolve_targets(model, spec, memo):
         members = tuple(modules[n] for n in call)
+        container = members[0] if len(members) == 1 else None
+        if (
+            isinstance(container, (nn.ModuleList, nn.ModuleDict))
+            and type(container).forward is nn.Module.forward
+        ):
+            kinds = sorted({type(m).__name__ for m in container.children()})
+            raise FSDPConfigError(
+                f"fully_shard does not support containers that do not implement forward: "
+                f"{call[0]!r} is a {type(container).__name__} of {len(container)} "
+                f"({', '.join(kinds)}), and FSDP2 raises this for it. Shard each module in it "
+                "(fully_shard=[the block class], or their FQNs), or group them in one call "
+                "(a tuple of their FQNs)"
+            )
         ordered = sorted(set(call), key=position.__getitem__)
         claim = _Claim(name=", ".join(ordered), modules=members, fqns=call, params=[])
         seen: set[nn.Parameter] = set()
@@ -597,6 +645,37 @@ def sharded_numel(shape: Sequence[int], world_size: int) -> int:
     return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
 
 
+def trainable_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], trains: Sequence[bool], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
+    reduce-scatters the gradients that exist, one padded dim-0 shard per trainable
+    parameter, and the optimizer keeps state for those shards only."""
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
+        "trainable_sharded_numel": sum(
+            sharded_numel(s, world_size) for s, t in zip(shapes, trains, strict=True) if t
+        ),
+    }
+
+
+def dtype_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[Any], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group of parameters in several dtypes: each dtype's
+    parameters, and their elements in all and in one rank's padded shard."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fqn, shape, dt in zip(fqns, shapes, dtypes, strict=True):
+        name = dtype_name(dt) or str(dt)
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += math.prod(shape)
+        counts[1] += sharded_numel(shape, world_size)
+    return {"param_dtypes": names, "dtype_numels": numels}
+
+
 def _schema(
     group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
 ) -> Unit:
@@ -607,11 +686,15 @@ def _schema(
     numel = sum(math.prod(s) for s in local)
     sharded = sum(sharded_numel(s, ws) for s in local)
     dtypes = {p.dtype for p in group.params}
-    dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+    # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
+    orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
+    dtype = next(iter(orig)) if len(orig) == 1 else None
     mp = opts.mp_policy
-    compute = mp.param_dtype or dtype
-    reduce = mp.reduce_dtype or compute
+    compute = mp.param_dtype or (dtype if len(dtypes) == 1 else None)
+    reduce = mp.reduce_dtype or mp.param_dtype or dtype
     grads = {p.requires_grad for p in group.params}
+    mixed = len(grads) > 1
+    trains = [p.requires_grad for p in group.params]
     itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
     return Unit(
         module=group.name,
@@ -625,11 +708,17 @@ def _schema(
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
-        requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+        requires_grad=None if mixed else (grads.pop() if grads else None),
         sharding_strategy="FULL_SHARD"
         if group.reshard_after_forward is not False
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
+        **(trainable_fields(group.param_fqns, local, trains, ws) if mixed else {}),
+        **(
+            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws)
+            if len(dtypes) > 1
+            else {}
+        ),
         shard_shapes={
             f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
         }

@@ -14,7 +14,8 @@ from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 # Options of one API given to the other: what each is, and what to pass instead.
 _FSDP2_ONLY = {
     "fully_shard", "reshard_after_forward", "mp_policy", "offload_policy", "mesh",
-    "parallelize_plan", "shard_placement_fn", "ignored_params",
+    "parallelize_plan", "shard_placement_fn", "ignored_params", "reshard_after_backward",
+    "requires_all_reduce",
 }  # fmt: skip
 _FSDP1_ONLY = {
     "auto_wrap_policy", "sharding_strategy", "mixed_precision", "cpu_offload",

@@ -36,6 +36,7 @@ from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
+from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
@@ -45,6 +46,8 @@ from fsdpviz.plan.fsdp2 import (
     reshard_after_forward_of,
     sharded_numel,
 )
+from fsdpviz.plan.fsdp2 import dtype_fields as fsdp2_dtypes
+from fsdpviz.plan.fsdp2 import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.torch_fsdp import torch_fsdp
@@ -169,13 +172,17 @@ def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> 
         itemsize(u.compute_dtype or u.dtype),
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size,
+        pad_to=opts.process_group_size,
     )
+    frozen = set(u.frozen_params)
+    trainable = fsdp1_trainable(u.params, [p not in frozen for p in u.params], layout)
     return replace(
         u,
         flat_numel=layout.flat_numel,
         padded_numel=layout.padded_numel,
         sharded_numel=layout.sharded_numel,
         sharding_strategy=opts.sharding_strategy.name,
+        **(trainable if frozen else {}),
     )
 
 
@@ -221,16 +228,30 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     index = {g.name: i for i, g in enumerate(groups)}
     assert report.profile is not None
     accum = _grad_accum(report, changes)
-    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum)
+    flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
+    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
+    runtime.micro_step(True)
     shapes = _shapes(report)
     units = []
     for u in report.units:
         g = groups[index[u.module]]
         sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
+        frozen = set(u.frozen_params)
+        trainable = fsdp2_trainable(
+            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard
+        )
+        if u.param_dtypes:  # several dtypes: each one's shards at the new size
+            of = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
+                                      [of[p] for p in u.params], shard)  # fmt: skip
         units.append(
             replace(
-                u, padded_numel=sharded * shard, sharded_numel=sharded, sharding_strategy=strategy
+                u,
+                padded_numel=sharded * shard,
+                sharded_numel=sharded,
+                sharding_strategy=strategy,
+                **(trainable if frozen or u.param_dtypes else {}),
             )
         )
     config = cfg.replace(
@@ -240,7 +261,9 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,
         grad_accum=accum,
-    ).unstate(*(("grad_accum",) if accum == 1 else ()))
+    ).unstate(
+        *(("grad_accum", "reshard_after_backward", "requires_all_reduce") if accum == 1 else ())
+    )
     if mesh is not None:
         config = config.replace(shard_world_size=shard, mesh=mesh)
     elif "mesh" in changes:
@@ -306,18 +329,27 @@ def _grad_accum(report: Report, changes: dict[str, Any]) -> int:
 
 
 def _run(
-    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any, grad_accum: int
+    runtime: Any,
+    profile: TraceProfile,
+    index: dict[str, int],
+    entry: Any,
+    grad_accum: int,
+    accumulating: tuple[bool, bool] | None = None,
 ) -> tuple[list[list[Event]], list[StepProfile]]:
     """Replay each iteration's hook calls (the first traced iteration, then the steady
-    state's for every other micro-step, each with its gradient sync); return the events
-    and the re-pointed profile of each."""
+    state's for every other micro-step, each with its gradient sync; FSDP2's
+    ``accumulating``: what the micro-steps before the last set, reshard after backward and
+    all-reduce); return the events and the re-pointed profile of each."""
     iterations: list[list[Event]] = []
     steps: list[StepProfile] = []
     traced = profile.iterations
     syncs = micro_step_syncs(grad_accum)
     for n, sync in enumerate(syncs):
         step = traced[0] if n == 0 else traced[-1]
-        runtime.sync = sync
+        if accumulating is None:
+            runtime.sync = sync
+        else:
+            runtime.micro_step(sync, *accumulating)
         event_hook: list[int] = []
         for k, (name, unit, arg) in enumerate(step.hooks):
             runtime.replay([entry(name, index[unit], arg)])

@@ -28,7 +28,7 @@ module's input). ``tests/test_replan_stored_trace.py`` checks that a plan equals
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -49,7 +49,7 @@ from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, cap
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.copy import map_objects, model_copy
+from fsdpviz.trace.copy import asked_of_originals, map_objects, model_copy, original_modules
 from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
@@ -112,6 +112,7 @@ class StoredTrace:
             self.reason = "the model already has fully_shard applied"
             return
         self.copy, self._mapping = model_copy(model, "meta")
+        self._originals = original_modules(model, self._mapping)  # what a callable is asked of
         self._memo = GroupMemo.of(self.copy)  # what every plan of the copy shares
         self._backward = False
         try:
@@ -211,7 +212,8 @@ class StoredTrace:
         if opts.torch.hooks_enter_dataclasses != self.rules.hooks_enter_dataclasses:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
-        groups = build_groups(self.copy, opts, ignored, self._memo)
+        targets = asked_of_originals(opts.targets, self._originals)
+        groups = build_groups(self.copy, replace(opts, targets=targets), ignored, self._memo)
         check_reshard_ints(groups, opts.shard_ranks)
         runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch)
         runtime.set_prefetch(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -22,8 +23,14 @@ from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.report import Event, FsdpWarning, Report
-from fsdpviz.trace.checkpointing import apply_checkpointing
-from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
+from fsdpviz.trace.copy import (
+    asked_of_originals,
+    inputs_copy,
+    map_objects,
+    model_copy,
+    original_modules,
+)
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
@@ -47,11 +54,14 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         opts = parse_fsdp2_options(kwargs)
         device = "real" if opts.trace == "real" else "meta"
         copy, mapping = model_copy(model, device)
-        apply_checkpointing(copy, opts.activation_checkpointing)
+        originals = original_modules(model, mapping)
+        checkpointed = checkpointing_of_originals(opts.activation_checkpointing, originals)
+        apply_checkpointing(copy, checkpointed)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         if opts.parallelize_plan is not None:
             opts.tp = resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
-        groups = build_groups(copy, opts, ignored)
+        targets = asked_of_originals(opts.targets, originals)
+        groups = build_groups(copy, replace(opts, targets=targets), ignored)
     check_reshard_ints(groups, opts.shard_ranks)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
@@ -88,7 +98,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 if tp is not None:
                     tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
-            runtime.sync = micro_step_syncs(opts.job.grad_accum)[0]
+            runtime.micro_step(micro_step_syncs(opts.job.grad_accum)[0], *_accumulating(opts))
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             tracker.remove()
@@ -107,6 +117,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         list(emulation.view_outputs),
         probe,
     )
+
+
+def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
+    """What the micro-steps before the last set: reshard after backward, all-reduce."""
+    return opts.reshard_after_backward, opts.requires_all_reduce
 
 
 def fsdp2_report(
@@ -128,10 +143,10 @@ def fsdp2_report(
     # gradient accumulation, with or without gradient sync) replays the first.
     log = list(runtime.log)
     for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
-        runtime.sync = sync
+        runtime.micro_step(sync, *_accumulating(opts))
         runtime.replay(log)
         iterations.append(runtime.take_events())
-    runtime.sync = True
+    runtime.micro_step(True)
     order = forward_order(runtime.log, groups)
     placements = _placements(groups)
     return Report(

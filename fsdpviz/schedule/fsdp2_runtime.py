@@ -94,11 +94,24 @@ class FSDP2Runtime:
         self._hook: tuple[Hook, str] | None = None
         self._prefetching = False
         # set_requires_gradient_sync: False for the micro-steps that accumulate gradients
-        # without reducing them (set per iteration by whoever drives the runtime)
+        # without reducing them (set per iteration by whoever drives the runtime, see
+        # micro_step); set_requires_all_reduce and set_reshard_after_backward likewise
         self.sync = True
+        self.all_reduce = True
+        self.reshard_after_backward = True
         # grouped calls some of whose modules did not run forward before backward (before
         # torch 2.13 FSDP2 never completes their forward and warns in the final callback)
         self.incomplete: dict[str, None] = {}
+
+    def micro_step(self, sync: bool, reshard_after_backward: bool = True,
+                   requires_all_reduce: bool = True) -> None:  # fmt: skip
+        """Set up the next iteration: the last micro-step of an optimizer step (``sync``)
+        reduces and reshards as usual; one before it runs with gradient sync off, or, when
+        ``requires_all_reduce`` is False, reduce-scatters and skips HSDP's all-reduce, and
+        keeps its parameters gathered after backward when ``reshard_after_backward`` is."""
+        self.sync = sync or not requires_all_reduce
+        self.all_reduce = sync or requires_all_reduce
+        self.reshard_after_backward = sync or reshard_after_backward
 
     def set_prefetch(self, forward: dict[int, list[int]], backward: dict[int, list[int]]) -> None:
         for i, targets in forward.items():
@@ -232,14 +245,18 @@ class FSDP2Runtime:
                 other = self.states[j]
                 if other is state or not other.modules_to_run:
                     continue
-                self._complete_forward(other, in_backward)
+                self._complete_forward(other, in_backward, by=state)
                 other.modules_to_run.clear()
                 forced.append(j)
             self.iter_forward_root = None
         return forced
 
-    def _complete_forward(self, state: StateRec, in_backward: bool) -> None:
-        self._hook = ("post_forward", state.group.name)
+    def _complete_forward(
+        self, state: StateRec, in_backward: bool, by: StateRec | None = None
+    ) -> None:
+        """``state``'s post-forward, run by its own hook or (``by``) the forward root's,
+        which completes a grouped call whose forward ran only some of its modules."""
+        self._hook = ("post_forward", (by or state).group.name)
         skip = in_backward and self.rules.post_forward_in_backward_skips
         for g in state.groups:
             if not skip:
@@ -292,10 +309,11 @@ class FSDP2Runtime:
                 self.events.append(
                     self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
                 )
-        self._reshard(g)
+        if self.reshard_after_backward:
+            self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
-            if self.replicas > 1:  # foreach_reduce: HSDP's all-reduce across the replicas
+            if self.replicas > 1 and self.all_reduce:  # HSDP's all-reduce across replicas
                 self._emit("all_reduce", g, "backward", group="replicate")
             if self.offload:  # foreach_reduce copies the gradient shard to host memory
                 self._emit("d2h", g, "backward")

@@ -112,6 +112,11 @@ class ReportConfig(Mapping[str, Any]):
     # "filter_fqns"}, torchtitan's keys); torch's float32 matmul precision ("highest",
     # "high", "medium")
     grad_accum: int = 1
+    # FSDP2, the micro-steps before the last: set_reshard_after_backward(False) (the
+    # parameters stay gathered into the next one), set_requires_all_reduce(False) (each
+    # reduce-scatters, HSDP's all-reduce runs in the last only)
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
     compile: bool | tuple[str, ...] = False
     float8: Mapping[str, Any] | None = None
     float32_matmul_precision: str | None = None

@@ -12,7 +12,9 @@ copying key and value per head). Where the value head size differs from the
 query's (DeepSeek's multi-head latent attention: 128 against 192), which flash
 kernels refuse, a GPU runs the memory-efficient kernel: such calls go to
 ``aten._scaled_dot_product_efficient_attention``, whose meta kernel gives the
-output the value's head size and saves the same kinds of tensors. Calls with
+output the value's head size and saves the same kinds of tensors; so do calls whose mask
+needs a gradient (a learned bias added to it, as Swin's relative positions), which a GPU
+also runs there (its backward gives the mask's gradient, flash's gives none). Calls with
 dropout, or not on meta, are left alone, and so is grouped-query attention with
 such a value (the GPU falls back to the math path there too). The fused op takes
 the place of the decomposition's nodes in the autograd graph with the same inputs
@@ -98,8 +100,9 @@ def _fused(
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
             attn_mask.logical_not(), float("-inf")
         )
-    if other_value_size:
-        grad = query.requires_grad or key.requires_grad or value.requires_grad
+    learned = attn_mask is not None and attn_mask.requires_grad
+    if other_value_size or learned:  # flash takes no mask gradient: a GPU runs this kernel
+        grad = query.requires_grad or key.requires_grad or value.requires_grad or learned
         out = _EFFICIENT(query, key, value, attn_mask, grad, 0.0, is_causal, scale=scale)[0]
     elif key.shape[1] != query.shape[1] and not _fused_takes_gqa():
         out = _GroupedFused.apply(query, key, value, attn_mask, is_causal, scale)  # type: ignore[no-untyped-call]

@@ -22,8 +22,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.copy import asked_of_originals
 
 _aten = torch.ops.aten
 # torchtitan's save list (torchtitan/distributed/activation_checkpoint.py): outputs that are
@@ -145,6 +147,17 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
 
     visit(model)
     return chosen
+
+
+def checkpointing_of_originals(
+    spec: CheckpointSpec, originals: Mapping[int, nn.Module]
+) -> CheckpointSpec:
+    """``spec`` with its predicate asked of the user's modules (``originals``: ``id(copy's
+    module) -> the user's``), so that one testing identity picks the same modules."""
+    if isinstance(spec, SelectiveCheckpoint):
+        return dataclasses.replace(spec, modules=asked_of_originals(spec.modules, originals))
+    picked: CheckpointSpec = asked_of_originals(spec, originals)
+    return picked
 
 
 def apply_checkpointing(model: nn.Module, spec: CheckpointSpec) -> int:

@@ -71,10 +71,11 @@ def report_html(report: Report) -> str:
         f"{escape(str(report.config.world_size))}{escape(_mesh(report.config))}"
         f"{escape(_torch(report.config))}"
     )
-    totals = (
-        f"{_count(numel)} parameters · {format_bytes(full)} full · "
-        f"<b>{format_bytes(per_rank)} per rank</b>"
-    )
+    trainable = sum(u.trainable[0] for u in report.units)
+    counted = f"{_count(numel)} parameters"
+    if trainable < numel:  # frozen weights (a fine-tune with adapters)
+        counted = f"<b>{_count(trainable)} trainable</b> of {counted}"
+    totals = f"{counted} · {format_bytes(full)} full · <b>{format_bytes(per_rank)} per rank</b>"
     memory, figures = _memory_parts(report)
     parts = [
         _line(title),
