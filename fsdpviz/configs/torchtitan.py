@@ -591,12 +591,14 @@ class Transformer(nn.Module):
         self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h: torch.Tensor = self.tok_embeddings(tokens)
+        # a pipeline stage holds some of the modules, the others set to None (torchtitan's
+        # pipeline_module_split): it takes the previous stage's hidden states as tokens
+        h: torch.Tensor = self.tok_embeddings(tokens) if self.tok_embeddings else tokens
         rope = self.get_buffer("freqs_cis")[: tokens.shape[1]]
         for layer in self.layers.values():
             h = layer(h, rope)
-        logits: torch.Tensor = self.output(self.norm(h))
-        return logits
+        h = self.norm(h) if self.norm else h
+        return self.output(h) if self.output else h
 
 
 def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
