@@ -49,6 +49,8 @@ class GroupState:
         self.ts = TS.IDLE
         self.post_forward_indices: list[int] = []
         self.ever_unsharded = False
+        # unsharded gradients accumulated by a backward without gradient sync
+        self.accumulated = False
 
 
 class StateRec:
@@ -86,6 +88,12 @@ class FSDP2Runtime:
         # set_requires_gradient_sync: False for the micro-steps that accumulate gradients
         # without reducing them (set per iteration by whoever drives the runtime)
         self.sync = True
+        # set_reshard_after_backward and set_is_last_backward: a pipeline stage turns both
+        # off (with gradient sync) before each microbatch's backward, on for REDUCE_GRAD
+        self.reshard_after_backward = True
+        self.is_last_backward = True
+        # what every event is tagged with (a pipeline stage's action: stage, microbatch, action)
+        self.tag: dict[str, Any] = {}
 
     def set_prefetch(self, forward: dict[int, list[int]], backward: dict[int, list[int]]) -> None:
         for i, targets in forward.items():
@@ -100,7 +108,9 @@ class FSDP2Runtime:
     def _emit(self, kind: Any, g: GroupState, phase: Any, group: Any = None) -> None:
         hook, hook_unit = self._hook or (None, None)
         prefetch = self._prefetching and kind == "all_gather"
-        self.events.append(Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group))
+        self.events.append(
+            Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group, **self.tag)
+        )
 
     # ----------------------------------------------------------- group ops
     def _unshard(self, g: GroupState) -> None:
@@ -259,9 +269,15 @@ class FSDP2Runtime:
 
     def _post_backward(self, g: GroupState, has_grads: bool) -> None:
         g.ts = TS.POST_BACKWARD
-        # without gradient sync the group reshards and keeps its unsharded gradient
-        # (a tp partial gradient stays partial: no redistribute)
-        has_grads = has_grads and self.sync
+        # without gradient sync the group keeps its unsharded gradient (a tp partial gradient
+        # stays partial: no redistribute) and reshards, unless told not to after backward
+        if not self.sync:
+            g.accumulated = g.accumulated or has_grads
+            if self.reshard_after_backward:
+                self._reshard(g)
+            return
+        has_grads = has_grads or g.accumulated
+        g.accumulated = False
         if has_grads and g.ever_unsharded:
             # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
             # over the tp dimension (DTensor redistribute), before the parameters are freed
@@ -269,7 +285,8 @@ class FSDP2Runtime:
                 self.events.append(
                     self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
                 )
-        self._reshard(g)
+        if self.reshard_after_backward:
+            self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
             if self.replicas > 1:  # foreach_reduce: HSDP's all-reduce across the replicas
@@ -288,12 +305,48 @@ class FSDP2Runtime:
                     self._post_backward(g, has_grads.get(i, False))
                 g.ts = TS.IDLE
             state.ts = TS.IDLE
-            for g in state.groups:
-                g.pending = False
-                g.post_forward_indices.clear()
-        self.post_forward_order.clear()
+            if self.is_last_backward:  # finalize_backward
+                for g in state.groups:
+                    g.pending = False
+                    g.post_forward_indices.clear()
+        if self.is_last_backward:
+            self.post_forward_order.clear()
         self.callback_queued = False
         self._hook = None
+
+    # ------------------------------------------------- a pipeline stage's FSDP actions
+    def unshard_all(self) -> None:
+        """``UNSHARD``: ``FSDPModule.unshard(async_op=True)`` on each of the stage's FSDP
+        modules, in ``modules()`` order (no FSDP hook issues it)."""
+        self._hook = None
+        for state in self.states:
+            for g in state.groups:
+                self._unshard(g)
+
+    def wait_all(self) -> None:
+        """The runtime waits for a stage's ``UNSHARD`` before computing on it."""
+        for state in self.states:
+            for g in state.groups:
+                self._wait(g)
+
+    def reshard_all(self) -> None:
+        """``RESHARD`` (and shape inference's clean-up): ``FSDPModule.reshard()`` on each."""
+        self._hook = None
+        for state in self.states:
+            for g in state.groups:
+                self._reshard(g)
+
+    def reduce_grad(self) -> None:
+        """``REDUCE_GRAD`` (``PipelineStage.perform_reduce_grad``): gradient sync, resharding
+        after backward and the last backward turned on, every group's post-backward called in
+        state order (each frees its parameters, then reduce-scatters what the microbatches
+        accumulated), then the root's final callback."""
+        self.sync = self.reshard_after_backward = self.is_last_backward = True
+        for state in self.states:
+            for g in state.groups:
+                self._hook = ("post_backward", g.name)
+                self._post_backward(g, False)
+        self.final_callback({})
 
     def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
         """A collective of tensor parallelism, issued in the forward or backward of ``module``

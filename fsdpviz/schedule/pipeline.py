@@ -1,0 +1,514 @@
+"""``analyze`` under pipeline parallelism: FSDP2 in every stage of a
+``torch.distributed.pipelining`` schedule, each pipeline rank's step as it runs.
+
+Each stage (a copy of the model holding its modules, an FSDP root of its own, as torchtitan
+builds it) is traced once, on one microbatch: its forward, then its backward from the
+gradient of its output (the last stage: from the loss). FSDP2's hook calls of that trace are
+then replayed through a fresh :class:`FSDP2Runtime` per stage, action by action, in each
+pipeline rank's order (:mod:`fsdpviz.schedule.pipeline_order`), with what
+``PipelineStage`` does around them:
+
+- ``F``: the stage's forward hooks; ``B``: its backward hooks, after
+  ``backward_maybe_with_nosync`` turned off gradient sync, resharding after backward and the
+  last backward, so each microbatch's gradients accumulate unsharded and the parameters stay
+  gathered; ``I`` / ``W`` (zero-bubble schedules): the backward hooks fire in ``I`` (to the
+  stage's inputs), ``W`` adds the weight gradients (the first stage, which has no input
+  gradient, runs its whole backward in ``W``);
+- ``UNSHARD`` / ``RESHARD``: ``FSDPModule.unshard(async_op=True)`` / ``reshard()`` of every
+  FSDP module of the stage (the compute waits for the unshard);
+- ``REDUCE_GRAD``: ``perform_reduce_grad``: each group's post-backward with sync on (free,
+  then reduce-scatter), then the root's final callback;
+- ``SEND_*`` / ``RECV_*``: a ``pp_send`` / ``pp_recv`` event of the stage's output (forward)
+  or its input's gradient (backward), one microbatch's bytes.
+
+The first step starts with ``PipelineStage``'s shape inference: each stage of the rank runs
+its forward (in stage order), each stage whose inputs require grad its backward to them
+(``autograd.grad``: no parameter gradient; in reverse order), then every FSDP module of each
+stage is resharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import (
+    FSDP2Options,
+    Group,
+    build_groups,
+    check_reshard_ints,
+    parse_fsdp2_options,
+    prefetch_indices,
+)
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.pipeline import (
+    PIPELINE_KEYS,
+    PipelineOptions,
+    parse_pipeline_options,
+    split_module,
+    split_pipeline_mesh,
+)
+from fsdpviz.plan.tensor_parallel import resolve_plan
+from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
+from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.pipeline_order import parse_action, rank_actions
+from fsdpviz.schedule.tp_emulation import TPEmulation
+from fsdpviz.schema.pipeline import Pipeline, Stage
+from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.trace.checkpointing import apply_checkpointing
+from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.modules import module_infos, param_first_use
+from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.tracker import ModuleTracker, run_step
+
+Log = list[tuple[str, int, Any]]
+
+
+@dataclass
+class StageTrace:
+    """One stage traced on one microbatch: its groups, and FSDP2's hook calls of its forward
+    and of its backward."""
+
+    index: int
+    part: nn.Module
+    opts: FSDP2Options
+    groups: list[Group]
+    forward: Log
+    backward: Log
+    tracker: ModuleTracker
+    view_outputs: list[str]
+    input_bytes: int  # the activations it receives (a gradient of them it sends back)
+    output_bytes: int  # the activations it sends (a gradient of them it receives)
+    inputs_need_grad: bool
+    prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
+
+
+def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+    """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`."""
+    kwargs.pop("profile", None)
+    if fsdp2_states(model):
+        raise ConfigError(
+            "pipeline parallelism is planned from the model before fully_shard (each stage "
+            "is sharded on its own, as torchtitan applies fully_shard to each model part); "
+            "pass the unsharded model with fully_shard=[...]"
+        )
+    if "fully_shard" not in kwargs:
+        raise ConfigError(
+            "pipeline parallelism is planned with FSDP2, as torchtitan runs it: pass "
+            "fully_shard=[...] (applied to each stage, its root last)"
+        )
+    pp, rest = split_pipeline_mesh(kwargs)
+    pipe = {k: rest.pop(k) for k in list(rest) if k in PIPELINE_KEYS}
+    opts = parse_fsdp2_options(rest)
+    device = "real" if opts.trace == "real" else "meta"
+    copy, mapping = model_copy(model, device)
+    apply_checkpointing(copy, opts.activation_checkpointing)
+    ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
+    args, kw = inputs_copy(inputs, device)
+    popts, warnings = parse_pipeline_options(copy, _batch(args, kw), pp, pipe)
+    actions = rank_actions(popts)
+    args, kw = _first_microbatch(args, kw, popts.microbatches)
+    traces = _trace_stages(copy, popts, opts, ignored, args, kw, device)
+    ranks = [
+        _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
+    ]
+    return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
+
+
+def _batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()]
+    return int(tensors[0].shape[0]) if tensors else None
+
+
+def _first_microbatch(
+    args: tuple[Any, ...], kwargs: dict[str, Any], m: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The first of ``m`` microbatches, as ``PipelineSchedule.step`` splits the inputs (each
+    tensor along dim 0, other values as they are)."""
+
+    def first(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim():
+            part = x.tensor_split(m, dim=0)[0].detach()
+            return part.requires_grad_(x.requires_grad) if x.is_floating_point() else part
+        if isinstance(x, (list, tuple)):
+            return type(x)(first(v) for v in x)
+        if isinstance(x, dict):
+            return {k: first(v) for k, v in x.items()}
+        return x
+
+    return first(args), first(kwargs)
+
+
+def _stage_targets(spec: Any, modules: dict[str, nn.Module]) -> Any:
+    """``fully_shard=`` for one stage: FQNs of modules another stage holds left out (a
+    grouped call keeps the members the stage has), classes and callables as they are."""
+    items = [spec] if isinstance(spec, (str, type)) or callable(spec) else list(spec or [])
+    out: list[Any] = []
+    classes = {type(m).__name__ for m in modules.values()}
+    for item in items:
+        if isinstance(item, tuple):
+            kept = tuple(n for n in item if n in modules)
+            if kept:
+                out.append(kept)
+        elif isinstance(item, str) and item not in modules and item not in classes:
+            continue  # another stage's module (or no module: the whole model's check said)
+        elif isinstance(item, type) and not any(isinstance(m, item) for m in modules.values()):
+            continue
+        else:
+            out.append(item)
+    return out
+
+
+def _check_targets(copy: nn.Module, spec: Any) -> None:
+    """What ``fully_shard=`` names must be in the model (checked once, on the whole)."""
+    from fsdpviz.plan.fsdp2 import resolve_targets
+
+    resolve_targets(copy, spec)
+
+
+def _trace_stages(
+    copy: nn.Module,
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    ignored: set[nn.Parameter],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    device: str,
+) -> list[StageTrace]:
+    _check_targets(copy, opts.targets)
+    where = "the meta device" if device == "meta" else "the model's device"
+    traces: list[StageTrace] = []
+    n_modules = sum(1 for _ in copy.modules())
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
+        for s, names in enumerate(popts.stage_modules):
+            part = split_module(copy, names)
+            modules = dict(part.named_modules())
+            stage_opts = dataclasses.replace(
+                opts,
+                targets=_stage_targets(opts.targets, modules),
+                forward_prefetch={k: v for k, v in opts.forward_prefetch.items() if k in modules},
+                backward_prefetch={
+                    k: v for k, v in opts.backward_prefetch.items() if k in modules
+                },
+            )
+            if opts.parallelize_plan is not None:
+                stage_opts.tp = resolve_plan(
+                    part, _stage_plan(opts.parallelize_plan, modules), opts.tp_size, opts.tp_name
+                )
+            groups = build_groups(part, stage_opts, ignored)
+            check_reshard_ints(groups, stage_opts.shard_ranks)
+            last = s == popts.num_stages - 1
+            trace, output = _trace_stage(s, part, stage_opts, groups, args, kw, last, where, bar)
+            traces.append(trace)
+            # the next stage receives this stage's output tensors as its positional inputs
+            outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+            args = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outs)
+            kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+    return traces
+
+
+def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, Any]:
+    """``parallelize_plan`` for one stage: the patterns that match a module it holds."""
+    import fnmatch
+
+    return {
+        pattern: style
+        for pattern, style in dict(plan).items()
+        if any(fnmatch.fnmatch(name, pattern) for name in modules)
+    }
+
+
+def _trace_stage(
+    s: int,
+    part: nn.Module,
+    opts: FSDP2Options,
+    groups: list[Group],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    last: bool,
+    where: str,
+    bar: Any,
+) -> tuple[StageTrace, Any]:
+    emulation = FSDP2Emulation(groups, opts)
+    runtime = emulation.runtime
+    tp = TPEmulation(part, opts.tp, groups, runtime) if opts.tp is not None else None
+    prefetch = (
+        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+    )
+    runtime.set_prefetch(*prefetch)
+    boundary: list[int] = []
+    tracker = ModuleTracker(part, on_call=bar.tick)
+    try:
+        output = run_step(
+            part, args, kw, opts.loss, tracker, where,
+            lambda _: boundary.append(len(runtime.log)), stage_output=not last,
+        )  # fmt: skip
+    finally:
+        tracker.remove()
+        emulation.remove()
+        if tp is not None:
+            tp.remove()
+        for p in part.parameters():
+            p.grad = None
+    log = list(runtime.log)
+    at = boundary[0]
+    received = [t for t in args if isinstance(t, torch.Tensor)]
+    sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    trace = StageTrace(
+        index=s,
+        part=part,
+        opts=opts,
+        groups=groups,
+        forward=log[:at],
+        backward=log[at:],
+        tracker=tracker,
+        view_outputs=list(emulation.view_outputs),
+        input_bytes=sum(t.numel() * t.element_size() for t in received),
+        output_bytes=sum(t.numel() * t.element_size() for t in sent),
+        inputs_need_grad=any(t.requires_grad for t in received),
+        prefetch=prefetch,
+    )
+    return trace, output
+
+
+# ------------------------------------------------------------------ replay
+class _RankRun:
+    """One pipeline rank's stages, each with its own FSDP2 runtime, run action by action."""
+
+    def __init__(self, opts: PipelineOptions, traces: list[StageTrace], rank: int) -> None:
+        self.opts = opts
+        self.traces = traces
+        self.stages = opts.stages_of(rank)
+        self.runtimes: dict[int, FSDP2Runtime] = {}
+        for s in self.stages:
+            t = traces[s]
+            rt = FSDP2Runtime(t.groups, t.opts.shard_ranks, t.opts.replicas, t.opts.offload)
+            rt.set_prefetch(*t.prefetch)
+            self.runtimes[s] = rt
+        self.unshard_pending: set[int] = set()
+
+    def _take(self, s: int) -> list[Event]:
+        return self.runtimes[s].take_events()
+
+    def shape_inference(self) -> list[Event]:
+        """``PipelineStage``'s metadata inference in the first step (see the module doc)."""
+        events: list[Event] = []
+        for s in self.stages:
+            rt = self.runtimes[s]
+            rt.tag = {"stage": s}
+            rt.replay(self.traces[s].forward)
+            events += self._take(s)
+        for s in reversed(self.stages):
+            if self.traces[s].inputs_need_grad:  # autograd.grad to the inputs: no param grads
+                self.runtimes[s].replay(_without_grads(self.traces[s].backward))
+                events += self._take(s)
+        for s in self.stages:
+            self.runtimes[s].reshard_all()
+            events += self._take(s)
+        return events
+
+    def step(self, actions: list[str]) -> list[Event]:
+        events: list[Event] = []
+        for action in actions:
+            s, kind, mb = parse_action(action)
+            events += self.action(s, kind, mb, action)
+        return events
+
+    def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Event]:
+        trace = self.traces[s]
+        rt = self.runtimes[s]
+        rt.tag = {"stage": s, "microbatch": mb, "action": action}
+        if kind in ("F", "B", "I", "W") and s in self.unshard_pending:
+            self.unshard_pending.discard(s)  # _assert_unsharded waits for the UNSHARD
+            rt.wait_all()
+        if kind == "F":
+            rt.replay(trace.forward)
+        elif kind in ("B", "I", "W"):
+            rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
+            if kind == "B" or (kind == "W" and s == 0):
+                rt.replay(trace.backward)
+            elif kind == "I" and s != 0:
+                rt.replay(_without_grads(trace.backward))
+            elif kind == "W":  # the weight gradients land outside FSDP's hooks
+                for state in rt.states:
+                    for g in state.groups:
+                        g.accumulated = g.accumulated or _has_grads(trace.backward, g.name, rt)
+        elif kind == "UNSHARD":
+            rt.unshard_all()
+            self.unshard_pending.add(s)
+        elif kind == "RESHARD":
+            rt.reshard_all()
+        elif kind == "REDUCE_GRAD":
+            rt.reduce_grad()
+        else:  # SEND_F, RECV_F, SEND_B, RECV_B
+            forward = kind.endswith("_F")
+            nbytes = trace.output_bytes if forward == kind.startswith("SEND") else trace.input_bytes
+            event = Event("pp_send" if kind.startswith("SEND") else "pp_recv", "",
+                          "forward" if forward else "backward", group="pp", nbytes=nbytes,
+                          stage=s, microbatch=mb, action=action)  # fmt: skip
+            return [event]
+        return self._take(s)
+
+
+def _without_grads(log: Log) -> Log:
+    """A backward's hook calls as ``autograd.grad`` to the inputs makes them: no parameter
+    receives a gradient."""
+    out: Log = []
+    for name, i, flag in log:
+        if name == "post_backward":
+            flag = False
+        elif name == "final_callback":
+            flag = dict.fromkeys(flag, False)
+        out.append((name, i, flag))
+    return out
+
+
+def _has_grads(log: Log, group: str, rt: FSDP2Runtime) -> bool:
+    """Whether the stage's backward gives ``group``'s parameters gradients."""
+    index = {st.group.name: i for i, st in enumerate(rt.states)}.get(group)
+    for name, i, flag in log:
+        if name == "post_backward" and i == index and flag:
+            return True
+        if name == "final_callback" and flag.get(index):
+            return True
+    return False
+
+
+# ----------------------------------------------------------------- reports
+def _rank_report(
+    rank: int,
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    traces: list[StageTrace],
+    actions: list[str],
+    warnings: list[FsdpWarning],
+) -> Report:
+    run = _RankRun(popts, traces, rank)
+    first = run.shape_inference() + run.step(actions)
+    steady = run.step(actions)
+    mine = [traces[s] for s in run.stages]
+    groups = [g for t in mine for g in t.groups]
+    order: list[str] = []
+    for t in mine:
+        order += forward_order(t.forward, t.groups)
+    config = _config(popts, opts, groups).replace(pp_rank=rank)
+    return Report(
+        source="prediction",
+        config=config,
+        units=[g.schema for g in groups if g.schema is not None and g.params],
+        forward_order=order,
+        iterations=[first, steady],
+        warnings=_stage_warnings(mine) + list(warnings),
+        modules=[m for t in mine for m in _modules(t)],
+        module_order=[n for t in mine for n in t.tracker.order],
+        module_backward_order=[n for t in reversed(mine) for n in t.tracker.backward_order],
+        param_first_use={k: v for t in mine for k, v in _first_use(t).items()},
+        pipeline=_pipeline(popts, traces, {rank: actions}),
+    )
+
+
+def _config(popts: PipelineOptions, opts: FSDP2Options, groups: list[Group]) -> Any:
+    base = opts.describe(groups)
+    mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.shard_ranks})}
+    return base.replace(
+        world_size=math.prod(mesh.values()),
+        shard_world_size=opts.shard_ranks,
+        mesh=mesh,
+        pp_world_size=popts.pp_size,
+        pipeline_schedule=popts.schedule,
+        microbatches=popts.microbatches,
+    )
+
+
+def _modules(t: StageTrace) -> list[Any]:
+    unit_of = {f: g.name for g in t.groups for f in g.fqns}
+    return [
+        m
+        for m in module_infos(t.part, group_placements(t.groups), unit_of, t.tracker.records)
+        if m.fqn  # each stage's root is the model's: the job report has it once
+    ]
+
+
+def _first_use(t: StageTrace) -> dict[str, str]:
+    return param_first_use(group_placements(t.groups), t.tracker.order)
+
+
+def _stage_warnings(traces: list[StageTrace]) -> list[FsdpWarning]:
+    out: list[FsdpWarning] = []
+    for t in traces:
+        for w in group_warnings(t.groups, forward_order(t.forward, t.groups), t.view_outputs):
+            if w not in out:
+                out.append(w)
+    return out
+
+
+def _pipeline(
+    popts: PipelineOptions, traces: list[StageTrace], actions: dict[int, list[str]]
+) -> Pipeline:
+    return Pipeline(
+        schedule=popts.schedule,
+        microbatches=popts.microbatches,
+        pp_size=popts.pp_size,
+        stages=[
+            Stage(s, popts.stage_ranks[s], list(names),
+                  [g.name for g in traces[s].groups if g.params])  # fmt: skip
+            for s, names in enumerate(popts.stage_modules)
+        ],
+        actions=dict(actions),
+    )
+
+
+def _job_report(
+    copy: nn.Module,
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    traces: list[StageTrace],
+    actions: dict[int, list[str]],
+    ranks: list[Report],
+    warnings: list[FsdpWarning],
+) -> Report:
+    """The whole job: every stage's units, the model's modules, each iteration's events of
+    every pipeline rank (rank by rank), and each rank's own report in ``pipeline.ranks``."""
+    groups = [g for t in traces for g in t.groups]
+    root = next(iter(module_infos(copy, [], {}, {}, [("", copy)])))
+    pipeline = _pipeline(popts, traces, actions)
+    pipeline.ranks = ranks
+    seen: list[FsdpWarning] = []
+    for r in ranks:
+        seen += [w for w in r.warnings if w not in seen]
+    return Report(
+        source="prediction",
+        config=_config(popts, opts, groups),
+        units=[u for r in _by_stage(ranks, popts) for u in r],
+        forward_order=[u for t in traces for u in forward_order(t.forward, t.groups)],
+        iterations=[[e for r in ranks for e in r.iterations[i]] for i in range(2)],
+        warnings=seen,
+        modules=[root, *(m for t in traces for m in _modules(t))],
+        module_order=[n for t in traces for n in t.tracker.order],
+        module_backward_order=[n for t in reversed(traces) for n in t.tracker.backward_order],
+        param_first_use={k: v for t in traces for k, v in _first_use(t).items()},
+        pipeline=pipeline,
+    )
+
+
+def _by_stage(ranks: list[Report], popts: PipelineOptions) -> list[list[Any]]:
+    """Each stage's units, in stage order (a rank's report holds its stages' units)."""
+    stage_units: list[list[Any]] = []
+    for s in range(popts.num_stages):
+        rank = ranks[popts.stage_ranks[s]]
+        assert rank.pipeline is not None  # noqa: S101
+        names = set(rank.pipeline.stages[s].units)
+        stage_units.append([u for u in rank.units if u.module in names])
+    return stage_units
+
+
+__all__ = ["analyze_pipeline"]
