@@ -23,7 +23,7 @@ PP, DP = 2, 2
 MODEL_ARGS: dict[str, Any] = {"dim": 16, "n_layers": 4, "n_heads": 2, "vocab_size": 64,
                               "multiple_of": 16}  # fmt: skip
 BATCH, SEQ = 4, 8
-STEPS = 2
+STEPS = 3
 # name -> (schedule, microbatches, torchtitan's fsdp_reshard_after_forward)
 CASES: dict[str, tuple[str, int, str]] = {
     "gpipe-2": ("GPipe", 2, "default"),
