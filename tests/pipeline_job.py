@@ -34,7 +34,12 @@ CASES: dict[str, tuple[str, int, str]] = {
     "interleaved-4": ("Interleaved1F1B", 4, "default"),
     "1f1b-4-always": ("1F1B", 4, "always"),
     "interleaved-4-always": ("Interleaved1F1B", 4, "always"),
+    "looped-bfs-4": ("LoopedBFS", 4, "default"),
+    "zero-bubble-4": ("InterleavedZeroBubble", 4, "default"),
+    "zbv-4": ("ZBVZeroBubble", 4, "default"),
+    "dualpipev-4": ("DualPipeV", 4, "default"),
 }
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 
 
 def model() -> nn.Module:
@@ -135,7 +140,11 @@ def run_case(name: str, mesh: Any, out_dir: Path) -> None:
     names = split(num_stages)
     whole = model()
     stages = []
-    for s in range(pp_rank, num_stages, PP):  # torchtitan's loop placement
+    if schedule_name in V_SCHEDULES:  # torchtitan's V placement
+        placed = [pp_rank, num_stages - 1 - pp_rank]
+    else:  # its loop placement
+        placed = list(range(pp_rank, num_stages, PP))
+    for s in placed:
         part = split_module(whole, names[s])
         shard(part, dp_mesh, policy)
         stages.append(

@@ -4,10 +4,12 @@ The ranks form a pp 2 x dp_shard 2 mesh; a small torchtitan Llama 3 is split int
 and sharded as torchtitan does it (``pipeline_job``), and ``torch.distributed.pipelining``'s
 own schedules run three steps of it: GPipe, 1F1B and Interleaved1F1B with 2 and 4
 microbatches, FSDP's parameters kept gathered across microbatches (torchtitan's default
-under PP) and resharded after every forward. ``analyze`` of the unsplit model with the same
-schedule must equal every rank: its units, each action in torch's runtime order, and every
-event of both steps (the first with the stages' shape inference) with the stage, microbatch
-and action that issued it, sends and receives included.
+under PP) and resharded after every forward; LoopedBFS, the zero-bubble schedules
+(InterleavedZeroBubble, ZBVZeroBubble: input and weight backward apart) and DualPipeV
+(overlapped forward and backward, V placement) with 4. ``analyze`` of the unsplit model
+with the same schedule must equal every rank: its units, each action in torch's runtime
+order, and every event of both steps (the first with the stages' shape inference) with the
+stage, microbatch and action that issued it, sends and receives included.
 """
 
 from __future__ import annotations
@@ -54,8 +56,11 @@ def predict(name: str) -> fsdpviz.Report:
         model,
         pj.tokens(),
         fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
-        reshard_after_forward={"tok_embeddings": raf, **dict.fromkeys(blocks, raf),
-                               "norm, output": raf},  # fmt: skip
+        reshard_after_forward={
+            "tok_embeddings": raf,
+            **dict.fromkeys(blocks, raf),
+            "norm, output": raf,
+        },
         mesh=("pp", pj.PP, "dp_shard", pj.DP),
         pipeline_schedule=schedule,
         microbatches=microbatches,
@@ -88,8 +93,9 @@ def test_pipeline_schedules_match_four_gloo_ranks(pipeline_recordings: Path, nam
     units = [u.module for u in pipeline.ranks[0].units]
     reduced = [e.unit for e in steady if e.kind == "reduce_scatter"]
     assert sorted(reduced) == sorted(units)
-    assert all(e.action and e.action.endswith("REDUCE_GRAD") for e in steady
-               if e.kind == "reduce_scatter")  # fmt: skip
+    assert all(
+        e.action and e.action.endswith("REDUCE_GRAD") for e in steady if e.kind == "reduce_scatter"
+    )
     sends = [e for e in steady if e.kind == "pp_send" and e.phase == "forward"]
     per_microbatch = pj.BATCH // pj.CASES[name][1] * pj.SEQ * pj.MODEL_ARGS["dim"] * 4
     assert sends and {e.nbytes for e in sends} == {per_microbatch}

@@ -80,8 +80,8 @@ def wants_pipeline(kwargs: dict[str, Any]) -> bool:
         return "pp" in mesh
     if isinstance(mesh, (tuple, list)):
         return "pp" in [x for x in mesh if isinstance(x, str)]
-    names = getattr(mesh, "mesh_dim_names", None)
-    return bool(names) and "pp" in names
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    return "pp" in names
 
 
 def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -243,7 +243,7 @@ def model_parts(model: nn.Module) -> tuple[list[str], str, list[str], list[str]]
         )
     before = [n for n, c in children[:at] if c is not None]
     after = [n for n, c in children[at + 1 :] if c is not None]
-    return before, name, [f"{name}.{k}" for k in layers.keys()], after  # type: ignore[operator]
+    return before, name, [f"{name}.{k}" for k in layers], after  # type: ignore[attr-defined]
 
 
 def default_stages(
@@ -366,7 +366,7 @@ def split_module(model: nn.Module, names: Sequence[str]) -> nn.Module:
     keep = set(names)
     for name, child in list(model.named_children()):
         if isinstance(child, nn.ModuleDict):
-            wanted = [k for k in child.keys() if f"{name}.{k}" in keep]
+            wanted = [k for k in child if f"{name}.{k}" in keep]
             setattr(part, name, nn.ModuleDict({k: child[k] for k in wanted}))
         elif name not in keep:
             setattr(part, name, None)

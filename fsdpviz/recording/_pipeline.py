@@ -72,13 +72,14 @@ class PipelineRecorder(FSDP2Recorder):
         self._microbatch: int | None = None
         self._action: str | None = None
         self._p2p: dict[int, tuple[str, str, int, int, str, int]] = {}
+        self._overlap = False  # inside an OVERLAP_F_B action
 
     def __enter__(self) -> PipelineRecorder:
         from torch.distributed.pipelining import schedules
 
         super().__enter__()
         stack = self._stack
-        assert stack is not None  # noqa: S101 (set by FSDP2Recorder.__enter__)
+        assert stack is not None  # set by FSDP2Recorder.__enter__
         try:
             name = schedules._get_profiler_function_name
             _patch_module(stack, schedules, "_get_profiler_function_name", self._wrap_name(name))
@@ -92,17 +93,22 @@ class PipelineRecorder(FSDP2Recorder):
         return self
 
     # ---------------------------------------------------------------- context
-    def _begin(self, stage: int | None, microbatch: int | None, action: str | None) -> None:
-        """An action starts (or a stage's shape inference, ``action`` None)."""
+    def _begin(
+        self, stage: int | None, microbatch: int | None, action: str | None, listed: bool = True
+    ) -> None:
+        """An action starts (or a stage's shape inference, ``action`` None); ``listed``: it
+        is one of the step's actions (not one of an ``OVERLAP_F_B``'s)."""
         self._stage, self._microbatch, self._action = stage, microbatch, action
         self._hook = None  # UNSHARD, RESHARD and shape inference's reshard run in no hook
-        if action is not None:
+        if action is not None and listed:
             self._actions.append(action)
 
     @contextmanager
-    def _within(self, stage: int | None, microbatch: int | None, action: str | None) -> Iterator[None]:
+    def _within(
+        self, stage: int | None, microbatch: int | None, action: str | None, listed: bool = True
+    ) -> Iterator[None]:
         saved = self._stage, self._microbatch, self._action
-        self._begin(stage, microbatch, action)
+        self._begin(stage, microbatch, action, listed)
         try:
             yield
         finally:
@@ -137,8 +143,13 @@ class PipelineRecorder(FSDP2Recorder):
         """``_get_profiler_function_name``: the runtime names each action before running it."""
 
         def name(action: Any) -> Any:
-            mb = action.microbatch_index
-            self._begin(action.stage_index, mb, str(action))
+            if action.sub_actions is not None:  # OVERLAP_F_B: the stage names each of its own
+                self._begin(None, None, None)
+                self._actions.append(str(action))
+                self._overlap = True
+            else:
+                self._begin(action.stage_index, action.microbatch_index, str(action))
+                self._overlap = False
             return original(action)
 
         return name
@@ -151,9 +162,9 @@ class PipelineRecorder(FSDP2Recorder):
 
             @functools.wraps(original)
             def run(mb: int, *args: Any, **kwargs: Any) -> Any:
-                if self._runtime:  # the runtime named the action already
+                if self._runtime and not self._overlap:  # the runtime named the action
                     return original(mb, *args, **kwargs)
-                with self._within(s, mb, f"{s}{letter(kwargs)}{mb}"):
+                with self._within(s, mb, f"{s}{letter(kwargs)}{mb}", not self._runtime):
                     return original(mb, *args, **kwargs)
 
             _patch_instance(stack, stage, method, run)

@@ -195,9 +195,7 @@ def _trace_stages(
                 opts,
                 targets=_stage_targets(opts.targets, modules),
                 forward_prefetch={k: v for k, v in opts.forward_prefetch.items() if k in modules},
-                backward_prefetch={
-                    k: v for k, v in opts.backward_prefetch.items() if k in modules
-                },
+                backward_prefetch={k: v for k, v in opts.backward_prefetch.items() if k in modules},
             )
             if opts.parallelize_plan is not None:
                 stage_opts.tp = resolve_plan(
@@ -319,8 +317,8 @@ class _RankRun:
     def step(self, actions: list[str]) -> list[Event]:
         events: list[Event] = []
         for action in actions:
-            s, kind, mb = parse_action(action)
-            events += self.action(s, kind, mb, action)
+            for sub in parse_action(action):  # OVERLAP_F_B (DualPipeV): its actions in order
+                events += self.action(*sub)
         return events
 
     def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Event]:
@@ -453,14 +451,15 @@ def _stage_warnings(traces: list[StageTrace]) -> list[FsdpWarning]:
 
 def _pipeline(
     popts: PipelineOptions, traces: list[StageTrace], actions: dict[int, list[str]]
-) -> Pipeline:
+) -> Pipeline[Report]:
     return Pipeline(
         schedule=popts.schedule,
         microbatches=popts.microbatches,
         pp_size=popts.pp_size,
         stages=[
-            Stage(s, popts.stage_ranks[s], list(names),
-                  [g.name for g in traces[s].groups if g.params])  # fmt: skip
+            Stage(
+                s, popts.stage_ranks[s], list(names), [g.name for g in traces[s].groups if g.params]
+            )
             for s, names in enumerate(popts.stage_modules)
         ],
         actions=dict(actions),
@@ -505,7 +504,7 @@ def _by_stage(ranks: list[Report], popts: PipelineOptions) -> list[list[Any]]:
     stage_units: list[list[Any]] = []
     for s in range(popts.num_stages):
         rank = ranks[popts.stage_ranks[s]]
-        assert rank.pipeline is not None  # noqa: S101
+        assert rank.pipeline is not None
         names = set(rank.pipeline.stages[s].units)
         stage_units.append([u for u in rank.units if u.module in names])
     return stage_units

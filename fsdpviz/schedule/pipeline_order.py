@@ -28,9 +28,7 @@ def rank_actions(opts: PipelineOptions) -> dict[int, list[str]]:
     if opts.single_stage:
         return {r: single_stage_actions(opts, r) for r in range(opts.pp_size)}
     schedule = _build(opts)
-    return {
-        r: [str(a) for a in schedule.pipeline_order_with_comms[r]] for r in range(opts.pp_size)
-    }
+    return {r: [str(a) for a in schedule.pipeline_order_with_comms[r]] for r in range(opts.pp_size)}
 
 
 def _build(opts: PipelineOptions) -> Any:
@@ -109,9 +107,12 @@ def single_stage_actions(opts: PipelineOptions, rank: int) -> list[str]:
     return [*out, f"{s}REDUCE_GRAD"]
 
 
-def parse_action(action: str) -> tuple[int, str, int | None]:
-    """``"2B1"`` -> ``(2, "B", 1)``; ``"0REDUCE_GRAD"`` -> ``(0, "REDUCE_GRAD", None)``."""
+def parse_action(action: str) -> list[tuple[int, str, int | None, str]]:
+    """The actions ``action`` runs, as ``(stage, kind, microbatch, name)``: ``"2B1"`` ->
+    ``[(2, "B", 1, "2B1")]``; ``"0REDUCE_GRAD"`` -> ``[(0, "REDUCE_GRAD", None,
+    "0REDUCE_GRAD")]``; DualPipeV's ``"(0F1;3B0)OVERLAP_F_B"`` -> its two, in order."""
     from torch.distributed.pipelining.schedules import _Action
 
     a = _Action.from_str(action)
-    return a.stage_index, a.computation_type.value, a.microbatch_index
+    subs = a.sub_actions if a.sub_actions is not None else (a,)
+    return [(b.stage_index, b.computation_type.value, b.microbatch_index, str(b)) for b in subs]

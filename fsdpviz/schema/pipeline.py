@@ -32,10 +32,14 @@ before the first action; those events have a ``stage`` and no ``action``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from fsdpviz.schema.report import Report
+
+class _Serialisable(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=_Serialisable)  # a pipeline rank's report: Report (schema/report.py)
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
@@ -60,8 +64,9 @@ class Stage:
 
 
 @dataclass
-class Pipeline:
-    """The pipeline a report's FSDP runs in; see the module docstring.
+class Pipeline(Generic[R]):
+    """The pipeline a report's FSDP runs in; see the module docstring. ``Report.pipeline``
+    is a ``Pipeline[Report]``: ``ranks`` holds reports.
 
     Example::
 
@@ -76,7 +81,7 @@ class Pipeline:
     pp_size: int
     stages: list[Stage]
     actions: dict[int, list[str]] = field(default_factory=dict)
-    ranks: list[Report] = field(default_factory=list)
+    ranks: list[R] = field(default_factory=list)
     rank: int | None = None  # a recording: the pipeline rank it was made on
 
     @property
@@ -109,7 +114,7 @@ class Pipeline:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], ranks: list[Report]) -> Pipeline:
+    def from_dict(cls, d: dict[str, Any], ranks: list[R]) -> Pipeline[R]:
         """Read :meth:`to_dict`'s output; ``ranks``: its ``"ranks"`` read as reports."""
         return cls(
             schedule=str(d["schedule"]),

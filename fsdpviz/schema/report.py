@@ -348,7 +348,7 @@ class Report:
     param_first_use: dict[str, str] = field(default_factory=dict)
     module_events: list[list[ModuleEvent]] = field(default_factory=list)
     profile: TraceProfile | None = None
-    pipeline: Pipeline | None = None
+    pipeline: Pipeline[Report] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were

@@ -344,7 +344,9 @@ def _step(
             module=failing,
         ) from e
     if stage_output:
-        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        tensors = [
+            t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
         if not tensors:
             raise ConfigError(
                 f"pipeline stage {type(model).__name__} returns no tensor that requires grad, "
