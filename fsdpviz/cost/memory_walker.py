@@ -163,7 +163,7 @@ class Walker:
     # ---------------------------------------------------------------- events
     def _event(self, e: Event, c: HookCall) -> None:
         s = self.sizes.get(e.unit)
-        if s is None:
+        if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
         if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
             self.cat["all_gather"] += s.h2d

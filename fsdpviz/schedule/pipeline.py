@@ -60,12 +60,15 @@ from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnin
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.pipeline_order import parse_action, rank_actions
+from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.pipeline import Pipeline, Stage
+from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import Event, FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
+from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, run_step
 
@@ -89,11 +92,12 @@ class StageTrace:
     output_bytes: int  # the activations it sends (a gradient of them it receives)
     inputs_need_grad: bool
     prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
+    profile: TraceProfile | None = None  # what the probe measured (one iteration)
 
 
 def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`."""
-    kwargs.pop("profile", None)
+    profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
         raise ConfigError(
             "pipeline parallelism is planned from the model before fully_shard (each stage "
@@ -116,7 +120,7 @@ def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     popts, warnings = parse_pipeline_options(copy, _batch(args, kw), pp, pipe)
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
-    traces = _trace_stages(copy, popts, opts, ignored, args, kw, device)
+    traces = _trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
     ranks = [
         _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
     ]
@@ -182,6 +186,7 @@ def _trace_stages(
     args: tuple[Any, ...],
     kw: dict[str, Any],
     device: str,
+    profile: bool,
 ) -> list[StageTrace]:
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
@@ -204,7 +209,9 @@ def _trace_stages(
             groups = build_groups(part, stage_opts, ignored)
             check_reshard_ints(groups, stage_opts.shard_ranks)
             last = s == popts.num_stages - 1
-            trace, output = _trace_stage(s, part, stage_opts, groups, args, kw, last, where, bar)
+            trace, output = _trace_stage(
+                s, part, stage_opts, groups, args, kw, last, where, bar, profile
+            )
             traces.append(trace)
             # the next stage receives this stage's output tensors as its positional inputs
             outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
@@ -234,6 +241,7 @@ def _trace_stage(
     last: bool,
     where: str,
     bar: Any,
+    profile: bool,
 ) -> tuple[StageTrace, Any]:
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
@@ -243,44 +251,77 @@ def _trace_stage(
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     runtime.set_prefetch(*prefetch)
-    boundary: list[int] = []
     tracker = ModuleTracker(part, on_call=bar.tick)
+    probe: CostProbe | None = None
+
+    def forward_done(_: Any) -> None:  # the loss computed (or the output made): a mark
+        runtime.log.append(("forward_end", 0, None))
+
     try:
+        if profile:
+            probe = _probe(part, groups, opts, tracker, tp)
+            probe.attach(runtime)
+            if tp is not None:
+                tp.measure(probe)
         output = run_step(
-            part, args, kw, opts.loss, tracker, where,
-            lambda _: boundary.append(len(runtime.log)), stage_output=not last,
-        )  # fmt: skip
+            part, args, kw, opts.loss, tracker, where, forward_done, stage_output=not last
+        )
     finally:
         tracker.remove()
         emulation.remove()
         if tp is not None:
             tp.remove()
+        if probe is not None:
+            probe.remove()
         for p in part.parameters():
             p.grad = None
     log = list(runtime.log)
-    at = boundary[0]
+    at = next(i for i, e in enumerate(log) if e[0] == "forward_end")
     received = [t for t in args if isinstance(t, torch.Tensor)]
     sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    measured = probe.profile(log, [len(runtime.events)]) if probe is not None else None
     trace = StageTrace(
         index=s,
         part=part,
         opts=opts,
         groups=groups,
         forward=log[:at],
-        backward=log[at:],
+        backward=log[at + 1 :],
         tracker=tracker,
         view_outputs=list(emulation.view_outputs),
         input_bytes=sum(t.numel() * t.element_size() for t in received),
         output_bytes=sum(t.numel() * t.element_size() for t in sent),
         inputs_need_grad=any(t.requires_grad for t in received),
         prefetch=prefetch,
+        profile=measured,
     )
     return trace, output
 
 
+def _probe(
+    part: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    tracker: ModuleTracker,
+    tp: TPEmulation | None,
+) -> CostProbe:
+    job = opts.job
+    return CostProbe(
+        tracker,
+        {p: g.name for g in groups for p in g.params},
+        [g.name for g in groups],
+        list(part.buffers()),
+        tp.shares() if tp is not None else None,
+        compiled=job.compiled_modules(part),
+        float8=job.float8_modules(part),
+        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
+    )
+
+
 # ------------------------------------------------------------------ replay
 class _RankRun:
-    """One pipeline rank's stages, each with its own FSDP2 runtime, run action by action."""
+    """One pipeline rank's stages, each with its own FSDP2 runtime, run action by action;
+    each step as its hook calls (:class:`~fsdpviz.schedule.pipeline_profile.Call`)."""
 
     def __init__(self, opts: PipelineOptions, traces: list[StageTrace], rank: int) -> None:
         self.opts = opts
@@ -294,67 +335,101 @@ class _RankRun:
             self.runtimes[s] = rt
         self.unshard_pending: set[int] = set()
 
-    def _take(self, s: int) -> list[Event]:
-        return self.runtimes[s].take_events()
+    def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
+        """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
+        rt = self.runtimes[s]
+        calls: list[Call] = []
+        for j, (name, i, arg) in enumerate(log):
+            rt.replay([(name, i, arg)])
+            unit = rt.states[i].group.name if i < len(rt.states) else ""
+            calls.append(Call(name, unit, _json(arg), rt.take_events(), s, first + j, mb, part))
+        return calls
 
-    def shape_inference(self) -> list[Event]:
+    def _mark(self, s: int, mb: int | None) -> Call:
+        """The end of the stage's forward (the last stage: its loss), a mark of its trace."""
+        k = len(self.traces[s].forward)
+        return Call("pipeline", "", "forward_end", [], s, k, mb, "F")
+
+    def shape_inference(self) -> list[Call]:
         """``PipelineStage``'s metadata inference in the first step (see the module doc)."""
-        events: list[Event] = []
+        calls: list[Call] = []
         for s in self.stages:
-            rt = self.runtimes[s]
-            rt.tag = {"stage": s}
-            rt.replay(self.traces[s].forward)
-            events += self._take(s)
+            self.runtimes[s].tag = {"stage": s}
+            calls += self._replay(s, self.traces[s].forward, 0, "F", None)
+            calls.append(self._mark(s, None))
         for s in reversed(self.stages):
-            if self.traces[s].inputs_need_grad:  # autograd.grad to the inputs: no param grads
-                self.runtimes[s].replay(_without_grads(self.traces[s].backward))
-                events += self._take(s)
+            t = self.traces[s]
+            if t.inputs_need_grad:  # autograd.grad to the inputs: no parameter gradient
+                calls += self._replay(s, _without_grads(t.backward), len(t.forward) + 1, "B", None)
         for s in self.stages:
             self.runtimes[s].reshard_all()
-            events += self._take(s)
-        return events
+            calls.append(Call("pipeline", "", "RESHARD", self.runtimes[s].take_events(), s))
+        return calls
 
-    def step(self, actions: list[str]) -> list[Event]:
-        events: list[Event] = []
+    def step(self, actions: list[str]) -> list[Call]:
+        calls: list[Call] = []
         for action in actions:
             for sub in parse_action(action):  # OVERLAP_F_B (DualPipeV): its actions in order
-                events += self.action(*sub)
-        return events
+                calls += self.action(*sub)
+        return calls
 
-    def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Event]:
+    def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Call]:
         trace = self.traces[s]
         rt = self.runtimes[s]
         rt.tag = {"stage": s, "microbatch": mb, "action": action}
         if kind in ("F", "B", "I", "W") and s in self.unshard_pending:
             self.unshard_pending.discard(s)  # _assert_unsharded waits for the UNSHARD
             rt.wait_all()
+        back = len(trace.forward) + 1  # the first backward hook call's mark
         if kind == "F":
-            rt.replay(trace.forward)
-        elif kind in ("B", "I", "W"):
+            return [*self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
+        if kind in ("B", "I", "W"):
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
             if kind == "B" or (kind == "W" and s == 0):
-                rt.replay(trace.backward)
-            elif kind == "I" and s != 0:
-                rt.replay(_without_grads(trace.backward))
-            elif kind == "W":  # the weight gradients land outside FSDP's hooks
+                return self._replay(s, trace.backward, back, "B", mb)
+            if kind == "I" and s != 0:
+                return self._replay(s, _without_grads(trace.backward), back, "I", mb)
+            if kind == "W":  # the weight gradients land outside FSDP's hooks
                 for state in rt.states:
                     for g in state.groups:
                         g.accumulated = g.accumulated or _has_grads(trace.backward, g.name, rt)
-        elif kind == "UNSHARD":
+                return [Call("pipeline", "", action, [], s, None, mb, "W")]
+            return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
+        if kind == "REDUCE_GRAD":
+            rt.reduce_grad()
+            return _reduce_calls(rt.take_events(), s)
+        if kind == "UNSHARD":
             rt.unshard_all()
             self.unshard_pending.add(s)
         elif kind == "RESHARD":
             rt.reshard_all()
-        elif kind == "REDUCE_GRAD":
-            rt.reduce_grad()
         else:  # SEND_F, RECV_F, SEND_B, RECV_B
             forward = kind.endswith("_F")
             nbytes = trace.output_bytes if forward == kind.startswith("SEND") else trace.input_bytes
             event = Event("pp_send" if kind.startswith("SEND") else "pp_recv", "",
                           "forward" if forward else "backward", group="pp", nbytes=nbytes,
                           stage=s, microbatch=mb, action=action)  # fmt: skip
-            return [event]
-        return self._take(s)
+            return [Call("pipeline", "", action, [event], s, None, mb)]
+        return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
+
+
+def _reduce_calls(events: list[Event], s: int) -> list[Call]:
+    """``REDUCE_GRAD`` as FSDP runs it: each group's post-backward, the root's final callback."""
+    calls: list[Call] = []
+    for e in events:
+        if not calls or calls[-1].unit != e.hook_unit:
+            calls.append(Call("post_backward", e.hook_unit or e.unit, False, [], s, part="R"))
+        calls[-1].events.append(e)
+    return [*calls, Call("final_callback", "", {}, [], s, part="R")]
+
+
+def _json(arg: Any) -> Any:
+    """A hook call's argument as JSON holds it (tuples as lists, keys as strings)."""
+    if isinstance(arg, tuple):
+        return [_json(a) for a in arg]
+    if isinstance(arg, dict):
+        return {str(k): v for k, v in arg.items()}
+    return arg
 
 
 def _without_grads(log: Log) -> Log:
@@ -391,9 +466,10 @@ def _rank_report(
     warnings: list[FsdpWarning],
 ) -> Report:
     run = _RankRun(popts, traces, rank)
-    first = run.shape_inference() + run.step(actions)
-    steady = run.step(actions)
+    steps = [run.shape_inference() + run.step(actions), run.step(actions)]
     mine = [traces[s] for s in run.stages]
+    profile = _rank_profile(popts, mine, steps)
+    iterations = [[e for c in calls for e in c.events] for calls in steps]
     groups = [g for t in mine for g in t.groups]
     order: list[str] = []
     for t in mine:
@@ -404,13 +480,57 @@ def _rank_report(
         config=config,
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=order,
-        iterations=[first, steady],
+        iterations=iterations,
         warnings=_stage_warnings(mine) + list(warnings),
         modules=[m for t in mine for m in _modules(t)],
         module_order=[n for t in mine for n in t.tracker.order],
         module_backward_order=[n for t in reversed(mine) for n in t.tracker.backward_order],
         param_first_use={k: v for t in mine for k, v in _first_use(t).items()},
         pipeline=_pipeline(popts, traces, {rank: actions}),
+        profile=profile,
+    )
+
+
+def _rank_profile(
+    popts: PipelineOptions, mine: list[StageTrace], steps: list[list[Call]]
+) -> TraceProfile | None:
+    """The rank's steps as the cost model walks them, from its stages' traces (see
+    :mod:`fsdpviz.schedule.pipeline_profile`); what it holds besides: the microbatches'
+    inputs (the first stage: the batch; the others: a receive buffer per microbatch, and one
+    for the gradient of the output, as ``PipelineStage`` allocates them), the stages'
+    buffers, the tokens of a step."""
+    if any(t.profile is None or not t.profile.iterations for t in mine):
+        return None
+    profiles = {t.index: t.profile.iterations[0] for t in mine if t.profile is not None}
+    shapes = {
+        t.index: StageShape(len(t.forward), t.index == popts.num_stages - 1, t.output_bytes)
+        for t in mine
+    }
+    iterations = [rank_step_profile(calls, profiles, shapes)[0] for calls in steps]
+    m = popts.microbatches
+    inputs = 0
+    for t in mine:
+        assert t.profile is not None
+        if t.index == 0:
+            inputs += t.profile.input_bytes * m
+        else:
+            inputs += t.input_bytes * m
+        if t.index != popts.num_stages - 1:
+            inputs += t.output_bytes * m
+    first = mine[0].profile
+    assert first is not None
+    modules: dict[str, dict[str, float]] = {}
+    for t in mine:
+        assert t.profile is not None
+        modules.update(t.profile.modules)
+    return TraceProfile(
+        iterations=iterations,
+        modules=modules,
+        input_bytes=inputs,
+        buffer_bytes=sum(t.profile.buffer_bytes for t in mine if t.profile is not None),
+        flop_ops=list(first.flop_ops),
+        tokens=first.tokens * m,
+        tp_ranks=first.tp_ranks,
     )
 
 
@@ -484,7 +604,7 @@ def _job_report(
     seen: list[FsdpWarning] = []
     for r in ranks:
         seen += [w for w in r.warnings if w not in seen]
-    return Report(
+    job = Report(
         source="prediction",
         config=_config(popts, opts, groups),
         units=[u for r in _by_stage(ranks, popts) for u in r],
@@ -497,6 +617,10 @@ def _job_report(
         param_first_use={k: v for t in traces for k, v in _first_use(t).items()},
         pipeline=pipeline,
     )
+    for rank in ranks:
+        assert rank.pipeline is not None
+        rank.pipeline.job = job
+    return job
 
 
 def _by_stage(ranks: list[Report], popts: PipelineOptions) -> list[list[Any]]:

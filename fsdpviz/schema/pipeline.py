@@ -83,6 +83,9 @@ class Pipeline(Generic[R]):
     actions: dict[int, list[str]] = field(default_factory=dict)
     ranks: list[R] = field(default_factory=list)
     rank: int | None = None  # a recording: the pipeline rank it was made on
+    # a pipeline rank's report of a prediction: the job's report it is one rank of (what its
+    # time model needs: every rank's sends); not written to JSON
+    job: Any = field(default=None, repr=False, compare=False)
 
     @property
     def stages_per_rank(self) -> int:

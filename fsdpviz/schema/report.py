@@ -430,7 +430,7 @@ class Report:
                 f"report schema_version {version!r} is not supported by this fsdpviz "
                 f"(expects {SCHEMA_VERSION}); re-create the report with this version"
             )
-        return cls(
+        report = cls(
             source=d["source"],
             config=ReportConfig.from_dict(d["config"]),
             units=[Unit.from_dict(u) for u in d["units"]],
@@ -451,6 +451,10 @@ class Report:
             if d.get("pipeline")
             else None,
         )
+        for rank in report.pipeline.ranks if report.pipeline is not None else []:
+            if rank.pipeline is not None:
+                rank.pipeline.job = report
+        return report
 
     def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:
         """The report as JSON; also written to ``path`` when given."""
