@@ -47,6 +47,7 @@ class P2PTimes:
     sent: dict[tuple[str, int, int], tuple[float, float]] = field(default_factory=dict)
     posted: dict[tuple[str, int, int], float] = field(default_factory=dict)
     changed: bool = False
+    tapes: dict[tuple[int, int], Any] = field(default_factory=dict)  # each rank's, once
 
     def send(self, key: tuple[str, int, int], start: float, end: float) -> None:
         if self.sent.get(key) != (start, end):
@@ -90,25 +91,29 @@ def pipeline_timelines(
         raise ConfigError("the job's report of a pipeline is needed (report.pipeline.ranks)")
     p2p = P2PTimes()
     passes = 4 * (len(pipe.stages) * pipe.microbatches + 2)
-    timelines: list[Timeline] = []
     settled = False
-    for _ in range(passes):
+    timelines: list[Timeline | None] = [None] * len(pipe.ranks)
+    for n in range(passes):
         p2p.changed = False
-        timelines = [time_rank(r, p2p) for r in pipe.ranks]
-        if not p2p.changed:
+        # forward sends go down the ranks, gradients up: every other pass runs them upwards
+        order = range(len(pipe.ranks)) if n % 2 == 0 else reversed(range(len(pipe.ranks)))
+        for r in order:
+            timelines[r] = time_rank(pipe.ranks[r], p2p)
+        if not p2p.changed and n:
             settled = True
             break
-    for rank, tl in zip(pipe.ranks, timelines, strict=True):
+    done = [tl for tl in timelines if tl is not None]
+    for rank, tl in zip(pipe.ranks, done, strict=True):
         for rec in [*tl.events, *tl.waits]:
             rec["rank"] = rank.config.pp_rank
         if cache:
             rank.__dict__["timeline"] = tl  # Report.timeline's cached value: this one
-    job = _job(report, timelines)
+    job = _job(report, done)
     if not settled:
         job.notes.append(f"the pipeline's sends had not settled after {passes} passes")
     if cache:
         report.__dict__["timeline"] = job
-    return job, timelines
+    return job, done
 
 
 def _job(report: Report, timelines: list[Timeline]) -> Timeline:

@@ -50,6 +50,7 @@ what ran, activation-checkpoint recomputation included).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -67,6 +68,7 @@ from fsdpviz.schema.report import Event, Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
+_ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
@@ -322,11 +324,16 @@ class _Sim:
         self.m = m
         self.p2p = p2p if p2p is not None else P2PTimes()
         self.t_pp = 0.0  # pipeline parallelism's sends, one at a time
+        self.received: dict[tuple[str, int, int], tuple[float, int]] = {}  # receive: end, record
         self.machine_key = machine_key(m)  # what remembered stretch costs are kept by
         self.compiled = compiled
         self.float32_matmuls = False  # a matrix multiply ran in float32
         self.fused_measured = False  # the trace recorded fused regions (compile)
-        self.tape = tape(report, i)
+        if p2p is None:
+            self.tape = tape(report, i)
+        else:  # a pipeline rank, timed again until the ranks' sends settle: its tape once
+            self.tape = p2p.tapes.get((id(report), i)) or tape(report, i)
+            p2p.tapes[(id(report), i)] = self.tape
         self.measured = self.tape.measured
         self.t_cpu = 0.0  # when the CPU has issued the kernels so far
         self.pending_copy = 0.0  # FSDP2 copy-out the next compute runs first
@@ -399,6 +406,8 @@ class _Sim:
                     "events": list(c.events),
                 }
             )
+            if c.hook == "pipeline" and isinstance(c.arg, str):
+                self._await(c.arg)  # an action's compute starts once its input is received
             if c.hook in _WAITS:
                 opened.append(c.unit)
             elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
@@ -677,8 +686,19 @@ class _Sim:
         self.p2p.post(key, rec["issued"])
         start, end = self.p2p.sent.get(key, (self.t_compute, self.t_compute))
         rec["start"], rec["end"] = max(start, rec["issued"]), max(end, rec["issued"])
-        if rec["end"] > self.gate:
-            self.gate, self.gate_by = rec["end"], len(self.records) - 1
+        self.received[key] = (rec["end"], len(self.records) - 1)
+
+    def _await(self, action: str) -> None:
+        """A stage's forward (backward) of a microbatch: its compute waits for the activations
+        (gradients) the stage received for it, as ``_step_microbatches`` waits on the receive."""
+        match = _ACTION.fullmatch(action)
+        if match is None:
+            return
+        stage, kind, mb = int(match[1]), match[2], int(match[3])
+        key = ("F", stage - 1, mb) if kind == "F" else ("B", stage + 1, mb)
+        got = self.received.pop(key, None)
+        if got is not None and got[0] > self.gate:
+            self.gate, self.gate_by = got
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""

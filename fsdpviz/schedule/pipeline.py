@@ -191,6 +191,7 @@ def _trace_stages(
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
+    shared: list[torch.Tensor] = []  # received activations one tp rank holds a share of
     n_modules = sum(1 for _ in copy.modules())
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         for s, names in enumerate(popts.stage_modules):
@@ -209,13 +210,16 @@ def _trace_stages(
             groups = build_groups(part, stage_opts, ignored)
             check_reshard_ints(groups, stage_opts.shard_ranks)
             last = s == popts.num_stages - 1
-            trace, output = _trace_stage(
-                s, part, stage_opts, groups, args, kw, last, where, bar, profile
+            trace, output, shares = _trace_stage(
+                s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
+            if s:
+                trace.input_bytes = traces[-1].output_bytes  # what the previous stage sends
             traces.append(trace)
             # the next stage receives this stage's output tensors as its positional inputs
             outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
             args = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outs)
+            shared = [a for a, share in zip(args, shares, strict=True) if share]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
     return traces
 
@@ -242,7 +246,8 @@ def _trace_stage(
     where: str,
     bar: Any,
     profile: bool,
-) -> tuple[StageTrace, Any]:
+    shared: list[torch.Tensor],
+) -> tuple[StageTrace, Any, list[bool]]:
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     tp = TPEmulation(part, opts.tp, groups, runtime) if opts.tp is not None else None
@@ -260,6 +265,7 @@ def _trace_stage(
     try:
         if profile:
             probe = _probe(part, groups, opts, tracker, tp)
+            probe.inputs_shared(shared)
             probe.attach(runtime)
             if tp is not None:
                 tp.measure(probe)
@@ -280,6 +286,8 @@ def _trace_stage(
     received = [t for t in args if isinstance(t, torch.Tensor)]
     sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
     measured = probe.profile(log, [len(runtime.events)]) if probe is not None else None
+    # what one rank holds of them: a 1/tp share of what sequence parallelism keeps sharded
+    size = probe.local_bytes if probe is not None else _bytes
     trace = StageTrace(
         index=s,
         part=part,
@@ -289,13 +297,18 @@ def _trace_stage(
         backward=log[at + 1 :],
         tracker=tracker,
         view_outputs=list(emulation.view_outputs),
-        input_bytes=sum(t.numel() * t.element_size() for t in received),
-        output_bytes=sum(t.numel() * t.element_size() for t in sent),
+        input_bytes=_bytes(received),
+        output_bytes=size(sent),
         inputs_need_grad=any(t.requires_grad for t in received),
         prefetch=prefetch,
         profile=measured,
     )
-    return trace, output
+    shares = [probe is not None and probe.holds_share(t) for t in sent]
+    return trace, output, shares
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _probe(
@@ -381,14 +394,16 @@ class _RankRun:
             self.unshard_pending.discard(s)  # _assert_unsharded waits for the UNSHARD
             rt.wait_all()
         back = len(trace.forward) + 1  # the first backward hook call's mark
+        # where the action's compute starts: it waits for what it receives
+        start = Call("pipeline", "", action, [], s, None, mb)
         if kind == "F":
-            return [*self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
+            return [start, *self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
         if kind in ("B", "I", "W"):
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
             if kind == "B" or (kind == "W" and s == 0):
-                return self._replay(s, trace.backward, back, "B", mb)
+                return [start, *self._replay(s, trace.backward, back, "B", mb)]
             if kind == "I" and s != 0:
-                return self._replay(s, _without_grads(trace.backward), back, "I", mb)
+                return [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
             if kind == "W":  # the weight gradients land outside FSDP's hooks
                 for state in rt.states:
                     for g in state.groups:

@@ -20,8 +20,8 @@ Actions that run no FSDP hook (``UNSHARD``, ``RESHARD``, the sends and receives,
 shape inference's reshard) are calls of hook ``pipeline`` with the action as their
 argument and no compute; ``REDUCE_GRAD`` is each group's ``post_backward`` and the root's
 ``final_callback``, as FSDP runs them. The zero-bubble schedules' ``I`` and ``W`` split the
-backward's compute evenly (a linear's backward is one matrix multiply for its input's
-gradient and one for its weight's).
+backward's matrix multiplies evenly (a linear's backward is one for its input's gradient
+and one for its weight's): ``I`` runs the rest of the backward.
 """
 
 from __future__ import annotations
@@ -80,14 +80,14 @@ def rank_step_profile(
             marks = range(shape.forward_end + 1, len(prof.hooks))
             values = _quiet(others_act, others_temp)
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
-            values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], 0.5)]
+            values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
             _append(cols, values)
         elif c.mark is None or c.stage is None:
             _append(cols, _quiet(others_act, others_temp))
         else:
             prof = profiles[c.stage]
             k = c.mark
-            share = 0.5 if c.part in ("I", "W") else 1.0
+            share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
             grads = {} if c.microbatch is None else prof.grads[k]
             mine = allocated.setdefault(c.stage, set())
             if grads and set(grads) <= mine:
@@ -99,7 +99,7 @@ def rank_step_profile(
                 {
                     "flops_forward": prof.flops_forward[k] * share,
                     "flops_backward": prof.flops_backward[k] * share,
-                    "kernels": _scaled(prof.kernels[k] if k < len(prof.kernels) else [], share),
+                    "kernels": _scaled(prof.kernels[k] if k < len(prof.kernels) else [], c.part),
                     "activations": prof.activations[k] + others_act,
                     "forward_temp": prof.forward_temp[k] + others_temp,
                     "backward_temp": prof.backward_temp[k],
@@ -153,8 +153,16 @@ def _append(cols: dict[str, list[Any]], values: dict[str, Any]) -> None:
         cols[k].append(values[k])
 
 
-def _scaled(kernels: list[list[Any]], share: float) -> list[list[Any]]:
-    """Kernel records with ``share`` of their count and bytes (the last two fields)."""
-    if share == 1.0:
+def _scaled(kernels: list[list[Any]], part: str) -> list[list[Any]]:
+    """The kernels of a backward stretch that ``part`` runs: ``I`` (the input gradient)
+    all of them but half of each matrix multiply, ``W`` (the weight gradient) the other
+    half of the matrix multiplies (``M`` halved: ``["gemm", backward, M, N, K, ...]``)."""
+    if part not in ("I", "W"):
         return [list(k) for k in kernels]
-    return [[*k[:-2], k[-2] * share, k[-1] * share] for k in kernels]
+    out: list[list[Any]] = []
+    for k in kernels:
+        if k[0] == "gemm" and k[1]:
+            out.append([k[0], k[1], max(1, int(k[2]) // 2), *k[3:-1], k[-1] / 2])
+        elif part == "I":
+            out.append(list(k))
+    return out
