@@ -361,7 +361,7 @@ class FSDP2Runtime:
         all-reduce in post-backward), otherwise by the model's parallel styles (no hook)."""
         hook, hook_unit = self._hook if fsdp and self._hook else (None, None)
         return Event(kind, unit, phase, False, hook, hook_unit, group="tp", module=module,
-                     nbytes=int(nbytes))  # fmt: skip
+                     nbytes=int(nbytes), **self.tag)  # fmt: skip
 
     def replay(self, log: list[tuple[str, int, Any]]) -> None:
         """Feed a logged call sequence through the state machine (no model run)."""

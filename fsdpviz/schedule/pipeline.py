@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from fsdpviz._gc import answering
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import (
     FSDP2Options,
@@ -121,10 +122,11 @@ def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
     traces = _trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
-    ranks = [
-        _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
-    ]
-    return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
+    with answering():  # many small objects, no cycles: no collection pauses while replaying
+        ranks = [
+            _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
+        ]
+        return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
 
 
 def _batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
