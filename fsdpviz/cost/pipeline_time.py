@@ -21,6 +21,8 @@ and all of them carry the step's tokens through their stages).
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.schema.timeline import Timeline
 
+_ACTION = re.compile(r"(\d+)([FBIW])(\d+)")  # a stage's compute on a microbatch
 _SUMS = (
     "compute_s", "comm_s", "exposed_comm_s", "bubble_s", "optimizer_s", "exposed_forward_s",
     "exposed_backward_s", "matmul_s", "attention_s", "memory_bound_s", "copy_s", "cpu_bound_s",
@@ -106,6 +109,7 @@ def pipeline_timelines(
     for rank, tl in zip(pipe.ranks, done, strict=True):
         for rec in [*tl.events, *tl.waits]:
             rec["rank"] = rank.config.pp_rank
+        _label_compute(tl, p2p.tapes.get((id(rank), _index(rank, tl))))
         if cache:
             rank.__dict__["timeline"] = tl  # Report.timeline's cached value: this one
     job = _job(report, done)
@@ -114,6 +118,31 @@ def pipeline_timelines(
     if cache:
         report.__dict__["timeline"] = job
     return job, done
+
+
+def _index(rank: Report, tl: Timeline) -> int:
+    return int(tl.micro_steps[-1]["iteration"]) if tl.micro_steps else len(rank.iterations) - 1
+
+
+def _label_compute(tl: Timeline, tape: Any) -> None:
+    """Each stretch of compute with the action it is part of (``action``, ``stage``,
+    ``microbatch``): the one whose start (a ``pipeline`` call naming it) came last."""
+    if tape is None:
+        return
+    marks: list[tuple[int, str]] = [
+        (k, c.arg)
+        for k, c in enumerate(tape.calls)
+        if c.hook == "pipeline" and isinstance(c.arg, str) and _ACTION.fullmatch(c.arg)
+    ]
+    starts = [k for k, _ in marks]
+    for rec in tl.compute:
+        at = bisect.bisect_right(starts, int(rec["index"])) - 1
+        if at < 0:
+            continue
+        action = marks[at][1]
+        match = _ACTION.fullmatch(action)
+        assert match is not None
+        rec.update(action=action, stage=int(match[1]), microbatch=int(match[3]))
 
 
 def _job(report: Report, timelines: list[Timeline]) -> Timeline:
@@ -136,6 +165,7 @@ def _job(report: Report, timelines: list[Timeline]) -> Timeline:
         totals[key] = sum(tl.totals.get(key, 0.0) for tl in timelines)
     step = slowest.totals["step_s"]
     totals["step_s"] = step
+    totals["pp_ranks"] = float(n)
     comm, exposed = totals["comm_s"], totals["exposed_comm_s"]
     totals["overlap"] = max(0.0, 1.0 - exposed / comm) if comm > 0 else 1.0
     # every rank carries the step's tokens through its stages; each rank is one GPU

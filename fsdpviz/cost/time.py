@@ -130,7 +130,14 @@ def timeline(
 
         defaults = machine is None and iteration == -1 and optimizer == "adamw"
         defaults = defaults and compile is None and limit_all_gathers and grad_accum is None
-        whole, ranks = pipeline_timelines(job, one, cache=defaults)
+        which = machine_key(machine) if isinstance(machine, Machine) else machine
+        options = (which, iteration, optimizer, compile, limit_all_gathers, grad_accum)
+        assert job.pipeline is not None
+        cache: dict[Any, Any] = job.pipeline.cache
+        timed = cache.get(options)
+        if timed is None:  # the ranks are timed together once per set of options
+            timed = cache[options] = pipeline_timelines(job, one, cache=defaults)
+        whole, ranks = timed
         return whole if pipe.ranks else ranks[int(report.config.pp_rank or 0)]
     micro_steps = _micro_steps(report, iteration, grad_accum)
     if machine is None:

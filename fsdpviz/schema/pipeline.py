@@ -86,6 +86,8 @@ class Pipeline(Generic[R]):
     # a pipeline rank's report of a prediction: the job's report it is one rank of (what its
     # time model needs: every rank's sends); not written to JSON
     job: Any = field(default=None, repr=False, compare=False)
+    # the job's: what the cost model worked out for it (every rank's timeline, by options)
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def stages_per_rank(self) -> int:

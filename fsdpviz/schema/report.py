@@ -519,11 +519,21 @@ class Report:
             ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
         per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
+        pipe = self.pipeline
+        if pipe is not None and pipe.ranks:  # each pipeline rank holds its stages' units
+            per_rank = max(sum(u.sharded_bytes for u in r.units) for r in pipe.ranks)
+            where += " (the most of any pipeline rank)"
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
             f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
         ]
+        if pipe is not None:
+            rank = f"; this is pipeline rank {pipe.rank}'s" if pipe.rank is not None else ""
+            lines.append(
+                f"  pipeline {pipe.schedule}: {len(pipe.stages)} stages on {pipe.pp_size} "
+                f"pipeline ranks, {pipe.microbatches} microbatches{rank}"
+            )
         if cfg.tp_world_size:
             plan = cfg.parallelize_plan or {}
             tp_sharded = sum(

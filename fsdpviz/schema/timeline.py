@@ -101,11 +101,16 @@ class Timeline:
     def summary(self) -> str:
         t = self.totals
         d = duration_text
+        ranks = int(t.get("pp_ranks", 0))
+        over = f" (summed over its {ranks} pipeline ranks)" if ranks > 1 else ""
         text = (
             f"step {d(t['step_s'])} on {self.machine['name']}: compute {d(t['compute_s'])}, "
             f"communication {d(t['comm_s'])} of which {d(t['exposed_comm_s'])} exposed "
-            f"({t['overlap']:.0%} hidden)"
+            f"({t['overlap']:.0%} hidden){over}"
         )
+        if t.get("bubble_s", 0.0) > 0:
+            share = t["bubble_s"] / (t["step_s"] * max(1, ranks)) if t["step_s"] > 0 else 0.0
+            text += f"; pipeline bubbles {d(t['bubble_s'])} ({share:.0%} of the GPU time)"
         if t.get("tokens_per_s", 0.0) > 0:
             text += "\n" + throughput_line(t)
         return text
