@@ -283,7 +283,10 @@ def _pipeline_groups(
     units = {u.module: k for k, u in enumerate(job.units)}
     if "" not in units:  # the stages' roots: what sends and receives
         units[""] = len(units)
-    return [_Group(name, r, units, memory=memory, palette=job) for name, r in zip(names, ranks)]
+    return [
+        _Group(name, r, units, memory=memory, palette=job)
+        for name, r in zip(names, ranks, strict=True)
+    ]
 
 
 def _rank_names(ranks: list[Report]) -> list[str]:
