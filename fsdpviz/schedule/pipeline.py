@@ -98,6 +98,13 @@ class StageTrace:
 
 def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`."""
+    # the stages' traces and replays make many objects and no cycles to speak of: a cyclic
+    # collection over the model copy's heap would cost more than the analysis itself
+    with answering():
+        return _analyze(model, inputs, **kwargs)
+
+
+def _analyze(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
         raise ConfigError(
@@ -122,11 +129,10 @@ def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
     traces = _trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
-    with answering():  # many small objects, no cycles: no collection pauses while replaying
-        ranks = [
-            _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
-        ]
-        return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
+    ranks = [
+        _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
+    ]
+    return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
 
 
 def _batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -357,7 +363,7 @@ class _RankRun:
         for j, (name, i, arg) in enumerate(log):
             rt.replay([(name, i, arg)])
             unit = rt.states[i].group.name if i < len(rt.states) else ""
-            calls.append(Call(name, unit, _json(arg), rt.take_events(), s, first + j, mb, part))
+            calls.append(Call(name, unit, arg, rt.take_events(), s, first + j, mb, part))
         return calls
 
     def _mark(self, s: int, mb: int | None) -> Call:
@@ -438,15 +444,6 @@ def _reduce_calls(events: list[Event], s: int) -> list[Call]:
             calls.append(Call("post_backward", e.hook_unit or e.unit, False, [], s, part="R"))
         calls[-1].events.append(e)
     return [*calls, Call("final_callback", "", {}, [], s, part="R")]
-
-
-def _json(arg: Any) -> Any:
-    """A hook call's argument as JSON holds it (tuples as lists, keys as strings)."""
-    if isinstance(arg, tuple):
-        return [_json(a) for a in arg]
-    if isinstance(arg, dict):
-        return {str(k): v for k, v in arg.items()}
-    return arg
 
 
 def _without_grads(log: Log) -> Log:

@@ -68,7 +68,7 @@ def rank_step_profile(
     kept = 0  # the last stage's outputs, kept until the step ends
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
     for n, c in enumerate(calls):
-        hooks.append((c.hook, c.unit, c.arg))
+        hooks.append((c.hook, c.unit, _json(c.arg)))
         for e in c.events:
             events.append(e)
             event_hook.append(n)
@@ -166,3 +166,12 @@ def _scaled(kernels: list[list[Any]], part: str) -> list[list[Any]]:
         elif part == "I":
             out.append(list(k))
     return out
+
+
+def _json(arg: Any) -> Any:
+    """A hook call's argument as JSON holds it (tuples as lists, keys as strings)."""
+    if isinstance(arg, tuple):
+        return [_json(a) for a in arg]
+    if isinstance(arg, dict):
+        return {str(k): v for k, v in arg.items()}
+    return arg
