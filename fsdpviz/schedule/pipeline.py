@@ -65,13 +65,13 @@ from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profil
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.pipeline import Pipeline, Stage
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.schema.report import Event, FsdpWarning, ModuleInfo, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
-from fsdpviz.trace.tracker import ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
 
 Log = list[tuple[str, int, Any]]
 
@@ -129,10 +129,12 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
     traces = _trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
+    modules = _all_modules(copy, traces)
     ranks = [
-        _rank_report(r, popts, opts, traces, actions[r], warnings) for r in range(popts.pp_size)
+        _rank_report(r, popts, opts, traces, actions[r], warnings, modules)
+        for r in range(popts.pp_size)
     ]
-    return _job_report(copy, popts, opts, traces, actions, ranks, warnings)
+    return _job_report(popts, opts, traces, actions, ranks, warnings, modules)
 
 
 def _batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -478,6 +480,7 @@ def _rank_report(
     traces: list[StageTrace],
     actions: list[str],
     warnings: list[FsdpWarning],
+    modules: list[ModuleInfo],
 ) -> Report:
     run = _RankRun(popts, traces, rank)
     steps = [run.shape_inference() + run.step(actions), run.step(actions)]
@@ -496,7 +499,7 @@ def _rank_report(
         forward_order=order,
         iterations=iterations,
         warnings=_stage_warnings(mine) + list(warnings),
-        modules=[m for t in mine for m in _modules(t)],
+        modules=_rank_modules(modules, mine),
         module_order=[n for t in mine for n in t.tracker.order],
         module_backward_order=[n for t in reversed(mine) for n in t.tracker.backward_order],
         param_first_use={k: v for t in mine for k, v in _first_use(t).items()},
@@ -561,13 +564,27 @@ def _config(popts: PipelineOptions, opts: FSDP2Options, groups: list[Group]) -> 
     )
 
 
-def _modules(t: StageTrace) -> list[Any]:
-    unit_of = {f: g.name for g in t.groups for f in g.fqns}
-    return [
-        m
-        for m in module_infos(t.part, group_placements(t.groups), unit_of, t.tracker.records)
-        if m.fqn  # each stage's root is the model's: the job report has it once
-    ]
+def _all_modules(copy: nn.Module, traces: list[StageTrace]) -> list[ModuleInfo]:
+    """The whole model's modules (each stage's part holds some of them): their units, and
+    the calls and shapes their stage's trace saw (the root and the layers container: every
+    stage's)."""
+    groups = [g for t in traces for g in t.groups]
+    unit_of = {f: g.name for g in groups for f in g.fqns if f}
+    records: dict[str, ModuleCalls] = {}
+    for t in traces:
+        for name, rec in t.tracker.records.items():
+            if name not in records:
+                records[name] = ModuleCalls(rec.calls, rec.input_shapes, rec.output_shapes)
+            else:
+                records[name].calls += rec.calls
+    placements = [p for p in group_placements(groups) if p.unit]  # roots: no parameters here
+    return module_infos(copy, placements, unit_of, records)
+
+
+def _rank_modules(modules: list[ModuleInfo], mine: list[StageTrace]) -> list[ModuleInfo]:
+    """The modules of a rank's stages (and the model's root and containers above them)."""
+    held = {name for t in mine for name in t.tracker.records}
+    return [m for m in modules if m.fqn in held]
 
 
 def _first_use(t: StageTrace) -> dict[str, str]:
@@ -601,18 +618,17 @@ def _pipeline(
 
 
 def _job_report(
-    copy: nn.Module,
     popts: PipelineOptions,
     opts: FSDP2Options,
     traces: list[StageTrace],
     actions: dict[int, list[str]],
     ranks: list[Report],
     warnings: list[FsdpWarning],
+    modules: list[ModuleInfo],
 ) -> Report:
     """The whole job: every stage's units, the model's modules, each iteration's events of
     every pipeline rank (rank by rank), and each rank's own report in ``pipeline.ranks``."""
     groups = [g for t in traces for g in t.groups]
-    root = next(iter(module_infos(copy, [], {}, {}, [("", copy)])))
     pipeline = _pipeline(popts, traces, actions)
     pipeline.ranks = ranks
     seen: list[FsdpWarning] = []
@@ -625,7 +641,7 @@ def _job_report(
         forward_order=[u for t in traces for u in forward_order(t.forward, t.groups)],
         iterations=[[e for r in ranks for e in r.iterations[i]] for i in range(2)],
         warnings=seen,
-        modules=[root, *(m for t in traces for m in _modules(t))],
+        modules=modules,
         module_order=[n for t in traces for n in t.tracker.order],
         module_backward_order=[n for t in reversed(traces) for n in t.tracker.backward_order],
         param_first_use={k: v for t in traces for k, v in _first_use(t).items()},
