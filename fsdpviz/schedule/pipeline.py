@@ -491,7 +491,7 @@ def _rank_report(
     order: list[str] = []
     for t in mine:
         order += forward_order(t.forward, t.groups)
-    config = _config(popts, opts, groups).replace(pp_rank=rank)
+    config = _config(popts, mine, groups).replace(pp_rank=rank)
     return Report(
         source="prediction",
         config=config,
@@ -520,10 +520,19 @@ def _rank_profile(
         return None
     profiles = {t.index: t.profile.iterations[0] for t in mine if t.profile is not None}
     shapes = {
-        t.index: StageShape(len(t.forward), t.index == popts.num_stages - 1, t.output_bytes)
+        t.index: StageShape(
+            len(t.forward), t.index == popts.num_stages - 1, t.output_bytes,
+            frozenset(g.name for g in t.groups),
+        )
         for t in mine
+    }  # fmt: skip
+    upcast = {
+        g.name: _itemsize(g.schema.reduce_dtype) / _itemsize(g.schema.compute_dtype)
+        for t in mine
+        for g in t.groups
+        if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
     }
-    iterations = [rank_step_profile(calls, profiles, shapes)[0] for calls in steps]
+    iterations = [rank_step_profile(calls, profiles, shapes, upcast)[0] for calls in steps]
     m = popts.microbatches
     inputs = 0
     for t in mine:
@@ -551,8 +560,21 @@ def _rank_profile(
     )
 
 
-def _config(popts: PipelineOptions, opts: FSDP2Options, groups: list[Group]) -> Any:
+def _itemsize(dtype: str | None) -> int:
+    return getattr(torch, str(dtype)).itemsize if dtype else 4
+
+
+def _config(popts: PipelineOptions, traces: list[StageTrace], groups: list[Group]) -> Any:
+    """The plan's config: FSDP2's options (tensor parallelism's plan as it resolved on each
+    of ``traces``' stages), the whole mesh, pp dimension first, and the pipeline's."""
+    opts = traces[0].opts
     base = opts.describe(groups)
+    changes: dict[str, Any] = {}
+    if opts.tp is not None:  # every stage's modules' styles
+        plan: dict[str, str] = {}
+        for t in traces:
+            plan.update(t.opts.tp.describe() if t.opts.tp is not None else {})
+        changes["parallelize_plan"] = plan
     mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.shard_ranks})}
     return base.replace(
         world_size=math.prod(mesh.values()),
@@ -561,6 +583,7 @@ def _config(popts: PipelineOptions, opts: FSDP2Options, groups: list[Group]) -> 
         pp_world_size=popts.pp_size,
         pipeline_schedule=popts.schedule,
         microbatches=popts.microbatches,
+        **changes,
     )
 
 
@@ -636,7 +659,7 @@ def _job_report(
         seen += [w for w in r.warnings if w not in seen]
     job = Report(
         source="prediction",
-        config=_config(popts, opts, groups),
+        config=_config(popts, traces, groups),
         units=[u for r in _by_stage(ranks, popts) for u in r],
         forward_order=[u for t in traces for u in forward_order(t.forward, t.groups)],
         iterations=[[e for r in ranks for e in r.iterations[i]] for i in range(2)],

@@ -12,7 +12,10 @@ done, backward not yet: their activations and the stage output kept for the back
   loss); from there until its backward starts it holds that mark's activations and forward
   temporaries;
 - gradients are allocated by a stage's first backward of the step and accumulated in place
-  by the others, until ``REDUCE_GRAD`` reduces them;
+  by the others, until ``REDUCE_GRAD`` reduces them; FSDP2 keeps them in the reduce dtype
+  from the first backward's post-backward on (a ``float32`` copy of ``bfloat16`` gradients
+  under ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``), each later microbatch's own
+  gradient alive until its post-backward adds it in;
 - the last stage keeps each microbatch's output until the step ends (``output_chunks``,
   merged for ``step()``'s return).
 
@@ -54,12 +57,20 @@ class StageShape:
     forward_end: int  # index of the forward_end mark in its hook calls
     last: bool
     output_bytes: int
+    units: frozenset[str] = frozenset()
 
 
 def rank_step_profile(
-    calls: list[Call], profiles: dict[int, StepProfile], shapes: dict[int, StageShape]
+    calls: list[Call],
+    profiles: dict[int, StepProfile],
+    shapes: dict[int, StageShape],
+    upcast: dict[str, float] | None = None,
 ) -> tuple[StepProfile, list[Event]]:
-    """The rank's :class:`StepProfile` of one step, and its events in order."""
+    """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
+    per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
+    a backward without sync leaves in the reduce dtype)."""
+    upcast = upcast or {}
+    pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
     events: list[Event] = []
     hooks: list[tuple[str, str, Any]] = []
     event_hook: list[int] = []
@@ -92,6 +103,18 @@ def rank_step_profile(
             mine = allocated.setdefault(c.stage, set())
             if grads and set(grads) <= mine:
                 grads = {}  # accumulated in place into the gradients already there
+            for unit, nbytes in grads.items():
+                if upcast.get(unit, 1.0) > 1.0:
+                    pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+            # FSDP2's post-backward without gradient sync: the unit's gradient is kept in
+            # the reduce dtype (to_accumulated_grad_if_needed); the final callback runs it
+            # for the units whose post-backward did not fire
+            converted = [c.unit] if c.hook == "post_backward" else []
+            if c.hook == "final_callback" and c.part in ("B", "I"):
+                converted = [u for u in pending if u in shapes[c.stage].units]
+            for unit in converted:
+                if unit in pending and c.microbatch is not None:
+                    grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
             new = sum(grads.values())
             peak_grads = prof.peak_grads[k] if new else 0
             _append(
