@@ -261,3 +261,47 @@ def test_torchtitan_jobs_with_pipeline_parallelism() -> None:
     assert stages[1][-2:] == ["norm", "output"] and old_job.config["microbatches"] == 2
     report = fsdpviz.analyze(old_job.model, old_job.inputs, **old_job.config)
     assert report.pipeline is not None and len(report.pipeline.ranks) == 2
+
+
+def test_a_four_dimensional_job_shares_tensor_parallelism() -> None:
+    """torchtitan's pp x dp x tp mesh: the plan states every dimension, the sends carry one
+    tp rank's share of the sequence-parallel activations, tp's collectives their action."""
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 4, "seq_len": 64},
+        "parallelism": {
+            "data_parallel_shard_degree": 2,
+            "tensor_parallel_degree": 2,
+            "pipeline_parallel_degree": 2,
+            "pipeline_parallel_microbatch_size": 2,
+        },
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        titan = fsdpviz.from_torchtitan(job)
+        report = fsdpviz.analyze(titan.model, titan.inputs, **titan.config)
+    c = report.config
+    assert c.mesh == {"pp": 2, "dp_shard": 2, "tp": 2} and c.world_size == 8
+    assert c.tp_ranks == 2 and c.pp_ranks == 2 and c.replicas == 1
+    assert "layers.0.attention.wq" in (c.parallelize_plan or {})
+    assert "layers.5.attention.wq" in (c.parallelize_plan or {})  # the last stage's too
+    steady = report.pipeline.ranks[0].iterations[1]  # type: ignore[union-attr]
+    send = next(e for e in steady if e.kind == "pp_send")
+    assert send.nbytes == 2 * 64 * 256 * 2 // 2  # microbatch x seq x dim, bf16, half per tp rank
+    tp = [e for e in steady if e.tensor_parallel]
+    assert tp and all(e.stage == 0 and e.action is not None for e in tp)
+
+
+def test_gradients_accumulate_in_the_reduce_dtype() -> None:
+    """FSDP2 keeps a no-sync backward's gradient in ``reduce_dtype``: float32 under bfloat16
+    compute, twice the bytes, until REDUCE_GRAD reduces it."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    report = plan("1F1B", 4, mp_policy=mp, reshard_after_forward=False)
+    rank = report.pipeline.ranks[1]  # type: ignore[union-attr]
+    records = rank.memory.records()
+    grads = max(r["unsharded_grads"] for r in records)
+    assert grads == sum(u.numel * 4 for u in rank.units)  # float32: one copy per unit
+    first_reduce = next(i for i, r in enumerate(records) if r["kind"] == "reduce_scatter")
+    assert records[first_reduce - 1]["unsharded_grads"] == grads  # all of them, until reduced
