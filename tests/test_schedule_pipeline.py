@@ -305,3 +305,14 @@ def test_gradients_accumulate_in_the_reduce_dtype() -> None:
     assert grads == sum(u.numel * 4 for u in rank.units)  # float32: one copy per unit
     first_reduce = next(i for i, r in enumerate(records) if r["kind"] == "reduce_scatter")
     assert records[first_reduce - 1]["unsharded_grads"] == grads  # all of them, until reduced
+
+
+def test_pipelines_compare_by_schedule_and_are_not_replayed() -> None:
+    one, interleaved = plan("1F1B", 4), plan("Interleaved1F1B", 4)
+    cmp = fsdpviz.compare(one, interleaved)
+    assert cmp.same_wrapping and cmp.pipeline_differs
+    assert cmp.verdict == "same wrapping, different schedule"
+    assert cmp.costs["step_s"][0] != cmp.costs["step_s"][1]
+    with pytest.raises(fsdpviz.ConfigError, match="a pipeline's plan is not replayed"):
+        fsdpviz.replan.replay(one, world_size=8)
+    assert one.profiled and not one.pipeline.ranks[0].pipeline.ranks  # type: ignore[union-attr]

@@ -374,6 +374,15 @@ class Report:
         model: Callable[[Report], Timeline] = report_method("timeline")
         return model(self)
 
+    @property
+    def profiled(self) -> bool:
+        """Whether the memory and time model have what the trace measured to go on: the
+        report's ``profile``, or a pipeline's report every pipeline rank's."""
+        pipe = self.pipeline
+        if pipe is not None and pipe.ranks:
+            return all(r.profile is not None for r in pipe.ranks)
+        return self.profile is not None
+
     def unit(self, module: str) -> Unit:
         """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
         for u in self.units:

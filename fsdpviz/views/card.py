@@ -353,10 +353,7 @@ def _time_part(report: Report) -> str:
 
 def _measured(report: Report) -> bool:
     """Whether the cost model has a trace profile to go on (a pipeline's: its ranks')."""
-    pipe = report.pipeline
-    if pipe is not None and pipe.ranks:
-        return all(r.profile is not None for r in pipe.ranks)
-    return report.profile is not None
+    return report.profiled
 
 
 def _topology_line(machine: Mapping[str, Any]) -> str:
