@@ -456,8 +456,15 @@ def _modelled(
                 (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
                  str(w["phase"]), bool(w["tail"]))
             )  # fmt: skip
-        p.bottlenecks += [(first + int(b["event"]), b) for b in tl.bottlenecks()]
-        p.bottlenecks += [(first + int(b["event"]), _bubble_row(b, tl)) for b in tl.bubbles()]
+        rows = [(first + int(b["event"]), b) for b in tl.bottlenecks()]
+        bubbles = [(first + int(b["event"]), _bubble_row(b)) for b in tl.bubbles()]
+        if bubbles:
+            # one table of waits: each row's share of all the compute waited (for
+            # communication and for the other pipeline ranks), not of two different totals
+            waited = sum(float(b["exposed_s"]) for _, b in rows + bubbles)
+            rows = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in rows]
+            bubbles = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in bubbles]
+        p.bottlenecks += rows + bubbles
         t = tl.totals
         totals["forward"] += t["exposed_forward_s"]
         totals["backward"] += t["exposed_backward_s"]
@@ -470,13 +477,13 @@ def _modelled(
     return p
 
 
-def _bubble_row(b: dict[str, Any], tl: Any) -> dict[str, Any]:
-    """A wait for another pipeline rank as a row of the bottleneck table."""
-    step = float(tl.totals["step_s"])
+def _bubble_row(b: dict[str, Any]) -> dict[str, Any]:
+    """A wait for another pipeline rank as a row of the bottleneck table (its share set
+    with the other rows')."""
     return {
         "unit": "", "kind": "pp_recv", "phase": "forward" if b["what"] == "activations"
-        else "backward", "exposed_s": b["waited_s"], "share": b["waited_s"] / step if step
-        else 0.0, "tail_s": 0.0, "cause": "bubble", "reason": b["reason"],
+        else "backward", "exposed_s": b["waited_s"], "share": 0.0, "tail_s": 0.0,
+        "cause": "bubble", "reason": b["reason"],
     }  # fmt: skip
 
 
