@@ -26,7 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
-from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
+from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     fsdp_shard_shape,
@@ -34,15 +34,18 @@ from fsdpviz.plan.tensor_parallel import (
     local_shape,
     parse_tp_mesh,
 )
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
 
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn", "activation_checkpointing", "parallelize_plan",
+    "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
     *JOB_KEYS,
 }  # fmt: skip
+FSDP2_KEYWORDS = frozenset(_KNOWN)
+"""Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
     "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
@@ -80,6 +83,8 @@ class FSDP2Options:
     mesh_dims: dict[str, int] | None = None
     # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
     job: JobOptions = field(default_factory=JobOptions)
+    # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
+    torch: TorchFSDP = field(default_factory=installed)
 
     @property
     def shard_ranks(self) -> int:
@@ -91,6 +96,7 @@ class FSDP2Options:
         job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP2",
+            torch_version=self.torch.version,
             world_size=self.world_size,
             fully_shard=tuple(g.name for g in groups),
             reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
@@ -158,6 +164,12 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     raf = kwargs.get("reshard_after_forward")
     if raf is not None and not isinstance(raf, (bool, int, dict)):
         raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    rules = torch_rules(kwargs)
+    if kwargs.get("ignored_params") is not None and not rules.ignored_params:
+        raise FSDPConfigError(
+            f"ignored_params: fully_shard of {rules.name} has no ignored_params (torch 2.7 "
+            "added it); leave those modules out of fully_shard=, or plan for torch 2.7+"
+        )
     trace = kwargs.get("trace", "meta")
     if trace not in ("meta", "real"):
         fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
@@ -185,6 +197,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
         job=parse_job_options(kwargs, "FSDP2"),
+        torch=rules,
     )
 
 
@@ -428,7 +441,7 @@ def build_groups(
             name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
         )
         group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
-            opts.reshard_after_forward, group.name, group.fqns
+            opts.reshard_after_forward, group.name, group.fqns, opts.torch
         )
         groups.append(group)
     finalize_groups(model, groups, opts, memo)
@@ -521,11 +534,14 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
 
 
 def reshard_after_forward_of(
-    value: Any, name: str, fqns: tuple[str, ...]
+    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
 ) -> tuple[bool | int, bool]:
     """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
     given the option's value (a bool, an int or ``{fqn: bool | int}``), and whether that is
-    torch's default (reshard all but the root)."""
+    torch's default (reshard all but the root). Before torch 2.8 (``rules``) lazy init keeps
+    the root unsharded after forward whatever it was given."""
+    if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
+        return False, True
     if isinstance(value, dict):
         for key in (name, *fqns):
             if key in value:

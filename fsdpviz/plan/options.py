@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 
 # Options of one API given to the other: what each is, and what to pass instead.
 _FSDP2_ONLY = {
@@ -84,3 +85,9 @@ def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
                 f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
                 f"casts with {value!r}; pass {fix}"
             )
+
+
+def torch_rules(kwargs: Mapping[str, Any]) -> TorchFSDP:
+    """Whose FSDP to plan: ``torch_version`` from ``kwargs`` (``"2.8"``), else the installed
+    torch's."""
+    return torch_fsdp(kwargs.get("torch_version"))

@@ -9,11 +9,13 @@ machine again (what ``analyze`` already does for the steady state):
   ``shard_group_size``). Backward prefetching and resharding only change which
   collectives are issued, never when autograd reaches a hook; the unit sizes are
   recomputed for the new shard world size (padding, alignment).
-- FSDP2: ``world_size``, ``reshard_after_forward``, ``forward_prefetch`` /
-  ``backward_prefetch`` maps.
+- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not tensor
+  parallelism's), ``reshard_after_forward``, ``forward_prefetch`` / ``backward_prefetch``
+  maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
-  ``no_sync`` deciding what they issue.
+  ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
+  steady state was traced under the first micro-step's sync).
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -38,12 +40,14 @@ from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
     check_reshard_ints,
+    mesh_dims,
     prefetch_indices,
     reshard_after_forward_of,
     sharded_numel,
 )
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
+from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -56,8 +60,8 @@ REPLAYABLE = {
         "world_size", "backward_prefetch", "sharding_strategy", "shard_group_size", "grad_accum",
     },
     "FSDP2": {
-        "world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
-        "grad_accum",
+        "world_size", "mesh", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
+        "offload_policy", "grad_accum",
     },
 }  # fmt: skip
 _PLACEHOLDER = nn.Module()
@@ -112,6 +116,12 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
+    if cfg.forward_prefetch and changes.get("grad_accum", cfg.grad_accum) != cfg.grad_accum:
+        raise ConfigError(
+            "grad_accum cannot be replayed from a plan with forward_prefetch=True: FSDP1's "
+            "steady state was traced (or simulated) under the first micro-step's gradient "
+            "sync; call fsdpviz.analyze with the new grad_accum"
+        )
     opts = FSDP1Options.from_config(cfg, **changes)
     shapes = _shapes(report)
     units = [_resize_fsdp1(u, opts, shapes) for u in report.units]
@@ -181,14 +191,17 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 # -------------------------------------------------------------------- FSDP2
 def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
-    if cfg.mesh is not None and "world_size" in changes:
+    if cfg.mesh is not None and "world_size" in changes and "mesh" not in changes:
         raise ConfigError(
             "a report on a 2-D mesh does not say which dimension a new world_size changes; "
-            "call fsdpviz.analyze with the new mesh="
+            "replay it with the new mesh= (or mesh=None and world_size=N for one dimension)"
         )
-    ws = check_world_size(changes.get("world_size", cfg.ranks))
-    shard = cfg.shard_ranks if cfg.mesh is not None else ws
+    ws, shard, mesh = _mesh(cfg, changes)
+    offload = cfg.cpu_offload
+    if "offload_policy" in changes:
+        offload = _offload(changes["offload_policy"])
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
+    rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module for u in report.units}
     groups: list[Group] = []
     for name in cfg.fully_shard:
@@ -199,11 +212,11 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
                 modules=tuple(_PLACEHOLDER for _ in fqns),
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
             )
         )
     check_reshard_ints(groups, shard)
-    runtime = FSDP2Runtime(groups, shard, ws // shard, cfg.cpu_offload)
+    runtime = FSDP2Runtime(groups, shard, ws // shard, offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -233,8 +246,50 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         replayed=True,
         grad_accum=accum,
     ).unstate(*(("grad_accum",) if accum == 1 else ()))
+    if mesh is not None:
+        config = config.replace(shard_world_size=shard, mesh=mesh)
+    elif "mesh" in changes:
+        config = config.unstate("shard_world_size", "mesh")
+    if offload:
+        config = config.replace(cpu_offload=True)
+    elif "offload_policy" in changes:
+        config = config.unstate("cpu_offload")
     order = forward_order(runtime.log, groups)
     return _report(report, config, units, order, iterations, steps)
+
+
+def _mesh(cfg: ReportConfig, changes: dict[str, Any]) -> tuple[int, int, dict[str, int] | None]:
+    """The world size, the ranks a parameter is sharded over and the 2-D mesh (None: one
+    dimension) of a replay: ``mesh=`` as ``analyze`` takes it (one or two dimensions,
+    ``None`` for ``world_size`` ranks), else ``world_size``, else the report's."""
+    if "mesh" not in changes:
+        ws = check_world_size(changes.get("world_size", cfg.ranks))
+        if cfg.mesh is not None:
+            return ws, cfg.shard_ranks, dict(cfg.mesh)
+        return ws, ws, None
+    sizes, names = mesh_dims(changes["mesh"], 2)
+    if sizes is None:
+        ws = check_world_size(changes.get("world_size", cfg.ranks))
+        return ws, ws, None
+    ws = math.prod(sizes)
+    if "world_size" in changes and changes["world_size"] != ws:
+        raise ConfigError(
+            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
+            f"({' x '.join(map(str, sizes))}); give one of them"
+        )
+    if len(sizes) == 1:
+        return ws, ws, None
+    dims = names or ("replicate", "shard")
+    return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _offload(policy: Any) -> bool:
+    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(policy).__name__}"
+        )
+    return type(policy).__name__ == "CPUOffloadPolicy"
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:

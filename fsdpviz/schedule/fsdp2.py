@@ -140,7 +140,8 @@ def fsdp2_report(
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=order,
         iterations=iterations,
-        warnings=group_warnings(groups, order, view_outputs) + tracker.warnings,
+        warnings=group_warnings(groups, order, view_outputs, opts, list(runtime.incomplete))
+        + tracker.warnings,
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records, named
         ),
@@ -177,18 +178,36 @@ def group_placements(groups: list[Group]) -> list[ParamPlacement]:
 
 
 def group_warnings(
-    groups: list[Group], forward_order: list[str], view_outputs: list[str]
+    groups: list[Group],
+    forward_order: list[str],
+    view_outputs: list[str],
+    opts: FSDP2Options,
+    incomplete: list[str],
 ) -> list[FsdpWarning]:
     out: list[FsdpWarning] = []
     if view_outputs:
+        warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
         out.append(
             FsdpWarning(
                 "view_output",
-                "These fully_shard modules return a view tensor (FSDP2 warns): an in-place op "
+                f"These fully_shard modules return a view tensor ({warns}): an in-place op "
                 "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
                 "Use out-of-place ops or .clone() the output: "
                 + ", ".join(repr(n) for n in view_outputs),
                 view_outputs,
+            )
+        )
+    if incomplete:
+        out.append(
+            FsdpWarning(
+                "grouped_forward_incomplete",
+                f"Some modules of these grouped fully_shard calls did not run forward before "
+                f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
+                "parameters stay unsharded until the end of backward and their pre-backward "
+                "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
+                "in the root's post-forward). Group only modules that run forward together: "
+                + ", ".join(repr(n) for n in incomplete),
+                incomplete,
             )
         )
     ran = set(forward_order)

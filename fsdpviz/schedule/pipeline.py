@@ -89,6 +89,7 @@ class StageTrace:
     backward: Log
     tracker: ModuleTracker
     view_outputs: list[str]
+    incomplete: list[str]  # grouped calls whose forward FSDP2 never completed (warned)
     input_bytes: int  # the activations it receives (a gradient of them it sends back)
     output_bytes: int  # the activations it sends (a gradient of them it receives)
     inputs_need_grad: bool
@@ -307,6 +308,7 @@ def _trace_stage(
         backward=log[at + 1 :],
         tracker=tracker,
         view_outputs=list(emulation.view_outputs),
+        incomplete=list(runtime.incomplete),
         input_bytes=_bytes(received),
         output_bytes=size(sent),
         inputs_need_grad=any(t.requires_grad for t in received),
@@ -353,7 +355,9 @@ class _RankRun:
         self.runtimes: dict[int, FSDP2Runtime] = {}
         for s in self.stages:
             t = traces[s]
-            rt = FSDP2Runtime(t.groups, t.opts.shard_ranks, t.opts.replicas, t.opts.offload)
+            rt = FSDP2Runtime(
+                t.groups, t.opts.shard_ranks, t.opts.replicas, t.opts.offload, t.opts.torch
+            )
             rt.set_prefetch(*t.prefetch)
             self.runtimes[s] = rt
         self.unshard_pending: set[int] = set()
@@ -617,7 +621,8 @@ def _first_use(t: StageTrace) -> dict[str, str]:
 def _stage_warnings(traces: list[StageTrace]) -> list[FsdpWarning]:
     out: list[FsdpWarning] = []
     for t in traces:
-        for w in group_warnings(t.groups, forward_order(t.forward, t.groups), t.view_outputs):
+        order = forward_order(t.forward, t.groups)
+        for w in group_warnings(t.groups, order, t.view_outputs, t.opts, t.incomplete):
             if w not in out:
                 out.append(w)
     return out

@@ -74,6 +74,9 @@ class ReportConfig(Mapping[str, Any]):
     """
 
     api: Api = "FSDP1"
+    # whose FSDP: the torch release a prediction follows, or a recording ran ("2.8.0"); None:
+    # not stated (a report saved before fsdpviz stated it)
+    torch_version: str | None = None
     world_size: int | None = None  # None: not known (a recording without torch.distributed)
     # FSDP1: FullyShardedDataParallel's options
     shard_world_size: int | None = None  # ranks a FlatParameter is sharded over; None: world_size
@@ -142,6 +145,13 @@ class ReportConfig(Mapping[str, Any]):
     def ranks(self) -> int:
         """The ranks the schedule runs on: ``world_size``, or 1 when the report does not say."""
         return self.world_size or 1
+
+    @property
+    def whose_fsdp(self) -> str:
+        """Whose FSDP the report is of: ``"FSDP2 of torch 2.8.0"``; the API alone where the
+        report does not say (saved before fsdpviz stated it)."""
+        api = self.api if "api" in self.stated or self.torch_version else "FSDP"
+        return f"{api} of torch {self.torch_version}" if self.torch_version else api
 
     @property
     def shard_ranks(self) -> int:
@@ -247,6 +257,7 @@ class ReportConfig(Mapping[str, Any]):
 
 FSDP1_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "shard_world_size",
     "sharding_strategy",
@@ -260,6 +271,7 @@ FSDP1_KEYS = (
 """What an FSDP1 prediction states, in order."""
 FSDP2_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "fully_shard",
     "reshard_after_forward",

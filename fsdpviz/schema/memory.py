@@ -183,6 +183,8 @@ def size_text(n: float) -> str:
     ``"16 B"``, ``"-512.0 MiB"``."""
     if n < 0:
         return "-" + size_text(-n)
+    if n >= 1000 * 2**30:
+        return f"{n / 2**30:,.0f} GiB"
     if n >= 2**30:
         return f"{n / 2**30:.3g} GiB"
     return gib_text(n) if n >= 2**10 else f"{n:,.0f} B"

@@ -533,9 +533,10 @@ class Report:
             per_rank = max(sum(u.sharded_bytes for u in r.units) for r in pipe.ranks)
             where += " (the most of any pipeline rank)"
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
+        whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
+            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}{whose}",
         ]
         if pipe is not None:
             rank = f"; this is pipeline rank {pipe.rank}'s" if pipe.rank is not None else ""
