@@ -222,6 +222,9 @@ def test_pipeline_warnings() -> None:
     dropped = plan("1F1B", 2, pipeline_stages=stages)
     missing = next(w for w in dropped.warnings if w.code == "modules_in_no_stage")
     assert missing.units == ["norm", "output"]
+    older = plan("1F1B", 2, torch_version="2.8")
+    assert "pipeline_installed_torch" in [w.code for w in older.warnings]
+    assert "pipeline_installed_torch" not in [w.code for w in dropped.warnings]
 
 
 def test_torchtitan_jobs_with_pipeline_parallelism() -> None:

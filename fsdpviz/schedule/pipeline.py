@@ -127,6 +127,8 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
     args, kw = inputs_copy(inputs, device)
     popts, warnings = parse_pipeline_options(copy, _batch(args, kw), pp, pipe)
+    if not opts.torch.installed:
+        warnings.append(_other_torch(opts.torch.name))
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
     traces = _trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
@@ -616,6 +618,18 @@ def _rank_modules(modules: list[ModuleInfo], mine: list[StageTrace]) -> list[Mod
 
 def _first_use(t: StageTrace) -> dict[str, str]:
     return param_first_use(group_placements(t.groups), t.tracker.order)
+
+
+def _other_torch(name: str) -> FsdpWarning:
+    """``torch_version=`` names another release: FSDP2 follows its rules, the pipeline the
+    installed torch's (its schedules are what this process can run)."""
+    return FsdpWarning(
+        "pipeline_installed_torch",
+        f"FSDP2 is planned as {name} runs it, the pipeline (each rank's actions, how a "
+        f"stage calls FSDP2) as the installed torch {torch.__version__}'s "
+        "torch.distributed.pipelining runs it: another release's schedules may differ",
+        [],
+    )
 
 
 def _stage_warnings(traces: list[StageTrace]) -> list[FsdpWarning]:
