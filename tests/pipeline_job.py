@@ -24,7 +24,8 @@ MODEL_ARGS: dict[str, Any] = {"dim": 16, "n_layers": 4, "n_heads": 2, "vocab_siz
                               "multiple_of": 16}  # fmt: skip
 BATCH, SEQ = 4, 8
 STEPS = 3
-# name -> (schedule, microbatches, torchtitan's fsdp_reshard_after_forward)
+# name -> (schedule, microbatches, torchtitan's fsdp_reshard_after_forward, or "blocks": only
+# the blocks and each part's root sharded, the roots holding the embeddings, norm and output)
 CASES: dict[str, tuple[str, int, str]] = {
     "gpipe-2": ("GPipe", 2, "default"),
     "gpipe-4": ("GPipe", 4, "default"),
@@ -38,6 +39,7 @@ CASES: dict[str, tuple[str, int, str]] = {
     "zero-bubble-4": ("InterleavedZeroBubble", 4, "default"),
     "zbv-4": ("ZBVZeroBubble", 4, "default"),
     "dualpipev-4": ("DualPipeV", 4, "default"),
+    "zbv-4-blocks": ("ZBVZeroBubble", 4, "blocks"),  # rank 0's two stage roots hold parameters
 }
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 
@@ -116,11 +118,11 @@ def shard(part: nn.Module, mesh: Any, policy: str) -> None:
     """torchtitan's ``apply_fsdp`` on one model part (float32, no mixed precision)."""
     from torch.distributed.fsdp import fully_shard
 
-    raf = policy == "always" if policy != "default" else False  # "default" under PP: False
-    if part.tok_embeddings is not None:
+    raf = policy == "always"  # "default" under PP: False
+    if part.tok_embeddings is not None and policy != "blocks":
         fully_shard(part.tok_embeddings, mesh=mesh, reshard_after_forward=raf)
-    if part.norm is not None and part.output is not None:
-        fully_shard([part.norm, part.output], mesh=mesh, reshard_after_forward=policy == "always")
+    if part.norm is not None and part.output is not None and policy != "blocks":
+        fully_shard([part.norm, part.output], mesh=mesh, reshard_after_forward=raf)
     for block in part.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=raf)
     fully_shard(part, mesh=mesh)

@@ -6,7 +6,9 @@ own schedules run three steps of it: GPipe, 1F1B and Interleaved1F1B with 2 and 
 microbatches, FSDP's parameters kept gathered across microbatches (torchtitan's default
 under PP) and resharded after every forward; LoopedBFS, the zero-bubble schedules
 (InterleavedZeroBubble, ZBVZeroBubble: input and weight backward apart) and DualPipeV
-(overlapped forward and backward, V placement) with 4. ``analyze`` of the unsplit model
+(overlapped forward and backward, V placement) with 4, and ZBVZeroBubble with only the
+blocks sharded (rank 0's two stage roots, ``(root of stage 0)`` and ``(root of stage 3)``,
+hold the embeddings and the norm and output). ``analyze`` of the unsplit model
 with the same schedule must equal every rank: its units, each action in torch's runtime
 order, and every event of both steps (the first with the stages' shape inference) with the
 stage, microbatch and action that issued it, sends and receives included.
@@ -52,15 +54,21 @@ def predict(name: str) -> fsdpviz.Report:
     blocks = [f"layers.{i}" for i in range(pj.MODEL_ARGS["n_layers"])]
     with torch.device("meta"):
         model = pj.model()
+    if policy == "blocks":  # each stage's root holds what no block does
+        plan: dict[str, Any] = {"fully_shard": blocks, "reshard_after_forward": False}
+    else:
+        plan = {
+            "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
+            "reshard_after_forward": {
+                "tok_embeddings": raf,
+                **dict.fromkeys(blocks, raf),
+                "norm, output": raf,
+            },
+        }
     return fsdpviz.analyze(
         model,
         pj.tokens(),
-        fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
-        reshard_after_forward={
-            "tok_embeddings": raf,
-            **dict.fromkeys(blocks, raf),
-            "norm, output": raf,
-        },
+        **plan,
         mesh=("pp", pj.PP, "dp_shard", pj.DP),
         pipeline_schedule=schedule,
         microbatches=microbatches,

@@ -29,7 +29,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.recording._fsdp2 import FSDP2Recorder
-from fsdpviz.schema.pipeline import Pipeline, Stage
+from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
 from fsdpviz.schema.report import Event, Report
 
 _OPS = {  # the stage's p2p ops -> (kind, phase, torch's action name)
@@ -64,6 +64,16 @@ class PipelineRecorder(FSDP2Recorder):
         self.schedule = schedule
         self.stages = pipeline_stages(schedule)
         super().__init__([stage.submod for stage in self.stages], timestamps=timestamps)
+        # each stage's root (the model's root, "") named as fsdpviz names it: its stage's
+        self._roots: dict[int, str] = {}
+        for stage in self.stages:
+            state = stage.submod._get_fsdp_state()
+            name = self._roots[id(stage.submod)] = stage_root(int(stage.stage_index))
+            if self._state_names[id(state)] != "":  # a grouped call: named by its members
+                continue
+            self._state_names[id(state)] = name
+            if state._fsdp_param_group is not None:
+                self._group_names[id(state._fsdp_param_group)] = name
         # multi-stage schedules run a lowered action list; single-stage ones call the stage
         self._runtime = isinstance(schedule, _PipelineScheduleRuntime)
         self.actions: list[list[str]] = []
@@ -233,7 +243,10 @@ class PipelineRecorder(FSDP2Recorder):
         report = super().report(config)
         first = self.stages[0]
         rank = int(first.group_rank)
-        units = {id(part): [u.module for u in FSDP2Recorder(part).units()] for part in self.parts}
+        units = {
+            id(part): [u.module or self._roots[id(part)] for u in FSDP2Recorder(part).units()]
+            for part in self.parts
+        }
         report.pipeline = Pipeline(
             schedule=type(self.schedule).__name__.removeprefix("Schedule"),
             microbatches=int(self.schedule._n_microbatches),

@@ -63,7 +63,7 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.pipeline_order import parse_action, rank_actions
 from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile
 from fsdpviz.schedule.tp_emulation import TPEmulation
-from fsdpviz.schema.pipeline import Pipeline, Stage
+from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import Event, FsdpWarning, ModuleInfo, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
@@ -220,7 +220,7 @@ def _trace_stages(
                 stage_opts.tp = resolve_plan(
                     part, _stage_plan(opts.parallelize_plan, modules), opts.tp_size, opts.tp_name
                 )
-            groups = build_groups(part, stage_opts, ignored)
+            groups = _name_root(build_groups(part, stage_opts, ignored), s)
             check_reshard_ints(groups, stage_opts.shard_ranks)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
@@ -451,7 +451,18 @@ def _reduce_calls(events: list[Event], s: int) -> list[Call]:
         if not calls or calls[-1].unit != e.hook_unit:
             calls.append(Call("post_backward", e.hook_unit or e.unit, False, [], s, part="R"))
         calls[-1].events.append(e)
-    return [*calls, Call("final_callback", "", {}, [], s, part="R")]
+    return [*calls, Call("final_callback", stage_root(s), {}, [], s, part="R")]
+
+
+def _name_root(groups: list[Group], s: int) -> list[Group]:
+    """Stage ``s``'s root group (the model part's, FQN ``""``) named ``(root of stage s)``:
+    every stage's root is the model's."""
+    for g in groups:
+        if g.is_root:
+            g.name = stage_root(s)
+            if g.schema is not None:
+                g.schema = dataclasses.replace(g.schema, module=g.name)
+    return groups
 
 
 def _without_grads(log: Log) -> Log:

@@ -24,6 +24,10 @@ schedules: ``stage % pp`` for looped placement, a V for ``ZBVZeroBubble`` and
     ``action`` that issued it, and the ``pp_send`` / ``pp_recv`` events), its memory and
     time. A recording is one rank's report: ``rank`` says which, ``ranks`` is empty.
 
+Every stage's model part has the model's root as its root (FQN ``""``): the unit (and
+the hooks) of a stage's root are named ``(root of stage 3)`` (:func:`stage_root`), so the
+roots of a rank's or the job's stages stay apart.
+
 The first step differs from the steady one: ``PipelineStage`` infers the shapes of each
 stage's inputs and outputs by running its forward (and its backward to its inputs) once
 before the first action; those events have a ``stage`` and no ``action``.
@@ -43,6 +47,11 @@ R = TypeVar("R", bound=_Serialisable)  # a pipeline rank's report: Report (schem
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+
+
+def stage_root(index: int) -> str:
+    """The name of stage ``index``'s root unit: ``"(root of stage 3)"``."""
+    return f"(root of stage {index})"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.memory import MemoryLane, memory_lane
 from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Event, Report, unit_label
 from fsdpviz.views.style import CATEGORY_COLORS, UNMANAGED_COLOR, unit_colors
 
@@ -281,8 +282,9 @@ def _pipeline_groups(
     if len(names) != len(ranks):
         raise ValueError(f"{len(names)} rank names for {len(ranks)} pipeline ranks")
     units = {u.module: k for k, u in enumerate(job.units)}
-    if "" not in units:  # the stages' roots: what sends and receives
-        units[""] = len(units)
+    for st in job.pipeline.stages:  # the stages' roots (their hooks, where they compute)
+        units.setdefault(stage_root(st.index), len(units))
+    units.setdefault("", len(units))  # what sends and receives
     return [
         _Group(name, r, units, memory=memory, palette=job)
         for name, r in zip(names, ranks, strict=True)
