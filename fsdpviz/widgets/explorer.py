@@ -77,7 +77,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
         replanner: Replanner | None = None,
         **analyze_kwargs: Any,
     ) -> None:
-        if replanner is None and model is not None:
+        # a pipeline's plan is not re-planned from the controls (they plan FSDP alone)
+        piped = report.pipeline is not None and bool(report.pipeline.ranks)
+        if replanner is None and model is not None and not piped:
             replanner = Replanner(model, inputs, **analyze_kwargs)
         self.replanner = replanner
         self.errors = ErrorOutput()
@@ -86,6 +88,11 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.view = ExplorerWidget(report, tree=self.tree)
         """The icicle and the detail panel, drawn by the front end."""
         self.status = w.HTML()
+        if piped and model is not None:
+            self.status.value = (
+                "<small>a pipeline's plan: plan another schedule, microbatches or mesh with "
+                "fsdpviz.analyze (the controls plan FSDP without the pipeline)</small>"
+            )
         self.options = PlanOptions.from_report(report)
         """The options of the last re-plan (at first: what ``report.config`` says)."""
         if replanner is not None and report.source == "prediction":
