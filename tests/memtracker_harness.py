@@ -6,7 +6,11 @@
 measures one forward+backward with ``FSDPMemTracker``. The step holds the model output
 until backward returns (``out = model(x); loss(out).backward()``), like fsdpviz's trace.
 With ``optimizer="adam"`` or ``"adamw"`` a first step runs before tracking, so the
-tracked step is the steady state.
+tracked step is the steady state. With ``accumulate=N`` a step is ``N`` micro-steps, the
+first ``N - 1`` after ``set_requires_gradient_sync(False)``; the tracker follows every
+micro-step of one optimizer step (its module statistics reset between them: it follows one
+iteration at a time), the peak is the step's and each module's peaks the most over its
+micro-steps.
 
 On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
 gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
@@ -86,6 +90,7 @@ def tracked(
     around: Callable[[], AbstractContextManager[object]] = nullcontext,
     real: bool = False,
     gloo_reduce_scatter: bool = False,
+    accumulate: int = 1,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -129,29 +134,47 @@ def tracked(
         batch = inputs()
         opt = _optimizer(model, optimizer)
         if opt is not None:
-            loss(model(**batch)).backward()
+            for k in range(accumulate):
+                _sync(model, k == accumulate - 1, accumulate)
+                loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((batch,))
+        modules: dict[str, dict[str, int]] = {}
+        after_forward: dict[Any, int] = {}
         with tracker, around(), count_all_gathers() as gathers:
-            out = model(**batch)
-            after_forward = next(iter(tracker.get_tracker_snapshot().values()))
-            loss(out).backward()
-        del out
+            for k in range(accumulate):
+                _sync(model, k == accumulate - 1, accumulate)
+                out = model(**batch)
+                if k == 0:
+                    after_forward = next(iter(tracker.get_tracker_snapshot().values()))
+                loss(out).backward()
+                del out
+                _module_peaks(tracker, modules)
+                tracker.reset_mod_stats()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    modules: dict[str, dict[str, int]] = {}
-    for stats in tracker.memory_tracking.values():
-        fqn = stats.mod_fqn.partition(".")[2]  # drop the root class name
-        by_state = {state.value: snaps for state, snaps in stats.snapshots.items()}
-        modules[fqn] = {
-            phase: max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
-            for phase, name in (("forward", "Forward"), ("backward", "Backward"))
-        }
     return Tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies
     )
+
+
+def _sync(model: nn.Module, sync: bool, accumulate: int) -> None:
+    if accumulate > 1:
+        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+
+
+def _module_peaks(tracker: Any, modules: dict[str, dict[str, int]]) -> None:
+    """Each module's forward and backward peak of the iteration the tracker followed, the
+    most with what ``modules`` holds."""
+    for stats in tracker.memory_tracking.values():
+        fqn = stats.mod_fqn.partition(".")[2]  # drop the root class name
+        by_state = {state.value: snaps for state, snaps in stats.snapshots.items()}
+        slot = modules.setdefault(fqn, {"forward": 0, "backward": 0})
+        for phase, name in (("forward", "Forward"), ("backward", "Backward")):
+            most = max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
+            slot[phase] = max(slot[phase], most)
 
 
 def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -312,6 +335,7 @@ class GlooCase:
     options: dict[str, Any] = field(default_factory=dict)
     optimizer: str | None = None
     gloo_reduce_scatter: bool = False
+    accumulate: int = 1  # micro-steps per optimizer step
 
 
 def _tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
@@ -410,6 +434,15 @@ def gloo_cases() -> dict[str, GlooCase]:
         "llama-adamw": GlooCase(_llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw"),
         "neox-bf16": GlooCase(_neox, _labels_are_ids, neox_units, _hf_loss, {"mp_policy": _BF16}),
         "picked-list-index": GlooCase(PickedLM, _shifted_views, shifted_units, _itself),
+        # gradient accumulation: fp32 gradients added into the earlier micro-steps' in place;
+        # bf16 gradients kept in the fp32 reduce dtype between micro-steps
+        "llama-accumulate": GlooCase(
+            _llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw", accumulate=3
+        ),
+        "llama-accumulate-bf16": GlooCase(
+            _llama, _labels_are_ids, llama_units, _hf_loss, {"mp_policy": _BF16},
+            optimizer="adamw", accumulate=3,
+        ),
     }
 
 
@@ -428,6 +461,7 @@ def _measure(case: GlooCase) -> Tracked:
         optimizer=case.optimizer or False,
         real=True,
         gloo_reduce_scatter=case.gloo_reduce_scatter,
+        accumulate=case.accumulate,
         **case.options,
     )
 

@@ -35,6 +35,9 @@ class HookCall:
     peak_grads: int  # new gradients at that moment (the rest is backward temp)
     grads: dict[str, int]  # unsharded gradient bytes created by that compute, by unit
     kernels: tuple[tuple[Any, ...], ...] = ()  # the GPU kernels of that compute (StepProfile)
+    # (peak, activations, forward temp) with new gradients left out: the compute's peak when
+    # it adds each gradient into one an earlier micro-step left (None: not measured)
+    peak_in_place: tuple[int, int, int] | None = None
 
     @property
     def backward(self) -> bool:
@@ -102,6 +105,9 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
+        peak_in_place=(
+            (int(p[0]), int(p[1]), int(p[2])) if k < len(step.peak_in_place) and (p := step.peak_in_place[k]) else None
+        ),
     )
 
 

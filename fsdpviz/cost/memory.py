@@ -59,7 +59,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
-from fsdpviz.cost.sizes import unit_bytes
+from fsdpviz.cost.sizes import param_grads, unit_bytes, upcasts
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
 from fsdpviz.schema.report import Report
 
@@ -88,10 +88,20 @@ def memory_model(
     sizes = unit_bytes(report, optimizer)
     carry: Walker | None = None
     accum = report.config.grad_accum if report.source == "prediction" else 1
+    grads = param_grads(report, last=accum == 1)
+    up = upcasts(report, grads) if accum > 1 else {}
+    last = {unit: g[-1] for unit, g in grads.items()}
     for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
-        carry = Walker(report, sizes, tape(report, k), steady=k > 0, carry=carry)
+        carry = Walker(
+            report, sizes, tape(report, k), steady=k > 0, carry=carry, sync=False,
+            upcast=up, last_grads=last,
+        )  # fmt: skip
         carry.run()
-    walker = Walker(report, sizes, tape(report, i), steady=i > 0, carry=carry)
+    sync = i % accum == accum - 1
+    walker = Walker(
+        report, sizes, tape(report, i), steady=i > 0, carry=carry, sync=sync,
+        upcast=up, last_grads=last,
+    )  # fmt: skip
     walker.run()
     notes = list(walker.notes)
     if machine is None:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.cost.sizes import Upcast, UnitBytes
 from fsdpviz.schema.memory import CATEGORIES, Moment
 from fsdpviz.schema.report import Event, Report, unit_label
 
@@ -19,8 +19,25 @@ class Walker:
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
     (gradient accumulation): the parameters it left unsharded (``SHARD_GRAD_OP`` under
-    ``no_sync``) and the gradients it left unreduced are there when this one starts, and
-    this one's gradients of those units accumulate into them in place.
+    ``no_sync``) and the gradients it left unreduced are there when this one starts.
+    ``sync``: whether this micro-step reduces its gradients. Unreduced gradients accumulate
+    as torch does:
+
+    - autograd adds each new gradient into the one an earlier micro-step left, in place
+      (FSDP1's ``no_sync``; FSDP2 when the gradients are in the reduce dtype already): the
+      new one lives from the operator that makes it until it is added (the trace's
+      ``peak_in_place``);
+    - FSDP2 with a ``reduce_dtype`` the gradients are not in (``upcast``): a micro-step that
+      does not reduce casts each unit's gradients to the reduce dtype in its post-backward
+      (``FSDPParam.to_accumulated_grad_if_needed``, one parameter at a time, after
+      resharding); the next micro-step's gradients land in ``.grad`` as usual and are added
+      into that copy, and freed, at the start of the unit's post-backward
+      (``accumulate_unsharded_grad_if_needed``), and the synced micro-step reduce-scatters it.
+
+    ``last_grads``: FSDP2, each unit's last parameter's gradient (bytes, compute dtype).
+    FSDP2's reduction frees the gradients once copied into the reduce-scatter input, but for
+    the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
+    until the function returns, after the reduced shard is allocated.
     """
 
     def __init__(
@@ -30,9 +47,16 @@ class Walker:
         tp: Tape,
         steady: bool,
         carry: Walker | None = None,
+        sync: bool = True,
+        upcast: dict[str, Upcast] | None = None,
+        last_grads: dict[str, int] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
+        self.sync = sync
+        self.upcast = upcast or {}
+        self.last_grads = last_grads or {}
+        self._leftover = 0  # the last gradient a reduction holds until its event is over
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
@@ -79,12 +103,17 @@ class Walker:
         self._root: str | None = None
         self.in_backward = False
         self._accumulating: set[str] = set()
+        # FSDP2: units holding an accumulated gradient in the reduce dtype, and this
+        # micro-step's new gradients of them (in .grad until the unit's post-backward)
+        self._cast: set[str] = set()
+        self._fresh: dict[str, int] = {}
         if carry is not None:
             self.resident = set(carry.resident)
             self.cat["unsharded_params"] = carry.cat["unsharded_params"]
             self.grads = dict(carry.grads)
             self.cat["unsharded_grads"] = carry.cat["unsharded_grads"]
-            self._accumulating = set(carry.grads)
+            self._cast = set(carry._cast)
+            self._accumulating = set(carry.grads) - self._cast
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -109,18 +138,24 @@ class Walker:
             tp = self.tp
             # The most activations + temp + new gradients the trace saw in this stretch.
             after = dict(self.cat)
-            self.cat["unsharded_grads"] += c.peak_grads // tp
-            self.cat["activations"] = c.peak_activations // tp
-            self.cat["forward_temp"] = c.peak_forward_temp // tp
-            self.cat["backward_temp"] = (
-                c.peak - c.peak_activations - c.peak_forward_temp - c.peak_grads
-            ) // tp
+            peak, act, fwd, new = c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads
+            in_place = c.peak_in_place
+            if c.grads and in_place is not None and self._accumulating.issuperset(c.grads):
+                # each new gradient is added into an earlier micro-step's and freed
+                (peak, act, fwd), new = in_place, 0
+            self.cat["unsharded_grads"] += new // tp
+            self.cat["activations"] = act // tp
+            self.cat["forward_temp"] = fwd // tp
+            self.cat["backward_temp"] = (peak - act - fwd - new) // tp
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
                 if unit in self._accumulating:
                     continue  # added in place to the gradient an earlier micro-step left
-                self.grads[unit] = self.grads.get(unit, 0) + n // tp
+                if unit in self._cast:  # in .grad until the unit's post-backward
+                    self._fresh[unit] = self._fresh.get(unit, 0) + n // tp
+                else:
+                    self.grads[unit] = self.grads.get(unit, 0) + n // tp
                 self.cat["unsharded_grads"] += n // tp
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
@@ -140,6 +175,16 @@ class Walker:
         )
         if waits and not own_gather:
             self._wait(unit, c)
+        # the units whose post-backward runs here: the final callback runs those of the
+        # units whose own did not fire (the root's)
+        post_backward = c.hook.startswith("post_backward")
+        finishing = [unit] if post_backward else []
+        if c.hook == "final_callback":
+            finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
+        for u in finishing:
+            if u in self._fresh:
+                # FSDP2 adds the new gradients into the accumulated ones, and frees them
+                self.cat["unsharded_grads"] -= self._fresh.pop(u)
         for e in c.events:
             ev = events[e]
             self._event_index = e
@@ -148,6 +193,9 @@ class Walker:
                 self._wait(unit, c)
             self._snapshot(e)
             self._event_index = -1
+        if not self.sync:
+            for u in finishing:
+                self._cast_to_reduce_dtype(u, c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             for name in list(self.pending):
@@ -194,6 +242,9 @@ class Walker:
         else:
             self._reduce(e, s)
         self._moment("at", c, e)
+        if self._leftover:
+            self.cat["unsharded_grads"] -= self._leftover
+            self._leftover = 0
 
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)
@@ -219,6 +270,22 @@ class Walker:
         else:
             self.cat["all_gather"] -= pending[0]
 
+    def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
+        """FSDP2's post-backward without gradient sync, after resharding: the unit's
+        gradients cast to the reduce dtype one parameter at a time
+        (``to_accumulated_grad_if_needed``), each compute-dtype one freed once cast."""
+        up = self.upcast.get(unit)
+        held = self.grads.get(unit, 0)
+        if up is None or unit in self._cast or held == 0:
+            return
+        peak = up.cast_peak()
+        self.cat["unsharded_grads"] += peak
+        self._moment("at the cast of the gradients to the reduce dtype in", c)
+        cast = round(held * up.ratio)
+        self.cat["unsharded_grads"] += cast - held - peak
+        self.grads[unit] = cast
+        self._cast.add(unit)
+
     def _reduce(self, e: Event, s: UnitBytes) -> None:
         if e.group == "replicate":
             return  # hybrid sharding all-reduces the gradient shard in place
@@ -233,7 +300,11 @@ class Walker:
         self._release_reduce_scatter()
         self.cat["reduce_scatter"] += s.reduce_scatter
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
-        self.cat["unsharded_grads"] -= grads
+        last = self.last_grads.get(e.unit, 0) if self.ws > 1 and grads else 0
+        if last and e.unit in self._cast:  # accumulated in the reduce dtype
+            last = round(last * self.upcast[e.unit].ratio)
+        self._leftover = min(last, grads)
+        self.cat["unsharded_grads"] -= grads - self._leftover
         self.cat["sharded_grads"] += s.sharded_grad
         self.rs.append(s.reduce_scatter)
 

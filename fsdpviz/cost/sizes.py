@@ -16,6 +16,8 @@ buffer that lives while the all-gather is issued.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from fsdpviz.errors import ConfigError
@@ -96,6 +98,74 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     return {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+
+
+@dataclass(frozen=True)
+class Upcast:
+    """FSDP2's accumulated gradient of one unit in the reduce dtype (gradient accumulation
+    with ``set_requires_gradient_sync(False)`` and a ``reduce_dtype`` other than the
+    gradients'): ``grads`` holds each parameter's unsharded gradient bytes in the compute
+    dtype, in the order FSDP2 casts them (``FSDPParam.to_accumulated_grad_if_needed``), and
+    ``ratio`` the reduce dtype's bytes per compute dtype byte."""
+
+    grads: tuple[int, ...]
+    ratio: float
+
+    def cast_peak(self) -> int:
+        """The most bytes above the unit's compute-dtype gradients while they are cast one
+        parameter at a time: the casts made so far and the one being made are alive, the
+        compute-dtype gradients not yet cast too."""
+        most = made = freed = 0
+        for g in self.grads:
+            made += round(g * self.ratio)
+            most = max(most, made - freed)
+            freed += g
+        return most
+
+
+_SHARD = re.compile(r"Shard\((-?\d+)\)")
+
+
+def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]]:
+    """FSDP2: each trainable unit's parameter gradients on one rank, bytes in the compute
+    dtype, in the unit's parameter order (FSDP2's ``fsdp_params``): the shape autograd gives
+    them (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
+    parameter's. Empty for FSDP1."""
+    if report.config.api != "FSDP2":
+        return {}
+    modules = {m.fqn: m for m in report.modules}
+    tp = report.config.tp_ranks
+    out: dict[str, tuple[int, ...]] = {}
+    for u in report.units:
+        if u.requires_grad is False or not u.params:
+            continue
+        size = itemsize(u.compute_dtype or u.dtype)
+        grads = []
+        for p in u.params[-1:] if last else u.params:
+            owner, _, name = p.rpartition(".")
+            m = modules.get(owner)
+            shape = list(m.params.get(name, [])) if m is not None else []
+            placed = _SHARD.fullmatch(u.tp_placements.get(p, "")) if tp > 1 else None
+            if placed and shape:
+                d = int(placed.group(1)) % len(shape)
+                shape[d] = -(-shape[d] // tp)  # the first rank's chunk
+            grads.append(math.prod(shape) * size)
+        out[u.module] = tuple(grads)
+    return out
+
+
+def upcasts(report: Report, grads: dict[str, tuple[int, ...]]) -> dict[str, Upcast]:
+    """The units whose gradients FSDP2 accumulates in the reduce dtype under gradient
+    accumulation (``grads``: :func:`param_grads`): a unit with a ``reduce_dtype`` its
+    gradients (the compute dtype) are not in. FSDP1's ``no_sync`` keeps them in the compute
+    dtype, as autograd accumulates them."""
+    out: dict[str, Upcast] = {}
+    for u in report.units:
+        grad = u.compute_dtype or u.dtype
+        if u.module not in grads or not u.reduce_dtype or u.reduce_dtype == grad:
+            continue
+        out[u.module] = Upcast(grads[u.module], itemsize(u.reduce_dtype) / itemsize(grad))
+    return out
 
 
 def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes:

@@ -27,8 +27,12 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     gradients of activations; parameter gradients excluded), ``peak`` (the most
     ``activations + temp + new gradients`` reached in that stretch),
     ``peak_activations`` / ``peak_forward_temp`` / ``peak_grads`` (their share at
-    that moment; the rest is backward temp) and ``grads`` (``{unit: bytes}`` of unsharded parameter
-    gradients created in that stretch).
+    that moment; the rest is backward temp), ``grads`` (``{unit: bytes}`` of unsharded parameter
+    gradients created in that stretch) and ``peak_in_place`` (``[peak, activations,
+    forward_temp]``: the most ``activations + temp`` reached with new gradients left out,
+    what the stretch reaches when each gradient is added into one an earlier micro-step left
+    and freed, as autograd accumulates under ``no_sync``; absent in reports saved before it
+    was measured).
 ``modules``
     ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
     module was the innermost one running, and forward FLOPs counted while it was
@@ -93,6 +97,7 @@ class StepProfile:
     peak_grads: list[int]
     grads: list[dict[str, int]]
     kernels: list[list[list[Any]]] = field(default_factory=list)
+    peak_in_place: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +114,7 @@ class StepProfile:
             "peak_grads": list(self.peak_grads),
             "grads": [dict(g) for g in self.grads],
             "kernels": [[list(k) for k in ks] for ks in self.kernels],
+            "peak_in_place": [list(p) for p in self.peak_in_place],
         }
 
     @classmethod
@@ -127,6 +133,7 @@ class StepProfile:
             peak_grads=[int(x) for x in d["peak_grads"]],
             grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
             kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
+            peak_in_place=[[int(x) for x in p] for p in d.get("peak_in_place", [])],
         )
 
 

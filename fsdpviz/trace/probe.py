@@ -92,6 +92,9 @@ class _Stretch:
     peak_grads: int = 0
     grad_bytes: int = 0
     grads: dict[str, int] = field(default_factory=dict)
+    # the most activations + temp reached, new gradients left out: what a step that adds its
+    # gradients into existing ones in place reaches (each is freed once added)
+    peak_in_place: tuple[int, int, int] = (0, 0, 0)
 
 
 class _MarkingLog(list[Any]):
@@ -387,10 +390,13 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _bump_peak(self) -> None:
         s, live = self._stretch, self.live
-        now = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP] + s.grad_bytes
+        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
+        now = held + s.grad_bytes
         if now > s.peak:
             s.peak, s.peak_grads = now, s.grad_bytes
             s.peak_activations, s.peak_forward_temp = live[_ACT], live[_FWD_TEMP]
+        if held > s.peak_in_place[0]:
+            s.peak_in_place = (held, live[_ACT], live[_FWD_TEMP])
 
     def _freed(self, key: int, ref: Any) -> None:
         rec = self._live.get(key)
@@ -458,16 +464,19 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             s.grads,
             self._count_events(),
             self._measuring,
+            s.peak_in_place,
         )
         self._stretch = self._new_stretch()
         return mark
 
     def _new_stretch(self) -> _Stretch:
         live = self.live
+        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
         return _Stretch(
-            peak=live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP],
+            peak=held,
             peak_activations=live[_ACT],
             peak_forward_temp=live[_FWD_TEMP],
+            peak_in_place=(held, live[_ACT], live[_FWD_TEMP]),
         )
 
     def _on_hook(self, entry: Any) -> None:
