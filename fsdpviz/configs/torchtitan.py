@@ -178,16 +178,21 @@ def from_torchtitan(
     parallel = data.get("parallelism", {})
     seq = int(training.get("seq_len", 2048))
     batch = int(training.get("local_batch_size", 8))
-    for key, meaning in (
-        ("pipeline_parallel_degree", "pipeline parallelism"),
-        ("context_parallel_degree", "context parallelism"),
-    ):
-        if int(parallel.get(key, 1)) > 1:
-            note(
-                notes,
-                f"{where}: parallelism.{key} = {parallel[key]} ({meaning}) is not "
-                "modelled; planned as the FSDP x TP mesh of one stage",
-            )
+    if int(parallel.get("pipeline_parallel_degree", 1)) > 1:
+        note(
+            notes,
+            f"{where}: parallelism.pipeline_parallel_degree = "
+            f"{parallel['pipeline_parallel_degree']} (pipeline parallelism) is not modelled; "
+            "planned as the mesh of one stage",
+        )
+    rotate = parallel.get("context_parallel_rotate_method", "allgather")
+    if int(parallel.get("context_parallel_degree", 1)) > 1 and rotate != "allgather":
+        note(
+            notes,
+            f"{where}: context_parallel_rotate_method = {rotate!r} is not modelled; ring "
+            "attention is planned with torch's default 'allgather' (keys and values gathered "
+            "once per attention)",
+        )
     mesh = _mesh(parallel, world_size, where, notes)
     shard = mesh["dp_shard"]
     if int(training.get("global_batch_size", -1)) > batch * shard * mesh["dp_replicate"]:
@@ -201,7 +206,8 @@ def from_torchtitan(
         )
     model = build_llama3(flavor, seq)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
-    labels = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    # the loss sees one rank's labels: context parallelism cuts them as it cuts the tokens
+    labels = torch.zeros(batch, seq // mesh["cp"], dtype=torch.long, device="meta")
     kwargs = _plan(model, data, mesh, where, notes)
     kwargs["loss"] = _CrossEntropy(labels)
     compiled = _compile(data.get("compile", {}), where, notes)
@@ -366,6 +372,7 @@ def _mesh(
     return {
         "dp_replicate": degrees["data_parallel_replicate_degree"],
         "dp_shard": shard,
+        "cp": degrees["context_parallel_degree"],
         "tp": degrees["tensor_parallel_degree"],
     }
 
@@ -437,9 +444,9 @@ def _plan(
         "reshard_after_forward": raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
-    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1:
+    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["cp"] == 1:
         kwargs["world_size"] = mesh["dp_shard"]
-    else:  # HSDP and/or TP: the mesh as torchtitan's ParallelDims builds it
+    else:  # HSDP, CP and/or TP: the mesh as torchtitan's ParallelDims builds it
         dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
         kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
     if mesh["tp"] > 1:

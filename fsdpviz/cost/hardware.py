@@ -165,6 +165,24 @@ class Machine:
             + passes * moved / (gbps * 1e9 * self.comm_efficiency)
         )
 
+    def send_seconds(self, nbytes: float, span: Span | None = None) -> float:
+        """Seconds for each rank of a ring over ``span`` to send ``nbytes`` to the next one at
+        once (context parallelism's rotation of a buffer, an ``all_to_all`` with one
+        destination per rank): a ring inside a node at ``intra_node_gbps``; one across
+        nodes sends through a network card (``inter_node_gbps``)."""
+        if nbytes <= 0 or span is None or span.ranks <= 1:
+            return 0.0
+        if span.across_nodes:
+            gbps = min(self.intra_node_gbps, self.inter_node_gbps)
+            latency = self.inter_node_latency_us
+        else:
+            gbps, latency = self.intra_node_gbps, self.intra_node_latency_us
+        return (
+            self.collective_base_us * 1e-6
+            + latency * 1e-6
+            + nbytes / (gbps * 1e9 * self.comm_efficiency)
+        )
+
     def copy_seconds(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
         return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0

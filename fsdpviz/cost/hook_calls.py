@@ -38,12 +38,14 @@ class HookCall:
     # (peak, activations, forward temp) with new gradients left out: the compute's peak when
     # it adds each gradient into one an earlier micro-step left (None: not measured)
     peak_in_place: tuple[int, int, int] | None = None
+    arg: Any = None  # what the runtime was called with (a ring attention's wait: the kind)
 
     @property
     def backward(self) -> bool:
         return self.hook in (
             "pre_backward", "post_backward", "post_backward_reshard_only", "final_callback",
             "tp_backward",  # a tensor-parallel collective in backward
+            "cp_backward", "cp_backward_wait",  # ring attention's, in backward
         )  # fmt: skip
 
 
@@ -106,8 +108,11 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         grads=step.grads[k],
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
         peak_in_place=(
-            (int(p[0]), int(p[1]), int(p[2])) if k < len(step.peak_in_place) and (p := step.peak_in_place[k]) else None
+            (int(p[0]), int(p[1]), int(p[2]))
+            if k < len(step.peak_in_place) and (p := step.peak_in_place[k])
+            else None
         ),
+        arg=step.hooks[k][2] if k < len(step.hooks) else None,
     )
 
 

@@ -220,7 +220,7 @@ class Walker:
             pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
         elif e.kind == "d2h":
             pass  # the gradient shard leaves the device: counted in host memory
-        elif e.tensor_parallel:
+        elif e.tensor_parallel or e.context_parallel:
             pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded

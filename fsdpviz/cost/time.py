@@ -66,6 +66,7 @@ from fsdpviz.schema.report import Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
+_CP_WAITS = ("cp_forward_wait", "cp_backward_wait")
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
@@ -158,6 +159,7 @@ def timeline(
         "all_gather_bytes": sums["all_gather_bytes"],
         "reduce_scatter_bytes": sums["reduce_scatter_bytes"],
         "tp_bytes": sums["tp_bytes"],
+        "cp_bytes": sums["cp_bytes"],
         "exposed_forward_s": sums["exposed_forward_s"],
         "exposed_backward_s": sums["exposed_backward_s"],
         "matmul_s": sums["matmul_s"],
@@ -313,6 +315,12 @@ class _Sim:
         # group computes a 1/tp share of it; tp collectives block the compute stream
         self.tp = cfg.tp_ranks
         self.t_tp = 0.0
+        # context parallelism: ring attention's collectives on a stream of their own; the
+        # compute after a ring's wait waits for the last one of that kind (all_gather of the
+        # keys and values, all_to_all of their gradients)
+        self.cp = cfg.cp_ranks
+        self.t_cp = 0.0
+        self.cp_done: dict[str, tuple[float, int]] = {}
         self.pg_ws = cfg.process_group_size or self.ws
         # where each mesh dimension's groups sit on the machine's nodes
         self.spans = spans(cfg, m.gpus_per_node)
@@ -368,6 +376,10 @@ class _Sim:
                     "events": list(c.events),
                 }
             )
+            if c.hook in _CP_WAITS:
+                done = self.cp_done.get(str(c.arg))
+                if done is not None and done[0] > self.gate:
+                    self.gate, self.gate_by = done
             if c.hook in _WAITS:
                 opened.append(c.unit)
             elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
@@ -387,10 +399,10 @@ class _Sim:
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
         self._compute(tail, len(calls), where)
-        self.end = max(self.t_compute, self.t_comm, self.t_copy)
-        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
+        self.end = max(self.t_compute, self.t_comm, self.t_copy, self.t_cp)
+        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy, self.t_cp) - self.t_compute)
         if self.tail_wait > 0:
-            streams = [r for r in self.records if r["stream"] in ("comm", "copy")]
+            streams = [r for r in self.records if r["stream"] in ("comm", "copy", "cp")]
             last = max(streams, key=lambda r: r["end"])
             last["exposed"] += self.tail_wait  # the final callback waits for it
             self.waits.append(
@@ -406,7 +418,9 @@ class _Sim:
             by_phase[w["phase"]] += w["end"] - w["start"]
         return {
             "compute_s": self.compute_s,
-            "comm_s": sum(r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp")),
+            "comm_s": sum(
+                r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp", "cp")
+            ),
             # summed largest first, as Timeline.bottlenecks() lists them (the tail wait is
             # folded into the exposed time of the collective it waits for): their sum is this
             "exposed_comm_s": sum(
@@ -416,6 +430,7 @@ class _Sim:
             "reduce_scatter_bytes": self.bytes.get("reduce_scatter", 0.0)
             + self.bytes.get("all_reduce", 0.0),
             "tp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("tp_")),
+            "cp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("cp_")),
             "exposed_forward_s": by_phase["forward"],
             "exposed_backward_s": by_phase["backward"],
             "matmul_s": self.by_kind["matmul"],
@@ -527,6 +542,9 @@ class _Sim:
         if e.tensor_parallel:
             self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
             return
+        if e.context_parallel:
+            self._context_parallel(rec, e.kind.removeprefix("cp_"), float(e.nbytes or 0))
+            return
         if u is None:
             return
         if e.kind == "free":
@@ -610,6 +628,27 @@ class _Sim:
         self.t_tp = rec["end"]
         if rec["end"] > self.gate:
             self.gate, self.gate_by = rec["end"], len(self.records) - 1
+
+    def _context_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
+        """A collective of ring attention over the cp group, on its own stream from when the
+        CPU issued it; the compute waits for it at the ring's wait (``_CP_WAITS``). The
+        all-gather moves ``(cp - 1) / cp`` of the gathered ``size``; the all-to-all passes the
+        whole buffer to the next rank."""
+        rec["stream"] = "cp"
+        start = max(self.t_compute, self.t_cp, rec["issued"])
+        span = self.spans.get("cp")
+        ranks = self.cp
+        if kind == "all_gather":
+            dur = self.m.collective_seconds("all_gather", size, ranks, span)
+            moved = (ranks - 1) / ranks * size
+        else:
+            dur = self.m.send_seconds(size, span)
+            moved = size
+        rec["start"], rec["end"] = start, start + dur
+        rec["bytes"] = moved if ranks > 1 else 0.0
+        self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + rec["bytes"]
+        self.t_cp = rec["end"]
+        self.cp_done[kind] = (rec["end"], len(self.records) - 1)
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""

@@ -206,17 +206,28 @@ def _holds(table: dict[int, tuple[int, Any]], st: Any) -> bool:
 
 
 def float8_casts(
-    backward: bool, a: torch.Tensor, b: torch.Tensor, weight_in_float8: bool, first: bool
+    backward: bool,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight_in_float8: bool,
+    first: bool,
+    recipe: str = "tensorwise",
 ) -> list[tuple[int, float, float]]:
     """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
     the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
     bytes)`` each: a cast is an amax reduction and a scaled cast (read twice, write one byte
     per element; fused, read once); a transposed copy reads and writes float8.
 
-    Forward (``input @ weight.t()``): the input is cast, and the weight unless FSDP gathered
-    it in float8 (``weight_in_float8``). Backward: the first matrix multiply of a linear's
-    backward (``first``) casts the output gradient; the other reuses it through a transposed
-    copy; each also copies its float8 second operand (saved by forward) transposed.
+    ``tensorwise`` (one scale per tensor): forward (``input @ weight.t()``) casts the input,
+    and the weight unless FSDP gathered it in float8 (``weight_in_float8``). Backward: the
+    first matrix multiply of a linear's backward (``first``: the input's gradient) casts the
+    output gradient; the other reuses it through a transposed copy; each also copies its
+    float8 second operand (saved by forward) transposed. ``rowwise`` (a scale per row along
+    the dimension each multiply reduces, torchao's axiswise scaling): a tensor's scales
+    differ between its two multiplies, so every operand of every multiply is cast from the
+    high precision, forward and backward (FSDP all-gathers in bf16). ``rowwise_with_gw_hp``:
+    rowwise, but the weight's gradient (the second multiply of backward) is computed in the
+    high precision, with no cast (:func:`float8_gemm`).
     """
     casts: list[tuple[int, float, float]] = []
 
@@ -229,6 +240,11 @@ def float8_casts(
         n = float(t.numel())
         casts.append((1, 2.0 * n, 2.0 * n))
 
+    if recipe != "tensorwise":
+        if float8_gemm(backward, first, recipe):
+            cast(a)
+            cast(b)
+        return casts
     if not backward:
         cast(a)
         if not weight_in_float8:
@@ -240,3 +256,9 @@ def float8_casts(
         transposed(a)
     transposed(b)
     return casts
+
+
+def float8_gemm(backward: bool, first: bool, recipe: str) -> bool:
+    """Whether a float8 linear's matrix multiply runs in float8: all three do but, under
+    ``rowwise_with_gw_hp``, the weight's gradient (backward's second)."""
+    return not (recipe == "rowwise_with_gw_hp" and backward and not first)

@@ -55,7 +55,7 @@ from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
-from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
+from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.marks import Mark, cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -142,12 +142,14 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         compiled: list[torch.nn.Module] | None = None,
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
+        float8_recipe: str = "tensorwise",
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
         self._compiled = ModuleScope("compiled", compiled)
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
+        self._float8_recipe = float8_recipe
         self._float8_nodes: set[int] = set()  # backward nodes whose gradient is cast already
         self._fused = FusedRegions()
         self._tp = tp
@@ -329,9 +331,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
             if self._float8 is not None and self._float8.active():
-                key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
-                nbytes = (m * k + k * n) * nb + m * n * nb * isz
-                self._float8_casts(backward, a, b)
+                if self._float8_casts(backward, a, b):
+                    key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
+                    nbytes = (m * k + k * n) * nb + m * n * nb * isz
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
@@ -353,8 +355,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             rec[0] += count
             rec[1] += nbytes
 
-    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`)."""
+    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`); whether
+        the multiply runs in float8 (:func:`float8_gemm`)."""
         first = True
         if backward:
             node = torch._C._current_autograd_node()
@@ -362,10 +365,13 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if node is not None:
                 self._float8_nodes.add(id(node))
         compiled = self._compiled.active()
-        for count, eager, fused in float8_casts(bool(backward), a, b, self._float8_gathered, first):
+        recipe = self._float8_recipe
+        casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe)
+        for count, eager, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused)
+        return float8_gemm(bool(backward), first, recipe)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = _storage(t)

@@ -92,6 +92,7 @@ or ``None`` (no memory lane)."""
 KINDS = (
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+    "cp_all_gather", "cp_all_to_all",
 )  # fmt: skip
 FREE = KINDS.index("free")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
@@ -106,6 +107,8 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("tp_reduce_scatter", "tp"): "tensor parallel",
     ("tp_all_reduce", "tp"): "tensor parallel",
     ("tp_all_to_all", "tp"): "tensor parallel",
+    ("cp_all_gather", "cp"): "context parallel",
+    ("cp_all_to_all", "cp"): "context parallel",
 }
 """The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
 ``reduce-scatter`` are always drawn; other lanes only where their events occur."""
