@@ -93,6 +93,16 @@ class Row:
     # gradient accumulation as FSDP2's set_requires_gradient_sync(False) runs it (planned
     # with analyze(grad_accum=N)); otherwise each micro-batch reduces its gradients
     no_sync: bool = False
+    # the optimizer as fsdpviz.cost names it: torchtitan and KempnerForge step a fused AdamW;
+    # the others torch's default (foreach) implementation
+    optimizer: str = ""
+
+    @property
+    def optimizer_name(self) -> str:
+        if self.optimizer:
+            return self.optimizer
+        fused = self.source.startswith(("torchtitan", "KempnerForge"))
+        return "adamw_fused" if fused else "adamw"
 
     @property
     def name(self) -> str:
@@ -534,10 +544,10 @@ def _accum(row: Row) -> int | None:
 def predict(results: list[Result], machines: dict[str, Machine] | None = None) -> None:
     for r in results:
         m = row_machine(r.row, (machines or {}).get(r.row.gpu))
-        t = timeline(r.report, m, grad_accum=_accum(r.row)).totals
-        r.predicted, r.mfu = t["tokens_per_s"], t["mfu"]
+        t = timeline(r.report, m, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name)
+        r.predicted, r.mfu = t.totals["tokens_per_s"], t.totals["mfu"]
         if r.row.memory_gib is not None:
-            r.memory = step_memory(r.report, r.row.memory) / 2**30
+            r.memory = step_memory(r.report, r.row.memory, r.row.optimizer_name) / 2**30
 
 
 def stats(errors: list[float]) -> tuple[float, float]:
@@ -566,16 +576,17 @@ def fit(results: list[Result]) -> dict[str, float]:
             )
             for r in cal:
                 mm = row_machine(r.row, m)
-                r.predicted = timeline(r.report, mm, grad_accum=_accum(r.row)).totals[
-                    "tokens_per_s"
-                ]
+                tl = timeline(r.report, mm, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name)
+                r.predicted = tl.totals["tokens_per_s"]
             med = statistics.median(math.log(r.predicted / r.row.published) for r in cal)
             lo, hi = (mid, hi) if med < 0 else (lo, mid)
         factors[gpu] = (lo + hi) / 2
     return factors
 
 
-def step_memory(report: fsdpviz.Report, kind: str = "reserved") -> float:
+def step_memory(
+    report: fsdpviz.Report, kind: str = "reserved", optimizer: str = "adamw"
+) -> float:
     """The most bytes of the steady optimizer step (every micro-step of it, under gradient
     accumulation): the caching allocator's reserved estimate, or (``"allocated"``) the
     memory model's peak."""
@@ -584,7 +595,7 @@ def step_memory(report: fsdpviz.Report, kind: str = "reserved") -> float:
     accum = report.config.grad_accum
     n = len(report.iterations)
     steps = range(n - accum, n) if accum > 1 else [n - 1]
-    mems = [memory_model(report, iteration=i) for i in steps]
+    mems = [memory_model(report, iteration=i, optimizer=optimizer) for i in steps]
     if kind == "allocated":
         return float(max(m.peak["bytes"] for m in mems))
     return float(max(m.reserved["bytes"] for m in mems))

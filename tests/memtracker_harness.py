@@ -91,6 +91,7 @@ def tracked(
     real: bool = False,
     gloo_reduce_scatter: bool = False,
     accumulate: int = 1,
+    step: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -154,6 +155,9 @@ def tracked(
                 del out
                 _module_peaks(tracker, modules)
                 tracker.reset_mod_stats()
+            if step and opt is not None:
+                opt.step()
+                opt.zero_grad()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return Tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies
@@ -182,10 +186,15 @@ def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
 
 
 def _optimizer(model: nn.Module, name: bool | str) -> torch.optim.Optimizer | None:
+    """``"adam"`` or ``"adamw"``, ending in ``_foreach``, ``_fused`` or ``_for_loop`` for that
+    implementation (else torch's default: on a CPU, for-loop)."""
     if not name:
         return None
-    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=1e-3)
+    name = str(name)
+    kind = {"_foreach": {"foreach": True}, "_fused": {"fused": True}, "_for_loop": {"foreach": False}}
+    options = next((v for k, v in kind.items() if name.endswith(k)), {})
+    cls = torch.optim.AdamW if name.startswith("adamw") else torch.optim.Adam
+    return cls(model.parameters(), lr=1e-3, **options)  # type: ignore[arg-type]
 
 
 def count_all_gathers() -> _CountAllGathers:
@@ -336,6 +345,7 @@ class GlooCase:
     optimizer: str | None = None
     gloo_reduce_scatter: bool = False
     accumulate: int = 1  # micro-steps per optimizer step
+    step: bool = False  # track optimizer.step() too
 
 
 def _tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
@@ -369,6 +379,27 @@ def _neox() -> nn.Module:
         max_position_embeddings=64,
     )
     return GPTNeoXForCausalLM(cfg)
+
+
+def _llama8() -> nn.Module:
+    """Eight layers of the small Llama: its optimizer step outweighs its activations."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _few_tokens() -> dict[str, Any]:
+    ids = _tokens(256, 1, 4)
+    return {"input_ids": ids, "labels": ids}
 
 
 def _labels_are_ids() -> dict[str, Any]:
@@ -422,6 +453,7 @@ _BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.floa
 def gloo_cases() -> dict[str, GlooCase]:
     """name -> case; every rank builds the same model from the same seed."""
     llama_units = [("model.layers.0",), ("model.layers.1",), ("lm_head",)]
+    llama8_units = [*[(f"model.layers.{i}",) for i in range(8)], ("lm_head",)]
     neox_units = [("gpt_neox.layers.0",), ("gpt_neox.layers.1",), ("lm_head",)]
     shifted_units = [("model.layers.0",), ("model.layers.1",), ("model.lm_head",)]
     return {
@@ -443,6 +475,14 @@ def gloo_cases() -> dict[str, GlooCase]:
             _llama, _labels_are_ids, llama_units, _hf_loss, {"mp_policy": _BF16},
             optimizer="adamw", accumulate=3,
         ),
+        # the optimizer step's temporaries, by implementation (the step is the peak)
+        **{
+            f"llama8-step-{impl}": GlooCase(
+                _llama8, _few_tokens, llama8_units, _hf_loss, optimizer=f"adamw_{impl}",
+                step=True,
+            )
+            for impl in ("foreach", "for_loop", "fused")
+        },
     }
 
 
@@ -462,6 +502,7 @@ def _measure(case: GlooCase) -> Tracked:
         real=True,
         gloo_reduce_scatter=case.gloo_reduce_scatter,
         accumulate=case.accumulate,
+        step=case.step,
         **case.options,
     )
 

@@ -449,6 +449,27 @@ def test_gloo_gradient_accumulation_exact(gloo: Path, name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("impl", ["foreach", "for_loop", "fused"])
+def test_gloo_optimizer_step_temporaries(gloo: Path, impl: str) -> None:
+    """AdamW's step after backward, as each implementation runs it: foreach makes
+    ``exp_avg_sq.sqrt()`` of every shard at once (one state's bytes), the for-loop one of a
+    parameter at a time and its division (two of the largest shard's), fused nothing. Eight
+    small layers on two ranks: the step is the peak, equal to the tracker's to the byte."""
+    name = f"llama8-step-{impl}"
+    case = gloo_cases()[name]
+    report, mem, model = _predict(case)
+    assert mem.peak["where"].startswith("during the optimizer step")
+    states = sum(u.sharded_numel for u in report.units) * 4
+    extra = mem.peak["breakdown"]["optimizer"] - 2 * states
+    largest = max(p.numel() for p in model.parameters()) // GLOO_WORLD_SIZE * 4
+    assert extra == {"foreach": states, "for_loop": 2 * largest, "fused": 0}[impl]
+    steps = 4 * len(list(model.parameters()))  # AdamW's step counters
+    backward = _as_the_tracker_sees(report, mem, model)
+    for real in _ranks(gloo, name):
+        _compare(real, mem, backward=backward, steps=steps)
+
+
+@pytest.mark.slow
 def test_gloo_copies_each_reduce_scatter_input(gloo: Path) -> None:
     """gloo's reduce-scatter copies its input while it completes (NCCL does not): each copy is
     the unit's reduce-scatter input, and the unit's backward peak reads it when its

@@ -35,7 +35,12 @@ bytes per rank:
 ``optimizer``
     optimizer state of the shards (2 per element for Adam/AdamW, 1 for SGD with
     momentum), in the steady state only: the first iteration runs before the
-    first ``optimizer.step()`` creates it.
+    first ``optimizer.step()`` creates it. After the iteration that steps (the last
+    micro-step of an optimizer step), the step itself: the states, and the temporaries of
+    its implementation (``"adamw"``: torch's default foreach update makes one state's
+    copy of ``exp_avg_sq.sqrt()`` for every shard at once; ``"adamw_for_loop"``: two of
+    the largest parameter's; ``"adamw_fused"``: none), beside every shard and reduced
+    gradient; the activations are gone by then.
 ``inputs`` / ``buffers``
     the model's inputs, by the memory they use (a tensor passed under two names, or
     views of one tensor, count once), and buffers (FSDP does not shard buffers).
@@ -51,6 +56,7 @@ compute stream), every pool rounded up to the allocator's 2 MiB blocks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,7 +65,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
-from fsdpviz.cost.sizes import param_grads, unit_bytes, upcasts
+from fsdpviz.cost.sizes import UnitBytes, optimizer_spec, param_grads, unit_bytes, upcasts
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
 from fsdpviz.schema.report import Report
 
@@ -74,7 +80,9 @@ def memory_model(
     """Step through ``report.iterations[iteration]`` and return memory per rank per event.
 
     ``optimizer``: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd_momentum"``,
-    an int (states per parameter element) or None. ``iteration``: 0 for the first
+    each optionally with its implementation (``"adamw_fused"``, ``"adamw_foreach"``,
+    ``"adamw_for_loop"``; default foreach, torch's on a GPU), an int (states per parameter
+    element) or None. ``iteration``: 0 for the first
     iteration, -1 (default) for the steady state. ``machine``: whose device memory the
     result's ``capacity``, ``fits`` and ``headroom`` are about (a :class:`Machine` or a
     preset name; default: the report's, see :mod:`fsdpviz.cost.fit`).
@@ -91,16 +99,18 @@ def memory_model(
     grads = param_grads(report, last=accum == 1)
     up = upcasts(report, grads) if accum > 1 else {}
     last = {unit: g[-1] for unit, g in grads.items()}
+    steady = i >= accum  # an optimizer step ran before this one (its states exist)
     for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
-            report, sizes, tape(report, k), steady=k > 0, carry=carry, sync=False,
+            report, sizes, tape(report, k), steady=steady, carry=carry, sync=False,
             upcast=up, last_grads=last,
         )  # fmt: skip
         carry.run()
     sync = i % accum == accum - 1
+    step = optimizer_step(report, sizes, optimizer) if sync else None
     walker = Walker(
-        report, sizes, tape(report, i), steady=i > 0, carry=carry, sync=sync,
-        upcast=up, last_grads=last,
+        report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync,
+        upcast=up, last_grads=last, step=step,
     )  # fmt: skip
     walker.run()
     notes = list(walker.notes)
@@ -125,6 +135,34 @@ def memory_model(
         overhead=runtime_overhead(report),
         machine=m.name,
     )
+
+
+def optimizer_step(
+    report: Report, sizes: dict[str, UnitBytes], optimizer: str | int | None
+) -> tuple[int, int] | None:
+    """The optimizer step's states and temporaries on the device (bytes per rank; see
+    :class:`~fsdpviz.cost.sizes.OptimizerSpec`), or None without an optimizer."""
+    spec = optimizer_spec(optimizer)
+    states = sum(s.optimizer for s in sizes.values())
+    if spec.states == 0:
+        return None
+    one = states // spec.states  # one state of every shard
+    temporaries = 0
+    if spec.adam and spec.implementation == "foreach":
+        temporaries = one
+    elif spec.adam and spec.implementation == "for_loop" and one:
+        temporaries = 2 * _largest_shard(report, one)
+    return states, temporaries
+
+
+def _largest_shard(report: Report, one: int) -> int:
+    """The bytes of one state of the largest parameter's shard (``one``: of all shards)."""
+    shard = report.config.shard_ranks
+    numel = max(
+        (math.prod(shape) for m in report.modules for shape in m.params.values()), default=0
+    )
+    total = sum(u.sharded_numel for u in report.units if u.requires_grad is not False)
+    return min(one, -(-numel // shard) * one // max(total, 1))
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB

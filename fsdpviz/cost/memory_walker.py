@@ -50,12 +50,15 @@ class Walker:
         sync: bool = True,
         upcast: dict[str, Upcast] | None = None,
         last_grads: dict[str, int] | None = None,
+        step: tuple[int, int] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
         self.sync = sync
         self.upcast = upcast or {}
         self.last_grads = last_grads or {}
+        # the optimizer step after this iteration: (its states' bytes, its temporaries)
+        self.step = step
         self._leftover = 0  # the last gradient a reduction holds until its event is over
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
@@ -124,7 +127,19 @@ class Walker:
         self._call = len(self.tape.calls)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
+        if self.step is not None:
+            self._optimizer_step(*self.step)
         self._unit_peaks()
+
+    def _optimizer_step(self, states: int, temporaries: int) -> None:
+        """``optimizer.step()`` after the iteration: the states (made by the first step) and
+        the step's own temporaries (:class:`~fsdpviz.cost.sizes.OptimizerSpec`), beside every
+        shard and its reduced gradient."""
+        if states == 0 and temporaries == 0:
+            return
+        self.cat["optimizer"] = states + temporaries
+        self._moment("during the optimizer step after", None)
+        self.cat["optimizer"] = states
 
     def _compute(self, c: HookCall) -> None:
         ran = c.kernels or c.flops_forward + c.flops_backward

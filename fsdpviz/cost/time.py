@@ -34,9 +34,11 @@ The iteration ends when both streams are done (the final callback waits for
 the last reduce-scatter); ``exposed_comm`` also counts that last wait. An optimizer
 step runs its micro-steps one after the other (one without gradient accumulation; the
 ``N`` a report planned with ``grad_accum=N`` holds, each from its own events; or the
-iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: a
-memory-bound pass over the shards (fused AdamW reads parameter, gradient and both fp32
-states and writes parameter and states; on the host under CPU offload). CPU offload's
+iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: memory-bound
+passes over the shards (``"adamw_fused"`` reads parameter, gradient and both states and
+writes parameter and states; ``"adamw"``, torch's default foreach implementation, runs each
+operation as a pass of its own, three times that traffic, see
+:class:`~fsdpviz.cost.sizes.OptimizerSpec`; on the host under CPU offload). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
 gradient shard back, after its reduction) run one at a time on a copy stream.
 
@@ -58,7 +60,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
-from fsdpviz.cost.sizes import itemsize, optimizer_states
+from fsdpviz.cost.sizes import itemsize, optimizer_spec
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
@@ -82,6 +84,9 @@ def timeline(
     compile: bool | None = None,
 ) -> Timeline:
     """Estimate the optimizer step of ``report.iterations[iteration]`` on ``machine``.
+
+    ``optimizer``: as :func:`~fsdpviz.cost.memory_model` takes it (``"adamw"``: torch's
+    default foreach implementation; ``"adamw_fused"``, as torchtitan runs it).
 
     ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h100-hbm2e"``,
     ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``); default: the
@@ -279,11 +284,12 @@ def _float8_shares(report: Report) -> dict[str, float]:
 
 
 def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
-    states = optimizer_states(optimizer)
-    if states == 0 and optimizer is None:
+    spec = optimizer_spec(optimizer)
+    if spec.states == 0 and optimizer is None:
         return 0.0
-    # read param + grad + states, write param + states
-    touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
+    # fused Adam: read param + grad + states, write param + states; foreach: each operation
+    # a pass of its own (OptimizerSpec.passes)
+    touched = sum(u.sharded_numel * itemsize(u.dtype) * spec.passes() for u in report.units)
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
     return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
@@ -311,9 +317,13 @@ class _Sim:
         self.ws = cfg.ranks
         self.shard_ws = cfg.shard_ranks
         self.replicas = cfg.replicas
-        # tensor parallelism: the trace ran the whole (unsharded) model, each rank of the tp
-        # group computes a 1/tp share of it; tp collectives block the compute stream
+        # tensor parallelism: each rank of the tp group computes a 1/tp share of the model's
+        # FLOPs; the trace recorded the kernels as one rank runs them (profile.kernels_tp:
+        # reports saved before it have the whole model's kernels, a 1/tp share of each
+        # costed); tp collectives block the compute stream
         self.tp = cfg.tp_ranks
+        prof = report.profile
+        self.kernel_share = (prof.kernels_tp if prof is not None else 1) / self.tp
         self.t_tp = 0.0
         # context parallelism: ring attention's collectives on a stream of their own; the
         # compute after a ring's wait waits for the last one of that kind (all_gather of the
@@ -458,8 +468,8 @@ class _Sim:
         self.flops_forward += call.flops_forward / self.tp
         self.flops_backward += call.flops_backward / self.tp
         cost = self._stretch(call)
-        if self.tp > 1:
-            share = 1.0 / self.tp
+        if self.kernel_share != 1.0:
+            share = self.kernel_share
             cost = StretchCost(
                 cost.gpu_s * share, cost.cpu_s, cost.kernels, cost.matmul_s * share,
                 cost.attention_s * share, cost.memory_s * share,

@@ -46,6 +46,10 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     The tensor-parallel degree the bytes were measured for: activations,
     temporaries and gradients are one rank's of a tp group of this size (1: the
     whole model's).
+``kernels_tp``
+    The tensor-parallel degree the kernels were recorded for: each as one rank of a tp group
+    of this size runs it, on its shares of the operands (1: the whole model's kernels, which
+    the time model divides among the tp ranks; reports saved before this was recorded).
 ``tokens``
     Tokens in one traced batch: the elements of the first integer input (token ids,
     ``batch x sequence``), else the first two dimensions of the first input; 0 when
@@ -148,6 +152,7 @@ class TraceProfile:
     flop_ops: list[str] = field(default_factory=list)
     tokens: int = 0
     tp_ranks: int = 1
+    kernels_tp: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +163,7 @@ class TraceProfile:
             "flop_ops": list(self.flop_ops),
             "tokens": self.tokens,
             "tp_ranks": self.tp_ranks,
+            "kernels_tp": self.kernels_tp,
         }
 
     @classmethod
@@ -170,4 +176,5 @@ class TraceProfile:
             flop_ops=list(d.get("flop_ops", [])),
             tokens=int(d.get("tokens", 0)),
             tp_ranks=int(d.get("tp_ranks", 1)),
+            kernels_tp=int(d.get("kernels_tp", 1)),
         )

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,9 +137,10 @@ class FusedRegions:
     docstring), per stretch: :meth:`take` gives ``["fused", backward, eager count, eager
     bytes, kernels, bytes]`` records."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: Callable[[torch.Tensor], int] | None = None) -> None:
         self._open: _Region | None = None
         self._done: dict[int, list[float]] = {}
+        self._size = size or _bytes  # a tensor's bytes on one rank (a tp share's 1 / tp)
 
     def add(self, backward: int, args: Any, out: Any, nbytes: float, fresh: bool) -> None:
         """A memory-bound operator (``nbytes`` eager) in the compiled modules."""
@@ -149,15 +150,16 @@ class FusedRegions:
             r = self._open = _Region(backward)
         r.eager_count += 1
         r.eager_bytes += nbytes
+        size = self._size
         for t in tree_leaves(args):
             st = _storage(t)
             if st is not None and not _holds(r.made, st):
-                _note(r.reads, r, st, _bytes(t))
+                _note(r.reads, r, st, size(t))
         for t in tree_leaves(out):
             st = _storage(t)
             if st is None or _holds(r.made, st):
                 continue
-            _note(r.made if fresh else r.written, r, st, _bytes(t))
+            _note(r.made if fresh else r.written, r, st, size(t))
 
     def extra(self, backward: int, eager_count: int, eager_bytes: float, fused: float) -> None:
         """A kernel of its own (a float8 cast): eager it is ``eager_count`` kernels of
@@ -212,6 +214,7 @@ def float8_casts(
     weight_in_float8: bool,
     first: bool,
     recipe: str = "tensorwise",
+    share: Callable[[torch.Tensor], int] | None = None,
 ) -> list[tuple[int, float, float]]:
     """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
     the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
@@ -227,17 +230,19 @@ def float8_casts(
     differ between its two multiplies, so every operand of every multiply is cast from the
     high precision, forward and backward (FSDP all-gathers in bf16). ``rowwise_with_gw_hp``:
     rowwise, but the weight's gradient (the second multiply of backward) is computed in the
-    high precision, with no cast (:func:`float8_gemm`).
+    high precision, with no cast (:func:`float8_gemm`). ``share``: the elements of a tensor
+    one rank holds (a tensor-parallel share's ``1 / tp``; default all of them).
     """
     casts: list[tuple[int, float, float]] = []
+    count = share or (lambda t: t.numel())
 
     def cast(t: torch.Tensor) -> None:
-        n = t.numel()
+        n = count(t)
         high = n * t.element_size()
         casts.append((2, 2.0 * high + n, float(high + n)))
 
     def transposed(t: torch.Tensor) -> None:
-        n = float(t.numel())
+        n = float(count(t))
         casts.append((1, 2.0 * n, 2.0 * n))
 
     if recipe != "tensorwise":

@@ -151,8 +151,8 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
         self._float8_nodes: set[int] = set()  # backward nodes whose gradient is cast already
-        self._fused = FusedRegions()
         self._tp = tp
+        self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
         self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
@@ -260,11 +260,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif flop_fn is not None:
             flops = flop_fn(*args, **kwargs, out_val=out)
             self._count_flops(flops)
+        if fresh:  # (views and in-place ops return storage that already exists)
+            self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
         if cost is not None:
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
-        if not fresh:
-            return out  # views and in-place ops return storage that already exists
-        self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
         return out
 
     def _track_all(self, out: Any, sharded: bool) -> None:
@@ -309,12 +308,15 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         fresh: bool = True,
     ) -> None:
         """One GPU kernel this operator launches, merged with the same kernels of the stretch
-        (see :mod:`fsdpviz.schema.profile`, ``kernels``)."""
+        (see :mod:`fsdpviz.schema.profile`, ``kernels``). Under tensor parallelism, as one rank
+        of the tp group runs it: its shares of the operands and output (the output already
+        tracked), a matrix multiply on the shapes its shares leave."""
         backward = int(torch._C._current_graph_task_id() != -1)
         kind = cost[0]
         key: tuple[Any, ...]
+        tp = self.tp_ranks if self._tp is not None else 1
         if kind == "mem":
-            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+            nbytes = self._local_bytes(args) + self._local_bytes(out)
             self._add_kernel(("mem", backward), 1, nbytes)
             if self._compiled.active():
                 self._fused.add(backward, args, out, nbytes, fresh)
@@ -327,6 +329,14 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             *batch, m, k = a.shape
             n = b.shape[-1]
             nb = batch[0] if batch else 1
+            if tp > 1:  # one rank's shares: both share the reduced dimension, or one its own
+                sa, sb = self._is_share(a), self._is_share(b)
+                if sa and sb:
+                    k = -(-k // tp)
+                elif sb:
+                    n = -(-n // tp)
+                elif sa:
+                    m = -(-m // tp)
             isz = a.element_size()
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
@@ -338,14 +348,33 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
             b, h, sq, d = q.shape
+            hkv = kv.shape[1]
+            if tp > 1 and self._is_share(q):  # the rank's heads
+                h, hkv = -(-h // tp), -(-hkv // tp)
             skv = kv.shape[2]
             isz = q.element_size()
             key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz)
-            nbytes = (2 * b * h * sq * d + 2 * b * kv.shape[1] * skv * d) * isz * (1 + backward)
+            nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + backward)
         else:
-            key = ("flops", backward, flops)
-            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+            share = tp > 1 and any(self._is_share(t) for t in tree_leaves(out))
+            local = flops // tp if share else flops
+            key = ("flops", backward, local)
+            nbytes = self._local_bytes(args) + self._local_bytes(out)
         self._add_kernel(key, 1, nbytes)
+
+    def _local_numel(self, t: torch.Tensor) -> int:
+        """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
+        return t.numel() // self.tp_ranks if self._is_share(t) else t.numel()
+
+    def _local_bytes(self, x: Any) -> int:
+        """Bytes of the tensors in ``x`` one rank holds: a tp share's ``1 / tp``."""
+        if self._tp is None:
+            return _tensor_bytes(x)
+        return sum(
+            t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
+            for t in tree_leaves(x)
+            if isinstance(t, torch.Tensor)
+        )
 
     def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None:
         rec = self._stretch.kernels.get(key)
@@ -366,7 +395,8 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._float8_nodes.add(id(node))
         compiled = self._compiled.active()
         recipe = self._float8_recipe
-        casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe)
+        share = self._local_numel if self._tp is not None else None
+        casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe, share)
         for count, eager, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
@@ -526,6 +556,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.buffer_bytes,
                 FLOP_OPS,
                 self.tokens,
+                self.tp_ranks,
                 self.tp_ranks,
             ),
         )
