@@ -9,6 +9,7 @@ with one hook call per event and no measured compute.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ class HookCall:
     kernels: tuple[tuple[Any, ...], ...] = ()  # the GPU kernels of that compute (StepProfile)
     # (peak, activations, forward temp) with new gradients left out: the compute's peak when
     # it adds each gradient into one an earlier micro-step left (None: not measured)
-    peak_in_place: tuple[int, int, int] | None = None
+    peak_in_place: Sequence[int] | None = None
     arg: Any = None  # what the runtime was called with (a ring attention's wait: the kind)
 
     @property
@@ -66,32 +67,54 @@ def iteration_index(report: Report, iteration: int) -> int:
     return iteration % n
 
 
+_TAPES: dict[tuple[int, int, int], tuple[list[Event], Any, Tape]] = {}
+
+
 def tape(report: Report, iteration: int) -> Tape:
-    """The tape of ``report.iterations[iteration]``."""
+    """The tape of ``report.iterations[iteration]``, remembered for that event list and
+    profile (the memory and time models read a report's tapes again for every option,
+    machine and iteration they are asked about)."""
     i = iteration_index(report, iteration)
     events = report.iterations[i]
     profile = report.profile
-    if profile is None or i >= len(profile.iterations):
-        return _unmeasured(events)
-    step = profile.iterations[i]
-    if len(step.event_hook) != len(events):
-        return _unmeasured(events)
-    return _measured(events, step)
+    step = profile.iterations[i] if profile is not None and i < len(profile.iterations) else None
+    key = (id(events), id(step), len(events))  # (an event list grown since: a new tape)
+    found = _TAPES.get(key)
+    if found is not None and found[0] is events and found[1] is step:
+        return found[2]
+    if step is None or len(step.event_hook) != len(events):
+        made = _unmeasured(events)
+    else:
+        made = _measured(events, step)
+    if len(_TAPES) >= 64:
+        _TAPES.clear()
+    _TAPES[key] = (events, step, made)
+    return made
 
 
 def _measured(events: list[Event], step: StepProfile) -> Tape:
     by_hook: dict[int, list[int]] = {}
     for e, k in enumerate(step.event_hook):
         by_hook.setdefault(k, []).append(e)
-    calls = [
-        _call(step, k, hook, unit, tuple(by_hook.get(k, ())))
-        for k, (hook, unit, _) in enumerate(step.hooks)
-    ]
     n = len(step.hooks)
-    return Tape(events, calls, _call(step, n, "end", "", ()), True)
+    # the peaks of in-place accumulation (absent in reports saved before they were measured)
+    in_place = step.peak_in_place if len(step.peak_in_place) > n else [None] * (n + 1)
+    calls = [
+        _call(step, k, hook, unit, tuple(by_hook.get(k, ())), in_place[k], arg)
+        for k, (hook, unit, arg) in enumerate(step.hooks)
+    ]
+    return Tape(events, calls, _call(step, n, "end", "", (), in_place[n]), True)
 
 
-def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ...]) -> HookCall:
+def _call(
+    step: StepProfile,
+    k: int,
+    hook: str,
+    unit: str,
+    events: tuple[int, ...],
+    in_place: Sequence[int] | None,
+    arg: Any = None,
+) -> HookCall:
     return HookCall(
         hook=hook,
         unit=unit,
@@ -107,12 +130,8 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
-        peak_in_place=(
-            (int(p[0]), int(p[1]), int(p[2]))
-            if k < len(step.peak_in_place) and (p := step.peak_in_place[k])
-            else None
-        ),
-        arg=step.hooks[k][2] if k < len(step.hooks) else None,
+        peak_in_place=in_place,
+        arg=arg,
     )
 
 

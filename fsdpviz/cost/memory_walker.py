@@ -9,9 +9,11 @@ import numpy as np
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import Upcast, UnitBytes
 from fsdpviz.schema.memory import CATEGORIES, Moment
-from fsdpviz.schema.report import Event, Report, unit_label
+from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
+_POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
+_ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
 class Walker:
@@ -155,9 +157,9 @@ class Walker:
             after = dict(self.cat)
             peak, act, fwd, new = c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads
             in_place = c.peak_in_place
-            if c.grads and in_place is not None and self._accumulating.issuperset(c.grads):
+            if self._accumulating and c.grads and in_place and self._accumulating.issuperset(c.grads):
                 # each new gradient is added into an earlier micro-step's and freed
-                (peak, act, fwd), new = in_place, 0
+                peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
             self.cat["unsharded_grads"] += new // tp
             self.cat["activations"] = act // tp
             self.cat["forward_temp"] = fwd // tp
@@ -190,12 +192,14 @@ class Walker:
         )
         if waits and not own_gather:
             self._wait(unit, c)
-        # the units whose post-backward runs here: the final callback runs those of the
-        # units whose own did not fire (the root's)
-        post_backward = c.hook.startswith("post_backward")
-        finishing = [unit] if post_backward else []
-        if c.hook == "final_callback":
-            finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
+        # gradient accumulation: the units whose post-backward runs here (the final callback
+        # runs those whose own did not fire: the root's)
+        finishing: list[str] = []
+        if self._fresh or not self.sync:
+            if c.hook in _POST_BACKWARD:
+                finishing = [unit]
+            elif c.hook == "final_callback":
+                finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
         for u in finishing:
             if u in self._fresh:
                 # FSDP2 adds the new gradients into the accumulated ones, and frees them
@@ -208,9 +212,8 @@ class Walker:
                 self._wait(unit, c)
             self._snapshot(e)
             self._event_index = -1
-        if not self.sync:
-            for u in finishing:
-                self._cast_to_reduce_dtype(u, c)
+        for u in finishing if not self.sync else ():
+            self._cast_to_reduce_dtype(u, c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             for name in list(self.pending):
@@ -235,7 +238,7 @@ class Walker:
             pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
         elif e.kind == "d2h":
             pass  # the gradient shard leaves the device: counted in host memory
-        elif e.tensor_parallel or e.context_parallel:
+        elif e.kind in _ACTIVATIONS:
             pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded

@@ -16,9 +16,11 @@ buffer that lives while the all-gather is issued.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report, Unit
@@ -79,6 +81,7 @@ class OptimizerSpec:
         return 3 + 2 * self.states
 
 
+@functools.lru_cache(maxsize=64)
 def optimizer_spec(optimizer: str | int | None) -> OptimizerSpec:
     """The :class:`OptimizerSpec` of ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``
     (each optionally ending in ``_foreach``, ``_fused`` or ``_for_loop``; default foreach,
@@ -170,13 +173,29 @@ class Upcast:
 _SHARD = re.compile(r"Shard\((-?\d+)\)")
 
 
+_GRADS: dict[tuple[int, int, bool], tuple[Any, Any, dict[str, tuple[int, ...]]]] = {}
+
+
 def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]]:
     """FSDP2: each trainable unit's parameter gradients on one rank, bytes in the compute
     dtype, in the unit's parameter order (FSDP2's ``fsdp_params``): the shape autograd gives
     them (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
-    parameter's. Empty for FSDP1."""
+    parameter's. Empty for FSDP1. Remembered for the units and modules it was given (a
+    report's memory is modelled again for each option and iteration)."""
     if report.config.api != "FSDP2":
         return {}
+    key = (id(report.units), id(report.modules), last)
+    found = _GRADS.get(key)
+    if found is not None and found[0] is report.units and found[1] is report.modules:
+        return found[2]
+    if len(_GRADS) >= 64:
+        _GRADS.clear()
+    out = _param_grads(report, last)
+    _GRADS[key] = (report.units, report.modules, out)
+    return out
+
+
+def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
     modules = {m.fqn: m for m in report.modules}
     tp = report.config.tp_ranks
     out: dict[str, tuple[int, ...]] = {}

@@ -64,11 +64,12 @@ from fsdpviz.cost.sizes import itemsize, optimizer_spec
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
 _CP_WAITS = ("cp_forward_wait", "cp_backward_wait")
+_ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
@@ -549,11 +550,11 @@ class _Sim:
             "held_by": -1,
         }
         self.records.append(rec)
-        if e.tensor_parallel:
-            self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
-            return
-        if e.context_parallel:
-            self._context_parallel(rec, e.kind.removeprefix("cp_"), float(e.nbytes or 0))
+        if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
+            if e.kind in TP_KINDS:
+                self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
+            else:
+                self._context_parallel(rec, e.kind.removeprefix("cp_"), float(e.nbytes or 0))
             return
         if u is None:
             return
