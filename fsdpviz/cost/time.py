@@ -486,12 +486,12 @@ class _Sim:
         self.t_cpu += cost.cpu_s
         start = max(self.t_compute, self.gate)
         # the stretch's last kernel cannot end before the CPU has issued it
-        cpu_wait = max(0.0, self.t_cpu - (start + gpu))
-        self.by_kind["cpu"] += cpu_wait
-        dur = gpu + cpu_wait
+        end = max(start + gpu, self.t_cpu)  # (exactly no earlier than the CPU's issue)
+        self.by_kind["cpu"] += end - (start + gpu)
+        dur = end - start
         # the wait for communication costs what it adds to the stretch's end: where the CPU
         # is still issuing the stretch's kernels, the GPU would have waited for it anyway
-        lost = start + dur - max(self.t_compute + gpu, self.t_cpu)
+        lost = end - max(self.t_compute + gpu, self.t_cpu)
         if lost > 1e-15 and self.gate_by is not None:
             waited = self.records[self.gate_by]
             waited["exposed"] += lost
@@ -499,7 +499,7 @@ class _Sim:
                 {"start": start - lost, "end": start, "event": waited["index"],
                  "phase": waited["phase"], "tail": False}
             )  # fmt: skip
-        self.t_compute = start + dur
+        self.t_compute = end
         self.compute_s += dur
         phase = "forward" if hook.endswith("_forward") else "backward"
         self.compute.append(

@@ -219,6 +219,7 @@ class _RingAttention(torch.autograd.Function):
         # a selective checkpoint that saves attention takes the saved output in backward:
         # its recomputation runs no ring (the kernels, saved, do not run either)
         quiet = _phase() == "backward" and attention_saved()
+        saved = (query, key, value)  # autograd saves the operator's inputs as given
         key, value = key.contiguous(), value.contiguous()
         if value.shape != key.shape:
             raise ConfigError(
@@ -240,7 +241,7 @@ class _RingAttention(torch.autograd.Function):
         del blocks
         out, lse = merger.results()
         ctx.emu, ctx.i, ctx.module, ctx.scale = emu, i, module, scale
-        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.save_for_backward(*saved, out, lse)
         return out
 
     @staticmethod
@@ -248,6 +249,7 @@ class _RingAttention(torch.autograd.Function):
         emu: CPEmulation = ctx.emu
         i, module, scale, cp = ctx.i, ctx.module, ctx.scale, emu.size
         query, key, value, out, lse = ctx.saved_tensors
+        key, value = key.contiguous(), value.contiguous()
         kv = torch.cat([key.flatten(), value.flatten()])
         emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size())
         blocks = _blocks(kv, key, cp)

@@ -327,6 +327,8 @@ def _step(
 ) -> None:
     try:
         output = model(*args, **kwargs)
+    except ConfigError:
+        raise  # what fsdpviz cannot plan (its emulations say why), not the model failing
     except Exception as e:
         failing = tracker.stack[-1] if tracker.stack else ""
         cls = type(dict(model.named_modules()).get(failing, model)).__name__
