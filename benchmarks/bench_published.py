@@ -114,8 +114,10 @@ class Row:
         f8 = ""
         if self.float8:
             recipe = self.float8.removesuffix("+ag")
-            f8 = ", fp8" + ("" if recipe == "tensorwise" else f" {recipe}") + "+ag" * (
-                self.float8.endswith("+ag")
+            f8 = (
+                ", fp8"
+                + ("" if recipe == "tensorwise" else f" {recipe}")
+                + "+ag" * (self.float8.endswith("+ag"))
             )
         extra = ", compile" * self.compile + f8
         return (
@@ -576,7 +578,9 @@ def fit(results: list[Result]) -> dict[str, float]:
             )
             for r in cal:
                 mm = row_machine(r.row, m)
-                tl = timeline(r.report, mm, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name)
+                tl = timeline(
+                    r.report, mm, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name
+                )
                 r.predicted = tl.totals["tokens_per_s"]
             med = statistics.median(math.log(r.predicted / r.row.published) for r in cal)
             lo, hi = (mid, hi) if med < 0 else (lo, mid)
@@ -584,9 +588,7 @@ def fit(results: list[Result]) -> dict[str, float]:
     return factors
 
 
-def step_memory(
-    report: fsdpviz.Report, kind: str = "reserved", optimizer: str = "adamw"
-) -> float:
+def step_memory(report: fsdpviz.Report, kind: str = "reserved", optimizer: str = "adamw") -> float:
     """The most bytes of the steady optimizer step (every micro-step of it, under gradient
     accumulation): the caching allocator's reserved estimate, or (``"allocated"``) the
     memory model's peak."""
@@ -728,11 +730,16 @@ def main() -> None:
             mem = ["", "", ""]
             if r.memory_error is not None:
                 kind = "alloc." if r.row.memory == "allocated" else "res."
-                mem = [f"{r.row.memory_gib:.1f} {kind}", f"{r.memory:.1f}", f"{r.memory_error:+.1%}"]
-            lines.append([split, r.row.source, r.row.name, f"{r.row.published:,.0f}",
-                          f"{r.predicted:,.0f}", f"{r.error:+.1%}", f"{r.mfu:.1%}", *mem])  # fmt: skip
+                mem = [
+                    f"{r.row.memory_gib:.1f} {kind}",
+                    f"{r.memory:.1f}",
+                    f"{r.memory_error:+.1%}",
+                ]
+            time_ = [f"{r.row.published:,.0f}", f"{r.predicted:,.0f}", f"{r.error:+.1%}"]
+            lines.append([split, r.row.source, r.row.name, *time_, f"{r.mfu:.1%}", *mem])
     if args.markdown:  # compact, for the docs
-        print("| set | source | run | published | predicted | error | memory GiB | predicted | error |")
+        print("| set | source | run | published | predicted | error | memory GiB | predicted "
+              "| error |")  # fmt: skip
         print("|---|---|---|--:|--:|--:|--:|--:|--:|")
         for line in lines:
             short = [line[0][:3], line[1], line[2], *line[3:6], *line[7:]]

@@ -191,7 +191,11 @@ def _optimizer(model: nn.Module, name: bool | str) -> torch.optim.Optimizer | No
     if not name:
         return None
     name = str(name)
-    kind = {"_foreach": {"foreach": True}, "_fused": {"fused": True}, "_for_loop": {"foreach": False}}
+    kind = {
+        "_foreach": {"foreach": True},
+        "_fused": {"fused": True},
+        "_for_loop": {"foreach": False},
+    }
     options = next((v for k, v in kind.items() if name.endswith(k)), {})
     cls = torch.optim.AdamW if name.startswith("adamw") else torch.optim.Adam
     return cls(model.parameters(), lr=1e-3, **options)  # type: ignore[arg-type]
@@ -472,13 +476,22 @@ def gloo_cases() -> dict[str, GlooCase]:
             _llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw", accumulate=3
         ),
         "llama-accumulate-bf16": GlooCase(
-            _llama, _labels_are_ids, llama_units, _hf_loss, {"mp_policy": _BF16},
-            optimizer="adamw", accumulate=3,
+            _llama,
+            _labels_are_ids,
+            llama_units,
+            _hf_loss,
+            {"mp_policy": _BF16},
+            optimizer="adamw",
+            accumulate=3,
         ),
         # the optimizer step's temporaries, by implementation (the step is the peak)
         **{
             f"llama8-step-{impl}": GlooCase(
-                _llama8, _few_tokens, llama8_units, _hf_loss, optimizer=f"adamw_{impl}",
+                _llama8,
+                _few_tokens,
+                llama8_units,
+                _hf_loss,
+                optimizer=f"adamw_{impl}",
                 step=True,
             )
             for impl in ("foreach", "for_loop", "fused")

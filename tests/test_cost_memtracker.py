@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import replace
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,8 @@ import fsdpviz
 from fsdpviz.cost import MemoryReport, memory_model
 from fsdpviz.cost.hook_calls import tape
 from fsdpviz.cost.sizes import itemsize, unit_bytes
-from fsdpviz.schema.memory import CATEGORIES
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+from fsdpviz.schema.memory import CATEGORIES
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -438,9 +438,7 @@ def test_gloo_gradient_accumulation_exact(gloo: Path, name: str) -> None:
             slot["backward"] = max(slot["backward"], backward[unit])
     combined = replace(at_peak, unit_peaks=unit_peaks)
     steps_bytes = 4 * len(list(model.parameters()))  # AdamW's step counters
-    grads = sum(
-        model.get_parameter(p).numel() for u in report.units for p in u.params
-    )
+    grads = sum(model.get_parameter(p).numel() for u in report.units for p in u.params)
     # what the last micro-step starts with: fp32 either way (fp32 parameters' gradients, or
     # bf16 ones cast to the reduce dtype)
     assert steps[-2].events[-1]["unsharded_grads"] == grads * 4

@@ -97,7 +97,9 @@ def test_a_rank_holds_its_share_of_the_sequence() -> None:
 
     def saved(report: fsdpviz.Report) -> int:
         calls = tape(report, 0).calls
-        return next(c for c in calls if c.hook == "post_forward" and c.unit == "norm, output").activations
+        return next(
+            c for c in calls if c.hook == "post_forward" and c.unit == "norm, output"
+        ).activations
 
     assert saved(_job(2, ac="full")) == saved(_job(1, seq=SEQ // 2, ac="full"))
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.sizes import Upcast, UnitBytes
+from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.memory import CATEGORIES, Moment
 from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, unit_label
 
@@ -157,7 +157,12 @@ class Walker:
             after = dict(self.cat)
             peak, act, fwd, new = c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads
             in_place = c.peak_in_place
-            if self._accumulating and c.grads and in_place and self._accumulating.issuperset(c.grads):
+            if (
+                self._accumulating
+                and c.grads
+                and in_place
+                and self._accumulating.issuperset(c.grads)
+            ):
                 # each new gradient is added into an earlier micro-step's and freed
                 peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
             self.cat["unsharded_grads"] += new // tp

@@ -130,7 +130,9 @@ class CPEmulation:
                 "which its load balancing cannot cut in two"
             )
         i = owner_index(module, self.groups)
-        out: torch.Tensor = _RingAttention.apply(self, i, module, scale, query, key, value)
+        out: torch.Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
+            self, i, module, scale, query, key, value
+        )
         return out
 
     def issue(self, i: int, kind: str, module: str, nbytes: int, quiet: bool = False) -> None:
@@ -176,9 +178,7 @@ class _Merger:
         return self.out.to(self.dtypes[0]), self.lse.squeeze(-1).to(self.dtypes[1])
 
 
-def _partial_update(
-    original: torch.Tensor, new: torch.Tensor, idx: int, add: bool
-) -> torch.Tensor:
+def _partial_update(original: torch.Tensor, new: torch.Tensor, idx: int, add: bool) -> torch.Tensor:
     """torch's ``_partial_update``: chunk ``idx`` of two along the sequence replaced by (or
     added to) ``new``, the result a new tensor."""
     chunks = list(original.chunk(_HALVES, dim=2))
@@ -189,7 +189,9 @@ def _partial_update(
     return torch.cat(chunks, dim=2)
 
 
-def _blocks(kv: torch.Tensor, key: torch.Tensor, cp: int) -> list[tuple[torch.Tensor, ...]]:
+def _blocks(
+    kv: torch.Tensor, key: torch.Tensor, cp: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The other ranks' keys and values in the gathered buffer, in the order the ring uses
     them (rank 0: from rank ``cp - 1`` down to rank 1)."""
     gathered = kv.new_empty(cp * kv.numel())  # the all-gather's output

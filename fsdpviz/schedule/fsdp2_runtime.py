@@ -301,14 +301,12 @@ class FSDP2Runtime:
         self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes)))
         self.events.append(self._tp_event(kind, self.states[i].group.name, module, phase, nbytes))
 
-    def context_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
+    def context_parallel(self, i: int, kind: Any, module: str, phase: Any, nbytes: int) -> None:
         """A collective of context parallelism's ring attention, issued in the attention of
         ``module`` (in group ``i``): logged so a replay issues it too."""
         self.log.append((f"cp_{phase}", i, (kind, module, phase, nbytes)))
-        self.events.append(
-            Event(kind, self.states[i].group.name, phase, group="cp", module=module,
-                  nbytes=int(nbytes))  # type: ignore[arg-type]
-        )  # fmt: skip
+        group = self.states[i].group.name
+        self.events.append(Event(kind, group, phase, group="cp", module=module, nbytes=nbytes))
 
     def context_parallel_wait(self, i: int, phase: str, kind: str) -> None:
         """The ring attention in group ``i`` waits for its last ``kind`` collective: no event,

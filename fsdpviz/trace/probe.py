@@ -340,10 +340,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             isz = a.element_size()
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
-            if self._float8 is not None and self._float8.active():
-                if self._float8_casts(backward, a, b):
-                    key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
-                    nbytes = (m * k + k * n) * nb + m * n * nb * isz
+            float8 = self._float8 is not None and self._float8.active()
+            if float8 and self._float8_casts(backward, a, b):
+                key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
+                nbytes = (m * k + k * n) * nb + m * n * nb * isz
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
