@@ -10,7 +10,8 @@ tracked step is the steady state. With ``accumulate=N`` a step is ``N`` micro-st
 first ``N - 1`` after ``set_requires_gradient_sync(False)``; the tracker follows every
 micro-step of one optimizer step (its module statistics reset between them: it follows one
 iteration at a time), the peak is the step's and each module's peaks the most over its
-micro-steps.
+micro-steps. With ``step=True`` the tracker follows ``optimizer.step()`` after them on its own,
+its peak starting afresh (``Tracked.step_peak``).
 
 On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
 gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
@@ -76,6 +77,8 @@ class Tracked:
     all_gathers: int = 0  # all-gathers FSDP issued in the tracked step
     # gloo_reduce_scatter: the bytes gloo allocated while each reduce-scatter completed
     reduce_scatter_copies: list[int] = field(default_factory=list)
+    # step=True: category -> bytes at the peak of optimizer.step() (tracked on its own)
+    step_peak: dict[str, int] = field(default_factory=dict)
 
 
 def tracked(
@@ -155,13 +158,17 @@ def tracked(
                 del out
                 _module_peaks(tracker, modules)
                 tracker.reset_mod_stats()
-            if step and opt is not None:
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        step_peak: dict[Any, int] = {}
+        if step and opt is not None:  # tracked again: the tracker's peak starts afresh
+            with tracker:
                 opt.step()
+                step_peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
                 opt.zero_grad()
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return Tracked(
-        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies
-    )
+        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
+        _categories(step_peak),
+    )  # fmt: skip
 
 
 def _sync(model: nn.Module, sync: bool, accumulate: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -292,15 +291,17 @@ def test_the_optimizer_step_holds_its_states_and_temporaries(
 ) -> None:
     """After the iteration, ``optimizer.step()``: every shard, its reduced gradient, the states
     and what the implementation makes (torch's default foreach: ``exp_avg_sq.sqrt()`` of every
-    shard, one state's bytes; for-loop: two of the largest parameter's shard; fused: none)."""
+    shard, one state's bytes; for-loop: a parameter's and its division's; fused: none)."""
     mem = memory_model(report, optimizer=f"adamw_{impl}")
     step = mem.moments[-1]
     assert step.where == "during the optimizer step after"
     got = dict(zip(CATEGORIES, step.bytes, strict=True))
     states = sum(u.sharded_numel * 4 for u in report.units) * 2
     assert got["sharded_grads"] == states // 2 and got["activations"] == 0
-    largest = max(-(-math.prod(shape) // 4) for m in report.modules for shape in m.params.values())
-    extra = {"foreach": states // 2, "for_loop": 2 * largest * 4, "fused": 0}[impl]
+    # for-loop: one parameter's sqrt() and its division, the previous one's result still bound
+    shards = [u.sharded_numel * 4 for u in report.units]  # FSDP1: the FlatParameters
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    extra = {"foreach": states // 2, "for_loop": loop, "fused": 0}[impl]
     assert got["optimizer"] == states + extra
     assert memory_model(report).moments[-1].bytes == step.bytes or impl != "foreach"
     # the step's memory traffic: fused reads and writes each state once, foreach each

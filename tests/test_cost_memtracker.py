@@ -451,20 +451,39 @@ def test_gloo_gradient_accumulation_exact(gloo: Path, name: str) -> None:
 def test_gloo_optimizer_step_temporaries(gloo: Path, impl: str) -> None:
     """AdamW's step after backward, as each implementation runs it: foreach makes
     ``exp_avg_sq.sqrt()`` of every shard at once (one state's bytes), the for-loop one of a
-    parameter at a time and its division (two of the largest shard's), fused nothing. Eight
-    small layers on two ranks: the step is the peak, equal to the tracker's to the byte."""
+    parameter at a time and its division (the previous parameter's still bound), fused nothing. The
+    tracker follows the step on its own: its peak, every category at it, equal fsdpviz's step
+    to the byte; and the micro-steps' peak and module peaks as before."""
     name = f"llama8-step-{impl}"
     case = gloo_cases()[name]
     report, mem, model = _predict(case)
-    assert mem.peak["where"].startswith("during the optimizer step")
+    step = mem.moments[-1]
+    assert step.where == "during the optimizer step after"
+    got = dict(zip(CATEGORIES, step.bytes, strict=True))
     states = sum(u.sharded_numel for u in report.units) * 4
-    extra = mem.peak["breakdown"]["optimizer"] - 2 * states
-    largest = max(p.numel() for p in model.parameters()) // GLOO_WORLD_SIZE * 4
-    assert extra == {"foreach": states, "for_loop": 2 * largest, "fused": 0}[impl]
+    # for-loop: a parameter's sqrt() and its division, the previous parameter's result still
+    # bound to the loop's variable: the LM head's two (the largest), the final norm's one
+    shards = [p.numel() // GLOO_WORLD_SIZE * 4 for p in model.parameters()]
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    extra = {"foreach": states, "for_loop": loop, "fused": 0}[impl]
+    assert got["optimizer"] == 2 * states + extra
     steps = 4 * len(list(model.parameters()))  # AdamW's step counters
     backward = _as_the_tracker_sees(report, mem, model)
+    before_step = replace(mem, peak=_peak_of(mem.moments[:-1]))
     for real in _ranks(gloo, name):
-        _compare(real, mem, backward=backward, steps=steps)
+        assert real.step_peak["Total"] == sum(step.bytes) + steps
+        for label, (theirs, ours) in MAPPING.items():
+            a = sum(real.step_peak.get(k, 0) for k in theirs)
+            b = sum(got[k] for k in ours) + (steps if "OptState" in theirs else 0)
+            assert a == b, f"{label} at the step: FSDPMemTracker {a} B, fsdpviz {b} B"
+        _compare(real, before_step, backward=backward, steps=steps)
+
+
+def _peak_of(moments: list[Any]) -> dict[str, Any]:
+    """A memory report's ``peak`` over these moments."""
+    top = max(moments, key=lambda m: sum(m.bytes))
+    breakdown = dict(zip(CATEGORIES, top.bytes, strict=True))
+    return {"bytes": sum(top.bytes), "where": top.where, "breakdown": breakdown}
 
 
 @pytest.mark.slow

@@ -38,8 +38,9 @@ bytes per rank:
     first ``optimizer.step()`` creates it. After the iteration that steps (the last
     micro-step of an optimizer step), the step itself: the states, and the temporaries of
     its implementation (``"adamw"``: torch's default foreach update makes one state's
-    copy of ``exp_avg_sq.sqrt()`` for every shard at once; ``"adamw_for_loop"``: two of
-    the largest parameter's; ``"adamw_fused"``: none), beside every shard and reduced
+    copy of ``exp_avg_sq.sqrt()`` for every shard at once; ``"adamw_for_loop"``: a
+    parameter's ``sqrt()`` and its division, with the previous parameter's result still
+    bound; ``"adamw_fused"``: none), beside every shard and reduced
     gradient; the activations are gone by then.
 ``inputs`` / ``buffers``
     the model's inputs, by the memory they use (a tensor passed under two names, or
@@ -151,18 +152,28 @@ def optimizer_step(
     if spec.adam and spec.implementation == "foreach":
         temporaries = one
     elif spec.adam and spec.implementation == "for_loop" and one:
-        temporaries = 2 * _largest_shard(report, one)
+        temporaries = _largest_shard(report, one)
     return states, temporaries
 
 
 def _largest_shard(report: Report, one: int) -> int:
-    """The bytes of one state of the largest parameter's shard (``one``: of all shards)."""
-    shard = report.config.shard_ranks
-    numel = max(
-        (math.prod(shape) for m in report.modules for shape in m.params.values()), default=0
-    )
+    """The for-loop update's most bytes beyond the states: parameter ``i``'s ``sqrt()`` and its
+    division alive together, with parameter ``i - 1``'s result still bound to the loop's
+    variable (``one``: one state of every shard, to scale shard elements to bytes)."""
     total = sum(u.sharded_numel for u in report.units if u.requires_grad is not False)
-    return min(one, -(-numel // shard) * one // max(total, 1))
+    if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
+        shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
+    else:
+        ranks = report.config.shard_ranks
+        trains = {p for u in report.units if u.requires_grad is not False for p in u.params}
+        shards = [
+            -(-shape[0] // ranks) * math.prod(shape[1:])
+            for m in report.modules
+            for name, shape in m.params.items()
+            if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
+        ]
+    most = max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
+    return most * one // max(total, 1)
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
