@@ -1,23 +1,35 @@
-"""The time model against published training throughput: calibration and validation.
+"""The time and memory models against published training runs: calibration and validation.
 
-Each row is a run someone published (tokens per second per GPU), rebuilt here as the same
-model shape, batch, FSDP plan, activation checkpointing and GPU, traced by
-``fsdpviz.analyze`` on the meta device and timed by ``fsdpviz.cost.timeline``. Rows
-marked ``calibration`` are the ones the GPU presets' efficiencies were fitted on (``--fit``
-prints the fit); ``validation`` rows were never used to choose any constant.
+Each row is a run someone published (tokens per second per GPU, and the peak memory where the
+source logs it), rebuilt here as the same model shape, batch, FSDP plan, activation
+checkpointing, mesh and GPU, traced by ``fsdpviz.analyze`` on the meta device, timed by
+``fsdpviz.cost.timeline`` and its memory modelled by ``fsdpviz.cost.memory_model`` (the most of
+every micro-step of the steady optimizer step; the caching allocator's reserved estimate where
+the source logs ``torch.cuda.max_memory_reserved``, as torchtitan does, the peak allocated where
+it logs ``max_memory_allocated``, as KempnerForge does). Rows marked ``calibration`` are the
+ones the GPU presets' efficiencies were fitted on, one per GPU (``--fit`` prints the fit);
+``validation`` rows were never used to choose any constant. No memory constant is fitted.
 
 Sources:
 
 - torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md`` (Llama 3.1 8B, FSDP2,
   H100 96 GB HBM2e 500 W, 400 Gb/s RDMA per GPU, Tables 1 and 3: eager, with
-  torch.compile, with compile and float8; Table 4: Llama 3.1 70B on 256 GPUs as FSDP 32 x
-  TP 8 with compile and float8);
+  torch.compile, with compile and float8; Table 2: FSDP x CP over 8 GPUs, 32k to 256k tokens;
+  Table 4: Llama 3.1 70B on 256 GPUs as FSDP 32 x TP 8 with compile and float8; the peak
+  reserved memory of each);
 - torchtitan, ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` (the same hosts,
-  June 2025: Llama 3 70B FSDP 32 x TP 8 and 8B FSDP 8 x TP 8 with compile, bf16 and float8
-  tensorwise, vanilla TP);
+  June 2025: Llama 3 70B FSDP 32 x TP 8 and 8B FSDP 8 x TP 8 with compile, bf16, float8
+  tensorwise and rowwise, vanilla TP);
 - torchtitan, ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`` (Trainy, June 2025:
   Llama 3.1 8B, FSDP2 over 4 and 8 nodes of 8 H200, 400 Gb/s per GPU, compile and float8
-  with FSDP's float8 all-gather);
+  with FSDP's float8 all-gather; peak reserved memory);
+- KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
+  ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
+  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
+  compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
+  accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
+  tokens/s of all GPUs, divided here per GPU; peak allocated memory). Its runs without FSDP
+  (one GPU, tensor parallelism alone) and with pipeline parallelism are left out;
 - IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
   compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
   H100 with 800 Gb/s per node);
@@ -26,9 +38,10 @@ Sources:
 - llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT 125M-70B, FSDP1 through
   Composer, flash attention, H100 80 GB, A100 80 GB and A100 40 GB with RoCE).
 
-Prints the table (markdown: ``--markdown``), the median and 90th percentile of |error| per
-set, and torchtitan's published memory (the caching allocator's peak reserved) against
-``report.memory``'s peak and its reserved estimate.
+Prints the table (markdown: ``--markdown``), the median and 90th percentile of |error| of
+tokens/s and of peak memory for the calibration and the validation rows, and for the
+validation rows of each kind of run (GPU, tensor or context parallelism, float8 recipe,
+compile, accumulation, across nodes).
 
     python benchmarks/bench_published.py [--only calibration|validation] [--markdown] [--fit]
                                          [--measure [--gpu PRESET] [--out result.json]]
@@ -605,8 +618,9 @@ def step_memory(report: fsdpviz.Report, kind: str = "reserved", optimizer: str =
 
 # --------------------------------------------------------------- measured on this GPU
 
-_PRESET_BY_NAME = (("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"),
-                   ("A100", "a100"), ("L40S", "l40s"))  # fmt: skip
+_PRESET_BY_NAME = (("H200", "h200"), ("B200", "b200"), ("MI300X", "mi300x"),
+                   ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("A100", "a100"),
+                   ("L40S", "l40s"))  # fmt: skip
 
 
 def gpu_preset(name: str, total_bytes: int) -> str:
@@ -671,7 +685,7 @@ def measure_step(preset: str | None, out: str | None, steps: int = 10) -> dict[s
     inputs["labels"] = inputs["input_ids"]
     report = fsdpviz.analyze(meta, inputs, fully_shard=[LlamaDecoderLayer], mp_policy=mp,
                              world_size=1, progress=False)  # fmt: skip
-    tl = timeline(report, machine(preset))
+    tl = timeline(report, machine(preset), optimizer="adamw_fused")
     params = sum(p.numel() for p in meta.parameters())
     name = f"llama {cfg.num_hidden_layers} x {cfg.hidden_size}, {params / 1e9:.2f}B parameters"
     result = {
