@@ -45,13 +45,17 @@ from fsdpviz.recording import (
     record,
     record_fsdp1,
 )
-from fsdpviz.replan import suggest, sweep
+from fsdpviz.replan import sweep
 from fsdpviz.schedule.comparison import Comparison, compare
 from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
 __all__ = [
+    "Candidate",
+    "CheckpointEvery",
     "Comparison",
     "ConfigError",
     "ConfigNote",
@@ -72,9 +76,11 @@ __all__ = [
     "Report",
     "ReportConfig",
     "ScheduleDiff",
+    "SelectiveCheckpoint",
     "TorchtitanJob",
     "TraceError",
     "TrainerConfig",
+    "Tuning",
     "Unit",
     "__version__",
     "analyze",
@@ -93,6 +99,7 @@ __all__ = [
     "record_fsdp1",
     "suggest",
     "sweep",
+    "tune",
 ]
 
 

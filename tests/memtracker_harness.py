@@ -79,6 +79,7 @@ class Tracked:
     reduce_scatter_copies: list[int] = field(default_factory=list)
     # step=True: category -> bytes at the peak of optimizer.step() (tracked on its own)
     step_peak: dict[str, int] = field(default_factory=dict)
+    after_backward: dict[str, int] = field(default_factory=dict)  # category -> bytes
 
 
 def tracked(
@@ -95,6 +96,7 @@ def tracked(
     gloo_reduce_scatter: bool = False,
     accumulate: int = 1,
     step: bool = False,
+    reduce_each: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -139,7 +141,7 @@ def tracked(
         opt = _optimizer(model, optimizer)
         if opt is not None:
             for k in range(accumulate):
-                _sync(model, k == accumulate - 1, accumulate)
+                _sync(model, k == accumulate - 1, accumulate, reduce_each)
                 loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
@@ -148,13 +150,16 @@ def tracked(
         tracker.track_inputs((batch,))
         modules: dict[str, dict[str, int]] = {}
         after_forward: dict[Any, int] = {}
+        after_backward: dict[Any, int] = {}
         with tracker, around(), count_all_gathers() as gathers:
             for k in range(accumulate):
-                _sync(model, k == accumulate - 1, accumulate)
+                _sync(model, k == accumulate - 1, accumulate, reduce_each)
                 out = model(**batch)
                 if k == 0:
                     after_forward = next(iter(tracker.get_tracker_snapshot().values()))
                 loss(out).backward()
+                if k == accumulate - 1:
+                    after_backward = next(iter(tracker.get_tracker_snapshot().values()))
                 del out
                 _module_peaks(tracker, modules)
                 tracker.reset_mod_stats()
@@ -167,12 +172,16 @@ def tracked(
                 opt.zero_grad()
     return Tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
-        _categories(step_peak),
+        _categories(step_peak), _categories(after_backward),
     )  # fmt: skip
 
 
-def _sync(model: nn.Module, sync: bool, accumulate: int) -> None:
-    if accumulate > 1:
+def _sync(model: nn.Module, sync: bool, accumulate: int, reduce_each: bool = False) -> None:
+    """The micro-steps before the last: no gradient sync, or with ``reduce_each`` (HSDP)
+    reduce-scattered without the all-reduce across the replicas."""
+    if accumulate > 1 and reduce_each:
+        model.set_requires_all_reduce(sync)  # type: ignore[operator]
+    elif accumulate > 1:
         model.set_requires_gradient_sync(sync)  # type: ignore[operator]
 
 

@@ -101,16 +101,20 @@ def memory_model(
     up = upcasts(report, grads) if accum > 1 else {}
     last = {unit: g[-1] for unit, g in grads.items()}
     steady = i >= accum  # an optimizer step ran before this one (its states exist)
+    # FSDP2's set_requires_all_reduce(False): every micro-step reduce-scatters
+    reduces = report.config.api == "FSDP2" and not report.config.requires_all_reduce
     for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
-            report, sizes, tape(report, k), steady=steady, carry=carry, sync=False,
+            report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
+            all_reduce=False,
             upcast=up, last_grads=last,
         )  # fmt: skip
         carry.run()
     sync = i % accum == accum - 1
     step = optimizer_step(report, sizes, optimizer) if sync else None
     walker = Walker(
-        report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync,
+        report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
+        all_reduce=sync,
         upcast=up, last_grads=last, step=step,
     )  # fmt: skip
     walker.run()
@@ -125,6 +129,8 @@ def memory_model(
             "world_size": report.config.world_size,
             "optimizer": optimizer,
             "iteration": i,
+            "parameters": sum(u.numel for u in report.units),
+            "trainable": sum(u.trainable[0] for u in report.units),
         },
         events=walker.records,
         peak=walker.peak_record(),

@@ -36,6 +36,12 @@ class Walker:
       into that copy, and freed, at the start of the unit's post-backward
       (``accumulate_unsharded_grad_if_needed``), and the synced micro-step reduce-scatters it.
 
+    ``all_reduce``: False for the micro-steps before the last under FSDP2's
+    ``set_requires_all_reduce(False)`` (HSDP): each reduce-scatters (``sync``), its output
+    added into the unit's partial reduce output, which the first of them allocates (in the
+    reduce dtype, counted with the gradient shards it becomes); the last micro-step's
+    reduction adds it into its own output and drops it.
+
     ``last_grads``: FSDP2, each unit's last parameter's gradient (bytes, compute dtype).
     FSDP2's reduction frees the gradients once copied into the reduce-scatter input, but for
     the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
@@ -50,6 +56,7 @@ class Walker:
         steady: bool,
         carry: Walker | None = None,
         sync: bool = True,
+        all_reduce: bool = True,
         upcast: dict[str, Upcast] | None = None,
         last_grads: dict[str, int] | None = None,
         step: tuple[int, int] | None = None,
@@ -57,6 +64,7 @@ class Walker:
         self.sizes = sizes
         self.tape = tp
         self.sync = sync
+        self.all_reduce = all_reduce
         self.upcast = upcast or {}
         self.last_grads = last_grads or {}
         # the optimizer step after this iteration: (its states' bytes, its temporaries)
@@ -112,12 +120,18 @@ class Walker:
         # micro-step's new gradients of them (in .grad until the unit's post-backward)
         self._cast: set[str] = set()
         self._fresh: dict[str, int] = {}
+        # FSDP2 HSDP, set_requires_all_reduce(False): each unit's reduce-scatter output the
+        # micro-steps add into (the param group's partial reduce output), kept until the
+        # last micro-step's final callback
+        self._partial: dict[str, int] = {}
         if carry is not None:
             self.resident = set(carry.resident)
             self.cat["unsharded_params"] = carry.cat["unsharded_params"]
             self.grads = dict(carry.grads)
             self.cat["unsharded_grads"] = carry.cat["unsharded_grads"]
             self._cast = set(carry._cast)
+            self.cat["sharded_grads"] = carry.cat["sharded_grads"]
+            self._partial = dict(carry._partial)
             self._accumulating = set(carry.grads) - self._cast
 
     # ------------------------------------------------------------------ walk
@@ -328,7 +342,13 @@ class Walker:
             last = round(last * self.upcast[e.unit].ratio)
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
-        self.cat["sharded_grads"] += s.sharded_grad
+        if self.all_reduce:
+            self.cat["sharded_grads"] += s.sharded_grad
+            # the last micro-step adds the partial output into its own, then drops it
+            self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
+        elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
+            self._partial[e.unit] = s.partial
+            self.cat["sharded_grads"] += s.partial
         self.rs.append(s.reduce_scatter)
 
     def _release_reduce_scatter(self) -> None:

@@ -1,6 +1,7 @@
 """Notebook widgets over :mod:`fsdpviz.views`: the timeline, the explorer and the prefetch
 graph (three views of fsdpviz's front end, ``js/``), the dashboard that links them under
-the re-plan controls, and a sweep's table.
+the re-plan controls, a sweep's table, and a tuning's configurations (``TuneWidget``, a
+fourth view of the front end) over the dashboard of the one selected (``TuneView``).
 
 May import every layer up to the views, and :mod:`fsdpviz.export` (a dashboard saves
 itself as a page).
@@ -22,6 +23,8 @@ from fsdpviz.widgets.explorer_widget import ExplorerWidget
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.sweep import SweepView
 from fsdpviz.widgets.timeline_widget import TimelineWidget
+from fsdpviz.widgets.tune import TuneView
+from fsdpviz.widgets.tune_widget import TuneWidget
 
 __all__ = [
     "Dashboard",
@@ -30,5 +33,7 @@ __all__ = [
     "PrefetchWidget",
     "SweepView",
     "TimelineWidget",
+    "TuneView",
+    "TuneWidget",
     "show",
 ]
