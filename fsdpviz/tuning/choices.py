@@ -81,7 +81,7 @@ class SpaceBuilder:
         if not user_wrap:
             key = "fully_shard" if api == "FSDP2" else "auto_wrap_policy"
             user_wrap = {key: [] if api == "FSDP2" else None}
-        mine_wrap = next((c for c in wrap if _same_kwargs(c.kwargs, user_wrap)), None)
+        mine_wrap = next((c for c in wrap if _same_wrap(model, c.kwargs, user_wrap)), None)
         if mine_wrap is None:
             mine_wrap = Choice("wrap", "as given", user_wrap)
             wrap.append(mine_wrap)
@@ -360,6 +360,51 @@ class SpaceBuilder:
     def _describe_pins(self, space: Space) -> None:
         for knob in sorted(space.pinned & set(space.choices)):
             self.notes.append(f"{knob} stays {space.user[knob].label} (pinned)")
+
+
+def _same_wrap(model: nn.Module, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two wrap plans make the same units: ``fully_shard`` lists naming the same
+    modules (by class or by FQN), or policies wrapping the same module classes."""
+    if _same_kwargs(a, b):
+        return True
+    if "fully_shard" in a and "fully_shard" in b:
+        return _shard_groups(model, a["fully_shard"]) == _shard_groups(model, b["fully_shard"])
+    if "auto_wrap_policy" in a and "auto_wrap_policy" in b:
+        classes = [_policy_classes(p) for p in (a["auto_wrap_policy"], b["auto_wrap_policy"])]
+        return classes[0] is not None and classes[0] == classes[1]
+    return False
+
+
+def _shard_groups(model: nn.Module, calls: Any) -> frozenset[frozenset[str]] | None:
+    """The modules each ``fully_shard`` call takes, by FQN (None where a call is neither a
+    class, an FQN nor a tuple of FQNs)."""
+    if not isinstance(calls, (list, tuple)):
+        return None
+    named = list(model.named_modules())
+    out: set[frozenset[str]] = set()
+    for call in calls:
+        if isinstance(call, type):
+            picked = [n for n, m in named if n and type(m) is call]
+            out.update(
+                frozenset([n]) for n in picked if not any(n.startswith(o + ".") for o in picked)
+            )
+        elif isinstance(call, str):
+            out.add(frozenset([call]))
+        elif isinstance(call, tuple) and all(isinstance(x, str) for x in call):
+            out.add(frozenset(call))
+        else:
+            return None
+    return frozenset(out)
+
+
+def _policy_classes(policy: Any) -> frozenset[type] | None:
+    """The module classes an FSDP1 wrap policy wraps (``ModuleWrapPolicy``, or
+    ``transformer_auto_wrap_policy`` with its classes); None for any other policy."""
+    classes = getattr(policy, "_module_classes", None)
+    if classes is None:
+        keywords = getattr(policy, "keywords", None) or {}
+        classes = keywords.get("transformer_layer_cls")
+    return frozenset(classes) if classes else None
 
 
 def _mb_label(samples: int, steps: int) -> str:
