@@ -444,7 +444,7 @@ def _kempner(row: Row, size: str) -> fsdpviz.Report:
     ranks: dict[str, Any] = {"world_size": row.gpus}
     if row.tp > 1:
         ranks = {"mesh": ("dp_shard", row.gpus // row.tp, "tp", row.tp),
-                 "parallelize_plan": titan._tp_plan(loss_parallel=False)}  # fmt: skip
+                 "parallelize_plan": titan.tp_plan(loss_parallel=False)}  # fmt: skip
     return fsdpviz.analyze(
         model,
         ids,
