@@ -61,6 +61,7 @@ import os
 import statistics
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -354,23 +355,55 @@ class Mpt(nn.Module):
 
 
 class _Loss:
+    """Cross-entropy of the float32 logits against the labels (the first samples', for a
+    micro-batch of fewer)."""
+
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels = labels
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1).float(), self.labels.flatten())
+        labels = self.labels[: logits.shape[0]]
+        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return out
 
 
-def analyze_row(row: Row) -> fsdpviz.Report:
+@dataclass
+class Job:
+    """A row as a user hands it to :func:`fsdpviz.analyze` or :func:`fsdpviz.tune`: the model
+    (on meta), one rank's micro-batch, the recipe's analyze keywords (its ranks as
+    ``world_size`` or ``mesh``), the machine, the ranks, and the tokens each rank trains on
+    per optimizer step (the micro-batch's, times the accumulation)."""
+
+    model: nn.Module
+    inputs: Any
+    kwargs: Mapping[str, Any]
+    machine: Machine
+    world_size: int
+    tokens_per_step: int
+
+
+def row_job(row: Row) -> Job:
+    """The job of ``row`` (see :class:`Job`)."""
     family, size = row.model.split(":")
     if row.source == FMS:
-        return _fms(row, size)
-    if family == "kempner":
-        return _kempner(row, size)
-    if family in ("llama3", "llama2"):
-        return _torchtitan(row, family, size)
-    return _mpt(row, size)
+        model, inputs, kwargs = _fms(row, size)
+    elif family == "kempner":
+        model, inputs, kwargs = _kempner(row, size)
+    elif family in ("llama3", "llama2"):
+        model, inputs, kwargs = _torchtitan(row, family, size)
+    else:
+        model, inputs, kwargs = _mpt(row, size)
+    tokens = row.batch * row.seq * row.grad_accum
+    return Job(model, inputs, kwargs, row_machine(row), row.gpus, tokens)
+
+
+def analyze_row(row: Row) -> fsdpviz.Report:
+    """The recipe of ``row`` planned: ``analyze`` of its job, on its machine."""
+    job = row_job(row)
+    return fsdpviz.analyze(job.model, job.inputs, machine=job.machine, progress=False, **job.kwargs)
+
+
+_Recipe = tuple[nn.Module, Any, Mapping[str, Any]]
 
 
 def _flavor(family: str, size: str) -> str:
@@ -380,7 +413,7 @@ def _flavor(family: str, size: str) -> str:
     return flavor
 
 
-def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
+def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
     flavor = _flavor(family, size)
     mode, option = {"none": ("none", "2"), "full": ("full", "2"), "op": ("selective", "op"),
                     "layer": ("selective", "2")}[row.ac]  # fmt: skip
@@ -402,7 +435,7 @@ def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
-    return fsdpviz.analyze(tt.model, tt.inputs, **tt.config, progress=False)
+    return tt.model, tt.inputs, tt.config
 
 
 # KempnerForge's Llama-3 shapes (benchmarks/mfu_scaling/mfu_bench.sh): the FFN is 2/3 of 4
@@ -424,11 +457,12 @@ class _BF16CrossEntropy:
         self.labels = labels
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1), self.labels.flatten())
+        labels = self.labels[: logits.shape[0]]
+        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
         return out
 
 
-def _kempner(row: Row, size: str) -> fsdpviz.Report:
+def _kempner(row: Row, size: str) -> _Recipe:
     """KempnerForge: a Llama-3 of bf16 parameters (``model.to(bfloat16)``), each block and
     then the root sharded with FSDP2 (``reshard_after_forward=True``, bf16 compute, fp32
     reduction), every block checkpointed, torch.compile on the whole model, gradient
@@ -445,9 +479,7 @@ def _kempner(row: Row, size: str) -> fsdpviz.Report:
     if row.tp > 1:
         ranks = {"mesh": ("dp_shard", row.gpus // row.tp, "tp", row.tp),
                  "parallelize_plan": titan.tp_plan(loss_parallel=False)}  # fmt: skip
-    return fsdpviz.analyze(
-        model,
-        ids,
+    kwargs: dict[str, Any] = dict(
         loss=_BF16CrossEntropy(labels),
         fully_shard=blocks,
         reshard_after_forward=True,
@@ -455,21 +487,19 @@ def _kempner(row: Row, size: str) -> fsdpviz.Report:
         activation_checkpointing=[titan.TransformerBlock],
         compile=row.compile,
         grad_accum=row.grad_accum,
-        progress=False,
         **ranks,
     )
+    return model, ids, kwargs
 
 
-def _fms(row: Row, size: str) -> fsdpviz.Report:
+def _fms(row: Row, size: str) -> _Recipe:
     """IBM's fms-fsdp: FSDP1 over each block, hybrid sharding (the node shards), bf16
     parameters, reduction and buffers, use_orig_params for torch.compile on the model."""
     model = titan.build_llama3(_flavor("llama2", size), row.seq)
     ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
     labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
     bf16 = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16)
-    return fsdpviz.analyze(
-        model,
-        ids,
+    kwargs: dict[str, Any] = dict(
         loss=_Loss(labels),
         auto_wrap_policy=ModuleWrapPolicy({titan.TransformerBlock}),
         sharding_strategy=ShardingStrategy[row.sharding],
@@ -477,20 +507,18 @@ def _fms(row: Row, size: str) -> fsdpviz.Report:
         use_orig_params=True,
         compile=row.compile,
         world_size=row.gpus,
-        progress=False,
     )
+    return model, ids, kwargs
 
 
-def _mpt(row: Row, size: str) -> fsdpviz.Report:
+def _mpt(row: Row, size: str) -> _Recipe:
     d, heads, layers = MPT[size]
     with torch.device("meta"):
         model = Mpt(d, heads, layers)
     ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
     labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
     reduce = torch.float32 if row.mixed == "DEFAULT" else torch.bfloat16
-    return fsdpviz.analyze(
-        model,
-        ids,
+    kwargs: dict[str, Any] = dict(
         loss=_Loss(labels),
         auto_wrap_policy=ModuleWrapPolicy({MptBlock}),
         sharding_strategy=ShardingStrategy[row.sharding],
@@ -498,8 +526,8 @@ def _mpt(row: Row, size: str) -> fsdpviz.Report:
         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce),
         activation_checkpointing=[MptBlock] if row.ac == "full" else None,
         world_size=row.gpus,
-        progress=False,
     )
+    return model, ids, kwargs
 
 
 # ------------------------------------------------------------------ running
