@@ -7,7 +7,8 @@ measures one forward+backward with ``FSDPMemTracker``. The step holds the model 
 until backward returns (``out = model(x); loss(out).backward()``), like fsdpviz's trace.
 With ``optimizer="adam"`` or ``"adamw"`` a first step runs before tracking, so the
 tracked step is the steady state. With ``accumulate=N`` a step is ``N`` micro-steps, the
-first ``N - 1`` after ``set_requires_gradient_sync(False)``; the tracker follows every
+first ``N - 1`` after ``set_requires_gradient_sync(False)`` (with ``sync_each``, none: each
+reduces its gradients); the tracker follows every
 micro-step of one optimizer step (its module statistics reset between them: it follows one
 iteration at a time), the peak is the step's and each module's peaks the most over its
 micro-steps. With ``step=True`` the tracker follows ``optimizer.step()`` after them on its own,
@@ -97,6 +98,7 @@ def tracked(
     accumulate: int = 1,
     step: bool = False,
     reduce_each: bool = False,
+    sync_each: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -141,7 +143,7 @@ def tracked(
         opt = _optimizer(model, optimizer)
         if opt is not None:
             for k in range(accumulate):
-                _sync(model, k == accumulate - 1, accumulate, reduce_each)
+                _sync(model, sync_each or k == accumulate - 1, accumulate, reduce_each)
                 loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
@@ -153,7 +155,7 @@ def tracked(
         after_backward: dict[Any, int] = {}
         with tracker, around(), count_all_gathers() as gathers:
             for k in range(accumulate):
-                _sync(model, k == accumulate - 1, accumulate, reduce_each)
+                _sync(model, sync_each or k == accumulate - 1, accumulate, reduce_each)
                 out = model(**batch)
                 if k == 0:
                     after_forward = next(iter(tracker.get_tracker_snapshot().values()))

@@ -255,6 +255,35 @@ def test_hybrid_sharding_reduce_scatter_every_micro_step(fake_pg: int) -> None:
     _compare(real, combined, steps=4 * len(list(model.parameters())))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16_fp32_reduce"])
+def test_accumulation_reducing_every_micro_step(fake_pg: int, precision: str) -> None:
+    """Accumulation without ``set_requires_gradient_sync(False)`` (torchtitan's, Composer's):
+    every micro-step reduce-scatters, and from the second on adds its new gradient shard into
+    the ``.grad`` the ones before left, then frees it. ``memory_model(grad_accum=N)`` of the
+    plan of one micro-step is the optimizer step's peak (its last micro-step), every category
+    at it and every module's peaks, to the byte."""
+    build, blocks, _ = CASES["llama"]
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    mp = {}
+    if precision != "fp32":
+        mp = {"mp_policy": MixedPrecisionPolicy(torch.bfloat16, torch.float32)}
+    n = 3
+    real = tracked(build, _ids, blocks, fake_pg, _loss, optimizer="adamw", accumulate=n,
+                   sync_each=True, **mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
+                             world_size=fake_pg, **mp)  # fmt: skip
+    mem = memory_model(report, optimizer="adamw", grad_accum=n)
+    one = memory_model(report, optimizer="adamw")
+    shards = sum(u.sharded_numel * 4 for u in report.units)  # fp32 gradient shards
+    assert mem.events[0]["sharded_grads"] == shards  # left by the micro-steps before
+    assert mem.peak["bytes"] > one.peak["bytes"]
+    backward = _as_the_tracker_sees(report, mem, model)
+    _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
+
+
 def _plain_plan() -> dict[str, Any]:
     """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
     row-parallel outputs all-reduced."""

@@ -67,6 +67,7 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.sizes import UnitBytes, optimizer_spec, param_grads, unit_bytes, upcasts
+from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
 from fsdpviz.schema.report import Report
 
@@ -77,6 +78,7 @@ def memory_model(
     optimizer: str | int | None = "adamw",
     iteration: int = -1,
     machine: Machine | str | None = None,
+    grad_accum: int | None = None,
 ) -> MemoryReport:
     """Step through ``report.iterations[iteration]`` and return memory per rank per event.
 
@@ -88,13 +90,26 @@ def memory_model(
     result's ``capacity``, ``fits`` and ``headroom`` are about (a :class:`Machine` or a
     preset name; default: the report's, see :mod:`fsdpviz.cost.fit`).
 
+    ``grad_accum=N`` on a report planned without it: ``N`` micro-steps of the iteration per
+    optimizer step, each reducing its gradients (accumulation without ``no_sync`` /
+    ``set_requires_gradient_sync(False)``, as ``timeline(report, grad_accum=N)`` times it):
+    the memory of the last, which starts with the gradient shards the ones before it left in
+    ``.grad`` (each reduction adds its new shard into them) and steps the optimizer after.
+    A report planned with ``analyze(..., grad_accum=N)`` holds its micro-steps already.
+
     Example::
 
         mem = memory_model(fsdpviz.analyze(model, ids, world_size=8), optimizer="sgd_momentum")
         print(mem.summary())
     """
     pipe = report.pipeline
+    repeats = _repeats(report, grad_accum)
     if pipe is not None and pipe.ranks:
+        if repeats > 1:
+            raise ConfigError(
+                "memory_model(grad_accum=N) of a pipeline's report: its microbatches are its "
+                "accumulation; plan them with analyze(..., microbatches=N)"
+            )
         return _largest_rank(report, optimizer=optimizer, iteration=iteration, machine=machine)
     i = iteration_index(report, iteration)
     sizes = unit_bytes(report, optimizer)
@@ -112,6 +127,9 @@ def memory_model(
             all_reduce=False,
             upcast=up, last_grads=last,
         )  # fmt: skip
+        carry.run()
+    if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
+        carry = Walker(report, sizes, tape(report, i), steady=steady, last_grads=last)
         carry.run()
     sync = i % accum == accum - 1
     step = optimizer_step(report, sizes, optimizer) if sync else None
@@ -145,6 +163,23 @@ def memory_model(
         overhead=runtime_overhead(report),
         machine=m.name,
     )
+
+
+def _repeats(report: Report, grad_accum: int | None) -> int:
+    """The micro-steps ``memory_model(grad_accum=...)`` asks for (1: as planned)."""
+    if grad_accum is None:
+        return 1
+    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
+        raise ConfigError(f"grad_accum must be a positive int (micro-batches), got {grad_accum!r}")
+    planned = report.config.grad_accum
+    if planned > 1 and grad_accum != planned:
+        raise ConfigError(
+            f"the report was planned with grad_accum={planned} (its iterations are the "
+            f"micro-steps as FSDP issues them); memory_model(grad_accum={grad_accum}) cannot "
+            "change that: leave grad_accum out, or plan again with "
+            f"fsdpviz.analyze(..., grad_accum={grad_accum})"
+        )
+    return 1 if planned > 1 else grad_accum
 
 
 def _largest_rank(

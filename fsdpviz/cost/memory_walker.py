@@ -36,6 +36,11 @@ class Walker:
       into that copy, and freed, at the start of the unit's post-backward
       (``accumulate_unsharded_grad_if_needed``), and the synced micro-step reduce-scatters it.
 
+    A micro-step that reduces after one that did (accumulation without ``no_sync``: every
+    micro-step reduces, ``memory_model(report, grad_accum=N)``) starts with the gradient
+    shards the ones before left in ``.grad``; each reduction adds its new shard into the
+    unit's, then frees it.
+
     ``all_reduce``: False for the micro-steps before the last under FSDP2's
     ``set_requires_all_reduce(False)`` (HSDP): each reduce-scatters (``sync``), its output
     added into the unit's partial reduce output, which the first of them allocates (in the
@@ -125,6 +130,10 @@ class Walker:
         # micro-steps add into (the param group's partial reduce output), kept until the
         # last micro-step's final callback
         self._partial: dict[str, int] = {}
+        # units whose reduced gradient shard is in .grad: this micro-step's reductions, and
+        # (``_held``) the ones before it left, which a reduction adds into
+        self.reduced: set[str] = set()
+        self._held: set[str] = set()
         if carry is not None:
             self.resident = set(carry.resident)
             self.cat["unsharded_params"] = carry.cat["unsharded_params"]
@@ -134,6 +143,8 @@ class Walker:
             self.cat["sharded_grads"] = carry.cat["sharded_grads"]
             self._partial = dict(carry._partial)
             self._accumulating = set(carry.grads) - self._cast
+            self.reduced = set(carry.reduced)
+            self._held = set(carry.reduced)
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -342,7 +353,7 @@ class Walker:
             self.cat["unsharded_grads"] += grads
         if e.kind == "all_reduce":
             self.cat["unsharded_grads"] -= grads
-            self.cat["sharded_grads"] += s.sharded_grad
+            self._add_shard(e, s.sharded_grad)
             return
         self._release_reduce_scatter()
         self.cat["reduce_scatter"] += s.reduce_scatter
@@ -353,13 +364,22 @@ class Walker:
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
-            self.cat["sharded_grads"] += s.sharded_grad
+            self._add_shard(e, s.sharded_grad)
             # the last micro-step adds the partial output into its own, then drops it
             self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append(s.reduce_scatter)
+
+    def _add_shard(self, e: Event, n: int) -> None:
+        """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
+        earlier micro-step left one there, added into it and freed."""
+        self.cat["sharded_grads"] += n
+        if e.unit in self._held:
+            self._moment("at the addition into the accumulated gradient shard of", None, e)
+            self.cat["sharded_grads"] -= n
+        self.reduced.add(e.unit)
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
