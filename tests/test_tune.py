@@ -117,8 +117,95 @@ def test_micro_batches_keep_the_tokens_per_step(tuning: Tuning) -> None:
     for c in tuning.candidates:
         assert c.micro_batch * c.grad_accum == 2  # the inputs' 2 samples per optimizer step
         assert c.inputs["input_ids"].shape[0] == c.micro_batch
-        assert c.report.config.grad_accum == c.grad_accum
+        # every micro-step planned where only the last reduces; one where each does
+        assert c.report.config.grad_accum == (1 if c.sync_each else c.grad_accum)
     assert {c.micro_batch for c in tuning.candidates} == {1, 2}
+    ways = {(c.micro_batch, c.sync_each) for c in tuning.candidates}
+    assert ways == {(2, False), (1, False), (1, True)}
+
+
+def test_accumulation_reducing_every_micro_step_is_the_plan_of_one_repeated(
+    tuning: Tuning,
+) -> None:
+    """Micro-steps that each reduce their gradients (torchtitan's and Composer's way; a loop
+    calling backward() N times): the plan of one micro-step, its time and memory those of N
+    (each reduction adding into the gradient shards the ones before left), beside the same
+    micro-batch accumulated without sync, from the same trace."""
+    from fsdpviz.cost import memory_model, timeline
+
+    each = [c for c in tuning.candidates if c.sync_each]
+    assert each
+    for c in each:
+        assert c.knobs["micro_batch"] == f"1 x {c.grad_accum} micro-steps, each reduced"
+        n = c.grad_accum
+        tl = timeline(c.report, optimizer="adamw", grad_accum=n)
+        mem = memory_model(c.report, optimizer="adamw", grad_accum=n)
+        assert c.tokens_per_s == tl.totals["tokens_per_s"]
+        assert c.peak_bytes == mem.peak["bytes"] > c.report.memory.peak["bytes"]
+        sibling = [
+            o
+            for o in tuning.candidates
+            if not o.sync_each
+            and o.grad_accum == n
+            and {k: v for k, v in o.knobs.items() if k != "micro_batch"}
+            == {k: v for k, v in c.knobs.items() if k != "micro_batch"}
+        ]
+        assert sibling and sibling[0].report.config.grad_accum == n
+        code = c.code()
+        assert "set_requires_gradient_sync" not in code and "batch.split(1)" in code
+
+
+def test_a_step_of_more_tokens_than_the_inputs_reducing_every_micro_step() -> None:
+    """``tokens_per_step`` of four times the inputs and no ``grad_accum``: the configuration
+    as given is the inputs' forward and backward four times, each reducing (what FSDP does
+    unless told not to sync); under a budget that FSDP's unsharded gradients kept over
+    ``no_sync`` micro-steps exceed, only reducing every micro-step fits."""
+    from fsdpviz.cost import memory_model, timeline
+
+    model, ids = _model(), torch.zeros(1, 64, dtype=torch.long)
+    mine = {"fully_shard": [DecoderLayer]}
+    one = fsdpviz.analyze(_model(), ids, machine="h100", world_size=8, **mine)
+    reducing = memory_model(one, grad_accum=4)
+    quiet = fsdpviz.analyze(_model(), ids, machine="h100", world_size=8, grad_accum=4, **mine)
+    assert quiet.memory.peak["bytes"] > reducing.peak["bytes"]
+    budget = (quiet.memory.peak["bytes"] + reducing.peak["bytes"]) // 2
+    t = fsdpviz.tune(model, ids, world_size=8, tokens_per_step=4 * 64, memory_budget=budget,
+                     knobs=("micro_batch",), progress=False, workers=1, **mine)  # fmt: skip
+    user = t.user
+    assert (user.micro_batch, user.grad_accum, user.sync_each) == (1, 4, True)
+    assert user.tokens_per_s == timeline(one, grad_accum=4).totals["tokens_per_s"]
+    assert user.peak_bytes == reducing.peak["bytes"] and user.fits
+    _same(one, user.report)
+    quiet_one = next(c for c in t.candidates if not c.sync_each)
+    assert not quiet_one.fits and quiet_one.peak_bytes == quiet.memory.peak["bytes"]
+    assert t.best is user
+
+
+def test_a_context_parallel_mesh_stays_as_given() -> None:
+    """tune has no context-parallel knob: a job's ``cp`` mesh is kept (every configuration
+    on it traced or replayed in the knobs a replay can change, each the plan analyze
+    gives), and a world size other than its ranks is refused."""
+    import warnings
+
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 2, "seq_len": 256},
+        "parallelism": {"context_parallel_degree": 2},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=8)
+    t = fsdpviz.tune(tt, progress=False, workers=1)
+    assert {c.knobs["mesh"] for c in t.candidates} == {"8 ranks (dp_shard 4 x cp 2)"}
+    assert "the mesh stays as given (dp_shard 4 x cp 2): tune has no context-parallel knob" in (
+        t.notes
+    )
+    assert any(not c.traced for c in t.candidates)
+    for c in t.candidates:
+        assert c.report.config.cp_world_size == 2
+        _same(fsdpviz.analyze(tt.model, c.inputs, machine="h100", **c.kwargs), c.report)
+    with pytest.raises(fsdpviz.ConfigError, match="keeps a context-parallel mesh as given"):
+        fsdpviz.tune(tt, world_size=16, progress=False)
 
 
 def test_fixed_options_stay_and_fsdp1_is_tuned_in_its_own_words() -> None:

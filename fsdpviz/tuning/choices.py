@@ -188,7 +188,8 @@ class SpaceBuilder:
         if mine not in prec:
             prec.append(mine)
         choices["precision"], user["precision"] = prec, mine
-        # micro-batch
+        # micro-batch: every size that divides the samples per step, its micro-steps without
+        # gradient sync but the last (grad_accum) and each reducing (a plain loop's)
         batch = batch_size(self.inputs)
         accum = int(kwargs.get("grad_accum", 1))
         user_mb = Choice(
@@ -198,28 +199,35 @@ class SpaceBuilder:
             samples=batch,
         )
         mbs = [user_mb]
+        pins: list[Choice] = []
         if batch:
-            tokens = batch * accum if tokens_per_step is None else 0
+            samples = batch * accum if tokens_per_step is None else 0
             if tokens_per_step is not None:
-                tokens = self._samples_per_step(tokens_per_step, batch)
+                samples = self._samples_per_step(tokens_per_step, batch)
             mbs = []
-            for d in divisors(tokens):
+            for d in divisors(samples):
                 if d > batch:
                     continue
-                n = tokens // d
+                n = samples // d
                 mbs.append(Choice("micro_batch", _mb_label(d, n), {"grad_accum": n}, samples=d))
+                if n > 1 and not self.pipelined:
+                    mbs.append(_reducing(d, n))
+            if "grad_accum" not in kwargs and samples > batch and samples % batch == 0:
+                # more tokens per step than the inputs, and no grad_accum: the inputs'
+                # backward repeated, each reducing (FSDP syncs unless told not to)
+                user_mb = _reducing(batch, samples // batch)
             if user_mb not in mbs:
                 mbs.append(user_mb)
         if "micro_batch" in self._fixed:
             wanted = self._fixed["micro_batch"]
-            pick = [c for c in mbs if c.samples == wanted]
-            if not pick:
-                sizes = ", ".join(str(c.samples) for c in mbs)
+            pins = [c for c in mbs if c.samples == wanted]
+            if not pins:
+                sizes = ", ".join(str(c.samples) for c in mbs if not c.steps)
                 raise ConfigError(
                     f"fixed micro_batch={wanted!r}: the micro-batches that make up the tokens "
                     f"per step are {sizes}"
                 )
-            user_mb = pick[0]
+            user_mb = next((c for c in pins if c == user_mb), pins[0])
         choices["micro_batch"], user["micro_batch"] = mbs, user_mb
         # the mesh: data parallel (HSDP on multi-node jobs), and tensor parallelism with the
         # user's plan or, for a model that needs it, its own
@@ -229,6 +237,9 @@ class SpaceBuilder:
             mine_mesh = Choice(
                 "mesh", f"{ranks} ranks (as given)", user_mesh, mesh=(ranks, ranks, 1)
             )
+            meshes = [mine_mesh]
+        elif _cp_degree(user_mesh) > 1:  # the job's context-parallel mesh, as given
+            mine_mesh = self._context_parallel_mesh(user_mesh)
             meshes = [mine_mesh]
         else:
             tp = _tp_degree(user_mesh)
@@ -270,7 +281,8 @@ class SpaceBuilder:
                 )
             pinned = pinned | set(kept)
         for knob in pinned & set(choices):
-            choices[knob] = [user[knob]]
+            # a micro-batch pinned by its size keeps both ways to accumulate
+            choices[knob] = pins if knob == "micro_batch" and pins else [user[knob]]
         if "micro_batch" in pinned and tokens_per_step is not None:
             self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
         space = Space(
@@ -354,6 +366,25 @@ class SpaceBuilder:
                 out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
             degree *= 2
         return out
+
+    def _context_parallel_mesh(self, given: dict[str, Any]) -> Choice:
+        """The user's mesh with a context-parallel dimension, kept as given: the ranks that
+        share each sequence are the job's, not a knob of tune's (its inputs are the whole
+        sequences, its loss the share of each rank)."""
+        from fsdpviz.plan.fsdp2 import mesh_dims
+
+        sizes, names = mesh_dims(given["mesh"], 4)
+        ranks = mesh_ranks(given["mesh"])
+        if self.world_sizes != [ranks]:
+            raise ConfigError(
+                f"the mesh {given['mesh']!r} has {ranks} ranks, and tune keeps a "
+                f"context-parallel mesh as given: leave world_size out or give {ranks}"
+            )
+        tp = _tp_degree(given)
+        dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
+        self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
+        label = f"{ranks} ranks ({dims})"
+        return Choice("mesh", label, dict(given), mesh=(ranks, ranks // tp, tp), traced=True)
 
     def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
@@ -477,6 +508,13 @@ def _mb_label(samples: int, steps: int) -> str:
     return f"{samples} x {steps} {step}"
 
 
+def _reducing(samples: int, steps: int) -> Choice:
+    """``steps`` micro-steps of ``samples`` per optimizer step, each reducing its gradients:
+    the plan is one micro-step (no ``grad_accum``), the time and memory models repeat it."""
+    label = f"{_mb_label(samples, steps)}, each reduced"
+    return Choice("micro_batch", label, {"grad_accum": 1}, samples=samples, steps=steps)
+
+
 def _tp_degree(given: Mapping[str, Any]) -> int:
     if "parallelize_plan" not in given or "mesh" not in given:
         return 1
@@ -484,6 +522,16 @@ def _tp_degree(given: Mapping[str, Any]) -> int:
 
     sizes, _ = mesh_dims(given["mesh"], 3)
     return int(sizes[-1]) if sizes else 1
+
+
+def _cp_degree(given: Mapping[str, Any]) -> int:
+    """The context-parallel degree of the user's ``mesh=`` (1: none)."""
+    if given.get("mesh") is None:
+        return 1
+    from fsdpviz.plan.fsdp2 import context_parallel_mesh, mesh_dims
+
+    sizes, names = mesh_dims(given["mesh"], 4)
+    return context_parallel_mesh(sizes, names)[0]
 
 
 def _flat_mesh(mesh: Any) -> list[Any]:

@@ -22,6 +22,7 @@ class Candidate(Protocol):
     report: Report
     micro_batch: int
     grad_accum: int
+    sync_each: bool
 
 
 STYLES = ("python", "torchtitan", "accelerate")
@@ -337,6 +338,16 @@ def _loop(c: Candidate) -> list[str]:
             f"# each step: one forward and backward of {c.micro_batch} samples per rank, then",
             "# optimizer.step(); optimizer.zero_grad()",
         ]
+    if c.sync_each:
+        return [
+            "",
+            f"# each optimizer step: {n} micro-batches of {c.micro_batch} samples per rank, the",
+            "# gradients reduced after each backward (FSDP's default) and added up",
+            f"for micro_batch in batch.split({c.micro_batch}):",
+            f"    (loss_fn(model(micro_batch)) / {n}).backward()",
+            "optimizer.step()",
+            "optimizer.zero_grad()",
+        ]
     sync = (
         "model.set_requires_gradient_sync(last)"
         if api == "FSDP2"
@@ -392,6 +403,12 @@ def _torchtitan(c: Candidate) -> str:
         replicate = cfg.ranks // cfg.shard_ranks
         dp = cfg.shard_ranks
     global_batch = c.micro_batch * c.grad_accum * cfg.ranks // (cfg.tp_world_size or 1)
+    if c.grad_accum > 1 and not c.sync_each:
+        notes.append(
+            "torchtitan reduces the gradients after every micro-batch; this configuration "
+            "reduces them only after the last (set_requires_gradient_sync(False) before the "
+            "others), which its train step needs a change for"
+        )
     micro = f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''} per step"
     out = [
         "[training]",
@@ -502,6 +519,11 @@ def _accelerate(c: Candidate) -> str:
         f"# gradient_accumulation_steps={c.grad_accum} and per_device_train_batch_size="
         f"{c.micro_batch} go to Accelerator(...) / TrainingArguments"
     )
+    if c.grad_accum > 1 and c.sync_each:
+        out.append(
+            "# the gradients reduced after every micro-batch: "
+            "GradientAccumulationPlugin(num_steps=..., sync_each_batch=True)"
+        )
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
 

@@ -72,7 +72,7 @@ class Evaluations:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
         mesh, where it has a tensor-parallel dimension; every knob, under a pipeline)."""
         mesh = config["mesh"]
-        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 else 1]
+        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 or mesh.traced else 1]
         if self._traces_accum(config):
             out.append(config["micro_batch"].label)
         for knob in KNOBS:
@@ -92,7 +92,7 @@ class Evaluations:
         changes: dict[str, Any] = {}
         for knob in REPLAYED[self.api]:
             c = config.get(knob)
-            if c is None or (knob == "mesh" and c.mesh[2] > 1):
+            if c is None or (knob == "mesh" and (c.mesh[2] > 1 or c.traced)):
                 continue
             kw = dict(c.kwargs)
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
@@ -228,8 +228,9 @@ class Evaluations:
         user: bool,
     ) -> Candidate:
         check_fit(report)
-        mem = self._memory(report)
-        tl = timeline(report, optimizer=self.optimizer)
+        mb = config["micro_batch"]
+        mem = self._memory(report, mb.steps)
+        tl = timeline(report, optimizer=self.optimizer, grad_accum=mb.steps or None)
         peak = int(mem.peak["bytes"])
         reserved = int(mem.reserved.get("bytes", 0))
         fits = mem.fits if self.budget is None else peak <= self.budget
@@ -250,8 +251,9 @@ class Evaluations:
             exposed_comm_s=float(t["exposed_comm_s"]),
             compute_s=float(t["compute_s"]),
             world_size=report.config.ranks,
-            micro_batch=config["micro_batch"].samples or self.space.batch,
-            grad_accum=int(config["micro_batch"].kwargs.get("grad_accum", 1)),
+            micro_batch=mb.samples or self.space.batch,
+            grad_accum=mb.micro_steps,
+            sync_each=mb.steps > 1,
             dominant=str(mem.peak.get("dominant", "")),
             memory_bytes=peak if self.budget is not None else max(peak, reserved),
             traced=traced,
@@ -265,7 +267,19 @@ class Evaluations:
 
     def _variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        a replay does not recompute its shards)."""
+        a replay does not recompute its shards), and its accumulation both ways (the
+        gradients reduced after the last micro-step, or after each: one plan's)."""
+        mb = config["micro_batch"]
+        ways = [
+            c
+            for c in self.space.choices["micro_batch"]
+            if c.samples == mb.samples and c.micro_steps == mb.micro_steps
+        ]
+        configs = [{**config, "micro_batch": c} for c in ways] or [config]
+        return [v for c in configs for v in self._replayed_variants(c)]
+
+    def _replayed_variants(self, config: Config) -> list[Config]:
+        """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
         if tp > 1 or self.space.pipelined:  # a replay keeps no tensor-parallel plan, no
@@ -274,7 +288,12 @@ class Evaluations:
         for knob in replayed:
             values = self.space.choices[knob]
             if knob == "mesh":
-                values = [config["mesh"]] if tp > 1 else [c for c in values if c.mesh[2] == 1]
+                mine = config["mesh"]
+                values = (
+                    [mine]
+                    if tp > 1 or mine.traced
+                    else [c for c in values if c.mesh[2] == 1 and not c.traced]
+                )
             options.append(values)
         return [
             {**config, **dict(zip(replayed, combo, strict=True))}
@@ -290,11 +309,12 @@ class Evaluations:
                 out.append(c)
         return out
 
-    def _memory(self, report: Report) -> Any:
-        """The memory model of ``report`` for this search's optimizer."""
-        if self.optimizer == "adamw":
+    def _memory(self, report: Report, steps: int = 0) -> Any:
+        """The memory model of ``report`` for this search's optimizer (``steps``: micro-steps
+        of it per optimizer step, each reducing its gradients)."""
+        if self.optimizer == "adamw" and steps <= 1:
             return report.memory
-        return memory_model(report, optimizer=self.optimizer)
+        return memory_model(report, optimizer=self.optimizer, grad_accum=steps or None)
 
     def _fastest_fit(self, world_size: int | None = None) -> Candidate | None:
         fitting = [

@@ -30,7 +30,11 @@ class Candidate:
     micro-batch: the given inputs cut to ``micro_batch`` samples); ``fits``: its peak and
     the allocator's reserved estimate fit the machine's usable memory (or ``peak_bytes``
     the budget given); ``tokens_per_s``: per GPU, each optimizer step's tokens over its
-    modelled time; ``user``: the configuration as the user gave it; ``traced``: the model
+    modelled time; ``micro_batch`` samples per forward, ``grad_accum`` forwards per optimizer
+    step, the gradients reduced after each of them where ``sync_each`` (``report`` is then
+    one micro-step's plan, the time and memory models repeat it), else only after the last
+    (``no_sync`` / ``set_requires_gradient_sync(False)`` before it: ``report`` holds every
+    micro-step); ``user``: the configuration as the user gave it; ``traced``: the model
     ran for this one (else it was replayed from another's trace).
     """
 
@@ -51,6 +55,7 @@ class Candidate:
     micro_batch: int
     grad_accum: int
     dominant: str
+    sync_each: bool = False  # grad_accum > 1: each micro-step reduces its gradients
     memory_bytes: int = 0  # what must fit: the peak under a budget, else peak or reserved
     traced: bool = False
     user: bool = False
@@ -86,6 +91,7 @@ class Candidate:
             "world_size": self.world_size,
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
+            "sync_each": self.sync_each,
             "dominant": self.dominant,
             "traced": self.traced,
             "user": self.user,

@@ -36,7 +36,6 @@ from torch import nn
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
-from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
@@ -563,7 +562,8 @@ class _Search(Evaluations):
         ``ws`` ranks."""
         sp = self.space
         acs = sp.choices["activation_checkpointing"]
-        mbs = sp.choices["micro_batch"]
+        # one per size: each evaluation gives both ways to accumulate (see _variants)
+        mbs = [c for c in sp.choices["micro_batch"] if not c.steps] or sp.choices["micro_batch"]
 
         def fits(found: list[Candidate]) -> bool:
             return any(c.fits and c.world_size == ws for c in found)
@@ -641,11 +641,7 @@ class _Search(Evaluations):
             except FsdpvizError as e:
                 needs["reason"] = str(e).splitlines()[0]
                 return
-            mem = (
-                other.memory
-                if self.optimizer == "adamw"
-                else memory_model(other, optimizer=self.optimizer)
-            )
+            mem = self._memory(other, lightest.grad_accum if lightest.sync_each else 0)
             peak = int(mem.peak["bytes"])
             if mem.fits if self.budget is None else peak <= self.budget:
                 needs.update(world_size=ws, peak_bytes=peak)

@@ -17,7 +17,10 @@ replayed from the trace of a configuration that differs only in them
   selective policy), every block;
 - ``precision``: bf16 parameters with float32 reduction (and the user's own);
 - ``micro_batch``: the samples per forward, the micro-steps per optimizer step making up
-  the tokens per step the inputs give;
+  the tokens per step the inputs give, each accumulation both with the gradients reduced
+  only after the last micro-step (``grad_accum``: ``no_sync``,
+  ``set_requires_gradient_sync(False)``) and after each (as torchtitan and Composer
+  accumulate; what a loop that calls ``backward()`` N times does);
 - ``mesh``: the world size, and HSDP's shard group of one node on multi-node jobs;
 - ``cpu_offload``, ``compile``, ``float8``: only where allowed (offload: when nothing else
   fits);
@@ -104,13 +107,24 @@ ALLOWABLE = ("compile", "float8", "cpu_offload")
 class Choice:
     """One value of a knob: ``label`` (what people read), the ``kwargs`` it sets on
     :func:`fsdpviz.analyze` (its knob's other keywords are left out), and for
-    ``micro_batch`` the samples per forward."""
+    ``micro_batch`` the samples per forward and, where each micro-step reduces its gradients
+    (accumulation without ``no_sync`` / ``set_requires_gradient_sync(False)``), ``steps``:
+    the micro-steps per optimizer step (the plan is one; the time and memory models repeat
+    it). Otherwise ``grad_accum`` gives them, the first ``N - 1`` without gradient sync."""
 
     knob: str
     label: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     samples: int = 0  # micro_batch: samples per forward (0: the inputs as given)
+    steps: int = 0  # micro_batch: micro-steps each reducing its gradients (0: grad_accum's)
     mesh: tuple[int, int, int] = (0, 0, 0)  # mesh: (world size, shard ranks, tp)
+    # mesh: one a replay cannot apply (a context-parallel one): each configuration traced
+    traced: bool = False
+
+    @property
+    def micro_steps(self) -> int:
+        """``micro_batch``: the micro-steps per optimizer step, however they synchronise."""
+        return self.steps or int(self.kwargs.get("grad_accum", 1))
 
     def __hash__(self) -> int:
         return hash((self.knob, self.label))
