@@ -579,7 +579,7 @@ def row_machine(row: Row, base: Machine | None = None) -> Machine:
     return m
 
 
-def _accum(row: Row) -> int | None:
+def accum(row: Row) -> int | None:
     """timeline's grad_accum: None where the report holds the micro-steps (no sync)."""
     return None if row.no_sync else row.grad_accum
 
@@ -587,10 +587,11 @@ def _accum(row: Row) -> int | None:
 def predict(results: list[Result], machines: dict[str, Machine] | None = None) -> None:
     for r in results:
         m = row_machine(r.row, (machines or {}).get(r.row.gpu))
-        t = timeline(r.report, m, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name)
+        t = timeline(r.report, m, grad_accum=accum(r.row), optimizer=r.row.optimizer_name)
         r.predicted, r.mfu = t.totals["tokens_per_s"], t.totals["mfu"]
         if r.row.memory_gib is not None:
-            r.memory = step_memory(r.report, r.row.memory, r.row.optimizer_name) / 2**30
+            kind, opt = r.row.memory, r.row.optimizer_name
+            r.memory = step_memory(r.report, kind, opt, accum(r.row)) / 2**30
 
 
 def stats(errors: list[float]) -> tuple[float, float]:
@@ -619,9 +620,7 @@ def fit(results: list[Result]) -> dict[str, float]:
             )
             for r in cal:
                 mm = row_machine(r.row, m)
-                tl = timeline(
-                    r.report, mm, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name
-                )
+                tl = timeline(r.report, mm, grad_accum=accum(r.row), optimizer=r.row.optimizer_name)
                 r.predicted = tl.totals["tokens_per_s"]
             med = statistics.median(math.log(r.predicted / r.row.published) for r in cal)
             lo, hi = (mid, hi) if med < 0 else (lo, mid)
@@ -629,16 +628,23 @@ def fit(results: list[Result]) -> dict[str, float]:
     return factors
 
 
-def step_memory(report: fsdpviz.Report, kind: str = "reserved", optimizer: str = "adamw") -> float:
+def step_memory(
+    report: fsdpviz.Report,
+    kind: str = "reserved",
+    optimizer: str = "adamw",
+    grad_accum: int | None = None,
+) -> float:
     """The most bytes of the steady optimizer step (every micro-step of it, under gradient
-    accumulation): the caching allocator's reserved estimate, or (``"allocated"``) the
-    memory model's peak."""
+    accumulation; ``grad_accum``: as timeline takes it, micro-steps each reducing): the
+    caching allocator's reserved estimate, or (``"allocated"``) the memory model's peak."""
     from fsdpviz.cost import memory_model
 
     accum = report.config.grad_accum
     n = len(report.iterations)
     steps = range(n - accum, n) if accum > 1 else [n - 1]
-    mems = [memory_model(report, iteration=i, optimizer=optimizer) for i in steps]
+    mems = [
+        memory_model(report, iteration=i, optimizer=optimizer, grad_accum=grad_accum) for i in steps
+    ]
     if kind == "allocated":
         return float(max(m.peak["bytes"] for m in mems))
     return float(max(m.reserved["bytes"] for m in mems))
