@@ -373,6 +373,32 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
             _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 
+def test_accumulation_under_tensor_parallelism_is_traced() -> None:
+    """Gradient accumulation with tensor parallelism (KempnerForge's FSDP x TP with
+    ``set_requires_gradient_sync(False)``): a replay recomputes no tensor-parallel shard, so
+    the micro-steps are traced, the configuration as given among them, and each way to
+    accumulate is the plan analyze gives."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=_tp_plan(),
+        grad_accum=2,
+        knobs=("micro_batch",),
+        progress=False,
+        workers=1,
+    )
+    user = t.user
+    assert (user.micro_batch, user.grad_accum, user.sync_each) == (2, 2, False)
+    assert user.report.config.grad_accum == 2 and user.report.config.tp_world_size == 2
+    ways = {(c.micro_batch, c.grad_accum, c.sync_each) for c in t.candidates}
+    assert ways == {(2, 2, False), (2, 2, True)}  # the first fits: no smaller micro-batch
+    for c in t.candidates:
+        assert c.traced
+        _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+
+
 def test_allowed_compile_and_float8_are_tried_at_the_best() -> None:
     t = fsdpviz.tune(
         _model(),
@@ -396,6 +422,47 @@ def test_allowed_compile_and_float8_are_tried_at_the_best() -> None:
         _model(), example_inputs(CONFIG), world_size=8, progress=False, workers=1, knobs=("wrap",)
     )
     assert {c.knobs["compile"] for c in plain.candidates} == {"off"}
+
+
+def test_resharding_every_unit_the_root_too_reads_so() -> None:
+    """``reshard_after_forward=True`` (KempnerForge's) reshards the root too, unlike FSDP2's
+    default: its own choice, read in words."""
+    t = fsdpviz.tune(_model(), example_inputs(CONFIG), world_size=8, fully_shard=[DecoderLayer],
+                     reshard_after_forward=True, knobs=("reshard_after_forward",),
+                     progress=False, workers=1)  # fmt: skip
+    assert t.user.knobs["reshard_after_forward"] == "all, the root too"
+    per_group = t.user.report.config.to_dict()["reshard_after_forward"]
+    assert per_group[""] is True and all(v is True for v in per_group.values())
+
+
+def test_float8_keeps_the_linears_the_recipe_keeps_in_high_precision() -> None:
+    """The linears a recipe leaves out of float8 (``filter_fqns``: torchtitan's output head)
+    are a choice of numerics, not speed: tune's float8 choices keep them out too, and the
+    recipe's own is one of them, not a duplicate."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        allow=("float8",),
+        knobs=("float8",),
+        fully_shard=[DecoderLayer],
+        float8={"recipe_name": "tensorwise", "filter_fqns": ["q_proj"]},
+        progress=False,
+        workers=1,
+    )
+    assert {c.knobs["float8"] for c in t.candidates} == {
+        "off",
+        "tensorwise, except q_proj",
+        "tensorwise, float8 all-gather, except q_proj",
+    }
+    assert t.user.knobs["float8"] == "tensorwise, except q_proj"
+    for c in t.candidates:
+        if c.knobs["float8"] != "off":
+            assert c.report.config.float8 is not None
+            assert c.report.config.float8["filter_fqns"] == ["q_proj"]
+    gather = next(c for c in t.candidates if "all-gather" in c.knobs["float8"])
+    toml = gather.code("torchtitan")
+    assert 'enable_fsdp_float8_all_gather = true\nfilter_fqns = ["q_proj"]' in toml
 
 
 def test_a_hugging_face_search_is_exact_too() -> None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import Float8, parse_job_options
 from fsdpviz.tuning.space import (
     OWNED,
     PIPELINE_KNOBS,
@@ -258,16 +259,23 @@ class SpaceBuilder:
         if self.pipelined:
             choices["pipeline"], user["pipeline"] = self._pipeline_choices(given("pipeline"))
         # offload, compile, float8
+        user_f8 = self._float8_spec(given("float8"))
         for knob, values in (
             ("cpu_offload", self._offload_choices()),
             ("compile", self._compile_choices(block)),
-            ("float8", self._float8_choices()),
+            ("float8", self._float8_choices(user_f8)),
         ):
             mine_value = given(knob)
             default = values[0]
-            me = next((c for c in values if _same_kwargs(c.kwargs, mine_value)), None)
+            if knob == "float8":
+                me = next((c for c in values if self._float8_spec(c.kwargs) == user_f8), None)
+            else:
+                me = next((c for c in values if _same_kwargs(c.kwargs, mine_value)), None)
             if me is None:
-                me = Choice(knob, _value_label(mine_value), mine_value)
+                label = _value_label(mine_value)
+                if knob == "float8" and user_f8 is not None:
+                    label = _float8_label(user_f8)
+                me = Choice(knob, label, mine_value)
                 values.append(me)
             if not mine_value:
                 me = default
@@ -421,19 +429,27 @@ class SpaceBuilder:
             out.append(Choice("compile", label, {"compile": value}))
         return out
 
-    def _float8_choices(self) -> list[Choice]:
+    def _float8_choices(self, user: Float8 | None) -> list[Choice]:
+        """Off, tensorwise, and (FSDP2) tensorwise with float8 all-gathers; the linears the
+        user's recipe keeps in high precision (``filter_fqns``: a choice of numerics, such as
+        torchtitan's output head) stay so in each."""
         out = [Choice("float8", "off", {})]
-        if "float8" in self.allowed:
-            out.append(Choice("float8", "tensorwise", {"float8": True}))
-            if self.api == "FSDP2":
-                out.append(
-                    Choice(
-                        "float8",
-                        "tensorwise, float8 all-gather",
-                        {"float8": {"enable_fsdp_float8_all_gather": True}},
-                    )
-                )
+        if "float8" not in self.allowed:
+            return out
+        filters = list(user.filter_fqns) if user is not None else []
+        specs = [Float8(filter_fqns=tuple(filters))]
+        if self.api == "FSDP2":
+            specs.append(Float8(enable_fsdp_float8_all_gather=True, filter_fqns=tuple(filters)))
+        for spec in specs:
+            value: Any = True
+            if spec.enable_fsdp_float8_all_gather or filters:
+                value = {k: v for k, v in spec.to_dict().items() if k != "recipe_name" and v}
+            out.append(Choice("float8", _float8_label(spec), {"float8": value}))
         return out
+
+    def _float8_spec(self, kwargs: Mapping[str, Any]) -> Float8 | None:
+        """The float8 training ``kwargs`` ask for, as analyze reads it (None: none)."""
+        return parse_job_options({"float8": kwargs.get("float8")}, self.api).float8
 
     def _describe_pins(self, space: Space) -> None:
         for knob in sorted(space.pinned & set(space.choices)):
@@ -568,6 +584,16 @@ def _same_ac(choice: Choice, spec: Any) -> bool:
     return _same_value(mine, spec)
 
 
+def _float8_label(spec: Float8) -> str:
+    """A float8 recipe in words: ``"tensorwise, float8 all-gather, except output"``."""
+    parts = [spec.recipe_name]
+    if spec.enable_fsdp_float8_all_gather:
+        parts.append("float8 all-gather")
+    if spec.filter_fqns:
+        parts.append("except " + ", ".join(spec.filter_fqns))
+    return ", ".join(parts)
+
+
 def _value_label(kwargs: Mapping[str, Any]) -> str:
     """A value as given, in words (``reshard_after_forward`` per group: which keep their
     parameters after forward)."""
@@ -576,6 +602,8 @@ def _value_label(kwargs: Mapping[str, Any]) -> str:
     raf = kwargs.get("reshard_after_forward")
     if len(kwargs) == 1 and isinstance(raf, Mapping):
         return _reshard_label(raf)
+    if len(kwargs) == 1 and raf is True:
+        return "all, the root too"
     parts = []
     for k, v in kwargs.items():
         name = getattr(v, "name", None) or getattr(v, "__name__", None)

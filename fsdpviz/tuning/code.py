@@ -4,6 +4,7 @@ TOML, accelerate's config YAML) where those can say it."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -438,8 +439,15 @@ def _torchtitan(c: Candidate) -> str:
         out += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     if cfg.float8:
         out += ["", "[model]", 'converters = ["quantize.linear.float8"]']
+        f8 = []
         if cfg.float8.get("enable_fsdp_float8_all_gather"):
-            out += ["", "[quantize.linear.float8]", "enable_fsdp_float8_all_gather = true"]
+            f8.append("enable_fsdp_float8_all_gather = true")
+        if cfg.float8.get("recipe_name", "tensorwise") != "tensorwise":
+            f8.append(f'recipe_name = "{cfg.float8["recipe_name"]}"')
+        if cfg.float8.get("filter_fqns"):
+            f8.append(f"filter_fqns = {json.dumps(list(cfg.float8['filter_fqns']))}")
+        if f8:
+            out += ["", "[quantize.linear.float8]", *f8]
     wrap = c.knobs.get("wrap", "")
     per_block = "each" in wrap and "+" not in wrap and "child" not in wrap
     if not per_block and "as given" not in wrap:

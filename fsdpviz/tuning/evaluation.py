@@ -84,7 +84,10 @@ class Evaluations:
 
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
-        with forward prefetch (its steady state depends on the first micro-step's sync)."""
+        with forward prefetch (its steady state depends on the first micro-step's sync), and
+        tensor parallelism (a replay does not recompute its shards and collectives)."""
+        if config["mesh"].mesh[2] > 1:
+            return True
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
 
