@@ -25,8 +25,8 @@ Three checks per row:
                                               [--workers N]
 
 Prints a line per row as it finishes (the recipe's tokens/s and memory, tune's best's, what
-tune changed, the ratio best / recipe, the checks, tune's wall time), then the table and the
-summary: rows passing all three checks out of all.
+tune changed, the ratio best / recipe, the checks, tune's wall time, why a check fails), then
+the table and the summary: rows passing all three checks out of all.
 """
 
 from __future__ import annotations
@@ -86,6 +86,24 @@ class Outcome:
     @property
     def passed(self) -> bool:
         return self.faster and self.fits and self.evaluated
+
+    def causes(self) -> list[str]:
+        """Why each check that fails fails, as far as the run tells."""
+        out = []
+        if not self.faster and self.best is not None:
+            if self.recipe_fits:
+                out.append("faster: tune's best is slower than the recipe, which fits")
+            else:
+                usable = self.tuning.user.usable_bytes
+                out.append(
+                    f"faster: the recipe does not fit as modelled ({gib(self.recipe_bytes)} of "
+                    f"{gib(usable)} GiB usable), and tune returns only what fits"
+                )
+        if not self.fits:
+            out.append("fits: nothing tune evaluated fits")
+        if not self.evaluated:
+            out.append(f"evaluated: the nearest differs in {self.why_not}")
+        return out
 
     def changed(self) -> str:
         """What tune's best changes from the configuration as given, knob by knob."""
@@ -186,12 +204,14 @@ def line(o: Outcome) -> list[str]:
         o.changed(),
         f"{len(o.tuning.candidates)} ({o.tuning.traces} traced)",
         f"{o.tuning.seconds:.0f}",
+        "; ".join(o.causes()),
     ]
 
 
 HEADER = [
     "run", "recipe tok/s", "recipe GiB", "best tok/s", "best GiB", "best fits",
     "best / recipe", "recipe evaluated", "tune changed", "configurations", "tune s",
+    "why a check fails",
 ]  # fmt: skip
 
 
@@ -229,7 +249,7 @@ def main() -> None:
     lines = [line(o) for o in outcomes]
     if args.markdown:
         print("| source | " + " | ".join(HEADER) + " |")
-        print("|---|---|--:|--:|--:|--:|---|--:|---|---|--:|--:|")
+        print("|---|---|--:|--:|--:|--:|---|--:|---|---|--:|--:|---|")
         for o, cells in zip(outcomes, lines, strict=True):
             print(f"| {o.row.source} | " + " | ".join(cells) + " |")
     else:
@@ -255,6 +275,8 @@ def main() -> None:
             failed = [n for n, ok in (("faster", o.faster), ("fits", o.fits),
                                       ("evaluated", o.evaluated)) if not ok]  # fmt: skip
             print(f"  failed {', '.join(failed)}: {o.row.source} {o.row.name}")
+            for cause in o.causes():
+                print(f"    {cause}")
     times = sorted(o.tuning.seconds for o in outcomes)
     if times:
         print(
