@@ -42,6 +42,10 @@ def _calls(device: str) -> dict[str, Callable[[torch.dtype, torch.dtype], Any]]:
     }
 
 
+def _name(dtype: torch.dtype) -> str:
+    return {bf16: "BFloat16", fp32: "Float"}[dtype]
+
+
 def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
     try:
         out = call()
@@ -58,7 +62,15 @@ def test_meta_refuses_what_the_cpu_refuses(op: str, a: torch.dtype, b: torch.dty
     cpu = _outcome(lambda: _calls("cpu")[op](a, b))
     with device_rules():
         meta = _outcome(lambda: _calls("meta")[op](a, b))
-    assert meta == cpu
+    assert meta[0] == cpu[0]
+    if cpu[0] == "ran":
+        assert meta == cpu
+        return
+    # The CPU's words depend on its kernel library (a CPU with bfloat16 instructions runs a
+    # bfloat16 convolution through oneDNN, which words the refusal its own way); the meta
+    # trace words it as the plain kernel does, naming both dtypes.
+    plain = f"expected scalar type {_name(a)} but found {_name(b)}"
+    assert meta[1] in (plain, cpu[1])
 
 
 def test_rules_hold_only_while_tracing() -> None:
