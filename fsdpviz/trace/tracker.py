@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.errors import ConfigError, TraceError
 from fsdpviz.schema.report import FsdpWarning
+from fsdpviz.trace.checkpointing import is_checkpointed
 from fsdpviz.trace.copy import index_range
 from fsdpviz.trace.hf_masks import answered_mask_checks
 from fsdpviz.trace.meta_kernels import DtypeMismatch, device_rules, dtype_name
@@ -126,6 +127,58 @@ class ModuleTracker:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+USE_CACHE_CODE = "use_cache_checkpointed"
+"""The warning of a model that returns a KV cache under activation checkpointing."""
+
+
+def cache_bytes(output: Any) -> int:
+    """Bytes of the tensors a Hugging Face model's output holds in its KV cache (``cache``,
+    formerly ``past_key_values``; ``use_cache=True``); 0 when it holds none."""
+    keys = output.keys() if isinstance(output, dict) else ()  # (ModelOutput is a dict)
+    found = [output[k] for k in ("cache", "past_key_values") if k in keys]
+    seen: set[int] = set()
+    total = 0
+
+    def visit(obj: Any, depth: int) -> None:
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.numel() * obj.element_size()
+        elif depth < 4 and isinstance(obj, (list, tuple)):
+            for x in obj:
+                visit(x, depth + 1)
+        elif depth < 4 and obj is not None and hasattr(obj, "__dict__"):
+            for x in vars(obj).values():
+                visit(x, depth + 1)
+
+    for cache in found:
+        visit(cache, 0)
+    return total
+
+
+def _check_cache(model: nn.Module, output: Any, tracker: ModuleTracker) -> None:
+    """A model called with ``use_cache=True`` under activation checkpointing: say so."""
+    held = cache_bytes(output)
+    if not held or any(w.code == USE_CACHE_CODE for w in tracker.warnings):
+        return
+    if not is_checkpointed(model):
+        return
+    from fsdpviz.schema.memory import size_text
+
+    tracker.warnings.append(
+        FsdpWarning(
+            USE_CACHE_CODE,
+            f"the model returns a KV cache (use_cache=True, its config's default) under "
+            f"activation checkpointing: the cache keeps every layer's keys and values "
+            f"({size_text(held)} after forward) through backward, and each recomputed layer "
+            "appends them again. Training needs no cache: call the model with "
+            "use_cache=False, as gradient_checkpointing_enable() sets it",
+            fix={"use_cache": False},
+        )
+    )
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -377,6 +430,7 @@ def _step(
             + failure_hint(e, model, args, kwargs, where, failing),
             module=failing,
         ) from e
+    _check_cache(model, output, tracker)
     loss = (loss_fn or default_loss)(output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("loss must return a scalar tensor")
