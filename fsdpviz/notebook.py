@@ -19,15 +19,17 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_cli import (
+    Source,
     add_fsdp_flags,
     add_source_flags,
     analyze_kwargs,
+    check_applies,
     hf_id,
     job_flag_value,
     load_hf_model,
 )
+from fsdpviz._options_cli import UsageError as FlagError
 
 _OPTIONS = """\
   MODEL                       a model expression, or hf:ID (line magic only)
@@ -39,6 +41,7 @@ _OPTIONS = """\
   --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
   --reshard-after-forward true|false|N    FSDP2 reshard_after_forward
   --mixed-precision DTYPE[,REDUCE]        bf16 | fp16 | fp32 (FSDP1 and FSDP2)
+  --cpu-offload               parameters, gradients, optimizer state in host memory
   --backward-prefetch pre|post|none       FSDP1
   --forward-prefetch          FSDP1 forward_prefetch=True
   --sharding-strategy full|grad_op|no_shard|hybrid    FSDP1
@@ -46,6 +49,7 @@ _OPTIONS = """\
   --world-size N              ranks (default 8)
   --trace meta|real|fx        how to trace (default meta; fx: FSDP1 only)
   --machine GPU               the GPU to fit and time the plan on (default h100)
+  --activation-checkpointing CLASSES      checkpoint these classes (selective:CLASSES)
   --grad-accum N              micro-steps per optimizer step, N-1 without gradient sync
   --compile [CLASSES]         torch.compile: the whole model, or these classes one by one
   --float8 [SPEC]             float8 linears (tensorwise), or rowwise, all-gather, KEY=VALUE
@@ -186,14 +190,32 @@ def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
 
+    def applies(args: argparse.Namespace, line_magic: bool) -> None:
+        from IPython.core.error import UsageError
+
+        model = getattr(args, "model", None) if line_magic else None
+        source: Source
+        if args.torchtitan_config:
+            source, what = "torchtitan", "--torchtitan-config"
+        elif model is not None and model.startswith("hf:"):
+            source, what = "hf", model
+        else:
+            source, what = "factory", model or "the cell"
+        try:
+            check_applies(args, source, what)
+        except FlagError as e:
+            raise UsageError(f"%fsdpviz: {e}") from None
+
     def fsdpviz(line: str, cell: str | None = None) -> Any:
         if cell is None:
             args = _parse(line, line_magic=True)
+            applies(args, True)
             model, inputs, wraps = _line_model(ip, args)
             if args.inputs is not None and (args.torchtitan_config or args.model.startswith("hf:")):
                 inputs = ip.ev(args.inputs)
             return _run(model, inputs, args, wraps)
         args = _parse(line, line_magic=False)
+        applies(args, False)
         # silent: the cell runs as it is, but its last value is not shown (the answer is
         # the report)
         model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False, silent=True))

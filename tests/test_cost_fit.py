@@ -271,7 +271,10 @@ def test_advice_follows_what_the_plan_already_has() -> None:
     [cache] = [w for w in cached.warnings if w.code == "use_cache_checkpointed"]
     assert cache.fix == {"use_cache": False} and cache.frees is not None and cache.frees > 0
     assert "the model returns a KV cache (use_cache=True" in cache.message
-    assert f"that takes {size_text(cache.frees)} per rank off the peak" in cache.message
+    assert (
+        "Training needs no cache: use_cache=False (as gradient_checkpointing_enable() sets "
+        f"it) takes {size_text(cache.frees)} per rank off the peak" in cache.message
+    )
     [oom] = [w for w in cached.warnings if w.code == "out_of_memory"]
     assert "First try: no KV cache with use_cache=False" in oom.message, oom.message
     assert "activation checkpointing of each" not in oom.message

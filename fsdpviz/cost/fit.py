@@ -32,7 +32,6 @@ from fsdpviz.cost.hardware import Machine, machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import MemoryReport, size_text
 from fsdpviz.schema.report import FsdpWarning, Report, option_text, unit_label
-from fsdpviz.trace.tracker import USE_CACHE_CODE
 
 DEFAULT_MACHINE = "h100"
 """The machine a report is modelled on unless ``analyze(..., machine=...)`` says otherwise."""
@@ -44,6 +43,7 @@ NCCL_BYTES_PER_GROUP = 2**30
 systems): about 1 GiB; NCCL's own tests keep 1 GB free for it."""
 
 _CODES = ("out_of_memory", "fit_not_checked")
+USE_CACHE_CODE = "use_cache_checkpointed"  # (the trace's warning: fsdpviz.trace.tracker)
 _ACTIVATIONS = ("activations", "forward_temp", "backward_temp", "inputs")
 _SHARDED = ("sharded_params", "sharded_grads", "optimizer")
 _UNSHARDED = ("unsharded_params", "all_gather")

@@ -116,7 +116,7 @@ def _measure_cache(report: Report, model: nn.Module, inputs: Any, asked: dict[st
     warning = report.warnings[at]
     report.warnings[at] = dataclasses.replace(
         warning,
-        message=f"{warning.message}: that takes {size_text(freed)} per rank off the peak "
+        message=f"{warning.message} takes {size_text(freed)} per rank off the peak "
         f"({size_text(report.memory.peak['bytes'])} to "
         f"{size_text(other.memory.peak['bytes'])})",
         frees=freed,

@@ -174,8 +174,8 @@ def _check_cache(model: nn.Module, output: Any, tracker: ModuleTracker) -> None:
             f"the model returns a KV cache (use_cache=True, its config's default) under "
             f"activation checkpointing: the cache keeps every layer's keys and values "
             f"({size_text(held)} after forward) through backward, and each recomputed layer "
-            "appends them again. Training needs no cache: call the model with "
-            "use_cache=False, as gradient_checkpointing_enable() sets it",
+            "appends them again. Training needs no cache: use_cache=False (as "
+            "gradient_checkpointing_enable() sets it)",
             fix={"use_cache": False},
         )
     )
