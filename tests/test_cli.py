@@ -687,8 +687,8 @@ def test_report_cpu_offload_and_checkpointing_flags(
     assert fsdp1.config.activation_checkpointing == {
         "mode": "full", "classes": ["Block"], "modules": 3,
     }  # fmt: skip
-    fsdp2, _ = _report(capsys, f"{models}:build_with_inputs", "--fully-shard", "Block",
-                       "--cpu-offload", "--activation-checkpointing", "selective:Block")  # fmt: skip
+    flags = ["--fully-shard", "Block", "--cpu-offload", "--activation-checkpointing"]
+    fsdp2, _ = _report(capsys, f"{models}:build_with_inputs", *flags, "selective:Block")
     assert fsdp2.config.cpu_offload and fsdp2.config.api == "FSDP2"
     assert fsdp2.config.activation_checkpointing["mode"] == "selective"
 
