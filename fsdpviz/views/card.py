@@ -29,7 +29,7 @@ from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
 
-__all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]
+__all__ = ["plural", "report_bundle", "report_html", "run_bundle", "run_html", "warnings_html"]
 
 MAX_UNIT_ROWS = 10
 MAX_WARNINGS = 8
@@ -67,7 +67,7 @@ def report_html(report: Report) -> str:
     numel = sum(u.numel for u in report.units)
     title = (
         f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
-        f"{_plural(len(report.units), 'wrap unit')} · world size "
+        f"{plural(len(report.units), 'wrap unit')} · world size "
         f"{escape(str(report.config.world_size))}{escape(_mesh(report.config))}"
     )
     totals = (
@@ -83,7 +83,7 @@ def report_html(report: Report) -> str:
         _time_part(report),
         _figures([unit_bytes_svg(report), *figures]),
         units_table(report),
-        _warnings(report),
+        warnings_html(report),
         _line(_hint("report.show()") + " opens the explorer", _MUTED),
     ]
     return _card(parts)
@@ -101,7 +101,7 @@ def run_html(run: RecordedRun) -> str:
     )
     summary = (
         f"{'/'.join(map(str, counts))} iterations per rank · "
-        f"{_plural(len(first.units), 'wrap unit')} · "
+        f"{plural(len(first.units), 'wrap unit')} · "
         f"<b>{format_bytes(sum(u.sharded_bytes for u in first.units))} per rank</b>"
     )
     if run.path is not None:
@@ -158,7 +158,7 @@ def config_items(report: Report) -> list[str]:
             plan = c.parallelize_plan or {}
             items.append(
                 f"tensor parallel over {c.tp_world_size} ranks "
-                f"({_plural(len(plan), 'module')} parallelised)"
+                f"({plural(len(plan), 'module')} parallelised)"
             )
     else:
         items.extend(_fsdp1_items(c))
@@ -203,7 +203,7 @@ def _fsdp1_items(c: ReportConfig) -> list[str]:
 
 
 def _fsdp2_items(c: ReportConfig) -> list[str]:
-    items = [f"fully_shard on {_plural(len(c.fully_shard), 'module')}"]
+    items = [f"fully_shard on {plural(len(c.fully_shard), 'module')}"]
     reshard = c.reshard_after_forward
     if reshard:
         root = reshard.get("")
@@ -217,10 +217,10 @@ def _fsdp2_items(c: ReportConfig) -> list[str]:
         items.append(_dtypes("mp_policy", mp))
     fwd, bwd = c.explicit_forward_prefetch or {}, c.explicit_backward_prefetch or {}
     items.append(
-        f"forward prefetch set on {_plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
+        f"forward prefetch set on {plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
     )
     items.append(
-        f"backward prefetch set on {_plural(len(bwd), 'module')}"
+        f"backward prefetch set on {plural(len(bwd), 'module')}"
         if bwd
         else "backward prefetch of the previous unit"
     )
@@ -360,7 +360,9 @@ def _topology_line(machine: Mapping[str, Any]) -> str:
     return _line(f"nodes of {per_node} GPUs: " + " · ".join(parts), _MUTED)
 
 
-def _warnings(report: Report) -> str:
+def warnings_html(report: Report) -> str:
+    """The report's warnings as the card lists them (``2 warnings``, each code and first
+    line; ``""`` for none): the dashboard shows the same list."""
     if not report.warnings:
         return ""
     items = [
@@ -371,7 +373,7 @@ def _warnings(report: Report) -> str:
     if len(report.warnings) > MAX_WARNINGS:
         items.append(f"<li>… and {len(report.warnings) - MAX_WARNINGS} more</li>")
     return (
-        f'<div style="margin:4px 0;{_WARN}">{_plural(len(report.warnings), "warning")}'
+        f'<div style="margin:4px 0;{_WARN}">{plural(len(report.warnings), "warning")}'
         f'<ul style="margin:2px 0;padding-left:18px">{"".join(items)}</ul></div>'
     )
 
@@ -437,7 +439,8 @@ def _hint(code: str) -> str:
     return f'<code style="{_MONO}">{escape(code)}</code>'
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``1 warning``, ``2 warnings``."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 

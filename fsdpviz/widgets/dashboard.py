@@ -114,6 +114,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             [
                 self.explorer.controls,
                 self.explorer.status,
+                self.explorer.warnings,
                 _heading("Timeline"),
                 self.timeline,
                 self.memory_note,

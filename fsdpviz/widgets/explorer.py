@@ -19,6 +19,7 @@ import traitlets
 from fsdpviz._gc import answering
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.views.card import plural, warnings_html
 from fsdpviz.views.style import format_bytes
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.widgets._errors import ErrorOutput
@@ -86,12 +87,14 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.view = ExplorerWidget(report, tree=self.tree)
         """The icicle and the detail panel, drawn by the front end."""
         self.status = w.HTML()
+        self.warnings = w.HTML(warnings_html(report))
+        """The plan's warnings, each in words (the advice with it), as the card lists them."""
         self.options = PlanOptions.from_report(report)
         """The options of the last re-plan (at first: what ``report.config`` says)."""
         if replanner is not None and report.source == "prediction":
             replanner.remember(self.options, report)  # what the controls show now
         self.controls = PlanControls(self.options, replanner, self._replan)
-        super().__init__([self.controls, self.status, self.view, self.errors])
+        super().__init__([self.controls, self.status, self.warnings, self.view, self.errors])
         self.add_class("fsdpviz-explorer-widget")
         with self.hold_trait_notifications():
             self.report = report
@@ -148,8 +151,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         r = self.report
         per_rank = sum(u.sharded_bytes for u in r.units)
         text = (
-            f"{len(r.units)} units, {format_bytes(per_rank)} of parameters per rank, "
-            f"{len(r.warnings)} warnings"
+            f"{plural(len(r.units), 'unit')}, {format_bytes(per_rank)} of parameters per "
+            f"rank, {plural(len(r.warnings), 'warning')}"
         )
         if seconds is not None:
             how = f" ({path})" if path in ("replay", "stored trace", "trace") else ""
@@ -160,6 +163,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         """A re-plan: the new plan drawn in this answer, with the selected unit's details;
         every other unit's follow once the browser has had ``DETAILS_AFTER_S`` to draw it."""
         report = self.report
+        self.warnings.value = warnings_html(report)
         self.tree = self._trees.get(report, lambda: module_tree(report))  # other units
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
