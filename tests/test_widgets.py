@@ -547,3 +547,38 @@ def test_the_dashboard_says_the_warnings() -> None:
     assert "1 warnings" not in view.explorer.status.value
     quiet = Dashboard(fitting)
     assert quiet.explorer.warnings.value == "" and "0 warnings" in quiet.explorer.status.value
+
+
+def test_a_re_plan_gives_the_notebook_output_the_plan_on_screen(report: Report) -> None:
+    """After a re-plan, the output saves the new plan (its three views' data, the static
+    SVG, the summary), not the first one: the dashboard's timeline carries it to fsdpviz's
+    JupyterLab extension, which puts it in the output (``saved``)."""
+    import base64
+    import gzip
+
+    from fsdpviz.export import MIME
+
+    def views(saved: dict[str, Any]) -> dict[str, Any]:
+        packed = saved[MIME]["config"]
+        config: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode(packed)))
+        return config["views"]
+
+    view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+    first = view._repr_mimebundle_()
+    assert first is not None and view.timeline.saved == {}
+    view.explorer.controls.set(world_size=16)
+    saved = view.timeline.saved
+    assert set(saved) == {MIME, "image/svg+xml", "text/plain"}
+    shown = views(saved)
+    assert shown["explorer"]["data"]["title"].endswith("world size 16")
+    assert shown["timeline"]["data"] == view.timeline.data
+    assert saved["text/plain"].startswith(view.explorer.report.summary().splitlines()[0])
+    assert "world size 16" in saved["text/plain"]
+    before = f"world size {report.config.world_size}"
+    assert before != "world size 16"
+    assert views(first)["explorer"]["data"]["title"].endswith(before)
+    # on its own, the explorer saves its own view
+    alone = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    alone.controls.set(world_size=2)
+    assert views(alone.view.saved)["explorer"]["data"]["title"].endswith("world size 2")
+    assert view.explorer.view.saved == {}  # in a dashboard, the dashboard saves

@@ -27,7 +27,7 @@ from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.controls import PlanControls
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
-from fsdpviz.widgets.front_end import with_saved_views
+from fsdpviz.widgets.front_end import saved_output, with_saved_views
 
 __all__ = ["Explorer"]
 
@@ -38,6 +38,9 @@ WARM_AFTER_S = 0.5
 # meanwhile the browser draws the new plan (on a small machine the kernel, the server and the
 # browser share the cores); a unit picked sooner shows its panel as pending until then.
 DETAILS_AFTER_S = 0.25
+# Seconds after a re-plan before the notebook output is given the new plan (see
+# fsdpviz.widgets.front_end.saved_output): a saved notebook keeps the plan on screen.
+SAVE_AFTER_S = 1.0
 
 
 def _shared(name: str, doc: str) -> Any:
@@ -86,6 +89,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.tree: ModuleTree = self._trees.get(report, lambda: module_tree(report))
         self.view = ExplorerWidget(report, tree=self.tree)
         """The icicle and the detail panel, drawn by the front end."""
+        self.saves_output = True
+        """Whether a re-plan gives the notebook output the new plan (the explorer shown on
+        its own; a dashboard saves its three views itself)."""
         self.status = w.HTML()
         self.warnings = w.HTML(warnings_html(report))
         """The plan's warnings, each in words (the advice with it), as the card lists them."""
@@ -170,6 +176,20 @@ class Explorer(w.VBox):  # type: ignore[misc]
         shown = [] if self.selected_unit is None else [self.selected_unit]
         self.view.set_report(report, tree=self.tree, details=shown)
         self._deferred.run("details", self._add_details, report, delay=DETAILS_AFTER_S)
+        if self.saves_output:
+            self._deferred.run("saved", self._save_output, report, delay=SAVE_AFTER_S)
+
+    def _save_output(self, report: Report) -> None:
+        """The plan on screen, for the notebook's saved output."""
+        if self.report is report:
+            text, title = self._titles()
+            self.view.saved = saved_output(
+                {"explorer": self.view.page_state()}, report, title, text
+            )
+
+    def _titles(self) -> tuple[str, str]:
+        text = self.report.summary()
+        return text, f"fsdpviz explorer: {text.splitlines()[0].removeprefix('fsdpviz ')}"
 
     def _add_details(self, report: Report) -> None:
         if self.report is report:  # not when a newer plan came meanwhile
@@ -182,16 +202,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         """The live explorer and what outlives its kernel (see
         :func:`fsdpviz.widgets.front_end.with_saved_views`)."""
-        text = self.report.summary()
+        text, title = self._titles()
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         return with_saved_views(
-            bundle,
-            {"explorer": self.view.page_state()},
-            self.report,
-            f"fsdpviz explorer: {text.splitlines()[0].removeprefix('fsdpviz ')}",
-            text,
+            bundle, {"explorer": self.view.page_state()}, self.report, title, text
         )
 
     def find(self, text: str) -> str:

@@ -45,9 +45,10 @@ function table(section: DetailSection): HTMLElement {
     cells.forEach((text, k) => {
       const c = document.createElement(tag);
       if (tag === "td" && !numeric.has(k)) {
-        // a name may break after each dot or underscore where the panel is narrow (a long
-        // leaf, post_attention_layernorm, would push the numbers out of sight), nowhere else
-        text.split(/(?<=[._])/).forEach((part, j) => {
+        // a name may break after each dot where the panel is narrow, between the names of
+        // its modules, never inside one (post_attention_layernorm stays whole; a table still
+        // wider than the panel scrolls with it)
+        text.split(/(?<=\.)/).forEach((part, j) => {
           if (j > 0) c.appendChild(document.createElement("wbr"));
           c.append(part);
         });

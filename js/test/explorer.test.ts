@@ -320,3 +320,29 @@ describe("the explorer view", () => {
     expect(fitBlockLabel(ctx, "mlp", 12)).toBe("");
   });
 });
+
+describe("detail panel", () => {
+  it("breaks a name between its modules, never inside one", async () => {
+    const { DetailPanel } = await import("../src/detail");
+    const panel = new DetailPanel();
+    const name = "model.layers.0.post_attention_layernorm.weight";
+    panel.show(
+      {
+        title: "unit 1 'model.layers.0'",
+        facts: "",
+        warnings: [],
+        sections: [
+          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
+        ],
+      },
+      null,
+    );
+    const cell = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
+    expect(cell.textContent).toBe(name);
+    // a break opportunity after each dot, and only there
+    const parts = [...cell.childNodes].filter((n) => n.nodeType === 3).map((n) => n.textContent);
+    expect(parts).toEqual(["model.", "layers.", "0.", "post_attention_layernorm.", "weight"]);
+    expect(cell.querySelectorAll("wbr").length).toBe(4);
+    expect((panel.el.querySelector("td.fv-num") as HTMLElement).textContent).toBe("512");
+  });
+});
