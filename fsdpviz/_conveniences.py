@@ -85,9 +85,9 @@ def show_run(run: RecordedRun, **kwargs: Any) -> Any:
 
 @register_show("comparison")
 def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import TimelineWidget
+    from fsdpviz.widgets import ComparisonView
 
-    return TimelineWidget(comparison, **kwargs)
+    return ComparisonView(comparison, **kwargs)
 
 
 @register_save("comparison")

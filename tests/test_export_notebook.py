@@ -118,7 +118,7 @@ def test_chrome_trace_holds_the_page_too(report: Report, tmp_path: Path) -> None
 
 @needs_front_end
 def test_widgets_put_their_views_beside_the_live_widget(report: Report) -> None:
-    from fsdpviz.widgets import Dashboard, TimelineWidget
+    from fsdpviz.widgets import ComparisonView, Dashboard, TimelineWidget
 
     view = Dashboard(report)
     view.timeline.step = 3
@@ -132,8 +132,9 @@ def test_widgets_put_their_views_beside_the_live_widget(report: Report) -> None:
     check_svg(bundle[SVG])
     cmp = fsdpviz.compare(report, analyze_tiny(world_size=8))
     shown = cmp.show()
-    assert isinstance(shown, TimelineWidget)
-    one, _ = shown._repr_mimebundle_()
+    assert isinstance(shown, ComparisonView) and isinstance(shown.timeline, TimelineWidget)
+    one = shown._repr_mimebundle_()
+    assert one is not None
     views = unpacked(one[MIME])["views"]
     assert views["explorer"] is None and views["prefetch"] is None
     assert len(views["timeline"]["data"]["groups"]) == 2

@@ -150,8 +150,10 @@ class Comparison:
         return d
 
     def show(self, **kwargs: Any) -> Any:
-        """Both plans' timelines on one time axis, units matched, the first difference
-        marked (a :class:`fsdpviz.widgets.TimelineWidget`; ``kwargs`` as it takes).
+        """The differences (the verdict, each cost of both plans and the change, whether
+        each fits) over both plans' timelines on one time axis, units matched, the first
+        difference marked (a :class:`fsdpviz.widgets.ComparisonView`; ``kwargs`` as
+        :class:`~fsdpviz.widgets.TimelineWidget` takes them).
 
         Example::
 
@@ -160,6 +162,15 @@ class Comparison:
         if self.reports is None:
             raise ValueError("this comparison was read back without its plans; compare() again")
         return show_method("comparison")(self, **kwargs)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """A comparison as a cell's last line: its view (:meth:`show`: the differences and
+        both timelines), and its summary as text; the summary alone where the plans are
+        not kept (a comparison read back)."""
+        if self.reports is None:
+            return {"text/plain": self.summary()}
+        shown = self.show()._repr_mimebundle_()
+        return dict(shown) if shown else {"text/plain": self.summary()}
 
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """The comparison as one self-contained page (``.html``): each plan's costs and
@@ -181,7 +192,8 @@ class Comparison:
         lines = [
             f"{a} vs {b}: {self.verdict}",
             *self.cost_lines(),
-            f"  bytes per rank: {self.bytes_per_rank[0]:,} vs {self.bytes_per_rank[1]:,}",
+            f"  parameters per rank: {size_text(self.bytes_per_rank[0])} vs "
+            f"{size_text(self.bytes_per_rank[1])}",
             f"  steady-state events: {_counts(self.events[0])} vs {_counts(self.events[1])}",
         ]
         for p in self.pairs:
@@ -203,9 +215,20 @@ class Comparison:
             if k not in self.costs:
                 continue
             a, b = self.costs[k]
-            change = "same" if _same(a, b) else signed_text(k, b - a) + _percent(a, b)
-            lines.append(f"  {_LABELS[k]}: {cost_text(k, a)} vs {cost_text(k, b)} ({change})")
+            lines.append(
+                f"  {_LABELS[k]}: {cost_text(k, a)} vs {cost_text(k, b)} ({self.change_text(k)})"
+            )
         return lines
+
+    def change_text(self, name: str) -> str:
+        """A cost's change from A to B: ``"+1.5 MiB, +6%"``, or ``"same"``."""
+        a, b = self.costs[name]
+        return "same" if _same(a, b) else signed_text(name, b - a) + _percent(a, b)
+
+    def worse(self, name: str) -> bool:
+        """Whether B is worse than A in this cost (more bytes or time, fewer tokens/s)."""
+        a, b = self.costs[name]
+        return not _same(a, b) and (b < a if name == "tokens_per_s" else b > a)
 
     def __repr__(self) -> str:
         return self.summary()
@@ -231,6 +254,11 @@ def plan_costs(report: Report) -> dict[str, float]:
     }
 
 
+def cost_label(name: str) -> str:
+    """A cost's name as the comparison says it: ``"peak"``, ``"tokens/s"``."""
+    return _LABELS[name]
+
+
 def cost_text(name: str, value: float) -> str:
     """One cost as people read it: bytes in GiB/MiB, times in ms/µs, tokens/s with commas."""
     if name.endswith("_bytes"):
@@ -241,8 +269,11 @@ def cost_text(name: str, value: float) -> str:
 
 
 def signed_text(name: str, delta: float) -> str:
-    """A difference of a cost with its sign: ``"+1.2 GiB"``, ``"-3.1 ms"``."""
+    """A difference of a cost with its sign: ``"+1.2 GiB"``, ``"-3.1 ms"``, ``"-0.4"``
+    tokens/s (a difference under one token is not written ``-0``)."""
     sign = "+" if delta > 0 else "-"
+    if name == "tokens_per_s" and abs(delta) < 1:
+        return sign + f"{abs(delta):.2g}"
     return sign + cost_text(name, abs(delta))
 
 
@@ -263,7 +294,15 @@ def _same(a: float, b: float) -> bool:
 
 
 def _percent(a: float, b: float) -> str:
-    return f", {(b - a) / a:+.0%}" if a else ""
+    """``", +6%"``; a change under 1% with one decimal, under 0.1% as such (never ``-0%``)."""
+    if not a:
+        return ""
+    r = (b - a) / abs(a)
+    if abs(r) >= 0.01:
+        return f", {r:+.0%}"
+    if abs(r) >= 0.001:
+        return f", {r:+.1%}"
+    return ", under 0.1%"
 
 
 def _name(unit: str | None) -> str:

@@ -28,8 +28,17 @@ from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
+    from fsdpviz.schedule.comparison import Comparison
 
-__all__ = ["plural", "report_bundle", "report_html", "run_bundle", "run_html", "warnings_html"]
+__all__ = [
+    "comparison_html",
+    "plural",
+    "report_bundle",
+    "report_html",
+    "run_bundle",
+    "run_html",
+    "warnings_html",
+]
 
 MAX_UNIT_ROWS = 10
 MAX_WARNINGS = 8
@@ -376,6 +385,58 @@ def warnings_html(report: Report) -> str:
         f'<div style="margin:4px 0;{_WARN}">{plural(len(report.warnings), "warning")}'
         f'<ul style="margin:2px 0;padding-left:18px">{"".join(items)}</ul></div>'
     )
+
+
+def comparison_html(cmp: Comparison) -> str:
+    """The differences of two plans, as ``print(cmp)`` says them: the verdict, each cost of
+    both plans with the change (peak, reserved, step, exposed communication, tokens/s),
+    whether each fits its machine, and the units that differ. Static HTML, as the card."""
+    from fsdpviz.schedule.comparison import COSTS, cost_label, cost_text
+
+    a, b = cmp.name_a, cmp.name_b
+    parts = [
+        _line(
+            f"<b>fsdpviz</b> comparison · {escape(a)} <b>vs</b> {escape(b)}: "
+            f"<b>{escape(cmp.verdict)}</b>"
+        )
+    ]
+    head = ["", escape(a), escape(b), "change"]
+    rows = []
+    for key in COSTS:
+        if key not in cmp.costs:
+            continue
+        va, vb = cmp.costs[key]
+        change = cmp.change_text(key)
+        style = "" if change == "same" else _WARN if cmp.worse(key) else _OK
+        rows.append(
+            f'<tr data-fv-cost="{key}"><td style="{_CELL}left">{escape(cost_label(key))}</td>'
+            f'<td style="{_CELL}right">{escape(cost_text(key, va))}</td>'
+            f'<td style="{_CELL}right">{escape(cost_text(key, vb))}</td>'
+            f'<td style="{_CELL}right;{style}">{escape(change)}</td></tr>'
+        )
+    if rows:
+        th = "".join(
+            f'<th style="{_CELL}{"left" if i == 0 else "right"};font-weight:600">{h}</th>'
+            for i, h in enumerate(head)
+        )
+        parts.append(
+            '<table class="fsdpviz-costs" style="border-collapse:collapse;margin:4px 0">'
+            f"<tr>{th}</tr>{''.join(rows)}</table>"
+        )
+    else:
+        parts.append(_line("costs: not modelled (a plan has no trace profile)", _MUTED))
+    for name, report in zip((a, b), cmp.reports or (), strict=False):
+        memory = report.memory if report.profile is not None and report.units else None
+        if memory is not None and memory.capacity > 0:
+            parts.append(_fit_line(memory).replace(">✓ ", f">✓ {escape(name)}: ", 1)
+                         .replace(">✗ ", f">✗ {escape(name)}: ", 1))  # fmt: skip
+    differ = [p for p in cmp.pairs if p.differs]
+    if differ or cmp.moved_params:
+        said = f"{plural(len(differ), 'unit')} differ" if differ else ""
+        moved = plural(len(cmp.moved_params), "parameter") + " moved" if cmp.moved_params else ""
+        parts.append(_line(" · ".join(x for x in (said, moved) if x) + " (print(cmp) lists them)",
+                           _MUTED))  # fmt: skip
+    return _card(parts)
 
 
 def _divergence(run: RecordedRun) -> str:

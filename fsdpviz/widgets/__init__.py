@@ -1,6 +1,6 @@
 """Notebook widgets over :mod:`fsdpviz.views`: the timeline, the explorer and the prefetch
 graph (three views of fsdpviz's front end, ``js/``), the dashboard that links them under
-the re-plan controls, and a sweep's table.
+the re-plan controls, two plans compared, and a sweep's table.
 
 May import every layer up to the views, and :mod:`fsdpviz.export` (a dashboard saves
 itself as a page).
@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from fsdpviz.widgets.comparison import ComparisonView
 from fsdpviz.widgets.dashboard import Dashboard, show
 from fsdpviz.widgets.explorer import Explorer
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
@@ -24,6 +25,7 @@ from fsdpviz.widgets.sweep import SweepView
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 __all__ = [
+    "ComparisonView",
     "Dashboard",
     "Explorer",
     "ExplorerWidget",
