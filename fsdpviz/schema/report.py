@@ -88,7 +88,8 @@ from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
-from fsdpviz.schema.memory import MemoryReport
+from fsdpviz.schema.memory import MemoryReport, size_text
+from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.timeline import Timeline
@@ -355,6 +356,8 @@ class Report:
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
             self.config = ReportConfig.from_dict(self.config)
+        if not isinstance(self.forward_order, UnitNames):  # printed with (root) for the root
+            self.forward_order = UnitNames(self.forward_order)
 
     @cached_property
     def memory(self) -> MemoryReport:
@@ -513,7 +516,7 @@ class Report:
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}",
+            f"{size_text(per_rank)} of parameters per rank{where}",
         ]
         if cfg.tp_world_size:
             plan = cfg.parallelize_plan or {}

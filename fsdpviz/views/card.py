@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.timeline import duration_text
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
 from fsdpviz.views.detail import dtype_text
 from fsdpviz.views.style import format_bytes, three_digits, unit_colors
@@ -338,7 +339,7 @@ def _time_part(report: Report) -> str:
             _MUTED,
         )
     t = tl.totals
-    text = f"<b>step {t['step_s'] * 1e3:,.1f} ms</b> on {escape(str(tl.machine['name']))}"
+    text = f"<b>step {duration_text(t['step_s'])}</b> on {escape(str(tl.machine['name']))}"
     if t["tokens_per_s"] > 0:
         text += (
             f" · <b>{t['tokens_per_s']:,.0f} tokens/s per GPU</b> · MFU {t['mfu']:.1%}"
