@@ -325,7 +325,8 @@ _CHAR_PX = 0.62 * LABEL_PX  # (about: a label's width per character, in the figu
 def _fitted(label: str, room: float) -> str:
     """``label`` as it fits ``room`` pixels: whole; a unit's with the last part of its name
     (``0 [unit 1]``), then ``[unit 1]``, ``unit 1``, ``1``; another cut short with ``…``;
-    ``""`` where nothing fits (as the page's explorer fits its labels, ``fitBlockLabel`` in js/src/explorer.ts)."""
+    ``""`` where nothing fits (as the page's explorer fits its labels, ``fitBlockLabel`` in
+    js/src/explorer.ts)."""
 
     def fits(text: str) -> bool:
         return len(text) * _CHAR_PX <= room
