@@ -148,7 +148,9 @@ def test_a_replay_warns_for_its_own_plan() -> None:
     x = torch.zeros(1, 33_000, device="meta")
     spread = fsdpviz.analyze(model, x, fully_shard=[nn.Linear], world_size=64)
     assert spread.memory.fits and not [w for w in spread.warnings if w.code == "out_of_memory"]
+    before = list(spread.warnings)
     few = replay(spread, world_size=2)
+    assert spread.warnings == before  # the report replayed is left as it was
     assert few.memory.peak["dominant"] in ("optimizer", "sharded_params", "sharded_grads")
     [warning] = [w for w in few.warnings if w.code == "out_of_memory"]
     assert first_fix(few, few.memory) in warning.message
