@@ -11,6 +11,7 @@ import torch
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.schedule.comparison import COSTS, deltas_text, plan_costs
+from fsdpviz.schema.memory import size_text
 
 CONFIG = ExampleConfig()
 
@@ -58,7 +59,7 @@ def test_reshard_after_forward_shows_its_memory_cost(base: fsdpviz.Report) -> No
     cmp = fsdpviz.compare(base, kept)
     assert cmp.verdict == "same wrapping, different schedule"
     assert cmp.delta("peak_bytes") > 0  # parameters kept from forward to backward
-    assert f"+{cmp.delta('peak_bytes') / 2**20:.1f} MiB" in cmp.summary()
+    assert f"+{size_text(cmp.delta('peak_bytes'))}" in cmp.summary()
 
 
 def test_a_plan_is_identical_to_itself_and_to_its_replay(base: fsdpviz.Report) -> None:
@@ -176,3 +177,13 @@ def test_changes_read_without_minus_zero() -> None:
     assert cmp.change_text("tokens_per_s") == "-0.3, under 0.1%"
     assert cmp.change_text("step_s") == "+400 µs, under 0.1%"
     assert "-0" not in str(cmp).replace("-0.3", "")
+
+
+def test_two_plans_of_one_api_are_told_apart_by_name(base: fsdpviz.Report) -> None:
+    from fsdpviz.replan import replay
+
+    cmp = fsdpviz.compare(base, replay(base, world_size=2))
+    assert cmp.name_a.endswith(", world size 8") and cmp.name_b.endswith(", world size 2")
+    assert cmp.name_a.startswith("FSDP2 prediction")
+    same = fsdpviz.compare(base, base)
+    assert same.name_a != same.name_b

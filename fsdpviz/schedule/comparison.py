@@ -358,7 +358,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         cmp.same_wrapping, print(cmp)
         cmp.costs["peak_bytes"], cmp.delta("exposed_comm_s")
     """
-    name_a, name_b = names or (_label(a), _label(b))
+    name_a, name_b = names or _labels(a, b)
     units_b = {_params(u): u for u in b.units if u.params}
     order_a, pref_a, ev_a = _facts(a)
     order_b, pref_b, ev_b = _facts(b)
@@ -461,6 +461,37 @@ def _pair(
         events_a=dict(ev_a.get(na, Counter())) if na is not None else {},
         events_b=dict(ev_b.get(nb, Counter())) if nb is not None else {},
     )
+
+
+# What tells two plans of one API apart where their labels are the same, in this order.
+_TELLS = (
+    "world_size", "sharding_strategy", "backward_prefetch", "forward_prefetch",
+    "reshard_after_forward", "mixed_precision", "mp_policy", "activation_checkpointing",
+    "grad_accum", "compile", "float8", "machine",
+)  # fmt: skip
+
+
+def _labels(a: Report, b: Report) -> tuple[str, str]:
+    """Each plan's label; where the two read the same (two FSDP2 plans), each with the first
+    option that differs (``FSDP2 prediction, world size 8``), else ``A`` and ``B``."""
+    la, lb = _label(a), _label(b)
+    if la != lb:
+        return la, lb
+    for key in _TELLS:
+        va, vb = a.config.get(key), b.config.get(key)
+        if va != vb:
+            word = key.replace("_", " ")
+            return f"{la}, {word} {_said(va)}", f"{lb}, {word} {_said(vb)}"
+    return f"{la} (A)", f"{lb} (B)"
+
+
+def _said(value: Any) -> str:
+    """An option's value in a label: a per-unit map (``reshard_after_forward``) by the value
+    of its units but the root's where they all have one, else ``per unit``."""
+    if isinstance(value, dict):
+        units = {str(v) for k, v in value.items() if k != ""} or {str(v) for v in value.values()}
+        return units.pop() if len(units) == 1 else "per unit"
+    return "none" if value is None else str(value)
 
 
 def _label(report: Report) -> str:
