@@ -240,6 +240,8 @@ def _does_not_fit(lab: Lab, kernel: KernelClient) -> None:
     wait_until(lab.page, "el => el.textContent.includes('▼ peak')", "the peak's readout",
                arg=info.element_handle(), timeout_ms=UI_MS)  # fmt: skip
     assert f"memory {peak[0]} ▼ peak {peak[1]}" in info.inner_text()
+    # ... and all of it shows (the readout is not cut off at its end)
+    assert info.evaluate("el => el.scrollHeight <= el.clientHeight + 1")
     for theme, light in (("JupyterLab Light", True), ("JupyterLab Dark", False)):
         choose_theme(lab.page, theme, light)
         lab.screenshot(f"no-fit-dashboard-{'light' if light else 'dark'}", out)
