@@ -344,5 +344,24 @@ describe("detail panel", () => {
     expect(parts).toEqual(["model.", "layers.", "0.", "post_attention_layernorm.", "weight"]);
     expect(cell.querySelectorAll("wbr").length).toBe(4);
     expect((panel.el.querySelector("td.fv-num") as HTMLElement).textContent).toBe("512");
+    // a panel too narrow for the name broken between modules: inside them too, so the
+    // numbers stay in sight
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockReturnValue(200);
+    vi.spyOn(HTMLElement.prototype, "offsetWidth", "get").mockReturnValue(260);
+    panel.show(
+      {
+        title: "unit 1 'model.layers.0'",
+        facts: "",
+        warnings: [],
+        sections: [
+          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
+        ],
+      },
+      null,
+    );
+    const narrow = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
+    expect(narrow.textContent).toBe(name);
+    expect(narrow.querySelectorAll("wbr").length).toBe(6);
+    vi.restoreAllMocks();
   });
 });
