@@ -162,9 +162,9 @@ export class DetailPanel {
     this.body.replaceChildren(...parts);
     // a table wider than the panel with its names broken between modules: broken at their
     // underscores too, so that every column (the numbers) stays in sight
-    const room = this.body.clientWidth;
-    for (const [t, section] of tables)
-      if (room > 0 && t.offsetWidth > room) t.replaceWith(table(section, UNDERSCORES));
+    const body = this.body;
+    if (body.clientWidth > 0 && body.scrollWidth > body.clientWidth)
+      for (const [t, section] of tables) t.replaceWith(table(section, UNDERSCORES));
     this.el.dataset.fvUnit = detail === null ? "" : detail.title;
     this.el.dataset.fvModule = module === null ? "" : moduleName(module.name);
     this.place();

@@ -347,7 +347,7 @@ describe("detail panel", () => {
     // a panel too narrow for the name broken between modules: inside them too, so the
     // numbers stay in sight
     vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockReturnValue(200);
-    vi.spyOn(HTMLElement.prototype, "offsetWidth", "get").mockReturnValue(260);
+    vi.spyOn(HTMLElement.prototype, "scrollWidth", "get").mockReturnValue(260);
     panel.show(
       {
         title: "unit 1 'model.layers.0'",
