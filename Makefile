@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup system demo lab test lint js js-deps bench
+.PHONY: setup system demo lab test lint js js-deps bench test-older-torch
 
 # JupyterLab (and Notebook 7) find fsdpviz's extension in the venv's share/jupyter: the
 # wheel installs it there; a checkout links the one `npm run build` writes in
@@ -75,6 +75,34 @@ system:
 
 test: system lint js
 	$(BIN)/pytest
+	$(MAKE) test-older-torch
+
+# fsdpviz installs with torch 2.8 to 2.14 (pyproject.toml); .venv has 2.13. The older
+# releases below each get a venv of their own (PyPI's CUDA build, about 3 GB, runs on the CPU), with
+# fsdpviz's dependencies and the checkout on PYTHONPATH, and run what differs between
+# releases: the conformance suites that run real FSDP on gloo (FSDP1, FSDP2, HSDP,
+# gradient accumulation), the fake-process-group conformance, the recorder's tests (not the
+# flight recorder's: its jobs that hang on purpose abort in torch 2.8's gloo) and the
+# release rules. `make test-older-torch OLDER_TORCH=2.7.1` tests another release.
+# (Not 2.6 or 2.7: their FSDP2 does not run on a CPU, so no real run could check it here.)
+OLDER_TORCH ?= 2.8.0
+OLDER_TESTS := tests/test_plan_torch_fsdp.py tests/test_conformance_gloo.py \
+	tests/test_conformance_accumulation.py tests/test_conformance_fsdp1.py \
+	tests/test_conformance_fsdp2.py tests/test_record_run.py tests/test_record_units.py \
+	tests/test_record_crash.py tests/test_record_diverge.py tests/test_record_profile.py
+# fsdpviz's dependencies but torch, and the test dependencies those tests import
+DEPS = $(shell $(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(' '.join(repr(d) for d in p['dependencies'] if not d.startswith('torch')))") 'pytest>=8' 'transformers>=4.45'
+
+test-older-torch: $(foreach v,$(OLDER_TORCH),test-torch-$(v))
+
+test-torch-%: .venv-torch%/.installed
+	PYTHONPATH=$(CURDIR) .venv-torch$*/bin/python -m pytest -p no:cacheprovider $(OLDER_TESTS)
+
+.PRECIOUS: .venv-torch%/.installed
+.venv-torch%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/pip install --quiet torch==$* $(DEPS)
+	touch $@
 
 bench: setup
 	$(BIN)/python benchmarks/bench_analyze_70b.py

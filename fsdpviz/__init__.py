@@ -34,7 +34,9 @@ _PUBLIC = {
         "RecordedRun", "ScheduleDiff", "diff", "dump_flight_recorder", "load_flight_recorder",
         "load_profile", "load_run", "record", "record_fsdp1",
     ),
-    "fsdpviz.replan": ("suggest", "sweep"),
+    "fsdpviz.replan": ("sweep",),
+    "fsdpviz.tuning": ("Candidate", "Tuning", "suggest", "tune"),
+    "fsdpviz.trace.checkpointing": ("CheckpointEvery", "SelectiveCheckpoint"),
     "fsdpviz.schedule.comparison": ("Comparison", "compare"),
     "fsdpviz.schedule.predict": ("analyze",),
     "fsdpviz.schema.config": ("ReportConfig",),
@@ -46,7 +48,7 @@ _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 # Subpackages reached as attributes (``fsdpviz.cost.machine(...)``) after ``import fsdpviz``.
 _SUBPACKAGES = frozenset(
     {"configs", "cost", "export", "graphs", "plan", "recording", "replan", "schedule",
-     "schema", "trace", "views", "widgets", "examples", "notebook", "cli"}
+     "schema", "trace", "tuning", "views", "widgets", "examples", "notebook", "cli"}
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -77,13 +79,17 @@ if TYPE_CHECKING:
         record,
         record_fsdp1,
     )
-    from fsdpviz.replan import suggest, sweep
+    from fsdpviz.replan import sweep
     from fsdpviz.schedule.comparison import Comparison, compare
     from fsdpviz.schedule.predict import analyze
     from fsdpviz.schema.config import ReportConfig
     from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+    from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+    from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
 __all__ = [
+    "Candidate",
+    "CheckpointEvery",
     "Comparison",
     "ConfigError",
     "ConfigNote",
@@ -104,9 +110,11 @@ __all__ = [
     "Report",
     "ReportConfig",
     "ScheduleDiff",
+    "SelectiveCheckpoint",
     "TorchtitanJob",
     "TraceError",
     "TrainerConfig",
+    "Tuning",
     "Unit",
     "__version__",
     "analyze",
@@ -125,6 +133,7 @@ __all__ = [
     "record_fsdp1",
     "suggest",
     "sweep",
+    "tune",
 ]
 
 

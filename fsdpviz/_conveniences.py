@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fsdpviz.schema.memory import MemoryReport
     from fsdpviz.schema.report import Report
     from fsdpviz.schema.timeline import Timeline
+    from fsdpviz.tuning import Tuning
 
 
 @register_report_method("memory")
@@ -103,6 +104,20 @@ def show_sweep(table: SweepTable, **kwargs: Any) -> Any:
     from fsdpviz.widgets import SweepView
 
     return SweepView(table, **kwargs)
+
+
+@register_show("tuning")
+def show_tuning(tuning: Tuning, **kwargs: Any) -> Any:
+    from fsdpviz.widgets import TuneView
+
+    return TuneView(tuning, **kwargs)
+
+
+@register_save("tuning")
+def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Any) -> Path:
+    from fsdpviz.export import save_tuning
+
+    return save_tuning(tuning, path, **kwargs)
 
 
 @register_report_method("save")

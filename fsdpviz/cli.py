@@ -54,14 +54,17 @@ from fsdpviz._options_cli import (
     UsageError,
     add_fsdp_flags,
     add_source_flags,
+    add_tune_flags,
     analyze_kwargs,
     check_applies,
     check_flags,
     flags_for,
+    frontier_table,
     hf_id,
     job_flag_value,
     load_hf_model,
     positive_int,
+    run_tune,
 )
 from fsdpviz.errors import ConfigError, FsdpvizError
 
@@ -220,8 +223,38 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
         "with -o",
     )
     report.set_defaults(func=_cmd_report, parser=report)
+    _add_tune(subs, full_help)
     _add_doctor(subs, full_help)
     return parser
+
+
+def _add_tune(subs: Any, full_help: bool) -> None:
+    tune = subs.add_parser(
+        "tune",
+        help="find the fastest configuration that fits",
+        description="Search FSDP's knobs (units, resharding, activation checkpointing, "
+        "precision, micro-batch and accumulation, HSDP, tensor parallelism where needed) for "
+        "the configuration with the most tokens/s per GPU that fits the machine's memory, "
+        "each one planned exactly. MODEL and the FSDP flags as `fsdpviz report` takes them "
+        "give your own configuration, which is evaluated too and marked. Prints the best, "
+        "the frontier of tokens/s against memory and what each knob's best alternative "
+        "changes; writes the page (-o). Exit status 0 when something fits, "
+        f"{DOES_NOT_FIT} when nothing does.",
+    )
+    tune.add_argument(
+        "factory",
+        metavar="MODEL",
+        nargs="?",
+        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build",
+    )
+    tune.add_argument(
+        "--inputs", metavar="MODULE:FACTORY", help="callable returning the model inputs"
+    )
+    add_fsdp_flags(tune)
+    add_source_flags(tune)
+    add_tune_flags(tune)
+    _add_output(tune, "tune.html", full_help=full_help)
+    tune.set_defaults(func=_cmd_tune, parser=tune)
 
 
 def _add_doctor(subs: Any, full_help: bool) -> None:
@@ -382,6 +415,44 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.check:
         return _check(report, path if explicit else None, time.perf_counter() - start, source)
     return _write(report, path, time.perf_counter() - start, root_only, source)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    path = Path(args.output)
+    if path.suffix not in (".html", ".json"):
+        raise UsageError(
+            f"cannot write {args.output!r}: fsdpviz tune writes the page (.html) or the "
+            "search as JSON (.json)"
+        )
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
+    source = _source(args)  # (nothing loaded yet: the flags are checked first)
+    if source == "saved":
+        raise UsageError(
+            f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
+            "report or recording: give MODEL as hf:ID or MODULE:FACTORY"
+        )
+    check_applies(args, source, args.factory or "--torchtitan-config")
+    check_flags(args)
+    sizes: list[int] | None = args.world_size
+    args.world_size = sizes[0] if sizes else None
+    model, inputs, wraps = _doctor_model(args)
+    args.world_size = sizes
+    start = time.perf_counter()
+    tuning = run_tune(args, model, inputs, wraps, print)
+    print(tuning)
+    print(frontier_table(tuning))
+    best = tuning.best
+    if best is not None:
+        style = args.code or (
+            "torchtitan" if args.torchtitan_config else "accelerate" if args.accelerate_config
+            else "python"
+        )  # fmt: skip
+        print(f"\nThe best configuration ({style}):")
+        print(best.code(style))
+    tuning.save(str(path))
+    print(f"wrote {path} ({time.perf_counter() - start:.1f}s)")
+    return 0 if best is not None else DOES_NOT_FIT
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

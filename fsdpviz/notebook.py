@@ -7,6 +7,11 @@ from its config; ``--accelerate-config`` / ``--torchtitan-config`` read a traine
 ``%%fsdpviz --policy ...`` runs the cell and analyses the outermost
 module call the cell makes (the model it builds and runs, with those inputs).
 Both return the report, which renders as a rich summary as a cell's last line.
+
+``%fsdpviz tune MODEL ...`` (and ``%%fsdpviz tune ...``) searches for the fastest
+configuration that fits (:func:`fsdpviz.tune`), the flags giving the configuration to start
+from, plus ``--allow``, ``--pin``, ``--tokens-per-step``, ``--memory-budget`` and
+``--world-size 8,16,32``; it returns the :class:`~fsdpviz.tuning.Tuning`.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from fsdpviz._options_cli import (
     Source,
     add_fsdp_flags,
     add_source_flags,
+    add_tune_flags,
     analyze_kwargs,
     check_applies,
     hf_id,
     job_flag_value,
     load_hf_model,
+    run_tune,
 )
 from fsdpviz._options_cli import UsageError as FlagError
 
@@ -55,6 +62,13 @@ _OPTIONS = """\
   --float8 [SPEC]             float8 linears (tensorwise), or rowwise, all-gather, KEY=VALUE
   --float32-matmul-precision highest|high|medium    high, medium: TF32 matmuls
   --show                      open the interactive explorer instead of the summary
+%fsdpviz tune MODEL [options]: the fastest configuration that fits, from these options, and
+  --world-size N[,N...]       ranks, or counts to compare
+  --allow compile,float8,cpu_offload      also try these
+  --pin KNOBS                 knobs that stay as given (wrap, precision, micro_batch, ...)
+  --tokens-per-step N         tokens per rank per optimizer step (default: the batch's)
+  --memory-budget BYTES       a peak per rank to fit instead of the machine's memory
+  --api fsdp1|fsdp2           which FSDP to tune
 """
 
 
@@ -65,21 +79,23 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"%fsdpviz: {message}\n{_OPTIONS}")
 
 
-def _parser(line_magic: bool) -> _Parser:
-    p = _Parser(prog="%fsdpviz", add_help=False)
+def _parser(line_magic: bool, tune: bool = False) -> _Parser:
+    p = _Parser(prog="%fsdpviz tune" if tune else "%fsdpviz", add_help=False)
     if line_magic:
         p.add_argument("model", nargs="?")
     p.add_argument("--inputs")
     add_fsdp_flags(p)
     add_source_flags(p)
     p.add_argument("--show", action="store_true")
+    if tune:
+        add_tune_flags(p)
     return p
 
 
-def _parse(line: str, line_magic: bool) -> argparse.Namespace:
+def _parse(line: str, line_magic: bool, tune: bool = False) -> argparse.Namespace:
     from IPython.core.error import UsageError
 
-    parser = _parser(line_magic)
+    parser = _parser(line_magic, tune)
     words = shlex.split(line)
     known = {o for a in parser._actions for o in a.option_strings}
     for word in words:
@@ -110,6 +126,21 @@ def _run(
     for line in notes:
         print(f"note: {line}")
     return report.show() if args.show and hasattr(report, "show") else report
+
+
+def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]]) -> Any:
+    from IPython.core.error import UsageError
+
+    from fsdpviz.errors import FsdpvizError
+
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"%fsdpviz tune: the model must be a torch.nn.Module, got {type(model).__name__}"
+        )
+    try:
+        return run_tune(args, model, inputs, wraps)
+    except (FsdpvizError, FlagError) as e:
+        raise UsageError(f"%fsdpviz tune: {e}") from None
 
 
 def _line_model(ip: Any, args: argparse.Namespace) -> tuple[Any, Any, list[type[nn.Module]]]:
@@ -207,27 +238,38 @@ def load_ipython_extension(ip: Any) -> None:
             raise UsageError(f"%fsdpviz: {e}") from None
 
     def fsdpviz(line: str, cell: str | None = None) -> Any:
+        words = line.split(None, 1)
+        tune = bool(words) and words[0] == "tune"
+        if tune:
+            line = words[1] if len(words) > 1 else ""
         if cell is None:
-            args = _parse(line, line_magic=True)
+            args = _parse(line, line_magic=True, tune=tune)
             applies(args, True)
+            sizes = args.world_size if tune else None
+            if tune:
+                args.world_size = sizes[0] if sizes else None
             model, inputs, wraps = _line_model(ip, args)
             if args.inputs is not None and (args.torchtitan_config or args.model.startswith("hf:")):
                 inputs = ip.ev(args.inputs)
+            if tune:
+                args.world_size = sizes
+                return _tune(model, inputs, args, wraps)
             return _run(model, inputs, args, wraps)
-        args = _parse(line, line_magic=False)
+        args = _parse(line, line_magic=False, tune=tune)
         applies(args, False)
         # silent: the cell runs as it is, but its last value is not shown (the answer is
         # the report)
         model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False, silent=True))
         if args.inputs is not None:
             inputs = ip.ev(args.inputs)
-        return _run(model, inputs, args)
+        return _tune(model, inputs, args, []) if tune else _run(model, inputs, args)
 
     fsdpviz.__doc__ = (
         "Analyse what FSDP does with a model.\n\n"
         "Line:  %fsdpviz MODEL --inputs EXPR [options]\n"
         "       %fsdpviz hf:ID [--seq N] [options]   |   %fsdpviz --torchtitan-config TOML\n"
-        "Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)\n\n"
+        "Cell:  %%fsdpviz [options]   (runs the cell, analyses the outermost module call)\n"
+        "Tune:  %fsdpviz tune MODEL [options]   |   %%fsdpviz tune [options]\n\n"
         "Options:\n" + _OPTIONS
     )
     ip.register_magic_function(fsdpviz, magic_kind="line_cell", magic_name="fsdpviz")

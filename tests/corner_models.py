@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from handwritten_models import Stack
+from handwritten_models import Block, Stack
 from torch import nn
 
 _VOCAB = 96
@@ -63,6 +63,58 @@ def no_cache(name: str) -> tuple[nn.Module, dict[str, Any]]:
     return model, {"input_ids": ids, "labels": ids, "use_cache": False}
 
 
+def bart() -> tuple[nn.Module, dict[str, Any]]:
+    """BART called without masks: its decoder builds one of ones itself."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(
+        vocab_size=_VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+        decoder_ffn_dim=48, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ids = _ids()
+    return BartForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
+
+
+class LearnedBiasAttention(nn.Module):
+    """Attention whose mask is a learned bias per head and position pair (as Swin's
+    relative-position bias): the mask needs a gradient."""
+
+    def __init__(self, d: int = 16, heads: int = 2, tokens: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.bias = nn.Parameter(torch.randn(heads, tokens, tokens) * 0.02)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        mask = self.bias.unsqueeze(0).expand(b, -1, -1, -1)
+        y = nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask)
+        out: torch.Tensor = self.out(y.transpose(1, 2).reshape(b, n, d))
+        return x + out
+
+
+class BiasedStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList(LearnedBiasAttention() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return h
+
+
+def biased_stack() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return BiasedStack(), torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+
+
 class Scaled(nn.Module):
     """A block with a learned 0-dim scale (as some norm layers and adapters hold)."""
 
@@ -93,3 +145,49 @@ def stack() -> Stack:
     """The plain stack; ``head`` left out of mixed precision (ignored) meets bf16."""
     torch.manual_seed(0)
     return Stack()
+
+
+class Activation(nn.Module):
+    """An activation as a module: no parameters of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+class WithActivation(Stack):
+    """The plain stack with a parameter-less module between the blocks and the head, which
+    a policy wraps as a unit of its own (with its own sharding strategy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = Activation()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.act(h))
+
+
+class ChunkedHead(nn.Module):
+    """The forward ends at the final norm; the loss runs the head chunk by chunk after it
+    (a chunked loss), the head and the norm one ``fully_shard([norm, head])`` group."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(2))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, nn.Module]:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.norm(h), self.head
+
+
+def chunked_loss(out: tuple[torch.Tensor, nn.Module]) -> torch.Tensor:
+    hidden, head = out
+    total: torch.Tensor = sum((head(c).sum() for c in hidden.chunk(2)), torch.zeros(()))
+    return total

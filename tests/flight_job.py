@@ -212,7 +212,7 @@ def guarded(*args, **kwargs):
 class _Guard:
     """Posts each collective this rank issues (``rank/group/count -> kind:numel``); while
     ``active``, holds one the other members of its group issue differently (or not at all)
-    until they have dumped."""
+    until they have dumped. (torch < 2.13 has no ``*_single`` collectives.)"""
 
     NAMES = (
         "all_gather", "all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
@@ -222,7 +222,7 @@ class _Guard:
     def __init__(self, store: Any, rank: int) -> None:
         self.store, self.rank, self.active = store, rank, False
         self.counts: dict[str, int] = {}
-        self.originals = {n: getattr(dist, n) for n in self.NAMES}
+        self.originals = {n: getattr(dist, n) for n in self.NAMES if hasattr(dist, n)}
         for name, fn in self.originals.items():
             setattr(dist, name, self._wrap(name, fn))
 

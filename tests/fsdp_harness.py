@@ -23,16 +23,22 @@ def record_real_fsdp1(
     loss: Callable[[Any], torch.Tensor] | None = None,
     iterations: int = 3,
     grad_accum: int = 1,
+    after: Callable[[nn.Module], None] | None = None,
+    copied: bool = True,
 ) -> fsdpviz.Report:
     """Wrap a copy of ``model`` in real FSDP1 on the CPU, train ``iterations`` steps, record.
 
+    ``copied=False`` wraps ``model`` itself: a policy that tests module identity
+    (``CustomPolicy(lambda m: m is model.head)``) then meets the modules it names.
+
     ``grad_accum=N``: each step is ``N`` micro-steps, the first ``N - 1`` under
-    ``no_sync()``, then the gradients are dropped as ``zero_grad`` does."""
+    ``no_sync()``, then the gradients are dropped as ``zero_grad`` does. ``after`` is called
+    with the wrapped model once the recording is done."""
     memo: dict[int, Any] = {}
-    real = copy.deepcopy(model, memo)
+    real = copy.deepcopy(model, memo) if copied else model
     fsdp_kwargs = dict(fsdp_kwargs)
     for key in ("ignored_modules", "ignored_states"):
-        if fsdp_kwargs.get(key) is not None:
+        if fsdp_kwargs.get(key) is not None and copied:
             fsdp_kwargs[key] = [memo[id(o)] for o in fsdp_kwargs[key]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -47,6 +53,8 @@ def record_real_fsdp1(
                         (loss or default_loss)(out).backward()
                 if grad_accum > 1:
                     fsdp.zero_grad(set_to_none=True)
+        if after is not None:
+            after(fsdp)
     return rec.report()
 
 
@@ -141,13 +149,19 @@ def record_real_fsdp2(
     offload_policy: Any = None,
     ignored_params: list[str] | None = None,
     grad_accum: int = 1,
+    after: Callable[[nn.Module], None] | None = None,
+    reshard_after_backward: bool = True,
+    requires_all_reduce: bool = True,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
     ``mesh_shape=(replicate, shard)`` gives FSDP2 a 2-D mesh (HSDP); ``ignored_params``
     (parameter FQNs) are left out of the root's call. ``grad_accum=N``: each
     step is ``N`` micro-steps, the first ``N - 1`` after ``set_requires_gradient_sync(False)``,
-    then the gradients are dropped as ``zero_grad`` does."""
+    then the gradients are dropped as ``zero_grad`` does; ``requires_all_reduce=False``
+    calls ``set_requires_all_reduce(False)`` instead before those (HSDP: reduce-scatter, no
+    all-reduce), and ``reshard_after_backward=False`` adds ``set_reshard_after_backward(False)``.
+    ``after`` is called with the sharded model once the recording is done."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -189,10 +203,34 @@ def record_real_fsdp2(
         for _ in range(iterations):
             for k in range(grad_accum):
                 if grad_accum > 1:
-                    real.set_requires_gradient_sync(k == grad_accum - 1)  # type: ignore[operator]
+                    last = k == grad_accum - 1
+                    if requires_all_reduce:
+                        real.set_requires_gradient_sync(last)  # type: ignore[operator]
+                    else:
+                        real.set_requires_all_reduce(last)  # type: ignore[operator]
+                    if not reshard_after_backward:
+                        real.set_reshard_after_backward(last)  # type: ignore[operator]
                 args, kwargs = _split(inputs)
                 out = real(*args, **kwargs)
                 (loss or default_loss)(out).backward()
             if grad_accum > 1:
                 real.zero_grad(set_to_none=True)
+    if after is not None:
+        after(real)
     return rec.report()
+
+
+def timeline_collectives(report: fsdpviz.Report, world_size: int) -> list[list[Any]]:
+    """``[kind, bytes of the tensor]`` of every FSDP collective of the first iteration and of
+    the steady state twice (what three recorded iterations issue), as the time model sizes
+    them: its bus bytes back to the tensor's (``(n - 1) / n`` of it over ``n`` ranks, twice
+    that for an all-reduce)."""
+    from fsdpviz.cost import timeline
+
+    out: list[list[Any]] = []
+    for i in (0, 1, 1):
+        for rec in timeline(report, iteration=i).records():
+            if rec["kind"] in ("all_gather", "reduce_scatter", "all_reduce"):
+                share = (world_size - 1) / world_size * (2 if rec["kind"] == "all_reduce" else 1)
+                out.append([rec["kind"], round(rec["bytes"] / share)])
+    return out

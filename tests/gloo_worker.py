@@ -7,7 +7,8 @@ given their ``(shard, replicate)`` process groups), ``"accum"`` (2 ranks: gradie
 accumulation over ``ACCUM`` micro-steps, FSDP1 ``no_sync`` and FSDP2
 ``set_requires_gradient_sync(False)``) or ``"tp"`` (4 ranks as a dp 2 x tp 2
 mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp) or
-``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused).
+``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused) or ``"peft"`` (2
+ranks: :func:`peft_cases`, fine-tuning adapters, with the bytes of every collective).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import handwritten_models as hm
 import torch
@@ -224,13 +225,21 @@ class Corner(NamedTuple):
     api: str
     options: Any
     accepts: bool
+    said: str | None = None  # where real FSDP's message names objects: the part fsdpviz says
+    loss: Any = None  # the loss from the model's output (default: fsdpviz's)
+    # a group reduce-scattered before all its gradients exist: FSDP2 moves those that do,
+    # fsdpviz sizes the reduce-scatter by all its trainable parameters
+    partial_grads: bool = False
 
 
 def corner_cases() -> dict[str, Corner]:
     """name -> case, on 2 ranks: the cases that refuse come last (a rank that raised in
     forward leaves its FSDP state behind)."""
+    import functools
+
     import corner_models as cm
     from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+    from torch.distributed.fsdp.wrap import CustomPolicy, lambda_auto_wrap_policy
 
     def wrap_layers(model: torch.nn.Module) -> dict[str, Any]:
         layer = type(model.get_submodule("model.layers.0"))
@@ -270,11 +279,89 @@ def corner_cases() -> dict[str, Corner]:
             )
             for name, api in (("qwen3", "FSDP1"), ("gemma3", "FSDP2"), ("qwen3_moe", "FSDP1"))
         },
+        "identity-policy-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": CustomPolicy(lambda m: m is model.head or m is model.blocks[1])
+            },
+            True,
+        ),
+        "lambda-in-list-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": functools.partial(
+                    lambda_auto_wrap_policy, lambda_fn=lambda m: m in [model.blocks[0], model.inp]
+                )
+            },
+            True,
+        ),
+        "paramless-unit-fsdp1": Corner(
+            lambda: (cm.WithActivation(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": CustomPolicy(
+                    lambda m: (
+                        {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP}
+                        if isinstance(m, cm.Activation)
+                        else isinstance(m, hm.Block)
+                    )
+                )
+            },
+            True,
+        ),
+        "bart-no-mask-fsdp2": Corner(
+            cm.bart,
+            "FSDP2",
+            lambda model: {
+                "fully_shard": [
+                    (f"model.{part}.layers.{i}",)
+                    for part in ("encoder", "decoder")
+                    for i in range(2)
+                ]
+            },
+            True,
+        ),
+        "learned-mask-fsdp2": Corner(
+            lambda: (
+                cm.BiasedStack(),
+                torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0)),
+            ),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks.0",), ("blocks.1",)]},
+            True,
+        ),
+        "chunked-head-fsdp2": Corner(
+            lambda: (cm.ChunkedHead(), x()),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks.0",), ("blocks.1",), ("norm", "head")]},
+            True,
+            loss=cm.chunked_loss,
+            partial_grads=True,
+        ),
+        "no-shard-orig-params-fsdp1": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP1",
+            lambda model: {
+                "auto_wrap_policy": ModuleWrapPolicy({hm.Block}),
+                "sharding_strategy": ShardingStrategy.NO_SHARD,
+                "use_orig_params": True,
+            },
+            True,
+        ),
         "scalar-fsdp1": Corner(
             lambda: (cm.WithScalar(), x()),
             "FSDP1",
             lambda model: {"auto_wrap_policy": ModuleWrapPolicy({cm.Scaled})},
             False,
+        ),
+        "module-list-fsdp2": Corner(
+            lambda: (cm.stack(), x()),
+            "FSDP2",
+            lambda model: {"fully_shard": [("blocks",)]},
+            False,
+            "fully_shard does not support containers that do not implement forward",
         ),
         "fp32-head-fsdp1": Corner(lambda: (cm.stack(), x()), "FSDP1", head_in_fp32("FSDP1"), False),
         "fp32-head-fsdp2": Corner(lambda: (cm.stack(), x()), "FSDP2", head_in_fp32("FSDP2"), False),
@@ -288,24 +375,177 @@ def record_corners(rank: int, world_size: int, out_dir: str) -> None:
         model, inputs = case.build()
         options = case.options(model)
         try:
-            if case.api == "FSDP1":
-                report = record_real_fsdp1(model, inputs, options)
-            else:
-                report = _record_fsdp2(model, inputs, options, world_size)
+            with _Collectives() as moved:
+                if case.api == "FSDP1":
+                    report = record_real_fsdp1(model, inputs, options, case.loss, copied=False)
+                else:
+                    report = _record_fsdp2(model, inputs, options, world_size, case.loss)
         except Exception as e:  # real FSDP refuses: what it said, to compare
             text = json.dumps({"type": type(e).__name__, "message": str(e)})
             (Path(out_dir) / f"{name}-rank{rank}.error.json").write_text(text)
             continue
         report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        path = Path(out_dir) / f"{name}-collectives-rank{rank}.json"
+        path.write_text(json.dumps(moved.moved))
 
 
-def _record_fsdp2(model: Any, inputs: Any, options: dict[str, Any], world_size: int) -> Any:
+def _record_fsdp2(
+    model: Any, inputs: Any, options: dict[str, Any], world_size: int, loss: Any = None
+) -> Any:
     names = {p: n for n, p in model.named_parameters()}
     ignored = [names[p] for p in options.get("ignored_params", [])]
     return record_real_fsdp2(
         model, inputs, options["fully_shard"], world_size, mp_policy=options.get("mp_policy"),
-        ignored_params=ignored,
+        ignored_params=ignored, loss=loss,
     )  # fmt: skip
+
+
+def peft_cases() -> dict[str, Corner]:
+    """name -> fine-tuning case on 2 ranks: LoRA (Llama) and DoRA (GPT-NeoX) adapters as
+    ``peft`` builds them, under FSDP1 and FSDP2. FSDP1 wraps them as accelerate does for a
+    PEFT model (peft's ``fsdp_auto_wrap_policy``: each adapter a unit of its own, and each
+    layer) or each layer with ``use_orig_params=True`` (frozen and trainable parameters in
+    one FlatParameter)."""
+    import peft_models as pm
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def peft_policy(model: torch.nn.Module) -> dict[str, Any]:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        return {"auto_wrap_policy": fsdp_auto_wrap_policy(model)}
+
+    def layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
+        name = type(model.get_base_model()).__name__
+        return pm.MODELS["llama-lora" if "Llama" in name else "neox-dora"]()[2]
+
+    def layers(orig_params: bool) -> Any:
+        def options(model: torch.nn.Module) -> dict[str, Any]:
+            return {"auto_wrap_policy": ModuleWrapPolicy({layer_class(model)}),
+                    "use_orig_params": orig_params}  # fmt: skip
+
+        return options
+
+    def shard_layers(mp: bool) -> Any:
+        def options(model: torch.nn.Module) -> dict[str, Any]:
+            layer = layer_class(model)
+            names = [n for n, m in model.named_modules() if isinstance(m, layer)]
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            return {"fully_shard": [(n,) for n in names], **({"mp_policy": policy} if mp else {})}
+
+        return options
+
+    def build(name: str) -> Any:
+        return lambda: pm.MODELS[name]()[:2]
+
+    return {
+        "peft-llama-lora-fsdp1-peft-policy": Corner(
+            build("llama-lora"), "FSDP1", peft_policy, True
+        ),
+        "peft-llama-lora-fsdp1-orig-params": Corner(
+            build("llama-lora"), "FSDP1", layers(True), True
+        ),
+        "peft-llama-lora-fsdp2-bf16": Corner(
+            build("llama-lora"), "FSDP2", shard_layers(True), True
+        ),
+        "peft-neox-dora-fsdp1-orig-params": Corner(build("neox-dora"), "FSDP1", layers(True), True),
+        "peft-neox-dora-fsdp2": Corner(build("neox-dora"), "FSDP2", shard_layers(False), True),
+        "peft-llama-bf16-fp32-adapters-fsdp2": Corner(
+            build("llama-lora-bf16"), "FSDP2", shard_layers(False), True
+        ),
+    }
+
+
+def record_peft(rank: int, world_size: int, out_dir: str) -> None:
+    """Each fine-tuning case on this rank: its recording, the tensor each collective moved
+    (``[kind, bytes]``: an all-gather's output, a reduce-scatter's input), and after one more
+    step of AdamW over ``model.parameters()`` the bytes of its state and of the gradients
+    FSDP left (per FlatParameter / parameter group, as the ranks hold them)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for name, case in peft_cases().items():
+        torch.manual_seed(0)
+        model, inputs = case.build()
+        options = case.options(model)
+        measured: dict[str, Any] = {}
+        mode = _Collectives()
+
+        def step(
+            wrapped: torch.nn.Module,
+            measured: dict[str, Any] = measured,
+            mode: Any = mode,
+            inputs: Any = inputs,
+        ) -> None:
+            measured["recorded"] = len(mode.moved)  # the recorded iterations' collectives
+            opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+            wrapped(**inputs).loss.backward()
+            if isinstance(wrapped, FSDP):
+                grads = [m._handle.flat_param.grad for m in FSDP.fsdp_modules(wrapped)
+                         if m._handle is not None]  # fmt: skip
+            else:  # FSDP2: a group's gradients are views of its reduce-scatter output
+                grads = [p.grad._local_tensor for p in wrapped.parameters() if p.grad is not None]
+            storages = {g.untyped_storage()._cdata: g.untyped_storage().nbytes()
+                        for g in grads if g is not None}  # fmt: skip
+            measured["sharded_grads"] = sum(storages.values())
+            opt.step()
+            local = [
+                getattr(t, "_local_tensor", t)  # FSDP2: this rank's part of a DTensor
+                for state in opt.state.values()
+                for k, t in state.items()
+                if k != "step"
+            ]
+            measured["optimizer"] = sum(t.numel() * t.element_size() for t in local)
+
+        with mode:
+            if case.api == "FSDP1":
+                report = record_real_fsdp1(model, inputs, options, loss=_hf_loss, after=step)
+            else:
+                report = record_real_fsdp2(
+                    model, inputs, options["fully_shard"], world_size, loss=_hf_loss,
+                    mp_policy=options.get("mp_policy"), after=step,
+                )  # fmt: skip
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        measured["collectives"] = mode.moved
+        (Path(out_dir) / f"{name}-measured-rank{rank}.json").write_text(json.dumps(measured))
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    loss: torch.Tensor = out.loss
+    return loss
+
+
+class _Collectives:
+    """Every all-gather, reduce-scatter and all-reduce FSDP issues in the block, as
+    ``[kind, bytes]`` (an all-gather's output, a reduce-scatter's input, an all-reduce's
+    tensor): the ``torch.distributed`` functions FSDP1 and FSDP2 call, wrapped."""
+
+    _WRAPPED: ClassVar[dict[str, tuple[str, tuple[int, str]]]] = {  # function -> (kind, arg)
+        "all_gather_single": ("all_gather", (0, "output_tensor")),
+        "all_gather": ("all_gather", (0, "tensor_list")),  # FSDP1 on a CPU: the output's chunks
+        "reduce_scatter_single": ("reduce_scatter", (1, "input")),
+        "all_reduce": ("all_reduce", (0, "tensor")),
+    }
+
+    def __init__(self) -> None:
+        self.moved: list[list[Any]] = []
+        self._originals: dict[str, Any] = {}
+
+    def __enter__(self) -> _Collectives:
+        for name, (kind, arg) in self._WRAPPED.items():
+            original = self._originals[name] = getattr(dist, name)
+
+            def wrapped(*args: Any, original: Any = original, kind: str = kind,
+                        arg: tuple[int, str] = arg, **kwargs: Any) -> Any:  # fmt: skip
+                t = args[arg[0]] if len(args) > arg[0] else kwargs[arg[1]]
+                parts = t if isinstance(t, list) else [t]
+                self.moved.append([kind, sum(p.numel() * p.element_size() for p in parts)])
+                return original(*args, **kwargs)
+
+            setattr(dist, name, wrapped)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
 
 
 TP_MESH = (2, 2)  # (dp, tp)
@@ -409,6 +649,8 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
             record_tp(rank, out_dir)
         elif suite == "corners":
             record_corners(rank, world_size, out_dir)
+        elif suite == "peft":
+            record_peft(rank, world_size, out_dir)
         else:
             record_suite(rank, world_size, out_dir, suite)
     except BaseException:

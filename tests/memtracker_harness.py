@@ -72,6 +72,7 @@ class Tracked:
     all_gathers: int = 0  # all-gathers FSDP issued in the tracked step
     # gloo_reduce_scatter: the bytes gloo allocated while each reduce-scatter completed
     reduce_scatter_copies: list[int] = field(default_factory=list)
+    after_backward: dict[str, int] = field(default_factory=dict)  # category -> bytes
 
 
 def tracked(
@@ -139,6 +140,7 @@ def tracked(
             out = model(**batch)
             after_forward = next(iter(tracker.get_tracker_snapshot().values()))
             loss(out).backward()
+            after_backward = next(iter(tracker.get_tracker_snapshot().values()))
         del out
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     modules: dict[str, dict[str, int]] = {}
@@ -150,8 +152,9 @@ def tracked(
             for phase, name in (("forward", "Forward"), ("backward", "Backward"))
         }
     return Tracked(
-        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies
-    )
+        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
+        _categories(after_backward),
+    )  # fmt: skip
 
 
 def _categories(snapshot: dict[Any, int]) -> dict[str, int]:

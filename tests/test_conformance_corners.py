@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_harness import assert_same_schedule
+from fsdp_harness import assert_same_schedule, timeline_collectives
 from gloo_worker import corner_cases, spawn_suite
 
 import fsdpviz
@@ -41,11 +41,20 @@ def test_real_fsdp_and_fsdpviz_agree(corners: Path, name: str) -> None:
     refused = [corners / f"{name}-rank{rank}.error.json" for rank in range(WORLD_SIZE)]
     if case.accepts:
         assert not any(p.exists() for p in refused), refused[0].read_text()
-        predicted = fsdpviz.analyze(model, inputs, world_size=WORLD_SIZE, **options)
+        predicted = fsdpviz.analyze(model, inputs, world_size=WORLD_SIZE, loss=case.loss, **options)
         assert predicted.config.api == case.api
+        collectives = timeline_collectives(predicted, WORLD_SIZE)
         for rank in range(WORLD_SIZE):
             real = fsdpviz.load(str(corners / f"{name}-rank{rank}.json"))
             assert_same_schedule(real, predicted)
+            moved = json.loads((corners / f"{name}-collectives-rank{rank}.json").read_text())
+            if case.partial_grads:  # the first of a group's two reduce-scatters moves less
+                assert [k for k, _ in moved] == [k for k, _ in collectives]
+                differ = [(a, b) for a, b in zip(moved, collectives, strict=True) if a != b]
+                assert differ and all(a[0] == "reduce_scatter" and a[1] < b[1]
+                                      for a, b in differ)  # fmt: skip
+                continue
+            assert moved == collectives  # every all-gather's output, reduce-scatter's input
         return
     said = {(e["type"], e["message"]) for e in (json.loads(p.read_text()) for p in refused)}
     assert len(said) == 1, said  # every rank refuses, for the same reason
@@ -57,6 +66,9 @@ def test_real_fsdp_and_fsdpviz_agree(corners: Path, name: str) -> None:
         # its own, and the real run refused in the forward's kernel
         assert kind == "RuntimeError", (kind, message)
         return
+    if case.said is not None:  # real FSDP's message prints the module: its words, then ours
+        assert message.startswith(case.said)
+        message = case.said
     assert message in str(err.value)
 
 

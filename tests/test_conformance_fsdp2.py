@@ -123,3 +123,37 @@ def test_hf_models_per_layer(fake_pg: int, name: str, mp: bool) -> None:
     # FSDP2 warns when a wrapped module returns a view (T5 blocks, BERT's root)
     warned = {n for w in predicted.warnings if w.code == "view_output" for n in w.units}
     assert bool(warned) is (name in ("t5", "bert"))
+
+
+@pytest.mark.parametrize(
+    ("mesh", "reshard_after_backward", "requires_all_reduce"),
+    [(None, False, True), ((2, 2), True, False), ((2, 2), False, False)],
+    ids=["keep-gathered", "hsdp-no-all-reduce", "hsdp-both"],
+)
+def test_accumulation_setters(
+    fake_pg: int, mesh: Any, reshard_after_backward: bool, requires_all_reduce: bool
+) -> None:
+    """Gradient accumulation as pipeline schedules and HSDP jobs run it: before each micro-step
+    but the last, ``set_reshard_after_backward(False)`` (the parameters stay gathered into the
+    next micro-step: its forward all-gathers nothing) and ``set_requires_all_reduce(False)``
+    (each micro-step reduce-scatters, the all-reduce across the replicas runs in the last)."""
+    from fsdp_harness import assert_same_accumulation
+
+    torch.manual_seed(0)
+    model, n = hm.Stack(), 3
+    ranks = {"mesh": mesh} if mesh else {"world_size": fake_pg}
+    options = {"reshard_after_backward": reshard_after_backward,
+               "requires_all_reduce": requires_all_reduce}  # fmt: skip
+    real = record_real_fsdp2(model, _x(), BLOCKS, fake_pg, mesh_shape=mesh, grad_accum=n,
+                             iterations=3, **options)  # fmt: skip
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=BLOCKS, grad_accum=n, **ranks, **options)
+    assert_same_accumulation(real, predicted, n)
+    first = predicted.iterations[n]  # the steady step's first micro-step
+    if not reshard_after_backward:  # the steady step's micro-steps after the first gather less
+        gathers = [sum(e.kind == "all_gather" for e in it) for it in predicted.iterations[n:]]
+        assert gathers[1] < gathers[0]
+    if not requires_all_reduce:
+        kinds = {e.kind for e in first}
+        assert "reduce_scatter" in kinds and not any(e.group == "replicate" for e in first)
+        last = predicted.iterations[2 * n - 1]
+        assert any(e.group == "replicate" for e in last)

@@ -49,6 +49,7 @@ from fsdpviz.cost import MemoryReport, memory_model
 from fsdpviz.cost.hook_calls import tape
 from fsdpviz.cost.sizes import itemsize, unit_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+from fsdpviz.schema.memory import CATEGORIES
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -126,7 +127,8 @@ def _as_the_tracker_sees(
         if e.kind != "reduce_scatter":
             continue
         unit = report.unit(e.unit)
-        held = model.get_parameter(unit.params[-1]).numel()
+        last = [p for p in unit.params if p not in unit.frozen_params][-1]  # with a gradient
+        held = model.get_parameter(last).numel()
         held *= itemsize(unit.compute_dtype or unit.dtype)
         copy = sizes[e.unit].reduce_scatter if copies else 0
         for name in {e.unit, ""}:
@@ -143,6 +145,11 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], list[nn.Mo
     ),
     "llama": (_llama, lambda m: list(m.model.layers), None),
 }
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    loss: torch.Tensor = out.loss
+    return loss
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -450,3 +457,96 @@ def test_gloo_list_index_tensors(gloo: Path) -> None:
     for real in _ranks(gloo, "picked-list-index"):
         assert real.after_forward["Activation"] == _after_forward(report, 0) + 3 * 8
         _compare(real, mem, backward=backward)  # backward has freed it by the peak
+
+
+# ------------------------------------------------------------------ fine-tuning adapters
+
+
+def _collect_after_dora(model: nn.Module) -> nn.Module:
+    """Collect garbage after each DoRA layer's forward. Under the tracker's module hooks the
+    identity matrix DoRA builds (``torch.eye(in_features)``, the input of its ``lora_A``) is
+    left in a reference cycle until Python's garbage collector runs; without the tracker it
+    dies when the forward returns, as fsdpviz counts it."""
+    import gc
+
+    from peft.tuners.lora.dora import DoraLinearLayer
+
+    def collect(*_: Any) -> None:
+        gc.collect()
+
+    for module in model.modules():
+        if isinstance(module, DoraLinearLayer):
+            module.register_forward_hook(collect)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", [None, "adamw"])
+@pytest.mark.parametrize("name", ["llama-lora", "neox-dora", "llama-lora-bf16"])
+def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
+    """LoRA (Llama) and DoRA (GPT-NeoX, a magnitude vector per adapted linear) as
+    ``peft.get_peft_model`` builds them, and LoRA on a bf16 Llama with peft's fp32 adapters
+    (each group in two dtypes), each layer a unit, real CPU tensors: AdamW keeps state
+    for the adapters only, FSDP2 reduce-scatters and keeps their gradients only, and the peak,
+    every category at it and every module's peaks equal FSDPMemTracker's to the byte."""
+    pytest.importorskip("peft")
+    from peft_models import MODELS
+
+    factory = MODELS[name]
+    layer = factory()[2]
+    real = tracked(
+        lambda: _collect_after_dora(factory()[0]), lambda: dict(factory()[1]),
+        lambda m: [x for x in m.modules() if isinstance(x, layer)], fake_pg, _hf_loss,
+        optimizer=optimizer or False, real=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model, inputs, _ = factory()
+    report = fsdpviz.analyze(model, inputs, fully_shard=[layer], loss=_hf_loss, world_size=fake_pg)
+    mem = memory_model(report, optimizer=optimizer, iteration=1 if optimizer else 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert 0 < sum(p.numel() for p in trainable) < sum(p.numel() for p in model.parameters()) / 10
+    steps = 4 * len(trainable) if optimizer else 0  # AdamW's step counters
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model), steps=steps)
+    if optimizer:  # two states of each adapter's shard, none of the frozen weights
+        shards = sum(u.trainable[1] for u in report.units)
+        assert mem.peak["breakdown"]["optimizer"] == 2 * 4 * shards > 0
+    # the gradients left after backward: each unit's trainable shards
+    last = mem.moments[-1].bytes[CATEGORIES.index("sharded_grads")]
+    assert (
+        real.after_backward["Sharded Grad"] == last == sum(4 * u.trainable[1] for u in report.units)
+    )
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_tied_gpt2_with_labels_and_a_long_sequence(fake_pg: int, bf16: bool) -> None:
+    """GPT-2 (its LM head tied to the token embedding, in the root's group) called with
+    ``labels=input_ids`` on 2 x 512 tokens: exact in float32. With bf16 compute the tracker's
+    forward tensors are lower by the layer norms' statistics alone, which the CPU keeps in
+    bf16 and a GPU in fp32 (2 bytes per token for each of a norm's mean and rstd, while
+    saved): no tensor is counted twice."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    def build() -> nn.Module:
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=1024)
+        return GPT2LMHeadModel(config)
+
+    def inputs() -> dict[str, torch.Tensor]:
+        ids = torch.zeros(2, 512, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids}
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None)
+    real = tracked(build, inputs, lambda m: list(m.transformer.h), fake_pg, _hf_loss, mp_policy=mp)
+    with torch.device("meta"):
+        model = build()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    report = fsdpviz.analyze(model, inputs(), fully_shard=[GPT2Block], world_size=fake_pg,
+                             loss=_hf_loss, mp_policy=mp)  # fmt: skip
+    mem = memory_model(report, optimizer=None, iteration=0)
+    if not bf16:
+        _compare(real, mem)
+        return
+    norms = sum(isinstance(m, nn.LayerNorm) for m in model.modules())
+    statistics = norms * 2 * 2 * 512 * (4 - 2)  # mean and rstd per token, fp32 -> bf16
+    assert (norms, statistics) == (5, 20_480)
+    assert real.after_forward["Activation"] == _after_forward(report, 0) - statistics
+    assert real.peak["Total"] == mem.peak["bytes"] - 3 * statistics // norms  # 3 norms saved

@@ -260,3 +260,9 @@ def test_memory_budget(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Mo
     checkpointed = _texts(_cell(nb, "from torch.distributed.algorithms"))
     assert "Budget 8 GiB" in checkpointed and "Proposed: " in checkpointed
     assert "peak " in _texts(_cell(nb, "checkpointed.report"))
+    lora = _texts(_cell(nb, "from peft import LoraConfig"))  # will my 70B LoRA fit on 8 GPUs?
+    assert "44,564,480 trainable of 70,598,270,976 parameters" in lora
+    assert "fits in A100 SXM 80GB" in lora
+    forty = _texts(_cell(nb, "from fsdpviz.cost import memory_model"))
+    assert "does not fit in A100 SXM 40GB" in forty
+    assert "optimizer state per rank: 42 MiB for the adapters, 32.9 GiB for a full" in forty

@@ -238,6 +238,86 @@ def test_accelerate_fsdp2_round_trip(
     assert plan.iterations == theirs.iterations
 
 
+ACCELERATE_PEFT = """\
+distributed_type: FSDP
+mixed_precision: bf16
+num_processes: {processes}
+fsdp_config:
+  fsdp_version: {version}
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_activation_checkpointing: {ac}
+  fsdp_cpu_ram_efficient_loading: false
+"""
+
+
+def _peft_llama() -> tuple[nn.Module, dict[str, Any]]:
+    from peft_models import llama_lora
+
+    with torch.device("meta"):
+        model, inputs, _ = llama_lora()
+    return model, inputs
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_accelerate_peft_model_as_the_trainer_prepares_it(
+    version: int, fake_pg: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A LoRA model under an accelerate config, prepared as transformers' Trainer does it
+    (``update_fsdp_plugin_peft``: peft's wrap policy), by accelerate's own code: FSDP1's
+    policy plans what fsdpviz plans from the YAML; FSDP2's prepare_model finds no layer
+    policy in it and shards the embeddings, the head and the root only, as fsdpviz says."""
+    pytest.importorskip("peft")
+    pytest.importorskip("accelerate")
+    from transformers.distributed.fsdp import update_fsdp_plugin_peft
+
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(ACCELERATE_PEFT.format(processes=fake_pg, version=version, ac="false"))
+    model, inputs = _peft_llama()
+    with pytest.warns(fsdpviz.ConfigNote, match="a peft model, planned as transformers' Trainer"):
+        ours = fsdpviz.from_accelerate(path, model)
+    plugin, mixed, _ = _accelerate_plugin(path, monkeypatch)
+    plugin.set_mixed_precision(mixed)
+
+    class Accelerator:  # what update_fsdp_plugin_peft and fsdp2_prepare_model read
+        state = type("State", (), {"fsdp_plugin": plugin})()
+        mixed_precision = mixed
+        is_main_process = True
+        device = torch.device("cpu")
+        torch_device_mesh = None
+        parallelism_config = None
+
+    update_fsdp_plugin_peft(model, Accelerator())
+    plan = fsdpviz.analyze(model, inputs, **ours)
+    if version == 1:
+        theirs = fsdpviz.analyze(
+            model, inputs, auto_wrap_policy=plugin.auto_wrap_policy,
+            mixed_precision=plugin.mixed_precision_policy, use_orig_params=plugin.use_orig_params,
+            sharding_strategy=plugin.sharding_strategy, backward_prefetch=plugin.backward_prefetch,
+            forward_prefetch=plugin.forward_prefetch, world_size=fake_pg,
+        )  # fmt: skip
+        adapters = [u for u in plan.units if ".lora_" in u.module]
+        assert len(adapters) == 2 * 2 * 2 and all(u.requires_grad for u in adapters)
+    else:
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        theirs = fsdpviz.analyze(fsdp2_prepare_model(Accelerator(), _peft_llama()[0]), inputs)
+        assert not [u for u in plan.units if ".layers." in u.module]
+    assert [u.to_dict() for u in plan.units] == [u.to_dict() for u in theirs.units]
+    assert plan.iterations == theirs.iterations
+    kept = _quiet(fsdpviz.from_accelerate, path, model, trainer=False)  # a script's own loop
+    layers = fsdpviz.analyze(model, inputs, **kept)
+    assert [u.module for u in layers.units if u.module.endswith(".layers.0")]
+
+
+def test_accelerate_peft_fsdp2_checkpointing_fails_as_accelerate_does(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(ACCELERATE_PEFT.format(processes=8, version=2, ac="true"))
+    with pytest.raises(fsdpviz.ConfigError, match="'NoneType' object is not callable"):
+        _quiet(fsdpviz.from_accelerate, path, _peft_llama()[0])
+
+
 def test_accelerate_config_keys_are_never_ignored_silently(llama_dir: Path) -> None:
     model = fsdpviz.hf_model(str(llama_dir)).model
     base = {"distributed_type": "FSDP", "num_processes": 2}

@@ -449,3 +449,33 @@ def test_the_root_reads_root_in_the_forward_order() -> None:
     assert repr(order[:2]) == "[(root), 'layers.0']"
     assert repr(order).startswith("[(root), 'layers.0', ")
     assert fsdpviz.Report.from_dict(report.to_dict()).forward_order == order
+
+
+def test_predicates_meet_the_users_modules() -> None:
+    """A predicate that tests module identity (``m is model.head``, ``m in blocks``) is asked
+    of the user's modules, not fsdpviz's copy: as a wrap policy (FSDP1), a ``fully_shard``
+    callable (FSDP2) and an activation-checkpointing predicate it picks what the classes or
+    names of the same modules pick (real FSDP agrees: ``test_conformance_corners.py``)."""
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    torch.manual_seed(0)
+    model, x = hm.Stack(), torch.randn(4, 8)
+    blocks = list(model.blocks)
+
+    def same(a: fsdpviz.Report, b: fsdpviz.Report) -> None:
+        assert [u.module for u in a.units] == [u.module for u in b.units]
+        assert a.iterations == b.iterations
+        assert a.timeline.totals["hardware_flops"] == b.timeline.totals["hardware_flops"]
+
+    picked = fsdpviz.analyze(model, x, auto_wrap_policy=CustomPolicy(lambda m: m is model.head))
+    assert [u.module for u in picked.units] == ["", "head"]
+    keep = {model.blocks[0], model.blocks[2]}
+    same(
+        fsdpviz.analyze(model, x, fully_shard=lambda n, m: m in keep),
+        fsdpviz.analyze(model, x, fully_shard=["blocks.0", "blocks.2"]),
+    )
+    same(
+        fsdpviz.analyze(model, x, fully_shard=[hm.Block],
+                        activation_checkpointing=lambda m: m in blocks),
+        fsdpviz.analyze(model, x, fully_shard=[hm.Block], activation_checkpointing=[hm.Block]),
+    )  # fmt: skip

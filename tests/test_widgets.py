@@ -565,9 +565,9 @@ def test_a_re_plan_gives_the_notebook_output_the_plan_on_screen(report: Report) 
 
     view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
     first = view._repr_mimebundle_()
-    assert first is not None and view.timeline.saved == {}
+    assert first is not None and view.timeline.saved_output == {}
     view.explorer.controls.set(world_size=16)
-    saved = view.timeline.saved
+    saved = view.timeline.saved_output
     assert set(saved) == {MIME, "image/svg+xml", "text/plain"}
     shown = views(saved)
     assert shown["explorer"]["data"]["title"].endswith("world size 16")
@@ -580,5 +580,5 @@ def test_a_re_plan_gives_the_notebook_output_the_plan_on_screen(report: Report) 
     # on its own, the explorer saves its own view
     alone = Explorer(report, model=Tiny(), inputs=tiny_inputs())
     alone.controls.set(world_size=2)
-    assert views(alone.view.saved)["explorer"]["data"]["title"].endswith("world size 2")
-    assert view.explorer.view.saved == {}  # in a dashboard, the dashboard saves
+    assert views(alone.view.saved_output)["explorer"]["data"]["title"].endswith("world size 2")
+    assert view.explorer.view.saved_output == {}  # in a dashboard, the dashboard saves

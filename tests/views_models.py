@@ -60,7 +60,11 @@ def tiny_inputs() -> torch.Tensor:
 
 def analyze_tiny(**kwargs: Any) -> Report:
     torch.manual_seed(0)
-    options: dict[str, Any] = {"auto_wrap_policy": ModuleWrapPolicy({Block}), "world_size": 4}
+    options: dict[str, Any] = {
+        "auto_wrap_policy": ModuleWrapPolicy({Block}),
+        "world_size": 4,
+        "torch_version": "2.13",  # goldens: the same whatever torch is installed
+    }
     options.update(kwargs)
     return fsdpviz.analyze(Tiny(), tiny_inputs(), progress=False, **options)
 
@@ -98,3 +102,34 @@ def check_golden(name: str, data: Any) -> None:
         f"{name} differs from the golden file; if the change is intended, rewrite it with "
         "FSDPVIZ_UPDATE_GOLDEN=1 and review the diff"
     )
+
+
+def tune_small(memory_budget: str | None = "2.3MiB", **kwargs: Any) -> fsdpviz.Tuning:
+    """A tuning of 7 configurations of a 3-layer example model on 8 ranks (units and
+    checkpointing turned; 4 fit the default budget), its search time set to 1 s so that
+    its words are the same on every run."""
+    from fsdpviz.examples import ExampleConfig, example_inputs, example_model
+
+    torch.manual_seed(0)
+    c = ExampleConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_heads=2,
+                      num_layers=3)  # fmt: skip
+    options: dict[str, Any] = {"knobs": ["wrap", "activation_checkpointing"], "world_size": 8}
+    options.update(kwargs)
+    tuning = fsdpviz.tune(
+        example_model(c), example_inputs(c), memory_budget=memory_budget, progress=False,
+        **options,
+    )  # fmt: skip
+    tuning.seconds = 1.0
+    return tuning
+
+
+def tune_many() -> fsdpviz.Tuning:
+    """A tuning of 132 configurations on 8 and 16 ranks under a 3 MiB budget (23 fit)."""
+    from fsdpviz.examples import ExampleConfig, example_inputs, example_model
+
+    torch.manual_seed(0)
+    c = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
+    tuning = fsdpviz.tune(example_model(c), example_inputs(c), world_size=[8, 16],
+                          memory_budget="3MiB", progress=False)  # fmt: skip
+    tuning.seconds = 1.0
+    return tuning

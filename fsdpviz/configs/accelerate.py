@@ -31,6 +31,8 @@ still reads it, and otherwise prefetches nothing, which a note says.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,12 +97,21 @@ _PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 _MIXED = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
-def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) -> TrainerConfig:
+def from_accelerate(
+    config: str | Path | Mapping[str, Any], model: nn.Module, *, trainer: bool = True
+) -> TrainerConfig:
     """The :func:`fsdpviz.analyze` arguments of an accelerate FSDP config for ``model``.
 
     ``config`` is the YAML file's path (or its contents as a dict). Keys that do not
     change the plan, or that fsdpviz does not model, each give one :class:`ConfigNote`
     line; an unknown key is an error.
+
+    A ``peft`` model (``get_peft_model``) is planned as transformers' ``Trainer`` (and TRL's
+    trainers, built on it) prepares it (``trainer=True``, the default): it replaces the
+    config's wrap policy with peft's ``fsdp_auto_wrap_policy`` (each adapter's linear a unit
+    of its own, and each transformer layer), which accelerate's FSDP2 path does not read (no
+    layer is sharded on its own). ``trainer=False``: a script that calls
+    ``accelerator.prepare`` itself, which keeps the config's policy.
 
     Example::
 
@@ -136,6 +147,8 @@ def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) ->
                     "world_size=N, or --world-size N, for the job's)")  # fmt: skip
         kwargs["world_size"] = DEFAULT_WORLD_SIZE
     wrap = _wrap_policy(fsdp, model, where)
+    if trainer and _is_peft(model):
+        wrap = _peft_wrap(fsdp, model, where, version, wrap, notes)
     mixed = data.get("mixed_precision")
     mixed = "no" if mixed is None or mixed is False else str(mixed).lower()
     if mixed not in ("no", *_MIXED):
@@ -153,6 +166,15 @@ def from_accelerate(config: str | Path | Mapping[str, Any], model: nn.Module) ->
     if _flag(
         fsdp.get("fsdp_activation_checkpointing", False), "fsdp_activation_checkpointing", where
     ):
+        if wrap is not None and wrap.kind == "peft" and version == 2:
+            raise ConfigError(
+                f"{where}: fsdp_activation_checkpointing with fsdp_version: 2 and a peft model "
+                "under transformers' Trainer fails: accelerate's FSDP2 path does not read "
+                "peft's wrap policy and calls it anyway (TypeError: 'NoneType' object is not "
+                "callable). Checkpoint with the Trainer instead (TrainingArguments("
+                "gradient_checkpointing=True): analyze(..., activation_checkpointing=[the "
+                "layer class])) and set fsdp_activation_checkpointing: false"
+            )
         if wrap is None:
             note(notes, f"{where}: fsdp_activation_checkpointing without a wrap policy "
                         "checkpoints nothing")  # fmt: skip
@@ -310,12 +332,20 @@ def _flag(value: Any, key: str = "", where: str = "") -> bool:
 
 
 class _Wrap:
-    """The wrap policy accelerate builds: its FSDP1 policy and which modules it picks."""
+    """The wrap policy accelerate builds: its FSDP1 policy and which modules it picks
+    (``kind`` ``"peft"``: peft's ``fsdp_auto_wrap_policy``, ``policy``)."""
 
-    def __init__(self, kind: str, classes: set[type[nn.Module]], min_num_params: int) -> None:
+    def __init__(
+        self,
+        kind: str,
+        classes: set[type[nn.Module]],
+        min_num_params: int,
+        policy: Any = None,
+    ) -> None:
         self.kind = kind
         self.classes = classes
         self.min_num_params = min_num_params
+        self.policy = policy
 
     def fsdp1(self) -> Any:
         from torch.distributed.fsdp.wrap import (
@@ -323,6 +353,8 @@ class _Wrap:
             transformer_auto_wrap_policy,
         )
 
+        if self.kind == "peft":
+            return self.policy
         if self.kind == "transformer":
             return functools.partial(
                 transformer_auto_wrap_policy, transformer_layer_cls=self.classes
@@ -330,7 +362,10 @@ class _Wrap:
         return functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
 
     def picks(self, module: nn.Module) -> bool:
-        """accelerate's FSDP2 policy (``fsdp2_prepare_auto_wrap_policy``)."""
+        """accelerate's FSDP2 policy (``fsdp2_prepare_auto_wrap_policy``), which finds no
+        layer policy in peft's."""
+        if self.kind == "peft":
+            return False
         if self.kind == "transformer":
             return bool(self.classes) and isinstance(module, tuple(self.classes))
         return sum(p.numel() for p in module.parameters()) > self.min_num_params
@@ -338,6 +373,8 @@ class _Wrap:
     @property
     def checkpointed(self) -> Any:
         """What ``apply_activation_checkpointing(auto_wrap_policy=...)`` checkpoints."""
+        if self.kind == "peft":  # its policy asked of one module at a time
+            return lambda m: bool(self.policy(module=m, recurse=False, nonwrapped_numel=0))
         if self.kind == "transformer":
             return sorted(self.classes, key=lambda c: c.__name__)
         return self.picks
@@ -362,6 +399,56 @@ def _wrap_policy(fsdp: dict[str, Any], model: nn.Module, where: str) -> _Wrap | 
         f"{where}: fsdp_auto_wrap_policy {kind!r} is not valid; use TRANSFORMER_BASED_WRAP, "
         "SIZE_BASED_WRAP or NO_WRAP"
     )
+
+
+def _is_peft(model: nn.Module) -> bool:
+    peft = sys.modules.get("peft")  # a peft model's library is loaded
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def _peft_wrap(
+    fsdp: dict[str, Any], model: nn.Module, where: str, version: int, wrap: _Wrap | None,
+    notes: list[str],
+) -> _Wrap:  # fmt: skip
+    """transformers' Trainer on a peft model (``update_fsdp_plugin_peft``): peft's
+    ``fsdp_auto_wrap_policy``, whose layer classes ``accelerate launch`` passes in the
+    environment (``FSDP_TRANSFORMER_CLS_TO_WRAP``, from fsdp_transformer_layer_cls_to_wrap)."""
+    from peft.utils.other import fsdp_auto_wrap_policy
+
+    names = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+    if isinstance(names, (list, tuple)):
+        names = ",".join(str(n) for n in names)
+    key = "FSDP_TRANSFORMER_CLS_TO_WRAP"
+    before = os.environ.get(key)
+    try:
+        if names is not None:
+            os.environ[key] = str(names)
+        elif before is not None:  # launch would not pass the caller's: it is not in the file
+            del os.environ[key]
+        policy = fsdp_auto_wrap_policy(model)  # type: ignore[no-untyped-call]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: peft's fsdp_auto_wrap_policy refuses this model: {e}") from e
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    classes = wrap.classes if wrap is not None else set()
+    what = (
+        "peft's fsdp_auto_wrap_policy wraps each adapter's linear as a unit of its own and "
+        "each transformer layer"
+        if version == 1
+        else "it sets peft's fsdp_auto_wrap_policy, which accelerate's FSDP2 path does not "
+        "read, so no layer is sharded on its own (only the embeddings, the final norm with "
+        "the head, and the root)"
+    )
+    note(
+        notes,
+        f"{where}: a peft model, planned as transformers' Trainer prepares it: {what}; "
+        "from_accelerate(..., trainer=False) plans the config's policy, as a script calling "
+        "accelerator.prepare keeps it",
+    )
+    return _Wrap("peft", classes, 0, policy)
 
 
 def _named(value: Any, names: list[str], key: str, where: str) -> str:
@@ -473,11 +560,12 @@ def _fsdp2(
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
         )
-        low = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        low = sorted({str(p.dtype) for p in model.parameters()
+                      if p.requires_grad and p.dtype != torch.float32})  # fmt: skip
         if low:
-            note(notes, f"{where}: accelerate casts the {', '.join(low)} parameters to float32 "
-                        "before fully_shard when mixed precision is on; this model is planned "
-                        "as it is")  # fmt: skip
+            note(notes, f"{where}: accelerate casts the {', '.join(low)} parameters that "
+                        "require grad to float32 before fully_shard when mixed precision is "
+                        "on; this model is planned as it is")  # fmt: skip
     if _flag(fsdp.get("fsdp_offload_params", False), "fsdp_offload_params", where):
         kwargs["offload_policy"] = CPUOffloadPolicy()
     return kwargs

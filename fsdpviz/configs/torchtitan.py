@@ -370,7 +370,7 @@ def _mesh(
     }
 
 
-def _tp_plan(loss_parallel: bool) -> dict[str, Any]:
+def tp_plan(loss_parallel: bool) -> dict[str, Any]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
     vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
@@ -445,7 +445,7 @@ def _plan(
     if mesh["tp"] > 1:
         parallel = data.get("parallelism", {})
         loss_parallel = not parallel.get("disable_loss_parallel", False)
-        kwargs["parallelize_plan"] = _tp_plan(loss_parallel)
+        kwargs["parallelize_plan"] = tp_plan(loss_parallel)
         if loss_parallel:
             note(
                 notes,
@@ -507,13 +507,15 @@ def _dtype(name: Any, key: str) -> torch.dtype:
 
 
 class _CrossEntropy:
-    """torchtitan's loss: cross-entropy of the float32 logits against the labels."""
+    """torchtitan's loss: cross-entropy of the float32 logits against the labels (the first
+    samples', for a micro-batch of fewer)."""
 
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels = labels
 
     def __call__(self, pred: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), self.labels.flatten(0, 1))
+        labels = self.labels[: pred.shape[0]]
+        loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
         return loss
 
 

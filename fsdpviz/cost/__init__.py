@@ -1,9 +1,9 @@
 """The memory and time model of a schedule: bytes per rank and modelled time at every event.
 
 May import the layers below it (schema, trace, plan, schedule, recording); it reads reports
-only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``,
-``fsdpviz.suggest``) and replaying a report under other options
-(:func:`fsdpviz.replan.replay`) live in :mod:`fsdpviz.replan`.
+only. See the README, "Memory and time". Comparing configurations (``fsdpviz.sweep``) and
+replaying a report under other options (:func:`fsdpviz.replan.replay`) live in
+:mod:`fsdpviz.replan`; searching them for the fastest that fits in :mod:`fsdpviz.tuning`.
 
 Example::
 
@@ -21,6 +21,7 @@ from fsdpviz.cost.memory import (
     memory_model,
     memory_series,
 )
+from fsdpviz.cost.slow_causes import slowdowns
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport
 from fsdpviz.schema.timeline import Timeline
@@ -38,5 +39,6 @@ __all__ = [
     "memory_lane",
     "memory_model",
     "memory_series",
+    "slowdowns",
     "timeline",
 ]

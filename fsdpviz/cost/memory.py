@@ -104,6 +104,8 @@ def memory_model(
             "world_size": report.config.world_size,
             "optimizer": optimizer,
             "iteration": i,
+            "parameters": sum(u.numel for u in report.units),
+            "trainable": sum(u.trainable[0] for u in report.units),
         },
         events=walker.records,
         peak=walker.peak_record(),

@@ -19,23 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
 
-_ITEMSIZE = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "int64": 8,
-    "int32": 4,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-}
+_ITEMSIZE = DTYPE_SIZES
 
 # Optimizer states per parameter element, in the sharded parameter's dtype.
 OPTIMIZER_STATES = {
@@ -104,24 +90,57 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
     orig = itemsize(u.dtype)
     compute = itemsize(u.compute_dtype or u.dtype)
     reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
-    sharded = u.sharded_numel * orig
+    sharded = u.sharded_bytes
     communicates = u.sharding_strategy != "NO_SHARD"
-    unsharded = u.padded_numel * compute if communicates else 0
-    trains = u.requires_grad is not False
+    unsharded = gathered_bytes(u) if communicates else 0
     host = sharded if offload else 0
+    trainable, trainable_sharded = u.trainable
+    grad_numel = trainable if fsdp2 else (u.numel if trainable else 0)
+    grad_sharded = reduced_shard_numel(u, fsdp2)
+    shard_ranks = u.padded_numel // u.sharded_numel if u.sharded_numel else 0
     return UnitBytes(
         name=u.module,
         sharded=sharded - host,
         unsharded=unsharded,
-        all_gather=u.padded_numel * compute if fsdp2 and communicates else 0,
-        copy_in=u.sharded_numel * compute if compute != orig or u.compute_dtype != u.dtype else 0,
-        grad=u.numel * compute if trains else 0,
-        reduce_scatter=u.padded_numel * reduce if trains and communicates else 0,
-        sharded_grad=sharded - host if trains else 0,
-        optimizer=(sharded - host) * states if trains else 0,
+        all_gather=unsharded if fsdp2 else 0,
+        copy_in=_cast_shard(u, compute, orig),
+        grad=grad_numel * compute,
+        reduce_scatter=grad_sharded * shard_ranks * reduce if communicates else 0,
+        sharded_grad=0 if offload else grad_sharded * orig,
+        optimizer=0 if offload else trainable_sharded * orig * states,
         communicates=communicates,
         h2d=host,
     )
+
+
+def gathered_bytes(u: Unit) -> int:
+    """Bytes of ``u``'s all-gathered parameters (padded, in the compute dtype; a group of
+    several dtypes without mixed precision gathers each in its own)."""
+    if u.dtype_numels and u.compute_dtype is None:
+        return u.sharded_bytes * (u.padded_numel // max(u.sharded_numel, 1))
+    return u.padded_numel * itemsize(u.compute_dtype or u.dtype)
+
+
+def _cast_shard(u: Unit, compute: int, orig: int) -> int:
+    """Mixed precision's copy of the shard in the compute dtype, of the parameters in
+    another dtype."""
+    if u.dtype_numels:
+        if u.compute_dtype is None:
+            return 0
+        return sum(s for d, (_, s) in u.dtype_numels.items() if d != u.compute_dtype) * compute
+    return u.sharded_numel * compute if compute != orig or u.compute_dtype != u.dtype else 0
+
+
+def reduced_shard_numel(u: Unit, fsdp2: bool) -> int:
+    """Elements of ``u``'s gradient one rank holds once reduced: what its reduce-scatter
+    outputs (its input is this times the shard ranks), hybrid sharding all-reduces across
+    the replicas, and the sharded gradient holds. FSDP1 reduces the whole FlatParameter's
+    gradient (a frozen parameter's part is zeros); FSDP2 reduce-scatters the gradients that
+    exist, the trainable parameters' padded shards."""
+    trainable, trainable_sharded = u.trainable
+    if fsdp2:
+        return trainable_sharded
+    return u.sharded_numel if trainable else 0
 
 
 _UNITS = {

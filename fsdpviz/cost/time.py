@@ -58,7 +58,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
-from fsdpviz.cost.sizes import itemsize, optimizer_states
+from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_states, reduced_shard_numel
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
@@ -233,6 +233,13 @@ def _notes(report: Report, m: Machine, sim: _Sim, compiled: bool) -> list[str]:
             "compile: the trace holds no fused regions (a report saved before they were "
             "measured); the compute is costed eager"
         )
+    trainable = report.trainable_text()
+    if trainable:
+        notes.append(
+            f"{trainable}: the backward computes no weight gradient for the frozen ones (the "
+            "trace's kernels, hfu), the optimizer steps the trainable shards only; mfu counts "
+            "the forward's FLOPs three times, as for full training"
+        )
     return notes
 
 
@@ -251,6 +258,10 @@ def _compute_dtype(units: list[Unit]) -> str:
     weight: dict[str, int] = {}
     for u in units:
         d = u.compute_dtype or u.dtype or "float32"
+        if u.dtype_numels and u.compute_dtype is None:  # several dtypes, each computes in its own
+            for name, (n, _) in u.dtype_numels.items():
+                weight[name] = weight.get(name, 0) + n
+            continue
         weight[d] = weight.get(d, 0) + u.numel
     return max(weight, key=lambda d: weight[d]) if weight else "float32"
 
@@ -281,7 +292,7 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
     if states == 0 and optimizer is None:
         return 0.0
     # read param + grad + states, write param + states
-    touched = sum(u.sharded_numel * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
+    touched = sum(u.trainable[1] * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
     return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
@@ -539,7 +550,7 @@ class _Sim:
             gate = self._all_gather_gate()
             rec["rate_limited_s"] = self.t_cpu - rec["issued"]
             rec["issued"] = self.t_cpu  # after the rate limiter's wait, if any
-            self._copy(rec, u.sharded_numel * itemsize(u.dtype), max(self.t_copy, gate))
+            self._copy(rec, u.sharded_bytes, max(self.t_copy, gate))
             self.h2d_done[e.unit] = rec["end"]
             self.h2d_event[e.unit] = index
             return
@@ -552,9 +563,8 @@ class _Sim:
                 ranks = self.raf_int[e.unit]
                 span = post_forward_span(self.cfg, ranks, self.m.gpus_per_node)
                 self.post_forward_mesh.discard(e.unit)
-            compute = itemsize(u.compute_dtype or u.dtype)
             share = self.float8_share.get(e.unit, 0.0)  # FSDP2's float8 all-gather
-            size = u.padded_numel * (share + (1 - share) * compute)
+            size = gathered_bytes(u) * (1 - share) + u.padded_numel * share
             if share > 0:
                 rec["float8_share"] = share
             limiter = self._all_gather_gate()
@@ -576,7 +586,7 @@ class _Sim:
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
-            size = u.sharded_numel * reduce
+            size = reduced_shard_numel(u, self.fsdp2) * reduce
             across = self.spans.get("replicate")
             self._collective(
                 rec, "all_reduce", size, self.replicas, self.t_compute, 0.0, across, _GRADS
@@ -588,7 +598,9 @@ class _Sim:
                 rec, "all_reduce", size, self.pg_ws, self.t_compute, 0.0, group, _GRADS
             )
         else:
-            ranks, size = self.shard_ws, u.padded_numel * reduce
+            ranks = self.shard_ws
+            shards = u.padded_numel // max(u.sharded_numel, 1)
+            size = reduced_shard_numel(u, self.fsdp2) * shards * reduce
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
             extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
             shard = self.spans["shard"]

@@ -13,7 +13,8 @@ and ``.html`` files hold; :func:`page_script` reads a page's packed data back.
 :func:`output_bundle` and :func:`object_bundle` make what fsdpviz's notebook outputs hold
 beside a live widget (:data:`MIME`, the views' data that fsdpviz's JupyterLab extension
 draws without a kernel, and a static SVG); :func:`report_file` what ``.fsdpviz.json``
-files hold.
+files hold. :func:`tune_page` is the page of a tuning (``tuning.save("tune.html")``) and
+:func:`save_tuning` writes it or its image.
 
 Example::
 
@@ -30,6 +31,7 @@ from fsdpviz.export._image import write_image
 from fsdpviz.export._notebook import MIME, PAGE_KEY, object_bundle, output_bundle, report_file
 from fsdpviz.export._save import SUFFIXES, save, suffix_of
 from fsdpviz.export._trace import chrome_trace
+from fsdpviz.export._tune_page import save_tuning, tune_page
 
 __all__ = [
     "MIME",
@@ -42,6 +44,8 @@ __all__ = [
     "page_script",
     "report_file",
     "save",
+    "save_tuning",
     "suffix_of",
+    "tune_page",
     "write_image",
 ]

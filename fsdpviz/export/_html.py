@@ -38,7 +38,15 @@ if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
-__all__ = ["PageTheme", "html_page", "pack", "page_config", "page_header", "page_script"]
+__all__ = [
+    "PageTheme",
+    "html_page",
+    "pack",
+    "page_assets",
+    "page_config",
+    "page_header",
+    "page_script",
+]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 CSS = Path(__file__).with_name("page.css")
@@ -73,7 +81,6 @@ def html_page(
     return _PAGE.format(
         title=html.escape(heading),
         theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
-        css=_theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
         header=header,
         figures=_FIGURES.format(
             divs="".join(
@@ -84,10 +91,20 @@ def html_page(
         if figures
         else "",
         config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
-        widget=pack(_read(STATIC / "widget.js")),
-        page_js=_inline_script(_read(STATIC / "page.js")),
-        version=html.escape(_version()),
+        **page_assets(),
     )
+
+
+def page_assets() -> dict[str, str]:
+    """What every page fsdpviz writes inlines: ``css`` (the theme's colours, the page's and
+    the views' stylesheets), ``widget`` (the front end's bundle, packed), ``page_js`` (the
+    page's boot script) and ``version`` (fsdpviz's, HTML-escaped)."""
+    return {
+        "css": _theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
+        "widget": pack(_read(STATIC / "widget.js")),
+        "page_js": _inline_script(_read(STATIC / "page.js")),
+        "version": html.escape(_version()),
+    }
 
 
 def page_config(
@@ -290,6 +307,9 @@ def _header(
         rows.append(("source", base.source))
     else:
         rows.append(("source", f"recording of {len(reports)} ranks"))
+    if base.config.torch_version:
+        verb = "predicted" if base.source == "prediction" else "recorded"
+        rows.append(("FSDP", f"{base.config.whose_fsdp} ({verb})"))
     full = sum(u.bytes for u in base.units)
     per_rank = sum(u.sharded_bytes for u in base.units)
     rows.append(("wrap units", f"{len(base.units)}"))

@@ -15,7 +15,8 @@ import functools
 import math
 import types
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -109,16 +110,44 @@ class FlatLayout:
         """Elements of the all-gathered FlatParameter (a multiple of the shard world size)."""
         return self.sharded_numel * self.shard_world_size
 
+    def trainable(self, trains: Sequence[bool]) -> tuple[int, int]:
+        """Elements of the parameters flagged in ``trains`` (one flag per parameter, in
+        order): in all, and the most of them one rank's shard holds. With
+        ``use_orig_params=True`` each parameter is a view of its part of the rank's shard,
+        and the optimizer keeps state for the parts of those that train."""
+        spans: list[tuple[int, int]] = []
+        start = 0
+        flags = iter(trains)
+        for n, pad in zip(self.split_numels, self.is_padding, strict=True):
+            if not pad and next(flags):
+                spans.append((start, start + n))
+            start += n
+        size = self.sharded_numel
+        most = max(
+            (
+                sum(max(0, min(b, lo + size) - max(a, lo)) for a, b in spans)
+                for lo in range(0, size * self.shard_world_size, size)
+            ),
+            default=0,
+        )
+        return sum(b - a for a, b in spans), most
+
 
 def flat_param_layout(
-    numels: list[int], itemsize: int, *, use_orig_params: bool, shard_world_size: int
+    numels: list[int],
+    itemsize: int,
+    *,
+    use_orig_params: bool,
+    shard_world_size: int,
+    pad_to: int | None = None,
 ) -> FlatLayout:
     """The layout ``FlatParamHandle`` gives parameters of ``numels`` elements.
 
     With ``use_orig_params=True`` each parameter starts at a multiple of
     :data:`ALIGNMENT_BYTES` (of the compute dtype, ``itemsize`` bytes per element)
-    and the whole is padded to a multiple of ``shard_world_size``; otherwise the
-    parameters are packed and only the shard is rounded up.
+    and the whole is padded to a multiple of ``pad_to``, the size of FSDP's process group
+    (default ``shard_world_size``; under ``NO_SHARD`` too, which shards over one rank);
+    otherwise the parameters are packed and only the shard is rounded up.
     """
     align = ALIGNMENT_BYTES // itemsize if use_orig_params else 0
     split: list[int] = []
@@ -137,7 +166,7 @@ def flat_param_layout(
             add(-total % align, True)
         add(n, False)
     if align:
-        add(-total % shard_world_size, True)
+        add(-total % (pad_to or shard_world_size), True)
     return FlatLayout(split, padding, shard_world_size)
 
 
@@ -380,6 +409,7 @@ def _build_unit(
         fwd_dtype.itemsize,
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size if unit.uses_sharded_strategy else 1,
+        pad_to=opts.process_group_size,
     )
     unit.split_numels, unit.is_padding = layout.split_numels, layout.is_padding
     unit.requires_grad = claim.requires_grad
@@ -403,7 +433,24 @@ def _build_unit(
         sharding_strategy=config.sharding_strategy.name,
         itemsize=itemsize,
     )
+    if claim.mixed_grads:
+        trains = [p.requires_grad for p in unit.params]
+        unit.schema = replace(unit.schema, **trainable_fields(unit.schema.params, trains, layout))
     return unit
+
+
+def trainable_fields(
+    fqns: Sequence[str], trains: Sequence[bool], layout: FlatLayout
+) -> dict[str, Any]:
+    """``Unit``'s fields for a FlatParameter of frozen and trainable parameters
+    (``use_orig_params=True``, one flag per parameter in ``trains``): the frozen ones, and
+    the trainable elements in all and in one rank's shard (:meth:`FlatLayout.trainable`)."""
+    total, most = layout.trainable(trains)
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": total,
+        "trainable_sharded_numel": most,
+    }
 
 
 def _join(prefix: str, name: str) -> str:

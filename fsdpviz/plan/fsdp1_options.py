@@ -23,8 +23,10 @@ from fsdpviz.plan.options import (
     check_dtypes,
     check_keywords,
     check_world_size,
+    torch_rules,
     world_size,
 )
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed, torch_fsdp
 from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
@@ -55,8 +57,10 @@ _REJECTED = {
 }
 _FSDPVIZ = {
     "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
-    *JOB_KEYS,
+    "torch_version", *JOB_KEYS,
 }  # fmt: skip
+FSDP1_KEYWORDS = frozenset(_MODELLED | _FSDPVIZ)
+"""Every keyword ``analyze`` takes for FSDP1 (``FullyShardedDataParallel``'s and fsdpviz's)."""
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 
 
@@ -91,6 +95,9 @@ class FSDP1Options:
     extra: dict[str, Any] = field(default_factory=dict)
     # The job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py).
     job: JobOptions = field(default_factory=JobOptions)
+    # Whose FSDP (torch_version=; default the installed torch's). FSDP1's runtime did not
+    # change from torch 2.6 to 2.14 in what fsdpviz models: only the config states it.
+    torch: TorchFSDP = field(default_factory=installed)
 
     @property
     def shard_world_size(self) -> int:
@@ -121,6 +128,7 @@ class FSDP1Options:
         job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP1",
+            torch_version=self.torch.version,
             **self._sharding_fields(),
             auto_wrap_policy=describe_policy(self.auto_wrap_policy),
             forward_prefetch=self.forward_prefetch,
@@ -184,6 +192,7 @@ class FSDP1Options:
             use_orig_params=config.use_orig_params,
             offload_params=config.cpu_offload,
             trace=config.trace or "meta",
+            torch=torch_fsdp(config.torch_version),
         )
         ws = config.ranks
         if "world_size" in changes:
@@ -402,7 +411,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     as a string fails), and a process group of one rank runs ``NO_SHARD``.
     """
     check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
-    opts = FSDP1Options()
+    opts = FSDP1Options(torch=torch_rules(kwargs))
     _shard(
         opts, world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
     )

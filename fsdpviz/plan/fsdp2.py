@@ -26,7 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
-from fsdpviz.plan.options import check_dtypes, check_keywords, world_size
+from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     fsdp_shard_shape,
@@ -34,15 +34,18 @@ from fsdpviz.plan.tensor_parallel import (
     local_shape,
     parse_tp_mesh,
 )
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
 
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
     "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn", "activation_checkpointing", "parallelize_plan",
-    *JOB_KEYS,
+    "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
+    "reshard_after_backward", "requires_all_reduce", *JOB_KEYS,
 }  # fmt: skip
+FSDP2_KEYWORDS = frozenset(_KNOWN)
+"""Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
 _REJECTED = {
     "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
     "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
@@ -80,6 +83,14 @@ class FSDP2Options:
     mesh_dims: dict[str, int] | None = None
     # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
     job: JobOptions = field(default_factory=JobOptions)
+    # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
+    torch: TorchFSDP = field(default_factory=installed)
+    # the micro-steps before the last of an accumulation: set_reshard_after_backward(False)
+    # keeps the parameters gathered into the next micro-step (as pipeline schedules do);
+    # set_requires_all_reduce(False) reduce-scatters each and all-reduces across the HSDP
+    # replicas in the last only (instead of set_requires_gradient_sync(False))
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
 
     @property
     def shard_ranks(self) -> int:
@@ -91,6 +102,7 @@ class FSDP2Options:
         job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP2",
+            torch_version=self.torch.version,
             world_size=self.world_size,
             fully_shard=tuple(g.name for g in groups),
             reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
@@ -108,12 +120,16 @@ class FSDP2Options:
             tp_world_size=self.tp_size if self.tp else None,
             parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
+            reshard_after_backward=self.reshard_after_backward,
+            requires_all_reduce=self.requires_all_reduce,
             **job,
             stated=FSDP2_KEYS
             + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
             + (("cpu_offload",) if self.offload else ())
-            + job_keys,
+            + job_keys
+            + (("reshard_after_backward",) if not self.reshard_after_backward else ())
+            + (("requires_all_reduce",) if not self.requires_all_reduce else ()),
         )
 
     def _mesh(self) -> dict[str, int] | None:
@@ -158,11 +174,25 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     raf = kwargs.get("reshard_after_forward")
     if raf is not None and not isinstance(raf, (bool, int, dict)):
         raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    rules = torch_rules(kwargs)
+    if kwargs.get("ignored_params") is not None and not rules.ignored_params:
+        raise FSDPConfigError(
+            f"ignored_params: fully_shard of {rules.name} has no ignored_params (torch 2.7 "
+            "added it); leave those modules out of fully_shard=, or plan for torch 2.7+"
+        )
     trace = kwargs.get("trace", "meta")
     if trace not in ("meta", "real"):
         fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
         raise ConfigError(
             f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
+        )
+    job = parse_job_options(kwargs, "FSDP2")
+    after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
+    all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
+    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
         )
     return FSDP2Options(
         world_size=ws,
@@ -184,8 +214,26 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         tp_size=tp_size,
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
-        job=parse_job_options(kwargs, "FSDP2"),
+        job=job,
+        torch=rules,
+        reshard_after_backward=after_backward,
+        requires_all_reduce=all_reduce,
     )
+
+
+def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool:
+    """An option of the micro-steps that accumulate gradients (``set_<name>(False)`` before
+    each, ``True`` before the last)."""
+    value = kwargs.get(name, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    if not value and grad_accum < 2:
+        raise ConfigError(
+            f"{name}=False is what the micro-steps before the last do (FSDP2's "
+            f"set_{name}(False), then True for the last one): pass grad_accum=N for N "
+            "micro-steps per optimizer step"
+        )
+    return value
 
 
 def _named_dims(
@@ -428,7 +476,7 @@ def build_groups(
             name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
         )
         group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
-            opts.reshard_after_forward, group.name, group.fqns
+            opts.reshard_after_forward, group.name, group.fqns, opts.torch
         )
         groups.append(group)
     finalize_groups(model, groups, opts, memo)
@@ -446,6 +494,19 @@ def _claims(
     out: list[_Claim] = []
     for call in resolve_targets(model, spec, memo):
         members = tuple(modules[n] for n in call)
+        container = members[0] if len(members) == 1 else None
+        if (
+            isinstance(container, (nn.ModuleList, nn.ModuleDict))
+            and type(container).forward is nn.Module.forward
+        ):
+            kinds = sorted({type(m).__name__ for m in container.children()})
+            raise FSDPConfigError(
+                f"fully_shard does not support containers that do not implement forward: "
+                f"{call[0]!r} is a {type(container).__name__} of {len(container)} "
+                f"({', '.join(kinds)}), and FSDP2 raises this for it. Shard each module in it "
+                "(fully_shard=[the block class], or their FQNs), or group them in one call "
+                "(a tuple of their FQNs)"
+            )
         ordered = sorted(set(call), key=position.__getitem__)
         claim = _Claim(name=", ".join(ordered), modules=members, fqns=call, params=[])
         seen: set[nn.Parameter] = set()
@@ -521,11 +582,14 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
 
 
 def reshard_after_forward_of(
-    value: Any, name: str, fqns: tuple[str, ...]
+    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
 ) -> tuple[bool | int, bool]:
     """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
     given the option's value (a bool, an int or ``{fqn: bool | int}``), and whether that is
-    torch's default (reshard all but the root)."""
+    torch's default (reshard all but the root). Before torch 2.8 (``rules``) lazy init keeps
+    the root unsharded after forward whatever it was given."""
+    if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
+        return False, True
     if isinstance(value, dict):
         for key in (name, *fqns):
             if key in value:
@@ -581,6 +645,37 @@ def sharded_numel(shape: Sequence[int], world_size: int) -> int:
     return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
 
 
+def trainable_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], trains: Sequence[bool], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
+    reduce-scatters the gradients that exist, one padded dim-0 shard per trainable
+    parameter, and the optimizer keeps state for those shards only."""
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
+        "trainable_sharded_numel": sum(
+            sharded_numel(s, world_size) for s, t in zip(shapes, trains, strict=True) if t
+        ),
+    }
+
+
+def dtype_fields(
+    fqns: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[Any], world_size: int
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group of parameters in several dtypes: each dtype's
+    parameters, and their elements in all and in one rank's padded shard."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fqn, shape, dt in zip(fqns, shapes, dtypes, strict=True):
+        name = dtype_name(dt) or str(dt)
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += math.prod(shape)
+        counts[1] += sharded_numel(shape, world_size)
+    return {"param_dtypes": names, "dtype_numels": numels}
+
+
 def _schema(
     group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
 ) -> Unit:
@@ -591,11 +686,15 @@ def _schema(
     numel = sum(math.prod(s) for s in local)
     sharded = sum(sharded_numel(s, ws) for s in local)
     dtypes = {p.dtype for p in group.params}
-    dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+    # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
+    orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
+    dtype = next(iter(orig)) if len(orig) == 1 else None
     mp = opts.mp_policy
-    compute = mp.param_dtype or dtype
-    reduce = mp.reduce_dtype or compute
+    compute = mp.param_dtype or (dtype if len(dtypes) == 1 else None)
+    reduce = mp.reduce_dtype or mp.param_dtype or dtype
     grads = {p.requires_grad for p in group.params}
+    mixed = len(grads) > 1
+    trains = [p.requires_grad for p in group.params]
     itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
     return Unit(
         module=group.name,
@@ -609,11 +708,17 @@ def _schema(
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
-        requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
+        requires_grad=None if mixed else (grads.pop() if grads else None),
         sharding_strategy="FULL_SHARD"
         if group.reshard_after_forward is not False
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
+        **(trainable_fields(group.param_fqns, local, trains, ws) if mixed else {}),
+        **(
+            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws)
+            if len(dtypes) > 1
+            else {}
+        ),
         shard_shapes={
             f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
         }

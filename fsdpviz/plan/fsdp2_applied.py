@@ -22,6 +22,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
+from fsdpviz.plan.torch_fsdp import installed
 
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
@@ -102,8 +103,14 @@ def _is_fsdp_state(obj: Any) -> bool:
     return isinstance(obj, FSDPState)
 
 
+def _auto_reshard(state: Any) -> bool:
+    """Whether the state's ``reshard_after_forward`` is torch's default (torch 2.8 has the
+    attribute; before, lazy init keeps the root unsharded after forward whatever it was)."""
+    return bool(getattr(state, "_auto_reshard_after_forward", True))
+
+
 def _reshard_after_forward(state: Any, group: Any, is_root: bool) -> bool | int | None:
-    if is_root and state._auto_reshard_after_forward:
+    if is_root and _auto_reshard(state):
         return None  # the installed torch's default for the root
     post = group.post_forward_mesh_info
     if post is None:
@@ -146,7 +153,7 @@ def plan_from_fully_sharded(
         if pg is not None:
             group.params = [mapping[id(fp.sharded_param)] for fp in pg.fsdp_params]
             raf = _reshard_after_forward(state, pg, fqns == ("",))
-        elif not (group.is_root and state._auto_reshard_after_forward):
+        elif not (group.is_root and _auto_reshard(state)):
             raf = True  # a group without parameters: fully_shard's default, never applied
         group.reshard_after_forward = (not group.is_root) if raf is None else raf
         group.auto_reshard = raf is None
@@ -172,6 +179,7 @@ def plan_from_fully_sharded(
         trace="meta",
         progress=fsdpviz_kwargs.get("progress"),
         job=parse_job_options(fsdpviz_kwargs, "FSDP2"),
+        torch=installed(),  # the model's FSDP2 is the installed torch's
     )
     tp = _tp_mesh(states)
     if tp is not None:

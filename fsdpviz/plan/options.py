@@ -9,11 +9,13 @@ from typing import Any
 import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 
 # Options of one API given to the other: what each is, and what to pass instead.
 _FSDP2_ONLY = {
     "fully_shard", "reshard_after_forward", "mp_policy", "offload_policy", "mesh",
-    "parallelize_plan", "shard_placement_fn", "ignored_params",
+    "parallelize_plan", "shard_placement_fn", "ignored_params", "reshard_after_backward",
+    "requires_all_reduce",
 }  # fmt: skip
 _FSDP1_ONLY = {
     "auto_wrap_policy", "sharding_strategy", "mixed_precision", "cpu_offload",
@@ -84,3 +86,9 @@ def check_dtypes(policy: Any, fields: tuple[str, ...], what: str) -> None:
                 f"{what}({name}={value!r}): FSDP needs a torch.dtype and fails when it first "
                 f"casts with {value!r}; pass {fix}"
             )
+
+
+def torch_rules(kwargs: Mapping[str, Any]) -> TorchFSDP:
+    """Whose FSDP to plan: ``torch_version`` from ``kwargs`` (``"2.8"``), else the installed
+    torch's."""
+    return torch_fsdp(kwargs.get("torch_version"))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
 
@@ -280,8 +281,10 @@ class FSDP1Recorder(EventLog):
             fqn = self._names[id(fsdp)]
             inner = fsdp._fsdp_wrapped_module
             handle = fsdp._handle
-            if handle is None:
-                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[]))
+            if handle is None:  # no parameters of its own, a sharding strategy still
+                strategy = fsdp.sharding_strategy.name
+                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[],
+                                sharding_strategy=strategy))  # fmt: skip
                 continue
             fp = handle.flat_param
             join = functools.partial(_join, fqn)
@@ -314,6 +317,7 @@ class FSDP1Recorder(EventLog):
                     requires_grad=None if len(grads) > 1 else grads.pop(),
                     sharding_strategy=handle._sharding_strategy.name,
                     itemsize=itemsize,
+                    **(_trainable(handle, [join(f) for f in fp._fqns]) if len(grads) > 1 else {}),
                 )
             )
         return out
@@ -353,3 +357,15 @@ def record_fsdp1(model: nn.Module) -> Iterator[FSDP1Recorder]:
     """``with record_fsdp1(fsdp_model) as rec: ...`` then ``rec.report()``."""
     with FSDP1Recorder(model) as rec:
         yield rec
+
+
+def _trainable(handle: Any, fqns: list[str]) -> dict[str, Any]:
+    """A FlatParameter of frozen and trainable parameters: the ``Unit`` fields read from its
+    real layout (each parameter's numel with the alignment padding, which are padding)."""
+    fp = handle.flat_param
+    layout = FlatLayout(
+        list(fp._numels_with_padding),
+        list(fp._is_padding_mask),
+        handle.world_size if handle.uses_sharded_strategy else 1,
+    )
+    return trainable_fields(fqns, [p.requires_grad for p in fp._params], layout)

@@ -80,6 +80,7 @@ class FSDP2Recorder(EventLog):
             if state._fsdp_param_group is not None:
                 self._group_names[id(state._fsdp_param_group)] = name
         self._hook: tuple[Hook, str] | None = None
+        self._ctx = next(iter(fsdp2_states(model)))._state_ctx  # shared by every state
         self._in_final = False
         self._group: Any = None
         self._forward_order: list[str] = []
@@ -197,7 +198,12 @@ class FSDP2Recorder(EventLog):
         @functools.wraps(original)
         def run(group: Any, *args: Any, **kwargs: Any) -> Any:
             name = self._name(group)
-            if hook is not None and not (hook == "post_backward" and self._in_final):
+            if hook == "post_forward" and args and args[0] is None:
+                # the forward root's post-forward completes a grouped call whose forward
+                # ran only some of its modules (no module given): the root's hook issues it
+                root = self._ctx.iter_forward_root if self._ctx is not None else None
+                self._hook = (hook, self._state_names.get(id(root), name))
+            elif hook is not None and not (hook == "post_backward" and self._in_final):
                 self._hook = (hook, name)
             first_iteration = hook == "pre_forward" and not self.iterations
             if first_iteration and name not in self._forward_order:
@@ -255,10 +261,29 @@ class FSDP2Recorder(EventLog):
                 continue
             params = group.fsdp_params
             # read from the policy: the FSDPParam dtype attributes exist only after lazy init
-            orig = {fp.sharded_param.dtype for fp in params}
+            every = {fp.sharded_param.dtype for fp in params}
+            # FSDP2's orig dtype: the trainable parameters' (they share one)
+            orig = {fp.sharded_param.dtype for fp in params if fp.sharded_param.requires_grad}
+            orig = orig or set(every)
             dtype = orig.pop() if len(orig) == 1 else None
-            compute = group.mp_policy.param_dtype or dtype
+            mp = group.mp_policy
+            compute = mp.param_dtype or (dtype if len(every) == 1 else None)
             grads = {fp.sharded_param.requires_grad for fp in params}
+            fqns = [first[fp.sharded_param] for fp in params]
+            trainable: dict[str, Any] = {}
+            if len(grads) > 1:  # FSDP2's reduce-scatter holds each trainable padded shard
+                trains = [fp.sharded_param.requires_grad for fp in params]
+                trainable = {
+                    "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+                    "trainable_numel": sum(
+                        fp._orig_size.numel() for fp, t in zip(params, trains, strict=True) if t
+                    ),
+                    "trainable_sharded_numel": sum(
+                        fp.padded_sharded_param_size.numel()
+                        for fp, t in zip(params, trains, strict=True)
+                        if t
+                    ),
+                }
             out.append(
                 Unit(
                     module=self._name(group),
@@ -274,7 +299,7 @@ class FSDP2Recorder(EventLog):
                     sharded_numel=sum(fp.padded_sharded_param_size.numel() for fp in params),
                     dtype=dtype_name(dtype),
                     compute_dtype=dtype_name(compute),
-                    reduce_dtype=dtype_name(group.mp_policy.reduce_dtype or compute),
+                    reduce_dtype=dtype_name(mp.reduce_dtype or mp.param_dtype or dtype),
                     requires_grad=None if len(grads) > 1 else (grads.pop() if grads else None),
                     sharding_strategy="FULL_SHARD"
                     if group.post_forward_mesh_info is not None
@@ -290,6 +315,8 @@ class FSDP2Recorder(EventLog):
                         for fp in params
                         if fp.is_dtensor
                     },
+                    **trainable,
+                    **(_dtypes(params, fqns) if len(every) > 1 else {}),
                 )
             )
         return out
@@ -307,6 +334,20 @@ class FSDP2Recorder(EventLog):
             forward_order=list(self._forward_order),
             iterations=[list(it) for it in self.iterations],
         )
+
+
+def _dtypes(params: list[Any], fqns: list[str]) -> dict[str, Any]:
+    """A group of parameters in several dtypes: each dtype's, and their elements in all and
+    in a rank's padded shard, as FSDP2 holds them."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fp, fqn in zip(params, fqns, strict=True):
+        name = dtype_name(fp.sharded_param.dtype) or "?"
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += fp._orig_size.numel()
+        counts[1] += fp.padded_sharded_param_size.numel()
+    return {"param_dtypes": names, "dtype_numels": numels}
 
 
 def _tp_spec(fp: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Plans under other options without tracing again: replay, stored traces, sweep, suggest.
+"""Plans under other options without tracing again: replay, stored traces, sweep.
 
 May import every layer below it (schema, trace, plan, schedule, cost).
 
@@ -6,8 +6,7 @@ May import every layer below it (schema, trace, plan, schedule, cost).
   (world size, backward prefetch, sharding, FSDP2 resharding and prefetch maps);
 - :class:`Replanner`: what the explorer's controls re-plan with (stored traces of
   the model, replay, or a new trace);
-- :func:`sweep` / :func:`suggest`: configurations side by side, and the plan that
-  fits a memory budget with the least exposed communication.
+- :func:`sweep`: configurations side by side (:func:`fsdpviz.tune` searches them).
 """
 
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
@@ -18,7 +17,6 @@ from fsdpviz.replan.replanner import (
     Recipe,
     Replanner,
 )
-from fsdpviz.replan.suggestion import Suggestion, suggest
 from fsdpviz.replan.sweep_table import SweepTable, sweep
 
 __all__ = [
@@ -28,9 +26,7 @@ __all__ = [
     "PlanOptions",
     "Recipe",
     "Replanner",
-    "Suggestion",
     "SweepTable",
     "replay",
-    "suggest",
     "sweep",
 ]

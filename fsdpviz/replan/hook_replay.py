@@ -9,11 +9,13 @@ machine again (what ``analyze`` already does for the steady state):
   ``shard_group_size``). Backward prefetching and resharding only change which
   collectives are issued, never when autograd reaches a hook; the unit sizes are
   recomputed for the new shard world size (padding, alignment).
-- FSDP2: ``world_size``, ``reshard_after_forward``, ``forward_prefetch`` /
-  ``backward_prefetch`` maps.
+- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not tensor
+  parallelism's), ``reshard_after_forward``, ``forward_prefetch`` / ``backward_prefetch``
+  maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
-  ``no_sync`` deciding what they issue.
+  ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
+  steady state was traced under the first micro-step's sync).
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -34,16 +36,21 @@ from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
+from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
     check_reshard_ints,
+    mesh_dims,
     prefetch_indices,
     reshard_after_forward_of,
     sharded_numel,
 )
+from fsdpviz.plan.fsdp2 import dtype_fields as fsdp2_dtypes
+from fsdpviz.plan.fsdp2 import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
+from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -56,8 +63,8 @@ REPLAYABLE = {
         "world_size", "backward_prefetch", "sharding_strategy", "shard_group_size", "grad_accum",
     },
     "FSDP2": {
-        "world_size", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
-        "grad_accum",
+        "world_size", "mesh", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
+        "offload_policy", "grad_accum",
     },
 }  # fmt: skip
 _PLACEHOLDER = nn.Module()
@@ -107,6 +114,12 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 # -------------------------------------------------------------------- FSDP1
 def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
+    if cfg.forward_prefetch and changes.get("grad_accum", cfg.grad_accum) != cfg.grad_accum:
+        raise ConfigError(
+            "grad_accum cannot be replayed from a plan with forward_prefetch=True: FSDP1's "
+            "steady state was traced (or simulated) under the first micro-step's gradient "
+            "sync; call fsdpviz.analyze with the new grad_accum"
+        )
     opts = FSDP1Options.from_config(cfg, **changes)
     shapes = _shapes(report)
     units = [_resize_fsdp1(u, opts, shapes) for u in report.units]
@@ -159,13 +172,17 @@ def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> 
         itemsize(u.compute_dtype or u.dtype),
         use_orig_params=opts.use_orig_params,
         shard_world_size=opts.shard_world_size,
+        pad_to=opts.process_group_size,
     )
+    frozen = set(u.frozen_params)
+    trainable = fsdp1_trainable(u.params, [p not in frozen for p in u.params], layout)
     return replace(
         u,
         flat_numel=layout.flat_numel,
         padded_numel=layout.padded_numel,
         sharded_numel=layout.sharded_numel,
         sharding_strategy=opts.sharding_strategy.name,
+        **(trainable if frozen else {}),
     )
 
 
@@ -176,14 +193,17 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 # -------------------------------------------------------------------- FSDP2
 def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     cfg = report.config
-    if cfg.mesh is not None and "world_size" in changes:
+    if cfg.mesh is not None and "world_size" in changes and "mesh" not in changes:
         raise ConfigError(
             "a report on a 2-D mesh does not say which dimension a new world_size changes; "
-            "call fsdpviz.analyze with the new mesh="
+            "replay it with the new mesh= (or mesh=None and world_size=N for one dimension)"
         )
-    ws = check_world_size(changes.get("world_size", cfg.ranks))
-    shard = cfg.shard_ranks if cfg.mesh is not None else ws
+    ws, shard, mesh = _mesh(cfg, changes)
+    offload = cfg.cpu_offload
+    if "offload_policy" in changes:
+        offload = _offload(changes["offload_policy"])
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
+    rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module for u in report.units}
     groups: list[Group] = []
     for name in cfg.fully_shard:
@@ -194,11 +214,11 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
                 modules=tuple(_PLACEHOLDER for _ in fqns),
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=reshard_after_forward_of(raf, name, fqns)[0],
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
             )
         )
     check_reshard_ints(groups, shard)
-    runtime = FSDP2Runtime(groups, shard, ws // shard, cfg.cpu_offload)
+    runtime = FSDP2Runtime(groups, shard, ws // shard, offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -208,16 +228,30 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     index = {g.name: i for i, g in enumerate(groups)}
     assert report.profile is not None
     accum = _grad_accum(report, changes)
-    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum)
+    flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
+    iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
+    runtime.micro_step(True)
     shapes = _shapes(report)
     units = []
     for u in report.units:
         g = groups[index[u.module]]
         sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
+        frozen = set(u.frozen_params)
+        trainable = fsdp2_trainable(
+            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard
+        )
+        if u.param_dtypes:  # several dtypes: each one's shards at the new size
+            of = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
+                                      [of[p] for p in u.params], shard)  # fmt: skip
         units.append(
             replace(
-                u, padded_numel=sharded * shard, sharded_numel=sharded, sharding_strategy=strategy
+                u,
+                padded_numel=sharded * shard,
+                sharded_numel=sharded,
+                sharding_strategy=strategy,
+                **(trainable if frozen or u.param_dtypes else {}),
             )
         )
     config = cfg.replace(
@@ -227,9 +261,53 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,
         grad_accum=accum,
-    ).unstate(*(("grad_accum",) if accum == 1 else ()))
+    ).unstate(
+        *(("grad_accum", "reshard_after_backward", "requires_all_reduce") if accum == 1 else ())
+    )
+    if mesh is not None:
+        config = config.replace(shard_world_size=shard, mesh=mesh)
+    elif "mesh" in changes:
+        config = config.unstate("shard_world_size", "mesh")
+    if offload:
+        config = config.replace(cpu_offload=True)
+    elif "offload_policy" in changes:
+        config = config.unstate("cpu_offload")
     order = forward_order(runtime.log, groups)
     return _report(report, config, units, order, iterations, steps)
+
+
+def _mesh(cfg: ReportConfig, changes: dict[str, Any]) -> tuple[int, int, dict[str, int] | None]:
+    """The world size, the ranks a parameter is sharded over and the 2-D mesh (None: one
+    dimension) of a replay: ``mesh=`` as ``analyze`` takes it (one or two dimensions,
+    ``None`` for ``world_size`` ranks), else ``world_size``, else the report's."""
+    if "mesh" not in changes:
+        ws = check_world_size(changes.get("world_size", cfg.ranks))
+        if cfg.mesh is not None:
+            return ws, cfg.shard_ranks, dict(cfg.mesh)
+        return ws, ws, None
+    sizes, names = mesh_dims(changes["mesh"], 2)
+    if sizes is None:
+        ws = check_world_size(changes.get("world_size", cfg.ranks))
+        return ws, ws, None
+    ws = math.prod(sizes)
+    if "world_size" in changes and changes["world_size"] != ws:
+        raise ConfigError(
+            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
+            f"({' x '.join(map(str, sizes))}); give one of them"
+        )
+    if len(sizes) == 1:
+        return ws, ws, None
+    dims = names or ("replicate", "shard")
+    return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _offload(policy: Any) -> bool:
+    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(policy).__name__}"
+        )
+    return type(policy).__name__ == "CPUOffloadPolicy"
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
@@ -251,18 +329,27 @@ def _grad_accum(report: Report, changes: dict[str, Any]) -> int:
 
 
 def _run(
-    runtime: Any, profile: TraceProfile, index: dict[str, int], entry: Any, grad_accum: int
+    runtime: Any,
+    profile: TraceProfile,
+    index: dict[str, int],
+    entry: Any,
+    grad_accum: int,
+    accumulating: tuple[bool, bool] | None = None,
 ) -> tuple[list[list[Event]], list[StepProfile]]:
     """Replay each iteration's hook calls (the first traced iteration, then the steady
-    state's for every other micro-step, each with its gradient sync); return the events
-    and the re-pointed profile of each."""
+    state's for every other micro-step, each with its gradient sync; FSDP2's
+    ``accumulating``: what the micro-steps before the last set, reshard after backward and
+    all-reduce); return the events and the re-pointed profile of each."""
     iterations: list[list[Event]] = []
     steps: list[StepProfile] = []
     traced = profile.iterations
     syncs = micro_step_syncs(grad_accum)
     for n, sync in enumerate(syncs):
         step = traced[0] if n == 0 else traced[-1]
-        runtime.sync = sync
+        if accumulating is None:
+            runtime.sync = sync
+        else:
+            runtime.micro_step(sync, *accumulating)
         event_hook: list[int] = []
         for k, (name, unit, arg) in enumerate(step.hooks):
             runtime.replay([entry(name, index[unit], arg)])

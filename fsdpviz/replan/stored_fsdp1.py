@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, cap
 from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.trace.copy import model_copy
+from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step
 
@@ -76,7 +76,8 @@ class StoredTrace:
     """
 
     def __init__(self, model: nn.Module, inputs: Any, loss: Any = None) -> None:
-        self.copy, _ = model_copy(model, "meta")
+        self.copy, mapping = model_copy(model, "meta")
+        self._originals = original_modules(model, mapping)  # what a policy is asked of
         self.reason: str | None = None
         self.calls: list[_Call] = []
         self._acc: dict[str, Any] = {}  # parameter FQN -> its AccumulateGrad node
@@ -209,7 +210,9 @@ class StoredTrace:
             return None
         saved = [(m._parameters, dict(m._parameters)) for _, m in self._memo.named]
         try:
-            plan = plan_fsdp1(self.copy, opts, None, None, self._memo)
+            policy = asked_of_originals(opts.auto_wrap_policy, self._originals)
+            plan = plan_fsdp1(self.copy, replace(opts, auto_wrap_policy=policy), None, None,
+                              self._memo)  # fmt: skip
             return self._report(plan, opts)
         finally:  # planning takes the flattened parameters off their modules
             for params, was in saved:
@@ -229,7 +232,7 @@ class StoredTrace:
         return Report(
             source="prediction",
             config=opts.describe(),
-            units=[u.schema or empty_unit(u.fqn, u.module) for u in plan.units],
+            units=[u.schema or empty_unit(u) for u in plan.units],
             forward_order=[h.name for h in runtime.pre_forward_order],
             iterations=iterations,
             warnings=plan.warnings + runtime_warnings(plan, runtime, iterations),

@@ -28,12 +28,11 @@ module's input). ``tests/test_replan_stored_trace.py`` checks that a plan equals
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.plan.fsdp2 import (
@@ -45,11 +44,12 @@ from fsdpviz.plan.fsdp2 import (
     prefetch_indices,
 )
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensors
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.copy import map_objects, model_copy
+from fsdpviz.trace.copy import asked_of_originals, map_objects, model_copy, original_modules
 from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
@@ -105,10 +105,14 @@ class StoredTrace:
         # numbered consumer, edge slot, the pass-through node it takes, output number
         self._into: list[tuple[int, int, Any, int]] = []
         self._grads: dict[Any, nn.Parameter] = {}  # AccumulateGrad node -> parameter
+        # the installed torch's FSDP2 finds the tensors its hooks take (a plan for a release
+        # that finds them otherwise traces again)
+        self.rules = installed()
         if fsdp2_states(model):
             self.reason = "the model already has fully_shard applied"
             return
         self.copy, self._mapping = model_copy(model, "meta")
+        self._originals = original_modules(model, self._mapping)  # what a callable is asked of
         self._memo = GroupMemo.of(self.copy)  # what every plan of the copy shares
         self._backward = False
         try:
@@ -167,7 +171,7 @@ class StoredTrace:
         self.calls.append(call)
         if not (owner and call.grad):
             return None
-        inputs = collect_grad_tensors((args, kwargs))
+        inputs = grad_tensors((args, kwargs), self.rules)
         if not inputs:
             return None
         outputs = _PassThrough.apply(*inputs)  # type: ignore[no-untyped-call]
@@ -175,14 +179,14 @@ class StoredTrace:
         self.nodes[call.node] = _Node(
             list(call.node.next_functions), [t._base is not None for t in inputs]
         )
-        return replace_grad_tensors((args, kwargs), iter(outputs))  # type: ignore[no-any-return]
+        return replace_grad_tensors((args, kwargs), outputs, self.rules)  # type: ignore[no-any-return]
 
     def _post(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         call = _Call(name, False, torch.is_grad_enabled())
         self.calls.append(call)
         if not call.grad:
             return
-        for t in collect_grad_tensors(output):
+        for t in grad_tensors(output, self.rules):
             if t.grad_fn is None:
                 self.reason = f"module {name!r} returns a leaf tensor that requires grad"
             call.outputs.append((t.grad_fn, t.output_nr, t._base is not None))
@@ -205,10 +209,13 @@ class StoredTrace:
             return None
         if opts.activation_checkpointing or opts.job.grad_accum > 1:
             return None
+        if opts.torch.hooks_enter_dataclasses != self.rules.hooks_enter_dataclasses:
+            return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
-        groups = build_groups(self.copy, opts, ignored, self._memo)
+        targets = asked_of_originals(opts.targets, self._originals)
+        groups = build_groups(self.copy, replace(opts, targets=targets), ignored, self._memo)
         check_reshard_ints(groups, opts.shard_ranks)
-        runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
+        runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch)
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
             prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

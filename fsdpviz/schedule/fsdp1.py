@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1 import Plan, plan_fsdp1
+from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.schedule.autograd_order import (
@@ -22,8 +22,14 @@ from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import Event, FsdpWarning, Report, Unit
-from fsdpviz.trace.checkpointing import apply_checkpointing
-from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
+from fsdpviz.trace.copy import (
+    asked_of_originals,
+    inputs_copy,
+    map_objects,
+    model_copy,
+    original_modules,
+)
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
@@ -50,7 +56,8 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
-    apply_checkpointing(copy, opts.activation_checkpointing)
+    originals = original_modules(model, mapping)
+    apply_checkpointing(copy, checkpointing_of_originals(opts.activation_checkpointing, originals))
     ignored_modules = map_objects(opts.ignored_modules, mapping, "ignored_modules")
     ignored_states = map_objects(opts.ignored_states, mapping, "ignored_states")
     mp = opts.mixed_precision
@@ -61,7 +68,8 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                     buf_owner._buffers[name] = buf.to(mp.buffer_dtype)
     # fx traces the intact copy; planning then replaces parameters by views.
     tree = fx_call_tree(copy) if opts.trace == "fx" else None
-    plan = plan_fsdp1(copy, opts, ignored_modules, ignored_states)
+    policy = asked_of_originals(opts.auto_wrap_policy, originals)
+    plan = plan_fsdp1(copy, replace(opts, auto_wrap_policy=policy), ignored_modules, ignored_states)
     if tree is not None:
         traced = _trace_fx(tree, plan, opts)
     else:
@@ -72,7 +80,7 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     return Report(
         source="prediction",
         config=opts.describe(),
-        units=[u.schema or empty_unit(u.fqn, u.module) for u in plan.units],
+        units=[u.schema or empty_unit(u) for u in plan.units],
         forward_order=[h.name for h in runtime.pre_forward_order],
         iterations=traced.iterations,
         warnings=warnings,
@@ -252,9 +260,15 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
     return _Traced(iterations, runtime, module_order(tree), records, [warning])
 
 
-def empty_unit(fqn: str, module: nn.Module) -> Unit:
-    """The unit of a module FSDP1 wraps although it holds no parameters of its own."""
-    return Unit(module=fqn, module_class=type(module).__name__, params=[])
+def empty_unit(unit: PlannedUnit) -> Unit:
+    """The unit of a module FSDP1 wraps although it holds no parameters of its own: FSDP
+    still gives it its sharding strategy (the root's, or its policy's)."""
+    return Unit(
+        module=unit.fqn,
+        module_class=type(unit.module).__name__,
+        params=[],
+        sharding_strategy=unit.config.sharding_strategy.name,
+    )
 
 
 def runtime_warnings(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -22,8 +23,14 @@ from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.report import Event, FsdpWarning, Report
-from fsdpviz.trace.checkpointing import apply_checkpointing
-from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
+from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
+from fsdpviz.trace.copy import (
+    asked_of_originals,
+    inputs_copy,
+    map_objects,
+    model_copy,
+    original_modules,
+)
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
@@ -47,11 +54,14 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         opts = parse_fsdp2_options(kwargs)
         device = "real" if opts.trace == "real" else "meta"
         copy, mapping = model_copy(model, device)
-        apply_checkpointing(copy, opts.activation_checkpointing)
+        originals = original_modules(model, mapping)
+        checkpointed = checkpointing_of_originals(opts.activation_checkpointing, originals)
+        apply_checkpointing(copy, checkpointed)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         if opts.parallelize_plan is not None:
             opts.tp = resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
-        groups = build_groups(copy, opts, ignored)
+        targets = asked_of_originals(opts.targets, originals)
+        groups = build_groups(copy, replace(opts, targets=targets), ignored)
     check_reshard_ints(groups, opts.shard_ranks)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
@@ -88,7 +98,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 if tp is not None:
                     tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
-            runtime.sync = micro_step_syncs(opts.job.grad_accum)[0]
+            runtime.micro_step(micro_step_syncs(opts.job.grad_accum)[0], *_accumulating(opts))
             run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             tracker.remove()
@@ -107,6 +117,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         list(emulation.view_outputs),
         probe,
     )
+
+
+def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
+    """What the micro-steps before the last set: reshard after backward, all-reduce."""
+    return opts.reshard_after_backward, opts.requires_all_reduce
 
 
 def fsdp2_report(
@@ -128,10 +143,10 @@ def fsdp2_report(
     # gradient accumulation, with or without gradient sync) replays the first.
     log = list(runtime.log)
     for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
-        runtime.sync = sync
+        runtime.micro_step(sync, *_accumulating(opts))
         runtime.replay(log)
         iterations.append(runtime.take_events())
-    runtime.sync = True
+    runtime.micro_step(True)
     order = forward_order(runtime.log, groups)
     placements = _placements(groups)
     return Report(
@@ -140,7 +155,8 @@ def fsdp2_report(
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=order,
         iterations=iterations,
-        warnings=_warnings(groups, order, view_outputs) + tracker.warnings,
+        warnings=_warnings(groups, order, view_outputs, opts, list(runtime.incomplete))
+        + tracker.warnings,
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records, named
         ),
@@ -177,18 +193,36 @@ def _placements(groups: list[Group]) -> list[ParamPlacement]:
 
 
 def _warnings(
-    groups: list[Group], forward_order: list[str], view_outputs: list[str]
+    groups: list[Group],
+    forward_order: list[str],
+    view_outputs: list[str],
+    opts: FSDP2Options,
+    incomplete: list[str],
 ) -> list[FsdpWarning]:
     out: list[FsdpWarning] = []
     if view_outputs:
+        warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
         out.append(
             FsdpWarning(
                 "view_output",
-                "These fully_shard modules return a view tensor (FSDP2 warns): an in-place op "
+                f"These fully_shard modules return a view tensor ({warns}): an in-place op "
                 "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
                 "Use out-of-place ops or .clone() the output: "
                 + ", ".join(repr(n) for n in view_outputs),
                 view_outputs,
+            )
+        )
+    if incomplete:
+        out.append(
+            FsdpWarning(
+                "grouped_forward_incomplete",
+                f"Some modules of these grouped fully_shard calls did not run forward before "
+                f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
+                "parameters stay unsharded until the end of backward and their pre-backward "
+                "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
+                "in the root's post-forward). Group only modules that run forward together: "
+                + ", ".join(repr(n) for n in incomplete),
+                incomplete,
             )
         )
     ran = set(forward_order)

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd import Variable
-from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.distributed.utils import _apply_to_tensors
 
 from fsdpviz.plan.fsdp2 import FSDP2Options, Group
+from fsdpviz.plan.torch_fsdp import grad_tensors, replace_grad_tensors
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 
 
@@ -51,7 +51,10 @@ class FSDP2Emulation:
     def __init__(self, groups: list[Group], opts: FSDP2Options) -> None:
         self.groups = groups
         self.opts = opts
-        self.runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload)
+        self.rules = opts.torch
+        self.runtime = FSDP2Runtime(
+            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch
+        )
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}
         mp = opts.mp_policy
@@ -84,19 +87,25 @@ class FSDP2Emulation:
     def _pre_forward(
         self, i: int, member: int, module: nn.Module, args: Any, kwargs: Any
     ) -> tuple[Any, Any]:
-        args, kwargs = self._cast_inputs(args, kwargs)
         entering = self.runtime.pre_forward(i, member)
+        if entering is None:  # FSDP2's pre-forward returned at once
+            return args, kwargs
+        args, kwargs = self._cast_inputs(args, kwargs)
         if entering and torch.is_grad_enabled():
-            inputs = collect_grad_tensors((args, kwargs))
+            inputs = grad_tensors((args, kwargs), self.rules)
             if inputs:
                 outputs = _PostBackward.apply(self, i, *inputs)  # type: ignore[no-untyped-call]
-                args, kwargs = replace_grad_tensors((args, kwargs), iter(outputs))
+                args, kwargs = replace_grad_tensors((args, kwargs), outputs, self.rules)
         return args, kwargs
 
     def _post_forward(self, i: int, member: int, module: nn.Module, args: Any, output: Any) -> Any:
         completed = self.runtime.post_forward(i, torch._C._current_graph_task_id() != -1, member)
         for j in completed or ():
             output = self._register_pre_backward(j, output)
+        # torch 2.13 casts every output (a grouped call's members, a recompute's); before,
+        # only where the post-forward ran
+        if completed is None and not self.rules.recompute_casts:
+            return output
         return self._cast_output(output)
 
     def _cast_output(self, output: Any) -> Any:
@@ -108,7 +117,7 @@ class FSDP2Emulation:
     def _register_pre_backward(self, i: int, output: Any) -> Any:
         if not torch.is_grad_enabled():
             return output
-        for t in collect_grad_tensors(output):
+        for t in grad_tensors(output, self.rules):
             if t._base is not None:
                 self.view_outputs.setdefault(self.groups[i].name, None)
             t.register_hook(functools.partial(self._pre_backward, i))  # type: ignore[no-untyped-call]

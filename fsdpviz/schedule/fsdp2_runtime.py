@@ -1,4 +1,4 @@
-"""FSDP2's runtime state machine (``torch/distributed/fsdp/_fully_shard``, PyTorch 2.13).
+"""FSDP2's runtime state machine (``torch/distributed/fsdp/_fully_shard``, PyTorch 2.6 to 2.14).
 
 A port of ``FSDPState`` / ``FSDPParamGroup`` reduced to what decides the
 all-gathers, frees and reduce-scatters: each group's sharded state
@@ -7,7 +7,9 @@ the training state, the post-forward indices and the shared post-forward order
 that implicit backward prefetch pops from, explicit forward/backward prefetch
 targets, grouped calls (``_modules_to_run_forward``) and the root's final
 callback. Driven by :mod:`fsdpviz.schedule.fsdp2_emulation` from real autograd; every call
-is logged so a later iteration can be replayed.
+is logged so a later iteration can be replayed. Where releases differ it follows the
+:class:`~fsdpviz.plan.torch_fsdp.TorchFSDP` it is given (torch 2.13's FSDP2 is described
+below; the differences are listed in ``plan/torch_fsdp.py``'s [Note: FSDP2 across releases]).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import enum
 from typing import Any
 
 from fsdpviz.plan.fsdp2 import Group, reshards
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.report import Event, Hook
 
 
@@ -67,11 +70,18 @@ class StateRec:
 class FSDP2Runtime:
     """``world_size``: the ranks a group is sharded over (a 2-D mesh's shard dimension);
     ``replicas``: its replicate dimension (HSDP all-reduces each gradient shard across
-    them); ``offload``: CPUOffloadPolicy (shards come from, gradients go to, host memory)."""
+    them); ``offload``: CPUOffloadPolicy (shards come from, gradients go to, host memory);
+    ``rules``: whose FSDP2 (default: the installed torch's)."""
 
     def __init__(
-        self, groups: list[Group], world_size: int, replicas: int = 1, offload: bool = False
+        self,
+        groups: list[Group],
+        world_size: int,
+        replicas: int = 1,
+        offload: bool = False,
+        rules: TorchFSDP | None = None,
     ) -> None:
+        self.rules = rules or installed()
         self.states = [StateRec(g, world_size) for g in groups]
         self.replicas = replicas
         self.offload = offload
@@ -84,8 +94,24 @@ class FSDP2Runtime:
         self._hook: tuple[Hook, str] | None = None
         self._prefetching = False
         # set_requires_gradient_sync: False for the micro-steps that accumulate gradients
-        # without reducing them (set per iteration by whoever drives the runtime)
+        # without reducing them (set per iteration by whoever drives the runtime, see
+        # micro_step); set_requires_all_reduce and set_reshard_after_backward likewise
         self.sync = True
+        self.all_reduce = True
+        self.reshard_after_backward = True
+        # grouped calls some of whose modules did not run forward before backward (before
+        # torch 2.13 FSDP2 never completes their forward and warns in the final callback)
+        self.incomplete: dict[str, None] = {}
+
+    def micro_step(self, sync: bool, reshard_after_backward: bool = True,
+                   requires_all_reduce: bool = True) -> None:  # fmt: skip
+        """Set up the next iteration: the last micro-step of an optimizer step (``sync``)
+        reduces and reshards as usual; one before it runs with gradient sync off, or, when
+        ``requires_all_reduce`` is False, reduce-scatters and skips HSDP's all-reduce, and
+        keeps its parameters gathered after backward when ``reshard_after_backward`` is."""
+        self.sync = sync or not requires_all_reduce
+        self.all_reduce = sync or requires_all_reduce
+        self.reshard_after_backward = sync or reshard_after_backward
 
     def set_prefetch(self, forward: dict[int, list[int]], backward: dict[int, list[int]]) -> None:
         for i, targets in forward.items():
@@ -109,7 +135,7 @@ class FSDP2Runtime:
         phase = "forward" if g.ts == TS.FORWARD else "backward"
         if self.offload and g.sharded == Sharded.SHARDED:
             self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over
-        if g.world_size > 1:
+        if g.world_size > 1 or not self.rules.one_rank_copies:
             self._emit("all_gather", g, phase)
         g.pending = True
 
@@ -153,21 +179,29 @@ class FSDP2Runtime:
             self._prefetch(self.post_forward_order[index - 1], backward=True)
 
     # ------------------------------------------------------------- forward
-    def pre_forward(self, i: int, member: int = 0) -> list[int]:
+    def pre_forward(self, i: int, member: int = 0) -> list[int] | None:
         """Module ``member`` of call ``i`` starts its forward (FSDP's forward pre-hook).
 
-        Returns the groups entering the forward pass (they register post-backward).
+        Returns the groups entering the forward pass (they register post-backward), or
+        None when FSDP's pre-forward returns at once (inputs not cast): before torch 2.13 a
+        recompute inside backward, or a grouped call's member after the first.
         """
         self.log.append(("pre_forward", i, member))
+        rules = self.rules
         state = self.states[i]
+        first_member = False
         if state.n_modules > 1 and not state.modules_to_run:
             state.modules_to_run = set(range(state.n_modules))
+            first_member = True
+        if state.n_modules > 1 and not first_member and not rules.grouped_per_member:
+            return None  # the group's pre-hook ran for its first member only
         if state.ts == TS.PRE_BACKWARD:  # activation-checkpoint recompute
-            for g in state.groups:
-                if g.sharded != Sharded.UNSHARDED:
-                    self._unshard(g)
-                    self._wait(g)
-            return []
+            if rules.recompute_unshards:
+                for g in state.groups:
+                    if g.sharded != Sharded.UNSHARDED:
+                        self._unshard(g)
+                        self._wait(g)
+            return [] if rules.recompute_casts else None
         self._hook = ("pre_forward", state.group.name)
         first_in_pass = state.ts != TS.FORWARD
         state.ts = TS.FORWARD
@@ -194,9 +228,10 @@ class FSDP2Runtime:
         states whose post-forward ran: this one and any the root force-completed.
         """
         self.log.append(("post_forward", i, (in_backward, member)))
+        rules = self.rules
         state = self.states[i]
         if state.n_modules > 1:
-            if member not in state.modules_to_run:
+            if rules.grouped_per_member and member not in state.modules_to_run:
                 return None
             state.modules_to_run.discard(member)
             if state.modules_to_run:
@@ -206,20 +241,25 @@ class FSDP2Runtime:
         self._complete_forward(state, in_backward)
         forced: list[int] = [i]
         if self.iter_forward_root is state:
-            for j in reversed(range(len(self.states))):
+            for j in reversed(range(len(self.states))) if rules.grouped_per_member else ():
                 other = self.states[j]
                 if other is state or not other.modules_to_run:
                     continue
-                self._complete_forward(other, in_backward)
+                self._complete_forward(other, in_backward, by=state)
                 other.modules_to_run.clear()
                 forced.append(j)
             self.iter_forward_root = None
         return forced
 
-    def _complete_forward(self, state: StateRec, in_backward: bool) -> None:
-        self._hook = ("post_forward", state.group.name)
+    def _complete_forward(
+        self, state: StateRec, in_backward: bool, by: StateRec | None = None
+    ) -> None:
+        """``state``'s post-forward, run by its own hook or (``by``) the forward root's,
+        which completes a grouped call whose forward ran only some of its modules."""
+        self._hook = ("post_forward", (by or state).group.name)
+        skip = in_backward and self.rules.post_forward_in_backward_skips
         for g in state.groups:
-            if not in_backward:
+            if not skip:
                 self._reshard(g)
                 g.post_forward_indices.append(len(self.post_forward_order))
                 self.post_forward_order.append(g)
@@ -269,10 +309,11 @@ class FSDP2Runtime:
                 self.events.append(
                     self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
                 )
-        self._reshard(g)
+        if self.reshard_after_backward:
+            self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
-            if self.replicas > 1:  # foreach_reduce: HSDP's all-reduce across the replicas
+            if self.replicas > 1 and self.all_reduce:  # HSDP's all-reduce across replicas
                 self._emit("all_reduce", g, "backward", group="replicate")
             if self.offload:  # foreach_reduce copies the gradient shard to host memory
                 self._emit("d2h", g, "backward")
@@ -282,9 +323,11 @@ class FSDP2Runtime:
         self._hook = ("final_callback", self.callback_state.group.name)
         self.iter_forward_root = None
         for i, state in enumerate(self.states):
+            if state.modules_to_run and not self.rules.grouped_per_member:
+                self.incomplete.setdefault(state.group.name, None)  # FSDP2 warns, clears
             state.modules_to_run.clear()
             for g in reversed(state.groups):
-                if g.ts != TS.POST_BACKWARD:
+                if self._post_backward_pending(g):
                     self._post_backward(g, has_grads.get(i, False))
                 g.ts = TS.IDLE
             state.ts = TS.IDLE
@@ -294,6 +337,14 @@ class FSDP2Runtime:
         self.post_forward_order.clear()
         self.callback_queued = False
         self._hook = None
+
+    def _post_backward_pending(self, g: GroupState) -> bool:
+        """Whether the final callback runs ``g``'s post-backward (its inputs did not require
+        grad, so autograd never did): torch 2.7 asks its training state, 2.6 whether it is
+        still unsharded."""
+        if self.rules.final_callback_by_state:
+            return g.ts != TS.POST_BACKWARD
+        return g.sharded == Sharded.UNSHARDED
 
     def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
         """A collective of tensor parallelism, issued in the forward or backward of ``module``

@@ -32,6 +32,8 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
       ``"h200"``, ``"a100-40gb"``, ...) or an :class:`fsdpviz.cost.Machine`: what
       ``report.timeline`` models and ``report.memory.fits`` checks. A plan whose peak
       does not fit in its memory gets an ``out_of_memory`` warning.
+    - ``torch_version``: whose FSDP to plan, a torch release from 2.6 to 2.14 (``"2.8"``);
+      default the installed torch's. ``report.config.torch_version`` says which.
 
     FSDP2: pass ``fully_shard=[...]`` (module classes, FQNs, tuples of FQNs
     for one grouped call, or a callable ``(name, module) -> bool``) with

@@ -74,6 +74,9 @@ class ReportConfig(Mapping[str, Any]):
     """
 
     api: Api = "FSDP1"
+    # whose FSDP: the torch release a prediction follows, or a recording ran ("2.8.0"); None:
+    # not stated (a report saved before fsdpviz stated it)
+    torch_version: str | None = None
     world_size: int | None = None  # None: not known (a recording without torch.distributed)
     # FSDP1: FullyShardedDataParallel's options
     shard_world_size: int | None = None  # ranks a FlatParameter is sharded over; None: world_size
@@ -109,6 +112,11 @@ class ReportConfig(Mapping[str, Any]):
     # "filter_fqns"}, torchtitan's keys); torch's float32 matmul precision ("highest",
     # "high", "medium")
     grad_accum: int = 1
+    # FSDP2, the micro-steps before the last: set_reshard_after_backward(False) (the
+    # parameters stay gathered into the next one), set_requires_all_reduce(False) (each
+    # reduce-scatters, HSDP's all-reduce runs in the last only)
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
     compile: bool | tuple[str, ...] = False
     # activation checkpointing (analyze(..., activation_checkpointing=...), or the model's own
     # checkpoint wrappers): {"mode": "full" | "selective", "classes": [...], "modules": N}
@@ -138,6 +146,13 @@ class ReportConfig(Mapping[str, Any]):
     def ranks(self) -> int:
         """The ranks the schedule runs on: ``world_size``, or 1 when the report does not say."""
         return self.world_size or 1
+
+    @property
+    def whose_fsdp(self) -> str:
+        """Whose FSDP the report is of: ``"FSDP2 of torch 2.8.0"``; the API alone where the
+        report does not say (saved before fsdpviz stated it)."""
+        api = self.api if "api" in self.stated or self.torch_version else "FSDP"
+        return f"{api} of torch {self.torch_version}" if self.torch_version else api
 
     @property
     def shard_ranks(self) -> int:
@@ -238,6 +253,7 @@ class ReportConfig(Mapping[str, Any]):
 
 FSDP1_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "shard_world_size",
     "sharding_strategy",
@@ -251,6 +267,7 @@ FSDP1_KEYS = (
 """What an FSDP1 prediction states, in order."""
 FSDP2_KEYS = (
     "api",
+    "torch_version",
     "world_size",
     "fully_shard",
     "reshard_after_forward",

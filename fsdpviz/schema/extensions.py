@@ -30,7 +30,7 @@ the cost model, which sits above it."""
 RunMethod = Literal["show", "save", "card", "bundle"]
 """``bundle`` (``fn(run, base=..., **options)``): a notebook output of the run beside
 ``base`` (its views' data and a static image, see :func:`fsdpviz.export.object_bundle`)."""
-Owner = Literal["comparison", "sweep"]
+Owner = Literal["comparison", "sweep", "tuning"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REPORT: dict[str, Callable[..., Any]] = {}
@@ -60,7 +60,8 @@ def register_run_method(name: RunMethod) -> Callable[[F], F]:
 
 
 def register_show(owner: Owner) -> Callable[[F], F]:
-    """Decorator: ``fn(obj, ...)`` implements ``obj.show()`` of a comparison or a sweep table."""
+    """Decorator: ``fn(obj, ...)`` implements ``obj.show()`` of a comparison, a sweep table or
+    a tuning."""
 
     def add(fn: F) -> F:
         _SHOW[owner] = fn
@@ -69,8 +70,9 @@ def register_show(owner: Owner) -> Callable[[F], F]:
     return add
 
 
-def register_save(owner: Literal["comparison"]) -> Callable[[F], F]:
-    """Decorator: ``fn(obj, path, ...)`` implements ``obj.save(path)`` of a comparison."""
+def register_save(owner: Literal["comparison", "tuning"]) -> Callable[[F], F]:
+    """Decorator: ``fn(obj, path, ...)`` implements ``obj.save(path)`` of a comparison or a
+    tuning."""
 
     def add(fn: F) -> F:
         _SAVE[owner] = fn
@@ -79,7 +81,7 @@ def register_save(owner: Literal["comparison"]) -> Callable[[F], F]:
     return add
 
 
-def save_method(owner: Literal["comparison"]) -> Callable[..., Any]:
+def save_method(owner: Literal["comparison", "tuning"]) -> Callable[..., Any]:
     """The implementation of ``save()`` of a comparison."""
     if owner not in _SAVE:
         raise RuntimeError(

@@ -165,10 +165,26 @@ class MemoryReport:
         parts = ", ".join(f"{k} {size_text(v)}" for k, v in p["breakdown"].items() if v)
         peak = size_text(p["bytes"])
         text = f"peak {peak} per rank {p['where']}; dominated by {p['dominant']} ({parts})"
+        trainable = self.trainable_text()
+        if trainable:
+            text += f"\n{trainable}: optimizer state and gradients of those"
         return text + "\n" + self.fit_text() if self.capacity > 0 else text
+
+    def trainable_text(self) -> str:
+        """``"57,344 trainable of 2,943,232 parameters (1.95%)"`` where some are frozen (the
+        optimizer state and gradients are of those), else ``""``."""
+        total = int(self.config.get("parameters", 0))
+        return trainable_text(int(self.config.get("trainable", total)), total)
 
     def __repr__(self) -> str:
         return f"MemoryReport({self.summary()})"
+
+
+def trainable_text(trainable: int, total: int) -> str:
+    """``"57,344 trainable of 2,943,232 parameters (1.95%)"``; ``""`` when all train."""
+    if trainable >= total:
+        return ""
+    return f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3g}%)"
 
 
 def size_text(n: float) -> str:

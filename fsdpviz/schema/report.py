@@ -16,7 +16,12 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``flat_numel`` (with the alignment padding of ``use_orig_params=True``),
     ``padded_numel`` (padded to a multiple of the shard world size),
     ``sharded_numel`` (held by each rank), and the matching ``bytes`` /
-    ``sharded_bytes`` in ``dtype``.
+    ``sharded_bytes`` in ``dtype``. ``requires_grad`` is None for a unit that mixes
+    frozen and trainable parameters (a LoRA adapter beside its frozen base weight); such a
+    unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
+    (the trainable elements one rank holds: what its optimizer state is of). An FSDP2
+    group whose parameters have several dtypes has ``dtype`` of its trainable ones and
+    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own.
 ``forward_order``
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
@@ -88,13 +93,21 @@ from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
-from fsdpviz.schema.memory import MemoryReport, size_text
+from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
 from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.timeline import Timeline
 
 SCHEMA_VERSION = 1
+
+
+DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int64": 8, "int32": 4,
+    "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+"""Bytes per element of the dtypes reports name (``Unit.dtype``)."""
 
 
 def dtype_name(dtype: Any) -> str | None:
@@ -232,19 +245,49 @@ class Unit:
     # parameters that are DTensors over the tp dimension ("Shard(0)", "Replicate()")
     shard_shapes: dict[str, list[int]] = field(default_factory=dict)
     tp_placements: dict[str, str] = field(default_factory=dict)
+    # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
+    # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
+    # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
+    # with use_orig_params: the trainable elements in the rank's slice of the FlatParameter)
+    frozen_params: list[str] = field(default_factory=list)
+    trainable_numel: int | None = None
+    trainable_sharded_numel: int | None = None
+    # an FSDP2 group of parameters in several dtypes (frozen bf16 weights beside fp32
+    # adapters; FSDP2 asks only the trainable ones to share a dtype, ``dtype`` then): the
+    # parameters of each dtype, and their elements in all and in one rank's padded shard
+    param_dtypes: dict[str, list[str]] = field(default_factory=dict)
+    dtype_numels: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
+        if self.dtype_numels:
+            return sum(n * DTYPE_SIZES[d] for d, (n, _) in self.dtype_numels.items())
         return self.numel * self.itemsize
 
     @property
     def sharded_bytes(self) -> int:
+        if self.dtype_numels:
+            return sum(n * DTYPE_SIZES[d] for d, (_, n) in self.dtype_numels.items())
         return self.sharded_numel * self.itemsize
+
+    @property
+    def trainable(self) -> tuple[int, int]:
+        """Elements of the parameters that require grad: in all, and in one rank's shard
+        (the rank that holds the most). What optimizer state and sharded gradients are of."""
+        if self.trainable_numel is not None:
+            return self.trainable_numel, self.trainable_sharded_numel or 0
+        if self.requires_grad is False:
+            return 0, 0
+        return self.numel, self.sharded_numel
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("shard_shapes", "tp_placements"):  # stated by tensor-parallel plans only
+        for key in ("shard_shapes", "tp_placements", "frozen_params", "param_dtypes",
+                    "dtype_numels"):  # fmt: skip  # stated where they apply
             if not d[key]:
+                del d[key]
+        for key in ("trainable_numel", "trainable_sharded_numel"):
+            if d[key] is None:
                 del d[key]
         d["bytes"] = self.bytes
         d["sharded_bytes"] = self.sharded_bytes
@@ -514,10 +557,14 @@ class Report:
         per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
+        whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{size_text(per_rank)} of parameters per rank{where}",
+            f"{size_text(per_rank)} of parameters per rank{where}{whose}",
         ]
+        trainable = self.trainable_text()
+        if trainable:
+            lines.append(f"  {trainable}: optimizer state and gradients of those")
         if cfg.tp_world_size:
             plan = cfg.parallelize_plan or {}
             tp_sharded = sum(
@@ -541,6 +588,12 @@ class Report:
             lines.append(f"  {name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
         lines.extend(f"  warning [{w.code}]: {w.message.splitlines()[0]}" for w in self.warnings)
         return "\n".join(lines)
+
+    def trainable_text(self) -> str:
+        """``"57,344 trainable of 2,943,232 parameters (1.95%)"`` where some of the units'
+        parameters are frozen (a fine-tune with adapters); ``""`` where all train."""
+        total = sum(u.numel for u in self.units)
+        return trainable_text(sum(u.trainable[0] for u in self.units), total)
 
     def __repr__(self) -> str:
         return self.summary()

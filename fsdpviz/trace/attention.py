@@ -12,7 +12,9 @@ copying key and value per head). Where the value head size differs from the
 query's (DeepSeek's multi-head latent attention: 128 against 192), which flash
 kernels refuse, a GPU runs the memory-efficient kernel: such calls go to
 ``aten._scaled_dot_product_efficient_attention``, whose meta kernel gives the
-output the value's head size and saves the same kinds of tensors. Calls with
+output the value's head size and saves the same kinds of tensors; so do calls whose mask
+needs a gradient (a learned bias added to it, as Swin's relative positions), which a GPU
+also runs there (its backward gives the mask's gradient, flash's gives none). Calls with
 dropout, or not on meta, are left alone, and so is grouped-query attention with
 such a value (the GPU falls back to the math path there too). The fused op takes
 the place of the decomposition's nodes in the autograd graph with the same inputs
@@ -22,6 +24,7 @@ checks it).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +35,46 @@ import torch.nn.functional as F
 _SDPA = F.scaled_dot_product_attention
 _FUSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
+_FUSED_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+@functools.cache
+def _fused_takes_gqa() -> bool:
+    """Whether the fused kernel's backward gives key and value gradients of their own head
+    count under grouped-query attention (torch < 2.9's meta kernel gives the query's)."""
+    q = torch.empty(1, 2, 1, 1, device="meta")
+    kv = torch.empty(1, 1, 1, 1, device="meta")
+    out, lse = _FUSED(q, kv, kv, 0.0, False)
+    grads = _FUSED_BACKWARD(out, q, kv, kv, out, lse, 0.0, False)
+    return tuple(grads[1].shape) == tuple(kv.shape)
+
+
+class _GroupedFused(torch.autograd.Function):
+    """The fused kernel under grouped-query attention where torch's autograd formula for it
+    gives key and value gradients of the query's head count: the same saved tensors, each
+    key/value gradient summed over the query heads that share it."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> torch.Tensor:
+        query, key, value, attn_mask, is_causal, scale = args
+        out, lse = _FUSED(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.attn_mask, ctx.is_causal, ctx.scale = attn_mask, is_causal, scale
+        result: torch.Tensor = out
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        query, key, value, out, lse = ctx.saved_tensors
+        gq, gk, gv = _FUSED_BACKWARD(
+            grads[0], query, key, value, out, lse, 0.0, ctx.is_causal,
+            attn_mask=ctx.attn_mask, scale=ctx.scale,
+        )  # fmt: skip
+        heads = key.shape[1]
+        if gk.shape[1] != heads:
+            gk = gk.unflatten(1, (heads, -1)).sum(2)
+            gv = gv.unflatten(1, (heads, -1)).sum(2)
+        return gq, gk, gv, None, None, None
 
 
 def _fused(
@@ -57,9 +100,12 @@ def _fused(
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
             attn_mask.logical_not(), float("-inf")
         )
-    if other_value_size:
-        grad = query.requires_grad or key.requires_grad or value.requires_grad
+    learned = attn_mask is not None and attn_mask.requires_grad
+    if other_value_size or learned:  # flash takes no mask gradient: a GPU runs this kernel
+        grad = query.requires_grad or key.requires_grad or value.requires_grad or learned
         out = _EFFICIENT(query, key, value, attn_mask, grad, 0.0, is_causal, scale=scale)[0]
+    elif key.shape[1] != query.shape[1] and not _fused_takes_gqa():
+        out = _GroupedFused.apply(query, key, value, attn_mask, is_causal, scale)  # type: ignore[no-untyped-call]
     else:
         out, _ = _FUSED(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
     result: torch.Tensor = out
@@ -77,8 +123,11 @@ def fused_attention() -> Iterator[None]:
 
     The function is replaced on ``torch.nn.functional`` for the duration (a torch
     function mode would not see the recomputation activation checkpointing runs
-    inside backward, which must take the same path as the forward).
+    inside backward, which must take the same path as the forward). What the installed
+    torch's kernel does under grouped-query attention is asked first, before the trace's
+    dispatch mode is on: its probe is not the model's compute.
     """
+    _fused_takes_gqa()
     F.scaled_dot_product_attention = _sdpa
     try:
         yield

@@ -22,8 +22,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.copy import asked_of_originals
 
 _aten = torch.ops.aten
 # torchtitan's save list (torchtitan/distributed/activation_checkpoint.py): outputs that are
@@ -73,8 +75,36 @@ class SelectiveCheckpoint:
     recompute_every_mm: int = 2
 
 
+@dataclass(frozen=True)
+class CheckpointEvery:
+    """Every ``every``-th of the modules ``modules`` picks (module classes or a predicate, as
+    ``activation_checkpointing`` takes them), counted in the model's module order from 1, is
+    checkpointed whole: torchtitan's ``selective_ac_option = "<n>"`` (``every=2``: the 2nd,
+    4th, ... block), a trade between memory and recomputation.
+
+    Example::
+
+        fsdpviz.analyze(model, ids, fully_shard=[Block],
+                        activation_checkpointing=CheckpointEvery([Block], 2))
+    """
+
+    modules: Sequence[type[nn.Module]] | Callable[[nn.Module], bool]
+    every: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
+            raise ConfigError(
+                f"CheckpointEvery: every must be a positive int (1: every module), got "
+                f"{self.every!r}"
+            )
+
+
 CheckpointSpec = (
-    Sequence[type[nn.Module]] | Callable[[nn.Module], bool] | SelectiveCheckpoint | None
+    Sequence[type[nn.Module]]
+    | Callable[[nn.Module], bool]
+    | SelectiveCheckpoint
+    | CheckpointEvery
+    | None
 )
 
 
@@ -86,7 +116,8 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
     """
     if spec is None:
         return []
-    if isinstance(spec, SelectiveCheckpoint):
+    every = spec.every if isinstance(spec, CheckpointEvery) else 1
+    if isinstance(spec, (SelectiveCheckpoint, CheckpointEvery)):
         spec = spec.modules
     if callable(spec) and not isinstance(spec, type):
         picks: Callable[[nn.Module], bool] = spec
@@ -100,13 +131,16 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
     else:
         raise ConfigError(
             "activation_checkpointing must be a list of module classes, a callable "
-            f"module -> bool or a SelectiveCheckpoint, got {spec!r}"
+            f"module -> bool, a SelectiveCheckpoint or a CheckpointEvery, got {spec!r}"
         )
     chosen: list[nn.Module] = []
+    seen = [0]  # modules picked so far, checkpointed or not (CheckpointEvery counts them)
 
     def visit(m: nn.Module) -> None:
         if m is not model and picks(m):
-            chosen.append(m)
+            seen[0] += 1
+            if seen[0] % every == 0:
+                chosen.append(m)
             return
         for child in m.children():
             visit(child)
@@ -149,6 +183,17 @@ def _wrapped(module: nn.Module) -> bool:
 def _inner(module: nn.Module) -> nn.Module:
     inner = getattr(module, "_checkpoint_wrapped_module", None)
     return inner if isinstance(inner, nn.Module) and _wrapped(module) else module
+
+
+def checkpointing_of_originals(
+    spec: CheckpointSpec, originals: Mapping[int, nn.Module]
+) -> CheckpointSpec:
+    """``spec`` with its predicate asked of the user's modules (``originals``: ``id(copy's
+    module) -> the user's``), so that one testing identity picks the same modules."""
+    if isinstance(spec, SelectiveCheckpoint):
+        return dataclasses.replace(spec, modules=asked_of_originals(spec.modules, originals))
+    picked: CheckpointSpec = asked_of_originals(spec, originals)
+    return picked
 
 
 def apply_checkpointing(model: nn.Module, spec: CheckpointSpec) -> int:

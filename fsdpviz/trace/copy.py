@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -72,6 +74,56 @@ def model_copy(model: nn.Module, device: str = "meta") -> tuple[nn.Module, dict[
     for name, m in mods.items():
         mapping[id(m)] = dup_mods[name]
     return dup, mapping
+
+
+def _torchs(fn: Any) -> bool:
+    """Whether ``fn`` is one of torch's own functions or policy objects (no user code)."""
+    return str(getattr(fn, "__module__", "") or type(fn).__module__).startswith("torch.")
+
+
+def original_modules(model: nn.Module, mapping: dict[int, Any]) -> dict[int, nn.Module]:
+    """``id(copy's module) -> the user's module``, from :func:`model_copy`'s ``mapping``."""
+    return {id(mapping[id(m)]): m for m in model.modules() if id(m) in mapping}
+
+
+def asked_of_originals(value: Any, originals: Mapping[int, nn.Module]) -> Any:
+    """``value`` (a wrap policy, a checkpointing predicate, ``fully_shard=``'s callable), asked
+    of the user's modules where fsdpviz evaluates it on its copy: ``originals`` maps
+    ``id(copy's module)`` to the user's. A predicate that tests identity
+    (``CustomPolicy(lambda m: m is model.lm_head)``, as torch's docs write it, or ``m in
+    blocks``) then picks the modules it picks in the user's job. Classes, torch's own
+    policies and their arguments are kept as they are.
+
+    Example::
+
+        policy = asked_of_originals(CustomPolicy(lambda m: m is model.head), originals)
+    """
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    if value is None or isinstance(value, type):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(asked_of_originals(v, originals) for v in value)
+    if isinstance(value, CustomPolicy):
+        return CustomPolicy(asked_of_originals(value._lambda_fn, originals))
+    if isinstance(value, functools.partial) and _torchs(value.func):
+        keywords = dict(value.keywords)
+        if "lambda_fn" in keywords:  # lambda_auto_wrap_policy
+            keywords["lambda_fn"] = asked_of_originals(keywords["lambda_fn"], originals)
+        if "policies" in keywords:  # _or_policy
+            keywords["policies"] = asked_of_originals(keywords["policies"], originals)
+        return functools.partial(value.func, *value.args, **keywords)
+    if not callable(value) or _torchs(value):
+        return value  # a policy object (ModuleWrapPolicy) or one of torch's functions
+
+    def original(x: Any) -> Any:
+        return originals.get(id(x), x) if isinstance(x, nn.Module) else x
+
+    @functools.wraps(value)
+    def asked(*args: Any, **kwargs: Any) -> Any:
+        return value(*map(original, args), **{k: original(v) for k, v in kwargs.items()})
+
+    return asked
 
 
 # id of the meta copy of an integer input tensor -> (the copy, weakly; input name, smallest

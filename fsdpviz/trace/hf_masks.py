@@ -15,7 +15,9 @@ changes:
   integer input) when those decide it (rows that cannot count through their length pack
   sequences); otherwise the trace stops and says what to pass;
 - an ``attention_mask`` with no zero (every token attended, the smallest and largest value
-  say so) masks as no mask does: transformers skips it, as it does on a device.
+  say so) masks as no mask does: transformers skips it, as it does on a device; so does a
+  mask of ones the model builds itself where none is given (BART's decoder:
+  ``torch.ones(batch, length)``), which fsdpviz sees made.
 
 The patch is undone when the step ends, however it ends, and only applies where
 transformers is already imported.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -100,7 +103,24 @@ def _without_padding(mask: Any) -> bool:
     return lo > 0 or hi < 0
 
 
-def _preprocess(original: Callable[..., Any], given_mask: Any) -> Callable[..., Any]:
+def _ones(original: Callable[..., torch.Tensor], made: set[int]) -> Callable[..., torch.Tensor]:
+    """``torch.ones`` that notes the meta tensors it makes (``id`` in ``made``, while alive):
+    masks of ones a model builds where none is given."""
+
+    def ones(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = original(*args, **kwargs)
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            key = id(t)
+            made.add(key)
+            weakref.finalize(t, made.discard, key)
+        return t
+
+    return ones
+
+
+def _preprocess(
+    original: Callable[..., Any], given_mask: Any, ones: set[int] | None = None
+) -> Callable[..., Any]:
     signature = inspect.signature(original)
     cache_name = "cache" if "cache" in signature.parameters else "past_key_values"
 
@@ -113,13 +133,12 @@ def _preprocess(original: Callable[..., Any], given_mask: Any) -> Callable[..., 
         mask, embeds = given.get("attention_mask"), given.get("inputs_embeds")
         if (
             mask is not None
-            and mask is given_mask
+            and ((mask is given_mask and _without_padding(mask)) or id(mask) in (ones or ()))
             and mask.device.type == "meta"
             and mask.dim() == 2
             and given.get(cache_name) is None
             and isinstance(embeds, torch.Tensor)
             and mask.shape[-1] == embeds.shape[1]
-            and _without_padding(mask)
         ):
             # No token is padding: the mask transformers would build masks nothing, so it
             # builds none (and, given a mask, it does not look for packed sequences).
@@ -144,14 +163,20 @@ def answered_mask_checks(
         yield
         return
     originals = {n: getattr(masking, n) for n in names}
+    made: set[int] = set()
     masking.find_packed_sequence_indices = _packed(  # type: ignore[attr-defined]
         originals["find_packed_sequence_indices"], _argument(model, args, kwargs, "position_ids")
     )
     masking._preprocess_mask_arguments = _preprocess(  # type: ignore[attr-defined]
-        originals["_preprocess_mask_arguments"], _argument(model, args, kwargs, "attention_mask")
+        originals["_preprocess_mask_arguments"],
+        _argument(model, args, kwargs, "attention_mask"),
+        made,
     )
+    torch_ones = torch.ones
+    torch.ones = _ones(torch_ones, made)
     try:
         yield
     finally:
+        torch.ones = torch_ones
         for name, fn in originals.items():
             setattr(masking, name, fn)

@@ -41,6 +41,7 @@ into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
 from fsdpviz.trace.marks import Mark, cut_profile
@@ -190,7 +192,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = _nbytes(inputs)
-        self.tokens = _tokens(inputs)
+        self.tokens = batch_tokens(inputs)
         self._external = {
             id(st)
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
@@ -238,7 +240,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = meta_cache.run(func, args, kwargs)
         if self._forced is not None:
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)
@@ -530,7 +532,41 @@ def _op_info(
     # these ops take top-level tensors only, so call the formula on their shapes directly.
     raw = getattr(wrapped, "__wrapped__", None)
     cost = _kernel_kind(func, schema, wrapped is not None, fresh or writes)
+    name = func._overloadpacket.__name__
+    if raw is not None and name in _ATTENTION and not _counts_gqa():
+        raw = _gqa_as_heads(raw, 1 if name.endswith("_backward") else 0)
     return (raw, True, fresh, cost) if raw is not None else (wrapped, False, fresh, cost)
+
+
+@functools.cache
+def _counts_gqa() -> bool:
+    """Whether torch's attention FLOP formulas take fewer key/value heads than query heads
+    (grouped-query attention; torch < 2.9 asserts equal heads)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    try:
+        sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))  # type: ignore[no-untyped-call]
+    except AssertionError:
+        return False
+    return True
+
+
+def _gqa_as_heads(formula: Callable[..., int], query: int) -> Callable[..., int]:
+    """``formula`` with grouped-query key and value shapes given as many heads as the query
+    (argument ``query``; key and value follow it): the kernels broadcast them, so the
+    FLOPs are those of full heads."""
+
+    def flops(*shapes: Any, **kwargs: Any) -> int:
+        q = shapes[query]
+        if len(shapes) > query + 2 and len(q) == 4:
+            k, v = shapes[query + 1], shapes[query + 2]
+            if len(k) == 4 and len(v) == 4 and k[1] != q[1]:
+                k = (k[0], q[1], *k[2:])
+                v = (v[0], q[1], *v[2:])
+                shapes = (*shapes[: query + 1], k, v, *shapes[query + 3 :])
+        return formula(*shapes, **kwargs)
+
+    return flops
 
 
 def _kernel_kind(func: Any, schema: Any, counted: bool, kernel: bool) -> tuple[Any, ...] | None:
@@ -597,7 +633,7 @@ def _shape(out: Any) -> Any:
     return out
 
 
-def _tokens(inputs: Any) -> int:
+def batch_tokens(inputs: Any) -> int:
     """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
     dimensions of the first tensor."""
     tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
@@ -622,6 +658,21 @@ def _recomputing() -> bool:
     activations. (A reentrant checkpoint recomputes under our own hooks: what it
     saves is counted by ``_pack``.)
     """
-    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    peek = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if peek is None:  # torch < 2.8 cannot show the hooks: find the recomputation's frame
+        return _in_recompute_fn()
+    top = peek(True)
     name = getattr(top[0], "__qualname__", "") if top is not None else ""
     return name.startswith("_recomputation_hook")
+
+
+def _in_recompute_fn() -> bool:
+    """Whether ``torch.utils.checkpoint``'s ``recompute_fn`` (which runs the checkpointed
+    forward again under ``_recomputation_hook``) is on the Python stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "recompute_fn" and code.co_filename.endswith("checkpoint.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

@@ -8,7 +8,9 @@ May import every layer up to fsdpviz.replan, and fsdpviz.graphs; never widgets o
   :func:`prefetch_data`: the same as JSON-ready columns (what the exported page draws);
 - :func:`timeline_figure`: lanes per rank and the memory curve;
 - :func:`timeline_data`: the timeline as JSON-ready columns (what the JS widget draws);
-- :func:`unit_details`: the explorer's detail panel of each unit, as data.
+- :func:`unit_details`: the explorer's detail panel of each unit, as data;
+- :func:`tune_figure`: a tuning's configurations, tokens/s against memory per rank, and its
+  knob table; :func:`tune_data`: the same as JSON-ready data (what the front end draws).
 
 Example::
 
@@ -30,6 +32,7 @@ from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
 from fsdpviz.views.timeline_view import MemorySeries, MemorySource, timeline_data
 from fsdpviz.views.timeline_view_figure import timeline_figure
 from fsdpviz.views.tree import ModuleTree, module_tree
+from fsdpviz.views.tune_view import tune_data, tune_figure
 
 __all__ = [
     "PALETTE",
@@ -47,6 +50,8 @@ __all__ = [
     "template",
     "timeline_data",
     "timeline_figure",
+    "tune_data",
+    "tune_figure",
     "unit_colors",
     "unit_details",
 ]

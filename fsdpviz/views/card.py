@@ -79,11 +79,13 @@ def report_html(report: Report) -> str:
         f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
         f"{plural(len(report.units), 'wrap unit')} · world size "
         f"{escape(str(report.config.world_size))}{escape(_mesh(report.config))}"
+        f"{escape(_torch(report.config))}"
     )
-    totals = (
-        f"{_count(numel)} parameters · {format_bytes(full)} full · "
-        f"<b>{format_bytes(per_rank)} per rank</b>"
-    )
+    trainable = sum(u.trainable[0] for u in report.units)
+    counted = f"{_count(numel)} parameters"
+    if trainable < numel:  # frozen weights (a fine-tune with adapters)
+        counted = f"<b>{_count(trainable)} trainable</b> of {counted}"
+    totals = f"{counted} · {format_bytes(full)} full · <b>{format_bytes(per_rank)} per rank</b>"
     memory, figures = _memory_parts(report)
     parts = [
         _line(title),
@@ -107,7 +109,9 @@ def run_html(run: RecordedRun) -> str:
     counts = sorted({len(r.iterations) for r in run.ranks})
     title = (
         f"<b>fsdpviz</b> recording · {escape(str(api))} · {len(run.ranks)} of "
-        f"{run.world_size} ranks" + (f" · {escape(str(backend))}" if backend else "")
+        f"{run.world_size} ranks"
+        + (f" · {escape(str(backend))}" if backend else "")
+        + escape(_torch(first.config))
     )
     summary = (
         f"{'/'.join(map(str, counts))} iterations per rank · "
@@ -147,6 +151,11 @@ def _mesh(c: ReportConfig) -> str:
     if not c.mesh or len(c.mesh) < 2:
         return ""
     return " (mesh " + " × ".join(f"{name} {size}" for name, size in c.mesh.items()) + ")"
+
+
+def _torch(config: ReportConfig) -> str:
+    """`` · torch 2.8.0``: whose FSDP the card shows (nothing where the report does not say)."""
+    return f" · torch {config.torch_version}" if config.torch_version else ""
 
 
 def config_items(report: Report) -> list[str]:

@@ -882,6 +882,9 @@ def _group_info(
     api = r.config.api if r.config.states("api") else "FSDP"
     ws = r.config.world_size
     summary = f"{api} {r.source} · {len(r.units)} units · world size {ws}"
+    trainable = r.trainable_text()  # a fine-tune: what the optimizer state and gradients are of
+    if trainable:
+        summary += f" · {trainable}"
     exposed = None
     bottlenecks: list[dict[str, Any]] | None = None
     if p.totals is not None:

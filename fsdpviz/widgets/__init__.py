@@ -1,6 +1,8 @@
 """Notebook widgets over :mod:`fsdpviz.views`: the timeline, the explorer and the prefetch
 graph (three views of fsdpviz's front end, ``js/``), the dashboard that links them under
-the re-plan controls, two plans compared, and a sweep's table.
+the re-plan controls, two plans compared, a sweep's table, and a tuning's configurations
+(``TuneWidget``, a fourth view of the front end) over the dashboard of the one selected
+(``TuneView``).
 
 May import every layer up to the views, and :mod:`fsdpviz.export` (a dashboard saves
 itself as a page).
@@ -23,6 +25,8 @@ from fsdpviz.widgets.explorer_widget import ExplorerWidget
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.sweep import SweepView
 from fsdpviz.widgets.timeline_widget import TimelineWidget
+from fsdpviz.widgets.tune import TuneView
+from fsdpviz.widgets.tune_widget import TuneWidget
 
 __all__ = [
     "ComparisonView",
@@ -32,5 +36,7 @@ __all__ = [
     "PrefetchWidget",
     "SweepView",
     "TimelineWidget",
+    "TuneView",
+    "TuneWidget",
     "show",
 ]

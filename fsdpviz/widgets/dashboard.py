@@ -225,7 +225,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
 
     def _save_output(self) -> None:
         """The plan on screen, for the notebook's saved output (see ``SAVE_AFTER_S``)."""
-        self.timeline.saved = saved_output(self._states(), *self._titles())
+        self.timeline.saved_output = saved_output(self._states(), *self._titles())
 
     def _titles(self) -> tuple[Report, str, str]:
         """The report, title and text of what the dashboard shows now."""

@@ -183,7 +183,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         """The plan on screen, for the notebook's saved output."""
         if self.report is report:
             text, title = self._titles()
-            self.view.saved = saved_output(
+            self.view.saved_output = saved_output(
                 {"explorer": self.view.page_state()}, report, title, text
             )
 

@@ -70,7 +70,7 @@ class FrontEnd(anywidget.AnyWidget):
     view = traitlets.Unicode("timeline").tag(sync=True)
     busy = traitlets.Bool(False).tag(sync=True)
     error = traitlets.Unicode("").tag(sync=True)
-    saved = traitlets.Dict().tag(sync=True)
+    saved_output = traitlets.Dict().tag(sync=True)
     """What the notebook output this view is in should hold now (its mimetypes and their
     data: :func:`with_saved_views`'s, without the live widget), set after a re-plan;
     fsdpviz's JupyterLab extension puts it in the output, so a saved notebook keeps the
@@ -126,7 +126,7 @@ def saved_output(
     states: Mapping[str, Mapping[str, Any]], report: Report | None, title: str, text: str
 ) -> dict[str, Any]:
     """What an output showing ``states`` saves (:func:`with_saved_views` without a widget):
-    the value of a view's ``saved`` trait."""
+    the value of a view's ``saved_output`` trait."""
     return with_saved_views({}, states, report, title, text)
 
 

@@ -49,12 +49,14 @@ export abstract class CanvasView {
   abstract hoverAt(x: number, y: number): void;
   abstract clickAt(x: number, y: number): void;
   abstract leave(): void;
+  /** Whether a drag moves the view up and down too (a scatter), not only across. */
+  protected dragsBothWays = false;
   /** Lay out again at the root's width and the page's theme, and draw. */
   abstract resize(): void;
-  /** A drag starts: returns what moves the view by `dx` px from where it started. */
-  protected abstract dragFrom(): (dx: number) => void;
-  /** ctrl/shift + wheel at x: zoom by `factor` (> 1: show more) around it. */
-  protected abstract wheelAt(x: number, factor: number): void;
+  /** A drag starts: returns what moves the view by `dx` (and `dy`) px from where it started. */
+  protected abstract dragFrom(): (dx: number, dy: number) => void;
+  /** ctrl/shift + wheel at (x, y): zoom by `factor` (> 1: show more) around it. */
+  protected abstract wheelAt(x: number, factor: number, y: number): void;
   /** What a key does on the canvas, if anything. */
   protected abstract keyAction(key: string): (() => void) | undefined;
 
@@ -68,7 +70,8 @@ export abstract class CanvasView {
           click: (x, y) => this.clickAt(x, y),
           leave: () => this.leave(),
           dragFrom: () => this.dragFrom(),
-          wheel: (x, factor) => this.wheelAt(x, factor),
+          dragsBothWays: this.dragsBothWays,
+          wheel: (x, factor, y) => this.wheelAt(x, factor, y),
           keyAction: (key) => this.keyAction(key),
         },
         (fn) => this.guard(fn),

@@ -94,10 +94,12 @@ export interface PointerHandlers {
   /** A click that ended no drag. */
   click(x: number, y: number): void;
   leave(): void;
-  /** A drag starts: returns what moves the view by `dx` px from where it started. */
-  dragFrom(): (dx: number) => void;
-  /** ctrl/shift + wheel at x: zoom by `factor` (1.25: show more, 0.8: less) around it. */
-  wheel(x: number, factor: number): void;
+  /** A drag starts: returns what moves the view by `dx` (and `dy`) px from where it started. */
+  dragFrom(): (dx: number, dy: number) => void;
+  /** Whether a drag moves the view up and down too (else only a move across starts one). */
+  dragsBothWays?: boolean;
+  /** ctrl/shift + wheel at (x, y): zoom by `factor` (1.25: show more, 0.8: less) around it. */
+  wheel(x: number, factor: number, y: number): void;
   /** What a key does on the canvas, if anything. */
   keyAction(key: string): (() => void) | undefined;
 }
@@ -117,10 +119,10 @@ export function bindPointer(
     const rect = canvas.getBoundingClientRect();
     return [ev.clientX - rect.left, ev.clientY - rect.top];
   };
-  let down: { x: number; move: (dx: number) => void } | null = null;
+  let down: { x: number; y: number; move: (dx: number, dy: number) => void } | null = null;
   let dragged = false;
   canvas.addEventListener("mousedown", (ev) => {
-    down = { x: ev.clientX, move: h.dragFrom() };
+    down = { x: ev.clientX, y: ev.clientY, move: h.dragFrom() };
     dragged = false;
   });
   const up = (): void => {
@@ -128,10 +130,16 @@ export function bindPointer(
   };
   window.addEventListener("mouseup", up);
   canvas.addEventListener("mousemove", (ev) => {
-    if (down !== null && (ev.buttons & 1) === 1 && Math.abs(ev.clientX - down.x) > 4) {
+    if (
+      down !== null &&
+      (ev.buttons & 1) === 1 &&
+      (dragged ||
+        Math.abs(ev.clientX - down.x) > 4 ||
+        (h.dragsBothWays === true && Math.abs(ev.clientY - down.y) > 4))
+    ) {
       dragged = true;
-      const { move, x } = down;
-      guard(() => move(ev.clientX - x))();
+      const { move, x, y } = down;
+      guard(() => move(ev.clientX - x, ev.clientY - y))();
       return;
     }
     const [x, y] = at(ev);
@@ -147,7 +155,7 @@ export function bindPointer(
     if (!ev.ctrlKey && !ev.shiftKey) return;
     ev.preventDefault();
     const [x, y] = at(ev);
-    guard(() => h.wheel(x, ev.deltaY > 0 ? 1.25 : 0.8))();
+    guard(() => h.wheel(x, ev.deltaY > 0 ? 1.25 : 0.8, y))();
     // what is under the pointer now: the hover details follow the zoom
     guard(() => h.hover(x, y))();
   });

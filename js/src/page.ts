@@ -14,6 +14,35 @@ export interface PageConfig {
   views: { timeline: ViewState | null; explorer: ViewState | null; prefetch: ViewState | null };
   /** The elements each view is drawn in. */
   divs: { timeline: string; explorer: string; prefetch: string };
+  /** A tuning's page (tuning.save("tune.html")): its tune view, and the plans it holds,
+   * each drawn into `divs` when its point is selected. */
+  tune?: TuneConfig | null;
+}
+
+/** What a tuning's page holds of one configuration's plan. */
+export interface TunePlan {
+  /** The packed script that holds its views' states ({@link PlanViews}). */
+  script: string;
+  title: string;
+  /** Its knobs in one line. */
+  label: string;
+  /** Its summary, as HTML (as a report's page header writes it). */
+  header: string;
+}
+
+/** The views of one plan, as a packed script of a tuning's page holds them. */
+export interface PlanViews {
+  views: PageConfig["views"];
+}
+
+export interface TuneConfig {
+  /** The tune view's state: its data, the selected candidate, the candidates saved. */
+  state: ViewState;
+  div: string;
+  /** The plans the page holds, by candidate index. */
+  plans: Record<string, TunePlan>;
+  /** Which plans the page holds, in words. */
+  kept: string;
 }
 
 /**
@@ -88,6 +117,7 @@ export interface WidgetModule {
   timelineDefaults(data: never): object;
   explorerDefaults(data: never): object;
   prefetchDefaults(data: never): object;
+  tuneDefaults(data: never): object;
   linkViews(models: { timeline: unknown; explorer: unknown; prefetch: unknown }): () => void;
 }
 
@@ -243,6 +273,7 @@ export async function boot(doc: Document): Promise<PageModels> {
   performance.mark("fsdpviz:unpacked");
   const config = JSON.parse(configText) as PageConfig;
   const widget = await importWidget(widgetSource);
+  if (config.tune) return (await bootTune(doc, widget, config, config.tune)).views;
   const models: PageModels = { timeline: null, explorer: null, prefetch: null };
   models.timeline = mountView(doc, widget, config, "timeline");
   await afterPaint(doc);
@@ -256,6 +287,141 @@ export async function boot(doc: Document): Promise<PageModels> {
   await afterPaint(doc);
   performance.mark("fsdpviz:painted");
   return models;
+}
+
+/**
+ * A tuning's page: the tune view, then the plan of its selected configuration under it
+ * (its timeline, explorer and prefetch graph, linked), which a selection swaps for the
+ * newly selected configuration's, unpacked from its script when first shown, or for a
+ * note where the page does not hold that plan.
+ */
+export class TunePage {
+  readonly model: PageModel<Record<string, unknown>>;
+  /** The candidate whose plan is drawn (null: none; see `missing`). */
+  shown: number | null = null;
+  drawn: DrawnViews | null = null;
+  private readonly plans = new Map<string, Promise<PlanViews>>();
+  private turn = 0;
+
+  constructor(
+    private readonly doc: Document,
+    private readonly widget: WidgetModule,
+    private readonly config: PageConfig,
+    private readonly tune: TuneConfig,
+  ) {
+    const el = doc.getElementById(tune.div);
+    if (el === null) throw new Error(`the page has no element #${tune.div} for the tune view`);
+    const defaults = widget.tuneDefaults(tune.state.data as never);
+    this.model = new PageModel<Record<string, unknown>>({
+      ...defaults,
+      ...tune.state,
+      view: "tune",
+    });
+    widget.default.render({ model: this.model, el });
+  }
+
+  /** The models of the plan drawn (all null when none is). */
+  get views(): PageModels {
+    return this.drawn?.models ?? { timeline: null, explorer: null, prefetch: null };
+  }
+
+  /** Draw the plan of candidate `index` (null: none) in place of the one drawn. */
+  async show(index: number | null): Promise<void> {
+    const turn = ++this.turn;
+    const doc = this.doc;
+    const plan = index === null ? undefined : this.tune.plans[String(index)];
+    const title = doc.getElementById("fv-plan-title");
+    const header = doc.getElementById("fv-plan-header");
+    const missing = doc.getElementById("fv-plan-missing");
+    const views = doc.getElementById("fv-plan-views");
+    let states: PlanViews | null = null;
+    if (plan !== undefined) {
+      let loading = this.plans.get(plan.script);
+      if (loading === undefined) {
+        loading = unpack(doc, plan.script).then((text) => JSON.parse(text) as PlanViews);
+        this.plans.set(plan.script, loading);
+      }
+      states = await loading;
+      if (turn !== this.turn) return; // another selection came meanwhile
+    }
+    this.drawn?.dispose();
+    this.drawn = null;
+    this.shown = null;
+    if (plan === undefined || states === null) {
+      if (title !== null)
+        title.textContent =
+          index === null ? "Plan" : `Configuration #${index}: its plan is not in this page`;
+      if (header !== null) header.replaceChildren();
+      if (missing !== null) {
+        missing.hidden = false;
+        missing.textContent =
+          index === null ? "Select a configuration above to see its plan." : this.tune.kept;
+      }
+      if (views !== null) views.hidden = true;
+      doc.body.dataset.fvPlan = "";
+      return;
+    }
+    if (title !== null) title.textContent = plan.title;
+    if (header !== null) {
+      // fsdpviz's own summary of the plan, escaped in Python as a report's page header is
+      header.innerHTML = `<p class="fv-plan-label">${escapeHtml(plan.label)}</p>${plan.header}`;
+    }
+    if (missing !== null) missing.hidden = true;
+    if (views !== null) views.hidden = false;
+    const els = {
+      timeline: doc.getElementById(this.config.divs.timeline),
+      explorer: doc.getElementById(this.config.divs.explorer),
+      prefetch: doc.getElementById(this.config.divs.prefetch),
+    };
+    const drawn = await drawViews(this.widget, { ...this.config, views: states.views }, els);
+    if (turn !== this.turn) {
+      drawn.dispose();
+      return;
+    }
+    this.drawn = drawn;
+    this.shown = index;
+    mirror(doc, drawn.models);
+    doc.body.dataset.fvPlan = String(index);
+  }
+}
+
+function escapeHtml(text: string): string {
+  return text.replace(
+    /[&<>"']/g,
+    (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c] ?? c,
+  );
+}
+
+/** Draw a tuning's page: its tune view, painted, then the selected configuration's plan;
+ * a selection shows another's. */
+export async function bootTune(
+  doc: Document,
+  widget: WidgetModule,
+  config: PageConfig,
+  tune: TuneConfig,
+): Promise<TunePage> {
+  const page = new TunePage(doc, widget, config, tune);
+  await afterPaint(doc);
+  performance.mark("fsdpviz:first-view");
+  doc.body.dataset.fvFirstView = "true";
+  const show = (): void => {
+    const selected = page.model.get("selected");
+    page.show(typeof selected === "number" ? selected : null).then(
+      () => {
+        window.fsdpvizModels = page.views;
+        window.fsdpvizModel = page.views.timeline;
+      },
+      (err: unknown) => showPageError(doc, err),
+    );
+  };
+  page.model.on("change:selected", show);
+  const selected = page.model.get("selected");
+  await page.show(typeof selected === "number" ? selected : null);
+  if (typeof window !== "undefined") window.fsdpvizTune = page;
+  performance.mark("fsdpviz:linked");
+  await afterPaint(doc);
+  performance.mark("fsdpviz:painted");
+  return page;
 }
 
 function showPageError(doc: Document, err: unknown): void {
@@ -272,6 +438,8 @@ declare global {
     fsdpvizModels?: PageModels;
     /** The timeline's model. */
     fsdpvizModel?: PageModel<Record<string, unknown>> | null;
+    /** A tuning's page: the tune view's model and the plan drawn. */
+    fsdpvizTune?: TunePage;
   }
 }
 

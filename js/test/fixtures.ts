@@ -4,11 +4,13 @@
 import type { ExplorerData } from "../src/explorer";
 import type { PrefetchData } from "../src/prefetch";
 import type { TimelineData } from "../src/timeline_data";
+import type { TuneData } from "../src/tune";
 import explorer from "./data/explorer.json";
 import prediction from "./data/prediction.json";
 import prefetch from "./data/prefetch.json";
 import prefetchMissed from "./data/prefetch_post.json";
 import recording from "./data/recording.json";
+import tune from "./data/tune.json";
 import untimed from "./data/untimed.json";
 
 const copy = (d: unknown): TimelineData => structuredClone(d) as TimelineData;
@@ -39,3 +41,7 @@ export function fakeContext(): CanvasRenderingContext2D {
 export const explorerData = (): ExplorerData => structuredClone(explorer) as ExplorerData;
 export const prefetchData = (): PrefetchData => structuredClone(prefetch) as PrefetchData;
 export const prefetchPost = (): PrefetchData => structuredClone(prefetchMissed) as PrefetchData;
+
+/** A tuning of 6 configurations as Python writes it (tune_data; tests/test_views_tune.py
+ * keeps it current): 3 fit a budget, the best on the frontier, the given the fastest. */
+export const tuneData = (): TuneData => structuredClone(tune) as TuneData;

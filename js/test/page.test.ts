@@ -13,12 +13,15 @@ import {
   type PageConfig,
   PageModel,
   type PageModels,
+  type TuneConfig,
+  TunePage,
   unpack,
   type WidgetModule,
 } from "../src/page";
 import type { PrefetchView } from "../src/prefetch";
+import type { TuneView } from "../src/tune";
 import * as widget from "../src/widget";
-import { explorerData, fakeContext, predicted, prefetchData } from "./fixtures";
+import { explorerData, fakeContext, predicted, prefetchData, tuneData } from "./fixtures";
 
 function config(): PageConfig {
   return {
@@ -284,5 +287,69 @@ describe("views drawn into given elements (JupyterLab's renderer)", () => {
     expect(drawn.models.explorer).toBeNull();
     expect(el.querySelector(".fsdpviz-timeline")).not.toBeNull();
     drawn.dispose();
+  });
+});
+
+describe("a tuning's page", () => {
+  it("draws the selected configuration's plan under the tune view, and swaps it", async () => {
+    const d = tuneData();
+    const best = d.points.index[d.best ?? 0];
+    const given = d.points.index[d.user];
+    document.body.innerHTML = `<div id="fv-tune"></div><h2 id="fv-plan-title"></h2>
+      <div id="fv-plan-header"></div><p id="fv-plan-missing" hidden></p>
+      <div id="fv-plan-views"><div id="tl"></div><div id="ex"></div><div id="pf"></div></div>`;
+    const script = document.createElement("script");
+    script.type = "application/gzip";
+    script.id = `fv-plan-${best}`;
+    script.textContent = await gzipBase64(JSON.stringify({ views: config().views }));
+    document.body.append(script);
+    const tune: TuneConfig = {
+      state: { data: d, selected: best, saved: [best] },
+      div: "fv-tune",
+      plans: {
+        [String(best)]: {
+          script: script.id,
+          title: `Configuration #${best} (best)`,
+          label: "ranks 8 ranks",
+          header: "<dl><dt>wrap units</dt><dd>4</dd></dl>",
+        },
+      },
+      kept: "This page holds the plans of 1 of the 6 configurations.",
+    };
+    const cfg: PageConfig = {
+      views: { timeline: null, explorer: null, prefetch: null },
+      divs: { timeline: "tl", explorer: "ex", prefetch: "pf" },
+      tune,
+    };
+    const page = new TunePage(document, widget as unknown as WidgetModule, cfg, tune);
+    await page.show(best);
+    expect(page.shown).toBe(best);
+    expect(document.body.dataset.fvPlan).toBe(String(best));
+    expect(document.getElementById("fv-plan-title")?.textContent).toBe(
+      `Configuration #${best} (best)`,
+    );
+    expect(document.getElementById("fv-plan-header")?.textContent).toBe("ranks 8 rankswrap units4");
+    expect(document.querySelector("#tl .fsdpviz-timeline")).not.toBeNull();
+    expect(document.querySelector("#ex .fsdpviz-explorer-box")).not.toBeNull();
+    expect(page.views.timeline).not.toBeNull();
+    // a point whose plan the page does not hold: said so, no other plan's numbers left
+    page.model.set("selected", given);
+    await page.show(given);
+    expect(page.shown).toBeNull();
+    expect(page.views.timeline).toBeNull();
+    expect(document.querySelector("#tl .fsdpviz-timeline")).toBeNull();
+    expect(document.getElementById("fv-plan-views")?.hidden).toBe(true);
+    expect(document.getElementById("fv-plan-missing")?.textContent).toBe(tune.kept);
+    expect(document.getElementById("fv-plan-title")?.textContent).toBe(
+      `Configuration #${given}: its plan is not in this page`,
+    );
+    const root = document.querySelector(".fsdpviz-tune") as unknown as { fsdpviz: TuneView };
+    expect(root.fsdpviz.selected).toBe(d.user);
+    // and back: drawn again from the script unpacked before
+    await page.show(best);
+    expect(document.getElementById("fv-plan-views")?.hidden).toBe(false);
+    expect(document.querySelector("#tl .fsdpviz-timeline")).not.toBeNull();
+    page.drawn?.dispose();
+    document.body.innerHTML = "";
   });
 });

@@ -1,0 +1,439 @@
+"""The choices of each knob for one search, and the user's own: a :class:`Space`, built from
+the model's structure, the keywords as given, the machine and the world sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.errors import ConfigError
+from fsdpviz.tuning.space import (
+    OWNED,
+    Choice,
+    Space,
+    batch_size,
+    block_class,
+    block_names,
+    checkpoint_choices,
+    checkpoint_label,
+    divisors,
+    heads,
+    param_dtype,
+    precision_label,
+    standard_precision,
+    standard_tp_plan,
+    wrap_plans,
+)
+
+__all__ = ["SpaceBuilder"]
+
+
+class SpaceBuilder:
+    """Builds the :class:`Space` of a search (``build``); ``notes`` says what it pinned,
+    ``tp_why`` why tensor parallelism cannot be tried, ``tp_standard`` whether its plan is
+    the model's own."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        api: str,
+        machine: Machine,
+        world_sizes: list[int],
+        allowed: set[str],
+        fixed: Mapping[str, Any],
+        source: str,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.api = api
+        self.machine = machine
+        self.world_sizes = world_sizes
+        self.allowed = allowed
+        self._fixed = fixed
+        self._source = source
+        self.notes: list[str] = []
+        self.tp_why = ""
+        self.tp_standard = False
+
+    def build(self, kwargs: dict[str, Any], pinned: set[str], tokens_per_step: int | None) -> Space:
+        """The choices of every knob, and the user's (see :class:`Space`)."""
+        api, model = self.api, self.model
+        side = 0 if api == "FSDP2" else 1
+        owned = set().union(*(o[side] for o in OWNED.values()))
+        base = {k: v for k, v in kwargs.items() if k not in owned}
+        block = block_class(model)
+        blocks = block_names(model, block)
+        choices: dict[str, list[Choice]] = {}
+        user: dict[str, Choice] = {}
+
+        def given(knob: str) -> dict[str, Any]:
+            return {k: kwargs[k] for k in OWNED[knob][side] if k in kwargs}
+
+        # units
+        plans = wrap_plans(model, api, block)
+        wrap = [Choice("wrap", label, kw) for label, kw in plans.items()]
+        user_wrap = given("wrap")
+        if not user_wrap:
+            key = "fully_shard" if api == "FSDP2" else "auto_wrap_policy"
+            user_wrap = {key: [] if api == "FSDP2" else None}
+        mine_wrap = next((c for c in wrap if _same_kwargs(c.kwargs, user_wrap)), None)
+        if mine_wrap is None:
+            mine_wrap = Choice("wrap", "as given", user_wrap)
+            wrap.append(mine_wrap)
+        choices["wrap"], user["wrap"] = wrap, mine_wrap
+        # resharding / sharding strategy, backward and forward prefetch (FSDP1)
+        node = self.machine.gpus_per_node
+        multi = any(ws > node and ws % node == 0 for ws in self.world_sizes)
+        if api == "FSDP2":
+            raf = [
+                Choice("reshard_after_forward", "all but the root", {"reshard_after_forward": None})
+            ]
+            raf.append(Choice("reshard_after_forward", "never", {"reshard_after_forward": False}))
+            if blocks:
+                last = blocks[-1]
+                raf.append(
+                    Choice(
+                        "reshard_after_forward",
+                        f"all but the root and {last}",
+                        {"reshard_after_forward": {last: False}},
+                    )
+                )
+            if multi:
+                raf.append(
+                    Choice(
+                        "reshard_after_forward",
+                        f"to {node} ranks (a node)",
+                        {"reshard_after_forward": node},
+                    )
+                )
+            user["reshard_after_forward"] = self._user_choice(
+                raf,
+                "reshard_after_forward",
+                given("reshard_after_forward"),
+                {"reshard_after_forward": None},
+            )
+            choices["reshard_after_forward"] = raf
+        else:
+            from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+
+            strategies = [
+                Choice(
+                    "reshard_after_forward",
+                    s,
+                    {"sharding_strategy": ShardingStrategy[s], "shard_group_size": None},
+                )
+                for s in ("FULL_SHARD", "SHARD_GRAD_OP")
+            ]
+            if multi:
+                strategies.append(
+                    Choice(
+                        "reshard_after_forward",
+                        f"HYBRID_SHARD ({node} ranks a shard group)",
+                        {
+                            "sharding_strategy": ShardingStrategy.HYBRID_SHARD,
+                            "shard_group_size": node,
+                        },
+                    )
+                )
+            user["reshard_after_forward"] = self._user_choice(
+                strategies,
+                "reshard_after_forward",
+                given("reshard_after_forward"),
+                strategies[0].kwargs,
+            )
+            choices["reshard_after_forward"] = strategies
+            bp = [
+                Choice("backward_prefetch", p.name, {"backward_prefetch": p})
+                for p in (BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST)
+            ]
+            user["backward_prefetch"] = self._user_choice(
+                bp, "backward_prefetch", given("backward_prefetch"), bp[0].kwargs
+            )
+            choices["backward_prefetch"] = bp
+            fp = [
+                Choice("forward_prefetch", str(v), {"forward_prefetch": v}) for v in (False, True)
+            ]
+            user["forward_prefetch"] = self._user_choice(
+                fp, "forward_prefetch", given("forward_prefetch"), fp[0].kwargs
+            )
+            choices["forward_prefetch"] = fp
+        # checkpointing
+        ac = checkpoint_choices(block, len(blocks))
+        user_ac = given("activation_checkpointing")
+        spec = user_ac.get("activation_checkpointing")
+        same = next((c for c in ac if _same_ac(c, spec)), None)
+        if same is None:
+            same = Choice("activation_checkpointing", checkpoint_label(spec), user_ac)
+            ac.append(same)
+        choices["activation_checkpointing"], user["activation_checkpointing"] = ac, same
+        # precision
+        dtype = param_dtype(model)
+        standard = standard_precision(api)
+        user_mp = given("precision")
+        prec = [Choice("precision", precision_label(standard, dtype), standard)]
+        mine = Choice("precision", precision_label(user_mp, dtype), user_mp)
+        if dtype is not torch.float32 and not user_mp:
+            prec = []  # a model in bf16 already: nothing to cast
+        if mine not in prec:
+            prec.append(mine)
+        choices["precision"], user["precision"] = prec, mine
+        # micro-batch
+        batch = batch_size(self.inputs)
+        accum = int(kwargs.get("grad_accum", 1))
+        user_mb = Choice(
+            "micro_batch",
+            _mb_label(batch, accum),
+            {"grad_accum": accum} if accum > 1 else {"grad_accum": 1},
+            samples=batch,
+        )
+        mbs = [user_mb]
+        if batch:
+            tokens = batch * accum if tokens_per_step is None else 0
+            if tokens_per_step is not None:
+                tokens = self._samples_per_step(tokens_per_step, batch)
+            mbs = []
+            for d in divisors(tokens):
+                if d > batch:
+                    continue
+                n = tokens // d
+                mbs.append(Choice("micro_batch", _mb_label(d, n), {"grad_accum": n}, samples=d))
+            if user_mb not in mbs:
+                mbs.append(user_mb)
+        if "micro_batch" in self._fixed:
+            wanted = self._fixed["micro_batch"]
+            pick = [c for c in mbs if c.samples == wanted]
+            if not pick:
+                sizes = ", ".join(str(c.samples) for c in mbs)
+                raise ConfigError(
+                    f"fixed micro_batch={wanted!r}: the micro-batches that make up the tokens "
+                    f"per step are {sizes}"
+                )
+            user_mb = pick[0]
+        choices["micro_batch"], user["micro_batch"] = mbs, user_mb
+        # the mesh: data parallel (HSDP on multi-node jobs), and tensor parallelism with the
+        # user's plan or, for a model that needs it, its own
+        user_mesh = given("mesh")
+        tp = _tp_degree(user_mesh)
+        plan = user_mesh.get("parallelize_plan")
+        self.tp_standard = plan is None
+        if plan is None:
+            plan, why = standard_tp_plan(model, self._source)
+            if plan is None:
+                self.tp_why = why
+        meshes = []
+        for ws in self.world_sizes:
+            meshes.extend(self._meshes(ws, tp, plan))
+        mine_mesh = self._user_mesh(user_mesh, meshes)
+        choices["mesh"], user["mesh"] = meshes, mine_mesh
+        # offload, compile, float8
+        for knob, values in (
+            ("cpu_offload", self._offload_choices()),
+            ("compile", self._compile_choices(block)),
+            ("float8", self._float8_choices()),
+        ):
+            mine_value = given(knob)
+            default = values[0]
+            me = next((c for c in values if _same_kwargs(c.kwargs, mine_value)), None)
+            if me is None:
+                me = Choice(knob, _value_label(mine_value), mine_value)
+                values.append(me)
+            if not mine_value:
+                me = default
+            choices[knob], user[knob] = values, me
+        for knob in pinned & set(choices):
+            choices[knob] = [user[knob]]
+        if "micro_batch" in pinned and tokens_per_step is not None:
+            self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
+        space = Space(api, block, blocks, choices, user, base, batch, frozenset(pinned))
+        self._describe_pins(space)
+        return space
+
+    def _user_choice(
+        self,
+        choices: list[Choice],
+        knob: str,
+        given: Mapping[str, Any],
+        default: Mapping[str, Any],
+    ) -> Choice:
+        wanted = given or default
+        for c in choices:
+            if _same_kwargs(c.kwargs, wanted):
+                return c
+        mine = Choice(knob, _value_label(wanted), dict(wanted))
+        choices.append(mine)
+        return mine
+
+    def _samples_per_step(self, tokens_per_step: int, batch: int) -> int:
+        per_sample = self._tokens_per_sample(batch)
+        if tokens_per_step % per_sample:
+            raise ConfigError(
+                f"tokens_per_step={tokens_per_step} is not a whole number of samples of "
+                f"{per_sample} tokens; give a multiple of {per_sample}"
+            )
+        return tokens_per_step // per_sample
+
+    def _tokens_per_sample(self, batch: int) -> int:
+        from fsdpviz.trace.probe import batch_tokens
+
+        tokens = batch_tokens(self.inputs)
+        return max(1, tokens // max(batch, 1))
+
+    def _meshes(self, ws: int, tp: int, plan: dict[str, Any] | None) -> list[Choice]:
+        """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
+        (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
+        node that divides the ranks and the heads (with the user's plan, else the model's
+        own; ``tp``: the user's degree)."""
+        node = self.machine.gpus_per_node
+        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
+        if self.api == "FSDP2" and ws > node and ws % node == 0:
+            kw: dict[str, Any] = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
+            out.append(
+                Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
+            )
+        if self.api != "FSDP2" or plan is None:
+            return out
+        n_heads = heads(self.model)
+        degree = 2
+        while degree <= max(node, tp):
+            fits = ws % degree == 0 and ws > degree and (not n_heads or n_heads % degree == 0)
+            if fits and (degree <= node or degree == tp):
+                kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
+                label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
+                out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
+            degree *= 2
+        return out
+
+    def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
+        ws0 = self.world_sizes[0]
+        if "mesh" not in given:
+            return next(c for c in meshes if c.mesh[0] == ws0)
+        wanted = _flat_mesh(given["mesh"])
+        for c in meshes:
+            if _flat_mesh(c.kwargs.get("mesh")) == wanted:
+                return c
+        raise ConfigError(
+            f"the mesh given, {given['mesh']!r}, is not one of the meshes tune plans on "
+            f"{', '.join(str(w) for w in self.world_sizes)} ranks ("
+            + ", ".join(c.label for c in meshes)
+            + "): pass world_size= matching it"
+        )
+
+    def _offload_choices(self) -> list[Choice]:
+        if self.api == "FSDP2":
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            on: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()}
+            off: dict[str, Any] = {}
+        else:
+            from torch.distributed.fsdp import CPUOffload
+
+            on, off = {"cpu_offload": CPUOffload(offload_params=True)}, {}
+        return [Choice("cpu_offload", "off", off), Choice("cpu_offload", "on", on)]
+
+    def _compile_choices(self, block: type[nn.Module] | None) -> list[Choice]:
+        out = [Choice("compile", "off", {})]
+        if "compile" in self.allowed:
+            value: Any = [block] if block is not None else True
+            label = f"each {block.__name__}" if block is not None else "the model"
+            out.append(Choice("compile", label, {"compile": value}))
+        return out
+
+    def _float8_choices(self) -> list[Choice]:
+        out = [Choice("float8", "off", {})]
+        if "float8" in self.allowed:
+            out.append(Choice("float8", "tensorwise", {"float8": True}))
+            if self.api == "FSDP2":
+                out.append(
+                    Choice(
+                        "float8",
+                        "tensorwise, float8 all-gather",
+                        {"float8": {"enable_fsdp_float8_all_gather": True}},
+                    )
+                )
+        return out
+
+    def _describe_pins(self, space: Space) -> None:
+        for knob in sorted(space.pinned & set(space.choices)):
+            self.notes.append(f"{knob} stays {space.user[knob].label} (pinned)")
+
+
+def _mb_label(samples: int, steps: int) -> str:
+    step = "micro-step" if steps == 1 else "micro-steps"
+    return f"{samples} x {steps} {step}"
+
+
+def _tp_degree(given: Mapping[str, Any]) -> int:
+    if "parallelize_plan" not in given or "mesh" not in given:
+        return 1
+    from fsdpviz.plan.fsdp2 import mesh_dims
+
+    sizes, _ = mesh_dims(given["mesh"], 3)
+    return int(sizes[-1]) if sizes else 1
+
+
+def _flat_mesh(mesh: Any) -> list[Any]:
+    if mesh is None:
+        return []
+    from fsdpviz.plan.fsdp2 import mesh_dims
+
+    sizes, names = mesh_dims(mesh, 3)
+    return [*names, *(sizes or ())]
+
+
+def _same_kwargs(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    keys = set(a) | set(b)
+    return all(_same_value(a.get(k), b.get(k)) for k in keys)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        if a == b:
+            return True
+    except Exception:
+        return False
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is type(b) and hasattr(a, "__dict__") and hasattr(b, "__dict__"):
+        return bool(vars(a) == vars(b))
+    return False
+
+
+def _same_ac(choice: Choice, spec: Any) -> bool:
+    mine = choice.kwargs.get("activation_checkpointing")
+    return _same_value(mine, spec)
+
+
+def _value_label(kwargs: Mapping[str, Any]) -> str:
+    """A value as given, in words (``reshard_after_forward`` per group: which keep their
+    parameters after forward)."""
+    if not kwargs:
+        return "as given (default)"
+    raf = kwargs.get("reshard_after_forward")
+    if len(kwargs) == 1 and isinstance(raf, Mapping):
+        return _reshard_label(raf)
+    parts = []
+    for k, v in kwargs.items():
+        name = getattr(v, "name", None) or getattr(v, "__name__", None)
+        parts.append(f"{k}={name or v!r}")
+    return ", ".join(parts)
+
+
+def _reshard_label(per_group: Mapping[str, Any]) -> str:
+    """``{group: bool | int}`` in words: ``"all but norm, output"`` (those keep theirs)."""
+    kept = [g or "(root)" for g, v in per_group.items() if v is False]
+    ints = sorted({v for v in per_group.values() if not isinstance(v, bool)})
+    if not kept and not ints:
+        return "all"
+    if len(kept) == len(per_group):
+        return "never"
+    parts = [f"all but {', '.join(kept)}" if kept else "all"]
+    if ints:
+        parts.append(f"to {', '.join(map(str, ints))} ranks where given")
+    return "; ".join(parts)

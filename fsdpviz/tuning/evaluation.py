@@ -1,0 +1,362 @@
+"""Evaluating configurations for :func:`fsdpviz.tune`: each trace key traced once (in this
+process, or side by side in forked workers), every other choice replayed from it, each
+configuration costed once by the memory and time models."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.cost.fit import check_fit
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.cost.time import timeline
+from fsdpviz.errors import ConfigError, FsdpvizError
+from fsdpviz.replan.hook_replay import replay
+from fsdpviz.schema.report import Report
+from fsdpviz.tuning.result import Candidate
+from fsdpviz.tuning.space import KNOBS, REPLAYED, Choice, Space, micro_batch_inputs
+
+__all__ = ["Config", "Evaluations", "workers_for"]
+
+Config = dict[str, Choice]
+
+
+class Evaluations:
+    """The configurations of one search evaluated so far (``candidates``), the traces they
+    came from, and how many (``trace_count``, ``replay_count``)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        space: Space,
+        machine_arg: Machine | str,
+        optimizer: str | int | None,
+        budget: int | None,
+        workers: int,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.space = space
+        self.api = space.api
+        self.machine_arg = machine_arg
+        self.optimizer = optimizer
+        self.budget = budget
+        self.candidates: list[Candidate] = []
+        self.trace_count = 0
+        self.replay_count = 0
+        self.notes: list[str] = []
+        self._workers = abs(workers)
+        self._auto_workers = workers < 0  # chosen by tune: only where traces are slow
+        self._prefetched: set[tuple[Any, ...]] = set()  # traces made by workers, not yet used
+        self._trace_seconds: list[float] = []
+        self._traces: dict[tuple[Any, ...], Report | None] = {}
+        self._seen: dict[tuple[str, ...], Candidate | None] = {}
+        self._configs: dict[int, Config] = {}  # candidate index -> its configuration
+        self._inputs: dict[tuple[int, bool], Any] = {}
+        self._cache_off = _keeps_a_cache(model, inputs)
+        if self._cache_off:
+            self.notes.append(
+                "use_cache=False in the inputs of every configuration but the one as given: "
+                "training never reads Hugging Face's key/value cache, and a checkpointed layer "
+                "would append to it again when recomputed (gradient_checkpointing_enable sets "
+                "it so)"
+            )
+        self.bar: Any = None
+
+    def _key(self, config: Config) -> tuple[Any, ...]:
+        """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
+        mesh, where it has a tensor-parallel dimension)."""
+        mesh = config["mesh"]
+        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 else 1]
+        if self._traces_accum(config):
+            out.append(config["micro_batch"].label)
+        for knob in KNOBS:
+            c = config.get(knob)
+            if c is None or knob in REPLAYED[self.api]:
+                continue
+            out.append(c.samples if knob == "micro_batch" else c.label)
+        return tuple(out)
+
+    def _traces_accum(self, config: Config) -> bool:
+        """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
+        with forward prefetch (its steady state depends on the first micro-step's sync)."""
+        prefetch = config.get("forward_prefetch")
+        return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
+
+    def _replay_changes(self, config: Config) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        for knob in REPLAYED[self.api]:
+            c = config.get(knob)
+            if c is None or (knob == "mesh" and c.mesh[2] > 1):
+                continue
+            kw = dict(c.kwargs)
+            if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
+                kw["mesh"] = None
+            changes.update(kw)
+        if self.api == "FSDP1":
+            changes = {k: v for k, v in changes.items() if k != "shard_group_size" or v}
+        changes["grad_accum"] = int(config["micro_batch"].kwargs.get("grad_accum", 1))
+        return changes
+
+    def _micro_inputs(self, samples: int, user: bool = False) -> Any:
+        """The inputs of a micro-batch of ``samples``; a Hugging Face model's without its
+        key/value cache (``use_cache=False``, as ``gradient_checkpointing_enable`` sets it:
+        training never reads the cache, and a recomputed layer would append to it again),
+        except in the configuration as given."""
+        key = (samples, user)
+        if key not in self._inputs:
+            inputs = micro_batch_inputs(self.inputs, self.space.batch, samples or self.space.batch)
+            if not user and self._cache_off:
+                inputs = {**inputs, "use_cache": False}
+            self._inputs[key] = inputs
+        return self._inputs[key]
+
+    def evaluate(self, config: Config, user: bool = False) -> Candidate | None:
+        """The candidate of ``config`` (None when FSDP refuses it); each once."""
+        labels = tuple(config[k].label for k in KNOBS if k in config)
+        if labels in self._seen:
+            found = self._seen[labels]
+            if found is not None and user:
+                found.user = True
+            return found
+        self._seen[labels] = None
+        key = (*self._key(config), user and self._cache_off)
+        kwargs = self.space.kwargs(config)
+        inputs = self._micro_inputs(config["micro_batch"].samples, user and self._cache_off)
+        traced = False
+        try:
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                traced = True
+            if key not in self._traces:
+                self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+                traced = True
+            base = self._traces[key]
+            if base is None:
+                return None
+            changes = self._replay_changes(config)
+            if traced and changes["grad_accum"] == base.config.grad_accum:
+                report = base
+            else:
+                report = replay(base, **changes)
+                self.replay_count += not traced
+        except FsdpvizError as e:
+            if user:
+                raise ConfigError(f"the configuration as given cannot be planned: {e}") from e
+            self.notes.append(f"not evaluated ({', '.join(labels)}): {str(e).splitlines()[0]}")
+            return None
+        candidate = self._candidate(config, kwargs, inputs, report, traced, user)
+        self._seen[labels] = candidate
+        self._configs[candidate.index] = dict(config)
+        return candidate
+
+    def _trace_kwargs(self, config: Config, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The analyze keywords of ``config``'s trace (its accumulation is replayed)."""
+        out = dict(kwargs)
+        if not self._traces_accum(config):
+            out.pop("grad_accum", None)
+        return out
+
+    def prefetch(self, configs: list[Config], user: Config | None = None) -> None:
+        """Trace the configurations' keys not traced yet (and ``user``'s, the configuration
+        as given) side by side in worker processes (forked: they have the model), for
+        :meth:`evaluate` to use; a trace that fails in a worker is made again in this
+        process when evaluated, so the errors and every number are this process's."""
+        todo: dict[tuple[Any, ...], tuple[Config, bool]] = {}
+        pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
+        for config, mine in pairs:
+            key = (*self._key(config), mine and self._cache_off)
+            if key not in self._traces and key not in todo:
+                todo[key] = (config, mine)
+        if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
+            return
+        import multiprocessing
+
+        jobs = [
+            (
+                self._micro_inputs(c["micro_batch"].samples, mine and self._cache_off),
+                self._trace_kwargs(c, self.space.kwargs(c)),
+            )
+            for c, mine in todo.values()
+        ]
+        global _FORKED
+        _FORKED = (self, jobs)
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(self._workers, len(jobs))) as pool:
+                results = pool.map(_trace_job, range(len(jobs)), chunksize=1)
+        except (OSError, ValueError, RuntimeError):
+            return  # no workers here: each is traced when evaluated
+        finally:
+            _FORKED = None
+        for key, result in zip(todo, results, strict=True):
+            if result is not None:
+                self._traces[key] = result
+                self._prefetched.add(key)
+                self.trace_count += 1
+
+    def _slow_traces(self) -> bool:
+        """Whether traces take long enough for workers to pay for their start (a second):
+        as measured, or, before any, for a model of a billion parameters or more."""
+        if self._trace_seconds:
+            return sorted(self._trace_seconds)[len(self._trace_seconds) // 2] >= 1.0
+        return sum(p.numel() for p in self.model.parameters()) >= 10**9
+
+    def _analyze(self, inputs: Any, kwargs: dict[str, Any]) -> Report | None:
+        from fsdpviz.schedule.predict import analyze
+
+        self.trace_count += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.trace_count} traces", refresh=False)
+        started = time.perf_counter()
+        report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
+        self._trace_seconds.append(time.perf_counter() - started)
+        return report
+
+    def _candidate(
+        self,
+        config: Config,
+        kwargs: dict[str, Any],
+        inputs: Any,
+        report: Report,
+        traced: bool,
+        user: bool,
+    ) -> Candidate:
+        check_fit(report)
+        mem = self._memory(report)
+        tl = timeline(report, optimizer=self.optimizer)
+        peak = int(mem.peak["bytes"])
+        reserved = int(mem.reserved.get("bytes", 0))
+        fits = mem.fits if self.budget is None else peak <= self.budget
+        usable = mem.usable if self.budget is None else self.budget
+        t = tl.totals
+        c = Candidate(
+            knobs={k: config[k].label for k in _SHOWN if k in config},
+            kwargs=kwargs,
+            inputs=inputs,
+            report=report,
+            fits=bool(fits),
+            peak_bytes=peak,
+            reserved_bytes=reserved,
+            usable_bytes=int(usable),
+            step_s=float(t["step_s"]),
+            tokens_per_s=float(t["tokens_per_s"]),
+            mfu=float(t["mfu"]),
+            exposed_comm_s=float(t["exposed_comm_s"]),
+            compute_s=float(t["compute_s"]),
+            world_size=report.config.ranks,
+            micro_batch=config["micro_batch"].samples or self.space.batch,
+            grad_accum=int(config["micro_batch"].kwargs.get("grad_accum", 1)),
+            dominant=str(mem.peak.get("dominant", "")),
+            memory_bytes=peak if self.budget is not None else max(peak, reserved),
+            traced=traced,
+            user=user,
+            index=len(self.candidates),
+        )
+        self.candidates.append(c)
+        if self.bar is not None:
+            self.bar.update(1)
+        return c
+
+    def _variants(self, config: Config) -> list[Config]:
+        """``config`` under every choice of the replayed knobs (none with tensor parallelism:
+        a replay does not recompute its shards)."""
+        replayed = sorted(REPLAYED[self.api])
+        tp = config["mesh"].mesh[2]
+        if tp > 1:  # a replay keeps no tensor-parallel plan: each is traced
+            return [config]
+        options = []
+        for knob in replayed:
+            values = self.space.choices[knob]
+            if knob == "mesh":
+                values = [config["mesh"]] if tp > 1 else [c for c in values if c.mesh[2] == 1]
+            options.append(values)
+        return [
+            {**config, **dict(zip(replayed, combo, strict=True))}
+            for combo in itertools.product(*options)
+        ]
+
+    def evaluate_key(self, config: Config) -> list[Candidate]:
+        """``config`` (traced once) and every choice of the replayed knobs (replayed)."""
+        out = []
+        for variant in [config, *self._variants(config)]:
+            c = self.evaluate(variant)
+            if c is not None and c not in out:
+                out.append(c)
+        return out
+
+    def _memory(self, report: Report) -> Any:
+        """The memory model of ``report`` for this search's optimizer."""
+        if self.optimizer == "adamw":
+            return report.memory
+        return memory_model(report, optimizer=self.optimizer)
+
+    def _fastest_fit(self, world_size: int | None = None) -> Candidate | None:
+        fitting = [
+            c
+            for c in self.candidates
+            if c.fits and (world_size is None or c.world_size == world_size)
+        ]
+        return max(fitting, key=lambda c: c.tokens_per_s) if fitting else None
+
+    def _config_of(self, c: Candidate) -> Config | None:
+        return self._configs.get(c.index)
+
+
+_SHOWN = (
+    "mesh", "wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch",
+    "activation_checkpointing", "precision", "micro_batch", "cpu_offload", "compile", "float8",
+)  # fmt: skip
+
+
+_FORKED: tuple[Evaluations, list[tuple[Any, dict[str, Any]]]] | None = None
+"""What a forked worker traces: the evaluations (the model with them) and the jobs."""
+
+
+def _trace_job(index: int) -> Report | None:
+    """In a worker: trace job ``index`` (None where it fails: the parent traces it again)."""
+    from fsdpviz.schedule.predict import analyze
+
+    assert _FORKED is not None
+    search, jobs = _FORKED
+    inputs, kwargs = jobs[index]
+    try:
+        return analyze(search.model, inputs, progress=False, machine=search.machine_arg, **kwargs)
+    except Exception:
+        return None
+
+
+def workers_for(workers: int | None) -> int:
+    """The workers of ``tune(workers=...)``; negative where tune chooses them (see there)."""
+    import multiprocessing
+    import os
+
+    if workers is not None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"workers must be a positive int, got {workers!r}")
+        if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
+            raise ConfigError("workers > 1 needs the fork start method, which this OS lacks")
+        return workers
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return -max(1, min(os.cpu_count() or 1, 4))  # negative: tune's own choice
+
+
+def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
+    """Whether ``model`` (a Hugging Face model taking ``use_cache``) keeps a key/value cache
+    with these keyword inputs."""
+    import inspect
+
+    if not isinstance(inputs, dict) or "use_cache" in inputs:
+        return False
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    config = getattr(model, "config", None)
+    return "use_cache" in params and bool(getattr(config, "use_cache", False))

@@ -1,0 +1,442 @@
+"""What :func:`fsdpviz.tune` found: every configuration it evaluated, the fastest that fits,
+the frontier of speed against memory, and all of it in words (the best, per knob the best
+alternative, why the configuration as given is slow, what would fit).
+
+A :class:`Candidate` is one configuration: its choice per knob, the :func:`fsdpviz.analyze`
+keywords and the micro-batch that give its plan (``fsdpviz.analyze(model, c.inputs,
+**c.kwargs)`` is ``c.report``), and what the memory and time models say of it. A
+:class:`Tuning` holds them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpviz.schema.extensions import save_method, show_method
+from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.report import Report
+from fsdpviz.schema.tables import dataframe
+from fsdpviz.schema.timeline import duration_text
+from fsdpviz.tuning.space import KNOB_NAMES
+
+
+@dataclass
+class Candidate:
+    """One configuration :func:`fsdpviz.tune` evaluated.
+
+    ``knobs``: its value of each knob, in words; ``kwargs`` and ``inputs``:
+    ``fsdpviz.analyze(model, c.inputs, **c.kwargs)`` gives ``report`` (``inputs`` is the
+    micro-batch: the given inputs cut to ``micro_batch`` samples); ``fits``: its peak and
+    the allocator's reserved estimate fit the machine's usable memory (or ``peak_bytes``
+    the budget given); ``tokens_per_s``: per GPU, each optimizer step's tokens over its
+    modelled time; ``user``: the configuration as the user gave it; ``traced``: the model
+    ran for this one (else it was replayed from another's trace).
+    """
+
+    knobs: dict[str, str]
+    kwargs: dict[str, Any]
+    inputs: Any
+    report: Report
+    fits: bool
+    peak_bytes: int
+    reserved_bytes: int
+    usable_bytes: int
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    exposed_comm_s: float
+    compute_s: float
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    dominant: str
+    memory_bytes: int = 0  # what must fit: the peak under a budget, else peak or reserved
+    traced: bool = False
+    user: bool = False
+    index: int = 0
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        """Tokens per second of the whole job (every data-parallel rank's tokens)."""
+        return self.tokens_per_s * self.world_size
+
+    @property
+    def label(self) -> str:
+        """The configuration in one line: ``"8 ranks · each LlamaDecoderLayer · ..."``."""
+        return " · ".join(f"{KNOB_NAMES.get(k, k)} {v}" for k, v in self.knobs.items())
+
+    def row(self) -> dict[str, Any]:
+        """This configuration as a table row (JSON)."""
+        return {
+            "index": self.index,
+            **{k: v for k, v in self.knobs.items()},
+            "fits": self.fits,
+            "peak_bytes": self.peak_bytes,
+            "peak_gib": self.peak_bytes / 2**30,
+            "reserved_bytes": self.reserved_bytes,
+            "memory_bytes": self.memory_bytes,
+            "usable_bytes": self.usable_bytes,
+            "tokens_per_s": self.tokens_per_s,
+            "total_tokens_per_s": self.total_tokens_per_s,
+            "step_s": self.step_s,
+            "mfu": self.mfu,
+            "exposed_comm_s": self.exposed_comm_s,
+            "compute_s": self.compute_s,
+            "world_size": self.world_size,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "dominant": self.dominant,
+            "traced": self.traced,
+            "user": self.user,
+        }
+
+    def code(self, style: str = "python") -> str:
+        """The code to run this configuration: ``"python"`` (the ``fully_shard`` or
+        ``FullyShardedDataParallel`` calls, checkpointing and the micro-batch loop),
+        ``"torchtitan"`` (the job TOML's keys) or ``"accelerate"`` (the config YAML's
+        ``fsdp_config``)."""
+        from fsdpviz.tuning.code import configuration_code
+
+        return configuration_code(self, style)
+
+    def verdict(self) -> str:
+        """``"71.2 GiB of 78.5 GiB"``: what must fit (:attr:`memory_bytes`) of what may."""
+        of = size_text(self.usable_bytes) if self.usable_bytes else "?"
+        return f"{size_text(self.memory_bytes)} of {of}"
+
+    def __repr__(self) -> str:
+        fit = "fits" if self.fits else "does not fit"
+        return (
+            f"Candidate({self.label}: {self.tokens_per_s:,.0f} tokens/s per GPU, "
+            f"{self.verdict()}, {fit})"
+        )
+
+
+@dataclass
+class TuneTable:
+    """Every configuration evaluated, one row each (:meth:`Candidate.row`)."""
+
+    rows: list[dict[str, Any]]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows]
+
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame`` (needs pandas)."""
+        return dataframe(self.records())
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Tuning:
+    """What :func:`fsdpviz.tune` found (see there).
+
+    ``best``: the fitting configuration with the most tokens/s per GPU (None when nothing
+    fits); ``user``: the configuration as given; ``candidates``: every configuration
+    evaluated, in the order evaluated; ``frontier``: those no other beats in both tokens/s
+    and peak memory; ``table``: all as rows; ``notes``: what was pinned and what was not
+    tried, and why; ``traces`` / ``replays``: how many configurations ran the model and how
+    many were replayed from another's trace; ``seconds``: what the search took.
+    """
+
+    candidates: list[Candidate]
+    user: Candidate
+    api: str
+    machine: str
+    world_sizes: list[int]
+    budget: int | None
+    traces: int
+    replays: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    source: str = ""  # "torchtitan" / "accelerate" when the configuration came from one
+    needs: dict[str, Any] | None = None  # nothing fits: what would (ranks, configuration)
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+    @property
+    def best(self) -> Candidate | None:
+        """The fitting configuration with the most tokens/s per GPU (ties: the lower peak)."""
+        fitting = self.fitting
+        if not fitting:
+            return None
+        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.memory_bytes))
+
+    def best_for(self, world_size: int) -> Candidate | None:
+        """The best fitting configuration on ``world_size`` ranks."""
+        fitting = [c for c in self.fitting if c.world_size == world_size]
+        if not fitting:
+            return None
+        return max(fitting, key=lambda c: (round(c.tokens_per_s, 6), -c.memory_bytes))
+
+    @property
+    def frontier(self) -> list[Candidate]:
+        """The configurations no other beats in both tokens/s and memory (Pareto; memory:
+        :attr:`Candidate.memory_bytes`, what must fit), by increasing memory."""
+        ordered = sorted(self.candidates, key=lambda c: (c.memory_bytes, -c.tokens_per_s))
+        out: list[Candidate] = []
+        fastest = -1.0
+        for c in ordered:
+            if c.tokens_per_s > fastest:
+                out.append(c)
+                fastest = c.tokens_per_s
+        return out
+
+    @property
+    def table(self) -> TuneTable:
+        return TuneTable([c.row() for c in self.candidates])
+
+    def alternatives(self) -> list[dict[str, Any]]:
+        """Per knob, the best configuration that differs from :attr:`best` (or, when nothing
+        fits, from the lowest peak) in that knob: ``knob``, ``candidate``, ``text``
+        (``"checkpointing every 2nd LlamaDecoderLayer instead of each LlamaDecoderLayer:
+        +8% tokens/s, 71.2 of 78.5 GiB"``)."""
+        return alternatives(self)
+
+    def why_slow(self, candidate: Candidate | None = None) -> list[dict[str, Any]]:
+        """Why ``candidate`` (default: the configuration as given) is slow: its step's time
+        by cause (:func:`fsdpviz.cost.slowdowns`), each with ``prediction``: the fastest
+        configuration evaluated that turns that cause's knob (as few other knobs changed as
+        possible; None where none was) and ``predicted`` in words."""
+        return why_slow(self, candidate or self.user)
+
+    def summary(self) -> str:
+        """The best configuration, why, and per knob what the best alternative changes."""
+        return summary(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "api": self.api,
+            "machine": self.machine,
+            "world_sizes": list(self.world_sizes),
+            "budget": self.budget,
+            "best": None if best is None else best.index,
+            "user": self.user.index,
+            "frontier": [c.index for c in self.frontier],
+            "rows": self.table.records(),
+            "traces": self.traces,
+            "replays": self.replays,
+            "seconds": self.seconds,
+            "notes": list(self.notes),
+            "needs": self.needs,
+        }
+
+    def show(self, **kwargs: Any) -> Any:
+        """The frontier as a view: tokens/s against peak memory, the capacity line, the
+        user's configuration marked; a click on a point opens that plan's explorer and
+        timeline below. Returns a :class:`fsdpviz.widgets.TuneView`."""
+        return show_method("tuning")(self, **kwargs)
+
+    def save(self, path: str, **kwargs: Any) -> Any:
+        """Write the view as a page (``.html``) or the search as JSON (``.json``)."""
+        from pathlib import Path
+
+        p = Path(path)
+        if p.suffix == ".json":
+            import json
+
+            p.write_text(json.dumps(self.to_dict(), indent=1))
+            return p
+        return save_method("tuning")(self, p, **kwargs)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """A notebook shows the view (:meth:`show`), which keeps the summary as its text."""
+        view = self.show()
+        shown = view._repr_mimebundle_(**kwargs)
+        if isinstance(shown, tuple):  # (data, metadata), as ipywidgets returns it
+            data, meta = shown
+            return {**data, "text/plain": self.summary()}, meta
+        if isinstance(shown, dict):
+            return {**shown, "text/plain": self.summary()}
+        return shown
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+# ------------------------------------------------------------------ in words
+def _anchor(tuning: Tuning) -> Candidate:
+    best = tuning.best
+    if best is not None:
+        return best
+    return min(tuning.candidates, key=lambda c: c.memory_bytes)
+
+
+def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
+    """Per knob, the best configuration that differs from the anchor (the best, else the
+    lightest) in that knob, as few other knobs changed as possible (fitting ones first,
+    then the most tokens/s)."""
+    anchor = _anchor(tuning)
+    out: list[dict[str, Any]] = []
+    for knob in anchor.knobs:
+        others = [c for c in tuning.candidates if c.knobs.get(knob) != anchor.knobs[knob]]
+        if not others:
+            continue
+
+        fewest = min(_distance(c, anchor, knob) for c in others)
+        near = [c for c in others if _distance(c, anchor, knob) == fewest]
+        pick = max(near, key=lambda c: (c.fits, round(c.tokens_per_s, 6), -c.memory_bytes))
+        out.append({"knob": knob, "candidate": pick, "text": _change(anchor, pick, knob)})
+    return out
+
+
+def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
+    """See :meth:`fsdpviz.tuning.Tuning.why_slow`."""
+    from fsdpviz.cost.slow_causes import slowdowns
+
+    out = []
+    checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
+    for row in slowdowns(c.report, checkpointing=checkpointed):
+        knob = row["knob"]
+        others = [
+            o for o in tuning.candidates if knob in o.knobs and o.knobs[knob] != c.knobs.get(knob)
+        ]
+        pick: Candidate | None = None
+        if others:
+            fewest = min(_distance(o, c, knob) for o in others)
+            near = [o for o in others if _distance(o, c, knob) == fewest]
+            pick = max(near, key=lambda o: (o.fits, round(o.tokens_per_s, 6)))
+        if pick is not None:
+            predicted = f"tune: {_change(c, pick, knob)}"
+        elif knob in ("compile", "float8", "cpu_offload"):
+            predicted = f"tune tries {knob} with allow=({knob!r},)"
+        else:
+            predicted = ""
+        out.append(row | {"prediction": pick, "predicted": predicted})
+    return out
+
+
+def _distance(c: Candidate, anchor: Candidate, knob: str) -> int:
+    """How many knobs other than ``knob`` differ between ``c`` and ``anchor``."""
+    return sum(1 for k, v in c.knobs.items() if k != knob and anchor.knobs.get(k) != v)
+
+
+def _change(anchor: Candidate, other: Candidate, knob: str) -> str:
+    name = KNOB_NAMES.get(knob, knob)
+    head = f"{name} {other.knobs[knob]} instead of {anchor.knobs[knob]}"
+    also = [
+        f"{KNOB_NAMES.get(k, k)} {v}"
+        for k, v in other.knobs.items()
+        if k != knob and anchor.knobs.get(k) != v
+    ]
+    if also:
+        head += f" (with {', '.join(also)})"
+    return f"{head}: {_speed(anchor, other)}, {other.verdict()}" + (
+        "" if other.fits else ", does not fit"
+    )
+
+
+def _speed(anchor: Candidate, other: Candidate) -> str:
+    if anchor.tokens_per_s <= 0:
+        return f"{other.tokens_per_s:,.0f} tokens/s"
+    ratio = other.tokens_per_s / anchor.tokens_per_s
+    change = ratio - 1
+    if abs(change) < 0.0005:
+        return "same tokens/s"
+    if ratio >= 2:
+        return f"{ratio:.1f}x the tokens/s"
+    return f"{change:+.0%} tokens/s" if abs(change) >= 0.01 else f"{change:+.1%} tokens/s"
+
+
+def _config_lines(c: Candidate) -> list[str]:
+    return [f"  {KNOB_NAMES.get(k, k)}: {v}" for k, v in c.knobs.items()]
+
+
+def summary(tuning: Tuning) -> str:
+    """The tuning in words (``str(tuning)``)."""
+    best = tuning.best
+    user = tuning.user
+    n = len(tuning.candidates)
+    fits = len(tuning.fitting)
+    room = (
+        f"a budget of {size_text(tuning.budget)} per rank"
+        if tuning.budget is not None
+        else f"{tuning.machine}'s usable memory"
+    )
+    sizes = [str(w) for w in tuning.world_sizes]
+    ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
+    lines = [
+        f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
+        f"({tuning.traces} traced, the rest replayed) in {tuning.seconds:.1f} s; {fits} fit "
+        f"{room}."
+    ]
+    if best is not None:
+        lines.append(
+            f"Best: {best.tokens_per_s:,.0f} tokens/s per GPU "
+            f"({best.total_tokens_per_s:,.0f} on {best.world_size} GPUs), MFU {best.mfu:.1%}, "
+            f"step {duration_text(best.step_s)}, {best.verdict()}:"
+        )
+        lines += _config_lines(best)
+        if best is user:
+            lines.append("That is the configuration as given.")
+        else:
+            speed = (
+                f"{best.tokens_per_s / user.tokens_per_s:.2f}x the tokens/s"
+                if user.tokens_per_s > 0
+                else "faster"
+            )
+            mine = "fits" if user.fits else "does not fit"
+            lines.append(
+                f"The configuration as given: {user.tokens_per_s:,.0f} tokens/s per GPU, "
+                f"{user.verdict()} ({mine}); the best has {speed}."
+            )
+        if len(tuning.world_sizes) > 1:
+            for ws in tuning.world_sizes:
+                b = tuning.best_for(ws)
+                if b is None:
+                    lines.append(f"  on {ws} ranks nothing fits")
+                else:
+                    lines.append(
+                        f"  on {ws} ranks: {b.tokens_per_s:,.0f} tokens/s per GPU, "
+                        f"{b.total_tokens_per_s:,.0f} in total"
+                    )
+    else:
+        low = _anchor(tuning)
+        lines.append(
+            f"Nothing fits. The lightest configuration needs {low.verdict()} (its peak "
+            f"{size_text(low.peak_bytes)}, dominated by {low.dominant}), with:"
+        )
+        lines += _config_lines(low)
+        needs = tuning.needs or {}
+        if needs.get("world_size"):
+            lines.append(
+                f"It fits from {needs['world_size']} ranks (peak "
+                f"{size_text(needs['peak_bytes'])}): the sharded state shrinks with the ranks."
+            )
+        elif needs.get("reason"):
+            lines.append(f"{needs['reason'][0].upper()}{needs['reason'][1:]}.")
+        pinned = [n for n in tuning.notes if n.endswith("(pinned)")]
+        if pinned:
+            lines.append(
+                "Pinned, so not turned: " + "; ".join(p[: -len(" (pinned)")] for p in pinned) + "."
+            )
+    slow = [r for r in why_slow(tuning, user) if r["seconds"] > 0][:4]
+    if slow:
+        lines.append(
+            f"Why the configuration as given is slow (its step: {duration_text(user.step_s)}):"
+        )
+        for r in slow:
+            lines.append(f"  {r['share']:.0%} {r['text']}")
+            if r["predicted"]:
+                lines.append(f"      {r['predicted']}")
+    alts = alternatives(tuning)
+    if alts:
+        lines.append("Per knob, the best alternative:")
+        lines += [f"  {a['text']}" for a in alts]
+    rest = [n for n in tuning.notes if not n.endswith("(pinned)")]
+    if rest:
+        lines.append("Notes:")
+        lines += [f"  {n}" for n in rest]
+    return "\n".join(lines)
+
+
+__all__ = ["Candidate", "TuneTable", "Tuning", "alternatives", "summary", "why_slow"]

@@ -1,0 +1,480 @@
+"""The knobs :func:`fsdpviz.tune` turns and the values it tries for each, read from the model.
+
+Each knob owns some :func:`fsdpviz.analyze` keywords; a :class:`Choice` is one value of a
+knob: a label people read and the keywords it sets. A configuration is one choice per knob.
+Choices of the knobs in :data:`REPLAYED` do not change the autograd graph, so they are
+replayed from the trace of a configuration that differs only in them
+(:func:`fsdpviz.replan.replay`); every other knob is part of the trace's key.
+
+- ``wrap``: one unit per repeated block (the shallowest module class repeated at least twice
+  that is not mostly nested in another, e.g. ``LlamaDecoderLayer``), the blocks plus the
+  large modules outside them, pairs of blocks in one ``fully_shard`` call (FSDP2), the
+  blocks' large children, the root alone, and the user's own plan;
+- ``reshard_after_forward`` (FSDP2): ``True``, ``False``, ``False`` on the last block only,
+  and resharding to the node (an int) on multi-node jobs; FSDP1: ``sharding_strategy`` and
+  ``backward_prefetch``;
+- ``activation_checkpointing``: none, every 2nd block, per operator (torchtitan's
+  selective policy), every block;
+- ``precision``: bf16 parameters with float32 reduction (and the user's own);
+- ``micro_batch``: the samples per forward, the micro-steps per optimizer step making up
+  the tokens per step the inputs give;
+- ``mesh``: the world size, and HSDP's shard group of one node on multi-node jobs;
+- ``cpu_offload``, ``compile``, ``float8``: only where allowed (offload: when nothing else
+  fits).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+# knob -> the analyze keywords it owns (FSDP2, FSDP1)
+OWNED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "wrap": (frozenset({"fully_shard"}), frozenset({"auto_wrap_policy"})),
+    "reshard_after_forward": (
+        frozenset({"reshard_after_forward"}),
+        frozenset({"sharding_strategy", "shard_group_size"}),
+    ),
+    "backward_prefetch": (frozenset(), frozenset({"backward_prefetch"})),
+    "forward_prefetch": (frozenset(), frozenset({"forward_prefetch"})),
+    "activation_checkpointing": (
+        frozenset({"activation_checkpointing"}),
+        frozenset({"activation_checkpointing"}),
+    ),
+    "precision": (frozenset({"mp_policy"}), frozenset({"mixed_precision"})),
+    "micro_batch": (frozenset({"grad_accum"}), frozenset({"grad_accum"})),
+    "mesh": (
+        frozenset({"world_size", "mesh", "parallelize_plan"}),
+        frozenset({"world_size"}),
+    ),
+    "cpu_offload": (frozenset({"offload_policy"}), frozenset({"cpu_offload"})),
+    "compile": (frozenset({"compile"}), frozenset({"compile"})),
+    "float8": (frozenset({"float8"}), frozenset({"float8"})),
+}
+KNOBS = tuple(OWNED)
+# The knobs in the order a person reads a configuration, and what each is called.
+KNOB_NAMES = {
+    "mesh": "ranks",
+    "wrap": "units",
+    "reshard_after_forward": "resharding",
+    "backward_prefetch": "backward prefetch",
+    "forward_prefetch": "forward prefetch",
+    "activation_checkpointing": "checkpointing",
+    "precision": "precision",
+    "micro_batch": "micro-batch",
+    "cpu_offload": "CPU offload",
+    "compile": "torch.compile",
+    "float8": "float8",
+}
+# Knobs whose choices a replay of a trace applies (per API); the rest key a trace.
+REPLAYED = {
+    "FSDP2": frozenset({"reshard_after_forward", "mesh"}),
+    "FSDP1": frozenset({"reshard_after_forward", "backward_prefetch", "mesh"}),
+}
+# What allow= may turn on (they change numerics or start-up, so only when asked).
+ALLOWABLE = ("compile", "float8", "cpu_offload")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One value of a knob: ``label`` (what people read), the ``kwargs`` it sets on
+    :func:`fsdpviz.analyze` (its knob's other keywords are left out), and for
+    ``micro_batch`` the samples per forward."""
+
+    knob: str
+    label: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    samples: int = 0  # micro_batch: samples per forward (0: the inputs as given)
+    mesh: tuple[int, int, int] = (0, 0, 0)  # mesh: (world size, shard ranks, tp)
+
+    def __hash__(self) -> int:
+        return hash((self.knob, self.label))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Choice) and self.knob == other.knob and self.label == other.label
+
+
+@dataclass
+class Space:
+    """The choices of every knob, in the order the search tries them (lightest first for
+    ``activation_checkpointing``, largest first for ``micro_batch``), and the user's own
+    configuration (``user``: one choice per knob, what the given keywords say)."""
+
+    api: str
+    block: type[nn.Module] | None
+    blocks: list[str]
+    choices: dict[str, list[Choice]]
+    user: dict[str, Choice]
+    base: dict[str, Any]  # the keywords no knob owns (loss, trace, ignored_params, ...)
+    batch: int  # samples in the inputs (0: not known, micro_batch fixed)
+    pinned: frozenset[str]
+
+    def kwargs(self, config: Mapping[str, Choice]) -> dict[str, Any]:
+        """The :func:`fsdpviz.analyze` keywords of a configuration."""
+        out = dict(self.base)
+        for knob in KNOBS:
+            choice = config.get(knob)
+            if choice is not None:
+                out.update(choice.kwargs)
+        return out
+
+
+# ------------------------------------------------------------------- the blocks
+def block_class(model: nn.Module) -> type[nn.Module] | None:
+    """The model's repeated block: the module class with children that occurs at least
+    twice, is not mostly nested inside another such class, and holds the most parameters
+    (``LlamaDecoderLayer``, not ``LlamaMLP`` or ``Linear``); a model whose repeated modules
+    are all leaves (a stack of ``Linear``) gets the leaf class holding at least half the
+    parameters. None when nothing repeats."""
+    named = dict(model.named_modules())
+    stats: dict[type[nn.Module], list[int]] = {}  # class -> [count, numel, has children]
+    for name, m in named.items():
+        if name and not isinstance(m, _CONTAINERS):
+            s = stats.setdefault(type(m), [0, 0, 0])
+            s[0] += 1
+            s[1] += _numel(m)
+            s[2] = s[2] or int(any(True for _ in m.children()))
+    repeated = [c for c, s in stats.items() if s[0] >= 2 and s[1] > 0]
+    inner = [c for c in repeated if stats[c][2]]
+    if not inner:
+        total = _numel(model)
+        inner = [c for c in repeated if stats[c][1] * 2 >= total]
+    outer: list[type[nn.Module]] = []
+    for c in inner:
+        others = tuple(d for d in inner if d is not c)
+        roots = [n for n, m in named.items() if others and isinstance(m, others)]
+        nested = sum(
+            _numel(m)
+            for n, m in named.items()
+            if type(m) is c and any(n.startswith(r + ".") for r in roots)
+        )
+        if nested * 2 < stats[c][1]:
+            outer.append(c)
+    return max(outer, key=lambda c: stats[c][1]) if outer else None
+
+
+def block_names(model: nn.Module, block: type[nn.Module] | None) -> list[str]:
+    """The FQNs of the outermost instances of ``block``, in module order."""
+    if block is None:
+        return []
+    out: list[str] = []
+    for name, m in model.named_modules():
+        if name and type(m) is block and not any(name.startswith(b + ".") for b in out):
+            out.append(name)
+    return out
+
+
+def wrap_plans(model: nn.Module, api: str, block: type[nn.Module] | None) -> dict[str, Any]:
+    """Candidate wrap plans from the model's structure: ``{label: kwargs}`` (``fully_shard``
+    for FSDP2, ``auto_wrap_policy`` for FSDP1), the usual recipe (one unit per block) first."""
+    named = dict(model.named_modules())
+    blocks = block_names(model, block)
+    plans: dict[str, dict[str, Any]] = {}
+    if block is None or len(blocks) < 2:
+        plans["the root alone"] = _plan(api, [], named)
+        return plans
+    total = _numel(model)
+    cls = block.__name__
+    plans[f"each {cls}"] = _plan(api, [(b,) for b in blocks], named)
+    outside = _large_outside(named, blocks, total)
+    # FSDP1 policies go by class: an outside module only where its class is not in the blocks
+    inner = {type(m) for b in blocks for m in named[b].modules()}
+    own_class = [g for g in outside if len(g) == 1 and type(named[g[0]]) not in inner]
+    usable = outside if api == "FSDP2" else own_class
+    if usable:
+        label = ", ".join(" & ".join(g) for g in usable)
+        plans[f"each {cls} + {label}"] = _plan(api, [*[(b,) for b in blocks], *usable], named)
+    if api == "FSDP2" and len(blocks) >= 4:
+        pairs = [tuple(blocks[i : i + 2]) for i in range(0, len(blocks), 2)]
+        extra = f" + {', '.join(' & '.join(g) for g in outside)}" if outside else ""
+        plans[f"pairs of {cls}{extra}"] = _plan(api, [*pairs, *outside], named)
+    children = _large_children(named, blocks)
+    kinds = {type(named[c]) for c in children}
+    outside_kinds = {type(named[n]) for n in _outside_of(named, blocks)}
+    if children and not kinds & outside_kinds:
+        label = ", ".join(sorted(k.__name__ for k in kinds))
+        plans[f"each {cls} child ({label})"] = _plan(
+            api, [*[(c,) for c in children], *usable], named
+        )
+    plans["the root alone"] = _plan(api, [], named)
+    return plans
+
+
+def _plan(api: str, groups: list[tuple[str, ...]], named: dict[str, nn.Module]) -> dict[str, Any]:
+    if api == "FSDP2":
+        return {"fully_shard": [g if len(g) > 1 else g[0] for g in groups]}
+    if not groups:
+        return {"auto_wrap_policy": None}
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return {"auto_wrap_policy": ModuleWrapPolicy({type(named[n]) for g in groups for n in g})}
+
+
+def _outside_of(named: dict[str, nn.Module], blocks: list[str]) -> list[str]:
+    return [n for n in named if n and not any(n == b or n.startswith(b + ".") for b in blocks)]
+
+
+def _numel(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def _large_outside(
+    named: dict[str, nn.Module], blocks: list[str], total: int
+) -> list[tuple[str, ...]]:
+    """Modules outside the blocks whose own parameters are at least 5% of the model, grouped
+    where they share parameters (a tied embedding and output head)."""
+    inside = {id(p) for b in blocks for p in named[b].parameters()}
+    picked: list[str] = []
+    for name in _outside_of(named, blocks):
+        own = [p for p in named[name].parameters(recurse=False) if id(p) not in inside]
+        if own and sum(p.numel() for p in own) * 20 >= total:
+            picked.append(name)
+    groups: list[list[str]] = []
+    owners: dict[int, int] = {}
+    for name in picked:
+        ids = {id(p) for p in named[name].parameters()}
+        shared = {owners[i] for i in ids if i in owners}
+        g = min(shared) if shared else len(groups)
+        if not shared:
+            groups.append([])
+        groups[g].append(name)
+        for i in ids:
+            owners[i] = g
+    return [tuple(g) for g in groups]
+
+
+def _large_children(named: dict[str, nn.Module], blocks: list[str]) -> list[str]:
+    out: list[str] = []
+    for b in blocks:
+        size = _numel(named[b])
+        for child, m in named[b].named_children():
+            if _numel(m) * 10 >= size:
+                out.append(f"{b}.{child}")
+    return out
+
+
+# --------------------------------------------------------------- the batch
+def batch_size(inputs: Any) -> int:
+    """Samples in ``inputs``: the first dimension of the first tensor with one (0: none)."""
+    from torch.utils._pytree import tree_leaves
+
+    for t in tree_leaves(inputs):
+        if isinstance(t, torch.Tensor) and t.dim() >= 1:
+            return int(t.shape[0])
+    return 0
+
+
+def micro_batch_inputs(inputs: Any, batch: int, samples: int) -> Any:
+    """``inputs`` with every tensor whose first dimension is the batch cut to its first
+    ``samples`` (new tensors, so nothing is shared with the caller's)."""
+    from torch.utils._pytree import tree_map
+
+    if samples == batch:
+        return inputs
+
+    def cut(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch:
+            return t[:samples].clone()
+        return t
+
+    return tree_map(cut, inputs)
+
+
+def divisors(n: int) -> list[int]:
+    """``n``'s divisors, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+# ------------------------------------------------------------------ precision
+def param_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype most of the model's floating-point parameters have."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=lambda d: counts[d]) if counts else None
+
+
+def standard_precision(api: str) -> dict[str, Any]:
+    """bf16 parameters with float32 gradient reduction (torchtitan's and llm-foundry's
+    default), as the API takes it."""
+    if api == "FSDP2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return {
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            )
+        }
+    from torch.distributed.fsdp import MixedPrecision
+
+    return {
+        "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    }
+
+
+def precision_label(kwargs: Mapping[str, Any], dtype: torch.dtype | None) -> str:
+    """How a configuration computes, in words: ``"bf16 params, fp32 reduce"``."""
+    mp = kwargs.get("mp_policy", kwargs.get("mixed_precision"))
+    param = getattr(mp, "param_dtype", None) or dtype
+    reduce = getattr(mp, "reduce_dtype", None) or param
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    p = short.get(param, str(param).replace("torch.", "")) if param is not None else "fp32"
+    r = short.get(reduce, str(reduce).replace("torch.", "")) if reduce is not None else p
+    return f"{p} params" if p == r else f"{p} params, {r} reduce"
+
+
+# -------------------------------------------------------------- tensor parallel
+def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | None, str]:
+    """The model's own tensor-parallel plan, as ``parallelize_module`` takes it: torchtitan's
+    for its Llama (``source="torchtitan"``), else the Hugging Face config's
+    ``base_model_tp_plan`` (``"colwise"`` / ``"rowwise"`` entries); None and why where there
+    is none."""
+    if source == "torchtitan":
+        from fsdpviz.configs.torchtitan import tp_plan
+
+        return tp_plan(loss_parallel=False), ""
+    config = getattr(model, "config", None)
+    plan = getattr(config, "base_model_tp_plan", None)
+    if not plan:
+        return None, "the model defines no tensor-parallel plan (pass parallelize_plan=...)"
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    prefix = getattr(model, "base_model_prefix", "")
+    names = {n for n, _ in model.named_modules()}
+    at = f"{prefix}." if prefix and prefix in names else ""
+    out: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        if style not in styles:
+            return None, (
+                f"its Hugging Face plan uses {style!r} ({pattern}), which fsdpviz does not "
+                "read; pass parallelize_plan=..."
+            )
+        out[at + pattern] = styles[style]()
+    return out, ""
+
+
+def heads(model: nn.Module) -> int:
+    """The attention heads (key/value heads where fewer) a tensor-parallel degree must divide
+    (0: not known)."""
+    config = getattr(model, "config", None)
+    for key in ("num_key_value_heads", "num_attention_heads", "n_kv_heads", "n_heads"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    for m in model.modules():
+        for key in ("n_kv_heads", "n_heads", "num_key_value_heads", "num_heads"):
+            value = getattr(m, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return 0
+
+
+# --------------------------------------------------------------------- fixed
+def check_fixed(fixed: Mapping[str, Any], api: str) -> dict[str, Any]:
+    """``fixed`` as analyze keywords; a knob's name pins its user value (``{"micro_batch":
+    2}`` pins the samples per forward). Unknown names raise with a suggestion."""
+    from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
+    from fsdpviz.plan.fsdp2 import FSDP2_KEYWORDS
+
+    known = set(FSDP2_KEYWORDS if api == "FSDP2" else FSDP1_KEYWORDS) | set(KNOBS)
+    for key in fixed:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            tip = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"fixed: {key!r} is neither an analyze keyword of {api} nor a knob of tune "
+                f"({', '.join(KNOBS)}){tip}"
+            )
+    return dict(fixed)
+
+
+def pinned_knobs(keys: Sequence[str], api: str) -> set[str]:
+    """The knobs whose keywords are among ``keys``."""
+    side = 0 if api == "FSDP2" else 1
+    out = {k for k in keys if k in OWNED}
+    for knob, owned in OWNED.items():
+        if owned[side] & set(keys):
+            out.add(knob)
+    return out
+
+
+def checkpoint_choices(block: type[nn.Module] | None, blocks: int) -> list[Choice]:
+    """No checkpointing, every 2nd block, per operator (torchtitan's policy), every block."""
+    knob = "activation_checkpointing"
+    out = [Choice(knob, "none", {"activation_checkpointing": None})]
+    if block is None:
+        return out
+    cls = block.__name__
+    if blocks >= 2:
+        out.append(
+            Choice(
+                knob,
+                f"every 2nd {cls}",
+                {"activation_checkpointing": CheckpointEvery([block], 2)},
+            )
+        )
+    out.append(
+        Choice(
+            knob,
+            f"per op in each {cls}",
+            {"activation_checkpointing": SelectiveCheckpoint([block])},
+        )
+    )
+    out.append(Choice(knob, f"each {cls}", {"activation_checkpointing": [block]}))
+    return out
+
+
+def checkpoint_label(spec: Any) -> str:
+    """A user's ``activation_checkpointing`` in words."""
+    if spec is None:
+        return "none"
+    if isinstance(spec, SelectiveCheckpoint):
+        return f"per op in {_classes(spec.modules)}"
+    if isinstance(spec, CheckpointEvery):
+        nth = {2: "2nd", 3: "3rd"}.get(spec.every, f"{spec.every}th")
+        return f"every {nth} {_classes(spec.modules)}" if spec.every > 1 else _classes(spec.modules)
+    return f"as given ({_classes(spec)})"
+
+
+def _classes(spec: Any) -> str:
+    if isinstance(spec, (list, tuple, set, frozenset)):
+        return ", ".join(sorted(getattr(c, "__name__", str(c)) for c in spec))
+    return getattr(spec, "__name__", None) or type(spec).__name__
+
+
+__all__ = [
+    "ALLOWABLE",
+    "KNOBS",
+    "KNOB_NAMES",
+    "OWNED",
+    "REPLAYED",
+    "Choice",
+    "Space",
+    "batch_size",
+    "block_class",
+    "block_names",
+    "check_fixed",
+    "checkpoint_choices",
+    "checkpoint_label",
+    "divisors",
+    "heads",
+    "micro_batch_inputs",
+    "param_dtype",
+    "pinned_knobs",
+    "precision_label",
+    "standard_precision",
+    "standard_tp_plan",
+    "wrap_plans",
+]

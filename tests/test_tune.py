@@ -1,0 +1,329 @@
+"""fsdpviz.tune: the fastest configuration that fits, each one exactly what analyze plans."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+import fsdpviz
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.tuning import Tuning
+
+CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
+
+
+def _model() -> torch.nn.Module:
+    return example_model(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def tuning() -> Tuning:
+    return fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        memory_budget="3MiB",
+        progress=False,
+        workers=1,
+    )
+
+
+def _same(a: fsdpviz.Report, b: fsdpviz.Report) -> None:
+    """The same plan: units, every event, the config (but how it was made), the memory and
+    the time model's totals, the warnings."""
+    assert [u.to_dict() for u in a.units] == [u.to_dict() for u in b.units]
+    assert [[e.to_dict() for e in it] for it in a.iterations] == [
+        [e.to_dict() for e in it] for it in b.iterations
+    ]
+    ca, cb = a.config.to_dict(), b.config.to_dict()
+    ca.pop("replayed", None)
+    cb.pop("replayed", None)
+    assert ca == cb
+    assert a.memory.to_dict()["peak"] == b.memory.to_dict()["peak"]
+    assert a.timeline.totals == b.timeline.totals
+    assert [w.to_dict() for w in a.warnings] == [w.to_dict() for w in b.warnings]
+
+
+def test_every_configuration_is_the_plan_analyze_gives(tuning: Tuning) -> None:
+    model = _model()
+    sample = [*tuning.candidates[:: max(1, len(tuning.candidates) // 25)], tuning.candidates[-1]]
+    for c in sample:
+        _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
+    assert tuning.traces < len(tuning.candidates) / 4  # the rest were replayed
+
+
+def test_the_best_fits_and_is_the_fastest_that_does(tuning: Tuning) -> None:
+    best = tuning.best
+    assert best is not None and best.fits
+    assert best.memory_bytes <= 3 * 2**20
+    assert best.tokens_per_s == max(c.tokens_per_s for c in tuning.candidates if c.fits)
+    assert all(c.fits == (c.memory_bytes <= 3 * 2**20) for c in tuning.candidates)
+    # the user's configuration (the root alone, as given) is evaluated and marked
+    assert tuning.user.user and tuning.user.knobs["wrap"] == "the root alone"
+    assert not tuning.user.fits
+    assert best.knobs["precision"] == "bf16 params, fp32 reduce"
+
+
+def test_the_frontier_is_what_nothing_else_beats(tuning: Tuning) -> None:
+    front = tuning.frontier
+    assert front and front == sorted(front, key=lambda c: c.memory_bytes)
+    for c in tuning.candidates:
+        dominated = any(
+            o.memory_bytes <= c.memory_bytes
+            and o.tokens_per_s >= c.tokens_per_s
+            and (o.memory_bytes, o.tokens_per_s) != (c.memory_bytes, c.tokens_per_s)
+            for o in tuning.candidates
+        )
+        assert (c in front) != dominated or any(
+            (o.memory_bytes, o.tokens_per_s) == (c.memory_bytes, c.tokens_per_s) and o in front
+            for o in tuning.candidates
+        )
+
+
+def test_world_sizes_are_compared(tuning: Tuning) -> None:
+    assert {c.world_size for c in tuning.candidates} == {8, 16}
+    for ws in (8, 16):
+        best = tuning.best_for(ws)
+        assert best is not None and best.world_size == ws
+        assert best.total_tokens_per_s == pytest.approx(best.tokens_per_s * ws)
+    # on 16 ranks of 8-GPU nodes: HSDP with a node per shard group, and resharding to a node
+    labels = {c.knobs["mesh"] for c in tuning.candidates}
+    assert "16 ranks (HSDP 2 x 8)" in labels
+    assert any(c.knobs["reshard_after_forward"] == "to 8 ranks (a node)" for c in tuning.candidates)
+
+
+def test_the_summary_names_the_best_and_each_knobs_alternative(tuning: Tuning) -> None:
+    text = str(tuning)
+    best = tuning.best
+    assert best is not None
+    assert f"Best: {best.tokens_per_s:,.0f} tokens/s per GPU" in text
+    assert "The configuration as given:" in text
+    alts = tuning.alternatives()
+    assert {a["knob"] for a in alts} >= {"activation_checkpointing", "micro_batch", "precision"}
+    for a in alts:
+        assert a["text"] in text
+        other = a["candidate"]
+        assert other.knobs[a["knob"]] != best.knobs[a["knob"]]
+        assert f"{other.knobs[a['knob']]} instead of {best.knobs[a['knob']]}" in a["text"]
+    rows = tuning.table.rows
+    assert len(rows) == len(tuning.candidates)
+    json.dumps(tuning.to_dict())
+
+
+def test_micro_batches_keep_the_tokens_per_step(tuning: Tuning) -> None:
+    for c in tuning.candidates:
+        assert c.micro_batch * c.grad_accum == 2  # the inputs' 2 samples per optimizer step
+        assert c.inputs["input_ids"].shape[0] == c.micro_batch
+        assert c.report.config.grad_accum == c.grad_accum
+    assert {c.micro_batch for c in tuning.candidates} == {1, 2}
+
+
+def test_fixed_options_stay_and_fsdp1_is_tuned_in_its_own_words() -> None:
+    from torch.distributed.fsdp import MixedPrecision
+
+    mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        api="fsdp1",
+        fixed={"mixed_precision": mp, "micro_batch": 1},
+        memory_budget="3MiB",
+        progress=False,
+    )
+    assert {c.knobs["precision"] for c in t.candidates} == {"fp16 params, fp32 reduce"}
+    assert {c.micro_batch for c in t.candidates} == {1}
+    assert {c.knobs["reshard_after_forward"] for c in t.candidates} >= {
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+    }
+    assert {c.knobs["backward_prefetch"] for c in t.candidates} == {
+        "BACKWARD_PRE",
+        "BACKWARD_POST",
+    }
+    assert all(c.report.config.api == "FSDP1" for c in t.candidates)
+    assert "micro_batch stays 1 x 2 micro-steps (pinned)" in t.notes
+
+
+def test_nothing_fits_says_how_many_ranks_would() -> None:
+    wide = ExampleConfig(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_heads=4)
+    model, ids = example_model(wide), torch.zeros(2, 8, dtype=torch.long)
+    keep = ("wrap", "reshard_after_forward", "activation_checkpointing", "micro_batch")
+    t = fsdpviz.tune(model, ids, world_size=8, memory_budget="90MiB", knobs=keep, progress=False)
+    assert t.best is None and t.needs is not None
+    low = min(t.candidates, key=lambda c: c.memory_bytes)
+    assert t.needs["candidate"] == low.index
+    ws = t.needs["world_size"]
+    assert ws is not None and ws > 8
+    assert f"It fits from {ws} ranks" in str(
+        t
+    ) and "Nothing fits. The lightest configuration needs" in str(t)
+    fresh = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws})
+    assert fresh.memory.peak["bytes"] <= 90 * 2**20
+    half = fsdpviz.analyze(model, low.inputs, **{**low.kwargs, "world_size": ws // 2})
+    assert half.memory.peak["bytes"] > 90 * 2**20
+
+
+def test_nothing_fits_says_when_more_ranks_would_not_help() -> None:
+    t = fsdpviz.tune(
+        _model(), example_inputs(CONFIG), world_size=8, memory_budget="64KiB", progress=False
+    )
+    assert t.best is None and t.needs is not None and t.needs["world_size"] is None
+    assert "More ranks do not make it fit" in str(t)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"knobs": ["wraps"]}, "unknown knob 'wraps'.*did you mean 'wrap'"),
+        ({"fixed": {"mp_polcy": None}}, "fixed: 'mp_polcy'.*did you mean 'mp_policy'"),
+        ({"allow": ["fp8"]}, "allow: 'fp8'"),
+        ({"world_size": 0}, "world_size"),
+        ({"api": "fsdp3"}, "api must be 'fsdp1' or 'fsdp2'"),
+        ({"fixed": {"micro_batch": 3}}, "fixed micro_batch=3.*2, 1"),
+        ({"tokens_per_step": 100}, "tokens_per_step=100 is not a whole number of samples of 64"),
+        (
+            {"world_size": 6, "mesh": ("dp_shard", 2, "tp", 4), "parallelize_plan": "PLAN"},
+            "world_size 6 does not divide by the mesh's tensor-parallel degree 4",
+        ),
+    ],
+)
+def test_bad_requests_say_what_to_do(kwargs: dict[str, Any], message: str) -> None:
+    if kwargs.get("parallelize_plan") == "PLAN":
+        kwargs["parallelize_plan"] = _tp_plan()
+    with pytest.raises(fsdpviz.ConfigError, match=message):
+        fsdpviz.tune(_model(), example_inputs(CONFIG), progress=False, **kwargs)
+
+
+def test_suggest_turns_only_the_wrap_plan_and_fsdps_switches() -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    t = fsdpviz.suggest(
+        _model(), example_inputs(CONFIG), memory_budget="4MiB", world_size=16, mp_policy=mp
+    )
+    assert {c.knobs["activation_checkpointing"] for c in t.candidates} == {"none"}
+    assert {c.knobs["precision"] for c in t.candidates} == {"bf16 params"}
+    assert len({c.knobs["wrap"] for c in t.candidates}) >= 3
+    assert t.best is not None and t.best.fits
+    again = fsdpviz.analyze(_model(), t.best.inputs, **t.best.kwargs)
+    assert again.memory.peak["bytes"] == t.best.memory_bytes
+
+
+def test_the_model_and_inputs_come_back_untouched() -> None:
+    model, inputs = _model(), example_inputs(CONFIG)
+    before = {n: (p.shape, p.dtype, p.device) for n, p in model.named_parameters()}
+    forward = model.forward
+    fsdpviz.tune(model, inputs, world_size=8, memory_budget="3MiB", progress=False)
+    assert {n: (p.shape, p.dtype, p.device) for n, p in model.named_parameters()} == before
+    assert model.forward == forward and not model._forward_hooks
+    assert inputs["input_ids"].shape == (2, 64)
+
+
+def test_every_nth_block_checkpointing_picks_every_nth() -> None:
+    from fsdpviz.trace.checkpointing import checkpointed_modules
+
+    model = _model()
+    picked = checkpointed_modules(model, fsdpviz.CheckpointEvery([DecoderLayer], 2))
+    layers = list(model.get_submodule("layers"))
+    assert picked == [layers[1], layers[3]]
+    with pytest.raises(fsdpviz.ConfigError, match="every must be a positive int"):
+        fsdpviz.CheckpointEvery([DecoderLayer], 0)
+
+
+def _tp_plan() -> dict[str, Any]:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    at = "layers.*."
+    return {
+        at + "self_attn.[qkv]_proj": ColwiseParallel(),
+        at + "self_attn.o_proj": RowwiseParallel(),
+        at + "mlp.[gu]*_proj": ColwiseParallel(),
+        at + "mlp.down_proj": RowwiseParallel(),
+    }
+
+
+def test_workers_change_no_number(tuning: Tuning) -> None:
+    """Traces made side by side in forked workers give the very same search."""
+    other = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        memory_budget="3MiB",
+        progress=False,
+        workers=2,
+    )
+    assert [c.label for c in other.candidates] == [c.label for c in tuning.candidates]
+    assert [c.traced for c in other.candidates] == [c.traced for c in tuning.candidates]
+    for a, b in zip(other.candidates, tuning.candidates, strict=True):
+        assert a.report.to_dict() == b.report.to_dict()
+
+
+def test_tensor_parallelism_with_the_users_plan() -> None:
+    """A plan with tensor parallelism: each degree up to a node that divides the heads, and
+    plain data parallelism, each traced (a replay keeps no tensor-parallel plan)."""
+    plan = _tp_plan()
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=plan,
+        knobs=("mesh", "activation_checkpointing"),
+        progress=False,
+        workers=1,
+    )
+    meshes = {c.knobs["mesh"] for c in t.candidates}
+    assert meshes == {"8 ranks", "8 ranks (FSDP 4 x TP 2)", "8 ranks (FSDP 2 x TP 4)"}
+    assert t.user.knobs["mesh"] == "8 ranks (FSDP 4 x TP 2)"
+    for c in t.candidates:
+        if c.report.config.tp_world_size:
+            assert c.traced
+            _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+
+
+def test_allowed_compile_and_float8_are_tried_at_the_best() -> None:
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        allow=("compile", "float8"),
+        knobs=("compile", "float8", "wrap"),
+        fully_shard=[DecoderLayer],
+        progress=False,
+        workers=1,
+    )
+    assert {c.knobs["compile"] for c in t.candidates} == {"off", "each DecoderLayer"}
+    assert {c.knobs["float8"] for c in t.candidates} == {
+        "off",
+        "tensorwise",
+        "tensorwise, float8 all-gather",
+    }
+    compiled = next(c for c in t.candidates if c.knobs["compile"] != "off")
+    assert compiled.report.config.compile == ("DecoderLayer",)
+    plain = fsdpviz.tune(
+        _model(), example_inputs(CONFIG), world_size=8, progress=False, workers=1, knobs=("wrap",)
+    )
+    assert {c.knobs["compile"] for c in plain.candidates} == {"off"}
+
+
+def test_a_hugging_face_search_is_exact_too() -> None:
+    """A Hugging Face model (its inputs without the key/value cache but for the given)."""
+    import hf_models
+
+    model, inputs, block = hf_models.llama()
+    t = fsdpviz.tune(
+        model, inputs, world_size=[4, 8], fully_shard=[block], progress=False, workers=1
+    )
+    assert any("use_cache=False" in n for n in t.notes)
+    assert "use_cache" not in t.user.inputs
+    sample = [c for c in t.candidates if c.traced] + t.candidates[1::7]
+    for c in sample:
+        if c is not t.user:
+            assert c.inputs["use_cache"] is False
+        _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
+    assert {c.knobs["activation_checkpointing"] for c in t.candidates} >= {"none"}
