@@ -599,7 +599,7 @@ def _write(
             "root only: 1 unit (no wrap policy: pass --policy transformer:CLASS, "
             "--fully-shard CLASS or a config file to shard the model's blocks)"
         )
-    if report.profile is not None:
+    if report.profiled:
         print(report.memory.summary())  # the peak, and whether it fits
         print(report.timeline.summary().splitlines()[0])
     print(f"wrote {path} ({seconds:.1f}s)")

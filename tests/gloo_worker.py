@@ -647,6 +647,10 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
     try:
         if suite == "tp":
             record_tp(rank, out_dir)
+        elif suite == "pipeline":
+            import pipeline_job
+
+            pipeline_job.record(rank, out_dir)
         elif suite == "corners":
             record_corners(rank, world_size, out_dir)
         elif suite == "peft":

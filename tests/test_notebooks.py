@@ -77,7 +77,8 @@ def _check_saved_views(name: str, nb: NotebookNode) -> None:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             html = data.get("text/html", "")
-            progress = re.search(r"\d+%\|", data.get("text/plain", ""))  # a tqdm bar
+            # a tqdm bar: with a total ("40%|"), or counting ("7config [00:01, ...]")
+            progress = re.search(r"\d+%\||\d+\w* \[\d+:\d+", data.get("text/plain", ""))
             if (
                 (WIDGET in data and not progress)
                 or MIME in data
@@ -251,15 +252,17 @@ def test_memory_budget(kernel_path: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert "application/vnd.jupyter.widget-view+json" in _mimes(
         _cell(nb, "sweep_view = table.show()")
     )
-    suggestion = _texts(_cell(nb, "suggestion = fsdpviz.suggest("))
-    assert "Budget 14 GiB per rank, 8 ranks" in suggestion and "Proposed: " in suggestion
-    assert "Alternatives, and what each changes against the proposal:" in suggestion
-    assert "application/vnd.plotly.v1+json" in _mimes(_cell(nb, "def candidates_figure("))
-    assert "<b>fsdpviz</b> prediction · FSDP2" in _texts(_cell(nb, "kwargs = suggestion.kwargs"))
+    tuning = _texts(_cell(nb, "tuning = fsdpviz.tune("))
+    assert "fsdpviz tune · FSDP2 on 8 x H100 SXM 80GB" in tuning
+    assert "fit a budget of 14 GiB per rank" in tuning and "Best: " in tuning
+    assert "Per knob, the best alternative:" in tuning
+    assert "application/vnd.jupyter.widget-view+json" in _mimes(_cell(nb, "tuning.show()"))
+    best = _texts(_cell(nb, "best = tuning.best"))
+    assert "fully_shard(model, mesh=dp_mesh" in best and "<b>fsdpviz</b> prediction · FSDP2" in best
     assert "Nothing fits." in _texts(_cell(nb, "tight = fsdpviz.suggest("))
-    checkpointed = _texts(_cell(nb, "from torch.distributed.algorithms"))
-    assert "Budget 8 GiB" in checkpointed and "Proposed: " in checkpointed
-    assert "peak " in _texts(_cell(nb, "checkpointed.report"))
+    checkpointed = _texts(_cell(nb, "checkpointed = fsdpviz.tune("))
+    assert "fit a budget of 8 GiB per rank" in checkpointed and "Best: " in checkpointed
+    assert "peak " in _texts(_cell(nb, "checkpointed.best.report"))
     lora = _texts(_cell(nb, "from peft import LoraConfig"))  # will my 70B LoRA fit on 8 GPUs?
     assert "44,564,480 trainable of 70,598,270,976 parameters" in lora
     assert "fits in A100 SXM 80GB" in lora

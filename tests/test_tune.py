@@ -327,3 +327,43 @@ def test_a_hugging_face_search_is_exact_too() -> None:
             assert c.inputs["use_cache"] is False
         _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
     assert {c.knobs["activation_checkpointing"] for c in t.candidates} >= {"none"}
+
+
+def test_a_pipeline_is_tuned_by_its_schedule_every_configuration_traced() -> None:
+    from fsdpviz.configs.torchtitan import build_llama3
+
+    titan = build_llama3("debugmodel", 64)
+    blocks = [f"layers.{i}" for i in range(6)]
+    t = fsdpviz.tune(
+        titan,
+        torch.zeros(4, 64, dtype=torch.long),
+        fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
+        reshard_after_forward=False,
+        mesh=("pp", 2, "dp_shard", 2),
+        pipeline_schedule="1F1B",
+        microbatches=2,
+        progress=False,
+        workers=1,
+    )
+    schedules = {c.knobs["pipeline"] for c in t.candidates}
+    assert schedules == {
+        "1F1B, 2 microbatches",
+        "Interleaved1F1B, 2 microbatches",
+        "ZBVZeroBubble, 2 microbatches",
+    }
+    assert all(c.traced for c in t.candidates) and t.traces == len(t.candidates)
+    assert {c.knobs["mesh"] for c in t.candidates} == {"4 ranks (as given)"}
+    for c in t.candidates:
+        fresh = fsdpviz.analyze(titan, c.inputs, machine="h100", **c.kwargs)
+        assert fresh.timeline.totals == c.report.timeline.totals
+        assert fresh.memory.peak == c.report.memory.peak
+    slow = t.why_slow()
+    assert slow[0]["cause"] == "bubbles" and slow[0]["knob"] == "pipeline"
+    with pytest.raises(fsdpviz.ConfigError, match="keeps a pipeline's mesh as given"):
+        fsdpviz.tune(
+            titan,
+            torch.zeros(4, 64, dtype=torch.long),
+            world_size=8,
+            mesh=("pp", 2, "dp_shard", 2),
+            progress=False,
+        )

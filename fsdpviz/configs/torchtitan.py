@@ -78,6 +78,7 @@ _SECTIONS: dict[str, set[str]] = {
                     "pipeline_parallel_last_stage_less_layers",
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_microbatches", "pipeline_parallel_split_points",
                     "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
                     "context_parallel_load_balancer", "context_parallel_rotate_method",
                     "expert_parallel_degree", "expert_tensor_parallel_degree",
@@ -112,7 +113,9 @@ _RENAMED = {
     **{
         ("experimental", key): ("parallelism", key, "March 2025")
         for key in ("pipeline_parallel_degree", "context_parallel_degree",
-                    "enable_async_tensor_parallel")
+                    "enable_async_tensor_parallel", "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatches", "pipeline_parallel_split_points",
+                    "pipeline_parallel_schedule_csv")
     },
 }  # fmt: skip
 # Keys of older job files that no longer exist and do not change the plan
@@ -178,16 +181,13 @@ def from_torchtitan(
     parallel = data.get("parallelism", {})
     seq = int(training.get("seq_len", 2048))
     batch = int(training.get("local_batch_size", 8))
-    for key, meaning in (
-        ("pipeline_parallel_degree", "pipeline parallelism"),
-        ("context_parallel_degree", "context parallelism"),
-    ):
-        if int(parallel.get(key, 1)) > 1:
-            note(
-                notes,
-                f"{where}: parallelism.{key} = {parallel[key]} ({meaning}) is not "
-                "modelled; planned as the FSDP x TP mesh of one stage",
-            )
+    if int(parallel.get("context_parallel_degree", 1)) > 1:
+        note(
+            notes,
+            f"{where}: parallelism.context_parallel_degree = "
+            f"{parallel['context_parallel_degree']} (context parallelism) is not modelled; "
+            "planned without it",
+        )
     mesh = _mesh(parallel, world_size, where, notes)
     shard = mesh["dp_shard"]
     if int(training.get("global_batch_size", -1)) > batch * shard * mesh["dp_replicate"]:
@@ -201,9 +201,12 @@ def from_torchtitan(
         )
     model = build_llama3(flavor, seq)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
-    labels = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     kwargs = _plan(model, data, mesh, where, notes)
-    kwargs["loss"] = _CrossEntropy(labels)
+    if mesh["pp"] > 1:
+        kwargs.update(_pipeline(model, parallel, mesh["pp"], batch, where, notes))
+    # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch
+    rows = batch // int(kwargs.get("microbatches", 1))
+    kwargs["loss"] = _CrossEntropy(torch.zeros(rows, seq, dtype=torch.long, device="meta"))
     compiled = _compile(data.get("compile", {}), where, notes)
     if compiled:
         kwargs["compile"] = compiled
@@ -364,6 +367,7 @@ def _mesh(
             f"is planned, not the {world_size} ranks given",
         )
     return {
+        "pp": degrees["pipeline_parallel_degree"],
         "dp_replicate": degrees["data_parallel_replicate_degree"],
         "dp_shard": shard,
         "tp": degrees["tensor_parallel_degree"],
@@ -426,7 +430,9 @@ def _plan(
             f"{where}: parallelism.fsdp_reshard_after_forward must be default, always or "
             f"never, got {policy!r}"
         )
-    reshard = policy != "never"  # "default": True without pipeline parallelism
+    # "default": True without pipeline parallelism, False under it (torchtitan's
+    # get_fsdp_reshard_after_forward_policy: no all-gather per microbatch)
+    reshard = policy == "always" or (policy == "default" and mesh["pp"] == 1)
     blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
     raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
     raf["norm, output"] = policy == "always"
@@ -437,9 +443,9 @@ def _plan(
         "reshard_after_forward": raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
-    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1:
+    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1:
         kwargs["world_size"] = mesh["dp_shard"]
-    else:  # HSDP and/or TP: the mesh as torchtitan's ParallelDims builds it
+    else:  # PP, HSDP and/or TP: the mesh as torchtitan's ParallelDims builds it
         dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
         kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
     if mesh["tp"] > 1:
@@ -483,6 +489,77 @@ def _plan(
     elif mode != "none":
         raise ConfigError(f"{where}: activation_checkpoint.mode {mode!r} is not valid")
     return kwargs
+
+
+def _pipeline(
+    model: nn.Module,
+    parallel: dict[str, Any],
+    pp: int,
+    batch: int,
+    where: str,
+    notes: list[str],
+) -> dict[str, Any]:
+    """torchtitan's ``pipeline_llm`` for this job, as ``analyze`` arguments: the schedule,
+    the microbatches (``local_batch_size / pipeline_parallel_microbatch_size``; files of 2024
+    give ``pipeline_parallel_microbatches``, default the pp degree) and the stages
+    (``module_fqns_per_model_part``, ``pipeline_parallel_layers_per_stage``, 2024's
+    ``pipeline_parallel_split_points``, else torchtitan's split with the first and last
+    stages ``..._less_layers`` lighter)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from fsdpviz.plan.pipeline import default_stages, schedule_class
+    from fsdpviz.schema.report import FsdpWarning
+
+    name, cls = schedule_class(parallel.get("pipeline_parallel_schedule", "1F1B"))
+    out: dict[str, Any] = {"pipeline_schedule": name}
+    if parallel.get("pipeline_parallel_schedule_csv"):
+        note(
+            notes,
+            f"{where}: pipeline_parallel_schedule_csv is not read; planned with "
+            f"pipeline_parallel_schedule = {name!r}",
+        )
+    if "pipeline_parallel_microbatches" in parallel:  # torchtitan of 2024
+        out["microbatches"] = int(parallel["pipeline_parallel_microbatches"])
+    elif "pipeline_parallel_microbatch_size" in parallel:
+        size = int(parallel["pipeline_parallel_microbatch_size"])
+        if size < 1 or batch % size:
+            raise ConfigError(
+                f"{where}: local_batch_size {batch} does not divide into microbatches of "
+                f"pipeline_parallel_microbatch_size = {size}"
+            )
+        out["microbatches"] = batch // size
+    elif "pipeline_parallel_split_points" in parallel:  # 2024's default: the pp degree
+        out["microbatches"] = pp
+    else:
+        out["microbatches"] = batch  # microbatches of one sample (microbatch size 1)
+    per_rank = 1 if issubclass(cls, PipelineScheduleSingle) else 2
+    if parallel.get("module_fqns_per_model_part"):
+        out["pipeline_stages"] = [list(s) for s in parallel["module_fqns_per_model_part"]]
+    elif parallel.get("pipeline_parallel_split_points"):
+        out["pipeline_stages"] = _split_points(model, parallel["pipeline_parallel_split_points"])
+    elif parallel.get("pipeline_parallel_layers_per_stage"):
+        out["pipeline_stages"] = int(parallel["pipeline_parallel_layers_per_stage"])
+    else:
+        first = int(parallel.get("pipeline_parallel_first_stage_less_layers", 1))
+        last = int(parallel.get("pipeline_parallel_last_stage_less_layers", 1))
+        unused: list[FsdpWarning] = []  # analyze warns of an uneven split itself
+        out["pipeline_stages"] = default_stages(model, pp * per_rank, unused, first, last)
+    return out
+
+
+def _split_points(model: nn.Module, points: Any) -> list[list[str]]:
+    """torchtitan's 2024 ``pipeline_parallel_split_points`` (``["layers.8", "layers.16"]``):
+    each point starts a stage; the first also holds the embedding, the last the final norm
+    and the output."""
+    blocks = [f"layers.{k}" for k, _ in model.get_submodule("layers").named_children()]
+    starts = [str(p) for p in (points.split(",") if isinstance(points, str) else points)]
+    stages: list[list[str]] = [["tok_embeddings"]]
+    for block in blocks:
+        if block in starts:
+            stages.append([])
+        stages[-1].append(block)
+    stages[-1] += ["norm", "output"]
+    return stages
 
 
 @dataclass(frozen=True)
@@ -593,12 +670,14 @@ class Transformer(nn.Module):
         self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h: torch.Tensor = self.tok_embeddings(tokens)
+        # a pipeline stage holds some of the modules, the others set to None (torchtitan's
+        # pipeline_module_split): it takes the previous stage's hidden states as tokens
+        h: torch.Tensor = self.tok_embeddings(tokens) if self.tok_embeddings else tokens
         rope = self.get_buffer("freqs_cis")[: tokens.shape[1]]
         for layer in self.layers.values():
             h = layer(h, rope)
-        logits: torch.Tensor = self.output(self.norm(h))
-        return logits
+        h = self.norm(h) if self.norm else h
+        return self.output(h) if self.output else h
 
 
 def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:

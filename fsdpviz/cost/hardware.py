@@ -165,6 +165,17 @@ class Machine:
             + passes * moved / (gbps * 1e9 * self.comm_efficiency)
         )
 
+    def p2p_seconds(self, nbytes: float, across_nodes: bool) -> float:
+        """Seconds for a send of ``nbytes`` to one peer (pipeline parallelism's activations and
+        their gradients): NVLink inside a node, the GPU's own network card across nodes."""
+        if nbytes <= 0:
+            return 0.0
+        gbps = self.inter_node_gbps if across_nodes else self.intra_node_gbps
+        latency = self.inter_node_latency_us if across_nodes else self.intra_node_latency_us
+        return (self.collective_base_us + latency) * 1e-6 + nbytes / (
+            gbps * 1e9 * self.comm_efficiency
+        )
+
     def copy_seconds(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
         return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0

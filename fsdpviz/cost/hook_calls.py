@@ -35,6 +35,7 @@ class HookCall:
     peak_grads: int  # new gradients at that moment (the rest is backward temp)
     grads: dict[str, int]  # unsharded gradient bytes created by that compute, by unit
     kernels: tuple[tuple[Any, ...], ...] = ()  # the GPU kernels of that compute (StepProfile)
+    arg: Any = None  # what the hook was called with (a pipeline action's name, for "pipeline")
 
     @property
     def backward(self) -> bool:
@@ -79,14 +80,16 @@ def _measured(events: list[Event], step: StepProfile) -> Tape:
     for e, k in enumerate(step.event_hook):
         by_hook.setdefault(k, []).append(e)
     calls = [
-        _call(step, k, hook, unit, tuple(by_hook.get(k, ())))
-        for k, (hook, unit, _) in enumerate(step.hooks)
+        _call(step, k, hook, unit, tuple(by_hook.get(k, ())), arg)
+        for k, (hook, unit, arg) in enumerate(step.hooks)
     ]
     n = len(step.hooks)
     return Tape(events, calls, _call(step, n, "end", "", ()), True)
 
 
-def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ...]) -> HookCall:
+def _call(
+    step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ...], arg: Any = None
+) -> HookCall:
     return HookCall(
         hook=hook,
         unit=unit,
@@ -102,6 +105,7 @@ def _call(step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ..
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
+        arg=arg if hook == "pipeline" else None,
     )
 
 

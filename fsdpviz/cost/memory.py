@@ -51,7 +51,7 @@ compute stream), every pool rounded up to the allocator's 2 MiB blocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fsdpviz.cost.fit import machine_of, runtime_overhead
@@ -84,6 +84,9 @@ def memory_model(
         mem = memory_model(fsdpviz.analyze(model, ids, world_size=8), optimizer="sgd_momentum")
         print(mem.summary())
     """
+    pipe = report.pipeline
+    if pipe is not None and pipe.ranks:
+        return _largest_rank(report, optimizer=optimizer, iteration=iteration, machine=machine)
     i = iteration_index(report, iteration)
     sizes = unit_bytes(report, optimizer)
     carry: Walker | None = None
@@ -116,6 +119,41 @@ def memory_model(
         capacity=int(m.memory_gib * 2**30),
         overhead=runtime_overhead(report),
         machine=m.name,
+    )
+
+
+def _largest_rank(
+    report: Report, *, optimizer: str | int | None, iteration: int, machine: Machine | str | None
+) -> MemoryReport:
+    """Under pipeline parallelism each pipeline rank holds its own stages: the job's memory
+    is that of the rank with the largest peak (torchtitan reports the maximum over ranks),
+    its ``peak["pp_rank"]`` says which, and ``config["pp_peaks"]`` gives every rank's."""
+    assert report.pipeline is not None
+    ranks = report.pipeline.ranks
+    default = optimizer == "adamw" and iteration == -1 and machine is None
+    mems = [
+        r.memory
+        if default
+        else memory_model(r, optimizer=optimizer, iteration=iteration, machine=machine)
+        for r in ranks
+    ]
+    worst = max(range(len(mems)), key=lambda k: (mems[k].needed, -k))
+    mem = mems[worst]
+    peaks = [int(m.peak["bytes"]) for m in mems]
+    rank = ranks[worst].config.pp_rank
+    return replace(
+        mem,
+        config={**mem.config, "pp_rank": rank, "pp_peaks": peaks},
+        peak={
+            **mem.peak,
+            "pp_rank": rank,
+            "where": f"on pipeline rank {rank}, {mem.peak['where']}",
+        },
+        notes=[
+            f"pipeline rank {rank} of {len(ranks)} has the largest peak (each rank holds its "
+            "own stages; report.pipeline.ranks[r].memory is rank r's)",
+            *mem.notes,
+        ],
     )
 
 

@@ -49,6 +49,7 @@ class Walker:
         self.cat["buffers"] = prof.buffer_bytes if prof else 0
         self.resident: set[str] = set()
         self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
+        self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.grads: dict[str, int] = {}
@@ -163,7 +164,7 @@ class Walker:
     # ---------------------------------------------------------------- events
     def _event(self, e: Event, c: HookCall) -> None:
         s = self.sizes.get(e.unit)
-        if s is None:
+        if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
         if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
             self.cat["all_gather"] += s.h2d
@@ -177,6 +178,12 @@ class Walker:
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)
+            if e.action is not None and e.action.endswith("UNSHARD"):
+                # a pipeline stage's UNSHARD (unshard(async_op=True)) gathers on the compute
+                # stream: its buffer is the compute pool's, counted with the parameters
+                self.on_compute.add(e.unit)
+                self.cat["unsharded_params"] += n
+                self.cat["all_gather"] -= n
             self.cat["all_gather"] += n + s.copy_in
             if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
                 self._moment("at", c, e)
@@ -210,6 +217,9 @@ class Walker:
         if unit in self.post_forward_shard:
             self.cat["sharded_params"] -= self.post_forward_shard.pop(unit)
         if not self.fsdp2 or pending is None:
+            return
+        if unit in self.on_compute:  # a stage's UNSHARD: copied out, its buffer freed
+            self.cat[self._pool_of(unit)] -= pending[0]
             return
         forward = c.hook == "pre_forward" and not self.in_backward
         if forward:
@@ -248,7 +258,14 @@ class Walker:
 
     def _drop_pending(self, unit: str) -> None:
         n, _ = self.pending.pop(unit)
-        self.cat["all_gather"] -= n
+        self.cat[self._pool_of(unit)] -= n
+
+    def _pool_of(self, unit: str) -> str:
+        """The category a pending all-gather's buffer is counted in (see ``on_compute``)."""
+        if unit in self.on_compute:
+            self.on_compute.discard(unit)
+            return "unsharded_params"
+        return "all_gather"
 
     # --------------------------------------------------------------- records
     def _total(self) -> int:

@@ -23,7 +23,10 @@ time beyond the compute of the model itself at the GPU's bf16 rate:
   ``torch.compile``, larger micro-batches);
 - ``communication``: the collectives the compute waits for
   (:meth:`~fsdpviz.schema.timeline.Timeline.bottlenecks` ranks them one by one);
-- ``optimizer``: the optimizer step (CPU offload puts it on the host).
+- ``optimizer``: the optimizer step (CPU offload puts it on the host);
+- ``bubbles``: under pipeline parallelism, the compute waiting for another pipeline rank
+  (:meth:`~fsdpviz.schema.timeline.Timeline.bubbles`), then the slowest pipeline rank's own
+  causes.
 
 Each is a mapping: ``cause``, ``seconds`` (of the optimizer step), ``share`` (of the step),
 ``knob`` (the :func:`fsdpviz.tune` knob that changes it), ``text`` (in words) and, where
@@ -54,6 +57,9 @@ def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[st
     """What the step's time goes to beyond the model's compute in bf16, most first (see the
     module docstring); empty for a report without a trace profile. ``checkpointing``:
     whether the plan checkpoints activations (default: what its config states)."""
+    pipe = report.pipeline
+    if pipe is not None and pipe.ranks:
+        return _pipeline_slowdowns(report, checkpointing)
     if report.profile is None or not report.profile.iterations:
         return []
     tl = report.timeline
@@ -169,6 +175,36 @@ def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[st
                 "fix": "pad the vocabulary or hidden sizes to multiples of 8 (64 is better)",
             }
         )
+    out.sort(key=lambda r: -r["seconds"])
+    return out
+
+
+def _pipeline_slowdowns(report: Report, checkpointing: bool | None) -> list[dict[str, Any]]:
+    """A pipeline's: its bubbles (the compute waiting for another pipeline rank), then the
+    slowest pipeline rank's own causes."""
+    t = report.timeline.totals
+    step = float(t["step_s"])
+    out: list[dict[str, Any]] = []
+    bubble = float(t.get("bubble_s", 0.0))
+    if bubble > 0 and step > 0:
+        worst = report.timeline.bubbles()
+        first = f"; the longest: {worst[0]['reason']}" if worst else ""
+        out.append(
+            {
+                "cause": "bubbles",
+                "seconds": bubble,
+                "share": bubble / step,
+                "knob": "pipeline",
+                "text": f"the pipeline's bubbles take {duration_text(bubble)}{first}",
+                "fix": "a schedule with a smaller bubble (interleaved, zero-bubble), more "
+                "microbatches",
+            }
+        )
+    assert report.pipeline is not None
+    ranks = [r for r in report.pipeline.ranks if r.profile is not None]
+    if ranks:
+        slowest = max(ranks, key=lambda r: float(r.timeline.totals["step_s"]))
+        out += slowdowns(slowest, checkpointing)
     out.sort(key=lambda r: -r["seconds"])
     return out
 

@@ -50,6 +50,7 @@ what ran, activation-checkpoint recomputation included).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -58,14 +59,16 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
+from fsdpviz.cost.pipeline_time import P2PTimes, p2p_key, pipeline_timelines
 from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_states, reduced_shard_numel
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import Event, Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
+_ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
@@ -79,6 +82,7 @@ def timeline(
     grad_accum: int | None = None,
     no_sync: bool = False,
     compile: bool | None = None,
+    p2p: P2PTimes | None = None,
 ) -> Timeline:
     """Estimate the optimizer step of ``report.iterations[iteration]`` on ``machine``.
 
@@ -94,7 +98,10 @@ def timeline(
     ``grad_accum=N`` on a report planned without it repeats the iteration ``N`` times, each
     reducing its gradients (accumulation without ``no_sync``, as torchtitan and Composer
     run it). ``compile``: cost the compute as ``torch.compile`` runs it (default: as the
-    report was planned, ``analyze(..., compile=...)``).
+    report was planned, ``analyze(..., compile=...)``). ``p2p``: under pipeline parallelism,
+    the sends of the other ranks this rank's receives wait for (see :class:`P2PTimes`);
+    ``report.timeline`` of a pipeline's report gives every rank's, each waiting for the others
+    (:func:`fsdpviz.cost.pipeline_time.pipeline_timeline`).
 
     Example::
 
@@ -109,6 +116,29 @@ def timeline(
             "(no_sync's all-gathers, frees and missing reductions), and the time model "
             "steps through them"
         )
+    pipe = report.pipeline
+    if pipe is not None and p2p is None and (pipe.ranks or pipe.job is not None):
+        # pipeline parallelism: every rank's step, each waiting for the others' sends
+        job = pipe.job if not pipe.ranks else report
+
+        def one(rank: Report, times: P2PTimes) -> Timeline:
+            return timeline(
+                rank, machine, iteration=iteration, optimizer=optimizer,
+                limit_all_gathers=limit_all_gathers, grad_accum=grad_accum, compile=compile,
+                p2p=times,
+            )  # fmt: skip
+
+        defaults = machine is None and iteration == -1 and optimizer == "adamw"
+        defaults = defaults and compile is None and limit_all_gathers and grad_accum is None
+        which = machine_key(machine) if isinstance(machine, Machine) else machine
+        options = (which, iteration, optimizer, compile, limit_all_gathers, grad_accum)
+        assert job.pipeline is not None
+        cache: dict[Any, Any] = job.pipeline.cache
+        timed = cache.get(options)
+        if timed is None:  # the ranks are timed together once per set of options
+            timed = cache[options] = pipeline_timelines(job, one, cache=defaults)
+        whole, ranks = timed
+        return whole if pipe.ranks else ranks[int(report.config.pp_rank or 0)]
     micro_steps = _micro_steps(report, iteration, grad_accum)
     if machine is None:
         m = machine_of(report)
@@ -121,7 +151,7 @@ def timeline(
     i = iteration_index(report, iteration)
     runs: dict[int, _Sim] = {}
     for k in dict.fromkeys(micro_steps):
-        runs[k] = _Sim(report, m, k, limit_all_gathers, compiled=compiled)
+        runs[k] = _Sim(report, m, k, limit_all_gathers, compiled=compiled, p2p=p2p)
         runs[k].run()
     sim = runs[i]
     sums: dict[str, float] = {}
@@ -158,6 +188,8 @@ def timeline(
         "all_gather_bytes": sums["all_gather_bytes"],
         "reduce_scatter_bytes": sums["reduce_scatter_bytes"],
         "tp_bytes": sums["tp_bytes"],
+        "pp_bytes": sums["pp_bytes"],
+        "bubble_s": sums["bubble_s"],
         "exposed_forward_s": sums["exposed_forward_s"],
         "exposed_backward_s": sums["exposed_backward_s"],
         "matmul_s": sums["matmul_s"],
@@ -299,14 +331,27 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
 
 class _Sim:
     def __init__(
-        self, report: Report, m: Machine, i: int, limit: bool, compiled: bool = False
+        self,
+        report: Report,
+        m: Machine,
+        i: int,
+        limit: bool,
+        compiled: bool = False,
+        p2p: P2PTimes | None = None,
     ) -> None:
         self.m = m
+        self.p2p = p2p if p2p is not None else P2PTimes()
+        self.t_pp = 0.0  # pipeline parallelism's sends, one at a time
+        self.received: dict[tuple[str, int, int], tuple[float, int]] = {}  # receive: end, record
         self.machine_key = machine_key(m)  # what remembered stretch costs are kept by
         self.compiled = compiled
         self.float32_matmuls = False  # a matrix multiply ran in float32
         self.fused_measured = False  # the trace recorded fused regions (compile)
-        self.tape = tape(report, i)
+        if p2p is None:
+            self.tape = tape(report, i)
+        else:  # a pipeline rank, timed again until the ranks' sends settle: its tape once
+            self.tape = p2p.tapes.get((id(report), i)) or tape(report, i)
+            p2p.tapes[(id(report), i)] = self.tape
         self.measured = self.tape.measured
         self.t_cpu = 0.0  # when the CPU has issued the kernels so far
         self.pending_copy = 0.0  # FSDP2 copy-out the next compute runs first
@@ -379,6 +424,8 @@ class _Sim:
                     "events": list(c.events),
                 }
             )
+            if c.hook == "pipeline" and isinstance(c.arg, str):
+                self._await(c.arg)  # an action's compute starts once its input is received
             if c.hook in _WAITS:
                 opened.append(c.unit)
             elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
@@ -398,7 +445,7 @@ class _Sim:
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
         self._compute(tail, len(calls), where)
-        self.end = max(self.t_compute, self.t_comm, self.t_copy)
+        self.end = max(self.t_compute, self.t_comm, self.t_copy, self.t_pp)
         self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
         if self.tail_wait > 0:
             streams = [r for r in self.records if r["stream"] in ("comm", "copy")]
@@ -413,8 +460,12 @@ class _Sim:
         """This micro-step's sums, which the step adds up."""
         recs = self.records
         by_phase = {"forward": 0.0, "backward": 0.0}
+        bubble = 0.0
         for w in self.waits:
-            by_phase[w["phase"]] += w["end"] - w["start"]
+            if w.get("bubble"):
+                bubble += w["end"] - w["start"]
+            else:
+                by_phase[w["phase"]] += w["end"] - w["start"]
         return {
             "compute_s": self.compute_s,
             "comm_s": sum(r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp")),
@@ -427,6 +478,9 @@ class _Sim:
             "reduce_scatter_bytes": self.bytes.get("reduce_scatter", 0.0)
             + self.bytes.get("all_reduce", 0.0),
             "tp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("tp_")),
+            "pp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("pp_")),
+            # the compute's waits for a receive of pipeline parallelism: the pipeline's bubbles
+            "bubble_s": bubble,
             "exposed_forward_s": by_phase["forward"],
             "exposed_backward_s": by_phase["backward"],
             "matmul_s": self.by_kind["matmul"],
@@ -479,10 +533,11 @@ class _Sim:
         lost = start + dur - max(self.t_compute + gpu, self.t_cpu)
         if lost > 1e-15 and self.gate_by is not None:
             waited = self.records[self.gate_by]
-            waited["exposed"] += lost
+            bubble = waited["stream"] == "pp"  # waiting for another pipeline rank
+            waited["bubble" if bubble else "exposed"] += lost
             self.waits.append(
                 {"start": start - lost, "end": start, "event": waited["index"],
-                 "phase": waited["phase"], "tail": False}
+                 "phase": waited["phase"], "tail": False, **({"bubble": True} if bubble else {})}
             )  # fmt: skip
         self.t_compute = start + dur
         self.compute_s += dur
@@ -534,9 +589,14 @@ class _Sim:
             "held": "",
             "held_by": -1,
         }
+        if e.stage is not None:  # pipeline parallelism: the action that issued it
+            rec.update(stage=e.stage, microbatch=e.microbatch, action=e.action)
         self.records.append(rec)
         if e.tensor_parallel:
             self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
+            return
+        if e.pipeline:
+            self._pipeline(rec, e)
             return
         if u is None:
             return
@@ -622,6 +682,42 @@ class _Sim:
         self.t_tp = rec["end"]
         if rec["end"] > self.gate:
             self.gate, self.gate_by = rec["end"], len(self.records) - 1
+
+    def _pipeline(self, rec: dict[str, Any], e: Event) -> None:
+        """A send to (or receive from) the neighbouring stage's rank, on the link the pp mesh
+        dimension puts them on: a send starts once its compute is done and the peer posted
+        the receive, one at a time; the compute after a receive waits for the peer's send
+        (that wait is the pipeline's bubble)."""
+        rec["stream"] = "pp"
+        rec["bubble"] = 0.0
+        key = p2p_key(e)
+        size = float(e.nbytes or 0)
+        rec["bytes"] = size
+        self.bytes[e.kind] = self.bytes.get(e.kind, 0.0) + size
+        if e.kind == "pp_send":
+            span = self.spans.get("pp")
+            dur = self.m.p2p_seconds(size, bool(span and span.across_nodes))
+            start = max(self.t_compute, self.t_pp, self.p2p.posted.get(key, 0.0))
+            rec["start"], rec["end"] = start, start + dur
+            self.t_pp = rec["end"]
+            self.p2p.send(key, start, start + dur)
+            return
+        self.p2p.post(key, rec["issued"])
+        start, end = self.p2p.sent.get(key, (self.t_compute, self.t_compute))
+        rec["start"], rec["end"] = max(start, rec["issued"]), max(end, rec["issued"])
+        self.received[key] = (rec["end"], len(self.records) - 1)
+
+    def _await(self, action: str) -> None:
+        """A stage's forward (backward) of a microbatch: its compute waits for the activations
+        (gradients) the stage received for it, as ``_step_microbatches`` waits on the receive."""
+        match = _ACTION.fullmatch(action)
+        if match is None:
+            return
+        stage, kind, mb = int(match[1]), match[2], int(match[3])
+        key = ("F", stage - 1, mb) if kind == "F" else ("B", stage + 1, mb)
+        got = self.received.pop(key, None)
+        if got is not None and got[0] > self.gate:
+            self.gate, self.gate_by = got
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""

@@ -87,16 +87,18 @@ _HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
 def mesh_dims(config: ReportConfig) -> list[tuple[str, str, int]]:
-    """The mesh of a report as ``(role, name, size)``, outermost first; roles are
+    """The mesh of a report as ``(role, name, size)``, outermost first; roles are ``pp``,
     ``replicate``, ``shard`` and ``tp`` (FSDP1 without hybrid sharding, or a plan without
     a mesh: one ``shard`` dimension of every rank)."""
     ranks = config.ranks
     if config.api == "FSDP2" and config.mesh:
         items = [(str(k), int(v)) for k, v in config.mesh.items()]
+        # pipeline parallelism: the pp dimension, outermost (torchtitan's ParallelDims)
+        pp = [("pp", *items.pop(0))] if config.pp_world_size and items[0][0] == "pp" else []
         roles = ["replicate", "shard"][-(len(items) - (1 if config.tp_world_size else 0)) :]
         if config.tp_world_size:
             roles = [*roles, "tp"]
-        return [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]
+        return pp + [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]
     if config.api == "FSDP1" and config.sharding_strategy in (
         "HYBRID_SHARD",
         "_HYBRID_SHARD_ZERO2",

@@ -33,16 +33,17 @@ __all__ = ["LANES", "chrome_trace"]
 
 LANES = {
     1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream",
-    5: "tensor parallel",
+    5: "tensor parallel", 6: "pipeline sends and receives",
 }  # fmt: skip
 _LANE_OF = {
     "all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4,
     "tp_all_gather": 5, "tp_reduce_scatter": 5, "tp_all_reduce": 5, "tp_all_to_all": 5,
+    "pp_send": 6, "pp_recv": 6,
 }  # fmt: skip
 # lanes drawn only where their events occur: CPU offload's host-device copies, tensor
-# parallelism's collectives
+# parallelism's collectives, pipeline parallelism's sends and receives
 _OPTIONAL = {4: ("h2d", "d2h"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce",
-                                    "tp_all_to_all")}  # fmt: skip
+                                    "tp_all_to_all"), 6: ("pp_send", "pp_recv")}  # fmt: skip
 _US = 1e6
 
 
@@ -67,7 +68,12 @@ def chrome_trace(
     from fsdpviz.recording import RecordedRun
 
     reports, names = ranks_of(obj)
-    pids = [_pid(r, i, isinstance(obj, RecordedRun)) for i, r in enumerate(reports)]
+    pipe = obj.pipeline if isinstance(obj, Report) else None
+    if pipe is not None and pipe.ranks:  # a pipeline: a process per pipeline rank
+        reports = list(pipe.ranks)
+        names = [f"pp rank {r.config.pp_rank}" for r in reports]
+    piped = pipe is not None and bool(pipe.ranks)
+    pids = [_pid(r, i, isinstance(obj, RecordedRun) or piped) for i, r in enumerate(reports)]
     starts = [float(r.config.started_unix or 0.0) for r in reports]
     events: list[dict[str, Any]] = []
     machine_name = None
@@ -161,6 +167,10 @@ def _slice(
 
 def _event(e: Event, pid: int, ts: float, dur: float, args: dict[str, Any]) -> dict[str, Any]:
     label = f"{e.kind} {e.module or e.unit or '(root)'}"
+    if e.pipeline:
+        label = f"{e.action} ({e.kind})"
+    if e.action is not None:
+        args = {**args, "stage": e.stage, "microbatch": e.microbatch, "action": e.action}
     tid = _LANE_OF[e.kind]
     cat = e.kind + (",prefetch" if e.prefetch else "")
     if e.kind == "free":

@@ -16,6 +16,7 @@ from fsdpviz.recording._flight_run import (
 )
 from fsdpviz.recording._fsdp1 import FSDP1Recorder, record_fsdp1
 from fsdpviz.recording._fsdp2 import FSDP2Recorder
+from fsdpviz.recording._pipeline import PipelineRecorder
 from fsdpviz.recording._profile import load_profile
 from fsdpviz.recording._recorded import RecordedRun, RunMark
 from fsdpviz.recording._run import RunRecorder, record
@@ -32,6 +33,7 @@ __all__ = [
     "Frame",
     "GroupInfo",
     "IterationDiff",
+    "PipelineRecorder",
     "RankEvent",
     "RankStop",
     "RecordedRun",

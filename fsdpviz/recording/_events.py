@@ -6,6 +6,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 from fsdpviz.schema.config import Api, ReportConfig
@@ -68,9 +69,7 @@ class EventLog:
             end = now_ns()
             e = self._current[index]
             t, duration = (start_ns - self.t0_ns) / 1e9, (end - start_ns) / 1e9
-            self._current[index] = Event(
-                e.kind, e.unit, e.phase, e.prefetch, e.hook, e.hook_unit, t, duration
-            )
+            self._current[index] = replace(e, t=t, duration=duration)
 
     def _end_iteration(self) -> None:
         """FSDP's final backward callback ended an iteration."""

@@ -25,7 +25,7 @@ was entered) and ``duration`` (host time of the call).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -63,24 +63,28 @@ class FSDP2Recorder(EventLog):
         report = rec.report()   # same types as fsdpviz.analyze(..., fully_shard=[...])
     """
 
-    def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
-        if not fsdp2_states(model):
-            raise TypeError(
-                "FSDP2Recorder needs a model on which fully_shard was called; "
-                f"{type(model).__name__} has no FSDP2 state"
-            )
+    def __init__(self, model: nn.Module | Sequence[nn.Module], *, timestamps: bool = False) -> None:
+        # several roots: the model parts of a pipeline-parallel rank, each sharded on its own
+        self.parts = [model] if isinstance(model, nn.Module) else list(model)
+        for part in self.parts:
+            if not fsdp2_states(part):
+                raise TypeError(
+                    "FSDP2Recorder needs a model on which fully_shard was called; "
+                    f"{type(part).__name__} has no FSDP2 state"
+                )
         super().__init__(timestamps)
-        self.model = model
-        names = {m: n for n, m in model.named_modules()}
+        self.model = self.parts[0]
         self._state_names: dict[int, str] = {}
         self._group_names: dict[int, str] = {}
-        for state in fsdp2_states(model):
-            name = ", ".join(n for m, n in names.items() if m in set(state._modules))
-            self._state_names[id(state)] = name
-            if state._fsdp_param_group is not None:
-                self._group_names[id(state._fsdp_param_group)] = name
+        for part in self.parts:
+            names = {m: n for n, m in part.named_modules()}
+            for state in fsdp2_states(part):
+                name = ", ".join(n for m, n in names.items() if m in set(state._modules))
+                self._state_names[id(state)] = name
+                if state._fsdp_param_group is not None:
+                    self._group_names[id(state._fsdp_param_group)] = name
         self._hook: tuple[Hook, str] | None = None
-        self._ctx = next(iter(fsdp2_states(model)))._state_ctx  # shared by every state
+        self._ctx = next(iter(fsdp2_states(self.parts[0])))._state_ctx  # shared by every state
         self._in_final = False
         self._group: Any = None
         self._forward_order: list[str] = []
@@ -234,28 +238,35 @@ class FSDP2Recorder(EventLog):
             finally:
                 self._in_final = False
                 self._hook = None
-                self._end_iteration()
+                self._final_callback_ran()
 
         return final
+
+    def _final_callback_ran(self) -> None:
+        """The root's final callback ended a backward: the end of an iteration (under
+        pipeline parallelism, of one microbatch's backward; see ``PipelineRecorder``)."""
+        self._end_iteration()
 
     # ---------------------------------------------------------------- report
     def units(self) -> list[Unit]:
         """The parameter groups, in FSDP2's state order (``named_modules`` of the root)."""
         first: dict[nn.Parameter, str] = {}
         aliases: dict[nn.Parameter, dict[str, str]] = {}
-        for n, p in self.model.named_parameters(remove_duplicate=False):
-            if p in first:
-                aliases.setdefault(p, {})[n] = first[p]
-            else:
-                first[p] = n
+        for part in self.parts:
+            for n, p in part.named_parameters(remove_duplicate=False):
+                if p in first:
+                    aliases.setdefault(p, {})[n] = first[p]
+                else:
+                    first[p] = n
         out: list[Unit] = []
+        states = [state for part in self.parts for state in fsdp2_states(part)]
         tp = any(
             fp.is_dtensor
-            for state in fsdp2_states(self.model)
+            for state in states
             if state._fsdp_param_group is not None
             for fp in state._fsdp_param_group.fsdp_params
         )
-        for state in fsdp2_states(self.model):
+        for state in states:
             group = state._fsdp_param_group
             if group is None:
                 continue

@@ -80,6 +80,11 @@ def replay(report: Report, **changes: Any) -> Report:
         base = fsdpviz.analyze(model, ids, auto_wrap_policy=policy, world_size=8)
         other = replay(base, world_size=64, backward_prefetch=None)
     """
+    if report.pipeline is not None:
+        raise ConfigError(
+            "a pipeline's plan is not replayed (each stage's hook calls run per microbatch "
+            "in its schedule's order); call fsdpviz.analyze with the new settings"
+        )
     if report.profile is None:
         raise ConfigError(
             "this report has no trace profile (a recording, trace='fx' or profile=False), so "

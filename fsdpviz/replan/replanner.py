@@ -59,7 +59,7 @@ __all__ = [
 
 Recipe = Literal["FSDP1", "FSDP2"]
 PlanPath = Literal["cache", "replay", "stored trace", "trace"]
-# The PlanOptions fields cost.replay can change without a new trace, and the analyze
+# The PlanOptions fields fsdpviz.replan.replay can change without a new trace, and the analyze
 # keyword arguments they become. The FSDP2 recipe ignores the FSDP1 prefetch switches.
 _REPLAYABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "FSDP1": (

@@ -100,7 +100,16 @@ class Comparison:
     def identical(self) -> bool:
         """Same wrapping, bytes, order, prefetch and event counts, and the same costs."""
         same_plan = self.same_wrapping and not any(p.differs for p in self.pairs)
-        return same_plan and not self.cost_differs
+        return same_plan and not self.cost_differs and not self.pipeline_differs
+
+    @property
+    def pipeline_differs(self) -> bool:
+        """Whether the plans run in different pipelines (schedule, microbatches, ranks)."""
+        if self.reports is None:
+            return False
+        a, b = (r.config for r in self.reports)
+        keys = ("pipeline_schedule", "microbatches", "pp_world_size")
+        return any(getattr(a, k) != getattr(b, k) for k in keys)
 
     @property
     def cost_differs(self) -> list[str]:
@@ -123,6 +132,7 @@ class Comparison:
             return "different wrapping"
         aspects = {d for p in self.pairs for d in p.differs}
         schedule = bool(aspects & {"forward order", "backward prefetch", "events"})
+        schedule = schedule or self.pipeline_differs
         if not schedule and "bytes per rank" not in aspects:
             return f"same wrapping and schedule, {self._costs_word()}"
         if not schedule:
@@ -242,7 +252,7 @@ def plan_costs(report: Report) -> dict[str, float]:
 
         plan_costs(report)["peak_bytes"] / 2**30
     """
-    if report.profile is None or not report.iterations or not report.units:
+    if not report.profiled or not report.iterations or not report.units:
         return {}
     memory, totals = report.memory, report.timeline.totals
     return {

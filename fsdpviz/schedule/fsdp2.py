@@ -148,14 +148,14 @@ def fsdp2_report(
         iterations.append(runtime.take_events())
     runtime.micro_step(True)
     order = forward_order(runtime.log, groups)
-    placements = _placements(groups)
+    placements = group_placements(groups)
     return Report(
         source="prediction",
         config=opts.describe(groups),
         units=[g.schema for g in groups if g.schema is not None and g.params],
         forward_order=order,
         iterations=iterations,
-        warnings=_warnings(groups, order, view_outputs, opts, list(runtime.incomplete))
+        warnings=group_warnings(groups, order, view_outputs, opts, list(runtime.incomplete))
         + tracker.warnings,
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records, named
@@ -178,7 +178,7 @@ def forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[
     return list(order)
 
 
-def _placements(groups: list[Group]) -> list[ParamPlacement]:
+def group_placements(groups: list[Group]) -> list[ParamPlacement]:
     out: list[ParamPlacement] = []
     for g in groups:
         size = g.schema.itemsize if g.schema else 0
@@ -192,7 +192,7 @@ def _placements(groups: list[Group]) -> list[ParamPlacement]:
     return out
 
 
-def _warnings(
+def group_warnings(
     groups: list[Group],
     forward_order: list[str],
     view_outputs: list[str],

@@ -52,6 +52,8 @@ class GroupState:
         self.ts = TS.IDLE
         self.post_forward_indices: list[int] = []
         self.ever_unsharded = False
+        # unsharded gradients accumulated by a backward without gradient sync
+        self.accumulated = False
 
 
 class StateRec:
@@ -95,10 +97,15 @@ class FSDP2Runtime:
         self._prefetching = False
         # set_requires_gradient_sync: False for the micro-steps that accumulate gradients
         # without reducing them (set per iteration by whoever drives the runtime, see
-        # micro_step); set_requires_all_reduce and set_reshard_after_backward likewise
+        # micro_step); set_requires_all_reduce likewise; set_reshard_after_backward and
+        # set_is_last_backward too, and a pipeline stage turns both off (with gradient sync)
+        # before each microbatch's backward, on for REDUCE_GRAD
         self.sync = True
         self.all_reduce = True
         self.reshard_after_backward = True
+        self.is_last_backward = True
+        # what every event is tagged with (a pipeline stage's action: stage, microbatch, action)
+        self.tag: dict[str, Any] = {}
         # grouped calls some of whose modules did not run forward before backward (before
         # torch 2.13 FSDP2 never completes their forward and warns in the final callback)
         self.incomplete: dict[str, None] = {}
@@ -126,7 +133,9 @@ class FSDP2Runtime:
     def _emit(self, kind: Any, g: GroupState, phase: Any, group: Any = None) -> None:
         hook, hook_unit = self._hook or (None, None)
         prefetch = self._prefetching and kind == "all_gather"
-        self.events.append(Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group))
+        self.events.append(
+            Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group, **self.tag)
+        )
 
     # ----------------------------------------------------------- group ops
     def _unshard(self, g: GroupState) -> None:
@@ -299,9 +308,15 @@ class FSDP2Runtime:
 
     def _post_backward(self, g: GroupState, has_grads: bool) -> None:
         g.ts = TS.POST_BACKWARD
-        # without gradient sync the group reshards and keeps its unsharded gradient
-        # (a tp partial gradient stays partial: no redistribute)
-        has_grads = has_grads and self.sync
+        # without gradient sync the group keeps its unsharded gradient (a tp partial gradient
+        # stays partial: no redistribute) and reshards, unless told not to after backward
+        if not self.sync:
+            g.accumulated = g.accumulated or has_grads
+            if self.reshard_after_backward:
+                self._reshard(g)
+            return
+        has_grads = has_grads or g.accumulated
+        g.accumulated = False
         if has_grads and g.ever_unsharded:
             # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
             # over the tp dimension (DTensor redistribute), before the parameters are freed
@@ -331,12 +346,48 @@ class FSDP2Runtime:
                     self._post_backward(g, has_grads.get(i, False))
                 g.ts = TS.IDLE
             state.ts = TS.IDLE
-            for g in state.groups:
-                g.pending = False
-                g.post_forward_indices.clear()
-        self.post_forward_order.clear()
+            if self.is_last_backward:  # finalize_backward
+                for g in state.groups:
+                    g.pending = False
+                    g.post_forward_indices.clear()
+        if self.is_last_backward:
+            self.post_forward_order.clear()
         self.callback_queued = False
         self._hook = None
+
+    # ------------------------------------------------- a pipeline stage's FSDP actions
+    def unshard_all(self) -> None:
+        """``UNSHARD``: ``FSDPModule.unshard(async_op=True)`` on each of the stage's FSDP
+        modules, in ``modules()`` order (no FSDP hook issues it)."""
+        self._hook = None
+        for state in self.states:
+            for g in state.groups:
+                self._unshard(g)
+
+    def wait_all(self) -> None:
+        """The runtime waits for a stage's ``UNSHARD`` before computing on it."""
+        for state in self.states:
+            for g in state.groups:
+                self._wait(g)
+
+    def reshard_all(self) -> None:
+        """``RESHARD`` (and shape inference's clean-up): ``FSDPModule.reshard()`` on each."""
+        self._hook = None
+        for state in self.states:
+            for g in state.groups:
+                self._reshard(g)
+
+    def reduce_grad(self) -> None:
+        """``REDUCE_GRAD`` (``PipelineStage.perform_reduce_grad``): gradient sync, resharding
+        after backward and the last backward turned on, every group's post-backward called in
+        state order (each frees its parameters, then reduce-scatters what the microbatches
+        accumulated), then the root's final callback."""
+        self.sync = self.reshard_after_backward = self.is_last_backward = True
+        for state in self.states:
+            for g in state.groups:
+                self._hook = ("post_backward", g.name)
+                self._post_backward(g, False)
+        self.final_callback({})
 
     def _post_backward_pending(self, g: GroupState) -> bool:
         """Whether the final callback runs ``g``'s post-backward (its inputs did not require
@@ -359,7 +410,7 @@ class FSDP2Runtime:
         all-reduce in post-backward), otherwise by the model's parallel styles (no hook)."""
         hook, hook_unit = self._hook if fsdp and self._hook else (None, None)
         return Event(kind, unit, phase, False, hook, hook_unit, group="tp", module=module,
-                     nbytes=int(nbytes))  # fmt: skip
+                     nbytes=int(nbytes), **self.tag)  # fmt: skip
 
     def replay(self, log: list[tuple[str, int, Any]]) -> None:
         """Feed a logged call sequence through the state machine (no model run)."""

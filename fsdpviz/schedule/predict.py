@@ -56,6 +56,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         report.to_dict()["forward_order"]
     """
     from fsdpviz.plan.fsdp2_applied import fsdp2_states
+    from fsdpviz.plan.pipeline import wants_pipeline
     from fsdpviz.trace.copy import check_model
 
     check_model(model)
@@ -63,7 +64,11 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     given = fsdp_kwargs.pop("machine", None)
     # the cost model (a layer above) checks and answers for the machine
     machine = None if given is None else report_method("machine_spec")(given)
-    if "fully_shard" in fsdp_kwargs or fsdp2_states(model):
+    if wants_pipeline(fsdp_kwargs):
+        from fsdpviz.schedule.pipeline import analyze_pipeline
+
+        report = analyze_pipeline(model, inputs, **fsdp_kwargs)
+    elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
         from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 
         report = analyze_fsdp2(model, inputs, **fsdp_kwargs)

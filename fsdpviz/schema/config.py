@@ -126,6 +126,13 @@ class ReportConfig(Mapping[str, Any]):
     # how a prediction was made
     trace: TraceMode | None = None
     replayed: bool = False  # predicted from another report's trace (fsdpviz.replan.replay)
+    # pipeline parallelism (torch.distributed.pipelining): the ranks of the pp mesh dimension,
+    # the schedule as get_schedule_class names it ("1F1B", "Interleaved1F1B", ...), the
+    # microbatches of a step, and, in the report of one pipeline rank, that rank
+    pp_world_size: int | None = None
+    pipeline_schedule: str | None = None
+    microbatches: int | None = None
+    pp_rank: int | None = None
     # the machine the plan is modelled on (analyze(..., machine=...)): a GPU preset's name or a
     # Machine's constants (fsdpviz.cost.fit); None: the H100 preset
     machine: str | Mapping[str, Any] | None = None
@@ -166,13 +173,18 @@ class ReportConfig(Mapping[str, Any]):
         return self.tp_world_size or 1
 
     @property
+    def pp_ranks(self) -> int:
+        """Ranks of the pipeline-parallel mesh dimension (1 without pipeline parallelism)."""
+        return self.pp_world_size or 1
+
+    @property
     def replicas(self) -> int:
         """Copies of each shard whose gradients are all-reduced across them: the replicate
         dimension of a 2-D (HSDP) mesh, FSDP1's shard groups under hybrid sharding, else 1."""
         if self.api == "FSDP1" and self.sharding_strategy is not None:
             group = self.process_group_size or self.shard_world_size or self.ranks
             return shard_split(self.ranks, group, self.sharding_strategy)[1]
-        return max(1, self.ranks // (self.shard_ranks * self.tp_ranks))
+        return max(1, self.ranks // (self.shard_ranks * self.tp_ranks * self.pp_ranks))
 
     @property
     def prefetches_backward(self) -> bool:

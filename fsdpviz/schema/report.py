@@ -80,6 +80,11 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     temporary bytes and unsharded gradients between hooks; see
     :mod:`fsdpviz.schema.profile`. ``report.memory`` and ``report.timeline``
     (:mod:`fsdpviz.cost`) are computed from the report, not stored.
+``pipeline`` (under pipeline parallelism, omitted otherwise)
+    The schedule, the stages, each pipeline rank's actions and (predictions) each pipeline
+    rank's own report; see :mod:`fsdpviz.schema.pipeline`. Events then carry the ``stage``,
+    ``microbatch`` and ``action`` that issued them; ``pp_send`` / ``pp_recv`` events (group
+    ``"pp"``) are the sends and receives of activations and gradients between stages.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
 from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
+from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.timeline import Timeline
 
@@ -118,13 +124,17 @@ def dtype_name(dtype: Any) -> str | None:
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+    "pp_send", "pp_recv",
 ]  # fmt: skip
 TP_KINDS = ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all")
 """Tensor parallelism's collectives (of activations, and of replicated parameters' partial
 gradients): over the ``tp`` mesh dimension, issued by the model's parallel styles."""
+PP_KINDS = ("pp_send", "pp_recv")
+"""Pipeline parallelism's sends and receives of a microbatch's activations (``phase``
+forward) or their gradients (backward) between stages, over the ``pp`` mesh dimension."""
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
-Group = Literal["replicate", "tp"]
+Group = Literal["replicate", "tp", "pp"]
 ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
 
 
@@ -145,11 +155,22 @@ class Event:
     # the bytes of the whole tensor they move (the unsharded activation or gradient)
     module: str | None = None
     nbytes: int | None = None
+    # pipeline parallelism: the stage whose action issued the event, the microbatch of that
+    # action (None for UNSHARD, RESHARD, REDUCE_GRAD and the first step's shape inference)
+    # and the action as torch writes it ("0F1", "2B0", "1UNSHARD", "0REDUCE_GRAD", "1SEND_F0")
+    stage: int | None = None
+    microbatch: int | None = None
+    action: str | None = None
 
     @property
     def tensor_parallel(self) -> bool:
         """Whether this is a collective of tensor parallelism (not of FSDP)."""
         return self.kind in TP_KINDS
+
+    @property
+    def pipeline(self) -> bool:
+        """Whether this is a send or receive of pipeline parallelism (not of FSDP)."""
+        return self.kind in PP_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
@@ -161,6 +182,9 @@ class Event:
             d["module"] = self.module
         if self.nbytes is not None:
             d["nbytes"] = self.nbytes
+        for key in ("stage", "microbatch", "action"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
@@ -178,13 +202,21 @@ class Event:
 
     def describe(self) -> str:
         """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``;
-        the root reads ``(root)``: ``free (root) (post_forward of (root))``."""
+        the root reads ``(root)``: ``free (root) (post_forward of (root))``; under pipeline
+        parallelism the action that issued it follows (``..., in 1F0)``)."""
+        if self.pipeline:
+            what = "activations" if self.phase == "forward" else "gradients"
+            return f"{self.kind} {what} of microbatch {self.microbatch} ({self.action})"
         hook = f"{self.hook} of {unit_label(self.hook_unit)}"
         how: list[str] = [self.phase if self.hook is None else hook]
         if self.prefetch:
             how.insert(0, "prefetch")
         if self.group == "replicate":
             how.insert(0, "across replicas")
+        if self.action is not None:
+            how.append(f"in {self.action}")
+        elif self.stage is not None:
+            how.append(f"stage {self.stage}'s shape inference")
         if self.module is not None:
             return f"{self.kind} {self.module!r} ({', '.join(how)}, in {unit_label(self.unit)})"
         return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
@@ -203,6 +235,9 @@ class Event:
             group=d.get("group"),
             module=d.get("module"),
             nbytes=d.get("nbytes"),
+            stage=d.get("stage"),
+            microbatch=d.get("microbatch"),
+            action=d.get("action"),
         )
 
 
@@ -395,6 +430,7 @@ class Report:
     param_first_use: dict[str, str] = field(default_factory=dict)
     module_events: list[list[ModuleEvent]] = field(default_factory=list)
     profile: TraceProfile | None = None
+    pipeline: Pipeline[Report] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
@@ -421,6 +457,15 @@ class Report:
         """
         model: Callable[[Report], Timeline] = report_method("timeline")
         return model(self)
+
+    @property
+    def profiled(self) -> bool:
+        """Whether the memory and time model have what the trace measured to go on: the
+        report's ``profile``, or a pipeline's report every pipeline rank's."""
+        pipe = self.pipeline
+        if pipe is not None and pipe.ranks:
+            return all(r.profile is not None for r in pipe.ranks)
+        return self.profile is not None
 
     def unit(self, module: str) -> Unit:
         """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
@@ -458,6 +503,8 @@ class Report:
             d["module_events"] = [[m.to_dict() for m in it] for it in self.module_events]
         if self.profile is not None:
             d["profile"] = self.profile.to_dict()
+        if self.pipeline is not None:
+            d["pipeline"] = self.pipeline.to_dict()
         return d
 
     @classmethod
@@ -476,7 +523,7 @@ class Report:
                 f"report schema_version {version!r} is not supported by this fsdpviz "
                 f"(expects {SCHEMA_VERSION}); re-create the report with this version"
             )
-        return cls(
+        report = cls(
             source=d["source"],
             config=ReportConfig.from_dict(d["config"]),
             units=[Unit.from_dict(u) for u in d["units"]],
@@ -491,7 +538,16 @@ class Report:
                 [ModuleEvent.from_dict(m) for m in it] for it in d.get("module_events", [])
             ],
             profile=TraceProfile.from_dict(d["profile"]) if d.get("profile") else None,
+            pipeline=Pipeline.from_dict(
+                d["pipeline"], [Report.from_dict(r) for r in d["pipeline"].get("ranks", [])]
+            )
+            if d.get("pipeline")
+            else None,
         )
+        for rank in report.pipeline.ranks if report.pipeline is not None else []:
+            if rank.pipeline is not None:
+                rank.pipeline.job = report
+        return report
 
     def to_json(self, path: str | Path | None = None, *, indent: int | None = 1) -> str:
         """The report as JSON; also written to ``path`` when given."""
@@ -556,6 +612,10 @@ class Report:
             ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
         per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
+        pipe = self.pipeline
+        if pipe is not None and pipe.ranks:  # each pipeline rank holds its stages' units
+            per_rank = max(sum(u.sharded_bytes for u in r.units) for r in pipe.ranks)
+            where += " (the most of any pipeline rank)"
         units = f"{len(self.units)} unit{'' if len(self.units) == 1 else 's'}"
         whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
@@ -565,6 +625,12 @@ class Report:
         trainable = self.trainable_text()
         if trainable:
             lines.append(f"  {trainable}: optimizer state and gradients of those")
+        if pipe is not None:
+            rank = f"; this is pipeline rank {pipe.rank}'s" if pipe.rank is not None else ""
+            lines.append(
+                f"  pipeline {pipe.schedule}: {len(pipe.stages)} stages on {pipe.pp_size} "
+                f"pipeline ranks, {pipe.microbatches} microbatches{rank}"
+            )
         if cfg.tp_world_size:
             plan = cfg.parallelize_plan or {}
             tp_sharded = sum(

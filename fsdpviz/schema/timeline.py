@@ -101,11 +101,16 @@ class Timeline:
     def summary(self) -> str:
         t = self.totals
         d = duration_text
+        ranks = int(t.get("pp_ranks", 0))
+        over = f" (summed over its {ranks} pipeline ranks)" if ranks > 1 else ""
         text = (
             f"step {d(t['step_s'])} on {self.machine['name']}: compute {d(t['compute_s'])}, "
             f"communication {d(t['comm_s'])} of which {d(t['exposed_comm_s'])} exposed "
-            f"({t['overlap']:.0%} hidden)"
+            f"({t['overlap']:.0%} hidden){over}"
         )
+        if t.get("bubble_s", 0.0) > 0:
+            share = t["bubble_s"] / (t["step_s"] * max(1, ranks)) if t["step_s"] > 0 else 0.0
+            text += f"; pipeline bubbles {d(t['bubble_s'])} ({share:.0%} of the GPU time)"
         if t.get("tokens_per_s", 0.0) > 0:
             text += "\n" + throughput_line(t)
         return text
@@ -175,6 +180,47 @@ class Timeline:
         rows.sort(key=lambda b: (-b["exposed_s"], b["event"]))
         return rows
 
+    def bubbles(self) -> list[dict[str, Any]]:
+        """Under pipeline parallelism, the compute's waits for another pipeline rank (the
+        pipeline's bubbles), longest first: per receive the compute waited for, ``rank``,
+        ``stage``, ``microbatch``, ``peer`` (the stage that sends), ``what``
+        (``"activations"`` or ``"gradients"``), ``waited_s``, ``event``, ``action`` and
+        ``reason`` in words (``"rank 3 waits 41 ms for microbatch 5's activations from
+        stage 2"``). They add up to ``totals["bubble_s"]``.
+
+        Example::
+
+            report.timeline.bubbles()[0]["reason"]
+        """
+        rows = []
+        for r in self.events:
+            waited = float(r.get("bubble", 0.0))
+            if waited <= 0:
+                continue
+            forward = r["phase"] == "forward"
+            stage = int(r.get("stage") or 0)
+            peer = stage - 1 if forward else stage + 1
+            what = "activations" if forward else "gradients"
+            rank = r.get("rank")
+            who = f"rank {rank}" if rank is not None else "this rank"
+            rows.append(
+                {
+                    "rank": rank,
+                    "stage": stage,
+                    "microbatch": r.get("microbatch"),
+                    "peer": peer,
+                    "what": what,
+                    "waited_s": waited,
+                    "event": r["index"],
+                    "action": r.get("action"),
+                    "reason": f"{who} waits {duration_text(waited)} for microbatch "
+                    f"{r.get('microbatch')}'s {what} from stage {peer} (stage {stage}'s "
+                    f"{r.get('action')})",
+                }
+            )
+        rows.sort(key=lambda b: (-b["waited_s"], b["event"]))
+        return rows
+
     def bottleneck_table(self, limit: int | None = 10) -> str:
         """:meth:`bottlenecks` as a table for people, the ``limit`` largest (None: all).
 
@@ -188,6 +234,15 @@ class Timeline:
             f"exposed communication {duration_text(t['exposed_comm_s'])} of a "
             f"{duration_text(t['step_s'])} step, {len(rows)} wait(s)"
         )
+        bubbles = self.bubbles()
+        if bubbles:
+            head = (
+                f"pipeline bubbles {duration_text(t['bubble_s'])}, "
+                f"{len(bubbles)} wait(s) for another rank; the longest: "
+                + "; ".join(b["reason"] for b in bubbles[:3])
+                + "\n"
+                + head
+            )
         if not rows:
             return head + ": the compute never waits for communication"
         lines = [head, f"{'exposed':>9} {'share':>5}  {'event':<36} why"]

@@ -152,6 +152,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._tp = tp
         self.tp_ranks = tp.size if tp is not None else 1
         self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
+        self._given: set[int] = set()  # ... of the inputs (see inputs_shared)
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
@@ -201,7 +202,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self._tp is not None:
             self._sharded = {
                 id(st) for p in self._tp.sharded_params if (st := _storage(p)) is not None
-            }
+            } | self._given
         self._stretch = self._new_stretch()
         self._measuring = True
         try:
@@ -271,6 +272,29 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for t in out:
                 if isinstance(t, torch.Tensor):
                     self._track(t, sharded)
+
+    def holds_share(self, t: Any) -> bool:
+        """Whether one rank holds a 1/tp share of tensor ``t`` the step made."""
+        return self._is_share(t)
+
+    def inputs_shared(self, tensors: Any) -> None:
+        """The inputs of the next step that one rank holds a 1/tp share of (a pipeline
+        stage's received activations under sequence parallelism)."""
+        self._given = {
+            id(st)
+            for t in tree_leaves(tensors)
+            if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None
+        }
+
+    def local_bytes(self, tensors: Any) -> int:
+        """Bytes of ``tensors`` one rank holds: a 1/tp share of those the step made sharded
+        (a pipeline stage's output under sequence parallelism), the rest whole."""
+        total = 0
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                n = t.numel() * t.element_size()
+                total += n // self.tp_ranks if self._is_share(t) else n
+        return total
 
     def _is_share(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and id(_storage(t)) in self._sharded

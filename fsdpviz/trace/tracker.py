@@ -396,17 +396,23 @@ def run_step(
     tracker: ModuleTracker,
     where: str,
     on_loss: Callable[[torch.Tensor], None] | None = None,
-) -> None:
-    """One forward and backward on the copy; failures name the module that failed.
+    *,
+    stage_output: bool = False,
+) -> Any:
+    """One forward and backward on the copy; failures name the module that failed. Returns
+    the model's output.
 
     With ``tracker.measure`` set (the cost model's probe), the step runs under it.
+    ``stage_output``: ``model`` is a pipeline stage before the last, whose backward starts
+    from the gradient of each of its output tensors (what the next stage sends back) instead
+    of a loss; ``on_loss`` is then called with the first of them.
     """
     measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
     meta = where == "the meta device"
     kernels = device_rules() if meta else nullcontext()
     masks = answered_mask_checks(model, args, kwargs) if meta else nullcontext()
     with measure, kernels, masks:
-        _step(model, args, kwargs, loss_fn, tracker, where, on_loss)
+        return _step(model, args, kwargs, loss_fn, tracker, where, on_loss, stage_output)
 
 
 def _step(
@@ -417,7 +423,8 @@ def _step(
     tracker: ModuleTracker,
     where: str,
     on_loss: Callable[[torch.Tensor], None] | None,
-) -> None:
+    stage_output: bool = False,
+) -> Any:
     try:
         output = model(*args, **kwargs)
     except Exception as e:
@@ -431,6 +438,19 @@ def _step(
             module=failing,
         ) from e
     _check_cache(model, output, tracker)
+    if stage_output:
+        tensors = [
+            t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if not tensors:
+            raise ConfigError(
+                f"pipeline stage {type(model).__name__} returns no tensor that requires grad, "
+                "so no gradient flows back through it"
+            )
+        if on_loss is not None:
+            on_loss(tensors[0])
+        torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+        return output
     loss = (loss_fn or default_loss)(output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("loss must return a scalar tensor")
@@ -442,3 +462,4 @@ def _step(
     if on_loss is not None:
         on_loss(loss)
     loss.backward()  # type: ignore[no-untyped-call]
+    return output

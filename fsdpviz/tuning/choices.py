@@ -3,6 +3,7 @@ the model's structure, the keywords as given, the machine and the world sizes.""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,8 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.tuning.space import (
     OWNED,
+    PIPELINE_KNOBS,
+    PIPELINE_SCHEDULES,
     Choice,
     Space,
     batch_size,
@@ -29,13 +32,15 @@ from fsdpviz.tuning.space import (
     wrap_plans,
 )
 
-__all__ = ["SpaceBuilder"]
+__all__ = ["SpaceBuilder", "mesh_ranks", "pipelined"]
 
 
 class SpaceBuilder:
     """Builds the :class:`Space` of a search (``build``); ``notes`` says what it pinned,
     ``tp_why`` why tensor parallelism cannot be tried, ``tp_standard`` whether its plan is
     the model's own."""
+
+    pipelined = False
 
     def __init__(
         self,
@@ -63,6 +68,7 @@ class SpaceBuilder:
     def build(self, kwargs: dict[str, Any], pinned: set[str], tokens_per_step: int | None) -> Space:
         """The choices of every knob, and the user's (see :class:`Space`)."""
         api, model = self.api, self.model
+        self.pipelined = pipelined(kwargs)
         side = 0 if api == "FSDP2" else 1
         owned = set().union(*(o[side] for o in OWNED.values()))
         base = {k: v for k, v in kwargs.items() if k not in owned}
@@ -81,7 +87,7 @@ class SpaceBuilder:
         if not user_wrap:
             key = "fully_shard" if api == "FSDP2" else "auto_wrap_policy"
             user_wrap = {key: [] if api == "FSDP2" else None}
-        mine_wrap = next((c for c in wrap if _same_kwargs(c.kwargs, user_wrap)), None)
+        mine_wrap = next((c for c in wrap if _same_wrap(model, c.kwargs, user_wrap)), None)
         if mine_wrap is None:
             mine_wrap = Choice("wrap", "as given", user_wrap)
             wrap.append(mine_wrap)
@@ -218,18 +224,28 @@ class SpaceBuilder:
         # the mesh: data parallel (HSDP on multi-node jobs), and tensor parallelism with the
         # user's plan or, for a model that needs it, its own
         user_mesh = given("mesh")
-        tp = _tp_degree(user_mesh)
-        plan = user_mesh.get("parallelize_plan")
-        self.tp_standard = plan is None
-        if plan is None:
-            plan, why = standard_tp_plan(model, self._source)
+        if self.pipelined:  # the job's mesh, as given (its stages are traced each)
+            ranks = mesh_ranks(user_mesh.get("mesh"))
+            mine_mesh = Choice(
+                "mesh", f"{ranks} ranks (as given)", user_mesh, mesh=(ranks, ranks, 1)
+            )
+            meshes = [mine_mesh]
+        else:
+            tp = _tp_degree(user_mesh)
+            plan = user_mesh.get("parallelize_plan")
+            self.tp_standard = plan is None
             if plan is None:
-                self.tp_why = why
-        meshes = []
-        for ws in self.world_sizes:
-            meshes.extend(self._meshes(ws, tp, plan))
-        mine_mesh = self._user_mesh(user_mesh, meshes)
+                plan, why = standard_tp_plan(model, self._source)
+                if plan is None:
+                    self.tp_why = why
+            meshes = []
+            for ws in self.world_sizes:
+                meshes.extend(self._meshes(ws, tp, plan))
+            mine_mesh = self._user_mesh(user_mesh, meshes)
         choices["mesh"], user["mesh"] = meshes, mine_mesh
+        # the pipeline (a job with a pp mesh dimension): its schedule
+        if self.pipelined:
+            choices["pipeline"], user["pipeline"] = self._pipeline_choices(given("pipeline"))
         # offload, compile, float8
         for knob, values in (
             ("cpu_offload", self._offload_choices()),
@@ -245,13 +261,44 @@ class SpaceBuilder:
             if not mine_value:
                 me = default
             choices[knob], user[knob] = values, me
+        if self.pipelined:
+            kept = sorted(set(choices) - PIPELINE_KNOBS - pinned)
+            if kept:
+                self.notes.append(
+                    f"under pipeline parallelism {', '.join(kept)} stay as given: tune turns "
+                    "the schedule, checkpointing, precision and resharding there"
+                )
+            pinned = pinned | set(kept)
         for knob in pinned & set(choices):
             choices[knob] = [user[knob]]
         if "micro_batch" in pinned and tokens_per_step is not None:
             self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
-        space = Space(api, block, blocks, choices, user, base, batch, frozenset(pinned))
+        space = Space(
+            api, block, blocks, choices, user, base, batch, frozenset(pinned), self.pipelined
+        )
         self._describe_pins(space)
         return space
+
+    def _pipeline_choices(self, given: dict[str, Any]) -> tuple[list[Choice], Choice]:
+        """The job's schedule and the others of :data:`PIPELINE_SCHEDULES`, each with the
+        job's microbatches (another schedule with the default stages for it)."""
+        from fsdpviz.plan.pipeline import DEFAULT_SCHEDULE, schedule_class
+
+        mine_name = given.get("pipeline_schedule", DEFAULT_SCHEDULE)
+        mine_label, _ = schedule_class(mine_name)
+        micro = given.get("microbatches")
+        mine = Choice("pipeline", f"{mine_label}" + (f", {micro} microbatches" if micro else ""),
+                      dict(given))  # fmt: skip
+        out = [mine]
+        for name in PIPELINE_SCHEDULES:
+            label, _ = schedule_class(name)
+            if label == mine_label:
+                continue
+            kw: dict[str, Any] = {"pipeline_schedule": name, "pipeline_stages": None}
+            if micro is not None:
+                kw["microbatches"] = micro
+            out.append(Choice("pipeline", label + (f", {micro} microbatches" if micro else ""), kw))
+        return out, mine
 
     def _user_choice(
         self,
@@ -360,6 +407,69 @@ class SpaceBuilder:
     def _describe_pins(self, space: Space) -> None:
         for knob in sorted(space.pinned & set(space.choices)):
             self.notes.append(f"{knob} stays {space.user[knob].label} (pinned)")
+
+
+def mesh_ranks(mesh: Any) -> int:
+    """The ranks of ``mesh=`` as analyze takes it, of any dimensions (a pipeline's too)."""
+    if mesh is None:
+        return 0
+    if isinstance(mesh, dict):
+        return math.prod(int(v) for v in mesh.values())
+    if isinstance(mesh, (tuple, list)):
+        return math.prod(int(x) for x in mesh if not isinstance(x, str))
+    return int(math.prod(int(n) for n in getattr(mesh, "shape", (0,))))
+
+
+def pipelined(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the keywords plan pipeline parallelism (a ``pp`` mesh dimension)."""
+    from fsdpviz.plan.pipeline import wants_pipeline
+
+    return bool(wants_pipeline(dict(kwargs)))
+
+
+def _same_wrap(model: nn.Module, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two wrap plans make the same units: ``fully_shard`` lists naming the same
+    modules (by class or by FQN), or policies wrapping the same module classes."""
+    if _same_kwargs(a, b):
+        return True
+    if "fully_shard" in a and "fully_shard" in b:
+        return _shard_groups(model, a["fully_shard"]) == _shard_groups(model, b["fully_shard"])
+    if "auto_wrap_policy" in a and "auto_wrap_policy" in b:
+        classes = [_policy_classes(p) for p in (a["auto_wrap_policy"], b["auto_wrap_policy"])]
+        return classes[0] is not None and classes[0] == classes[1]
+    return False
+
+
+def _shard_groups(model: nn.Module, calls: Any) -> frozenset[frozenset[str]] | None:
+    """The modules each ``fully_shard`` call takes, by FQN (None where a call is neither a
+    class, an FQN nor a tuple of FQNs)."""
+    if not isinstance(calls, (list, tuple)):
+        return None
+    named = list(model.named_modules())
+    out: set[frozenset[str]] = set()
+    for call in calls:
+        if isinstance(call, type):
+            picked = [n for n, m in named if n and type(m) is call]
+            out.update(
+                frozenset([n]) for n in picked if not any(n.startswith(o + ".") for o in picked)
+            )
+        elif isinstance(call, str):
+            out.add(frozenset([call]))
+        elif isinstance(call, tuple) and all(isinstance(x, str) for x in call):
+            out.add(frozenset(call))
+        else:
+            return None
+    return frozenset(out)
+
+
+def _policy_classes(policy: Any) -> frozenset[type] | None:
+    """The module classes an FSDP1 wrap policy wraps (``ModuleWrapPolicy``, or
+    ``transformer_auto_wrap_policy`` with its classes); None for any other policy."""
+    classes = getattr(policy, "_module_classes", None)
+    if classes is None:
+        keywords = getattr(policy, "keywords", None) or {}
+        classes = keywords.get("transformer_layer_cls")
+    return frozenset(classes) if classes else None
 
 
 def _mb_label(samples: int, steps: int) -> str:

@@ -70,14 +70,14 @@ class Evaluations:
 
     def _key(self, config: Config) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
-        mesh, where it has a tensor-parallel dimension)."""
+        mesh, where it has a tensor-parallel dimension; every knob, under a pipeline)."""
         mesh = config["mesh"]
         out: list[Any] = [mesh.label if mesh.mesh[2] > 1 else 1]
         if self._traces_accum(config):
             out.append(config["micro_batch"].label)
         for knob in KNOBS:
             c = config.get(knob)
-            if c is None or knob in REPLAYED[self.api]:
+            if c is None or (knob in REPLAYED[self.api] and not self.space.pipelined):
                 continue
             out.append(c.samples if knob == "micro_batch" else c.label)
         return tuple(out)
@@ -268,8 +268,8 @@ class Evaluations:
         a replay does not recompute its shards)."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
-        if tp > 1:  # a replay keeps no tensor-parallel plan: each is traced
-            return [config]
+        if tp > 1 or self.space.pipelined:  # a replay keeps no tensor-parallel plan, no
+            return [config]  # pipeline: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
@@ -311,6 +311,7 @@ class Evaluations:
 _SHOWN = (
     "mesh", "wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch",
     "activation_checkpointing", "precision", "micro_batch", "cpu_offload", "compile", "float8",
+    "pipeline",
 )  # fmt: skip
 
 

@@ -43,7 +43,7 @@ from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.memory import size_text
 from fsdpviz.trace.copy import check_model
-from fsdpviz.tuning.choices import SpaceBuilder
+from fsdpviz.tuning.choices import SpaceBuilder, mesh_ranks, pipelined
 from fsdpviz.tuning.evaluation import Config, Evaluations, workers_for
 from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.tuning.space import (
@@ -231,10 +231,7 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: dict[str, Any])
     if world_size is None:
         world_size = given
     if world_size is None and kwargs.get("mesh") is not None:
-        from fsdpviz.plan.fsdp2 import mesh_dims
-
-        dims, _ = mesh_dims(kwargs["mesh"], 3)
-        world_size = math.prod(dims) if dims else None
+        world_size = mesh_ranks(kwargs["mesh"]) or None
     if world_size is None:
         world_size = DEFAULT_WORLD_SIZE
     sizes = [world_size] if isinstance(world_size, int) else list(world_size)
@@ -243,7 +240,14 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: dict[str, Any])
     for ws in sizes:
         check_world_size(ws)
     mesh = kwargs.get("mesh")
-    if mesh is not None:
+    if mesh is not None and pipelined(kwargs):
+        ranks = mesh_ranks(mesh)
+        if sizes != [ranks]:
+            raise ConfigError(
+                f"a pipeline's mesh {mesh!r} has {ranks} ranks, and tune keeps a pipeline's "
+                f"mesh as given: leave world_size out or give {ranks}"
+            )
+    elif mesh is not None:
         from fsdpviz.plan.fsdp2 import mesh_dims
 
         dims, _ = mesh_dims(mesh, 3)
@@ -401,6 +405,21 @@ class _Search(Evaluations):
             return
         start["mesh"] = mine[0]
         self._climb(start, ws)
+        if sp.pipelined and "pipeline" not in sp.pinned:  # the other schedules, each climbed
+            others = [c for c in sp.choices["pipeline"] if c.label != start["pipeline"].label]
+            self.prefetch([self._lightest({**start, "pipeline": c}) for c in others])
+            for choice in others:
+                self._climb({**start, "pipeline": choice}, ws)
+            if "reshard_after_forward" not in sp.pinned:  # traced, as nothing replays there
+                best = self._best_traced(start, ws)
+                raf = [
+                    {**best, "reshard_after_forward": c}
+                    for c in sp.choices["reshard_after_forward"]
+                    if c.label != best["reshard_after_forward"].label
+                ]
+                self.prefetch(raf)
+                for config in raf:
+                    self.evaluate_key(config)
         if self._state_too_big(ws):
             note = (
                 f"on {ws} ranks the sharded parameters, gradients and optimizer state alone "

@@ -20,7 +20,10 @@ replayed from the trace of a configuration that differs only in them
   the tokens per step the inputs give;
 - ``mesh``: the world size, and HSDP's shard group of one node on multi-node jobs;
 - ``cpu_offload``, ``compile``, ``float8``: only where allowed (offload: when nothing else
-  fits).
+  fits);
+- ``pipeline`` (a job with a ``pp`` mesh dimension): the schedule (the job's own, 1F1B,
+  Interleaved1F1B, ZBVZeroBubble) with the job's microbatches; there the mesh and the
+  micro-batch stay as given, the units too, and every configuration is traced.
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ OWNED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "cpu_offload": (frozenset({"offload_policy"}), frozenset({"cpu_offload"})),
     "compile": (frozenset({"compile"}), frozenset({"compile"})),
     "float8": (frozenset({"float8"}), frozenset({"float8"})),
+    "pipeline": (
+        frozenset({"pipeline_schedule", "microbatches", "pipeline_stages"}),
+        frozenset(),
+    ),
 }
 KNOBS = tuple(OWNED)
 # The knobs in the order a person reads a configuration, and what each is called.
@@ -75,7 +82,15 @@ KNOB_NAMES = {
     "cpu_offload": "CPU offload",
     "compile": "torch.compile",
     "float8": "float8",
+    "pipeline": "pipeline",
 }
+# Under pipeline parallelism, the knobs tune turns (each traced: a replay keeps no pipeline).
+PIPELINE_KNOBS = frozenset(
+    {"pipeline", "activation_checkpointing", "precision", "reshard_after_forward"}
+)
+# The schedules tried against a pipeline's own: torchtitan's default, the interleaved one
+# (two stages per rank: a smaller bubble), and the zero-bubble V.
+PIPELINE_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 # Knobs whose choices a replay of a trace applies (per API); the rest key a trace.
 REPLAYED = {
     "FSDP2": frozenset({"reshard_after_forward", "mesh"}),
@@ -118,6 +133,7 @@ class Space:
     base: dict[str, Any]  # the keywords no knob owns (loss, trace, ignored_params, ...)
     batch: int  # samples in the inputs (0: not known, micro_batch fixed)
     pinned: frozenset[str]
+    pipelined: bool = False  # a pipeline's: every configuration traced, none replayed
 
     def kwargs(self, config: Mapping[str, Choice]) -> dict[str, Any]:
         """The :func:`fsdpviz.analyze` keywords of a configuration."""
@@ -459,6 +475,8 @@ __all__ = [
     "KNOBS",
     "KNOB_NAMES",
     "OWNED",
+    "PIPELINE_KNOBS",
+    "PIPELINE_SCHEDULES",
     "REPLAYED",
     "Choice",
     "Space",

@@ -171,6 +171,12 @@ def config_items(report: Report) -> list[str]:
         if c.api != "FSDP2" and len(strategies) == 1:
             items.append(strategies[0])
         return items
+    if c.pp_world_size:
+        rank = f" · pp rank {c.pp_rank}" if c.pp_rank is not None else ""
+        items.append(
+            f"pipeline {c.pipeline_schedule} over {c.pp_world_size} ranks, "
+            f"{c.microbatches} microbatches{rank}"
+        )
     if c.api == "FSDP2":
         items.extend(_fsdp2_items(c))
         if c.tp_world_size:
@@ -301,7 +307,7 @@ def _memory_parts(report: Report) -> tuple[str, list[str]]:
     """The peak-memory line and the memory curve, or a short note when there is none."""
     if not report.iterations or not report.units:
         return "", []
-    if report.profile is None:
+    if not _measured(report):
         return _line(
             "peak memory: not estimated, this report has no trace profile "
             "(activations unknown); fsdpviz.cost.memory_model(report) gives parameters, "
@@ -337,7 +343,7 @@ def _fit_line(memory: MemoryReport) -> str:
 
 def _time_part(report: Report) -> str:
     """Step time and throughput on the default machine, for a report with a trace profile."""
-    if report.profile is None or not report.iterations or not report.units:
+    if not _measured(report) or not report.iterations or not report.units:
         return ""
     try:
         tl = report.timeline
@@ -355,8 +361,18 @@ def _time_part(report: Report) -> str:
             f" · HFU {t['hfu']:.1%}"
         )
     text += f" · {t['overlap']:.0%} of communication hidden"
+    if report.config.pp_world_size and t.get("bubble_s", 0.0) > 0:
+        pipe = report.pipeline
+        ranks = len(pipe.ranks) if pipe is not None and pipe.ranks else 1
+        share = t["bubble_s"] / (t["step_s"] * ranks) if t["step_s"] > 0 else 0.0
+        text += f" · <b>pipeline bubbles {share:.0%}</b> of the GPU time"
     line = _line(text + f' <span style="{_MUTED}">(modelled; report.timeline)</span>')
     return line + _topology_line(tl.machine)
+
+
+def _measured(report: Report) -> bool:
+    """Whether the cost model has a trace profile to go on (a pipeline's: its ranks')."""
+    return report.profiled
 
 
 def _topology_line(machine: Mapping[str, Any]) -> str:

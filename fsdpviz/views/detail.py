@@ -228,7 +228,9 @@ def unit_detail(
     known = _Facts(report, tree) if known is None else known
     u = report.units[index]
     fsdp2 = report.config.api == "FSDP2"
+    stage = report.pipeline.stage_of_unit(u.module) if report.pipeline is not None else None
     facts = [
+        *([f"pipeline stage {stage.index} (pp rank {stage.rank})"] if stage else []),
         _how_sharded(report, u),
         f"{u.numel:,} parameters in {len(u.params)} tensors",
         dtype_text(u),

@@ -246,7 +246,8 @@ def explorer_data(
     root), ``cls`` (index into ``classes``), ``unit`` (index into ``units``, -1 when FSDP
     does not manage it), and the subtree's ``numel``, ``bytes`` and ``rank_bytes``.
     ``units``: per unit its ``name``, ``color``, ``dtype`` and the ``warnings`` (codes)
-    that name it. ``details``: the detail panel of each unit
+    that name it (under pipeline parallelism also its ``stage`` and the ``pp_rank`` that
+    runs it). ``details``: the detail panel of each unit
     (:func:`fsdpviz.views.detail.unit_detail`; with ``details=`` a set of unit names, only
     theirs, ``None`` for the others; ``details=False``: none). The view draws every module;
     the area is ``numel`` or ``rank_bytes``.
@@ -274,19 +275,25 @@ def explorer_data(
         "rank_bytes": [node.rank_bytes_total for node in nodes],
     }
     units = []
+    pipe = report.pipeline
     for u in report.units:
-        units.append(
-            {
-                "name": u.module,
-                "color": colors[u.module],
-                "dtype": dtype_text(u),
-                "warnings": warn_codes.get(u.module, []),
-            }
-        )
+        stage = pipe.stage_of_unit(u.module) if pipe is not None else None
+        entry: dict[str, Any] = {
+            "name": u.module,
+            "color": colors[u.module],
+            "dtype": dtype_text(u),
+            "warnings": warn_codes.get(u.module, []),
+        }
+        if stage is not None:  # pipeline parallelism: the stage holding it, its rank
+            entry.update(stage=stage.index, pp_rank=stage.rank)
+        units.append(entry)
     ws = report.config.world_size
+    stages = ""
+    if pipe is not None:
+        stages = f", {len(pipe.stages)} pipeline stages on {pipe.pp_size} ranks ({pipe.schedule})"
     return {
         "title": f"{len(report.units)} {'unit' if len(report.units) == 1 else 'units'}, "
-        f"world size {ws}",
+        f"world size {ws}{stages}",
         "modules": modules,
         "classes": list(classes),
         "units": units,

@@ -103,7 +103,12 @@ def prefetch_analysis(
     for u in report.units:
         positions.setdefault(u.module, len(positions))
     backward = backward_unit_order(report, index)
-    successor = dict(itertools.pairwise(backward))
+    # under pipeline parallelism each stage is an FSDP root of its own: a unit's successor
+    # in backward is the next unit of its stage (the stage before runs on another rank)
+    pipe = report.pipeline
+    stage = {u: s.index for s in pipe.stages for u in s.units} if pipe is not None else {}
+    pairs = [(a, b) for a, b in itertools.pairwise(backward) if stage.get(a) == stage.get(b)]
+    successor = dict(pairs)
     gathers = [(pos, e) for pos, e in enumerate(events) if e.kind == "all_gather"]
     first = next((e.unit for _, e in gathers if e.phase == "forward"), None)
     gathered_once_first = first is not None and all(
@@ -135,7 +140,7 @@ def prefetch_analysis(
             first_gather.setdefault(e.unit, (pos, e.prefetch))
         if e.hook == "post_backward" and e.hook_unit is not None:
             post_backward.setdefault(e.hook_unit, pos)
-    for a, b in itertools.pairwise(backward):
+    for a, b in pairs:
         if b in first_gather and not first_gather[b][1]:
             out.missed.append((a, b, post_backward.get(a), first_gather[b][0]))
     return out

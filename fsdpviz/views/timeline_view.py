@@ -55,6 +55,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.memory import MemoryLane, memory_lane
 from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Event, Report, unit_label
 from fsdpviz.views.style import CATEGORY_COLORS, UNMANAGED_COLOR, unit_colors
 
@@ -68,6 +69,7 @@ __all__ = [
     "FREE",
     "HOOKS",
     "KINDS",
+    "PP_KINDS",
     "STREAM_LANES",
     "MemoryOption",
     "MemorySeries",
@@ -93,6 +95,8 @@ KINDS = (
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
 )  # fmt: skip
+PP_KINDS = ("pp_send", "pp_recv")
+"""Pipeline parallelism's sends and receives: after :data:`KINDS` where they occur."""
 FREE = KINDS.index("free")
 HOOKS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback")
 STREAM_LANES: dict[tuple[str, str | None], str] = {
@@ -106,6 +110,8 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("tp_reduce_scatter", "tp"): "tensor parallel",
     ("tp_all_reduce", "tp"): "tensor parallel",
     ("tp_all_to_all", "tp"): "tensor parallel",
+    ("pp_send", "pp"): "pipeline sends",
+    ("pp_recv", "pp"): "pipeline receives",
 }
 """The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
 ``reduce-scatter`` are always drawn; other lanes only where their events occur."""
@@ -162,6 +168,7 @@ class _Group:
     memory: MemoryOption = None
     # iteration, index, text, kind ("diverge", "stuck", "difference")
     marks: list[tuple[int, int, str, str]] = field(default_factory=list)
+    palette: Report | None = None  # whose units' colours (a pipeline's: the job's)
 
 
 def timeline_data(
@@ -236,6 +243,9 @@ def _groups(
     ranks = [obj] if isinstance(obj, Report) else list(obj)
     if not ranks:
         raise ValueError("timeline_data needs at least one report")
+    job = ranks[0]
+    if len(ranks) == 1 and isinstance(job, Report) and job.pipeline and job.pipeline.ranks:
+        return _pipeline_groups(job, rank_names, memory), job.source
     for r in ranks:
         if not isinstance(r, Report):
             raise TypeError(
@@ -254,6 +264,31 @@ def _groups(
         for g, (name, r) in enumerate(zip(names, ranks, strict=True))
     ]
     return groups, ranks[0].source
+
+
+def _pipeline_groups(
+    job: Report, rank_names: Sequence[str] | None, memory: MemoryOption
+) -> list[_Group]:
+    """A pipeline's report: a group of lanes per pipeline rank, each with its memory lane
+    (each rank holds its own stages); the sends and receives name the stage's root."""
+    assert job.pipeline is not None
+    ranks = job.pipeline.ranks
+    names = list(rank_names) if rank_names is not None else [
+        f"pp rank {r.config.pp_rank} · stage"
+        + ("s " if len(job.pipeline.stages_of(int(r.config.pp_rank or 0))) > 1 else " ")
+        + ", ".join(str(st.index) for st in job.pipeline.stages_of(int(r.config.pp_rank or 0)))
+        for r in ranks
+    ]  # fmt: skip
+    if len(names) != len(ranks):
+        raise ValueError(f"{len(names)} rank names for {len(ranks)} pipeline ranks")
+    units = {u.module: k for k, u in enumerate(job.units)}
+    for st in job.pipeline.stages:  # the stages' roots (their hooks, where they compute)
+        units.setdefault(stage_root(st.index), len(units))
+    units.setdefault("", len(units))  # what sends and receives
+    return [
+        _Group(name, r, units, memory=memory, palette=job)
+        for name, r in zip(names, ranks, strict=True)
+    ]
 
 
 def _rank_names(ranks: list[Report]) -> list[str]:
@@ -359,6 +394,9 @@ class _Placed:
     compute_rates: list[tuple[float, float, float]] = field(default_factory=list)
     bottlenecks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     machine: Machine | None = None
+    # pipeline parallelism: per compute stretch, the action it is part of ("" none) and
+    # its microbatch (-1 none)
+    compute_actions: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _place(g: _Group, iteration: int | None, machine: Machine | str | None) -> _Placed:
@@ -413,7 +451,8 @@ def _modelled(
         p.x0 += [offset + float(r["start"]) for r in placed]
         p.x1 += [offset + float(r["end"]) for r in placed]
         p.bytes += [float(r["bytes"]) for r in placed]
-        p.exposed += [float(r["exposed"]) for r in placed]
+        # what the compute waited for it: exposed communication, or (a receive) a bubble
+        p.exposed += [float(r["exposed"]) + float(r.get("bubble", 0.0)) for r in placed]
         for c in tl.compute:
             x0, x1 = offset + float(c["start"]), offset + float(c["end"])
             p.compute.append(
@@ -424,6 +463,7 @@ def _modelled(
                 (float(c.get("flops", 0.0)), float(c.get("flops_per_s", 0.0)),
                  float(c.get("peak_share", 0.0)))
             )  # fmt: skip
+            p.compute_actions.append((str(c.get("action", "")), int(c.get("microbatch", -1))))
             p.compute_x[(it, int(c["index"]))] = (x0, x1)
         for k, h in enumerate(tl.hooks):
             p.hook_x[(it, k)] = offset + float(h["t"])
@@ -435,7 +475,15 @@ def _modelled(
                 (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
                  str(w["phase"]), bool(w["tail"]))
             )  # fmt: skip
-        p.bottlenecks += [(first + int(b["event"]), b) for b in tl.bottlenecks()]
+        rows = [(first + int(b["event"]), b) for b in tl.bottlenecks()]
+        bubbles = [(first + int(b["event"]), _bubble_row(b)) for b in tl.bubbles()]
+        if bubbles:
+            # one table of waits: each row's share of all the compute waited (for
+            # communication and for the other pipeline ranks), not of two different totals
+            waited = sum(float(b["exposed_s"]) for _, b in rows + bubbles)
+            rows = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in rows]
+            bubbles = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in bubbles]
+        p.bottlenecks += rows + bubbles
         t = tl.totals
         totals["forward"] += t["exposed_forward_s"]
         totals["backward"] += t["exposed_backward_s"]
@@ -446,6 +494,16 @@ def _modelled(
     p.totals = totals
     p.clock = MODELLED_CLOCK.format(machine=name)
     return p
+
+
+def _bubble_row(b: dict[str, Any]) -> dict[str, Any]:
+    """A wait for another pipeline rank as a row of the bottleneck table (its share set
+    with the other rows')."""
+    return {
+        "unit": "", "kind": "pp_recv", "phase": "forward" if b["what"] == "activations"
+        else "backward", "exposed_s": b["waited_s"], "share": 0.0, "tail_s": 0.0,
+        "cause": "bubble", "reason": b["reason"],
+    }  # fmt: skip
 
 
 def _recorded(events: list[tuple[int, int, Event]], offset: float) -> _Placed:
@@ -521,6 +579,8 @@ def _build(
         key=lambda r: (r[0], r[1], r[2]),
     )
     step_of = {(gi, i): s for s, (_, gi, i) in enumerate(rows)}
+    piped = any(e.pipeline for p in placed for _, _, e in p.events)
+    kind_names = [*KINDS, *PP_KINDS] if piped else list(KINDS)
     table: list[tuple[Any, ...]] = []  # a row per step, in _STEP_COLUMNS order
     calls: dict[str, list[Any]] = {k: [] for k in ("group", "hook", "unit", "x", "n")}
     call_of: dict[tuple[int, int], tuple[int, int]] = {}
@@ -534,7 +594,7 @@ def _build(
         call, slot = call_of[(gi, i)]
         lane = lane_of[gi]["CPU · hooks"] if e.kind == "free" else lane_of[gi][_stream(e)]
         row = (
-            gi, KINDS.index(e.kind), g.units[e.unit], 0 if e.phase == "forward" else 1,
+            gi, kind_names.index(e.kind), g.units[e.unit], 0 if e.phase == "forward" else 1,
             int(e.prefetch), HOOKS.index(e.hook) if e.hook in HOOKS else -1,
             g.units.get(e.hook_unit, -1) if e.hook_unit is not None else -1, it, index,
             call, slot, lane, p.issue[i], p.x0[i], p.x1[i], p.bytes[i], p.exposed[i],
@@ -549,6 +609,8 @@ def _build(
     own = [issues[s] if kinds[s] == FREE else starts[s] for s in range(n)]
     stream_order = sorted(range(n), key=lambda s: (own[s], owners[s], s))
     compute: dict[str, list[Any]] = {k: [] for k in _COMPUTE_COLUMNS}
+    if any(a for p in placed for a, _ in p.compute_actions):  # a pipeline: each stretch's action
+        compute.update(label=[], microbatch=[])
     waits: dict[str, list[Any]] = {k: [] for k in ("group", "x0", "x1", "step", "phase", "tail")}
     for gi, p in enumerate(placed):
         _compute(gi, p, groups[gi].units, step_of, compute)
@@ -580,13 +642,18 @@ def _build(
     if modules:
         at = {m: k for k, m in enumerate(modules)}
         steps["module"] = [-1 if m is None else at[m] for m in named]
+    # pipeline parallelism: the stage and microbatch of each event (-1: none)
+    staged = [placed[gi].events[i][2] for _, gi, i in rows]
+    if any(e.stage is not None for e in staged):
+        steps["stage"] = [-1 if e.stage is None else e.stage for e in staged]
+        steps["microbatch"] = [-1 if e.microbatch is None else e.microbatch for e in staged]
     return {
         "version": 2,
         "source": source,
         "units": unit_names,
         "unit_numbers": numbers,
         "colors": colors,
-        "kinds": list(KINDS),
+        "kinds": kind_names,
         "hooks": list(HOOKS),
         **({"modules": modules} if modules else {}),
         "timed": timed,
@@ -628,8 +695,9 @@ def _unit_table(groups: list[_Group]) -> tuple[list[str], list[int], list[str]]:
     numbers = [0] * size
     colors = [UNMANAGED_COLOR] * size
     base = groups[0]
-    palette = unit_colors(base.report)
-    number = {u.module: i for i, u in enumerate(base.report.units)}
+    looks = base.palette or base.report
+    palette = unit_colors(looks)
+    number = {u.module: i for i, u in enumerate(looks.units)}
     for fqn, i in base.units.items():
         names[i] = fqn
         numbers[i] = number.get(fqn, i)
@@ -708,9 +776,15 @@ def _compute(
 
     last = len(p.events) - 1
     if p.totals is not None:
-        for (owner, phase, x0, x1, event), rates in zip(p.compute, p.compute_rates, strict=True):
+        actions = p.compute_actions or [("", -1)] * len(p.compute)
+        for (owner, phase, x0, x1, event), rates, (action, mb) in zip(
+            p.compute, p.compute_rates, actions, strict=True
+        ):
             if owner in units and last >= 0:  # the root without parameters is no unit
                 add(units[owner], phase, x0, x1, min(event, last), rates)
+                if "label" in out:  # a pipeline: the action and microbatch of each stretch
+                    out["label"].append(action)
+                    out["microbatch"].append(mb)
         return
     current: tuple[int, int] | None = None
     for i, (_, _, e) in enumerate(p.events):

@@ -31,7 +31,11 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         options: PlanOptions,
         replanner: Replanner | None,
         on_change: Callable[[PlanOptions, bool], None],
+        no_replan: str | None = None,
     ) -> None:
+        """``no_replan``: why the controls cannot re-plan, shown under them where there is
+        no ``replanner`` (by default: no model was given)."""
+        no_replan = no_replan or _NO_MODEL
         self.options = options
         self._on_change = on_change
         self._syncing = False
@@ -123,7 +127,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             self.reshard,
         ]
         self.note = w.HTML(
-            "" if replanner is not None else f"<small><i>{_NO_MODEL}</i></small>",
+            "" if replanner is not None else f"<small><i>{no_replan}</i></small>",
             layout=w.Layout(display="none" if replanner is not None else None),
         )
         """Why the controls are greyed out, where they are (no model to re-plan)."""
@@ -138,7 +142,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         self._replans = replanner is not None
         if replanner is None:
             for c in self._all:
-                c.tooltip = _NO_MODEL
+                c.tooltip = no_replan
         else:
             for c in self._all:
                 c.observe(self._changed, names="value")

@@ -193,7 +193,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         except Exception as e:  # the views stay usable without the memory lane
             self.memory_note.value = f"<small>no memory lane: {type(e).__name__}: {e}</small>"
             return None
-        measured = report.profile is not None
+        measured = report.profiled
         self.memory_note.value = (
             "<small>memory: modelled from the trace (activations included)</small>"
             if measured

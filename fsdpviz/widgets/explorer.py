@@ -81,7 +81,9 @@ class Explorer(w.VBox):  # type: ignore[misc]
         replanner: Replanner | None = None,
         **analyze_kwargs: Any,
     ) -> None:
-        if replanner is None and model is not None:
+        # a pipeline's plan is not re-planned from the controls (they plan FSDP alone)
+        piped = report.pipeline is not None and bool(report.pipeline.ranks)
+        if replanner is None and model is not None and not piped:
             replanner = Replanner(model, inputs, **analyze_kwargs)
         self.replanner = replanner
         self.errors = ErrorOutput()
@@ -95,11 +97,22 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.status = w.HTML()
         self.warnings = w.HTML(warnings_html(report))
         """The plan's warnings, each in words (the advice with it), as the card lists them."""
+        if piped and model is not None:
+            self.status.value = (
+                "<small>a pipeline's plan: plan another schedule, microbatches or mesh with "
+                "fsdpviz.analyze (the controls plan FSDP without the pipeline)</small>"
+            )
         self.options = PlanOptions.from_report(report)
         """The options of the last re-plan (at first: what ``report.config`` says)."""
         if replanner is not None and report.source == "prediction":
             replanner.remember(self.options, report)  # what the controls show now
-        self.controls = PlanControls(self.options, replanner, self._replan)
+        why = (
+            "A pipeline's plan: the controls show its FSDP options; plan another schedule, "
+            "microbatches or mesh with fsdpviz.analyze."
+            if piped and model is not None
+            else None
+        )
+        self.controls = PlanControls(self.options, replanner, self._replan, no_replan=why)
         super().__init__([self.controls, self.status, self.warnings, self.view, self.errors])
         self.add_class("fsdpviz-explorer-widget")
         with self.hold_trait_notifications():

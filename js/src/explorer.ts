@@ -31,7 +31,15 @@ export interface ExplorerData {
     rank_bytes: number[];
   };
   classes: string[];
-  units: Array<{ name: string; color: string; dtype: string; warnings: string[] }>;
+  units: Array<{
+    name: string;
+    color: string;
+    dtype: string;
+    warnings: string[];
+    /** Pipeline parallelism: the stage holding the unit, and the rank that runs it. */
+    stage?: number;
+    pp_rank?: number;
+  }>;
   unmanaged_color: string;
   /** Each unit's detail panel (fsdpviz.views.detail.unit_detail), in `units` order; null
    * for one not made yet. A widget sends them as a trait of their own (`details`). */
@@ -694,6 +702,8 @@ export class ExplorerView extends CanvasView {
       `bytes: ${formatBytes(m.bytes[i])} full, ${formatBytes(m.rank_bytes[i])} per rank`,
       `dtype: ${unit === null ? "-" : unit.dtype}`,
     ];
+    if (unit?.stage !== undefined)
+      lines.push(`pipeline stage ${unit.stage}, on pp rank ${unit.pp_rank ?? "?"}`);
     if (unit !== null && unit.warnings.length > 0)
       lines.push(`warnings: ${unit.warnings.join(", ")}`);
     const kids = this.index.children[i].filter((c) => this.values()[c] > 0).length;

@@ -29,6 +29,9 @@ export interface Steps {
   exposed: number[];
   /** Tensor parallelism: the module that issued a collective (into `modules`; -1: none). */
   module?: number[];
+  /** Pipeline parallelism: the stage and microbatch of the action that issued it (-1: none). */
+  stage?: number[];
+  microbatch?: number[];
 }
 
 export interface Calls {
@@ -50,6 +53,10 @@ export interface ComputeSegments {
   flops?: number[];
   flops_per_s?: number[];
   peak_share?: number[];
+  /** Pipeline parallelism: the action each stretch is part of, as torch writes it ("2F3":
+   * stage 2's forward of microbatch 3; "" none), and its microbatch (-1 none). */
+  label?: string[];
+  microbatch?: number[];
 }
 
 export interface Waits {
@@ -329,10 +336,24 @@ export function describeStep(
 /** What an event is about: its unit, or for a tensor-parallel collective the module that
  *  issued it and the unit it belongs to. */
 export function eventSubject(data: TimelineData, step: number): string {
+  const kind = data.kinds[data.steps.kind[step]];
+  if (kind === "pp_send" || kind === "pp_recv") return pipelineSubject(data, step);
   const unit = unitText(data, data.steps.unit[step]);
   const m = data.steps.module?.[step] ?? -1;
   const name = m >= 0 ? data.modules?.[m] : undefined;
   return name === undefined ? unit : `${quote(name)} in ${unit}`;
+}
+
+/** A send or receive of pipeline parallelism: `microbatch 3's activations, stage 1 → 2`. */
+export function pipelineSubject(data: TimelineData, step: number): string {
+  const s = data.steps;
+  const stage = s.stage?.[step] ?? -1;
+  const mb = s.microbatch?.[step] ?? -1;
+  const forward = s.phase[step] === 0;
+  const send = data.kinds[s.kind[step]] === "pp_send";
+  const peer = forward === send ? stage + 1 : stage - 1;
+  const [from, to] = send ? [stage, peer] : [peer, stage];
+  return `microbatch ${mb}'s ${forward ? "activations" : "gradients"}, stage ${from} → ${to}`;
 }
 
 function quoteUnit(data: TimelineData, unit: number): string {
@@ -377,7 +398,11 @@ export function eventDetails(data: TimelineData, step: number): string[] {
     lines.push("placed by index: no durations modelled");
   }
   const { compute, tail } = waitedFor(data, i);
-  if (compute > 0) lines.push(`compute waited ${formatSeconds(compute)} for it (exposed)`);
+  const bubble = data.kinds[s.kind[i]] === "pp_recv";
+  if (compute > 0)
+    lines.push(
+      `compute waited ${formatSeconds(compute)} for it (${bubble ? "a pipeline bubble: another rank had not sent it yet" : "exposed"})`,
+    );
   if (tail > 0)
     lines.push(
       `the step's end waited ${formatSeconds(tail)} for it (after the last compute, exposed)`,
@@ -420,6 +445,8 @@ export function computeDetails(data: TimelineData, k: number): string[] {
   const c = data.compute;
   const phase = c.phase[k] === 0 ? "forward" : "backward";
   const lines = [`${phase} compute of ${unitText(data, c.unit[k])}`];
+  const action = c.label?.[k] ?? "";
+  if (action !== "") lines.push(`${action}: ${actionText(action)}`);
   if (data.groups.length > 1) lines.push(data.groups[c.group[k]].name);
   if (data.timed)
     lines.push(`starts ${formatSeconds(c.x0[k])}, lasts ${formatSeconds(c.x1[k] - c.x0[k])}`);
@@ -436,6 +463,19 @@ export function computeDetails(data: TimelineData, k: number): string[] {
     `click: the event it leads to (step ${i}, ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])})`,
   );
   return lines;
+}
+
+/** A pipeline action in words: `2F3` -> `stage 2's forward of microbatch 3`. */
+export function actionText(action: string): string {
+  const m = /^(\d+)([FBIW])(\d+)$/.exec(action);
+  if (m === null) return action;
+  const what: Record<string, string> = {
+    F: "forward",
+    B: "backward",
+    I: "input-gradient backward",
+    W: "weight-gradient backward",
+  };
+  return `stage ${m[1]}'s ${what[m[2]]} of microbatch ${m[3]}`;
 }
 
 /** `1.23 TFLOP`, `456 GFLOP`: FLOPs to three significant figures. */

@@ -3,7 +3,7 @@
 // visible window is drawn once into a layer (with the marks a click or hover can pick);
 // each step then draws only the cursor and the current event over that layer.
 import { axisTicks, byteTicks, formatBytes } from "./format";
-import { FONT, type ThemeColors, textOn } from "./theme";
+import { COLORS, FONT, type ThemeColors, textOn } from "./theme";
 import {
   type Capacity,
   FREE,
@@ -16,6 +16,11 @@ import {
 } from "./timeline_data";
 
 const LANE_H: Record<string, number> = { cpu: 24, compute: 20, stream: 22, memory: 116 };
+/** A pipeline's microbatches, dark and light alternating (neighbours never share a hue). */
+const MICROBATCH_COLORS = COLORS.paletteDark.flatMap((dark: string, k: number) => [
+  dark,
+  COLORS.paletteLight[(k + 5) % COLORS.paletteLight.length],
+]);
 const LANE_GAP = 3;
 const GROUP_GAP = 10;
 const CELL_MAX = 16; // px per event cell in a hook call, at most ...
@@ -727,7 +732,11 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
     if (c.x1[k] < win.x0 || c.x0[k] > win.x1) continue;
     const x = xToPx(win, l, c.x0[k]);
     const w = Math.max(xToPx(win, l, c.x1[k]) - x, 1);
-    const color = data.colors[c.unit[k]];
+    // pipeline parallelism: coloured and named by microbatch ("2F3": stage 2's forward of 3)
+    const mb = c.microbatch?.[k] ?? -1;
+    const action = c.label?.[k] ?? "";
+    const color =
+      mb >= 0 ? MICROBATCH_COLORS[mb % MICROBATCH_COLORS.length] : data.colors[c.unit[k]];
     ctx.globalAlpha = c.phase[k] === 0 ? 1 : 0.6;
     ctx.fillStyle = color;
     ctx.fillRect(x, row.top, w, row.h);
@@ -737,8 +746,8 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
       ctx.lineWidth = 1.5;
       ctx.strokeRect(x + 0.75, row.top + 0.75, Math.max(w - 1.5, 1), row.h - 1.5);
     }
-    const [full, short] = unitLabels(data, c.unit[k]);
-    const text = fitLabel(ctx, ix, c.phase[k] === 0 ? full : `${full} (bwd)`, short, w);
+    const [full, short] = action !== "" ? [action, `${mb}`] : unitLabels(data, c.unit[k]);
+    const text = fitLabel(ctx, ix, c.phase[k] === 0 || action ? full : `${full} (bwd)`, short, w);
     if (text) {
       ctx.fillStyle = textOn(color);
       ctx.textAlign = "center";
@@ -756,7 +765,11 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
     ctx.fillRect(x, row.top, w, row.h);
     hatch(ctx, x, row.top, w, row.h, theme.wait, 6);
     const target = wt.step[k];
-    const what = `waits for ${waitedKind(data.kinds[data.steps.kind[target]])} ${data.unit_numbers[data.steps.unit[target]]}`;
+    const kind = data.kinds[data.steps.kind[target]];
+    const what =
+      kind === "pp_recv"
+        ? `bubble: waits for microbatch ${data.steps.microbatch?.[target] ?? "?"}`
+        : `waits for ${waitedKind(kind)} ${data.unit_numbers[data.steps.unit[target]]}`;
     const text = fitLabel(ctx, ix, what, "wait", w);
     if (text) {
       ctx.fillStyle = theme.wait;

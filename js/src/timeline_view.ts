@@ -19,6 +19,7 @@ import {
   nearestStep,
   type Order,
   orderOf,
+  pipelineSubject,
   type TimelineData,
   unitText,
   type Window,
@@ -488,10 +489,14 @@ export class TimelineView {
       box.open = true;
       const summary = document.createElement("summary");
       const total = g.exposed;
+      const bubbles = rows.filter((b) => b.cause === "bubble");
+      const bubbleText = bubbles.length
+        ? `, pipeline bubbles ${formatSeconds(bubbles.reduce((t, b) => t + b.exposed, 0))} (${bubbles.length} wait(s) for another rank)`
+        : "";
       const head =
         total === null
           ? `${rows.length} wait(s)`
-          : `exposed communication ${formatSeconds(total.total)} of a ${formatSeconds(total.step)} step, ${rows.length} wait(s)`;
+          : `exposed communication ${formatSeconds(total.total)} of a ${formatSeconds(total.step)} step${bubbleText}, ${rows.length} wait(s)`;
       summary.textContent = `Why is it slow${groups.length > 1 || this.data.groups.length > 1 ? ` (${g.name})` : ""}: ${head}${rows.length ? ", most exposed first; click a row to go to it" : ": the compute never waits for communication"}`;
       box.appendChild(summary);
       if (rows.length > 0) box.appendChild(this.bottleneckTable(rows));
@@ -519,7 +524,10 @@ export class TimelineView {
       if (k >= LIMIT) tr.hidden = true;
       const swatch = element("span", "fv-swatch");
       swatch.style.background = this.data.colors[b.unit] ?? "";
-      const what = `${b.kind} ${unitText(this.data, b.unit)}`;
+      const what =
+        b.kind === "pp_recv" || b.kind === "pp_send"
+          ? `${b.kind} ${pipelineSubject(this.data, b.step)}`
+          : `${b.kind} ${unitText(this.data, b.unit)}`;
       const cells: Array<string | HTMLElement> = [
         swatch,
         formatSeconds(b.exposed),

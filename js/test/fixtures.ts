@@ -1,11 +1,12 @@
 // Timeline data as Python makes it (tests/test_views_timeline.py writes and checks these
 // files): the tiny model's prediction placed by the time model, the same laid out by index
-// with no memory lane, and a recording of two ranks that diverge.
+// with no memory lane, a recording of two ranks that diverge, and a pipeline of two ranks.
 import type { ExplorerData } from "../src/explorer";
 import type { PrefetchData } from "../src/prefetch";
 import type { TimelineData } from "../src/timeline_data";
 import type { TuneData } from "../src/tune";
 import explorer from "./data/explorer.json";
+import pipeline from "./data/pipeline.json";
 import prediction from "./data/prediction.json";
 import prefetch from "./data/prefetch.json";
 import prefetchMissed from "./data/prefetch_post.json";
@@ -18,6 +19,8 @@ const copy = (d: unknown): TimelineData => structuredClone(d) as TimelineData;
 export const predicted = (): TimelineData => copy(prediction);
 export const byIndex = (): TimelineData => copy(untimed);
 export const recorded = (): TimelineData => copy(recording);
+/** A pipeline (1F1B, 2 pipeline ranks, 2 microbatches): a lane group per pipeline rank. */
+export const piped = (): TimelineData => copy(pipeline);
 
 /** A canvas context that draws nothing: text is 6 px per character. */
 export function fakeContext(): CanvasRenderingContext2D {

@@ -1,0 +1,200 @@
+"""A pipeline rank's step as the cost model walks it: its hook calls, each with the compute
+measured before it, stitched from its stages' traces.
+
+Each stage was traced on one microbatch (:class:`~fsdpviz.schema.profile.StepProfile`: the
+compute before each of its hook calls, the bytes of activations and temporaries alive then).
+A rank runs many microbatches of its stages, interleaved: each replayed hook call takes the
+compute its stage's trace measured before the same call, and the bytes alive then are those
+of its own microbatch plus those of every other microbatch in flight on the rank (forward
+done, backward not yet: their activations and the stage output kept for the backward):
+
+- a microbatch's forward ends with its stage's ``forward_end`` mark (after the last stage's
+  loss); from there until its backward starts it holds that mark's activations and forward
+  temporaries;
+- gradients are allocated by a stage's first backward of the step and accumulated in place
+  by the others, until ``REDUCE_GRAD`` reduces them; FSDP2 keeps them in the reduce dtype
+  from the first backward's post-backward on (a ``float32`` copy of ``bfloat16`` gradients
+  under ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``), each later microbatch's own
+  gradient alive until its post-backward adds it in;
+- the last stage keeps each microbatch's output until the step ends (``output_chunks``,
+  merged for ``step()``'s return).
+
+Actions that run no FSDP hook (``UNSHARD``, ``RESHARD``, the sends and receives, the
+shape inference's reshard) are calls of hook ``pipeline`` with the action as their
+argument and no compute; ``REDUCE_GRAD`` is each group's ``post_backward`` and the root's
+``final_callback``, as FSDP runs them. The zero-bubble schedules' ``I`` and ``W`` split the
+backward's matrix multiplies evenly (a linear's backward is one for its input's gradient
+and one for its weight's): ``I`` runs the rest of the backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpviz.schema.profile import StepProfile
+from fsdpviz.schema.report import Event
+
+
+@dataclass
+class Call:
+    """One hook call of a rank's step: what ran it and the events it issued."""
+
+    hook: str
+    unit: str
+    arg: Any
+    events: list[Event] = field(default_factory=list)
+    stage: int | None = None
+    mark: int | None = None  # the stage trace's hook call whose compute precedes it
+    microbatch: int | None = None  # None: shape inference's
+    part: str = ""  # "F", "B", "I", "W", "R" (REDUCE_GRAD) or "" (no compute)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What the stitching needs of a stage beyond its profile."""
+
+    forward_end: int  # index of the forward_end mark in its hook calls
+    last: bool
+    output_bytes: int
+    units: frozenset[str] = frozenset()
+
+
+def rank_step_profile(
+    calls: list[Call],
+    profiles: dict[int, StepProfile],
+    shapes: dict[int, StageShape],
+    upcast: dict[str, float] | None = None,
+) -> tuple[StepProfile, list[Event]]:
+    """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
+    per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
+    a backward without sync leaves in the reduce dtype)."""
+    upcast = upcast or {}
+    pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
+    events: list[Event] = []
+    hooks: list[tuple[str, str, Any]] = []
+    event_hook: list[int] = []
+    cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+    inflight: dict[tuple[int, int | None], tuple[int, int]] = {}
+    kept = 0  # the last stage's outputs, kept until the step ends
+    allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
+    for n, c in enumerate(calls):
+        hooks.append((c.hook, c.unit, _json(c.arg)))
+        for e in c.events:
+            events.append(e)
+            event_hook.append(n)
+        key = (c.stage if c.stage is not None else -1, c.microbatch)
+        others_act = sum(a for k, (a, _) in inflight.items() if k != key)
+        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + kept
+        if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
+            prof, shape = profiles[c.stage], shapes[c.stage]
+            marks = range(shape.forward_end + 1, len(prof.hooks))
+            values = _quiet(others_act, others_temp)
+            values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
+            values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
+            _append(cols, values)
+        elif c.mark is None or c.stage is None:
+            _append(cols, _quiet(others_act, others_temp))
+        else:
+            prof = profiles[c.stage]
+            k = c.mark
+            share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
+            grads = {} if c.microbatch is None else prof.grads[k]
+            mine = allocated.setdefault(c.stage, set())
+            if grads and set(grads) <= mine:
+                grads = {}  # accumulated in place into the gradients already there
+            for unit, nbytes in grads.items():
+                if upcast.get(unit, 1.0) > 1.0:
+                    pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+            # FSDP2's post-backward without gradient sync: the unit's gradient is kept in
+            # the reduce dtype (to_accumulated_grad_if_needed); the final callback runs it
+            # for the units whose post-backward did not fire
+            converted = [c.unit] if c.hook == "post_backward" else []
+            if c.hook == "final_callback" and c.part in ("B", "I"):
+                converted = [u for u in pending if u in shapes[c.stage].units]
+            for unit in converted:
+                if unit in pending and c.microbatch is not None:
+                    grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
+            new = sum(grads.values())
+            peak_grads = prof.peak_grads[k] if new else 0
+            _append(
+                cols,
+                {
+                    "flops_forward": prof.flops_forward[k] * share,
+                    "flops_backward": prof.flops_backward[k] * share,
+                    "kernels": _scaled(prof.kernels[k] if k < len(prof.kernels) else [], c.part),
+                    "activations": prof.activations[k] + others_act,
+                    "forward_temp": prof.forward_temp[k] + others_temp,
+                    "backward_temp": prof.backward_temp[k],
+                    "peak": prof.peak[k]
+                    - prof.peak_grads[k]
+                    + peak_grads
+                    + others_act
+                    + others_temp,
+                    "peak_activations": prof.peak_activations[k] + others_act,
+                    "peak_forward_temp": prof.peak_forward_temp[k] + others_temp,
+                    "peak_grads": peak_grads,
+                    "grads": dict(grads),
+                },
+            )
+            mine |= set(grads)
+            shape = shapes[c.stage]
+            if c.part == "F" and k == shape.forward_end:
+                inflight[key] = (prof.activations[k], prof.forward_temp[k])
+            elif c.part in ("B", "I") and key in inflight:
+                del inflight[key]  # its backward holds them now, as its own trace did
+            if c.part in ("B", "I") and c.hook == "final_callback" and shape.last:
+                kept += shape.output_bytes if c.microbatch is not None else 0
+        reshard = c.hook == "pipeline" and isinstance(c.arg, str) and c.arg.endswith("RESHARD")
+        if reshard and c.microbatch is None and c.stage is not None:
+            inflight.pop((c.stage, None), None)  # shape inference's clean-up drops what it left
+        if c.hook == "final_callback" and c.part == "R" and c.stage is not None:
+            allocated.pop(c.stage, None)  # REDUCE_GRAD reduced them
+    _append(cols, _quiet(0, kept))  # after the last call: the step's end
+    step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
+    return step, events
+
+
+_COLUMNS = (
+    "flops_forward", "flops_backward", "activations", "forward_temp", "backward_temp", "peak",
+    "peak_activations", "peak_forward_temp", "peak_grads", "grads", "kernels",
+)  # fmt: skip
+
+
+def _quiet(activations: int, temp: int) -> dict[str, Any]:
+    """No compute: what the other microbatches hold."""
+    return {
+        "flops_forward": 0.0, "flops_backward": 0.0, "kernels": [],
+        "activations": activations, "forward_temp": temp, "backward_temp": 0,
+        "peak": activations + temp, "peak_activations": activations,
+        "peak_forward_temp": temp, "peak_grads": 0, "grads": {},
+    }  # fmt: skip
+
+
+def _append(cols: dict[str, list[Any]], values: dict[str, Any]) -> None:
+    for k in _COLUMNS:
+        cols[k].append(values[k])
+
+
+def _scaled(kernels: list[list[Any]], part: str) -> list[list[Any]]:
+    """The kernels of a backward stretch that ``part`` runs: ``I`` (the input gradient)
+    all of them but half of each matrix multiply, ``W`` (the weight gradient) the other
+    half of the matrix multiplies (``M`` halved: ``["gemm", backward, M, N, K, ...]``)."""
+    if part not in ("I", "W"):
+        return [list(k) for k in kernels]
+    out: list[list[Any]] = []
+    for k in kernels:
+        if k[0] == "gemm" and k[1]:
+            out.append([k[0], k[1], max(1, int(k[2]) // 2), *k[3:-1], k[-1] / 2])
+        elif part == "I":
+            out.append(list(k))
+    return out
+
+
+def _json(arg: Any) -> Any:
+    """A hook call's argument as JSON holds it (tuples as lists, keys as strings)."""
+    if isinstance(arg, tuple):
+        return [_json(a) for a in arg]
+    if isinstance(arg, dict):
+        return {str(k): v for k, v in arg.items()}
+    return arg

@@ -1,0 +1,321 @@
+"""FSDP2 under pipeline parallelism: the options, each rank's actions, the reports, memory and
+time (in one process; tests/test_conformance_pipeline.py checks the schedule against real
+torch on gloo ranks)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pipeline_job as pj
+import pytest
+import torch
+from torch import nn
+
+import fsdpviz
+from fsdpviz.plan.pipeline import default_stages, parse_pipeline_options
+from fsdpviz.schedule.pipeline_order import rank_actions
+
+BLOCKS = [f"layers.{i}" for i in range(pj.MODEL_ARGS["n_layers"])]
+PLAN = ["tok_embeddings", *BLOCKS, ("norm", "output")]
+
+
+def model() -> nn.Module:
+    with torch.device("meta"):
+        return pj.model()
+
+
+def plan(schedule: str = "1F1B", microbatches: int = 4, batch: int = 8, **kw: Any) -> Any:
+    ids = torch.zeros(batch, pj.SEQ, dtype=torch.long)
+    return fsdpviz.analyze(
+        model(),
+        ids,
+        fully_shard=PLAN,
+        mesh=("pp", 2, "dp_shard", 2),
+        pipeline_schedule=schedule,
+        microbatches=microbatches,
+        **kw,
+    )
+
+
+def test_single_stage_schedules_run_their_own_loops_not_torchs_plan() -> None:
+    """1F1B's last rank runs forward 0 first; torch's _get_pipeline_order numbers it from 1."""
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    opts, _ = parse_pipeline_options(
+        model(), 8, 2, {"pipeline_schedule": "1F1B", "microbatches": 4}
+    )
+    actions = rank_actions(opts)
+    assert actions[1][:4] == ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]
+    assert actions[1][-1] == "1REDUCE_GRAD"
+    planned = [str(a) for a in get_schedule_ops("1F1B", 2, 4)[1] if a is not None]
+    assert planned[0] == "1F1"  # the plan torch draws, not what its loop runs
+    assert actions[0] == [
+        "0F0",
+        "0SEND_F0",
+        "0F1",
+        "0SEND_F1",
+        "0RECV_B0",
+        "0B0",
+        "0F2",
+        "0SEND_F2",
+        "0RECV_B1",
+        "0B1",
+        "0F3",
+        "0SEND_F3",
+        "0RECV_B2",
+        "0B2",
+        "0RECV_B3",
+        "0B3",
+        "0REDUCE_GRAD",
+    ]
+
+
+def test_multi_stage_schedules_run_torchs_lowered_actions() -> None:
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    for name in ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"):
+        opts, _ = parse_pipeline_options(
+            model(), 8, 2, {"pipeline_schedule": name, "microbatches": 4}
+        )
+        ops = get_schedule_ops(name, 2, 4, with_comms=True)
+        assert rank_actions(opts) == {r: [str(a) for a in ops[r]] for r in range(2)}, name
+    actions = rank_actions(
+        parse_pipeline_options(
+            model(), 8, 2, {"pipeline_schedule": "Interleaved1F1B", "microbatches": 4}
+        )[0]
+    )
+    assert actions[0][:2] == ["0UNSHARD", "2UNSHARD"]
+    assert actions[0].index("2REDUCE_GRAD") < actions[0].index("0REDUCE_GRAD")
+
+
+def test_torchtitans_split_of_the_layers() -> None:
+    """``_generate_llm_fqn_per_model_part``: the embedding and the output count as a layer;
+    the first stages take a layer more where they do not divide."""
+    m = model()
+    warned: list[Any] = []
+    assert default_stages(m, 2, warned) == [
+        ["tok_embeddings", "layers.0", "layers.1"],
+        ["layers.2", "layers.3", "norm", "output"],
+    ]
+    assert not warned
+    assert default_stages(m, 4, warned) == [
+        ["tok_embeddings", "layers.0"],
+        ["layers.1", "layers.2"],
+        ["layers.3"],
+        ["norm", "output"],
+    ]
+    assert [w.code for w in warned] == ["uneven_stages"]
+
+
+def test_each_rank_reports_its_stages_and_every_microbatch() -> None:
+    report = plan("1F1B", 4)
+    pipe = report.pipeline
+    assert pipe is not None and pipe.schedule == "1F1B" and pipe.microbatches == 4
+    assert [s.rank for s in pipe.stages] == [0, 1]
+    assert [u.module for u in report.units] == ["tok_embeddings", *BLOCKS, "norm, output"]
+    rank1 = pipe.ranks[1]
+    assert [u.module for u in rank1.units] == ["layers.2", "layers.3", "norm, output"]
+    assert rank1.config.pp_rank == 1 and rank1.config.world_size == 4
+    assert report.config.mesh == {"pp": 2, "dp_shard": 2} and report.config.replicas == 1
+    steady = rank1.iterations[1]
+    # resharded after each forward (fully_shard's default), never after a backward (the stage
+    # turns that off): gathered again in each microbatch's backward, and reduced once
+    gathers = [e for e in steady if e.kind == "all_gather" and e.unit == "layers.2"]
+    assert [(e.phase, e.microbatch) for e in gathers] == [
+        ("forward", 0),
+        ("backward", 0),
+        ("backward", 1),
+        ("backward", 2),
+        ("backward", 3),
+    ]
+    reduced = [e for e in steady if e.kind == "reduce_scatter"]
+    assert [e.unit for e in reduced] == ["layers.2", "layers.3", "norm, output"]
+    assert {e.action for e in reduced} == {"1REDUCE_GRAD"}
+    assert [e.action for e in steady if e.pipeline][:2] == ["1RECV_F0", "1SEND_B0"]
+    # the first step begins with the stages' shape inference: events with no action
+    assert steady != rank1.iterations[0] and rank1.iterations[0][0].action is None
+    assert report.iterations[1] == pipe.ranks[0].iterations[1] + steady
+    again = fsdpviz.Report.from_json(report.to_json())
+    assert again.to_dict() == report.to_dict()
+    assert again.pipeline is not None and again.pipeline.ranks[1].pipeline is not None
+    assert again.pipeline.ranks[1].pipeline.job is again
+
+
+def test_memory_holds_the_microbatches_in_flight() -> None:
+    """GPipe keeps every microbatch's activations until its backward; 1F1B keeps at most as
+    many as stages after the rank's; gradients accumulate in place, one copy."""
+    gpipe, one = plan("GPipe", 4), plan("1F1B", 4)
+    act = [r.memory.peak["breakdown"]["activations"] for r in gpipe.pipeline.ranks]  # type: ignore[union-attr]
+    act_1f1b = [r.memory.peak["breakdown"]["activations"] for r in one.pipeline.ranks]  # type: ignore[union-attr]
+    assert act_1f1b[0] < act[0] and act_1f1b[1] < act[1]
+    mem = one.memory
+    worst = max(one.pipeline.ranks, key=lambda r: r.memory.needed)  # type: ignore[union-attr]
+    assert mem.peak["bytes"] == worst.memory.peak["bytes"]
+    assert mem.peak["pp_rank"] == worst.config.pp_rank and "pipeline rank" in mem.peak["where"]
+    rank = one.pipeline.ranks[0]  # type: ignore[union-attr]
+    grads = max(r["unsharded_grads"] for r in rank.memory.records())
+    assert grads == sum(u.numel * 4 for u in rank.units)  # float32, one copy
+
+
+def test_time_has_bubbles_and_more_microbatches_shrink_them() -> None:
+    few, many = plan("GPipe", 2).timeline, plan("GPipe", 8, batch=16).timeline
+    for tl in (few, many):
+        assert tl.totals["bubble_s"] > 0
+        assert sum(b["waited_s"] for b in tl.bubbles()) == pytest.approx(tl.totals["bubble_s"])
+    share = [t.totals["bubble_s"] / (2 * t.totals["step_s"]) for t in (few, many)]
+    assert share[1] < share[0]
+    first = many.bubbles()[0]
+    assert first["reason"].startswith(f"rank {first['rank']} waits ")
+    assert "pipeline bubbles" in many.bottleneck_table()
+    report = plan("1F1B", 4)
+    tl = report.timeline
+    ranks = [r.timeline for r in report.pipeline.ranks]  # type: ignore[union-attr]
+    assert tl.totals["step_s"] == max(r.totals["step_s"] for r in ranks)
+    assert tl.totals["bubble_s"] == pytest.approx(sum(r.totals["bubble_s"] for r in ranks))
+
+
+def test_pipeline_option_errors() -> None:
+    m, ids = model(), torch.zeros(8, pj.SEQ, dtype=torch.long)
+    mesh = ("pp", 2, "dp_shard", 2)
+    with pytest.raises(fsdpviz.ConfigError, match="'pp' dimension must be the first"):
+        fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=("dp_shard", 2, "pp", 2))
+    with pytest.raises(fsdpviz.ConfigError, match="Unknown schedule name '1f2b'"):
+        fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=mesh, pipeline_schedule="1f2b")
+    with pytest.raises(fsdpviz.ConfigError, match="does not split into 3 microbatches"):
+        fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=mesh, microbatches=3)
+    with pytest.raises(fsdpviz.FSDPConfigError, match="must be greater than or equal"):
+        fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=mesh, microbatches=1)
+    with pytest.raises(fsdpviz.ConfigError, match="planned with FSDP2"):
+        fsdpviz.analyze(m, ids, mesh=mesh)
+    with pytest.raises(fsdpviz.ConfigError, match=r"did you mean 'layers\.3'"):
+        fsdpviz.analyze(
+            m, ids, fully_shard=PLAN, mesh=mesh, pipeline_stages=[["tok_embeddings"], ["layers.33"]]
+        )
+    with pytest.raises(fsdpviz.ConfigError, match="in stage 0 and stage 1"):
+        fsdpviz.analyze(
+            m,
+            ids,
+            fully_shard=PLAN,
+            mesh=mesh,
+            pipeline_stages=[["tok_embeddings", "layers.0"], ["layers.0"]],
+        )
+    with pytest.raises(
+        fsdpviz.ConfigError, match="single-stage schedule needs exactly 1 stage per rank"
+    ):
+        fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=mesh, pipeline_stages=1)
+
+    class Listed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    with pytest.raises(fsdpviz.ConfigError, match="ModuleList"):
+        fsdpviz.analyze(Listed(), torch.zeros(4, 4), fully_shard=[nn.Linear], mesh=mesh)
+
+
+def test_pipeline_warnings() -> None:
+    report = plan("Interleaved1F1B", 2)
+    codes = [w.code for w in report.warnings]
+    assert "few_microbatches" in codes and "uneven_stages" in codes
+    stages = [["tok_embeddings", *BLOCKS[:2]], BLOCKS[2:]]
+    dropped = plan("1F1B", 2, pipeline_stages=stages)
+    missing = next(w for w in dropped.warnings if w.code == "modules_in_no_stage")
+    assert missing.units == ["norm", "output"]
+    older = plan("1F1B", 2, torch_version="2.8")
+    assert "pipeline_installed_torch" in [w.code for w in older.warnings]
+    assert "pipeline_installed_torch" not in [w.code for w in dropped.warnings]
+
+
+def test_torchtitan_jobs_with_pipeline_parallelism() -> None:
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 4, "seq_len": 64},
+        "parallelism": {
+            "data_parallel_shard_degree": 2,
+            "pipeline_parallel_degree": 2,
+            "pipeline_parallel_schedule": "Interleaved1F1B",
+            "pipeline_parallel_microbatch_size": 1,
+        },
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = fsdpviz.from_torchtitan(job).config
+    assert config["mesh"] == ("pp", 2, "dp_shard", 2)
+    assert config["pipeline_schedule"] == "Interleaved1F1B" and config["microbatches"] == 4
+    assert (
+        len(config["pipeline_stages"]) == 4 and config["pipeline_stages"][0][0] == "tok_embeddings"
+    )
+    assert set(config["reshard_after_forward"].values()) == {False}  # "default" under PP
+    old = {  # torchtitan of 2024: [experimental], split points, microbatches
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"batch_size": 4, "seq_len": 64, "data_parallel_shard_degree": 2},
+        "experimental": {
+            "pipeline_parallel_degree": 2,
+            "pipeline_parallel_split_points": ["layers.3"],
+        },
+    }
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        old_job = fsdpviz.from_torchtitan(old)
+    assert any("pipeline_parallel_split_points is read as" in str(n.message) for n in notes)
+    stages = old_job.config["pipeline_stages"]
+    assert stages[0] == ["tok_embeddings", "layers.0", "layers.1", "layers.2"]
+    assert stages[1][-2:] == ["norm", "output"] and old_job.config["microbatches"] == 2
+    report = fsdpviz.analyze(old_job.model, old_job.inputs, **old_job.config)
+    assert report.pipeline is not None and len(report.pipeline.ranks) == 2
+
+
+def test_a_four_dimensional_job_shares_tensor_parallelism() -> None:
+    """torchtitan's pp x dp x tp mesh: the plan states every dimension, the sends carry one
+    tp rank's share of the sequence-parallel activations, tp's collectives their action."""
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 4, "seq_len": 64},
+        "parallelism": {
+            "data_parallel_shard_degree": 2,
+            "tensor_parallel_degree": 2,
+            "pipeline_parallel_degree": 2,
+            "pipeline_parallel_microbatch_size": 2,
+        },
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        titan = fsdpviz.from_torchtitan(job)
+        report = fsdpviz.analyze(titan.model, titan.inputs, **titan.config)
+    c = report.config
+    assert c.mesh == {"pp": 2, "dp_shard": 2, "tp": 2} and c.world_size == 8
+    assert c.tp_ranks == 2 and c.pp_ranks == 2 and c.replicas == 1
+    assert "layers.0.attention.wq" in (c.parallelize_plan or {})
+    assert "layers.5.attention.wq" in (c.parallelize_plan or {})  # the last stage's too
+    steady = report.pipeline.ranks[0].iterations[1]  # type: ignore[union-attr]
+    send = next(e for e in steady if e.kind == "pp_send")
+    assert send.nbytes == 2 * 64 * 256 * 2 // 2  # microbatch x seq x dim, bf16, half per tp rank
+    tp = [e for e in steady if e.tensor_parallel]
+    assert tp and all(e.stage == 0 and e.action is not None for e in tp)
+
+
+def test_gradients_accumulate_in_the_reduce_dtype() -> None:
+    """FSDP2 keeps a no-sync backward's gradient in ``reduce_dtype``: float32 under bfloat16
+    compute, twice the bytes, until REDUCE_GRAD reduces it."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    report = plan("1F1B", 4, mp_policy=mp, reshard_after_forward=False)
+    rank = report.pipeline.ranks[1]  # type: ignore[union-attr]
+    records = rank.memory.records()
+    grads = max(r["unsharded_grads"] for r in records)
+    assert grads == sum(u.numel * 4 for u in rank.units)  # float32: one copy per unit
+    first_reduce = next(i for i, r in enumerate(records) if r["kind"] == "reduce_scatter")
+    assert records[first_reduce - 1]["unsharded_grads"] == grads  # all of them, until reduced
+
+
+def test_pipelines_compare_by_schedule_and_are_not_replayed() -> None:
+    one, interleaved = plan("1F1B", 4), plan("Interleaved1F1B", 4)
+    cmp = fsdpviz.compare(one, interleaved)
+    assert cmp.same_wrapping and cmp.pipeline_differs
+    assert cmp.verdict == "same wrapping, different schedule"
+    assert cmp.costs["step_s"][0] != cmp.costs["step_s"][1]
+    with pytest.raises(fsdpviz.ConfigError, match="a pipeline's plan is not replayed"):
+        fsdpviz.replan.replay(one, world_size=8)
+    assert one.profiled and not one.pipeline.ranks[0].pipeline.ranks  # type: ignore[union-attr]
