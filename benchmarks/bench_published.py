@@ -1,23 +1,35 @@
-"""The time model against published training throughput: calibration and validation.
+"""The time and memory models against published training runs: calibration and validation.
 
-Each row is a run someone published (tokens per second per GPU), rebuilt here as the same
-model shape, batch, FSDP plan, activation checkpointing and GPU, traced by
-``fsdpviz.analyze`` on the meta device and timed by ``fsdpviz.cost.timeline``. Rows
-marked ``calibration`` are the ones the GPU presets' efficiencies were fitted on (``--fit``
-prints the fit); ``validation`` rows were never used to choose any constant.
+Each row is a run someone published (tokens per second per GPU, and the peak memory where the
+source logs it), rebuilt here as the same model shape, batch, FSDP plan, activation
+checkpointing, mesh and GPU, traced by ``fsdpviz.analyze`` on the meta device, timed by
+``fsdpviz.cost.timeline`` and its memory modelled by ``fsdpviz.cost.memory_model`` (the most of
+every micro-step of the steady optimizer step; the caching allocator's reserved estimate where
+the source logs ``torch.cuda.max_memory_reserved``, as torchtitan does, the peak allocated where
+it logs ``max_memory_allocated``, as KempnerForge does). Rows marked ``calibration`` are the
+ones the GPU presets' efficiencies were fitted on, one per GPU (``--fit`` prints the fit);
+``validation`` rows were never used to choose any constant. No memory constant is fitted.
 
 Sources:
 
 - torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md`` (Llama 3.1 8B, FSDP2,
   H100 96 GB HBM2e 500 W, 400 Gb/s RDMA per GPU, Tables 1 and 3: eager, with
-  torch.compile, with compile and float8; Table 4: Llama 3.1 70B on 256 GPUs as FSDP 32 x
-  TP 8 with compile and float8);
+  torch.compile, with compile and float8; Table 2: FSDP x CP over 8 GPUs, 32k to 256k tokens;
+  Table 4: Llama 3.1 70B on 256 GPUs as FSDP 32 x TP 8 with compile and float8; the peak
+  reserved memory of each);
 - torchtitan, ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` (the same hosts,
-  June 2025: Llama 3 70B FSDP 32 x TP 8 and 8B FSDP 8 x TP 8 with compile, bf16 and float8
-  tensorwise, vanilla TP);
+  June 2025: Llama 3 70B FSDP 32 x TP 8 and 8B FSDP 8 x TP 8 with compile, bf16, float8
+  tensorwise and rowwise, vanilla TP);
 - torchtitan, ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`` (Trainy, June 2025:
   Llama 3.1 8B, FSDP2 over 4 and 8 nodes of 8 H200, 400 Gb/s per GPU, compile and float8
-  with FSDP's float8 all-gather);
+  with FSDP's float8 all-gather; peak reserved memory);
+- KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
+  ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
+  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
+  compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
+  accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
+  tokens/s of all GPUs, divided here per GPU; peak allocated memory). Its runs without FSDP
+  (one GPU, tensor parallelism alone) and with pipeline parallelism are left out;
 - IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
   compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
   H100 with 800 Gb/s per node);
@@ -26,9 +38,10 @@ Sources:
 - llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT 125M-70B, FSDP1 through
   Composer, flash attention, H100 80 GB, A100 80 GB and A100 40 GB with RoCE).
 
-Prints the table (markdown: ``--markdown``), the median and 90th percentile of |error| per
-set, and torchtitan's published memory (the caching allocator's peak reserved) against
-``report.memory``'s peak and its reserved estimate.
+Prints the table (markdown: ``--markdown``), the median and 90th percentile of |error| of
+tokens/s and of peak memory for the calibration and the validation rows, and for the
+validation rows of each kind of run (GPU, tensor or context parallelism, float8 recipe,
+compile, accumulation, across nodes).
 
     python benchmarks/bench_published.py [--only calibration|validation] [--markdown] [--fit]
                                          [--measure [--gpu PRESET] [--out result.json]]
@@ -80,23 +93,70 @@ class Row:
     grad_accum: int = 1
     sharding: str = "FULL_SHARD"
     mixed: str = "DEFAULT"  # MPT: Composer's FSDP mixed precision mode
-    memory_gib: float | None = None  # published peak reserved memory
+    memory_gib: float | None = None  # published peak memory (GiB), ``memory`` says which
     compile: bool = False  # torch.compile (torchtitan: each block; fms-fsdp: the model)
-    float8: str = ""  # "tensorwise" linears, "+ag": with FSDP2's float8 all-gather
+    float8: str = ""  # recipe ("tensorwise", "rowwise"); "+ag": FSDP2's float8 all-gather
     tp: int = 1  # tensor-parallel degree (inside a node), FSDP over the rest
     inter_node_gbps: float | None = None  # network per GPU where no preset fits (GB/s)
+    cp: int = 1  # context-parallel degree: FSDP shards over dp_shard x cp
+    # what the source's memory figure is: the caching allocator's peak reserved bytes
+    # (torch.cuda.max_memory_reserved, torchtitan's "memory") or its peak allocated ones
+    memory: str = "reserved"
+    gpus_per_node: int = 8
+    # gradient accumulation as FSDP2's set_requires_gradient_sync(False) runs it (planned
+    # with analyze(grad_accum=N)); otherwise each micro-batch reduces its gradients
+    no_sync: bool = False
+    # the optimizer as fsdpviz.cost names it: torchtitan and KempnerForge step a fused AdamW;
+    # the others torch's default (foreach) implementation
+    optimizer: str = ""
+
+    @property
+    def optimizer_name(self) -> str:
+        if self.optimizer:
+            return self.optimizer
+        fused = self.source.startswith(("torchtitan", "KempnerForge"))
+        return "adamw_fused" if fused else "adamw"
 
     @property
     def name(self) -> str:
         acc = f" x{self.grad_accum}" if self.grad_accum > 1 else ""
         shard = {"SHARD_GRAD_OP": ", SGO", "HYBRID_SHARD": ", HSDP"}.get(self.sharding, "")
-        tp = f", FSDP {self.gpus // self.tp} x TP {self.tp}" if self.tp > 1 else ""
-        extra = ", compile" * self.compile + (f", fp8{'+ag' * self.float8.endswith('+ag')}"
-                                               if self.float8 else "")  # fmt: skip
+        dp = self.gpus // (self.tp * self.cp)
+        tp = f", FSDP {dp} x TP {self.tp}" if self.tp > 1 else ""
+        cp = f", FSDP {dp} x CP {self.cp}" if self.cp > 1 else ""
+        f8 = ""
+        if self.float8:
+            recipe = self.float8.removesuffix("+ag")
+            f8 = (
+                ", fp8"
+                + ("" if recipe == "tensorwise" else f" {recipe}")
+                + "+ag" * (self.float8.endswith("+ag"))
+            )
+        extra = ", compile" * self.compile + f8
         return (
             f"{self.model} {self.gpus}x{self.gpu} b{self.batch}{acc} s{self.seq} "
-            f"AC={self.ac}{shard}{tp}{extra}"
+            f"AC={self.ac}{shard}{tp}{cp}{extra}"
         )
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds of run the row belongs to, for the per-kind errors."""
+        out = [f"GPU {self.gpu}"]
+        if self.tp > 1:
+            out.append("tensor parallel")
+        if self.cp > 1:
+            out.append("context parallel")
+        if self.float8:
+            out.append(f"float8 {self.float8.removesuffix('+ag')}")
+        if self.compile:
+            out.append("compile")
+        if self.grad_accum > 1:
+            out.append("accumulation" + (" (no sync)" if self.no_sync else ""))
+        if self.sharding == "HYBRID_SHARD":
+            out.append("HSDP")
+        if self.gpus > self.gpus_per_node:
+            out.append("across nodes")
+        return out
 
 
 TT_H100 = "torchtitan H100 (Dec 2024)"
@@ -105,6 +165,9 @@ TT_A100_OLD = "torchtitan A100 (Apr 2024)"
 TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
 TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 FMS = "fms-fsdp IBM (2024)"
+KEMPNER = "KempnerForge H200 (Apr 2026)"
+KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
+_KF: dict[str, Any] = {"memory": "allocated", "gpus_per_node": 4, "no_sync": True}
 FOUNDRY = "llm-foundry MPT"
 CAL, VAL = "calibration", "validation"
 
@@ -117,15 +180,24 @@ ROWS = [
     # ... with torch.compile, and with float8 linears (Tables 1 and 3; float8 with torchtitan's
     # recommended enable_fsdp_float8_all_gather of the time); Table 4: 70B on 32 nodes
     Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 2, 8192, "op", 6667, VAL,
-        compile=True),
+        compile=True, memory_gib=77.0),
     Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 2, 8192, "op", 8532, VAL,
-        compile=True, float8="tensorwise+ag"),
+        compile=True, float8="tensorwise+ag", memory_gib=76.8),
     Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 6514, VAL,
-        compile=True),
+        compile=True, memory_gib=62.0),
     Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 128, 2, 8192, "op", 8380, VAL,
-        compile=True, float8="tensorwise+ag"),
+        compile=True, float8="tensorwise+ag", memory_gib=61.8),
     Row(TT_H100, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full", 829, VAL,
-        compile=True, float8="tensorwise+ag", tp=8),
+        compile=True, float8="tensorwise+ag", tp=8, memory_gib=71.9),
+    # Table 2: FSDP x CP over 8 GPUs, compile, float8, full AC, local batch 1
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 1, 32768, "full", 3890, VAL,
+        compile=True, float8="tensorwise+ag", memory_gib=83.9),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 1, 65536, "full", 2540, VAL,
+        compile=True, float8="tensorwise+ag", cp=2, memory_gib=84.2),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 1, 131072, "full", 1071, VAL,
+        compile=True, float8="tensorwise+ag", cp=4, memory_gib=84.0),
+    Row(TT_H100, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 8, 1, 262144, "full", 548, VAL,
+        compile=True, float8="tensorwise+ag", cp=8, memory_gib=84.5),
     # torchtitan async TP benchmarks, vanilla TP column (float8 tensorwise by recipe name,
     # which torchtitan runs without FSDP's float8 all-gather)
     Row(TT_ASYNC_TP, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full",
@@ -136,11 +208,49 @@ ROWS = [
         VAL, compile=True, tp=8),
     Row(TT_ASYNC_TP, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 64, 12, 8192, "op", 5078.1,
         VAL, compile=True, float8="tensorwise", tp=8),
+    # ... float8 rowwise (all communication in bf16)
+    Row(TT_ASYNC_TP, "llama3:70B", "h100-hbm2e", "nvlink4+roce-400", 256, 16, 8192, "full",
+        599.6, VAL, compile=True, float8="rowwise", tp=8),
+    Row(TT_ASYNC_TP, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 64, 12, 8192, "op", 3708.5,
+        VAL, compile=True, float8="rowwise", tp=8),
     # Trainy on H200: FSDP2 over 4 and 8 nodes, compile, float8 with FSDP's float8 all-gather
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 32, 2, 8192, "op", 10938, VAL,
-        compile=True, float8="tensorwise+ag"),
+        compile=True, float8="tensorwise+ag", memory_gib=47.96),
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
-        compile=True, float8="tensorwise+ag"),
+        compile=True, float8="tensorwise+ag", memory_gib=46.97),
+    # KempnerForge on nodes of 4 H200 (NVLink inside, InfiniBand NDR across): FSDP2 with bf16
+    # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
+    # accumulation with set_requires_gradient_sync(False); peak allocated memory; the H200
+    # preset is calibrated on the 7B FSDP=4 run (one node)
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 38983 / 4, CAL, 2,
+        compile=True, memory_gib=61.1, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 2, 2, 4096, "full", 18728 / 2, VAL, 4,
+        compile=True, memory_gib=62.4, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 25980 / 4, VAL, 2,
+        compile=True, tp=2, memory_gib=45.9, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 8, 4, 4096, "full", 44299 / 8, VAL, 2,
+        compile=True, tp=4, memory_gib=32.7, **_KF),
+    Row(KEMPNER, "kempner:13B", "h200", "nvlink4+ib-ndr", 8, 4, 4096, "full", 35405 / 8, VAL, 4,
+        memory_gib=88.5, **_KF),
+    Row(KEMPNER, "kempner:13B", "h200", "nvlink4+ib-ndr", 8, 4, 4096, "full", 27345 / 8, VAL, 4,
+        compile=True, tp=4, memory_gib=45.1, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 16, 4, 4096, "full", 82988 / 16, VAL, 2,
+        compile=True, tp=4, memory_gib=29.4, **_KF),
+    Row(KEMPNER, "kempner:13B", "h200", "nvlink4+ib-ndr", 16, 4, 4096, "full", 53814 / 16, VAL,
+        4, compile=True, tp=4, memory_gib=39.2, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 32, 4, 4096, "full", 155917 / 32, VAL,
+        2, compile=True, tp=4, memory_gib=27.6, **_KF),
+    Row(KEMPNER, "kempner:13B", "h200", "nvlink4+ib-ndr", 32, 4, 4096, "full", 104309 / 32, VAL,
+        4, compile=True, tp=4, memory_gib=36.3, **_KF),
+    Row(KEMPNER, "kempner:70B", "h200", "nvlink4+ib-ndr", 32, 2, 4096, "full", 17657 / 32, VAL,
+        4, compile=True, tp=4, memory_gib=93.2, **_KF),
+    # ... its configuration check (April 2026): the shipped configs
+    Row(KEMPNER_CFG, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 8, 4096, "full", 38858 / 4, VAL,
+        4, compile=True, memory_gib=81.0, **_KF),
+    Row(KEMPNER_CFG, "kempner:7B", "h200", "nvlink4+ib-ndr", 12, 4, 4096, "full", 67045 / 12,
+        VAL, 8, compile=True, tp=4, memory_gib=30.4, **_KF),
+    Row(KEMPNER_CFG, "kempner:7B", "h200", "nvlink4+ib-ndr", 32, 4, 4096, "full", 297384 / 32,
+        VAL, 4, compile=True, memory_gib=51.3, **_KF),
     # torchtitan, 64 A100 80 GB
     Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "op", 2973, CAL),
     Row(TT_A100, "llama3:8B", "a100", "nvlink3+ib-hdr", 64, 1, 8192, "layer", 2904, VAL),
@@ -256,6 +366,8 @@ def analyze_row(row: Row) -> fsdpviz.Report:
     family, size = row.model.split(":")
     if row.source == FMS:
         return _fms(row, size)
+    if family == "kempner":
+        return _kempner(row, size)
     if family in ("llama3", "llama2"):
         return _torchtitan(row, family, size)
     return _mpt(row, size)
@@ -275,7 +387,7 @@ def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
     job: dict[str, Any] = {
         "model": {"name": "llama3", "flavor": flavor},
         "training": {"local_batch_size": row.batch, "seq_len": row.seq},
-        "parallelism": {"tensor_parallel_degree": row.tp},
+        "parallelism": {"tensor_parallel_degree": row.tp, "context_parallel_degree": row.cp},
         "activation_checkpoint": {"mode": mode, "selective_ac_option": option},
     }
     if row.compile:  # torchtitan compiled each block (the loss too only from August 2025)
@@ -285,12 +397,67 @@ def _torchtitan(row: Row, family: str, size: str) -> fsdpviz.Report:
         job["float8"] = (
             {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["output"]}
             if row.float8.endswith("+ag")
-            else {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+            else {"recipe_name": row.float8, "filter_fqns": ["output"]}
         )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
     return fsdpviz.analyze(tt.model, tt.inputs, **tt.config, progress=False)
+
+
+# KempnerForge's Llama-3 shapes (benchmarks/mfu_scaling/mfu_bench.sh): the FFN is 2/3 of 4
+# dim, times 1.3, rounded up to 256 (70B: its ffn_hidden_dim 28672); vocabulary 128256
+KEMPNER_MODELS = {
+    "7B": {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
+           "ffn_dim_multiplier": 1.3, "multiple_of": 256},
+    "13B": {"dim": 5120, "n_layers": 40, "n_heads": 40, "n_kv_heads": 8,
+            "ffn_dim_multiplier": 1.3, "multiple_of": 256},
+    "70B": {"dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
+            "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
+}  # fmt: skip
+
+
+class _BF16CrossEntropy:
+    """KempnerForge's loss: cross-entropy of the logits as the model gives them (bf16)."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = F.cross_entropy(logits.flatten(0, 1), self.labels.flatten())
+        return out
+
+
+def _kempner(row: Row, size: str) -> fsdpviz.Report:
+    """KempnerForge: a Llama-3 of bf16 parameters (``model.to(bfloat16)``), each block and
+    then the root sharded with FSDP2 (``reshard_after_forward=True``, bf16 compute, fp32
+    reduction), every block checkpointed, torch.compile on the whole model, gradient
+    accumulation with ``set_requires_gradient_sync(False)``; with tp, torchtitan's sequence
+    parallel plan with the logits gathered for the loss."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    with torch.device("meta"):
+        model = titan.Transformer(KEMPNER_MODELS[size], row.seq).to(torch.bfloat16).train()
+    ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
+    labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
+    blocks = [f"layers.{i}" for i in range(KEMPNER_MODELS[size]["n_layers"])]
+    ranks: dict[str, Any] = {"world_size": row.gpus}
+    if row.tp > 1:
+        ranks = {"mesh": ("dp_shard", row.gpus // row.tp, "tp", row.tp),
+                 "parallelize_plan": titan.tp_plan(loss_parallel=False)}  # fmt: skip
+    return fsdpviz.analyze(
+        model,
+        ids,
+        loss=_BF16CrossEntropy(labels),
+        fully_shard=blocks,
+        reshard_after_forward=True,
+        mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, cast_forward_inputs=True),
+        activation_checkpointing=[titan.TransformerBlock],
+        compile=row.compile,
+        grad_accum=row.grad_accum,
+        progress=False,
+        **ranks,
+    )
 
 
 def _fms(row: Row, size: str) -> fsdpviz.Report:
@@ -342,10 +509,17 @@ class Result:
     report: fsdpviz.Report = field(repr=False)
     predicted: float = 0.0
     mfu: float = 0.0
+    memory: float = 0.0  # GiB, as the row's memory figure is (reserved or allocated)
 
     @property
     def error(self) -> float:
         return self.predicted / self.row.published - 1.0
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.row.memory_gib is None:
+            return None
+        return self.memory / self.row.memory_gib - 1.0
 
 
 def trace_all(rows: list[Row]) -> list[Result]:
@@ -354,9 +528,10 @@ def trace_all(rows: list[Row]) -> list[Result]:
     out = []
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
-               row.float8, row.tp, row.source == FMS)  # fmt: skip
+               row.float8, row.tp, row.cp, row.source == FMS,
+               row.grad_accum if row.no_sync else 1)  # fmt: skip
         base = traced.get(key)
-        if base is None or (base.config.world_size != row.gpus and row.tp > 1):
+        if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)
         elif base.config.world_size != row.gpus:
             report = replay(base, world_size=row.gpus)
@@ -371,19 +546,23 @@ def row_machine(row: Row, base: Machine | None = None) -> Machine:
     m = machine(base or row.gpu, network=row.network)
     if row.inter_node_gbps is not None:
         m = replace(m, inter_node_gbps=row.inter_node_gbps)
+    if row.gpus_per_node != m.gpus_per_node:
+        m = replace(m, gpus_per_node=row.gpus_per_node)
     return m
+
+
+def _accum(row: Row) -> int | None:
+    """timeline's grad_accum: None where the report holds the micro-steps (no sync)."""
+    return None if row.no_sync else row.grad_accum
 
 
 def predict(results: list[Result], machines: dict[str, Machine] | None = None) -> None:
     for r in results:
         m = row_machine(r.row, (machines or {}).get(r.row.gpu))
-        t = timeline(r.report, m, grad_accum=r.row.grad_accum).totals
-        r.predicted, r.mfu = t["tokens_per_s"], t["mfu"]
-
-
-def _job_row(row: Row) -> bool:
-    """A run with torch.compile, float8, hybrid sharding across nodes or tensor parallelism."""
-    return row.compile or bool(row.float8) or row.tp > 1 or row.sharding == "HYBRID_SHARD"
+        t = timeline(r.report, m, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name)
+        r.predicted, r.mfu = t.totals["tokens_per_s"], t.totals["mfu"]
+        if r.row.memory_gib is not None:
+            r.memory = step_memory(r.report, r.row.memory, r.row.optimizer_name) / 2**30
 
 
 def stats(errors: list[float]) -> tuple[float, float]:
@@ -412,25 +591,36 @@ def fit(results: list[Result]) -> dict[str, float]:
             )
             for r in cal:
                 mm = row_machine(r.row, m)
-                r.predicted = timeline(r.report, mm, grad_accum=r.row.grad_accum).totals[
-                    "tokens_per_s"
-                ]
+                tl = timeline(
+                    r.report, mm, grad_accum=_accum(r.row), optimizer=r.row.optimizer_name
+                )
+                r.predicted = tl.totals["tokens_per_s"]
             med = statistics.median(math.log(r.predicted / r.row.published) for r in cal)
             lo, hi = (mid, hi) if med < 0 else (lo, mid)
         factors[gpu] = (lo + hi) / 2
     return factors
 
 
-def reserved_estimate(report: fsdpviz.Report) -> tuple[float, float]:
-    """Peak allocated (the memory model) and the allocator's reserved estimate, GiB."""
-    mem = report.memory
-    return mem.peak["bytes"] / 2**30, mem.reserved["bytes"] / 2**30
+def step_memory(report: fsdpviz.Report, kind: str = "reserved", optimizer: str = "adamw") -> float:
+    """The most bytes of the steady optimizer step (every micro-step of it, under gradient
+    accumulation): the caching allocator's reserved estimate, or (``"allocated"``) the
+    memory model's peak."""
+    from fsdpviz.cost import memory_model
+
+    accum = report.config.grad_accum
+    n = len(report.iterations)
+    steps = range(n - accum, n) if accum > 1 else [n - 1]
+    mems = [memory_model(report, iteration=i, optimizer=optimizer) for i in steps]
+    if kind == "allocated":
+        return float(max(m.peak["bytes"] for m in mems))
+    return float(max(m.reserved["bytes"] for m in mems))
 
 
 # --------------------------------------------------------------- measured on this GPU
 
-_PRESET_BY_NAME = (("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"),
-                   ("A100", "a100"), ("L40S", "l40s"))  # fmt: skip
+_PRESET_BY_NAME = (("H200", "h200"), ("B200", "b200"), ("MI300X", "mi300x"),
+                   ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("A100", "a100"),
+                   ("L40S", "l40s"))  # fmt: skip
 
 
 def gpu_preset(name: str, total_bytes: int) -> str:
@@ -495,7 +685,7 @@ def measure_step(preset: str | None, out: str | None, steps: int = 10) -> dict[s
     inputs["labels"] = inputs["input_ids"]
     report = fsdpviz.analyze(meta, inputs, fully_shard=[LlamaDecoderLayer], mp_policy=mp,
                              world_size=1, progress=False)  # fmt: skip
-    tl = timeline(report, machine(preset))
+    tl = timeline(report, machine(preset), optimizer="adamw_fused")
     params = sum(p.numel() for p in meta.parameters())
     name = f"llama {cfg.num_hidden_layers} x {cfg.hidden_size}, {params / 1e9:.2f}B parameters"
     result = {
@@ -545,51 +735,74 @@ def main() -> None:
     predict(results)
     timed_s = time.perf_counter() - t1
     header = ["set", "source", "configuration", "published tok/s/GPU", "predicted", "error",
-              "MFU (pred.)"]  # fmt: skip
+              "MFU (pred.)", "memory", "predicted", "error"]  # fmt: skip
     lines = []
     for split in (CAL, VAL):
         for r in results:
             if r.row.split != split:
                 continue
-            lines.append([split, r.row.source, r.row.name, f"{r.row.published:,.0f}",
-                          f"{r.predicted:,.0f}", f"{r.error:+.1%}", f"{r.mfu:.1%}"])  # fmt: skip
-    if args.markdown:  # compact, for the README
-        print("| set | source | run | published | predicted | error |")
-        print("|---|---|---|--:|--:|--:|")
+            mem = ["", "", ""]
+            if r.memory_error is not None:
+                kind = "alloc." if r.row.memory == "allocated" else "res."
+                mem = [
+                    f"{r.row.memory_gib:.1f} {kind}",
+                    f"{r.memory:.1f}",
+                    f"{r.memory_error:+.1%}",
+                ]
+            time_ = [f"{r.row.published:,.0f}", f"{r.predicted:,.0f}", f"{r.error:+.1%}"]
+            lines.append([split, r.row.source, r.row.name, *time_, f"{r.mfu:.1%}", *mem])
+    if args.markdown:  # compact, for the docs
+        print("| set | source | run | published | predicted | error | memory GiB | predicted "
+              "| error |")  # fmt: skip
+        print("|---|---|---|--:|--:|--:|--:|--:|--:|")
         for line in lines:
-            short = [line[0][:3], line[1], line[2], *line[3:6]]
+            short = [line[0][:3], line[1], line[2], *line[3:6], *line[7:]]
             print("| " + " | ".join(short) + " |")
     else:
         widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
         for line in [header, *lines]:
             print("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)))
     print()
+    for text in summary(results):
+        print(text)
+    print(f"{len(results)} rows: traced/replayed in {traced_s:.1f} s, timed in {timed_s:.2f} s")
+
+
+def _line(what: str, errors: list[float]) -> str:
+    med, p90 = stats(errors)
+    return f"{what}: {len(errors)} runs, median |error| {med:.1%}, p90 |error| {p90:.1%}"
+
+
+def summary(results: list[Result]) -> list[str]:
+    """The errors of tokens/s and of memory: calibration rows, held-out (validation) rows,
+    and the held-out rows of each kind of run."""
+    out = []
     for split in (CAL, VAL):
         errs = [r.error for r in results if r.row.split == split]
         if errs:
-            med, p90 = stats(errs)
-            print(f"{split}: {len(errs)} runs, median |error| {med:.1%}, p90 |error| {p90:.1%}")
-    job = [r.error for r in results if r.row.split == VAL and _job_row(r.row)]
-    if job:
-        med, p90 = stats(job)
-        print(
-            f"validation with compile, float8, HSDP across nodes or FSDP x TP: {len(job)} runs, "
-            f"median |error| {med:.1%}, p90 |error| {p90:.1%}"
-        )
-    gpus = sorted({r.row.gpu for r in results if r.row.split == VAL})
-    sources = sorted({r.row.source.split()[0] for r in results if r.row.split == VAL})
-    print(f"validation spans GPUs {', '.join(gpus)}; sources {', '.join(sources)}")
-    print(f"{len(results)} rows: traced/replayed in {traced_s:.1f} s, timed in {timed_s:.2f} s")
-    print()
-    for r in results:
-        if r.row.memory_gib is None:
-            continue
-        peak, reserved = reserved_estimate(r.report)
-        print(
-            f"memory {r.row.name}: published {r.row.memory_gib:.1f} GiB reserved; predicted "
-            f"peak allocated {peak:.1f} GiB, reserved {reserved:.1f} GiB "
-            f"({reserved / r.row.memory_gib - 1:+.1%})"
-        )
+            out.append(_line(f"tokens/s, {split}", errs))
+    held = [r for r in results if r.row.split == VAL]
+    memory = [r for r in results if r.memory_error is not None]
+    cal_mem = [r.memory_error for r in memory if r.row.split == CAL and r.memory_error is not None]
+    val_mem = [r.memory_error for r in memory if r.row.split == VAL and r.memory_error is not None]
+    if cal_mem:
+        out.append(_line("peak memory, calibration rows (no memory constant is fitted)", cal_mem))
+    if val_mem:
+        out.append(_line("peak memory, validation", val_mem))
+    kinds = sorted({k for r in held for k in r.row.kinds})
+    out.append("validation by kind of run (tokens/s; peak memory where published):")
+    for kind in kinds:
+        rows = [r for r in held if kind in r.row.kinds]
+        text = "  " + _line(kind, [r.error for r in rows])
+        mem = [r.memory_error for r in rows if r.memory_error is not None]
+        if mem:
+            med, p90 = stats(mem)
+            text += f"; memory {len(mem)} runs, median {med:.1%}, p90 {p90:.1%}"
+        out.append(text)
+    gpus = sorted({r.row.gpu for r in held})
+    sources = sorted({r.row.source.split()[0] for r in held})
+    out.append(f"validation spans GPUs {', '.join(gpus)}; sources {', '.join(sources)}")
+    return out
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@
 measures one forward+backward with ``FSDPMemTracker``. The step holds the model output
 until backward returns (``out = model(x); loss(out).backward()``), like fsdpviz's trace.
 With ``optimizer="adam"`` or ``"adamw"`` a first step runs before tracking, so the
-tracked step is the steady state.
+tracked step is the steady state. With ``accumulate=N`` a step is ``N`` micro-steps, the
+first ``N - 1`` after ``set_requires_gradient_sync(False)``; the tracker follows every
+micro-step of one optimizer step (its module statistics reset between them: it follows one
+iteration at a time), the peak is the step's and each module's peaks the most over its
+micro-steps. With ``step=True`` the tracker follows ``optimizer.step()`` after them on its own,
+its peak starting afresh (``Tracked.step_peak``).
 
 On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
 gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
@@ -72,6 +77,8 @@ class Tracked:
     all_gathers: int = 0  # all-gathers FSDP issued in the tracked step
     # gloo_reduce_scatter: the bytes gloo allocated while each reduce-scatter completed
     reduce_scatter_copies: list[int] = field(default_factory=list)
+    # step=True: category -> bytes at the peak of optimizer.step() (tracked on its own)
+    step_peak: dict[str, int] = field(default_factory=dict)
     after_backward: dict[str, int] = field(default_factory=dict)  # category -> bytes
 
 
@@ -87,6 +94,9 @@ def tracked(
     around: Callable[[], AbstractContextManager[object]] = nullcontext,
     real: bool = False,
     gloo_reduce_scatter: bool = False,
+    accumulate: int = 1,
+    step: bool = False,
+    reduce_each: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -130,31 +140,61 @@ def tracked(
         batch = inputs()
         opt = _optimizer(model, optimizer)
         if opt is not None:
-            loss(model(**batch)).backward()
+            for k in range(accumulate):
+                _sync(model, k == accumulate - 1, accumulate, reduce_each)
+                loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((batch,))
+        modules: dict[str, dict[str, int]] = {}
+        after_forward: dict[Any, int] = {}
+        after_backward: dict[Any, int] = {}
         with tracker, around(), count_all_gathers() as gathers:
-            out = model(**batch)
-            after_forward = next(iter(tracker.get_tracker_snapshot().values()))
-            loss(out).backward()
-            after_backward = next(iter(tracker.get_tracker_snapshot().values()))
-        del out
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    modules: dict[str, dict[str, int]] = {}
+            for k in range(accumulate):
+                _sync(model, k == accumulate - 1, accumulate, reduce_each)
+                out = model(**batch)
+                if k == 0:
+                    after_forward = next(iter(tracker.get_tracker_snapshot().values()))
+                loss(out).backward()
+                if k == accumulate - 1:
+                    after_backward = next(iter(tracker.get_tracker_snapshot().values()))
+                del out
+                _module_peaks(tracker, modules)
+                tracker.reset_mod_stats()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        step_peak: dict[Any, int] = {}
+        if step and opt is not None:  # tracked again: the tracker's peak starts afresh
+            with tracker:
+                opt.step()
+                step_peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+                opt.zero_grad()
+    return Tracked(
+        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
+        _categories(step_peak), _categories(after_backward),
+    )  # fmt: skip
+
+
+def _sync(model: nn.Module, sync: bool, accumulate: int, reduce_each: bool = False) -> None:
+    """The micro-steps before the last: no gradient sync, or with ``reduce_each`` (HSDP)
+    reduce-scattered without the all-reduce across the replicas."""
+    if accumulate > 1 and reduce_each:
+        model.set_requires_all_reduce(sync)  # type: ignore[operator]
+    elif accumulate > 1:
+        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+
+
+def _module_peaks(tracker: Any, modules: dict[str, dict[str, int]]) -> None:
+    """Each module's forward and backward peak of the iteration the tracker followed, the
+    most with what ``modules`` holds."""
     for stats in tracker.memory_tracking.values():
         fqn = stats.mod_fqn.partition(".")[2]  # drop the root class name
         by_state = {state.value: snaps for state, snaps in stats.snapshots.items()}
-        modules[fqn] = {
-            phase: max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
-            for phase, name in (("forward", "Forward"), ("backward", "Backward"))
-        }
-    return Tracked(
-        _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
-        _categories(after_backward),
-    )  # fmt: skip
+        slot = modules.setdefault(fqn, {"forward": 0, "backward": 0})
+        for phase, name in (("forward", "Forward"), ("backward", "Backward")):
+            most = max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
+            slot[phase] = max(slot[phase], most)
 
 
 def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -162,10 +202,19 @@ def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
 
 
 def _optimizer(model: nn.Module, name: bool | str) -> torch.optim.Optimizer | None:
+    """``"adam"`` or ``"adamw"``, ending in ``_foreach``, ``_fused`` or ``_for_loop`` for that
+    implementation (else torch's default: on a CPU, for-loop)."""
     if not name:
         return None
-    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=1e-3)
+    name = str(name)
+    kind = {
+        "_foreach": {"foreach": True},
+        "_fused": {"fused": True},
+        "_for_loop": {"foreach": False},
+    }
+    options = next((v for k, v in kind.items() if name.endswith(k)), {})
+    cls = torch.optim.AdamW if name.startswith("adamw") else torch.optim.Adam
+    return cls(model.parameters(), lr=1e-3, **options)  # type: ignore[arg-type]
 
 
 def count_all_gathers() -> _CountAllGathers:
@@ -315,6 +364,8 @@ class GlooCase:
     options: dict[str, Any] = field(default_factory=dict)
     optimizer: str | None = None
     gloo_reduce_scatter: bool = False
+    accumulate: int = 1  # micro-steps per optimizer step
+    step: bool = False  # track optimizer.step() too
 
 
 def _tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
@@ -348,6 +399,27 @@ def _neox() -> nn.Module:
         max_position_embeddings=64,
     )
     return GPTNeoXForCausalLM(cfg)
+
+
+def _llama8() -> nn.Module:
+    """Eight layers of the small Llama: its optimizer step outweighs its activations."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _few_tokens() -> dict[str, Any]:
+    ids = _tokens(256, 1, 4)
+    return {"input_ids": ids, "labels": ids}
 
 
 def _labels_are_ids() -> dict[str, Any]:
@@ -401,6 +473,7 @@ _BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.floa
 def gloo_cases() -> dict[str, GlooCase]:
     """name -> case; every rank builds the same model from the same seed."""
     llama_units = [("model.layers.0",), ("model.layers.1",), ("lm_head",)]
+    llama8_units = [*[(f"model.layers.{i}",) for i in range(8)], ("lm_head",)]
     neox_units = [("gpt_neox.layers.0",), ("gpt_neox.layers.1",), ("lm_head",)]
     shifted_units = [("model.layers.0",), ("model.layers.1",), ("model.lm_head",)]
     return {
@@ -413,6 +486,32 @@ def gloo_cases() -> dict[str, GlooCase]:
         "llama-adamw": GlooCase(_llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw"),
         "neox-bf16": GlooCase(_neox, _labels_are_ids, neox_units, _hf_loss, {"mp_policy": _BF16}),
         "picked-list-index": GlooCase(PickedLM, _shifted_views, shifted_units, _itself),
+        # gradient accumulation: fp32 gradients added into the earlier micro-steps' in place;
+        # bf16 gradients kept in the fp32 reduce dtype between micro-steps
+        "llama-accumulate": GlooCase(
+            _llama, _labels_are_ids, llama_units, _hf_loss, optimizer="adamw", accumulate=3
+        ),
+        "llama-accumulate-bf16": GlooCase(
+            _llama,
+            _labels_are_ids,
+            llama_units,
+            _hf_loss,
+            {"mp_policy": _BF16},
+            optimizer="adamw",
+            accumulate=3,
+        ),
+        # the optimizer step's temporaries, by implementation (the step is the peak)
+        **{
+            f"llama8-step-{impl}": GlooCase(
+                _llama8,
+                _few_tokens,
+                llama8_units,
+                _hf_loss,
+                optimizer=f"adamw_{impl}",
+                step=True,
+            )
+            for impl in ("foreach", "for_loop", "fused")
+        },
     }
 
 
@@ -431,6 +530,8 @@ def _measure(case: GlooCase) -> Tracked:
         optimizer=case.optimizer or False,
         real=True,
         gloo_reduce_scatter=case.gloo_reduce_scatter,
+        accumulate=case.accumulate,
+        step=case.step,
         **case.options,
     )
 

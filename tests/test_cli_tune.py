@@ -96,16 +96,22 @@ def test_magic_tune_returns_the_tuning() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     del IPython
+    fresh = not InteractiveShell.initialized()
     shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "fsdpviz")
-    shell.run_cell(
-        "from fsdpviz.examples import ExampleConfig, example_inputs, example_model\n"
-        "c = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)\n"
-        "model, ids = example_model(c), example_inputs(c)\n"
-    )
-    tuning = shell.run_line_magic(
-        "fsdpviz", "tune model --inputs ids --memory-budget 3MiB --world-size 8,16 --pin wrap"
-    )
+    try:
+        shell.run_line_magic("load_ext", "fsdpviz")
+        shell.run_cell(
+            "from fsdpviz.examples import ExampleConfig, example_inputs, example_model\n"
+            "c = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, "
+            "num_heads=4)\n"
+            "model, ids = example_model(c), example_inputs(c)\n"
+        )
+        tuning = shell.run_line_magic(
+            "fsdpviz", "tune model --inputs ids --memory-budget 3MiB --world-size 8,16 --pin wrap"
+        )
+    finally:
+        if fresh:  # the next test that starts IPython gets a shell of its own kind
+            InteractiveShell.clear_instance()
     assert isinstance(tuning, fsdpviz.Tuning)
     assert {c.world_size for c in tuning.candidates} == {8, 16}
     assert {c.knobs["wrap"] for c in tuning.candidates} == {"the root alone"}

@@ -113,3 +113,42 @@ def test_float8_linears_and_fsdp2_float8_all_gather() -> None:
         _report(fully_shard=[DecoderLayer], float8={"all_gather": True})
     with pytest.raises(fsdpviz.ConfigError, match="compile must be True"):
         _report(fully_shard=[DecoderLayer], compile="max-autotune")
+
+
+def _gemms(report: fsdpviz.Report, backward: int) -> dict[int, int]:
+    """The matrix multiplies of one direction by operand bytes (1: float8, 2: bf16)."""
+    out: dict[int, int] = {}
+    for ks in report.profile.iterations[-1].kernels:  # type: ignore[union-attr]
+        for k in ks:
+            if k[0] == "gemm" and k[1] == backward:
+                out[k[6]] = out.get(k[6], 0) + k[-2]
+    return out
+
+
+def _mem_bytes(report: fsdpviz.Report) -> float:
+    kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
+    return sum(k[-1] for ks in kernels for k in ks if k[0] == "mem")
+
+
+def test_float8_recipes_price_their_casts_and_precisions() -> None:
+    """torchao's recipes: tensorwise casts each operand once (backward reuses the output
+    gradient's cast through a transposed copy); rowwise scales along the dimension each
+    multiply reduces, so every operand of every multiply is cast again; rowwise_with_gw_hp
+    computes the weight gradient in bf16, without casts."""
+    common = {"fully_shard": [DecoderLayer], "mp_policy": BF16}
+    plain = _report(**common)
+    f8 = {
+        recipe: _report(float8={"recipe_name": recipe, "filter_fqns": ["lm_head"]}, **common)
+        for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+    }
+    linears = 7 * CONFIG.num_layers  # the blocks' projections; the LM head filtered out
+    for report in f8.values():
+        assert _events(report) == _events(plain)
+        assert _gemms(report, 0) == {1: linears, 2: _gemms(plain, 0)[2] - linears}
+    assert _gemms(f8["rowwise"], 1)[1] == _gemms(f8["tensorwise"], 1)[1] == 2 * linears
+    assert _gemms(f8["rowwise_with_gw_hp"], 1)[1] == linears  # the input's gradient only
+    tensorwise, rowwise, gw_hp = (_mem_bytes(f8[r]) for r in f8)
+    assert rowwise > tensorwise and gw_hp < rowwise
+    times = {r: timeline(report, "h100").totals["matmul_s"] for r, report in f8.items()}
+    assert times["tensorwise"] == pytest.approx(times["rowwise"])
+    assert times["rowwise_with_gw_hp"] > times["rowwise"]

@@ -283,3 +283,41 @@ def test_unit_backward_windows_without_a_profile(report: fsdpviz.Report) -> None
         checked += 1
     assert checked == 3
     assert bare.memory.unit_peaks["layers.3"]["backward"] < bare.memory.peak["bytes"]
+
+
+@pytest.mark.parametrize("impl", ["foreach", "for_loop", "fused"])
+def test_the_optimizer_step_holds_its_states_and_temporaries(
+    report: fsdpviz.Report, impl: str
+) -> None:
+    """After the iteration, ``optimizer.step()``: every shard, its reduced gradient, the states
+    and what the implementation makes (torch's default foreach: ``exp_avg_sq.sqrt()`` of every
+    shard, one state's bytes; for-loop: a parameter's and its division's; fused: none)."""
+    mem = memory_model(report, optimizer=f"adamw_{impl}")
+    step = mem.moments[-1]
+    assert step.where == "during the optimizer step after"
+    got = dict(zip(CATEGORIES, step.bytes, strict=True))
+    states = sum(u.sharded_numel * 4 for u in report.units) * 2
+    assert got["sharded_grads"] == states // 2 and got["activations"] == 0
+    # for-loop: one parameter's sqrt() and its division, the previous one's result still bound
+    shards = [u.sharded_numel * 4 for u in report.units]  # FSDP1: the FlatParameters
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    extra = {"foreach": states // 2, "for_loop": loop, "fused": 0}[impl]
+    assert got["optimizer"] == states + extra
+    assert memory_model(report).moments[-1].bytes == step.bytes or impl != "foreach"
+    # the step's memory traffic: fused reads and writes each state once, foreach each
+    # operation its own pass
+    from fsdpviz.cost import timeline
+
+    fused = timeline(report, optimizer="adamw_fused").totals["optimizer_s"]
+    assert timeline(report, optimizer=f"adamw_{impl}").totals["optimizer_s"] == pytest.approx(
+        fused * (1 if impl == "fused" else 3)
+    )
+
+
+def test_optimizer_names_say_what_is_known(report: fsdpviz.Report) -> None:
+    with pytest.raises(fsdpviz.ConfigError, match=r"_foreach, _fused, _for_loop"):
+        memory_model(report, optimizer="adamw_fast")
+    # the first iteration's step makes the states
+    first = memory_model(report, iteration=0, optimizer="adamw_fused")
+    assert first.moments[-2].bytes[CATEGORIES.index("optimizer")] == 0
+    assert first.moments[-1].bytes[CATEGORIES.index("optimizer")] > 0

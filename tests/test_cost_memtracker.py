@@ -25,6 +25,7 @@ import functools
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,26 +114,34 @@ def _as_the_tracker_sees(
 ) -> dict[str, int]:
     """Each unit's backward peak as ``FSDPMemTracker`` reports it.
 
-    Its wrapper of FSDP2's post-backward keeps the unit's last unsharded gradient in a local
-    variable until FSDP's post-backward returns. FSDP frees the gradients once copied into
-    the reduce-scatter input; the tracker still counts that one when the reduced shard is
-    allocated: the moment after the reduce-scatter, in the unit's window and the root's,
-    reads that gradient higher (with ``copies``, gloo's own reduce-scatter: and a copy of its
-    input, made while it completes).
+    Its wrapper of FSDP2's post-backward keeps the unit's last parameter's ``.grad`` in a local
+    variable until FSDP's post-backward returns. FSDP keeps that gradient too, until its
+    reduction returns (``foreach_reduce``'s loop variable), and fsdpviz counts it, so the
+    wrapper adds nothing, but where FSDP reduces an accumulated copy in the reduce dtype
+    (gradient accumulation with an fp32 ``reduce_dtype`` and bf16 gradients): there the
+    ``.grad`` the wrapper holds is the last micro-step's bf16 one, which FSDP had freed once
+    added into the copy. The tracker counts it when the reduced shard is allocated: the moment
+    after the reduce-scatter, in the unit's window and the root's, reads it higher (with
+    ``copies``, gloo's own reduce-scatter: and a copy of its input, made while it completes).
     """
     peaks = {unit: phases["backward"] for unit, phases in mem.unit_peaks.items()}
     after = {m.event: sum(m.bytes) for m in mem.moments if m.kind == "event"}  # the last one
     sizes = unit_bytes(report, None)
-    for i, e in enumerate(report.iterations[mem.config["iteration"]]):
+    i = mem.config["iteration"]
+    accum = report.config.grad_accum
+    accumulated = accum > 1 and i % accum == accum - 1
+    for k, e in enumerate(report.iterations[i]):
         if e.kind != "reduce_scatter":
             continue
         unit = report.unit(e.unit)
-        last = [p for p in unit.params if p not in unit.frozen_params][-1]  # with a gradient
-        held = model.get_parameter(last).numel()
-        held *= itemsize(unit.compute_dtype or unit.dtype)
+        held = 0
+        if accumulated and unit.reduce_dtype not in (None, unit.compute_dtype or unit.dtype):
+            last = [p for p in unit.params if p not in unit.frozen_params][-1]  # with a gradient
+            held = model.get_parameter(last).numel()
+            held *= itemsize(unit.compute_dtype or unit.dtype)
         copy = sizes[e.unit].reduce_scatter if copies else 0
         for name in {e.unit, ""}:
-            peaks[name] = max(peaks[name], after[i] + held + copy)
+            peaks[name] = max(peaks[name], after[k] + held + copy)
     return peaks
 
 
@@ -205,6 +214,45 @@ def test_adam_steady_state(fake_pg: int) -> None:
 def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)
+
+
+def test_hybrid_sharding_reduce_scatter_every_micro_step(fake_pg: int) -> None:
+    """HSDP accumulating with ``set_requires_all_reduce(False)``: every micro-step
+    reduce-scatters, its output added into the partial reduce output the first one left
+    (counted once, with the gradient shards: the tracker counts it as a temporary), the
+    all-reduce across the replicas in the last; the peak of the optimizer step's three
+    micro-steps, every category at it and every module's peaks, to the byte; the last
+    micro-step's reduction adds each into its own output, then drops it."""
+    build, blocks, _ = CASES["llama"]
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    n, mesh = 3, (2, 2)
+    real = tracked(build, _ids, blocks, fake_pg, _loss, optimizer="adamw", mesh_shape=mesh,
+                   accumulate=n, reduce_each=True)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
+                             mesh=mesh, grad_accum=n, requires_all_reduce=False)  # fmt: skip
+    steps = [memory_model(report, optimizer="adamw", iteration=i) for i in range(n, 2 * n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    unit_peaks: dict[str, dict[str, int]] = {}
+    for mem in steps:
+        backward = _as_the_tracker_sees(report, mem, model)
+        for unit, phases in mem.unit_peaks.items():
+            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot["forward"] = max(slot["forward"], phases["forward"])
+            slot["backward"] = max(slot["backward"], backward[unit])
+    partial = sum(u.sharded_numel * 4 for u in report.units)  # fp32
+    assert steps[0].events[-1]["sharded_grads"] == partial  # left by the first micro-step
+    assert steps[1].events[-1]["sharded_grads"] == partial  # added into, not twice
+    assert steps[2].events[-1]["sharded_grads"] == partial  # the last: added into its own
+    breakdown = dict(at_peak.peak["breakdown"])
+    if at_peak is not steps[-1]:  # before the last micro-step the partial output is a Temp
+        breakdown["backward_temp"] += breakdown.pop("sharded_grads")
+        breakdown["sharded_grads"] = 0
+    peak = {**at_peak.peak, "breakdown": breakdown}
+    combined = replace(at_peak, peak=peak, unit_peaks=unit_peaks)
+    _compare(real, combined, steps=4 * len(list(model.parameters())))
 
 
 def _plain_plan() -> dict[str, Any]:
@@ -287,8 +335,14 @@ def test_head_after_a_norm(fake_pg: int) -> None:
     mem = memory_model(report, optimizer=None, iteration=0)
     backward = _as_the_tracker_sees(report, mem, model)
     _compare(real, mem, backward=backward)
-    # the tracker holds lm_head's 1 MiB gradient while its reduced shard is allocated
-    assert backward["lm_head"] - mem.unit_peaks["lm_head"]["backward"] == 131_072
+    # FSDP holds lm_head's 1 MiB gradient until its reduction returns (foreach_reduce's loop
+    # variable), after the reduced shard is allocated: lm_head's backward peak is that moment
+    assert backward == {unit: phases["backward"] for unit, phases in mem.unit_peaks.items()}
+    events = report.iterations[0]
+    k = next(k for k, e in enumerate(events) if e.kind == "reduce_scatter" and e.unit == "lm_head")
+    after = [m for m in mem.moments if m.kind == "event" and m.event == k][-1]
+    grads = after.bytes[CATEGORIES.index("unsharded_grads")]
+    assert grads == 2**20 and sum(after.bytes) == mem.unit_peaks["lm_head"]["backward"]
 
 
 def test_an_input_cut_from_a_larger_tensor(fake_pg: int) -> None:
@@ -352,14 +406,26 @@ def gloo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _predict(case: GlooCase) -> tuple[fsdpviz.Report, MemoryReport, nn.Module]:
+    report, steps, model = _predict_step(case)
+    return report, steps[-1], model
+
+
+def _predict_step(case: GlooCase) -> tuple[fsdpviz.Report, list[MemoryReport], nn.Module]:
+    """The case planned, and the memory of each micro-step of the optimizer step the tracker
+    follows (the second one with an optimizer: the steady state)."""
     with torch.device("meta"):
         model = case.build()
+    extra = {"grad_accum": case.accumulate} if case.accumulate > 1 else {}
     report = fsdpviz.analyze(
         model, case.inputs(), fully_shard=case.units, loss=case.loss,
-        world_size=GLOO_WORLD_SIZE, **case.options,
+        world_size=GLOO_WORLD_SIZE, **case.options, **extra,
     )  # fmt: skip
-    iteration = 1 if case.optimizer else 0
-    return report, memory_model(report, optimizer=case.optimizer, iteration=iteration), model
+    first = case.accumulate if case.optimizer else 0
+    steps = [
+        memory_model(report, optimizer=case.optimizer, iteration=i)
+        for i in range(first, first + case.accumulate)
+    ]
+    return report, steps, model
 
 
 def _ranks(out: Path, name: str) -> list[Tracked]:
@@ -394,6 +460,75 @@ def test_gloo_ranks_exact(gloo: Path, name: str) -> None:
     for real in _ranks(gloo, name):
         assert real.peak["Inputs"] == inputs
         _compare(real, mem, backward=backward)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-accumulate", "llama-accumulate-bf16"])
+def test_gloo_gradient_accumulation_exact(gloo: Path, name: str) -> None:
+    """Three micro-steps per AdamW step, the first two without gradient sync: the step's peak,
+    every category at it and every module's forward and backward peak (the most over the
+    micro-steps) equal the tracker's to the byte. fp32 gradients are added into the earlier
+    micro-steps' in place; with bf16 compute and an fp32 ``reduce_dtype`` FSDP2 keeps the
+    unreduced gradients in fp32 between micro-steps (``to_accumulated_grad_if_needed``):
+    twice the bytes of a bf16 copy, all of the model's before the last micro-step."""
+    case = gloo_cases()[name]
+    report, steps, model = _predict_step(case)
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    unit_peaks: dict[str, dict[str, int]] = {}
+    for mem in steps:
+        backward = _as_the_tracker_sees(report, mem, model)
+        for unit, phases in mem.unit_peaks.items():
+            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot["forward"] = max(slot["forward"], phases["forward"])
+            slot["backward"] = max(slot["backward"], backward[unit])
+    combined = replace(at_peak, unit_peaks=unit_peaks)
+    steps_bytes = 4 * len(list(model.parameters()))  # AdamW's step counters
+    grads = sum(model.get_parameter(p).numel() for u in report.units for p in u.params)
+    # what the last micro-step starts with: fp32 either way (fp32 parameters' gradients, or
+    # bf16 ones cast to the reduce dtype)
+    assert steps[-2].events[-1]["unsharded_grads"] == grads * 4
+    for real in _ranks(gloo, name):
+        _compare(real, combined, steps=steps_bytes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["foreach", "for_loop", "fused"])
+def test_gloo_optimizer_step_temporaries(gloo: Path, impl: str) -> None:
+    """AdamW's step after backward, as each implementation runs it: foreach makes
+    ``exp_avg_sq.sqrt()`` of every shard at once (one state's bytes), the for-loop one of a
+    parameter at a time and its division (the previous parameter's still bound), fused nothing. The
+    tracker follows the step on its own: its peak, every category at it, equal fsdpviz's step
+    to the byte; and the micro-steps' peak and module peaks as before."""
+    name = f"llama8-step-{impl}"
+    case = gloo_cases()[name]
+    report, mem, model = _predict(case)
+    step = mem.moments[-1]
+    assert step.where == "during the optimizer step after"
+    got = dict(zip(CATEGORIES, step.bytes, strict=True))
+    states = sum(u.sharded_numel for u in report.units) * 4
+    # for-loop: a parameter's sqrt() and its division, the previous parameter's result still
+    # bound to the loop's variable: the LM head's two (the largest), the final norm's one
+    shards = [p.numel() // GLOO_WORLD_SIZE * 4 for p in model.parameters()]
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    extra = {"foreach": states, "for_loop": loop, "fused": 0}[impl]
+    assert got["optimizer"] == 2 * states + extra
+    steps = 4 * len(list(model.parameters()))  # AdamW's step counters
+    backward = _as_the_tracker_sees(report, mem, model)
+    before_step = replace(mem, peak=_peak_of(mem.moments[:-1]))
+    for real in _ranks(gloo, name):
+        assert real.step_peak["Total"] == sum(step.bytes) + steps
+        for label, (theirs, ours) in MAPPING.items():
+            a = sum(real.step_peak.get(k, 0) for k in theirs)
+            b = sum(got[k] for k in ours) + (steps if "OptState" in theirs else 0)
+            assert a == b, f"{label} at the step: FSDPMemTracker {a} B, fsdpviz {b} B"
+        _compare(real, before_step, backward=backward, steps=steps)
+
+
+def _peak_of(moments: list[Any]) -> dict[str, Any]:
+    """A memory report's ``peak`` over these moments."""
+    top = max(moments, key=lambda m: sum(m.bytes))
+    breakdown = dict(zip(CATEGORIES, top.bytes, strict=True))
+    return {"bytes": sum(top.bytes), "where": top.where, "breakdown": breakdown}
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def test_collective_formula() -> None:
     both = m.collective_seconds("all_reduce", size, 8)
     assert both == pytest.approx(10e-6 + 14 * 1e-6 + 2 * 7 / 8 * size / 450e9)
     assert m.collective_seconds("all_gather", size, 1) == 0.0
-    assert m.compute_seconds(1e15, "bfloat16") == pytest.approx(1e15 / (989e12 * 0.53))
+    assert m.compute_seconds(1e15, "bfloat16") == pytest.approx(1e15 / (989e12 * 0.537))
 
 
 def test_timeline_shape_and_totals() -> None:
@@ -212,3 +212,21 @@ def test_no_shard_all_reduces_the_padded_flat_parameter() -> None:
     for r in reduced:
         u = units[r["unit"]]
         assert r["bytes"] == pytest.approx(2 * 7 / 8 * u.flat_numel * 4)
+
+
+def test_presets_say_what_calibrated_them() -> None:
+    """H200 is fitted on a run of its own; B200 and MI300X come from their data sheets, their
+    efficiencies the H100 SXM's (no published FSDP run to fit them on)."""
+    h100, h200 = machine("h100"), machine("h200")
+    assert h200.tflops == h100.tflops and h200.hbm_gbps == 4800.0
+    assert h200.compute_efficiency / h100.compute_efficiency == pytest.approx(1.468, rel=0.02)
+    b200 = machine("b200")
+    assert (b200.peak_flops("bfloat16"), b200.intra_node_gbps) == (2250e12, 900.0)
+    mi300x = machine("mi300x")
+    assert mi300x.peak_flops("bfloat16") == pytest.approx(1307.4e12)
+    assert (mi300x.memory_gib, mi300x.intra_node_gbps, mi300x.network) == (
+        192.0,
+        448.0,
+        "xgmi+roce-400",
+    )
+    assert mi300x.compute_efficiency == b200.compute_efficiency == h100.compute_efficiency

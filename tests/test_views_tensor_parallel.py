@@ -156,3 +156,29 @@ def test_llama3_70b_as_fsdp_32_x_tp_8_of_the_readme() -> None:
     tp = [e for e in steady if e.tensor_parallel and e.unit == "model.layers.5"]
     assert [e.phase for e in tp].count("forward") == 2 and len(tp) == 7
     assert {e.kind for e in tp} == {"tp_all_reduce"}
+
+
+def test_kernels_are_costed_as_one_tp_rank_runs_them(report: fsdpviz.Report) -> None:
+    """The trace records each kernel as a rank of the tp group runs it: a column-parallel
+    projection's multiply on its share of the output features, a row-parallel one's on its
+    share of the input features (both operands shared), the weight gradient of a
+    column-parallel projection from the whole gathered input; the time model costs them as
+    recorded."""
+    prof = report.profile
+    assert prof is not None and prof.kernels_tp == 2
+    forward = {
+        tuple(k[2:5]) for ks in prof.iterations[-1].kernels for k in ks
+        if k[0] == "gemm" and k[1] == 0
+    }  # fmt: skip
+    tokens, dim, vocab = 2 * 8, 16, 64
+    assert (tokens, dim // 2, dim) in forward  # wq, wk, wv: output features shared
+    assert (tokens, dim, dim // 2) in forward  # wo: the shared dimension reduced
+    assert (tokens, vocab // 2, dim) in forward  # the output projection, column-parallel
+    assert (tokens, vocab, dim) not in forward
+    whole = fsdpviz.analyze(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS, world_size=4,
+        progress=False,
+    )  # fmt: skip
+    t = fsdpviz.cost.timeline(report, "h100").totals
+    # a rank computes half of the FLOPs of the whole model
+    assert 2 * t["hardware_flops"] == pytest.approx(whole.timeline.totals["hardware_flops"])

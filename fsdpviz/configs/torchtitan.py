@@ -181,12 +181,13 @@ def from_torchtitan(
     parallel = data.get("parallelism", {})
     seq = int(training.get("seq_len", 2048))
     batch = int(training.get("local_batch_size", 8))
-    if int(parallel.get("context_parallel_degree", 1)) > 1:
+    rotate = parallel.get("context_parallel_rotate_method", "allgather")
+    if int(parallel.get("context_parallel_degree", 1)) > 1 and rotate != "allgather":
         note(
             notes,
-            f"{where}: parallelism.context_parallel_degree = "
-            f"{parallel['context_parallel_degree']} (context parallelism) is not modelled; "
-            "planned without it",
+            f"{where}: context_parallel_rotate_method = {rotate!r} is not modelled; ring "
+            "attention is planned with torch's default 'allgather' (keys and values gathered "
+            "once per attention)",
         )
     mesh = _mesh(parallel, world_size, where, notes)
     shard = mesh["dp_shard"]
@@ -204,9 +205,11 @@ def from_torchtitan(
     kwargs = _plan(model, data, mesh, where, notes)
     if mesh["pp"] > 1:
         kwargs.update(_pipeline(model, parallel, mesh["pp"], batch, where, notes))
-    # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch
+    # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch;
+    # one rank's labels: context parallelism cuts them as it cuts the tokens
     rows = batch // int(kwargs.get("microbatches", 1))
-    kwargs["loss"] = _CrossEntropy(torch.zeros(rows, seq, dtype=torch.long, device="meta"))
+    labels = torch.zeros(rows, seq // mesh["cp"], dtype=torch.long, device="meta")
+    kwargs["loss"] = _CrossEntropy(labels)
     compiled = _compile(data.get("compile", {}), where, notes)
     if compiled:
         kwargs["compile"] = compiled
@@ -370,6 +373,7 @@ def _mesh(
         "pp": degrees["pipeline_parallel_degree"],
         "dp_replicate": degrees["data_parallel_replicate_degree"],
         "dp_shard": shard,
+        "cp": degrees["context_parallel_degree"],
         "tp": degrees["tensor_parallel_degree"],
     }
 
@@ -443,9 +447,9 @@ def _plan(
         "reshard_after_forward": raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
-    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1:
+    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1 and mesh["cp"] == 1:
         kwargs["world_size"] = mesh["dp_shard"]
-    else:  # PP, HSDP and/or TP: the mesh as torchtitan's ParallelDims builds it
+    else:  # PP, HSDP, CP and/or TP: the mesh as torchtitan's ParallelDims builds it
         dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
         kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
     if mesh["tp"] > 1:

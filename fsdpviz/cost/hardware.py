@@ -176,6 +176,24 @@ class Machine:
             gbps * 1e9 * self.comm_efficiency
         )
 
+    def send_seconds(self, nbytes: float, span: Span | None = None) -> float:
+        """Seconds for each rank of a ring over ``span`` to send ``nbytes`` to the next one at
+        once (context parallelism's rotation of a buffer, an ``all_to_all`` with one
+        destination per rank): a ring inside a node at ``intra_node_gbps``; one across
+        nodes sends through a network card (``inter_node_gbps``)."""
+        if nbytes <= 0 or span is None or span.ranks <= 1:
+            return 0.0
+        if span.across_nodes:
+            gbps = min(self.intra_node_gbps, self.inter_node_gbps)
+            latency = self.inter_node_latency_us
+        else:
+            gbps, latency = self.intra_node_gbps, self.intra_node_latency_us
+        return (
+            self.collective_base_us * 1e-6
+            + latency * 1e-6
+            + nbytes / (gbps * 1e9 * self.comm_efficiency)
+        )
+
     def copy_seconds(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
         return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0
@@ -186,11 +204,13 @@ class Machine:
 
 # Dense (no sparsity) peak throughput from the vendors' data sheets; float32 is the
 # non-tensor-core rate, tfloat32 that of TF32 tensor cores (float32_matmul_precision "high").
-# The efficiencies are what eager PyTorch reaches on each: those of h100, h100-hbm2e, a100
-# and a100-40gb are fitted on the calibration rows of benchmarks/bench_published.py (one
-# factor per GPU on the compute and attention efficiencies); h200 takes the H100 SXM's (the
-# same chip and clocks), h100-pcie the H100 SXM's factor and l40s the median factor, as no
-# published run was found to fit them on.
+# The efficiencies are what PyTorch reaches on each: one factor per GPU on the compute and
+# attention efficiencies, fitted on the calibration row of that GPU in
+# benchmarks/bench_published.py (docs/cost.md names each run): h100 (llm-foundry MPT 7B on 8
+# H100), h100-hbm2e (torchtitan Llama 3.1 8B on 8 H100 96 GB), a100 (torchtitan Llama 3 8B on
+# 64 A100), a100-40gb (llm-foundry MPT 7B on 8 A100 40 GB), h200 (KempnerForge 7B, FSDP2 on
+# 4 H200). No published run was found to fit h100-pcie (the H100 SXM's factor), l40s (the
+# median factor), b200 and mi300x (the H100 SXM's efficiencies: not calibrated).
 _H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tfloat32": 494.5,
                 "float8_e4m3fn": 1979.0}  # fmt: skip
 _A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5, "tfloat32": 156.0}
@@ -198,6 +218,14 @@ _H100_PCIE_TFLOPS = {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0, "tflo
                      "float8_e4m3fn": 1513.0}  # fmt: skip
 _L40S_TFLOPS = {"bfloat16": 362.0, "float16": 362.0, "float32": 91.6, "tfloat32": 183.0,
                 "float8_e4m3fn": 733.0}  # fmt: skip
+# HGX B200 (1000 W) and AMD Instinct MI300X (750 W) data sheets
+_B200_TFLOPS = {"bfloat16": 2250.0, "float16": 2250.0, "float32": 75.0, "tfloat32": 1100.0,
+                "float8_e4m3fn": 4500.0}  # fmt: skip
+_MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tfloat32": 653.7,
+                  "float8_e4m3fn": 2614.9, "float8_e4m3fnuz": 2614.9}  # fmt: skip
+# h200: the H100 SXM's efficiencies times 1.488, fitted on KempnerForge's 7B FSDP2 run on 4
+# H200 (benchmarks/bench_published.py --fit)
+H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.788, 0.415, 0.329
 GPUS: dict[str, dict[str, Any]] = {
     "h100": {
         "name": "H100 SXM 80GB",
@@ -206,9 +234,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 3350.0,
         "pcie_gbps": 50.0,  # PCIe 5 x16: 64 GB/s per direction
         "network": "nvlink4+ib-ndr",
-        "compute_efficiency": 0.53,
-        "attention_efficiency": 0.279,
-        "attention_backward_efficiency": 0.221,
+        "compute_efficiency": 0.537,
+        "attention_efficiency": 0.282,
+        "attention_backward_efficiency": 0.224,
     },
     # H100 SXM with 96 GB of HBM2e at 500 W (Meta's Grand Teton hosts, torchtitan's
     # published runs): the same data-sheet peak, lower clocks under the power cap.
@@ -230,9 +258,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 2000.0,
         "pcie_gbps": 50.0,
         "network": "pcie5+ib-ndr",
-        "compute_efficiency": 0.478,
-        "attention_efficiency": 0.265,
-        "attention_backward_efficiency": 0.206,
+        "compute_efficiency": 0.484,
+        "attention_efficiency": 0.268,
+        "attention_backward_efficiency": 0.208,
     },
     "h200": {
         "name": "H200 SXM 141GB",
@@ -241,9 +269,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 4800.0,
         "pcie_gbps": 50.0,
         "network": "nvlink4+ib-ndr",
-        "compute_efficiency": 0.53,
-        "attention_efficiency": 0.279,
-        "attention_backward_efficiency": 0.221,
+        "compute_efficiency": H200_COMPUTE,
+        "attention_efficiency": H200_ATTENTION,
+        "attention_backward_efficiency": H200_ATTENTION_BACKWARD,
     },
     "a100": {
         "name": "A100 SXM 80GB",
@@ -251,9 +279,9 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 80.0,
         "hbm_gbps": 2039.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.706,
-        "attention_efficiency": 0.574,
-        "attention_backward_efficiency": 0.441,
+        "compute_efficiency": 0.708,
+        "attention_efficiency": 0.575,
+        "attention_backward_efficiency": 0.442,
     },
     "a100-40gb": {
         "name": "A100 SXM 40GB",
@@ -261,9 +289,31 @@ GPUS: dict[str, dict[str, Any]] = {
         "memory_gib": 40.0,
         "hbm_gbps": 1555.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.686,
-        "attention_efficiency": 0.558,
-        "attention_backward_efficiency": 0.429,
+        "compute_efficiency": 0.687,
+        "attention_efficiency": 0.559,
+        "attention_backward_efficiency": 0.430,
+    },
+    "b200": {
+        "name": "B200 SXM 180GB",
+        "tflops": _B200_TFLOPS,
+        "memory_gib": 180.0,
+        "hbm_gbps": 8000.0,
+        "pcie_gbps": 50.0,
+        "network": "nvlink5+ib-ndr",
+        "compute_efficiency": 0.537,
+        "attention_efficiency": 0.282,
+        "attention_backward_efficiency": 0.224,
+    },
+    "mi300x": {
+        "name": "MI300X 192GB",
+        "tflops": _MI300X_TFLOPS,
+        "memory_gib": 192.0,
+        "hbm_gbps": 5300.0,
+        "pcie_gbps": 50.0,
+        "network": "xgmi+roce-400",
+        "compute_efficiency": 0.537,
+        "attention_efficiency": 0.282,
+        "attention_backward_efficiency": 0.224,
     },
     "l40s": {
         "name": "L40S 48GB",
@@ -281,8 +331,10 @@ GPUS["a100-80gb"] = GPUS["a100"]
 
 # Achievable per-GPU bandwidth (GB/s, one direction) of each link, before comm_efficiency.
 INTRA_NODE = {
+    "nvlink5": 900.0,  # B200 NVLink 5 through NVSwitch: 1.8 TB/s bidirectional
     "nvlink4": 450.0,  # H100/H200 NVLink 4 through NVSwitch: 900 GB/s bidirectional
     "nvlink3": 300.0,  # A100 NVLink 3 through NVSwitch: 600 GB/s bidirectional
+    "xgmi": 448.0,  # MI300X Infinity Fabric: 7 links of 64 GB/s each way, fully connected
     "pcie5": 64.0,
     "pcie4": 32.0,
 }
@@ -296,11 +348,11 @@ INTER_NODE = {
 
 
 def machine(gpu: str | Machine = "h100", network: str | None = None, **overrides: Any) -> Machine:
-    """A preset (``"h100"``, ``"h100-hbm2e"``, ``"h100-pcie"``, ``"h200"``, ``"a100"``,
-    ``"a100-40gb"``, ``"l40s"``) with any constant overridden.
+    """A preset (``"h100"``, ``"h100-hbm2e"``, ``"h100-pcie"``, ``"h200"``, ``"b200"``,
+    ``"mi300x"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``) with any constant overridden.
 
     ``network`` is ``"<intra>+<inter>"`` or just one of them, from
-    ``INTRA_NODE`` (``nvlink4``, ``nvlink3``, ``pcie5``, ``pcie4``) and
+    ``INTRA_NODE`` (``nvlink5``, ``nvlink4``, ``nvlink3``, ``xgmi``, ``pcie5``, ``pcie4``) and
     ``INTER_NODE`` (``ib-ndr``, ``ib-hdr``, ``roce-400``, ``roce-200``, ``roce-100``).
 
     Example::

@@ -9,6 +9,7 @@ with one hook call per event and no measured compute.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +36,18 @@ class HookCall:
     peak_grads: int  # new gradients at that moment (the rest is backward temp)
     grads: dict[str, int]  # unsharded gradient bytes created by that compute, by unit
     kernels: tuple[tuple[Any, ...], ...] = ()  # the GPU kernels of that compute (StepProfile)
-    arg: Any = None  # what the hook was called with (a pipeline action's name, for "pipeline")
+    # (peak, activations, forward temp) with new gradients left out: the compute's peak when
+    # it adds each gradient into one an earlier micro-step left (None: not measured)
+    peak_in_place: Sequence[int] | None = None
+    arg: Any = None  # what the hook was called with (a pipeline action's name, a ring
+    # attention's wait: the kind)
 
     @property
     def backward(self) -> bool:
         return self.hook in (
             "pre_backward", "post_backward", "post_backward_reshard_only", "final_callback",
             "tp_backward",  # a tensor-parallel collective in backward
+            "cp_backward", "cp_backward_wait",  # ring attention's, in backward
         )  # fmt: skip
 
 
@@ -62,33 +68,53 @@ def iteration_index(report: Report, iteration: int) -> int:
     return iteration % n
 
 
+_TAPES: dict[tuple[int, int, int], tuple[list[Event], Any, Tape]] = {}
+
+
 def tape(report: Report, iteration: int) -> Tape:
-    """The tape of ``report.iterations[iteration]``."""
+    """The tape of ``report.iterations[iteration]``, remembered for that event list and
+    profile (the memory and time models read a report's tapes again for every option,
+    machine and iteration they are asked about)."""
     i = iteration_index(report, iteration)
     events = report.iterations[i]
     profile = report.profile
-    if profile is None or i >= len(profile.iterations):
-        return _unmeasured(events)
-    step = profile.iterations[i]
-    if len(step.event_hook) != len(events):
-        return _unmeasured(events)
-    return _measured(events, step)
+    step = profile.iterations[i] if profile is not None and i < len(profile.iterations) else None
+    key = (id(events), id(step), len(events))  # (an event list grown since: a new tape)
+    found = _TAPES.get(key)
+    if found is not None and found[0] is events and found[1] is step:
+        return found[2]
+    if step is None or len(step.event_hook) != len(events):
+        made = _unmeasured(events)
+    else:
+        made = _measured(events, step)
+    if len(_TAPES) >= 64:
+        _TAPES.clear()
+    _TAPES[key] = (events, step, made)
+    return made
 
 
 def _measured(events: list[Event], step: StepProfile) -> Tape:
     by_hook: dict[int, list[int]] = {}
     for e, k in enumerate(step.event_hook):
         by_hook.setdefault(k, []).append(e)
+    n = len(step.hooks)
+    # the peaks of in-place accumulation (absent in reports saved before they were measured)
+    in_place = step.peak_in_place if len(step.peak_in_place) > n else [None] * (n + 1)
     calls = [
-        _call(step, k, hook, unit, tuple(by_hook.get(k, ())), arg)
+        _call(step, k, hook, unit, tuple(by_hook.get(k, ())), in_place[k], arg)
         for k, (hook, unit, arg) in enumerate(step.hooks)
     ]
-    n = len(step.hooks)
-    return Tape(events, calls, _call(step, n, "end", "", ()), True)
+    return Tape(events, calls, _call(step, n, "end", "", (), in_place[n]), True)
 
 
 def _call(
-    step: StepProfile, k: int, hook: str, unit: str, events: tuple[int, ...], arg: Any = None
+    step: StepProfile,
+    k: int,
+    hook: str,
+    unit: str,
+    events: tuple[int, ...],
+    in_place: Sequence[int] | None,
+    arg: Any = None,
 ) -> HookCall:
     return HookCall(
         hook=hook,
@@ -105,7 +131,8 @@ def _call(
         peak_grads=step.peak_grads[k],
         grads=step.grads[k],
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
-        arg=arg if hook == "pipeline" else None,
+        peak_in_place=in_place,
+        arg=arg,
     )
 
 

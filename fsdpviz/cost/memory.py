@@ -35,7 +35,13 @@ bytes per rank:
 ``optimizer``
     optimizer state of the shards (2 per element for Adam/AdamW, 1 for SGD with
     momentum), in the steady state only: the first iteration runs before the
-    first ``optimizer.step()`` creates it.
+    first ``optimizer.step()`` creates it. After the iteration that steps (the last
+    micro-step of an optimizer step), the step itself: the states, and the temporaries of
+    its implementation (``"adamw"``: torch's default foreach update makes one state's
+    copy of ``exp_avg_sq.sqrt()`` for every shard at once; ``"adamw_for_loop"``: a
+    parameter's ``sqrt()`` and its division, with the previous parameter's result still
+    bound; ``"adamw_fused"``: none), beside every shard and reduced
+    gradient; the activations are gone by then.
 ``inputs`` / ``buffers``
     the model's inputs, by the memory they use (a tensor passed under two names, or
     views of one tensor, count once), and buffers (FSDP does not shard buffers).
@@ -51,6 +57,7 @@ compute stream), every pool rounded up to the allocator's 2 MiB blocks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -59,7 +66,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
-from fsdpviz.cost.sizes import unit_bytes
+from fsdpviz.cost.sizes import UnitBytes, optimizer_spec, param_grads, unit_bytes, upcasts
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
 from fsdpviz.schema.report import Report
 
@@ -74,7 +81,9 @@ def memory_model(
     """Step through ``report.iterations[iteration]`` and return memory per rank per event.
 
     ``optimizer``: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd_momentum"``,
-    an int (states per parameter element) or None. ``iteration``: 0 for the first
+    each optionally with its implementation (``"adamw_fused"``, ``"adamw_foreach"``,
+    ``"adamw_for_loop"``; default foreach, torch's on a GPU), an int (states per parameter
+    element) or None. ``iteration``: 0 for the first
     iteration, -1 (default) for the steady state. ``machine``: whose device memory the
     result's ``capacity``, ``fits`` and ``headroom`` are about (a :class:`Machine` or a
     preset name; default: the report's, see :mod:`fsdpviz.cost.fit`).
@@ -91,10 +100,26 @@ def memory_model(
     sizes = unit_bytes(report, optimizer)
     carry: Walker | None = None
     accum = report.config.grad_accum if report.source == "prediction" else 1
+    grads = param_grads(report, last=accum == 1)
+    up = upcasts(report, grads) if accum > 1 else {}
+    last = {unit: g[-1] for unit, g in grads.items()}
+    steady = i >= accum  # an optimizer step ran before this one (its states exist)
+    # FSDP2's set_requires_all_reduce(False): every micro-step reduce-scatters
+    reduces = report.config.api == "FSDP2" and not report.config.requires_all_reduce
     for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
-        carry = Walker(report, sizes, tape(report, k), steady=k > 0, carry=carry)
+        carry = Walker(
+            report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
+            all_reduce=False,
+            upcast=up, last_grads=last,
+        )  # fmt: skip
         carry.run()
-    walker = Walker(report, sizes, tape(report, i), steady=i > 0, carry=carry)
+    sync = i % accum == accum - 1
+    step = optimizer_step(report, sizes, optimizer) if sync else None
+    walker = Walker(
+        report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
+        all_reduce=sync,
+        upcast=up, last_grads=last, step=step,
+    )  # fmt: skip
     walker.run()
     notes = list(walker.notes)
     if machine is None:
@@ -155,6 +180,44 @@ def _largest_rank(
             *mem.notes,
         ],
     )
+
+
+def optimizer_step(
+    report: Report, sizes: dict[str, UnitBytes], optimizer: str | int | None
+) -> tuple[int, int] | None:
+    """The optimizer step's states and temporaries on the device (bytes per rank; see
+    :class:`~fsdpviz.cost.sizes.OptimizerSpec`), or None without an optimizer."""
+    spec = optimizer_spec(optimizer)
+    states = sum(s.optimizer for s in sizes.values())
+    if spec.states == 0:
+        return None
+    one = states // spec.states  # one state of every shard
+    temporaries = 0
+    if spec.adam and spec.implementation == "foreach":
+        temporaries = one
+    elif spec.adam and spec.implementation == "for_loop" and one:
+        temporaries = _largest_shard(report, one)
+    return states, temporaries
+
+
+def _largest_shard(report: Report, one: int) -> int:
+    """The for-loop update's most bytes beyond the states: parameter ``i``'s ``sqrt()`` and its
+    division alive together, with parameter ``i - 1``'s result still bound to the loop's
+    variable (``one``: one state of every shard, to scale shard elements to bytes)."""
+    total = sum(u.sharded_numel for u in report.units if u.requires_grad is not False)
+    if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
+        shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
+    else:
+        ranks = report.config.shard_ranks
+        trains = {p for u in report.units if u.requires_grad is not False for p in u.params}
+        shards = [
+            -(-shape[0] // ranks) * math.prod(shape[1:])
+            for m in report.modules
+            for name, shape in m.params.items()
+            if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
+        ]
+    most = max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
+    return most * one // max(total, 1)
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB

@@ -7,11 +7,13 @@ from typing import Any
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.memory import CATEGORIES, Moment
-from fsdpviz.schema.report import Event, Report, unit_label
+from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
+_POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
+_ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
 class Walker:
@@ -19,8 +21,31 @@ class Walker:
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
     (gradient accumulation): the parameters it left unsharded (``SHARD_GRAD_OP`` under
-    ``no_sync``) and the gradients it left unreduced are there when this one starts, and
-    this one's gradients of those units accumulate into them in place.
+    ``no_sync``) and the gradients it left unreduced are there when this one starts.
+    ``sync``: whether this micro-step reduces its gradients. Unreduced gradients accumulate
+    as torch does:
+
+    - autograd adds each new gradient into the one an earlier micro-step left, in place
+      (FSDP1's ``no_sync``; FSDP2 when the gradients are in the reduce dtype already): the
+      new one lives from the operator that makes it until it is added (the trace's
+      ``peak_in_place``);
+    - FSDP2 with a ``reduce_dtype`` the gradients are not in (``upcast``): a micro-step that
+      does not reduce casts each unit's gradients to the reduce dtype in its post-backward
+      (``FSDPParam.to_accumulated_grad_if_needed``, one parameter at a time, after
+      resharding); the next micro-step's gradients land in ``.grad`` as usual and are added
+      into that copy, and freed, at the start of the unit's post-backward
+      (``accumulate_unsharded_grad_if_needed``), and the synced micro-step reduce-scatters it.
+
+    ``all_reduce``: False for the micro-steps before the last under FSDP2's
+    ``set_requires_all_reduce(False)`` (HSDP): each reduce-scatters (``sync``), its output
+    added into the unit's partial reduce output, which the first of them allocates (in the
+    reduce dtype, counted with the gradient shards it becomes); the last micro-step's
+    reduction adds it into its own output and drops it.
+
+    ``last_grads``: FSDP2, each unit's last parameter's gradient (bytes, compute dtype).
+    FSDP2's reduction frees the gradients once copied into the reduce-scatter input, but for
+    the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
+    until the function returns, after the reduced shard is allocated.
     """
 
     def __init__(
@@ -30,9 +55,21 @@ class Walker:
         tp: Tape,
         steady: bool,
         carry: Walker | None = None,
+        sync: bool = True,
+        all_reduce: bool = True,
+        upcast: dict[str, Upcast] | None = None,
+        last_grads: dict[str, int] | None = None,
+        step: tuple[int, int] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
+        self.sync = sync
+        self.all_reduce = all_reduce
+        self.upcast = upcast or {}
+        self.last_grads = last_grads or {}
+        # the optimizer step after this iteration: (its states' bytes, its temporaries)
+        self.step = step
+        self._leftover = 0  # the last gradient a reduction holds until its event is over
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
@@ -80,12 +117,23 @@ class Walker:
         self._root: str | None = None
         self.in_backward = False
         self._accumulating: set[str] = set()
+        # FSDP2: units holding an accumulated gradient in the reduce dtype, and this
+        # micro-step's new gradients of them (in .grad until the unit's post-backward)
+        self._cast: set[str] = set()
+        self._fresh: dict[str, int] = {}
+        # FSDP2 HSDP, set_requires_all_reduce(False): each unit's reduce-scatter output the
+        # micro-steps add into (the param group's partial reduce output), kept until the
+        # last micro-step's final callback
+        self._partial: dict[str, int] = {}
         if carry is not None:
             self.resident = set(carry.resident)
             self.cat["unsharded_params"] = carry.cat["unsharded_params"]
             self.grads = dict(carry.grads)
             self.cat["unsharded_grads"] = carry.cat["unsharded_grads"]
-            self._accumulating = set(carry.grads)
+            self._cast = set(carry._cast)
+            self.cat["sharded_grads"] = carry.cat["sharded_grads"]
+            self._partial = dict(carry._partial)
+            self._accumulating = set(carry.grads) - self._cast
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -96,7 +144,19 @@ class Walker:
         self._call = len(self.tape.calls)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
+        if self.step is not None:
+            self._optimizer_step(*self.step)
         self._unit_peaks()
+
+    def _optimizer_step(self, states: int, temporaries: int) -> None:
+        """``optimizer.step()`` after the iteration: the states (made by the first step) and
+        the step's own temporaries (:class:`~fsdpviz.cost.sizes.OptimizerSpec`), beside every
+        shard and its reduced gradient."""
+        if states == 0 and temporaries == 0:
+            return
+        self.cat["optimizer"] = states + temporaries
+        self._moment("during the optimizer step after", None)
+        self.cat["optimizer"] = states
 
     def _compute(self, c: HookCall) -> None:
         ran = c.kernels or c.flops_forward + c.flops_backward
@@ -110,18 +170,29 @@ class Walker:
             tp = self.tp
             # The most activations + temp + new gradients the trace saw in this stretch.
             after = dict(self.cat)
-            self.cat["unsharded_grads"] += c.peak_grads // tp
-            self.cat["activations"] = c.peak_activations // tp
-            self.cat["forward_temp"] = c.peak_forward_temp // tp
-            self.cat["backward_temp"] = (
-                c.peak - c.peak_activations - c.peak_forward_temp - c.peak_grads
-            ) // tp
+            peak, act, fwd, new = c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads
+            in_place = c.peak_in_place
+            if (
+                self._accumulating
+                and c.grads
+                and in_place
+                and self._accumulating.issuperset(c.grads)
+            ):
+                # each new gradient is added into an earlier micro-step's and freed
+                peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
+            self.cat["unsharded_grads"] += new // tp
+            self.cat["activations"] = act // tp
+            self.cat["forward_temp"] = fwd // tp
+            self.cat["backward_temp"] = (peak - act - fwd - new) // tp
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
                 if unit in self._accumulating:
                     continue  # added in place to the gradient an earlier micro-step left
-                self.grads[unit] = self.grads.get(unit, 0) + n // tp
+                if unit in self._cast:  # in .grad until the unit's post-backward
+                    self._fresh[unit] = self._fresh.get(unit, 0) + n // tp
+                else:
+                    self.grads[unit] = self.grads.get(unit, 0) + n // tp
                 self.cat["unsharded_grads"] += n // tp
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
@@ -141,6 +212,18 @@ class Walker:
         )
         if waits and not own_gather:
             self._wait(unit, c)
+        # gradient accumulation: the units whose post-backward runs here (the final callback
+        # runs those whose own did not fire: the root's)
+        finishing: list[str] = []
+        if self._fresh or not self.sync:
+            if c.hook in _POST_BACKWARD:
+                finishing = [unit]
+            elif c.hook == "final_callback":
+                finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
+        for u in finishing:
+            if u in self._fresh:
+                # FSDP2 adds the new gradients into the accumulated ones, and frees them
+                self.cat["unsharded_grads"] -= self._fresh.pop(u)
         for e in c.events:
             ev = events[e]
             self._event_index = e
@@ -149,6 +232,8 @@ class Walker:
                 self._wait(unit, c)
             self._snapshot(e)
             self._event_index = -1
+        for u in finishing if not self.sync else ():
+            self._cast_to_reduce_dtype(u, c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             for name in list(self.pending):
@@ -173,7 +258,7 @@ class Walker:
             pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
         elif e.kind == "d2h":
             pass  # the gradient shard leaves the device: counted in host memory
-        elif e.tensor_parallel:
+        elif e.kind in _ACTIVATIONS:
             pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
@@ -201,6 +286,9 @@ class Walker:
         else:
             self._reduce(e, s)
         self._moment("at", c, e)
+        if self._leftover:
+            self.cat["unsharded_grads"] -= self._leftover
+            self._leftover = 0
 
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)
@@ -229,6 +317,22 @@ class Walker:
         else:
             self.cat["all_gather"] -= pending[0]
 
+    def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
+        """FSDP2's post-backward without gradient sync, after resharding: the unit's
+        gradients cast to the reduce dtype one parameter at a time
+        (``to_accumulated_grad_if_needed``), each compute-dtype one freed once cast."""
+        up = self.upcast.get(unit)
+        held = self.grads.get(unit, 0)
+        if up is None or unit in self._cast or held == 0:
+            return
+        peak = up.cast_peak()
+        self.cat["unsharded_grads"] += peak
+        self._moment("at the cast of the gradients to the reduce dtype in", c)
+        cast = round(held * up.ratio)
+        self.cat["unsharded_grads"] += cast - held - peak
+        self.grads[unit] = cast
+        self._cast.add(unit)
+
     def _reduce(self, e: Event, s: UnitBytes) -> None:
         if e.group == "replicate":
             return  # hybrid sharding all-reduces the gradient shard in place
@@ -243,8 +347,18 @@ class Walker:
         self._release_reduce_scatter()
         self.cat["reduce_scatter"] += s.reduce_scatter
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
-        self.cat["unsharded_grads"] -= grads
-        self.cat["sharded_grads"] += s.sharded_grad
+        last = self.last_grads.get(e.unit, 0) if self.ws > 1 and grads else 0
+        if last and e.unit in self._cast:  # accumulated in the reduce dtype
+            last = round(last * self.upcast[e.unit].ratio)
+        self._leftover = min(last, grads)
+        self.cat["unsharded_grads"] -= grads - self._leftover
+        if self.all_reduce:
+            self.cat["sharded_grads"] += s.sharded_grad
+            # the last micro-step adds the partial output into its own, then drops it
+            self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
+        elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
+            self._partial[e.unit] = s.partial
+            self.cat["sharded_grads"] += s.partial
         self.rs.append(s.reduce_scatter)
 
     def _release_reduce_scatter(self) -> None:

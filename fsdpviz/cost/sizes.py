@@ -16,7 +16,11 @@ buffer that lives while the all-gather is issued.
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
@@ -30,6 +34,60 @@ OPTIMIZER_STATES = {
     "sgd": 0,  # plain SGD keeps nothing
     "sgd_momentum": 1,  # momentum_buffer
 }
+# How torch.optim runs a step: "foreach" (its default on a GPU: one kernel per operation
+# over all the parameters of a device and dtype), "fused" (fused=True: one kernel for the
+# whole update), "for_loop" (foreach=False: parameter by parameter). A name may end in one:
+# "adamw_fused".
+OPTIMIZER_IMPLEMENTATIONS = ("foreach", "fused", "for_loop")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer as the memory and time models see it: ``states`` per parameter element
+    (in the shard's dtype), ``adam`` (Adam or AdamW's update), its ``implementation``.
+
+    Memory of the step beyond the states (``step_temporaries``): Adam's foreach update makes
+    ``exp_avg_sq.sqrt()`` for all the parameters at once (``torch._foreach_sqrt``: one
+    state's bytes), the for-loop one for one parameter at a time (its ``sqrt()`` and the
+    division of it: two of the largest parameter's state), the fused one none. Memory
+    traffic of the step (``passes``, in bytes of one state per element): fused reads the
+    parameter, gradient and both states and writes the parameter and states (7); foreach and
+    for-loop run lerp, mul, addcmul, sqrt, div, add, addcdiv and the decoupled weight decay as
+    separate passes (21). SGD with momentum: 5 (read parameter, gradient, buffer; write
+    parameter, buffer) either way, no temporaries."""
+
+    name: str
+    states: int
+    adam: bool
+    implementation: str = "foreach"
+
+    def passes(self) -> int:
+        if self.adam:
+            return 7 if self.implementation == "fused" else 21
+        return 3 + 2 * self.states
+
+
+@functools.lru_cache(maxsize=64)
+def optimizer_spec(optimizer: str | int | None) -> OptimizerSpec:
+    """The :class:`OptimizerSpec` of ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``
+    (each optionally ending in ``_foreach``, ``_fused`` or ``_for_loop``; default foreach,
+    torch's on a GPU), an int (states per parameter element) or None (no optimizer)."""
+    if optimizer is None:
+        return OptimizerSpec("none", 0, False)
+    if isinstance(optimizer, int) and not isinstance(optimizer, bool) and optimizer >= 0:
+        return OptimizerSpec(str(optimizer), optimizer, False)
+    key = str(optimizer).lower().replace("-", "_").replace(" ", "_")
+    implementation = "foreach"
+    for impl in OPTIMIZER_IMPLEMENTATIONS:
+        if key.endswith("_" + impl):
+            key, implementation = key.removesuffix("_" + impl), impl
+    if key not in OPTIMIZER_STATES:
+        raise ConfigError(
+            f"optimizer={optimizer!r} is not known; use one of {', '.join(OPTIMIZER_STATES)} "
+            f"(optionally ending in _{', _'.join(OPTIMIZER_IMPLEMENTATIONS)}), an int (states "
+            "per parameter element) or None"
+        )
+    return OptimizerSpec(key, OPTIMIZER_STATES[key], key.startswith("adam"), implementation)
 
 
 def itemsize(dtype: str | None, default: int = 4) -> int:
@@ -42,21 +100,12 @@ def itemsize(dtype: str | None, default: int = 4) -> int:
 
 
 def optimizer_states(optimizer: str | int | None) -> int:
-    """States per parameter element for ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``.
+    """States per parameter element for ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``
+    (and their ``_fused`` / ``_foreach`` / ``_for_loop`` forms).
 
     An int is taken as the number of states; None means no optimizer state.
     """
-    if optimizer is None:
-        return 0
-    if isinstance(optimizer, int) and not isinstance(optimizer, bool) and optimizer >= 0:
-        return optimizer
-    key = str(optimizer).lower().replace("-", "_").replace(" ", "_")
-    if key not in OPTIMIZER_STATES:
-        raise ConfigError(
-            f"optimizer={optimizer!r} is not known; use one of {', '.join(OPTIMIZER_STATES)}, "
-            "an int (states per parameter element) or None"
-        )
-    return OPTIMIZER_STATES[key]
+    return optimizer_spec(optimizer).states
 
 
 @dataclass(frozen=True)
@@ -74,6 +123,9 @@ class UnitBytes:
     optimizer: int  # optimizer state (original dtype)
     communicates: bool  # False under NO_SHARD (no all-gather, all-reduce instead)
     h2d: int = 0  # CPU offload: the shard copied to the device before each all-gather
+    # FSDP2 HSDP with set_requires_all_reduce(False): the reduce-scatter output the
+    # micro-steps before the last add into (reduce dtype), all-reduced in the last
+    partial: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -82,6 +134,93 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     return {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+
+
+@dataclass(frozen=True)
+class Upcast:
+    """FSDP2's accumulated gradient of one unit in the reduce dtype (gradient accumulation
+    with ``set_requires_gradient_sync(False)`` and a ``reduce_dtype`` other than the
+    gradients'): ``grads`` holds each parameter's unsharded gradient bytes in the compute
+    dtype, in the order FSDP2 casts them (``FSDPParam.to_accumulated_grad_if_needed``), and
+    ``ratio`` the reduce dtype's bytes per compute dtype byte."""
+
+    grads: tuple[int, ...]
+    ratio: float
+
+    def cast_peak(self) -> int:
+        """The most bytes above the unit's compute-dtype gradients while they are cast one
+        parameter at a time: the casts made so far and the one being made are alive, the
+        compute-dtype gradients not yet cast too."""
+        most = made = freed = 0
+        for g in self.grads:
+            made += round(g * self.ratio)
+            most = max(most, made - freed)
+            freed += g
+        return most
+
+
+_SHARD = re.compile(r"Shard\((-?\d+)\)")
+
+
+_GRADS: dict[tuple[int, int, bool], tuple[Any, Any, dict[str, tuple[int, ...]]]] = {}
+
+
+def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]]:
+    """FSDP2: each trainable unit's parameter gradients on one rank (its trainable
+    parameters': frozen ones have none), bytes in the compute dtype, in the unit's parameter
+    order (FSDP2's ``fsdp_params``): the shape autograd gives
+    them (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
+    parameter's. Empty for FSDP1. Remembered for the units and modules it was given (a
+    report's memory is modelled again for each option and iteration)."""
+    if report.config.api != "FSDP2":
+        return {}
+    key = (id(report.units), id(report.modules), last)
+    found = _GRADS.get(key)
+    if found is not None and found[0] is report.units and found[1] is report.modules:
+        return found[2]
+    if len(_GRADS) >= 64:
+        _GRADS.clear()
+    out = _param_grads(report, last)
+    _GRADS[key] = (report.units, report.modules, out)
+    return out
+
+
+def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
+    modules = {m.fqn: m for m in report.modules}
+    tp = report.config.tp_ranks
+    out: dict[str, tuple[int, ...]] = {}
+    for u in report.units:
+        if u.requires_grad is False or not u.params:
+            continue
+        size = itemsize(u.compute_dtype or u.dtype)
+        grads = []
+        frozen = set(u.frozen_params)
+        params = [p for p in u.params if p not in frozen] if frozen else u.params
+        for p in params[-1:] if last else params:
+            owner, _, name = p.rpartition(".")
+            m = modules.get(owner)
+            shape = list(m.params.get(name, [])) if m is not None else []
+            placed = _SHARD.fullmatch(u.tp_placements.get(p, "")) if tp > 1 else None
+            if placed and shape:
+                d = int(placed.group(1)) % len(shape)
+                shape[d] = -(-shape[d] // tp)  # the first rank's chunk
+            grads.append(math.prod(shape) * size)
+        out[u.module] = tuple(grads)
+    return out
+
+
+def upcasts(report: Report, grads: dict[str, tuple[int, ...]]) -> dict[str, Upcast]:
+    """The units whose gradients FSDP2 accumulates in the reduce dtype under gradient
+    accumulation (``grads``: :func:`param_grads`): a unit with a ``reduce_dtype`` its
+    gradients (the compute dtype) are not in. FSDP1's ``no_sync`` keeps them in the compute
+    dtype, as autograd accumulates them."""
+    out: dict[str, Upcast] = {}
+    for u in report.units:
+        grad = u.compute_dtype or u.dtype
+        if u.module not in grads or not u.reduce_dtype or u.reduce_dtype == grad:
+            continue
+        out[u.module] = Upcast(grads[u.module], itemsize(u.reduce_dtype) / itemsize(grad))
+    return out
 
 
 def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes:
@@ -110,6 +249,7 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         optimizer=0 if offload else trainable_sharded * orig * states,
         communicates=communicates,
         h2d=host,
+        partial=grad_sharded * reduce if communicates else 0,
     )
 
 

@@ -34,9 +34,11 @@ The iteration ends when both streams are done (the final callback waits for
 the last reduce-scatter); ``exposed_comm`` also counts that last wait. An optimizer
 step runs its micro-steps one after the other (one without gradient accumulation; the
 ``N`` a report planned with ``grad_accum=N`` holds, each from its own events; or the
-iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: a
-memory-bound pass over the shards (fused AdamW reads parameter, gradient and both fp32
-states and writes parameter and states; on the host under CPU offload). CPU offload's
+iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: memory-bound
+passes over the shards (``"adamw_fused"`` reads parameter, gradient and both states and
+writes parameter and states; ``"adamw"``, torch's default foreach implementation, runs each
+operation as a pass of its own, three times that traffic, see
+:class:`~fsdpviz.cost.sizes.OptimizerSpec`; on the host under CPU offload). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
 gradient shard back, after its reduction) run one at a time on a copy stream.
 
@@ -60,15 +62,17 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
 from fsdpviz.cost.pipeline_time import P2PTimes, p2p_key, pipeline_timelines
-from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_states, reduced_shard_numel
+from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_spec, reduced_shard_numel
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
-from fsdpviz.schema.report import Event, Report, Unit
+from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")
 _ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch
+_CP_WAITS = ("cp_forward_wait", "cp_backward_wait")
+_ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 
 
@@ -85,6 +89,9 @@ def timeline(
     p2p: P2PTimes | None = None,
 ) -> Timeline:
     """Estimate the optimizer step of ``report.iterations[iteration]`` on ``machine``.
+
+    ``optimizer``: as :func:`~fsdpviz.cost.memory_model` takes it (``"adamw"``: torch's
+    default foreach implementation; ``"adamw_fused"``, as torchtitan runs it).
 
     ``machine``: a :class:`Machine` or a preset name (``"h100"``, ``"h100-hbm2e"``,
     ``"h100-pcie"``, ``"h200"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``); default: the
@@ -190,6 +197,7 @@ def timeline(
         "tp_bytes": sums["tp_bytes"],
         "pp_bytes": sums["pp_bytes"],
         "bubble_s": sums["bubble_s"],
+        "cp_bytes": sums["cp_bytes"],
         "exposed_forward_s": sums["exposed_forward_s"],
         "exposed_backward_s": sums["exposed_backward_s"],
         "matmul_s": sums["matmul_s"],
@@ -320,11 +328,12 @@ def _float8_shares(report: Report) -> dict[str, float]:
 
 
 def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
-    states = optimizer_states(optimizer)
-    if states == 0 and optimizer is None:
+    spec = optimizer_spec(optimizer)
+    if spec.states == 0 and optimizer is None:
         return 0.0
-    # read param + grad + states, write param + states
-    touched = sum(u.trainable[1] * itemsize(u.dtype) * (3 + 2 * states) for u in report.units)
+    # the trainable shards; fused Adam: read param + grad + states, write param + states;
+    # foreach: each operation a pass of its own (OptimizerSpec.passes)
+    touched = sum(u.trainable[1] * itemsize(u.dtype) * spec.passes() for u in report.units)
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
     return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
 
@@ -365,10 +374,20 @@ class _Sim:
         self.ws = cfg.ranks
         self.shard_ws = cfg.shard_ranks
         self.replicas = cfg.replicas
-        # tensor parallelism: the trace ran the whole (unsharded) model, each rank of the tp
-        # group computes a 1/tp share of it; tp collectives block the compute stream
+        # tensor parallelism: each rank of the tp group computes a 1/tp share of the model's
+        # FLOPs; the trace recorded the kernels as one rank runs them (profile.kernels_tp:
+        # reports saved before it have the whole model's kernels, a 1/tp share of each
+        # costed); tp collectives block the compute stream
         self.tp = cfg.tp_ranks
+        prof = report.profile
+        self.kernel_share = (prof.kernels_tp if prof is not None else 1) / self.tp
         self.t_tp = 0.0
+        # context parallelism: ring attention's collectives on a stream of their own; the
+        # compute after a ring's wait waits for the last one of that kind (all_gather of the
+        # keys and values, all_to_all of their gradients)
+        self.cp = cfg.cp_ranks
+        self.t_cp = 0.0
+        self.cp_done: dict[str, tuple[float, int]] = {}
         self.pg_ws = cfg.process_group_size or self.ws
         # where each mesh dimension's groups sit on the machine's nodes
         self.spans = spans(cfg, m.gpus_per_node)
@@ -426,6 +445,10 @@ class _Sim:
             )
             if c.hook == "pipeline" and isinstance(c.arg, str):
                 self._await(c.arg)  # an action's compute starts once its input is received
+            if c.hook in _CP_WAITS:
+                done = self.cp_done.get(str(c.arg))
+                if done is not None and done[0] > self.gate:
+                    self.gate, self.gate_by = done
             if c.hook in _WAITS:
                 opened.append(c.unit)
             elif c.hook in ("post_forward", "post_backward") and c.unit in opened:
@@ -445,10 +468,10 @@ class _Sim:
         tail = self.tape.tail
         where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
         self._compute(tail, len(calls), where)
-        self.end = max(self.t_compute, self.t_comm, self.t_copy, self.t_pp)
-        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy) - self.t_compute)
+        self.end = max(self.t_compute, self.t_comm, self.t_copy, self.t_pp, self.t_cp)
+        self.tail_wait = max(0.0, max(self.t_comm, self.t_copy, self.t_cp) - self.t_compute)
         if self.tail_wait > 0:
-            streams = [r for r in self.records if r["stream"] in ("comm", "copy")]
+            streams = [r for r in self.records if r["stream"] in ("comm", "copy", "cp")]
             last = max(streams, key=lambda r: r["end"])
             last["exposed"] += self.tail_wait  # the final callback waits for it
             self.waits.append(
@@ -468,7 +491,9 @@ class _Sim:
                 by_phase[w["phase"]] += w["end"] - w["start"]
         return {
             "compute_s": self.compute_s,
-            "comm_s": sum(r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp")),
+            "comm_s": sum(
+                r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp", "cp")
+            ),
             # summed largest first, as Timeline.bottlenecks() lists them (the tail wait is
             # folded into the exposed time of the collective it waits for): their sum is this
             "exposed_comm_s": sum(
@@ -481,6 +506,7 @@ class _Sim:
             "pp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("pp_")),
             # the compute's waits for a receive of pipeline parallelism: the pipeline's bubbles
             "bubble_s": bubble,
+            "cp_bytes": sum(v for k, v in self.bytes.items() if k.startswith("cp_")),
             "exposed_forward_s": by_phase["forward"],
             "exposed_backward_s": by_phase["backward"],
             "matmul_s": self.by_kind["matmul"],
@@ -508,8 +534,8 @@ class _Sim:
         self.flops_forward += call.flops_forward / self.tp
         self.flops_backward += call.flops_backward / self.tp
         cost = self._stretch(call)
-        if self.tp > 1:
-            share = 1.0 / self.tp
+        if self.kernel_share != 1.0:
+            share = self.kernel_share
             cost = StretchCost(
                 cost.gpu_s * share, cost.cpu_s, cost.kernels, cost.matmul_s * share,
                 cost.attention_s * share, cost.memory_s * share,
@@ -525,12 +551,12 @@ class _Sim:
         self.t_cpu += cost.cpu_s
         start = max(self.t_compute, self.gate)
         # the stretch's last kernel cannot end before the CPU has issued it
-        cpu_wait = max(0.0, self.t_cpu - (start + gpu))
-        self.by_kind["cpu"] += cpu_wait
-        dur = gpu + cpu_wait
+        end = max(start + gpu, self.t_cpu)  # (exactly no earlier than the CPU's issue)
+        self.by_kind["cpu"] += end - (start + gpu)
+        dur = end - start
         # the wait for communication costs what it adds to the stretch's end: where the CPU
         # is still issuing the stretch's kernels, the GPU would have waited for it anyway
-        lost = start + dur - max(self.t_compute + gpu, self.t_cpu)
+        lost = end - max(self.t_compute + gpu, self.t_cpu)
         if lost > 1e-15 and self.gate_by is not None:
             waited = self.records[self.gate_by]
             bubble = waited["stream"] == "pp"  # waiting for another pipeline rank
@@ -539,7 +565,7 @@ class _Sim:
                 {"start": start - lost, "end": start, "event": waited["index"],
                  "phase": waited["phase"], "tail": False, **({"bubble": True} if bubble else {})}
             )  # fmt: skip
-        self.t_compute = start + dur
+        self.t_compute = end
         self.compute_s += dur
         phase = "forward" if hook.endswith("_forward") else "backward"
         self.compute.append(
@@ -592,8 +618,11 @@ class _Sim:
         if e.stage is not None:  # pipeline parallelism: the action that issued it
             rec.update(stage=e.stage, microbatch=e.microbatch, action=e.action)
         self.records.append(rec)
-        if e.tensor_parallel:
-            self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
+        if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
+            if e.kind in TP_KINDS:
+                self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
+            else:
+                self._context_parallel(rec, e.kind.removeprefix("cp_"), float(e.nbytes or 0))
             return
         if e.pipeline:
             self._pipeline(rec, e)
@@ -718,6 +747,27 @@ class _Sim:
         got = self.received.pop(key, None)
         if got is not None and got[0] > self.gate:
             self.gate, self.gate_by = got
+
+    def _context_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
+        """A collective of ring attention over the cp group, on its own stream from when the
+        CPU issued it; the compute waits for it at the ring's wait (``_CP_WAITS``). The
+        all-gather moves ``(cp - 1) / cp`` of the gathered ``size``; the all-to-all passes the
+        whole buffer to the next rank."""
+        rec["stream"] = "cp"
+        start = max(self.t_compute, self.t_cp, rec["issued"])
+        span = self.spans.get("cp")
+        ranks = self.cp
+        if kind == "all_gather":
+            dur = self.m.collective_seconds("all_gather", size, ranks, span)
+            moved = (ranks - 1) / ranks * size
+        else:
+            dur = self.m.send_seconds(size, span)
+            moved = size
+        rec["start"], rec["end"] = start, start + dur
+        rec["bytes"] = moved if ranks > 1 else 0.0
+        self.bytes[rec["kind"]] = self.bytes.get(rec["kind"], 0.0) + rec["bytes"]
+        self.t_cp = rec["end"]
+        self.cp_done[kind] = (rec["end"], len(self.records) - 1)
 
     def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""

@@ -7,9 +7,11 @@ ranks that differ only along one mesh dimension, so the dimensions decide which 
 stay inside a node and which cross nodes:
 
 - FSDP2: ``report.config.mesh`` in the order torchtitan and ``init_device_mesh`` give it
-  (``dp_replicate``, ``dp_shard``, ``tp``): HSDP shards inside a node and replicates
+  (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``): HSDP shards inside a node and replicates
   across nodes; FSDP x TP keeps tensor parallelism inside the node, so each data-parallel
-  group has one rank per node. Without a mesh, one dimension of every rank.
+  group has one rank per node. With context parallelism FSDP shards over ``dp_shard`` and
+  ``cp`` together (torchtitan's flattened ``dp_shard_cp``), and ring attention runs over
+  ``cp`` alone. Without a mesh, one dimension of every rank.
 - FSDP1: hybrid sharding's shard groups are consecutive ranks (``shard_group_size``,
   default a node's 8), its replicate groups take one rank of each; otherwise one group
   of every rank (``NO_SHARD``'s all-reduce too).
@@ -86,19 +88,26 @@ def span_of(dims: Sequence[tuple[str, int]], index: int, gpus_per_node: int) -> 
 _HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
-def mesh_dims(config: ReportConfig) -> list[tuple[str, str, int]]:
+def mesh_dims(config: ReportConfig, cp: bool = False) -> list[tuple[str, str, int]]:
     """The mesh of a report as ``(role, name, size)``, outermost first; roles are ``pp``,
     ``replicate``, ``shard`` and ``tp`` (FSDP1 without hybrid sharding, or a plan without
-    a mesh: one ``shard`` dimension of every rank)."""
+    a mesh: one ``shard`` dimension of every rank). FSDP's ``shard`` dimension takes in
+    context parallelism's (``dp_shard_cp``), unless ``cp``: then ``cp`` is a role of its own."""
     ranks = config.ranks
     if config.api == "FSDP2" and config.mesh:
         items = [(str(k), int(v)) for k, v in config.mesh.items()]
         # pipeline parallelism: the pp dimension, outermost (torchtitan's ParallelDims)
         pp = [("pp", *items.pop(0))] if config.pp_world_size and items[0][0] == "pp" else []
-        roles = ["replicate", "shard"][-(len(items) - (1 if config.tp_world_size else 0)) :]
-        if config.tp_world_size:
-            roles = [*roles, "tp"]
-        return pp + [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]
+        tp = 1 if config.tp_world_size else 0
+        has_cp = bool(config.cp_world_size) and any(n == "cp" for n, _ in items)
+        data = len(items) - tp - has_cp
+        roles = ["replicate", "shard"][-data:] + ["cp"] * has_cp + ["tp"] * tp
+        dims = [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]
+        if has_cp and not cp:  # FSDP's group: dp_shard and cp flattened
+            at = roles.index("cp")
+            _, name, size = dims[at - 1]
+            dims[at - 1 : at + 1] = [("shard", f"{name}_cp", size * dims[at][2])]
+        return pp + dims
     if config.api == "FSDP1" and config.sharding_strategy in (
         "HYBRID_SHARD",
         "_HYBRID_SHARD_ZERO2",
@@ -119,6 +128,11 @@ def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
     named = [(name, size) for _, name, size in dims]
     out = {role: span_of(named, i, gpus_per_node) for i, (role, _, _) in enumerate(dims)}
     out["process_group"] = out["shard"]
+    if config.cp_ranks > 1:  # ring attention's groups: the cp dimension alone
+        full = mesh_dims(config, cp=True)
+        at = next((i for i, d in enumerate(full) if d[0] == "cp"), None)
+        if at is not None:
+            out["cp"] = span_of([(n, k) for _, n, k in full], at, gpus_per_node)
     return out
 
 

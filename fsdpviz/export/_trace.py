@@ -33,17 +33,18 @@ __all__ = ["LANES", "chrome_trace"]
 
 LANES = {
     1: "compute", 2: "all-gather stream", 3: "reduce-scatter stream", 4: "copy stream",
-    5: "tensor parallel", 6: "pipeline sends and receives",
+    5: "tensor parallel", 6: "pipeline sends and receives", 7: "context parallel",
 }  # fmt: skip
 _LANE_OF = {
     "all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4,
     "tp_all_gather": 5, "tp_reduce_scatter": 5, "tp_all_reduce": 5, "tp_all_to_all": 5,
-    "pp_send": 6, "pp_recv": 6,
+    "pp_send": 6, "pp_recv": 6, "cp_all_gather": 7, "cp_all_to_all": 7,
 }  # fmt: skip
 # lanes drawn only where their events occur: CPU offload's host-device copies, tensor
-# parallelism's collectives, pipeline parallelism's sends and receives
+# parallelism's collectives, pipeline parallelism's sends and receives, ring attention's
 _OPTIONAL = {4: ("h2d", "d2h"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce",
-                                    "tp_all_to_all"), 6: ("pp_send", "pp_recv")}  # fmt: skip
+                                    "tp_all_to_all"), 6: ("pp_send", "pp_recv"),
+             7: ("cp_all_gather", "cp_all_to_all")}  # fmt: skip
 _US = 1e6
 
 

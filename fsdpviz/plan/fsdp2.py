@@ -81,6 +81,9 @@ class FSDP2Options:
     tp_size: int = 1
     tp_name: str = ""
     mesh_dims: dict[str, int] | None = None
+    # context parallelism: the cp mesh dimension's size (FSDP shards over dp_shard x cp,
+    # torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of every sequence)
+    cp_size: int = 1
     # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
     job: JobOptions = field(default_factory=JobOptions)
     # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
@@ -115,17 +118,25 @@ class FSDP2Options:
             explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
-            shard_world_size=self.shard_ranks if self.replicas > 1 or self.tp else None,
+            shard_world_size=(
+                self.shard_ranks if self.replicas > 1 or self.tp or self.cp_size > 1 else None
+            ),
             mesh=self._mesh(),
             tp_world_size=self.tp_size if self.tp else None,
+            cp_world_size=self.cp_size if self.cp_size > 1 else None,
             parallelize_plan=self.tp.describe() if self.tp else None,
             cpu_offload=self.offload,
             reshard_after_backward=self.reshard_after_backward,
             requires_all_reduce=self.requires_all_reduce,
             **job,
             stated=FSDP2_KEYS
-            + (("shard_world_size", "mesh") if self.replicas > 1 or self.tp else ())
+            + (
+                ("shard_world_size", "mesh")
+                if self.replicas > 1 or self.tp or self.cp_size > 1
+                else ()
+            )
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
+            + (("cp_world_size",) if self.cp_size > 1 else ())
             + (("cpu_offload",) if self.offload else ())
             + job_keys
             + (("reshard_after_backward",) if not self.reshard_after_backward else ())
@@ -133,7 +144,7 @@ class FSDP2Options:
         )
 
     def _mesh(self) -> dict[str, int] | None:
-        if self.mesh_dims is not None and self.tp:
+        if self.mesh_dims is not None and (self.tp or self.cp_size > 1):
             return dict(self.mesh_dims)
         if self.mesh_names is None:
             return None
@@ -143,12 +154,16 @@ class FSDP2Options:
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
     plan = kwargs.get("parallelize_plan")
-    all_sizes, all_names = mesh_dims(kwargs.get("mesh"), 3 if plan is not None else 2)
+    mesh = kwargs.get("mesh")
+    all_sizes, all_names = mesh_dims(mesh, 4)
+    cp_size, dp_sizes, dp_names = context_parallel_mesh(all_sizes, all_names)
+    if dp_sizes is not None and len(dp_sizes) > (3 if plan is not None else 2):
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
     sizes: tuple[int, ...] | None = None
     names: tuple[str, ...] = ()
     tp_size, tp_name = 1, ""
-    if all_sizes is not None:
-        sizes, names, tp_size, tp_name = parse_tp_mesh(all_sizes, all_names, plan)
+    if dp_sizes is not None:
+        sizes, names, tp_size, tp_name = parse_tp_mesh(dp_sizes, dp_names, plan)
     elif plan is not None:
         parse_tp_mesh((1,), (), plan)  # raises: a plan needs a mesh with a tp dimension
     if sizes is not None and len(sizes) == 2 and not names:
@@ -206,7 +221,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        shard_size=sizes[-1] if sizes is not None else 0,
+        shard_size=sizes[-1] * cp_size if sizes is not None else 0,
         replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
         mesh_names=two,
         offload=type(offload).__name__ == "CPUOffloadPolicy",
@@ -218,6 +233,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         torch=rules,
         reshard_after_backward=after_backward,
         requires_all_reduce=all_reduce,
+        cp_size=cp_size,
     )
 
 
@@ -234,6 +250,25 @@ def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool
             "micro-steps per optimizer step"
         )
     return value
+
+
+def context_parallel_mesh(
+    sizes: tuple[int, ...] | None, names: tuple[str, ...]
+) -> tuple[int, tuple[int, ...] | None, tuple[str, ...]]:
+    """A mesh's context-parallel dimension (named ``cp``, right after ``dp_shard`` as
+    torchtitan's ``ParallelDims`` builds it): its size, and the other dimensions' sizes and
+    names. FSDP shards each parameter over ``dp_shard x cp`` (torchtitan's flattened
+    ``dp_shard_cp``)."""
+    if sizes is None or "cp" not in names:
+        return 1, sizes, names
+    at = names.index("cp")
+    rest = names[:at] + names[at + 1 :]
+    if at == 0 or (at + 1 < len(names) and names[at + 1] != "tp"):
+        raise ConfigError(
+            f"the mesh's cp dimension must come right after the data-parallel ones (and before "
+            f"tp), as torchtitan builds its mesh: e.g. ('dp_shard', 8, 'cp', 4); got {names}"
+        )
+    return sizes[at], sizes[:at] + sizes[at + 1 :], rest
 
 
 def _named_dims(
@@ -275,7 +310,9 @@ def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, 
 _MESH_HELP = (
     "mesh must be a DeviceMesh, ('dp_replicate', R, 'dp_shard', S), {{'dp_replicate': R, "
     "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard; "
-    "with parallelize_plan=... a tp dimension last, e.g. ('dp_shard', 32, 'tp', 8)); got {got}"
+    "with parallelize_plan=... a tp dimension last, e.g. ('dp_shard', 32, 'tp', 8); a "
+    "context-parallel dimension named cp after dp_shard, e.g. ('dp_shard', 8, 'cp', 4)); "
+    "got {got}"
 )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from fsdpviz.recording._recorded import RecordedRun
-from fsdpviz.schema.report import TP_KINDS, Event, EventKind, Report, unit_label
+from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, EventKind, Report, unit_label
 
 Status = Literal["equal", "differs", "extra", "missing"]
 _COMPARED = ("kind", "unit", "phase", "prefetch", "hook", "hook_unit")
@@ -207,6 +207,10 @@ def diff(
         chosen = kinds if kinds is not None else report.config.kinds
         if chosen is None and _tp_unrecorded(report, predicted):
             chosen = [k for k in get_args(EventKind) if k not in TP_KINDS]
+        if chosen is None and _cp_unrecorded(report, predicted):
+            chosen = [k for k in get_args(EventKind) if k not in CP_KINDS]
+        elif chosen is not None and _cp_unrecorded(report, predicted):
+            chosen = [k for k in chosen if k not in CP_KINDS]
         compared = tuple(chosen) if chosen is not None else None
         rank = report.config.rank
         prefix = f"rank {rank}: " if len(reports) > 1 else ""
@@ -230,6 +234,13 @@ def _predicted_index(n: int, predicted: Report) -> int:
     if accum > 1 and len(predicted.iterations) == 2 * accum:
         return n if n < 2 * accum else accum + n % accum
     return min(n, last)
+
+
+def _cp_unrecorded(recorded: Report, predicted: Report) -> bool:
+    """Whether the prediction has ring attention's collectives the recording lacks (the
+    recorders follow FSDP and tensor parallelism, not context parallelism)."""
+    has = any(e.context_parallel for it in predicted.iterations for e in it)
+    return has and not any(e.context_parallel for it in recorded.iterations for e in it)
 
 
 def _tp_unrecorded(recorded: Report, predicted: Report) -> bool:

@@ -403,6 +403,18 @@ class FSDP2Runtime:
         self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes)))
         self.events.append(self._tp_event(kind, self.states[i].group.name, module, phase, nbytes))
 
+    def context_parallel(self, i: int, kind: Any, module: str, phase: Any, nbytes: int) -> None:
+        """A collective of context parallelism's ring attention, issued in the attention of
+        ``module`` (in group ``i``): logged so a replay issues it too."""
+        self.log.append((f"cp_{phase}", i, (kind, module, phase, nbytes)))
+        group = self.states[i].group.name
+        self.events.append(Event(kind, group, phase, group="cp", module=module, nbytes=nbytes))
+
+    def context_parallel_wait(self, i: int, phase: str, kind: str) -> None:
+        """The ring attention in group ``i`` waits for its last ``kind`` collective: no event,
+        a hook call the compute after it waits at (the time model's)."""
+        self.log.append((f"cp_{phase}_wait", i, kind))
+
     def _tp_event(
         self, kind: Any, unit: str, module: str, phase: Any, nbytes: int, fsdp: bool = False
     ) -> Event:
@@ -417,6 +429,10 @@ class FSDP2Runtime:
         for name, i, flag in log:
             if name in ("tp_forward", "tp_backward"):
                 self.tensor_parallel(i, *flag)
+            elif name in ("cp_forward", "cp_backward"):
+                self.context_parallel(i, *flag)
+            elif name in ("cp_forward_wait", "cp_backward_wait"):
+                self.context_parallel_wait(i, name.split("_")[1], flag)
             elif name == "pre_forward":
                 self.pre_forward(i, flag)
             elif name == "post_forward":

@@ -283,7 +283,15 @@ def _trace_stage(
             if tp is not None:
                 tp.measure(probe)
         output = run_step(
-            part, args, kw, opts.loss, tracker, where, forward_done, stage_output=not last
+            part,
+            args,
+            kw,
+            opts.loss,
+            tracker,
+            where,
+            forward_done,
+            stage_output=not last,
+            keep_output=True,
         )
     finally:
         tracker.remove()

@@ -102,6 +102,9 @@ class ReportConfig(Mapping[str, Any]):
     # resolved ({module: its parallel style, as torch's repr shortens it})
     tp_world_size: int | None = None
     parallelize_plan: Mapping[str, str] | None = None
+    # context parallelism: the ranks of the cp dimension (FSDP shards over dp_shard x cp;
+    # each rank holds 1/cp of every sequence, ring attention exchanges keys and values)
+    cp_world_size: int | None = None
     # set_modules_to_{forward|backward}_prefetch: {group module: [modules it prefetches]}
     explicit_forward_prefetch: Mapping[str, tuple[str, ...]] | None = None
     explicit_backward_prefetch: Mapping[str, tuple[str, ...]] | None = None
@@ -176,6 +179,11 @@ class ReportConfig(Mapping[str, Any]):
     def pp_ranks(self) -> int:
         """Ranks of the pipeline-parallel mesh dimension (1 without pipeline parallelism)."""
         return self.pp_world_size or 1
+
+    @property
+    def cp_ranks(self) -> int:
+        """Ranks of the context-parallel mesh dimension (1 without context parallelism)."""
+        return self.cp_world_size or 1
 
     @property
     def replicas(self) -> int:

@@ -27,8 +27,12 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     gradients of activations; parameter gradients excluded), ``peak`` (the most
     ``activations + temp + new gradients`` reached in that stretch),
     ``peak_activations`` / ``peak_forward_temp`` / ``peak_grads`` (their share at
-    that moment; the rest is backward temp) and ``grads`` (``{unit: bytes}`` of unsharded parameter
-    gradients created in that stretch).
+    that moment; the rest is backward temp), ``grads`` (``{unit: bytes}`` of unsharded parameter
+    gradients created in that stretch) and ``peak_in_place`` (``[peak, activations,
+    forward_temp]``: the most ``activations + temp`` reached with new gradients left out,
+    what the stretch reaches when each gradient is added into one an earlier micro-step left
+    and freed, as autograd accumulates under ``no_sync``; absent in reports saved before it
+    was measured).
 ``modules``
     ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
     module was the innermost one running, and forward FLOPs counted while it was
@@ -42,6 +46,10 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     The tensor-parallel degree the bytes were measured for: activations,
     temporaries and gradients are one rank's of a tp group of this size (1: the
     whole model's).
+``kernels_tp``
+    The tensor-parallel degree the kernels were recorded for: each as one rank of a tp group
+    of this size runs it, on its shares of the operands (1: the whole model's kernels, which
+    the time model divides among the tp ranks; reports saved before this was recorded).
 ``tokens``
     Tokens in one traced batch: the elements of the first integer input (token ids,
     ``batch x sequence``), else the first two dimensions of the first input; 0 when
@@ -93,6 +101,7 @@ class StepProfile:
     peak_grads: list[int]
     grads: list[dict[str, int]]
     kernels: list[list[list[Any]]] = field(default_factory=list)
+    peak_in_place: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +118,7 @@ class StepProfile:
             "peak_grads": list(self.peak_grads),
             "grads": [dict(g) for g in self.grads],
             "kernels": [[list(k) for k in ks] for ks in self.kernels],
+            "peak_in_place": [list(p) for p in self.peak_in_place],
         }
 
     @classmethod
@@ -127,6 +137,7 @@ class StepProfile:
             peak_grads=[int(x) for x in d["peak_grads"]],
             grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
             kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
+            peak_in_place=[[int(x) for x in p] for p in d.get("peak_in_place", [])],
         )
 
 
@@ -141,6 +152,7 @@ class TraceProfile:
     flop_ops: list[str] = field(default_factory=list)
     tokens: int = 0
     tp_ranks: int = 1
+    kernels_tp: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +163,7 @@ class TraceProfile:
             "flop_ops": list(self.flop_ops),
             "tokens": self.tokens,
             "tp_ranks": self.tp_ranks,
+            "kernels_tp": self.kernels_tp,
         }
 
     @classmethod
@@ -163,4 +176,5 @@ class TraceProfile:
             flop_ops=list(d.get("flop_ops", [])),
             tokens=int(d.get("tokens", 0)),
             tp_ranks=int(d.get("tp_ranks", 1)),
+            kernels_tp=int(d.get("kernels_tp", 1)),
         )

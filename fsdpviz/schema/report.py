@@ -43,7 +43,11 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     own (``tp_all_gather`` | ``tp_reduce_scatter`` | ``tp_all_reduce`` |
     ``tp_all_to_all``), ``unit`` the FSDP unit whose module issued them, ``module`` that
     module (or, for a replicated parameter's partial gradient, that parameter) and
-    ``nbytes`` the size of the whole tensor.
+    ``nbytes`` the size of the whole tensor. Context parallelism's ring attention has
+    ``cp_all_gather`` (every rank's keys and values, in forward and again in backward) and
+    ``cp_all_to_all`` (the gradients of keys and values passed on to the next rank, in
+    backward) over the ``cp`` group, ``module`` the module that called the attention and
+    ``nbytes`` what one rank sends and receives in all: the gathered buffer, the buffer passed on.
     Recordings of real runs (:func:`fsdpviz.record`, :func:`fsdpviz.load_profile`)
     may add ``t`` (seconds since the recording started, when the event was
     issued) and ``duration`` (seconds the call took on the host, or the device
@@ -124,7 +128,7 @@ def dtype_name(dtype: Any) -> str | None:
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
-    "pp_send", "pp_recv",
+    "pp_send", "pp_recv", "cp_all_gather", "cp_all_to_all",
 ]  # fmt: skip
 TP_KINDS = ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all")
 """Tensor parallelism's collectives (of activations, and of replicated parameters' partial
@@ -132,9 +136,12 @@ gradients): over the ``tp`` mesh dimension, issued by the model's parallel style
 PP_KINDS = ("pp_send", "pp_recv")
 """Pipeline parallelism's sends and receives of a microbatch's activations (``phase``
 forward) or their gradients (backward) between stages, over the ``pp`` mesh dimension."""
+CP_KINDS = ("cp_all_gather", "cp_all_to_all")
+"""Context parallelism's collectives: ring attention's exchanges of keys and values (and of
+their gradients) over the ``cp`` mesh dimension."""
 Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
-Group = Literal["replicate", "tp", "pp"]
+Group = Literal["replicate", "tp", "pp", "cp"]
 ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
 
 
@@ -171,6 +178,11 @@ class Event:
     def pipeline(self) -> bool:
         """Whether this is a send or receive of pipeline parallelism (not of FSDP)."""
         return self.kind in PP_KINDS
+
+    @property
+    def context_parallel(self) -> bool:
+        """Whether this is a collective of context parallelism's ring attention."""
+        return self.kind in CP_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
@@ -639,6 +651,16 @@ class Report:
             lines.append(
                 f"  tensor parallel over {cfg.tp_world_size} ranks: {len(plan)} modules "
                 f"parallelised, {tp_sharded} parameters tp-sharded"
+            )
+        if cfg.cp_world_size:
+            rings = sum(
+                1 for e in (self.iterations[-1] if self.iterations else []) if
+                e.kind == "cp_all_gather" and e.phase == "forward"
+            )  # fmt: skip
+            lines.append(
+                f"  context parallel over {cfg.cp_world_size} ranks: each holds 1/"
+                f"{cfg.cp_world_size} of every sequence; {rings} ring attentions in forward, "
+                f"parameters sharded over dp_shard x cp ({cfg.shard_world_size} ranks)"
             )
         accum = cfg.grad_accum if self.source == "prediction" else 1
         for i, it in enumerate(self.iterations):

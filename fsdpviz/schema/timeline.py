@@ -129,7 +129,9 @@ class Timeline:
         behind other collectives on the communication stream; ``"copy_out"``: FSDP2 waits
         for the previous all-gather's copy-out; ``"cpu_offload"``: its shard's copy to the
         device; ``"short_window"``: prefetched, but with less compute ahead than it takes;
-        ``"tensor_parallel"``: tensor parallelism's collective, needed at once; ``"tail"``:
+        ``"tensor_parallel"``: tensor parallelism's collective, needed at once;
+        ``"context_parallel"``: ring attention's exchange, longer than a block of attention;
+        ``"tail"``:
         the step's end waits for it after the last compute), ``reason`` in words, and
         ``event``, ``hook``, ``hook_unit``, ``prefetch``, ``issued``, ``start``, ``end``,
         ``duration_s``, ``needed_at`` (when the compute wanted it; None for a tail) and
@@ -325,6 +327,15 @@ def _explain(
                 ("tensor_parallel",
                  f"tensor parallelism's {kind.removeprefix('tp_')} of {module} in {unit}: the "
                  f"compute after it needs its result, so nothing overlaps its {lasts}")
+            )  # fmt: skip
+        elif kind.startswith("cp_"):
+            module = repr(r["module"]) if r.get("module") else "a module"
+            what = "keys and values" if kind == "cp_all_gather" else "key and value gradients"
+            parts.append(
+                ("context_parallel",
+                 f"context parallelism's {kind.removeprefix('cp_')} of the {what} of "
+                 f"{module}'s ring attention in {unit}: the ring's next block needs them, and "
+                 f"only one block of attention ran while it took {lasts}")
             )  # fmt: skip
         elif held == "stream":
             # issuing it earlier helps only to get ahead of a reduction, not of all-gathers

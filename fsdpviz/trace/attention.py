@@ -25,7 +25,7 @@ checks it).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,8 +34,8 @@ import torch.nn.functional as F
 
 _SDPA = F.scaled_dot_product_attention
 _FUSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
 _FUSED_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
 
 
 @functools.cache
@@ -112,9 +112,25 @@ def _fused(
     return result
 
 
+Ring = Callable[..., "torch.Tensor | None"]
+_RINGS: list[Ring] = []  # ring_attention's, innermost last
+_FUSING = [0]  # fused_attention's depth
+
+
 def _sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
-    out = _fused(*args, **kwargs)
-    return _SDPA(*args, **kwargs) if out is None else out
+    if _RINGS:
+        out = _RINGS[-1](*args, **kwargs)
+        if out is not None:
+            return out
+    if _FUSING[0]:
+        out = _fused(*args, **kwargs)
+        if out is not None:
+            return out
+    return _SDPA(*args, **kwargs)
+
+
+def _route() -> None:
+    F.scaled_dot_product_attention = _sdpa if _RINGS or _FUSING[0] else _SDPA
 
 
 @contextmanager
@@ -128,11 +144,57 @@ def fused_attention() -> Iterator[None]:
     dispatch mode is on: its probe is not the model's compute.
     """
     _fused_takes_gqa()
-    F.scaled_dot_product_attention = _sdpa
+    _FUSING[0] += 1
+    _route()
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = _SDPA
+        _FUSING[0] -= 1
+        _route()
+
+
+@contextmanager
+def ring_attention(ring: Ring) -> Iterator[None]:
+    """Route ``scaled_dot_product_attention`` to ``ring`` (context parallelism's ring
+    attention, :mod:`fsdpviz.schedule.cp_emulation`) for the duration, measured or not; a
+    call ``ring`` returns None for takes the usual path."""
+    _RINGS.append(ring)
+    _route()
+    try:
+        yield
+    finally:
+        _RINGS.remove(ring)
+        _route()
+
+
+def flash_block(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused attention kernel on meta tensors: its output and log-sum-exp (float32,
+    ``(batch, heads, sequence)``), as a flash kernel gives them."""
+    out, lse = _FUSED(query, key, value, 0.0, causal, scale=scale)
+    return out, lse
+
+
+def flash_block_backward(
+    grad: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernel of :func:`flash_block`: the gradients of query, key and value
+    (under grouped-query attention, key and value's of their own head count, as the CUDA
+    kernel gives them; torch < 2.9's meta kernel gives the query's)."""
+    dq, dk, dv = _FUSED_BACKWARD(grad, query, key, value, out, lse, 0.0, causal, scale=scale)
+    heads = key.shape[1]
+    if dk.shape[1] != heads:
+        dk = dk.unflatten(1, (heads, -1)).sum(2)
+        dv = dv.unflatten(1, (heads, -1)).sum(2)
+    return dq, dk, dv
 
 
 # FLOP formulas of the fused kernel: those of the CUDA flash kernel (same arguments first).

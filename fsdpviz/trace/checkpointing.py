@@ -213,10 +213,30 @@ def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+_SELECTIVE: list[SelectiveCheckpoint] = []  # the selective regions running, innermost last
+
+
+def attention_saved() -> bool:
+    """Whether the code running is inside a selective checkpoint that saves fused attention's
+    output: its recomputation in backward takes the saved output, not running it again (as
+    for context parallelism's ring attention, one operator to the policy)."""
+    return bool(_SELECTIVE) and _FLASH in _SELECTIVE[-1].save_ops
+
+
+_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
 def _selective(
     spec: SelectiveCheckpoint, forward: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
     counts = {"forward": 0, "recompute": 0}  # matrix multiplies seen, per pass of this call
+
+    def run(*a: Any, **kw: Any) -> Any:
+        _SELECTIVE.append(spec)
+        try:
+            return forward(*a, **kw)
+        finally:
+            _SELECTIVE.pop()
 
     def policy(ctx: Any, func: Any, *_: Any, **__: Any) -> CheckpointPolicy:
         mode = "recompute" if ctx.is_recompute else "forward"
@@ -230,7 +250,7 @@ def _selective(
         return CheckpointPolicy.MUST_SAVE
 
     return torch.utils.checkpoint.checkpoint(
-        forward,
+        run,
         *args,
         use_reentrant=False,
         context_fn=lambda: create_selective_checkpoint_contexts(policy),  # type: ignore[no-untyped-call]

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,9 +137,10 @@ class FusedRegions:
     docstring), per stretch: :meth:`take` gives ``["fused", backward, eager count, eager
     bytes, kernels, bytes]`` records."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: Callable[[torch.Tensor], int] | None = None) -> None:
         self._open: _Region | None = None
         self._done: dict[int, list[float]] = {}
+        self._size = size or _bytes  # a tensor's bytes on one rank (a tp share's 1 / tp)
 
     def add(self, backward: int, args: Any, out: Any, nbytes: float, fresh: bool) -> None:
         """A memory-bound operator (``nbytes`` eager) in the compiled modules."""
@@ -149,15 +150,16 @@ class FusedRegions:
             r = self._open = _Region(backward)
         r.eager_count += 1
         r.eager_bytes += nbytes
+        size = self._size
         for t in tree_leaves(args):
             st = _storage(t)
             if st is not None and not _holds(r.made, st):
-                _note(r.reads, r, st, _bytes(t))
+                _note(r.reads, r, st, size(t))
         for t in tree_leaves(out):
             st = _storage(t)
             if st is None or _holds(r.made, st):
                 continue
-            _note(r.made if fresh else r.written, r, st, _bytes(t))
+            _note(r.made if fresh else r.written, r, st, size(t))
 
     def extra(self, backward: int, eager_count: int, eager_bytes: float, fused: float) -> None:
         """A kernel of its own (a float8 cast): eager it is ``eager_count`` kernels of
@@ -206,29 +208,48 @@ def _holds(table: dict[int, tuple[int, Any]], st: Any) -> bool:
 
 
 def float8_casts(
-    backward: bool, a: torch.Tensor, b: torch.Tensor, weight_in_float8: bool, first: bool
+    backward: bool,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight_in_float8: bool,
+    first: bool,
+    recipe: str = "tensorwise",
+    share: Callable[[torch.Tensor], int] | None = None,
 ) -> list[tuple[int, float, float]]:
     """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
     the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
     bytes)`` each: a cast is an amax reduction and a scaled cast (read twice, write one byte
     per element; fused, read once); a transposed copy reads and writes float8.
 
-    Forward (``input @ weight.t()``): the input is cast, and the weight unless FSDP gathered
-    it in float8 (``weight_in_float8``). Backward: the first matrix multiply of a linear's
-    backward (``first``) casts the output gradient; the other reuses it through a transposed
-    copy; each also copies its float8 second operand (saved by forward) transposed.
+    ``tensorwise`` (one scale per tensor): forward (``input @ weight.t()``) casts the input,
+    and the weight unless FSDP gathered it in float8 (``weight_in_float8``). Backward: the
+    first matrix multiply of a linear's backward (``first``: the input's gradient) casts the
+    output gradient; the other reuses it through a transposed copy; each also copies its
+    float8 second operand (saved by forward) transposed. ``rowwise`` (a scale per row along
+    the dimension each multiply reduces, torchao's axiswise scaling): a tensor's scales
+    differ between its two multiplies, so every operand of every multiply is cast from the
+    high precision, forward and backward (FSDP all-gathers in bf16). ``rowwise_with_gw_hp``:
+    rowwise, but the weight's gradient (the second multiply of backward) is computed in the
+    high precision, with no cast (:func:`float8_gemm`). ``share``: the elements of a tensor
+    one rank holds (a tensor-parallel share's ``1 / tp``; default all of them).
     """
     casts: list[tuple[int, float, float]] = []
+    count = share or (lambda t: t.numel())
 
     def cast(t: torch.Tensor) -> None:
-        n = t.numel()
+        n = count(t)
         high = n * t.element_size()
         casts.append((2, 2.0 * high + n, float(high + n)))
 
     def transposed(t: torch.Tensor) -> None:
-        n = float(t.numel())
+        n = float(count(t))
         casts.append((1, 2.0 * n, 2.0 * n))
 
+    if recipe != "tensorwise":
+        if float8_gemm(backward, first, recipe):
+            cast(a)
+            cast(b)
+        return casts
     if not backward:
         cast(a)
         if not weight_in_float8:
@@ -240,3 +261,9 @@ def float8_casts(
         transposed(a)
     transposed(b)
     return casts
+
+
+def float8_gemm(backward: bool, first: bool, recipe: str) -> bool:
+    """Whether a float8 linear's matrix multiply runs in float8: all three do but, under
+    ``rowwise_with_gw_hp``, the weight's gradient (backward's second)."""
+    return not (recipe == "rowwise_with_gw_hp" and backward and not first)

@@ -25,6 +25,9 @@ class Mark:
     grads: dict[str, int]  # new unsharded gradient bytes by unit
     n_events: int  # events issued before this hook in the current iteration
     measured: bool  # False for hook calls replayed without running the model
+    # (peak, activations, forward temp) with new gradients left out: what the stretch
+    # reaches when each gradient is added into an existing one in place and freed
+    peak_in_place: tuple[int, int, int] = (0, 0, 0)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -81,6 +84,7 @@ def cut_profile(
                 peak_forward_temp=[m.peak_forward_temp for m in data],
                 peak_grads=[m.peak_grads for m in data],
                 grads=[dict(m.grads) for m in data],
+                peak_in_place=[list(m.peak_in_place) for m in data],
             )
         )
     base.iterations = steps

@@ -57,7 +57,7 @@ from torch.utils.flop_counter import flop_registry
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
-from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts
+from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.marks import Mark, cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -94,6 +94,9 @@ class _Stretch:
     peak_grads: int = 0
     grad_bytes: int = 0
     grads: dict[str, int] = field(default_factory=dict)
+    # the most activations + temp reached, new gradients left out: what a step that adds its
+    # gradients into existing ones in place reaches (each is freed once added)
+    peak_in_place: tuple[int, int, int] = (0, 0, 0)
 
 
 class _MarkingLog(list[Any]):
@@ -141,15 +144,17 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         compiled: list[torch.nn.Module] | None = None,
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
+        float8_recipe: str = "tensorwise",
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
         self._compiled = ModuleScope("compiled", compiled)
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
+        self._float8_recipe = float8_recipe
         self._float8_nodes: set[int] = set()  # backward nodes whose gradient is cast already
-        self._fused = FusedRegions()
         self._tp = tp
+        self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
         self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
         self._given: set[int] = set()  # ... of the inputs (see inputs_shared)
@@ -258,11 +263,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif flop_fn is not None:
             flops = flop_fn(*args, **kwargs, out_val=out)
             self._count_flops(flops)
+        if fresh:  # (views and in-place ops return storage that already exists)
+            self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
         if cost is not None:
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
-        if not fresh:
-            return out  # views and in-place ops return storage that already exists
-        self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
         return out
 
     def _track_all(self, out: Any, sharded: bool) -> None:
@@ -330,12 +334,15 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         fresh: bool = True,
     ) -> None:
         """One GPU kernel this operator launches, merged with the same kernels of the stretch
-        (see :mod:`fsdpviz.schema.profile`, ``kernels``)."""
+        (see :mod:`fsdpviz.schema.profile`, ``kernels``). Under tensor parallelism, as one rank
+        of the tp group runs it: its shares of the operands and output (the output already
+        tracked), a matrix multiply on the shapes its shares leave."""
         backward = int(torch._C._current_graph_task_id() != -1)
         kind = cost[0]
         key: tuple[Any, ...]
+        tp = self.tp_ranks if self._tp is not None else 1
         if kind == "mem":
-            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+            nbytes = self._local_bytes(args) + self._local_bytes(out)
             self._add_kernel(("mem", backward), 1, nbytes)
             if self._compiled.active():
                 self._fused.add(backward, args, out, nbytes, fresh)
@@ -348,25 +355,52 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             *batch, m, k = a.shape
             n = b.shape[-1]
             nb = batch[0] if batch else 1
+            if tp > 1:  # one rank's shares: both share the reduced dimension, or one its own
+                sa, sb = self._is_share(a), self._is_share(b)
+                if sa and sb:
+                    k = -(-k // tp)
+                elif sb:
+                    n = -(-n // tp)
+                elif sa:
+                    m = -(-m // tp)
             isz = a.element_size()
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
-            if self._float8 is not None and self._float8.active():
+            float8 = self._float8 is not None and self._float8.active()
+            if float8 and self._float8_casts(backward, a, b):
                 key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
-                self._float8_casts(backward, a, b)
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
             b, h, sq, d = q.shape
+            hkv = kv.shape[1]
+            if tp > 1 and self._is_share(q):  # the rank's heads
+                h, hkv = -(-h // tp), -(-hkv // tp)
             skv = kv.shape[2]
             isz = q.element_size()
             key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz)
-            nbytes = (2 * b * h * sq * d + 2 * b * kv.shape[1] * skv * d) * isz * (1 + backward)
+            nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + backward)
         else:
-            key = ("flops", backward, flops)
-            nbytes = _tensor_bytes(args) + _tensor_bytes(out)
+            share = tp > 1 and any(self._is_share(t) for t in tree_leaves(out))
+            local = flops // tp if share else flops
+            key = ("flops", backward, local)
+            nbytes = self._local_bytes(args) + self._local_bytes(out)
         self._add_kernel(key, 1, nbytes)
+
+    def _local_numel(self, t: torch.Tensor) -> int:
+        """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
+        return t.numel() // self.tp_ranks if self._is_share(t) else t.numel()
+
+    def _local_bytes(self, x: Any) -> int:
+        """Bytes of the tensors in ``x`` one rank holds: a tp share's ``1 / tp``."""
+        if self._tp is None:
+            return _tensor_bytes(x)
+        return sum(
+            t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
+            for t in tree_leaves(x)
+            if isinstance(t, torch.Tensor)
+        )
 
     def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None:
         rec = self._stretch.kernels.get(key)
@@ -376,8 +410,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             rec[0] += count
             rec[1] += nbytes
 
-    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`)."""
+    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`); whether
+        the multiply runs in float8 (:func:`float8_gemm`)."""
         first = True
         if backward:
             node = torch._C._current_autograd_node()
@@ -385,10 +420,14 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if node is not None:
                 self._float8_nodes.add(id(node))
         compiled = self._compiled.active()
-        for count, eager, fused in float8_casts(bool(backward), a, b, self._float8_gathered, first):
+        recipe = self._float8_recipe
+        share = self._local_numel if self._tp is not None else None
+        casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe, share)
+        for count, eager, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused)
+        return float8_gemm(bool(backward), first, recipe)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = _storage(t)
@@ -413,10 +452,13 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _bump_peak(self) -> None:
         s, live = self._stretch, self.live
-        now = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP] + s.grad_bytes
+        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
+        now = held + s.grad_bytes
         if now > s.peak:
             s.peak, s.peak_grads = now, s.grad_bytes
             s.peak_activations, s.peak_forward_temp = live[_ACT], live[_FWD_TEMP]
+        if held > s.peak_in_place[0]:
+            s.peak_in_place = (held, live[_ACT], live[_FWD_TEMP])
 
     def _freed(self, key: int, ref: Any) -> None:
         rec = self._live.get(key)
@@ -484,16 +526,19 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             s.grads,
             self._count_events(),
             self._measuring,
+            s.peak_in_place,
         )
         self._stretch = self._new_stretch()
         return mark
 
     def _new_stretch(self) -> _Stretch:
         live = self.live
+        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
         return _Stretch(
-            peak=live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP],
+            peak=held,
             peak_activations=live[_ACT],
             peak_forward_temp=live[_FWD_TEMP],
+            peak_in_place=(held, live[_ACT], live[_FWD_TEMP]),
         )
 
     def _on_hook(self, entry: Any) -> None:
@@ -537,6 +582,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.buffer_bytes,
                 FLOP_OPS,
                 self.tokens,
+                self.tp_ranks,
                 self.tp_ranks,
             ),
         )

@@ -398,21 +398,26 @@ def run_step(
     on_loss: Callable[[torch.Tensor], None] | None = None,
     *,
     stage_output: bool = False,
+    keep_output: bool = False,
 ) -> Any:
-    """One forward and backward on the copy; failures name the module that failed. Returns
-    the model's output.
+    """One forward and backward on the copy; failures name the module that failed.
 
     With ``tracker.measure`` set (the cost model's probe), the step runs under it.
     ``stage_output``: ``model`` is a pipeline stage before the last, whose backward starts
     from the gradient of each of its output tensors (what the next stage sends back) instead
-    of a loss; ``on_loss`` is then called with the first of them.
+    of a loss; ``on_loss`` is then called with the first of them. ``keep_output``: return the
+    model's output, alive to the end of the measured step (a pipeline stage's, sent on);
+    else it dies with the step, as a training loop drops it (None is returned).
     """
     measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
     meta = where == "the meta device"
     kernels = device_rules() if meta else nullcontext()
     masks = answered_mask_checks(model, args, kwargs) if meta else nullcontext()
     with measure, kernels, masks:
-        return _step(model, args, kwargs, loss_fn, tracker, where, on_loss, stage_output)
+        output = _step(model, args, kwargs, loss_fn, tracker, where, on_loss, stage_output)
+        if not keep_output:
+            output = None
+    return output
 
 
 def _step(
@@ -427,6 +432,8 @@ def _step(
 ) -> Any:
     try:
         output = model(*args, **kwargs)
+    except ConfigError:
+        raise  # what fsdpviz cannot plan (its emulations say why), not the model failing
     except Exception as e:
         failing = tracker.stack[-1] if tracker.stack else ""
         cls = type(dict(model.named_modules()).get(failing, model)).__name__

@@ -38,6 +38,7 @@ _KIND_HEIGHT = {
     "all_gather": 1.0, "free": 0.35, "reduce_scatter": 0.7, "all_reduce": 0.7,
     "h2d": 0.5, "d2h": 0.5,
     "tp_all_gather": 0.5, "tp_reduce_scatter": 0.5, "tp_all_reduce": 0.5, "tp_all_to_all": 0.5,
+    "cp_all_gather": 0.5, "cp_all_to_all": 0.5,
 }  # fmt: skip
 
 

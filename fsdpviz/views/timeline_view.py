@@ -94,6 +94,7 @@ or ``None`` (no memory lane)."""
 KINDS = (
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
+    "cp_all_gather", "cp_all_to_all",
 )  # fmt: skip
 PP_KINDS = ("pp_send", "pp_recv")
 """Pipeline parallelism's sends and receives: after :data:`KINDS` where they occur."""
@@ -112,6 +113,8 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("tp_all_to_all", "tp"): "tensor parallel",
     ("pp_send", "pp"): "pipeline sends",
     ("pp_recv", "pp"): "pipeline receives",
+    ("cp_all_gather", "cp"): "context parallel",
+    ("cp_all_to_all", "cp"): "context parallel",
 }
 """The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
 ``reduce-scatter`` are always drawn; other lanes only where their events occur."""

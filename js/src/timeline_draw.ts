@@ -1169,9 +1169,10 @@ export function drawOverview(
 }
 
 /** What the compute waits for, in words: an FSDP all-gather or reduction, or a tensor-parallel
- *  collective (`tp_all_gather` reads "tensor-parallel all-gather"). */
+ *  or context-parallel collective (`tp_all_gather` reads "tensor-parallel all-gather"). */
 function waitedKind(kind: string): string {
   if (kind === "all_gather") return "all-gather";
   if (kind.startsWith("tp_")) return `tensor-parallel ${kind.slice(3).replace(/_/g, "-")}`;
+  if (kind.startsWith("cp_")) return `context-parallel ${kind.slice(3).replace(/_/g, "-")}`;
   return "reduce";
 }

@@ -1,0 +1,296 @@
+"""Context parallelism's ring attention on fsdpviz's copy of the model.
+
+torch's context parallelism (``torch.distributed.tensor.experimental.context_parallel``,
+torchtitan's ``context_parallel_degree``) gives each rank of a ``cp`` group ``1 / cp`` of
+every sequence, cut into ``2 cp`` chunks so that causal attention's work is balanced (rank
+``r`` holds chunks ``r`` and ``2 cp - 1 - r``), and runs every
+``scaled_dot_product_attention`` as a ring (``_templated_ring_attention``, torch's default
+rotation ``allgather``):
+
+- forward: the rank's keys and values, flattened into one buffer, are all-gathered over
+  the cp group (one ``cp_all_gather`` of ``cp`` such buffers); meanwhile the rank's own
+  block runs causal attention on its own keys; then, for each of the ``cp - 1`` other
+  ranks' keys, one block without a mask on half of the queries (the traced rank, rank 0,
+  holds the earliest and the latest chunk: only the latest sees the others), its output and
+  log-sum-exp merged into float32 ones (``_SDPAMerger``);
+- backward: the keys and values are all-gathered again; each block's backward adds its key
+  and value gradients into float32 buffers that travel round the ring, one
+  ``cp_all_to_all`` per block (``_AllToAllRotater``: each rank sends the buffer to the next
+  rank), the last received once all blocks are done.
+
+The traced copy runs exactly that on meta tensors (:func:`~fsdpviz.trace.attention.flash_block`
+for each block), so the cost probe measures every kernel and buffer as a rank makes them,
+and each collective is reported to the :class:`FSDP2Runtime` as an event of the group whose
+module called the attention; where the ring waits for one, the runtime logs a hook call
+(``cp_forward_wait`` / ``cp_backward_wait``) that the time model lets the compute after it
+wait at. Autograd saves what the flash kernel saves: the rank's queries, keys, values,
+output and log-sum-exp.
+
+The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
+as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
+the traced rank holds ``1 / cp`` of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import Group
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.tp_emulation import owner_index
+from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
+from fsdpviz.trace.checkpointing import attention_saved
+from fsdpviz.trace.tracker import ModuleTracker
+
+_HALVES = 2  # torch's round-robin load balancing: two chunks of a sequence per rank
+
+
+def shard_sequence(args: tuple[Any, ...], kwargs: dict[str, Any], cp: int) -> Any:
+    """One cp rank's share of the inputs: every tensor of two or more dimensions cut along
+    dimension 1 into ``2 cp`` chunks, the rank's two of them (the same storage cut once)."""
+    cut: dict[int, torch.Tensor] = {}
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            return t
+        if id(t) not in cut:
+            n = t.shape[1]
+            if n % (_HALVES * cp):
+                raise ConfigError(
+                    f"context parallelism over {cp} ranks cuts each input's sequence "
+                    f"(dimension 1) into {_HALVES * cp} chunks, but an input has {n} "
+                    f"positions (shape {tuple(t.shape)}): use a sequence length divisible by "
+                    f"{_HALVES * cp}"
+                )
+            cut[id(t)] = t.narrow(1, 0, n // cp).clone()
+        return cut[id(t)]
+
+    return tuple(_walk(a, one) for a in args), {k: _walk(v, one) for k, v in kwargs.items()}
+
+
+def _walk(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_walk(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _walk(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+class CPEmulation:
+    """Ring attention over a cp group of ``size`` ranks on the traced copy, reporting its
+    collectives to ``runtime`` (see the module's docstring)."""
+
+    def __init__(
+        self, groups: list[Group], runtime: FSDP2Runtime, size: int, tracker: ModuleTracker
+    ) -> None:
+        self.groups = groups
+        self.runtime = runtime
+        self.size = size
+        self.tracker = tracker
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """Every ``scaled_dot_product_attention`` of the block runs as the ring."""
+        with ring_attention(self._ring):
+            yield
+
+    def _ring(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        module = self.tracker.stack[-1] if self.tracker.stack else ""
+        where = repr(module) if module else "the root"
+        if attn_mask is not None or not is_causal or dropout_p:
+            raise ConfigError(
+                f"context parallelism: the attention in {where} is not causal "
+                "scaled_dot_product_attention without a mask and dropout, which torch's ring "
+                "attention (with its load balancing) needs"
+            )
+        if query.dim() != 4 or query.device.type != "meta":
+            raise ConfigError(
+                f"context parallelism: the attention in {where} takes (batch, heads, "
+                "sequence, head size) tensors, traced on the meta device"
+            )
+        if query.shape[2] % _HALVES:
+            raise ConfigError(
+                f"context parallelism: the attention in {where} sees {query.shape[2]} positions, "
+                "which its load balancing cannot cut in two"
+            )
+        i = owner_index(module, self.groups)
+        out: torch.Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
+            self, i, module, scale, query, key, value
+        )
+        return out
+
+    def issue(self, i: int, kind: str, module: str, nbytes: int, quiet: bool = False) -> None:
+        if not quiet:
+            self.runtime.context_parallel(i, kind, module, _phase(), nbytes)
+
+    def wait(self, i: int, kind: str, quiet: bool = False) -> None:
+        if not quiet:
+            self.runtime.context_parallel_wait(i, _phase(), kind)
+
+
+def _phase() -> str:
+    """Backward while autograd runs a graph (activation checkpointing's recomputation too)."""
+    return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+
+class _Merger:
+    """``_SDPAMerger`` of torch's ring attention, ``convert_to_f32`` (its default)."""
+
+    def __init__(self) -> None:
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+        self.dtypes = (torch.float32, torch.float32)
+
+    def step(self, out: torch.Tensor, lse: torch.Tensor, partial: bool) -> None:
+        self.dtypes = (out.dtype, lse.dtype)
+        out, lse = out.to(torch.float32), lse.to(torch.float32).unsqueeze(-1)
+        if self.out is None or self.lse is None:
+            self.out, self.lse = out, lse
+            return
+        old_lse = self.lse.chunk(_HALVES, dim=2)[1] if partial else self.lse
+        old_out = self.out.chunk(_HALVES, dim=2)[1] if partial else self.out
+        new_out = old_out - F.sigmoid(lse - old_lse) * (old_out - out)
+        new_lse = old_lse - F.logsigmoid(old_lse - lse)
+        if partial:
+            self.lse = _partial_update(self.lse, new_lse, 1, add=False)
+            self.out = _partial_update(self.out, new_out, 1, add=False)
+        else:
+            self.out, self.lse = new_out, new_lse
+
+    def results(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.out is not None and self.lse is not None
+        return self.out.to(self.dtypes[0]), self.lse.squeeze(-1).to(self.dtypes[1])
+
+
+def _partial_update(original: torch.Tensor, new: torch.Tensor, idx: int, add: bool) -> torch.Tensor:
+    """torch's ``_partial_update``: chunk ``idx`` of two along the sequence replaced by (or
+    added to) ``new``, the result a new tensor."""
+    chunks = list(original.chunk(_HALVES, dim=2))
+    if add:
+        chunks[idx] += new
+    else:
+        chunks[idx] = new
+    return torch.cat(chunks, dim=2)
+
+
+def _blocks(
+    kv: torch.Tensor, key: torch.Tensor, cp: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The other ranks' keys and values in the gathered buffer, in the order the ring uses
+    them (rank 0: from rank ``cp - 1`` down to rank 1)."""
+    gathered = kv.new_empty(cp * kv.numel())  # the all-gather's output
+    parts = gathered.chunk(cp)
+    out = []
+    for step in range(1, cp):
+        buf = parts[(0 - step) % cp]
+        out.append((buf[: key.numel()].view(key.shape), buf[key.numel() :].view(key.shape)))
+    return out
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention of the traced rank (rank 0 of its cp group) on meta tensors."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        emu: CPEmulation,
+        i: int,
+        module: str,
+        scale: float | None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+    ) -> torch.Tensor:
+        cp = emu.size
+        # a selective checkpoint that saves attention takes the saved output in backward:
+        # its recomputation runs no ring (the kernels, saved, do not run either)
+        quiet = _phase() == "backward" and attention_saved()
+        saved = (query, key, value)  # autograd saves the operator's inputs as given
+        key, value = key.contiguous(), value.contiguous()
+        if value.shape != key.shape:
+            raise ConfigError(
+                f"context parallelism: the attention in {module!r} has keys and values of "
+                "different shapes, which the ring passes on as one buffer"
+            )
+        kv = torch.cat([key.flatten(), value.flatten()])
+        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), quiet)
+        blocks = _blocks(kv, key, cp)
+        merger = _Merger()
+        out, lse = flash_block(query, key, value, True, scale)  # the rank's own block
+        merger.step(out, lse, partial=False)
+        emu.wait(i, "all_gather", quiet)
+        del kv
+        late = query.chunk(_HALVES, dim=2)[1]  # rank 0's latest chunk sees every other rank
+        for k, v in blocks:
+            out, lse = flash_block(late, k, v, False, scale)
+            merger.step(out, lse, partial=True)
+        del blocks
+        out, lse = merger.results()
+        ctx.emu, ctx.i, ctx.module, ctx.scale = emu, i, module, scale
+        ctx.save_for_backward(*saved, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        emu: CPEmulation = ctx.emu
+        i, module, scale, cp = ctx.i, ctx.module, ctx.scale, emu.size
+        query, key, value, out, lse = ctx.saved_tensors
+        key, value = key.contiguous(), value.contiguous()
+        kv = torch.cat([key.flatten(), value.flatten()])
+        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size())
+        blocks = _blocks(kv, key, cp)
+        dq = torch.zeros_like(query, dtype=torch.float32)
+        dk = torch.zeros_like(key, dtype=torch.float32)
+        dv = torch.zeros_like(value, dtype=torch.float32)
+        dq_, dk_, dv_ = flash_block_backward(grad, query, key, value, out, lse, True, scale)
+        dk += dk_
+        dv += dv_
+        sent = torch.cat([dk.flatten(), dv.flatten()])
+        emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size())
+        received = torch.empty_like(sent)  # what the previous rank sends
+        dq += dq_
+        del kv, dq_, dk_, dv_
+        half = (
+            query.chunk(_HALVES, dim=2)[1],
+            out.chunk(_HALVES, dim=2)[1],
+            grad.chunk(_HALVES, dim=2)[1],
+            lse.chunk(_HALVES, dim=2)[1].contiguous(),
+        )
+        for step, (k, v) in enumerate(blocks):
+            if step == 0:
+                emu.wait(i, "all_gather")
+            q2, out2, grad2, lse2 = half
+            dq_, dk_, dv_ = flash_block_backward(grad2, q2, k, v, out2, lse2, False, scale)
+            emu.wait(i, "all_to_all")
+            dk = received[: key.numel()].view(key.shape)
+            dv = received[key.numel() :].view(key.shape)
+            dk += dk_
+            dv += dv_
+            sent = torch.cat([dk.flatten(), dv.flatten()])
+            emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size())
+            received = torch.empty_like(sent)
+            dq = _partial_update(dq, dq_, 1, add=True)
+            del dq_, dk_, dv_
+        del blocks, half
+        emu.wait(i, "all_to_all")
+        dq = dq.to(query.dtype)
+        final = received.to(key.dtype)
+        dk = final[: key.numel()].view(key.shape)
+        dv = final[key.numel() :].view(key.shape)
+        return None, None, None, None, dq, dk, dv

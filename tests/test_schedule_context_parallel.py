@@ -1,0 +1,154 @@
+"""Context parallelism planned: a ``cp`` mesh dimension (torchtitan's
+``context_parallel_degree``), each rank traced on its share of every sequence, every attention
+run as torch's ring attention (``_templated_ring_attention`` with the ``allgather`` rotation):
+which collectives run on which group, their bytes, what a rank holds, and how the time model
+times them."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import fsdpviz
+from fsdpviz.cost import machine, timeline
+from fsdpviz.cost.hook_calls import tape
+from fsdpviz.cost.topology import spans
+from fsdpviz.examples import DecoderLayer, example_inputs, example_model
+
+BATCH, SEQ, LAYERS = 2, 256, 6  # torchtitan's debugmodel: dim 256, 16 heads of 16
+
+
+def _job(cp: int, seq: int = SEQ, ac: str = "none", **parallel: Any) -> fsdpviz.Report:
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": BATCH, "seq_len": seq},
+        "parallelism": {"context_parallel_degree": cp, **parallel},
+        "activation_checkpoint": {"mode": ac, "selective_ac_option": "op"},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=8)
+    return fsdpviz.analyze(tt.model, tt.inputs, **tt.config, progress=False)
+
+
+def _ring_bytes(cp: int, itemsize: int) -> int:
+    """A rank's keys and values (torchtitan repeats them per head): B x H x S/cp x D each."""
+    return 2 * BATCH * 16 * (SEQ // cp) * 16 * itemsize
+
+
+def test_a_cp_mesh_shards_parameters_over_dp_shard_and_cp() -> None:
+    report = _job(4)
+    cfg = report.config
+    assert cfg["mesh"] == {"dp_shard": 2, "cp": 4}
+    assert (cfg.cp_world_size, cfg.shard_world_size, cfg.world_size) == (4, 8, 8)
+    layer = report.unit("layers.0")
+    assert layer.sharded_numel == layer.padded_numel // 8
+    # each rank traced its share of the sequence
+    assert report.profile is not None and report.profile.tokens == BATCH * SEQ // 4
+    where = spans(cfg, 8)
+    assert (where["shard"].ranks, where["cp"].ranks) == (8, 4)
+    assert "context parallel over 4 ranks" in report.summary()
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_each_attention_runs_a_ring(cp: int) -> None:
+    """Forward: one all-gather of every rank's keys and values per attention. Backward: the
+    keys and values gathered again, and their float32 gradients passed round the ring, one
+    all-to-all per block (``cp`` of them)."""
+    report = _job(cp)
+    events = report.iterations[-1]
+    ring = [e for e in events if e.context_parallel]
+    assert {e.group for e in ring} == {"cp"}
+    for phase, kind, count, nbytes in (
+        ("forward", "cp_all_gather", 1, cp * _ring_bytes(cp, 2)),
+        ("backward", "cp_all_gather", 1, cp * _ring_bytes(cp, 2)),
+        ("backward", "cp_all_to_all", cp, _ring_bytes(cp, 4)),
+    ):
+        for i in range(LAYERS):
+            mine = [e for e in ring if e.kind == kind and e.phase == phase
+                    and e.module == f"layers.{i}.attention"]  # fmt: skip
+            assert len(mine) == count, (phase, kind, i)
+            assert {e.unit for e in mine} == {f"layers.{i}"}
+            assert {e.nbytes for e in mine} == {nbytes}
+    # the steady state replays the first iteration's ring
+    assert [e.untimed() for e in report.iterations[0]] == [e.untimed() for e in events]
+
+
+def test_checkpointing_recomputes_the_ring_unless_attention_is_saved() -> None:
+    """Full activation checkpointing runs each attention again in backward, its ring too;
+    torchtitan's per-operator checkpointing saves attention's output, so no ring runs again."""
+
+    def backward_gathers(report: fsdpviz.Report) -> int:
+        return sum(
+            e.kind == "cp_all_gather" and e.phase == "backward" for e in report.iterations[-1]
+        )
+
+    assert backward_gathers(_job(2, ac="none")) == LAYERS
+    assert backward_gathers(_job(2, ac="full")) == 2 * LAYERS
+    assert backward_gathers(_job(2, ac="selective")) == LAYERS
+
+
+def test_a_rank_holds_its_share_of_the_sequence() -> None:
+    """With every block checkpointed, what a rank saves is the same as a plan of its share of
+    the sequence without context parallelism; the ring's float32 buffers are temporaries."""
+
+    def saved(report: fsdpviz.Report) -> int:
+        calls = tape(report, 0).calls
+        return next(
+            c for c in calls if c.hook == "post_forward" and c.unit == "norm, output"
+        ).activations
+
+    assert saved(_job(2, ac="full")) == saved(_job(1, seq=SEQ // 2, ac="full"))
+
+
+def test_the_time_model_times_the_ring_on_its_group() -> None:
+    report = _job(4)
+    fast = timeline(report, "h100")
+    t = fast.totals
+    moved = 3 / 4 * 4 * _ring_bytes(4, 2) * 2 + 4 * _ring_bytes(4, 4)  # per layer
+    assert t["cp_bytes"] == pytest.approx(LAYERS * moved)
+    ring = [r for r in fast.records() if r["kind"].startswith("cp_")]
+    assert ring and {r["stream"] for r in ring} == {"cp"}
+    assert all(r["end"] > r["start"] for r in ring)
+    # on a slow link the ring's next block waits for the keys and values
+    slow = timeline(report, machine("h100", intra_node_gbps=0.05))
+    waits = [b for b in slow.bottlenecks() if b["kind"].startswith("cp_")]
+    assert waits and waits[0]["cause"] == "context_parallel"
+    assert slow.totals["step_s"] > t["step_s"]
+
+
+def test_context_parallel_mistakes_say_what_to_do() -> None:
+    with pytest.raises(fsdpviz.ConfigError, match="divisible by 8"):
+        _job(4, seq=260)
+    with pytest.raises(fsdpviz.ConfigError, match="right after the data-parallel"):
+        fsdpviz.analyze(
+            example_model(), example_inputs(), fully_shard=[DecoderLayer],
+            mesh=("cp", 2, "dp_shard", 2), progress=False,
+        )  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match="together with tensor parallelism"):
+        _job(2, tensor_parallel_degree=2)
+
+
+def test_attention_with_a_mask_is_refused() -> None:
+    """torch's ring attention takes causal attention without a mask (its load balancing)."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.proj(x).view(x.shape[0], x.shape[1], 2, 8).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(q, q, q)  # not causal
+            return out.sum()
+
+    with torch.device("meta"):
+        model = Masked()
+    with pytest.raises(fsdpviz.ConfigError, match="not causal"):
+        fsdpviz.analyze(
+            model, torch.zeros(2, 8, 16), fully_shard=["proj"], mesh=("dp_shard", 1, "cp", 2),
+            loss=lambda out: out, progress=False,
+        )  # fmt: skip
