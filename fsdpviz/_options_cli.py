@@ -1,19 +1,26 @@
-"""FSDP options written as command-line flags, shared by ``fsdpviz report`` and ``%fsdpviz``.
+"""FSDP options written as command-line flags, shared by ``fsdpviz report``, ``fsdpviz doctor``
+and ``%fsdpviz``: one table of flags (:data:`FLAGS`), from which each command's parser is
+made, the flags that do not apply to a model source are refused (:func:`check_applies`)
+and fsdpviz's own advice is written as flags (:func:`flags_for`).
 
-:func:`add_fsdp_flags` adds the flags to an ``argparse`` parser; :func:`analyze_kwargs`
-turns the parsed flags into :func:`fsdpviz.analyze` keyword arguments for a model,
-raising :class:`UsageError` with what was wrong and what to write instead.
+:func:`add_fsdp_flags` adds the FSDP and job flags to an ``argparse`` parser,
+:func:`add_source_flags` the flags that build a Hugging Face model by id (``hf:ID``, see
+:func:`load_hf_model`); :func:`analyze_kwargs` turns the parsed flags into
+:func:`fsdpviz.analyze` keyword arguments for a model, raising :class:`UsageError` with what
+was wrong and what to write instead.
 
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
 (``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
-``--mixed-precision``, ``--world-size``, ``--machine``, ``--trace``, and the job around FSDP
-(:mod:`fsdpviz.plan.job`): ``--grad-accum``, ``--compile``, ``--float8``,
-``--float32-matmul-precision``. Or a trainer's configuration: ``--accelerate-config`` /
-``--torchtitan-config`` (then the FSDP flags are refused; the job flags override the file's).
+``--mixed-precision``, ``--cpu-offload``, ``--world-size``, ``--machine``, ``--trace``, and
+the job around FSDP (:mod:`fsdpviz.plan.job`): ``--activation-checkpointing``,
+``--grad-accum``, ``--compile``, ``--float8``, ``--float32-matmul-precision``. Or a trainer's
+configuration: ``--accelerate-config`` / ``--torchtitan-config`` (then the FSDP flags are
+refused; the job flags override the file's). ``hf:`` models: ``--set``, ``--batch``,
+``--seq``, ``--dtype``.
 
-:func:`add_source_flags` adds what builds a Hugging Face model by id (``hf:ID``, see
-:func:`load_model`): ``--set``, ``--batch``, ``--seq``, ``--dtype``.
+Importing this module imports no torch: a command parses and checks its flags first, and
+loads torch (seconds) only for a command line that can run.
 """
 
 from __future__ import annotations
@@ -21,20 +28,29 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
-
-from fsdpviz.cost.hardware import GPUS
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
-from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS, parse_job_options
 
-__all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "BACKWARD_PREFETCH",
+    "FLAGS",
+    "SHARDING",
+    "Flag",
+    "UsageError",
+    "add_fsdp_flags",
+    "add_source_flags",
+    "analyze_kwargs",
+    "check_applies",
+    "flags_for",
+]
 
 BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
 SHARDING = {
@@ -44,14 +60,14 @@ SHARDING = {
     "hybrid": "HYBRID_SHARD",
 }
 _DTYPES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
 }
 _FSDP1_ONLY = {
     "backward_prefetch": "--backward-prefetch",
@@ -60,83 +76,236 @@ _FSDP1_ONLY = {
     "use_orig_params": "--use-orig-params",
 }
 
+Source = Literal["hf", "factory", "torchtitan", "saved"]
+"""Where a command's model comes from: ``hf:ID`` (built from its config), ``MODULE:FACTORY``
+(the user's code builds the model and its inputs), ``--torchtitan-config`` (the file's model
+and batch), or a saved report / recording (written as it was saved: nothing is planned)."""
+_PLANNED: frozenset[Source] = frozenset({"hf", "factory", "torchtitan"})
+
 
 class UsageError(Exception):
     """A mistake in the flags: reported as a short message (exit status 2 on the command line)."""
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _grad_accum(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive int (micro-steps per optimizer step), got {text!r}"
+        )
+    return value
+
+
+def _precision(text: str) -> str:
+    value = text.strip().lower()
+    if value in FLOAT32_MATMUL_PRECISIONS:
+        return value
+    close = difflib.get_close_matches(value, FLOAT32_MATMUL_PRECISIONS, n=1)
+    tip = f"; did you mean {close[0]!r}?" if close else ""
+    raise argparse.ArgumentTypeError(
+        f"must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} (as "
+        f"torch.set_float32_matmul_precision takes it), got {text!r}{tip}"
+    )
+
+
+def _reshard(text: str) -> bool | int:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return positive_int(low)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected true, false or a number of ranks, got {text!r}"
+        ) from None
+
+
+def gpu_names() -> list[str]:
+    """The GPU presets ``--machine`` takes (:mod:`fsdpviz.cost.hardware`; no torch)."""
+    from fsdpviz.cost.hardware import GPUS
+
+    return sorted(GPUS)
+
+
+def _machine(text: str) -> str:
+    names = gpu_names()
+    value = text.strip().lower()
+    if value in names:
+        return value
+    close = difflib.get_close_matches(value, names, n=1)
+    tip = f"; did you mean {close[0]!r}?" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown GPU {text!r}{tip} (one of {', '.join(names)})")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of :data:`FLAGS`: how ``argparse`` reads it, the :func:`fsdpviz.analyze`
+    option it sets (what :func:`flags_for` writes advice with), and the model sources it
+    applies to (:func:`check_applies`).
+
+    Attributes:
+        name: the flag (``"--world-size"``).
+        help: its help line.
+        group: ``"fsdp"``, ``"job"`` (:func:`add_fsdp_flags`) or ``"source"``
+            (:func:`add_source_flags`).
+        metavar, type, choices, default: as ``add_argument`` takes them; ``nargs="?"``
+            with ``const=True`` for ``optional``, ``store_true`` for ``switch``, ``append``
+            for ``append``.
+        option: the analyze keyword it sets, for advice; ``None`` for none.
+        sources: where it applies; given anywhere else, it is refused.
+        why: where it applies, for the refusal (``"Hugging Face models built from their
+            config (hf:ID)"``).
+    """
+
+    name: str
+    help: str
+    group: Literal["fsdp", "job", "source"] = "fsdp"
+    kind: Literal["value", "switch", "optional", "append"] = "value"
+    metavar: str | None = None
+    type: Callable[[str], Any] | None = None
+    choices: Sequence[str] | None = None
+    default: Any = None
+    option: str | None = None
+    sources: frozenset[Source] = field(default=_PLANNED)
+    why: str = "a model to plan"
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        kw: dict[str, Any] = {"help": self.help, "dest": self.dest}
+        if self.kind == "switch":
+            kw["action"] = "store_true"
+        else:
+            kw.update(metavar=self.metavar, default=self.default)
+            if self.kind == "optional":
+                kw.update(nargs="?", const=True)
+            if self.kind == "append":
+                kw.update(action="append", default=[])
+            if self.type is not None:
+                kw["type"] = self.type
+            if self.choices is not None:
+                kw["choices"] = list(self.choices)
+        parser.add_argument(self.name, **kw)
+
+    def given(self, args: argparse.Namespace) -> bool:
+        """Whether the command line gave this flag."""
+        value = getattr(args, self.dest, None)
+        return value not in (None, False, [], self.default) or (
+            self.kind == "switch" and bool(value)
+        )
+
+
+_HF: frozenset[Source] = frozenset({"hf"})
+_HF_WHY = "Hugging Face models built from their config (hf:ID)"
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--policy", "FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of "
+         "the model's classes with these names), size:N (size_based_auto_wrap_policy, "
+         "min_num_params=N) or none (default: a Hugging Face model's _no_split_modules, as "
+         "accelerate's TRANSFORMER_BASED_WRAP; else the root only)",
+         metavar="SPEC", option="auto_wrap_policy"),
+    Flag("--accelerate-config", "plan what `accelerate launch --config_file YAML` runs "
+         "(instead of FSDP flags)", metavar="YAML", sources=frozenset({"hf", "factory"}),
+         why="a model given as hf:ID or MODULE:FACTORY"),
+    Flag("--torchtitan-config", "plan the torchtitan job TOML: its Llama 3 model, batch and "
+         "FSDP2 recipe", metavar="TOML", sources=frozenset({"torchtitan"})),
+    Flag("--fully-shard", "FSDP2 instead: fully_shard on these module classes or FQNs "
+         "(comma-separated), then on the root", metavar="NAMES", option="fully_shard"),
+    Flag("--reshard-after-forward", "FSDP2 reshard_after_forward (default: torch's: True, "
+         "the root False)", metavar="true|false|N", type=_reshard,
+         option="reshard_after_forward"),
+    Flag("--mixed-precision", "compute in DTYPE (bf16, fp16, fp32), reduce gradients in "
+         "REDUCE (default DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
+         metavar="DTYPE[,REDUCE]", option="mixed_precision"),
+    Flag("--cpu-offload", "parameters, gradients and optimizer state in host memory: FSDP1 "
+         "CPUOffload(offload_params=True), FSDP2 offload_policy=CPUOffloadPolicy()",
+         kind="switch", option="cpu_offload"),
+    Flag("--backward-prefetch", "FSDP1 BackwardPrefetch (FSDP's default: pre)",
+         choices=list(BACKWARD_PREFETCH), option="backward_prefetch"),
+    Flag("--forward-prefetch", "FSDP1 forward_prefetch=True", kind="switch",
+         option="forward_prefetch"),
+    Flag("--sharding-strategy", "FSDP1 ShardingStrategy (default: full)",
+         choices=list(SHARDING), option="sharding_strategy"),
+    Flag("--use-orig-params", "FSDP1 use_orig_params=True", kind="switch",
+         option="use_orig_params"),
+    Flag("--world-size", "ranks (default: the config file's, else 8)", metavar="N",
+         type=positive_int, option="world_size"),
+    Flag("--machine", "the GPU the plan is for, whose memory it must fit and whose speed the "
+         "step time models: h100 (default), h200, a100, a100-40gb, ... (every preset: "
+         "fsdpviz.cost.GPUS)", metavar="GPU", type=_machine, option="machine"),
+    Flag("--trace", "run the model on the meta device (default) or, for models that cannot, "
+         "on a copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
+         "--fully-shard)", choices=["meta", "real", "fx"], default="meta", option="trace"),
+    Flag("--activation-checkpointing", "run these module classes (comma-separated) under "
+         "activation checkpointing, as accelerate and torchtitan apply it; selective:CLASSES "
+         "checkpoints per operator (torchtitan's selective_ac_option=op)", group="job",
+         metavar="CLASSES", option="activation_checkpointing"),
+    Flag("--grad-accum", "gradient accumulation: N micro-steps per optimizer step, the first "
+         "N-1 without gradient sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)), "
+         "each planned as FSDP issues it (default 1)", group="job", metavar="N",
+         type=_grad_accum, option="grad_accum"),
+    Flag("--compile", "the model runs under torch.compile: the whole model, or these module "
+         "classes compiled one by one (comma-separated, as torchtitan compiles each block); "
+         "the compute is costed as fused kernels, FSDP's schedule is unchanged", group="job",
+         kind="optional", metavar="CLASSES", option="compile"),
+    Flag("--float8", "float8 linears (torchao) as torchtitan trains them: tensorwise scaling, "
+         "or SPEC, comma-separated: a recipe (rowwise, rowwise_with_gw_hp), all-gather "
+         "(FSDP2's float8 all-gather), filter_fqns=output,router, or torchtitan's KEY=VALUE",
+         group="job", kind="optional", metavar="SPEC", option="float8"),
+    Flag("--float32-matmul-precision", "as torch.set_float32_matmul_precision takes it: high "
+         "or medium run float32 matrix multiplies on TF32 tensor cores (default: highest, "
+         "torch's)", group="job", type=_precision,
+         metavar="{" + ",".join(FLOAT32_MATMUL_PRECISIONS) + "}",
+         option="float32_matmul_precision"),
+    Flag("--set", "hf: models: override a config field (repeatable), e.g. --set "
+         "num_hidden_layers=4", group="source", kind="append", metavar="KEY=VALUE",
+         sources=_HF, why=_HF_WHY),
+    Flag("--batch", "hf: models: batch size (1)", group="source", metavar="N",
+         type=positive_int, sources=_HF, why=_HF_WHY),
+    Flag("--seq", "hf: models: tokens per sequence (default: the model's context, at most "
+         "2048)", group="source", metavar="N", type=positive_int, sources=_HF, why=_HF_WHY),
+    Flag("--dtype", "hf: models: parameter dtype (default float32, the master weights)",
+         group="source", choices=["float32", "bfloat16", "float16"], sources=_HF, why=_HF_WHY),
+)  # fmt: skip
+"""Every flag that plans a model, in the order ``--help`` lists them."""
+
+_BY_DEST = {f.dest: f for f in FLAGS}
+
+
 def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the FSDP flags to ``parser`` (see the module docstring)."""
-    parser.add_argument(
-        "--policy",
-        metavar="SPEC",
-        help="FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of the "
-        "model's classes with these names), size:N (size_based_auto_wrap_policy, "
-        "min_num_params=N) or none (default: a Hugging Face model's _no_split_modules, "
-        "as accelerate's TRANSFORMER_BASED_WRAP; else the root only)",
-    )
-    parser.add_argument(
-        "--accelerate-config",
-        metavar="YAML",
-        help="plan what `accelerate launch --config_file YAML` runs (instead of FSDP flags)",
-    )
-    parser.add_argument(
-        "--torchtitan-config",
-        metavar="TOML",
-        help="plan the torchtitan job TOML: its Llama 3 model, batch and FSDP2 recipe",
-    )
-    parser.add_argument(
-        "--fully-shard",
-        metavar="NAMES",
-        help="FSDP2 instead: fully_shard on these module classes or FQNs (comma-separated), "
-        "then on the root",
-    )
-    parser.add_argument(
-        "--reshard-after-forward",
-        metavar="true|false|N",
-        type=_reshard,
-        help="FSDP2 reshard_after_forward (default: torch's: True, the root False)",
-    )
-    parser.add_argument(
-        "--mixed-precision",
-        metavar="DTYPE[,REDUCE]",
-        help="compute in DTYPE (bf16, fp16, fp32), reduce gradients in REDUCE (default "
-        "DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
-    )
-    parser.add_argument(
-        "--backward-prefetch",
-        choices=list(BACKWARD_PREFETCH),
-        help="FSDP1 BackwardPrefetch (FSDP's default: pre)",
-    )
-    parser.add_argument(
-        "--forward-prefetch", action="store_true", help="FSDP1 forward_prefetch=True"
-    )
-    parser.add_argument(
-        "--sharding-strategy", choices=list(SHARDING), help="FSDP1 ShardingStrategy (default: full)"
-    )
-    parser.add_argument("--use-orig-params", action="store_true", help="FSDP1 use_orig_params=True")
-    parser.add_argument(
-        "--world-size",
-        type=positive_int,
-        metavar="N",
-        help="ranks (default: the config file's, else 8)",
-    )
-    parser.add_argument(
-        "--machine",
-        choices=sorted(GPUS),
-        metavar="GPU",
-        help="the GPU the plan is for, whose memory it must fit and whose speed the step "
-        f"time models: {', '.join(sorted(GPUS))} (default: h100)",
-    )
-    parser.add_argument(
-        "--trace",
-        choices=["meta", "real", "fx"],
-        default="meta",
-        help="run the model on the meta device (default) or, for models that cannot, on a "
-        "copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
-        "--fully-shard)",
-    )
-    add_job_flags(parser)
+    """Add the FSDP and job flags of :data:`FLAGS` to ``parser``."""
+    for flag in FLAGS:
+        if flag.group in ("fsdp", "job"):
+            flag.add_to(parser)
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
+    for flag in FLAGS:
+        if flag.group == "job":
+            flag.add_to(parser)
+
+
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that build a Hugging Face model from its id (``hf:ID``)."""
+    for flag in FLAGS:
+        if flag.group == "source":
+            flag.add_to(parser)
 
 
 def add_tune_flags(parser: argparse.ArgumentParser) -> None:
@@ -317,112 +486,74 @@ def _words(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
-    parser.add_argument(
-        "--grad-accum",
-        type=_grad_accum,
-        metavar="N",
-        help="gradient accumulation: N micro-steps per optimizer step, the first N-1 without "
-        "gradient sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)), each "
-        "planned as FSDP issues it (default 1)",
-    )
-    parser.add_argument(
-        "--compile",
-        nargs="?",
-        const=True,
-        metavar="CLASSES",
-        help="the model runs under torch.compile: the whole model, or these module classes "
-        "compiled one by one (comma-separated, as torchtitan compiles each block); the compute "
-        "is costed as fused kernels, FSDP's schedule is unchanged",
-    )
-    parser.add_argument(
-        "--float8",
-        nargs="?",
-        const=True,
-        metavar="SPEC",
-        help="float8 linears (torchao) as torchtitan trains them: tensorwise scaling, or SPEC, "
-        "comma-separated: a recipe (rowwise, rowwise_with_gw_hp), all-gather (FSDP2's float8 "
-        "all-gather), filter_fqns=output,router, or torchtitan's KEY=VALUE",
-    )
-    parser.add_argument(
-        "--float32-matmul-precision",
-        type=_precision,
-        metavar="{" + ",".join(FLOAT32_MATMUL_PRECISIONS) + "}",
-        help="as torch.set_float32_matmul_precision takes it: high or medium run float32 "
-        "matrix multiplies on TF32 tensor cores (default: highest, torch's)",
-    )
+def given_flags(args: argparse.Namespace) -> list[Flag]:
+    """The flags of :data:`FLAGS` the command line gave."""
+    return [f for f in FLAGS if hasattr(args, f.dest) and f.given(args)]
 
 
-def _grad_accum(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive int (micro-steps per optimizer step), got {text!r}"
+def check_applies(args: argparse.Namespace, source: Source, what: str) -> None:
+    """Refuse the flags given that do not apply to ``source`` (``what``: the model as the
+    command line named it): a flag that would be ignored is a mistake, not a default."""
+    refused = [f for f in given_flags(args) if source not in f.sources]
+    if not refused:
+        return
+    names = ", ".join(f.name for f in refused)
+    one = len(refused) == 1
+    if source == "saved":
+        raise UsageError(
+            f"{names} {'plans' if one else 'plan'} a model, and {what!r} is read as it was "
+            f"saved; leave {'it' if one else 'them'} out, or give MODEL as hf:ID or "
+            "MODULE:FACTORY"
         )
-    return value
+    whys = " / ".join(dict.fromkeys(f.why for f in refused))
+    fix = ""
+    if source == "factory":
+        said = f"{what} builds its own model and inputs"
+        fix = ", or change the factory" if any(f.sources == _HF for f in refused) else ""
+    elif source == "torchtitan":
+        said = "--torchtitan-config builds its own model and batch (its model.flavor)"
+    else:
+        said = f"{what} is a Hugging Face model"
+    raise UsageError(f"{names}: for {whys} only; {said}: leave {'it' if one else 'them'} out{fix}")
 
 
-def _precision(text: str) -> str:
-    value = text.strip().lower()
-    if value in FLOAT32_MATMUL_PRECISIONS:
-        return value
-    close = difflib.get_close_matches(value, FLOAT32_MATMUL_PRECISIONS, n=1)
-    tip = f"; did you mean {close[0]!r}?" if close else ""
-    raise argparse.ArgumentTypeError(
-        f"must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} (as "
-        f"torch.set_float32_matmul_precision takes it), got {text!r}{tip}"
-    )
+def flags_for(fix: dict[str, Any], source: Source = "factory", api: str = "FSDP1") -> str:
+    """A warning's ``fix`` (:attr:`fsdpviz.FsdpWarning.fix`) as this command line's flags:
+    ``--activation-checkpointing LlamaDecoderLayer``, ``--world-size 128``; ``use_cache``,
+    the model call's keyword, as ``--set use_cache=false`` for ``hf:`` models (the config's
+    default) and in words for a factory's inputs."""
+    parts = []
+    for key, value in fix.items():
+        if key == "use_cache":
+            parts.append(
+                f"--set use_cache={str(value).lower()}"
+                if source == "hf"
+                else f"use_cache={value!r} in the inputs (--inputs, or the factory's)"
+            )
+            continue
+        flag = next((f for f in FLAGS if f.option == key), None)
+        if flag is None:
+            parts.append(f"{key}={value!r}")
+        elif flag.kind == "switch":
+            parts.append(flag.name)
+        elif key == "sharding_strategy":
+            parts.append(f"{flag.name} {_word(SHARDING, value)}")
+        elif key == "backward_prefetch":
+            parts.append(f"{flag.name} {_word(BACKWARD_PREFETCH, value)}")
+        elif key == "mixed_precision":
+            short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+            parts.append(f"{flag.name} {short.get(str(value), value)}")
+        elif isinstance(value, bool):
+            parts.append(f"{flag.name} {str(value).lower()}")
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{flag.name} {','.join(str(v) for v in value)}")
+        else:
+            parts.append(f"{flag.name} {value}")
+    return " ".join(parts)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _reshard(text: str) -> bool | int:
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return positive_int(low)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected true, false or a number of ranks, got {text!r}"
-        ) from None
-
-
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the flags that build a Hugging Face model from its id (``hf:ID``)."""
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="hf: models: override a config field (repeatable), e.g. --set num_hidden_layers=4",
-    )
-    parser.add_argument(
-        "--batch", type=positive_int, default=1, metavar="N", help="hf: models: batch size (1)"
-    )
-    parser.add_argument(
-        "--seq",
-        type=positive_int,
-        metavar="N",
-        help="hf: models: tokens per sequence (default: the model's context, at most 2048)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16", "float16"],
-        help="hf: models: parameter dtype (default float32, the master weights)",
-    )
+def _word(table: Mapping[str, str | None], value: Any) -> str:
+    return next((k for k, v in table.items() if v == value), str(value))
 
 
 def hf_id(spec: str) -> str | None:
@@ -441,13 +572,18 @@ def load_hf_model(spec: str, args: argparse.Namespace) -> Any:
     """:func:`fsdpviz.hf_model` for ``hf:ID`` and the ``--set/--batch/--seq/--dtype`` flags."""
     from fsdpviz.configs import hf_model
 
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = _literal(text.strip())
-    return hf_model(spec, batch=args.batch, seq=args.seq, dtype=args.dtype, overrides=overrides)
+    overrides = dict(_set_item(item) for item in args.set)
+    return hf_model(
+        spec, batch=args.batch or 1, seq=args.seq, dtype=args.dtype, overrides=overrides
+    )
+
+
+def _set_item(item: str) -> tuple[str, Any]:
+    """``--set KEY=VALUE``, checked: (key, value)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
+    return key.strip(), _literal(text.strip())
 
 
 def _literal(text: str) -> Any:
@@ -458,6 +594,56 @@ def _literal(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """What the flags say, checked before any model is built (and torch is loaded): each
+    flag's syntax, and flags that contradict each other (an FSDP1 flag with ``--fully-shard``,
+    an FSDP flag with a config file that sets the FSDP options)."""
+    _mixed_precision_names(getattr(args, "mixed_precision", None))
+    spec = getattr(args, "policy", None)
+    if spec is not None:
+        _policy_spec(spec)
+    checkpointed = getattr(args, "activation_checkpointing", None)
+    if checkpointed is not None:
+        _checkpointing_spec(checkpointed)
+    for item in getattr(args, "set", []):
+        _set_item(item)
+    if getattr(args, "float8", None) is not None:
+        _float8(args.float8)
+    config = "--accelerate-config" if getattr(args, "accelerate_config", None) else None
+    if getattr(args, "torchtitan_config", None):
+        config = "--torchtitan-config"
+    if config is not None:
+        given = [flag for key, flag in _FSDP_FLAGS.items() if getattr(args, key, None)]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} cannot be combined with {config}: the file sets the FSDP "
+                "options (only --world-size and --trace can be given with it)"
+            )
+        return
+    if getattr(args, "fully_shard", None):
+        given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key, None)]
+        if spec is not None and spec.strip().lower() != "none":
+            given.insert(0, "--policy")
+        if given:
+            verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
+            raise UsageError(
+                f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
+                "--fully-shard to plan FSDP1"
+            )
+        if args.trace == "fx":
+            raise UsageError(
+                "--trace fx traces FSDP1 plans only (torch.fx symbolic tracing of the module "
+                "tree); with --fully-shard (FSDP2) use --trace meta (default) or --trace real"
+            )
+        if not [n for n in args.fully_shard.split(",") if n.strip()]:
+            raise UsageError("--fully-shard needs at least one module class or FQN")
+    elif getattr(args, "reshard_after_forward", None) is not None:
+        raise UsageError(
+            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
+            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
+        )
 
 
 def analyze_kwargs(
@@ -472,6 +658,7 @@ def analyze_kwargs(
     is given (a Hugging Face model's ``_no_split_modules``). What a config file sets but
     fsdpviz does not apply is appended to ``notes``. ``--machine`` goes with every plan.
     """
+    check_flags(args)
     kwargs = _plan_kwargs(args, model, default_wrap, notes)
     if getattr(args, "machine", None) is not None:
         kwargs["machine"] = args.machine
@@ -484,6 +671,8 @@ def analyze_kwargs(
             if k in kwargs and kwargs[k] != v
         )
     kwargs.update(job)
+    from fsdpviz.plan.fsdp2_applied import fsdp2_states
+
     api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
     try:
         parse_job_options(kwargs, api)
@@ -502,12 +691,17 @@ _FLOAT8_WORDS = (*FLOAT8_RECIPES, "all_gather")
 _JOB_FLAGS = {
     "grad_accum": "--grad-accum", "compile": "--compile", "float8": "--float8",
     "float32_matmul_precision": "--float32-matmul-precision",
+    "activation_checkpointing": "--activation-checkpointing",
 }  # fmt: skip
 
 
 def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
-    """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given."""
+    """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given (and
+    ``activation_checkpointing``, which a config file's plan may hold too)."""
     kwargs: dict[str, Any] = {}
+    checkpointed = getattr(args, "activation_checkpointing", None)
+    if checkpointed is not None:
+        kwargs["activation_checkpointing"] = _checkpointing(checkpointed, model)
     if getattr(args, "grad_accum", None) is not None:
         kwargs["grad_accum"] = args.grad_accum
     compiled = getattr(args, "compile", None)
@@ -521,6 +715,31 @@ def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
     if getattr(args, "float32_matmul_precision", None) is not None:
         kwargs["float32_matmul_precision"] = args.float32_matmul_precision
     return kwargs
+
+
+def _checkpointing(spec: str, model: nn.Module) -> Any:
+    """``--activation-checkpointing CLASSES`` or ``selective:CLASSES``."""
+    selective, names = _checkpointing_spec(spec)
+    classes = sorted(module_classes(names, model, "--activation-checkpointing"), key=str)
+    if selective:
+        from fsdpviz.trace.checkpointing import SelectiveCheckpoint
+
+        return SelectiveCheckpoint(classes)
+    return classes
+
+
+def _checkpointing_spec(spec: str) -> tuple[bool, list[str]]:
+    """``--activation-checkpointing``'s spec, checked: (selective, class names)."""
+    kind, sep, rest = spec.partition(":")
+    selective = bool(sep) and kind.strip().lower() == "selective"
+    if sep and not selective:
+        raise UsageError(
+            f"--activation-checkpointing takes CLASSES or selective:CLASSES, got {spec!r}"
+        )
+    names = [n.strip() for n in (rest if selective else spec).split(",") if n.strip()]
+    if not names:
+        raise UsageError("--activation-checkpointing needs at least one class name")
+    return selective, names
 
 
 def job_flag_value(args: argparse.Namespace) -> str | None:
@@ -601,20 +820,6 @@ def _plan_kwargs(
     kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}
     param, reduce = _mixed_precision(args.mixed_precision)
     if args.fully_shard:
-        given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key)]
-        if args.policy is not None and args.policy.strip().lower() != "none":
-            given.insert(0, "--policy")
-        if given:
-            verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
-            raise UsageError(
-                f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
-                "--fully-shard to plan FSDP1"
-            )
-        if args.trace == "fx":
-            raise UsageError(
-                "--trace fx traces FSDP1 plans only (torch.fx symbolic tracing of the module "
-                "tree); with --fully-shard (FSDP2) use --trace meta (default) or --trace real"
-            )
         kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
         if args.reshard_after_forward is not None:
             kwargs["reshard_after_forward"] = args.reshard_after_forward
@@ -622,12 +827,11 @@ def _plan_kwargs(
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+        if args.cpu_offload:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kwargs["offload_policy"] = CPUOffloadPolicy()
         return kwargs
-    if args.reshard_after_forward is not None:
-        raise UsageError(
-            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
-            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
-        )
     if args.policy is None and default_wrap:
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
@@ -637,8 +841,14 @@ def _plan_kwargs(
         )
     else:
         kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
+    from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
+
     kwargs["forward_prefetch"] = args.forward_prefetch
     kwargs["use_orig_params"] = args.use_orig_params
+    if args.cpu_offload:
+        from torch.distributed.fsdp import CPUOffload
+
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     if args.backward_prefetch is not None:
         kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
     if args.sharding_strategy is not None:
@@ -657,6 +867,7 @@ _FSDP_FLAGS = {
     "reshard_after_forward": "--reshard-after-forward", "mixed_precision": "--mixed-precision",
     "backward_prefetch": "--backward-prefetch", "forward_prefetch": "--forward-prefetch",
     "sharding_strategy": "--sharding-strategy", "use_orig_params": "--use-orig-params",
+    "cpu_offload": "--cpu-offload",
 }  # fmt: skip
 
 
@@ -667,13 +878,6 @@ def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str])
 
     from fsdpviz.configs import ConfigNote, from_accelerate
 
-    given = [flag for key, flag in _FSDP_FLAGS.items() if getattr(args, key, None)]
-    if given:
-        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
-        raise UsageError(
-            f"{', '.join(given)} cannot be combined with {source}: the file sets the FSDP "
-            "options (only --world-size and --trace can be given with it)"
-        )
     if args.accelerate_config:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigNote)
@@ -689,8 +893,19 @@ def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str])
 
 
 def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype | None]:
-    if not spec:
+    dtypes = _mixed_precision_names(spec)
+    if not dtypes:
         return None, None
+    import torch
+
+    param, *reduce = (getattr(torch, d) for d in dtypes)
+    return param, reduce[0] if reduce else None
+
+
+def _mixed_precision_names(spec: str | None) -> list[str]:
+    """``--mixed-precision``'s dtypes, by torch's names (``["bfloat16", "float32"]``)."""
+    if not spec:
+        return []
     names = [n.strip().lower() for n in spec.split(",")]
     if len(names) > 2 or not all(names):
         raise UsageError(f"--mixed-precision takes DTYPE or DTYPE,REDUCE_DTYPE, got {spec!r}")
@@ -703,7 +918,7 @@ def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype 
                 f"--mixed-precision: unknown dtype {name!r}{tip} (use bf16, fp16 or fp32)"
             )
         dtypes.append(_DTYPES[name])
-    return dtypes[0], dtypes[1] if len(dtypes) == 2 else None
+    return dtypes
 
 
 def _fully_shard(spec: str, model: nn.Module) -> list[Any]:
@@ -723,12 +938,22 @@ def policy(spec: str, model: nn.Module) -> Any:
     """The FSDP1 auto-wrap policy for ``--policy SPEC``."""
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
+    kind, arg = _policy_spec(spec)
+    if kind == "none":
+        return None
+    if kind == "transformer":
+        return ModuleWrapPolicy(module_classes(arg.split(","), model, "--policy"))
+    return functools.partial(size_based_auto_wrap_policy, min_num_params=int(arg))
+
+
+def _policy_spec(spec: str) -> tuple[str, str]:
+    """``--policy``'s kind and argument, checked: ``("size", "1000")``."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "none" and not arg:
-        return None
+        return "none", ""
     if kind == "transformer" and arg:
-        return ModuleWrapPolicy(module_classes(arg.split(","), model, "--policy"))
+        return kind, arg
     if kind == "size" and arg:
         try:
             min_num_params = int(float(arg)) if "e" in arg.lower() else int(arg)
@@ -736,7 +961,7 @@ def policy(spec: str, model: nn.Module) -> Any:
             min_num_params = -1
         if min_num_params < 1:
             raise UsageError(f"--policy size:N needs a positive integer N, got {arg!r}")
-        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+        return kind, str(min_num_params)
     raise UsageError(
         f"--policy {spec!r} is not valid; use transformer:Class[,Class], size:N or none"
     )
@@ -750,6 +975,8 @@ def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[typ
     found: set[type[nn.Module]] = set()
     for name in filter(None, (n.strip() for n in names)):
         if name not in classes:
+            from fsdpviz.plan.fsdp1 import closest_class, model_classes
+
             hint = closest_class(model, name)
             tip = f"; did you mean {hint!r}?" if hint else ""
             what = "module of class or FQN" if flag == "--fully-shard" else "module of class"

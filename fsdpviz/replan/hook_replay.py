@@ -381,4 +381,5 @@ def _report(
         forward_order=forward_order,
         iterations=iterations,
         profile=replace(base.profile, iterations=steps),
+        warnings=list(base.warnings),  # its own: check_fit rewrites the list in place
     )

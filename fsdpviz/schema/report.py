@@ -58,7 +58,11 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     How the report was made: the FSDP options of a prediction, the rank and
     backend of a recording (:class:`~fsdpviz.schema.config.ReportConfig`).
 ``warnings``
-    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
+    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``, and
+    where fsdpviz advises a change it can state, ``fix`` (the :func:`fsdpviz.analyze`
+    options that make it, as JSON: ``{"activation_checkpointing": ["LlamaDecoderLayer"]}``;
+    ``use_cache`` is the model call's own keyword) and ``frees`` (the bytes per rank it
+    takes off the peak, where measured).
 ``modules``
     The module tree: ``fqn``, ``module_class``, ``parent``, ``unit`` (the unit
     that manages its direct parameters), ``numel``/``bytes`` (direct
@@ -98,7 +102,8 @@ from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
-from fsdpviz.schema.memory import MemoryReport, trainable_text
+from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
+from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
@@ -371,13 +376,47 @@ class FsdpWarning:
     code: str
     message: str
     units: list[str] = field(default_factory=list)
+    # the analyze options that act on it ({option: JSON value}; see option_text) and the
+    # bytes per rank that takes off the peak, where measured
+    fix: dict[str, Any] = field(default_factory=dict)
+    frees: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for key in ("fix", "frees"):  # stated where set
+            if not d[key]:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
         return cls(**d)
+
+
+def option_text(fix: dict[str, Any], api: str = "FSDP1") -> str:
+    """A warning's ``fix`` as :func:`fsdpviz.analyze` takes it (``use_cache``: as the model
+    takes it): ``activation_checkpointing=[LlamaDecoderLayer]``, ``world_size=128``.
+    Command lines show their own flags for the same ``fix``."""
+    parts = []
+    for key, value in fix.items():
+        if key in ("mixed_precision", "mp_policy"):
+            cls = "MixedPrecisionPolicy" if api == "FSDP2" else "MixedPrecision"
+            key = "mp_policy" if api == "FSDP2" else "mixed_precision"
+            text = f"{cls}(param_dtype=torch.{value})"
+        elif key == "cpu_offload" and value:
+            key, text = (
+                ("offload_policy", "CPUOffloadPolicy()")
+                if api == "FSDP2"
+                else ("cpu_offload", "CPUOffload(offload_params=True)")
+            )
+        elif key == "sharding_strategy":
+            text = f"ShardingStrategy.{value}"
+        elif isinstance(value, list):
+            text = "[" + ", ".join(str(v) for v in value) + "]"
+        else:
+            text = repr(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
 
 
 @dataclass
@@ -408,6 +447,8 @@ class Report:
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
             self.config = ReportConfig.from_dict(self.config)
+        if not isinstance(self.forward_order, UnitNames):  # printed with (root) for the root
+            self.forward_order = UnitNames(self.forward_order)
 
     @cached_property
     def memory(self) -> MemoryReport:
@@ -591,7 +632,7 @@ class Report:
         whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}{whose}",
+            f"{size_text(per_rank)} of parameters per rank{where}{whose}",
         ]
         trainable = self.trainable_text()
         if trainable:

@@ -414,6 +414,18 @@ def _place(g: _Group, iteration: int | None, machine: Machine | str | None) -> _
     return _by_index(report, its, events)
 
 
+def _own_machine(report: Report, machine: Machine | str) -> bool:
+    """Whether ``machine`` is the one ``report`` was planned for (``report.timeline``'s)."""
+    from fsdpviz.cost.fit import machine_of
+    from fsdpviz.cost.hardware import machine as preset
+
+    try:
+        asked = machine if isinstance(machine, Machine) else preset(machine)
+    except ValueError:
+        return False
+    return asked == machine_of(report)
+
+
 def _modelled(
     report: Report, its: list[int], events: list[tuple[int, int, Event]], machine: Machine | str
 ) -> _Placed:
@@ -424,8 +436,13 @@ def _modelled(
     offset = 0.0
     totals = {"forward": 0.0, "backward": 0.0, "total": 0.0, "step": 0.0}
     name = machine if isinstance(machine, str) else machine.name
+    # the report's own timeline where it was computed already (report.timeline, e.g. for
+    # its card) and is the one asked (read, not computed: a view adds nothing to a report)
+    last = len(report.iterations) - 1
+    own = vars(report).get("timeline") if last in its else None
+    own = own if own is not None and _own_machine(report, machine) else None
     for it in its:
-        tl = timeline(report, machine, iteration=it)
+        tl = own if own is not None and it == last else timeline(report, machine, iteration=it)
         name = str(tl.machine.get("name", name))
         placed = sorted(tl.events, key=lambda r: int(r["index"]))
         if len(placed) != len(report.iterations[it]):
