@@ -21,7 +21,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
     (the trainable elements one rank holds: what its optimizer state is of). An FSDP2
     group whose parameters have several dtypes has ``dtype`` of its trainable ones and
-    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own.
+    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own. An FSDP2
+    group whose ``shard_placement_fn`` shards parameters on a dim other than 0 states them in
+    ``shard_dims`` (FQN -> dim) and every parameter's padded shard in ``shard_shapes``.
 ``forward_order``
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
@@ -287,11 +289,14 @@ class Unit:
     requires_grad: bool | None = None
     sharding_strategy: str = "FULL_SHARD"
     itemsize: int = 0
-    # tensor parallelism (FSDP2 on a mesh with a tp dimension): each parameter's shard on one
-    # rank (its tp shard, then FSDP's padded dim-0 shard) and the tp placement of the
-    # parameters that are DTensors over the tp dimension ("Shard(0)", "Replicate()")
+    # tensor parallelism (FSDP2 on a mesh with a tp dimension), or parameters FSDP2 shards on
+    # a dim other than 0 (shard_placement_fn): each parameter's shard on one rank (its tp
+    # shard, then FSDP's padded shard) and the tp placement of the parameters that are
+    # DTensors over the tp dimension ("Shard(0)", "Replicate()")
     shard_shapes: dict[str, list[int]] = field(default_factory=dict)
     tp_placements: dict[str, str] = field(default_factory=dict)
+    # FSDP2's shard_placement_fn: the dim of each parameter it shards on a dim other than 0
+    shard_dims: dict[str, int] = field(default_factory=dict)
     # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
     # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
     # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
@@ -329,8 +334,8 @@ class Unit:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("shard_shapes", "tp_placements", "frozen_params", "param_dtypes",
-                    "dtype_numels"):  # fmt: skip  # stated where they apply
+        for key in ("shard_shapes", "tp_placements", "shard_dims", "frozen_params",
+                    "param_dtypes", "dtype_numels"):  # fmt: skip  # stated where they apply
             if not d[key]:
                 del d[key]
         for key in ("trainable_numel", "trainable_sharded_numel"):
