@@ -470,7 +470,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         check_flags(args)
     else:
         check_applies(args, "saved", args.dumps)
-    from fsdpviz.recording import FlightRecorderRun, diff, load_run
+    from fsdpviz.flight import FlightRecorderRun, load_run
+    from fsdpviz.recording import diff
 
     try:
         run = load_run(args.dumps)
@@ -514,7 +515,7 @@ def _is_saved(spec: str) -> bool:
 def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
     """``fsdpviz report PATH``: write what :func:`fsdpviz.load` reads from PATH."""
     from fsdpviz import load
-    from fsdpviz.recording import FlightRecorderRun
+    from fsdpviz.flight import FlightRecorderRun
     from fsdpviz.schema.report import Report
 
     start = time.perf_counter()
