@@ -54,18 +54,15 @@ from fsdpviz._options_cli import (
     UsageError,
     add_fsdp_flags,
     add_source_flags,
-    add_tune_flags,
-    analyze_kwargs,
     check_applies,
     check_flags,
     flags_for,
-    frontier_table,
     hf_id,
     job_flag_value,
-    load_hf_model,
     positive_int,
-    run_tune,
 )
+from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+from fsdpviz._options_tune import add_tune_flags, frontier_table, run_tune
 from fsdpviz.errors import ConfigError, FsdpvizError
 
 if TYPE_CHECKING:
