@@ -17,6 +17,7 @@ from typing import Any
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
+from fsdpviz.cost.time import timeline
 from fsdpviz.schema.report import Event, Report
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import (
@@ -98,8 +99,6 @@ def _own_machine(report: Report, machine: Machine | str) -> bool:
 def _modelled(
     report: Report, its: list[int], events: list[tuple[int, int, Event]], machine: Machine | str
 ) -> PlacedEvents:
-    from fsdpviz.cost.time import timeline
-
     p = PlacedEvents(events, [], [], [], [], [], [], [], [], [], {}, [], {}, {}, None, "", True)
     p.machine = machine if isinstance(machine, Machine) else None
     offset = 0.0
