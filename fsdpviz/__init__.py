@@ -28,11 +28,14 @@ _PUBLIC = {
         "ConfigNote", "HFModel", "TorchtitanJob", "TrainerConfig", "from_accelerate",
         "from_lightning", "from_torchtitan", "hf_model",
     ),
+    "fsdpviz.flight": (
+        "Diagnosis", "FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder",
+        "load_run",
+    ),
     "fsdpviz.notebook": ("load_ipython_extension",),
     "fsdpviz.recording": (
-        "Diagnosis", "Divergence", "FlightRecorderRun", "FSDP1Recorder", "FSDP2Recorder",
-        "PipelineRecorder", "RecordedRun", "ScheduleDiff", "diff", "dump_flight_recorder",
-        "load_flight_recorder", "load_profile", "load_run", "record", "record_fsdp1",
+        "Divergence", "FSDP1Recorder", "FSDP2Recorder", "PipelineRecorder", "RecordedRun",
+        "ScheduleDiff", "diff", "load_profile", "record", "record_fsdp1",
     ),
     "fsdpviz.replan": ("sweep",),
     "fsdpviz.tuning": ("Candidate", "Tuning", "suggest", "tune"),
@@ -47,7 +50,7 @@ _PUBLIC = {
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 # Subpackages reached as attributes (``fsdpviz.cost.machine(...)``) after ``import fsdpviz``.
 _SUBPACKAGES = frozenset(
-    {"configs", "cost", "export", "graphs", "plan", "recording", "replan", "schedule",
+    {"configs", "cost", "export", "flight", "graphs", "plan", "recording", "replan", "schedule",
      "schema", "trace", "tuning", "views", "widgets", "examples", "notebook", "cli"}
 )  # fmt: skip
 
@@ -62,21 +65,23 @@ if TYPE_CHECKING:
         from_torchtitan,
         hf_model,
     )
+    from fsdpviz.flight import (
+        Diagnosis,
+        FlightRecorderRun,
+        dump_flight_recorder,
+        load_flight_recorder,
+        load_run,  # noqa: F401  (fsdpviz.load_run, as before)
+    )
     from fsdpviz.notebook import load_ipython_extension
     from fsdpviz.recording import (
-        Diagnosis,
         Divergence,
-        FlightRecorderRun,
         FSDP1Recorder,
         FSDP2Recorder,
         PipelineRecorder,
         RecordedRun,
         ScheduleDiff,
         diff,
-        dump_flight_recorder,
-        load_flight_recorder,
         load_profile,
-        load_run,  # noqa: F401  (fsdpviz.load_run, as before)
         record,
         record_fsdp1,
     )
@@ -182,7 +187,8 @@ def load(path: str | Path) -> Report | RecordedRun:
         run.ranks[0].iterations[0][:3], run.divergence()
         print(fsdpviz.load("/tmp/fr").diagnose())   # flight recorder dumps
     """
-    from fsdpviz.recording import RecordedRun, load_run
+    from fsdpviz.flight import load_run
+    from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
 
     p = Path(path)
@@ -221,7 +227,7 @@ def load(path: str | Path) -> Report | RecordedRun:
 def _flight_dump(path: Path) -> FlightRecorderRun | None:
     """One rank's flight recorder dump, read as :func:`load_flight_recorder` reads it; None
     when the file is not one."""
-    from fsdpviz.recording import load_flight_recorder
+    from fsdpviz.flight import load_flight_recorder
 
     try:
         return load_flight_recorder(path)

@@ -4,10 +4,12 @@ made, the flags that do not apply to a model source are refused (:func:`check_ap
 and fsdpviz's own advice is written as flags (:func:`flags_for`).
 
 :func:`add_fsdp_flags` adds the FSDP and job flags to an ``argparse`` parser,
-:func:`add_source_flags` the flags that build a Hugging Face model by id (``hf:ID``, see
-:func:`load_hf_model`); :func:`analyze_kwargs` turns the parsed flags into
-:func:`fsdpviz.analyze` keyword arguments for a model, raising :class:`UsageError` with what
-was wrong and what to write instead.
+:func:`add_source_flags` the flags that build a Hugging Face model by id (``hf:ID``);
+:func:`check_flags` checks what they say before any model is built. The parsed flags become
+:func:`fsdpviz.analyze` keyword arguments for a model in ``_options_kwargs.py``
+(``analyze_kwargs``), and ``fsdpviz tune``'s own flags and its path to :func:`fsdpviz.tune`
+are in ``_options_tune.py``; both raise :class:`UsageError` with what was wrong and what to
+write instead.
 
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
@@ -27,17 +29,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from fsdpviz.errors import ConfigError
-from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS, parse_job_options
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
 
 __all__ = [
     "BACKWARD_PREFETCH",
@@ -47,18 +43,22 @@ __all__ = [
     "UsageError",
     "add_fsdp_flags",
     "add_source_flags",
-    "analyze_kwargs",
     "check_applies",
     "flags_for",
 ]
 
+
 BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+
+
 SHARDING = {
     "full": "FULL_SHARD",
     "grad_op": "SHARD_GRAD_OP",
     "no_shard": "NO_SHARD",
     "hybrid": "HYBRID_SHARD",
 }
+
+
 _DTYPES = {
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
@@ -69,6 +69,8 @@ _DTYPES = {
     "float32": "float32",
     "float": "float32",
 }
+
+
 _FSDP1_ONLY = {
     "backward_prefetch": "--backward-prefetch",
     "forward_prefetch": "--forward-prefetch",
@@ -76,10 +78,13 @@ _FSDP1_ONLY = {
     "use_orig_params": "--use-orig-params",
 }
 
+
 Source = Literal["hf", "factory", "torchtitan", "saved"]
 """Where a command's model comes from: ``hf:ID`` (built from its config), ``MODULE:FACTORY``
 (the user's code builds the model and its inputs), ``--torchtitan-config`` (the file's model
 and batch), or a saved report / recording (written as it was saved: nothing is planned)."""
+
+
 _PLANNED: frozenset[Source] = frozenset({"hf", "factory", "torchtitan"})
 
 
@@ -211,7 +216,10 @@ class Flag:
 
 
 _HF: frozenset[Source] = frozenset({"hf"})
+
+
 _HF_WHY = "Hugging Face models built from their config (hf:ID)"
+
 
 FLAGS: tuple[Flag, ...] = (
     Flag("--policy", "FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of "
@@ -284,6 +292,7 @@ FLAGS: tuple[Flag, ...] = (
 )  # fmt: skip
 """Every flag that plans a model, in the order ``--help`` lists them."""
 
+
 _BY_DEST = {f.dest: f for f in FLAGS}
 
 
@@ -306,184 +315,6 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
     for flag in FLAGS:
         if flag.group == "source":
             flag.add_to(parser)
-
-
-def add_tune_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``fsdpviz tune``'s own flags to ``parser`` (after :func:`add_fsdp_flags`, whose
-    ``--world-size`` takes a list of counts here)."""
-    sizes = parser._option_string_actions["--world-size"]
-    sizes.type = _world_sizes
-    sizes.metavar = "N[,N...]"
-    sizes.help = "ranks, or counts to compare (8,16,32; default: the config file's, else 8)"
-    parser.add_argument(
-        "--allow",
-        metavar="WHAT",
-        type=_words,
-        default=[],
-        help="also try compile, float8 and/or cpu_offload (comma-separated): they change "
-        "numerics or start-up, so only when asked (CPU offload is tried anyway when "
-        "nothing else fits)",
-    )
-    parser.add_argument(
-        "--pin",
-        metavar="KNOBS",
-        type=_words,
-        default=[],
-        help="knobs that stay as the flags give them (comma-separated): wrap, "
-        "reshard_after_forward, backward_prefetch, forward_prefetch, "
-        "activation_checkpointing, precision, micro_batch, mesh, cpu_offload, compile, float8",
-    )
-    parser.add_argument(
-        "--tokens-per-step",
-        type=positive_int,
-        metavar="N",
-        help="tokens per rank per optimizer step (default: the batch x --grad-accum)",
-    )
-    parser.add_argument(
-        "--memory-budget",
-        metavar="BYTES",
-        help="a peak per rank to fit (60GiB) instead of the machine's memory",
-    )
-    parser.add_argument(
-        "--api",
-        choices=["fsdp1", "fsdp2"],
-        help="which FSDP to tune (default: FSDP1 where its flags are given, else FSDP2)",
-    )
-    parser.add_argument(
-        "--exhaustive",
-        action="store_true",
-        help="evaluate every combination of the knobs (one trace each) instead of the staged "
-        "search",
-    )
-    parser.add_argument(
-        "--code",
-        choices=["python", "torchtitan", "accelerate"],
-        help="print the code (or trainer keys) that run the best configuration (default: "
-        "the trainer's where the configuration came from one, else python)",
-    )
-
-
-def run_tune(
-    args: argparse.Namespace,
-    model: nn.Module,
-    inputs: Any,
-    wraps: Sequence[type[nn.Module]],
-    say: Any = print,
-) -> Any:
-    """:func:`fsdpviz.tune` for the parsed flags: the flags give the user's configuration
-    (as ``analyze_kwargs`` reads them; FSDP2 unless FSDP1's flags or ``--api fsdp1``),
-    ``add_tune_flags``'s the search. ``say`` prints the notes."""
-    from fsdpviz.tuning import KNOBS, tune
-
-    for knob in args.pin:
-        if knob not in KNOBS:
-            close = difflib.get_close_matches(knob, KNOBS, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"--pin: unknown knob {knob!r}{tip}")
-    sizes: list[int] | None = args.world_size
-    args.world_size = sizes[0] if sizes else None
-    notes: list[str] = []
-    try:
-        kwargs = analyze_kwargs(args, model, wraps, notes)
-    finally:
-        args.world_size = sizes
-    for line in notes:
-        say(f"note: {line}")
-    api = args.api
-    if api is None and not _fsdp1_flags(args):
-        api = "fsdp2"
-    if api == "fsdp2" and "fully_shard" not in kwargs:
-        kwargs = _as_fsdp2(kwargs, wraps)
-    world = kwargs.pop("world_size", 8)
-    machine = kwargs.pop("machine", "h100")
-    kwargs.pop("progress", None)
-    if "mesh" in kwargs:
-        world = None
-    return tune(
-        model,
-        inputs,
-        world_size=sizes or ([world] if world is not None else _mesh_ranks(kwargs)),
-        machine=machine,
-        allow=args.allow,
-        knobs=[k for k in KNOBS if k not in args.pin],
-        tokens_per_step=args.tokens_per_step,
-        memory_budget=args.memory_budget,
-        exhaustive=args.exhaustive,
-        api=api,
-        **kwargs,
-    )
-
-
-def _fsdp1_flags(args: argparse.Namespace) -> bool:
-    """Whether the flags plan FSDP1 (a wrap policy, its switches, or a config file)."""
-    given = [args.policy, args.sharding_strategy, args.backward_prefetch, args.accelerate_config]
-    return any(v is not None for v in given) or args.forward_prefetch or args.use_orig_params
-
-
-def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[str, Any]:
-    """The configuration the flags give, in FSDP2's words (``fsdpviz tune`` without FSDP1
-    flags): the default wrap classes as ``fully_shard``, mixed precision as ``mp_policy``."""
-    out = {
-        k: v
-        for k, v in kwargs.items()
-        if k not in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision")
-    }
-    out["fully_shard"] = list(wraps)
-    mp = kwargs.get("mixed_precision")
-    if mp is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        out["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
-        )
-    return out
-
-
-def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
-    import math
-
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
-    sizes, _ = mesh_dims(kwargs["mesh"], 3)
-    return [math.prod(sizes or (8,))]
-
-
-def frontier_table(tuning: Any) -> str:
-    """The frontier as a table: memory per rank, tokens/s per GPU, and what each
-    configuration changes against the best (the lowest peak where nothing fits); the best
-    and the user's marked."""
-    from fsdpviz.schema.memory import size_text
-    from fsdpviz.tuning.space import KNOB_NAMES
-
-    rows = list(tuning.frontier)
-    if tuning.user not in rows:
-        rows.append(tuning.user)
-    anchor = tuning.best or min(tuning.candidates, key=lambda c: c.memory_bytes)
-    rows.sort(key=lambda c: c.memory_bytes)
-    lines = [
-        "Frontier (no other configuration is both faster and lighter), against "
-        f"{'the best' if tuning.best is not None else 'the lowest peak'}:"
-    ]
-    for c in rows:
-        mark = "best" if c is tuning.best else "yours" if c.user else ""
-        changed = [
-            f"{KNOB_NAMES.get(k, k)} {v}" for k, v in c.knobs.items() if anchor.knobs.get(k) != v
-        ]
-        what = ", ".join(changed) if changed else "(the same)" if c is not anchor else ""
-        fit = "fits" if c.fits else "does not fit"
-        lines.append(
-            f"  {mark:>5} {size_text(c.memory_bytes):>10} {c.tokens_per_s:>10,.0f} tokens/s  "
-            f"{fit:<12} {what}".rstrip()
-        )
-    return "\n".join(lines)
-
-
-def _world_sizes(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",") if part.strip()]
-
-
-def _words(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def given_flags(args: argparse.Namespace) -> list[Flag]:
@@ -568,17 +399,7 @@ def hf_id(spec: str) -> str | None:
     return None
 
 
-def load_hf_model(spec: str, args: argparse.Namespace) -> Any:
-    """:func:`fsdpviz.hf_model` for ``hf:ID`` and the ``--set/--batch/--seq/--dtype`` flags."""
-    from fsdpviz.configs import hf_model
-
-    overrides = dict(_set_item(item) for item in args.set)
-    return hf_model(
-        spec, batch=args.batch or 1, seq=args.seq, dtype=args.dtype, overrides=overrides
-    )
-
-
-def _set_item(item: str) -> tuple[str, Any]:
+def set_item(item: str) -> tuple[str, Any]:
     """``--set KEY=VALUE``, checked: (key, value)."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
@@ -600,17 +421,17 @@ def check_flags(args: argparse.Namespace) -> None:
     """What the flags say, checked before any model is built (and torch is loaded): each
     flag's syntax, and flags that contradict each other (an FSDP1 flag with ``--fully-shard``,
     an FSDP flag with a config file that sets the FSDP options)."""
-    _mixed_precision_names(getattr(args, "mixed_precision", None))
+    mixed_precision_names(getattr(args, "mixed_precision", None))
     spec = getattr(args, "policy", None)
     if spec is not None:
-        _policy_spec(spec)
+        policy_spec(spec)
     checkpointed = getattr(args, "activation_checkpointing", None)
     if checkpointed is not None:
-        _checkpointing_spec(checkpointed)
+        checkpointing_spec(checkpointed)
     for item in getattr(args, "set", []):
-        _set_item(item)
+        set_item(item)
     if getattr(args, "float8", None) is not None:
-        _float8(args.float8)
+        float8_spec(args.float8)
     config = "--accelerate-config" if getattr(args, "accelerate_config", None) else None
     if getattr(args, "torchtitan_config", None):
         config = "--torchtitan-config"
@@ -646,89 +467,10 @@ def check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def analyze_kwargs(
-    args: argparse.Namespace,
-    model: nn.Module,
-    default_wrap: Sequence[type[nn.Module]] = (),
-    notes: list[str] | None = None,
-) -> dict[str, Any]:
-    """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``.
-
-    ``default_wrap`` are the classes wrapped when neither ``--policy`` nor ``--fully-shard``
-    is given (a Hugging Face model's ``_no_split_modules``). What a config file sets but
-    fsdpviz does not apply is appended to ``notes``. ``--machine`` goes with every plan.
-    """
-    check_flags(args)
-    kwargs = _plan_kwargs(args, model, default_wrap, notes)
-    if getattr(args, "machine", None) is not None:
-        kwargs["machine"] = args.machine
-    job = job_kwargs(args, model)
-    if notes is not None and (args.accelerate_config or args.torchtitan_config):
-        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
-        notes.extend(
-            f"{_flag_text(k, v)} overrides {source}'s {k}={kwargs[k]!r}"
-            for k, v in job.items()
-            if k in kwargs and kwargs[k] != v
-        )
-    kwargs.update(job)
-    from fsdpviz.plan.fsdp2_applied import fsdp2_states
-
-    api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
-    try:
-        parse_job_options(kwargs, api)
-    except ConfigError as exc:  # what analyze would raise, in the flags' words
-        text = str(exc)
-        for key, flag in _JOB_FLAGS.items():
-            if text.startswith(key) and key not in job:
-                raise  # the config file's, not the flags'
-            if text.startswith(key):
-                text = flag + text[len(key) :]
-        raise UsageError(text.replace("fully_shard=[...]", "--fully-shard NAMES")) from None
-    return kwargs
-
-
 _FLOAT8_WORDS = (*FLOAT8_RECIPES, "all_gather")
-_JOB_FLAGS = {
-    "grad_accum": "--grad-accum", "compile": "--compile", "float8": "--float8",
-    "float32_matmul_precision": "--float32-matmul-precision",
-    "activation_checkpointing": "--activation-checkpointing",
-}  # fmt: skip
 
 
-def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
-    """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given (and
-    ``activation_checkpointing``, which a config file's plan may hold too)."""
-    kwargs: dict[str, Any] = {}
-    checkpointed = getattr(args, "activation_checkpointing", None)
-    if checkpointed is not None:
-        kwargs["activation_checkpointing"] = _checkpointing(checkpointed, model)
-    if getattr(args, "grad_accum", None) is not None:
-        kwargs["grad_accum"] = args.grad_accum
-    compiled = getattr(args, "compile", None)
-    if compiled is True:
-        kwargs["compile"] = True
-    elif isinstance(compiled, str):
-        names = [n for n in compiled.split(",") if n.strip()]
-        kwargs["compile"] = sorted(module_classes(names, model, "--compile"), key=str)
-    if getattr(args, "float8", None) is not None:
-        kwargs["float8"] = _float8(args.float8)
-    if getattr(args, "float32_matmul_precision", None) is not None:
-        kwargs["float32_matmul_precision"] = args.float32_matmul_precision
-    return kwargs
-
-
-def _checkpointing(spec: str, model: nn.Module) -> Any:
-    """``--activation-checkpointing CLASSES`` or ``selective:CLASSES``."""
-    selective, names = _checkpointing_spec(spec)
-    classes = sorted(module_classes(names, model, "--activation-checkpointing"), key=str)
-    if selective:
-        from fsdpviz.trace.checkpointing import SelectiveCheckpoint
-
-        return SelectiveCheckpoint(classes)
-    return classes
-
-
-def _checkpointing_spec(spec: str) -> tuple[bool, list[str]]:
+def checkpointing_spec(spec: str) -> tuple[bool, list[str]]:
     """``--activation-checkpointing``'s spec, checked: (selective, class names)."""
     kind, sep, rest = spec.partition(":")
     selective = bool(sep) and kind.strip().lower() == "selective"
@@ -758,20 +500,7 @@ def job_flag_value(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _flag_text(key: str, value: Any) -> str:
-    """The flag that gives ``key=value``: ``--compile Block``."""
-    if value is True:
-        return _JOB_FLAGS[key]
-    if isinstance(value, list):
-        text = ",".join(getattr(v, "__name__", str(v)) for v in value)
-    elif isinstance(value, dict):
-        text = ",".join(f"{k}={v}" for k, v in value.items())
-    else:
-        text = str(value)
-    return f"{_JOB_FLAGS[key]} {text}"
-
-
-def _float8(spec: str | bool) -> bool | dict[str, Any]:
+def float8_spec(spec: str | bool) -> bool | dict[str, Any]:
     """``--float8 SPEC``: comma-separated torchtitan float8 keys (``KEY=VALUE``; a key alone
     is ``true``), a recipe name for ``recipe_name``, ``all-gather`` for
     ``enable_fsdp_float8_all_gather``; ``filter_fqns=a,b`` takes the words after it that have
@@ -809,59 +538,6 @@ def _float8(spec: str | bool) -> bool | dict[str, Any]:
     return out
 
 
-def _plan_kwargs(
-    args: argparse.Namespace,
-    model: nn.Module,
-    default_wrap: Sequence[type[nn.Module]],
-    notes: list[str] | None,
-) -> dict[str, Any]:
-    if args.accelerate_config or getattr(args, "torchtitan_plan", None) is not None:
-        return _config_kwargs(args, model, notes if notes is not None else [])
-    kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}
-    param, reduce = _mixed_precision(args.mixed_precision)
-    if args.fully_shard:
-        kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
-        if args.reshard_after_forward is not None:
-            kwargs["reshard_after_forward"] = args.reshard_after_forward
-        if param is not None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
-        if args.cpu_offload:
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
-            kwargs["offload_policy"] = CPUOffloadPolicy()
-        return kwargs
-    if args.policy is None and default_wrap:
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-        layers = set(default_wrap)
-        kwargs["auto_wrap_policy"] = functools.partial(
-            transformer_auto_wrap_policy, transformer_layer_cls=layers
-        )
-    else:
-        kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
-    from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
-
-    kwargs["forward_prefetch"] = args.forward_prefetch
-    kwargs["use_orig_params"] = args.use_orig_params
-    if args.cpu_offload:
-        from torch.distributed.fsdp import CPUOffload
-
-        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
-    if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
-    if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = strategy_named(SHARDING[args.sharding_strategy])
-    if param is not None:
-        from torch.distributed.fsdp import MixedPrecision
-
-        kwargs["mixed_precision"] = MixedPrecision(
-            param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
-        )
-    return kwargs
-
-
 _FSDP_FLAGS = {
     "policy": "--policy", "fully_shard": "--fully-shard",
     "reshard_after_forward": "--reshard-after-forward", "mixed_precision": "--mixed-precision",
@@ -871,38 +547,7 @@ _FSDP_FLAGS = {
 }  # fmt: skip
 
 
-def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> dict[str, Any]:
-    """The kwargs of ``--accelerate-config`` (or of the torchtitan plan already read), with
-    ``--world-size`` and ``--trace`` on top; FSDP flags would contradict the file."""
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_accelerate
-
-    if args.accelerate_config:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConfigNote)
-            plan = from_accelerate(args.accelerate_config, model)
-    else:
-        plan = args.torchtitan_plan
-    notes.extend(plan.notes)
-    kwargs = dict(plan)
-    if args.world_size is not None:
-        kwargs["world_size"] = args.world_size
-    kwargs["trace"] = args.trace
-    return kwargs
-
-
-def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype | None]:
-    dtypes = _mixed_precision_names(spec)
-    if not dtypes:
-        return None, None
-    import torch
-
-    param, *reduce = (getattr(torch, d) for d in dtypes)
-    return param, reduce[0] if reduce else None
-
-
-def _mixed_precision_names(spec: str | None) -> list[str]:
+def mixed_precision_names(spec: str | None) -> list[str]:
     """``--mixed-precision``'s dtypes, by torch's names (``["bfloat16", "float32"]``)."""
     if not spec:
         return []
@@ -921,32 +566,7 @@ def _mixed_precision_names(spec: str | None) -> list[str]:
     return dtypes
 
 
-def _fully_shard(spec: str, model: nn.Module) -> list[Any]:
-    """Module FQNs stay names; other names are module classes of the model."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError("--fully-shard needs at least one module class or FQN")
-    modules = dict(model.named_modules())
-    targets: list[Any] = [n for n in names if n in modules]
-    classes = [n for n in names if n not in modules]
-    if classes:
-        targets += sorted(module_classes(classes, model, "--fully-shard"), key=str)
-    return targets
-
-
-def policy(spec: str, model: nn.Module) -> Any:
-    """The FSDP1 auto-wrap policy for ``--policy SPEC``."""
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
-    kind, arg = _policy_spec(spec)
-    if kind == "none":
-        return None
-    if kind == "transformer":
-        return ModuleWrapPolicy(module_classes(arg.split(","), model, "--policy"))
-    return functools.partial(size_based_auto_wrap_policy, min_num_params=int(arg))
-
-
-def _policy_spec(spec: str) -> tuple[str, str]:
+def policy_spec(spec: str) -> tuple[str, str]:
     """``--policy``'s kind and argument, checked: ``("size", "1000")``."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
@@ -965,27 +585,3 @@ def _policy_spec(spec: str) -> tuple[str, str]:
     raise UsageError(
         f"--policy {spec!r} is not valid; use transformer:Class[,Class], size:N or none"
     )
-
-
-def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[type[nn.Module]]:
-    """The model's module classes with these names (all classes of a name)."""
-    classes: dict[str, set[type[nn.Module]]] = {}
-    for m in model.modules():
-        classes.setdefault(type(m).__name__, set()).add(type(m))
-    found: set[type[nn.Module]] = set()
-    for name in filter(None, (n.strip() for n in names)):
-        if name not in classes:
-            from fsdpviz.plan.fsdp1 import closest_class, model_classes
-
-            hint = closest_class(model, name)
-            tip = f"; did you mean {hint!r}?" if hint else ""
-            what = "module of class or FQN" if flag == "--fully-shard" else "module of class"
-            raise UsageError(
-                f"{flag}: the model has no {what} {name!r}{tip} (its classes with parameters, "
-                f"blocks first: {model_classes(model)})"
-            )
-        found |= classes[name]
-    if not found:
-        what = "--policy transformer:" if flag == "--policy" else flag
-        raise UsageError(f"{what} needs at least one class name")
-    return found

@@ -54,18 +54,15 @@ from fsdpviz._options_cli import (
     UsageError,
     add_fsdp_flags,
     add_source_flags,
-    add_tune_flags,
-    analyze_kwargs,
     check_applies,
     check_flags,
     flags_for,
-    frontier_table,
     hf_id,
     job_flag_value,
-    load_hf_model,
     positive_int,
-    run_tune,
 )
+from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+from fsdpviz._options_tune import add_tune_flags, frontier_table, run_tune
 from fsdpviz.errors import ConfigError, FsdpvizError
 
 if TYPE_CHECKING:
@@ -470,7 +467,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         check_flags(args)
     else:
         check_applies(args, "saved", args.dumps)
-    from fsdpviz.recording import FlightRecorderRun, diff, load_run
+    from fsdpviz.flight import FlightRecorderRun, load_run
+    from fsdpviz.recording import diff
 
     try:
         run = load_run(args.dumps)
@@ -514,7 +512,7 @@ def _is_saved(spec: str) -> bool:
 def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
     """``fsdpviz report PATH``: write what :func:`fsdpviz.load` reads from PATH."""
     from fsdpviz import load
-    from fsdpviz.recording import FlightRecorderRun
+    from fsdpviz.flight import FlightRecorderRun
     from fsdpviz.schema.report import Report
 
     start = time.perf_counter()

@@ -28,15 +28,13 @@ from fsdpviz._options_cli import (
     Source,
     add_fsdp_flags,
     add_source_flags,
-    add_tune_flags,
-    analyze_kwargs,
     check_applies,
     hf_id,
     job_flag_value,
-    load_hf_model,
-    run_tune,
 )
 from fsdpviz._options_cli import UsageError as FlagError
+from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+from fsdpviz._options_tune import add_tune_flags, run_tune
 
 _OPTIONS = """\
   MODEL                       a model expression, or hf:ID (line magic only)

@@ -13,7 +13,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.views.style import Theme
-from fsdpviz.views.timeline_view import MemoryOption
+from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:

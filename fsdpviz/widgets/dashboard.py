@@ -51,7 +51,9 @@ import traitlets
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.report import Report
-from fsdpviz.views.timeline_view import MemoryOption, auto_memory, opening_iteration
+from fsdpviz.views.timeline_lanes import MemoryOption
+from fsdpviz.views.timeline_memory import auto_memory
+from fsdpviz.views.timeline_view import opening_iteration
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
