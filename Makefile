@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup system demo test lint js js-deps bench test-older-torch
+.PHONY: setup system demo lab test lint js js-deps bench test-older-torch
 
 # JupyterLab (and Notebook 7) find fsdpviz's extension in the venv's share/jupyter: the
 # wheel installs it there; a checkout links the one `npm run build` writes in
@@ -30,6 +30,13 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/fsdpviz demo -o fsdpviz-demo.html
+	@echo "Next: open fsdpviz-demo.html in a browser; or run 'make lab' for the quick start"
+	@echo "notebook in JupyterLab (your own model: notebooks/quickstart.ipynb shows how)."
+
+# The quick start notebook in the venv's JupyterLab (the live views and their controls).
+# As root, JupyterLab refuses to start without --allow-root: it is added then.
+lab: setup
+	$(BIN)/jupyter lab notebooks/quickstart.ipynb $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # Python (ruff, mypy) and the TypeScript in js/ (biome: lint and format; `npm run format`
 # in js/ rewrites it).

@@ -14,45 +14,84 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(), ...)
 from fsdpviz._version import __version__
-from fsdpviz.configs import (
-    ConfigNote,
-    HFModel,
-    TorchtitanJob,
-    TrainerConfig,
-    from_accelerate,
-    from_lightning,
-    from_torchtitan,
-    hf_model,
-)
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
-from fsdpviz.notebook import load_ipython_extension
-from fsdpviz.recording import (
-    Diagnosis,
-    Divergence,
-    FlightRecorderRun,
-    FSDP1Recorder,
-    FSDP2Recorder,
-    PipelineRecorder,
-    RecordedRun,
-    ScheduleDiff,
-    diff,
-    dump_flight_recorder,
-    load_flight_recorder,
-    load_profile,
-    load_run,
-    record,
-    record_fsdp1,
-)
-from fsdpviz.replan import sweep
-from fsdpviz.schedule.comparison import Comparison, compare
-from fsdpviz.schedule.predict import analyze
-from fsdpviz.schema.config import ReportConfig
-from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
-from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tuning import Candidate, Tuning, suggest, tune
+
+# The public names, each imported from its module when first used: ``import fsdpviz`` loads
+# neither torch nor plotly, so the command line answers a mistake at once and a first
+# ``fsdpviz.analyze`` loads only what planning needs.
+_PUBLIC = {
+    "fsdpviz.configs": (
+        "ConfigNote", "HFModel", "TorchtitanJob", "TrainerConfig", "from_accelerate",
+        "from_lightning", "from_torchtitan", "hf_model",
+    ),
+    "fsdpviz.flight": (
+        "Diagnosis", "FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder",
+        "load_run",
+    ),
+    "fsdpviz.notebook": ("load_ipython_extension",),
+    "fsdpviz.recording": (
+        "Divergence", "FSDP1Recorder", "FSDP2Recorder", "PipelineRecorder", "RecordedRun",
+        "ScheduleDiff", "diff", "load_profile", "record", "record_fsdp1",
+    ),
+    "fsdpviz.replan": ("sweep",),
+    "fsdpviz.tuning": ("Candidate", "Tuning", "suggest", "tune"),
+    "fsdpviz.trace.checkpointing": ("CheckpointEvery", "SelectiveCheckpoint"),
+    "fsdpviz.schedule.comparison": ("Comparison", "compare"),
+    "fsdpviz.schedule.predict": ("analyze",),
+    "fsdpviz.schema.config": ("ReportConfig",),
+    "fsdpviz.schema.report": (
+        "Event", "FsdpWarning", "ModuleEvent", "ModuleInfo", "Report", "Unit",
+    ),
+}  # fmt: skip
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+# Subpackages reached as attributes (``fsdpviz.cost.machine(...)``) after ``import fsdpviz``.
+_SUBPACKAGES = frozenset(
+    {"configs", "cost", "export", "flight", "graphs", "plan", "recording", "replan", "schedule",
+     "schema", "trace", "tuning", "views", "widgets", "examples", "notebook", "cli"}
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from fsdpviz.configs import (
+        ConfigNote,
+        HFModel,
+        TorchtitanJob,
+        TrainerConfig,
+        from_accelerate,
+        from_lightning,
+        from_torchtitan,
+        hf_model,
+    )
+    from fsdpviz.flight import (
+        Diagnosis,
+        FlightRecorderRun,
+        dump_flight_recorder,
+        load_flight_recorder,
+        load_run,  # noqa: F401  (fsdpviz.load_run, as before)
+    )
+    from fsdpviz.notebook import load_ipython_extension
+    from fsdpviz.recording import (
+        Divergence,
+        FSDP1Recorder,
+        FSDP2Recorder,
+        PipelineRecorder,
+        RecordedRun,
+        ScheduleDiff,
+        diff,
+        load_profile,
+        record,
+        record_fsdp1,
+    )
+    from fsdpviz.replan import sweep
+    from fsdpviz.schedule.comparison import Comparison, compare
+    from fsdpviz.schedule.predict import analyze
+    from fsdpviz.schema.config import ReportConfig
+    from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+    from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+    from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
 __all__ = [
     "Candidate",
@@ -105,6 +144,25 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """A public name (or a subpackage), imported when first used (PEP 562)."""
+    import importlib
+
+    home = _HOME.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"fsdpviz.{name}")
+    else:
+        raise AttributeError(f"module 'fsdpviz' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
+
 def load(path: str | Path) -> Report | RecordedRun:
     """Read a report file, a directory of a run recorded with :func:`record`, or torch's
     flight recorder dumps.
@@ -129,6 +187,10 @@ def load(path: str | Path) -> Report | RecordedRun:
         run.ranks[0].iterations[0][:3], run.divergence()
         print(fsdpviz.load("/tmp/fr").diagnose())   # flight recorder dumps
     """
+    from fsdpviz.flight import load_run
+    from fsdpviz.recording import RecordedRun
+    from fsdpviz.schema.report import Report
+
     p = Path(path)
     if p.is_dir():
         return load_run(p)
@@ -165,6 +227,8 @@ def load(path: str | Path) -> Report | RecordedRun:
 def _flight_dump(path: Path) -> FlightRecorderRun | None:
     """One rank's flight recorder dump, read as :func:`load_flight_recorder` reads it; None
     when the file is not one."""
+    from fsdpviz.flight import load_flight_recorder
+
     try:
         return load_flight_recorder(path)
     except ValueError:

@@ -17,6 +17,7 @@ from fsdpviz.schema.extensions import (
     register_save,
     register_show,
 )
+from fsdpviz.schema.memo import ReportMemo
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -86,9 +87,9 @@ def show_run(run: RecordedRun, **kwargs: Any) -> Any:
 
 @register_show("comparison")
 def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import TimelineWidget
+    from fsdpviz.widgets import ComparisonView
 
-    return TimelineWidget(comparison, **kwargs)
+    return ComparisonView(comparison, **kwargs)
 
 
 @register_save("comparison")
@@ -127,11 +128,17 @@ def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Any) -> Path:
     return save(obj, path, **kwargs)
 
 
+# The cards of the last reports shown: a notebook redraws an output, and shows a report
+# again, without its card (the saved views of every unit) being made again; a report
+# changed since gets a new one (see fsdpviz.schema.memo).
+_CARDS: ReportMemo[dict[str, Any]] = ReportMemo(size=4)
+
+
 @register_report_method("card")
 def report_card(report: Report) -> dict[str, Any]:
     from fsdpviz.views.card import report_bundle
 
-    return run_bundle(report, base=report_bundle(report))
+    return dict(_CARDS.get(report, lambda: run_bundle(report, base=report_bundle(report))))
 
 
 @register_run_method("card")

@@ -1,58 +1,76 @@
-"""FSDP options written as command-line flags, shared by ``fsdpviz report`` and ``%fsdpviz``.
+"""FSDP options written as command-line flags, shared by ``fsdpviz report``, ``fsdpviz doctor``
+and ``%fsdpviz``: one table of flags (:data:`FLAGS`), from which each command's parser is
+made, the flags that do not apply to a model source are refused (:func:`check_applies`)
+and fsdpviz's own advice is written as flags (:func:`flags_for`).
 
-:func:`add_fsdp_flags` adds the flags to an ``argparse`` parser; :func:`analyze_kwargs`
-turns the parsed flags into :func:`fsdpviz.analyze` keyword arguments for a model,
-raising :class:`UsageError` with what was wrong and what to write instead.
+:func:`add_fsdp_flags` adds the FSDP and job flags to an ``argparse`` parser,
+:func:`add_source_flags` the flags that build a Hugging Face model by id (``hf:ID``);
+:func:`check_flags` checks what they say before any model is built. The parsed flags become
+:func:`fsdpviz.analyze` keyword arguments for a model in ``_options_kwargs.py``
+(``analyze_kwargs``), and ``fsdpviz tune``'s own flags and its path to :func:`fsdpviz.tune`
+are in ``_options_tune.py``; both raise :class:`UsageError` with what was wrong and what to
+write instead.
 
 FSDP1 (``FullyShardedDataParallel``): ``--policy``, ``--backward-prefetch``,
 ``--forward-prefetch``, ``--sharding-strategy``, ``--use-orig-params``. FSDP2
 (``fully_shard``): ``--fully-shard`` and ``--reshard-after-forward``. Both:
-``--mixed-precision``, ``--world-size``, ``--machine``, ``--trace``, and the job around FSDP
-(:mod:`fsdpviz.plan.job`): ``--grad-accum``, ``--compile``, ``--float8``,
-``--float32-matmul-precision``. Or a trainer's configuration: ``--accelerate-config`` /
-``--torchtitan-config`` (then the FSDP flags are refused; the job flags override the file's).
+``--mixed-precision``, ``--cpu-offload``, ``--world-size``, ``--machine``, ``--trace``, and
+the job around FSDP (:mod:`fsdpviz.plan.job`): ``--activation-checkpointing``,
+``--grad-accum``, ``--compile``, ``--float8``, ``--float32-matmul-precision``. Or a trainer's
+configuration: ``--accelerate-config`` / ``--torchtitan-config`` (then the FSDP flags are
+refused; the job flags override the file's). ``hf:`` models: ``--set``, ``--batch``,
+``--seq``, ``--dtype``.
 
-:func:`add_source_flags` adds what builds a Hugging Face model by id (``hf:ID``, see
-:func:`load_model`): ``--set``, ``--batch``, ``--seq``, ``--dtype``.
+Importing this module imports no torch: a command parses and checks its flags first, and
+loads torch (seconds) only for a command line that can run.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-import torch
-from torch import nn
+from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
 
-from fsdpviz.cost.hardware import GPUS
-from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
-from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS, parse_job_options
+__all__ = [
+    "BACKWARD_PREFETCH",
+    "FLAGS",
+    "SHARDING",
+    "Flag",
+    "UsageError",
+    "add_fsdp_flags",
+    "add_source_flags",
+    "check_applies",
+    "flags_for",
+]
 
-__all__ = ["BACKWARD_PREFETCH", "SHARDING", "UsageError", "add_fsdp_flags", "analyze_kwargs"]
 
 BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+
+
 SHARDING = {
     "full": "FULL_SHARD",
     "grad_op": "SHARD_GRAD_OP",
     "no_shard": "NO_SHARD",
     "hybrid": "HYBRID_SHARD",
 }
+
+
 _DTYPES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
 }
+
+
 _FSDP1_ONLY = {
     "backward_prefetch": "--backward-prefetch",
     "forward_prefetch": "--forward-prefetch",
@@ -61,297 +79,27 @@ _FSDP1_ONLY = {
 }
 
 
+Source = Literal["hf", "factory", "torchtitan", "saved"]
+"""Where a command's model comes from: ``hf:ID`` (built from its config), ``MODULE:FACTORY``
+(the user's code builds the model and its inputs), ``--torchtitan-config`` (the file's model
+and batch), or a saved report / recording (written as it was saved: nothing is planned)."""
+
+
+_PLANNED: frozenset[Source] = frozenset({"hf", "factory", "torchtitan"})
+
+
 class UsageError(Exception):
     """A mistake in the flags: reported as a short message (exit status 2 on the command line)."""
 
 
-def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the FSDP flags to ``parser`` (see the module docstring)."""
-    parser.add_argument(
-        "--policy",
-        metavar="SPEC",
-        help="FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of the "
-        "model's classes with these names), size:N (size_based_auto_wrap_policy, "
-        "min_num_params=N) or none (default: a Hugging Face model's _no_split_modules, "
-        "as accelerate's TRANSFORMER_BASED_WRAP; else the root only)",
-    )
-    parser.add_argument(
-        "--accelerate-config",
-        metavar="YAML",
-        help="plan what `accelerate launch --config_file YAML` runs (instead of FSDP flags)",
-    )
-    parser.add_argument(
-        "--torchtitan-config",
-        metavar="TOML",
-        help="plan the torchtitan job TOML: its Llama 3 model, batch and FSDP2 recipe",
-    )
-    parser.add_argument(
-        "--fully-shard",
-        metavar="NAMES",
-        help="FSDP2 instead: fully_shard on these module classes or FQNs (comma-separated), "
-        "then on the root",
-    )
-    parser.add_argument(
-        "--reshard-after-forward",
-        metavar="true|false|N",
-        type=_reshard,
-        help="FSDP2 reshard_after_forward (default: torch's: True, the root False)",
-    )
-    parser.add_argument(
-        "--mixed-precision",
-        metavar="DTYPE[,REDUCE]",
-        help="compute in DTYPE (bf16, fp16, fp32), reduce gradients in REDUCE (default "
-        "DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
-    )
-    parser.add_argument(
-        "--backward-prefetch",
-        choices=list(BACKWARD_PREFETCH),
-        help="FSDP1 BackwardPrefetch (FSDP's default: pre)",
-    )
-    parser.add_argument(
-        "--forward-prefetch", action="store_true", help="FSDP1 forward_prefetch=True"
-    )
-    parser.add_argument(
-        "--sharding-strategy", choices=list(SHARDING), help="FSDP1 ShardingStrategy (default: full)"
-    )
-    parser.add_argument("--use-orig-params", action="store_true", help="FSDP1 use_orig_params=True")
-    parser.add_argument(
-        "--world-size",
-        type=positive_int,
-        metavar="N",
-        help="ranks (default: the config file's, else 8)",
-    )
-    parser.add_argument(
-        "--machine",
-        choices=sorted(GPUS),
-        metavar="GPU",
-        help="the GPU the plan is for, whose memory it must fit and whose speed the step "
-        f"time models: {', '.join(sorted(GPUS))} (default: h100)",
-    )
-    parser.add_argument(
-        "--trace",
-        choices=["meta", "real", "fx"],
-        default="meta",
-        help="run the model on the meta device (default) or, for models that cannot, on a "
-        "copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
-        "--fully-shard)",
-    )
-    add_job_flags(parser)
-
-
-def add_tune_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``fsdpviz tune``'s own flags to ``parser`` (after :func:`add_fsdp_flags`, whose
-    ``--world-size`` takes a list of counts here)."""
-    sizes = parser._option_string_actions["--world-size"]
-    sizes.type = _world_sizes
-    sizes.metavar = "N[,N...]"
-    sizes.help = "ranks, or counts to compare (8,16,32; default: the config file's, else 8)"
-    parser.add_argument(
-        "--allow",
-        metavar="WHAT",
-        type=_words,
-        default=[],
-        help="also try compile, float8 and/or cpu_offload (comma-separated): they change "
-        "numerics or start-up, so only when asked (CPU offload is tried anyway when "
-        "nothing else fits)",
-    )
-    parser.add_argument(
-        "--pin",
-        metavar="KNOBS",
-        type=_words,
-        default=[],
-        help="knobs that stay as the flags give them (comma-separated): wrap, "
-        "reshard_after_forward, backward_prefetch, forward_prefetch, "
-        "activation_checkpointing, precision, micro_batch, mesh, cpu_offload, compile, float8",
-    )
-    parser.add_argument(
-        "--tokens-per-step",
-        type=positive_int,
-        metavar="N",
-        help="tokens per rank per optimizer step (default: the batch x --grad-accum)",
-    )
-    parser.add_argument(
-        "--memory-budget",
-        metavar="BYTES",
-        help="a peak per rank to fit (60GiB) instead of the machine's memory",
-    )
-    parser.add_argument(
-        "--api",
-        choices=["fsdp1", "fsdp2"],
-        help="which FSDP to tune (default: FSDP1 where its flags are given, else FSDP2)",
-    )
-    parser.add_argument(
-        "--exhaustive",
-        action="store_true",
-        help="evaluate every combination of the knobs (one trace each) instead of the staged "
-        "search",
-    )
-    parser.add_argument(
-        "--code",
-        choices=["python", "torchtitan", "accelerate"],
-        help="print the code (or trainer keys) that run the best configuration (default: "
-        "the trainer's where the configuration came from one, else python)",
-    )
-
-
-def run_tune(
-    args: argparse.Namespace,
-    model: nn.Module,
-    inputs: Any,
-    wraps: Sequence[type[nn.Module]],
-    say: Any = print,
-) -> Any:
-    """:func:`fsdpviz.tune` for the parsed flags: the flags give the user's configuration
-    (as ``analyze_kwargs`` reads them; FSDP2 unless FSDP1's flags or ``--api fsdp1``),
-    ``add_tune_flags``'s the search. ``say`` prints the notes."""
-    from fsdpviz.tuning import KNOBS, tune
-
-    for knob in args.pin:
-        if knob not in KNOBS:
-            close = difflib.get_close_matches(knob, KNOBS, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"--pin: unknown knob {knob!r}{tip}")
-    sizes: list[int] | None = args.world_size
-    args.world_size = sizes[0] if sizes else None
-    notes: list[str] = []
+def positive_int(text: str) -> int:
     try:
-        kwargs = analyze_kwargs(args, model, wraps, notes)
-    finally:
-        args.world_size = sizes
-    for line in notes:
-        say(f"note: {line}")
-    api = args.api
-    if api is None and not _fsdp1_flags(args):
-        api = "fsdp2"
-    if api == "fsdp2" and "fully_shard" not in kwargs:
-        kwargs = _as_fsdp2(kwargs, wraps)
-    world = kwargs.pop("world_size", 8)
-    machine = kwargs.pop("machine", "h100")
-    kwargs.pop("progress", None)
-    if "mesh" in kwargs:
-        world = None
-    return tune(
-        model,
-        inputs,
-        world_size=sizes or ([world] if world is not None else _mesh_ranks(kwargs)),
-        machine=machine,
-        allow=args.allow,
-        knobs=[k for k in KNOBS if k not in args.pin],
-        tokens_per_step=args.tokens_per_step,
-        memory_budget=args.memory_budget,
-        exhaustive=args.exhaustive,
-        api=api,
-        **kwargs,
-    )
-
-
-def _fsdp1_flags(args: argparse.Namespace) -> bool:
-    """Whether the flags plan FSDP1 (a wrap policy, its switches, or a config file)."""
-    given = [args.policy, args.sharding_strategy, args.backward_prefetch, args.accelerate_config]
-    return any(v is not None for v in given) or args.forward_prefetch or args.use_orig_params
-
-
-def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[str, Any]:
-    """The configuration the flags give, in FSDP2's words (``fsdpviz tune`` without FSDP1
-    flags): the default wrap classes as ``fully_shard``, mixed precision as ``mp_policy``."""
-    out = {
-        k: v
-        for k, v in kwargs.items()
-        if k not in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision")
-    }
-    out["fully_shard"] = list(wraps)
-    mp = kwargs.get("mixed_precision")
-    if mp is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        out["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
-        )
-    return out
-
-
-def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
-    import math
-
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
-    sizes, _ = mesh_dims(kwargs["mesh"], 3)
-    return [math.prod(sizes or (8,))]
-
-
-def frontier_table(tuning: Any) -> str:
-    """The frontier as a table: memory per rank, tokens/s per GPU, and what each
-    configuration changes against the best (the lowest peak where nothing fits); the best
-    and the user's marked."""
-    from fsdpviz.schema.memory import size_text
-    from fsdpviz.tuning.space import KNOB_NAMES
-
-    rows = list(tuning.frontier)
-    if tuning.user not in rows:
-        rows.append(tuning.user)
-    anchor = tuning.best or min(tuning.candidates, key=lambda c: c.memory_bytes)
-    rows.sort(key=lambda c: c.memory_bytes)
-    lines = [
-        "Frontier (no other configuration is both faster and lighter), against "
-        f"{'the best' if tuning.best is not None else 'the lowest peak'}:"
-    ]
-    for c in rows:
-        mark = "best" if c is tuning.best else "yours" if c.user else ""
-        changed = [
-            f"{KNOB_NAMES.get(k, k)} {v}" for k, v in c.knobs.items() if anchor.knobs.get(k) != v
-        ]
-        what = ", ".join(changed) if changed else "(the same)" if c is not anchor else ""
-        fit = "fits" if c.fits else "does not fit"
-        lines.append(
-            f"  {mark:>5} {size_text(c.memory_bytes):>10} {c.tokens_per_s:>10,.0f} tokens/s  "
-            f"{fit:<12} {what}".rstrip()
-        )
-    return "\n".join(lines)
-
-
-def _world_sizes(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",") if part.strip()]
-
-
-def _words(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
-    parser.add_argument(
-        "--grad-accum",
-        type=_grad_accum,
-        metavar="N",
-        help="gradient accumulation: N micro-steps per optimizer step, the first N-1 without "
-        "gradient sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)), each "
-        "planned as FSDP issues it (default 1)",
-    )
-    parser.add_argument(
-        "--compile",
-        nargs="?",
-        const=True,
-        metavar="CLASSES",
-        help="the model runs under torch.compile: the whole model, or these module classes "
-        "compiled one by one (comma-separated, as torchtitan compiles each block); the compute "
-        "is costed as fused kernels, FSDP's schedule is unchanged",
-    )
-    parser.add_argument(
-        "--float8",
-        nargs="?",
-        const=True,
-        metavar="SPEC",
-        help="float8 linears (torchao) as torchtitan trains them: tensorwise scaling, or SPEC, "
-        "comma-separated: a recipe (rowwise, rowwise_with_gw_hp), all-gather (FSDP2's float8 "
-        "all-gather), filter_fqns=output,router, or torchtitan's KEY=VALUE",
-    )
-    parser.add_argument(
-        "--float32-matmul-precision",
-        type=_precision,
-        metavar="{" + ",".join(FLOAT32_MATMUL_PRECISIONS) + "}",
-        help="as torch.set_float32_matmul_precision takes it: high or medium run float32 "
-        "matrix multiplies on TF32 tensor cores (default: highest, torch's)",
-    )
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _grad_accum(text: str) -> int:
@@ -378,16 +126,6 @@ def _precision(text: str) -> str:
     )
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _reshard(text: str) -> bool | int:
     low = text.strip().lower()
     if low in ("true", "false"):
@@ -400,29 +138,253 @@ def _reshard(text: str) -> bool | int:
         ) from None
 
 
+def gpu_names() -> list[str]:
+    """The GPU presets ``--machine`` takes (:mod:`fsdpviz.cost.hardware`; no torch)."""
+    from fsdpviz.cost.hardware import GPUS
+
+    return sorted(GPUS)
+
+
+def _machine(text: str) -> str:
+    names = gpu_names()
+    value = text.strip().lower()
+    if value in names:
+        return value
+    close = difflib.get_close_matches(value, names, n=1)
+    tip = f"; did you mean {close[0]!r}?" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown GPU {text!r}{tip} (one of {', '.join(names)})")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of :data:`FLAGS`: how ``argparse`` reads it, the :func:`fsdpviz.analyze`
+    option it sets (what :func:`flags_for` writes advice with), and the model sources it
+    applies to (:func:`check_applies`).
+
+    Attributes:
+        name: the flag (``"--world-size"``).
+        help: its help line.
+        group: ``"fsdp"``, ``"job"`` (:func:`add_fsdp_flags`) or ``"source"``
+            (:func:`add_source_flags`).
+        metavar, type, choices, default: as ``add_argument`` takes them; ``nargs="?"``
+            with ``const=True`` for ``optional``, ``store_true`` for ``switch``, ``append``
+            for ``append``.
+        option: the analyze keyword it sets, for advice; ``None`` for none.
+        sources: where it applies; given anywhere else, it is refused.
+        why: where it applies, for the refusal (``"Hugging Face models built from their
+            config (hf:ID)"``).
+    """
+
+    name: str
+    help: str
+    group: Literal["fsdp", "job", "source"] = "fsdp"
+    kind: Literal["value", "switch", "optional", "append"] = "value"
+    metavar: str | None = None
+    type: Callable[[str], Any] | None = None
+    choices: Sequence[str] | None = None
+    default: Any = None
+    option: str | None = None
+    sources: frozenset[Source] = field(default=_PLANNED)
+    why: str = "a model to plan"
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        kw: dict[str, Any] = {"help": self.help, "dest": self.dest}
+        if self.kind == "switch":
+            kw["action"] = "store_true"
+        else:
+            kw.update(metavar=self.metavar, default=self.default)
+            if self.kind == "optional":
+                kw.update(nargs="?", const=True)
+            if self.kind == "append":
+                kw.update(action="append", default=[])
+            if self.type is not None:
+                kw["type"] = self.type
+            if self.choices is not None:
+                kw["choices"] = list(self.choices)
+        parser.add_argument(self.name, **kw)
+
+    def given(self, args: argparse.Namespace) -> bool:
+        """Whether the command line gave this flag."""
+        value = getattr(args, self.dest, None)
+        return value not in (None, False, [], self.default) or (
+            self.kind == "switch" and bool(value)
+        )
+
+
+_HF: frozenset[Source] = frozenset({"hf"})
+
+
+_HF_WHY = "Hugging Face models built from their config (hf:ID)"
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--policy", "FSDP1 auto_wrap_policy: transformer:Class[,Class] (ModuleWrapPolicy of "
+         "the model's classes with these names), size:N (size_based_auto_wrap_policy, "
+         "min_num_params=N) or none (default: a Hugging Face model's _no_split_modules, as "
+         "accelerate's TRANSFORMER_BASED_WRAP; else the root only)",
+         metavar="SPEC", option="auto_wrap_policy"),
+    Flag("--accelerate-config", "plan what `accelerate launch --config_file YAML` runs "
+         "(instead of FSDP flags)", metavar="YAML", sources=frozenset({"hf", "factory"}),
+         why="a model given as hf:ID or MODULE:FACTORY"),
+    Flag("--torchtitan-config", "plan the torchtitan job TOML: its Llama 3 model, batch and "
+         "FSDP2 recipe", metavar="TOML", sources=frozenset({"torchtitan"})),
+    Flag("--fully-shard", "FSDP2 instead: fully_shard on these module classes or FQNs "
+         "(comma-separated), then on the root", metavar="NAMES", option="fully_shard"),
+    Flag("--reshard-after-forward", "FSDP2 reshard_after_forward (default: torch's: True, "
+         "the root False)", metavar="true|false|N", type=_reshard,
+         option="reshard_after_forward"),
+    Flag("--mixed-precision", "compute in DTYPE (bf16, fp16, fp32), reduce gradients in "
+         "REDUCE (default DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
+         metavar="DTYPE[,REDUCE]", option="mixed_precision"),
+    Flag("--cpu-offload", "parameters, gradients and optimizer state in host memory: FSDP1 "
+         "CPUOffload(offload_params=True), FSDP2 offload_policy=CPUOffloadPolicy()",
+         kind="switch", option="cpu_offload"),
+    Flag("--backward-prefetch", "FSDP1 BackwardPrefetch (FSDP's default: pre)",
+         choices=list(BACKWARD_PREFETCH), option="backward_prefetch"),
+    Flag("--forward-prefetch", "FSDP1 forward_prefetch=True", kind="switch",
+         option="forward_prefetch"),
+    Flag("--sharding-strategy", "FSDP1 ShardingStrategy (default: full)",
+         choices=list(SHARDING), option="sharding_strategy"),
+    Flag("--use-orig-params", "FSDP1 use_orig_params=True", kind="switch",
+         option="use_orig_params"),
+    Flag("--world-size", "ranks (default: the config file's, else 8)", metavar="N",
+         type=positive_int, option="world_size"),
+    Flag("--machine", "the GPU the plan is for, whose memory it must fit and whose speed the "
+         "step time models: h100 (default), h200, a100, a100-40gb, ... (every preset: "
+         "fsdpviz.cost.GPUS)", metavar="GPU", type=_machine, option="machine"),
+    Flag("--trace", "run the model on the meta device (default) or, for models that cannot, "
+         "on a copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
+         "--fully-shard)", choices=["meta", "real", "fx"], default="meta", option="trace"),
+    Flag("--activation-checkpointing", "run these module classes (comma-separated) under "
+         "activation checkpointing, as accelerate and torchtitan apply it; selective:CLASSES "
+         "checkpoints per operator (torchtitan's selective_ac_option=op)", group="job",
+         metavar="CLASSES", option="activation_checkpointing"),
+    Flag("--grad-accum", "gradient accumulation: N micro-steps per optimizer step, the first "
+         "N-1 without gradient sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)), "
+         "each planned as FSDP issues it (default 1)", group="job", metavar="N",
+         type=_grad_accum, option="grad_accum"),
+    Flag("--compile", "the model runs under torch.compile: the whole model, or these module "
+         "classes compiled one by one (comma-separated, as torchtitan compiles each block); "
+         "the compute is costed as fused kernels, FSDP's schedule is unchanged", group="job",
+         kind="optional", metavar="CLASSES", option="compile"),
+    Flag("--float8", "float8 linears (torchao) as torchtitan trains them: tensorwise scaling, "
+         "or SPEC, comma-separated: a recipe (rowwise, rowwise_with_gw_hp), all-gather "
+         "(FSDP2's float8 all-gather), filter_fqns=output,router, or torchtitan's KEY=VALUE",
+         group="job", kind="optional", metavar="SPEC", option="float8"),
+    Flag("--float32-matmul-precision", "as torch.set_float32_matmul_precision takes it: high "
+         "or medium run float32 matrix multiplies on TF32 tensor cores (default: highest, "
+         "torch's)", group="job", type=_precision,
+         metavar="{" + ",".join(FLOAT32_MATMUL_PRECISIONS) + "}",
+         option="float32_matmul_precision"),
+    Flag("--set", "hf: models: override a config field (repeatable), e.g. --set "
+         "num_hidden_layers=4", group="source", kind="append", metavar="KEY=VALUE",
+         sources=_HF, why=_HF_WHY),
+    Flag("--batch", "hf: models: batch size (1)", group="source", metavar="N",
+         type=positive_int, sources=_HF, why=_HF_WHY),
+    Flag("--seq", "hf: models: tokens per sequence (default: the model's context, at most "
+         "2048)", group="source", metavar="N", type=positive_int, sources=_HF, why=_HF_WHY),
+    Flag("--dtype", "hf: models: parameter dtype (default float32, the master weights)",
+         group="source", choices=["float32", "bfloat16", "float16"], sources=_HF, why=_HF_WHY),
+)  # fmt: skip
+"""Every flag that plans a model, in the order ``--help`` lists them."""
+
+
+_BY_DEST = {f.dest: f for f in FLAGS}
+
+
+def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the FSDP and job flags of :data:`FLAGS` to ``parser``."""
+    for flag in FLAGS:
+        if flag.group in ("fsdp", "job"):
+            flag.add_to(parser)
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
+    for flag in FLAGS:
+        if flag.group == "job":
+            flag.add_to(parser)
+
+
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
     """Add the flags that build a Hugging Face model from its id (``hf:ID``)."""
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="hf: models: override a config field (repeatable), e.g. --set num_hidden_layers=4",
-    )
-    parser.add_argument(
-        "--batch", type=positive_int, default=1, metavar="N", help="hf: models: batch size (1)"
-    )
-    parser.add_argument(
-        "--seq",
-        type=positive_int,
-        metavar="N",
-        help="hf: models: tokens per sequence (default: the model's context, at most 2048)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16", "float16"],
-        help="hf: models: parameter dtype (default float32, the master weights)",
-    )
+    for flag in FLAGS:
+        if flag.group == "source":
+            flag.add_to(parser)
+
+
+def given_flags(args: argparse.Namespace) -> list[Flag]:
+    """The flags of :data:`FLAGS` the command line gave."""
+    return [f for f in FLAGS if hasattr(args, f.dest) and f.given(args)]
+
+
+def check_applies(args: argparse.Namespace, source: Source, what: str) -> None:
+    """Refuse the flags given that do not apply to ``source`` (``what``: the model as the
+    command line named it): a flag that would be ignored is a mistake, not a default."""
+    refused = [f for f in given_flags(args) if source not in f.sources]
+    if not refused:
+        return
+    names = ", ".join(f.name for f in refused)
+    one = len(refused) == 1
+    if source == "saved":
+        raise UsageError(
+            f"{names} {'plans' if one else 'plan'} a model, and {what!r} is read as it was "
+            f"saved; leave {'it' if one else 'them'} out, or give MODEL as hf:ID or "
+            "MODULE:FACTORY"
+        )
+    whys = " / ".join(dict.fromkeys(f.why for f in refused))
+    fix = ""
+    if source == "factory":
+        said = f"{what} builds its own model and inputs"
+        fix = ", or change the factory" if any(f.sources == _HF for f in refused) else ""
+    elif source == "torchtitan":
+        said = "--torchtitan-config builds its own model and batch (its model.flavor)"
+    else:
+        said = f"{what} is a Hugging Face model"
+    raise UsageError(f"{names}: for {whys} only; {said}: leave {'it' if one else 'them'} out{fix}")
+
+
+def flags_for(fix: dict[str, Any], source: Source = "factory", api: str = "FSDP1") -> str:
+    """A warning's ``fix`` (:attr:`fsdpviz.FsdpWarning.fix`) as this command line's flags:
+    ``--activation-checkpointing LlamaDecoderLayer``, ``--world-size 128``; ``use_cache``,
+    the model call's keyword, as ``--set use_cache=false`` for ``hf:`` models (the config's
+    default) and in words for a factory's inputs."""
+    parts = []
+    for key, value in fix.items():
+        if key == "use_cache":
+            parts.append(
+                f"--set use_cache={str(value).lower()}"
+                if source == "hf"
+                else f"use_cache={value!r} in the inputs (--inputs, or the factory's)"
+            )
+            continue
+        flag = next((f for f in FLAGS if f.option == key), None)
+        if flag is None:
+            parts.append(f"{key}={value!r}")
+        elif flag.kind == "switch":
+            parts.append(flag.name)
+        elif key == "sharding_strategy":
+            parts.append(f"{flag.name} {_word(SHARDING, value)}")
+        elif key == "backward_prefetch":
+            parts.append(f"{flag.name} {_word(BACKWARD_PREFETCH, value)}")
+        elif key == "mixed_precision":
+            short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+            parts.append(f"{flag.name} {short.get(str(value), value)}")
+        elif isinstance(value, bool):
+            parts.append(f"{flag.name} {str(value).lower()}")
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{flag.name} {','.join(str(v) for v in value)}")
+        else:
+            parts.append(f"{flag.name} {value}")
+    return " ".join(parts)
+
+
+def _word(table: Mapping[str, str | None], value: Any) -> str:
+    return next((k for k, v in table.items() if v == value), str(value))
 
 
 def hf_id(spec: str) -> str | None:
@@ -437,17 +399,12 @@ def hf_id(spec: str) -> str | None:
     return None
 
 
-def load_hf_model(spec: str, args: argparse.Namespace) -> Any:
-    """:func:`fsdpviz.hf_model` for ``hf:ID`` and the ``--set/--batch/--seq/--dtype`` flags."""
-    from fsdpviz.configs import hf_model
-
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = _literal(text.strip())
-    return hf_model(spec, batch=args.batch, seq=args.seq, dtype=args.dtype, overrides=overrides)
+def set_item(item: str) -> tuple[str, Any]:
+    """``--set KEY=VALUE``, checked: (key, value)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
+    return key.strip(), _literal(text.strip())
 
 
 def _literal(text: str) -> Any:
@@ -460,67 +417,71 @@ def _literal(text: str) -> Any:
         return text
 
 
-def analyze_kwargs(
-    args: argparse.Namespace,
-    model: nn.Module,
-    default_wrap: Sequence[type[nn.Module]] = (),
-    notes: list[str] | None = None,
-) -> dict[str, Any]:
-    """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``.
-
-    ``default_wrap`` are the classes wrapped when neither ``--policy`` nor ``--fully-shard``
-    is given (a Hugging Face model's ``_no_split_modules``). What a config file sets but
-    fsdpviz does not apply is appended to ``notes``. ``--machine`` goes with every plan.
-    """
-    kwargs = _plan_kwargs(args, model, default_wrap, notes)
-    if getattr(args, "machine", None) is not None:
-        kwargs["machine"] = args.machine
-    job = job_kwargs(args, model)
-    if notes is not None and (args.accelerate_config or args.torchtitan_config):
-        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
-        notes.extend(
-            f"{_flag_text(k, v)} overrides {source}'s {k}={kwargs[k]!r}"
-            for k, v in job.items()
-            if k in kwargs and kwargs[k] != v
+def check_flags(args: argparse.Namespace) -> None:
+    """What the flags say, checked before any model is built (and torch is loaded): each
+    flag's syntax, and flags that contradict each other (an FSDP1 flag with ``--fully-shard``,
+    an FSDP flag with a config file that sets the FSDP options)."""
+    mixed_precision_names(getattr(args, "mixed_precision", None))
+    spec = getattr(args, "policy", None)
+    if spec is not None:
+        policy_spec(spec)
+    checkpointed = getattr(args, "activation_checkpointing", None)
+    if checkpointed is not None:
+        checkpointing_spec(checkpointed)
+    for item in getattr(args, "set", []):
+        set_item(item)
+    if getattr(args, "float8", None) is not None:
+        float8_spec(args.float8)
+    config = "--accelerate-config" if getattr(args, "accelerate_config", None) else None
+    if getattr(args, "torchtitan_config", None):
+        config = "--torchtitan-config"
+    if config is not None:
+        given = [flag for key, flag in _FSDP_FLAGS.items() if getattr(args, key, None)]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} cannot be combined with {config}: the file sets the FSDP "
+                "options (only --world-size and --trace can be given with it)"
+            )
+        return
+    if getattr(args, "fully_shard", None):
+        given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key, None)]
+        if spec is not None and spec.strip().lower() != "none":
+            given.insert(0, "--policy")
+        if given:
+            verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
+            raise UsageError(
+                f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
+                "--fully-shard to plan FSDP1"
+            )
+        if args.trace == "fx":
+            raise UsageError(
+                "--trace fx traces FSDP1 plans only (torch.fx symbolic tracing of the module "
+                "tree); with --fully-shard (FSDP2) use --trace meta (default) or --trace real"
+            )
+        if not [n for n in args.fully_shard.split(",") if n.strip()]:
+            raise UsageError("--fully-shard needs at least one module class or FQN")
+    elif getattr(args, "reshard_after_forward", None) is not None:
+        raise UsageError(
+            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
+            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
         )
-    kwargs.update(job)
-    api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
-    try:
-        parse_job_options(kwargs, api)
-    except ConfigError as exc:  # what analyze would raise, in the flags' words
-        text = str(exc)
-        for key, flag in _JOB_FLAGS.items():
-            if text.startswith(key) and key not in job:
-                raise  # the config file's, not the flags'
-            if text.startswith(key):
-                text = flag + text[len(key) :]
-        raise UsageError(text.replace("fully_shard=[...]", "--fully-shard NAMES")) from None
-    return kwargs
 
 
 _FLOAT8_WORDS = (*FLOAT8_RECIPES, "all_gather")
-_JOB_FLAGS = {
-    "grad_accum": "--grad-accum", "compile": "--compile", "float8": "--float8",
-    "float32_matmul_precision": "--float32-matmul-precision",
-}  # fmt: skip
 
 
-def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
-    """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given."""
-    kwargs: dict[str, Any] = {}
-    if getattr(args, "grad_accum", None) is not None:
-        kwargs["grad_accum"] = args.grad_accum
-    compiled = getattr(args, "compile", None)
-    if compiled is True:
-        kwargs["compile"] = True
-    elif isinstance(compiled, str):
-        names = [n for n in compiled.split(",") if n.strip()]
-        kwargs["compile"] = sorted(module_classes(names, model, "--compile"), key=str)
-    if getattr(args, "float8", None) is not None:
-        kwargs["float8"] = _float8(args.float8)
-    if getattr(args, "float32_matmul_precision", None) is not None:
-        kwargs["float32_matmul_precision"] = args.float32_matmul_precision
-    return kwargs
+def checkpointing_spec(spec: str) -> tuple[bool, list[str]]:
+    """``--activation-checkpointing``'s spec, checked: (selective, class names)."""
+    kind, sep, rest = spec.partition(":")
+    selective = bool(sep) and kind.strip().lower() == "selective"
+    if sep and not selective:
+        raise UsageError(
+            f"--activation-checkpointing takes CLASSES or selective:CLASSES, got {spec!r}"
+        )
+    names = [n.strip() for n in (rest if selective else spec).split(",") if n.strip()]
+    if not names:
+        raise UsageError("--activation-checkpointing needs at least one class name")
+    return selective, names
 
 
 def job_flag_value(args: argparse.Namespace) -> str | None:
@@ -539,20 +500,7 @@ def job_flag_value(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _flag_text(key: str, value: Any) -> str:
-    """The flag that gives ``key=value``: ``--compile Block``."""
-    if value is True:
-        return _JOB_FLAGS[key]
-    if isinstance(value, list):
-        text = ",".join(getattr(v, "__name__", str(v)) for v in value)
-    elif isinstance(value, dict):
-        text = ",".join(f"{k}={v}" for k, v in value.items())
-    else:
-        text = str(value)
-    return f"{_JOB_FLAGS[key]} {text}"
-
-
-def _float8(spec: str | bool) -> bool | dict[str, Any]:
+def float8_spec(spec: str | bool) -> bool | dict[str, Any]:
     """``--float8 SPEC``: comma-separated torchtitan float8 keys (``KEY=VALUE``; a key alone
     is ``true``), a recipe name for ``recipe_name``, ``all-gather`` for
     ``enable_fsdp_float8_all_gather``; ``filter_fqns=a,b`` takes the words after it that have
@@ -590,107 +538,19 @@ def _float8(spec: str | bool) -> bool | dict[str, Any]:
     return out
 
 
-def _plan_kwargs(
-    args: argparse.Namespace,
-    model: nn.Module,
-    default_wrap: Sequence[type[nn.Module]],
-    notes: list[str] | None,
-) -> dict[str, Any]:
-    if args.accelerate_config or getattr(args, "torchtitan_plan", None) is not None:
-        return _config_kwargs(args, model, notes if notes is not None else [])
-    kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}
-    param, reduce = _mixed_precision(args.mixed_precision)
-    if args.fully_shard:
-        given = [flag for key, flag in _FSDP1_ONLY.items() if getattr(args, key)]
-        if args.policy is not None and args.policy.strip().lower() != "none":
-            given.insert(0, "--policy")
-        if given:
-            verb = "is an FSDP1 option" if len(given) == 1 else "are FSDP1 options"
-            raise UsageError(
-                f"{', '.join(given)} {verb}; with --fully-shard (FSDP2) leave it out, or drop "
-                "--fully-shard to plan FSDP1"
-            )
-        if args.trace == "fx":
-            raise UsageError(
-                "--trace fx traces FSDP1 plans only (torch.fx symbolic tracing of the module "
-                "tree); with --fully-shard (FSDP2) use --trace meta (default) or --trace real"
-            )
-        kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
-        if args.reshard_after_forward is not None:
-            kwargs["reshard_after_forward"] = args.reshard_after_forward
-        if param is not None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
-        return kwargs
-    if args.reshard_after_forward is not None:
-        raise UsageError(
-            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
-            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
-        )
-    if args.policy is None and default_wrap:
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-        layers = set(default_wrap)
-        kwargs["auto_wrap_policy"] = functools.partial(
-            transformer_auto_wrap_policy, transformer_layer_cls=layers
-        )
-    else:
-        kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
-    kwargs["forward_prefetch"] = args.forward_prefetch
-    kwargs["use_orig_params"] = args.use_orig_params
-    if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
-    if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = strategy_named(SHARDING[args.sharding_strategy])
-    if param is not None:
-        from torch.distributed.fsdp import MixedPrecision
-
-        kwargs["mixed_precision"] = MixedPrecision(
-            param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
-        )
-    return kwargs
-
-
 _FSDP_FLAGS = {
     "policy": "--policy", "fully_shard": "--fully-shard",
     "reshard_after_forward": "--reshard-after-forward", "mixed_precision": "--mixed-precision",
     "backward_prefetch": "--backward-prefetch", "forward_prefetch": "--forward-prefetch",
     "sharding_strategy": "--sharding-strategy", "use_orig_params": "--use-orig-params",
+    "cpu_offload": "--cpu-offload",
 }  # fmt: skip
 
 
-def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> dict[str, Any]:
-    """The kwargs of ``--accelerate-config`` (or of the torchtitan plan already read), with
-    ``--world-size`` and ``--trace`` on top; FSDP flags would contradict the file."""
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_accelerate
-
-    given = [flag for key, flag in _FSDP_FLAGS.items() if getattr(args, key, None)]
-    if given:
-        source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
-        raise UsageError(
-            f"{', '.join(given)} cannot be combined with {source}: the file sets the FSDP "
-            "options (only --world-size and --trace can be given with it)"
-        )
-    if args.accelerate_config:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConfigNote)
-            plan = from_accelerate(args.accelerate_config, model)
-    else:
-        plan = args.torchtitan_plan
-    notes.extend(plan.notes)
-    kwargs = dict(plan)
-    if args.world_size is not None:
-        kwargs["world_size"] = args.world_size
-    kwargs["trace"] = args.trace
-    return kwargs
-
-
-def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype | None]:
+def mixed_precision_names(spec: str | None) -> list[str]:
+    """``--mixed-precision``'s dtypes, by torch's names (``["bfloat16", "float32"]``)."""
     if not spec:
-        return None, None
+        return []
     names = [n.strip().lower() for n in spec.split(",")]
     if len(names) > 2 or not all(names):
         raise UsageError(f"--mixed-precision takes DTYPE or DTYPE,REDUCE_DTYPE, got {spec!r}")
@@ -703,32 +563,17 @@ def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype 
                 f"--mixed-precision: unknown dtype {name!r}{tip} (use bf16, fp16 or fp32)"
             )
         dtypes.append(_DTYPES[name])
-    return dtypes[0], dtypes[1] if len(dtypes) == 2 else None
+    return dtypes
 
 
-def _fully_shard(spec: str, model: nn.Module) -> list[Any]:
-    """Module FQNs stay names; other names are module classes of the model."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError("--fully-shard needs at least one module class or FQN")
-    modules = dict(model.named_modules())
-    targets: list[Any] = [n for n in names if n in modules]
-    classes = [n for n in names if n not in modules]
-    if classes:
-        targets += sorted(module_classes(classes, model, "--fully-shard"), key=str)
-    return targets
-
-
-def policy(spec: str, model: nn.Module) -> Any:
-    """The FSDP1 auto-wrap policy for ``--policy SPEC``."""
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
+def policy_spec(spec: str) -> tuple[str, str]:
+    """``--policy``'s kind and argument, checked: ``("size", "1000")``."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "none" and not arg:
-        return None
+        return "none", ""
     if kind == "transformer" and arg:
-        return ModuleWrapPolicy(module_classes(arg.split(","), model, "--policy"))
+        return kind, arg
     if kind == "size" and arg:
         try:
             min_num_params = int(float(arg)) if "e" in arg.lower() else int(arg)
@@ -736,29 +581,7 @@ def policy(spec: str, model: nn.Module) -> Any:
             min_num_params = -1
         if min_num_params < 1:
             raise UsageError(f"--policy size:N needs a positive integer N, got {arg!r}")
-        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+        return kind, str(min_num_params)
     raise UsageError(
         f"--policy {spec!r} is not valid; use transformer:Class[,Class], size:N or none"
     )
-
-
-def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[type[nn.Module]]:
-    """The model's module classes with these names (all classes of a name)."""
-    classes: dict[str, set[type[nn.Module]]] = {}
-    for m in model.modules():
-        classes.setdefault(type(m).__name__, set()).add(type(m))
-    found: set[type[nn.Module]] = set()
-    for name in filter(None, (n.strip() for n in names)):
-        if name not in classes:
-            hint = closest_class(model, name)
-            tip = f"; did you mean {hint!r}?" if hint else ""
-            what = "module of class or FQN" if flag == "--fully-shard" else "module of class"
-            raise UsageError(
-                f"{flag}: the model has no {what} {name!r}{tip} (its classes with parameters, "
-                f"blocks first: {model_classes(model)})"
-            )
-        found |= classes[name]
-    if not found:
-        what = "--policy transformer:" if flag == "--policy" else flag
-        raise UsageError(f"{what} needs at least one class name")
-    return found

@@ -24,11 +24,17 @@ suffix picks the format (:func:`fsdpviz.export.save`): ``.html``
 ``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp`` (the wrap-unit explorer),
 ``.graphml`` / ``.nodelink.json`` (the unit graph).
 
-Exit status: 0 on success, 2 for usage errors (bad arguments, a factory or
-class name that cannot be found), 1 when the analysis itself fails with an
-:class:`fsdpviz.FsdpvizError`, and with ``--check`` 3 when the plan does not fit in the
-machine's memory (``report.memory.fits``; ``--check`` writes a file only when ``-o``
-names one).
+Exit status: 0 on success; 2 for what the command line got wrong (bad or misspelled
+arguments, a flag that does not apply to the model given, a factory, class, config field or
+file that cannot be found, a configuration fsdpviz refuses: :class:`fsdpviz.ConfigError`);
+1 when the analysis itself fails (the model cannot be traced, FSDP would refuse it, a file
+cannot be written: the other :class:`fsdpviz.FsdpvizError`); and with ``--check`` 3 when the
+plan does not fit in the machine's memory (``report.memory.fits``; ``--check`` writes a file
+only when ``-o`` names one).
+
+The flags are parsed and checked before torch is loaded, so a mistake is answered at once, in
+one line (``--help`` shows the usage); the advice a report prints (``out_of_memory``'s "First
+try") is written as the flags that try it.
 """
 
 from __future__ import annotations
@@ -41,57 +47,74 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz._options_cli import (
+    Source,
     UsageError,
     add_fsdp_flags,
     add_source_flags,
-    add_tune_flags,
-    analyze_kwargs,
-    frontier_table,
+    check_applies,
+    check_flags,
+    flags_for,
     hf_id,
     job_flag_value,
-    load_hf_model,
     positive_int,
-    run_tune,
 )
-from fsdpviz.errors import FsdpvizError
+from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+from fsdpviz._options_tune import add_tune_flags, frontier_table, run_tune
+from fsdpviz.errors import ConfigError, FsdpvizError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _PROG = "fsdpviz"
 DOES_NOT_FIT = 3
 """Exit status of ``fsdpviz report --check`` for a plan that does not fit."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, answering a mistake in one line (with where ``--help`` is) instead of the
+    usage block, which ``--help`` and a bare ``fsdpviz`` show."""
+
+    def error(self, message: str) -> Any:
+        _usage_error(self.prog, message, hint=True)
+        raise SystemExit(2)
+
+
+def _usage_error(prog: str, message: str, hint: bool = False) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    if hint:
+        print(f"({prog} --help lists the options)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``fsdpviz`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
-    parser = _build_parser()
     words = sys.argv[1:] if argv is None else argv
-    first = words[0].split("=")[0] if words else ""
+    parser = _build_parser(full_help=any(w in ("-h", "--help") for w in words))
+    if not words:
+        parser.print_help(sys.stderr)
+        return 2
+    first = words[0].split("=")[0]
     if first.startswith("-") and not any(
         o.startswith(first) for o in parser._option_string_actions
-    ):
-        parser.print_usage(sys.stderr)  # a misspelled option before the command
-        print(f"{_PROG}: error: {_unrecognized(words[:1], parser)}", file=sys.stderr)
+    ):  # a misspelled option before the command
+        _usage_error(_PROG, _unrecognized(words[:1], parser), hint=True)
         return 2
     try:
-        args, unknown = parser.parse_known_args(argv)
+        args, unknown = parser.parse_known_args(words)
     except SystemExit as exc:  # argparse reports its own errors and --help this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if unknown:
         given: argparse.ArgumentParser = getattr(args, "parser", parser)
-        given.print_usage(sys.stderr)
-        print(f"{given.prog}: error: {_unrecognized(unknown, given)}", file=sys.stderr)
+        _usage_error(given.prog, _unrecognized(unknown, given), hint=True)
         return 2
     command: Callable[[argparse.Namespace], int] = args.func
     try:
         return command(args)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:  # what the command line got wrong
         sub: argparse.ArgumentParser = args.parser
-        sub.print_usage(sys.stderr)
-        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        _usage_error(sub.prog, str(exc))
         return 2
     except FsdpvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -139,10 +162,12 @@ def _unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
     return text + ("; " + "; ".join(tips) if tips else "")
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
+    """The parser; ``full_help``: with the output formats listed (``--help``), which reading
+    costs an import the parse of a command line does without."""
     from fsdpviz._version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=_PROG,
         description="See what PyTorch FSDP will do with your model: wrap units, "
         "all-gather/free/reduce-scatter schedule and prefetch.",
@@ -156,7 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Analyse the bundled Llama-style example model (one FSDP unit per "
         "DecoderLayer, BACKWARD_PRE prefetch) and write the report.",
     )
-    _add_output(demo, "fsdpviz-demo.html")
+    _add_output(demo, "fsdpviz-demo.html", full_help=full_help)
     _add_world_size(demo)
     demo.set_defaults(func=_cmd_demo, parser=demo)
 
@@ -186,7 +211,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_fsdp_flags(report)
     add_source_flags(report)
-    _add_output(report, "report.html", given=True)
+    _add_output(report, "report.html", given=True, full_help=full_help)
     report.add_argument(
         "--check",
         action="store_true",
@@ -195,12 +220,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "with -o",
     )
     report.set_defaults(func=_cmd_report, parser=report)
-    _add_tune(subs)
-    _add_doctor(subs)
+    _add_tune(subs, full_help)
+    _add_doctor(subs, full_help)
     return parser
 
 
-def _add_tune(subs: Any) -> None:
+def _add_tune(subs: Any, full_help: bool) -> None:
     tune = subs.add_parser(
         "tune",
         help="find the fastest configuration that fits",
@@ -225,11 +250,11 @@ def _add_tune(subs: Any) -> None:
     add_fsdp_flags(tune)
     add_source_flags(tune)
     add_tune_flags(tune)
-    _add_output(tune, "tune.html")
+    _add_output(tune, "tune.html", full_help=full_help)
     tune.set_defaults(func=_cmd_tune, parser=tune)
 
 
-def _add_doctor(subs: Any) -> None:
+def _add_doctor(subs: Any, full_help: bool) -> None:
     doctor = subs.add_parser(
         "doctor",
         help="read the flight recorder dumps of a hung job",
@@ -257,21 +282,26 @@ def _add_doctor(subs: Any) -> None:
     )
     add_fsdp_flags(doctor)
     add_source_flags(doctor)
-    _add_output(doctor, "doctor.html")
+    _add_output(doctor, "doctor.html", full_help=full_help)
     doctor.set_defaults(func=_cmd_doctor, parser=doctor)
 
 
-def _add_output(parser: argparse.ArgumentParser, default: str, *, given: bool = False) -> None:
+def _add_output(
+    parser: argparse.ArgumentParser, default: str, *, given: bool = False, full_help: bool = False
+) -> None:
     """``-o``; ``given``: parse to None when it is left out (the command applies ``default``)."""
-    from fsdpviz.export import SUFFIXES
+    if full_help:
+        from fsdpviz.export import SUFFIXES
 
+        formats = f": {', '.join(SUFFIXES)}"
+    else:
+        formats = " (see --help)"
     parser.add_argument(
         "-o",
         "--output",
         default=None if given else default,
         metavar="PATH",
-        help=f"file to write; its suffix picks the format: {', '.join(SUFFIXES)} "
-        f"(default: {default})",
+        help=f"file to write; its suffix picks the format{formats} (default: {default})",
     )
 
 
@@ -290,38 +320,75 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _write(report, path, time.perf_counter() - start)
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_torchtitan
-    from fsdpviz.schedule.predict import analyze
-
+def _source(args: argparse.Namespace) -> Source:
+    """Where the command's model comes from (``args.factory``: MODEL, or None), checked
+    before anything is imported: a MODEL that is neither an id, a factory nor a file there
+    is answered "not found"."""
     if args.factory is None and not args.torchtitan_config:
         args.factory = job_flag_value(args)  # `--compile MODEL`: the word was MODEL
-    explicit = args.output is not None
-    path = _output_path(args.output if explicit else "report.html")
-    if args.factory is not None and _is_saved(args.factory):
-        return _report_saved(args, path, explicit)
-    if args.check and args.trace == "fx":
-        raise UsageError(
-            "--check needs the activations the trace measures, and --trace fx measures "
-            "none; use --trace meta (the default) or real"
-        )
-    wraps: list[type[nn.Module]] = []
     if args.torchtitan_config:
         if args.factory is not None:
             raise UsageError(
                 f"--torchtitan-config builds its own model (its model.flavor); leave out "
                 f"{args.factory!r}"
             )
+        return "torchtitan"
+    if args.factory is None:
+        raise UsageError("give the model: hf:ID, MODULE:FACTORY, or --torchtitan-config TOML")
+    spec: str = args.factory
+    if _is_saved(spec):
+        return "saved"
+    if spec.startswith("hf:") or Path(spec).joinpath("config.json").is_file():
+        return "hf"
+    if _looks_like_a_path(spec):
+        raise UsageError(
+            f"{spec!r} not found: MODEL is a saved report's .json, a recording's folder or "
+            "flight recorder dumps (a path that exists), hf:ID, or MODULE:FACTORY"
+        )
+    if hf_id(spec) is not None:  # org/name
+        return "hf"
+    _factory_spec(spec, "MODULE:FACTORY")
+    return "factory"
+
+
+def _looks_like_a_path(spec: str) -> bool:
+    """A MODEL written as a file or folder (``./runs/r1``, ``report.json``), not as an id or
+    a factory."""
+    if spec.startswith(("./", "../", "/", "~")):
+        return True
+    return ":" not in spec and Path(spec).suffix.lower() in (".json", ".html", ".jsonl")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    source = _source(args)
+    what = args.factory or "--torchtitan-config"
+    check_applies(args, source, what)
+    explicit = args.output is not None
+    path = _output_path(args.output if explicit else "report.html")
+    if source == "saved":
+        return _report_saved(args, path, explicit)
+    if args.check and args.trace == "fx":
+        raise UsageError(
+            "--check needs the activations the trace measures, and --trace fx measures "
+            "none; use --trace meta (the default) or real"
+        )
+    check_flags(args)
+    if args.inputs is not None:
+        _factory_spec(args.inputs, "--inputs")
+    # The command line can run: torch is loaded from here on.
+    import warnings
+
+    from fsdpviz.configs import ConfigNote, from_torchtitan
+    from fsdpviz.schedule.predict import analyze
+
+    wraps: list[type[nn.Module]] = []
+    if source == "torchtitan":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigNote)
             job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
         model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
-    elif args.factory is None:
-        raise UsageError("give the model: hf:ID, MODULE:FACTORY, or --torchtitan-config TOML")
-    elif (name := hf_id(args.factory)) is not None:
-        built = load_hf_model(name, args)
+    elif source == "hf":
+        built = load_hf_model(str(hf_id(args.factory)), args)
         model, inputs, wraps = built.model, built.inputs, built.wrap_classes
     else:
         if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
@@ -343,8 +410,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     report = analyze(model, inputs, **kwargs)
     root_only = (args.policy or "").strip().lower() == "none"
     if args.check:
-        return _check(report, path if explicit else None, time.perf_counter() - start)
-    return _write(report, path, time.perf_counter() - start, root_only)
+        return _check(report, path if explicit else None, time.perf_counter() - start, source)
+    return _write(report, path, time.perf_counter() - start, root_only, source)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -356,10 +423,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
-    if args.factory is None and not args.torchtitan_config:
-        args.factory = job_flag_value(args)
-    if args.factory is None and not args.torchtitan_config:
-        raise UsageError("give the model: hf:ID, MODULE:FACTORY, or --torchtitan-config TOML")
+    source = _source(args)  # (nothing loaded yet: the flags are checked first)
+    if source == "saved":
+        raise UsageError(
+            f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
+            "report or recording: give MODEL as hf:ID or MODULE:FACTORY"
+        )
+    check_applies(args, source, args.factory or "--torchtitan-config")
+    check_flags(args)
     sizes: list[int] | None = args.world_size
     args.world_size = sizes[0] if sizes else None
     model, inputs, wraps = _doctor_model(args)
@@ -382,17 +453,29 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from fsdpviz.recording import FlightRecorderRun, diff, load_run
-
     path = _output_path(args.output)
+    planned = args.factory is not None or args.torchtitan_config or job_flag_value(args)
+    source: Source | None = None
+    if planned:
+        source = _source(args)
+        if source == "saved":
+            raise UsageError(
+                f"MODEL is the job's model (hf:ID or MODULE:FACTORY); {args.factory!r} is a "
+                "saved report or recording"
+            )
+        check_applies(args, source, args.factory or "--torchtitan-config")
+        check_flags(args)
+    else:
+        check_applies(args, "saved", args.dumps)
+    from fsdpviz.flight import FlightRecorderRun, load_run
+    from fsdpviz.recording import diff
+
     try:
         run = load_run(args.dumps)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     prediction = None
-    if args.factory is None and not args.torchtitan_config:
-        args.factory = job_flag_value(args)  # `--compile MODEL`: the word was MODEL
-    if args.factory is not None or args.torchtitan_config:
+    if source is not None:
         from fsdpviz.schedule.predict import analyze
 
         if args.world_size is None:  # the job's, as the dumps tell it
@@ -429,23 +512,9 @@ def _is_saved(spec: str) -> bool:
 def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
     """``fsdpviz report PATH``: write what :func:`fsdpviz.load` reads from PATH."""
     from fsdpviz import load
-    from fsdpviz.recording import FlightRecorderRun
+    from fsdpviz.flight import FlightRecorderRun
     from fsdpviz.schema.report import Report
 
-    parser: argparse.ArgumentParser = args.parser
-    skip = {"help", "factory", "output", "check", "func", "parser"}
-    given = [
-        a.option_strings[-1]
-        for a in parser._actions
-        if a.dest not in skip and a.option_strings and getattr(args, a.dest) != a.default
-    ]
-    if given:
-        raise UsageError(
-            f"{', '.join(given)} {'plans' if len(given) == 1 else 'plan'} a model, and "
-            f"{args.factory!r} is read as it was saved; leave "
-            f"{'it' if len(given) == 1 else 'them'} out, or give MODEL as hf:ID or "
-            "MODULE:FACTORY"
-        )
     start = time.perf_counter()
     try:
         loaded = load(args.factory)
@@ -511,11 +580,13 @@ def _output_path(text: str) -> Path:
     return path
 
 
-def _write(report: Any, path: Path, seconds: float, root_only: bool = False) -> int:
+def _write(
+    report: Any, path: Path, seconds: float, root_only: bool = False, source: Source = "saved"
+) -> int:
     from fsdpviz.export import save
 
     save(report, path)
-    print(report.summary())
+    print(_as_flags(report.summary(), report, source))
     job = _job_line(report)
     if job:
         print(job)
@@ -542,24 +613,39 @@ def _job_line(report: Any) -> str:
     return f"  job: {', '.join(items)}" if items else ""
 
 
-def _check(report: Any, path: Path | None, seconds: float) -> int:
+def _as_flags(text: str, report: Any, source: Source) -> str:
+    """``text`` (a report's summary or warning) with the options its warnings advise
+    (``FsdpWarning.fix``, as analyze takes them) written as this command line's flags; a
+    saved report's as they were written."""
+    from fsdpviz.schema.report import option_text
+
+    if source == "saved":
+        return text
+    api = report.config.api
+    for warning in report.warnings:
+        if warning.fix:
+            text = text.replace(option_text(warning.fix, api), flags_for(warning.fix, source, api))
+    return text
+
+
+def _check(report: Any, path: Path | None, seconds: float, source: Source = "saved") -> int:
     """``--check``: whether the plan fits in its machine's memory, as the exit status."""
     if path is not None:
-        _write(report, path, seconds)
+        _write(report, path, seconds, source=source)
     else:
-        print(report.summary())
+        print(_as_flags(report.summary(), report, source))
         print(report.memory.summary().splitlines()[0])
     memory = report.memory
     if memory.fits:
         print(f"check passed: {memory.fit_text()}")
         return 0
     warning = next(w for w in report.warnings if w.code == "out_of_memory")
-    print(f"check failed: {warning.message}", file=sys.stderr)
+    print(f"check failed: {_as_flags(warning.message, report, source)}", file=sys.stderr)
     return DOES_NOT_FIT
 
 
-def _import_object(spec: str, what: str) -> Any:
-    """Resolve ``module:attr[.attr]``, raising :class:`UsageError` when it is not there."""
+def _factory_spec(spec: str, what: str) -> tuple[str, str]:
+    """``module:attr[.attr]``'s module and attributes, checked as written (nothing imported)."""
     module_name, sep, attr_path = spec.rpartition(":")
     if not sep or not module_name or not attr_path:
         raise UsageError(f"{what} must be MODULE:NAME (e.g. mypkg.models:build), got {spec!r}")
@@ -568,6 +654,12 @@ def _import_object(spec: str, what: str) -> Any:
             f"{what}: {module_name!r} looks like a file; give the importable module name "
             f"(e.g. {Path(module_name).stem!r}) and run from its directory"
         )
+    return module_name, attr_path
+
+
+def _import_object(spec: str, what: str) -> Any:
+    """Resolve ``module:attr[.attr]``, raising :class:`UsageError` when it is not there."""
+    module_name, attr_path = _factory_spec(spec, what)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -587,6 +679,8 @@ def _import_object(spec: str, what: str) -> Any:
 
 
 def _load_model(spec: str) -> tuple[nn.Module, Any]:
+    from torch import nn
+
     factory = _import_object(spec, "MODULE:FACTORY")
     if isinstance(factory, nn.Module):
         return factory, None

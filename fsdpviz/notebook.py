@@ -24,17 +24,17 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_cli import (
+    Source,
     add_fsdp_flags,
     add_source_flags,
-    add_tune_flags,
-    analyze_kwargs,
+    check_applies,
     hf_id,
     job_flag_value,
-    load_hf_model,
-    run_tune,
 )
+from fsdpviz._options_cli import UsageError as FlagError
+from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+from fsdpviz._options_tune import add_tune_flags, run_tune
 
 _OPTIONS = """\
   MODEL                       a model expression, or hf:ID (line magic only)
@@ -46,6 +46,7 @@ _OPTIONS = """\
   --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
   --reshard-after-forward true|false|N    FSDP2 reshard_after_forward
   --mixed-precision DTYPE[,REDUCE]        bf16 | fp16 | fp32 (FSDP1 and FSDP2)
+  --cpu-offload               parameters, gradients, optimizer state in host memory
   --backward-prefetch pre|post|none       FSDP1
   --forward-prefetch          FSDP1 forward_prefetch=True
   --sharding-strategy full|grad_op|no_shard|hybrid    FSDP1
@@ -53,6 +54,7 @@ _OPTIONS = """\
   --world-size N              ranks (default 8)
   --trace meta|real|fx        how to trace (default meta; fx: FSDP1 only)
   --machine GPU               the GPU to fit and time the plan on (default h100)
+  --activation-checkpointing CLASSES      checkpoint these classes (selective:CLASSES)
   --grad-accum N              micro-steps per optimizer step, N-1 without gradient sync
   --compile [CLASSES]         torch.compile: the whole model, or these classes one by one
   --float8 [SPEC]             float8 linears (tensorwise), or rowwise, all-gather, KEY=VALUE
@@ -217,6 +219,22 @@ def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
 
+    def applies(args: argparse.Namespace, line_magic: bool) -> None:
+        from IPython.core.error import UsageError
+
+        model = getattr(args, "model", None) if line_magic else None
+        source: Source
+        if args.torchtitan_config:
+            source, what = "torchtitan", "--torchtitan-config"
+        elif model is not None and model.startswith("hf:"):
+            source, what = "hf", model
+        else:
+            source, what = "factory", model or "the cell"
+        try:
+            check_applies(args, source, what)
+        except FlagError as e:
+            raise UsageError(f"%fsdpviz: {e}") from None
+
     def fsdpviz(line: str, cell: str | None = None) -> Any:
         words = line.split(None, 1)
         tune = bool(words) and words[0] == "tune"
@@ -224,6 +242,7 @@ def load_ipython_extension(ip: Any) -> None:
             line = words[1] if len(words) > 1 else ""
         if cell is None:
             args = _parse(line, line_magic=True, tune=tune)
+            applies(args, True)
             sizes = args.world_size if tune else None
             if tune:
                 args.world_size = sizes[0] if sizes else None
@@ -235,6 +254,7 @@ def load_ipython_extension(ip: Any) -> None:
                 return _tune(model, inputs, args, wraps)
             return _run(model, inputs, args, wraps)
         args = _parse(line, line_magic=False, tune=tune)
+        applies(args, False)
         # silent: the cell runs as it is, but its last value is not shown (the answer is
         # the report)
         model, inputs = _outermost_call(lambda: ip.run_cell(cell, store_history=False, silent=True))

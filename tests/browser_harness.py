@@ -138,6 +138,16 @@ def _write_kernelspec(data_dir: Path) -> None:
     )
 
 
+def _write_labextension(data_dir: Path) -> None:
+    """This checkout's JupyterLab extension (``fsdpviz/labextension``, as ``npm run build``
+    wrote it), found first (``JUPYTER_PATH``): the tests drive the extension of the tree they
+    test, whatever the environment has installed or linked."""
+    built = Path(__file__).resolve().parent.parent / "fsdpviz" / "labextension"
+    if (built / "package.json").is_file():
+        (data_dir / "labextensions").mkdir(parents=True, exist_ok=True)
+        (data_dir / "labextensions" / "fsdpviz").symlink_to(built, target_is_directory=True)
+
+
 def _write_settings(settings_dir: Path) -> None:
     for plugin, values in _LAB_SETTINGS.items():
         path = settings_dir / f"{plugin.replace(':', '/')}.jupyterlab-settings"
@@ -156,6 +166,7 @@ def jupyterlab_server(root: Path, *, start_timeout: float = 90.0) -> Iterator[La
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     _write_kernelspec(dirs["data"])
+    _write_labextension(dirs["data"])
     _write_settings(dirs["settings"])
     env = {
         **os.environ,

@@ -152,6 +152,7 @@ def record_real_fsdp2(
     after: Callable[[nn.Module], None] | None = None,
     reshard_after_backward: bool = True,
     requires_all_reduce: bool = True,
+    shard_placement_fn: Any = None,
 ) -> fsdpviz.Report:
     """Apply ``fully_shard`` to a copy (``calls`` in order, then the root) and record.
 
@@ -161,7 +162,8 @@ def record_real_fsdp2(
     then the gradients are dropped as ``zero_grad`` does; ``requires_all_reduce=False``
     calls ``set_requires_all_reduce(False)`` instead before those (HSDP: reduce-scatter, no
     all-reduce), and ``reshard_after_backward=False`` adds ``set_reshard_after_backward(False)``.
-    ``after`` is called with the sharded model once the recording is done."""
+    ``after`` is called with the sharded model once the recording is done.
+    ``shard_placement_fn``: a function for every call, or ``{module FQN: function}``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -185,6 +187,11 @@ def record_real_fsdp2(
             kw["reshard_after_forward"] = raf
         if mp_policy is not None:
             kw["mp_policy"] = mp_policy
+        fn = shard_placement_fn
+        if isinstance(fn, dict):
+            fn = next((fn[n] for n in (", ".join(names), *names) if n in fn), None)
+        if fn is not None:
+            kw["shard_placement_fn"] = fn
         return kw
 
     for names in [*calls, ("",)]:

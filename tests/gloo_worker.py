@@ -8,7 +8,9 @@ accumulation over ``ACCUM`` micro-steps, FSDP1 ``no_sync`` and FSDP2
 ``set_requires_gradient_sync(False)``) or ``"tp"`` (4 ranks as a dp 2 x tp 2
 mesh: a Llama-style model with torchtitan's tensor-parallel plan, ``fully_shard`` on dp) or
 ``"corners"`` (2 ranks: :func:`corner_cases`, each recorded or refused) or ``"peft"`` (2
-ranks: :func:`peft_cases`, fine-tuning adapters, with the bytes of every collective).
+ranks: :func:`peft_cases`, fine-tuning adapters, with the bytes of every collective) or
+``"placement"`` (2 ranks: :func:`placement_cases`, FSDP2's ``shard_placement_fn``, with the
+bytes of every collective).
 """
 
 from __future__ import annotations
@@ -610,6 +612,61 @@ def _tp_collectives() -> Iterator[list[list[Any]]]:
             setattr(funcol, name, fn)
 
 
+def _on_dim_1(p: torch.nn.Parameter) -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if p.ndim == 2 else None
+
+
+def _on_last_dim(p: torch.nn.Parameter) -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(-1) if p.ndim == 2 else None
+
+
+def placement_cases() -> dict[str, tuple[Any, Any, list[tuple[str, ...]], dict[str, Any]]]:
+    """name -> (model factory, inputs factory, fully_shard calls, FSDP2 options), each with a
+    ``shard_placement_fn``: the 2-D weights on dim 1 (the head's 3-row bias on dim 0, padded
+    on 2 ranks), for every call or for some (a mapping), in fp32 or bf16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def x() -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+    blocks = [(f"blocks.{i}",) for i in range(4)]
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return {
+        "placement-dim1": (hm.Stack, x, blocks, {"shard_placement_fn": _on_dim_1}),
+        "placement-mapping-bf16": (
+            hm.Stack,
+            x,
+            blocks,
+            {
+                "shard_placement_fn": {"blocks.1": _on_last_dim, "": _on_dim_1},
+                "mp_policy": bf16,
+            },
+        ),
+        "placement-no-reshard": (
+            hm.Stack,
+            x,
+            blocks,
+            {"shard_placement_fn": _on_last_dim, "reshard_after_forward": False},
+        ),
+    }
+
+
+def record_placement(rank: int, world_size: int, out_dir: str) -> None:
+    """Each ``shard_placement_fn`` case on this rank: its recording and the tensor each
+    collective moved (``[kind, bytes]``: an all-gather's output, a reduce-scatter's input)."""
+    for name, (build, inputs, calls, kwargs) in placement_cases().items():
+        torch.manual_seed(0)
+        with _Collectives() as moved:
+            report = record_real_fsdp2(build(), inputs(), calls, world_size, **kwargs)
+        report.to_json(Path(out_dir) / f"{name}-rank{rank}.json")
+        path = Path(out_dir) / f"{name}-collectives-rank{rank}.json"
+        path.write_text(json.dumps(moved.moved))
+
+
 def record_suite(rank: int, world_size: int, out_dir: str, suite: str) -> None:
     """Record every FSDP1 and FSDP2 case of ``suite`` on this rank."""
     if suite == "accum":
@@ -653,6 +710,8 @@ def run(rank: int, world_size: int, port: int, out_dir: str, suite: str) -> None
             pipeline_job.record(rank, out_dir)
         elif suite == "corners":
             record_corners(rank, world_size, out_dir)
+        elif suite == "placement":
+            record_placement(rank, world_size, out_dir)
         elif suite == "peft":
             record_peft(rank, world_size, out_dir)
         else:

@@ -488,7 +488,7 @@ def test_report_bad_job_flags(
     """The messages analyze gives for these keywords, in the flags' words: exit status 2."""
     code, out, err = _run(capsys, "report", f"{models}:build_with_inputs", *flags)
     assert code == 2 and out == ""
-    assert err.startswith("usage: fsdpviz report")
+    assert err.startswith("fsdpviz report: error: ") and "usage:" not in err
     assert message in err
     assert "Traceback" not in err
 
@@ -545,7 +545,7 @@ def test_report_bad_policy(
     assert code == 2
     assert out == ""
     assert message in err
-    assert err.startswith("usage: fsdpviz report")
+    assert err.startswith("fsdpviz report: error: ") and "usage:" not in err
     assert "Traceback" not in err
     assert not Path("out.json").exists()
 
@@ -671,5 +671,38 @@ def test_python_dash_m_usage_error(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("usage: fsdpviz demo")
+    assert proc.stderr.startswith("fsdpviz demo: error: cannot write")
+    assert "usage:" not in proc.stderr
     assert "unknown suffix '.txt'" in proc.stderr
+
+
+def test_report_cpu_offload_and_checkpointing_flags(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The flags that act on fsdpviz's advice: --cpu-offload (both APIs) and
+    --activation-checkpointing (classes, or selective:CLASSES)."""
+    fsdp1, _ = _report(capsys, f"{models}:build_with_inputs", "--policy", "transformer:Block",
+                       "--cpu-offload", "--activation-checkpointing", "Block")  # fmt: skip
+    assert fsdp1.config.cpu_offload and fsdp1.config.api == "FSDP1"
+    assert fsdp1.config.activation_checkpointing == {
+        "mode": "full", "classes": ["Block"], "modules": 3,
+    }  # fmt: skip
+    flags = ["--fully-shard", "Block", "--cpu-offload", "--activation-checkpointing"]
+    fsdp2, _ = _report(capsys, f"{models}:build_with_inputs", *flags, "selective:Block")
+    assert fsdp2.config.cpu_offload and fsdp2.config.api == "FSDP2"
+    assert fsdp2.config.activation_checkpointing["mode"] == "selective"
+
+
+def test_advice_as_flags() -> None:
+    from fsdpviz._options_cli import flags_for
+
+    assert flags_for({"activation_checkpointing": ["Block"]}) == "--activation-checkpointing Block"
+    assert flags_for({"world_size": 128}) == "--world-size 128"
+    assert flags_for({"sharding_strategy": "FULL_SHARD"}) == "--sharding-strategy full"
+    assert flags_for({"reshard_after_forward": True}) == "--reshard-after-forward true"
+    assert flags_for({"cpu_offload": True}) == "--cpu-offload"
+    assert flags_for({"mixed_precision": "bfloat16"}) == "--mixed-precision bf16"
+    assert flags_for({"use_cache": False}, "hf") == "--set use_cache=false"
+    assert flags_for({"use_cache": False}, "factory") == (
+        "use_cache=False in the inputs (--inputs, or the factory's)"
+    )

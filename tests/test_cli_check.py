@@ -98,7 +98,7 @@ def test_check_needs_measured_activations(models: str, capsys: pytest.CaptureFix
 
 def test_unknown_machine(models: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, f"{models}:small", "--machine", "h1000")
-    assert code == 2 and "invalid choice: 'h1000'" in err
+    assert code == 2 and "unknown GPU 'h1000'; did you mean 'h100'? (one of a100," in err
 
 
 def test_the_exit_status_of_the_command(models: str, tmp_path: Path) -> None:
@@ -114,3 +114,23 @@ def test_the_exit_status_of_the_command(models: str, tmp_path: Path) -> None:
     )
     assert proc.returncode == DOES_NOT_FIT, proc.stderr
     assert "check failed: does not fit in H100 SXM 80GB" in proc.stderr
+
+
+def test_the_advice_is_written_as_flags_and_holds(
+    models: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command-line user is told the flag that tries the advice (not a Python call), and
+    the flag does what the advice says: with it, the plan fits."""
+    code, out, err = _run(capsys, f"{models}:big", "--check")
+    assert code == DOES_NOT_FIT
+    assert (
+        "First try: activation checkpointing of each DecoderLayer with "
+        "--activation-checkpointing DecoderLayer (activations and temporaries hold" in err
+    )
+    assert "activation_checkpointing=" not in out + err and "analyze(" not in out + err
+    assert "with --activation-checkpointing DecoderLayer" in out  # the summary's warning too
+    code, out, err = _run(capsys, f"{models}:big", "--check", "--activation-checkpointing",
+                          "DecoderLayer")  # fmt: skip
+    assert code == 0 and "check passed: fits in H100 SXM 80GB" in out, err
+    code, _, err = _run(capsys, f"{models}:big", "--activation-checkpointing", "DecoderLayr")
+    assert code == 2 and "did you mean 'DecoderLayer'?" in err

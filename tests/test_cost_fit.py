@@ -78,8 +78,11 @@ def test_a_plan_that_does_not_fit_an_h100_is_warned(too_big: fsdpviz.Report) -> 
     assert size_text(mem.peak["bytes"]) in msg and mem.peak["where"] in msg
     assert "80 GiB less 1.5 GiB for the CUDA context and NCCL leaves 78.5 GiB" in msg
     assert f"({size_text(-mem.headroom)} short)" in msg
-    assert "First try: activation checkpointing of each block" in msg
-    assert "analyze(..., activation_checkpointing=[DecoderLayer]) shows its effect" in msg
+    assert (
+        "First try: activation checkpointing of each DecoderLayer with "
+        "activation_checkpointing=[DecoderLayer] (activations and temporaries hold" in msg
+    )
+    assert warning.fix == {"activation_checkpointing": ["DecoderLayer"]}
     index = mem.peak["event"]
     assert warning.units == [too_big.iterations[-1][index].unit]
     # in words wherever the report is summarised
@@ -145,14 +148,19 @@ def test_a_replay_warns_for_its_own_plan() -> None:
     x = torch.zeros(1, 33_000, device="meta")
     spread = fsdpviz.analyze(model, x, fully_shard=[nn.Linear], world_size=64)
     assert spread.memory.fits and not [w for w in spread.warnings if w.code == "out_of_memory"]
+    before = list(spread.warnings)
     few = replay(spread, world_size=2)
+    assert spread.warnings == before  # the report replayed is left as it was
     assert few.memory.peak["dominant"] in ("optimizer", "sharded_params", "sharded_grads")
     [warning] = [w for w in few.warnings if w.code == "out_of_memory"]
     assert first_fix(few, few.memory) in warning.message
     found = re.search(
-        r"First try: more ranks: .* about (\d+) ranks instead of 2 would fit", warning.message
+        r"First try: more ranks with world_size=(\d+) \(.* about \1 ranks instead of 2 would "
+        "fit",
+        warning.message,
     )
     assert found is not None, warning.message
+    assert warning.fix == {"world_size": int(found.group(1))}
     # the advice holds: that many ranks fit
     enough = replay(spread, world_size=int(found.group(1)))
     assert enough.memory.fits
@@ -172,9 +180,11 @@ def test_first_fix_follows_what_dominates() -> None:
     assert not kept.memory.fits and kept.memory.peak["dominant"] == "unsharded_params"
     [warning] = [w for w in kept.warnings if w.code == "out_of_memory"]
     assert warning.message.startswith("does not fit in A100 SXM 40GB: peak ")
-    assert "First try: reshard_after_forward=True: 8 unit(s) keep their parameters" in (
-        warning.message
+    assert (
+        "First try: resharding after forward with reshard_after_forward=True (8 unit(s) keep "
+        "their parameters" in warning.message
     )
+    assert warning.fix == {"reshard_after_forward": True}
     assert replay(kept, reshard_after_forward=True).memory.fits
 
 
@@ -228,3 +238,71 @@ def test_re_planning_keeps_the_machine() -> None:
         assert report.config.machine == "h200" and report.memory.capacity == 141 * GiB
         assert report.memory.fits and "out_of_memory" not in [w.code for w in report.warnings]
     assert paths == ["stored trace", "trace", "replay"]
+
+
+def _llama(layers: int = 4) -> tuple[nn.Module, type[nn.Module]]:
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=4,
+    )  # fmt: skip
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config), LlamaDecoderLayer
+
+
+def test_advice_follows_what_the_plan_already_has() -> None:
+    """Checkpointing on: the advice is not to checkpoint, but what is left, each step of it
+    holding: the KV cache a Hugging Face model keeps by default (use_cache=True, measured),
+    then float32 activations (bfloat16 mixed precision fits)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    model, layer = _llama()
+    ids = torch.zeros(128, 2048, dtype=torch.long)
+    plan: dict[str, Any] = {
+        "fully_shard": [layer], "world_size": 8, "activation_checkpointing": [layer],
+        "machine": "a100-40gb", "progress": False,
+    }  # fmt: skip
+    cached = fsdpviz.analyze(model, {"input_ids": ids}, **plan)
+    assert cached.config.activation_checkpointing == {
+        "mode": "full", "classes": ["LlamaDecoderLayer"], "modules": 4,
+    }  # fmt: skip
+    again = fsdpviz.Report.from_json(cached.to_json())
+    assert again.config.activation_checkpointing == cached.config.activation_checkpointing
+    [cache] = [w for w in cached.warnings if w.code == "use_cache_checkpointed"]
+    assert cache.fix == {"use_cache": False} and cache.frees is not None and cache.frees > 0
+    assert "the model returns a KV cache (use_cache=True" in cache.message
+    assert (
+        "Training needs no cache: use_cache=False (as gradient_checkpointing_enable() sets "
+        f"it) takes {size_text(cache.frees)} per rank off the peak" in cache.message
+    )
+    [oom] = [w for w in cached.warnings if w.code == "out_of_memory"]
+    assert "First try: no KV cache with use_cache=False" in oom.message, oom.message
+    assert "activation checkpointing of each" not in oom.message
+    assert oom.fix == {"use_cache": False}
+    assert again.warnings == cached.warnings  # fix and frees are kept
+
+    no_cache = fsdpviz.analyze(model, {"input_ids": ids, "use_cache": False}, **plan)
+    assert no_cache.memory.peak["bytes"] == cached.memory.peak["bytes"] - cache.frees
+    assert "use_cache_checkpointed" not in [w.code for w in no_cache.warnings]
+    [oom] = [w for w in no_cache.warnings if w.code == "out_of_memory"]
+    assert (
+        "First try: bfloat16 mixed precision with "
+        "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) (activations and "
+        "temporaries hold" in oom.message
+    ), oom.message
+    assert "LlamaDecoderLayer already checkpointed" in oom.message
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    bf16 = fsdpviz.analyze(model, {"input_ids": ids, "use_cache": False}, mp_policy=mp, **plan)
+    assert bf16.memory.fits, bf16.memory.summary()
+
+
+def test_a_cache_costs_nothing_without_checkpointing() -> None:
+    model, layer = _llama(2)
+    report = fsdpviz.analyze(
+        model, torch.zeros(2, 64, dtype=torch.long), fully_shard=[layer], progress=False
+    )
+    assert report.config.activation_checkpointing is None
+    assert "activation_checkpointing" not in report.config.to_dict()
+    assert "use_cache_checkpointed" not in [w.code for w in report.warnings]

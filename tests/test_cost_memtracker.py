@@ -714,3 +714,178 @@ def test_tied_gpt2_with_labels_and_a_long_sequence(fake_pg: int, bf16: bool) -> 
     assert (norms, statistics) == (5, 20_480)
     assert real.after_forward["Activation"] == _after_forward(report, 0) - statistics
     assert real.peak["Total"] == mem.peak["bytes"] - 3 * statistics // norms  # 3 norms saved
+
+
+# ------------------------------------------------------------- shard_placement_fn
+
+
+def _on_last_dim(p: nn.Parameter) -> Any:
+    """Shard the 2-D weights on their last dim where the 4 ranks divide it and the rows are
+    not the vocabulary's (-1: FSDP2 counts from the end); the rest on dim 0, padded where
+    uneven (the 1022-row embedding and head)."""
+    from torch.distributed.tensor import Shard
+
+    return Shard(-1) if p.ndim == 2 and p.shape[1] % 4 == 0 and p.shape[0] != 1022 else None
+
+
+def _uneven_example() -> nn.Module:
+    return ExampleModel(ExampleConfig(vocab_size=1022, intermediate_size=690))
+
+
+class _WideBlock(nn.Module):
+    """Three bias-free projections through ``width`` features, the largest registered last:
+    FSDP2's reduction keeps its rebuilt gradient beside the reduce-scatter input until the
+    copy-in is done."""
+
+    def __init__(self, width: int = 1024) -> None:
+        super().__init__()
+        self.down = nn.Linear(width, 16, bias=False)
+        self.back = nn.Linear(16, 64, bias=False)
+        self.up = nn.Linear(64, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.back(self.down(torch.relu(self.up(x))))
+
+
+class _WideNet(nn.Module):
+    """Two wide blocks before a narrow one. With ``head=8192`` a bias-free head of 8192
+    outputs, the root's last parameter: the root's reduction, in the final callback, is the
+    step's peak when its reduce dtype doubles its gradients, with its rebuilt gradient kept
+    beside the reduce-scatter input."""
+
+    def __init__(self, head: int = 50) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 64)
+        self.blocks = nn.ModuleList(_WideBlock(w) for w in (1024, 1024, 64))
+        self.head = nn.Linear(64, head, bias=head == 50)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def _wide_up(p: nn.Parameter) -> Any:
+    """The wide blocks' ``up`` weights on dim 1, the rest on dim 0."""
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if p.shape[0] in (1024, 8192) else None
+
+
+def _short_ids() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+
+
+def _as_the_tracker_names(report: fsdpviz.Report, mem: MemoryReport) -> MemoryReport:
+    """``mem`` with the tracker's names at a peak where they are not fsdpviz's:
+
+    - inside a unit's first copy-out: FSDP2 makes the unit's unsharded parameters there
+      (``init_all_gather_outputs``), which the tracker counts as forward tensors until FSDP2's
+      pre-forward returns and it labels them "Unsharded Param" (later copy-outs refill the
+      same storages, labelled already);
+    - at a reduction's copy-in: the tracker labels the reduce-scatter input "Reduce Scatter"
+      when the collective runs, after the copy-in; until then it is a backward tensor.
+    """
+    where = str(mem.peak["where"])
+    sizes = unit_bytes(report, None)
+    moved, field, into = 0, "", ""
+    if where.startswith("at the copy-out in pre_forward") and mem.config["iteration"] == 0:
+        unit = where.partition(" of ")[2].strip("'")
+        moved, field, into = sizes[unit].unsharded, "unsharded_params", "forward_temp"
+    elif where.startswith("at reduce_scatter "):
+        at = int(mem.peak["moment"])
+        later = mem.moments[at + 1].where if at + 1 < len(mem.moments) else ""
+        named = where.removeprefix("at reduce_scatter ").partition(" (")[0]
+        unit = "" if named == "(root)" else named.strip("'")
+        if later == where:  # the copy-in (the moment after it is the collective's)
+            moved, field, into = sizes[unit].reduce_scatter, "reduce_scatter", "backward_temp"
+    if not moved:
+        return mem
+    breakdown = dict(mem.peak["breakdown"])
+    breakdown[field] -= moved
+    breakdown[into] += moved
+    return replace(mem, peak={**mem.peak, "breakdown": breakdown})
+
+
+_PLACED: dict[str, tuple[Callable[[], nn.Module], Any, Any, dict[str, Any]]] = {
+    "wide-up": (_WideNet, _short_ids, _WideBlock, {"shard_placement_fn": _wide_up}),
+    "wide-head-bf16": (
+        functools.partial(_WideNet, head=8192),
+        _short_ids,
+        _WideBlock,
+        {
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            "shard_placement_fn": _wide_up,
+        },
+    ),
+    "wide-up-bf16": (
+        _WideNet,
+        _short_ids,
+        _WideBlock,
+        {
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            "shard_placement_fn": _wide_up,
+        },
+    ),
+    "example": (_uneven_example, _ids, DecoderLayer, {}),
+    "example-bf16": (
+        _uneven_example,
+        _ids,
+        DecoderLayer,
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)},
+    ),
+    "example-adam": (_uneven_example, _ids, DecoderLayer, {"optimizer": True}),
+    "wide-bf16": (
+        _WideNet,
+        _short_ids,
+        _WideBlock,
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_PLACED))
+def test_shard_placement_fn(fake_pg: int, case: str) -> None:
+    """Parameters sharded on their last dim (and dim-0 ones padded beside them): the peak,
+    every category at it and every module's peaks to the byte, the copy-out's temporaries
+    (the peak sits in a copy-out) and the gradients rebuilt before the reduce-scatter
+    (``wide-bf16``: the blocks' backward peaks) included."""
+    build, inputs, block, options = _PLACED[case]
+    optimizer = bool(options.get("optimizer", False))
+    options = {"shard_placement_fn": _on_last_dim} | {
+        k: v for k, v in options.items() if k != "optimizer"
+    }
+    real = tracked(build, inputs, lambda m: list(m.layers if hasattr(m, "layers") else m.blocks),
+                   fake_pg, _loss, optimizer=optimizer, **options)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, inputs(), fully_shard=[block], loss=_loss, world_size=fake_pg,
+                             **options)  # fmt: skip
+    assert any(u.shard_dims for u in report.units)
+    mem = memory_model(report, optimizer="adam" if optimizer else None, iteration=int(optimizer))
+    steps = 4 * len(list(model.parameters())) if optimizer else 0  # Adam's step counters
+    backward = _as_the_tracker_sees(report, mem, model)
+    if case == "wide-head-bf16":
+        backward[""] = _root_before_final_callback(report, mem)
+    _compare(real, _as_the_tracker_names(report, mem), backward=backward, steps=steps)
+
+
+def _root_before_final_callback(report: fsdpviz.Report, mem: MemoryReport) -> int:
+    """The root's backward peak as the tracker sees it where the root's own reduction is the
+    most: its window (``ModTracker``'s) closes when autograd is done with the root, before
+    FSDP2's final callback, where the root reduces its gradients; fsdpviz's root window, like
+    FSDP2's post-backward of the root, holds the final callback."""
+    calls = tape(report, mem.config["iteration"]).calls
+    opened = next(k for k, c in enumerate(calls) if c.hook == "pre_backward" and c.unit == "")
+    final = next(k for k, c in enumerate(calls) if c.hook == "final_callback")
+    return max(
+        sum(m.bytes)
+        for m in mem.moments
+        if opened <= m.call < final and not (m.call == opened and m.kind == "compute")
+    )

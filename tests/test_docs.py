@@ -64,3 +64,25 @@ def test_page_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             assert done.returncode == 0, f"{where}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
         else:
             assert lang in ("text", "toml", "yaml"), f"{where}: unknown block language {lang!r}"
+
+
+def test_the_way_in_leads_to_the_notebook() -> None:
+    """The README says how to open the quick start in JupyterLab; `make demo` ends with the
+    next step, `make lab` opens the quick start in the venv's JupyterLab (--allow-root as
+    root). (`make -n`: the commands are printed, not run.)"""
+    import shutil
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "notebooks/quickstart.ipynb" in readme
+    assert "--allow-root" in readme
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    demo = subprocess.run(["make", "-n", "-C", str(ROOT), "demo", "VENV=/nonexistent-venv"],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "fsdpviz demo -o fsdpviz-demo.html" in demo and "make lab" in demo
+    lab = subprocess.run(["make", "-n", "-C", str(ROOT), "lab", "VENV=/nonexistent-venv"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "/nonexistent-venv/bin/jupyter lab notebooks/quickstart.ipynb" in lab
+    assert "--allow-root" in lab
+    assert (ROOT / "notebooks" / "quickstart.ipynb").is_file()

@@ -189,8 +189,8 @@ def test_broken_files_get_a_message_not_a_traceback(
     assert said in str(err.value)
     code = main(["report", f"hf:{llama.name}", "--accelerate-config", str(path)])
     captured = capsys.readouterr()
-    assert code == 1 and "Traceback" not in captured.err
-    assert captured.err.startswith("error: ") and said in captured.err
+    assert code == 2 and "Traceback" not in captured.err  # the command line's mistake
+    assert captured.err.startswith("fsdpviz report: error: ") and said in captured.err
 
 
 def test_launcher_decided_process_count(llama: fsdpviz.HFModel) -> None:
@@ -290,7 +290,7 @@ def test_set_with_a_value_of_the_wrong_type(
 ) -> None:
     code = main(["report", f"hf:{llama.name}", "--set", text])
     err = capsys.readouterr().err
-    assert code == 1 and err.startswith("error: ") and said in err, err
+    assert code == 2 and err.startswith("fsdpviz report: error: ") and said in err, err
     assert "Traceback" not in err
     ok = fsdpviz.hf_model(llama.name, overrides={"num_hidden_layers": 1, "rms_norm_eps": 1})
     assert len(ok.model.model.layers) == 1 and ok.config.rms_norm_eps == 1
@@ -323,10 +323,11 @@ def test_unreachable_hub_fails_at_once(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300, check=False)  # fmt: skip
     assert proc.stdout.splitlines()[0] == "1", proc.stderr  # the cached config, offline
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
     assert (
-        "error: the config of 'acme/missing' (its config.json) is not in the Hugging Face "
+        "fsdpviz report: error: the config of 'acme/missing' (its config.json) is not in the "
+        "Hugging Face "
         f"cache and the hub is not reachable from here (http://127.0.0.1:{port}: Connection "
         "refused): fetch it once where the hub is reachable (`hf download acme/missing "
         "config.json`"

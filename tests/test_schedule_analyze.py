@@ -438,6 +438,19 @@ def test_already_wrapped_model_is_rejected(fake_pg: int) -> None:
         fsdpviz.analyze(wrapped, _x())
 
 
+def test_the_root_reads_root_in_the_forward_order() -> None:
+    """``report.forward_order`` holds FQNs (the root ``""``) and prints the root as every
+    text names it, sliced too."""
+    from fsdpviz.examples import example_analysis
+
+    report = example_analysis(world_size=2)
+    order = report.forward_order
+    assert order[0] == "" and list(order) == [u.module for u in report.units]
+    assert repr(order[:2]) == "[(root), 'layers.0']"
+    assert repr(order).startswith("[(root), 'layers.0', ")
+    assert fsdpviz.Report.from_dict(report.to_dict()).forward_order == order
+
+
 def test_predicates_meet_the_users_modules() -> None:
     """A predicate that tests module identity (``m is model.head``, ``m in blocks``) is asked
     of the user's modules, not fsdpviz's copy: as a wrap policy (FSDP1), a ``fully_shard``

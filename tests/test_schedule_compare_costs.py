@@ -11,6 +11,7 @@ import torch
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
 from fsdpviz.schedule.comparison import COSTS, deltas_text, plan_costs
+from fsdpviz.schema.memory import size_text
 
 CONFIG = ExampleConfig()
 
@@ -58,7 +59,7 @@ def test_reshard_after_forward_shows_its_memory_cost(base: fsdpviz.Report) -> No
     cmp = fsdpviz.compare(base, kept)
     assert cmp.verdict == "same wrapping, different schedule"
     assert cmp.delta("peak_bytes") > 0  # parameters kept from forward to backward
-    assert f"+{cmp.delta('peak_bytes') / 2**20:.1f} MiB" in cmp.summary()
+    assert f"+{size_text(cmp.delta('peak_bytes'))}" in cmp.summary()
 
 
 def test_a_plan_is_identical_to_itself_and_to_its_replay(base: fsdpviz.Report) -> None:
@@ -103,3 +104,50 @@ def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) ->
     assert [(p.a, p.b) for p in cmp.pairs][1] == ("layers.0", "layers.0._checkpoint_wrapped_module")
     assert cmp.delta("peak_bytes") < 0  # fewer activations saved
     assert cmp.delta("step_s") > 0  # the recomputation
+
+
+def test_the_comparison_shows_its_differences(base: fsdpviz.Report) -> None:
+    """As a cell's last line, and with show(): the view of the differences (each cost of
+    both plans and the change, as print(cmp) says them) over both timelines."""
+    pytest.importorskip("anywidget")
+    from fsdpviz.schedule.comparison import cost_text
+    from fsdpviz.widgets import ComparisonView
+
+    bigger = _plan(batch=4)
+    cmp = fsdpviz.compare(base, bigger)
+    bundle = cmp._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == cmp.summary()
+    table = bundle["text/html"]
+    assert "<b>same wrapping and schedule, different memory and time</b>" in table
+    for key in COSTS:
+        a, b = cmp.costs[key]
+        row = table.split(f'data-fv-cost="{key}"')[1].split("</tr>")[0]
+        assert f">{cost_text(key, a)}<" in row and f">{cost_text(key, b)}<" in row
+        assert f">{cmp.change_text(key)}<" in row
+        assert f"({cmp.change_text(key)})" in str(cmp)  # the same words as print(cmp)
+    view = cmp.show()
+    assert isinstance(view, ComparisonView)
+    assert view.differences.value == table
+    assert len(view.timeline.data["groups"]) == 2
+
+
+def test_changes_read_without_minus_zero() -> None:
+    """A change too small for the cost's digits is not "-0 (-0%)"."""
+    from fsdpviz.schedule.comparison import Comparison
+
+    cmp = Comparison("a", "b", [], costs={"tokens_per_s": (5000.0, 4999.7),
+                                          "step_s": (1.0, 1.0004)})  # fmt: skip
+    assert cmp.change_text("tokens_per_s") == "-0.3, under 0.1%"
+    assert cmp.change_text("step_s") == "+400 µs, under 0.1%"
+    assert "-0" not in str(cmp).replace("-0.3", "")
+
+
+def test_two_plans_of_one_api_are_told_apart_by_name(base: fsdpviz.Report) -> None:
+    from fsdpviz.replan import replay
+
+    cmp = fsdpviz.compare(base, replay(base, world_size=2))
+    assert cmp.name_a.endswith(", world size 8") and cmp.name_b.endswith(", world size 2")
+    assert cmp.name_a.startswith("FSDP2 prediction")
+    same = fsdpviz.compare(base, base)
+    assert same.name_a != same.name_b

@@ -521,3 +521,30 @@ def test_a_pipeline_is_tuned_by_its_schedule_every_configuration_traced() -> Non
             mesh=("pp", 2, "dp_shard", 2),
             progress=False,
         )
+
+
+def test_a_shard_placement_fn_as_given_stays_and_is_in_the_code() -> None:
+    from torch.distributed.tensor import Shard
+
+    def columns(p: torch.nn.Parameter) -> Shard | None:
+        return Shard(1) if p.ndim == 2 and p.shape[1] % 16 == 0 else None
+
+    model = _model()
+    t = fsdpviz.tune(
+        model,
+        example_inputs(CONFIG),
+        world_size=8,
+        config={"fully_shard": [DecoderLayer], "shard_placement_fn": columns},
+        knobs=("wrap", "reshard_after_forward"),
+        memory_budget="3MiB",
+        progress=False,
+        workers=1,
+    )
+    for c in [t.user, *t.candidates[:: max(1, len(t.candidates) // 4)]]:
+        assert c.kwargs["shard_placement_fn"] is columns
+        assert any(u.shard_dims for u in c.report.units)
+        _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
+    code = t.user.code()
+    assert "# shard_placement_fn: your function, as given" in code
+    calls = [line for line in code.splitlines() if "fully_shard(" in line and "import" not in line]
+    assert calls and all("shard_placement_fn=shard_placement_fn" in line for line in calls)

@@ -340,3 +340,27 @@ def test_card_says_which_mesh_dimension_crosses_nodes() -> None:
         "grad_accum 4 (no gradient sync on 3) · torch.compile on DecoderLayer · float8 linears "
         "+ float8 all-gather"
     ) in _text(report_html(job))
+
+
+def test_the_card_is_made_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shown again (a notebook redrawing an output), a report's card is the one made
+    before; a report changed since gets a new one. The saved views use the report's own
+    time model (report.timeline), not a second run of it."""
+    import fsdpviz.cost.time as time_model
+    import fsdpviz.export as notebook
+
+    report = analyze_tiny()
+    made: list[object] = []
+    bundle_of = notebook.object_bundle
+    monkeypatch.setattr(notebook, "object_bundle", lambda obj, **kw: made.append(obj) or
+                        bundle_of(obj, **kw))  # fmt: skip
+    runs: list[object] = []
+    model = time_model.timeline
+    monkeypatch.setattr(time_model, "timeline", lambda r, *a, **kw: runs.append(r) or
+                        model(r, *a, **kw))  # fmt: skip
+    first = report._repr_mimebundle_()
+    assert report._repr_mimebundle_() == first and len(made) == 1
+    assert len(runs) <= 1  # report.timeline, once: the card's and the saved timeline's
+    report.warnings.append(FsdpWarning("mine", "a note of my own"))
+    again = report._repr_mimebundle_()
+    assert len(made) == 2 and "a note of my own" in again["text/html"]

@@ -224,3 +224,50 @@ def test_explorer_data_holds_what_the_figure_draws(report: Report) -> None:
 def test_front_end_test_data_is_current(report: Report) -> None:
     """js/test/data/explorer.json holds what explorer_data gives today."""
     check_front_end_data("explorer.json", explorer_data(report))
+
+
+def test_an_image_labels_every_unit_block_that_has_room() -> None:
+    """In an image (its width known), a unit's block too narrow for ``model.layers.0
+    [unit 1]`` is labelled shorter (``unit 1``), never left blank where a short label fits;
+    no label is longer than its block."""
+    from fsdpviz.examples import ExampleConfig, example_analysis
+    from fsdpviz.views.explorer import _CHAR_PX
+
+    report = example_analysis(config=ExampleConfig(num_layers=8, vocab_size=32000),
+                              progress=False)  # fmt: skip
+    units = {u.module for u in report.units}
+    fig = explorer_figure(report, width=1100)
+    trace = fig.data[0]
+    top = max(trace.values)
+    drawn = dict(zip(trace.ids, zip(trace.labels, trace.values, strict=True), strict=True))
+    for unit in units - {""}:
+        label, value = drawn[unit]
+        room = value / top * (1100 - 16) - 6
+        assert label and len(label) * _CHAR_PX <= room, (unit, label, room)
+        number = report.units.index(report.unit(unit))
+        assert label in (f"{unit.rsplit('.')[-1]} [unit {number}]", f"[unit {number}]",
+                         f"unit {number}", str(number)), label  # fmt: skip
+    whole = dict(zip(trace.ids, explorer_figure(report).data[0].labels, strict=True))
+    assert whole["layers.0"] == "layers.0 [unit 1]"  # no width: the whole label
+
+
+def test_detail_panel_shows_each_parameters_fsdp_placement() -> None:
+    """A unit whose ``shard_placement_fn`` shards weights on dim 1: the parameters table
+    gives each parameter's placement and its padded shard (no tensor-parallel column)."""
+    import torch
+    from handwritten_models import Stack
+    from torch.distributed.tensor import Shard
+
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        Stack(), torch.randn(4, 8), fully_shard=["blocks.0"], world_size=4,
+        shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None,
+    )  # fmt: skip
+    table = next(s for s in unit_details(report)[1]["sections"] if s["title"] == "Parameters")
+    assert table["header"][5:] == ["FSDP placement", "shard per rank"]
+    assert "shard_placement_fn" in table["note"]
+    rows = {r[0]: r[5:] for r in table["rows"]}
+    assert rows["blocks.0.fc1.weight"] == ["Shard(1)", "32×4"]
+    assert rows["blocks.0.fc1.bias"] == ["Shard(0)", "8"]
+    root = param_rows(report, "")
+    assert {r[0]: r[5:] for r in root}["head.bias"] == ["Shard(0)", "1"]  # 3 over 4: padded

@@ -24,13 +24,8 @@ import fsdpviz
 from fsdpviz import Event, RecordedRun, Report
 from fsdpviz.cost import machine, memory_lane, timeline
 from fsdpviz.views import timeline_data, timeline_figure
-from fsdpviz.views.timeline_view import (
-    MODELLED_CLOCK,
-    STREAM_LANES,
-    UNTIMED_CLOCK,
-    cursor_x,
-    opening_iteration,
-)
+from fsdpviz.views.timeline_lanes import MODELLED_CLOCK, STREAM_LANES, UNTIMED_CLOCK
+from fsdpviz.views.timeline_view import cursor_x, opening_iteration
 
 
 @pytest.fixture(scope="module")

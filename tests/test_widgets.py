@@ -139,6 +139,14 @@ def test_explorer_without_model_cannot_replan(report: Report) -> None:
     assert ex.replanner is None
     assert all(c.disabled for c in ex.controls._all)
     assert "model" in ex.controls.world_size.tooltip
+    # said in the widget too, not only in a tooltip
+    assert ex.controls.note.layout.display is None
+    assert "to change them and re-plan, give the model: report.show(model=model, " in (
+        ex.controls.note.value
+    )
+    assert Explorer(report, model=Tiny(), inputs=tiny_inputs()).controls.note.layout.display == (
+        "none"
+    )
     # shown as the plan was made: only its API's and its policy's controls
     c = ex.controls
     assert c.min_params.layout.display == "none" and c.classes.layout.display is None
@@ -514,3 +522,63 @@ def test_explorer_find_selects_and_draws_the_module(report: Report) -> None:
     with pytest.raises(KeyError, match="no unit or module matches 'zzz'"):
         ex.find("zzz")
     assert ex.selected_unit == "" and ex.errors.last_error is None
+
+
+def test_the_dashboard_says_the_warnings() -> None:
+    """A plan that does not fit: the dashboard lists the warning's text (what does not fit,
+    and the first thing to try), as the card does; one warning is "1 warning"."""
+    from fsdpviz.views.card import report_html
+
+    big = analyze_tiny()
+    fitting = fsdpviz.replan.replay(big, world_size=4)
+    tiny = fsdpviz.cost.machine("h100", memory_gib=1e-4, name="Tiny GPU")
+    report = fsdpviz.analyze(
+        Tiny(), tiny_inputs(), auto_wrap_policy=ModuleWrapPolicy({Block}), machine=tiny
+    )
+    [warning] = report.warnings
+    assert warning.code == "out_of_memory"
+    view = Dashboard(report)
+    assert view.explorer.warnings in view.children
+    shown = view.explorer.warnings.value
+    assert "1 warning<" in shown and "out_of_memory" in shown
+    assert "does not fit in Tiny GPU: peak" in shown and "First try: " in shown
+    assert shown in report_html(report)  # the card's list, word for word
+    assert "1 warning" in view.explorer.status.value
+    assert "1 warnings" not in view.explorer.status.value
+    quiet = Dashboard(fitting)
+    assert quiet.explorer.warnings.value == "" and "0 warnings" in quiet.explorer.status.value
+
+
+def test_a_re_plan_gives_the_notebook_output_the_plan_on_screen(report: Report) -> None:
+    """After a re-plan, the output saves the new plan (its three views' data, the static
+    SVG, the summary), not the first one: the dashboard's timeline carries it to fsdpviz's
+    JupyterLab extension, which puts it in the output (``saved``)."""
+    import base64
+    import gzip
+
+    from fsdpviz.export import MIME
+
+    def views(saved: dict[str, Any]) -> dict[str, Any]:
+        packed = saved[MIME]["config"]
+        config: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode(packed)))
+        return config["views"]
+
+    view = Dashboard(report, model=Tiny(), inputs=tiny_inputs())
+    first = view._repr_mimebundle_()
+    assert first is not None and view.timeline.saved_output == {}
+    view.explorer.controls.set(world_size=16)
+    saved = view.timeline.saved_output
+    assert set(saved) == {MIME, "image/svg+xml", "text/plain"}
+    shown = views(saved)
+    assert shown["explorer"]["data"]["title"].endswith("world size 16")
+    assert shown["timeline"]["data"] == view.timeline.data
+    assert saved["text/plain"].startswith(view.explorer.report.summary().splitlines()[0])
+    assert "world size 16" in saved["text/plain"]
+    before = f"world size {report.config.world_size}"
+    assert before != "world size 16"
+    assert views(first)["explorer"]["data"]["title"].endswith(before)
+    # on its own, the explorer saves its own view
+    alone = Explorer(report, model=Tiny(), inputs=tiny_inputs())
+    alone.controls.set(world_size=2)
+    assert views(alone.view.saved_output)["explorer"]["data"]["title"].endswith("world size 2")
+    assert view.explorer.view.saved_output == {}  # in a dashboard, the dashboard saves

@@ -15,7 +15,8 @@ from fsdpviz import Report
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.views.explorer import explorer_data
 from fsdpviz.views.prefetch import prefetch_data
-from fsdpviz.views.timeline_view import auto_memory, timeline_data
+from fsdpviz.views.timeline_memory import auto_memory
+from fsdpviz.views.timeline_view import timeline_data
 from fsdpviz.widgets import Dashboard, ExplorerWidget, PrefetchWidget, TimelineWidget, front_end
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA

@@ -3,6 +3,7 @@ alone: no weights are downloaded and no parameter memory is allocated."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -127,9 +128,10 @@ def _config(transformers: Any, name_or_path: str, overrides: dict[str, Any]) -> 
         raise ConfigError(f"{name_or_path!r}: {e}") from None
     for key, value in overrides.items():
         if not hasattr(config, key):
-            raise ConfigError(
-                f"{type(config).__name__} has no field {key!r} to set; see its config.json"
-            )
+            fields = sorted(config.to_dict())
+            close = difflib.get_close_matches(key, fields, n=1)
+            tip = f"did you mean {close[0]!r}?" if close else "see its config.json"
+            raise ConfigError(f"{type(config).__name__} has no field {key!r} to set; {tip}")
         try:
             setattr(config, key, _override(config, key, value))
         except (TypeError, ValueError) as e:  # transformers' own validation of the field

@@ -31,7 +31,7 @@ from typing import Any
 from fsdpviz.cost.hardware import Machine, machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import MemoryReport, size_text
-from fsdpviz.schema.report import FsdpWarning, Report, unit_label
+from fsdpviz.schema.report import FsdpWarning, Report, option_text, unit_label
 
 DEFAULT_MACHINE = "h100"
 """The machine a report is modelled on unless ``analyze(..., machine=...)`` says otherwise."""
@@ -43,6 +43,7 @@ NCCL_BYTES_PER_GROUP = 2**30
 systems): about 1 GiB; NCCL's own tests keep 1 GB free for it."""
 
 _CODES = ("out_of_memory", "fit_not_checked")
+USE_CACHE_CODE = "use_cache_checkpointed"  # (the trace's warning: fsdpviz.trace.tracker)
 _ACTIVATIONS = ("activations", "forward_temp", "backward_temp", "inputs")
 _SHARDED = ("sharded_params", "sharded_grads", "optimizer")
 _UNSHARDED = ("unsharded_params", "all_gather")
@@ -97,7 +98,8 @@ def runtime_overhead(report: Report) -> int:
 def fit_warning(report: Report, memory: MemoryReport) -> FsdpWarning | None:
     """The ``out_of_memory`` warning of a plan that does not fit (None when it fits).
 
-    It names the peak, where it happens, the capacity and the first thing to try.
+    It names the peak, where it happens, the capacity and the first thing to try, with the
+    options that try it (``FsdpWarning.fix``).
     """
     if memory.fits or memory.capacity <= 0:
         return None
@@ -106,22 +108,42 @@ def fit_warning(report: Report, memory: MemoryReport) -> FsdpWarning | None:
     top = sorted(((b, k) for k, b in breakdown.items() if b), reverse=True)[:3]
     parts = ", ".join(f"{k} {size_text(b)}" for b, k in top)
     reserved = int(memory.reserved.get("bytes", 0))
+    advice, fix = fit_advice(report, memory)
     message = (
         f"does not fit in {memory.machine}: peak {size_text(peak['bytes'])} per rank "
         f"{peak['where']} ({parts}); the allocator would reserve about {size_text(reserved)}, "
         f"and {size_text(memory.capacity)} less {size_text(memory.overhead)} for the CUDA "
         f"context and NCCL leaves {size_text(memory.usable)} ({size_text(-memory.headroom)} "
-        f"short). First try: {first_fix(report, memory)}"
+        f"short). First try: {advice}"
     )
     unit = _unit_at_peak(report, memory)
-    return FsdpWarning("out_of_memory", message, [] if unit is None else [unit])
+    return FsdpWarning("out_of_memory", message, [] if unit is None else [unit], fix=fix)
 
 
 def first_fix(report: Report, memory: MemoryReport) -> str:
-    """The first thing to try for a plan that does not fit, from what dominates its peak."""
+    """The first thing to try for a plan that does not fit, from what dominates its peak and
+    what the plan already does (see :func:`fit_advice`)."""
+    return fit_advice(report, memory)[0]
+
+
+def _tried(lead: str, reason: str, fix: dict[str, Any], api: str) -> str:
+    """``lead with option=value (reason)``: the advice with the options that try it."""
+    with_ = f" with {option_text(fix, api)}" if fix else ""
+    return f"{lead}{with_} ({reason})"
+
+
+def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, Any]]:
+    """The first thing to try for a plan that does not fit, and the :func:`fsdpviz.analyze`
+    options that try it (``{}`` where no option does: a smaller batch is the inputs').
+
+    It follows from what dominates the peak and from what the plan already has: checkpointing
+    is advised where activations dominate and no module is checkpointed; where they are, a
+    KV cache the model keeps (``use_cache``), float32 activations, selective checkpointing
+    and the batch, in that order."""
     breakdown: dict[str, int] = memory.peak.get("breakdown", {})
     short = max(-memory.headroom, 0)
     cfg = report.config
+    api = cfg.api
     share = {
         "activations": sum(breakdown.get(k, 0) for k in _ACTIVATIONS),
         "sharded": sum(breakdown.get(k, 0) for k in _SHARDED),
@@ -131,47 +153,114 @@ def first_fix(report: Report, memory: MemoryReport) -> str:
     kind = max(share, key=lambda k: share[k])
     held = size_text(share[kind])
     if kind == "activations":
-        classes = Counter(u.module_class for u in report.units if u.module)
-        block = classes.most_common(1)[0][0] if classes else "<block class>"
-        return (
-            f"activation checkpointing of each block (activations and temporaries hold {held} "
-            f"at the peak; analyze(..., activation_checkpointing=[{block}]) shows its effect), "
-            "or a smaller batch per rank with gradient accumulation"
-        )
+        return _activation_advice(report, held, short)
     if kind == "sharded":
-        strategy = cfg.sharding_strategy if cfg.api == "FSDP1" else "FULL_SHARD"
+        strategy = cfg.sharding_strategy if api == "FSDP1" else "FULL_SHARD"
         if strategy != "FULL_SHARD" and strategy != "SHARD_GRAD_OP":
-            return (
-                f"sharding_strategy=FULL_SHARD over all {cfg.ranks} ranks: {strategy} keeps "
-                f"more copies of the parameters, gradients and optimizer state ({held})"
-            )
+            fix: dict[str, Any] = {"sharding_strategy": "FULL_SHARD"}
+            return _tried(
+                f"full sharding over all {cfg.ranks} ranks",
+                f"{strategy} keeps more copies of the parameters, gradients and optimizer "
+                f"state ({held})",
+                fix,
+                api,
+            ), fix
         if share["sharded"] > short:
             ranks = cfg.ranks * share["sharded"] / (share["sharded"] - short)
             needed = 2 ** math.ceil(math.log2(ranks))
+            fix = {"world_size": needed}
+            return _tried(
+                "more ranks",
+                f"parameters, gradients and optimizer state ({held}) are sharded over "
+                f"{cfg.shard_ranks} ranks and shrink with more; about {needed} ranks instead "
+                f"of {cfg.ranks} would fit",
+                fix,
+                api,
+            ), fix
+        if cfg.cpu_offload:
             return (
-                f"more ranks: parameters, gradients and optimizer state ({held}) are sharded "
-                f"over {cfg.shard_ranks} ranks and shrink with more; about {needed} ranks "
-                f"instead of {cfg.ranks} would fit"
-            )
-        return (
-            f"CPU offload (FSDP1 cpu_offload=CPUOffload(offload_params=True), FSDP2 "
-            f"offload_policy=CPUOffloadPolicy()): parameters, gradients and optimizer state "
-            f"({held}) do not fit even sharded over {cfg.ranks} ranks"
-        )
+                f"more ranks or a smaller model: parameters, gradients and optimizer state "
+                f"({held}) do not fit sharded over {cfg.ranks} ranks, even with CPU offload"
+            ), {}
+        fix = {"cpu_offload": True}
+        return _tried(
+            "CPU offload",
+            f"parameters, gradients and optimizer state ({held}) do not fit even sharded "
+            f"over {cfg.ranks} ranks",
+            fix,
+            api,
+        ), fix
     if kind == "unsharded":
         kept = [u for u, v in cfg.reshard_after_forward.items() if v is False and u != ""]
-        if cfg.api == "FSDP2" and kept:
-            return (
-                f"reshard_after_forward=True: {len(kept)} unit(s) keep their parameters "
-                f"unsharded from forward to backward ({held} unsharded at the peak)"
-            )
-        if cfg.api == "FSDP1" and cfg.sharding_strategy == "SHARD_GRAD_OP":
-            return (
-                "sharding_strategy=FULL_SHARD: SHARD_GRAD_OP keeps every unit unsharded from "
-                f"forward to backward ({held} unsharded at the peak)"
-            )
-        return _finer(report, held, "unsharded parameters")
-    return _finer(report, held, "unsharded gradients, until their reduce-scatter,")
+        if api == "FSDP2" and kept:
+            fix = {"reshard_after_forward": True}
+            return _tried(
+                "resharding after forward",
+                f"{len(kept)} unit(s) keep their parameters unsharded from forward to "
+                f"backward ({held} unsharded at the peak)",
+                fix,
+                api,
+            ), fix
+        if api == "FSDP1" and cfg.sharding_strategy == "SHARD_GRAD_OP":
+            fix = {"sharding_strategy": "FULL_SHARD"}
+            return _tried(
+                "full sharding",
+                "SHARD_GRAD_OP keeps every unit unsharded from forward to backward "
+                f"({held} unsharded at the peak)",
+                fix,
+                api,
+            ), fix
+        return _finer(report, held, "unsharded parameters"), {}
+    return _finer(report, held, "unsharded gradients, until their reduce-scatter,"), {}
+
+
+def _activation_advice(report: Report, held: str, short: int) -> tuple[str, dict[str, Any]]:
+    """Where activations dominate the peak: see :func:`fit_advice`."""
+    cfg = report.config
+    api = cfg.api
+    said = f"activations and temporaries hold {held} at the peak"
+    checkpointed = cfg.activation_checkpointing
+    if not checkpointed:
+        classes = Counter(u.module_class for u in report.units if u.module)
+        block = classes.most_common(1)[0][0] if classes else "<block class>"
+        fix: dict[str, Any] = {"activation_checkpointing": [block]}
+        return _tried(f"activation checkpointing of each {block}", said, fix, api), fix
+    cache = next((w for w in report.warnings if w.code == USE_CACHE_CODE), None)
+    if cache is not None:
+        fix = dict(cache.fix)
+        frees = f"; without it, {size_text(cache.frees)} less at the peak" if cache.frees else ""
+        return _tried(
+            "no KV cache",
+            "with use_cache=True the model keeps every layer's keys and values under "
+            f"activation checkpointing{frees}",
+            fix,
+            api,
+        ), fix
+    computed = [u.compute_dtype or u.dtype for u in report.units]
+    if computed and all(d == "float32" for d in computed):
+        fix = {"mixed_precision": "bfloat16"}
+        return _tried(
+            "bfloat16 mixed precision",
+            f"{said} with {', '.join(checkpointed.get('classes', []))} already "
+            "checkpointed; the model computes in float32, and bfloat16 activations take half "
+            "the bytes",
+            fix,
+            api,
+        ), fix
+    if checkpointed.get("mode") == "selective":
+        names = list(checkpointed.get("classes", []))
+        fix = {"activation_checkpointing": names}
+        return _tried(
+            f"full activation checkpointing of each {', '.join(names)} instead of selective",
+            f"{said}; selective checkpointing saves the matrix multiplies' outputs",
+            fix,
+            api,
+        ), fix
+    return (
+        f"a smaller batch per rank with gradient accumulation ({said}, with "
+        f"{', '.join(checkpointed.get('classes', []))} already checkpointed; activations "
+        "scale with the batch, and grad_accum=N keeps the global batch with 1/N per step)"
+    ), {}
 
 
 def _finer(report: Report, held: str, what: str) -> str:
@@ -231,6 +320,7 @@ __all__ = [
     "NCCL_BYTES_PER_GROUP",
     "check_fit",
     "first_fix",
+    "fit_advice",
     "fit_warning",
     "machine_of",
     "machine_spec",

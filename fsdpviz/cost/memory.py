@@ -66,7 +66,14 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Walker
-from fsdpviz.cost.sizes import UnitBytes, optimizer_spec, param_grads, unit_bytes, upcasts
+from fsdpviz.cost.sizes import (
+    UnitBytes,
+    optimizer_spec,
+    param_grads,
+    placed_grads,
+    unit_bytes,
+    upcasts,
+)
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
 from fsdpviz.schema.report import Report
@@ -118,6 +125,7 @@ def memory_model(
     grads = param_grads(report, last=accum == 1)
     up = upcasts(report, grads) if accum > 1 else {}
     last = {unit: g[-1] for unit, g in grads.items()}
+    placed = placed_grads(report)
     steady = i >= accum  # an optimizer step ran before this one (its states exist)
     # FSDP2's set_requires_all_reduce(False): every micro-step reduce-scatters
     reduces = report.config.api == "FSDP2" and not report.config.requires_all_reduce
@@ -125,18 +133,20 @@ def memory_model(
         carry = Walker(
             report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
             all_reduce=False,
-            upcast=up, last_grads=last,
+            upcast=up, last_grads=last, placed=placed,
         )  # fmt: skip
         carry.run()
     if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
-        carry = Walker(report, sizes, tape(report, i), steady=steady, last_grads=last)
+        carry = Walker(
+            report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed
+        )
         carry.run()
     sync = i % accum == accum - 1
     step = optimizer_step(report, sizes, optimizer) if sync else None
     walker = Walker(
         report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
         all_reduce=sync,
-        upcast=up, last_grads=last, step=step,
+        upcast=up, last_grads=last, step=step, placed=placed,
     )  # fmt: skip
     walker.run()
     notes = list(walker.notes)

@@ -51,6 +51,15 @@ class Walker:
     FSDP2's reduction frees the gradients once copied into the reduce-scatter input, but for
     the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
     until the function returns, after the reduced shard is allocated.
+
+    ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
+    than 0 (:func:`~fsdpviz.cost.sizes.placed_grads`), and two temporaries of theirs (see
+    [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2.py``): the copy-out gathers each such
+    parameter into a temporary of its unsharded size before ``torch.cat`` puts its chunks in
+    place (``UnitBytes.copy_out``, all alive at the copy-out); the reduction rebuilds each such
+    gradient as ``torch.cat(torch.chunk(grad, W, dim), dim=0)``, one at a time (the loop
+    variable holds the gradient it replaces until the next one), and the last parameter's
+    stays beside the reduce-scatter input until the copy-in is done.
     """
 
     def __init__(
@@ -65,6 +74,7 @@ class Walker:
         upcast: dict[str, Upcast] | None = None,
         last_grads: dict[str, int] | None = None,
         step: tuple[int, int] | None = None,
+        placed: dict[str, tuple[int, ...]] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
@@ -72,6 +82,7 @@ class Walker:
         self.all_reduce = all_reduce
         self.upcast = upcast or {}
         self.last_grads = last_grads or {}
+        self.placed = placed or {}
         # the optimizer step after this iteration: (its states' bytes, its temporaries)
         self.step = step
         self._leftover = 0  # the last gradient a reduction holds until its event is over
@@ -312,7 +323,12 @@ class Walker:
         self.cat["unsharded_params"] += s.unsharded
         if pending is not None and not self.fsdp2:
             self.cat["all_gather"] -= pending[0]  # FSDP1: the gathered FlatParameter is in use
+        # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
+        temp = s.copy_out if self.fsdp2 and pending is not None else 0
+        temps = "backward_temp" if self.in_backward else "forward_temp"
+        self.cat[temps] += temp
         self._moment("at the copy-out in", c)
+        self.cat[temps] -= temp
         if unit in self.post_forward_shard:
             self.cat["sharded_params"] -= self.post_forward_shard.pop(unit)
         if not self.fsdp2 or pending is None:
@@ -356,8 +372,10 @@ class Walker:
             self._add_shard(e, s.sharded_grad)
             return
         self._release_reduce_scatter()
+        kept = self._chunk_cat(e, grads)
         self.cat["reduce_scatter"] += s.reduce_scatter
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
+        self.cat["backward_temp"] -= kept
         last = self.last_grads.get(e.unit, 0) if self.ws > 1 and grads else 0
         if last and e.unit in self._cast:  # accumulated in the reduce dtype
             last = round(last * self.upcast[e.unit].ratio)
@@ -380,6 +398,20 @@ class Walker:
             self._moment("at the addition into the accumulated gradient shard of", None, e)
             self.cat["sharded_grads"] -= n
         self.reduced.add(e.unit)
+
+    def _chunk_cat(self, e: Event, grads: int) -> int:
+        """FSDP2's reduction of gradients sharded on a dim other than 0 rebuilds each (see
+        ``placed``): the most that is alive beside the gradients while it does, then what
+        stays until the copy-in is done (the last parameter's copy), which it returns."""
+        cats = self.placed.get(e.unit) if self.ws > 1 and grads else None
+        if not cats or not any(cats):
+            return 0
+        ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
+        most, kept = round(max(cats) * ratio), round(cats[-1] * ratio)
+        self.cat["backward_temp"] += most
+        self._moment("at the chunk and cat of the gradients for", None, e)
+        self.cat["backward_temp"] -= most - kept
+        return kept
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:

@@ -126,6 +126,10 @@ class UnitBytes:
     # FSDP2 HSDP with set_requires_all_reduce(False): the reduce-scatter output the
     # micro-steps before the last add into (reduce dtype), all-reduced in the last
     partial: int = 0
+    # FSDP2, parameters sharded on a dim other than 0 (shard_placement_fn): the temporaries
+    # the copy-out gathers them into before torch.cat puts their chunks in place (their
+    # unsharded bytes, in the dtype gathered), all alive until the copy-out returns
+    copy_out: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -250,7 +254,45 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         communicates=communicates,
         h2d=host,
         partial=grad_sharded * reduce if communicates else 0,
+        copy_out=sum(placed_bytes(u).values()) if fsdp2 and communicates else 0,
     )
+
+
+def placed_bytes(u: Unit) -> dict[str, int]:
+    """FSDP2: the unsharded bytes, in the dtype all-gathered (the compute dtype, else the
+    parameter's own), of each of ``u``'s parameters its ``shard_placement_fn`` shards on a
+    dim other than 0: what the copy-out's temporary of each holds and ``torch.cat`` copies
+    again. Empty for a unit all on dim 0. (Such a shard is even, so the unsharded parameter
+    is its shard times the shard ranks.)"""
+    if not u.shard_dims or not u.sharded_numel:
+        return {}
+    ranks = u.padded_numel // u.sharded_numel
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    out: dict[str, int] = {}
+    for fqn in u.shard_dims:
+        dtype = u.compute_dtype or own.get(fqn) or u.dtype
+        out[fqn] = math.prod(u.shard_shapes[fqn]) * ranks * itemsize(dtype)
+    return out
+
+
+def placed_grads(report: Report) -> dict[str, tuple[int, ...]]:
+    """FSDP2: for each unit with parameters sharded on a dim other than 0, its trainable
+    parameters' gradients (bytes, compute dtype, in :func:`param_grads`' order) where the
+    reduction copies them (``torch.cat(torch.chunk(grad, W, dim), dim=0)``), 0 where it
+    does not (dim 0)."""
+    if not any(u.shard_dims for u in report.units):
+        return {}
+    grads = param_grads(report)
+    out: dict[str, tuple[int, ...]] = {}
+    for u in report.units:
+        if not u.shard_dims or u.module not in grads:
+            continue
+        frozen = set(u.frozen_params)
+        params = [p for p in u.params if p not in frozen]
+        out[u.module] = tuple(
+            g if p in u.shard_dims else 0 for p, g in zip(params, grads[u.module], strict=True)
+        )
+    return out
 
 
 def gathered_bytes(u: Unit) -> int:

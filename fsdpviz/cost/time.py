@@ -28,7 +28,10 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
 FSDP2 copies each unit's shards into the all-gather buffer (copy-in, on the
 all-gather's stream, before it) and the gathered parameters out of it (copy-out, on the
 compute stream when the unit is first needed), and the gradients into the
-reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass.
+reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass. A
+parameter its ``shard_placement_fn`` shards on a dim other than 0 is copied once more in
+each: its copy-out lands in a temporary that ``torch.cat`` puts in place, and its gradient
+is rebuilt (``torch.cat`` of its chunks) before the copy-in.
 
 The iteration ends when both streams are done (the final callback waits for
 the last reduce-scatter); ``exposed_comm`` also counts that last wait. An optimizer
@@ -62,7 +65,13 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import HookCall, iteration_index, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
 from fsdpviz.cost.pipeline_time import P2PTimes, p2p_key, pipeline_timelines
-from fsdpviz.cost.sizes import gathered_bytes, itemsize, optimizer_spec, reduced_shard_numel
+from fsdpviz.cost.sizes import (
+    gathered_bytes,
+    itemsize,
+    optimizer_spec,
+    placed_bytes,
+    reduced_shard_numel,
+)
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
@@ -669,8 +678,8 @@ class _Sim:
             # FSDP2's copy-in: this rank's shards (cast to the compute dtype) into the buffer
             extra = self.m.memory_seconds(2 * size / ranks) if self.fsdp2 else 0.0
             self._collective(rec, "all_gather", size, ranks, gate, extra, span, held)
-            if self.fsdp2:
-                self.copy_out[e.unit] = float(size)
+            if self.fsdp2:  # and again, torch.cat of the parameters sharded on dim != 0
+                self.copy_out[e.unit] = float(size) + sum(placed_bytes(u).values())
             self.ag_done[e.unit] = (rec["end"], len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
@@ -690,8 +699,10 @@ class _Sim:
             ranks = self.shard_ws
             shards = u.padded_numel // max(u.sharded_numel, 1)
             size = reduced_shard_numel(u, self.fsdp2) * shards * reduce
-            # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer
-            extra = self.m.memory_seconds(2 * size) if self.fsdp2 else 0.0
+            # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer, after
+            # the gradients sharded on dim != 0 are each rebuilt (torch.cat of their chunks)
+            rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.frozen_params)
+            extra = self.m.memory_seconds(2 * (size + rebuilt)) if self.fsdp2 else 0.0
             shard = self.spans["shard"]
             self._collective(
                 rec, "reduce_scatter", size, ranks, self.t_compute, extra, shard, _GRADS

@@ -31,7 +31,8 @@ from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
 from fsdpviz.schedule.comparison import Comparison
 from fsdpviz.views.style import format_bytes, theme_colors
-from fsdpviz.views.timeline_view import MemoryOption, opening_iteration
+from fsdpviz.views.timeline_lanes import MemoryOption
+from fsdpviz.views.timeline_view import opening_iteration
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.views.style import Theme
-from fsdpviz.views.timeline_view import MemoryOption
+from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
@@ -46,17 +46,21 @@ def figure(
     iteration: int | None = -1,
     memory: MemoryOption = "auto",
     machine: Machine | str | None = "auto",
+    width: int | None = None,
 ) -> go.Figure:
     """One view of ``obj`` as a plotly figure: ``"explorer"``, ``"prefetch"`` or ``"timeline"``.
 
     A recorded run's explorer and prefetch graph show its first rank; its timeline
-    shows every rank.
+    shows every rank. ``width``: the image's (default :data:`DEFAULT_WIDTH`), whose blocks
+    the explorer's labels are fitted to.
     """
     from fsdpviz.views import explorer_figure, prefetch_figure, timeline_figure
 
     reports, names = ranks_of(obj)
     if name == "explorer":
-        return explorer_figure(with_module_tree(reports[0]), theme=theme)
+        return explorer_figure(
+            with_module_tree(reports[0]), theme=theme, width=width or DEFAULT_WIDTH
+        )
     if name == "prefetch":
         return prefetch_figure(reports[0], -1 if iteration is None else iteration, theme=theme)
     if name == "timeline":

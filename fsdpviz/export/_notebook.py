@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from fsdpviz.cost.hardware import Machine
     from fsdpviz.recording import RecordedRun
     from fsdpviz.schema.report import Report
-    from fsdpviz.views.timeline_view import MemoryOption
+    from fsdpviz.views.timeline_lanes import MemoryOption
 
 __all__ = [
     "MIME",

@@ -115,7 +115,8 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
         if name not in FIGURES:
             raise ConfigError(f"figure={name!r} is not one of {', '.join(map(repr, FIGURES))}")
         size = {k: options.pop(k) for k in ("width", "height", "scale") if k in options}
-        return write_image(figure(obj, name, **options), p, **size)
+        fig = figure(obj, name, width=size.get("width"), **options)
+        return write_image(fig, p, **size)
     if suffix == REPORT_JSON:
         from fsdpviz.export._notebook import report_file
 

@@ -24,7 +24,7 @@ from fsdpviz.cost.fit import DEFAULT_MACHINE
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.report import Event, Report
-from fsdpviz.views.timeline_view import resolve_machine
+from fsdpviz.views.timeline_placement import resolve_machine
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun

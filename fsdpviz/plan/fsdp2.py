@@ -7,8 +7,8 @@ FQNs for one grouped call, or a callable ``(name, module) -> bool``. Calls are
 applied bottom-up (post-order, as FSDP2 recipes do) and the root last. Each call
 manages the parameters of its modules' subtrees that no earlier call manages
 (``_get_managed_modules`` / ``_get_managed_states``); each parameter is sharded
-on dim 0 and padded so the
-dim divides the shard world size.
+on dim 0 and padded so the dim divides the shard world size, or on the dim its call's
+``shard_placement_fn`` returns (see :func:`shard_dims`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
 from fsdpviz.plan.tensor_parallel import (
     TPPlan,
-    fsdp_shard_shape,
     layout_name,
     local_shape,
     parse_tp_mesh,
@@ -47,7 +46,6 @@ _KNOWN = {
 FSDP2_KEYWORDS = frozenset(_KNOWN)
 """Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
 _REJECTED = {
-    "shard_placement_fn": "only dim-0 sharding (the default) is modelled",
     "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
     "N - 1 after model.set_requires_gradient_sync(False)",
     "no_sync": "FSDP2's counterpart is set_requires_gradient_sync(False): pass grad_accum=N for "
@@ -94,6 +92,9 @@ class FSDP2Options:
     # replicas in the last only (instead of set_requires_gradient_sync(False))
     reshard_after_backward: bool = True
     requires_all_reduce: bool = True
+    # fully_shard's shard_placement_fn: one function for every call, or {module FQN: function}
+    # for the calls that take one (as reshard_after_forward's mapping names them)
+    shard_placement_fn: Any = None
 
     @property
     def shard_ranks(self) -> int:
@@ -234,6 +235,24 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         reshard_after_backward=after_backward,
         requires_all_reduce=all_reduce,
         cp_size=cp_size,
+        shard_placement_fn=_placement_option(kwargs.get("shard_placement_fn")),
+    )
+
+
+def _placement_option(value: Any) -> Any:
+    """``shard_placement_fn=``: a function, ``{module FQN: function or None}``, or None."""
+    if value is None or (callable(value) and not isinstance(value, type)):
+        return value
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and (v is None or (callable(v) and not isinstance(v, type)))
+        for k, v in value.items()
+    ):
+        return dict(value)
+    raise ConfigError(
+        "shard_placement_fn must be fully_shard's: a function (parameter) -> Shard(dim) or None "
+        "(None shards dim 0), e.g. lambda p: Shard(1) if p.ndim == 2 else None, or a mapping "
+        "{module FQN: function} for the fully_shard calls given one; got "
+        f"{value!r}"
     )
 
 
@@ -344,6 +363,8 @@ class Group:
     # tensor parallelism: the replicated parameters whose gradients are partial sums, all-
     # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes)
     tp_partial_grads: list[tuple[str, int]] = field(default_factory=list)
+    # the dim FSDP2 shards each parameter on (its call's shard_placement_fn); empty: all dim 0
+    shard_dims: list[int] = field(default_factory=list)
 
     @property
     def is_root(self) -> bool:
@@ -496,10 +517,13 @@ def build_groups(
     opts: FSDP2Options,
     ignored: set[nn.Parameter],
     memo: GroupMemo | None = None,
+    originals: Mapping[int, nn.Parameter] | None = None,
 ) -> list[Group]:
     """Apply the calls in order, claiming parameters as ``fully_shard`` does. ``memo`` (made
     by :meth:`GroupMemo.of` for this ``model``) keeps what does not depend on ``opts``
-    beyond ``fully_shard=`` for the next plan of the same model."""
+    beyond ``fully_shard=`` for the next plan of the same model. ``originals`` maps
+    ``id(parameter of model)`` to the user's parameter, which ``shard_placement_fn`` is
+    called with (``model`` is fsdpviz's copy)."""
     memo = memo or GroupMemo.of(model)
     key = _spec_key(opts.targets, ignored)
     claims = memo.claims.get(key) if key is not None else None
@@ -516,6 +540,7 @@ def build_groups(
             opts.reshard_after_forward, group.name, group.fqns, opts.torch
         )
         groups.append(group)
+    _place(groups, opts, memo, originals or {})
     finalize_groups(model, groups, opts, memo)
     position = memo.position
     return sorted(groups, key=lambda g: min(position[f] for f in g.fqns))
@@ -654,6 +679,7 @@ def check_reshard_ints(groups: list[Group], world_size: int) -> None:
                 f"reshard_after_forward as an int, it should be a factor of {world_size} "
                 "(FSDP2 raises this)"
             )
+    check_placements_reshard(groups, world_size)
 
 
 def prefetch_indices(
@@ -676,41 +702,195 @@ def prefetch_indices(
     return {find(k): [find(v) for v in vs] for k, vs in spec.items()}
 
 
-def sharded_numel(shape: Sequence[int], world_size: int) -> int:
-    """Elements of a parameter of ``shape`` that each rank holds: FSDP2 shards dim 0,
-    padded to a multiple of ``world_size``."""
-    return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
+# [Note: shard_placement_fn]
+# fully_shard(module, shard_placement_fn=fn) calls fn on each parameter of the call, the
+# user's nn.Parameter before it is sharded (FSDPParam._init_sharded_param; torch 2.13 calls
+# it once more per parameter beforehand, to group parameters by mesh). fn returns Shard(dim)
+# or None (Shard(0)); a negative dim counts from the end. FSDP2 then chunks the parameter
+# along dim over the shard ranks (torch.chunk, the first chunk the largest) and pads every
+# rank's shard to the first chunk's size: dim 0 may be uneven (ranks past the end hold
+# padding only), another dim must divide evenly (NotImplementedError otherwise). The shard
+# is ceil(size[dim] / W) rows of that dim times the other dims; all-gather input, output and
+# reduce-scatter sizes follow. A parameter on dim != 0 costs two extra copies per step
+# (_fsdp_collectives.py): the copy-out of its all-gather writes into a temporary as large as
+# the unsharded parameter and torch.cat's the ranks' chunks along dim into the parameter
+# (foreach_all_gather_copy_out), and the reduction rebuilds its gradient as
+# torch.cat(torch.chunk(grad, W, dim), dim=0) before the reduce-scatter's chunk_cat
+# (foreach_reduce). fsdpviz calls fn once per parameter of each call, on the user's parameter.
+
+
+def shard_shape(shape: Sequence[int], world_size: int, dim: int = 0) -> list[int]:
+    """One rank's padded shard of a parameter of ``shape`` that FSDP2 shards on ``dim``
+    over ``world_size`` ranks: ``ceil(shape[dim] / world_size)`` along ``dim``.
+
+    Example::
+
+        shard_shape([6, 8], 4)         # [2, 8]: ranks 0-2 hold rows, rank 3 padding
+        shard_shape([6, 8], 4, dim=1)  # [6, 2]
+    """
+    out = list(shape)
+    out[dim] = math.ceil(out[dim] / world_size)
+    return out
+
+
+def sharded_numel(shape: Sequence[int], world_size: int, dim: int = 0) -> int:
+    """Elements of a parameter of ``shape`` that each rank holds: FSDP2 shards ``dim``
+    (default 0), padded to a multiple of ``world_size``."""
+    return math.prod(shard_shape(shape, world_size, dim))
+
+
+def _dims(dims: Sequence[int] | None, n: int) -> Sequence[int]:
+    return dims if dims else [0] * n
 
 
 def trainable_fields(
-    fqns: Sequence[str], shapes: Sequence[Sequence[int]], trains: Sequence[bool], world_size: int
+    fqns: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    trains: Sequence[bool],
+    world_size: int,
+    dims: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
-    reduce-scatters the gradients that exist, one padded dim-0 shard per trainable
-    parameter, and the optimizer keeps state for those shards only."""
+    reduce-scatters the gradients that exist, one padded shard per trainable parameter
+    (``dims``: the dim each is sharded on, default 0), and the optimizer keeps state for
+    those shards only."""
+    ds = _dims(dims, len(shapes))
     return {
         "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
         "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
         "trainable_sharded_numel": sum(
-            sharded_numel(s, world_size) for s, t in zip(shapes, trains, strict=True) if t
+            sharded_numel(s, world_size, d) for s, t, d in zip(shapes, trains, ds, strict=True) if t
         ),
     }
 
 
 def dtype_fields(
-    fqns: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[Any], world_size: int
+    fqns: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[Any],
+    world_size: int,
+    dims: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """``Unit``'s fields for a group of parameters in several dtypes: each dtype's
     parameters, and their elements in all and in one rank's padded shard."""
     names: dict[str, list[str]] = {}
     numels: dict[str, list[int]] = {}
-    for fqn, shape, dt in zip(fqns, shapes, dtypes, strict=True):
+    for fqn, shape, dt, d in zip(fqns, shapes, dtypes, _dims(dims, len(shapes)), strict=True):
         name = dtype_name(dt) or str(dt)
         names.setdefault(name, []).append(fqn)
         counts = numels.setdefault(name, [0, 0])
         counts[0] += math.prod(shape)
-        counts[1] += sharded_numel(shape, world_size)
+        counts[1] += sharded_numel(shape, world_size, d)
     return {"param_dtypes": names, "dtype_numels": numels}
+
+
+def placement_fn_of(value: Any, name: str, fqns: tuple[str, ...]) -> Any:
+    """The ``shard_placement_fn`` of the ``fully_shard`` call ``name`` (modules ``fqns``):
+    the option's function, or its mapping's entry for the call (by the call's name or one
+    of its modules' FQNs), else None."""
+    if isinstance(value, Mapping):
+        for key in (name, *fqns):
+            if key in value:
+                return value[key]
+        return None
+    return value
+
+
+def _place(
+    groups: list[Group],
+    opts: FSDP2Options,
+    memo: GroupMemo,
+    originals: Mapping[int, nn.Parameter],
+) -> None:
+    """Each group's ``shard_dims``: its call's ``shard_placement_fn`` asked of each of its
+    parameters (the user's), in call order (see [Note: shard_placement_fn])."""
+    value = opts.shard_placement_fn
+    if value is None:
+        return
+    if isinstance(value, Mapping):
+        known = {k for g in groups for k in (g.name, *g.fqns)}
+        unknown = [k for k in value if k not in known]
+        if unknown:
+            listed = ", ".join(repr(g.name) for g in groups[:6])
+            raise ConfigError(
+                f"shard_placement_fn: {unknown[0]!r} is not a module fully_shard is applied to "
+                f"(the calls: {listed}{', ...' if len(groups) > 6 else ''}); key the mapping by "
+                "those modules' FQNs"
+            )
+    for group in groups:
+        fn = placement_fn_of(value, group.name, group.fqns)
+        if fn is None:
+            continue
+        group.shard_dims = [
+            shard_dim(fn, originals.get(id(p), p), memo.first_fqn[p], group.name)
+            for p in group.params
+        ]
+        if not any(group.shard_dims):
+            group.shard_dims = []
+
+
+def shard_dim(fn: Callable[[Any], Any], param: nn.Parameter, fqn: str, unit: str) -> int:
+    """The dim FSDP2 shards ``param`` on: ``fn(param)`` checked as ``fully_shard`` checks it
+    (``Shard(dim)`` or None; a negative dim counts from the end)."""
+    from torch.distributed.tensor import Shard
+
+    where = f"shard_placement_fn of {unit_label(unit)}"
+    shape = tuple(param.shape)
+    try:
+        result = fn(param)
+    except Exception as e:
+        raise ConfigError(
+            f"{where} raised {type(e).__name__} for parameter {fqn!r} {list(shape)}: {e}"
+        ) from e
+    if result is None:
+        return 0
+    if type(result).__name__ == "ShardPlacementResult":
+        raise ConfigError(
+            f"{where} returned a ShardPlacementResult for {fqn!r}: a parameter on a mesh of its "
+            "own is not modelled; return Shard(dim) (or None for Shard(0)) on the call's mesh"
+        )
+    if not isinstance(result, Shard):
+        raise FSDPConfigError(
+            f"{where} returned {result!r} for {fqn!r} {list(shape)}: fully_shard takes Shard(dim) "
+            "or None (None shards dim 0) and raises ValueError('Invalid shard_placement_fn "
+            "result') for anything else; return torch.distributed.tensor.Shard(dim)"
+        )
+    ndim = len(shape)
+    dim = result.dim + ndim if result.dim < 0 else result.dim
+    if not 0 <= dim < ndim:
+        raise FSDPConfigError(
+            f"{where} returned Shard({result.dim}) for {fqn!r}, a {ndim}-D parameter "
+            f"{list(shape)}: FSDP2 fails on it (Shard dim {result.dim} is invalid for a {ndim}D "
+            f"tensor); return a dim from {-ndim} to {ndim - 1} (negative dims count from the end)"
+        )
+    return dim
+
+
+def check_even_shard(shape: Sequence[int], dim: int, world_size: int, fqn: str, unit: str) -> None:
+    """FSDP2 shards a dim other than 0 only evenly (``_init_sharded_param``)."""
+    if dim > 0 and shape[dim] % world_size:
+        raise FSDPConfigError(
+            f"shard_placement_fn of {unit_label(unit)} shards {fqn!r} {list(shape)} on dim {dim}, "
+            f"whose size {shape[dim]} the {world_size} shard ranks do not divide: FSDP2 raises "
+            f"NotImplementedError (FSDP does not support uneven sharding on dim {dim}). Shard it "
+            "on dim 0 (uneven dim-0 shards are padded) or on a dim the shard ranks divide"
+        )
+
+
+def check_placements_reshard(groups: Sequence[Group], world_size: int) -> None:
+    """FSDP2 fails in the copy-out of a parameter sharded on a dim other than 0 once it
+    resharded to a smaller post-forward mesh (``reshard_after_forward`` an int between 1 and
+    the ``world_size`` shard ranks)."""
+    for g in groups:
+        raf = g.reshard_after_forward
+        smaller = not isinstance(raf, bool) and 1 < raf < world_size
+        if any(g.shard_dims) and smaller:
+            raise FSDPConfigError(
+                f"reshard_after_forward={raf} for {unit_label(g.name)}, whose shard_placement_fn "
+                "shards parameters on a dim other than 0: FSDP2's backward all-gather from the "
+                "post-forward mesh fails in its copy-out (IndexError in "
+                "foreach_all_gather_copy_out); use reshard_after_forward=True or False for it"
+            )
 
 
 def _schema(
@@ -720,8 +900,11 @@ def _schema(
     tensor (``FSDPParam._orig_size`` is the local size): sizes are one rank's."""
     ws = opts.shard_ranks
     local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in group.params]
+    dims = _dims(group.shard_dims, len(local))
+    for shape, d, fqn in zip(local, dims, group.param_fqns, strict=True):
+        check_even_shard(shape, d, ws, fqn, group.name)
     numel = sum(math.prod(s) for s in local)
-    sharded = sum(sharded_numel(s, ws) for s in local)
+    sharded = sum(sharded_numel(s, ws, d) for s, d in zip(local, dims, strict=True))
     dtypes = {p.dtype for p in group.params}
     # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
     orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
@@ -733,6 +916,7 @@ def _schema(
     mixed = len(grads) > 1
     trains = [p.requires_grad for p in group.params]
     itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
+    placed = any(dims)
     return Unit(
         module=group.name,
         module_class=", ".join(type(m).__name__ for m in group.modules),
@@ -750,20 +934,21 @@ def _schema(
         if group.reshard_after_forward is not False
         else "SHARD_GRAD_OP",
         itemsize=itemsize,
-        **(trainable_fields(group.param_fqns, local, trains, ws) if mixed else {}),
+        **(trainable_fields(group.param_fqns, local, trains, ws, dims) if mixed else {}),
         **(
-            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws)
+            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws, dims)
             if len(dtypes) > 1
             else {}
         ),
         shard_shapes={
-            f: fsdp_shard_shape(s, ws) for f, s in zip(group.param_fqns, local, strict=True)
+            f: shard_shape(s, ws, d) for f, s, d in zip(group.param_fqns, local, dims, strict=True)
         }
-        if opts.tp is not None
+        if opts.tp is not None or placed
         else {},
         tp_placements={
             f: layout_name(placements[p])
             for f, p in zip(group.param_fqns, group.params, strict=True)
             if p in placements
         },
+        shard_dims={f: d for f, d in zip(group.param_fqns, dims, strict=True) if d},
     )

@@ -2,11 +2,11 @@
 
 People check their real training script's wrapping by applying it to a
 meta-device model (with the fake process group) and passing that model in.
-fsdpviz reads FSDP2's own state (groups, their modules and parameters,
-``reshard_after_forward`` as the post-forward mesh, ``MixedPrecisionPolicy``,
-explicit prefetch targets, mesh size) and makes an unsharded meta copy to
-trace: parameters become meta tensors of their global shape, FSDP2's hooks and
-class swap are dropped. The user's model is not modified.
+fsdpviz reads FSDP2's own state (groups, their modules and parameters, the dim
+each parameter is sharded on, ``reshard_after_forward`` as the post-forward mesh,
+``MixedPrecisionPolicy``, explicit prefetch targets, mesh size) and makes an
+unsharded meta copy to trace: parameters become meta tensors of their global shape,
+FSDP2's hooks and class swap are dropped. The user's model is not modified.
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ def plan_from_fully_sharded(
         raf: bool | int | None = None
         if pg is not None:
             group.params = [mapping[id(fp.sharded_param)] for fp in pg.fsdp_params]
+            dims = [int(fp.fsdp_placement.dim) for fp in pg.fsdp_params]
+            group.shard_dims = dims if any(dims) else []  # its shard_placement_fn's
             raf = _reshard_after_forward(state, pg, fqns == ("",))
         elif not (group.is_root and _auto_reshard(state)):
             raf = True  # a group without parameters: fully_shard's default, never applied

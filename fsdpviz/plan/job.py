@@ -26,13 +26,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import ModuleInfo
+
+if TYPE_CHECKING:  # (torch is imported where it is used: the command line reads the names here)
+    from torch import nn
 
 JOB_KEYS = frozenset({"grad_accum", "compile", "float8", "float32_matmul_precision"})
 """The keywords of this module, accepted by ``analyze`` for FSDP1 and FSDP2."""
@@ -133,6 +133,8 @@ class JobOptions:
 
     def float8_modules(self, model: nn.Module) -> list[nn.Module]:
         """The ``nn.Linear`` modules of ``model`` that train in float8."""
+        from torch import nn
+
         if self.float8 is None:
             return []
         spec = self.float8
@@ -161,6 +163,8 @@ def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
         stated = tuple(k for k in stated if k != "float8")
     precision = kwargs.get("float32_matmul_precision")
     if precision is None:
+        import torch
+
         precision = torch.get_float32_matmul_precision()
     if precision not in FLOAT32_MATMUL_PRECISIONS:
         raise ConfigError(
@@ -171,6 +175,8 @@ def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
 
 
 def _compile(value: Any) -> bool | tuple[type[nn.Module], ...]:
+    from torch import nn
+
     if isinstance(value, bool):
         return value
     if isinstance(value, type) and issubclass(value, nn.Module):

@@ -162,14 +162,6 @@ def local_shape(shape: Sequence[int], layout: Layout | None, size: int) -> list[
     return out
 
 
-def fsdp_shard_shape(shape: Sequence[int], shard_size: int) -> list[int]:
-    """FSDP2's shard of a (tp-local) parameter: dim 0 chunked over the shard ranks and padded
-    to the first chunk's size."""
-    out = list(shape)
-    out[0] = math.ceil(out[0] / shard_size)
-    return out
-
-
 # ---------------------------------------------------------------- resolving
 def resolve_plan(model: nn.Module, plan: Any, size: int, dim: str) -> TPPlan:
     """``parallelize_module(model, tp_mesh, plan)`` as a :class:`TPPlan` (nothing is changed).

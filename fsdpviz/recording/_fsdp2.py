@@ -319,8 +319,11 @@ class FSDP2Recorder(EventLog):
                     shard_shapes={
                         first[fp.sharded_param]: list(fp.padded_sharded_param_size) for fp in params
                     }
-                    if tp
+                    if tp or any(_shard_dim(fp) for fp in params)
                     else {},
+                    shard_dims={
+                        first[fp.sharded_param]: _shard_dim(fp) for fp in params if _shard_dim(fp)
+                    },
                     tp_placements={
                         first[fp.sharded_param]: _placement(_tp_spec(fp).placements[-1])
                         for fp in params
@@ -365,6 +368,12 @@ def _tp_spec(fp: Any) -> Any:
     """The DTensor spec of a tensor-parallel parameter before FSDP sharded it."""
     spec = getattr(fp, "_unsharded_dtensor_spec", None)
     return spec if spec is not None else fp._tp_spec  # older torch
+
+
+def _shard_dim(fp: Any) -> int:
+    """The dim FSDP2 shards an ``FSDPParam`` on (its ``shard_placement_fn``'s; 0 by default)."""
+    placement = getattr(fp, "fsdp_placement", None)
+    return int(placement.dim) if placement is not None else 0
 
 
 def _placement(p: Any) -> str:

@@ -104,6 +104,19 @@ def recorded_ranks(out_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def is_recording(folder: Path) -> bool:
+    """Whether ``folder`` holds a run :func:`fsdpviz.record` wrote (a rank's header names
+    the format; JSON flight recorder dumps may be called ``rank0.json`` too)."""
+    for rank in recorded_ranks(folder):
+        try:
+            header = json.loads(header_path(folder, rank).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(header, dict) and header.get("format") == FORMAT:
+            return True
+    return False
+
+
 def read_rank(out_dir: Path, rank: int) -> RankFiles:
     """Read rank ``rank``'s header and every complete iteration line."""
     header = json.loads(header_path(out_dir, rank).read_text())

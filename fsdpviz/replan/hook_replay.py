@@ -40,10 +40,12 @@ from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import (
     Group,
+    check_even_shard,
     check_reshard_ints,
     mesh_dims,
     prefetch_indices,
     reshard_after_forward_of,
+    shard_shape,
     sharded_numel,
 )
 from fsdpviz.plan.fsdp2 import dtype_fields as fsdp2_dtypes
@@ -209,10 +211,11 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
         offload = _offload(changes["offload_policy"])
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
     rules = torch_fsdp(cfg.torch_version)
-    with_params = {u.module for u in report.units}
+    with_params = {u.module: u for u in report.units}
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
+        unit = with_params.get(name)
         groups.append(
             Group(
                 name=name,
@@ -220,6 +223,8 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
                 reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
+                # the dims the report's shard_placement_fn chose
+                shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
             )
         )
     check_reshard_ints(groups, shard)
@@ -240,22 +245,34 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     units = []
     for u in report.units:
         g = groups[index[u.module]]
-        sharded = sum(sharded_numel(shapes[p], shard) for p in u.params)
+        # each parameter on the dim the report's shard_placement_fn chose (0 by default)
+        dims = [u.shard_dims.get(p, 0) for p in u.params]
+        sharded = 0
+        for p, d in zip(u.params, dims, strict=True):
+            check_even_shard(shapes[p], d, shard, p, u.module)
+            sharded += sharded_numel(shapes[p], shard, d)
         strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
         frozen = set(u.frozen_params)
         trainable = fsdp2_trainable(
-            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard
-        )
+            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard,
+            dims,
+        )  # fmt: skip
         if u.param_dtypes:  # several dtypes: each one's shards at the new size
             of = {f: d for d, fs in u.param_dtypes.items() for f in fs}
             trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
-                                      [of[p] for p in u.params], shard)  # fmt: skip
+                                      [of[p] for p in u.params], shard, dims)  # fmt: skip
+        shard_shapes = u.shard_shapes
+        if u.shard_dims:
+            shard_shapes = {
+                p: shard_shape(shapes[p], shard, d) for p, d in zip(u.params, dims, strict=True)
+            }
         units.append(
             replace(
                 u,
                 padded_numel=sharded * shard,
                 sharded_numel=sharded,
                 sharding_strategy=strategy,
+                shard_shapes=shard_shapes,
                 **(trainable if frozen or u.param_dtypes else {}),
             )
         )
@@ -381,4 +398,5 @@ def _report(
         forward_order=forward_order,
         iterations=iterations,
         profile=replace(base.profile, iterations=steps),
+        warnings=list(base.warnings),  # its own: check_fit rewrites the list in place
     )

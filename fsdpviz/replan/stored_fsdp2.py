@@ -49,7 +49,13 @@ from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, cap
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.copy import asked_of_originals, map_objects, model_copy, original_modules
+from fsdpviz.trace.copy import (
+    asked_of_originals,
+    map_objects,
+    model_copy,
+    original_modules,
+    original_params,
+)
 from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
@@ -113,6 +119,7 @@ class StoredTrace:
             return
         self.copy, self._mapping = model_copy(model, "meta")
         self._originals = original_modules(model, self._mapping)  # what a callable is asked of
+        self._params = original_params(model, self._mapping)  # what shard_placement_fn is
         self._memo = GroupMemo.of(self.copy)  # what every plan of the copy shares
         self._backward = False
         try:
@@ -213,7 +220,9 @@ class StoredTrace:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
         targets = asked_of_originals(opts.targets, self._originals)
-        groups = build_groups(self.copy, replace(opts, targets=targets), ignored, self._memo)
+        groups = build_groups(
+            self.copy, replace(opts, targets=targets), ignored, self._memo, self._params
+        )
         check_reshard_ints(groups, opts.shard_ranks)
         runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch)
         runtime.set_prefetch(

@@ -160,8 +160,10 @@ class Comparison:
         return d
 
     def show(self, **kwargs: Any) -> Any:
-        """Both plans' timelines on one time axis, units matched, the first difference
-        marked (a :class:`fsdpviz.widgets.TimelineWidget`; ``kwargs`` as it takes).
+        """The differences (the verdict, each cost of both plans and the change, whether
+        each fits) over both plans' timelines on one time axis, units matched, the first
+        difference marked (a :class:`fsdpviz.widgets.ComparisonView`; ``kwargs`` as
+        :class:`~fsdpviz.widgets.TimelineWidget` takes them).
 
         Example::
 
@@ -170,6 +172,15 @@ class Comparison:
         if self.reports is None:
             raise ValueError("this comparison was read back without its plans; compare() again")
         return show_method("comparison")(self, **kwargs)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """A comparison as a cell's last line: its view (:meth:`show`: the differences and
+        both timelines), and its summary as text; the summary alone where the plans are
+        not kept (a comparison read back)."""
+        if self.reports is None:
+            return {"text/plain": self.summary()}
+        shown = self.show()._repr_mimebundle_()
+        return dict(shown) if shown else {"text/plain": self.summary()}
 
     def save(self, path: str | Path, **kwargs: Any) -> Path:
         """The comparison as one self-contained page (``.html``): each plan's costs and
@@ -191,7 +202,8 @@ class Comparison:
         lines = [
             f"{a} vs {b}: {self.verdict}",
             *self.cost_lines(),
-            f"  bytes per rank: {self.bytes_per_rank[0]:,} vs {self.bytes_per_rank[1]:,}",
+            f"  parameters per rank: {size_text(self.bytes_per_rank[0])} vs "
+            f"{size_text(self.bytes_per_rank[1])}",
             f"  steady-state events: {_counts(self.events[0])} vs {_counts(self.events[1])}",
         ]
         for p in self.pairs:
@@ -213,9 +225,20 @@ class Comparison:
             if k not in self.costs:
                 continue
             a, b = self.costs[k]
-            change = "same" if _same(a, b) else signed_text(k, b - a) + _percent(a, b)
-            lines.append(f"  {_LABELS[k]}: {cost_text(k, a)} vs {cost_text(k, b)} ({change})")
+            lines.append(
+                f"  {_LABELS[k]}: {cost_text(k, a)} vs {cost_text(k, b)} ({self.change_text(k)})"
+            )
         return lines
+
+    def change_text(self, name: str) -> str:
+        """A cost's change from A to B: ``"+1.5 MiB, +6%"``, or ``"same"``."""
+        a, b = self.costs[name]
+        return "same" if _same(a, b) else signed_text(name, b - a) + _percent(a, b)
+
+    def worse(self, name: str) -> bool:
+        """Whether B is worse than A in this cost (more bytes or time, fewer tokens/s)."""
+        a, b = self.costs[name]
+        return not _same(a, b) and (b < a if name == "tokens_per_s" else b > a)
 
     def __repr__(self) -> str:
         return self.summary()
@@ -241,6 +264,11 @@ def plan_costs(report: Report) -> dict[str, float]:
     }
 
 
+def cost_label(name: str) -> str:
+    """A cost's name as the comparison says it: ``"peak"``, ``"tokens/s"``."""
+    return _LABELS[name]
+
+
 def cost_text(name: str, value: float) -> str:
     """One cost as people read it: bytes in GiB/MiB, times in ms/µs, tokens/s with commas."""
     if name.endswith("_bytes"):
@@ -251,8 +279,11 @@ def cost_text(name: str, value: float) -> str:
 
 
 def signed_text(name: str, delta: float) -> str:
-    """A difference of a cost with its sign: ``"+1.2 GiB"``, ``"-3.1 ms"``."""
+    """A difference of a cost with its sign: ``"+1.2 GiB"``, ``"-3.1 ms"``, ``"-0.4"``
+    tokens/s (a difference under one token is not written ``-0``)."""
     sign = "+" if delta > 0 else "-"
+    if name == "tokens_per_s" and abs(delta) < 1:
+        return sign + f"{abs(delta):.2g}"
     return sign + cost_text(name, abs(delta))
 
 
@@ -273,7 +304,15 @@ def _same(a: float, b: float) -> bool:
 
 
 def _percent(a: float, b: float) -> str:
-    return f", {(b - a) / a:+.0%}" if a else ""
+    """``", +6%"``; a change under 1% with one decimal, under 0.1% as such (never ``-0%``)."""
+    if not a:
+        return ""
+    r = (b - a) / abs(a)
+    if abs(r) >= 0.01:
+        return f", {r:+.0%}"
+    if abs(r) >= 0.001:
+        return f", {r:+.1%}"
+    return ", under 0.1%"
 
 
 def _name(unit: str | None) -> str:
@@ -329,7 +368,7 @@ def compare(a: Report, b: Report, names: tuple[str, str] | None = None) -> Compa
         cmp.same_wrapping, print(cmp)
         cmp.costs["peak_bytes"], cmp.delta("exposed_comm_s")
     """
-    name_a, name_b = names or (_label(a), _label(b))
+    name_a, name_b = names or _labels(a, b)
     units_b = {_params(u): u for u in b.units if u.params}
     order_a, pref_a, ev_a = _facts(a)
     order_b, pref_b, ev_b = _facts(b)
@@ -432,6 +471,37 @@ def _pair(
         events_a=dict(ev_a.get(na, Counter())) if na is not None else {},
         events_b=dict(ev_b.get(nb, Counter())) if nb is not None else {},
     )
+
+
+# What tells two plans of one API apart where their labels are the same, in this order.
+_TELLS = (
+    "world_size", "sharding_strategy", "backward_prefetch", "forward_prefetch",
+    "reshard_after_forward", "mixed_precision", "mp_policy", "activation_checkpointing",
+    "grad_accum", "compile", "float8", "machine",
+)  # fmt: skip
+
+
+def _labels(a: Report, b: Report) -> tuple[str, str]:
+    """Each plan's label; where the two read the same (two FSDP2 plans), each with the first
+    option that differs (``FSDP2 prediction, world size 8``), else ``A`` and ``B``."""
+    la, lb = _label(a), _label(b)
+    if la != lb:
+        return la, lb
+    for key in _TELLS:
+        va, vb = a.config.get(key), b.config.get(key)
+        if va != vb:
+            word = key.replace("_", " ")
+            return f"{la}, {word} {_said(va)}", f"{lb}, {word} {_said(vb)}"
+    return f"{la} (A)", f"{lb} (B)"
+
+
+def _said(value: Any) -> str:
+    """An option's value in a label: a per-unit map (``reshard_after_forward``) by the value
+    of its units but the root's where they all have one, else ``per unit``."""
+    if isinstance(value, dict):
+        units = {str(v) for k, v in value.items() if k != ""} or {str(v) for v in value.values()}
+        return units.pop() if len(units) == 1 else "per unit"
+    return "none" if value is None else str(value)
 
 
 def _label(report: Report) -> str:

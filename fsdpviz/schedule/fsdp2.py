@@ -32,6 +32,7 @@ from fsdpviz.trace.copy import (
     map_objects,
     model_copy,
     original_modules,
+    original_params,
 )
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
@@ -63,7 +64,9 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         if opts.parallelize_plan is not None:
             opts.tp = resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
         targets = asked_of_originals(opts.targets, originals)
-        groups = build_groups(copy, replace(opts, targets=targets), ignored)
+        groups = build_groups(
+            copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
+        )
     check_reshard_ints(groups, opts.shard_ranks)
     _check_context_parallel(opts, device)
     emulation = FSDP2Emulation(groups, opts)

@@ -60,6 +60,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     from fsdpviz.trace.copy import check_model
 
     check_model(model)
+    asked = dict(fsdp_kwargs)
     given = fsdp_kwargs.pop("machine", None)
     # the cost model (a layer above) checks and answers for the machine
     machine = None if given is None else report_method("machine_spec")(given)
@@ -77,5 +78,53 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         report = analyze_fsdp1(model, inputs, **fsdp_kwargs)
     if machine is not None:
         report.config = report.config.replace(machine=machine)
+    _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))
+    _measure_cache(report, model, inputs, asked)
     report_method("check_fit")(report)
     return report
+
+
+def _state_checkpointing(report: Report, model: nn.Module, spec: Any) -> None:
+    """``report.config.activation_checkpointing``: what runs under checkpointing."""
+    from fsdpviz.trace.checkpointing import describe_checkpointing
+
+    if report.source != "prediction":
+        return
+    said = describe_checkpointing(model, spec)
+    if said is not None:
+        report.config = report.config.replace(activation_checkpointing=said)
+
+
+def _measure_cache(report: Report, model: nn.Module, inputs: Any, asked: dict[str, Any]) -> None:
+    """The KV cache a model keeps under checkpointing (the tracker's warning): plan the same
+    step with ``use_cache=False`` and state the bytes that takes off the peak."""
+    import dataclasses
+    import inspect
+
+    from fsdpviz.schema.memory import size_text
+    from fsdpviz.trace.tracker import USE_CACHE_CODE
+
+    at = next((i for i, w in enumerate(report.warnings) if w.code == USE_CACHE_CODE), None)
+    if at is None or report.profile is None:
+        return
+    if isinstance(inputs, dict):
+        without = {**inputs, "use_cache": False}
+    else:
+        args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+        try:
+            without = dict(inspect.signature(model.forward).bind_partial(*args).arguments)
+        except TypeError:
+            return  # the warning says what to do, without the bytes
+        without["use_cache"] = False
+    other = analyze(model, without, **{**asked, "progress": False})
+    freed = report.memory.peak["bytes"] - other.memory.peak["bytes"]
+    if freed <= 0:
+        return
+    warning = report.warnings[at]
+    report.warnings[at] = dataclasses.replace(
+        warning,
+        message=f"{warning.message} takes {size_text(freed)} per rank off the peak "
+        f"({size_text(report.memory.peak['bytes'])} to "
+        f"{size_text(other.memory.peak['bytes'])})",
+        frees=freed,
+    )

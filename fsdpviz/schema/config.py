@@ -121,6 +121,9 @@ class ReportConfig(Mapping[str, Any]):
     reshard_after_backward: bool = True
     requires_all_reduce: bool = True
     compile: bool | tuple[str, ...] = False
+    # activation checkpointing (analyze(..., activation_checkpointing=...), or the model's own
+    # checkpoint wrappers): {"mode": "full" | "selective", "classes": [...], "modules": N}
+    activation_checkpointing: Mapping[str, Any] | None = None
     float8: Mapping[str, Any] | None = None
     float32_matmul_precision: str | None = None
     # how a prediction was made

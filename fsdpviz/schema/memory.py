@@ -162,8 +162,8 @@ class MemoryReport:
 
     def summary(self) -> str:
         p = self.peak
-        parts = ", ".join(f"{k} {gib_text(v)}" for k, v in p["breakdown"].items() if v)
-        peak = gib_text(p["bytes"])
+        parts = ", ".join(f"{k} {size_text(v)}" for k, v in p["breakdown"].items() if v)
+        peak = size_text(p["bytes"])
         text = f"peak {peak} per rank {p['where']}; dominated by {p['dominant']} ({parts})"
         trainable = self.trainable_text()
         if trainable:
@@ -187,20 +187,17 @@ def trainable_text(trainable: int, total: int) -> str:
     return f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3g}%)"
 
 
-def gib_text(n: float) -> str:
-    """Bytes as the memory summary writes them: ``"1.50 GiB"``, ``"23.9 MiB"``, ``"4.0 KiB"``."""
-    if n >= 2**28:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
 def size_text(n: float) -> str:
-    """Bytes to three significant figures: ``"78.5 GiB"``, ``"182 GiB"``, ``"34.0 MiB"``,
-    ``"16 B"``, ``"-512.0 MiB"``."""
-    if n < 0:
-        return "-" + size_text(-n)
-    if n >= 1000 * 2**30:
-        return f"{n / 2**30:,.0f} GiB"
-    if n >= 2**30:
-        return f"{n / 2**30:.3g} GiB"
-    return gib_text(n) if n >= 2**10 else f"{n:,.0f} B"
+    """Bytes as fsdpviz writes them everywhere (summaries, the card, warnings, the command
+    line, the views, the page): three significant figures in binary units, ``"78.5 GiB"``,
+    ``"182 GiB"``, ``"34 MiB"``, ``"1.5 KiB"``, ``"16 B"``, ``"-512 MiB"``; the front end's
+    ``formatBytes`` writes the same."""
+    value = float(n)
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or suffix == "TiB":
+            if suffix == "B":
+                return f"{value:.0f} B"
+            text = f"{value:.3g}"
+            return f"{value:.0f} {suffix}" if "e" in text else f"{text} {suffix}"
+        value /= 1024
+    raise AssertionError("unreachable")

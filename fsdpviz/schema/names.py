@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import SupportsIndex, overload
+
 
 def unit_label(fqn: str | None) -> str:
     """A unit or module as every text shows it: quoted, ``(root)`` for the root (FQN ``""``).
@@ -14,3 +16,27 @@ def unit_label(fqn: str | None) -> str:
     if fqn.startswith("(root"):  # a pipeline stage's root: "(root of stage 3)"
         return fqn
     return "(root)" if fqn == "" else repr(fqn)
+
+
+class UnitNames(list[str]):
+    """Unit FQNs in an order (``report.forward_order``): a plain list of ``str`` (the root
+    is ``""``) that prints the root as ``(root)``, as every text names it, and stays one
+    when sliced.
+
+    Example::
+
+        report.forward_order[:3]      # [(root), 'layers.0', 'layers.1']
+        report.forward_order[0] == "" # True
+    """
+
+    def __repr__(self) -> str:
+        return "[" + ", ".join(unit_label(n) for n in self) + "]"
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> UnitNames: ...
+    def __getitem__(self, i: SupportsIndex | slice) -> str | UnitNames:
+        if isinstance(i, slice):
+            return UnitNames(super().__getitem__(i))
+        return super().__getitem__(i)

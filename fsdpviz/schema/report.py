@@ -21,7 +21,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
     (the trainable elements one rank holds: what its optimizer state is of). An FSDP2
     group whose parameters have several dtypes has ``dtype`` of its trainable ones and
-    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own.
+    states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own. An FSDP2
+    group whose ``shard_placement_fn`` shards parameters on a dim other than 0 states them in
+    ``shard_dims`` (FQN -> dim) and every parameter's padded shard in ``shard_shapes``.
 ``forward_order``
     Unit ``module`` names in FSDP's pre-forward order (first use only, as
     recorded in the first iteration).
@@ -58,7 +60,11 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     How the report was made: the FSDP options of a prediction, the rank and
     backend of a recording (:class:`~fsdpviz.schema.config.ReportConfig`).
 ``warnings``
-    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``.
+    What FSDP would warn or fsdpviz noticed, as ``{"code", "message", "units"}``, and
+    where fsdpviz advises a change it can state, ``fix`` (the :func:`fsdpviz.analyze`
+    options that make it, as JSON: ``{"activation_checkpointing": ["LlamaDecoderLayer"]}``;
+    ``use_cache`` is the model call's own keyword) and ``frees`` (the bytes per rank it
+    takes off the peak, where measured).
 ``modules``
     The module tree: ``fqn``, ``module_class``, ``parent``, ``unit`` (the unit
     that manages its direct parameters), ``numel``/``bytes`` (direct
@@ -98,7 +104,8 @@ from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.extensions import report_method
-from fsdpviz.schema.memory import MemoryReport, trainable_text
+from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
+from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
@@ -282,11 +289,14 @@ class Unit:
     requires_grad: bool | None = None
     sharding_strategy: str = "FULL_SHARD"
     itemsize: int = 0
-    # tensor parallelism (FSDP2 on a mesh with a tp dimension): each parameter's shard on one
-    # rank (its tp shard, then FSDP's padded dim-0 shard) and the tp placement of the
-    # parameters that are DTensors over the tp dimension ("Shard(0)", "Replicate()")
+    # tensor parallelism (FSDP2 on a mesh with a tp dimension), or parameters FSDP2 shards on
+    # a dim other than 0 (shard_placement_fn): each parameter's shard on one rank (its tp
+    # shard, then FSDP's padded shard) and the tp placement of the parameters that are
+    # DTensors over the tp dimension ("Shard(0)", "Replicate()")
     shard_shapes: dict[str, list[int]] = field(default_factory=dict)
     tp_placements: dict[str, str] = field(default_factory=dict)
+    # FSDP2's shard_placement_fn: the dim of each parameter it shards on a dim other than 0
+    shard_dims: dict[str, int] = field(default_factory=dict)
     # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
     # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
     # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
@@ -324,8 +334,8 @@ class Unit:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("shard_shapes", "tp_placements", "frozen_params", "param_dtypes",
-                    "dtype_numels"):  # fmt: skip  # stated where they apply
+        for key in ("shard_shapes", "tp_placements", "shard_dims", "frozen_params",
+                    "param_dtypes", "dtype_numels"):  # fmt: skip  # stated where they apply
             if not d[key]:
                 del d[key]
         for key in ("trainable_numel", "trainable_sharded_numel"):
@@ -371,13 +381,47 @@ class FsdpWarning:
     code: str
     message: str
     units: list[str] = field(default_factory=list)
+    # the analyze options that act on it ({option: JSON value}; see option_text) and the
+    # bytes per rank that takes off the peak, where measured
+    fix: dict[str, Any] = field(default_factory=dict)
+    frees: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for key in ("fix", "frees"):  # stated where set
+            if not d[key]:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
         return cls(**d)
+
+
+def option_text(fix: dict[str, Any], api: str = "FSDP1") -> str:
+    """A warning's ``fix`` as :func:`fsdpviz.analyze` takes it (``use_cache``: as the model
+    takes it): ``activation_checkpointing=[LlamaDecoderLayer]``, ``world_size=128``.
+    Command lines show their own flags for the same ``fix``."""
+    parts = []
+    for key, value in fix.items():
+        if key in ("mixed_precision", "mp_policy"):
+            cls = "MixedPrecisionPolicy" if api == "FSDP2" else "MixedPrecision"
+            key = "mp_policy" if api == "FSDP2" else "mixed_precision"
+            text = f"{cls}(param_dtype=torch.{value})"
+        elif key == "cpu_offload" and value:
+            key, text = (
+                ("offload_policy", "CPUOffloadPolicy()")
+                if api == "FSDP2"
+                else ("cpu_offload", "CPUOffload(offload_params=True)")
+            )
+        elif key == "sharding_strategy":
+            text = f"ShardingStrategy.{value}"
+        elif isinstance(value, list):
+            text = "[" + ", ".join(str(v) for v in value) + "]"
+        else:
+            text = repr(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
 
 
 @dataclass
@@ -408,6 +452,8 @@ class Report:
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
             self.config = ReportConfig.from_dict(self.config)
+        if not isinstance(self.forward_order, UnitNames):  # printed with (root) for the root
+            self.forward_order = UnitNames(self.forward_order)
 
     @cached_property
     def memory(self) -> MemoryReport:
@@ -591,7 +637,7 @@ class Report:
         whose = f"; {cfg.whose_fsdp}" if cfg.torch_version else ""
         lines = [
             f"fsdpviz {self.source}: {units}, {ws}, "
-            f"{per_rank / 2**20:.1f} MiB of parameters per rank{where}{whose}",
+            f"{size_text(per_rank)} of parameters per rank{where}{whose}",
         ]
         trainable = self.trainable_text()
         if trainable:

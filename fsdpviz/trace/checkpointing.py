@@ -149,6 +149,42 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
     return chosen
 
 
+def describe_checkpointing(model: nn.Module, spec: CheckpointSpec) -> dict[str, Any] | None:
+    """What ``Report.config.activation_checkpointing`` states for ``spec`` on ``model`` (the
+    modules ``spec`` picks, and the model's own checkpoint wrappers): ``{"mode": "full" |
+    "selective", "classes": [class names], "modules": how many}``; None for none."""
+    chosen = checkpointed_modules(model, spec)
+    chosen += [m for m in model.modules() if _wrapped(m) and all(m is not c for c in chosen)]
+    if not chosen:
+        return None
+    classes = dict.fromkeys(type(_inner(m)).__name__ for m in chosen)
+    mode = "selective" if isinstance(spec, SelectiveCheckpoint) else "full"
+    return {"mode": mode, "classes": list(classes), "modules": len(chosen)}
+
+
+def is_checkpointed(model: nn.Module) -> bool:
+    """Whether some module of ``model`` (fsdpviz's copy) runs under activation checkpointing:
+    one :func:`apply_checkpointing` picked, or a checkpoint wrapper of the model's own."""
+    for m in model.modules():
+        forward = m.__dict__.get("forward")
+        if isinstance(forward, functools.partial) and forward.func in (_checkpointed, _selective):
+            return True
+        if _wrapped(m):
+            return True
+    return False
+
+
+def _wrapped(module: nn.Module) -> bool:
+    """torch's ``CheckpointWrapper`` (``apply_activation_checkpointing``, ``checkpoint_wrapper``),
+    told by its name: the class lives in a private module."""
+    return type(module).__name__ == "CheckpointWrapper"
+
+
+def _inner(module: nn.Module) -> nn.Module:
+    inner = getattr(module, "_checkpoint_wrapped_module", None)
+    return inner if isinstance(inner, nn.Module) and _wrapped(module) else module
+
+
 def checkpointing_of_originals(
     spec: CheckpointSpec, originals: Mapping[int, nn.Module]
 ) -> CheckpointSpec:

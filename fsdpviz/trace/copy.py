@@ -86,6 +86,12 @@ def original_modules(model: nn.Module, mapping: dict[int, Any]) -> dict[int, nn.
     return {id(mapping[id(m)]): m for m in model.modules() if id(m) in mapping}
 
 
+def original_params(model: nn.Module, mapping: dict[int, Any]) -> dict[int, nn.Parameter]:
+    """``id(copy's parameter) -> the user's parameter``, from :func:`model_copy`'s
+    ``mapping`` (what ``shard_placement_fn`` is called with, as ``fully_shard`` calls it)."""
+    return {id(mapping[id(p)]): p for p in model.parameters() if id(p) in mapping}
+
+
 def asked_of_originals(value: Any, originals: Mapping[int, nn.Module]) -> Any:
     """``value`` (a wrap policy, a checkpointing predicate, ``fully_shard=``'s callable), asked
     of the user's modules where fsdpviz evaluates it on its copy: ``originals`` maps

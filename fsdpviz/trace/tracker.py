@@ -22,9 +22,10 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz.errors import ConfigError, TraceError
 from fsdpviz.schema.report import FsdpWarning
+from fsdpviz.trace.checkpointing import is_checkpointed
 from fsdpviz.trace.copy import index_range
 from fsdpviz.trace.hf_masks import answered_mask_checks
-from fsdpviz.trace.meta_kernels import device_rules
+from fsdpviz.trace.meta_kernels import DtypeMismatch, device_rules, dtype_name
 
 
 @dataclass
@@ -128,6 +129,58 @@ class ModuleTracker:
         self._handles.clear()
 
 
+USE_CACHE_CODE = "use_cache_checkpointed"
+"""The warning of a model that returns a KV cache under activation checkpointing."""
+
+
+def cache_bytes(output: Any) -> int:
+    """Bytes of the tensors a Hugging Face model's output holds in its KV cache (``cache``,
+    formerly ``past_key_values``; ``use_cache=True``); 0 when it holds none."""
+    keys = output.keys() if isinstance(output, dict) else ()  # (ModelOutput is a dict)
+    found = [output[k] for k in ("cache", "past_key_values") if k in keys]
+    seen: set[int] = set()
+    total = 0
+
+    def visit(obj: Any, depth: int) -> None:
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.numel() * obj.element_size()
+        elif depth < 4 and isinstance(obj, (list, tuple)):
+            for x in obj:
+                visit(x, depth + 1)
+        elif depth < 4 and obj is not None and hasattr(obj, "__dict__"):
+            for x in vars(obj).values():
+                visit(x, depth + 1)
+
+    for cache in found:
+        visit(cache, 0)
+    return total
+
+
+def _check_cache(model: nn.Module, output: Any, tracker: ModuleTracker) -> None:
+    """A model called with ``use_cache=True`` under activation checkpointing: say so."""
+    held = cache_bytes(output)
+    if not held or any(w.code == USE_CACHE_CODE for w in tracker.warnings):
+        return
+    if not is_checkpointed(model):
+        return
+    from fsdpviz.schema.memory import size_text
+
+    tracker.warnings.append(
+        FsdpWarning(
+            USE_CACHE_CODE,
+            f"the model returns a KV cache (use_cache=True, its config's default) under "
+            f"activation checkpointing: the cache keeps every layer's keys and values "
+            f"({size_text(held)} after forward) through backward, and each recomputed layer "
+            "appends them again. Training needs no cache: use_cache=False (as "
+            "gradient_checkpointing_enable() sets it)",
+            fix={"use_cache": False},
+        )
+    )
+
+
 def default_loss(output: Any) -> torch.Tensor:
     """``output.loss`` if set, else ``output.logits.sum()``, else the sum of float tensors."""
     loss = getattr(output, "loss", None)
@@ -179,13 +232,16 @@ def failure_hint(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     where: str,
-    module: nn.Module | None = None,
+    failing: str = "",
 ) -> str:
-    """What to do about a failed step: for tensors of two dtypes, which parameters FSDP casts;
-    other tracing for what meta tensors cannot do; otherwise the inputs, since the model
-    rejected them."""
+    """What to do about a failed step in module ``failing``: for tensors of two dtypes, which
+    parameters FSDP casts; other tracing for what meta tensors cannot do; otherwise the
+    inputs, since the model rejected them."""
     text = f"{type(e).__name__}: {e}"
-    if isinstance(e, RuntimeError) and _DTYPE_MISMATCH.search(text):
+    module = dict(model.named_modules()).get(failing)
+    if isinstance(e, DtypeMismatch):
+        return mismatched_parameters(e, model, failing)
+    if isinstance(e, RuntimeError) and _DTYPE_MISMATCH.search(text):  # trace="real"
         return dtype_hint(module)
     if where == "the meta device" and _in_transformers_masks(e):
         return (
@@ -217,8 +273,45 @@ def _in_transformers_masks(e: BaseException) -> bool:
     return False
 
 
+def mismatched_parameters(e: DtypeMismatch, model: nn.Module, module: str) -> str:
+    """What to change for a dtype mismatch: the operands that are the model's parameters (or
+    views of them, as ``F.linear``'s transposed weight), the dtype they meet, and the fixes;
+    the failing module's parameter dtypes where no operand is a parameter."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    found: dict[str, torch.dtype] = {}
+    for _, t in e.operands:
+        name = names.get(id(t))
+        if name is None and t._base is not None:
+            name = names.get(id(t._base))
+        if name is not None:
+            found.setdefault(name, t.dtype)
+    if not found:
+        return dtype_hint(model.get_submodule(module) if module else model)
+    said = []
+    for dtype in dict.fromkeys(found.values()):
+        params = [n for n, d in found.items() if d == dtype]
+        met = " and ".join(dtype_name(d) for d in e.dtypes if d != dtype)
+        which = " and ".join(repr(n) for n in params)
+        verb = "parameters" if len(params) > 1 else "parameter"
+        meet = "meet" if len(params) > 1 else "meets"
+        said.append(f"the {dtype_name(dtype)} {verb} {which} {meet} {met} tensors")
+    # the compute dtype: the one no parameter has (else the first operand's, the input's)
+    target = next((d for d in e.dtypes if d not in found.values()), e.dtypes[0])
+    owner = f"model.get_submodule({module!r})" if module else "model"
+    text = "; ".join(said)
+    return (
+        text[0].upper() + text[1:] + ". With mixed precision, FSDP casts only the parameters "
+        "it manages: parameters of ignored_modules / ignored_states / ignored_params, and of "
+        "modules MixedPrecision's _module_classes_to_ignore leaves out, keep their own dtype "
+        "while the activations they meet are in param_dtype. Fix: cast the module to the "
+        f"compute dtype ({owner}.to({target})), cast its input in its forward, or let FSDP "
+        "manage its parameters."
+    )
+
+
 def dtype_hint(module: nn.Module | None) -> str:
-    """Why a step meets tensors of two dtypes, and the fixes."""
+    """Why a step meets tensors of two dtypes, and the fixes (where the mismatch's operands
+    are not known: a real trace, which raises the device kernel's own error)."""
     held = ""
     if module is not None:
         dtypes: dict[str, list[str]] = {}
@@ -235,7 +328,7 @@ def dtype_hint(module: nn.Module | None) -> str:
             )
     return (
         f"{held}Tensors of two dtypes meet in one operator, and the device's kernel refuses "
-        "them as the meta trace does. With mixed precision, FSDP casts only the parameters it "
+        "them. With mixed precision, FSDP casts only the parameters it "
         "manages: parameters of ignored_modules / ignored_states / ignored_params, and of "
         "modules MixedPrecision's _module_classes_to_ignore leaves out, keep their own dtype "
         "while the activations they meet are in param_dtype. Cast that module to the compute "
@@ -345,11 +438,13 @@ def _step(
         failing = tracker.stack[-1] if tracker.stack else ""
         cls = type(dict(model.named_modules()).get(failing, model)).__name__
         label = repr(failing) if failing else "(root)"
+        said = str(e) if isinstance(e, DtypeMismatch) else f"{type(e).__name__}: {e}"
         raise TraceError(
-            f"tracing on {where} failed in module {label} ({cls}): {type(e).__name__}: {e}\n"
-            + failure_hint(e, model, args, kwargs, where, dict(model.named_modules()).get(failing)),
+            f"tracing on {where} failed in module {label} ({cls}): {said}\n"
+            + failure_hint(e, model, args, kwargs, where, failing),
             module=failing,
         ) from e
+    _check_cache(model, output, tracker)
     if stage_output:
         tensors = [
             t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad

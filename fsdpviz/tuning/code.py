@@ -195,6 +195,12 @@ def _fsdp2(c: Candidate) -> list[str]:
         common.append("mp_policy=mp_policy")
     if kw.get("offload_policy") is not None:
         common.append("offload_policy=CPUOffloadPolicy()")
+    placement = kw.get("shard_placement_fn")
+    if callable(placement):
+        lines.append("# shard_placement_fn: your function, as given")
+        common.append("shard_placement_fn=shard_placement_fn")
+    elif isinstance(placement, Mapping):
+        lines.append("# placements: your {module: shard_placement_fn} mapping, as given")
     raf = kw.get("reshard_after_forward")
     groups = [g for g in cfg.fully_shard if g]
     spec = kw.get("activation_checkpointing")
@@ -204,6 +210,7 @@ def _fsdp2(c: Candidate) -> list[str]:
     root_args = [
         *common,
         *([f"reshard_after_forward={root_raf!r}"] if root_raf is not None else []),
+        *_placement_arg(placement, "", ("",)),
     ]
     lines.append(f"fully_shard(model, {', '.join(root_args)})")
     return lines
@@ -229,6 +236,15 @@ def _raf_of(raf: Any, name: str, fqns: tuple[str, ...]) -> Any:
     return raf
 
 
+def _placement_arg(placement: Any, name: str, fqns: tuple[str, ...]) -> list[str]:
+    """A ``{module: shard_placement_fn}`` mapping's argument of one ``fully_shard`` call."""
+    if isinstance(placement, Mapping):
+        for key in (name, *fqns):
+            if key in placement:
+                return [f"shard_placement_fn=placements[{key!r}]"]
+    return []
+
+
 def _shard_calls(
     groups: list[str], raf: Any, common: list[str], spec: Any, c: Candidate
 ) -> list[str]:
@@ -241,6 +257,9 @@ def _shard_calls(
         fqns = tuple(name.split(", "))
         value = _raf_of(raf, name, fqns)
         run = _numbered_run(groups, i, raf)
+        placed = _placement_arg(c.kwargs.get("shard_placement_fn"), name, fqns)
+        if placed:
+            run = 1  # a mapping's function is the group's own: one call each
         if run > 2:
             parent = groups[i].rsplit(".", 1)[0]
             extra = [*common, *([f"reshard_after_forward={value!r}"] if value is not None else [])]
@@ -248,7 +267,11 @@ def _shard_calls(
             lines.append(f"    fully_shard(block, {', '.join(extra)})")
             i += run
             continue
-        args = [*common, *([f"reshard_after_forward={value!r}"] if value is not None else [])]
+        args = [
+            *common,
+            *([f"reshard_after_forward={value!r}"] if value is not None else []),
+            *placed,
+        ]
         if len(fqns) == 1:
             target = f"model.get_submodule({_wrapped(fqns[0], spec, c)!r})"
         else:

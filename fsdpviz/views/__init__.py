@@ -29,7 +29,8 @@ from fsdpviz.views.prefetch import (
     prefetch_figure,
 )
 from fsdpviz.views.style import PALETTE, format_bytes, template, unit_colors
-from fsdpviz.views.timeline_view import MemorySeries, MemorySource, timeline_data
+from fsdpviz.views.timeline_lanes import MemorySeries, MemorySource
+from fsdpviz.views.timeline_view import timeline_data
 from fsdpviz.views.timeline_view_figure import timeline_figure
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.views.tune_view import tune_data, tune_figure

@@ -22,14 +22,24 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.timeline import duration_text
 from fsdpviz.views._svg import event_strips_svg, memory_curve_svg, unit_bytes_svg
 from fsdpviz.views.detail import dtype_text
 from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
+    from fsdpviz.schedule.comparison import Comparison
 
-__all__ = ["report_bundle", "report_html", "run_bundle", "run_html"]
+__all__ = [
+    "comparison_html",
+    "plural",
+    "report_bundle",
+    "report_html",
+    "run_bundle",
+    "run_html",
+    "warnings_html",
+]
 
 MAX_UNIT_ROWS = 10
 MAX_WARNINGS = 8
@@ -67,7 +77,7 @@ def report_html(report: Report) -> str:
     numel = sum(u.numel for u in report.units)
     title = (
         f"<b>fsdpviz</b> {escape(report.source)} · {escape(str(api))} · "
-        f"{_plural(len(report.units), 'wrap unit')} · world size "
+        f"{plural(len(report.units), 'wrap unit')} · world size "
         f"{escape(str(report.config.world_size))}{escape(_mesh(report.config))}"
         f"{escape(_torch(report.config))}"
     )
@@ -85,7 +95,7 @@ def report_html(report: Report) -> str:
         _time_part(report),
         _figures([unit_bytes_svg(report), *figures]),
         units_table(report),
-        _warnings(report),
+        warnings_html(report),
         _line(_hint("report.show()") + " opens the explorer", _MUTED),
     ]
     return _card(parts)
@@ -105,7 +115,7 @@ def run_html(run: RecordedRun) -> str:
     )
     summary = (
         f"{'/'.join(map(str, counts))} iterations per rank · "
-        f"{_plural(len(first.units), 'wrap unit')} · "
+        f"{plural(len(first.units), 'wrap unit')} · "
         f"<b>{format_bytes(sum(u.sharded_bytes for u in first.units))} per rank</b>"
     )
     if run.path is not None:
@@ -173,7 +183,7 @@ def config_items(report: Report) -> list[str]:
             plan = c.parallelize_plan or {}
             items.append(
                 f"tensor parallel over {c.tp_world_size} ranks "
-                f"({_plural(len(plan), 'module')} parallelised)"
+                f"({plural(len(plan), 'module')} parallelised)"
             )
     else:
         items.extend(_fsdp1_items(c))
@@ -218,7 +228,7 @@ def _fsdp1_items(c: ReportConfig) -> list[str]:
 
 
 def _fsdp2_items(c: ReportConfig) -> list[str]:
-    items = [f"fully_shard on {_plural(len(c.fully_shard), 'module')}"]
+    items = [f"fully_shard on {plural(len(c.fully_shard), 'module')}"]
     reshard = c.reshard_after_forward
     if reshard:
         root = reshard.get("")
@@ -232,10 +242,10 @@ def _fsdp2_items(c: ReportConfig) -> list[str]:
         items.append(_dtypes("mp_policy", mp))
     fwd, bwd = c.explicit_forward_prefetch or {}, c.explicit_backward_prefetch or {}
     items.append(
-        f"forward prefetch set on {_plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
+        f"forward prefetch set on {plural(len(fwd), 'module')}" if fwd else "no forward prefetch"
     )
     items.append(
-        f"backward prefetch set on {_plural(len(bwd), 'module')}"
+        f"backward prefetch set on {plural(len(bwd), 'module')}"
         if bwd
         else "backward prefetch of the previous unit"
     )
@@ -344,7 +354,7 @@ def _time_part(report: Report) -> str:
             _MUTED,
         )
     t = tl.totals
-    text = f"<b>step {t['step_s'] * 1e3:,.1f} ms</b> on {escape(str(tl.machine['name']))}"
+    text = f"<b>step {duration_text(t['step_s'])}</b> on {escape(str(tl.machine['name']))}"
     if t["tokens_per_s"] > 0:
         text += (
             f" · <b>{t['tokens_per_s']:,.0f} tokens/s per GPU</b> · MFU {t['mfu']:.1%}"
@@ -385,7 +395,9 @@ def _topology_line(machine: Mapping[str, Any]) -> str:
     return _line(f"nodes of {per_node} GPUs: " + " · ".join(parts), _MUTED)
 
 
-def _warnings(report: Report) -> str:
+def warnings_html(report: Report) -> str:
+    """The report's warnings as the card lists them (``2 warnings``, each code and first
+    line; ``""`` for none): the dashboard shows the same list."""
     if not report.warnings:
         return ""
     items = [
@@ -396,9 +408,61 @@ def _warnings(report: Report) -> str:
     if len(report.warnings) > MAX_WARNINGS:
         items.append(f"<li>… and {len(report.warnings) - MAX_WARNINGS} more</li>")
     return (
-        f'<div style="margin:4px 0;{_WARN}">{_plural(len(report.warnings), "warning")}'
+        f'<div style="margin:4px 0;{_WARN}">{plural(len(report.warnings), "warning")}'
         f'<ul style="margin:2px 0;padding-left:18px">{"".join(items)}</ul></div>'
     )
+
+
+def comparison_html(cmp: Comparison) -> str:
+    """The differences of two plans, as ``print(cmp)`` says them: the verdict, each cost of
+    both plans with the change (peak, reserved, step, exposed communication, tokens/s),
+    whether each fits its machine, and the units that differ. Static HTML, as the card."""
+    from fsdpviz.schedule.comparison import COSTS, cost_label, cost_text
+
+    a, b = cmp.name_a, cmp.name_b
+    parts = [
+        _line(
+            f"<b>fsdpviz</b> comparison · {escape(a)} <b>vs</b> {escape(b)}: "
+            f"<b>{escape(cmp.verdict)}</b>"
+        )
+    ]
+    head = ["", escape(a), escape(b), "change"]
+    rows = []
+    for key in COSTS:
+        if key not in cmp.costs:
+            continue
+        va, vb = cmp.costs[key]
+        change = cmp.change_text(key)
+        style = "" if change == "same" else _WARN if cmp.worse(key) else _OK
+        rows.append(
+            f'<tr data-fv-cost="{key}"><td style="{_CELL}left">{escape(cost_label(key))}</td>'
+            f'<td style="{_CELL}right">{escape(cost_text(key, va))}</td>'
+            f'<td style="{_CELL}right">{escape(cost_text(key, vb))}</td>'
+            f'<td style="{_CELL}right;{style}">{escape(change)}</td></tr>'
+        )
+    if rows:
+        th = "".join(
+            f'<th style="{_CELL}{"left" if i == 0 else "right"};font-weight:600">{h}</th>'
+            for i, h in enumerate(head)
+        )
+        parts.append(
+            '<table class="fsdpviz-costs" style="border-collapse:collapse;margin:4px 0">'
+            f"<tr>{th}</tr>{''.join(rows)}</table>"
+        )
+    else:
+        parts.append(_line("costs: not modelled (a plan has no trace profile)", _MUTED))
+    for name, report in zip((a, b), cmp.reports or (), strict=False):
+        memory = report.memory if report.profile is not None and report.units else None
+        if memory is not None and memory.capacity > 0:
+            parts.append(_fit_line(memory).replace(">✓ ", f">✓ {escape(name)}: ", 1)
+                         .replace(">✗ ", f">✗ {escape(name)}: ", 1))  # fmt: skip
+    differ = [p for p in cmp.pairs if p.differs]
+    if differ or cmp.moved_params:
+        said = f"{plural(len(differ), 'unit')} differ" if differ else ""
+        moved = plural(len(cmp.moved_params), "parameter") + " moved" if cmp.moved_params else ""
+        parts.append(_line(" · ".join(x for x in (said, moved) if x) + " (print(cmp) lists them)",
+                           _MUTED))  # fmt: skip
+    return _card(parts)
 
 
 def _divergence(run: RecordedRun) -> str:
@@ -462,7 +526,8 @@ def _hint(code: str) -> str:
     return f'<code style="{_MONO}">{escape(code)}</code>'
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``1 warning``, ``2 warnings``."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 

@@ -65,7 +65,9 @@ def param_rows(
     flattening order). Then, where a rank holds a piece of each parameter, ``shard per
     rank`` (FSDP2: dim 0 split over the ranks); under tensor parallelism ``[tp placement,
     shard per rank]`` (a tp-sharded parameter's placement, ``Replicate()`` or ``-``, and
-    what one rank holds of it). ``shapes``: every parameter's, when known already."""
+    what one rank holds of it); a unit whose ``shard_placement_fn`` shards parameters on
+    another dim ``[FSDP placement, shard per rank]`` (``Shard(dim)``). ``shapes``: every
+    parameter's, when known already."""
     u = report.unit(unit)
     shapes = _param_shapes(report) if shapes is None else shapes
     fsdp2 = report.config.api == "FSDP2"
@@ -82,16 +84,25 @@ def param_rows(
             report.param_first_use.get(fqn, "-"),
         ]
         if u.shard_shapes:
-            placement = u.tp_placements.get(fqn, "-")
-            row += [
-                f"⊞ tp {placement}" if placement.startswith("Shard") else placement,
-                _shape(u.shard_shapes.get(fqn)),
-            ]
+            if _tp_column(report, u):
+                placement = u.tp_placements.get(fqn, "-")
+                row.append(f"⊞ tp {placement}" if placement.startswith("Shard") else placement)
+            if u.shard_dims:
+                row.append(f"Shard({u.shard_dims.get(fqn, 0)})")
+            row.append(_shape(u.shard_shapes.get(fqn)))
         elif fsdp2:
             local = None if not shape else [math.ceil(shape[0] / ranks), *shape[1:]]
             row.append(_shape(local))
         rows.append(row)
     return rows
+
+
+def _tp_column(report: Report, u: Unit) -> bool:
+    """Whether ``u``'s parameters table has a tensor-parallel column: its shards are tensor
+    parallelism's (not only ``shard_placement_fn``'s dims)."""
+    return bool(u.shard_shapes) and bool(
+        report.config.tp_world_size or u.tp_placements or not u.shard_dims
+    )
 
 
 def _nodes_by_unit(tree: ModuleTree) -> dict[str | None, list[TreeNode]]:
@@ -245,9 +256,11 @@ def unit_detail(
         )
     ]
     header = ["parameter", "shape", "numel", "bytes", "first used by"]
-    if u.shard_shapes:
-        header += ["tensor parallel", "shard per rank"]
-    elif fsdp2:
+    if _tp_column(report, u):
+        header += ["tensor parallel"]
+    if u.shard_dims:
+        header += ["FSDP placement"]
+    if fsdp2 or u.shard_shapes:
         header += ["shard per rank"]
     sections.append(
         _table(
@@ -256,6 +269,8 @@ def unit_detail(
             param_rows(report, u.module, known.shapes),
             [2, 3],
             note="each a DTensor sharded on dim 0, all-gathered together"
+            if fsdp2 and not u.shard_dims
+            else "each a DTensor sharded on its dim (shard_placement_fn), all-gathered together"
             if fsdp2
             else "in flattening order: one FlatParameter",
         )

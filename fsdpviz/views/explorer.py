@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any, Literal
 
@@ -73,6 +74,7 @@ def explorer_figure(
     highlight_unit: str | None = None,
     tree: ModuleTree | None = None,
     focus: str = "",
+    width: int | None = None,
 ) -> go.Figure:
     """The module tree of ``report`` as a plotly icicle (default) or treemap.
 
@@ -83,7 +85,10 @@ def explorer_figure(
     :func:`highlight_lines`); ``tree`` reuses a
     :func:`module_tree`. A model of more than :data:`~fsdpviz.views.tree.EXPLORER_BUDGET`
     modules is drawn as deep as that many modules allow, from ``focus`` (a module FQN,
-    default the root): modules whose children are not drawn are marked ``▸``.
+    default the root): modules whose children are not drawn are marked ``▸``. ``width``
+    (pixels, an image's): each icicle block's label shortened to fit its block (a unit's
+    ``model.layers.0 [unit 1]`` to ``0 [unit 1]``, then ``[unit 1]``), as the page's
+    explorer shortens them; without it, a label that does not fit is hidden.
     """
     trace, layout = explorer_parts(
         report,
@@ -93,6 +98,7 @@ def explorer_figure(
         highlight_unit=highlight_unit,
         tree=tree,
         focus=focus,
+        width=width,
     )
     # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
     # (and so the golden tests) are still validated.
@@ -109,6 +115,7 @@ def explorer_parts(
     tree: ModuleTree | None = None,
     focus: str = "",
     view: TreeView | None = None,
+    width: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The trace and the layout of :func:`explorer_figure` as plain dicts, not validated.
 
@@ -191,6 +198,13 @@ def explorer_parts(
     }
     if kind == "icicle":
         trace.update(tiling={"orientation": "v"}, leaf={"opacity": 1.0})
+        if width is not None:
+            shown = [tree.nodes[k].fqn for k in view.indices]
+            at = shown.index(view.focus) if view.focus in shown else 0
+            scale = (width - 16) / max(int(values[at]), 1)  # (the margins: 8 px each side)
+            trace["labels"] = [
+                _fitted(t, float(v) * scale - 6) for t, v in zip(labels, values, strict=True)
+            ]
     if view.focus or view.closed:  # drawn from its top, whatever a click zoomed to before
         trace["level"] = node_id(view.focus)
     units_word = "unit" if len(report.units) == 1 else "units"
@@ -310,6 +324,34 @@ def _block_label(node: TreeNode, unit_index: dict[str, int]) -> str:
     if node.is_unit_root:
         label = f"{node.fqn or label} [unit {unit_index[node.fqn]}]"
     return label
+
+
+_CHAR_PX = 0.62 * LABEL_PX  # (about: a label's width per character, in the figure's font)
+
+
+def _fitted(label: str, room: float) -> str:
+    """``label`` as it fits ``room`` pixels: whole; a unit's with the last part of its name
+    (``0 [unit 1]``), then ``[unit 1]``, ``unit 1``, ``1``; another cut short with ``…``;
+    ``""`` where nothing fits (as the page's explorer fits its labels, ``fitBlockLabel`` in
+    js/src/explorer.ts)."""
+
+    def fits(text: str) -> bool:
+        return len(text) * _CHAR_PX <= room
+
+    if fits(label):
+        return label
+    unit = re.match(r"^(.*) \[unit (\d+)\]( ▸)?$", label)
+    if unit is not None:
+        name, k, more = unit.group(1), unit.group(2), unit.group(3) or ""
+        last = name.rsplit(".", 1)[-1]
+        for text in (f"{last} [unit {k}]{more}", f"[unit {k}]{more}", f"unit {k}", k):
+            if fits(text):
+                return text
+        return ""
+    for n in range(len(label) - 1, 2, -1):
+        if fits(label[:n] + "…"):
+            return label[:n] + "…"
+    return ""
 
 
 def _warning_codes(report: Report) -> dict[str, list[str]]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import plotly.graph_objects as go
 
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 
 __all__ = [
@@ -114,13 +115,9 @@ def unit_colors(report: Report) -> dict[str, str]:
 
 
 def format_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``; binary units, three significant digits."""
-    value = float(n)
-    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or suffix == "TiB":
-            return f"{value:.0f} {suffix}" if suffix == "B" else f"{three_digits(value)} {suffix}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    """``1536`` -> ``'1.5 KiB'``; binary units, three significant digits
+    (:func:`fsdpviz.schema.memory.size_text`, the one format of bytes)."""
+    return size_text(n)
 
 
 def three_digits(value: float) -> str:

@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
-from fsdpviz.views.timeline_view import FREE, MemoryOption, cursor_x, timeline_data
+from fsdpviz.views.timeline_lanes import FREE, MemoryOption
+from fsdpviz.views.timeline_view import cursor_x, timeline_data
 
 __all__ = ["CAPACITY_IN_SCALE", "lane_names", "memory_axis_top", "time_unit", "timeline_figure"]
 

@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.timeline import duration_text
-from fsdpviz.tuning.result import Candidate, Tuning
-from fsdpviz.tuning.space import KNOB_NAMES
 from fsdpviz.views.style import TABLE, Theme, format_bytes, template, theme_colors
+
+if TYPE_CHECKING:  # (the search's package loads torch: fsdpviz.views, and the command line's
+    # check of an output's suffix, do not)
+    from fsdpviz.tuning.result import Candidate, Tuning
 
 __all__ = ["anchor_of", "tune_data", "tune_figure", "tune_svg"]
 
@@ -65,6 +67,8 @@ def anchor_of(tuning: Tuning) -> Candidate:
 
 
 def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
+    from fsdpviz.tuning.space import KNOB_NAMES
+
     best = tuning.best
     tags = [f"#{c.index}"]
     if best is not None and c is best:
@@ -114,6 +118,8 @@ def tune_data(tuning: Tuning) -> dict[str, Any]:
     ``label``) or ``None``; ``knobs``: the knob table's rows; ``summary``: the lines of
     :meth:`~fsdpviz.tuning.Tuning.summary`.
     """
+    from fsdpviz.tuning.space import KNOB_NAMES
+
     cands = tuning.candidates
     position = {id(c): k for k, c in enumerate(cands)}
     frontier = tuning.frontier

@@ -12,8 +12,8 @@ from fsdpviz.replan import BACKWARD_PREFETCH, SHARDING_STRATEGIES, PlanOptions, 
 __all__ = ["PlanControls"]
 
 _NO_MODEL = (
-    "Re-planning needs the model: report.show(model=model, inputs=inputs) or "
-    "Explorer(report, model=model, inputs=inputs)."
+    "The controls show this plan's options; to change them and re-plan, give the model: "
+    "report.show(model=model, inputs=inputs) or Explorer(report, model=model, inputs=inputs)."
 )
 _WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 _STYLE = {"description_width": "initial"}
@@ -31,7 +31,11 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         options: PlanOptions,
         replanner: Replanner | None,
         on_change: Callable[[PlanOptions, bool], None],
+        no_replan: str | None = None,
     ) -> None:
+        """``no_replan``: why the controls cannot re-plan, shown under them where there is
+        no ``replanner`` (by default: no model was given)."""
+        no_replan = no_replan or _NO_MODEL
         self.options = options
         self._on_change = on_change
         self._syncing = False
@@ -122,17 +126,23 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             self.recipe,
             self.reshard,
         ]
+        self.note = w.HTML(
+            "" if replanner is not None else f"<small><i>{no_replan}</i></small>",
+            layout=w.Layout(display="none" if replanner is not None else None),
+        )
+        """Why the controls are greyed out, where they are (no model to re-plan)."""
         super().__init__(
             [
                 w.HBox([self.policy, self.recipe]),
                 w.HBox([self.classes, w.VBox([self.min_params, self.forward])]),
                 w.HBox([self.world_size, self.sharding, self.reshard, self.backward]),
+                self.note,
             ]
         )
         self._replans = replanner is not None
         if replanner is None:
             for c in self._all:
-                c.tooltip = _NO_MODEL
+                c.tooltip = no_replan
         else:
             for c in self._all:
                 c.observe(self._changed, names="value")

@@ -51,13 +51,15 @@ import traitlets
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.report import Report
-from fsdpviz.views.timeline_view import MemoryOption, auto_memory, opening_iteration
+from fsdpviz.views.timeline_lanes import MemoryOption
+from fsdpviz.views.timeline_memory import auto_memory
+from fsdpviz.views.timeline_view import opening_iteration
 from fsdpviz.views.tree import with_module_tree
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets._memo import ReportMemo
-from fsdpviz.widgets.explorer import Explorer
-from fsdpviz.widgets.front_end import with_saved_views
+from fsdpviz.widgets.explorer import SAVE_AFTER_S, Explorer
+from fsdpviz.widgets.front_end import saved_output, with_saved_views
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
@@ -103,6 +105,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.explorer = Explorer(
             with_module_tree(report), model=model, inputs=inputs, **analyze_kwargs
         )
+        self.explorer.saves_output = False  # the dashboard's output saves all three views
         self.prefetch = PrefetchWidget(report, iteration)
         self._shown: Report | Sequence[Report] | RecordedRun = (
             ranks if ranks is not None else report
@@ -114,6 +117,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             [
                 self.explorer.controls,
                 self.explorer.status,
+                self.explorer.warnings,
                 _heading("Timeline"),
                 self.timeline,
                 self.memory_note,
@@ -219,6 +223,19 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 "trace once the controls rest</small>"
             )
             self._deferred.run("profile", self._add_profile, report, delay=PROFILE_AFTER_S)
+        self._deferred.run("saved", self._save_output, delay=SAVE_AFTER_S)
+
+    def _save_output(self) -> None:
+        """The plan on screen, for the notebook's saved output (see ``SAVE_AFTER_S``)."""
+        self.timeline.saved_output = saved_output(self._states(), *self._titles())
+
+    def _titles(self) -> tuple[Report, str, str]:
+        """The report, title and text of what the dashboard shows now."""
+        report = self.explorer.report
+        text = report.summary()
+        if not isinstance(self._shown, Report):
+            text = getattr(self._shown, "summary", lambda: text)()
+        return report, text.splitlines()[0], text
 
     def _add_profile(self, report: Report) -> None:
         """The memory curve with activations: the same plan, traced (skipped if stale)."""
@@ -232,6 +249,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         profiled = planner.profiled(options)
         if self.explorer.report is report:
             self.timeline.set_reports(profiled, memory=self._memory(profiled))
+            self._deferred.run("saved", self._save_output, delay=SAVE_AFTER_S)
 
     def _on_js_error(self, change: dict[str, Any]) -> None:
         if change["new"]:
@@ -243,20 +261,10 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         they are now (drawn by fsdpviz's JupyterLab extension without a kernel) and a
         static SVG of the timeline and the plan
         (:func:`fsdpviz.widgets.front_end.with_saved_views`)."""
-        report = self.explorer.report
-        text = report.summary()
-        if not isinstance(self._shown, Report):
-            text = getattr(self._shown, "summary", lambda: text)()
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
-        return with_saved_views(
-            bundle,
-            self._states(),
-            report,
-            text.splitlines()[0],
-            text,
-        )
+        return with_saved_views(bundle, self._states(), *self._titles())
 
     def _states(self) -> dict[str, dict[str, Any]]:
         return {

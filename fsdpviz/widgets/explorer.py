@@ -19,6 +19,7 @@ import traitlets
 from fsdpviz._gc import answering
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.views.card import plural, warnings_html
 from fsdpviz.views.style import format_bytes
 from fsdpviz.views.tree import ModuleTree, module_tree
 from fsdpviz.widgets._errors import ErrorOutput
@@ -26,7 +27,7 @@ from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.controls import PlanControls
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
-from fsdpviz.widgets.front_end import with_saved_views
+from fsdpviz.widgets.front_end import saved_output, with_saved_views
 
 __all__ = ["Explorer"]
 
@@ -37,6 +38,9 @@ WARM_AFTER_S = 0.5
 # meanwhile the browser draws the new plan (on a small machine the kernel, the server and the
 # browser share the cores); a unit picked sooner shows its panel as pending until then.
 DETAILS_AFTER_S = 0.25
+# Seconds after a re-plan before the notebook output is given the new plan (see
+# fsdpviz.widgets.front_end.saved_output): a saved notebook keeps the plan on screen.
+SAVE_AFTER_S = 1.0
 
 
 def _shared(name: str, doc: str) -> Any:
@@ -87,7 +91,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
         self.tree: ModuleTree = self._trees.get(report, lambda: module_tree(report))
         self.view = ExplorerWidget(report, tree=self.tree)
         """The icicle and the detail panel, drawn by the front end."""
+        self.saves_output = True
+        """Whether a re-plan gives the notebook output the new plan (the explorer shown on
+        its own; a dashboard saves its three views itself)."""
         self.status = w.HTML()
+        self.warnings = w.HTML(warnings_html(report))
+        """The plan's warnings, each in words (the advice with it), as the card lists them."""
         if piped and model is not None:
             self.status.value = (
                 "<small>a pipeline's plan: plan another schedule, microbatches or mesh with "
@@ -97,8 +106,14 @@ class Explorer(w.VBox):  # type: ignore[misc]
         """The options of the last re-plan (at first: what ``report.config`` says)."""
         if replanner is not None and report.source == "prediction":
             replanner.remember(self.options, report)  # what the controls show now
-        self.controls = PlanControls(self.options, replanner, self._replan)
-        super().__init__([self.controls, self.status, self.view, self.errors])
+        why = (
+            "A pipeline's plan: the controls show its FSDP options; plan another schedule, "
+            "microbatches or mesh with fsdpviz.analyze."
+            if piped and model is not None
+            else None
+        )
+        self.controls = PlanControls(self.options, replanner, self._replan, no_replan=why)
+        super().__init__([self.controls, self.status, self.warnings, self.view, self.errors])
         self.add_class("fsdpviz-explorer-widget")
         with self.hold_trait_notifications():
             self.report = report
@@ -155,8 +170,8 @@ class Explorer(w.VBox):  # type: ignore[misc]
         r = self.report
         per_rank = sum(u.sharded_bytes for u in r.units)
         text = (
-            f"{len(r.units)} units, {format_bytes(per_rank)} of parameters per rank, "
-            f"{len(r.warnings)} warnings"
+            f"{plural(len(r.units), 'unit')}, {format_bytes(per_rank)} of parameters per "
+            f"rank, {plural(len(r.warnings), 'warning')}"
         )
         if seconds is not None:
             how = f" ({path})" if path in ("replay", "stored trace", "trace") else ""
@@ -167,12 +182,27 @@ class Explorer(w.VBox):  # type: ignore[misc]
         """A re-plan: the new plan drawn in this answer, with the selected unit's details;
         every other unit's follow once the browser has had ``DETAILS_AFTER_S`` to draw it."""
         report = self.report
+        self.warnings.value = warnings_html(report)
         self.tree = self._trees.get(report, lambda: module_tree(report))  # other units
         if self.selected_unit is not None and self.selected_unit not in self.tree.units:
             self.selected_unit = None
         shown = [] if self.selected_unit is None else [self.selected_unit]
         self.view.set_report(report, tree=self.tree, details=shown)
         self._deferred.run("details", self._add_details, report, delay=DETAILS_AFTER_S)
+        if self.saves_output:
+            self._deferred.run("saved", self._save_output, report, delay=SAVE_AFTER_S)
+
+    def _save_output(self, report: Report) -> None:
+        """The plan on screen, for the notebook's saved output."""
+        if self.report is report:
+            text, title = self._titles()
+            self.view.saved_output = saved_output(
+                {"explorer": self.view.page_state()}, report, title, text
+            )
+
+    def _titles(self) -> tuple[str, str]:
+        text = self.report.summary()
+        return text, f"fsdpviz explorer: {text.splitlines()[0].removeprefix('fsdpviz ')}"
 
     def _add_details(self, report: Report) -> None:
         if self.report is report:  # not when a newer plan came meanwhile
@@ -185,16 +215,12 @@ class Explorer(w.VBox):  # type: ignore[misc]
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         """The live explorer and what outlives its kernel (see
         :func:`fsdpviz.widgets.front_end.with_saved_views`)."""
-        text = self.report.summary()
+        text, title = self._titles()
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         return with_saved_views(
-            bundle,
-            {"explorer": self.view.page_state()},
-            self.report,
-            f"fsdpviz explorer: {text.splitlines()[0].removeprefix('fsdpviz ')}",
-            text,
+            bundle, {"explorer": self.view.page_state()}, self.report, title, text
         )
 
     def find(self, text: str) -> str:

@@ -24,7 +24,7 @@ from fsdpviz.widgets._memo import SIZE
 if TYPE_CHECKING:
     from fsdpviz.schema.report import Report
 
-__all__ = ["DATA", "STATIC", "FrontEnd", "check_built", "with_saved_views"]
+__all__ = ["DATA", "STATIC", "FrontEnd", "check_built", "saved_output", "with_saved_views"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 """Where the built front end is (``widget.js``, ``widget.css``, ``page.js``)."""
@@ -70,6 +70,11 @@ class FrontEnd(anywidget.AnyWidget):
     view = traitlets.Unicode("timeline").tag(sync=True)
     busy = traitlets.Bool(False).tag(sync=True)
     error = traitlets.Unicode("").tag(sync=True)
+    saved_output = traitlets.Dict().tag(sync=True)
+    """What the notebook output this view is in should hold now (its mimetypes and their
+    data: :func:`with_saved_views`'s, without the live widget), set after a re-plan;
+    fsdpviz's JupyterLab extension puts it in the output, so a saved notebook keeps the
+    plan on screen (the view sends it up the page, ``js/src/widget.ts``)."""
 
     PAGE_TRAITS: ClassVar[tuple[str, ...]] = ("data",)
     """The traits the exported page draws the view from (its state there)."""
@@ -115,6 +120,14 @@ class FrontEnd(anywidget.AnyWidget):
 
 def _first_line(report: Report) -> str:
     return report.summary().splitlines()[0].removeprefix("fsdpviz ")
+
+
+def saved_output(
+    states: Mapping[str, Mapping[str, Any]], report: Report | None, title: str, text: str
+) -> dict[str, Any]:
+    """What an output showing ``states`` saves (:func:`with_saved_views` without a widget):
+    the value of a view's ``saved_output`` trait."""
+    return with_saved_views({}, states, report, title, text)
 
 
 def with_saved_views(

@@ -1,7 +1,7 @@
 // What the explorer and the prefetch graph share: a root element holding a canvas and
 // its hover box, errors shown under the view instead of lost, and the pointer, the view's
 // width and the page's theme bound to what each view does with them.
-import { bindPointer, element, guarded, showViewError, Tooltip } from "./dom";
+import { bindControlKeys, bindPointer, element, guarded, showViewError, Tooltip } from "./dom";
 import { watchTheme } from "./theme";
 
 export abstract class CanvasView {
@@ -74,6 +74,11 @@ export abstract class CanvasView {
           wheel: (x, factor, y) => this.wheelAt(x, factor, y),
           keyAction: (key) => this.keyAction(key),
         },
+        (fn) => this.guard(fn),
+      ),
+      bindControlKeys(
+        this.root,
+        (key) => this.keyAction(key),
         (fn) => this.guard(fn),
       ),
     );

@@ -37,7 +37,12 @@ export interface PickedModule {
 
 export const EMPTY_TEXT = "Click a module or find a unit to see its parameters, shapes and bytes.";
 
-function table(section: DetailSection): HTMLElement {
+/** Where a name may break: after each dot (between the names of its modules); `UNDERSCORES`
+ * too where a table would otherwise be wider than the panel. */
+const DOTS = /(?<=\.)/;
+const UNDERSCORES = /(?<=[._])/;
+
+function table(section: DetailSection, breaks: RegExp = DOTS): HTMLElement {
   const t = element("table", "fv-detail-table");
   const numeric = new Set(section.numeric ?? []);
   const row = (cells: string[], tag: "th" | "td"): HTMLTableRowElement => {
@@ -45,9 +50,9 @@ function table(section: DetailSection): HTMLElement {
     cells.forEach((text, k) => {
       const c = document.createElement(tag);
       if (tag === "td" && !numeric.has(k)) {
-        // a name may break after each dot or underscore where the panel is narrow (a long
-        // leaf, post_attention_layernorm, would push the numbers out of sight), nowhere else
-        text.split(/(?<=[._])/).forEach((part, j) => {
+        // a name may break where the panel is narrow: between the names of its modules
+        // (post_attention_layernorm stays whole), inside one only where it must (see show)
+        text.split(breaks).forEach((part, j) => {
           if (j > 0) c.appendChild(document.createElement("wbr"));
           c.append(part);
         });
@@ -109,6 +114,7 @@ export class DetailPanel {
     this.shown = detail;
     this.closed = false;
     const parts: HTMLElement[] = [];
+    const tables: Array<[HTMLElement, DetailSection]> = [];
     if (detail === null) {
       const p = element("p", "fv-hint");
       p.textContent =
@@ -146,10 +152,19 @@ export class DetailPanel {
           const p = element("p", "fv-detail-text");
           p.textContent = section.text;
           parts.push(p);
-        } else parts.push(table(section));
+        } else {
+          const t = table(section);
+          tables.push([t, section]);
+          parts.push(t);
+        }
       }
     }
     this.body.replaceChildren(...parts);
+    // a table wider than the panel with its names broken between modules: broken at their
+    // underscores too, so that every column (the numbers) stays in sight
+    const body = this.body;
+    if (body.clientWidth > 0 && body.scrollWidth > body.clientWidth)
+      for (const [t, section] of tables) t.replaceWith(table(section, UNDERSCORES));
     this.el.dataset.fvUnit = detail === null ? "" : detail.title;
     this.el.dataset.fvModule = module === null ? "" : moduleName(module.name);
     this.place();

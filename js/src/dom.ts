@@ -169,6 +169,40 @@ export function bindPointer(
   return () => window.removeEventListener("mouseup", up);
 }
 
+/**
+ * The view's keys where its own controls have the keyboard focus (a click on the play
+ * button leaves it there): on a button, the view's keys step, play and jump as on the
+ * canvas (space and Enter still press the button); on a slider or a list, its own keys
+ * move it. Either way the key is the view's, not the notebook's (JupyterLab's shortcuts
+ * would otherwise act on it). Returns what removes the listener.
+ */
+export function bindControlKeys(
+  root: HTMLElement,
+  keyAction: (key: string) => (() => void) | undefined,
+  guard: (fn: () => void) => () => void,
+): () => void {
+  const onKey = (ev: KeyboardEvent): void => {
+    const t = ev.target;
+    if (t instanceof HTMLButtonElement) {
+      if (ev.key === " " || ev.key === "Enter") {
+        ev.stopPropagation(); // the button's press
+        return;
+      }
+      const action = keyAction(ev.key);
+      if (action === undefined) return;
+      ev.preventDefault();
+      ev.stopPropagation();
+      guard(action)();
+    } else if (
+      t instanceof HTMLSelectElement ||
+      (t instanceof HTMLInputElement && t.type === "range")
+    )
+      ev.stopPropagation();
+  };
+  root.addEventListener("keydown", onKey);
+  return () => root.removeEventListener("keydown", onKey);
+}
+
 /** The box of hover details over a view's canvas: its first line in bold. */
 export class Tooltip {
   readonly el: HTMLElement;

@@ -321,10 +321,13 @@ export function describeStep(
   if (tail > 0) parts.push(`the step's end waited ${formatSeconds(tail)} for it`);
   const mem = data.memory.find((m) => m.group === s.group[i]);
   if (mem !== undefined) {
+    // the moment the memory is read at, said: the peak button's (the peak itself) and a
+    // step's own (where its event starts) are two moments of the same step
     const k = moment ?? momentAt(mem, cursorX(data, i, order));
     if (k >= 0 && k < mem.total.length) {
       const peak = k === mem.peak.moment ? " ▼ peak" : "";
-      parts.push(`memory ${formatBytes(mem.total[k])}${peak}`);
+      const when = mem.where[k] ? ` ${mem.where[k]}` : "";
+      parts.push(`memory ${formatBytes(mem.total[k])}${peak}${when}`);
     }
   }
   return parts.join(" · ");

@@ -380,6 +380,39 @@ export interface Scene {
   win: Window;
   theme: ThemeColors;
   selectedUnit: number;
+  /** Filled by the drawing, where given: the labels of the memory lanes, as drawn. */
+  labels?: LabelBox[];
+}
+
+/** A label drawn in a memory lane, its box in CSS px (kept apart from the others). */
+export interface LabelBox {
+  text: string;
+  x: number;
+  y: number;
+  w: number;
+  h: number;
+}
+
+function overlap(a: LabelBox, b: LabelBox): number {
+  const w = Math.min(a.x + a.w, b.x + b.w) - Math.max(a.x, b.x);
+  const h = Math.min(a.y + a.h, b.y + b.h) - Math.max(a.y, b.y);
+  return w > 0 && h > 0 ? w * h : 0;
+}
+
+/** The first of `candidates` that overlaps none of `taken` (else the one that overlaps
+ * them least). */
+function placeLabel(candidates: LabelBox[], taken: LabelBox[]): LabelBox {
+  let best = candidates[0];
+  let least = Number.POSITIVE_INFINITY;
+  for (const c of candidates) {
+    const o = taken.reduce((sum, t) => sum + overlap(c, t), 0);
+    if (o === 0) return c;
+    if (o < least) {
+      least = o;
+      best = c;
+    }
+  }
+  return best;
 }
 
 function hatch(
@@ -825,7 +858,7 @@ function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: M
     stack(q, col, 1.5);
     marks.add(MARK.memory, mem.step[q], col, plotTop, 1.5, plotH, m, q);
   }
-  if (mem.capacity) drawCapacity(ctx, sc, mem.capacity, y, plotTop);
+  const taken = mem.capacity ? drawCapacity(ctx, sc, mem.capacity, y, plotTop) : [];
   // the peak: a line at its height, the marker over its moment
   const peak = mem.peak;
   const py = y(peak.bytes);
@@ -846,17 +879,33 @@ function drawMemory(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: M
     ctx.lineTo(px, py - 2);
     ctx.closePath();
     ctx.fill();
+    // beside the marker, right or left of it, above or below its line: where it covers
+    // neither the capacity's label nor the reserved estimate's
     const label = `peak ${formatBytes(peak.bytes)}`;
     const tw = ix.textWidth(ctx, label);
-    const right = px + 9 + tw < l.labelW + l.plotW;
-    ctx.textAlign = right ? "left" : "right";
+    const box = (x: number, top: number): LabelBox => ({
+      text: label,
+      x,
+      y: top,
+      w: tw + 3,
+      h: 12,
+    });
+    const fitsRight = px + 9 + tw < l.labelW + l.plotW;
+    const sides = fitsRight ? [px + 8, px - 10 - tw] : [px - 10 - tw, px + 8];
+    const below = py + 2 + 12 <= plotTop + plotH ? [py + 2] : [];
+    const all = [py - 13, ...below].flatMap((top) => sides.map((x) => box(x, top)));
+    const inside = all.filter((b) => b.x >= l.labelW && b.x + b.w <= l.labelW + l.plotW);
+    const spot = placeLabel(inside.length > 0 ? inside : all, taken);
+    ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     ctx.fillStyle = theme.bg;
-    ctx.fillRect(right ? px + 8 : px - 10 - tw, py - 13, tw + 3, 12);
+    ctx.fillRect(spot.x, spot.y, spot.w, spot.h);
     ctx.fillStyle = theme.accent;
-    ctx.fillText(label, right ? px + 9 : px - 9, py - 7);
+    ctx.fillText(label, spot.x + 1, spot.y + 6);
     marks.add(MARK.peak, peak.step, px - 7, py - 13, 14, 12, m, peak.moment);
+    taken.push(spot);
   }
+  sc.labels?.push(...taken);
 }
 
 /** Where the capacity line of a memory lane is drawn (CSS px), or null: for tests. */
@@ -884,7 +933,8 @@ function drawCapacity(
   cap: Capacity,
   y: (b: number) => number,
   plotTop: number,
-): void {
+): LabelBox[] {
+  const boxes: LabelBox[] = [];
   const { index: ix, layout: l, theme } = sc;
   const left = l.labelW;
   const right = l.labelW + l.plotW;
@@ -914,6 +964,7 @@ function drawCapacity(
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     ctx.fillText(text, left + 5, ry - 6.5);
+    boxes.push({ text, x: left + 3, y: ry - 12, w: tw + 4, h: 11 });
   }
   ctx.strokeStyle = color;
   ctx.lineWidth = onScale ? 2 : 1.5;
@@ -928,14 +979,26 @@ function drawCapacity(
     : `▲ ${cap.label} (above: ${formatBytes(cap.headroom)} headroom)`;
   ctx.font = `bold ${FONT}`;
   const tw = ctx.measureText(label).width;
-  const ty = onScale && cy - plotTop > 13 ? cy - 7 : cy + 7;
+  // above its line where there is room, else below; apart from the reserved label
+  const at = (ty: number): LabelBox => ({
+    text: label,
+    x: right - tw - 8,
+    y: ty - 6,
+    w: tw + 6,
+    h: 12,
+  });
+  const above = onScale && cy - plotTop > 13 ? [at(cy - 7)] : [];
+  const box = placeLabel([...above, at(cy + 7)], boxes);
+  const ty = box.y + 6;
   ctx.fillStyle = theme.bg;
-  ctx.fillRect(right - tw - 8, ty - 6, tw + 6, 12);
+  ctx.fillRect(box.x, box.y, box.w, box.h);
   ctx.fillStyle = color;
   ctx.textAlign = "right";
   ctx.textBaseline = "middle";
   ctx.fillText(label, right - 5, ty);
   ctx.font = FONT;
+  boxes.push(box);
+  return boxes;
 }
 
 /** The memory lane's y axis (in the label column, outside the plot's clip). */

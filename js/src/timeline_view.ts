@@ -35,6 +35,7 @@ import {
   drawOverviewBitmap,
   flowSteps,
   Index,
+  type LabelBox,
   type Layout,
   MARK,
   MarkList,
@@ -188,6 +189,8 @@ export class TimelineView {
   disposed = false;
   /** The marks of the drawn layer (what a click or hover picks). */
   readonly marks = new MarkList();
+  /** The memory lanes' labels as last drawn (kept apart: tests read them). */
+  labels: LabelBox[] = [];
   /** Milliseconds the last draw and the last pick took (the benchmark reads them). */
   lastDrawMs = 0;
   lastPickMs = 0;
@@ -647,6 +650,7 @@ export class TimelineView {
       win: this.win,
       theme: this.theme,
       selectedUnit: this.selectedUnit,
+      labels: [],
     };
   }
 
@@ -693,6 +697,8 @@ export class TimelineView {
       lctx.setTransform(ratio, 0, 0, ratio, 0, 0);
       drawLayer(lctx, sc, this.marks);
       this.layerKey = key;
+      this.labels = sc.labels ?? [];
+      this.root.dataset.fvLabels = JSON.stringify(this.labels);
       const ticks = axisTicks(this.win.x0, this.win.x1, this.layout.plotW, this.data.timed);
       this.caption.textContent = this.data.timed
         ? `x: time in ${ticks.unit}, ${this.data.clock}. Steps are numbered from 0, as view.timeline.step.`

@@ -6,7 +6,7 @@
 // drawing), its bindings to the model's traits, and its bindings to the page (mouse and
 // keys on the canvas, the widget's size, the page's theme).
 import type { AnyModel } from "@anywidget/types";
-import { bindPointer } from "./dom";
+import { bindControlKeys, bindPointer } from "./dom";
 import { watchTheme } from "./theme";
 import { clampStep } from "./timeline_data";
 import { type TimelineModel, TimelineView } from "./timeline_view";
@@ -56,7 +56,7 @@ function listenToModel(view: TimelineView): () => void {
 }
 
 /** Mouse and keys on the canvas: click to select, hover for details, drag or ctrl/shift +
- * wheel to move and zoom, keys to step. */
+ * wheel to move and zoom, keys to step; the same keys on the view's own buttons. */
 function listenToInput(view: TimelineView): () => void {
   const { player } = view;
   const keys: Record<string, () => void> = {
@@ -67,7 +67,12 @@ function listenToInput(view: TimelineView): () => void {
     End: () => player.end(),
     p: () => view.goToPeak(),
   };
-  return bindPointer(
+  const stopKeys = bindControlKeys(
+    view.root,
+    (key) => keys[key],
+    (fn) => view.guard(fn),
+  );
+  const stopPointer = bindPointer(
     view.canvas,
     {
       hover: (x, y) => view.hoverAt(x, y),
@@ -85,6 +90,10 @@ function listenToInput(view: TimelineView): () => void {
     },
     (fn) => view.guard(fn),
   );
+  return () => {
+    stopKeys();
+    stopPointer();
+  };
 }
 
 /** Redraw when the widget's size or the page's theme changes; returns what stops it. */

@@ -18,8 +18,26 @@ export type { ExplorerModel, PrefetchModel, TimelineModel, TuneModel };
 
 export type ViewModel = TimelineModel | ExplorerModel | PrefetchModel | TuneModel;
 
-/** Draw the view the model names into `el`; returns what removes it. */
-function render({ model, el }: RenderProps<ViewModel>): () => void {
+/** The event a view sends up the page when the notebook output it is in should save other
+ * data (`saved_output`: the output's mimetypes and their data, as Python made them for what the
+ * views show now; fsdpviz's JupyterLab extension puts them in the output). */
+export const SAVED_EVENT = "fsdpviz-saved";
+
+/** Send the model's `saved_output` (set after a re-plan) up the page as {@link SAVED_EVENT}. */
+function announceSaved(
+  model: AnyModel<{ saved_output?: Record<string, unknown> }>,
+  el: HTMLElement,
+): () => void {
+  const announce = (): void => {
+    const saved = model.get("saved_output");
+    if (saved && Object.keys(saved).length > 0)
+      el.dispatchEvent(new CustomEvent(SAVED_EVENT, { bubbles: true, detail: saved }));
+  };
+  model.on("change:saved_output", announce);
+  return () => model.off("change:saved_output", announce);
+}
+
+function renderView(model: AnyModel<ViewModel>, el: HTMLElement): () => void {
   const view = (model as AnyModel<{ view: string }>).get("view") ?? "timeline";
   if (view === "explorer") return renderExplorer(model as AnyModel<ExplorerModel>, el);
   if (view === "prefetch") return renderPrefetch(model as AnyModel<PrefetchModel>, el);
@@ -30,6 +48,19 @@ function render({ model, el }: RenderProps<ViewModel>): () => void {
   pre.textContent = `fsdpviz: no view named '${view}' (timeline, explorer, prefetch or tune)`;
   el.appendChild(pre);
   return () => pre.remove();
+}
+
+/** Draw the view the model names into `el`; returns what removes it. */
+function render({ model, el }: RenderProps<ViewModel>): () => void {
+  const stop = renderView(model, el);
+  const stopSaved = announceSaved(
+    model as AnyModel<{ saved_output?: Record<string, unknown> }>,
+    el,
+  );
+  return () => {
+    stopSaved();
+    stop();
+  };
 }
 
 export default { render };

@@ -320,3 +320,48 @@ describe("the explorer view", () => {
     expect(fitBlockLabel(ctx, "mlp", 12)).toBe("");
   });
 });
+
+describe("detail panel", () => {
+  it("breaks a name between its modules, never inside one", async () => {
+    const { DetailPanel } = await import("../src/detail");
+    const panel = new DetailPanel();
+    const name = "model.layers.0.post_attention_layernorm.weight";
+    panel.show(
+      {
+        title: "unit 1 'model.layers.0'",
+        facts: "",
+        warnings: [],
+        sections: [
+          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
+        ],
+      },
+      null,
+    );
+    const cell = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
+    expect(cell.textContent).toBe(name);
+    // a break opportunity after each dot, and only there
+    const parts = [...cell.childNodes].filter((n) => n.nodeType === 3).map((n) => n.textContent);
+    expect(parts).toEqual(["model.", "layers.", "0.", "post_attention_layernorm.", "weight"]);
+    expect(cell.querySelectorAll("wbr").length).toBe(4);
+    expect((panel.el.querySelector("td.fv-num") as HTMLElement).textContent).toBe("512");
+    // a panel too narrow for the name broken between modules: inside them too, so the
+    // numbers stay in sight
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockReturnValue(200);
+    vi.spyOn(HTMLElement.prototype, "scrollWidth", "get").mockReturnValue(260);
+    panel.show(
+      {
+        title: "unit 1 'model.layers.0'",
+        facts: "",
+        warnings: [],
+        sections: [
+          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
+        ],
+      },
+      null,
+    );
+    const narrow = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
+    expect(narrow.textContent).toBe(name);
+    expect(narrow.querySelectorAll("wbr").length).toBe(6);
+    vi.restoreAllMocks();
+  });
+});

@@ -357,6 +357,93 @@ describe("timeline widget", () => {
     }
   });
 
+  it("the readout says which moment its memory is read at: the peak's, or the event's", () => {
+    const data = predicted();
+    const { el } = setup(data);
+    const view = viewOf(el);
+    const mem = data.memory[0];
+    const peak = mem.peak;
+    const info = (): string => el.querySelector(".fv-info")?.textContent ?? "";
+    buttonTitled(el, "jump to the memory peak").click();
+    expect(info()).toContain(`memory ${formatBytes(peak.bytes)} ▼ peak ${mem.where[peak.moment]}`);
+    expect(mem.where[peak.moment]).toBe(peak.where);
+    // the same step reached with the step buttons: the event's own moment, said as such
+    buttonTitled(el, "step forward").click();
+    buttonTitled(el, "step back").click();
+    expect(view.player.step).toBe(peak.step);
+    const k = momentAt(mem, view.cursor());
+    expect(k).not.toBe(peak.moment);
+    expect(info()).toContain(`memory ${formatBytes(mem.total[k])} ${mem.where[k]}`);
+    expect(mem.where[k]).not.toBe(mem.where[peak.moment]);
+  });
+
+  it("keys step the view where its own buttons have the focus, and stay out of the notebook", () => {
+    const { el } = setup();
+    const view = viewOf(el);
+    const seen: string[] = [];
+    const notebook = (ev: KeyboardEvent): void => {
+      seen.push(ev.key);
+    };
+    document.addEventListener("keydown", notebook);
+    const play = buttonTitled(el, "play / pause");
+    play.focus();
+    play.dispatchEvent(new KeyboardEvent("keydown", { key: "ArrowRight", bubbles: true }));
+    play.dispatchEvent(new KeyboardEvent("keydown", { key: "ArrowRight", bubbles: true }));
+    expect(view.player.step).toBe(2);
+    buttonTitled(el, "step back").dispatchEvent(
+      new KeyboardEvent("keydown", { key: "End", bubbles: true }),
+    );
+    expect(view.player.step).toBe(view.data.n_steps - 1);
+    // space still presses the focused button (not the notebook's either)
+    const space = new KeyboardEvent("keydown", { key: " ", bubbles: true, cancelable: true });
+    play.dispatchEvent(space);
+    expect(space.defaultPrevented).toBe(false);
+    const slider = el.querySelector(".fv-slider") as HTMLInputElement;
+    slider.dispatchEvent(new KeyboardEvent("keydown", { key: "ArrowLeft", bubbles: true }));
+    document.removeEventListener("keydown", notebook);
+    expect(seen).toEqual([]);
+  });
+
+  it("keeps the memory lane's labels apart: the peak's never covers the capacity's", () => {
+    // the peak just over a machine's usable memory, near the right end: where both labels
+    // would be drawn at the same place
+    const data = predicted();
+    const mem = data.memory[0];
+    const peak = mem.peak.bytes;
+    Object.assign(mem.capacity as object, {
+      usable: Math.round(peak * 0.97),
+      reserved: Math.round(peak * 1.0),
+      fits: false,
+      label: "small GPU: 1 GiB usable",
+    });
+    let width = 700;
+    vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockImplementation(() => width);
+    const { el } = setup(data);
+    const view = viewOf(el);
+    for (const [w, at] of [
+      [700, 0.5],
+      [968, 0.98],
+      [1400, 0.02],
+      [968, 0.5],
+    ]) {
+      width = w;
+      view.resize();
+      const full = view.index.full;
+      const span = (full.x1 - full.x0) / 4; // the peak at `at` of the window's width
+      view.showRange(mem.peak.x - at * span, mem.peak.x + (1 - at) * span);
+      const labels = view.labels;
+      expect(labels.map((b) => b.text.split(" ")[0]).sort()).toEqual(["peak", "reserved", "small"]);
+      for (const a of labels)
+        for (const b of labels) {
+          if (a === b) continue;
+          const apart =
+            a.x + a.w <= b.x || b.x + b.w <= a.x || a.y + a.h <= b.y || b.y + b.h <= a.y;
+          expect(apart, `${a.text} and ${b.text}`).toBe(true);
+        }
+    }
+    expect(JSON.parse(view.root.dataset.fvLabels ?? "[]")).toEqual(view.labels);
+  });
+
   it("the readout's memory is the curve's under the cursor", () => {
     const data = predicted();
     const { el } = setup(data);

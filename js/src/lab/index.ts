@@ -18,6 +18,7 @@ import type { IRenderMime } from "@jupyterlab/rendermime-interfaces";
 import { Panel, Widget } from "@lumino/widgets";
 import { type DrawnViews, drawViews, type PageConfig, unpackText, type ViewName } from "../page";
 import * as widget from "../widget";
+import { SAVED_EVENT } from "../widget";
 
 /** The mimetype of fsdpviz's notebook outputs (fsdpviz.export's `MIME`). */
 export const MIME = "application/vnd.fsdpviz.report+json";
@@ -122,13 +123,31 @@ class ReportOutput extends Panel implements IRenderMime.IRenderer {
   ) {
     super();
     this.addClass("fv-lab-output");
+    this.node.addEventListener(SAVED_EVENT, (ev) => this.save(ev as CustomEvent));
   }
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    if (model === this.model && this.node.dataset.fvLive === "true") return; // its data saved
     this.model = model;
     this.started = false;
     this.reset();
     if (this.isAttached) void this.start();
+  }
+
+  /**
+   * The live views changed what they show (a re-plan): the output keeps the data Python
+   * made for it, so the notebook saves the plan on screen, not the first one. The model's
+   * own data is set (the notebook marks itself changed); the live widget stays as it is.
+   */
+  private save(ev: CustomEvent): void {
+    const model = this.model;
+    const saved = ev.detail as Record<string, unknown> | null;
+    if (model === null || saved === null || typeof saved !== "object") return;
+    if (!isReportData(saved[MIME])) return;
+    ev.stopPropagation();
+    const data = { ...model.data, ...saved } as typeof model.data;
+    model.setData({ data });
+    this.node.dataset.fvSaved = String(Number(this.node.dataset.fvSaved ?? "0") + 1);
   }
 
   protected onAfterAttach(msg: unknown): void {

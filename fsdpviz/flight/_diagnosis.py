@@ -12,7 +12,7 @@ Three questions, answered from the dumps alone and, given a prediction
   in the backward), or, with a prediction, another unit's collective of the same shape;
 - where each rank left the predicted schedule, and what it did instead.
 
-The comparing is :mod:`fsdpviz.recording._flight_compare`'s; here is :class:`Diagnosis`, the
+The comparing is :mod:`fsdpviz.flight._compare`'s; here is :class:`Diagnosis`, the
 answer in plain sentences (``str()``) and drawn (``show()``, ``save()``).
 """
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.recording._flight_align import Alignment, Departure, Predicted
-from fsdpviz.recording._flight_compare import Disagreement, RankStop, Reason, compare_ranks
-from fsdpviz.recording._flight_dump import Collective, GroupInfo
-from fsdpviz.recording._recorded import RecordedRun
+from fsdpviz.flight._align import Alignment, Departure, Predicted
+from fsdpviz.flight._compare import Disagreement, RankStop, Reason, compare_ranks
+from fsdpviz.flight._dump import Collective, GroupInfo
+from fsdpviz.recording import RecordedRun
 from fsdpviz.schema.extensions import run_method
 from fsdpviz.schema.report import Report, unit_label
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fsdpviz.recording._flight_align import Alignment, Predicted, align
-from fsdpviz.recording._flight_dump import Collective, GroupInfo
+from fsdpviz.flight._align import Alignment, Predicted, align
+from fsdpviz.flight._dump import Collective, GroupInfo
 from fsdpviz.schema.report import Report
 
 __all__ = [

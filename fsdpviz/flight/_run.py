@@ -12,17 +12,17 @@ them by unit and iteration.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.recording._flight_align import Alignment, guess_roles
-from fsdpviz.recording._flight_diagnosis import Diagnosis, diagnose
-from fsdpviz.recording._flight_dump import (
+from fsdpviz.flight._align import Alignment, guess_roles
+from fsdpviz.flight._diagnosis import Diagnosis, diagnose
+from fsdpviz.flight._dump import (
     Collective,
+    DumpError,
     GroupInfo,
     RankDump,
     human_bytes,
@@ -31,8 +31,7 @@ from fsdpviz.recording._flight_dump import (
     read_dump,
     read_dumps,
 )
-from fsdpviz.recording._recorded import RecordedRun, RunMark
-from fsdpviz.recording._writer import FORMAT, header_path, recorded_ranks
+from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Event, Report, Unit
 
@@ -238,22 +237,7 @@ def load_run(path: str | Path) -> RecordedRun:
     )
 
 
-def is_recording(folder: Path) -> bool:
-    """Whether ``folder`` holds a run :func:`fsdpviz.record` wrote (a rank's header names
-    the format; JSON flight recorder dumps may be called ``rank0.json`` too)."""
-    for rank in recorded_ranks(folder):
-        try:
-            header = json.loads(header_path(folder, rank).read_bytes())
-        except (OSError, ValueError):
-            continue
-        if isinstance(header, dict) and header.get("format") == FORMAT:
-            return True
-    return False
-
-
 def read_dump_or_raise(path: Path, rank: int) -> RankDump:
-    from fsdpviz.recording._flight_dump import DumpError
-
     try:
         return read_dump(path, rank)
     except DumpError as exc:

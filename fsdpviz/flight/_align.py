@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from fsdpviz.recording._flight_dump import Collective, GroupInfo, Role
+from fsdpviz.flight._dump import Collective, GroupInfo, Role
 from fsdpviz.schema.report import TP_KINDS, Event, Report, Unit
 
 __all__ = [
