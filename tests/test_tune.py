@@ -483,37 +483,62 @@ def test_a_hugging_face_search_is_exact_too() -> None:
     assert {c.knobs["activation_checkpointing"] for c in t.candidates} >= {"none"}
 
 
-def test_a_pipeline_is_tuned_by_its_schedule_every_configuration_traced() -> None:
+def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_traced() -> None:
     from fsdpviz.configs.torchtitan import build_llama3
 
     titan = build_llama3("debugmodel", 64)
     blocks = [f"layers.{i}" for i in range(6)]
-    t = fsdpviz.tune(
-        titan,
-        torch.zeros(4, 64, dtype=torch.long),
-        fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
-        reshard_after_forward=False,
-        mesh=("pp", 2, "dp_shard", 2),
-        pipeline_schedule="1F1B",
-        microbatches=2,
-        progress=False,
-        workers=1,
-    )
-    schedules = {c.knobs["pipeline"] for c in t.candidates}
-    assert schedules == {
-        "1F1B, 2 microbatches",
-        "Interleaved1F1B, 2 microbatches",
-        "ZBVZeroBubble, 2 microbatches",
+    given = {
+        "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
+        "reshard_after_forward": False,
+        "mesh": ("pp", 2, "dp_shard", 2),
+        "pipeline_schedule": "1F1B",
+        "microbatches": 2,
     }
+    inputs = torch.zeros(4, 64, dtype=torch.long)
+    t = fsdpviz.tune(titan, inputs, **given, progress=False, workers=1)
+    pairs = {(c.knobs["mesh"], c.knobs["pipeline"]) for c in t.candidates}
+    assert pairs == {
+        ("4 ranks (PP 2 x FSDP 2)", "1F1B, 2 microbatches"),
+        ("4 ranks (PP 2 x FSDP 2)", "Interleaved1F1B, 2 microbatches"),
+        ("4 ranks (PP 2 x FSDP 2)", "ZBVZeroBubble, 2 microbatches"),
+        # 1F1B runs one stage per rank and refuses fewer microbatches than stages
+        ("4 ranks (PP 4)", "Interleaved1F1B, 2 microbatches"),
+        ("4 ranks (PP 4)", "ZBVZeroBubble, 2 microbatches"),
+        ("4 ranks (FSDP 4)", "none (pp 1)"),
+    }
+    assert any(
+        n.startswith("4 ranks (PP 4) with 1F1B, 2 microbatches not tried: torch's 1F1B refuses")
+        for n in t.notes
+    )
     assert all(c.traced for c in t.candidates) and t.traces == len(t.candidates)
-    assert {c.knobs["mesh"] for c in t.candidates} == {"4 ranks (as given)"}
+    # the global batch stays: a pipeline's batch (the inputs) scales with the pp degree
+    batch = {"4 ranks (PP 2 x FSDP 2)": 4, "4 ranks (PP 4)": 8, "4 ranks (FSDP 4)": 2}
+    pp = {"4 ranks (PP 2 x FSDP 2)": 2, "4 ranks (PP 4)": 4, "4 ranks (FSDP 4)": 1}
     for c in t.candidates:
+        mesh = c.knobs["mesh"]
+        assert c.inputs.shape == (batch[mesh], 64) and c.micro_batch == batch[mesh]
+        assert c.knobs["micro_batch"] == f"{batch[mesh]} x 1 micro-step"
+        assert c.world_size == 4
+        # the same tokens per rank per step (a pipeline's batch over its ranks) at every degree
+        assert c.report.timeline.totals["tokens"] / pp[mesh] == 2 * 64
+        if pp[mesh] == 1:
+            assert not {"mesh", "pipeline_schedule", "microbatches"} & set(c.kwargs)
+            assert c.report.pipeline is None
+        else:
+            assert c.report.pipeline is not None and c.report.pipeline.pp_size == pp[mesh]
+            assert c.kwargs["mesh"] == ("pp", pp[mesh], "dp_shard", 4 // pp[mesh])
+            assert c.kwargs["microbatches"] == 2
         fresh = fsdpviz.analyze(titan, c.inputs, machine="h100", **c.kwargs)
         assert fresh.timeline.totals == c.report.timeline.totals
         assert fresh.memory.peak == c.report.memory.peak
     slow = t.why_slow()
     assert slow[0]["cause"] == "bubbles" and slow[0]["knob"] == "pipeline"
-    with pytest.raises(fsdpviz.ConfigError, match="keeps a pipeline's mesh as given"):
+    # the mesh kept as given when pinned or not turned
+    for pin in ({"fixed": {"mesh": given["mesh"]}}, {"knobs": ("pipeline", "precision")}):
+        kept = fsdpviz.tune(titan, inputs, **given, **pin, progress=False, workers=1)
+        assert {c.knobs["mesh"] for c in kept.candidates} == {"4 ranks (PP 2 x FSDP 2)"}
+    with pytest.raises(fsdpviz.ConfigError, match="keeps a pipeline's ranks as given"):
         fsdpviz.tune(
             titan,
             torch.zeros(4, 64, dtype=torch.long),

@@ -26,6 +26,7 @@ from fsdpviz.tuning.space import (
     checkpoint_label,
     divisors,
     heads,
+    micro_batch_label,
     param_dtype,
     precision_label,
     standard_precision,
@@ -34,6 +35,8 @@ from fsdpviz.tuning.space import (
 )
 
 __all__ = ["SpaceBuilder", "mesh_ranks", "pipelined"]
+
+_PP_DIMS = frozenset({"pp", "dp_shard", "tp"})  # the meshes whose pp degree tune turns
 
 
 class SpaceBuilder:
@@ -195,7 +198,7 @@ class SpaceBuilder:
         accum = int(kwargs.get("grad_accum", 1))
         user_mb = Choice(
             "micro_batch",
-            _mb_label(batch, accum),
+            micro_batch_label(batch, accum),
             {"grad_accum": accum} if accum > 1 else {"grad_accum": 1},
             samples=batch,
         )
@@ -210,7 +213,9 @@ class SpaceBuilder:
                 if d > batch:
                     continue
                 n = samples // d
-                mbs.append(Choice("micro_batch", _mb_label(d, n), {"grad_accum": n}, samples=d))
+                mbs.append(
+                    Choice("micro_batch", micro_batch_label(d, n), {"grad_accum": n}, samples=d)
+                )
                 if n > 1 and not self.pipelined:
                     mbs.append(_reducing(d, n))
             if "grad_accum" not in kwargs and samples > batch and samples % batch == 0:
@@ -233,12 +238,12 @@ class SpaceBuilder:
         # the mesh: data parallel (HSDP on multi-node jobs), and tensor parallelism with the
         # user's plan or, for a model that needs it, its own
         user_mesh = given("mesh")
-        if self.pipelined:  # the job's mesh, as given (its stages are traced each)
-            ranks = mesh_ranks(user_mesh.get("mesh"))
-            mine_mesh = Choice(
-                "mesh", f"{ranks} ranks (as given)", user_mesh, mesh=(ranks, ranks, 1)
-            )
-            meshes = [mine_mesh]
+        refused: set[tuple[str, str]] = set()
+        if self.pipelined:  # the job's mesh and its other pp degrees (each traced)
+            choices["pipeline"], user["pipeline"] = self._pipeline_choices(given("pipeline"))
+            schedules = [user["pipeline"]] if "pipeline" in pinned else choices["pipeline"]
+            meshes = self._pipeline_meshes(user_mesh, schedules, batch, "mesh" in pinned, refused)
+            mine_mesh = meshes[0]
         elif _cp_degree(user_mesh) > 1:  # the job's context-parallel mesh, as given
             mine_mesh = self._context_parallel_mesh(user_mesh)
             meshes = [mine_mesh]
@@ -255,9 +260,6 @@ class SpaceBuilder:
                 meshes.extend(self._meshes(ws, tp, plan))
             mine_mesh = self._user_mesh(user_mesh, meshes)
         choices["mesh"], user["mesh"] = meshes, mine_mesh
-        # the pipeline (a job with a pp mesh dimension): its schedule
-        if self.pipelined:
-            choices["pipeline"], user["pipeline"] = self._pipeline_choices(given("pipeline"))
         # offload, compile, float8
         user_f8 = self._float8_spec(given("float8"))
         for knob, values in (
@@ -285,7 +287,8 @@ class SpaceBuilder:
             if kept:
                 self.notes.append(
                     f"under pipeline parallelism {', '.join(kept)} stay as given: tune turns "
-                    "the schedule, checkpointing, precision and resharding there"
+                    "the pipeline degree and schedule, checkpointing, precision and resharding "
+                    "there"
                 )
             pinned = pinned | set(kept)
         for knob in pinned & set(choices):
@@ -294,7 +297,16 @@ class SpaceBuilder:
         if "micro_batch" in pinned and tokens_per_step is not None:
             self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
         space = Space(
-            api, block, blocks, choices, user, base, batch, frozenset(pinned), self.pipelined
+            api,
+            block,
+            blocks,
+            choices,
+            user,
+            base,
+            batch,
+            frozenset(pinned),
+            self.pipelined,
+            frozenset(refused),
         )
         self._describe_pins(space)
         return space
@@ -319,6 +331,103 @@ class SpaceBuilder:
                 kw["microbatches"] = micro
             out.append(Choice("pipeline", label + (f", {micro} microbatches" if micro else ""), kw))
         return out, mine
+
+    def _pipeline_meshes(
+        self,
+        given: dict[str, Any],
+        schedules: list[Choice],
+        batch: int,
+        pinned: bool,
+        refused: set[tuple[str, str]],
+    ) -> list[Choice]:
+        """A pipeline job's mesh (first) and, unless ``pinned``, the other pp degrees that
+        divide its ranks: the tensor-parallel degree as given, ``dp_shard`` the rest, pp 1
+        plain FSDP. The batch of one pipeline (the inputs: a data-parallel rank's) scales
+        with the degree, so the global batch and the tokens per rank per step stay. A degree
+        is tried where its batch is whole and torchtitan's default split and the schedule
+        take it; the pairs a schedule refuses go to ``refused``, each with a note."""
+        from fsdpviz.plan.fsdp2 import mesh_dims
+
+        sizes, names = mesh_dims(given["mesh"], 4)
+        ranks = mesh_ranks(given["mesh"])
+        dims = dict(zip(names, sizes or (), strict=True))
+        pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
+        mine = Choice(
+            "mesh",
+            _pp_label(ranks, pp, ranks // (pp * tp), tp),
+            dict(given),
+            mesh=(ranks, ranks, 1),
+            traced=True,
+            pp=pp,
+        )
+        out = [mine]
+        if pinned:
+            return out
+        if set(names) - _PP_DIMS:
+            self.notes.append(
+                f"the pipeline degree stays as given: tune turns it on a mesh of pp, dp_shard "
+                f"and tp, and this one has {', '.join(n for n in names if n not in _PP_DIMS)}"
+            )
+            return out
+        if not batch:
+            self.notes.append(
+                "the pipeline degree stays as given: the inputs hold no batch to scale with it"
+            )
+            return out
+        plan = given.get("parallelize_plan")
+        for degree in sorted(divisors(ranks // tp)):
+            if degree == pp:
+                continue
+            dp = ranks // (degree * tp)
+            label = _pp_label(ranks, degree, dp, tp)
+            if (batch * degree) % pp:
+                self.notes.append(
+                    f"{label} not tried: the batch of {batch} samples per pipeline on pp {pp} "
+                    f"is no whole number of samples on pp {degree}"
+                )
+                continue
+            samples = batch * degree // pp
+            if degree == 1:
+                kw: dict[str, Any] = (
+                    {"mesh": ("dp_shard", dp, "tp", tp), "parallelize_plan": plan}
+                    if tp > 1
+                    else {"world_size": ranks}
+                )
+            else:
+                mesh: tuple[Any, ...] = ("pp", degree, "dp_shard", dp)
+                kw = {"mesh": (*mesh, "tp", tp) if tp > 1 else mesh}
+                if tp > 1:
+                    kw["parallelize_plan"] = plan
+                why = [
+                    (c.label, self._pipeline_refusal(samples, degree, c.kwargs)) for c in schedules
+                ]
+                for name, reason in why:
+                    if reason:
+                        refused.add((label, name))
+                        self.notes.append(f"{label} with {name} not tried: {reason}")
+                if all(reason for _, reason in why):
+                    continue
+            out.append(
+                Choice("mesh", label, kw, samples=samples, mesh=(ranks, ranks, 1), traced=True,
+                       pp=degree)
+            )  # fmt: skip
+        return out
+
+    def _pipeline_refusal(self, samples: int, degree: int, kwargs: Mapping[str, Any]) -> str:
+        """Why the pipeline of ``kwargs`` cannot run on ``degree`` pipeline ranks with a
+        batch of ``samples`` and torchtitan's default split ('' where it can), as analyze
+        and torch's schedule refuse it."""
+        from fsdpviz.errors import FsdpvizError
+        from fsdpviz.plan.pipeline import parse_pipeline_options
+        from fsdpviz.schedule.pipeline_order import rank_actions
+
+        kw = {**kwargs, "pipeline_stages": None}
+        try:
+            opts, _ = parse_pipeline_options(self.model, samples, degree, kw)
+            rank_actions(opts)
+        except FsdpvizError as e:
+            return str(e).splitlines()[0]
+        return ""
 
     def _user_choice(
         self,
@@ -519,15 +628,21 @@ def _policy_classes(policy: Any) -> frozenset[type] | None:
     return frozenset(classes) if classes else None
 
 
-def _mb_label(samples: int, steps: int) -> str:
-    step = "micro-step" if steps == 1 else "micro-steps"
-    return f"{samples} x {steps} {step}"
+def _pp_label(ranks: int, pp: int, dp: int, tp: int) -> str:
+    """A pipeline job's mesh in words: ``"4 ranks (PP 2 x FSDP 2)"``, ``"4 ranks (PP 4)"``,
+    ``"4 ranks (FSDP 4)"`` (pp 1: no pipeline), ``"8 ranks (PP 2 x FSDP 2 x TP 2)"``."""
+    parts = [f"PP {pp}"] if pp > 1 else []
+    if dp > 1 or pp == 1:
+        parts.append(f"FSDP {dp}")
+    if tp > 1:
+        parts.append(f"TP {tp}")
+    return f"{ranks} ranks ({' x '.join(parts)})"
 
 
 def _reducing(samples: int, steps: int) -> Choice:
     """``steps`` micro-steps of ``samples`` per optimizer step, each reducing its gradients:
     the plan is one micro-step (no ``grad_accum``), the time and memory models repeat it."""
-    label = f"{_mb_label(samples, steps)}, each reduced"
+    label = f"{micro_batch_label(samples, steps)}, each reduced"
     return Choice("micro_batch", label, {"grad_accum": 1}, samples=samples, steps=steps)
 
 

@@ -18,7 +18,14 @@ from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
-from fsdpviz.tuning.space import KNOBS, REPLAYED, Choice, Space, micro_batch_inputs
+from fsdpviz.tuning.space import (
+    KNOBS,
+    REPLAYED,
+    Choice,
+    Space,
+    micro_batch_inputs,
+    micro_batch_label,
+)
 
 __all__ = ["Config", "Evaluations", "workers_for"]
 
@@ -130,7 +137,7 @@ class Evaluations:
         self._seen[labels] = None
         key = (*self._key(config), user and self._cache_off)
         kwargs = self.space.kwargs(config)
-        inputs = self._micro_inputs(config["micro_batch"].samples, user and self._cache_off)
+        inputs = self._micro_inputs(_samples(config), user and self._cache_off)
         traced = False
         try:
             if key in self._prefetched:
@@ -182,7 +189,7 @@ class Evaluations:
 
         jobs = [
             (
-                self._micro_inputs(c["micro_batch"].samples, mine and self._cache_off),
+                self._micro_inputs(_samples(c), mine and self._cache_off),
                 self._trace_kwargs(c, self.space.kwargs(c)),
             )
             for c, mine in todo.values()
@@ -239,8 +246,14 @@ class Evaluations:
         fits = mem.fits if self.budget is None else peak <= self.budget
         usable = mem.usable if self.budget is None else self.budget
         t = tl.totals
+        knobs = {k: config[k].label for k in _SHOWN if k in config}
+        samples = _samples(config)
+        if samples and samples != mb.samples:  # a pipeline's batch at another pp degree
+            knobs["micro_batch"] = micro_batch_label(samples, mb.micro_steps) + (
+                ", each reduced" if mb.steps else ""
+            )
         c = Candidate(
-            knobs={k: config[k].label for k in _SHOWN if k in config},
+            knobs=knobs,
             kwargs=kwargs,
             inputs=inputs,
             report=report,
@@ -254,7 +267,7 @@ class Evaluations:
             exposed_comm_s=float(t["exposed_comm_s"]),
             compute_s=float(t["compute_s"]),
             world_size=report.config.ranks,
-            micro_batch=mb.samples or self.space.batch,
+            micro_batch=samples or self.space.batch,
             grad_accum=mb.micro_steps,
             sync_each=mb.steps > 1,
             dominant=str(mem.peak.get("dominant", "")),
@@ -384,3 +397,10 @@ def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
         return False
     config = getattr(model, "config", None)
     return "use_cache" in params and bool(getattr(config, "use_cache", False))
+
+
+def _samples(config: Config) -> int:
+    """The samples per forward of ``config`` (0: the inputs as given): a pipeline job's at
+    its pp degree (one pipeline's batch), else its micro-batch's."""
+    mesh = config.get("mesh")
+    return (mesh.samples if mesh is not None else 0) or config["micro_batch"].samples

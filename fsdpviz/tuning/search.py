@@ -48,7 +48,9 @@ from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.tuning.space import (
     ALLOWABLE,
     KNOBS,
+    NO_PIPELINE,
     REPLAYED,
+    Choice,
     check_fixed,
     pinned_knobs,
 )
@@ -100,7 +102,10 @@ def tune(
       asked), ``"cpu_offload"`` (otherwise tried only when nothing else fits).
 
     ``world_size``: the ranks, or a list of counts to compare (tokens/s per GPU and in
-    total); default: the configuration's (its ``world_size`` or ``mesh``), else 8.
+    total); default: the configuration's (its ``world_size`` or ``mesh``), else 8. A pipeline
+    job (a ``mesh`` with a ``pp`` dimension) keeps its ranks and tries its other pp degrees on
+    them (pp 1: FSDP alone), the global batch kept: its inputs are one pipeline's batch (a
+    data-parallel rank's), scaled with the degree.
     ``machine``: the GPU (a preset name or :class:`fsdpviz.cost.Machine`).
     ``tokens_per_step``: tokens per rank per optimizer step (default: what the inputs and
     ``grad_accum`` give); micro-batches and gradient accumulation keep it.
@@ -244,7 +249,8 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: dict[str, Any])
         if sizes != [ranks]:
             raise ConfigError(
                 f"a pipeline's mesh {mesh!r} has {ranks} ranks, and tune keeps a pipeline's "
-                f"mesh as given: leave world_size out or give {ranks}"
+                f"ranks as given (it turns the pp degree on them): leave world_size out or "
+                f"give {ranks}"
             )
     elif mesh is not None:
         from fsdpviz.plan.fsdp2 import mesh_dims
@@ -404,11 +410,11 @@ class _Search(Evaluations):
             return
         start["mesh"] = mine[0]
         self._climb(start, ws)
-        if sp.pipelined and "pipeline" not in sp.pinned:  # the other schedules, each climbed
-            others = [c for c in sp.choices["pipeline"] if c.label != start["pipeline"].label]
-            self.prefetch([self._lightest({**start, "pipeline": c}) for c in others])
-            for choice in others:
-                self._climb({**start, "pipeline": choice}, ws)
+        if sp.pipelined:  # the other schedules and pp degrees, each climbed
+            pairs = self._pipeline_pairs(start)
+            self.prefetch([self._lightest({**start, **pair}) for pair in pairs])
+            for pair in pairs:
+                self._climb({**start, **pair}, ws)
             if "reshard_after_forward" not in sp.pinned:  # traced, as nothing replays there
                 best = self._best_traced(start, ws)
                 raf = [
@@ -480,6 +486,22 @@ class _Search(Evaluations):
                 )
                 if note not in self.notes:
                     self.notes.append(note)
+
+    def _pipeline_pairs(self, start: Config) -> list[Config]:
+        """A pipeline job's other (mesh, schedule) pairs: the other schedules on its mesh,
+        then each schedule on each other pp degree that takes it (pp 1: no pipeline)."""
+        sp = self.space
+        schedules = sp.choices["pipeline"]
+        out: list[Config] = []
+        for mesh in sp.choices["mesh"]:
+            if mesh.pp == 1:
+                out.append({"mesh": mesh, "pipeline": Choice("pipeline", NO_PIPELINE)})
+                continue
+            for choice in schedules:
+                same = mesh.label == start["mesh"].label and choice.label == start["pipeline"].label
+                if not same and (mesh.label, choice.label) not in sp.refused:
+                    out.append({"mesh": mesh, "pipeline": choice})
+        return out
 
     def _units_cannot_matter(self, best: Config, ws: int) -> bool:
         """Whether no other wrap plan can beat the best on ``ws`` ranks: units change the

@@ -25,8 +25,15 @@ replayed from the trace of a configuration that differs only in them
 - ``cpu_offload``, ``compile``, ``float8``: only where allowed (offload: when nothing else
   fits);
 - ``pipeline`` (a job with a ``pp`` mesh dimension): the schedule (the job's own, 1F1B,
-  Interleaved1F1B, ZBVZeroBubble) with the job's microbatches; there the mesh and the
-  micro-batch stay as given, the units too, and every configuration is traced.
+  Interleaved1F1B, ZBVZeroBubble) with the job's microbatches; there ``mesh`` turns the
+  pipeline degree: on the job's ranks, each pp degree that divides them with the
+  tensor-parallel degree as given and ``dp_shard`` the rest (``pp 2 x dp_shard 2`` also
+  ``pp 4`` and ``pp 1``: plain FSDP, no pipeline), where torchtitan's default split gives
+  the model that many stages and the schedule takes the job's microbatches (other degrees
+  with the default split). The global batch stays: the inputs are one pipeline's batch (a
+  data-parallel rank's), so at pp ``P'`` they are ``P' / P`` times the job's (repeated or
+  cut along dim 0), the same tokens per rank per step. The micro-batch and the units stay
+  as given, and every configuration is traced.
 """
 
 from __future__ import annotations
@@ -89,11 +96,13 @@ KNOB_NAMES = {
 }
 # Under pipeline parallelism, the knobs tune turns (each traced: a replay keeps no pipeline).
 PIPELINE_KNOBS = frozenset(
-    {"pipeline", "activation_checkpointing", "precision", "reshard_after_forward"}
+    {"pipeline", "mesh", "activation_checkpointing", "precision", "reshard_after_forward"}
 )
 # The schedules tried against a pipeline's own: torchtitan's default, the interleaved one
 # (two stages per rank: a smaller bubble), and the zero-bubble V.
 PIPELINE_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
+# The pipeline knob's value at pp 1 (plain FSDP over the job's ranks).
+NO_PIPELINE = "none (pp 1)"
 # Knobs whose choices a replay of a trace applies (per API); the rest key a trace.
 REPLAYED = {
     "FSDP2": frozenset({"reshard_after_forward", "mesh"}),
@@ -120,6 +129,9 @@ class Choice:
     mesh: tuple[int, int, int] = (0, 0, 0)  # mesh: (world size, shard ranks, tp)
     # mesh: one a replay cannot apply (a context-parallel one): each configuration traced
     traced: bool = False
+    # mesh of a pipeline job: its pp degree (1: no pipeline; 0: not a pipeline job), and
+    # ``samples`` the batch of one pipeline (a data-parallel rank's) at that degree
+    pp: int = 0
 
     @property
     def micro_steps(self) -> int:
@@ -148,14 +160,24 @@ class Space:
     batch: int  # samples in the inputs (0: not known, micro_batch fixed)
     pinned: frozenset[str]
     pipelined: bool = False  # a pipeline's: every configuration traced, none replayed
+    # (mesh label, pipeline label) pairs the schedule refuses at that pp degree
+    refused: frozenset[tuple[str, str]] = frozenset()
 
     def kwargs(self, config: Mapping[str, Choice]) -> dict[str, Any]:
-        """The :func:`fsdpviz.analyze` keywords of a configuration."""
+        """The :func:`fsdpviz.analyze` keywords of a configuration (a pipeline job's at pp 1:
+        without the pipeline's keywords; at another degree than its own: the default stages)."""
+        from fsdpviz.plan.pipeline import PIPELINE_KEYS
+
         out = dict(self.base)
         for knob in KNOBS:
             choice = config.get(knob)
             if choice is not None:
                 out.update(choice.kwargs)
+        mesh, mine = config.get("mesh"), self.user.get("mesh")
+        if mesh is not None and mesh.pp == 1:
+            out = {k: v for k, v in out.items() if k not in PIPELINE_KEYS}
+        elif mesh is not None and mine is not None and mesh.pp > 1 and mesh.pp != mine.pp:
+            out["pipeline_stages"] = None
         return out
 
 
@@ -306,7 +328,8 @@ def batch_size(inputs: Any) -> int:
 
 def micro_batch_inputs(inputs: Any, batch: int, samples: int) -> Any:
     """``inputs`` with every tensor whose first dimension is the batch cut to its first
-    ``samples`` (new tensors, so nothing is shared with the caller's)."""
+    ``samples``, or repeated along it to ``samples`` (new tensors, so nothing is shared with
+    the caller's)."""
     from torch.utils._pytree import tree_map
 
     if samples == batch:
@@ -314,10 +337,18 @@ def micro_batch_inputs(inputs: Any, batch: int, samples: int) -> Any:
 
     def cut(t: Any) -> Any:
         if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch:
+            if samples > batch:  # a larger batch: the samples repeated
+                t = t.repeat(-(-samples // batch), *([1] * (t.dim() - 1)))
             return t[:samples].clone()
         return t
 
     return tree_map(cut, inputs)
+
+
+def micro_batch_label(samples: int, steps: int) -> str:
+    """A micro-batch in words: ``"2 x 4 micro-steps"`` (samples per forward x micro-steps)."""
+    step = "micro-step" if steps == 1 else "micro-steps"
+    return f"{samples} x {steps} {step}"
 
 
 def divisors(n: int) -> list[int]:
@@ -488,6 +519,7 @@ __all__ = [
     "ALLOWABLE",
     "KNOBS",
     "KNOB_NAMES",
+    "NO_PIPELINE",
     "OWNED",
     "PIPELINE_KNOBS",
     "PIPELINE_SCHEDULES",
@@ -503,6 +535,7 @@ __all__ = [
     "divisors",
     "heads",
     "micro_batch_inputs",
+    "micro_batch_label",
     "param_dtype",
     "pinned_knobs",
     "precision_label",
