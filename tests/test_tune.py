@@ -573,3 +573,55 @@ def test_a_shard_placement_fn_as_given_stays_and_is_in_the_code() -> None:
     assert "# shard_placement_fn: your function, as given" in code
     calls = [line for line in code.splitlines() if "fully_shard(" in line and "import" not in line]
     assert calls and all("shard_placement_fn=shard_placement_fn" in line for line in calls)
+
+
+def test_a_pipelines_code_builds_its_stages_and_schedule() -> None:
+    import ast
+    import tomllib
+
+    from fsdpviz.configs.torchtitan import build_llama3
+    from fsdpviz.plan.pipeline import schedule_class
+
+    titan = build_llama3("debugmodel", 64)
+    blocks = [f"layers.{i}" for i in range(6)]
+    t = fsdpviz.tune(
+        titan,
+        torch.zeros(4, 64, dtype=torch.long),
+        fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
+        reshard_after_forward=False,
+        mesh=("pp", 2, "dp_shard", 2),
+        pipeline_schedule="1F1B",
+        microbatches=2,
+        knobs=("pipeline",),
+        progress=False,
+        workers=1,
+    )
+    seen = set()
+    for c in t.candidates:
+        pipe = c.report.pipeline
+        assert pipe is not None
+        code = c.code()
+        ast.parse(code)  # valid Python
+        tree = ast.parse(code.split("stage_modules = ", 1)[1].split("\n}", 1)[0] + "\n}")
+        parts = ast.literal_eval(tree.body[0].value)  # type: ignore[attr-defined]
+        assert parts == {st.index: st.modules for st in pipe.stages}
+        _, cls = schedule_class(pipe.schedule)
+        assert f"schedule = {cls.__name__}(" in code
+        assert f"n_microbatches={pipe.microbatches}" in code
+        ranks: dict[int, list[int]] = {}
+        for st in pipe.stages:
+            ranks.setdefault(st.rank, []).append(st.index)
+        assert f"stages_of_rank = {ranks!r}" in code
+        titan_cfg = tomllib.loads(c.code("torchtitan"))
+        par = titan_cfg["parallelism"]
+        assert par["pipeline_parallel_degree"] == pipe.pp_size == 2
+        assert par["data_parallel_shard_degree"] == 2
+        assert par["module_fqns_per_model_part"] == [
+            st.modules for st in sorted(pipe.stages, key=lambda st: st.index)
+        ]
+        assert par["pipeline_parallel_microbatch_size"] * pipe.microbatches == c.micro_batch
+        assert titan_cfg["training"]["global_batch_size"] == c.micro_batch * 2
+        with pytest.raises(fsdpviz.ConfigError, match="no pipeline parallelism"):
+            c.code("accelerate")
+        seen.add(cls.__name__)
+    assert seen == {"Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleZBVZeroBubble"}

@@ -43,11 +43,21 @@ def configuration_code(c: Candidate, style: str = "python") -> str:
     if style == "torchtitan":
         return _torchtitan(c)
     if style == "accelerate":
+        if c.report.pipeline is not None:
+            from fsdpviz.errors import ConfigError
+
+            raise ConfigError(
+                "accelerate's FSDP has no pipeline parallelism: take code('python') "
+                "(torch.distributed.pipelining) or code('torchtitan') for a pipeline"
+            )
         return _accelerate(c)
     kw = c.kwargs
     api = c.report.config.api
     lines = ["import torch"]
     lines += _checkpointing(kw.get("activation_checkpointing"))
+    if c.report.pipeline is not None:
+        lines += _pipeline(c)
+        return "\n".join(lines)
     lines += _fsdp2(c) if api == "FSDP2" else _fsdp1(c)
     lines += _loop(c)
     return "\n".join(lines)
@@ -352,6 +362,87 @@ def _fsdp1(c: Candidate) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------- pipeline
+def _pipeline(c: Candidate) -> list[str]:
+    """FSDP2 inside ``torch.distributed.pipelining``: the mesh, each stage's modules (as the
+    plan split them), its ``fully_shard`` calls, its ``PipelineStage``, the schedule."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from fsdpviz.plan.pipeline import schedule_class
+
+    kw = c.kwargs
+    cfg = c.report.config
+    pipe = c.report.pipeline
+    assert pipe is not None
+    _, cls = schedule_class(pipe.schedule)
+    mp = kw.get("mp_policy")
+    fsdp_names = ["fully_shard"]
+    if mp is not None:
+        fsdp_names.insert(0, "MixedPrecisionPolicy")
+    names = tuple(cfg.mesh or {"pp": pipe.pp_size})
+    sizes = tuple((cfg.mesh or {"pp": pipe.pp_size}).values())
+    lines = [
+        "",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        f"from torch.distributed.fsdp import {', '.join(fsdp_names)}",
+        "from torch.distributed.pipelining import PipelineStage",
+        f"from torch.distributed.pipelining.schedules import {cls.__name__}",
+        "",
+        f'mesh = init_device_mesh("cuda", {sizes}, mesh_dim_names={names})',
+    ]
+    dp_dims = tuple(n for n in names if n in ("dp_replicate", "dp_shard"))
+    lines.append(
+        f"dp_mesh = mesh[{dp_dims[0]!r}]" if len(dp_dims) == 1 else f"dp_mesh = mesh[{dp_dims!r}]"
+    )
+    if cfg.tp_world_size:
+        lines.append("# tensor parallelism first: parallelize_module(stage_model, mesh['tp'], ...)")
+    lines += ['pp_rank = mesh["pp"].get_local_rank()', ""]
+    lines.append("# the stages' modules (each rank keeps its stages' and deletes the others, as")
+    lines.append("# torchtitan's pipeline_module_split does), and the stages of each pipeline rank")
+    lines.append("stage_modules = {")
+    lines += [f"    {st.index}: {st.modules!r}," for st in pipe.stages]
+    lines.append("}")
+    ranks: dict[int, list[int]] = {}
+    for st in pipe.stages:
+        ranks.setdefault(st.rank, []).append(st.index)
+    lines.append(f"stages_of_rank = {ranks!r}")
+    common = ["mesh=dp_mesh"]
+    if mp is not None:
+        lines.append(f"mp_policy = {_mp_policy(mp)}")
+        common.append("mp_policy=mp_policy")
+    raf = kw.get("reshard_after_forward")
+    spec = kw.get("activation_checkpointing")
+    lines += ["", "stages = []", "for index in stages_of_rank[pp_rank]:"]
+    lines.append("    # split_stage: yours, the model with only these modules (torchtitan's split)")
+    lines.append("    stage_model = split_stage(model, stage_modules[index])")
+    for st in pipe.stages:
+        groups = [u for u in st.units if u and not u.startswith("(")]
+        calls = _shard_calls(groups, raf, common, spec, c)
+        root = f"(root of stage {st.index})"
+        root_raf = _raf_of(raf, root, (root,))
+        root_args = [*common]
+        if root_raf is not None:
+            root_args.append(f"reshard_after_forward={root_raf!r}")
+        calls.append(f"fully_shard(model, {', '.join(root_args)})")
+        lines.append(f"    if index == {st.index}:")
+        lines += ["        " + line.replace("model", "stage_model") for line in calls]
+    lines.append(
+        f"    stages.append(PipelineStage(stage_model, index, {len(pipe.stages)}, "
+        'torch.device("cuda"), group=mesh["pp"].get_group()))'
+    )
+    single = issubclass(cls, PipelineScheduleSingle)
+    lines += [
+        f"schedule = {cls.__name__}({'stages[0]' if single else 'stages'}, "
+        f"n_microbatches={pipe.microbatches}, loss_fn=loss_fn)",
+        "",
+        f"# each step: a batch of {c.micro_batch} samples per pipeline, in {pipe.microbatches} "
+        "microbatches:",
+        "# schedule.step(batch) on the first stage's rank, schedule.step(target=labels) on the",
+        "# last's, schedule.step() between; then optimizer.step(); optimizer.zero_grad()",
+    ]
+    return lines
+
+
 # ------------------------------------------------------------------- the loop
 def _loop(c: Candidate) -> list[str]:
     n = c.grad_accum
@@ -426,7 +517,11 @@ def _torchtitan(c: Candidate) -> str:
     if cfg.mesh is not None and not cfg.tp_world_size:
         replicate = cfg.ranks // cfg.shard_ranks
         dp = cfg.shard_ranks
-    global_batch = c.micro_batch * c.grad_accum * cfg.ranks // (cfg.tp_world_size or 1)
+    pipe = c.report.pipeline
+    if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
+        mesh = dict(cfg.mesh or {})
+        replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
+    global_batch = c.micro_batch * c.grad_accum * replicate * dp
     if c.grad_accum > 1 and not c.sync_each:
         notes.append(
             "torchtitan reduces the gradients after every micro-batch; this configuration "
@@ -446,6 +541,19 @@ def _torchtitan(c: Candidate) -> str:
         f"data_parallel_shard_degree = {dp}",
         f'fsdp_reshard_after_forward = "{policy}"',
         f"tensor_parallel_degree = {cfg.tp_world_size or 1}",
+    ]
+    if pipe is not None:
+        from fsdpviz.plan.pipeline import schedule_class
+
+        parts = [st.modules for st in sorted(pipe.stages, key=lambda st: st.index)]
+        name, _ = schedule_class(pipe.schedule)
+        out += [
+            f"pipeline_parallel_degree = {pipe.pp_size}",
+            f'pipeline_parallel_schedule = "{name}"',
+            f"pipeline_parallel_microbatch_size = {c.micro_batch // pipe.microbatches}",
+            f"module_fqns_per_model_part = {json.dumps(parts)}",
+        ]
+    out += [
         "",
         "[activation_checkpoint]",
     ]
