@@ -534,6 +534,12 @@ def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_trac
         assert fresh.memory.peak == c.report.memory.peak
     slow = t.why_slow()
     assert slow[0]["cause"] == "bubbles" and slow[0]["knob"] == "pipeline"
+    # the micro-batch follows the pp degree: no alternative of its own, and a cause that a
+    # larger micro-batch would help points at the mesh that gives one
+    assert "micro_batch" not in {a["knob"] for a in t.alternatives()}
+    for row in slow:
+        if row["knob"] == "micro_batch" and row["predicted"]:
+            assert row["predicted"].startswith("tune: ranks ")
     # the mesh kept as given when pinned or not turned
     for pin in ({"fixed": {"mesh": given["mesh"]}}, {"knobs": ("pipeline", "precision")}):
         kept = fsdpviz.tune(titan, inputs, **given, **pin, progress=False, workers=1)

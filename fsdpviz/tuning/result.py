@@ -284,6 +284,8 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
     anchor = _anchor(tuning)
     out: list[dict[str, Any]] = []
     for knob in anchor.knobs:
+        if knob in _FOLLOWING and "pipeline" in anchor.knobs:
+            continue  # a pipeline's micro-batch follows its pp degree: the mesh's alternative
         others = [c for c in tuning.candidates if c.knobs.get(knob) != anchor.knobs[knob]]
         if not others:
             continue
@@ -303,6 +305,8 @@ def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
     checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
     for row in slowdowns(c.report, checkpointing=checkpointed):
         knob = row["knob"]
+        if knob in _FOLLOWING and "pipeline" in c.knobs:
+            knob = _FOLLOWING[knob]  # a pipeline's batch per rank changes with its pp degree
         others = [
             o for o in tuning.candidates if knob in o.knobs and o.knobs[knob] != c.knobs.get(knob)
         ]
@@ -319,6 +323,11 @@ def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
             predicted = ""
         out.append(row | {"prediction": pick, "predicted": predicted})
     return out
+
+
+# Under a pipeline, tune keeps the micro-batch as given and turns the pp degree, which sets
+# each pipeline's batch (the global batch kept): the micro-batch follows the mesh.
+_FOLLOWING = {"micro_batch": "mesh"}
 
 
 def _distance(c: Candidate, anchor: Candidate, knob: str) -> int:
