@@ -148,13 +148,18 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
 
 
 def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
-    allowed = _OPTIONS[kind]
+    check_options(options, _OPTIONS[kind], f"{suffix} files")
+
+
+def check_options(options: dict[str, Any], allowed: tuple[str, ...] | list[str], what: str) -> None:
+    """Refuse an option not in ``allowed`` for ``what`` (``".html files"``), with the
+    nearest name and the ones there are."""
     for key in options:
         if key not in allowed:
             hint = difflib.get_close_matches(key, allowed, n=1)
             tip = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ConfigError(
-                f"unknown option {key!r} for {suffix} files{tip} (options: {', '.join(allowed)})"
+                f"unknown option {key!r} for {what}{tip} (options: {', '.join(allowed)})"
             )
 
 

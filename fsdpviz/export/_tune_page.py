@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import html
 import json
 from pathlib import Path
@@ -30,6 +29,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.export._html import PageTheme, pack, page_assets, page_config, page_header
 from fsdpviz.export._image import IMAGE_FORMATS, write_image
+from fsdpviz.export._save import check_options
 from fsdpviz.schema.memory import size_text
 from fsdpviz.views.tune_view import anchor_of, tune_data, tune_figure
 
@@ -290,12 +290,4 @@ def save_tuning(tuning: Tuning, path: str | Path, **options: Any) -> Path:
 
 
 def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
-    allowed = _OPTIONS[kind]
-    for key in options:
-        if key not in allowed:
-            hint = difflib.get_close_matches(key, allowed, n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(
-                f"unknown option {key!r} for a tuning's {suffix} file{tip} "
-                f"(options: {', '.join(allowed)})"
-            )
+    check_options(options, _OPTIONS[kind], f"a tuning's {suffix} file")
