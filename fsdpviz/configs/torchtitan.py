@@ -3,9 +3,10 @@ builds for it.
 
 The job files are those of torchtitan's TOML configuration (``train_configs/*.toml``, up
 to its move to Python config registries in 2026). The Llama 3 flavors (``debugmodel``,
-``8B``, ``70B``, ``405B``) are built here as torchtitan builds them (``Transformer`` of
+``8B``, ``70B``, ``405B``) are built as torchtitan builds them (``Transformer`` of
 ``torchtitan/models/llama3/model``: the same module names and parameter shapes) on the meta
-device, and sharded as its ``apply_fsdp`` does: ``tok_embeddings``, each block, ``norm``
+device (:mod:`~fsdpviz.configs.torchtitan_model`), and sharded as its ``apply_fsdp`` does
+(:mod:`~fsdpviz.configs.torchtitan_plan`): ``tok_embeddings``, each block, ``norm``
 with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward =
 "always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
 reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (HSDP) when
