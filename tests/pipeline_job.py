@@ -1,7 +1,7 @@
 """A pipeline-parallel FSDP2 job as torchtitan runs one, for the gloo conformance tests.
 
 4 ranks as a ``pp`` 2 x ``dp_shard`` 2 mesh; a small torchtitan Llama 3
-(``fsdpviz.configs.torchtitan.Transformer``) split into stages as torchtitan's
+(``fsdpviz.configs.torchtitan_model.Transformer``) split into stages as torchtitan's
 ``pipeline_module_split`` splits it (its ``_generate_llm_fqn_per_model_part``, the embedding
 and the output counted as a layer each), each stage sharded as torchtitan's ``apply_fsdp``
 shards it (the embedding, each block, the final norm with the output, then the stage's
@@ -45,7 +45,7 @@ V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 
 
 def model() -> nn.Module:
-    from fsdpviz.configs.torchtitan import Transformer
+    from fsdpviz.configs.torchtitan_model import Transformer
 
     torch.manual_seed(0)
     return Transformer(MODEL_ARGS, SEQ).train()

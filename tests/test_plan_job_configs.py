@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import fsdpviz
-from fsdpviz.configs.torchtitan import EveryNthBlock, TransformerBlock
+from fsdpviz.configs.torchtitan_model import TransformerBlock
+from fsdpviz.configs.torchtitan_plan import EveryNthBlock
 
 # torchtitan's llama3_8b.toml of December 2024 (commit 9dec370, the one of its published H100
 # benchmarks), with the debug model, float8 linears and compile turned on

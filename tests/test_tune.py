@@ -484,7 +484,7 @@ def test_a_hugging_face_search_is_exact_too() -> None:
 
 
 def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_traced() -> None:
-    from fsdpviz.configs.torchtitan import build_llama3
+    from fsdpviz.configs.torchtitan_model import build_llama3
 
     titan = build_llama3("debugmodel", 64)
     blocks = [f"layers.{i}" for i in range(6)]
@@ -585,7 +585,7 @@ def test_a_pipelines_code_builds_its_stages_and_schedule() -> None:
     import ast
     import tomllib
 
-    from fsdpviz.configs.torchtitan import build_llama3
+    from fsdpviz.configs.torchtitan_model import build_llama3
     from fsdpviz.plan.pipeline import schedule_class
 
     titan = build_llama3("debugmodel", 64)

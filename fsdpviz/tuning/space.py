@@ -402,7 +402,7 @@ def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | No
     ``base_model_tp_plan`` (``"colwise"`` / ``"rowwise"`` entries); None and why where there
     is none."""
     if source == "torchtitan":
-        from fsdpviz.configs.torchtitan import tp_plan
+        from fsdpviz.configs.torchtitan_plan import tp_plan
 
         return tp_plan(loss_parallel=False), ""
     config = getattr(model, "config", None)

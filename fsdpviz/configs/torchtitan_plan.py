@@ -1,0 +1,231 @@
+"""What torchtitan applies to the model, as ``analyze`` arguments: ``parallelize_llama``'s
+``apply_tp`` (:func:`tp_plan`), ``apply_ac`` (:class:`EveryNthBlock`, per-op
+checkpointing) and ``apply_fsdp`` (:func:`parallelize_kwargs`), and ``pipeline_llm``'s
+schedule, microbatches and stages (:func:`pipeline_kwargs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.configs.common import note
+from fsdpviz.configs.torchtitan_model import TransformerBlock
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.pipeline import default_stages, schedule_class
+from fsdpviz.schema.report import FsdpWarning
+from fsdpviz.trace.checkpointing import SelectiveCheckpoint
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def tp_plan(loss_parallel: bool) -> dict[str, Any]:
+    """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
+    sequence parallel norms, column/row-wise projections, the output sharded over the
+    vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+    block = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(  # (x, freqs_cis): the rotations stay plain tensors
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    plan.update({f"layers.*.{k}": v for k, v in block.items()})
+    return plan
+
+
+def parallelize_kwargs(
+    model: nn.Module, data: dict[str, Any], mesh: dict[str, int], where: str, notes: list[str]
+) -> dict[str, Any]:
+    """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
+    arguments."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    training = data.get("training", {})
+    policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
+    if policy not in ("default", "always", "never"):
+        raise ConfigError(
+            f"{where}: parallelism.fsdp_reshard_after_forward must be default, always or "
+            f"never, got {policy!r}"
+        )
+    # "default": True without pipeline parallelism, False under it (torchtitan's
+    # get_fsdp_reshard_after_forward_policy: no all-gather per microbatch)
+    reshard = policy == "always" or (policy == "default" and mesh["pp"] == 1)
+    blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
+    raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
+    raf["norm, output"] = policy == "always"
+    param = _dtype(training.get("mixed_precision_param", "bfloat16"), "mixed_precision_param")
+    reduce = _dtype(training.get("mixed_precision_reduce", "float32"), "mixed_precision_reduce")
+    kwargs: dict[str, Any] = {
+        "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
+        "reshard_after_forward": raf,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
+    }
+    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1 and mesh["cp"] == 1:
+        kwargs["world_size"] = mesh["dp_shard"]
+    else:  # PP, HSDP, CP and/or TP: the mesh as torchtitan's ParallelDims builds it
+        dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
+        kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
+    if mesh["tp"] > 1:
+        parallel = data.get("parallelism", {})
+        loss_parallel = not parallel.get("disable_loss_parallel", False)
+        kwargs["parallelize_plan"] = tp_plan(loss_parallel)
+        if loss_parallel:
+            note(
+                notes,
+                f"{where}: loss parallel keeps the logits sharded over the vocabulary; the "
+                "cross-entropy's own all-reduces (a few values per token) are not shown",
+            )
+        if parallel.get("enable_async_tensor_parallel"):
+            note(
+                notes,
+                f"{where}: enable_async_tensor_parallel overlaps tp collectives with the "
+                "matmuls (not modelled; planned as synchronous tensor parallelism)",
+            )
+    if training.get("enable_cpu_offload"):
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    ac = data.get("activation_checkpoint", {})
+    mode = str(ac.get("mode", "selective"))
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode == "full":
+        kwargs["activation_checkpointing"] = [TransformerBlock]
+    elif mode == "selective" and option.isdigit():
+        kwargs["activation_checkpointing"] = EveryNthBlock(int(option))
+    elif mode == "selective" and option == "op":
+        kwargs["activation_checkpointing"] = SelectiveCheckpoint([TransformerBlock])
+    elif mode == "selective":
+        raise ConfigError(
+            f"{where}: activation_checkpoint.selective_ac_option must be 'op' or an "
+            f"integer, got {option!r}"
+        )
+    elif mode == "memory_budget":
+        note(
+            notes,
+            f"{where}: activation_checkpoint mode = 'memory_budget' is not modelled; "
+            "planned without activation checkpointing",
+        )
+    elif mode != "none":
+        raise ConfigError(f"{where}: activation_checkpoint.mode {mode!r} is not valid")
+    return kwargs
+
+
+def pipeline_kwargs(
+    model: nn.Module,
+    parallel: dict[str, Any],
+    pp: int,
+    batch: int,
+    where: str,
+    notes: list[str],
+) -> dict[str, Any]:
+    """torchtitan's ``pipeline_llm`` for this job, as ``analyze`` arguments: the schedule,
+    the microbatches (``local_batch_size / pipeline_parallel_microbatch_size``; files of 2024
+    give ``pipeline_parallel_microbatches``, default the pp degree) and the stages
+    (``module_fqns_per_model_part``, ``pipeline_parallel_layers_per_stage``, 2024's
+    ``pipeline_parallel_split_points``, else torchtitan's split with the first and last
+    stages ``..._less_layers`` lighter)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    name, cls = schedule_class(parallel.get("pipeline_parallel_schedule", "1F1B"))
+    out: dict[str, Any] = {"pipeline_schedule": name}
+    if parallel.get("pipeline_parallel_schedule_csv"):
+        note(
+            notes,
+            f"{where}: pipeline_parallel_schedule_csv is not read; planned with "
+            f"pipeline_parallel_schedule = {name!r}",
+        )
+    if "pipeline_parallel_microbatches" in parallel:  # torchtitan of 2024
+        out["microbatches"] = int(parallel["pipeline_parallel_microbatches"])
+    elif "pipeline_parallel_microbatch_size" in parallel:
+        size = int(parallel["pipeline_parallel_microbatch_size"])
+        if size < 1 or batch % size:
+            raise ConfigError(
+                f"{where}: local_batch_size {batch} does not divide into microbatches of "
+                f"pipeline_parallel_microbatch_size = {size}"
+            )
+        out["microbatches"] = batch // size
+    elif "pipeline_parallel_split_points" in parallel:  # 2024's default: the pp degree
+        out["microbatches"] = pp
+    else:
+        out["microbatches"] = batch  # microbatches of one sample (microbatch size 1)
+    per_rank = 1 if issubclass(cls, PipelineScheduleSingle) else 2
+    if parallel.get("module_fqns_per_model_part"):
+        out["pipeline_stages"] = [list(s) for s in parallel["module_fqns_per_model_part"]]
+    elif parallel.get("pipeline_parallel_split_points"):
+        out["pipeline_stages"] = _split_points(model, parallel["pipeline_parallel_split_points"])
+    elif parallel.get("pipeline_parallel_layers_per_stage"):
+        out["pipeline_stages"] = int(parallel["pipeline_parallel_layers_per_stage"])
+    else:
+        first = int(parallel.get("pipeline_parallel_first_stage_less_layers", 1))
+        last = int(parallel.get("pipeline_parallel_last_stage_less_layers", 1))
+        unused: list[FsdpWarning] = []  # analyze warns of an uneven split itself
+        out["pipeline_stages"] = default_stages(model, pp * per_rank, unused, first, last)
+    return out
+
+
+def _split_points(model: nn.Module, points: Any) -> list[list[str]]:
+    """torchtitan's 2024 ``pipeline_parallel_split_points`` (``["layers.8", "layers.16"]``):
+    each point starts a stage; the first also holds the embedding, the last the final norm
+    and the output."""
+    blocks = [f"layers.{k}" for k, _ in model.get_submodule("layers").named_children()]
+    starts = [str(p) for p in (points.split(",") if isinstance(points, str) else points)]
+    stages: list[list[str]] = [["tok_embeddings"]]
+    for block in blocks:
+        if block in starts:
+            stages.append([])
+        stages[-1].append(block)
+    stages[-1] += ["norm", "output"]
+    return stages
+
+
+@dataclass(frozen=True)
+class EveryNthBlock:
+    """torchtitan's ``selective_ac_option = "<n>"``: every ``n``-th block is checkpointed,
+    counting from 1 (``0``: every block). Picks by the block's ``layer_id``, so it picks the
+    same blocks of fsdpviz's traced copy as of the model."""
+
+    every: int
+
+    def __call__(self, module: nn.Module) -> bool:
+        layer = getattr(module, "layer_id", None)
+        if not isinstance(module, TransformerBlock) or layer is None:
+            return False
+        return not self.every or (int(layer) + 1) % self.every == 0
+
+
+def _dtype(name: Any, key: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ConfigError(f"training.{key} must be bfloat16 or float32, got {name!r}")
+    return _DTYPES[name]
+
+
+__all__ = ["EveryNthBlock", "parallelize_kwargs", "pipeline_kwargs", "tp_plan"]

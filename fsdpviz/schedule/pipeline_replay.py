@@ -1,0 +1,153 @@
+"""A pipeline rank's step: its stages' traced hook calls replayed action by action.
+
+:class:`RankRun` gives each of the rank's stages a fresh :class:`FSDP2Runtime` and runs the
+rank's actions (:mod:`fsdpviz.schedule.pipeline_order`) on them with what
+``PipelineStage`` does around FSDP2's hooks (see :mod:`fsdpviz.schedule.pipeline`): each
+step as its hook calls (:class:`~fsdpviz.schedule.pipeline_profile.Call`), the first
+starting with the shape inference.
+"""
+
+from __future__ import annotations
+
+from fsdpviz.plan.pipeline import PipelineOptions
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.pipeline_order import parse_action
+from fsdpviz.schedule.pipeline_profile import Call
+from fsdpviz.schedule.pipeline_trace import Log, StageTrace
+from fsdpviz.schema.pipeline import stage_root
+from fsdpviz.schema.report import Event
+
+
+class RankRun:
+    """One pipeline rank's stages, each with its own FSDP2 runtime, run action by action;
+    each step as its hook calls (:class:`~fsdpviz.schedule.pipeline_profile.Call`)."""
+
+    def __init__(self, opts: PipelineOptions, traces: list[StageTrace], rank: int) -> None:
+        self.opts = opts
+        self.traces = traces
+        self.stages = opts.stages_of(rank)
+        self.runtimes: dict[int, FSDP2Runtime] = {}
+        for s in self.stages:
+            t = traces[s]
+            rt = FSDP2Runtime(
+                t.groups, t.opts.shard_ranks, t.opts.replicas, t.opts.offload, t.opts.torch
+            )
+            rt.set_prefetch(*t.prefetch)
+            self.runtimes[s] = rt
+        self.unshard_pending: set[int] = set()
+
+    def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
+        """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
+        rt = self.runtimes[s]
+        calls: list[Call] = []
+        for j, (name, i, arg) in enumerate(log):
+            rt.replay([(name, i, arg)])
+            unit = rt.states[i].group.name if i < len(rt.states) else ""
+            calls.append(Call(name, unit, arg, rt.take_events(), s, first + j, mb, part))
+        return calls
+
+    def _mark(self, s: int, mb: int | None) -> Call:
+        """The end of the stage's forward (the last stage: its loss), a mark of its trace."""
+        k = len(self.traces[s].forward)
+        return Call("pipeline", "", "forward_end", [], s, k, mb, "F")
+
+    def shape_inference(self) -> list[Call]:
+        """``PipelineStage``'s metadata inference in the first step (see the module doc)."""
+        calls: list[Call] = []
+        for s in self.stages:
+            self.runtimes[s].tag = {"stage": s}
+            calls += self._replay(s, self.traces[s].forward, 0, "F", None)
+            calls.append(self._mark(s, None))
+        for s in reversed(self.stages):
+            t = self.traces[s]
+            if t.inputs_need_grad:  # autograd.grad to the inputs: no parameter gradient
+                calls += self._replay(s, _without_grads(t.backward), len(t.forward) + 1, "B", None)
+        for s in self.stages:
+            self.runtimes[s].reshard_all()
+            calls.append(Call("pipeline", "", "RESHARD", self.runtimes[s].take_events(), s))
+        return calls
+
+    def step(self, actions: list[str]) -> list[Call]:
+        calls: list[Call] = []
+        for action in actions:
+            for sub in parse_action(action):  # OVERLAP_F_B (DualPipeV): its actions in order
+                calls += self.action(*sub)
+        return calls
+
+    def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Call]:
+        trace = self.traces[s]
+        rt = self.runtimes[s]
+        rt.tag = {"stage": s, "microbatch": mb, "action": action}
+        if kind in ("F", "B", "I", "W") and s in self.unshard_pending:
+            self.unshard_pending.discard(s)  # _assert_unsharded waits for the UNSHARD
+            rt.wait_all()
+        back = len(trace.forward) + 1  # the first backward hook call's mark
+        # where the action's compute starts: it waits for what it receives
+        start = Call("pipeline", "", action, [], s, None, mb)
+        if kind == "F":
+            return [start, *self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
+        if kind in ("B", "I", "W"):
+            rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
+            if kind == "B" or (kind == "W" and s == 0):
+                return [start, *self._replay(s, trace.backward, back, "B", mb)]
+            if kind == "I" and s != 0:
+                return [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
+            if kind == "W":  # the weight gradients land outside FSDP's hooks
+                for state in rt.states:
+                    for g in state.groups:
+                        g.accumulated = g.accumulated or _has_grads(trace.backward, g.name, rt)
+                return [Call("pipeline", "", action, [], s, None, mb, "W")]
+            return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
+        if kind == "REDUCE_GRAD":
+            rt.reduce_grad()
+            return _reduce_calls(rt.take_events(), s)
+        if kind == "UNSHARD":
+            rt.unshard_all()
+            self.unshard_pending.add(s)
+        elif kind == "RESHARD":
+            rt.reshard_all()
+        else:  # SEND_F, RECV_F, SEND_B, RECV_B
+            forward = kind.endswith("_F")
+            nbytes = trace.output_bytes if forward == kind.startswith("SEND") else trace.input_bytes
+            event = Event("pp_send" if kind.startswith("SEND") else "pp_recv", "",
+                          "forward" if forward else "backward", group="pp", nbytes=nbytes,
+                          stage=s, microbatch=mb, action=action)  # fmt: skip
+            return [Call("pipeline", "", action, [event], s, None, mb)]
+        return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
+
+
+def _reduce_calls(events: list[Event], s: int) -> list[Call]:
+    """``REDUCE_GRAD`` as FSDP runs it: each group's post-backward, the root's final callback."""
+    calls: list[Call] = []
+    for e in events:
+        if not calls or calls[-1].unit != e.hook_unit:
+            calls.append(Call("post_backward", e.hook_unit or e.unit, False, [], s, part="R"))
+        calls[-1].events.append(e)
+    return [*calls, Call("final_callback", stage_root(s), {}, [], s, part="R")]
+
+
+def _without_grads(log: Log) -> Log:
+    """A backward's hook calls as ``autograd.grad`` to the inputs makes them: no parameter
+    receives a gradient."""
+    out: Log = []
+    for name, i, flag in log:
+        if name == "post_backward":
+            flag = False
+        elif name == "final_callback":
+            flag = dict.fromkeys(flag, False)
+        out.append((name, i, flag))
+    return out
+
+
+def _has_grads(log: Log, group: str, rt: FSDP2Runtime) -> bool:
+    """Whether the stage's backward gives ``group``'s parameters gradients."""
+    index = {st.group.name: i for i, st in enumerate(rt.states)}.get(group)
+    for name, i, flag in log:
+        if name == "post_backward" and i == index and flag:
+            return True
+        if name == "final_callback" and flag.get(index):
+            return True
+    return False
+
+
+__all__ = ["RankRun"]

@@ -1,0 +1,246 @@
+"""The reports of a pipeline's plan: each pipeline rank's, and the whole job's over them.
+
+A rank's report holds its stages' units and modules, its two steps' events as
+:class:`~fsdpviz.schedule.pipeline_replay.RankRun` issues them, the profile the cost model
+walks (:mod:`fsdpviz.schedule.pipeline_profile`) and the pipeline (schedule, stages,
+actions); the job's report every stage's units, the model's modules, every rank's events
+rank by rank, and the ranks' reports in ``pipeline.ranks``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.plan.fsdp2 import FSDP2Options, Group
+from fsdpviz.plan.pipeline import PipelineOptions
+from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
+from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile
+from fsdpviz.schedule.pipeline_replay import RankRun
+from fsdpviz.schedule.pipeline_trace import StageTrace
+from fsdpviz.schema.pipeline import Pipeline, Stage
+from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Report
+from fsdpviz.trace.modules import module_infos, param_first_use
+from fsdpviz.trace.tracker import ModuleCalls
+
+
+def rank_report(
+    rank: int,
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    traces: list[StageTrace],
+    actions: list[str],
+    warnings: list[FsdpWarning],
+    modules: list[ModuleInfo],
+) -> Report:
+    run = RankRun(popts, traces, rank)
+    steps = [run.shape_inference() + run.step(actions), run.step(actions)]
+    mine = [traces[s] for s in run.stages]
+    profile = _rank_profile(popts, mine, steps)
+    iterations = [[e for c in calls for e in c.events] for calls in steps]
+    groups = [g for t in mine for g in t.groups]
+    order: list[str] = []
+    for t in mine:
+        order += forward_order(t.forward, t.groups)
+    config = _config(popts, mine, groups).replace(pp_rank=rank)
+    return Report(
+        source="prediction",
+        config=config,
+        units=[g.schema for g in groups if g.schema is not None and g.params],
+        forward_order=order,
+        iterations=iterations,
+        warnings=_stage_warnings(mine) + list(warnings),
+        modules=_rank_modules(modules, mine),
+        module_order=[n for t in mine for n in t.tracker.order],
+        module_backward_order=[n for t in reversed(mine) for n in t.tracker.backward_order],
+        param_first_use={k: v for t in mine for k, v in _first_use(t).items()},
+        pipeline=_pipeline(popts, traces, {rank: actions}),
+        profile=profile,
+    )
+
+
+def _rank_profile(
+    popts: PipelineOptions, mine: list[StageTrace], steps: list[list[Call]]
+) -> TraceProfile | None:
+    """The rank's steps as the cost model walks them, from its stages' traces (see
+    :mod:`fsdpviz.schedule.pipeline_profile`); what it holds besides: the microbatches'
+    inputs (the first stage: the batch; the others: a receive buffer per microbatch, and one
+    for the gradient of the output, as ``PipelineStage`` allocates them), the stages'
+    buffers, the tokens of a step."""
+    if any(t.profile is None or not t.profile.iterations for t in mine):
+        return None
+    profiles = {t.index: t.profile.iterations[0] for t in mine if t.profile is not None}
+    shapes = {
+        t.index: StageShape(
+            len(t.forward), t.index == popts.num_stages - 1, t.output_bytes,
+            frozenset(g.name for g in t.groups),
+        )
+        for t in mine
+    }  # fmt: skip
+    upcast = {
+        g.name: _itemsize(g.schema.reduce_dtype) / _itemsize(g.schema.compute_dtype)
+        for t in mine
+        for g in t.groups
+        if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
+    }
+    iterations = [rank_step_profile(calls, profiles, shapes, upcast)[0] for calls in steps]
+    m = popts.microbatches
+    inputs = 0
+    for t in mine:
+        assert t.profile is not None
+        if t.index == 0:
+            inputs += t.profile.input_bytes * m
+        else:
+            inputs += t.input_bytes * m
+        if t.index != popts.num_stages - 1:
+            inputs += t.output_bytes * m
+    first = mine[0].profile
+    assert first is not None
+    modules: dict[str, dict[str, float]] = {}
+    for t in mine:
+        assert t.profile is not None
+        modules.update(t.profile.modules)
+    return TraceProfile(
+        iterations=iterations,
+        modules=modules,
+        input_bytes=inputs,
+        buffer_bytes=sum(t.profile.buffer_bytes for t in mine if t.profile is not None),
+        flop_ops=list(first.flop_ops),
+        tokens=first.tokens * m,
+        tp_ranks=first.tp_ranks,
+    )
+
+
+def _itemsize(dtype: str | None) -> int:
+    return getattr(torch, str(dtype)).itemsize if dtype else 4
+
+
+def _config(popts: PipelineOptions, traces: list[StageTrace], groups: list[Group]) -> Any:
+    """The plan's config: FSDP2's options (tensor parallelism's plan as it resolved on each
+    of ``traces``' stages), the whole mesh, pp dimension first, and the pipeline's."""
+    opts = traces[0].opts
+    base = opts.describe(groups)
+    changes: dict[str, Any] = {}
+    if opts.tp is not None:  # every stage's modules' styles
+        plan: dict[str, str] = {}
+        for t in traces:
+            plan.update(t.opts.tp.describe() if t.opts.tp is not None else {})
+        changes["parallelize_plan"] = plan
+    mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.shard_ranks})}
+    return base.replace(
+        world_size=math.prod(mesh.values()),
+        shard_world_size=opts.shard_ranks,
+        mesh=mesh,
+        pp_world_size=popts.pp_size,
+        pipeline_schedule=popts.schedule,
+        microbatches=popts.microbatches,
+        **changes,
+    )
+
+
+def all_modules(copy: nn.Module, traces: list[StageTrace]) -> list[ModuleInfo]:
+    """The whole model's modules (each stage's part holds some of them): their units, and
+    the calls and shapes their stage's trace saw (the root and the layers container: every
+    stage's)."""
+    groups = [g for t in traces for g in t.groups]
+    unit_of = {f: g.name for g in groups for f in g.fqns if f}
+    records: dict[str, ModuleCalls] = {}
+    for t in traces:
+        for name, rec in t.tracker.records.items():
+            if name not in records:
+                records[name] = ModuleCalls(rec.calls, rec.input_shapes, rec.output_shapes)
+            else:
+                records[name].calls += rec.calls
+    placements = [p for p in group_placements(groups) if p.unit]  # roots: no parameters here
+    return module_infos(copy, placements, unit_of, records)
+
+
+def _rank_modules(modules: list[ModuleInfo], mine: list[StageTrace]) -> list[ModuleInfo]:
+    """The modules of a rank's stages (and the model's root and containers above them)."""
+    held = {name for t in mine for name in t.tracker.records}
+    return [m for m in modules if m.fqn in held]
+
+
+def _first_use(t: StageTrace) -> dict[str, str]:
+    return param_first_use(group_placements(t.groups), t.tracker.order)
+
+
+def _stage_warnings(traces: list[StageTrace]) -> list[FsdpWarning]:
+    out: list[FsdpWarning] = []
+    for t in traces:
+        order = forward_order(t.forward, t.groups)
+        for w in group_warnings(t.groups, order, t.view_outputs, t.opts, t.incomplete):
+            if w not in out:
+                out.append(w)
+    return out
+
+
+def _pipeline(
+    popts: PipelineOptions, traces: list[StageTrace], actions: dict[int, list[str]]
+) -> Pipeline[Report]:
+    return Pipeline(
+        schedule=popts.schedule,
+        microbatches=popts.microbatches,
+        pp_size=popts.pp_size,
+        stages=[
+            Stage(
+                s, popts.stage_ranks[s], list(names), [g.name for g in traces[s].groups if g.params]
+            )
+            for s, names in enumerate(popts.stage_modules)
+        ],
+        actions=dict(actions),
+    )
+
+
+def job_report(
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    traces: list[StageTrace],
+    actions: dict[int, list[str]],
+    ranks: list[Report],
+    warnings: list[FsdpWarning],
+    modules: list[ModuleInfo],
+) -> Report:
+    """The whole job: every stage's units, the model's modules, each iteration's events of
+    every pipeline rank (rank by rank), and each rank's own report in ``pipeline.ranks``."""
+    groups = [g for t in traces for g in t.groups]
+    pipeline = _pipeline(popts, traces, actions)
+    pipeline.ranks = ranks
+    seen: list[FsdpWarning] = []
+    for r in ranks:
+        seen += [w for w in r.warnings if w not in seen]
+    job = Report(
+        source="prediction",
+        config=_config(popts, traces, groups),
+        units=[u for r in _by_stage(ranks, popts) for u in r],
+        forward_order=[u for t in traces for u in forward_order(t.forward, t.groups)],
+        iterations=[[e for r in ranks for e in r.iterations[i]] for i in range(2)],
+        warnings=seen,
+        modules=modules,
+        module_order=[n for t in traces for n in t.tracker.order],
+        module_backward_order=[n for t in reversed(traces) for n in t.tracker.backward_order],
+        param_first_use={k: v for t in traces for k, v in _first_use(t).items()},
+        pipeline=pipeline,
+    )
+    for rank in ranks:
+        assert rank.pipeline is not None
+        rank.pipeline.job = job
+    return job
+
+
+def _by_stage(ranks: list[Report], popts: PipelineOptions) -> list[list[Any]]:
+    """Each stage's units, in stage order (a rank's report holds its stages' units)."""
+    stage_units: list[list[Any]] = []
+    for s in range(popts.num_stages):
+        rank = ranks[popts.stage_ranks[s]]
+        assert rank.pipeline is not None
+        names = set(rank.pipeline.stages[s].units)
+        stage_units.append([u for u in rank.units if u.module in names])
+    return stage_units
+
+
+__all__ = ["all_modules", "job_report", "rank_report"]

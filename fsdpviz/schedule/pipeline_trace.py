@@ -1,0 +1,260 @@
+"""Each stage of a pipeline traced once, on one microbatch (:class:`StageTrace`).
+
+A stage is a copy of the model holding its modules, sharded as an FSDP root of its own, as
+torchtitan builds it (``fully_shard=`` and ``parallelize_plan`` narrowed to what it holds).
+Its forward runs on the first microbatch (the next stage: on this one's output), then its
+backward from the gradient of its output (the last stage: from the loss); FSDP2's hook
+calls of both are kept for :mod:`fsdpviz.schedule.pipeline_replay`, with what the probe
+measured and the bytes the stage receives and sends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from fsdpviz.plan.fsdp2 import (
+    FSDP2Options,
+    Group,
+    build_groups,
+    check_reshard_ints,
+    prefetch_indices,
+    resolve_targets,
+)
+from fsdpviz.plan.pipeline import PipelineOptions, split_module
+from fsdpviz.plan.tensor_parallel import resolve_plan
+from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.tp_emulation import TPEmulation
+from fsdpviz.schema.pipeline import stage_root
+from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.tracker import ModuleTracker, run_step
+
+Log = list[tuple[str, int, Any]]
+
+
+@dataclass
+class StageTrace:
+    """One stage traced on one microbatch: its groups, and FSDP2's hook calls of its forward
+    and of its backward."""
+
+    index: int
+    part: nn.Module
+    opts: FSDP2Options
+    groups: list[Group]
+    forward: Log
+    backward: Log
+    tracker: ModuleTracker
+    view_outputs: list[str]
+    incomplete: list[str]  # grouped calls whose forward FSDP2 never completed (warned)
+    input_bytes: int  # the activations it receives (a gradient of them it sends back)
+    output_bytes: int  # the activations it sends (a gradient of them it receives)
+    inputs_need_grad: bool
+    prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
+    profile: TraceProfile | None = None  # what the probe measured (one iteration)
+
+
+def trace_stages(
+    copy: nn.Module,
+    popts: PipelineOptions,
+    opts: FSDP2Options,
+    ignored: set[nn.Parameter],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    device: str,
+    profile: bool,
+) -> list[StageTrace]:
+    _check_targets(copy, opts.targets)
+    where = "the meta device" if device == "meta" else "the model's device"
+    traces: list[StageTrace] = []
+    shared: list[torch.Tensor] = []  # received activations one tp rank holds a share of
+    n_modules = sum(1 for _ in copy.modules())
+    with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
+        for s, names in enumerate(popts.stage_modules):
+            part = split_module(copy, names)
+            modules = dict(part.named_modules())
+            stage_opts = dataclasses.replace(
+                opts,
+                targets=_stage_targets(opts.targets, modules),
+                forward_prefetch={k: v for k, v in opts.forward_prefetch.items() if k in modules},
+                backward_prefetch={k: v for k, v in opts.backward_prefetch.items() if k in modules},
+            )
+            if opts.parallelize_plan is not None:
+                stage_opts.tp = resolve_plan(
+                    part, _stage_plan(opts.parallelize_plan, modules), opts.tp_size, opts.tp_name
+                )
+            groups = _name_root(build_groups(part, stage_opts, ignored), s)
+            check_reshard_ints(groups, stage_opts.shard_ranks)
+            last = s == popts.num_stages - 1
+            trace, output, shares = _trace_stage(
+                s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
+            )
+            if s:
+                trace.input_bytes = traces[-1].output_bytes  # what the previous stage sends
+            traces.append(trace)
+            # the next stage receives this stage's output tensors as its positional inputs
+            outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+            args = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outs)
+            shared = [a for a, share in zip(args, shares, strict=True) if share]
+            kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+    return traces
+
+
+def _stage_targets(spec: Any, modules: dict[str, nn.Module]) -> Any:
+    """``fully_shard=`` for one stage: FQNs of modules another stage holds left out (a
+    grouped call keeps the members the stage has), classes and callables as they are."""
+    items = [spec] if isinstance(spec, (str, type)) or callable(spec) else list(spec or [])
+    out: list[Any] = []
+    classes = {type(m).__name__ for m in modules.values()}
+    for item in items:
+        if isinstance(item, tuple):
+            kept = tuple(n for n in item if n in modules)
+            if kept:
+                out.append(kept)
+        elif isinstance(item, str) and item not in modules and item not in classes:
+            continue  # another stage's module (or no module: the whole model's check said)
+        elif isinstance(item, type) and not any(isinstance(m, item) for m in modules.values()):
+            continue
+        else:
+            out.append(item)
+    return out
+
+
+def _check_targets(copy: nn.Module, spec: Any) -> None:
+    """What ``fully_shard=`` names must be in the model (checked once, on the whole)."""
+    resolve_targets(copy, spec)
+
+
+def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, Any]:
+    """``parallelize_plan`` for one stage: the patterns that match a module it holds."""
+    return {
+        pattern: style
+        for pattern, style in dict(plan).items()
+        if any(fnmatch.fnmatch(name, pattern) for name in modules)
+    }
+
+
+def _name_root(groups: list[Group], s: int) -> list[Group]:
+    """Stage ``s``'s root group (the model part's, FQN ``""``) named ``(root of stage s)``:
+    every stage's root is the model's."""
+    for g in groups:
+        if g.is_root:
+            g.name = stage_root(s)
+            if g.schema is not None:
+                g.schema = dataclasses.replace(g.schema, module=g.name)
+    return groups
+
+
+def _trace_stage(
+    s: int,
+    part: nn.Module,
+    opts: FSDP2Options,
+    groups: list[Group],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    last: bool,
+    where: str,
+    bar: Any,
+    profile: bool,
+    shared: list[torch.Tensor],
+) -> tuple[StageTrace, Any, list[bool]]:
+    emulation = FSDP2Emulation(groups, opts)
+    runtime = emulation.runtime
+    tp = TPEmulation(part, opts.tp, groups, runtime) if opts.tp is not None else None
+    prefetch = (
+        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+    )
+    runtime.set_prefetch(*prefetch)
+    tracker = ModuleTracker(part, on_call=bar.tick)
+    probe: CostProbe | None = None
+
+    def forward_done(_: Any) -> None:  # the loss computed (or the output made): a mark
+        runtime.log.append(("forward_end", 0, None))
+
+    try:
+        if profile:
+            probe = _probe(part, groups, opts, tracker, tp)
+            probe.inputs_shared(shared)
+            probe.attach(runtime)
+            if tp is not None:
+                tp.measure(probe)
+        output = run_step(
+            part,
+            args,
+            kw,
+            opts.loss,
+            tracker,
+            where,
+            forward_done,
+            stage_output=not last,
+            keep_output=True,
+        )
+    finally:
+        tracker.remove()
+        emulation.remove()
+        if tp is not None:
+            tp.remove()
+        if probe is not None:
+            probe.remove()
+        for p in part.parameters():
+            p.grad = None
+    log = list(runtime.log)
+    at = next(i for i, e in enumerate(log) if e[0] == "forward_end")
+    received = [t for t in args if isinstance(t, torch.Tensor)]
+    sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    measured = probe.profile(log, [len(runtime.events)]) if probe is not None else None
+    # what one rank holds of them: a 1/tp share of what sequence parallelism keeps sharded
+    size = probe.local_bytes if probe is not None else _bytes
+    trace = StageTrace(
+        index=s,
+        part=part,
+        opts=opts,
+        groups=groups,
+        forward=log[:at],
+        backward=log[at + 1 :],
+        tracker=tracker,
+        view_outputs=list(emulation.view_outputs),
+        incomplete=list(runtime.incomplete),
+        input_bytes=_bytes(received),
+        output_bytes=size(sent),
+        inputs_need_grad=any(t.requires_grad for t in received),
+        prefetch=prefetch,
+        profile=measured,
+    )
+    shares = [probe is not None and probe.holds_share(t) for t in sent]
+    return trace, output, shares
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _probe(
+    part: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    tracker: ModuleTracker,
+    tp: TPEmulation | None,
+) -> CostProbe:
+    job = opts.job
+    return CostProbe(
+        tracker,
+        {p: g.name for g in groups for p in g.params},
+        [g.name for g in groups],
+        list(part.buffers()),
+        tp.shares() if tp is not None else None,
+        compiled=job.compiled_modules(part),
+        float8=job.float8_modules(part),
+        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
+    )
+
+
+__all__ = ["Log", "StageTrace", "trace_stages"]
