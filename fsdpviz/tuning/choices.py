@@ -1,22 +1,24 @@
 """The choices of each knob for one search, and the user's own: a :class:`Space`, built from
-the model's structure, the keywords as given, the machine and the world sizes."""
+the model's structure, the keywords as given, the machine and the world sizes (the mesh and
+pipeline knobs' in :mod:`~fsdpviz.tuning.mesh_choices`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, CPUOffloadPolicy, ShardingStrategy
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, parse_job_options
+from fsdpviz.trace.probe import batch_tokens
+from fsdpviz.tuning.mesh_choices import MeshChoices, cp_degree, pipelined, tp_degree
 from fsdpviz.tuning.space import (
     OWNED,
     PIPELINE_KNOBS,
-    PIPELINE_SCHEDULES,
     Choice,
     Space,
     batch_size,
@@ -25,7 +27,6 @@ from fsdpviz.tuning.space import (
     checkpoint_choices,
     checkpoint_label,
     divisors,
-    heads,
     micro_batch_label,
     param_dtype,
     precision_label,
@@ -34,12 +35,10 @@ from fsdpviz.tuning.space import (
     wrap_plans,
 )
 
-__all__ = ["SpaceBuilder", "mesh_ranks", "pipelined"]
-
-_PP_DIMS = frozenset({"pp", "dp_shard", "tp"})  # the meshes whose pp degree tune turns
+__all__ = ["SpaceBuilder"]
 
 
-class SpaceBuilder:
+class SpaceBuilder(MeshChoices):
     """Builds the :class:`Space` of a search (``build``); ``notes`` says what it pinned,
     ``tp_why`` why tensor parallelism cannot be tried, ``tp_standard`` whether its plan is
     the model's own."""
@@ -129,8 +128,6 @@ class SpaceBuilder:
             )
             choices["reshard_after_forward"] = raf
         else:
-            from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
-
             strategies = [
                 Choice(
                     "reshard_after_forward",
@@ -244,11 +241,11 @@ class SpaceBuilder:
             schedules = [user["pipeline"]] if "pipeline" in pinned else choices["pipeline"]
             meshes = self._pipeline_meshes(user_mesh, schedules, batch, "mesh" in pinned, refused)
             mine_mesh = meshes[0]
-        elif _cp_degree(user_mesh) > 1:  # the job's context-parallel mesh, as given
+        elif cp_degree(user_mesh) > 1:  # the job's context-parallel mesh, as given
             mine_mesh = self._context_parallel_mesh(user_mesh)
             meshes = [mine_mesh]
         else:
-            tp = _tp_degree(user_mesh)
+            tp = tp_degree(user_mesh)
             plan = user_mesh.get("parallelize_plan")
             self.tp_standard = plan is None
             if plan is None:
@@ -311,124 +308,6 @@ class SpaceBuilder:
         self._describe_pins(space)
         return space
 
-    def _pipeline_choices(self, given: dict[str, Any]) -> tuple[list[Choice], Choice]:
-        """The job's schedule and the others of :data:`PIPELINE_SCHEDULES`, each with the
-        job's microbatches (another schedule with the default stages for it)."""
-        from fsdpviz.plan.pipeline import DEFAULT_SCHEDULE, schedule_class
-
-        mine_name = given.get("pipeline_schedule", DEFAULT_SCHEDULE)
-        mine_label, _ = schedule_class(mine_name)
-        micro = given.get("microbatches")
-        mine = Choice("pipeline", f"{mine_label}" + (f", {micro} microbatches" if micro else ""),
-                      dict(given))  # fmt: skip
-        out = [mine]
-        for name in PIPELINE_SCHEDULES:
-            label, _ = schedule_class(name)
-            if label == mine_label:
-                continue
-            kw: dict[str, Any] = {"pipeline_schedule": name, "pipeline_stages": None}
-            if micro is not None:
-                kw["microbatches"] = micro
-            out.append(Choice("pipeline", label + (f", {micro} microbatches" if micro else ""), kw))
-        return out, mine
-
-    def _pipeline_meshes(
-        self,
-        given: dict[str, Any],
-        schedules: list[Choice],
-        batch: int,
-        pinned: bool,
-        refused: set[tuple[str, str]],
-    ) -> list[Choice]:
-        """A pipeline job's mesh (first) and, unless ``pinned``, the other pp degrees that
-        divide its ranks: the tensor-parallel degree as given, ``dp_shard`` the rest, pp 1
-        plain FSDP. The batch of one pipeline (the inputs: a data-parallel rank's) scales
-        with the degree, so the global batch and the tokens per rank per step stay. A degree
-        is tried where its batch is whole and torchtitan's default split and the schedule
-        take it; the pairs a schedule refuses go to ``refused``, each with a note."""
-        from fsdpviz.plan.fsdp2 import mesh_dims
-
-        sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
-        dims = dict(zip(names, sizes or (), strict=True))
-        pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
-        mine = Choice(
-            "mesh",
-            _pp_label(ranks, pp, ranks // (pp * tp), tp),
-            dict(given),
-            mesh=(ranks, ranks, 1),
-            traced=True,
-            pp=pp,
-        )
-        out = [mine]
-        if pinned:
-            return out
-        if set(names) - _PP_DIMS:
-            self.notes.append(
-                f"the pipeline degree stays as given: tune turns it on a mesh of pp, dp_shard "
-                f"and tp, and this one has {', '.join(n for n in names if n not in _PP_DIMS)}"
-            )
-            return out
-        if not batch:
-            self.notes.append(
-                "the pipeline degree stays as given: the inputs hold no batch to scale with it"
-            )
-            return out
-        plan = given.get("parallelize_plan")
-        for degree in sorted(divisors(ranks // tp)):
-            if degree == pp:
-                continue
-            dp = ranks // (degree * tp)
-            label = _pp_label(ranks, degree, dp, tp)
-            if (batch * degree) % pp:
-                self.notes.append(
-                    f"{label} not tried: the batch of {batch} samples per pipeline on pp {pp} "
-                    f"is no whole number of samples on pp {degree}"
-                )
-                continue
-            samples = batch * degree // pp
-            if degree == 1:
-                kw: dict[str, Any] = (
-                    {"mesh": ("dp_shard", dp, "tp", tp), "parallelize_plan": plan}
-                    if tp > 1
-                    else {"world_size": ranks}
-                )
-            else:
-                mesh: tuple[Any, ...] = ("pp", degree, "dp_shard", dp)
-                kw = {"mesh": (*mesh, "tp", tp) if tp > 1 else mesh}
-                if tp > 1:
-                    kw["parallelize_plan"] = plan
-                why = [
-                    (c.label, self._pipeline_refusal(samples, degree, c.kwargs)) for c in schedules
-                ]
-                for name, reason in why:
-                    if reason:
-                        refused.add((label, name))
-                        self.notes.append(f"{label} with {name} not tried: {reason}")
-                if all(reason for _, reason in why):
-                    continue
-            out.append(
-                Choice("mesh", label, kw, samples=samples, mesh=(ranks, ranks, 1), traced=True,
-                       pp=degree)
-            )  # fmt: skip
-        return out
-
-    def _pipeline_refusal(self, samples: int, degree: int, kwargs: Mapping[str, Any]) -> str:
-        """Why the pipeline of ``kwargs`` cannot run on ``degree`` pipeline ranks with a
-        batch of ``samples`` and torchtitan's default split ('' where it can), as analyze
-        and torch's schedule refuse it."""
-        from fsdpviz.errors import FsdpvizError
-        from fsdpviz.plan.pipeline import parse_pipeline_options
-        from fsdpviz.schedule.pipeline_order import rank_actions
-
-        kw = {**kwargs, "pipeline_stages": None}
-        try:
-            opts, _ = parse_pipeline_options(self.model, samples, degree, kw)
-            rank_actions(opts)
-        except FsdpvizError as e:
-            return str(e).splitlines()[0]
-        return ""
-
     def _user_choice(
         self,
         choices: list[Choice],
@@ -454,79 +333,14 @@ class SpaceBuilder:
         return tokens_per_step // per_sample
 
     def _tokens_per_sample(self, batch: int) -> int:
-        from fsdpviz.trace.probe import batch_tokens
-
         tokens = batch_tokens(self.inputs)
         return max(1, tokens // max(batch, 1))
 
-    def _meshes(self, ws: int, tp: int, plan: dict[str, Any] | None) -> list[Choice]:
-        """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
-        (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
-        node that divides the ranks and the heads (with the user's plan, else the model's
-        own; ``tp``: the user's degree)."""
-        node = self.machine.gpus_per_node
-        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
-        if self.api == "FSDP2" and ws > node and ws % node == 0:
-            kw: dict[str, Any] = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
-            out.append(
-                Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
-            )
-        if self.api != "FSDP2" or plan is None:
-            return out
-        n_heads = heads(self.model)
-        degree = 2
-        while degree <= max(node, tp):
-            fits = ws % degree == 0 and ws > degree and (not n_heads or n_heads % degree == 0)
-            if fits and (degree <= node or degree == tp):
-                kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
-                label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
-                out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
-            degree *= 2
-        return out
-
-    def _context_parallel_mesh(self, given: dict[str, Any]) -> Choice:
-        """The user's mesh with a context-parallel dimension, kept as given: the ranks that
-        share each sequence are the job's, not a knob of tune's (its inputs are the whole
-        sequences, its loss the share of each rank)."""
-        from fsdpviz.plan.fsdp2 import mesh_dims
-
-        sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
-        if self.world_sizes != [ranks]:
-            raise ConfigError(
-                f"the mesh {given['mesh']!r} has {ranks} ranks, and tune keeps a "
-                f"context-parallel mesh as given: leave world_size out or give {ranks}"
-            )
-        tp = _tp_degree(given)
-        dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
-        self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
-        label = f"{ranks} ranks ({dims})"
-        return Choice("mesh", label, dict(given), mesh=(ranks, ranks // tp, tp), traced=True)
-
-    def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
-        ws0 = self.world_sizes[0]
-        if "mesh" not in given:
-            return next(c for c in meshes if c.mesh[0] == ws0)
-        wanted = _flat_mesh(given["mesh"])
-        for c in meshes:
-            if _flat_mesh(c.kwargs.get("mesh")) == wanted:
-                return c
-        raise ConfigError(
-            f"the mesh given, {given['mesh']!r}, is not one of the meshes tune plans on "
-            f"{', '.join(str(w) for w in self.world_sizes)} ranks ("
-            + ", ".join(c.label for c in meshes)
-            + "): pass world_size= matching it"
-        )
-
     def _offload_choices(self) -> list[Choice]:
         if self.api == "FSDP2":
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
             on: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()}
             off: dict[str, Any] = {}
         else:
-            from torch.distributed.fsdp import CPUOffload
-
             on, off = {"cpu_offload": CPUOffload(offload_params=True)}, {}
         return [Choice("cpu_offload", "off", off), Choice("cpu_offload", "on", on)]
 
@@ -563,24 +377,6 @@ class SpaceBuilder:
     def _describe_pins(self, space: Space) -> None:
         for knob in sorted(space.pinned & set(space.choices)):
             self.notes.append(f"{knob} stays {space.user[knob].label} (pinned)")
-
-
-def mesh_ranks(mesh: Any) -> int:
-    """The ranks of ``mesh=`` as analyze takes it, of any dimensions (a pipeline's too)."""
-    if mesh is None:
-        return 0
-    if isinstance(mesh, dict):
-        return math.prod(int(v) for v in mesh.values())
-    if isinstance(mesh, (tuple, list)):
-        return math.prod(int(x) for x in mesh if not isinstance(x, str))
-    return int(math.prod(int(n) for n in getattr(mesh, "shape", (0,))))
-
-
-def pipelined(kwargs: Mapping[str, Any]) -> bool:
-    """Whether the keywords plan pipeline parallelism (a ``pp`` mesh dimension)."""
-    from fsdpviz.plan.pipeline import wants_pipeline
-
-    return bool(wants_pipeline(dict(kwargs)))
 
 
 def _same_wrap(model: nn.Module, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -628,50 +424,11 @@ def _policy_classes(policy: Any) -> frozenset[type] | None:
     return frozenset(classes) if classes else None
 
 
-def _pp_label(ranks: int, pp: int, dp: int, tp: int) -> str:
-    """A pipeline job's mesh in words: ``"4 ranks (PP 2 x FSDP 2)"``, ``"4 ranks (PP 4)"``,
-    ``"4 ranks (FSDP 4)"`` (pp 1: no pipeline), ``"8 ranks (PP 2 x FSDP 2 x TP 2)"``."""
-    parts = [f"PP {pp}"] if pp > 1 else []
-    if dp > 1 or pp == 1:
-        parts.append(f"FSDP {dp}")
-    if tp > 1:
-        parts.append(f"TP {tp}")
-    return f"{ranks} ranks ({' x '.join(parts)})"
-
-
 def _reducing(samples: int, steps: int) -> Choice:
     """``steps`` micro-steps of ``samples`` per optimizer step, each reducing its gradients:
     the plan is one micro-step (no ``grad_accum``), the time and memory models repeat it."""
     label = f"{micro_batch_label(samples, steps)}, each reduced"
     return Choice("micro_batch", label, {"grad_accum": 1}, samples=samples, steps=steps)
-
-
-def _tp_degree(given: Mapping[str, Any]) -> int:
-    if "parallelize_plan" not in given or "mesh" not in given:
-        return 1
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
-    sizes, _ = mesh_dims(given["mesh"], 3)
-    return int(sizes[-1]) if sizes else 1
-
-
-def _cp_degree(given: Mapping[str, Any]) -> int:
-    """The context-parallel degree of the user's ``mesh=`` (1: none)."""
-    if given.get("mesh") is None:
-        return 1
-    from fsdpviz.plan.fsdp2 import context_parallel_mesh, mesh_dims
-
-    sizes, names = mesh_dims(given["mesh"], 4)
-    return context_parallel_mesh(sizes, names)[0]
-
-
-def _flat_mesh(mesh: Any) -> list[Any]:
-    if mesh is None:
-        return []
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
-    sizes, names = mesh_dims(mesh, 3)
-    return [*names, *(sizes or ())]
 
 
 def _same_kwargs(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -4,7 +4,10 @@ configuration costed once by the memory and time models."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import multiprocessing
+import os
 import time
 from typing import Any
 
@@ -16,6 +19,7 @@ from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.replan.hook_replay import replay
+from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.space import (
@@ -185,8 +189,6 @@ class Evaluations:
                 todo[key] = (config, mine)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
-        import multiprocessing
-
         jobs = [
             (
                 self._micro_inputs(_samples(c), mine and self._cache_off),
@@ -218,8 +220,6 @@ class Evaluations:
         return sum(p.numel() for p in self.model.parameters()) >= 10**9
 
     def _analyze(self, inputs: Any, kwargs: dict[str, Any]) -> Report | None:
-        from fsdpviz.schedule.predict import analyze
-
         self.trace_count += 1
         if self.bar is not None:
             self.bar.set_postfix_str(f"{self.trace_count} traces", refresh=False)
@@ -357,8 +357,6 @@ _FORKED: tuple[Evaluations, list[tuple[Any, dict[str, Any]]]] | None = None
 
 def _trace_job(index: int) -> Report | None:
     """In a worker: trace job ``index`` (None where it fails: the parent traces it again)."""
-    from fsdpviz.schedule.predict import analyze
-
     assert _FORKED is not None
     search, jobs = _FORKED
     inputs, kwargs = jobs[index]
@@ -370,9 +368,6 @@ def _trace_job(index: int) -> Report | None:
 
 def workers_for(workers: int | None) -> int:
     """The workers of ``tune(workers=...)``; negative where tune chooses them (see there)."""
-    import multiprocessing
-    import os
-
     if workers is not None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"workers must be a positive int, got {workers!r}")
@@ -387,8 +382,6 @@ def workers_for(workers: int | None) -> int:
 def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
     """Whether ``model`` (a Hugging Face model taking ``use_cache``) keeps a key/value cache
     with these keyword inputs."""
-    import inspect
-
     if not isinstance(inputs, dict) or "use_cache" in inputs:
         return False
     try:

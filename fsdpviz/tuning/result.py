@@ -10,14 +10,18 @@ keywords and the micro-batch that give its plan (``fsdpviz.analyze(model, c.inpu
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from fsdpviz.cost.slow_causes import slowdowns
 from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.tables import dataframe
 from fsdpviz.schema.timeline import duration_text
+from fsdpviz.tuning.code import configuration_code
 from fsdpviz.tuning.space import KNOB_NAMES
 
 
@@ -102,8 +106,6 @@ class Candidate:
         ``FullyShardedDataParallel`` calls, checkpointing and the micro-batch loop),
         ``"torchtitan"`` (the job TOML's keys) or ``"accelerate"`` (the config YAML's
         ``fsdp_config``)."""
-        from fsdpviz.tuning.code import configuration_code
-
         return configuration_code(self, style)
 
     def verdict(self) -> str:
@@ -241,12 +243,8 @@ class Tuning:
 
     def save(self, path: str, **kwargs: Any) -> Any:
         """Write the view as a page (``.html``) or the search as JSON (``.json``)."""
-        from pathlib import Path
-
         p = Path(path)
         if p.suffix == ".json":
-            import json
-
             p.write_text(json.dumps(self.to_dict(), indent=1))
             return p
         return save_method("tuning")(self, p, **kwargs)
@@ -299,8 +297,6 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
 
 def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
     """See :meth:`fsdpviz.tuning.Tuning.why_slow`."""
-    from fsdpviz.cost.slow_causes import slowdowns
-
     out = []
     checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
     for row in slowdowns(c.report, checkpointing=checkpointed):

@@ -45,8 +45,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.utils._pytree import tree_leaves, tree_map
 
+from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
+from fsdpviz.plan.fsdp2 import FSDP2_KEYWORDS
+from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -166,8 +174,6 @@ class Space:
     def kwargs(self, config: Mapping[str, Choice]) -> dict[str, Any]:
         """The :func:`fsdpviz.analyze` keywords of a configuration (a pipeline job's at pp 1:
         without the pipeline's keywords; at another degree than its own: the default stages)."""
-        from fsdpviz.plan.pipeline import PIPELINE_KEYS
-
         out = dict(self.base)
         for knob in KNOBS:
             choice = config.get(knob)
@@ -267,8 +273,6 @@ def _plan(api: str, groups: list[tuple[str, ...]], named: dict[str, nn.Module]) 
         return {"fully_shard": [g if len(g) > 1 else g[0] for g in groups]}
     if not groups:
         return {"auto_wrap_policy": None}
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
     return {"auto_wrap_policy": ModuleWrapPolicy({type(named[n]) for g in groups for n in g})}
 
 
@@ -318,8 +322,6 @@ def _large_children(named: dict[str, nn.Module], blocks: list[str]) -> list[str]
 # --------------------------------------------------------------- the batch
 def batch_size(inputs: Any) -> int:
     """Samples in ``inputs``: the first dimension of the first tensor with one (0: none)."""
-    from torch.utils._pytree import tree_leaves
-
     for t in tree_leaves(inputs):
         if isinstance(t, torch.Tensor) and t.dim() >= 1:
             return int(t.shape[0])
@@ -330,8 +332,6 @@ def micro_batch_inputs(inputs: Any, batch: int, samples: int) -> Any:
     """``inputs`` with every tensor whose first dimension is the batch cut to its first
     ``samples``, or repeated along it to ``samples`` (new tensors, so nothing is shared with
     the caller's)."""
-    from torch.utils._pytree import tree_map
-
     if samples == batch:
         return inputs
 
@@ -370,15 +370,11 @@ def standard_precision(api: str) -> dict[str, Any]:
     """bf16 parameters with float32 gradient reduction (torchtitan's and llm-foundry's
     default), as the API takes it."""
     if api == "FSDP2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
         return {
             "mp_policy": MixedPrecisionPolicy(
                 param_dtype=torch.bfloat16, reduce_dtype=torch.float32
             )
         }
-    from torch.distributed.fsdp import MixedPrecision
-
     return {
         "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     }
@@ -402,15 +398,11 @@ def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | No
     ``base_model_tp_plan`` (``"colwise"`` / ``"rowwise"`` entries); None and why where there
     is none."""
     if source == "torchtitan":
-        from fsdpviz.configs.torchtitan_plan import tp_plan
-
         return tp_plan(loss_parallel=False), ""
     config = getattr(model, "config", None)
     plan = getattr(config, "base_model_tp_plan", None)
     if not plan:
         return None, "the model defines no tensor-parallel plan (pass parallelize_plan=...)"
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     prefix = getattr(model, "base_model_prefix", "")
     names = {n for n, _ in model.named_modules()}
@@ -446,9 +438,6 @@ def heads(model: nn.Module) -> int:
 def check_fixed(fixed: Mapping[str, Any], api: str) -> dict[str, Any]:
     """``fixed`` as analyze keywords; a knob's name pins its user value (``{"micro_batch":
     2}`` pins the samples per forward). Unknown names raise with a suggestion."""
-    from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
-    from fsdpviz.plan.fsdp2 import FSDP2_KEYWORDS
-
     known = set(FSDP2_KEYWORDS if api == "FSDP2" else FSDP1_KEYWORDS) | set(KNOBS)
     for key in fixed:
         if key not in known:

@@ -1,0 +1,389 @@
+"""The Python that runs a configuration without a pipeline: activation checkpointing, the
+``fully_shard`` / ``FullyShardedDataParallel`` calls and the micro-batch loop, and the
+:class:`Candidate` every style of code is made from."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from fsdpviz.schema.report import Report
+from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+
+
+class Candidate(Protocol):
+    """What the code of a configuration is made from (a :class:`fsdpviz.tuning.Candidate`)."""
+
+    knobs: dict[str, str]
+    kwargs: dict[str, Any]
+    report: Report
+    micro_batch: int
+    grad_accum: int
+    sync_each: bool
+
+
+DTYPES = {
+    torch.bfloat16: "torch.bfloat16",
+    torch.float16: "torch.float16",
+    torch.float32: "torch.float32",
+}
+
+
+# ------------------------------------------------------------------ checkpointing
+def _class_names(spec: Any) -> list[str]:
+    items = spec if isinstance(spec, (list, tuple, set, frozenset)) else [spec]
+    return sorted(getattr(c, "__name__", str(c)) for c in items)
+
+
+def checkpointing_code(spec: Any) -> list[str]:
+    if spec is None:
+        return []
+    lines = [
+        "",
+        "# activation checkpointing, before fully_shard (as torchtitan and accelerate apply it)",
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+        "    apply_activation_checkpointing, checkpoint_wrapper,",
+        ")",
+    ]
+    modules = spec.modules if isinstance(spec, (SelectiveCheckpoint, CheckpointEvery)) else spec
+    if callable(modules) and not isinstance(modules, (list, tuple, type)):
+        lines.append("check_fn = ...  # your predicate (module -> bool), as given to fsdpviz")
+        names: list[str] = []
+    else:
+        names = _class_names(modules)
+        lines.append(f"blocks = ({', '.join(names)},)  # import them from your model's module")
+    if isinstance(spec, CheckpointEvery) and spec.every > 1:
+        lines += [
+            "picked = [m for m in model.modules() if isinstance(m, blocks)]",
+            f"every = {{id(m) for m in picked[{spec.every - 1}::{spec.every}]}}  "
+            f"# every {_nth(spec.every)} block, counting from 1",
+            "check_fn = lambda m: id(m) in every",
+        ]
+    elif names:
+        lines.append("check_fn = lambda m: isinstance(m, blocks)")
+    if isinstance(spec, SelectiveCheckpoint):
+        ops = sorted(str(op) for op in spec.save_ops if "for_cpu" not in str(op))
+        lines += [
+            "import functools",
+            "from torch.utils.checkpoint import (",
+            "    CheckpointPolicy, create_selective_checkpoint_contexts,",
+            ")",
+            "",
+            "save_ops = {",
+            *[f"    {_op_code(op)}," for op in ops],
+            "}",
+            "",
+            "def per_op_policy():  # torchtitan's selective_ac_option = 'op'",
+            '    counts = {"forward": 0, "recompute": 0}',
+            "",
+            "    def policy(ctx, func, *args, **kwargs):",
+            '        mode = "recompute" if ctx.is_recompute else "forward"',
+            "        if func in (torch.ops.aten.mm.default, torch.ops.aten.linear.default):",
+            "            counts[mode] += 1",
+            f"            if counts[mode] % {spec.recompute_every_mm or 10**9} == 0:",
+            "                return CheckpointPolicy.PREFER_RECOMPUTE",
+            "        if func in save_ops:",
+            "            return CheckpointPolicy.MUST_SAVE",
+            "        return CheckpointPolicy.PREFER_RECOMPUTE",
+            "",
+            "    return create_selective_checkpoint_contexts(policy)",
+            "",
+            "wrapper = functools.partial(checkpoint_wrapper, context_fn=per_op_policy)",
+            "apply_activation_checkpointing(",
+            "    model, checkpoint_wrapper_fn=wrapper, check_fn=check_fn",
+            ")",
+        ]
+    else:
+        lines.append(
+            "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, "
+            "check_fn=check_fn)"
+        )
+    return lines
+
+
+def _nth(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+def _op_code(op: str) -> str:
+    if op.startswith("_c10d_functional."):
+        return f"torch.ops.{op}"
+    return op if op.startswith("torch.ops.") else f"torch.ops.aten.{op}"
+
+
+def _wrapped(name: str, spec: Any, c: Candidate) -> str:
+    """A module's name once checkpoint_wrapper put its block in ``_checkpoint_wrapped_module``."""
+    if spec is None:
+        return name
+    blocks = _checkpointed_blocks(c)
+    for b in blocks:
+        if name.startswith(b + "."):
+            return f"{b}._checkpoint_wrapped_module{name[len(b) :]}"
+    return name
+
+
+def _checkpointed_blocks(c: Candidate) -> list[str]:
+    spec = c.kwargs.get("activation_checkpointing")
+    if spec is None:
+        return []
+    modules = spec.modules if isinstance(spec, (SelectiveCheckpoint, CheckpointEvery)) else spec
+    names = set(_class_names(modules)) if isinstance(modules, (list, tuple, set)) else set()
+    found = [m.fqn for m in c.report.modules if m.module_class in names and m.fqn]
+    out: list[str] = []
+    for f in found:
+        if not any(f.startswith(o + ".") for o in out):
+            out.append(f)
+    return out
+
+
+# ----------------------------------------------------------------------- FSDP2
+def fsdp2_code(c: Candidate) -> list[str]:
+    kw = c.kwargs
+    cfg = c.report.config
+    mp = kw.get("mp_policy")
+    imports = ["from torch.distributed.device_mesh import init_device_mesh"]
+    fsdp_names = ["fully_shard"]
+    if mp is not None:
+        fsdp_names.insert(0, "MixedPrecisionPolicy")
+    if "offload_policy" in kw and kw["offload_policy"] is not None:
+        fsdp_names.insert(0, "CPUOffloadPolicy")
+    imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
+    lines = ["", *imports, ""]
+    if cfg.tp_world_size:
+        shard = cfg.ranks // cfg.tp_world_size
+        lines += [
+            f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
+            'mesh_dim_names=("dp_shard", "tp"))',
+            "# tensor parallelism first: parallelize_module(model, mesh['tp'], plan)",
+            'dp_mesh = mesh["dp_shard"]',
+        ]
+    elif cfg.mesh is not None:
+        names = tuple(cfg.mesh)
+        sizes = tuple(cfg.mesh.values())
+        lines.append(f'dp_mesh = init_device_mesh("cuda", {sizes}, mesh_dim_names={names})  # HSDP')
+    else:
+        lines.append(
+            f'dp_mesh = init_device_mesh("cuda", ({cfg.ranks},), mesh_dim_names=("dp_shard",))'
+        )
+    common = ["mesh=dp_mesh"]
+    if mp is not None:
+        lines.append(f"mp_policy = {mp_policy_code(mp)}")
+        common.append("mp_policy=mp_policy")
+    if kw.get("offload_policy") is not None:
+        common.append("offload_policy=CPUOffloadPolicy()")
+    placement = kw.get("shard_placement_fn")
+    if callable(placement):
+        lines.append("# shard_placement_fn: your function, as given")
+        common.append("shard_placement_fn=shard_placement_fn")
+    elif isinstance(placement, Mapping):
+        lines.append("# placements: your {module: shard_placement_fn} mapping, as given")
+    raf = kw.get("reshard_after_forward")
+    groups = [g for g in cfg.fully_shard if g]
+    spec = kw.get("activation_checkpointing")
+    lines.append("")
+    lines += shard_calls(groups, raf, common, spec, c)
+    root_raf = raf_of(raf, "", ("",))
+    root_args = [
+        *common,
+        *([f"reshard_after_forward={root_raf!r}"] if root_raf is not None else []),
+        *_placement_arg(placement, "", ("",)),
+    ]
+    lines.append(f"fully_shard(model, {', '.join(root_args)})")
+    return lines
+
+
+def mp_policy_code(mp: Any) -> str:
+    parts = []
+    for field in ("param_dtype", "reduce_dtype", "output_dtype"):
+        value = getattr(mp, field, None)
+        if value is not None:
+            parts.append(f"{field}={DTYPES.get(value, repr(value))}")
+    if getattr(mp, "cast_forward_inputs", True) is False:
+        parts.append("cast_forward_inputs=False")
+    return f"MixedPrecisionPolicy({', '.join(parts)})"
+
+
+def raf_of(raf: Any, name: str, fqns: tuple[str, ...]) -> Any:
+    if isinstance(raf, Mapping):
+        for key in (name, *fqns):
+            if key in raf:
+                return raf[key]
+        return None
+    return raf
+
+
+def _placement_arg(placement: Any, name: str, fqns: tuple[str, ...]) -> list[str]:
+    """A ``{module: shard_placement_fn}`` mapping's argument of one ``fully_shard`` call."""
+    if isinstance(placement, Mapping):
+        for key in (name, *fqns):
+            if key in placement:
+                return [f"shard_placement_fn=placements[{key!r}]"]
+    return []
+
+
+def shard_calls(
+    groups: list[str], raf: Any, common: list[str], spec: Any, c: Candidate
+) -> list[str]:
+    """The ``fully_shard`` calls of the groups (bottom-up, as fsdpviz names them), a loop
+    over a container's numbered children where they run in order with the same options."""
+    lines: list[str] = []
+    i = 0
+    while i < len(groups):
+        name = groups[i]
+        fqns = tuple(name.split(", "))
+        value = raf_of(raf, name, fqns)
+        run = _numbered_run(groups, i, raf)
+        placed = _placement_arg(c.kwargs.get("shard_placement_fn"), name, fqns)
+        if placed:
+            run = 1  # a mapping's function is the group's own: one call each
+        if run > 2:
+            parent = groups[i].rsplit(".", 1)[0]
+            extra = [*common, *([f"reshard_after_forward={value!r}"] if value is not None else [])]
+            lines.append(f"for block in model.get_submodule({parent!r}):")
+            lines.append(f"    fully_shard(block, {', '.join(extra)})")
+            i += run
+            continue
+        args = [
+            *common,
+            *([f"reshard_after_forward={value!r}"] if value is not None else []),
+            *placed,
+        ]
+        if len(fqns) == 1:
+            target = f"model.get_submodule({_wrapped(fqns[0], spec, c)!r})"
+        else:
+            target = (
+                "["
+                + ", ".join(f"model.get_submodule({_wrapped(f, spec, c)!r})" for f in fqns)
+                + "]"
+            )
+        lines.append(f"fully_shard({target}, {', '.join(args)})")
+        i += 1
+    return lines
+
+
+def _numbered_run(groups: list[str], start: int, raf: Any) -> int:
+    """How many groups from ``start`` are ``parent.0``, ``parent.1``, ... with one option."""
+    first = re.fullmatch(r"(.+)\.(\d+)", groups[start])
+    if first is None or first.group(2) != "0":
+        return 1
+    parent = first.group(1)
+    value = raf_of(raf, groups[start], (groups[start],))
+    n = 0
+    while start + n < len(groups) and groups[start + n] == f"{parent}.{n}":
+        if raf_of(raf, groups[start + n], (groups[start + n],)) != value:
+            break
+        n += 1
+    return n
+
+
+# ----------------------------------------------------------------------- FSDP1
+def fsdp1_code(c: Candidate) -> list[str]:
+    kw = c.kwargs
+    cfg = c.report.config
+    names = ["FullyShardedDataParallel as FSDP", "ShardingStrategy"]
+    args: list[str] = []
+    policy = kw.get("auto_wrap_policy")
+    lines = [""]
+    if policy is not None:
+        classes = sorted(
+            getattr(p, "__name__", str(p)) for p in getattr(policy, "_module_classes", ())
+        )
+        lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
+        if classes:
+            args.append(f"auto_wrap_policy=ModuleWrapPolicy({{{', '.join(classes)}}})")
+        else:
+            args.append("auto_wrap_policy=...  # your policy, as given to fsdpviz")
+    args.append(f"sharding_strategy=ShardingStrategy.{cfg.sharding_strategy}")
+    if cfg.backward_prefetch:
+        names.append("BackwardPrefetch")
+        args.append(f"backward_prefetch=BackwardPrefetch.{cfg.backward_prefetch}")
+    else:
+        args.append("backward_prefetch=None")
+    if cfg.forward_prefetch:
+        args.append("forward_prefetch=True")
+    mp = kw.get("mixed_precision")
+    if mp is not None:
+        names.append("MixedPrecision")
+        fields = [
+            f"{f}={DTYPES.get(getattr(mp, f), repr(getattr(mp, f)))}"
+            for f in ("param_dtype", "reduce_dtype", "buffer_dtype")
+            if getattr(mp, f, None) is not None
+        ]
+        args.append(f"mixed_precision=MixedPrecision({', '.join(fields)})")
+    if kw.get("cpu_offload") is not None:
+        names.append("CPUOffload")
+        args.append("cpu_offload=CPUOffload(offload_params=True)")
+    if cfg.use_orig_params:
+        args.append("use_orig_params=True")
+    args.append("device_id=torch.cuda.current_device()")
+    lines.insert(1, f"from torch.distributed.fsdp import {', '.join(names)}")
+    if cfg.process_group_size and cfg.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        lines.append(
+            f"# hybrid sharding: shard within groups of {cfg.process_group_size} ranks "
+            '(device_mesh=init_device_mesh("cuda", (replicas, shard)))'
+        )
+    lines.append("model = FSDP(")
+    lines += [f"    model, {args[0]}," if i == 0 else f"    {a}," for i, a in enumerate(args)]
+    lines.append(")")
+    return lines
+
+
+# ------------------------------------------------------------------- the loop
+def loop_code(c: Candidate) -> list[str]:
+    n = c.grad_accum
+    api = c.report.config.api
+    if n <= 1:
+        return [
+            "",
+            f"# each step: one forward and backward of {c.micro_batch} samples per rank, then",
+            "# optimizer.step(); optimizer.zero_grad()",
+        ]
+    if c.sync_each:
+        return [
+            "",
+            f"# each optimizer step: {n} micro-batches of {c.micro_batch} samples per rank, the",
+            "# gradients reduced after each backward (FSDP's default) and added up",
+            f"for micro_batch in batch.split({c.micro_batch}):",
+            f"    (loss_fn(model(micro_batch)) / {n}).backward()",
+            "optimizer.step()",
+            "optimizer.zero_grad()",
+        ]
+    sync = (
+        "model.set_requires_gradient_sync(last)"
+        if api == "FSDP2"
+        else "ctx = contextlib.nullcontext() if last else model.no_sync()"
+    )
+    lines = [
+        "",
+        f"# each optimizer step: {n} micro-batches of {c.micro_batch} samples per rank, the",
+        "# gradients reduced only after the last (FSDP's gradient accumulation)",
+    ]
+    if api != "FSDP2":
+        lines.append("import contextlib")
+    lines += [
+        f"for i, micro_batch in enumerate(batch.split({c.micro_batch})):",
+        f"    last = i == {n - 1}",
+        f"    {sync}",
+    ]
+    if api == "FSDP2":
+        lines.append(f"    (loss_fn(model(micro_batch)) / {n}).backward()")
+    else:
+        lines += ["    with ctx:", f"        (loss_fn(model(micro_batch)) / {n}).backward()"]
+    lines += ["optimizer.step()", "optimizer.zero_grad()"]
+    return lines
+
+
+__all__ = [
+    "DTYPES",
+    "Candidate",
+    "checkpointing_code",
+    "fsdp1_code",
+    "fsdp2_code",
+    "loop_code",
+    "mp_policy_code",
+    "raf_of",
+    "shard_calls",
+]

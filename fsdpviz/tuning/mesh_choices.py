@@ -1,0 +1,256 @@
+"""The choices of the parallelism knobs for one search, and the user's own: the mesh (data
+parallel, HSDP on multi-node jobs, FSDP x TP, a context-parallel mesh kept as given) and,
+for a pipeline job, its pp degrees and schedules. :class:`MeshChoices` is the part of
+:class:`~fsdpviz.tuning.choices.SpaceBuilder` that builds them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.errors import ConfigError, FsdpvizError
+from fsdpviz.plan.fsdp2 import context_parallel_mesh, mesh_dims
+from fsdpviz.plan.pipeline import (
+    DEFAULT_SCHEDULE,
+    parse_pipeline_options,
+    schedule_class,
+    wants_pipeline,
+)
+from fsdpviz.schedule.pipeline_order import rank_actions
+from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, divisors, heads
+
+__all__ = ["MeshChoices", "cp_degree", "mesh_ranks", "pipelined", "tp_degree"]
+
+_PP_DIMS = frozenset({"pp", "dp_shard", "tp"})  # the meshes whose pp degree tune turns
+
+
+class MeshChoices:
+    """The meshes and pipeline schedules of a search (the mesh and pipeline knobs), from
+    the model, the API, the machine and the world sizes; what it could not try goes to
+    ``notes``."""
+
+    model: nn.Module
+    api: str
+    machine: Machine
+    world_sizes: list[int]
+    notes: list[str]
+
+    def _pipeline_choices(self, given: dict[str, Any]) -> tuple[list[Choice], Choice]:
+        """The job's schedule and the others of :data:`PIPELINE_SCHEDULES`, each with the
+        job's microbatches (another schedule with the default stages for it)."""
+        mine_name = given.get("pipeline_schedule", DEFAULT_SCHEDULE)
+        mine_label, _ = schedule_class(mine_name)
+        micro = given.get("microbatches")
+        mine = Choice("pipeline", f"{mine_label}" + (f", {micro} microbatches" if micro else ""),
+                      dict(given))  # fmt: skip
+        out = [mine]
+        for name in PIPELINE_SCHEDULES:
+            label, _ = schedule_class(name)
+            if label == mine_label:
+                continue
+            kw: dict[str, Any] = {"pipeline_schedule": name, "pipeline_stages": None}
+            if micro is not None:
+                kw["microbatches"] = micro
+            out.append(Choice("pipeline", label + (f", {micro} microbatches" if micro else ""), kw))
+        return out, mine
+
+    def _pipeline_meshes(
+        self,
+        given: dict[str, Any],
+        schedules: list[Choice],
+        batch: int,
+        pinned: bool,
+        refused: set[tuple[str, str]],
+    ) -> list[Choice]:
+        """A pipeline job's mesh (first) and, unless ``pinned``, the other pp degrees that
+        divide its ranks: the tensor-parallel degree as given, ``dp_shard`` the rest, pp 1
+        plain FSDP. The batch of one pipeline (the inputs: a data-parallel rank's) scales
+        with the degree, so the global batch and the tokens per rank per step stay. A degree
+        is tried where its batch is whole and torchtitan's default split and the schedule
+        take it; the pairs a schedule refuses go to ``refused``, each with a note."""
+        sizes, names = mesh_dims(given["mesh"], 4)
+        ranks = mesh_ranks(given["mesh"])
+        dims = dict(zip(names, sizes or (), strict=True))
+        pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
+        mine = Choice(
+            "mesh",
+            _pp_label(ranks, pp, ranks // (pp * tp), tp),
+            dict(given),
+            mesh=(ranks, ranks, 1),
+            traced=True,
+            pp=pp,
+        )
+        out = [mine]
+        if pinned:
+            return out
+        if set(names) - _PP_DIMS:
+            self.notes.append(
+                f"the pipeline degree stays as given: tune turns it on a mesh of pp, dp_shard "
+                f"and tp, and this one has {', '.join(n for n in names if n not in _PP_DIMS)}"
+            )
+            return out
+        if not batch:
+            self.notes.append(
+                "the pipeline degree stays as given: the inputs hold no batch to scale with it"
+            )
+            return out
+        plan = given.get("parallelize_plan")
+        for degree in sorted(divisors(ranks // tp)):
+            if degree == pp:
+                continue
+            dp = ranks // (degree * tp)
+            label = _pp_label(ranks, degree, dp, tp)
+            if (batch * degree) % pp:
+                self.notes.append(
+                    f"{label} not tried: the batch of {batch} samples per pipeline on pp {pp} "
+                    f"is no whole number of samples on pp {degree}"
+                )
+                continue
+            samples = batch * degree // pp
+            if degree == 1:
+                kw: dict[str, Any] = (
+                    {"mesh": ("dp_shard", dp, "tp", tp), "parallelize_plan": plan}
+                    if tp > 1
+                    else {"world_size": ranks}
+                )
+            else:
+                mesh: tuple[Any, ...] = ("pp", degree, "dp_shard", dp)
+                kw = {"mesh": (*mesh, "tp", tp) if tp > 1 else mesh}
+                if tp > 1:
+                    kw["parallelize_plan"] = plan
+                why = [
+                    (c.label, self._pipeline_refusal(samples, degree, c.kwargs)) for c in schedules
+                ]
+                for name, reason in why:
+                    if reason:
+                        refused.add((label, name))
+                        self.notes.append(f"{label} with {name} not tried: {reason}")
+                if all(reason for _, reason in why):
+                    continue
+            out.append(
+                Choice("mesh", label, kw, samples=samples, mesh=(ranks, ranks, 1), traced=True,
+                       pp=degree)
+            )  # fmt: skip
+        return out
+
+    def _pipeline_refusal(self, samples: int, degree: int, kwargs: Mapping[str, Any]) -> str:
+        """Why the pipeline of ``kwargs`` cannot run on ``degree`` pipeline ranks with a
+        batch of ``samples`` and torchtitan's default split ('' where it can), as analyze
+        and torch's schedule refuse it."""
+        kw = {**kwargs, "pipeline_stages": None}
+        try:
+            opts, _ = parse_pipeline_options(self.model, samples, degree, kw)
+            rank_actions(opts)
+        except FsdpvizError as e:
+            return str(e).splitlines()[0]
+        return ""
+
+    def _meshes(self, ws: int, tp: int, plan: dict[str, Any] | None) -> list[Choice]:
+        """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
+        (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
+        node that divides the ranks and the heads (with the user's plan, else the model's
+        own; ``tp``: the user's degree)."""
+        node = self.machine.gpus_per_node
+        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
+        if self.api == "FSDP2" and ws > node and ws % node == 0:
+            kw: dict[str, Any] = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
+            out.append(
+                Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
+            )
+        if self.api != "FSDP2" or plan is None:
+            return out
+        n_heads = heads(self.model)
+        degree = 2
+        while degree <= max(node, tp):
+            fits = ws % degree == 0 and ws > degree and (not n_heads or n_heads % degree == 0)
+            if fits and (degree <= node or degree == tp):
+                kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
+                label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
+                out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
+            degree *= 2
+        return out
+
+    def _context_parallel_mesh(self, given: dict[str, Any]) -> Choice:
+        """The user's mesh with a context-parallel dimension, kept as given: the ranks that
+        share each sequence are the job's, not a knob of tune's (its inputs are the whole
+        sequences, its loss the share of each rank)."""
+        sizes, names = mesh_dims(given["mesh"], 4)
+        ranks = mesh_ranks(given["mesh"])
+        if self.world_sizes != [ranks]:
+            raise ConfigError(
+                f"the mesh {given['mesh']!r} has {ranks} ranks, and tune keeps a "
+                f"context-parallel mesh as given: leave world_size out or give {ranks}"
+            )
+        tp = tp_degree(given)
+        dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
+        self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
+        label = f"{ranks} ranks ({dims})"
+        return Choice("mesh", label, dict(given), mesh=(ranks, ranks // tp, tp), traced=True)
+
+    def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
+        ws0 = self.world_sizes[0]
+        if "mesh" not in given:
+            return next(c for c in meshes if c.mesh[0] == ws0)
+        wanted = _flat_mesh(given["mesh"])
+        for c in meshes:
+            if _flat_mesh(c.kwargs.get("mesh")) == wanted:
+                return c
+        raise ConfigError(
+            f"the mesh given, {given['mesh']!r}, is not one of the meshes tune plans on "
+            f"{', '.join(str(w) for w in self.world_sizes)} ranks ("
+            + ", ".join(c.label for c in meshes)
+            + "): pass world_size= matching it"
+        )
+
+
+def mesh_ranks(mesh: Any) -> int:
+    """The ranks of ``mesh=`` as analyze takes it, of any dimensions (a pipeline's too)."""
+    if mesh is None:
+        return 0
+    if isinstance(mesh, dict):
+        return math.prod(int(v) for v in mesh.values())
+    if isinstance(mesh, (tuple, list)):
+        return math.prod(int(x) for x in mesh if not isinstance(x, str))
+    return int(math.prod(int(n) for n in getattr(mesh, "shape", (0,))))
+
+
+def pipelined(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the keywords plan pipeline parallelism (a ``pp`` mesh dimension)."""
+    return bool(wants_pipeline(dict(kwargs)))
+
+
+def _pp_label(ranks: int, pp: int, dp: int, tp: int) -> str:
+    """A pipeline job's mesh in words: ``"4 ranks (PP 2 x FSDP 2)"``, ``"4 ranks (PP 4)"``,
+    ``"4 ranks (FSDP 4)"`` (pp 1: no pipeline), ``"8 ranks (PP 2 x FSDP 2 x TP 2)"``."""
+    parts = [f"PP {pp}"] if pp > 1 else []
+    if dp > 1 or pp == 1:
+        parts.append(f"FSDP {dp}")
+    if tp > 1:
+        parts.append(f"TP {tp}")
+    return f"{ranks} ranks ({' x '.join(parts)})"
+
+
+def tp_degree(given: Mapping[str, Any]) -> int:
+    if "parallelize_plan" not in given or "mesh" not in given:
+        return 1
+    sizes, _ = mesh_dims(given["mesh"], 3)
+    return int(sizes[-1]) if sizes else 1
+
+
+def cp_degree(given: Mapping[str, Any]) -> int:
+    """The context-parallel degree of the user's ``mesh=`` (1: none)."""
+    if given.get("mesh") is None:
+        return 1
+    sizes, names = mesh_dims(given["mesh"], 4)
+    return context_parallel_mesh(sizes, names)[0]
+
+
+def _flat_mesh(mesh: Any) -> list[Any]:
+    if mesh is None:
+        return []
+    sizes, names = mesh_dims(mesh, 3)
+    return [*names, *(sizes or ())]

@@ -1,0 +1,200 @@
+"""A configuration as a trainer's keys where those can say it: torchtitan's job TOML and
+accelerate's config YAML, with a note for each setting they cannot."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fsdpviz.plan.pipeline import schedule_class
+from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
+
+
+# ------------------------------------------------------------------ torchtitan
+def torchtitan_toml(c: Candidate) -> str:
+    kw = c.kwargs
+    cfg = c.report.config
+    notes: list[str] = []
+    mp = kw.get("mp_policy")
+    param = getattr(mp, "param_dtype", None) or torch.float32
+    reduce = getattr(mp, "reduce_dtype", None) or param
+    tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    raf = kw.get("reshard_after_forward")
+    if isinstance(raf, Mapping):
+        raf = _titan_policy(raf)
+    if raf is None or raf == "default":
+        policy = "default"
+    elif raf is False:
+        policy = "never"
+    elif raf is True:
+        policy = "always"
+    else:
+        policy = "default"
+        notes.append(
+            f"reshard_after_forward={raf!r} has no fsdp_reshard_after_forward value; "
+            "torchtitan's apply_fsdp needs a change for it"
+        )
+    dp = cfg.ranks // (cfg.tp_world_size or 1)
+    replicate = 1
+    if cfg.mesh is not None and not cfg.tp_world_size:
+        replicate = cfg.ranks // cfg.shard_ranks
+        dp = cfg.shard_ranks
+    pipe = c.report.pipeline
+    if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
+        mesh = dict(cfg.mesh or {})
+        replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
+    global_batch = c.micro_batch * c.grad_accum * replicate * dp
+    if c.grad_accum > 1 and not c.sync_each:
+        notes.append(
+            "torchtitan reduces the gradients after every micro-batch; this configuration "
+            "reduces them only after the last (set_requires_gradient_sync(False) before the "
+            "others), which its train step needs a change for"
+        )
+    micro = f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''} per step"
+    out = [
+        "[training]",
+        f"local_batch_size = {c.micro_batch}",
+        f"global_batch_size = {global_batch}  # {micro}",
+        f'mixed_precision_param = "{tt_dtype.get(param, "float32")}"',
+        f'mixed_precision_reduce = "{tt_dtype.get(reduce, "float32")}"',
+        "",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {dp}",
+        f'fsdp_reshard_after_forward = "{policy}"',
+        f"tensor_parallel_degree = {cfg.tp_world_size or 1}",
+    ]
+    if pipe is not None:
+        parts = [st.modules for st in sorted(pipe.stages, key=lambda st: st.index)]
+        name, _ = schedule_class(pipe.schedule)
+        out += [
+            f"pipeline_parallel_degree = {pipe.pp_size}",
+            f'pipeline_parallel_schedule = "{name}"',
+            f"pipeline_parallel_microbatch_size = {c.micro_batch // pipe.microbatches}",
+            f"module_fqns_per_model_part = {json.dumps(parts)}",
+        ]
+    out += [
+        "",
+        "[activation_checkpoint]",
+    ]
+    spec = kw.get("activation_checkpointing")
+    if spec is None:
+        out.append('mode = "none"')
+    elif isinstance(spec, SelectiveCheckpoint):
+        out += ['mode = "selective"', 'selective_ac_option = "op"']
+    elif isinstance(spec, CheckpointEvery):
+        out += ['mode = "selective"', f'selective_ac_option = "{spec.every}"']
+    else:
+        out.append('mode = "full"')
+    if cfg.compile:
+        out += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
+    if cfg.float8:
+        out += ["", "[model]", 'converters = ["quantize.linear.float8"]']
+        f8 = []
+        if cfg.float8.get("enable_fsdp_float8_all_gather"):
+            f8.append("enable_fsdp_float8_all_gather = true")
+        if cfg.float8.get("recipe_name", "tensorwise") != "tensorwise":
+            f8.append(f'recipe_name = "{cfg.float8["recipe_name"]}"')
+        if cfg.float8.get("filter_fqns"):
+            f8.append(f"filter_fqns = {json.dumps(list(cfg.float8['filter_fqns']))}")
+        if f8:
+            out += ["", "[quantize.linear.float8]", *f8]
+    wrap = c.knobs.get("wrap", "")
+    per_block = "each" in wrap and "+" not in wrap and "child" not in wrap
+    if not per_block and "as given" not in wrap:
+        notes.append(
+            f"units {wrap!r}: torchtitan's apply_fsdp shards each block, the embedding and "
+            "the norm with the output; other units need a change to apply_fsdp"
+        )
+    if kw.get("offload_policy") is not None:
+        out.insert(5, "enable_cpu_offload = true")
+    return "\n".join(out + [f"# note: {n}" for n in notes])
+
+
+def _titan_policy(per_group: Mapping[str, Any]) -> Any:
+    """A per-group ``reshard_after_forward`` as torchtitan's ``fsdp_reshard_after_forward``
+    would set it (``"default"``: every group but the last, the norm with the output; the
+    value itself where it is none of torchtitan's)."""
+    values = list(per_group.values())
+    if all(v is False for v in values):
+        return False
+    if all(v is True for v in values):
+        return True
+    if all(v is True for v in values[:-1]) and values[-1] is False:
+        return "default"
+    return dict(per_group)
+
+
+# ------------------------------------------------------------------ accelerate
+def accelerate_yaml(c: Candidate) -> str:
+    kw = c.kwargs
+    cfg = c.report.config
+    notes: list[str] = []
+    fsdp2 = cfg.api == "FSDP2"
+    mp = kw.get("mp_policy", kw.get("mixed_precision"))
+    param = getattr(mp, "param_dtype", None)
+    reduce = getattr(mp, "reduce_dtype", None)
+    mixed = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(param, "no")  # type: ignore[arg-type]
+    if mixed != "no" and reduce is not None and reduce != param:
+        notes.append(
+            f"accelerate's mixed_precision: {mixed} reduces gradients in {mixed}; for "
+            f"{DTYPES.get(reduce, reduce)} reduction pass FullyShardedDataParallelPlugin("
+            "mixed_precision_policy=...) in code"
+        )
+    block = _block_name(c)
+    out = [
+        "distributed_type: FSDP",
+        f"mixed_precision: {mixed}",
+        f"num_processes: {cfg.ranks}",
+        "fsdp_config:",
+        f"  fsdp_version: {2 if fsdp2 else 1}",
+    ]
+    if block:
+        out += [
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+            f"  fsdp_transformer_layer_cls_to_wrap: {block}",
+        ]
+    else:
+        out.append("  fsdp_auto_wrap_policy: NO_WRAP")
+    if fsdp2:
+        raf = kw.get("reshard_after_forward")
+        out.append(f"  fsdp_reshard_after_forward: {'false' if raf is False else 'true'}")
+        if raf not in (None, True, False):
+            notes.append(f"reshard_after_forward={raf!r} is not an accelerate setting")
+    else:
+        out.append(f"  fsdp_sharding_strategy: {cfg.sharding_strategy}")
+        out.append(f"  fsdp_backward_prefetch: {cfg.backward_prefetch or 'NO_PREFETCH'}")
+        out.append(f"  fsdp_forward_prefetch: {str(cfg.forward_prefetch).lower()}")
+    spec = kw.get("activation_checkpointing")
+    out.append(f"  fsdp_activation_checkpointing: {'true' if spec is not None else 'false'}")
+    if isinstance(spec, (SelectiveCheckpoint, CheckpointEvery)):
+        notes.append(
+            "accelerate checkpoints every wrapped block; per-op or every-nth checkpointing "
+            "needs apply_activation_checkpointing in code (Candidate.code())"
+        )
+    offload = kw.get("offload_policy", kw.get("cpu_offload")) is not None
+    out.append(f"  fsdp_offload_params: {'true' if offload else 'false'}")
+    out.append(
+        f"# gradient_accumulation_steps={c.grad_accum} and per_device_train_batch_size="
+        f"{c.micro_batch} go to Accelerator(...) / TrainingArguments"
+    )
+    if c.grad_accum > 1 and c.sync_each:
+        out.append(
+            "# the gradients reduced after every micro-batch: "
+            "GradientAccumulationPlugin(num_steps=..., sync_each_batch=True)"
+        )
+    return "\n".join(out + [f"# note: {n}" for n in notes])
+
+
+def _block_name(c: Candidate) -> str:
+    wrap = c.knobs.get("wrap", "")
+    m = re.match(r"each (\w+)", wrap)
+    return m.group(1) if m else ""
+
+
+__all__ = ["accelerate_yaml", "torchtitan_toml"]
