@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz._gc import answering
+from fsdpviz._deferred_gc import answering
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import (
     FSDP2Options,
