@@ -10,6 +10,10 @@ Everything is inlined, so the page works from a file, offline, without a kernel.
 states and the bundle are packed (gzip, then base64, see :func:`pack`): a 10,000-module
 model's page is about a MB instead of several.
 
+:func:`write_page` writes what every page of fsdpviz's holds around its sections (a
+tuning's page too, ``_tune_page.py``): the head with the stylesheets, the footer, the
+packed config and bundle, the boot script.
+
 The page follows the reader's light or dark setting (``theme="auto"``, the default), or
 is drawn ``"light"`` or ``"dark"``; its colours come from fsdpviz's colour table.
 """
@@ -155,7 +159,7 @@ def page_config(
     ``states`` as :func:`html_page` takes them (by default each view made from ``obj`` as
     the widgets make theirs; a comparison's page draws its timeline only); ``required``:
     the views ``states`` must give. JupyterLab's fsdpviz renderer draws the same config
-    (:func:`fsdpviz.export.report_mime`).
+    (:func:`fsdpviz.export._notebook.report_mime`).
     """
     from fsdpviz.views.explorer import explorer_data
     from fsdpviz.views.prefetch import prefetch_data
