@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from views_models import Tiny, analyze_tiny, needs_front_end, tiny_inputs
 
-import fsdpviz._gc as gc_pause
+import fsdpviz._deferred_gc as deferred_gc
 import fsdpviz.widgets.dashboard as dashboard_module
 import fsdpviz.widgets.explorer as explorer_module
 from fsdpviz import Report
@@ -39,7 +39,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short idle delays, so the tests wait milliseconds, not seconds."""
     monkeypatch.setattr(dashboard_module, "PROFILE_AFTER_S", 1.0)
     monkeypatch.setattr(explorer_module, "WARM_AFTER_S", 0.01)
-    monkeypatch.setattr(gc_pause, "IDLE_GC_S", 0.01)
+    monkeypatch.setattr(deferred_gc, "IDLE_GC_S", 0.01)
 
 
 def in_kernel(test: Callable[[], Awaitable[None]]) -> None:

@@ -102,7 +102,7 @@ def timeline(
     report was planned, ``analyze(..., compile=...)``). ``p2p``: under pipeline parallelism,
     the sends of the other ranks this rank's receives wait for (see :class:`P2PTimes`);
     ``report.timeline`` of a pipeline's report gives every rank's, each waiting for the others
-    (:func:`fsdpviz.cost.pipeline_time.pipeline_timeline`).
+    (:func:`fsdpviz.cost.pipeline_time.pipeline_timelines`).
 
     Example::
 

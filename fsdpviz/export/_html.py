@@ -10,6 +10,10 @@ Everything is inlined, so the page works from a file, offline, without a kernel.
 states and the bundle are packed (gzip, then base64, see :func:`pack`): a 10,000-module
 model's page is about a MB instead of several.
 
+:func:`write_page` writes what every page of fsdpviz's holds around its sections (a
+tuning's page too, ``_tune_page.py``): the head with the stylesheets, the footer, the
+packed config and bundle, the boot script.
+
 The page follows the reader's light or dark setting (``theme="auto"``, the default), or
 is drawn ``"light"`` or ``"dark"``; its colours come from fsdpviz's colour table.
 """
@@ -41,12 +45,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PageTheme",
+    "check_theme",
     "html_page",
     "pack",
     "page_assets",
     "page_config",
     "page_header",
     "page_script",
+    "write_page",
 ]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -72,26 +78,57 @@ def html_page(
     (:meth:`fsdpviz.widgets.Dashboard.save`); by default made from ``obj`` as the
     widgets make theirs.
     """
-    if theme not in ("auto", "light", "dark"):
-        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
+    check_theme(theme)
     config = page_config(obj, iteration=iteration, memory=memory, machine=machine, states=states)
     heading, header = page_header(obj, iteration=iteration, title=title)
     figures = [(n, t) for n, t in (("explorer", "Wrap units"), ("prefetch", "Prefetch graph"))
                if config["views"][n] is not None]  # fmt: skip
+    return write_page(
+        heading,
+        theme,
+        header,
+        _TIMELINE_SECTION.format(
+            figures=_FIGURES.format(
+                divs="".join(
+                    f'<div><h2>{t}</h2><div id="fv-{n}" class="fv-plot"></div></div>'
+                    for n, t in figures
+                )
+            )
+            if figures
+            else ""
+        ),
+        config,
+    )
+
+
+def check_theme(theme: str) -> None:
+    """``theme`` as every page takes it: ``"auto"`` (the reader's setting), ``"light"`` or
+    ``"dark"``; anything else is a :class:`~fsdpviz.errors.ConfigError`."""
+    if theme not in ("auto", "light", "dark"):
+        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
+
+
+def write_page(
+    heading: str,
+    theme: PageTheme,
+    header: str,
+    body: str,
+    config: dict[str, Any],
+    scripts: str = "",
+) -> str:
+    """A page as fsdpviz writes it: titled ``heading``, drawn in ``theme`` (the flag on
+    ``<body>``; none for ``"auto"``), its ``header`` and ``body`` (the sections, HTML) between
+    the head, which inlines the stylesheets (:func:`page_assets`), and the footer; then
+    ``config`` packed (``fv-config``, what the boot script draws), the front end's bundle,
+    ``scripts`` (more scripts, each on a line of its own) and the boot script."""
     light = "true" if theme == "light" else "false"
     return _PAGE.format(
         title=html.escape(heading),
         theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
         header=header,
-        figures=_FIGURES.format(
-            divs="".join(
-                f'<div><h2>{t}</h2><div id="fv-{n}" class="fv-plot"></div></div>'
-                for n, t in figures
-            )
-        )
-        if figures
-        else "",
+        body=body,
         config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
+        scripts=scripts,
         **page_assets(),
     )
 
@@ -122,7 +159,7 @@ def page_config(
     ``states`` as :func:`html_page` takes them (by default each view made from ``obj`` as
     the widgets make theirs; a comparison's page draws its timeline only); ``required``:
     the views ``states`` must give. JupyterLab's fsdpviz renderer draws the same config
-    (:func:`fsdpviz.export.report_mime`).
+    (:func:`fsdpviz.export._notebook.report_mime`).
     """
     from fsdpviz.views.explorer import explorer_data
     from fsdpviz.views.prefetch import prefetch_data
@@ -230,21 +267,22 @@ _PAGE = """<!doctype html>
 </head>
 <body{theme_flag}>
 {header}
-<section id="fv-timeline-section">
+{body}
+<footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
+<script type="application/gzip" id="fv-config">{config}</script>
+<script type="application/gzip" id="fv-widget-esm">{widget}</script>
+{scripts}<script type="module">{page_js}</script>
+</body>
+</html>
+"""
+_TIMELINE_SECTION = """<section id="fv-timeline-section">
 <h2>Timeline</h2>
 <p class="fv-hint">Step with the buttons, the slider or the arrow keys (click the lanes first);
 the unit of the current event is outlined in the explorer and the prefetch graph below.
 Click a unit there to select it here and go to its next event.</p>
 <div id="fv-timeline"></div>
 </section>
-{figures}
-<footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
-<script type="application/gzip" id="fv-config">{config}</script>
-<script type="application/gzip" id="fv-widget-esm">{widget}</script>
-<script type="module">{page_js}</script>
-</body>
-</html>
-"""
+{figures}"""
 
 
 _FIGURES = '<section class="fv-figures">\n{divs}\n</section>'

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
-from fsdpviz.export._html import PageTheme, pack, page_assets, page_config, page_header
+from fsdpviz.export._html import (
+    PageTheme,
+    check_theme,
+    pack,
+    page_config,
+    page_header,
+    write_page,
+)
 from fsdpviz.export._image import IMAGE_FORMATS, write_image
 from fsdpviz.export._save import check_options
 from fsdpviz.schema.memory import size_text
@@ -128,8 +135,7 @@ def tune_page(
     how many plans the page holds at most, and how many bytes of them packed;
     ``iteration``, ``machine``: as for a report's page.
     """
-    if theme not in ("auto", "light", "dark"):
-        raise ConfigError(f"theme={theme!r} is not valid; use 'auto', 'light' or 'dark'")
+    check_theme(theme)
     by_index = {c.index: c for c in tuning.candidates}
     if selected is not None and selected not in by_index:
         raise ConfigError(
@@ -161,15 +167,8 @@ def tune_page(
     }
     ranks = ", ".join(str(w) for w in tuning.world_sizes)
     heading = title or f"fsdpviz tune: {tuning.api} on {ranks} x {tuning.machine}"
-    light = "true" if theme == "light" else "false"
-    return _PAGE.format(
-        title=html.escape(heading),
-        theme_flag="" if theme == "auto" else f' data-jp-theme-light="{light}"',
-        header=_header(tuning, heading, data),
-        config=pack(json.dumps(config, separators=(",", ":"), allow_nan=False)),
-        plans="\n".join(scripts),
-        **page_assets(),
-    )
+    header = _header(tuning, heading, data)
+    return write_page(heading, theme, header, _SECTIONS, config, "\n".join(scripts) + "\n")
 
 
 def _kept_text(tuning: Tuning, kept: int) -> str:
@@ -224,21 +223,7 @@ def _header(tuning: Tuning, heading: str, data: dict[str, Any]) -> str:
     )
 
 
-_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="color-scheme" content="light dark">
-<meta name="generator" content="fsdpviz {version}">
-<title>{title}</title>
-<style>
-{css}
-</style>
-</head>
-<body{theme_flag}>
-{header}
-<section id="fv-tune-section">
+_SECTIONS = """<section id="fv-tune-section">
 <h2>Configurations</h2>
 <p class="fv-hint">Every configuration evaluated: tokens/s per GPU against the memory it needs per
 rank. Click a point (or a knob's alternative) to show its plan below.</p>
@@ -256,15 +241,7 @@ rank. Click a point (or a knob's alternative) to show its plan below.</p>
 <div><h3>Prefetch graph</h3><div id="fv-prefetch" class="fv-plot"></div></div>
 </section>
 </div>
-</section>
-<footer>Written by fsdpviz {version}. Works offline: everything it needs is in this file.</footer>
-<script type="application/gzip" id="fv-config">{config}</script>
-<script type="application/gzip" id="fv-widget-esm">{widget}</script>
-{plans}
-<script type="module">{page_js}</script>
-</body>
-</html>
-"""
+</section>"""
 
 
 def save_tuning(tuning: Tuning, path: str | Path, **options: Any) -> Path:

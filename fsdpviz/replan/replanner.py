@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
-from fsdpviz._gc import answering
+from fsdpviz._deferred_gc import answering
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE

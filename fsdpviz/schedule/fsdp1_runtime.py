@@ -8,7 +8,7 @@ all-gathers, frees, prefetches and reductions: per handle ``_prefetched``,
 indices (with FSDP's ``if handle._post_forward_index:`` quirk that treats index
 0 as unset), and whether the padded unsharded FlatParameter is allocated.
 
-The hooks are called by :mod:`fsdpviz.trace.fsdp1_hooks` from real autograd on
+The hooks are called by :mod:`fsdpviz.schedule.fsdp1_emulation` from real autograd on
 a meta copy of the model, so the order in which they fire is torch's own.
 Every call is logged so a later iteration whose hook order cannot differ can be
 replayed without running the model again.

@@ -22,7 +22,9 @@ from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.report import Event, Hook
 
 
-class TS(enum.Enum):
+class TrainingState(enum.Enum):
+    """torch's ``TrainingState``: where one ``FSDPState`` or ``FSDPParamGroup`` is in the step."""
+
     IDLE = "idle"
     FORWARD = "forward"
     PRE_BACKWARD = "pre_backward"
@@ -49,24 +51,24 @@ class GroupState:
         self.world_size = world_size
         self.sharded = Sharded.SHARDED
         self.pending = False
-        self.ts = TS.IDLE
+        self.training_state = TrainingState.IDLE
         self.post_forward_indices: list[int] = []
         self.ever_unsharded = False
         # unsharded gradients accumulated by a backward without gradient sync
         self.accumulated = False
 
 
-class StateRec:
+class FSDPState:
     """An emulated ``FSDPState``: one ``fully_shard`` call (zero or one group)."""
 
     def __init__(self, group: Group, world_size: int) -> None:
         self.group = group
         self.groups = [GroupState(group, world_size)] if group.params else []
-        self.ts = TS.IDLE
+        self.training_state = TrainingState.IDLE
         self.n_modules = len(group.modules)
         self.modules_to_run: set[int] = set()
-        self.forward_prefetch: list[StateRec] = []
-        self.backward_prefetch: list[StateRec] = []
+        self.forward_prefetch: list[FSDPState] = []
+        self.backward_prefetch: list[FSDPState] = []
 
 
 class FSDP2Runtime:
@@ -84,11 +86,11 @@ class FSDP2Runtime:
         rules: TorchFSDP | None = None,
     ) -> None:
         self.rules = rules or installed()
-        self.states = [StateRec(g, world_size) for g in groups]
+        self.states = [FSDPState(g, world_size) for g in groups]
         self.replicas = replicas
         self.offload = offload
         self.post_forward_order: list[GroupState] = []
-        self.iter_forward_root: StateRec | None = None
+        self.iter_forward_root: FSDPState | None = None
         self.callback_queued = False
         self.callback_state = self.states[0]
         self.events: list[Event] = []
@@ -141,7 +143,7 @@ class FSDP2Runtime:
     def _unshard(self, g: GroupState) -> None:
         if g.pending or g.sharded == Sharded.UNSHARDED:
             return
-        phase = "forward" if g.ts == TS.FORWARD else "backward"
+        phase = "forward" if g.training_state == TrainingState.FORWARD else "backward"
         if self.offload and g.sharded == Sharded.SHARDED:
             self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over
         if g.world_size > 1 or not self.rules.one_rank_copies:
@@ -158,11 +160,13 @@ class FSDP2Runtime:
         if g.sharded == target:
             return
         if g.sharded == Sharded.UNSHARDED:
-            self._emit("free", g, "forward" if g.ts == TS.FORWARD else "backward")
+            self._emit(
+                "free", g, "forward" if g.training_state == TrainingState.FORWARD else "backward"
+            )
         g.sharded = target
 
     def _reshard(self, g: GroupState) -> None:
-        if g.ts == TS.FORWARD:
+        if g.training_state == TrainingState.FORWARD:
             if not g.reshard_after_forward:
                 return
             if g.use_post_forward_mesh:
@@ -171,17 +175,17 @@ class FSDP2Runtime:
         self._to(g, Sharded.SHARDED)
 
     def _prefetch(self, g: GroupState, backward: bool) -> None:
-        prev = g.ts
-        g.ts = TS.PRE_BACKWARD if backward else TS.FORWARD
+        prev = g.training_state
+        g.training_state = TrainingState.PRE_BACKWARD if backward else TrainingState.FORWARD
         self._prefetching = True
         try:
             self._unshard(g)
         finally:
             self._prefetching = False
-            g.ts = prev
+            g.training_state = prev
 
     def _backward_prefetch(self, g: GroupState) -> None:
-        if g.ts != TS.PRE_BACKWARD or not g.post_forward_indices:
+        if g.training_state != TrainingState.PRE_BACKWARD or not g.post_forward_indices:
             return
         index = g.post_forward_indices.pop()
         if index > 0:
@@ -204,7 +208,7 @@ class FSDP2Runtime:
             first_member = True
         if state.n_modules > 1 and not first_member and not rules.grouped_per_member:
             return None  # the group's pre-hook ran for its first member only
-        if state.ts == TS.PRE_BACKWARD:  # activation-checkpoint recompute
+        if state.training_state == TrainingState.PRE_BACKWARD:  # activation-checkpoint recompute
             if rules.recompute_unshards:
                 for g in state.groups:
                     if g.sharded != Sharded.UNSHARDED:
@@ -212,15 +216,15 @@ class FSDP2Runtime:
                         self._wait(g)
             return [] if rules.recompute_casts else None
         self._hook = ("pre_forward", state.group.name)
-        first_in_pass = state.ts != TS.FORWARD
-        state.ts = TS.FORWARD
+        first_in_pass = state.training_state != TrainingState.FORWARD
+        state.training_state = TrainingState.FORWARD
         if first_in_pass and self.iter_forward_root is None:
             self.iter_forward_root = state
         entering = []
         for n, g in enumerate(state.groups):
-            if g.ts != TS.FORWARD:
+            if g.training_state != TrainingState.FORWARD:
                 entering.append(n)
-            g.ts = TS.FORWARD
+            g.training_state = TrainingState.FORWARD
             self._unshard(g)
             self._wait(g)
         if first_in_pass:
@@ -245,7 +249,7 @@ class FSDP2Runtime:
             state.modules_to_run.discard(member)
             if state.modules_to_run:
                 return None
-        if state.ts == TS.PRE_BACKWARD:
+        if state.training_state == TrainingState.PRE_BACKWARD:
             return None
         self._complete_forward(state, in_backward)
         forced: list[int] = [i]
@@ -261,7 +265,7 @@ class FSDP2Runtime:
         return forced
 
     def _complete_forward(
-        self, state: StateRec, in_backward: bool, by: StateRec | None = None
+        self, state: FSDPState, in_backward: bool, by: FSDPState | None = None
     ) -> None:
         """``state``'s post-forward, run by its own hook or (``by``) the forward root's,
         which completes a grouped call whose forward ran only some of its modules."""
@@ -272,8 +276,8 @@ class FSDP2Runtime:
                 self._reshard(g)
                 g.post_forward_indices.append(len(self.post_forward_order))
                 self.post_forward_order.append(g)
-            g.ts = TS.IDLE
-        state.ts = TS.IDLE
+            g.training_state = TrainingState.IDLE
+        state.training_state = TrainingState.IDLE
 
     # ------------------------------------------------------------ backward
     def pre_backward(self, i: int) -> bool:
@@ -281,16 +285,16 @@ class FSDP2Runtime:
         self.log.append(("pre_backward", i, None))
         state = self.states[i]
         self._hook = ("pre_backward", state.group.name)
-        state.ts = TS.PRE_BACKWARD
+        state.training_state = TrainingState.PRE_BACKWARD
         queue = not self.callback_queued
         if queue:  # the callback is bound to the state whose pre-backward ran first
             self.callback_state = state
         self.callback_queued = True
         default_prefetch = not state.backward_prefetch
         for g in state.groups:
-            if g.ts == TS.PRE_BACKWARD:
+            if g.training_state == TrainingState.PRE_BACKWARD:
                 continue
-            g.ts = TS.PRE_BACKWARD
+            g.training_state = TrainingState.PRE_BACKWARD
             self._unshard(g)
             self._wait(g)
             if default_prefetch:
@@ -307,7 +311,7 @@ class FSDP2Runtime:
             self._post_backward(g, has_grads)
 
     def _post_backward(self, g: GroupState, has_grads: bool) -> None:
-        g.ts = TS.POST_BACKWARD
+        g.training_state = TrainingState.POST_BACKWARD
         # without gradient sync the group keeps its unsharded gradient (a tp partial gradient
         # stays partial: no redistribute) and reshards, unless told not to after backward
         if not self.sync:
@@ -344,8 +348,8 @@ class FSDP2Runtime:
             for g in reversed(state.groups):
                 if self._post_backward_pending(g):
                     self._post_backward(g, has_grads.get(i, False))
-                g.ts = TS.IDLE
-            state.ts = TS.IDLE
+                g.training_state = TrainingState.IDLE
+            state.training_state = TrainingState.IDLE
             if self.is_last_backward:  # finalize_backward
                 for g in state.groups:
                     g.pending = False
@@ -394,7 +398,7 @@ class FSDP2Runtime:
         grad, so autograd never did): torch 2.7 asks its training state, 2.6 whether it is
         still unsharded."""
         if self.rules.final_callback_by_state:
-            return g.ts != TS.POST_BACKWARD
+            return g.training_state != TrainingState.POST_BACKWARD
         return g.sharded == Sharded.UNSHARDED
 
     def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz._gc import answering
+from fsdpviz._deferred_gc import answering
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import parse_fsdp2_options
 from fsdpviz.plan.fsdp2_applied import fsdp2_states

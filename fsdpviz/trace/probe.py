@@ -58,7 +58,7 @@ from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
-from fsdpviz.trace.marks import Mark, cut_profile
+from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.tracker import ModuleTracker
 
 # Kinds of live storage; ``CostProbe.live`` is indexed by them.

@@ -4,8 +4,8 @@ In a notebook the widgets' callbacks run on the kernel's asyncio loop. An answer
 a control change (re-plan, redraw) should reach the browser in a fraction of a
 second, so:
 
-- :func:`fsdpviz._gc.answering` keeps Python's cyclic garbage collector out of the
-  answer (see there);
+- :func:`fsdpviz._deferred_gc.answering` keeps Python's cyclic garbage collector out of
+  the answer (see there);
 - :class:`Deferred` runs work after the answer has been sent (the linked views of a
   re-plan, a trace for the memory curve, warming a stored trace). A newer request
   under the same key replaces a pending one. Outside a running event loop (a script,
@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from fsdpviz._gc import answering, running_loop
+from fsdpviz._deferred_gc import answering, running_loop
 
 __all__ = ["Deferred"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
-from fsdpviz._gc import answering
+from fsdpviz._deferred_gc import answering
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.schema.report import Report, unit_label
 from fsdpviz.views.card import plural, warnings_html

@@ -4,6 +4,7 @@
 // `selected_unit` (another view's click) and `busy` while it re-plans.
 import type { AnyModel } from "@anywidget/types";
 import { type PrefetchData, PrefetchView } from "./prefetch";
+import { bindView, Selection } from "./view_binding";
 import { dataOf } from "./wire";
 
 /** The traits of fsdpviz.widgets.PrefetchWidget. */
@@ -29,43 +30,15 @@ export function prefetchDefaults(data: PrefetchData): PrefetchModel {
 
 /** Draw the prefetch graph of `model` into `el`; returns what removes it. */
 export function renderPrefetch(model: AnyModel<PrefetchModel>, el: HTMLElement): () => void {
-  let own = false;
-  const view = new PrefetchView(el, dataOf<PrefetchData>(model), {
-    select: (unit) => {
-      own = true;
-      try {
-        model.set("selected_unit", unit);
-        model.save_changes();
-      } finally {
-        own = false;
-      }
-    },
-  });
-  view.onError = (text) => {
-    model.set("error", text);
-    model.save_changes();
+  const selected = new Selection(model, "selected_unit");
+  const view = new PrefetchView(el, dataOf<PrefetchData>(model), { select: selected.select });
+  const init = (): void => {
+    view.setCurrent(model.get("current_unit"));
+    view.setSelected(model.get("selected_unit"));
   };
-  const busy = (): void => {
-    view.root.classList.toggle("fv-busy", Boolean(model.get("busy")));
-  };
-  view.setCurrent(model.get("current_unit"));
-  view.setSelected(model.get("selected_unit"));
-  busy();
-  const handlers: Array<[string, () => void]> = [
+  return bindView(model, view, init, [
     ["change:data", () => view.setData(dataOf<PrefetchData>(model))],
     ["change:current_unit", () => view.setCurrent(model.get("current_unit"))],
-    [
-      "change:selected_unit",
-      () => {
-        if (!own) view.setSelected(model.get("selected_unit"));
-      },
-    ],
-    ["change:busy", busy],
-  ];
-  const guarded = handlers.map(([name, fn]): [string, () => void] => [name, view.guard(fn)]);
-  for (const [name, fn] of guarded) model.on(name, fn);
-  return () => {
-    for (const [name, fn] of guarded) model.off(name, fn);
-    view.dispose();
-  };
+    selected.follow(() => view.setSelected(model.get("selected_unit"))),
+  ]);
 }

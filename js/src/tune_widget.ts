@@ -4,6 +4,7 @@
 // `selected`, `saved` (the candidates whose plans can be opened; null: all) and `busy`.
 import type { AnyModel } from "@anywidget/types";
 import { type TuneData, TuneView } from "./tune";
+import { bindView, Selection } from "./view_binding";
 import { dataOf } from "./wire";
 
 /** The traits of fsdpviz.widgets.TuneWidget. */
@@ -22,49 +23,22 @@ export function tuneDefaults(data: TuneData): TuneModel {
 
 /** Draw the tune view of `model` into `el`; returns what removes it. */
 export function renderTune(model: AnyModel<TuneModel>, el: HTMLElement): () => void {
-  let own = false;
-  const view = new TuneView(el, dataOf<TuneData>(model), {
-    select: (index) => {
-      own = true;
-      try {
-        model.set("selected", index);
-        model.save_changes();
-      } finally {
-        own = false;
-      }
-    },
-  });
-  view.onError = (text) => {
-    model.set("error", text);
-    model.save_changes();
+  const selected = new Selection(model, "selected");
+  const view = new TuneView(el, dataOf<TuneData>(model), { select: selected.select });
+  const show = (): void => view.setSelected(model.get("selected") ?? null);
+  const init = (): void => {
+    view.setSaved(model.get("saved") ?? null);
+    show();
   };
-  const busy = (): void => {
-    view.root.classList.toggle("fv-busy", Boolean(model.get("busy")));
-  };
-  view.setSaved(model.get("saved") ?? null);
-  view.setSelected(model.get("selected") ?? null);
-  busy();
-  const handlers: Array<[string, () => void]> = [
+  return bindView(model, view, init, [
     [
       "change:data",
       () => {
         view.setData(dataOf<TuneData>(model));
-        view.setSelected(model.get("selected") ?? null);
+        show();
       },
     ],
-    [
-      "change:selected",
-      () => {
-        if (!own) view.setSelected(model.get("selected") ?? null);
-      },
-    ],
+    selected.follow(show),
     ["change:saved", () => view.setSaved(model.get("saved") ?? null)],
-    ["change:busy", busy],
-  ];
-  const guarded = handlers.map(([name, fn]): [string, () => void] => [name, view.guard(fn)]);
-  for (const [name, fn] of guarded) model.on(name, fn);
-  return () => {
-    for (const [name, fn] of guarded) model.off(name, fn);
-    view.dispose();
-  };
+  ]);
 }

@@ -12,7 +12,8 @@ import {
   type TuneData,
   TuneView,
 } from "../src/tune";
-import widget, { type TuneModel, tuneDefaults } from "../src/widget";
+import { type TuneModel, tuneDefaults } from "../src/widget";
+import { mount as mountWidget } from "./fake_model";
 import { fakeContext, tuneData } from "./fixtures";
 
 function mount(data: TuneData = tuneData()) {
@@ -208,42 +209,16 @@ describe("the tune view", () => {
 });
 
 describe("the tune widget", () => {
-  it("is drawn for view 'tune' and syncs `selected` both ways", () => {
+  it("is drawn for view 'tune' with the model's selection, kept when its data changes", () => {
     const d = tuneData();
-    const state: TuneModel = { ...tuneDefaults(d), selected: d.points.index[d.user] };
-    const handlers = new Map<string, Set<() => void>>();
-    const saved: unknown[] = [];
-    const model = {
-      get: <K extends keyof TuneModel>(k: K) => state[k],
-      set: <K extends keyof TuneModel>(k: K, v: TuneModel[K]) => {
-        state[k] = v;
-        for (const h of handlers.get(`change:${String(k)}`) ?? []) h();
-      },
-      on: (name: string, cb: () => void) => {
-        if (!handlers.has(name)) handlers.set(name, new Set());
-        handlers.get(name)?.add(cb);
-      },
-      off: (name: string, cb: () => void) => handlers.get(name)?.delete(cb),
-      save_changes: () => saved.push({ ...state }),
-    };
-    const el = document.createElement("div");
-    document.body.append(el);
-    const render = (widget as { render: (p: unknown) => () => void }).render;
-    const cleanup = render({ model, el });
+    const { model, el } = mountWidget<TuneModel>({
+      ...tuneDefaults(d),
+      selected: d.points.index[d.user],
+    });
     const root = el.querySelector(".fsdpviz-tune") as unknown as { fsdpviz: TuneView };
     const view = root.fsdpviz;
     expect(view.selected).toBe(d.user);
-    const k = d.best ?? 0;
-    const c = view.pointCentre(d.points.index[k]);
-    if (c === null) throw new Error("the best is not drawn");
-    view.clickAt(c.x, c.y);
-    expect(state.selected).toBe(d.points.index[k]);
-    expect(saved.length).toBe(1);
-    model.set("selected", d.points.index[d.frontier[0]]);
-    expect(view.selected).toBe(d.frontier[0]);
-    model.set("busy", true);
-    expect(view.root.classList.contains("fv-busy")).toBe(true);
-    cleanup();
-    expect([...handlers.values()].every((s) => s.size === 0)).toBe(true);
+    model.fromPython("data", tuneData());
+    expect(view.selected).toBe(d.user);
   });
 });

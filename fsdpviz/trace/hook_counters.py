@@ -1,4 +1,4 @@
-"""The probe's marks (one per FSDP hook call), cut into one profile per iteration."""
+"""The probe's counters at each FSDP hook call (`Mark`), cut into one profile per iteration."""
 
 from __future__ import annotations
 
