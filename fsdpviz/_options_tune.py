@@ -88,8 +88,9 @@ def run_tune(
     """:func:`fsdpviz.tune` for the parsed flags: the flags give the user's configuration
     (as ``analyze_kwargs`` reads them; FSDP2 unless FSDP1's flags or ``--api fsdp1``),
     ``add_tune_flags``'s the search. ``say`` prints the notes."""
-    from fsdpviz._options_kwargs import analyze_kwargs  # lazy: loads torch, as below
-    from fsdpviz.tuning import KNOBS, tune  # lazy: loads torch; the CLI's parser imports us
+    # lazy: these load torch, and the command line's parser imports this module
+    from fsdpviz._options_kwargs import analyze_kwargs
+    from fsdpviz.tuning import KNOBS, tune
 
     for knob in args.pin:
         if knob not in KNOBS:
