@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz import _conveniences  # noqa: F401  (report.memory, .show(), .save(), ...)
 from fsdpviz._version import __version__
 from fsdpviz.errors import ConfigError, ExportError, FSDPConfigError, FsdpvizError, TraceError
+from fsdpviz.schema.report import Report
 
 # The public names, each imported from its module when first used: ``import fsdpviz`` loads
 # neither torch nor plotly, so the command line answers a mistake at once and a first
@@ -89,7 +91,7 @@ if TYPE_CHECKING:
     from fsdpviz.schedule.comparison import Comparison, compare
     from fsdpviz.schedule.predict import analyze
     from fsdpviz.schema.config import ReportConfig
-    from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+    from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Unit
     from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
     from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
@@ -146,8 +148,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """A public name (or a subpackage), imported when first used (PEP 562)."""
-    import importlib
-
     home = _HOME.get(name)
     if home is not None:
         value = getattr(importlib.import_module(home), name)
@@ -187,9 +187,8 @@ def load(path: str | Path) -> Report | RecordedRun:
         run.ranks[0].iterations[0][:3], run.divergence()
         print(fsdpviz.load("/tmp/fr").diagnose())   # flight recorder dumps
     """
-    from fsdpviz.flight import load_run
-    from fsdpviz.recording import RecordedRun
-    from fsdpviz.schema.report import Report
+    from fsdpviz.flight import load_run  # lazy: loads torch, which `import fsdpviz` does not
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch
 
     p = Path(path)
     if p.is_dir():
@@ -227,7 +226,7 @@ def load(path: str | Path) -> Report | RecordedRun:
 def _flight_dump(path: Path) -> FlightRecorderRun | None:
     """One rank's flight recorder dump, read as :func:`load_flight_recorder` reads it; None
     when the file is not one."""
-    from fsdpviz.flight import load_flight_recorder
+    from fsdpviz.flight import load_flight_recorder  # lazy: loads torch
 
     try:
         return load_flight_recorder(path)

@@ -31,91 +31,91 @@ if TYPE_CHECKING:
 
 @register_report_method("memory")
 def memory(report: Report) -> MemoryReport:
-    from fsdpviz.cost.memory import memory_model
+    from fsdpviz.cost.memory import memory_model  # lazy: keeps numpy out of `import fsdpviz`
 
     return memory_model(report)
 
 
 @register_report_method("timeline")
 def timeline(report: Report) -> Timeline:
-    from fsdpviz.cost.time import timeline
+    from fsdpviz.cost.time import timeline  # lazy: keeps numpy out of `import fsdpviz`
 
     return timeline(report)
 
 
 @register_report_method("check_fit")
 def check_fit(report: Report) -> None:
-    from fsdpviz.cost.fit import check_fit
+    from fsdpviz.cost.fit import check_fit  # lazy: keeps numpy out of `import fsdpviz`
 
     check_fit(report)
 
 
 @register_report_method("machine_spec")
 def machine_spec(spec: Any) -> str | dict[str, Any]:
-    from fsdpviz.cost.fit import machine_spec
+    from fsdpviz.cost.fit import machine_spec  # lazy: keeps numpy out of `import fsdpviz`
 
     return machine_spec(spec)
 
 
 @register_report_method("module_graph")
 def module_graph(report: Report) -> Any:
-    from fsdpviz.graphs import module_graph
+    from fsdpviz.graphs import module_graph  # lazy: keeps networkx out of `import fsdpviz`
 
     return module_graph(report)
 
 
 @register_report_method("unit_graph")
 def unit_graph(report: Report, iteration: int = -1) -> Any:
-    from fsdpviz.graphs import unit_graph
+    from fsdpviz.graphs import unit_graph  # lazy: keeps networkx out of `import fsdpviz`
 
     return unit_graph(report, iteration)
 
 
 @register_report_method("show")
 def show(report: Report, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import show
+    from fsdpviz.widgets import show  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return show(report, **kwargs)
 
 
 @register_run_method("show")
 def show_run(run: RecordedRun, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import Dashboard
+    from fsdpviz.widgets import Dashboard  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return Dashboard(run.ranks[0], ranks=run, **kwargs)
 
 
 @register_show("comparison")
 def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import ComparisonView
+    from fsdpviz.widgets import ComparisonView  # lazy: plotly, anywidget, not in `import fsdpviz`
 
     return ComparisonView(comparison, **kwargs)
 
 
 @register_save("comparison")
 def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Any) -> Path:
-    from fsdpviz.export import save
+    from fsdpviz.export import save  # lazy: keeps plotly out of `import fsdpviz`
 
     return save(comparison, path, **kwargs)
 
 
 @register_show("sweep")
 def show_sweep(table: SweepTable, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import SweepView
+    from fsdpviz.widgets import SweepView  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return SweepView(table, **kwargs)
 
 
 @register_show("tuning")
 def show_tuning(tuning: Tuning, **kwargs: Any) -> Any:
-    from fsdpviz.widgets import TuneView
+    from fsdpviz.widgets import TuneView  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return TuneView(tuning, **kwargs)
 
 
 @register_save("tuning")
 def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Any) -> Path:
-    from fsdpviz.export import save_tuning
+    from fsdpviz.export import save_tuning  # lazy: keeps plotly out of `import fsdpviz`
 
     return save_tuning(tuning, path, **kwargs)
 
@@ -123,7 +123,7 @@ def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Any) -> Path:
 @register_report_method("save")
 @register_run_method("save")
 def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Any) -> Path:
-    from fsdpviz.export import save
+    from fsdpviz.export import save  # lazy: keeps plotly out of `import fsdpviz`
 
     return save(obj, path, **kwargs)
 
@@ -136,14 +136,14 @@ _CARDS: ReportMemo[dict[str, Any]] = ReportMemo(size=4)
 
 @register_report_method("card")
 def report_card(report: Report) -> dict[str, Any]:
-    from fsdpviz.views.card import report_bundle
+    from fsdpviz.views.card import report_bundle  # lazy: keeps plotly out of `import fsdpviz`
 
     return dict(_CARDS.get(report, lambda: run_bundle(report, base=report_bundle(report))))
 
 
 @register_run_method("card")
 def run_card(run: RecordedRun) -> dict[str, Any]:
-    from fsdpviz.views.card import run_bundle as card
+    from fsdpviz.views.card import run_bundle as card  # lazy: keeps plotly out of `import fsdpviz`
 
     return run_bundle(run, base=card(run))
 
@@ -153,7 +153,7 @@ def run_bundle(obj: Report | RecordedRun, base: dict[str, Any], **options: Any) 
     """``base`` (a card, a diagnosis' text) with the views' data for fsdpviz's JupyterLab
     extension and a static SVG of them; ``base`` alone where those cannot be made (a
     card is always shown), its ``text/plain`` saying why."""
-    from fsdpviz.export import object_bundle
+    from fsdpviz.export import object_bundle  # lazy: keeps plotly out of `import fsdpviz`
 
     try:
         return object_bundle(obj, base=base, **options)

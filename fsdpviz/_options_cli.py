@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
@@ -140,7 +142,7 @@ def _reshard(text: str) -> bool | int:
 
 def gpu_names() -> list[str]:
     """The GPU presets ``--machine`` takes (:mod:`fsdpviz.cost.hardware`; no torch)."""
-    from fsdpviz.cost.hardware import GPUS
+    from fsdpviz.cost.hardware import GPUS  # lazy: numpy (0.2 s), which most flags do without
 
     return sorted(GPUS)
 
@@ -392,8 +394,6 @@ def hf_id(spec: str) -> str | None:
     or a directory holding a config.json; None for anything else (``module:factory``)."""
     if spec.startswith("hf:"):
         return spec[3:]
-    from pathlib import Path
-
     if ":" not in spec and (Path(spec).joinpath("config.json").is_file() or spec.count("/") == 1):
         return spec
     return None
@@ -409,8 +409,6 @@ def set_item(item: str) -> tuple[str, Any]:
 
 def _literal(text: str) -> Any:
     """``4`` -> 4, ``0.5`` -> 0.5, ``true`` -> True, ``null`` -> None, else the text."""
-    import json
-
     try:
         return json.loads(text)
     except ValueError:

@@ -4,15 +4,31 @@ FSDP's option objects, a trainer's configuration with ``--world-size`` and ``--t
 and the job around FSDP (:mod:`fsdpviz.plan.job`), checked as ``analyze`` checks them and
 refused in the flags' words (:class:`~fsdpviz._options_cli.UsageError`).
 
-Importing this module imports no torch; building the keyword arguments does.
+Importing this module imports torch: the command line and the tune flags import it only once
+their flags are checked and a model is to be built.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import (
+    CPUOffload,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+)
+from torch.distributed.fsdp.wrap import (
+    ModuleWrapPolicy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 from fsdpviz._options_cli import (
     BACKWARD_PREFETCH,
@@ -25,12 +41,13 @@ from fsdpviz._options_cli import (
     policy_spec,
     set_item,
 )
+from fsdpviz.configs import ConfigNote, from_accelerate, hf_model
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1 import closest_class, model_classes
+from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.job import parse_job_options
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 __all__ = ["analyze_kwargs", "job_kwargs", "load_hf_model", "module_classes", "policy"]
 
@@ -60,8 +77,6 @@ def analyze_kwargs(
             if k in kwargs and kwargs[k] != v
         )
     kwargs.update(job)
-    from fsdpviz.plan.fsdp2_applied import fsdp2_states
-
     api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
     try:
         parse_job_options(kwargs, api)
@@ -110,8 +125,6 @@ def _checkpointing(spec: str, model: nn.Module) -> Any:
     selective, names = checkpointing_spec(spec)
     classes = sorted(module_classes(names, model, "--activation-checkpointing"), key=str)
     if selective:
-        from fsdpviz.trace.checkpointing import SelectiveCheckpoint
-
         return SelectiveCheckpoint(classes)
     return classes
 
@@ -144,38 +157,26 @@ def _plan_kwargs(
         if args.reshard_after_forward is not None:
             kwargs["reshard_after_forward"] = args.reshard_after_forward
         if param is not None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
         if args.cpu_offload:
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
             kwargs["offload_policy"] = CPUOffloadPolicy()
         return kwargs
     if args.policy is None and default_wrap:
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
         layers = set(default_wrap)
         kwargs["auto_wrap_policy"] = functools.partial(
             transformer_auto_wrap_policy, transformer_layer_cls=layers
         )
     else:
         kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
-    from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
-
     kwargs["forward_prefetch"] = args.forward_prefetch
     kwargs["use_orig_params"] = args.use_orig_params
     if args.cpu_offload:
-        from torch.distributed.fsdp import CPUOffload
-
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     if args.backward_prefetch is not None:
         kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
     if args.sharding_strategy is not None:
         kwargs["sharding_strategy"] = strategy_named(SHARDING[args.sharding_strategy])
     if param is not None:
-        from torch.distributed.fsdp import MixedPrecision
-
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
         )
@@ -185,10 +186,6 @@ def _plan_kwargs(
 def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> dict[str, Any]:
     """The kwargs of ``--accelerate-config`` (or of the torchtitan plan already read), with
     ``--world-size`` and ``--trace`` on top; FSDP flags would contradict the file."""
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_accelerate
-
     if args.accelerate_config:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigNote)
@@ -207,8 +204,6 @@ def _mixed_precision(spec: str | None) -> tuple[torch.dtype | None, torch.dtype 
     dtypes = mixed_precision_names(spec)
     if not dtypes:
         return None, None
-    import torch
-
     param, *reduce = (getattr(torch, d) for d in dtypes)
     return param, reduce[0] if reduce else None
 
@@ -228,8 +223,6 @@ def _fully_shard(spec: str, model: nn.Module) -> list[Any]:
 
 def policy(spec: str, model: nn.Module) -> Any:
     """The FSDP1 auto-wrap policy for ``--policy SPEC``."""
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
     kind, arg = policy_spec(spec)
     if kind == "none":
         return None
@@ -246,8 +239,6 @@ def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[typ
     found: set[type[nn.Module]] = set()
     for name in filter(None, (n.strip() for n in names)):
         if name not in classes:
-            from fsdpviz.plan.fsdp1 import closest_class, model_classes
-
             hint = closest_class(model, name)
             tip = f"; did you mean {hint!r}?" if hint else ""
             what = "module of class or FQN" if flag == "--fully-shard" else "module of class"
@@ -264,8 +255,6 @@ def module_classes(names: Sequence[str], model: nn.Module, flag: str) -> set[typ
 
 def load_hf_model(spec: str, args: argparse.Namespace) -> Any:
     """:func:`fsdpviz.hf_model` for ``hf:ID`` and the ``--set/--batch/--seq/--dtype`` flags."""
-    from fsdpviz.configs import hf_model
-
     overrides = dict(set_item(item) for item in args.set)
     return hf_model(
         spec, batch=args.batch or 1, seq=args.seq, dtype=args.dtype, overrides=overrides

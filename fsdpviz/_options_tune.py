@@ -2,18 +2,20 @@
 (:func:`add_tune_flags`, after :func:`fsdpviz._options_cli.add_fsdp_flags`'s), the search
 they ask for (:func:`run_tune`) and its frontier as a table (:func:`frontier_table`).
 
-Importing this module imports no torch.
+Importing this module imports no torch (the command line's parser takes its flags);
+:func:`run_tune` and :func:`frontier_table` do.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fsdpviz._options_cli import UsageError, positive_int
-from fsdpviz._options_kwargs import analyze_kwargs
+from fsdpviz.schema.memory import size_text
 
 if TYPE_CHECKING:
     from torch import nn
@@ -86,6 +88,8 @@ def run_tune(
     """:func:`fsdpviz.tune` for the parsed flags: the flags give the user's configuration
     (as ``analyze_kwargs`` reads them; FSDP2 unless FSDP1's flags or ``--api fsdp1``),
     ``add_tune_flags``'s the search. ``say`` prints the notes."""
+    # lazy: these load torch, and the command line's parser imports this module
+    from fsdpviz._options_kwargs import analyze_kwargs
     from fsdpviz.tuning import KNOBS, tune
 
     for knob in args.pin:
@@ -144,7 +148,7 @@ def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[
     out["fully_shard"] = list(wraps)
     mp = kwargs.get("mixed_precision")
     if mp is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # lazy: torch, as above
 
         out["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
@@ -153,9 +157,7 @@ def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[
 
 
 def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
-    import math
-
-    from fsdpviz.plan.fsdp2 import mesh_dims
+    from fsdpviz.plan.fsdp2 import mesh_dims  # lazy: loads torch
 
     sizes, _ = mesh_dims(kwargs["mesh"], 3)
     return [math.prod(sizes or (8,))]
@@ -165,8 +167,7 @@ def frontier_table(tuning: Any) -> str:
     """The frontier as a table: memory per rank, tokens/s per GPU, and what each
     configuration changes against the best (the lowest peak where nothing fits); the best
     and the user's marked."""
-    from fsdpviz.schema.memory import size_text
-    from fsdpviz.tuning.space import KNOB_NAMES
+    from fsdpviz.tuning.space import KNOB_NAMES  # lazy: loads torch
 
     rows = list(tuning.frontier)
     if tuning.user not in rows:

@@ -41,36 +41,20 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import os
 import sys
-import time
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fsdpviz._options_cli import (
-    Source,
-    UsageError,
-    add_fsdp_flags,
-    add_source_flags,
-    check_applies,
-    check_flags,
-    flags_for,
-    hf_id,
-    job_flag_value,
-    positive_int,
-)
-from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
-from fsdpviz._options_tune import add_tune_flags, frontier_table, run_tune
+from fsdpviz._cli_commands import DOES_NOT_FIT, cmd_demo, cmd_doctor, cmd_report, cmd_tune
+from fsdpviz._options_cli import UsageError, add_fsdp_flags, add_source_flags, positive_int
+from fsdpviz._options_tune import add_tune_flags
+from fsdpviz._version import __version__
 from fsdpviz.errors import ConfigError, FsdpvizError
 
-if TYPE_CHECKING:
-    from torch import nn
-
 _PROG = "fsdpviz"
-DOES_NOT_FIT = 3
-"""Exit status of ``fsdpviz report --check`` for a plan that does not fit."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 def _raised_at(exc: BaseException) -> str:
     """`` (raised in models.py, line 12, in build)``: the innermost frame outside torch,
     fsdpviz and the standard library, where the fix most likely is."""
-    import sysconfig
-
     stdlib = sysconfig.get_paths()["stdlib"]
     found = ""
     tb = exc.__traceback__
@@ -165,8 +147,6 @@ def _unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
 def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
     """The parser; ``full_help``: with the output formats listed (``--help``), which reading
     costs an import the parse of a command line does without."""
-    from fsdpviz._version import __version__
-
     parser = _Parser(
         prog=_PROG,
         description="See what PyTorch FSDP will do with your model: wrap units, "
@@ -183,7 +163,7 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
     )
     _add_output(demo, "fsdpviz-demo.html", full_help=full_help)
     _add_world_size(demo)
-    demo.set_defaults(func=_cmd_demo, parser=demo)
+    demo.set_defaults(func=cmd_demo, parser=demo)
 
     report = subs.add_parser(
         "report",
@@ -196,21 +176,13 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
         "fsdpviz.load reads (a saved report's .json, a folder fsdpviz.record wrote, torch "
         "flight recorder dumps): it is written as it was saved.",
     )
-    report.add_argument(
-        "factory",
-        metavar="MODEL",
-        nargs="?",
-        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build; or a saved "
+    _add_model(
+        report,
+        "hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build; or a saved "
         "report, recording or dumps folder",
+        inputs_help="callable returning the model inputs (a dict of keyword arguments, a "
+        "tuple of positional arguments or one tensor); required unless FACTORY returns them",
     )
-    report.add_argument(
-        "--inputs",
-        metavar="MODULE:FACTORY",
-        help="callable returning the model inputs (a dict of keyword arguments, a tuple "
-        "of positional arguments or one tensor); required unless FACTORY returns them",
-    )
-    add_fsdp_flags(report)
-    add_source_flags(report)
     _add_output(report, "report.html", given=True, full_help=full_help)
     report.add_argument(
         "--check",
@@ -219,7 +191,7 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
         f"{DOES_NOT_FIT} when it does not, 0 when it does (a CI gate); writes a file only "
         "with -o",
     )
-    report.set_defaults(func=_cmd_report, parser=report)
+    report.set_defaults(func=cmd_report, parser=report)
     _add_tune(subs, full_help)
     _add_doctor(subs, full_help)
     return parser
@@ -238,20 +210,10 @@ def _add_tune(subs: Any, full_help: bool) -> None:
         "changes; writes the page (-o). Exit status 0 when something fits, "
         f"{DOES_NOT_FIT} when nothing does.",
     )
-    tune.add_argument(
-        "factory",
-        metavar="MODEL",
-        nargs="?",
-        help="hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build",
-    )
-    tune.add_argument(
-        "--inputs", metavar="MODULE:FACTORY", help="callable returning the model inputs"
-    )
-    add_fsdp_flags(tune)
-    add_source_flags(tune)
+    _add_model(tune, "hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build")
     add_tune_flags(tune)
     _add_output(tune, "tune.html", full_help=full_help)
-    tune.set_defaults(func=_cmd_tune, parser=tune)
+    tune.set_defaults(func=cmd_tune, parser=tune)
 
 
 def _add_doctor(subs: Any, full_help: bool) -> None:
@@ -271,19 +233,23 @@ def _add_doctor(subs: Any, full_help: bool) -> None:
         metavar="DIR",
         help="the folder of dumps (nccl_trace_rank_0, ...) or of a recording (rank0.json, ...)",
     )
-    doctor.add_argument(
-        "factory",
-        metavar="MODEL",
-        nargs="?",
-        help="the job's model, as fsdpviz report takes it: hf:ID or MODULE:FACTORY",
-    )
-    doctor.add_argument(
-        "--inputs", metavar="MODULE:FACTORY", help="callable returning the model inputs"
-    )
-    add_fsdp_flags(doctor)
-    add_source_flags(doctor)
+    _add_model(doctor, "the job's model, as fsdpviz report takes it: hf:ID or MODULE:FACTORY")
     _add_output(doctor, "doctor.html", full_help=full_help)
-    doctor.set_defaults(func=_cmd_doctor, parser=doctor)
+    doctor.set_defaults(func=cmd_doctor, parser=doctor)
+
+
+def _add_model(
+    parser: argparse.ArgumentParser,
+    model_help: str,
+    inputs_help: str = "callable returning the model inputs",
+) -> None:
+    """MODEL (``args.factory``, optional: a config file may bring the model), ``--inputs``
+    and the flags that plan the model (FSDP's, and its source's), as ``report``, ``tune``
+    and ``doctor`` take them."""
+    parser.add_argument("factory", metavar="MODEL", nargs="?", help=model_help)
+    parser.add_argument("--inputs", metavar="MODULE:FACTORY", help=inputs_help)
+    add_fsdp_flags(parser)
+    add_source_flags(parser)
 
 
 def _add_output(
@@ -291,7 +257,7 @@ def _add_output(
 ) -> None:
     """``-o``; ``given``: parse to None when it is left out (the command applies ``default``)."""
     if full_help:
-        from fsdpviz.export import SUFFIXES
+        from fsdpviz.export import SUFFIXES  # lazy: plotly; only --help lists them
 
         formats = f": {', '.join(SUFFIXES)}"
     else:
@@ -308,395 +274,4 @@ def _add_output(
 def _add_world_size(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world-size", type=positive_int, default=8, metavar="N", help="ranks (default: 8)"
-    )
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from fsdpviz.examples import example_analysis
-
-    path = _output_path(args.output)
-    start = time.perf_counter()
-    report = example_analysis(world_size=args.world_size)
-    return _write(report, path, time.perf_counter() - start)
-
-
-def _source(args: argparse.Namespace) -> Source:
-    """Where the command's model comes from (``args.factory``: MODEL, or None), checked
-    before anything is imported: a MODEL that is neither an id, a factory nor a file there
-    is answered "not found"."""
-    if args.factory is None and not args.torchtitan_config:
-        args.factory = job_flag_value(args)  # `--compile MODEL`: the word was MODEL
-    if args.torchtitan_config:
-        if args.factory is not None:
-            raise UsageError(
-                f"--torchtitan-config builds its own model (its model.flavor); leave out "
-                f"{args.factory!r}"
-            )
-        return "torchtitan"
-    if args.factory is None:
-        raise UsageError("give the model: hf:ID, MODULE:FACTORY, or --torchtitan-config TOML")
-    spec: str = args.factory
-    if _is_saved(spec):
-        return "saved"
-    if spec.startswith("hf:") or Path(spec).joinpath("config.json").is_file():
-        return "hf"
-    if _looks_like_a_path(spec):
-        raise UsageError(
-            f"{spec!r} not found: MODEL is a saved report's .json, a recording's folder or "
-            "flight recorder dumps (a path that exists), hf:ID, or MODULE:FACTORY"
-        )
-    if hf_id(spec) is not None:  # org/name
-        return "hf"
-    _factory_spec(spec, "MODULE:FACTORY")
-    return "factory"
-
-
-def _looks_like_a_path(spec: str) -> bool:
-    """A MODEL written as a file or folder (``./runs/r1``, ``report.json``), not as an id or
-    a factory."""
-    if spec.startswith(("./", "../", "/", "~")):
-        return True
-    return ":" not in spec and Path(spec).suffix.lower() in (".json", ".html", ".jsonl")
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    source = _source(args)
-    what = args.factory or "--torchtitan-config"
-    check_applies(args, source, what)
-    explicit = args.output is not None
-    path = _output_path(args.output if explicit else "report.html")
-    if source == "saved":
-        return _report_saved(args, path, explicit)
-    if args.check and args.trace == "fx":
-        raise UsageError(
-            "--check needs the activations the trace measures, and --trace fx measures "
-            "none; use --trace meta (the default) or real"
-        )
-    check_flags(args)
-    if args.inputs is not None:
-        _factory_spec(args.inputs, "--inputs")
-    # The command line can run: torch is loaded from here on.
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_torchtitan
-    from fsdpviz.schedule.predict import analyze
-
-    wraps: list[type[nn.Module]] = []
-    if source == "torchtitan":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConfigNote)
-            job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
-        model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
-    elif source == "hf":
-        built = load_hf_model(str(hf_id(args.factory)), args)
-        model, inputs, wraps = built.model, built.inputs, built.wrap_classes
-    else:
-        if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
-            sys.path.insert(0, os.getcwd())
-        model, inputs = _load_model(args.factory)
-    if args.inputs is not None:
-        obj = _import_object(args.inputs, "--inputs")
-        inputs = obj() if callable(obj) else obj
-    if inputs is None:
-        raise UsageError(
-            f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY, "
-            "or make the factory return (model, inputs)"
-        )
-    notes: list[str] = []
-    kwargs = analyze_kwargs(args, model, wraps, notes)
-    for line in notes:
-        print(f"note: {line}")
-    start = time.perf_counter()
-    report = analyze(model, inputs, **kwargs)
-    root_only = (args.policy or "").strip().lower() == "none"
-    if args.check:
-        return _check(report, path if explicit else None, time.perf_counter() - start, source)
-    return _write(report, path, time.perf_counter() - start, root_only, source)
-
-
-def _cmd_tune(args: argparse.Namespace) -> int:
-    path = Path(args.output)
-    if path.suffix not in (".html", ".json"):
-        raise UsageError(
-            f"cannot write {args.output!r}: fsdpviz tune writes the page (.html) or the "
-            "search as JSON (.json)"
-        )
-    if not path.parent.is_dir():
-        raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
-    source = _source(args)  # (nothing loaded yet: the flags are checked first)
-    if source == "saved":
-        raise UsageError(
-            f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
-            "report or recording: give MODEL as hf:ID or MODULE:FACTORY"
-        )
-    check_applies(args, source, args.factory or "--torchtitan-config")
-    check_flags(args)
-    sizes: list[int] | None = args.world_size
-    args.world_size = sizes[0] if sizes else None
-    model, inputs, wraps = _doctor_model(args)
-    args.world_size = sizes
-    start = time.perf_counter()
-    tuning = run_tune(args, model, inputs, wraps, print)
-    print(tuning)
-    print(frontier_table(tuning))
-    best = tuning.best
-    if best is not None:
-        style = args.code or (
-            "torchtitan" if args.torchtitan_config else "accelerate" if args.accelerate_config
-            else "python"
-        )  # fmt: skip
-        print(f"\nThe best configuration ({style}):")
-        print(best.code(style))
-    tuning.save(str(path))
-    print(f"wrote {path} ({time.perf_counter() - start:.1f}s)")
-    return 0 if best is not None else DOES_NOT_FIT
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    path = _output_path(args.output)
-    planned = args.factory is not None or args.torchtitan_config or job_flag_value(args)
-    source: Source | None = None
-    if planned:
-        source = _source(args)
-        if source == "saved":
-            raise UsageError(
-                f"MODEL is the job's model (hf:ID or MODULE:FACTORY); {args.factory!r} is a "
-                "saved report or recording"
-            )
-        check_applies(args, source, args.factory or "--torchtitan-config")
-        check_flags(args)
-    else:
-        check_applies(args, "saved", args.dumps)
-    from fsdpviz.flight import FlightRecorderRun, load_run
-    from fsdpviz.recording import diff
-
-    try:
-        run = load_run(args.dumps)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    prediction = None
-    if source is not None:
-        from fsdpviz.schedule.predict import analyze
-
-        if args.world_size is None:  # the job's, as the dumps tell it
-            args.world_size = run.world_size
-        model, inputs, wraps = _doctor_model(args)
-        notes: list[str] = []
-        kwargs = analyze_kwargs(args, model, wraps, notes)
-        for line in notes:
-            print(f"note: {line}")
-        prediction = analyze(model, inputs, **kwargs)
-    if isinstance(run, FlightRecorderRun):
-        diagnosis = run.diagnose(prediction)
-        print(diagnosis)
-        diagnosis.save(path)
-    else:  # a run fsdpviz.record wrote: where its ranks diverge, and what differs from the plan
-        print(run.summary())
-        divergence = run.divergence()
-        if divergence is not None:
-            print(divergence)
-        if prediction is not None:
-            print(diff(run, prediction))
-        run.save(path)
-    print(f"wrote {path}")
-    return 0
-
-
-def _is_saved(spec: str) -> bool:
-    """Whether MODEL names what :func:`fsdpviz.load` reads (a saved report, a recording, flight
-    recorder dumps) rather than a model: a path that exists, and no Hugging Face config."""
-    p = Path(spec)
-    return ":" not in spec and p.exists() and not p.joinpath("config.json").is_file()
-
-
-def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
-    """``fsdpviz report PATH``: write what :func:`fsdpviz.load` reads from PATH."""
-    from fsdpviz import load
-    from fsdpviz.flight import FlightRecorderRun
-    from fsdpviz.schema.report import Report
-
-    start = time.perf_counter()
-    try:
-        loaded = load(args.factory)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    if isinstance(loaded, Report):
-        if args.check:
-            return _check(loaded, path if explicit else None, time.perf_counter() - start)
-        return _write(loaded, path, time.perf_counter() - start)
-    if args.check:
-        raise UsageError(
-            f"--check checks that a plan fits in memory; {args.factory!r} is a recorded run"
-        )
-    loaded.save(path)
-    print(loaded.summary())
-    if isinstance(loaded, FlightRecorderRun):
-        print(f"(fsdpviz doctor {args.factory} MODEL [flags] reads it in FSDP's terms)")
-    print(f"wrote {path} ({time.perf_counter() - start:.1f}s)")
-    return 0
-
-
-def _doctor_model(args: argparse.Namespace) -> tuple[nn.Module, Any, list[type[nn.Module]]]:
-    """The model, inputs and default wrap classes ``fsdpviz doctor`` predicts the job with
-    (the sources of ``fsdpviz report``)."""
-    import warnings
-
-    from fsdpviz.configs import ConfigNote, from_torchtitan
-
-    wraps: list[type[nn.Module]] = []
-    if args.torchtitan_config:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConfigNote)
-            job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
-        model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
-    elif (name := hf_id(args.factory)) is not None:
-        built = load_hf_model(name, args)
-        model, inputs, wraps = built.model, built.inputs, built.wrap_classes
-    else:
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        model, inputs = _load_model(args.factory)
-    if args.inputs is not None:
-        obj = _import_object(args.inputs, "--inputs")
-        inputs = obj() if callable(obj) else obj
-    if inputs is None:
-        raise UsageError(f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY")
-    return model, inputs, wraps
-
-
-def _output_path(text: str) -> Path:
-    from fsdpviz.export import SUFFIXES, suffix_of
-
-    path = Path(text)
-    if suffix_of(path) not in SUFFIXES:
-        raise UsageError(
-            f"cannot write {text!r}: unknown suffix {path.suffix or '(none)'!r}; "
-            f"use a path ending in one of {', '.join(SUFFIXES)}"
-        )
-    if not path.parent.is_dir():
-        raise UsageError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
-    if path.is_dir():
-        raise UsageError(f"cannot write {text!r}: it is a directory; give a file name")
-    return path
-
-
-def _write(
-    report: Any, path: Path, seconds: float, root_only: bool = False, source: Source = "saved"
-) -> int:
-    from fsdpviz.export import save
-
-    save(report, path)
-    print(_as_flags(report.summary(), report, source))
-    job = _job_line(report)
-    if job:
-        print(job)
-    if len(report.units) == 1 and root_only:
-        print("root only, as --policy none asks: the whole model is one unit")
-    elif len(report.units) == 1:
-        print(
-            "root only: 1 unit (no wrap policy: pass --policy transformer:CLASS, "
-            "--fully-shard CLASS or a config file to shard the model's blocks)"
-        )
-    if report.profiled:
-        print(report.memory.summary())  # the peak, and whether it fits
-        print(report.timeline.summary().splitlines()[0])
-    print(f"wrote {path} ({seconds:.1f}s)")
-    return 0
-
-
-def _job_line(report: Any) -> str:
-    """The job around FSDP the plan assumes (``--grad-accum``, ``--compile``, ``--float8``,
-    ``--float32-matmul-precision``), where it states one; else ``""``."""
-    from fsdpviz.views.card import job_items
-
-    items = job_items(report.config, detailed=True)
-    return f"  job: {', '.join(items)}" if items else ""
-
-
-def _as_flags(text: str, report: Any, source: Source) -> str:
-    """``text`` (a report's summary or warning) with the options its warnings advise
-    (``FsdpWarning.fix``, as analyze takes them) written as this command line's flags; a
-    saved report's as they were written."""
-    from fsdpviz.schema.report import option_text
-
-    if source == "saved":
-        return text
-    api = report.config.api
-    for warning in report.warnings:
-        if warning.fix:
-            text = text.replace(option_text(warning.fix, api), flags_for(warning.fix, source, api))
-    return text
-
-
-def _check(report: Any, path: Path | None, seconds: float, source: Source = "saved") -> int:
-    """``--check``: whether the plan fits in its machine's memory, as the exit status."""
-    if path is not None:
-        _write(report, path, seconds, source=source)
-    else:
-        print(_as_flags(report.summary(), report, source))
-        print(report.memory.summary().splitlines()[0])
-    memory = report.memory
-    if memory.fits:
-        print(f"check passed: {memory.fit_text()}")
-        return 0
-    warning = next(w for w in report.warnings if w.code == "out_of_memory")
-    print(f"check failed: {_as_flags(warning.message, report, source)}", file=sys.stderr)
-    return DOES_NOT_FIT
-
-
-def _factory_spec(spec: str, what: str) -> tuple[str, str]:
-    """``module:attr[.attr]``'s module and attributes, checked as written (nothing imported)."""
-    module_name, sep, attr_path = spec.rpartition(":")
-    if not sep or not module_name or not attr_path:
-        raise UsageError(f"{what} must be MODULE:NAME (e.g. mypkg.models:build), got {spec!r}")
-    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
-        raise UsageError(
-            f"{what}: {module_name!r} looks like a file; give the importable module name "
-            f"(e.g. {Path(module_name).stem!r}) and run from its directory"
-        )
-    return module_name, attr_path
-
-
-def _import_object(spec: str, what: str) -> Any:
-    """Resolve ``module:attr[.attr]``, raising :class:`UsageError` when it is not there."""
-    module_name, attr_path = _factory_spec(spec, what)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if module_name != missing and not module_name.startswith(missing + "."):
-            raise  # the module exists but one of its own imports is missing
-        raise UsageError(f"{what}: cannot import module {module_name!r} ({exc})") from None
-    owner = module_name
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            hint = difflib.get_close_matches(attr, [n for n in dir(obj) if not n.startswith("_")])
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise UsageError(f"{what}: {owner!r} has no attribute {attr!r}{tip}")
-        obj = getattr(obj, attr)
-        owner += ("." if ":" in owner else ":") + attr
-    return obj
-
-
-def _load_model(spec: str) -> tuple[nn.Module, Any]:
-    from torch import nn
-
-    factory = _import_object(spec, "MODULE:FACTORY")
-    if isinstance(factory, nn.Module):
-        return factory, None
-    if not callable(factory):
-        raise UsageError(f"{spec} is a {type(factory).__name__}, not a callable")
-    try:
-        result = factory()
-    except TypeError as exc:
-        hint = ""
-        if getattr(factory, "__module__", "").startswith("transformers"):
-            hint = "; for a Hugging Face model pass hf:ID (e.g. hf:Qwen/Qwen2-0.5B) or hf:./dir"
-        raise UsageError(f"{spec} cannot be called without arguments ({exc}){hint}") from None
-    if isinstance(result, nn.Module):
-        return result, None
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
-        return result[0], result[1]
-    raise UsageError(
-        f"{spec} returned {type(result).__name__}; expected an nn.Module or (model, inputs)"
     )

@@ -20,9 +20,14 @@ import argparse
 import difflib
 import inspect
 import shlex
+import warnings
 from typing import Any
 
 from torch import nn
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 from fsdpviz._options_cli import (
     Source,
@@ -35,6 +40,9 @@ from fsdpviz._options_cli import (
 from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
 from fsdpviz._options_tune import add_tune_flags, run_tune
+from fsdpviz.configs import ConfigNote, from_torchtitan
+from fsdpviz.errors import FsdpvizError
+from fsdpviz.schedule.predict import analyze
 
 _OPTIONS = """\
   MODEL                       a model expression, or hf:ID (line magic only)
@@ -72,7 +80,7 @@ _OPTIONS = """\
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would exit the kernel's process
-        from IPython.core.error import UsageError
+        from IPython.core.error import UsageError  # lazy: IPython is optional
 
         raise UsageError(f"%fsdpviz: {message}\n{_OPTIONS}")
 
@@ -91,7 +99,7 @@ def _parser(line_magic: bool, tune: bool = False) -> _Parser:
 
 
 def _parse(line: str, line_magic: bool, tune: bool = False) -> argparse.Namespace:
-    from IPython.core.error import UsageError
+    from IPython.core.error import UsageError  # lazy: IPython is optional
 
     parser = _parser(line_magic, tune)
     words = shlex.split(line)
@@ -107,10 +115,7 @@ def _parse(line: str, line_magic: bool, tune: bool = False) -> argparse.Namespac
 def _run(
     model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]] | None = None
 ) -> Any:
-    from IPython.core.error import UsageError
-
-    from fsdpviz.errors import FsdpvizError
-    from fsdpviz.schedule.predict import analyze
+    from IPython.core.error import UsageError  # lazy: IPython is optional
 
     if not isinstance(model, nn.Module):
         raise UsageError(
@@ -127,9 +132,7 @@ def _run(
 
 
 def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]]) -> Any:
-    from IPython.core.error import UsageError
-
-    from fsdpviz.errors import FsdpvizError
+    from IPython.core.error import UsageError  # lazy: IPython is optional
 
     if not isinstance(model, nn.Module):
         raise UsageError(
@@ -143,12 +146,7 @@ def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn
 
 def _line_model(ip: Any, args: argparse.Namespace) -> tuple[Any, Any, list[type[nn.Module]]]:
     """The model, inputs and default wrap classes a line magic names."""
-    import warnings
-
-    from IPython.core.error import UsageError
-
-    from fsdpviz.configs import ConfigNote, from_torchtitan
-    from fsdpviz.errors import FsdpvizError
+    from IPython.core.error import UsageError  # lazy: IPython is optional
 
     try:
         if args.torchtitan_config:
@@ -187,11 +185,6 @@ def _outermost_call(run_cell: Any) -> tuple[nn.Module, Any]:
         if depth == 0 and not captured:
             captured.append((module, _bind(module, args, kwargs)))
 
-    from torch.nn.modules.module import (
-        register_module_forward_hook,
-        register_module_forward_pre_hook,
-    )
-
     handles = [
         register_module_forward_pre_hook(pre),
         register_module_forward_hook(post, with_kwargs=True),
@@ -202,7 +195,7 @@ def _outermost_call(run_cell: Any) -> tuple[nn.Module, Any]:
         for h in handles:
             h.remove()
     if not captured:
-        from IPython.core.error import UsageError
+        from IPython.core.error import UsageError  # lazy: IPython is optional
 
         raise UsageError("%%fsdpviz: the cell ran no torch module; build and call the model in it")
     return captured[0]
@@ -220,7 +213,7 @@ def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
 
     def applies(args: argparse.Namespace, line_magic: bool) -> None:
-        from IPython.core.error import UsageError
+        from IPython.core.error import UsageError  # lazy: IPython is optional
 
         model = getattr(args, "model", None) if line_magic else None
         source: Source

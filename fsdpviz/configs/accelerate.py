@@ -34,11 +34,21 @@ import functools
 import os
 import sys
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+)
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
 from fsdpviz.errors import ConfigError
@@ -218,7 +228,7 @@ def _dynamo(
 def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     if isinstance(config, Mapping):
         return dict(config), "accelerate config"
-    import yaml
+    import yaml  # lazy: optional (fsdpviz[accelerate])
 
     path = Path(config)
     if not path.is_file():
@@ -261,8 +271,6 @@ def _current_names(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _accelerate_version() -> tuple[int, ...] | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         text = version("accelerate")
     except PackageNotFoundError:
@@ -348,11 +356,6 @@ class _Wrap:
         self.policy = policy
 
     def fsdp1(self) -> Any:
-        from torch.distributed.fsdp.wrap import (
-            size_based_auto_wrap_policy,
-            transformer_auto_wrap_policy,
-        )
-
         if self.kind == "peft":
             return self.policy
         if self.kind == "transformer":
@@ -413,7 +416,7 @@ def _peft_wrap(
     """transformers' Trainer on a peft model (``update_fsdp_plugin_peft``): peft's
     ``fsdp_auto_wrap_policy``, whose layer classes ``accelerate launch`` passes in the
     environment (``FSDP_TRANSFORMER_CLS_TO_WRAP``, from fsdp_transformer_layer_cls_to_wrap)."""
-    from peft.utils.other import fsdp_auto_wrap_policy
+    from peft.utils.other import fsdp_auto_wrap_policy  # lazy: optional
 
     names = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
     if isinstance(names, (list, tuple)):
@@ -465,13 +468,6 @@ def _fsdp1(
     fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, where: str,
     notes: list[str],
 ) -> dict[str, Any]:  # fmt: skip
-    from torch.distributed.fsdp import (
-        BackwardPrefetch,
-        CPUOffload,
-        MixedPrecision,
-        ShardingStrategy,
-    )
-
     strategy = _named(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"), _STRATEGIES,
                       "fsdp_sharding_strategy", where)  # fmt: skip
     asked = fsdp.get("fsdp_reshard_after_forward")
@@ -512,8 +508,6 @@ def _fsdp2(
     fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, model: nn.Module,
     where: str, notes: list[str],
 ) -> dict[str, Any]:  # fmt: skip
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
-
     for key in ("fsdp_sharding_strategy", "fsdp_backward_prefetch", "fsdp_forward_prefetch",
                 "fsdp_use_orig_params"):  # fmt: skip
         if key in fsdp:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -79,7 +81,7 @@ def hf_model(
         report = fsdpviz.analyze(*llama, fully_shard=llama.wrap_classes, world_size=8)
     """
     try:
-        import transformers
+        import transformers  # lazy: optional (fsdpviz[hf])
     except ImportError as e:  # pragma: no cover - transformers is a test dependency
         raise ConfigError(
             'hf_model needs Hugging Face transformers: pip install "fsdpviz[hf]"'
@@ -173,13 +175,10 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
     """Why the Hugging Face hub cannot be reached (None when it can, or when a proxy decides):
     one connection, so an unreachable hub fails now instead of after the hub client's five
     retries."""
-    import socket
-    from urllib.parse import urlparse
-
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return None
     try:
-        from huggingface_hub import constants
+        from huggingface_hub import constants  # lazy: optional, with transformers
 
         endpoint = str(constants.ENDPOINT)
     except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
@@ -209,8 +208,6 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
 
 
 def _resolve(host: str, port: int) -> Any:
-    import socket
-
     try:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:

@@ -22,6 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import (
+    ModuleWrapPolicy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 from fsdpviz.errors import FSDPConfigError
 from fsdpviz.plan.fsdp1_options import FSDP1Options, effective_backward_prefetch, effective_strategy
@@ -227,12 +232,6 @@ def policy_key(policy: Any) -> Any:
     with nothing per module (``ModuleWrapPolicy``, ``transformer_auto_wrap_policy`` and
     ``size_based_auto_wrap_policy`` with their usual arguments, or none), else ``None``: two
     policies with one key wrap the same modules of one model."""
-    from torch.distributed.fsdp.wrap import (
-        ModuleWrapPolicy,
-        size_based_auto_wrap_policy,
-        transformer_auto_wrap_policy,
-    )
-
     if policy is None:
         return ("root only",)
     if type(policy) is ModuleWrapPolicy:
@@ -251,6 +250,7 @@ def _recorded_targets(
     root: nn.Module, opts: FSDP1Options, ignored_modules: set[nn.Module], ignored_params: set[Any]
 ) -> tuple[list[tuple[nn.Module, dict[str, Any]]], list[str]]:
     """Run FSDP's own auto-wrap with a wrapper that records instead of wrapping."""
+    # lazy: private torch API, looked up at use
     from torch.distributed.fsdp._wrap_utils import _auto_wrap
 
     targets: list[tuple[nn.Module, dict[str, Any]]] = []
@@ -476,6 +476,7 @@ def plan_fsdp1(
         memo = None  # both change which modules FSDP wraps and which parameters it takes
     if memo is not None:
         return _plan(root, opts, set(), set(), memo)
+    # lazy: private torch API, looked up at use
     from torch.distributed.fsdp._init_utils import _init_ignored_module_states
 
     try:
@@ -552,8 +553,6 @@ def policy_classes(policy: Any) -> tuple[str, list[type[nn.Module]]]:
     """The module classes an auto-wrap policy names, and how the user spelled the policy:
     ``ModuleWrapPolicy({A})`` or ``partial(transformer_auto_wrap_policy,
     transformer_layer_cls={A})``; other policies name no class."""
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
-
     if isinstance(policy, ModuleWrapPolicy):
         return "ModuleWrapPolicy", list(policy._module_classes)
     if isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy:

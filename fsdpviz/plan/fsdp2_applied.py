@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
@@ -27,6 +27,7 @@ from fsdpviz.plan.torch_fsdp import installed
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
     """FSDP2 states in the root's ``named_modules`` order (FSDP2's own state order)."""
+    # lazy: private torch API, looked up at use
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
     states: list[Any] = []
@@ -42,8 +43,6 @@ class _Detached:
 
 
 def _unsharded_copy(model: nn.Module, states: list[Any]) -> tuple[nn.Module, dict[int, Any]]:
-    from torch.distributed.fsdp import FSDPModule
-
     detached = _Detached()
     memo: dict[int, Any] = {id(state): detached for state in states}
     for p in model.parameters():
@@ -92,12 +91,11 @@ def _wrapping_chain(fn: Any) -> list[Any]:
 
 
 def _unwrapped_class(cls: type) -> type:
-    from torch.distributed.fsdp import FSDPModule
-
     return next(c for c in cls.__mro__[1:] if c is not FSDPModule and issubclass(c, nn.Module))
 
 
 def _is_fsdp_state(obj: Any) -> bool:
+    # lazy: private torch API, looked up at use
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     return isinstance(obj, FSDPState)

@@ -28,6 +28,7 @@ in a V (rank ``r`` runs stages ``r`` and ``2P - 1 - r``).
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import mesh_dims
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
 
@@ -62,7 +64,9 @@ class PipelineOptions:
     @property
     def single_stage(self) -> bool:
         """GPipe and 1F1B: one stage per rank, run by the schedule's own loop."""
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+        from torch.distributed.pipelining.schedules import (
+            PipelineScheduleSingle,
+        )  # lazy: pipelining is slow to import; for pipelines only
 
         return issubclass(self.schedule_class, PipelineScheduleSingle)
 
@@ -87,8 +91,6 @@ def wants_pipeline(kwargs: dict[str, Any]) -> bool:
 def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The pipeline ranks of ``mesh=`` (its ``pp`` dimension, the outermost, as torchtitan's
     ``ParallelDims`` builds it) and ``kwargs`` with the mesh of the other dimensions."""
-    from fsdpviz.plan.fsdp2 import mesh_dims
-
     rest = dict(kwargs)
     sizes, names = mesh_dims(kwargs.get("mesh"), 4)
     if sizes is None or "pp" not in names:
@@ -120,6 +122,7 @@ def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 def schedule_class(value: Any) -> tuple[str, type]:
     """``pipeline_schedule=`` as torch's class and the name ``get_schedule_class`` gives it."""
+    # lazy: private torch API, looked up at use (and pipelining is slow to import)
     from torch.distributed.pipelining.schedules import _PipelineSchedule, get_schedule_class
 
     if value is None:
@@ -216,6 +219,7 @@ def parse_pipeline_options(
 
 def _placement(num_stages: int, pp: int, v: bool) -> tuple[int, ...]:
     """torch's ``generate_stage_to_rank_mapping``: stage -> rank in a loop or a V."""
+    # lazy: private torch API, looked up at use
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
     mapping = generate_stage_to_rank_mapping(pp, num_stages, style="v" if v else "loop")
@@ -324,8 +328,6 @@ def check_stages(model: nn.Module, stages: list[list[str]], warnings: list[FsdpW
             raise ConfigError(f"pipeline_stages: stage {s} holds no module")
         for n in names:
             if n not in known:
-                import difflib
-
                 hint = difflib.get_close_matches(n, sorted(known), n=1)
                 tip = f"; did you mean {hint[0]!r}?" if hint else ""
                 raise ConfigError(

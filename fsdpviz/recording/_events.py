@@ -9,6 +9,9 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
+import torch.distributed as dist
+
+from fsdpviz.plan.torch_fsdp import installed
 from fsdpviz.schema.config import Api, ReportConfig
 from fsdpviz.schema.report import Event
 
@@ -18,10 +21,6 @@ now_ns = time.perf_counter_ns
 def recording_config(api: Api, extra: Mapping[str, Any] | None) -> ReportConfig:
     """What a recorder knows of its run: the API and torch release, and the world size and
     rank when ``torch.distributed`` is initialised; ``extra`` adds to it (or overrides)."""
-    import torch.distributed as dist
-
-    from fsdpviz.plan.torch_fsdp import installed
-
     base: dict[str, Any] = {"api": api, "torch_version": installed().version}
     if dist.is_initialized():
         base.update(world_size=dist.get_world_size(), rank=dist.get_rank())

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 
 from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
@@ -72,8 +74,6 @@ class FSDP1Recorder(EventLog):
     """
 
     def __init__(self, model: nn.Module, *, timestamps: bool = False) -> None:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
         fsdp_modules = FSDP.fsdp_modules(model)
         if not fsdp_modules:
             raise TypeError(
@@ -87,6 +87,7 @@ class FSDP1Recorder(EventLog):
         self._handle_names: dict[int, str] = {}
         self._hook: list[tuple[Hook, str]] = []
         self._reducing: list[tuple[Any, Any]] = []  # (FSDP state, handle) inside _reduce_grad
+        # lazy: private torch API, looked up at use
         from torch.distributed.fsdp._common_utils import clean_tensor_name
 
         for name, module in model.named_modules():
@@ -98,8 +99,8 @@ class FSDP1Recorder(EventLog):
 
     # ------------------------------------------------------------- patching
     def __enter__(self) -> FSDP1Recorder:
+        # lazy: private torch API, looked up at use
         from torch.distributed.fsdp import _flat_param, _runtime_utils
-        from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 
         stack = ExitStack()
         handle_cls = _flat_param.FlatParamHandle
@@ -343,6 +344,7 @@ class FSDP1Recorder(EventLog):
 
 @functools.cache
 def _forward_state() -> Any:
+    # lazy: private torch API, looked up at use
     from torch.distributed.fsdp._common_utils import HandleTrainingState
 
     return HandleTrainingState.FORWARD

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
@@ -92,7 +93,10 @@ class FSDP2Recorder(EventLog):
         self._reducing: Any = None  # the group inside foreach_reduce
 
     def __enter__(self) -> FSDP2Recorder:
+        # lazy: private torch API, looked up at use
         from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+
+        # lazy: private torch API, looked up at use
         from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
         group_cls = pg_mod.FSDPParamGroup
@@ -383,8 +387,6 @@ def _placement(p: Any) -> str:
 
 
 def _orig_class(module: nn.Module) -> str:
-    from torch.distributed.fsdp import FSDPModule
-
     if not isinstance(module, FSDPModule):
         return type(module).__name__
     for cls in type(module).__mro__[1:]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_mod
 from torch.utils.hooks import RemovableHandle
 
 from fsdpviz.schema.report import ModuleEventKind
@@ -104,8 +105,6 @@ class ModuleEventRecorder:
         self.t0_ns = 0
 
     def __enter__(self) -> ModuleEventRecorder:
-        from torch.nn.modules import module as module_mod
-
         names = self._names
         append = self._events.append
         now = time.perf_counter_ns

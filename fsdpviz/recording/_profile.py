@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fsdpviz.recording._diff import align
 from fsdpviz.recording._profile_fsdp2 import KINDS as FSDP2_KINDS
 from fsdpviz.recording._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
 from fsdpviz.schema.config import ReportConfig
@@ -201,7 +202,6 @@ def _first(item: tuple[float, int, _Found | None]) -> tuple[float, int]:
 
 def _name(events: list[Event], reference: list[Event]) -> list[Event]:
     """Give ``events`` the unit names of the ``reference`` events they align with."""
-    from fsdpviz.recording._diff import align
 
     def shape(e: Event) -> Event:
         return Event(e.kind, "", e.phase, e.prefetch, e.hook, "")

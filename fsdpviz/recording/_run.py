@@ -16,9 +16,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
 from fsdpviz.recording._fsdp1 import FSDP1Recorder
+from fsdpviz.recording._fsdp2 import FSDP2Recorder
 from fsdpviz.recording._modules import ModuleEventRecorder
 from fsdpviz.recording._recorded import rank_report
 from fsdpviz.recording._writer import (
@@ -55,14 +58,10 @@ class ScheduleRecorder(Protocol):
 
 def schedule_recorder(model: nn.Module) -> tuple[str, ScheduleRecorder]:
     """The FSDP flavour ``model`` is wrapped in and a timestamping recorder for it."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
     modules = list(model.modules())
     if any(isinstance(m, FullyShardedDataParallel) for m in modules):
         return "FSDP1", FSDP1Recorder(model, timestamps=True)
     if any(isinstance(m, FSDPModule) for m in modules):
-        from fsdpviz.recording._fsdp2 import FSDP2Recorder
-
         return "FSDP2", FSDP2Recorder(model, timestamps=True)
     raise TypeError(
         f"fsdpviz.record needs an FSDP model; {type(model).__name__} contains no "
@@ -72,8 +71,6 @@ def schedule_recorder(model: nn.Module) -> tuple[str, ScheduleRecorder]:
 
 
 def _dist_info() -> tuple[int, int, str | None]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
     return 0, 1, None
@@ -183,8 +180,6 @@ class RunRecorder:
 
     def _gather(self) -> None:
         """Send every rank's files to rank 0, which writes them into its ``out_dir``."""
-        import torch.distributed as dist
-
         if self.world_size == 1:
             return
         payload = read_all(self.out_dir, self.rank)

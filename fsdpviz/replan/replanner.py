@@ -34,20 +34,22 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 from fsdpviz._deferred_gc import answering
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
+from fsdpviz.replan.hook_replay import replay
+from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
+from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
+from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import check_model
-
-if TYPE_CHECKING:
-    from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
-    from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
 __all__ = [
     "BACKWARD_PREFETCH",
@@ -238,8 +240,6 @@ class Replanner:
 
     def _replay(self, opts: PlanOptions) -> tuple[Report, PlanPath] | None:
         """Replay a profiled report that differs only in what replays exactly."""
-        from fsdpviz.replan.hook_replay import replay
-
         fields, keys = _REPLAYABLE[opts.recipe]
         for other, report in reversed(self._cache.items()):
             if report.profile is None or report.config.replayed or report.config.tp_world_size:
@@ -253,9 +253,6 @@ class Replanner:
 
     def _stored_trace(self, opts: PlanOptions) -> StoredTrace1 | StoredTrace2 | None:
         """The stored trace the recipe's plans come from (made now if this is the first)."""
-        from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
-        from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
-
         kwargs = self.fsdp_kwargs(opts)
         refused = (
             "mixed_precision", "ignored_modules", "ignored_states", "mp_policy", "parallelize_plan",
@@ -284,9 +281,6 @@ class Replanner:
 
     def fsdp_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
         """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""
-        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
         if opts.sharding_strategy not in SHARDING_STRATEGIES:
             raise ConfigError(
                 f"unknown sharding strategy {opts.sharding_strategy!r}; "
@@ -337,6 +331,4 @@ class Replanner:
 
     def _analyze(self, opts: PlanOptions) -> Report:
         """The engine call; a faster path plugs in here."""
-        from fsdpviz.schedule.predict import analyze
-
         return analyze(self.model, self.inputs, **self.fsdp_kwargs(opts))

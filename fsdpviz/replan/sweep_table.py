@@ -24,6 +24,7 @@ from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
+from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.extensions import show_method
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.tables import dataframe
@@ -192,8 +193,6 @@ def sweep(
 
 
 def _analyze(model: nn.Module, inputs: Any, kw: dict[str, Any], machine: Machine | str) -> Report:
-    from fsdpviz.schedule.predict import analyze
-
     kw = {"progress": False, "machine": machine, **kw}
     return analyze(model, inputs, **kw)
 

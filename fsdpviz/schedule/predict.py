@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
 from torch import nn
 
+from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.pipeline import wants_pipeline
+from fsdpviz.schedule.fsdp1 import analyze_fsdp1
+from fsdpviz.schedule.fsdp2 import analyze_fsdp2
+from fsdpviz.schedule.pipeline import analyze_pipeline
 from fsdpviz.schema.extensions import report_method
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.checkpointing import describe_checkpointing
+from fsdpviz.trace.copy import check_model
+from fsdpviz.trace.tracker import USE_CACHE_CODE
 
 
 def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
@@ -55,26 +66,16 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         )
         report.to_dict()["forward_order"]
     """
-    from fsdpviz.plan.fsdp2_applied import fsdp2_states
-    from fsdpviz.plan.pipeline import wants_pipeline
-    from fsdpviz.trace.copy import check_model
-
     check_model(model)
     asked = dict(fsdp_kwargs)
     given = fsdp_kwargs.pop("machine", None)
     # the cost model (a layer above) checks and answers for the machine
     machine = None if given is None else report_method("machine_spec")(given)
     if wants_pipeline(fsdp_kwargs):
-        from fsdpviz.schedule.pipeline import analyze_pipeline
-
         report = analyze_pipeline(model, inputs, **fsdp_kwargs)
     elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
-        from fsdpviz.schedule.fsdp2 import analyze_fsdp2
-
         report = analyze_fsdp2(model, inputs, **fsdp_kwargs)
     else:
-        from fsdpviz.schedule.fsdp1 import analyze_fsdp1
-
         report = analyze_fsdp1(model, inputs, **fsdp_kwargs)
     if machine is not None:
         report.config = report.config.replace(machine=machine)
@@ -86,8 +87,6 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
 
 def _state_checkpointing(report: Report, model: nn.Module, spec: Any) -> None:
     """``report.config.activation_checkpointing``: what runs under checkpointing."""
-    from fsdpviz.trace.checkpointing import describe_checkpointing
-
     if report.source != "prediction":
         return
     said = describe_checkpointing(model, spec)
@@ -98,12 +97,6 @@ def _state_checkpointing(report: Report, model: nn.Module, spec: Any) -> None:
 def _measure_cache(report: Report, model: nn.Module, inputs: Any, asked: dict[str, Any]) -> None:
     """The KV cache a model keeps under checkpointing (the tracker's warning): plan the same
     step with ``use_cache=False`` and state the bytes that takes off the peak."""
-    import dataclasses
-    import inspect
-
-    from fsdpviz.schema.memory import size_text
-    from fsdpviz.trace.tracker import USE_CACHE_CODE
-
     at = next((i for i, w in enumerate(report.warnings) if w.code == USE_CACHE_CODE), None)
     if at is None or report.profile is None:
         return
