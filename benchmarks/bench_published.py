@@ -28,8 +28,8 @@ Sources:
   shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
   compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
   accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
-  tokens/s of all GPUs, divided here per GPU; peak allocated memory). Its runs without FSDP
-  (one GPU, tensor parallelism alone) and with pipeline parallelism are left out;
+  tokens/s of all GPUs, divided here per GPU; peak allocated memory; its nodes' 4 GPUs
+  linked point to point, without NVSwitch). Its runs with pipeline parallelism are left out;
 - IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
   compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
   H100 with 800 Gb/s per node);
@@ -222,14 +222,24 @@ ROWS = [
         compile=True, float8="tensorwise+ag", memory_gib=47.96),
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
         compile=True, float8="tensorwise+ag", memory_gib=46.97),
-    # KempnerForge on nodes of 4 H200 (NVLink inside, InfiniBand NDR across): FSDP2 with bf16
+    # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
+    # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
     # accumulation with set_requires_gradient_sync(False); peak allocated memory; the H200
     # preset is calibrated on the 7B FSDP=4 run (one node)
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 38983 / 4, CAL, 2,
         compile=True, memory_gib=61.1, **_KF),
+    # ... its runs with tensor parallelism alone and on one GPU: FSDP2 over a dp_shard
+    # dimension of one rank all the same (kempnerforge/distributed/setup.py keeps dp_shard in
+    # the mesh when tp > 1, and makes a mesh of it alone when every degree is 1)
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 2, 4, 4096, "full", 13163 / 2, VAL, 2,
+        compile=True, tp=2, memory_gib=57.8, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 25135 / 4, VAL, 2,
+        compile=True, tp=4, memory_gib=39.4, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 2, 2, 4096, "full", 18728 / 2, VAL, 4,
         compile=True, memory_gib=62.4, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 1, 2, 4096, "full", 10471, VAL, 4,
+        compile=True, memory_gib=80.7, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 25980 / 4, VAL, 2,
         compile=True, tp=2, memory_gib=45.9, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 8, 4, 4096, "full", 44299 / 8, VAL, 2,
