@@ -124,7 +124,8 @@ def per_projection_plan() -> dict[str, Any]:
     stays replicated and its output becomes a replicated DTensor."""
     from torch.distributed.tensor.parallel import PrepareModuleOutput
 
-    colwise, rowwise = ColwiseParallel(input_layouts=Shard(1)), RowwiseParallel(output_layouts=Shard(1))
+    colwise = ColwiseParallel(input_layouts=Shard(1))
+    rowwise = RowwiseParallel(output_layouts=Shard(1))
     block = {
         "attention_norm": SequenceParallel(), "attention.wq": colwise, "attention.wk": colwise,
         "attention.wv": colwise, "attention.wo": rowwise, "ffn_norm": SequenceParallel(),
