@@ -28,8 +28,8 @@ Sources:
   shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
   compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
   accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
-  tokens/s of all GPUs, divided here per GPU; peak allocated memory). Its runs without FSDP
-  (one GPU, tensor parallelism alone) and with pipeline parallelism are left out;
+  tokens/s of all GPUs, divided here per GPU; peak allocated memory; its nodes' 4 GPUs
+  linked point to point, without NVSwitch). Its runs with pipeline parallelism are left out;
 - IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
   compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
   H100 with 800 Gb/s per node);
@@ -100,6 +100,8 @@ class Row:
     tp: int = 1  # tensor-parallel degree (inside a node), FSDP over the rest
     inter_node_gbps: float | None = None  # network per GPU where no preset fits (GB/s)
     cp: int = 1  # context-parallel degree: FSDP shards over dp_shard x cp
+    # the node's GPUs linked point to point, not through a switch (Machine.intra_node_mesh)
+    intra_node_mesh: bool = False
     # what the source's memory figure is: the caching allocator's peak reserved bytes
     # (torch.cuda.max_memory_reserved, torchtitan's "memory") or its peak allocated ones
     memory: str = "reserved"
@@ -168,7 +170,8 @@ TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 FMS = "fms-fsdp IBM (2024)"
 KEMPNER = "KempnerForge H200 (Apr 2026)"
 KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
-_KF: dict[str, Any] = {"memory": "allocated", "gpus_per_node": 4, "no_sync": True}
+_KF: dict[str, Any] = {"memory": "allocated", "gpus_per_node": 4, "no_sync": True,
+                       "intra_node_mesh": True}  # fmt: skip
 FOUNDRY = "llm-foundry MPT"
 CAL, VAL = "calibration", "validation"
 
@@ -219,14 +222,24 @@ ROWS = [
         compile=True, float8="tensorwise+ag", memory_gib=47.96),
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
         compile=True, float8="tensorwise+ag", memory_gib=46.97),
-    # KempnerForge on nodes of 4 H200 (NVLink inside, InfiniBand NDR across): FSDP2 with bf16
+    # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
+    # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
     # accumulation with set_requires_gradient_sync(False); peak allocated memory; the H200
     # preset is calibrated on the 7B FSDP=4 run (one node)
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 38983 / 4, CAL, 2,
         compile=True, memory_gib=61.1, **_KF),
+    # ... its runs with tensor parallelism alone and on one GPU: FSDP2 over a dp_shard
+    # dimension of one rank all the same (kempnerforge/distributed/setup.py keeps dp_shard in
+    # the mesh when tp > 1, and makes a mesh of it alone when every degree is 1)
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 2, 4, 4096, "full", 13163 / 2, VAL, 2,
+        compile=True, tp=2, memory_gib=57.8, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 25135 / 4, VAL, 2,
+        compile=True, tp=4, memory_gib=39.4, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 2, 2, 4096, "full", 18728 / 2, VAL, 4,
         compile=True, memory_gib=62.4, **_KF),
+    Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 1, 2, 4096, "full", 10471, VAL, 4,
+        compile=True, memory_gib=80.7, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 4, 4, 4096, "full", 25980 / 4, VAL, 2,
         compile=True, tp=2, memory_gib=45.9, **_KF),
     Row(KEMPNER, "kempner:7B", "h200", "nvlink4+ib-ndr", 8, 4, 4096, "full", 44299 / 8, VAL, 2,
@@ -462,12 +475,47 @@ class _BF16CrossEntropy:
         return out
 
 
+def kempner_tp_plan() -> dict[str, Any]:
+    """KempnerForge's ``apply_tensor_parallel`` (``kempnerforge/distributed/tensor_parallel.py``
+    at the benchmarks' commit) on this model's module names: sequence-parallel norms; each
+    projection its own style, so q, k, v (and the MLP's gate and up) each all-gather the
+    norm's sequence-sharded output (``ColwiseParallel(input_layouts=Shard(1))``, no
+    ``PrepareModuleInput`` gathering it once for the block as torchtitan's plan does) and
+    each reduce-scatters its gradient; the token embedding replicated, its output made a
+    replicated DTensor (its forward hook's ``DTensor.from_local``, as ``PrepareModuleOutput``
+    does); the output head column-wise with the logits gathered for the loss."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    colwise = ColwiseParallel(input_layouts=Shard(1))
+    rowwise = RowwiseParallel(output_layouts=Shard(1))
+    block = {
+        "attention_norm": SequenceParallel(), "attention.wq": colwise,
+        "attention.wk": colwise, "attention.wv": colwise, "attention.wo": rowwise,
+        "ffn_norm": SequenceParallel(), "feed_forward.w1": colwise,
+        "feed_forward.w3": colwise, "feed_forward.w2": rowwise,
+    }  # fmt: skip
+    return {
+        "tok_embeddings": PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False
+        ),
+        **{f"layers.*.{k}": v for k, v in block.items()},
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+
+
 def _kempner(row: Row, size: str) -> _Recipe:
     """KempnerForge: a Llama-3 of bf16 parameters (``model.to(bfloat16)``), each block and
     then the root sharded with FSDP2 (``reshard_after_forward=True``, bf16 compute, fp32
     reduction), every block checkpointed, torch.compile on the whole model, gradient
-    accumulation with ``set_requires_gradient_sync(False)``; with tp, torchtitan's sequence
-    parallel plan with the logits gathered for the loss."""
+    accumulation with ``set_requires_gradient_sync(False)``; with tp, its own plan
+    (:func:`kempner_tp_plan`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     with torch.device("meta"):
@@ -478,7 +526,7 @@ def _kempner(row: Row, size: str) -> _Recipe:
     ranks: dict[str, Any] = {"world_size": row.gpus}
     if row.tp > 1:
         ranks = {"mesh": ("dp_shard", row.gpus // row.tp, "tp", row.tp),
-                 "parallelize_plan": titan.tp_plan(loss_parallel=False)}  # fmt: skip
+                 "parallelize_plan": kempner_tp_plan()}  # fmt: skip
     kwargs: dict[str, Any] = dict(
         loss=_BF16CrossEntropy(labels),
         fully_shard=blocks,
@@ -576,6 +624,8 @@ def row_machine(row: Row, base: Machine | None = None) -> Machine:
         m = replace(m, inter_node_gbps=row.inter_node_gbps)
     if row.gpus_per_node != m.gpus_per_node:
         m = replace(m, gpus_per_node=row.gpus_per_node)
+    if row.intra_node_mesh:
+        m = replace(m, intra_node_mesh=True)
     return m
 
 

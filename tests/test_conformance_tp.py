@@ -122,6 +122,55 @@ def test_tensor_parallel_collectives_of_torchtitans_plan() -> None:
     assert report.config.world_size == 4 and report.config.shard_world_size == 2
 
 
+def test_a_plan_without_prepare_module_input_matches_dtensor(fake_pg: int) -> None:
+    """Each projection its own ``ColwiseParallel(input_layouts=Shard(1))``: q, k, v (and the
+    MLP's w1, w3) each all-gather the norm's sequence-sharded output in forward and each
+    reduce-scatter its gradient in backward; the replicated embedding output's chunk for the
+    first norm all-gathers its gradient back. Compared with what DTensor issues on the fake
+    process group, in order, kind and bytes; one collective is not modelled: DTensor's own
+    redistribution of that replicated output in the first block's residual add (a chunk in
+    forward, so an all-gather of its gradient in backward)."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.Llama()
+    parallelize_module(model, mesh["tp"], tp_models.per_projection_plan())
+    tp_models.rewrap_block_outputs(model, mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with _tp_collectives() as seen:
+        for _ in range(2):
+            model(tp_models.tokens()).sum().backward()
+    real = seen[len(seen) // 2 :]
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        mesh=("dp", 2, "tp", 2), parallelize_plan=tp_models.per_projection_plan(),
+        progress=False,
+    )  # fmt: skip
+    steady = [e for e in report.iterations[1] if e.tensor_parallel]
+    activation = 2 * 8 * 16 * 4  # batch x sequence x dim, float32
+    residual = ["tp_all_gather", activation]  # before the root's norm.weight all-reduce
+    assert real[-2] == residual and real[-1][0] == "tp_all_reduce"
+    assert [[e.kind, e.nbytes] for e in steady] == real[:-2] + real[-1:]
+    first = [(e.kind, e.module, e.phase) for e in steady if e.unit == "layers.0"]
+    assert first[:7] == [
+        ("tp_all_gather", "layers.0.attention.wq", "forward"),
+        ("tp_all_gather", "layers.0.attention.wk", "forward"),
+        ("tp_all_gather", "layers.0.attention.wv", "forward"),
+        ("tp_reduce_scatter", "layers.0.attention.wo", "forward"),
+        ("tp_all_gather", "layers.0.feed_forward.w1", "forward"),
+        ("tp_all_gather", "layers.0.feed_forward.w3", "forward"),
+        ("tp_reduce_scatter", "layers.0.feed_forward.w2", "forward"),
+    ]
+    assert ("tp_all_gather", "layers.0.attention_norm", "backward") in first
+
+
 def test_tensor_parallel_option_errors() -> None:
     model, ids = tp_models.Llama(), tp_models.tokens()
     plan = tp_models.whole_plan()

@@ -66,6 +66,53 @@ def test_all_reduce_across_many_nodes_takes_the_tree_when_latency_bound() -> Non
     assert small < ring
 
 
+def test_point_to_point_links_give_two_of_four_gpus_a_third_of_nvlink() -> None:
+    """4 H200 on an HGX board, each GPU's 18 NVLinks split 6 to each of the other three (no
+    NVSwitch): a ring of two reaches only its pair's links, a third of a GPU's bandwidth, a
+    ring of three two thirds, of four all of it; through a switch any group gets all of it.
+    A ring with one rank per node crosses no link inside; a send to a peer uses one pair's."""
+    from dataclasses import replace
+
+    mesh = machine("h200", network="nvlink4+ib-ndr", gpus_per_node=4, intra_node_mesh=True,
+                   comm_efficiency=1.0)  # fmt: skip
+    switched = replace(mesh, intra_node_mesh=False)
+    size = 1e9
+    assert [mesh.intra_gbps(k) for k in (1, 2, 3, 4)] == [450.0, 150.0, 300.0, 450.0]
+    two = mesh.collective_seconds("all_gather", size, 2)
+    assert two == pytest.approx(10e-6 + 1e-6 + 1 / 2 * size / (150 * GB))
+    assert switched.collective_seconds("all_gather", size, 2) == pytest.approx(
+        10e-6 + 1e-6 + 1 / 2 * size / (450 * GB)
+    )
+    assert mesh.collective_seconds("reduce_scatter", size, 4) == pytest.approx(
+        switched.collective_seconds("reduce_scatter", size, 4)
+    )
+    assert mesh.collective_seconds("all_reduce", size, 3) == pytest.approx(
+        10e-6 + 4e-6 + 2 * 2 / 3 * size / (300 * GB)
+    )
+    # FSDP 8 x TP 4: each dp group has one rank in each node, the network carries it
+    dp = span_of([("dp_shard", 8), ("tp", 4)], 0, 4)
+    assert mesh.collective_seconds("all_gather", size, 8, dp) == pytest.approx(
+        switched.collective_seconds("all_gather", size, 8, dp)
+    )
+    assert mesh.p2p_seconds(size, False) == pytest.approx(11e-6 + size / (150 * GB))
+    assert mesh.p2p_seconds(size, True) == switched.p2p_seconds(size, True)
+    # FSDP 2 x TP 2 on one such node: every tp collective at a pair's bandwidth
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        mesh=("dp_shard", 2, "tp", 2), parallelize_plan=tp_models.whole_plan(), progress=False,
+    )  # fmt: skip
+    events = report.iterations[-1]
+    tp = [r for r in timeline(report, mesh).events if r["kind"].startswith("tp_")]
+    assert tp
+    for r in tp:
+        kind = events[r["index"]].kind.removeprefix("tp_")
+        nbytes = float(events[r["index"]].nbytes or 0)
+        passes = 2 if kind == "all_reduce" else 1
+        expected = 10e-6 + passes * 1e-6 + passes * nbytes / 2 / (150 * GB)
+        assert r["end"] - r["start"] == pytest.approx(expected)
+
+
 def _hsdp_report(api: str) -> fsdpviz.Report:
     ids = example_inputs(SMALL, batch=2, seq=64)
     if api == "FSDP2":

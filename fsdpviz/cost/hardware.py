@@ -37,11 +37,14 @@ size; each rank sends and receives ``(N - 1) / N * S``)::
 The ranks sit on nodes as the mesh lays them out (:mod:`fsdpviz.cost.topology`: a
 :class:`~fsdpviz.cost.topology.Span`; without one, ``N`` consecutive ranks). A ring is as
 fast as the slowest link it crosses: inside one node ``busbw`` is ``intra_node_gbps``
-(GB/s per GPU: NVLink through NVSwitch, or PCIe); a ring that crosses nodes leaves each
+(GB/s per GPU: NVLink through NVSwitch, or PCIe), or, where the node's GPUs are linked
+point to point (``intra_node_mesh=True``: 4-GPU HGX boards, NVLink bridges), the share of
+it the links among the group's ``k`` GPUs in the node carry, ``(k - 1) / (gpus_per_node -
+1)`` (:meth:`Machine.intra_gbps`); a ring that crosses nodes leaves each
 node through its network cards (``inter_node_gbps`` per GPU, ``gpus_per_node`` of them),
 which the groups of that mesh dimension with ranks in the node share (``sharing``: the
 replicate groups of HSDP, one per shard rank, run their all-reduces at the same time), so
-``busbw = min(intra_node_gbps, gpus_per_node * inter_node_gbps / sharing)``; times
+``busbw = min(intra, gpus_per_node * inter_node_gbps / sharing)``; times
 ``comm_efficiency``. ``step`` is ``intra_node_latency_us`` inside a node, else
 ``inter_node_latency_us`` (a ring step waits for its slowest hop); an all-reduce across
 nodes takes NCCL's tree where its latency is lower (``2 (ceil(log2 nodes) *
@@ -95,6 +98,9 @@ class Machine:
     # cores, tflops["tfloat32"]); None: the report's setting (what analyze saw)
     float32_matmul_precision: str | None = None
     compiled_launch_us: float = 4.0  # CPU time to launch one kernel of a torch.compile'd graph
+    # the GPUs of a node linked point to point, each pair by an equal share of a GPU's links
+    # (no switch: NVIDIA's 4-GPU HGX boards, NVLink bridges): see intra_gbps
+    intra_node_mesh: bool = False
 
     def peak_flops(self, dtype: str | None) -> float:
         """Dense peak FLOP/s in ``dtype`` (``"bfloat16"``, ...); float32 on TF32 tensor cores
@@ -134,6 +140,19 @@ class Machine:
         """Seconds to read and write ``nbytes`` of device memory."""
         return nbytes / (self.hbm_gbps * 1e9 * self.memory_efficiency) if nbytes > 0 else 0.0
 
+    def intra_gbps(self, ranks: int) -> float:
+        """The per-GPU bandwidth inside a node of a ring over ``ranks`` of its GPUs (GB/s):
+        ``intra_node_gbps`` through a switch (NVSwitch); over point-to-point links
+        (``intra_node_mesh``) a GPU reaches its peers in the group only through the links it
+        has to each, ``intra_node_gbps / (gpus_per_node - 1)`` a peer, so the ring gets
+        ``(ranks - 1) / (gpus_per_node - 1)`` of it: a third for two of four H200 on an HGX
+        board (6 of each GPU's 18 NVLinks join a pair), all of it for the four. A single
+        rank in the node crosses no link inside it (``intra_node_gbps``)."""
+        n = self.gpus_per_node
+        if not self.intra_node_mesh or ranks <= 1 or ranks >= n:
+            return self.intra_node_gbps
+        return self.intra_node_gbps * (ranks - 1) / (n - 1)
+
     def collective_seconds(
         self, kind: str, nbytes: float, ranks: int, span: Span | None = None
     ) -> float:
@@ -144,13 +163,14 @@ class Machine:
         where = span if span is not None and span.ranks == ranks else None
         where = where or consecutive(ranks, self.gpus_per_node)
         passes = 2 if kind == "all_reduce" else 1
+        inside = self.intra_gbps(where.per_node)
         if not where.across_nodes:
-            gbps, latency = self.intra_node_gbps, passes * (ranks - 1) * self.intra_node_latency_us
+            gbps, latency = inside, passes * (ranks - 1) * self.intra_node_latency_us
         else:
             # the ring leaves each node through its network cards, shared by the groups of
             # this mesh dimension that cross the node at the same time; NVLink inside
             cards = self.gpus_per_node * self.inter_node_gbps / max(1, where.sharing)
-            gbps = min(self.intra_node_gbps, cards)
+            gbps = min(inside, cards)
             latency = passes * (ranks - 1) * self.inter_node_latency_us
             if kind == "all_reduce":  # NCCL's tree, where its latency is lower
                 tree = 2 * (
@@ -170,7 +190,7 @@ class Machine:
         their gradients): NVLink inside a node, the GPU's own network card across nodes."""
         if nbytes <= 0:
             return 0.0
-        gbps = self.inter_node_gbps if across_nodes else self.intra_node_gbps
+        gbps = self.inter_node_gbps if across_nodes else self.intra_gbps(2)
         latency = self.inter_node_latency_us if across_nodes else self.intra_node_latency_us
         return (self.collective_base_us + latency) * 1e-6 + nbytes / (
             gbps * 1e9 * self.comm_efficiency
@@ -184,10 +204,10 @@ class Machine:
         if nbytes <= 0 or span is None or span.ranks <= 1:
             return 0.0
         if span.across_nodes:
-            gbps = min(self.intra_node_gbps, self.inter_node_gbps)
+            gbps = min(self.intra_gbps(2), self.inter_node_gbps)
             latency = self.inter_node_latency_us
-        else:
-            gbps, latency = self.intra_node_gbps, self.intra_node_latency_us
+        else:  # each rank sends to one peer: the links of one pair
+            gbps, latency = self.intra_gbps(2), self.intra_node_latency_us
         return (
             self.collective_base_us * 1e-6
             + latency * 1e-6

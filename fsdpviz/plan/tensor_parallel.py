@@ -66,6 +66,11 @@ def layout_name(layout: Layout) -> str:
     return f"Shard({dim})" if kind == "shard" else f"{kind.capitalize()}()"
 
 
+def same_layout(a: Layout, b: Layout, ndim: int) -> bool:
+    """Whether a tensor of ``ndim`` dims in ``a`` is already in ``b`` (no redistribution)."""
+    return _same(a, b, ndim)
+
+
 def _same(a: Layout, b: Layout, ndim: int) -> bool:
     if a[0] == b[0] == "shard" and a[1] is not None and b[1] is not None:
         return a[1] % ndim == b[1] % ndim
@@ -330,7 +335,12 @@ def _prepare_output(fqn: str, name: str, style: Any) -> TPModule:
         src, dst = layout_of(a), layout_of(b)
         if src is not None and dst is not None:
             outputs.append(Redistribution(src, dst, dst, i))
-    return TPModule(fqn, name, outputs=tuple(outputs), local_output=bool(style.use_local_output))
+    # use_local_output=False: the (first) output stays a DTensor in its desired layout
+    kept = outputs[0].dst if outputs and outputs[0].position == 0 else None
+    return TPModule(
+        fqn, name, outputs=tuple(outputs), local_output=bool(style.use_local_output),
+        output_layout=kept,
+    )  # fmt: skip
 
 
 # ------------------------------------------------- an already parallelised model

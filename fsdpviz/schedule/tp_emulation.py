@@ -36,6 +36,7 @@ from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     backward_collective,
     collective,
+    same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.probe import CostProbe, TPShares
@@ -140,10 +141,22 @@ class TPEmulation:
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
-        entry = self._dtensors.get(id(t))
-        if entry is None or entry[0]() is not t:
-            return None
-        return entry[1]
+        """The layout ``t`` was left in as a DTensor, also through aliases of it (the same
+        shape and strides: what an autograd function returning its input gives, as FSDP's
+        pre-forward hook of the next module does)."""
+        while True:
+            entry = self._dtensors.get(id(t))
+            if entry is not None and entry[0]() is t:
+                return entry[1]
+            base = t._base
+            if (
+                base is None
+                or base.shape != t.shape
+                or base.stride() != t.stride()
+                or base.storage_offset() != t.storage_offset()
+            ):
+                return None
+            t = base
 
     def _remember(self, t: Any, layout: Layout | None) -> None:
         if isinstance(t, torch.Tensor) and layout is not None:
@@ -163,10 +176,10 @@ class TPEmulation:
         if forward is not None:
             self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", nbytes)
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
-        # only through the redistribution (if any)
-        back = (
-            backward_collective(r.grad, src, ndim) if known is None or forward is not None else None
-        )
+        # only through the redistribution (if any: one that moves nothing forward, as
+        # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
+        moved = known is None or not same_layout(src, r.dst, ndim)
+        back = backward_collective(r.grad, src, ndim) if moved else None
         copy = self._buffer(forward, src, r.dst, ndim)
         if back is None or not (t.requires_grad and torch.is_grad_enabled()):
             return t if copy is None else copy(t)
