@@ -74,7 +74,7 @@ from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStr
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-from fsdpviz.configs import torchtitan as titan
+from fsdpviz.configs import torchtitan_model as titan
 from fsdpviz.cost import GPUS, Machine, machine, timeline
 from fsdpviz.replan import replay
 

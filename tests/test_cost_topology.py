@@ -183,3 +183,14 @@ def test_fsdp_x_tp_all_gathers_cross_nodes_with_tp_inside() -> None:
         kind = events[r["index"]].kind.removeprefix("tp_")
         nbytes = float(events[r["index"]].nbytes or 0)
         assert r["end"] - r["start"] == pytest.approx(m.collective_seconds(kind, nbytes, 2))
+
+
+def test_mi300x_infinity_fabric_joins_each_pair_directly() -> None:
+    """MI300X's eight GPUs are joined pair by pair by Infinity Fabric (7 links of 64 GB/s), no
+    switch: a ring of two of them gets one link, of all eight every link; an NVLink network
+    named on it goes back through a switch."""
+    mi = machine("mi300x")
+    assert mi.intra_node_mesh
+    assert [mi.intra_gbps(k) for k in (2, 4, 8)] == [64.0, 192.0, 448.0]
+    assert not machine("mi300x", network="nvlink4").intra_node_mesh
+    assert not machine("h100").intra_node_mesh

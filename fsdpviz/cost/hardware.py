@@ -358,6 +358,9 @@ INTRA_NODE = {
     "pcie5": 64.0,
     "pcie4": 32.0,
 }
+# intra-node links that join each pair of GPUs directly, without a switch
+# (Machine.intra_node_mesh): MI300X's Infinity Fabric
+POINT_TO_POINT = frozenset({"xgmi"})
 INTER_NODE = {
     "ib-ndr": 50.0,  # InfiniBand NDR, 400 Gb/s per GPU
     "ib-hdr": 25.0,  # InfiniBand HDR, 200 Gb/s per GPU
@@ -406,13 +409,15 @@ def machine(gpu: str | Machine = "h100", network: str | None = None, **overrides
 
 
 def _with_network(m: Machine, network: str) -> Machine:
-    intra, inter = m.intra_node_gbps, m.inter_node_gbps
+    intra, inter, mesh = m.intra_node_gbps, m.inter_node_gbps, m.intra_node_mesh
     for part in network.lower().split("+"):
         if part in INTRA_NODE:
-            intra = INTRA_NODE[part]
+            intra, mesh = INTRA_NODE[part], part in POINT_TO_POINT
         elif part in INTER_NODE:
             inter = INTER_NODE[part]
         else:
             known = ", ".join([*INTRA_NODE, *INTER_NODE])
             raise ConfigError(f"unknown network {part!r}; use {known} (joined by '+')")
-    return replace(m, intra_node_gbps=intra, inter_node_gbps=inter, network=network)
+    return replace(
+        m, intra_node_gbps=intra, inter_node_gbps=inter, intra_node_mesh=mesh, network=network
+    )
