@@ -87,7 +87,7 @@ def wants_pipeline(kwargs: dict[str, Any]) -> bool:
 def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The pipeline ranks of ``mesh=`` (its ``pp`` dimension, the outermost, as torchtitan's
     ``ParallelDims`` builds it) and ``kwargs`` with the mesh of the other dimensions."""
-    from fsdpviz.plan.fsdp2 import mesh_dims
+    from fsdpviz.plan.fsdp2_options import mesh_dims
 
     rest = dict(kwargs)
     sizes, names = mesh_dims(kwargs.get("mesh"), 4)

@@ -9,15 +9,10 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import (
-    FSDP2Options,
-    Group,
-    build_groups,
-    check_reshard_ints,
-    parse_fsdp2_options,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.cp_emulation import CPEmulation, shard_sequence

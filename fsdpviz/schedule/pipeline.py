@@ -40,15 +40,10 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz._gc import answering
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import (
-    FSDP2Options,
-    Group,
-    build_groups,
-    check_reshard_ints,
-    parse_fsdp2_options,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.pipeline import (
     PIPELINE_KEYS,
     PipelineOptions,

@@ -346,7 +346,7 @@ class SpaceBuilder:
         with the degree, so the global batch and the tokens per rank per step stay. A degree
         is tried where its batch is whole and torchtitan's default split and the schedule
         take it; the pairs a schedule refuses go to ``refused``, each with a note."""
-        from fsdpviz.plan.fsdp2 import mesh_dims
+        from fsdpviz.plan.fsdp2_options import mesh_dims
 
         sizes, names = mesh_dims(given["mesh"], 4)
         ranks = mesh_ranks(given["mesh"])
@@ -488,7 +488,7 @@ class SpaceBuilder:
         """The user's mesh with a context-parallel dimension, kept as given: the ranks that
         share each sequence are the job's, not a knob of tune's (its inputs are the whole
         sequences, its loss the share of each rank)."""
-        from fsdpviz.plan.fsdp2 import mesh_dims
+        from fsdpviz.plan.fsdp2_options import mesh_dims
 
         sizes, names = mesh_dims(given["mesh"], 4)
         ranks = mesh_ranks(given["mesh"])
@@ -649,7 +649,7 @@ def _reducing(samples: int, steps: int) -> Choice:
 def _tp_degree(given: Mapping[str, Any]) -> int:
     if "parallelize_plan" not in given or "mesh" not in given:
         return 1
-    from fsdpviz.plan.fsdp2 import mesh_dims
+    from fsdpviz.plan.fsdp2_options import mesh_dims
 
     sizes, _ = mesh_dims(given["mesh"], 3)
     return int(sizes[-1]) if sizes else 1
@@ -659,7 +659,7 @@ def _cp_degree(given: Mapping[str, Any]) -> int:
     """The context-parallel degree of the user's ``mesh=`` (1: none)."""
     if given.get("mesh") is None:
         return 1
-    from fsdpviz.plan.fsdp2 import context_parallel_mesh, mesh_dims
+    from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 
     sizes, names = mesh_dims(given["mesh"], 4)
     return context_parallel_mesh(sizes, names)[0]
@@ -668,7 +668,7 @@ def _cp_degree(given: Mapping[str, Any]) -> int:
 def _flat_mesh(mesh: Any) -> list[Any]:
     if mesh is None:
         return []
-    from fsdpviz.plan.fsdp2 import mesh_dims
+    from fsdpviz.plan.fsdp2_options import mesh_dims
 
     sizes, names = mesh_dims(mesh, 3)
     return [*names, *(sizes or ())]

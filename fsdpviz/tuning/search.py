@@ -253,7 +253,7 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: dict[str, Any])
                 f"give {ranks}"
             )
     elif mesh is not None:
-        from fsdpviz.plan.fsdp2 import mesh_dims
+        from fsdpviz.plan.fsdp2_options import mesh_dims
 
         dims, _ = mesh_dims(mesh, 3)
         ranks = math.prod(dims) if dims is not None else 0

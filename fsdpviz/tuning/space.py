@@ -447,7 +447,7 @@ def check_fixed(fixed: Mapping[str, Any], api: str) -> dict[str, Any]:
     """``fixed`` as analyze keywords; a knob's name pins its user value (``{"micro_batch":
     2}`` pins the samples per forward). Unknown names raise with a suggestion."""
     from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
-    from fsdpviz.plan.fsdp2 import FSDP2_KEYWORDS
+    from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
 
     known = set(FSDP2_KEYWORDS if api == "FSDP2" else FSDP1_KEYWORDS) | set(KNOBS)
     for key in fixed:
