@@ -75,7 +75,8 @@ from fsdpviz.cost.sizes import (
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, float8_weights
-from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, Unit
+from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
+from fsdpviz.schema.report import Report, Unit
 from fsdpviz.schema.timeline import Timeline
 
 _WAITS = ("pre_forward", "pre_backward")

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from fsdpviz.schema.config import Api, ReportConfig
-from fsdpviz.schema.report import Event
+from fsdpviz.schema.events import Event
 
 now_ns = time.perf_counter_ns
 

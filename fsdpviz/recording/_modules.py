@@ -5,7 +5,7 @@ module hooks that look the module up in a dict and append
 ``(perf_counter_ns, kind, fqn)`` to a list, and for backward one autograd
 node pre-hook per distinct node (no multi-grad hooks); consecutive modules,
 where one's output is the next one's input, share that node's hook. Events
-become :class:`~fsdpviz.schema.report.ModuleEvent` dicts only when
+become :class:`~fsdpviz.schema.events.ModuleEvent` dicts only when
 :meth:`ModuleEventRecorder.take` is called, at the end of an iteration.
 
 - ``forward_enter`` / ``forward_exit``: the module's forward starts / returns.
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from fsdpviz.schema.report import ModuleEventKind
+from fsdpviz.schema.events import ModuleEventKind
 
 KINDS: tuple[ModuleEventKind, ...] = (
     "forward_enter",

@@ -51,8 +51,9 @@ from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import Event, Report, Unit
+from fsdpviz.schema.report import Report, Unit
 
 REPLAYABLE = {
     "FSDP1": {

@@ -19,7 +19,8 @@ from fsdpviz.schedule.cp_emulation import CPEmulation, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
-from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.copy import (
     asked_of_originals,

@@ -58,9 +58,10 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.pipeline_order import parse_action, rank_actions
 from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile
 from fsdpviz.schedule.tp_emulation import TPEmulation
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.schema.report import Event, FsdpWarning, ModuleInfo, Report
+from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 from fsdpviz.trace.modules import module_infos, param_first_use
