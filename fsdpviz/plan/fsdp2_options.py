@@ -8,23 +8,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
 from fsdpviz.plan.tensor_parallel import TPPlan, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
 from fsdpviz.schema.report import dtype_name
-
-if TYPE_CHECKING:
-    from fsdpviz.plan.fsdp2_group import Group
-
 
 _KNOWN = {
     "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",

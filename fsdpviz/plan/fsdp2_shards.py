@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.tensor_parallel import layout_name, local_shape
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
-
-if TYPE_CHECKING:
-    from fsdpviz.plan.fsdp2_group import Group
-    from fsdpviz.plan.fsdp2_options import FSDP2Options
-
 
 # [Note: shard_placement_fn]
 # fully_shard(module, shard_placement_fn=fn) calls fn on each parameter of the call, the
