@@ -45,9 +45,8 @@ _PUBLIC = {
     "fsdpviz.schedule.comparison": ("Comparison", "compare"),
     "fsdpviz.schedule.predict": ("analyze",),
     "fsdpviz.schema.config": ("ReportConfig",),
-    "fsdpviz.schema.report": (
-        "Event", "FsdpWarning", "ModuleEvent", "ModuleInfo", "Report", "Unit",
-    ),
+    "fsdpviz.schema.events": ("Event", "ModuleEvent"),
+    "fsdpviz.schema.report": ("FsdpWarning", "ModuleInfo", "Report", "Unit"),
 }  # fmt: skip
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 # Subpackages reached as attributes (``fsdpviz.cost.machine(...)``) after ``import fsdpviz``.
@@ -91,7 +90,8 @@ if TYPE_CHECKING:
     from fsdpviz.schedule.comparison import Comparison, compare
     from fsdpviz.schedule.predict import analyze
     from fsdpviz.schema.config import ReportConfig
-    from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Unit
+    from fsdpviz.schema.events import Event, ModuleEvent
+    from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Unit
     from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
     from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 

@@ -157,7 +157,7 @@ def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[
 
 
 def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
-    from fsdpviz.plan.fsdp2 import mesh_dims  # lazy: loads torch
+    from fsdpviz.plan.fsdp2_options import mesh_dims
 
     sizes, _ = mesh_dims(kwargs["mesh"], 3)
     return [math.prod(sizes or (8,))]

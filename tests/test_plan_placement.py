@@ -20,7 +20,7 @@ import fsdpviz
 from fsdpviz.cost import timeline
 from fsdpviz.cost.hardware import machine
 from fsdpviz.cost.sizes import placed_bytes
-from fsdpviz.plan.fsdp2 import shard_shape, sharded_numel
+from fsdpviz.plan.fsdp2_shards import shard_shape, sharded_numel
 from fsdpviz.replan import replay
 from fsdpviz.replan.stored_fsdp2 import StoredTrace
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.report import Report
 
 
 @dataclass(frozen=True)

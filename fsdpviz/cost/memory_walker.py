@@ -8,8 +8,9 @@ import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import UnitBytes, Upcast
+from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, Moment
-from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, unit_label
+from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
@@ -54,7 +55,7 @@ class Walker:
 
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
     than 0 (:func:`~fsdpviz.cost.sizes.placed_grads`), and two temporaries of theirs (see
-    [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2.py``): the copy-out gathers each such
+    [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2_shards.py``): the copy-out gathers each such
     parameter into a temporary of its unsharded size before ``torch.cat`` puts its chunks in
     place (``UnitBytes.copy_out``, all alive at the copy-out); the reduction rebuilds each such
     gradient as ``torch.cat(torch.chunk(grad, W, dim), dim=0)``, one at a time (the loop

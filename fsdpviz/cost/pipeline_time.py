@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 from fsdpviz.schema.timeline import Timeline
 
 _ACTION = re.compile(r"(\d+)([FBIW])(\d+)")  # a stage's compute on a microbatch

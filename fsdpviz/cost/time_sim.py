@@ -32,7 +32,8 @@ from fsdpviz.cost.time_state import (
 )
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.plan.job import Float8, float8_weights
-from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, Report, Unit
+from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
+from fsdpviz.schema.report import Report, Unit
 
 _WAITS = ("pre_forward", "pre_backward")
 _ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch

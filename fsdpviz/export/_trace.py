@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz.cost.fit import DEFAULT_MACHINE
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.export._sources import ranks_of
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_placement import resolve_machine
 
 if TYPE_CHECKING:

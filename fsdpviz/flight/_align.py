@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fsdpviz.flight._dump import Collective, GroupInfo, Role
-from fsdpviz.schema.report import TP_KINDS, Event, Report, Unit
+from fsdpviz.schema.events import TP_KINDS, Event
+from fsdpviz.schema.report import Report, Unit
 
 __all__ = [
     "Alignment", "Departure", "Predicted", "Role", "align", "expected_streams", "guess_roles",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fsdpviz.schema.report import Hook
+from fsdpviz.schema.events import Hook
 
 __all__ = [
     "Collective", "DumpError", "Frame", "GroupInfo", "RankDump", "Role", "human_bytes",

@@ -33,7 +33,8 @@ from fsdpviz.flight._dump import (
 )
 from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
-from fsdpviz.schema.report import Event, Report, Unit
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report, Unit
 
 __all__ = ["FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder", "load_run"]
 

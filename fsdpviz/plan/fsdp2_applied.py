@@ -19,7 +19,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import FSDP2Options, Group, finalize_groups
+from fsdpviz.plan.fsdp2 import finalize_groups
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
 from fsdpviz.plan.torch_fsdp import installed

@@ -37,7 +37,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import mesh_dims
+from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from fsdpviz.recording._recorded import RecordedRun
-from fsdpviz.schema.report import CP_KINDS, TP_KINDS, Event, EventKind, Report, unit_label
+from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event, EventKind
+from fsdpviz.schema.report import Report, unit_label
 
 Status = Literal["equal", "differs", "extra", "missing"]
 _COMPARED = ("kind", "unit", "phase", "prefetch", "hook", "hook_unit")

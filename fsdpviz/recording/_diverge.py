@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 
 
 def module_path(report: Report, iteration: int, event: Event | None) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from fsdpviz.plan.torch_fsdp import installed
 from fsdpviz.schema.config import Api, ReportConfig
-from fsdpviz.schema.report import Event
+from fsdpviz.schema.events import Event
 
 now_ns = time.perf_counter_ns
 

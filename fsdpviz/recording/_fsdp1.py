@@ -37,7 +37,8 @@ from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 
 from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
-from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
+from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.report import Report, Unit, dtype_name
 
 
 def _patch(

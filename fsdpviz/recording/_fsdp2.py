@@ -35,7 +35,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
-from fsdpviz.schema.report import Event, Hook, Report, Unit, dtype_name
+from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.report import Report, Unit, dtype_name
 
 
 def _sharded(group: Any) -> bool:

@@ -5,7 +5,7 @@ module hooks that look the module up in a dict and append
 ``(perf_counter_ns, kind, fqn)`` to a list, and for backward one autograd
 node pre-hook per distinct node (no multi-grad hooks); consecutive modules,
 where one's output is the next one's input, share that node's hook. Events
-become :class:`~fsdpviz.schema.report.ModuleEvent` dicts only when
+become :class:`~fsdpviz.schema.events.ModuleEvent` dicts only when
 :meth:`ModuleEventRecorder.take` is called, at the end of an iteration.
 
 - ``forward_enter`` / ``forward_exit``: the module's forward starts / returns.
@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 from torch.utils.hooks import RemovableHandle
 
-from fsdpviz.schema.report import ModuleEventKind
+from fsdpviz.schema.events import ModuleEventKind
 
 KINDS: tuple[ModuleEventKind, ...] = (
     "forward_enter",

@@ -29,8 +29,9 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.recording._fsdp2 import FSDP2Recorder
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.report import Report
 
 _OPS = {  # the stage's p2p ops -> (kind, phase, torch's action name)
     "get_fwd_recv_ops": ("pp_recv", "forward", "RECV_F"),

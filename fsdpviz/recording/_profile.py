@@ -31,7 +31,8 @@ from fsdpviz.recording._diff import align
 from fsdpviz.recording._profile_fsdp2 import KINDS as FSDP2_KINDS
 from fsdpviz.recording._profile_fsdp2 import fsdp2_found, is_fsdp2_trace
 from fsdpviz.schema.config import ReportConfig
-from fsdpviz.schema.report import Event, EventKind, Hook, Phase, Report
+from fsdpviz.schema.events import Event, EventKind, Hook, Phase
+from fsdpviz.schema.report import Report
 
 _P = "FullyShardedDataParallel."
 FSDP1_HOOK_LABELS: dict[str, tuple[Hook, Phase, bool]] = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fsdpviz.schema.report import Hook
+from fsdpviz.schema.events import Hook
 
 _LABEL = re.compile(r"^FSDP::(?P<what>[a-z_]+)(?: \((?P<fqn>.*)\))?$")
 _PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch for (?P<fqn>.*)$")

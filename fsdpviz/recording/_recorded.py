@@ -10,8 +10,9 @@ from typing import Any, Literal
 from fsdpviz.recording._diverge import Divergence, find_divergence, module_path
 from fsdpviz.recording._writer import RankFiles, read_rank, recorded_ranks
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import run_method
-from fsdpviz.schema.report import SCHEMA_VERSION, Event, ModuleEvent, Report, Unit
+from fsdpviz.schema.report import SCHEMA_VERSION, Report, Unit
 
 _CONFIG_KEYS = ("api", "world_size", "rank", "backend", "started_unix")
 DIVERGE_TEXT = "first event where the ranks diverge"

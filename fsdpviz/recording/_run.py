@@ -32,7 +32,8 @@ from fsdpviz.recording._writer import (
     read_rank,
     write_all,
 )
-from fsdpviz.schema.report import SCHEMA_VERSION, Event, Report, Unit
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import SCHEMA_VERSION, Report, Unit
 
 
 class ScheduleRecorder(Protocol):

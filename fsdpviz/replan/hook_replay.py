@@ -38,18 +38,12 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
-from fsdpviz.plan.fsdp2 import (
-    Group,
-    check_even_shard,
-    check_reshard_ints,
-    mesh_dims,
-    prefetch_indices,
-    reshard_after_forward_of,
-    shard_shape,
-    sharded_numel,
-)
-from fsdpviz.plan.fsdp2 import dtype_fields as fsdp2_dtypes
-from fsdpviz.plan.fsdp2 import trainable_fields as fsdp2_trainable
+from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices, reshard_after_forward_of
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
+from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
+from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.torch_fsdp import torch_fsdp
@@ -57,8 +51,9 @@ from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import Event, Report, Unit
+from fsdpviz.schema.report import Report, Unit
 
 REPLAYABLE = {
     "FSDP1": {

@@ -44,7 +44,8 @@ from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step

@@ -35,15 +35,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import (
-    Group,
-    GroupMemo,
-    build_groups,
-    check_reshard_ints,
-    parse_fsdp2_options,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
 from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensors
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report

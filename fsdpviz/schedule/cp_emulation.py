@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import Group
+from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import owner_index
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention

@@ -20,8 +20,9 @@ from fsdpviz.schedule.autograd_order import (
 )
 from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.schema.report import Event, FsdpWarning, Report, Unit
+from fsdpviz.schema.report import FsdpWarning, Report, Unit
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.copy import (
     asked_of_originals,

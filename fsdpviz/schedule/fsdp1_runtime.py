@@ -23,7 +23,7 @@ from typing import Any
 from torch.distributed.fsdp import BackwardPrefetch
 
 from fsdpviz.plan.fsdp1 import NO_RESHARD_AFTER_FORWARD, RESHARD_AFTER_FORWARD, PlannedUnit
-from fsdpviz.schema.report import Event, Hook
+from fsdpviz.schema.events import Event, Hook
 
 
 class TrainingState(enum.Enum):

@@ -9,22 +9,18 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import (
-    FSDP2Options,
-    Group,
-    build_groups,
-    check_reshard_ints,
-    parse_fsdp2_options,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.cp_emulation import CPEmulation, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
-from fsdpviz.schema.report import Event, FsdpWarning, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.copy import (
     asked_of_originals,

@@ -19,7 +19,8 @@ from torch import nn
 from torch.autograd import Variable
 from torch.distributed.utils import _apply_to_tensors
 
-from fsdpviz.plan.fsdp2 import FSDP2Options, Group
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.torch_fsdp import grad_tensors, replace_grad_tensors
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 

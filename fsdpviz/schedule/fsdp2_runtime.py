@@ -17,9 +17,10 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from fsdpviz.plan.fsdp2 import Group, reshards
+from fsdpviz.plan.fsdp2 import reshards
+from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
-from fsdpviz.schema.report import Event, Hook
+from fsdpviz.schema.events import Event, Hook
 
 
 class TrainingState(enum.Enum):

@@ -37,8 +37,8 @@ from torch.utils._pytree import tree_leaves
 
 from fsdpviz._deferred_gc import answering
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import parse_fsdp2_options
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
+from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
 from fsdpviz.plan.pipeline import PIPELINE_KEYS, parse_pipeline_options, split_pipeline_mesh
 from fsdpviz.schedule.pipeline_order import rank_actions
 from fsdpviz.schedule.pipeline_report import all_modules, job_report, rank_report

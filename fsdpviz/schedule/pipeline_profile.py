@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
-from fsdpviz.schema.report import Event
 
 
 @dataclass

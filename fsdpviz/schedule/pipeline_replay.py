@@ -14,8 +14,8 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.pipeline_order import parse_action
 from fsdpviz.schedule.pipeline_profile import Call
 from fsdpviz.schedule.pipeline_trace import Log, StageTrace
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.pipeline import stage_root
-from fsdpviz.schema.report import Event
 
 
 class RankRun:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.plan.fsdp2 import FSDP2Options, Group
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions
 from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
 from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile

@@ -19,14 +19,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import (
-    FSDP2Options,
-    Group,
-    build_groups,
-    check_reshard_ints,
-    prefetch_indices,
-    resolve_targets,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices, resolve_targets
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation

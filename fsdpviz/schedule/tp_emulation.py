@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.plan.fsdp2 import Group
+from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.tensor_parallel import (
     PARTIAL,
     REPLICATE,

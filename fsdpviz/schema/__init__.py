@@ -4,8 +4,9 @@ Imports nothing of fsdpviz: every other package may import it.
 """
 
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import Event, FsdpWarning, ModuleEvent, ModuleInfo, Report, Unit
+from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Report, Unit
 
 __all__ = [
     "Event",

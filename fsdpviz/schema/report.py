@@ -97,12 +97,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
 from fsdpviz.schema.names import UnitNames
@@ -125,150 +126,6 @@ DTYPE_SIZES = {
 def dtype_name(dtype: Any) -> str | None:
     """``torch.bfloat16`` -> ``"bfloat16"`` (None stays None), as reports store dtypes."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-EventKind = Literal[
-    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
-    "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
-    "pp_send", "pp_recv", "cp_all_gather", "cp_all_to_all",
-]  # fmt: skip
-TP_KINDS = ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all")
-"""Tensor parallelism's collectives (of activations, and of replicated parameters' partial
-gradients): over the ``tp`` mesh dimension, issued by the model's parallel styles."""
-PP_KINDS = ("pp_send", "pp_recv")
-"""Pipeline parallelism's sends and receives of a microbatch's activations (``phase``
-forward) or their gradients (backward) between stages, over the ``pp`` mesh dimension."""
-CP_KINDS = ("cp_all_gather", "cp_all_to_all")
-"""Context parallelism's collectives: ring attention's exchanges of keys and values (and of
-their gradients) over the ``cp`` mesh dimension."""
-Phase = Literal["forward", "backward"]
-Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
-Group = Literal["replicate", "tp", "pp", "cp"]
-ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
-
-
-@dataclass(frozen=True)
-class Event:
-    """One collective or free on a rank, in issue order."""
-
-    kind: EventKind
-    unit: str
-    phase: Phase
-    prefetch: bool = False
-    hook: Hook | None = None
-    hook_unit: str | None = None
-    t: float | None = None
-    duration: float | None = None
-    group: Group | None = None
-    # tensor parallelism's collectives: the module (or parameter) they are issued for, and
-    # the bytes of the whole tensor they move (the unsharded activation or gradient)
-    module: str | None = None
-    nbytes: int | None = None
-    # pipeline parallelism: the stage whose action issued the event, the microbatch of that
-    # action (None for UNSHARD, RESHARD, REDUCE_GRAD and the first step's shape inference)
-    # and the action as torch writes it ("0F1", "2B0", "1UNSHARD", "0REDUCE_GRAD", "1SEND_F0")
-    stage: int | None = None
-    microbatch: int | None = None
-    action: str | None = None
-
-    @property
-    def tensor_parallel(self) -> bool:
-        """Whether this is a collective of tensor parallelism (not of FSDP)."""
-        return self.kind in TP_KINDS
-
-    @property
-    def pipeline(self) -> bool:
-        """Whether this is a send or receive of pipeline parallelism (not of FSDP)."""
-        return self.kind in PP_KINDS
-
-    @property
-    def context_parallel(self) -> bool:
-        """Whether this is a collective of context parallelism's ring attention."""
-        return self.kind in CP_KINDS
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
-        if self.kind == "all_gather":
-            d["prefetch"] = self.prefetch
-        if self.group is not None:
-            d["group"] = self.group
-        if self.module is not None:
-            d["module"] = self.module
-        if self.nbytes is not None:
-            d["nbytes"] = self.nbytes
-        for key in ("stage", "microbatch", "action"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
-        if self.hook is not None:
-            d["hook"] = self.hook
-            d["hook_unit"] = self.hook_unit
-        if self.t is not None:
-            d["t"] = self.t
-        if self.duration is not None:
-            d["duration"] = self.duration
-        return d
-
-    def untimed(self) -> Event:
-        """This event without ``t`` and ``duration``: what schedules are compared on."""
-        if self.t is None and self.duration is None:
-            return self
-        return replace(self, t=None, duration=None)
-
-    def describe(self) -> str:
-        """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``;
-        the root reads ``(root)``: ``free (root) (post_forward of (root))``; under pipeline
-        parallelism the action that issued it follows (``..., in 1F0)``)."""
-        if self.pipeline:
-            what = "activations" if self.phase == "forward" else "gradients"
-            return f"{self.kind} {what} of microbatch {self.microbatch} ({self.action})"
-        hook = f"{self.hook} of {unit_label(self.hook_unit)}"
-        how: list[str] = [self.phase if self.hook is None else hook]
-        if self.prefetch:
-            how.insert(0, "prefetch")
-        if self.group == "replicate":
-            how.insert(0, "across replicas")
-        if self.action is not None:
-            how.append(f"in {self.action}")
-        elif self.stage is not None:
-            how.append(f"stage {self.stage}'s shape inference")
-        if self.module is not None:
-            return f"{self.kind} {self.module!r} ({', '.join(how)}, in {unit_label(self.unit)})"
-        return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Event:
-        return cls(
-            kind=d["kind"],
-            unit=d["unit"],
-            phase=d["phase"],
-            prefetch=bool(d.get("prefetch", False)),
-            hook=d.get("hook"),
-            hook_unit=d.get("hook_unit"),
-            t=d.get("t"),
-            duration=d.get("duration"),
-            group=d.get("group"),
-            module=d.get("module"),
-            nbytes=d.get("nbytes"),
-            stage=d.get("stage"),
-            microbatch=d.get("microbatch"),
-            action=d.get("action"),
-        )
-
-
-@dataclass(frozen=True)
-class ModuleEvent:
-    """A module's forward or backward starting or ending on a rank (recordings only)."""
-
-    kind: ModuleEventKind
-    module: str
-    t: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "module": self.module, "t": self.t}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModuleEvent:
-        return cls(kind=d["kind"], module=d["module"], t=float(d["t"]))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ counts, on the meta device, without allocating anything:
   (matrix multiplies, attention, convolutions), forward and backward. Other
   operators are not counted: next to a transformer's matrix multiplies their
   FLOPs are negligible (they are memory-bound, see the README).
-- **kernels** (:mod:`fsdpviz.schema.profile`): every GPU kernel an operator launches, and
+- **kernels** (:mod:`fsdpviz.schema.profile`): every GPU kernel an operator launches
+  (:mod:`fsdpviz.trace.operators` says which, and its FLOP formula), and
   the fused kernels ``torch.compile`` would make of the memory-bound ones in the compiled
   modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
   matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
@@ -34,14 +35,13 @@ While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
 seen through weak references to the storages. Each FSDP hook call (an append
 to the runtime's ``log``) records a :class:`Mark`: the counters, and the number
-of events issued so far; :func:`fsdpviz.trace.marks.cut_profile` cuts the marks
+of events issued so far; :func:`fsdpviz.trace.hook_counters.cut_profile` cuts the marks
 into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,20 +52,18 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
-from fsdpviz.trace.attention import FUSED_FLOPS, fused_attention
+from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.hook_counters import Mark, cut_profile
+from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
+from fsdpviz.trace.recomputation import recomputing
 from fsdpviz.trace.tracker import ModuleTracker
 
 # Kinds of live storage; ``CostProbe.live`` is indexed by them.
 _FWD_TEMP, _ACT, _GRAD, _BWD_TEMP = 0, 1, 2, 3
-_FLOPS: dict[Any, Callable[..., int]] = dict(flop_registry)
-_FLOPS.update({op: flop_registry[like] for op, like in FUSED_FLOPS.items()})
-FLOP_OPS = sorted(str(k) for k in _FLOPS)
 
 
 @dataclass(frozen=True)
@@ -253,12 +251,12 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return out
         op = self._ops.get(func)
         if op is None:
-            op = self._ops[func] = _op_info(func)
+            op = self._ops[func] = op_info(func)
         flop_fn, on_shapes, fresh, cost = op
         flops = 0
         if flop_fn is not None and on_shapes:
             shapes = [a.shape if isinstance(a, torch.Tensor) else a for a in args]
-            flops = flop_fn(*shapes, **kwargs, out_shape=_shape(out))
+            flops = flop_fn(*shapes, **kwargs, out_shape=output_shapes(out))
             self._count_flops(flops)
         elif flop_fn is not None:
             flops = flop_fn(*args, **kwargs, out_val=out)
@@ -372,7 +370,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
-            causal = cost[3] is not None and bool(_arg(args, kwargs, cost[3], "is_causal"))
+            causal = cost[3] is not None and bool(op_arg(args, kwargs, cost[3], "is_causal"))
             b, h, sq, d = q.shape
             hkv = kv.shape[1]
             if tp > 1 and self._is_share(q):  # the rank's heads
@@ -395,7 +393,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _local_bytes(self, x: Any) -> int:
         """Bytes of the tensors in ``x`` one rank holds: a tp share's ``1 / tp``."""
         if self._tp is None:
-            return _tensor_bytes(x)
+            return tensor_bytes(x)
         return sum(
             t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
             for t in tree_leaves(x)
@@ -444,7 +442,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             n //= self.tp_ranks
         kind = _FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
-            kind = _ACT if _recomputing() else _BWD_TEMP
+            kind = _ACT if recomputing() else _BWD_TEMP
         ref = weakref.ref(st, functools.partial(self._freed, key))
         self._live[key] = [n, kind, ref]
         self.live[kind] += n
@@ -588,121 +586,6 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
 
 
-def _op_info(
-    func: Any,
-) -> tuple[Callable[..., int] | None, bool, bool, tuple[Any, ...] | None]:
-    """The op's FLOP formula, whether it takes shapes, whether outputs can be new storage,
-    and what kernel it launches on a GPU (None: none, as a view)."""
-    schema = getattr(func, "_schema", None)
-    returns = getattr(schema, "returns", ())
-    fresh = not any(r.alias_info is not None for r in returns)
-    writes = any(r.alias_info is not None and r.alias_info.is_write for r in returns)
-    wrapped = _FLOPS.get(func._overloadpacket)
-    # Most of flop_registry's formulas take shapes behind a pytree map of the arguments;
-    # these ops take top-level tensors only, so call the formula on their shapes directly.
-    raw = getattr(wrapped, "__wrapped__", None)
-    cost = _kernel_kind(func, schema, wrapped is not None, fresh or writes)
-    name = func._overloadpacket.__name__
-    if raw is not None and name in _ATTENTION and not _counts_gqa():
-        raw = _gqa_as_heads(raw, 1 if name.endswith("_backward") else 0)
-    return (raw, True, fresh, cost) if raw is not None else (wrapped, False, fresh, cost)
-
-
-@functools.cache
-def _counts_gqa() -> bool:
-    """Whether torch's attention FLOP formulas take fewer key/value heads than query heads
-    (grouped-query attention; torch < 2.9 asserts equal heads)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    try:
-        sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))  # type: ignore[no-untyped-call]
-    except AssertionError:
-        return False
-    return True
-
-
-def _gqa_as_heads(formula: Callable[..., int], query: int) -> Callable[..., int]:
-    """``formula`` with grouped-query key and value shapes given as many heads as the query
-    (argument ``query``; key and value follow it): the kernels broadcast them, so the
-    FLOPs are those of full heads."""
-
-    def flops(*shapes: Any, **kwargs: Any) -> int:
-        q = shapes[query]
-        if len(shapes) > query + 2 and len(q) == 4:
-            k, v = shapes[query + 1], shapes[query + 2]
-            if len(k) == 4 and len(v) == 4 and k[1] != q[1]:
-                k = (k[0], q[1], *k[2:])
-                v = (v[0], q[1], *v[2:])
-                shapes = (*shapes[: query + 1], k, v, *shapes[query + 3 :])
-        return formula(*shapes, **kwargs)
-
-    return flops
-
-
-def _kernel_kind(func: Any, schema: Any, counted: bool, kernel: bool) -> tuple[Any, ...] | None:
-    """``("gemm", first matrix arg)``, ``("attn", q arg, kernel, is_causal arg)``,
-    ``("flops",)`` (another op with a FLOP formula), ``("mem",)`` or None (no kernel)."""
-    name = func._overloadpacket.__name__
-    if name in _GEMMS:
-        return ("gemm", _GEMMS[name])
-    if name in _ATTENTION:
-        args = [a.name for a in schema.arguments]
-        backward = name.endswith("_backward")
-        causal = args.index("is_causal") if "is_causal" in args else None
-        return ("attn", 1 if backward else 0, _ATTENTION[name], causal)
-    if counted:
-        return ("flops",)
-    if not kernel or name in _NO_KERNEL:
-        return None
-    return ("mem",)
-
-
-# Matrix multiplies (the index of their first matrix argument) and fused attention kernels.
-_GEMMS = {"mm": 0, "bmm": 0, "addmm": 1, "baddbmm": 1}
-_ATTENTION = {
-    "_scaled_dot_product_flash_attention": "flash",
-    "_scaled_dot_product_flash_attention_backward": "flash",
-    # what the probe routes scaled_dot_product_attention to on meta (a flash kernel on a GPU)
-    "_scaled_dot_product_flash_attention_for_cpu": "flash",
-    "_scaled_dot_product_flash_attention_for_cpu_backward": "flash",
-    "_scaled_dot_product_cudnn_attention": "flash",
-    "_scaled_dot_product_cudnn_attention_backward": "flash",
-    "_scaled_dot_product_efficient_attention": "efficient",
-    "_scaled_dot_product_efficient_attention_backward": "efficient",
-}
-# Operators that allocate or reinterpret memory without launching a kernel.
-_NO_KERNEL = {
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
-    "detach", "lift_fresh", "alias", "_local_scalar_dense", "set_", "resize_",
-}  # fmt: skip
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
-    return args[index] if index < len(args) else kwargs.get(name, False)
-
-
-def _tensor_bytes(x: Any) -> int:
-    """Bytes of the tensors in ``x`` (a tensor, or a flat list or tuple of arguments)."""
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    n = 0
-    if isinstance(x, (tuple, list)):
-        for t in x:
-            if isinstance(t, torch.Tensor):
-                n += t.numel() * t.element_size()
-            elif isinstance(t, (tuple, list)):
-                n += sum(u.numel() * u.element_size() for u in t if isinstance(u, torch.Tensor))
-    return n
-
-
-def _shape(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.shape
-    if isinstance(out, (tuple, list)):
-        return type(out)(t.shape if isinstance(t, torch.Tensor) else t for t in out)
-    return out
-
-
 def batch_tokens(inputs: Any) -> int:
     """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
     dimensions of the first tensor."""
@@ -718,31 +601,3 @@ def batch_tokens(inputs: Any) -> int:
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-def _recomputing() -> bool:
-    """True inside a non-reentrant activation-checkpoint recomputation (in backward).
-
-    ``torch.utils.checkpoint`` pushes its ``_recomputation_hook`` saved-tensor hooks
-    while it recomputes; what it creates there lives until backward uses it, like
-    activations. (A reentrant checkpoint recomputes under our own hooks: what it
-    saves is counted by ``_pack``.)
-    """
-    peek = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if peek is None:  # torch < 2.8 cannot show the hooks: find the recomputation's frame
-        return _in_recompute_fn()
-    top = peek(True)
-    name = getattr(top[0], "__qualname__", "") if top is not None else ""
-    return name.startswith("_recomputation_hook")
-
-
-def _in_recompute_fn() -> bool:
-    """Whether ``torch.utils.checkpoint``'s ``recompute_fn`` (which runs the checkpointed
-    forward again under ``_recomputation_hook``) is on the Python stack."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "recompute_fn" and code.co_filename.endswith("checkpoint.py"):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False

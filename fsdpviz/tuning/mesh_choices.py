@@ -13,7 +13,7 @@ from torch import nn
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, FsdpvizError
-from fsdpviz.plan.fsdp2 import context_parallel_mesh, mesh_dims
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.pipeline import (
     DEFAULT_SCHEDULE,
     parse_pipeline_options,

@@ -53,7 +53,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
-from fsdpviz.plan.fsdp2 import FSDP2_KEYWORDS
+from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 

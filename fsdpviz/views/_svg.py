@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
+from fsdpviz.schema.events import Event
 from fsdpviz.schema.memory import MemoryReport
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.report import Report
 from fsdpviz.views.style import (
     MEMORY_CURVE_COLOR,
     UNMANAGED_COLOR,

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from fsdpviz.cost.memory import MemoryLane
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 
 __all__ = [
     "ALWAYS_DRAWN",

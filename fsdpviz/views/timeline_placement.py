@@ -18,7 +18,8 @@ from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.time import timeline
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import (
     AUTO_MACHINE,

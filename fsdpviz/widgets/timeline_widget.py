@@ -28,7 +28,8 @@ import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
-from fsdpviz.schema.report import Event, Report
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_view import opening_iteration, timeline_data
 from fsdpviz.widgets._memo import ReportMemo

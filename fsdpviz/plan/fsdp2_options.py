@@ -1,0 +1,338 @@
+"""FSDP2 (``fully_shard``) options: each keyword ``analyze`` takes for FSDP2 checked and
+read into :class:`FSDP2Options`, ``mesh=`` read into its dimensions, and the options as
+``Report.config`` states them (:meth:`FSDP2Options.describe`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
+from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
+from fsdpviz.plan.tensor_parallel import TPPlan, parse_tp_mesh
+from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
+from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
+from fsdpviz.schema.report import dtype_name
+
+_KNOWN = {
+    "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
+    "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
+    "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
+    "reshard_after_backward", "requires_all_reduce", *JOB_KEYS,
+}  # fmt: skip
+
+
+FSDP2_KEYWORDS = frozenset(_KNOWN)
+"""Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
+
+
+_REJECTED = {
+    "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
+    "N - 1 after model.set_requires_gradient_sync(False)",
+    "no_sync": "FSDP2's counterpart is set_requires_gradient_sync(False): pass grad_accum=N for "
+    "N micro-steps per optimizer step, the first N - 1 without gradient sync",
+}
+
+
+@dataclass
+class FSDP2Options:
+    world_size: int
+    targets: Any
+    reshard_after_forward: bool | int | dict[str, bool | int] | None
+    mp_policy: MixedPrecisionPolicy
+    forward_prefetch: dict[str, list[str]]
+    backward_prefetch: dict[str, list[str]]
+    ignored_params: list[nn.Parameter] | None
+    loss: Callable[[Any], torch.Tensor] | None
+    trace: TraceMode
+    progress: bool | None
+    activation_checkpointing: Any = None
+    # The mesh: ranks a group's parameters are sharded over, and the replicas of a 2-D mesh
+    # (HSDP: gradients all-reduced across them); names as init_device_mesh's mesh_dim_names.
+    shard_size: int = 0  # 0: world_size
+    replicas: int = 1
+    mesh_names: tuple[str, str] | None = None
+    offload: bool = False  # CPUOffloadPolicy: shards, gradients, optimizer in host memory
+    # tensor parallelism: parallelize_module's plan (resolved on the traced copy by
+    # build_groups), the tp dimension's size and name, and the mesh as given
+    parallelize_plan: Any = None
+    tp: TPPlan | None = None
+    tp_size: int = 1
+    tp_name: str = ""
+    mesh_dims: dict[str, int] | None = None
+    # context parallelism: the cp mesh dimension's size (FSDP shards over dp_shard x cp,
+    # torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of every sequence)
+    cp_size: int = 1
+    # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
+    job: JobOptions = field(default_factory=JobOptions)
+    # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
+    torch: TorchFSDP = field(default_factory=installed)
+    # the micro-steps before the last of an accumulation: set_reshard_after_backward(False)
+    # keeps the parameters gathered into the next micro-step (as pipeline schedules do);
+    # set_requires_all_reduce(False) reduce-scatters each and all-reduces across the HSDP
+    # replicas in the last only (instead of set_requires_gradient_sync(False))
+    reshard_after_backward: bool = True
+    requires_all_reduce: bool = True
+    # fully_shard's shard_placement_fn: one function for every call, or {module FQN: function}
+    # for the calls that take one (as reshard_after_forward's mapping names them)
+    shard_placement_fn: Any = None
+
+    @property
+    def shard_ranks(self) -> int:
+        return self.shard_size or self.world_size
+
+    def describe(self, groups: list[Group]) -> ReportConfig:
+        """These options and the groups they made, as ``Report.config`` states them."""
+        mp = self.mp_policy
+        job, job_keys = self.job.config()
+        return ReportConfig(
+            api="FSDP2",
+            torch_version=self.torch.version,
+            world_size=self.world_size,
+            fully_shard=tuple(g.name for g in groups),
+            reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+            mp_policy={
+                "param_dtype": dtype_name(mp.param_dtype),
+                "reduce_dtype": dtype_name(mp.reduce_dtype),
+                "output_dtype": dtype_name(mp.output_dtype),
+                "cast_forward_inputs": mp.cast_forward_inputs,
+            },
+            explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
+            explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
+            trace=self.trace,
+            shard_world_size=(
+                self.shard_ranks if self.replicas > 1 or self.tp or self.cp_size > 1 else None
+            ),
+            mesh=self._mesh(),
+            tp_world_size=self.tp_size if self.tp else None,
+            cp_world_size=self.cp_size if self.cp_size > 1 else None,
+            parallelize_plan=self.tp.describe() if self.tp else None,
+            cpu_offload=self.offload,
+            reshard_after_backward=self.reshard_after_backward,
+            requires_all_reduce=self.requires_all_reduce,
+            **job,
+            stated=FSDP2_KEYS
+            + (
+                ("shard_world_size", "mesh")
+                if self.replicas > 1 or self.tp or self.cp_size > 1
+                else ()
+            )
+            + (("tp_world_size", "parallelize_plan") if self.tp else ())
+            + (("cp_world_size",) if self.cp_size > 1 else ())
+            + (("cpu_offload",) if self.offload else ())
+            + job_keys
+            + (("reshard_after_backward",) if not self.reshard_after_backward else ())
+            + (("requires_all_reduce",) if not self.requires_all_reduce else ()),
+        )
+
+    def _mesh(self) -> dict[str, int] | None:
+        if self.mesh_dims is not None and (self.tp or self.cp_size > 1):
+            return dict(self.mesh_dims)
+        if self.mesh_names is None:
+            return None
+        return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
+
+
+def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
+    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
+    plan = kwargs.get("parallelize_plan")
+    mesh = kwargs.get("mesh")
+    all_sizes, all_names = mesh_dims(mesh, 4)
+    cp_size, dp_sizes, dp_names = context_parallel_mesh(all_sizes, all_names)
+    if dp_sizes is not None and len(dp_sizes) > (3 if plan is not None else 2):
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    sizes: tuple[int, ...] | None = None
+    names: tuple[str, ...] = ()
+    tp_size, tp_name = 1, ""
+    if dp_sizes is not None:
+        sizes, names, tp_size, tp_name = parse_tp_mesh(dp_sizes, dp_names, plan)
+    elif plan is not None:
+        parse_tp_mesh((1,), (), plan)  # raises: a plan needs a mesh with a tp dimension
+    if sizes is not None and len(sizes) == 2 and not names:
+        names = ("replicate", "shard")
+    two = (str(names[0]), str(names[1])) if sizes is not None and len(sizes) == 2 else None
+    ranks = math.prod(all_sizes) if all_sizes is not None else None
+    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ranks:
+        raise ConfigError(
+            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
+        )
+    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
+    offload = kwargs.get("offload_policy")
+    if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(offload).__name__}"
+        )
+    mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
+    if not isinstance(mp, MixedPrecisionPolicy):
+        raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
+    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
+    raf = kwargs.get("reshard_after_forward")
+    if raf is not None and not isinstance(raf, (bool, int, dict)):
+        raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    rules = torch_rules(kwargs)
+    if kwargs.get("ignored_params") is not None and not rules.ignored_params:
+        raise FSDPConfigError(
+            f"ignored_params: fully_shard of {rules.name} has no ignored_params (torch 2.7 "
+            "added it); leave those modules out of fully_shard=, or plan for torch 2.7+"
+        )
+    trace = kwargs.get("trace", "meta")
+    if trace not in ("meta", "real"):
+        fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
+        raise ConfigError(
+            f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
+        )
+    job = parse_job_options(kwargs, "FSDP2")
+    after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
+    all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
+    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
+        )
+    return FSDP2Options(
+        world_size=ws,
+        targets=kwargs.get("fully_shard"),
+        reshard_after_forward=raf,
+        mp_policy=mp,
+        forward_prefetch=_prefetch_map(kwargs.get("forward_prefetch"), "forward_prefetch"),
+        backward_prefetch=_prefetch_map(kwargs.get("backward_prefetch"), "backward_prefetch"),
+        ignored_params=kwargs.get("ignored_params"),
+        loss=kwargs.get("loss"),
+        trace=trace,
+        progress=kwargs.get("progress"),
+        activation_checkpointing=kwargs.get("activation_checkpointing"),
+        shard_size=sizes[-1] * cp_size if sizes is not None else 0,
+        replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
+        mesh_names=two,
+        offload=type(offload).__name__ == "CPUOffloadPolicy",
+        parallelize_plan=plan,
+        tp_size=tp_size,
+        tp_name=tp_name,
+        mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
+        job=job,
+        torch=rules,
+        reshard_after_backward=after_backward,
+        requires_all_reduce=all_reduce,
+        cp_size=cp_size,
+        shard_placement_fn=_placement_option(kwargs.get("shard_placement_fn")),
+    )
+
+
+def _placement_option(value: Any) -> Any:
+    """``shard_placement_fn=``: a function, ``{module FQN: function or None}``, or None."""
+    if value is None or (callable(value) and not isinstance(value, type)):
+        return value
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and (v is None or (callable(v) and not isinstance(v, type)))
+        for k, v in value.items()
+    ):
+        return dict(value)
+    raise ConfigError(
+        "shard_placement_fn must be fully_shard's: a function (parameter) -> Shard(dim) or None "
+        "(None shards dim 0), e.g. lambda p: Shard(1) if p.ndim == 2 else None, or a mapping "
+        "{module FQN: function} for the fully_shard calls given one; got "
+        f"{value!r}"
+    )
+
+
+def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool:
+    """An option of the micro-steps that accumulate gradients (``set_<name>(False)`` before
+    each, ``True`` before the last)."""
+    value = kwargs.get(name, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    if not value and grad_accum < 2:
+        raise ConfigError(
+            f"{name}=False is what the micro-steps before the last do (FSDP2's "
+            f"set_{name}(False), then True for the last one): pass grad_accum=N for N "
+            "micro-steps per optimizer step"
+        )
+    return value
+
+
+def context_parallel_mesh(
+    sizes: tuple[int, ...] | None, names: tuple[str, ...]
+) -> tuple[int, tuple[int, ...] | None, tuple[str, ...]]:
+    """A mesh's context-parallel dimension (named ``cp``, right after ``dp_shard`` as
+    torchtitan's ``ParallelDims`` builds it): its size, and the other dimensions' sizes and
+    names. FSDP shards each parameter over ``dp_shard x cp`` (torchtitan's flattened
+    ``dp_shard_cp``)."""
+    if sizes is None or "cp" not in names:
+        return 1, sizes, names
+    at = names.index("cp")
+    rest = names[:at] + names[at + 1 :]
+    if at == 0 or (at + 1 < len(names) and names[at + 1] != "tp"):
+        raise ConfigError(
+            f"the mesh's cp dimension must come right after the data-parallel ones (and before "
+            f"tp), as torchtitan builds its mesh: e.g. ('dp_shard', 8, 'cp', 4); got {names}"
+        )
+    return sizes[at], sizes[:at] + sizes[at + 1 :], rest
+
+
+def _named_dims(
+    sizes: tuple[int, ...] | None, names: tuple[str, ...], tp: bool
+) -> dict[str, int] | None:
+    if sizes is None:
+        return None
+    if not names:
+        dp = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(sizes) - tp]
+        names = (*dp, "tp") if tp else dp
+    return dict(zip(names, sizes, strict=True))
+
+
+def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    """The sizes and names (possibly none) of ``mesh=`` with at most ``most`` dimensions
+    (three with a tensor-parallel dimension: ``("dp_replicate", 2, "dp_shard", 16, "tp",
+    8)``)."""
+    if mesh is None:
+        return None, ()
+    names: tuple[str, ...]
+    if hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "shape"):
+        sizes = tuple(int(n) for n in mesh.shape)
+        names = tuple(mesh.mesh_dim_names or ())
+    elif isinstance(mesh, dict):
+        names, sizes = tuple(str(k) for k in mesh), tuple(mesh.values())
+    elif isinstance(mesh, (tuple, list)) and mesh and all(isinstance(x, str) for x in mesh[::2]):
+        names, sizes = tuple(mesh[::2]), tuple(mesh[1::2])
+    elif isinstance(mesh, (tuple, list)):
+        names, sizes = (), tuple(mesh)
+    else:
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not sizes or len(sizes) > most or (names and len(names) != len(sizes)):
+        raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise ConfigError(f"mesh sizes must be positive ints, got {sizes!r}")
+    return sizes, tuple(str(n) for n in names)
+
+
+_MESH_HELP = (
+    "mesh must be a DeviceMesh, ('dp_replicate', R, 'dp_shard', S), {{'dp_replicate': R, "
+    "'dp_shard': S}} or sizes (R, S) (one or two dimensions: shard, or replicate x shard; "
+    "with parallelize_plan=... a tp dimension last, e.g. ('dp_shard', 32, 'tp', 8); a "
+    "context-parallel dimension named cp after dp_shard, e.g. ('dp_shard', 8, 'cp', 4)); "
+    "got {got}"
+)
+
+
+def _prefetch_map(value: Any, name: str) -> dict[str, list[str]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (list, tuple)) for k, v in value.items()
+    ):
+        raise ConfigError(
+            f"{name} must map a module FQN to a list of module FQNs, e.g. "
+            f'{{"layers.0": ["layers.1"]}} (the effect of set_modules_to_{name})'
+        )
+    return {k: list(v) for k, v in value.items()}

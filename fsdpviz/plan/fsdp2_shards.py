@@ -1,0 +1,238 @@
+"""How FSDP2 shards a group's parameters: the dim each is sharded on (its call's
+``shard_placement_fn``, checked as ``fully_shard`` checks it), one rank's padded shard of
+it (:func:`shard_shape`, :func:`sharded_numel`), and the group's :class:`Unit` (its sizes,
+dtypes and trainable elements, one rank's under tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_options import FSDP2Options
+from fsdpviz.plan.tensor_parallel import layout_name, local_shape
+from fsdpviz.schema.report import Unit, dtype_name, unit_label
+
+# [Note: shard_placement_fn]
+# fully_shard(module, shard_placement_fn=fn) calls fn on each parameter of the call, the
+# user's nn.Parameter before it is sharded (FSDPParam._init_sharded_param; torch 2.13 calls
+# it once more per parameter beforehand, to group parameters by mesh). fn returns Shard(dim)
+# or None (Shard(0)); a negative dim counts from the end. FSDP2 then chunks the parameter
+# along dim over the shard ranks (torch.chunk, the first chunk the largest) and pads every
+# rank's shard to the first chunk's size: dim 0 may be uneven (ranks past the end hold
+# padding only), another dim must divide evenly (NotImplementedError otherwise). The shard
+# is ceil(size[dim] / W) rows of that dim times the other dims; all-gather input, output and
+# reduce-scatter sizes follow. A parameter on dim != 0 costs two extra copies per step
+# (_fsdp_collectives.py): the copy-out of its all-gather writes into a temporary as large as
+# the unsharded parameter and torch.cat's the ranks' chunks along dim into the parameter
+# (foreach_all_gather_copy_out), and the reduction rebuilds its gradient as
+# torch.cat(torch.chunk(grad, W, dim), dim=0) before the reduce-scatter's chunk_cat
+# (foreach_reduce). fsdpviz calls fn once per parameter of each call, on the user's parameter.
+
+
+def shard_shape(shape: Sequence[int], world_size: int, dim: int = 0) -> list[int]:
+    """One rank's padded shard of a parameter of ``shape`` that FSDP2 shards on ``dim``
+    over ``world_size`` ranks: ``ceil(shape[dim] / world_size)`` along ``dim``.
+
+    Example::
+
+        shard_shape([6, 8], 4)         # [2, 8]: ranks 0-2 hold rows, rank 3 padding
+        shard_shape([6, 8], 4, dim=1)  # [6, 2]
+    """
+    out = list(shape)
+    out[dim] = math.ceil(out[dim] / world_size)
+    return out
+
+
+def sharded_numel(shape: Sequence[int], world_size: int, dim: int = 0) -> int:
+    """Elements of a parameter of ``shape`` that each rank holds: FSDP2 shards ``dim``
+    (default 0), padded to a multiple of ``world_size``."""
+    return math.prod(shard_shape(shape, world_size, dim))
+
+
+def _dims(dims: Sequence[int] | None, n: int) -> Sequence[int]:
+    return dims if dims else [0] * n
+
+
+def trainable_fields(
+    fqns: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    trains: Sequence[bool],
+    world_size: int,
+    dims: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
+    reduce-scatters the gradients that exist, one padded shard per trainable parameter
+    (``dims``: the dim each is sharded on, default 0), and the optimizer keeps state for
+    those shards only."""
+    ds = _dims(dims, len(shapes))
+    return {
+        "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
+        "trainable_sharded_numel": sum(
+            sharded_numel(s, world_size, d) for s, t, d in zip(shapes, trains, ds, strict=True) if t
+        ),
+    }
+
+
+def dtype_fields(
+    fqns: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[Any],
+    world_size: int,
+    dims: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """``Unit``'s fields for a group of parameters in several dtypes: each dtype's
+    parameters, and their elements in all and in one rank's padded shard."""
+    names: dict[str, list[str]] = {}
+    numels: dict[str, list[int]] = {}
+    for fqn, shape, dt, d in zip(fqns, shapes, dtypes, _dims(dims, len(shapes)), strict=True):
+        name = dtype_name(dt) or str(dt)
+        names.setdefault(name, []).append(fqn)
+        counts = numels.setdefault(name, [0, 0])
+        counts[0] += math.prod(shape)
+        counts[1] += sharded_numel(shape, world_size, d)
+    return {"param_dtypes": names, "dtype_numels": numels}
+
+
+def placement_fn_of(value: Any, name: str, fqns: tuple[str, ...]) -> Any:
+    """The ``shard_placement_fn`` of the ``fully_shard`` call ``name`` (modules ``fqns``):
+    the option's function, or its mapping's entry for the call (by the call's name or one
+    of its modules' FQNs), else None."""
+    if isinstance(value, Mapping):
+        for key in (name, *fqns):
+            if key in value:
+                return value[key]
+        return None
+    return value
+
+
+def shard_dim(fn: Callable[[Any], Any], param: nn.Parameter, fqn: str, unit: str) -> int:
+    """The dim FSDP2 shards ``param`` on: ``fn(param)`` checked as ``fully_shard`` checks it
+    (``Shard(dim)`` or None; a negative dim counts from the end)."""
+    from torch.distributed.tensor import Shard
+
+    where = f"shard_placement_fn of {unit_label(unit)}"
+    shape = tuple(param.shape)
+    try:
+        result = fn(param)
+    except Exception as e:
+        raise ConfigError(
+            f"{where} raised {type(e).__name__} for parameter {fqn!r} {list(shape)}: {e}"
+        ) from e
+    if result is None:
+        return 0
+    if type(result).__name__ == "ShardPlacementResult":
+        raise ConfigError(
+            f"{where} returned a ShardPlacementResult for {fqn!r}: a parameter on a mesh of its "
+            "own is not modelled; return Shard(dim) (or None for Shard(0)) on the call's mesh"
+        )
+    if not isinstance(result, Shard):
+        raise FSDPConfigError(
+            f"{where} returned {result!r} for {fqn!r} {list(shape)}: fully_shard takes Shard(dim) "
+            "or None (None shards dim 0) and raises ValueError('Invalid shard_placement_fn "
+            "result') for anything else; return torch.distributed.tensor.Shard(dim)"
+        )
+    ndim = len(shape)
+    dim = result.dim + ndim if result.dim < 0 else result.dim
+    if not 0 <= dim < ndim:
+        raise FSDPConfigError(
+            f"{where} returned Shard({result.dim}) for {fqn!r}, a {ndim}-D parameter "
+            f"{list(shape)}: FSDP2 fails on it (Shard dim {result.dim} is invalid for a {ndim}D "
+            f"tensor); return a dim from {-ndim} to {ndim - 1} (negative dims count from the end)"
+        )
+    return dim
+
+
+def check_even_shard(shape: Sequence[int], dim: int, world_size: int, fqn: str, unit: str) -> None:
+    """FSDP2 shards a dim other than 0 only evenly (``_init_sharded_param``)."""
+    if dim > 0 and shape[dim] % world_size:
+        raise FSDPConfigError(
+            f"shard_placement_fn of {unit_label(unit)} shards {fqn!r} {list(shape)} on dim {dim}, "
+            f"whose size {shape[dim]} the {world_size} shard ranks do not divide: FSDP2 raises "
+            f"NotImplementedError (FSDP does not support uneven sharding on dim {dim}). Shard it "
+            "on dim 0 (uneven dim-0 shards are padded) or on a dim the shard ranks divide"
+        )
+
+
+def check_placements_reshard(groups: Sequence[Group], world_size: int) -> None:
+    """FSDP2 fails in the copy-out of a parameter sharded on a dim other than 0 once it
+    resharded to a smaller post-forward mesh (``reshard_after_forward`` an int between 1 and
+    the ``world_size`` shard ranks)."""
+    for g in groups:
+        raf = g.reshard_after_forward
+        smaller = not isinstance(raf, bool) and 1 < raf < world_size
+        if any(g.shard_dims) and smaller:
+            raise FSDPConfigError(
+                f"reshard_after_forward={raf} for {unit_label(g.name)}, whose shard_placement_fn "
+                "shards parameters on a dim other than 0: FSDP2's backward all-gather from the "
+                "post-forward mesh fails in its copy-out (IndexError in "
+                "foreach_all_gather_copy_out); use reshard_after_forward=True or False for it"
+            )
+
+
+def group_unit(
+    group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
+) -> Unit:
+    """The unit of ``group``. Under tensor parallelism FSDP2 shards each rank's tp-local
+    tensor (``FSDPParam._orig_size`` is the local size): sizes are one rank's."""
+    ws = opts.shard_ranks
+    local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in group.params]
+    dims = _dims(group.shard_dims, len(local))
+    for shape, d, fqn in zip(local, dims, group.param_fqns, strict=True):
+        check_even_shard(shape, d, ws, fqn, group.name)
+    numel = sum(math.prod(s) for s in local)
+    sharded = sum(sharded_numel(s, ws, d) for s, d in zip(local, dims, strict=True))
+    dtypes = {p.dtype for p in group.params}
+    # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
+    orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
+    dtype = next(iter(orig)) if len(orig) == 1 else None
+    mp = opts.mp_policy
+    compute = mp.param_dtype or (dtype if len(dtypes) == 1 else None)
+    reduce = mp.reduce_dtype or mp.param_dtype or dtype
+    grads = {p.requires_grad for p in group.params}
+    mixed = len(grads) > 1
+    trains = [p.requires_grad for p in group.params]
+    itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
+    placed = any(dims)
+    return Unit(
+        module=group.name,
+        module_class=", ".join(type(m).__name__ for m in group.modules),
+        params=list(group.param_fqns),
+        shared_params=shared,
+        numel=numel,
+        flat_numel=numel,
+        padded_numel=sharded * ws,
+        sharded_numel=sharded,
+        dtype=dtype_name(dtype),
+        compute_dtype=dtype_name(compute),
+        reduce_dtype=dtype_name(reduce),
+        requires_grad=None if mixed else (grads.pop() if grads else None),
+        sharding_strategy="FULL_SHARD"
+        if group.reshard_after_forward is not False
+        else "SHARD_GRAD_OP",
+        itemsize=itemsize,
+        **(trainable_fields(group.param_fqns, local, trains, ws, dims) if mixed else {}),
+        **(
+            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws, dims)
+            if len(dtypes) > 1
+            else {}
+        ),
+        shard_shapes={
+            f: shard_shape(s, ws, d) for f, s, d in zip(group.param_fqns, local, dims, strict=True)
+        }
+        if opts.tp is not None or placed
+        else {},
+        tp_placements={
+            f: layout_name(placements[p])
+            for f, p in zip(group.param_fqns, group.params, strict=True)
+            if p in placements
+        },
+        shard_dims={f: d for f, d in zip(group.param_fqns, dims, strict=True) if d},
+    )
