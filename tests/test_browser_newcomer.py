@@ -15,6 +15,7 @@ import gzip
 import json
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,10 +130,26 @@ class Lab:
             )
         )
 
-    def save(self) -> None:
+    def save(self, name: str) -> dict[str, Any]:
+        """Save the notebook ``name`` open in front and return it as written: the file is
+        read once JupyterLab has rewritten it whole (a notebook that was not modified shows
+        no dirty mark to wait for, and a busy server may still be writing it)."""
+        path = self.server.root / name
+        before = path.stat().st_mtime_ns
         self.page.keyboard.press("Control+s")
         wait_until(self.page, "() => !document.querySelector('.jp-mod-dirty')", "the save",
                    timeout_ms=UI_MS)  # fmt: skip
+        deadline = time.monotonic() + UI_MS / 1000
+        while True:
+            try:
+                if path.stat().st_mtime_ns != before:
+                    saved: dict[str, Any] = json.loads(path.read_text())
+                    return saved
+            except json.JSONDecodeError:
+                pass  # being written
+            if time.monotonic() > deadline:
+                raise AssertionError(f"JupyterLab did not write {name} within {UI_MS} ms")
+            self.page.wait_for_timeout(100)
 
     def shut_down_kernels(self) -> None:
         for k in self.server.api("api/kernels"):  # type: ignore[union-attr]
@@ -186,8 +203,7 @@ def test_the_quick_start_opens_unchanged(lab: Lab) -> None:
     same_python = committed["language_info"]["version"] == platform.python_version()
     if same_python:
         assert not lab.dirty(), "the quick start shows as modified on opening"
-    lab.save()
-    saved = json.loads((lab.server.root / "quickstart.ipynb").read_text())["metadata"]
+    saved = lab.save("quickstart.ipynb")["metadata"]
     assert saved["kernelspec"] == committed["kernelspec"]
     assert {**saved["language_info"], "version": None} == {
         **committed["language_info"],
@@ -284,8 +300,7 @@ def _a_re_plan_is_what_the_notebook_saves(lab: Lab, kernel: KernelClient) -> Non
     )
     assert explorer_state(explorer_root(out))["title"].endswith("world size 16")
     assert kernel.json("view.explorer.report.config.world_size") == 16
-    lab.save()
-    saved = json.loads((lab.server.root / NOTEBOOK).read_text())
+    saved = lab.save(NOTEBOOK)
     [cell] = [c for c in saved["cells"] if "".join(c["source"]).startswith("# nv:show")]
     [output] = [o for o in cell["outputs"] if MIME in o.get("data", {})]
     views = _unpack(output["data"][MIME])["views"]
