@@ -20,9 +20,9 @@ from fsdpviz.schema.extensions import (
 from fsdpviz.schema.memo import ReportMemo
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
     from fsdpviz.replan.sweep_table import SweepTable
-    from fsdpviz.schedule.comparison import Comparison
     from fsdpviz.schema.memory import MemoryReport
     from fsdpviz.schema.report import Report
     from fsdpviz.schema.timeline import Timeline
@@ -41,20 +41,6 @@ def timeline(report: Report) -> Timeline:
     from fsdpviz.cost.time import timeline  # lazy: keeps numpy out of `import fsdpviz`
 
     return timeline(report)
-
-
-@register_report_method("check_fit")
-def check_fit(report: Report) -> None:
-    from fsdpviz.cost.fit import check_fit  # lazy: keeps numpy out of `import fsdpviz`
-
-    check_fit(report)
-
-
-@register_report_method("machine_spec")
-def machine_spec(spec: Any) -> str | dict[str, Any]:
-    from fsdpviz.cost.fit import machine_spec  # lazy: keeps numpy out of `import fsdpviz`
-
-    return machine_spec(spec)
 
 
 @register_report_method("module_graph")

@@ -147,7 +147,7 @@ def example_analysis(**overrides: Any) -> Report:
     from torch.distributed.fsdp import BackwardPrefetch
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from fsdpviz.schedule.predict import analyze
+    from fsdpviz.api.predict import analyze
 
     config: ExampleConfig | None = overrides.pop("config", None)
     kwargs: dict[str, Any] = {

@@ -8,12 +8,12 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.pipeline import wants_pipeline
 from fsdpviz.schedule.fsdp1 import analyze_fsdp1
 from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 from fsdpviz.schedule.pipeline import analyze_pipeline
-from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import describe_checkpointing
@@ -69,8 +69,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     check_model(model)
     asked = dict(fsdp_kwargs)
     given = fsdp_kwargs.pop("machine", None)
-    # the cost model (a layer above) checks and answers for the machine
-    machine = None if given is None else report_method("machine_spec")(given)
+    machine = None if given is None else machine_spec(given)
     if wants_pipeline(fsdp_kwargs):
         report = analyze_pipeline(model, inputs, **fsdp_kwargs)
     elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
@@ -81,7 +80,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         report.config = report.config.replace(machine=machine)
     _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))
     _measure_cache(report, model, inputs, asked)
-    report_method("check_fit")(report)
+    check_fit(report)
     return report
 
 
