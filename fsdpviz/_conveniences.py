@@ -9,7 +9,7 @@ not load plotly or the widgets.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz.schema.extensions import (
     register_report_method,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fsdpviz.schema.report import Report
     from fsdpviz.schema.timeline import Timeline
     from fsdpviz.tuning import Tuning
+    from fsdpviz.widgets.dashboard import DashboardKwargs
 
 
 @register_report_method("memory")
@@ -58,7 +59,7 @@ def unit_graph(report: Report, iteration: int = -1) -> Any:
 
 
 @register_report_method("show")
-def show(report: Report, **kwargs: Any) -> Any:
+def show(report: Report, **kwargs: Unpack[DashboardKwargs]) -> Any:
     from fsdpviz.widgets import show  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return show(report, **kwargs)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
+from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.pipeline import wants_pipeline
@@ -21,7 +22,7 @@ from fsdpviz.trace.copy import check_model
 from fsdpviz.trace.tracker import USE_CACHE_CODE
 
 
-def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
+def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs]) -> Report:
     """Predict what FSDP1 does with ``model`` for one training step on ``inputs``.
 
     ``fsdp_kwargs`` are the keyword arguments of ``FullyShardedDataParallel``
