@@ -87,7 +87,7 @@ def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Any) -> 
 
 
 @register_show("sweep")
-def show_sweep(table: SweepTable, **kwargs: Any) -> Any:
+def show_sweep(table: SweepTable, **kwargs: Unpack[DashboardKwargs]) -> Any:
     from fsdpviz.widgets import SweepView  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return SweepView(table, **kwargs)

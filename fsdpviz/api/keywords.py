@@ -103,6 +103,7 @@ class FSDPKwargs(TypedDict, total=False):
     loss: Callable[[Any], torch.Tensor] | None
     trace: TraceMode
     torch_version: str | None
+    profile: bool  # False: no activations or FLOPs measured (report.profile is None)
 
 
 class PlanKwargs(FSDPKwargs, total=False):
