@@ -42,8 +42,8 @@ _PUBLIC = {
     "fsdpviz.replan": ("sweep",),
     "fsdpviz.tuning": ("Candidate", "Tuning", "suggest", "tune"),
     "fsdpviz.trace.checkpointing": ("CheckpointEvery", "SelectiveCheckpoint"),
-    "fsdpviz.schedule.comparison": ("Comparison", "compare"),
-    "fsdpviz.schedule.predict": ("analyze",),
+    "fsdpviz.api.comparison": ("Comparison", "compare"),
+    "fsdpviz.api.predict": ("analyze",),
     "fsdpviz.schema.config": ("ReportConfig",),
     "fsdpviz.schema.events": ("Event", "ModuleEvent"),
     "fsdpviz.schema.report": ("FsdpWarning", "ModuleInfo", "Report", "Unit"),
@@ -51,11 +51,13 @@ _PUBLIC = {
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 # Subpackages reached as attributes (``fsdpviz.cost.machine(...)``) after ``import fsdpviz``.
 _SUBPACKAGES = frozenset(
-    {"configs", "cost", "export", "flight", "graphs", "plan", "recording", "replan", "schedule",
-     "schema", "trace", "tuning", "views", "widgets", "examples", "notebook", "cli"}
+    {"api", "configs", "cost", "export", "flight", "graphs", "plan", "recording", "replan",
+     "schedule", "schema", "trace", "tuning", "views", "widgets", "examples", "notebook", "cli"}
 )  # fmt: skip
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison, compare
+    from fsdpviz.api.predict import analyze
     from fsdpviz.configs import (
         ConfigNote,
         HFModel,
@@ -87,8 +89,6 @@ if TYPE_CHECKING:
         record_fsdp1,
     )
     from fsdpviz.replan import sweep
-    from fsdpviz.schedule.comparison import Comparison, compare
-    from fsdpviz.schedule.predict import analyze
     from fsdpviz.schema.config import ReportConfig
     from fsdpviz.schema.events import Event, ModuleEvent
     from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Unit

@@ -107,8 +107,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _factory_spec(args.inputs, "--inputs")
     # The command line can run: torch is loaded from here on (hence these lazy imports).
     from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
+    from fsdpviz.api.predict import analyze
     from fsdpviz.configs import ConfigNote, from_torchtitan
-    from fsdpviz.schedule.predict import analyze
 
     wraps: list[type[nn.Module]] = []
     if source == "torchtitan":
@@ -206,7 +206,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     prediction = None
     if source is not None:
         from fsdpviz._options_kwargs import analyze_kwargs  # lazy: loads torch
-        from fsdpviz.schedule.predict import analyze  # lazy: loads torch
+        from fsdpviz.api.predict import analyze  # lazy: loads torch
 
         if args.world_size is None:  # the job's, as the dumps tell it
             args.world_size = run.world_size

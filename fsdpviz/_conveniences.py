@@ -9,7 +9,7 @@ not load plotly or the widgets.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz.schema.extensions import (
     register_report_method,
@@ -20,13 +20,14 @@ from fsdpviz.schema.extensions import (
 from fsdpviz.schema.memo import ReportMemo
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
     from fsdpviz.replan.sweep_table import SweepTable
-    from fsdpviz.schedule.comparison import Comparison
     from fsdpviz.schema.memory import MemoryReport
     from fsdpviz.schema.report import Report
     from fsdpviz.schema.timeline import Timeline
     from fsdpviz.tuning import Tuning
+    from fsdpviz.widgets.dashboard import DashboardKwargs
 
 
 @register_report_method("memory")
@@ -41,20 +42,6 @@ def timeline(report: Report) -> Timeline:
     from fsdpviz.cost.time import timeline  # lazy: keeps numpy out of `import fsdpviz`
 
     return timeline(report)
-
-
-@register_report_method("check_fit")
-def check_fit(report: Report) -> None:
-    from fsdpviz.cost.fit import check_fit  # lazy: keeps numpy out of `import fsdpviz`
-
-    check_fit(report)
-
-
-@register_report_method("machine_spec")
-def machine_spec(spec: Any) -> str | dict[str, Any]:
-    from fsdpviz.cost.fit import machine_spec  # lazy: keeps numpy out of `import fsdpviz`
-
-    return machine_spec(spec)
 
 
 @register_report_method("module_graph")
@@ -72,7 +59,7 @@ def unit_graph(report: Report, iteration: int = -1) -> Any:
 
 
 @register_report_method("show")
-def show(report: Report, **kwargs: Any) -> Any:
+def show(report: Report, **kwargs: Unpack[DashboardKwargs]) -> Any:
     from fsdpviz.widgets import show  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return show(report, **kwargs)
@@ -100,7 +87,7 @@ def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Any) -> 
 
 
 @register_show("sweep")
-def show_sweep(table: SweepTable, **kwargs: Any) -> Any:
+def show_sweep(table: SweepTable, **kwargs: Unpack[DashboardKwargs]) -> Any:
     from fsdpviz.widgets import SweepView  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return SweepView(table, **kwargs)

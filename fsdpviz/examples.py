@@ -12,12 +12,13 @@ It needs nothing beyond torch and runs on the meta device, so it is what
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.schema.report import Report
 
 
@@ -137,7 +138,14 @@ def example_inputs(
     return {"input_ids": torch.randint(0, vocab, (batch, seq), device=device)}
 
 
-def example_analysis(**overrides: Any) -> Report:
+class ExampleKwargs(AnalyzeKwargs, total=False):
+    """What :func:`example_analysis` takes: :func:`fsdpviz.analyze`'s keywords and the
+    model's size."""
+
+    config: ExampleConfig | None
+
+
+def example_analysis(**overrides: Unpack[ExampleKwargs]) -> Report:
     """Run :func:`fsdpviz.analyze` on the example model, one ``DecoderLayer`` per unit.
 
     ``overrides`` replace the defaults (``auto_wrap_policy``, ``backward_prefetch``,
@@ -147,7 +155,7 @@ def example_analysis(**overrides: Any) -> Report:
     from torch.distributed.fsdp import BackwardPrefetch
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from fsdpviz.schedule.predict import analyze
+    from fsdpviz.api.predict import analyze
 
     config: ExampleConfig | None = overrides.pop("config", None)
     kwargs: dict[str, Any] = {

@@ -3,9 +3,11 @@
 Every ``import`` that runs counts, at the top of a module or inside a function;
 imports under ``if TYPE_CHECKING:`` only name types for annotations and never run, so they
 count for cycles (a type named across a circle is still a circle) but not for layers.
-The layers are read from the ``layers`` block of ARCHITECTURE.md, bottom first: a
-module may import from its own layer and the layers below it. The page also names every
-module (in its layer's row of the layer table) and every file of the front end.
+The layers are read from the ``layers`` block of ARCHITECTURE.md, bottom first, each with
+the layers it sits on directly: a module may import from its own layer and the layers below
+it, those its layer sits on and theirs in turn (the layers are a DAG, not a stack). The page
+also names every module (in its layer's row of the layer table) and every file of the front
+end.
 """
 
 from __future__ import annotations
@@ -102,20 +104,38 @@ def imports(typing: bool = False) -> list[Import]:
 
 @cache
 def _layer_lines() -> list[list[str]]:
-    """The ``layers`` block of ARCHITECTURE.md, bottom first: number, name, modules."""
+    """The ``layers`` block of ARCHITECTURE.md, bottom first: name, the layers it sits on
+    (comma-separated, ``-`` for none), modules; ``#`` starts a comment line."""
     text = (ROOT / "ARCHITECTURE.md").read_text()
     block = text.split("```layers\n", 1)[1].split("```", 1)[0]
-    return [line.split() for line in block.splitlines() if line.strip()]
+    return [line.split() for line in block.splitlines() if line.strip() and line[0] != "#"]
 
 
 def layers() -> list[list[str]]:
-    """The modules of each layer, bottom first (a layer's name first)."""
-    return [line[1:] for line in _layer_lines()]
+    """The modules of each layer, bottom first."""
+    return [line[2:] for line in _layer_lines()]
 
 
 def layer_names() -> list[str]:
     """Each layer's name, bottom first."""
-    return [line[1] for line in _layer_lines()]
+    return [line[0] for line in _layer_lines()]
+
+
+@cache
+def layer_graph() -> nx.DiGraph:
+    """The declared layers: an arrow from each layer to each layer it sits on directly."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(layer_names())
+    for line in _layer_lines():
+        graph.add_edges_from((line[0], under) for under in line[1].split(",") if under != "-")
+    return graph
+
+
+def may_import(importer: int, target: int) -> bool:
+    """Whether a module of layer ``importer`` may import one of layer ``target`` (indices):
+    its own layer, or one it sits on, directly or through others."""
+    names = layer_names()
+    return importer == target or nx.has_path(layer_graph(), names[importer], names[target])
 
 
 def layer_of(module: str) -> int:
@@ -134,14 +154,42 @@ def test_every_module_is_in_a_layer() -> None:
         layer_of(module)
 
 
-def test_no_module_imports_from_a_layer_above_it() -> None:
-    upward = [
-        f"{i.module}:{i.line} imports {i.target} "
-        f"(layer {layer_of(i.target)} > {layer_of(i.module)})"
+def test_the_layers_are_declared_bottom_first_as_a_dag() -> None:
+    """Each layer sits only on layers declared before it (so there is no circle among them),
+    each named once, each but the bottom one on at least one."""
+    names = layer_names()
+    assert len(set(names)) == len(names), f"a layer is declared twice: {names}"
+    unknown = [(a, b) for a, b in layer_graph().edges if b not in names]
+    assert not unknown, f"layers sit on layers that are not declared: {unknown}"
+    upward = [(a, b) for a, b in layer_graph().edges if names.index(b) >= names.index(a)]
+    assert not upward, f"layers sit on a layer declared after them (bottom first): {upward}"
+    floating = [n for n in names[1:] if not layer_graph().out_degree(n)]
+    assert not floating, f"layers that sit on none: {floating}"
+
+
+def test_every_declared_arrow_is_used() -> None:
+    """Each layer a layer sits on directly is one its modules import from, so the declaration
+    says how the layers depend, and no more."""
+    names = layer_names()
+    used = {
+        (names[layer_of(i.module)], names[layer_of(i.target)])
         for i in imports()
-        if i.target in modules() and layer_of(i.target) > layer_of(i.module)
+        if i.target in modules()
+    }
+    unused = [edge for edge in layer_graph().edges if edge not in used]
+    assert not unused, f"arrows of ARCHITECTURE.md's layers that no import takes: {unused}"
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    """No import runs against the declared layers: none up, none across to a sibling."""
+    names = layer_names()
+    against = [
+        f"{i.module}:{i.line} imports {i.target} "
+        f"(layer {names[layer_of(i.target)]} is not under {names[layer_of(i.module)]})"
+        for i in imports()
+        if i.target in modules() and not may_import(layer_of(i.module), layer_of(i.target))
     ]
-    assert not upward, "imports against the layers of ARCHITECTURE.md:\n" + "\n".join(upward)
+    assert not against, "imports against the layers of ARCHITECTURE.md:\n" + "\n".join(against)
 
 
 def test_no_import_cycles() -> None:

@@ -314,8 +314,8 @@ def _the_comparison_shows_its_differences(lab: Lab, kernel: KernelClient) -> Non
     table.wait_for(timeout=UI_MS)
     timeline_root(out).locator("canvas").first.wait_for(timeout=UI_MS)
     rows = kernel.json(
-        "[[k, fsdpviz.schedule.comparison.cost_text(k, a), "
-        "fsdpviz.schedule.comparison.cost_text(k, b), cmp.change_text(k)] "
+        "[[k, fsdpviz.api.comparison.cost_text(k, a), "
+        "fsdpviz.api.comparison.cost_text(k, b), cmp.change_text(k)] "
         "for k, (a, b) in cmp.costs.items()]"
     )
     assert len(rows) == 5

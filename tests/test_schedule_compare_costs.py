@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fsdpviz
+from fsdpviz.api.comparison import COSTS, deltas_text, plan_costs
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
-from fsdpviz.schedule.comparison import COSTS, deltas_text, plan_costs
 from fsdpviz.schema.memory import size_text
 
 CONFIG = ExampleConfig()
@@ -110,7 +110,7 @@ def test_the_comparison_shows_its_differences(base: fsdpviz.Report) -> None:
     """As a cell's last line, and with show(): the view of the differences (each cost of
     both plans and the change, as print(cmp) says them) over both timelines."""
     pytest.importorskip("anywidget")
-    from fsdpviz.schedule.comparison import cost_text
+    from fsdpviz.api.comparison import cost_text
     from fsdpviz.widgets import ComparisonView
 
     bigger = _plan(batch=4)
@@ -134,7 +134,7 @@ def test_the_comparison_shows_its_differences(base: fsdpviz.Report) -> None:
 
 def test_changes_read_without_minus_zero() -> None:
     """A change too small for the cost's digits is not "-0 (-0%)"."""
-    from fsdpviz.schedule.comparison import Comparison
+    from fsdpviz.api.comparison import Comparison
 
     cmp = Comparison("a", "b", [], costs={"tokens_per_s": (5000.0, 4999.7),
                                           "step_s": (1.0, 1.0004)})  # fmt: skip

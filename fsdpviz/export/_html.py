@@ -29,11 +29,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz.api.comparison import Comparison
 from fsdpviz.cost.fit import modelled_memory
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
-from fsdpviz.schedule.comparison import Comparison
 from fsdpviz.views.style import format_bytes, theme_colors
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_view import opening_iteration

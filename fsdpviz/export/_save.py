@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.api.comparison import Comparison
 from fsdpviz.errors import ConfigError
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
-from fsdpviz.schedule.comparison import Comparison
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun

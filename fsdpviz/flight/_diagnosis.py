@@ -111,7 +111,7 @@ class Diagnosis:
         return f"<Diagnosis: {self.summary()}>"
 
     def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None, **kwargs: Any
+        self, include: Any = None, exclude: Any = None, **kwargs: object
     ) -> dict[str, Any]:
 
         text = str(self)

@@ -166,7 +166,7 @@ class FlightRecorderRun(RecordedRun):
         return "\n".join(lines)
 
     def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None, **kwargs: Any
+        self, include: Any = None, exclude: Any = None, **kwargs: object
     ) -> dict[str, Any]:
         return self.diagnose()._repr_mimebundle_()
 

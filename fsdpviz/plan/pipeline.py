@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ class PipelineOptions:
         return [s for s, r in enumerate(self.stage_ranks) if r == rank]
 
 
-def wants_pipeline(kwargs: dict[str, Any]) -> bool:
+def wants_pipeline(kwargs: Mapping[str, Any]) -> bool:
     """Whether ``analyze``'s keywords plan pipeline parallelism."""
     if PIPELINE_KEYS & set(kwargs):
         return True

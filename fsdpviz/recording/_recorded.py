@@ -178,7 +178,7 @@ class RecordedRun:
         return save(self, path, **kwargs)
 
     def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None, **kwargs: Any
+        self, include: Any = None, exclude: Any = None, **kwargs: object
     ) -> dict[str, Any]:
         """The compact summary a notebook shows for a run in a cell's last line."""
         card: Callable[[RecordedRun], dict[str, Any]] = run_method("card")

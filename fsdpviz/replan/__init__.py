@@ -1,6 +1,7 @@
 """Plans under other options without tracing again: replay, stored traces, sweep.
 
-May import every layer below it (schema, trace, plan, schedule, cost).
+May import the layers under the API layer (schema, trace, plan, configs, schedule, cost)
+and ``fsdpviz.api`` (``analyze``), its own layer.
 
 - :func:`replay`: a traced report's hook calls fed through FSDP's runtime again
   (world size, backward prefetch, sharding, FSDP2 resharding and prefetch maps);

@@ -26,12 +26,14 @@ FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import nn
 
+from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
@@ -69,7 +71,7 @@ _PLACEHOLDER = nn.Module()
 OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
 
-def replay(report: Report, **changes: Any) -> Report:
+def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
     """``report``'s wrap plan with ``changes`` applied, predicted without a new trace.
 
     Example::
@@ -114,7 +116,7 @@ def _shapes(report: Report) -> dict[str, list[int]]:
 
 
 # -------------------------------------------------------------------- FSDP1
-def _replay_fsdp1(report: Report, changes: dict[str, Any]) -> Report:
+def _replay_fsdp1(report: Report, changes: Mapping[str, Any]) -> Report:
     cfg = report.config
     if cfg.forward_prefetch and changes.get("grad_accum", cfg.grad_accum) != cfg.grad_accum:
         raise ConfigError(
@@ -193,7 +195,7 @@ def _fsdp1_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 
 
 # -------------------------------------------------------------------- FSDP2
-def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
+def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     cfg = report.config
     if cfg.mesh is not None and "world_size" in changes and "mesh" not in changes:
         raise ConfigError(
@@ -293,7 +295,7 @@ def _replay_fsdp2(report: Report, changes: dict[str, Any]) -> Report:
     return _report(report, config, units, order, iterations, steps)
 
 
-def _mesh(cfg: ReportConfig, changes: dict[str, Any]) -> tuple[int, int, dict[str, int] | None]:
+def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int] | None]:
     """The world size, the ranks a parameter is sharded over and the 2-D mesh (None: one
     dimension) of a replay: ``mesh=`` as ``analyze`` takes it (one or two dimensions,
     ``None`` for ``world_size`` ranks), else ``world_size``, else the report's."""
@@ -336,7 +338,7 @@ def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
 
 
 # ------------------------------------------------------------------- shared
-def _grad_accum(report: Report, changes: dict[str, Any]) -> int:
+def _grad_accum(report: Report, changes: Mapping[str, Any]) -> int:
     accum = changes.get("grad_accum", report.config.grad_accum)
     if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
         raise ConfigError(

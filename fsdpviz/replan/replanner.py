@@ -34,20 +34,21 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 from fsdpviz._deferred_gc import answering
+from fsdpviz.api.keywords import AnalyzeKwargs
+from fsdpviz.api.predict import analyze
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
 from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
-from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import check_model
 
@@ -138,7 +139,12 @@ class Replanner:
     """
 
     def __init__(
-        self, model: nn.Module, inputs: Any, *, cache_size: int = 16, **analyze_kwargs: Any
+        self,
+        model: nn.Module,
+        inputs: Any,
+        *,
+        cache_size: int = 16,
+        **analyze_kwargs: Unpack[AnalyzeKwargs],
     ) -> None:
         check_model(model, "Replanner")
         self.model = model

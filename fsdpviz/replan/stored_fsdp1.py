@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ from torch._C._autograd import _get_sequence_nr
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
+from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
@@ -192,7 +193,7 @@ class StoredTrace:
         self.calls.append(call)
 
     # -------------------------------------------------------------- planning
-    def plan(self, **fsdp_kwargs: Any) -> Report | None:
+    def plan(self, **fsdp_kwargs: Unpack[PlanKwargs]) -> Report | None:
         """The report :func:`fsdpviz.analyze` gives for these options (without ``profile``).
 
         ``None`` when this trace cannot answer (see ``reason`` and the module docstring).

@@ -18,13 +18,13 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz.api.predict import analyze
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
-from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.extensions import show_method
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.tables import dataframe

@@ -20,13 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-ReportMethod = Literal[
-    "memory", "timeline", "module_graph", "unit_graph", "show", "save", "card",
-    "check_fit", "machine_spec",
-]  # fmt: skip
-"""``check_fit`` (``fn(report)``: set its ``out_of_memory`` warning) and ``machine_spec``
-(``fn(spec)``: a machine as ``ReportConfig.machine`` holds it) are what ``analyze`` asks of
-the cost model, which sits above it."""
+ReportMethod = Literal["memory", "timeline", "module_graph", "unit_graph", "show", "save", "card"]
 RunMethod = Literal["show", "save", "card", "bundle"]
 """``bundle`` (``fn(run, base=..., **options)``): a notebook output of the run beside
 ``base`` (its views' data and a static image, see :func:`fsdpviz.export.object_bundle`)."""

@@ -472,7 +472,7 @@ class Report:
         return save(self, path, **kwargs)
 
     def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None, **kwargs: Any
+        self, include: Any = None, exclude: Any = None, **kwargs: object
     ) -> dict[str, Any]:
         """The compact summary a notebook shows for a report in a cell's last line."""
         card: Callable[[Report], dict[str, Any]] = report_method("card")

@@ -1,6 +1,7 @@
 """What should I change: the fastest configuration that fits, and why (``fsdpviz.tune``).
 
-May import every layer below it (schema, trace, plan, schedule, cost, replan).
+May import the layers under the API layer (schema, trace, plan, configs, schedule, cost)
+and ``fsdpviz.api`` and ``fsdpviz.replan``, its own layer.
 """
 
 from fsdpviz.tuning.result import Candidate, TuneTable, Tuning

@@ -13,13 +13,13 @@ from typing import Any
 
 from torch import nn
 
+from fsdpviz.api.predict import analyze
 from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.replan.hook_replay import replay
-from fsdpviz.schedule.predict import analyze
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.space import (

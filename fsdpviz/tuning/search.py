@@ -18,10 +18,11 @@ import difflib
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
+from fsdpviz.api.keywords import FSDPKwargs
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
@@ -58,7 +59,7 @@ def tune(
     exhaustive: bool = False,
     workers: int | None = None,
     progress: bool | None = None,
-    **kwargs: Any,
+    **kwargs: Unpack[FSDPKwargs],
 ) -> Tuning:
     """Find the configuration with the most tokens/s per GPU that fits, and show why.
 
@@ -111,10 +112,10 @@ def tune(
     check_model(model, "tune")
     if config is not None:
         source = source or _source(config)
-        kwargs = {**dict(config), **kwargs}
-    world_sizes = _world_sizes(world_size, kwargs)
+    given: dict[str, Any] = {**dict(config), **kwargs} if config is not None else dict(kwargs)
+    world_sizes = _world_sizes(world_size, given)
     m = make_machine(machine) if isinstance(machine, str) else machine
-    chosen_api = _api(api, kwargs, fixed or {})
+    chosen_api = _api(api, given, fixed or {})
     fixed_kw = check_fixed(fixed or {}, chosen_api)
     allowed = _allowed(allow)
     turned = set(KNOBS) if knobs is None else _knobs(knobs)
@@ -123,7 +124,7 @@ def tune(
         model,
         inputs,
         chosen_api,
-        {**kwargs, **{k: v for k, v in fixed_kw.items() if k not in KNOBS}},
+        {**given, **{k: v for k, v in fixed_kw.items() if k not in KNOBS}},
         fixed_kw,
         allowed,
         turned,
@@ -164,7 +165,7 @@ def suggest(
     api: str = "fsdp2",
     machine: Machine | str = "h100",
     optimizer: str | int | None = "adamw",
-    **options: Any,
+    **options: Unpack[FSDPKwargs],
 ) -> Tuning:
     """:func:`tune` turning only the wrap plan and FSDP's own switches (FSDP2's
     ``reshard_after_forward``; FSDP1's sharding strategy and prefetch): the rest of the job

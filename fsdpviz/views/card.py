@@ -28,8 +28,8 @@ from fsdpviz.views.detail import dtype_text
 from fsdpviz.views.style import format_bytes, three_digits, unit_colors
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
 __all__ = [
     "comparison_html",
@@ -417,7 +417,7 @@ def comparison_html(cmp: Comparison) -> str:
     """The differences of two plans, as ``print(cmp)`` says them: the verdict, each cost of
     both plans with the change (peak, reserved, step, exposed communication, tokens/s),
     whether each fits its machine, and the units that differ. Static HTML, as the card."""
-    from fsdpviz.schedule.comparison import COSTS, cost_label, cost_text
+    from fsdpviz.api.comparison import COSTS, cost_label, cost_text
 
     a, b = cmp.name_a, cmp.name_b
     parts = [

@@ -17,8 +17,8 @@ from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
 __all__ = ["LaneGroup", "lane_groups"]
 
@@ -42,8 +42,8 @@ def lane_groups(
     rank_names: Sequence[str] | None,
     memory: MemoryOption,
 ) -> tuple[list[LaneGroup], str]:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
     if isinstance(obj, Comparison):
         return _comparison_groups(obj, memory), "comparison"

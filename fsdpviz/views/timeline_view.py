@@ -60,8 +60,8 @@ from fsdpviz.views.timeline_groups import lane_groups
 from fsdpviz.views.timeline_lanes import AUTO_ITERATION, FREE, MemoryOption
 
 if TYPE_CHECKING:
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
 __all__ = ["cursor_x", "opening_iteration", "timeline_data"]
 

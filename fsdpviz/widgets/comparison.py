@@ -26,7 +26,7 @@ from fsdpviz.widgets.front_end import with_saved_views
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
 if TYPE_CHECKING:
-    from fsdpviz.schedule.comparison import Comparison
+    from fsdpviz.api.comparison import Comparison
 
 __all__ = ["ComparisonView"]
 

@@ -43,11 +43,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import ipywidgets as w
 import traitlets
 
+from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.report import Report
@@ -77,6 +78,18 @@ def _heading(text: str) -> w.HTML:
     return w.HTML(f"<b>{text}</b>", layout=w.Layout(margin="8px 0 0 0"))
 
 
+class DashboardKwargs(PlanKwargs, total=False):
+    """What :class:`Dashboard` takes besides the report (``report.show(**kwargs)``): its own
+    keywords and the :func:`fsdpviz.analyze` keywords its controls re-plan with."""
+
+    model: Any
+    inputs: Any
+    memory: MemoryOption
+    ranks: Sequence[Report] | RecordedRun | None
+    iteration: int | Literal["auto"] | None
+    machine: Machine | str | None
+
+
 class Dashboard(w.VBox):  # type: ignore[misc]
     """The three linked views of one report; see the module docstring."""
 
@@ -92,7 +105,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         ranks: Sequence[Report] | RecordedRun | None = None,
         iteration: int | Literal["auto"] | None = "auto",
         machine: Machine | str | None = "auto",
-        **analyze_kwargs: Any,
+        **analyze_kwargs: Unpack[PlanKwargs],
     ) -> None:
         self.memory = memory
         iteration = opening_iteration(ranks if ranks is not None else report, iteration)
@@ -294,7 +307,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         return p
 
 
-def show(report: Report, **kwargs: Any) -> Dashboard:
+def show(report: Report, **kwargs: Unpack[DashboardKwargs]) -> Dashboard:
     """The :class:`Dashboard` of ``report`` (``kwargs`` as for ``Dashboard``).
 
     As the last line of a notebook cell it is displayed; keep it to drive it from Python.

@@ -11,12 +11,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import ipywidgets as w
 import traitlets
 
 from fsdpviz._deferred_gc import answering
+from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.schema.report import Report, unit_label
 from fsdpviz.views.card import plural, warnings_html
@@ -79,7 +80,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         model: Any = None,
         inputs: Any = None,
         replanner: Replanner | None = None,
-        **analyze_kwargs: Any,
+        **analyze_kwargs: Unpack[AnalyzeKwargs],
     ) -> None:
         # a pipeline's plan is not re-planned from the controls (they plan FSDP alone)
         piped = report.pipeline is not None and bool(report.pipeline.ranks)

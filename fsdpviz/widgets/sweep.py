@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import ipywidgets as w
 import traitlets
@@ -26,6 +26,9 @@ import traitlets
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.sweep_table import SweepTable
 from fsdpviz.widgets._errors import ErrorOutput
+
+if TYPE_CHECKING:
+    from fsdpviz.widgets.dashboard import DashboardKwargs
 
 __all__ = ["SweepView"]
 
@@ -95,7 +98,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
 
     opened = traitlets.Int(None, allow_none=True)
 
-    def __init__(self, table: SweepTable, **dashboard_kwargs: Any) -> None:
+    def __init__(self, table: SweepTable, **dashboard_kwargs: Unpack[DashboardKwargs]) -> None:
         if len(table.reports) != len(table.rows):
             raise ValueError(
                 "this sweep table has no reports to open (it was read back from a file); "

@@ -38,8 +38,8 @@ from fsdpviz.widgets.front_end import DATA, FrontEnd
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
     Shown: TypeAlias = Report | Sequence[Report] | RecordedRun | Comparison
 
@@ -232,8 +232,8 @@ class TimelineWidget(FrontEnd):
 
 def _reports_of(shown: Shown) -> list[Report]:
     """The report of each lane group."""
+    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
-    from fsdpviz.schedule.comparison import Comparison
 
     if isinstance(shown, Report):
         return [shown]

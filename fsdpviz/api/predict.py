@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
+from fsdpviz.api.keywords import AnalyzeKwargs
+from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.pipeline import wants_pipeline
 from fsdpviz.schedule.fsdp1 import analyze_fsdp1
 from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 from fsdpviz.schedule.pipeline import analyze_pipeline
-from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import describe_checkpointing
@@ -21,7 +22,7 @@ from fsdpviz.trace.copy import check_model
 from fsdpviz.trace.tracker import USE_CACHE_CODE
 
 
-def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
+def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs]) -> Report:
     """Predict what FSDP1 does with ``model`` for one training step on ``inputs``.
 
     ``fsdp_kwargs`` are the keyword arguments of ``FullyShardedDataParallel``
@@ -69,8 +70,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
     check_model(model)
     asked = dict(fsdp_kwargs)
     given = fsdp_kwargs.pop("machine", None)
-    # the cost model (a layer above) checks and answers for the machine
-    machine = None if given is None else report_method("machine_spec")(given)
+    machine = None if given is None else machine_spec(given)
     if wants_pipeline(fsdp_kwargs):
         report = analyze_pipeline(model, inputs, **fsdp_kwargs)
     elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
@@ -81,7 +81,7 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Any) -> Report:
         report.config = report.config.replace(machine=machine)
     _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))
     _measure_cache(report, model, inputs, asked)
-    report_method("check_fit")(report)
+    check_fit(report)
     return report
 
 
