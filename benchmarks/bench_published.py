@@ -121,6 +121,15 @@ class Row:
         return "adamw_fused" if fused else "adamw"
 
     @property
+    def compiles_loss(self) -> bool:
+        """torchtitan compiles its loss function with the blocks from April 2025
+        (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile`` of
+        the cross-entropy when ``training.compile``), so in its June 2025 runs (async TP at
+        ``820504e``, Trainy's at ``e7c0cae``); its December 2024 runs (``9dec370``, ``train.py``:
+        the line commented out) and the A100 ones run the loss eager."""
+        return self.compile and self.source in (TT_ASYNC_TP, TT_H200)
+
+    @property
     def name(self) -> str:
         acc = f" x{self.grad_accum}" if self.grad_accum > 1 else ""
         shard = {"SHARD_GRAD_OP": ", SGO", "HYBRID_SHARD": ", HSDP"}.get(self.sharding, "")
@@ -445,8 +454,9 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         "parallelism": {"tensor_parallel_degree": row.tp, "context_parallel_degree": row.cp},
         "activation_checkpoint": {"mode": mode, "selective_ac_option": option},
     }
-    if row.compile:  # torchtitan compiled each block (the loss too only from August 2025)
-        job["compile"] = {"enable": True, "components": ["model"]}
+    if row.compile:  # torchtitan compiles each block, and the loss in its 2025 runs
+        components = ["model", "loss"] if row.compiles_loss else ["model"]
+        job["compile"] = {"enable": True, "components": components}
     if row.float8:
         job["model"]["converters"] = ["float8"]
         job["float8"] = (
@@ -645,7 +655,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     out = []
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
-               row.float8, row.tp, row.cp, row.source == FMS,
+               row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
                row.grad_accum if row.no_sync else 1)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
