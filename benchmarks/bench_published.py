@@ -25,7 +25,8 @@ Sources:
   with FSDP's float8 all-gather; peak reserved memory);
 - KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
   ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
-  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
+  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR (200 Gb/s per GPU, what its profile
+  of a 13B run measures: ``KEMPNER_INTER_NODE_GBPS``), FSDP2 with bf16 parameters, bf16
   compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
   accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
   tokens/s of all GPUs, divided here per GPU; peak allocated memory; its nodes' 4 GPUs
