@@ -25,7 +25,8 @@ Sources:
   with FSDP's float8 all-gather; peak reserved memory);
 - KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
   ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
-  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR, FSDP2 with bf16 parameters, bf16
+  shapes on nodes of 4 H200 with NVLink and InfiniBand NDR (200 Gb/s per GPU, what its profile
+  of a 13B run measures: ``KEMPNER_INTER_NODE_GBPS``), FSDP2 with bf16 parameters, bf16
   compute and fp32 reduction, full activation checkpointing, fused AdamW, gradient
   accumulation with ``set_requires_gradient_sync(False)``, FSDP alone and FSDP x TP 2 or 4;
   tokens/s of all GPUs, divided here per GPU; peak allocated memory; its nodes' 4 GPUs
@@ -121,6 +122,15 @@ class Row:
         return "adamw_fused" if fused else "adamw"
 
     @property
+    def compiles_loss(self) -> bool:
+        """torchtitan compiles its loss function with the blocks from April 2025
+        (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile`` of
+        the cross-entropy when ``training.compile``), so in its June 2025 runs (async TP at
+        ``820504e``, Trainy's at ``e7c0cae``); its December 2024 runs (``9dec370``, ``train.py``:
+        the line commented out) and the A100 ones run the loss eager."""
+        return self.compile and self.source in (TT_ASYNC_TP, TT_H200)
+
+    @property
     def name(self) -> str:
         acc = f" x{self.grad_accum}" if self.grad_accum > 1 else ""
         shard = {"SHARD_GRAD_OP": ", SGO", "HYBRID_SHARD": ", HSDP"}.get(self.sharding, "")
@@ -170,8 +180,17 @@ TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 FMS = "fms-fsdp IBM (2024)"
 KEMPNER = "KempnerForge H200 (Apr 2026)"
 KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
+# KempnerForge's network per GPU (GB/s). Its sources say "InfiniBand (NDR 400Gbps)" and the
+# Kempner handbook a non-blocking NDR fabric for the H200 partition; neither says how many
+# cards a node of 4 GPUs has. Its own profile of a 13B FSDP 6 x TP 4 run
+# (benchmarks/profiling/13b_24gpu_profiling.md; each data-parallel ring one rank per node,
+# four rings per node) has FSDP2's collectives at 3.77 s a step: 400 Gb/s per GPU ("ib-ndr")
+# would take 1.76 s, 200 Gb/s 3.51 s (kempner_profile_collectives), as two NDR cards per
+# node would give.
+KEMPNER_INTER_NODE_GBPS = 25.0
 _KF: dict[str, Any] = {"memory": "allocated", "gpus_per_node": 4, "no_sync": True,
-                       "intra_node_mesh": True}  # fmt: skip
+                       "intra_node_mesh": True,
+                       "inter_node_gbps": KEMPNER_INTER_NODE_GBPS}  # fmt: skip
 FOUNDRY = "llm-foundry MPT"
 CAL, VAL = "calibration", "validation"
 
@@ -436,8 +455,9 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         "parallelism": {"tensor_parallel_degree": row.tp, "context_parallel_degree": row.cp},
         "activation_checkpoint": {"mode": mode, "selective_ac_option": option},
     }
-    if row.compile:  # torchtitan compiled each block (the loss too only from August 2025)
-        job["compile"] = {"enable": True, "components": ["model"]}
+    if row.compile:  # torchtitan compiles each block, and the loss in its 2025 runs
+        components = ["model", "loss"] if row.compiles_loss else ["model"]
+        job["compile"] = {"enable": True, "components": components}
     if row.float8:
         job["model"]["converters"] = ["float8"]
         job["float8"] = (
@@ -461,6 +481,38 @@ KEMPNER_MODELS = {
     "70B": {"dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
             "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
 }  # fmt: skip
+
+
+# KempnerForge's profile of a 13B FSDP 6 x TP 4 run over 6 nodes of 4 H200
+# (benchmarks/profiling/13b_24gpu_profiling.md, eager, 5 steps of 4 micro-batches, gradients
+# reduced on the last): its FSDP2 collectives' GPU time per step, in seconds
+KEMPNER_PROFILE_STEP_S = {"reduce_scatter": 2.9534 / 5, "all_gather": 15.8752 / 5}
+
+
+def kempner_profile_collectives(m: Machine) -> dict[str, float]:
+    """The FSDP2 collectives of one step of KempnerForge's profiled 13B FSDP 6 x TP 4 run as
+    the machine ``m`` times them (seconds, as :data:`KEMPNER_PROFILE_STEP_S`): 40 blocks and
+    the root (token embedding, replicated over tp, and the output projection, a quarter of it
+    per tp rank), each all-gathered in bf16 for forward and again for backward in each of 4
+    micro-batches and reduce-scattered in fp32 once, over the 6 ranks of a data-parallel
+    group, one per node, whose node holds one rank of each of the 4 groups."""
+    from fsdpviz.cost.topology import span_of
+
+    with torch.device("meta"):
+        model = titan.Transformer(KEMPNER_MODELS["13B"], 4096)
+    layers = len(model.layers)
+    block = sum(p.numel() for p in model.layers["0"].parameters()) / 4  # one tp rank's
+    root = (model.tok_embeddings.weight.numel() + model.output.weight.numel() / 4
+            + model.norm.weight.numel())  # fmt: skip
+    span = span_of([("dp_shard", 6), ("tp", 4)], 0, 4)
+    m = replace(m, gpus_per_node=4, intra_node_mesh=True)
+
+    def each(kind: str, itemsize: int) -> float:
+        return layers * m.collective_seconds(
+            kind, block * itemsize, 6, span
+        ) + m.collective_seconds(kind, root * itemsize, 6, span)
+
+    return {"reduce_scatter": each("reduce_scatter", 4), "all_gather": 8 * each("all_gather", 2)}
 
 
 class _BF16CrossEntropy:
@@ -604,7 +656,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     out = []
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
-               row.float8, row.tp, row.cp, row.source == FMS,
+               row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
                row.grad_accum if row.no_sync else 1)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
