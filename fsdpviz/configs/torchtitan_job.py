@@ -124,7 +124,9 @@ def upgrade_keys(data: dict[str, Any], where: str) -> list[str]:
             f"(torchtitan's name since {since})",
         )
         if (old_section, old_key) == ("training", "compile"):
-            data["compile"].setdefault("components", ["model"])  # the blocks, as then
+            # the blocks, as in 2024 (from April to August 2025 torchtitan compiled the loss
+            # too under this key; a file cannot say which, so components= says it)
+            data["compile"].setdefault("components", ["model"])
     for section, keys in _OLD_KEYS.items():
         values = data.get(section)
         if isinstance(values, dict):
