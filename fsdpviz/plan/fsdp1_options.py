@@ -19,6 +19,7 @@ from torch.distributed.fsdp import (
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
+from fsdpviz.plan.option_specs import OptionSpec
 from fsdpviz.plan.options import (
     DEFAULT_WORLD_SIZE,
     check_dtypes,
@@ -320,16 +321,25 @@ def _short(v: Any) -> str:
     return getattr(v, "__name__", repr(v))
 
 
-def strategy_named(name: str) -> ShardingStrategy:
-    """``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``: for names fsdpviz itself stores
-    (``Report.config``, the CLI, the widgets), never for what a user passes to ``analyze``."""
-    return ShardingStrategy[name]
+_TORCH_ENUMS: dict[str, type[BackwardPrefetch] | type[ShardingStrategy]] = {
+    "BackwardPrefetch": BackwardPrefetch,
+    "ShardingStrategy": ShardingStrategy,
+}
 
 
-def prefetch_named(name: str | None) -> BackwardPrefetch | None:
-    """``"BACKWARD_PRE"`` -> ``BackwardPrefetch.BACKWARD_PRE`` (None stays None); see
-    :func:`strategy_named`."""
-    return None if name is None else BackwardPrefetch[name]
+def enum_value(spec: OptionSpec, name: str | None) -> Any:
+    """An enum option's value as fsdpviz stores it, as the torch enum FSDP1 takes
+    (``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``; None stays None): for names
+    fsdpviz itself stores (``Report.config``, the CLI, the widgets), never for what a user
+    passes to ``analyze``.
+
+    Example::
+
+        enum_value(OPTIONS["backward_prefetch"], "BACKWARD_POST")  # BackwardPrefetch.BACKWARD_POST
+    """
+    if name is None or spec.enum is None:
+        return name
+    return _TORCH_ENUMS[spec.enum][name]
 
 
 def _enum_hint(value: str, enum: Any) -> str:
