@@ -53,6 +53,8 @@ class OptionSpec:
             of its own).
         instead: what the other API does instead, for the command line's refusal of an
             option of one API given while planning the other.
+        summary: its line in ``%fsdpviz``'s list of options (after the flag and its
+            values; :meth:`summary_line`).
     """
 
     name: str
@@ -68,6 +70,7 @@ class OptionSpec:
     tooltip: str = ""
     knob: str | None = None
     instead: str = ""
+    summary: str = ""
 
     @property
     def choices(self) -> tuple[str | None, ...]:
@@ -87,6 +90,16 @@ class OptionSpec:
     def word(self, value: Any) -> str:
         """A stored value as the flag's word (a value without one as itself)."""
         return next((k for k, v in self.words.items() if v == value), str(value))
+
+    def summary_line(self) -> str:
+        """Its line in ``%fsdpviz``'s list of options: the flag and the values it takes,
+        then :attr:`summary` in the list's columns
+        (``"  --world-size N              ranks (default 8)"``)."""
+        assert self.flag is not None
+        takes = "|".join(self.words) if self.kind == "enum" else self.metavar
+        left = f"  {self.flag} {takes}" if takes else f"  {self.flag}"
+        column = 30 if len(left) < 30 else 42 if len(left) < 42 else len(left) + 4
+        return f"{left.ljust(column)}{self.summary}"
 
     def code(self, value: Any) -> str:
         """The keyword argument as Python code writes it
@@ -109,6 +122,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         tooltip="FSDP2: free after forward (True), keep (False), or reshard to N ranks",
         knob="resharding",
         instead="--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)",
+        summary="FSDP2 reshard_after_forward",
     ),
     OptionSpec(
         name="backward_prefetch",
@@ -121,6 +135,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         help="FSDP1 BackwardPrefetch (FSDP's default: pre)",
         label="backward prefetch",
         knob="backward prefetch",
+        summary="FSDP1",
     ),
     OptionSpec(
         name="forward_prefetch",
@@ -131,6 +146,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         help="FSDP1 forward_prefetch=True",
         label="forward prefetch",
         knob="forward prefetch",
+        summary="FSDP1 forward_prefetch=True",
     ),
     OptionSpec(
         name="sharding_strategy",
@@ -147,6 +163,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         flag="--sharding-strategy",
         help="FSDP1 ShardingStrategy (default: full)",
         label="sharding",
+        summary="FSDP1",
     ),
     OptionSpec(
         name="use_orig_params",
@@ -155,6 +172,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         default=False,
         flag="--use-orig-params",
         help="FSDP1 use_orig_params=True",
+        summary="FSDP1 use_orig_params=True",
     ),
     OptionSpec(
         name="world_size",
@@ -165,6 +183,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         help="ranks (default: the config file's, else 8)",
         metavar="N",
         label="world size",
+        summary="ranks (default 8)",
     ),
 )
 """Every shared FSDP option, in the order the command line's ``--help`` lists their flags."""
