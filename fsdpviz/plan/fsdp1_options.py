@@ -327,19 +327,19 @@ _TORCH_ENUMS: dict[str, type[BackwardPrefetch] | type[ShardingStrategy]] = {
 }
 
 
-def enum_value(spec: OptionSpec, name: str | None) -> Any:
-    """An enum option's value as fsdpviz stores it, as the torch enum FSDP1 takes
-    (``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``; None stays None): for names
-    fsdpviz itself stores (``Report.config``, the CLI, the widgets), never for what a user
-    passes to ``analyze``.
+def enum_value(spec: OptionSpec, value: Any) -> Any:
+    """An option's value as fsdpviz stores it, as FSDP1 takes it: an enum option's member
+    name as the torch enum (``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``), None and
+    any other option's value as they are. For names fsdpviz itself stores
+    (``Report.config``, the CLI, the widgets), never for what a user passes to ``analyze``.
 
     Example::
 
         enum_value(OPTIONS["backward_prefetch"], "BACKWARD_POST")  # BackwardPrefetch.BACKWARD_POST
     """
-    if name is None or spec.enum is None:
-        return name
-    return _TORCH_ENUMS[spec.enum][name]
+    if value is None or spec.enum is None:
+        return value
+    return _TORCH_ENUMS[spec.enum][value]
 
 
 def _enum_hint(value: str, enum: Any) -> str:
