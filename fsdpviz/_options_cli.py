@@ -30,12 +30,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
+from fsdpviz.plan.option_specs import OPTIONS, OptionSpec, options_of
 
 __all__ = [
     "BACKWARD_PREFETCH",
@@ -50,15 +51,10 @@ __all__ = [
 ]
 
 
-BACKWARD_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+BACKWARD_PREFETCH = OPTIONS["backward_prefetch"].words
 
 
-SHARDING = {
-    "full": "FULL_SHARD",
-    "grad_op": "SHARD_GRAD_OP",
-    "no_shard": "NO_SHARD",
-    "hybrid": "HYBRID_SHARD",
-}
+SHARDING = OPTIONS["sharding_strategy"].words
 
 
 _DTYPES = {
@@ -73,12 +69,7 @@ _DTYPES = {
 }
 
 
-_FSDP1_ONLY = {
-    "backward_prefetch": "--backward-prefetch",
-    "forward_prefetch": "--forward-prefetch",
-    "sharding_strategy": "--sharding-strategy",
-    "use_orig_params": "--use-orig-params",
-}
+_FSDP1_ONLY = {spec.dest: spec.flag for spec in options_of("FSDP1") if spec.flag}
 
 
 Source = Literal["hf", "factory", "torchtitan", "saved"]
@@ -189,6 +180,19 @@ class Flag:
     sources: frozenset[Source] = field(default=_PLANNED)
     why: str = "a model to plan"
 
+    @classmethod
+    def of(cls, spec: OptionSpec) -> Flag:
+        """The flag of a shared FSDP option (:mod:`fsdpviz.plan.option_specs`): its name,
+        help and metavar from the table, a switch for a bool, the words of an enum as its
+        choices, a checked number for an int or FSDP2's resharding."""
+        assert spec.flag is not None
+        if spec.kind == "bool":
+            return cls(spec.flag, spec.help, kind="switch", option=spec.name)
+        if spec.kind == "enum":
+            return cls(spec.flag, spec.help, choices=list(spec.words), option=spec.name)
+        parse = positive_int if spec.kind == "int" else _reshard
+        return cls(spec.flag, spec.help, metavar=spec.metavar, type=parse, option=spec.name)
+
     @property
     def dest(self) -> str:
         return self.name.removeprefix("--").replace("-", "_")
@@ -236,25 +240,15 @@ FLAGS: tuple[Flag, ...] = (
          "FSDP2 recipe", metavar="TOML", sources=frozenset({"torchtitan"})),
     Flag("--fully-shard", "FSDP2 instead: fully_shard on these module classes or FQNs "
          "(comma-separated), then on the root", metavar="NAMES", option="fully_shard"),
-    Flag("--reshard-after-forward", "FSDP2 reshard_after_forward (default: torch's: True, "
-         "the root False)", metavar="true|false|N", type=_reshard,
-         option="reshard_after_forward"),
+    *(Flag.of(spec) for spec in options_of("FSDP2")),
     Flag("--mixed-precision", "compute in DTYPE (bf16, fp16, fp32), reduce gradients in "
          "REDUCE (default DTYPE): MixedPrecision for FSDP1, MixedPrecisionPolicy for FSDP2",
          metavar="DTYPE[,REDUCE]", option="mixed_precision"),
     Flag("--cpu-offload", "parameters, gradients and optimizer state in host memory: FSDP1 "
          "CPUOffload(offload_params=True), FSDP2 offload_policy=CPUOffloadPolicy()",
          kind="switch", option="cpu_offload"),
-    Flag("--backward-prefetch", "FSDP1 BackwardPrefetch (FSDP's default: pre)",
-         choices=list(BACKWARD_PREFETCH), option="backward_prefetch"),
-    Flag("--forward-prefetch", "FSDP1 forward_prefetch=True", kind="switch",
-         option="forward_prefetch"),
-    Flag("--sharding-strategy", "FSDP1 ShardingStrategy (default: full)",
-         choices=list(SHARDING), option="sharding_strategy"),
-    Flag("--use-orig-params", "FSDP1 use_orig_params=True", kind="switch",
-         option="use_orig_params"),
-    Flag("--world-size", "ranks (default: the config file's, else 8)", metavar="N",
-         type=positive_int, option="world_size"),
+    *(Flag.of(spec) for spec in options_of("FSDP1")),
+    Flag.of(OPTIONS["world_size"]),
     Flag("--machine", "the GPU the plan is for, whose memory it must fit and whose speed the "
          "step time models: h100 (default), h200, a100, a100-40gb, ... (every preset: "
          "fsdpviz.cost.GPUS)", metavar="GPU", type=_machine, option="machine"),
@@ -369,10 +363,8 @@ def flags_for(fix: dict[str, Any], source: Source = "factory", api: str = "FSDP1
             parts.append(f"{key}={value!r}")
         elif flag.kind == "switch":
             parts.append(flag.name)
-        elif key == "sharding_strategy":
-            parts.append(f"{flag.name} {_word(SHARDING, value)}")
-        elif key == "backward_prefetch":
-            parts.append(f"{flag.name} {_word(BACKWARD_PREFETCH, value)}")
+        elif key in OPTIONS and OPTIONS[key].kind == "enum":
+            parts.append(f"{flag.name} {OPTIONS[key].word(value)}")
         elif key == "mixed_precision":
             short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
             parts.append(f"{flag.name} {short.get(str(value), value)}")
@@ -383,10 +375,6 @@ def flags_for(fix: dict[str, Any], source: Source = "factory", api: str = "FSDP1
         else:
             parts.append(f"{flag.name} {value}")
     return " ".join(parts)
-
-
-def _word(table: Mapping[str, str | None], value: Any) -> str:
-    return next((k for k, v in table.items() if v == value), str(value))
 
 
 def hf_id(spec: str) -> str | None:
@@ -458,11 +446,13 @@ def check_flags(args: argparse.Namespace) -> None:
             )
         if not [n for n in args.fully_shard.split(",") if n.strip()]:
             raise UsageError("--fully-shard needs at least one module class or FQN")
-    elif getattr(args, "reshard_after_forward", None) is not None:
-        raise UsageError(
-            "--reshard-after-forward is an FSDP2 option: add --fully-shard NAMES, or use "
-            "--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)"
-        )
+    else:
+        for spec in options_of("FSDP2"):
+            if getattr(args, spec.dest, None) is not None:
+                raise UsageError(
+                    f"{spec.flag} is an FSDP2 option: add --fully-shard NAMES, or use "
+                    f"{spec.instead}"
+                )
 
 
 _FLOAT8_WORDS = (*FLOAT8_RECIPES, "all_gather")
@@ -538,9 +528,9 @@ def float8_spec(spec: str | bool) -> bool | dict[str, Any]:
 
 _FSDP_FLAGS = {
     "policy": "--policy", "fully_shard": "--fully-shard",
-    "reshard_after_forward": "--reshard-after-forward", "mixed_precision": "--mixed-precision",
-    "backward_prefetch": "--backward-prefetch", "forward_prefetch": "--forward-prefetch",
-    "sharding_strategy": "--sharding-strategy", "use_orig_params": "--use-orig-params",
+    **{spec.dest: spec.flag for spec in options_of("FSDP2") if spec.flag},
+    "mixed_precision": "--mixed-precision",
+    **_FSDP1_ONLY,
     "cpu_offload": "--cpu-offload",
 }  # fmt: skip
 

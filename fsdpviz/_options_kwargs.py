@@ -31,8 +31,6 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from fsdpviz._options_cli import (
-    BACKWARD_PREFETCH,
-    SHARDING,
     UsageError,
     check_flags,
     checkpointing_spec,
@@ -44,9 +42,10 @@ from fsdpviz._options_cli import (
 from fsdpviz.configs import ConfigNote, from_accelerate, hf_model
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp1_options import prefetch_named, strategy_named
+from fsdpviz.plan.fsdp1_options import enum_value
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.job import parse_job_options
+from fsdpviz.plan.option_specs import options_of
 from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 __all__ = ["analyze_kwargs", "job_kwargs", "load_hf_model", "module_classes", "policy"]
@@ -154,8 +153,9 @@ def _plan_kwargs(
     param, reduce = _mixed_precision(args.mixed_precision)
     if args.fully_shard:
         kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
-        if args.reshard_after_forward is not None:
-            kwargs["reshard_after_forward"] = args.reshard_after_forward
+        for spec in options_of("FSDP2"):
+            if getattr(args, spec.dest) is not None:
+                kwargs[spec.name] = getattr(args, spec.dest)
         if param is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
         if args.cpu_offload:
@@ -168,14 +168,14 @@ def _plan_kwargs(
         )
     else:
         kwargs["auto_wrap_policy"] = policy(args.policy or "none", model)
-    kwargs["forward_prefetch"] = args.forward_prefetch
-    kwargs["use_orig_params"] = args.use_orig_params
+    for spec in options_of("FSDP1"):  # a switch always; an enum's word when given
+        value = getattr(args, spec.dest)
+        if spec.kind == "bool":
+            kwargs[spec.name] = value
+        elif value is not None:
+            kwargs[spec.name] = enum_value(spec, spec.stored(value))
     if args.cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
-    if args.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = prefetch_named(BACKWARD_PREFETCH[args.backward_prefetch])
-    if args.sharding_strategy is not None:
-        kwargs["sharding_strategy"] = strategy_named(SHARDING[args.sharding_strategy])
     if param is not None:
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param

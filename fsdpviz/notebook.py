@@ -43,6 +43,7 @@ from fsdpviz._options_tune import add_tune_flags, run_tune
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.errors import FsdpvizError
+from fsdpviz.plan.option_specs import OPTIONS, options_of
 
 _OPTIONS = """\
   MODEL                       a model expression, or hf:ID (line magic only)
@@ -52,14 +53,11 @@ _OPTIONS = """\
   --set KEY=VALUE, --batch N, --seq N, --dtype D     hf: models: config override, batch
   --policy SPEC               FSDP1 auto_wrap_policy: transformer:Class[,Class] | size:N | none
   --fully-shard NAMES         FSDP2 instead: fully_shard on classes or FQNs, comma-separated
-  --reshard-after-forward true|false|N    FSDP2 reshard_after_forward
+{fsdp2}
   --mixed-precision DTYPE[,REDUCE]        bf16 | fp16 | fp32 (FSDP1 and FSDP2)
   --cpu-offload               parameters, gradients, optimizer state in host memory
-  --backward-prefetch pre|post|none       FSDP1
-  --forward-prefetch          FSDP1 forward_prefetch=True
-  --sharding-strategy full|grad_op|no_shard|hybrid    FSDP1
-  --use-orig-params           FSDP1 use_orig_params=True
-  --world-size N              ranks (default 8)
+{fsdp1}
+{world_size}
   --trace meta|real|fx        how to trace (default meta; fx: FSDP1 only)
   --machine GPU               the GPU to fit and time the plan on (default h100)
   --activation-checkpointing CLASSES      checkpoint these classes (selective:CLASSES)
@@ -75,7 +73,11 @@ _OPTIONS = """\
   --tokens-per-step N         tokens per rank per optimizer step (default: the batch's)
   --memory-budget BYTES       a peak per rank to fit instead of the machine's memory
   --api fsdp1|fsdp2           which FSDP to tune
-"""
+""".format(
+    fsdp2="\n".join(spec.summary_line() for spec in options_of("FSDP2")),
+    fsdp1="\n".join(spec.summary_line() for spec in options_of("FSDP1")),
+    world_size=OPTIONS["world_size"].summary_line(),
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from torch.distributed.fsdp import (
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
+from fsdpviz.plan.option_specs import OptionSpec
 from fsdpviz.plan.options import (
     DEFAULT_WORLD_SIZE,
     check_dtypes,
@@ -64,9 +66,43 @@ FSDP1_KEYWORDS = frozenset(_MODELLED | _FSDPVIZ)
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class FSDP1Options:
-    """Validated FSDP1 configuration plus the fsdpviz-only knobs."""
+    """FSDP1's options as ``FullyShardedDataParallel(...)`` takes them, checked and read once
+    (:func:`parse_fsdp1_options`), with fsdpviz's own. Frozen: a change is
+    :meth:`replace`, which checks the changed options again.
+
+    Attributes:
+        world_size: ranks of the job (``world_size=``; default 8).
+        sharding_strategy: the strategy FSDP runs with (``NO_SHARD`` where FSDP switched a
+            process group of one rank to it; see ``requested_strategy``).
+        auto_wrap_policy: the wrap policy as given (checked by :func:`check_policy`).
+        backward_prefetch: ``BackwardPrefetch`` FSDP runs with (``None`` for a string,
+            which FSDP1 never matches).
+        forward_prefetch, use_orig_params, limit_all_gathers: as FSDP1 takes them.
+        mixed_precision: ``MixedPrecision`` or ``None``.
+        ignored_modules, ignored_states: as given (mapped onto the traced copy later).
+        offload_params: ``CPUOffload(offload_params=True)``: shards live in host memory.
+        shard_group_size: ranks of a shard group under hybrid sharding (else ``None``).
+        loss: the callable from the model's output to a scalar the trace backpropagates.
+        trace: ``"meta"``, ``"real"`` or ``"fx"``.
+        progress: show a progress bar (``None``: when the trace is slow).
+        profile: measure activations and FLOPs while tracing (``report.profile``).
+        activation_checkpointing: module classes or a predicate run under non-reentrant
+            checkpointing (``trace/checkpointing.py``).
+        hybrid: ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` was asked for: FSDP's process
+            group is the shard group even where a shard group of one rank made FSDP switch
+            the strategy to ``NO_SHARD``.
+        requested_strategy: the strategy asked for, where FSDP switched it to ``NO_SHARD``
+            on a one-rank process group.
+        warnings: what FSDP would warn about the options themselves (strings, the switch
+            to ``NO_SHARD``).
+        job: the job around FSDP: gradient accumulation, torch.compile, float8, TF32
+            (``plan/job.py``).
+        torch: whose FSDP (``torch_version=``; default the installed torch's). FSDP1's
+            runtime did not change from torch 2.6 to 2.14 in what fsdpviz models: only the
+            config states it.
+    """
 
     world_size: int = DEFAULT_WORLD_SIZE
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
@@ -78,26 +114,63 @@ class FSDP1Options:
     ignored_modules: Iterable[nn.Module] | None = None
     ignored_states: Iterable[Any] | None = None
     limit_all_gathers: bool = True
-    offload_params: bool = False  # CPUOffload(offload_params=True): shards live in host memory
+    offload_params: bool = False
     shard_group_size: int | None = None
     loss: Callable[[Any], torch.Tensor] | None = None
     trace: TraceMode = "meta"
     progress: bool | None = None
-    # Module classes or a predicate: run under non-reentrant checkpointing (trace/checkpointing.py)
+    profile: bool = True
     activation_checkpointing: Any = None
-    # Asked for HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FSDP's process group is the shard group
-    # even where a shard group of one rank made FSDP switch the strategy to NO_SHARD.
     hybrid: bool = False
-    # The strategy asked for, where FSDP switched it to NO_SHARD on a one-rank process group.
     requested_strategy: ShardingStrategy | None = None
-    # What FSDP would warn about the options themselves (strings, the switch to NO_SHARD).
-    warnings: list[FsdpWarning] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py).
+    warnings: tuple[FsdpWarning, ...] = ()
     job: JobOptions = field(default_factory=JobOptions)
-    # Whose FSDP (torch_version=; default the installed torch's). FSDP1's runtime did not
-    # change from torch 2.6 to 2.14 in what fsdpviz models: only the config states it.
     torch: TorchFSDP = field(default_factory=installed)
+
+    def __post_init__(self) -> None:
+        check_world_size(self.world_size)
+        for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers", "profile"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False, got {value!r}")
+        if self.trace not in ("meta", "real", "fx"):
+            raise ConfigError(
+                f"trace={self.trace!r} is not valid; use 'meta' (default), 'real' or 'fx'"
+            )
+        sgs = self.shard_group_size
+        if sgs is not None:
+            if not self.hybrid:
+                raise ConfigError(
+                    "shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2"
+                )
+            if (
+                not isinstance(sgs, int)
+                or isinstance(sgs, bool)
+                or sgs < 1
+                or self.world_size % sgs
+            ):
+                raise ConfigError(
+                    f"shard_group_size={sgs!r} must be a positive divisor of "
+                    f"world_size={self.world_size}"
+                )
+
+    def replace(self, **changes: Any) -> FSDP1Options:
+        """A copy with ``changes`` (fields by name), checked as a new one is. The strategy
+        FSDP runs with is not derived again: to re-plan a report under another world size,
+        sharding or backward prefetch, use :meth:`from_config`.
+
+        Example::
+
+            opts.replace(forward_prefetch=True)
+        """
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def keep_low_precision_grads(self) -> bool:
+        """``MixedPrecision(keep_low_precision_grads=True)``: gradients stay in the
+        parameters' low precision after the reduce-scatter."""
+        mp = self.mixed_precision
+        return mp is not None and bool(mp.keep_low_precision_grads)
 
     @property
     def shard_world_size(self) -> int:
@@ -187,13 +260,7 @@ class FSDP1Options:
             opts = FSDP1Options.from_config(report.config, world_size=64)
             opts.shard_world_size, opts.restate(report.config).world_size   # 64, 64
         """
-        opts = cls(
-            forward_prefetch=config.forward_prefetch,
-            use_orig_params=config.use_orig_params,
-            offload_params=config.cpu_offload,
-            trace=config.trace or "meta",
-            torch=torch_fsdp(config.torch_version),
-        )
+        rules = torch_fsdp(config.torch_version)
         ws = config.ranks
         if "world_size" in changes:
             ws = check_world_size(changes["world_size"])
@@ -203,16 +270,23 @@ class FSDP1Options:
         group = changes.get("shard_group_size")
         if group is None and ws == config.ranks and given in _HYBRID:
             group = config.process_group_size
-        _shard(opts, ws, given, group)
+        sharding, warned = _sharding(ws, given, group)
         if "backward_prefetch" in changes:
-            opts.backward_prefetch, found = effective_backward_prefetch(
-                changes["backward_prefetch"]
-            )
-            opts.warnings.extend(found)
+            prefetch, found = effective_backward_prefetch(changes["backward_prefetch"])
+            warned += found
         else:
             name = config.backward_prefetch
-            opts.backward_prefetch = None if name is None else BackwardPrefetch[name]
-        return opts
+            prefetch = None if name is None else BackwardPrefetch[name]
+        return cls(
+            forward_prefetch=config.forward_prefetch,
+            use_orig_params=config.use_orig_params,
+            offload_params=config.cpu_offload,
+            trace=config.trace or "meta",
+            torch=rules,
+            backward_prefetch=prefetch,
+            warnings=tuple(warned),
+            **sharding,
+        )
 
     def _switched(self) -> tuple[str, ...]:
         """Config keys of hybrid sharding's process group and of FSDP's switch to NO_SHARD."""
@@ -247,16 +321,25 @@ def _short(v: Any) -> str:
     return getattr(v, "__name__", repr(v))
 
 
-def strategy_named(name: str) -> ShardingStrategy:
-    """``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``: for names fsdpviz itself stores
-    (``Report.config``, the CLI, the widgets), never for what a user passes to ``analyze``."""
-    return ShardingStrategy[name]
+_TORCH_ENUMS: dict[str, type[BackwardPrefetch] | type[ShardingStrategy]] = {
+    "BackwardPrefetch": BackwardPrefetch,
+    "ShardingStrategy": ShardingStrategy,
+}
 
 
-def prefetch_named(name: str | None) -> BackwardPrefetch | None:
-    """``"BACKWARD_PRE"`` -> ``BackwardPrefetch.BACKWARD_PRE`` (None stays None); see
-    :func:`strategy_named`."""
-    return None if name is None else BackwardPrefetch[name]
+def enum_value(spec: OptionSpec, value: Any) -> Any:
+    """An option's value as fsdpviz stores it, as FSDP1 takes it: an enum option's member
+    name as the torch enum (``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``), None and
+    any other option's value as they are. For names fsdpviz itself stores
+    (``Report.config``, the CLI, the widgets), never for what a user passes to ``analyze``.
+
+    Example::
+
+        enum_value(OPTIONS["backward_prefetch"], "BACKWARD_POST")  # BackwardPrefetch.BACKWARD_POST
+    """
+    if value is None or spec.enum is None:
+        return value
+    return _TORCH_ENUMS[spec.enum][value]
 
 
 def _enum_hint(value: str, enum: Any) -> str:
@@ -367,29 +450,26 @@ def check_policy(policy: Any) -> Any:
     )
 
 
-def _shard(opts: FSDP1Options, ws: int, given: Any, sgs: Any) -> None:
-    """Set ``opts``' world size, shard group and the strategy FSDP runs with, from the
-    world size, the ``sharding_strategy`` and the ``shard_group_size`` given, with what
-    FSDP warns about them."""
-    opts.world_size = ws
-    opts.hybrid = given in _HYBRID
+def _sharding(ws: int, given: Any, sgs: Any) -> tuple[dict[str, Any], list[FsdpWarning]]:
+    """The options' world size, shard group and the strategy FSDP runs with (the fields of
+    :class:`FSDP1Options` they set), from the world size, the ``sharding_strategy`` and the
+    ``shard_group_size`` given, with what FSDP warns about them."""
+    hybrid = given in _HYBRID
     if sgs is not None:
-        if not opts.hybrid:
+        if not hybrid:
             raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
         if not isinstance(sgs, int) or isinstance(sgs, bool) or sgs < 1 or ws % sgs:
             raise ConfigError(
                 f"shard_group_size={sgs!r} must be a positive divisor of world_size={ws}"
             )
-        opts.shard_group_size = sgs
-    elif opts.hybrid:
-        opts.shard_group_size = min(8, ws) if ws % min(8, ws) == 0 else ws
-    opts.sharding_strategy, found = effective_strategy(given, opts.process_group_size)
-    opts.warnings.extend(found)
+    elif hybrid:
+        sgs = min(8, ws) if ws % min(8, ws) == 0 else ws
+    process_group_size = (sgs or ws) if hybrid else ws
+    strategy, found = effective_strategy(given, process_group_size)
     asked = ShardingStrategy.FULL_SHARD if given is None else given
-    if isinstance(asked, ShardingStrategy) and asked != opts.sharding_strategy:
-        opts.requested_strategy = asked
-    if opts.hybrid and opts.sharding_strategy == ShardingStrategy.NO_SHARD and ws > 1:
-        opts.warnings.append(
+    requested = asked if isinstance(asked, ShardingStrategy) and asked != strategy else None
+    if hybrid and strategy == ShardingStrategy.NO_SHARD and ws > 1:
+        found.append(
             FsdpWarning(
                 code="hybrid_not_synchronized",
                 message=(
@@ -401,6 +481,14 @@ def _shard(opts: FSDP1Options, ws: int, given: Any, sgs: Any) -> None:
                 ),
             )
         )
+    fields = {
+        "world_size": ws,
+        "hybrid": hybrid,
+        "shard_group_size": sgs,
+        "sharding_strategy": strategy,
+        "requested_strategy": requested,
+    }
+    return fields, found
 
 
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
@@ -411,19 +499,21 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     as a string fails), and a process group of one rank runs ``NO_SHARD``.
     """
     check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
-    opts = FSDP1Options(torch=torch_rules(kwargs))
-    _shard(
-        opts, world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
+    rules = torch_rules(kwargs)
+    sharding, warned = _sharding(
+        world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
     )
+    prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE
     if "backward_prefetch" in kwargs:
-        opts.backward_prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
-        opts.warnings.extend(found)
+        prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
+        warned += found
+    flags: dict[str, Any] = {}
     for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers"):
         if flag in kwargs:
             value = kwargs[flag]
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag} must be True or False, got {value!r}")
-            setattr(opts, flag, value)
+            flags[flag] = value
     mp = kwargs.get("mixed_precision")
     if mp is not None and not isinstance(mp, MixedPrecision):
         raise ConfigError(
@@ -432,26 +522,30 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         )
     if mp is not None:
         check_dtypes(mp, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
-    if mp is not None and mp.keep_low_precision_grads:
-        opts.extra["keep_low_precision_grads"] = True
-    opts.mixed_precision = mp
     offload = kwargs.get("cpu_offload")
-    if offload is not None:
-        if not isinstance(offload, CPUOffload):
-            raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")
-        opts.offload_params = offload.offload_params
-    opts.auto_wrap_policy = check_policy(kwargs.get("auto_wrap_policy"))
-    opts.ignored_modules = kwargs.get("ignored_modules")
-    opts.ignored_states = kwargs.get("ignored_states")
+    if offload is not None and not isinstance(offload, CPUOffload):
+        raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")
+    policy = check_policy(kwargs.get("auto_wrap_policy"))
     loss = kwargs.get("loss")
     if loss is not None and not callable(loss):
         raise ConfigError("loss must be a callable from the model output to a scalar tensor")
-    opts.loss = loss
     trace = kwargs.get("trace", "meta")
     if trace not in ("meta", "real", "fx"):
         raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
-    opts.trace = trace
-    opts.progress = kwargs.get("progress")
-    opts.activation_checkpointing = kwargs.get("activation_checkpointing")
-    opts.job = parse_job_options(kwargs, "FSDP1")
-    return opts
+    return FSDP1Options(
+        **sharding,
+        backward_prefetch=prefetch,
+        **flags,
+        mixed_precision=mp,
+        offload_params=offload.offload_params if offload is not None else False,
+        auto_wrap_policy=policy,
+        ignored_modules=kwargs.get("ignored_modules"),
+        ignored_states=kwargs.get("ignored_states"),
+        loss=loss,
+        trace=trace,
+        progress=kwargs.get("progress"),
+        activation_checkpointing=kwargs.get("activation_checkpointing"),
+        job=parse_job_options(kwargs, "FSDP1"),
+        torch=rules,
+        warnings=tuple(warned),
+    )

@@ -185,11 +185,15 @@ def plan_from_fully_sharded(
     )
     tp = _tp_mesh(states)
     if tp is not None:
-        shard = opts.world_size
-        opts.tp_size, opts.tp_name = tp[1][-1], tp[0][-1]
-        opts.world_size, opts.shard_size = shard * opts.tp_size, shard
-        opts.mesh_dims = dict(zip(tp[0], tp[1], strict=True))
-        opts.tp = plan_from_hooks(model, opts.tp_size, opts.tp_name)
+        shard, tp_size, tp_name = opts.world_size, tp[1][-1], tp[0][-1]
+        opts = opts.replace(
+            tp_size=tp_size,
+            tp_name=tp_name,
+            world_size=shard * tp_size,
+            shard_size=shard,
+            mesh_dims=dict(zip(tp[0], tp[1], strict=True)),
+            tp=plan_from_hooks(model, tp_size, tp_name),
+        )
     finalize_groups(dup, groups, opts)
     return dup, groups, opts
 

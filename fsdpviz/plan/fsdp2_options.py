@@ -5,6 +5,7 @@ read into :class:`FSDP2Options`, ``mesh=`` read into its dimensions, and the opt
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
-from fsdpviz.plan.options import check_dtypes, check_keywords, torch_rules, world_size
+from fsdpviz.plan.options import (
+    check_dtypes,
+    check_keywords,
+    check_world_size,
+    torch_rules,
+    world_size,
+)
 from fsdpviz.plan.tensor_parallel import TPPlan, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
@@ -43,8 +50,51 @@ _REJECTED = {
 }
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class FSDP2Options:
+    """``fully_shard``'s options as ``analyze`` takes them, checked and read once
+    (:func:`parse_fsdp2_options`), with fsdpviz's own. Frozen: a change is :meth:`replace`,
+    which checks the changed options again.
+
+    Attributes:
+        world_size: ranks of the job (the mesh's, where ``mesh=`` is given).
+        targets: ``fully_shard=``: the module classes or FQNs each given a call, as given.
+        reshard_after_forward: ``True``, ``False``, an int (ranks to reshard to), or
+            ``{module FQN: bool or int}``; ``None``: torch's default (the root ``False``).
+        mp_policy: the ``MixedPrecisionPolicy``.
+        forward_prefetch, backward_prefetch: explicit prefetches, ``{module FQN: [module
+            FQN]}`` (the effect of ``set_modules_to_forward_prefetch`` / ``..._backward_...``).
+        ignored_params: ``ignored_params=`` as given (torch 2.7+).
+        loss: the callable from the model's output to a scalar the trace backpropagates.
+        trace: ``"meta"`` or ``"real"``.
+        progress: show a progress bar (``None``: when the trace is slow).
+        activation_checkpointing: module classes or a predicate run under checkpointing.
+        shard_size, replicas, mesh_names: the mesh: ranks a group's parameters are sharded
+            over (0: ``world_size``), the replicas of a 2-D mesh (HSDP: gradients
+            all-reduced across them), names as ``init_device_mesh``'s ``mesh_dim_names``.
+        offload: ``CPUOffloadPolicy``: shards, gradients, optimizer in host memory.
+        parallelize_plan, tp, tp_size, tp_name, mesh_dims: tensor parallelism:
+            ``parallelize_module``'s plan as given and as resolved on the traced copy (by
+            the schedule, with :meth:`replace`), the tp dimension's size and name, and the
+            mesh as given.
+        cp_size: context parallelism: the cp mesh dimension's size (FSDP shards over
+            dp_shard x cp, torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of
+            every sequence).
+        job: the job around FSDP: gradient accumulation, torch.compile, float8, TF32
+            (``plan/job.py``).
+        torch: whose FSDP2 (``torch_version=``; default the installed torch's):
+            ``plan/torch_fsdp.py``.
+        reshard_after_backward, requires_all_reduce: the micro-steps before the last of an
+            accumulation: ``set_reshard_after_backward(False)`` keeps the parameters
+            gathered into the next micro-step (as pipeline schedules do);
+            ``set_requires_all_reduce(False)`` reduce-scatters each and all-reduces across
+            the HSDP replicas in the last only (instead of
+            ``set_requires_gradient_sync(False)``).
+        shard_placement_fn: ``fully_shard``'s ``shard_placement_fn``: one function for
+            every call, or ``{module FQN: function}`` for the calls that take one (as
+            ``reshard_after_forward``'s mapping names them).
+    """
+
     world_size: int
     targets: Any
     reshard_after_forward: bool | int | dict[str, bool | int] | None
@@ -56,35 +106,44 @@ class FSDP2Options:
     trace: TraceMode
     progress: bool | None
     activation_checkpointing: Any = None
-    # The mesh: ranks a group's parameters are sharded over, and the replicas of a 2-D mesh
-    # (HSDP: gradients all-reduced across them); names as init_device_mesh's mesh_dim_names.
-    shard_size: int = 0  # 0: world_size
+    shard_size: int = 0
     replicas: int = 1
     mesh_names: tuple[str, str] | None = None
-    offload: bool = False  # CPUOffloadPolicy: shards, gradients, optimizer in host memory
-    # tensor parallelism: parallelize_module's plan (resolved on the traced copy by
-    # build_groups), the tp dimension's size and name, and the mesh as given
+    offload: bool = False
     parallelize_plan: Any = None
     tp: TPPlan | None = None
     tp_size: int = 1
     tp_name: str = ""
     mesh_dims: dict[str, int] | None = None
-    # context parallelism: the cp mesh dimension's size (FSDP shards over dp_shard x cp,
-    # torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of every sequence)
     cp_size: int = 1
-    # the job around FSDP: gradient accumulation, torch.compile, float8, TF32 (plan/job.py)
     job: JobOptions = field(default_factory=JobOptions)
-    # whose FSDP2 (torch_version=; default the installed torch's): plan/torch_fsdp.py
     torch: TorchFSDP = field(default_factory=installed)
-    # the micro-steps before the last of an accumulation: set_reshard_after_backward(False)
-    # keeps the parameters gathered into the next micro-step (as pipeline schedules do);
-    # set_requires_all_reduce(False) reduce-scatters each and all-reduces across the HSDP
-    # replicas in the last only (instead of set_requires_gradient_sync(False))
     reshard_after_backward: bool = True
     requires_all_reduce: bool = True
-    # fully_shard's shard_placement_fn: one function for every call, or {module FQN: function}
-    # for the calls that take one (as reshard_after_forward's mapping names them)
     shard_placement_fn: Any = None
+
+    def __post_init__(self) -> None:
+        check_world_size(self.world_size)
+        raf = self.reshard_after_forward
+        if raf is not None and not isinstance(raf, (bool, int, dict)):
+            raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+        for flag in ("reshard_after_backward", "requires_all_reduce"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False, got {value!r}")
+        if self.trace not in ("meta", "real"):
+            raise ConfigError(
+                f"trace={self.trace!r} is not valid for FSDP2; use 'meta' (default) or 'real'"
+            )
+
+    def replace(self, **changes: Any) -> FSDP2Options:
+        """A copy with ``changes`` (fields by name), checked as a new one is.
+
+        Example::
+
+            opts.replace(reshard_after_forward=False)
+        """
+        return dataclasses.replace(self, **changes)
 
     @property
     def shard_ranks(self) -> int:

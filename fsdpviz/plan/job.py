@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -82,15 +83,47 @@ class Float8:
         return in_features % 16 == 0 and out_features % 16 == 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """The job options of one ``analyze`` call (see the module docstring)."""
+    """The job options of one ``analyze`` call (see the module docstring), checked and read
+    once (:func:`parse_job_options`). Frozen: a change is :meth:`replace`, checked again.
+
+    Attributes:
+        grad_accum: micro-steps per optimizer step.
+        compile: ``True`` (the whole model), ``False``, or the module classes compiled one
+            by one.
+        float8: torchao's float8 linears (:class:`Float8`), or ``None``.
+        float32_matmul_precision: ``"highest"``, ``"high"`` or ``"medium"``.
+        stated: the keys a report states (the options given that differ from a plain job).
+    """
 
     grad_accum: int = 1
     compile: bool | tuple[type[nn.Module], ...] = False
     float8: Float8 | None = None
     float32_matmul_precision: str = "highest"
     stated: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        accum = self.grad_accum
+        if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+            raise ConfigError(
+                f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
+            )
+        if self.float32_matmul_precision not in FLOAT32_MATMUL_PRECISIONS:
+            raise ConfigError(
+                "float32_matmul_precision must be one of "
+                f"{', '.join(FLOAT32_MATMUL_PRECISIONS)} (as torch.set_float32_matmul_precision "
+                f"takes it), got {self.float32_matmul_precision!r}"
+            )
+
+    def replace(self, **changes: Any) -> JobOptions:
+        """A copy with ``changes`` (fields by name), checked as a new one is.
+
+        Example::
+
+            job.replace(grad_accum=4)
+        """
+        return dataclasses.replace(self, **changes)
 
     def config(self) -> tuple[dict[str, Any], tuple[str, ...]]:
         """The ``ReportConfig`` fields these options set, and the keys a report states (only
@@ -171,7 +204,13 @@ def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
             f"float32_matmul_precision must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
             f"(as torch.set_float32_matmul_precision takes it), got {precision!r}"
         )
-    return JobOptions(accum, compiled, float8, str(precision), stated)
+    return JobOptions(
+        grad_accum=accum,
+        compile=compiled,
+        float8=float8,
+        float32_matmul_precision=str(precision),
+        stated=stated,
+    )
 
 
 def _compile(value: Any) -> bool | tuple[type[nn.Module], ...]:

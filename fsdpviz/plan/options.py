@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.plan.option_specs import OPTIONS
 from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 
 # Options of one API given to the other: what each is, and what to pass instead.
@@ -57,7 +58,7 @@ def check_keywords(
             raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {rejected[key]}")
 
 
-DEFAULT_WORLD_SIZE = 8
+DEFAULT_WORLD_SIZE: int = OPTIONS["world_size"].default
 """The ranks :func:`fsdpviz.analyze` plans for unless told (``world_size=``)."""
 
 

@@ -165,7 +165,7 @@ def _replay_fsdp1(report: Report, changes: Mapping[str, Any]) -> Report:
             and not {"sharding_strategy", "backward_prefetch"} & set(changes)
         )
     ]
-    return replace(replayed, warnings=opts.warnings + kept)
+    return replace(replayed, warnings=[*opts.warnings, *kept])
 
 
 def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> Unit:

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Unpack
 
 from torch import nn
-from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 from fsdpviz._deferred_gc import answering
@@ -45,8 +44,10 @@ from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.api.predict import analyze
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1_options import enum_value
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, Api, OptionSpec, options_of
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
-from fsdpviz.replan.hook_replay import replay
+from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
 from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 from fsdpviz.schema.report import Report
@@ -62,27 +63,9 @@ __all__ = [
 
 Recipe = Literal["FSDP1", "FSDP2"]
 PlanPath = Literal["cache", "replay", "stored trace", "trace"]
-# The PlanOptions fields fsdpviz.replan.replay can change without a new trace, and the analyze
-# keyword arguments they become. The FSDP2 recipe ignores the FSDP1 prefetch switches.
-_REPLAYABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "FSDP1": (
-        ("world_size", "backward_prefetch", "sharding_strategy"),
-        ("world_size", "backward_prefetch", "sharding_strategy"),
-    ),
-    "FSDP2": (
-        (
-            "world_size",
-            "sharding_strategy",
-            "backward_prefetch",
-            "forward_prefetch",
-            "reshard_after_forward",
-        ),
-        ("world_size", "reshard_after_forward"),
-    ),
-}
 PolicyKind = Literal["classes", "size", "none"]
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
-BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", None)
+SHARDING_STRATEGIES: tuple[str, ...] = tuple(str(v) for v in OPTIONS["sharding_strategy"].choices)
+BACKWARD_PREFETCH = OPTIONS["backward_prefetch"].choices
 
 
 @dataclass(frozen=True)
@@ -101,11 +84,11 @@ class PlanOptions:
     layer_classes: tuple[str, ...] = ()
     min_num_params: int = 100_000_000
     world_size: int = DEFAULT_WORLD_SIZE
-    sharding_strategy: str = "FULL_SHARD"
-    backward_prefetch: str | None = "BACKWARD_PRE"
-    forward_prefetch: bool = False
+    sharding_strategy: str = OPTIONS["sharding_strategy"].default
+    backward_prefetch: str | None = OPTIONS["backward_prefetch"].default
+    forward_prefetch: bool = OPTIONS["forward_prefetch"].default
     recipe: Recipe = "FSDP1"
-    reshard_after_forward: bool | int = True
+    reshard_after_forward: bool | int = OPTIONS["reshard_after_forward"].default
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (``layer_classes`` may be any sequence)."""
@@ -118,17 +101,41 @@ class PlanOptions:
         """The options a report was made with, as far as its ``config`` says."""
         cfg = report.config
         classes = tuple(sorted({u.module_class for u in report.units if u.module != ""}))
-        values = Counter(v for unit, v in cfg.reshard_after_forward.items() if unit != "")
+        fsdp1 = {s.name: getattr(cfg, s.name) for s in _planned("FSDP1")}
+        fsdp2 = {}  # FSDP2's options are per group: the groups' most common value
+        for spec in _planned("FSDP2"):
+            values = Counter(v for unit, v in getattr(cfg, spec.name).items() if unit != "")
+            fsdp2[spec.name] = values.most_common(1)[0][0] if values else spec.default
         return cls(
             policy="classes" if classes else "none",
             layer_classes=classes,
             world_size=cfg.ranks,
-            sharding_strategy=cfg.sharding_strategy,
-            backward_prefetch=cfg.backward_prefetch,
-            forward_prefetch=cfg.forward_prefetch,
             recipe=cfg.api,
-            reshard_after_forward=values.most_common(1)[0][0] if values else True,
+            **fsdp1,
+            **fsdp2,
         )
+
+
+def _planned(api: Api) -> tuple[OptionSpec, ...]:
+    """The options of the table (:mod:`fsdpviz.plan.option_specs`) that ``api`` alone takes
+    and :class:`PlanOptions` chooses."""
+    return tuple(s for s in options_of(api) if s.name in _FIELDS)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(PlanOptions))
+
+
+def _replayable(recipe: Recipe) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The :class:`PlanOptions` fields :func:`fsdpviz.replan.replay` can change without a
+    new trace under ``recipe``, and the analyze keyword arguments they become (the options
+    ``recipe`` takes that ``REPLAYABLE`` lists). The FSDP2 recipe ignores FSDP1's options."""
+    keys = tuple(
+        s.name
+        for s in FSDP_OPTIONS
+        if s.name in _FIELDS and recipe in s.apis and s.name in REPLAYABLE[recipe]
+    )
+    ignored = tuple(s.name for s in _planned("FSDP1")) if recipe == "FSDP2" else ()
+    return keys + ignored, keys
 
 
 class Replanner:
@@ -246,7 +253,7 @@ class Replanner:
 
     def _replay(self, opts: PlanOptions) -> tuple[Report, PlanPath] | None:
         """Replay a profiled report that differs only in what replays exactly."""
-        fields, keys = _REPLAYABLE[opts.recipe]
+        fields, keys = _replayable(opts.recipe)
         for other, report in reversed(self._cache.items()):
             if report.profile is None or report.config.replayed or report.config.tp_world_size:
                 continue  # tensor-parallel plans are traced again (replay cannot size them)
@@ -294,15 +301,9 @@ class Replanner:
             )
         if opts.recipe == "FSDP2":
             return self._fsdp2_kwargs(opts)
-        kwargs: dict[str, Any] = {
-            **self.analyze_kwargs,
-            "world_size": opts.world_size,
-            "forward_prefetch": opts.forward_prefetch,
-            "backward_prefetch": None
-            if opts.backward_prefetch is None
-            else BackwardPrefetch[opts.backward_prefetch],
-        }
-        kwargs["sharding_strategy"] = ShardingStrategy[opts.sharding_strategy]
+        kwargs: dict[str, Any] = {**self.analyze_kwargs, "world_size": opts.world_size}
+        for spec in _planned("FSDP1"):
+            kwargs[spec.name] = enum_value(spec, getattr(opts, spec.name))
         if opts.policy == "classes":
             kwargs["auto_wrap_policy"] = ModuleWrapPolicy(self._resolve(opts.layer_classes))
         elif opts.policy == "size":
@@ -332,7 +333,7 @@ class Replanner:
             **self.analyze_kwargs,
             "world_size": opts.world_size,
             "fully_shard": classes if opts.policy == "classes" else [],
-            "reshard_after_forward": opts.reshard_after_forward,
+            **{spec.name: getattr(opts, spec.name) for spec in _planned("FSDP2")},
         }
 
     def _analyze(self, opts: PlanOptions) -> Report:

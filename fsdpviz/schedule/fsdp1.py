@@ -52,8 +52,7 @@ class _Traced:
 def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
-    opts = parse_fsdp1_options(kwargs)
-    opts.extra["profile"] = profile
+    opts = parse_fsdp1_options(kwargs).replace(profile=profile)
     _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
@@ -130,7 +129,7 @@ def _trace_autograd(
         tracker = ModuleTracker(copy, on_call=bar.tick)
         probe: CostProbe | None = None
         try:
-            if opts.extra.get("profile", True):
+            if opts.profile:
                 probe = _probe(tracker, emulation, plan, copy, opts)
             args, kw = inputs_copy(inputs, device)
             capture_graph = (

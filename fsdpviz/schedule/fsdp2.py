@@ -58,7 +58,9 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         apply_checkpointing(copy, checkpointed)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         if opts.parallelize_plan is not None:
-            opts.tp = resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
+            opts = opts.replace(
+                tp=resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
+            )
         targets = asked_of_originals(opts.targets, originals)
         groups = build_groups(
             copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)

@@ -82,8 +82,13 @@ def trace_stages(
                 backward_prefetch={k: v for k, v in opts.backward_prefetch.items() if k in modules},
             )
             if opts.parallelize_plan is not None:
-                stage_opts.tp = resolve_plan(
-                    part, _stage_plan(opts.parallelize_plan, modules), opts.tp_size, opts.tp_name
+                stage_opts = stage_opts.replace(
+                    tp=resolve_plan(
+                        part,
+                        _stage_plan(opts.parallelize_plan, modules),
+                        opts.tp_size,
+                        opts.tp_name,
+                    )
                 )
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
             check_reshard_ints(groups, stage_opts.shard_ranks)

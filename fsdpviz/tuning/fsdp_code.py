@@ -10,8 +10,11 @@ from typing import Any, Protocol
 
 import torch
 
+from fsdpviz.plan.option_specs import OPTIONS
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+
+_RESHARD = OPTIONS["reshard_after_forward"]
 
 
 class Candidate(Protocol):
@@ -188,7 +191,7 @@ def fsdp2_code(c: Candidate) -> list[str]:
     root_raf = raf_of(raf, "", ("",))
     root_args = [
         *common,
-        *([f"reshard_after_forward={root_raf!r}"] if root_raf is not None else []),
+        *([_RESHARD.code(root_raf)] if root_raf is not None else []),
         *_placement_arg(placement, "", ("",)),
     ]
     lines.append(f"fully_shard(model, {', '.join(root_args)})")
@@ -241,14 +244,14 @@ def shard_calls(
             run = 1  # a mapping's function is the group's own: one call each
         if run > 2:
             parent = groups[i].rsplit(".", 1)[0]
-            extra = [*common, *([f"reshard_after_forward={value!r}"] if value is not None else [])]
+            extra = [*common, *([_RESHARD.code(value)] if value is not None else [])]
             lines.append(f"for block in model.get_submodule({parent!r}):")
             lines.append(f"    fully_shard(block, {', '.join(extra)})")
             i += run
             continue
         args = [
             *common,
-            *([f"reshard_after_forward={value!r}"] if value is not None else []),
+            *([_RESHARD.code(value)] if value is not None else []),
             *placed,
         ]
         if len(fqns) == 1:
@@ -296,14 +299,12 @@ def fsdp1_code(c: Candidate) -> list[str]:
             args.append(f"auto_wrap_policy=ModuleWrapPolicy({{{', '.join(classes)}}})")
         else:
             args.append("auto_wrap_policy=...  # your policy, as given to fsdpviz")
-    args.append(f"sharding_strategy=ShardingStrategy.{cfg.sharding_strategy}")
+    args.append(OPTIONS["sharding_strategy"].code(cfg.sharding_strategy))
     if cfg.backward_prefetch:
         names.append("BackwardPrefetch")
-        args.append(f"backward_prefetch=BackwardPrefetch.{cfg.backward_prefetch}")
-    else:
-        args.append("backward_prefetch=None")
+    args.append(OPTIONS["backward_prefetch"].code(cfg.backward_prefetch))
     if cfg.forward_prefetch:
-        args.append("forward_prefetch=True")
+        args.append(OPTIONS["forward_prefetch"].code(True))
     mp = kw.get("mixed_precision")
     if mp is not None:
         names.append("MixedPrecision")
@@ -317,7 +318,7 @@ def fsdp1_code(c: Candidate) -> list[str]:
         names.append("CPUOffload")
         args.append("cpu_offload=CPUOffload(offload_params=True)")
     if cfg.use_orig_params:
-        args.append("use_orig_params=True")
+        args.append(OPTIONS["use_orig_params"].code(True))
     args.append("device_id=torch.cuda.current_device()")
     lines.insert(1, f"from torch.distributed.fsdp import {', '.join(names)}")
     if cfg.process_group_size and cfg.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):

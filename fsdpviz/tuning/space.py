@@ -54,6 +54,7 @@ from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
+from fsdpviz.plan.option_specs import FSDP_OPTIONS
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 
@@ -91,9 +92,8 @@ KNOBS = tuple(OWNED)
 KNOB_NAMES = {
     "mesh": "ranks",
     "wrap": "units",
-    "reshard_after_forward": "resharding",
-    "backward_prefetch": "backward prefetch",
-    "forward_prefetch": "forward prefetch",
+    # the knobs named after the FSDP option they turn, as the option table calls them
+    **{spec.name: spec.knob for spec in FSDP_OPTIONS if spec.knob},
     "activation_checkpointing": "checkpointing",
     "precision": "precision",
     "micro_batch": "micro-batch",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
 
-from fsdpviz.replan import BACKWARD_PREFETCH, SHARDING_STRATEGIES, PlanOptions, Replanner
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, OptionSpec
+from fsdpviz.replan import PlanOptions, Replanner
 
 __all__ = ["PlanControls"]
 
@@ -67,44 +69,16 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             readout_format=".2s",
             style=_STYLE,
         )
-        sizes = sorted({*_WORLD_SIZES, options.world_size})
-        self.world_size = w.Dropdown(
-            options=sizes,
-            value=options.world_size,
-            description="world size",
-            style=_STYLE,
-            layout=w.Layout(width="auto"),
-        )
-        self.sharding = w.Dropdown(
-            options=list(SHARDING_STRATEGIES),
-            value=options.sharding_strategy
-            if options.sharding_strategy in SHARDING_STRATEGIES
-            else "FULL_SHARD",
-            description="sharding",
-            style=_STYLE,
-            layout=w.Layout(width="auto"),
-        )
-        self.backward = w.Dropdown(
-            options=[(str(v), v) for v in BACKWARD_PREFETCH],
-            value=options.backward_prefetch,
-            description="backward prefetch",
-            style=_STYLE,
-            layout=w.Layout(width="auto"),
-        )
-        self.forward = w.Checkbox(
-            value=options.forward_prefetch,
-            description="forward prefetch",
-            indent=False,
-            layout=w.Layout(width="auto"),
-        )
-        self.reshard = w.Dropdown(
-            options=_reshard_choices(options.world_size),
-            value=options.reshard_after_forward,
-            description="reshard_after_forward",
-            style=_STYLE,
-            layout=w.Layout(width="auto"),
-            tooltip="FSDP2: free after forward (True), keep (False), or reshard to N ranks",
-        )
+        self.fsdp = {
+            spec.name: _control(spec, getattr(options, spec.name), options.world_size)
+            for spec in _CONTROLLED
+        }
+        """The controls of the FSDP options (:mod:`fsdpviz.plan.option_specs`), by name."""
+        self.world_size = self.fsdp["world_size"]
+        self.sharding = self.fsdp["sharding_strategy"]
+        self.backward = self.fsdp["backward_prefetch"]
+        self.forward = self.fsdp["forward_prefetch"]
+        self.reshard = self.fsdp["reshard_after_forward"]
         self.recipe = w.ToggleButtons(
             options=["FSDP1", "FSDP2"],
             value=options.recipe,
@@ -196,12 +170,8 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             policy=self.policy.value,
             layer_classes=tuple(self.classes.value),
             min_num_params=int(self.min_params.value),
-            world_size=int(self.world_size.value),
-            sharding_strategy=self.sharding.value,
-            backward_prefetch=self.backward.value,
-            forward_prefetch=bool(self.forward.value),
             recipe=self.recipe.value,
-            reshard_after_forward=self.reshard.value,
+            **{name: _read(OPTIONS[name], c.value) for name, c in self.fsdp.items()},
         )
 
     def set(self, *, as_browser: bool = False, **changes: Any) -> None:
@@ -210,17 +180,14 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         ``as_browser=True`` delivers each change as the page does (``widget.set_state``
         with the widget's synced state), so the views answer as they do to a click.
         """
-        widgets = {
+        own = {
             "policy": self.policy,
             "layer_classes": self.classes,
             "min_num_params": self.min_params,
-            "world_size": self.world_size,
-            "sharding_strategy": self.sharding,
-            "backward_prefetch": self.backward,
-            "forward_prefetch": self.forward,
             "recipe": self.recipe,
-            "reshard_after_forward": self.reshard,
+            **self.fsdp,
         }
+        widgets = {f.name: own[f.name] for f in dataclasses.fields(PlanOptions)}
         for name, value in changes.items():
             if name not in widgets:
                 raise KeyError(f"no control {name!r}; controls: {', '.join(widgets)}")
@@ -243,6 +210,41 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         if options != self.options:
             self.options = options
             self._on_change(options, bool(change["owner"]._property_lock))
+
+
+# The FSDP options the controls choose: those the table gives a control's label.
+_CONTROLLED = tuple(spec for spec in FSDP_OPTIONS if spec.label)
+
+
+def _control(spec: OptionSpec, value: Any, world_size: int) -> w.Widget:
+    """The control of an FSDP option: a checkbox for a bool, else a dropdown of its values
+    (an enum's members; a value the list lacks shows the default), labelled from the table."""
+    if spec.kind == "bool":
+        return w.Checkbox(
+            value=value, description=spec.label, indent=False, layout=w.Layout(width="auto")
+        )
+    choices: list[Any]
+    if spec.kind == "int":
+        choices = sorted({*_WORLD_SIZES, value})
+    elif spec.kind == "reshard":
+        choices = _reshard_choices(world_size)
+    else:
+        choices = [(str(v), v) for v in spec.choices]
+        value = value if value in spec.choices else spec.default
+    tooltip = {"tooltip": spec.tooltip} if spec.tooltip else {}
+    return w.Dropdown(
+        options=choices,
+        value=value,
+        description=spec.label,
+        style=_STYLE,
+        layout=w.Layout(width="auto"),
+        **tooltip,
+    )
+
+
+def _read(spec: OptionSpec, value: Any) -> Any:
+    """A control's value as :class:`PlanOptions` holds it."""
+    return int(value) if spec.kind == "int" else bool(value) if spec.kind == "bool" else value
 
 
 def _reshard_choices(world_size: int) -> list[tuple[str, bool | int]]:
