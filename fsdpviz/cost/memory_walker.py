@@ -9,7 +9,7 @@ import numpy as np
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
-from fsdpviz.schema.memory import CATEGORIES, Moment
+from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, Moment
 from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -109,7 +109,7 @@ class Walker:
         self.grads: dict[str, int] = {}
         self.rs: list[int] = []
         self.post_forward_shard: dict[str, int] = {}
-        self.records: list[dict[str, Any]] = []
+        self.records: list[MemoryEvent] = []
         # Every moment the total is looked at, in order: where it is (a stretch of compute,
         # an event, a hook), the event it precedes or happens in, and bytes per category.
         self.moments: list[Moment] = []
@@ -467,18 +467,9 @@ class Walker:
     def _snapshot(self, index: int) -> None:
         e = self.tape.events[index]
         total = self._total()
-        rec: dict[str, Any] = {
-            "index": index,
-            "kind": e.kind,
-            "unit": e.unit,
-            "phase": e.phase,
-            "hook": e.hook,
-            "hook_unit": e.hook_unit,
-        }
-        rec.update(self.cat)
-        rec["total"] = total
-        rec["peak_before"] = max(self._since, total)
-        self.records.append(rec)
+        event = (e.kind, e.unit, e.phase, e.hook, e.hook_unit)
+        peak_before = max(self._since, total)
+        self.records.append(MemoryEvent.of(index, event, self.cat, total, peak_before))
         self._since = total
 
     def _window(self, c: HookCall, opening: bool) -> None:

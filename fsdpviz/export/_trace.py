@@ -192,7 +192,7 @@ def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> lis
     from fsdpviz.schema.memory import CATEGORIES
 
     try:
-        records = memory_model(report, iteration=iteration).records()
+        records = [r.breakdown() for r in memory_model(report, iteration=iteration).events]
     except (ValueError, KeyError, IndexError):
         return []
     used = [c for c in CATEGORIES if any(r[c] for r in records)]
@@ -272,22 +272,22 @@ def _predicted(
         evs = report.iterations[it]
         out.append(_iteration_mark(pid, it, offset))
         for c in tl.compute:
-            name = f"compute before {c['hook']} of {c['unit'] or '(root)'}"
-            if c["hook"] == "end":
+            name = f"compute before {c.hook} of {c.unit or '(root)'}"
+            if c.hook == "end":
                 name = "compute after the last hook"
-            args = {"hook": c["hook"], "unit": c["unit"], "flops": c["flops"], "iteration": it}
+            args = {"hook": c.hook, "unit": c.unit, "flops": c.flops, "iteration": it}
             out.append(
-                _slice(pid, 1, name, "compute", offset + c["start"] * _US,
-                       (c["end"] - c["start"]) * _US, args)
+                _slice(pid, 1, name, "compute", offset + c.start * _US,
+                       (c.end - c.start) * _US, args)
             )  # fmt: skip
         times = [offset] * len(evs)
         for r in tl.events:
-            e = evs[r["index"]]
-            args = _event_args(e, it, r["index"])
-            args.update(bytes=r["bytes"], exposed_s=r["exposed"])
-            ts = offset + r["start"] * _US
-            times[r["index"]] = ts
-            out.append(_event(e, pid, ts, (r["end"] - r["start"]) * _US, args))
+            e = evs[r.index]
+            args = _event_args(e, it, r.index)
+            args.update(bytes=r.bytes, exposed_s=r.exposed)
+            ts = offset + r.start * _US
+            times[r.index] = ts
+            out.append(_event(e, pid, ts, (r.end - r.start) * _US, args))
         step = tl.totals["step_s"] * _US
         opt = tl.totals["optimizer_s"] * _US
         if opt > 0:

@@ -113,40 +113,35 @@ def _modelled(
     for it in its:
         tl = own if own is not None and it == last else timeline(report, machine, iteration=it)
         name = str(tl.machine.get("name", name))
-        placed = sorted(tl.events, key=lambda r: int(r["index"]))
+        placed = sorted(tl.events, key=lambda r: r.index)
         if len(placed) != len(report.iterations[it]):
             raise ValueError(f"the time model placed {len(placed)} of the events of iteration {it}")
         first = len(p.x0)
         p.starts.append(offset)
-        p.issue += [offset + float(r["issued"]) for r in placed]
-        p.stream_x += [offset + float(r["compute_t"]) for r in placed]
-        p.x0 += [offset + float(r["start"]) for r in placed]
-        p.x1 += [offset + float(r["end"]) for r in placed]
-        p.bytes += [float(r["bytes"]) for r in placed]
+        p.issue += [offset + float(r.issued) for r in placed]
+        p.stream_x += [offset + float(r.compute_t) for r in placed]
+        p.x0 += [offset + float(r.start) for r in placed]
+        p.x1 += [offset + float(r.end) for r in placed]
+        p.bytes += [float(r.bytes) for r in placed]
         # what the compute waited for it: exposed communication, or (a receive) a bubble
-        p.exposed += [float(r["exposed"]) + float(r.get("bubble", 0.0)) for r in placed]
+        p.exposed += [float(r.exposed) + float(r.bubble or 0.0) for r in placed]
         for c in tl.compute:
-            x0, x1 = offset + float(c["start"]), offset + float(c["end"])
+            x0, x1 = offset + float(c.start), offset + float(c.end)
             p.compute.append(
-                (str(c["owner"]), 0 if c["phase"] == "forward" else 1, x0, x1,
-                 first + int(c["next_event"]))
-            )  # fmt: skip
-            p.compute_rates.append(
-                (float(c.get("flops", 0.0)), float(c.get("flops_per_s", 0.0)),
-                 float(c.get("peak_share", 0.0)))
-            )  # fmt: skip
-            p.compute_actions.append((str(c.get("action", "")), int(c.get("microbatch", -1))))
-            p.compute_x[(it, int(c["index"]))] = (x0, x1)
+                (c.owner, 0 if c.phase == "forward" else 1, x0, x1, first + c.next_event)
+            )
+            p.compute_rates.append((float(c.flops), float(c.flops_per_s), float(c.peak_share)))
+            p.compute_actions.append((c.action or "", -1 if c.microbatch is None else c.microbatch))
+            p.compute_x[(it, c.index)] = (x0, x1)
         for k, h in enumerate(tl.hooks):
-            p.hook_x[(it, k)] = offset + float(h["t"])
-            p.hook_stream_x[(it, k)] = offset + float(h["compute_t"])
+            p.hook_x[(it, k)] = offset + float(h.t)
+            p.hook_stream_x[(it, k)] = offset + float(h.compute_t)
         p.hook_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         p.hook_stream_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         for w in tl.waits:
             p.waits.append(
-                (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
-                 str(w["phase"]), bool(w["tail"]))
-            )  # fmt: skip
+                (offset + float(w.start), offset + float(w.end), first + w.event, w.phase, w.tail)
+            )
         rows = [(first + int(b["event"]), b) for b in tl.bottlenecks()]
         bubbles = [(first + int(b["event"]), _bubble_row(b)) for b in tl.bubbles()]
         if bubbles:
