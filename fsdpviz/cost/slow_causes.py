@@ -187,8 +187,8 @@ def _pipeline_slowdowns(report: Report, checkpointing: bool | None) -> list[dict
     out: list[dict[str, Any]] = []
     bubble = float(t.get("bubble_s", 0.0))
     if bubble > 0 and step > 0:
-        worst = report.timeline.bubbles()
-        first = f"; the longest: {worst[0]['reason']}" if worst else ""
+        worst = report.timeline.bubble_records()
+        first = f"; the longest: {worst[0].reason}" if worst else ""
         out.append(
             {
                 "cause": "bubbles",

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from fsdpviz.schema.rows import Row
+from fsdpviz.schema.rows import Row, Scalar
 from fsdpviz.schema.tables import dataframe
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
@@ -81,7 +81,7 @@ class MemoryEvent(Row):
         """The bytes per category, in ``CATEGORIES`` order."""
         return {k: getattr(self, k) for k in CATEGORIES}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Scalar]:
         return {
             "index": self.index,
             "kind": self.kind,
@@ -207,7 +207,7 @@ class MemoryReport:
             f"{size_text(-self.headroom)} short"
         )
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[dict[str, Scalar]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
         return [r.to_dict() for r in self.events]
 

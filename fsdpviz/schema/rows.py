@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+Scalar = str | int | float | bool | None
+"""A value of a row's JSON (a hook call's ``events`` are a list of event indices)."""
+
 
 class Row:
     """Read access by key, as the plain dicts the rows were: ``row["start"]``,
@@ -22,7 +25,7 @@ class Row:
 
     __slots__ = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Mapping[str, Scalar | list[int]]:
         raise NotImplementedError
 
     def __getitem__(self, key: str) -> Any:
@@ -70,8 +73,8 @@ class TimedEvent(Row):
     bubble: float | None = None
     rank: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, Scalar]:
+        d: dict[str, Scalar] = {
             "index": self.index,
             "kind": self.kind,
             "unit": self.unit,
@@ -155,8 +158,8 @@ class ComputeStretch(Row):
     microbatch: int | None = None
     rank: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, Scalar]:
+        d: dict[str, Scalar] = {
             "hook": self.hook,
             "unit": self.unit,
             "index": self.index,
@@ -210,8 +213,8 @@ class HookTime(Row):
     events: tuple[int, ...]
     rank: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, Scalar | list[int]]:
+        d: dict[str, Scalar | list[int]] = {
             "hook": self.hook,
             "unit": self.unit,
             "t": self.t,
@@ -247,8 +250,8 @@ class Wait(Row):
     bubble: bool = False
     rank: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, Scalar]:
+        d: dict[str, Scalar] = {
             "start": self.start,
             "end": self.end,
             "event": self.event,
@@ -303,7 +306,7 @@ class MicroStep(Row):
     flops_forward: float
     flops_backward: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Scalar]:
         return {
             "iteration": self.iteration,
             "start": self.start,
@@ -361,3 +364,93 @@ class MicroStep(Row):
             flops_forward=d.get("flops_forward", 0.0),
             flops_backward=d.get("flops_backward", 0.0),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Bottleneck(Row):
+    """A collective the compute waited for, as :meth:`~fsdpviz.schema.timeline.Timeline.bottlenecks`
+    ranks them (see it for each field; ``needed_at`` is None for the step's tail)."""
+
+    unit: str
+    kind: str
+    phase: str
+    exposed_s: float
+    share: float
+    cause: str
+    reason: str
+    event: int
+    hook: str | None
+    hook_unit: str | None
+    prefetch: bool
+    issued: float
+    start: float
+    end: float
+    duration_s: float
+    needed_at: float | None
+    tail_s: float
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return {
+            "unit": self.unit,
+            "kind": self.kind,
+            "phase": self.phase,
+            "exposed_s": self.exposed_s,
+            "share": self.share,
+            "cause": self.cause,
+            "reason": self.reason,
+            "event": self.event,
+            "hook": self.hook,
+            "hook_unit": self.hook_unit,
+            "prefetch": self.prefetch,
+            "issued": self.issued,
+            "start": self.start,
+            "end": self.end,
+            "duration_s": self.duration_s,
+            "needed_at": self.needed_at,
+            "tail_s": self.tail_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bottleneck:
+        return cls(
+            d["unit"], d["kind"], d["phase"], d["exposed_s"], d["share"], d["cause"],
+            d["reason"], int(d["event"]), d.get("hook"), d.get("hook_unit"),
+            bool(d.get("prefetch", False)), d["issued"], d["start"], d["end"], d["duration_s"],
+            d.get("needed_at"), d.get("tail_s", 0.0),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Bubble(Row):
+    """A wait of the compute for another pipeline rank, as
+    :meth:`~fsdpviz.schema.timeline.Timeline.bubbles` ranks them (see it for each field)."""
+
+    rank: int | None
+    stage: int
+    microbatch: int | None
+    peer: int
+    what: str
+    waited_s: float
+    event: int
+    action: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return {
+            "rank": self.rank,
+            "stage": self.stage,
+            "microbatch": self.microbatch,
+            "peer": self.peer,
+            "what": self.what,
+            "waited_s": self.waited_s,
+            "event": self.event,
+            "action": self.action,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bubble:
+        return cls(
+            d.get("rank"), int(d["stage"]), d.get("microbatch"), int(d["peer"]), d["what"],
+            d["waited_s"], int(d["event"]), d.get("action"), d["reason"],
+        )  # fmt: skip

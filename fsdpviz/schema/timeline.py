@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.schema.names import unit_label
-from fsdpviz.schema.rows import ComputeStretch, HookTime, MicroStep, TimedEvent, Wait
+from fsdpviz.schema.rows import (
+    Bottleneck,
+    Bubble,
+    ComputeStretch,
+    HookTime,
+    MicroStep,
+    Scalar,
+    TimedEvent,
+    Wait,
+)
 from fsdpviz.schema.tables import dataframe
 
 
@@ -77,7 +86,7 @@ class Timeline:
     waits: list[Wait] = field(default_factory=list)
     micro_steps: list[MicroStep] = field(default_factory=list)
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[dict[str, Scalar]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
         return [r.to_dict() for r in self.events]
 
@@ -139,7 +148,7 @@ class Timeline:
     def __repr__(self) -> str:
         return f"Timeline({self.summary()})"
 
-    def bottlenecks(self) -> list[dict[str, Any]]:
+    def bottlenecks(self) -> list[dict[str, Scalar]]:
         """The collectives the compute waited for, most exposed time first.
 
         One mapping per event with exposed time: ``unit``, ``kind``, ``phase``, ``exposed_s``
@@ -168,12 +177,16 @@ class Timeline:
             for b in report.timeline.bottlenecks()[:3]:
                 print(b["kind"], b["unit"], b["exposed_s"], b["reason"])
         """
+        return [b.to_dict() for b in self.bottleneck_records()]
+
+    def bottleneck_records(self) -> list[Bottleneck]:
+        """:meth:`bottlenecks` as typed records (:class:`~fsdpviz.schema.rows.Bottleneck`)."""
         by_index = {r.index: r for r in self.events}
         if len(self.micro_steps) > 1:
             total = self.micro_steps[-1].exposed_comm_s
         else:
             total = self.totals.get("exposed_comm_s", 0.0)
-        rows: list[dict[str, Any]] = []
+        rows: list[Bottleneck] = []
         for r in self.events:
             if r.exposed <= 0:
                 continue
@@ -182,30 +195,30 @@ class Timeline:
             needed = min((w.start for w in waits if not w.tail), default=None)
             cause, reason = _explain(r, by_index, self.compute, needed, tail)
             rows.append(
-                {
-                    "unit": r.unit,
-                    "kind": r.kind,
-                    "phase": r.phase,
-                    "exposed_s": r.exposed,
-                    "share": r.exposed / total if total > 0 else 0.0,
-                    "cause": cause,
-                    "reason": reason,
-                    "event": r.index,
-                    "hook": r.hook,
-                    "hook_unit": r.hook_unit,
-                    "prefetch": bool(r.prefetch),
-                    "issued": r.issued,
-                    "start": r.start,
-                    "end": r.end,
-                    "duration_s": r.end - r.start,
-                    "needed_at": needed,
-                    "tail_s": tail,
-                }
+                Bottleneck(
+                    unit=r.unit,
+                    kind=r.kind,
+                    phase=r.phase,
+                    exposed_s=r.exposed,
+                    share=r.exposed / total if total > 0 else 0.0,
+                    cause=cause,
+                    reason=reason,
+                    event=r.index,
+                    hook=r.hook,
+                    hook_unit=r.hook_unit,
+                    prefetch=bool(r.prefetch),
+                    issued=r.issued,
+                    start=r.start,
+                    end=r.end,
+                    duration_s=r.end - r.start,
+                    needed_at=needed,
+                    tail_s=tail,
+                )
             )
-        rows.sort(key=lambda b: (-b["exposed_s"], b["event"]))
+        rows.sort(key=lambda b: (-b.exposed_s, b.event))
         return rows
 
-    def bubbles(self) -> list[dict[str, Any]]:
+    def bubbles(self) -> list[dict[str, Scalar]]:
         """Under pipeline parallelism, the compute's waits for another pipeline rank (the
         pipeline's bubbles), longest first: per receive the compute waited for, ``rank``,
         ``stage``, ``microbatch``, ``peer`` (the stage that sends), ``what``
@@ -217,7 +230,11 @@ class Timeline:
 
             report.timeline.bubbles()[0]["reason"]
         """
-        rows: list[dict[str, Any]] = []
+        return [b.to_dict() for b in self.bubble_records()]
+
+    def bubble_records(self) -> list[Bubble]:
+        """:meth:`bubbles` as typed records (:class:`~fsdpviz.schema.rows.Bubble`)."""
+        rows: list[Bubble] = []
         for r in self.events:
             waited = float(r.bubble or 0.0)
             if waited <= 0:
@@ -229,21 +246,21 @@ class Timeline:
             rank = r.rank
             who = f"rank {rank}" if rank is not None else "this rank"
             rows.append(
-                {
-                    "rank": rank,
-                    "stage": stage,
-                    "microbatch": r.microbatch,
-                    "peer": peer,
-                    "what": what,
-                    "waited_s": waited,
-                    "event": r.index,
-                    "action": r.action,
-                    "reason": f"{who} waits {duration_text(waited)} for microbatch "
+                Bubble(
+                    rank=rank,
+                    stage=stage,
+                    microbatch=r.microbatch,
+                    peer=peer,
+                    what=what,
+                    waited_s=waited,
+                    event=r.index,
+                    action=r.action,
+                    reason=f"{who} waits {duration_text(waited)} for microbatch "
                     f"{r.microbatch}'s {what} from stage {peer} (stage {stage}'s "
                     f"{r.action})",
-                }
+                )
             )
-        rows.sort(key=lambda b: (-b["waited_s"], b["event"]))
+        rows.sort(key=lambda b: (-b.waited_s, b.event))
         return rows
 
     def bottleneck_table(self, limit: int | None = 10) -> str:
@@ -253,18 +270,18 @@ class Timeline:
 
             print(report.timeline.bottleneck_table())
         """
-        rows = self.bottlenecks()
+        rows = self.bottleneck_records()
         t = self.totals
         head = (
             f"exposed communication {duration_text(t['exposed_comm_s'])} of a "
             f"{duration_text(t['step_s'])} step, {len(rows)} wait(s)"
         )
-        bubbles = self.bubbles()
+        bubbles = self.bubble_records()
         if bubbles:
             head = (
                 f"pipeline bubbles {duration_text(t['bubble_s'])}, "
                 f"{len(bubbles)} wait(s) for another rank; the longest: "
-                + "; ".join(b["reason"] for b in bubbles[:3])
+                + "; ".join(b.reason for b in bubbles[:3])
                 + "\n"
                 + head
             )
@@ -273,17 +290,15 @@ class Timeline:
         lines = [head, f"{'exposed':>9} {'share':>5}  {'event':<36} why"]
         shown = rows if limit is None else rows[:limit]
         for b in shown:
-            what = f"#{b['event']} {b['kind']} {unit_label(b['unit'])} ({b['phase']})"
-            lines.append(
-                f"{duration_text(b['exposed_s']):>9} {b['share']:>5.0%}  {what:<36} {b['reason']}"
-            )
+            what = f"#{b.event} {b.kind} {unit_label(b.unit)} ({b.phase})"
+            lines.append(f"{duration_text(b.exposed_s):>9} {b.share:>5.0%}  {what:<36} {b.reason}")
         if len(rows) > len(shown):
             rest = rows[len(shown) :]
             causes: dict[str, int] = {}
             for b in rest:
-                causes[b["cause"]] = causes.get(b["cause"], 0) + 1
+                causes[b.cause] = causes.get(b.cause, 0) + 1
             why = ", ".join(f"{n} {c}" for c, n in sorted(causes.items(), key=lambda x: -x[1]))
-            lost = duration_text(sum(b["exposed_s"] for b in rest))
+            lost = duration_text(sum(b.exposed_s for b in rest))
             lines.append(f"… {len(rest)} more wait(s), {lost} ({why})")
         return "\n".join(lines)
 

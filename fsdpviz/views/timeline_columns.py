@@ -281,14 +281,14 @@ def _group_info(
         bottlenecks = [
             {
                 "step": step_of[(gi, i)],
-                "unit": g.units.get(b["unit"], -1),
-                "kind": str(b["kind"]),
-                "phase": str(b["phase"]),
-                "exposed": float(b["exposed_s"]),
-                "share": float(b["share"]),
-                "tail": float(b["tail_s"]),
-                "cause": str(b["cause"]),
-                "reason": str(b["reason"]),
+                "unit": g.units.get(b.unit, -1),
+                "kind": b.kind,
+                "phase": b.phase,
+                "exposed": float(b.exposed_s),
+                "share": float(b.share),
+                "tail": float(b.tail_s),
+                "cause": b.cause,
+                "reason": b.reason,
             }
             for i, b in p.bottlenecks
         ]

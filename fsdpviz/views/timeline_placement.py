@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
@@ -20,6 +19,7 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import Bottleneck, Bubble
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import (
     AUTO_MACHINE,
@@ -57,7 +57,7 @@ class PlacedEvents:
     # modelled: per compute stretch (FLOPs, achieved FLOP/s, share of the GPU's peak); the
     # waits ranked by Timeline.bottlenecks, each with its event's index in ``events``
     compute_rates: list[tuple[float, float, float]] = field(default_factory=list)
-    bottlenecks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    bottlenecks: list[tuple[int, Bottleneck]] = field(default_factory=list)
     machine: Machine | None = None
     # pipeline parallelism: per compute stretch, the action it is part of ("" none) and
     # its microbatch (-1 none)
@@ -142,14 +142,14 @@ def _modelled(
             p.waits.append(
                 (offset + float(w.start), offset + float(w.end), first + w.event, w.phase, w.tail)
             )
-        rows = [(first + int(b["event"]), b) for b in tl.bottlenecks()]
-        bubbles = [(first + int(b["event"]), _bubble_row(b)) for b in tl.bubbles()]
+        rows = [(first + b.event, b) for b in tl.bottleneck_records()]
+        bubbles = [(first + b.event, _bubble_row(b)) for b in tl.bubble_records()]
         if bubbles:
             # one table of waits: each row's share of all the compute waited (for
             # communication and for the other pipeline ranks), not of two different totals
-            waited = sum(float(b["exposed_s"]) for _, b in rows + bubbles)
-            rows = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in rows]
-            bubbles = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in bubbles]
+            waited = sum(float(b.exposed_s) for _, b in rows + bubbles)
+            rows = [(k, replace(b, share=float(b.exposed_s) / waited)) for k, b in rows]
+            bubbles = [(k, replace(b, share=float(b.exposed_s) / waited)) for k, b in bubbles]
         p.bottlenecks += rows + bubbles
         t = tl.totals
         totals["forward"] += t["exposed_forward_s"]
@@ -163,14 +163,14 @@ def _modelled(
     return p
 
 
-def _bubble_row(b: dict[str, Any]) -> dict[str, Any]:
+def _bubble_row(b: Bubble) -> Bottleneck:
     """A wait for another pipeline rank as a row of the bottleneck table (its share set
-    with the other rows')."""
-    return {
-        "unit": "", "kind": "pp_recv", "phase": "forward" if b["what"] == "activations"
-        else "backward", "exposed_s": b["waited_s"], "share": 0.0, "tail_s": 0.0,
-        "cause": "bubble", "reason": b["reason"],
-    }  # fmt: skip
+    with the other rows'): the receive waited for, all of its wait exposed."""
+    phase = "forward" if b.what == "activations" else "backward"
+    return Bottleneck(
+        "", "pp_recv", phase, b.waited_s, 0.0, "bubble", b.reason, b.event, None, None,
+        False, 0.0, 0.0, 0.0, b.waited_s, None, 0.0,
+    )  # fmt: skip
 
 
 def _recorded(events: list[tuple[int, int, Event]], offset: float) -> PlacedEvents:
