@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
-from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, Moment
+from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -130,7 +128,7 @@ class Walker:
         self._closing: list[tuple[str, str]] = []
         self._since = 0
         self._peak = -1
-        self._peak_at: dict[str, Any] = {}
+        self._peak_at: MemoryPeak = {}
         self._root: str | None = None
         self.in_backward = False
         self._accumulating: set[str] = set()
@@ -523,7 +521,7 @@ class Walker:
             slot = self.unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
             slot[direction] = max(slot[direction], peak)
 
-    def peak_record(self) -> dict[str, Any]:
+    def peak_record(self) -> MemoryPeak:
         breakdown = self._peak_at.get("breakdown", dict(self.cat))
         dominant = max(breakdown, key=lambda k: breakdown[k]) if breakdown else None
         last = max(len(self.tape.events) - 1, 0)

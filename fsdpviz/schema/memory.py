@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from fsdpviz.schema.rows import Row, Scalar
 from fsdpviz.schema.tables import dataframe
@@ -122,6 +122,46 @@ class MemoryEvent(Row):
         return cls.of(int(d["index"]), event, categories, int(d["total"]), int(d["peak_before"]))
 
 
+class MemoryPeak(TypedDict, total=False):
+    """``MemoryReport.peak``: its ``bytes``; ``event``, the index of the event it precedes or
+    happens in; ``moment``, its index in ``moments``; ``where`` in words; ``breakdown``, the
+    bytes per category then; ``dominant``, the largest category (None without categories).
+    A pipeline's also names its ``pp_rank``; a memory lane's its ``iteration``."""
+
+    bytes: int
+    event: int
+    moment: int
+    where: str
+    breakdown: dict[str, int]
+    dominant: str | None
+    pp_rank: int | None
+    iteration: int
+
+
+class MemoryConfig(TypedDict, total=False):
+    """``MemoryReport.config``: what was modelled (the plan's ``api`` and ``world_size``, the
+    ``optimizer``, the ``iteration``, its ``parameters`` and how many are ``trainable``); a
+    pipeline's also names the rank it is (``pp_rank``) and every rank's peak
+    (``pp_peaks``)."""
+
+    api: str
+    world_size: int | None
+    optimizer: str | int | None
+    iteration: int
+    parameters: int
+    trainable: int
+    pp_rank: int | None
+    pp_peaks: list[int]
+
+
+class Reserved(TypedDict, total=False):
+    """``MemoryReport.reserved``: the caching allocator's peak reserved ``bytes`` and each
+    stream's pool (``compute``, ``all_gather``, ``reduce_scatter``) at its own peak."""
+
+    bytes: int
+    pools: dict[str, int]
+
+
 @dataclass
 class MemoryReport:
     """Memory per rank at each event of one iteration, and its peak.
@@ -147,14 +187,14 @@ class MemoryReport:
         mem.to_pandas()                # needs pandas
     """
 
-    config: dict[str, Any]
+    config: MemoryConfig
     events: list[MemoryEvent]
-    peak: dict[str, Any]
+    peak: MemoryPeak
     unit_peaks: dict[str, dict[str, int]]
     notes: list[str] = field(default_factory=list)
     moments: list[Moment] = field(default_factory=list, repr=False)
     """Every moment the model looked at the bytes in use (see :func:`fsdpviz.cost.memory_lane`)."""
-    reserved: dict[str, Any] = field(default_factory=dict)
+    reserved: Reserved = field(default_factory=Reserved)
     """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
     (``compute``, ``all_gather``, ``reduce_scatter``: each stream's own peak)."""
     capacity: int = 0
@@ -243,13 +283,16 @@ class MemoryReport:
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryReport:
         """A memory report back from its :meth:`to_dict` JSON (without ``moments``, which the
         JSON does not hold)."""
+        config: MemoryConfig = d["config"]
+        peak: MemoryPeak = d["peak"]
+        reserved: Reserved = d.get("reserved", {})
         return cls(
-            config=dict(d["config"]),
+            config=config.copy(),
             events=[MemoryEvent.from_dict(r) for r in d["events"]],
-            peak=dict(d["peak"]),
+            peak=peak.copy(),
             unit_peaks={k: dict(v) for k, v in d["unit_peaks"].items()},
             notes=list(d.get("notes", [])),
-            reserved=dict(d.get("reserved", {})),
+            reserved=reserved.copy(),
             capacity=int(d.get("capacity", 0)),
             overhead=int(d.get("overhead", 0)),
             machine=str(d.get("machine", "")),
