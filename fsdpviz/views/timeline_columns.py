@@ -22,7 +22,7 @@ from fsdpviz.views.timeline_lanes import (
     UNTIMED_CLOCK,
     stream_lane,
 )
-from fsdpviz.views.timeline_memory import capacity_entry, group_memory, memory_entry
+from fsdpviz.views.timeline_memory import MemoryEntry, capacity_entry, group_memory, memory_entry
 from fsdpviz.views.timeline_placement import PlacedEvents, place_events
 
 __all__ = ["timeline_columns"]
@@ -102,7 +102,7 @@ def timeline_columns(
                 strict=True,
             ):
                 waits[k].append(v)
-    memory: list[dict[str, Any]] = []
+    memory: list[MemoryEntry] = []
     group_info = []
     marks: list[dict[str, Any]] = []
     for gi, (g, p) in enumerate(zip(groups, placed, strict=True)):

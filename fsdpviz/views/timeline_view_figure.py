@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
 from fsdpviz.views.timeline_lanes import FREE, MemoryOption
+from fsdpviz.views.timeline_memory import CapacityEntry, MemoryEntry
 from fsdpviz.views.timeline_view import cursor_x, timeline_data
 
 __all__ = ["CAPACITY_IN_SCALE", "lane_names", "memory_axis_top", "time_unit", "timeline_figure"]
@@ -248,7 +249,7 @@ def _event_text(d: dict[str, Any], i: int) -> str:
     return " ".join(parts)
 
 
-def memory_axis_top(entries: list[dict[str, Any]]) -> float:
+def memory_axis_top(entries: list[MemoryEntry]) -> float:
     """The top of the memory lanes' one y scale (a comparison's lanes share it): the most
     any lane holds, and each lane's reserved estimate and its machine's usable memory unless
     they are more than :data:`CAPACITY_IN_SCALE` times that (then their line is drawn at the
@@ -271,7 +272,7 @@ most this many times what the plan holds (its peak, its reserved estimate)."""
 
 
 def _add_memory(
-    fig: go.Figure, d: dict[str, Any], m: dict[str, Any], row: int, scale: float,
+    fig: go.Figure, d: dict[str, Any], m: MemoryEntry, row: int, scale: float,
     c: dict[str, str], top: float,
 ) -> None:  # fmt: skip
     xs = [x * scale for x in m["x0"]] + ([m["x1"][-1] * scale] if m["x1"] else [])
@@ -325,7 +326,7 @@ def _add_memory(
 
 
 def _add_capacity(
-    fig: go.Figure, m: dict[str, Any], cap: dict[str, Any], row: int, scale: float,
+    fig: go.Figure, m: MemoryEntry, cap: CapacityEntry, row: int, scale: float,
     c: dict[str, str], top: float,
 ) -> None:  # fmt: skip
     """The machine's usable memory as a line (at the top, marked off scale, when it is far
