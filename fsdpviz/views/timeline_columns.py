@@ -5,7 +5,7 @@ memory lanes, the groups' summaries and marks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
@@ -36,12 +36,55 @@ _STEP_COLUMNS = (
 )  # fmt: skip
 
 
+class Lane(TypedDict):
+    """A lane of the timeline: its ``group``, ``kind`` (``cpu``, ``compute``, ``stream`` or
+    ``memory``) and ``name``."""
+
+    group: int
+    kind: str
+    name: str
+
+
+class Mark(TypedDict):
+    """A mark on the timeline: the ``step`` it points at, its ``text`` and ``kind``."""
+
+    step: int
+    text: str
+    kind: str
+
+
+class WaitEntry(TypedDict):
+    """A row of a group's bottleneck table (see ``Timeline.bottlenecks``): the ``step``,
+    ``unit`` (its number, -1 for none), ``kind``, ``phase``, ``exposed`` seconds, ``share``,
+    ``tail`` seconds, ``cause`` and ``reason``."""
+
+    step: int
+    unit: int
+    kind: str
+    phase: str
+    exposed: float
+    share: float
+    tail: float
+    cause: str
+    reason: str
+
+
+class GroupInfo(TypedDict):
+    """A group's ``name``, ``summary`` line, ``exposed`` totals and bottleneck table (None
+    where not timed)."""
+
+    name: str
+    summary: str
+    exposed: dict[str, float] | None
+    bottlenecks: list[WaitEntry] | None
+
+
 def timeline_columns(
     groups: list[LaneGroup], source: str, iteration: int | None, machine: Machine | str | None
 ) -> dict[str, Any]:
     placed = [place_events(g, iteration, machine) for g in groups]
     unit_names, numbers, colors = _unit_table(groups)
-    lanes: list[dict[str, Any]] = []
+    lanes: list[Lane] = []
     lane_of: list[dict[str, int]] = []
     for gi, p in enumerate(placed):
         mine: dict[str, int] = {}
@@ -104,7 +147,7 @@ def timeline_columns(
                 waits[k].append(v)
     memory: list[MemoryEntry] = []
     group_info = []
-    marks: list[dict[str, Any]] = []
+    marks: list[Mark] = []
     for gi, (g, p) in enumerate(zip(groups, placed, strict=True)):
         resolved = group_memory(g, iteration)
         if resolved is not None:
@@ -266,7 +309,7 @@ def _compute(
 
 def _group_info(
     g: LaneGroup, p: PlacedEvents, step_of: dict[tuple[int, int], int], gi: int
-) -> dict[str, Any]:
+) -> GroupInfo:
     r = g.report
     api = r.config.api if r.config.states("api") else "FSDP"
     ws = r.config.world_size
@@ -275,7 +318,7 @@ def _group_info(
     if trainable:
         summary += f" · {trainable}"
     exposed = None
-    bottlenecks: list[dict[str, Any]] | None = None
+    bottlenecks: list[WaitEntry] | None = None
     if p.totals is not None:
         exposed = dict(p.totals)
         bottlenecks = [
@@ -298,7 +341,7 @@ def _group_info(
 
 def _marks(
     gi: int, g: LaneGroup, p: PlacedEvents, step_of: dict[tuple[int, int], int]
-) -> list[dict[str, Any]]:
+) -> list[Mark]:
     where = {(it, k): i for i, (it, k, _) in enumerate(p.events)}
     return [
         {"step": step_of[(gi, where[(it, k)])], "text": text, "kind": kind}
