@@ -5,7 +5,7 @@ memory lanes, the groups' summaries and marks.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
@@ -79,9 +79,36 @@ class GroupInfo(TypedDict):
     bottlenecks: list[WaitEntry] | None
 
 
+class TimelineData(TypedDict):
+    """What :func:`~fsdpviz.views.timeline_view.timeline_data` returns (see it for each key);
+    ``steps``, ``calls``, ``compute`` and ``waits`` are columns (one list per key)."""
+
+    version: int
+    source: str
+    units: list[str]
+    unit_numbers: list[int]
+    colors: list[str]
+    kinds: list[str]
+    hooks: list[str]
+    modules: NotRequired[list[str]]
+    timed: bool
+    clock: str
+    groups: list[GroupInfo]
+    lanes: list[Lane]
+    n_steps: int
+    steps: dict[str, list[Any]]
+    stream_order: list[int]
+    calls: dict[str, list[Any]]
+    compute: dict[str, list[Any]]
+    waits: dict[str, list[Any]]
+    memory: list[MemoryEntry]
+    marks: list[Mark]
+    iteration_starts: list[list[float]]
+
+
 def timeline_columns(
     groups: list[LaneGroup], source: str, iteration: int | None, machine: Machine | str | None
-) -> dict[str, Any]:
+) -> TimelineData:
     placed = [place_events(g, iteration, machine) for g in groups]
     unit_names, numbers, colors = _unit_table(groups)
     lanes: list[Lane] = []
@@ -171,7 +198,7 @@ def timeline_columns(
     if any(e.stage is not None for e in staged):
         steps["stage"] = [-1 if e.stage is None else e.stage for e in staged]
         steps["microbatch"] = [-1 if e.microbatch is None else e.microbatch for e in staged]
-    return {
+    data: TimelineData = {
         "version": 2,
         "source": source,
         "units": unit_names,
@@ -179,7 +206,6 @@ def timeline_columns(
         "colors": colors,
         "kinds": kind_names,
         "hooks": list(HOOKS),
-        **({"modules": modules} if modules else {}),
         "timed": timed,
         "clock": "; ".join(clocks) if timed else UNTIMED_CLOCK,
         "groups": group_info,
@@ -194,6 +220,17 @@ def timeline_columns(
         "marks": marks,
         "iteration_starts": [p.starts for p in placed],
     }
+    return _with_modules(data, modules) if modules else data
+
+
+def _with_modules(data: TimelineData, modules: list[str]) -> TimelineData:
+    """``data`` with ``modules`` right after ``hooks``, where its JSON has always had it."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        out[key] = value
+        if key == "hooks":
+            out["modules"] = modules
+    return cast(TimelineData, out)
 
 
 def _unit_table(groups: list[LaneGroup]) -> tuple[list[str], list[int], list[str]]:
