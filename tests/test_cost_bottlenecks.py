@@ -20,6 +20,7 @@ from fsdpviz.examples import (
     example_model,
 )
 from fsdpviz.schema.report import unit_label
+from fsdpviz.schema.rows import ComputeStretch, TimedEvent, Wait
 
 # Comparable compute and communication: 16 ranks across two nodes of 100 Gb/s RoCE.
 CONFIG = ExampleConfig(hidden_size=1024, intermediate_size=2816, num_layers=6, num_heads=8)
@@ -151,11 +152,12 @@ def _timeline(events: list[dict[str, Any]], waits: list[dict[str, Any]]) -> Time
         "hook_unit": "", "prefetch": False, "rate_limited_s": 0.0, "held": "", "held_by": -1,
         "module": None, "phase": "forward",
     }  # fmt: skip
-    records = [{**base, **e} for e in events]
-    exposed = sum(sorted((r["exposed"] for r in records if r["exposed"] > 0), reverse=True))
-    compute = [{"start": 0.0, "end": 1e-3, "flops": 0.0}]
+    records = [TimedEvent.from_dict({**base, **e}) for e in events]
+    exposed = sum(sorted((r.exposed for r in records if r.exposed > 0), reverse=True))
+    compute = [ComputeStretch("pre_forward", "", 0, 0.0, 1e-3, 0.0, "forward", "", 0)]
     totals = {"exposed_comm_s": exposed, "step_s": 1e-2}
-    return Timeline({"name": "test"}, records, compute, totals, waits=waits)
+    rows = [Wait.from_dict(w) for w in waits]
+    return Timeline({"name": "test"}, records, compute, totals, waits=rows)
 
 
 def _wait(event: int, start: float, end: float, tail: bool = False) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from torch.distributed.fsdp import BackwardPrefetch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-from fsdpviz.cost import Machine, machine, timeline
+from fsdpviz.cost import CATEGORIES, Machine, MemoryReport, Timeline, machine, timeline
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.schema.memory import MemoryEvent
 
 POLICY = ModuleWrapPolicy({DecoderLayer})
 
@@ -91,6 +92,27 @@ def test_timeline_shape_and_totals() -> None:
     assert t["all_gather_bytes"] == pytest.approx(gathered)
     assert "exposed" in tl.summary()
     json.dumps(tl.to_dict())
+
+
+def test_timeline_and_memory_rows_are_records_their_json_reads_back() -> None:
+    """The rows are typed records (read by attribute, or by key as the dicts they were), and
+    a timeline's and a memory report's JSON read back gives the same JSON."""
+    report = _report(world_size=64, grad_accum=2)
+    tl, mem = report.timeline, report.memory
+    first = tl.events[0]
+    assert first.kind == first["kind"] == tl.records()[0]["kind"]
+    assert first.get("bubble", 0.0) == 0.0 and "bubble" not in first
+    assert [s.sync for s in tl.micro_steps] == [s["sync"] for s in tl.micro_steps] == [False, True]
+    assert tl.compute[-1].duration == tl.compute[-1]["end"] - tl.compute[-1]["start"]
+    text = json.dumps(tl.to_dict())
+    assert json.dumps(Timeline.from_dict(json.loads(text)).to_dict()) == text
+    row = mem.events[-1]
+    assert row.total == sum(row.breakdown().values()) == row["total"]
+    assert list(mem.records()[0]) == ["index", "kind", "unit", "phase", "hook", "hook_unit",
+                                      *CATEGORIES, "total", "peak_before"]  # fmt: skip
+    assert [MemoryEvent.from_dict(r) for r in mem.records()] == mem.events
+    text = json.dumps(mem.to_dict())
+    assert json.dumps(MemoryReport.from_dict(json.loads(text)).to_dict()) == text
 
 
 def test_prefetch_and_interconnect_change_exposed_communication() -> None:

@@ -75,7 +75,13 @@ from fsdpviz.cost.sizes import (
     upcasts,
 )
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.memory import CATEGORIES, MemoryReport, Moment
+from fsdpviz.schema.memory import (
+    CATEGORIES,
+    MemoryPeak,
+    MemoryReport,
+    Moment,
+    Reserved,
+)
 from fsdpviz.schema.report import Report
 
 
@@ -274,7 +280,7 @@ def _rest(total: int, gather: int, scatter: int) -> int:
     return total - gather - scatter
 
 
-def reserved_estimate(moments: list[Moment]) -> dict[str, Any]:
+def reserved_estimate(moments: list[Moment]) -> Reserved:
     """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
 
     Example::
@@ -345,7 +351,7 @@ class MemoryLane:
     where: list[str]
     bytes: dict[str, list[int]]
     total: list[int]
-    peak: dict[str, Any]
+    peak: MemoryPeak
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -381,7 +387,9 @@ def memory_lane(
     """
     n = len(report.iterations)
     its = list(range(n)) if iteration is None else [iteration_index(report, iteration)]
-    lane = MemoryLane(list(CATEGORIES), [], [], [], [], [], [], {k: [] for k in CATEGORIES}, [], {})
+    lane = MemoryLane(
+        list(CATEGORIES), [], [], [], [], [], [], {k: [] for k in CATEGORIES}, [], MemoryPeak()
+    )
     for i in its:
         last = i == its[-1]
         mem = memory if last and memory is not None else None

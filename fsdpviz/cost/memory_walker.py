@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
-from fsdpviz.schema.memory import CATEGORIES, Moment
+from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -109,7 +107,7 @@ class Walker:
         self.grads: dict[str, int] = {}
         self.rs: list[int] = []
         self.post_forward_shard: dict[str, int] = {}
-        self.records: list[dict[str, Any]] = []
+        self.records: list[MemoryEvent] = []
         # Every moment the total is looked at, in order: where it is (a stretch of compute,
         # an event, a hook), the event it precedes or happens in, and bytes per category.
         self.moments: list[Moment] = []
@@ -130,7 +128,7 @@ class Walker:
         self._closing: list[tuple[str, str]] = []
         self._since = 0
         self._peak = -1
-        self._peak_at: dict[str, Any] = {}
+        self._peak_at: MemoryPeak = {}
         self._root: str | None = None
         self.in_backward = False
         self._accumulating: set[str] = set()
@@ -467,18 +465,9 @@ class Walker:
     def _snapshot(self, index: int) -> None:
         e = self.tape.events[index]
         total = self._total()
-        rec: dict[str, Any] = {
-            "index": index,
-            "kind": e.kind,
-            "unit": e.unit,
-            "phase": e.phase,
-            "hook": e.hook,
-            "hook_unit": e.hook_unit,
-        }
-        rec.update(self.cat)
-        rec["total"] = total
-        rec["peak_before"] = max(self._since, total)
-        self.records.append(rec)
+        event = (e.kind, e.unit, e.phase, e.hook, e.hook_unit)
+        peak_before = max(self._since, total)
+        self.records.append(MemoryEvent.of(index, event, self.cat, total, peak_before))
         self._since = total
 
     def _window(self, c: HookCall, opening: bool) -> None:
@@ -532,7 +521,7 @@ class Walker:
             slot = self.unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
             slot[direction] = max(slot[direction], peak)
 
-    def peak_record(self) -> dict[str, Any]:
+    def peak_record(self) -> MemoryPeak:
         breakdown = self._peak_at.get("breakdown", dict(self.cat))
         dominant = max(breakdown, key=lambda k: breakdown[k]) if breakdown else None
         last = max(len(self.tape.events) - 1, 0)

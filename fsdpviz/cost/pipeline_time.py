@@ -24,12 +24,13 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import ComputeStretch, HookTime, TimedEvent, Wait
 from fsdpviz.schema.timeline import Timeline
 
 _ACTION = re.compile(r"(\d+)([FBIW])(\d+)")  # a stage's compute on a microbatch
@@ -108,8 +109,8 @@ def pipeline_timelines(
             break
     done = [tl for tl in timelines if tl is not None]
     for rank, tl in zip(pipe.ranks, done, strict=True):
-        for rec in [*tl.events, *tl.waits]:
-            rec["rank"] = rank.config.pp_rank
+        tl.events = [replace(r, rank=rank.config.pp_rank) for r in tl.events]
+        tl.waits = [replace(w, rank=rank.config.pp_rank) for w in tl.waits]
         _label_compute(tl, p2p.tapes.get((id(rank), _index(rank, tl))))
         if cache:
             rank.__dict__["timeline"] = tl  # Report.timeline's cached value: this one
@@ -122,7 +123,7 @@ def pipeline_timelines(
 
 
 def _index(rank: Report, tl: Timeline) -> int:
-    return int(tl.micro_steps[-1]["iteration"]) if tl.micro_steps else len(rank.iterations) - 1
+    return tl.micro_steps[-1].iteration if tl.micro_steps else len(rank.iterations) - 1
 
 
 def _label_compute(tl: Timeline, tape: Any) -> None:
@@ -136,29 +137,31 @@ def _label_compute(tl: Timeline, tape: Any) -> None:
         if c.hook == "pipeline" and isinstance(c.arg, str) and _ACTION.fullmatch(c.arg)
     ]
     starts = [k for k, _ in marks]
+    labelled = []
     for rec in tl.compute:
-        at = bisect.bisect_right(starts, int(rec["index"])) - 1
-        if at < 0:
-            continue
-        action = marks[at][1]
-        match = _ACTION.fullmatch(action)
-        assert match is not None
-        rec.update(action=action, stage=int(match[1]), microbatch=int(match[3]))
+        at = bisect.bisect_right(starts, rec.index) - 1
+        if at >= 0:
+            action = marks[at][1]
+            match = _ACTION.fullmatch(action)
+            assert match is not None
+            rec = replace(rec, action=action, stage=int(match[1]), microbatch=int(match[3]))
+        labelled.append(rec)
+    tl.compute = labelled
 
 
 def _job(report: Report, timelines: list[Timeline]) -> Timeline:
     pipe = report.pipeline
     assert pipe is not None
-    events: list[dict[str, Any]] = []
-    compute: list[dict[str, Any]] = []
-    hooks: list[dict[str, Any]] = []
-    waits: list[dict[str, Any]] = []
+    events: list[TimedEvent] = []
+    compute: list[ComputeStretch] = []
+    hooks: list[HookTime] = []
+    waits: list[Wait] = []
     for r, tl in enumerate(timelines):
         offset = len(events)
-        events += [{**e, "index": e["index"] + offset} for e in tl.events]
-        compute += [{**c, "rank": r} for c in tl.compute]
-        hooks += [{**h, "rank": r, "events": [i + offset for i in h["events"]]} for h in tl.hooks]
-        waits += [{**w, "event": w["event"] + offset} for w in tl.waits]
+        events += [replace(e, index=e.index + offset) for e in tl.events]
+        compute += [replace(c, rank=r) for c in tl.compute]
+        hooks += [replace(h, rank=r, events=tuple(i + offset for i in h.events)) for h in tl.hooks]
+        waits += [replace(w, event=w.event + offset) for w in tl.waits]
     n = len(timelines)
     slowest = max(timelines, key=lambda tl: tl.totals["step_s"])
     totals = dict(slowest.totals)

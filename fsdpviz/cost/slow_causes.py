@@ -40,20 +40,32 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.kernels import gemm_seconds
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.timeline import duration_text
 
-__all__ = ["slowdowns"]
+__all__ = ["Slowdown", "slowdowns"]
+
+
+class Slowdown(TypedDict):
+    """One row of :func:`slowdowns` (see it for each key)."""
+
+    cause: str
+    seconds: float
+    share: float
+    knob: str
+    text: str
+    fix: str
+
 
 # Below this share of its efficiency on large matrices a matrix multiply counts as small.
 _SMALL = 0.5
 
 
-def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[str, Any]]:
+def slowdowns(report: Report, checkpointing: bool | None = None) -> list[Slowdown]:
     """What the step's time goes to beyond the model's compute in bf16, most first (see the
     module docstring); empty for a report without a trace profile. ``checkpointing``:
     whether the plan checkpoints activations (default: what its config states)."""
@@ -69,12 +81,14 @@ def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[st
         return []
     m = machine_of(report)
     gemms = _gemms(report)
-    out: list[dict[str, Any]] = []
+    out: list[Slowdown] = []
 
     def add(cause: str, seconds: float, knob: str, text: str, fix: str = "") -> None:
         if seconds > 0:
-            row = {"cause": cause, "seconds": seconds, "share": seconds / step}
-            out.append(row | {"knob": knob, "text": text, "fix": fix})
+            share = seconds / step
+            out.append(
+                Slowdown(cause=cause, seconds=seconds, share=share, knob=knob, text=text, fix=fix)
+            )
 
     matmul_s = float(t["matmul_s"])
     model_total = sum(gemm_seconds(m, *g[:5]) * g[5] for g in gemms) or 1.0
@@ -179,16 +193,16 @@ def slowdowns(report: Report, checkpointing: bool | None = None) -> list[dict[st
     return out
 
 
-def _pipeline_slowdowns(report: Report, checkpointing: bool | None) -> list[dict[str, Any]]:
+def _pipeline_slowdowns(report: Report, checkpointing: bool | None) -> list[Slowdown]:
     """A pipeline's: its bubbles (the compute waiting for another pipeline rank), then the
     slowest pipeline rank's own causes."""
     t = report.timeline.totals
     step = float(t["step_s"])
-    out: list[dict[str, Any]] = []
+    out: list[Slowdown] = []
     bubble = float(t.get("bubble_s", 0.0))
     if bubble > 0 and step > 0:
-        worst = report.timeline.bubbles()
-        first = f"; the longest: {worst[0]['reason']}" if worst else ""
+        worst = report.timeline.bubble_records()
+        first = f"; the longest: {worst[0].reason}" if worst else ""
         out.append(
             {
                 "cause": "bubbles",

@@ -67,6 +67,7 @@ from fsdpviz.cost.sizes import itemsize, optimizer_spec
 from fsdpviz.cost.time_sim import MicroStepSim
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import ComputeStretch, MicroStep
 from fsdpviz.schema.timeline import Timeline
 
 
@@ -156,7 +157,7 @@ def timeline(
         runs[k].run()
     sim = runs[i]
     sums: dict[str, float] = {}
-    micro: list[dict[str, Any]] = []
+    micro: list[MicroStep] = []
     t = 0.0
     planned = report.config.grad_accum > 1
     for n, k in enumerate(micro_steps):
@@ -164,7 +165,8 @@ def timeline(
         for key, value in own.items():
             sums[key] = sums.get(key, 0.0) + value
         sync = not planned or n == len(micro_steps) - 1
-        micro.append({"iteration": k, "start": t, "end": t + runs[k].end, "sync": sync, **own})
+        step_row = {"iteration": k, "start": t, "end": t + runs[k].end, "sync": sync, **own}
+        micro.append(MicroStep.from_dict(step_row))
         t += runs[k].end
     opt_s = _optimizer_seconds(report, m, optimizer)
     step = t + opt_s
@@ -215,8 +217,9 @@ def timeline(
         if role != "process_group"
     ]
     notes = list(sim.notes) + _notes(report, m, sim, compiled)
-    _rates(sim.compute, m, sim.dtype)
-    return Timeline(described, sim.records, sim.compute, totals, notes, sim.hooks, sim.waits, micro)
+    events = [r.placed() for r in sim.records]
+    compute = _rates(sim.compute, m, sim.dtype)
+    return Timeline(described, events, compute, totals, notes, sim.hooks, sim.waits, micro)
 
 
 def _micro_steps(report: Report, iteration: int, grad_accum: int | None) -> list[int]:
@@ -277,15 +280,16 @@ def _notes(report: Report, m: Machine, sim: MicroStepSim, compiled: bool) -> lis
     return notes
 
 
-def _rates(compute: list[dict[str, Any]], m: Machine, dtype: str) -> None:
-    """Each stretch's ``duration``, achieved ``flops_per_s`` and its share of the peak."""
+def _rates(compute: list[ComputeStretch], m: Machine, dtype: str) -> list[ComputeStretch]:
+    """Each stretch with its ``duration``, achieved ``flops_per_s`` and share of the peak."""
     peak = m.peak_flops(dtype)
+    rated = []
     for c in compute:
-        dur = c["end"] - c["start"]
-        rate = c["flops"] / dur if dur > 0 else 0.0
-        c["duration"] = dur
-        c["flops_per_s"] = rate
-        c["peak_share"] = rate / peak if peak > 0 else 0.0
+        dur = c.end - c.start
+        rate = c.flops / dur if dur > 0 else 0.0
+        share = rate / peak if peak > 0 else 0.0
+        rated.append(replace(c, duration=dur, flops_per_s=rate, peak_share=share))
+    return rated
 
 
 def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:

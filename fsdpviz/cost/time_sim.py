@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hook_calls import HookCall, tape
@@ -23,6 +22,7 @@ from fsdpviz.cost.time_state import (
     Arrivals,
     Clocks,
     CopyOut,
+    EventTiming,
     Gate,
     Offload,
     PostForward,
@@ -34,6 +34,7 @@ from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.rows import ComputeStretch, HookTime, Wait
 
 _WAITS = ("pre_forward", "pre_backward")
 _ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch
@@ -139,10 +140,10 @@ class MicroStepSim:
         )
         self.offload = Offload()
         self.tally = Tally()
-        self.records: list[dict[str, Any]] = []
-        self.compute: list[dict[str, Any]] = []
-        self.hooks: list[dict[str, Any]] = []
-        self.waits: list[dict[str, Any]] = []
+        self.records: list[EventTiming] = []
+        self.compute: list[ComputeStretch] = []
+        self.hooks: list[HookTime] = []
+        self.waits: list[Wait] = []
         self.end = 0.0
         self.tail_wait = 0.0
         self.notes: list[str] = []
@@ -158,16 +159,9 @@ class MicroStepSim:
         opened: list[str] = []  # units between their pre- and post-hooks, innermost last
         for k, c in enumerate(calls):
             owner = opened[-1] if opened else ""
-            where = {"owner": owner, "next_event": first_after[k]}
-            self._compute(c, k, where)
+            self._compute(c, k, owner, first_after[k])
             self.hooks.append(
-                {
-                    "hook": c.hook,
-                    "unit": c.unit,
-                    "t": self.clocks.cpu,
-                    "compute_t": self.clocks.compute,
-                    "events": list(c.events),
-                }
+                HookTime(c.hook, c.unit, self.clocks.cpu, self.clocks.compute, tuple(c.events))
             )
             if c.hook == "pipeline" and isinstance(c.arg, str):
                 self._await(c.arg)  # an action's compute starts once its input is received
@@ -192,8 +186,7 @@ class MicroStepSim:
                 if waits and own and e == own[0]:
                     self._need(c.unit)
         tail = self.tape.tail
-        where = {"owner": opened[-1] if opened else "", "next_event": len(events)}
-        self._compute(tail, len(calls), where)
+        self._compute(tail, len(calls), opened[-1] if opened else "", len(events))
         self.end = max(
             self.clocks.compute, self.clocks.comm, self.clocks.copy, self.clocks.pp, self.clocks.cp
         )
@@ -201,13 +194,11 @@ class MicroStepSim:
             0.0, max(self.clocks.comm, self.clocks.copy, self.clocks.cp) - self.clocks.compute
         )
         if self.tail_wait > 0:
-            streams = [r for r in self.records if r["stream"] in ("comm", "copy", "cp")]
-            last = max(streams, key=lambda r: r["end"])
-            last["exposed"] += self.tail_wait  # the final callback waits for it
-            self.waits.append(
-                {"start": self.clocks.compute, "end": self.clocks.compute + self.tail_wait,
-                 "event": last["index"], "phase": last["phase"], "tail": True}
-            )  # fmt: skip
+            streams = [r for r in self.records if r.stream in ("comm", "copy", "cp")]
+            last = max(streams, key=lambda r: r.end)
+            last.exposed += self.tail_wait  # the final callback waits for it
+            end = self.clocks.compute + self.tail_wait
+            self.waits.append(Wait(self.clocks.compute, end, last.index, last.event.phase, True))
 
     def own_totals(self) -> dict[str, float]:
         """This micro-step's sums, which the step adds up."""
@@ -215,20 +206,16 @@ class MicroStepSim:
         by_phase = {"forward": 0.0, "backward": 0.0}
         bubble = 0.0
         for w in self.waits:
-            if w.get("bubble"):
-                bubble += w["end"] - w["start"]
+            if w.bubble:
+                bubble += w.end - w.start
             else:
-                by_phase[w["phase"]] += w["end"] - w["start"]
+                by_phase[w.phase] += w.end - w.start
         return {
             "compute_s": self.tally.compute_s,
-            "comm_s": sum(
-                r["end"] - r["start"] for r in recs if r["stream"] in ("comm", "tp", "cp")
-            ),
+            "comm_s": sum(r.end - r.start for r in recs if r.stream in ("comm", "tp", "cp")),
             # summed largest first, as Timeline.bottlenecks() lists them (the tail wait is
             # folded into the exposed time of the collective it waits for): their sum is this
-            "exposed_comm_s": sum(
-                sorted((r["exposed"] for r in recs if r["exposed"] > 0), reverse=True)
-            ),
+            "exposed_comm_s": sum(sorted((r.exposed for r in recs if r.exposed > 0), reverse=True)),
             "all_gather_bytes": self.tally.bytes.get("all_gather", 0.0),
             "reduce_scatter_bytes": self.tally.bytes.get("reduce_scatter", 0.0)
             + self.tally.bytes.get("all_reduce", 0.0),
@@ -260,7 +247,7 @@ class MicroStepSim:
         dur = self.m.compute_seconds(flops, self.dtype)
         return StretchCost(dur, 0.0, 0, dur, 0.0, 0.0)
 
-    def _compute(self, call: HookCall, k: int, where: dict[str, Any]) -> None:
+    def _compute(self, call: HookCall, k: int, owner: str, next_event: int) -> None:
         hook, unit = call.hook, call.unit
         flops = (call.flops_forward + call.flops_backward) / self.ranks.tp
         self.tally.flops_forward += call.flops_forward / self.ranks.tp
@@ -291,19 +278,20 @@ class MicroStepSim:
         lost = end - max(self.clocks.compute + gpu, self.clocks.cpu)
         if lost > 1e-15 and self.gate.by is not None:
             waited = self.records[self.gate.by]
-            bubble = waited["stream"] == "pp"  # waiting for another pipeline rank
-            waited["bubble" if bubble else "exposed"] += lost
+            bubble = waited.stream == "pp"  # waiting for another pipeline rank
+            if bubble:
+                waited.bubble = (waited.bubble or 0.0) + lost
+            else:
+                waited.exposed += lost
             self.waits.append(
-                {"start": start - lost, "end": start, "event": waited["index"],
-                 "phase": waited["phase"], "tail": False, **({"bubble": True} if bubble else {})}
-            )  # fmt: skip
+                Wait(start - lost, start, waited.index, waited.event.phase, False, bubble)
+            )
         self.clocks.compute = end
         self.tally.compute_s += dur
         phase = "forward" if hook.endswith("_forward") else "backward"
         self.compute.append(
-            {"hook": hook, "unit": unit, "index": k, "start": start, "end": start + dur,
-             "flops": flops, "phase": phase, **where}
-        )  # fmt: skip
+            ComputeStretch(hook, unit, k, start, start + dur, flops, phase, owner, next_event)
+        )
         self.gate.by = None
 
     def _need(self, unit: str) -> None:
@@ -317,38 +305,19 @@ class MicroStepSim:
         # FSDP2's next all-gather waits for this unit's copy-out on the compute stream.
         wait = max(self.clocks.compute, done[0] if done else 0.0)
         if wait >= self.copy_out.last_wait:
-            self.copy_out.last_wait_event = self.records[done[1]]["index"] if done else -1
+            self.copy_out.last_wait_event = self.records[done[1]].index if done else -1
         self.copy_out.last_wait = max(self.copy_out.last_wait, wait)
 
     def _event(self, index: int) -> None:
         e = self.tape.events[index]
         u = self.units.get(e.unit)
-        rec: dict[str, Any] = {
-            "index": index,
-            "kind": e.kind,
-            "unit": e.unit,
-            "phase": e.phase,
-            "stream": "compute" if e.kind == "free" else "comm",
-            "issued": self.clocks.cpu,
-            "compute_t": self.clocks.compute,
-            "start": self.clocks.compute,
-            "end": self.clocks.compute,
-            "bytes": 0.0,
-            "exposed": 0.0,
-            # why it ran when it did (what Timeline.bottlenecks() explains): the hook that
-            # issued it (and a tensor-parallel collective's module), whether it is a
-            # prefetch, how long FSDP1's rate limiter held the CPU before issuing it, and
-            # what its start waited for ("held": see Timeline) with that event ("held_by")
-            "hook": e.hook,
-            "hook_unit": e.hook_unit,
-            "module": e.module,
-            "prefetch": e.prefetch,
-            "rate_limited_s": 0.0,
-            "held": "",
-            "held_by": -1,
-        }
-        if e.stage is not None:  # pipeline parallelism: the action that issued it
-            rec.update(stage=e.stage, microbatch=e.microbatch, action=e.action)
+        # why it ran when it did (what Timeline.bottlenecks() explains): the hook that issued
+        # it (and a tensor-parallel collective's module), whether it is a prefetch (all of
+        # them the event's own), how long FSDP1's rate limiter held the CPU before issuing it,
+        # and what its start waited for ("held": see Timeline) with that event ("held_by")
+        stream = "compute" if e.kind == "free" else "comm"
+        now = self.clocks.compute
+        rec = EventTiming(index, e, stream, self.clocks.cpu, now, now, now)
         self.records.append(rec)
         if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
             if e.kind in TP_KINDS:
@@ -369,10 +338,10 @@ class MicroStepSim:
             return
         if e.kind == "h2d":  # CPU offload: the host shard, before its all-gather
             gate = self._all_gather_gate()
-            rec["rate_limited_s"] = self.clocks.cpu - rec["issued"]
-            rec["issued"] = self.clocks.cpu  # after the rate limiter's wait, if any
+            rec.rate_limited_s = self.clocks.cpu - rec.issued
+            rec.issued = self.clocks.cpu  # after the rate limiter's wait, if any
             self._copy(rec, u.sharded_bytes, max(self.clocks.copy, gate))
-            self.offload.h2d_done[e.unit] = rec["end"]
+            self.offload.h2d_done[e.unit] = rec.end
             self.offload.h2d_event[e.unit] = index
             return
         if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
@@ -389,15 +358,13 @@ class MicroStepSim:
             share = self.float8_share.get(e.unit, 0.0)  # FSDP2's float8 all-gather
             size = gathered_bytes(u) * (1 - share) + u.padded_numel * share
             if share > 0:
-                rec["float8_share"] = share
+                rec.float8_share = share
             limiter = self._all_gather_gate()
             h2d = self.offload.h2d_done.pop(e.unit, 0.0)
             gate = max(limiter, h2d)
-            rec["rate_limited_s"] = self.clocks.cpu - rec["issued"]
-            rec["issued"] = self.clocks.cpu  # after the rate limiter's wait, if any
-            held = (
-                ("rate_limiter", self.limiter.limited_by) if rec["rate_limited_s"] > 0 else ("", -1)
-            )
+            rec.rate_limited_s = self.clocks.cpu - rec.issued
+            rec.issued = self.clocks.cpu  # after the rate limiter's wait, if any
+            held = ("rate_limiter", self.limiter.limited_by) if rec.rate_limited_s > 0 else ("", -1)
             if h2d > limiter:
                 held = ("h2d", self.offload.h2d_event.pop(e.unit, -1))
             elif self.fsdp2:
@@ -407,7 +374,7 @@ class MicroStepSim:
             self._collective(rec, "all_gather", size, ranks, gate, extra, span, held)
             if self.fsdp2:  # and again, torch.cat of the parameters sharded on dim != 0
                 self.copy_out.gathered[e.unit] = float(size) + sum(placed_bytes(u).values())
-            self.arrivals.all_gathers[e.unit] = (rec["end"], len(self.records) - 1)
+            self.arrivals.all_gathers[e.unit] = (rec.end, len(self.records) - 1)
             return
         reduce = itemsize(u.reduce_dtype or u.compute_dtype or u.dtype)
         if e.kind == "all_reduce" and e.group == "replicate":  # hybrid: the shard, across groups
@@ -449,44 +416,44 @@ class MicroStepSim:
                 rec, "reduce_scatter", size, ranks, self.clocks.compute, extra, shard, _GRADS
             )
 
-    def _tensor_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
+    def _tensor_parallel(self, rec: EventTiming, kind: str, size: float) -> None:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
         ranks, inside a node: the compute after it needs its result, so it waits for it."""
-        rec["stream"] = "tp"
-        start = max(self.clocks.compute, self.clocks.tp, rec["issued"])
+        rec.stream = "tp"
+        start = max(self.clocks.compute, self.clocks.tp, rec.issued)
         ranks = self.ranks.tp
         span = self.ranks.spans.get("tp")
         dur = self.m.collective_seconds(kind, size, ranks, span) if ranks > 1 else 0.0
-        rec["start"], rec["end"] = start, start + dur
-        rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
-        self.tally.bytes[rec["kind"]] = self.tally.bytes.get(rec["kind"], 0.0) + rec["bytes"]
-        self.clocks.tp = rec["end"]
-        if rec["end"] > self.gate.until:
-            self.gate.until, self.gate.by = rec["end"], len(self.records) - 1
+        rec.start, rec.end = start, start + dur
+        rec.bytes = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        self.tally.bytes[rec.event.kind] = self.tally.bytes.get(rec.event.kind, 0.0) + rec.bytes
+        self.clocks.tp = rec.end
+        if rec.end > self.gate.until:
+            self.gate.until, self.gate.by = rec.end, len(self.records) - 1
 
-    def _pipeline(self, rec: dict[str, Any], e: Event) -> None:
+    def _pipeline(self, rec: EventTiming, e: Event) -> None:
         """A send to (or receive from) the neighbouring stage's rank, on the link the pp mesh
         dimension puts them on: a send starts once its compute is done and the peer posted
         the receive, one at a time; the compute after a receive waits for the peer's send
         (that wait is the pipeline's bubble)."""
-        rec["stream"] = "pp"
-        rec["bubble"] = 0.0
+        rec.stream = "pp"
+        rec.bubble = 0.0
         key = p2p_key(e)
         size = float(e.nbytes or 0)
-        rec["bytes"] = size
+        rec.bytes = size
         self.tally.bytes[e.kind] = self.tally.bytes.get(e.kind, 0.0) + size
         if e.kind == "pp_send":
             span = self.ranks.spans.get("pp")
             dur = self.m.p2p_seconds(size, bool(span and span.across_nodes))
             start = max(self.clocks.compute, self.clocks.pp, self.p2p.posted.get(key, 0.0))
-            rec["start"], rec["end"] = start, start + dur
-            self.clocks.pp = rec["end"]
+            rec.start, rec.end = start, start + dur
+            self.clocks.pp = rec.end
             self.p2p.send(key, start, start + dur)
             return
-        self.p2p.post(key, rec["issued"])
+        self.p2p.post(key, rec.issued)
         start, end = self.p2p.sent.get(key, (self.clocks.compute, self.clocks.compute))
-        rec["start"], rec["end"] = max(start, rec["issued"]), max(end, rec["issued"])
-        self.arrivals.received[key] = (rec["end"], len(self.records) - 1)
+        rec.start, rec.end = max(start, rec.issued), max(end, rec.issued)
+        self.arrivals.received[key] = (rec.end, len(self.records) - 1)
 
     def _await(self, action: str) -> None:
         """A stage's forward (backward) of a microbatch: its compute waits for the activations
@@ -500,13 +467,13 @@ class MicroStepSim:
         if got is not None and got[0] > self.gate.until:
             self.gate.until, self.gate.by = got
 
-    def _context_parallel(self, rec: dict[str, Any], kind: str, size: float) -> None:
+    def _context_parallel(self, rec: EventTiming, kind: str, size: float) -> None:
         """A collective of ring attention over the cp group, on its own stream from when the
         CPU issued it; the compute waits for it at the ring's wait (``_CP_WAITS``). The
         all-gather moves ``(cp - 1) / cp`` of the gathered ``size``; the all-to-all passes the
         whole buffer to the next rank."""
-        rec["stream"] = "cp"
-        start = max(self.clocks.compute, self.clocks.cp, rec["issued"])
+        rec.stream = "cp"
+        start = max(self.clocks.compute, self.clocks.cp, rec.issued)
         span = self.ranks.spans.get("cp")
         ranks = self.ranks.cp
         if kind == "all_gather":
@@ -515,20 +482,20 @@ class MicroStepSim:
         else:
             dur = self.m.send_seconds(size, span)
             moved = size
-        rec["start"], rec["end"] = start, start + dur
-        rec["bytes"] = moved if ranks > 1 else 0.0
-        self.tally.bytes[rec["kind"]] = self.tally.bytes.get(rec["kind"], 0.0) + rec["bytes"]
-        self.clocks.cp = rec["end"]
-        self.arrivals.ring[kind] = (rec["end"], len(self.records) - 1)
+        rec.start, rec.end = start, start + dur
+        rec.bytes = moved if ranks > 1 else 0.0
+        self.tally.bytes[rec.event.kind] = self.tally.bytes.get(rec.event.kind, 0.0) + rec.bytes
+        self.clocks.cp = rec.end
+        self.arrivals.ring[kind] = (rec.end, len(self.records) - 1)
 
-    def _copy(self, rec: dict[str, Any], nbytes: float, start: float) -> None:
+    def _copy(self, rec: EventTiming, nbytes: float, start: float) -> None:
         """A host-device copy on the copy stream, one at a time."""
-        rec["stream"] = "copy"
-        start = max(start, rec["issued"])  # not before the CPU issued it
-        rec["start"], rec["end"] = start, start + self.m.copy_seconds(nbytes)
-        rec["bytes"] = float(nbytes)
-        self.tally.bytes[rec["kind"]] = self.tally.bytes.get(rec["kind"], 0.0) + nbytes
-        self.clocks.copy = rec["end"]
+        rec.stream = "copy"
+        start = max(start, rec.issued)  # not before the CPU issued it
+        rec.start, rec.end = start, start + self.m.copy_seconds(nbytes)
+        rec.bytes = float(nbytes)
+        self.tally.bytes[rec.event.kind] = self.tally.bytes.get(rec.event.kind, 0.0) + nbytes
+        self.clocks.copy = rec.end
 
     def _all_gather_gate(self) -> float:
         if self.fsdp2:
@@ -542,7 +509,7 @@ class MicroStepSim:
 
     def _collective(
         self,
-        rec: dict[str, Any],
+        rec: EventTiming,
         kind: str,
         size: float,
         ranks: int,
@@ -551,18 +518,18 @@ class MicroStepSim:
         span: Span | None = None,
         held: tuple[str, int] = ("", -1),
     ) -> None:
-        start = max(self.clocks.comm, gate, rec["issued"])  # not before the CPU issued it
-        if start > rec["issued"]:
+        start = max(self.clocks.comm, gate, rec.issued)  # not before the CPU issued it
+        if start > rec.issued:
             stream = start == self.clocks.comm and self.clocks.comm_last >= 0
-            rec["held"], rec["held_by"] = ("stream", self.clocks.comm_last) if stream else held
+            rec.held, rec.held_by = ("stream", self.clocks.comm_last) if stream else held
         elif held[0] == "rate_limiter":  # issued (and started) when the limiter let it
-            rec["held"], rec["held_by"] = held
+            rec.held, rec.held_by = held
         dur = self.m.collective_seconds(kind, size, ranks, span) + (extra if ranks > 1 else 0.0)
-        rec["start"], rec["end"] = start, start + dur
-        rec["bytes"] = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
-        self.tally.bytes[kind] = self.tally.bytes.get(kind, 0.0) + rec["bytes"]
+        rec.start, rec.end = start, start + dur
+        rec.bytes = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        self.tally.bytes[kind] = self.tally.bytes.get(kind, 0.0) + rec.bytes
         self.clocks.comm = start + dur
-        self.clocks.comm_last = rec["index"]
+        self.clocks.comm_last = rec.index
 
 
 __all__ = ["MicroStepSim"]

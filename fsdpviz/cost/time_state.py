@@ -5,8 +5,10 @@
 process groups' sizes and places (:class:`Ranks`), the collectives' results the compute
 waits for (:class:`Arrivals`), FSDP1's rate limiter (:class:`RateLimiter`), FSDP2's
 copy-out (:class:`CopyOut`) and post-forward mesh (:class:`PostForward`), CPU offload's
-copies (:class:`Offload`), and the micro-step's sums (:class:`Tally`). Times are seconds
-from the micro-step's start; a "record" is an index into the simulation's event records.
+copies (:class:`Offload`), the micro-step's sums (:class:`Tally`), and each event's timing
+while the walk places it (:class:`EventTiming`, a :class:`~fsdpviz.schema.rows.TimedEvent`
+once placed). Times are seconds from the micro-step's start; a "record" is an index into the
+simulation's event records.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsdpviz.cost.topology import Span
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.rows import TimedEvent
 
 
 @dataclass(slots=True)
@@ -190,3 +194,53 @@ __all__ = [
     "RateLimiter",
     "Tally",
 ]
+
+
+@dataclass(slots=True)
+class EventTiming:
+    """Event ``index`` (``event``) while the walk places it: what
+    :class:`~fsdpviz.schema.rows.TimedEvent` holds (see it for each field), changed as
+    the streams run it and as the compute waits for it; :meth:`placed` freezes it."""
+
+    index: int
+    event: Event
+    stream: str
+    issued: float
+    compute_t: float
+    start: float
+    end: float
+    bytes: float = 0.0
+    exposed: float = 0.0
+    rate_limited_s: float = 0.0
+    held: str = ""
+    held_by: int = -1
+    float8_share: float | None = None
+    bubble: float | None = None
+
+    def placed(self) -> TimedEvent:
+        e = self.event
+        return TimedEvent(
+            index=self.index,
+            kind=e.kind,
+            unit=e.unit,
+            phase=e.phase,
+            stream=self.stream,
+            issued=self.issued,
+            compute_t=self.compute_t,
+            start=self.start,
+            end=self.end,
+            bytes=self.bytes,
+            exposed=self.exposed,
+            hook=e.hook,
+            hook_unit=e.hook_unit,
+            module=e.module,
+            prefetch=e.prefetch,
+            rate_limited_s=self.rate_limited_s,
+            held=self.held,
+            held_by=self.held_by,
+            stage=e.stage,
+            microbatch=e.microbatch,
+            action=e.action,
+            float8_share=self.float8_share,
+            bubble=self.bubble,
+        )

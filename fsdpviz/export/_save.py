@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,11 +148,13 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
     )
 
 
-def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
+def _check(kind: str, suffix: str, options: Mapping[str, object]) -> None:
     check_options(options, _OPTIONS[kind], f"{suffix} files")
 
 
-def check_options(options: dict[str, Any], allowed: tuple[str, ...] | list[str], what: str) -> None:
+def check_options(
+    options: Mapping[str, object], allowed: tuple[str, ...] | list[str], what: str
+) -> None:
     """Refuse an option not in ``allowed`` for ``what`` (``".html files"``), with the
     nearest name and the ones there are."""
     for key in options:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fsdpviz.schema.memory import MemoryPeak
 from fsdpviz.schema.report import Report
 
 if TYPE_CHECKING:
@@ -32,9 +33,9 @@ def ranks_of(obj: Report | RecordedRun) -> tuple[list[Report], list[str]]:
     )
 
 
-def memory_summary(report: Report) -> dict[str, Any] | None:
+def memory_summary(report: Report) -> MemoryPeak | None:
     """``report.memory.peak`` (bytes, where, dominant), or ``None`` if it cannot be modelled."""
     try:
-        return dict(report.memory.peak)
+        return report.memory.peak.copy()
     except (ValueError, KeyError, IndexError):
         return None

@@ -18,13 +18,14 @@ has no times, so its events and compute come from the time model
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from fsdpviz.cost.fit import DEFAULT_MACHINE
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import Scalar
 from fsdpviz.views.timeline_placement import resolve_machine
 
 if TYPE_CHECKING:
@@ -47,6 +48,26 @@ _OPTIONAL = {4: ("h2d", "d2h"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_al
                                     "tp_all_to_all"), 6: ("pp_send", "pp_recv"),
              7: ("cp_all_gather", "cp_all_to_all")}  # fmt: skip
 _US = 1e6
+
+TraceArgs = dict[str, Scalar | list[int]]
+"""A trace event's ``args``: what fsdpviz knows of it (a run of hooks names its first and
+last event)."""
+
+
+class TraceEvent(TypedDict, total=False):
+    """One event of the Trace Event Format as fsdpviz writes it: ``"M"`` metadata, ``"X"``
+    slices (``ts`` and ``dur`` in microseconds), ``"i"`` instants (scope ``s``) and ``"C"``
+    counters."""
+
+    ph: Required[str]
+    name: Required[str]
+    pid: Required[int]
+    tid: Required[int]
+    s: str
+    cat: str
+    ts: float
+    dur: float
+    args: TraceArgs
 
 
 def chrome_trace(
@@ -77,7 +98,7 @@ def chrome_trace(
     piped = pipe is not None and bool(pipe.ranks)
     pids = [_pid(r, i, isinstance(obj, RecordedRun) or piped) for i, r in enumerate(reports)]
     starts = [float(r.config.started_unix or 0.0) for r in reports]
-    events: list[dict[str, Any]] = []
+    events: list[TraceEvent] = []
     machine_name = None
     for report, name, pid, start in zip(reports, names, pids, starts, strict=True):
         kinds = {e.kind for it in report.iterations for e in it}
@@ -92,7 +113,7 @@ def chrome_trace(
             # as the user named it: the preset's name, else the machine's own
             spec = report.config.machine or DEFAULT_MACHINE if machine == "auto" else machine
             machine_name = _machine_name(spec if isinstance(spec, str | Machine) else on)
-    other: dict[str, Any] = {"generator": f"fsdpviz {__version__}", "source": reports[0].source}
+    other: dict[str, str] = {"generator": f"fsdpviz {__version__}", "source": reports[0].source}
     if machine_name is not None:
         other["machine"] = machine_name
         other["times"] = "modelled by fsdpviz.cost.timeline (a prediction has no real times)"
@@ -111,8 +132,8 @@ def _machine_name(machine: Machine | str) -> str:
     return machine if isinstance(machine, str) else str(machine.name)
 
 
-def _metadata(pid: int, name: str, shown: set[int]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
+def _metadata(pid: int, name: str, shown: set[int]) -> list[TraceEvent]:
+    out: list[TraceEvent] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
         {
             "ph": "M",
@@ -145,7 +166,7 @@ def _timed(report: Report, its: list[int]) -> bool:
     return bool(evs) and all(e.t is not None for e in evs)
 
 
-def _event_args(e: Event, iteration: int, index: int) -> dict[str, Any]:
+def _event_args(e: Event, iteration: int, index: int) -> TraceArgs:
     return {
         "unit": e.unit,
         "kind": e.kind,
@@ -159,15 +180,15 @@ def _event_args(e: Event, iteration: int, index: int) -> dict[str, Any]:
 
 
 def _slice(
-    pid: int, tid: int, name: str, cat: str, ts: float, dur: float, args: dict[str, Any]
-) -> dict[str, Any]:
+    pid: int, tid: int, name: str, cat: str, ts: float, dur: float, args: TraceArgs
+) -> TraceEvent:
     return {
         "ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid,
         "ts": round(ts, 3), "dur": round(max(dur, 0.0), 3), "args": args,
     }  # fmt: skip
 
 
-def _event(e: Event, pid: int, ts: float, dur: float, args: dict[str, Any]) -> dict[str, Any]:
+def _event(e: Event, pid: int, ts: float, dur: float, args: TraceArgs) -> TraceEvent:
     label = f"{e.kind} {e.module or e.unit or '(root)'}"
     if e.pipeline:
         label = f"{e.action} ({e.kind})"
@@ -181,18 +202,18 @@ def _event(e: Event, pid: int, ts: float, dur: float, args: dict[str, Any]) -> d
     return _slice(pid, tid, label, cat, ts, dur, args)
 
 
-def _iteration_mark(pid: int, iteration: int, ts: float) -> dict[str, Any]:
+def _iteration_mark(pid: int, iteration: int, ts: float) -> TraceEvent:
     return {"ph": "i", "s": "p", "name": f"iteration {iteration}", "cat": "iteration",
             "pid": pid, "tid": 1, "ts": round(ts, 3), "args": {"iteration": iteration}}  # fmt: skip
 
 
-def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> list[dict[str, Any]]:
+def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> list[TraceEvent]:
     """``"C"`` samples: bytes per category after each event, at the event's time."""
     from fsdpviz.cost.memory import memory_model
     from fsdpviz.schema.memory import CATEGORIES
 
     try:
-        records = memory_model(report, iteration=iteration).records()
+        records = [r.breakdown() for r in memory_model(report, iteration=iteration).events]
     except (ValueError, KeyError, IndexError):
         return []
     used = [c for c in CATEGORIES if any(r[c] for r in records)]
@@ -210,15 +231,15 @@ def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> lis
     ]
 
 
-def _recorded(report: Report, its: list[int], pid: int, offset: float) -> list[dict[str, Any]]:
+def _recorded(report: Report, its: list[int], pid: int, offset: float) -> list[TraceEvent]:
     """A recording: events at their ``t``, lasting their ``duration`` (clipped per lane)."""
-    out: list[dict[str, Any]] = []
+    out: list[TraceEvent] = []
     for it in its:
         evs = report.iterations[it]
         ts = [offset + float(e.t or 0.0) * _US for e in evs]
         ends = [t + float(e.duration or 0.0) * _US for t, e in zip(ts, evs, strict=True)]
         out.append(_iteration_mark(pid, it, ts[0]))
-        lanes: dict[int, list[dict[str, Any]]] = {}
+        lanes: dict[int, list[TraceEvent]] = {}
         for k, (e, t, end) in enumerate(zip(evs, ts, ends, strict=True)):
             args = _event_args(e, it, k)
             if e.duration is not None:
@@ -236,23 +257,23 @@ def _recorded(report: Report, its: list[int], pid: int, offset: float) -> list[d
 
 def _hook_runs(
     evs: list[Event], ts: list[float], ends: list[float], pid: int, it: int
-) -> list[dict[str, Any]]:
+) -> list[TraceEvent]:
     """Compute lane of a recording: runs of events issued by one unit's hooks in one phase."""
-    runs: list[dict[str, Any]] = []
+    runs: list[TraceEvent] = []
     keyed = [(e.hook_unit, e.phase, k) for k, e in enumerate(evs)]
     for (unit, phase), group in itertools.groupby(keyed, key=lambda x: (x[0], x[1])):
         ks = [k for _, _, k in group]
         if unit is None:
             continue
         name = f"{phase} hooks of {unit or '(root)'}"
-        args = {"unit": unit, "phase": phase, "iteration": it, "events": [ks[0], ks[-1]]}
+        args: TraceArgs = {"unit": unit, "phase": phase, "iteration": it, "events": [ks[0], ks[-1]]}
         end = max(ends[k] for k in ks)
         runs.append(_slice(pid, 1, name, "hooks", ts[ks[0]], end - ts[ks[0]], args))
     _clip(runs)
     return runs
 
 
-def _clip(lane: list[dict[str, Any]]) -> None:
+def _clip(lane: list[TraceEvent]) -> None:
     """Shorten slices that run into the next one on their lane (a viewer needs them nested)."""
     for a, b in itertools.pairwise(lane):
         if a["ts"] + a["dur"] > b["ts"]:
@@ -261,33 +282,33 @@ def _clip(lane: list[dict[str, Any]]) -> None:
 
 def _predicted(
     report: Report, its: list[int], pid: int, machine: Machine | str
-) -> list[dict[str, Any]]:
+) -> list[TraceEvent]:
     """A prediction: events and compute placed by the time model, iterations back to back."""
     from fsdpviz.cost.time import timeline
 
-    out: list[dict[str, Any]] = []
+    out: list[TraceEvent] = []
     offset = 0.0
     for it in its:
         tl = timeline(report, machine, iteration=it)
         evs = report.iterations[it]
         out.append(_iteration_mark(pid, it, offset))
         for c in tl.compute:
-            name = f"compute before {c['hook']} of {c['unit'] or '(root)'}"
-            if c["hook"] == "end":
+            name = f"compute before {c.hook} of {c.unit or '(root)'}"
+            if c.hook == "end":
                 name = "compute after the last hook"
-            args = {"hook": c["hook"], "unit": c["unit"], "flops": c["flops"], "iteration": it}
+            args: TraceArgs = {"hook": c.hook, "unit": c.unit, "flops": c.flops, "iteration": it}
             out.append(
-                _slice(pid, 1, name, "compute", offset + c["start"] * _US,
-                       (c["end"] - c["start"]) * _US, args)
+                _slice(pid, 1, name, "compute", offset + c.start * _US,
+                       (c.end - c.start) * _US, args)
             )  # fmt: skip
         times = [offset] * len(evs)
         for r in tl.events:
-            e = evs[r["index"]]
-            args = _event_args(e, it, r["index"])
-            args.update(bytes=r["bytes"], exposed_s=r["exposed"])
-            ts = offset + r["start"] * _US
-            times[r["index"]] = ts
-            out.append(_event(e, pid, ts, (r["end"] - r["start"]) * _US, args))
+            e = evs[r.index]
+            args = _event_args(e, it, r.index)
+            args.update(bytes=r.bytes, exposed_s=r.exposed)
+            ts = offset + r.start * _US
+            times[r.index] = ts
+            out.append(_event(e, pid, ts, (r.end - r.start) * _US, args))
         step = tl.totals["step_s"] * _US
         opt = tl.totals["optimizer_s"] * _US
         if opt > 0:

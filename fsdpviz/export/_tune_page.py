@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -266,5 +267,5 @@ def save_tuning(tuning: Tuning, path: str | Path, **options: Any) -> Path:
     )
 
 
-def _check(kind: str, suffix: str, options: dict[str, Any]) -> None:
+def _check(kind: str, suffix: str, options: Mapping[str, object]) -> None:
     check_options(options, _OPTIONS[kind], f"a tuning's {suffix} file")

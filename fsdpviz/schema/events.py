@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fsdpviz.schema.names import unit_label
+from fsdpviz.schema.rows import Scalar
 
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
@@ -85,8 +86,8 @@ class Event:
         """Whether this is a collective of context parallelism's ring attention."""
         return self.kind in CP_KINDS
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
+    def to_dict(self) -> dict[str, Scalar]:
+        d: dict[str, Scalar] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
         if self.kind == "all_gather":
             d["prefetch"] = self.prefetch
         if self.group is not None:
@@ -162,7 +163,7 @@ class ModuleEvent:
     module: str
     t: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Scalar]:
         return {"kind": self.kind, "module": self.module, "t": self.t}
 
     @classmethod

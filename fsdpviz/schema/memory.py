@@ -1,13 +1,16 @@
-"""The memory model's result: :class:`MemoryReport`, bytes per rank at every event.
+"""The memory model's result: :class:`MemoryReport`, bytes per rank at every event
+(:class:`MemoryEvent`).
 
 What each category counts is documented in :mod:`fsdpviz.cost.memory`, which computes it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
+from fsdpviz.schema.rows import Row, Scalar
 from fsdpviz.schema.tables import dataframe
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
@@ -46,6 +49,119 @@ class Moment(NamedTuple):
     bytes: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryEvent(Row):
+    """The bytes per rank after one event (see :class:`~fsdpviz.schema.memory.MemoryReport`):
+    the event (``index``, ``kind``, ``unit``, ``phase``, ``hook``, ``hook_unit``), the bytes
+    of each memory category after it (``CATEGORIES``: one field each), their ``total`` and
+    ``peak_before`` (the most reached since the previous event, compute included)."""
+
+    index: int
+    kind: str
+    unit: str
+    phase: str
+    hook: str | None
+    hook_unit: str | None
+    sharded_params: int
+    unsharded_params: int
+    all_gather: int
+    unsharded_grads: int
+    reduce_scatter: int
+    sharded_grads: int
+    activations: int
+    forward_temp: int
+    backward_temp: int
+    optimizer: int
+    inputs: int
+    buffers: int
+    total: int
+    peak_before: int
+
+    def breakdown(self) -> dict[str, int]:
+        """The bytes per category, in ``CATEGORIES`` order."""
+        return {k: getattr(self, k) for k in CATEGORIES}
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "unit": self.unit,
+            "phase": self.phase,
+            "hook": self.hook,
+            "hook_unit": self.hook_unit,
+            **self.breakdown(),
+            "total": self.total,
+            "peak_before": self.peak_before,
+        }
+
+    @classmethod
+    def of(
+        cls,
+        index: int,
+        event: tuple[str, str, str, str | None, str | None],
+        bytes_by_category: Mapping[str, int],
+        total: int,
+        peak_before: int,
+    ) -> MemoryEvent:
+        """The row of event ``index`` (``event``: its kind, unit, phase, hook and hook
+        unit) with ``bytes_by_category`` (every category of ``CATEGORIES``)."""
+        kind, unit, phase, hook, hook_unit = event
+        b = bytes_by_category
+        return cls(
+            index, kind, unit, phase, hook, hook_unit,
+            b["sharded_params"], b["unsharded_params"], b["all_gather"], b["unsharded_grads"],
+            b["reduce_scatter"], b["sharded_grads"], b["activations"], b["forward_temp"],
+            b["backward_temp"], b["optimizer"], b["inputs"], b["buffers"],
+            total, peak_before,
+        )  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryEvent:
+        event = (d["kind"], d["unit"], d["phase"], d.get("hook"), d.get("hook_unit"))
+        categories = {k: int(d.get(k, 0)) for k in CATEGORIES}
+        return cls.of(int(d["index"]), event, categories, int(d["total"]), int(d["peak_before"]))
+
+
+class MemoryPeak(TypedDict, total=False):
+    """``MemoryReport.peak``: its ``bytes``; ``event``, the index of the event it precedes or
+    happens in; ``moment``, its index in ``moments``; ``where`` in words; ``breakdown``, the
+    bytes per category then; ``dominant``, the largest category (None without categories).
+    A pipeline's also names its ``pp_rank``; a memory lane's its ``iteration``."""
+
+    bytes: int
+    event: int
+    moment: int
+    where: str
+    breakdown: dict[str, int]
+    dominant: str | None
+    pp_rank: int | None
+    iteration: int
+
+
+class MemoryConfig(TypedDict, total=False):
+    """``MemoryReport.config``: what was modelled (the plan's ``api`` and ``world_size``, the
+    ``optimizer``, the ``iteration``, its ``parameters`` and how many are ``trainable``); a
+    pipeline's also names the rank it is (``pp_rank``) and every rank's peak
+    (``pp_peaks``)."""
+
+    api: str
+    world_size: int | None
+    optimizer: str | int | None
+    iteration: int
+    parameters: int
+    trainable: int
+    pp_rank: int | None
+    pp_peaks: list[int]
+
+
+class Reserved(TypedDict, total=False):
+    """``MemoryReport.reserved``: the caching allocator's peak reserved ``bytes`` and each
+    stream's pool (``compute``, ``all_gather``, ``reduce_scatter``) at its own peak."""
+
+    bytes: int
+    pools: dict[str, int]
+
+
 @dataclass
 class MemoryReport:
     """Memory per rank at each event of one iteration, and its peak.
@@ -71,14 +187,14 @@ class MemoryReport:
         mem.to_pandas()                # needs pandas
     """
 
-    config: dict[str, Any]
-    events: list[dict[str, Any]]
-    peak: dict[str, Any]
+    config: MemoryConfig
+    events: list[MemoryEvent]
+    peak: MemoryPeak
     unit_peaks: dict[str, dict[str, int]]
     notes: list[str] = field(default_factory=list)
     moments: list[Moment] = field(default_factory=list, repr=False)
     """Every moment the model looked at the bytes in use (see :func:`fsdpviz.cost.memory_lane`)."""
-    reserved: dict[str, Any] = field(default_factory=dict)
+    reserved: Reserved = field(default_factory=Reserved)
     """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
     (``compute``, ``all_gather``, ``reduce_scatter``: each stream's own peak)."""
     capacity: int = 0
@@ -131,14 +247,17 @@ class MemoryReport:
             f"{size_text(-self.headroom)} short"
         )
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[dict[str, Scalar]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
-        return [dict(r) for r in self.events]
+        return [r.to_dict() for r in self.events]
 
     def arrays(self) -> dict[str, list[int]]:
         """``{category: [bytes per event]}`` plus ``total`` and ``peak_before``."""
-        keys = [*CATEGORIES, "total", "peak_before"]
-        return {k: [int(r[k]) for r in self.events] for k in keys}
+        rows = [r.breakdown() for r in self.events]
+        arrays = {k: [int(b[k]) for b in rows] for k in CATEGORIES}
+        arrays["total"] = [int(r.total) for r in self.events]
+        arrays["peak_before"] = [int(r.peak_before) for r in self.events]
+        return arrays
 
     def to_pandas(self) -> Any:
         """The records as a ``pandas.DataFrame`` (needs pandas)."""
@@ -159,6 +278,25 @@ class MemoryReport:
             "fits": self.fits,
             "headroom": self.headroom,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryReport:
+        """A memory report back from its :meth:`to_dict` JSON (without ``moments``, which the
+        JSON does not hold)."""
+        config: MemoryConfig = d["config"]
+        peak: MemoryPeak = d["peak"]
+        reserved: Reserved = d.get("reserved", {})
+        return cls(
+            config=config.copy(),
+            events=[MemoryEvent.from_dict(r) for r in d["events"]],
+            peak=peak.copy(),
+            unit_peaks={k: dict(v) for k, v in d["unit_peaks"].items()},
+            notes=list(d.get("notes", [])),
+            reserved=reserved.copy(),
+            capacity=int(d.get("capacity", 0)),
+            overhead=int(d.get("overhead", 0)),
+            machine=str(d.get("machine", "")),
+        )
 
     def summary(self) -> str:
         p = self.peak

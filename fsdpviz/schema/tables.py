@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def dataframe(records: list[dict[str, Any]], *, flatten: bool = False) -> Any:
+def dataframe(records: Sequence[Mapping[str, object]], *, flatten: bool = False) -> Any:
     """``records`` as a DataFrame (``flatten``: nested dicts become dotted columns)."""
     try:
         pd = importlib.import_module("pandas")

@@ -5,10 +5,21 @@ How it is modelled is documented in :mod:`fsdpviz.cost.time`, which computes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.schema.names import unit_label
+from fsdpviz.schema.rows import (
+    Bottleneck,
+    Bubble,
+    ComputeStretch,
+    HookTime,
+    MicroStep,
+    Scalar,
+    TimedEvent,
+    Wait,
+)
 from fsdpviz.schema.tables import dataframe
 
 
@@ -67,20 +78,25 @@ class Timeline:
     """
 
     machine: dict[str, Any]
-    events: list[dict[str, Any]]
-    compute: list[dict[str, Any]]
+    events: list[TimedEvent]
+    compute: list[ComputeStretch]
     totals: dict[str, float]
     notes: list[str] = field(default_factory=list)
-    hooks: list[dict[str, Any]] = field(default_factory=list)
-    waits: list[dict[str, Any]] = field(default_factory=list)
-    micro_steps: list[dict[str, Any]] = field(default_factory=list)
+    hooks: list[HookTime] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    micro_steps: list[MicroStep] = field(default_factory=list)
 
-    def records(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.events]
+    def records(self) -> list[dict[str, Scalar]]:
+        """One plain dict per event (what :meth:`to_pandas` shows)."""
+        return [r.to_dict() for r in self.events]
 
     def arrays(self) -> dict[str, list[float]]:
         """``{"start": [...], "end": [...], "exposed": [...]}`` per event."""
-        return {k: [float(r[k]) for r in self.events] for k in ("start", "end", "exposed")}
+        return {
+            "start": [float(r.start) for r in self.events],
+            "end": [float(r.end) for r in self.events],
+            "exposed": [float(r.exposed) for r in self.events],
+        }
 
     def to_pandas(self) -> Any:
         """The records as a ``pandas.DataFrame`` (needs pandas)."""
@@ -90,13 +106,27 @@ class Timeline:
         return {
             "machine": dict(self.machine),
             "events": self.records(),
-            "compute": [dict(c) for c in self.compute],
+            "compute": [c.to_dict() for c in self.compute],
             "totals": dict(self.totals),
             "notes": list(self.notes),
-            "hooks": [dict(h) for h in self.hooks],
-            "waits": [dict(w) for w in self.waits],
-            "micro_steps": [dict(s) for s in self.micro_steps],
+            "hooks": [h.to_dict() for h in self.hooks],
+            "waits": [w.to_dict() for w in self.waits],
+            "micro_steps": [s.to_dict() for s in self.micro_steps],
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Timeline:
+        """A timeline back from its :meth:`to_dict` JSON."""
+        return cls(
+            machine=dict(d["machine"]),
+            events=[TimedEvent.from_dict(r) for r in d["events"]],
+            compute=[ComputeStretch.from_dict(c) for c in d["compute"]],
+            totals=dict(d["totals"]),
+            notes=list(d.get("notes", [])),
+            hooks=[HookTime.from_dict(h) for h in d.get("hooks", [])],
+            waits=[Wait.from_dict(w) for w in d.get("waits", [])],
+            micro_steps=[MicroStep.from_dict(s) for s in d.get("micro_steps", [])],
+        )
 
     def summary(self) -> str:
         t = self.totals
@@ -118,7 +148,7 @@ class Timeline:
     def __repr__(self) -> str:
         return f"Timeline({self.summary()})"
 
-    def bottlenecks(self) -> list[dict[str, Any]]:
+    def bottlenecks(self) -> list[dict[str, Scalar]]:
         """The collectives the compute waited for, most exposed time first.
 
         One mapping per event with exposed time: ``unit``, ``kind``, ``phase``, ``exposed_s``
@@ -147,42 +177,48 @@ class Timeline:
             for b in report.timeline.bottlenecks()[:3]:
                 print(b["kind"], b["unit"], b["exposed_s"], b["reason"])
         """
-        by_index = {int(r["index"]): r for r in self.events}
-        own = self.micro_steps[-1] if len(self.micro_steps) > 1 else self.totals
-        total = own.get("exposed_comm_s", 0.0)
-        rows = []
+        return [b.to_dict() for b in self.bottleneck_records()]
+
+    def bottleneck_records(self) -> list[Bottleneck]:
+        """:meth:`bottlenecks` as typed records (:class:`~fsdpviz.schema.rows.Bottleneck`)."""
+        by_index = {r.index: r for r in self.events}
+        if len(self.micro_steps) > 1:
+            total = self.micro_steps[-1].exposed_comm_s
+        else:
+            total = self.totals.get("exposed_comm_s", 0.0)
+        rows: list[Bottleneck] = []
         for r in self.events:
-            if r["exposed"] <= 0:
+            if r.exposed <= 0:
                 continue
-            waits = [w for w in self.waits if w["event"] == r["index"]]
-            tail = sum(w["end"] - w["start"] for w in waits if w["tail"])
-            needed = min((w["start"] for w in waits if not w["tail"]), default=None)
+            waits = [w for w in self.waits if w.event == r.index]
+            tail = sum(w.end - w.start for w in waits if w.tail)
+            needed = min((w.start for w in waits if not w.tail), default=None)
             cause, reason = _explain(r, by_index, self.compute, needed, tail)
             rows.append(
-                {
-                    "unit": r["unit"],
-                    "kind": r["kind"],
-                    "phase": r["phase"],
-                    "exposed_s": r["exposed"],
-                    "share": r["exposed"] / total if total > 0 else 0.0,
-                    "cause": cause,
-                    "reason": reason,
-                    "event": r["index"],
-                    "hook": r.get("hook"),
-                    "hook_unit": r.get("hook_unit"),
-                    "prefetch": bool(r.get("prefetch", False)),
-                    "issued": r["issued"],
-                    "start": r["start"],
-                    "end": r["end"],
-                    "duration_s": r["end"] - r["start"],
-                    "needed_at": needed,
-                    "tail_s": tail,
-                }
+                Bottleneck(
+                    unit=r.unit,
+                    kind=r.kind,
+                    phase=r.phase,
+                    exposed_s=r.exposed,
+                    share=r.exposed / total if total > 0 else 0.0,
+                    cause=cause,
+                    reason=reason,
+                    event=r.index,
+                    hook=r.hook,
+                    hook_unit=r.hook_unit,
+                    prefetch=bool(r.prefetch),
+                    issued=r.issued,
+                    start=r.start,
+                    end=r.end,
+                    duration_s=r.end - r.start,
+                    needed_at=needed,
+                    tail_s=tail,
+                )
             )
-        rows.sort(key=lambda b: (-b["exposed_s"], b["event"]))
+        rows.sort(key=lambda b: (-b.exposed_s, b.event))
         return rows
 
-    def bubbles(self) -> list[dict[str, Any]]:
+    def bubbles(self) -> list[dict[str, Scalar]]:
         """Under pipeline parallelism, the compute's waits for another pipeline rank (the
         pipeline's bubbles), longest first: per receive the compute waited for, ``rank``,
         ``stage``, ``microbatch``, ``peer`` (the stage that sends), ``what``
@@ -194,33 +230,37 @@ class Timeline:
 
             report.timeline.bubbles()[0]["reason"]
         """
-        rows = []
+        return [b.to_dict() for b in self.bubble_records()]
+
+    def bubble_records(self) -> list[Bubble]:
+        """:meth:`bubbles` as typed records (:class:`~fsdpviz.schema.rows.Bubble`)."""
+        rows: list[Bubble] = []
         for r in self.events:
-            waited = float(r.get("bubble", 0.0))
+            waited = float(r.bubble or 0.0)
             if waited <= 0:
                 continue
-            forward = r["phase"] == "forward"
-            stage = int(r.get("stage") or 0)
+            forward = r.phase == "forward"
+            stage = int(r.stage or 0)
             peer = stage - 1 if forward else stage + 1
             what = "activations" if forward else "gradients"
-            rank = r.get("rank")
+            rank = r.rank
             who = f"rank {rank}" if rank is not None else "this rank"
             rows.append(
-                {
-                    "rank": rank,
-                    "stage": stage,
-                    "microbatch": r.get("microbatch"),
-                    "peer": peer,
-                    "what": what,
-                    "waited_s": waited,
-                    "event": r["index"],
-                    "action": r.get("action"),
-                    "reason": f"{who} waits {duration_text(waited)} for microbatch "
-                    f"{r.get('microbatch')}'s {what} from stage {peer} (stage {stage}'s "
-                    f"{r.get('action')})",
-                }
+                Bubble(
+                    rank=rank,
+                    stage=stage,
+                    microbatch=r.microbatch,
+                    peer=peer,
+                    what=what,
+                    waited_s=waited,
+                    event=r.index,
+                    action=r.action,
+                    reason=f"{who} waits {duration_text(waited)} for microbatch "
+                    f"{r.microbatch}'s {what} from stage {peer} (stage {stage}'s "
+                    f"{r.action})",
+                )
             )
-        rows.sort(key=lambda b: (-b["waited_s"], b["event"]))
+        rows.sort(key=lambda b: (-b.waited_s, b.event))
         return rows
 
     def bottleneck_table(self, limit: int | None = 10) -> str:
@@ -230,18 +270,18 @@ class Timeline:
 
             print(report.timeline.bottleneck_table())
         """
-        rows = self.bottlenecks()
+        rows = self.bottleneck_records()
         t = self.totals
         head = (
             f"exposed communication {duration_text(t['exposed_comm_s'])} of a "
             f"{duration_text(t['step_s'])} step, {len(rows)} wait(s)"
         )
-        bubbles = self.bubbles()
+        bubbles = self.bubble_records()
         if bubbles:
             head = (
                 f"pipeline bubbles {duration_text(t['bubble_s'])}, "
                 f"{len(bubbles)} wait(s) for another rank; the longest: "
-                + "; ".join(b["reason"] for b in bubbles[:3])
+                + "; ".join(b.reason for b in bubbles[:3])
                 + "\n"
                 + head
             )
@@ -250,17 +290,15 @@ class Timeline:
         lines = [head, f"{'exposed':>9} {'share':>5}  {'event':<36} why"]
         shown = rows if limit is None else rows[:limit]
         for b in shown:
-            what = f"#{b['event']} {b['kind']} {unit_label(b['unit'])} ({b['phase']})"
-            lines.append(
-                f"{duration_text(b['exposed_s']):>9} {b['share']:>5.0%}  {what:<36} {b['reason']}"
-            )
+            what = f"#{b.event} {b.kind} {unit_label(b.unit)} ({b.phase})"
+            lines.append(f"{duration_text(b.exposed_s):>9} {b.share:>5.0%}  {what:<36} {b.reason}")
         if len(rows) > len(shown):
             rest = rows[len(shown) :]
             causes: dict[str, int] = {}
             for b in rest:
-                causes[b["cause"]] = causes.get(b["cause"], 0) + 1
+                causes[b.cause] = causes.get(b.cause, 0) + 1
             why = ", ".join(f"{n} {c}" for c, n in sorted(causes.items(), key=lambda x: -x[1]))
-            lost = duration_text(sum(b["exposed_s"] for b in rest))
+            lost = duration_text(sum(b.exposed_s for b in rest))
             lines.append(f"… {len(rest)} more wait(s), {lost} ({why})")
         return "\n".join(lines)
 
@@ -283,53 +321,51 @@ def throughput_line(totals: dict[str, float]) -> str:
 
 
 def _explain(
-    r: dict[str, Any],
-    by_index: dict[int, dict[str, Any]],
-    compute: list[dict[str, Any]],
+    r: TimedEvent,
+    by_index: dict[int, TimedEvent],
+    compute: list[ComputeStretch],
     needed: float | None,
     tail: float,
 ) -> tuple[str, str]:
     """Why the compute waited for event ``r``: a cause and a sentence (see ``bottlenecks``)."""
     d = duration_text
-    kind, unit = r["kind"], unit_label(r["unit"])
-    hook = r.get("hook")
-    issuer = f"{hook} of {unit_label(r.get('hook_unit'))}" if hook else "its hook"
-    own = not r.get("prefetch") and r.get("hook_unit") == r["unit"] and kind == "all_gather"
+    kind, unit = r.kind, unit_label(r.unit)
+    hook = r.hook
+    issuer = f"{hook} of {unit_label(r.hook_unit)}" if hook else "its hook"
+    own = not r.prefetch and r.hook_unit == r.unit and kind == "all_gather"
     how = f"not prefetched, {issuer} issued it" if own else f"issued by {issuer}"
-    if r.get("prefetch"):
+    if r.prefetch:
         how = f"prefetched by {issuer}"
         if hook == "post_backward":
             how += " (BACKWARD_POST: after that unit's backward; BACKWARD_PRE issues it earlier)"
-    lasts = d(r["end"] - r["start"])
-    other = by_index.get(int(r.get("held_by", -1)))
-    other_text = f"{other['kind']} {unit_label(other['unit'])}" if other is not None else "?"
-    held = r.get("held", "")
+    lasts = d(r.end - r.start)
+    other = by_index.get(r.held_by)
+    other_text = f"{other.kind} {unit_label(other.unit)}" if other is not None else "?"
+    held = r.held
     parts: list[tuple[str, str]] = []
     if needed is not None:
-        late = d(r["start"] - r["issued"])
+        late = d(r.start - r.issued)
         window = (
-            f"{d(needed - r['start'])} before"
-            if needed > r["start"]
-            else f"{d(r['start'] - needed)} after"
+            f"{d(needed - r.start)} before" if needed > r.start else f"{d(r.start - needed)} after"
         )
         hint = ""
         if own:
             hint = (
                 "; forward prefetch (FSDP1 forward_prefetch=True, FSDP2 "
                 "set_modules_to_forward_prefetch) issues it a unit earlier"
-                if r["phase"] == "forward"
+                if r.phase == "forward"
                 else "; backward prefetch (FSDP1 BACKWARD_PRE, FSDP2 "
                 "set_modules_to_backward_prefetch) issues it a unit earlier"
             )
         if kind.startswith("tp_"):
-            module = repr(r["module"]) if r.get("module") else "a module"
+            module = repr(r.module) if r.module else "a module"
             parts.append(
                 ("tensor_parallel",
                  f"tensor parallelism's {kind.removeprefix('tp_')} of {module} in {unit}: the "
                  f"compute after it needs its result, so nothing overlaps its {lasts}")
             )  # fmt: skip
         elif kind.startswith("cp_"):
-            module = repr(r["module"]) if r.get("module") else "a module"
+            module = repr(r.module) if r.module else "a module"
             what = "keys and values" if kind == "cp_all_gather" else "key and value gradients"
             parts.append(
                 ("context_parallel",
@@ -339,7 +375,7 @@ def _explain(
             )  # fmt: skip
         elif held == "stream":
             # issuing it earlier helps only to get ahead of a reduction, not of all-gathers
-            reduction = other is not None and other["kind"] in ("reduce_scatter", "all_reduce")
+            reduction = other is not None and other.kind in ("reduce_scatter", "all_reduce")
             parts.append(
                 ("queued",
                  f"queued behind {other_text} on the communication stream: {how}, it started "
@@ -351,7 +387,7 @@ def _explain(
             parts.append(
                 ("rate_limited",
                  f"rate-limited: FSDP1's limit_all_gathers (at most two all-gathers in flight) "
-                 f"held the CPU {d(r.get('rate_limited_s', 0.0))} until {other_text} ran, so "
+                 f"held the CPU {d(r.rate_limited_s)} until {other_text} ran, so "
                  f"{issuer} issued it only {window} its compute needed it; it took "
                  f"{lasts}")
             )  # fmt: skip
@@ -368,7 +404,7 @@ def _explain(
                  f"waited {late} for its shard's copy from host memory (CPU offload), then "
                  f"took {lasts}, {window} its compute needed it")
             )  # fmt: skip
-        elif not any(c["start"] < r["start"] for c in compute):
+        elif not any(c.start < r.start for c in compute):
             parts.append(
                 ("first",
                  f"the step's first {kind}: no compute runs before it to hide its {lasts} "
@@ -393,5 +429,5 @@ def _explain(
              f"the step's tail: the final callback waits {d(tail)} for this {kind} of {unit} "
              f"({how}{behind}; it took {lasts}) after the last compute")
         )  # fmt: skip
-    cause = "tail" if tail >= r["exposed"] - tail else parts[0][0]
+    cause = "tail" if tail >= r.exposed - tail else parts[0][0]
     return cause, "; then ".join(text for _, text in parts)

@@ -96,12 +96,12 @@ def unit_bytes_svg(report: Report) -> str:
 
 def memory_curve_svg(memory: MemoryReport) -> str:
     """Memory per rank through the iteration (compute peaks included), the peak marked."""
-    records = memory.records()
+    records = memory.events
     n = len(records)
     # Two points per event: the most reached in the compute before it, then the total after it.
     ys: list[float] = []
     for r in records:
-        ys.extend((float(r["peak_before"]), float(r["total"])))
+        ys.extend((float(r.peak_before), float(r.total)))
     peak = float(memory.peak["bytes"])
     top = max([peak, *ys]) if ys else peak
     plot_w = WIDTH - _PAD_LEFT - _PAD_RIGHT
@@ -115,7 +115,7 @@ def memory_curve_svg(memory: MemoryReport) -> str:
         return base - (plot_h * v / top if top else 0.0)
 
     body = [_text(_PAD_LEFT, 11, f"memory per rank (peak {format_bytes(peak)})")]
-    backward = next((i for i, r in enumerate(records) if r["phase"] == "backward"), None)
+    backward = next((i for i, r in enumerate(records) if r.phase == "backward"), None)
     if backward is not None:
         bx = x_at(backward)
         body.append(
@@ -130,7 +130,7 @@ def memory_curve_svg(memory: MemoryReport) -> str:
             'stroke-width="1.75" stroke-linejoin="round"/>'
         )
     at = int(memory.peak.get("event", 0))
-    during = at < n and float(records[at]["peak_before"]) == peak
+    during = at < n and float(records[at].peak_before) == peak
     px, py = x_at(at if during else at + 0.5), y_at(peak)
     where = escape(str(memory.peak.get("where", "")))
     body.append(

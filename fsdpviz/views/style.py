@@ -82,7 +82,7 @@ def template(theme: Theme) -> go.layout.Template:
     Kept minimal on purpose: plotly's bundled templates add ~10 kB to every figure's JSON.
     """
     c = theme_colors(theme)
-    axis: dict[str, Any] = {
+    axis: dict[str, str] = {
         "gridcolor": c["grid"],
         "zerolinecolor": c["grid"],
         "linecolor": c["grid"],

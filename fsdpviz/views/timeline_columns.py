@@ -5,7 +5,7 @@ memory lanes, the groups' summaries and marks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
@@ -22,7 +22,7 @@ from fsdpviz.views.timeline_lanes import (
     UNTIMED_CLOCK,
     stream_lane,
 )
-from fsdpviz.views.timeline_memory import capacity_entry, group_memory, memory_entry
+from fsdpviz.views.timeline_memory import MemoryEntry, capacity_entry, group_memory, memory_entry
 from fsdpviz.views.timeline_placement import PlacedEvents, place_events
 
 __all__ = ["timeline_columns"]
@@ -36,12 +36,82 @@ _STEP_COLUMNS = (
 )  # fmt: skip
 
 
+class Lane(TypedDict):
+    """A lane of the timeline: its ``group``, ``kind`` (``cpu``, ``compute``, ``stream`` or
+    ``memory``) and ``name``."""
+
+    group: int
+    kind: str
+    name: str
+
+
+class Mark(TypedDict):
+    """A mark on the timeline: the ``step`` it points at, its ``text`` and ``kind``."""
+
+    step: int
+    text: str
+    kind: str
+
+
+class WaitEntry(TypedDict):
+    """A row of a group's bottleneck table (see ``Timeline.bottlenecks``): the ``step``,
+    ``unit`` (its number, -1 for none), ``kind``, ``phase``, ``exposed`` seconds, ``share``,
+    ``tail`` seconds, ``cause`` and ``reason``."""
+
+    step: int
+    unit: int
+    kind: str
+    phase: str
+    exposed: float
+    share: float
+    tail: float
+    cause: str
+    reason: str
+
+
+class GroupInfo(TypedDict):
+    """A group's ``name``, ``summary`` line, ``exposed`` totals and bottleneck table (None
+    where not timed)."""
+
+    name: str
+    summary: str
+    exposed: dict[str, float] | None
+    bottlenecks: list[WaitEntry] | None
+
+
+class TimelineData(TypedDict):
+    """What :func:`~fsdpviz.views.timeline_view.timeline_data` returns (see it for each key);
+    ``steps``, ``calls``, ``compute`` and ``waits`` are columns (one list per key)."""
+
+    version: int
+    source: str
+    units: list[str]
+    unit_numbers: list[int]
+    colors: list[str]
+    kinds: list[str]
+    hooks: list[str]
+    modules: NotRequired[list[str]]
+    timed: bool
+    clock: str
+    groups: list[GroupInfo]
+    lanes: list[Lane]
+    n_steps: int
+    steps: dict[str, list[Any]]
+    stream_order: list[int]
+    calls: dict[str, list[Any]]
+    compute: dict[str, list[Any]]
+    waits: dict[str, list[Any]]
+    memory: list[MemoryEntry]
+    marks: list[Mark]
+    iteration_starts: list[list[float]]
+
+
 def timeline_columns(
     groups: list[LaneGroup], source: str, iteration: int | None, machine: Machine | str | None
-) -> dict[str, Any]:
+) -> TimelineData:
     placed = [place_events(g, iteration, machine) for g in groups]
     unit_names, numbers, colors = _unit_table(groups)
-    lanes: list[dict[str, Any]] = []
+    lanes: list[Lane] = []
     lane_of: list[dict[str, int]] = []
     for gi, p in enumerate(placed):
         mine: dict[str, int] = {}
@@ -102,9 +172,9 @@ def timeline_columns(
                 strict=True,
             ):
                 waits[k].append(v)
-    memory: list[dict[str, Any]] = []
+    memory: list[MemoryEntry] = []
     group_info = []
-    marks: list[dict[str, Any]] = []
+    marks: list[Mark] = []
     for gi, (g, p) in enumerate(zip(groups, placed, strict=True)):
         resolved = group_memory(g, iteration)
         if resolved is not None:
@@ -128,7 +198,7 @@ def timeline_columns(
     if any(e.stage is not None for e in staged):
         steps["stage"] = [-1 if e.stage is None else e.stage for e in staged]
         steps["microbatch"] = [-1 if e.microbatch is None else e.microbatch for e in staged]
-    return {
+    data: TimelineData = {
         "version": 2,
         "source": source,
         "units": unit_names,
@@ -136,7 +206,6 @@ def timeline_columns(
         "colors": colors,
         "kinds": kind_names,
         "hooks": list(HOOKS),
-        **({"modules": modules} if modules else {}),
         "timed": timed,
         "clock": "; ".join(clocks) if timed else UNTIMED_CLOCK,
         "groups": group_info,
@@ -151,6 +220,17 @@ def timeline_columns(
         "marks": marks,
         "iteration_starts": [p.starts for p in placed],
     }
+    return _with_modules(data, modules) if modules else data
+
+
+def _with_modules(data: TimelineData, modules: list[str]) -> TimelineData:
+    """``data`` with ``modules`` right after ``hooks``, where its JSON has always had it."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        out[key] = value
+        if key == "hooks":
+            out["modules"] = modules
+    return cast(TimelineData, out)
 
 
 def _unit_table(groups: list[LaneGroup]) -> tuple[list[str], list[int], list[str]]:
@@ -266,7 +346,7 @@ def _compute(
 
 def _group_info(
     g: LaneGroup, p: PlacedEvents, step_of: dict[tuple[int, int], int], gi: int
-) -> dict[str, Any]:
+) -> GroupInfo:
     r = g.report
     api = r.config.api if r.config.states("api") else "FSDP"
     ws = r.config.world_size
@@ -275,20 +355,20 @@ def _group_info(
     if trainable:
         summary += f" · {trainable}"
     exposed = None
-    bottlenecks: list[dict[str, Any]] | None = None
+    bottlenecks: list[WaitEntry] | None = None
     if p.totals is not None:
         exposed = dict(p.totals)
         bottlenecks = [
             {
                 "step": step_of[(gi, i)],
-                "unit": g.units.get(b["unit"], -1),
-                "kind": str(b["kind"]),
-                "phase": str(b["phase"]),
-                "exposed": float(b["exposed_s"]),
-                "share": float(b["share"]),
-                "tail": float(b["tail_s"]),
-                "cause": str(b["cause"]),
-                "reason": str(b["reason"]),
+                "unit": g.units.get(b.unit, -1),
+                "kind": b.kind,
+                "phase": b.phase,
+                "exposed": float(b.exposed_s),
+                "share": float(b.share),
+                "tail": float(b.tail_s),
+                "cause": b.cause,
+                "reason": b.reason,
             }
             for i, b in p.bottlenecks
         ]
@@ -298,7 +378,7 @@ def _group_info(
 
 def _marks(
     gi: int, g: LaneGroup, p: PlacedEvents, step_of: dict[tuple[int, int], int]
-) -> list[dict[str, Any]]:
+) -> list[Mark]:
     where = {(it, k): i for i, (it, k, _) in enumerate(p.events)}
     return [
         {"step": step_of[(gi, where[(it, k)])], "text": text, "kind": kind}

@@ -4,8 +4,9 @@ group's x, its peak marked, and for a prediction the capacity line (will it fit)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from fsdpviz.cost.fit import modelled_memory
 from fsdpviz.cost.memory import MemoryLane, memory_lane
@@ -15,6 +16,56 @@ from fsdpviz.views.style import CATEGORY_COLORS
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import MemorySource
 from fsdpviz.views.timeline_placement import PlacedEvents
+
+
+class PeakMark(TypedDict):
+    """Where a memory lane marks its peak: the ``moment``, its ``bytes``, the ``step`` it
+    falls in, ``where`` in words, the ``dominant`` category and its ``x``."""
+
+    moment: int
+    bytes: float
+    step: int
+    where: str
+    dominant: str
+    x: float
+
+
+class CapacityEntry(TypedDict):
+    """Will it fit, as a memory lane draws it (see :func:`capacity_entry`)."""
+
+    machine: str
+    bytes: int
+    overhead: int
+    usable: int
+    reserved: int
+    peak: int
+    needed: int
+    headroom: int
+    fits: bool
+    label: str
+    text: str
+
+
+class MemoryEntry(TypedDict):
+    """A memory lane of the timeline's data: its ``group`` and ``lane``, the ``categories``
+    drawn and their ``colors``, each moment's ``x0``, ``x1``, ``bytes`` per category,
+    ``total``, ``step`` and ``where``, the ``peak`` marked, ``notes``, and (a prediction's)
+    ``capacity``."""
+
+    group: int
+    lane: int
+    categories: list[str]
+    colors: list[str]
+    x0: Sequence[float]
+    x1: Sequence[float]
+    bytes: dict[str, Sequence[float]]
+    total: Sequence[float]
+    step: list[int]
+    where: list[str]
+    peak: PeakMark
+    notes: list[str]
+    capacity: NotRequired[CapacityEntry | None]
+
 
 __all__ = ["auto_memory", "capacity_entry", "group_memory", "memory_entry", "resolve_memory"]
 
@@ -63,7 +114,7 @@ def memory_entry(
     lane: MemoryLane | list[float],
     step_of: dict[tuple[int, int], int],
     lane_index: int,
-) -> dict[str, Any]:
+) -> MemoryEntry:
     n = len(p.events)
     if isinstance(lane, list):  # bytes after each event: one category
         if len(lane) != n:
@@ -177,7 +228,7 @@ def _shown_its(p: PlacedEvents) -> list[int]:
     return list(dict.fromkeys(it for it, _, _ in p.events))
 
 
-def capacity_entry(g: LaneGroup, p: PlacedEvents) -> dict[str, Any] | None:
+def capacity_entry(g: LaneGroup, p: PlacedEvents) -> CapacityEntry | None:
     """Will it fit, for the memory lane of a prediction: ``report.memory``'s capacity,
     reserved estimate and headroom, on the machine that times the view (the report's own
     unless ``machine=`` names another). ``None`` for a recording, or where the memory model

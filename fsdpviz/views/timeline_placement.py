@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
@@ -20,6 +19,7 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import Bottleneck, Bubble
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import (
     AUTO_MACHINE,
@@ -57,7 +57,7 @@ class PlacedEvents:
     # modelled: per compute stretch (FLOPs, achieved FLOP/s, share of the GPU's peak); the
     # waits ranked by Timeline.bottlenecks, each with its event's index in ``events``
     compute_rates: list[tuple[float, float, float]] = field(default_factory=list)
-    bottlenecks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    bottlenecks: list[tuple[int, Bottleneck]] = field(default_factory=list)
     machine: Machine | None = None
     # pipeline parallelism: per compute stretch, the action it is part of ("" none) and
     # its microbatch (-1 none)
@@ -113,48 +113,43 @@ def _modelled(
     for it in its:
         tl = own if own is not None and it == last else timeline(report, machine, iteration=it)
         name = str(tl.machine.get("name", name))
-        placed = sorted(tl.events, key=lambda r: int(r["index"]))
+        placed = sorted(tl.events, key=lambda r: r.index)
         if len(placed) != len(report.iterations[it]):
             raise ValueError(f"the time model placed {len(placed)} of the events of iteration {it}")
         first = len(p.x0)
         p.starts.append(offset)
-        p.issue += [offset + float(r["issued"]) for r in placed]
-        p.stream_x += [offset + float(r["compute_t"]) for r in placed]
-        p.x0 += [offset + float(r["start"]) for r in placed]
-        p.x1 += [offset + float(r["end"]) for r in placed]
-        p.bytes += [float(r["bytes"]) for r in placed]
+        p.issue += [offset + float(r.issued) for r in placed]
+        p.stream_x += [offset + float(r.compute_t) for r in placed]
+        p.x0 += [offset + float(r.start) for r in placed]
+        p.x1 += [offset + float(r.end) for r in placed]
+        p.bytes += [float(r.bytes) for r in placed]
         # what the compute waited for it: exposed communication, or (a receive) a bubble
-        p.exposed += [float(r["exposed"]) + float(r.get("bubble", 0.0)) for r in placed]
+        p.exposed += [float(r.exposed) + float(r.bubble or 0.0) for r in placed]
         for c in tl.compute:
-            x0, x1 = offset + float(c["start"]), offset + float(c["end"])
+            x0, x1 = offset + float(c.start), offset + float(c.end)
             p.compute.append(
-                (str(c["owner"]), 0 if c["phase"] == "forward" else 1, x0, x1,
-                 first + int(c["next_event"]))
-            )  # fmt: skip
-            p.compute_rates.append(
-                (float(c.get("flops", 0.0)), float(c.get("flops_per_s", 0.0)),
-                 float(c.get("peak_share", 0.0)))
-            )  # fmt: skip
-            p.compute_actions.append((str(c.get("action", "")), int(c.get("microbatch", -1))))
-            p.compute_x[(it, int(c["index"]))] = (x0, x1)
+                (c.owner, 0 if c.phase == "forward" else 1, x0, x1, first + c.next_event)
+            )
+            p.compute_rates.append((float(c.flops), float(c.flops_per_s), float(c.peak_share)))
+            p.compute_actions.append((c.action or "", -1 if c.microbatch is None else c.microbatch))
+            p.compute_x[(it, c.index)] = (x0, x1)
         for k, h in enumerate(tl.hooks):
-            p.hook_x[(it, k)] = offset + float(h["t"])
-            p.hook_stream_x[(it, k)] = offset + float(h["compute_t"])
+            p.hook_x[(it, k)] = offset + float(h.t)
+            p.hook_stream_x[(it, k)] = offset + float(h.compute_t)
         p.hook_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         p.hook_stream_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         for w in tl.waits:
             p.waits.append(
-                (offset + float(w["start"]), offset + float(w["end"]), first + int(w["event"]),
-                 str(w["phase"]), bool(w["tail"]))
-            )  # fmt: skip
-        rows = [(first + int(b["event"]), b) for b in tl.bottlenecks()]
-        bubbles = [(first + int(b["event"]), _bubble_row(b)) for b in tl.bubbles()]
+                (offset + float(w.start), offset + float(w.end), first + w.event, w.phase, w.tail)
+            )
+        rows = [(first + b.event, b) for b in tl.bottleneck_records()]
+        bubbles = [(first + b.event, _bubble_row(b)) for b in tl.bubble_records()]
         if bubbles:
             # one table of waits: each row's share of all the compute waited (for
             # communication and for the other pipeline ranks), not of two different totals
-            waited = sum(float(b["exposed_s"]) for _, b in rows + bubbles)
-            rows = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in rows]
-            bubbles = [(k, {**b, "share": float(b["exposed_s"]) / waited}) for k, b in bubbles]
+            waited = sum(float(b.exposed_s) for _, b in rows + bubbles)
+            rows = [(k, replace(b, share=float(b.exposed_s) / waited)) for k, b in rows]
+            bubbles = [(k, replace(b, share=float(b.exposed_s) / waited)) for k, b in bubbles]
         p.bottlenecks += rows + bubbles
         t = tl.totals
         totals["forward"] += t["exposed_forward_s"]
@@ -168,14 +163,14 @@ def _modelled(
     return p
 
 
-def _bubble_row(b: dict[str, Any]) -> dict[str, Any]:
+def _bubble_row(b: Bubble) -> Bottleneck:
     """A wait for another pipeline rank as a row of the bottleneck table (its share set
-    with the other rows')."""
-    return {
-        "unit": "", "kind": "pp_recv", "phase": "forward" if b["what"] == "activations"
-        else "backward", "exposed_s": b["waited_s"], "share": 0.0, "tail_s": 0.0,
-        "cause": "bubble", "reason": b["reason"],
-    }  # fmt: skip
+    with the other rows'): the receive waited for, all of its wait exposed."""
+    phase = "forward" if b.what == "activations" else "backward"
+    return Bottleneck(
+        "", "pp_recv", phase, b.waited_s, 0.0, "bubble", b.reason, b.event, None, None,
+        False, 0.0, 0.0, 0.0, b.waited_s, None, 0.0,
+    )  # fmt: skip
 
 
 def _recorded(events: list[tuple[int, int, Event]], offset: float) -> PlacedEvents:

@@ -51,11 +51,11 @@ groups of lanes), ``timeline_placement`` (each group's events on x), ``timeline_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.schema.report import Report
-from fsdpviz.views.timeline_columns import timeline_columns
+from fsdpviz.views.timeline_columns import TimelineData, timeline_columns
 from fsdpviz.views.timeline_groups import lane_groups
 from fsdpviz.views.timeline_lanes import AUTO_ITERATION, FREE, MemoryOption
 
@@ -95,7 +95,7 @@ def timeline_data(
     memory: MemoryOption = "auto",
     rank_names: Sequence[str] | None = None,
     machine: Machine | str | None = None,
-) -> dict[str, Any]:
+) -> TimelineData:
     """Lanes of ``reports`` for ``iteration`` (``None``: every iteration, back to back).
 
     ``reports``: one report, one report per rank, a :class:`~fsdpviz.RecordedRun` (a
@@ -146,7 +146,7 @@ def timeline_data(
     return timeline_columns(groups, source, iteration, machine)
 
 
-def cursor_x(data: dict[str, Any], step: int) -> float:
+def cursor_x(data: TimelineData, step: int) -> float:
     """Where the cursor of ``step`` stands: where its event starts on its own lane (a
     collective on its stream, a free in its hook's cell on the CPU lane), in either order."""
     s = data["steps"]

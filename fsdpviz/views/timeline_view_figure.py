@@ -19,7 +19,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
+from fsdpviz.views.timeline_columns import TimelineData
 from fsdpviz.views.timeline_lanes import FREE, MemoryOption
+from fsdpviz.views.timeline_memory import CapacityEntry, MemoryEntry
 from fsdpviz.views.timeline_view import cursor_x, timeline_data
 
 __all__ = ["CAPACITY_IN_SCALE", "lane_names", "memory_axis_top", "time_unit", "timeline_figure"]
@@ -27,7 +29,7 @@ __all__ = ["CAPACITY_IN_SCALE", "lane_names", "memory_axis_top", "time_unit", "t
 _MAX_LABELLED = 400
 
 
-def lane_names(d: dict[str, Any]) -> list[str]:
+def lane_names(d: TimelineData) -> list[str]:
     """Category names of the event lanes, top to bottom (``group · lane``)."""
     groups = d["groups"]
     return [
@@ -37,7 +39,7 @@ def lane_names(d: dict[str, Any]) -> list[str]:
     ]
 
 
-def time_unit(d: dict[str, Any]) -> tuple[float, str]:
+def time_unit(d: TimelineData) -> tuple[float, str]:
     """Scale and name of the unit the x axis is drawn in: ``(1e6, "µs")``, or ``(1, "event")``."""
     if not d["timed"]:
         return 1.0, "event"
@@ -55,7 +57,7 @@ def timeline_figure(
     memory: MemoryOption = "auto",
     step: int | None = None,
     theme: Theme = "light",
-    data: dict[str, Any] | None = None,
+    data: TimelineData | None = None,
     machine: str | None = None,
 ) -> go.Figure:
     """Lanes of ``reports`` (as :func:`timeline_data` takes them) for ``iteration``.
@@ -89,13 +91,13 @@ def timeline_figure(
     return fig
 
 
-def _label(d: dict[str, Any], unit: int) -> str:
+def _label(d: TimelineData, unit: int) -> str:
     name = d["units"][unit] or "(root)"
     return f"{d['unit_numbers'][unit]} {name}"
 
 
 def _add_compute(
-    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+    fig: go.Figure, d: TimelineData, category: dict[int, str], scale: float, c: dict[str, str]
 ) -> None:
     comp = d["compute"]
     groups = d["groups"]
@@ -162,7 +164,7 @@ _WAITER = {True: "the step's end", False: "compute"}
 
 
 def _add_streams(
-    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+    fig: go.Figure, d: TimelineData, category: dict[int, str], scale: float, c: dict[str, str]
 ) -> None:
     s = d["steps"]
     n = d["n_steps"]
@@ -195,7 +197,7 @@ def _add_streams(
 
 
 def _add_calls(
-    fig: go.Figure, d: dict[str, Any], category: dict[int, str], scale: float, c: dict[str, str]
+    fig: go.Figure, d: TimelineData, category: dict[int, str], scale: float, c: dict[str, str]
 ) -> None:
     """Each event where its hook issued it on the CPU: a square, an open one for a free."""
     s = d["steps"]
@@ -226,7 +228,7 @@ def _add_calls(
         )
 
 
-def _event_text(d: dict[str, Any], i: int) -> str:
+def _event_text(d: TimelineData, i: int) -> str:
     s = d["steps"]
     parts = [f"step {i}: <b>{d['kinds'][s['kind'][i]]}</b> {_label(d, s['unit'][i])}"]
     if s["prefetch"][i]:
@@ -248,7 +250,7 @@ def _event_text(d: dict[str, Any], i: int) -> str:
     return " ".join(parts)
 
 
-def memory_axis_top(entries: list[dict[str, Any]]) -> float:
+def memory_axis_top(entries: list[MemoryEntry]) -> float:
     """The top of the memory lanes' one y scale (a comparison's lanes share it): the most
     any lane holds, and each lane's reserved estimate and its machine's usable memory unless
     they are more than :data:`CAPACITY_IN_SCALE` times that (then their line is drawn at the
@@ -271,7 +273,7 @@ most this many times what the plan holds (its peak, its reserved estimate)."""
 
 
 def _add_memory(
-    fig: go.Figure, d: dict[str, Any], m: dict[str, Any], row: int, scale: float,
+    fig: go.Figure, d: TimelineData, m: MemoryEntry, row: int, scale: float,
     c: dict[str, str], top: float,
 ) -> None:  # fmt: skip
     xs = [x * scale for x in m["x0"]] + ([m["x1"][-1] * scale] if m["x1"] else [])
@@ -325,7 +327,7 @@ def _add_memory(
 
 
 def _add_capacity(
-    fig: go.Figure, m: dict[str, Any], cap: dict[str, Any], row: int, scale: float,
+    fig: go.Figure, m: MemoryEntry, cap: CapacityEntry, row: int, scale: float,
     c: dict[str, str], top: float,
 ) -> None:  # fmt: skip
     """The machine's usable memory as a line (at the top, marked off scale, when it is far
@@ -378,7 +380,7 @@ def _add_capacity(
 
 def _layout(
     fig: go.Figure,
-    d: dict[str, Any],
+    d: TimelineData,
     step: int | None,
     theme: Theme,
     lanes: list[str],

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import traitlets
 
@@ -30,6 +30,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
+from fsdpviz.views.timeline_columns import TimelineData
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_view import opening_iteration, timeline_data
 from fsdpviz.widgets._memo import ReportMemo
@@ -79,7 +80,7 @@ class TimelineWidget(FrontEnd):
         self._machine = machine
         self._shown: Shown = []
         self._reports: list[Report] = []
-        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
+        self._memo: ReportMemo[TimelineData] = ReportMemo()
         super().__init__(**kwargs)
         self.set_reports(reports, memory=memory)
 
@@ -97,7 +98,7 @@ class TimelineWidget(FrontEnd):
         self._shown = reports
         self._reports = _reports_of(reports)
         with self.hold_sync(), self.hold_trait_notifications():
-            self.data = data
+            self.data = cast("dict[str, Any]", data)  # (the traitlet's type of the same dict)
             self.busy = False
             if before is None:
                 self.step = min(self.step, max(data["n_steps"] - 1, 0))
@@ -113,11 +114,11 @@ class TimelineWidget(FrontEnd):
                 )
         self._update_current()
 
-    def _data(self, reports: Shown, memory: MemoryOption) -> dict[str, Any]:
+    def _data(self, reports: Shown, memory: MemoryOption) -> TimelineData:
         """:func:`timeline_data` of ``reports``; of one report, made once per plan and
         memory lane (see ``_memo.py``; a callable or a series may differ from call to call)."""
 
-        def make() -> dict[str, Any]:
+        def make() -> TimelineData:
             return timeline_data(
                 reports,
                 self._iteration,
