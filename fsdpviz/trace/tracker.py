@@ -60,6 +60,8 @@ class ModuleTracker:
         self.warnings: list[FsdpWarning] = []
         # Set by the cost model's probe (fsdpviz.trace.probe): ``run_step`` runs under it.
         self.measure: Callable[[nn.Module, Any], AbstractContextManager[None]] | None = None
+        # Set by the probe when the loss is compiled: calls the loss on the model's output.
+        self.call_loss: Callable[[Callable[[Any], torch.Tensor], Any], torch.Tensor] | None = None
         self._handles = []
         for module in self.names:
             self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -458,7 +460,8 @@ def _step(
             on_loss(tensors[0])
         torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
         return output
-    loss = (loss_fn or default_loss)(output)
+    fn = loss_fn or default_loss
+    loss = fn(output) if tracker.call_loss is None else tracker.call_loss(fn, output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("loss must return a scalar tensor")
     if not loss.requires_grad:
