@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._functorch._aot_autograd.utils import make_boxed_func
 from torch._functorch.aot_autograd import aot_function
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.decomposition import select_decomp_table
@@ -34,8 +35,8 @@ def test_partitioner_saves_what_the_compiled_loss_keeps_at_run_time() -> None:
     logits = torch.randn(ROWS, SEQ, VOCAB, dtype=torch.bfloat16, requires_grad=True)
     compiled = aot_function(
         lambda pred, target: _cross_entropy(target)(pred),
-        fw_compiler=lambda gm, _: gm,
-        bw_compiler=lambda gm, _: gm,
+        fw_compiler=lambda gm, _: make_boxed_func(gm),
+        bw_compiler=lambda gm, _: make_boxed_func(gm),
         partition_fn=min_cut_rematerialization_partition,
         decompositions=select_decomp_table(),
     )
@@ -89,9 +90,16 @@ def test_a_compiled_loss_holds_no_logit_sized_float32(plan: str) -> None:
         if plan == "fully_shard"
         else {"auto_wrap_policy": ModuleWrapPolicy({nn.Linear})}
     )
+    eager_loss = _cross_entropy(labels)
     runs = {
         c: fsdpviz.analyze(
-            model, ids, world_size=8, loss=_cross_entropy(labels), compile=c, progress=False, **wrap
+            model,
+            ids,
+            world_size=8,
+            loss=torch.compile(eager_loss) if c else eager_loss,
+            compile=c,
+            progress=False,
+            **wrap,
         ).memory.peak
         for c in (False, True)
     }
@@ -106,3 +114,24 @@ def test_a_compiled_loss_holds_no_logit_sized_float32(plan: str) -> None:
     assert c["forward_temp"] == e["forward_temp"] - fp32 // 2
     assert c["backward_temp"] < fp32
     assert compiled["bytes"] < eager["bytes"] - 2 * fp32
+
+
+def test_a_compiled_model_with_an_eager_loss_holds_what_eager_autograd_saves() -> None:
+    """``torch.compile(model)`` compiles the model's forward, not the loss called after it."""
+    with torch.device("meta"):
+        model = _Head().to(torch.bfloat16)
+    ids = torch.zeros(ROWS, SEQ, dtype=torch.long)
+    labels = torch.zeros(ROWS, SEQ, dtype=torch.long, device="meta")
+    peaks = [
+        fsdpviz.analyze(
+            model,
+            ids,
+            world_size=8,
+            loss=_cross_entropy(labels),
+            fully_shard=[nn.Linear],
+            compile=c,
+            progress=False,
+        ).memory.peak
+        for c in (False, True)
+    ]
+    assert peaks[0] == peaks[1]

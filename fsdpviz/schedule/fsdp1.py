@@ -194,7 +194,6 @@ def _probe(
         [u.fqn for u in plan.units],
         list(copy.buffers()),
         compiled=opts.job.compiled_modules(copy),
-        compiled_loss=opts.job.compile is True,
         float8=opts.job.float8_modules(copy),
         float8_recipe=opts.job.float8.recipe_name if opts.job.float8 else "tensorwise",
     )

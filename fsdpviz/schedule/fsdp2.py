@@ -92,7 +92,6 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                     list(copy.buffers()),
                     shares,
                     compiled=job.compiled_modules(copy),
-                    compiled_loss=job.compile is True,
                     float8=job.float8_modules(copy),
                     float8_weights_gathered=bool(
                         job.float8 and job.float8.enable_fsdp_float8_all_gather

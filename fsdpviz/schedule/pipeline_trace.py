@@ -247,7 +247,6 @@ def _probe(
         list(part.buffers()),
         tp.shares() if tp is not None else None,
         compiled=job.compiled_modules(part),
-        compiled_loss=job.compile is True,
         float8=job.float8_modules(part),
         float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
     )

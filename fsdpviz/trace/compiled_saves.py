@@ -71,7 +71,9 @@ def partitioner_saves(
 
 
 def _as_is(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    return gm
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    return make_boxed_func(gm)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
@@ -79,6 +81,7 @@ def _same(t: torch.Tensor) -> torch.Tensor:
 
 
 def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> PartitionSaves | None:
+    from torch._functorch._aot_autograd.utils import make_boxed_func
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
@@ -104,7 +107,7 @@ def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Partit
 
     def forward_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         captured.append(gm)
-        return gm
+        return make_boxed_func(gm)
 
     compiled = aot_function(
         gm,

@@ -163,13 +163,11 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
         float8_recipe: str = "tensorwise",
-        compiled_loss: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
         self._loss: _CompiledLoss | None = None
-        if compiled_loss:
-            tracker.call_loss = self._call_loss
+        tracker.call_loss = self._call_loss  # a loss given as torch.compile(loss_fn)
         self._compiled = ModuleScope("compiled", compiled)
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered

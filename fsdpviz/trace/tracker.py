@@ -60,7 +60,7 @@ class ModuleTracker:
         self.warnings: list[FsdpWarning] = []
         # Set by the cost model's probe (fsdpviz.trace.probe): ``run_step`` runs under it.
         self.measure: Callable[[nn.Module, Any], AbstractContextManager[None]] | None = None
-        # Set by the probe when the loss is compiled: calls the loss on the model's output.
+        # Set by the cost model's probe: runs a compiled loss (torch.compile(loss_fn)).
         self.call_loss: Callable[[Callable[[Any], torch.Tensor], Any], torch.Tensor] | None = None
         self._handles = []
         for module in self.names:
@@ -461,7 +461,15 @@ def _step(
         torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
         return output
     fn = loss_fn or default_loss
-    loss = fn(output) if tracker.call_loss is None else tracker.call_loss(fn, output)
+    # torch.compile(loss_fn): its function runs (on meta, not Dynamo); the probe holds its
+    # memory as the compiled loss does
+    compiled = getattr(fn, "_torchdynamo_orig_callable", None)
+    if compiled is None:
+        loss = fn(output)
+    elif tracker.call_loss is None:
+        loss = compiled(output)
+    else:
+        loss = tracker.call_loss(compiled, output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("loss must return a scalar tensor")
     if not loss.requires_grad:
