@@ -135,3 +135,29 @@ def test_a_compiled_model_with_an_eager_loss_holds_what_eager_autograd_saves() -
         for c in (False, True)
     ]
     assert peaks[0] == peaks[1]
+
+
+def test_reading_a_compiled_loss_runs_no_hook_of_the_modules_it_calls() -> None:
+    """The loss's graph is captured apart from the step: a module it calls (here a head with
+    a forward hook) is called once per step, as with the loss eager."""
+    with torch.device("meta"):
+        model = _Head().to(torch.bfloat16)
+        scale = nn.Linear(VOCAB * 8, 1, bias=False).to(torch.bfloat16)
+    calls: list[int] = []
+    handle = scale.register_forward_hook(lambda *_: calls.append(1))
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return scale(out).float().square().mean()
+
+    ids = torch.zeros(ROWS, SEQ, dtype=torch.long)
+    counts = []
+    try:
+        for fn in (loss, torch.compile(loss)):
+            calls.clear()
+            fsdpviz.analyze(
+                model, ids, world_size=8, loss=fn, fully_shard=[nn.Linear], progress=False
+            )
+            counts.append(len(calls))
+    finally:
+        handle.remove()
+    assert counts[0] == counts[1] > 0

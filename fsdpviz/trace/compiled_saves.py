@@ -22,7 +22,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,7 @@ def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Partit
     from torch.fx.experimental.proxy_tensor import make_fx
 
     metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in inputs]
-    with torch.no_grad():
+    with torch.no_grad(), _without_module_hooks():
         gm = make_fx(fn)(*metas)
     grads = tuple(bool(t.requires_grad) for t in inputs)
     shapes = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in inputs)
@@ -142,6 +143,22 @@ def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Partit
             values.append((tuple(int(d) for d in val.shape), val.dtype))
     saves = PartitionSaves(tuple(sorted(set(kept))), tuple(values))
     return _CACHE.setdefault(key, saves)
+
+
+@contextmanager
+def _without_module_hooks() -> Iterator[None]:
+    """Modules called by the region run their ``forward`` alone: capturing its graph must not
+    fire the hooks of the traced copy (the tracker's, FSDP's emulated ones)."""
+    call = torch.nn.Module._call_impl  # (what Module.__call__ runs, under fx's tracer too)
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    torch.nn.Module._call_impl = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module._call_impl = call  # type: ignore[method-assign]
 
 
 def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
