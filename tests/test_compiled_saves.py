@@ -147,7 +147,8 @@ def test_reading_a_compiled_loss_runs_no_hook_of_the_modules_it_calls() -> None:
     handle = scale.register_forward_hook(lambda *_: calls.append(1))
 
     def loss(out: torch.Tensor) -> torch.Tensor:
-        return scale(out).float().square().mean()
+        scaled: torch.Tensor = scale(out)
+        return scaled.float().square().mean()
 
     ids = torch.zeros(ROWS, SEQ, dtype=torch.long)
     counts = []
@@ -161,3 +162,27 @@ def test_reading_a_compiled_loss_runs_no_hook_of_the_modules_it_calls() -> None:
     finally:
         handle.remove()
     assert counts[0] == counts[1] > 0
+
+
+def test_a_compiled_loss_is_fused_in_time_beside_compiled_blocks() -> None:
+    """``compile=[Block]`` with ``torch.compile(loss_fn)``: the loss's memory-bound kernels are
+    fused too, as Inductor compiles it."""
+    with torch.device("meta"):
+        model = _Head().to(torch.bfloat16)
+    ids = torch.zeros(ROWS, SEQ, dtype=torch.long)
+    labels = torch.zeros(ROWS, SEQ, dtype=torch.long, device="meta")
+    eager_loss = _cross_entropy(labels)
+    totals = [
+        fsdpviz.analyze(
+            model,
+            ids,
+            world_size=8,
+            loss=fn,
+            fully_shard=[nn.Linear],
+            compile=[nn.Linear],
+            progress=False,
+        ).timeline.totals
+        for fn in (eager_loss, torch.compile(eager_loss))
+    ]
+    assert totals[1]["memory_bound_s"] < totals[0]["memory_bound_s"]
+    assert totals[1]["matmul_s"] == pytest.approx(totals[0]["matmul_s"])

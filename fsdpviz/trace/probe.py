@@ -370,7 +370,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if kind == "mem":
             nbytes = self._local_bytes(args) + self._local_bytes(out)
             self._add_kernel(("mem", backward), 1, nbytes)
-            if self._compiled.active():
+            if self._fusing():
                 self._fused.add(backward, args, out, nbytes, fresh)
             else:
                 self._fused.close()
@@ -445,7 +445,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             first = node is None or id(node) not in self._float8_nodes
             if node is not None:
                 self._float8_nodes.add(id(node))
-        compiled = self._compiled.active()
+        compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
         casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe, share)
@@ -493,6 +493,16 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             del loss.pending[key]
             loss.saved.discard(key)
             self._sharded.discard(key)
+
+    def _fusing(self) -> bool:
+        """Whether the operator running now is Inductor's to fuse: in the compiled modules or
+        in a compiled loss (forward or backward)."""
+        if self._compiled.active():
+            return True
+        loss = self._loss
+        if loss is None:
+            return False
+        return loss.scope.depth > 0 or (loss.forward_done and loss.scope.active())
 
     # ------------------------------------------------------ the compiled loss
     def _call_loss(self, fn: Callable[[Any], torch.Tensor], output: Any) -> torch.Tensor:
