@@ -30,6 +30,10 @@ counts, on the meta device, without allocating anything:
   modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
   matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
   around them (their weights arrive in float8 with ``float8_weights_gathered``).
+- **a compiled loss** (given as ``torch.compile(loss_fn)``): held as ``torch.compile`` holds
+  it, by torch's own partitioner (:mod:`fsdpviz.trace.compiled_saves`): between its forward
+  and backward only the inputs and values the partitioner saves; inside them only what its
+  kernels write out (its output, its saves, the gradients it returns), its kernels fused.
 
 While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
@@ -528,7 +532,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         try:
             result = fn(output)
         except BaseException:
-            loss.scope.depth = 0
+            loss.scope.leave(None)
             self._end_loss()
             raise
         loss.scope.leave(result)
