@@ -122,6 +122,8 @@ def test_selective_layer_checkpointing_reaches_the_traced_copy(tmp_path: Path) -
 def test_compile_and_float8_as_torchtitan_applies_them(tmp_path: Path) -> None:
     job, notes = _read(tmp_path, LATE_2025, mode="selective", option="op")
     assert job.config["compile"] is True  # the blocks and the loss
+    # the loss as torchtitan builds it, torch.compile(loss_fn): its memory as compiled
+    assert getattr(job.config["loss"], "_torchdynamo_orig_callable", None) is not None
     float8 = job.config["float8"]
     assert float8["enable_fsdp_float8_all_gather"] and float8["filter_fqns"] == ["output"]
     assert not [n for n in notes if "not modelled" in n]
@@ -143,6 +145,7 @@ def test_compile_and_float8_as_torchtitan_applies_them(tmp_path: Path) -> None:
     blocks_only = [TransformerBlock]
     old, notes = _read(tmp_path, DECEMBER_2024)
     assert old.config["compile"] == blocks_only  # training.compile compiled the blocks
+    assert not hasattr(old.config["loss"], "_torchdynamo_orig_callable")  # an eager loss
     assert old.config["float8"]["enable_fsdp_float8_all_gather"] is True
     assert list(old.inputs.shape) == [2, 64]
     text = "\n".join(notes)

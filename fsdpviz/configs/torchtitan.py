@@ -21,9 +21,11 @@ checkpoints every block, ``"selective"`` with an integer option every n-th block
 The job around FSDP: ``[compile] enable`` compiles each block (``analyze(...,
 compile=[TransformerBlock])``; with ``components`` including ``"loss"``, as torchtitan's
 default, the whole model: the blocks and the loss, with the embedding and final norm
-costed fused too); float8 linears (``model.converters = ["quantize.linear.float8"]`` with
-``[quantize.linear.float8]``, or ``["float8"]`` with ``[float8]``) become ``float8=``
-(torchtitan's keys: ``enable_fsdp_float8_all_gather``, ``recipe_name``, ``filter_fqns``).
+costed fused too, and the loss given as ``torch.compile(loss_fn)``, as torchtitan builds it,
+so its memory is what torch's partitioner keeps); float8 linears
+(``model.converters = ["quantize.linear.float8"]`` with ``[quantize.linear.float8]``, or
+``["float8"]`` with ``[float8]``) become ``float8=`` (torchtitan's keys:
+``enable_fsdp_float8_all_gather``, ``recipe_name``, ``filter_fqns``).
 
 Older job files read as torchtitan read them then, with a note where a key was renamed:
 ``training.batch_size`` (``training.local_batch_size`` since June 2025),
@@ -148,6 +150,8 @@ def from_torchtitan(
     compiled = compile_option(data.get("compile", {}), where, notes)
     if compiled:
         kwargs["compile"] = compiled
+    if compiled is True:  # the blocks and the loss: torchtitan's torch.compile(loss_fn)
+        kwargs["loss"] = torch.compile(kwargs["loss"])
     if float8 is not None:
         kwargs["float8"] = float8
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)

@@ -66,16 +66,25 @@ class ModuleScope:
         node = torch._C._current_autograd_node()
         return node is not None and self.name in _metadata(node)
 
+    def enter(self) -> None:
+        """A region of the scope begins (as a module's forward pre-hook does)."""
+        self._enter(None, None)
+
+    def leave(self, output: Any) -> None:
+        """The region that began last returns ``output``: the backward nodes made from then
+        on, reachable from it, belong to the scope."""
+        self._leave(None, None, output)
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
 
-    def _enter(self, module: nn.Module, args: Any) -> None:
+    def _enter(self, module: nn.Module | None, args: Any) -> None:
         self.depth += 1
         self._starts.append(_sequence_nr())
 
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _leave(self, module: nn.Module | None, args: Any, output: Any) -> None:
         self.depth -= 1
         start = self._starts.pop() if self._starts else 0
         if not torch.is_grad_enabled():

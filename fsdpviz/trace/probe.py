@@ -30,6 +30,10 @@ counts, on the meta device, without allocating anything:
   modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
   matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
   around them (their weights arrive in float8 with ``float8_weights_gathered``).
+- **a compiled loss** (given as ``torch.compile(loss_fn)``): held as ``torch.compile`` holds
+  it, by torch's own partitioner (:mod:`fsdpviz.trace.compiled_saves`): between its forward
+  and backward only the inputs and values the partitioner saves; inside them only what its
+  kernels write out (its output, its saves, the gradients it returns), its kernels fused.
 
 While measuring, :func:`~fsdpviz.trace.attention.fused_attention` makes
 ``scaled_dot_product_attention`` save what a fused GPU kernel saves. Frees are
@@ -50,12 +54,13 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
+from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
@@ -95,6 +100,25 @@ class _Stretch:
     # the most activations + temp reached, new gradients left out: what a step that adds its
     # gradients into existing ones in place reaches (each is freed once added)
     peak_in_place: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass
+class _CompiledLoss:
+    """The compiled loss while it runs: the storages it made that are not written out yet
+    (``id(storage) -> [bytes, kind, weakref, shape, dtype]``), those of them eager
+    autograd saved, and the values torch's partitioner keeps that eager does not make."""
+
+    scope: ModuleScope
+    pending: dict[int, list[Any]] = field(default_factory=dict)
+    saved: set[int] = field(default_factory=set)
+    extras: list[torch.Tensor] = field(default_factory=list)
+    forward_done: bool = False
+
+    def captures(self) -> bool:
+        """Whether a storage made now stays inside the compiled loss's kernels."""
+        if torch._C._current_graph_task_id() == -1:
+            return self.scope.depth > 0
+        return self.forward_done and self.scope.active()
 
 
 class _MarkingLog(list[Any]):
@@ -146,6 +170,8 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
+        self._loss: _CompiledLoss | None = None
+        tracker.call_loss = self._call_loss  # a loss given as torch.compile(loss_fn)
         self._compiled = ModuleScope("compiled", compiled)
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
@@ -212,6 +238,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             with saved_tensors_hooks(self._pack, _unpack), fused_attention(), self:
                 yield
         finally:
+            self._end_loss()
             self._measuring = False
             self._tails[len(self.marks)] = self._close_stretch()
             self._record_modules = False
@@ -228,6 +255,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def remove(self) -> None:
         self._tracker.measure = None
+        self._tracker.call_loss = None
         self._compiled.remove()
         if self._float8 is not None:
             self._float8.remove()
@@ -244,6 +272,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        loss = self._loss
+        backward = torch._C._current_graph_task_id() != -1
+        if loss is not None and loss.forward_done and backward and not loss.captures():
+            self._end_loss()  # the compiled loss's backward is over
         out = meta_cache.run(func, args, kwargs)
         if self._forced is not None:
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
@@ -342,7 +374,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if kind == "mem":
             nbytes = self._local_bytes(args) + self._local_bytes(out)
             self._add_kernel(("mem", backward), 1, nbytes)
-            if self._compiled.active():
+            if self._fusing():
                 self._fused.add(backward, args, out, nbytes, fresh)
             else:
                 self._fused.close()
@@ -417,7 +449,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             first = node is None or id(node) not in self._float8_nodes
             if node is not None:
                 self._float8_nodes.add(id(node))
-        compiled = self._compiled.active()
+        compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
         casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe, share)
@@ -434,6 +466,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = id(st)
         if key in self._live or key in self._external:
             return
+        loss = self._loss
+        if loss is not None and key in loss.pending:
+            return
         n = st.nbytes()
         if n == 0:
             return
@@ -443,10 +478,122 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kind = _FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
             kind = _ACT if recomputing() else _BWD_TEMP
+        if loss is not None and loss.captures():  # written out only if it leaves the kernels
+            gone = functools.partial(self._pending_freed, loss, key)
+            loss.pending[key] = [n, kind, weakref.ref(st, gone), tuple(t.shape), t.dtype]
+            return
+        self._hold(st, key, n, kind)
+
+    def _hold(self, st: Any, key: int, n: int, kind: int) -> None:
+        """Count storage ``st`` (``n`` bytes of ``kind``) until it is freed."""
         ref = weakref.ref(st, functools.partial(self._freed, key))
         self._live[key] = [n, kind, ref]
         self.live[kind] += n
         self._bump_peak()
+
+    def _pending_freed(self, loss: _CompiledLoss, key: int, ref: Any) -> None:
+        entry = loss.pending.get(key)
+        if entry is not None and entry[2] is ref:
+            del loss.pending[key]
+            loss.saved.discard(key)
+            self._sharded.discard(key)
+
+    def _fusing(self) -> bool:
+        """Whether the operator running now is Inductor's to fuse: in the compiled modules or
+        in a compiled loss (forward or backward)."""
+        if self._compiled.active():
+            return True
+        loss = self._loss
+        if loss is None:
+            return False
+        return loss.scope.depth > 0 or (loss.forward_done and loss.scope.active())
+
+    # ------------------------------------------------------ the compiled loss
+    def _call_loss(self, fn: Callable[[Any], torch.Tensor], output: Any) -> torch.Tensor:
+        """Run the loss as ``torch.compile`` would hold its memory (see
+        :mod:`fsdpviz.trace.compiled_saves`): inside it only what its kernels write out
+        counts, and between forward and backward only what torch's partitioner saves."""
+        leaves, spec = tree_flatten(output)
+        where = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        tensors = [leaves[i] for i in where]
+
+        def on_tensors(*ts: torch.Tensor) -> torch.Tensor:
+            args = list(leaves)
+            for i, t in zip(where, ts, strict=True):
+                args[i] = t
+            return fn(tree_unflatten(args, spec))
+
+        saves = partitioner_saves(on_tensors, tensors) if self._measuring else None
+        if saves is None:
+            return fn(output)
+        self._end_loss()
+        loss = self._loss = _CompiledLoss(ModuleScope("compiled_loss", ()))
+        loss.scope.enter()
+        try:
+            result = fn(output)
+        except BaseException:
+            loss.scope.leave(None)
+            self._end_loss()
+            raise
+        loss.scope.leave(result)
+        self._loss_saves(loss, saves, tensors)
+        return result
+
+    def _loss_saves(
+        self, loss: _CompiledLoss, saves: PartitionSaves, tensors: list[torch.Tensor]
+    ) -> None:
+        """The compiled loss's forward is over: hold what the partitioner saves."""
+        for i in saves.inputs:  # its inputs it keeps, held until its backward
+            st = _storage(tensors[i])
+            rec = None if st is None else self._live.get(id(st))
+            if rec is not None and rec[1] == _FWD_TEMP:
+                self.live[_FWD_TEMP] -= rec[0]
+                rec[1] = _ACT
+                self.live[_ACT] += rec[0]
+        # its intermediates: those eager autograd saved of the same shape and dtype, the
+        # others as tensors of their own, held until its backward is over
+        wanted = list(saves.values)
+        for key in sorted(loss.saved):
+            entry = loss.pending[key]
+            if (entry[3], entry[4]) in wanted:
+                wanted.remove((entry[3], entry[4]))
+                self._write_out(loss, key, _ACT)
+        share = any(self._is_share(t) for t in tensors)
+        for shape, dtype in wanted:
+            with _disable_current_modes():
+                t = torch.empty(shape, dtype=dtype, device="meta")
+            loss.extras.append(t)
+            st = t.untyped_storage()
+            n = st.nbytes() // self.tp_ranks if share and t.dim() > 0 else st.nbytes()
+            self._hold(st, id(st), n, _ACT)
+        # what it returns (the loss) and whatever else it left alive, but what only eager
+        # autograd would have saved
+        for key in list(loss.pending):
+            if key not in loss.saved:
+                self._write_out(loss, key, loss.pending[key][1])
+        loss.pending.clear()
+        loss.saved.clear()
+        loss.forward_done = True
+
+    def _write_out(self, loss: _CompiledLoss, key: int, kind: int) -> None:
+        """A storage the compiled loss made leaves its kernels: count it from now on."""
+        n, _, ref = loss.pending.pop(key)[:3]
+        loss.saved.discard(key)
+        st = ref()
+        if st is not None:
+            self._hold(st, key, n, kind)
+
+    def _end_loss(self) -> None:
+        """The compiled loss's backward is over: what its kernels return is written out
+        (its gradients), what it saved is freed."""
+        loss, self._loss = self._loss, None
+        if loss is None:
+            return
+        for key in list(loss.pending):
+            if key not in loss.saved:
+                self._write_out(loss, key, loss.pending[key][1])
+        loss.pending.clear()
+        loss.extras.clear()
 
     def _bump_peak(self) -> None:
         s, live = self._stretch, self.live
@@ -469,6 +616,10 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         st = _storage(t)
         rec = None if st is None else self._live.get(id(st))
+        loss = self._loss
+        if rec is None and loss is not None and st is not None and id(st) in loss.pending:
+            loss.saved.add(id(st))  # the partitioner decides when the loss's forward ends
+            return t
         if rec is not None and rec[1] in (_FWD_TEMP, _BWD_TEMP):
             self.live[rec[1]] -= rec[0]
             rec[1] = _ACT
@@ -541,6 +692,8 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _on_hook(self, entry: Any) -> None:
         name, index = entry[0], entry[1]
+        if torch._C._current_graph_task_id() != -1:
+            self._end_loss()
         self.marks.append(self._close_stretch())
         if name.startswith("post_backward"):
             self._forget_grads(self._unit_names[index])

@@ -60,6 +60,8 @@ class ModuleTracker:
         self.warnings: list[FsdpWarning] = []
         # Set by the cost model's probe (fsdpviz.trace.probe): ``run_step`` runs under it.
         self.measure: Callable[[nn.Module, Any], AbstractContextManager[None]] | None = None
+        # Set by the cost model's probe: runs a compiled loss (torch.compile(loss_fn)).
+        self.call_loss: Callable[[Callable[[Any], torch.Tensor], Any], torch.Tensor] | None = None
         self._handles = []
         for module in self.names:
             self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -458,7 +460,16 @@ def _step(
             on_loss(tensors[0])
         torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
         return output
-    loss = (loss_fn or default_loss)(output)
+    fn = loss_fn or default_loss
+    # torch.compile(loss_fn): its function runs (on meta, not Dynamo); the probe holds its
+    # memory as the compiled loss does
+    compiled = getattr(fn, "_torchdynamo_orig_callable", None)
+    if compiled is None:
+        loss = fn(output)
+    elif tracker.call_loss is None:
+        loss = compiled(output)
+    else:
+        loss = tracker.call_loss(compiled, output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("loss must return a scalar tensor")
     if not loss.requires_grad:
