@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
@@ -87,6 +87,40 @@ _COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golde
 _UPRIGHT_FROM = 100
 _CHAR_PX = 0.62  # width of a character of the 11 px tick font, as a fraction of its size
 _PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
+
+
+class PrefetchEdges(TypedDict):
+    """:func:`prefetch_data`'s ``edges``: one list per key, one entry per edge."""
+
+    kind: list[int]
+    source: list[int]
+    target: list[int]
+    text: list[str]
+
+
+class EdgeKind(TypedDict):
+    """An edge kind of :func:`prefetch_data`: ``name``, ``label``, ``color``, ``dash`` and
+    ``side`` (where its arcs run)."""
+
+    name: str
+    label: str
+    color: str
+    dash: str
+    side: float
+
+
+class PrefetchData(TypedDict):
+    """What :func:`prefetch_data` returns (see it for each key)."""
+
+    title: str
+    notes: list[str]
+    units: list[str]
+    numbers: list[int]
+    colors: list[str]
+    hover: list[list[str]]
+    never: list[bool]
+    edges: PrefetchEdges
+    kinds: list[EdgeKind]
 
 
 def prefetch_figure(
@@ -169,7 +203,7 @@ def prefetch_parts(
     return traces, _layout(report, facts, pos, theme, y_range)
 
 
-def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
+def prefetch_data(report: Report, iteration: int = -1) -> PrefetchData:
     """The prefetch graph as fsdpviz's front end draws it (``js/src/prefetch.ts``): the
     facts of :func:`prefetch_figure` as JSON-ready columns, units in forward order.
 
@@ -194,7 +228,7 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
     never = set(facts.never_prefetched)
     title, notes = _heading(report, facts)
     kinds = list(_LABELS)
-    edges: dict[str, list[Any]] = {"kind": [], "source": [], "target": [], "text": []}
+    edges: PrefetchEdges = {"kind": [], "source": [], "target": [], "text": []}
     for kind, arcs in _arcs(graph, facts).items():
         for a, b, _side, text in arcs:
             edges["kind"].append(kinds.index(kind))
