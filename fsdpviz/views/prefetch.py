@@ -34,10 +34,11 @@ import itertools
 import math
 from typing import Any, TypedDict
 
+import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.graphs import unit_graph
+from fsdpviz.graphs import UnitEdge, UnitNode, unit_graph
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.report import unit_label as L
 from fsdpviz.views.prefetch_facts import (
@@ -257,7 +258,9 @@ def prefetch_data(report: Report, iteration: int = -1) -> PrefetchData:
     }
 
 
-def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str, float, str]]]:
+def _arcs(
+    graph: nx.MultiDiGraph, facts: PrefetchAnalysis
+) -> dict[str, list[tuple[str, str, float, str]]]:
     """The graph's edges by kind: ``(from, to, side, text)``; ``side`` is where the arc
     runs (0: along the line of units, 1: above, -1: below, -1.6: further below)."""
     arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
@@ -265,7 +268,7 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
         arcs["forward_order"].append(
             (a, b, _SIDES["forward_order"], f"forward order: {L(a)} then {L(b)}")
         )
-    edges = list(graph.edges(data=True))
+    edges: list[tuple[str, str, UnitEdge]] = list(graph.edges(data=True))
     for a, b, data in edges:
         kind = data["kind"]
         if kind == "forward_prefetch":
@@ -396,9 +399,9 @@ def _edge_traces(
     return traces
 
 
-def _unit_lines(graph: Any, n: str, never: bool) -> list[str]:
+def _unit_lines(graph: nx.MultiDiGraph, n: str, never: bool) -> list[str]:
     """What hovering unit ``n`` says, a line each."""
-    d = graph.nodes[n]
+    d: UnitNode = graph.nodes[n]
     fi = d["forward_index"]
     lines = [
         f"{L(n)} ({d['module_class']})",
@@ -419,7 +422,7 @@ def _node_size(n: int) -> float:
 
 
 def _node_traces(
-    graph: Any,
+    graph: nx.MultiDiGraph,
     pos: dict[str, int],
     colors: dict[str, str],
     never: list[str],
