@@ -18,16 +18,74 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypeAlias, TypedDict, cast
 
 import networkx as nx
 
+from fsdpviz.schema.events import Hook
 from fsdpviz.schema.report import Report, unit_label
 
 __all__ = ["module_graph", "to_node_link", "unit_graph", "write_graph"]
 
 SUFFIXES = (".json", ".graphml")
+
+Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
+"""A JSON value: what :func:`to_node_link` gives, ``json.dumps`` takes."""
+
+
+class ModuleNode(TypedDict):
+    """The attributes of a node of :func:`module_graph` (see it for each)."""
+
+    module_class: str
+    unit: str | None
+    is_unit: bool
+    numel: int
+    bytes: int
+    params: dict[str, list[int]]
+    calls: int
+    input_shapes: list[list[int]]
+    output_shapes: list[list[int]]
+    first_call: int | None
+
+
+class UnitNode(TypedDict):
+    """The attributes of a node of :func:`unit_graph` (see it for each)."""
+
+    module_class: str
+    numel: int
+    bytes: int
+    sharded_numel: int
+    sharded_bytes: int
+    dtype: str | None
+    sharding_strategy: str
+    n_params: int
+    forward_index: int | None
+    prefetched_forward: bool
+    prefetched_backward: bool
+    never_prefetched: bool
+
+
+class UnitEdge(TypedDict):
+    """The attributes of an edge of :func:`unit_graph`: its ``kind``; a prefetch's ``hook``
+    and ``position`` (the event's index in the iteration)."""
+
+    kind: str
+    hook: NotRequired[Hook | None]
+    position: NotRequired[int]
+
+
+class NodeLinkData(TypedDict):
+    """What :func:`to_node_link` gives: ``networkx.node_link_data``'s keys, every attribute
+    value JSON (the graph's own attributes, and each node's and edge's with its ``id``, or
+    its ``source``, ``target`` and a multigraph's ``key``)."""
+
+    directed: bool
+    multigraph: bool
+    graph: dict[str, Json]
+    nodes: list[dict[str, Json]]
+    edges: list[dict[str, Json]]
 
 
 def module_graph(report: Report) -> nx.DiGraph:
@@ -55,19 +113,19 @@ def module_graph(report: Report) -> nx.DiGraph:
     for i, fqn in enumerate(report.module_order):
         first_call.setdefault(fqn, i)
     for m in report.modules:
-        graph.add_node(
-            m.fqn,
-            module_class=m.module_class,
-            unit=m.unit,
-            is_unit=m.fqn in units,
-            numel=m.numel,
-            bytes=m.bytes,
-            params={name: list(shape) for name, shape in m.params.items()},
-            calls=m.calls,
-            input_shapes=[list(s) for s in m.input_shapes],
-            output_shapes=[list(s) for s in m.output_shapes],
-            first_call=first_call.get(m.fqn),
-        )
+        attrs: ModuleNode = {
+            "module_class": m.module_class,
+            "unit": m.unit,
+            "is_unit": m.fqn in units,
+            "numel": m.numel,
+            "bytes": m.bytes,
+            "params": {name: list(shape) for name, shape in m.params.items()},
+            "calls": m.calls,
+            "input_shapes": [list(s) for s in m.input_shapes],
+            "output_shapes": [list(s) for s in m.output_shapes],
+            "first_call": first_call.get(m.fqn),
+        }
+        graph.add_node(m.fqn, **attrs)
     for m in report.modules:
         if m.parent is not None and m.parent in graph:
             graph.add_edge(m.parent, m.fqn, kind="child")
@@ -123,32 +181,34 @@ def unit_graph(report: Report, iteration: int = -1) -> nx.MultiDiGraph:
             if e.prefetch:
                 prefetched[e.phase].add(e.unit)
     for u in report.units:
-        graph.add_node(
-            u.module,
-            module_class=u.module_class,
-            numel=u.numel,
-            bytes=u.bytes,
-            sharded_numel=u.sharded_numel,
-            sharded_bytes=u.sharded_bytes,
-            dtype=u.dtype,
-            sharding_strategy=u.sharding_strategy,
-            n_params=len(u.params),
-            forward_index=forward_index.get(u.module),
-            prefetched_forward=u.module in prefetched["forward"],
-            prefetched_backward=u.module in prefetched["backward"],
-            never_prefetched=u.module in gathered
+        node: UnitNode = {
+            "module_class": u.module_class,
+            "numel": u.numel,
+            "bytes": u.bytes,
+            "sharded_numel": u.sharded_numel,
+            "sharded_bytes": u.sharded_bytes,
+            "dtype": u.dtype,
+            "sharding_strategy": u.sharding_strategy,
+            "n_params": len(u.params),
+            "forward_index": forward_index.get(u.module),
+            "prefetched_forward": u.module in prefetched["forward"],
+            "prefetched_backward": u.module in prefetched["backward"],
+            "never_prefetched": u.module in gathered
             and u.module not in prefetched["forward"] | prefetched["backward"],
-        )
+        }
+        graph.add_node(u.module, **node)
     for a, b in itertools.pairwise(report.forward_order):
         _check_units(graph, "forward_order", a, b)
-        graph.add_edge(a, b, key="forward_order", kind="forward_order")
+        order: UnitEdge = {"kind": "forward_order"}
+        graph.add_edge(a, b, key="forward_order", **order)
     for pos, e in enumerate(events):
         if e.kind != "all_gather" or not e.prefetch or e.hook_unit is None:
             continue
         kind = f"{e.phase}_prefetch"
         _check_units(graph, f"event {pos} of iteration {index}", e.hook_unit, e.unit)
         key = f"{kind}@{pos}"
-        graph.add_edge(e.hook_unit, e.unit, key=key, kind=kind, hook=e.hook, position=pos)
+        prefetch: UnitEdge = {"kind": kind, "hook": e.hook, "position": pos}
+        graph.add_edge(e.hook_unit, e.unit, key=key, **prefetch)
     return graph
 
 
@@ -160,7 +220,7 @@ def _check_units(graph: nx.MultiDiGraph, where: str, *names: str) -> None:
             )
 
 
-def to_node_link(graph: nx.Graph) -> dict[str, Any]:
+def to_node_link(graph: nx.Graph) -> NodeLinkData:
     """``graph`` as node-link data that ``json.dumps`` accepts.
 
     ``networkx.node_link_data(graph, edges="edges")`` with tuples and sets turned
@@ -174,11 +234,10 @@ def to_node_link(graph: nx.Graph) -> dict[str, Any]:
         json.dumps(data)
         data["edges"][0]   # {'kind': 'forward_order', 'source': '', 'target': ..., 'key': ...}
     """
-    data: dict[str, Any] = _jsonable(nx.node_link_data(graph, edges="edges"))
-    return data
+    return cast("NodeLinkData", _jsonable(nx.node_link_data(graph, edges="edges")))
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Json:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, dict):
@@ -233,8 +292,8 @@ def _graphml_safe(graph: nx.Graph) -> nx.Graph:
     return out
 
 
-def _scalars(attrs: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _scalars(attrs: Mapping[str, object]) -> dict[str, str | int | float | bool]:
+    out: dict[str, str | int | float | bool] = {}
     for k, v in attrs.items():
         if v is None:
             continue

@@ -39,7 +39,7 @@ from fsdpviz.export._html import (
 from fsdpviz.export._image import IMAGE_FORMATS, write_image
 from fsdpviz.export._save import check_options
 from fsdpviz.schema.memory import size_text
-from fsdpviz.views.tune_view import anchor_of, tune_data, tune_figure
+from fsdpviz.views.tune_view import TuneData, anchor_of, tune_data, tune_figure
 
 if TYPE_CHECKING:
     from fsdpviz.tuning.result import Candidate, Tuning
@@ -184,7 +184,7 @@ def _kept_text(tuning: Tuning, kept: int) -> str:
     )
 
 
-def _header(tuning: Tuning, heading: str, data: dict[str, Any]) -> str:
+def _header(tuning: Tuning, heading: str, data: TuneData) -> str:
     """The page's heading and what the tune view below does not say: the configuration
     as given, the best per world size, the search's notes."""
     rows = []

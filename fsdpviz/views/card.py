@@ -15,9 +15,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
@@ -40,6 +40,8 @@ __all__ = [
     "run_html",
     "warnings_html",
 ]
+
+_Shown = TypeVar("_Shown", Report, "RecordedRun")  # what a card shows
 
 MAX_UNIT_ROWS = 10
 MAX_WARNINGS = 8
@@ -252,7 +254,7 @@ def _fsdp2_items(c: ReportConfig) -> list[str]:
     return items
 
 
-def _dtypes(label: str, mp: Mapping[str, Any]) -> str:
+def _dtypes(label: str, mp: Mapping[str, str | bool | None]) -> str:
     kinds = ("param_dtype", "reduce_dtype")
     return label + " " + ", ".join(f"{k.split('_')[0]} {mp[k]}" for k in kinds if mp.get(k))
 
@@ -541,11 +543,10 @@ def _count(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _guarded(render: Any, obj: Any) -> str:
+def _guarded(render: Callable[[_Shown], str], obj: _Shown) -> str:
     """``render(obj)``; a bug in the card must not hide the object, so fall back to text."""
     try:
-        html: str = render(obj)
-        return html
+        return render(obj)
     except Exception as e:
         text = escape(obj.summary())
         return _card(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from fsdpviz.schema.report import ModuleInfo, Report, Unit, unit_label
 from fsdpviz.views.style import format_bytes
@@ -28,6 +28,35 @@ __all__ = ["bytes_breakdown", "dtype_text", "param_rows", "unit_details"]
 
 MAX_ROWS = 200
 """Rows of a table the panel lists; the rest are counted (``… 12 more``)."""
+
+
+class DetailTable(TypedDict):
+    """A table of the panel: its ``title``, a ``note``, the ``header``, ``rows`` of text (at
+    most :data:`MAX_ROWS`), ``more`` (rows left out) and ``numeric`` (the columns aligned
+    right)."""
+
+    title: str
+    note: str
+    header: list[str]
+    rows: list[list[str]]
+    more: int
+    numeric: list[int]
+
+
+class DetailText(TypedDict):
+    """A section of the panel that is a ``title`` and a paragraph of ``text``."""
+
+    title: str
+    text: str
+
+
+class UnitDetail(TypedDict):
+    """The panel of one unit (see :func:`unit_detail`)."""
+
+    title: str
+    facts: str
+    warnings: list[str]
+    sections: list[DetailTable | DetailText]
 
 
 def dtype_text(unit: Unit) -> str:
@@ -201,7 +230,7 @@ def _how_sharded(report: Report, u: Unit) -> str:
 
 def _table(
     title: str, header: list[str], rows: list[list[str]], numeric: list[int], note: str = ""
-) -> dict[str, Any]:
+) -> DetailTable:
     return {
         "title": title,
         "note": note,
@@ -212,7 +241,7 @@ def _table(
     }
 
 
-def _text(title: str, text: str) -> dict[str, Any]:
+def _text(title: str, text: str) -> DetailText:
     return {"title": title, "text": text}
 
 
@@ -232,7 +261,7 @@ class _Facts:
 
 def unit_detail(
     report: Report, tree: ModuleTree, index: int, known: _Facts | None = None
-) -> dict[str, Any]:
+) -> UnitDetail:
     """The panel of ``report.units[index]``: ``title``, ``facts`` (one line), ``warnings``
     and ``sections``, each a table (``title``, ``note``, ``header``, ``rows`` of text,
     ``more``: rows left out, ``numeric``: the columns aligned right) or a ``text``."""
@@ -247,7 +276,7 @@ def unit_detail(
         dtype_text(u),
         f"{format_bytes(u.bytes)} full, {format_bytes(u.sharded_bytes)} per rank",
     ]
-    sections = [
+    sections: list[DetailTable | DetailText] = [
         _table(
             "Where its bytes go",
             ["part", "parameters", "full", "per rank", "share"],
@@ -323,7 +352,7 @@ def unit_detail(
 
 def unit_details(
     report: Report, tree: ModuleTree | None = None, indices: Sequence[int] | None = None
-) -> list[dict[str, Any]]:
+) -> list[UnitDetail]:
     """:func:`unit_detail` of every unit, in ``report.units`` order (of the units at
     ``indices`` only, when given)."""
     tree = tree or module_tree(report)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
 
 from fsdpviz.schema.report import Report, unit_label
-from fsdpviz.views.detail import dtype_text, unit_details
+from fsdpviz.views.detail import UnitDetail, dtype_text, unit_details
 from fsdpviz.views.style import (
     UNMANAGED_COLOR,
     Theme,
@@ -63,6 +63,43 @@ _HOVER = (
     "dtype: %{customdata[5]}"
     "%{customdata[6]}<extra></extra>"
 )
+
+
+class ModuleColumns(TypedDict):
+    """:func:`explorer_data`'s ``modules``: one list per key, one entry per module in tree
+    order."""
+
+    name: list[str]
+    label: list[str]
+    parent: list[int]
+    cls: list[int]
+    unit: list[int]
+    numel: list[int]
+    bytes: list[int]
+    rank_bytes: list[int]
+
+
+class ExplorerUnit(TypedDict):
+    """A unit as the explorer shows it: ``name``, ``color``, ``dtype``, the ``warnings``
+    (codes) that name it; under pipeline parallelism its ``stage`` and ``pp_rank``."""
+
+    name: str
+    color: str
+    dtype: str
+    warnings: list[str]
+    stage: NotRequired[int]
+    pp_rank: NotRequired[int]
+
+
+class ExplorerData(TypedDict):
+    """What :func:`explorer_data` returns (see it for each key)."""
+
+    title: str
+    modules: ModuleColumns
+    classes: list[str]
+    units: list[ExplorerUnit]
+    unmanaged_color: str
+    details: NotRequired[list[UnitDetail | None]]  # (the explorer widget sends them apart)
 
 
 def explorer_figure(
@@ -237,7 +274,7 @@ def explorer_parts(
 
 def explorer_data(
     report: Report, *, tree: ModuleTree | None = None, details: bool | Collection[str] = True
-) -> dict[str, Any]:
+) -> ExplorerData:
     """The module tree as the explorer of fsdpviz's page draws it (``js/src/explorer.ts``):
     JSON-ready columns, one entry per module in tree order (parents before children).
 
@@ -264,7 +301,7 @@ def explorer_data(
     index = {n.fqn: i for i, n in enumerate(tree.nodes)}
     classes: dict[str, int] = {}
     nodes = tree.nodes
-    modules: dict[str, list[Any]] = {
+    modules: ModuleColumns = {
         "name": [node.fqn for node in nodes],
         "label": [_block_label(node, unit_index) for node in nodes],
         "parent": [-1 if node.parent is None else index[node.parent] for node in nodes],
@@ -274,18 +311,18 @@ def explorer_data(
         "bytes": [node.bytes_total for node in nodes],
         "rank_bytes": [node.rank_bytes_total for node in nodes],
     }
-    units = []
+    units: list[ExplorerUnit] = []
     pipe = report.pipeline
     for u in report.units:
         stage = pipe.stage_of_unit(u.module) if pipe is not None else None
-        entry: dict[str, Any] = {
+        entry: ExplorerUnit = {
             "name": u.module,
             "color": colors[u.module],
             "dtype": dtype_text(u),
             "warnings": warn_codes.get(u.module, []),
         }
         if stage is not None:  # pipeline parallelism: the stage holding it, its rank
-            entry.update(stage=stage.index, pp_rank=stage.rank)
+            entry.update({"stage": stage.index, "pp_rank": stage.rank})
         units.append(entry)
     ws = report.config.world_size
     stages = ""
@@ -304,7 +341,7 @@ def explorer_data(
 
 def explorer_details(
     report: Report, tree: ModuleTree, which: bool | Collection[str] = True
-) -> list[dict[str, Any] | None]:
+) -> list[UnitDetail | None]:
     """``explorer_data``'s ``details``: the detail panel of each unit in ``which`` (all
     for ``True``, none for ``False``, else the units named), ``None`` for the others."""
     if which is True:

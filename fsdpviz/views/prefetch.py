@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, TypedDict
 
+import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
 
-from fsdpviz.graphs import unit_graph
+from fsdpviz.graphs import UnitEdge, UnitNode, unit_graph
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.report import unit_label as L
 from fsdpviz.views.prefetch_facts import (
@@ -87,6 +88,40 @@ _COMPACT_FROM = 2000  # points; smaller figures keep plain lists (readable golde
 _UPRIGHT_FROM = 100
 _CHAR_PX = 0.62  # width of a character of the 11 px tick font, as a fraction of its size
 _PLOT_PX = (1000.0, 260.0)  # typical plot area (width, height) the arrowheads are aimed for
+
+
+class PrefetchEdges(TypedDict):
+    """:func:`prefetch_data`'s ``edges``: one list per key, one entry per edge."""
+
+    kind: list[int]
+    source: list[int]
+    target: list[int]
+    text: list[str]
+
+
+class EdgeKind(TypedDict):
+    """An edge kind of :func:`prefetch_data`: ``name``, ``label``, ``color``, ``dash`` and
+    ``side`` (where its arcs run)."""
+
+    name: str
+    label: str
+    color: str
+    dash: str
+    side: float
+
+
+class PrefetchData(TypedDict):
+    """What :func:`prefetch_data` returns (see it for each key)."""
+
+    title: str
+    notes: list[str]
+    units: list[str]
+    numbers: list[int]
+    colors: list[str]
+    hover: list[list[str]]
+    never: list[bool]
+    edges: PrefetchEdges
+    kinds: list[EdgeKind]
 
 
 def prefetch_figure(
@@ -169,7 +204,7 @@ def prefetch_parts(
     return traces, _layout(report, facts, pos, theme, y_range)
 
 
-def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
+def prefetch_data(report: Report, iteration: int = -1) -> PrefetchData:
     """The prefetch graph as fsdpviz's front end draws it (``js/src/prefetch.ts``): the
     facts of :func:`prefetch_figure` as JSON-ready columns, units in forward order.
 
@@ -194,7 +229,7 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
     never = set(facts.never_prefetched)
     title, notes = _heading(report, facts)
     kinds = list(_LABELS)
-    edges: dict[str, list[Any]] = {"kind": [], "source": [], "target": [], "text": []}
+    edges: PrefetchEdges = {"kind": [], "source": [], "target": [], "text": []}
     for kind, arcs in _arcs(graph, facts).items():
         for a, b, _side, text in arcs:
             edges["kind"].append(kinds.index(kind))
@@ -223,7 +258,9 @@ def prefetch_data(report: Report, iteration: int = -1) -> dict[str, Any]:
     }
 
 
-def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str, float, str]]]:
+def _arcs(
+    graph: nx.MultiDiGraph, facts: PrefetchAnalysis
+) -> dict[str, list[tuple[str, str, float, str]]]:
     """The graph's edges by kind: ``(from, to, side, text)``; ``side`` is where the arc
     runs (0: along the line of units, 1: above, -1: below, -1.6: further below)."""
     arcs: dict[str, list[tuple[str, str, float, str]]] = {k: [] for k in _LABELS}
@@ -231,7 +268,7 @@ def _arcs(graph: Any, facts: PrefetchAnalysis) -> dict[str, list[tuple[str, str,
         arcs["forward_order"].append(
             (a, b, _SIDES["forward_order"], f"forward order: {L(a)} then {L(b)}")
         )
-    edges = list(graph.edges(data=True))
+    edges: list[tuple[str, str, UnitEdge]] = list(graph.edges(data=True))
     for a, b, data in edges:
         kind = data["kind"]
         if kind == "forward_prefetch":
@@ -362,9 +399,9 @@ def _edge_traces(
     return traces
 
 
-def _unit_lines(graph: Any, n: str, never: bool) -> list[str]:
+def _unit_lines(graph: nx.MultiDiGraph, n: str, never: bool) -> list[str]:
     """What hovering unit ``n`` says, a line each."""
-    d = graph.nodes[n]
+    d: UnitNode = graph.nodes[n]
     fi = d["forward_index"]
     lines = [
         f"{L(n)} ({d['module_class']})",
@@ -385,7 +422,7 @@ def _node_size(n: int) -> float:
 
 
 def _node_traces(
-    graph: Any,
+    graph: nx.MultiDiGraph,
     pos: dict[str, int],
     colors: dict[str, str],
     never: list[str],

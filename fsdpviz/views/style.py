@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from typing import Any, Literal
+from typing import Literal, TypedDict, cast
 
 import plotly.graph_objects as go
 
@@ -41,8 +41,35 @@ __all__ = [
 
 Theme = Literal["light", "dark"]
 
-TABLE: dict[str, Any] = json.loads(
-    resources.files("fsdpviz.views").joinpath("colors.json").read_text(encoding="utf-8")
+
+class EdgeStyle(TypedDict):
+    """How the prefetch graph draws an edge kind: its ``color`` and plotly ``dash``."""
+
+    color: str
+    dash: str
+
+
+class ColorTable(TypedDict):
+    """``fsdpviz/views/colors.json``: a note (``about``), the units' ``palette_dark`` and
+    ``palette_light``, the ``unmanaged`` modules' and the ``memory_curve``'s colours, the
+    memory ``categories``' colours, the prefetch graph's ``edges`` by kind and the
+    ``themes`` (name -> colour name -> colour, see :func:`theme_colors`)."""
+
+    about: str
+    palette_dark: list[str]
+    palette_light: list[str]
+    unmanaged: str
+    memory_curve: str
+    categories: dict[str, str]
+    edges: dict[str, EdgeStyle]
+    themes: dict[str, dict[str, str]]
+
+
+TABLE: ColorTable = cast(
+    "ColorTable",
+    json.loads(
+        resources.files("fsdpviz.views").joinpath("colors.json").read_text(encoding="utf-8")
+    ),
 )
 """The colour table (``fsdpviz/views/colors.json``): the front end in ``js/`` bundles the
 same file, so the plotly figures, the cards and the canvases draw the same colours."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -48,7 +48,65 @@ GROUP_COLORS: tuple[str, ...] = tuple(TABLE["palette_dark"])
 """One colour per world size compared, in order (the colour table's dark palette)."""
 
 
-def _capacity(tuning: Tuning) -> dict[str, Any] | None:
+class Capacity(TypedDict):
+    """:func:`tune_data`'s capacity line: where it stands (``bytes``) and its ``label``."""
+
+    bytes: int
+    label: str
+
+
+class WorldSizeGroup(TypedDict):
+    """A world size compared: ``world_size``, its ``label`` and ``color``."""
+
+    world_size: int
+    label: str
+    color: str
+
+
+class TunePoints(TypedDict):
+    """:func:`tune_data`'s ``points``: one list per key, one entry per candidate."""
+
+    index: list[int]
+    x: list[int]
+    y: list[float]
+    fits: list[bool]
+    frontier: list[bool]
+    traced: list[bool]
+    group: list[int]
+    hover: list[list[str]]
+
+
+class KnobRow(TypedDict):
+    """A row of the knob table: the ``knob``, its ``name`` in words, its ``value`` in the
+    configuration compared with, the ``user``'s, the best ``alternative`` (text) and that
+    alternative's ``candidate`` (position in ``points``), ``None`` when no other was tried."""
+
+    knob: str
+    name: str
+    value: str
+    user: str
+    alternative: str | None
+    candidate: int | None
+
+
+class TuneData(TypedDict):
+    """What :func:`tune_data` returns (see it for each key)."""
+
+    title: str
+    summary: list[str]
+    x_label: str
+    y_label: str
+    capacity: Capacity | None
+    groups: list[WorldSizeGroup]
+    points: TunePoints
+    frontier: list[int]
+    best: int | None
+    user: int
+    anchor: Literal["best", "lightest"]
+    knobs: list[KnobRow]
+
+
+def _capacity(tuning: Tuning) -> Capacity | None:
     if tuning.budget is not None:
         return {"bytes": tuning.budget, "label": f"budget: {size_text(tuning.budget)} per rank"}
     usable = max((c.usable_bytes for c in tuning.candidates), default=0)
@@ -106,7 +164,7 @@ def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
     return lines
 
 
-def tune_data(tuning: Tuning) -> dict[str, Any]:
+def tune_data(tuning: Tuning) -> TuneData:
     """The tuning as the front end draws it (JSON-ready).
 
     ``points``: one column per field, one entry per candidate in ``tuning.candidates``'
@@ -125,7 +183,7 @@ def tune_data(tuning: Tuning) -> dict[str, Any]:
     frontier = tuning.frontier
     on_frontier = {c.index for c in frontier}
     sizes = list(dict.fromkeys([*tuning.world_sizes, *(c.world_size for c in cands)]))
-    groups = [
+    groups: list[WorldSizeGroup] = [
         {
             "world_size": ws,
             "label": f"{ws} ranks",
@@ -138,7 +196,7 @@ def tune_data(tuning: Tuning) -> dict[str, Any]:
     best = tuning.best
     anchor = anchor_of(tuning)
     alternatives = {a["knob"]: a for a in tuning.alternatives()}
-    knobs = []
+    knobs: list[KnobRow] = []
     for knob, value in anchor.knobs.items():
         alt = alternatives.get(knob)
         other: Candidate | None = alt["candidate"] if alt is not None else None
@@ -287,6 +345,7 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
                 col=1,
             )
     same = data["best"] == data["user"]
+    marks: tuple[tuple[Literal["best", "user"], str, str, str], ...]
     marks = (("best", "star", "best, as given" if same else "best", "top center"),
              ("user", "diamond-open", "" if same else "as given", "bottom center"))  # fmt: skip
     for key, symbol, label, where in marks:
@@ -317,7 +376,7 @@ def tune_figure(tuning: Tuning, *, theme: Theme = "light") -> go.Figure:
         )
     turned = [r for r in data["knobs"] if r["alternative"]]
     fixed = [f"{r['name']} {r['value']}" for r in data["knobs"] if not r["alternative"]]
-    rows = [(r["name"], r["value"], r["alternative"]) for r in turned]
+    rows = [(r["name"], r["value"], r["alternative"] or "") for r in turned]
     if fixed:
         rows.append(("not turned", "; ".join(fixed), "no other value tried"))
     fig.add_trace(
@@ -409,7 +468,7 @@ def _byte_ticks(top: float) -> list[int]:
     return [round(k * step * scale) for k in range(count + 1)]
 
 
-def tune_svg(data: dict[str, Any], width: int = 560, height: int = 260) -> str:
+def tune_svg(data: TuneData, width: int = 560, height: int = 260) -> str:
     """:func:`tune_data` as a small static SVG (no script, no kaleido): the points, the
     frontier, the capacity line, the best (★) and the given (◆), for what a saved notebook
     shows without fsdpviz's front end. Text, axes and lines use ``currentColor``, so it
@@ -469,6 +528,7 @@ def tune_svg(data: dict[str, Any], width: int = 560, height: int = 260) -> str:
     body.append(
         f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-opacity="0.6"/>'
     )
+    k: int | None  # a point's position; the best's and the user's may be None
     for k in range(len(p["index"])):
         x, y = at(p["x"][k], p["y"][k])
         color = data["groups"][p["group"][k]]["color"]
@@ -479,7 +539,9 @@ def tune_svg(data: dict[str, Any], width: int = 560, height: int = 260) -> str:
             + escape(" | ".join(p["hover"][k][:4]))
             + "</title></circle>"
         )
-    for key, mark in (("user", "◆ as given"), ("best", "★ best")):
+    marks: tuple[tuple[Literal["best", "user"], str], ...]
+    marks = (("user", "◆ as given"), ("best", "★ best"))
+    for key, mark in marks:
         k = data[key]
         if k is not None:
             x, y = at(p["x"][k], p["y"][k])

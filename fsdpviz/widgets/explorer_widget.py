@@ -19,12 +19,13 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import traitlets
 
 from fsdpviz.schema.report import Report
-from fsdpviz.views.explorer import explorer_data, explorer_details
+from fsdpviz.views.detail import UnitDetail
+from fsdpviz.views.explorer import ExplorerData, explorer_data, explorer_details
 from fsdpviz.views.tree import ModuleTree, module_tree, with_module_tree
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
@@ -43,7 +44,7 @@ class ExplorerWidget(FrontEnd):
     focus = traitlets.Unicode("").tag(sync=True)
     area = traitlets.Enum(["numel", "rank_bytes"], "numel").tag(sync=True)
 
-    details: traitlets.List[Any] = traitlets.List().tag(**DATA)
+    details: traitlets.List[UnitDetail | None] = traitlets.List().tag(**DATA)
     """Each unit's detail panel (:func:`fsdpviz.views.unit_details`); ``None`` for one not
     made yet (after a re-plan only the selected unit's come with the answer)."""
 
@@ -59,15 +60,15 @@ class ExplorerWidget(FrontEnd):
 
     def __init__(self, report: Report, *, tree: ModuleTree | None = None, **kwargs: Any) -> None:
         # per plan (see _memo.py): the data without details, and every unit's details
-        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
-        self._all_details: ReportMemo[list[Any]] = ReportMemo()
+        self._memo: ReportMemo[ExplorerData] = ReportMemo()
+        self._all_details: ReportMemo[list[UnitDetail | None]] = ReportMemo()
         super().__init__(
             details=self._details(report, tree, True), data=self._data(report, tree), **kwargs
         )
         self._report = report
 
-    def _data(self, report: Report, tree: ModuleTree | None) -> dict[str, Any]:
-        def make() -> dict[str, Any]:
+    def _data(self, report: Report, tree: ModuleTree | None) -> ExplorerData:
+        def make() -> ExplorerData:
             data = explorer_data(with_module_tree(report), tree=tree, details=False)
             del data["details"]
             return data
@@ -78,10 +79,10 @@ class ExplorerWidget(FrontEnd):
 
     def _details(
         self, report: Report, tree: ModuleTree | None, which: bool | Collection[str]
-    ) -> list[Any]:
+    ) -> list[UnitDetail | None]:
         """``explorer_details`` of ``which``: taken from every unit's once they were made."""
 
-        def make(which: bool | Collection[str]) -> list[Any]:
+        def make(which: bool | Collection[str]) -> list[UnitDetail | None]:
             shown = with_module_tree(report)
             return explorer_details(shown, tree or module_tree(shown), which)
 
@@ -116,7 +117,7 @@ class ExplorerWidget(FrontEnd):
         shown = self._details(report, tree, details)
         with self.hold_sync():
             self.details = shown
-            self.data = data
+            self.data = cast("dict[str, Any]", data)  # (the traitlet's type of the same dict)
 
     def set_details(self, report: Report, *, tree: ModuleTree | None = None) -> None:
         """Every unit's detail panel of ``report`` (the plan drawn)."""

@@ -14,12 +14,12 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import traitlets
 
 from fsdpviz.schema.report import Report
-from fsdpviz.views.prefetch import prefetch_data
+from fsdpviz.views.prefetch import PrefetchData, prefetch_data
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
@@ -38,11 +38,11 @@ class PrefetchWidget(FrontEnd):
 
     def __init__(self, report: Report, iteration: int | None = -1, **kwargs: Any) -> None:
         self.iteration = -1 if iteration is None else iteration
-        self._memo: ReportMemo[dict[str, Any]] = ReportMemo()
+        self._memo: ReportMemo[PrefetchData] = ReportMemo()
         super().__init__(data=self._data(report), **kwargs)
         self._report = report
 
-    def _data(self, report: Report) -> dict[str, Any]:
+    def _data(self, report: Report) -> PrefetchData:
         """:func:`prefetch_data` of ``report``, made once per plan (see ``_memo.py``)."""
         it = self.iteration
         data = self._memo.get(report, lambda: prefetch_data(report, it), key=it)
@@ -59,5 +59,5 @@ class PrefetchWidget(FrontEnd):
         data = self._data(report)
         self._report = report
         with self.hold_sync():
-            self.data = data
+            self.data = cast("dict[str, Any]", data)  # (the traitlet's type of the same dict)
             self.busy = False

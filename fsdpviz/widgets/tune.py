@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as w
 import traitlets
 
 from fsdpviz.tuning.result import Candidate, Tuning
-from fsdpviz.views.tune_view import anchor_of, tune_svg
+from fsdpviz.views.tune_view import TuneData, anchor_of, tune_svg
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets.tune_widget import TuneWidget
 
@@ -165,9 +165,10 @@ class TuneView(w.VBox):  # type: ignore[misc]
         text = self.tuning.summary()
         c = self.candidate(self.selected) if self.selected is not None else anchor_of(self.tuning)
         shown = f"configuration #{c.index}: {c.label}"
+        data = cast("TuneData", self.scatter.data)  # (the traitlet holds tune_data's)
         words = {
             "text/plain": text,
-            "text/html": f'<div class="fsdpviz-tune-static">{tune_svg(self.scatter.data)}'
+            "text/html": f'<div class="fsdpviz-tune-static">{tune_svg(data)}'
             '<pre class="fsdpviz-tune-summary" style="font-size:12px">'
             f"{escape(text)}\n\n(the views below: {escape(shown)})</pre></div>",
         }
