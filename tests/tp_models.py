@@ -23,6 +23,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from fsdpviz.configs.torchtitan_model import FeedForward
+
 
 class Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int) -> None:
@@ -40,17 +42,6 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):

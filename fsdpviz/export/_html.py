@@ -47,11 +47,13 @@ __all__ = [
     "PageTheme",
     "check_theme",
     "html_page",
+    "notes_list",
     "pack",
     "page_assets",
     "page_config",
     "page_header",
     "page_script",
+    "summary_items",
     "write_page",
 ]
 
@@ -383,14 +385,8 @@ def _header(
         verdict, details = findings()
         rows.append(("ranks", verdict))
         notes += details
-    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
-    warn = ""
-    if notes:
-        warn = (
-            '<ul class="fv-warnings" aria-label="warnings">'
-            + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-            + "</ul>"
-        )
+    items = summary_items(rows)
+    warn = notes_list(notes, "warnings")
     verdict = ""
     if fit is not None:
         fits, text = fit
@@ -420,10 +416,27 @@ def _comparison_header(cmp: Comparison, heading: str) -> str:
         verdicts.append(
             f'<p class="fv-verdict {cls}">{mark} {html.escape(name)}: {html.escape(text)}</p>'
         )
-    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
+    items = summary_items(rows)
     return (
         f"<header><h1>{html.escape(heading)}</h1>{''.join(verdicts)}"
         f'<dl class="fv-summary">{items}</dl></header>'
+    )
+
+
+def summary_items(rows: list[tuple[str, str]]) -> str:
+    """A page header's summary, each (name, value) of ``rows`` a term and its description
+    (the items of its ``<dl class="fv-summary">``)."""
+    return "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
+
+
+def notes_list(notes: list[str], label: str) -> str:
+    """A page header's ``notes`` as a list named ``label`` (for screen readers); "" for none."""
+    if not notes:
+        return ""
+    return (
+        f'<ul class="fv-warnings" aria-label="{label}">'
+        + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+        + "</ul>"
     )
 
 

@@ -31,9 +31,11 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.export._html import (
     PageTheme,
     check_theme,
+    notes_list,
     pack,
     page_config,
     page_header,
+    summary_items,
     write_page,
 )
 from fsdpviz.export._image import IMAGE_FORMATS, write_image
@@ -210,15 +212,8 @@ def _header(tuning: Tuning, heading: str, data: TuneData) -> str:
                     f"{b.total_tokens_per_s:,.0f} in total",
                 )
             )
-    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
-    notes = [n for n in tuning.notes if n]
-    warn = ""
-    if notes:
-        warn = (
-            '<ul class="fv-warnings" aria-label="notes">'
-            + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-            + "</ul>"
-        )
+    items = summary_items(rows)
+    warn = notes_list([n for n in tuning.notes if n], "notes")
     return (
         f'<header><h1>{html.escape(heading)}</h1><dl class="fv-summary">{items}</dl>{warn}</header>'
     )

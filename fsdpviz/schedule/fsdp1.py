@@ -35,7 +35,7 @@ from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, mod
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
-from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, remove_hooks, run_step
 
 
 @dataclass
@@ -163,10 +163,7 @@ def _trace_autograd(
                 iterations.append(runtime.take_events())
             runtime.sync = True
         finally:
-            tracker.remove()
-            emulation.remove()
-            if probe is not None:
-                probe.remove()
+            remove_hooks(tracker, emulation, probe)
     return _Traced(
         iterations,
         runtime,

@@ -33,7 +33,7 @@ from fsdpviz.trace.copy import (
 from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
-from fsdpviz.trace.tracker import ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
 
 
 def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
@@ -110,12 +110,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             with cp.attached() if cp is not None else nullcontext():
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
-            tracker.remove()
-            emulation.remove()
-            if tp is not None:
-                tp.remove()
-            if probe is not None:
-                probe.remove()
+            remove_hooks(tracker, emulation, tp, probe)
     return fsdp2_report(
         copy,
         groups,

@@ -30,7 +30,7 @@ from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
-from fsdpviz.trace.tracker import ModuleTracker, run_step
+from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
 
 Log = list[tuple[str, int, Any]]
 
@@ -198,12 +198,7 @@ def _trace_stage(
             keep_output=True,
         )
     finally:
-        tracker.remove()
-        emulation.remove()
-        if tp is not None:
-            tp.remove()
-        if probe is not None:
-            probe.remove()
+        remove_hooks(tracker, emulation, tp, probe)
         for p in part.parameters():
             p.grad = None
     log = list(runtime.log)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -364,6 +364,20 @@ def describe_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     shown = ", ".join(named[:8]) + (", ..." if len(named) > 8 else "")
     parts.append(f"{type(model).__name__}.forward takes ({shown})")
     return "; ".join(parts)
+
+
+class Removable(Protocol):
+    """What installed hooks and can take them out again (a tracker, an emulation, a probe)."""
+
+    def remove(self) -> None: ...
+
+
+def remove_hooks(*installed: Removable | None) -> None:
+    """Take out the hooks of each of ``installed`` that is there, in order (a step's cleanup,
+    however the step ended)."""
+    for hooks in installed:
+        if hooks is not None:
+            hooks.remove()
 
 
 def run_stored_step(

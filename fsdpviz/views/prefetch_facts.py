@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from fsdpviz.graphs import unit_graph
+from fsdpviz.schema.events import Phase
 from fsdpviz.schema.report import Report
 
 __all__ = ["PrefetchAnalysis", "backward_unit_order", "forward_unit_order", "prefetch_analysis"]
@@ -55,13 +56,7 @@ def backward_unit_order(report: Report, iteration: int = -1) -> list[str]:
     unsharded gathers nothing in backward, but its pre-backward hook runs first).
     """
     units = {u.module for u in report.units}
-    source = report.module_backward_order or [
-        name
-        for e in report.iterations[iteration]
-        if e.phase == "backward"
-        for name in (e.hook_unit if e.hook == "pre_backward" else None, e.unit)
-        if name is not None
-    ]
+    source = report.module_backward_order or _named_units(report, iteration, "backward")
     seen: dict[str, None] = {}
     for name in source:
         if name in units:
@@ -75,17 +70,25 @@ def forward_unit_order(report: Report, iteration: int = -1) -> list[str]:
     them; the root first when it is a unit and neither names it (a root whose own
     parameters are none is never gathered, yet its forward wraps every other)."""
     units = {u.module for u in report.units}
-    source = report.forward_order or [
-        name
-        for e in report.iterations[iteration]
-        if e.phase == "forward"
-        for name in (e.hook_unit if e.hook == "pre_forward" else None, e.unit)
-        if name is not None
-    ]
+    source = report.forward_order or _named_units(report, iteration, "forward")
     order = list(dict.fromkeys(n for n in source if n in units))
     if "" in units and "" not in order:
         order.insert(0, "")
     return order
+
+
+def _named_units(report: Report, iteration: int, phase: Phase) -> list[str]:
+    """The units ``report.iterations[iteration]``'s events of ``phase`` name, in order: an
+    event issued by a unit's pre-hook (``pre_forward``, ``pre_backward``) names that unit
+    before the unit it gathers."""
+    pre_hook = f"pre_{phase}"
+    return [
+        name
+        for e in report.iterations[iteration]
+        if e.phase == phase
+        for name in (e.hook_unit if e.hook == pre_hook else None, e.unit)
+        if name is not None
+    ]
 
 
 def prefetch_analysis(

@@ -96,6 +96,16 @@ def _label(d: TimelineData, unit: int) -> str:
     return f"{d['unit_numbers'][unit]} {name}"
 
 
+def _spans(x0: list[float], x1: list[float], scale: float) -> dict[str, object]:
+    """A horizontal bar trace's ``orientation``, ``base`` and ``x`` for the spans ``x0[i]`` to
+    ``x1[i]``, drawn ``scale`` times their length (the time unit's)."""
+    return {
+        "orientation": "h",
+        "base": [x * scale for x in x0],
+        "x": [(b - a) * scale for a, b in zip(x0, x1, strict=True)],
+    }
+
+
 def _add_compute(
     fig: go.Figure, d: TimelineData, category: dict[int, str], scale: float, c: dict[str, str]
 ) -> None:
@@ -107,9 +117,7 @@ def _add_compute(
         fig.add_trace(
             go.Bar(
                 name="compute (forward solid, backward pale)",
-                orientation="h",
-                base=[x * scale for x in comp["x0"]],
-                x=[(b - a) * scale for a, b in zip(comp["x0"], comp["x1"], strict=True)],
+                **_spans(comp["x0"], comp["x1"], scale),
                 y=[category[lane_of[g]] for g in comp["group"]],
                 marker={
                     "color": [d["colors"][u] for u in comp["unit"]],
@@ -135,9 +143,7 @@ def _add_compute(
         fig.add_trace(
             go.Bar(
                 name="compute waiting for communication (exposed)",
-                orientation="h",
-                base=[x * scale for x in waits["x0"]],
-                x=[(b - a) * scale for a, b in zip(waits["x0"], waits["x1"], strict=True)],
+                **_spans(waits["x0"], waits["x1"], scale),
                 y=[category[lane_of[g]] for g in waits["group"]],
                 marker={
                     "color": c["wait_fill"],

@@ -1,7 +1,15 @@
 // What the explorer and the prefetch graph share: a root element holding a canvas and
 // its hover box, errors shown under the view instead of lost, and the pointer, the view's
 // width and the page's theme bound to what each view does with them.
-import { bindControlKeys, bindPointer, element, guarded, showViewError, Tooltip } from "./dom";
+import {
+  bindControlKeys,
+  bindPointer,
+  element,
+  guarded,
+  showViewError,
+  Tooltip,
+  zoomButtons,
+} from "./dom";
 import { watchTheme } from "./theme";
 
 export abstract class CanvasView {
@@ -59,6 +67,22 @@ export abstract class CanvasView {
   protected abstract wheelAt(x: number, factor: number, y: number): void;
   /** What a key does on the canvas, if anything. */
   protected abstract keyAction(key: string): (() => void) | undefined;
+  /** Zoom by `factor` (> 1: show more) around the middle. */
+  abstract zoom(factor: number): void;
+
+  /** The view's zoom buttons (−, +, "all": `showAll`; see `zoomButtons`), titled `titles`. */
+  protected zoomBar(titles: [string, string, string], showAll: () => void): HTMLElement {
+    const bar = element("span", "fv-zoom");
+    bar.append(
+      ...zoomButtons(
+        titles,
+        (factor) => this.zoom(factor),
+        showAll,
+        (fn) => this.guard(fn),
+      ),
+    );
+    return bar;
+  }
 
   /** Mouse, wheel and keys on the canvas, the root's width and the page's theme. */
   protected listen(): void {

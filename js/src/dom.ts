@@ -21,6 +21,29 @@ export function button(label: string, title: string, onClick: () => void): HTMLB
   return b;
 }
 
+/** A view's zoom buttons, titled `titles` in order: − (twice as much shown), + (half as
+ * much) and "all" (`showAll`), each run through `guard`. */
+export function zoomButtons(
+  titles: [string, string, string],
+  zoom: (factor: number) => void,
+  showAll: () => void,
+  guard: (fn: () => void) => () => void,
+): HTMLButtonElement[] {
+  return [
+    button(
+      "−",
+      titles[0],
+      guard(() => zoom(2)),
+    ),
+    button(
+      "+",
+      titles[1],
+      guard(() => zoom(0.5)),
+    ),
+    button("all", titles[2], guard(showAll)),
+  ];
+}
+
 /** Give `canvas` `width` x `height` CSS pixels, drawn at the screen's pixel ratio; returns
  * its context scaled to CSS pixels (null where the browser has no 2-D canvas). */
 export function sizeCanvas(

@@ -326,23 +326,13 @@ export class ExplorerView extends CanvasView {
       last = "";
       typed();
     });
-    const zoom = element("span", "fv-zoom");
-    zoom.append(
-      button(
-        "−",
+    const zoom = this.zoomBar(
+      [
         "zoom out across (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(2)),
-      ),
-      button(
-        "+",
         "zoom in across (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(0.5)),
-      ),
-      button(
-        "all",
         "the whole width of the module at the top",
-        this.guard(() => this.showSpan({ a: 0, b: 1 })),
-      ),
+      ],
+      () => this.showSpan({ a: 0, b: 1 }),
     );
     header.append(this.titleEl, this.areaSelect, zoom, find, this.findNote);
     this.crumbs = element("nav", "fv-crumbs");

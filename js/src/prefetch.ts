@@ -6,7 +6,7 @@
 // ctrl/shift + wheel, the buttons or a click in the overview move it. A click on a unit, or
 // on an arc (its target), selects that unit.
 import { CanvasView } from "./canvas_view";
-import { button, dashPattern, element, fitText, sizeCanvas } from "./dom";
+import { dashPattern, element, fitText, sizeCanvas } from "./dom";
 import { moduleName, quote } from "./format";
 import { FONT, type ThemeColors, takeTheme, textOn } from "./theme";
 
@@ -175,23 +175,13 @@ export class PrefetchView extends CanvasView {
     this.titleEl = element("div", "fv-title");
     this.notesEl = element("div", "fv-notes");
     const bar = element("div", "fv-controls");
-    const zoom = element("span", "fv-zoom");
-    zoom.append(
-      button(
-        "−",
+    const zoom = this.zoomBar(
+      [
         "show more units (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(2)),
-      ),
-      button(
-        "+",
         "show fewer units (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(0.5)),
-      ),
-      button(
-        "all",
         "show every unit",
-        this.guard(() => this.showWindow({ u0: 0, u1: this.data.units.length })),
-      ),
+      ],
+      () => this.showWindow({ u0: 0, u1: this.data.units.length }),
     );
     this.legendEl = element("div", "fv-legend");
     bar.append(zoom, this.legendEl);

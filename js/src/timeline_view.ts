@@ -2,7 +2,7 @@
 // (data, window, theme, selection, hover) and its drawing. timeline_widget.ts binds it to the
 // model's traits and to the page.
 import type { AnyModel } from "@anywidget/types";
-import { button, element, guarded, showViewError, Tooltip } from "./dom";
+import { button, element, guarded, showViewError, Tooltip, zoomButtons } from "./dom";
 import { axisTicks, exactBytes, formatBytes, formatSeconds, quote } from "./format";
 import { animationFrames, Player, Throttle } from "./player";
 import { type ThemeColors, takeTheme } from "./theme";
@@ -335,20 +335,11 @@ export class TimelineView {
       order,
       slider,
       speed,
-      button(
-        "−",
-        "zoom out (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(2)),
-      ),
-      button(
-        "+",
-        "zoom in (ctrl/shift + wheel)",
-        this.guard(() => this.zoom(0.5)),
-      ),
-      button(
-        "all",
-        "show the whole run",
-        this.guard(() => this.zoom(Number.POSITIVE_INFINITY)),
+      ...zoomButtons(
+        ["zoom out (ctrl/shift + wheel)", "zoom in (ctrl/shift + wheel)", "show the whole run"],
+        (factor) => this.zoom(factor),
+        () => this.zoom(Number.POSITIVE_INFINITY),
+        (fn) => this.guard(fn),
       ),
     );
     return { bar, slider, playButton, peakButton, speed, order };

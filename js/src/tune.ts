@@ -171,23 +171,15 @@ export class TuneView extends CanvasView {
     const body = element("div", "fv-tune-body");
     this.main = element("div", "fv-tune-main");
     const bar = element("div", "fv-controls");
-    const zoom = element("span", "fv-zoom");
-    zoom.append(
-      button(
-        "−",
+    const zoom = this.zoomBar(
+      [
         "zoom out (−, ctrl/shift + wheel)",
-        this.guard(() => this.zoom(2)),
-      ),
-      button(
-        "+",
         "zoom in (+, ctrl/shift + wheel)",
-        this.guard(() => this.zoom(0.5)),
-      ),
-      button(
-        "all",
         "show every configuration (0)",
-        this.guard(() => this.showWindow(fullWindow(this.data))),
-      ),
+      ],
+      () => this.showWindow(fullWindow(this.data)),
+    );
+    zoom.append(
       button(
         "frontier",
         "zoom to the frontier, the best and the configuration as given",

@@ -2,7 +2,7 @@
 // The explorer on its canvas: the tree's structure, the icicle's layout (every module, a
 // pixel column for the thinnest), what a pointer picks, clicks (zoom in, up, select), the
 // path above it, search and units selected elsewhere brought into view.
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import {
   type ExplorerData,
   ExplorerView,
@@ -13,7 +13,7 @@ import {
   REVEAL_PX,
   ROW_H,
 } from "../src/explorer";
-import { explorerData, fakeContext } from "./fixtures";
+import { explorerData, fakeCanvas, fakeContext } from "./fixtures";
 
 const names = (d: ExplorerData): string[] => d.modules.name;
 const at = (d: ExplorerData, name: string): number => names(d).indexOf(name);
@@ -86,16 +86,7 @@ function centre(view: ExplorerView, name: string): [number, number] {
   return [slot.x + slot.w / 2, slot.y + slot.h / 2];
 }
 
-beforeEach(() => {
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
-});
-
-afterEach(() => {
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
-});
+fakeCanvas();
 
 describe("the module tree", () => {
   it("knows each module's children, depth, levels below it and each unit's module", () => {
@@ -326,17 +317,15 @@ describe("detail panel", () => {
     const { DetailPanel } = await import("../src/detail");
     const panel = new DetailPanel();
     const name = "model.layers.0.post_attention_layernorm.weight";
-    panel.show(
-      {
-        title: "unit 1 'model.layers.0'",
-        facts: "",
-        warnings: [],
-        sections: [
-          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
-        ],
-      },
-      null,
-    );
+    const detail = {
+      title: "unit 1 'model.layers.0'",
+      facts: "",
+      warnings: [],
+      sections: [
+        { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
+      ],
+    };
+    panel.show(detail, null);
     const cell = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
     expect(cell.textContent).toBe(name);
     // a break opportunity after each dot, and only there
@@ -348,17 +337,7 @@ describe("detail panel", () => {
     // numbers stay in sight
     vi.spyOn(HTMLElement.prototype, "clientWidth", "get").mockReturnValue(200);
     vi.spyOn(HTMLElement.prototype, "scrollWidth", "get").mockReturnValue(260);
-    panel.show(
-      {
-        title: "unit 1 'model.layers.0'",
-        facts: "",
-        warnings: [],
-        sections: [
-          { title: "parameters", header: ["name", "numel"], rows: [[name, "512"]], numeric: [1] },
-        ],
-      },
-      null,
-    );
+    panel.show(detail, null);
     const narrow = panel.el.querySelector(".fv-detail-table td") as HTMLElement;
     expect(narrow.textContent).toBe(name);
     expect(narrow.querySelectorAll("wbr").length).toBe(6);

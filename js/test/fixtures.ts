@@ -1,6 +1,7 @@
 // Timeline data as Python makes it (tests/test_views_timeline.py writes and checks these
 // files): the tiny model's prediction placed by the time model, the same laid out by index
 // with no memory lane, a recording of two ranks that diverge, and a pipeline of two ranks.
+import { afterEach, beforeEach, vi } from "vitest";
 import type { ExplorerData } from "../src/explorer";
 import type { PrefetchData } from "../src/prefetch";
 import type { TimelineData } from "../src/timeline_data";
@@ -36,6 +37,30 @@ export function fakeContext(): CanvasRenderingContext2D {
       return true;
     },
   }) as unknown as CanvasRenderingContext2D;
+}
+
+/** jsdom has no canvas: before each test of the file, a context that draws nothing (the marks
+ * are still laid out) and, with `observeResize`, a ResizeObserver that observes nothing; after
+ * each, the stubs and mocks undone and the page emptied. */
+export function fakeCanvas(observeResize = false): void {
+  beforeEach(() => {
+    if (observeResize)
+      vi.stubGlobal(
+        "ResizeObserver",
+        class {
+          observe(): void {}
+          disconnect(): void {}
+        },
+      );
+    vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
+      () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
+    );
+  });
+  afterEach(() => {
+    vi.unstubAllGlobals();
+    vi.restoreAllMocks();
+    document.body.innerHTML = "";
+  });
 }
 
 /** The tiny model's explorer and prefetch graph as Python writes them (explorer_data,

@@ -3,7 +3,7 @@
 // the widget bundle itself, linked as the dashboard links them (the tiny model's data as
 // Python writes it: js/test/data).
 
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import type { ExplorerView } from "../src/explorer";
 import type { ExplorerWidgetView } from "../src/explorer_widget";
 import { nextStepOfUnit, unitOfStep } from "../src/links";
@@ -21,7 +21,7 @@ import {
 import type { PrefetchView } from "../src/prefetch";
 import type { TuneView } from "../src/tune";
 import * as widget from "../src/widget";
-import { explorerData, fakeContext, predicted, prefetchData, tuneData } from "./fixtures";
+import { explorerData, fakeCanvas, predicted, prefetchData, tuneData } from "./fixtures";
 
 function config(): PageConfig {
   return {
@@ -74,24 +74,7 @@ function blockCentre(view: ExplorerView, name: string): [number, number] {
   return [slot.x + slot.w / 2, slot.y + slot.h / 2];
 }
 
-beforeEach(() => {
-  vi.stubGlobal(
-    "ResizeObserver",
-    class {
-      observe(): void {}
-      disconnect(): void {}
-    },
-  );
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
-});
-
-afterEach(() => {
-  vi.unstubAllGlobals();
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
-});
+fakeCanvas(true);
 
 describe("PageModel", () => {
   it("implements get/set/on/off/save_changes/send; emits only real changes", () => {

@@ -2,7 +2,7 @@
 // The prefetch graph on its canvas: its layout (arcs above and below the line as the
 // edges need, names flat or upright), what a pointer picks (units over arcs, every arc by
 // its own line), clicks, the window of a graph of hundreds of units and its overview.
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import {
   arcPoint,
   firstWindow,
@@ -11,7 +11,7 @@ import {
   PrefetchView,
   prefetchLayout,
 } from "../src/prefetch";
-import { fakeContext, prefetchData, prefetchPost } from "./fixtures";
+import { fakeCanvas, prefetchData, prefetchPost } from "./fixtures";
 
 /** `n` units in a chain: forward order along it, each prefetching the one before in backward. */
 function chain(n: number): PrefetchData {
@@ -47,16 +47,7 @@ function mount(data: PrefetchData = prefetchData()) {
   return { el, view, selected };
 }
 
-beforeEach(() => {
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
-});
-
-afterEach(() => {
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
-});
+fakeCanvas();
 
 const measure = (t: string): number => 6 * t.length;
 

@@ -1,7 +1,7 @@
 // @vitest-environment jsdom
 // The tune view on its canvas: its axes, where each configuration is drawn and what a
 // pointer, a click, the keys and the knob table do; bound to a widget's model.
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import { formatBytes } from "../src/format";
 import {
   byteTicks,
@@ -14,7 +14,7 @@ import {
 } from "../src/tune";
 import { type TuneModel, tuneDefaults } from "../src/widget";
 import { mount as mountWidget } from "./fake_model";
-import { fakeContext, tuneData } from "./fixtures";
+import { fakeCanvas, tuneData } from "./fixtures";
 
 function mount(data: TuneData = tuneData()) {
   const el = document.createElement("div");
@@ -24,16 +24,7 @@ function mount(data: TuneData = tuneData()) {
   return { el, view, selected };
 }
 
-beforeEach(() => {
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
-});
-
-afterEach(() => {
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
-});
+fakeCanvas();
 
 const press = (view: TuneView, key: string): void => {
   view.canvas.dispatchEvent(new KeyboardEvent("keydown", { key }));

@@ -3,13 +3,13 @@
 // both as anywidget renders them: a click selects and saves once without being shown twice,
 // Python's selection is shown, `busy` dims the view, an error in a callback reaches `error`,
 // and removing the widget leaves no listener on the model.
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { CanvasView } from "../src/canvas_view";
 import type { PrefetchView } from "../src/prefetch";
 import type { TuneView } from "../src/tune";
 import { prefetchDefaults, tuneDefaults } from "../src/widget";
 import { mount } from "./fake_model";
-import { fakeContext, prefetchData, tuneData } from "./fixtures";
+import { fakeCanvas, prefetchData, tuneData } from "./fixtures";
 
 interface Case {
   name: string;
@@ -64,24 +64,7 @@ const CASES: Case[] = [
   },
 ];
 
-beforeEach(() => {
-  vi.stubGlobal(
-    "ResizeObserver",
-    class {
-      observe(): void {}
-      disconnect(): void {}
-    },
-  );
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
-});
-
-afterEach(() => {
-  vi.unstubAllGlobals();
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
-});
+fakeCanvas(true);
 
 describe.each(CASES)("the $name widget's binding to its model", (c) => {
   const setup = () => {

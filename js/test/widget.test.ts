@@ -2,7 +2,7 @@
 // The anywidget front end in a DOM: controls step the view and sync `step`, Python's
 // `step` moves the view, a click on an event sets `selected_unit`.
 
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { beforeEach, describe, expect, it, vi } from "vitest";
 import type { ExplorerWidgetView } from "../src/explorer_widget";
 import { formatBytes, formatSeconds } from "../src/format";
 import type { PrefetchView } from "../src/prefetch";
@@ -17,7 +17,7 @@ import {
   timelineDefaults,
 } from "../src/widget";
 import { mount } from "./fake_model";
-import { byIndex, explorerData, fakeContext, predicted, prefetchData, recorded } from "./fixtures";
+import { byIndex, explorerData, fakeCanvas, predicted, prefetchData, recorded } from "./fixtures";
 
 function setup(data = byIndex()) {
   return mount<TimelineModel>({ ...timelineDefaults(data) });
@@ -29,27 +29,12 @@ const buttonTitled = (el: HTMLElement, title: string): HTMLButtonElement => {
   return b;
 };
 
+fakeCanvas(true);
+
 beforeEach(() => {
-  vi.stubGlobal(
-    "ResizeObserver",
-    class {
-      observe(): void {}
-      disconnect(): void {}
-    },
-  );
-  // jsdom has no canvas: a context that draws nothing (the marks are still laid out).
-  vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockImplementation(
-    () => fakeContext() as unknown as ReturnType<HTMLCanvasElement["getContext"]>,
-  );
   vi.spyOn(HTMLCanvasElement.prototype, "getBoundingClientRect").mockReturnValue(
     new DOMRect(0, 0, 1000, 400),
   );
-});
-
-afterEach(() => {
-  vi.unstubAllGlobals();
-  vi.restoreAllMocks();
-  document.body.innerHTML = "";
 });
 
 /** The view behind a rendered widget (the root element carries it, for tests). */
