@@ -373,6 +373,25 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
             _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 
+def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
+    """FSDP over one rank with every rank tensor parallel (KempnerForge's "TP alone", a
+    dp_shard of 1 kept in the mesh): the configuration as given is evaluated, as analyze
+    plans it, beside the meshes tune would try."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 1, "tp", 2),
+        parallelize_plan=_tp_plan(),
+        knobs=("mesh",),
+        progress=False,
+        workers=1,
+    )
+    assert t.user.knobs["mesh"] == "2 ranks (FSDP 1 x TP 2)"
+    assert {c.knobs["mesh"] for c in t.candidates} == {"2 ranks", "2 ranks (FSDP 1 x TP 2)"}
+    _same(fsdpviz.analyze(_model(), t.user.inputs, machine="h100", **t.user.kwargs), t.user.report)
+
+
 def test_accumulation_under_tensor_parallelism_is_traced() -> None:
     """Gradient accumulation with tensor parallelism (KempnerForge's FSDP x TP with
     ``set_requires_gradient_sync(False)``): a replay recomputes no tensor-parallel shard, so

@@ -166,7 +166,9 @@ class MeshChoices:
         n_heads = heads(self.model)
         degree = 2
         while degree <= max(node, tp):
-            fits = ws % degree == 0 and ws > degree and (not n_heads or n_heads % degree == 0)
+            # all ranks tensor parallel (FSDP over one rank) only where the user's mesh is so
+            whole = ws > degree or degree == tp
+            fits = ws % degree == 0 and whole and (not n_heads or n_heads % degree == 0)
             if fits and (degree <= node or degree == tp):
                 kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
                 label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
