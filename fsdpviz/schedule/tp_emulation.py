@@ -39,7 +39,8 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-from fsdpviz.trace.probe import CostProbe, TPShares
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.probe_records import TPShares
 
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}

@@ -49,106 +49,39 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
-from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
+from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
+from fsdpviz.trace.probe_records import (
+    ACT,
+    BWD_TEMP,
+    FWD_TEMP,
+    GRAD,
+    CompiledLoss,
+    MarkingLog,
+    Stretch,
+    TPShares,
+    storage_bytes,
+    storage_of,
+)
 from fsdpviz.trace.recomputation import recomputing
 from fsdpviz.trace.tracker import ModuleTracker
 
-# Kinds of live storage; ``CostProbe.live`` is indexed by them.
-_FWD_TEMP, _ACT, _GRAD, _BWD_TEMP = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class TPShares:
-    """What a rank of a tensor-parallel group of ``size`` holds: the parameters the plan
-    shards, and the modules whose operators give whole tensors on every rank
-    (``RowwiseParallel``: partial sums before their reduction)."""
-
-    size: int
-    sharded_params: frozenset[torch.nn.Parameter]
-    whole_outputs: frozenset[str]
-
-
-# Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.
 _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
-@dataclass
-class _Stretch:
-    kernels: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
-    flops_forward: float = 0.0
-    flops_backward: float = 0.0
-    peak: int = 0
-    peak_activations: int = 0
-    peak_forward_temp: int = 0
-    peak_grads: int = 0
-    grad_bytes: int = 0
-    grads: dict[str, int] = field(default_factory=dict)
-    # the most activations + temp reached, new gradients left out: what a step that adds its
-    # gradients into existing ones in place reaches (each is freed once added)
-    peak_in_place: tuple[int, int, int] = (0, 0, 0)
-
-
-@dataclass
-class _CompiledLoss:
-    """The compiled loss while it runs: the storages it made that are not written out yet
-    (``id(storage) -> [bytes, kind, weakref, shape, dtype]``), those of them eager
-    autograd saved, and the values torch's partitioner keeps that eager does not make."""
-
-    scope: ModuleScope
-    pending: dict[int, list[Any]] = field(default_factory=dict)
-    saved: set[int] = field(default_factory=set)
-    extras: list[torch.Tensor] = field(default_factory=list)
-    forward_done: bool = False
-
-    def captures(self) -> bool:
-        """Whether a storage made now stays inside the compiled loss's kernels."""
-        if torch._C._current_graph_task_id() == -1:
-            return self.scope.depth > 0
-        return self.forward_done and self.scope.active()
-
-
-class _MarkingLog(list[Any]):
-    """The runtime's hook log; every append records a mark first."""
-
-    def __init__(self, items: list[Any], on_append: Callable[[Any], None]) -> None:
-        super().__init__(items)
-        self._on_append = on_append
-
-    def append(self, item: Any) -> None:
-        self._on_append(item)
-        super().append(item)
-
-
-def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse or opaque tensors
-        return None
-
-
-def _nbytes(tensors: Any) -> int:
-    seen: dict[int, int] = {}
-    for t in tree_leaves(tensors):
-        if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None:
-            seen[id(st)] = st.nbytes()
-    return sum(seen.values())
-
-
-class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts activation/temp/gradient bytes and FLOPs of one traced step.
 
     ``grad_owner`` maps each leaf parameter whose ``.grad`` FSDP reduces (FSDP1:
@@ -170,7 +103,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
-        self._loss: _CompiledLoss | None = None
+        self._loss: CompiledLoss | None = None
         tracker.call_loss = self._call_loss  # a loss given as torch.compile(loss_fn)
         self._compiled = ModuleScope("compiled", compiled)
         self._float8 = ModuleScope("float8", float8) if float8 else None
@@ -192,7 +125,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._external: set[int] = set()
         self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
         self.live = [0, 0, 0, 0]  # bytes by kind
-        self._stretch = _Stretch()
+        self._stretch = Stretch()
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._measuring = False
@@ -202,7 +135,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._record_modules = True
         self.input_bytes = 0
         self.tokens = 0
-        self.buffer_bytes = _nbytes(buffers)
+        self.buffer_bytes = storage_bytes(buffers)
         self._handles = [
             p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                 functools.partial(self._grad_ready, name)
@@ -214,23 +147,23 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # ------------------------------------------------------------ attaching
     def attach(self, runtime: Any) -> None:
         """Measure every ``run_step`` of the tracker; mark every hook call of ``runtime``."""
-        runtime.log = _MarkingLog(list(runtime.log), self._on_hook)
+        runtime.log = MarkingLog(list(runtime.log), self._on_hook)
         self._count_events = lambda: len(runtime.events)
         self._tracker.measure = self.step
 
     @contextmanager
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
-        self.input_bytes = _nbytes(inputs)
+        self.input_bytes = storage_bytes(inputs)
         self.tokens = batch_tokens(inputs)
         self._external = {
             id(st)
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
-            if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None
+            if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
         }
         if self._tp is not None:
             self._sharded = {
-                id(st) for p in self._tp.sharded_params if (st := _storage(p)) is not None
+                id(st) for p in self._tp.sharded_params if (st := storage_of(p)) is not None
             } | self._given
         self._stretch = self._new_stretch()
         self._measuring = True
@@ -317,7 +250,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._given = {
             id(st)
             for t in tree_leaves(tensors)
-            if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None
+            if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
         }
 
     def local_bytes(self, tensors: Any) -> int:
@@ -331,7 +264,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return total
 
     def _is_share(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and id(_storage(t)) in self._sharded
+        return isinstance(t, torch.Tensor) and id(storage_of(t)) in self._sharded
 
     def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether one rank holds 1/tp of what ``func`` makes (see the module's docstring)."""
@@ -460,7 +393,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return float8_gemm(bool(backward), first, recipe)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
-        st = _storage(t)
+        st = storage_of(t)
         if st is None:
             return
         key = id(st)
@@ -475,9 +408,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if sharded and t.dim() > 0:  # a scalar is whole on every rank
             self._sharded.add(key)
             n //= self.tp_ranks
-        kind = _FWD_TEMP
+        kind = FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
-            kind = _ACT if recomputing() else _BWD_TEMP
+            kind = ACT if recomputing() else BWD_TEMP
         if loss is not None and loss.captures():  # written out only if it leaves the kernels
             gone = functools.partial(self._pending_freed, loss, key)
             loss.pending[key] = [n, kind, weakref.ref(st, gone), tuple(t.shape), t.dtype]
@@ -491,13 +424,6 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.live[kind] += n
         self._bump_peak()
 
-    def _pending_freed(self, loss: _CompiledLoss, key: int, ref: Any) -> None:
-        entry = loss.pending.get(key)
-        if entry is not None and entry[2] is ref:
-            del loss.pending[key]
-            loss.saved.discard(key)
-            self._sharded.discard(key)
-
     def _fusing(self) -> bool:
         """Whether the operator running now is Inductor's to fuse: in the compiled modules or
         in a compiled loss (forward or backward)."""
@@ -508,102 +434,15 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return False
         return loss.scope.depth > 0 or (loss.forward_done and loss.scope.active())
 
-    # ------------------------------------------------------ the compiled loss
-    def _call_loss(self, fn: Callable[[Any], torch.Tensor], output: Any) -> torch.Tensor:
-        """Run the loss as ``torch.compile`` would hold its memory (see
-        :mod:`fsdpviz.trace.compiled_saves`): inside it only what its kernels write out
-        counts, and between forward and backward only what torch's partitioner saves."""
-        leaves, spec = tree_flatten(output)
-        where = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
-        tensors = [leaves[i] for i in where]
-
-        def on_tensors(*ts: torch.Tensor) -> torch.Tensor:
-            args = list(leaves)
-            for i, t in zip(where, ts, strict=True):
-                args[i] = t
-            return fn(tree_unflatten(args, spec))
-
-        saves = partitioner_saves(on_tensors, tensors) if self._measuring else None
-        if saves is None:
-            return fn(output)
-        self._end_loss()
-        loss = self._loss = _CompiledLoss(ModuleScope("compiled_loss", ()))
-        loss.scope.enter()
-        try:
-            result = fn(output)
-        except BaseException:
-            loss.scope.leave(None)
-            self._end_loss()
-            raise
-        loss.scope.leave(result)
-        self._loss_saves(loss, saves, tensors)
-        return result
-
-    def _loss_saves(
-        self, loss: _CompiledLoss, saves: PartitionSaves, tensors: list[torch.Tensor]
-    ) -> None:
-        """The compiled loss's forward is over: hold what the partitioner saves."""
-        for i in saves.inputs:  # its inputs it keeps, held until its backward
-            st = _storage(tensors[i])
-            rec = None if st is None else self._live.get(id(st))
-            if rec is not None and rec[1] == _FWD_TEMP:
-                self.live[_FWD_TEMP] -= rec[0]
-                rec[1] = _ACT
-                self.live[_ACT] += rec[0]
-        # its intermediates: those eager autograd saved of the same shape and dtype, the
-        # others as tensors of their own, held until its backward is over
-        wanted = list(saves.values)
-        for key in sorted(loss.saved):
-            entry = loss.pending[key]
-            if (entry[3], entry[4]) in wanted:
-                wanted.remove((entry[3], entry[4]))
-                self._write_out(loss, key, _ACT)
-        share = any(self._is_share(t) for t in tensors)
-        for shape, dtype in wanted:
-            with _disable_current_modes():
-                t = torch.empty(shape, dtype=dtype, device="meta")
-            loss.extras.append(t)
-            st = t.untyped_storage()
-            n = st.nbytes() // self.tp_ranks if share and t.dim() > 0 else st.nbytes()
-            self._hold(st, id(st), n, _ACT)
-        # what it returns (the loss) and whatever else it left alive, but what only eager
-        # autograd would have saved
-        for key in list(loss.pending):
-            if key not in loss.saved:
-                self._write_out(loss, key, loss.pending[key][1])
-        loss.pending.clear()
-        loss.saved.clear()
-        loss.forward_done = True
-
-    def _write_out(self, loss: _CompiledLoss, key: int, kind: int) -> None:
-        """A storage the compiled loss made leaves its kernels: count it from now on."""
-        n, _, ref = loss.pending.pop(key)[:3]
-        loss.saved.discard(key)
-        st = ref()
-        if st is not None:
-            self._hold(st, key, n, kind)
-
-    def _end_loss(self) -> None:
-        """The compiled loss's backward is over: what its kernels return is written out
-        (its gradients), what it saved is freed."""
-        loss, self._loss = self._loss, None
-        if loss is None:
-            return
-        for key in list(loss.pending):
-            if key not in loss.saved:
-                self._write_out(loss, key, loss.pending[key][1])
-        loss.pending.clear()
-        loss.extras.clear()
-
     def _bump_peak(self) -> None:
         s, live = self._stretch, self.live
-        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
+        held = live[ACT] + live[FWD_TEMP] + live[BWD_TEMP]
         now = held + s.grad_bytes
         if now > s.peak:
             s.peak, s.peak_grads = now, s.grad_bytes
-            s.peak_activations, s.peak_forward_temp = live[_ACT], live[_FWD_TEMP]
+            s.peak_activations, s.peak_forward_temp = live[ACT], live[FWD_TEMP]
         if held > s.peak_in_place[0]:
-            s.peak_in_place = (held, live[_ACT], live[_FWD_TEMP])
+            s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
 
     def _freed(self, key: int, ref: Any) -> None:
         rec = self._live.get(key)
@@ -614,16 +453,16 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.live[rec[1]] -= rec[0]
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        st = _storage(t)
+        st = storage_of(t)
         rec = None if st is None else self._live.get(id(st))
         loss = self._loss
         if rec is None and loss is not None and st is not None and id(st) in loss.pending:
             loss.saved.add(id(st))  # the partitioner decides when the loss's forward ends
             return t
-        if rec is not None and rec[1] in (_FWD_TEMP, _BWD_TEMP):
+        if rec is not None and rec[1] in (FWD_TEMP, BWD_TEMP):
             self.live[rec[1]] -= rec[0]
-            rec[1] = _ACT
-            self.live[_ACT] += rec[0]
+            rec[1] = ACT
+            self.live[ACT] += rec[0]
             if self._record_modules and torch._C._current_graph_task_id() == -1:
                 name = self._tracker.stack[-1] if self._tracker.stack else ""
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
@@ -631,7 +470,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _grad_ready(self, owner: str, p: torch.Tensor) -> None:
         grad = p.grad
-        st = None if grad is None else _storage(grad)
+        st = None if grad is None else storage_of(grad)
         if st is None:
             return
         key = id(st)
@@ -642,12 +481,12 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             n //= self.tp_ranks
         if rec is None:
             ref = weakref.ref(st, functools.partial(self._freed, key))
-            rec = self._live[key] = [n, _GRAD, ref]
-            self.live[_GRAD] += rec[0]
-        elif rec[1] != _GRAD or rec[0] != n:
+            rec = self._live[key] = [n, GRAD, ref]
+            self.live[GRAD] += rec[0]
+        elif rec[1] != GRAD or rec[0] != n:
             self.live[rec[1]] -= rec[0]
-            rec[0], rec[1] = n, _GRAD
-            self.live[_GRAD] += n
+            rec[0], rec[1] = n, GRAD
+            self.live[GRAD] += n
         prev_key, prev_bytes = self._param_grad.get(id(p), (None, 0))
         if prev_key == key:
             return  # accumulated in place
@@ -665,9 +504,9 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
             [[*key, int(n), int(b)] for key, (n, b) in s.kernels.items()] + self._fused.take(),
             s.flops_forward,
             s.flops_backward,
-            live[_ACT],
-            live[_FWD_TEMP],
-            live[_BWD_TEMP],
+            live[ACT],
+            live[FWD_TEMP],
+            live[BWD_TEMP],
             s.peak,
             s.peak_activations,
             s.peak_forward_temp,
@@ -680,14 +519,14 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._stretch = self._new_stretch()
         return mark
 
-    def _new_stretch(self) -> _Stretch:
+    def _new_stretch(self) -> Stretch:
         live = self.live
-        held = live[_ACT] + live[_FWD_TEMP] + live[_BWD_TEMP]
-        return _Stretch(
+        held = live[ACT] + live[FWD_TEMP] + live[BWD_TEMP]
+        return Stretch(
             peak=held,
-            peak_activations=live[_ACT],
-            peak_forward_temp=live[_FWD_TEMP],
-            peak_in_place=(held, live[_ACT], live[_FWD_TEMP]),
+            peak_activations=live[ACT],
+            peak_forward_temp=live[FWD_TEMP],
+            peak_in_place=(held, live[ACT], live[FWD_TEMP]),
         )
 
     def _on_hook(self, entry: Any) -> None:
@@ -705,7 +544,7 @@ class CostProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """The unit's gradient is reduced now: stop counting it (the model does)."""
         for p in self._by_unit.get(unit, []):
             self._param_grad.pop(id(p), None)
-            st = None if p.grad is None else _storage(p.grad)
+            st = None if p.grad is None else storage_of(p.grad)
             rec = None if st is None else self._live.pop(id(st), None)
             if rec is not None:
                 self.live[rec[1]] -= rec[0]

@@ -1,0 +1,109 @@
+"""What :class:`~fsdpviz.trace.probe.CostProbe` keeps while it counts: the kinds of live
+storage it holds, a stretch's counts between two hook calls (:class:`Stretch`), a compiled
+loss while it runs (:class:`CompiledLoss`), tensor parallelism's shares (:class:`TPShares`),
+the hook log that marks each call (:class:`MarkingLog`), and a tensor's storage bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from fsdpviz.trace.fusion import ModuleScope
+
+__all__ = [
+    "ACT",
+    "BWD_TEMP",
+    "FWD_TEMP",
+    "GRAD",
+    "CompiledLoss",
+    "MarkingLog",
+    "Stretch",
+    "TPShares",
+    "storage_bytes",
+    "storage_of",
+]
+
+# Kinds of live storage; ``CostProbe.live`` is indexed by them.
+FWD_TEMP, ACT, GRAD, BWD_TEMP = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class TPShares:
+    """What a rank of a tensor-parallel group of ``size`` holds: the parameters the plan
+    shards, and the modules whose operators give whole tensors on every rank
+    (``RowwiseParallel``: partial sums before their reduction)."""
+
+    size: int
+    sharded_params: frozenset[torch.nn.Parameter]
+    whole_outputs: frozenset[str]
+
+
+# Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.
+
+
+@dataclass
+class Stretch:
+    kernels: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    flops_forward: float = 0.0
+    flops_backward: float = 0.0
+    peak: int = 0
+    peak_activations: int = 0
+    peak_forward_temp: int = 0
+    peak_grads: int = 0
+    grad_bytes: int = 0
+    grads: dict[str, int] = field(default_factory=dict)
+    # the most activations + temp reached, new gradients left out: what a step that adds its
+    # gradients into existing ones in place reaches (each is freed once added)
+    peak_in_place: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass
+class CompiledLoss:
+    """The compiled loss while it runs: the storages it made that are not written out yet
+    (``id(storage) -> [bytes, kind, weakref, shape, dtype]``), those of them eager
+    autograd saved, and the values torch's partitioner keeps that eager does not make."""
+
+    scope: ModuleScope
+    pending: dict[int, list[Any]] = field(default_factory=dict)
+    saved: set[int] = field(default_factory=set)
+    extras: list[torch.Tensor] = field(default_factory=list)
+    forward_done: bool = False
+
+    def captures(self) -> bool:
+        """Whether a storage made now stays inside the compiled loss's kernels."""
+        if torch._C._current_graph_task_id() == -1:
+            return self.scope.depth > 0
+        return self.forward_done and self.scope.active()
+
+
+class MarkingLog(list[Any]):
+    """The runtime's hook log; every append records a mark first."""
+
+    def __init__(self, items: list[Any], on_append: Callable[[Any], None]) -> None:
+        super().__init__(items)
+        self._on_append = on_append
+
+    def append(self, item: Any) -> None:
+        self._on_append(item)
+        super().append(item)
+
+
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The storage under ``t``, or None for sparse or opaque tensors."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse or opaque tensors
+        return None
+
+
+def storage_bytes(tensors: Any) -> int:
+    """Bytes of the storages under ``tensors`` (a pytree), each storage once."""
+    seen: dict[int, int] = {}
+    for t in tree_leaves(tensors):
+        if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None:
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
