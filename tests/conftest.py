@@ -3,8 +3,12 @@ one JupyterLab (server, page, kernel) for every browser suite of the session."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,6 +24,19 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FAKE_WORLD_SIZE = 4
+
+
+@pytest.fixture(scope="session")
+def bench_published() -> ModuleType:
+    """``benchmarks/bench_published.py`` as a module: the published runs as it rebuilds them
+    (their plans and machines), for tests that check a rebuild against torch or a source."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_published.py"
+    spec = importlib.util.spec_from_file_location("bench_published", path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.setdefault("bench_published", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "ROWS"):
+        spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -122,8 +123,11 @@ def test_tensor_parallel_collectives_of_torchtitans_plan() -> None:
     assert report.config.world_size == 4 and report.config.shard_world_size == 2
 
 
-def test_a_plan_without_prepare_module_input_matches_dtensor(fake_pg: int) -> None:
-    """Each projection its own ``ColwiseParallel(input_layouts=Shard(1))``: q, k, v (and the
+def test_a_plan_without_prepare_module_input_matches_dtensor(
+    fake_pg: int, bench_published: ModuleType
+) -> None:
+    """KempnerForge's plan as benchmarks/bench_published.py rebuilds it, each projection its
+    own ``ColwiseParallel(input_layouts=Shard(1))``: q, k, v (and the
     MLP's w1, w3) each all-gather the norm's sequence-sharded output in forward and each
     reduce-scatter its gradient in backward; the replicated embedding output's chunk for the
     first norm all-gathers its gradient back. Compared with what DTensor issues on the fake
@@ -138,7 +142,7 @@ def test_a_plan_without_prepare_module_input_matches_dtensor(fake_pg: int) -> No
     mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = tp_models.Llama()
-    parallelize_module(model, mesh["tp"], tp_models.per_projection_plan())
+    parallelize_module(model, mesh["tp"], bench_published.kempner_tp_plan())
     tp_models.rewrap_block_outputs(model, mesh["tp"])
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp"])
@@ -150,7 +154,7 @@ def test_a_plan_without_prepare_module_input_matches_dtensor(fake_pg: int) -> No
     torch.manual_seed(0)
     report = fsdpviz.analyze(
         tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
-        mesh=("dp", 2, "tp", 2), parallelize_plan=tp_models.per_projection_plan(),
+        mesh=("dp", 2, "tp", 2), parallelize_plan=bench_published.kempner_tp_plan(),
         progress=False,
     )  # fmt: skip
     steady = [e for e in report.iterations[1] if e.tensor_parallel]

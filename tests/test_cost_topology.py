@@ -3,10 +3,7 @@ lays its ranks out (HSDP: shard inside a node, replicate across; FSDP x TP: tp i
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -202,22 +199,14 @@ def test_mi300x_infinity_fabric_joins_each_pair_directly() -> None:
     assert not machine("h100").intra_node_mesh
 
 
-def _bench_published() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_published.py"
-    spec = importlib.util.spec_from_file_location("bench_published", path)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.setdefault("bench_published", importlib.util.module_from_spec(spec))
-    if not hasattr(module, "ROWS"):
-        spec.loader.exec_module(module)
-    return module
-
-
-def test_kempner_network_per_gpu_gives_its_profiled_collectives() -> None:
+def test_kempner_network_per_gpu_gives_its_profiled_collectives(
+    bench_published: ModuleType,
+) -> None:
     """KempnerForge's profile of a 13B FSDP 6 x TP 4 run (nodes of 4 H200, each data-parallel
     ring one rank per node) times FSDP2's all-gathers and reduce-scatters of a step: the
     bench's network for its runs (200 Gb/s per GPU) gives their sum within 10%; 400 Gb/s per
     GPU, what ``ib-ndr`` gives a GPU, under half of it."""
-    bench = _bench_published()
+    bench = bench_published
     base = machine("h200", network="nvlink4+ib-ndr")
     measured = sum(bench.KEMPNER_PROFILE_STEP_S.values())
 

@@ -109,29 +109,6 @@ def whole_plan() -> dict[str, Any]:
     return {**top_plan(), **{f"layers.*.{k}": v for k, v in block_plan().items()}}
 
 
-def per_projection_plan() -> dict[str, Any]:
-    """A plan without ``PrepareModuleInput`` (KempnerForge's ``apply_tensor_parallel``): each
-    projection redistributes the sequence-parallel norm's output itself, the token embedding
-    stays replicated and its output becomes a replicated DTensor."""
-    from torch.distributed.tensor.parallel import PrepareModuleOutput
-
-    colwise = ColwiseParallel(input_layouts=Shard(1))
-    rowwise = RowwiseParallel(output_layouts=Shard(1))
-    block = {
-        "attention_norm": SequenceParallel(), "attention.wq": colwise, "attention.wk": colwise,
-        "attention.wv": colwise, "attention.wo": rowwise, "ffn_norm": SequenceParallel(),
-        "feed_forward.w1": colwise, "feed_forward.w3": colwise, "feed_forward.w2": rowwise,
-    }  # fmt: skip
-    return {
-        "tok_embeddings": PrepareModuleOutput(
-            output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False
-        ),
-        **{f"layers.*.{k}": v for k, v in block.items()},
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    }
-
-
 def rewrap_block_outputs(model: Llama, tp_mesh: Any) -> None:
     """KempnerForge's forward hooks: the attention's and MLP's plain outputs made
     sequence-sharded DTensors again for the residual add (``DTensor.from_local``)."""
