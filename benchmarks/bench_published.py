@@ -399,6 +399,86 @@ class _Loss:
         return out
 
 
+class _XentropyFunction(torch.autograd.Function):
+    """flash-attn's ``SoftmaxCrossEntropyLossFn`` (``flash_attn/losses/cross_entropy.py``,
+    the ``xentropy_cuda_lib`` kernels, v1.0.9 and v2.3.2, llm-foundry's pins) as memory and
+    kernels see it: the forward reads the logits as they are (bf16) and returns each row's
+    loss and log-sum-exp in float32, saving the logits, the log-sum-exp and the labels; the
+    backward reads the logits and writes their gradient into a new tensor of their dtype
+    (``inplace_backward=False``, ``CrossEntropyLoss``'s default). No float32 copy of the
+    logits is made."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        lse = logits.amax(-1).float()  # one pass over the logits; a float32 per row
+        ctx.save_for_backward(logits, lse, labels)
+        return lse.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, lse, _ = ctx.saved_tensors
+        scale = (grad * lse).to(logits.dtype).unsqueeze(-1)
+        return logits * scale, None  # one pass: read the logits, write their gradient
+
+
+class _ComposerMptLoss:
+    """llm-foundry's MPT step as Composer (v0.16) runs it, from the logits on:
+
+    - the loss, ``loss_fn: fused_crossentropy`` (``ComposerMPTCausalLM``'s default:
+      flash-attn's ``CrossEntropyLoss(ignore_index=-100)``) of the logits as the tied
+      unembedding gives them (bf16), averaged over the tokens;
+    - the model's outputs held by the trainer (``state.outputs``) until the micro-batch's
+      backward is done;
+    - then its train metrics (``use_train_metrics``, default True: ``LanguageCrossEntropy``
+      and ``LanguagePerplexity``), updated after each micro-batch's backward
+      (``Trainer._eval_train_metrics``, which reuses those outputs): each a
+      ``torch.nn.CrossEntropyLoss(reduction='sum')`` of the logits under the ``amp_bf16``
+      autocast, where cross-entropy runs in float32 (torch's autocast op list), without
+      gradients.
+
+    The metrics run in the backward of the token embedding's output (:meth:`embedded`), the
+    last activation gradient of the micro-batch, once the blocks' activations are freed."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+        self.outputs: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        self.outputs = logits
+        labels = self.labels[: logits.shape[0]].flatten()
+        losses = _XentropyFunction.apply(logits.flatten(0, 1), labels)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = losses.sum() / labels.numel()
+        return out
+
+    def metrics(self) -> None:
+        logits, self.outputs = self.outputs, None
+        if logits is None:
+            return
+        labels = self.labels[: logits.shape[0]].flatten()
+        with torch.no_grad():
+            for _ in ("LanguageCrossEntropy", "LanguagePerplexity"):
+                F.cross_entropy(logits.flatten(0, 1).float(), labels, reduction="sum")
+
+    def embedded(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        """The token embedding's forward hook: its output, whose gradient runs the metrics."""
+        out: torch.Tensor = _AfterBackward.apply(output, self.metrics)  # type: ignore[no-untyped-call]
+        return out
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity whose backward calls ``then`` (Composer's work after ``loss.backward()``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, then: Any) -> torch.Tensor:
+        ctx.then = then
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.then()
+        return grad, None
+
+
 @dataclass
 class Job:
     """A row as a user hands it to :func:`fsdpviz.analyze` or :func:`fsdpviz.tune`: the model
@@ -618,8 +698,11 @@ def _mpt(row: Row, size: str) -> _Recipe:
     ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
     labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
     reduce = torch.float32 if row.mixed == "DEFAULT" else torch.bfloat16
+    loss = _ComposerMptLoss(labels)
+    # a function, not the bound method: analyze's copy of the model keeps the same loss
+    model.wte.register_forward_hook(lambda module, args, out: loss.embedded(module, args, out))
     kwargs: dict[str, Any] = dict(
-        loss=_Loss(labels),
+        loss=loss,
         auto_wrap_policy=ModuleWrapPolicy({MptBlock}),
         sharding_strategy=ShardingStrategy[row.sharding],
         backward_prefetch=BackwardPrefetch.BACKWARD_POST,  # Composer's default
