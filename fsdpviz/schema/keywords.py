@@ -10,7 +10,8 @@ fsdpviz accepts besides (FSDP2's explicit prefetch maps, ``fully_shard=``'s targ
 (:class:`ViewKwargs`), and over them the keywords of ``show()`` (a report's
 :class:`DashboardKwargs`, a recorded run's :class:`ShowKwargs`, a comparison's
 :class:`TimelineKwargs`, a tuning's :class:`TuneShowKwargs`), of ``save()``
-(:class:`SaveKwargs`, :class:`PageKwargs`, :class:`TuneSaveKwargs`) and of
+(:class:`SaveKwargs`, :class:`PageKwargs`, :class:`ReportFileKwargs`,
+:class:`TuneSaveKwargs`) and of
 ``_repr_mimebundle_`` (IPython's :class:`MimeBundleKwargs`).
 
 A keyword whose value is a type of a layer above the data types (``memory=``'s
@@ -175,11 +176,17 @@ class TimelineKwargs(ViewKwargs, TimelineTraits, total=False):
     rank_names: Sequence[str] | None
 
 
-class PageKwargs(ViewKwargs, total=False):
+class ReportFileKwargs(ViewKwargs, total=False):
+    """A page's views and its title: what a ``.fsdpviz.json`` file holds besides the report
+    (:func:`fsdpviz.export.save`)."""
+
+    title: str | None
+
+
+class PageKwargs(ReportFileKwargs, total=False):
     """A page (``.html``) written by :func:`fsdpviz.export.save`: ``comparison.save()``."""
 
     theme: Literal["auto", "light", "dark"]
-    title: str | None
 
 
 class SaveKwargs(PageKwargs, total=False):
