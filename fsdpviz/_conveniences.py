@@ -23,11 +23,20 @@ if TYPE_CHECKING:
     from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
     from fsdpviz.replan.sweep_table import SweepTable
+    from fsdpviz.schema.keywords import (
+        DashboardKwargs,
+        PageKwargs,
+        SaveKwargs,
+        ShowKwargs,
+        TimelineKwargs,
+        TuneSaveKwargs,
+        TuneShowKwargs,
+        ViewKwargs,
+    )
     from fsdpviz.schema.memory import MemoryReport
     from fsdpviz.schema.report import Report
     from fsdpviz.schema.timeline import Timeline
     from fsdpviz.tuning import Tuning
-    from fsdpviz.widgets.dashboard import DashboardKwargs
 
 
 @register_report_method("memory")
@@ -66,21 +75,21 @@ def show(report: Report, **kwargs: Unpack[DashboardKwargs]) -> Any:
 
 
 @register_run_method("show")
-def show_run(run: RecordedRun, **kwargs: Any) -> Any:
+def show_run(run: RecordedRun, **kwargs: Unpack[ShowKwargs]) -> Any:
     from fsdpviz.widgets import Dashboard  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return Dashboard(run.ranks[0], ranks=run, **kwargs)
 
 
 @register_show("comparison")
-def show_comparison(comparison: Comparison, **kwargs: Any) -> Any:
+def show_comparison(comparison: Comparison, **kwargs: Unpack[TimelineKwargs]) -> Any:
     from fsdpviz.widgets import ComparisonView  # lazy: plotly, anywidget, not in `import fsdpviz`
 
     return ComparisonView(comparison, **kwargs)
 
 
 @register_save("comparison")
-def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Any) -> Path:
+def save_comparison(comparison: Comparison, path: str | Path, **kwargs: Unpack[PageKwargs]) -> Path:
     from fsdpviz.export import save  # lazy: keeps plotly out of `import fsdpviz`
 
     return save(comparison, path, **kwargs)
@@ -94,14 +103,14 @@ def show_sweep(table: SweepTable, **kwargs: Unpack[DashboardKwargs]) -> Any:
 
 
 @register_show("tuning")
-def show_tuning(tuning: Tuning, **kwargs: Any) -> Any:
+def show_tuning(tuning: Tuning, **kwargs: Unpack[TuneShowKwargs]) -> Any:
     from fsdpviz.widgets import TuneView  # lazy: keeps plotly, anywidget out of `import fsdpviz`
 
     return TuneView(tuning, **kwargs)
 
 
 @register_save("tuning")
-def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Any) -> Path:
+def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Unpack[TuneSaveKwargs]) -> Path:
     from fsdpviz.export import save_tuning  # lazy: keeps plotly out of `import fsdpviz`
 
     return save_tuning(tuning, path, **kwargs)
@@ -109,7 +118,7 @@ def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Any) -> Path:
 
 @register_report_method("save")
 @register_run_method("save")
-def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Any) -> Path:
+def save(obj: Report | RecordedRun, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
     from fsdpviz.export import save  # lazy: keeps plotly out of `import fsdpviz`
 
     return save(obj, path, **kwargs)
@@ -136,7 +145,9 @@ def run_card(run: RecordedRun) -> dict[str, Any]:
 
 
 @register_run_method("bundle")
-def run_bundle(obj: Report | RecordedRun, base: dict[str, Any], **options: Any) -> dict[str, Any]:
+def run_bundle(
+    obj: Report | RecordedRun, base: dict[str, Any], **options: Unpack[ViewKwargs]
+) -> dict[str, Any]:
     """``base`` (a card, a diagnosis' text) with the views' data for fsdpviz's JupyterLab
     extension and a static SVG of them; ``base`` alone where those cannot be made (a
     card is always shown), its ``text/plain`` saying why."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 from torch.distributed.fsdp import BackwardPrefetch
@@ -13,6 +13,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz.cost import CATEGORIES, Machine, MemoryReport, Timeline, machine, timeline
+from fsdpviz.cost.hardware import MachineOverrides
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.schema.memory import MemoryEvent
 
@@ -48,6 +49,15 @@ def test_presets_and_overrides() -> None:
         machine("h100", network="nvlink9")
     with pytest.raises(fsdpviz.ConfigError, match="unknown machine constant"):
         machine("h100", tflop=1.0)
+
+
+def test_machine_overrides_name_every_constant() -> None:
+    """``machine(**overrides)`` is typed by ``MachineOverrides``: every constant of a
+    ``Machine`` but ``network`` (``machine``'s own argument), each overridable as typed."""
+    constants = {f.name for f in fields(Machine)}
+    assert set(MachineOverrides.__optional_keys__) == constants - {"network"}
+    changed = machine("h100", memory_gib=96.0, gpus_per_node=4, float32_matmul_precision="high")
+    assert (changed.memory_gib, changed.gpus_per_node, changed.tf32) == (96.0, 4, True)
 
 
 def test_collective_formula() -> None:

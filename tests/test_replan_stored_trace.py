@@ -11,6 +11,7 @@ What a stored trace does not model must be refused, not guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from typing import Any
@@ -31,6 +32,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 import fsdpviz
 from fsdpviz.examples import ExampleConfig, example_inputs, example_model
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan.replanner import PlanChanges
 from fsdpviz.replan.stored_fsdp1 import StoredTrace
 from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
 
@@ -365,3 +367,9 @@ def test_fsdp2_refuses_mixed_precision_and_leaves_the_model_untouched() -> None:
     assert all(p.grad is None for p in model.parameters())
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_plan_changes_name_every_plan_option() -> None:
+    """``Replanner.plan(**changes)`` and the controls' ``set(**changes)`` are typed by
+    ``PlanChanges``: every field of ``PlanOptions``, none else."""
+    assert set(PlanChanges.__optional_keys__) == {f.name for f in dataclasses.fields(PlanOptions)}

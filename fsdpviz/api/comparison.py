@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from fsdpviz.schema.extensions import save_method, show_method
+from fsdpviz.schema.keywords import PageKwargs, TimelineKwargs
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report, Unit, unit_label
 from fsdpviz.schema.timeline import duration_text
@@ -159,7 +160,7 @@ class Comparison:
             row["differs"] = pair.differs
         return d
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[TimelineKwargs]) -> Any:
         """The differences (the verdict, each cost of both plans and the change, whether
         each fits) over both plans' timelines on one time axis, units matched, the first
         difference marked (a :class:`fsdpviz.widgets.ComparisonView`; ``kwargs`` as
@@ -182,7 +183,7 @@ class Comparison:
         shown = self.show()._repr_mimebundle_()
         return dict(shown) if shown else {"text/plain": self.summary()}
 
-    def save(self, path: str | Path, **kwargs: Any) -> Path:
+    def save(self, path: str | Path, **kwargs: Unpack[PageKwargs]) -> Path:
         """The comparison as one self-contained page (``.html``): each plan's costs and
         whether it fits side by side, both plans' timelines on one time axis with their
         memory lanes on one byte scale, each with its capacity line. ``kwargs`` as

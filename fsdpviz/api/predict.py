@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 from torch import nn
 
@@ -15,6 +15,7 @@ from fsdpviz.plan.pipeline import wants_pipeline
 from fsdpviz.schedule.fsdp1 import analyze_fsdp1
 from fsdpviz.schedule.fsdp2 import analyze_fsdp2
 from fsdpviz.schedule.pipeline import analyze_pipeline
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import describe_checkpointing
@@ -71,12 +72,13 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs])
     asked = dict(fsdp_kwargs)
     given = fsdp_kwargs.pop("machine", None)
     machine = None if given is None else machine_spec(given)
+    plan_kwargs = cast("PlanKwargs", fsdp_kwargs)  # machine taken out above
     if wants_pipeline(fsdp_kwargs):
-        report = analyze_pipeline(model, inputs, **fsdp_kwargs)
+        report = analyze_pipeline(model, inputs, **plan_kwargs)
     elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
-        report = analyze_fsdp2(model, inputs, **fsdp_kwargs)
+        report = analyze_fsdp2(model, inputs, **plan_kwargs)
     else:
-        report = analyze_fsdp1(model, inputs, **fsdp_kwargs)
+        report = analyze_fsdp1(model, inputs, **plan_kwargs)
     if machine is not None:
         report.config = report.config.replace(machine=machine)
     _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))

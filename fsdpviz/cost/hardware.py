@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from fsdpviz.cost.topology import Span, consecutive
 from fsdpviz.errors import ConfigError
@@ -370,7 +370,41 @@ INTER_NODE = {
 }
 
 
-def machine(gpu: str | Machine = "h100", network: str | None = None, **overrides: Any) -> Machine:
+class MachineOverrides(TypedDict, total=False):
+    """The constants of a :class:`Machine` by name, as :func:`machine` overrides them (each
+    field's meaning is on :class:`Machine`), but ``network``: :func:`machine`'s own argument."""
+
+    name: str
+    tflops: dict[str, float]
+    memory_gib: float
+    hbm_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    gpus_per_node: int
+    pcie_gbps: float
+    host_gbps: float
+    intra_node_latency_us: float
+    inter_node_latency_us: float
+    collective_base_us: float
+    compute_efficiency: float
+    gemm_half_us: float
+    attention_efficiency: float
+    attention_backward_efficiency: float
+    attention_seq_half: float
+    efficient_attention_factor: float
+    memory_efficiency: float
+    kernel_us: float
+    launch_forward_us: float
+    launch_backward_us: float
+    comm_efficiency: float
+    float32_matmul_precision: str | None
+    compiled_launch_us: float
+    intra_node_mesh: bool
+
+
+def machine(
+    gpu: str | Machine = "h100", network: str | None = None, **overrides: Unpack[MachineOverrides]
+) -> Machine:
     """A preset (``"h100"``, ``"h100-hbm2e"``, ``"h100-pcie"``, ``"h200"``, ``"b200"``,
     ``"mi300x"``, ``"a100"``, ``"a100-40gb"``, ``"l40s"``) with any constant overridden.
 

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from fsdpviz.export._html import VIEWS, pack, page_config, page_header
 from fsdpviz.export._sources import ranks_of
+from fsdpviz.schema.keywords import ReportFileKwargs
 from fsdpviz.views.overview_svg import overview_svg
 
 if TYPE_CHECKING:
@@ -117,10 +118,11 @@ def object_bundle(
     return output_bundle(states, report=base_report, title=heading, text=obj.summary(), base=base)
 
 
-def report_file(obj: Report | RecordedRun, **options: Any) -> dict[str, Any]:
+def report_file(obj: Report | RecordedRun, **kwargs: Unpack[ReportFileKwargs]) -> dict[str, Any]:
     """What a ``.fsdpviz.json`` file holds: ``obj.to_dict()`` and, under :data:`PAGE_KEY`,
     the page (its views, its summary). ``options``: ``iteration``, ``memory``,
     ``machine``, ``title``, as for the page."""
+    options: dict[str, Any] = dict(kwargs)
     title = options.pop("title", None)
     iteration = options.get("iteration", "auto")
     config = page_config(obj, **options)

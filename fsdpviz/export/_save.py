@@ -6,11 +6,12 @@ import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz.api.comparison import Comparison
 from fsdpviz.errors import ConfigError
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
+from fsdpviz.schema.keywords import SaveKwargs
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -50,7 +51,9 @@ def suffix_of(path: str | Path) -> str:
     return Path(name).suffix
 
 
-def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: Any) -> Path:
+def save(
+    obj: Report | RecordedRun | Comparison, path: str | Path, **kwargs: Unpack[SaveKwargs]
+) -> Path:
     """Write ``obj`` (a :class:`~fsdpviz.Report` or :class:`~fsdpviz.RecordedRun`; a
     :class:`~fsdpviz.Comparison` as a page) to ``path``.
 
@@ -94,6 +97,7 @@ def save(obj: Report | RecordedRun | Comparison, path: str | Path, **options: An
         report.save("units.svg", figure="explorer")
         run.save("run.json")                     # open in https://ui.perfetto.dev
     """
+    options: dict[str, Any] = dict(kwargs)  # each format takes some, checked below
     p = Path(path)
     suffix = suffix_of(p)
     if suffix == ".html":

@@ -24,7 +24,7 @@ import html
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
@@ -40,6 +40,7 @@ from fsdpviz.export._html import (
 )
 from fsdpviz.export._image import IMAGE_FORMATS, write_image
 from fsdpviz.export._save import check_options
+from fsdpviz.schema.keywords import TuneSaveKwargs
 from fsdpviz.schema.memory import size_text
 from fsdpviz.views.tune_view import TuneData, anchor_of, tune_data, tune_figure
 
@@ -240,12 +241,13 @@ rank. Click a point (or a knob's alternative) to show its plan below.</p>
 </section>"""
 
 
-def save_tuning(tuning: Tuning, path: str | Path, **options: Any) -> Path:
+def save_tuning(tuning: Tuning, path: str | Path, **kwargs: Unpack[TuneSaveKwargs]) -> Path:
     """Write ``tuning`` to ``path``: ``.html``, its page (options: ``theme``, ``title``,
     ``selected``, ``max_plans``, ``max_bytes``, ``iteration``, ``machine``; see
     :func:`tune_page`); ``.png`` / ``.svg`` / ``.pdf`` / ``.jpeg`` / ``.webp``, the scatter
     and the knob table as one figure through kaleido (options: ``theme``, ``width``,
     ``height``, ``scale``). ``tuning.save`` writes ``.json`` itself."""
+    options: dict[str, Any] = dict(kwargs)  # each format takes some, checked below
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".html":

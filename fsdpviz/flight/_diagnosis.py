@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from fsdpviz.flight._align import Alignment, Departure, Predicted
 from fsdpviz.flight._compare import Disagreement, RankStop, Reason, compare_ranks
 from fsdpviz.flight._dump import Collective, GroupInfo
 from fsdpviz.recording import RecordedRun
 from fsdpviz.schema.extensions import run_method
+from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
 from fsdpviz.schema.report import Report, unit_label
 
 __all__ = ["Diagnosis", "diagnose"]
@@ -126,7 +127,7 @@ class Diagnosis:
         options = {"memory": None, "iteration": None, "machine": None}
         return run_method("bundle")(self.view, bundle, **options)  # type: ignore[no-any-return]
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[ShowKwargs]) -> Any:
         """A lane group per rank on the recorded clock, every iteration in the dumps, the
         first divergent collectives and each rank's last one marked (with a prediction:
         named by unit, with the model's wrap units beside). ``kwargs`` as
@@ -134,7 +135,7 @@ class Diagnosis:
         options = {"memory": None, "iteration": None, "machine": None, **kwargs}
         return run_method("show")(self._view(), **options)
 
-    def save(self, path: str | Path, **kwargs: Any) -> Path:
+    def save(self, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
         """Write the diagnosis as :func:`fsdpviz.export.save` writes a recorded run (``.html``:
         the page, its header holding this text)."""
         name = str(path).lower()

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from fsdpviz.flight._align import Alignment, guess_roles
 from fsdpviz.flight._diagnosis import Diagnosis, diagnose
@@ -34,6 +34,7 @@ from fsdpviz.flight._dump import (
 from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
 from fsdpviz.schema.report import Report, Unit
 
 __all__ = ["FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder", "load_run"]
@@ -145,12 +146,12 @@ class FlightRecorderRun(RecordedRun):
         d = self.diagnose() if self.diagnosis is None else self.diagnosis
         return d.summary(), [str(d)]
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[ShowKwargs]) -> Any:
         """:meth:`Diagnosis.show` of :meth:`diagnose` (the dumps alone)."""
         d = self.diagnosis if self.diagnosis is not None else self.diagnose()
         return d.show(**kwargs)
 
-    def save(self, path: str | Path, **kwargs: Any) -> Path:
+    def save(self, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
         """:meth:`Diagnosis.save` of :meth:`diagnose` (the dumps alone)."""
         d = self.diagnosis if self.diagnosis is not None else self.diagnose()
         return d.save(path, **kwargs)

@@ -7,13 +7,16 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch.distributed as dist
 
 from fsdpviz.plan.torch_fsdp import installed
 from fsdpviz.schema.config import Api, ReportConfig
 from fsdpviz.schema.events import Event
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 now_ns = time.perf_counter_ns
 
@@ -77,11 +80,11 @@ class EventLog:
         if self.on_iteration is not None:
             self.on_iteration(len(self.iterations) - 1)
 
-    def _wrap_prefetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_prefetch(self, original: Callable[P, R]) -> Callable[P, R]:
         """FSDP's prefetch function, marking the all-gathers it issues as prefetches."""
 
         @functools.wraps(original)
-        def prefetch(*args: Any, **kwargs: Any) -> Any:
+        def prefetch(*args: P.args, **kwargs: P.kwargs) -> R:
             self._prefetching += 1
             try:
                 return original(*args, **kwargs)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _patch(
@@ -145,9 +148,11 @@ class FSDP1Recorder(EventLog):
     def _phase(handle: Any) -> str:
         return "forward" if handle._training_state == _forward_state() else "backward"
 
-    def _wrap_all_gather(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_all_gather(
+        self, original: Callable[Concatenate[Any, P], R]
+    ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(original)
-        def all_gather(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        def all_gather(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             start = now_ns()
             i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
             try:
@@ -157,9 +162,11 @@ class FSDP1Recorder(EventLog):
 
         return all_gather
 
-    def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_free(
+        self, original: Callable[Concatenate[Any, P], R]
+    ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(original)
-        def free(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        def free(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             padded = handle._get_padded_unsharded_flat_param()
             if padded.untyped_storage().size() == 0:
                 return original(handle, *args, **kwargs)
@@ -173,9 +180,11 @@ class FSDP1Recorder(EventLog):
         return free
 
     def _wrap_reduce(self, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrap(
+            original: Callable[Concatenate[Any, Any, P], R],
+        ) -> Callable[Concatenate[Any, Any, P], R]:
             @functools.wraps(original)
-            def reduce(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+            def reduce(state: Any, handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
                 start = now_ns()
                 i = self._emit(kind, handle, "backward")
                 self._reducing.append((state, handle))
@@ -189,9 +198,11 @@ class FSDP1Recorder(EventLog):
 
         return wrap
 
-    def _wrap_pre_unshard(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_pre_unshard(
+        self, original: Callable[Concatenate[Any, P], R]
+    ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(original)
-        def pre_unshard(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        def pre_unshard(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             if handle._offload_params and _copies_host_shard(handle):
                 start = now_ns()
                 i = self._emit("h2d", handle, self._phase(handle))
@@ -203,9 +214,11 @@ class FSDP1Recorder(EventLog):
 
         return pre_unshard
 
-    def _wrap_offload_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_offload_grad(
+        self, original: Callable[Concatenate[Any, Any, P], R]
+    ) -> Callable[Concatenate[Any, Any, P], R]:
         @functools.wraps(original)
-        def offload_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+        def offload_grad(state: Any, handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             if not handle._offload_params:
                 return original(state, handle, *args, **kwargs)
             start = now_ns()
@@ -242,9 +255,9 @@ class FSDP1Recorder(EventLog):
     def _wrap_hook(
         self, hook: Hook, handle_arg: int
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrap(original: Callable[P, R]) -> Callable[P, R]:
             @functools.wraps(original)
-            def run(*args: Any, **kwargs: Any) -> Any:
+            def run(*args: P.args, **kwargs: P.kwargs) -> R:
                 handle = args[handle_arg] if len(args) > handle_arg else None
                 if handle is None:
                     return original(*args, **kwargs)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _sharded(group: Any) -> bool:
@@ -150,9 +153,9 @@ class FSDP2Recorder(EventLog):
     def _phase(group: Any) -> str:
         return "forward" if group._training_state.name == "FORWARD" else "backward"
 
-    def _wrap_collective(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    def _wrap_collective(self, original: Callable[P, R], kind: str) -> Callable[P, R]:
         @functools.wraps(original)
-        def collective(*args: Any, **kwargs: Any) -> Any:
+        def collective(*args: P.args, **kwargs: P.kwargs) -> R:
             group = self._group
             if group is None:
                 return original(*args, **kwargs)
@@ -203,9 +206,11 @@ class FSDP2Recorder(EventLog):
 
         return to_sharded
 
-    def _wrap_group(self, original: Callable[..., Any], hook: Hook | None) -> Callable[..., Any]:
+    def _wrap_group(
+        self, original: Callable[Concatenate[Any, P], R], hook: Hook | None
+    ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(original)
-        def run(group: Any, *args: Any, **kwargs: Any) -> Any:
+        def run(group: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             name = self._name(group)
             if hook == "post_forward" and args and args[0] is None:
                 # the forward root's post-forward completes a grouped call whose forward

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from torch import nn
 
@@ -32,6 +32,9 @@ from fsdpviz.recording._fsdp2 import FSDP2Recorder
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
 from fsdpviz.schema.report import Report
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _OPS = {  # the stage's p2p ops -> (kind, phase, torch's action name)
     "get_fwd_recv_ops": ("pp_recv", "forward", "RECV_F"),
@@ -138,9 +141,9 @@ class PipelineRecorder(FSDP2Recorder):
         the step ends when ``schedule.step()`` returns."""
 
     # --------------------------------------------------------------- wrappers
-    def _wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_step(self, original: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(original)
-        def step(*args: Any, **kwargs: Any) -> Any:
+        def step(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return original(*args, **kwargs)
             finally:
@@ -215,11 +218,13 @@ class PipelineRecorder(FSDP2Recorder):
 
             _patch_instance(stack, stage, method, ops)
 
-    def _wrap_p2p(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_p2p(
+        self, original: Callable[Concatenate[list[Any], P], R]
+    ) -> Callable[Concatenate[list[Any], P], R]:
         """``_batch_p2p``: the sends and receives the schedule fires, in order."""
 
         @functools.wraps(original)
-        def batch_p2p(p2p_ops: list[Any], *args: Any, **kwargs: Any) -> Any:
+        def batch_p2p(p2p_ops: list[Any], /, *args: P.args, **kwargs: P.kwargs) -> R:
             fired: dict[str, list[Any]] = {}
             for op in p2p_ops:
                 tag = self._p2p.pop(id(op), None)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from fsdpviz.recording._diverge import Divergence, find_divergence, module_path
 from fsdpviz.recording._writer import RankFiles, read_rank, recorded_ranks
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import run_method
+from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
 from fsdpviz.schema.report import SCHEMA_VERSION, Report, Unit
 
 _CONFIG_KEYS = ("api", "world_size", "rank", "backend", "started_unix")
@@ -157,7 +158,7 @@ class RecordedRun:
         """Read what :meth:`to_dict` wrote (also the ``.json`` trace of :meth:`save`)."""
         return cls([Report.from_dict(r) for r in d["ranks"]], path, list(d.get("notes", [])))
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[ShowKwargs]) -> Any:
         """The interactive views of the run: every rank's timeline on the recorded clock
         (a lane group per rank, the first event where ranks diverge marked on each), and the
         first rank's units and prefetch graph. Returns a :class:`fsdpviz.widgets.Dashboard`
@@ -172,7 +173,7 @@ class RecordedRun:
             raise ValueError("the recorded run has no ranks: nothing to show")
         return run_method("show")(self, **kwargs)
 
-    def save(self, path: str | Path, **kwargs: Any) -> Path:
+    def save(self, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
         """Write every rank's events; see :func:`fsdpviz.export.save`."""
         save: Callable[..., Path] = run_method("save")
         return save(self, path, **kwargs)

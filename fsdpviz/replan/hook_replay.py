@@ -33,7 +33,6 @@ from typing import Any, Unpack
 import torch
 from torch import nn
 
-from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
@@ -54,6 +53,7 @@ from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import StepProfile, TraceProfile
 from fsdpviz.schema.report import Report, Unit
 

@@ -34,7 +34,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 from torch import nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
@@ -114,6 +114,21 @@ class PlanOptions:
             **fsdp1,
             **fsdp2,
         )
+
+
+class PlanChanges(TypedDict, total=False):
+    """:class:`PlanOptions`' fields by name, as :meth:`Replanner.plan` and the controls'
+    ``set`` take them (``layer_classes`` any sequence)."""
+
+    policy: PolicyKind
+    layer_classes: Sequence[str]
+    min_num_params: int
+    world_size: int
+    sharding_strategy: str
+    backward_prefetch: str | None
+    forward_prefetch: bool
+    recipe: Recipe
+    reshard_after_forward: bool | int
 
 
 def _planned(api: Api) -> tuple[OptionSpec, ...]:
@@ -198,7 +213,7 @@ class Replanner:
         ]
         return sorted(out, key=lambda t: (-t[1], t[0]))
 
-    def plan(self, options: PlanOptions | None = None, **changes: Any) -> Report:
+    def plan(self, options: PlanOptions | None = None, **changes: Unpack[PlanChanges]) -> Report:
         """The report for ``options`` (default :class:`PlanOptions`) with ``changes`` applied."""
         opts = (
             (options or PlanOptions()).replace(**changes) if changes else (options or PlanOptions())

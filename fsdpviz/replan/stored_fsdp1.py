@@ -39,13 +39,13 @@ from torch._C._autograd import _get_sequence_nr
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
 from fsdpviz.trace.modules import module_infos, param_first_use

@@ -14,7 +14,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
@@ -26,6 +26,7 @@ from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.schema.extensions import show_method
+from fsdpviz.schema.keywords import DashboardKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.tables import dataframe
 from fsdpviz.trace.copy import check_model
@@ -75,7 +76,7 @@ class SweepTable:
             "budget": self.budget,
         }
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[DashboardKwargs]) -> Any:
         """The table as an interactive view: sort by a column, open a row to see that
         configuration's explorer, prefetch graph and timeline below it. Returns a
         :class:`fsdpviz.widgets.SweepView` (``kwargs`` as it takes: ``model=`` and

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
@@ -21,6 +21,7 @@ from fsdpviz.schedule.autograd_order import (
 from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import FsdpWarning, Report, Unit
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
@@ -49,10 +50,10 @@ class _Traced:
     profile: TraceProfile | None = None
 
 
-def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
-    opts = parse_fsdp1_options(kwargs).replace(profile=profile)
+    opts = parse_fsdp1_options(dict(kwargs)).replace(profile=profile)
     _reject_wrapped(model)
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 from torch import nn
 
@@ -20,6 +20,7 @@ from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.copy import (
@@ -36,7 +37,7 @@ from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
 
 
-def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
@@ -47,10 +48,10 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
                 f"state and {', '.join(given)} cannot be given; pass the model before "
                 "fully_shard with fully_shard=[...] to try another recipe"
             )
-        copy, groups, opts = plan_from_fully_sharded(model, kwargs)
+        copy, groups, opts = plan_from_fully_sharded(model, dict(kwargs))
         device = "meta"
     else:
-        opts = parse_fsdp2_options(kwargs)
+        opts = parse_fsdp2_options(dict(kwargs))
         device = "real" if opts.trace == "real" else "meta"
         copy, mapping = model_copy(model, device)
         originals = original_modules(model, mapping)

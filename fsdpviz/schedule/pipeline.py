@@ -29,7 +29,7 @@ stage is resharded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import nn
@@ -43,12 +43,13 @@ from fsdpviz.plan.pipeline import PIPELINE_KEYS, parse_pipeline_options, split_p
 from fsdpviz.schedule.pipeline_order import rank_actions
 from fsdpviz.schedule.pipeline_report import all_modules, job_report, rank_report
 from fsdpviz.schedule.pipeline_trace import trace_stages
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 
 
-def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
     """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`."""
     # the stages' traces and replays make many objects and no cycles to speak of: a cyclic
     # collection over the model copy's heap would cost more than the analysis itself
@@ -56,7 +57,7 @@ def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
         return _analyze(model, inputs, **kwargs)
 
 
-def _analyze(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
+def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
         raise ConfigError(
@@ -69,7 +70,7 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Any) -> Report:
             "pipeline parallelism is planned with FSDP2, as torchtitan runs it: pass "
             "fully_shard=[...] (applied to each stage, its root last)"
         )
-    pp, rest = split_pipeline_mesh(kwargs)
+    pp, rest = split_pipeline_mesh(dict(kwargs))
     pipe = {k: rest.pop(k) for k in list(rest) if k in PIPELINE_KEYS}
     opts = parse_fsdp2_options(rest)
     device = "real" if opts.trace == "real" else "meta"

@@ -100,11 +100,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import report_method
+from fsdpviz.schema.keywords import DashboardKwargs, SaveKwargs
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
 from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
@@ -448,7 +449,7 @@ class Report:
         """
         return report_method("unit_graph")(self, iteration)
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[DashboardKwargs]) -> Any:
         """The interactive views in a notebook: wrap-unit explorer, prefetch graph, timeline.
 
         Returns a :class:`fsdpviz.widgets.Dashboard` (displayed as the last line of a
@@ -462,7 +463,7 @@ class Report:
         """
         return report_method("show")(self, **kwargs)
 
-    def save(self, path: str | Path, **kwargs: Any) -> Path:
+    def save(self, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
         """Write the report in the format its suffix names; see :func:`fsdpviz.export.save`.
 
         ``.html`` (interactive, self-contained), ``.png`` / ``.svg`` / ``.pdf`` (one figure),

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from fsdpviz.cost.slow_causes import slowdowns
 from fsdpviz.schema.extensions import save_method, show_method
+from fsdpviz.schema.keywords import MimeBundleKwargs, TuneSaveKwargs, TuneShowKwargs
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.tables import dataframe
@@ -235,13 +236,13 @@ class Tuning:
             "needs": self.needs,
         }
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self, **kwargs: Unpack[TuneShowKwargs]) -> Any:
         """The frontier as a view: tokens/s against peak memory, the capacity line, the
         user's configuration marked; a click on a point opens that plan's explorer and
         timeline below. Returns a :class:`fsdpviz.widgets.TuneView`."""
         return show_method("tuning")(self, **kwargs)
 
-    def save(self, path: str, **kwargs: Any) -> Any:
+    def save(self, path: str, **kwargs: Unpack[TuneSaveKwargs]) -> Any:
         """Write the view as a page (``.html``) or the search as JSON (``.json``)."""
         p = Path(path)
         if p.suffix == ".json":
@@ -249,7 +250,7 @@ class Tuning:
             return p
         return save_method("tuning")(self, p, **kwargs)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> Any:
         """A notebook shows the view (:meth:`show`), which keeps the summary as its text."""
         view = self.show()
         shown = view._repr_mimebundle_(**kwargs)

@@ -22,13 +22,13 @@ from typing import Any, Unpack
 
 from torch import nn
 
-from fsdpviz.api.keywords import FSDPKwargs
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
+from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
 from fsdpviz.tuning.evaluation import workers_for
 from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined

@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import ipywidgets
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ErrorOutput(ipywidgets.Output):  # type: ignore[misc]
@@ -32,15 +33,16 @@ class ErrorOutput(ipywidgets.Output):  # type: ignore[misc]
         self.last_error = None
         self.outputs = ()
 
-    def guard(self, fn: F) -> F:
-        """``fn`` with any exception shown here instead of lost in the kernel log."""
+    def guard(self, fn: Callable[P, R]) -> Callable[P, R | None]:
+        """``fn`` with any exception shown here instead of lost in the kernel log (then it
+        returns ``None``)."""
 
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
                 self.show(e)
                 return None
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper

@@ -17,10 +17,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import ipywidgets as w
 
+from fsdpviz.schema.keywords import MimeBundleKwargs, TimelineKwargs
 from fsdpviz.views.card import comparison_html
 from fsdpviz.widgets.front_end import with_saved_views
 from fsdpviz.widgets.timeline_widget import TimelineWidget
@@ -35,7 +36,7 @@ class ComparisonView(w.VBox):  # type: ignore[misc]
     """The differences of two plans and their timelines (see the module docstring);
     ``kwargs`` as :class:`TimelineWidget` takes them."""
 
-    def __init__(self, comparison: Comparison, **kwargs: Any) -> None:
+    def __init__(self, comparison: Comparison, **kwargs: Unpack[TimelineKwargs]) -> None:
         self.comparison = comparison
         self.differences = w.HTML(comparison_html(comparison))
         """The verdict and the costs of both plans with the change, as HTML."""
@@ -43,7 +44,7 @@ class ComparisonView(w.VBox):  # type: ignore[misc]
         super().__init__([self.differences, self.timeline])
         self.add_class("fsdpviz-comparison")
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
         """The live view and, for the notebook once saved, the differences (HTML) and the
         timeline's data and a static SVG of it."""
         bundle = super()._repr_mimebundle_(**kwargs)

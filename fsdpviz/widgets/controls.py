@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import ipywidgets as w
 
 from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, OptionSpec
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.replan.replanner import PlanChanges
 
 __all__ = ["PlanControls"]
 
@@ -174,7 +175,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             **{name: _read(OPTIONS[name], c.value) for name, c in self.fsdp.items()},
         )
 
-    def set(self, *, as_browser: bool = False, **changes: Any) -> None:
+    def set(self, *, as_browser: bool = False, **changes: Unpack[PlanChanges]) -> None:
         """Set controls by option name, e.g. ``set(world_size=64)``.
 
         ``as_browser=True`` delivers each change as the page does (``widget.set_state``
@@ -188,6 +189,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
             **self.fsdp,
         }
         widgets = {f.name: own[f.name] for f in dataclasses.fields(PlanOptions)}
+        value: Any  # each option's, as PlanChanges types it
         for name, value in changes.items():
             if name not in widgets:
                 raise KeyError(f"no control {name!r}; controls: {', '.join(widgets)}")

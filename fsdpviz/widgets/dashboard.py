@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 import ipywidgets as w
 import traitlets
 
-from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
+from fsdpviz.schema.keywords import DashboardKwargs, MimeBundleKwargs, PlanKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_memory import auto_memory
@@ -76,18 +76,6 @@ PROFILE_AFTER_S = 1.5
 
 def _heading(text: str) -> w.HTML:
     return w.HTML(f"<b>{text}</b>", layout=w.Layout(margin="8px 0 0 0"))
-
-
-class DashboardKwargs(PlanKwargs, total=False):
-    """What :class:`Dashboard` takes besides the report (``report.show(**kwargs)``): its own
-    keywords and the :func:`fsdpviz.analyze` keywords its controls re-plan with."""
-
-    model: Any
-    inputs: Any
-    memory: MemoryOption
-    ranks: Sequence[Report] | RecordedRun | None
-    iteration: int | Literal["auto"] | None
-    machine: Machine | str | None
 
 
 class Dashboard(w.VBox):  # type: ignore[misc]
@@ -269,7 +257,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             what = change["owner"].view
             self.errors.show(RuntimeError(f"{what} (browser): {change['new']}"))
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
         """The live dashboard and, for the notebook once saved, its three views' data as
         they are now (drawn by fsdpviz's JupyterLab extension without a kernel) and a
         static SVG of the timeline and the plan

@@ -19,6 +19,7 @@ import traitlets
 from fsdpviz._deferred_gc import answering
 from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.replan import PlanOptions, Replanner
+from fsdpviz.schema.keywords import MimeBundleKwargs
 from fsdpviz.schema.report import Report, unit_label
 from fsdpviz.views.card import plural, warnings_html
 from fsdpviz.views.style import format_bytes
@@ -213,7 +214,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         if change["new"]:
             self.errors.show(RuntimeError(f"explorer (browser): {change['new']}"))
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
         """The live explorer and what outlives its kernel (see
         :func:`fsdpviz.widgets.front_end.with_saved_views`)."""
         text, title = self._titles()

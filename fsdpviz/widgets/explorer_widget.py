@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, TypedDict, Unpack, cast
 
 import traitlets
 
@@ -31,6 +31,16 @@ from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["ExplorerWidget"]
+
+
+class ExplorerTraits(TypedDict, total=False):
+    """The explorer's state a constructor may set (its traits)."""
+
+    current_unit: str | None
+    selected_unit: str | None
+    selected_module: str | None
+    focus: str
+    area: Literal["numel", "rank_bytes"]
 
 
 class ExplorerWidget(FrontEnd):
@@ -58,7 +68,13 @@ class ExplorerWidget(FrontEnd):
         "area",
     )
 
-    def __init__(self, report: Report, *, tree: ModuleTree | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        report: Report,
+        *,
+        tree: ModuleTree | None = None,
+        **kwargs: Unpack[ExplorerTraits],
+    ) -> None:
         # per plan (see _memo.py): the data without details, and every unit's details
         self._memo: ReportMemo[ExplorerData] = ReportMemo()
         self._all_details: ReportMemo[list[UnitDetail | None]] = ReportMemo()

@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypedDict, Unpack, cast
 
 import traitlets
 
@@ -24,6 +24,13 @@ from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["PrefetchWidget"]
+
+
+class PrefetchTraits(TypedDict, total=False):
+    """The prefetch graph's state a constructor may set (its traits)."""
+
+    current_unit: str | None
+    selected_unit: str | None
 
 
 class PrefetchWidget(FrontEnd):
@@ -36,7 +43,9 @@ class PrefetchWidget(FrontEnd):
 
     PAGE_TRAITS: ClassVar[tuple[str, ...]] = ("data", "current_unit", "selected_unit")
 
-    def __init__(self, report: Report, iteration: int | None = -1, **kwargs: Any) -> None:
+    def __init__(
+        self, report: Report, iteration: int | None = -1, **kwargs: Unpack[PrefetchTraits]
+    ) -> None:
         self.iteration = -1 if iteration is None else iteration
         self._memo: ReportMemo[PrefetchData] = ReportMemo()
         super().__init__(data=self._data(report), **kwargs)

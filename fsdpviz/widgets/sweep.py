@@ -25,10 +25,11 @@ import traitlets
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.replan.sweep_table import SweepTable
+from fsdpviz.schema.keywords import MimeBundleKwargs
 from fsdpviz.widgets._errors import ErrorOutput
 
 if TYPE_CHECKING:
-    from fsdpviz.widgets.dashboard import DashboardKwargs
+    from fsdpviz.schema.keywords import DashboardKwargs
 
 __all__ = ["SweepView"]
 
@@ -129,7 +130,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
         super().__init__([head, self.grid, self.errors, self.views])
         self._draw()
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
         """The live table and, for the notebook once saved, the table as HTML and the views
         of its best row (★; else the first) for fsdpviz's JupyterLab extension, with a
         static SVG of them (:func:`fsdpviz.export.object_bundle`)."""

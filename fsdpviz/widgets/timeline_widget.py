@@ -22,13 +22,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack, cast
 
 import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.keywords import TimelineTraits
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_columns import TimelineData
 from fsdpviz.views.timeline_lanes import MemoryOption
@@ -73,7 +74,7 @@ class TimelineWidget(FrontEnd):
         memory: MemoryOption = "auto",
         rank_names: Sequence[str] | None = None,
         machine: Machine | str | None = "auto",
-        **kwargs: Any,
+        **kwargs: Unpack[TimelineTraits],
     ) -> None:
         self._iteration = opening_iteration(reports, iteration)
         self._rank_names = rank_names

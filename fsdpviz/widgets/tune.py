@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import ipywidgets as w
 import traitlets
 
+from fsdpviz.schema.keywords import DashboardOptions, MimeBundleKwargs, TuneSaveKwargs
 from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.views.tune_view import TuneData, anchor_of, tune_svg
 from fsdpviz.widgets._errors import ErrorOutput
@@ -51,7 +52,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
         *,
         selected: int | str | None = "best",
         model: Any = None,
-        **dashboard_kwargs: Any,
+        **dashboard_kwargs: Unpack[DashboardOptions],
     ) -> None:
         self.tuning = tuning
         self.dashboard: Any = None
@@ -143,7 +144,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
         if change["new"]:
             self.errors.show(RuntimeError(f"tune view (browser): {change['new']}"))
 
-    def save(self, path: str | Path, **options: Any) -> Path:
+    def save(self, path: str | Path, **options: Unpack[TuneSaveKwargs]) -> Path:
         """Write the tuning's page (``.html``), opening on the configuration selected
         here (options as ``tuning.save`` takes them)."""
         from fsdpviz.export import save_tuning
@@ -152,7 +153,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
             options.setdefault("selected", self.selected)
         return save_tuning(self.tuning, path, **options)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
         """The live view and, for the notebook once saved, the scatter as a static SVG with
         the tuning in words (``text/html``), and the views of the configuration shown (else
         the best) for fsdpviz's JupyterLab extension, with a static SVG of them

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 import traitlets
 
@@ -25,6 +25,13 @@ from fsdpviz.views.tune_view import anchor_of, tune_data
 from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 __all__ = ["TuneWidget"]
+
+
+class TuneTraits(TypedDict, total=False):
+    """The tune view's state a constructor may set (its traits)."""
+
+    selected: int | None
+    saved: list[int] | None
 
 
 class TuneWidget(FrontEnd):
@@ -37,7 +44,7 @@ class TuneWidget(FrontEnd):
 
     PAGE_TRAITS: ClassVar[tuple[str, ...]] = ("data", "selected", "saved")
 
-    def __init__(self, tuning: Tuning, **kwargs: Any) -> None:
+    def __init__(self, tuning: Tuning, **kwargs: Unpack[TuneTraits]) -> None:
         self.tuning = tuning
         self._by_index = {c.index: c for c in tuning.candidates}
         super().__init__(data=tune_data(tuning), **kwargs)
