@@ -23,7 +23,7 @@ from fsdpviz.schema.rows import Scalar
 from fsdpviz.schema.tables import dataframe
 from fsdpviz.schema.timeline import duration_text
 from fsdpviz.tuning.code import configuration_code
-from fsdpviz.tuning.space import KNOB_NAMES
+from fsdpviz.tuning.space import KNOB_NAMES, TuneKwargs
 
 TuneRow = dict[str, Scalar]
 """One configuration as a table row (:meth:`Candidate.row`): its index, its value of each
@@ -93,7 +93,7 @@ class Candidate:
     """
 
     knobs: dict[str, str]
-    kwargs: dict[str, Any]
+    kwargs: TuneKwargs
     inputs: Any
     report: Report
     fits: bool

@@ -29,7 +29,7 @@ from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning.choices import SpaceBuilder
 from fsdpviz.tuning.evaluation import Config, Evaluations
 from fsdpviz.tuning.result import Candidate, Needs
-from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, pinned_knobs
+from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, TuneKwargs, pinned_knobs
 
 __all__ = ["StagedSearch"]
 
@@ -47,7 +47,7 @@ class StagedSearch(Evaluations):
         model: nn.Module,
         inputs: Any,
         api: str,
-        user_kwargs: dict[str, Any],
+        user_kwargs: TuneKwargs,
         fixed: dict[str, Any],
         allowed: set[str],
         turned: set[str],
@@ -392,7 +392,7 @@ class StagedSearch(Evaluations):
         ws, low = lightest.world_size, lightest.peak_bytes
         while ws < 1 << 16:
             ws *= 2
-            changes: dict[str, Any] = {"world_size": ws}
+            changes: TuneKwargs = {"world_size": ws}
             if report.config.api == "FSDP2":
                 changes["mesh"] = None
             try:
