@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import nn
@@ -50,6 +50,9 @@ from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
 
 __all__ = ["StoredTrace"]
 
@@ -82,7 +85,7 @@ class StoredTrace:
         self._originals = original_modules(model, mapping)  # what a policy is asked of
         self.reason: str | None = None
         self.calls: list[_Call] = []
-        self._acc: dict[str, Any] = {}  # parameter FQN -> its AccumulateGrad node
+        self._acc: dict[str, Node | None] = {}  # parameter FQN -> its AccumulateGrad node
         self._graph: NumberedGraph | None = None
         self._users: dict[str, list[tuple[int, int]]] = {}  # registration -> (node, edge slot)
         # a node -> the modules whose output gradient it makes (the module backward order)
