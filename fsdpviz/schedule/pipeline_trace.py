@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 Log = list[tuple[str, int, Any]]
 
@@ -132,7 +135,7 @@ def _check_targets(copy: nn.Module, spec: Any) -> None:
     resolve_targets(copy, spec)
 
 
-def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, Any]:
+def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, ParallelStyle]:
     """``parallelize_plan`` for one stage: the patterns that match a module it holds."""
     return {
         pattern: style
