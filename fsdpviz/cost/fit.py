@@ -50,7 +50,7 @@ _UNSHARDED = ("unsharded_params", "all_gather")
 _GRADIENTS = ("unsharded_grads", "reduce_scatter")
 
 
-def machine_spec(spec: Any) -> str | dict[str, Any]:
+def machine_spec(spec: Any) -> str | dict[str, object]:
     """What ``report.config.machine`` holds for ``spec``: a preset's name (checked), or a
     :class:`~fsdpviz.cost.Machine`'s constants. ``ConfigError`` for anything else."""
     if isinstance(spec, str):

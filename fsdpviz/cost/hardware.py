@@ -218,7 +218,7 @@ class Machine:
         """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
         return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
