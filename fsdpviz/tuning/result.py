@@ -367,7 +367,7 @@ def why_slow(tuning: Tuning, c: Candidate) -> list[SlowCause]:
             predicted = f"tune tries {knob} with allow=({knob!r},)"
         else:
             predicted = ""
-        out.append(SlowCause(**row, prediction=pick, predicted=predicted))
+        out.append(cast(SlowCause, row | {"prediction": pick, "predicted": predicted}))
     return out
 
 
@@ -468,13 +468,13 @@ def summary(tuning: Tuning) -> str:
         )
         lines += _config_lines(low)
         needs = tuning.needs
-        if needs is not None and needs["world_size"]:
+        if needs and needs.get("world_size"):
             lines.append(
                 f"It fits from {needs['world_size']} ranks (peak "
                 f"{size_text(cast(int, needs['peak_bytes']))}): the sharded state shrinks with "
                 "the ranks."
             )
-        elif needs is not None and needs["reason"]:
+        elif needs and needs.get("reason"):
             lines.append(f"{needs['reason'][0].upper()}{needs['reason'][1:]}.")
         pinned = [n for n in tuning.notes if n.endswith("(pinned)")]
         if pinned:
