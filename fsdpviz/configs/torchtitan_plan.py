@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
@@ -20,8 +21,6 @@ from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor.parallel import ParallelStyle
-
     from fsdpviz.api.keywords import AnalyzeKwargs
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

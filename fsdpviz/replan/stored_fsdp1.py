@@ -31,11 +31,12 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import Any, Unpack
 
 import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
+from torch.autograd.graph import Node
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
@@ -50,9 +51,6 @@ from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
 from fsdpviz.trace.modules import module_infos, param_first_use
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step
-
-if TYPE_CHECKING:
-    from torch.autograd.graph import Node
 
 __all__ = ["StoredTrace"]
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices, resolve_targets
@@ -31,9 +32,6 @@ from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
-
-if TYPE_CHECKING:
-    from torch.distributed.tensor.parallel import ParallelStyle
 
 Log = list[tuple[str, int, Any]]
 
