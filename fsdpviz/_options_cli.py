@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -344,7 +344,7 @@ def check_applies(args: argparse.Namespace, source: Source, what: str) -> None:
     raise UsageError(f"{names}: for {whys} only; {said}: leave {'it' if one else 'them'} out{fix}")
 
 
-def flags_for(fix: dict[str, Any], source: Source = "factory", api: str = "FSDP1") -> str:
+def flags_for(fix: Mapping[str, object], source: Source = "factory", api: str = "FSDP1") -> str:
     """A warning's ``fix`` (:attr:`fsdpviz.FsdpWarning.fix`) as this command line's flags:
     ``--activation-checkpointing LlamaDecoderLayer``, ``--world-size 128``; ``use_cache``,
     the model call's keyword, as ``--set use_cache=false`` for ``hf:`` models (the config's

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import functools
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ from fsdpviz._options_cli import (
     policy_spec,
     set_item,
 )
+from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.configs import ConfigNote, from_accelerate, hf_model
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
@@ -46,6 +47,7 @@ from fsdpviz.plan.fsdp1_options import enum_value
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.option_specs import options_of
+from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 __all__ = ["analyze_kwargs", "job_kwargs", "load_hf_model", "module_classes", "policy"]
@@ -56,7 +58,7 @@ def analyze_kwargs(
     model: nn.Module,
     default_wrap: Sequence[type[nn.Module]] = (),
     notes: list[str] | None = None,
-) -> dict[str, Any]:
+) -> AnalyzeKwargs:
     """:func:`fsdpviz.analyze` keyword arguments for the parsed flags and ``model``.
 
     ``default_wrap`` are the classes wrapped when neither ``--policy`` nor ``--fully-shard``
@@ -70,12 +72,13 @@ def analyze_kwargs(
     job = job_kwargs(args, model)
     if notes is not None and (args.accelerate_config or args.torchtitan_config):
         source = "--accelerate-config" if args.accelerate_config else "--torchtitan-config"
+        stated: Mapping[str, object] = kwargs
         notes.extend(
-            f"{_flag_text(k, v)} overrides {source}'s {k}={kwargs[k]!r}"
+            f"{_flag_text(k, v)} overrides {source}'s {k}={stated[k]!r}"
             for k, v in job.items()
-            if k in kwargs and kwargs[k] != v
+            if k in stated and stated[k] != v
         )
-    kwargs.update(job)
+    kwargs.update(cast(AnalyzeKwargs, job))  # the job's keywords: a part of analyze's
     api = "FSDP2" if "fully_shard" in kwargs or fsdp2_states(model) else "FSDP1"
     try:
         parse_job_options(kwargs, api)
@@ -97,10 +100,10 @@ _JOB_FLAGS = {
 }  # fmt: skip
 
 
-def job_kwargs(args: argparse.Namespace, model: nn.Module) -> dict[str, Any]:
+def job_kwargs(args: argparse.Namespace, model: nn.Module) -> FSDPKwargs:
     """The :mod:`fsdpviz.plan.job` keyword arguments of the flags that were given (and
     ``activation_checkpointing``, which a config file's plan may hold too)."""
-    kwargs: dict[str, Any] = {}
+    kwargs: FSDPKwargs = {}
     checkpointed = getattr(args, "activation_checkpointing", None)
     if checkpointed is not None:
         kwargs["activation_checkpointing"] = _checkpointing(checkpointed, model)
@@ -146,10 +149,10 @@ def _plan_kwargs(
     model: nn.Module,
     default_wrap: Sequence[type[nn.Module]],
     notes: list[str] | None,
-) -> dict[str, Any]:
+) -> AnalyzeKwargs:
     if args.accelerate_config or getattr(args, "torchtitan_plan", None) is not None:
         return _config_kwargs(args, model, notes if notes is not None else [])
-    kwargs: dict[str, Any] = {"world_size": args.world_size or 8, "trace": args.trace}
+    kwargs: dict[str, object] = {"world_size": args.world_size or 8, "trace": args.trace}
     param, reduce = _mixed_precision(args.mixed_precision)
     if args.fully_shard:
         kwargs["fully_shard"] = _fully_shard(args.fully_shard, model)
@@ -160,7 +163,7 @@ def _plan_kwargs(
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
         if args.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
-        return kwargs
+        return cast(AnalyzeKwargs, kwargs)  # FSDP2's options, by the flags' names
     if args.policy is None and default_wrap:
         layers = set(default_wrap)
         kwargs["auto_wrap_policy"] = functools.partial(
@@ -180,10 +183,10 @@ def _plan_kwargs(
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=param, reduce_dtype=reduce or param, buffer_dtype=param
         )
-    return kwargs
+    return cast(AnalyzeKwargs, kwargs)  # FSDP1's options, by the flags' names
 
 
-def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> dict[str, Any]:
+def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str]) -> AnalyzeKwargs:
     """The kwargs of ``--accelerate-config`` (or of the torchtitan plan already read), with
     ``--world-size`` and ``--trace`` on top; FSDP flags would contradict the file."""
     if args.accelerate_config:
@@ -193,7 +196,7 @@ def _config_kwargs(args: argparse.Namespace, model: nn.Module, notes: list[str])
     else:
         plan = args.torchtitan_plan
     notes.extend(plan.notes)
-    kwargs = dict(plan)
+    kwargs = cast(AnalyzeKwargs, dict(plan))
     if args.world_size is not None:
         kwargs["world_size"] = args.world_size
     kwargs["trace"] = args.trace

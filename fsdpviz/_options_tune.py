@@ -12,13 +12,17 @@ import argparse
 import difflib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fsdpviz._options_cli import UsageError, positive_int
 from fsdpviz.schema.memory import size_text
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from fsdpviz.api.keywords import AnalyzeKwargs
+    from fsdpviz.cost.hardware import Machine
+    from fsdpviz.schema.keywords import FSDPKwargs
 
 __all__ = ["add_tune_flags", "frontier_table", "run_tune"]
 
@@ -111,8 +115,8 @@ def run_tune(
         api = "fsdp2"
     if api == "fsdp2" and "fully_shard" not in kwargs:
         kwargs = _as_fsdp2(kwargs, wraps)
-    world = kwargs.pop("world_size", 8)
-    machine = kwargs.pop("machine", "h100")
+    world: int | None = kwargs.pop("world_size", 8)
+    machine = cast("Machine | str", kwargs.pop("machine", "h100"))  # analyze_kwargs sets no None
     kwargs.pop("progress", None)
     if "mesh" in kwargs:
         world = None
@@ -127,7 +131,7 @@ def run_tune(
         memory_budget=args.memory_budget,
         exhaustive=args.exhaustive,
         api=api,
-        **kwargs,
+        **cast("FSDPKwargs", kwargs),  # world_size, machine and progress taken out
     )
 
 
@@ -137,14 +141,18 @@ def _fsdp1_flags(args: argparse.Namespace) -> bool:
     return any(v is not None for v in given) or args.forward_prefetch or args.use_orig_params
 
 
-def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[str, Any]:
+def _as_fsdp2(kwargs: AnalyzeKwargs, wraps: Sequence[type[nn.Module]]) -> AnalyzeKwargs:
     """The configuration the flags give, in FSDP2's words (``fsdpviz tune`` without FSDP1
     flags): the default wrap classes as ``fully_shard``, mixed precision as ``mp_policy``."""
-    out = {
-        k: v
-        for k, v in kwargs.items()
-        if k not in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision")
-    }
+    out = cast(
+        "AnalyzeKwargs",
+        {
+            k: v
+            for k, v in kwargs.items()
+            if k
+            not in ("auto_wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision")
+        },
+    )
     out["fully_shard"] = list(wraps)
     mp = kwargs.get("mixed_precision")
     if mp is not None:
@@ -156,7 +164,7 @@ def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[
     return out
 
 
-def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
+def _mesh_ranks(kwargs: AnalyzeKwargs) -> list[int]:
     from fsdpviz.plan.fsdp2_options import mesh_dims
 
     sizes, _ = mesh_dims(kwargs["mesh"], 3)

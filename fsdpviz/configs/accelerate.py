@@ -33,10 +33,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -53,6 +53,9 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer
 from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
+
+if TYPE_CHECKING:
+    from fsdpviz.api.keywords import AnalyzeKwargs
 
 # fsdp_config keys accelerate reads and fsdpviz applies.
 _FSDP_KEYS = {
@@ -148,7 +151,7 @@ def from_accelerate(
     version = _int(fsdp.get("fsdp_version", 1), "fsdp_version", where)
     if version not in (1, 2):
         raise ConfigError(f"{where}: fsdp_version must be 1 or 2, got {version!r}")
-    kwargs: dict[str, Any] = {
+    kwargs: AnalyzeKwargs = {
         "world_size": _int(data.get("num_processes", 1), "num_processes", where)
     }
     if kwargs["world_size"] < 1:
@@ -190,14 +193,15 @@ def from_accelerate(
                         "checkpoints nothing")  # fmt: skip
         else:
             kwargs["activation_checkpointing"] = wrap.checkpointed
-    compiled = _dynamo(dict(data.get("dynamo_config") or {}), wrap, where, notes)
+    dynamo = cast("Mapping[str, object]", data.get("dynamo_config") or {})
+    compiled = _dynamo(dict(dynamo), wrap, where, notes)
     if compiled:
         kwargs["compile"] = compiled
     return TrainerConfig(f"accelerate config {where}", kwargs, notes)
 
 
 def _dynamo(
-    dynamo: dict[str, Any], wrap: _Wrap | None, where: str, notes: list[str]
+    dynamo: dict[str, object], wrap: _Wrap | None, where: str, notes: list[str]
 ) -> bool | list[type[nn.Module]]:
     """accelerate's ``TorchDynamoPlugin``: ``prepare_model`` compiles the wrapped model, or
     with regional compilation each repeated block."""
@@ -225,7 +229,7 @@ def _dynamo(
     return True
 
 
-def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, object], str]:
     if isinstance(config, Mapping):
         return dict(config), "accelerate config"
     import yaml  # lazy: optional (fsdpviz[accelerate])
@@ -253,7 +257,7 @@ def _load(config: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     return data, path.name
 
 
-def _current_names(data: dict[str, Any]) -> dict[str, Any]:
+def _current_names(data: dict[str, object]) -> dict[str, object]:
     """Top-level keys of older accelerate releases as accelerate reads them
     (``BaseConfig.process_config``): ``fp16: true`` -> ``mixed_precision: fp16``,
     ``dynamo_backend: X`` -> ``dynamo_config``."""
@@ -282,7 +286,7 @@ def _accelerate_version() -> tuple[int, ...] | None:
     return tuple(parts)
 
 
-def _current_fsdp_names(fsdp: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+def _current_fsdp_names(fsdp: dict[str, object], where: str, notes: list[str]) -> dict[str, object]:
     """fsdp_config keys of older accelerate releases, read as the installed accelerate reads
     them (not installed: as the current release does)."""
     installed = _accelerate_version()
@@ -383,7 +387,7 @@ class _Wrap:
         return self.picks
 
 
-def _wrap_policy(fsdp: dict[str, Any], model: nn.Module, where: str) -> _Wrap | None:
+def _wrap_policy(fsdp: dict[str, object], model: nn.Module, where: str) -> _Wrap | None:
     kind = str(fsdp.get("fsdp_auto_wrap_policy") or "NO_WRAP").upper()
     if kind == "NO_WRAP":
         return None
@@ -393,7 +397,9 @@ def _wrap_policy(fsdp: dict[str, Any], model: nn.Module, where: str) -> _Wrap | 
             names = list(getattr(model, "_no_split_modules", None) or [])
         elif isinstance(names, str):
             names = names.split(",")
-        classes = {module_class(model, str(n).strip(), where) for n in names}
+        classes = {
+            module_class(model, str(n).strip(), where) for n in cast("Iterable[object]", names)
+        }
         return _Wrap("transformer", classes, 0)
     if kind == "SIZE_BASED_WRAP":
         threshold = _int(fsdp.get("fsdp_min_num_params", 100_000_000), "fsdp_min_num_params", where)
@@ -410,7 +416,7 @@ def _is_peft(model: nn.Module) -> bool:
 
 
 def _peft_wrap(
-    fsdp: dict[str, Any], model: nn.Module, where: str, version: int, wrap: _Wrap | None,
+    fsdp: dict[str, object], model: nn.Module, where: str, version: int, wrap: _Wrap | None,
     notes: list[str],
 ) -> _Wrap:  # fmt: skip
     """transformers' Trainer on a peft model (``update_fsdp_plugin_peft``): peft's
@@ -465,9 +471,9 @@ def _named(value: Any, names: list[str], key: str, where: str) -> str:
 
 
 def _fsdp1(
-    fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, where: str,
+    fsdp: dict[str, object], wrap: _Wrap | None, dtype: torch.dtype | None, where: str,
     notes: list[str],
-) -> dict[str, Any]:  # fmt: skip
+) -> AnalyzeKwargs:  # fmt: skip
     strategy = _named(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"), _STRATEGIES,
                       "fsdp_sharding_strategy", where)  # fmt: skip
     asked = fsdp.get("fsdp_reshard_after_forward")
@@ -479,7 +485,7 @@ def _fsdp1(
             "Accelerator.prepare_model prefers; set fsdp_sharding_strategy to change it",
         )
     name = "_HYBRID_SHARD_ZERO2" if strategy == "HYBRID_SHARD_ZERO2" else strategy
-    kwargs: dict[str, Any] = {
+    kwargs: AnalyzeKwargs = {
         "sharding_strategy": ShardingStrategy[name],
         "auto_wrap_policy": None if wrap is None else wrap.fsdp1(),
         "backward_prefetch": None,
@@ -505,9 +511,9 @@ def _fsdp1(
 
 
 def _fsdp2(
-    fsdp: dict[str, Any], wrap: _Wrap | None, dtype: torch.dtype | None, model: nn.Module,
+    fsdp: dict[str, object], wrap: _Wrap | None, dtype: torch.dtype | None, model: nn.Module,
     where: str, notes: list[str],
-) -> dict[str, Any]:  # fmt: skip
+) -> AnalyzeKwargs:  # fmt: skip
     for key in ("fsdp_sharding_strategy", "fsdp_backward_prefetch", "fsdp_forward_prefetch",
                 "fsdp_use_orig_params"):  # fmt: skip
         if key in fsdp:
@@ -549,7 +555,7 @@ def _fsdp2(
         group = tuple(names[m] for m in tail)
         calls.append(group if len(group) > 1 else group[0])
         reshard[", ".join(group)] = False
-    kwargs: dict[str, Any] = {"fully_shard": calls, "reshard_after_forward": reshard}
+    kwargs: AnalyzeKwargs = {"fully_shard": calls, "reshard_after_forward": reshard}
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype

@@ -7,11 +7,14 @@ import difflib
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from fsdpviz.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsdpviz.api.keywords import AnalyzeKwargs
 
 
 class ConfigNote(UserWarning):
@@ -29,11 +32,12 @@ class TrainerConfig(Mapping[str, Any]):
     """
 
     source: str
-    kwargs: dict[str, Any]
+    kwargs: AnalyzeKwargs
     notes: list[str] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
-        return self.kwargs[key]
+        kwargs: Mapping[str, object] = self.kwargs
+        return kwargs[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.kwargs)

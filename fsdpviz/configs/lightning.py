@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fsdpviz.configs.common import TrainerConfig, note
 from fsdpviz.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsdpviz.api.keywords import AnalyzeKwargs
 
 # FSDPStrategy arguments that configure processes and checkpoints, not what FSDP does.
 _NOT_PLANNED = {
@@ -125,7 +128,8 @@ def from_lightning(
         kwargs["activation_checkpointing"] = sorted(classes, key=lambda c: c.__name__)
     elif "check_fn" in checkpointing:
         kwargs["activation_checkpointing"] = checkpointing["check_fn"]
-    return TrainerConfig(f"Lightning FSDPStrategy, precision={precision!r}", kwargs, notes)
+    config = cast("AnalyzeKwargs", kwargs)  # FSDPStrategy's keywords are FullyShardedDataParallel's
+    return TrainerConfig(f"Lightning FSDPStrategy, precision={precision!r}", config, notes)
 
 
 def _devices(devices: Any) -> int:

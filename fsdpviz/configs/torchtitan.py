@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -144,14 +144,14 @@ def from_torchtitan(
         kwargs.update(pipeline_kwargs(model, parallel, mesh["pp"], batch, where, notes))
     # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch;
     # one rank's labels: context parallelism cuts them as it cuts the tokens
-    rows = batch // int(kwargs.get("microbatches", 1))
+    rows = batch // int(cast(int, kwargs.get("microbatches", 1)))  # pipeline_kwargs sets an int
     labels = torch.zeros(rows, seq // mesh["cp"], dtype=torch.long, device="meta")
     kwargs["loss"] = _CrossEntropy(labels)
     compiled = compile_option(data.get("compile", {}), where, notes)
     if compiled:
         kwargs["compile"] = compiled
     if compiled is True:  # the blocks and the loss: torchtitan's torch.compile(loss_fn)
-        kwargs["loss"] = torch.compile(kwargs["loss"])
+        kwargs["loss"] = cast("Callable[[Any], torch.Tensor]", torch.compile(kwargs["loss"]))
     if float8 is not None:
         kwargs["float8"] = float8
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)

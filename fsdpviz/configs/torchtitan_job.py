@@ -208,7 +208,7 @@ def mesh_degrees(
     }
 
 
-def float8_option(data: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any] | None:
+def float8_option(data: dict[str, Any], where: str, notes: list[str]) -> dict[str, object] | None:
     """torchtitan's float8 linears: ``model.converters`` naming them (``"float8"``, since
     September 2025 ``"quantize.linear.float8"``) or, before converters, ``[float8]
     enable_float8_linear``; their options from ``[float8]`` / ``[quantize.linear.float8]``."""

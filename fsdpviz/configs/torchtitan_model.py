@@ -9,14 +9,29 @@ others set to None, as torchtitan's ``pipeline_module_split`` leaves them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+
+class LlamaArgs(TypedDict):
+    """A flavor's ``TransformerModelArgs`` as torchtitan gives them (the rest at its
+    defaults: ``n_kv_heads`` ``n_heads``, ``vocab_size`` 128256, ``multiple_of`` 256, no
+    ``ffn_dim_multiplier``)."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: NotRequired[int]
+    vocab_size: NotRequired[int]
+    ffn_dim_multiplier: NotRequired[float]
+    multiple_of: NotRequired[int]
+
+
 # torchtitan's llama3_args (torchtitan/models/llama3/__init__.py)
-FLAVORS: dict[str, dict[str, Any]] = {
+FLAVORS: dict[str, LlamaArgs] = {
     "debugmodel": {"dim": 256, "n_layers": 6, "n_heads": 16, "vocab_size": 2048},
     "8B": {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
            "ffn_dim_multiplier": 1.3, "multiple_of": 1024},
@@ -65,7 +80,7 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, layer_id: int, args: dict[str, Any]) -> None:
+    def __init__(self, layer_id: int, args: LlamaArgs) -> None:
         super().__init__()
         self.layer_id = layer_id
         dim = args["dim"]
@@ -83,7 +98,7 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """torchtitan's Llama 3 ``Transformer``: module names and shapes as torchtitan has them."""
 
-    def __init__(self, args: dict[str, Any], seq_len: int) -> None:
+    def __init__(self, args: LlamaArgs, seq_len: int) -> None:
         super().__init__()
         dim, vocab = args["dim"], args.get("vocab_size", 128256)
         self.tok_embeddings = nn.Embedding(vocab, dim)
@@ -118,7 +133,7 @@ def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     return out.type_as(x)
 
 
-def _ffn_hidden(args: dict[str, Any]) -> int:
+def _ffn_hidden(args: LlamaArgs) -> int:
     """torchtitan's FeedForward hidden size: 2/3 of 4*dim, scaled, rounded up to multiple_of."""
     hidden = int(2 * (4 * args["dim"]) / 3)
     if args.get("ffn_dim_multiplier") is not None:

@@ -7,10 +7,11 @@ schedule, microbatches and stages (:func:`pipeline_kwargs`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
@@ -19,10 +20,13 @@ from fsdpviz.plan.pipeline import default_stages, schedule_class
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
+if TYPE_CHECKING:
+    from fsdpviz.api.keywords import AnalyzeKwargs
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def tp_plan(loss_parallel: bool) -> dict[str, Any]:
+def tp_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
     vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
@@ -34,7 +38,7 @@ def tp_plan(loss_parallel: bool) -> dict[str, Any]:
         SequenceParallel,
     )
 
-    plan: dict[str, Any] = {
+    plan: dict[str, ParallelStyle] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
         "output": ColwiseParallel(
@@ -66,7 +70,7 @@ def tp_plan(loss_parallel: bool) -> dict[str, Any]:
 
 def parallelize_kwargs(
     model: nn.Module, data: dict[str, Any], mesh: dict[str, int], where: str, notes: list[str]
-) -> dict[str, Any]:
+) -> AnalyzeKwargs:
     """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
     arguments."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
@@ -86,7 +90,7 @@ def parallelize_kwargs(
     raf["norm, output"] = policy == "always"
     param = _dtype(training.get("mixed_precision_param", "bfloat16"), "mixed_precision_param")
     reduce = _dtype(training.get("mixed_precision_reduce", "float32"), "mixed_precision_reduce")
-    kwargs: dict[str, Any] = {
+    kwargs: AnalyzeKwargs = {
         "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
         "reshard_after_forward": raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
@@ -146,7 +150,7 @@ def pipeline_kwargs(
     batch: int,
     where: str,
     notes: list[str],
-) -> dict[str, Any]:
+) -> AnalyzeKwargs:
     """torchtitan's ``pipeline_llm`` for this job, as ``analyze`` arguments: the schedule,
     the microbatches (``local_batch_size / pipeline_parallel_microbatch_size``; files of 2024
     give ``pipeline_parallel_microbatches``, default the pp degree) and the stages
@@ -156,7 +160,7 @@ def pipeline_kwargs(
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     name, cls = schedule_class(parallel.get("pipeline_parallel_schedule", "1F1B"))
-    out: dict[str, Any] = {"pipeline_schedule": name}
+    out: AnalyzeKwargs = {"pipeline_schedule": name}
     if parallel.get("pipeline_parallel_schedule_csv"):
         note(
             notes,

@@ -50,7 +50,7 @@ _UNSHARDED = ("unsharded_params", "all_gather")
 _GRADIENTS = ("unsharded_grads", "reduce_scatter")
 
 
-def machine_spec(spec: Any) -> str | dict[str, Any]:
+def machine_spec(spec: Any) -> str | dict[str, object]:
     """What ``report.config.machine`` holds for ``spec``: a preset's name (checked), or a
     :class:`~fsdpviz.cost.Machine`'s constants. ``ConfigError`` for anything else."""
     if isinstance(spec, str):
@@ -126,13 +126,13 @@ def first_fix(report: Report, memory: MemoryReport) -> str:
     return fit_advice(report, memory)[0]
 
 
-def _tried(lead: str, reason: str, fix: dict[str, Any], api: str) -> str:
+def _tried(lead: str, reason: str, fix: dict[str, object], api: str) -> str:
     """``lead with option=value (reason)``: the advice with the options that try it."""
     with_ = f" with {option_text(fix, api)}" if fix else ""
     return f"{lead}{with_} ({reason})"
 
 
-def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, Any]]:
+def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, object]]:
     """The first thing to try for a plan that does not fit, and the :func:`fsdpviz.analyze`
     options that try it (``{}`` where no option does: a smaller batch is the inputs').
 
@@ -157,7 +157,7 @@ def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, Any
     if kind == "sharded":
         strategy = cfg.sharding_strategy if api == "FSDP1" else "FULL_SHARD"
         if strategy != "FULL_SHARD" and strategy != "SHARD_GRAD_OP":
-            fix: dict[str, Any] = {"sharding_strategy": "FULL_SHARD"}
+            fix: dict[str, object] = {"sharding_strategy": "FULL_SHARD"}
             return _tried(
                 f"full sharding over all {cfg.ranks} ranks",
                 f"{strategy} keeps more copies of the parameters, gradients and optimizer "
@@ -214,7 +214,7 @@ def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, Any
     return _finer(report, held, "unsharded gradients, until their reduce-scatter,"), {}
 
 
-def _activation_advice(report: Report, held: str, short: int) -> tuple[str, dict[str, Any]]:
+def _activation_advice(report: Report, held: str, short: int) -> tuple[str, dict[str, object]]:
     """Where activations dominate the peak: see :func:`fit_advice`."""
     cfg = report.config
     api = cfg.api
@@ -223,7 +223,7 @@ def _activation_advice(report: Report, held: str, short: int) -> tuple[str, dict
     if not checkpointed:
         classes = Counter(u.module_class for u in report.units if u.module)
         block = classes.most_common(1)[0][0] if classes else "<block class>"
-        fix: dict[str, Any] = {"activation_checkpointing": [block]}
+        fix: dict[str, object] = {"activation_checkpointing": [block]}
         return _tried(f"activation checkpointing of each {block}", said, fix, api), fix
     cache = next((w for w in report.warnings if w.code == USE_CACHE_CODE), None)
     if cache is not None:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypedDict, Unpack
+from typing import NotRequired, TypedDict, Unpack
 
 from fsdpviz.cost.topology import Span, consecutive
 from fsdpviz.errors import ConfigError
@@ -218,7 +218,7 @@ class Machine:
         """Seconds to copy ``nbytes`` between host and device memory (CPU offload)."""
         return nbytes / (self.pcie_gbps * 1e9) if nbytes > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -246,7 +246,25 @@ _MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tflo
 # h200: the H100 SXM's efficiencies times 1.488, fitted on KempnerForge's 7B FSDP2 run on 4
 # H200 (benchmarks/bench_published.py --fit)
 H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.788, 0.415, 0.329
-GPUS: dict[str, dict[str, Any]] = {
+
+
+class GPUPreset(TypedDict):
+    """A GPU of :data:`GPUS`: :class:`Machine`'s constants of that GPU (its ``network``, the
+    links of its usual host, sets ``intra_node_gbps`` and ``inter_node_gbps``; ``pcie_gbps``,
+    where not given, is Machine's default)."""
+
+    name: str
+    tflops: dict[str, float]
+    memory_gib: float
+    hbm_gbps: float
+    pcie_gbps: NotRequired[float]
+    network: str
+    compute_efficiency: float
+    attention_efficiency: float
+    attention_backward_efficiency: float
+
+
+GPUS: dict[str, GPUPreset] = {
     "h100": {
         "name": "H100 SXM 80GB",
         "tflops": _H100_TFLOPS,
@@ -422,7 +440,7 @@ def machine(
         key = gpu.lower()
         if key not in GPUS:
             raise ConfigError(f"unknown GPU preset {gpu!r}; use one of {', '.join(sorted(GPUS))}")
-        spec = dict(GPUS[key])
+        spec = GPUS[key].copy()
         base = Machine(intra_node_gbps=0.0, inter_node_gbps=0.0, **spec)
         base = _with_network(base, str(spec["network"]))
     if network is not None:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from fsdpviz.cost.fit import machine_of, runtime_overhead
 from fsdpviz.cost.hardware import Machine
@@ -320,6 +320,22 @@ def memory_series(
     return out
 
 
+class MemoryLaneDict(TypedDict):
+    """:meth:`MemoryLane.to_dict`: its lists by name, its peak and notes."""
+
+    categories: list[str]
+    iteration: list[int]
+    kind: list[str]
+    call: list[int]
+    event: list[int]
+    before: list[int]
+    where: list[str]
+    bytes: dict[str, list[int]]
+    total: list[int]
+    peak: MemoryPeak
+    notes: list[str]
+
+
 @dataclass
 class MemoryLane:
     """Bytes in use per category at every moment the memory model looks at them.
@@ -354,7 +370,7 @@ class MemoryLane:
     peak: MemoryPeak
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> MemoryLaneDict:
         return {
             "categories": list(self.categories),
             "iteration": list(self.iteration),
@@ -365,7 +381,7 @@ class MemoryLane:
             "where": list(self.where),
             "bytes": {k: list(v) for k, v in self.bytes.items()},
             "total": list(self.total),
-            "peak": dict(self.peak),
+            "peak": self.peak.copy(),
             "notes": list(self.notes),
         }
 

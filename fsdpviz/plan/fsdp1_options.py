@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -64,6 +64,29 @@ _FSDPVIZ = {
 FSDP1_KEYWORDS = frozenset(_MODELLED | _FSDPVIZ)
 """Every keyword ``analyze`` takes for FSDP1 (``FullyShardedDataParallel``'s and fsdpviz's)."""
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
+
+
+class ShardingFields(TypedDict):
+    """The ``ReportConfig`` fields of the world size, the sharding and the backward prefetch
+    (:meth:`FSDP1Options.describe`)."""
+
+    world_size: int
+    shard_world_size: int
+    sharding_strategy: str
+    backward_prefetch: str | None
+    process_group_size: int | None
+    sharding_strategy_given: str | None
+
+
+class Sharding(TypedDict):
+    """The fields of :class:`FSDP1Options` the world size, ``sharding_strategy`` and
+    ``shard_group_size`` set."""
+
+    world_size: int
+    hybrid: bool
+    shard_group_size: int | None
+    sharding_strategy: ShardingStrategy
+    requested_strategy: ShardingStrategy | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +250,7 @@ class FSDP1Options:
             *(k for k in ("process_group_size", "sharding_strategy_given") if k not in switched)
         )
 
-    def _sharding_fields(self) -> dict[str, Any]:
+    def _sharding_fields(self) -> ShardingFields:
         """The config fields of the world size, the sharding and the backward prefetch."""
         return {
             "world_size": self.world_size,
@@ -450,7 +473,7 @@ def check_policy(policy: Any) -> Any:
     )
 
 
-def _sharding(ws: int, given: Any, sgs: Any) -> tuple[dict[str, Any], list[FsdpWarning]]:
+def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning]]:
     """The options' world size, shard group and the strategy FSDP runs with (the fields of
     :class:`FSDP1Options` they set), from the world size, the ``sharding_strategy`` and the
     ``shard_group_size`` given, with what FSDP warns about them."""
@@ -481,7 +504,7 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[dict[str, Any], list[FsdpW
                 ),
             )
         )
-    fields = {
+    fields: Sharding = {
         "world_size": ws,
         "hybrid": hybrid,
         "shard_group_size": sgs,
@@ -507,7 +530,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     if "backward_prefetch" in kwargs:
         prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
         warned += found
-    flags: dict[str, Any] = {}
+    flags: dict[str, bool] = {}
     for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers"):
         if flag in kwargs:
             value = kwargs[flag]

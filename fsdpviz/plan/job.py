@@ -27,7 +27,7 @@ import dataclasses
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import ModuleInfo
@@ -49,6 +49,24 @@ _FLOAT8_KEYS = {
 }  # fmt: skip
 
 
+class Float8Dict(TypedDict):
+    """:meth:`Float8.to_dict`: torchtitan's float8 keys, as ``ReportConfig.float8`` states
+    them."""
+
+    recipe_name: str
+    enable_fsdp_float8_all_gather: bool
+    filter_fqns: list[str]
+
+
+class JobFields(TypedDict):
+    """The ``ReportConfig`` fields of the job around FSDP (:meth:`JobOptions.config`)."""
+
+    grad_accum: int
+    compile: bool | tuple[str, ...]
+    float8: Float8Dict | None
+    float32_matmul_precision: str | None
+
+
 @dataclass(frozen=True)
 class Float8:
     """Float8 training of ``nn.Linear`` (torchao's ``Float8Linear``): the matrix multiplies
@@ -60,7 +78,7 @@ class Float8:
     enable_fsdp_float8_all_gather: bool = False
     filter_fqns: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Float8Dict:
         return {
             "recipe_name": self.recipe_name,
             "enable_fsdp_float8_all_gather": self.enable_fsdp_float8_all_gather,
@@ -125,7 +143,7 @@ class JobOptions:
         """
         return dataclasses.replace(self, **changes)
 
-    def config(self) -> tuple[dict[str, Any], tuple[str, ...]]:
+    def config(self) -> tuple[JobFields, tuple[str, ...]]:
         """The ``ReportConfig`` fields these options set, and the keys a report states (only
         the options that differ from a plain eager bf16 job, so older reports read the same)."""
         compiled: bool | tuple[str, ...] = (
@@ -133,7 +151,7 @@ class JobOptions:
             if isinstance(self.compile, tuple)
             else self.compile
         )
-        fields: dict[str, Any] = {
+        fields: JobFields = {
             "grad_accum": self.grad_accum,
             "compile": compiled,
             "float8": self.float8.to_dict() if self.float8 else None,

@@ -367,7 +367,7 @@ def plan_from_hooks(model: nn.Module, size: int, dim: str) -> TPPlan:
 class _Found:
     styles: list[Any] = field(default_factory=list)  # style objects (PrepareModule*)
     partials: list[tuple[str, Any]] = field(default_factory=list)  # (class, input partial)
-    outputs: dict[str, Any] = field(default_factory=dict)  # class -> output partial
+    outputs: dict[str, functools.partial[Any]] = field(default_factory=dict)  # class -> partial
     keys: list[tuple[dict[Any, Any], Any]] = field(default_factory=list)  # hooks to drop
 
 

@@ -32,9 +32,9 @@ import dataclasses
 import functools
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack, cast
 
 from torch import nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
@@ -50,6 +50,7 @@ from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
 from fsdpviz.replan.stored_fsdp2 import StoredTrace as StoredTrace2
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import check_model
 
@@ -171,7 +172,7 @@ class Replanner:
         check_model(model, "Replanner")
         self.model = model
         self.inputs = inputs
-        self.analyze_kwargs = {"progress": False, **analyze_kwargs}
+        self.analyze_kwargs: AnalyzeKwargs = {"progress": False, **analyze_kwargs}
         self.cache_size = cache_size
         self.last_seconds: float | None = None
         self.last_cached = False
@@ -274,8 +275,9 @@ class Replanner:
                 continue  # tensor-parallel plans are traced again (replay cannot size them)
             if dataclasses.replace(other, **{k: getattr(opts, k) for k in fields}) != opts:
                 continue
-            kw, before = self.fsdp_kwargs(opts), self.fsdp_kwargs(other)
-            changes = {k: kw[k] for k in keys if kw.get(k) != before.get(k)}
+            kw: Mapping[str, object] = self.fsdp_kwargs(opts)
+            before: Mapping[str, object] = self.fsdp_kwargs(other)
+            changes = cast(PlanKwargs, {k: kw[k] for k in keys if kw.get(k) != before.get(k)})
             return replay(report, **changes), "replay"
         return None
 
@@ -299,7 +301,7 @@ class Replanner:
         kwargs = self.fsdp_kwargs(opts)
         kwargs.pop("profile", None)
         machine = kwargs.pop("machine", None)  # analyze's, not an FSDP option
-        report = stored.plan(**kwargs)
+        report = stored.plan(**cast(PlanKwargs, kwargs))  # machine and profile taken out
         if report is None:
             return None
         if machine is not None:
@@ -307,7 +309,7 @@ class Replanner:
         check_fit(report)
         return report, "stored trace"
 
-    def fsdp_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
+    def fsdp_kwargs(self, opts: PlanOptions) -> AnalyzeKwargs:
         """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""
         if opts.sharding_strategy not in SHARDING_STRATEGIES:
             raise ConfigError(
@@ -316,9 +318,17 @@ class Replanner:
             )
         if opts.recipe == "FSDP2":
             return self._fsdp2_kwargs(opts)
-        kwargs: dict[str, Any] = {**self.analyze_kwargs, "world_size": opts.world_size}
-        for spec in _planned("FSDP1"):
-            kwargs[spec.name] = enum_value(spec, getattr(opts, spec.name))
+        kwargs = cast(
+            AnalyzeKwargs,
+            {
+                **self.analyze_kwargs,
+                "world_size": opts.world_size,
+                **{
+                    spec.name: enum_value(spec, getattr(opts, spec.name))
+                    for spec in _planned("FSDP1")
+                },
+            },
+        )
         if opts.policy == "classes":
             kwargs["auto_wrap_policy"] = ModuleWrapPolicy(self._resolve(opts.layer_classes))
         elif opts.policy == "size":
@@ -334,7 +344,7 @@ class Replanner:
             raise ConfigError(f"no module class {unknown[0]!r} in the model; classes: {known}")
         return {self._classes[n] for n in names}
 
-    def _fsdp2_kwargs(self, opts: PlanOptions) -> dict[str, Any]:
+    def _fsdp2_kwargs(self, opts: PlanOptions) -> AnalyzeKwargs:
         """FSDP2: ``fully_shard`` on every instance of the layer classes, then the root.
 
         FSDP2 prefetches implicitly (explicit maps are ``analyze`` options) and has no
@@ -344,12 +354,13 @@ class Replanner:
         if opts.policy == "size":
             raise ConfigError("the FSDP2 recipe takes layer classes, not a size threshold")
         classes = sorted(self._resolve(opts.layer_classes), key=lambda c: c.__name__)
-        return {
+        kwargs = {
             **self.analyze_kwargs,
             "world_size": opts.world_size,
             "fully_shard": classes if opts.policy == "classes" else [],
             **{spec.name: getattr(opts, spec.name) for spec in _planned("FSDP2")},
         }
+        return cast(AnalyzeKwargs, kwargs)
 
     def _analyze(self, opts: PlanOptions) -> Report:
         """The engine call; a faster path plugs in here."""

@@ -36,6 +36,7 @@ from typing import Any, Unpack
 import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
+from torch.autograd.graph import Node
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
@@ -82,7 +83,7 @@ class StoredTrace:
         self._originals = original_modules(model, mapping)  # what a policy is asked of
         self.reason: str | None = None
         self.calls: list[_Call] = []
-        self._acc: dict[str, Any] = {}  # parameter FQN -> its AccumulateGrad node
+        self._acc: dict[str, Node | None] = {}  # parameter FQN -> its AccumulateGrad node
         self._graph: NumberedGraph | None = None
         self._users: dict[str, list[tuple[int, int]]] = {}  # registration -> (node, edge slot)
         # a node -> the modules whose output gradient it makes (the module backward order)

@@ -15,12 +15,21 @@ below; the differences are listed in ``plan/torch_fsdp.py``'s [Note: FSDP2 acros
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, TypedDict
 
 from fsdpviz.plan.fsdp2 import reshards
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.events import Event, Hook
+
+
+class EventTag(TypedDict, total=False):
+    """What every event of a runtime is tagged with: under pipeline parallelism, the stage
+    it runs, and the microbatch and action of the schedule's step (:class:`Event`'s fields)."""
+
+    stage: int
+    microbatch: int | None
+    action: str
 
 
 class TrainingState(enum.Enum):
@@ -108,7 +117,7 @@ class FSDP2Runtime:
         self.reshard_after_backward = True
         self.is_last_backward = True
         # what every event is tagged with (a pipeline stage's action: stage, microbatch, action)
-        self.tag: dict[str, Any] = {}
+        self.tag: EventTag = {}
         # grouped calls some of whose modules did not run forward before backward (before
         # torch 2.13 FSDP2 never completes their forward and warns in the final callback)
         self.incomplete: dict[str, None] = {}

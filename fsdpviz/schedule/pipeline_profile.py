@@ -29,8 +29,9 @@ and one for its weight's): ``I`` runs the rest of the backward.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
@@ -161,7 +162,23 @@ _COLUMNS = (
 )  # fmt: skip
 
 
-def _quiet(activations: int, temp: int) -> dict[str, Any]:
+class Stretch(TypedDict):
+    """One stretch of the step's profile (a :class:`StepProfile` column each, by name)."""
+
+    flops_forward: float
+    flops_backward: float
+    kernels: list[list[Any]]
+    activations: int
+    forward_temp: int
+    backward_temp: int
+    peak: int
+    peak_activations: int
+    peak_forward_temp: int
+    peak_grads: int
+    grads: dict[str, int]
+
+
+def _quiet(activations: int, temp: int) -> Stretch:
     """No compute: what the other microbatches hold."""
     return {
         "flops_forward": 0.0, "flops_backward": 0.0, "kernels": [],
@@ -171,9 +188,10 @@ def _quiet(activations: int, temp: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _append(cols: dict[str, list[Any]], values: dict[str, Any]) -> None:
+def _append(cols: dict[str, list[Any]], values: Stretch) -> None:
+    row: Mapping[str, object] = values
     for k in _COLUMNS:
-        cols[k].append(values[k])
+        cols[k].append(row[k])
 
 
 def _scaled(kernels: list[list[Any]], part: str) -> list[list[Any]]:

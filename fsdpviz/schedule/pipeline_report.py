@@ -125,7 +125,7 @@ def _config(popts: PipelineOptions, traces: list[StageTrace], groups: list[Group
     of ``traces``' stages), the whole mesh, pp dimension first, and the pipeline's."""
     opts = traces[0].opts
     base = opts.describe(groups)
-    changes: dict[str, Any] = {}
+    changes: dict[str, dict[str, str]] = {}
     if opts.tp is not None:  # every stage's modules' styles
         plan: dict[str, str] = {}
         for t in traces:

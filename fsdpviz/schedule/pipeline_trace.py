@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices, resolve_targets
@@ -132,7 +133,7 @@ def _check_targets(copy: nn.Module, spec: Any) -> None:
     resolve_targets(copy, spec)
 
 
-def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, Any]:
+def _stage_plan(plan: Any, modules: dict[str, nn.Module]) -> dict[str, ParallelStyle]:
     """``parallelize_plan`` for one stage: the patterns that match a module it holds."""
     return {
         pattern: style

@@ -93,7 +93,7 @@ class FSDPKwargs(TypedDict, total=False):
     # pipeline parallelism (torch.distributed.pipelining, as torchtitan splits the model)
     pipeline_schedule: str | type | None
     microbatches: int | None
-    pipeline_stages: Sequence[Sequence[str]] | Sequence[int] | None
+    pipeline_stages: Sequence[Sequence[str]] | int | None
     # the job around FSDP
     grad_accum: int
     compile: bool | Sequence[type[nn.Module]]

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import torch
 import torch.utils.checkpoint
@@ -149,7 +149,15 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
     return chosen
 
 
-def describe_checkpointing(model: nn.Module, spec: CheckpointSpec) -> dict[str, Any] | None:
+class CheckpointingDict(TypedDict):
+    """What ``Report.config.activation_checkpointing`` states (:func:`describe_checkpointing`)."""
+
+    mode: Literal["full", "selective"]
+    classes: list[str]
+    modules: int
+
+
+def describe_checkpointing(model: nn.Module, spec: CheckpointSpec) -> CheckpointingDict | None:
     """What ``Report.config.activation_checkpointing`` states for ``spec`` on ``model`` (the
     modules ``spec`` picks, and the model's own checkpoint wrappers): ``{"mode": "full" |
     "selective", "classes": [class names], "modules": how many}``; None for none."""
@@ -158,7 +166,9 @@ def describe_checkpointing(model: nn.Module, spec: CheckpointSpec) -> dict[str, 
     if not chosen:
         return None
     classes = dict.fromkeys(type(_inner(m)).__name__ for m in chosen)
-    mode = "selective" if isinstance(spec, SelectiveCheckpoint) else "full"
+    mode: Literal["full", "selective"] = (
+        "selective" if isinstance(spec, SelectiveCheckpoint) else "full"
+    )
     return {"mode": mode, "classes": list(classes), "modules": len(chosen)}
 
 

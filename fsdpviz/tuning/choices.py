@@ -5,7 +5,7 @@ pipeline knobs' in :mod:`~fsdpviz.tuning.mesh_choices`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from fsdpviz.tuning.space import (
     PIPELINE_KNOBS,
     Choice,
     Space,
+    TuneKwargs,
     batch_size,
     block_class,
     block_names,
@@ -68,28 +69,29 @@ class SpaceBuilder(MeshChoices):
         self.tp_why = ""
         self.tp_standard = False
 
-    def build(self, kwargs: dict[str, Any], pinned: set[str], tokens_per_step: int | None) -> Space:
+    def build(self, kwargs: TuneKwargs, pinned: set[str], tokens_per_step: int | None) -> Space:
         """The choices of every knob, and the user's (see :class:`Space`)."""
         api, model = self.api, self.model
         self.pipelined = pipelined(kwargs)
         side = 0 if api == "FSDP2" else 1
         owned = set().union(*(o[side] for o in OWNED.values()))
-        base = {k: v for k, v in kwargs.items() if k not in owned}
+        base = cast(TuneKwargs, {k: v for k, v in kwargs.items() if k not in owned})
         block = block_class(model)
         blocks = block_names(model, block)
         choices: dict[str, list[Choice]] = {}
         user: dict[str, Choice] = {}
 
-        def given(knob: str) -> dict[str, Any]:
-            return {k: kwargs[k] for k in OWNED[knob][side] if k in kwargs}
+        keywords: Mapping[str, object] = kwargs
+
+        def given(knob: str) -> TuneKwargs:
+            return cast(TuneKwargs, {k: keywords[k] for k in OWNED[knob][side] if k in keywords})
 
         # units
         plans = wrap_plans(model, api, block)
         wrap = [Choice("wrap", label, kw) for label, kw in plans.items()]
         user_wrap = given("wrap")
         if not user_wrap:
-            key = "fully_shard" if api == "FSDP2" else "auto_wrap_policy"
-            user_wrap = {key: [] if api == "FSDP2" else None}
+            user_wrap = {"fully_shard": []} if api == "FSDP2" else {"auto_wrap_policy": None}
         mine_wrap = next((c for c in wrap if _same_wrap(model, c.kwargs, user_wrap)), None)
         if mine_wrap is None:
             mine_wrap = Choice("wrap", "as given", user_wrap)
@@ -312,14 +314,14 @@ class SpaceBuilder(MeshChoices):
         self,
         choices: list[Choice],
         knob: str,
-        given: Mapping[str, Any],
-        default: Mapping[str, Any],
+        given: TuneKwargs,
+        default: TuneKwargs,
     ) -> Choice:
         wanted = given or default
         for c in choices:
             if _same_kwargs(c.kwargs, wanted):
                 return c
-        mine = Choice(knob, _value_label(wanted), dict(wanted))
+        mine = Choice(knob, _value_label(wanted), wanted.copy())
         choices.append(mine)
         return mine
 
@@ -338,8 +340,8 @@ class SpaceBuilder(MeshChoices):
 
     def _offload_choices(self) -> list[Choice]:
         if self.api == "FSDP2":
-            on: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()}
-            off: dict[str, Any] = {}
+            on: TuneKwargs = {"offload_policy": CPUOffloadPolicy()}
+            off: TuneKwargs = {}
         else:
             on, off = {"cpu_offload": CPUOffload(offload_params=True)}, {}
         return [Choice("cpu_offload", "off", off), Choice("cpu_offload", "on", on)]

@@ -9,7 +9,7 @@ import itertools
 import multiprocessing
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -27,6 +27,7 @@ from fsdpviz.tuning.space import (
     REPLAYED,
     Choice,
     Space,
+    TuneKwargs,
     micro_batch_inputs,
     micro_batch_label,
 )
@@ -102,18 +103,20 @@ class Evaluations:
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
 
-    def _replay_changes(self, config: Config) -> dict[str, Any]:
-        changes: dict[str, Any] = {}
+    def _replay_changes(self, config: Config) -> TuneKwargs:
+        changes: TuneKwargs = {}
         for knob in REPLAYED[self.api]:
             c = config.get(knob)
             if c is None or (knob == "mesh" and (c.mesh[2] > 1 or c.traced)):
                 continue
-            kw = dict(c.kwargs)
+            kw = c.kwargs.copy()
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
                 kw["mesh"] = None
             changes.update(kw)
         if self.api == "FSDP1":
-            changes = {k: v for k, v in changes.items() if k != "shard_group_size" or v}
+            changes = cast(
+                TuneKwargs, {k: v for k, v in changes.items() if k != "shard_group_size" or v}
+            )
         changes["grad_accum"] = int(config["micro_batch"].kwargs.get("grad_accum", 1))
         return changes
 
@@ -169,9 +172,9 @@ class Evaluations:
         self._configs[candidate.index] = dict(config)
         return candidate
 
-    def _trace_kwargs(self, config: Config, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _trace_kwargs(self, config: Config, kwargs: TuneKwargs) -> TuneKwargs:
         """The analyze keywords of ``config``'s trace (its accumulation is replayed)."""
-        out = dict(kwargs)
+        out = kwargs.copy()
         if not self._traces_accum(config):
             out.pop("grad_accum", None)
         return out
@@ -219,7 +222,7 @@ class Evaluations:
             return sorted(self._trace_seconds)[len(self._trace_seconds) // 2] >= 1.0
         return sum(p.numel() for p in self.model.parameters()) >= 10**9
 
-    def _analyze(self, inputs: Any, kwargs: dict[str, Any]) -> Report | None:
+    def _analyze(self, inputs: Any, kwargs: TuneKwargs) -> Report | None:
         self.trace_count += 1
         if self.bar is not None:
             self.bar.set_postfix_str(f"{self.trace_count} traces", refresh=False)
@@ -231,7 +234,7 @@ class Evaluations:
     def _candidate(
         self,
         config: Config,
-        kwargs: dict[str, Any],
+        kwargs: TuneKwargs,
         inputs: Any,
         report: Report,
         traced: bool,
@@ -351,7 +354,7 @@ _SHOWN = (
 )  # fmt: skip
 
 
-_FORKED: tuple[Evaluations, list[tuple[Any, dict[str, Any]]]] | None = None
+_FORKED: tuple[Evaluations, list[tuple[Any, TuneKwargs]]] | None = None
 """What a forked worker traces: the evaluations (the model with them) and the jobs."""
 
 

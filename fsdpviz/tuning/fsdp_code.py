@@ -13,6 +13,7 @@ import torch
 from fsdpviz.plan.option_specs import OPTIONS
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.tuning.space import TuneKwargs
 
 _RESHARD = OPTIONS["reshard_after_forward"]
 
@@ -21,7 +22,7 @@ class Candidate(Protocol):
     """What the code of a configuration is made from (a :class:`fsdpviz.tuning.Candidate`)."""
 
     knobs: dict[str, str]
-    kwargs: dict[str, Any]
+    kwargs: TuneKwargs
     report: Report
     micro_batch: int
     grad_accum: int

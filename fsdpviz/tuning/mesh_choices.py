@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, FsdpvizError
@@ -21,7 +22,7 @@ from fsdpviz.plan.pipeline import (
     wants_pipeline,
 )
 from fsdpviz.schedule.pipeline_order import rank_actions
-from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, divisors, heads
+from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, TuneKwargs, divisors, heads
 
 __all__ = ["MeshChoices", "cp_degree", "mesh_ranks", "pipelined", "tp_degree"]
 
@@ -39,20 +40,20 @@ class MeshChoices:
     world_sizes: list[int]
     notes: list[str]
 
-    def _pipeline_choices(self, given: dict[str, Any]) -> tuple[list[Choice], Choice]:
+    def _pipeline_choices(self, given: TuneKwargs) -> tuple[list[Choice], Choice]:
         """The job's schedule and the others of :data:`PIPELINE_SCHEDULES`, each with the
         job's microbatches (another schedule with the default stages for it)."""
         mine_name = given.get("pipeline_schedule", DEFAULT_SCHEDULE)
         mine_label, _ = schedule_class(mine_name)
         micro = given.get("microbatches")
         mine = Choice("pipeline", f"{mine_label}" + (f", {micro} microbatches" if micro else ""),
-                      dict(given))  # fmt: skip
+                      given.copy())  # fmt: skip
         out = [mine]
         for name in PIPELINE_SCHEDULES:
             label, _ = schedule_class(name)
             if label == mine_label:
                 continue
-            kw: dict[str, Any] = {"pipeline_schedule": name, "pipeline_stages": None}
+            kw: TuneKwargs = {"pipeline_schedule": name, "pipeline_stages": None}
             if micro is not None:
                 kw["microbatches"] = micro
             out.append(Choice("pipeline", label + (f", {micro} microbatches" if micro else ""), kw))
@@ -60,7 +61,7 @@ class MeshChoices:
 
     def _pipeline_meshes(
         self,
-        given: dict[str, Any],
+        given: TuneKwargs,
         schedules: list[Choice],
         batch: int,
         pinned: bool,
@@ -79,7 +80,7 @@ class MeshChoices:
         mine = Choice(
             "mesh",
             _pp_label(ranks, pp, ranks // (pp * tp), tp),
-            dict(given),
+            given.copy(),
             mesh=(ranks, ranks, 1),
             traced=True,
             pp=pp,
@@ -112,7 +113,7 @@ class MeshChoices:
                 continue
             samples = batch * degree // pp
             if degree == 1:
-                kw: dict[str, Any] = (
+                kw: TuneKwargs = (
                     {"mesh": ("dp_shard", dp, "tp", tp), "parallelize_plan": plan}
                     if tp > 1
                     else {"world_size": ranks}
@@ -149,7 +150,9 @@ class MeshChoices:
             return str(e).splitlines()[0]
         return ""
 
-    def _meshes(self, ws: int, tp: int, plan: dict[str, Any] | None) -> list[Choice]:
+    def _meshes(
+        self, ws: int, tp: int, plan: ParallelStyle | Mapping[str, ParallelStyle] | None
+    ) -> list[Choice]:
         """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
         (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
         node that divides the ranks and the heads (with the user's plan, else the model's
@@ -157,7 +160,7 @@ class MeshChoices:
         node = self.machine.gpus_per_node
         out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
         if self.api == "FSDP2" and ws > node and ws % node == 0:
-            kw: dict[str, Any] = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
+            kw: TuneKwargs = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
             out.append(
                 Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
             )
@@ -176,7 +179,7 @@ class MeshChoices:
             degree *= 2
         return out
 
-    def _context_parallel_mesh(self, given: dict[str, Any]) -> Choice:
+    def _context_parallel_mesh(self, given: TuneKwargs) -> Choice:
         """The user's mesh with a context-parallel dimension, kept as given: the ranks that
         share each sequence are the job's, not a knob of tune's (its inputs are the whole
         sequences, its loss the share of each rank)."""
@@ -191,9 +194,9 @@ class MeshChoices:
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        return Choice("mesh", label, dict(given), mesh=(ranks, ranks // tp, tp), traced=True)
+        return Choice("mesh", label, given.copy(), mesh=(ranks, ranks // tp, tp), traced=True)
 
-    def _user_mesh(self, given: dict[str, Any], meshes: list[Choice]) -> Choice:
+    def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
         if "mesh" not in given:
             return next(c for c in meshes if c.mesh[0] == ws0)

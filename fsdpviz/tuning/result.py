@@ -13,17 +13,67 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, TypedDict, Unpack, cast
 
-from fsdpviz.cost.slow_causes import slowdowns
+from fsdpviz.cost.slow_causes import Slowdown, slowdowns
 from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.keywords import MimeBundleKwargs, TuneSaveKwargs, TuneShowKwargs
 from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.rows import Scalar
 from fsdpviz.schema.tables import dataframe
 from fsdpviz.schema.timeline import duration_text
 from fsdpviz.tuning.code import configuration_code
-from fsdpviz.tuning.space import KNOB_NAMES
+from fsdpviz.tuning.space import KNOB_NAMES, TuneKwargs
+
+TuneRow = dict[str, Scalar]
+"""One configuration as a table row (:meth:`Candidate.row`): its index, its value of each
+knob in words (the knobs' names as keys), then its measures."""
+
+
+class Alternative(TypedDict):
+    """One row of :meth:`Tuning.alternatives`."""
+
+    knob: str
+    candidate: Candidate
+    text: str
+
+
+class SlowCause(Slowdown):
+    """One row of :meth:`Tuning.why_slow`: a :class:`~fsdpviz.cost.Slowdown` and the
+    configuration tune found for its knob."""
+
+    prediction: Candidate | None
+    predicted: str
+
+
+class Needs(TypedDict):
+    """When nothing fits (:attr:`Tuning.needs`): the lightest configuration's index, the
+    ranks it would fit on and its peak there (None where more ranks do not help), or why
+    not."""
+
+    candidate: int
+    world_size: int | None
+    peak_bytes: int | None
+    reason: str
+
+
+class TuningJSON(TypedDict):
+    """:meth:`Tuning.to_dict`: what ``tuning.save("x.json")`` writes."""
+
+    api: str
+    machine: str
+    world_sizes: list[int]
+    budget: int | None
+    best: int | None
+    user: int
+    frontier: list[int]
+    rows: list[TuneRow]
+    traces: int
+    replays: int
+    seconds: float
+    notes: list[str]
+    needs: Needs | None
 
 
 @dataclass
@@ -44,7 +94,7 @@ class Candidate:
     """
 
     knobs: dict[str, str]
-    kwargs: dict[str, Any]
+    kwargs: TuneKwargs
     inputs: Any
     report: Report
     fits: bool
@@ -76,7 +126,7 @@ class Candidate:
         """The configuration in one line: ``"8 ranks · each LlamaDecoderLayer · ..."``."""
         return " · ".join(f"{KNOB_NAMES.get(k, k)} {v}" for k, v in self.knobs.items())
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> TuneRow:
         """This configuration as a table row (JSON)."""
         return {
             "index": self.index,
@@ -126,9 +176,9 @@ class Candidate:
 class TuneTable:
     """Every configuration evaluated, one row each (:meth:`Candidate.row`)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[TuneRow]
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[TuneRow]:
         return [dict(r) for r in self.rows]
 
     def to_pandas(self) -> Any:
@@ -162,7 +212,7 @@ class Tuning:
     seconds: float
     notes: list[str] = field(default_factory=list)
     source: str = ""  # "torchtitan" / "accelerate" when the configuration came from one
-    needs: dict[str, Any] | None = None  # nothing fits: what would (ranks, configuration)
+    needs: Needs | None = None  # nothing fits: what would (ranks, configuration)
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -200,14 +250,14 @@ class Tuning:
     def table(self) -> TuneTable:
         return TuneTable([c.row() for c in self.candidates])
 
-    def alternatives(self) -> list[dict[str, Any]]:
+    def alternatives(self) -> list[Alternative]:
         """Per knob, the best configuration that differs from :attr:`best` (or, when nothing
         fits, from the lowest peak) in that knob: ``knob``, ``candidate``, ``text``
         (``"checkpointing every 2nd LlamaDecoderLayer instead of each LlamaDecoderLayer:
         +8% tokens/s, 71.2 of 78.5 GiB"``)."""
         return alternatives(self)
 
-    def why_slow(self, candidate: Candidate | None = None) -> list[dict[str, Any]]:
+    def why_slow(self, candidate: Candidate | None = None) -> list[SlowCause]:
         """Why ``candidate`` (default: the configuration as given) is slow: its step's time
         by cause (:func:`fsdpviz.cost.slowdowns`), each with ``prediction``: the fastest
         configuration evaluated that turns that cause's knob (as few other knobs changed as
@@ -218,7 +268,7 @@ class Tuning:
         """The best configuration, why, and per knob what the best alternative changes."""
         return summary(self)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TuningJSON:
         best = self.best
         return {
             "api": self.api,
@@ -276,12 +326,12 @@ def _anchor(tuning: Tuning) -> Candidate:
     return min(tuning.candidates, key=lambda c: c.memory_bytes)
 
 
-def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
+def alternatives(tuning: Tuning) -> list[Alternative]:
     """Per knob, the best configuration that differs from the anchor (the best, else the
     lightest) in that knob, as few other knobs changed as possible (fitting ones first,
     then the most tokens/s)."""
     anchor = _anchor(tuning)
-    out: list[dict[str, Any]] = []
+    out: list[Alternative] = []
     for knob in anchor.knobs:
         if knob in _FOLLOWING and "pipeline" in anchor.knobs:
             continue  # a pipeline's micro-batch follows its pp degree: the mesh's alternative
@@ -296,9 +346,9 @@ def alternatives(tuning: Tuning) -> list[dict[str, Any]]:
     return out
 
 
-def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
+def why_slow(tuning: Tuning, c: Candidate) -> list[SlowCause]:
     """See :meth:`fsdpviz.tuning.Tuning.why_slow`."""
-    out = []
+    out: list[SlowCause] = []
     checkpointed = c.knobs.get("activation_checkpointing", "none") != "none"
     for row in slowdowns(c.report, checkpointing=checkpointed):
         knob = row["knob"]
@@ -318,7 +368,7 @@ def why_slow(tuning: Tuning, c: Candidate) -> list[dict[str, Any]]:
             predicted = f"tune tries {knob} with allow=({knob!r},)"
         else:
             predicted = ""
-        out.append(row | {"prediction": pick, "predicted": predicted})
+        out.append(cast(SlowCause, row | {"prediction": pick, "predicted": predicted}))
     return out
 
 
@@ -418,13 +468,14 @@ def summary(tuning: Tuning) -> str:
             f"{size_text(low.peak_bytes)}, dominated by {low.dominant}), with:"
         )
         lines += _config_lines(low)
-        needs = tuning.needs or {}
-        if needs.get("world_size"):
+        needs = tuning.needs
+        if needs and needs.get("world_size"):
             lines.append(
                 f"It fits from {needs['world_size']} ranks (peak "
-                f"{size_text(needs['peak_bytes'])}): the sharded state shrinks with the ranks."
+                f"{size_text(cast(int, needs['peak_bytes']))}): the sharded state shrinks with "
+                "the ranks."
             )
-        elif needs.get("reason"):
+        elif needs and needs.get("reason"):
             lines.append(f"{needs['reason'][0].upper()}{needs['reason'][1:]}.")
         pinned = [n for n in tuning.notes if n.endswith("(pinned)")]
         if pinned:

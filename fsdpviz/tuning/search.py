@@ -18,7 +18,7 @@ import difflib
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 from torch import nn
 
@@ -33,7 +33,7 @@ from fsdpviz.trace.copy import check_model
 from fsdpviz.tuning.evaluation import workers_for
 from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined
 from fsdpviz.tuning.result import Tuning
-from fsdpviz.tuning.space import ALLOWABLE, KNOBS, check_fixed
+from fsdpviz.tuning.space import ALLOWABLE, KNOBS, TuneKwargs, check_fixed
 from fsdpviz.tuning.stages import StagedSearch
 
 _FSDP1_ONLY = {
@@ -112,7 +112,7 @@ def tune(
     check_model(model, "tune")
     if config is not None:
         source = source or _source(config)
-    given: dict[str, Any] = {**dict(config), **kwargs} if config is not None else dict(kwargs)
+    given = cast(TuneKwargs, {**dict(config), **kwargs} if config is not None else dict(kwargs))
     world_sizes = _world_sizes(world_size, given)
     m = make_machine(machine) if isinstance(machine, str) else machine
     chosen_api = _api(api, given, fixed or {})
@@ -124,7 +124,7 @@ def tune(
         model,
         inputs,
         chosen_api,
-        {**given, **{k: v for k, v in fixed_kw.items() if k not in KNOBS}},
+        cast(TuneKwargs, {**given, **{k: v for k, v in fixed_kw.items() if k not in KNOBS}}),
         fixed_kw,
         allowed,
         turned,
@@ -203,7 +203,7 @@ def _source(config: Mapping[str, Any]) -> str:
     return ""
 
 
-def _world_sizes(world_size: int | Sequence[int] | None, kwargs: dict[str, Any]) -> list[int]:
+def _world_sizes(world_size: int | Sequence[int] | None, kwargs: TuneKwargs) -> list[int]:
     """The world sizes to search; the configuration's own ``world_size`` keyword goes (the
     mesh knob sets it), the default where none is given."""
     given = kwargs.pop("world_size", None)

@@ -41,13 +41,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fsdpviz.configs.torchtitan_plan import tp_plan
@@ -56,6 +56,7 @@ from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
 from fsdpviz.plan.option_specs import FSDP_OPTIONS
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
+from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -120,6 +121,14 @@ REPLAYED = {
 ALLOWABLE = ("compile", "float8", "cpu_offload")
 
 
+class TuneKwargs(FSDPKwargs, total=False):
+    """The :func:`fsdpviz.analyze` keywords of a configuration (or those a knob's value
+    sets): FSDP's and the job's, and the ranks; tune passes ``progress`` and ``machine``
+    itself."""
+
+    world_size: int
+
+
 @dataclass(frozen=True)
 class Choice:
     """One value of a knob: ``label`` (what people read), the ``kwargs`` it sets on
@@ -131,7 +140,7 @@ class Choice:
 
     knob: str
     label: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: TuneKwargs = field(default_factory=TuneKwargs)
     samples: int = 0  # micro_batch: samples per forward (0: the inputs as given)
     steps: int = 0  # micro_batch: micro-steps each reducing its gradients (0: grad_accum's)
     mesh: tuple[int, int, int] = (0, 0, 0)  # mesh: (world size, shard ranks, tp)
@@ -164,24 +173,24 @@ class Space:
     blocks: list[str]
     choices: dict[str, list[Choice]]
     user: dict[str, Choice]
-    base: dict[str, Any]  # the keywords no knob owns (loss, trace, ignored_params, ...)
+    base: TuneKwargs  # the keywords no knob owns (loss, trace, ignored_params, ...)
     batch: int  # samples in the inputs (0: not known, micro_batch fixed)
     pinned: frozenset[str]
     pipelined: bool = False  # a pipeline's: every configuration traced, none replayed
     # (mesh label, pipeline label) pairs the schedule refuses at that pp degree
     refused: frozenset[tuple[str, str]] = frozenset()
 
-    def kwargs(self, config: Mapping[str, Choice]) -> dict[str, Any]:
+    def kwargs(self, config: Mapping[str, Choice]) -> TuneKwargs:
         """The :func:`fsdpviz.analyze` keywords of a configuration (a pipeline job's at pp 1:
         without the pipeline's keywords; at another degree than its own: the default stages)."""
-        out = dict(self.base)
+        out = self.base.copy()
         for knob in KNOBS:
             choice = config.get(knob)
             if choice is not None:
                 out.update(choice.kwargs)
         mesh, mine = config.get("mesh"), self.user.get("mesh")
         if mesh is not None and mesh.pp == 1:
-            out = {k: v for k, v in out.items() if k not in PIPELINE_KEYS}
+            out = cast(TuneKwargs, {k: v for k, v in out.items() if k not in PIPELINE_KEYS})
         elif mesh is not None and mine is not None and mesh.pp > 1 and mesh.pp != mine.pp:
             out["pipeline_stages"] = None
         return out
@@ -232,12 +241,12 @@ def block_names(model: nn.Module, block: type[nn.Module] | None) -> list[str]:
     return out
 
 
-def wrap_plans(model: nn.Module, api: str, block: type[nn.Module] | None) -> dict[str, Any]:
+def wrap_plans(model: nn.Module, api: str, block: type[nn.Module] | None) -> dict[str, TuneKwargs]:
     """Candidate wrap plans from the model's structure: ``{label: kwargs}`` (``fully_shard``
     for FSDP2, ``auto_wrap_policy`` for FSDP1), the usual recipe (one unit per block) first."""
     named = dict(model.named_modules())
     blocks = block_names(model, block)
-    plans: dict[str, dict[str, Any]] = {}
+    plans: dict[str, TuneKwargs] = {}
     if block is None or len(blocks) < 2:
         plans["the root alone"] = _plan(api, [], named)
         return plans
@@ -268,7 +277,7 @@ def wrap_plans(model: nn.Module, api: str, block: type[nn.Module] | None) -> dic
     return plans
 
 
-def _plan(api: str, groups: list[tuple[str, ...]], named: dict[str, nn.Module]) -> dict[str, Any]:
+def _plan(api: str, groups: list[tuple[str, ...]], named: dict[str, nn.Module]) -> TuneKwargs:
     if api == "FSDP2":
         return {"fully_shard": [g if len(g) > 1 else g[0] for g in groups]}
     if not groups:
@@ -366,7 +375,7 @@ def param_dtype(model: nn.Module) -> torch.dtype | None:
     return max(counts, key=lambda d: counts[d]) if counts else None
 
 
-def standard_precision(api: str) -> dict[str, Any]:
+def standard_precision(api: str) -> TuneKwargs:
     """bf16 parameters with float32 gradient reduction (torchtitan's and llm-foundry's
     default), as the API takes it."""
     if api == "FSDP2":
@@ -392,7 +401,7 @@ def precision_label(kwargs: Mapping[str, Any], dtype: torch.dtype | None) -> str
 
 
 # -------------------------------------------------------------- tensor parallel
-def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | None, str]:
+def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, ParallelStyle] | None, str]:
     """The model's own tensor-parallel plan, as ``parallelize_module`` takes it: torchtitan's
     for its Llama (``source="torchtitan"``), else the Hugging Face config's
     ``base_model_tp_plan`` (``"colwise"`` / ``"rowwise"`` entries); None and why where there
@@ -407,7 +416,7 @@ def standard_tp_plan(model: nn.Module, source: str) -> tuple[dict[str, Any] | No
     prefix = getattr(model, "base_model_prefix", "")
     names = {n for n, _ in model.named_modules()}
     at = f"{prefix}." if prefix and prefix in names else ""
-    out: dict[str, Any] = {}
+    out: dict[str, ParallelStyle] = {}
     for pattern, style in plan.items():
         if style not in styles:
             return None, (

@@ -28,8 +28,8 @@ from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning.choices import SpaceBuilder
 from fsdpviz.tuning.evaluation import Config, Evaluations
-from fsdpviz.tuning.result import Candidate
-from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, pinned_knobs
+from fsdpviz.tuning.result import Candidate, Needs
+from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, TuneKwargs, pinned_knobs
 
 __all__ = ["StagedSearch"]
 
@@ -47,7 +47,7 @@ class StagedSearch(Evaluations):
         model: nn.Module,
         inputs: Any,
         api: str,
-        user_kwargs: dict[str, Any],
+        user_kwargs: TuneKwargs,
         fixed: dict[str, Any],
         allowed: set[str],
         turned: set[str],
@@ -69,7 +69,7 @@ class StagedSearch(Evaluations):
         self.machine = machine
         self.allowed = allowed
         self.world_sizes = world_sizes
-        self.needs: dict[str, Any] | None = None
+        self.needs: Needs | None = None
         self._source = source
         self._tp_why = builder.tp_why
         self._tp_standard = builder.tp_standard
@@ -381,7 +381,7 @@ class StagedSearch(Evaluations):
         if self._fastest_fit() is not None or not self.candidates:
             return
         lightest = min(self.candidates, key=lambda c: c.memory_bytes)
-        needs: dict[str, Any] = {
+        needs: Needs = {
             "candidate": lightest.index, "world_size": None, "peak_bytes": None, "reason": ""
         }  # fmt: skip
         self.needs = needs
@@ -392,7 +392,7 @@ class StagedSearch(Evaluations):
         ws, low = lightest.world_size, lightest.peak_bytes
         while ws < 1 << 16:
             ws *= 2
-            changes: dict[str, Any] = {"world_size": ws}
+            changes: TuneKwargs = {"world_size": ws}
             if report.config.api == "FSDP2":
                 changes["mesh"] = None
             try:
@@ -403,7 +403,7 @@ class StagedSearch(Evaluations):
             mem = self._memory(other, lightest.grad_accum if lightest.sync_each else 0)
             peak = int(mem.peak["bytes"])
             if mem.fits if self.budget is None else peak <= self.budget:
-                needs.update(world_size=ws, peak_bytes=peak)
+                needs.update({"world_size": ws, "peak_bytes": peak})
                 return
             if peak >= low:  # the sharded state no longer shrinks what the peak holds
                 break

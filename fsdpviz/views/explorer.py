@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -139,7 +139,8 @@ def explorer_figure(
     )
     # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
     # (and so the golden tests) are still validated.
-    return go.Figure(data=[trace], layout=layout, _validate=len(trace["ids"]) < VALIDATE_BELOW)
+    ids = cast(list[str], trace["ids"])
+    return go.Figure(data=[trace], layout=layout, _validate=len(ids) < VALIDATE_BELOW)
 
 
 def explorer_parts(
@@ -153,7 +154,7 @@ def explorer_parts(
     focus: str = "",
     view: TreeView | None = None,
     width: int | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, object], dict[str, object]]:
     """The trace and the layout of :func:`explorer_figure` as plain dicts, not validated.
 
     For widgets that redraw on every re-plan: plotly's validation of a 1,000-node
@@ -201,7 +202,7 @@ def explorer_parts(
                 "(root)" if node.fqn == "" else node.fqn,
             ]
         )
-    trace: dict[str, Any] = {
+    trace: dict[str, object] = {
         "type": kind,
         "ids": ids,
         "parents": parents,

@@ -154,7 +154,7 @@ def prefetch_parts(
     theme: Theme = "light",
     highlight_unit: str | None = None,
     selected_unit: str | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, object]], dict[str, object]]:
     """The traces and the layout of :func:`prefetch_figure` as plain dicts, not validated
     (for widgets that redraw on every re-plan)."""
     graph = unit_graph(report, iteration)
@@ -162,7 +162,7 @@ def prefetch_parts(
     pos = facts.positions
     colors = palette_for(report)
     c = theme_colors(theme)
-    traces: list[dict[str, Any]] = []
+    traces: list[dict[str, object]] = []
     arcs = _arcs(graph, facts)
     # Screen pixels per unit of y over pixels per unit of x, to point arrowheads along arcs.
     # The y range holds the arcs drawn (none above the line without forward prefetch).
@@ -337,7 +337,7 @@ def _edge_traces(
     edges: list[tuple[str, str, float, str]],
     pos: dict[str, int],
     aspect: float,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     color, dash = EDGE_COLORS[kind]
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -360,7 +360,7 @@ def _edge_traces(
         angles.append(round(math.degrees(math.atan2(dx, dy * aspect)), 1))
     label = _LABELS[kind]
     arrow = round(max(5.0, min(11.0, 0.5 * _PLOT_PX[0] / max(len(pos), 1))), 1)
-    traces: list[dict[str, Any]] = [
+    traces: list[dict[str, object]] = [
         {
             "type": "scatter",
             "x": _compact(xs),
@@ -428,7 +428,7 @@ def _node_traces(
     never: list[str],
     c: dict[str, str],
     size: float,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     names = sorted(pos, key=pos.__getitem__)
     many = size < 15  # their forward index is printed inside while it fits
     hover = []
@@ -436,7 +436,7 @@ def _node_traces(
         first, *rest = _unit_lines(graph, n, n in never)  # the name, the last line in bold
         rest = [f"<b>{t}</b>" if t == _NEVER else t for t in rest]
         hover.append("<br>".join([f"<b>{L(n)}</b>{first[len(L(n)) :]}", *rest]))
-    traces: list[dict[str, Any]] = []
+    traces: list[dict[str, object]] = []
     if never:
         traces.append(
             {
@@ -484,13 +484,13 @@ def _layout(
     pos: dict[str, int],
     theme: Theme,
     y_range: list[float],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     names = sorted(pos, key=pos.__getitem__)
     step = max(1, math.ceil(len(names) / _MAX_TICK_LABELS))
     shown = names[::step]
     text = [L(n) if n == "" else n for n in names]
     title, notes = _heading(report, facts)
-    xaxis: dict[str, Any] = {
+    xaxis: dict[str, object] = {
         "tickvals": [pos[n] for n in shown],
         "ticktext": text[::step],
         # no tickangle: plotly picks the first of these at which labels do not overlap

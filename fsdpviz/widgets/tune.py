@@ -97,9 +97,8 @@ class TuneView(w.VBox):  # type: ignore[misc]
 
         c = self.candidate(index)
         if self._model is not None:
-            dashboard = Dashboard(
-                c.report, model=self._model, inputs=c.inputs, **{**c.kwargs, **self._kwargs}
-            )
+            merged: dict[str, Any] = {**c.kwargs, **self._kwargs}
+            dashboard = Dashboard(c.report, model=self._model, inputs=c.inputs, **merged)
         else:
             dashboard = Dashboard(c.report, **self._kwargs)
         self.dashboard = dashboard
