@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import fsdpviz
@@ -92,6 +93,43 @@ def test_trace_records_each_kernel() -> None:
     assert ("gemm", 1, 64, 256, 32, 1, 4) in gemms
     forward_mem = [r for r in rows if r[0] == "mem" and r[1] == 0]
     assert forward_mem and all(r[-1] > 0 for r in forward_mem)
+
+
+class _Attend(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 3 * 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 4, 16)).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).flatten(2)
+
+
+def test_recomputed_attention_is_a_forward_kernel() -> None:
+    # activation checkpointing runs the block's forward again in backward: the attention
+    # it recomputes launches the forward kernel, priced as one, not as the backward kernel
+    model = nn.Sequential(_Attend(), _Attend())
+    x = torch.randn(2, 32, 64)
+    for ac in (None, [_Attend]):
+        report = fsdpviz.analyze(
+            model, x, world_size=2, fully_shard=["0", "1"], activation_checkpointing=ac,
+            loss=lambda out: out.sum(), progress=False,
+        )  # fmt: skip
+        assert report.profile is not None
+        rows = [tuple(k) for ks in report.profile.iterations[-1].kernels for k in ks]
+        attn: dict[tuple[object, ...], int] = {}
+        for r in rows:
+            if r[0] == "attn":  # (phase, backward kernel): count
+                attn[r[2], r[10]] = attn.get((r[2], r[10]), 0) + r[11]
+                assert r[3:10] == (2, 4, 32, 32, 16, 1, 4)  # B, H, Sq, Skv, D, causal, fp32
+        recomputed = {} if ac is None else {(1, 0): 2}
+        assert attn == {(0, 0): 2, **recomputed, (1, 1): 2}
+    tl = timeline(report, TOY, optimizer=None)
+    shape = (2, 4, 32, 32, 16)
+    fwd = attention_seconds(TOY, "flash", False, shape, True, 4)
+    bwd = attention_seconds(TOY, "flash", True, shape, True, 4)
+    assert tl.totals["attention_s"] == pytest.approx(4 * fwd + 2 * bwd)
 
 
 def test_throughput_mfu_and_hfu() -> None:

@@ -243,9 +243,9 @@ _B200_TFLOPS = {"bfloat16": 2250.0, "float16": 2250.0, "float32": 75.0, "tfloat3
                 "float8_e4m3fn": 4500.0}  # fmt: skip
 _MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tfloat32": 653.7,
                   "float8_e4m3fn": 2614.9, "float8_e4m3fnuz": 2614.9}  # fmt: skip
-# h200: the H100 SXM's efficiencies times 1.488, fitted on KempnerForge's 7B FSDP2 run on 4
+# h200: the H100 SXM's efficiencies times 1.37, fitted on KempnerForge's 7B FSDP2 run on 4
 # H200 (benchmarks/bench_published.py --fit)
-H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.788, 0.415, 0.329
+H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.735, 0.387, 0.307
 
 
 class GPUPreset(TypedDict):
@@ -327,9 +327,9 @@ GPUS: dict[str, GPUPreset] = {
         "memory_gib": 40.0,
         "hbm_gbps": 1555.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.687,
-        "attention_efficiency": 0.559,
-        "attention_backward_efficiency": 0.430,
+        "compute_efficiency": 0.665,
+        "attention_efficiency": 0.541,
+        "attention_backward_efficiency": 0.416,
     },
     "b200": {
         "name": "B200 SXM 180GB",

@@ -11,7 +11,8 @@ its memory traffic on a :class:`~fsdpviz.cost.hardware.Machine`::
   peak: one that would take ``gemm_half_us`` reaches half), bytes of both operands and
   the result;
 - **fused attention** (``attn``): the kernel's FLOPs (forward ``4 B H Sq Skv D``, backward
-  2.5 times that, the flash backward recomputing the scores), a causal mask doing only the
+  2.5 times that, the flash backward recomputing the scores; the forward kernel that
+  activation checkpointing runs again in backward is a forward one), a causal mask doing only the
   blocks on and below the diagonal, at ``peak * attention_efficiency`` (forward) or
   ``attention_backward_efficiency``, scaled by ``S / (S + attention_seq_half)`` and
   ``D / (D + 32)`` relative to ``D = 128`` (short sequences and small heads reach less);
@@ -161,7 +162,8 @@ def stretch_cost(
             cpu += n * (m.launch_backward_us if k[1] else m.launch_forward_us)
         elif kind == "attn":
             shape = (int(k[3]), int(k[4]), int(k[5]), int(k[6]), int(k[7]))
-            attention += n * attention_seconds(m, str(k[1]), bool(k[2]), shape, bool(k[8]), k[9])
+            grad = bool(k[10] if len(k) > 12 else k[2])  # the backward kernel, not the phase
+            attention += n * attention_seconds(m, str(k[1]), grad, shape, bool(k[8]), k[9])
             cpu += n * (m.launch_backward_us if k[2] else m.launch_forward_us)
         elif kind == "flops":
             flops = float(k[2]) * n

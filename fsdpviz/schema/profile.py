@@ -61,9 +61,10 @@ ending in ``count, bytes`` (bytes read and written, all of them together):
 
 - ``["gemm", backward, M, N, K, batch, itemsize, count, bytes]``: a matrix multiply
   ``(batch x) M x K @ K x N`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``);
-- ``["attn", kernel, backward, B, H, Sq, Skv, D, causal, itemsize, count, bytes]``: a
-  fused attention kernel (``kernel`` ``"flash"`` or ``"efficient"``, ``backward`` 0 or 1;
-  eager attention is its matrix multiplies and softmax);
+- ``["attn", kernel, backward, B, H, Sq, Skv, D, causal, itemsize, grad, count, bytes]``: a
+  fused attention kernel (``kernel`` ``"flash"`` or ``"efficient"``, ``backward`` 0 or 1,
+  ``grad`` 1 for the backward kernel, 0 for the forward one, which activation checkpointing
+  also runs in backward; eager attention is its matrix multiplies and softmax);
 - ``["flops", backward, flops, count, bytes]``: another operator with a FLOP formula
   (convolutions);
 - ``["mem", backward, count, bytes]``: every other operator that launches a kernel

@@ -342,8 +342,11 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
                 h, hkv = -(-h // tp), -(-hkv // tp)
             skv = kv.shape[2]
             isz = q.element_size()
-            key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz)
-            nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + backward)
+            # the backward kernel (its query is argument 1) or the forward one, whatever the
+            # phase: activation checkpointing's recomputation in backward runs the forward one
+            grad = int(cost[1] == 1)
+            key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz, grad)
+            nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + grad)
         else:
             share = tp > 1 and any(self._is_share(t) for t in tree_leaves(out))
             local = flops // tp if share else flops
