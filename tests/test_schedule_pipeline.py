@@ -293,6 +293,9 @@ def test_a_four_dimensional_job_shares_tensor_parallelism() -> None:
     assert send.nbytes == 2 * 64 * 256 * 2 // 2  # microbatch x seq x dim, bf16, half per tp rank
     tp = [e for e in steady if e.tensor_parallel]
     assert tp and all(e.stage == 0 and e.action is not None for e in tp)
+    # each rank's kernels were traced as one tp rank runs them, and its profile says so: the
+    # time model takes them as they are, not a 1/tp share of them again
+    assert all(r.profile is not None and r.profile.kernels_tp == 2 for r in report.pipeline.ranks)  # type: ignore[union-attr]
 
 
 def test_gradients_accumulate_in_the_reduce_dtype() -> None:

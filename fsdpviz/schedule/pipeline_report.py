@@ -113,6 +113,7 @@ def _rank_profile(
         flop_ops=list(first.flop_ops),
         tokens=first.tokens * m,
         tp_ranks=first.tp_ranks,
+        kernels_tp=first.kernels_tp,
     )
 
 
