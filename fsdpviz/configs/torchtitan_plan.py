@@ -11,6 +11,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
@@ -26,14 +34,6 @@ def tp_plan(loss_parallel: bool) -> dict[str, Any]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
     vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
     plan: dict[str, Any] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -69,8 +69,6 @@ def parallelize_kwargs(
 ) -> dict[str, Any]:
     """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
     arguments."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
-
     training = data.get("training", {})
     policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
     if policy not in ("default", "always", "never"):

@@ -51,6 +51,7 @@ import traitlets
 from fsdpviz.api.keywords import PlanKwargs
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
+from fsdpviz.export import html_page
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_memory import auto_memory
@@ -290,8 +291,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         """Write the dashboard as it is now to an HTML page: the plan it shows (after any
         re-plan), the step, the selection, the explorer's focus, drawn by the same front
         end. ``theme``: ``"auto"`` (the reader's OS setting), ``"light"`` or ``"dark"``."""
-        from fsdpviz.export import html_page
-
         states = self._states()
         p = Path(path)
         p.write_text(
