@@ -157,6 +157,7 @@ def _as_fsdp2(kwargs: dict[str, Any], wraps: Sequence[type[nn.Module]]) -> dict[
 
 
 def _mesh_ranks(kwargs: dict[str, Any]) -> list[int]:
+    # lazy: loads torch; the parser imports this module
     from fsdpviz.plan.fsdp2_options import mesh_dims
 
     sizes, _ = mesh_dims(kwargs["mesh"], 3)

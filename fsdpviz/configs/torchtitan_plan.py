@@ -151,6 +151,7 @@ def pipeline_kwargs(
     (``module_fqns_per_model_part``, ``pipeline_parallel_layers_per_stage``, 2024's
     ``pipeline_parallel_split_points``, else torchtitan's split with the first and last
     stages ``..._less_layers`` lighter)."""
+    # lazy: pipelining is slow to import
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     name, cls = schedule_class(parallel.get("pipeline_parallel_schedule", "1F1B"))

@@ -91,7 +91,7 @@ def chrome_trace(
         trace = chrome_trace(report)
         [e for e in trace["traceEvents"] if e["ph"] == "X"][:2]
     """
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which export does without
 
     reports, names = ranks_of(obj)
     pipe = obj.pipeline if isinstance(obj, Report) else None

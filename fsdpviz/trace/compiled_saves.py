@@ -90,6 +90,7 @@ def _same(t: torch.Tensor) -> torch.Tensor:
 
 
 def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> PartitionSaves | None:
+    # lazy: AOTAutograd and inductor take seconds to import; for compiled regions only
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table

@@ -42,7 +42,7 @@ def lane_groups(
     rank_names: Sequence[str] | None,
     memory: MemoryOption,
 ) -> tuple[list[LaneGroup], str]:
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which the views do without
 
     if isinstance(obj, Comparison):
         return _comparison_groups(obj, memory), "comparison"
