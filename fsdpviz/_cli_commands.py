@@ -24,7 +24,7 @@ from fsdpviz import load
 from fsdpviz._cli_checks import DOES_NOT_FIT, factory_spec
 from fsdpviz._options_cli import Source, UsageError, flags_for, hf_id
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
-from fsdpviz._options_tune import frontier_table, run_tune
+from fsdpviz._tune_command import frontier_table, run_tune
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.examples import example_analysis

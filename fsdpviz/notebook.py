@@ -40,7 +40,8 @@ from fsdpviz._options_cli import (
 )
 from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
-from fsdpviz._options_tune import add_tune_flags, run_tune
+from fsdpviz._options_tune import add_tune_flags
+from fsdpviz._tune_command import run_tune
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.errors import FsdpvizError
