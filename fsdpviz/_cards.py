@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.export import object_bundle
+from fsdpviz import export
 from fsdpviz.schema.memo import ReportMemo
 from fsdpviz.views.card import report_bundle
 from fsdpviz.views.card import run_bundle as card
@@ -38,7 +38,7 @@ def run_bundle(obj: Report | RecordedRun, base: dict[str, Any], **options: Any) 
     extension and a static SVG of them; ``base`` alone where those cannot be made (a
     card is always shown), its ``text/plain`` saying why."""
     try:
-        return object_bundle(obj, base=base, **options)
+        return export.object_bundle(obj, base=base, **options)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         text = base.get("text/plain", "")
         return {**base, "text/plain": f"{text}\n(no saved views: {type(e).__name__}: {e})"}

@@ -93,9 +93,11 @@ def _lookup(table: dict[str, Target], name: str, what: str) -> Callable[..., Any
 
 
 def _resolved(table: dict[str, Target], name: str) -> Callable[..., Any]:
-    """``table[name]``, its ``"module:name"`` imported the first time (and kept)."""
+    """``table[name]``; a ``"module:name"`` looked up in its module at each call (imported the
+    first time), so the module's function is the one called, as a patched one would be."""
     target = table[name]
     if isinstance(target, str):
         module, _, attr = target.partition(":")
-        target = table[name] = getattr(importlib.import_module(module), attr)
+        found: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+        return found
     return target
