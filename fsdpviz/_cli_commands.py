@@ -24,7 +24,6 @@ from fsdpviz import load
 from fsdpviz._cli_checks import DOES_NOT_FIT, factory_spec
 from fsdpviz._options_cli import Source, UsageError, flags_for, hf_id
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
-from fsdpviz._tune_command import frontier_table, run_tune
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.examples import example_analysis
@@ -80,6 +79,8 @@ def cmd_report(args: argparse.Namespace, source: Source, path: Path, explicit: b
 
 
 def cmd_tune(args: argparse.Namespace, path: Path) -> int:
+    from fsdpviz._tune_command import frontier_table, run_tune  # lazy: the tuner, 0.5 s
+
     sizes: list[int] | None = args.world_size
     args.world_size = sizes[0] if sizes else None
     model, inputs, wraps = _doctor_model(args)

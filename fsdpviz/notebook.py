@@ -41,7 +41,6 @@ from fsdpviz._options_cli import (
 from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
 from fsdpviz._options_tune import add_tune_flags
-from fsdpviz._tune_command import run_tune
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.errors import FsdpvizError
@@ -130,6 +129,8 @@ def _run(
 
 
 def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]]) -> Any:
+    from fsdpviz._tune_command import run_tune  # lazy: the tuner, 0.5 s, for `tune` only
+
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"%fsdpviz tune: the model must be a torch.nn.Module, got {type(model).__name__}"
