@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fsdpviz._cli_commands import DOES_NOT_FIT, cmd_demo, cmd_doctor, cmd_report, cmd_tune
+from fsdpviz._cli_checks import DOES_NOT_FIT, check_demo, check_doctor, check_report, check_tune
 from fsdpviz._options_cli import UsageError, add_fsdp_flags, add_source_flags, positive_int
 from fsdpviz._options_tune import add_tune_flags
 from fsdpviz._version import __version__
@@ -93,9 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         given: argparse.ArgumentParser = getattr(args, "parser", parser)
         _usage_error(given.prog, _unrecognized(unknown, given), hint=True)
         return 2
-    command: Callable[[argparse.Namespace], int] = args.func
+    check: Callable[[argparse.Namespace], tuple[Any, ...]] = args.func
     try:
-        return command(args)
+        checked = check(args)  # the command line alone: nothing is loaded yet
+        from fsdpviz import _cli_commands  # lazy: loads torch, which a mistake does without
+
+        command: Callable[..., int] = getattr(_cli_commands, f"cmd_{args.command}")
+        return command(args, *checked)
     except (UsageError, ConfigError) as exc:  # what the command line got wrong
         sub: argparse.ArgumentParser = args.parser
         _usage_error(sub.prog, str(exc))
@@ -163,7 +167,7 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
     )
     _add_output(demo, "fsdpviz-demo.html", full_help=full_help)
     _add_world_size(demo)
-    demo.set_defaults(func=cmd_demo, parser=demo)
+    demo.set_defaults(func=check_demo, parser=demo)
 
     report = subs.add_parser(
         "report",
@@ -191,7 +195,7 @@ def _build_parser(full_help: bool = False) -> argparse.ArgumentParser:
         f"{DOES_NOT_FIT} when it does not, 0 when it does (a CI gate); writes a file only "
         "with -o",
     )
-    report.set_defaults(func=cmd_report, parser=report)
+    report.set_defaults(func=check_report, parser=report)
     _add_tune(subs, full_help)
     _add_doctor(subs, full_help)
     return parser
@@ -213,7 +217,7 @@ def _add_tune(subs: Any, full_help: bool) -> None:
     _add_model(tune, "hf:meta-llama/Llama-3.1-8B, hf:./config-dir or mypkg.models:build")
     add_tune_flags(tune)
     _add_output(tune, "tune.html", full_help=full_help)
-    tune.set_defaults(func=cmd_tune, parser=tune)
+    tune.set_defaults(func=check_tune, parser=tune)
 
 
 def _add_doctor(subs: Any, full_help: bool) -> None:
@@ -235,7 +239,7 @@ def _add_doctor(subs: Any, full_help: bool) -> None:
     )
     _add_model(doctor, "the job's model, as fsdpviz report takes it: hf:ID or MODULE:FACTORY")
     _add_output(doctor, "doctor.html", full_help=full_help)
-    doctor.set_defaults(func=cmd_doctor, parser=doctor)
+    doctor.set_defaults(func=check_doctor, parser=doctor)
 
 
 def _add_model(

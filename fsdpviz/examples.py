@@ -17,8 +17,11 @@ from typing import Any, Unpack
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from fsdpviz.api.keywords import AnalyzeKwargs
+from fsdpviz.api.predict import analyze
 from fsdpviz.schema.report import Report
 
 
@@ -152,11 +155,6 @@ def example_analysis(**overrides: Unpack[ExampleKwargs]) -> Report:
     ``world_size=8``) or add any other :func:`fsdpviz.analyze` keyword; ``config``
     selects the model size.
     """
-    from torch.distributed.fsdp import BackwardPrefetch
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    from fsdpviz.api.predict import analyze
-
     config: ExampleConfig | None = overrides.pop("config", None)
     kwargs: dict[str, Any] = {
         "auto_wrap_policy": ModuleWrapPolicy({DecoderLayer}),

@@ -23,6 +23,7 @@ import shlex
 import warnings
 from typing import Any
 
+from IPython.core.error import UsageError
 from torch import nn
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -39,7 +40,7 @@ from fsdpviz._options_cli import (
 )
 from fsdpviz._options_cli import UsageError as FlagError
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
-from fsdpviz._options_tune import add_tune_flags, run_tune
+from fsdpviz._options_tune import add_tune_flags
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
 from fsdpviz.errors import FsdpvizError
@@ -82,8 +83,6 @@ _OPTIONS = """\
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would exit the kernel's process
-        from IPython.core.error import UsageError  # lazy: IPython is optional
-
         raise UsageError(f"%fsdpviz: {message}\n{_OPTIONS}")
 
 
@@ -101,8 +100,6 @@ def _parser(line_magic: bool, tune: bool = False) -> _Parser:
 
 
 def _parse(line: str, line_magic: bool, tune: bool = False) -> argparse.Namespace:
-    from IPython.core.error import UsageError  # lazy: IPython is optional
-
     parser = _parser(line_magic, tune)
     words = shlex.split(line)
     known = {o for a in parser._actions for o in a.option_strings}
@@ -117,8 +114,6 @@ def _parse(line: str, line_magic: bool, tune: bool = False) -> argparse.Namespac
 def _run(
     model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]] | None = None
 ) -> Any:
-    from IPython.core.error import UsageError  # lazy: IPython is optional
-
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"%fsdpviz: the model must be a torch.nn.Module, got {type(model).__name__}"
@@ -134,7 +129,7 @@ def _run(
 
 
 def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn.Module]]) -> Any:
-    from IPython.core.error import UsageError  # lazy: IPython is optional
+    from fsdpviz._tune_command import run_tune  # lazy: the tuner, 0.5 s, for `tune` only
 
     if not isinstance(model, nn.Module):
         raise UsageError(
@@ -148,8 +143,6 @@ def _tune(model: Any, inputs: Any, args: argparse.Namespace, wraps: list[type[nn
 
 def _line_model(ip: Any, args: argparse.Namespace) -> tuple[Any, Any, list[type[nn.Module]]]:
     """The model, inputs and default wrap classes a line magic names."""
-    from IPython.core.error import UsageError  # lazy: IPython is optional
-
     try:
         if args.torchtitan_config:
             with warnings.catch_warnings():
@@ -197,8 +190,6 @@ def _outermost_call(run_cell: Any) -> tuple[nn.Module, Any]:
         for h in handles:
             h.remove()
     if not captured:
-        from IPython.core.error import UsageError  # lazy: IPython is optional
-
         raise UsageError("%%fsdpviz: the cell ran no torch module; build and call the model in it")
     return captured[0]
 
@@ -215,8 +206,6 @@ def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext fsdpviz``: registers ``%fsdpviz`` and ``%%fsdpviz``."""
 
     def applies(args: argparse.Namespace, line_magic: bool) -> None:
-        from IPython.core.error import UsageError  # lazy: IPython is optional
-
         model = getattr(args, "model", None) if line_magic else None
         source: Source
         if args.torchtitan_config:

@@ -19,6 +19,8 @@ import difflib
 import inspect
 from typing import TYPE_CHECKING, Any, cast
 
+from torch.distributed.fsdp import FullyShardedDataParallel
+
 from fsdpviz.configs.common import TrainerConfig, note
 from fsdpviz.errors import ConfigError
 
@@ -150,8 +152,6 @@ def _devices(devices: Any) -> int:
 def _check_arguments(kwargs: dict[str, Any], strategy_cls: Any) -> None:
     """FSDPStrategy passes the keywords it does not know to FullyShardedDataParallel, which
     would fail on a misspelled one when the job starts: say so now."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     known = set(inspect.signature(strategy_cls.__init__).parameters) - {"self", "kwargs"}
     fsdp = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self"}
     for key in kwargs:

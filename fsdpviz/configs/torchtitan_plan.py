@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
@@ -30,14 +38,6 @@ def tp_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
     vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
     plan: dict[str, ParallelStyle] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -73,8 +73,6 @@ def parallelize_kwargs(
 ) -> AnalyzeKwargs:
     """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
     arguments."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
-
     training = data.get("training", {})
     policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
     if policy not in ("default", "always", "never"):
@@ -157,6 +155,7 @@ def pipeline_kwargs(
     (``module_fqns_per_model_part``, ``pipeline_parallel_layers_per_stage``, 2024's
     ``pipeline_parallel_split_points``, else torchtitan's split with the first and last
     stages ``..._less_layers`` lighter)."""
+    # lazy: pipelining is slow to import
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     name, cls = schedule_class(parallel.get("pipeline_parallel_schedule", "1F1B"))

@@ -29,14 +29,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsdpviz._version import __version__
 from fsdpviz.api.comparison import Comparison
 from fsdpviz.cost.fit import modelled_memory
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, ExportError
 from fsdpviz.export._sources import memory_summary, ranks_of
+from fsdpviz.views.explorer import explorer_data
+from fsdpviz.views.prefetch import prefetch_data
 from fsdpviz.views.style import format_bytes, theme_colors
 from fsdpviz.views.timeline_lanes import MemoryOption
-from fsdpviz.views.timeline_view import opening_iteration
+from fsdpviz.views.timeline_view import opening_iteration, timeline_data
 from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
@@ -163,10 +166,6 @@ def page_config(
     the views ``states`` must give. JupyterLab's fsdpviz renderer draws the same config
     (:func:`fsdpviz.export._notebook.report_mime`).
     """
-    from fsdpviz.views.explorer import explorer_data
-    from fsdpviz.views.prefetch import prefetch_data
-    from fsdpviz.views.timeline_view import timeline_data
-
     iteration = opening_iteration(obj, iteration)
     if isinstance(obj, Comparison):
         if obj.reports is None:
@@ -325,8 +324,6 @@ def page_script(page: str, script_id: str) -> str:
 
 
 def _version() -> str:
-    from fsdpviz._version import __version__
-
     return __version__
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ExportError
 from fsdpviz.export._sources import ranks_of
+from fsdpviz.views import explorer_figure, prefetch_figure, timeline_data, timeline_figure
 from fsdpviz.views.style import Theme
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.tree import with_module_tree
@@ -54,8 +55,6 @@ def figure(
     shows every rank. ``width``: the image's (default :data:`DEFAULT_WIDTH`), whose blocks
     the explorer's labels are fitted to.
     """
-    from fsdpviz.views import explorer_figure, prefetch_figure, timeline_figure
-
     reports, names = ranks_of(obj)
     if name == "explorer":
         return explorer_figure(
@@ -64,8 +63,6 @@ def figure(
     if name == "prefetch":
         return prefetch_figure(reports[0], -1 if iteration is None else iteration, theme=theme)
     if name == "timeline":
-        from fsdpviz.views import timeline_data
-
         drawn = reports if len(reports) == 1 and obj is reports[0] else obj
         data = timeline_data(
             drawn,

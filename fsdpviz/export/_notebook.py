@@ -32,6 +32,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
+from fsdpviz._version import __version__
 from fsdpviz.export._html import VIEWS, pack, page_config, page_header
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.keywords import ReportFileKwargs
@@ -62,8 +63,6 @@ wrote) that holds the page JupyterLab opens."""
 
 
 def _version() -> str:
-    from fsdpviz._version import __version__
-
     return __version__
 
 

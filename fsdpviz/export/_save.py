@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz.api.comparison import Comparison
 from fsdpviz.errors import ConfigError
-from fsdpviz.export._image import FIGURES, IMAGE_FORMATS
+from fsdpviz.export._html import html_page
+from fsdpviz.export._image import FIGURES, IMAGE_FORMATS, figure, write_image
+from fsdpviz.export._notebook import PAGE_KEY, report_file
+from fsdpviz.export._sources import ranks_of
+from fsdpviz.export._trace import chrome_trace
+from fsdpviz.graphs import module_graph, unit_graph, write_graph
 from fsdpviz.schema.keywords import SaveKwargs
+from fsdpviz.views.tree import with_module_tree
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
@@ -101,8 +107,6 @@ def save(
     p = Path(path)
     suffix = suffix_of(p)
     if suffix == ".html":
-        from fsdpviz.export._html import html_page
-
         _check("html", suffix, options)
         text = html_page(obj, **options)
         p.write_text(text, encoding="utf-8")
@@ -113,8 +117,6 @@ def save(
             "save each plan's report for the other formats"
         )
     if suffix in IMAGE_FORMATS:
-        from fsdpviz.export._image import figure, write_image
-
         _check("image", suffix, options)
         name = options.pop("figure", "explorer")
         if name not in FIGURES:
@@ -123,17 +125,12 @@ def save(
         fig = figure(obj, name, width=size.get("width"), **options)
         return write_image(fig, p, **size)
     if suffix == REPORT_JSON:
-        from fsdpviz.export._notebook import report_file
-
         _check("report", suffix, options)
         indent = options.pop("indent", None)
         text = json.dumps(report_file(obj, **options), indent=indent, allow_nan=False)
         p.write_text(text + "\n", encoding="utf-8")
         return p
     if suffix == ".json":
-        from fsdpviz.export._notebook import PAGE_KEY, report_file
-        from fsdpviz.export._trace import chrome_trace
-
         _check("json", suffix, options)
         indent = options.pop("indent", None)
         trace = chrome_trace(obj, **options)
@@ -173,10 +170,6 @@ def check_options(
 def _write_graph(
     obj: Report | RecordedRun, p: Path, *, graph: str = "unit", iteration: int = -1
 ) -> Path:
-    from fsdpviz.export._sources import ranks_of
-    from fsdpviz.graphs import module_graph, unit_graph, write_graph
-    from fsdpviz.views.tree import with_module_tree
-
     report = ranks_of(obj)[0][0]
     if graph == "unit":
         g = unit_graph(report, iteration)

@@ -16,7 +16,7 @@ AUTO = "auto"
 
 def ranks_of(obj: Report | RecordedRun) -> tuple[list[Report], list[str]]:
     """The reports to draw, one per rank, and their names (``"rank N"``)."""
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which export does without
 
     if isinstance(obj, Report):
         rank = obj.config.rank if obj.source == "recording" else None

@@ -20,10 +20,14 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
+from fsdpviz._version import __version__
 from fsdpviz.cost.fit import DEFAULT_MACHINE
 from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.cost.time import timeline
 from fsdpviz.export._sources import ranks_of
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.memory import CATEGORIES
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.rows import Scalar
 from fsdpviz.views.timeline_placement import resolve_machine
@@ -87,8 +91,7 @@ def chrome_trace(
         trace = chrome_trace(report)
         [e for e in trace["traceEvents"] if e["ph"] == "X"][:2]
     """
-    from fsdpviz._version import __version__
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which export does without
 
     reports, names = ranks_of(obj)
     pipe = obj.pipeline if isinstance(obj, Report) else None
@@ -209,9 +212,6 @@ def _iteration_mark(pid: int, iteration: int, ts: float) -> TraceEvent:
 
 def _memory(report: Report, iteration: int, pid: int, times: list[float]) -> list[TraceEvent]:
     """``"C"`` samples: bytes per category after each event, at the event's time."""
-    from fsdpviz.cost.memory import memory_model
-    from fsdpviz.schema.memory import CATEGORIES
-
     try:
         records = [r.breakdown() for r in memory_model(report, iteration=iteration).events]
     except (ValueError, KeyError, IndexError):
@@ -284,8 +284,6 @@ def _predicted(
     report: Report, its: list[int], pid: int, machine: Machine | str
 ) -> list[TraceEvent]:
     """A prediction: events and compute placed by the time model, iterations back to back."""
-    from fsdpviz.cost.time import timeline
-
     out: list[TraceEvent] = []
     offset = 0.0
     for it in its:

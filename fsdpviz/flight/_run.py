@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Unpack
 
+import torch
+import torch.distributed as dist
+
 from fsdpviz.flight._align import Alignment, guess_roles
 from fsdpviz.flight._diagnosis import Diagnosis, diagnose
 from fsdpviz.flight._dump import (
@@ -321,9 +324,6 @@ def dump_flight_recorder(folder: str | Path | None = None, *, json: bool = False
             fsdpviz.dump_flight_recorder("fr-dumps")
             raise
     """
-    import torch
-    import torch.distributed as dist
-
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     if folder is not None:
         Path(folder).mkdir(parents=True, exist_ok=True)

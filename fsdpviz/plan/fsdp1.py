@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp._init_utils import _init_ignored_module_states
+from torch.distributed.fsdp._wrap_utils import _auto_wrap
 from torch.distributed.fsdp.wrap import (
     ModuleWrapPolicy,
     size_based_auto_wrap_policy,
@@ -250,9 +252,6 @@ def _recorded_targets(
     root: nn.Module, opts: FSDP1Options, ignored_modules: set[nn.Module], ignored_params: set[Any]
 ) -> tuple[list[tuple[nn.Module, dict[str, Any]]], list[str]]:
     """Run FSDP's own auto-wrap with a wrapper that records instead of wrapping."""
-    # lazy: private torch API, looked up at use
-    from torch.distributed.fsdp._wrap_utils import _auto_wrap
-
     targets: list[tuple[nn.Module, dict[str, Any]]] = []
 
     def record(module: nn.Module, **kwargs: Any) -> nn.Module:
@@ -476,8 +475,6 @@ def plan_fsdp1(
         memo = None  # both change which modules FSDP wraps and which parameters it takes
     if memo is not None:
         return _plan(root, opts, set(), set(), memo)
-    # lazy: private torch API, looked up at use
-    from torch.distributed.fsdp._init_utils import _init_ignored_module_states
 
     try:
         state = _init_ignored_module_states(

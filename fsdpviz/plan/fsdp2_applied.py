@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, _get_module_fsdp_state
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import finalize_groups
@@ -29,9 +30,6 @@ from fsdpviz.plan.torch_fsdp import installed
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
     """FSDP2 states in the root's ``named_modules`` order (FSDP2's own state order)."""
-    # lazy: private torch API, looked up at use
-    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
-
     states: list[Any] = []
     for module in model.modules():
         state = _get_module_fsdp_state(module)
@@ -97,9 +95,6 @@ def _unwrapped_class(cls: type) -> type:
 
 
 def _is_fsdp_state(obj: Any) -> bool:
-    # lazy: private torch API, looked up at use
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-
     return isinstance(obj, FSDPState)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Shard
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp2_group import Group
@@ -116,8 +117,6 @@ def placement_fn_of(value: Any, name: str, fqns: tuple[str, ...]) -> Any:
 def shard_dim(fn: Callable[[Any], Any], param: nn.Parameter, fqn: str, unit: str) -> int:
     """The dim FSDP2 shards ``param`` on: ``fn(param)`` checked as ``fully_shard`` checks it
     (``Shard(dim)`` or None; a negative dim counts from the end)."""
-    from torch.distributed.tensor import Shard
-
     where = f"shard_placement_fn of {unit_label(unit)}"
     shape = tuple(param.shape)
     try:

@@ -184,7 +184,7 @@ class JobOptions:
 
     def float8_modules(self, model: nn.Module) -> list[nn.Module]:
         """The ``nn.Linear`` modules of ``model`` that train in float8."""
-        from torch import nn
+        from torch import nn  # lazy: the CLI reads this module before torch loads
 
         if self.float8 is None:
             return []
@@ -214,7 +214,7 @@ def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
         stated = tuple(k for k in stated if k != "float8")
     precision = kwargs.get("float32_matmul_precision")
     if precision is None:
-        import torch
+        import torch  # lazy: the CLI reads this module before torch loads
 
         precision = torch.get_float32_matmul_precision()
     if precision not in FLOAT32_MATMUL_PRECISIONS:
@@ -232,7 +232,7 @@ def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
 
 
 def _compile(value: Any) -> bool | tuple[type[nn.Module], ...]:
-    from torch import nn
+    from torch import nn  # lazy: the CLI reads this module before torch loads
 
     if isinstance(value, bool):
         return value

@@ -31,6 +31,7 @@ from fnmatch import fnmatch
 from typing import Any, Literal
 
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 
@@ -178,8 +179,6 @@ def resolve_plan(model: nn.Module, plan: Any, size: int, dim: str) -> TPPlan:
         resolve_plan(model, plan, 8, "tp").modules["layers.0.attention.wq"].params
         # {'weight': ('shard', 0)}
     """
-    from torch.distributed.tensor.parallel import ParallelStyle
-
     if isinstance(plan, ParallelStyle):
         plan = {"": plan}
     if not isinstance(plan, dict) or not all(

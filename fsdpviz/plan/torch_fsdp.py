@@ -41,6 +41,7 @@ from functools import cache
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from fsdpviz.errors import ConfigError
 
@@ -176,8 +177,6 @@ def grad_tensors(obj: Any, rules: TorchFSDP) -> tuple[torch.Tensor, ...]:
     """The tensors that require grad in ``obj`` (a module's ``(args, kwargs)`` or output),
     found as FSDP2 of ``rules`` finds them for its hooks."""
     if not rules.hooks_enter_dataclasses:
-        from torch.utils._pytree import tree_leaves
-
         return tuple(t for t in tree_leaves(obj) if _requires_grad(t))
     found: list[torch.Tensor] = []
     _collect(obj, found, 0)
@@ -187,8 +186,6 @@ def grad_tensors(obj: Any, rules: TorchFSDP) -> tuple[torch.Tensor, ...]:
 def replace_grad_tensors(obj: Any, tensors: tuple[torch.Tensor, ...], rules: TorchFSDP) -> Any:
     """``obj`` with the tensors :func:`grad_tensors` found replaced by ``tensors``, in order."""
     if not rules.hooks_enter_dataclasses:
-        from torch.utils._pytree import tree_flatten, tree_unflatten
-
         leaves, spec = tree_flatten(obj)
         it = iter(tensors)
         return tree_unflatten([next(it) if _requires_grad(t) else t for t in leaves], spec)

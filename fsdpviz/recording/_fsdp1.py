@@ -33,7 +33,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import _flat_param, _runtime_utils
 from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
+from torch.distributed.fsdp._common_utils import HandleTrainingState, clean_tensor_name
 
 from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
@@ -91,9 +93,6 @@ class FSDP1Recorder(EventLog):
         self._handle_names: dict[int, str] = {}
         self._hook: list[tuple[Hook, str]] = []
         self._reducing: list[tuple[Any, Any]] = []  # (FSDP state, handle) inside _reduce_grad
-        # lazy: private torch API, looked up at use
-        from torch.distributed.fsdp._common_utils import clean_tensor_name
-
         for name, module in model.named_modules():
             if isinstance(module, FSDP):
                 fqn = clean_tensor_name(name).rstrip(".")
@@ -103,9 +102,6 @@ class FSDP1Recorder(EventLog):
 
     # ------------------------------------------------------------- patching
     def __enter__(self) -> FSDP1Recorder:
-        # lazy: private torch API, looked up at use
-        from torch.distributed.fsdp import _flat_param, _runtime_utils
-
         stack = ExitStack()
         handle_cls = _flat_param.FlatParamHandle
         try:
@@ -358,9 +354,6 @@ class FSDP1Recorder(EventLog):
 
 @functools.cache
 def _forward_state() -> Any:
-    # lazy: private torch API, looked up at use
-    from torch.distributed.fsdp._common_utils import HandleTrainingState
-
     return HandleTrainingState.FORWARD
 
 

@@ -32,6 +32,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
@@ -97,12 +99,6 @@ class FSDP2Recorder(EventLog):
         self._reducing: Any = None  # the group inside foreach_reduce
 
     def __enter__(self) -> FSDP2Recorder:
-        # lazy: private torch API, looked up at use
-        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
-
-        # lazy: private torch API, looked up at use
-        from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
-
         group_cls = pg_mod.FSDPParamGroup
         state_cls = state_mod.FSDPState
         stack = ExitStack()

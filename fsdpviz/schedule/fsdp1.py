@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Unpack
 
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
@@ -94,8 +95,6 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
 
 
 def _reject_wrapped(model: nn.Module) -> None:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         raise ConfigError(
             "the model is already wrapped in FullyShardedDataParallel; analyse the model "

@@ -34,6 +34,7 @@ def rank_actions(opts: PipelineOptions) -> dict[int, list[str]]:
 def _build(opts: PipelineOptions) -> Any:
     """The schedule, made by its own class on stand-in stages of rank 0 (its plan covers
     every rank); what torch raises for these stages and microbatches, as an FSDPConfigError."""
+    # lazy: pipelining is slow to import
     from torch.distributed.pipelining.stage import PipelineStage
 
     per_rank = opts.num_stages // opts.pp_size
@@ -111,7 +112,7 @@ def parse_action(action: str) -> list[tuple[int, str, int | None, str]]:
     """The actions ``action`` runs, as ``(stage, kind, microbatch, name)``: ``"2B1"`` ->
     ``[(2, "B", 1, "2B1")]``; ``"0REDUCE_GRAD"`` -> ``[(0, "REDUCE_GRAD", None,
     "0REDUCE_GRAD")]``; DualPipeV's ``"(0F1;3B0)OVERLAP_F_B"`` -> its two, in order."""
-    from torch.distributed.pipelining.schedules import _Action
+    from torch.distributed.pipelining.schedules import _Action  # lazy: pipelining is slow to import
 
     a = _Action.from_str(action)
     subs = a.sub_actions if a.sub_actions is not None else (a,)

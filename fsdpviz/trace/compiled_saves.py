@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.utils import make_boxed_func
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
@@ -79,8 +82,6 @@ def partitioner_saves(
 
 
 def _as_is(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    from torch._functorch._aot_autograd.utils import make_boxed_func
-
     return make_boxed_func(gm)
 
 
@@ -89,12 +90,10 @@ def _same(t: torch.Tensor) -> torch.Tensor:
 
 
 def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> PartitionSaves | None:
-    from torch._functorch._aot_autograd.utils import make_boxed_func
+    # lazy: AOTAutograd and inductor take seconds to import; for compiled regions only
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in inputs]
     with torch.no_grad(), _without_module_hooks():

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp.wrap import CustomPolicy
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fsdpviz.errors import ConfigError
@@ -104,8 +105,6 @@ def asked_of_originals(value: Any, originals: Mapping[int, nn.Module]) -> Any:
 
         policy = asked_of_originals(CustomPolicy(lambda m: m is model.head), originals)
     """
-    from torch.distributed.fsdp.wrap import CustomPolicy
-
     if value is None or isinstance(value, type):
         return value
     if isinstance(value, (list, tuple)):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 __all__ = ["clear", "run"]
 
@@ -120,7 +121,6 @@ def _record(
     outs = [out] if isinstance(out, torch.Tensor) else out
     if not isinstance(outs, (list, tuple)) or not outs:
         return None
-    from torch.utils._pytree import tree_leaves
 
     metas = []
     storages = {

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import _meta_registrations as meta
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -145,8 +146,6 @@ def _convolution(meta_conv: Callable[..., torch.Tensor]) -> Callable[..., torch.
 
 def _kernels() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator name -> its meta kernel, for the operators this torch has."""
-    from torch import _meta_registrations as meta
-
     found: dict[str, Callable[..., torch.Tensor]] = {}
     grouped = getattr(meta, "meta_grouped_mm", None)
     if grouped is not None and hasattr(torch.ops.aten, "_grouped_mm"):

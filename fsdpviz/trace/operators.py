@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from fsdpviz.trace.attention import FUSED_FLOPS
 
@@ -46,8 +46,6 @@ def op_info(
 def _counts_gqa() -> bool:
     """Whether torch's attention FLOP formulas take fewer key/value heads than query heads
     (grouped-query attention; torch < 2.9 asserts equal heads)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
     try:
         sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))  # type: ignore[no-untyped-call]
     except AssertionError:

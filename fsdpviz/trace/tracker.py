@@ -21,9 +21,10 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.errors import ConfigError, TraceError
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.checkpointing import is_checkpointed
-from fsdpviz.trace.copy import index_range
+from fsdpviz.trace.copy import index_range, inputs_copy
 from fsdpviz.trace.hf_masks import answered_mask_checks
 from fsdpviz.trace.meta_kernels import DtypeMismatch, device_rules, dtype_name
 
@@ -168,7 +169,6 @@ def _check_cache(model: nn.Module, output: Any, tracker: ModuleTracker) -> None:
         return
     if not is_checkpointed(model):
         return
-    from fsdpviz.schema.memory import size_text
 
     tracker.warnings.append(
         FsdpWarning(
@@ -391,8 +391,6 @@ def run_stored_step(
     """One step of a stored trace on meta (``fsdpviz.replan.stored_fsdp1``,
     ``fsdpviz.replan.stored_fsdp2``); the tracker and ``handles`` are removed and gradients
     dropped however it ends."""
-    from fsdpviz.trace.copy import inputs_copy
-
     try:
         args, kwargs = inputs_copy(inputs, "meta")
         run_step(model, args, kwargs, loss_fn, tracker, "the meta device", on_loss)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from html import escape
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fsdpviz.api.comparison import COSTS, cost_label, cost_text
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Report
@@ -419,8 +420,6 @@ def comparison_html(cmp: Comparison) -> str:
     """The differences of two plans, as ``print(cmp)`` says them: the verdict, each cost of
     both plans with the change (peak, reserved, step, exposed communication, tokens/s),
     whether each fits its machine, and the units that differ. Static HTML, as the card."""
-    from fsdpviz.api.comparison import COSTS, cost_label, cost_text
-
     a, b = cmp.name_a, cmp.name_b
     parts = [
         _line(

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fsdpviz.api.comparison import Comparison
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
 
 if TYPE_CHECKING:
-    from fsdpviz.api.comparison import Comparison
     from fsdpviz.recording import RecordedRun
 
 __all__ = ["LaneGroup", "lane_groups"]
@@ -42,8 +42,7 @@ def lane_groups(
     rank_names: Sequence[str] | None,
     memory: MemoryOption,
 ) -> tuple[list[LaneGroup], str]:
-    from fsdpviz.api.comparison import Comparison
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which the views do without
 
     if isinstance(obj, Comparison):
         return _comparison_groups(obj, memory), "comparison"

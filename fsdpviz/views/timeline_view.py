@@ -79,7 +79,7 @@ def opening_iteration(
                 "(every iteration) or 'auto'"
             )
         return iteration
-    from fsdpviz.recording import RecordedRun
+    from fsdpviz.recording import RecordedRun  # lazy: loads torch, which the views do without
 
     if isinstance(obj, RecordedRun):
         diverge = [m.iteration for m in obj.marks() if m.kind == "diverge"]

@@ -125,7 +125,7 @@ def anchor_of(tuning: Tuning) -> Candidate:
 
 
 def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
-    from fsdpviz.tuning.space import KNOB_NAMES
+    from fsdpviz.tuning.space import KNOB_NAMES  # lazy: loads torch, which the views do without
 
     best = tuning.best
     tags = [f"#{c.index}"]
@@ -176,7 +176,7 @@ def tune_data(tuning: Tuning) -> TuneData:
     ``label``) or ``None``; ``knobs``: the knob table's rows; ``summary``: the lines of
     :meth:`~fsdpviz.tuning.Tuning.summary`.
     """
-    from fsdpviz.tuning.space import KNOB_NAMES
+    from fsdpviz.tuning.space import KNOB_NAMES  # lazy: loads torch, which the views do without
 
     cands = tuning.candidates
     position = {id(c): k for k, c in enumerate(cands)}

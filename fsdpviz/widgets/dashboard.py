@@ -50,6 +50,7 @@ import traitlets
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
+from fsdpviz.export import html_page
 from fsdpviz.schema.keywords import DashboardKwargs, MimeBundleKwargs, PlanKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.views.timeline_lanes import MemoryOption
@@ -278,8 +279,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         """Write the dashboard as it is now to an HTML page: the plan it shows (after any
         re-plan), the step, the selection, the explorer's focus, drawn by the same front
         end. ``theme``: ``"auto"`` (the reader's OS setting), ``"light"`` or ``"dark"``."""
-        from fsdpviz.export import html_page
-
         states = self._states()
         p = Path(path)
         p.write_text(

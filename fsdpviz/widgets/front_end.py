@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anywidget
 import traitlets
 
+from fsdpviz.export import output_bundle
 from fsdpviz.widgets._memo import SIZE
 
 if TYPE_CHECKING:
@@ -141,8 +142,6 @@ def with_saved_views(
     (:func:`fsdpviz.export.output_bundle`: the views' ``states`` for fsdpviz's JupyterLab
     extension, a static SVG with ``report``'s units) and ``text`` as its ``text/plain``.
     Where those cannot be made, the widget's bundle, saying why in its ``text/plain``."""
-    from fsdpviz.export import output_bundle
-
     try:
         return output_bundle(states, report=report, title=title, text=text, base=bundle) | {
             "text/plain": text

@@ -24,9 +24,11 @@ import ipywidgets as w
 import traitlets
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.export import object_bundle
 from fsdpviz.replan.sweep_table import SweepTable
 from fsdpviz.schema.keywords import MimeBundleKwargs
 from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets.dashboard import Dashboard
 
 if TYPE_CHECKING:
     from fsdpviz.schema.keywords import DashboardKwargs
@@ -134,8 +136,6 @@ class SweepView(w.VBox):  # type: ignore[misc]
         """The live table and, for the notebook once saved, the table as HTML and the views
         of its best row (★; else the first) for fsdpviz's JupyterLab extension, with a
         static SVG of them (:func:`fsdpviz.export.object_bundle`)."""
-        from fsdpviz.export import object_bundle
-
         bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
@@ -167,8 +167,6 @@ class SweepView(w.VBox):  # type: ignore[misc]
 
     def open_row(self, row: int) -> Any:
         """Show the views of ``table.rows[row]`` below the table; returns its dashboard."""
-        from fsdpviz.widgets.dashboard import Dashboard
-
         if not 0 <= row < len(self.table.rows):
             raise IndexError(f"row {row} is out of range: the table has {len(self.table.rows)}")
         report = self.table.reports[row]

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack, cast
 
 import traitlets
 
+from fsdpviz.api.comparison import Comparison
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import MemoryLane
+from fsdpviz.recording import RecordedRun
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import TimelineTraits
 from fsdpviz.schema.report import Report
@@ -39,9 +41,6 @@ from fsdpviz.widgets.front_end import DATA, FrontEnd
 
 if TYPE_CHECKING:
     from typing import TypeAlias
-
-    from fsdpviz.api.comparison import Comparison
-    from fsdpviz.recording import RecordedRun
 
     Shown: TypeAlias = Report | Sequence[Report] | RecordedRun | Comparison
 
@@ -234,9 +233,6 @@ class TimelineWidget(FrontEnd):
 
 def _reports_of(shown: Shown) -> list[Report]:
     """The report of each lane group."""
-    from fsdpviz.api.comparison import Comparison
-    from fsdpviz.recording import RecordedRun
-
     if isinstance(shown, Report):
         return [shown]
     if isinstance(shown, RecordedRun):

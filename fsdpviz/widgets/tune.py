@@ -25,10 +25,12 @@ from typing import Any, Unpack, cast
 import ipywidgets as w
 import traitlets
 
+from fsdpviz.export import object_bundle, save_tuning
 from fsdpviz.schema.keywords import DashboardOptions, MimeBundleKwargs, TuneSaveKwargs
 from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.views.tune_view import TuneData, anchor_of, tune_svg
 from fsdpviz.widgets._errors import ErrorOutput
+from fsdpviz.widgets.dashboard import Dashboard
 from fsdpviz.widgets.tune_widget import TuneWidget
 
 __all__ = ["TuneView"]
@@ -93,8 +95,6 @@ class TuneView(w.VBox):  # type: ignore[misc]
     def open_plan(self, index: int) -> Any:
         """Show the views of candidate ``index`` below the scatter (selected there too);
         returns its :class:`~fsdpviz.widgets.Dashboard`."""
-        from fsdpviz.widgets.dashboard import Dashboard
-
         c = self.candidate(index)
         if self._model is not None:
             merged: dict[str, Any] = {**c.kwargs, **self._kwargs}
@@ -146,8 +146,6 @@ class TuneView(w.VBox):  # type: ignore[misc]
     def save(self, path: str | Path, **options: Unpack[TuneSaveKwargs]) -> Path:
         """Write the tuning's page (``.html``), opening on the configuration selected
         here (options as ``tuning.save`` takes them)."""
-        from fsdpviz.export import save_tuning
-
         if Path(path).suffix.lower() == ".html" and self.selected is not None:
             options.setdefault("selected", self.selected)
         return save_tuning(self.tuning, path, **options)
@@ -157,8 +155,6 @@ class TuneView(w.VBox):  # type: ignore[misc]
         the tuning in words (``text/html``), and the views of the configuration shown (else
         the best) for fsdpviz's JupyterLab extension, with a static SVG of them
         (:func:`fsdpviz.export.object_bundle`)."""
-        from fsdpviz.export import object_bundle
-
         bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
