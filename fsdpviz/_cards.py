@@ -7,7 +7,7 @@ loads plotly, which ``import fsdpviz`` does not); ``fsdpviz/_conveniences.py`` n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz import export
 from fsdpviz.schema.memo import ReportMemo
@@ -16,6 +16,7 @@ from fsdpviz.views.card import run_bundle as card
 
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
+    from fsdpviz.schema.keywords import ViewKwargs
     from fsdpviz.schema.report import Report
 
 
@@ -33,7 +34,9 @@ def run_card(run: RecordedRun) -> dict[str, Any]:
     return run_bundle(run, base=card(run))
 
 
-def run_bundle(obj: Report | RecordedRun, base: dict[str, Any], **options: Any) -> dict[str, Any]:
+def run_bundle(
+    obj: Report | RecordedRun, base: dict[str, Any], **options: Unpack[ViewKwargs]
+) -> dict[str, Any]:
     """``base`` (a card, a diagnosis' text) with the views' data for fsdpviz's JupyterLab
     extension and a static SVG of them; ``base`` alone where those cannot be made (a
     card is always shown), its ``text/plain`` saying why."""
