@@ -9,6 +9,7 @@ rank by rank, and the ranks' reports in ``pipeline.ranks``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -105,15 +106,16 @@ def _rank_profile(
     for t in mine:
         assert t.profile is not None
         modules.update(t.profile.modules)
-    return TraceProfile(
+    # the first stage's profile with the rank's sums: what every stage's trace shares (its tp
+    # degree, the kernels' tp) carries over, a field added later included
+    return dataclasses.replace(
+        first,
         iterations=iterations,
         modules=modules,
         input_bytes=inputs,
         buffer_bytes=sum(t.profile.buffer_bytes for t in mine if t.profile is not None),
         flop_ops=list(first.flop_ops),
         tokens=first.tokens * m,
-        tp_ranks=first.tp_ranks,
-        kernels_tp=first.kernels_tp,
     )
 
 
