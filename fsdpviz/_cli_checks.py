@@ -68,14 +68,11 @@ def check_tune(args: argparse.Namespace) -> tuple[Path]:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
-    source = _source(args)  # (nothing loaded yet: the flags are checked first)
-    if source == "saved":
-        raise UsageError(
-            f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
-            "report or recording: give MODEL as hf:ID or MODULE:FACTORY"
-        )
-    check_applies(args, source, args.factory or "--torchtitan-config")
-    check_flags(args)
+    _planned_source(  # (nothing loaded yet: the flags are checked first)
+        args,
+        f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
+        "report or recording: give MODEL as hf:ID or MODULE:FACTORY",
+    )
     return (path,)
 
 
@@ -85,17 +82,25 @@ def check_doctor(args: argparse.Namespace) -> tuple[Path, Source | None]:
     planned = args.factory is not None or args.torchtitan_config or job_flag_value(args)
     source: Source | None = None
     if planned:
-        source = _source(args)
-        if source == "saved":
-            raise UsageError(
-                f"MODEL is the job's model (hf:ID or MODULE:FACTORY); {args.factory!r} is a "
-                "saved report or recording"
-            )
-        check_applies(args, source, args.factory or "--torchtitan-config")
-        check_flags(args)
+        source = _planned_source(
+            args,
+            f"MODEL is the job's model (hf:ID or MODULE:FACTORY); {args.factory!r} is a saved "
+            "report or recording",
+        )
     else:
         check_applies(args, "saved", args.dumps)
     return path, source
+
+
+def _planned_source(args: argparse.Namespace, refusal: str) -> Source:
+    """The source of MODEL for a command that plans it (tune, doctor), its flags checked: a
+    saved report or recording is refused, saying ``refusal``."""
+    source = _source(args)
+    if source == "saved":
+        raise UsageError(refusal)
+    check_applies(args, source, args.factory or "--torchtitan-config")
+    check_flags(args)
+    return source
 
 
 def _source(args: argparse.Namespace) -> Source:
