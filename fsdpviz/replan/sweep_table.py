@@ -13,8 +13,9 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Unpack
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from torch import nn
 
@@ -45,6 +46,47 @@ AXES = {
 }
 
 
+class SweepRow(TypedDict):
+    """One configuration of a :class:`SweepTable`: what was swept (``config``: option
+    names to readable values, ``policy`` first where wrap plans were swept), the plan's
+    ``api`` and ``units``, peak memory per rank (``peak_bytes``, ``peak_gib``,
+    ``reserved_bytes``, ``headroom_bytes``, ``peak_where``, ``dominant``, ``fits`` the
+    budget or ``None`` without one), the timeline's totals and ``bytes_moved``;
+    ``traced``: whether the model ran for it (else replayed from a trace)."""
+
+    config: dict[str, object]
+    api: str
+    units: int
+    peak_bytes: int
+    peak_gib: float
+    reserved_bytes: int
+    headroom_bytes: int
+    peak_where: str
+    dominant: str | None
+    fits: bool | None
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    all_gather_bytes: float
+    reduce_scatter_bytes: float
+    bytes_moved: float
+    traced: NotRequired[bool]
+
+
+class SweepTableDict(TypedDict):
+    """:meth:`SweepTable.to_dict`: the rows and what the sweep cost."""
+
+    rows: list[SweepRow]
+    traces: int
+    replays: int
+    seconds: float
+    budget: int | None
+
+
 @dataclass
 class SweepTable:
     """One row per configuration (see :func:`sweep`), and what the sweep cost.
@@ -53,21 +95,21 @@ class SweepTable:
     option); ``replays``: configurations predicted from a trace without running it.
     """
 
-    rows: list[dict[str, Any]]
+    rows: list[SweepRow]
     traces: int
     replays: int
     seconds: float
     budget: int | None = None
     reports: list[Report] = field(default_factory=list, repr=False)
 
-    def records(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.rows]
+    def records(self) -> list[SweepRow]:
+        return [r.copy() for r in self.rows]
 
     def to_pandas(self) -> Any:
         """The records as a ``pandas.DataFrame`` (needs pandas)."""
         return dataframe(self.records(), flatten=True)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SweepTableDict:
         return {
             "rows": self.records(),
             "traces": self.traces,
@@ -90,7 +132,7 @@ class SweepTable:
         """
         return show_method("sweep")(self, **kwargs)
 
-    def best(self) -> dict[str, Any]:
+    def best(self) -> SweepRow:
         """The row that fits the budget with the least exposed communication (then step time)."""
         fitting = [r for r in self.rows if r["fits"] is not False]
         if not fitting:
@@ -135,7 +177,7 @@ def sweep(
     model: nn.Module,
     inputs: Any,
     *,
-    policies: dict[str, Any] | None = None,
+    policies: Mapping[str, object] | None = None,
     memory_budget: str | int | None = None,
     machine: Machine | str = "h100",
     optimizer: str | int | None = "adamw",
@@ -170,7 +212,7 @@ def sweep(
     fixed = {k: v for k, v in options.items() if k not in axes}
     plans = _plans(policies)
     traced: dict[tuple[str, ...], Report] = {}
-    rows: list[dict[str, Any]] = []
+    rows: list[SweepRow] = []
     reports: list[Report] = []
     replays = 0
     for (plan_name, plan_kw), values in itertools.product(plans.items(), _grid(axes)):
@@ -198,12 +240,12 @@ def _analyze(model: nn.Module, inputs: Any, kw: dict[str, Any], machine: Machine
     return analyze(model, inputs, **kw)
 
 
-def _plans(policies: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def _plans(policies: Mapping[str, object] | None) -> dict[str, dict[str, object]]:
     if policies is None:
         return {"": {}}
     if not isinstance(policies, dict) or not policies:
         raise ConfigError("policies must be a non-empty dict {name: wrap plan}")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for name, plan in policies.items():
         if isinstance(plan, dict):
             out[name] = dict(plan)
@@ -214,7 +256,7 @@ def _plans(policies: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _grid(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def _grid(axes: dict[str, list[Any]]) -> list[dict[str, object]]:
     keys = list(axes)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
@@ -238,14 +280,14 @@ def _label(value: Any) -> Any:
 
 def _row(
     plan: str,
-    values: dict[str, Any],
+    values: dict[str, object],
     report: Report,
     budget: int | None,
     machine: Machine | str,
     optimizer: str | int | None,
     iteration: int,
     limit: bool,
-) -> dict[str, Any]:
+) -> SweepRow:
     mem = memory_model(report, optimizer=optimizer, iteration=iteration, machine=machine)
     tl = timeline(
         report, machine, iteration=iteration, optimizer=optimizer, limit_all_gathers=limit

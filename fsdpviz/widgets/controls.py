@@ -11,6 +11,7 @@ import ipywidgets as w
 from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, OptionSpec
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.replan.replanner import PlanChanges
+from fsdpviz.widgets.front_end import TraitChange
 
 __all__ = ["PlanControls"]
 
@@ -204,7 +205,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
                 index = [values.index(v) for v in value] if name == "layer_classes" else None
                 widget.set_state({"index": values.index(value) if index is None else index})
 
-    def _changed(self, change: dict[str, Any]) -> None:
+    def _changed(self, change: TraitChange) -> None:
         if self._syncing:
             return
         self._sync_enabled()

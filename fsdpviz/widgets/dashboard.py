@@ -61,7 +61,7 @@ from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.explorer import SAVE_AFTER_S, Explorer
-from fsdpviz.widgets.front_end import saved_output, with_saved_views
+from fsdpviz.widgets.front_end import TraitChange, saved_output, with_saved_views
 from fsdpviz.widgets.prefetch_widget import PrefetchWidget
 from fsdpviz.widgets.timeline_widget import TimelineWidget
 
@@ -152,7 +152,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         finally:
             self._linking = False
 
-    def _on_current(self, change: dict[str, Any] | None = None) -> None:
+    def _on_current(self, change: TraitChange | None = None) -> None:
         """The current step's unit outlined in the explorer and ringed in the prefetch graph."""
         unit = self.timeline.current_unit
         self.explorer.current_unit = unit
@@ -164,11 +164,11 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             for view in (self.timeline, self.explorer.view, self.prefetch):
                 view.selected_unit = unit
 
-    def _on_selected(self, change: dict[str, Any]) -> None:
+    def _on_selected(self, change: TraitChange) -> None:
         if not self._linking:  # set from Python: every view shows it
             self._share(self.selected_unit)
 
-    def _on_view_selected(self, change: dict[str, Any]) -> None:
+    def _on_view_selected(self, change: TraitChange) -> None:
         """A view's own selection (a click, the find box): the others follow, and a unit
         chosen outside the timeline moves it to that unit's next event."""
         if self._linking:
@@ -180,7 +180,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             if step is not None:
                 self.timeline.step = step
 
-    def _on_busy(self, change: dict[str, Any]) -> None:
+    def _on_busy(self, change: TraitChange) -> None:
         # A re-plan starts: the other views hide the old plan at once. Each shows the new
         # plan with its data (a failed re-plan leaves the old plan shown again).
         if change["new"]:
@@ -206,7 +206,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         )
         return lane
 
-    def _on_report(self, change: dict[str, Any]) -> None:
+    def _on_report(self, change: TraitChange) -> None:
         """A re-plan: the prefetch graph and the timeline show it in the same answer as the
         explorer. A pending trace of an older plan is dropped."""
         self._deferred.cancel("profile")
@@ -253,7 +253,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             self.timeline.set_reports(profiled, memory=self._memory(profiled))
             self._deferred.run("saved", self._save_output, delay=SAVE_AFTER_S)
 
-    def _on_js_error(self, change: dict[str, Any]) -> None:
+    def _on_js_error(self, change: TraitChange) -> None:
         if change["new"]:
             what = change["owner"].view
             self.errors.show(RuntimeError(f"{what} (browser): {change['new']}"))

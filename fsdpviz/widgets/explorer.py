@@ -29,7 +29,7 @@ from fsdpviz.widgets._idle import Deferred
 from fsdpviz.widgets._memo import ReportMemo
 from fsdpviz.widgets.controls import PlanControls
 from fsdpviz.widgets.explorer_widget import ExplorerWidget
-from fsdpviz.widgets.front_end import saved_output, with_saved_views
+from fsdpviz.widgets.front_end import TraitChange, saved_output, with_saved_views
 
 __all__ = ["Explorer"]
 
@@ -180,7 +180,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
             text += " · from cache" if cached else f" · re-planned in {seconds * 1000:.0f} ms{how}"
         return f"<small>{text}</small>"
 
-    def _on_report(self, change: dict[str, Any]) -> None:
+    def _on_report(self, change: TraitChange) -> None:
         """A re-plan: the new plan drawn in this answer, with the selected unit's details;
         every other unit's follow once the browser has had ``DETAILS_AFTER_S`` to draw it."""
         report = self.report
@@ -210,7 +210,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         if self.report is report:  # not when a newer plan came meanwhile
             self.view.set_details(report, tree=self.tree)
 
-    def _on_browser_error(self, change: dict[str, Any]) -> None:
+    def _on_browser_error(self, change: TraitChange) -> None:
         if change["new"]:
             self.errors.show(RuntimeError(f"explorer (browser): {change['new']}"))
 
@@ -257,7 +257,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
             self.selected_module = fqn
             self.selected_unit = node.unit
 
-    def _selection_changed(self, change: dict[str, Any]) -> None:
+    def _selection_changed(self, change: TraitChange) -> None:
         view = self.view
         if view.selected_unit is not None and view.selected_unit not in self.tree.units:
             bad = view.selected_unit

@@ -14,7 +14,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import anywidget
 import traitlets
@@ -25,7 +25,38 @@ from fsdpviz.widgets._memo import SIZE
 if TYPE_CHECKING:
     from fsdpviz.schema.report import Report
 
-__all__ = ["DATA", "STATIC", "FrontEnd", "check_built", "saved_output", "with_saved_views"]
+__all__ = [
+    "DATA",
+    "STATIC",
+    "FrontEnd",
+    "TraitChange",
+    "TraitProposal",
+    "check_built",
+    "saved_output",
+    "with_saved_views",
+]
+
+
+class TraitChange(TypedDict):
+    """What traitlets passes an observer (``widget.observe(handler, names=...)``): the
+    trait's ``name``, its ``old`` and ``new`` value, the widget that ``owner``s it and the
+    ``type`` of change (``"change"``). The values are those of whichever trait changed."""
+
+    name: str
+    old: Any
+    new: Any
+    owner: Any
+    type: str
+
+
+class TraitProposal(TypedDict):
+    """What traitlets passes a ``@traitlets.validate`` method: the ``trait``, the proposed
+    ``value`` and the widget that ``owner``s it."""
+
+    trait: Any
+    value: Any
+    owner: Any
+
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 """Where the built front end is (``widget.js``, ``widget.css``, ``page.js``)."""

@@ -25,7 +25,7 @@ import traitlets
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.export import object_bundle
-from fsdpviz.replan.sweep_table import SweepTable
+from fsdpviz.replan.sweep_table import SweepRow, SweepTable
 from fsdpviz.schema.keywords import MimeBundleKwargs
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets.dashboard import Dashboard
@@ -43,7 +43,7 @@ _BEST = (
     "box-shadow:inset 0 -1px var(--jp-brand-color1),inset 0 1px var(--jp-brand-color1)"
 )
 
-Column = tuple[str, str, Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], str]]
+Column = tuple[str, str, Callable[[SweepRow], Any], Callable[[SweepRow], str]]
 
 
 def _ms(seconds: float) -> str:
@@ -55,17 +55,17 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _config(key: str) -> tuple[Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], str]]:
-    def value(row: dict[str, Any]) -> str:
+def _config(key: str) -> tuple[Callable[[SweepRow], Any], Callable[[SweepRow], str]]:
+    def value(row: SweepRow) -> str:
         return str(row["config"].get(key, ""))
 
-    def text(row: dict[str, Any]) -> str:
+    def text(row: SweepRow) -> str:
         return str(row["config"].get(key, "-"))
 
     return value, text
 
 
-def _peak(row: dict[str, Any]) -> str:
+def _peak(row: SweepRow) -> str:
     over = " (over budget)" if row["fits"] is False else ""
     return gib(row["peak_bytes"]) + over
 

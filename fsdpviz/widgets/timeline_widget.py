@@ -37,7 +37,7 @@ from fsdpviz.views.timeline_columns import TimelineData
 from fsdpviz.views.timeline_lanes import MemoryOption
 from fsdpviz.views.timeline_view import opening_iteration, timeline_data
 from fsdpviz.widgets._memo import ReportMemo
-from fsdpviz.widgets.front_end import DATA, FrontEnd
+from fsdpviz.widgets.front_end import DATA, FrontEnd, TraitChange, TraitProposal
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -216,12 +216,12 @@ class TimelineWidget(FrontEnd):
         self.step = self.peak_step
 
     @traitlets.validate("step")
-    def _valid_step(self, proposal: dict[str, Any]) -> int:
+    def _valid_step(self, proposal: TraitProposal) -> int:
         n = int(self.data.get("n_steps", 0)) if self.data else 0
         return max(0, min(int(proposal["value"]), max(n - 1, 0)))
 
     @traitlets.observe("step")
-    def _on_step(self, change: dict[str, Any]) -> None:
+    def _on_step(self, change: TraitChange) -> None:
         self._update_current()
 
     def _update_current(self) -> None:

@@ -31,6 +31,7 @@ from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.views.tune_view import TuneData, anchor_of, tune_svg
 from fsdpviz.widgets._errors import ErrorOutput
 from fsdpviz.widgets.dashboard import Dashboard
+from fsdpviz.widgets.front_end import TraitChange
 from fsdpviz.widgets.tune_widget import TuneWidget
 
 __all__ = ["TuneView"]
@@ -121,13 +122,13 @@ class TuneView(w.VBox):  # type: ignore[misc]
             f"<small>{escape(c.label)}</small>"
         )
 
-    def _on_click(self, change: dict[str, Any]) -> None:
+    def _on_click(self, change: TraitChange) -> None:
         """A point (or an alternative) chosen in the browser: its views below."""
         if self._opening or change["new"] is None or change["new"] == self.selected:
             return
         self.open_plan(change["new"])
 
-    def _on_selected(self, change: dict[str, Any]) -> None:
+    def _on_selected(self, change: TraitChange) -> None:
         """``view.selected = i`` from Python: as a click."""
         if self._opening:
             return
@@ -139,7 +140,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
         else:
             self.open_plan(change["new"])
 
-    def _on_js_error(self, change: dict[str, Any]) -> None:
+    def _on_js_error(self, change: TraitChange) -> None:
         if change["new"]:
             self.errors.show(RuntimeError(f"tune view (browser): {change['new']}"))
 

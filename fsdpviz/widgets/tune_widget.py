@@ -15,14 +15,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict, Unpack
+from typing import ClassVar, TypedDict, Unpack
 
 import traitlets
 
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate, Tuning
 from fsdpviz.views.tune_view import anchor_of, tune_data
-from fsdpviz.widgets.front_end import DATA, FrontEnd
+from fsdpviz.widgets.front_end import DATA, FrontEnd, TraitProposal
 
 __all__ = ["TuneWidget"]
 
@@ -50,7 +50,7 @@ class TuneWidget(FrontEnd):
         super().__init__(data=tune_data(tuning), **kwargs)
 
     @traitlets.validate("selected")
-    def _valid(self, proposal: dict[str, Any]) -> int | None:
+    def _valid(self, proposal: TraitProposal) -> int | None:
         index = proposal["value"]
         if index is not None and index not in self._by_index:
             raise traitlets.TraitError(
