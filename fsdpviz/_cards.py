@@ -7,7 +7,8 @@ loads plotly, which ``import fsdpviz`` does not); ``fsdpviz/_conveniences.py`` n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Unpack
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Unpack
 
 from fsdpviz import export
 from fsdpviz.schema.memo import ReportMemo
@@ -23,20 +24,20 @@ if TYPE_CHECKING:
 # The cards of the last reports shown: a notebook redraws an output, and shows a report
 # again, without its card (the saved views of every unit) being made again; a report
 # changed since gets a new one (see fsdpviz.schema.memo).
-_CARDS: ReportMemo[dict[str, Any]] = ReportMemo(size=4)
+_CARDS: ReportMemo[dict[str, object]] = ReportMemo(size=4)
 
 
-def report_card(report: Report) -> dict[str, Any]:
+def report_card(report: Report) -> dict[str, object]:
     return dict(_CARDS.get(report, lambda: run_bundle(report, base=report_bundle(report))))
 
 
-def run_card(run: RecordedRun) -> dict[str, Any]:
+def run_card(run: RecordedRun) -> dict[str, object]:
     return run_bundle(run, base=card(run))
 
 
 def run_bundle(
-    obj: Report | RecordedRun, base: dict[str, Any], **options: Unpack[ViewKwargs]
-) -> dict[str, Any]:
+    obj: Report | RecordedRun, base: Mapping[str, object], **options: Unpack[ViewKwargs]
+) -> dict[str, object]:
     """``base`` (a card, a diagnosis' text) with the views' data for fsdpviz's JupyterLab
     extension and a static SVG of them; ``base`` alone where those cannot be made (a
     card is always shown), its ``text/plain`` saying why."""

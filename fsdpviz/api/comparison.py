@@ -174,7 +174,7 @@ class Comparison:
             raise ValueError("this comparison was read back without its plans; compare() again")
         return show_method("comparison")(self, **kwargs)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, object]:
         """A comparison as a cell's last line: its view (:meth:`show`: the differences and
         both timelines), and its summary as text; the summary alone where the plans are
         not kept (a comparison read back)."""

@@ -88,8 +88,8 @@ def output_bundle(
     report: Report | None,
     title: str,
     text: str,
-    base: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    base: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """``base`` (a widget's own bundle, or a card's) with :data:`MIME`, the static SVG
     (the timeline of ``states``, the units of ``report``) and ``text/plain`` added."""
     bundle = dict(base or {})
@@ -103,11 +103,11 @@ def output_bundle(
 def object_bundle(
     obj: Report | RecordedRun,
     *,
-    base: Mapping[str, Any] | None = None,
+    base: Mapping[str, object] | None = None,
     iteration: int | Literal["auto"] | None = "auto",
     memory: MemoryOption = "auto",
     machine: Machine | str | None = "auto",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """:func:`output_bundle` of a report or a recorded run, its views made from it as
     :meth:`~fsdpviz.Report.show` makes them (what the card and a run's card add)."""
     config = page_config(obj, iteration=iteration, memory=memory, machine=machine)

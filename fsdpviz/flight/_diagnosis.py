@@ -113,10 +113,10 @@ class Diagnosis:
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: object
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
 
         text = str(self)
-        bundle: dict[str, Any] = {
+        bundle: dict[str, object] = {
             "text/plain": text,
             "text/html": '<pre style="white-space:pre-wrap;font-size:12px;line-height:1.4">'
             f"{html.escape(text)}</pre>",

@@ -180,9 +180,9 @@ class RecordedRun:
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: object
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The compact summary a notebook shows for a run in a cell's last line."""
-        card: Callable[[RecordedRun], dict[str, Any]] = run_method("card")
+        card: Callable[[RecordedRun], dict[str, object]] = run_method("card")
         return card(self)
 
     def summary(self) -> str:

@@ -96,7 +96,7 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -241,7 +241,7 @@ class FsdpWarning:
     units: list[str] = field(default_factory=list)
     # the analyze options that act on it ({option: JSON value}; see option_text) and the
     # bytes per rank that takes off the peak, where measured
-    fix: dict[str, Any] = field(default_factory=dict)
+    fix: dict[str, object] = field(default_factory=dict)
     frees: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,7 +256,7 @@ class FsdpWarning:
         return cls(**d)
 
 
-def option_text(fix: dict[str, Any], api: str = "FSDP1") -> str:
+def option_text(fix: Mapping[str, object], api: str = "FSDP1") -> str:
     """A warning's ``fix`` as :func:`fsdpviz.analyze` takes it (``use_cache``: as the model
     takes it): ``activation_checkpointing=[LlamaDecoderLayer]``, ``world_size=128``.
     Command lines show their own flags for the same ``fix``."""
@@ -474,9 +474,9 @@ class Report:
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: object
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The compact summary a notebook shows for a report in a cell's last line."""
-        card: Callable[[Report], dict[str, Any]] = report_method("card")
+        card: Callable[[Report], dict[str, object]] = report_method("card")
         return card(self)
 
     def summary(self) -> str:

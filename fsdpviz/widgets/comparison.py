@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 import ipywidgets as w
 
@@ -44,7 +44,7 @@ class ComparisonView(w.VBox):  # type: ignore[misc]
         super().__init__([self.differences, self.timeline])
         self.add_class("fsdpviz-comparison")
 
-    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, object] | None:
         """The live view and, for the notebook once saved, the differences (HTML) and the
         timeline's data and a static SVG of it."""
         bundle = super()._repr_mimebundle_(**kwargs)

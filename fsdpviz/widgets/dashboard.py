@@ -258,7 +258,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             what = change["owner"].view
             self.errors.show(RuntimeError(f"{what} (browser): {change['new']}"))
 
-    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, object] | None:
         """The live dashboard and, for the notebook once saved, its three views' data as
         they are now (drawn by fsdpviz's JupyterLab extension without a kernel) and a
         static SVG of the timeline and the plan

@@ -214,7 +214,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         if change["new"]:
             self.errors.show(RuntimeError(f"explorer (browser): {change['new']}"))
 
-    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, object] | None:
         """The live explorer and what outlives its kernel (see
         :func:`fsdpviz.widgets.front_end.with_saved_views`)."""
         text, title = self._titles()

@@ -156,19 +156,19 @@ def _first_line(report: Report) -> str:
 
 def saved_output(
     states: Mapping[str, Mapping[str, Any]], report: Report | None, title: str, text: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What an output showing ``states`` saves (:func:`with_saved_views` without a widget):
     the value of a view's ``saved_output`` trait."""
     return with_saved_views({}, states, report, title, text)
 
 
 def with_saved_views(
-    bundle: dict[str, Any],
+    bundle: dict[str, object],
     states: Mapping[str, Mapping[str, Any]],
     report: Report | None,
     title: str,
     text: str,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A widget's display ``bundle`` with what outlives its kernel
     (:func:`fsdpviz.export.output_bundle`: the views' ``states`` for fsdpviz's JupyterLab
     extension, a static SVG with ``report``'s units) and ``text`` as its ``text/plain``.

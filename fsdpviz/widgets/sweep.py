@@ -132,11 +132,11 @@ class SweepView(w.VBox):  # type: ignore[misc]
         super().__init__([head, self.grid, self.errors, self.views])
         self._draw()
 
-    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, object] | None:
         """The live table and, for the notebook once saved, the table as HTML and the views
         of its best row (★; else the first) for fsdpviz's JupyterLab extension, with a
         static SVG of them (:func:`fsdpviz.export.object_bundle`)."""
-        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        bundle: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         text = self.table.summary()
@@ -147,7 +147,7 @@ class SweepView(w.VBox):  # type: ignore[misc]
             f"{escape(text)}\n(the views below: row {row})</pre>",
         }
         try:
-            shown: dict[str, Any] = object_bundle(self.table.reports[row], base=bundle | table)
+            shown: dict[str, object] = object_bundle(self.table.reports[row], base=bundle | table)
             return shown
         except (ValueError, TypeError, KeyError, IndexError) as e:
             return bundle | table | {"text/plain": f"{text}\n(no saved views: {e})"}

@@ -151,12 +151,12 @@ class TuneView(w.VBox):  # type: ignore[misc]
             options.setdefault("selected", self.selected)
         return save_tuning(self.tuning, path, **options)
 
-    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, **kwargs: Unpack[MimeBundleKwargs]) -> dict[str, object] | None:
         """The live view and, for the notebook once saved, the scatter as a static SVG with
         the tuning in words (``text/html``), and the views of the configuration shown (else
         the best) for fsdpviz's JupyterLab extension, with a static SVG of them
         (:func:`fsdpviz.export.object_bundle`)."""
-        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        bundle: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         text = self.tuning.summary()
@@ -170,7 +170,7 @@ class TuneView(w.VBox):  # type: ignore[misc]
             f"{escape(text)}\n\n(the views below: {escape(shown)})</pre></div>",
         }
         try:
-            out: dict[str, Any] = object_bundle(c.report, base=bundle | words)
+            out: dict[str, object] = object_bundle(c.report, base=bundle | words)
             return out | {"text/plain": text}
         except (ValueError, TypeError, KeyError, IndexError) as e:
             return bundle | words | {"text/plain": f"{text}\n(no saved views: {e})"}
