@@ -577,7 +577,7 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
     config = dict(tt.config)
     if row.titan_2024_fsdp:
-        blocks = [f"layers.{name}" for name, _ in tt.model.layers.named_children()]
+        blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
         config["fully_shard"] = blocks
         config["reshard_after_forward"] = {
             **{b: i < len(blocks) - 1 for i, b in enumerate(blocks)},
