@@ -23,6 +23,12 @@ Sources:
 - torchtitan, ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`` (Trainy, June 2025:
   Llama 3.1 8B, FSDP2 over 4 and 8 nodes of 8 H200, 400 Gb/s per GPU, compile and float8
   with FSDP's float8 all-gather; peak reserved memory);
+- AWS, "Efficient Pre-training of Llama 3-like model architectures using torchtitan on
+  Amazon SageMaker" (AWS Machine Learning blog, October 2024, with Meta; its code
+  aws-samples/sagemaker-distributed-training-workshop ``14_torchtitan``, ``Step 3- Train
+  with torchtitan.ipynb``: the TOML, torchtitan ``ac90c36``): Llama 3 8B, FSDP2 over 4
+  p5.48xlarge (32 H100 SXM 80 GB, 3200 Gb/s EFA per node), eager, compile, float8 linears,
+  float8 with FSDP's float8 all-gather; tokens/s only;
 - KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
   ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
   shapes on nodes of 4 H200 with NVLink and InfiniBand NDR (200 Gb/s per GPU, what its profile
@@ -110,6 +116,11 @@ class Row:
     # gradient accumulation as FSDP2's set_requires_gradient_sync(False) runs it (planned
     # with analyze(grad_accum=N)); otherwise each micro-batch reduces its gradients
     no_sync: bool = False
+    # torchtitan's apply_fsdp of 2024: each block (the last kept unsharded after forward),
+    # then the root holding the embedding, final norm and output (torch 2.5's lazy init keeps
+    # it unsharded after forward); from_torchtitan plans the later one (embedding and
+    # norm with output sharded on their own)
+    titan_2024_fsdp: bool = False
     # the optimizer as fsdpviz.cost names it: torchtitan and KempnerForge step a fused AdamW;
     # the others torch's default (foreach) implementation
     optimizer: str = ""
@@ -177,6 +188,7 @@ TT_A100 = "torchtitan A100 (Dec 2024)"
 TT_A100_OLD = "torchtitan A100 (Apr 2024)"
 TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
 TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
+TT_SAGEMAKER = "AWS SageMaker torchtitan (Oct 2024)"
 FMS = "fms-fsdp IBM (2024)"
 KEMPNER = "KempnerForge H200 (Apr 2026)"
 KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
@@ -241,6 +253,21 @@ ROWS = [
         compile=True, float8="tensorwise+ag", memory_gib=47.96),
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
         compile=True, float8="tensorwise+ag", memory_gib=46.97),
+    # AWS on SageMaker (torchtitan ac90c36 of 2024-09-03, torch nightly 2.5.0.dev20240906): 4
+    # p5.48xlarge (8 H100 SXM 80 GB with NVSwitch, 3200 Gb/s EFA per node: 400 Gb/s per GPU,
+    # as roce-400), llama3_8b.toml (local batch 1, seq 8192, per-operator SAC, bf16 params,
+    # fp32 reduction, FSDP over all 32, its apply_fsdp of 2024); that commit's AdamW is foreach
+    # (optimizer.fused off until Feb 2025). Eager, compile (the blocks; the loss eager), float8
+    # linears (dynamic tensorwise, "output" left out, bf16 all-gathers), then FSDP's float8
+    # all-gather with precomputed scales; torchtitan's wps (per rank). No memory published.
+    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 6475, VAL,
+        optimizer="adamw", titan_2024_fsdp=True),
+    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 7166, VAL,
+        compile=True, optimizer="adamw", titan_2024_fsdp=True),
+    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8624, VAL,
+        compile=True, float8="tensorwise", optimizer="adamw", titan_2024_fsdp=True),
+    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8950, VAL,
+        compile=True, float8="tensorwise+ag", optimizer="adamw", titan_2024_fsdp=True),
     # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
     # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
@@ -548,7 +575,15 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
-    return tt.model, tt.inputs, tt.config
+    config = dict(tt.config)
+    if row.titan_2024_fsdp:
+        blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
+        config["fully_shard"] = blocks
+        config["reshard_after_forward"] = {
+            **{b: i < len(blocks) - 1 for i, b in enumerate(blocks)},
+            "": False,
+        }
+    return tt.model, tt.inputs, config
 
 
 # KempnerForge's Llama-3 shapes (benchmarks/mfu_scaling/mfu_bench.sh): the FFN is 2/3 of 4
@@ -740,7 +775,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
                row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
-               row.grad_accum if row.no_sync else 1)  # fmt: skip
+               row.grad_accum if row.no_sync else 1, row.titan_2024_fsdp)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)
