@@ -40,7 +40,7 @@ Sources:
 - IBM's fms-fsdp, ``README.md`` (Llama 2 7B as FSDP1 HYBRID_SHARD, shard groups of a node,
   compiled, bf16 parameters and reduction, on 128 A100 80 GB with 400 Gb/s per node and 96
   H100 with 800 Gb/s per node);
-- torchtitan, ``docs/performance.md`` (Llama 3 8B/70B on 64 A100 80 GB, December 2024;
+- torchtitan, ``docs/performance.md`` (Llama 3 8B/70B on 64 A100 80 GB, April 2024;
   Llama 2 13B/70B on 64 A100 80 GB, April 2024, sequence length 4096);
 - llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT 125M-70B, FSDP1 through
   Composer, flash attention, H100 80 GB, A100 80 GB and A100 40 GB with RoCE).
@@ -116,20 +116,27 @@ class Row:
     # gradient accumulation as FSDP2's set_requires_gradient_sync(False) runs it (planned
     # with analyze(grad_accum=N)); otherwise each micro-batch reduces its gradients
     no_sync: bool = False
-    # torchtitan's apply_fsdp of 2024: each block (the last kept unsharded after forward),
-    # then the root holding the embedding, final norm and output (torch 2.5's lazy init keeps
-    # it unsharded after forward); from_torchtitan plans the later one (embedding and
-    # norm with output sharded on their own)
-    titan_2024_fsdp: bool = False
-    # the optimizer as fsdpviz.cost names it: torchtitan and KempnerForge step a fused AdamW;
-    # the others torch's default (foreach) implementation
+    # the optimizer as fsdpviz.cost names it, when the source's own default is not what ran
     optimizer: str = ""
 
     @property
+    def titan_2024(self) -> bool:
+        """A torchtitan run of 2024 (its A100 tables of April 2024, ``395a526`` and
+        ``1ea476e``; the H100 ones of December 2024, ``9dec370``; AWS's at ``ac90c36``): its
+        ``apply_fsdp`` shards each block (the last kept unsharded after forward), then the
+        root holding the embedding, final norm and output (torch's lazy init keeps the root
+        unsharded after forward), where ``from_torchtitan`` plans the later layout (embedding,
+        and norm with output, sharded on their own); and its AdamW is ``foreach``
+        (``optimizer.fused`` off by default until ``6e49885``, February 2025)."""
+        return self.source in (TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER)
+
+    @property
     def optimizer_name(self) -> str:
+        """torchtitan from 2025 and KempnerForge step a fused AdamW; the others torch's
+        default (foreach) implementation."""
         if self.optimizer:
             return self.optimizer
-        fused = self.source.startswith(("torchtitan", "KempnerForge"))
+        fused = self.source.startswith(("torchtitan", "KempnerForge")) and not self.titan_2024
         return "adamw_fused" if fused else "adamw"
 
     @property
@@ -184,8 +191,8 @@ class Row:
 
 
 TT_H100 = "torchtitan H100 (Dec 2024)"
-TT_A100 = "torchtitan A100 (Dec 2024)"
-TT_A100_OLD = "torchtitan A100 (Apr 2024)"
+TT_A100 = "torchtitan A100 Llama 3 (Apr 2024)"
+TT_A100_OLD = "torchtitan A100 Llama 2 (Apr 2024)"
 TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
 TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 TT_SAGEMAKER = "AWS SageMaker torchtitan (Oct 2024)"
@@ -260,14 +267,13 @@ ROWS = [
     # (optimizer.fused off until Feb 2025). Eager, compile (the blocks; the loss eager), float8
     # linears (dynamic tensorwise, "output" left out, bf16 all-gathers), then FSDP's float8
     # all-gather with precomputed scales; torchtitan's wps (per rank). No memory published.
-    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 6475, VAL,
-        optimizer="adamw", titan_2024_fsdp=True),
+    Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 6475, VAL),
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 7166, VAL,
-        compile=True, optimizer="adamw", titan_2024_fsdp=True),
+        compile=True),
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8624, VAL,
-        compile=True, float8="tensorwise", optimizer="adamw", titan_2024_fsdp=True),
+        compile=True, float8="tensorwise"),
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8950, VAL,
-        compile=True, float8="tensorwise+ag", optimizer="adamw", titan_2024_fsdp=True),
+        compile=True, float8="tensorwise+ag"),
     # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
     # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
@@ -576,7 +582,7 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
     config = dict(tt.config)
-    if row.titan_2024_fsdp:
+    if row.titan_2024:
         blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
         config["fully_shard"] = blocks
         config["reshard_after_forward"] = {
@@ -775,7 +781,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
                row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
-               row.grad_accum if row.no_sync else 1, row.titan_2024_fsdp)  # fmt: skip
+               row.grad_accum if row.no_sync else 1, row.titan_2024)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)
