@@ -123,7 +123,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
             self._by_unit.setdefault(name, []).append(p)
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
         self._ops: dict[Any, Any] = {}
-        self._external: set[int] = set()
+        self._external = StorageSet()  # the parameters', buffers' and inputs' storages
         self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._stretch = Stretch()
@@ -157,11 +157,11 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = storage_bytes(inputs)
         self.tokens = batch_tokens(inputs)
-        self._external = {
-            id(st)
+        self._external = StorageSet(
+            st
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
             if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
-        }
+        )
         if self._tp is not None:
             self._sharded = StorageSet(
                 st for p in self._tp.sharded_params if (st := storage_of(p)) is not None
@@ -402,7 +402,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         if st is None:
             return
         key = id(st)
-        if key in self._live or key in self._external:
+        if key in self._live or st in self._external:
             return
         loss = self._loss
         if loss is not None and key in loss.pending:
