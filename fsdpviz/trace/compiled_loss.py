@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.fusion import ModuleScope
-from fsdpviz.trace.probe_records import ACT, FWD_TEMP, CompiledLoss, storage_of
+from fsdpviz.trace.probe_records import ACT, FWD_TEMP, CompiledLoss, StorageSet, storage_of
 
 __all__ = ["CompiledLossAccounting", "LossHost"]
 
@@ -25,7 +25,7 @@ class LossHost(Protocol):
     _loss: CompiledLoss | None
     _live: dict[int, list[Any]]
     live: list[int]
-    _sharded: set[int]
+    _sharded: StorageSet
     _measuring: bool
     tp_ranks: int
 
@@ -45,11 +45,11 @@ class CompiledLossAccounting:
     _loss: CompiledLoss | None  # the compiled loss running now, set by the probe
 
     def _pending_freed(self: LossHost, loss: CompiledLoss, key: int, ref: Any) -> None:
+        self._sharded.forget(key)
         entry = loss.pending.get(key)
         if entry is not None and entry[2] is ref:
             del loss.pending[key]
             loss.saved.discard(key)
-            self._sharded.discard(key)
 
     def _call_loss(self: LossHost, fn: Callable[[Any], torch.Tensor], output: Any) -> torch.Tensor:
         """Run the loss as ``torch.compile`` would hold its memory (see

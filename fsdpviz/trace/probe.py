@@ -70,6 +70,7 @@ from fsdpviz.trace.probe_records import (
     GRAD,
     CompiledLoss,
     MarkingLog,
+    StorageSet,
     Stretch,
     TPShares,
     storage_bytes,
@@ -113,8 +114,8 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         self._tp = tp
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
-        self._sharded: set[int] = set()  # id(storage) of storages one rank holds 1/tp of
-        self._given: set[int] = set()  # ... of the inputs (see inputs_shared)
+        self._sharded = StorageSet()  # the storages one rank holds 1/tp of
+        self._given = StorageSet()  # ... of the inputs (see inputs_shared)
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
@@ -122,7 +123,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
             self._by_unit.setdefault(name, []).append(p)
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
         self._ops: dict[Any, Any] = {}
-        self._external: set[int] = set()
+        self._external = StorageSet()  # the parameters', buffers' and inputs' storages
         self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._stretch = Stretch()
@@ -156,15 +157,16 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         """Measure one forward+backward of ``model`` (parameters and buffers are not counted)."""
         self.input_bytes = storage_bytes(inputs)
         self.tokens = batch_tokens(inputs)
-        self._external = {
-            id(st)
+        self._external = StorageSet(
+            st
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
             if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
-        }
+        )
         if self._tp is not None:
-            self._sharded = {
-                id(st) for p in self._tp.sharded_params if (st := storage_of(p)) is not None
-            } | self._given
+            self._sharded = StorageSet(
+                st for p in self._tp.sharded_params if (st := storage_of(p)) is not None
+            )
+            self._sharded.update(self._given)
         self._stretch = self._new_stretch()
         self._measuring = True
         try:
@@ -247,11 +249,11 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
     def inputs_shared(self, tensors: Any) -> None:
         """The inputs of the next step that one rank holds a 1/tp share of (a pipeline
         stage's received activations under sequence parallelism)."""
-        self._given = {
-            id(st)
+        self._given = StorageSet(
+            st
             for t in tree_leaves(tensors)
             if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
-        }
+        )
 
     def local_bytes(self, tensors: Any) -> int:
         """Bytes of ``tensors`` one rank holds: a 1/tp share of those the step made sharded
@@ -264,7 +266,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         return total
 
     def _is_share(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and id(storage_of(t)) in self._sharded
+        return isinstance(t, torch.Tensor) and storage_of(t) in self._sharded
 
     def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether one rank holds 1/tp of what ``func`` makes (see the module's docstring)."""
@@ -400,7 +402,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         if st is None:
             return
         key = id(st)
-        if key in self._live or key in self._external:
+        if key in self._live or st in self._external:
             return
         loss = self._loss
         if loss is not None and key in loss.pending:
@@ -409,7 +411,7 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         if n == 0:
             return
         if sharded and t.dim() > 0:  # a scalar is whole on every rank
-            self._sharded.add(key)
+            self._sharded.add(st)
             n //= self.tp_ranks
         kind = FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
@@ -448,10 +450,10 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
 
     def _freed(self, key: int, ref: Any) -> None:
+        self._sharded.forget(key)
         rec = self._live.get(key)
         if rec is None or rec[2] is not ref:
             return
-        self._sharded.discard(key)
         del self._live[key]
         self.live[rec[1]] -= rec[0]
 

@@ -1,11 +1,13 @@
 """What :class:`~fsdpviz.trace.probe.CostProbe` keeps while it counts: the kinds of live
 storage it holds, a stretch's counts between two hook calls (:class:`Stretch`), a compiled
 loss while it runs (:class:`CompiledLoss`), tensor parallelism's shares (:class:`TPShares`),
-the hook log that marks each call (:class:`MarkingLog`), and a tensor's storage bytes."""
+the hook log that marks each call (:class:`MarkingLog`), storages known by identity while
+they live (:class:`StorageSet`), and a tensor's storage bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "GRAD",
     "CompiledLoss",
     "MarkingLog",
+    "StorageSet",
     "Stretch",
     "TPShares",
     "storage_bytes",
@@ -90,6 +93,42 @@ class MarkingLog(list[Any]):
     def append(self, item: Any) -> None:
         self._on_append(item)
         super().append(item)
+
+
+class StorageSet:
+    """Storages, each a member while it lives. A storage is looked up by its ``id`` and
+    then checked to be the very one added (a weak reference): a storage made after another
+    is freed may get the freed one's ``id``, and a set of ids would take the new storage
+    for the old, so that what a trace counts would depend on where Python's allocator put
+    its objects."""
+
+    def __init__(self, storages: Iterable[torch.UntypedStorage] = ()) -> None:
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        for st in storages:
+            self.add(st)
+
+    def add(self, st: torch.UntypedStorage) -> None:
+        self._refs[id(st)] = weakref.ref(st)
+
+    def update(self, other: StorageSet) -> None:
+        """Add the live members of ``other``."""
+        for key, ref in other._refs.items():
+            if ref() is not None:
+                self._refs[key] = ref
+
+    def forget(self, key: int) -> None:
+        """Drop the storage that had ``id`` ``key`` once it is freed (a weak reference's
+        callback); a live storage that has that ``id`` now stays."""
+        ref = self._refs.get(key)
+        if ref is not None and ref() is None:
+            del self._refs[key]
+
+    def __contains__(self, st: object) -> bool:
+        ref = self._refs.get(id(st))
+        return ref is not None and ref() is st
+
+    def __len__(self) -> int:
+        return sum(ref() is not None for ref in self._refs.values())
 
 
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:

@@ -1,0 +1,71 @@
+"""Which storages the cost probe counts as one rank's tensor-parallel share: a storage is
+known by its identity while it lives, never by an ``id`` a later storage may be given once
+it is freed (what a trace counts must not depend on where Python's allocator puts things)."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+
+from fsdpviz.trace.fusion import ModuleScope
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.probe_records import CompiledLoss, StorageSet, TPShares
+from fsdpviz.trace.tracker import ModuleTracker
+
+TP = 8
+
+
+def _storage_with_id(key: int, keep: list[torch.Tensor]) -> torch.Tensor:
+    """A new meta tensor whose storage has ``id`` ``key`` (a freed storage's): Python hands
+    a freed object's memory to the next object of its size, so one of the first few made
+    gets it; the others are kept alive in ``keep`` so that each try is a new address."""
+    for _ in range(10_000):
+        t = torch.empty(64, 64, device="meta")
+        if id(t.untyped_storage()) == key:
+            return t
+        keep.append(t)
+    raise AssertionError("no storage was given the freed storage's id")
+
+
+def test_a_storage_made_where_a_freed_share_was_is_whole() -> None:
+    # the compiled loss's forward makes a share (a 1/tp slice of a sequence-parallel
+    # activation) that its kernels keep inside and the partitioner does not save: dropped
+    # when the loss's forward is over, then freed
+    probe = CostProbe(ModuleTracker(nn.Linear(4, 4, device="meta")), {}, [], [],
+                      tp=TPShares(TP, frozenset(), frozenset()))  # fmt: skip
+    scope = ModuleScope("loss", [])
+    probe._loss = CompiledLoss(scope)
+    scope.enter()
+    share = torch.empty(64, 64, device="meta")
+    probe._track(share, sharded=True)
+    assert probe.holds_share(share)
+    key = id(share.untyped_storage())
+    probe._loss.saved.add(key)
+    scope.leave(None)
+    probe._end_loss()
+    del share
+    gc.collect()
+
+    # a whole tensor the step makes next, at the freed share's address
+    keep: list[torch.Tensor] = []
+    whole = _storage_with_id(key, keep)
+    assert not probe.holds_share(whole)
+    assert probe.local_bytes(whole) == 64 * 64 * 4  # all of it, not 1/8
+
+
+def test_storage_set_knows_a_storage_only_while_it_lives() -> None:
+    a = torch.empty(8, device="meta")
+    shares = StorageSet([a.untyped_storage()])
+    assert a.untyped_storage() in shares and len(shares) == 1
+    key = id(a.untyped_storage())
+    del a
+    gc.collect()
+    keep: list[torch.Tensor] = []
+    b = _storage_with_id(key, keep)
+    assert b.untyped_storage() not in shares and len(shares) == 0
+    shares.forget(key)  # the freed one's weak reference's callback: nothing live is dropped
+    shares.add(b.untyped_storage())
+    shares.forget(key)
+    assert b.untyped_storage() in shares
