@@ -110,7 +110,9 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
-        self._float8_nodes: set[int] = set()  # backward nodes whose gradient is cast already
+        # the backward node whose float8 gradient is cast already (held, not its id: a node
+        # freed since could leave its id to a new one); a node's multiplies run one after another
+        self._float8_node: object = None
         self._tp = tp
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
@@ -124,7 +126,9 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
         self._ops: dict[Any, Any] = {}
         self._external = StorageSet()  # the parameters', buffers' and inputs' storages
-        self._param_grad: dict[int, tuple[int, int]] = {}  # id(param) -> (id(storage), bytes)
+        # id(param) -> (its gradient's record in _live, bytes): the record, not its storage's
+        # id, which a storage made after the gradient is freed may get
+        self._param_grad: dict[int, tuple[list[Any], int]] = {}
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._stretch = Stretch()
         self.marks: list[Mark] = []
@@ -384,9 +388,9 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         first = True
         if backward:
             node = torch._C._current_autograd_node()
-            first = node is None or id(node) not in self._float8_nodes
+            first = node is None or node is not self._float8_node
             if node is not None:
-                self._float8_nodes.add(id(node))
+                self._float8_node = node
         compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
@@ -492,10 +496,10 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
             self.live[rec[1]] -= rec[0]
             rec[0], rec[1] = n, GRAD
             self.live[GRAD] += n
-        prev_key, prev_bytes = self._param_grad.get(id(p), (None, 0))
-        if prev_key == key:
+        prev_rec, prev_bytes = self._param_grad.get(id(p), (None, 0))
+        if prev_rec is rec:
             return  # accumulated in place
-        self._param_grad[id(p)] = (key, rec[0])
+        self._param_grad[id(p)] = (rec, rec[0])
         delta = rec[0] - prev_bytes
         self._stretch.grads[owner] = self._stretch.grads.get(owner, 0) + delta
         self._stretch.grad_bytes += delta
