@@ -29,6 +29,11 @@ Sources:
   with torchtitan.ipynb``: the TOML, torchtitan ``ac90c36``): Llama 3 8B, FSDP2 over 4
   p5.48xlarge (32 H100 SXM 80 GB, 3200 Gb/s EFA per node), eager, compile, float8 linears,
   float8 with FSDP's float8 all-gather; tokens/s only;
+- torchao, ``torchao/float8/README.md`` "Training benchmarks" (``8c81863``, March 2025,
+  with ``benchmarks/float8/training/float8_training_benchmark.sh`` and its log parser at that
+  commit): Llama 3 8B through torchtitan, FSDP2 over 8 H100 96 GB, compile, bf16, float8
+  tensorwise with FSDP's float8 all-gather, float8 rowwise; median tokens/s, peak reserved
+  memory;
 - KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
   ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
   shapes on nodes of 4 H200 with NVLink and InfiniBand NDR (200 Gb/s per GPU, what its profile
@@ -127,8 +132,10 @@ class Row:
         root holding the embedding, final norm and output (torch's lazy init keeps the root
         unsharded after forward), where ``from_torchtitan`` plans the later layout (embedding,
         and norm with output, sharded on their own); and its AdamW is ``foreach``
-        (``optimizer.fused`` off by default until ``6e49885``, February 2025)."""
-        return self.source in (TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER)
+        (``optimizer.fused`` off by default until ``6e49885``, February 2025). torchao's float8
+        runs of March 2025 (torchtitan of ``069bae2`` to ``54ef422``) shard as these do (the
+        layout torchtitan kept until ``83e6941``, July 2025) and step its fused AdamW."""
+        return self.source in (TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER, TORCHAO)
 
     @property
     def optimizer_name(self) -> str:
@@ -196,6 +203,7 @@ TT_A100_OLD = "torchtitan A100 Llama 2 (Apr 2024)"
 TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
 TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 TT_SAGEMAKER = "AWS SageMaker torchtitan (Oct 2024)"
+TORCHAO = "torchao float8 H100 (Mar 2025)"
 FMS = "fms-fsdp IBM (2024)"
 KEMPNER = "KempnerForge H200 (Apr 2026)"
 KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
@@ -274,6 +282,23 @@ ROWS = [
         compile=True, float8="tensorwise"),
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8950, VAL,
         compile=True, float8="tensorwise+ag"),
+    # torchao's float8 training benchmarks (torchao/float8/README.md, "Training benchmarks",
+    # 8c81863, March 2025: torch 2.7.0a0+gitb98af95, torchao 890e0ac, torchtitan 0.0.2, from
+    # 069bae2 to 54ef422). benchmarks/float8/training/float8_training_benchmark.sh at that
+    # commit: torchtitan's llama3_8b.toml (local batch 1, seq 8192, per-operator SAC, bf16
+    # parameters, fp32 reduction, FSDP over the node's 8) with --training.compile (the blocks;
+    # the loss eager), then float8 tensorwise with FSDP's float8 all-gather, precomputed
+    # scales and force_recompute_fp8_weight_in_bwd (a view's recompute under the float8
+    # all-gather), or recipe_name=rowwise (bf16 all-gathers); "output" left in bf16; fused
+    # AdamW. parse_torchtitan_logs.py: median tps of steps 2 to 100 (per rank) and the most
+    # "memory" (max reserved, GiB). H100 of 95.0 GiB (47.79 GiB at 50.30%) priced at 989
+    # TFLOPS by torchtitan's MFU (the example log of the script's first version)
+    Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 6150, VAL,
+        compile=True, memory_gib=47.65, optimizer="adamw_fused"),
+    Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 7689.5, VAL,
+        compile=True, float8="tensorwise+ag", memory_gib=47.77, optimizer="adamw_fused"),
+    Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 6768, VAL,
+        compile=True, float8="rowwise", memory_gib=47.79, optimizer="adamw_fused"),
     # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
     # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
