@@ -125,25 +125,35 @@ class Row:
     optimizer: str = ""
 
     @property
-    def titan_2024(self) -> bool:
-        """A torchtitan run of 2024 (its A100 tables of April 2024, ``395a526`` and
-        ``1ea476e``; the H100 ones of December 2024, ``9dec370``; AWS's at ``ac90c36``): its
+    def titan_blocks_and_root(self) -> bool:
+        """A torchtitan run before ``83e6941`` (July 2025), every torchtitan run here: its
         ``apply_fsdp`` shards each block (the last kept unsharded after forward), then the
-        root holding the embedding, final norm and output (torch's lazy init keeps the root
-        unsharded after forward), where ``from_torchtitan`` plans the later layout (embedding,
-        and norm with output, sharded on their own); and its AdamW is ``foreach``
-        (``optimizer.fused`` off by default until ``6e49885``, February 2025). torchao's float8
-        runs of March 2025 (torchtitan of ``069bae2`` to ``54ef422``) shard as these do (the
-        layout torchtitan kept until ``83e6941``, July 2025) and step its fused AdamW."""
-        return self.source in (TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER, TORCHAO)
+        root holding the embedding, final norm and output, where ``from_torchtitan`` plans
+        the later layout (embedding, and norm with output, sharded on their own). So the A100
+        tables of April 2024 (``395a526``, ``1ea476e``), the H100 ones of December 2024
+        (``9dec370``), AWS's (``ac90c36``), torchao's float8 runs of March 2025 (``069bae2``
+        to ``54ef422``), the async TP ones (``820504e``) and Trainy's (``e7c0cae``)."""
+        return self.source in (
+            TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER, TORCHAO, TT_ASYNC_TP, TT_H200,
+        )  # fmt: skip
+
+    @property
+    def root_reshards(self) -> bool:
+        """Whether the root's ``reshard_after_forward=True`` (torchtitan's ``not
+        pp_enabled``) is kept: torch's lazy init kept the root unsharded after forward
+        whatever it was given until pytorch#154704 (June 2025), in the async TP runs' torch
+        (``38410cf``, 2025-06-14) and not in Trainy's (2.8.0a0+5228986, NGC 25.05)."""
+        return self.source == TT_ASYNC_TP
 
     @property
     def optimizer_name(self) -> str:
-        """torchtitan from 2025 and KempnerForge step a fused AdamW; the others torch's
-        default (foreach) implementation."""
+        """torchtitan's AdamW is foreach until ``6e49885`` (February 2025: ``optimizer.fused``
+        off by default before), fused after; KempnerForge steps a fused AdamW; the others
+        torch's default (foreach) implementation."""
         if self.optimizer:
             return self.optimizer
-        fused = self.source.startswith(("torchtitan", "KempnerForge")) and not self.titan_2024
+        before = self.source in (TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER)
+        fused = self.source.startswith(("torchtitan", "KempnerForge")) and not before
         return "adamw_fused" if fused else "adamw"
 
     @property
@@ -607,12 +617,12 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
     config = dict(tt.config)
-    if row.titan_2024:
+    if row.titan_blocks_and_root:
         blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
         config["fully_shard"] = blocks
         config["reshard_after_forward"] = {
             **{b: i < len(blocks) - 1 for i, b in enumerate(blocks)},
-            "": False,
+            "": row.root_reshards,
         }
     return tt.model, tt.inputs, config
 
@@ -806,7 +816,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
                row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
-               row.grad_accum if row.no_sync else 1, row.titan_2024)  # fmt: skip
+               row.grad_accum if row.no_sync else 1, row.titan_blocks_and_root)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)
