@@ -76,7 +76,7 @@ def _compiled_block_saves() -> tuple[int, int]:
     return sum(kept.values()), out.untyped_storage().nbytes()
 
 
-def _held_by_first_block(compile: bool) -> int:
+def _held_by_first_block(compile: bool | list[type]) -> int:
     """What fsdpviz's memory timeline holds more after the first block's forward than before
     it (activations and forward temporaries: what the block keeps for backward, and its
     output)."""
@@ -88,7 +88,7 @@ def _held_by_first_block(compile: bool) -> int:
         world_size=2,
         fully_shard=[TransformerBlock],
         activation_checkpointing=SelectiveCheckpoint([TransformerBlock]),
-        compile=[TransformerBlock] if compile else False,
+        compile=compile,
         mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
         progress=False,
     )
@@ -98,9 +98,14 @@ def _held_by_first_block(compile: bool) -> int:
     return (after.activations + after.forward_temp) - (before.activations + before.forward_temp)
 
 
-def test_a_compiled_selective_block_holds_what_torch_compile_keeps() -> None:
+@pytest.mark.parametrize("compile", [[TransformerBlock], True], ids=["blocks", "model"])
+def test_a_compiled_selective_block_holds_what_torch_compile_keeps(
+    compile: list[type] | bool,
+) -> None:
+    """Each block compiled (torchtitan's ``[compile] components = ["model"]``) or the whole
+    model (``compile=True``: Dynamo traces each selective checkpoint whole too)."""
     real, output = _compiled_block_saves()
-    compiled = _held_by_first_block(compile=True) - output
+    compiled = _held_by_first_block(compile=compile) - output
     eager = _held_by_first_block(compile=False) - output
     assert compiled == real
     # eager selective checkpointing also keeps the down projection's output (the policy
@@ -122,5 +127,5 @@ def test_identical_blocks_are_partitioned_once(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(compiled_regions, "partitioner_saves", counting)
     monkeypatch.setattr(compiled_regions, "_SAVES", {})
-    _held_by_first_block(compile=True)
+    _held_by_first_block(compile=[TransformerBlock])
     assert len(calls) == 1

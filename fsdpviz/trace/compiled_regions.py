@@ -26,10 +26,11 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
+from fsdpviz.trace.checkpointing import is_selective
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.probe_records import ACT, storage_of
 
-__all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost"]
+__all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost", "compiled_checkpoints"]
 
 
 # what the partitioner keeps of a region, by the operators its forward ran (each with its
@@ -144,6 +145,18 @@ class CompiledRegionAccounting:
         if st is not None:
             for region in self._regions:
                 region.made[key] = (st.nbytes(), t.dtype)
+
+
+def compiled_checkpoints(
+    model: nn.Module, compiled: list[nn.Module] | None, compile: object
+) -> list[nn.Module]:
+    """The modules of ``model`` under a selective checkpoint that ``torch.compile`` compiles:
+    those inside the ``compiled`` modules (None: the whole model), when ``compile`` is on.
+    Dynamo traces each such checkpoint whole, its policy's tags in its graph."""
+    if not compile:
+        return []
+    roots = [model] if compiled is None else compiled
+    return [m for root in roots for m in root.modules() if is_selective(m)]
 
 
 def _hold_saves(

@@ -30,8 +30,8 @@ counts, on the meta device, without allocating anything:
   modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
   matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
   around them (their weights arrive in float8 with ``float8_weights_gathered``).
-- **compiled modules under selective activation checkpointing** (``compiled`` modules that
-  run a :class:`~fsdpviz.trace.checkpointing.SelectiveCheckpoint`): between forward and
+- **compiled modules under selective activation checkpointing** (``compiled_checkpoints``,
+  see :func:`~fsdpviz.trace.compiled_regions.compiled_checkpoints`): between forward and
   backward only what torch's partitioner keeps of them, see
   :mod:`fsdpviz.trace.compiled_regions`.
 - **a compiled loss** (given as ``torch.compile(loss_fn)``): held as ``torch.compile`` holds
@@ -63,7 +63,6 @@ from torch.utils._pytree import tree_leaves
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
-from fsdpviz.trace.checkpointing import is_selective
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
@@ -106,6 +105,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
         float8_recipe: str = "tensorwise",
+        compiled_checkpoints: list[torch.nn.Module] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
@@ -114,7 +114,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         self._compiled = ModuleScope("compiled", compiled)
         self._regions: list[CompiledRegion] = []
         self._region_extras: list[torch.Tensor] = []
-        self._region_handles = self._region_hooks([m for m in compiled or () if is_selective(m)])
+        self._region_handles = self._region_hooks(compiled_checkpoints or [])
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
