@@ -26,6 +26,7 @@ from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import FsdpWarning, Report, Unit
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
+from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.copy import (
     asked_of_originals,
     inputs_copy,
@@ -190,6 +191,9 @@ def _probe(
         [u.fqn for u in plan.units],
         list(copy.buffers()),
         compiled=opts.job.compiled_modules(copy),
+        compiled_checkpoints=compiled_checkpoints(
+            copy, opts.job.compiled_modules(copy), opts.job.compile
+        ),
         float8=opts.job.float8_modules(copy),
         float8_recipe=opts.job.float8.recipe_name if opts.job.float8 else "tensorwise",
     )

@@ -23,6 +23,7 @@ from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
+from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.copy import (
     asked_of_originals,
     inputs_copy,
@@ -95,6 +96,9 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                     list(copy.buffers()),
                     shares,
                     compiled=job.compiled_modules(copy),
+                    compiled_checkpoints=compiled_checkpoints(
+                        copy, job.compiled_modules(copy), job.compile
+                    ),
                     float8=job.float8_modules(copy),
                     float8_weights_gathered=bool(
                         job.float8 and job.float8.enable_fsdp_float8_all_gather

@@ -29,6 +29,7 @@ from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
@@ -248,6 +249,7 @@ def _probe(
         list(part.buffers()),
         tp.shares() if tp is not None else None,
         compiled=job.compiled_modules(part),
+        compiled_checkpoints=compiled_checkpoints(part, job.compiled_modules(part), job.compile),
         float8=job.float8_modules(part),
         float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
     )

@@ -184,6 +184,12 @@ def is_checkpointed(model: nn.Module) -> bool:
     return False
 
 
+def is_selective(module: nn.Module) -> bool:
+    """Whether ``module`` (of fsdpviz's copy) runs under a :class:`SelectiveCheckpoint`."""
+    forward = module.__dict__.get("forward")
+    return isinstance(forward, functools.partial) and forward.func is _selective
+
+
 def _wrapped(module: nn.Module) -> bool:
     """torch's ``CheckpointWrapper`` (``apply_activation_checkpointing``, ``checkpoint_wrapper``),
     told by its name: the class lives in a private module."""

@@ -63,17 +63,25 @@ class PartitionSaves:
 
 
 def partitioner_saves(
-    fn: Callable[..., Any], inputs: Sequence[torch.Tensor]
+    fn: Callable[..., Any],
+    inputs: Sequence[torch.Tensor],
+    *,
+    checkpointed: bool = False,
+    what: str = "the compiled loss",
 ) -> PartitionSaves | None:
     """What ``torch.compile`` of ``fn(*inputs)`` keeps for backward, or None when torch
-    cannot trace it (then the caller keeps eager autograd's accounting). ``inputs`` are
-    tensors (meta or real); those with ``requires_grad`` are differentiated."""
+    cannot trace it (then the caller keeps eager autograd's accounting, and a warning names
+    ``what``). ``inputs`` are tensors (meta or real); those with ``requires_grad`` are
+    differentiated. ``checkpointed``: ``fn`` runs under activation checkpointing (a
+    selective policy or none); its forward is captured with autograd on, so that the
+    checkpoint tags each operator with its policy as it does under ``torch.compile``, and
+    the partitioner recomputes what the tags say (see :func:`_capture`)."""
     with _disable_current_modes(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
         try:
-            return _partition(fn, inputs)
+            return _partition(fn, inputs, checkpointed)
         except Exception as e:  # anything torch cannot trace is costed eager, and said so
             warnings.warn(
-                f"torch could not trace the compiled loss on fake tensors ({type(e).__name__}: "
+                f"torch could not trace {what} on fake tensors ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else 'no message'}); fsdpviz costs its "
                 "memory as eager autograd holds it, which may be more than torch.compile keeps",
                 stacklevel=2,
@@ -89,18 +97,20 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> PartitionSaves | None:
+def _partition(
+    fn: Callable[..., Any], inputs: Sequence[torch.Tensor], checkpointed: bool
+) -> PartitionSaves | None:
     # lazy: AOTAutograd and inductor take seconds to import; for compiled regions only
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
 
     metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in inputs]
-    with torch.no_grad(), _without_module_hooks():
-        gm = make_fx(fn)(*metas)
     grads = tuple(bool(t.requires_grad) for t in inputs)
+    gm = _capture(fn, metas, grads, checkpointed)
     shapes = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in inputs)
-    key = (gm.code, shapes, grads)
+    tags = tuple(str(n.meta.get("recompute")) for n in gm.graph.nodes)
+    key = (gm.code, shapes, grads, tags)
     if key in _CACHE:
         return _CACHE[key]
     if not any(grads):
@@ -117,10 +127,10 @@ def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Partit
         return make_boxed_func(gm)
 
     compiled = aot_function(
-        gm,
+        _run_tagged(gm) if checkpointed else gm,
         fw_compiler=forward_graph,
         bw_compiler=_as_is,
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_one_region if checkpointed else min_cut_rematerialization_partition,
         decompositions=select_decomp_table(),
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -134,21 +144,77 @@ def _partition(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Partit
         return _CACHE.setdefault(key, None)
     fw = captured[-1]
     placeholders = list(fw.graph.find_nodes(op="placeholder"))
+    # a view of an input (a weight's transpose) keeps the input, not a tensor of its own
+    storages = {
+        v.untyped_storage()._cdata: i
+        for i, p in enumerate(placeholders)
+        if isinstance(v := p.meta.get("val"), torch.Tensor)
+    }
     outs = next(iter(fw.graph.find_nodes(op="output"))).args[0]
     kept: list[int] = []
     values: list[tuple[tuple[int, ...], torch.dtype]] = []
     for node in outs[n_out:]:
         if node is None:
             continue
-        if node.op == "placeholder":  # an input (a lifted constant is held anyway)
-            if placeholders.index(node) < len(inputs):
-                kept.append(placeholders.index(node))
-            continue
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            values.append((tuple(int(d) for d in val.shape), val.dtype))
+        if not isinstance(val, torch.Tensor):
+            continue
+        held = storages.get(val.untyped_storage()._cdata)
+        if held is not None:  # an input (a lifted constant is held anyway)
+            if held < len(inputs):
+                kept.append(held)
+            continue
+        values.append((tuple(int(d) for d in val.shape), val.dtype))
     saves = PartitionSaves(tuple(sorted(set(kept))), tuple(values))
     return _CACHE.setdefault(key, saves)
+
+
+def _capture(
+    fn: Callable[..., Any],
+    metas: list[torch.Tensor],
+    grads: tuple[bool, ...],
+    checkpointed: bool,
+) -> torch.fx.GraphModule:
+    """``fn``'s forward as an aten graph. A checkpointed region is captured with autograd on:
+    under a tracer ``torch.utils.checkpoint``'s selective mode writes each operator's policy
+    into its node (``meta["recompute"]``, ``meta["ac_graph_id"]``), as it does when Dynamo
+    traces the region for ``torch.compile``; the partitioner reads them there."""
+    if not checkpointed:
+        with torch.no_grad(), _without_module_hooks():
+            return make_fx(fn)(*metas)
+    for t, g in zip(metas, grads, strict=True):
+        t.requires_grad_(g)
+    import torch.fx.traceback as fx_traceback
+
+    # (the checkpoint writes its tags into fx's current node metadata too: put it back after)
+    keep = fx_traceback.has_preserved_node_meta()
+    with fx_traceback.preserve_node_meta(keep), torch.enable_grad(), _without_module_hooks():
+        return make_fx(fn)(*metas)
+
+
+def _one_region(joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+    """``min_cut_rematerialization_partition`` of a joint graph traced from one checkpointed
+    region: its tagged nodes numbered as that region (Dynamo numbers each checkpoint call it
+    traces; the capture outside Dynamo leaves the number unset)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    for node in joint.graph.nodes:
+        if "ac_graph_id" in node.meta and node.meta["ac_graph_id"] is None:
+            node.meta["ac_graph_id"] = 1
+    return min_cut_rematerialization_partition(joint, *args, **kwargs)
+
+
+def _run_tagged(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """Run ``gm`` node by node with each node's ``recompute`` tag current, so that the
+    operators AOTAutograd traces from it (decomposed, and their backward) carry the tags,
+    as ``tag_activation_checkpoint`` runs a checkpointed region under ``torch.compile``."""
+    import torch.fx.traceback as fx_traceback
+
+    def run(*args: Any) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return torch.fx.Interpreter(gm).run(*args)
+
+    return run
 
 
 @contextmanager

@@ -30,6 +30,10 @@ counts, on the meta device, without allocating anything:
   modules (``compiled``; default: the whole model), see :mod:`fsdpviz.trace.fusion`. The
   matrix multiplies of float8 linears (``float8``) are recorded in float8, with the casts
   around them (their weights arrive in float8 with ``float8_weights_gathered``).
+- **compiled modules under selective activation checkpointing** (``compiled_checkpoints``,
+  see :func:`~fsdpviz.trace.compiled_regions.compiled_checkpoints`): between forward and
+  backward only what torch's partitioner keeps of them, see
+  :mod:`fsdpviz.trace.compiled_regions`.
 - **a compiled loss** (given as ``torch.compile(loss_fn)``): held as ``torch.compile`` holds
   it, by torch's own partitioner (:mod:`fsdpviz.trace.compiled_saves`): between its forward
   and backward only the inputs and values the partitioner saves; inside them only what its
@@ -60,6 +64,7 @@ from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
+from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
@@ -82,7 +87,7 @@ from fsdpviz.trace.tracker import ModuleTracker
 _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
-class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-untyped-call]
+class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts activation/temp/gradient bytes and FLOPs of one traced step.
 
     ``grad_owner`` maps each leaf parameter whose ``.grad`` FSDP reduces (FSDP1:
@@ -101,12 +106,16 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
         float8_recipe: str = "tensorwise",
+        compiled_checkpoints: list[torch.nn.Module] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._tracker = tracker
         self._loss: CompiledLoss | None = None
         tracker.call_loss = self._call_loss  # a loss given as torch.compile(loss_fn)
         self._compiled = ModuleScope("compiled", compiled)
+        self._regions: list[CompiledRegion] = []
+        self._region_extras: list[torch.Tensor] = []
+        self._region_handles = self._region_hooks(compiled_checkpoints or [])
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
@@ -178,6 +187,8 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
                 yield
         finally:
             self._end_loss()
+            self._regions.clear()
+            self._region_extras.clear()
             self._measuring = False
             self._tails[len(self.marks)] = self._close_stretch()
             self._record_modules = False
@@ -196,6 +207,9 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         self._tracker.measure = None
         self._tracker.call_loss = None
         self._compiled.remove()
+        for h in self._region_handles:
+            h.remove()
+        self._region_handles.clear()
         if self._float8 is not None:
             self._float8.remove()
         for h in self._handles:
@@ -216,6 +230,8 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         if loss is not None and loss.forward_done and backward and not loss.captures():
             self._end_loss()  # the compiled loss's backward is over
         out = meta_cache.run(func, args, kwargs)
+        if self._regions and not backward:
+            self._region_op(func, out)
         if self._forced is not None:
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)
@@ -420,6 +436,8 @@ class CostProbe(CompiledLossAccounting, TorchDispatchMode):  # type: ignore[no-u
         kind = FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
             kind = ACT if recomputing() else BWD_TEMP
+        elif self._regions:
+            self._region_made(key, t)
         if loss is not None and loss.captures():  # written out only if it leaves the kernels
             gone = functools.partial(self._pending_freed, loss, key)
             loss.pending[key] = [n, kind, weakref.ref(st, gone), tuple(t.shape), t.dtype]
