@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.torch_version import TorchVersion
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
@@ -32,6 +33,12 @@ from fsdpviz.trace.probe_records import ACT, storage_of
 
 __all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost", "compiled_checkpoints"]
 
+
+# The torch releases whose capture of a checkpointed region (make_fx with autograd on)
+# carries the selective policy's tags to the partitioner, as its partition of the compiled
+# block shows (checked on 2.13 and 2.14; on 2.8 the capture loses them, and the partitioner
+# keeps more than torch.compile does)
+PARTITIONED_SINCE = "2.13"
 
 # what the partitioner keeps of a region, by the operators its forward ran (each with its
 # outputs' shapes and dtypes) and its inputs: a model's identical blocks, and every trace
@@ -152,8 +159,9 @@ def compiled_checkpoints(
 ) -> list[nn.Module]:
     """The modules of ``model`` under a selective checkpoint that ``torch.compile`` compiles:
     those inside the ``compiled`` modules (None: the whole model), when ``compile`` is on.
-    Dynamo traces each such checkpoint whole, its policy's tags in its graph."""
-    if not compile:
+    Dynamo traces each such checkpoint whole, its policy's tags in its graph. None under a
+    torch before :data:`PARTITIONED_SINCE`, which keep eager autograd's count."""
+    if not compile or TorchVersion(torch.__version__) < PARTITIONED_SINCE:
         return []
     roots = [model] if compiled is None else compiled
     return [m for root in roots for m in root.modules() if is_selective(m)]

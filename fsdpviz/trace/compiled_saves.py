@@ -26,9 +26,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch._functorch._aot_autograd.utils import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -36,6 +37,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 _CACHE: dict[tuple[Any, ...], PartitionSaves | None] = {}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,11 @@ def _partition(
         _run_tagged(gm) if checkpointed else gm,
         fw_compiler=forward_graph,
         bw_compiler=_as_is,
-        partition_fn=_one_region if checkpointed else min_cut_rematerialization_partition,
+        partition_fn=(
+            _as_one_region(min_cut_rematerialization_partition)
+            if checkpointed
+            else min_cut_rematerialization_partition
+        ),
         decompositions=select_decomp_table(),
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -184,31 +191,32 @@ def _capture(
             return make_fx(fn)(*metas)
     for t, g in zip(metas, grads, strict=True):
         t.requires_grad_(g)
-    import torch.fx.traceback as fx_traceback
-
     # (the checkpoint writes its tags into fx's current node metadata too: put it back after)
     keep = fx_traceback.has_preserved_node_meta()
     with fx_traceback.preserve_node_meta(keep), torch.enable_grad(), _without_module_hooks():
         return make_fx(fn)(*metas)
 
 
-def _one_region(joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-    """``min_cut_rematerialization_partition`` of a joint graph traced from one checkpointed
-    region: its tagged nodes numbered as that region (Dynamo numbers each checkpoint call it
-    traces; the capture outside Dynamo leaves the number unset)."""
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+def _as_one_region(
+    partition: Callable[Concatenate[torch.fx.GraphModule, _P], _R],
+) -> Callable[Concatenate[torch.fx.GraphModule, _P], _R]:
+    """``partition`` of a joint graph traced from one checkpointed region: its tagged nodes
+    numbered as that region (Dynamo numbers each checkpoint call it traces; the capture
+    outside Dynamo leaves the number unset)."""
 
-    for node in joint.graph.nodes:
-        if "ac_graph_id" in node.meta and node.meta["ac_graph_id"] is None:
-            node.meta["ac_graph_id"] = 1
-    return min_cut_rematerialization_partition(joint, *args, **kwargs)
+    def run(joint: torch.fx.GraphModule, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        for node in joint.graph.nodes:
+            if "ac_graph_id" in node.meta and node.meta["ac_graph_id"] is None:
+                node.meta["ac_graph_id"] = 1
+        return partition(joint, *args, **kwargs)
+
+    return run
 
 
 def _run_tagged(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """Run ``gm`` node by node with each node's ``recompute`` tag current, so that the
     operators AOTAutograd traces from it (decomposed, and their backward) carry the tags,
     as ``tag_activation_checkpoint`` runs a checkpointed region under ``torch.compile``."""
-    import torch.fx.traceback as fx_traceback
 
     def run(*args: Any) -> Any:
         with fx_traceback.preserve_node_meta():
