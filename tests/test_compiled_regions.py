@@ -6,6 +6,7 @@ compiler), compared in tensor bytes."""
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -150,3 +151,30 @@ def test_identical_blocks_are_partitioned_once(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(compiled_regions, "_SAVES", {})
     _held_by_first_block(compile=[TransformerBlock])
     assert len(calls) == 1
+
+
+def test_a_region_does_not_uncount_a_storage_given_a_freed_ones_id() -> None:
+    """A storage the compiled region made and freed again leaves its ``id`` to whatever Python
+    makes next: when the region's forward returns, the storage counted under that ``id`` now
+    is not the region's and keeps its bytes."""
+    from types import SimpleNamespace
+
+    from fsdpviz.trace.compiled_regions import CompiledRegion, _hold_saves
+    from fsdpviz.trace.compiled_saves import PartitionSaves
+    from fsdpviz.trace.probe_records import ACT
+
+    made = torch.empty(16, device="meta").untyped_storage()
+    other = torch.empty(16, device="meta").untyped_storage()
+    region = CompiledRegion()
+    region.made[id(other)] = (64, torch.float32, weakref.ref(made))  # as if made had that id
+    rec = [64, ACT, weakref.ref(other)]
+    host = SimpleNamespace(_live={id(other): rec}, live=[0] * 8)
+    host.live[ACT] = 64
+    _hold_saves(host, region, PartitionSaves((), ()), [], None)
+    assert rec[0] == 64 and host.live[ACT] == 64
+    # the region's own storage, which the partitioner does not keep, stops counting
+    region.made = {id(made): (64, torch.float32, weakref.ref(made))}
+    mine = [64, ACT, weakref.ref(made)]
+    host._live = {id(made): mine}
+    _hold_saves(host, region, PartitionSaves((), ()), [], None)
+    assert mine[0] == 0 and host.live[ACT] == 0

@@ -18,6 +18,7 @@ given its inputs' gradients. Its kernels and their time are unchanged.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,9 +50,12 @@ _SAVES: dict[tuple[Any, ...], PartitionSaves | None] = {}
 @dataclass
 class CompiledRegion:
     """A compiled checkpointed module's forward while it runs: the storages its operators
-    made (``id(storage) -> (bytes, dtype)``) and the operators it ran."""
+    made (``id(storage) -> (bytes, dtype, weak reference)``: the reference tells the storage
+    from a later one given a freed one's ``id``) and the operators it ran."""
 
-    made: dict[int, tuple[int, torch.dtype]] = field(default_factory=dict)
+    made: dict[int, tuple[int, torch.dtype, weakref.ref[torch.UntypedStorage]]] = field(
+        default_factory=dict
+    )
     ops: list[tuple[Any, ...]] = field(default_factory=list)
 
 
@@ -151,7 +155,7 @@ class CompiledRegionAccounting:
         st = storage_of(t)
         if st is not None:
             for region in self._regions:
-                region.made[key] = (st.nbytes(), t.dtype)
+                region.made[key] = (st.nbytes(), t.dtype, weakref.ref(st))
 
 
 def compiled_checkpoints(
@@ -181,10 +185,12 @@ def _hold_saves(
     out = {id(st) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
            and (st := storage_of(t)) is not None}  # fmt: skip
     wanted = [(_nbytes(shape, dtype), dtype) for shape, dtype in saves.values]
-    for key, made in region.made.items():
+    for key, (nbytes, dtype, ref) in region.made.items():
         rec = host._live.get(key)
-        if rec is None or key in out or rec[0] == 0:
-            continue
+        st = ref()
+        if rec is None or st is None or rec[2]() is not st or key in out or rec[0] == 0:
+            continue  # freed since (its id perhaps another storage's now), or kept anyway
+        made = (nbytes, dtype)
         if made in wanted:
             wanted.remove(made)
             continue
