@@ -185,15 +185,14 @@ def _probe(
 ) -> CostProbe:
     """Measure activations, FLOPs and kernels for the cost model (fsdpviz.cost)."""
     owners = {flat: fqn for fqn, flat in emulation.flats.items()}
+    compiled = opts.job.compiled_modules(copy)
     probe = CostProbe(
         tracker,
         owners,
         [u.fqn for u in plan.units],
         list(copy.buffers()),
-        compiled=opts.job.compiled_modules(copy),
-        compiled_checkpoints=compiled_checkpoints(
-            copy, opts.job.compiled_modules(copy), opts.job.compile
-        ),
+        compiled=compiled,
+        compiled_checkpoints=compiled_checkpoints(copy, compiled, opts.job.compile),
         float8=opts.job.float8_modules(copy),
         float8_recipe=opts.job.float8.recipe_name if opts.job.float8 else "tensorwise",
     )

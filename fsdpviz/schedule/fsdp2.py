@@ -89,16 +89,15 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
                 job = opts.job
+                compiled = job.compiled_modules(copy)
                 probe = CostProbe(
                     tracker,
                     owners,
                     names,
                     list(copy.buffers()),
                     shares,
-                    compiled=job.compiled_modules(copy),
-                    compiled_checkpoints=compiled_checkpoints(
-                        copy, job.compiled_modules(copy), job.compile
-                    ),
+                    compiled=compiled,
+                    compiled_checkpoints=compiled_checkpoints(copy, compiled, job.compile),
                     float8=job.float8_modules(copy),
                     float8_weights_gathered=bool(
                         job.float8 and job.float8.enable_fsdp_float8_all_gather

@@ -242,14 +242,15 @@ def _probe(
     tp: TPEmulation | None,
 ) -> CostProbe:
     job = opts.job
+    compiled = job.compiled_modules(part)
     return CostProbe(
         tracker,
         {p: g.name for g in groups for p in g.params},
         [g.name for g in groups],
         list(part.buffers()),
         tp.shares() if tp is not None else None,
-        compiled=job.compiled_modules(part),
-        compiled_checkpoints=compiled_checkpoints(part, job.compiled_modules(part), job.compile),
+        compiled=compiled,
+        compiled_checkpoints=compiled_checkpoints(part, compiled, job.compile),
         float8=job.float8_modules(part),
         float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
     )
