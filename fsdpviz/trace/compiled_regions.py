@@ -184,7 +184,7 @@ def _hold_saves(
     the partitioner keeps that eager did not make is held as tensors of its own."""
     out = {id(st) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
            and (st := storage_of(t)) is not None}  # fmt: skip
-    wanted = [(_nbytes(shape, dtype), dtype) for shape, dtype in saves.values]
+    wanted = saves.sized
     for key, (nbytes, dtype, ref) in region.made.items():
         rec = host._live.get(key)
         st = ref()
@@ -211,13 +211,6 @@ def _hold_saves(
     if grads:  # freed when the region's backward has given its inputs' gradients
         release = functools.partial(_release, host._region_extras, extras)
         torch.autograd.graph.register_multi_grad_hook(grads, release, mode="any")
-
-
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n * dtype.itemsize
 
 
 def _release(held: list[torch.Tensor], extras: list[torch.Tensor], _grad: Any) -> None:

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,15 +55,14 @@ class PartitionSaves:
     values: tuple[tuple[tuple[int, ...], torch.dtype], ...]
 
     @property
+    def sized(self) -> list[tuple[int, torch.dtype]]:
+        """Each intermediate kept as ``(bytes, dtype)``."""
+        return [(math.prod(shape) * dtype.itemsize, dtype) for shape, dtype in self.values]
+
+    @property
     def bytes(self) -> int:
         """Bytes of the intermediates kept (the inputs are not counted: they exist anyway)."""
-        total = 0
-        for shape, dtype in self.values:
-            n = 1
-            for d in shape:
-                n *= d
-            total += n * dtype.itemsize
-        return total
+        return sum(n for n, _ in self.sized)
 
 
 def partitioner_saves(
