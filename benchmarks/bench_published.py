@@ -125,19 +125,6 @@ class Row:
     optimizer: str = ""
 
     @property
-    def titan_blocks_and_root(self) -> bool:
-        """A torchtitan run before ``83e6941`` (July 2025), every torchtitan run here: its
-        ``apply_fsdp`` shards each block (the last kept unsharded after forward), then the
-        root holding the embedding, final norm and output, where ``from_torchtitan`` plans
-        the later layout (embedding, and norm with output, sharded on their own). So the A100
-        tables of April 2024 (``395a526``, ``1ea476e``), the H100 ones of December 2024
-        (``9dec370``), AWS's (``ac90c36``), torchao's float8 runs of March 2025 (``069bae2``
-        to ``54ef422``), the async TP ones (``820504e``) and Trainy's (``e7c0cae``)."""
-        return self.source in (
-            TT_H100, TT_A100, TT_A100_OLD, TT_SAGEMAKER, TORCHAO, TT_ASYNC_TP, TT_H200,
-        )  # fmt: skip
-
-    @property
     def root_reshards(self) -> bool:
         """Whether the root's ``reshard_after_forward=True`` (torchtitan's ``not
         pp_enabled``) is kept: torch's lazy init kept the root unsharded after forward
@@ -616,14 +603,19 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
+    # every torchtitan run here predates 83e6941 (July 2025): its apply_fsdp shards each
+    # block (the last kept unsharded after forward), then the root holding the embedding,
+    # final norm and output, where from_torchtitan plans the later layout (embedding, and
+    # norm with output, sharded on their own): the A100 tables of April 2024 (395a526,
+    # 1ea476e), the H100 ones of December 2024 (9dec370), AWS's (ac90c36), torchao's float8
+    # runs of March 2025 (069bae2 to 54ef422), the async TP ones (820504e), Trainy's (e7c0cae)
     config = dict(tt.config)
-    if row.titan_blocks_and_root:
-        blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
-        config["fully_shard"] = blocks
-        config["reshard_after_forward"] = {
-            **{b: i < len(blocks) - 1 for i, b in enumerate(blocks)},
-            "": row.root_reshards,
-        }
+    blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
+    config["fully_shard"] = blocks
+    config["reshard_after_forward"] = {
+        **{b: i < len(blocks) - 1 for i, b in enumerate(blocks)},
+        "": row.root_reshards,
+    }
     return tt.model, tt.inputs, config
 
 
@@ -816,7 +808,7 @@ def trace_all(rows: list[Row]) -> list[Result]:
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
                row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
-               row.grad_accum if row.no_sync else 1, row.titan_blocks_and_root)  # fmt: skip
+               row.grad_accum if row.no_sync else 1, row.root_reshards)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)
