@@ -34,6 +34,12 @@ Sources:
   commit): Llama 3 8B through torchtitan, FSDP2 over 8 H100 96 GB, compile, bf16, float8
   tensorwise with FSDP's float8 all-gather, float8 rowwise; median tokens/s, peak reserved
   memory;
+- torchao, the same script (``benchmarks/float8/training/llama3.sh``) on other GPUs:
+  ``torchao/float8/README.md`` at ``853f87d`` (August 2025: 8 AMD Instinct MI300X, bf16,
+  float8 tensorwise with FSDP's float8 all-gather, rowwise_with_gw_hp, rowwise) and
+  ``torchao/prototype/mx_formats/README.md`` at ``d8bb51f`` (August 2025: 8 B200 limited to
+  750 W, bf16, float8 tensorwise with FSDP's float8 all-gather, rowwise; its mxfp8 recipes
+  are not modelled): median tokens/s, peak reserved memory;
 - KempnerForge (Kempner Institute), ``benchmarks/mfu_scaling/mfu_scaling.md`` and
   ``benchmarks/config_validation/config_validation.md`` (April 2026: Llama-3 7B, 13B and 70B
   shapes on nodes of 4 H200 with NVLink and InfiniBand NDR (200 Gb/s per GPU, what its profile
@@ -150,7 +156,24 @@ class Row:
         the cross-entropy when ``training.compile``), so in its June 2025 runs (async TP at
         ``820504e``, Trainy's at ``e7c0cae``); its December 2024 runs (``9dec370``, ``train.py``:
         the line commented out) and the A100 ones run the loss eager."""
-        return self.compile and self.source in (TT_ASYNC_TP, TT_H200)
+        return self.compile and self.source in (TT_ASYNC_TP, TT_H200, *TORCHTITAN_2025_08)
+
+    @property
+    def cudnn_attention_recomputed(self) -> bool:
+        """Whether per-operator checkpointing recomputes attention in backward: torchtitan runs
+        SDPA with cuDNN first on B200 (``has_cuda_capability(10, 0)``, ``3b85aa31``, May 2025)
+        while its save list names the flash and efficient kernels alone until ``b39377f``
+        (December 2025, "add all SDPA backends to op_sac_save_list"): torchao's B200 runs
+        (``6fc499f``) recompute it, their attention not saved."""
+        return self.ac == "op" and self.source == TORCHAO_B200
+
+    @property
+    def fsdp_2024(self) -> bool:
+        """Whether torchtitan's ``apply_fsdp`` is the one it kept until ``83e6941`` (July 2025:
+        each block, the last kept unsharded after forward, then the root holding the
+        embedding, final norm and output); the runs on torchtitan of August 2025 shard the
+        embedding, each block, and norm with output on their own (``from_torchtitan``'s plan)."""
+        return self.source not in TORCHTITAN_2025_08
 
     @property
     def name(self) -> str:
@@ -201,6 +224,8 @@ TT_ASYNC_TP = "torchtitan async TP (Jun 2025)"
 TT_H200 = "torchtitan Trainy H200 (Jun 2025)"
 TT_SAGEMAKER = "AWS SageMaker torchtitan (Oct 2024)"
 TORCHAO = "torchao float8 H100 (Mar 2025)"
+TORCHAO_MI300X = "torchao float8 MI300X (Aug 2025)"
+TORCHAO_B200 = "torchao mx B200 (Aug 2025)"
 FMS = "fms-fsdp IBM (2024)"
 KEMPNER = "KempnerForge H200 (Apr 2026)"
 KEMPNER_CFG = "KempnerForge H200 configs (Apr 2026)"
@@ -216,6 +241,8 @@ _KF: dict[str, Any] = {"memory": "allocated", "gpus_per_node": 4, "no_sync": Tru
                        "intra_node_mesh": True,
                        "inter_node_gbps": KEMPNER_INTER_NODE_GBPS}  # fmt: skip
 FOUNDRY = "llm-foundry MPT"
+# the sources whose torchtitan is of August 2025 (2c8b594, 6fc499f)
+TORCHTITAN_2025_08 = (TORCHAO_MI300X, TORCHAO_B200)
 CAL, VAL = "calibration", "validation"
 
 ROWS = [
@@ -296,6 +323,33 @@ ROWS = [
         compile=True, float8="tensorwise+ag", memory_gib=47.77, optimizer="adamw_fused"),
     Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 6768, VAL,
         compile=True, float8="rowwise", memory_gib=47.79, optimizer="adamw_fused"),
+    # torchao's same script on 8 MI300X (torchao/float8/README.md at 853f87d, 2025-08-11:
+    # torch 2.9.0.dev20250811+rocm6.4, torchao 4fc4068, torchtitan 2c8b594; "a devgpu with 8
+    # AMD MI300X GPUs ... without any performance debugging") and on 8 B200 "limited to 750W"
+    # (torchao/prototype/mx_formats/README.md at d8bb51f, 2025-08-15: torch
+    # 2.9.0.dev20250815+cu128, torchao e4e681b, torchtitan 6fc499f). llama3.sh at those
+    # commits: llama3_8b.toml (local batch 1, seq 8192, per-operator SAC, bf16 parameters, fp32
+    # reduction, FSDP over the node's 8, "output" left in bf16, fused AdamW) with
+    # --training.compile (the blocks and the loss at those commits), float8 tensorwise with
+    # FSDP's float8 all-gather and precomputed scales, or --float8.recipe_name (bf16
+    # all-gathers); torchtitan's apply_fsdp after 83e6941 (the embedding, each block, norm with
+    # output, the root). Attention through SDPA with torchtitan's backends: on MI300X flash
+    # attention (torch's ROCm default, AOTriton), on B200 cuDNN first (has_cuda_capability(10,
+    # 0)). The bf16 runs calibrate mi300x and b200; the 750 W cap is in the b200 preset's fit.
+    Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 5376.5, CAL,
+        compile=True, memory_gib=39.09, optimizer="adamw_fused"),
+    Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 6166.0, VAL,
+        compile=True, float8="tensorwise+ag", memory_gib=39.07, optimizer="adamw_fused"),
+    Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 6100.0, VAL,
+        compile=True, float8="rowwise_with_gw_hp", memory_gib=39.32, optimizer="adamw_fused"),
+    Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 5891.0, VAL,
+        compile=True, float8="rowwise", memory_gib=39.32, optimizer="adamw_fused"),
+    Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 8307.5, CAL,
+        compile=True, memory_gib=33.71, optimizer="adamw_fused"),
+    Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 10417.0, VAL,
+        compile=True, float8="tensorwise+ag", memory_gib=33.38, optimizer="adamw_fused"),
+    Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 8640.5, VAL,
+        compile=True, float8="rowwise", memory_gib=33.72, optimizer="adamw_fused"),
     # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
     # NVSwitch; InfiniBand NDR across): FSDP2 with bf16
     # parameters, bf16 compute and fp32 reduction, full AC, fused AdamW, seq 4096, gradient
@@ -603,13 +657,20 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=row.gpus)
-    # every torchtitan run here predates 83e6941 (July 2025): its apply_fsdp shards each
-    # block (the last kept unsharded after forward), then the root holding the embedding,
-    # final norm and output, where from_torchtitan plans the later layout (embedding, and
-    # norm with output, sharded on their own): the A100 tables of April 2024 (395a526,
-    # 1ea476e), the H100 ones of December 2024 (9dec370), AWS's (ac90c36), torchao's float8
-    # runs of March 2025 (069bae2 to 54ef422), the async TP ones (820504e), Trainy's (e7c0cae)
+    # torchtitan's runs before 83e6941 (July 2025): its apply_fsdp shards each block (the
+    # last kept unsharded after forward), then the root holding the embedding, final norm
+    # and output, where from_torchtitan plans the later layout (embedding, and norm with
+    # output, sharded on their own): the A100 tables of April 2024 (395a526, 1ea476e), the
+    # H100 ones of December 2024 (9dec370), AWS's (ac90c36), torchao's float8 runs of March
+    # 2025 (069bae2 to 54ef422), the async TP ones (820504e), Trainy's (e7c0cae). torchao's
+    # runs of August 2025 (2c8b594, 6fc499f) ran the later layout, as planned
     config = dict(tt.config)
+    if row.cudnn_attention_recomputed:
+        spec = config["activation_checkpointing"]
+        unsaved = {torch.ops.aten._scaled_dot_product_cudnn_attention.default, CPU_FLASH}
+        config["activation_checkpointing"] = replace(spec, save_ops=spec.save_ops - unsaved)
+    if not row.fsdp_2024:
+        return tt.model, tt.inputs, config
     blocks = [f"layers.{n}" for n, _ in tt.model.get_submodule("layers").named_children()]
     config["fully_shard"] = blocks
     config["reshard_after_forward"] = {
@@ -617,6 +678,11 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
         "": row.root_reshards,
     }
     return tt.model, tt.inputs, config
+
+
+# scaled_dot_product_attention as the trace runs it on the meta device (its stand-in for the
+# GPU's fused kernel in a selective checkpoint's save list)
+CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 # KempnerForge's Llama-3 shapes (benchmarks/mfu_scaling/mfu_bench.sh): the FFN is 2/3 of 4
@@ -808,7 +874,8 @@ def trace_all(rows: list[Row]) -> list[Result]:
     for row in rows:
         key = (row.model, row.batch, row.seq, row.ac, row.sharding, row.mixed, row.compile,
                row.float8, row.tp, row.cp, row.source == FMS, row.compiles_loss,
-               row.grad_accum if row.no_sync else 1, row.root_reshards)  # fmt: skip
+               row.grad_accum if row.no_sync else 1, row.root_reshards,
+               row.fsdp_2024, row.cudnn_attention_recomputed)  # fmt: skip
         base = traced.get(key)
         if base is None or (base.config.world_size != row.gpus and row.tp * row.cp > 1):
             report = traced[key] = analyze_row(row)

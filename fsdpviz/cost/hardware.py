@@ -229,8 +229,9 @@ class Machine:
 # benchmarks/bench_published.py (docs/cost.md names each run): h100 (llm-foundry MPT 7B on 8
 # H100), h100-hbm2e (torchtitan Llama 3.1 8B on 8 H100 96 GB), a100 (torchtitan Llama 3 8B on
 # 64 A100), a100-40gb (llm-foundry MPT 7B on 8 A100 40 GB), h200 (KempnerForge 7B, FSDP2 on
-# 4 H200). No published run was found to fit h100-pcie (the H100 SXM's factor), l40s (the
-# median factor), b200 and mi300x (the H100 SXM's efficiencies: not calibrated).
+# 4 H200), mi300x (torchao's torchtitan Llama 3 8B bf16 on 8 MI300X), b200 (the same on 8
+# B200 capped at 750 W). No published run was found to fit h100-pcie (the H100 SXM's
+# factor) or l40s (the median factor).
 _H100_TFLOPS = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tfloat32": 494.5,
                 "float8_e4m3fn": 1979.0}  # fmt: skip
 _A100_TFLOPS = {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5, "tfloat32": 156.0}
@@ -246,6 +247,12 @@ _MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tflo
 # h200: the H100 SXM's efficiencies times 1.37, fitted on KempnerForge's 7B FSDP2 run on 4
 # H200 (benchmarks/bench_published.py --fit)
 H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.735, 0.387, 0.307
+# mi300x: the H100 SXM's efficiencies times 0.556, fitted on torchao's Llama 3 8B bf16 run
+# (torchtitan, FSDP2, compile) on 8 MI300X (benchmarks/bench_published.py --fit)
+MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.299, 0.157, 0.125
+# b200: the H100 SXM's efficiencies times 0.531, fitted on the same recipe on 8 B200 capped
+# at 750 W (the peaks above are the 1000 W data sheet's; benchmarks/bench_published.py --fit)
+B200_COMPUTE, B200_ATTENTION, B200_ATTENTION_BACKWARD = 0.285, 0.150, 0.119
 
 
 class GPUPreset(TypedDict):
@@ -338,9 +345,9 @@ GPUS: dict[str, GPUPreset] = {
         "hbm_gbps": 8000.0,
         "pcie_gbps": 50.0,
         "network": "nvlink5+ib-ndr",
-        "compute_efficiency": 0.537,
-        "attention_efficiency": 0.282,
-        "attention_backward_efficiency": 0.224,
+        "compute_efficiency": B200_COMPUTE,
+        "attention_efficiency": B200_ATTENTION,
+        "attention_backward_efficiency": B200_ATTENTION_BACKWARD,
     },
     "mi300x": {
         "name": "MI300X 192GB",
@@ -349,9 +356,9 @@ GPUS: dict[str, GPUPreset] = {
         "hbm_gbps": 5300.0,
         "pcie_gbps": 50.0,
         "network": "xgmi+roce-400",
-        "compute_efficiency": 0.537,
-        "attention_efficiency": 0.282,
-        "attention_backward_efficiency": 0.224,
+        "compute_efficiency": MI300X_COMPUTE,
+        "attention_efficiency": MI300X_ATTENTION,
+        "attention_backward_efficiency": MI300X_ATTENTION_BACKWARD,
     },
     "l40s": {
         "name": "L40S 48GB",
