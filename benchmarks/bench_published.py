@@ -154,7 +154,8 @@ class Row:
         """torchtitan compiles its loss function with the blocks from April 2025
         (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile`` of
         the cross-entropy when ``training.compile``), so in its June 2025 runs (async TP at
-        ``820504e``, Trainy's at ``e7c0cae``); its December 2024 runs (``9dec370``, ``train.py``:
+        ``820504e``, Trainy's at ``e7c0cae``) and torchao's of August 2025 (``2c8b594``,
+        ``6fc499f``); its December 2024 runs (``9dec370``, ``train.py``:
         the line commented out) and the A100 ones run the loss eager."""
         return self.compile and self.source in (TT_ASYNC_TP, TT_H200, *TORCHTITAN_2025_08)
 
