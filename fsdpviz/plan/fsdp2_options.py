@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, reshard_map
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import (
     check_dtypes,
@@ -158,7 +158,7 @@ class FSDP2Options:
             torch_version=self.torch.version,
             world_size=self.world_size,
             fully_shard=tuple(g.name for g in groups),
-            reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+            reshard_after_forward=reshard_map(groups),
             mp_policy={
                 "param_dtype": dtype_name(mp.param_dtype),
                 "reduce_dtype": dtype_name(mp.reduce_dtype),
