@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from fsdpviz._options_cli import positive_int
+from fsdpviz.plan.option_specs import RESHARD
 
 __all__ = ["add_tune_flags"]
 
@@ -36,7 +37,7 @@ def add_tune_flags(parser: argparse.ArgumentParser) -> None:
         type=_words,
         default=[],
         help="knobs that stay as the flags give them (comma-separated): wrap, "
-        "reshard_after_forward, backward_prefetch, forward_prefetch, "
+        f"{RESHARD.name}, backward_prefetch, forward_prefetch, "
         "activation_checkpointing, precision, micro_batch, mesh, cpu_offload, compile, float8",
     )
     parser.add_argument(

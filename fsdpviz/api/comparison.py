@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Unpack
 
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.keywords import PageKwargs, TimelineKwargs
 from fsdpviz.schema.memory import size_text
@@ -477,7 +478,7 @@ def _pair(
 # What tells two plans of one API apart where their labels are the same, in this order.
 _TELLS = (
     "world_size", "sharding_strategy", "backward_prefetch", "forward_prefetch",
-    "reshard_after_forward", "mixed_precision", "mp_policy", "activation_checkpointing",
+    RESHARD.name, "mixed_precision", "mp_policy", "activation_checkpointing",
     "grad_accum", "compile", "float8", "machine",
 )  # fmt: skip
 
@@ -497,7 +498,7 @@ def _labels(a: Report, b: Report) -> tuple[str, str]:
 
 
 def _said(value: Any) -> str:
-    """An option's value in a label: a per-unit map (``reshard_after_forward``) by the value
+    """An option's value in a label: a per-unit map (FSDP2's resharding) by the value
     of its units but the root's where they all have one, else ``per unit``."""
     if isinstance(value, dict):
         units = {str(v) for k, v in value.items() if k != ""} or {str(v) for v in value.values()}

@@ -30,6 +30,7 @@ from typing import Any
 
 from fsdpviz.cost.hardware import Machine, machine
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.memory import MemoryReport, size_text
 from fsdpviz.schema.report import FsdpWarning, Report, option_text, unit_label
 
@@ -191,9 +192,9 @@ def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, obj
             api,
         ), fix
     if kind == "unsharded":
-        kept = [u for u, v in cfg.reshard_after_forward.items() if v is False and u != ""]
+        kept = cfg.kept_after_forward
         if api == "FSDP2" and kept:
-            fix = {"reshard_after_forward": True}
+            fix = {RESHARD.name: True}
             return _tried(
                 "resharding after forward",
                 f"{len(kept)} unit(s) keep their parameters unsharded from forward to "

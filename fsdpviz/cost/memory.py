@@ -5,7 +5,7 @@ bytes per rank:
 
 ``sharded_params``
     every unit's shard (``Unit.sharded_bytes``), plus FSDP2's post-forward shard
-    when ``reshard_after_forward`` is an int.
+    of a unit resharded over fewer ranks (``ReportConfig.post_forward_ranks``).
 ``unsharded_params``
     units whose all-gathered parameters are in use: allocated when the unit's
     own hook waits for its all-gather, released at its ``free``.

@@ -93,7 +93,7 @@ class Walker:
         # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one
         # rank's); a plan for another degree scales them
         self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
-        self.raf_int = {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
+        self.raf_int = cfg.post_forward_ranks
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0

@@ -44,6 +44,7 @@ from typing import TypedDict
 
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.kernels import gemm_seconds
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.timeline import duration_text
 
@@ -163,7 +164,7 @@ def slowdowns(report: Report, checkpointing: bool | None = None) -> list[Slowdow
     add(
         "communication",
         float(t["exposed_comm_s"]),
-        "reshard_after_forward",
+        RESHARD.name,
         f"the compute waits {duration_text(float(t['exposed_comm_s']))} for collectives "
         "(report.timeline.bottlenecks() ranks them)",
         "resharding, prefetch, units, HSDP",

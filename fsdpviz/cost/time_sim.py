@@ -135,9 +135,7 @@ class MicroStepSim:
         self.arrivals = Arrivals()
         self.limiter = RateLimiter(enabled=limit and not self.fsdp2)
         self.copy_out = CopyOut()
-        self.post_forward = PostForward(
-            {u: n for u in cfg.reshard_after_forward if (n := cfg.reshard_ranks(u))}
-        )
+        self.post_forward = PostForward(cfg.post_forward_ranks)
         self.offload = Offload()
         self.tally = Tally()
         self.records: list[EventTiming] = []

@@ -131,8 +131,9 @@ class CopyOut:
 
 @dataclass(slots=True)
 class PostForward:
-    """FSDP2's ``reshard_after_forward=<int>``: a unit freed after forward keeps a shard
-    over fewer ranks, and its backward all-gather runs over them.
+    """FSDP2's resharding to fewer ranks after forward (``ReportConfig.post_forward_ranks``):
+    a unit freed after forward keeps a shard over them, and its backward all-gather runs
+    over them.
 
     Attributes:
         ranks: per unit resharded so, the ranks of its post-forward mesh.

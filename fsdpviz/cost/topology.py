@@ -137,8 +137,9 @@ def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
 
 
 def post_forward_span(config: ReportConfig, ranks: int, gpus_per_node: int) -> Span:
-    """FSDP2 ``reshard_after_forward=ranks``: the backward all-gather over consecutive
-    ``ranks`` of the shard dimension (``_init_post_forward_mesh_info``)."""
+    """FSDP2 resharded after forward to ``ranks`` (``ReportConfig.post_forward_ranks``): the
+    backward all-gather over consecutive ``ranks`` of the shard dimension
+    (``_init_post_forward_mesh_info``)."""
     named: list[tuple[str, int]] = []
     for role, name, size in mesh_dims(config):
         if role == "shard":

@@ -327,11 +327,6 @@ def reshard_after_forward_of(
     return value, False
 
 
-def reshards(raf: bool | int) -> bool:
-    """Whether a group with this ``reshard_after_forward`` frees its parameters after forward."""
-    return raf if isinstance(raf, bool) else raf > 1
-
-
 def check_reshard_ints(groups: list[Group], world_size: int) -> None:
     """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks."""
     for g in groups:
@@ -340,7 +335,7 @@ def check_reshard_ints(groups: list[Group], world_size: int) -> None:
             continue
         if raf < 1 or raf > world_size or world_size % raf:
             raise FSDPConfigError(
-                f"reshard_after_forward={raf} for {unit_label(g.name)}: if passing "
+                f"{g.reshard_text()}: if passing "
                 f"reshard_after_forward as an int, it should be a factor of {world_size} "
                 "(FSDP2 raises this)"
             )

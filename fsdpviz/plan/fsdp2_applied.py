@@ -21,7 +21,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, _get_modu
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import finalize_groups
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, reshard_map
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
@@ -167,7 +167,7 @@ def plan_from_fully_sharded(
     opts = FSDP2Options(
         world_size=sizes.pop() if sizes else 1,
         targets=[g.fqns for g in groups],
-        reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+        reshard_after_forward=reshard_map(groups),
         mp_policy=states[0]._mp_policy if states else MixedPrecisionPolicy(),
         forward_prefetch=prefetch("_states_to_forward_prefetch"),
         backward_prefetch=prefetch("_states_to_backward_prefetch"),

@@ -5,10 +5,12 @@ runtime port, the hook emulations and the replays read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
 
+from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.report import Unit
 
 
@@ -33,3 +35,34 @@ class Group:
     @property
     def is_root(self) -> bool:
         return self.fqns == ("",)
+
+    @property
+    def frees_after_forward(self) -> bool:
+        """Whether its parameters are freed after forward: ``True``, or an int over 1 (kept
+        sharded over that many ranks); ``False`` and 1 keep them unsharded."""
+        raf = self.reshard_after_forward
+        return raf if isinstance(raf, bool) else raf > 1
+
+    def post_forward_ranks(self, world_size: int) -> int | None:
+        """The ranks of the smaller mesh its parameters are resharded to after forward: an
+        int between 1 and the ``world_size`` shard ranks; ``None`` for any other value."""
+        raf = self.reshard_after_forward
+        if isinstance(raf, bool) or not isinstance(raf, int) or not 1 < raf < world_size:
+            return None
+        return raf
+
+    @property
+    def sharding_strategy(self) -> str:
+        """Its unit's ``sharding_strategy``, in FSDP1's words for what it keeps after
+        forward: ``"SHARD_GRAD_OP"`` where it is told to keep its parameters (``False``),
+        else ``"FULL_SHARD"``."""
+        return "FULL_SHARD" if self.reshard_after_forward is not False else "SHARD_GRAD_OP"
+
+    def reshard_text(self) -> str:
+        """Its resharding as an error names it (``"reshard_after_forward=2 for 'layers.0'"``)."""
+        return f"reshard_after_forward={self.reshard_after_forward} for {unit_label(self.name)}"
+
+
+def reshard_map(groups: Iterable[Group]) -> dict[str, bool | int]:
+    """Each group's resharding after forward by its name, as ``Report.config`` states it."""
+    return {g.name: g.reshard_after_forward for g in groups}

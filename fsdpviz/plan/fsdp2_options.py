@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, reshard_map
 from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
 from fsdpviz.plan.options import (
     check_dtypes,
@@ -124,9 +124,7 @@ class FSDP2Options:
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
-        raf = self.reshard_after_forward
-        if raf is not None and not isinstance(raf, (bool, int, dict)):
-            raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+        _check_reshard(self.reshard_after_forward)
         for flag in ("reshard_after_backward", "requires_all_reduce"):
             value = getattr(self, flag)
             if not isinstance(value, bool):
@@ -158,7 +156,7 @@ class FSDP2Options:
             torch_version=self.torch.version,
             world_size=self.world_size,
             fully_shard=tuple(g.name for g in groups),
-            reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+            reshard_after_forward=reshard_map(groups),
             mp_policy={
                 "param_dtype": dtype_name(mp.param_dtype),
                 "reduce_dtype": dtype_name(mp.reduce_dtype),
@@ -201,6 +199,13 @@ class FSDP2Options:
         return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
 
 
+def _check_reshard(raf: Any) -> Any:
+    """``raf`` as ``reshard_after_forward`` takes it: ``None``, a bool, an int or a dict."""
+    if raf is not None and not isinstance(raf, (bool, int, dict)):
+        raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    return raf
+
+
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
     plan = kwargs.get("parallelize_plan")
@@ -236,9 +241,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
     check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
-    raf = kwargs.get("reshard_after_forward")
-    if raf is not None and not isinstance(raf, (bool, int, dict)):
-        raise ConfigError("reshard_after_forward must be a bool, an int, or {fqn: bool or int}")
+    raf = _check_reshard(kwargs.get("reshard_after_forward"))
     rules = torch_rules(kwargs)
     if kwargs.get("ignored_params") is not None and not rules.ignored_params:
         raise FSDPConfigError(

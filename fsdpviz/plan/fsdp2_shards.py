@@ -17,6 +17,7 @@ from torch.distributed.tensor import Shard
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.tensor_parallel import layout_name, local_shape
 from fsdpviz.schema.report import Unit, dtype_name, unit_label
 
@@ -162,17 +163,15 @@ def check_even_shard(shape: Sequence[int], dim: int, world_size: int, fqn: str, 
 
 def check_placements_reshard(groups: Sequence[Group], world_size: int) -> None:
     """FSDP2 fails in the copy-out of a parameter sharded on a dim other than 0 once it
-    resharded to a smaller post-forward mesh (``reshard_after_forward`` an int between 1 and
-    the ``world_size`` shard ranks)."""
+    resharded to a smaller post-forward mesh (:meth:`Group.post_forward_ranks` of the
+    ``world_size`` shard ranks)."""
     for g in groups:
-        raf = g.reshard_after_forward
-        smaller = not isinstance(raf, bool) and 1 < raf < world_size
-        if any(g.shard_dims) and smaller:
+        if any(g.shard_dims) and g.post_forward_ranks(world_size) is not None:
             raise FSDPConfigError(
-                f"reshard_after_forward={raf} for {unit_label(g.name)}, whose shard_placement_fn "
+                f"{g.reshard_text()}, whose shard_placement_fn "
                 "shards parameters on a dim other than 0: FSDP2's backward all-gather from the "
                 "post-forward mesh fails in its copy-out (IndexError in "
-                "foreach_all_gather_copy_out); use reshard_after_forward=True or False for it"
+                f"foreach_all_gather_copy_out); use {RESHARD.code(True)} or False for it"
             )
 
 
@@ -213,9 +212,7 @@ def group_unit(
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
         requires_grad=None if mixed else (grads.pop() if grads else None),
-        sharding_strategy="FULL_SHARD"
-        if group.reshard_after_forward is not False
-        else "SHARD_GRAD_OP",
+        sharding_strategy=group.sharding_strategy,
         itemsize=itemsize,
         **(trainable_fields(group.param_fqns, local, trains, ws, dims) if mixed else {}),
         **(

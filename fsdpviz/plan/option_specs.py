@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["FSDP_OPTIONS", "OPTIONS", "OptionSpec", "options_of"]
+__all__ = ["FSDP_OPTIONS", "OPTIONS", "RESHARD", "OptionSpec", "options_of"]
 
 Api = Literal["FSDP1", "FSDP2"]
 ValueKind = Literal["int", "bool", "enum", "reshard"]
@@ -190,6 +190,11 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
 
 OPTIONS: Mapping[str, OptionSpec] = {spec.name: spec for spec in FSDP_OPTIONS}
 """:data:`FSDP_OPTIONS` by name."""
+
+RESHARD: OptionSpec = OPTIONS["reshard_after_forward"]
+"""FSDP2's option to free, keep or reshard to fewer ranks a group's parameters after forward:
+where messages, generated code and the tuner's knobs read its keyword (:attr:`OptionSpec.name`,
+:meth:`OptionSpec.code`)."""
 
 
 def options_of(api: Api) -> tuple[OptionSpec, ...]:

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.option_specs import OPTIONS
+from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 
 # Options of one API given to the other: what each is, and what to pass instead.
 _FSDP2_ONLY = {
-    "fully_shard", "reshard_after_forward", "mp_policy", "offload_policy", "mesh",
+    "fully_shard", RESHARD.name, "mp_policy", "offload_policy", "mesh",
     "parallelize_plan", "shard_placement_fn", "ignored_params", "reshard_after_backward",
     "requires_all_reduce",
 }  # fmt: skip
@@ -48,7 +48,7 @@ def check_keywords(
             raise ConfigError(
                 f"{key!r} is an option of FSDP1 (FullyShardedDataParallel), and fully_shard= "
                 "plans FSDP2: drop fully_shard to plan FSDP1, or use FSDP2's own options "
-                "(mp_policy, offload_policy, reshard_after_forward, mesh)"
+                f"(mp_policy, offload_policy, {RESHARD.name}, mesh)"
             )
         if key not in names:
             hint = difflib.get_close_matches(key, names, n=1)

@@ -40,7 +40,7 @@ from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices, reshard_after_forward_of
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, reshard_map
 from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
@@ -248,7 +248,6 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
         for p, d in zip(u.params, dims, strict=True):
             check_even_shard(shapes[p], d, shard, p, u.module)
             sharded += sharded_numel(shapes[p], shard, d)
-        strategy = "FULL_SHARD" if g.reshard_after_forward is not False else "SHARD_GRAD_OP"
         frozen = set(u.frozen_params)
         trainable = fsdp2_trainable(
             u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard,
@@ -268,14 +267,14 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 u,
                 padded_numel=sharded * shard,
                 sharded_numel=sharded,
-                sharding_strategy=strategy,
+                sharding_strategy=g.sharding_strategy,
                 shard_shapes=shard_shapes,
                 **(trainable if frozen or u.param_dtypes else {}),
             )
         )
     config = cfg.replace(
         world_size=ws,
-        reshard_after_forward={g.name: g.reshard_after_forward for g in groups},
+        reshard_after_forward=reshard_map(groups),
         explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
         explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
         replayed=True,

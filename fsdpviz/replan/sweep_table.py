@@ -25,6 +25,7 @@ from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.schema.extensions import show_method
 from fsdpviz.schema.keywords import DashboardKwargs
@@ -41,7 +42,7 @@ AXES = {
     "use_orig_params",
     "mixed_precision",
     "mp_policy",
-    "reshard_after_forward",
+    RESHARD.name,
     "limit_all_gathers",
 }
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 from typing import Any, TypedDict
 
-from fsdpviz.plan.fsdp2 import reshards
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.events import Event, Hook
@@ -53,11 +52,8 @@ class GroupState:
     def __init__(self, group: Group, world_size: int) -> None:
         self.group = group
         self.name = group.name
-        raf = group.reshard_after_forward
-        self.reshard_after_forward = reshards(raf)
-        self.use_post_forward_mesh = (
-            not isinstance(raf, bool) and isinstance(raf, int) and 1 < raf < world_size
-        )
+        self.frees_after_forward = group.frees_after_forward
+        self.use_post_forward_mesh = group.post_forward_ranks(world_size) is not None
         self.world_size = world_size
         self.sharded = Sharded.SHARDED
         self.pending = False
@@ -177,7 +173,7 @@ class FSDP2Runtime:
 
     def _reshard(self, g: GroupState) -> None:
         if g.training_state == TrainingState.FORWARD:
-            if not g.reshard_after_forward:
+            if not g.frees_after_forward:
                 return
             if g.use_post_forward_mesh:
                 self._to(g, Sharded.POST_FORWARD)

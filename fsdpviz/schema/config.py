@@ -213,6 +213,18 @@ class ReportConfig(Mapping[str, Any]):
             return None
         return value
 
+    @property
+    def post_forward_ranks(self) -> dict[str, int]:
+        """The FSDP2 units resharded after forward over fewer ranks than all, and those ranks
+        (:meth:`reshard_ranks`)."""
+        return {u: n for u in self.reshard_after_forward if (n := self.reshard_ranks(u))}
+
+    @property
+    def kept_after_forward(self) -> list[str]:
+        """The FSDP2 units, the root aside, told to keep their parameters unsharded from
+        forward to backward (``False``)."""
+        return [u for u, v in self.reshard_after_forward.items() if v is False and u != ""]
+
     def replace(self, **changes: Any) -> ReportConfig:
         """A copy with ``changes`` (field names); a field not stated before is stated now."""
         stated = changes.pop("stated", self.stated)

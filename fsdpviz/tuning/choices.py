@@ -14,6 +14,7 @@ from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, CPUOffloadPolic
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, parse_job_options
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.trace.probe import batch_tokens
 from fsdpviz.tuning.mesh_choices import MeshChoices, cp_degree, pipelined, tp_degree
 from fsdpviz.tuning.space import (
@@ -31,6 +32,7 @@ from fsdpviz.tuning.space import (
     micro_batch_label,
     param_dtype,
     precision_label,
+    reshard_kwargs,
     standard_precision,
     standard_tp_plan,
     wrap_plans,
@@ -100,39 +102,26 @@ class SpaceBuilder(MeshChoices):
         # resharding / sharding strategy, backward and forward prefetch (FSDP1)
         node = self.machine.gpus_per_node
         multi = any(ws > node and ws % node == 0 for ws in self.world_sizes)
+        resharding = RESHARD.name  # the knob: FSDP2's option, FSDP1's sharding strategy
         if api == "FSDP2":
             raf = [
-                Choice("reshard_after_forward", "all but the root", {"reshard_after_forward": None})
+                Choice(resharding, "all but the root", reshard_kwargs(None)),
+                Choice(resharding, "never", reshard_kwargs(False)),
             ]
-            raf.append(Choice("reshard_after_forward", "never", {"reshard_after_forward": False}))
             if blocks:
                 last = blocks[-1]
-                raf.append(
-                    Choice(
-                        "reshard_after_forward",
-                        f"all but the root and {last}",
-                        {"reshard_after_forward": {last: False}},
-                    )
-                )
+                keep_last = reshard_kwargs({last: False})
+                raf.append(Choice(resharding, f"all but the root and {last}", keep_last))
             if multi:
-                raf.append(
-                    Choice(
-                        "reshard_after_forward",
-                        f"to {node} ranks (a node)",
-                        {"reshard_after_forward": node},
-                    )
-                )
-            user["reshard_after_forward"] = self._user_choice(
-                raf,
-                "reshard_after_forward",
-                given("reshard_after_forward"),
-                {"reshard_after_forward": None},
+                raf.append(Choice(resharding, f"to {node} ranks (a node)", reshard_kwargs(node)))
+            user[resharding] = self._user_choice(
+                raf, resharding, given(resharding), reshard_kwargs(None)
             )
-            choices["reshard_after_forward"] = raf
+            choices[resharding] = raf
         else:
             strategies = [
                 Choice(
-                    "reshard_after_forward",
+                    resharding,
                     s,
                     {"sharding_strategy": ShardingStrategy[s], "shard_group_size": None},
                 )
@@ -141,7 +130,7 @@ class SpaceBuilder(MeshChoices):
             if multi:
                 strategies.append(
                     Choice(
-                        "reshard_after_forward",
+                        resharding,
                         f"HYBRID_SHARD ({node} ranks a shard group)",
                         {
                             "sharding_strategy": ShardingStrategy.HYBRID_SHARD,
@@ -149,13 +138,10 @@ class SpaceBuilder(MeshChoices):
                         },
                     )
                 )
-            user["reshard_after_forward"] = self._user_choice(
-                strategies,
-                "reshard_after_forward",
-                given("reshard_after_forward"),
-                strategies[0].kwargs,
+            user[resharding] = self._user_choice(
+                strategies, resharding, given(resharding), strategies[0].kwargs
             )
-            choices["reshard_after_forward"] = strategies
+            choices[resharding] = strategies
             bp = [
                 Choice("backward_prefetch", p.name, {"backward_prefetch": p})
                 for p in (BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST)
@@ -469,11 +455,11 @@ def _float8_label(spec: Float8) -> str:
 
 
 def _value_label(kwargs: Mapping[str, Any]) -> str:
-    """A value as given, in words (``reshard_after_forward`` per group: which keep their
-    parameters after forward)."""
+    """A value as given, in words (FSDP2's resharding per group: which keep their parameters
+    after forward)."""
     if not kwargs:
         return "as given (default)"
-    raf = kwargs.get("reshard_after_forward")
+    raf = kwargs.get(RESHARD.name)
     if len(kwargs) == 1 and isinstance(raf, Mapping):
         return _reshard_label(raf)
     if len(kwargs) == 1 and raf is True:

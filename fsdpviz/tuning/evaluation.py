@@ -19,6 +19,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
@@ -348,7 +349,7 @@ class Evaluations:
 
 
 _SHOWN = (
-    "mesh", "wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch",
+    "mesh", "wrap", RESHARD.name, "backward_prefetch", "forward_prefetch",
     "activation_checkpointing", "precision", "micro_batch", "cpu_offload", "compile", "float8",
     "pipeline",
 )  # fmt: skip

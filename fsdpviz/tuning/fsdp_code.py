@@ -10,12 +10,10 @@ from typing import Any, Protocol
 
 import torch
 
-from fsdpviz.plan.option_specs import OPTIONS
+from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tuning.space import TuneKwargs
-
-_RESHARD = OPTIONS["reshard_after_forward"]
+from fsdpviz.tuning.space import TuneKwargs, reshard_given
 
 
 class Candidate(Protocol):
@@ -184,7 +182,7 @@ def fsdp2_code(c: Candidate) -> list[str]:
         common.append("shard_placement_fn=shard_placement_fn")
     elif isinstance(placement, Mapping):
         lines.append("# placements: your {module: shard_placement_fn} mapping, as given")
-    raf = kw.get("reshard_after_forward")
+    raf = reshard_given(kw)
     groups = [g for g in cfg.fully_shard if g]
     spec = kw.get("activation_checkpointing")
     lines.append("")
@@ -192,7 +190,7 @@ def fsdp2_code(c: Candidate) -> list[str]:
     root_raf = raf_of(raf, "", ("",))
     root_args = [
         *common,
-        *([_RESHARD.code(root_raf)] if root_raf is not None else []),
+        *([RESHARD.code(root_raf)] if root_raf is not None else []),
         *_placement_arg(placement, "", ("",)),
     ]
     lines.append(f"fully_shard(model, {', '.join(root_args)})")
@@ -245,14 +243,14 @@ def shard_calls(
             run = 1  # a mapping's function is the group's own: one call each
         if run > 2:
             parent = groups[i].rsplit(".", 1)[0]
-            extra = [*common, *([_RESHARD.code(value)] if value is not None else [])]
+            extra = [*common, *([RESHARD.code(value)] if value is not None else [])]
             lines.append(f"for block in model.get_submodule({parent!r}):")
             lines.append(f"    fully_shard(block, {', '.join(extra)})")
             i += run
             continue
         args = [
             *common,
-            *([_RESHARD.code(value)] if value is not None else []),
+            *([RESHARD.code(value)] if value is not None else []),
             *placed,
         ]
         if len(fqns) == 1:

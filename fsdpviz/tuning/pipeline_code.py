@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.tuning.fsdp_code import Candidate, mp_policy_code, raf_of, shard_calls
+from fsdpviz.tuning.space import reshard_given
 
 
 def pipeline_code(c: Candidate) -> list[str]:
@@ -53,7 +55,7 @@ def pipeline_code(c: Candidate) -> list[str]:
     if mp is not None:
         lines.append(f"mp_policy = {mp_policy_code(mp)}")
         common.append("mp_policy=mp_policy")
-    raf = kw.get("reshard_after_forward")
+    raf = reshard_given(kw)
     spec = kw.get("activation_checkpointing")
     lines += ["", "stages = []", "for index in stages_of_rank[pp_rank]:"]
     lines.append("    # split_stage: yours, the model with only these modules (torchtitan's split)")
@@ -65,7 +67,7 @@ def pipeline_code(c: Candidate) -> list[str]:
         root_raf = raf_of(raf, root, (root,))
         root_args = [*common]
         if root_raf is not None:
-            root_args.append(f"reshard_after_forward={root_raf!r}")
+            root_args.append(RESHARD.code(root_raf))
         calls.append(f"fully_shard(model, {', '.join(root_args)})")
         lines.append(f"    if index == {st.index}:")
         lines += ["        " + line.replace("model", "stage_model") for line in calls]

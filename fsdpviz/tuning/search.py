@@ -27,6 +27,7 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
@@ -167,8 +168,8 @@ def suggest(
     optimizer: str | int | None = "adamw",
     **options: Unpack[FSDPKwargs],
 ) -> Tuning:
-    """:func:`tune` turning only the wrap plan and FSDP's own switches (FSDP2's
-    ``reshard_after_forward``; FSDP1's sharding strategy and prefetch): the rest of the job
+    """:func:`tune` turning only the wrap plan and FSDP's own switches (FSDP2's resharding
+    after forward; FSDP1's sharding strategy and prefetch): the rest of the job
     (``options``: ``mp_policy``, ``activation_checkpointing``, ``grad_accum``, ...) stays
     as given.
 
@@ -185,7 +186,7 @@ def suggest(
         api=api,
         optimizer=optimizer,
         memory_budget=memory_budget,
-        knobs=("wrap", "reshard_after_forward", "backward_prefetch", "forward_prefetch"),
+        knobs=("wrap", RESHARD.name, "backward_prefetch", "forward_prefetch"),
         **options,
     )
 

@@ -10,9 +10,9 @@ replayed from the trace of a configuration that differs only in them
   that is not mostly nested in another, e.g. ``LlamaDecoderLayer``), the blocks plus the
   large modules outside them, pairs of blocks in one ``fully_shard`` call (FSDP2), the
   blocks' large children, the root alone, and the user's own plan;
-- ``reshard_after_forward`` (FSDP2): ``True``, ``False``, ``False`` on the last block only,
-  and resharding to the node (an int) on multi-node jobs; FSDP1: ``sharding_strategy`` and
-  ``backward_prefetch``;
+- resharding (the knob named after FSDP2's option, :data:`~fsdpviz.plan.option_specs.RESHARD`):
+  ``True``, ``False``, ``False`` on the last block only, and resharding to the node (an int)
+  on multi-node jobs; FSDP1: ``sharding_strategy`` and ``backward_prefetch``;
 - ``activation_checkpointing``: none, every 2nd block, per operator (torchtitan's
   selective policy), every block;
 - ``precision``: bf16 parameters with float32 reduction (and the user's own);
@@ -54,7 +54,7 @@ from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
-from fsdpviz.plan.option_specs import FSDP_OPTIONS
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
@@ -64,8 +64,8 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 # knob -> the analyze keywords it owns (FSDP2, FSDP1)
 OWNED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "wrap": (frozenset({"fully_shard"}), frozenset({"auto_wrap_policy"})),
-    "reshard_after_forward": (
-        frozenset({"reshard_after_forward"}),
+    RESHARD.name: (
+        frozenset({RESHARD.name}),
         frozenset({"sharding_strategy", "shard_group_size"}),
     ),
     "backward_prefetch": (frozenset(), frozenset({"backward_prefetch"})),
@@ -105,7 +105,7 @@ KNOB_NAMES = {
 }
 # Under pipeline parallelism, the knobs tune turns (each traced: a replay keeps no pipeline).
 PIPELINE_KNOBS = frozenset(
-    {"pipeline", "mesh", "activation_checkpointing", "precision", "reshard_after_forward"}
+    {"pipeline", "mesh", "activation_checkpointing", "precision", RESHARD.name}
 )
 # The schedules tried against a pipeline's own: torchtitan's default, the interleaved one
 # (two stages per rank: a smaller bubble), and the zero-bubble V.
@@ -114,8 +114,8 @@ PIPELINE_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 NO_PIPELINE = "none (pp 1)"
 # Knobs whose choices a replay of a trace applies (per API); the rest key a trace.
 REPLAYED = {
-    "FSDP2": frozenset({"reshard_after_forward", "mesh"}),
-    "FSDP1": frozenset({"reshard_after_forward", "backward_prefetch", "mesh"}),
+    "FSDP2": frozenset({RESHARD.name, "mesh"}),
+    "FSDP1": frozenset({RESHARD.name, "backward_prefetch", "mesh"}),
 }
 # What allow= may turn on (they change numerics or start-up, so only when asked).
 ALLOWABLE = ("compile", "float8", "cpu_offload")
@@ -127,6 +127,21 @@ class TuneKwargs(FSDPKwargs, total=False):
     itself."""
 
     world_size: int
+
+
+ReshardValue = bool | int | Mapping[str, bool | int] | None
+"""FSDP2's resharding after forward as ``fully_shard`` takes it, or per group; ``None``:
+torch's default."""
+
+
+def reshard_kwargs(value: ReshardValue) -> TuneKwargs:
+    """A configuration's keywords that set FSDP2's resharding after forward to ``value``."""
+    return {"reshard_after_forward": value}
+
+
+def reshard_given(kwargs: TuneKwargs) -> ReshardValue:
+    """FSDP2's resharding after forward as a configuration's keywords give it."""
+    return kwargs.get("reshard_after_forward")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from torch import nn
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import FsdpvizError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning.choices import SpaceBuilder
@@ -152,12 +153,12 @@ class StagedSearch(Evaluations):
             self.prefetch([self._lightest({**start, **pair}) for pair in pairs])
             for pair in pairs:
                 self._climb({**start, **pair}, ws)
-            if "reshard_after_forward" not in sp.pinned:  # traced, as nothing replays there
+            if RESHARD.name not in sp.pinned:  # traced, as nothing replays there
                 best = self._best_traced(start, ws)
                 raf = [
-                    {**best, "reshard_after_forward": c}
-                    for c in sp.choices["reshard_after_forward"]
-                    if c.label != best["reshard_after_forward"].label
+                    {**best, RESHARD.name: c}
+                    for c in sp.choices[RESHARD.name]
+                    if c.label != best[RESHARD.name].label
                 ]
                 self.prefetch(raf)
                 for config in raf:

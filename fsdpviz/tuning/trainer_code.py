@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
+from fsdpviz.tuning.space import reshard_given
 
 
 # ------------------------------------------------------------------ torchtitan
@@ -24,7 +26,7 @@ def torchtitan_toml(c: Candidate) -> str:
     param = getattr(mp, "param_dtype", None) or torch.float32
     reduce = getattr(mp, "reduce_dtype", None) or param
     tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-    raf = kw.get("reshard_after_forward")
+    raf: Any = reshard_given(kw)
     if isinstance(raf, Mapping):
         raf = _titan_policy(raf)
     if raf is None or raf == "default":
@@ -36,7 +38,7 @@ def torchtitan_toml(c: Candidate) -> str:
     else:
         policy = "default"
         notes.append(
-            f"reshard_after_forward={raf!r} has no fsdp_reshard_after_forward value; "
+            f"{RESHARD.code(raf)} has no fsdp_reshard_after_forward value; "
             "torchtitan's apply_fsdp needs a change for it"
         )
     dp = cfg.ranks // (cfg.tp_world_size or 1)
@@ -162,10 +164,10 @@ def accelerate_yaml(c: Candidate) -> str:
     else:
         out.append("  fsdp_auto_wrap_policy: NO_WRAP")
     if fsdp2:
-        raf = kw.get("reshard_after_forward")
+        raf = reshard_given(kw)
         out.append(f"  fsdp_reshard_after_forward: {'false' if raf is False else 'true'}")
         if raf not in (None, True, False):
-            notes.append(f"reshard_after_forward={raf!r} is not an accelerate setting")
+            notes.append(f"{RESHARD.code(raf)} is not an accelerate setting")
     else:
         out.append(f"  fsdp_sharding_strategy: {cfg.sharding_strategy}")
         out.append(f"  fsdp_backward_prefetch: {cfg.backward_prefetch or 'NO_PREFETCH'}")

@@ -8,7 +8,7 @@ from typing import Any, Unpack
 
 import ipywidgets as w
 
-from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, OptionSpec
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, RESHARD, OptionSpec
 from fsdpviz.replan import PlanOptions, Replanner
 from fsdpviz.replan.replanner import PlanChanges
 from fsdpviz.widgets.front_end import TraitChange
@@ -80,7 +80,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         self.sharding = self.fsdp["sharding_strategy"]
         self.backward = self.fsdp["backward_prefetch"]
         self.forward = self.fsdp["forward_prefetch"]
-        self.reshard = self.fsdp["reshard_after_forward"]
+        self.reshard = self.fsdp[RESHARD.name]
         self.recipe = w.ToggleButtons(
             options=["FSDP1", "FSDP2"],
             value=options.recipe,
@@ -251,7 +251,7 @@ def _read(spec: OptionSpec, value: Any) -> Any:
 
 
 def _reshard_choices(world_size: int) -> list[tuple[str, bool | int]]:
-    """FSDP2's ``reshard_after_forward`` values for ``world_size`` ranks: ``True``,
+    """The values of FSDP2's resharding (:data:`RESHARD`) for ``world_size`` ranks: ``True``,
     ``False`` and each factor N with 1 < N < world size (``fully_shard`` turns 1 into
     ``False`` and the world size into ``True``)."""
     factors = [n for n in range(2, world_size) if world_size % n == 0]
