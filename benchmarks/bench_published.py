@@ -459,18 +459,20 @@ MPT = {  # llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml: d_model, n_heads
 
 
 class MptBlock(nn.Module):
-    """An MPT block as llm-foundry builds it: no biases, low-precision LayerNorm, fused QKV,
-    flash attention, a GELU MLP of 4x the width."""
+    """An MPT block as llm-foundry builds it (``MPTBlock`` at v0.3.0, ``GPTBlock`` of
+    ``mosaic_gpt`` at ``9fa3ceb``, as the tables' yamls configure them): biases in every
+    linear layer and LayerNorm (``no_bias`` defaults to False and no yaml sets it), the
+    low-precision LayerNorm, fused QKV, flash attention, a GELU MLP of 4x the width."""
 
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
-        self.norm_1 = nn.LayerNorm(d, bias=False)
-        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
-        self.out_proj = nn.Linear(d, d, bias=False)
-        self.norm_2 = nn.LayerNorm(d, bias=False)
-        self.up_proj = nn.Linear(d, 4 * d, bias=False)
-        self.down_proj = nn.Linear(4 * d, d, bias=False)
+        self.norm_1 = nn.LayerNorm(d)
+        self.Wqkv = nn.Linear(d, 3 * d)
+        self.out_proj = nn.Linear(d, d)
+        self.norm_2 = nn.LayerNorm(d)
+        self.up_proj = nn.Linear(d, 4 * d)
+        self.down_proj = nn.Linear(4 * d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
@@ -483,14 +485,22 @@ class MptBlock(nn.Module):
 
 
 class Mpt(nn.Module):
-    def __init__(self, d: int, heads: int, layers: int, vocab: int = 50368) -> None:
+    """MPT with the learned positional embedding of its default config (``learned_pos_emb``
+    True, ``alibi`` False: ``wpe``, ``max_seq_len`` rows, added to the token embedding), as
+    the tables ran it: their parameter counts grow with the sequence length by ``d_model``
+    per position (the 13B's 12,853,954,560 at 2,048 and 12,864,440,320 at 4,096) and hold
+    13 ``d_model`` vectors of biases and LayerNorm shifts a block."""
+
+    def __init__(self, d: int, heads: int, layers: int, seq: int, vocab: int = 50368) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(MptBlock(d, heads) for _ in range(layers))
-        self.norm_f = nn.LayerNorm(d, bias=False)
+        self.norm_f = nn.LayerNorm(d)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.wte(ids)
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        h = self.wte(ids) + self.wpe(pos)
         for block in self.blocks:
             h = block(h)
         return F.linear(self.norm_f(h), self.wte.weight)  # tied unembedding
@@ -829,7 +839,7 @@ def _fms(row: Row, size: str) -> _Recipe:
 def _mpt(row: Row, size: str) -> _Recipe:
     d, heads, layers = MPT[size]
     with torch.device("meta"):
-        model = Mpt(d, heads, layers)
+        model = Mpt(d, heads, layers, row.seq)
     ids = torch.zeros(row.batch, row.seq, dtype=torch.long)
     labels = torch.zeros(row.batch, row.seq, dtype=torch.long, device="meta")
     reduce = torch.float32 if row.mixed == "DEFAULT" else torch.bfloat16

@@ -78,7 +78,7 @@ def test_collective_formula() -> None:
     both = m.collective_seconds("all_reduce", size, 8)
     assert both == pytest.approx(10e-6 + 14 * 1e-6 + 2 * 7 / 8 * size / 450e9)
     assert m.collective_seconds("all_gather", size, 1) == 0.0
-    assert m.compute_seconds(1e15, "bfloat16") == pytest.approx(1e15 / (989e12 * 0.537))
+    assert m.compute_seconds(1e15, "bfloat16") == pytest.approx(1e15 / (989e12 * 0.542))
 
 
 def test_timeline_shape_and_totals() -> None:

@@ -244,13 +244,13 @@ _B200_TFLOPS = {"bfloat16": 2250.0, "float16": 2250.0, "float32": 75.0, "tfloat3
                 "float8_e4m3fn": 4500.0}  # fmt: skip
 _MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tfloat32": 653.7,
                   "float8_e4m3fn": 2614.9, "float8_e4m3fnuz": 2614.9}  # fmt: skip
-# h200: the H100 SXM's efficiencies times 1.37, fitted on KempnerForge's 7B FSDP2 run on 4
+# h200: the H100 SXM's efficiencies times 1.36, fitted on KempnerForge's 7B FSDP2 run on 4
 # H200 (benchmarks/bench_published.py --fit)
 H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.735, 0.387, 0.307
-# mi300x: the H100 SXM's efficiencies times 0.556, fitted on torchao's Llama 3 8B bf16 run
+# mi300x: the H100 SXM's efficiencies times 0.552, fitted on torchao's Llama 3 8B bf16 run
 # (torchtitan, FSDP2, compile) on 8 MI300X (benchmarks/bench_published.py --fit)
 MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.299, 0.157, 0.125
-# b200: the H100 SXM's efficiencies times 0.531, fitted on the same recipe on 8 B200 capped
+# b200: the H100 SXM's efficiencies times 0.526, fitted on the same recipe on 8 B200 capped
 # at 750 W (the peaks above are the 1000 W data sheet's; benchmarks/bench_published.py --fit)
 B200_COMPUTE, B200_ATTENTION, B200_ATTENTION_BACKWARD = 0.285, 0.150, 0.119
 
@@ -279,9 +279,9 @@ GPUS: dict[str, GPUPreset] = {
         "hbm_gbps": 3350.0,
         "pcie_gbps": 50.0,  # PCIe 5 x16: 64 GB/s per direction
         "network": "nvlink4+ib-ndr",
-        "compute_efficiency": 0.537,
-        "attention_efficiency": 0.282,
-        "attention_backward_efficiency": 0.224,
+        "compute_efficiency": 0.542,
+        "attention_efficiency": 0.284,
+        "attention_backward_efficiency": 0.226,
     },
     # H100 SXM with 96 GB of HBM2e at 500 W (Meta's Grand Teton hosts, torchtitan's
     # published runs): the same data-sheet peak, lower clocks under the power cap.
@@ -303,9 +303,9 @@ GPUS: dict[str, GPUPreset] = {
         "hbm_gbps": 2000.0,
         "pcie_gbps": 50.0,
         "network": "pcie5+ib-ndr",
-        "compute_efficiency": 0.484,
-        "attention_efficiency": 0.268,
-        "attention_backward_efficiency": 0.208,
+        "compute_efficiency": 0.488,
+        "attention_efficiency": 0.270,
+        "attention_backward_efficiency": 0.210,
     },
     "h200": {
         "name": "H200 SXM 141GB",
@@ -324,9 +324,9 @@ GPUS: dict[str, GPUPreset] = {
         "memory_gib": 80.0,
         "hbm_gbps": 2039.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.711,
-        "attention_efficiency": 0.577,
-        "attention_backward_efficiency": 0.444,
+        "compute_efficiency": 0.714,
+        "attention_efficiency": 0.579,
+        "attention_backward_efficiency": 0.446,
     },
     "a100-40gb": {
         "name": "A100 SXM 40GB",
@@ -334,9 +334,9 @@ GPUS: dict[str, GPUPreset] = {
         "memory_gib": 40.0,
         "hbm_gbps": 1555.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.665,
-        "attention_efficiency": 0.541,
-        "attention_backward_efficiency": 0.416,
+        "compute_efficiency": 0.669,
+        "attention_efficiency": 0.545,
+        "attention_backward_efficiency": 0.419,
     },
     "b200": {
         "name": "B200 SXM 180GB",
