@@ -21,13 +21,17 @@ from fsdpviz.examples import DecoderLayer, example_inputs, example_model
 BATCH, SEQ, LAYERS = 2, 256, 6  # torchtitan's debugmodel: dim 256, 16 heads of 16
 
 
-def _job(cp: int, seq: int = SEQ, ac: str = "none", **parallel: Any) -> fsdpviz.Report:
-    job = {
+def _job(
+    cp: int, seq: int = SEQ, ac: str = "none", compile: bool = False, **parallel: Any
+) -> fsdpviz.Report:
+    job: dict[str, Any] = {
         "model": {"name": "llama3", "flavor": "debugmodel"},
         "training": {"local_batch_size": BATCH, "seq_len": seq},
         "parallelism": {"context_parallel_degree": cp, **parallel},
         "activation_checkpoint": {"mode": ac, "selective_ac_option": "op"},
     }
+    if compile:  # torchtitan compiles each block
+        job["compile"] = {"enable": True, "components": ["model"]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tt = fsdpviz.from_torchtitan(job, world_size=8)
@@ -118,6 +122,48 @@ def test_the_time_model_times_the_ring_on_its_group() -> None:
     waits = [b for b in slow.bottlenecks() if b["kind"].startswith("cp_")]
     assert waits and waits[0]["cause"] == "context_parallel"
     assert slow.totals["step_s"] > t["step_s"]
+
+
+def test_a_compiled_ring_waits_for_each_collective_once_issued() -> None:
+    """In a compiled block the ring is traced into the graph, where torch waits for a
+    functional collective as soon as it is issued (``_maybe_wrap_tensor`` while tracing):
+    no attention runs under the keys' all-gather or the gradients' all-to-all, in forward,
+    in full checkpointing's recomputation or in backward. Eager, the all-gather runs under
+    the rank's own block and each all-to-all under the next block."""
+
+    def between(report: fsdpviz.Report) -> list[tuple[str, float]]:
+        """Each ring collective's kind and the FLOPs run from its issue to its wait."""
+        calls = tape(report, 0).calls
+        out = []
+        for k, c in enumerate(calls):
+            if c.hook in ("cp_forward", "cp_backward"):
+                kind = c.arg[0].removeprefix("cp_")
+                wait = next(
+                    j for j in range(k + 1, len(calls))
+                    if calls[j].hook.endswith("_wait") and calls[j].arg == kind
+                )  # fmt: skip
+                flops = sum(x.flops_forward + x.flops_backward for x in calls[k + 1 : wait + 1])
+                out.append((c.arg[0], flops))
+        return out
+
+    compiled = _job(2, ac="full", compile=True)
+    ring = between(compiled)
+    assert len(ring) == LAYERS * (3 + 2)  # a layer: 3 all-gathers, 2 all-to-alls
+    assert all(flops == 0 for _, flops in ring)
+    eager = between(_job(2, ac="full"))
+    assert [kind for kind, _ in eager] == [kind for kind, _ in ring]
+    # eager, only a ring's last all-to-all (its gradients' last hop) has nothing under it:
+    # forward's all-gathers, then for each layer in backward the recomputation's all-gather,
+    # backward's, and the two all-to-alls
+    under = [True] * LAYERS + [True, True, True, False] * LAYERS
+    assert [flops > 0 for _, flops in eager] == under
+    # what the time model makes of it: on a slow link, every collective waited for whole
+    t = timeline(compiled, machine("h100", intra_node_gbps=0.05))
+    cp = [r for r in t.records() if r["kind"].startswith("cp_")]
+    assert sum(r["exposed"] for r in cp) == pytest.approx(sum(r["end"] - r["start"] for r in cp))
+    waits = [b for b in t.bottlenecks() if b["kind"].startswith("cp_")]
+    assert len(waits) == len(ring)
+    assert all("as soon as it is issued" in b["reason"] for b in waits)
 
 
 def test_context_parallel_mistakes_say_what_to_do() -> None:

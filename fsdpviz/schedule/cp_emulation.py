@@ -18,6 +18,13 @@ rotation ``allgather``):
   ``cp_all_to_all`` per block (``_AllToAllRotater``: each rank sends the buffer to the next
   rank), the last received once all blocks are done.
 
+Inside a compiled module (``torch.compile``, torchtitan's per-block compile) the ring is
+traced into the graph, where a functional collective is waited on as soon as it is issued
+(torch's ``_functional_collectives._maybe_wrap_tensor`` returns ``wait_tensor`` of it while
+tracing, not an ``AsyncCollectiveTensor`` waited on at first use; torch 2.6 onwards, and
+Inductor moves no wait later unless ``reorder_for_compute_comm_overlap`` is set): there,
+each collective's wait follows its issue, and no block of attention runs under it.
+
 The traced copy runs exactly that on meta tensors (:func:`~fsdpviz.trace.attention.flash_block`
 for each block), so the cost probe measures every kernel and buffer as a rank makes them,
 and each collective is reported to the :class:`FSDP2Runtime` as an event of the group whose
@@ -42,6 +49,7 @@ import torch.nn.functional as F
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.job import JobOptions
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import owner_index
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
@@ -74,6 +82,18 @@ def shard_sequence(args: tuple[Any, ...], kwargs: dict[str, Any], cp: int) -> An
     return tuple(_walk(a, one) for a in args), {k: _walk(v, one) for k, v in kwargs.items()}
 
 
+def compiled_names(model: torch.nn.Module, job: JobOptions) -> frozenset[str] | None:
+    """The names of ``job``'s compiled modules in ``model``: none without ``torch.compile``,
+    None where the whole model is compiled."""
+    if not job.compile:
+        return frozenset()
+    chosen = job.compiled_modules(model)
+    if chosen is None:
+        return None
+    ids = {id(m) for m in chosen}
+    return frozenset(name for name, m in model.named_modules() if id(m) in ids)
+
+
 def _walk(obj: Any, fn: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_walk(x, fn) for x in obj)
@@ -87,12 +107,29 @@ class CPEmulation:
     collectives to ``runtime`` (see the module's docstring)."""
 
     def __init__(
-        self, groups: list[Group], runtime: FSDP2Runtime, size: int, tracker: ModuleTracker
+        self,
+        groups: list[Group],
+        runtime: FSDP2Runtime,
+        size: int,
+        tracker: ModuleTracker,
+        compiled: frozenset[str] | None = frozenset(),
     ) -> None:
         self.groups = groups
         self.runtime = runtime
         self.size = size
         self.tracker = tracker
+        self.compiled = compiled  # the compiled modules' names; None: the whole model
+
+    def _in_compiled(self) -> bool:
+        """Whether the attention running now is in a compiled module (by name: activation
+        checkpointing's recomputation calls the block's forward without its hooks)."""
+        if self.compiled is None:
+            return True
+        for name in self.tracker.stack:
+            parts = name.split(".")
+            if any(".".join(parts[:n]) in self.compiled for n in range(1, len(parts) + 1)):
+                return True
+        return False
 
     @contextmanager
     def attached(self) -> Iterator[None]:
@@ -131,13 +168,18 @@ class CPEmulation:
             )
         i = owner_index(module, self.groups)
         out: torch.Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
-            self, i, module, scale, query, key, value
+            self, (i, module, self._in_compiled()), scale, query, key, value
         )
         return out
 
-    def issue(self, i: int, kind: str, module: str, nbytes: int, quiet: bool = False) -> None:
+    def issue(
+        self, i: int, kind: str, module: str, nbytes: int, quiet: bool = False, now: bool = False
+    ) -> None:
+        """Issue a collective of the ring; ``now``: traced (compiled), waited on at once."""
         if not quiet:
             self.runtime.context_parallel(i, kind, module, _phase(), nbytes)
+            if now:
+                self.runtime.context_parallel_wait(i, _phase(), kind.removeprefix("cp_"))
 
     def wait(self, i: int, kind: str, quiet: bool = False) -> None:
         if not quiet:
@@ -210,14 +252,14 @@ class _RingAttention(torch.autograd.Function):
     def forward(
         ctx: Any,
         emu: CPEmulation,
-        i: int,
-        module: str,
+        where: tuple[int, str, bool],
         scale: float | None,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
     ) -> torch.Tensor:
         cp = emu.size
+        i, module, now = where  # now: compiled, each collective waited on once issued
         # a selective checkpoint that saves attention takes the saved output in backward:
         # its recomputation runs no ring (the kernels, saved, do not run either)
         quiet = _phase() == "backward" and attention_saved()
@@ -229,12 +271,13 @@ class _RingAttention(torch.autograd.Function):
                 "different shapes, which the ring passes on as one buffer"
             )
         kv = torch.cat([key.flatten(), value.flatten()])
-        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), quiet)
+        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), quiet, now)
         blocks = _blocks(kv, key, cp)
         merger = _Merger()
         out, lse = flash_block(query, key, value, True, scale)  # the rank's own block
         merger.step(out, lse, partial=False)
-        emu.wait(i, "all_gather", quiet)
+        if not now:
+            emu.wait(i, "all_gather", quiet)
         del kv
         late = query.chunk(_HALVES, dim=2)[1]  # rank 0's latest chunk sees every other rank
         for k, v in blocks:
@@ -242,18 +285,18 @@ class _RingAttention(torch.autograd.Function):
             merger.step(out, lse, partial=True)
         del blocks
         out, lse = merger.results()
-        ctx.emu, ctx.i, ctx.module, ctx.scale = emu, i, module, scale
+        ctx.emu, ctx.where, ctx.scale = emu, where, scale
         ctx.save_for_backward(*saved, out, lse)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         emu: CPEmulation = ctx.emu
-        i, module, scale, cp = ctx.i, ctx.module, ctx.scale, emu.size
+        (i, module, now), scale, cp = ctx.where, ctx.scale, emu.size
         query, key, value, out, lse = ctx.saved_tensors
         key, value = key.contiguous(), value.contiguous()
         kv = torch.cat([key.flatten(), value.flatten()])
-        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size())
+        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), now=now)
         blocks = _blocks(kv, key, cp)
         dq = torch.zeros_like(query, dtype=torch.float32)
         dk = torch.zeros_like(key, dtype=torch.float32)
@@ -262,7 +305,7 @@ class _RingAttention(torch.autograd.Function):
         dk += dk_
         dv += dv_
         sent = torch.cat([dk.flatten(), dv.flatten()])
-        emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size())
+        emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size(), now=now)
         received = torch.empty_like(sent)  # what the previous rank sends
         dq += dq_
         del kv, dq_, dk_, dv_
@@ -273,24 +316,26 @@ class _RingAttention(torch.autograd.Function):
             lse.chunk(_HALVES, dim=2)[1].contiguous(),
         )
         for step, (k, v) in enumerate(blocks):
-            if step == 0:
+            if step == 0 and not now:
                 emu.wait(i, "all_gather")
             q2, out2, grad2, lse2 = half
             dq_, dk_, dv_ = flash_block_backward(grad2, q2, k, v, out2, lse2, False, scale)
-            emu.wait(i, "all_to_all")
+            if not now:
+                emu.wait(i, "all_to_all")
             dk = received[: key.numel()].view(key.shape)
             dv = received[key.numel() :].view(key.shape)
             dk += dk_
             dv += dv_
             sent = torch.cat([dk.flatten(), dv.flatten()])
-            emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size())
+            emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size(), now=now)
             received = torch.empty_like(sent)
             dq = _partial_update(dq, dq_, 1, add=True)
             del dq_, dk_, dv_
         del blocks, half
-        emu.wait(i, "all_to_all")
+        if not now:
+            emu.wait(i, "all_to_all")
         dq = dq.to(query.dtype)
         final = received.to(key.dtype)
         dk = final[: key.numel()].view(key.shape)
         dv = final[key.numel() :].view(key.shape)
-        return None, None, None, None, dq, dk, dv
+        return None, None, None, dq, dk, dv

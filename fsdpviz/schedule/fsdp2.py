@@ -15,7 +15,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
 from fsdpviz.plan.tensor_parallel import resolve_plan
-from fsdpviz.schedule.cp_emulation import CPEmulation, shard_sequence
+from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -81,7 +81,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
-        cp = CPEmulation(groups, runtime, opts.cp_size, tracker) if opts.cp_size > 1 else None
+        cp = (
+            CPEmulation(groups, runtime, opts.cp_size, tracker, compiled_names(copy, opts.job))
+            if opts.cp_size > 1
+            else None
+        )
         probe: CostProbe | None = None
         try:
             if profile:

@@ -160,7 +160,8 @@ class Timeline:
         for the previous all-gather's copy-out; ``"cpu_offload"``: its shard's copy to the
         device; ``"short_window"``: prefetched, but with less compute ahead than it takes;
         ``"tensor_parallel"``: tensor parallelism's collective, needed at once;
-        ``"context_parallel"``: ring attention's exchange, longer than a block of attention;
+        ``"context_parallel"``: ring attention's exchange, longer than a block of attention
+        (compiled: waited for once issued);
         ``"tail"``:
         the step's end waits for it after the last compute), ``reason`` in words, and
         ``event``, ``hook``, ``hook_unit``, ``prefetch``, ``issued``, ``start``, ``end``,
@@ -367,11 +368,17 @@ def _explain(
         elif kind.startswith("cp_"):
             module = repr(r.module) if r.module else "a module"
             what = "keys and values" if kind == "cp_all_gather" else "key and value gradients"
+            why = (
+                f"only one block of attention ran while it took {lasts}"
+                if needed is None or needed - r.start > 1e-9  # (sums of floats: to a ns)
+                else f"no attention ran while it took {lasts} (a compiled ring waits for each "
+                "of its collectives as soon as it is issued)"
+            )
             parts.append(
                 ("context_parallel",
                  f"context parallelism's {kind.removeprefix('cp_')} of the {what} of "
                  f"{module}'s ring attention in {unit}: the ring's next block needs them, and "
-                 f"only one block of attention ran while it took {lasts}")
+                 f"{why}")
             )  # fmt: skip
         elif held == "stream":
             # issuing it earlier helps only to get ahead of a reduction, not of all-gathers
