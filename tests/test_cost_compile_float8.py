@@ -152,3 +152,49 @@ def test_float8_recipes_price_their_casts_and_precisions() -> None:
     times = {r: timeline(report, "h100").totals["matmul_s"] for r, report in f8.items()}
     assert times["tensorwise"] == pytest.approx(times["rowwise"])
     assert times["rowwise_with_gw_hp"] > times["rowwise"]
+
+
+class _Linear(torch.nn.Module):
+    """One bias-free linear whose input needs its gradient (torchao's linear benchmark)."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.requires_grad_(True))
+
+
+def test_rowwise_backward_rescales_its_outputs_and_gw_hp_keeps_the_weight_gradient() -> None:
+    """torchao runs a rowwise backward multiply (no fast accumulation) as the tensorwise
+    cuBLAS kernel with unit scales, then ``output *= a_inverse_scale * b_inverse_scale``:
+    eager, the scales' outer product in float32 and the in-place multiply (12 bytes per
+    output element in bf16); compiled, a pass that reads the output and writes it where it
+    outlives the fused region (4 bytes). The other recipes scale inside the kernel."""
+    m, k, n = 256, 128, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    outputs = m * k + n * k  # the input's gradient and the weight's
+    backward: dict[str, list[object]] = {}
+    gemms: dict[str, list[tuple[object, ...]]] = {}
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        report = fsdpviz.analyze(
+            _Linear(k, n).to("meta"), x, world_size=1, fully_shard=[_Linear], progress=False,
+            float8={"recipe_name": recipe}, compile=True,
+        )  # fmt: skip
+        kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
+        backward[recipe] = [k for ks in kernels for k in ks if k[0] in ("mem", "fused") and k[1]]
+        gemms[recipe] = sorted(tuple(k[2:7]) for ks in kernels for k in ks if k[0] == "gemm")
+    # rowwise casts every operand of both backward multiplies (read bf16 twice eager and
+    # once fused, write one byte), then scales both outputs
+    cast = m * n + n * k + m * n + m * k
+    mem, fused = backward["rowwise"]
+    assert mem == ["mem", 1, 4 * 2 + 2 * 2, 5 * cast + 12 * outputs]
+    assert fused == ["fused", 1, 12, 5.0 * cast + 12 * outputs, 4 + 2, 3.0 * cast + 4 * outputs]
+    # tensorwise: one cast and three transposed copies; rowwise_with_gw_hp: the input's
+    # gradient in float8 (the output gradient and the weight cast, no rescaling), the
+    # weight's in bf16 (autograd runs it first here: the multiply that reads the weight is
+    # the input's gradient, whatever the order)
+    assert backward["tensorwise"][0] == ["mem", 1, 5, 5 * m * n + 2 * (m * n + n * k + m * k)]
+    assert backward["rowwise_with_gw_hp"][0] == ["mem", 1, 4, 5 * (m * n + n * k)]
+    assert gemms["rowwise_with_gw_hp"] == [(n, k, m, 1, 2), (m, n, k, 1, 1), (m, k, n, 1, 1)]
+    assert gemms["rowwise"] == [(n, k, m, 1, 1), (m, n, k, 1, 1), (m, k, n, 1, 1)]

@@ -65,7 +65,13 @@ from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
-from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
+from fsdpviz.trace.fusion import (
+    FusedRegions,
+    ModuleScope,
+    float8_casts,
+    float8_gemm,
+    float8_rescale,
+)
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
 from fsdpviz.trace.probe_records import (
@@ -119,9 +125,10 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
-        # the backward node whose float8 gradient is cast already (held, not its id: a node
-        # freed since could leave its id to a new one); a node's multiplies run one after another
-        self._float8_node: object = None
+        # the storages of the float8 linears' weights as their forward multiplies read them
+        # (by id, held weakly): backward's multiply that reads one computes the input's
+        # gradient, the other the weight's, in whichever order autograd runs them
+        self._float8_weights: dict[int, weakref.ref[Any]] = {}
         self._tp = tp
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
@@ -335,6 +342,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
                 self._fused.close()
             return
         self._fused.close()  # a matrix multiply, attention or convolution ends a fused run
+        rescale = False
         if kind == "gemm":
             a, b = args[cost[1]], args[cost[1] + 1]
             *batch, m, k = a.shape
@@ -355,6 +363,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             if float8 and self._float8_casts(backward, a, b):
                 key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
+                rescale = bool(backward) and self._float8_recipe == "rowwise"
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(op_arg(args, kwargs, cost[3], "is_causal"))
@@ -375,6 +384,8 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             key = ("flops", backward, local)
             nbytes = self._local_bytes(args) + self._local_bytes(out)
         self._add_kernel(key, 1, nbytes)
+        if rescale:
+            self._float8_rescale(backward, out)
 
     def _local_numel(self, t: torch.Tensor) -> int:
         """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
@@ -401,12 +412,18 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
     def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> bool:
         """The casts around a float8 linear's matrix multiply (:func:`float8_casts`); whether
         the multiply runs in float8 (:func:`float8_gemm`)."""
+        weights = self._float8_weights
         first = True
-        if backward:
-            node = torch._C._current_autograd_node()
-            first = node is None or node is not self._float8_node
-            if node is not None:
-                self._float8_node = node
+        if not backward:
+            st = storage_of(b)
+            if st is not None:
+                weights[id(st)] = weakref.ref(st)
+        else:  # the input's gradient multiplies by the weight, the weight's does not
+            first = False
+            for t in (a, b):
+                st = storage_of(t)
+                ref = None if st is None else weights.get(id(st))
+                first = first or (ref is not None and ref() is st)
         compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
@@ -416,6 +433,18 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             if compiled:
                 self._fused.extra(backward, count, eager, fused)
         return float8_gemm(bool(backward), first, recipe)
+
+    def _float8_rescale(self, backward: int, out: Any) -> None:
+        """The multiply of a rowwise float8 backward matrix multiply's output by its scales
+        (:func:`float8_rescale`): eager its own kernels; compiled, fused with the operators
+        that read the output next, as an operator that rewrites it."""
+        if not isinstance(out, torch.Tensor):
+            return
+        share = self._local_numel if self._tp is not None else None
+        count, eager = float8_rescale(out, share)
+        self._add_kernel(("mem", backward), count, eager)
+        if self._fusing():
+            self._fused.add(backward, (out,), (out,), eager, True, count)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = storage_of(t)
