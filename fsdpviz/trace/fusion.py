@@ -292,10 +292,12 @@ def float8_rescale(
 
     Eager that is two kernels: the outer product of the two scale vectors, written as an
     ``M x N`` float32 tensor, and the in-place multiply (reads the output and that tensor,
-    writes the output). Compiled, Inductor fuses both into the operators that read the
-    output next (the caller adds it to the fused region as an operator that rewrites the
-    output: read once, written once if it outlives the region). The scale vectors
-    themselves (``M + N`` floats) are left out. ``share``: as in :func:`float8_casts`.
+    writes the output). Compiled, the multiply is a single-use pointwise operator that
+    Inductor computes inside the kernel reading the output next: no traffic of its own when
+    that is a fused memory-bound kernel, else one pass that reads the output and writes the
+    scaled one (where a matrix multiply, attention, a collective or FSDP reads it; the probe
+    places it). The scale vectors themselves (``M + N`` floats) are left out. ``share``: as
+    in :func:`float8_casts`.
     """
     n = (share or (lambda t: t.numel()))(out)
     high = out.element_size()
