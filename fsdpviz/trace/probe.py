@@ -368,11 +368,11 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             nbytes = (m * k + k * n + m * n) * nb * isz
             float8 = self._float8 is not None and self._float8.active()
             # a checkpoint's recomputation in backward runs the linear's forward again
-            grad = bool(backward) and not recomputing()
-            if float8 and self._float8_casts(backward, grad, a, b):
+            gradient = bool(backward) and not recomputing()
+            if float8 and self._float8_casts(backward, gradient, a, b):
                 key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
-                rescale = grad and self._float8_recipe == "rowwise"
+                rescale = gradient and self._float8_recipe == "rowwise"
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(op_arg(args, kwargs, cost[3], "is_causal"))
