@@ -152,3 +152,131 @@ def test_float8_recipes_price_their_casts_and_precisions() -> None:
     times = {r: timeline(report, "h100").totals["matmul_s"] for r, report in f8.items()}
     assert times["tensorwise"] == pytest.approx(times["rowwise"])
     assert times["rowwise_with_gw_hp"] > times["rowwise"]
+
+
+class _Linear(torch.nn.Module):
+    """One bias-free linear whose input needs its gradient (torchao's linear benchmark)."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.requires_grad_(True))
+
+
+def test_rowwise_backward_rescales_its_outputs_and_gw_hp_keeps_the_weight_gradient() -> None:
+    """torchao runs a rowwise backward multiply (no fast accumulation) as the tensorwise
+    cuBLAS kernel with unit scales, then ``output *= a_inverse_scale * b_inverse_scale``:
+    eager, the scales' outer product in float32 and the in-place multiply (12 bytes per
+    output element in bf16); compiled, a pass that reads the output and writes it where it
+    outlives the fused region (4 bytes). The other recipes scale inside the kernel."""
+    m, k, n = 256, 128, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    outputs = m * k + n * k  # the input's gradient and the weight's
+    backward: dict[str, list[object]] = {}
+    gemms: dict[str, list[tuple[object, ...]]] = {}
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        report = fsdpviz.analyze(
+            _Linear(k, n).to("meta"), x, world_size=1, fully_shard=[_Linear], progress=False,
+            float8={"recipe_name": recipe}, compile=True,
+        )  # fmt: skip
+        kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
+        backward[recipe] = [k for ks in kernels for k in ks if k[0] in ("mem", "fused") and k[1]]
+        gemms[recipe] = sorted(tuple(k[2:7]) for ks in kernels for k in ks if k[0] == "gemm")
+    # rowwise casts every operand of both backward multiplies (read bf16 twice eager and
+    # once fused, write one byte), then scales both outputs
+    cast = m * n + n * k + m * n + m * k
+    mem, fused = backward["rowwise"]
+    assert mem == ["mem", 1, 4 * 2 + 2 * 2, 5 * cast + 12 * outputs]
+    assert fused == ["fused", 1, 12, 5.0 * cast + 12 * outputs, 4 + 2, 3.0 * cast + 4 * outputs]
+    # tensorwise: one cast and three transposed copies; rowwise_with_gw_hp: the input's
+    # gradient in float8 (the output gradient and the weight cast, no rescaling), the
+    # weight's in bf16 (autograd runs it first here: the multiply that reads the weight is
+    # the input's gradient, whatever the order)
+    assert backward["tensorwise"][0] == ["mem", 1, 5, 5 * m * n + 2 * (m * n + n * k + m * k)]
+    assert backward["rowwise_with_gw_hp"][0] == ["mem", 1, 4, 5 * (m * n + n * k)]
+    assert gemms["rowwise_with_gw_hp"] == [(n, k, m, 1, 2), (m, n, k, 1, 1), (m, k, n, 1, 1)]
+    assert gemms["rowwise"] == [(n, k, m, 1, 1), (m, n, k, 1, 1), (m, k, n, 1, 1)]
+
+
+class _NormLinear(torch.nn.Module):
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(k, dtype=torch.bfloat16)
+        self.fc = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(x))
+
+
+def test_compiled_rowwise_rescale_runs_inside_the_kernel_that_reads_the_output() -> None:
+    """Compiled, the rescaling of the input's gradient is computed by the fused kernel that
+    reads it next (the norm's backward): no bytes of its own, its two eager kernels gone;
+    the weight's gradient leaves the region, so its scaled copy is read and written."""
+    m, k, n = 256, 128, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    fused: dict[str | None, list[object]] = {}
+    for recipe in (None, "rowwise"):
+        float8 = None if recipe is None else {"recipe_name": recipe}
+        report = fsdpviz.analyze(
+            _NormLinear(k, n).to("meta"), x, world_size=1, fully_shard=[_NormLinear],
+            progress=False, float8=float8, compile=True,
+        )  # fmt: skip
+        kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
+        fused[recipe] = next(k for ks in kernels for k in ks if k[0] == "fused" and k[1])
+    cast = m * n + n * k + m * n + m * k
+    plain, rowwise = fused[None], fused["rowwise"]
+    # eager: the norm's backward, eight casting kernels and two rescales of two kernels each
+    assert rowwise[2] == plain[2] + 8 + 2 * 2
+    # fused: the norm's region (its rescale inside), four casts, the weight's rescale
+    assert rowwise[4] == plain[4] + 4 + 1
+    assert rowwise[5] == pytest.approx(plain[5] + 3 * cast + 4 * n * k)  # type: ignore[operator]
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, k: int, h: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(k, h, bias=False, dtype=torch.bfloat16)
+        self.down = torch.nn.Linear(h, k, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self, k: int, h: int) -> None:
+        super().__init__()
+        self.mlp = _MLP(k, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_checkpoint_recomputation_runs_the_float8_forward(recipe: str) -> None:
+    """A checkpointed block recomputes its first linear in backward as torchao's forward:
+    the input and the weight cast (two kernels each), no transposed copy and no rowwise
+    rescaling (the forward multiply scales inside the kernel)."""
+    m, k, h = 256, 128, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+
+    def backward_mem(float8: bool, checkpointed: bool) -> tuple[int, int]:
+        kwargs: dict[str, object] = {"world_size": 1, "fully_shard": [_MLP], "progress": False}
+        if checkpointed:
+            kwargs["activation_checkpointing"] = [_MLP]
+        if float8:
+            kwargs["float8"] = {"recipe_name": recipe}
+        report = fsdpviz.analyze(_Outer(k, h).to("meta"), x, **kwargs)  # type: ignore[arg-type]
+        kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
+        (rec,) = [k for ks in kernels for k in ks if k[0] == "mem" and k[1]]
+        return int(rec[2]), int(rec[3])
+
+    recomputed = [
+        backward_mem(f8, True)[i] - backward_mem(f8, False)[i]
+        for f8 in (True, False)
+        for i in (0, 1)
+    ]
+    float8_kernels, float8_bytes, plain_kernels, plain_bytes = recomputed
+    assert float8_kernels - plain_kernels == 2 + 2
+    assert float8_bytes - plain_bytes == 5 * m * k + 5 * h * k

@@ -12,8 +12,10 @@ collective, an operator outside the compiled modules or an FSDP hook, is one fus
 kernel. It reads each tensor it takes from outside the run once, and writes each tensor
 it makes that outlives the run (read by a later kernel, or saved by autograd) once.
 
-Float8 linears (torchao's ``Float8Linear``, tensorwise scaling) run their matrix
-multiplies in float8: :func:`float8_casts` gives the memory-bound work around each one.
+Float8 linears (torchao's ``Float8Linear``) run their matrix multiplies in float8:
+:func:`float8_casts` gives the memory-bound work around each one, and
+:func:`float8_rescale` the pass over the output that the rowwise recipe's backward
+multiplies add.
 
 Example::
 
@@ -151,13 +153,16 @@ class FusedRegions:
         self._done: dict[int, list[float]] = {}
         self._size = size or _bytes  # a tensor's bytes on one rank (a tp share's 1 / tp)
 
-    def add(self, backward: int, args: Any, out: Any, nbytes: float, fresh: bool) -> None:
-        """A memory-bound operator (``nbytes`` eager) in the compiled modules."""
+    def add(
+        self, backward: int, args: Any, out: Any, nbytes: float, fresh: bool, count: int = 1
+    ) -> None:
+        """A memory-bound operator (``count`` kernels of ``nbytes`` eager) in the compiled
+        modules."""
         r = self._open
         if r is None or r.backward != backward:
             self.close()
             r = self._open = _Region(backward)
-        r.eager_count += 1
+        r.eager_count += count
         r.eager_bytes += nbytes
         size = self._size
         for t in tree_leaves(args):
@@ -270,6 +275,33 @@ def float8_casts(
         transposed(a)
     transposed(b)
     return casts
+
+
+def float8_rescale(
+    out: torch.Tensor, share: Callable[[torch.Tensor], int] | None = None
+) -> tuple[int, float]:
+    """The kernels torchao runs after a rowwise recipe's backward matrix multiply, as
+    ``(eager kernels, eager bytes)``: ``_scaled_mm`` without fast accumulation and with a
+    scale per row is a CUTLASS kernel slow enough that torchao runs the tensorwise cuBLAS
+    one with unit scales and scales the output afterwards (``addmm_float8_unwrapped`` in
+    ``torchao/float8/float8_ops.py``, from ``6a177c9``, December 2024, to this day:
+    ``post_inverse_scale = a_inverse_scale * b_inverse_scale`` then ``output *=
+    post_inverse_scale``). Both backward multiplies of ``rowwise`` run without fast
+    accumulation (``Float8LinearConfig``'s ``gemm_config_grad_input`` and
+    ``gemm_config_grad_weight``); the forward one runs with it, in the rowwise kernel.
+
+    Eager that is two kernels: the outer product of the two scale vectors, written as an
+    ``M x N`` float32 tensor, and the in-place multiply (reads the output and that tensor,
+    writes the output). Compiled, the multiply is a single-use pointwise operator that
+    Inductor computes inside the kernel reading the output next: no traffic of its own when
+    that is a fused memory-bound kernel, else one pass that reads the output and writes the
+    scaled one (where a matrix multiply, attention, a collective or FSDP reads it; the probe
+    places it). The scale vectors themselves (``M + N`` floats) are left out. ``share``: as
+    in :func:`float8_casts`.
+    """
+    n = (share or (lambda t: t.numel()))(out)
+    high = out.element_size()
+    return 2, float(n * 4 + n * (2 * high + 4))
 
 
 def float8_gemm(backward: bool, first: bool, recipe: str) -> bool:

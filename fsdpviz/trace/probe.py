@@ -65,7 +65,13 @@ from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
-from fsdpviz.trace.fusion import FusedRegions, ModuleScope, float8_casts, float8_gemm
+from fsdpviz.trace.fusion import (
+    FusedRegions,
+    ModuleScope,
+    float8_casts,
+    float8_gemm,
+    float8_rescale,
+)
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
 from fsdpviz.trace.probe_records import (
@@ -119,9 +125,13 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
-        # the backward node whose float8 gradient is cast already (held, not its id: a node
-        # freed since could leave its id to a new one); a node's multiplies run one after another
-        self._float8_node: object = None
+        # the storages of the float8 linears' weights as their forward multiplies read them
+        # (by id, held weakly): backward's multiply that reads one computes the input's
+        # gradient, the other the weight's, in whichever order autograd runs them
+        self._float8_weights: dict[int, weakref.ref[Any]] = {}
+        # rowwise backward outputs whose rescaling a compiled region has yet to place (by
+        # storage id): its storage, phase, eager kernels and bytes, the output's local bytes
+        self._rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]] = {}
         self._tp = tp
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
@@ -233,6 +243,8 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         if self._regions and not backward:
             self._region_op(func, out)
         if self._forced is not None:
+            if self._rescales:
+                self._rescale_read(args, False)
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
             self._track_all(out, self._forced)
             return out
@@ -251,6 +263,8 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         if fresh:  # (views and in-place ops return storage that already exists)
             self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
         if cost is not None:
+            if self._rescales:
+                self._rescale_read(args, cost[0] == "mem" and self._fusing())
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
         return out
 
@@ -335,6 +349,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
                 self._fused.close()
             return
         self._fused.close()  # a matrix multiply, attention or convolution ends a fused run
+        rescale = False
         if kind == "gemm":
             a, b = args[cost[1]], args[cost[1] + 1]
             *batch, m, k = a.shape
@@ -352,9 +367,12 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz
             float8 = self._float8 is not None and self._float8.active()
-            if float8 and self._float8_casts(backward, a, b):
+            # a checkpoint's recomputation in backward runs the linear's forward again
+            gradient = bool(backward) and not recomputing()
+            if float8 and self._float8_casts(backward, gradient, a, b):
                 key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
+                rescale = gradient and self._float8_recipe == "rowwise"
         elif kind == "attn":
             q, kv = args[cost[1]], args[cost[1] + 1]
             causal = cost[3] is not None and bool(op_arg(args, kwargs, cost[3], "is_causal"))
@@ -375,6 +393,8 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             key = ("flops", backward, local)
             nbytes = self._local_bytes(args) + self._local_bytes(out)
         self._add_kernel(key, 1, nbytes)
+        if rescale:
+            self._float8_rescale(backward, out)
 
     def _local_numel(self, t: torch.Tensor) -> int:
         """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
@@ -398,24 +418,73 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
             rec[0] += count
             rec[1] += nbytes
 
-    def _float8_casts(self, backward: int, a: torch.Tensor, b: torch.Tensor) -> bool:
-        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`); whether
-        the multiply runs in float8 (:func:`float8_gemm`)."""
+    def _float8_casts(self, backward: int, grad: bool, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`; ``grad``:
+        one of its backward's, not its forward run in the ``backward`` phase by a
+        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`)."""
+        weights = self._float8_weights
         first = True
-        if backward:
-            node = torch._C._current_autograd_node()
-            first = node is None or node is not self._float8_node
-            if node is not None:
-                self._float8_node = node
+        if not grad:
+            st = storage_of(b)
+            if st is not None:
+                weights[id(st)] = weakref.ref(st)
+        else:  # the input's gradient multiplies by the weight, the weight's does not
+            first = False
+            for t in (a, b):
+                st = storage_of(t)
+                ref = None if st is None else weights.get(id(st))
+                first = first or (ref is not None and ref() is st)
         compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
-        casts = float8_casts(bool(backward), a, b, self._float8_gathered, first, recipe, share)
+        casts = float8_casts(grad, a, b, self._float8_gathered, first, recipe, share)
         for count, eager, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused)
-        return float8_gemm(bool(backward), first, recipe)
+        return float8_gemm(grad, first, recipe)
+
+    def _float8_rescale(self, backward: int, out: Any) -> None:
+        """The multiply of a rowwise float8 backward matrix multiply's output by its scales
+        (:func:`float8_rescale`): eager, its own kernels; compiled, a pointwise operator on
+        the output that Inductor computes inside the kernel that reads the output next when
+        that is a fused memory-bound one (no traffic of its own), and otherwise writes out
+        (:meth:`_rescale_read`)."""
+        st = storage_of(out) if isinstance(out, torch.Tensor) else None
+        if st is None:
+            return
+        share = self._local_numel if self._tp is not None else None
+        count, eager = float8_rescale(out, share)
+        self._add_kernel(("mem", backward), count, eager)
+        if self._fusing():
+            nbytes = float(self._local_bytes(out))
+            self._rescales[id(st)] = (weakref.ref(st), backward, count, eager, nbytes)
+
+    def _rescale_read(self, args: Any, fused: bool) -> None:
+        """An operator reads ``args``: the rescaling of any of them still to place runs
+        inside it when it is a fused memory-bound operator (``fused``: the rescale joins its
+        region and reads nothing more), else as a kernel of its own that reads and writes
+        the output (a matrix multiply, attention, a collective or an operator outside the
+        compiled modules reads the scaled output from memory)."""
+        for t in tree_leaves(args):
+            st = storage_of(t) if isinstance(t, torch.Tensor) else None
+            entry = None if st is None else self._rescales.get(id(st))
+            if entry is None or entry[0]() is not st:
+                continue
+            del self._rescales[id(st)]
+            _, backward, count, eager, nbytes = entry
+            if fused:
+                self._fused.add(backward, (t,), (), eager, True, count)
+            else:
+                self._fused.extra(backward, count, eager, 2.0 * nbytes)
+
+    def _place_rescales(self) -> None:
+        """The rescalings no operator of this stretch read: the output leaves the compiled
+        region (a weight's gradient, handed to FSDP's reduction), so the scaled one is
+        written."""
+        pending, self._rescales = self._rescales, {}
+        for _, backward, count, eager, nbytes in pending.values():
+            self._fused.extra(backward, count, eager, 2.0 * nbytes)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = storage_of(t)
@@ -525,6 +594,7 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
 
     # ---------------------------------------------------------------- marks
     def _close_stretch(self) -> Mark:
+        self._place_rescales()
         s, live = self._stretch, self.live
         self._bump_peak()
         mark = Mark(
