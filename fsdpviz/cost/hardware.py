@@ -101,6 +101,14 @@ class Machine:
     # the GPUs of a node linked point to point, each pair by an equal share of a GPU's links
     # (no switch: NVIDIA's 4-GPU HGX boards, NVLink bridges): see intra_gbps
     intra_node_mesh: bool = False
+    # whether torch's caching allocator on this machine honours PYTORCH_CUDA_ALLOC_CONF=
+    # "expandable_segments:True" (torchtitan's run_train.sh sets it): one growing segment per
+    # stream. Not on ROCm before 7.0: torch's ROCm builds ignore it with a warning
+    # ("expandable_segments not supported on this platform"; ExpandableSegment is compiled
+    # only for CUDA), until pytorch/pytorch#177974 (March 2026), which #179930 limits to
+    # ROCm 7.0 and later. Without them the reserved estimate replays the allocator's fixed
+    # segments for the communication streams' pools (fsdpviz.cost.memory).
+    expandable_segments: bool = True
 
     def peak_flops(self, dtype: str | None) -> float:
         """Dense peak FLOP/s in ``dtype`` (``"bfloat16"``, ...); float32 on TF32 tensor cores
@@ -269,6 +277,7 @@ class GPUPreset(TypedDict):
     compute_efficiency: float
     attention_efficiency: float
     attention_backward_efficiency: float
+    expandable_segments: NotRequired[bool]
 
 
 GPUS: dict[str, GPUPreset] = {
@@ -359,6 +368,8 @@ GPUS: dict[str, GPUPreset] = {
         "compute_efficiency": MI300X_COMPUTE,
         "attention_efficiency": MI300X_ATTENTION,
         "attention_backward_efficiency": MI300X_ATTENTION_BACKWARD,
+        # the ROCm 6 stack of its published runs (torch 2.9 nightly, ROCm 6.4)
+        "expandable_segments": False,
     },
     "l40s": {
         "name": "L40S 48GB",
@@ -425,6 +436,7 @@ class MachineOverrides(TypedDict, total=False):
     float32_matmul_precision: str | None
     compiled_launch_us: float
     intra_node_mesh: bool
+    expandable_segments: bool
 
 
 def machine(

@@ -52,7 +52,15 @@ allocator keeps one pool of blocks per stream, and FSDP allocates its all-gather
 outputs on the all-gather stream and its reduce-scatter inputs on the reduce-scatter
 stream, so a block freed by one is not reused by the others. The estimate is the sum
 of each pool's own peak (``all_gather``; ``reduce_scatter``; everything else on the
-compute stream), every pool rounded up to the allocator's 2 MiB blocks.
+compute stream), every pool rounded up to the allocator's 2 MiB blocks: what it
+holds with ``expandable_segments:True`` (torchtitan's ``run_train.sh`` sets it), one
+segment per stream that grows as needed. On a machine whose allocator does not honour
+them (``Machine.expandable_segments``: torch's ROCm builds before ROCm 7.0) each
+``cudaMalloc`` is a segment of its own that only its stream's later requests can split,
+and the communication pools are replayed block by block through the allocator's rules
+(:func:`fixed_segments`); the compute pool, whose tensors the model counts by category
+rather than one by one, keeps its peak, so what its own segments leave unused is not
+estimated (a note says so).
 """
 
 from __future__ import annotations
@@ -65,7 +73,7 @@ from fsdpviz.cost.fit import machine_of, runtime_overhead
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
-from fsdpviz.cost.memory_walker import Walker
+from fsdpviz.cost.memory_walker import Block, Walker
 from fsdpviz.cost.sizes import (
     UnitBytes,
     optimizer_spec,
@@ -160,6 +168,15 @@ def memory_model(
         m = machine_of(report)
     else:
         m = make_machine(machine) if isinstance(machine, str) else machine
+    blocks = None
+    if not m.expandable_segments:
+        blocks = walker.blocks
+        notes.append(
+            f"{m.name}: the caching allocator does not use expandable segments (torch's ROCm "
+            "builds before ROCm 7.0 ignore expandable_segments:True); the reserved estimate "
+            "replays the all-gather and reduce-scatter streams' fixed segments, and leaves "
+            "out what the compute stream's segments hold unused"
+        )
     return MemoryReport(
         config={
             "api": report.config.api,
@@ -174,7 +191,7 @@ def memory_model(
         unit_peaks=walker.unit_peaks,
         notes=notes,
         moments=walker.moments,
-        reserved=reserved_estimate(walker.moments),
+        reserved=reserved_estimate(walker.moments, blocks),
         capacity=int(m.memory_gib * 2**30),
         overhead=runtime_overhead(report),
         machine=m.name,
@@ -280,8 +297,14 @@ def _rest(total: int, gather: int, scatter: int) -> int:
     return total - gather - scatter
 
 
-def reserved_estimate(moments: list[Moment]) -> Reserved:
+def reserved_estimate(
+    moments: list[Moment], blocks: dict[str, list[tuple[Block, int]]] | None = None
+) -> Reserved:
     """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
+
+    ``blocks``: without expandable segments, the communication pools' allocations and frees
+    in order (``Walker.blocks``): those pools are what their fixed segments come to
+    (:func:`fixed_segments`), at least their peak.
 
     Example::
 
@@ -297,7 +320,95 @@ def reserved_estimate(moments: list[Moment]) -> Reserved:
         # the compute stream's pool: everything else
         pools["compute"] = max(0, *map(_rest, map(sum, rows), gather, scatter))
     rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in pools.items()}
+    for pool, ops in (blocks or {}).items():
+        rounded[pool] = max(rounded[pool], fixed_segments(ops))
     return {"bytes": sum(rounded.values()), "pools": rounded}
+
+
+# torch's caching allocator (c10/cuda/CUDACachingAllocator.cpp), without expandable segments
+_MIN_BLOCK = 512  # kMinBlockSize: every request rounds up to a multiple of it
+_SMALL = 2**20  # kSmallSize: the largest request of the small pool
+_SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: the small pool's segments
+_MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: smaller large requests take ...
+_LARGE_BUFFER = 20 * 2**20  # kLargeBuffer: ... a segment of 20 MiB
+_ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger ones a segment of their size in 2 MiB
+
+
+def fixed_segments(ops: list[tuple[Block, int]], passes: int = 2) -> int:
+    """Bytes torch's caching allocator reserves for one stream's pool without expandable
+    segments, replaying ``ops`` (``(block, bytes)`` allocates, ``(block, 0)`` frees) ``passes``
+    times: a steady iteration after the ones before it left their segments cached.
+
+    The allocator's rules (``DeviceCachingAllocator::malloc``): a request rounds up to 512
+    bytes; it takes the smallest cached free block of its pool (small: up to 1 MiB; large)
+    that fits, split when what is left exceeds 1 MiB (large pool; 512 bytes in the small
+    one); else a new segment (2 MiB for a small request, 20 MiB below 10 MiB, otherwise its
+    size rounded up to 2 MiB). A freed block merges with free neighbours of its segment;
+    segments are never returned (no ``empty_cache``, no allocation failure).
+
+    Example::
+
+        fixed_segments([(("a",), 600 * 2**20), (("a",), 0), (("b",), 700 * 2**20)])
+    """
+    # per segment, its blocks in address order: [size, in use]
+    segments: list[list[list[int]]] = []
+    small_of: list[bool] = []
+    live: dict[tuple[int, Block], tuple[int, int]] = {}  # block -> (segment, index)
+    for p in range(passes):
+        for block, n in ops:
+            if n == 0:
+                # this pass's block, or one the pass before left to this one
+                at = live.pop((p, block), None) or live.pop((p - 1, block), None)
+                if at is None:
+                    continue  # allocated before the replay began
+                seg, i = at
+                blocks = segments[seg]
+                blocks[i][1] = 0
+                for j in (i + 1, i):  # merge with the free neighbours, after then before
+                    if 0 < j < len(blocks) and not blocks[j][1] and not blocks[j - 1][1]:
+                        blocks[j - 1][0] += blocks.pop(j)[0]
+                _reindex(live, seg, blocks)
+                continue
+            size = max(_MIN_BLOCK, -(-n // _MIN_BLOCK) * _MIN_BLOCK)
+            small = size <= _SMALL
+            fits = [
+                (b[0], seg, i)
+                for seg, blocks in enumerate(segments)
+                if small_of[seg] == small
+                for i, b in enumerate(blocks)
+                if not b[1] and b[0] >= size
+            ]
+            if fits:
+                _, seg, i = min(fits)
+            else:
+                if small:
+                    whole = _SMALL_BUFFER
+                elif size < _MIN_LARGE_ALLOC:
+                    whole = _LARGE_BUFFER
+                else:
+                    whole = -(-size // _ROUND_LARGE) * _ROUND_LARGE
+                segments.append([[whole, 0]])
+                small_of.append(small)
+                seg, i = len(segments) - 1, 0
+            blocks = segments[seg]
+            left = blocks[i][0] - size
+            if (left >= _MIN_BLOCK) if small else (left > _SMALL):
+                blocks[i][0] = size
+                blocks.insert(i + 1, [left, 0])
+            blocks[i][1] = 1
+            live[(p, block)] = (seg, i)
+            _reindex(live, seg, blocks)
+    return sum(b[0] for blocks in segments for b in blocks)
+
+
+def _reindex(
+    live: dict[tuple[int, Block], tuple[int, int]], seg: int, blocks: list[list[int]]
+) -> None:
+    """Keep ``live``'s indices into segment ``seg`` right after a split or a merge."""
+    mine = sorted((i, key) for key, (s, i) in live.items() if s == seg)
+    used = [i for i, b in enumerate(blocks) if b[1]]
+    for (_, key), i in zip(mine, used, strict=True):
+        live[key] = (seg, i)
 
 
 def memory_series(
@@ -431,6 +542,7 @@ def memory_lane(
 
 __all__ = [
     "MemoryLane",
+    "fixed_segments",
     "memory_lane",
     "memory_model",
     "memory_series",

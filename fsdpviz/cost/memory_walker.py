@@ -11,6 +11,7 @@ from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
+Block = tuple[str | int, ...]  # a buffer of a communication stream's pool: what, unit[, index]
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
@@ -105,7 +106,11 @@ class Walker:
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.grads: dict[str, int] = {}
-        self.rs: list[int] = []
+        self.rs: list[tuple[Block, int]] = []  # reduce-scatter inputs in flight
+        # the communication streams' pools block by block, in order: (block, bytes) allocates,
+        # (block, 0) frees; what the allocator's fixed segments are replayed over
+        # (fsdpviz.cost.memory.fixed_segments)
+        self.blocks: dict[str, list[tuple[Block, int]]] = {"all_gather": [], "reduce_scatter": []}
         self.post_forward_shard: dict[str, int] = {}
         self.records: list[MemoryEvent] = []
         # Every moment the total is looked at, in order: where it is (a stretch of compute,
@@ -273,7 +278,7 @@ class Walker:
         if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
         if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
-            self.cat["all_gather"] += s.h2d
+            self._alloc("all_gather", ("h2d", e.unit), s.h2d)
             self.copied[e.unit] = s.h2d
         elif e.kind == "h2d":
             pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
@@ -289,11 +294,14 @@ class Walker:
                 # stream: its buffer is the compute pool's, counted with the parameters
                 self.on_compute.add(e.unit)
                 self.cat["unsharded_params"] += n
-                self.cat["all_gather"] -= n
-            self.cat["all_gather"] += n + s.copy_in
+            # the shards cast for the copy-in, then the output (FSDP2 gathers in place)
+            self._alloc("all_gather", ("in", e.unit), s.copy_in)
+            if e.unit not in self.on_compute:
+                self._alloc("all_gather", ("out", e.unit), n)
             if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
                 self._moment("at", c, e)
-                self.cat["all_gather"] -= s.copy_in + self.copied.pop(e.unit, 0)
+                self._free("all_gather", ("in", e.unit), s.copy_in)
+                self._free("all_gather", ("h2d", e.unit), self.copied.pop(e.unit, 0))
         elif e.kind == "free":
             if e.unit in self.pending:
                 self._drop_pending(e.unit)
@@ -321,7 +329,7 @@ class Walker:
         self.resident.add(unit)
         self.cat["unsharded_params"] += s.unsharded
         if pending is not None and not self.fsdp2:
-            self.cat["all_gather"] -= pending[0]  # FSDP1: the gathered FlatParameter is in use
+            self._free("all_gather", ("out", unit), pending[0])  # FSDP1: the FlatParameter in use
         # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
         temp = s.copy_out if self.fsdp2 and pending is not None else 0
         temps = "backward_temp" if self.in_backward else "forward_temp"
@@ -341,7 +349,7 @@ class Walker:
         if forward and not pending[1] and self.ws > 1:
             self.held = (unit, pending[0])
         else:
-            self.cat["all_gather"] -= pending[0]
+            self._free("all_gather", ("out", unit), pending[0])
 
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's
@@ -372,7 +380,8 @@ class Walker:
             return
         self._release_reduce_scatter()
         kept = self._chunk_cat(e, grads)
-        self.cat["reduce_scatter"] += s.reduce_scatter
+        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
+        self._alloc("reduce_scatter", block, s.reduce_scatter)
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
         self.cat["backward_temp"] -= kept
         last = self.last_grads.get(e.unit, 0) if self.ws > 1 and grads else 0
@@ -387,7 +396,7 @@ class Walker:
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
-        self.rs.append(s.reduce_scatter)
+        self.rs.append((block, s.reduce_scatter))
 
     def _add_shard(self, e: Event, n: int) -> None:
         """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
@@ -414,16 +423,32 @@ class Walker:
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
-            self.cat["reduce_scatter"] -= self.rs.pop()
+            self._free("reduce_scatter", *self.rs.pop())
 
     def _release_held(self) -> None:
         if self.held is not None:
-            self.cat["all_gather"] -= self.held[1]
+            self._free("all_gather", ("out", self.held[0]), self.held[1])
             self.held = None
 
     def _drop_pending(self, unit: str) -> None:
         n, _ = self.pending.pop(unit)
-        self.cat[self._pool_of(unit)] -= n
+        pool = self._pool_of(unit)
+        if pool == "all_gather":
+            self._free(pool, ("out", unit), n)
+        else:
+            self.cat[pool] -= n
+
+    def _alloc(self, pool: str, block: Block, n: int) -> None:
+        """``n`` bytes allocated on a communication stream's ``pool`` as ``block``."""
+        self.cat[pool] += n
+        if n:
+            self.blocks[pool].append((block, n))
+
+    def _free(self, pool: str, block: Block, n: int) -> None:
+        """``block`` (``n`` bytes) back to its ``pool``."""
+        self.cat[pool] -= n
+        if n:
+            self.blocks[pool].append((block, 0))
 
     def _pool_of(self, unit: str) -> str:
         """The category a pending all-gather's buffer is counted in (see ``on_compute``)."""
