@@ -15,6 +15,7 @@ import fsdpviz
 from fsdpviz.cost import machine, timeline
 from fsdpviz.cost.kernels import stretch_cost
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.trace.fusion import float8_casts
 
 CONFIG = ExampleConfig(hidden_size=512, intermediate_size=1408, num_layers=2, num_heads=8)
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -184,12 +185,16 @@ def test_rowwise_backward_rescales_its_outputs_and_gw_hp_keeps_the_weight_gradie
         kernels = report.profile.iterations[-1].kernels  # type: ignore[union-attr]
         backward[recipe] = [k for ks in kernels for k in ks if k[0] in ("mem", "fused") and k[1]]
         gemms[recipe] = sorted(tuple(k[2:7]) for ks in kernels for k in ks if k[0] == "gemm")
-    # rowwise casts every operand of both backward multiplies (read bf16 twice eager and
-    # once fused, write one byte), then scales both outputs
+    # rowwise casts every operand of both backward multiplies (read bf16 twice eager, write
+    # one byte; fused, once along rows, twice down the columns of the weight and the input),
+    # then scales both outputs
     cast = m * n + n * k + m * n + m * k
     mem, fused = backward["rowwise"]
     assert mem == ["mem", 1, 4 * 2 + 2 * 2, 5 * cast + 12 * outputs]
-    assert fused == ["fused", 1, 12, 5.0 * cast + 12 * outputs, 4 + 2, 3.0 * cast + 4 * outputs]
+    across = 2 * (n * k + m * k)
+    assert fused == [
+        "fused", 1, 12, 5.0 * cast + 12 * outputs, 6 + 2, 3.0 * cast + across + 4 * outputs
+    ]  # fmt: skip
     # tensorwise: one cast and three transposed copies; rowwise_with_gw_hp: the input's
     # gradient in float8 (the output gradient and the weight cast, no rescaling), the
     # weight's in bf16 (autograd runs it first here: the multiply that reads the weight is
@@ -229,9 +234,11 @@ def test_compiled_rowwise_rescale_runs_inside_the_kernel_that_reads_the_output()
     plain, rowwise = fused[None], fused["rowwise"]
     # eager: the norm's backward, eight casting kernels and two rescales of two kernels each
     assert rowwise[2] == plain[2] + 8 + 2 * 2
-    # fused: the norm's region (its rescale inside), four casts, the weight's rescale
-    assert rowwise[4] == plain[4] + 4 + 1
-    assert rowwise[5] == pytest.approx(plain[5] + 3 * cast + 4 * n * k)  # type: ignore[operator]
+    # fused: the norm's region (its rescale inside), four casts (the weight's and the
+    # input's down their columns two kernels each), the weight's rescale
+    assert rowwise[4] == plain[4] + 6 + 1
+    across = 2 * (n * k + m * k)
+    assert rowwise[5] == pytest.approx(plain[5] + 3 * cast + across + 4 * n * k)  # type: ignore[operator]
 
 
 class _MLP(torch.nn.Module):
@@ -280,3 +287,85 @@ def test_checkpoint_recomputation_runs_the_float8_forward(recipe: str) -> None:
     float8_kernels, float8_bytes, plain_kernels, plain_bytes = recomputed
     assert float8_kernels - plain_kernels == 2 + 2
     assert float8_bytes - plain_bytes == 5 * m * k + 5 * h * k
+
+
+def test_compiled_casts_read_twice_where_the_amax_reduces_across_rows() -> None:
+    """Compiled, a cast whose amax runs along the tensor's rows is one kernel reading it
+    once; one whose amax spans rows (tensorwise: the whole tensor; rowwise down the columns)
+    is a reduction and then the cast: two kernels, two reads (bf16 here: 2 bytes an
+    element, one written)."""
+    m, k, n = 256, 128, 64
+    shapes = ((m, k), (n, k), (m, n))
+    x, w, g = (torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes)
+
+    def cast(kernels: int, t: torch.Tensor, reads: int) -> tuple[int, float, int, float]:
+        return (2, 5.0 * t.numel(), kernels, float((2 * reads + 1) * t.numel()))
+
+    tensorwise = float8_casts(False, x, w.t(), False, True)
+    assert tensorwise == [cast(1, x, 1), cast(2, w, 2)]  # the weight: a graph input
+    assert float8_casts(False, x, w.t(), True, True) == [cast(1, x, 1)]  # gathered in float8
+    assert float8_casts(False, x, w.t(), False, True, "rowwise") == [cast(1, x, 1), cast(1, w, 1)]
+    # the input's gradient: the output gradient along its rows, the weight down its columns
+    assert float8_casts(True, g, w, False, True, "rowwise") == [cast(1, g, 1), cast(2, w, 2)]
+    # the weight's: the output gradient's column amax is the second read of the two casts
+    # of it; the input down its columns
+    assert float8_casts(True, g.t(), x, False, False, "rowwise") == [cast(1, g, 1), cast(2, x, 2)]
+    # rowwise_with_gw_hp: the weight cast tensorwise for the input's gradient, no casts for
+    # the weight's
+    gw_hp = "rowwise_with_gw_hp"
+    assert float8_casts(True, g, w, False, True, gw_hp) == [cast(1, g, 1), cast(2, w, 2)]
+    assert float8_casts(True, g.t(), x, False, False, gw_hp) == []
+
+
+class _Stop(Exception):
+    pass
+
+
+def _cast(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's dynamic float8 cast (``hp_tensor_to_float8_dynamic`` of ``6243040``:
+    ``tensor_to_amax``, ``amax_to_scale`` with power-of-2 scales for rowwise,
+    ``to_scaled_tc_float8``'s scaled, saturated cast)."""
+    f8 = torch.float8_e4m3fn
+    a = x.abs()
+    amax = torch.max(a) if dim is None else torch.amax(a, dim=dim, keepdim=True)
+    scale = (torch.finfo(f8).max / torch.clamp(amax.to(torch.float64), min=1e-12)).float()
+    if dim is not None:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    top = torch.finfo(f8).max
+    return (x.to(torch.float32) * scale).clamp(min=-top, max=top).to(f8), scale
+
+
+@pytest.mark.parametrize(
+    ("dims", "reads"),
+    [((None,), 2), ((0,), 2), ((-1,), 1), ((-1, 0), 2)],
+    ids=["tensorwise", "columns", "rows", "rows and columns"],
+)
+def test_inductor_reads_a_cast_tensor_once_per_reduction_across_rows(
+    dims: tuple[int | None, ...], reads: int
+) -> None:
+    """What Inductor makes of torchao's cast of a row-major tensor: the kernels (scheduler
+    nodes after fusion, before any code is generated) that read the tensor. Along rows the
+    amax, the scale and the cast fuse into one; a reduction over the whole tensor or down
+    its columns ends before any element is cast. The output gradient's two rowwise casts
+    (along rows for the input's gradient, down columns for the weight's) take two reads."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    readers: list[int] = []
+
+    def stop(nodes: list[object]) -> list[object]:
+        inputs = set(V.graph.graph_input_names)
+        for node in nodes:
+            names = {dep.name for dep in node.read_writes.reads}  # type: ignore[attr-defined]
+            readers.append(int(bool(names & inputs)))
+        raise _Stop  # counted: no code to generate
+
+    def casts(x: torch.Tensor) -> list[torch.Tensor]:
+        return [t for d in dims for t in _cast(x, d)]
+
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with config.patch(_post_fusion_custom_pass=stop), pytest.raises(BackendCompilerFailed):
+        torch.compile(casts, fullgraph=True)(x)
+    assert sum(readers) == reads

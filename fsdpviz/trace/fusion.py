@@ -175,13 +175,15 @@ class FusedRegions:
                 continue
             _note(r.made if fresh else r.written, r, st, size(t))
 
-    def extra(self, backward: int, eager_count: int, eager_bytes: float, fused: float) -> None:
-        """A kernel of its own (a float8 cast): eager it is ``eager_count`` kernels of
-        ``eager_bytes``, fused one kernel of ``fused`` bytes."""
+    def extra(
+        self, backward: int, eager_count: int, eager_bytes: float, fused: float, kernels: int = 1
+    ) -> None:
+        """Kernels of their own (a float8 cast): eager ``eager_count`` kernels of
+        ``eager_bytes``, fused ``kernels`` of ``fused`` bytes."""
         rec = self._done.setdefault(backward, [0, 0.0, 0, 0.0])
         rec[0] += eager_count
         rec[1] += eager_bytes
-        rec[2] += 1
+        rec[2] += kernels
         rec[3] += fused
 
     def close(self) -> None:
@@ -229,11 +231,27 @@ def float8_casts(
     first: bool,
     recipe: str = "tensorwise",
     share: Callable[[torch.Tensor], int] | None = None,
-) -> list[tuple[int, float, float]]:
+) -> list[tuple[int, float, int, float]]:
     """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
     the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
-    bytes)`` each: a cast is an amax reduction and a scaled cast (read twice, write one byte
-    per element; fused, read once); a transposed copy reads and writes float8.
+    kernels, fused bytes)`` each: a cast is an amax reduction and a scaled cast (eager two
+    kernels, reading the tensor twice and writing one byte per element); a transposed copy
+    reads and writes float8.
+
+    Compiled, what a cast costs depends on where its amax runs. Along the tensor's
+    contiguous rows (rowwise scaling along the last dimension) Inductor computes the amax and
+    the cast in one kernel, a row at a time: one read. Over the whole tensor (tensorwise) or
+    down its columns (rowwise along the first dimension) every element's cast needs a
+    reduction over other rows first: a reduction kernel (on GPU a split reduction and its
+    small final stage) then the cast, two reads. That is charged where it holds whatever
+    produced the tensor: the weight's casts (a graph input) and the columns of the input
+    that the weight's gradient multiplies. The output gradient cast along both dimensions
+    for rowwise's two backward multiplies is one reduction down its columns and one kernel
+    that reduces its rows and writes both casts: two reads for the two, one each. A
+    tensorwise cast of an activation stays at one read: on GPU Inductor splits the global
+    amax along the ranges of the reduction that produced its input
+    (``extract_input_node_reduction_ranges``), so after a norm its first stage runs inside
+    the norm's kernel; after a matrix multiply or attention it is a pass of its own.
 
     ``tensorwise`` (one scale per tensor): forward (``input @ weight.t()``) casts the input,
     and the weight unless FSDP gathered it in float8 (``weight_in_float8``). Backward: the
@@ -242,32 +260,41 @@ def float8_casts(
     float8 second operand (saved by forward) transposed. ``rowwise`` (a scale per row along
     the dimension each multiply reduces, torchao's axiswise scaling): a tensor's scales
     differ between its two multiplies, so every operand of every multiply is cast from the
-    high precision, forward and backward (FSDP all-gathers in bf16). ``rowwise_with_gw_hp``:
-    rowwise, but the weight's gradient (the second multiply of backward) is computed in the
-    high precision, with no cast (:func:`float8_gemm`). ``share``: the elements of a tensor
-    one rank holds (a tensor-parallel share's ``1 / tp``; default all of them).
+    high precision, forward and backward (FSDP all-gathers in bf16): forward the input and
+    the weight along their rows; the input's gradient the output gradient along its rows
+    and the weight down its columns; the weight's gradient the output gradient and the
+    input down their columns. ``rowwise_with_gw_hp``: rowwise, but the weight is cast
+    tensorwise for the input's gradient and the weight's gradient (the second multiply of
+    backward) is computed in the high precision, with no cast (:func:`float8_gemm`).
+    ``share``: the elements of a tensor one rank holds (a tensor-parallel share's ``1 /
+    tp``; default all of them).
     """
-    casts: list[tuple[int, float, float]] = []
+    casts: list[tuple[int, float, int, float]] = []
     count = share or (lambda t: t.numel())
 
-    def cast(t: torch.Tensor) -> None:
+    def cast(t: torch.Tensor, across: bool = False) -> None:
+        """``across``: the amax reduces across rows (the whole tensor or its columns)."""
         n = count(t)
         high = n * t.element_size()
-        casts.append((2, 2.0 * high + n, float(high + n)))
+        passes = 2 if across else 1
+        casts.append((2, 2.0 * high + n, passes, float(passes * high + n)))
 
     def transposed(t: torch.Tensor) -> None:
         n = float(count(t))
-        casts.append((1, 2.0 * n, 2.0 * n))
+        casts.append((1, 2.0 * n, 1, 2.0 * n))
 
     if recipe != "tensorwise":
-        if float8_gemm(backward, first, recipe):
+        if not backward:
             cast(a)
             cast(b)
+        elif float8_gemm(backward, first, recipe):
+            cast(a)
+            cast(b, across=True)
         return casts
     if not backward:
         cast(a)
         if not weight_in_float8:
-            cast(b)
+            cast(b, across=True)
         return casts
     if first:
         cast(a)

@@ -438,10 +438,10 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
         casts = float8_casts(grad, a, b, self._float8_gathered, first, recipe, share)
-        for count, eager, fused in casts:
+        for count, eager, kernels, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
-                self._fused.extra(backward, count, eager, fused)
+                self._fused.extra(backward, count, eager, fused, kernels)
         return float8_gemm(grad, first, recipe)
 
     def _float8_rescale(self, backward: int, out: Any) -> None:
