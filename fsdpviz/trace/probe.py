@@ -65,13 +65,8 @@ from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
-from fsdpviz.trace.fusion import (
-    FusedRegions,
-    ModuleScope,
-    float8_casts,
-    float8_gemm,
-    float8_rescale,
-)
+from fsdpviz.trace.float8_probe import Float8Accounting
+from fsdpviz.trace.fusion import FusedRegions, ModuleScope
 from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
 from fsdpviz.trace.probe_records import (
@@ -93,7 +88,9 @@ from fsdpviz.trace.tracker import ModuleTracker
 _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
-class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchMode):  # type: ignore[no-untyped-call]
+class CostProbe(
+    CompiledLossAccounting, CompiledRegionAccounting, Float8Accounting, TorchDispatchMode
+):  # type: ignore[no-untyped-call]
     """Counts activation/temp/gradient bytes and FLOPs of one traced step.
 
     ``grad_owner`` maps each leaf parameter whose ``.grad`` FSDP reduces (FSDP1:
@@ -417,74 +414,6 @@ class CostProbe(CompiledLossAccounting, CompiledRegionAccounting, TorchDispatchM
         else:
             rec[0] += count
             rec[1] += nbytes
-
-    def _float8_casts(self, backward: int, grad: bool, a: torch.Tensor, b: torch.Tensor) -> bool:
-        """The casts around a float8 linear's matrix multiply (:func:`float8_casts`; ``grad``:
-        one of its backward's, not its forward run in the ``backward`` phase by a
-        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`)."""
-        weights = self._float8_weights
-        first = True
-        if not grad:
-            st = storage_of(b)
-            if st is not None:
-                weights[id(st)] = weakref.ref(st)
-        else:  # the input's gradient multiplies by the weight, the weight's does not
-            first = False
-            for t in (a, b):
-                st = storage_of(t)
-                ref = None if st is None else weights.get(id(st))
-                first = first or (ref is not None and ref() is st)
-        compiled = self._fusing()
-        recipe = self._float8_recipe
-        share = self._local_numel if self._tp is not None else None
-        casts = float8_casts(grad, a, b, self._float8_gathered, first, recipe, share)
-        for count, eager, kernels, fused in casts:
-            self._add_kernel(("mem", backward), count, eager)
-            if compiled:
-                self._fused.extra(backward, count, eager, fused, kernels)
-        return float8_gemm(grad, first, recipe)
-
-    def _float8_rescale(self, backward: int, out: Any) -> None:
-        """The multiply of a rowwise float8 backward matrix multiply's output by its scales
-        (:func:`float8_rescale`): eager, its own kernels; compiled, a pointwise operator on
-        the output that Inductor computes inside the kernel that reads the output next when
-        that is a fused memory-bound one (no traffic of its own), and otherwise writes out
-        (:meth:`_rescale_read`)."""
-        st = storage_of(out) if isinstance(out, torch.Tensor) else None
-        if st is None:
-            return
-        share = self._local_numel if self._tp is not None else None
-        count, eager = float8_rescale(out, share)
-        self._add_kernel(("mem", backward), count, eager)
-        if self._fusing():
-            nbytes = float(self._local_bytes(out))
-            self._rescales[id(st)] = (weakref.ref(st), backward, count, eager, nbytes)
-
-    def _rescale_read(self, args: Any, fused: bool) -> None:
-        """An operator reads ``args``: the rescaling of any of them still to place runs
-        inside it when it is a fused memory-bound operator (``fused``: the rescale joins its
-        region and reads nothing more), else as a kernel of its own that reads and writes
-        the output (a matrix multiply, attention, a collective or an operator outside the
-        compiled modules reads the scaled output from memory)."""
-        for t in tree_leaves(args):
-            st = storage_of(t) if isinstance(t, torch.Tensor) else None
-            entry = None if st is None else self._rescales.get(id(st))
-            if entry is None or entry[0]() is not st:
-                continue
-            del self._rescales[id(st)]
-            _, backward, count, eager, nbytes = entry
-            if fused:
-                self._fused.add(backward, (t,), (), eager, True, count)
-            else:
-                self._fused.extra(backward, count, eager, 2.0 * nbytes)
-
-    def _place_rescales(self) -> None:
-        """The rescalings no operator of this stretch read: the output leaves the compiled
-        region (a weight's gradient, handed to FSDP's reduction), so the scaled one is
-        written."""
-        pending, self._rescales = self._rescales, {}
-        for _, backward, count, eager, nbytes in pending.values():
-            self._fused.extra(backward, count, eager, 2.0 * nbytes)
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = storage_of(t)
