@@ -82,12 +82,14 @@ def shard_sequence(args: tuple[Any, ...], kwargs: dict[str, Any], cp: int) -> An
     return tuple(_walk(a, one) for a in args), {k: _walk(v, one) for k, v in kwargs.items()}
 
 
-def compiled_names(model: torch.nn.Module, job: JobOptions) -> frozenset[str] | None:
-    """The names of ``job``'s compiled modules in ``model``: none without ``torch.compile``,
-    None where the whole model is compiled."""
+def compiled_names(
+    model: torch.nn.Module, job: JobOptions, chosen: list[torch.nn.Module] | None
+) -> frozenset[str] | None:
+    """The names in ``model`` of ``job``'s compiled modules (``chosen``, as
+    ``job.compiled_modules(model)`` gives them): none without ``torch.compile``, None where
+    the whole model is compiled."""
     if not job.compile:
         return frozenset()
-    chosen = job.compiled_modules(model)
     if chosen is None:
         return None
     ids = {id(m) for m in chosen}

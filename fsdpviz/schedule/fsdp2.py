@@ -81,8 +81,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         tracker = ModuleTracker(copy, on_call=bar.tick)
+        compiled = opts.job.compiled_modules(copy)
         cp = (
-            CPEmulation(groups, runtime, opts.cp_size, tracker, compiled_names(copy, opts.job))
+            CPEmulation(
+                groups, runtime, opts.cp_size, tracker, compiled_names(copy, opts.job, compiled)
+            )
             if opts.cp_size > 1
             else None
         )
@@ -93,7 +96,6 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
                 job = opts.job
-                compiled = job.compiled_modules(copy)
                 probe = CostProbe(
                     tracker,
                     owners,
