@@ -8,9 +8,11 @@ Every constant can be overridden::
     m = Machine(name="mine", tflops={"bfloat16": 500.0}, intra_node_gbps=200.0, ...)
 
 Compute: each kernel the trace saw gets a roofline time (:mod:`fsdpviz.cost.kernels`):
-matrix multiplies at ``tflops[d] * compute_efficiency`` for large GEMMs, less for small
-ones (``gemm_half_us``: a GEMM that would take this long reaches half of that),
-fused attention at ``attention_efficiency`` / ``attention_backward_efficiency`` of the peak
+matrix multiplies at ``tflops[d] * compute_efficiency`` for large GEMMs (float8 ones times
+``float8_matmul_share``: below 1 where the vendor measures a float8 GEMM short of the data
+sheet's ratio to bf16, 0.90 on MI300X), less for small ones (``gemm_half_us``: a GEMM
+that would take this long reaches half of that), fused attention at
+``attention_efficiency`` / ``attention_backward_efficiency`` of the peak
 (for long sequences, ``attention_seq_half`` the sequence length at which it is half that),
 memory-bound kernels at ``hbm_gbps * memory_efficiency`` plus ``kernel_us`` each, and the
 CPU issuing ``launch_forward_us`` / ``launch_backward_us`` per kernel. The presets'
@@ -83,6 +85,10 @@ class Machine:
     inter_node_latency_us: float = 2.5  # per ring step when the ring crosses nodes
     collective_base_us: float = 10.0  # per collective
     compute_efficiency: float = 0.6  # share of the peak a large matrix multiply reaches
+    # a large float8 multiply's share of the float8 peak, relative to compute_efficiency (a
+    # bf16 one's share of the bf16 peak): 1.0 where float8 multiplies reach the data sheet's
+    # float8 to bf16 ratio; the GPU vendor's measured ratio over the data sheet's where lower
+    float8_matmul_share: float = 1.0
     gemm_half_us: float = 3.0  # a GEMM this long at compute_efficiency reaches half of it
     attention_efficiency: float = 0.5  # fused attention forward, long sequences, head dim 128
     attention_backward_efficiency: float = 0.4
@@ -128,21 +134,28 @@ class Machine:
         """Whether float32 matrix multiplies run on TF32 tensor cores."""
         return self.float32_matmul_precision in ("high", "medium")
 
+    def matmul_flops(self, dtype: str | None) -> float:
+        """FLOP/s a large matrix multiply in ``dtype`` reaches: the peak times
+        ``compute_efficiency``, and for float8 operands times ``float8_matmul_share``."""
+        rate = self.peak_flops(dtype) * self.compute_efficiency
+        if dtype is not None and dtype.startswith("float8"):
+            rate *= self.float8_matmul_share
+        return rate
+
     def compute_seconds(self, flops: float, dtype: str | None) -> float:
         """Seconds for ``flops`` FLOPs of large matrix multiplies in ``dtype``."""
         if flops <= 0:
             return 0.0
-        return flops / (self.peak_flops(dtype) * self.compute_efficiency)
+        return flops / self.matmul_flops(dtype)
 
     def matmul_seconds(self, flops: float, dtype: str | None, count: int = 1) -> float:
         """Seconds for ``count`` matrix multiplies of ``flops / count`` FLOPs each: a GEMM
-        that would take ``t`` at ``compute_efficiency`` takes ``t + gemm_half_us`` (its
+        that would take ``t`` at :meth:`matmul_flops` takes ``t + gemm_half_us`` (its
         efficiency is ``compute_efficiency * t / (t + gemm_half_us)``: small GEMMs reach
         less of the peak)."""
         if flops <= 0:
             return 0.0
-        ideal = flops / (self.peak_flops(dtype) * self.compute_efficiency)
-        return ideal + count * self.gemm_half_us * 1e-6
+        return flops / self.matmul_flops(dtype) + count * self.gemm_half_us * 1e-6
 
     def memory_seconds(self, nbytes: float) -> float:
         """Seconds to read and write ``nbytes`` of device memory."""
@@ -258,6 +271,16 @@ H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.735, 0.387, 0.307
 # mi300x: the H100 SXM's efficiencies times 0.552, fitted on torchao's Llama 3 8B bf16 run
 # (torchtitan, FSDP2, compile) on 8 MI300X (benchmarks/bench_published.py --fit)
 MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.299, 0.157, 0.125
+# mi300x's float8 multiplies: AMD's Max-Achievable FLOPs of hipBLASLt GEMMs (commit db8e93b,
+# ROCm 6.3) on MI300X at 750 W, "Measuring Max-Achievable FLOPs - Part 2" (ROCm/rocm-blogs,
+# Table 1): BF16 708 TFLOP/s (1207 MHz), FP8 1273 (1230 MHz), 1.80 times, where the data
+# sheet says 2.00 (FP8 reaches 83% of its peak at its clock, BF16 94%). Its footnote 4 says
+# 1223.6 TFLOP/s at 1273 MHz instead; the table's pair is taken: its efficiencies are those
+# of MI325X, the same compute die, in the table (FP8/BF16 1519/843) and footnote (1527.7/840.8)
+# alike, 83% and 94%, where the footnote's pair would be 77%.
+MI300X_FLOAT8_MATMUL_SHARE = (1273.0 / 708.0) / (
+    _MI300X_TFLOPS["float8_e4m3fnuz"] / _MI300X_TFLOPS["bfloat16"]
+)
 # b200: the H100 SXM's efficiencies times 0.526, fitted on the same recipe on 8 B200 capped
 # at 750 W (the peaks above are the 1000 W data sheet's; benchmarks/bench_published.py --fit)
 B200_COMPUTE, B200_ATTENTION, B200_ATTENTION_BACKWARD = 0.285, 0.150, 0.119
@@ -277,6 +300,7 @@ class GPUPreset(TypedDict):
     compute_efficiency: float
     attention_efficiency: float
     attention_backward_efficiency: float
+    float8_matmul_share: NotRequired[float]
     expandable_segments: NotRequired[bool]
 
 
@@ -368,6 +392,7 @@ GPUS: dict[str, GPUPreset] = {
         "compute_efficiency": MI300X_COMPUTE,
         "attention_efficiency": MI300X_ATTENTION,
         "attention_backward_efficiency": MI300X_ATTENTION_BACKWARD,
+        "float8_matmul_share": MI300X_FLOAT8_MATMUL_SHARE,
         # the ROCm 6 stack of its published runs (torch 2.9 nightly, ROCm 6.4)
         "expandable_segments": False,
     },
@@ -423,6 +448,7 @@ class MachineOverrides(TypedDict, total=False):
     inter_node_latency_us: float
     collective_base_us: float
     compute_efficiency: float
+    float8_matmul_share: float
     gemm_half_us: float
     attention_efficiency: float
     attention_backward_efficiency: float

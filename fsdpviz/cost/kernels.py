@@ -7,9 +7,10 @@ its memory traffic on a :class:`~fsdpviz.cost.hardware.Machine`::
     time = max(flops / achieved FLOP/s, bytes / (hbm_gbps * memory_efficiency))
 
 - **matrix multiplies** (``gemm``): ``2 M N K`` FLOPs per batch entry at
-  ``peak * compute_efficiency``, plus ``gemm_half_us`` (small matrices reach less of the
-  peak: one that would take ``gemm_half_us`` reaches half), bytes of both operands and
-  the result;
+  ``peak * compute_efficiency`` (one-byte operands: the float8 peak, times
+  ``float8_matmul_share``; :meth:`~fsdpviz.cost.hardware.Machine.matmul_flops`), plus
+  ``gemm_half_us`` (small matrices reach less of the peak: one that would take
+  ``gemm_half_us`` reaches half), bytes of both operands and the result;
 - **fused attention** (``attn``): the kernel's FLOPs (forward ``4 B H Sq Skv D``, backward
   2.5 times that, the flash backward recomputing the scores; the forward kernel that
   activation checkpointing runs again in backward is a forward one), a causal mask doing only the
