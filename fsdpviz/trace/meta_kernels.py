@@ -25,7 +25,6 @@ kernel; the registrations are removed when the trace ends, however it ends.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -199,24 +198,12 @@ def device_rules() -> Iterator[None]:
     and ``torch._grouped_mm`` accepts any floating dtype."""
     kernels = _kernels()
     lib = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
-    # torch < 2.13 refuses a second Python kernel for a key unless allowed (2.8 added
-    # allow_override; 2.6 and 2.7 check their record of Python kernels, which is put back)
-    overridable = "allow_override" in inspect.signature(lib.impl).parameters
-    registered: set[str] = getattr(torch.library, "_impls", set())
-    taken = set()
     try:
         for name, kernel in kernels.items():
-            if overridable:
-                lib.impl(name, kernel, "Meta", allow_override=True)  # type: ignore[no-untyped-call]
-                continue
-            key = f"aten/{name}/Meta"
-            if key in registered:
-                registered.discard(key)
-                taken.add(key)
-            lib.impl(name, kernel, "Meta")  # type: ignore[no-untyped-call]
+            # torch < 2.13 refuses a second Python kernel for a key unless allowed
+            lib.impl(name, kernel, "Meta", allow_override=True)  # type: ignore[no-untyped-call]
         for name, kernel in _front_ends().items():
             lib.impl(name, kernel, "AutogradMeta")  # type: ignore[no-untyped-call]
         yield
     finally:
         lib._destroy()  # type: ignore[no-untyped-call]
-        registered.update(taken)
