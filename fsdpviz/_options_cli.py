@@ -299,13 +299,6 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
             flag.add_to(parser)
 
 
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
-    for flag in FLAGS:
-        if flag.group == "job":
-            flag.add_to(parser)
-
-
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
     """Add the flags that build a Hugging Face model from its id (``hf:ID``)."""
     for flag in FLAGS:
