@@ -153,7 +153,6 @@ def plan_from_fully_sharded(
         elif not (group.is_root and _auto_reshard(state)):
             raf = True  # a group without parameters: fully_shard's default, never applied
         group.reshard_after_forward = (not group.is_root) if raf is None else raf
-        group.auto_reshard = raf is None
         groups.append(group)
 
     def prefetch(attr: str) -> dict[str, list[str]]:
