@@ -106,9 +106,6 @@ class Redistribution:
     dst: Layout
     grad: Layout
     position: int | str = 0
-    # an input that arrives as a plain tensor is made a DTensor of ``src`` (from_local); one
-    # that arrives as a DTensor is only redistributed (its producer reduces the gradient)
-    from_local: bool = True
 
 
 @dataclass
