@@ -378,8 +378,7 @@ def _tp_spec(fp: Any) -> Any:
 
 def _shard_dim(fp: Any) -> int:
     """The dim FSDP2 shards an ``FSDPParam`` on (its ``shard_placement_fn``'s; 0 by default)."""
-    placement = getattr(fp, "fsdp_placement", None)
-    return int(placement.dim) if placement is not None else 0
+    return int(fp.fsdp_placement.dim)
 
 
 def _placement(p: Any) -> str:
