@@ -184,7 +184,6 @@ class Space:
     configuration (``user``: one choice per knob, what the given keywords say)."""
 
     api: str
-    block: type[nn.Module] | None
     blocks: list[str]
     choices: dict[str, list[Choice]]
     user: dict[str, Choice]
