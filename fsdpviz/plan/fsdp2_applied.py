@@ -99,9 +99,8 @@ def _is_fsdp_state(obj: Any) -> bool:
 
 
 def _auto_reshard(state: Any) -> bool:
-    """Whether the state's ``reshard_after_forward`` is torch's default (torch 2.8 has the
-    attribute; before, lazy init keeps the root unsharded after forward whatever it was)."""
-    return bool(getattr(state, "_auto_reshard_after_forward", True))
+    """Whether the state's ``reshard_after_forward`` is torch's default."""
+    return bool(state._auto_reshard_after_forward)
 
 
 def _reshard_after_forward(state: Any, group: Any, is_root: bool) -> bool | int | None:
