@@ -145,21 +145,16 @@ def _convolution(meta_conv: Callable[..., torch.Tensor]) -> Callable[..., torch.
 
 def _kernels() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator name -> its meta kernel, for the operators this torch has."""
-    found: dict[str, Callable[..., torch.Tensor]] = {}
-    grouped = getattr(meta, "meta_grouped_mm", None)
-    if grouped is not None and hasattr(torch.ops.aten, "_grouped_mm"):
+    found: dict[str, Callable[..., torch.Tensor]] = {
+        "mm": _mm(meta.meta_mm),
+        "addmm": _addmm(meta.meta_mm),
+        "bmm": _bmm(meta.meta_bmm),
+        "mv": _mv,
+        "convolution": _convolution(meta.meta_conv),
+    }
+    grouped = getattr(meta, "meta_grouped_mm", None)  # (torch 2.8 has none)
+    if grouped is not None:
         found["_grouped_mm"] = _grouped_mm(grouped)
-    meta_mm = getattr(meta, "meta_mm", None)
-    if meta_mm is not None:
-        found["mm"] = _mm(meta_mm)
-        found["addmm"] = _addmm(meta_mm)
-    meta_bmm = getattr(meta, "meta_bmm", None)
-    if meta_bmm is not None:
-        found["bmm"] = _bmm(meta_bmm)
-    found["mv"] = _mv
-    meta_conv = getattr(meta, "meta_conv", None)
-    if meta_conv is not None:
-        found["convolution"] = _convolution(meta_conv)
     return found
 
 
@@ -184,8 +179,8 @@ def _front_ends() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator (``conv2d.padding``) -> its checked front end, for those this torch has."""
     found: dict[str, Callable[..., torch.Tensor]] = {}
     for name in ("conv1d", "conv2d", "conv3d"):
-        packet = getattr(torch.ops.aten, name, None)
-        for overload in packet.overloads() if packet is not None else ():
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
             key = name if overload == "default" else f"{name}.{overload}"
             found[key] = _front_end(getattr(packet, overload))
     return found
