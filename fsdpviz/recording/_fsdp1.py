@@ -151,10 +151,7 @@ class FSDP1Recorder(EventLog):
         def all_gather(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             start = now_ns()
             i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
-            try:
-                return original(handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
 
         return all_gather
 
@@ -168,10 +165,7 @@ class FSDP1Recorder(EventLog):
                 return original(handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("free", handle, self._phase(handle))
-            try:
-                return original(handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
 
         return free
 
@@ -202,10 +196,7 @@ class FSDP1Recorder(EventLog):
             if handle._offload_params and _copies_host_shard(handle):
                 start = now_ns()
                 i = self._emit("h2d", handle, self._phase(handle))
-                try:
-                    return original(handle, *args, **kwargs)
-                finally:
-                    self._timed(i, start)
+                return self._call_timed(start, i, original, handle, *args, **kwargs)
             return original(handle, *args, **kwargs)
 
         return pre_unshard
@@ -219,10 +210,7 @@ class FSDP1Recorder(EventLog):
                 return original(state, handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("d2h", handle, "backward")
-            try:
-                return original(state, handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, state, handle, *args, **kwargs)
 
         return offload_grad
 
@@ -241,10 +229,7 @@ class FSDP1Recorder(EventLog):
                 Event("all_reduce", self._name(handle), "backward", False, hook, hook_unit,
                       group="replicate")
             )  # fmt: skip
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, tensor, *args, **kwargs)
 
         return all_reduce
 

@@ -181,10 +181,7 @@ class FSDP2Recorder(EventLog):
             # foreach_reduce all-reduces across the replicas of a 2-D mesh (HSDP)
             start = now_ns()
             i = self._emit("all_reduce", group, "backward", across="replicate")
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, tensor, *args, **kwargs)
 
         return all_reduce
 
@@ -195,10 +192,7 @@ class FSDP2Recorder(EventLog):
                 return original(group)
             start = now_ns()
             i = self._emit("free", group, self._phase(group))
-            try:
-                return original(group)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, group)
 
         return to_sharded
 
