@@ -102,9 +102,8 @@ class FSDP1Recorder(EventLog):
 
     # ------------------------------------------------------------- patching
     def __enter__(self) -> FSDP1Recorder:
-        stack = ExitStack()
         handle_cls = _flat_param.FlatParamHandle
-        try:
+        with ExitStack() as stack:
             _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
             _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
             _patch(stack, handle_cls, "pre_unshard", self._wrap_pre_unshard)
@@ -126,10 +125,7 @@ class FSDP1Recorder(EventLog):
                 self._wrap_hook("post_backward", 1),
             )
             _patch(stack, _runtime_utils, "_post_backward_final_callback", self._wrap_final)
-        except BaseException:
-            stack.close()
-            raise
-        self._started(stack)
+            self._started(stack.pop_all())  # undone by __exit__
         return self
 
     def _name(self, handle: Any) -> str:

@@ -101,8 +101,7 @@ class FSDP2Recorder(EventLog):
     def __enter__(self) -> FSDP2Recorder:
         group_cls = pg_mod.FSDPParamGroup
         state_cls = state_mod.FSDPState
-        stack = ExitStack()
-        try:
+        with ExitStack() as stack:
             for name, kind in (
                 ("foreach_all_gather", "all_gather"),
                 ("foreach_reduce", "reduce_scatter"),
@@ -127,10 +126,7 @@ class FSDP2Recorder(EventLog):
             _patch(stack, state_cls, "_pre_backward", pre_backward)
             final = self._wrap_final(state_cls._root_post_backward_final_callback)
             _patch(stack, state_cls, "_root_post_backward_final_callback", final)
-        except BaseException:
-            stack.close()
-            raise
-        self._started(stack)
+            self._started(stack.pop_all())  # undone by __exit__
         return self
 
     # -------------------------------------------------------------- wrappers
