@@ -86,39 +86,30 @@ def _grouped_mm(meta_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch
     return kernel
 
 
-def _mm(meta_mm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _same_dtype("a matrix multiply (mm)", ("mat1", a), ("mat2", b))
-        return meta_mm(a, b)
-
-    return mm
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _same_dtype("a matrix multiply (mm)", ("mat1", a), ("mat2", b))
+    return meta.meta_mm(a, b)  # type: ignore[no-any-return]
 
 
-def _addmm(meta_mm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def addmm(
-        self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
-    ) -> torch.Tensor:
-        _same_dtype(
-            "a matrix multiply with bias (addmm)", ("mat1", mat1), ("mat2", mat2), ("bias", self)
+def _addmm(
+    self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
+    _same_dtype(
+        "a matrix multiply with bias (addmm)", ("mat1", mat1), ("mat2", mat2), ("bias", self)
+    )
+    out: torch.Tensor = meta.meta_mm(mat1, mat2)
+    shape = torch.broadcast_shapes(self.shape, out.shape)  # type: ignore[no-untyped-call]
+    if shape != out.shape:
+        raise RuntimeError(
+            f"The expanded size of the tensor ({list(self.shape)}) must match the "
+            f"existing size {list(out.shape)}"
         )
-        out = meta_mm(mat1, mat2)
-        shape = torch.broadcast_shapes(self.shape, out.shape)  # type: ignore[no-untyped-call]
-        if shape != out.shape:
-            raise RuntimeError(
-                f"The expanded size of the tensor ({list(self.shape)}) must match the "
-                f"existing size {list(out.shape)}"
-            )
-        return out
-
-    return addmm
+    return out
 
 
-def _bmm(meta_bmm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _same_dtype("a batched matrix multiply (bmm)", ("batch1", a), ("batch2", b))
-        return meta_bmm(a, b)
-
-    return bmm
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _same_dtype("a batched matrix multiply (bmm)", ("batch1", a), ("batch2", b))
+    return meta.meta_bmm(a, b)  # type: ignore[no-any-return]
 
 
 def _mv(self: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
@@ -130,27 +121,24 @@ def _mv(self: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
     return self.new_empty((self.shape[0],))
 
 
-def _convolution(meta_conv: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def convolution(
-        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args: Any
-    ) -> torch.Tensor:
-        given = [("input", input), ("weight", weight)]
-        if bias is not None:
-            given.append(("bias", bias))
-        _same_dtype("a convolution", *given)
-        return meta_conv(input, weight, bias, *args)
-
-    return convolution
+def _convolution(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args: Any
+) -> torch.Tensor:
+    given = [("input", input), ("weight", weight)]
+    if bias is not None:
+        given.append(("bias", bias))
+    _same_dtype("a convolution", *given)
+    return meta.meta_conv(input, weight, bias, *args)  # type: ignore[no-any-return]
 
 
 def _kernels() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator name -> its meta kernel, for the operators this torch has."""
     found: dict[str, Callable[..., torch.Tensor]] = {
-        "mm": _mm(meta.meta_mm),
-        "addmm": _addmm(meta.meta_mm),
-        "bmm": _bmm(meta.meta_bmm),
+        "mm": _mm,
+        "addmm": _addmm,
+        "bmm": _bmm,
         "mv": _mv,
-        "convolution": _convolution(meta.meta_conv),
+        "convolution": _convolution,
     }
     grouped = getattr(meta, "meta_grouped_mm", None)  # (torch 2.8 has none)
     if grouped is not None:
