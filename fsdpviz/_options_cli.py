@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fsdpviz.errors import did_you_mean
 from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
 from fsdpviz.plan.option_specs import OPTIONS, OptionSpec, options_of
 
@@ -111,8 +112,7 @@ def _precision(text: str) -> str:
     value = text.strip().lower()
     if value in FLOAT32_MATMUL_PRECISIONS:
         return value
-    close = difflib.get_close_matches(value, FLOAT32_MATMUL_PRECISIONS, n=1)
-    tip = f"; did you mean {close[0]!r}?" if close else ""
+    tip = did_you_mean(value, FLOAT32_MATMUL_PRECISIONS)
     raise argparse.ArgumentTypeError(
         f"must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} (as "
         f"torch.set_float32_matmul_precision takes it), got {text!r}{tip}"
@@ -143,8 +143,7 @@ def _machine(text: str) -> str:
     value = text.strip().lower()
     if value in names:
         return value
-    close = difflib.get_close_matches(value, names, n=1)
-    tip = f"; did you mean {close[0]!r}?" if close else ""
+    tip = did_you_mean(value, names)
     raise argparse.ArgumentTypeError(f"unknown GPU {text!r}{tip} (one of {', '.join(names)})")
 
 
@@ -296,13 +295,6 @@ def add_fsdp_flags(parser: argparse.ArgumentParser) -> None:
     """Add the FSDP and job flags of :data:`FLAGS` to ``parser``."""
     for flag in FLAGS:
         if flag.group in ("fsdp", "job"):
-            flag.add_to(parser)
-
-
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The job around FSDP, for both APIs (:mod:`fsdpviz.plan.job`)."""
-    for flag in FLAGS:
-        if flag.group == "job":
             flag.add_to(parser)
 
 
@@ -545,8 +537,7 @@ def mixed_precision_names(spec: str | None) -> list[str]:
     dtypes = []
     for name in names:
         if name not in _DTYPES:
-            hint = difflib.get_close_matches(name, sorted(_DTYPES), n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            tip = did_you_mean(name, sorted(_DTYPES))
             raise UsageError(
                 f"--mixed-precision: unknown dtype {name!r}{tip} (use bf16, fp16 or fp32)"
             )

@@ -9,7 +9,6 @@ after the check; tune's own flags, which the parser takes, are in
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -18,6 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz._options_cli import UsageError
 from fsdpviz._options_kwargs import analyze_kwargs
+from fsdpviz.errors import did_you_mean
 from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning import KNOBS, tune
@@ -45,8 +45,7 @@ def run_tune(
     ``add_tune_flags``'s the search. ``say`` prints the notes."""
     for knob in args.pin:
         if knob not in KNOBS:
-            close = difflib.get_close_matches(knob, KNOBS, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
+            tip = did_you_mean(knob, KNOBS)
             raise UsageError(f"--pin: unknown knob {knob!r}{tip}")
     sizes: list[int] | None = args.world_size
     args.world_size = sizes[0] if sizes else None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class FsdpvizError(Exception):
     """Base class of fsdpviz's errors."""
@@ -31,3 +34,10 @@ class ExportError(FsdpvizError, RuntimeError):
 
     The message says what is missing and how to install it.
     """
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the one of ``choices`` closest to ``word`` (difflib's
+    match), or ``""`` when none is close: the end of an error about an unknown name."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fsdpviz
-from fsdpviz.api.comparison import COSTS, deltas_text, plan_costs
+from fsdpviz.api.comparison import COSTS, plan_costs
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
 from fsdpviz.schema.memory import size_text
 
@@ -78,13 +78,6 @@ def test_without_a_trace_profile_the_costs_are_left_out(base: fsdpviz.Report) ->
     cmp = fsdpviz.compare(base, bare)
     assert cmp.costs == {}
     assert "costs: not modelled (a plan has no trace profile)" in cmp.summary()
-
-
-def test_deltas_in_words() -> None:
-    a = {"peak_bytes": 2.0 * 2**30, "exposed_comm_s": 5e-3, "step_s": 0.1}
-    b = {"peak_bytes": 3.2 * 2**30, "exposed_comm_s": 1.9e-3, "step_s": 0.1}
-    assert deltas_text(a, b) == "-3.1 ms exposed, +1.2 GiB peak"
-    assert deltas_text(a, a) == "no change"
 
 
 def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) -> None:

@@ -289,18 +289,6 @@ def signed_text(name: str, delta: float) -> str:
     return sign + cost_text(name, abs(delta))
 
 
-def deltas_text(a: dict[str, float], b: dict[str, float]) -> str:
-    """What going from costs ``a`` to ``b`` changes in exposed communication, peak memory
-    and step time, the differences only: ``"-3.1 ms exposed, +1.2 GiB peak"`` (``"no
-    change"`` when none)."""
-    parts = [
-        f"{signed_text(k, b[k] - a[k])} {_LABELS[k]}"
-        for k in ("exposed_comm_s", "peak_bytes", "step_s")
-        if k in a and k in b and not _same(a[k], b[k])
-    ]
-    return ", ".join(parts) or "no change"
-
-
 def _same(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 

@@ -3,7 +3,6 @@ line for each setting that does not change the plan or that fsdpviz does not mod
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
@@ -78,8 +77,7 @@ def check_keys(
     if unknown:
         lines = []
         for key in unknown:
-            close = difflib.get_close_matches(key, sorted(known | set(ignored)), n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
+            tip = did_you_mean(key, sorted(known | set(ignored)))
             lines.append(f"{where}: unknown key {key!r}{tip}")
         raise ConfigError("\n".join(lines))
     for key in given:
@@ -95,6 +93,5 @@ def module_class(model: nn.Module, name: str, where: str) -> type[nn.Module]:
         if type(m).__name__ == name:
             return type(m)
     names = sorted({type(m).__name__ for m in model.modules()})
-    close = difflib.get_close_matches(name, names, n=1)
-    tip = f"; did you mean {close[0]!r}?" if close else ""
+    tip = did_you_mean(name, names)
     raise ConfigError(f"{where}: the model has no module of class {name!r}{tip}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 
 # Keys of the sections that decide the plan (torchtitan/config/job_config.py); the other
 # sections (job, metrics, optimizer, checkpoint, ...) do not change what FSDP does.
@@ -152,8 +152,7 @@ def check_sections(data: dict[str, Any], where: str) -> list[str]:
             continue
         for key in values if section in _SECTIONS and isinstance(values, dict) else []:
             if key not in _SECTIONS[section]:
-                close = difflib.get_close_matches(key, sorted(_SECTIONS[section]), n=1)
-                tip = f"; did you mean {close[0]!r}?" if close else ""
+                tip = did_you_mean(key, sorted(_SECTIONS[section]))
                 problems.append(f"{where}: unknown key {section}.{key}{tip}")
     if problems:
         raise ConfigError("\n".join(problems))

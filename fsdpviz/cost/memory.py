@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, TypedDict
+from typing import TypedDict
 
 from fsdpviz.cost.fit import machine_of, runtime_overhead
 from fsdpviz.cost.hardware import Machine
@@ -495,9 +495,6 @@ class MemoryLane:
             "peak": self.peak.copy(),
             "notes": list(self.notes),
         }
-
-
-MomentKind = Literal["compute", "event", "hook"]
 
 
 def memory_lane(

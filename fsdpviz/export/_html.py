@@ -146,7 +146,7 @@ def page_assets() -> dict[str, str]:
         "css": _theme_css() + _read(CSS) + _read(STATIC / "widget.css"),
         "widget": pack(_read(STATIC / "widget.js")),
         "page_js": _inline_script(_read(STATIC / "page.js")),
-        "version": html.escape(_version()),
+        "version": html.escape(__version__),
     }
 
 
@@ -321,10 +321,6 @@ def page_script(page: str, script_id: str) -> str:
     if match is None:
         raise ExportError(f"the page has no packed script #{script_id}")
     return gzip.decompress(base64.b64decode(match.group(1))).decode()
-
-
-def _version() -> str:
-    return __version__
 
 
 def _title(obj: Report | RecordedRun, base: Report) -> str:

@@ -62,10 +62,6 @@ PAGE_KEY = "fsdpviz_page"
 wrote) that holds the page JupyterLab opens."""
 
 
-def _version() -> str:
-    return __version__
-
-
 def report_mime(
     states: Mapping[str, Mapping[str, Any]], *, title: str = "", header: str = ""
 ) -> dict[str, str]:
@@ -79,7 +75,7 @@ def report_mime(
         "divs": {name: f"fv-{name}" for name in VIEWS},
     }
     text = json.dumps(config, separators=(",", ":"), allow_nan=False)
-    return {"version": _version(), "title": title, "header": header, "config": pack(text)}
+    return {"version": __version__, "title": title, "header": header, "config": pack(text)}
 
 
 def output_bundle(

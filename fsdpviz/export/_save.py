@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from fsdpviz.api.comparison import Comparison
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.export._html import html_page
 from fsdpviz.export._image import FIGURES, IMAGE_FORMATS, figure, write_image
 from fsdpviz.export._notebook import PAGE_KEY, report_file
@@ -160,8 +159,7 @@ def check_options(
     nearest name and the ones there are."""
     for key in options:
         if key not in allowed:
-            hint = difflib.get_close_matches(key, allowed, n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            tip = did_you_mean(key, allowed)
             raise ConfigError(
                 f"unknown option {key!r} for {what}{tip} (options: {', '.join(allowed)})"
             )

@@ -10,9 +10,6 @@ from fsdpviz.schema.report import Report
 if TYPE_CHECKING:
     from fsdpviz.recording import RecordedRun
 
-AUTO = "auto"
-"""``memory="auto"``: the memory model's lane (:func:`fsdpviz.cost.memory_lane`)."""
-
 
 def ranks_of(obj: Report | RecordedRun) -> tuple[list[Report], list[str]]:
     """The reports to draw, one per rank, and their names (``"rank N"``)."""

@@ -98,10 +98,6 @@ class Alignment:
     expected_next: Predicted | None = None  # what the prediction has next after the last one
     base: int = 0  # the iteration shown as 0 when not ``absolute`` (the dump's first)
 
-    @property
-    def first_departure(self) -> Departure | None:
-        return self.departures[0] if self.departures else None
-
 
 def role_of_event(e: Event) -> Role:
     if e.kind in TP_KINDS:

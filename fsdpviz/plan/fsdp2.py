@@ -201,7 +201,7 @@ def build_groups(
         group = Group(
             name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
         )
-        group.reshard_after_forward, group.auto_reshard = reshard_after_forward_of(
+        group.reshard_after_forward = reshard_after_forward_of(
             opts.reshard_after_forward, group.name, group.fqns, opts.torch
         )
         groups.append(group)
@@ -310,21 +310,21 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
 
 def reshard_after_forward_of(
     value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
-) -> tuple[bool | int, bool]:
+) -> bool | int:
     """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
-    given the option's value (a bool, an int or ``{fqn: bool | int}``), and whether that is
-    torch's default (reshard all but the root). Before torch 2.8 (``rules``) lazy init keeps
-    the root unsharded after forward whatever it was given."""
+    given the option's value (a bool, an int or ``{fqn: bool | int}``; None or a dict
+    without the group: torch's default, reshard all but the root). Before torch 2.8
+    (``rules``) lazy init keeps the root unsharded after forward whatever it was given."""
     if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
-        return False, True
+        return False
     if isinstance(value, dict):
         for key in (name, *fqns):
             if key in value:
-                return value[key], False
+                return value[key]  # type: ignore[no-any-return]
         value = None
     if value is None:
-        return fqns != ("",), True
-    return value, False
+        return fqns != ("",)
+    return value  # type: ignore[no-any-return]
 
 
 def check_reshard_ints(groups: list[Group], world_size: int) -> None:

@@ -99,9 +99,8 @@ def _is_fsdp_state(obj: Any) -> bool:
 
 
 def _auto_reshard(state: Any) -> bool:
-    """Whether the state's ``reshard_after_forward`` is torch's default (torch 2.8 has the
-    attribute; before, lazy init keeps the root unsharded after forward whatever it was)."""
-    return bool(getattr(state, "_auto_reshard_after_forward", True))
+    """Whether the state's ``reshard_after_forward`` is torch's default."""
+    return bool(state._auto_reshard_after_forward)
 
 
 def _reshard_after_forward(state: Any, group: Any, is_root: bool) -> bool | int | None:
@@ -153,7 +152,6 @@ def plan_from_fully_sharded(
         elif not (group.is_root and _auto_reshard(state)):
             raf = True  # a group without parameters: fully_shard's default, never applied
         group.reshard_after_forward = (not group.is_root) if raf is None else raf
-        group.auto_reshard = raf is None
         groups.append(group)
 
     def prefetch(attr: str) -> dict[str, list[str]]:

@@ -24,7 +24,6 @@ class Group:
     params: list[nn.Parameter] = field(default_factory=list)
     param_fqns: list[str] = field(default_factory=list)
     reshard_after_forward: bool | int = True
-    auto_reshard: bool = False
     schema: Unit | None = None
     # tensor parallelism: the replicated parameters whose gradients are partial sums, all-
     # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes)

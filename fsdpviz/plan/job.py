@@ -24,12 +24,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.schema.report import ModuleInfo
 
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line reads the names here)
@@ -258,8 +257,7 @@ def _float8(value: Any, api: str) -> Float8 | None:
     elif isinstance(value, Mapping):
         for key in value:
             if key not in _FLOAT8_KEYS:
-                close = difflib.get_close_matches(str(key), sorted(_FLOAT8_KEYS), n=1)
-                tip = f"; did you mean {close[0]!r}?" if close else ""
+                tip = did_you_mean(str(key), sorted(_FLOAT8_KEYS))
                 raise ConfigError(f"float8: unknown key {key!r}{tip}")
         if value.get("enable_float8_linear") is False:
             return None

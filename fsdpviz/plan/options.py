@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.errors import ConfigError, FSDPConfigError, did_you_mean
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
 
@@ -51,8 +50,7 @@ def check_keywords(
                 f"(mp_policy, offload_policy, {RESHARD.name}, mesh)"
             )
         if key not in names:
-            hint = difflib.get_close_matches(key, names, n=1)
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            tip = did_you_mean(key, names)
             raise ConfigError(f"unknown {what} {key!r}{tip}")
         if key in rejected:
             raise ConfigError(f"option {key!r} is not modelled by fsdpviz: {rejected[key]}")

@@ -28,7 +28,6 @@ in a V (rank ``r`` runs stages ``r`` and ``2P - 1 - r``).
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 
 from torch import nn
 
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
@@ -328,8 +327,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], warnings: list[FsdpW
             raise ConfigError(f"pipeline_stages: stage {s} holds no module")
         for n in names:
             if n not in known:
-                hint = difflib.get_close_matches(n, sorted(known), n=1)
-                tip = f"; did you mean {hint[0]!r}?" if hint else ""
+                tip = did_you_mean(n, sorted(known))
                 raise ConfigError(
                     f"pipeline_stages: {n!r} is not a top-level module of the model or an entry "
                     f"of {container!r}{tip}"

@@ -69,10 +69,6 @@ def layout_name(layout: Layout) -> str:
 
 def same_layout(a: Layout, b: Layout, ndim: int) -> bool:
     """Whether a tensor of ``ndim`` dims in ``a`` is already in ``b`` (no redistribution)."""
-    return _same(a, b, ndim)
-
-
-def _same(a: Layout, b: Layout, ndim: int) -> bool:
     if a[0] == b[0] == "shard" and a[1] is not None and b[1] is not None:
         return a[1] % ndim == b[1] % ndim
     return a == b
@@ -80,7 +76,7 @@ def _same(a: Layout, b: Layout, ndim: int) -> bool:
 
 def collective(src: Layout, dst: Layout, ndim: int) -> Collective | None:
     """The collective that redistributes a tensor of ``ndim`` dims from ``src`` to ``dst``."""
-    if _same(src, dst, ndim) or src == REPLICATE:
+    if same_layout(src, dst, ndim) or src == REPLICATE:
         return None
     if src[0] == "shard":
         if dst == REPLICATE:
@@ -106,9 +102,6 @@ class Redistribution:
     dst: Layout
     grad: Layout
     position: int | str = 0
-    # an input that arrives as a plain tensor is made a DTensor of ``src`` (from_local); one
-    # that arrives as a DTensor is only redistributed (its producer reduces the gradient)
-    from_local: bool = True
 
 
 @dataclass

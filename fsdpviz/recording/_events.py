@@ -73,6 +73,16 @@ class EventLog:
             t, duration = (start_ns - self.t0_ns) / 1e9, (end - start_ns) / 1e9
             self._current[index] = replace(e, t=t, duration=duration)
 
+    def _call_timed(
+        self, start_ns: int, index: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any
+    ) -> R:
+        """``fn(*args, **kwargs)``, the call of event ``index`` issued at ``start_ns``: the
+        event is stamped (:meth:`_timed`) however the call ends."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._timed(index, start_ns)
+
     def _end_iteration(self) -> None:
         """FSDP's final backward callback ended an iteration."""
         self.iterations.append(self._current)

@@ -102,9 +102,8 @@ class FSDP1Recorder(EventLog):
 
     # ------------------------------------------------------------- patching
     def __enter__(self) -> FSDP1Recorder:
-        stack = ExitStack()
         handle_cls = _flat_param.FlatParamHandle
-        try:
+        with ExitStack() as stack:
             _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
             _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
             _patch(stack, handle_cls, "pre_unshard", self._wrap_pre_unshard)
@@ -126,10 +125,7 @@ class FSDP1Recorder(EventLog):
                 self._wrap_hook("post_backward", 1),
             )
             _patch(stack, _runtime_utils, "_post_backward_final_callback", self._wrap_final)
-        except BaseException:
-            stack.close()
-            raise
-        self._started(stack)
+            self._started(stack.pop_all())  # undone by __exit__
         return self
 
     def _name(self, handle: Any) -> str:
@@ -151,10 +147,7 @@ class FSDP1Recorder(EventLog):
         def all_gather(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             start = now_ns()
             i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
-            try:
-                return original(handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
 
         return all_gather
 
@@ -168,10 +161,7 @@ class FSDP1Recorder(EventLog):
                 return original(handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("free", handle, self._phase(handle))
-            try:
-                return original(handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
 
         return free
 
@@ -202,10 +192,7 @@ class FSDP1Recorder(EventLog):
             if handle._offload_params and _copies_host_shard(handle):
                 start = now_ns()
                 i = self._emit("h2d", handle, self._phase(handle))
-                try:
-                    return original(handle, *args, **kwargs)
-                finally:
-                    self._timed(i, start)
+                return self._call_timed(start, i, original, handle, *args, **kwargs)
             return original(handle, *args, **kwargs)
 
         return pre_unshard
@@ -219,10 +206,7 @@ class FSDP1Recorder(EventLog):
                 return original(state, handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("d2h", handle, "backward")
-            try:
-                return original(state, handle, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, state, handle, *args, **kwargs)
 
         return offload_grad
 
@@ -241,10 +225,7 @@ class FSDP1Recorder(EventLog):
                 Event("all_reduce", self._name(handle), "backward", False, hook, hook_unit,
                       group="replicate")
             )  # fmt: skip
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, tensor, *args, **kwargs)
 
         return all_reduce
 

@@ -101,8 +101,7 @@ class FSDP2Recorder(EventLog):
     def __enter__(self) -> FSDP2Recorder:
         group_cls = pg_mod.FSDPParamGroup
         state_cls = state_mod.FSDPState
-        stack = ExitStack()
-        try:
+        with ExitStack() as stack:
             for name, kind in (
                 ("foreach_all_gather", "all_gather"),
                 ("foreach_reduce", "reduce_scatter"),
@@ -127,10 +126,7 @@ class FSDP2Recorder(EventLog):
             _patch(stack, state_cls, "_pre_backward", pre_backward)
             final = self._wrap_final(state_cls._root_post_backward_final_callback)
             _patch(stack, state_cls, "_root_post_backward_final_callback", final)
-        except BaseException:
-            stack.close()
-            raise
-        self._started(stack)
+            self._started(stack.pop_all())  # undone by __exit__
         return self
 
     # -------------------------------------------------------------- wrappers
@@ -181,10 +177,7 @@ class FSDP2Recorder(EventLog):
             # foreach_reduce all-reduces across the replicas of a 2-D mesh (HSDP)
             start = now_ns()
             i = self._emit("all_reduce", group, "backward", across="replicate")
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, tensor, *args, **kwargs)
 
         return all_reduce
 
@@ -195,10 +188,7 @@ class FSDP2Recorder(EventLog):
                 return original(group)
             start = now_ns()
             i = self._emit("free", group, self._phase(group))
-            try:
-                return original(group)
-            finally:
-                self._timed(i, start)
+            return self._call_timed(start, i, original, group)
 
         return to_sharded
 
@@ -378,8 +368,7 @@ def _tp_spec(fp: Any) -> Any:
 
 def _shard_dim(fp: Any) -> int:
     """The dim FSDP2 shards an ``FSDPParam`` on (its ``shard_placement_fn``'s; 0 by default)."""
-    placement = getattr(fp, "fsdp_placement", None)
-    return int(placement.dim) if placement is not None else 0
+    return int(fp.fsdp_placement.dim)
 
 
 def _placement(p: Any) -> str:

@@ -219,7 +219,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 modules=tuple(_PLACEHOLDER for _ in fqns),
                 fqns=fqns,
                 params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
+                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules),
                 # the dims the report's shard_placement_fn chose
                 shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
             )

@@ -243,20 +243,6 @@ def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> H
     return out
 
 
-def reachable(root: Any, edges: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
-    """The part of ``edges`` reachable from ``root``."""
-    out: dict[Any, list[Any]] = {}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node in out:
-            continue
-        nexts = edges[node]
-        out[node] = nexts
-        stack.extend(n for n in nexts if n not in out)
-    return out
-
-
 def steady_overrides(
     rec: GraphRecorder, creations: list[tuple[int, int, int, bool]], first_log_views: int
 ) -> dict[Any, float]:

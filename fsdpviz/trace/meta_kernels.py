@@ -25,7 +25,6 @@ kernel; the registrations are removed when the trace ends, however it ends.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -87,39 +86,30 @@ def _grouped_mm(meta_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch
     return kernel
 
 
-def _mm(meta_mm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _same_dtype("a matrix multiply (mm)", ("mat1", a), ("mat2", b))
-        return meta_mm(a, b)
-
-    return mm
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _same_dtype("a matrix multiply (mm)", ("mat1", a), ("mat2", b))
+    return meta.meta_mm(a, b)  # type: ignore[no-any-return]
 
 
-def _addmm(meta_mm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def addmm(
-        self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
-    ) -> torch.Tensor:
-        _same_dtype(
-            "a matrix multiply with bias (addmm)", ("mat1", mat1), ("mat2", mat2), ("bias", self)
+def _addmm(
+    self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
+    _same_dtype(
+        "a matrix multiply with bias (addmm)", ("mat1", mat1), ("mat2", mat2), ("bias", self)
+    )
+    out: torch.Tensor = meta.meta_mm(mat1, mat2)
+    shape = torch.broadcast_shapes(self.shape, out.shape)  # type: ignore[no-untyped-call]
+    if shape != out.shape:
+        raise RuntimeError(
+            f"The expanded size of the tensor ({list(self.shape)}) must match the "
+            f"existing size {list(out.shape)}"
         )
-        out = meta_mm(mat1, mat2)
-        shape = torch.broadcast_shapes(self.shape, out.shape)  # type: ignore[no-untyped-call]
-        if shape != out.shape:
-            raise RuntimeError(
-                f"The expanded size of the tensor ({list(self.shape)}) must match the "
-                f"existing size {list(out.shape)}"
-            )
-        return out
-
-    return addmm
+    return out
 
 
-def _bmm(meta_bmm: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _same_dtype("a batched matrix multiply (bmm)", ("batch1", a), ("batch2", b))
-        return meta_bmm(a, b)
-
-    return bmm
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _same_dtype("a batched matrix multiply (bmm)", ("batch1", a), ("batch2", b))
+    return meta.meta_bmm(a, b)  # type: ignore[no-any-return]
 
 
 def _mv(self: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
@@ -131,36 +121,28 @@ def _mv(self: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
     return self.new_empty((self.shape[0],))
 
 
-def _convolution(meta_conv: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def convolution(
-        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args: Any
-    ) -> torch.Tensor:
-        given = [("input", input), ("weight", weight)]
-        if bias is not None:
-            given.append(("bias", bias))
-        _same_dtype("a convolution", *given)
-        return meta_conv(input, weight, bias, *args)
-
-    return convolution
+def _convolution(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args: Any
+) -> torch.Tensor:
+    given = [("input", input), ("weight", weight)]
+    if bias is not None:
+        given.append(("bias", bias))
+    _same_dtype("a convolution", *given)
+    return meta.meta_conv(input, weight, bias, *args)  # type: ignore[no-any-return]
 
 
 def _kernels() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator name -> its meta kernel, for the operators this torch has."""
-    found: dict[str, Callable[..., torch.Tensor]] = {}
-    grouped = getattr(meta, "meta_grouped_mm", None)
-    if grouped is not None and hasattr(torch.ops.aten, "_grouped_mm"):
+    found: dict[str, Callable[..., torch.Tensor]] = {
+        "mm": _mm,
+        "addmm": _addmm,
+        "bmm": _bmm,
+        "mv": _mv,
+        "convolution": _convolution,
+    }
+    grouped = getattr(meta, "meta_grouped_mm", None)  # (torch 2.8 has none)
+    if grouped is not None:
         found["_grouped_mm"] = _grouped_mm(grouped)
-    meta_mm = getattr(meta, "meta_mm", None)
-    if meta_mm is not None:
-        found["mm"] = _mm(meta_mm)
-        found["addmm"] = _addmm(meta_mm)
-    meta_bmm = getattr(meta, "meta_bmm", None)
-    if meta_bmm is not None:
-        found["bmm"] = _bmm(meta_bmm)
-    found["mv"] = _mv
-    meta_conv = getattr(meta, "meta_conv", None)
-    if meta_conv is not None:
-        found["convolution"] = _convolution(meta_conv)
     return found
 
 
@@ -185,8 +167,8 @@ def _front_ends() -> dict[str, Callable[..., torch.Tensor]]:
     """Operator (``conv2d.padding``) -> its checked front end, for those this torch has."""
     found: dict[str, Callable[..., torch.Tensor]] = {}
     for name in ("conv1d", "conv2d", "conv3d"):
-        packet = getattr(torch.ops.aten, name, None)
-        for overload in packet.overloads() if packet is not None else ():
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
             key = name if overload == "default" else f"{name}.{overload}"
             found[key] = _front_end(getattr(packet, overload))
     return found
@@ -199,24 +181,12 @@ def device_rules() -> Iterator[None]:
     and ``torch._grouped_mm`` accepts any floating dtype."""
     kernels = _kernels()
     lib = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
-    # torch < 2.13 refuses a second Python kernel for a key unless allowed (2.8 added
-    # allow_override; 2.6 and 2.7 check their record of Python kernels, which is put back)
-    overridable = "allow_override" in inspect.signature(lib.impl).parameters
-    registered: set[str] = getattr(torch.library, "_impls", set())
-    taken = set()
     try:
         for name, kernel in kernels.items():
-            if overridable:
-                lib.impl(name, kernel, "Meta", allow_override=True)  # type: ignore[no-untyped-call]
-                continue
-            key = f"aten/{name}/Meta"
-            if key in registered:
-                registered.discard(key)
-                taken.add(key)
-            lib.impl(name, kernel, "Meta")  # type: ignore[no-untyped-call]
+            # torch < 2.13 refuses a second Python kernel for a key unless allowed
+            lib.impl(name, kernel, "Meta", allow_override=True)  # type: ignore[no-untyped-call]
         for name, kernel in _front_ends().items():
             lib.impl(name, kernel, "AutogradMeta")  # type: ignore[no-untyped-call]
         yield
     finally:
         lib._destroy()  # type: ignore[no-untyped-call]
-        registered.update(taken)

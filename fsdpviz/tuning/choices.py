@@ -283,7 +283,6 @@ class SpaceBuilder(MeshChoices):
             self.notes.append("micro_batch is pinned, so tokens_per_step is not applied")
         space = Space(
             api,
-            block,
             blocks,
             choices,
             user,

@@ -14,7 +14,6 @@ The search itself, in stages, is :class:`~fsdpviz.tuning.stages.StagedSearch`; h
 
 from __future__ import annotations
 
-import difflib
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +24,7 @@ from torch import nn
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
@@ -267,8 +266,7 @@ def _knobs(knobs: Iterable[str]) -> set[str]:
     out = set()
     for key in [knobs] if isinstance(knobs, str) else knobs:
         if key not in KNOBS:
-            close = difflib.get_close_matches(str(key), KNOBS, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
+            tip = did_you_mean(str(key), KNOBS)
             raise ConfigError(f"knobs: unknown knob {key!r} (tune turns {', '.join(KNOBS)}){tip}")
         out.add(key)
     return out

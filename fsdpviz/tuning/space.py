@@ -38,7 +38,6 @@ replayed from the trace of a configuration that differs only in them
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -51,7 +50,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fsdpviz.configs.torchtitan_plan import tp_plan
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
 from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD
@@ -184,7 +183,6 @@ class Space:
     configuration (``user``: one choice per knob, what the given keywords say)."""
 
     api: str
-    block: type[nn.Module] | None
     blocks: list[str]
     choices: dict[str, list[Choice]]
     user: dict[str, Choice]
@@ -465,8 +463,7 @@ def check_fixed(fixed: Mapping[str, Any], api: str) -> dict[str, Any]:
     known = set(FSDP2_KEYWORDS if api == "FSDP2" else FSDP1_KEYWORDS) | set(KNOBS)
     for key in fixed:
         if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
+            tip = did_you_mean(str(key), sorted(known))
             raise ConfigError(
                 f"fixed: {key!r} is neither an analyze keyword of {api} nor a knob of tune "
                 f"({', '.join(KNOBS)}){tip}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,7 +42,6 @@ __all__ = [
     "explorer_data",
     "explorer_details",
     "explorer_figure",
-    "explorer_parts",
     "highlight_lines",
     "module_label",
 ]
@@ -127,46 +126,12 @@ def explorer_figure(
     ``model.layers.0 [unit 1]`` to ``0 [unit 1]``, then ``[unit 1]``), as the page's
     explorer shortens them; without it, a label that does not fit is hidden.
     """
-    trace, layout = explorer_parts(
-        report,
-        kind=kind,
-        size=size,
-        theme=theme,
-        highlight_unit=highlight_unit,
-        tree=tree,
-        focus=focus,
-        width=width,
-    )
-    # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
-    # (and so the golden tests) are still validated.
-    ids = cast(list[str], trace["ids"])
-    return go.Figure(data=[trace], layout=layout, _validate=len(ids) < VALIDATE_BELOW)
-
-
-def explorer_parts(
-    report: Report,
-    *,
-    kind: ExplorerKind = "icicle",
-    size: ExplorerSize = "numel",
-    theme: Theme = "light",
-    highlight_unit: str | None = None,
-    tree: ModuleTree | None = None,
-    focus: str = "",
-    view: TreeView | None = None,
-    width: int | None = None,
-) -> tuple[dict[str, object], dict[str, object]]:
-    """The trace and the layout of :func:`explorer_figure` as plain dicts, not validated.
-
-    For widgets that redraw on every re-plan: plotly's validation of a 1,000-node
-    trace costs more than building it. ``view`` (default ``tree_view(tree, focus)``)
-    says which modules are drawn; point ``i`` of the trace is ``tree.nodes[view.indices[i]]``.
-    """
     if kind not in ("icicle", "treemap"):
         raise ValueError(f"unknown explorer kind {kind!r}; use 'icicle' or 'treemap'")
     if size not in ("numel", "rank_bytes"):
         raise ValueError(f"unknown size {size!r}; use 'numel' or 'rank_bytes'")
     tree = tree or module_tree(report)
-    view = view or tree_view(tree, focus)
+    view = tree_view(tree, focus)
     colors = unit_colors(report)
     unit_index = {u.module: i for i, u in enumerate(report.units)}
     warn_codes = _warning_codes(report)
@@ -270,7 +235,9 @@ def explorer_parts(
         "uniformtext": {"minsize": LABEL_PX, "mode": "hide"},
         "uirevision": f"explorer:{view.focus}" if view.focus else "explorer",  # new focus: unzoomed
     }
-    return trace, layout
+    # plotly's per-element validation costs ~1 s at 10,000 modules; small figures
+    # (and so the golden tests) are still validated.
+    return go.Figure(data=[trace], layout=layout, _validate=len(ids) < VALIDATE_BELOW)
 
 
 def explorer_data(

@@ -14,7 +14,6 @@ from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.report import Report
 from fsdpviz.views.style import CATEGORY_COLORS
 from fsdpviz.views.timeline_groups import LaneGroup
-from fsdpviz.views.timeline_lanes import MemorySource
 from fsdpviz.views.timeline_placement import PlacedEvents
 
 
@@ -67,15 +66,7 @@ class MemoryEntry(TypedDict):
     capacity: NotRequired[CapacityEntry | None]
 
 
-__all__ = ["auto_memory", "capacity_entry", "group_memory", "memory_entry", "resolve_memory"]
-
-
-def resolve_memory(source: MemorySource, report: Report) -> list[float] | None:
-    """The memory series for ``report``: ``source`` itself, or ``source(report)``."""
-    if source is None:
-        return None
-    series = source(report) if callable(source) else source
-    return [float(v) for v in series]
+__all__ = ["auto_memory", "capacity_entry", "group_memory", "memory_entry"]
 
 
 def group_memory(g: LaneGroup, iteration: int | None) -> MemoryLane | list[float] | None:

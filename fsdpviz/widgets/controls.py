@@ -24,17 +24,14 @@ _STYLE = {"description_width": "initial"}
 
 
 class PlanControls(w.VBox):  # type: ignore[misc]
-    """Policy, world size, sharding, prefetch and recipe controls.
-
-    Calls ``on_change(options, from_browser)``: ``from_browser`` is true when the change
-    came from the page (ipywidgets locks the properties it sets from the front end).
-    """
+    """Policy, world size, sharding, prefetch and recipe controls; calls
+    ``on_change(options)`` when they change."""
 
     def __init__(
         self,
         options: PlanOptions,
         replanner: Replanner | None,
-        on_change: Callable[[PlanOptions, bool], None],
+        on_change: Callable[[PlanOptions], None],
         no_replan: str | None = None,
     ) -> None:
         """``no_replan``: why the controls cannot re-plan, shown under them where there is
@@ -212,7 +209,7 @@ class PlanControls(w.VBox):  # type: ignore[misc]
         options = self.read()
         if options != self.options:
             self.options = options
-            self._on_change(options, bool(change["owner"]._property_lock))
+            self._on_change(options)
 
 
 # The FSDP options the controls choose: those the table gives a control's label.

@@ -130,7 +130,7 @@ class Explorer(w.VBox):  # type: ignore[misc]
         if replanner is not None:  # in a kernel: the first control change need not wait
             self._deferred.run("warm", self._warm, delay=WARM_AFTER_S, idle_only=True)
 
-    def _replan(self, options: PlanOptions, from_browser: bool = False) -> None:
+    def _replan(self, options: PlanOptions) -> None:
         """Answer a control change: every view linked to ``busy`` hides the old plan's
         numbers until the new plan is drawn."""
         if self.replanner is None:
