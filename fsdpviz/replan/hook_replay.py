@@ -9,13 +9,20 @@ machine again (what ``analyze`` already does for the steady state):
   ``shard_group_size``). Backward prefetching and resharding only change which
   collectives are issued, never when autograd reaches a hook; the unit sizes are
   recomputed for the new shard world size (padding, alignment).
-- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not tensor
-  parallelism's), ``reshard_after_forward``, ``forward_prefetch`` / ``backward_prefetch``
-  maps, ``offload_policy``.
+- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not
+  tensor parallelism's: see below), ``reshard_after_forward``, ``forward_prefetch`` /
+  ``backward_prefetch`` maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
   ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
   steady state was traced under the first micro-step's sync).
+- FSDP2 with tensor parallelism: all of the above but ``world_size`` and ``mesh``. The
+  parallel styles' collectives are recorded hook calls (``tp_forward``/``tp_backward``,
+  issued in every micro-step, as ``analyze`` replays them); FSDP shards each rank's
+  tp-local tensor (``Unit.tp_placements``), whose size the dp shard ranks alone decide; a
+  replicated parameter's partial gradient is all-reduced in its group's post-backward
+  when the group reduces, as the report's last (synchronising) iteration shows. A new mesh
+  would change the tp-local activations and collectives the trace measured.
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -26,6 +33,7 @@ FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Unpack
@@ -47,6 +55,7 @@ from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
+from fsdpviz.plan.tensor_parallel import local_shape
 from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
@@ -67,6 +76,7 @@ REPLAYABLE = {
     },
 }  # fmt: skip
 _PLACEHOLDER = nn.Module()
+_TP_SHARD = re.compile(r"Shard\((-?\d+)\)")  # a tp placement as Unit.tp_placements names it
 # Warnings about the FSDP1 options themselves, which a replay re-derives.
 OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
@@ -89,12 +99,8 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
             "this report has no trace profile (a recording, trace='fx' or profile=False), so "
             "its hook calls cannot be replayed; call fsdpviz.analyze with the new settings"
         )
-    if report.config.tp_world_size:
-        raise ConfigError(
-            "this report plans tensor parallelism, whose shard sizes and collectives replay "
-            "does not recompute; call fsdpviz.analyze with the new settings"
-        )
     api = report.config.api
+    _check_tensor_parallel(report, changes)
     unknown = set(changes) - REPLAYABLE[api]
     if unknown:
         raise ConfigError(
@@ -107,11 +113,36 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
     return replayed
 
 
+def _check_tensor_parallel(report: Report, changes: Mapping[str, Any]) -> None:
+    """Refuse what a tensor-parallel plan's replay cannot make exact: the mesh (the dp
+    shard ranks change the shards of each rank's tp-local tensors, and the tp dimension the
+    trace's collectives and activations)."""
+    if not report.config.tp_world_size:
+        return
+    meshed = sorted({"world_size", "mesh"} & set(changes))
+    if meshed:
+        raise ConfigError(
+            f"{', '.join(meshed)} cannot be replayed on a plan with tensor parallelism (the "
+            "trace measured each rank's tp-local activations and collectives on its mesh); "
+            "call fsdpviz.analyze with the new mesh= (reshard_after_forward, the prefetches, "
+            "offload_policy and grad_accum replay)"
+        )
+
+
 def _shapes(report: Report) -> dict[str, list[int]]:
+    """Each parameter's shape, as one rank's FSDP shards it: under tensor parallelism its
+    tp-local shape (FSDP2 shards the local tensor), else the whole one."""
     out: dict[str, list[int]] = {}
     for m in report.modules:
         for name, shape in m.params.items():
             out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
+    tp = report.config.tp_ranks
+    if tp > 1:
+        for u in report.units:
+            for p, placement in u.tp_placements.items():
+                placed = _TP_SHARD.fullmatch(placement)
+                if placed is not None:
+                    out[p] = local_shape(out[p], ("shard", int(placed.group(1))), tp)
     return out
 
 
@@ -209,6 +240,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
+    partial, reducing = _tp_partial_grads(report)
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
@@ -222,10 +254,12 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules)[0],
                 # the dims the report's shard_placement_fn chose
                 shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
+                tp_partial_grads=partial.get(name, []),
             )
         )
     check_reshard_ints(groups, shard)
-    runtime = FSDP2Runtime(groups, shard, ws // shard, offload, rules)
+    # HSDP's replicas: the ranks over neither the shard nor the tp dimension
+    runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -238,6 +272,8 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
     iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
     runtime.micro_step(True)
+    if cfg.tp_world_size:
+        _check_tp_reductions(iterations, reducing)
     shapes = _shapes(report)
     units = []
     for u in report.units:
@@ -292,6 +328,36 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
         config = config.unstate("cpu_offload")
     order = forward_order(runtime.log, groups)
     return _report(report, config, units, order, iterations, steps)
+
+
+def _tp_partial_grads(report: Report) -> tuple[dict[str, list[tuple[str, int]]], set[str]]:
+    """Each group's replicated tp parameters whose partial gradients its post-backward
+    all-reduces (``Group.tp_partial_grads``), read from the report's last iteration, which
+    syncs gradients: a group that reduce-scatters there all-reduces all of them first, in
+    order. Also those groups: of another group the report cannot tell."""
+    if not report.config.tp_world_size or not report.iterations:
+        return {}, set()
+    last = report.iterations[-1]
+    reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
+    partial: dict[str, dict[tuple[str, int], None]] = {}
+    for e in last:
+        # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
+        # styles' collectives are issued by no hook); a second post-backward repeats them
+        if e.kind == "tp_all_reduce" and e.hook is not None and e.module and e.nbytes:
+            partial.setdefault(e.unit, {})[(e.module, e.nbytes)] = None
+    return {u: list(p) for u, p in partial.items()}, reducing
+
+
+def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> None:
+    """Raise where the replay reduce-scatters a group the traced plan never did: whether its
+    post-backward all-reduces tp partial gradients first is not in the report."""
+    new = sorted({e.unit for it in iterations for e in it if e.kind == "reduce_scatter"} - reducing)
+    if new:
+        raise ConfigError(
+            f"these groups reduce their gradients only in the replay, and the tensor-parallel "
+            f"report does not say which of their parameters have partial gradients: "
+            f"{', '.join(repr(u) for u in new)}; call fsdpviz.analyze with the new settings"
+        )
 
 
 def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int] | None]:
