@@ -351,7 +351,7 @@ def test_workers_change_no_number(tuning: Tuning) -> None:
 
 def test_tensor_parallelism_with_the_users_plan() -> None:
     """A plan with tensor parallelism: each degree up to a node that divides the heads, and
-    plain data parallelism, each traced (a replay keeps no tensor-parallel plan)."""
+    plain data parallelism, each traced (a replay keeps its tensor-parallel mesh)."""
     plan = _tp_plan()
     t = fsdpviz.tune(
         _model(),
@@ -392,11 +392,11 @@ def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
     _same(fsdpviz.analyze(_model(), t.user.inputs, machine="h100", **t.user.kwargs), t.user.report)
 
 
-def test_accumulation_under_tensor_parallelism_is_traced() -> None:
+def test_accumulation_under_tensor_parallelism_is_replayed() -> None:
     """Gradient accumulation with tensor parallelism (KempnerForge's FSDP x TP with
-    ``set_requires_gradient_sync(False)``): a replay recomputes no tensor-parallel shard, so
-    the micro-steps are traced, the configuration as given among them, and each way to
-    accumulate is the plan analyze gives."""
+    ``set_requires_gradient_sync(False)``): one trace per micro-batch size, the configuration
+    as given traced, the other way to accumulate replayed from it (the parallel styles'
+    collectives in every micro-step), and each is the plan analyze gives."""
     t = fsdpviz.tune(
         _model(),
         example_inputs(CONFIG),
@@ -413,8 +413,9 @@ def test_accumulation_under_tensor_parallelism_is_traced() -> None:
     assert user.report.config.grad_accum == 2 and user.report.config.tp_world_size == 2
     ways = {(c.micro_batch, c.grad_accum, c.sync_each) for c in t.candidates}
     assert ways == {(2, 2, False), (2, 2, True)}  # the first fits: no smaller micro-batch
+    assert [c.traced for c in t.candidates] == [True, False]
+    assert (t.traces, t.replays) == (1, 1)
     for c in t.candidates:
-        assert c.traced
         _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 

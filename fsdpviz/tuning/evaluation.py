@@ -83,7 +83,8 @@ class Evaluations:
 
     def _key(self, config: Config) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
-        mesh, where it has a tensor-parallel dimension; every knob, under a pipeline)."""
+        mesh, where it has a tensor-parallel dimension, whose resharding and accumulation
+        still replay; every knob, under a pipeline)."""
         mesh = config["mesh"]
         out: list[Any] = [mesh.label if mesh.mesh[2] > 1 or mesh.traced else 1]
         if self._traces_accum(config):
@@ -97,10 +98,9 @@ class Evaluations:
 
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
-        with forward prefetch (its steady state depends on the first micro-step's sync), and
-        tensor parallelism (a replay does not recompute its shards and collectives)."""
-        if config["mesh"].mesh[2] > 1:
-            return True
+        with forward prefetch (its steady state depends on the first micro-step's sync).
+        Under tensor parallelism they replay (each micro-step issues the parallel styles'
+        collectives, as the trace recorded them)."""
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
 
@@ -287,8 +287,9 @@ class Evaluations:
 
     def _variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        a replay does not recompute its shards), and its accumulation both ways (the
-        gradients reduced after the last micro-step, or after each: one plan's)."""
+        a replay keeps its mesh, and the search does not vary its resharding), and its
+        accumulation both ways (the gradients reduced after the last micro-step, or after
+        each: one plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
         ways = [
             c
@@ -302,8 +303,8 @@ class Evaluations:
         """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
-        if tp > 1 or self.space.pipelined:  # a replay keeps no tensor-parallel plan, no
-            return [config]  # pipeline: each is traced
+        if tp > 1 or self.space.pipelined:  # a replay keeps a tensor-parallel mesh; no
+            return [config]  # pipeline replays: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
