@@ -190,8 +190,43 @@ def test_a_tensor_parallel_replay_equals_analyze(
     assert {"tp_all_gather", "tp_reduce_scatter", "tp_all_reduce"} <= kinds
 
 
-def test_a_tensor_parallel_replay_keeps_its_mesh() -> None:
+@pytest.mark.parametrize(
+    ("traced", "changes"),
+    [
+        ({}, {"mesh": ("dp_shard", 3, "tp", 2), "grad_accum": 2}),  # padded shards
+        ({}, {"mesh": HSDP_TP, "reshard_after_forward": False}),
+        ({"mesh": HSDP_TP, "grad_accum": 2}, {"mesh": (16, 2), "reshard_after_forward": 4}),
+    ],
+)
+def test_a_tensor_parallel_replay_changes_the_data_parallel_mesh(
+    traced: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    """The dp dimensions decide nothing the trace records (FSDP's hooks are called alike,
+    the tp-local activations and collectives are the same): FSDP's shards of the tp-local
+    tensors and its collectives' ranks are recomputed, as analyze plans them."""
+    base = _tp(**traced)
+    replayed = replay(base, **changes)
+    _identical(_tp(**{**traced, **changes}), replayed)
+    assert replayed.config.tp_world_size == 2
+
+
+def test_a_tensor_parallel_replay_keeps_its_tp_dimension() -> None:
     base = _tp()
-    for changes in ({"world_size": 16}, {"mesh": ("dp_shard", 8, "tp", 2)}):
-        with pytest.raises(fsdpviz.ConfigError, match=r"tensor parallelism.*mesh="):
-            replay(base, **changes)
+    with pytest.raises(fsdpviz.ConfigError, match=r"which mesh dimension.*mesh=\('dp_shard'"):
+        replay(base, world_size=16)
+    for mesh in [("dp_shard", 2, "tp", 4), None, ("dp_shard", 8)]:
+        with pytest.raises(fsdpviz.ConfigError, match=r"call fsdpviz.analyze"):
+            replay(base, mesh=mesh)
+
+
+def test_a_sweep_with_tensor_parallelism_traces_once() -> None:
+    torch.manual_seed(0)
+    tp = {"mesh": ("dp_shard", 4, "tp", 2), "parallelize_plan": tp_models.whole_plan()}
+    table = fsdpviz.sweep(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        reshard_after_forward=[True, False], **tp,
+    )  # fmt: skip
+    assert (table.traces, table.replays) == (1, 1)
+    kept = _tp(reshard_after_forward=False)
+    assert table.rows[1]["peak_bytes"] == kept.memory.peak["bytes"]
+    assert table.rows[1]["step_s"] == kept.timeline.totals["step_s"]

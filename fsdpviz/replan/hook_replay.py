@@ -16,13 +16,15 @@ machine again (what ``analyze`` already does for the steady state):
   gradient sync): the micro-steps run the same hook calls as the steady state, with
   ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
   steady state was traced under the first micro-step's sync).
-- FSDP2 with tensor parallelism: all of the above but ``world_size`` and ``mesh``. The
-  parallel styles' collectives are recorded hook calls (``tp_forward``/``tp_backward``,
-  issued in every micro-step, as ``analyze`` replays them); FSDP shards each rank's
-  tp-local tensor (``Unit.tp_placements``), whose size the dp shard ranks alone decide; a
-  replicated parameter's partial gradient is all-reduced in its group's post-backward
-  when the group reduces, as the report's last (synchronising) iteration shows. A new mesh
-  would change the tp-local activations and collectives the trace measured.
+- FSDP2 with tensor parallelism: all of the above, ``mesh`` with new data-parallel
+  dimensions only (its tp dimension as traced; ``world_size`` alone does not say which
+  dimension grows). The parallel styles' collectives are recorded hook calls
+  (``tp_forward``/``tp_backward``, issued in every micro-step, as ``analyze`` replays
+  them); the trace reads no dp size (only the runtime and the units do); FSDP shards each
+  rank's tp-local tensor (``Unit.tp_placements``) over the dp shard ranks; a replicated
+  parameter's partial gradient is all-reduced in its group's post-backward when the group
+  reduces, as the report's last (synchronising) iteration shows. Another tp degree would
+  change the tp-local activations and collectives the trace measured.
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -49,13 +51,13 @@ from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices, reshard_after_forward_of
 from fsdpviz.plan.fsdp2_group import Group, reshard_map
-from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
-from fsdpviz.plan.tensor_parallel import local_shape
+from fsdpviz.plan.tensor_parallel import local_shape, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
@@ -114,18 +116,14 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
 
 
 def _check_tensor_parallel(report: Report, changes: Mapping[str, Any]) -> None:
-    """Refuse what a tensor-parallel plan's replay cannot make exact: the mesh (the dp
-    shard ranks change the shards of each rank's tp-local tensors, and the tp dimension the
-    trace's collectives and activations)."""
-    if not report.config.tp_world_size:
-        return
-    meshed = sorted({"world_size", "mesh"} & set(changes))
-    if meshed:
+    """Refuse what a tensor-parallel plan's replay cannot make exact: a world size without
+    the mesh it means (which dimension grows is not said)."""
+    cfg = report.config
+    if cfg.tp_world_size and "world_size" in changes and "mesh" not in changes:
         raise ConfigError(
-            f"{', '.join(meshed)} cannot be replayed on a plan with tensor parallelism (the "
-            "trace measured each rank's tp-local activations and collectives on its mesh); "
-            "call fsdpviz.analyze with the new mesh= (reshard_after_forward, the prefetches, "
-            "offload_policy and grad_accum replay)"
+            "a report with tensor parallelism does not say which mesh dimension a new "
+            "world_size changes; replay it with the new mesh= (its tp dimension as it is, "
+            f"e.g. mesh=('dp_shard', N, 'tp', {cfg.tp_world_size}))"
         )
 
 
@@ -233,7 +231,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             "a report on a 2-D mesh does not say which dimension a new world_size changes; "
             "replay it with the new mesh= (or mesh=None and world_size=N for one dimension)"
         )
-    ws, shard, mesh = _mesh(cfg, changes)
+    ws, shard, mesh = _tp_mesh(cfg, changes) if cfg.tp_world_size else _mesh(cfg, changes)
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
         offload = _offload(changes["offload_policy"])
@@ -294,7 +292,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
                                       [of[p] for p in u.params], shard, dims)  # fmt: skip
         shard_shapes = u.shard_shapes
-        if u.shard_dims:
+        if u.shard_dims or cfg.tp_world_size:  # tp: every parameter's shard shape stated
             shard_shapes = {
                 p: shard_shape(shapes[p], shard, d) for p, d in zip(u.params, dims, strict=True)
             }
@@ -383,6 +381,48 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
         return ws, ws, None
     dims = names or ("replicate", "shard")
     return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int]]:
+    """A tensor-parallel plan's world size, dp shard ranks and mesh under ``changes``'
+    ``mesh=`` (as ``analyze`` takes it): its data-parallel dimensions may change, its tp
+    dimension may not (the trace measured each rank's tp-local activations and collectives).
+    The data-parallel ones change nothing the trace recorded: FSDP's shards of the tp-local
+    tensors (recomputed), its collectives' ranks, HSDP's replicas."""
+    assert cfg.mesh is not None
+    if "mesh" not in changes:
+        return cfg.ranks, cfg.shard_ranks, dict(cfg.mesh)
+    given = changes["mesh"]
+    sizes, names = mesh_dims(given, 4)
+    cp, dp_sizes, dp_names = context_parallel_mesh(sizes, names)
+    tp_name = list(cfg.mesh)[-1]
+    if dp_sizes is None or cp > 1 or not 2 <= len(dp_sizes) <= 3:
+        raise ConfigError(
+            f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
+            f"data-parallel dimensions and its {tp_name} dimension of {cfg.tp_ranks} last, e.g. "
+            f"('dp_shard', N, {tp_name!r}, {cfg.tp_ranks}), or call fsdpviz.analyze"
+        )
+    dp, dp_given, tp, name = parse_tp_mesh(dp_sizes, dp_names, True)
+    if tp != cfg.tp_ranks:
+        raise ConfigError(
+            f"mesh={given!r} changes the tensor-parallel dimension ({tp_name} "
+            f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
+            "activations and collectives); call fsdpviz.analyze with the new mesh"
+        )
+    ws = math.prod(dp) * tp
+    if "world_size" in changes and changes["world_size"] != ws:
+        raise ConfigError(
+            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
+            f"({' x '.join(map(str, dp_sizes))}); give one of them"
+        )
+    if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this mesh has none (give dp_replicate and dp_shard)"
+        )
+    if not dp_given:  # as analyze names an unnamed mesh's dimensions
+        dp_given = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(dp)]
+    return ws, dp[-1], {**dict(zip(dp_given, dp, strict=True)), name: tp}
 
 
 def _offload(policy: Any) -> bool:

@@ -279,7 +279,7 @@ class Replanner:
             before: Mapping[str, object] = self.fsdp_kwargs(other)
             changes = cast(PlanKwargs, {k: kw[k] for k in keys if kw.get(k) != before.get(k)})
             if report.config.tp_world_size and {"world_size", "mesh"} & set(changes):
-                continue  # a tensor-parallel plan on another mesh is traced again
+                continue  # a tp plan's new world size does not say its mesh: traced again
             return replay(report, **changes), "replay"
         return None
 
