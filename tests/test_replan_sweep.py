@@ -217,6 +217,11 @@ def test_a_tensor_parallel_replay_keeps_its_tp_dimension() -> None:
     for mesh in [("dp_shard", 2, "tp", 4), None, ("dp_shard", 8)]:
         with pytest.raises(fsdpviz.ConfigError, match=r"call fsdpviz.analyze"):
             replay(base, mesh=mesh)
+    # a report whose last iteration does not show a group reducing cannot say which of its
+    # parameters' partial gradients are all-reduced first
+    last = [e for e in base.iterations[-1] if e.unit != "layers.1" or e.kind != "reduce_scatter"]
+    with pytest.raises(fsdpviz.ConfigError, match=r"partial gradients: 'layers.1'"):
+        replay(replace(base, iterations=[*base.iterations[:-1], last]), grad_accum=2)
 
 
 def test_a_sweep_with_tensor_parallelism_traces_once() -> None:
