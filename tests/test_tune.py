@@ -373,6 +373,34 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
             _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 
+def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
+    """On more ranks, FSDP x TP of a degree traced already is replayed (the trace reads no
+    data-parallel size), each the plan analyze gives."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=_tp_plan(),
+        knobs=("mesh", "activation_checkpointing"),
+        progress=False,
+        workers=1,
+    )
+    tp = [c for c in t.candidates if c.report.config.tp_world_size]
+    assert {c.knobs["mesh"] for c in tp} == {
+        "8 ranks (FSDP 4 x TP 2)", "8 ranks (FSDP 2 x TP 4)",
+        "16 ranks (FSDP 8 x TP 2)", "16 ranks (FSDP 4 x TP 4)",
+    }  # fmt: skip
+    at_8 = {(c.report.config.tp_world_size, c.knobs["activation_checkpointing"]) for c in tp
+            if c.world_size == 8}  # fmt: skip
+    for c in tp:
+        key = (c.report.config.tp_world_size, c.knobs["activation_checkpointing"])
+        assert c.traced == (c.world_size == 8 or key not in at_8)
+        _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+    assert any(not c.traced for c in tp if c.world_size == 16)
+
+
 def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
     """FSDP over one rank with every rank tensor parallel (KempnerForge's "TP alone", a
     dp_shard of 1 kept in the mesh): the configuration as given is evaluated, as analyze

@@ -83,10 +83,11 @@ class Evaluations:
 
     def _key(self, config: Config) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
-        mesh, where it has a tensor-parallel dimension, whose resharding and accumulation
-        still replay; every knob, under a pipeline)."""
+        mesh's tensor-parallel degree: its data-parallel dimensions replay; a mesh a replay
+        cannot apply; every knob, under a pipeline)."""
         mesh = config["mesh"]
-        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 or mesh.traced else 1]
+        # a tp mesh's trace is that of its tp degree: a replay changes its dp dimensions
+        out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.mesh[2]}"]
         if self._traces_accum(config):
             out.append(config["micro_batch"].label)
         for knob in KNOBS:
@@ -108,9 +109,10 @@ class Evaluations:
         changes: TuneKwargs = {}
         for knob in REPLAYED[self.api]:
             c = config.get(knob)
-            if c is None or (knob == "mesh" and (c.mesh[2] > 1 or c.traced)):
+            if c is None or (knob == "mesh" and c.traced):
                 continue
             kw = c.kwargs.copy()
+            kw.pop("parallelize_plan", None)  # the trace's: a replay keeps its tp degree
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
                 kw["mesh"] = None
             changes.update(kw)
