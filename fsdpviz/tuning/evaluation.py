@@ -99,9 +99,12 @@ class Evaluations:
 
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
-        with forward prefetch (its steady state depends on the first micro-step's sync).
-        Under tensor parallelism they replay (each micro-step issues the parallel styles'
+        with forward prefetch (its steady state depends on the first micro-step's sync), and
+        tensor parallelism inside a pipeline (a replay keeps no pipeline). Under tensor
+        parallelism alone they replay (each micro-step issues the parallel styles'
         collectives, as the trace recorded them)."""
+        if config["mesh"].mesh[2] > 1 and self.space.pipelined:
+            return True
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
 
@@ -289,9 +292,9 @@ class Evaluations:
 
     def _variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        a replay keeps its mesh, and the search does not vary its resharding), and its
-        accumulation both ways (the gradients reduced after the last micro-step, or after
-        each: one plan's, replayed with tensor parallelism too)."""
+        the search varies neither its mesh nor its resharding there), and its accumulation
+        both ways (the gradients reduced after the last micro-step, or after each: one
+        plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
         ways = [
             c
@@ -305,8 +308,8 @@ class Evaluations:
         """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
-        if tp > 1 or self.space.pipelined:  # a replay keeps a tensor-parallel mesh; no
-            return [config]  # pipeline replays: each is traced
+        if tp > 1 or self.space.pipelined:  # none tried on a tensor-parallel mesh; a
+            return [config]  # pipeline is never replayed: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
