@@ -8,7 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+import torch
+import tp_models
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffloadPolicy, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -132,3 +134,104 @@ def test_fsdp1_replay_keeps_a_hybrid_plans_shard_group() -> None:
         _same(expected, got)
         assert got.config.to_dict() == {**expected.config.to_dict(), "replayed": True}
         assert [w.to_dict() for w in got.warnings] == [w.to_dict() for w in expected.warnings]
+
+
+def _tp(mesh: tuple[Any, ...] = ("dp_shard", 4, "tp", 2), **kwargs: Any) -> fsdpviz.Report:
+    torch.manual_seed(0)
+    return fsdpviz.analyze(
+        tp_models.Llama(),
+        tp_models.tokens(),
+        fully_shard=tp_models.LAYERS,
+        mesh=mesh,
+        parallelize_plan=tp_models.whole_plan(),
+        progress=False,
+        **kwargs,
+    )
+
+
+def _identical(fresh: fsdpviz.Report, replayed: fsdpviz.Report) -> None:
+    """Field for field: the report's JSON (its config aside from ``replayed``), its memory
+    report and its timeline."""
+    got, expected = json.loads(replayed.to_json()), json.loads(fresh.to_json())
+    assert got.pop("config") == {**expected.pop("config"), "replayed": True}
+    assert got == expected
+    assert replayed.memory.to_dict() == fresh.memory.to_dict()
+    assert replayed.timeline.to_dict() == fresh.timeline.to_dict()
+
+
+HSDP_TP = ("dp_replicate", 2, "dp_shard", 2, "tp", 2)
+
+
+@pytest.mark.parametrize(
+    ("traced", "changes"),
+    [
+        ({}, {"grad_accum": 4}),
+        ({"grad_accum": 4}, {"grad_accum": 1}),
+        ({}, {"reshard_after_forward": False}),
+        ({"reshard_after_forward": False}, {"reshard_after_forward": True}),
+        ({}, {"reshard_after_forward": 2, "grad_accum": 3}),
+        ({"mesh": HSDP_TP, "grad_accum": 2, "reshard_after_backward": False,
+          "requires_all_reduce": False}, {"grad_accum": 4}),
+        ({"mesh": HSDP_TP}, {"offload_policy": CPUOffloadPolicy(), "grad_accum": 2}),
+        ({}, {"forward_prefetch": {"layers.0": ["layers.1"]},
+              "backward_prefetch": {"layers.1": ["layers.0"]}}),
+    ],
+)  # fmt: skip
+def test_a_tensor_parallel_replay_equals_analyze(
+    traced: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    """Resharding, prefetching, offloading and accumulation replay on a tp plan: the
+    parallel styles' collectives in every micro-step, the partial gradients' all-reduces in
+    each reducing post-backward, FSDP's shards of the tp-local tensors."""
+    base = _tp(**traced)
+    replayed = replay(base, **changes)
+    _identical(_tp(**{**traced, **changes}), replayed)
+    kinds = {e.kind for e in replayed.iterations[-1]}
+    assert {"tp_all_gather", "tp_reduce_scatter", "tp_all_reduce"} <= kinds
+
+
+@pytest.mark.parametrize(
+    ("traced", "changes"),
+    [
+        ({}, {"mesh": ("dp_shard", 3, "tp", 2), "grad_accum": 2}),  # padded shards
+        ({}, {"mesh": HSDP_TP, "reshard_after_forward": False}),
+        ({"mesh": HSDP_TP, "grad_accum": 2}, {"mesh": (16, 2), "reshard_after_forward": 4}),
+    ],
+)
+def test_a_tensor_parallel_replay_changes_the_data_parallel_mesh(
+    traced: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    """The dp dimensions decide nothing the trace records (FSDP's hooks are called alike,
+    the tp-local activations and collectives are the same): FSDP's shards of the tp-local
+    tensors and its collectives' ranks are recomputed, as analyze plans them."""
+    base = _tp(**traced)
+    replayed = replay(base, **changes)
+    _identical(_tp(**{**traced, **changes}), replayed)
+    assert replayed.config.tp_world_size == 2
+
+
+def test_a_tensor_parallel_replay_keeps_its_tp_dimension() -> None:
+    base = _tp()
+    with pytest.raises(fsdpviz.ConfigError, match=r"which mesh dimension.*mesh=\('dp_shard'"):
+        replay(base, world_size=16)
+    for mesh in [("dp_shard", 2, "tp", 4), None, ("dp_shard", 8)]:
+        with pytest.raises(fsdpviz.ConfigError, match=r"call fsdpviz.analyze"):
+            replay(base, mesh=mesh)
+    # a report whose last iteration does not show a group reducing cannot say which of its
+    # parameters' partial gradients are all-reduced first
+    last = [e for e in base.iterations[-1] if e.unit != "layers.1" or e.kind != "reduce_scatter"]
+    with pytest.raises(fsdpviz.ConfigError, match=r"partial gradients: 'layers.1'"):
+        replay(replace(base, iterations=[*base.iterations[:-1], last]), grad_accum=2)
+
+
+def test_a_sweep_with_tensor_parallelism_traces_once() -> None:
+    torch.manual_seed(0)
+    tp = {"mesh": ("dp_shard", 4, "tp", 2), "parallelize_plan": tp_models.whole_plan()}
+    table = fsdpviz.sweep(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        reshard_after_forward=[True, False], **tp,
+    )  # fmt: skip
+    assert (table.traces, table.replays) == (1, 1)
+    kept = _tp(reshard_after_forward=False)
+    assert table.rows[1]["peak_bytes"] == kept.memory.peak["bytes"]
+    assert table.rows[1]["step_s"] == kept.timeline.totals["step_s"]

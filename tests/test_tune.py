@@ -351,7 +351,7 @@ def test_workers_change_no_number(tuning: Tuning) -> None:
 
 def test_tensor_parallelism_with_the_users_plan() -> None:
     """A plan with tensor parallelism: each degree up to a node that divides the heads, and
-    plain data parallelism, each traced (a replay keeps no tensor-parallel plan)."""
+    plain data parallelism, each traced (a replay keeps its tensor-parallel mesh)."""
     plan = _tp_plan()
     t = fsdpviz.tune(
         _model(),
@@ -373,6 +373,34 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
             _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 
+def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
+    """On more ranks, FSDP x TP of a degree traced already is replayed (the trace reads no
+    data-parallel size), each the plan analyze gives."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=[8, 16],
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=_tp_plan(),
+        knobs=("mesh", "activation_checkpointing"),
+        progress=False,
+        workers=1,
+    )
+    tp = [c for c in t.candidates if c.report.config.tp_world_size]
+    assert {c.knobs["mesh"] for c in tp} == {
+        "8 ranks (FSDP 4 x TP 2)", "8 ranks (FSDP 2 x TP 4)",
+        "16 ranks (FSDP 8 x TP 2)", "16 ranks (FSDP 4 x TP 4)",
+    }  # fmt: skip
+    at_8 = {(c.report.config.tp_world_size, c.knobs["activation_checkpointing"]) for c in tp
+            if c.world_size == 8}  # fmt: skip
+    for c in tp:
+        key = (c.report.config.tp_world_size, c.knobs["activation_checkpointing"])
+        assert c.traced == (c.world_size == 8 or key not in at_8)
+        _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+    assert any(not c.traced for c in tp if c.world_size == 16)
+
+
 def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
     """FSDP over one rank with every rank tensor parallel (KempnerForge's "TP alone", a
     dp_shard of 1 kept in the mesh): the configuration as given is evaluated, as analyze
@@ -392,11 +420,11 @@ def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
     _same(fsdpviz.analyze(_model(), t.user.inputs, machine="h100", **t.user.kwargs), t.user.report)
 
 
-def test_accumulation_under_tensor_parallelism_is_traced() -> None:
+def test_accumulation_under_tensor_parallelism_is_replayed() -> None:
     """Gradient accumulation with tensor parallelism (KempnerForge's FSDP x TP with
-    ``set_requires_gradient_sync(False)``): a replay recomputes no tensor-parallel shard, so
-    the micro-steps are traced, the configuration as given among them, and each way to
-    accumulate is the plan analyze gives."""
+    ``set_requires_gradient_sync(False)``): one trace per micro-batch size, the configuration
+    as given traced, the other way to accumulate replayed from it (the parallel styles'
+    collectives in every micro-step), and each is the plan analyze gives."""
     t = fsdpviz.tune(
         _model(),
         example_inputs(CONFIG),
@@ -413,8 +441,9 @@ def test_accumulation_under_tensor_parallelism_is_traced() -> None:
     assert user.report.config.grad_accum == 2 and user.report.config.tp_world_size == 2
     ways = {(c.micro_batch, c.grad_accum, c.sync_each) for c in t.candidates}
     assert ways == {(2, 2, False), (2, 2, True)}  # the first fits: no smaller micro-batch
+    assert [c.traced for c in t.candidates] == [True, False]
+    assert (t.traces, t.replays) == (1, 1)
     for c in t.candidates:
-        assert c.traced
         _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 

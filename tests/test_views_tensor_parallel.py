@@ -117,11 +117,14 @@ def test_card_summary_and_detail_show_the_mesh_and_tp_sharded_parameters(
     assert "7 of 9 parameters are sharded by tensor parallelism" in str(detail["sections"])
 
 
-def test_a_tensor_parallel_report_is_not_replayed(report: fsdpviz.Report) -> None:
+def test_a_tensor_parallel_report_replays_on_its_own_mesh(report: fsdpviz.Report) -> None:
     from fsdpviz.replan import replay
 
-    with pytest.raises(fsdpviz.ConfigError, match="plans tensor parallelism"):
-        replay(report, reshard_after_forward=False)
+    kept = replay(report, reshard_after_forward=False)
+    assert kept.config.kept_after_forward == ["layers.0", "layers.1"]
+    assert kept.config.mesh == report.config.mesh
+    with pytest.raises(fsdpviz.ConfigError, match=r"changes the tensor-parallel dimension"):
+        replay(report, mesh=("dp_shard", 1, "tp", 4))
 
 
 def test_llama3_70b_as_fsdp_32_x_tp_8_of_the_readme() -> None:

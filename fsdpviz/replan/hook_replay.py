@@ -9,13 +9,22 @@ machine again (what ``analyze`` already does for the steady state):
   ``shard_group_size``). Backward prefetching and resharding only change which
   collectives are issued, never when autograd reaches a hook; the unit sizes are
   recomputed for the new shard world size (padding, alignment).
-- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not tensor
-  parallelism's), ``reshard_after_forward``, ``forward_prefetch`` / ``backward_prefetch``
-  maps, ``offload_policy``.
+- FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not
+  tensor parallelism's: see below), ``reshard_after_forward``, ``forward_prefetch`` /
+  ``backward_prefetch`` maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
   ``no_sync`` deciding what they issue (not for FSDP1 with ``forward_prefetch``, whose
   steady state was traced under the first micro-step's sync).
+- FSDP2 with tensor parallelism: all of the above, ``mesh`` with new data-parallel
+  dimensions only (its tp dimension as traced; ``world_size`` alone does not say which
+  dimension grows). The parallel styles' collectives are recorded hook calls
+  (``tp_forward``/``tp_backward``, issued in every micro-step, as ``analyze`` replays
+  them); the trace reads no dp size (only the runtime and the units do); FSDP shards each
+  rank's tp-local tensor (``Unit.tp_placements``) over the dp shard ranks; a replicated
+  parameter's partial gradient is all-reduced in its group's post-backward when the group
+  reduces, as the report's last (synchronising) iteration shows. Another tp degree would
+  change the tp-local activations and collectives the trace measured.
 
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
@@ -26,6 +35,7 @@ FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Unpack
@@ -41,12 +51,13 @@ from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices, reshard_after_forward_of
 from fsdpviz.plan.fsdp2_group import Group, reshard_map
-from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
+from fsdpviz.plan.tensor_parallel import local_shape, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
@@ -67,6 +78,7 @@ REPLAYABLE = {
     },
 }  # fmt: skip
 _PLACEHOLDER = nn.Module()
+_TP_SHARD = re.compile(r"Shard\((-?\d+)\)")  # a tp placement as Unit.tp_placements names it
 # Warnings about the FSDP1 options themselves, which a replay re-derives.
 OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
@@ -89,12 +101,8 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
             "this report has no trace profile (a recording, trace='fx' or profile=False), so "
             "its hook calls cannot be replayed; call fsdpviz.analyze with the new settings"
         )
-    if report.config.tp_world_size:
-        raise ConfigError(
-            "this report plans tensor parallelism, whose shard sizes and collectives replay "
-            "does not recompute; call fsdpviz.analyze with the new settings"
-        )
     api = report.config.api
+    _check_tensor_parallel(report, changes)
     unknown = set(changes) - REPLAYABLE[api]
     if unknown:
         raise ConfigError(
@@ -107,11 +115,32 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
     return replayed
 
 
+def _check_tensor_parallel(report: Report, changes: Mapping[str, Any]) -> None:
+    """Refuse what a tensor-parallel plan's replay cannot make exact: a world size without
+    the mesh it means (which dimension grows is not said)."""
+    cfg = report.config
+    if cfg.tp_world_size and "world_size" in changes and "mesh" not in changes:
+        raise ConfigError(
+            "a report with tensor parallelism does not say which mesh dimension a new "
+            "world_size changes; replay it with the new mesh= (its tp dimension as it is, "
+            f"e.g. mesh=('dp_shard', N, 'tp', {cfg.tp_world_size}))"
+        )
+
+
 def _shapes(report: Report) -> dict[str, list[int]]:
+    """Each parameter's shape, as one rank's FSDP shards it: under tensor parallelism its
+    tp-local shape (FSDP2 shards the local tensor), else the whole one."""
     out: dict[str, list[int]] = {}
     for m in report.modules:
         for name, shape in m.params.items():
             out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
+    tp = report.config.tp_ranks
+    if tp > 1:
+        for u in report.units:
+            for p, placement in u.tp_placements.items():
+                placed = _TP_SHARD.fullmatch(placement)
+                if placed is not None:
+                    out[p] = local_shape(out[p], ("shard", int(placed.group(1))), tp)
     return out
 
 
@@ -202,13 +231,14 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             "a report on a 2-D mesh does not say which dimension a new world_size changes; "
             "replay it with the new mesh= (or mesh=None and world_size=N for one dimension)"
         )
-    ws, shard, mesh = _mesh(cfg, changes)
+    ws, shard, mesh = _tp_mesh(cfg, changes) if cfg.tp_world_size else _mesh(cfg, changes)
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
         offload = _offload(changes["offload_policy"])
     raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
+    partial, reducing = _tp_partial_grads(report)
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
@@ -222,10 +252,12 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules),
                 # the dims the report's shard_placement_fn chose
                 shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
+                tp_partial_grads=partial.get(name, []),
             )
         )
     check_reshard_ints(groups, shard)
-    runtime = FSDP2Runtime(groups, shard, ws // shard, offload, rules)
+    # HSDP's replicas: the ranks over neither the shard nor the tp dimension
+    runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -238,6 +270,8 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
     iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
     runtime.micro_step(True)
+    if cfg.tp_world_size:
+        _check_tp_reductions(iterations, reducing)
     shapes = _shapes(report)
     units = []
     for u in report.units:
@@ -258,7 +292,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
                                       [of[p] for p in u.params], shard, dims)  # fmt: skip
         shard_shapes = u.shard_shapes
-        if u.shard_dims:
+        if u.shard_dims or cfg.tp_world_size:  # tp: every parameter's shard shape stated
             shard_shapes = {
                 p: shard_shape(shapes[p], shard, d) for p, d in zip(u.params, dims, strict=True)
             }
@@ -294,6 +328,36 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     return _report(report, config, units, order, iterations, steps)
 
 
+def _tp_partial_grads(report: Report) -> tuple[dict[str, list[tuple[str, int]]], set[str]]:
+    """Each group's replicated tp parameters whose partial gradients its post-backward
+    all-reduces (``Group.tp_partial_grads``), read from the report's last iteration, which
+    syncs gradients: a group that reduce-scatters there all-reduces all of them first, in
+    order. Also those groups: of another group the report cannot tell."""
+    if not report.config.tp_world_size or not report.iterations:
+        return {}, set()
+    last = report.iterations[-1]
+    reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
+    partial: dict[str, dict[tuple[str, int], None]] = {}
+    for e in last:
+        # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
+        # styles' collectives are issued by no hook); a second post-backward repeats them
+        if e.kind == "tp_all_reduce" and e.hook is not None and e.module and e.nbytes:
+            partial.setdefault(e.unit, {})[(e.module, e.nbytes)] = None
+    return {u: list(p) for u, p in partial.items()}, reducing
+
+
+def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> None:
+    """Raise where the replay reduce-scatters a group the traced plan never did: whether its
+    post-backward all-reduces tp partial gradients first is not in the report."""
+    new = sorted({e.unit for it in iterations for e in it if e.kind == "reduce_scatter"} - reducing)
+    if new:
+        raise ConfigError(
+            f"these groups reduce their gradients only in the replay, and the tensor-parallel "
+            f"report does not say which of their parameters have partial gradients: "
+            f"{', '.join(repr(u) for u in new)}; call fsdpviz.analyze with the new settings"
+        )
+
+
 def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int] | None]:
     """The world size, the ranks a parameter is sharded over and the 2-D mesh (None: one
     dimension) of a replay: ``mesh=`` as ``analyze`` takes it (one or two dimensions,
@@ -317,6 +381,48 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
         return ws, ws, None
     dims = names or ("replicate", "shard")
     return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int]]:
+    """A tensor-parallel plan's world size, dp shard ranks and mesh under ``changes``'
+    ``mesh=`` (as ``analyze`` takes it): its data-parallel dimensions may change, its tp
+    dimension may not (the trace measured each rank's tp-local activations and collectives).
+    The data-parallel ones change nothing the trace recorded: FSDP's shards of the tp-local
+    tensors (recomputed), its collectives' ranks, HSDP's replicas."""
+    assert cfg.mesh is not None
+    if "mesh" not in changes:
+        return cfg.ranks, cfg.shard_ranks, dict(cfg.mesh)
+    given = changes["mesh"]
+    sizes, names = mesh_dims(given, 4)
+    cp, dp_sizes, dp_names = context_parallel_mesh(sizes, names)
+    tp_name = list(cfg.mesh)[-1]
+    if dp_sizes is None or cp > 1 or not 2 <= len(dp_sizes) <= 3:
+        raise ConfigError(
+            f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
+            f"data-parallel dimensions and its {tp_name} dimension of {cfg.tp_ranks} last, e.g. "
+            f"('dp_shard', N, {tp_name!r}, {cfg.tp_ranks}), or call fsdpviz.analyze"
+        )
+    dp, dp_given, tp, name = parse_tp_mesh(dp_sizes, dp_names, True)
+    if tp != cfg.tp_ranks:
+        raise ConfigError(
+            f"mesh={given!r} changes the tensor-parallel dimension ({tp_name} "
+            f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
+            "activations and collectives); call fsdpviz.analyze with the new mesh"
+        )
+    ws = math.prod(dp) * tp
+    if "world_size" in changes and changes["world_size"] != ws:
+        raise ConfigError(
+            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
+            f"({' x '.join(map(str, dp_sizes))}); give one of them"
+        )
+    if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
+        raise ConfigError(
+            "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
+            "mesh; this mesh has none (give dp_replicate and dp_shard)"
+        )
+    if not dp_given:  # as analyze names an unnamed mesh's dimensions
+        dp_given = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(dp)]
+    return ws, dp[-1], {**dict(zip(dp_given, dp, strict=True)), name: tp}
 
 
 def _offload(policy: Any) -> bool:

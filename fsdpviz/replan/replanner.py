@@ -271,13 +271,15 @@ class Replanner:
         """Replay a profiled report that differs only in what replays exactly."""
         fields, keys = _replayable(opts.recipe)
         for other, report in reversed(self._cache.items()):
-            if report.profile is None or report.config.replayed or report.config.tp_world_size:
-                continue  # tensor-parallel plans are traced again (replay cannot size them)
+            if report.profile is None or report.config.replayed:
+                continue
             if dataclasses.replace(other, **{k: getattr(opts, k) for k in fields}) != opts:
                 continue
             kw: Mapping[str, object] = self.fsdp_kwargs(opts)
             before: Mapping[str, object] = self.fsdp_kwargs(other)
             changes = cast(PlanKwargs, {k: kw[k] for k in keys if kw.get(k) != before.get(k)})
+            if report.config.tp_world_size and {"world_size", "mesh"} & set(changes):
+                continue  # a tp plan's new world size does not say its mesh: traced again
             return replay(report, **changes), "replay"
         return None
 

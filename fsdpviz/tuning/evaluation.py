@@ -83,9 +83,11 @@ class Evaluations:
 
     def _key(self, config: Config) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
-        mesh, where it has a tensor-parallel dimension; every knob, under a pipeline)."""
+        mesh's tensor-parallel degree: its data-parallel dimensions replay; a mesh a replay
+        cannot apply; every knob, under a pipeline)."""
         mesh = config["mesh"]
-        out: list[Any] = [mesh.label if mesh.mesh[2] > 1 or mesh.traced else 1]
+        # a tp mesh's trace is that of its tp degree: a replay changes its dp dimensions
+        out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.mesh[2]}"]
         if self._traces_accum(config):
             out.append(config["micro_batch"].label)
         for knob in KNOBS:
@@ -98,8 +100,10 @@ class Evaluations:
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
         with forward prefetch (its steady state depends on the first micro-step's sync), and
-        tensor parallelism (a replay does not recompute its shards and collectives)."""
-        if config["mesh"].mesh[2] > 1:
+        tensor parallelism inside a pipeline (a replay keeps no pipeline). Under tensor
+        parallelism alone they replay (each micro-step issues the parallel styles'
+        collectives, as the trace recorded them)."""
+        if config["mesh"].mesh[2] > 1 and self.space.pipelined:
             return True
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
@@ -108,9 +112,10 @@ class Evaluations:
         changes: TuneKwargs = {}
         for knob in REPLAYED[self.api]:
             c = config.get(knob)
-            if c is None or (knob == "mesh" and (c.mesh[2] > 1 or c.traced)):
+            if c is None or (knob == "mesh" and c.traced):
                 continue
             kw = c.kwargs.copy()
+            kw.pop("parallelize_plan", None)  # the trace's: a replay keeps its tp degree
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
                 kw["mesh"] = None
             changes.update(kw)
@@ -287,8 +292,9 @@ class Evaluations:
 
     def _variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        a replay does not recompute its shards), and its accumulation both ways (the
-        gradients reduced after the last micro-step, or after each: one plan's)."""
+        the search varies neither its mesh nor its resharding there), and its accumulation
+        both ways (the gradients reduced after the last micro-step, or after each: one
+        plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
         ways = [
             c
@@ -302,8 +308,8 @@ class Evaluations:
         """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
-        if tp > 1 or self.space.pipelined:  # a replay keeps no tensor-parallel plan, no
-            return [config]  # pipeline: each is traced
+        if tp > 1 or self.space.pipelined:  # none tried on a tensor-parallel mesh; a
+            return [config]  # pipeline is never replayed: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
