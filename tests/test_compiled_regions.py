@@ -163,18 +163,46 @@ def test_a_region_does_not_uncount_a_storage_given_a_freed_ones_id() -> None:
     from fsdpviz.trace.compiled_saves import PartitionSaves
     from fsdpviz.trace.probe_records import ACT
 
-    made = torch.empty(16, device="meta").untyped_storage()
-    other = torch.empty(16, device="meta").untyped_storage()
+    freed = torch.empty(16, device="meta").untyped_storage()
     region = CompiledRegion()
-    region.made[id(other)] = (64, torch.float32, weakref.ref(made))  # as if made had that id
+    region.made.append((64, torch.float32, weakref.ref(freed)))
+    del freed
+    other = torch.empty(16, device="meta").untyped_storage()  # perhaps at the freed one's id
     rec = [64, ACT, weakref.ref(other)]
     host = SimpleNamespace(_live={id(other): rec}, live=[0] * 8)
     host.live[ACT] = 64
     _hold_saves(host, region, PartitionSaves((), ()), [], None)
     assert rec[0] == 64 and host.live[ACT] == 64
     # the region's own storage, which the partitioner does not keep, stops counting
-    region.made = {id(made): (64, torch.float32, weakref.ref(made))}
+    made = torch.empty(16, device="meta").untyped_storage()
+    region.made = [(64, torch.float32, weakref.ref(made))]
     mine = [64, ACT, weakref.ref(made)]
     host._live = {id(made): mine}
     _hold_saves(host, region, PartitionSaves((), ()), [], None)
     assert mine[0] == 0 and host.live[ACT] == 0
+
+
+def test_a_regions_saves_are_matched_in_the_order_its_storages_were_made() -> None:
+    """Of two storages of one size and dtype, where the partitioner keeps one of that size,
+    the first made is the one kept, whatever their ``id``s: the match does not depend on
+    where Python's allocator put them."""
+    from types import SimpleNamespace
+
+    from fsdpviz.trace.compiled_regions import CompiledRegion, _hold_saves
+    from fsdpviz.trace.compiled_saves import PartitionSaves
+    from fsdpviz.trace.probe_records import ACT
+
+    first = torch.empty(16, device="meta").untyped_storage()
+    second = torch.empty(16, device="meta").untyped_storage()
+    for order in ((first, second), (second, first)):
+        region = CompiledRegion()
+        recs = {}
+        for st in order:
+            region.made.append((64, torch.float32, weakref.ref(st)))
+            recs[id(st)] = [64, ACT, weakref.ref(st)]
+        host = SimpleNamespace(_live=dict(recs), live=[0] * 8)
+        host.live[ACT] = 128
+        keeps = PartitionSaves((), (((16,), torch.float32),))
+        _hold_saves(host, region, keeps, [], None)
+        assert recs[id(order[0])][0] == 64 and recs[id(order[1])][0] == 0
+        assert host.live[ACT] == 64

@@ -50,11 +50,13 @@ _SAVES: dict[tuple[Any, ...], PartitionSaves | None] = {}
 @dataclass
 class CompiledRegion:
     """A compiled checkpointed module's forward while it runs: the storages its operators
-    made (``id(storage) -> (bytes, dtype, weak reference)``: the reference tells the storage
-    from a later one given a freed one's ``id``) and the operators it ran."""
+    made, in the order they made them (``(bytes, dtype, weak reference)``: a list, not a
+    table keyed by ``id``, since a storage made after a freed one may get its ``id``, and
+    which storages the partitioner's saves are matched to would then depend on where
+    Python's allocator put them) and the operators it ran."""
 
-    made: dict[int, tuple[int, torch.dtype, weakref.ref[torch.UntypedStorage]]] = field(
-        default_factory=dict
+    made: list[tuple[int, torch.dtype, weakref.ref[torch.UntypedStorage]]] = field(
+        default_factory=list
     )
     ops: list[tuple[Any, ...]] = field(default_factory=list)
 
@@ -150,12 +152,12 @@ class CompiledRegionAccounting:
         for region in self._regions:
             region.ops.append(sig)
 
-    def _region_made(self: RegionHost, key: int, t: torch.Tensor) -> None:
+    def _region_made(self: RegionHost, t: torch.Tensor) -> None:
         """A storage an operator of the running compiled regions made in forward."""
         st = storage_of(t)
         if st is not None:
             for region in self._regions:
-                region.made[key] = (st.nbytes(), t.dtype, weakref.ref(st))
+                region.made.append((st.nbytes(), t.dtype, weakref.ref(st)))
 
 
 def compiled_checkpoints(
@@ -185,11 +187,14 @@ def _hold_saves(
     out = {id(st) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
            and (st := storage_of(t)) is not None}  # fmt: skip
     wanted = saves.sized
-    for key, (nbytes, dtype, ref) in region.made.items():
-        rec = host._live.get(key)
+    for nbytes, dtype, ref in region.made:
         st = ref()
-        if rec is None or st is None or rec[2]() is not st or key in out or rec[0] == 0:
-            continue  # freed since (its id perhaps another storage's now), or kept anyway
+        if st is None:
+            continue  # freed since
+        key = id(st)
+        rec = host._live.get(key)
+        if rec is None or rec[2]() is not st or key in out or rec[0] == 0:
+            continue  # not counted, or kept anyway
         made = (nbytes, dtype)
         if made in wanted:
             wanted.remove(made)

@@ -435,7 +435,7 @@ class CostProbe(
         if torch._C._current_graph_task_id() != -1:
             kind = ACT if recomputing() else BWD_TEMP
         elif self._regions:
-            self._region_made(key, t)
+            self._region_made(t)
         if loss is not None and loss.captures():  # written out only if it leaves the kernels
             gone = functools.partial(self._pending_freed, loss, key)
             loss.pending[key] = [n, kind, weakref.ref(st, gone), tuple(t.shape), t.dtype]
