@@ -74,7 +74,7 @@ class EventLog:
             self._current[index] = replace(e, t=t, duration=duration)
 
     def _call_timed(
-        self, start_ns: int, index: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any
+        self, start_ns: int, index: int, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """``fn(*args, **kwargs)``, the call of event ``index`` issued at ``start_ns``: the
         event is stamped (:meth:`_timed`) however the call ends."""
