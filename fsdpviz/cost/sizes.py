@@ -166,6 +166,19 @@ class Upcast:
 _SHARD = re.compile(r"Shard\((-?\d+)\)")
 
 
+def tp_local_shape(shape: list[int], placement: str, tp: int) -> list[int]:
+    """One rank's piece of a parameter of ``shape`` placed ``placement`` over ``tp`` ranks
+    (as ``Unit.tp_placements`` names it, ``"Shard(0)"``, ``"Replicate()"``): the first
+    rank's chunk (``torch.chunk``: the largest one)."""
+    placed = _SHARD.fullmatch(placement) if tp > 1 else None
+    if placed is None or not shape:
+        return shape
+    out = list(shape)
+    d = int(placed.group(1)) % len(out)
+    out[d] = -(-out[d] // tp)
+    return out
+
+
 _GRADS: dict[tuple[int, int, bool], tuple[Any, Any, dict[str, tuple[int, ...]]]] = {}
 
 
@@ -204,10 +217,7 @@ def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
             owner, _, name = p.rpartition(".")
             m = modules.get(owner)
             shape = list(m.params.get(name, [])) if m is not None else []
-            placed = _SHARD.fullmatch(u.tp_placements.get(p, "")) if tp > 1 else None
-            if placed and shape:
-                d = int(placed.group(1)) % len(shape)
-                shape[d] = -(-shape[d] // tp)  # the first rank's chunk
+            shape = tp_local_shape(shape, u.tp_placements.get(p, ""), tp)
             grads.append(math.prod(shape) * size)
         out[u.module] = tuple(grads)
     return out

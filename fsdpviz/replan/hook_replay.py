@@ -35,7 +35,6 @@ FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Unpack
@@ -44,7 +43,7 @@ import torch
 from torch import nn
 
 from fsdpviz.cost.fit import check_fit
-from fsdpviz.cost.sizes import itemsize
+from fsdpviz.cost.sizes import itemsize, tp_local_shape
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
@@ -57,7 +56,7 @@ from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
-from fsdpviz.plan.tensor_parallel import local_shape, parse_tp_mesh
+from fsdpviz.plan.tensor_parallel import parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
@@ -78,7 +77,6 @@ REPLAYABLE = {
     },
 }  # fmt: skip
 _PLACEHOLDER = nn.Module()
-_TP_SHARD = re.compile(r"Shard\((-?\d+)\)")  # a tp placement as Unit.tp_placements names it
 # Warnings about the FSDP1 options themselves, which a replay re-derives.
 OPTION_WARNINGS = {"no_shard_world_size_1", "hybrid_not_synchronized", "string_option"}
 
@@ -138,9 +136,7 @@ def _shapes(report: Report) -> dict[str, list[int]]:
     if tp > 1:
         for u in report.units:
             for p, placement in u.tp_placements.items():
-                placed = _TP_SHARD.fullmatch(placement)
-                if placed is not None:
-                    out[p] = local_shape(out[p], ("shard", int(placed.group(1))), tp)
+                out[p] = tp_local_shape(out[p], placement, tp)
     return out
 
 
