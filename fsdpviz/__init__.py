@@ -41,7 +41,7 @@ _PUBLIC = {
     ),
     "fsdpviz.replan": ("sweep",),
     "fsdpviz.tuning": ("Candidate", "Tuning", "suggest", "tune"),
-    "fsdpviz.trace.checkpointing": ("CheckpointEvery", "SelectiveCheckpoint"),
+    "fsdpviz.schema.checkpointing": ("CheckpointEvery", "SelectiveCheckpoint"),
     "fsdpviz.api.comparison": ("Comparison", "compare"),
     "fsdpviz.api.predict": ("analyze",),
     "fsdpviz.schema.config": ("ReportConfig",),
@@ -89,10 +89,10 @@ if TYPE_CHECKING:
         record_fsdp1,
     )
     from fsdpviz.replan import sweep
+    from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
     from fsdpviz.schema.config import ReportConfig
     from fsdpviz.schema.events import Event, ModuleEvent
     from fsdpviz.schema.report import FsdpWarning, ModuleInfo, Unit
-    from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
     from fsdpviz.tuning import Candidate, Tuning, suggest, tune
 
 __all__ = [

@@ -47,8 +47,8 @@ from fsdpviz.plan.fsdp1_options import enum_value
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.option_specs import options_of
+from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 from fsdpviz.schema.keywords import FSDPKwargs
-from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 __all__ = ["analyze_kwargs", "job_kwargs", "load_hf_model", "module_classes", "policy"]
 

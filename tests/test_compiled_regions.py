@@ -19,7 +19,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 import fsdpviz
 from fsdpviz.configs.torchtitan_model import Transformer, TransformerBlock
-from fsdpviz.trace.checkpointing import SelectiveCheckpoint
+from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 from fsdpviz.trace.compiled_regions import PARTITIONED_SINCE
 
 ARGS: Any = {"dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256,

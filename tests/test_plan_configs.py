@@ -496,7 +496,7 @@ def test_torchtitan_tensor_parallel_hsdp_and_offload(tmp_path: Path) -> None:
 def test_torchtitan_per_operator_checkpointing(tmp_path: Path) -> None:
     """selective_ac_option = "op": torchtitan's save list inside every block, between no
     checkpointing and full checkpointing in memory and in recomputed FLOPs."""
-    from fsdpviz.trace.checkpointing import SelectiveCheckpoint
+    from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 
     reports = {}
     for mode, option in (("none", "2"), ("selective", "op"), ("full", "2")):

@@ -16,7 +16,7 @@ reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (
 ``activation_checkpoint.mode = "full"``
 checkpoints every block, ``"selective"`` with an integer option every n-th block, with
 ``"op"`` per operator inside every block
-(:class:`~fsdpviz.trace.checkpointing.SelectiveCheckpoint`).
+(:class:`~fsdpviz.schema.checkpointing.SelectiveCheckpoint`).
 
 The job around FSDP: ``[compile] enable`` compiles each block (``analyze(...,
 compile=[TransformerBlock])``; with ``components`` including ``"loss"``, as torchtitan's

@@ -25,8 +25,8 @@ from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.pipeline import default_stages, schedule_class
+from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 from fsdpviz.schema.report import FsdpWarning
-from fsdpviz.trace.checkpointing import SelectiveCheckpoint
 
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs

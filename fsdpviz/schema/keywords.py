@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    from fsdpviz.schema.checkpointing import CheckpointSpec
     from fsdpviz.schema.config import TraceMode
-    from fsdpviz.trace.checkpointing import CheckpointSpec
 
 PrefetchMap = Mapping[str, Sequence[str]]
 """FSDP2's explicit prefetches: ``{fqn: [fqn, ...]}`` (``set_modules_to_forward_prefetch`` /

@@ -8,8 +8,9 @@ only the module's inputs, and backward runs the forward again. FSDP's hooks stay
 the checkpointed region, so the recomputation issues no all-gather. The copy's chosen
 modules run their forward that way; their names and parameters do not change.
 
-:class:`SelectiveCheckpoint` checkpoints per operator instead, as torchtitan's
-``activation_checkpoint.mode = "selective"`` with ``selective_ac_option = "op"`` does
+:class:`~fsdpviz.schema.checkpointing.SelectiveCheckpoint` checkpoints per operator instead,
+as torchtitan's ``activation_checkpoint.mode = "selective"`` with
+``selective_ac_option = "op"`` does
 (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): inside each chosen
 module, the outputs of matrix multiplies (every second one recomputed), fused attention
 and a few others are saved, everything else is recomputed in backward.
@@ -24,8 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict
 
 import torch
@@ -34,78 +34,11 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.schema.checkpointing import CheckpointEvery, CheckpointSpec, SelectiveCheckpoint
 from fsdpviz.trace.copy import asked_of_originals
 
 _aten = torch.ops.aten
-# torchtitan's save list (torchtitan/distributed/activation_checkpoint.py): outputs that are
-# expensive to recompute. The probe runs scaled_dot_product_attention as the CPU flash kernel
-# on the meta device, so that one is listed too.
-TORCHTITAN_SAVE_OPS: frozenset[Any] = frozenset(
-    {
-        _aten.mm.default,
-        _aten.linear.default,
-        _aten._scaled_dot_product_efficient_attention.default,
-        _aten._scaled_dot_product_flash_attention.default,
-        _aten._scaled_dot_product_cudnn_attention.default,
-        _aten._scaled_dot_product_flash_attention_for_cpu.default,
-        _aten.max.default,
-        _aten.topk.default,
-        torch.ops._c10d_functional.reduce_scatter_tensor.default,
-    }
-)
 _MATMULS = frozenset({_aten.mm.default, _aten.linear.default})
-
-
-@dataclass(frozen=True)
-class SelectiveCheckpoint:
-    """Per-operator selective activation checkpointing of ``modules`` (module classes or a
-    predicate, as ``activation_checkpointing`` takes them), as torchtitan's
-    ``selective_ac_option = "op"``: the outputs of ``save_ops`` are saved, except every
-    ``recompute_every_mm``-th matrix multiply (``0``: none), and everything else is
-    recomputed in backward.
-
-    Example::
-
-        fsdpviz.analyze(model, ids, fully_shard=[Block],
-                        activation_checkpointing=SelectiveCheckpoint([Block]))
-    """
-
-    modules: Sequence[type[nn.Module]] | Callable[[nn.Module], bool]
-    save_ops: frozenset[Any] = field(default=TORCHTITAN_SAVE_OPS)
-    recompute_every_mm: int = 2
-
-
-@dataclass(frozen=True)
-class CheckpointEvery:
-    """Every ``every``-th of the modules ``modules`` picks (module classes or a predicate, as
-    ``activation_checkpointing`` takes them), counted in the model's module order from 1, is
-    checkpointed whole: torchtitan's ``selective_ac_option = "<n>"`` (``every=2``: the 2nd,
-    4th, ... block), a trade between memory and recomputation.
-
-    Example::
-
-        fsdpviz.analyze(model, ids, fully_shard=[Block],
-                        activation_checkpointing=CheckpointEvery([Block], 2))
-    """
-
-    modules: Sequence[type[nn.Module]] | Callable[[nn.Module], bool]
-    every: int = 2
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
-            raise ConfigError(
-                f"CheckpointEvery: every must be a positive int (1: every module), got "
-                f"{self.every!r}"
-            )
-
-
-CheckpointSpec = (
-    Sequence[type[nn.Module]]
-    | Callable[[nn.Module], bool]
-    | SelectiveCheckpoint
-    | CheckpointEvery
-    | None
-)
 
 
 def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Module]:

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import torch
 
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD
+from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.tuning.space import TuneKwargs, reshard_given
 
 

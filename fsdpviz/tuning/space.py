@@ -55,8 +55,8 @@ from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
 from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
+from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.keywords import FSDPKwargs
-from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 

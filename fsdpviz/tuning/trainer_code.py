@@ -12,7 +12,7 @@ import torch
 
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
-from fsdpviz.trace.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
 from fsdpviz.tuning.space import reshard_given
 
