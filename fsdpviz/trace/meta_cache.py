@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+
+from fsdpviz.trace.operators import op_tensors
 
 __all__ = ["clear", "run"]
 
@@ -123,9 +124,8 @@ def _record(
         return None
 
     metas = []
-    storages = {
-        id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if type(t) is torch.Tensor
-    }
+    tensors = op_tensors((args, kwargs))
+    storages = {id(t.untyped_storage()) for t in tensors if type(t) is torch.Tensor}
     for t in outs:
         if type(t) is not torch.Tensor or t.device != _META or t.storage_offset() != 0:
             return None
