@@ -35,6 +35,7 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
 _NEVER = {"nonzero", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
           "masked_select", "_local_scalar_dense", "item", "equal", "is_nonzero"}  # fmt: skip
 _CACHEABLE: dict[Any, bool] = {}
+_NOT_SEEN: tuple[bool, tuple[tuple[Any, ...], ...]] = (False, ())  # no call remembered has it
 
 
 def run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -45,10 +46,10 @@ def run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     key = _key(func, args, kwargs)
     if key is None:
         return func(*args, **kwargs)
-    if key in _SEEN:
-        found = _SEEN[key]
-        if found is None:
-            return func(*args, **kwargs)
+    found = _SEEN.get(key, _NOT_SEEN)  # one lookup: a key hashes all its arguments' metadata
+    if found is None:
+        return func(*args, **kwargs)
+    if found is not _NOT_SEEN:
         one, metas = found
         outs = [_empty(*meta) for meta in metas]
         return outs[0] if one else tuple(outs)
@@ -100,10 +101,10 @@ def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
 def _arg(a: Any) -> Any:
     """A hashable stand-in for an argument's metadata, or None where it has none known."""
     if type(a) is torch.Tensor:
-        if a.device != _META or a.is_sparse or a.is_quantized:
+        if not a.is_meta or a.is_sparse or a.is_quantized:
             return None
-        return ("T", tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.is_conj(),
-                a.is_neg(), a.untyped_storage().nbytes())  # fmt: skip
+        return ("T", a.shape, a.stride(), a.dtype, a.storage_offset(), a.is_conj(), a.is_neg(),
+                a.untyped_storage().nbytes())  # fmt: skip
     if isinstance(a, _PLAIN):
         return (type(a), a)
     if isinstance(a, (list, tuple)):
