@@ -2,9 +2,10 @@
 
 A full cyclic collection over a kernel that holds a model, its stored traces and a
 dozen reports takes 300 ms or more, longer than the answer itself. :func:`answering`
-pauses automatic collection while the answer is computed; in a kernel (a running
-asyncio loop) one full collection runs once it has been idle for ``IDLE_GC_S``
-seconds, and an answer that starts meanwhile postpones it again.
+pauses automatic collection while the answer is computed, :func:`collection_deferred`
+while a model is traced; in a kernel (a running asyncio loop) one full collection runs
+once it has been idle for ``IDLE_GC_S`` seconds, and an answer that starts meanwhile
+postpones it again.
 
 Example::
 
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["IDLE_GC_S", "answering", "running_loop"]
+__all__ = ["IDLE_GC_S", "answering", "collection_deferred", "running_loop"]
 
 IDLE_GC_S = 0.3
 # The interpreter's thread switch interval inside an answer (Python's default is 5 ms): the
@@ -32,21 +33,39 @@ _pending_gc: asyncio.TimerHandle | None = None
 
 @contextmanager
 def answering() -> Iterator[None]:
-    """No automatic cyclic GC inside the block; one collection when the kernel is idle again."""
+    """No automatic cyclic GC inside the block, and the interpreter lock handed to other
+    threads often; one collection when the kernel is idle again."""
+    with collection_deferred() as deferred:
+        if not deferred:  # nested, or the user turned collection off: leave it be
+            yield
+            return
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, ANSWER_SWITCH_S))
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(switch)
+
+
+@contextmanager
+def collection_deferred() -> Iterator[bool]:
+    """No automatic cyclic GC inside the block; one collection when the kernel is idle again.
+    Yields whether it deferred it (not when nested, or when the user turned collection off).
+
+    A trace makes and drops objects by the hundred thousand: the collections they set off
+    walk the model's copy and autograd's graph again and again, a tenth of the trace, and
+    free none of the storages it counts (those die by reference count)."""
     global _pending_gc
     if _pending_gc is not None:
         _pending_gc.cancel()
         _pending_gc = None
     if not gc.isenabled():  # nested, or the user turned it off: leave it be
-        yield
+        yield False
         return
     gc.disable()
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, ANSWER_SWITCH_S))
     try:
-        yield
+        yield True
     finally:
-        sys.setswitchinterval(switch)
         gc.enable()
         loop = running_loop()
         if loop is not None:

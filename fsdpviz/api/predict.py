@@ -8,6 +8,7 @@ from typing import Any, Unpack, cast
 
 from torch import nn
 
+from fsdpviz._deferred_gc import collection_deferred
 from fsdpviz.api.keywords import AnalyzeKwargs
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
@@ -73,17 +74,18 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs])
     given = fsdp_kwargs.pop("machine", None)
     machine = None if given is None else machine_spec(given)
     plan_kwargs = cast("PlanKwargs", fsdp_kwargs)  # machine taken out above
-    if wants_pipeline(fsdp_kwargs):
-        report = analyze_pipeline(model, inputs, **plan_kwargs)
-    elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
-        report = analyze_fsdp2(model, inputs, **plan_kwargs)
-    else:
-        report = analyze_fsdp1(model, inputs, **plan_kwargs)
-    if machine is not None:
-        report.config = report.config.replace(machine=machine)
-    _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))
-    _measure_cache(report, model, inputs, asked)
-    check_fit(report)
+    with collection_deferred():
+        if wants_pipeline(fsdp_kwargs):
+            report = analyze_pipeline(model, inputs, **plan_kwargs)
+        elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
+            report = analyze_fsdp2(model, inputs, **plan_kwargs)
+        else:
+            report = analyze_fsdp1(model, inputs, **plan_kwargs)
+        if machine is not None:
+            report.config = report.config.replace(machine=machine)
+        _state_checkpointing(report, model, fsdp_kwargs.get("activation_checkpointing"))
+        _measure_cache(report, model, inputs, asked)
+        check_fit(report)
     return report
 
 

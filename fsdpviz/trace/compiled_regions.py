@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from fsdpviz.trace.checkpointing import is_selective
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
+from fsdpviz.trace.operators import op_tensors
 from fsdpviz.trace.probe_records import ACT, storage_of
 
 __all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost", "compiled_checkpoints"]
@@ -147,8 +148,7 @@ class CompiledRegionAccounting:
 
     def _region_op(self: RegionHost, func: Any, out: Any) -> None:
         """An operator ran in the forward of the running compiled regions."""
-        sig = (func, tuple((tuple(t.shape), t.dtype) for t in tree_leaves(out)
-                           if isinstance(t, torch.Tensor)))  # fmt: skip
+        sig = (func, tuple((tuple(t.shape), t.dtype) for t in op_tensors(out)))
         for region in self._regions:
             region.ops.append(sig)
 

@@ -10,9 +10,9 @@ import weakref
 from typing import Any, Protocol
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from fsdpviz.trace.fusion import FusedRegions, float8_casts, float8_gemm, float8_rescale
+from fsdpviz.trace.operators import op_tensors
 from fsdpviz.trace.probe_records import TPShares, storage_of
 
 __all__ = ["Float8Accounting", "Float8Host"]
@@ -88,8 +88,8 @@ class Float8Accounting:
         region and reads nothing more), else as a kernel of its own that reads and writes
         the output (a matrix multiply, attention, a collective or an operator outside the
         compiled modules reads the scaled output from memory)."""
-        for t in tree_leaves(args):
-            st = storage_of(t) if isinstance(t, torch.Tensor) else None
+        for t in op_tensors(args):
+            st = storage_of(t)
             entry = None if st is None else self._rescales.get(id(st))
             if entry is None or entry[0]() is not st:
                 continue

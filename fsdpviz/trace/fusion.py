@@ -34,18 +34,18 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._C._autograd import _get_sequence_nr
 from torch.utils._pytree import tree_leaves
+
+from fsdpviz.trace.operators import op_tensors
 
 _ACCUMULATE = 2**63  # AccumulateGrad nodes run last: their sequence number is the largest
 
 
 def _sequence_nr() -> int:
-    """The autograd sequence number the next node created will have (about: the one just
-    taken), so that nodes created from now on can be told apart."""
-    with torch.enable_grad():
-        probe = torch.empty(0, device="meta", requires_grad=True).view(0)
-    assert probe.grad_fn is not None
-    return int(probe.grad_fn._sequence_nr())
+    """The autograd sequence number the next node created will have, so that nodes created
+    from now on can be told apart."""
+    return int(_get_sequence_nr())
 
 
 class ModuleScope:
@@ -165,11 +165,11 @@ class FusedRegions:
         r.eager_count += count
         r.eager_bytes += nbytes
         size = self._size
-        for t in tree_leaves(args):
+        for t in op_tensors(args):
             st = _storage(t)
             if st is not None and not _holds(r.made, st):
                 _note(r.reads, r, st, size(t))
-        for t in tree_leaves(out):
+        for t in op_tensors(out):
             st = _storage(t)
             if st is None or _holds(r.made, st):
                 continue

@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+
+from fsdpviz.trace.operators import op_tensors
 
 __all__ = ["clear", "run"]
 
@@ -34,6 +35,7 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
 _NEVER = {"nonzero", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
           "masked_select", "_local_scalar_dense", "item", "equal", "is_nonzero"}  # fmt: skip
 _CACHEABLE: dict[Any, bool] = {}
+_NOT_SEEN: tuple[bool, tuple[tuple[Any, ...], ...]] = (False, ())  # no call remembered has it
 
 
 def run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -44,10 +46,10 @@ def run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     key = _key(func, args, kwargs)
     if key is None:
         return func(*args, **kwargs)
-    if key in _SEEN:
-        found = _SEEN[key]
-        if found is None:
-            return func(*args, **kwargs)
+    found = _SEEN.get(key, _NOT_SEEN)  # one lookup: a key hashes all its arguments' metadata
+    if found is None:
+        return func(*args, **kwargs)
+    if found is not _NOT_SEEN:
         one, metas = found
         outs = [_empty(*meta) for meta in metas]
         return outs[0] if one else tuple(outs)
@@ -99,10 +101,10 @@ def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
 def _arg(a: Any) -> Any:
     """A hashable stand-in for an argument's metadata, or None where it has none known."""
     if type(a) is torch.Tensor:
-        if a.device != _META or a.is_sparse or a.is_quantized:
+        if not a.is_meta or a.is_sparse or a.is_quantized:
             return None
-        return ("T", tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.is_conj(),
-                a.is_neg(), a.untyped_storage().nbytes())  # fmt: skip
+        return ("T", a.shape, a.stride(), a.dtype, a.storage_offset(), a.is_conj(), a.is_neg(),
+                a.untyped_storage().nbytes())  # fmt: skip
     if isinstance(a, _PLAIN):
         return (type(a), a)
     if isinstance(a, (list, tuple)):
@@ -123,9 +125,8 @@ def _record(
         return None
 
     metas = []
-    storages = {
-        id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if type(t) is torch.Tensor
-    }
+    tensors = op_tensors((args, kwargs))
+    storages = {id(t.untyped_storage()) for t in tensors if type(t) is torch.Tensor}
     for t in outs:
         if type(t) is not torch.Tensor or t.device != _META or t.storage_offset() != 0:
             return None

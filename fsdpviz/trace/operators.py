@@ -131,6 +131,26 @@ def tensor_bytes(x: Any) -> int:
     return n
 
 
+def op_tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in ``x``, an operator's arguments or outputs (a tensor, or tuples, lists
+    and dicts of tensors and other values, nested), in the order ``tree_leaves`` gives them:
+    the same walk without pytree's type lookups, which cost more than the operator on meta."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    found: list[torch.Tensor] = []
+    _collect_tensors(x, found)
+    return found
+
+
+def _collect_tensors(x: Any, found: list[torch.Tensor]) -> None:
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            _collect_tensors(item, found)
+
+
 def output_shapes(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return out.shape

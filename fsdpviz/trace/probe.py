@@ -68,7 +68,14 @@ from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccount
 from fsdpviz.trace.float8_probe import Float8Accounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
 from fsdpviz.trace.hook_counters import Mark, cut_profile
-from fsdpviz.trace.operators import FLOP_OPS, op_arg, op_info, output_shapes, tensor_bytes
+from fsdpviz.trace.operators import (
+    FLOP_OPS,
+    op_arg,
+    op_info,
+    op_tensors,
+    output_shapes,
+    tensor_bytes,
+)
 from fsdpviz.trace.probe_records import (
     ACT,
     BWD_TEMP,
@@ -309,7 +316,7 @@ class CostProbe(
         mats = _MM.get(func)
         if mats is not None and all(self._is_share(args[i]) for i in mats):
             return False
-        return any(self._is_share(t) for t in tree_leaves((args, kwargs)))
+        return any(self._is_share(t) for t in op_tensors((args, kwargs)))
 
     def _count_flops(self, flops: int) -> None:
         if torch._C._current_graph_task_id() != -1:
@@ -385,7 +392,7 @@ class CostProbe(
             key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz, grad)
             nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + grad)
         else:
-            share = tp > 1 and any(self._is_share(t) for t in tree_leaves(out))
+            share = tp > 1 and any(self._is_share(t) for t in op_tensors(out))
             local = flops // tp if share else flops
             key = ("flops", backward, local)
             nbytes = self._local_bytes(args) + self._local_bytes(out)
@@ -403,8 +410,7 @@ class CostProbe(
             return tensor_bytes(x)
         return sum(
             t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
-            for t in tree_leaves(x)
-            if isinstance(t, torch.Tensor)
+            for t in op_tensors(x)
         )
 
     def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None:
