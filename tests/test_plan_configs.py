@@ -493,6 +493,44 @@ def test_torchtitan_tensor_parallel_hsdp_and_offload(tmp_path: Path) -> None:
         fsdpviz.from_torchtitan(path, world_size=10)
 
 
+def test_torchtitan_loss_parallel_cross_entropy(tmp_path: Path) -> None:
+    """Under loss parallel each rank's cross-entropy runs on its vocabulary shard of the
+    float32 logits as torch's loss_parallel handlers run it: the backward holds the one-hot
+    gradient, the result's exponent, their sum and its product beside the saved
+    log-softmax (nll_loss_backward and _log_softmax_backward_data hold two), and the loss
+    and its gradient are cross-entropy's. Traced without tensor parallelism (a
+    configuration tune tries) the same job's loss is torch's cross-entropy."""
+    import torch.nn.functional as F
+
+    from fsdpviz.configs.torchtitan import _VocabShardCrossEntropy
+
+    path = _job(tmp_path, mode="full")
+    path.write_text(
+        path.read_text().replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
+    )
+    job = _quiet(fsdpviz.from_torchtitan, path, world_size=4)
+    plain = {k: v for k, v in job.config.items() if k not in ("mesh", "parallelize_plan")}
+    plain["world_size"] = 4
+    logits = 64 * 2048 * 4  # one sample's float32 logits: seq 64 x the vocabulary
+    for config, share, made in ((job.config, logits // 2, 3), (plain, logits, 2)):
+        report = fsdpviz.analyze(job.model, job.inputs, **config)
+        step = report.profile.iterations[-1]
+        # the compute from the output's forward to its backward: the loss
+        k = step.hooks.index(("pre_backward", "norm, output", None))
+        in_backward = step.peak[k] - step.peak_activations[k] - step.peak_forward_temp[k]
+        assert made * share <= in_backward < (made + 1) * share
+    labels = torch.randint(0, 2048, (128,))
+    x = torch.randn(128, 2048, requires_grad=True)
+    loss = _VocabShardCrossEntropy.apply(x, labels)
+    loss.backward()
+    ref = x.detach().clone().requires_grad_()
+    expected = F.cross_entropy(ref, labels)
+    expected.backward()  # type: ignore[no-untyped-call]
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert x.grad is not None and ref.grad is not None
+    assert torch.allclose(x.grad, ref.grad, atol=1e-6)
+
+
 def test_torchtitan_per_operator_checkpointing(tmp_path: Path) -> None:
     """selective_ac_option = "op": torchtitan's save list inside every block, between no
     checkpointing and full checkpointing in memory and in recomputed FLOPs."""

@@ -146,12 +146,14 @@ def from_torchtitan(
     # one rank's labels: context parallelism cuts them as it cuts the tokens
     rows = batch // int(cast(int, kwargs.get("microbatches", 1)))  # pipeline_kwargs sets an int
     labels = torch.zeros(rows, seq // mesh["cp"], dtype=torch.long, device="meta")
-    kwargs["loss"] = _CrossEntropy(labels)
+    loss_parallel = mesh["tp"] > 1 and not parallel.get("disable_loss_parallel", False)
+    kwargs["loss"] = _LossParallelCrossEntropy(labels) if loss_parallel else _CrossEntropy(labels)
     compiled = compile_option(data.get("compile", {}), where, notes)
     if compiled:
         kwargs["compile"] = compiled
     if compiled is True:  # the blocks and the loss: torchtitan's torch.compile(loss_fn)
-        kwargs["loss"] = cast("Callable[[Any], torch.Tensor]", torch.compile(kwargs["loss"]))
+        loss = _CrossEntropy(labels)  # Inductor's kernels, whichever eager ones it replaces
+        kwargs["loss"] = cast("Callable[[Any], torch.Tensor]", torch.compile(loss))
     if float8 is not None:
         kwargs["float8"] = float8
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
@@ -169,6 +171,67 @@ class _CrossEntropy:
         labels = self.labels[: pred.shape[0]]
         loss: torch.Tensor = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
         return loss
+
+
+class _LossParallelCrossEntropy(_CrossEntropy):
+    """torchtitan's loss under tensor parallelism with loss parallel (``train_context``
+    enters ``torch.distributed.tensor.parallel.loss_parallel()``): each rank's cross-entropy
+    of its vocabulary shard of the float32 logits, run eagerly as torch's handlers in
+    ``torch/distributed/tensor/parallel/loss.py`` run it on the local shard. ``_log_softmax``
+    makes the shifted logits and their exponent beside its result (one kernel each, where
+    ``aten._log_softmax`` makes its result alone); the backward of ``nll_loss`` and
+    ``log_softmax`` together (``_nll_loss_and_log_softmax_backward``) makes the one-hot
+    gradient, the result's exponent, their sum and its product by the loss's gradient, with
+    the saved result still held: four float32 tensors of the logits' shard at once, where
+    ``nll_loss_backward`` and ``_log_softmax_backward_data`` hold three. The all-reduces of
+    the maxima, the sums and the picked logits (a few values per token) are left out.
+
+    Logits that are not one rank's share of the vocabulary (a configuration ``tune`` tries
+    without tensor parallelism) take torch's own cross-entropy, as torchtitan without
+    tensor parallelism does: the tracing probe (the dispatch mode answering ``holds_share``)
+    says which."""
+
+    def __call__(self, pred: torch.Tensor) -> torch.Tensor:
+        if not _vocabulary_share(pred):
+            return super().__call__(pred)
+        labels = self.labels[: pred.shape[0]]
+        loss: torch.Tensor = _VocabShardCrossEntropy.apply(  # type: ignore[no-untyped-call]
+            pred.flatten(0, 1).float(), labels.flatten(0, 1)
+        )
+        return loss
+
+
+def _vocabulary_share(logits: torch.Tensor) -> bool:
+    """Whether the trace running now holds ``logits`` as one tensor-parallel rank's share
+    (the output projection's columns: the vocabulary)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in _get_current_dispatch_mode_stack():
+        holds = getattr(mode, "holds_share", None)
+        if holds is not None and holds(logits):
+            return True
+    return False
+
+
+class _VocabShardCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of ``x`` (tokens x vocabulary) as loss parallel computes it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        shifted = x - torch.amax(x, 1, keepdim=True)
+        logsumexp = torch.log(torch.sum(torch.exp(shifted), 1, keepdim=True))
+        result = shifted - logsumexp
+        del shifted
+        ctx.save_for_backward(result, labels)
+        return -torch.gather(result, 1, labels[:, None]).sum() / labels.numel()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        result, labels = ctx.saved_tensors
+        grad_input = torch.zeros_like(result)
+        grad_input.scatter_(1, labels[:, None], -1.0)
+        out = (grad_input + torch.exp(result)) * (grad / labels.numel())
+        return out, None
 
 
 __all__ = ["TorchtitanJob", "build_llama3", "from_torchtitan"]
