@@ -11,7 +11,8 @@ with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward 
 "always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
 reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (HSDP) when
 ``data_parallel_replicate_degree > 1``, ``dp_shard``, and ``tp`` with ``apply_tp``'s plan
-(sequence parallel, loss parallel unless ``disable_loss_parallel``) when
+(sequence parallel, loss parallel unless ``disable_loss_parallel``: the eager
+cross-entropy then run as ``loss_parallel()`` runs it on each rank's shard) when
 ``tensor_parallel_degree > 1``; ``enable_cpu_offload`` gives ``CPUOffloadPolicy()``.
 ``activation_checkpoint.mode = "full"``
 checkpoints every block, ``"selective"`` with an integer option every n-th block, with
