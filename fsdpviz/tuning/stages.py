@@ -214,9 +214,9 @@ class StagedSearch(Evaluations):
                 if note not in self.notes:
                     self.notes.append(note)
             ordered = sorted(tp_meshes, key=lambda m: m.mesh[2])
-            self.prefetch([self._lightest({**best, "mesh": mesh}) for mesh in ordered])
+            self.prefetch([self._lightest(self.on_mesh(best, mesh)) for mesh in ordered])
             for mesh in ordered:
-                self._climb({**best, "mesh": mesh}, ws)
+                self._climb(self.on_mesh(best, mesh), ws)
             if self._tp_standard and any(c.report.config.tp_world_size for c in self.candidates):
                 note = (
                     "tensor parallelism with the model's own plan "
