@@ -293,10 +293,10 @@ class Evaluations:
         return c
 
     def _variants(self, config: Config) -> list[Config]:
-        """``config`` under every choice of the replayed knobs (on a tensor-parallel mesh
-        the resharding only: the mesh stays, :mod:`~fsdpviz.tuning.stages` turns it), and its
-        accumulation both ways (the gradients reduced after the last micro-step, or after
-        each: one plan's, replayed with tensor parallelism too)."""
+        """``config`` under every choice of the replayed knobs (none with tensor parallelism:
+        the stages turn its mesh, and its resharding at each tensor-parallel mesh's fastest),
+        and its accumulation both ways (the gradients reduced after the last micro-step, or
+        after each: one plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
         ways = [
             c
@@ -307,26 +307,18 @@ class Evaluations:
         return [v for c in configs for v in self._replayed_variants(c)]
 
     def _replayed_variants(self, config: Config) -> list[Config]:
-        """``config`` under every choice of the replayed knobs: on a tensor-parallel mesh its
-        resharding alone (a replay keeps the tp degree; the data-parallel meshes of that
-        degree are the stages' to try), none under a pipeline (each is traced) or on a mesh
-        that is traced (context parallelism) with tensor parallelism."""
+        """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
-        mine = config["mesh"]
-        tp = mine.mesh[2]
-        if self.space.pipelined or (tp > 1 and mine.traced):
-            return [config]
+        tp = config["mesh"].mesh[2]
+        if tp > 1 or self.space.pipelined:  # none on a tensor-parallel mesh (see _variants);
+            return [config]  # a pipeline is never replayed: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
             if knob == "mesh":
-                values = (
-                    [mine]
-                    if tp > 1 or mine.traced
-                    else [c for c in values if c.mesh[2] == 1 and not c.traced]
-                )
-            elif knob == RESHARD.name and tp > 1:
-                values = self._tp_resharding(mine)
+                mine = config["mesh"]
+                plain = [c for c in values if c.mesh[2] == 1 and not c.traced]
+                values = [mine] if mine.traced else plain
             options.append(values)
         return [
             {**config, **dict(zip(replayed, combo, strict=True))}
