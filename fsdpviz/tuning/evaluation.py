@@ -31,6 +31,8 @@ from fsdpviz.tuning.space import (
     TuneKwargs,
     micro_batch_inputs,
     micro_batch_label,
+    reshard_given,
+    reshard_kwargs,
 )
 
 __all__ = ["Config", "Evaluations", "workers_for"]
@@ -292,9 +294,9 @@ class Evaluations:
 
     def _variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        the search varies neither its mesh nor its resharding there), and its accumulation
-        both ways (the gradients reduced after the last micro-step, or after each: one
-        plan's, replayed with tensor parallelism too)."""
+        the stages turn its mesh, and its resharding at each tensor-parallel mesh's fastest),
+        and its accumulation both ways (the gradients reduced after the last micro-step, or
+        after each: one plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
         ways = [
             c
@@ -308,23 +310,52 @@ class Evaluations:
         """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
         tp = config["mesh"].mesh[2]
-        if tp > 1 or self.space.pipelined:  # none tried on a tensor-parallel mesh; a
-            return [config]  # pipeline is never replayed: each is traced
+        if tp > 1 or self.space.pipelined:  # none on a tensor-parallel mesh (see _variants);
+            return [config]  # a pipeline is never replayed: each is traced
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
             if knob == "mesh":
                 mine = config["mesh"]
-                values = (
-                    [mine]
-                    if tp > 1 or mine.traced
-                    else [c for c in values if c.mesh[2] == 1 and not c.traced]
-                )
+                plain = [c for c in values if c.mesh[2] == 1 and not c.traced]
+                values = [mine] if mine.traced else plain
             options.append(values)
         return [
             {**config, **dict(zip(replayed, combo, strict=True))}
             for combo in itertools.product(*options)
         ]
+
+    def _tp_resharding(self, mesh: Choice) -> list[Choice]:
+        """FSDP2's resharding choices on the tensor-parallel ``mesh``. Resharding to a node
+        is to the data-parallel ranks one node holds: the tp dimension is the innermost, so
+        a node of ``G`` GPUs holds ``G / tp`` consecutive ``dp_shard`` ranks (the ``G`` of
+        the space's choice would span ``tp`` nodes); none where that is one rank (``False``)
+        or every shard rank (``True``). The configuration as given keeps its own."""
+        shard, tp = mesh.mesh[1], mesh.mesh[2]
+        mine = self.space.user[RESHARD.name]
+        out: list[Choice] = []
+        for c in self.space.choices[RESHARD.name]:
+            value = reshard_given(c.kwargs)
+            if c == mine or isinstance(value, bool) or not isinstance(value, int):
+                out.append(c)
+                continue
+            ranks = value // tp
+            if value % tp == 0 and 1 < ranks < shard and shard % ranks == 0:
+                out.append(
+                    Choice(RESHARD.name, f"to {ranks} ranks (a node)", reshard_kwargs(ranks))
+                )
+        return out
+
+    def on_mesh(self, config: Config, mesh: Choice) -> Config:
+        """``config`` on ``mesh``, with the resharding as given where its own is not a
+        choice there (to a node: another number of ranks on a tensor-parallel mesh)."""
+        out = {**config, "mesh": mesh}
+        if RESHARD.name in config and self.api == "FSDP2":
+            tp = mesh.mesh[2] > 1 and not mesh.traced
+            offered = self._tp_resharding(mesh) if tp else self.space.choices[RESHARD.name]
+            if config[RESHARD.name] not in offered:
+                out[RESHARD.name] = self.space.user[RESHARD.name]
+        return out
 
     def evaluate_key(self, config: Config) -> list[Candidate]:
         """``config`` (traced once) and every choice of the replayed knobs (replayed)."""

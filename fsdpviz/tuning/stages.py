@@ -214,9 +214,9 @@ class StagedSearch(Evaluations):
                 if note not in self.notes:
                     self.notes.append(note)
             ordered = sorted(tp_meshes, key=lambda m: m.mesh[2])
-            self.prefetch([self._lightest({**best, "mesh": mesh}) for mesh in ordered])
+            self.prefetch([self._lightest(self.on_mesh(best, mesh)) for mesh in ordered])
             for mesh in ordered:
-                self._climb({**best, "mesh": mesh}, ws)
+                self._climb(self.on_mesh(best, mesh), ws)
             if self._tp_standard and any(c.report.config.tp_world_size for c in self.candidates):
                 note = (
                     "tensor parallelism with the model's own plan "
@@ -224,6 +224,29 @@ class StagedSearch(Evaluations):
                 )
                 if note not in self.notes:
                     self.notes.append(note)
+        self._tp_resharding_stage(ws)
+
+    def _tp_resharding_stage(self, ws: int) -> None:
+        """Each tensor-parallel mesh's fastest fit on ``ws`` ranks under FSDP2's other
+        resharding choices there (replayed: the tp degree kept; a replay at each
+        configuration of the climb would cost as much as its traces)."""
+        sp = self.space
+        if self.api != "FSDP2" or RESHARD.name in sp.pinned or sp.pipelined:
+            return
+        fastest: dict[str, tuple[Candidate, Config]] = {}
+        for c in self.candidates:
+            config = self._config_of(c)
+            if config is None or not c.fits or c.world_size != ws:
+                continue
+            mesh = config["mesh"]
+            if mesh.mesh[2] == 1 or mesh.traced:
+                continue
+            if mesh.label not in fastest or c.tokens_per_s > fastest[mesh.label][0].tokens_per_s:
+                fastest[mesh.label] = (c, config)
+        for _, config in fastest.values():
+            for choice in self._tp_resharding(config["mesh"]):
+                if choice.label != config[RESHARD.name].label:
+                    self.evaluate_key({**config, RESHARD.name: choice})
 
     def _pipeline_pairs(self, start: Config) -> list[Config]:
         """A pipeline job's other (mesh, schedule) pairs: the other schedules on its mesh,
