@@ -62,6 +62,7 @@ from fsdpviz.configs.torchtitan_job import (
 from fsdpviz.configs.torchtitan_model import FLAVORS, build_llama3
 from fsdpviz.configs.torchtitan_plan import parallelize_kwargs, pipeline_kwargs
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.probe import traced_as_share
 
 
 @dataclass(frozen=True)
@@ -189,29 +190,17 @@ class _LossParallelCrossEntropy(_CrossEntropy):
 
     Logits that are not one rank's share of the vocabulary (a configuration ``tune`` tries
     without tensor parallelism) take torch's own cross-entropy, as torchtitan without
-    tensor parallelism does: the tracing probe (the dispatch mode answering ``holds_share``)
-    says which."""
+    tensor parallelism does: the trace says which
+    (:func:`~fsdpviz.trace.probe.traced_as_share`)."""
 
     def __call__(self, pred: torch.Tensor) -> torch.Tensor:
-        if not _vocabulary_share(pred):
+        if not traced_as_share(pred):  # the output projection's columns: the vocabulary
             return super().__call__(pred)
         labels = self.labels[: pred.shape[0]]
         loss: torch.Tensor = _VocabShardCrossEntropy.apply(  # type: ignore[no-untyped-call]
             pred.flatten(0, 1).float(), labels.flatten(0, 1)
         )
         return loss
-
-
-def _vocabulary_share(logits: torch.Tensor) -> bool:
-    """Whether the trace running now holds ``logits`` as one tensor-parallel rank's share
-    (the output projection's columns: the vocabulary)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in _get_current_dispatch_mode_stack():
-        holds = getattr(mode, "holds_share", None)
-        if holds is not None and holds(logits):
-            return True
-    return False
 
 
 class _VocabShardCrossEntropy(torch.autograd.Function):

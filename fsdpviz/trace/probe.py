@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
@@ -625,3 +625,13 @@ def batch_tokens(inputs: Any) -> int:
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def traced_as_share(t: torch.Tensor) -> bool:
+    """Whether the trace running now holds ``t`` as one tensor-parallel rank's 1/tp share
+    (``False`` outside a trace): what code run by the trace, such as a loss, asks of its
+    inputs."""
+    return any(
+        isinstance(mode, CostProbe) and mode.holds_share(t)
+        for mode in _get_current_dispatch_mode_stack()
+    )
