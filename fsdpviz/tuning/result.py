@@ -40,7 +40,7 @@ class Alternative(TypedDict):
 
 
 class SlowCause(Slowdown):
-    """One row of :meth:`Tuning.why_slow`: a :class:`~fsdpviz.cost.Slowdown` and the
+    """One row of :meth:`Tuning.why_slow`: a :class:`~fsdpviz.cost.slow_causes.Slowdown` and the
     configuration tune found for its knob."""
 
     prediction: Candidate | None
