@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 RESHARD_KEY = "fsdp_reshard_after_forward"
 """accelerate's ``fsdp_config`` key for FSDP2's resharding after forward (``true`` or
 ``false`` for every group it wraps); FSDP1's sharding strategy overrides it."""
+
 # fsdp_config keys accelerate reads and fsdpviz applies.
 _FSDP_KEYS = {
     "fsdp_version",
