@@ -57,6 +57,10 @@ from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
 
+RESHARD_KEY = "fsdp_reshard_after_forward"
+"""accelerate's ``fsdp_config`` key for FSDP2's resharding after forward (``true`` or
+``false`` for every group it wraps); FSDP1's sharding strategy overrides it."""
+
 # fsdp_config keys accelerate reads and fsdpviz applies.
 _FSDP_KEYS = {
     "fsdp_version",
@@ -64,7 +68,7 @@ _FSDP_KEYS = {
     "fsdp_transformer_layer_cls_to_wrap",
     "fsdp_min_num_params",
     "fsdp_sharding_strategy",
-    "fsdp_reshard_after_forward",
+    RESHARD_KEY,
     "fsdp_backward_prefetch",
     "fsdp_forward_prefetch",
     "fsdp_use_orig_params",
@@ -476,7 +480,7 @@ def _fsdp1(
 ) -> AnalyzeKwargs:  # fmt: skip
     strategy = _named(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"), _STRATEGIES,
                       "fsdp_sharding_strategy", where)  # fmt: skip
-    asked = fsdp.get("fsdp_reshard_after_forward")
+    asked = fsdp.get(RESHARD_KEY)
     if asked is not None and str(asked).upper() != strategy:
         note(
             notes,
@@ -521,7 +525,7 @@ def _fsdp2(
                         "with fsdp_version: 2" + (
                             " (accelerate to-fsdp2 turns it into fsdp_reshard_after_forward)"
                             if key == "fsdp_sharding_strategy" else ""))  # fmt: skip
-    raf_given = fsdp.get("fsdp_reshard_after_forward", True)
+    raf_given = fsdp.get(RESHARD_KEY, True)
     if str(raf_given).upper() in _STRATEGIES:
         as_bool = str(raf_given).upper() in ("FULL_SHARD", "HYBRID_SHARD")
         raise ConfigError(
@@ -529,7 +533,7 @@ def _fsdp2(
             "with fsdp_version: 2 accelerate takes true or false (accelerate to-fsdp2 writes "
             f"{str(as_bool).lower()} for {str(raf_given).upper()})"
         )
-    raf = _flag(raf_given, "fsdp_reshard_after_forward", where)
+    raf = _flag(raf_given, RESHARD_KEY, where)
     names = {m: n for n, m in model.named_modules()}
     sharded: list[nn.Module] = []
     if wrap is not None:

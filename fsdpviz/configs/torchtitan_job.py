@@ -17,6 +17,7 @@ from typing import Any
 
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
+from fsdpviz.configs.torchtitan_plan import RESHARD_KEY
 from fsdpviz.errors import ConfigError, did_you_mean
 
 # Keys of the sections that decide the plan (torchtitan/config/job_config.py); the other
@@ -28,7 +29,7 @@ _SECTIONS: dict[str, set[str]] = {
                  "max_norm", "steps", "enable_cpu_offload", "dtype", "mixed_precision_param",
                  "mixed_precision_reduce", "gc_freq", "gc_debug", "dataloader"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
-                    "fsdp_reshard_after_forward", "tensor_parallel_degree",
+                    RESHARD_KEY, "tensor_parallel_degree",
                     "disable_loss_parallel", "enable_async_tensor_parallel",
                     "pipeline_parallel_degree", "module_fqns_per_model_part",
                     "pipeline_parallel_first_stage_less_layers",

@@ -6,6 +6,7 @@ schedule, microbatches and stages (:func:`pipeline_kwargs`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+RESHARD_KEY = "fsdp_reshard_after_forward"
+"""torchtitan's ``[parallelism]`` key for FSDP2's resharding after forward: ``"default"``
+(every group but the last, under pipeline parallelism none), ``"always"`` or ``"never"``;
+:func:`parallelize_kwargs` reads it, :func:`reshard_policy` writes it."""
 
 
 def tp_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:
@@ -74,11 +80,10 @@ def parallelize_kwargs(
     """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
     arguments."""
     training = data.get("training", {})
-    policy = str(data.get("parallelism", {}).get("fsdp_reshard_after_forward", "default"))
+    policy = str(data.get("parallelism", {}).get(RESHARD_KEY, "default"))
     if policy not in ("default", "always", "never"):
         raise ConfigError(
-            f"{where}: parallelism.fsdp_reshard_after_forward must be default, always or "
-            f"never, got {policy!r}"
+            f"{where}: parallelism.{RESHARD_KEY} must be default, always or never, got {policy!r}"
         )
     # "default": True without pipeline parallelism, False under it (torchtitan's
     # get_fsdp_reshard_after_forward_policy: no all-gather per microbatch)
@@ -139,6 +144,28 @@ def parallelize_kwargs(
     elif mode != "none":
         raise ConfigError(f"{where}: activation_checkpoint.mode {mode!r} is not valid")
     return kwargs
+
+
+def reshard_policy(value: Any) -> str | None:
+    """torchtitan's :data:`RESHARD_KEY` that makes FSDP2's resharding after forward
+    ``value`` (as ``fully_shard`` takes it, or per group) without pipeline parallelism, as
+    :func:`parallelize_kwargs` reads it: ``"always"`` (``True`` everywhere), ``"never"``
+    (``False`` everywhere), ``"default"`` (torch's default, or ``True`` for every group but
+    the last, the norm with the output); ``None`` where no policy does (a number of ranks,
+    other groups kept)."""
+    if isinstance(value, Mapping):
+        values = list(value.values())
+        if all(v is False for v in values):
+            value = False
+        elif all(v is True for v in values):
+            value = True
+        elif all(v is True for v in values[:-1]) and values[-1] is False:
+            return "default"
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "always" if value else "never"
+    return None
 
 
 def pipeline_kwargs(

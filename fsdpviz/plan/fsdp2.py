@@ -24,7 +24,7 @@ from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.fsdp2_shards import (
     check_placements_reshard,
@@ -32,7 +32,6 @@ from fsdpviz.plan.fsdp2_shards import (
     placement_fn_of,
     shard_dim,
 )
-from fsdpviz.plan.torch_fsdp import TorchFSDP
 from fsdpviz.schema.report import unit_label
 
 
@@ -306,25 +305,6 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
     for root in roots:
         dfs(root)
     return out
-
-
-def reshard_after_forward_of(
-    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
-) -> bool | int:
-    """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
-    given the option's value (a bool, an int or ``{fqn: bool | int}``; None or a dict
-    without the group: torch's default, reshard all but the root). Before torch 2.8
-    (``rules``) lazy init keeps the root unsharded after forward whatever it was given."""
-    if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
-        return False
-    if isinstance(value, dict):
-        for key in (name, *fqns):
-            if key in value:
-                return value[key]  # type: ignore[no-any-return]
-        value = None
-    if value is None:
-        return fqns != ("",)
-    return value  # type: ignore[no-any-return]
 
 
 def check_reshard_ints(groups: list[Group], world_size: int) -> None:

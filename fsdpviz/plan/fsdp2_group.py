@@ -1,15 +1,20 @@
 """One ``fully_shard`` call as the FSDP2 plan hands it on: :class:`Group` (its modules,
 parameters, ``reshard_after_forward`` and sizes), what the options' statement, the
-runtime port, the hook emulations and the replays read.
+runtime port, the hook emulations and the replays read; and that call's
+``reshard_after_forward`` as the option's value gives it (:func:`reshard_after_forward_of`),
+for a planned, an applied or a replayed group alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
+from fsdpviz.plan.option_specs import RESHARD
+from fsdpviz.plan.torch_fsdp import TorchFSDP
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.report import Unit
 
@@ -59,9 +64,28 @@ class Group:
 
     def reshard_text(self) -> str:
         """Its resharding as an error names it (``"reshard_after_forward=2 for 'layers.0'"``)."""
-        return f"reshard_after_forward={self.reshard_after_forward} for {unit_label(self.name)}"
+        return f"{RESHARD.code(self.reshard_after_forward)} for {unit_label(self.name)}"
 
 
 def reshard_map(groups: Iterable[Group]) -> dict[str, bool | int]:
     """Each group's resharding after forward by its name, as ``Report.config`` states it."""
     return {g.name: g.reshard_after_forward for g in groups}
+
+
+def reshard_after_forward_of(
+    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
+) -> bool | int:
+    """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
+    given the option's value (a bool, an int or ``{fqn: bool | int}``; None or a dict
+    without the group: torch's default, reshard all but the root). Before torch 2.8
+    (``rules``) lazy init keeps the root unsharded after forward whatever it was given."""
+    if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
+        return False
+    if isinstance(value, dict):
+        for key in (name, *fqns):
+            if key in value:
+                return value[key]  # type: ignore[no-any-return]
+        value = None
+    if value is None:
+        return fqns != ("",)
+    return value  # type: ignore[no-any-return]

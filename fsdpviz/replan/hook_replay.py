@@ -48,8 +48,8 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
-from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices, reshard_after_forward_of
-from fsdpviz.plan.fsdp2_group import Group, reshard_map
+from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
+from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of, reshard_map
 from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes

@@ -45,7 +45,7 @@ from fsdpviz.api.predict import analyze
 from fsdpviz.cost.fit import check_fit, machine_spec
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1_options import enum_value
-from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, Api, OptionSpec, options_of
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, OPTIONS, RESHARD, Api, OptionSpec, options_of
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.replan.stored_fsdp1 import StoredTrace as StoredTrace1
@@ -89,7 +89,7 @@ class PlanOptions:
     backward_prefetch: str | None = OPTIONS["backward_prefetch"].default
     forward_prefetch: bool = OPTIONS["forward_prefetch"].default
     recipe: Recipe = "FSDP1"
-    reshard_after_forward: bool | int = OPTIONS["reshard_after_forward"].default
+    reshard_after_forward: bool | int = RESHARD.default
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (``layer_classes`` may be any sequence)."""

@@ -205,10 +205,16 @@ class ReportConfig(Mapping[str, Any]):
         size; a prediction states its options)."""
         return all(k in self.stated for k in keys)
 
+    def resharding(self, unit: str) -> bool | int | None:
+        """FSDP2's ``reshard_after_forward`` for ``unit`` as the plan applied it: ``True``,
+        ``False`` or a number of ranks; ``None`` where the report does not state it (a
+        recording)."""
+        return self.reshard_after_forward.get(unit)
+
     def reshard_ranks(self, unit: str) -> int | None:
         """FSDP2 ``reshard_after_forward=N`` of ``unit``: the ranks its parameters are
         resharded over after forward, when that is neither all ranks nor none."""
-        value = self.reshard_after_forward.get(unit)
+        value = self.resharding(unit)
         if isinstance(value, bool) or value is None or not 1 < value < self.ranks:
             return None
         return value

@@ -136,12 +136,12 @@ torch's default."""
 
 def reshard_kwargs(value: ReshardValue) -> TuneKwargs:
     """A configuration's keywords that set FSDP2's resharding after forward to ``value``."""
-    return {"reshard_after_forward": value}
+    return cast(TuneKwargs, {RESHARD.name: value})
 
 
 def reshard_given(kwargs: TuneKwargs) -> ReshardValue:
     """FSDP2's resharding after forward as a configuration's keywords give it."""
-    return kwargs.get("reshard_after_forward")
+    return cast(ReshardValue, kwargs.get(RESHARD.name))
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
+from fsdpviz.configs.accelerate import RESHARD_KEY as ACCELERATE_RESHARD
+from fsdpviz.configs.torchtitan_plan import RESHARD_KEY as TITAN_RESHARD
+from fsdpviz.configs.torchtitan_plan import reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
@@ -26,19 +28,13 @@ def torchtitan_toml(c: Candidate) -> str:
     param = getattr(mp, "param_dtype", None) or torch.float32
     reduce = getattr(mp, "reduce_dtype", None) or param
     tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-    raf: Any = reshard_given(kw)
-    if isinstance(raf, Mapping):
-        raf = _titan_policy(raf)
-    if raf is None or raf == "default":
+    raf = reshard_given(kw)
+    policy = reshard_policy(raf)
+    if policy is None:
         policy = "default"
-    elif raf is False:
-        policy = "never"
-    elif raf is True:
-        policy = "always"
-    else:
-        policy = "default"
+        given = dict(raf) if isinstance(raf, Mapping) else raf
         notes.append(
-            f"{RESHARD.code(raf)} has no fsdp_reshard_after_forward value; "
+            f"{RESHARD.code(given)} has no {TITAN_RESHARD} value; "
             "torchtitan's apply_fsdp needs a change for it"
         )
     dp = cfg.ranks // (cfg.tp_world_size or 1)
@@ -68,7 +64,7 @@ def torchtitan_toml(c: Candidate) -> str:
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {dp}",
-        f'fsdp_reshard_after_forward = "{policy}"',
+        f'{TITAN_RESHARD} = "{policy}"',
         f"tensor_parallel_degree = {cfg.tp_world_size or 1}",
     ]
     if pipe is not None:
@@ -118,20 +114,6 @@ def torchtitan_toml(c: Candidate) -> str:
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
 
-def _titan_policy(per_group: Mapping[str, Any]) -> Any:
-    """A per-group ``reshard_after_forward`` as torchtitan's ``fsdp_reshard_after_forward``
-    would set it (``"default"``: every group but the last, the norm with the output; the
-    value itself where it is none of torchtitan's)."""
-    values = list(per_group.values())
-    if all(v is False for v in values):
-        return False
-    if all(v is True for v in values):
-        return True
-    if all(v is True for v in values[:-1]) and values[-1] is False:
-        return "default"
-    return dict(per_group)
-
-
 # ------------------------------------------------------------------ accelerate
 def accelerate_yaml(c: Candidate) -> str:
     kw = c.kwargs
@@ -165,7 +147,7 @@ def accelerate_yaml(c: Candidate) -> str:
         out.append("  fsdp_auto_wrap_policy: NO_WRAP")
     if fsdp2:
         raf = reshard_given(kw)
-        out.append(f"  fsdp_reshard_after_forward: {'false' if raf is False else 'true'}")
+        out.append(f"  {ACCELERATE_RESHARD}: {'false' if raf is False else 'true'}")
         if raf not in (None, True, False):
             notes.append(f"{RESHARD.code(raf)} is not an accelerate setting")
     else:

@@ -20,6 +20,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsdpviz.api.comparison import COSTS, cost_label, cost_text
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.memory import MemoryReport
 from fsdpviz.schema.report import Report
@@ -232,11 +233,11 @@ def _fsdp1_items(c: ReportConfig) -> list[str]:
 
 def _fsdp2_items(c: ReportConfig) -> list[str]:
     items = [f"fully_shard on {plural(len(c.fully_shard), 'module')}"]
-    reshard = c.reshard_after_forward
+    reshard = {u: v for u in c.fully_shard if (v := c.resharding(u)) is not None}
     if reshard:
         root = reshard.get("")
         others = sorted({str(v) for k, v in reshard.items() if k != ""})
-        text = "reshard_after_forward " + ("/".join(others) if others else str(root))
+        text = f"{RESHARD.name} " + ("/".join(others) if others else str(root))
         if others and root is not None and [str(root)] != others:
             text += f" (root {root})"
         items.append(text)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import TypedDict
 
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.report import ModuleInfo, Report, Unit, unit_label
 from fsdpviz.views.style import format_bytes
 from fsdpviz.views.tree import ModuleTree, TreeNode, module_tree
@@ -217,15 +218,16 @@ def _events_lines(report: Report) -> dict[str, str]:
 
 
 def _how_sharded(report: Report, u: Unit) -> str:
-    """FSDP1's sharding strategy, or FSDP2's ``reshard_after_forward`` for this unit."""
+    """FSDP1's sharding strategy, or FSDP2's resharding after forward (:data:`RESHARD`)
+    for this unit."""
     c = report.config
     if c.api != "FSDP2":
         return u.sharding_strategy
-    value = c.reshard_after_forward.get(u.module)
+    value = c.resharding(u.module)
     if value is None:  # not stated (a recording): what the unit's sizes imply
         value = u.sharding_strategy != "SHARD_GRAD_OP"
     ranks = f"{value} ranks" if not isinstance(value, bool) else str(value)
-    return f"reshard_after_forward={ranks}"
+    return f"{RESHARD.name}={ranks}"
 
 
 def _table(
