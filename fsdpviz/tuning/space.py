@@ -136,12 +136,12 @@ torch's default."""
 
 def reshard_kwargs(value: ReshardValue) -> TuneKwargs:
     """A configuration's keywords that set FSDP2's resharding after forward to ``value``."""
-    return cast(TuneKwargs, {RESHARD.name: value})
+    return {"reshard_after_forward": value}
 
 
 def reshard_given(kwargs: TuneKwargs) -> ReshardValue:
     """FSDP2's resharding after forward as a configuration's keywords give it."""
-    return cast(ReshardValue, kwargs.get(RESHARD.name))
+    return kwargs.get("reshard_after_forward")
 
 
 @dataclass(frozen=True)
