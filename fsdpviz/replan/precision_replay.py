@@ -112,6 +112,23 @@ def with_reduce_dtype(report: Report, policy: Any) -> Report:
     return replace(report, config=config, units=units, warnings=list(report.warnings))
 
 
+def replays_precision(report: Report, policy: Any) -> bool:
+    """Whether :func:`replay` applies mixed precision ``policy`` to ``report`` (the same
+    as the report's, or another reduce dtype where the report says each unit's)."""
+    try:
+        with_reduce_dtype(report, policy)
+    except ConfigError:
+        return False
+    return True
+
+
+def same_precision(report: Report, policy: Any) -> bool:
+    """Whether ``report`` was planned with mixed precision ``policy``."""
+    api = report.config.api
+    stated = report.config.mixed_precision if api == "FSDP1" else report.config.mp_policy
+    return PRECISION_OPTION[api] in report.config.stated and _described(api, policy) == stated
+
+
 def _described(api: str, policy: Any) -> dict[str, Any] | None:
     """``policy`` checked as ``analyze`` checks it, and stated as a report states it."""
     option = PRECISION_OPTION[api]
@@ -170,4 +187,10 @@ def _shown_stated(stated: Mapping[str, Any] | None) -> str:
     return "(" + ", ".join(f"{k}={v}" for k, v in stated.items()) + ")"
 
 
-__all__ = ["PRECISION_OPTION", "traced_precision", "with_reduce_dtype"]
+__all__ = [
+    "PRECISION_OPTION",
+    "replays_precision",
+    "same_precision",
+    "traced_precision",
+    "with_reduce_dtype",
+]
