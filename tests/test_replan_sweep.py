@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import torch
 import tp_models
-from torch.distributed.fsdp import BackwardPrefetch, CPUOffloadPolicy, ShardingStrategy
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -235,3 +241,98 @@ def test_a_sweep_with_tensor_parallelism_traces_once() -> None:
     kept = _tp(reshard_after_forward=False)
     assert table.rows[1]["peak_bytes"] == kept.memory.peak["bytes"]
     assert table.rows[1]["step_s"] == kept.timeline.totals["step_s"]
+
+
+BF16, FP32, FP16 = torch.bfloat16, torch.float32, torch.float16
+
+
+@pytest.mark.parametrize(
+    ("traced", "changes"),
+    [
+        ({"mixed_precision": MixedPrecision(param_dtype=BF16, reduce_dtype=FP32)},
+         {"mixed_precision": MixedPrecision(param_dtype=BF16, reduce_dtype=BF16)}),
+        ({"mixed_precision": MixedPrecision(param_dtype=BF16, reduce_dtype=FP32)},
+         {"mixed_precision": MixedPrecision(param_dtype=BF16), "grad_accum": 3,
+          "world_size": 16, "sharding_strategy": SS["HYBRID_SHARD"]}),
+        ({"mixed_precision": MixedPrecision(param_dtype=BF16), "grad_accum": 2,
+          "sharding_strategy": SS["NO_SHARD"]},
+         {"mixed_precision": MixedPrecision(param_dtype=BF16, reduce_dtype=FP32)}),
+        ({"mixed_precision": MixedPrecision(reduce_dtype=FP16), "use_orig_params": True},
+         {"mixed_precision": MixedPrecision(reduce_dtype=FP32), "grad_accum": 2}),
+        ({"fully_shard": [DecoderLayer],
+          "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=FP32)},
+         {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16)}),
+        ({"fully_shard": [DecoderLayer], "mp_policy": MixedPrecisionPolicy(param_dtype=BF16)},
+         {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=FP32),
+          "grad_accum": 4, "reshard_after_forward": False}),
+        ({"fully_shard": [DecoderLayer], "mesh": (2, 2), "grad_accum": 2,
+          "reshard_after_backward": False, "requires_all_reduce": False},
+         {"mp_policy": MixedPrecisionPolicy(reduce_dtype=BF16), "grad_accum": 3}),
+    ],
+    ids=["fsdp1", "fsdp1-accum-hybrid", "fsdp1-no-shard", "fsdp1-orig-params", "fsdp2",
+         "fsdp2-accum", "fsdp2-hsdp-accum"],
+)  # fmt: skip
+def test_a_reduce_dtype_replay_equals_analyze(
+    traced: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    """Another reduce dtype changes what the reductions move and what the gradients take
+    (FSDP2's accumulated ones upcast), not the trace: a replay equals a fresh analyze."""
+    policy = {} if "fully_shard" in traced else {"auto_wrap_policy": POLICY}
+    kw = {"world_size": 4, "progress": False, **policy, **traced}
+    base = _analyze(**kw)
+    fresh = _analyze(**{**kw, **changes})
+    _identical(fresh, replay(base, **changes))
+    assert [u.reduce_dtype for u in fresh.units] != [u.reduce_dtype for u in base.units]
+
+
+def test_a_tensor_parallel_reduce_dtype_replay_equals_analyze() -> None:
+    traced = {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=FP32)}
+    changes = {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16), "grad_accum": 2}
+    _identical(_tp(**{**traced, **changes}), replay(_tp(**traced), **changes))
+
+
+def test_a_replay_refuses_precision_that_changes_the_trace() -> None:
+    mp = MixedPrecision(param_dtype=BF16, reduce_dtype=FP32)
+    base = _analyze(auto_wrap_policy=POLICY, world_size=4, mixed_precision=mp)
+    for other in [
+        MixedPrecision(param_dtype=FP16, reduce_dtype=FP32),
+        MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, cast_forward_inputs=True),
+        MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, buffer_dtype=BF16),
+    ]:
+        with pytest.raises(fsdpviz.ConfigError, match=r"only reduce_dtype.*fsdpviz.analyze"):
+            replay(base, mixed_precision=other)
+    with pytest.raises(fsdpviz.ConfigError, match=r"_module_classes_to_ignore.*analyze"):
+        replay(base, mixed_precision=None)
+    # the report states MixedPrecision's other fields where they are not the default
+    cast = MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, cast_forward_inputs=True)
+    flagged = _analyze(auto_wrap_policy=POLICY, world_size=4, mixed_precision=cast)
+    assert flagged.config["mixed_precision"]["cast_forward_inputs"] is True
+    assert "cast_forward_inputs" not in base.config["mixed_precision"]
+    with pytest.raises(fsdpviz.ConfigError, match=r"changes cast_forward_inputs"):
+        replay(flagged, mixed_precision=MixedPrecision(param_dtype=BF16))
+    # units FSDP disabled mixed precision for (_module_classes_to_ignore) reduce in their own
+    norm = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8)
+    )
+    normed = fsdpviz.analyze(
+        norm, torch.randn(4, 8), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+        mixed_precision=mp, world_size=2, progress=False,
+    )  # fmt: skip
+    assert {w.code for w in normed.warnings} >= {"mixed_precision_override"}
+    with pytest.raises(fsdpviz.ConfigError, match=r"disabled mixed precision for some units"):
+        replay(normed, mixed_precision=MixedPrecision(param_dtype=BF16))
+    plain = _analyze(auto_wrap_policy=POLICY, world_size=4)
+    with pytest.raises(fsdpviz.ConfigError, match=r"mixed_precision=None.*analyze"):
+        replay(plain, mixed_precision=mp)
+    with pytest.raises(fsdpviz.ConfigError, match=r"must be a torch\.distributed\.fsdp\.Mixed"):
+        replay(base, mixed_precision="bf16")  # type: ignore[typeddict-item]
+    fsdp2 = _analyze(fully_shard=[DecoderLayer], world_size=4)
+    for policy in [
+        MixedPrecisionPolicy(param_dtype=BF16),
+        MixedPrecisionPolicy(output_dtype=FP32),
+        MixedPrecisionPolicy(cast_forward_inputs=False),
+    ]:
+        with pytest.raises(fsdpviz.ConfigError, match=r"mp_policy changes.*call fsdpviz.analyze"):
+            replay(fsdp2, mp_policy=policy)
+    # the same precision is no change at all
+    _identical(fsdp2, replay(fsdp2, mp_policy=MixedPrecisionPolicy()))

@@ -235,6 +235,40 @@ def test_fixed_options_stay_and_fsdp1_is_tuned_in_its_own_words() -> None:
     assert "micro_batch stays 1 x 2 micro-steps (pinned)" in t.notes
 
 
+@pytest.mark.parametrize("api", ["fsdp2", "fsdp1"])
+def test_precisions_differing_in_the_reduce_dtype_share_a_trace(api: str) -> None:
+    """The recipe's bf16 reduction and the standard fp32 one: one trace, the other replayed,
+    each exactly the plan analyze gives."""
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    bf16 = torch.bfloat16
+    mine: dict[str, Any] = (
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)}
+        if api == "fsdp2"
+        else {"mixed_precision": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)}
+    )
+    fixed: dict[str, Any] = {"micro_batch": 1, "activation_checkpointing": None}
+    if api == "fsdp1":  # no CPU offload: the pairs compared differ in strategy and precision
+        fixed["cpu_offload"] = None
+    t = fsdpviz.tune(
+        _model(), example_inputs(CONFIG), world_size=8, api=api, memory_budget="3MiB",
+        fixed=fixed, exhaustive=True, progress=False, workers=1, **mine,
+    )  # fmt: skip
+    by_rest: dict[tuple[Any, ...], list[Any]] = {}
+    for c in t.candidates:
+        rest = tuple(sorted((k, v) for k, v in c.knobs.items() if k != "precision"))
+        by_rest.setdefault(rest, []).append(c)
+    pairs = [cs for cs in by_rest.values() if len(cs) > 1]
+    assert pairs
+    labels = {"bf16 params", "bf16 params, fp32 reduce"}
+    for cs in pairs:
+        assert {c.knobs["precision"] for c in cs} == labels
+        assert sum(c.traced for c in cs) <= 1
+    model = _model()
+    for c in [c for cs in pairs for c in cs]:
+        _same(fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs), c.report)
+
+
 def test_nothing_fits_says_how_many_ranks_would() -> None:
     wide = ExampleConfig(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_heads=4)
     model, ids = example_model(wide), torch.zeros(2, 8, dtype=torch.long)

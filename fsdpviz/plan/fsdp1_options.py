@@ -229,13 +229,7 @@ class FSDP1Options:
             auto_wrap_policy=describe_policy(self.auto_wrap_policy),
             forward_prefetch=self.forward_prefetch,
             use_orig_params=self.use_orig_params,
-            mixed_precision=None
-            if mp is None
-            else {
-                "param_dtype": dtype_name(mp.param_dtype),
-                "reduce_dtype": dtype_name(mp.reduce_dtype),
-                "buffer_dtype": dtype_name(mp.buffer_dtype),
-            },
+            mixed_precision=describe_mixed_precision(mp),
             trace=self.trace,
             cpu_offload=self.offload_params,
             **job,
@@ -321,6 +315,37 @@ class FSDP1Options:
         if self.offload_params:
             keys += ("cpu_offload",)
         return keys
+
+
+_MP_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MixedPrecision)}
+_MP_FLAGS = ("keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs")
+
+
+def describe_mixed_precision(mp: MixedPrecision | None) -> dict[str, Any] | None:
+    """A ``MixedPrecision`` as ``Report.config`` states it: its three dtypes, and each of its
+    other fields only where it is not torch's default (``cast_forward_inputs``,
+    ``cast_root_forward_inputs``, ``keep_low_precision_grads``; ``_module_classes_to_ignore``
+    by class name), so a report says all FSDP was given.
+
+    Example::
+
+        describe_mixed_precision(MixedPrecision(param_dtype=torch.bfloat16))
+        # {'param_dtype': 'bfloat16', 'reduce_dtype': None, 'buffer_dtype': None}
+    """
+    if mp is None:
+        return None
+    out: dict[str, Any] = {
+        "param_dtype": dtype_name(mp.param_dtype),
+        "reduce_dtype": dtype_name(mp.reduce_dtype),
+        "buffer_dtype": dtype_name(mp.buffer_dtype),
+    }
+    for flag in _MP_FLAGS:
+        if getattr(mp, flag) != _MP_DEFAULTS[flag]:
+            out[flag] = getattr(mp, flag)
+    ignored = set(mp._module_classes_to_ignore)
+    if ignored != set(_MP_DEFAULTS["_module_classes_to_ignore"]):
+        out["_module_classes_to_ignore"] = sorted(c.__name__ for c in ignored)
+    return out
 
 
 def describe_policy(policy: Any) -> str | None:

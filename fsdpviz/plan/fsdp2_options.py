@@ -149,7 +149,6 @@ class FSDP2Options:
 
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
-        mp = self.mp_policy
         job, job_keys = self.job.config()
         return ReportConfig(
             api="FSDP2",
@@ -157,12 +156,7 @@ class FSDP2Options:
             world_size=self.world_size,
             fully_shard=tuple(g.name for g in groups),
             reshard_after_forward=reshard_map(groups),
-            mp_policy={
-                "param_dtype": dtype_name(mp.param_dtype),
-                "reduce_dtype": dtype_name(mp.reduce_dtype),
-                "output_dtype": dtype_name(mp.output_dtype),
-                "cast_forward_inputs": mp.cast_forward_inputs,
-            },
+            mp_policy=describe_mp_policy(self.mp_policy),
             explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
@@ -197,6 +191,23 @@ class FSDP2Options:
         if self.mesh_names is None:
             return None
         return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
+
+
+def describe_mp_policy(mp: MixedPrecisionPolicy) -> dict[str, str | bool | None]:
+    """A ``MixedPrecisionPolicy`` as ``Report.config`` states it: every field, dtypes by name.
+
+    Example::
+
+        describe_mp_policy(MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        # {'param_dtype': 'bfloat16', 'reduce_dtype': None, 'output_dtype': None,
+        #  'cast_forward_inputs': True}
+    """
+    return {
+        "param_dtype": dtype_name(mp.param_dtype),
+        "reduce_dtype": dtype_name(mp.reduce_dtype),
+        "output_dtype": dtype_name(mp.output_dtype),
+        "cast_forward_inputs": mp.cast_forward_inputs,
+    }
 
 
 def _check_reshard(raf: Any) -> Any:

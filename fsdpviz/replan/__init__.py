@@ -4,7 +4,8 @@ May import the layers under the API layer (schema, trace, plan, configs, schedul
 and ``fsdpviz.api`` (``analyze``), its own layer.
 
 - :func:`replay`: a traced report's hook calls fed through FSDP's runtime again
-  (world size, backward prefetch, sharding, FSDP2 resharding and prefetch maps);
+  (world size, backward prefetch, sharding, FSDP2 resharding and prefetch maps, mixed
+  precision's reduce dtype);
 - :class:`Replanner`: what the explorer's controls re-plan with (stored traces of
   the model, replay, or a new trace);
 - :func:`sweep`: configurations side by side (:func:`fsdpviz.tune` searches them).

@@ -26,9 +26,14 @@ machine again (what ``analyze`` already does for the steady state):
   reduces, as the report's last (synchronising) iteration shows. Another tp degree would
   change the tp-local activations and collectives the trace measured.
 
+- Both: mixed precision (``mixed_precision`` / ``mp_policy``) whose ``reduce_dtype`` alone
+  differs from the report's: the gradient reduction's dtype, which no hook call or
+  measurement of the trace depends on (:mod:`fsdpviz.replan.precision_replay`).
+
 Anything that changes the autograd graph needs a new trace: the wrap policy,
 FSDP1's ``forward_prefetch`` (it creates a prefetched unit's views earlier),
-``use_orig_params``, mixed precision (input casts), the inputs.
+``use_orig_params``, mixed precision's other fields (input and parameter casts), the
+inputs.
 ``tests/test_replan_sweep.py`` checks that a replay equals a fresh ``analyze``.
 """
 
@@ -58,6 +63,7 @@ from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.tensor_parallel import parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
+from fsdpviz.replan.precision_replay import PRECISION_OPTION, with_reduce_dtype
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -101,14 +107,18 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
         )
     api = report.config.api
     _check_tensor_parallel(report, changes)
-    unknown = set(changes) - REPLAYABLE[api]
+    precision = PRECISION_OPTION[api]
+    unknown = set(changes) - REPLAYABLE[api] - {precision}
     if unknown:
         raise ConfigError(
             f"{', '.join(sorted(unknown))} cannot be replayed from a trace ({api} replays "
-            f"{', '.join(sorted(REPLAYABLE[api]))}); they change the autograd graph, so call "
-            "fsdpviz.analyze again"
+            f"{', '.join(sorted(REPLAYABLE[api]))}, and {precision}'s reduce_dtype); they "
+            "change the autograd graph, so call fsdpviz.analyze again"
         )
-    replayed = _replay_fsdp2(report, changes) if api == "FSDP2" else _replay_fsdp1(report, changes)
+    rest: dict[str, Any] = dict(changes)
+    if precision in rest:
+        report = with_reduce_dtype(report, rest.pop(precision))
+    replayed = _replay_fsdp2(report, rest) if api == "FSDP2" else _replay_fsdp1(report, rest)
     check_fit(replayed)  # the out_of_memory warning of the new plan, not of the traced one
     return replayed
 

@@ -87,7 +87,8 @@ class ReportConfig(Mapping[str, Any]):
     backward_prefetch: str | None = None  # None: no backward prefetch, or not stated
     forward_prefetch: bool = False
     use_orig_params: bool = False
-    mixed_precision: Mapping[str, str | None] | None = None  # param, reduce and buffer dtype
+    # param, reduce and buffer dtype, and MixedPrecision's other fields where not the default
+    mixed_precision: Mapping[str, str | bool | list[str] | None] | None = None
     # parameters, gradients and optimizer state in host memory (FSDP1 CPUOffload(offload_params
     # =True), FSDP2 CPUOffloadPolicy): copied to the device before each all-gather
     cpu_offload: bool = False

@@ -21,6 +21,12 @@ from fsdpviz.cost.time import timeline
 from fsdpviz.errors import ConfigError, FsdpvizError
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.replan.hook_replay import replay
+from fsdpviz.replan.precision_replay import (
+    PRECISION_OPTION,
+    replays_precision,
+    same_precision,
+    traced_precision,
+)
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.space import (
@@ -96,8 +102,20 @@ class Evaluations:
             c = config.get(knob)
             if c is None or (knob in REPLAYED[self.api] and not self.space.pipelined):
                 continue
+            if knob == "precision" and not self.space.pipelined:
+                out.append(self._traced_precision(c))
+                continue
             out.append(c.samples if knob == "micro_batch" else c.label)
         return tuple(out)
+
+    def _traced_precision(self, choice: Choice) -> Any:
+        """What of a precision choice the trace depends on: all but its reduce dtype, which
+        a replay changes (:mod:`fsdpviz.replan.precision_replay`); a policy FSDP refuses
+        keys a trace of its own, which says why."""
+        try:
+            return traced_precision(self.api, choice.kwargs.get(PRECISION_OPTION[self.api]))
+        except FsdpvizError:
+            return choice.label
 
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
@@ -164,8 +182,23 @@ class Evaluations:
             base = self._traces[key]
             if base is None:
                 return None
+            option = PRECISION_OPTION[self.api]
+            policy = kwargs.get(option)
+            own = same_precision(base, policy)
+            if not own and not replays_precision(base, policy):
+                # a precision the trace's plan cannot replay (units whose own precision
+                # the report does not say): a trace of its own
+                key = (*key, config["precision"].label)
+                if key not in self._traces:
+                    self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+                    traced = True
+                base, own = self._traces[key], True
+                if base is None:
+                    return None
             changes = self._replay_changes(config)
-            if traced and changes["grad_accum"] == base.config.grad_accum:
+            if not own:
+                changes[option] = policy  # type: ignore[literal-required]
+            if traced and own and changes["grad_accum"] == base.config.grad_accum:
                 report = base
             else:
                 report = replay(base, **changes)

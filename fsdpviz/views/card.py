@@ -256,7 +256,7 @@ def _fsdp2_items(c: ReportConfig) -> list[str]:
     return items
 
 
-def _dtypes(label: str, mp: Mapping[str, str | bool | None]) -> str:
+def _dtypes(label: str, mp: Mapping[str, object]) -> str:
     kinds = ("param_dtype", "reduce_dtype")
     return label + " " + ", ".join(f"{k.split('_')[0]} {mp[k]}" for k in kinds if mp.get(k))
 
