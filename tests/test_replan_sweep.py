@@ -12,6 +12,7 @@ import torch
 import tp_models
 from torch.distributed.fsdp import (
     BackwardPrefetch,
+    CPUOffload,
     CPUOffloadPolicy,
     MixedPrecision,
     MixedPrecisionPolicy,
@@ -57,6 +58,23 @@ def test_fsdp1_replay_equals_analyze(use_orig_params: bool) -> None:
             continue
         fresh = _analyze(auto_wrap_policy=POLICY, use_orig_params=use_orig_params, **kw)
         _same(fresh, replay(base, **kw))
+
+
+@pytest.mark.parametrize("mp", [None, MixedPrecision(param_dtype=torch.bfloat16)])
+def test_an_offloaded_fsdp1_replay_equals_analyze(mp: MixedPrecision | None) -> None:
+    """CPU offload's host-to-device copies (and, under parameter mixed precision, one on
+    every unshard) and device-to-host copies of the gradient shards are the replayed plan's
+    as much as the traced one's."""
+    common: dict[str, Any] = {
+        "cpu_offload": CPUOffload(offload_params=True), "mixed_precision": mp,
+    }  # fmt: skip
+    base = _analyze(auto_wrap_policy=POLICY, world_size=4, **common)
+    for ws, strategy, bp in itertools.product([4, 16], ["FULL_SHARD", "SHARD_GRAD_OP"], [PRE]):
+        kw = {"world_size": ws, "sharding_strategy": SS[strategy], "backward_prefetch": bp}
+        _same(_analyze(auto_wrap_policy=POLICY, **common, **kw), replay(base, **kw))
+    root_only = _analyze(world_size=8, **common)
+    kw = {"sharding_strategy": SS["SHARD_GRAD_OP"]}
+    _same(_analyze(world_size=8, **common, **kw), replay(root_only, **kw))
 
 
 def test_fsdp2_replay_equals_analyze() -> None:

@@ -46,6 +46,7 @@ from typing import Any, Unpack
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecision
 
 from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize, tp_local_shape
@@ -162,20 +163,21 @@ def _replay_fsdp1(report: Report, changes: Mapping[str, Any]) -> Report:
     opts = FSDP1Options.from_config(cfg, **changes)
     shapes = _shapes(report)
     units = [_resize_fsdp1(u, opts, shapes) for u in report.units]
-    unit_config = UnitConfig(
-        opts.sharding_strategy,
-        None,
-        opts.backward_prefetch,
-        opts.forward_prefetch,
-        replicas=opts.replicas,
-    )
     planned = [
         PlannedUnit(
             fqn=u.module,
             module=_PLACEHOLDER,
-            config=unit_config,
+            config=UnitConfig(
+                opts.sharding_strategy,
+                _compute_precision(u),
+                opts.backward_prefetch,
+                opts.forward_prefetch,
+                replicas=opts.replicas,
+                offload_params=opts.offload_params,
+            ),
             param_infos=[(_PLACEHOLDER, p, p) for p in u.params],
             requires_grad=u.requires_grad is not False,
+            dtype=getattr(torch, u.dtype) if u.dtype else None,
         )
         for u in units
     ]
@@ -201,6 +203,15 @@ def _replay_fsdp1(report: Report, changes: Mapping[str, Any]) -> Report:
         )
     ]
     return replace(replayed, warnings=[*opts.warnings, *kept])
+
+
+def _compute_precision(u: Unit) -> MixedPrecision | None:
+    """The part of a unit's ``MixedPrecision`` its runtime reads: the parameter dtype it
+    computes in, where that is not the parameters' own (a host shard is then copied to the
+    device on every unshard under CPU offload, the low-precision shard being made from it)."""
+    if not u.compute_dtype or u.compute_dtype == u.dtype:
+        return None
+    return MixedPrecision(param_dtype=getattr(torch, u.compute_dtype))
 
 
 def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> Unit:
