@@ -248,8 +248,6 @@ def test_precisions_differing_in_the_reduce_dtype_share_a_trace(api: str) -> Non
         else {"mixed_precision": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)}
     )
     fixed: dict[str, Any] = {"micro_batch": 1, "activation_checkpointing": None}
-    if api == "fsdp1":  # no CPU offload: the pairs compared differ in strategy and precision
-        fixed["cpu_offload"] = None
     t = fsdpviz.tune(
         _model(), example_inputs(CONFIG), world_size=8, api=api, memory_budget="3MiB",
         fixed=fixed, exhaustive=True, progress=False, workers=1, **mine,
