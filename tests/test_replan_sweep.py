@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -88,6 +89,51 @@ def test_fsdp2_replay_equals_analyze() -> None:
         "backward_prefetch": {"layers.3": ["layers.1"]},
     }
     _same(_analyze(fully_shard=calls, world_size=4, **prefetch), replay(base, **prefetch))
+
+
+def _option_sets(api: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A traced configuration and a replayed change, drawn from the options each API
+    replays and those it keeps from the trace."""
+    pick = rng.choice
+    if api == "FSDP1":
+        base = {
+            "auto_wrap_policy": pick([POLICY, None]), "world_size": pick([4, 8]),
+            "use_orig_params": pick([False, True]), "forward_prefetch": pick([False, True]),
+            "mixed_precision": pick([None, MixedPrecision(param_dtype=torch.bfloat16)]),
+            "cpu_offload": pick([None, CPUOffload(offload_params=True)]),
+            "limit_all_gathers": pick([True, False]),
+            "sharding_strategy": pick(list(ShardingStrategy)),
+            "backward_prefetch": pick([PRE, POST, None]), "grad_accum": pick([1, 2]),
+        }  # fmt: skip
+        choices: dict[str, list[Any]] = {
+            "world_size": [2, 8, 16, 32], "sharding_strategy": list(ShardingStrategy),
+            "backward_prefetch": [PRE, POST, None],
+            "grad_accum": [1] if base["forward_prefetch"] else [1, 3],
+        }  # fmt: skip
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        base = {
+            "fully_shard": pick([[DecoderLayer], [DecoderLayer, ("embed_tokens", "lm_head")]]),
+            "world_size": pick([4, 8]), "mp_policy": pick([MixedPrecisionPolicy(), mp]),
+            "reshard_after_forward": pick([True, False, 2]), "grad_accum": pick([1, 2]),
+            **pick([{}, {"offload_policy": CPUOffloadPolicy()}]),
+        }  # fmt: skip
+        choices = {
+            "world_size": [4, 8, 16], "reshard_after_forward": [True, False, 2, {"layers.1": 2}],
+            "grad_accum": [1, 3], "offload_policy": [CPUOffloadPolicy()],
+        }  # fmt: skip
+    changes = {k: pick(v) for k, v in choices.items() if rng.random() < 0.5}
+    return base, changes
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_replays_of_drawn_option_sets_equal_analyze(api: str) -> None:
+    """Sixteen drawn pairs of a traced configuration and a change: each replay is the
+    report, memory and timeline a fresh analyze gives, field for field."""
+    rng = random.Random(f"replay {api}")
+    for _ in range(16):
+        base, changes = _option_sets(api, rng)
+        _identical(_analyze(**{**base, **changes}), replay(_analyze(**base), **changes))
 
 
 def test_replay_refuses_what_needs_a_new_trace() -> None:
