@@ -73,9 +73,25 @@ def test_the_cache_changes_no_number(name: str, no_cache: Callable[[], None]) ->
     assert warm == kernels
 
 
-def test_a_process_first_plan_is_its_later_ones(tmp_path: Any) -> None:
+PLAN_TWICE = {
+    "hf llama": (
+        "model, inputs, block = hf_models.llama()\n"
+        "plan = lambda: fsdpviz.analyze(model, inputs, fully_shard=[block], progress=False)\n"
+    ),
+    # its first trace imports torch's Dynamo (torch._disable_dynamo does, on first use)
+    "tensor parallel": (
+        "plan = lambda: fsdpviz.analyze(tp_models.Llama(), tp_models.tokens(), progress=False,\n"
+        "    fully_shard=tp_models.LAYERS, mesh=('dp_shard', 4, 'tp', 2),\n"
+        "    parallelize_plan=tp_models.whole_plan())\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PLAN_TWICE)
+def test_a_process_first_plan_is_its_later_ones(tmp_path: Any, name: str) -> None:
     """Nothing a trace does once per process (a library's probe of its kernels, the cache's
-    first misses) shows in the plan: a fresh interpreter's first plan equals its second."""
+    first misses, an import) shows in the plan: a fresh interpreter's first plan equals its
+    second."""
     import subprocess
     import sys
     from pathlib import Path
@@ -84,10 +100,9 @@ def test_a_process_first_plan_is_its_later_ones(tmp_path: Any) -> None:
     script.write_text(
         "import json, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import fsdpviz, hf_models\n"
-        "model, inputs, block = hf_models.llama()\n"
-        "plans = [fsdpviz.analyze(model, inputs, fully_shard=[block], progress=False).to_dict()\n"
-        "         for _ in range(2)]\n"
+        "import fsdpviz, hf_models, tp_models\n"
+        + PLAN_TWICE[name]
+        + "plans = [plan().to_dict() for _ in range(2)]\n"
         "print(json.dumps(plans[0] == plans[1]))\n"
     )
     out = subprocess.run(

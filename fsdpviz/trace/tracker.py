@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable
@@ -423,6 +424,10 @@ def run_step(
     model's output, alive to the end of the measured step (a pipeline stage's, sent on);
     else it dies with the step, as a training loop drops it (None is returned).
     """
+    # torch imports Dynamo on the first call of a function it wraps in _disable_dynamo; made
+    # inside the measured step, that import leaves storages of the step alive until a cyclic
+    # collection (which analyze defers), so the first trace in a process counted more
+    importlib.import_module("torch._dynamo")
     measure = tracker.measure(model, (args, kwargs)) if tracker.measure else nullcontext()
     meta = where == "the meta device"
     kernels = device_rules() if meta else nullcontext()
