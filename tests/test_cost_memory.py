@@ -123,6 +123,20 @@ def test_fsdp2_mixed_precision_and_post_forward_mesh() -> None:
     assert after_forward[-1] == base + sum(u.padded_numel * 4 // 2 for u in raf2.units)
 
 
+def test_resharding_to_the_whole_shard_dimension_is_resharding() -> None:
+    """``reshard_after_forward`` equal to the shard dimension's size is ``True`` to torch
+    (``_get_post_forward_mesh_info``), also where the mesh replicates: no post-forward
+    shard, the memory and time of ``True``."""
+    model, ids = example_model(), example_inputs()
+    for mesh, n in (((2, 4), 4), ((2, 2), 2)):
+        kw: dict[str, Any] = {"fully_shard": [DecoderLayer], "mesh": mesh}
+        whole = fsdpviz.analyze(model, ids, reshard_after_forward=n, **kw)
+        assert whole.config.post_forward_ranks == {}
+        plain = fsdpviz.analyze(model, ids, reshard_after_forward=True, **kw)
+        assert whole.memory.to_dict() == plain.memory.to_dict()
+        assert whole.timeline.totals == plain.timeline.totals
+
+
 def test_activation_checkpointing_and_fused_attention() -> None:
     cfg = ExampleConfig()
     ids = example_inputs(cfg)

@@ -214,9 +214,10 @@ class ReportConfig(Mapping[str, Any]):
 
     def reshard_ranks(self, unit: str) -> int | None:
         """FSDP2 ``reshard_after_forward=N`` of ``unit``: the ranks its parameters are
-        resharded over after forward, when that is neither all ranks nor none."""
+        resharded over after forward, when that is neither all its shard ranks nor none
+        (torch takes ``N`` equal to the shard dimension's size as ``True``)."""
         value = self.resharding(unit)
-        if isinstance(value, bool) or value is None or not 1 < value < self.ranks:
+        if isinstance(value, bool) or value is None or not 1 < value < self.shard_ranks:
             return None
         return value
 
