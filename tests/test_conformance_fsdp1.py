@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import random
 from typing import Any
 
 import handwritten_models as hm
 import pytest
 import torch
-from fsdp_harness import check_conformance
+from fsdp_harness import assert_same_schedule, check_conformance
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import (
@@ -238,3 +239,34 @@ def test_use_orig_params_alignment_follows_the_compute_dtype(fake_pg: int, fp: b
     # starts 0, 16, 18 -> 24, 30 -> 32 in bf16 (8-element alignment), then 35 -> 36 for 4 ranks;
     # aligning to fp32's 4 elements would give 32
     assert report.unit("").numel == 16 + 2 + 6 + 3 and report.unit("").flat_numel == 36
+
+
+def test_drawn_option_sets(fake_pg: int) -> None:
+    """Twelve drawn FSDP1 jobs (a model and its policy; strategy, both prefetches, original
+    parameters, mixed precision, the all-gather limit, accumulation under ``no_sync``): each
+    prediction equals the recording of real FSDP1, event for event."""
+    from fsdp_harness import assert_same_accumulation, record_real_fsdp1
+
+    rng = random.Random("fsdp1 conformance")
+    strategies = [*STRATEGY, ShardingStrategy.NO_SHARD]
+    for _ in range(12):
+        build, inputs, kw = MODELS[rng.choice(list(MODELS))]
+        kw = {
+            **kw, "backward_prefetch": rng.choice(PREFETCH),
+            "forward_prefetch": rng.choice([False, True]),
+            "sharding_strategy": rng.choice(strategies),
+            "use_orig_params": rng.choice([False, True]),
+            "limit_all_gathers": rng.choice([True, False]),
+        }  # fmt: skip
+        if rng.random() < 0.4:
+            reduce = rng.choice([None, torch.float32])
+            kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+        n = 1 if kw["forward_prefetch"] else rng.choice([1, 2])
+        torch.manual_seed(0)
+        model = build()
+        real = record_real_fsdp1(model, inputs(), kw, grad_accum=n)
+        predicted = fsdpviz.analyze(model, inputs(), world_size=fake_pg, grad_accum=n, **kw)
+        if n > 1:
+            assert_same_accumulation(real, predicted, n)
+        else:
+            assert_same_schedule(real, predicted)

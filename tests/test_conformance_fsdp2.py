@@ -8,6 +8,7 @@ the steady state, event for event.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import handwritten_models as hm
@@ -157,3 +158,43 @@ def test_accumulation_setters(
         assert "reduce_scatter" in kinds and not any(e.group == "replicate" for e in first)
         last = predicted.iterations[2 * n - 1]
         assert any(e.group == "replicate" for e in last)
+
+
+def test_drawn_option_sets(fake_pg: int) -> None:
+    """Twelve drawn FSDP2 jobs (a model and its groups; a 1-D or 2-D mesh; resharding as a
+    bool, an int or per group; mixed precision; CPU offload; explicit prefetch; gradient
+    accumulation with the setters HSDP and pipeline jobs use): each prediction equals the
+    recording of real ``fully_shard``, event for event."""
+    from fsdp_harness import assert_same_accumulation
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    rng = random.Random("fsdp2 conformance")
+    for _ in range(12):
+        name = rng.choice([n for n in CASES if n not in ("nested", "root_only")])
+        build, calls = CASES[name]
+        mesh = rng.choice([None, (2, 2)])
+        raf = rng.choice([None, True, False, 2, {"blocks.1": False}, {"blocks.0": 2, "": False}])
+        if mesh and raf in (2, {"blocks.0": 2, "": False}):  # 2 of 2 shard ranks: True
+            raf = {"blocks.0": True, "": False}
+        kw: dict[str, Any] = {} if raf is None else {"reshard_after_forward": raf}
+        if rng.random() < 0.4:
+            reduce = rng.choice([None, torch.float32])
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+        if rng.random() < 0.3:
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+        if name == "per_block" and rng.random() < 0.5:
+            kw["forward_prefetch"] = {"blocks.0": ["blocks.1", "blocks.2"]}
+            kw["backward_prefetch"] = {"blocks.3": ["blocks.2"], "blocks.2": ["blocks.0"]}
+        n = rng.choice([1, 2])
+        if n > 1:
+            kw["reshard_after_backward"] = rng.choice([True, False])
+            kw["requires_all_reduce"] = bool(not mesh or rng.choice([True, False]))
+        torch.manual_seed(0)
+        model = build()
+        real = record_real_fsdp2(model, _x(), calls, fake_pg, mesh_shape=mesh, grad_accum=n, **kw)
+        ranks = {"mesh": mesh} if mesh else {"world_size": fake_pg}
+        predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, grad_accum=n, **ranks, **kw)
+        if n > 1:
+            assert_same_accumulation(real, predicted, n)
+        else:
+            assert_same_schedule(real, predicted)
