@@ -223,8 +223,8 @@ class ReportConfig(Mapping[str, Any]):
 
     @property
     def post_forward_ranks(self) -> dict[str, int]:
-        """The FSDP2 units resharded after forward over fewer ranks than all, and those ranks
-        (:meth:`reshard_ranks`)."""
+        """The FSDP2 units resharded after forward over fewer ranks than their shard ranks,
+        and those ranks (:meth:`reshard_ranks`)."""
         return {u: n for u in self.reshard_after_forward if (n := self.reshard_ranks(u))}
 
     @property
