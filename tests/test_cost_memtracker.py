@@ -216,6 +216,36 @@ def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)
 
 
+@pytest.mark.parametrize("case", ["example", "llama"])
+def test_hybrid_sharding_reducing_in_the_compute_dtype(fake_pg: int, case: str) -> None:
+    """HSDP with bf16 parameters reducing in bf16 (no ``reduce_dtype``): each param group
+    keeps its all-reduced bf16 buffer (``AllReduceState``) beside the float32 gradient shard
+    cast from it until the end of the backward. The peak and every module's peaks to the
+    byte; the tracker counts the cast shards as temporaries, so the gradient shards and the
+    backward's tensors are compared together."""
+    build, blocks, block_cls = CASES[case]
+    if block_cls is None:
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        block_cls = LlamaDecoderLayer
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    real = tracked(build, _ids, blocks, fake_pg, _loss, mesh_shape=(2, 2), mp_policy=mp)
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(
+        model, _ids(), fully_shard=[block_cls], loss=_loss, mesh=(2, 2), mp_policy=mp
+    )
+    mem = memory_model(report, optimizer=None)
+    assert real.peak["Total"] == mem.peak["bytes"]
+    both = ("Sharded Grad", "Temp", "Unsharded Grad")
+    ours = ("sharded_grads", "backward_temp", "unsharded_grads")
+    assert sum(real.peak.get(k, 0) for k in both) == sum(mem.peak["breakdown"][k] for k in ours)
+    backward = _as_the_tracker_sees(report, mem, model)
+    for module, phases in real.modules.items():
+        assert phases["forward"] == mem.unit_peaks[module]["forward"]
+        assert phases["backward"] == backward[module]
+
+
 def test_hybrid_sharding_reduce_scatter_every_micro_step(fake_pg: int) -> None:
     """HSDP accumulating with ``set_requires_all_reduce(False)``: every micro-step
     reduce-scatters, its output added into the partial reduce output the first one left

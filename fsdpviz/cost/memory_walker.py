@@ -145,6 +145,9 @@ class Walker:
         # micro-steps add into (the param group's partial reduce output), kept until the
         # last micro-step's final callback
         self._partial: dict[str, int] = {}
+        # FSDP2 HSDP: each unit's all-reduced buffer where it is not its gradient shard
+        # (:meth:`_hold_all_reduced`), until the end of the backward
+        self._all_reduced: dict[str, int] = {}
         # units whose reduced gradient shard is in .grad: this micro-step's reductions, and
         # (``_held``) the ones before it left, which a reduction adds into
         self.reduced: set[str] = set()
@@ -262,6 +265,7 @@ class Walker:
             self._cast_to_reduce_dtype(u, c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
+            self._release_all_reduced()
             for name in list(self.pending):
                 self._drop_pending(name)
             self._moment("after the final callback of", c)
@@ -368,8 +372,9 @@ class Walker:
         self._cast.add(unit)
 
     def _reduce(self, e: Event, s: UnitBytes) -> None:
-        if e.group == "replicate":
-            return  # hybrid sharding all-reduces the gradient shard in place
+        if e.group == "replicate":  # hybrid sharding all-reduces the reduce output in place
+            self._hold_all_reduced(e, s)
+            return
         grads = self.grads.pop(e.unit, 0)
         if not self.tape.measured:
             grads = s.grad
@@ -397,6 +402,23 @@ class Walker:
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
+
+    def _hold_all_reduced(self, e: Event, s: UnitBytes) -> None:
+        """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the
+        allocator does not hand its block to the next reduce-scatter while the all-reduce
+        may still run) until its next post-backward or the end of the backward
+        (``finalize_backward``). In the reduce dtype, it is the gradient shard itself when that
+        is the parameters' dtype and on the device; otherwise (a reduce dtype of its own, or
+        the shard offloaded to the host) it is held beside it."""
+        if not self.fsdp2 or s.partial == s.sharded_grad:
+            return
+        self._release_all_reduced(e.unit)
+        self._all_reduced[e.unit] = s.partial
+        self.cat["sharded_grads"] += s.partial
+
+    def _release_all_reduced(self, unit: str | None = None) -> None:
+        for u in [unit] if unit is not None else list(self._all_reduced):
+            self.cat["sharded_grads"] -= self._all_reduced.pop(u, 0)
 
     def _add_shard(self, e: Event, n: int) -> None:
         """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
