@@ -30,7 +30,7 @@ def _tune(model: torch.nn.Module, **kwargs: Any) -> Tuning:
 
 
 def _counts(text: str) -> str:
-    return re.sub(r"\(\d+ traced(, \d+ traces reused)?, the rest replayed\) in [\d.]+ s", "", text)
+    return re.sub(r"\(\d+ traced(, \d+ traces? reused)?, the rest replayed\) in [\d.]+ s", "", text)
 
 
 def _same_search(got: Tuning, fresh: Tuning, *, replayed: set[int] | None = None) -> None:

@@ -476,7 +476,8 @@ def summary(tuning: Tuning) -> str:
     )
     sizes = [str(w) for w in tuning.world_sizes]
     ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
-    reused = f", {tuning.reused} traces reused" if tuning.reused else ""
+    n_reused = tuning.reused
+    reused = f", {n_reused} trace{'s' if n_reused > 1 else ''} reused" if n_reused else ""
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
         f"({tuning.traces} traced{reused}, the rest replayed) in {tuning.seconds:.1f} s; "
