@@ -259,3 +259,25 @@ def test_a_torchtitan_job(tmp_path: Any) -> None:
     job.model.to(torch.bfloat16)
     with pytest.raises(fsdpviz.ConfigError, match="changed since it was tuned"):
         first.retune(machine="h200")
+
+
+@pytest.mark.parametrize("api", ["fsdp2", "fsdp1"])
+def test_precisions_sharing_a_trace(model: torch.nn.Module, api: str) -> None:
+    """The recipe's bf16 reduction and the standard fp32 one share a trace (the reduce dtype
+    replays): a retune takes it for both, as the fresh search does."""
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    bf16 = torch.bfloat16
+    mine: dict[str, Any] = (
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)}
+        if api == "fsdp2"
+        else {"mixed_precision": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)}
+    )
+    first = _tune(model, world_size=8, api=api, memory_budget="3MiB", **mine)
+    got = first.retune(machine=SMALL, memory_budget=None)
+    fresh = _tune(model, world_size=8, api=api, machine=SMALL, **mine)
+    _same_search(got, fresh)
+    assert {c.knobs["precision"] for c in got.candidates} >= {
+        "bf16 params", "bf16 params, fp32 reduce"
+    }  # fmt: skip
+    assert got.reused > 0 and got.traces + got.reused == fresh.traces

@@ -183,14 +183,7 @@ class Evaluations:
             if key in self._prefetched:
                 self._prefetched.discard(key)
                 traced = True
-            if key not in self._traces and self._reusable(key, config) is not None:
-                self._traces[key], traced = self._reuse(key, config)
-            if key not in self._traces:
-                made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
-                self._traces[key] = made
-                if made is not None:
-                    self.made[key] = StoredTrace(made, self._traced_changes(config))
-                traced = True
+            traced = self._trace(key, config, inputs, kwargs) or traced
             base = self._traces[key]
             if base is None:
                 return None
@@ -201,9 +194,7 @@ class Evaluations:
                 # a precision the trace's plan cannot replay (units whose own precision
                 # the report does not say): a trace of its own
                 key = (*key, config["precision"].label)
-                if key not in self._traces:
-                    self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
-                    traced = True
+                traced = self._trace(key, config, inputs, kwargs) or traced
                 base, own = self._traces[key], True
                 if base is None:
                     return None
@@ -225,9 +216,26 @@ class Evaluations:
         self._configs[candidate.index] = dict(config)
         return candidate
 
+    def _trace(self, key: tuple[Any, ...], config: Config, inputs: Any, kwargs: TuneKwargs) -> bool:
+        """Trace ``key`` with ``config`` unless it is traced (or an earlier search's trace
+        of it is taken: see :meth:`_reusable`); whether ``config``'s plan is that trace."""
+        if key in self._traces:
+            return False
+        if self._reusable(key, config) is not None:
+            self._traces[key], same = self._reuse(key, config)
+            return same
+        made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+        self._traces[key] = made
+        if made is not None:
+            self.made[key] = StoredTrace(made, self._traced_changes(config))
+        return True
+
     def _traced_changes(self, config: Config) -> dict[str, Any]:
-        """The keywords of the replayed knobs ``config``'s trace is made with."""
-        return {k: v for k, v in self._replay_changes(config).items() if k != "grad_accum"}
+        """The keywords ``config``'s trace is made with that its trace key leaves out: the
+        replayed knobs' and the precision policy's (its reduce dtype replays)."""
+        out = {k: v for k, v in self._replay_changes(config).items() if k != "grad_accum"}
+        option = PRECISION_OPTION[self.api]
+        return {**out, option: self.space.kwargs(config).get(option)}
 
     def _reusable(self, key: tuple[Any, ...], config: Config) -> bool | None:
         """Whether an earlier search's trace of ``key`` is ``config``'s own trace (True:
