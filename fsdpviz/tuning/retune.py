@@ -7,9 +7,10 @@ or the world size (the ranks replay: :func:`fsdpviz.replan.replay`), so a search
 another of those takes the earlier search's trace of every trace key it meets again
 (:class:`StoredTrace`, keyed as :class:`~fsdpviz.tuning.evaluation.Evaluations` keys them)
 and traces only the keys it has not seen. A trace is taken as the new search's own trace
-where it was made with the same replayed knobs (resharding, the mesh's data-parallel
-dimensions, ...) as the configuration that meets it first; otherwise that configuration is
-replayed from it, as the search replays every other configuration of a key.
+where it was made with the same keywords its key leaves out (the replayed knobs': resharding,
+the mesh's data-parallel dimensions, ...; the precision policy, whose reduce dtype replays)
+as the configuration that meets it first; otherwise that configuration is replayed from it,
+as the search replays every other configuration of a key.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ keywords, which the knobs' values name)."""
 
 
 class StoredTrace(NamedTuple):
-    """One trace of a search: the report ``analyze`` made, and the keywords of the knobs a
-    replay changes (``Evaluations._replay_changes``, less ``grad_accum``) it was made with."""
+    """One trace of a search: the report ``analyze`` made, and the keywords its trace key
+    leaves out (the replayed knobs', the precision policy) it was made with."""
 
     report: Report
     changes: Mapping[str, Any]
