@@ -9,6 +9,7 @@ import itertools
 import multiprocessing
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
 from torch import nn
@@ -29,6 +30,7 @@ from fsdpviz.replan.precision_replay import (
 )
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.result import Candidate
+from fsdpviz.tuning.retune import StoredTrace, on_machine
 from fsdpviz.tuning.space import (
     KNOBS,
     REPLAYED,
@@ -48,7 +50,8 @@ Config = dict[str, Choice]
 
 class Evaluations:
     """The configurations of one search evaluated so far (``candidates``), the traces they
-    came from, and how many (``trace_count``, ``replay_count``)."""
+    came from, and how many (``trace_count``, ``replay_count``; ``reused_count``: traces
+    taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`)."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Evaluations:
         optimizer: str | int | None,
         budget: int | None,
         workers: int,
+        earlier: Mapping[tuple[Any, ...], StoredTrace] | None = None,
     ) -> None:
         self.model = model
         self.inputs = inputs
@@ -70,6 +74,9 @@ class Evaluations:
         self.candidates: list[Candidate] = []
         self.trace_count = 0
         self.replay_count = 0
+        self.reused_count = 0
+        self.earlier = dict(earlier or {})
+        self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
         self._workers = abs(workers)
         self._auto_workers = workers < 0  # chosen by tune: only where traces are slow
@@ -176,9 +183,7 @@ class Evaluations:
             if key in self._prefetched:
                 self._prefetched.discard(key)
                 traced = True
-            if key not in self._traces:
-                self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
-                traced = True
+            traced = self._trace(key, config, inputs, kwargs) or traced
             base = self._traces[key]
             if base is None:
                 return None
@@ -189,9 +194,7 @@ class Evaluations:
                 # a precision the trace's plan cannot replay (units whose own precision
                 # the report does not say): a trace of its own
                 key = (*key, config["precision"].label)
-                if key not in self._traces:
-                    self._traces[key] = self._analyze(inputs, self._trace_kwargs(config, kwargs))
-                    traced = True
+                traced = self._trace(key, config, inputs, kwargs) or traced
                 base, own = self._traces[key], True
                 if base is None:
                     return None
@@ -213,6 +216,56 @@ class Evaluations:
         self._configs[candidate.index] = dict(config)
         return candidate
 
+    def _trace(self, key: tuple[Any, ...], config: Config, inputs: Any, kwargs: TuneKwargs) -> bool:
+        """Trace ``key`` with ``config`` unless it is traced (or an earlier search's trace
+        of it is taken: see :meth:`_reusable`); whether ``config``'s plan is that trace."""
+        if key in self._traces:
+            return False
+        if self._reusable(key, config) is not None:
+            self._traces[key], same = self._reuse(key, config)
+            return same
+        made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+        self._traces[key] = made
+        if made is not None:
+            self.made[key] = StoredTrace(made, self._traced_changes(config))
+        return True
+
+    def _traced_changes(self, config: Config) -> dict[str, Any]:
+        """The keywords ``config``'s trace is made with that its trace key leaves out: the
+        replayed knobs' and the precision policy's (its reduce dtype replays)."""
+        out = {k: v for k, v in self._replay_changes(config).items() if k != "grad_accum"}
+        option = PRECISION_OPTION[self.api]
+        return {**out, option: self.space.kwargs(config).get(option)}
+
+    def _reusable(self, key: tuple[Any, ...], config: Config) -> bool | None:
+        """Whether an earlier search's trace of ``key`` is ``config``'s own trace (True:
+        made with its replayed knobs), one it replays from (False), or neither (None: none,
+        or a pipeline's, which does not replay)."""
+        stored = self.earlier.get(key)
+        if stored is None:
+            return None
+        try:
+            same = bool(stored.changes == self._traced_changes(config))
+        except Exception:  # a keyword without a plain ==: replayed, as any other
+            same = False
+        if same:
+            return True
+        report = stored.report
+        return None if report.pipeline is not None or report.profile is None else False
+
+    def _reuse(self, key: tuple[Any, ...], config: Config) -> tuple[Report, bool]:
+        """The earlier trace of ``key`` on this search's machine, and whether it is
+        ``config``'s own (see :meth:`_reusable`)."""
+        self.reused_count += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._counts(), refresh=False)
+        same = bool(self._reusable(key, config))
+        return on_machine(self.earlier[key].report, self.machine_arg), same
+
+    def _counts(self) -> str:
+        reused = f", {self.reused_count} reused" if self.reused_count else ""
+        return f"{self.trace_count} traces{reused}"
+
     def _trace_kwargs(self, config: Config, kwargs: TuneKwargs) -> TuneKwargs:
         """The analyze keywords of ``config``'s trace (its accumulation is replayed)."""
         out = kwargs.copy()
@@ -229,8 +282,9 @@ class Evaluations:
         pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
         for config, mine in pairs:
             key = (*self._key(config), mine and self._cache_off)
-            if key not in self._traces and key not in todo:
-                todo[key] = (config, mine)
+            if key in self._traces or key in todo or self._reusable(key, config) is not None:
+                continue
+            todo[key] = (config, mine)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
         jobs = [
@@ -250,9 +304,10 @@ class Evaluations:
             return  # no workers here: each is traced when evaluated
         finally:
             _FORKED = None
-        for key, result in zip(todo, results, strict=True):
+        for (key, (config, _)), result in zip(todo.items(), results, strict=True):
             if result is not None:
                 self._traces[key] = result
+                self.made[key] = StoredTrace(result, self._traced_changes(config))
                 self._prefetched.add(key)
                 self.trace_count += 1
 
@@ -266,7 +321,7 @@ class Evaluations:
     def _analyze(self, inputs: Any, kwargs: TuneKwargs) -> Report | None:
         self.trace_count += 1
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{self.trace_count} traces", refresh=False)
+            self.bar.set_postfix_str(self._counts(), refresh=False)
         started = time.perf_counter()
         report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
         self._trace_seconds.append(time.perf_counter() - started)

@@ -11,11 +11,14 @@ keywords and the micro-batch that give its plan (``fsdpviz.analyze(model, c.inpu
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack, cast
 
+from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.slow_causes import Slowdown, slowdowns
+from fsdpviz.errors import ConfigError
 from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.keywords import MimeBundleKwargs, TuneSaveKwargs, TuneShowKwargs
 from fsdpviz.schema.memory import size_text
@@ -58,6 +61,21 @@ class Needs(TypedDict):
     reason: str
 
 
+class RetuneKwargs(TypedDict, total=False):
+    """What :meth:`Tuning.retune` may change, as :func:`fsdpviz.tune` takes it."""
+
+    machine: Machine | str
+    world_size: int | Sequence[int] | None
+    memory_budget: str | int | None
+    optimizer: str | int | None
+    tokens_per_step: int | None
+    allow: Iterable[str]
+    knobs: Iterable[str] | None
+    exhaustive: bool
+    workers: int | None
+    progress: bool | None
+
+
 class TuningJSON(TypedDict):
     """:meth:`Tuning.to_dict`: what ``tuning.save("x.json")`` writes."""
 
@@ -71,6 +89,7 @@ class TuningJSON(TypedDict):
     rows: list[TuneRow]
     traces: int
     replays: int
+    reused: int
     seconds: float
     notes: list[str]
     needs: Needs | None
@@ -90,7 +109,8 @@ class Candidate:
     one micro-step's plan, the time and memory models repeat it), else only after the last
     (``no_sync`` / ``set_requires_gradient_sync(False)`` before it: ``report`` holds every
     micro-step); ``user``: the configuration as the user gave it; ``traced``: the model
-    ran for this one (else it was replayed from another's trace).
+    ran for this one (else it was replayed from another's trace; in a retune, it ran in the
+    search retuned).
     """
 
     knobs: dict[str, str]
@@ -198,7 +218,8 @@ class Tuning:
     evaluated, in the order evaluated; ``frontier``: those no other beats in both tokens/s
     and peak memory; ``table``: all as rows; ``notes``: what was pinned and what was not
     tried, and why; ``traces`` / ``replays``: how many configurations ran the model and how
-    many were replayed from another's trace; ``seconds``: what the search took.
+    many were replayed from another's trace; ``reused``: how many traces came from the
+    search it retunes (:meth:`retune`); ``seconds``: what the search took.
     """
 
     candidates: list[Candidate]
@@ -213,6 +234,11 @@ class Tuning:
     notes: list[str] = field(default_factory=list)
     source: str = ""  # "torchtitan" / "accelerate" when the configuration came from one
     needs: Needs | None = None  # nothing fits: what would (ranks, configuration)
+    reused: int = 0  # traces taken from the search retuned
+    # the search again with other arguments, its traces reused (set by tune)
+    _retuner: Callable[[RetuneKwargs], Tuning] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -268,6 +294,29 @@ class Tuning:
         """The best configuration, why, and per knob what the best alternative changes."""
         return summary(self)
 
+    def retune(self, **changes: Unpack[RetuneKwargs]) -> Tuning:
+        """The same search for another ``machine``, ``world_size``, ``memory_budget``,
+        ``optimizer``, ``tokens_per_step``, ``allow`` or ``knobs`` (as :func:`fsdpviz.tune`
+        takes them; the other arguments as given), the model traced only for trace keys
+        this search and the ones it retunes have not traced: a trace does not depend on the
+        machine, the budget or the optimizer, and other ranks replay from it. The result is
+        what ``fsdpviz.tune`` with those arguments returns, but for how many traces it made
+        (``reused``: those it took; a plan replayed from one where tune would trace it says
+        so). The model must be as it was (its modules, parameters and buffers).
+
+        Example::
+
+            tuning = fsdpviz.tune(model, {"input_ids": ids}, world_size=64, machine="h100")
+            on_h200 = tuning.retune(machine="h200")
+            wider = on_h200.retune(world_size=128, memory_budget="60GiB")
+        """
+        if self._retuner is None:
+            raise ConfigError(
+                "this tuning holds no traces to retune from (it was not made by fsdpviz.tune "
+                "in this process); call fsdpviz.tune with the new arguments"
+            )
+        return self._retuner(changes)
+
     def to_dict(self) -> TuningJSON:
         best = self.best
         return {
@@ -281,6 +330,7 @@ class Tuning:
             "rows": self.table.records(),
             "traces": self.traces,
             "replays": self.replays,
+            "reused": self.reused,
             "seconds": self.seconds,
             "notes": list(self.notes),
             "needs": self.needs,
@@ -426,10 +476,12 @@ def summary(tuning: Tuning) -> str:
     )
     sizes = [str(w) for w in tuning.world_sizes]
     ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
+    n_reused = tuning.reused
+    reused = f", {n_reused} trace{'s' if n_reused > 1 else ''} reused" if n_reused else ""
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
-        f"({tuning.traces} traced, the rest replayed) in {tuning.seconds:.1f} s; {fits} fit "
-        f"{room}."
+        f"({tuning.traces} traced{reused}, the rest replayed) in {tuning.seconds:.1f} s; "
+        f"{fits} fit {room}."
     ]
     if best is not None:
         lines.append(
@@ -502,4 +554,6 @@ def summary(tuning: Tuning) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Candidate", "TuneTable", "Tuning", "alternatives", "summary", "why_slow"]
+__all__ = [
+    "Candidate", "RetuneKwargs", "TuneTable", "Tuning", "alternatives", "summary", "why_slow",
+]  # fmt: skip

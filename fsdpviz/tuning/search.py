@@ -32,7 +32,8 @@ from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
 from fsdpviz.tuning.evaluation import workers_for
 from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined
-from fsdpviz.tuning.result import Tuning
+from fsdpviz.tuning.result import RetuneKwargs, Tuning
+from fsdpviz.tuning.retune import StoredTrace, check_retune, fingerprint
 from fsdpviz.tuning.space import ALLOWABLE, KNOBS, TuneKwargs, check_fixed
 from fsdpviz.tuning.stages import StagedSearch
 
@@ -98,15 +99,76 @@ def tune(
         report = fsdpviz.analyze(model, best.inputs, **best.kwargs)   # == best.report
         print(best.code())                   # the fully_shard calls to paste
         tuning.show()                        # the frontier; click a point for its plan
+        tuning.retune(machine="h200")        # the same search on H200s, its traces reused
     """
-    started = time.perf_counter()
-    source = ""
+    if not isinstance(allow, str):
+        allow = tuple(allow)  # kept for a retune: an iterator would be spent
+    if knobs is not None and not isinstance(knobs, str):
+        knobs = tuple(knobs)
+    args: dict[str, Any] = {
+        "world_size": world_size, "machine": machine, "api": api, "fixed": fixed,
+        "allow": allow, "tokens_per_step": tokens_per_step, "optimizer": optimizer,
+        "memory_budget": memory_budget, "knobs": knobs, "config": config,
+        "exhaustive": exhaustive, "workers": workers, "progress": progress,
+    }  # fmt: skip
+    return _tune(model, inputs, args, dict(kwargs), None)
+
+
+class _Retuner:
+    """What :meth:`Tuning.retune` runs: :func:`tune` again with the arguments of the
+    search it retunes (``args``, ``kwargs``) and the changes, the traces of every search so
+    far (``traces``) reused, once the model is checked to be as it was (``seen``)."""
+
+    def __init__(
+        self,
+        model: Any,
+        inputs: Any,
+        args: dict[str, Any],
+        kwargs: dict[str, Any],
+        traces: dict[tuple[Any, ...], StoredTrace],
+        seen: tuple[Any, ...],
+        keep: Any,
+    ) -> None:
+        self.model, self.inputs, self.args, self.kwargs = model, inputs, args, kwargs
+        self.traces, self.seen = traces, seen
+        self._keep = keep  # the configuration's entries, alive: ``seen`` holds their ids
+
+    def __call__(self, changes: RetuneKwargs) -> Tuning:
+        check_retune(changes)
+        model, inputs, config = _resolved(self.model, self.inputs, self.args["config"])
+        if fingerprint(model, inputs, config) != self.seen:
+            raise ConfigError(
+                "the model, its inputs or its configuration changed since it was tuned (its "
+                "modules, parameters' names, shapes, dtypes or requires_grad, buffers, input "
+                "shapes or configuration entries): its traces are stale; call fsdpviz.tune again"
+            )
+        return _tune(self.model, self.inputs, {**self.args, **changes}, self.kwargs, self)
+
+
+def _resolved(model: Any, inputs: Any, config: Any) -> tuple[Any, Any, Any]:
+    """The model, inputs and configuration of ``tune``'s arguments (a torchtitan job's)."""
     if _is_torchtitan_job(model):
-        job: Any = model
-        model = job.model
-        inputs = job.inputs if inputs is None else inputs
-        config = job.config
-        source = "torchtitan"
+        return model.model, model.inputs if inputs is None else inputs, model.config
+    return model, inputs, config
+
+
+def _tune(
+    model: nn.Module | Any,
+    inputs: Any,
+    args: dict[str, Any],
+    kwargs: dict[str, Any],
+    earlier: _Retuner | None,
+) -> Tuning:
+    """:func:`tune` with its arguments (``args``: the named ones; ``kwargs``: the
+    configuration's), the traces of ``earlier`` reused."""
+    started = time.perf_counter()
+    given_model, given_inputs = model, inputs
+    world_size, machine, api = args["world_size"], args["machine"], args["api"]
+    fixed, allow, knobs, config = args["fixed"], args["allow"], args["knobs"], args["config"]
+    tokens_per_step, optimizer = args["tokens_per_step"], args["optimizer"]
+    memory_budget, progress = args["memory_budget"], args["progress"]
+    source = "torchtitan" if _is_torchtitan_job(model) else ""
+    model, inputs, config = _resolved(model, inputs, config)
     if inputs is None:
         raise ConfigError("tune needs the model's inputs: tune(model, inputs, world_size=...)")
     check_model(model, "tune")
@@ -136,9 +198,10 @@ def tune(
         budget,
         progress,
         source,
-        workers_for(workers),
+        workers_for(args["workers"]),
+        None if earlier is None else earlier.traces,
     )
-    search.run(exhaustive)
+    search.run(args["exhaustive"])
     tuning = Tuning(
         candidates=search.candidates,
         user=search.user,
@@ -152,6 +215,17 @@ def tune(
         notes=search.notes,
         source=source,
         needs=search.needs,
+        reused=search.reused_count,
+    )
+    seen = fingerprint(model, inputs, config) if earlier is None else earlier.seen
+    tuning._retuner = _Retuner(
+        given_model,
+        given_inputs,
+        args,
+        kwargs,
+        {**(earlier.traces if earlier is not None else {}), **search.made},
+        seen,
+        None if config is None else dict(config),
     )
     return tuning
 

@@ -30,6 +30,7 @@ from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning.choices import SpaceBuilder
 from fsdpviz.tuning.evaluation import Config, Evaluations
 from fsdpviz.tuning.result import Candidate, Needs
+from fsdpviz.tuning.retune import StoredTrace
 from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, TuneKwargs, pinned_knobs
 
 __all__ = ["StagedSearch"]
@@ -61,11 +62,12 @@ class StagedSearch(Evaluations):
         progress: bool | None,
         source: str = "",
         workers: int = 1,
+        earlier: dict[tuple[Any, ...], StoredTrace] | None = None,
     ) -> None:
         builder = SpaceBuilder(model, inputs, api, machine, world_sizes, allowed, fixed, source)
         pinned = pinned_knobs(list(fixed), api) | (set(KNOBS) - turned)
         space = builder.build(user_kwargs, pinned, tokens_per_step)
-        super().__init__(model, inputs, space, machine_arg, optimizer, budget, workers)
+        super().__init__(model, inputs, space, machine_arg, optimizer, budget, workers, earlier)
         self.notes = builder.notes + self.notes
         self.machine = machine
         self.allowed = allowed

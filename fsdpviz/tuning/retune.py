@@ -1,0 +1,107 @@
+"""What :meth:`fsdpviz.Tuning.retune` keeps of a search: its traces, and what the model and
+its inputs were when they were traced.
+
+A trace does not depend on the machine (``analyze(..., machine=...)`` only states it in
+``report.config.machine`` and judges the fit against it), the memory budget, the optimizer
+or the world size (the ranks replay: :func:`fsdpviz.replan.replay`), so a search for
+another of those takes the earlier search's trace of every trace key it meets again
+(:class:`StoredTrace`, keyed as :class:`~fsdpviz.tuning.evaluation.Evaluations` keys them)
+and traces only the keys it has not seen. A trace is taken as the new search's own trace
+where it was made with the same keywords its key leaves out (the replayed knobs': resharding,
+the mesh's data-parallel dimensions, ...; the precision policy, whose reduce dtype replays)
+as the configuration that meets it first; otherwise that configuration is replayed from it,
+as the search replays every other configuration of a key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from fsdpviz.cost.fit import check_fit, machine_spec
+from fsdpviz.cost.hardware import Machine
+from fsdpviz.errors import ConfigError
+from fsdpviz.schema.report import Report
+
+__all__ = [
+    "RETUNABLE",
+    "StoredTrace",
+    "check_retune",
+    "fingerprint",
+    "on_machine",
+]
+
+RETUNABLE = (
+    "machine", "world_size", "memory_budget", "optimizer", "tokens_per_step", "allow", "knobs",
+    "exhaustive", "workers", "progress",
+)  # fmt: skip
+"""The arguments of :func:`fsdpviz.tune` a retune may change: none changes what a trace
+key's trace is (the model, its inputs cut to a micro-batch, and the configuration's
+keywords, which the knobs' values name)."""
+
+
+class StoredTrace(NamedTuple):
+    """One trace of a search: the report ``analyze`` made, and the keywords its trace key
+    leaves out (the replayed knobs', the precision policy) it was made with."""
+
+    report: Report
+    changes: Mapping[str, Any]
+
+
+def check_retune(changes: Mapping[str, Any]) -> None:
+    """Refuse what a retune cannot change without tracing everything again."""
+    refused = [k for k in changes if k not in RETUNABLE]
+    if refused:
+        names = ", ".join(repr(k) for k in refused)
+        raise ConfigError(
+            f"retune cannot change {names}: it changes the model's traces (the model, its "
+            f"inputs, the API or the configuration's keywords); call fsdpviz.tune again with "
+            f"it. retune changes {', '.join(RETUNABLE)}"
+        )
+
+
+def fingerprint(model: nn.Module, inputs: Any, config: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What the traces of ``model`` depend on and a user may change between calls: the
+    module tree (names and types), each parameter's and buffer's name, shape, dtype and
+    ``requires_grad``, the inputs' structure (tensors' shapes and dtypes) and the
+    configuration's entries (compared by identity)."""
+    modules = tuple(
+        (name, type(m).__module__, type(m).__qualname__)
+        for name, m in model.named_modules(remove_duplicate=False)
+    )
+    params = tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad)
+        for name, p in model.named_parameters(remove_duplicate=False)
+    )
+    buffers = tuple(
+        (name, tuple(b.shape), b.dtype) for name, b in model.named_buffers(remove_duplicate=False)
+    )
+    entries = () if config is None else tuple((k, id(v)) for k, v in dict(config).items())
+    return modules, params, buffers, _structure(inputs), entries
+
+
+def _structure(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+    if isinstance(value, Mapping):
+        return ("map", tuple((k, _structure(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_structure(v) for v in value))
+    return ("value", type(value).__qualname__, repr(value)[:200])
+
+
+def on_machine(report: Report, machine: Machine | str) -> Report:
+    """``report`` as ``analyze(..., machine=machine)`` makes it: the machine stated in its
+    config and its fit judged there (a new report: the stored one is left as it is)."""
+    spec = machine_spec(machine)
+    if report.config.machine == spec:
+        return report
+    out = dataclasses.replace(
+        report, config=report.config.replace(machine=spec), warnings=list(report.warnings)
+    )
+    check_fit(out)
+    return out
