@@ -321,6 +321,19 @@ _MP_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Mi
 _MP_FLAGS = ("keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs")
 
 
+def checked_mixed_precision(mp: Any) -> MixedPrecision | None:
+    """``mixed_precision`` as FSDP1 takes it: None or a ``MixedPrecision`` whose dtypes are
+    ``torch.dtype``s (else :class:`~fsdpviz.errors.ConfigError` says what was given)."""
+    if mp is not None and not isinstance(mp, MixedPrecision):
+        raise ConfigError(
+            "mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got "
+            f"{type(mp).__name__}"
+        )
+    if mp is not None:
+        check_dtypes(mp, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
+    return mp
+
+
 def describe_mixed_precision(mp: MixedPrecision | None) -> dict[str, Any] | None:
     """A ``MixedPrecision`` as ``Report.config`` states it: its three dtypes, and each of its
     other fields only where it is not torch's default (``cast_forward_inputs``,
@@ -562,14 +575,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag} must be True or False, got {value!r}")
             flags[flag] = value
-    mp = kwargs.get("mixed_precision")
-    if mp is not None and not isinstance(mp, MixedPrecision):
-        raise ConfigError(
-            "mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got "
-            f"{type(mp).__name__}"
-        )
-    if mp is not None:
-        check_dtypes(mp, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
+    mp = checked_mixed_precision(kwargs.get("mixed_precision"))
     offload = kwargs.get("cpu_offload")
     if offload is not None and not isinstance(offload, CPUOffload):
         raise ConfigError(f"cpu_offload must be a CPUOffload, got {type(offload).__name__}")

@@ -193,6 +193,17 @@ class FSDP2Options:
         return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
 
 
+def checked_mp_policy(mp: Any) -> MixedPrecisionPolicy:
+    """``mp_policy`` as FSDP2 takes it (None: torch's default policy), a
+    ``MixedPrecisionPolicy`` whose dtypes are ``torch.dtype``s (else
+    :class:`~fsdpviz.errors.ConfigError` says what was given)."""
+    mp = mp or MixedPrecisionPolicy()
+    if not isinstance(mp, MixedPrecisionPolicy):
+        raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
+    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
+    return mp
+
+
 def describe_mp_policy(mp: MixedPrecisionPolicy) -> dict[str, str | bool | None]:
     """A ``MixedPrecisionPolicy`` as ``Report.config`` states it: every field, dtypes by name.
 
@@ -248,10 +259,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
             "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
             f"got {type(offload).__name__}"
         )
-    mp = kwargs.get("mp_policy") or MixedPrecisionPolicy()
-    if not isinstance(mp, MixedPrecisionPolicy):
-        raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
-    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
+    mp = checked_mp_policy(kwargs.get("mp_policy"))
     raf = _check_reshard(kwargs.get("reshard_after_forward"))
     rules = torch_rules(kwargs)
     if kwargs.get("ignored_params") is not None and not rules.ignored_params:

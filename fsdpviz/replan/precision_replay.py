@@ -38,12 +38,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1_options import describe_mixed_precision
-from fsdpviz.plan.fsdp2_options import describe_mp_policy
-from fsdpviz.plan.options import check_dtypes
+from fsdpviz.plan.fsdp1_options import checked_mixed_precision, describe_mixed_precision
+from fsdpviz.plan.fsdp2_options import checked_mp_policy, describe_mp_policy
 from fsdpviz.schema.report import Report
 
 PRECISION_OPTION = {"FSDP1": "mixed_precision", "FSDP2": "mp_policy"}
@@ -131,23 +128,9 @@ def same_precision(report: Report, policy: Any) -> bool:
 
 def _described(api: str, policy: Any) -> dict[str, Any] | None:
     """``policy`` checked as ``analyze`` checks it, and stated as a report states it."""
-    option = PRECISION_OPTION[api]
     if api == "FSDP2":
-        policy = policy or MixedPrecisionPolicy()
-        if not isinstance(policy, MixedPrecisionPolicy):
-            raise ConfigError(
-                f"mp_policy must be a MixedPrecisionPolicy, got {type(policy).__name__}"
-            )
-        check_dtypes(policy, ("param_dtype", "reduce_dtype", "output_dtype"), option)
-        return describe_mp_policy(policy)
-    if policy is not None and not isinstance(policy, MixedPrecision):
-        raise ConfigError(
-            "mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got "
-            f"{type(policy).__name__}"
-        )
-    if policy is not None:
-        check_dtypes(policy, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
-    return describe_mixed_precision(policy)
+        return describe_mp_policy(checked_mp_policy(policy))
+    return describe_mixed_precision(checked_mixed_precision(policy))
 
 
 def _check_fsdp1_units(report: Report, stated: Mapping[str, Any]) -> None:
