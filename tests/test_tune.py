@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import tp_models
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
@@ -312,7 +313,7 @@ def test_nothing_fits_says_when_more_ranks_would_not_help() -> None:
 )
 def test_bad_requests_say_what_to_do(kwargs: dict[str, Any], message: str) -> None:
     if kwargs.get("parallelize_plan") == "PLAN":
-        kwargs["parallelize_plan"] = _tp_plan()
+        kwargs["parallelize_plan"] = tp_models.example_plan()
     with pytest.raises(fsdpviz.ConfigError, match=message):
         fsdpviz.tune(_model(), example_inputs(CONFIG), progress=False, **kwargs)
 
@@ -353,18 +354,6 @@ def test_every_nth_block_checkpointing_picks_every_nth() -> None:
         fsdpviz.CheckpointEvery([DecoderLayer], 0)
 
 
-def _tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    at = "layers.*."
-    return {
-        at + "self_attn.[qkv]_proj": ColwiseParallel(),
-        at + "self_attn.o_proj": RowwiseParallel(),
-        at + "mlp.[gu]*_proj": ColwiseParallel(),
-        at + "mlp.down_proj": RowwiseParallel(),
-    }
-
-
 def test_workers_change_no_number(tuning: Tuning) -> None:
     """Traces made side by side in forked workers give the very same search."""
     other = fsdpviz.tune(
@@ -384,7 +373,7 @@ def test_workers_change_no_number(tuning: Tuning) -> None:
 def test_tensor_parallelism_with_the_users_plan() -> None:
     """A plan with tensor parallelism: each degree up to a node that divides the heads, and
     plain data parallelism, each traced (a replay keeps its tensor-parallel mesh)."""
-    plan = _tp_plan()
+    plan = tp_models.example_plan()
     t = fsdpviz.tune(
         _model(),
         example_inputs(CONFIG),
@@ -414,7 +403,7 @@ def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
         world_size=[8, 16],
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 4, "tp", 2),
-        parallelize_plan=_tp_plan(),
+        parallelize_plan=tp_models.example_plan(),
         knobs=("mesh", "activation_checkpointing"),
         progress=False,
         workers=1,
@@ -442,7 +431,7 @@ def test_a_mesh_of_tensor_parallelism_alone_is_the_users() -> None:
         example_inputs(CONFIG),
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 1, "tp", 2),
-        parallelize_plan=_tp_plan(),
+        parallelize_plan=tp_models.example_plan(),
         knobs=("mesh",),
         progress=False,
         workers=1,
@@ -462,7 +451,7 @@ def test_accumulation_under_tensor_parallelism_is_replayed() -> None:
         example_inputs(CONFIG),
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 4, "tp", 2),
-        parallelize_plan=_tp_plan(),
+        parallelize_plan=tp_models.example_plan(),
         grad_accum=2,
         knobs=("micro_batch",),
         progress=False,
@@ -490,7 +479,7 @@ def test_resharding_under_tensor_parallelism_is_replayed() -> None:
         world_size=16,
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 8, "tp", 2),
-        parallelize_plan=_tp_plan(),
+        parallelize_plan=tp_models.example_plan(),
         knobs=("mesh", "reshard_after_forward"),
         progress=False,
         workers=1,

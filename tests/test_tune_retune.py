@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import tp_models
 
 import fsdpviz
 from fsdpviz.cost import machine
@@ -135,25 +136,13 @@ def test_fsdp1_on_another_machine_and_budget(model: torch.nn.Module) -> None:
     assert wider.reused > 0 and wider.traces + wider.reused == fresh.traces
 
 
-def _tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    at = "layers.*."
-    return {
-        at + "self_attn.[qkv]_proj": ColwiseParallel(),
-        at + "self_attn.o_proj": RowwiseParallel(),
-        at + "mlp.[gu]*_proj": ColwiseParallel(),
-        at + "mlp.down_proj": RowwiseParallel(),
-    }
-
-
 def test_more_ranks_trace_only_a_new_tensor_parallel_degree(model: torch.nn.Module) -> None:
     """On 2 ranks tensor parallelism is tried at degree 2 alone; on 8, degree 4 too: only
     its traces are new, the rest replayed (the tp degree keys a trace). (The mesh given is
     of the first world size.)"""
     given: dict[str, Any] = {
         "fully_shard": [DecoderLayer], "mesh": ("dp_shard", 1, "tp", 2),
-        "parallelize_plan": _tp_plan(), "knobs": ("mesh", "activation_checkpointing"),
+        "parallelize_plan": tp_models.example_plan(), "knobs": ("mesh", "activation_checkpointing"),
     }  # fmt: skip
     first = _tune(model, world_size=2, **given)
     got = first.retune(world_size=[2, 8])

@@ -109,6 +109,18 @@ def whole_plan() -> dict[str, Any]:
     return {**top_plan(), **{f"layers.*.{k}": v for k, v in block_plan().items()}}
 
 
+def example_plan() -> dict[str, Any]:
+    """A tensor-parallel plan for :func:`fsdpviz.examples.example_model` (Hugging Face's
+    names): attention's and the MLP's projections colwise in, rowwise out."""
+    at = "layers.*."
+    return {
+        at + "self_attn.[qkv]_proj": ColwiseParallel(),
+        at + "self_attn.o_proj": RowwiseParallel(),
+        at + "mlp.[gu]*_proj": ColwiseParallel(),
+        at + "mlp.down_proj": RowwiseParallel(),
+    }
+
+
 def rewrap_block_outputs(model: Llama, tp_mesh: Any) -> None:
     """KempnerForge's forward hooks: the attention's and MLP's plain outputs made
     sequence-sharded DTensors again for the residual add (``DTensor.from_local``)."""
