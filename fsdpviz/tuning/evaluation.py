@@ -221,8 +221,9 @@ class Evaluations:
         of it is taken: see :meth:`_reusable`); whether ``config``'s plan is that trace."""
         if key in self._traces:
             return False
-        if self._reusable(key, config) is not None:
-            self._traces[key], same = self._reuse(key, config)
+        same = self._reusable(key, config)
+        if same is not None:
+            self._traces[key] = self._reuse(key)
             return same
         made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
         self._traces[key] = made
@@ -253,14 +254,12 @@ class Evaluations:
         report = stored.report
         return None if report.pipeline is not None or report.profile is None else False
 
-    def _reuse(self, key: tuple[Any, ...], config: Config) -> tuple[Report, bool]:
-        """The earlier trace of ``key`` on this search's machine, and whether it is
-        ``config``'s own (see :meth:`_reusable`)."""
+    def _reuse(self, key: tuple[Any, ...]) -> Report:
+        """The earlier trace of ``key`` (see :meth:`_reusable`) on this search's machine."""
         self.reused_count += 1
         if self.bar is not None:
             self.bar.set_postfix_str(self._counts(), refresh=False)
-        same = bool(self._reusable(key, config))
-        return on_machine(self.earlier[key].report, self.machine_arg), same
+        return on_machine(self.earlier[key].report, self.machine_arg)
 
     def _counts(self) -> str:
         reused = f", {self.reused_count} reused" if self.reused_count else ""
