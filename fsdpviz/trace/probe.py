@@ -490,6 +490,10 @@ class CostProbe(
         if rec is None and loss is not None and st is not None and id(st) in loss.pending:
             loss.saved.add(id(st))  # the partitioner decides when the loss's forward ends
             return t
+        if rec is None and st is not None and t.is_meta and st not in self._external:
+            # made before any operator ran: the index tensor torch makes of a list on the
+            # indexed tensor's device (``x[:, [-2]]``), ``torch.tensor(data, device=...)``
+            rec = self._made_outside(st)
         if rec is not None and rec[1] in (FWD_TEMP, BWD_TEMP):
             self.live[rec[1]] -= rec[0]
             rec[1] = ACT
@@ -498,6 +502,14 @@ class CostProbe(
                 name = self._tracker.stack[-1] if self._tracker.stack else ""
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
         return t
+
+    def _made_outside(self, st: Any) -> list[Any] | None:
+        """Count storage ``st`` that no operator made (torch makes a tensor of data on meta
+        without dispatching, ``tensor_new.cpp``'s ``internal_new_from_data``)."""
+        if st.nbytes() == 0:
+            return None
+        self._hold(st, id(st), st.nbytes(), FWD_TEMP)
+        return self._live[id(st)]
 
     def _grad_ready(self, owner: str, p: torch.Tensor) -> None:
         grad = p.grad
