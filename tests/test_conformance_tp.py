@@ -191,6 +191,13 @@ def test_tensor_parallel_option_errors() -> None:
     with pytest.raises(fsdpviz.FSDPConfigError, match=r"only support nn\.Linear and nn\.Embedding"):
         fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
                         parallelize_plan={"norm": plan["output"]})  # fmt: skip
+    # FSDPParam.to_sharded_post_forward: no smaller post-forward mesh for DTensor parameters
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"reshard_after_forward=2 for 'layers.0', "
+                       "whose parameters are tensor-parallel DTensors"):  # fmt: skip
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 4, "tp", 2),
+                        parallelize_plan=plan, reshard_after_forward={"layers.0": 2})  # fmt: skip
+    fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 4, "tp", 2),
+                    parallelize_plan=plan, reshard_after_forward=4, progress=False)  # fmt: skip
     with pytest.raises(fsdpviz.ConfigError, match="tp dimension must be the last"):
         fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("tp", 2, "dp", 2),
                         parallelize_plan=plan)  # fmt: skip

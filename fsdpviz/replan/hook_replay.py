@@ -272,7 +272,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 tp_partial_grads=partial.get(name, []),
             )
         )
-    check_reshard_ints(groups, shard)
+    check_reshard_ints(groups, shard, [u.module for u in report.units if u.tp_placements])
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension
     runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
