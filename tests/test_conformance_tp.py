@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def tp_recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return spawn_suite(tmp_path_factory.mktemp("gloo-tp"), WORLD_SIZE, "tp")
 
 
-def predict() -> fsdpviz.Report:
+def predict(**kwargs: Any) -> fsdpviz.Report:
     torch.manual_seed(0)
     return fsdpviz.analyze(
         tp_models.Llama(),
@@ -39,6 +40,7 @@ def predict() -> fsdpviz.Report:
         fully_shard=tp_models.LAYERS,
         mesh=("dp", TP_MESH[0], "tp", TP_MESH[1]),
         parallelize_plan=tp_models.whole_plan(),
+        **kwargs,
     )
 
 
@@ -201,3 +203,36 @@ def test_tensor_parallel_option_errors() -> None:
     with pytest.raises(fsdpviz.ConfigError, match="tp dimension must be the last"):
         fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("tp", 2, "dp", 2),
                         parallelize_plan=plan)  # fmt: skip
+
+
+def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None:
+    """bf16 parameters reducing in float32, two micro-steps, the first without gradient sync:
+    FSDP2 keeps the norms' unreduced partial gradients in float32 between them
+    (``FSDPParam.to_accumulated_grad_if_needed``), so the syncing micro-step all-reduces them
+    over tp in float32, twice the bytes of a micro-step alone. Every micro-step's tp
+    collectives equal DTensor's on the fake process group, kind and bytes."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=mp)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+    real = []
+    with _tp_collectives() as seen:
+        for k in range(4):  # two optimizer steps of two micro-steps
+            model.set_requires_gradient_sync(k % 2 == 1)
+            model(tp_models.tokens()).sum().backward()
+            real.append(list(seen))
+            seen.clear()
+        model.zero_grad()
+    report = predict(mp_policy=mp, grad_accum=2, progress=False)
+    predicted = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in report.iterations]
+    assert predicted == real
+    norm = 16 * 4  # the norms' float32 partial gradients, all-reduced in the syncing step
+    assert [b for k, b in real[1] if k == "tp_all_reduce"] == [norm] * 5
+    assert not any(k == "tp_all_reduce" for k, _ in real[0])

@@ -24,7 +24,7 @@ from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, reshard_after_forward_of
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.fsdp2_shards import (
     check_placements_reshard,
@@ -288,6 +288,9 @@ def finalize_groups(
             for f, p in zip(group.param_fqns, group.params, strict=True)
             if p in partial and p.requires_grad
         ]
+        group.tp_accumulated_itemsizes = accumulated_grad_itemsizes(
+            group.schema.compute_dtype, group.schema.reduce_dtype
+        )
 
 
 def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> list[nn.Module]:
