@@ -42,6 +42,8 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares
 
+# A row-wise embedding's weight: its gradient is whole on every rank (TPShares.whole_grads).
+_ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
@@ -104,10 +106,16 @@ class TPEmulation:
     def shares(self) -> TPShares:
         """What a rank of the tp group holds, for the probe."""
         placements = self.plan.placements(self._model)
+        embeddings = {id(m.weight) for m in self._model.modules() if isinstance(m, nn.Embedding)}
         return TPShares(
             self.plan.size,
             frozenset(p for p, layout in placements.items() if layout[0] == "shard"),
             frozenset(f for f, m in self.plan.modules.items() if m.style == "RowwiseParallel"),
+            frozenset(
+                p
+                for p, layout in placements.items()
+                if layout == _ROWWISE_EMBEDDING and id(p) in embeddings
+            ),
         )
 
     def measure(self, probe: CostProbe) -> None:
