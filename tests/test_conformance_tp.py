@@ -236,3 +236,27 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
     norm = 16 * 4  # the norms' float32 partial gradients, all-reduced in the syncing step
     assert [b for k, b in real[1] if k == "tp_all_reduce"] == [norm] * 5
     assert not any(k == "tp_all_reduce" for k, _ in real[0])
+
+
+def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
+    """A vocabulary the tp ranks do not divide: DTensor pads each rank's chunk to the
+    first's before it all-gathers it (``Shard._to_replicate_tensor``), so the logits'
+    all-gather moves 64 of the 63 columns. Every collective equals DTensor's, kind and bytes."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(vocab=63), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with _tp_collectives() as seen:
+        model(tp_models.tokens()).sum().backward()
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(tp_models.Llama(vocab=63), tp_models.tokens(),
+                             fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=tp_models.whole_plan(), progress=False)  # fmt: skip
+    assert [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel] == seen
+    assert ["tp_all_gather", 2 * 8 * 64 * 4] in seen  # the logits, 63 columns padded to 64
