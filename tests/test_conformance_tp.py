@@ -12,6 +12,7 @@ from DTensor's functional collectives and must equal the predicted ones, kind an
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -260,3 +261,97 @@ def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
                              parallelize_plan=tp_models.whole_plan(), progress=False)  # fmt: skip
     assert [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel] == seen
     assert ["tp_all_gather", 2 * 8 * 64 * 4] in seen  # the logits, 63 columns padded to 64
+
+
+def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
+    labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
+    return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
+
+
+def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
+    """Six drawn FSDP2 x TP jobs on the 2 x 2 mesh (the model's sizes and the batch;
+    torchtitan's sequence-parallel plan, with loss parallel, or a plain column/row plan;
+    resharding as a bool or per group; bf16 parameters reducing in fp32 or bf16; gradient
+    accumulation without sync; activation checkpointing): FSDP's events equal the
+    recording's, event for event, and the tp collectives of every micro-step DTensor's,
+    kind and bytes (but loss parallel's own all-reduces of a few values per token, which
+    fsdpviz leaves out)."""
+    from contextlib import nullcontext
+
+    from fsdp_harness import assert_same_accumulation
+    from gloo_worker import _tp_collectives
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    rng = random.Random("fsdp x tp conformance")
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    for _ in range(6):
+        heads, layers = rng.choice([2, 4]), rng.choice([2, 3])
+        sizes = {"vocab": rng.choice([32, 40, 42]), "dim": heads * rng.choice([4, 8]),
+                 "n_heads": heads, "hidden": rng.choice([8, 10, 12]), "layers": layers}  # fmt: skip
+        ids = torch.randint(0, sizes["vocab"], (rng.choice([1, 2, 3]), rng.choice([4, 6, 8])),
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+        style = rng.choice(["sequence_parallel", "loss_parallel", "plain"])
+        plan = tp_models.whole_plan() if style != "plain" else tp_models.plain_plan()
+        lp = style == "loss_parallel"
+        if lp:
+            plan["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+        raf = rng.choice([None, True, False, {"layers.0": False}, {"": True, "layers.1": False}])
+        mp = rng.choice([None, torch.float32, torch.bfloat16])
+        n, checkpointed = rng.choice([1, 2]), rng.random() < 0.4
+        units = [(f"layers.{i}",) for i in range(layers)]
+        kw: dict[str, Any] = {} if raf is None else {"reshard_after_forward": raf}
+        if mp is not None:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=mp)
+        torch.manual_seed(0)
+        model = tp_models.Llama(**sizes)
+        parallelize_module(model, mesh["tp"], plan)
+        if checkpointed:
+            apply_activation_checkpointing(
+                model, check_fn=lambda m: isinstance(m, tp_models.TransformerBlock)
+            )
+        for names in [*units, ("",)]:
+            group = raf.get(names[0]) if isinstance(raf, dict) else raf
+            own = {**kw, "reshard_after_forward": group} if group is not None else {
+                k: v for k, v in kw.items() if k != "reshard_after_forward"}  # fmt: skip
+            fully_shard(model.get_submodule(names[0]), mesh=mesh["dp"], **own)
+        loss = _cross_entropy if lp else torch.sum
+        real_tp: list[list[Any]] = []
+        with FSDP2Recorder(model) as rec, _tp_collectives() as seen:
+            for _ in range(3):
+                for k in range(n):
+                    if n > 1:
+                        model.set_requires_gradient_sync(k == n - 1)  # type: ignore[operator]
+                    out = model(ids)
+                    with loss_parallel() if lp else nullcontext():
+                        loss(out).backward()
+                    step = list(seen)
+                    seen.clear()
+                    if lp:  # the loss's all-reduces: the first three, before the backward's
+                        first = next(j for j, c in enumerate(step) if c[0] == "tp_all_reduce")
+                        step = step[:first] + step[first + 3 :]
+                    real_tp.append(step)
+                model.zero_grad()
+        torch.manual_seed(0)
+        predicted = fsdpviz.analyze(
+            tp_models.Llama(**sizes), ids, fully_shard=units, mesh=("dp", 2, "tp", 2),
+            parallelize_plan=plan, loss=loss, grad_accum=n, progress=False,
+            activation_checkpointing=[tp_models.TransformerBlock] if checkpointed else None, **kw,
+        )  # fmt: skip
+        if n > 1:
+            assert_same_accumulation(rec.report(), fsdp_only(predicted), n)
+        else:
+            assert_same_schedule(rec.report(), fsdp_only(predicted))
+        tp = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in predicted.iterations]
+        assert real_tp[: 2 * n] == tp

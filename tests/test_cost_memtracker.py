@@ -314,23 +314,6 @@ def test_accumulation_reducing_every_micro_step(fake_pg: int, precision: str) ->
     _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
 
 
-def _plain_plan() -> dict[str, Any]:
-    """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
-    row-parallel outputs all-reduced."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    col, row = ColwiseParallel(), RowwiseParallel()
-    return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-        **{f"layers.*.attention.{w}": col for w in ("wq", "wk", "wv")},
-        "layers.*.attention.wo": row,
-        **{f"layers.*.feed_forward.{w}": col for w in ("w1", "w3")},
-        "layers.*.feed_forward.w2": row,
-        "output": ColwiseParallel(output_layouts=Replicate()),
-    }
-
-
 def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
     labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
     return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
@@ -347,7 +330,7 @@ def test_tensor_parallel_mesh(fake_pg: int, plan: str) -> None:
     import tp_models
     from torch.distributed.tensor.parallel import parallelize_module
 
-    whole = _plain_plan() if plan == "plain" else tp_models.whole_plan()
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
     loss, around = _loss, nullcontext
     if plan == "loss_parallel":  # torchtitan's default: logits stay sharded over the vocabulary
         from torch.distributed.tensor import Shard
@@ -937,7 +920,7 @@ def test_tensor_parallel_accumulation(
     import tp_models
     from torch.distributed.tensor.parallel import parallelize_module
 
-    whole = _plain_plan()
+    whole = tp_models.plain_plan()
     mp = {}
     if precision != "fp32":
         mp = {"mp_policy": MixedPrecisionPolicy(torch.bfloat16, torch.float32)}
