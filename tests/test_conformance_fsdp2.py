@@ -8,6 +8,7 @@ the steady state, event for event.
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -198,3 +199,23 @@ def test_drawn_option_sets(fake_pg: int) -> None:
             assert_same_accumulation(real, predicted, n)
         else:
             assert_same_schedule(real, predicted)
+
+
+def test_blocks_wrapped_for_activation_checkpointing(fake_pg: int) -> None:
+    """``apply_activation_checkpointing`` before ``fully_shard`` (torchtitan's order): the
+    recording names each unit's parameters and class as the plan of
+    ``activation_checkpointing=[Block]`` does, without the ``CheckpointWrapper`` between."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    torch.manual_seed(0)
+    model = hm.Stack()
+    wrapped = copy.deepcopy(model)
+    apply_activation_checkpointing(wrapped, check_fn=lambda m: isinstance(m, hm.Block))
+    real = record_real_fsdp2(wrapped, _x(), BLOCKS, fake_pg)
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=BLOCKS, world_size=fake_pg,
+                                activation_checkpointing=[hm.Block])  # fmt: skip
+    assert_same_schedule(real, predicted)
+    assert real.unit("blocks.0").params[:2] == ["blocks.0.ln.weight", "blocks.0.ln.bias"]
+    assert real.unit("blocks.0").module_class == "Block"

@@ -12,8 +12,10 @@ from DTensor's functional collectives and must equal the predicted ones, kind an
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +33,7 @@ def tp_recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return spawn_suite(tmp_path_factory.mktemp("gloo-tp"), WORLD_SIZE, "tp")
 
 
-def predict() -> fsdpviz.Report:
+def predict(**kwargs: Any) -> fsdpviz.Report:
     torch.manual_seed(0)
     return fsdpviz.analyze(
         tp_models.Llama(),
@@ -39,6 +41,7 @@ def predict() -> fsdpviz.Report:
         fully_shard=tp_models.LAYERS,
         mesh=("dp", TP_MESH[0], "tp", TP_MESH[1]),
         parallelize_plan=tp_models.whole_plan(),
+        **kwargs,
     )
 
 
@@ -191,6 +194,164 @@ def test_tensor_parallel_option_errors() -> None:
     with pytest.raises(fsdpviz.FSDPConfigError, match=r"only support nn\.Linear and nn\.Embedding"):
         fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
                         parallelize_plan={"norm": plan["output"]})  # fmt: skip
+    # FSDPParam.to_sharded_post_forward: no smaller post-forward mesh for DTensor parameters
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"reshard_after_forward=2 for 'layers.0', "
+                       "whose parameters are tensor-parallel DTensors"):  # fmt: skip
+        fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 4, "tp", 2),
+                        parallelize_plan=plan, reshard_after_forward={"layers.0": 2})  # fmt: skip
+    fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 4, "tp", 2),
+                    parallelize_plan=plan, reshard_after_forward=4, progress=False)  # fmt: skip
     with pytest.raises(fsdpviz.ConfigError, match="tp dimension must be the last"):
         fsdpviz.analyze(model, ids, fully_shard=tp_models.LAYERS, mesh=("tp", 2, "dp", 2),
                         parallelize_plan=plan)  # fmt: skip
+
+
+def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None:
+    """bf16 parameters reducing in float32, two micro-steps, the first without gradient sync:
+    FSDP2 keeps the norms' unreduced partial gradients in float32 between them
+    (``FSDPParam.to_accumulated_grad_if_needed``), so the syncing micro-step all-reduces them
+    over tp in float32, twice the bytes of a micro-step alone. Every micro-step's tp
+    collectives equal DTensor's on the fake process group, kind and bytes."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=mp)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+    real = []
+    with _tp_collectives() as seen:
+        for k in range(4):  # two optimizer steps of two micro-steps
+            model.set_requires_gradient_sync(k % 2 == 1)
+            model(tp_models.tokens()).sum().backward()
+            real.append(list(seen))
+            seen.clear()
+        model.zero_grad()
+    report = predict(mp_policy=mp, grad_accum=2, progress=False)
+    predicted = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in report.iterations]
+    assert predicted == real
+    norm = 16 * 4  # the norms' float32 partial gradients, all-reduced in the syncing step
+    assert [b for k, b in real[1] if k == "tp_all_reduce"] == [norm] * 5
+    assert not any(k == "tp_all_reduce" for k, _ in real[0])
+
+
+def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
+    """A vocabulary the tp ranks do not divide: DTensor pads each rank's chunk to the
+    first's before it all-gathers it (``Shard._to_replicate_tensor``), so the logits'
+    all-gather moves 64 of the 63 columns. Every collective equals DTensor's, kind and bytes."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.parallelize(tp_models.Llama(vocab=63), mesh["tp"])
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with _tp_collectives() as seen:
+        model(tp_models.tokens()).sum().backward()
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(tp_models.Llama(vocab=63), tp_models.tokens(),
+                             fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=tp_models.whole_plan(), progress=False)  # fmt: skip
+    assert [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel] == seen
+    assert ["tp_all_gather", 2 * 8 * 64 * 4] in seen  # the logits, 63 columns padded to 64
+
+
+def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
+    labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
+    return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
+
+
+def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
+    """Six drawn FSDP2 x TP jobs on the 2 x 2 mesh (the model's sizes and the batch;
+    torchtitan's sequence-parallel plan, with loss parallel, or a plain column/row plan;
+    resharding as a bool or per group; bf16 parameters reducing in fp32 or bf16; gradient
+    accumulation without sync; activation checkpointing): FSDP's events equal the
+    recording's, event for event, and the tp collectives of every micro-step DTensor's,
+    kind and bytes (but loss parallel's own all-reduces of a few values per token, which
+    fsdpviz leaves out)."""
+    from contextlib import nullcontext
+
+    from fsdp_harness import assert_same_accumulation
+    from gloo_worker import _tp_collectives
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    rng = random.Random("fsdp x tp conformance")
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    for _ in range(6):
+        heads, layers = rng.choice([2, 4]), rng.choice([2, 3])
+        sizes = {"vocab": rng.choice([32, 40, 42]), "dim": heads * rng.choice([4, 8]),
+                 "n_heads": heads, "hidden": rng.choice([8, 10, 12]), "layers": layers}  # fmt: skip
+        ids = torch.randint(0, sizes["vocab"], (rng.choice([1, 2, 3]), rng.choice([4, 6, 8])),
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+        style = rng.choice(["sequence_parallel", "loss_parallel", "plain"])
+        plan = tp_models.whole_plan() if style != "plain" else tp_models.plain_plan()
+        lp = style == "loss_parallel"
+        if lp:
+            plan["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+        raf = rng.choice([None, True, False, {"layers.0": False}, {"": True, "layers.1": False}])
+        mp = rng.choice([None, torch.float32, torch.bfloat16])
+        n, checkpointed = rng.choice([1, 2]), rng.random() < 0.4
+        units = [(f"layers.{i}",) for i in range(layers)]
+        kw: dict[str, Any] = {} if raf is None else {"reshard_after_forward": raf}
+        if mp is not None:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=mp)
+        torch.manual_seed(0)
+        model = tp_models.Llama(**sizes)
+        parallelize_module(model, mesh["tp"], plan)
+        if checkpointed:
+            apply_activation_checkpointing(
+                model, check_fn=lambda m: isinstance(m, tp_models.TransformerBlock)
+            )
+        for names in [*units, ("",)]:
+            group = raf.get(names[0]) if isinstance(raf, dict) else raf
+            own = {**kw, "reshard_after_forward": group} if group is not None else {
+                k: v for k, v in kw.items() if k != "reshard_after_forward"}  # fmt: skip
+            fully_shard(model.get_submodule(names[0]), mesh=mesh["dp"], **own)
+        loss = _cross_entropy if lp else torch.sum
+        real_tp: list[list[Any]] = []
+        with FSDP2Recorder(model) as rec, _tp_collectives() as seen:
+            for _ in range(3):
+                for k in range(n):
+                    if n > 1:
+                        model.set_requires_gradient_sync(k == n - 1)  # type: ignore[operator]
+                    out = model(ids)
+                    with loss_parallel() if lp else nullcontext():
+                        loss(out).backward()
+                    step = list(seen)
+                    seen.clear()
+                    if lp:  # the loss's all-reduces: the first three, before the backward's
+                        first = next(j for j, c in enumerate(step) if c[0] == "tp_all_reduce")
+                        step = step[:first] + step[first + 3 :]
+                    real_tp.append(step)
+                model.zero_grad()
+        torch.manual_seed(0)
+        predicted = fsdpviz.analyze(
+            tp_models.Llama(**sizes), ids, fully_shard=units, mesh=("dp", 2, "tp", 2),
+            parallelize_plan=plan, loss=loss, grad_accum=n, progress=False,
+            activation_checkpointing=[tp_models.TransformerBlock] if checkpointed else None, **kw,
+        )  # fmt: skip
+        if n > 1:
+            assert_same_accumulation(rec.report(), fsdp_only(predicted), n)
+        else:
+            assert_same_schedule(rec.report(), fsdp_only(predicted))
+        tp = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in predicted.iterations]
+        assert real_tp[: 2 * n] == tp

@@ -314,23 +314,6 @@ def test_accumulation_reducing_every_micro_step(fake_pg: int, precision: str) ->
     _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
 
 
-def _plain_plan() -> dict[str, Any]:
-    """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
-    row-parallel outputs all-reduced."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    col, row = ColwiseParallel(), RowwiseParallel()
-    return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-        **{f"layers.*.attention.{w}": col for w in ("wq", "wk", "wv")},
-        "layers.*.attention.wo": row,
-        **{f"layers.*.feed_forward.{w}": col for w in ("w1", "w3")},
-        "layers.*.feed_forward.w2": row,
-        "output": ColwiseParallel(output_layouts=Replicate()),
-    }
-
-
 def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
     labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
     return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
@@ -347,7 +330,7 @@ def test_tensor_parallel_mesh(fake_pg: int, plan: str) -> None:
     import tp_models
     from torch.distributed.tensor.parallel import parallelize_module
 
-    whole = _plain_plan() if plan == "plain" else tp_models.whole_plan()
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
     loss, around = _loss, nullcontext
     if plan == "loss_parallel":  # torchtitan's default: logits stay sharded over the vocabulary
         from torch.distributed.tensor import Shard
@@ -969,3 +952,58 @@ def _root_before_final_callback(report: fsdpviz.Report, mem: MemoryReport) -> in
         for m in mem.moments
         if opened <= m.call < final and not (m.call == opened and m.kind == "compute")
     )
+
+
+@pytest.mark.parametrize(
+    ("precision", "sizes", "tokens"),
+    [("fp32", (50, 32, 4, 8, 3), (1, 6)), ("bf16_fp32_reduce", (48, 16, 2, 12, 2), (3, 6))],
+    ids=["fp32", "bf16_fp32_reduce"],
+)
+def test_tensor_parallel_accumulation(
+    fake_pg: int, precision: str, sizes: tuple[int, ...], tokens: tuple[int, int]
+) -> None:
+    """FSDP x TP on a 2 x 2 mesh accumulating over two micro-steps, the first without
+    gradient sync: the row-wise embedding's gradient is whole on every rank (DTensor's
+    ``embedding_dense_backward`` gives a replicated weight gradient, never ``Shard(0)``), and
+    stays so into the next micro-step. The step's peak, every category at it and every
+    module's peaks, to the byte."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    whole = tp_models.plain_plan()
+    mp = {}
+    if precision != "fp32":
+        mp = {"mp_policy": MixedPrecisionPolicy(torch.bfloat16, torch.float32)}
+    vocab, dim, heads, hidden, layers = sizes
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=vocab, dim=dim, n_heads=heads, hidden=hidden, layers=layers)
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, vocab, tokens, generator=torch.Generator().manual_seed(0))
+
+    n, units = 2, [(f"layers.{i}",) for i in range(layers)]
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()),
+                   fake_pg, _loss, mesh_shape=(2, 2), parallelize=parallelize, accumulate=n,
+                   **mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=units, mesh=("dp_shard", 2, "tp", 2),
+                             parallelize_plan=whole, loss=_loss, grad_accum=n, **mp)  # fmt: skip
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    unit_peaks: dict[str, dict[str, int]] = {}
+    for mem in steps:
+        backward = _as_the_tracker_sees(report, mem, model)
+        for unit, phases in mem.unit_peaks.items():
+            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot["forward"] = max(slot["forward"], phases["forward"])
+            slot["backward"] = max(slot["backward"], backward[unit])
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    _compare(real, replace(at_peak, unit_peaks=unit_peaks))
+    if precision == "fp32":  # left by the first micro-step: each rank's share of every
+        # gradient (the norms' whole), but the embedding's, whole (twice its share)
+        shares = sum(u.numel for u in report.units) * 4
+        assert steps[0].events[-1]["unsharded_grads"] == shares + vocab * dim * 4 // 2

@@ -109,6 +109,20 @@ def whole_plan() -> dict[str, Any]:
     return {**top_plan(), **{f"layers.*.{k}": v for k, v in block_plan().items()}}
 
 
+def plain_plan() -> dict[str, Any]:
+    """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
+    row-parallel outputs all-reduced."""
+    col, row = ColwiseParallel(), RowwiseParallel()
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+        **{f"layers.*.attention.{w}": col for w in ("wq", "wk", "wv")},
+        "layers.*.attention.wo": row,
+        **{f"layers.*.feed_forward.{w}": col for w in ("w1", "w3")},
+        "layers.*.feed_forward.w2": row,
+        "output": ColwiseParallel(output_layouts=Replicate()),
+    }
+
+
 def example_plan() -> dict[str, Any]:
     """A tensor-parallel plan for :func:`fsdpviz.examples.example_model` (Hugging Face's
     names): attention's and the MLP's projections colwise in, rowwise out."""

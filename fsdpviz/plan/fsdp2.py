@@ -24,7 +24,7 @@ from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, reshard_after_forward_of
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.fsdp2_shards import (
     check_placements_reshard,
@@ -32,6 +32,7 @@ from fsdpviz.plan.fsdp2_shards import (
     placement_fn_of,
     shard_dim,
 )
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.report import unit_label
 
 
@@ -287,6 +288,9 @@ def finalize_groups(
             for f, p in zip(group.param_fqns, group.params, strict=True)
             if p in partial and p.requires_grad
         ]
+        group.tp_accumulated_itemsizes = accumulated_grad_itemsizes(
+            group.schema.compute_dtype, group.schema.reduce_dtype
+        )
 
 
 def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> list[nn.Module]:
@@ -307,8 +311,13 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
     return out
 
 
-def check_reshard_ints(groups: list[Group], world_size: int) -> None:
-    """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks."""
+def check_reshard_ints(
+    groups: list[Group], world_size: int, tp_groups: Iterable[str] | None = None
+) -> None:
+    """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks,
+    or that reshards a group holding tensor-parallel (DTensor) parameters to a smaller mesh.
+    ``tp_groups``: the names of the groups that hold DTensor parameters (default: those whose
+    unit has ``tp_placements``)."""
     for g in groups:
         raf = g.reshard_after_forward
         if isinstance(raf, bool) or not isinstance(raf, int):
@@ -320,6 +329,19 @@ def check_reshard_ints(groups: list[Group], world_size: int) -> None:
                 "(FSDP2 raises this)"
             )
     check_placements_reshard(groups, world_size)
+    placed = (
+        set(tp_groups)
+        if tp_groups is not None
+        else {g.name for g in groups if g.schema is not None and g.schema.tp_placements}
+    )
+    for g in groups:
+        if g.name in placed and g.post_forward_ranks(world_size) is not None:
+            raise FSDPConfigError(
+                f"{g.reshard_text()}, whose parameters are tensor-parallel DTensors: FSDP2 "
+                "cannot reshard them to a smaller mesh after forward (NotImplementedError in "
+                "FSDPParam.to_sharded_post_forward, at its first forward); use "
+                f"{RESHARD.code(True)} or False for it"
+            )
 
 
 def prefetch_indices(

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from fsdpviz.plan.option_specs import RESHARD
@@ -33,6 +34,9 @@ class Group:
     # tensor parallelism: the replicated parameters whose gradients are partial sums, all-
     # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes)
     tp_partial_grads: list[tuple[str, int]] = field(default_factory=list)
+    # (reduce, compute) itemsizes of a gradient kept unreduced between micro-steps
+    # (:func:`accumulated_grad_itemsizes`): a partial gradient all-reduced after them is that
+    tp_accumulated_itemsizes: tuple[int, int] = (1, 1)
     # the dim FSDP2 shards each parameter on (its call's shard_placement_fn); empty: all dim 0
     shard_dims: list[int] = field(default_factory=list)
 
@@ -89,3 +93,16 @@ def reshard_after_forward_of(
     if value is None:
         return fqns != ("",)
     return value  # type: ignore[no-any-return]
+
+
+def accumulated_grad_itemsizes(
+    compute_dtype: str | None, reduce_dtype: str | None
+) -> tuple[int, int]:
+    """The (reduce, compute) itemsizes of a gradient FSDP2 keeps unreduced between
+    micro-steps (no gradient sync): in the unit's reduce dtype where it is not the compute
+    dtype (``FSDPParam.to_accumulated_grad_if_needed``; ``init_dtype_attrs`` drops a reduce
+    dtype equal to the parameter dtype), else as autograd made it, ``(1, 1)``."""
+    if compute_dtype is None or reduce_dtype is None or compute_dtype == reduce_dtype:
+        return (1, 1)
+    sizes = (getattr(torch, reduce_dtype).itemsize, getattr(torch, compute_dtype).itemsize)
+    return (int(sizes[0]), int(sizes[1]))

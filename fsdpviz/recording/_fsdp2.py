@@ -31,12 +31,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
 from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._modules import unwrapped_class, unwrapped_fqn
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
 
@@ -84,7 +84,7 @@ class FSDP2Recorder(EventLog):
         self._state_names: dict[int, str] = {}
         self._group_names: dict[int, str] = {}
         for part in self.parts:
-            names = {m: n for n, m in part.named_modules()}
+            names = {m: unwrapped_fqn(n) for n, m in part.named_modules()}
             for state in fsdp2_states(part):
                 name = ", ".join(n for m, n in names.items() if m in set(state._modules))
                 self._state_names[id(state)] = name
@@ -249,7 +249,8 @@ class FSDP2Recorder(EventLog):
         first: dict[nn.Parameter, str] = {}
         aliases: dict[nn.Parameter, dict[str, str]] = {}
         for part in self.parts:
-            for n, p in part.named_parameters(remove_duplicate=False):
+            for raw, p in part.named_parameters(remove_duplicate=False):
+                n = unwrapped_fqn(raw)
                 if p in first:
                     aliases.setdefault(p, {})[n] = first[p]
                 else:
@@ -294,7 +295,7 @@ class FSDP2Recorder(EventLog):
             out.append(
                 Unit(
                     module=self._name(group),
-                    module_class=", ".join(_orig_class(m) for m in group.modules),
+                    module_class=", ".join(unwrapped_class(m) for m in group.modules),
                     params=[first[fp.sharded_param] for fp in params],
                     shared_params={
                         k: v for fp in params for k, v in aliases.get(fp.sharded_param, {}).items()
@@ -375,12 +376,3 @@ def _placement(p: Any) -> str:
     """A DTensor placement as fsdpviz writes it: ``Shard(0)``, ``Replicate()``, ``Partial()``."""
     name = type(p).__name__
     return f"Shard({p.dim})" if name in ("Shard", "_StridedShard") else f"{name}()"
-
-
-def _orig_class(module: nn.Module) -> str:
-    if not isinstance(module, FSDPModule):
-        return type(module).__name__
-    for cls in type(module).__mro__[1:]:
-        if cls is not FSDPModule and issubclass(cls, nn.Module):
-            return cls.__name__
-    return type(module).__name__

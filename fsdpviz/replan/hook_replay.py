@@ -55,7 +55,12 @@ from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
-from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of, reshard_map
+from fsdpviz.plan.fsdp2_group import (
+    Group,
+    accumulated_grad_itemsizes,
+    reshard_after_forward_of,
+    reshard_map,
+)
 from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
@@ -270,9 +275,14 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 # the dims the report's shard_placement_fn chose
                 shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
                 tp_partial_grads=partial.get(name, []),
+                tp_accumulated_itemsizes=accumulated_grad_itemsizes(
+                    unit.compute_dtype, unit.reduce_dtype
+                )
+                if unit
+                else (1, 1),
             )
         )
-    check_reshard_ints(groups, shard)
+    check_reshard_ints(groups, shard, [u.module for u in report.units if u.tp_placements])
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension
     runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
@@ -354,12 +364,20 @@ def _tp_partial_grads(report: Report) -> tuple[dict[str, list[tuple[str, int]]],
         return {}, set()
     last = report.iterations[-1]
     reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
+    shapes = _shapes(report)
+    compute = {u.module: u.compute_dtype for u in report.units}
     partial: dict[str, dict[tuple[str, int], None]] = {}
     for e in last:
         # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
         # styles' collectives are issued by no hook); a second post-backward repeats them
         if e.kind == "tp_all_reduce" and e.hook is not None and e.module and e.nbytes:
-            partial.setdefault(e.unit, {})[(e.module, e.nbytes)] = None
+            # its bytes in the compute dtype (after micro-steps without sync the event's are
+            # the reduce dtype's): the replicated parameter's whole shape
+            dtype = compute.get(e.unit)
+            nbytes = e.nbytes
+            if dtype is not None and e.module in shapes:
+                nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
+            partial.setdefault(e.unit, {})[(e.module, nbytes)] = None
     return {u: list(p) for u, p in partial.items()}, reducing
 
 

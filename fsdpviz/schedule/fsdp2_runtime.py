@@ -325,12 +325,16 @@ class FSDP2Runtime:
             if self.reshard_after_backward:
                 self._reshard(g)
             return
-        has_grads = has_grads or g.accumulated
+        accumulated = g.accumulated
+        has_grads = has_grads or accumulated
         g.accumulated = False
         if has_grads and g.ever_unsharded:
             # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
-            # over the tp dimension (DTensor redistribute), before the parameters are freed
+            # over the tp dimension (DTensor redistribute), before the parameters are freed;
+            # after micro-steps without sync, the gradient they kept (its reduce dtype)
+            reduce, compute = g.group.tp_accumulated_itemsizes if accumulated else (1, 1)
             for fqn, nbytes in g.group.tp_partial_grads:
+                nbytes = nbytes * reduce // compute
                 self.events.append(
                     self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
                 )

@@ -42,6 +42,8 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares
 
+# A row-wise embedding's weight: its gradient is whole on every rank (TPShares.whole_grads).
+_ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
@@ -104,10 +106,16 @@ class TPEmulation:
     def shares(self) -> TPShares:
         """What a rank of the tp group holds, for the probe."""
         placements = self.plan.placements(self._model)
+        embeddings = {id(m.weight) for m in self._model.modules() if isinstance(m, nn.Embedding)}
         return TPShares(
             self.plan.size,
             frozenset(p for p, layout in placements.items() if layout[0] == "shard"),
             frozenset(f for f, m in self.plan.modules.items() if m.style == "RowwiseParallel"),
+            frozenset(
+                p
+                for p, layout in placements.items()
+                if layout == _ROWWISE_EMBEDDING and id(p) in embeddings
+            ),
         )
 
     def measure(self, probe: CostProbe) -> None:
@@ -139,6 +147,18 @@ class TPEmulation:
                 return whole.clone()
 
         return make
+
+    def _padded(self, nbytes: int, shape: torch.Size, layout: Layout) -> int:
+        """The bytes a collective moves of a tensor of ``nbytes`` and ``shape`` sharded as
+        ``layout`` (an all-gather's source, a reduce-scatter's destination): DTensor pads a
+        dim the tp ranks do not divide to the next multiple first (``Shard._to_replicate_tensor``,
+        ``Shard._reduce_shard_tensor``), so every rank's chunk is as large as the first."""
+        if layout[0] != "shard" or not shape or nbytes == 0:
+            return nbytes
+        size, tp = shape[(layout[1] or 0) % len(shape)], self.plan.size
+        if size == 0 or size % tp == 0:
+            return nbytes
+        return nbytes // size * (-(-size // tp) * tp)
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -175,7 +195,9 @@ class TPEmulation:
         src = known or r.src
         forward = collective(src, r.dst, ndim)
         if forward is not None:
-            self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", nbytes)
+            sharded = src if forward == "tp_all_gather" else r.dst
+            sent = self._padded(nbytes, t.shape, sharded)
+            self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent)
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
@@ -185,11 +207,14 @@ class TPEmulation:
         if back is None or not (t.requires_grad and torch.is_grad_enabled()):
             return t if copy is None else copy(t)
 
-        def report() -> None:
-            self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", nbytes)
-
         # the gradient goes back to src (a partial one stays replicated)
-        back_copy = self._buffer(back, r.grad, REPLICATE if src == PARTIAL else src, ndim)
+        back_dst = REPLICATE if src == PARTIAL else src
+        back_sent = self._padded(nbytes, t.shape, r.grad if back == "tp_all_gather" else back_dst)
+
+        def report() -> None:
+            self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent)
+
+        back_copy = self._buffer(back, r.grad, back_dst, ndim)
         return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
     def _pre_forward(

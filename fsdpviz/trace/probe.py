@@ -518,9 +518,11 @@ class CostProbe(
             return
         key = id(st)
         rec = self._live.get(key)
-        # one rank's gradient is the size of its share of the parameter
+        # one rank's gradient is the size of its share of the parameter (a row-wise
+        # embedding's is whole: TPShares.whole_grads)
         n = st.nbytes()
-        if self._tp is not None and p in self._tp.sharded_params:
+        tp = self._tp
+        if tp is not None and p in tp.sharded_params and p not in tp.whole_grads:
             n //= self.tp_ranks
         if rec is None:
             ref = weakref.ref(st, functools.partial(self._freed, key))

@@ -37,12 +37,16 @@ FWD_TEMP, ACT, GRAD, BWD_TEMP = 0, 1, 2, 3
 @dataclass(frozen=True)
 class TPShares:
     """What a rank of a tensor-parallel group of ``size`` holds: the parameters the plan
-    shards, and the modules whose operators give whole tensors on every rank
-    (``RowwiseParallel``: partial sums before their reduction)."""
+    shards, the modules whose operators give whole tensors on every rank
+    (``RowwiseParallel``: partial sums before their reduction), and the sharded parameters
+    whose gradient is whole on every rank all the same (a row-wise embedding's: DTensor's
+    ``embedding_dense_backward`` strategies give no ``Shard(0)`` weight gradient, only a
+    replicated or partial one)."""
 
     size: int
     sharded_params: frozenset[torch.nn.Parameter]
     whole_outputs: frozenset[str]
+    whole_grads: frozenset[torch.nn.Parameter] = frozenset()
 
 
 # Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.

@@ -40,7 +40,6 @@ from fsdpviz.tuning.space import (
     micro_batch_inputs,
     micro_batch_label,
     reshard_given,
-    reshard_kwargs,
 )
 
 __all__ = ["Config", "Evaluations", "workers_for"]
@@ -412,25 +411,17 @@ class Evaluations:
             for combo in itertools.product(*options)
         ]
 
-    def _tp_resharding(self, mesh: Choice) -> list[Choice]:
-        """FSDP2's resharding choices on the tensor-parallel ``mesh``. Resharding to a node
-        is to the data-parallel ranks one node holds: the tp dimension is the innermost, so
-        a node of ``G`` GPUs holds ``G / tp`` consecutive ``dp_shard`` ranks (the ``G`` of
-        the space's choice would span ``tp`` nodes); none where that is one rank (``False``)
-        or every shard rank (``True``). The configuration as given keeps its own."""
-        shard, tp = mesh.mesh[1], mesh.mesh[2]
+    def _tp_resharding(self) -> list[Choice]:
+        """FSDP2's resharding choices on the tensor-parallel ``mesh``: no resharding to a node
+        (an int), which FSDP2 refuses for the groups holding tensor-parallel DTensors
+        (``FSDPParam.to_sharded_post_forward`` raises ``NotImplementedError``). The
+        configuration as given keeps its own."""
         mine = self.space.user[RESHARD.name]
         out: list[Choice] = []
         for c in self.space.choices[RESHARD.name]:
             value = reshard_given(c.kwargs)
             if c == mine or isinstance(value, bool) or not isinstance(value, int):
                 out.append(c)
-                continue
-            ranks = value // tp
-            if value % tp == 0 and 1 < ranks < shard and shard % ranks == 0:
-                out.append(
-                    Choice(RESHARD.name, f"to {ranks} ranks (a node)", reshard_kwargs(ranks))
-                )
         return out
 
     def on_mesh(self, config: Config, mesh: Choice) -> Config:
@@ -439,7 +430,7 @@ class Evaluations:
         out = {**config, "mesh": mesh}
         if RESHARD.name in config and self.api == "FSDP2":
             tp = mesh.mesh[2] > 1 and not mesh.traced
-            offered = self._tp_resharding(mesh) if tp else self.space.choices[RESHARD.name]
+            offered = self._tp_resharding() if tp else self.space.choices[RESHARD.name]
             if config[RESHARD.name] not in offered:
                 out[RESHARD.name] = self.space.user[RESHARD.name]
         return out

@@ -12,7 +12,7 @@ replayed from the trace of a configuration that differs only in them
   blocks' large children, the root alone, and the user's own plan;
 - resharding (the knob named after FSDP2's option, :data:`~fsdpviz.plan.option_specs.RESHARD`):
   ``True``, ``False``, ``False`` on the last block only, and resharding to the node (an int)
-  on multi-node jobs (on a tensor-parallel mesh to the data-parallel ranks a node holds:
+  on multi-node jobs (not on a tensor-parallel mesh, where FSDP2 refuses it:
   ``Evaluations._tp_resharding``); FSDP1: ``sharding_strategy`` and ``backward_prefetch``;
 - ``activation_checkpointing``: none, every 2nd block, per operator (torchtitan's
   selective policy), every block;

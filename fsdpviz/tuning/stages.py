@@ -246,7 +246,7 @@ class StagedSearch(Evaluations):
             if mesh.label not in fastest or c.tokens_per_s > fastest[mesh.label][0].tokens_per_s:
                 fastest[mesh.label] = (c, config)
         for _, config in fastest.values():
-            for choice in self._tp_resharding(config["mesh"]):
+            for choice in self._tp_resharding():
                 if choice.label != config[RESHARD.name].label:
                     self.evaluate_key({**config, RESHARD.name: choice})
 
