@@ -504,8 +504,7 @@ class CostProbe(
         return t
 
     def _made_outside(self, st: Any) -> list[Any] | None:
-        """Count storage ``st`` that no operator made (torch makes a tensor of data on meta
-        without dispatching, ``tensor_new.cpp``'s ``internal_new_from_data``)."""
+        """Count storage ``st`` no operator made (``internal_new_from_data``, on meta)."""
         if st.nbytes() == 0:
             return None
         self._hold(st, id(st), st.nbytes(), FWD_TEMP)
