@@ -94,16 +94,19 @@ def rank_step_profile(
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
             _append(cols, values)
-        elif c.mark is None or c.stage is None:
-            _append(cols, _quiet(others_act, others_temp))
+        elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
+            held = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
+            _append(cols, _quiet(held, sum(t for _, t in inflight.values()) + kept))
         else:
             prof = profiles[c.stage]
             k = c.mark
             share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
             grads = {} if c.microbatch is None else prof.grads[k]
             mine = allocated.setdefault(c.stage, set())
+            in_place = False
             if grads and set(grads) <= mine:
                 grads = {}  # accumulated in place into the gradients already there
+                in_place = k < len(prof.peak_in_place)  # absent in profiles saved before
             for unit, nbytes in grads.items():
                 if upcast.get(unit, 1.0) > 1.0:
                     pending[unit] = int(nbytes * (upcast[unit] - 1.0))
@@ -118,6 +121,13 @@ def rank_step_profile(
                     grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
             new = sum(grads.values())
             peak_grads = prof.peak_grads[k] if new else 0
+            peak = prof.peak[k] - prof.peak_grads[k] + peak_grads
+            peak_act, peak_fwd = prof.peak_activations[k], prof.peak_forward_temp[k]
+            if in_place and not new:
+                # autograd adds each new gradient into the one an earlier microbatch left and
+                # frees it (AccumulateGrad): the most the trace saw with new gradients as
+                # temporaries until added, not where the first microbatch's peak was
+                peak, peak_act, peak_fwd = prof.peak_in_place[k]
             _append(
                 cols,
                 {
@@ -127,13 +137,9 @@ def rank_step_profile(
                     "activations": prof.activations[k] + others_act,
                     "forward_temp": prof.forward_temp[k] + others_temp,
                     "backward_temp": prof.backward_temp[k],
-                    "peak": prof.peak[k]
-                    - prof.peak_grads[k]
-                    + peak_grads
-                    + others_act
-                    + others_temp,
-                    "peak_activations": prof.peak_activations[k] + others_act,
-                    "peak_forward_temp": prof.peak_forward_temp[k] + others_temp,
+                    "peak": peak + others_act + others_temp,
+                    "peak_activations": peak_act + others_act,
+                    "peak_forward_temp": peak_fwd + others_temp,
                     "peak_grads": peak_grads,
                     "grads": dict(grads),
                 },

@@ -94,8 +94,8 @@ def _rank_profile(
     inputs = 0
     for t in mine:
         assert t.profile is not None
-        if t.index == 0:
-            inputs += t.profile.input_bytes * m
+        if t.index == 0:  # the batch: step() splits it into views of its storage
+            inputs += t.profile.input_bytes
         else:
             inputs += t.input_bytes * m
         if t.index != popts.num_stages - 1:
