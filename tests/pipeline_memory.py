@@ -15,7 +15,7 @@ does once per microbatch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,9 +91,16 @@ def _neighbours_metadata(microbatch: int) -> Iterator[None]:
 
 
 def measure(
-    schedule_name: str, microbatches: int, policy: str = "default", steps: int = 2
+    schedule_name: str,
+    microbatches: int,
+    policy: str = "default",
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = pj.loss_fn,
+    target: Callable[[], torch.Tensor] = pj.labels,
+    steps: int = 2,
 ) -> Measured:
-    """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step."""
+    """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
+    ``loss_fn`` of the last stage's output and ``target()``'s microbatch."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
@@ -118,7 +125,7 @@ def measure(
     cls = get_schedule_class(schedule_name)
     single = issubclass(cls, PipelineScheduleSingle)
     schedule = cls(stages[0] if single else stages, n_microbatches=microbatches,
-                   loss_fn=pj.loss_fn, scale_grads=False)  # fmt: skip
+                   loss_fn=loss_fn, scale_grads=False)  # fmt: skip
     first = any(st.is_first for st in stages)
     last = any(st.is_last for st in stages)
     tracker = _tracker()
@@ -132,7 +139,7 @@ def measure(
 
     with _neighbours_metadata(pj.BATCH // microbatches), tracker, Recorder(schedule):
         tokens = pj.tokens() if first else None  # the batch, held through the step
-        target = pj.labels() if last else None
+        labels = target() if last else None
         for step in range(steps):
             if step == steps - 1:  # the last step's peak, and its events only
                 now = tracker.get_tracker_snapshot()
@@ -140,9 +147,9 @@ def measure(
                 tracker._peak_mem = {dev: snap["Total"] for dev, snap in now.items()}
                 seen.clear()
             if first:
-                schedule.step(tokens, target=target)
+                schedule.step(tokens, target=labels)
             else:
-                schedule.step(target=target)
+                schedule.step(target=labels)
             for st in stages:
                 for p in st.submod.parameters():
                     p.grad = None

@@ -1,19 +1,27 @@
 """A pipeline rank's memory against torch's ``MemTracker`` on a real run, in one process.
 
-``pipeline_memory.measure`` runs pipeline rank 0 of ``pipeline_job``'s pp 2 x dp_shard 2
-job (the first stage: the embedding and the first blocks, parameters kept gathered across
-microbatches) on the fake process group and follows every tensor; ``analyze`` of the unsplit
-model must hold the same bytes at the steady step's peak and at each of its sends and
-receives: the batch once (``step()`` splits it into views), every microbatch in flight
-(its own too, while its output is sent), each later microbatch's gradients added into the
-first's, and the gradients of the stage's output in the buffers ``PipelineStage`` receives
-them into.
+``pipeline_memory.measure`` runs one pipeline rank of ``pipeline_job``'s pp 2 x dp_shard 2
+job (parameters kept gathered across microbatches) on the fake process group and follows
+every tensor; ``analyze`` of the unsplit model must hold the same bytes at the steady step's
+peak and at each of its sends and receives. The first stage (global rank 0): the batch
+once (``step()`` splits it into views), every microbatch in flight (its own too, while its
+output is sent), each later microbatch's gradients added into the first's, and the
+gradients of the stage's output in the buffers ``PipelineStage`` receives them into. The
+last stage (global rank 2): its outputs and losses, kept for ``step()``, and the gradient
+of its input, referenced until it is sent (GPipe) or until the next backward (1F1B).
+
+The loss is the mean square of the output: the cross entropy against labels would hold the
+labels, which ``analyze``'s ``loss=`` closes over and the real step receives as a target.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pipeline_job as pj
 import pytest
+import torch
+import torch.distributed as dist
 from pipeline_memory import measure
 from test_conformance_pipeline import predict
 from torch.distributed.pipelining import PipelineStage
@@ -25,13 +33,34 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _square(pred: torch.Tensor) -> torch.Tensor:
+    return pred.float().square().mean()
+
+
+@pytest.fixture
+def as_rank(fake_pg: int) -> Iterator[object]:
+    """Run as another rank of the fake process group, then as rank 0 again."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def become(rank: int) -> None:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=fake_pg)
+
+    yield become
+    become(0)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
 @pytest.mark.parametrize("name", ["1f1b-4", "gpipe-4"])
-def test_the_first_pipeline_rank_holds_what_torch_holds(fake_pg: int, name: str) -> None:
-    real = measure(*pj.CASES[name])
-    rank = predict(name).pipeline.ranks[0]  # type: ignore[union-attr]
-    mem = memory_model(rank, optimizer=None)
+def test_a_pipeline_rank_holds_what_torch_holds(as_rank: object, name: str, rank: int) -> None:
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
+    pp_rank = rank // pj.DP
+    mine = predict(name, loss=_square).pipeline.ranks[pp_rank]  # type: ignore[union-attr]
+    mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
-    events = rank.iterations[-1]
+    events = mine.iterations[-1]
     assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
     p2p = [
         (e.action, used, row.total)

@@ -29,6 +29,7 @@ and one for its weight's): ``I`` runs the rest of the backward.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -59,6 +60,8 @@ class StageShape:
     last: bool
     output_bytes: int
     units: frozenset[str] = frozenset()
+    loss_bytes: int = 0  # the last stage's loss of one microbatch
+    input_grad_bytes: int = 0  # the gradient of its inputs it sends back
 
 
 def rank_step_profile(
@@ -66,10 +69,15 @@ def rank_step_profile(
     profiles: dict[int, StepProfile],
     shapes: dict[int, StageShape],
     upcast: dict[str, float] | None = None,
+    loop: str = "",
+    microbatches: int = 0,
 ) -> tuple[StepProfile, list[Event]]:
     """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
     per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
-    a backward without sync leaves in the reduce dtype)."""
+    a backward without sync leaves in the reduce dtype). ``loop``: ``"GPipe"`` or
+    ``"1F1B"``, the schedule's own loop, else (``""``) torch's runtime of actions, which
+    hold the tensors of a step differently (see :func:`_sent_until`); ``microbatches``: of
+    the step."""
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
     events: list[Event] = []
@@ -78,6 +86,8 @@ def rank_step_profile(
     cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
     inflight: dict[tuple[int, int | None], tuple[int, int]] = {}
     kept = 0  # the last stage's outputs, kept until the step ends
+    losses = 0  # the last stage's losses, kept until the step's backwards are done
+    sent: dict[tuple[int, int], int] = {}  # input gradients made, still referenced
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
@@ -85,8 +95,13 @@ def rank_step_profile(
             events.append(e)
             event_hook.append(n)
         key = (c.stage if c.stage is not None else -1, c.microbatch)
+        if c.part == "R" and loop and c.stage is not None:
+            # the schedule's loop hands its losses on, then reduces: its variable ``loss``
+            # keeps the last microbatch's
+            losses = min(losses, shapes[c.stage].loss_bytes)
+        held = kept + losses + sum(sent.values())
         others_act = sum(a for k, (a, _) in inflight.items() if k != key)
-        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + kept
+        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
             prof, shape = profiles[c.stage], shapes[c.stage]
             marks = range(shape.forward_end + 1, len(prof.hooks))
@@ -95,8 +110,8 @@ def rank_step_profile(
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
             _append(cols, values)
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
-            held = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
-            _append(cols, _quiet(held, sum(t for _, t in inflight.values()) + kept))
+            act = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
+            _append(cols, _quiet(act, sum(t for _, t in inflight.values()) + held))
         else:
             prof = profiles[c.stage]
             k = c.mark
@@ -150,17 +165,39 @@ def rank_step_profile(
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
             elif c.part in ("B", "I") and key in inflight:
                 del inflight[key]  # its backward holds them now, as its own trace did
-            if c.part in ("B", "I") and c.hook == "final_callback" and shape.last:
-                kept += shape.output_bytes if c.microbatch is not None else 0
+            if c.part in ("B", "I") and c.hook == "final_callback" and c.microbatch is not None:
+                if shape.last:
+                    kept += shape.output_bytes
+                    losses += shape.loss_bytes
+                if loop == "1F1B":  # its list of send ops is replaced after this backward
+                    for other in [k for k in sent if k[0] == c.stage]:
+                        del sent[other]
+                if shape.input_grad_bytes:
+                    sent[(c.stage, c.microbatch)] = shape.input_grad_bytes
         reshard = c.hook == "pipeline" and isinstance(c.arg, str) and c.arg.endswith("RESHARD")
         if reshard and c.microbatch is None and c.stage is not None:
             inflight.pop((c.stage, None), None)  # shape inference's clean-up drops what it left
         if c.hook == "final_callback" and c.part == "R" and c.stage is not None:
             allocated.pop(c.stage, None)  # REDUCE_GRAD reduced them
+        sending = _SEND_B.match(c.arg) if c.hook == "pipeline" and isinstance(c.arg, str) else None
+        if sending and not (
+            loop == "1F1B" or (loop == "GPipe" and c.microbatch == microbatches - 1)
+        ):
+            sent.pop((int(sending[1]), int(sending[2])), None)
     _append(cols, _quiet(0, kept))  # after the last call: the step's end
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
 
+
+# Where a stage's gradient of its inputs goes after its backward: ``PipelineStage`` keeps it
+# (``bwd_cache``) until ``get_bwd_send_ops`` puts it in the list of ops that sends it. Torch's
+# runtime of actions drops that list at once (``send_ops`` keeps the sends' works); GPipe's
+# loop holds it in ``ops`` until the next microbatch's receive (the last one's to the end of
+# the step); 1F1B's in ``bwd_sends`` until the next backward is done (the last one's, to
+# the end). The last stage's losses (``_internal_losses``) are kept to the end of its
+# backwards: the loops hand them on before ``perform_reduce_grad`` (keeping the last one in
+# a variable), the runtime at the end of the step.
+_SEND_B = re.compile(r"^(\d+)SEND_B(\d+)$")
 
 _COLUMNS = (
     "flops_forward", "flops_backward", "activations", "forward_temp", "backward_temp", "peak",

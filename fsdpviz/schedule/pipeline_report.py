@@ -79,7 +79,8 @@ def _rank_profile(
     shapes = {
         t.index: StageShape(
             len(t.forward), t.index == popts.num_stages - 1, t.output_bytes,
-            frozenset(g.name for g in t.groups),
+            frozenset(g.name for g in t.groups), t.loss_bytes,
+            t.input_bytes if t.inputs_need_grad and t.index > 0 else 0,
         )
         for t in mine
     }  # fmt: skip
@@ -89,8 +90,9 @@ def _rank_profile(
         for g in t.groups
         if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
     }
-    iterations = [rank_step_profile(calls, profiles, shapes, upcast)[0] for calls in steps]
     m = popts.microbatches
+    loop = popts.schedule if popts.single_stage else ""
+    iterations = [rank_step_profile(calls, profiles, shapes, upcast, loop, m)[0] for calls in steps]
     inputs = 0
     for t in mine:
         assert t.profile is not None
