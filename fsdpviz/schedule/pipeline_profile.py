@@ -88,6 +88,7 @@ def rank_step_profile(
     kept = 0  # the last stage's outputs, kept until the step ends
     losses = 0  # the last stage's losses, kept until the step's backwards are done
     sent: dict[tuple[int, int], int] = {}  # input gradients made, still referenced
+    last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
@@ -99,7 +100,7 @@ def rank_step_profile(
             # the schedule's loop hands its losses on, then reduces: its variable ``loss``
             # keeps the last microbatch's
             losses = min(losses, shapes[c.stage].loss_bytes)
-        held = kept + losses + sum(sent.values())
+        held = kept + losses + sum(sent.values()) + last_output
         others_act = sum(a for k, (a, _) in inflight.items() if k != key)
         others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
@@ -169,6 +170,8 @@ def rank_step_profile(
                 if shape.last:
                     kept += shape.output_bytes
                     losses += shape.loss_bytes
+                elif loop and c.microbatch == microbatches - 1:
+                    last_output = shape.output_bytes
                 if loop == "1F1B":  # its list of send ops is replaced after this backward
                     for other in [k for k in sent if k[0] == c.stage]:
                         del sent[other]
@@ -196,7 +199,8 @@ def rank_step_profile(
 # the step); 1F1B's in ``bwd_sends`` until the next backward is done (the last one's, to
 # the end). The last stage's losses (``_internal_losses``) are kept to the end of its
 # backwards: the loops hand them on before ``perform_reduce_grad`` (keeping the last one in
-# a variable), the runtime at the end of the step.
+# a variable), the runtime at the end of the step. The loops' variable ``output`` keeps
+# the last forward's output past its backward (the runtime's is local to each action).
 _SEND_B = re.compile(r"^(\d+)SEND_B(\d+)$")
 
 _COLUMNS = (
