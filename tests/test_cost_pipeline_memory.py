@@ -9,6 +9,8 @@ output is sent), each later microbatch's gradients added into the first's, and t
 gradients of the stage's output in the buffers ``PipelineStage`` receives them into. The
 last stage (global rank 2): its outputs and losses, kept for ``step()``, and the gradient
 of its input, referenced until it is sent (GPipe) or until the next backward (1F1B).
+Interleaved1F1B resharding after forward: each stage, an FSDP root of its own, frees the
+all-gather buffer its forward kept at its root's post-forward.
 
 The loss is the mean square of the output: the cross entropy against labels would hold the
 labels, which ``analyze``'s ``loss=`` closes over and the real step receives as a target.
@@ -51,7 +53,7 @@ def as_rank(fake_pg: int) -> Iterator[object]:
 
 
 @pytest.mark.parametrize("rank", [0, 2])
-@pytest.mark.parametrize("name", ["1f1b-4", "gpipe-4"])
+@pytest.mark.parametrize("name", ["1f1b-4", "gpipe-4", "interleaved-4-always"])
 def test_a_pipeline_rank_holds_what_torch_holds(as_rank: object, name: str, rank: int) -> None:
     as_rank(rank)  # type: ignore[operator]
     _check(name, rank // pj.DP)
