@@ -85,3 +85,24 @@ def _check(name: str, pp_rank: int) -> None:
         if e.kind in ("pp_send", "pp_recv")
     ]
     assert p2p and all(used == total for _, used, total in p2p), p2p
+
+
+def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_backward(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """InterleavedZeroBubble resharding after forward: ``stage_backward_input`` finds the
+    stage's weights (``submod.parameters()``) before autograd runs FSDP's pre-backward, so a
+    group still resharded from its forward is found by its sharded parameters, which the
+    graph does not use: that microbatch's ``W`` gives it no gradient, and where no
+    microbatch's does, ``REDUCE_GRAD`` frees it without a reduce-scatter. Every event of the
+    real run's steady step, on the rank holding stages 1 and 3."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 7)
+    monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
+    as_rank(2)  # type: ignore[operator]
+    real = measure(*pj.CASES["zero-bubble-4-always"], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
+    mine = predict("zero-bubble-4-always", loss=_square).pipeline.ranks[1]  # type: ignore[union-attr]
+    steady = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in steady]
+    reduced = {e.unit for e in steady if e.kind == "reduce_scatter"}
+    assert reduced and {"layers.6", "norm, output"}.isdisjoint(reduced)
