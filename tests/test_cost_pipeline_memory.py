@@ -106,3 +106,5 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in steady]
     reduced = {e.unit for e in steady if e.kind == "reduce_scatter"}
     assert reduced and {"layers.6", "norm, output"}.isdisjoint(reduced)
+    lost = [w for w in mine.warnings if w.code == "pipeline_lost_gradients"]
+    assert len(lost) == 1 and {"layers.6", "norm, output"} <= set(lost[0].units)

@@ -38,6 +38,7 @@ class RankRun:
         # zero-bubble: the groups of a microbatch's I whose parameters were not unsharded
         # when it began, whose W then computes no gradient (see :meth:`action`)
         self.weightless: dict[tuple[int, int | None], set[str]] = {}
+        self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
 
     def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
         """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
@@ -109,8 +110,10 @@ class RankRun:
                 lost = self.weightless.pop((s, mb), set())
                 for state in rt.states:
                     for g in state.groups:
-                        grads = g.name not in lost and _has_grads(trace.backward, g.name, rt)
-                        g.accumulated = g.accumulated or grads
+                        grads = _has_grads(trace.backward, g.name, rt)
+                        if grads and g.name in lost:
+                            self.gradless.add(g.name)
+                        g.accumulated = g.accumulated or (grads and g.name not in lost)
                 return [Call("pipeline", "", action, [], s, None, mb, "W")]
             return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
         if kind == "REDUCE_GRAD":

@@ -41,6 +41,8 @@ def rank_report(
 ) -> Report:
     run = RankRun(popts, traces, rank)
     steps = [run.shape_inference() + run.step(actions), run.step(actions)]
+    if run.gradless:
+        warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
     profile = _rank_profile(popts, mine, steps)
     iterations = [[e for c in calls for e in c.events] for calls in steps]
@@ -62,6 +64,22 @@ def rank_report(
         param_first_use={k: v for t in mine for k, v in _first_use(t).items()},
         pipeline=_pipeline(popts, traces, {rank: actions}),
         profile=profile,
+    )
+
+
+def _lost_gradients(schedule: str, units: list[str]) -> FsdpWarning:
+    """Zero-bubble schedules over groups resharded after forward (see
+    ``RankRun.action``): torch computes no weight gradient for them in some microbatches."""
+    return FsdpWarning(
+        "pipeline_lost_gradients",
+        f"{schedule} gives {', '.join(repr(u) for u in units)} no gradient in the microbatches "
+        "whose input backward (I) starts while the unit is resharded after its forward: "
+        "torch's stage_backward_input finds the stage's weights (submod.parameters()) before "
+        "FSDP's pre-backward unshards them, so the weight backward (W) misses the sharded "
+        "ones and those gradients are lost. Keep the parameters gathered across microbatches "
+        "(reshard_after_forward=False, torchtitan's default under pipeline parallelism)",
+        units,
+        fix={"reshard_after_forward": False},
     )
 
 
