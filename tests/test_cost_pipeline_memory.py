@@ -108,3 +108,25 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     assert reduced and {"layers.6", "norm, output"}.isdisjoint(reduced)
     lost = [w for w in mine.warnings if w.code == "pipeline_lost_gradients"]
     assert len(lost) == 1 and {"layers.6", "norm, output"} <= set(lost[0].units)
+
+
+def test_a_v_schedule_passes_activations_between_its_stages_in_place(as_rank: object) -> None:
+    """ZBVZeroBubble, pipeline rank 1 (stages 1 and 2): stage 1 hands its output to stage
+    2 as its input buffer (``PipelineStage.set_local_fwd_input``), whose own buffer is freed;
+    the bytes at every send and receive of the forwards, before the first gradient arrives
+    (from there zero-bubble's input backward keeps its graph for the weight backward, which
+    the prediction does not model)."""
+    as_rank(2)  # type: ignore[operator]
+    real = measure(*pj.CASES["zbv-4"], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
+    mine = predict("zbv-4", loss=_square).pipeline.ranks[1]  # type: ignore[union-attr]
+    mem = memory_model(mine, optimizer=None)
+    events = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
+    end = next(i for i, e in enumerate(events) if e.kind == "pp_recv" and e.phase == "backward")
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in list(zip(real.events, events, mem.events, strict=True))[:end]
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert len(p2p) >= 4 and all(used == total for _, used, total in p2p), p2p

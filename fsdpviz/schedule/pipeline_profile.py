@@ -62,6 +62,9 @@ class StageShape:
     units: frozenset[str] = frozenset()
     loss_bytes: int = 0  # the last stage's loss of one microbatch
     input_grad_bytes: int = 0  # the gradient of its inputs it sends back
+    # its next stage is on the same rank (a V schedule): its output becomes that stage's
+    # input buffer (PipelineStage.set_local_fwd_input), which no longer holds memory of its own
+    output_local: bool = False
 
 
 def rank_step_profile(
@@ -89,6 +92,7 @@ def rank_step_profile(
     losses = 0  # the last stage's losses, kept until the step's backwards are done
     sent: dict[tuple[int, int], int] = {}  # input gradients made, still referenced
     last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
+    local: dict[tuple[int, int | None], int] = {}  # in-flight outputs that are input buffers
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
@@ -100,7 +104,7 @@ def rank_step_profile(
             # the schedule's loop hands its losses on, then reduces: its variable ``loss``
             # keeps the last microbatch's
             losses = min(losses, shapes[c.stage].loss_bytes)
-        held = kept + losses + sum(sent.values()) + last_output
+        held = kept + losses + sum(sent.values()) + last_output - sum(local.values())
         others_act = sum(a for k, (a, _) in inflight.items() if k != key)
         others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
@@ -164,8 +168,11 @@ def rank_step_profile(
             shape = shapes[c.stage]
             if c.part == "F" and k == shape.forward_end:
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
+                if shape.output_local and c.microbatch is not None:
+                    local[key] = shape.output_bytes  # counted with the inputs already
             elif c.part in ("B", "I") and key in inflight:
                 del inflight[key]  # its backward holds them now, as its own trace did
+                local.pop(key, None)  # the input buffer holds it on, counted there
             if c.part in ("B", "I") and c.hook == "final_callback" and c.microbatch is not None:
                 if shape.last:
                     kept += shape.output_bytes

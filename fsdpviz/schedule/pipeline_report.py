@@ -94,11 +94,19 @@ def _rank_profile(
     if any(t.profile is None or not t.profile.iterations for t in mine):
         return None
     profiles = {t.index: t.profile.iterations[0] for t in mine if t.profile is not None}
+    rank = popts.stage_ranks[mine[0].index]
+
+    def _local(stage: int) -> bool:  # a stage on this rank, next to one of its own
+        return 0 <= stage < popts.num_stages and popts.stage_ranks[stage] == rank
+
     shapes = {
         t.index: StageShape(
             len(t.forward), t.index == popts.num_stages - 1, t.output_bytes,
             frozenset(g.name for g in t.groups), t.loss_bytes,
-            t.input_bytes if t.inputs_need_grad and t.index > 0 else 0,
+            # a gradient passed to the previous stage on the same rank becomes its receive
+            # buffer (set_local_bwd_input), sent nowhere
+            t.input_bytes if t.inputs_need_grad and t.index > 0 and not _local(t.index - 1) else 0,
+            _local(t.index + 1),
         )
         for t in mine
     }  # fmt: skip
