@@ -69,12 +69,13 @@ def _total(tracker: Any) -> int:
 
 
 @contextmanager
-def _neighbours_metadata(microbatch: int) -> Iterator[None]:
+def _neighbours_metadata(microbatch: int, dtype: torch.dtype) -> Iterator[None]:
     """What the shape inference receives from a stage on another rank: one microbatch of
     the hidden state (forward), or its gradient (backward)."""
     from torch.distributed.pipelining import _utils
 
-    hidden = torch.empty(microbatch, pj.SEQ, pj.MODEL_ARGS["dim"], requires_grad=True)
+    shape = (microbatch, pj.SEQ, pj.MODEL_ARGS["dim"])
+    hidden = torch.empty(shape, dtype=dtype, requires_grad=True)
     metas = _utils.extract_tensor_metas((hidden,))
 
     def recv_meta(self: Any, src_stage: int) -> Any:
@@ -98,9 +99,11 @@ def measure(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = pj.loss_fn,
     target: Callable[[], torch.Tensor] = pj.labels,
     steps: int = 2,
+    mp_policy: Any = None,
 ) -> Measured:
     """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
-    ``loss_fn`` of the last stage's output and ``target()``'s microbatch."""
+    ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
+    ``fully_shard``'s."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
@@ -117,7 +120,7 @@ def measure(
     stages = []
     for s in placed:
         part = pj.split_module(whole, names[s])
-        pj.shard(part, dp_mesh, policy)
+        pj.shard(part, dp_mesh, policy, **({"mp_policy": mp_policy} if mp_policy else {}))
         stages.append(
             PipelineStage(part, s, num_stages, torch.device("cpu"), group=pp_mesh.get_group())
         )
@@ -137,7 +140,8 @@ def measure(
             seen.append((event.kind, event.unit, _total(tracker)))
             return super()._append(event)
 
-    with _neighbours_metadata(pj.BATCH // microbatches), tracker, Recorder(schedule):
+    dtype = getattr(mp_policy, "param_dtype", None) or torch.float32
+    with _neighbours_metadata(pj.BATCH // microbatches, dtype), tracker, Recorder(schedule):
         tokens = pj.tokens() if first else None  # the batch, held through the step
         labels = target() if last else None
         for step in range(steps):

@@ -19,6 +19,7 @@ labels, which ``analyze``'s ``loss=`` closes over and the real step receives as 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pipeline_job as pj
 import pytest
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from pipeline_memory import measure
 from test_conformance_pipeline import predict
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.pipelining import PipelineStage
 
 from fsdpviz.cost import memory_model
@@ -71,10 +73,22 @@ def test_a_middle_stage_holds_what_torch_holds(
     _check(name, 1)
 
 
-def _check(name: str, pp_rank: int) -> None:
+@pytest.mark.parametrize("rank", [0, 2])
+def test_mixed_precision_keeps_the_gradients_in_the_reduce_dtype(
+    as_rank: object, rank: int
+) -> None:
+    """bf16 parameters reducing in fp32: FSDP2 moves a stage's first gradients into an
+    fp32 copy (``to_accumulated_grad_if_needed``), so each later microbatch's gradient is a
+    new bf16 ``.grad`` until its unit's post-backward adds it into the copy and frees it
+    (``accumulate_unsharded_grad_if_needed``), not an addition in place."""
+    as_rank(rank)  # type: ignore[operator]
+    _check("1f1b-4", rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+
+
+def _check(name: str, pp_rank: int, **options: Any) -> None:
     real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
-                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
-    mine = predict(name, loss=_square).pipeline.ranks[pp_rank]  # type: ignore[union-attr]
+                   target=lambda: torch.empty(pj.BATCH, 0), **options)  # fmt: skip
+    mine = predict(name, loss=_square, **options).pipeline.ranks[pp_rank]  # type: ignore[union-attr]
     mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
     events = mine.iterations[-1]

@@ -83,6 +83,7 @@ def rank_step_profile(
     the step."""
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
+    unadded: dict[str, int] = {}  # unit -> a later microbatch's gradient, until added
     events: list[Event] = []
     hooks: list[tuple[str, str, Any]] = []
     event_hook: list[int] = []
@@ -125,25 +126,37 @@ def rank_step_profile(
             mine = allocated.setdefault(c.stage, set())
             in_place = False
             if grads and set(grads) <= mine:
-                grads = {}  # accumulated in place into the gradients already there
-                in_place = k < len(prof.peak_in_place)  # absent in profiles saved before
-            for unit, nbytes in grads.items():
-                if upcast.get(unit, 1.0) > 1.0:
-                    pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+                # accumulated in place into the gradients already there; but a unit FSDP
+                # keeps in the reduce dtype has no .grad (to_accumulated_grad_if_needed
+                # moved it into the copy): autograd makes it anew, and the unit's
+                # post-backward adds it into the copy and frees it
+                grads = {u: n for u, n in grads.items() if upcast.get(u, 1.0) > 1.0}
+                for unit, nbytes in grads.items():
+                    unadded[unit] = unadded.get(unit, 0) + nbytes
+                in_place = not grads and k < len(prof.peak_in_place)  # absent in old profiles
+            else:
+                for unit, nbytes in grads.items():
+                    if upcast.get(unit, 1.0) > 1.0:
+                        pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+            made = sum(grads.values())
             # FSDP2's post-backward without gradient sync: the unit's gradient is kept in
             # the reduce dtype (to_accumulated_grad_if_needed); the final callback runs it
             # for the units whose post-backward did not fire
             converted = [c.unit] if c.hook == "post_backward" else []
             if c.hook == "final_callback" and c.part in ("B", "I"):
-                converted = [u for u in pending if u in shapes[c.stage].units]
+                converted = [u for u in [*pending, *unadded] if u in shapes[c.stage].units]
             for unit in converted:
-                if unit in pending and c.microbatch is not None:
+                if c.microbatch is None:
+                    continue
+                if unit in pending:
                     grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
+                elif unit in unadded:
+                    grads = {**grads, unit: grads.get(unit, 0) - unadded.pop(unit)}
             new = sum(grads.values())
-            peak_grads = prof.peak_grads[k] if new else 0
+            peak_grads = prof.peak_grads[k] if new or made else 0
             peak = prof.peak[k] - prof.peak_grads[k] + peak_grads
             peak_act, peak_fwd = prof.peak_activations[k], prof.peak_forward_temp[k]
-            if in_place and not new:
+            if in_place:
                 # autograd adds each new gradient into the one an earlier microbatch left and
                 # frees it (AccumulateGrad): the most the trace saw with new gradients as
                 # temporaries until added, not where the first microbatch's peak was
