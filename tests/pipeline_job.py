@@ -114,18 +114,19 @@ def split_module(whole: nn.Module, names: list[str]) -> nn.Module:
     return part
 
 
-def shard(part: nn.Module, mesh: Any, policy: str) -> None:
-    """torchtitan's ``apply_fsdp`` on one model part (float32, no mixed precision)."""
+def shard(part: nn.Module, mesh: Any, policy: str, **options: Any) -> None:
+    """torchtitan's ``apply_fsdp`` on one model part (float32 unless ``options`` holds an
+    ``mp_policy``)."""
     from torch.distributed.fsdp import fully_shard
 
     raf = policy == "always"  # "default" under PP: False
     if part.tok_embeddings is not None and policy != "blocks":
-        fully_shard(part.tok_embeddings, mesh=mesh, reshard_after_forward=raf)
+        fully_shard(part.tok_embeddings, mesh=mesh, reshard_after_forward=raf, **options)
     if part.norm is not None and part.output is not None and policy != "blocks":
-        fully_shard([part.norm, part.output], mesh=mesh, reshard_after_forward=raf)
+        fully_shard([part.norm, part.output], mesh=mesh, reshard_after_forward=raf, **options)
     for block in part.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=raf)
-    fully_shard(part, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=raf, **options)
+    fully_shard(part, mesh=mesh, **options)
 
 
 def run_case(name: str, mesh: Any, out_dir: Path) -> None:

@@ -48,7 +48,9 @@ def cross_entropy(microbatches: int) -> Any:
     return loss
 
 
-def predict(name: str) -> fsdpviz.Report:
+def predict(name: str, loss: Any = None, **options: Any) -> fsdpviz.Report:
+    """``analyze`` of case ``name``; ``loss``: of the last stage's output (default: the
+    cross entropy against the labels); ``options``: more of ``analyze``'s."""
     schedule, microbatches, policy = pj.CASES[name]
     raf = policy == "always"
     blocks = [f"layers.{i}" for i in range(pj.MODEL_ARGS["n_layers"])]
@@ -72,7 +74,8 @@ def predict(name: str) -> fsdpviz.Report:
         mesh=("pp", pj.PP, "dp_shard", pj.DP),
         pipeline_schedule=schedule,
         microbatches=microbatches,
-        loss=cross_entropy(microbatches),
+        loss=loss or cross_entropy(microbatches),
+        **options,
     )
 
 

@@ -8,6 +8,7 @@ from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
+from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Report, unit_label
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -135,6 +136,10 @@ class Walker:
         self._peak = -1
         self._peak_at: MemoryPeak = {}
         self._root: str | None = None
+        # a pipeline rank's stages are FSDP roots each: each one's post-forward frees the
+        # all-gather buffer its forward kept (FSDPState._post_forward, iter_forward_root)
+        pipe = report.pipeline
+        self._stage_roots = {stage_root(st.index) for st in pipe.stages} if pipe else set()
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP2: units holding an accumulated gradient in the reduce dtype, and this
@@ -269,7 +274,8 @@ class Walker:
             for name in list(self.pending):
                 self._drop_pending(name)
             self._moment("after the final callback of", c)
-        root_done = self.fsdp2 and c.hook == "post_forward" and unit == self._root
+        root = unit == self._root or unit in self._stage_roots
+        root_done = self.fsdp2 and c.hook == "post_forward" and root
         if root_done and not self.in_backward:
             self._release_held()  # the root's post-forward frees the kept all-gather buffer
         self._window(c, opening=False)

@@ -29,6 +29,7 @@ and one for its weight's): ``I`` runs the rest of the backward.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -59,6 +60,11 @@ class StageShape:
     last: bool
     output_bytes: int
     units: frozenset[str] = frozenset()
+    loss_bytes: int = 0  # the last stage's loss of one microbatch
+    input_grad_bytes: int = 0  # the gradient of its inputs it sends back
+    # its next stage is on the same rank (a V schedule): its output becomes that stage's
+    # input buffer (PipelineStage.set_local_fwd_input), which no longer holds memory of its own
+    output_local: bool = False
 
 
 def rank_step_profile(
@@ -66,18 +72,28 @@ def rank_step_profile(
     profiles: dict[int, StepProfile],
     shapes: dict[int, StageShape],
     upcast: dict[str, float] | None = None,
+    loop: str = "",
+    microbatches: int = 0,
 ) -> tuple[StepProfile, list[Event]]:
     """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
     per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
-    a backward without sync leaves in the reduce dtype)."""
+    a backward without sync leaves in the reduce dtype). ``loop``: ``"GPipe"`` or
+    ``"1F1B"``, the schedule's own loop, else (``""``) torch's runtime of actions, which
+    hold the tensors of a step differently (see :func:`_sent_until`); ``microbatches``: of
+    the step."""
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
+    unadded: dict[str, int] = {}  # unit -> a later microbatch's gradient, until added
     events: list[Event] = []
     hooks: list[tuple[str, str, Any]] = []
     event_hook: list[int] = []
     cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
     inflight: dict[tuple[int, int | None], tuple[int, int]] = {}
     kept = 0  # the last stage's outputs, kept until the step ends
+    losses = 0  # the last stage's losses, kept until the step's backwards are done
+    sent: dict[tuple[int, int], int] = {}  # input gradients made, still referenced
+    last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
+    local: dict[tuple[int, int | None], int] = {}  # in-flight outputs that are input buffers
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
@@ -85,8 +101,13 @@ def rank_step_profile(
             events.append(e)
             event_hook.append(n)
         key = (c.stage if c.stage is not None else -1, c.microbatch)
+        if c.part == "R" and loop and c.stage is not None:
+            # the schedule's loop hands its losses on, then reduces: its variable ``loss``
+            # keeps the last microbatch's
+            losses = min(losses, shapes[c.stage].loss_bytes)
+        held = kept + losses + sum(sent.values()) + last_output - sum(local.values())
         others_act = sum(a for k, (a, _) in inflight.items() if k != key)
-        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + kept
+        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
             prof, shape = profiles[c.stage], shapes[c.stage]
             marks = range(shape.forward_end + 1, len(prof.hooks))
@@ -94,30 +115,52 @@ def rank_step_profile(
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
             _append(cols, values)
-        elif c.mark is None or c.stage is None:
-            _append(cols, _quiet(others_act, others_temp))
+        elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
+            act = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
+            _append(cols, _quiet(act, sum(t for _, t in inflight.values()) + held))
         else:
             prof = profiles[c.stage]
             k = c.mark
             share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
             grads = {} if c.microbatch is None else prof.grads[k]
             mine = allocated.setdefault(c.stage, set())
+            in_place = False
             if grads and set(grads) <= mine:
-                grads = {}  # accumulated in place into the gradients already there
-            for unit, nbytes in grads.items():
-                if upcast.get(unit, 1.0) > 1.0:
-                    pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+                # accumulated in place into the gradients already there; but a unit FSDP
+                # keeps in the reduce dtype has no .grad (to_accumulated_grad_if_needed
+                # moved it into the copy): autograd makes it anew, and the unit's
+                # post-backward adds it into the copy and frees it
+                grads = {u: n for u, n in grads.items() if upcast.get(u, 1.0) > 1.0}
+                for unit, nbytes in grads.items():
+                    unadded[unit] = unadded.get(unit, 0) + nbytes
+                in_place = not grads and k < len(prof.peak_in_place)  # absent in old profiles
+            else:
+                for unit, nbytes in grads.items():
+                    if upcast.get(unit, 1.0) > 1.0:
+                        pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+            made = sum(grads.values())
             # FSDP2's post-backward without gradient sync: the unit's gradient is kept in
             # the reduce dtype (to_accumulated_grad_if_needed); the final callback runs it
             # for the units whose post-backward did not fire
             converted = [c.unit] if c.hook == "post_backward" else []
             if c.hook == "final_callback" and c.part in ("B", "I"):
-                converted = [u for u in pending if u in shapes[c.stage].units]
+                converted = [u for u in [*pending, *unadded] if u in shapes[c.stage].units]
             for unit in converted:
-                if unit in pending and c.microbatch is not None:
+                if c.microbatch is None:
+                    continue
+                if unit in pending:
                     grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
+                elif unit in unadded:
+                    grads = {**grads, unit: grads.get(unit, 0) - unadded.pop(unit)}
             new = sum(grads.values())
-            peak_grads = prof.peak_grads[k] if new else 0
+            peak_grads = prof.peak_grads[k] if new or made else 0
+            peak = prof.peak[k] - prof.peak_grads[k] + peak_grads
+            peak_act, peak_fwd = prof.peak_activations[k], prof.peak_forward_temp[k]
+            if in_place:
+                # autograd adds each new gradient into the one an earlier microbatch left and
+                # frees it (AccumulateGrad): the most the trace saw with new gradients as
+                # temporaries until added, not where the first microbatch's peak was
+                peak, peak_act, peak_fwd = prof.peak_in_place[k]
             _append(
                 cols,
                 {
@@ -127,13 +170,9 @@ def rank_step_profile(
                     "activations": prof.activations[k] + others_act,
                     "forward_temp": prof.forward_temp[k] + others_temp,
                     "backward_temp": prof.backward_temp[k],
-                    "peak": prof.peak[k]
-                    - prof.peak_grads[k]
-                    + peak_grads
-                    + others_act
-                    + others_temp,
-                    "peak_activations": prof.peak_activations[k] + others_act,
-                    "peak_forward_temp": prof.peak_forward_temp[k] + others_temp,
+                    "peak": peak + others_act + others_temp,
+                    "peak_activations": peak_act + others_act,
+                    "peak_forward_temp": peak_fwd + others_temp,
                     "peak_grads": peak_grads,
                     "grads": dict(grads),
                 },
@@ -142,19 +181,47 @@ def rank_step_profile(
             shape = shapes[c.stage]
             if c.part == "F" and k == shape.forward_end:
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
+                if shape.output_local and c.microbatch is not None:
+                    local[key] = shape.output_bytes  # counted with the inputs already
             elif c.part in ("B", "I") and key in inflight:
                 del inflight[key]  # its backward holds them now, as its own trace did
-            if c.part in ("B", "I") and c.hook == "final_callback" and shape.last:
-                kept += shape.output_bytes if c.microbatch is not None else 0
+                local.pop(key, None)  # the input buffer holds it on, counted there
+            if c.part in ("B", "I") and c.hook == "final_callback" and c.microbatch is not None:
+                if shape.last:
+                    kept += shape.output_bytes
+                    losses += shape.loss_bytes
+                elif loop and c.microbatch == microbatches - 1:
+                    last_output = shape.output_bytes
+                if loop == "1F1B":  # its list of send ops is replaced after this backward
+                    for other in [k for k in sent if k[0] == c.stage]:
+                        del sent[other]
+                if shape.input_grad_bytes:
+                    sent[(c.stage, c.microbatch)] = shape.input_grad_bytes
         reshard = c.hook == "pipeline" and isinstance(c.arg, str) and c.arg.endswith("RESHARD")
         if reshard and c.microbatch is None and c.stage is not None:
             inflight.pop((c.stage, None), None)  # shape inference's clean-up drops what it left
         if c.hook == "final_callback" and c.part == "R" and c.stage is not None:
             allocated.pop(c.stage, None)  # REDUCE_GRAD reduced them
+        sending = _SEND_B.match(c.arg) if c.hook == "pipeline" and isinstance(c.arg, str) else None
+        if sending and not (
+            loop == "1F1B" or (loop == "GPipe" and c.microbatch == microbatches - 1)
+        ):
+            sent.pop((int(sending[1]), int(sending[2])), None)
     _append(cols, _quiet(0, kept))  # after the last call: the step's end
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
 
+
+# Where a stage's gradient of its inputs goes after its backward: ``PipelineStage`` keeps it
+# (``bwd_cache``) until ``get_bwd_send_ops`` puts it in the list of ops that sends it. Torch's
+# runtime of actions drops that list at once (``send_ops`` keeps the sends' works); GPipe's
+# loop holds it in ``ops`` until the next microbatch's receive (the last one's to the end of
+# the step); 1F1B's in ``bwd_sends`` until the next backward is done (the last one's, to
+# the end). The last stage's losses (``_internal_losses``) are kept to the end of its
+# backwards: the loops hand them on before ``perform_reduce_grad`` (keeping the last one in
+# a variable), the runtime at the end of the step. The loops' variable ``output`` keeps
+# the last forward's output past its backward (the runtime's is local to each action).
+_SEND_B = re.compile(r"^(\d+)SEND_B(\d+)$")
 
 _COLUMNS = (
     "flops_forward", "flops_backward", "activations", "forward_temp", "backward_temp", "peak",

@@ -10,7 +10,7 @@ starting with the shape inference.
 from __future__ import annotations
 
 from fsdpviz.plan.pipeline import PipelineOptions
-from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, Sharded
 from fsdpviz.schedule.pipeline_order import parse_action
 from fsdpviz.schedule.pipeline_profile import Call
 from fsdpviz.schedule.pipeline_trace import Log, StageTrace
@@ -35,6 +35,10 @@ class RankRun:
             rt.set_prefetch(*t.prefetch)
             self.runtimes[s] = rt
         self.unshard_pending: set[int] = set()
+        # zero-bubble: the groups of a microbatch's I whose parameters were not unsharded
+        # when it began, whose W then computes no gradient (see :meth:`action`)
+        self.weightless: dict[tuple[int, int | None], set[str]] = {}
+        self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
 
     def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
         """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
@@ -91,11 +95,25 @@ class RankRun:
             if kind == "B" or (kind == "W" and s == 0):
                 return [start, *self._replay(s, trace.backward, back, "B", mb)]
             if kind == "I" and s != 0:
+                # stage_backward_input finds the weights (self.submod.parameters()) before
+                # autograd runs FSDP's pre-backward: a group resharded after its forward
+                # holds its sharded parameters then, which the graph does not use, so the
+                # W of this microbatch gives them no gradient
+                self.weightless[(s, mb)] = {
+                    g.name
+                    for st in rt.states
+                    for g in st.groups
+                    if g.sharded is not Sharded.UNSHARDED
+                }
                 return [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
             if kind == "W":  # the weight gradients land outside FSDP's hooks
+                lost = self.weightless.pop((s, mb), set())
                 for state in rt.states:
                     for g in state.groups:
-                        g.accumulated = g.accumulated or _has_grads(trace.backward, g.name, rt)
+                        grads = _has_grads(trace.backward, g.name, rt)
+                        if grads and g.name in lost:
+                            self.gradless.add(g.name)
+                        g.accumulated = g.accumulated or (grads and g.name not in lost)
                 return [Call("pipeline", "", action, [], s, None, mb, "W")]
             return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
         if kind == "REDUCE_GRAD":

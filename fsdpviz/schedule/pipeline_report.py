@@ -41,6 +41,8 @@ def rank_report(
 ) -> Report:
     run = RankRun(popts, traces, rank)
     steps = [run.shape_inference() + run.step(actions), run.step(actions)]
+    if run.gradless:
+        warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
     profile = _rank_profile(popts, mine, steps)
     iterations = [[e for c in calls for e in c.events] for calls in steps]
@@ -65,6 +67,22 @@ def rank_report(
     )
 
 
+def _lost_gradients(schedule: str, units: list[str]) -> FsdpWarning:
+    """Zero-bubble schedules over groups resharded after forward (see
+    ``RankRun.action``): torch computes no weight gradient for them in some microbatches."""
+    return FsdpWarning(
+        "pipeline_lost_gradients",
+        f"{schedule} gives {', '.join(repr(u) for u in units)} no gradient in the microbatches "
+        "whose input backward (I) starts while the unit is resharded after its forward: "
+        "torch's stage_backward_input finds the stage's weights (submod.parameters()) before "
+        "FSDP's pre-backward unshards them, so the weight backward (W) misses the sharded "
+        "ones and those gradients are lost. Keep the parameters gathered across microbatches "
+        "(reshard_after_forward=False, torchtitan's default under pipeline parallelism)",
+        units,
+        fix={"reshard_after_forward": False},
+    )
+
+
 def _rank_profile(
     popts: PipelineOptions, mine: list[StageTrace], steps: list[list[Call]]
 ) -> TraceProfile | None:
@@ -76,10 +94,19 @@ def _rank_profile(
     if any(t.profile is None or not t.profile.iterations for t in mine):
         return None
     profiles = {t.index: t.profile.iterations[0] for t in mine if t.profile is not None}
+    rank = popts.stage_ranks[mine[0].index]
+
+    def _local(stage: int) -> bool:  # a stage on this rank, next to one of its own
+        return 0 <= stage < popts.num_stages and popts.stage_ranks[stage] == rank
+
     shapes = {
         t.index: StageShape(
             len(t.forward), t.index == popts.num_stages - 1, t.output_bytes,
-            frozenset(g.name for g in t.groups),
+            frozenset(g.name for g in t.groups), t.loss_bytes,
+            # a gradient passed to the previous stage on the same rank becomes its receive
+            # buffer (set_local_bwd_input), sent nowhere
+            t.input_bytes if t.inputs_need_grad and t.index > 0 and not _local(t.index - 1) else 0,
+            _local(t.index + 1),
         )
         for t in mine
     }  # fmt: skip
@@ -89,13 +116,14 @@ def _rank_profile(
         for g in t.groups
         if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
     }
-    iterations = [rank_step_profile(calls, profiles, shapes, upcast)[0] for calls in steps]
     m = popts.microbatches
+    loop = popts.schedule if popts.single_stage else ""
+    iterations = [rank_step_profile(calls, profiles, shapes, upcast, loop, m)[0] for calls in steps]
     inputs = 0
     for t in mine:
         assert t.profile is not None
-        if t.index == 0:
-            inputs += t.profile.input_bytes * m
+        if t.index == 0:  # the batch: step() splits it into views of its storage
+            inputs += t.profile.input_bytes
         else:
             inputs += t.input_bytes * m
         if t.index != popts.num_stages - 1:

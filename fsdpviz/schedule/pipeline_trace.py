@@ -54,6 +54,7 @@ class StageTrace:
     input_bytes: int  # the activations it receives (a gradient of them it sends back)
     output_bytes: int  # the activations it sends (a gradient of them it receives)
     inputs_need_grad: bool
+    loss_bytes: int = 0  # the last stage's loss
     prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
 
@@ -178,7 +179,12 @@ def _trace_stage(
     tracker = ModuleTracker(part, on_call=bar.tick)
     probe: CostProbe | None = None
 
-    def forward_done(_: Any) -> None:  # the loss computed (or the output made): a mark
+    loss_bytes = 0
+
+    def forward_done(loss: Any) -> None:  # the loss computed (or the output made): a mark
+        nonlocal loss_bytes
+        if last:
+            loss_bytes = _bytes([loss])
         runtime.log.append(("forward_end", 0, None))
 
     try:
@@ -223,6 +229,7 @@ def _trace_stage(
         input_bytes=_bytes(received),
         output_bytes=size(sent),
         inputs_need_grad=any(t.requires_grad for t in received),
+        loss_bytes=loss_bytes,
         prefetch=prefetch,
         profile=measured,
     )

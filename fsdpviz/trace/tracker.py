@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.errors import ConfigError, TraceError
@@ -475,7 +476,11 @@ def _step(
             )
         if on_loss is not None:
             on_loss(tensors[0])
-        torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+        # what the next stage sends back lands in a buffer PipelineStage allocated before
+        # the step (counted with the stage's inputs), not in memory the step allocates
+        with _disable_current_modes():
+            grads = [torch.ones_like(t) for t in tensors]
+        torch.autograd.backward(tensors, grads)
         return output
     fn = loss_fn or default_loss
     # torch.compile(loss_fn): its function runs (on meta, not Dynamo); the probe holds its

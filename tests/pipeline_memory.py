@@ -1,0 +1,161 @@
+"""Measure one pipeline rank's memory in one process, on the fake process group.
+
+``measure`` builds this rank's stages of :mod:`pipeline_job`'s model (sharded as torchtitan
+shards them), runs ``torch.distributed.pipelining``'s schedule for ``steps`` steps and
+follows every tensor with torch's ``MemTracker``: the peak of the last step, and the bytes
+in use at each event :class:`fsdpviz.recording.PipelineRecorder` records in it.
+
+On the fake process group nothing arrives: a receive leaves the buffer ``PipelineStage``
+allocated for it as it was, which costs the same memory, and the shape inference of the
+first step gets the metadata a neighbouring stage would send (``_recv_meta``: the hidden
+state of one microbatch, or its gradient). The tracker's module statistics are left out:
+``MemTracker`` refuses a module that runs again before its iteration ends, which a stage
+does once per microbatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pipeline_job as pj
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from fsdpviz.recording import PipelineRecorder
+from fsdpviz.schema.events import Event
+
+
+@dataclass
+class Measured:
+    peak: int  # bytes, the last step's
+    events: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, unit, bytes)
+
+
+class _NoModules:
+    """``MemTracker``'s module tracker without module hooks."""
+
+    parents = frozenset({"Global"})
+
+    @property
+    def is_bw(self) -> bool:
+        return bool(torch._C._current_graph_task_id() != -1)
+
+    def register_user_hooks(self, *args: Any) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoModules:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
+def _tracker() -> Any:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker._mod_tracker = _NoModules()
+    return tracker
+
+
+def _total(tracker: Any) -> int:
+    return sum(snap["Total"] for snap in tracker.get_tracker_snapshot().values())
+
+
+@contextmanager
+def _neighbours_metadata(microbatch: int, dtype: torch.dtype) -> Iterator[None]:
+    """What the shape inference receives from a stage on another rank: one microbatch of
+    the hidden state (forward), or its gradient (backward)."""
+    from torch.distributed.pipelining import _utils
+
+    shape = (microbatch, pj.SEQ, pj.MODEL_ARGS["dim"])
+    hidden = torch.empty(shape, dtype=dtype, requires_grad=True)
+    metas = _utils.extract_tensor_metas((hidden,))
+
+    def recv_meta(self: Any, src_stage: int) -> Any:
+        if src_stage < self.stage_index:
+            return _utils._StageForwardMeta(forward_metas=metas)
+        return _utils._StageBackwardMeta(backward_metas=_utils._derive_grad_metas(metas))
+
+    original = PipelineStage._recv_meta
+    PipelineStage._recv_meta = recv_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PipelineStage._recv_meta = original  # type: ignore[method-assign]
+
+
+def measure(
+    schedule_name: str,
+    microbatches: int,
+    policy: str = "default",
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = pj.loss_fn,
+    target: Callable[[], torch.Tensor] = pj.labels,
+    steps: int = 2,
+    mp_policy: Any = None,
+) -> Measured:
+    """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
+    ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
+    ``fully_shard``'s."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
+    pp_mesh, dp_mesh = mesh["pp"], mesh["dp_shard"]
+    pp_rank = pp_mesh.get_local_rank()
+    num_stages = pj.PP * pj.stages_per_rank(schedule_name)
+    names = pj.split(num_stages)
+    whole = pj.model()
+    if schedule_name in pj.V_SCHEDULES:
+        placed = [pp_rank, num_stages - 1 - pp_rank]
+    else:
+        placed = list(range(pp_rank, num_stages, pj.PP))
+    stages = []
+    for s in placed:
+        part = pj.split_module(whole, names[s])
+        pj.shard(part, dp_mesh, policy, **({"mp_policy": mp_policy} if mp_policy else {}))
+        stages.append(
+            PipelineStage(part, s, num_stages, torch.device("cpu"), group=pp_mesh.get_group())
+        )
+    del whole
+    cls = get_schedule_class(schedule_name)
+    single = issubclass(cls, PipelineScheduleSingle)
+    schedule = cls(stages[0] if single else stages, n_microbatches=microbatches,
+                   loss_fn=loss_fn, scale_grads=False)  # fmt: skip
+    first = any(st.is_first for st in stages)
+    last = any(st.is_last for st in stages)
+    tracker = _tracker()
+    tracker.track_external(*[st.submod for st in stages])
+    seen: list[tuple[str, str, int]] = []
+
+    class Recorder(PipelineRecorder):
+        def _append(self, event: Event) -> int:
+            seen.append((event.kind, event.unit, _total(tracker)))
+            return super()._append(event)
+
+    dtype = getattr(mp_policy, "param_dtype", None) or torch.float32
+    with _neighbours_metadata(pj.BATCH // microbatches, dtype), tracker, Recorder(schedule):
+        tokens = pj.tokens() if first else None  # the batch, held through the step
+        labels = target() if last else None
+        for step in range(steps):
+            if step == steps - 1:  # the last step's peak, and its events only
+                now = tracker.get_tracker_snapshot()
+                tracker._peak_mem_snap = now
+                tracker._peak_mem = {dev: snap["Total"] for dev, snap in now.items()}
+                seen.clear()
+            if first:
+                schedule.step(tokens, target=labels)
+            else:
+                schedule.step(target=labels)
+            for st in stages:
+                for p in st.submod.parameters():
+                    p.grad = None
+        peak = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    return Measured(peak, seen)

@@ -1,0 +1,146 @@
+"""A pipeline rank's memory against torch's ``MemTracker`` on a real run, in one process.
+
+``pipeline_memory.measure`` runs one pipeline rank of ``pipeline_job``'s pp 2 x dp_shard 2
+job (parameters kept gathered across microbatches) on the fake process group and follows
+every tensor; ``analyze`` of the unsplit model must hold the same bytes at the steady step's
+peak and at each of its sends and receives. The first stage (global rank 0): the batch
+once (``step()`` splits it into views), every microbatch in flight (its own too, while its
+output is sent), each later microbatch's gradients added into the first's, and the
+gradients of the stage's output in the buffers ``PipelineStage`` receives them into. The
+last stage (global rank 2): its outputs and losses, kept for ``step()``, and the gradient
+of its input, referenced until it is sent (GPipe) or until the next backward (1F1B).
+Interleaved1F1B resharding after forward: each stage, an FSDP root of its own, frees the
+all-gather buffer its forward kept at its root's post-forward.
+
+The loss is the mean square of the output: the cross entropy against labels would hold the
+labels, which ``analyze``'s ``loss=`` closes over and the real step receives as a target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pipeline_job as pj
+import pytest
+import torch
+import torch.distributed as dist
+from pipeline_memory import measure
+from test_conformance_pipeline import predict
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.pipelining import PipelineStage
+
+from fsdpviz.cost import memory_model
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(PipelineStage, "_recv_meta"), reason="torch's PipelineStage infers shapes otherwise"
+)
+
+
+def _square(pred: torch.Tensor) -> torch.Tensor:
+    return pred.float().square().mean()
+
+
+@pytest.fixture
+def as_rank(fake_pg: int) -> Iterator[object]:
+    """Run as another rank of the fake process group, then as rank 0 again."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def become(rank: int) -> None:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=fake_pg)
+
+    yield become
+    become(0)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+@pytest.mark.parametrize("name", ["1f1b-4", "gpipe-4", "interleaved-4-always"])
+def test_a_pipeline_rank_holds_what_torch_holds(as_rank: object, name: str, rank: int) -> None:
+    as_rank(rank)  # type: ignore[operator]
+    _check(name, rank // pj.DP)
+
+
+@pytest.mark.parametrize("name", ["1f1b-4", "gpipe-2"])
+def test_a_middle_stage_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """pp 4 x dp 1, pipeline rank 1: it receives and sends both ways; GPipe's and 1F1B's
+    loops keep their last forward's output (their variable ``output``) to the step's end."""
+    monkeypatch.setattr(pj, "PP", 4)
+    monkeypatch.setattr(pj, "DP", 1)
+    as_rank(1)  # type: ignore[operator]
+    _check(name, 1)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_mixed_precision_keeps_the_gradients_in_the_reduce_dtype(
+    as_rank: object, rank: int
+) -> None:
+    """bf16 parameters reducing in fp32: FSDP2 moves a stage's first gradients into an
+    fp32 copy (``to_accumulated_grad_if_needed``), so each later microbatch's gradient is a
+    new bf16 ``.grad`` until its unit's post-backward adds it into the copy and frees it
+    (``accumulate_unsharded_grad_if_needed``), not an addition in place."""
+    as_rank(rank)  # type: ignore[operator]
+    _check("1f1b-4", rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+
+
+def _check(name: str, pp_rank: int, **options: Any) -> None:
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), **options)  # fmt: skip
+    mine = predict(name, loss=_square, **options).pipeline.ranks[pp_rank]  # type: ignore[union-attr]
+    mem = memory_model(mine, optimizer=None)
+    assert real.peak == mem.peak["bytes"]
+    events = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(real.events, events, mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+
+
+def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_backward(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """InterleavedZeroBubble resharding after forward: ``stage_backward_input`` finds the
+    stage's weights (``submod.parameters()``) before autograd runs FSDP's pre-backward, so a
+    group still resharded from its forward is found by its sharded parameters, which the
+    graph does not use: that microbatch's ``W`` gives it no gradient, and where no
+    microbatch's does, ``REDUCE_GRAD`` frees it without a reduce-scatter. Every event of the
+    real run's steady step, on the rank holding stages 1 and 3."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 7)
+    monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
+    as_rank(2)  # type: ignore[operator]
+    real = measure(*pj.CASES["zero-bubble-4-always"], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
+    mine = predict("zero-bubble-4-always", loss=_square).pipeline.ranks[1]  # type: ignore[union-attr]
+    steady = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in steady]
+    reduced = {e.unit for e in steady if e.kind == "reduce_scatter"}
+    assert reduced and {"layers.6", "norm, output"}.isdisjoint(reduced)
+    lost = [w for w in mine.warnings if w.code == "pipeline_lost_gradients"]
+    assert len(lost) == 1 and {"layers.6", "norm, output"} <= set(lost[0].units)
+
+
+def test_a_v_schedule_passes_activations_between_its_stages_in_place(as_rank: object) -> None:
+    """ZBVZeroBubble, pipeline rank 1 (stages 1 and 2): stage 1 hands its output to stage
+    2 as its input buffer (``PipelineStage.set_local_fwd_input``), whose own buffer is freed;
+    the bytes at every send and receive of the forwards, before the first gradient arrives
+    (from there zero-bubble's input backward keeps its graph for the weight backward, which
+    the prediction does not model)."""
+    as_rank(2)  # type: ignore[operator]
+    real = measure(*pj.CASES["zbv-4"], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
+    mine = predict("zbv-4", loss=_square).pipeline.ranks[1]  # type: ignore[union-attr]
+    mem = memory_model(mine, optimizer=None)
+    events = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
+    end = next(i for i, e in enumerate(events) if e.kind == "pp_recv" and e.phase == "backward")
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in list(zip(real.events, events, mem.events, strict=True))[:end]
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert len(p2p) >= 4 and all(used == total for _, used, total in p2p), p2p
