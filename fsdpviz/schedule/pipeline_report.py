@@ -18,6 +18,7 @@ from torch import nn
 
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import PipelineOptions
 from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
 from fsdpviz.schedule.pipeline_profile import Call, StageShape, rank_step_profile
@@ -77,9 +78,9 @@ def _lost_gradients(schedule: str, units: list[str]) -> FsdpWarning:
         "torch's stage_backward_input finds the stage's weights (submod.parameters()) before "
         "FSDP's pre-backward unshards them, so the weight backward (W) misses the sharded "
         "ones and those gradients are lost. Keep the parameters gathered across microbatches "
-        "(reshard_after_forward=False, torchtitan's default under pipeline parallelism)",
+        f"({RESHARD.code(False)}, torchtitan's default under pipeline parallelism)",
         units,
-        fix={"reshard_after_forward": False},
+        fix={RESHARD.name: False},
     )
 
 
