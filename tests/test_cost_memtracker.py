@@ -246,6 +246,37 @@ def test_hybrid_sharding_reducing_in_the_compute_dtype(fake_pg: int, case: str) 
         assert phases["backward"] == backward[module]
 
 
+@pytest.mark.parametrize("reduce_dtype", [None, torch.bfloat16], ids=["compute", "bf16"])
+def test_reduce_output_cast_to_the_parameters_dtype(fake_pg: int, reduce_dtype: Any) -> None:
+    """A 1-D mesh with bf16 parameters reducing in bf16 (no ``reduce_dtype``, or bf16 given),
+    the LM head (4096 x 256) a unit of its own: ``foreach_reduce`` casts its bf16
+    reduce-scatter output to the float32 gradient shard, both alive until the name is
+    rebound; at the head's reduction (the step's peak) that is the head's bf16 shard above
+    the moment after. The peak and every module's peaks to the byte; the tracker counts the
+    cast shards as temporaries, so the gradient shards and the backward's tensors are
+    compared together."""
+    build = functools.partial(ExampleModel, ExampleConfig(vocab_size=4096))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    blocks = lambda m: [*m.layers, m.lm_head]  # noqa: E731
+    ids = _ids
+    real = tracked(build, ids, blocks, fake_pg, _loss, mp_policy=mp, reshard_after_forward=False)
+    with torch.device("meta"):
+        model = build()
+    units = [*[(f"layers.{i}",) for i in range(len(model.layers))], ("lm_head",)]
+    report = fsdpviz.analyze(model, ids(), fully_shard=units, loss=_loss, world_size=fake_pg,
+                             mp_policy=mp, reshard_after_forward=False)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    assert real.peak["Total"] == mem.peak["bytes"]
+    assert str(mem.peak["where"]).startswith("at the cast of the reduced gradient shard")
+    both = ("Sharded Grad", "Temp", "Unsharded Grad")
+    ours = ("sharded_grads", "backward_temp", "unsharded_grads")
+    assert sum(real.peak.get(k, 0) for k in both) == sum(mem.peak["breakdown"][k] for k in ours)
+    backward = _as_the_tracker_sees(report, mem, model)
+    for module, phases in real.modules.items():
+        assert phases["forward"] == mem.unit_peaks[module]["forward"]
+        assert phases["backward"] == backward[module]
+
+
 def test_hybrid_sharding_reduce_scatter_every_micro_step(fake_pg: int) -> None:
     """HSDP accumulating with ``set_requires_all_reduce(False)``: every micro-step
     reduce-scatters, its output added into the partial reduce output the first one left

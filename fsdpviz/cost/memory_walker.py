@@ -95,6 +95,7 @@ class Walker:
         # rank's); a plan for another degree scales them
         self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
         self.raf_int = cfg.post_forward_ranks
+        self.replicas = cfg.replicas
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0
@@ -395,6 +396,7 @@ class Walker:
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
+            self._cast_reduce_output(e, s)
             self._add_shard(e, s.sharded_grad)
             # the last micro-step adds the partial output into its own, then drops it
             self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
@@ -402,6 +404,20 @@ class Walker:
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
+
+    def _cast_reduce_output(self, e: Event, s: UnitBytes) -> None:
+        """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the
+        reduce-scatter output, in the reduce dtype, is cast to the parameters' dtype
+        (``foreach_reduce``'s ``reduce_output = _to_dtype_if_needed(reduce_output,
+        orig_dtype)``), both alive until the rebinding frees the first. Under HSDP the
+        all-reduced buffer outlives the cast (:meth:`_hold_all_reduced`); with the shards
+        offloaded the gradient's device copies are not modelled."""
+        if not s.reduce_cast or not s.sharded_grad or self.replicas > 1:
+            return
+        both = s.reduce_cast + s.sharded_grad
+        self.cat["sharded_grads"] += both
+        self._moment("at the cast of the reduced gradient shard in", None, e)
+        self.cat["sharded_grads"] -= both
 
     def _hold_all_reduced(self, e: Event, s: UnitBytes) -> None:
         """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the

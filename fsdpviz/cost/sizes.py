@@ -130,6 +130,11 @@ class UnitBytes:
     # the copy-out gathers them into before torch.cat puts their chunks in place (their
     # unsharded bytes, in the dtype gathered), all alive until the copy-out returns
     copy_out: int = 0
+    # FSDP2 reducing in a dtype other than the parameters' (bf16 parameters without a
+    # ``reduce_dtype``, or one of its own): the reduce-scatter output in the reduce dtype,
+    # alive beside its cast to the parameters' dtype (``foreach_reduce``'s
+    # ``_to_dtype_if_needed``) until the name is rebound to the cast
+    reduce_cast: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -265,7 +270,15 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         h2d=host,
         partial=grad_sharded * reduce if communicates else 0,
         copy_out=sum(placed_bytes(u).values()) if fsdp2 and communicates else 0,
+        reduce_cast=grad_sharded * reduce if fsdp2 and communicates and _casts_reduced(u) else 0,
     )
+
+
+def _casts_reduced(u: Unit) -> bool:
+    """Whether FSDP2 casts ``u``'s reduced gradient shard from the reduce dtype (the
+    ``reduce_dtype``, else the gradients' dtype, the compute dtype) to the parameters' own."""
+    reduce = u.reduce_dtype or u.compute_dtype or u.dtype
+    return reduce is not None and u.dtype is not None and reduce != u.dtype
 
 
 def placed_bytes(u: Unit) -> dict[str, int]:
