@@ -211,6 +211,44 @@ def test_adam_steady_state(fake_pg: int) -> None:
     _check(fake_pg, "example", optimizer=True)
 
 
+def _frozen_attention_and_embedding() -> nn.Module:
+    """The example model with its embedding and every layer's attention frozen: each group
+    mixes frozen and trainable parameters."""
+    model = ExampleModel(ExampleConfig())
+    for name, p in model.named_parameters():
+        if "self_attn" in name or "embed" in name:
+            p.requires_grad_(False)
+    return model
+
+
+def test_for_loop_step_over_the_trainable_parameters(fake_pg: int) -> None:
+    """AdamW's for-loop step loops over the parameters with a gradient only
+    (``Adam._init_group`` skips the others): with frozen parameters in every group its
+    temporaries are the trainable shards'. The step, tracked on its own, to the byte."""
+    build = _frozen_attention_and_embedding
+    real = tracked(build, _ids, lambda m: list(m.layers), fake_pg, _loss,
+                   optimizer="adamw_for_loop", step=True)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg)  # fmt: skip
+    assert all(u.frozen_params for u in report.units)
+    mem = memory_model(report, optimizer="adamw_for_loop", iteration=1)
+    step = mem.moments[-1]
+    assert step.where == "during the optimizer step after"
+    steps = 4 * sum(p.requires_grad for p in model.parameters())  # AdamW's step counters
+    got = dict(zip(CATEGORIES, step.bytes, strict=True))
+    assert real.step_peak["Total"] == sum(step.bytes) + steps
+    assert real.step_peak["OptState"] == got["optimizer"] + steps
+    states = 2 * 4 * sum(u.trainable[1] for u in report.units)
+    # a parameter's sqrt() and its division, the one before it's result still bound, over
+    # the trainable parameters in order: an MLP's up_proj after its gate_proj
+    shards = [p.numel() // fake_pg * 4 for p in model.parameters() if p.requires_grad]
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    assert loop == 3 * 688 * 256 // fake_pg * 4
+    assert got["optimizer"] == states + loop
+
+
 def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)
