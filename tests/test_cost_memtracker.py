@@ -249,6 +249,41 @@ def test_for_loop_step_over_the_trainable_parameters(fake_pg: int) -> None:
     assert got["optimizer"] == states + loop
 
 
+def test_reshard_after_forward_onto_fewer_ranks(fake_pg: int) -> None:
+    """``reshard_after_forward=2`` on 4 ranks, the LM head a unit of its own (run last):
+    ``FSDPParam.to_sharded_post_forward`` clones each parameter's slice of its all-gather
+    output before freeing that output, so at the head's post-forward its whole weight and its
+    half are alive beside the logits: the root's forward peak (``ModTracker`` leaves the head
+    before FSDP's post-forward hook runs, so not the head's). In the steady state (AdamW, the
+    for-loop step) the peak before the step and every module's peaks to the byte; the
+    tracker files the post-forward shards under forward tensors."""
+    build = functools.partial(ExampleModel, ExampleConfig(vocab_size=4096))
+    blocks = lambda m: [*m.layers, m.lm_head]  # noqa: E731
+    real = tracked(build, _ids, blocks, fake_pg, _loss, optimizer="adamw_for_loop",
+                   reshard_after_forward=2)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    units = [*[(f"layers.{i}",) for i in range(len(model.layers))], ("lm_head",)]
+    report = fsdpviz.analyze(model, _ids(), fully_shard=units, loss=_loss, world_size=fake_pg,
+                             reshard_after_forward=2)  # fmt: skip
+    mem = memory_model(report, optimizer="adamw_for_loop", iteration=1)
+    before_step = replace(mem, peak=_peak_of(mem.moments[:-1]))
+    steps = 4 * len(list(model.parameters()))  # AdamW's step counters
+    assert real.modules[""]["forward"] == mem.unit_peaks[""]["forward"] + steps
+    head = 4096 * 256 * 4  # the head's weight, float32
+    name = "at the reshard after forward onto fewer ranks in free 'lm_head'"
+    k = next(k for k, m in enumerate(mem.moments) if m.where.startswith(name))
+    assert sum(mem.moments[k].bytes) - sum(mem.moments[k + 1].bytes) == head  # then freed
+    assert sum(mem.moments[k].bytes) == mem.unit_peaks[""]["forward"]
+    assert mem.unit_peaks[""]["forward"] > mem.unit_peaks["lm_head"]["forward"]
+    peak = dict(before_step.peak["breakdown"])
+    peak["activations"] += peak["sharded_params"] - real.peak["Sharded Param"]
+    peak["sharded_params"] = real.peak["Sharded Param"]
+    backward = _as_the_tracker_sees(report, mem, model)
+    _compare(real, replace(before_step, peak={**before_step.peak, "breakdown": peak}),
+             backward=backward, steps=steps)  # fmt: skip
+
+
 def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)

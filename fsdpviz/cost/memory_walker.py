@@ -254,6 +254,11 @@ class Walker:
             if u in self._fresh:
                 # FSDP2 adds the new gradients into the accumulated ones, and frees them
                 self.cat["unsharded_grads"] -= self._fresh.pop(u)
+        if c.hook == "post_forward":
+            # ModTracker's global forward hook leaves the module before FSDP's own post-forward
+            # hook runs (nn.Module._call_impl runs global hooks first): its resharding is
+            # outside the unit's forward window (inside its parents')
+            self._window(c, opening=False)
         for e in c.events:
             ev = events[e]
             self._event_index = e
@@ -312,8 +317,10 @@ class Walker:
                 self._drop_pending(e.unit)
             elif e.unit in self.resident:
                 self.resident.discard(e.unit)
-                self.cat["unsharded_params"] -= s.unsharded
                 raf = self.raf_int.get(e.unit)
+                if raf and e.phase == "forward":
+                    self._reshard_post_forward(e, s, raf)
+                self.cat["unsharded_params"] -= s.unsharded
                 if raf and e.phase == "forward":
                     self.post_forward_shard[e.unit] = s.unsharded // raf
                     self.cat["sharded_params"] += s.unsharded // raf
@@ -355,6 +362,28 @@ class Walker:
             self.held = (unit, pending[0])
         else:
             self._free("all_gather", ("out", unit), pending[0])
+
+    def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int) -> None:
+        """FSDP2 resharding a unit after forward onto ``raf`` ranks (an int
+        ``reshard_after_forward``): ``FSDPParam.to_sharded_post_forward``, one parameter at a
+        time, clones the rank's slice of the parameter's all-gather output, then frees that
+        output. The moment the most is alive: the slices cloned so far beside the outputs not
+        yet freed."""
+        if not s.gathered_params:
+            return
+        best, at, cloned, freed = -1, 0, 0, 0
+        for i, n in enumerate(s.gathered_params):
+            cloned += n // raf
+            if cloned - freed > best:
+                best, at = cloned - freed, i
+            freed += n
+        clones = sum(n // raf for n in s.gathered_params[: at + 1])
+        gone = sum(s.gathered_params[:at])
+        self.cat["sharded_params"] += clones
+        self.cat["unsharded_params"] -= gone
+        self._moment("at the reshard after forward onto fewer ranks in", None, e)
+        self.cat["sharded_params"] -= clones
+        self.cat["unsharded_params"] += gone
 
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's
@@ -536,7 +565,8 @@ class Walker:
     def _window(self, c: HookCall, opening: bool) -> None:
         """Open/close the per-unit windows of ``unit_peaks``.
 
-        A unit's forward runs from its pre-forward to its post-forward hook. Its
+        A unit's forward runs from its pre-forward hook to the start of its post-forward hook
+        (the hook's resharding counts in the windows of the units around it). Its
         backward runs from its pre-backward hook to its post-backward hook, plus the
         pre-backward hooks that fire on the same gradients (the previous unit's, with its
         copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It
