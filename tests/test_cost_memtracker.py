@@ -284,6 +284,131 @@ def test_reshard_after_forward_onto_fewer_ranks(fake_pg: int) -> None:
              backward=backward, steps=steps)  # fmt: skip
 
 
+def _torchtitan_sac(module: nn.Module) -> None:
+    """torchtitan's per-operator selective checkpointing (``selective_ac_option = "op"``) of
+    ``module``'s forward: the outputs of matrix multiplies (every second one recomputed),
+    fused attention and a few others saved."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from fsdpviz.schema.checkpointing import TORCHTITAN_SAVE_OPS
+
+    aten, forward = torch.ops.aten, module.forward
+    mms = {aten.mm.default, aten.linear.default}
+
+    def run(*args: Any) -> Any:
+        seen = {"forward": 0, "recompute": 0}
+
+        def policy(ctx: Any, func: Any, *_: Any, **__: Any) -> CheckpointPolicy:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            seen[mode] += func in mms
+            every_second = func in mms and seen[mode] % 2 == 0
+            if func in TORCHTITAN_SAVE_OPS and not every_second:
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        def contexts() -> Any:
+            return create_selective_checkpoint_contexts(policy)  # type: ignore[no-untyped-call]
+
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts)
+
+    module.forward = run  # type: ignore[method-assign]
+
+
+def _whole(module: nn.Module) -> None:
+    forward = module.forward
+    module.forward = functools.partial(checkpoint, forward, use_reentrant=False)  # type: ignore[method-assign]
+
+
+_BF16_ONLY = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+_BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+# name -> (fsdpviz's activation_checkpointing, what the real model runs under it and where,
+# fully_shard's options, parameters frozen (by name), micro-steps per optimizer step)
+_CHECKPOINTED: dict[str, tuple[Any, Callable[[nn.Module], None], dict[str, Any], str, int]] = {
+    "every-2nd-layer-raf2-bf16": (
+        "every2",
+        lambda m: [_whole(layer) for layer in list(m.layers)[1::2]],
+        {"reshard_after_forward": 2, "mp_policy": _BF16},
+        "",
+        1,
+    ),
+    "selective-frozen-attention": (
+        "selective",
+        lambda m: [_torchtitan_sac(layer) for layer in m.layers],
+        {},
+        "self_attn",
+        1,
+    ),
+    "mlps-accumulated-bf16-reduce": (
+        "mlp",
+        lambda m: [_whole(layer.mlp) for layer in m.layers],
+        {"mp_policy": _BF16_ONLY, "reshard_after_forward": False},
+        "embed",
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_CHECKPOINTED))
+def test_activation_checkpointing_kinds(fake_pg: int, case: str) -> None:
+    """Each kind of ``activation_checkpointing=`` fsdpviz takes (every n-th block whole,
+    torchtitan's per-operator selective checkpointing, modules inside a unit), with what the
+    real model runs under ``torch.utils.checkpoint``, on 7 x 13 tokens, combined with an int
+    ``reshard_after_forward`` and bf16 parameters, frozen parameters, and two micro-steps
+    without gradient sync reducing in bf16: the peak and every module's peaks over the
+    micro-steps to the byte. The tracker calls what backward recomputes a temporary (its
+    ``_in_ac`` only when FSDP's pre-forward runs again), fsdpviz activations: the forward's
+    and backward's tensors are compared together (with the post-forward shards, filed under
+    activations by the tracker, and the cast gradient shards, temporaries to it)."""
+    from fsdpviz.examples import MLP
+    from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+
+    kind, wrap, options, frozen, n = _CHECKPOINTED[case]
+    config = ExampleConfig(vocab_size=250, hidden_size=96, intermediate_size=176, num_layers=4)
+    spec = {
+        "every2": CheckpointEvery([DecoderLayer], 2),
+        "selective": SelectiveCheckpoint([DecoderLayer]),
+        "mlp": [MLP],
+    }[kind]
+
+    def build(real: bool) -> nn.Module:
+        model = ExampleModel(config)
+        for name, p in model.named_parameters():
+            p.requires_grad_(not frozen or frozen not in name)
+        if real:
+            wrap(model)
+        return model
+
+    def ids() -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.randint(0, 250, (7, 13), generator=torch.Generator().manual_seed(0))
+        }
+
+    real = tracked(lambda: build(True), ids, lambda m: list(m.layers), fake_pg, _loss,
+                   accumulate=n, **options)  # fmt: skip
+    with torch.device("meta"):
+        model = build(False)
+    report = fsdpviz.analyze(model, ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg, activation_checkpointing=spec,
+                             **({"grad_accum": n} if n > 1 else {}), **options)  # fmt: skip
+    assert report.config.activation_checkpointing is not None
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    assert real.peak["Total"] == at_peak.peak["bytes"]
+    ours = ("sharded_params", "activations", "forward_temp", "backward_temp", "unsharded_grads",
+            "sharded_grads", "reduce_scatter")  # fmt: skip
+    theirs = ("Sharded Param", "Activation", "Temp", "Unsharded Grad", "Sharded Grad",
+              "Reduce Scatter")  # fmt: skip
+    mine = _as_the_tracker_names(report, at_peak).peak["breakdown"]
+    assert sum(real.peak.get(k, 0) for k in theirs) == sum(mine[k] for k in ours)
+    for name, (a, b) in MAPPING.items():
+        if not set(a) & set(theirs):
+            assert sum(real.peak.get(k, 0) for k in a) == sum(mine[k] for k in b), name
+    for module, phases in real.modules.items():
+        forward = max(m.unit_peaks[module]["forward"] for m in steps)
+        backward = max(_as_the_tracker_sees(report, m, model)[module] for m in steps)
+        assert (phases["forward"], phases["backward"]) == (forward, backward), module
+
+
 def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)
