@@ -254,10 +254,11 @@ class Walker:
             if u in self._fresh:
                 # FSDP2 adds the new gradients into the accumulated ones, and frees them
                 self.cat["unsharded_grads"] -= self._fresh.pop(u)
-        if c.hook == "post_forward":
-            # ModTracker's global forward hook leaves the module before FSDP's own post-forward
-            # hook runs (nn.Module._call_impl runs global hooks first): its resharding is
-            # outside the unit's forward window (inside its parents')
+        if self.fsdp2 and c.hook == "post_forward":
+            # ModTracker's global forward hook leaves the module before FSDP2's own
+            # post-forward hook runs (nn.Module._call_impl runs global hooks first): its
+            # resharding is outside the unit's forward window (inside its parents'). FSDP1's
+            # post-forward runs inside its module's forward.
             self._window(c, opening=False)
         for e in c.events:
             ev = events[e]
@@ -565,8 +566,8 @@ class Walker:
     def _window(self, c: HookCall, opening: bool) -> None:
         """Open/close the per-unit windows of ``unit_peaks``.
 
-        A unit's forward runs from its pre-forward hook to the start of its post-forward hook
-        (the hook's resharding counts in the windows of the units around it). Its
+        A unit's forward runs from its pre-forward to its post-forward hook (FSDP2: to the
+        start of it, whose resharding counts in the windows of the units around it). Its
         backward runs from its pre-backward hook to its post-backward hook, plus the
         pre-backward hooks that fire on the same gradients (the previous unit's, with its
         copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It
