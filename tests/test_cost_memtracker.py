@@ -211,6 +211,204 @@ def test_adam_steady_state(fake_pg: int) -> None:
     _check(fake_pg, "example", optimizer=True)
 
 
+def _frozen_attention_and_embedding() -> nn.Module:
+    """The example model with its embedding and every layer's attention frozen: each group
+    mixes frozen and trainable parameters."""
+    model = ExampleModel(ExampleConfig())
+    for name, p in model.named_parameters():
+        if "self_attn" in name or "embed" in name:
+            p.requires_grad_(False)
+    return model
+
+
+def test_for_loop_step_over_the_trainable_parameters(fake_pg: int) -> None:
+    """AdamW's for-loop step loops over the parameters with a gradient only
+    (``Adam._init_group`` skips the others): with frozen parameters in every group its
+    temporaries are the trainable shards'. The step, tracked on its own, to the byte."""
+    build = _frozen_attention_and_embedding
+    real = tracked(build, _ids, lambda m: list(m.layers), fake_pg, _loss,
+                   optimizer="adamw_for_loop", step=True)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg)  # fmt: skip
+    assert all(u.frozen_params for u in report.units)
+    mem = memory_model(report, optimizer="adamw_for_loop", iteration=1)
+    step = mem.moments[-1]
+    assert step.where == "during the optimizer step after"
+    steps = 4 * sum(p.requires_grad for p in model.parameters())  # AdamW's step counters
+    got = dict(zip(CATEGORIES, step.bytes, strict=True))
+    assert real.step_peak["Total"] == sum(step.bytes) + steps
+    assert real.step_peak["OptState"] == got["optimizer"] + steps
+    states = 2 * 4 * sum(u.trainable[1] for u in report.units)
+    # a parameter's sqrt() and its division, the one before it's result still bound, over
+    # the trainable parameters in order: an MLP's up_proj after its gate_proj
+    shards = [p.numel() // fake_pg * 4 for p in model.parameters() if p.requires_grad]
+    loop = max(2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards))
+    assert loop == 3 * 688 * 256 // fake_pg * 4
+    assert got["optimizer"] == states + loop
+
+
+def test_reshard_after_forward_onto_fewer_ranks(fake_pg: int) -> None:
+    """``reshard_after_forward=2`` on 4 ranks, the LM head a unit of its own (run last):
+    ``FSDPParam.to_sharded_post_forward`` clones each parameter's slice of its all-gather
+    output before freeing that output, so at the head's post-forward its whole weight and its
+    half are alive beside the logits: the root's forward peak (``ModTracker`` leaves the head
+    before FSDP's post-forward hook runs, so not the head's). In the steady state (AdamW, the
+    for-loop step) the peak before the step and every module's peaks to the byte; the
+    tracker files the post-forward shards under forward tensors."""
+    build = functools.partial(ExampleModel, ExampleConfig(vocab_size=4096))
+    blocks = lambda m: [*m.layers, m.lm_head]  # noqa: E731
+    real = tracked(build, _ids, blocks, fake_pg, _loss, optimizer="adamw_for_loop",
+                   reshard_after_forward=2)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    units = [*[(f"layers.{i}",) for i in range(len(model.layers))], ("lm_head",)]
+    report = fsdpviz.analyze(model, _ids(), fully_shard=units, loss=_loss, world_size=fake_pg,
+                             reshard_after_forward=2)  # fmt: skip
+    mem = memory_model(report, optimizer="adamw_for_loop", iteration=1)
+    before_step = replace(mem, peak=_peak_of(mem.moments[:-1]))
+    steps = 4 * len(list(model.parameters()))  # AdamW's step counters
+    assert real.modules[""]["forward"] == mem.unit_peaks[""]["forward"] + steps
+    head = 4096 * 256 * 4  # the head's weight, float32
+    name = "at the reshard after forward onto fewer ranks in free 'lm_head'"
+    k = next(k for k, m in enumerate(mem.moments) if m.where.startswith(name))
+    assert sum(mem.moments[k].bytes) - sum(mem.moments[k + 1].bytes) == head  # then freed
+    assert sum(mem.moments[k].bytes) == mem.unit_peaks[""]["forward"]
+    assert mem.unit_peaks[""]["forward"] > mem.unit_peaks["lm_head"]["forward"]
+    peak = dict(before_step.peak["breakdown"])
+    peak["activations"] += peak["sharded_params"] - real.peak["Sharded Param"]
+    peak["sharded_params"] = real.peak["Sharded Param"]
+    backward = _as_the_tracker_sees(report, mem, model)
+    _compare(real, replace(before_step, peak={**before_step.peak, "breakdown": peak}),
+             backward=backward, steps=steps)  # fmt: skip
+
+
+def _torchtitan_sac(module: nn.Module) -> None:
+    """torchtitan's per-operator selective checkpointing (``selective_ac_option = "op"``) of
+    ``module``'s forward: the outputs of matrix multiplies (every second one recomputed),
+    fused attention and a few others saved."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from fsdpviz.schema.checkpointing import TORCHTITAN_SAVE_OPS
+
+    aten, forward = torch.ops.aten, module.forward
+    mms = {aten.mm.default, aten.linear.default}
+
+    def run(*args: Any) -> Any:
+        seen = {"forward": 0, "recompute": 0}
+
+        def policy(ctx: Any, func: Any, *_: Any, **__: Any) -> CheckpointPolicy:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            seen[mode] += func in mms
+            every_second = func in mms and seen[mode] % 2 == 0
+            if func in TORCHTITAN_SAVE_OPS and not every_second:
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        def contexts() -> Any:
+            return create_selective_checkpoint_contexts(policy)  # type: ignore[no-untyped-call]
+
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts)
+
+    module.forward = run  # type: ignore[method-assign]
+
+
+def _whole(module: nn.Module) -> None:
+    forward = module.forward
+    module.forward = functools.partial(checkpoint, forward, use_reentrant=False)  # type: ignore[method-assign]
+
+
+_BF16_ONLY = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+_BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+# name -> (fsdpviz's activation_checkpointing, what the real model runs under it and where,
+# fully_shard's options, parameters frozen (by name), micro-steps per optimizer step)
+_CHECKPOINTED: dict[str, tuple[Any, Callable[[nn.Module], None], dict[str, Any], str, int]] = {
+    "every-2nd-layer-raf2-bf16": (
+        "every2",
+        lambda m: [_whole(layer) for layer in list(m.layers)[1::2]],
+        {"reshard_after_forward": 2, "mp_policy": _BF16},
+        "",
+        1,
+    ),
+    "selective-frozen-attention": (
+        "selective",
+        lambda m: [_torchtitan_sac(layer) for layer in m.layers],
+        {},
+        "self_attn",
+        1,
+    ),
+    "mlps-accumulated-bf16-reduce": (
+        "mlp",
+        lambda m: [_whole(layer.mlp) for layer in m.layers],
+        {"mp_policy": _BF16_ONLY, "reshard_after_forward": False},
+        "embed",
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_CHECKPOINTED))
+def test_activation_checkpointing_kinds(fake_pg: int, case: str) -> None:
+    """Each kind of ``activation_checkpointing=`` fsdpviz takes (every n-th block whole,
+    torchtitan's per-operator selective checkpointing, modules inside a unit), with what the
+    real model runs under ``torch.utils.checkpoint``, on 7 x 13 tokens, combined with an int
+    ``reshard_after_forward`` and bf16 parameters, frozen parameters, and two micro-steps
+    without gradient sync reducing in bf16: the peak and every module's peaks over the
+    micro-steps to the byte. The tracker calls what backward recomputes a temporary (its
+    ``_in_ac`` only when FSDP's pre-forward runs again), fsdpviz activations: the forward's
+    and backward's tensors are compared together (with the post-forward shards, filed under
+    activations by the tracker, and the cast gradient shards, temporaries to it)."""
+    from fsdpviz.examples import MLP
+    from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+
+    kind, wrap, options, frozen, n = _CHECKPOINTED[case]
+    config = ExampleConfig(vocab_size=250, hidden_size=96, intermediate_size=176, num_layers=4)
+    spec = {
+        "every2": CheckpointEvery([DecoderLayer], 2),
+        "selective": SelectiveCheckpoint([DecoderLayer]),
+        "mlp": [MLP],
+    }[kind]
+
+    def build(real: bool) -> nn.Module:
+        model = ExampleModel(config)
+        for name, p in model.named_parameters():
+            p.requires_grad_(not frozen or frozen not in name)
+        if real:
+            wrap(model)
+        return model
+
+    def ids() -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.randint(0, 250, (7, 13), generator=torch.Generator().manual_seed(0))
+        }
+
+    real = tracked(lambda: build(True), ids, lambda m: list(m.layers), fake_pg, _loss,
+                   accumulate=n, **options)  # fmt: skip
+    with torch.device("meta"):
+        model = build(False)
+    report = fsdpviz.analyze(model, ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg, activation_checkpointing=spec,
+                             **({"grad_accum": n} if n > 1 else {}), **options)  # fmt: skip
+    assert report.config.activation_checkpointing is not None
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    assert real.peak["Total"] == at_peak.peak["bytes"]
+    ours = ("sharded_params", "activations", "forward_temp", "backward_temp", "unsharded_grads",
+            "sharded_grads", "reduce_scatter")  # fmt: skip
+    theirs = ("Sharded Param", "Activation", "Temp", "Unsharded Grad", "Sharded Grad",
+              "Reduce Scatter")  # fmt: skip
+    mine = _as_the_tracker_names(report, at_peak).peak["breakdown"]
+    assert sum(real.peak.get(k, 0) for k in theirs) == sum(mine[k] for k in ours)
+    for name, (a, b) in MAPPING.items():
+        if not set(a) & set(theirs):
+            assert sum(real.peak.get(k, 0) for k in a) == sum(mine[k] for k in b), name
+    for module, phases in real.modules.items():
+        forward = max(m.unit_peaks[module]["forward"] for m in steps)
+        backward = max(_as_the_tracker_sees(report, m, model)[module] for m in steps)
+        assert (phases["forward"], phases["backward"]) == (forward, backward), module
+
+
 def test_hybrid_sharding_mesh(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: shards and buffers of the shard dimension."""
     _check(fake_pg, "llama", mesh_shape=(2, 2), optimizer=True)
@@ -237,6 +435,37 @@ def test_hybrid_sharding_reducing_in_the_compute_dtype(fake_pg: int, case: str) 
     )
     mem = memory_model(report, optimizer=None)
     assert real.peak["Total"] == mem.peak["bytes"]
+    both = ("Sharded Grad", "Temp", "Unsharded Grad")
+    ours = ("sharded_grads", "backward_temp", "unsharded_grads")
+    assert sum(real.peak.get(k, 0) for k in both) == sum(mem.peak["breakdown"][k] for k in ours)
+    backward = _as_the_tracker_sees(report, mem, model)
+    for module, phases in real.modules.items():
+        assert phases["forward"] == mem.unit_peaks[module]["forward"]
+        assert phases["backward"] == backward[module]
+
+
+@pytest.mark.parametrize("reduce_dtype", [None, torch.bfloat16], ids=["compute", "bf16"])
+def test_reduce_output_cast_to_the_parameters_dtype(fake_pg: int, reduce_dtype: Any) -> None:
+    """A 1-D mesh with bf16 parameters reducing in bf16 (no ``reduce_dtype``, or bf16 given),
+    the LM head (4096 x 256) a unit of its own: ``foreach_reduce`` casts its bf16
+    reduce-scatter output to the float32 gradient shard, both alive until the name is
+    rebound; at the head's reduction (the step's peak) that is the head's bf16 shard above
+    the moment after. The peak and every module's peaks to the byte; the tracker counts the
+    cast shards as temporaries, so the gradient shards and the backward's tensors are
+    compared together."""
+    build = functools.partial(ExampleModel, ExampleConfig(vocab_size=4096))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    blocks = lambda m: [*m.layers, m.lm_head]  # noqa: E731
+    ids = _ids
+    real = tracked(build, ids, blocks, fake_pg, _loss, mp_policy=mp, reshard_after_forward=False)
+    with torch.device("meta"):
+        model = build()
+    units = [*[(f"layers.{i}",) for i in range(len(model.layers))], ("lm_head",)]
+    report = fsdpviz.analyze(model, ids(), fully_shard=units, loss=_loss, world_size=fake_pg,
+                             mp_policy=mp, reshard_after_forward=False)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    assert real.peak["Total"] == mem.peak["bytes"]
+    assert str(mem.peak["where"]).startswith("at the cast of the reduced gradient shard")
     both = ("Sharded Grad", "Temp", "Unsharded Grad")
     ours = ("sharded_grads", "backward_temp", "unsharded_grads")
     assert sum(real.peak.get(k, 0) for k in both) == sum(mem.peak["breakdown"][k] for k in ours)

@@ -193,3 +193,29 @@ def test_mask_checks_that_need_values_say_what_to_pass() -> None:
         _report({**base, "attention_mask": padded}, "meta")
     assert "pass no attention_mask (or one of all ones) where no token is padding" in str(err.value)
     assert _report({**base, "attention_mask": padded}, "real").units  # real data: it runs
+
+
+def test_selective_checkpointing_with_a_kv_cache_says_to_pass_use_cache_false() -> None:
+    """A Hugging Face model keeps its KV cache by default (``use_cache=True``) and each
+    checkpointed layer appends to it again when backward recomputes it: selective
+    checkpointing then meets operators it did not store (torch raises in backward, on a
+    device too). The error says so and what to pass; with ``use_cache=False`` it plans."""
+    import hf_models
+
+    from fsdpviz.schema.checkpointing import SelectiveCheckpoint
+
+    model, inputs, layer = hf_models.llama()
+    plan: dict[str, Any] = {
+        "fully_shard": [layer], "world_size": 2, "progress": False,
+        "activation_checkpointing": SelectiveCheckpoint([layer]),
+    }  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError) as err:
+        fsdpviz.analyze(model, inputs, **plan)
+    text = str(err.value)
+    assert "backward failed under activation checkpointing while the model returns a KV" in text
+    assert "pass use_cache=False (as gradient_checkpointing_enable() sets it)" in text
+    assert "not found in storage" in text  # torch's own words
+    report = fsdpviz.analyze(model, {**inputs, "use_cache": False}, **plan)
+    assert report.config.activation_checkpointing == {
+        "mode": "selective", "classes": [layer.__name__], "modules": 3,
+    }  # fmt: skip

@@ -271,13 +271,22 @@ def optimizer_step(
 def _largest_shard(report: Report, one: int) -> int:
     """The for-loop update's most bytes beyond the states: parameter ``i``'s ``sqrt()`` and its
     division alive together, with parameter ``i - 1``'s result still bound to the loop's
-    variable (``one``: one state of every shard, to scale shard elements to bytes)."""
-    total = sum(u.sharded_numel for u in report.units if u.requires_grad is not False)
+    variable (``one``: one state of every shard, to scale shard elements to bytes). The loop
+    runs over the parameters with a gradient only (``_init_group`` skips the others): a
+    unit's frozen parameters (``Unit.frozen_params``) are not among them."""
     if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
         shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
+        total = sum(shards)
     else:
         ranks = report.config.shard_ranks
-        trains = {p for u in report.units if u.requires_grad is not False for p in u.params}
+        trains = {
+            p
+            for u in report.units
+            if u.requires_grad is not False
+            for p in u.params
+            if p not in u.frozen_params
+        }
+        total = sum(u.trainable[1] for u in report.units)
         shards = [
             -(-shape[0] // ranks) * math.prod(shape[1:])
             for m in report.modules

@@ -96,6 +96,7 @@ class Walker:
         # rank's); a plan for another degree scales them
         self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
         self.raf_int = cfg.post_forward_ranks
+        self.replicas = cfg.replicas
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0
@@ -258,6 +259,12 @@ class Walker:
             if u in self._fresh:
                 # FSDP2 adds the new gradients into the accumulated ones, and frees them
                 self.cat["unsharded_grads"] -= self._fresh.pop(u)
+        if self.fsdp2 and c.hook == "post_forward":
+            # ModTracker's global forward hook leaves the module before FSDP2's own
+            # post-forward hook runs (nn.Module._call_impl runs global hooks first): its
+            # resharding is outside the unit's forward window (inside its parents'). FSDP1's
+            # post-forward runs inside its module's forward.
+            self._window(c, opening=False)
         for e in c.events:
             ev = events[e]
             self._event_index = e
@@ -317,8 +324,10 @@ class Walker:
                 self._drop_pending(e.unit)
             elif e.unit in self.resident:
                 self.resident.discard(e.unit)
-                self.cat["unsharded_params"] -= s.unsharded
                 raf = self.raf_int.get(e.unit)
+                if raf and e.phase == "forward":
+                    self._reshard_post_forward(e, s, raf)
+                self.cat["unsharded_params"] -= s.unsharded
                 if raf and e.phase == "forward":
                     self.post_forward_shard[e.unit] = s.unsharded // raf
                     self.cat["sharded_params"] += s.unsharded // raf
@@ -361,6 +370,28 @@ class Walker:
         else:
             self._free("all_gather", ("out", unit), pending[0])
 
+    def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int) -> None:
+        """FSDP2 resharding a unit after forward onto ``raf`` ranks (an int
+        ``reshard_after_forward``): ``FSDPParam.to_sharded_post_forward``, one parameter at a
+        time, clones the rank's slice of the parameter's all-gather output, then frees that
+        output. The moment the most is alive: the slices cloned so far beside the outputs not
+        yet freed."""
+        if not s.gathered_params:
+            return
+        best, at, cloned, freed = -1, 0, 0, 0
+        for i, n in enumerate(s.gathered_params):
+            cloned += n // raf
+            if cloned - freed > best:
+                best, at = cloned - freed, i
+            freed += n
+        clones = sum(n // raf for n in s.gathered_params[: at + 1])
+        gone = sum(s.gathered_params[:at])
+        self.cat["sharded_params"] += clones
+        self.cat["unsharded_params"] -= gone
+        self._moment("at the reshard after forward onto fewer ranks in", None, e)
+        self.cat["sharded_params"] -= clones
+        self.cat["unsharded_params"] += gone
+
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's
         gradients cast to the reduce dtype one parameter at a time
@@ -401,6 +432,7 @@ class Walker:
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
+            self._cast_reduce_output(e, s)
             self._add_shard(e, s.sharded_grad)
             # the last micro-step adds the partial output into its own, then drops it
             self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
@@ -408,6 +440,20 @@ class Walker:
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
+
+    def _cast_reduce_output(self, e: Event, s: UnitBytes) -> None:
+        """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the
+        reduce-scatter output, in the reduce dtype, is cast to the parameters' dtype
+        (``foreach_reduce``'s ``reduce_output = _to_dtype_if_needed(reduce_output,
+        orig_dtype)``), both alive until the rebinding frees the first. Under HSDP the
+        all-reduced buffer outlives the cast (:meth:`_hold_all_reduced`); with the shards
+        offloaded the gradient's device copies are not modelled."""
+        if not s.reduce_cast or not s.sharded_grad or self.replicas > 1:
+            return
+        both = s.reduce_cast + s.sharded_grad
+        self.cat["sharded_grads"] += both
+        self._moment("at the cast of the reduced gradient shard in", None, e)
+        self.cat["sharded_grads"] -= both
 
     def _hold_all_reduced(self, e: Event, s: UnitBytes) -> None:
         """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the
@@ -526,7 +572,8 @@ class Walker:
     def _window(self, c: HookCall, opening: bool) -> None:
         """Open/close the per-unit windows of ``unit_peaks``.
 
-        A unit's forward runs from its pre-forward to its post-forward hook. Its
+        A unit's forward runs from its pre-forward to its post-forward hook (FSDP2: to the
+        start of it, whose resharding counts in the windows of the units around it). Its
         backward runs from its pre-backward hook to its post-backward hook, plus the
         pre-backward hooks that fire on the same gradients (the previous unit's, with its
         copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fsdpviz.errors import ConfigError
@@ -130,6 +130,14 @@ class UnitBytes:
     # the copy-out gathers them into before torch.cat puts their chunks in place (their
     # unsharded bytes, in the dtype gathered), all alive until the copy-out returns
     copy_out: int = 0
+    # FSDP2 reducing in a dtype other than the parameters' (bf16 parameters without a
+    # ``reduce_dtype``, or one of its own): the reduce-scatter output in the reduce dtype,
+    # alive beside its cast to the parameters' dtype (``foreach_reduce``'s
+    # ``_to_dtype_if_needed``) until the name is rebound to the cast
+    reduce_cast: int = 0
+    # FSDP2: each parameter's all-gathered bytes (padded, in the dtype gathered), in the
+    # group's order: what an int ``reshard_after_forward`` clones a slice of, one at a time
+    gathered_params: tuple[int, ...] = ()
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -137,7 +145,32 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     fsdp2 = report.config.api == "FSDP2"
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
-    return {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    out = {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    if fsdp2 and report.config.post_forward_ranks:
+        shapes = {
+            f"{m.fqn}.{name}" if m.fqn else name: shape
+            for m in report.modules
+            for name, shape in m.params.items()
+        }
+        for name in report.config.post_forward_ranks:
+            if name in out:
+                u = report.unit(name)
+                out[name] = replace(out[name], gathered_params=_gathered_params(u, shapes))
+    return out
+
+
+def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
+    """Each of ``u``'s parameters all-gathered (FSDP2: padded on dim 0 to a multiple of the
+    shard ranks, in the compute dtype, else the parameter's own)."""
+    ranks = u.padded_numel // u.sharded_numel if u.sharded_numel else 1
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    out = []
+    for fqn in u.params:
+        shape = shapes.get(fqn) or [0]
+        rows = -(-shape[0] // ranks) * ranks if shape else 1
+        dtype = u.compute_dtype or own.get(fqn) or u.dtype
+        out.append(rows * math.prod(shape[1:]) * itemsize(dtype))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -265,7 +298,15 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         h2d=host,
         partial=grad_sharded * reduce if communicates else 0,
         copy_out=sum(placed_bytes(u).values()) if fsdp2 and communicates else 0,
+        reduce_cast=grad_sharded * reduce if fsdp2 and communicates and _casts_reduced(u) else 0,
     )
+
+
+def _casts_reduced(u: Unit) -> bool:
+    """Whether FSDP2 casts ``u``'s reduced gradient shard from the reduce dtype (the
+    ``reduce_dtype``, else the gradients' dtype, the compute dtype) to the parameters' own."""
+    reduce = u.reduce_dtype or u.compute_dtype or u.dtype
+    return reduce is not None and u.dtype is not None and reduce != u.dtype
 
 
 def placed_bytes(u: Unit) -> dict[str, int]:

@@ -501,5 +501,19 @@ def _step(
         )
     if on_loss is not None:
         on_loss(loss)
-    loss.backward()  # type: ignore[no-untyped-call]
+    try:
+        loss.backward()  # type: ignore[no-untyped-call]
+    except RuntimeError as e:
+        held = cache_bytes(output)
+        if held and is_checkpointed(model):
+            raise ConfigError(
+                "backward failed under activation checkpointing while the model returns a KV "
+                f"cache (use_cache=True, its config's default; {size_text(held)} after "
+                "forward): each checkpointed layer appends its keys and values to the cache "
+                "again when backward recomputes it, so the recomputation does not run as the "
+                "forward did (selective checkpointing finds operators it did not store). "
+                "Training needs no cache: pass use_cache=False (as "
+                f"gradient_checkpointing_enable() sets it). torch said: {e}"
+            ) from e
+        raise
     return output
