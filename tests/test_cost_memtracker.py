@@ -359,6 +359,50 @@ def test_tensor_parallel_mesh(fake_pg: int, plan: str) -> None:
     _compare(real, memory_model(report, optimizer=None))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
+    """The user's ``F.cross_entropy`` inside ``loss_parallel()`` on logits left sharded over
+    the vocabulary (a small model, whose loss makes the step's peak): held as DTensor's
+    handlers in ``torch/distributed/tensor/parallel/loss.py`` hold it (the upcast, the
+    shifted logits and their exponent beside ``_log_softmax``'s result; the one-hot, the
+    exponent, their sum and its product in the fused backward of ``nll_loss`` and
+    ``log_softmax``; the per-token maxima, sums, masks and all-reduce buffers), not as aten's
+    kernels: the peak, every category at it and every module's peaks, to the byte."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    whole = tp_models.whole_plan()
+    whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+    mp = {}
+    if precision == "bf16":
+        mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=10, layers=2)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   _cross_entropy, mesh_shape=(2, 2), parallelize=parallelize,
+                   around=loss_parallel, reshard_after_forward=False, **mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
+                             loss=_cross_entropy, reshard_after_forward=False, **mp)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
 def test_head_after_a_norm(fake_pg: int) -> None:
     """The LM head as a unit of its own after the final norm: its backward peak closes at
     its post-backward, before the norm's backward (no FLOPs) and the next layer's copy-out."""

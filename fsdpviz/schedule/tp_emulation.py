@@ -116,6 +116,17 @@ class TPEmulation:
                 for p, layout in placements.items()
                 if layout == _ROWWISE_EMBEDDING and id(p) in embeddings
             ),
+            self._sharded_dtensor,
+        )
+
+    def _sharded_dtensor(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` views a DTensor the plan left sharded (``use_local_output=False``)."""
+        storage = t.untyped_storage()
+        return any(
+            (held := ref()) is not None
+            and layout[0] == "shard"
+            and held.untyped_storage() is storage
+            for ref, layout in self._dtensors.values()
         )
 
     def measure(self, probe: CostProbe) -> None:
