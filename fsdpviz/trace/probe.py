@@ -247,7 +247,7 @@ class CostProbe(
             self._end_loss()  # the compiled loss's backward is over
         if self._loss_parallel(func, args, backward):
             with self:  # the handler's operators, each counted
-                out = loss_parallel.run(func, args, self._held_as, self._collective)
+                out = loss_parallel.run(func, args, self.held_as, self._collective)
             if isinstance(out, torch.Tensor) and (st := storage_of(out)) is not None:
                 self._loss_parallel_made.add(st)  # a DTensor, as the handler's input was
             return out
@@ -274,8 +274,10 @@ class CostProbe(
             self._count_flops(flops)
         if fresh:  # (views and in-place ops return storage that already exists)
             held = self._held
-            share = held if held is not None else self._a_share(func, args, kwargs)
-            self._track_all(out, self._tp is not None and share)
+            share = self._tp is not None and (
+                held if held is not None else self._a_share(func, args, kwargs)
+            )
+            self._track_all(out, share)
         if cost is not None:
             if self._rescales:
                 self._rescale_read(args, cost[0] == "mem" and self._fusing())
@@ -299,7 +301,7 @@ class CostProbe(
         return not self._tracker.stack and dtensor
 
     @contextmanager
-    def _held_as(self, sharded: bool) -> Iterator[None]:
+    def held_as(self, sharded: bool) -> Iterator[None]:
         """The tensors the operators in this block make: one rank's shares, or whole."""
         before, self._held = self._held, sharded
         try:
