@@ -403,6 +403,40 @@ def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
 
+@pytest.mark.parametrize("plan", ["plain", "sequence_parallel"])
+def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
+    """``ColwiseParallel(output_layouts=Replicate())`` on the output projection: its
+    gradient goes back from ``Replicate`` to ``Shard(-1)`` with no collective, but DTensor's
+    ``Shard._replicate_to_shard`` clones the rank's chunk (``_select_split_tensor(...,
+    clone=True)``), a new buffer of a share held through the projection's backward, which
+    makes the root's backward peak. The peak, every category at it and every module's peaks
+    (the root's backward one was 448 B low with the plain plan, 896 B with sequence
+    parallelism), to the byte."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=40, dim=8, n_heads=2, hidden=16, layers=2)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(0))
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   _loss, mesh_shape=(2, 2), parallelize=parallelize)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
+                             loss=_loss)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
 def test_head_after_a_norm(fake_pg: int) -> None:
     """The LM head as a unit of its own after the final norm: its backward peak closes at
     its post-backward, before the norm's backward (no FLOPs) and the next layer's copy-out."""
