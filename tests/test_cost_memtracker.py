@@ -403,6 +403,30 @@ def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
 
+def test_loss_parallel_with_a_class_weight_is_refused(fake_pg: int) -> None:
+    """A class weight in the cross-entropy of vocabulary-sharded logits is not modelled: a
+    clear error, not aten's kernels on the shard."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    whole = tp_models.whole_plan()
+    whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+
+    def weighted(out: torch.Tensor) -> torch.Tensor:
+        labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
+        weight = torch.ones(out.shape[-1], device=out.device)
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten(), weight=weight)
+
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=10, layers=2)
+    with pytest.raises(fsdpviz.ConfigError, match="class weight"):
+        fsdpviz.analyze(
+            model, torch.zeros(2, 8, dtype=torch.long), fully_shard=[("layers.0",)],
+            mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole, loss=weighted,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("plan", ["plain", "sequence_parallel"])
 def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
     """``ColwiseParallel(output_layouts=Replicate())`` on the output projection: its

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from fsdpviz.errors import ConfigError
+
 aten = torch.ops.aten
 
 Held = Callable[[bool], AbstractContextManager[None]]  # the probe's: made tensors as shares?
@@ -117,7 +119,7 @@ def _nll_loss_forward(
     """torch's ``_nll_loss_forward`` (loss.py) without a class weight, on rank 0's shard
     (whose classes start at 0)."""
     if weight is not None:
-        raise NotImplementedError("loss_parallel() with a class weight")
+        raise _weighted()
     channel_dim = 1 if x.dim() > 1 else 0
     with _whole(held):
         safe_target = torch.where(target != ignore_index, target, 0)
@@ -141,6 +143,14 @@ def _nll_loss_forward(
     return result, total_weight
 
 
+def _weighted() -> ConfigError:
+    return ConfigError(
+        "fsdpviz cannot trace a cross-entropy with a class weight on logits left sharded over "
+        "the vocabulary (loss_parallel()): drop the weight, or keep the output projection's "
+        "logits local (use_local_output=True) or replicated (output_layouts=Replicate())"
+    )
+
+
 def _mask(tensor: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``_MaskPartial._mask_tensor`` for rank 0's shard (offset 0, ``size`` classes)."""
     mask = (tensor < 0) | (tensor >= size)
@@ -162,7 +172,7 @@ def _nll_loss_and_log_softmax_backward(
 ) -> torch.Tensor:
     """torch's ``_nll_loss_and_log_softmax_backward`` (loss.py) without a class weight."""
     if weight is not None:
-        raise NotImplementedError("loss_parallel() with a class weight")
+        raise _weighted()
     channel_dim = 0 if x.dim() < 2 else 1
     with _whole(held):
         if reduction == _IGNORE_MEAN:
