@@ -588,6 +588,108 @@ def test_tensor_parallel_mesh(fake_pg: int, plan: str) -> None:
     _compare(real, memory_model(report, optimizer=None))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
+    """The user's ``F.cross_entropy`` inside ``loss_parallel()`` on logits left sharded over
+    the vocabulary (a small model, whose loss makes the step's peak): held as DTensor's
+    handlers in ``torch/distributed/tensor/parallel/loss.py`` hold it (the upcast, the
+    shifted logits and their exponent beside ``_log_softmax``'s result; the one-hot, the
+    exponent, their sum and its product in the fused backward of ``nll_loss`` and
+    ``log_softmax``; the per-token maxima, sums, masks and all-reduce buffers), not as aten's
+    kernels: the peak, every category at it and every module's peaks, to the byte."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    whole = tp_models.whole_plan()
+    whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+    mp = {}
+    if precision == "bf16":
+        mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=10, layers=2)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   _cross_entropy, mesh_shape=(2, 2), parallelize=parallelize,
+                   around=loss_parallel, reshard_after_forward=False, **mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
+                             loss=_cross_entropy, reshard_after_forward=False, **mp)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
+def test_loss_parallel_with_a_class_weight_is_refused(fake_pg: int) -> None:
+    """A class weight in the cross-entropy of vocabulary-sharded logits is not modelled: a
+    clear error, not aten's kernels on the shard."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    whole = tp_models.whole_plan()
+    whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+
+    def weighted(out: torch.Tensor) -> torch.Tensor:
+        labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
+        weight = torch.ones(out.shape[-1], device=out.device)
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten(), weight=weight)
+
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=10, layers=2)
+    with pytest.raises(fsdpviz.ConfigError, match="class weight"):
+        fsdpviz.analyze(
+            model, torch.zeros(2, 8, dtype=torch.long), fully_shard=[("layers.0",)],
+            mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole, loss=weighted,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", ["plain", "sequence_parallel"])
+def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
+    """``ColwiseParallel(output_layouts=Replicate())`` on the output projection: its
+    gradient goes back from ``Replicate`` to ``Shard(-1)`` with no collective, but DTensor's
+    ``Shard._replicate_to_shard`` clones the rank's chunk (``_select_split_tensor(...,
+    clone=True)``), a new buffer of a share held through the projection's backward, which
+    makes the root's backward peak. The peak, every category at it and every module's peaks
+    (the root's backward one was 448 B low with the plain plan, 896 B with sequence
+    parallelism), to the byte."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=40, dim=8, n_heads=2, hidden=16, layers=2)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(0))
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   _loss, mesh_shape=(2, 2), parallelize=parallelize)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
+                             loss=_loss)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
 def test_head_after_a_norm(fake_pg: int) -> None:
     """The LM head as a unit of its own after the final norm: its backward peak closes at
     its post-backward, before the norm's backward (no FLOPs) and the next layer's copy-out."""

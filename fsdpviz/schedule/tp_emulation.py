@@ -116,6 +116,17 @@ class TPEmulation:
                 for p, layout in placements.items()
                 if layout == _ROWWISE_EMBEDDING and id(p) in embeddings
             ),
+            self._sharded_dtensor,
+        )
+
+    def _sharded_dtensor(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` views a DTensor the plan left sharded (``use_local_output=False``)."""
+        storage = t.untyped_storage()
+        return any(
+            (held := ref()) is not None
+            and layout[0] == "shard"
+            and held.untyped_storage() is storage
+            for ref, layout in self._dtensors.values()
         )
 
     def measure(self, probe: CostProbe) -> None:
@@ -203,19 +214,36 @@ class TPEmulation:
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
         moved = known is None or not same_layout(src, r.dst, ndim)
         back = backward_collective(r.grad, src, ndim) if moved else None
-        copy = self._buffer(forward, src, r.dst, ndim)
-        if back is None or not (t.requires_grad and torch.is_grad_enabled()):
-            return t if copy is None else copy(t)
-
+        copy = self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim)
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
+        chunk = self._chunk(r.grad, back_dst, ndim) if moved else None
+        if (back is None and chunk is None) or not (t.requires_grad and torch.is_grad_enabled()):
+            return t if copy is None else copy(t)
         back_sent = self._padded(nbytes, t.shape, r.grad if back == "tp_all_gather" else back_dst)
 
         def report() -> None:
-            self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent)
+            if back is not None:
+                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent)
 
-        back_copy = self._buffer(back, r.grad, back_dst, ndim)
+        back_copy = self._buffer(back, r.grad, back_dst, ndim) or chunk
         return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
+
+    def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
+        """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
+        None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
+        (``_select_split_tensor(..., clone=True)``), a new buffer of a share (as the
+        gradient of ``ColwiseParallel(output_layouts=Replicate())``'s output goes back to
+        ``Shard(-1)``)."""
+        probe = self._probe
+        if probe is None or src != REPLICATE or dst[0] != "shard" or same_layout(src, dst, ndim):
+            return None
+
+        def make(t: torch.Tensor) -> torch.Tensor:
+            with probe.held_as(True):
+                return t.clone()
+
+        return make
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any

@@ -61,7 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.trace import meta_cache
+from fsdpviz.trace import loss_parallel, meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
@@ -142,6 +142,8 @@ class CostProbe(
         self._sharded = StorageSet()  # the storages one rank holds 1/tp of
         self._given = StorageSet()  # ... of the inputs (see inputs_shared)
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
+        self._held: bool | None = None  # inside _held_as(): the outputs' layout
+        self._loss_parallel_made = StorageSet()  # what loss_parallel()'s handlers gave
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
         for p, name in grad_owner.items():
@@ -243,6 +245,12 @@ class CostProbe(
         backward = torch._C._current_graph_task_id() != -1
         if loss is not None and loss.forward_done and backward and not loss.captures():
             self._end_loss()  # the compiled loss's backward is over
+        if self._loss_parallel(func, args, backward):
+            with self:  # the handler's operators, each counted
+                out = loss_parallel.run(func, args, self.held_as, self._collective)
+            if isinstance(out, torch.Tensor) and (st := storage_of(out)) is not None:
+                self._loss_parallel_made.add(st)  # a DTensor, as the handler's input was
+            return out
         out = meta_cache.run(func, args, kwargs)
         if self._regions and not backward:
             self._region_op(func, out)
@@ -265,12 +273,45 @@ class CostProbe(
             flops = flop_fn(*args, **kwargs, out_val=out)
             self._count_flops(flops)
         if fresh:  # (views and in-place ops return storage that already exists)
-            self._track_all(out, self._tp is not None and self._a_share(func, args, kwargs))
+            held = self._held
+            share = self._tp is not None and (
+                held if held is not None else self._a_share(func, args, kwargs)
+            )
+            self._track_all(out, share)
         if cost is not None:
             if self._rescales:
                 self._rescale_read(args, cost[0] == "mem" and self._fusing())
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
         return out
+
+    def _loss_parallel(self, func: Any, args: tuple[Any, ...], backward: bool) -> bool:
+        """Whether ``func`` is one ``loss_parallel()`` replaces, on logits one rank holds a
+        share of along the vocabulary (:mod:`fsdpviz.trace.loss_parallel`): in forward, in
+        the loss (no module running), the share a DTensor (``use_local_output=False``)."""
+        if self._tp is None or self._held is not None or not loss_parallel.handled(func):
+            return False
+        x = args[1] if func is torch.ops.aten.nll_loss_backward.default else args[0]
+        if func is torch.ops.aten._log_softmax_backward_data.default:
+            x = args[1]  # the saved result
+        if not self._is_share(x) or self._loss is not None:
+            return False
+        if backward:
+            return True
+        dtensor = self._tp.is_dtensor(x) or storage_of(x) in self._loss_parallel_made
+        return not self._tracker.stack and dtensor
+
+    @contextmanager
+    def held_as(self, sharded: bool) -> Iterator[None]:
+        """The tensors the operators in this block make: one rank's shares, or whole."""
+        before, self._held = self._held, sharded
+        try:
+            yield
+        finally:
+            self._held = before
+
+    def _collective(self) -> Any:
+        """An all-reduce's new buffer (whole, no kernel)."""
+        return self.redistributed(False)
 
     def _track_all(self, out: Any, sharded: bool) -> None:
         if isinstance(out, torch.Tensor):

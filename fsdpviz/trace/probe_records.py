@@ -47,6 +47,9 @@ class TPShares:
     sharded_params: frozenset[torch.nn.Parameter]
     whole_outputs: frozenset[str]
     whole_grads: frozenset[torch.nn.Parameter] = frozenset()
+    # whether a tensor is (a view of) a DTensor the plan leaves sharded: logits a loss then
+    # takes inside loss_parallel()
+    is_dtensor: Callable[[torch.Tensor], bool] = field(default=lambda t: False)
 
 
 # Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.
