@@ -371,11 +371,11 @@ class Walker:
             self._free("all_gather", ("out", unit), pending[0])
 
     def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int) -> None:
-        """FSDP2 resharding a unit after forward onto ``raf`` ranks (an int
-        ``reshard_after_forward``): ``FSDPParam.to_sharded_post_forward``, one parameter at a
-        time, clones the rank's slice of the parameter's all-gather output, then frees that
-        output. The moment the most is alive: the slices cloned so far beside the outputs not
-        yet freed."""
+        """FSDP2 resharding a unit after forward onto ``raf`` ranks (its
+        ``ReportConfig.post_forward_ranks``): ``FSDPParam.to_sharded_post_forward``, one
+        parameter at a time, clones the rank's slice of the parameter's all-gather output,
+        then frees that output. The moment the most is alive: the slices cloned so far
+        beside the outputs not yet freed."""
         if not s.gathered_params:
             return
         best, at, cloned, freed = -1, 0, 0, 0

@@ -136,7 +136,7 @@ class UnitBytes:
     # ``_to_dtype_if_needed``) until the name is rebound to the cast
     reduce_cast: int = 0
     # FSDP2: each parameter's all-gathered bytes (padded, in the dtype gathered), in the
-    # group's order: what an int ``reshard_after_forward`` clones a slice of, one at a time
+    # group's order: what resharding onto fewer ranks (``post_forward_ranks``) clones a slice of
     gathered_params: tuple[int, ...] = ()
 
 

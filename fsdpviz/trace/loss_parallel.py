@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.trace.probe_records import StorageSet, TPShares, storage_of
 
 aten = torch.ops.aten
 
@@ -41,6 +42,44 @@ def handled(func: Any) -> bool:
         aten.nll_loss_forward.default,
         aten.nll_loss_backward.default,
     )
+
+
+class LossParallelAccounting:
+    """What the probe does for ``loss_parallel()``'s operators: which it runs as their
+    handlers would (:meth:`takes`), and the logits those made (a DTensor, as their input)."""
+
+    def __init__(self) -> None:
+        self._made = StorageSet()
+
+    def takes(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        backward: bool,
+        is_share: Callable[[Any], bool],
+        tp: TPShares,
+        in_module: bool,
+    ) -> bool:
+        """Whether ``func`` is one ``loss_parallel()`` replaces, on logits one rank holds a
+        share of along the vocabulary: in forward, in the loss (no module running), the
+        share a DTensor (``use_local_output=False``)."""
+        if not handled(func):
+            return False
+        backward_op = func in (
+            aten.nll_loss_backward.default,
+            aten._log_softmax_backward_data.default,
+        )
+        x = args[1] if backward_op else args[0]  # (the saved result, for the latter)
+        if not is_share(x):
+            return False
+        return backward or (not in_module and (tp.is_dtensor(x) or storage_of(x) in self._made))
+
+    def run(self, func: Any, args: tuple[Any, ...], held: Held, collective: Collective) -> Any:
+        """:func:`run`, remembering what it made."""
+        out = run(func, args, held, collective)
+        if isinstance(out, torch.Tensor) and (st := storage_of(out)) is not None:
+            self._made.add(st)  # a DTensor, as the handler's input was
+        return out
 
 
 def run(func: Any, args: tuple[Any, ...], held: Held, collective: Collective) -> Any:

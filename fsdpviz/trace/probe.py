@@ -61,13 +61,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.trace import loss_parallel, meta_cache
+from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.float8_probe import Float8Accounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
 from fsdpviz.trace.hook_counters import Mark, cut_profile
+from fsdpviz.trace.loss_parallel import LossParallelAccounting
 from fsdpviz.trace.operators import (
     FLOP_OPS,
     op_arg,
@@ -86,6 +87,7 @@ from fsdpviz.trace.probe_records import (
     StorageSet,
     Stretch,
     TPShares,
+    batch_tokens,
     storage_bytes,
     storage_of,
 )
@@ -143,7 +145,7 @@ class CostProbe(
         self._given = StorageSet()  # ... of the inputs (see inputs_shared)
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
         self._held: bool | None = None  # inside _held_as(): the outputs' layout
-        self._loss_parallel_made = StorageSet()  # what loss_parallel()'s handlers gave
+        self._loss_parallel = LossParallelAccounting()  # F.cross_entropy in loss_parallel()
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
         for p, name in grad_owner.items():
@@ -245,12 +247,12 @@ class CostProbe(
         backward = torch._C._current_graph_task_id() != -1
         if loss is not None and loss.forward_done and backward and not loss.captures():
             self._end_loss()  # the compiled loss's backward is over
-        if self._loss_parallel(func, args, backward):
-            with self:  # the handler's operators, each counted
-                out = loss_parallel.run(func, args, self.held_as, self._collective)
-            if isinstance(out, torch.Tensor) and (st := storage_of(out)) is not None:
-                self._loss_parallel_made.add(st)  # a DTensor, as the handler's input was
-            return out
+        tp = self._tp
+        if tp is not None and self._held is None and loss is None:
+            in_module = bool(self._tracker.stack)
+            if self._loss_parallel.takes(func, args, backward, self._is_share, tp, in_module):
+                with self:  # the handler's operators, each counted
+                    return self._loss_parallel.run(func, args, self.held_as, self._whole)
         out = meta_cache.run(func, args, kwargs)
         if self._regions and not backward:
             self._region_op(func, out)
@@ -284,22 +286,6 @@ class CostProbe(
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
         return out
 
-    def _loss_parallel(self, func: Any, args: tuple[Any, ...], backward: bool) -> bool:
-        """Whether ``func`` is one ``loss_parallel()`` replaces, on logits one rank holds a
-        share of along the vocabulary (:mod:`fsdpviz.trace.loss_parallel`): in forward, in
-        the loss (no module running), the share a DTensor (``use_local_output=False``)."""
-        if self._tp is None or self._held is not None or not loss_parallel.handled(func):
-            return False
-        x = args[1] if func is torch.ops.aten.nll_loss_backward.default else args[0]
-        if func is torch.ops.aten._log_softmax_backward_data.default:
-            x = args[1]  # the saved result
-        if not self._is_share(x) or self._loss is not None:
-            return False
-        if backward:
-            return True
-        dtensor = self._tp.is_dtensor(x) or storage_of(x) in self._loss_parallel_made
-        return not self._tracker.stack and dtensor
-
     @contextmanager
     def held_as(self, sharded: bool) -> Iterator[None]:
         """The tensors the operators in this block make: one rank's shares, or whole."""
@@ -309,7 +295,7 @@ class CostProbe(
         finally:
             self._held = before
 
-    def _collective(self) -> Any:
+    def _whole(self) -> Any:
         """An all-reduce's new buffer (whole, no kernel)."""
         return self.redistributed(False)
 
@@ -638,43 +624,12 @@ class CostProbe(
     # --------------------------------------------------------------- result
     def profile(self, log: list[Any], n_events: list[int]) -> TraceProfile | None:
         """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``)."""
-        modules = {
-            name: {
-                "saved_bytes": self.module_saved.get(name, 0.0),
-                "flops": self.module_flops.get(name, 0.0),
-            }
-            for name in sorted(set(self.module_saved) | set(self.module_flops))
-        }
-        return cut_profile(
-            self.marks,
-            self._tails,
-            log,
-            n_events,
-            self._unit_names,
-            TraceProfile(
-                [],
-                modules,
-                self.input_bytes,
-                self.buffer_bytes,
-                FLOP_OPS,
-                self.tokens,
-                self.tp_ranks,
-                self.tp_ranks,
-            ),
-        )
-
-
-def batch_tokens(inputs: Any) -> int:
-    """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
-    dimensions of the first tensor."""
-    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    for t in tensors:
-        if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool:
-            return int(t.numel())
-    if not tensors:
-        return 0
-    shape = tensors[0].shape
-    return int(shape[0] * shape[1]) if len(shape) >= 2 else int(shape[0]) if shape else 1
+        names = sorted(set(self.module_saved) | set(self.module_flops))
+        modules = {n: {"saved_bytes": self.module_saved.get(n, 0.0),
+                       "flops": self.module_flops.get(n, 0.0)} for n in names}  # fmt: skip
+        base = TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS,
+                            self.tokens, self.tp_ranks, self.tp_ranks)  # fmt: skip
+        return cut_profile(self.marks, self._tails, log, n_events, self._unit_names, base)
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

@@ -153,3 +153,16 @@ def storage_bytes(tensors: Any) -> int:
         if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None:
             seen[id(st)] = st.nbytes()
     return sum(seen.values())
+
+
+def batch_tokens(inputs: Any) -> int:
+    """Tokens in a batch: the first integer tensor's elements (token ids), else the first two
+    dimensions of the first tensor."""
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool:
+            return int(t.numel())
+    if not tensors:
+        return 0
+    shape = tensors[0].shape
+    return int(shape[0] * shape[1]) if len(shape) >= 2 else int(shape[0]) if shape else 1

@@ -15,7 +15,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, parse_job_options
 from fsdpviz.plan.option_specs import RESHARD
-from fsdpviz.trace.probe import batch_tokens
+from fsdpviz.trace.probe_records import batch_tokens
 from fsdpviz.tuning.mesh_choices import MeshChoices, cp_degree, pipelined, tp_degree
 from fsdpviz.tuning.space import (
     OWNED,
