@@ -599,11 +599,7 @@ def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
     kernels: the peak, every category at it and every module's peaks, to the byte."""
     import tp_models
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        loss_parallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel
 
     whole = tp_models.whole_plan()
     whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
@@ -611,23 +607,43 @@ def test_loss_parallel_cross_entropy(fake_pg: int, precision: str) -> None:
     if precision == "bf16":
         mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
 
+    _check_tp_llama(fake_pg, whole, _cross_entropy, vocab=32, hidden=10, batch=2,
+                    around=loss_parallel, reshard_after_forward=False, **mp)  # fmt: skip
+
+
+def _check_tp_llama(
+    fake_pg: int,
+    plan: dict[str, Any],
+    loss: Callable[[Any], torch.Tensor],
+    *,
+    vocab: int,
+    hidden: int,
+    batch: int,
+    around: Callable[[], Any] = nullcontext,
+    **kwargs: Any,
+) -> None:
+    """tp_models' Llama (2 layers, dim 8) under ``plan`` on a dp 2 x tp 2 mesh, each layer a
+    unit: the peak, every category at it and every module's peaks to the byte."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
     def build() -> nn.Module:
-        return tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=10, layers=2)
+        return tp_models.Llama(vocab=vocab, dim=8, n_heads=2, hidden=hidden, layers=2)
 
     def ids() -> torch.Tensor:
-        return torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+        return torch.randint(0, vocab, (batch, 8), generator=torch.Generator().manual_seed(0))
 
     def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
-        return parallelize_module(model, tp_mesh, whole)
+        return parallelize_module(model, tp_mesh, plan)
 
     real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
-                   _cross_entropy, mesh_shape=(2, 2), parallelize=parallelize,
-                   around=loss_parallel, reshard_after_forward=False, **mp)  # fmt: skip
+                   loss, mesh_shape=(2, 2), parallelize=parallelize, around=around,
+                   **kwargs)  # fmt: skip
     with torch.device("meta"):
         model = build()
     report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
-                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
-                             loss=_cross_entropy, reshard_after_forward=False, **mp)  # fmt: skip
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan, loss=loss,
+                             **kwargs)  # fmt: skip
     mem = memory_model(report, optimizer=None)
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
@@ -666,28 +682,9 @@ def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
     (the root's backward one was 448 B low with the plain plan, 896 B with sequence
     parallelism), to the byte."""
     import tp_models
-    from torch.distributed.tensor.parallel import parallelize_module
 
     whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
-
-    def build() -> nn.Module:
-        return tp_models.Llama(vocab=40, dim=8, n_heads=2, hidden=16, layers=2)
-
-    def ids() -> torch.Tensor:
-        return torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(0))
-
-    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
-        return parallelize_module(model, tp_mesh, whole)
-
-    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
-                   _loss, mesh_shape=(2, 2), parallelize=parallelize)  # fmt: skip
-    with torch.device("meta"):
-        model = build()
-    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
-                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole,
-                             loss=_loss)  # fmt: skip
-    mem = memory_model(report, optimizer=None)
-    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+    _check_tp_llama(fake_pg, whole, _loss, vocab=40, hidden=16, batch=3)
 
 
 def test_head_after_a_norm(fake_pg: int) -> None:
