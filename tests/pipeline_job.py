@@ -129,34 +129,47 @@ def shard(part: nn.Module, mesh: Any, policy: str, **options: Any) -> None:
     fully_shard(part, mesh=mesh, **options)
 
 
-def run_case(name: str, mesh: Any, out_dir: Path) -> None:
+def build_schedule(
+    mesh: Any,
+    schedule_name: str,
+    microbatches: int,
+    policy: str,
+    loss: Any = loss_fn,
+    **options: Any,
+) -> tuple[Any, list[Any]]:
+    """This rank's stages (torchtitan's placement: looped, or a V), each sharded by
+    :func:`shard` (``options``: ``fully_shard``'s), under torch's schedule."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-    from fsdpviz.recording import PipelineRecorder
-
-    schedule_name, microbatches, policy = CASES[name]
     pp_mesh, dp_mesh = mesh["pp"], mesh["dp_shard"]
     pp_rank = pp_mesh.get_local_rank()
-    per_rank = stages_per_rank(schedule_name)
-    num_stages = PP * per_rank
+    num_stages = PP * stages_per_rank(schedule_name)
     names = split(num_stages)
     whole = model()
-    stages = []
     if schedule_name in V_SCHEDULES:  # torchtitan's V placement
         placed = [pp_rank, num_stages - 1 - pp_rank]
     else:  # its loop placement
         placed = list(range(pp_rank, num_stages, PP))
+    stages = []
     for s in placed:
         part = split_module(whole, names[s])
-        shard(part, dp_mesh, policy)
+        shard(part, dp_mesh, policy, **options)
         stages.append(
             PipelineStage(part, s, num_stages, torch.device("cpu"), group=pp_mesh.get_group())
         )
     cls = get_schedule_class(schedule_name)
     single = issubclass(cls, PipelineScheduleSingle)
     schedule = cls(stages[0] if single else stages, n_microbatches=microbatches,
-                   loss_fn=loss_fn, scale_grads=False)  # fmt: skip
+                   loss_fn=loss, scale_grads=False)  # fmt: skip
+    return schedule, stages
+
+
+def run_case(name: str, mesh: Any, out_dir: Path) -> None:
+    from fsdpviz.recording import PipelineRecorder
+
+    schedule_name, microbatches, policy = CASES[name]
+    schedule, stages = build_schedule(mesh, schedule_name, microbatches, policy)
     first = any(st.is_first for st in stages)
     last = any(st.is_last for st in stages)
     with PipelineRecorder(schedule) as rec:

@@ -105,30 +105,11 @@ def measure(
     ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
     ``fully_shard``'s."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
     mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
-    pp_mesh, dp_mesh = mesh["pp"], mesh["dp_shard"]
-    pp_rank = pp_mesh.get_local_rank()
-    num_stages = pj.PP * pj.stages_per_rank(schedule_name)
-    names = pj.split(num_stages)
-    whole = pj.model()
-    if schedule_name in pj.V_SCHEDULES:
-        placed = [pp_rank, num_stages - 1 - pp_rank]
-    else:
-        placed = list(range(pp_rank, num_stages, pj.PP))
-    stages = []
-    for s in placed:
-        part = pj.split_module(whole, names[s])
-        pj.shard(part, dp_mesh, policy, **({"mp_policy": mp_policy} if mp_policy else {}))
-        stages.append(
-            PipelineStage(part, s, num_stages, torch.device("cpu"), group=pp_mesh.get_group())
-        )
-    del whole
-    cls = get_schedule_class(schedule_name)
-    single = issubclass(cls, PipelineScheduleSingle)
-    schedule = cls(stages[0] if single else stages, n_microbatches=microbatches,
-                   loss_fn=loss_fn, scale_grads=False)  # fmt: skip
+    options = {"mp_policy": mp_policy} if mp_policy else {}
+    schedule, stages = pj.build_schedule(mesh, schedule_name, microbatches, policy, loss_fn,
+                                         **options)  # fmt: skip
     first = any(st.is_first for st in stages)
     last = any(st.is_last for st in stages)
     tracker = _tracker()
