@@ -437,6 +437,21 @@ def test_hybrid_sharding_reducing_in_the_compute_dtype(fake_pg: int, case: str) 
     _compare_cast_shards(real, mem, report, model)
 
 
+def _most_over_micro_steps(
+    report: fsdpviz.Report, steps: list[MemoryReport], model: nn.Module
+) -> dict[str, dict[str, int]]:
+    """Each unit's forward and backward peaks, the most over the micro-steps ``steps``, the
+    backward one as the tracker sees it (:func:`_as_the_tracker_sees`)."""
+    unit_peaks: dict[str, dict[str, int]] = {}
+    for mem in steps:
+        backward = _as_the_tracker_sees(report, mem, model)
+        for unit, phases in mem.unit_peaks.items():
+            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
+            slot["forward"] = max(slot["forward"], phases["forward"])
+            slot["backward"] = max(slot["backward"], backward[unit])
+    return unit_peaks
+
+
 def _compare_cast_shards(
     real: Tracked, mem: MemoryReport, report: fsdpviz.Report, model: nn.Module
 ) -> None:
@@ -496,13 +511,7 @@ def test_hybrid_sharding_reduce_scatter_every_micro_step(fake_pg: int) -> None:
                              mesh=mesh, grad_accum=n, requires_all_reduce=False)  # fmt: skip
     steps = [memory_model(report, optimizer="adamw", iteration=i) for i in range(n, 2 * n)]
     at_peak = max(steps, key=lambda m: m.peak["bytes"])
-    unit_peaks: dict[str, dict[str, int]] = {}
-    for mem in steps:
-        backward = _as_the_tracker_sees(report, mem, model)
-        for unit, phases in mem.unit_peaks.items():
-            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
-            slot["forward"] = max(slot["forward"], phases["forward"])
-            slot["backward"] = max(slot["backward"], backward[unit])
+    unit_peaks = _most_over_micro_steps(report, steps, model)
     partial = sum(u.sharded_numel * 4 for u in report.units)  # fp32
     assert steps[0].events[-1]["sharded_grads"] == partial  # left by the first micro-step
     assert steps[1].events[-1]["sharded_grads"] == partial  # added into, not twice
@@ -895,13 +904,7 @@ def test_gloo_gradient_accumulation_exact(gloo: Path, name: str) -> None:
     case = gloo_cases()[name]
     report, steps, model = _predict_step(case)
     at_peak = max(steps, key=lambda m: m.peak["bytes"])
-    unit_peaks: dict[str, dict[str, int]] = {}
-    for mem in steps:
-        backward = _as_the_tracker_sees(report, mem, model)
-        for unit, phases in mem.unit_peaks.items():
-            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
-            slot["forward"] = max(slot["forward"], phases["forward"])
-            slot["backward"] = max(slot["backward"], backward[unit])
+    unit_peaks = _most_over_micro_steps(report, steps, model)
     combined = replace(at_peak, unit_peaks=unit_peaks)
     steps_bytes = 4 * len(list(model.parameters()))  # AdamW's step counters
     grads = sum(model.get_parameter(p).numel() for u in report.units for p in u.params)
@@ -1324,13 +1327,7 @@ def test_tensor_parallel_accumulation(
     report = fsdpviz.analyze(model, ids(), fully_shard=units, mesh=("dp_shard", 2, "tp", 2),
                              parallelize_plan=whole, loss=_loss, grad_accum=n, **mp)  # fmt: skip
     steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
-    unit_peaks: dict[str, dict[str, int]] = {}
-    for mem in steps:
-        backward = _as_the_tracker_sees(report, mem, model)
-        for unit, phases in mem.unit_peaks.items():
-            slot = unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
-            slot["forward"] = max(slot["forward"], phases["forward"])
-            slot["backward"] = max(slot["backward"], backward[unit])
+    unit_peaks = _most_over_micro_steps(report, steps, model)
     at_peak = max(steps, key=lambda m: m.peak["bytes"])
     _compare(real, replace(at_peak, unit_peaks=unit_peaks))
     if precision == "fp32":  # left by the first micro-step: each rank's share of every
