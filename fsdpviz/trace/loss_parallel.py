@@ -17,8 +17,8 @@ probe sees)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -107,12 +107,6 @@ def _to(
     return out
 
 
-@contextmanager
-def _whole(held: Held) -> Iterator[None]:
-    with held(False):
-        yield
-
-
 def _log_softmax(
     x: torch.Tensor, dim: int, half_to_float: bool, held: Held, collective: Collective
 ) -> torch.Tensor:
@@ -124,19 +118,19 @@ def _log_softmax(
     )
     with held(True):
         x = _to(x, computation_dtype, torch.contiguous_format)
-    with _whole(held):
+    with held(False):
         x_max = torch.amax(x, dim, keepdim=True)
     with collective():
         x_max = x_max.clone()
     with held(True):
         shifted = x - x_max
         exp = torch.exp(shifted)
-    with _whole(held):
+    with held(False):
         shifted_sumexp = torch.sum(exp, dim, keepdim=True)
     del exp
     with collective():
         shifted_sumexp = shifted_sumexp.clone()
-    with _whole(held):
+    with held(False):
         shifted_logsumexp = torch.log(shifted_sumexp)
     with held(True):
         result = shifted - shifted_logsumexp
@@ -160,7 +154,7 @@ def _nll_loss_forward(
     if weight is not None:
         raise _weighted()
     channel_dim = 1 if x.dim() > 1 else 0
-    with _whole(held):
+    with held(False):
         safe_target = torch.where(target != ignore_index, target, 0)
         safe_target_ = safe_target.unsqueeze(channel_dim)
         mask, masked = _mask(safe_target_, x.shape[channel_dim])
@@ -169,7 +163,7 @@ def _nll_loss_forward(
         del mask
     with collective():
         result_reduced = result_partial.clone()
-    with _whole(held):
+    with held(False):
         result = -result_reduced.squeeze(channel_dim)
         result = torch.where(target != ignore_index, result, 0)
         if reduction == 0 and x.dim() > 1:
@@ -213,14 +207,14 @@ def _nll_loss_and_log_softmax_backward(
     if weight is not None:
         raise _weighted()
     channel_dim = 0 if x.dim() < 2 else 1
-    with _whole(held):
+    with held(False):
         if reduction == _IGNORE_MEAN:
             grad_output = grad_output / total_weight
         target = target.unsqueeze(channel_dim)
         safe_target = torch.where(target != ignore_index, target, 0)
     with held(True):
         grad_input = torch.zeros_like(x)
-    with _whole(held):
+    with held(False):
         safe_target = safe_target.squeeze(channel_dim).flatten()
         mask, masked_safe_target = _mask(safe_target, x.shape[channel_dim])
         grad_update = mask.to(grad_input.dtype) - 1.0
@@ -236,7 +230,7 @@ def _nll_loss_and_log_softmax_backward(
             grad_input_2d = grad_input_t.reshape(-1, x.shape[channel_dim])
             grad_input_2d[arange_1d, masked_safe_target] = grad_update
             grad_input = grad_input_2d.view(shape).transpose(channel_dim, -1)
-    with _whole(held):
+    with held(False):
         if grad_input.dim() > grad_output.dim() > 0:
             grad_output = grad_output.unsqueeze(channel_dim)
         grad_output = torch.where(target != ignore_index, grad_output, 0)

@@ -144,7 +144,7 @@ class CostProbe(
         self._sharded = StorageSet()  # the storages one rank holds 1/tp of
         self._given = StorageSet()  # ... of the inputs (see inputs_shared)
         self._forced: bool | None = None  # inside redistributed(): the outputs' layout
-        self._held: bool | None = None  # inside _held_as(): the outputs' layout
+        self._held: bool | None = None  # inside held_as(): the outputs' layout
         self._loss_parallel = LossParallelAccounting()  # F.cross_entropy in loss_parallel()
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
