@@ -25,6 +25,7 @@ from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.extensions import save_method, show_method
 from fsdpviz.schema.keywords import PageKwargs, TimelineKwargs
 from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.names import unwrapped_fqn
 from fsdpviz.schema.report import Report, Unit, unit_label
 from fsdpviz.schema.timeline import duration_text
 
@@ -314,26 +315,12 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
 
 
-# Wrappers that insert themselves into parameter names, as FSDP's own clean_tensor_name
-# strips them: activation checkpointing's, FSDP1's and torch.compile's.
-_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
-
-
-def clean_name(fqn: str) -> str:
-    """A parameter's name without the wrappers' prefixes, so a plan with activation
-    checkpointing matches the same model without it:
-    ``"layers.0._checkpoint_wrapped_module.mlp.weight"`` -> ``"layers.0.mlp.weight"``."""
-    for w in _WRAPPERS:
-        fqn = fqn.replace(w, "")
-    return fqn
-
-
 def _params(unit: Unit) -> frozenset[str]:
-    return frozenset(clean_name(p) for p in unit.params)
+    return frozenset(unwrapped_fqn(p) for p in unit.params)
 
 
 def _unit_of_param(report: Report) -> dict[str, str]:
-    return {clean_name(p): u.module for u in report.units for p in u.params}
+    return {unwrapped_fqn(p): u.module for u in report.units for p in u.params}
 
 
 def _facts(report: Report) -> tuple[dict[str, int], dict[str, bool], dict[str, Counter[str]]]:

@@ -59,7 +59,7 @@ def _unsharded_copy(model: nn.Module, states: list[Any]) -> tuple[nn.Module, dic
     ]
     try:
         for wrapped, cls in swapped:
-            wrapped.__class__ = _unwrapped_class(cls)
+            wrapped.__class__ = unwrapped_class(cls)
         dup = copy.deepcopy(model, memo)
     finally:
         for wrapped, cls in swapped:
@@ -90,7 +90,10 @@ def _wrapping_chain(fn: Any) -> list[Any]:
     return chain
 
 
-def _unwrapped_class(cls: type) -> type:
+def unwrapped_class(cls: type) -> type:
+    """The class ``fully_shard`` made ``FSDP<name>`` from (``cls`` itself if not FSDP's)."""
+    if not issubclass(cls, FSDPModule):
+        return cls
     return next(c for c in cls.__mro__[1:] if c is not FSDPModule and issubclass(c, nn.Module))
 
 

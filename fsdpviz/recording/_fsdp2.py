@@ -36,8 +36,9 @@ from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
-from fsdpviz.recording._modules import unwrapped_class, unwrapped_fqn
+from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.names import unwrapped_fqn
 from fsdpviz.schema.report import Report, Unit, dtype_name
 
 P = ParamSpec("P")

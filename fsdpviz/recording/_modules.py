@@ -38,6 +38,7 @@ from torch.nn.modules import module as module_mod
 from torch.utils.hooks import RemovableHandle
 
 from fsdpviz.schema.events import ModuleEventKind
+from fsdpviz.schema.names import WRAPPER_SEGMENTS, unwrapped_fqn
 
 KINDS: tuple[ModuleEventKind, ...] = (
     "forward_enter",
@@ -45,30 +46,19 @@ KINDS: tuple[ModuleEventKind, ...] = (
     "backward_enter",
     "backward_exit",
 )
-_WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
-
-
-def unwrapped_fqn(fqn: str) -> str:
-    """``fqn`` without wrapper segments (``layers.0._checkpoint_wrapped_module.mlp`` ->
-    ``layers.0.mlp``): the name the plan gives it."""
-    return ".".join(s for s in fqn.split(".") if s and s not in _WRAPPER_SEGMENTS)
 
 
 def unwrapped_class(module: nn.Module) -> str:
     """The class name of the module a wrapper (``CheckpointWrapper``, ``torch.compile``'s
     ``OptimizedModule``) holds, else of ``module``; FSDP2's own class (``FSDP<name>``)
     counts as the class it was made from."""
-    for segment in _WRAPPER_SEGMENTS:
+    for segment in WRAPPER_SEGMENTS:
         inner = getattr(module, segment, None)
         if isinstance(inner, nn.Module):
             return unwrapped_class(inner)
-    from torch.distributed.fsdp import FSDPModule
+    from fsdpviz.plan.fsdp2_applied import unwrapped_class as fsdp2_original
 
-    if isinstance(module, FSDPModule):
-        for cls in type(module).__mro__[1:]:
-            if cls is not FSDPModule and issubclass(cls, nn.Module):
-                return cls.__name__
-    return type(module).__name__
+    return fsdp2_original(type(module)).__name__
 
 
 def module_names(model: nn.Module) -> dict[nn.Module, str]:

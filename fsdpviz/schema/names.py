@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from typing import SupportsIndex, overload
 
+# Wrappers that insert a segment into module and parameter names, as FSDP's own
+# clean_tensor_name strips them: FSDP1's, activation checkpointing's and torch.compile's.
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def unwrapped_fqn(fqn: str) -> str:
+    """``fqn`` without wrapper segments (``layers.0._checkpoint_wrapped_module.mlp`` ->
+    ``layers.0.mlp``): the name the plan gives it."""
+    return ".".join(s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS)
+
 
 def unit_label(fqn: str | None) -> str:
     """A unit or module as every text shows it: quoted, ``(root)`` for the root (FQN ``""``).
