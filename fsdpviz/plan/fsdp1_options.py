@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from fsdpviz.plan.options import (
 )
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed, torch_fsdp
 from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
 # Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
@@ -258,7 +259,7 @@ class FSDP1Options:
         }
 
     @classmethod
-    def from_config(cls, config: ReportConfig, **changes: Any) -> FSDP1Options:
+    def from_config(cls, config: ReportConfig, **changes: Unpack[PlanKwargs]) -> FSDP1Options:
         """The options ``config`` (an FSDP1 prediction's) states, with ``changes`` to
         ``world_size``, ``sharding_strategy``, ``shard_group_size`` and
         ``backward_prefetch`` applied: what a replay re-plans with.

@@ -153,10 +153,12 @@ class RunRecorder:
         if index == 0:
             self._update_header()
 
-    def _update_header(self, **changes: Any) -> None:
+    def _update_header(self, *, finished: bool | None = None) -> None:
+        """Write the header again with the units and forward order made so far (and, at the
+        end, whether the run finished)."""
         if self._writer is not None:
             self._header.update(
-                changes,
+                {} if finished is None else {"finished": finished},
                 units=[u.to_dict() for u in self._schedule.units()],
                 forward_order=self._schedule.forward_order(),
             )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensor
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.copy import (
     asked_of_originals,
@@ -199,7 +200,7 @@ class StoredTrace:
         ]
 
     # -------------------------------------------------------------- planning
-    def plan(self, **fsdp2_kwargs: Any) -> Report | None:
+    def plan(self, **fsdp2_kwargs: Unpack[PlanKwargs]) -> Report | None:
         """The report :func:`fsdpviz.analyze` gives for these ``fully_shard`` options
         (without ``profile``); ``None`` when this trace cannot answer (see ``reason``).
         """
