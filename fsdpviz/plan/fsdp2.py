@@ -8,9 +8,10 @@ applied bottom-up (post-order, as FSDP2 recipes do) and the root last. Each call
 manages the parameters of its modules' subtrees that no earlier call manages
 (``_get_managed_modules`` / ``_get_managed_states``); each parameter is sharded
 on dim 0 and padded so the dim divides the shard world size, or on the dim its call's
-``shard_placement_fn`` returns (see :mod:`fsdpviz.plan.fsdp2_shards`). Each group's
-``reshard_after_forward`` is checked here and its explicit prefetches are read as group
-indices; the options themselves are read in :mod:`fsdpviz.plan.fsdp2_options`.
+``shard_placement_fn`` returns (see :mod:`fsdpviz.plan.fsdp2_shards`). Each group is
+given its resharding after forward by the options (:meth:`FSDP2Options.reshard`) and checked
+against the mesh here, and its explicit prefetches are read as group indices; the options
+themselves are read in :mod:`fsdpviz.plan.fsdp2_options`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, reshard_after_forward_of
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.fsdp2_shards import (
     check_placements_reshard,
@@ -196,15 +197,14 @@ def build_groups(
         claims = _claims(model, opts.targets, ignored, memo)
         if key is not None:
             memo.claims[key] = claims
-    groups: list[Group] = []
-    for claim in claims:
-        group = Group(
-            name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
+    groups = [
+        opts.reshard(
+            Group(
+                name=claim.name, modules=claim.modules, fqns=claim.fqns, params=list(claim.params)
+            )
         )
-        group.reshard_after_forward = reshard_after_forward_of(
-            opts.reshard_after_forward, group.name, group.fqns, opts.torch
-        )
-        groups.append(group)
+        for claim in claims
+    ]
     _place(groups, opts, memo, originals or {})
     finalize_groups(model, groups, opts, memo)
     position = memo.position
@@ -314,20 +314,12 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
 def check_reshard_ints(
     groups: list[Group], world_size: int, tp_groups: Iterable[str] | None = None
 ) -> None:
-    """Raise as FSDP2 does for an int ``reshard_after_forward`` that does not divide the ranks,
-    or that reshards a group holding tensor-parallel (DTensor) parameters to a smaller mesh.
-    ``tp_groups``: the names of the groups that hold DTensor parameters (default: those whose
-    unit has ``tp_placements``)."""
+    """Raise as FSDP2 does for a group resharded after forward to a number of ranks that does
+    not divide the ranks (:meth:`Group.check_reshard_ranks`), or that reshards a group holding
+    tensor-parallel (DTensor) parameters to a smaller mesh. ``tp_groups``: the names of the
+    groups that hold DTensor parameters (default: those whose unit has ``tp_placements``)."""
     for g in groups:
-        raf = g.reshard_after_forward
-        if isinstance(raf, bool) or not isinstance(raf, int):
-            continue
-        if raf < 1 or raf > world_size or world_size % raf:
-            raise FSDPConfigError(
-                f"{g.reshard_text()}: if passing "
-                f"reshard_after_forward as an int, it should be a factor of {world_size} "
-                "(FSDP2 raises this)"
-            )
+        g.check_reshard_ranks(world_size)
     check_placements_reshard(groups, world_size)
     placed = (
         set(tp_groups)

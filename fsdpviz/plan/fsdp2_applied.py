@@ -21,7 +21,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, _get_modu
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import finalize_groups
-from fsdpviz.plan.fsdp2_group import Group, reshard_after_forward_of, reshard_map
+from fsdpviz.plan.fsdp2_group import Group, reshard_map
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
@@ -154,7 +154,7 @@ def plan_from_fully_sharded(
             raf = _reshard_after_forward(state, pg, fqns == ("",))
         elif not (group.is_root and _auto_reshard(state)):
             raf = True  # a group without parameters: fully_shard's default, never applied
-        group.reshard_after_forward = reshard_after_forward_of(raf, group.name, group.fqns)
+        group.reshard_as(raf)
         groups.append(group)
 
     def prefetch(attr: str) -> dict[str, list[str]]:

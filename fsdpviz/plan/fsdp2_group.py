@@ -1,8 +1,10 @@
 """One ``fully_shard`` call as the FSDP2 plan hands it on: :class:`Group` (its modules,
 parameters, ``reshard_after_forward`` and sizes), what the options' statement, the
-runtime port, the hook emulations and the replays read; and that call's
-``reshard_after_forward`` as the option's value gives it (:func:`reshard_after_forward_of`),
-for a planned, an applied or a replayed group alike.
+runtime port, the hook emulations and the replays read; that call's
+``reshard_after_forward`` as the option's value gives it (:meth:`Group.reshard_as`), for a
+planned, an applied or a replayed group alike, and checked as FSDP2 checks it
+(:meth:`Group.check_reshard_ranks`); and the groups' resharding as ``Report.config`` states
+it (:func:`reshard_map`, :func:`restate_resharding`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.errors import FSDPConfigError
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.torch_fsdp import TorchFSDP
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.report import Unit
 
@@ -70,19 +74,41 @@ class Group:
         """Its resharding as an error names it (``"reshard_after_forward=2 for 'layers.0'"``)."""
         return f"{RESHARD.code(self.reshard_after_forward)} for {unit_label(self.name)}"
 
+    def reshard_as(self, value: Any, rules: TorchFSDP | None = None) -> None:
+        """Set its ``reshard_after_forward`` as ``fully_shard`` takes it from the option's
+        ``value`` (a bool, an int or ``{fqn: bool | int}``; None or a dict without the group:
+        torch's default, reshard all but the root). Before torch 2.8 (``rules``) lazy init
+        keeps the root unsharded after forward whatever it was given."""
+        self.reshard_after_forward = _reshard_after_forward_of(value, self.name, self.fqns, rules)
+
+    def check_reshard_ranks(self, world_size: int) -> None:
+        """Raise as FSDP2 does where its ``reshard_after_forward`` is an int that does not
+        divide the ``world_size`` shard ranks."""
+        raf = self.reshard_after_forward
+        if isinstance(raf, bool) or not isinstance(raf, int):
+            return
+        if raf < 1 or raf > world_size or world_size % raf:
+            raise FSDPConfigError(
+                f"{self.reshard_text()}: if passing "
+                f"reshard_after_forward as an int, it should be a factor of {world_size} "
+                "(FSDP2 raises this)"
+            )
+
 
 def reshard_map(groups: Iterable[Group]) -> dict[str, bool | int]:
     """Each group's resharding after forward by its name, as ``Report.config`` states it."""
     return {g.name: g.reshard_after_forward for g in groups}
 
 
-def reshard_after_forward_of(
-    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None = None
+def restate_resharding(config: ReportConfig, groups: Iterable[Group]) -> ReportConfig:
+    """``config`` stating ``groups``' resharding after forward (:func:`reshard_map`): a
+    replay's, whose groups may reshard otherwise than the report's."""
+    return config.replace(reshard_after_forward=reshard_map(groups))
+
+
+def _reshard_after_forward_of(
+    value: Any, name: str, fqns: tuple[str, ...], rules: TorchFSDP | None
 ) -> bool | int:
-    """``fully_shard``'s ``reshard_after_forward`` for the group ``name`` (modules ``fqns``)
-    given the option's value (a bool, an int or ``{fqn: bool | int}``; None or a dict
-    without the group: torch's default, reshard all but the root). Before torch 2.8
-    (``rules``) lazy init keeps the root unsharded after forward whatever it was given."""
     if fqns == ("",) and rules is not None and not rules.auto_reshard_after_forward:
         return False
     if isinstance(value, dict):

@@ -147,6 +147,12 @@ class FSDP2Options:
     def shard_ranks(self) -> int:
         return self.shard_size or self.world_size
 
+    def reshard(self, group: Group) -> Group:
+        """``group`` with its ``reshard_after_forward`` as these options give it for its
+        ``fully_shard`` call under :attr:`torch`'s rules (:meth:`Group.reshard_as`)."""
+        group.reshard_as(self.reshard_after_forward, self.torch)
+        return group
+
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()

@@ -10,7 +10,8 @@ machine again (what ``analyze`` already does for the steady state):
   collectives are issued, never when autograd reaches a hook; the unit sizes are
   recomputed for the new shard world size (padding, alignment).
 - FSDP2: ``world_size``, ``mesh`` (one dimension, or HSDP's replicate x shard; not
-  tensor parallelism's: see below), ``reshard_after_forward``, ``forward_prefetch`` /
+  tensor parallelism's: see below), the resharding after forward
+  (:data:`~fsdpviz.plan.option_specs.RESHARD`), ``forward_prefetch`` /
   ``backward_prefetch`` maps, ``offload_policy``.
 - Both: ``grad_accum`` (micro-steps per optimizer step, the first ``N - 1`` without
   gradient sync): the micro-steps run the same hook calls as the steady state, with
@@ -55,17 +56,13 @@ from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
-from fsdpviz.plan.fsdp2_group import (
-    Group,
-    accumulated_grad_itemsizes,
-    reshard_after_forward_of,
-    reshard_map,
-)
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, restate_resharding
 from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
 from fsdpviz.plan.job import micro_step_syncs
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.tensor_parallel import parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
@@ -84,7 +81,7 @@ REPLAYABLE = {
         "world_size", "backward_prefetch", "sharding_strategy", "shard_group_size", "grad_accum",
     },
     "FSDP2": {
-        "world_size", "mesh", "reshard_after_forward", "forward_prefetch", "backward_prefetch",
+        "world_size", "mesh", RESHARD.name, "forward_prefetch", "backward_prefetch",
         "offload_policy", "grad_accum",
     },
 }  # fmt: skip
@@ -257,7 +254,6 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
         offload = _offload(changes["offload_policy"])
-    raf = changes.get("reshard_after_forward", cfg.reshard_after_forward)
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
     partial, reducing = _tp_partial_grads(report)
@@ -265,23 +261,25 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
         unit = with_params.get(name)
-        groups.append(
-            Group(
-                name=name,
-                modules=tuple(_PLACEHOLDER for _ in fqns),
-                fqns=fqns,
-                params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
-                reshard_after_forward=reshard_after_forward_of(raf, name, fqns, rules),
-                # the dims the report's shard_placement_fn chose
-                shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
-                tp_partial_grads=partial.get(name, []),
-                tp_accumulated_itemsizes=accumulated_grad_itemsizes(
-                    unit.compute_dtype, unit.reduce_dtype
-                )
-                if unit
-                else (1, 1),
+        group = Group(
+            name=name,
+            modules=tuple(_PLACEHOLDER for _ in fqns),
+            fqns=fqns,
+            params=[nn.Parameter(torch.empty(0, device="meta"))] if name in with_params else [],
+            # the dims the report's shard_placement_fn chose
+            shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
+            tp_partial_grads=partial.get(name, []),
+            tp_accumulated_itemsizes=accumulated_grad_itemsizes(
+                unit.compute_dtype, unit.reduce_dtype
             )
+            if unit
+            else (1, 1),
         )
+        # the resharding asked for, else the group's as the report applied it
+        group.reshard_as(
+            changes[RESHARD.name] if RESHARD.name in changes else cfg.resharding(name), rules
+        )
+        groups.append(group)
     check_reshard_ints(groups, shard, [u.module for u in report.units if u.tp_placements])
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension
     runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
@@ -333,15 +331,18 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
                 **(trainable if frozen or u.param_dtypes else {}),
             )
         )
-    config = cfg.replace(
-        world_size=ws,
-        reshard_after_forward=reshard_map(groups),
-        explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
-        explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
-        replayed=True,
-        grad_accum=accum,
-    ).unstate(
-        *(("grad_accum", "reshard_after_backward", "requires_all_reduce") if accum == 1 else ())
+    config = (
+        restate_resharding(cfg, groups)
+        .replace(
+            world_size=ws,
+            explicit_forward_prefetch={k: tuple(v) for k, v in fwd.items()},
+            explicit_backward_prefetch={k: tuple(v) for k, v in bwd.items()},
+            replayed=True,
+            grad_accum=accum,
+        )
+        .unstate(
+            *(("grad_accum", "reshard_after_backward", "requires_all_reduce") if accum == 1 else ())
+        )
     )
     if mesh is not None:
         config = config.replace(shard_world_size=shard, mesh=mesh)
