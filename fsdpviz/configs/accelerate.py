@@ -52,12 +52,13 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer
 
 from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE
 
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
 
-RESHARD_KEY = "fsdp_reshard_after_forward"
+RESHARD_KEY = RESHARD.trainer_keys["accelerate"]
 """accelerate's ``fsdp_config`` key for FSDP2's resharding after forward (``true`` or
 ``false`` for every group it wraps); FSDP1's sharding strategy overrides it."""
 

@@ -7,8 +7,9 @@ to its move to Python config registries in 2026). The Llama 3 flavors (``debugmo
 ``torchtitan/models/llama3/model``: the same module names and parameter shapes) on the meta
 device (:mod:`~fsdpviz.configs.torchtitan_model`), and sharded as its ``apply_fsdp`` does
 (:mod:`~fsdpviz.configs.torchtitan_plan`): ``tok_embeddings``, each block, ``norm``
-with ``output`` (resharded after forward only with ``fsdp_reshard_after_forward =
-"always"``), then the root, with ``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
+with ``output`` (resharded after forward only under the ``"always"`` policy of
+:data:`~fsdpviz.configs.torchtitan_plan.RESHARD_KEY`), then the root, with
+``MixedPrecisionPolicy(param_dtype=mixed_precision_param,
 reduce_dtype=mixed_precision_reduce)``, on torchtitan's mesh: ``dp_replicate`` (HSDP) when
 ``data_parallel_replicate_degree > 1``, ``dp_shard``, and ``tp`` with ``apply_tp``'s plan
 (sequence parallel, loss parallel unless ``disable_loss_parallel``: the eager

@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import (
 from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.option_specs import RESHARD, RESHARD_KEYWORD
 from fsdpviz.plan.pipeline import default_stages, schedule_class
 from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 from fsdpviz.schema.report import FsdpWarning
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
-RESHARD_KEY = "fsdp_reshard_after_forward"
+RESHARD_KEY = RESHARD.trainer_keys["torchtitan"]
 """torchtitan's ``[parallelism]`` key for FSDP2's resharding after forward: ``"default"``
 (every group but the last, under pipeline parallelism none), ``"always"`` or ``"never"``;
 :func:`parallelize_kwargs` reads it, :func:`reshard_policy` writes it."""
@@ -86,7 +87,7 @@ def parallelize_kwargs(
             f"{where}: parallelism.{RESHARD_KEY} must be default, always or never, got {policy!r}"
         )
     # "default": True without pipeline parallelism, False under it (torchtitan's
-    # get_fsdp_reshard_after_forward_policy: no all-gather per microbatch)
+    # apply_fsdp: no all-gather per microbatch)
     reshard = policy == "always" or (policy == "default" and mesh["pp"] == 1)
     blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
     raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
@@ -95,7 +96,7 @@ def parallelize_kwargs(
     reduce = _dtype(training.get("mixed_precision_reduce", "float32"), "mixed_precision_reduce")
     kwargs: AnalyzeKwargs = {
         "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
-        "reshard_after_forward": raf,
+        RESHARD_KEYWORD: raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
     if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1 and mesh["cp"] == 1:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-__all__ = ["FSDP_OPTIONS", "OPTIONS", "RESHARD", "OptionSpec", "options_of"]
+__all__ = ["FSDP_OPTIONS", "OPTIONS", "RESHARD", "RESHARD_KEYWORD", "OptionSpec", "options_of"]
 
 Api = Literal["FSDP1", "FSDP2"]
 ValueKind = Literal["int", "bool", "enum", "reshard"]
@@ -55,6 +55,10 @@ class OptionSpec:
             option of one API given while planning the other.
         summary: its line in ``%fsdpviz``'s list of options (after the flag and its
             values; :meth:`summary_line`).
+        trainer_keys: the key each trainer's config file gives it, by trainer
+            (``"accelerate"``: its ``fsdp_config``, ``"torchtitan"``: its
+            ``[parallelism]``), where fsdpviz reads that trainer's files
+            (:mod:`fsdpviz.configs`) and :func:`fsdpviz.tune` writes them.
     """
 
     name: str
@@ -71,6 +75,7 @@ class OptionSpec:
     knob: str | None = None
     instead: str = ""
     summary: str = ""
+    trainer_keys: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def choices(self) -> tuple[str | None, ...]:
@@ -109,9 +114,14 @@ class OptionSpec:
         return f"{self.name}={value!r}"
 
 
+RESHARD_KEYWORD: Final = "reshard_after_forward"
+"""The keyword of FSDP2's resharding option (:data:`RESHARD`'s name) as its literal type: a
+typed dict of keywords (``FSDPKwargs``) takes it as a key, and type checkers check the value
+it is given against the key's type."""
+
 FSDP_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
-        name="reshard_after_forward",
+        name=RESHARD_KEYWORD,
         apis=("FSDP2",),
         kind="reshard",
         default=True,
@@ -123,6 +133,10 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
         knob="resharding",
         instead="--sharding-strategy grad_op (FSDP1's way to keep parameters after forward)",
         summary="FSDP2 reshard_after_forward",
+        trainer_keys={
+            "accelerate": "fsdp_reshard_after_forward",
+            "torchtitan": "fsdp_reshard_after_forward",
+        },
     ),
     OptionSpec(
         name="backward_prefetch",
@@ -191,7 +205,7 @@ FSDP_OPTIONS: tuple[OptionSpec, ...] = (
 OPTIONS: Mapping[str, OptionSpec] = {spec.name: spec for spec in FSDP_OPTIONS}
 """:data:`FSDP_OPTIONS` by name."""
 
-RESHARD: OptionSpec = OPTIONS["reshard_after_forward"]
+RESHARD: OptionSpec = OPTIONS[RESHARD_KEYWORD]
 """FSDP2's option to free, keep or reshard to fewer ranks a group's parameters after forward:
 where messages, generated code and the tuner's knobs read its keyword (:attr:`OptionSpec.name`,
 :meth:`OptionSpec.code`)."""

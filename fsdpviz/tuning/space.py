@@ -54,7 +54,7 @@ from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.plan.fsdp1_options import FSDP1_KEYWORDS
 from fsdpviz.plan.fsdp2_options import FSDP2_KEYWORDS
-from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD
+from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD, RESHARD_KEYWORD
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.keywords import FSDPKwargs
@@ -136,12 +136,12 @@ torch's default."""
 
 def reshard_kwargs(value: ReshardValue) -> TuneKwargs:
     """A configuration's keywords that set FSDP2's resharding after forward to ``value``."""
-    return {"reshard_after_forward": value}
+    return {RESHARD_KEYWORD: value}
 
 
 def reshard_given(kwargs: TuneKwargs) -> ReshardValue:
     """FSDP2's resharding after forward as a configuration's keywords give it."""
-    return kwargs.get("reshard_after_forward")
+    return kwargs.get(RESHARD_KEYWORD)
 
 
 @dataclass(frozen=True)
