@@ -91,11 +91,12 @@ class PlanOptions:
     recipe: Recipe = "FSDP1"
     reshard_after_forward: bool | int = RESHARD.default
 
-    def replace(self, **changes: Any) -> PlanOptions:
+    def replace(self, **changes: Unpack[PlanChanges]) -> PlanOptions:
         """A copy with ``changes`` (``layer_classes`` may be any sequence)."""
-        if "layer_classes" in changes:
-            changes["layer_classes"] = tuple(changes["layer_classes"])
-        return dataclasses.replace(self, **changes)
+        fields: dict[str, Any] = dict(changes)
+        if "layer_classes" in fields:
+            fields["layer_classes"] = tuple(fields["layer_classes"])
+        return dataclasses.replace(self, **fields)
 
     @classmethod
     def from_report(cls, report: Report) -> PlanOptions:
