@@ -20,10 +20,14 @@ bytes per rank:
     gradients autograd produces for the unsharded parameters, as measured by
     the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD).
 ``reduce_scatter``
-    the reduce-scatter input (padded, reduce dtype): allocated at the event and
-    released at the next ``reduce_scatter`` or at the final callback (FSDP2 keeps
-    one in flight; for FSDP1 this stands for the gradient kept alive until the
-    reduce-scatter finishes on its stream).
+    the reduce-scatter input (padded, reduce dtype): FSDP2 allocates it at the event
+    and keeps one in flight, released at the next ``reduce_scatter`` or at the final
+    callback. FSDP1 makes it in its post-backward hook only where the gradient is not
+    one already (cast to the reduce dtype, padded to a multiple of the shard ranks;
+    ``NO_SHARD``: the cast it all-reduces), and frees it, the gradient and the cast of
+    the reduced shard to the parameters' dtype when the hook returns (on a GPU the
+    gradient's block waits for the reduction before the allocator reuses it, which the
+    reserved estimate does not model).
 ``sharded_grads``
     each unit's reduced shard, from its ``reduce_scatter``; zero at the start of
     an iteration (``optimizer.zero_grad(set_to_none=True)`` before the step).

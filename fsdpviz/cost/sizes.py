@@ -138,6 +138,18 @@ class UnitBytes:
     # FSDP2: each parameter's all-gathered bytes (padded, in the dtype gathered), in the
     # group's order: what resharding onto fewer ranks (``post_forward_ranks``) clones a slice of
     gathered_params: tuple[int, ...] = ()
+    # FSDP1's post-backward (``_post_backward_hook``, ``_reduce_grad``), beside the
+    # FlatParameter's unsharded gradient until the hook returns: its copy in the reduce
+    # dtype when that is not the compute dtype (``flat_param.grad.to(reduce_dtype)``), and
+    # that padded to a multiple of the shard ranks where it is not one (``F.pad``).
+    # NO_SHARD all-reduces that copy (or the gradient) in place and casts it to the
+    # parameters' dtype (``_cast_grad_to_param_dtype``): ``grad_cast`` is the copy where that
+    # cast follows it, ``reduced_shard`` the gradient the unit keeps where a cast made it.
+    grad_cast: int = 0
+    grad_pad: int = 0
+    # FSDP1 sharded: the reduce-scatter output (the padded shard, reduce dtype), beside its
+    # cast to the parameters' dtype where they differ (``_cast_grad_to_param_dtype``)
+    reduced_shard: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -146,6 +158,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     out = {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    if not fsdp2:
+        out = {u.module: _fsdp1_reduction(u, out[u.module]) for u in report.units}
     if fsdp2 and report.config.post_forward_ranks:
         shapes = {
             f"{m.fqn}.{name}" if m.fqn else name: shape
@@ -300,6 +314,25 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         copy_out=sum(placed_bytes(u).values()) if fsdp2 and communicates else 0,
         reduce_cast=grad_sharded * reduce if fsdp2 and communicates and _casts_reduced(u) else 0,
     )
+
+
+def _fsdp1_reduction(u: Unit, b: UnitBytes) -> UnitBytes:
+    """``b`` with FSDP1's post-backward temporaries (see :class:`UnitBytes`)."""
+    trainable, _ = u.trainable
+    if not trainable:
+        return b
+    compute = u.compute_dtype or u.dtype
+    reduce = u.reduce_dtype or compute
+    r = itemsize(reduce)
+    cast = u.flat_numel * r if reduce != compute else 0
+    if not b.communicates:
+        # NO_SHARD all-reduces in place; the gradient it leaves is new where a cast made it
+        new = reduce != compute or reduce != u.dtype
+        return replace(
+            b, grad_cast=cast if reduce != u.dtype else 0, reduced_shard=b.sharded_grad * new
+        )
+    pad = u.padded_numel * r if u.padded_numel > u.flat_numel else 0
+    return replace(b, grad_cast=cast, grad_pad=pad, reduced_shard=u.sharded_numel * r)
 
 
 def _casts_reduced(u: Unit) -> bool:

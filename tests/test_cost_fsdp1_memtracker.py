@@ -1,0 +1,166 @@
+"""Anchor: fsdpviz's FSDP1 memory model against torch's ``MemTracker``.
+
+Real ``FullyShardedDataParallel`` (fake process group, 4 ranks, on the CPU) runs a step
+to make its buffers and set its orders, then one more step (its micro-steps, under
+``no_sync()`` but the last) under ``torch.distributed._tools.mem_tracker.MemTracker``,
+which counts every storage an operator makes and FSDP1's ``resize_`` of its unsharded
+FlatParameters. Its peak equals the memory model's steady-state peak to the byte.
+
+Two things make the tracker see all of FSDP1: its FlatParameters' buffers made before it
+(the padded unsharded parameter, the low-precision shard) are registered with it, so their
+``resize_`` calls are counted from the start; and it hooks only parameters that are
+leaves and take a gradient (at a module's pre-forward it hooks every ``parameters()``,
+and FSDP1's unsharded views of a FlatParameter are not leaves).
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+
+# Odd sizes: each FlatParameter is padded to a multiple of the 4 ranks.
+CONFIG = ExampleConfig(
+    hidden_size=60, intermediate_size=170, num_layers=2, num_heads=4, vocab_size=101
+)
+BF16_FP32 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+BF16_REDUCE = MixedPrecision(reduce_dtype=torch.bfloat16)
+
+
+class _Tracker(MemTracker):  # type: ignore[misc]
+    """``MemTracker`` hooking the gradients of the parameters that are leaves and take one."""
+
+    def _track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        def track(grad: torch.Tensor | None) -> None:
+            if grad is not None:
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        params = 0
+        for p in module.parameters():
+            params += sum(
+                w.mem_consumed for w in self._update_and_maybe_create_winfos(p, _MemRefType.PARAM)
+            )
+            track(p.grad)
+            hooked = self._param_to_grad_hook_handles.get(p) is not None
+            if install_grad_hooks and p.is_leaf and p.requires_grad and not hooked:
+                self._param_to_grad_hook_handles[p] = (
+                    p.register_hook(track),
+                    p.register_post_accumulate_grad_hook(lambda q: track(q.grad)),
+                )
+        buffers = 0
+        for b in module.buffers():
+            buffers += sum(
+                w.mem_consumed for w in self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER)
+            )
+        return params, buffers
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+def _step(fsdp: FSDP, micro_steps: int, tracker: MemTracker | None = None) -> None:
+    """The output held until backward returns, as fsdpviz's trace holds it."""
+    for k in range(micro_steps):
+        with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
+            out = fsdp(_ids())
+            _loss(out).backward()
+            del out
+        if tracker is not None:
+            tracker.reset_mod_stats()  # it follows one iteration at a time
+
+
+def _measured_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(
+            ExampleModel(CONFIG),
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            device_id=torch.device("cpu"),
+            **kwargs,
+        )
+        _step(fsdp, micro_steps)  # buffers made, orders recorded
+        fsdp.zero_grad(set_to_none=True)
+        tracker = _Tracker()
+        tracker.track_external(fsdp, _ids())
+        for module in fsdp.modules():
+            if isinstance(module, FSDP) and module._handle is not None:
+                flat = module._handle.flat_param
+                for name in ("_full_param_padded", "_mp_shard"):
+                    buffer = getattr(flat, name, None)
+                    if buffer is not None:
+                        tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
+        with tracker:
+            _step(fsdp, micro_steps, tracker)
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return int(peak["Total"])
+
+
+def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+        **accum,
+    )
+    steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
+    return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
+
+
+CASES: dict[str, tuple[dict[str, Any], int]] = {
+    # the reduce-scatter's input (a padded copy) and the gradient are freed when FSDP1's
+    # post-backward hook returns: nothing of them is held into the next unit's backward
+    "no_backward_prefetch": ({"backward_prefetch": None}, 1),
+    # the gradient cast to float32, padded, its reduced float32 shard, beside the bf16 one
+    "bf16_reduced_in_fp32": ({"mixed_precision": BF16_FP32}, 1),
+    # the reduced bf16 shard cast to float32 beside it
+    "bf16_reduced_in_bf16": ({"mixed_precision": BF16, "backward_prefetch": None}, 1),
+    # NO_SHARD casts the float32 gradient to bf16, all-reduces that in place and casts it
+    # back to float32: all three alive until the post-backward hook returns
+    "no_shard_reduced_in_bf16": (
+        {"mixed_precision": BF16_REDUCE, "sharding_strategy": ShardingStrategy.NO_SHARD},
+        1,
+    ),
+    # forward prefetch: in the steady state a prefetched unit's gradient is assembled after
+    # the backward of the unit before it (its views were made before that unit's forward)
+    "forward_prefetch": ({"forward_prefetch": True}, 1),
+    # under no_sync the new gradient, added into the accumulated one, is held by the
+    # post-backward hook (a hook of the AccumulateGrad node, passed its incoming gradient)
+    "no_sync_forward_prefetch": (
+        {"mixed_precision": BF16_FP32, "forward_prefetch": True, "backward_prefetch": None},
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
+    kwargs, micro_steps = CASES[case]
+    assert fake_pg == 4
+    assert _measured_peak(kwargs, micro_steps) == _predicted_peak(kwargs, micro_steps)
