@@ -16,11 +16,13 @@ and FSDP1's unsharded views of a FlatParameter are not leaves).
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -78,18 +80,24 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.sum()
 
 
-def _step(fsdp: FSDP, micro_steps: int, tracker: MemTracker | None = None) -> None:
+def _step(
+    fsdp: FSDP, ids: torch.Tensor, micro_steps: int, tracker: MemTracker | None = None
+) -> None:
     """The output held until backward returns, as fsdpviz's trace holds it."""
     for k in range(micro_steps):
         with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
-            out = fsdp(_ids())
+            out = fsdp(ids)
             _loss(out).backward()
             del out
         if tracker is not None:
             tracker.reset_mod_stats()  # it follows one iteration at a time
 
 
-def _measured_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+def _measured_peak(
+    kwargs: dict[str, Any], micro_steps: int, optimizer: str | None = None
+) -> tuple[int, int]:
+    """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
+    ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -99,10 +107,17 @@ def _measured_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
             device_id=torch.device("cpu"),
             **kwargs,
         )
-        _step(fsdp, micro_steps)  # buffers made, orders recorded
+        opt = None
+        if optimizer is not None:
+            foreach = optimizer == "foreach"
+            opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3, foreach=foreach)
+        ids = _ids()  # held through the optimizer step
+        _step(fsdp, ids, micro_steps)  # buffers made, orders recorded, optimizer states made
+        if opt is not None:
+            opt.step()
         fsdp.zero_grad(set_to_none=True)
         tracker = _Tracker()
-        tracker.track_external(fsdp, _ids())
+        tracker.track_external(fsdp, opt, ids)
         for module in fsdp.modules():
             if isinstance(module, FSDP) and module._handle is not None:
                 flat = module._handle.flat_param
@@ -111,12 +126,19 @@ def _measured_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
                     if buffer is not None:
                         tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
         with tracker:
-            _step(fsdp, micro_steps, tracker)
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return int(peak["Total"])
+            _step(fsdp, ids, micro_steps, tracker)
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+        step = 0
+        if opt is not None:
+            with tracker:  # its peak starts afresh
+                opt.step()
+                step = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+            counters = sum("step" in state for state in opt.state.values())
+            peak, step = peak - 4 * counters, step - 4 * counters
+    return int(peak), int(step)
 
 
-def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model = ExampleModel(CONFIG)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
@@ -129,6 +151,11 @@ def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
         **kwargs,
         **accum,
     )
+    return report
+
+
+def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+    report = _report(kwargs, micro_steps)
     steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
     return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
 
@@ -163,4 +190,83 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
 def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
     kwargs, micro_steps = CASES[case]
     assert fake_pg == 4
-    assert _measured_peak(kwargs, micro_steps) == _predicted_peak(kwargs, micro_steps)
+    assert _measured_peak(kwargs, micro_steps)[0] == _predicted_peak(kwargs, micro_steps)
+
+
+@contextmanager
+def _rank(rank: int) -> Iterator[None]:
+    """The fake process group as seen by ``rank`` of the same 4, rank 0's again after."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("optimizer", ["for_loop", "foreach"])
+def test_optimizer_step_of_the_original_parameters(fake_pg: int, optimizer: str) -> None:
+    """``use_orig_params=True``: the optimizer steps the original parameters, each a view of
+    its part of the rank's shard, and a part that is empty gets no gradient: the states and
+    the step's temporaries are of the parts (the for-loop's, one parameter's part at a time),
+    none of the padding. On the rank where they are the most (fsdpviz's "per rank"), the
+    step and the peak before it to the byte."""
+    kwargs = {"use_orig_params": True}
+    measured = []
+    for rank in range(fake_pg):
+        with _rank(rank):
+            measured.append(_measured_peak(kwargs, 1, optimizer))
+    mem = memory_model(_report(kwargs, 1), optimizer=f"adamw_{optimizer}", iteration=1)
+    *before, step = mem.moments
+    assert step.where == "during the optimizer step after"
+    assert max(m[1] for m in measured) == sum(step.bytes)
+    assert max(m[0] for m in measured) == max(sum(m.bytes) for m in before)
+
+
+def test_optimizer_states_of_the_original_parameters_parts(fake_pg: int) -> None:
+    """``use_orig_params=True`` aligns each parameter to 16 bytes in the FlatParameter (a
+    61-wide model: padding after every norm): the optimizer keeps states for the
+    parameters' parts of the shard, not for the padding, so each unit's
+    ``Unit.trainable[1]`` is the most elements of states any rank keeps for it."""
+    config = ExampleConfig(
+        hidden_size=61, intermediate_size=171, num_layers=2, num_heads=1, vocab_size=101
+    )
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+    most: dict[str, int] = {}
+    for rank in range(fake_pg):
+        with _rank(rank), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fsdp = FSDP(
+                ExampleModel(config),
+                auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                device_id=torch.device("cpu"),
+                use_orig_params=True,
+            )
+            opt = torch.optim.SGD(fsdp.parameters(), lr=1e-3, momentum=0.9)
+            _loss(fsdp(ids)).backward()
+            opt.step()
+            for name, module in fsdp.named_modules():
+                if isinstance(module, FSDP) and module._handle is not None:
+                    unit = name.replace("_fsdp_wrapped_module.", "").replace(
+                        "._fsdp_wrapped_module", ""
+                    )
+                    params = module._handle.flat_param._params
+                    kept = sum(
+                        opt.state[p]["momentum_buffer"].numel() for p in params if p in opt.state
+                    )
+                    most[unit] = max(most.get(unit, 0), kept)
+    with torch.device("meta"):
+        model = ExampleModel(config)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": ids},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=fake_pg,
+        loss=_loss,
+        use_orig_params=True,
+    )
+    assert {u.module: u.trainable[1] for u in report.units} == most
+    assert any(u.trainable[1] < u.sharded_numel for u in report.units)
