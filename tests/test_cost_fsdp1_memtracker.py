@@ -97,7 +97,8 @@ def _measured_peak(
     kwargs: dict[str, Any], micro_steps: int, optimizer: str | None = None
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
-    ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU)."""
+    ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
+    ``"sgd_momentum"``)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,8 +108,10 @@ def _measured_peak(
             device_id=torch.device("cpu"),
             **kwargs,
         )
-        opt = None
-        if optimizer is not None:
+        opt: torch.optim.Optimizer | None = None
+        if optimizer == "sgd_momentum":
+            opt = torch.optim.SGD(fsdp.parameters(), lr=1e-3, momentum=0.9)
+        elif optimizer is not None:
             foreach = optimizer == "foreach"
             opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3, foreach=foreach)
         ids = _ids()  # held through the optimizer step
@@ -270,3 +273,23 @@ def test_optimizer_states_of_the_original_parameters_parts(fake_pg: int) -> None
     )
     assert {u.module: u.trainable[1] for u in report.units} == most
     assert any(u.trainable[1] < u.sharded_numel for u in report.units)
+
+
+@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD])
+def test_keep_low_precision_grads(fake_pg: int, strategy: ShardingStrategy) -> None:
+    """``keep_low_precision_grads=True`` with a float32 reduction: the sharded strategies
+    cast the reduced shard to float32 in the post-backward hook as ever, and the final
+    callback casts it to bf16 (``prepare_gradient_for_optim``); ``NO_SHARD`` leaves the
+    all-reduced gradient in float32. SGD's momentum buffers are copies of those gradients,
+    in their dtype. The peak and the step, to the byte (``NO_SHARD`` without parameter
+    mixed precision: its low-precision copy of the parameters is not modelled)."""
+    param = torch.bfloat16 if strategy != ShardingStrategy.NO_SHARD else None
+    mp = MixedPrecision(
+        param_dtype=param, reduce_dtype=torch.bfloat16, keep_low_precision_grads=True
+    )
+    kwargs = {"mixed_precision": mp, "sharding_strategy": strategy}
+    peak, step = _measured_peak(kwargs, 1, "sgd_momentum")
+    mem = memory_model(_report(kwargs, 1), optimizer="sgd_momentum", iteration=1)
+    *before, last = mem.moments
+    assert last.where == "during the optimizer step after"
+    assert (peak, step) == (max(sum(m.bytes) for m in before), sum(last.bytes))

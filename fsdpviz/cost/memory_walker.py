@@ -286,6 +286,8 @@ class Walker:
             self._cast_to_reduce_dtype(u, c)
         if c.hook in _POST_BACKWARD:
             self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
+        if c.hook == "final_callback" and self.sync:
+            self._keep_low_precision(c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             self._release_all_reduced()
@@ -454,6 +456,18 @@ class Walker:
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
+
+    def _keep_low_precision(self, c: HookCall) -> None:
+        """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
+        backward casts its gradient shard to the compute dtype (``prepare_gradient_for_optim``,
+        the units in order), the shard it replaces freed once cast."""
+        for unit in [u for u in self.sizes if u in self.reduced]:
+            s = self.sizes[unit]
+            if not s.grad_kept:
+                continue
+            self.cat["sharded_grads"] += s.grad_kept
+            self._moment("at the cast of the gradient shard to the compute dtype in", c)
+            self.cat["sharded_grads"] -= s.sharded_grad
 
     def _reduce_fsdp1(self, e: Event, s: UnitBytes, grads: int) -> None:
         """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
