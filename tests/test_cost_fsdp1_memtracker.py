@@ -293,3 +293,21 @@ def test_keep_low_precision_grads(fake_pg: int, strategy: ShardingStrategy) -> N
     *before, last = mem.moments
     assert last.where == "during the optimizer step after"
     assert (peak, step) == (max(sum(m.bytes) for m in before), sum(last.bytes))
+
+
+def test_no_shard_copy_of_the_parameters_is_noted(fake_pg: int) -> None:
+    """``NO_SHARD`` with bf16 parameters computes on a bf16 copy of each unit's parameters,
+    made when the unit unshards and freed when it reshards, which the memory model leaves
+    out: what the tracker measures beyond the model is at most that copy of the root and one
+    layer (the root's, alive through backward, and a prefetched layer's), and a note says so."""
+    kwargs = {"mixed_precision": BF16, "sharding_strategy": ShardingStrategy.NO_SHARD}
+    peak, _ = _measured_peak(kwargs, 1)
+    report = _report(kwargs, 1)
+    mem = memory_model(report, optimizer=None, iteration=1)
+    copies = {u.module: u.numel * 2 for u in report.units}
+    assert 0 < peak - mem.peak["bytes"] <= copies[""] + copies["layers.0"]
+    assert any("NO_SHARD with parameter mixed precision" in note for note in mem.notes)
+    plain = memory_model(
+        _report({"sharding_strategy": ShardingStrategy.NO_SHARD}, 1), optimizer=None
+    )
+    assert not any("NO_SHARD" in note for note in plain.notes)

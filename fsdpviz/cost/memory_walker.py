@@ -127,6 +127,16 @@ class Walker:
                 "no trace profile (a recording, or trace='fx'): activations and temporaries "
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
+        # FSDP1 NO_SHARD computes on a copy of the parameters under parameter mixed
+        # precision or CPU offload (FlatParamHandle.pre_unshard), which no event marks
+        copies = [b.copy_in or b.h2d for b in sizes.values() if not b.communicates]
+        if not self.fsdp2 and any(copies):
+            self.notes.append(
+                "NO_SHARD with parameter mixed precision or CPU offload computes on a copy of "
+                "each unit's parameters (FlatParamHandle.pre_unshard: made when the unit "
+                "unshards, prefetches included, freed when it reshards), which is not "
+                f"modelled: up to {max(copies)} B more per unit"
+            )
         # Open per-unit windows: (total when opened, index into _totals where they opened).
         self._open: dict[tuple[str, str], tuple[int, int]] = {}
         self._totals: list[int] = []  # the total at every moment, for the windows' peaks
