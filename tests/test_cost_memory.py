@@ -216,7 +216,7 @@ def test_cpu_offload_keeps_shards_gradients_and_states_off_the_device(api: str) 
     records = off.memory.records()
     for c in ("sharded_params", "sharded_grads", "optimizer"):
         assert all(r[c] == 0 for r in records), c
-        assert base.memory.peak["breakdown"][c] > 0, c
+        assert any(r[c] > 0 for r in base.memory.records()), c
     assert off.memory.peak["bytes"] < base.memory.peak["bytes"]
 
     # every all-gather right after its unit's h2d copy of the shard (fp32: 4 bytes per

@@ -1,8 +1,10 @@
 """The FSDP1 steady state with forward prefetch: simulated engine order vs a traced second pass.
 
-fsdpviz schedules the captured autograd graph instead of tracing a second
-iteration (fsdpviz/schedule/autograd_order.py). These tests pin it to the traced result
-on every hand-written model and prefetch setting, and check the fallbacks.
+Without a profile (``profile=False``) fsdpviz schedules the captured autograd graph
+instead of tracing a second iteration (fsdpviz/schedule/autograd_order.py). These tests
+pin it to the traced result on every hand-written model and prefetch setting, and check
+the fallbacks. With a profile the second iteration is traced: the compute between the
+reordered hooks is not the first iteration's (tests/test_cost_fsdp1_memtracker.py).
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ def _both(
         return result
 
     monkeypatch.setattr(fsdp1_analyze, "_simulated_steady", spy)
-    simulated = fsdpviz.analyze(model, inputs, forward_prefetch=True, **kw)
+    simulated = fsdpviz.analyze(model, inputs, forward_prefetch=True, profile=False, **kw)
     monkeypatch.setattr(fsdp1_analyze, "STEADY_BY_SIMULATION", False)
-    traced = fsdpviz.analyze(model, inputs, forward_prefetch=True, **kw)
+    traced = fsdpviz.analyze(model, inputs, forward_prefetch=True, profile=False, **kw)
     monkeypatch.setattr(fsdp1_analyze, "STEADY_BY_SIMULATION", True)
     return simulated, traced, bool(used and used[0])
 

@@ -73,7 +73,7 @@ def test_fsdp1_card_shows_config_units_memory_and_warnings() -> None:
     per_rank = sum(u.sharded_bytes for u in report.units)
     assert f"322 parameters · 1.26 KiB full · {per_rank} B per rank" in text
     peak = report.memory.peak
-    assert f"peak 3.32 KiB per rank {peak['where']}; dominated by {peak['dominant']}" in text
+    assert f"peak 3.03 KiB per rank {peak['where']}; dominated by {peak['dominant']}" in text
     # the unit table: name, class, parameters, bytes full and per rank, dtype
     assert "(root) Tiny 58 232 B 60 B float32" in text
     assert "blocks.2 Block 88 352 B 88 B float32" in text
@@ -86,7 +86,7 @@ def test_fsdp1_card_shows_config_units_memory_and_warnings() -> None:
     for color in fsdpviz.views.unit_colors(report).values():
         assert f'fill="{color}"' in svgs[0]
     assert "<title>blocks.0: 88 B per rank</title>" in svgs[0]
-    assert "<circle" in svgs[1] and "peak 3.32 KiB" in svgs[1]
+    assert "<circle" in svgs[1] and "peak 3.03 KiB" in svgs[1]
     # static: nothing runs, nothing is fetched
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
 

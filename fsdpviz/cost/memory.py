@@ -20,10 +20,14 @@ bytes per rank:
     gradients autograd produces for the unsharded parameters, as measured by
     the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD).
 ``reduce_scatter``
-    the reduce-scatter input (padded, reduce dtype): allocated at the event and
-    released at the next ``reduce_scatter`` or at the final callback (FSDP2 keeps
-    one in flight; for FSDP1 this stands for the gradient kept alive until the
-    reduce-scatter finishes on its stream).
+    the reduce-scatter input (padded, reduce dtype): FSDP2 allocates it at the event
+    and keeps one in flight, released at the next ``reduce_scatter`` or at the final
+    callback. FSDP1 makes it in its post-backward hook only where the gradient is not
+    one already (cast to the reduce dtype, padded to a multiple of the shard ranks;
+    ``NO_SHARD``: the cast it all-reduces), and frees it, the gradient and the cast of
+    the reduced shard to the parameters' dtype when the hook returns (on a GPU the
+    gradient's block waits for the reduction before the allocator reuses it, which the
+    reserved estimate does not model).
 ``sharded_grads``
     each unit's reduced shard, from its ``reduce_scatter``; zero at the start of
     an iteration (``optimizer.zero_grad(set_to_none=True)`` before the step).
@@ -77,6 +81,7 @@ from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Block, Walker
 from fsdpviz.cost.sizes import (
     UnitBytes,
+    itemsize,
     optimizer_spec,
     param_grads,
     placed_grads,
@@ -84,6 +89,7 @@ from fsdpviz.cost.sizes import (
     upcasts,
 )
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp1 import flat_param_layout
 from fsdpviz.schema.memory import (
     CATEGORIES,
     MemoryPeak,
@@ -290,6 +296,9 @@ def _largest_shard(report: Report, one: int) -> int:
     variable (``one``: one state of every shard, to scale shard elements to bytes). The loop
     runs over the parameters with a gradient only (``_init_group`` skips the others): a
     unit's frozen parameters (``Unit.frozen_params``) are not among them."""
+    if report.config.api == "FSDP1" and report.config.use_orig_params:
+        total = sum(u.trainable[1] for u in report.units if u.requires_grad is not False)
+        return _most_over_ranks(_fsdp1_pieces(report)) * one // max(total, 1)
     if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
         shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
         total = sum(shards)
@@ -309,8 +318,61 @@ def _largest_shard(report: Report, one: int) -> int:
             for name, shape in m.params.items()
             if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
         ]
-    most = max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
-    return most * one // max(total, 1)
+    return _loop_most(shards) * one // max(total, 1)
+
+
+def _loop_most(shards: list[int]) -> int:
+    """The for-loop update's most elements over parameters of ``shards`` elements, in order."""
+    return max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
+
+
+def _most_over_ranks(pieces: list[list[int]]) -> int:
+    """:func:`_loop_most` on the rank where it is the most (each rank's list of pieces)."""
+    return max((_loop_most(p) for p in pieces), default=0)
+
+
+def _fsdp1_pieces(report: Report) -> list[list[int]]:
+    """FSDP1 with ``use_orig_params=True``: for each rank, the elements of each trainable
+    parameter's part of its unit's shard, in the parameters' order, the parameters without
+    one left out (FSDP gives them no gradient: the optimizer skips them)."""
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    spans: dict[str, tuple[int, int, int]] = {}  # parameter -> (start, end, shard size)
+    ranks = 1
+    for u in report.units:
+        if u.requires_grad is False or not u.sharded_numel:
+            continue
+        n_ranks = u.padded_numel // u.sharded_numel
+        ranks = max(ranks, n_ranks)
+        layout = flat_param_layout(
+            [math.prod(shapes.get(p) or [0]) for p in u.params],
+            itemsize(u.compute_dtype or u.dtype),
+            use_orig_params=True,
+            shard_world_size=n_ranks,
+            pad_to=report.config.process_group_size or n_ranks,
+        )
+        frozen = set(u.frozen_params)
+        start, names = 0, iter(u.params)
+        for n, pad in zip(layout.split_numels, layout.is_padding, strict=True):
+            if not pad:
+                name = next(names)
+                if name not in frozen:
+                    spans[name] = (start, start + n, u.sharded_numel)
+            start += n
+    out: list[list[int]] = []
+    for r in range(ranks):
+        pieces = []
+        for name in shapes:
+            if name in spans:
+                a, b, size = spans[name]
+                piece = max(0, min(b, (r + 1) * size) - max(a, r * size))
+                if piece:
+                    pieces.append(piece)
+        out.append(pieces)
+    return out
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB

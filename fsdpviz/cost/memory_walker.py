@@ -127,6 +127,16 @@ class Walker:
                 "no trace profile (a recording, or trace='fx'): activations and temporaries "
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
+        # FSDP1 NO_SHARD computes on a copy of the parameters under parameter mixed
+        # precision or CPU offload (FlatParamHandle.pre_unshard), which no event marks
+        copies = [b.copy_in or b.h2d for b in sizes.values() if not b.communicates]
+        if not self.fsdp2 and any(copies):
+            self.notes.append(
+                "NO_SHARD with parameter mixed precision or CPU offload computes on a copy of "
+                "each unit's parameters (FlatParamHandle.pre_unshard: made when the unit "
+                "unshards, prefetches included, freed when it reshards), which is not "
+                f"modelled: up to {max(copies)} B more per unit"
+            )
         # Open per-unit windows: (total when opened, index into _totals where they opened).
         self._open: dict[tuple[str, str], tuple[int, int]] = {}
         self._totals: list[int] = []  # the total at every moment, for the windows' peaks
@@ -143,6 +153,9 @@ class Walker:
         self._stage_roots = {stage_root(st.index) for st in pipe.stages} if pipe else set()
         self.in_backward = False
         self._accumulating: set[str] = set()
+        # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
+        # earlier micro-step left, until its post-backward hook returns
+        self._arriving: dict[str, int] = {}
         # FSDP2: units holding an accumulated gradient in the reduce dtype, and this
         # micro-step's new gradients of them (in .grad until the unit's post-backward)
         self._cast: set[str] = set()
@@ -223,7 +236,13 @@ class Walker:
             self.cat = after
             for unit, n in c.grads.items():
                 if unit in self._accumulating:
-                    continue  # added in place to the gradient an earlier micro-step left
+                    # added in place to the gradient an earlier micro-step left; FSDP1's
+                    # post-backward hook, a hook of the FlatParameter's AccumulateGrad node,
+                    # is passed the node's incoming gradient and holds it until it returns
+                    if not self.fsdp2:
+                        self._arriving[unit] = self._arriving.get(unit, 0) + n // tp
+                        self.cat["unsharded_grads"] += n // tp
+                    continue
                 if unit in self._cast:  # in .grad until the unit's post-backward
                     self._fresh[unit] = self._fresh.get(unit, 0) + n // tp
                 else:
@@ -275,6 +294,10 @@ class Walker:
             self._event_index = -1
         for u in finishing if not self.sync else ():
             self._cast_to_reduce_dtype(u, c)
+        if c.hook in _POST_BACKWARD:
+            self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
+        if c.hook == "final_callback" and self.sync:
+            self._keep_low_precision(c)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             self._release_all_reduced()
@@ -416,6 +439,9 @@ class Walker:
         if not self.tape.measured:
             grads = s.grad
             self.cat["unsharded_grads"] += grads
+        if not self.fsdp2:
+            self._reduce_fsdp1(e, s, grads)
+            return
         if e.kind == "all_reduce":
             self.cat["unsharded_grads"] -= grads
             self._add_shard(e, s.sharded_grad)
@@ -440,6 +466,48 @@ class Walker:
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
+
+    def _keep_low_precision(self, c: HookCall) -> None:
+        """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
+        backward casts its gradient shard to the compute dtype (``prepare_gradient_for_optim``,
+        the units in order), the shard it replaces freed once cast."""
+        for unit in [u for u in self.sizes if u in self.reduced]:
+            s = self.sizes[unit]
+            if not s.grad_kept:
+                continue
+            self.cat["sharded_grads"] += s.grad_kept
+            self._moment("at the cast of the gradient shard to the compute dtype in", c)
+            self.cat["sharded_grads"] -= s.sharded_grad
+
+    def _reduce_fsdp1(self, e: Event, s: UnitBytes, grads: int) -> None:
+        """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
+        ``_post_backward_hook``: the gradient cast to the reduce dtype, padded to a multiple
+        of the shard ranks (``_get_reduce_scatter_tensors``), the reduce-scatter output (a
+        shard in the reduce dtype) and its cast to the parameters' dtype are made beside it
+        (:class:`~fsdpviz.cost.sizes.UnitBytes`), and every one of them but the shard kept
+        is freed when the hook returns, the gradient too: nothing of it outlives the hook
+        (on a GPU the caching allocator keeps the gradient's block from reuse until the
+        reduction is done, ``record_stream``, but it no longer counts as allocated).
+        ``NO_SHARD`` all-reduces in place and casts."""
+        temps = s.grad_cast + s.grad_pad
+        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
+        self._alloc("reduce_scatter", block, temps)
+        self.cat["sharded_grads"] += s.reduced_shard
+        if temps or s.reduced_shard:
+            self._moment("at", None, e)
+        cast = (
+            s.sharded_grad
+            if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
+            else 0
+        )
+        if cast:
+            self.cat["sharded_grads"] += cast
+            self._moment("at the cast of the reduced gradient shard in", None, e)
+            self.cat["sharded_grads"] -= cast
+        self.cat["sharded_grads"] -= s.reduced_shard
+        self._free("reduce_scatter", block, temps)
+        self.cat["unsharded_grads"] -= grads
+        self._add_shard(e, s.sharded_grad)
 
     def _cast_reduce_output(self, e: Event, s: UnitBytes) -> None:
         """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the

@@ -138,6 +138,21 @@ class UnitBytes:
     # FSDP2: each parameter's all-gathered bytes (padded, in the dtype gathered), in the
     # group's order: what resharding onto fewer ranks (``post_forward_ranks``) clones a slice of
     gathered_params: tuple[int, ...] = ()
+    # FSDP1's post-backward (``_post_backward_hook``, ``_reduce_grad``), beside the
+    # FlatParameter's unsharded gradient until the hook returns: its copy in the reduce
+    # dtype when that is not the compute dtype (``flat_param.grad.to(reduce_dtype)``), and
+    # that padded to a multiple of the shard ranks where it is not one (``F.pad``).
+    # NO_SHARD all-reduces that copy (or the gradient) in place and casts it to the
+    # parameters' dtype (``_cast_grad_to_param_dtype``): ``grad_cast`` is the copy where that
+    # cast follows it, ``reduced_shard`` the gradient the unit keeps where a cast made it.
+    grad_cast: int = 0
+    grad_pad: int = 0
+    # FSDP1 sharded: the reduce-scatter output (the padded shard, reduce dtype), beside its
+    # cast to the parameters' dtype where they differ (``_cast_grad_to_param_dtype``)
+    reduced_shard: int = 0
+    # FSDP1 with ``keep_low_precision_grads`` (sharded strategies): the gradient shard once
+    # the final callback has cast it to the compute dtype (0: no cast)
+    grad_kept: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -146,6 +161,11 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     out = {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    if not fsdp2:
+        mp = report.config.mixed_precision or {}
+        keep_low = bool(mp.get("keep_low_precision_grads"))
+        spec = optimizer_spec(optimizer)
+        out = {u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec) for u in report.units}
     if fsdp2 and report.config.post_forward_ranks:
         shapes = {
             f"{m.fqn}.{name}" if m.fqn else name: shape
@@ -300,6 +320,50 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
         copy_out=sum(placed_bytes(u).values()) if fsdp2 and communicates else 0,
         reduce_cast=grad_sharded * reduce if fsdp2 and communicates and _casts_reduced(u) else 0,
     )
+
+
+def _fsdp1_reduction(
+    u: Unit, b: UnitBytes, keep_low: bool, spec: OptimizerSpec | None = None
+) -> UnitBytes:
+    """``b`` with FSDP1's post-backward temporaries (see :class:`UnitBytes`).
+
+    ``keep_low``: ``MixedPrecision(keep_low_precision_grads=True)``. ``NO_SHARD`` then
+    leaves the gradient in the reduce dtype (``_reduce_grad_no_shard`` skips the cast);
+    the sharded strategies cast the reduced shard to the parameters' dtype as ever, and
+    the final callback casts it to the compute dtype (``prepare_gradient_for_optim``,
+    ``grad_kept``). SGD's momentum buffer is a copy of the first gradient it steps with
+    (``torch.clone(grad)``): in that dtype (``spec``, the optimizer)."""
+    trainable, _ = u.trainable
+    if not trainable:
+        return b
+    compute = u.compute_dtype or u.dtype
+    reduce = u.reduce_dtype or compute
+    r = itemsize(reduce)
+    cast = u.flat_numel * r if reduce != compute else 0
+    if not b.communicates:
+        if keep_low:  # all-reduced in place, left in the reduce dtype: a copy where cast
+            grad = u.sharded_numel * r
+            b = replace(b, sharded_grad=grad, reduced_shard=grad if reduce != compute else 0)
+            return _momentum_in(b, u, reduce, spec)
+        # NO_SHARD all-reduces in place; the gradient it leaves is new where a cast made it
+        new = reduce != compute or reduce != u.dtype
+        return replace(
+            b, grad_cast=cast if reduce != u.dtype else 0, reduced_shard=b.sharded_grad * new
+        )
+    pad = u.padded_numel * r if u.padded_numel > u.flat_numel else 0
+    b = replace(b, grad_cast=cast, grad_pad=pad, reduced_shard=u.sharded_numel * r)
+    if keep_low and compute != u.dtype:
+        b = replace(b, grad_kept=u.sharded_numel * itemsize(compute))
+        return _momentum_in(b, u, compute, spec)
+    return b
+
+
+def _momentum_in(b: UnitBytes, u: Unit, dtype: str | None, spec: OptimizerSpec | None) -> UnitBytes:
+    """``b`` with SGD's momentum buffers in ``dtype``, the gradients' (not Adam's states: of
+    the parameters' dtype)."""
+    if spec is None or spec.adam or not spec.states or not b.optimizer:
+        return b
+    return replace(b, optimizer=u.trainable[1] * itemsize(dtype) * spec.states)
 
 
 def _casts_reduced(u: Unit) -> bool:

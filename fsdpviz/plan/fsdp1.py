@@ -432,10 +432,23 @@ def _build_unit(
         sharding_strategy=config.sharding_strategy.name,
         itemsize=itemsize,
     )
-    if claim.mixed_grads:
-        trains = [p.requires_grad for p in unit.params]
-        unit.schema = replace(unit.schema, **trainable_fields(unit.schema.params, trains, layout))
+    trains = [p.requires_grad for p in unit.params]
+    fields = optimizer_fields(unit.schema.params, trains, layout, opts.use_orig_params)
+    unit.schema = replace(unit.schema, **fields)
     return unit
+
+
+def optimizer_fields(
+    fqns: Sequence[str], trains: Sequence[bool], layout: FlatLayout, use_orig_params: bool
+) -> dict[str, Any]:
+    """``Unit``'s trainable fields (:func:`trainable_fields`) where the optimizer does not
+    step the whole shard of the FlatParameter: where it mixes frozen and trainable
+    parameters, and with ``use_orig_params=True`` (the optimizer steps the original
+    parameters, views of their parts of the shard: the padding has no state). Empty
+    otherwise, and for a unit that does not train (``Unit.requires_grad`` says so)."""
+    if not any(trains) or (all(trains) and not use_orig_params):
+        return {}
+    return trainable_fields(fqns, trains, layout)
 
 
 def trainable_fields(

@@ -37,7 +37,7 @@ from torch.distributed.fsdp import _flat_param, _runtime_utils
 from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 from torch.distributed.fsdp._common_utils import HandleTrainingState, clean_tensor_name
 
-from fsdpviz.plan.fsdp1 import FlatLayout, trainable_fields
+from fsdpviz.plan.fsdp1 import FlatLayout, optimizer_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
@@ -309,7 +309,7 @@ class FSDP1Recorder(EventLog):
                     requires_grad=None if len(grads) > 1 else grads.pop(),
                     sharding_strategy=handle._sharding_strategy.name,
                     itemsize=itemsize,
-                    **(_trainable(handle, [join(f) for f in fp._fqns]) if len(grads) > 1 else {}),
+                    **_trainable(handle, [join(f) for f in fp._fqns]),
                 )
             )
         return out
@@ -350,12 +350,16 @@ def record_fsdp1(model: nn.Module) -> Iterator[FSDP1Recorder]:
 
 
 def _trainable(handle: Any, fqns: list[str]) -> dict[str, Any]:
-    """A FlatParameter of frozen and trainable parameters: the ``Unit`` fields read from its
-    real layout (each parameter's numel with the alignment padding, which are padding)."""
+    """The ``Unit`` fields of what the optimizer steps (:func:`optimizer_fields`), read from
+    the FlatParameter's real layout (each parameter's numel with the alignment padding,
+    which are padding)."""
+    if not handle._use_orig_params:  # the optimizer steps the FlatParameter
+        return {}
     fp = handle.flat_param
     layout = FlatLayout(
         list(fp._numels_with_padding),
         list(fp._is_padding_mask),
         handle.world_size if handle.uses_sharded_strategy else 1,
     )
-    return trainable_fields(fqns, [p.requires_grad for p in fp._params], layout)
+    trains = [p.requires_grad for p in fp._params]
+    return optimizer_fields(fqns, trains, layout, handle._use_orig_params)

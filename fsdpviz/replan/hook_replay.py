@@ -53,7 +53,7 @@ from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.sizes import itemsize, tp_local_shape
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
-from fsdpviz.plan.fsdp1 import trainable_fields as fsdp1_trainable
+from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, restate_resharding
@@ -227,14 +227,15 @@ def _resize_fsdp1(u: Unit, opts: FSDP1Options, shapes: dict[str, list[int]]) -> 
         pad_to=opts.process_group_size,
     )
     frozen = set(u.frozen_params)
-    trainable = fsdp1_trainable(u.params, [p not in frozen for p in u.params], layout)
+    trains = [u.requires_grad is not False and p not in frozen for p in u.params]
+    trainable = fsdp1_trainable(u.params, trains, layout, opts.use_orig_params)
     return replace(
         u,
         flat_numel=layout.flat_numel,
         padded_numel=layout.padded_numel,
         sharded_numel=layout.sharded_numel,
         sharding_strategy=opts.sharding_strategy.name,
-        **(trainable if frozen else {}),
+        **trainable,
     )
 
 

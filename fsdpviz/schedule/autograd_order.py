@@ -4,7 +4,8 @@ With ``forward_prefetch=True`` a prefetched unit's parameter views are created
 during the previous unit's pre-forward (FSDP1 creates views whenever it
 unshards in the forward), so their autograd nodes get earlier sequence numbers
 and the autograd engine runs their post-backward hooks later. Instead of
-tracing a second iteration, fsdpviz captures the first iteration's autograd
+tracing a second iteration (where no profile is measured: the compute between the
+reordered hooks is not the first iteration's), fsdpviz captures the first iteration's autograd
 graph and schedules it the way the engine's CPU ready queue does (dependencies
 counted over the reachable graph, highest sequence number first,
 ``AccumulateGrad`` highest of all; tensor hooks before their node runs,

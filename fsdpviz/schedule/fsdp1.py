@@ -121,9 +121,13 @@ def _trace_autograd(
     # Forward prefetch creates a prefetched unit's views earlier in the steady
     # state, which changes the backward hook order: simulate the engine on the
     # captured graph (schedule/autograd_order.py) or, if that cannot be trusted, trace again.
+    # The simulation orders the hooks only: the compute between them changes too (a
+    # prefetched unit's gradient is assembled, and its post-backward runs, after the backward
+    # of the unit before it, its parameters' gradients held meanwhile), so a measured
+    # profile (memory and time between hooks) needs the second trace.
     forward_prefetch = any(u.config.forward_prefetch for u in plan.units)
     graphs: list[Graph] = []
-    if forward_prefetch and STEADY_BY_SIMULATION:
+    if forward_prefetch and STEADY_BY_SIMULATION and not opts.profile:
         emulation.recorder = GraphRecorder()
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:

@@ -47,15 +47,19 @@ def cut_profile(
     the last hook of a step that ended with ``k`` marks; ``n_events[i]`` is the
     number of events of iteration ``i``. An iteration ends at its
     ``final_callback``. An iteration replayed without running the model (the
-    steady state) takes the compute of the first measured one, hook call by
-    hook call. None when the log cannot be cut into that many iterations.
+    steady state) takes the compute of the last measured one (the steady state's, where a
+    second was traced), hook call by hook call. None when the log cannot be cut into that
+    many iterations.
     """
     ends = [i + 1 for i, e in enumerate(log) if e[0] == "final_callback"]
     if len(ends) < len(n_events) or len(marks) != len(log) or not n_events:
         return None
     starts = [0, *ends[: len(n_events) - 1]]
     spans = list(zip(starts, ends[: len(n_events)], strict=True))
-    source = next((s for s in spans if all(m.measured for m in marks[s[0] : s[1]])), None)
+    # the last one measured: the steady state's (FSDP1 with forward prefetch traces it a
+    # second time, its backward in another order; the micro-steps after replay it)
+    measured = [s for s in spans if all(m.measured for m in marks[s[0] : s[1]])]
+    source = measured[-1] if measured else None
     if source is None:
         return None
     steps: list[StepProfile] = []

@@ -1,0 +1,313 @@
+"""Anchor: fsdpviz's FSDP1 memory model against torch's ``MemTracker``.
+
+Real ``FullyShardedDataParallel`` (fake process group, 4 ranks, on the CPU) runs a step
+to make its buffers and set its orders, then one more step (its micro-steps, under
+``no_sync()`` but the last) under ``torch.distributed._tools.mem_tracker.MemTracker``,
+which counts every storage an operator makes and FSDP1's ``resize_`` of its unsharded
+FlatParameters. Its peak equals the memory model's steady-state peak to the byte.
+
+Two things make the tracker see all of FSDP1: its FlatParameters' buffers made before it
+(the padded unsharded parameter, the low-precision shard) are registered with it, so their
+``resize_`` calls are counted from the start; and it hooks only parameters that are
+leaves and take a gradient (at a module's pre-forward it hooks every ``parameters()``,
+and FSDP1's unsharded views of a FlatParameter are not leaves).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import fsdpviz
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+
+# Odd sizes: each FlatParameter is padded to a multiple of the 4 ranks.
+CONFIG = ExampleConfig(
+    hidden_size=60, intermediate_size=170, num_layers=2, num_heads=4, vocab_size=101
+)
+BF16_FP32 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+BF16_REDUCE = MixedPrecision(reduce_dtype=torch.bfloat16)
+
+
+class _Tracker(MemTracker):  # type: ignore[misc]
+    """``MemTracker`` hooking the gradients of the parameters that are leaves and take one."""
+
+    def _track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        def track(grad: torch.Tensor | None) -> None:
+            if grad is not None:
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        params = 0
+        for p in module.parameters():
+            params += sum(
+                w.mem_consumed for w in self._update_and_maybe_create_winfos(p, _MemRefType.PARAM)
+            )
+            track(p.grad)
+            hooked = self._param_to_grad_hook_handles.get(p) is not None
+            if install_grad_hooks and p.is_leaf and p.requires_grad and not hooked:
+                self._param_to_grad_hook_handles[p] = (
+                    p.register_hook(track),
+                    p.register_post_accumulate_grad_hook(lambda q: track(q.grad)),
+                )
+        buffers = 0
+        for b in module.buffers():
+            buffers += sum(
+                w.mem_consumed for w in self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER)
+            )
+        return params, buffers
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+def _step(
+    fsdp: FSDP, ids: torch.Tensor, micro_steps: int, tracker: MemTracker | None = None
+) -> None:
+    """The output held until backward returns, as fsdpviz's trace holds it."""
+    for k in range(micro_steps):
+        with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
+            out = fsdp(ids)
+            _loss(out).backward()
+            del out
+        if tracker is not None:
+            tracker.reset_mod_stats()  # it follows one iteration at a time
+
+
+def _measured_peak(
+    kwargs: dict[str, Any], micro_steps: int, optimizer: str | None = None
+) -> tuple[int, int]:
+    """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
+    ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
+    ``"sgd_momentum"``)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(
+            ExampleModel(CONFIG),
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            device_id=torch.device("cpu"),
+            **kwargs,
+        )
+        opt: torch.optim.Optimizer | None = None
+        if optimizer == "sgd_momentum":
+            opt = torch.optim.SGD(fsdp.parameters(), lr=1e-3, momentum=0.9)
+        elif optimizer is not None:
+            foreach = optimizer == "foreach"
+            opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3, foreach=foreach)
+        ids = _ids()  # held through the optimizer step
+        _step(fsdp, ids, micro_steps)  # buffers made, orders recorded, optimizer states made
+        if opt is not None:
+            opt.step()
+        fsdp.zero_grad(set_to_none=True)
+        tracker = _Tracker()
+        tracker.track_external(fsdp, opt, ids)
+        for module in fsdp.modules():
+            if isinstance(module, FSDP) and module._handle is not None:
+                flat = module._handle.flat_param
+                for name in ("_full_param_padded", "_mp_shard"):
+                    buffer = getattr(flat, name, None)
+                    if buffer is not None:
+                        tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
+        with tracker:
+            _step(fsdp, ids, micro_steps, tracker)
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+        step = 0
+        if opt is not None:
+            with tracker:  # its peak starts afresh
+                opt.step()
+                step = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+            counters = sum("step" in state for state in opt.state.values())
+            peak, step = peak - 4 * counters, step - 4 * counters
+    return int(peak), int(step)
+
+
+def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+        **accum,
+    )
+    return report
+
+
+def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
+    report = _report(kwargs, micro_steps)
+    steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
+    return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
+
+
+CASES: dict[str, tuple[dict[str, Any], int]] = {
+    # the reduce-scatter's input (a padded copy) and the gradient are freed when FSDP1's
+    # post-backward hook returns: nothing of them is held into the next unit's backward
+    "no_backward_prefetch": ({"backward_prefetch": None}, 1),
+    # the gradient cast to float32, padded, its reduced float32 shard, beside the bf16 one
+    "bf16_reduced_in_fp32": ({"mixed_precision": BF16_FP32}, 1),
+    # the reduced bf16 shard cast to float32 beside it
+    "bf16_reduced_in_bf16": ({"mixed_precision": BF16, "backward_prefetch": None}, 1),
+    # NO_SHARD casts the float32 gradient to bf16, all-reduces that in place and casts it
+    # back to float32: all three alive until the post-backward hook returns
+    "no_shard_reduced_in_bf16": (
+        {"mixed_precision": BF16_REDUCE, "sharding_strategy": ShardingStrategy.NO_SHARD},
+        1,
+    ),
+    # forward prefetch: in the steady state a prefetched unit's gradient is assembled after
+    # the backward of the unit before it (its views were made before that unit's forward)
+    "forward_prefetch": ({"forward_prefetch": True}, 1),
+    # under no_sync the new gradient, added into the accumulated one, is held by the
+    # post-backward hook (a hook of the AccumulateGrad node, passed its incoming gradient)
+    "no_sync_forward_prefetch": (
+        {"mixed_precision": BF16_FP32, "forward_prefetch": True, "backward_prefetch": None},
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
+    kwargs, micro_steps = CASES[case]
+    assert fake_pg == 4
+    assert _measured_peak(kwargs, micro_steps)[0] == _predicted_peak(kwargs, micro_steps)
+
+
+@contextmanager
+def _rank(rank: int) -> Iterator[None]:
+    """The fake process group as seen by ``rank`` of the same 4, rank 0's again after."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("optimizer", ["for_loop", "foreach"])
+def test_optimizer_step_of_the_original_parameters(fake_pg: int, optimizer: str) -> None:
+    """``use_orig_params=True``: the optimizer steps the original parameters, each a view of
+    its part of the rank's shard, and a part that is empty gets no gradient: the states and
+    the step's temporaries are of the parts (the for-loop's, one parameter's part at a time),
+    none of the padding. On the rank where they are the most (fsdpviz's "per rank"), the
+    step and the peak before it to the byte."""
+    kwargs = {"use_orig_params": True}
+    measured = []
+    for rank in range(fake_pg):
+        with _rank(rank):
+            measured.append(_measured_peak(kwargs, 1, optimizer))
+    mem = memory_model(_report(kwargs, 1), optimizer=f"adamw_{optimizer}", iteration=1)
+    *before, step = mem.moments
+    assert step.where == "during the optimizer step after"
+    assert max(m[1] for m in measured) == sum(step.bytes)
+    assert max(m[0] for m in measured) == max(sum(m.bytes) for m in before)
+
+
+def test_optimizer_states_of_the_original_parameters_parts(fake_pg: int) -> None:
+    """``use_orig_params=True`` aligns each parameter to 16 bytes in the FlatParameter (a
+    61-wide model: padding after every norm): the optimizer keeps states for the
+    parameters' parts of the shard, not for the padding, so each unit's
+    ``Unit.trainable[1]`` is the most elements of states any rank keeps for it."""
+    config = ExampleConfig(
+        hidden_size=61, intermediate_size=171, num_layers=2, num_heads=1, vocab_size=101
+    )
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+    most: dict[str, int] = {}
+    for rank in range(fake_pg):
+        with _rank(rank), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fsdp = FSDP(
+                ExampleModel(config),
+                auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                device_id=torch.device("cpu"),
+                use_orig_params=True,
+            )
+            opt = torch.optim.SGD(fsdp.parameters(), lr=1e-3, momentum=0.9)
+            _loss(fsdp(ids)).backward()
+            opt.step()
+            for name, module in fsdp.named_modules():
+                if isinstance(module, FSDP) and module._handle is not None:
+                    unit = name.replace("_fsdp_wrapped_module.", "").replace(
+                        "._fsdp_wrapped_module", ""
+                    )
+                    params = module._handle.flat_param._params
+                    kept = sum(
+                        opt.state[p]["momentum_buffer"].numel() for p in params if p in opt.state
+                    )
+                    most[unit] = max(most.get(unit, 0), kept)
+    with torch.device("meta"):
+        model = ExampleModel(config)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": ids},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=fake_pg,
+        loss=_loss,
+        use_orig_params=True,
+    )
+    assert {u.module: u.trainable[1] for u in report.units} == most
+    assert any(u.trainable[1] < u.sharded_numel for u in report.units)
+
+
+@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD])
+def test_keep_low_precision_grads(fake_pg: int, strategy: ShardingStrategy) -> None:
+    """``keep_low_precision_grads=True`` with a float32 reduction: the sharded strategies
+    cast the reduced shard to float32 in the post-backward hook as ever, and the final
+    callback casts it to bf16 (``prepare_gradient_for_optim``); ``NO_SHARD`` leaves the
+    all-reduced gradient in float32. SGD's momentum buffers are copies of those gradients,
+    in their dtype. The peak and the step, to the byte (``NO_SHARD`` without parameter
+    mixed precision: its low-precision copy of the parameters is not modelled)."""
+    param = torch.bfloat16 if strategy != ShardingStrategy.NO_SHARD else None
+    mp = MixedPrecision(
+        param_dtype=param, reduce_dtype=torch.bfloat16, keep_low_precision_grads=True
+    )
+    kwargs = {"mixed_precision": mp, "sharding_strategy": strategy}
+    peak, step = _measured_peak(kwargs, 1, "sgd_momentum")
+    mem = memory_model(_report(kwargs, 1), optimizer="sgd_momentum", iteration=1)
+    *before, last = mem.moments
+    assert last.where == "during the optimizer step after"
+    assert (peak, step) == (max(sum(m.bytes) for m in before), sum(last.bytes))
+
+
+def test_no_shard_copy_of_the_parameters_is_noted(fake_pg: int) -> None:
+    """``NO_SHARD`` with bf16 parameters computes on a bf16 copy of each unit's parameters,
+    made when the unit unshards and freed when it reshards, which the memory model leaves
+    out: what the tracker measures beyond the model is at most that copy of the root and one
+    layer (the root's, alive through backward, and a prefetched layer's), and a note says so."""
+    kwargs = {"mixed_precision": BF16, "sharding_strategy": ShardingStrategy.NO_SHARD}
+    peak, _ = _measured_peak(kwargs, 1)
+    report = _report(kwargs, 1)
+    mem = memory_model(report, optimizer=None, iteration=1)
+    copies = {u.module: u.numel * 2 for u in report.units}
+    assert 0 < peak - mem.peak["bytes"] <= copies[""] + copies["layers.0"]
+    assert any("NO_SHARD with parameter mixed precision" in note for note in mem.notes)
+    plain = memory_model(
+        _report({"sharding_strategy": ShardingStrategy.NO_SHARD}, 1), optimizer=None
+    )
+    assert not any("NO_SHARD" in note for note in plain.notes)
