@@ -32,10 +32,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
+
+if TYPE_CHECKING:
+    from fsdpviz.schedule.pipeline_split import SplitBackward
 
 
 @dataclass
@@ -65,6 +68,7 @@ class StageShape:
     # its next stage is on the same rank (a V schedule): its output becomes that stage's
     # input buffer (PipelineStage.set_local_fwd_input), which no longer holds memory of its own
     output_local: bool = False
+    split: SplitBackward | None = None  # its backward as I and W hold it (zero-bubble)
 
 
 def rank_step_profile(
@@ -95,6 +99,8 @@ def rank_step_profile(
     last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
     local: dict[tuple[int, int | None], int] = {}  # in-flight outputs that are input buffers
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
+    waiting: dict[tuple[int, int | None], tuple[int, int]] = {}  # what I keeps until its W
+    graded: dict[tuple[int, int], int] = {}  # inputs' gradients I leaves in their .grad
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
         for e in c.events:
@@ -105,24 +111,35 @@ def rank_step_profile(
             # the schedule's loop hands its losses on, then reduces: its variable ``loss``
             # keeps the last microbatch's
             losses = min(losses, shapes[c.stage].loss_bytes)
-        held = kept + losses + sum(sent.values()) + last_output - sum(local.values())
-        others_act = sum(a for k, (a, _) in inflight.items() if k != key)
-        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
+        held = kept + losses + sum(sent.values()) + sum(graded.values()) + last_output
+        held -= sum(local.values())
+        others_act = sum(a for k, (a, _) in [*inflight.items(), *waiting.items()] if k != key)
+        others_temp = held + sum(t for k, (_, t) in [*inflight.items(), *waiting.items()]
+                                 if k != key)  # fmt: skip
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
             prof, shape = profiles[c.stage], shapes[c.stage]
             marks = range(shape.forward_end + 1, len(prof.hooks))
             values = _quiet(others_act, others_temp)
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
+            if shape.split is not None:
+                mine = allocated.setdefault(c.stage, set())
+                _weight_backward(values, shape, key in waiting, set(shape.split.grads) <= mine)
+                mine |= set(values["grads"])
+                waiting.pop(key, None)
             _append(cols, values)
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
-            act = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
-            _append(cols, _quiet(act, sum(t for _, t in inflight.values()) + held))
+            pairs = [*inflight.values(), *waiting.values()]
+            act = sum(a for a, _ in pairs)  # its own too (a send of its output)
+            _append(cols, _quiet(act, sum(t for _, t in pairs) + held))
         else:
             prof = profiles[c.stage]
+            # the memory of I as the stage's trace of it measured (its compute: below)
+            split = shapes[c.stage].split if c.part == "I" else None
+            mem = split.profile if split is not None and split.profile is not None else prof
             k = c.mark
             share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
-            grads = {} if c.microbatch is None else prof.grads[k]
+            grads = {} if c.microbatch is None else mem.grads[k]
             mine = allocated.setdefault(c.stage, set())
             in_place = False
             if grads and set(grads) <= mine:
@@ -133,7 +150,7 @@ def rank_step_profile(
                 grads = {u: n for u, n in grads.items() if upcast.get(u, 1.0) > 1.0}
                 for unit, nbytes in grads.items():
                     unadded[unit] = unadded.get(unit, 0) + nbytes
-                in_place = not grads and k < len(prof.peak_in_place)  # absent in old profiles
+                in_place = not grads and k < len(mem.peak_in_place)  # absent in old profiles
             else:
                 for unit, nbytes in grads.items():
                     if upcast.get(unit, 1.0) > 1.0:
@@ -153,32 +170,36 @@ def rank_step_profile(
                 elif unit in unadded:
                     grads = {**grads, unit: grads.get(unit, 0) - unadded.pop(unit)}
             new = sum(grads.values())
-            peak_grads = prof.peak_grads[k] if new or made else 0
-            peak = prof.peak[k] - prof.peak_grads[k] + peak_grads
-            peak_act, peak_fwd = prof.peak_activations[k], prof.peak_forward_temp[k]
+            peak_grads = mem.peak_grads[k] if new or made else 0
+            peak = mem.peak[k] - mem.peak_grads[k] + peak_grads
+            peak_act, peak_fwd = mem.peak_activations[k], mem.peak_forward_temp[k]
             if in_place:
                 # autograd adds each new gradient into the one an earlier microbatch left and
                 # frees it (AccumulateGrad): the most the trace saw with new gradients as
                 # temporaries until added, not where the first microbatch's peak was
-                peak, peak_act, peak_fwd = prof.peak_in_place[k]
+                peak, peak_act, peak_fwd = mem.peak_in_place[k]
+            # the trace keeps the stage's output to its end; one that is the next stage's
+            # input buffer is counted there from the forward's end on
+            shape = shapes[c.stage]
+            buffer = shape.output_bytes if shape.output_local and c.part in ("B", "I") else 0
+            buffer = 0 if c.microbatch is None else buffer
             _append(
                 cols,
                 {
                     "flops_forward": prof.flops_forward[k] * share,
                     "flops_backward": prof.flops_backward[k] * share,
                     "kernels": _scaled(prof.kernels[k] if k < len(prof.kernels) else [], c.part),
-                    "activations": prof.activations[k] + others_act,
-                    "forward_temp": prof.forward_temp[k] + others_temp,
-                    "backward_temp": prof.backward_temp[k],
-                    "peak": peak + others_act + others_temp,
+                    "activations": mem.activations[k] + others_act,
+                    "forward_temp": mem.forward_temp[k] - buffer + others_temp,
+                    "backward_temp": mem.backward_temp[k],
+                    "peak": peak - buffer + others_act + others_temp,
                     "peak_activations": peak_act + others_act,
-                    "peak_forward_temp": peak_fwd + others_temp,
+                    "peak_forward_temp": peak_fwd - buffer + others_temp,
                     "peak_grads": peak_grads,
                     "grads": dict(grads),
                 },
             )
             mine |= set(grads)
-            shape = shapes[c.stage]
             if c.part == "F" and k == shape.forward_end:
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
                 if shape.output_local and c.microbatch is not None:
@@ -195,7 +216,12 @@ def rank_step_profile(
                 if loop == "1F1B":  # its list of send ops is replaced after this backward
                     for other in [k for k in sent if k[0] == c.stage]:
                         del sent[other]
-                if shape.input_grad_bytes:
+                if split is not None and c.part == "I":
+                    held_act, held_temp = split.held
+                    waiting[key] = (held_act, held_temp + _output_to_w(shape))
+                    if shape.input_grad_bytes:  # to the next step's clear_runtime_states
+                        graded[(c.stage, c.microbatch)] = shape.input_grad_bytes
+                elif shape.input_grad_bytes:
                     sent[(c.stage, c.microbatch)] = shape.input_grad_bytes
         reshard = c.hook == "pipeline" and isinstance(c.arg, str) and c.arg.endswith("RESHARD")
         if reshard and c.microbatch is None and c.stage is not None:
@@ -207,9 +233,38 @@ def rank_step_profile(
             loop == "1F1B" or (loop == "GPipe" and c.microbatch == microbatches - 1)
         ):
             sent.pop((int(sending[1]), int(sending[2])), None)
-    _append(cols, _quiet(0, kept))  # after the last call: the step's end
+    _append(cols, _quiet(0, kept + sum(graded.values())))  # after the last call: the step's end
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
+
+
+def _weight_backward(values: Stretch, shape: StageShape, held: bool, added: bool) -> None:
+    """``values``, a ``W``'s stretch of the quiet others, with what the ``W`` of a stage
+    traced as ``I`` and ``W`` holds (:mod:`fsdpviz.schedule.pipeline_split`): its most, new
+    gradients if the stage has none yet (else ``added`` into them, group by group)."""
+    split = shape.split
+    assert split is not None
+    if not held:  # no I before it
+        return
+    extra = _output_to_w(shape)
+    if added:
+        most, act, fwd = split.later
+        new, grads = 0, {}
+    else:
+        most, act, fwd, new = split.first
+        grads = dict(split.grads)
+    values["peak"] += most + extra
+    values["peak_activations"] += act
+    values["peak_forward_temp"] += fwd + extra
+    values["peak_grads"] = new
+    values["grads"] = grads
+
+
+def _output_to_w(shape: StageShape) -> int:
+    """The stage's output, kept from ``I`` to ``W`` (``PipelineStage.backward_state``): the
+    last stage's is kept to the step's end anyway, one that is the next stage's input buffer
+    is that buffer."""
+    return 0 if shape.last or shape.output_local else shape.output_bytes
 
 
 # Where a stage's gradient of its inputs goes after its backward: ``PipelineStage`` keeps it

@@ -108,6 +108,7 @@ def _rank_profile(
             # buffer (set_local_bwd_input), sent nowhere
             t.input_bytes if t.inputs_need_grad and t.index > 0 and not _local(t.index - 1) else 0,
             _local(t.index + 1),
+            t.split,
         )
         for t in mine
     }  # fmt: skip
