@@ -91,7 +91,6 @@ from fsdpviz.schema.memory import (
     Moment,
     Reserved,
 )
-from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.report import Report
 
 
@@ -247,22 +246,31 @@ def _largest_rank(
         notes=[
             f"pipeline rank {rank} of {len(ranks)} has the largest peak (each rank holds its "
             "own stages; report.pipeline.ranks[r].memory is rank r's)",
-            *_split_backward(report.pipeline),
+            *_split_backward_upcast(report),
             *mem.notes,
         ],
     )
 
 
-def _split_backward(pipe: Pipeline[Report]) -> list[str]:
-    """A note where the schedule splits each backward into ``I`` and ``W`` actions, whose
-    memory between them is not modelled (docs/cost.md, pipeline parallelism)."""
+def _split_backward_upcast(report: Report) -> list[str]:
+    """A note where the schedule splits each backward into ``I`` and ``W`` actions and FSDP2
+    keeps gradients in another dtype, which the model does not follow (docs/cost.md,
+    pipeline parallelism)."""
+    pipe = report.pipeline
+    assert pipe is not None
     if not any(re.fullmatch(r"\d+W\d+", a) for acts in pipe.actions.values() for a in acts):
+        return []
+    upcast = sorted(
+        {u.reduce_dtype for u in report.units if u.compute_dtype and u.reduce_dtype}
+        - {u.compute_dtype for u in report.units}
+    )
+    if not upcast:
         return []
     return [
         f"{pipe.schedule} splits each backward into an input backward (I) and a weight "
-        "backward (W): what torch's stage_backward_input keeps from I to W (the autograd "
-        "graph, retain_graph=True, and the gradients at the weights' operators) is not "
-        "modelled, so these peaks come out low"
+        f"backward (W), and FSDP2 keeps the gradients in {', '.join(upcast)}: where it moves "
+        "a W's gradients into that copy (to_accumulated_grad_if_needed at a later I's "
+        "post-backward) is not modelled, so these peaks may come out low"
     ]
 
 

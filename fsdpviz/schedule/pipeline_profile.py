@@ -17,7 +17,11 @@ done, backward not yet: their activations and the stage output kept for the back
   under ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``), each later microbatch's own
   gradient alive until its post-backward adds it in;
 - the last stage keeps each microbatch's output until the step ends (``output_chunks``,
-  merged for ``step()``'s return).
+  merged for ``step()``'s return, a copy as large at the step's end);
+- a zero-bubble schedule's ``I`` holds what its stage's split trace measured
+  (:mod:`fsdpviz.schedule.pipeline_split`), and from its end until the microbatch's ``W``
+  what it keeps for ``W``; ``W`` holds its own most and sets the gradients where there
+  were none; the input's gradient ``I`` leaves in its ``.grad`` stays to the step's end.
 
 Actions that run no FSDP hook (``UNSHARD``, ``RESHARD``, the sends and receives, the
 shape inference's reshard) are calls of hook ``pipeline`` with the action as their
@@ -38,7 +42,7 @@ from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
 
 if TYPE_CHECKING:
-    from fsdpviz.schedule.pipeline_split import SplitBackward
+    from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Call:
     mark: int | None = None  # the stage trace's hook call whose compute precedes it
     microbatch: int | None = None  # None: shape inference's
     part: str = ""  # "F", "B", "I", "W", "R" (REDUCE_GRAD) or "" (no compute)
+    split: SplitKey | None = None  # I and W: which of the stage's split traces holds them
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class StageShape:
     # its next stage is on the same rank (a V schedule): its output becomes that stage's
     # input buffer (PipelineStage.set_local_fwd_input), which no longer holds memory of its own
     output_local: bool = False
-    split: SplitBackward | None = None  # its backward as I and W hold it (zero-bubble)
+    split: SplitTraces | None = None  # its backward as I and W hold it (zero-bubble)
 
 
 def rank_step_profile(
@@ -122,11 +127,10 @@ def rank_step_profile(
             values = _quiet(others_act, others_temp)
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
-            if shape.split is not None:
-                mine = allocated.setdefault(c.stage, set())
-                _weight_backward(values, shape, key in waiting, set(shape.split.grads) <= mine)
-                mine |= set(values["grads"])
-                waiting.pop(key, None)
+            if shape.split is not None and c.split is not None and key in waiting:
+                _weight_backward(values, shape, shape.split[c.split])
+                allocated.setdefault(c.stage, set()).update(values["grads"])
+                del waiting[key]
             _append(cols, values)
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
             pairs = [*inflight.values(), *waiting.values()]
@@ -135,7 +139,10 @@ def rank_step_profile(
         else:
             prof = profiles[c.stage]
             # the memory of I as the stage's trace of it measured (its compute: below)
-            split = shapes[c.stage].split if c.part == "I" else None
+            traces = shapes[c.stage].split
+            split = None
+            if c.part == "I" and traces is not None and c.split is not None:
+                split = traces[c.split]
             mem = split.profile if split is not None and split.profile is not None else prof
             k = c.mark
             share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
@@ -233,31 +240,26 @@ def rank_step_profile(
             loop == "1F1B" or (loop == "GPipe" and c.microbatch == microbatches - 1)
         ):
             sent.pop((int(sending[1]), int(sending[2])), None)
-    _append(cols, _quiet(0, kept + sum(graded.values())))  # after the last call: the step's end
+    # after the last call, the step's end: step() returns the last stage's outputs merged
+    # (merge_chunks: torch.cat of output_chunks, which it keeps), a new tensor as large
+    end = _quiet(0, kept + sum(graded.values()))
+    end["peak"] += kept
+    end["peak_forward_temp"] += kept
+    _append(cols, end)
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
 
 
-def _weight_backward(values: Stretch, shape: StageShape, held: bool, added: bool) -> None:
+def _weight_backward(values: Stretch, shape: StageShape, split: SplitBackward) -> None:
     """``values``, a ``W``'s stretch of the quiet others, with what the ``W`` of a stage
-    traced as ``I`` and ``W`` holds (:mod:`fsdpviz.schedule.pipeline_split`): its most, new
-    gradients if the stage has none yet (else ``added`` into them, group by group)."""
-    split = shape.split
-    assert split is not None
-    if not held:  # no I before it
-        return
+    traced as ``I`` and ``W`` holds (:mod:`fsdpviz.schedule.pipeline_split`): its most, and
+    the gradients it sets where there were none."""
     extra = _output_to_w(shape)
-    if added:
-        most, act, fwd = split.later
-        new, grads = 0, {}
-    else:
-        most, act, fwd, new = split.first
-        grads = dict(split.grads)
+    most, act, fwd = split.most
     values["peak"] += most + extra
     values["peak_activations"] += act
     values["peak_forward_temp"] += fwd + extra
-    values["peak_grads"] = new
-    values["grads"] = grads
+    values["grads"] = dict(split.grads)
 
 
 def _output_to_w(shape: StageShape) -> int:

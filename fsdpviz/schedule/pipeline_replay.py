@@ -39,6 +39,7 @@ class RankRun:
         # when it began, whose W then computes no gradient (see :meth:`action`)
         self.weightless: dict[tuple[int, int | None], set[str]] = {}
         self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
+        self.input_calls: dict[tuple[int, int | None], list[Call]] = {}  # I's, until its W
 
     def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
         """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
@@ -105,16 +106,23 @@ class RankRun:
                     for g in st.groups
                     if g.sharded is not Sharded.UNSHARDED
                 }
-                return [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
+                calls = [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
+                self.input_calls[(s, mb)] = calls
+                return calls
             if kind == "W":  # the weight gradients land outside FSDP's hooks
                 lost = self.weightless.pop((s, mb), set())
+                # the traces of this I and W: the weights it found, the gradients there
+                had = {g.name for st in rt.states for g in st.groups if g.accumulated} - lost
+                key = (frozenset(lost), frozenset(had))
+                for c in self.input_calls.pop((s, mb), []):
+                    c.split = key
                 for state in rt.states:
                     for g in state.groups:
                         grads = _has_grads(trace.backward, g.name, rt)
                         if grads and g.name in lost:
                             self.gradless.add(g.name)
                         g.accumulated = g.accumulated or (grads and g.name not in lost)
-                return [Call("pipeline", "", action, [], s, None, mb, "W")]
+                return [Call("pipeline", "", action, [], s, None, mb, "W", key)]
             return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
         if kind == "REDUCE_GRAD":
             rt.reduce_grad()

@@ -161,9 +161,8 @@ class CostProbe(
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._watch: list[int] | None = None  # see watch()
-        # saved tensors packed as aliases: a node that saves its own output then holds no
-        # reference to itself, which a graph kept past its backward (retain_graph=True,
-        # then only partly run) would otherwise keep alive forever
+        # saved tensors packed as aliases, so a node saving its own output holds no cycle
+        # (one a graph kept past a partial backward, retain_graph=True, would leak)
         self.detach_saved = False
         self._measuring = False
         self._count_events: Callable[[], int] = lambda: 0
@@ -584,12 +583,11 @@ class CostProbe(
         most, self._watch = self._watch or [0, 0, 0, 0, 0], None
         return most
 
-    def grads_set(self) -> None:
-        """Count as gradients the ``.grad`` torch set itself, outside autograd's
-        accumulation (``stage_backward_weight``), where no hook fires."""
-        for unit, owned in self._by_unit.items():
-            for p in owned:
-                self._grad_ready(unit, p)
+    def uncounted(self, tensors: list[torch.Tensor]) -> None:
+        """Leave out the storages of ``tensors``, made before the step (as its inputs)."""
+        for t in tensors:
+            if (st := storage_of(t)) is not None:
+                self._external.add(st)
 
     # ---------------------------------------------------------------- marks
     def _close_stretch(self) -> Mark:
