@@ -166,3 +166,16 @@ def test_a_zero_bubble_middle_rank_holds_what_torch_holds(
     monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 6)
     as_rank(1)  # type: ignore[operator]
     _check(name, 1)
+
+
+@pytest.mark.parametrize(("name", "rank"), [("zero-bubble-4", 0), ("zbv-4", 2), ("dualpipev-4", 0)])
+def test_zero_bubble_moves_each_weight_gradient_into_the_reduce_dtype(
+    as_rank: object, name: str, rank: int
+) -> None:
+    """bf16 parameters reducing in fp32: each ``W`` sets a bf16 ``.grad``; the next
+    backward's post-backward (an ``I``'s, of any microbatch) moves it into FSDP2's fp32
+    copy (``to_accumulated_grad_if_needed``, the first time) or adds it there and frees it
+    (``accumulate_unsharded_grad_if_needed``), so the next ``W`` sets a new one; a ``W``
+    before that adds into the one there."""
+    as_rank(rank)  # type: ignore[operator]
+    _check(name, rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))

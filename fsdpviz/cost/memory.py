@@ -66,7 +66,6 @@ estimated (a note says so).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
@@ -246,32 +245,9 @@ def _largest_rank(
         notes=[
             f"pipeline rank {rank} of {len(ranks)} has the largest peak (each rank holds its "
             "own stages; report.pipeline.ranks[r].memory is rank r's)",
-            *_split_backward_upcast(report),
             *mem.notes,
         ],
     )
-
-
-def _split_backward_upcast(report: Report) -> list[str]:
-    """A note where the schedule splits each backward into ``I`` and ``W`` actions and FSDP2
-    keeps gradients in another dtype, which the model does not follow (docs/cost.md,
-    pipeline parallelism)."""
-    pipe = report.pipeline
-    assert pipe is not None
-    if not any(re.fullmatch(r"\d+W\d+", a) for acts in pipe.actions.values() for a in acts):
-        return []
-    upcast = sorted(
-        {u.reduce_dtype for u in report.units if u.compute_dtype and u.reduce_dtype}
-        - {u.compute_dtype for u in report.units}
-    )
-    if not upcast:
-        return []
-    return [
-        f"{pipe.schedule} splits each backward into an input backward (I) and a weight "
-        f"backward (W), and FSDP2 keeps the gradients in {', '.join(upcast)}: where it moves "
-        "a W's gradients into that copy (to_accumulated_grad_if_needed at a later I's "
-        "post-backward) is not modelled, so these peaks may come out low"
-    ]
 
 
 def optimizer_step(

@@ -83,13 +83,16 @@ def rank_step_profile(
     upcast: dict[str, float] | None = None,
     loop: str = "",
     microbatches: int = 0,
+    cast_peaks: dict[str, int] | None = None,
 ) -> tuple[StepProfile, list[Event]]:
     """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
     per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
     a backward without sync leaves in the reduce dtype). ``loop``: ``"GPipe"`` or
     ``"1F1B"``, the schedule's own loop, else (``""``) torch's runtime of actions, which
     hold the tensors of a step differently (see :func:`_sent_until`); ``microbatches``: of
-    the step."""
+    the step; ``cast_peaks``: per unit, the most its cast to the reduce dtype holds above
+    the gradients cast (``to_accumulated_grad_if_needed``, one parameter at a time), which
+    the compute after the hook that casts starts from."""
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
     unadded: dict[str, int] = {}  # unit -> a later microbatch's gradient, until added
@@ -104,6 +107,14 @@ def rank_step_profile(
     last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
     local: dict[tuple[int, int | None], int] = {}  # in-flight outputs that are input buffers
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
+    casting = 0  # the last call's casts to the reduce dtype: their most above its end
+
+    def add(values: Stretch) -> None:
+        if casting:  # the stretch starts at the cast's most
+            end = cols["activations"][-1] + cols["forward_temp"][-1] + cols["backward_temp"][-1]
+            values["peak"] = max(values["peak"], end + casting)
+        _append(cols, values)
+
     waiting: dict[tuple[int, int | None], tuple[int, int]] = {}  # what I keeps until its W
     graded: dict[tuple[int, int], int] = {}  # inputs' gradients I leaves in their .grad
     for n, c in enumerate(calls):
@@ -127,15 +138,28 @@ def rank_step_profile(
             values = _quiet(others_act, others_temp)
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
-            if shape.split is not None and c.split is not None and key in waiting:
-                _weight_backward(values, shape, shape.split[c.split])
-                allocated.setdefault(c.stage, set()).update(values["grads"])
+            split = None
+            if shape.split is not None and c.split is not None:
+                split = shape.split[c.split]
+            if split is not None and key in waiting:
+                _weight_backward(values, shape, split)
+                mine = allocated.setdefault(c.stage, set())
+                for unit, nbytes in values["grads"].items():
+                    # a unit FSDP keeps in the reduce dtype: its next post-backward moves
+                    # the new .grad into the copy (made then) or adds it there and frees it
+                    if upcast.get(unit, 1.0) > 1.0 and unit not in mine:
+                        pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+                    elif upcast.get(unit, 1.0) > 1.0:
+                        unadded[unit] = unadded.get(unit, 0) + nbytes
+                mine.update(values["grads"])
                 del waiting[key]
-            _append(cols, values)
+            add(values)
+            casting = 0
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
             pairs = [*inflight.values(), *waiting.values()]
             act = sum(a for a, _ in pairs)  # its own too (a send of its output)
-            _append(cols, _quiet(act, sum(t for _, t in pairs) + held))
+            add(_quiet(act, sum(t for _, t in pairs) + held))
+            casting = 0
         else:
             prof = profiles[c.stage]
             # the memory of I as the stage's trace of it measured (its compute: below)
@@ -169,13 +193,18 @@ def rank_step_profile(
             converted = [c.unit] if c.hook == "post_backward" else []
             if c.hook == "final_callback" and c.part in ("B", "I"):
                 converted = [u for u in [*pending, *unadded] if u in shapes[c.stage].units]
+            moved, top = 0, 0  # what the casts add, and their most above it (cast_peaks)
             for unit in converted:
                 if c.microbatch is None:
                     continue
                 if unit in pending:
+                    top = max(top, moved + pending[unit] + (cast_peaks or {}).get(unit, 0))
+                    moved += pending[unit]
                     grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
                 elif unit in unadded:
+                    moved -= unadded[unit]
                     grads = {**grads, unit: grads.get(unit, 0) - unadded.pop(unit)}
+            cast_next = max(0, top - moved)
             new = sum(grads.values())
             peak_grads = mem.peak_grads[k] if new or made else 0
             peak = mem.peak[k] - mem.peak_grads[k] + peak_grads
@@ -190,8 +219,7 @@ def rank_step_profile(
             shape = shapes[c.stage]
             buffer = shape.output_bytes if shape.output_local and c.part in ("B", "I") else 0
             buffer = 0 if c.microbatch is None else buffer
-            _append(
-                cols,
+            add(
                 {
                     "flops_forward": prof.flops_forward[k] * share,
                     "flops_backward": prof.flops_backward[k] * share,
@@ -206,6 +234,7 @@ def rank_step_profile(
                     "grads": dict(grads),
                 },
             )
+            casting = cast_next
             mine |= set(grads)
             if c.part == "F" and k == shape.forward_end:
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
@@ -245,7 +274,7 @@ def rank_step_profile(
     end = _quiet(0, kept + sum(graded.values()))
     end["peak"] += kept
     end["peak_forward_temp"] += kept
-    _append(cols, end)
+    add(end)
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
 

@@ -67,15 +67,20 @@ SplitKey = tuple[frozenset[str], frozenset[str]]
 
 
 class SplitTraces:
-    """A stage's split backward, traced once for each :data:`SplitKey` asked for."""
+    """A stage's split backward, traced once for each :data:`SplitKey` asked for; None
+    where torch's functions fail on the traced stage (``failed`` says how)."""
 
     def __init__(self, trace: Callable[[SplitKey], SplitBackward]) -> None:
         self._trace = trace
-        self._traced: dict[SplitKey, SplitBackward] = {}
+        self._traced: dict[SplitKey, SplitBackward | None] = {}
+        self.failed = ""
 
-    def __getitem__(self, key: SplitKey) -> SplitBackward:
+    def __getitem__(self, key: SplitKey) -> SplitBackward | None:
         if key not in self._traced:
-            self._traced[key] = self._trace(key)
+            try:
+                self._traced[key] = self._trace(key)
+            except RuntimeError as e:  # as the second backward of a selective checkpoint
+                self._traced[key], self.failed = None, str(e)
         return self._traced[key]
 
 

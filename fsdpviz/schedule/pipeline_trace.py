@@ -275,8 +275,8 @@ def _split_trace(
         if isinstance(t, torch.Tensor):
             t.grad = None  # each microbatch's receive buffer: no gradient before its I
     split = SplitBackward()
-    trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, _QUIET, True, shared,
-                               (key, split))  # fmt: skip
+    trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, _QUIET, True,
+                               shared, (key, split))  # fmt: skip
     assert trace.profile is not None
     split.profile = trace.profile.iterations[0]
     return split
