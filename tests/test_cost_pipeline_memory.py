@@ -10,7 +10,8 @@ gradients of the stage's output in the buffers ``PipelineStage`` receives them i
 last stage (global rank 2): its outputs and losses, kept for ``step()``, and the gradient
 of its input, referenced until it is sent (GPipe) or until the next backward (1F1B).
 Interleaved1F1B resharding after forward: each stage, an FSDP root of its own, frees the
-all-gather buffer its forward kept at its root's post-forward.
+all-gather buffer its forward kept at its root's post-forward. The zero-bubble schedules:
+what their input backward keeps until their weight backward.
 
 The loss is the mean square of the output: the cross entropy against labels would hold the
 labels, which ``analyze``'s ``loss=`` closes over and the real step receives as a target.
@@ -109,7 +110,7 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     group still resharded from its forward is found by its sharded parameters, which the
     graph does not use: that microbatch's ``W`` gives it no gradient, and where no
     microbatch's does, ``REDUCE_GRAD`` frees it without a reduce-scatter. Every event of the
-    real run's steady step, on the rank holding stages 1 and 3."""
+    real run's steady step, on the rank holding stages 1 and 3, and its peak."""
     monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 7)
     monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
     as_rank(2)  # type: ignore[operator]
@@ -122,25 +123,59 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     assert reduced and {"layers.6", "norm, output"}.isdisjoint(reduced)
     lost = [w for w in mine.warnings if w.code == "pipeline_lost_gradients"]
     assert len(lost) == 1 and {"layers.6", "norm, output"} <= set(lost[0].units)
+    assert real.peak == memory_model(mine, optimizer=None).peak["bytes"]
 
 
-def test_a_v_schedule_passes_activations_between_its_stages_in_place(as_rank: object) -> None:
-    """ZBVZeroBubble, pipeline rank 1 (stages 1 and 2): stage 1 hands its output to stage
-    2 as its input buffer (``PipelineStage.set_local_fwd_input``), whose own buffer is freed;
-    the bytes at every send and receive of the forwards, before the first gradient arrives
-    (from there zero-bubble's input backward keeps its graph for the weight backward, which
-    the prediction does not model)."""
-    as_rank(2)  # type: ignore[operator]
-    real = measure(*pj.CASES["zbv-4"], loss_fn=lambda pred, _: _square(pred),
-                   target=lambda: torch.empty(pj.BATCH, 0))  # fmt: skip
-    mine = predict("zbv-4", loss=_square).pipeline.ranks[1]  # type: ignore[union-attr]
-    mem = memory_model(mine, optimizer=None)
-    events = mine.iterations[-1]
-    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
-    end = next(i for i, e in enumerate(events) if e.kind == "pp_recv" and e.phase == "backward")
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in list(zip(real.events, events, mem.events, strict=True))[:end]
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert len(p2p) >= 4 and all(used == total for _, used, total in p2p), p2p
+# zero-bubble cases resharding after every forward
+_ALWAYS = {
+    "zero-bubble-4-always": ("InterleavedZeroBubble", 4, "always"),
+    "zbv-4-always": ("ZBVZeroBubble", 4, "always"),
+    "dualpipev-4-always": ("DualPipeV", 4, "always"),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [("zero-bubble-4", 0), ("zero-bubble-4", 2), ("zbv-4", 0), ("zbv-4", 2), ("dualpipev-4", 2),
+     ("zero-bubble-4-always", 2), ("zbv-4-always", 2), ("dualpipev-4-always", 0)],
+)  # fmt: skip
+def test_a_zero_bubble_rank_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int
+) -> None:
+    """The input backward (``I``, ``stage_backward_input``) keeps the graph below the
+    weights' operators, the gradients at them and the stage's output until the weight
+    backward (``W``, ``stage_backward_weight``); the first ``W`` sets the gradients, later
+    ones add into them; the input's gradient stays in its buffer's ``.grad`` to the step's
+    end. On a V schedule stage 1 hands its output to stage 2 as its input buffer
+    (``set_local_fwd_input``), counted once. Resharding after forward, ``I`` finds the
+    sharded weights of a unit still resharded, whose part of the graph it then keeps not."""
+    for case, spec in _ALWAYS.items():
+        monkeypatch.setitem(pj.CASES, case, spec)
+    as_rank(rank)  # type: ignore[operator]
+    _check(name, rank // pj.DP)
+
+
+@pytest.mark.parametrize("name", ["zero-bubble-4", "zbv-4"])
+def test_a_zero_bubble_middle_rank_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """pp 4 x dp 1, 8 stages of 6 blocks, pipeline rank 1: its two stages both receive
+    and send (a V schedule's also hand each other their activations and gradients)."""
+    monkeypatch.setattr(pj, "PP", 4)
+    monkeypatch.setattr(pj, "DP", 1)
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 6)
+    as_rank(1)  # type: ignore[operator]
+    _check(name, 1)
+
+
+@pytest.mark.parametrize(("name", "rank"), [("zero-bubble-4", 0), ("zbv-4", 2), ("dualpipev-4", 0)])
+def test_zero_bubble_moves_each_weight_gradient_into_the_reduce_dtype(
+    as_rank: object, name: str, rank: int
+) -> None:
+    """bf16 parameters reducing in fp32: each ``W`` sets a bf16 ``.grad``; the next
+    backward's post-backward (an ``I``'s, of any microbatch) moves it into FSDP2's fp32
+    copy (``to_accumulated_grad_if_needed``, the first time) or adds it there and frees it
+    (``accumulate_unsharded_grad_if_needed``), so the next ``W`` sets a new one; a ``W``
+    before that adds into the one there."""
+    as_rank(rank)  # type: ignore[operator]
+    _check(name, rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))

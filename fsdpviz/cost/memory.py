@@ -70,7 +70,6 @@ estimated (a note says so).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
@@ -97,7 +96,6 @@ from fsdpviz.schema.memory import (
     Moment,
     Reserved,
 )
-from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.report import Report
 
 
@@ -253,23 +251,9 @@ def _largest_rank(
         notes=[
             f"pipeline rank {rank} of {len(ranks)} has the largest peak (each rank holds its "
             "own stages; report.pipeline.ranks[r].memory is rank r's)",
-            *_split_backward(report.pipeline),
             *mem.notes,
         ],
     )
-
-
-def _split_backward(pipe: Pipeline[Report]) -> list[str]:
-    """A note where the schedule splits each backward into ``I`` and ``W`` actions, whose
-    memory between them is not modelled (docs/cost.md, pipeline parallelism)."""
-    if not any(re.fullmatch(r"\d+W\d+", a) for acts in pipe.actions.values() for a in acts):
-        return []
-    return [
-        f"{pipe.schedule} splits each backward into an input backward (I) and a weight "
-        "backward (W): what torch's stage_backward_input keeps from I to W (the autograd "
-        "graph, retain_graph=True, and the gradients at the weights' operators) is not "
-        "modelled, so these peaks come out low"
-    ]
 
 
 def optimizer_step(

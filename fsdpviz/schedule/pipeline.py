@@ -29,6 +29,7 @@ stage is resharded.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Unpack
 
 import torch
@@ -83,7 +84,9 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
         warnings.append(_other_torch(opts.torch.name))
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
-    traces = trace_stages(copy, popts, opts, ignored, args, kw, device, profile)
+    # a zero-bubble schedule's input backward (I) apart from its weight backward (W)
+    split = any(re.search(r"\dI\d", a) for acts in actions.values() for a in acts)
+    traces = trace_stages(copy, popts, opts, ignored, args, kw, device, profile, split)
     modules = all_modules(copy, traces)
     ranks = [
         rank_report(r, popts, opts, traces, actions[r], warnings, modules)

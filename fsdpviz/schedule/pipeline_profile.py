@@ -17,7 +17,11 @@ done, backward not yet: their activations and the stage output kept for the back
   under ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``), each later microbatch's own
   gradient alive until its post-backward adds it in;
 - the last stage keeps each microbatch's output until the step ends (``output_chunks``,
-  merged for ``step()``'s return).
+  merged for ``step()``'s return, a copy as large at the step's end);
+- a zero-bubble schedule's ``I`` holds what its stage's split trace measured
+  (:mod:`fsdpviz.schedule.pipeline_split`), and from its end until the microbatch's ``W``
+  what it keeps for ``W``; ``W`` holds its own most and sets the gradients where there
+  were none; the input's gradient ``I`` leaves in its ``.grad`` stays to the step's end.
 
 Actions that run no FSDP hook (``UNSHARD``, ``RESHARD``, the sends and receives, the
 shape inference's reshard) are calls of hook ``pipeline`` with the action as their
@@ -32,10 +36,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.profile import StepProfile
+
+if TYPE_CHECKING:
+    from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Call:
     mark: int | None = None  # the stage trace's hook call whose compute precedes it
     microbatch: int | None = None  # None: shape inference's
     part: str = ""  # "F", "B", "I", "W", "R" (REDUCE_GRAD) or "" (no compute)
+    split: SplitKey | None = None  # I and W: which of the stage's split traces holds them
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class StageShape:
     # its next stage is on the same rank (a V schedule): its output becomes that stage's
     # input buffer (PipelineStage.set_local_fwd_input), which no longer holds memory of its own
     output_local: bool = False
+    split: SplitTraces | None = None  # its backward as I and W hold it (zero-bubble)
 
 
 def rank_step_profile(
@@ -74,13 +83,16 @@ def rank_step_profile(
     upcast: dict[str, float] | None = None,
     loop: str = "",
     microbatches: int = 0,
+    cast_peaks: dict[str, int] | None = None,
 ) -> tuple[StepProfile, list[Event]]:
     """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
     per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
     a backward without sync leaves in the reduce dtype). ``loop``: ``"GPipe"`` or
     ``"1F1B"``, the schedule's own loop, else (``""``) torch's runtime of actions, which
     hold the tensors of a step differently (see :func:`_sent_until`); ``microbatches``: of
-    the step."""
+    the step; ``cast_peaks``: per unit, the most its cast to the reduce dtype holds above
+    the gradients cast (``to_accumulated_grad_if_needed``, one parameter at a time), which
+    the compute after the hook that casts starts from."""
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
     unadded: dict[str, int] = {}  # unit -> a later microbatch's gradient, until added
@@ -95,6 +107,16 @@ def rank_step_profile(
     last_output = 0  # a loop's variable ``output``: its last forward's, to the step's end
     local: dict[tuple[int, int | None], int] = {}  # in-flight outputs that are input buffers
     allocated: dict[int, set[str]] = {}  # by stage: units whose unsharded gradients exist
+    casting = 0  # the last call's casts to the reduce dtype: their most above its end
+
+    def add(values: Stretch) -> None:
+        if casting:  # the stretch starts at the cast's most
+            end = cols["activations"][-1] + cols["forward_temp"][-1] + cols["backward_temp"][-1]
+            values["peak"] = max(values["peak"], end + casting)
+        _append(cols, values)
+
+    waiting: dict[tuple[int, int | None], tuple[int, int]] = {}  # what I keeps until its W
+    graded: dict[tuple[int, int], int] = {}  # inputs' gradients I leaves in their .grad
     for n, c in enumerate(calls):
         hooks.append((c.hook, c.unit, _json(c.arg)))
         for e in c.events:
@@ -105,24 +127,50 @@ def rank_step_profile(
             # the schedule's loop hands its losses on, then reduces: its variable ``loss``
             # keeps the last microbatch's
             losses = min(losses, shapes[c.stage].loss_bytes)
-        held = kept + losses + sum(sent.values()) + last_output - sum(local.values())
-        others_act = sum(a for k, (a, _) in inflight.items() if k != key)
-        others_temp = sum(t for k, (_, t) in inflight.items() if k != key) + held
+        held = kept + losses + sum(sent.values()) + sum(graded.values()) + last_output
+        held -= sum(local.values())
+        others_act = sum(a for k, (a, _) in [*inflight.items(), *waiting.items()] if k != key)
+        others_temp = held + sum(t for k, (_, t) in [*inflight.items(), *waiting.items()]
+                                 if k != key)  # fmt: skip
         if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
             prof, shape = profiles[c.stage], shapes[c.stage]
             marks = range(shape.forward_end + 1, len(prof.hooks))
             values = _quiet(others_act, others_temp)
             values["flops_backward"] = 0.5 * sum(prof.flops_backward[k] for k in marks)
             values["kernels"] = [r for k in marks for r in _scaled(prof.kernels[k], "W")]
-            _append(cols, values)
+            split = None
+            if shape.split is not None and c.split is not None:
+                split = shape.split[c.split]
+            if split is not None and key in waiting:
+                _weight_backward(values, shape, split)
+                mine = allocated.setdefault(c.stage, set())
+                for unit, nbytes in values["grads"].items():
+                    # a unit FSDP keeps in the reduce dtype: its next post-backward moves
+                    # the new .grad into the copy (made then) or adds it there and frees it
+                    if upcast.get(unit, 1.0) > 1.0 and unit not in mine:
+                        pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+                    elif upcast.get(unit, 1.0) > 1.0:
+                        unadded[unit] = unadded.get(unit, 0) + nbytes
+                mine.update(values["grads"])
+                del waiting[key]
+            add(values)
+            casting = 0
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
-            act = sum(a for a, _ in inflight.values())  # its own too (a send of its output)
-            _append(cols, _quiet(act, sum(t for _, t in inflight.values()) + held))
+            pairs = [*inflight.values(), *waiting.values()]
+            act = sum(a for a, _ in pairs)  # its own too (a send of its output)
+            add(_quiet(act, sum(t for _, t in pairs) + held))
+            casting = 0
         else:
             prof = profiles[c.stage]
+            # the memory of I as the stage's trace of it measured (its compute: below)
+            traces = shapes[c.stage].split
+            split = None
+            if c.part == "I" and traces is not None and c.split is not None:
+                split = traces[c.split]
+            mem = split.profile if split is not None and split.profile is not None else prof
             k = c.mark
             share = 0.5 if c.part == "I" else 1.0  # the weight gradient's FLOPs run in W
-            grads = {} if c.microbatch is None else prof.grads[k]
+            grads = {} if c.microbatch is None else mem.grads[k]
             mine = allocated.setdefault(c.stage, set())
             in_place = False
             if grads and set(grads) <= mine:
@@ -133,7 +181,7 @@ def rank_step_profile(
                 grads = {u: n for u, n in grads.items() if upcast.get(u, 1.0) > 1.0}
                 for unit, nbytes in grads.items():
                     unadded[unit] = unadded.get(unit, 0) + nbytes
-                in_place = not grads and k < len(prof.peak_in_place)  # absent in old profiles
+                in_place = not grads and k < len(mem.peak_in_place)  # absent in old profiles
             else:
                 for unit, nbytes in grads.items():
                     if upcast.get(unit, 1.0) > 1.0:
@@ -145,40 +193,49 @@ def rank_step_profile(
             converted = [c.unit] if c.hook == "post_backward" else []
             if c.hook == "final_callback" and c.part in ("B", "I"):
                 converted = [u for u in [*pending, *unadded] if u in shapes[c.stage].units]
+            moved, top = 0, 0  # what the casts add, and their most above it (cast_peaks)
             for unit in converted:
                 if c.microbatch is None:
                     continue
                 if unit in pending:
+                    top = max(top, moved + pending[unit] + (cast_peaks or {}).get(unit, 0))
+                    moved += pending[unit]
                     grads = {**grads, unit: grads.get(unit, 0) + pending.pop(unit)}
                 elif unit in unadded:
+                    moved -= unadded[unit]
                     grads = {**grads, unit: grads.get(unit, 0) - unadded.pop(unit)}
+            cast_next = max(0, top - moved)
             new = sum(grads.values())
-            peak_grads = prof.peak_grads[k] if new or made else 0
-            peak = prof.peak[k] - prof.peak_grads[k] + peak_grads
-            peak_act, peak_fwd = prof.peak_activations[k], prof.peak_forward_temp[k]
+            peak_grads = mem.peak_grads[k] if new or made else 0
+            peak = mem.peak[k] - mem.peak_grads[k] + peak_grads
+            peak_act, peak_fwd = mem.peak_activations[k], mem.peak_forward_temp[k]
             if in_place:
                 # autograd adds each new gradient into the one an earlier microbatch left and
                 # frees it (AccumulateGrad): the most the trace saw with new gradients as
                 # temporaries until added, not where the first microbatch's peak was
-                peak, peak_act, peak_fwd = prof.peak_in_place[k]
-            _append(
-                cols,
+                peak, peak_act, peak_fwd = mem.peak_in_place[k]
+            # the trace keeps the stage's output to its end; one that is the next stage's
+            # input buffer is counted there from the forward's end on
+            shape = shapes[c.stage]
+            buffer = shape.output_bytes if shape.output_local and c.part in ("B", "I") else 0
+            buffer = 0 if c.microbatch is None else buffer
+            add(
                 {
                     "flops_forward": prof.flops_forward[k] * share,
                     "flops_backward": prof.flops_backward[k] * share,
                     "kernels": _scaled(prof.kernels[k] if k < len(prof.kernels) else [], c.part),
-                    "activations": prof.activations[k] + others_act,
-                    "forward_temp": prof.forward_temp[k] + others_temp,
-                    "backward_temp": prof.backward_temp[k],
-                    "peak": peak + others_act + others_temp,
+                    "activations": mem.activations[k] + others_act,
+                    "forward_temp": mem.forward_temp[k] - buffer + others_temp,
+                    "backward_temp": mem.backward_temp[k],
+                    "peak": peak - buffer + others_act + others_temp,
                     "peak_activations": peak_act + others_act,
-                    "peak_forward_temp": peak_fwd + others_temp,
+                    "peak_forward_temp": peak_fwd - buffer + others_temp,
                     "peak_grads": peak_grads,
                     "grads": dict(grads),
                 },
             )
+            casting = cast_next
             mine |= set(grads)
-            shape = shapes[c.stage]
             if c.part == "F" and k == shape.forward_end:
                 inflight[key] = (prof.activations[k], prof.forward_temp[k])
                 if shape.output_local and c.microbatch is not None:
@@ -195,7 +252,12 @@ def rank_step_profile(
                 if loop == "1F1B":  # its list of send ops is replaced after this backward
                     for other in [k for k in sent if k[0] == c.stage]:
                         del sent[other]
-                if shape.input_grad_bytes:
+                if split is not None and c.part == "I":
+                    held_act, held_temp = split.held
+                    waiting[key] = (held_act, held_temp + _output_to_w(shape))
+                    if shape.input_grad_bytes:  # to the next step's clear_runtime_states
+                        graded[(c.stage, c.microbatch)] = shape.input_grad_bytes
+                elif shape.input_grad_bytes:
                     sent[(c.stage, c.microbatch)] = shape.input_grad_bytes
         reshard = c.hook == "pipeline" and isinstance(c.arg, str) and c.arg.endswith("RESHARD")
         if reshard and c.microbatch is None and c.stage is not None:
@@ -207,9 +269,33 @@ def rank_step_profile(
             loop == "1F1B" or (loop == "GPipe" and c.microbatch == microbatches - 1)
         ):
             sent.pop((int(sending[1]), int(sending[2])), None)
-    _append(cols, _quiet(0, kept))  # after the last call: the step's end
+    # after the last call, the step's end: step() returns the last stage's outputs merged
+    # (merge_chunks: torch.cat of output_chunks, which it keeps), a new tensor as large
+    end = _quiet(0, kept + sum(graded.values()))
+    end["peak"] += kept
+    end["peak_forward_temp"] += kept
+    add(end)
     step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
     return step, events
+
+
+def _weight_backward(values: Stretch, shape: StageShape, split: SplitBackward) -> None:
+    """``values``, a ``W``'s stretch of the quiet others, with what the ``W`` of a stage
+    traced as ``I`` and ``W`` holds (:mod:`fsdpviz.schedule.pipeline_split`): its most, and
+    the gradients it sets where there were none."""
+    extra = _output_to_w(shape)
+    most, act, fwd = split.most
+    values["peak"] += most + extra
+    values["peak_activations"] += act
+    values["peak_forward_temp"] += fwd + extra
+    values["grads"] = dict(split.grads)
+
+
+def _output_to_w(shape: StageShape) -> int:
+    """The stage's output, kept from ``I`` to ``W`` (``PipelineStage.backward_state``): the
+    last stage's is kept to the step's end anyway, one that is the next stage's input buffer
+    is that buffer."""
+    return 0 if shape.last or shape.output_local else shape.output_bytes
 
 
 # Where a stage's gradient of its inputs goes after its backward: ``PipelineStage`` keeps it

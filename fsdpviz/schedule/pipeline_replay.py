@@ -39,6 +39,19 @@ class RankRun:
         # when it began, whose W then computes no gradient (see :meth:`action`)
         self.weightless: dict[tuple[int, int | None], set[str]] = {}
         self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
+        self.input_calls: dict[tuple[int, int | None], list[Call]] = {}  # I's, until its W
+        # by stage, the groups reducing in another dtype whose parameters hold the .grad a W
+        # left: the next W adds into it, unless a backward's post-backward moved it into
+        # FSDP2's reduce-dtype copy first (to_accumulated_grad_if_needed)
+        self.grad_left: dict[int, set[str]] = {s: set() for s in self.stages}
+        self.upcast = {
+            g.name
+            for s in self.stages
+            for g in traces[s].groups
+            if g.schema is not None
+            and g.schema.reduce_dtype not in (None, g.schema.compute_dtype)
+            and g.schema.compute_dtype is not None
+        }
 
     def _replay(self, s: int, log: Log, first: int, part: str, mb: int | None) -> list[Call]:
         """``log`` (the stage trace's hook calls from index ``first``) replayed, call by call."""
@@ -92,6 +105,8 @@ class RankRun:
             return [start, *self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
         if kind in ("B", "I", "W"):
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
+            if kind == "B" or (kind == "I" and s != 0) or (kind == "W" and s == 0):
+                self.grad_left[s].clear()  # every group's post-backward runs
             if kind == "B" or (kind == "W" and s == 0):
                 return [start, *self._replay(s, trace.backward, back, "B", mb)]
             if kind == "I" and s != 0:
@@ -105,18 +120,29 @@ class RankRun:
                     for g in st.groups
                     if g.sharded is not Sharded.UNSHARDED
                 }
-                return [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
+                calls = [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
+                self.input_calls[(s, mb)] = calls
+                return calls
             if kind == "W":  # the weight gradients land outside FSDP's hooks
                 lost = self.weightless.pop((s, mb), set())
+                # the traces of this I and W: the weights it found, the gradients there
+                had = {g.name for st in rt.states for g in st.groups if g.accumulated}
+                had = (had - self.upcast) | self.grad_left[s]
+                key = (frozenset(lost), frozenset(had - lost))
+                for c in self.input_calls.pop((s, mb), []):
+                    c.split = key
                 for state in rt.states:
                     for g in state.groups:
                         grads = _has_grads(trace.backward, g.name, rt)
                         if grads and g.name in lost:
                             self.gradless.add(g.name)
                         g.accumulated = g.accumulated or (grads and g.name not in lost)
-                return [Call("pipeline", "", action, [], s, None, mb, "W")]
+                        if grads and g.name not in lost and g.name in self.upcast:
+                            self.grad_left[s].add(g.name)
+                return [Call("pipeline", "", action, [], s, None, mb, "W", key)]
             return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
         if kind == "REDUCE_GRAD":
+            self.grad_left[s].clear()
             rt.reduce_grad()
             return _reduce_calls(rt.take_events(), s)
         if kind == "UNSHARD":

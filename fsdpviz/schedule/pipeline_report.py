@@ -46,6 +46,9 @@ def rank_report(
         warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
     profile = _rank_profile(popts, mine, steps)
+    failed = [(t.index, t.split.failed) for t in mine if t.split is not None and t.split.failed]
+    if failed:
+        warnings = [*warnings, _split_untraced(popts.schedule, *failed[0])]
     iterations = [[e for c in calls for e in c.events] for calls in steps]
     groups = [g for t in mine for g in t.groups]
     order: list[str] = []
@@ -84,6 +87,20 @@ def _lost_gradients(schedule: str, units: list[str]) -> FsdpWarning:
     )
 
 
+def _split_untraced(schedule: str, stage: int, error: str) -> FsdpWarning:
+    """A stage whose backward split as torch splits it could not be traced (see
+    :mod:`fsdpviz.schedule.pipeline_split`): its ``I`` and ``W`` are counted as a whole
+    backward."""
+    return FsdpWarning(
+        "pipeline_split_untraced",
+        f"{schedule} splits each backward into an input backward (I) and a weight backward "
+        f"(W), which fsdpviz could not trace on stage {stage} (torch's stage_backward_input, "
+        f"then stage_backward_weight: {error}): its memory is counted as a whole backward's, "
+        "without what I keeps until W, so this rank's peak may come out low",
+        [],
+    )
+
+
 def _rank_profile(
     popts: PipelineOptions, mine: list[StageTrace], steps: list[list[Call]]
 ) -> TraceProfile | None:
@@ -108,6 +125,7 @@ def _rank_profile(
             # buffer (set_local_bwd_input), sent nowhere
             t.input_bytes if t.inputs_need_grad and t.index > 0 and not _local(t.index - 1) else 0,
             _local(t.index + 1),
+            t.split,
         )
         for t in mine
     }  # fmt: skip
@@ -117,9 +135,13 @@ def _rank_profile(
         for g in t.groups
         if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
     }
+    casts = {g.name: _cast_peak(g, upcast[g.name]) for t in mine for g in t.groups
+             if upcast.get(g.name, 1.0) > 1.0}  # fmt: skip
     m = popts.microbatches
     loop = popts.schedule if popts.single_stage else ""
-    iterations = [rank_step_profile(calls, profiles, shapes, upcast, loop, m)[0] for calls in steps]
+    iterations = [
+        rank_step_profile(calls, profiles, shapes, upcast, loop, m, casts)[0] for calls in steps
+    ]
     inputs = 0
     for t in mine:
         assert t.profile is not None
@@ -146,6 +168,19 @@ def _rank_profile(
         flop_ops=list(first.flop_ops),
         tokens=first.tokens * m,
     )
+
+
+def _cast_peak(group: Group, ratio: float) -> int:
+    """FSDP2's ``to_accumulated_grad_if_needed`` casts a group's gradients to the reduce
+    dtype one parameter at a time, each one's compute-dtype gradient alive until its copy is
+    made: the most that holds above the group's gradients all cast."""
+    assert group.schema is not None
+    size = _itemsize(group.schema.compute_dtype)
+    most, after = 0, 0.0  # after: what the parameters cast later add
+    for p in reversed([p for p in group.params if p.requires_grad]):
+        most = max(most, int(p.numel() * size - after))
+        after += p.numel() * size * (ratio - 1.0)
+    return most
 
 
 def _itemsize(dtype: str | None) -> int:

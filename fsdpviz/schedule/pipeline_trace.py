@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
@@ -57,6 +59,7 @@ class StageTrace:
     loss_bytes: int = 0  # the last stage's loss
     prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
+    split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
 
 
 def trace_stages(
@@ -68,7 +71,12 @@ def trace_stages(
     kw: dict[str, Any],
     device: str,
     profile: bool,
+    split: bool = False,
 ) -> list[StageTrace]:
+    """Each stage traced on the first microbatch (the next on this one's output); ``split``:
+    the schedule splits the backward into ``I`` and ``W``, which every stage but the first
+    then measures in more traces, as the replay asks for them
+    (:mod:`fsdpviz.schedule.pipeline_split`)."""
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
@@ -99,6 +107,10 @@ def trace_stages(
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
+            if split and s and trace.profile is not None:
+                trace.split = SplitTraces(functools.partial(
+                    _split_trace, s, part, stage_opts, groups, args, kw, last, where, shared
+                ))  # fmt: skip
             if s:
                 trace.input_bytes = traces[-1].output_bytes  # what the previous stage sends
             traces.append(trace)
@@ -167,6 +179,7 @@ def _trace_stage(
     bar: Any,
     profile: bool,
     shared: list[torch.Tensor],
+    split: tuple[SplitKey, SplitBackward] | None = None,
 ) -> tuple[StageTrace, Any, list[bool]]:
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
@@ -194,6 +207,11 @@ def _trace_stage(
             probe.attach(runtime)
             if tp is not None:
                 tp.measure(probe)
+        backward = None
+        if split is not None and probe is not None:
+            probe.detach_saved = True
+            params = {g.name: list(g.params) for g in groups}
+            backward = split_backward(probe, part, (args, kw), params, *split)
         output = run_step(
             part,
             args,
@@ -204,6 +222,7 @@ def _trace_stage(
             forward_done,
             stage_output=not last,
             keep_output=True,
+            backward=backward,
         )
     finally:
         remove_hooks(tracker, emulation, tp, probe)
@@ -235,6 +254,42 @@ def _trace_stage(
     )
     shares = [probe is not None and probe.holds_share(t) for t in sent]
     return trace, output, shares
+
+
+def _split_trace(
+    s: int,
+    part: nn.Module,
+    opts: FSDP2Options,
+    groups: list[Group],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    last: bool,
+    where: str,
+    shared: list[torch.Tensor],
+    key: SplitKey,
+) -> SplitBackward:
+    """The stage traced again, its backward as ``I`` then ``W`` (``key``: which weights
+    they find, which gradients are there): the ``I`` trace's profile and what the two hold
+    (:func:`~fsdpviz.schedule.pipeline_split.split_backward`)."""
+    for t in tree_leaves((args, kw)):
+        if isinstance(t, torch.Tensor):
+            t.grad = None  # each microbatch's receive buffer: no gradient before its I
+    split = SplitBackward()
+    trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, _QUIET, True,
+                               shared, (key, split))  # fmt: skip
+    assert trace.profile is not None
+    split.profile = trace.profile.iterations[0]
+    return split
+
+
+class _Quiet:
+    """A progress bar that shows nothing (a second trace of a stage)."""
+
+    def tick(self) -> None:
+        pass
+
+
+_QUIET = _Quiet()
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:

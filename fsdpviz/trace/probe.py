@@ -160,6 +160,10 @@ class CostProbe(
         self._stretch = Stretch()
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
+        self._watch: list[int] | None = None  # see watch()
+        # saved tensors packed as aliases, so a node saving its own output holds no cycle
+        # (one a graph kept past a partial backward, retain_graph=True, would leak)
+        self.detach_saved = False
         self._measuring = False
         self._count_events: Callable[[], int] = lambda: 0
         self.module_saved: dict[str, float] = {}
@@ -501,6 +505,8 @@ class CostProbe(
             s.peak_activations, s.peak_forward_temp = live[ACT], live[FWD_TEMP]
         if held > s.peak_in_place[0]:
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
+        if self._watch is not None and sum(live) > self._watch[0]:
+            self._watch[:] = [sum(live), *live]
 
     def _freed(self, key: int, ref: Any) -> None:
         self._sharded.forget(key)
@@ -528,7 +534,7 @@ class CostProbe(
             if self._record_modules and torch._C._current_graph_task_id() == -1:
                 name = self._tracker.stack[-1] if self._tracker.stack else ""
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
-        return t
+        return t.detach() if self.detach_saved else t
 
     def _made_outside(self, st: Any) -> list[Any] | None:
         """Count storage ``st`` no operator made (``internal_new_from_data``, on meta)."""
@@ -566,6 +572,22 @@ class CostProbe(
         self._stretch.grads[owner] = self._stretch.grads.get(owner, 0) + delta
         self._stretch.grad_bytes += delta
         self._bump_peak()
+
+    def watch(self) -> None:
+        """Follow the most bytes held (every kind) from now on, for :meth:`watched`."""
+        self._watch = [sum(self.live), *self.live]
+
+    def watched(self) -> list[int]:
+        """The most bytes held since :meth:`watch`, then each kind's bytes at that moment
+        (indexed by kind, as :attr:`live`)."""
+        most, self._watch = self._watch or [0, 0, 0, 0, 0], None
+        return most
+
+    def uncounted(self, tensors: list[torch.Tensor]) -> None:
+        """Leave out the storages of ``tensors``, made before the step (as its inputs)."""
+        for t in tensors:
+            if (st := storage_of(t)) is not None:
+                self._external.add(st)
 
     # ---------------------------------------------------------------- marks
     def _close_stretch(self) -> Mark:

@@ -30,6 +30,10 @@ from fsdpviz.trace.copy import index_range, inputs_copy
 from fsdpviz.trace.hf_masks import answered_mask_checks
 from fsdpviz.trace.meta_kernels import DtypeMismatch, device_rules, dtype_name
 
+# what runs a step's backward (``run_step``'s ``backward=``): from these outputs (or the
+# loss) with these gradients of them (None: the loss's own), then the model's output
+Backward = Callable[[list[torch.Tensor], list[torch.Tensor] | None, Any], None]
+
 
 @dataclass
 class ModuleCalls:
@@ -415,6 +419,7 @@ def run_step(
     *,
     stage_output: bool = False,
     keep_output: bool = False,
+    backward: Backward | None = None,
 ) -> Any:
     """One forward and backward on the copy; failures name the module that failed.
 
@@ -424,6 +429,8 @@ def run_step(
     of a loss; ``on_loss`` is then called with the first of them. ``keep_output``: return the
     model's output, alive to the end of the measured step (a pipeline stage's, sent on);
     else it dies with the step, as a training loop drops it (None is returned).
+    ``backward``: runs the backward from the outputs (or the loss) and their gradients
+    (None: the loss's), in place of ``torch.autograd.backward``.
     """
     # torch imports Dynamo on the first call of a function it wraps in _disable_dynamo; made
     # inside the measured step, that import leaves storages of the step alive until a cyclic
@@ -434,7 +441,9 @@ def run_step(
     kernels = device_rules() if meta else nullcontext()
     masks = answered_mask_checks(model, args, kwargs) if meta else nullcontext()
     with measure, kernels, masks:
-        output = _step(model, args, kwargs, loss_fn, tracker, where, on_loss, stage_output)
+        output = _step(
+            model, args, kwargs, loss_fn, tracker, where, on_loss, stage_output, backward
+        )
         if not keep_output:
             output = None
     return output
@@ -449,6 +458,7 @@ def _step(
     where: str,
     on_loss: Callable[[torch.Tensor], None] | None,
     stage_output: bool = False,
+    backward: Backward | None = None,
 ) -> Any:
     try:
         output = model(*args, **kwargs)
@@ -480,7 +490,10 @@ def _step(
         # the step (counted with the stage's inputs), not in memory the step allocates
         with _disable_current_modes():
             grads = [torch.ones_like(t) for t in tensors]
-        torch.autograd.backward(tensors, grads)
+        if backward is None:
+            torch.autograd.backward(tensors, grads)
+        else:
+            backward(tensors, grads, output)
         return output
     fn = loss_fn or default_loss
     # torch.compile(loss_fn): its function runs (on meta, not Dynamo); the probe holds its
@@ -502,7 +515,10 @@ def _step(
     if on_loss is not None:
         on_loss(loss)
     try:
-        loss.backward()  # type: ignore[no-untyped-call]
+        if backward is None:
+            loss.backward()  # type: ignore[no-untyped-call]
+        else:
+            backward([loss], None, output)
     except RuntimeError as e:
         held = cache_bytes(output)
         if held and is_checkpointed(model):
