@@ -71,12 +71,11 @@ from fsdpviz.trace.hook_counters import Mark, cut_profile
 from fsdpviz.trace.loss_parallel import LossParallelAccounting
 from fsdpviz.trace.operators import (
     FLOP_OPS,
-    op_arg,
     op_info,
     op_tensors,
     output_shapes,
-    tensor_bytes,
 )
+from fsdpviz.trace.probe_kernels import KernelAccounting
 from fsdpviz.trace.probe_records import (
     ACT,
     BWD_TEMP,
@@ -98,7 +97,11 @@ _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
 class CostProbe(
-    CompiledLossAccounting, CompiledRegionAccounting, Float8Accounting, TorchDispatchMode
+    CompiledLossAccounting,
+    CompiledRegionAccounting,
+    Float8Accounting,
+    KernelAccounting,
+    TorchDispatchMode,
 ):  # type: ignore[no-untyped-call]
     """Counts activation/temp/gradient bytes and FLOPs of one traced step.
 
@@ -348,109 +351,6 @@ class CostProbe(
         if mats is not None and all(self._is_share(args[i]) for i in mats):
             return False
         return any(self._is_share(t) for t in op_tensors((args, kwargs)))
-
-    def _count_flops(self, flops: int) -> None:
-        if torch._C._current_graph_task_id() != -1:
-            self._stretch.flops_backward += flops
-            return
-        self._stretch.flops_forward += flops
-        if self._record_modules:
-            name = self._tracker.stack[-1] if self._tracker.stack else ""
-            self.module_flops[name] = self.module_flops.get(name, 0.0) + flops
-
-    def _count_kernel(
-        self,
-        cost: tuple[Any, ...],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        out: Any,
-        flops: int,
-        fresh: bool = True,
-    ) -> None:
-        """One GPU kernel this operator launches, merged with the same kernels of the stretch
-        (see :mod:`fsdpviz.schema.profile`, ``kernels``). Under tensor parallelism, as one rank
-        of the tp group runs it: its shares of the operands and output (the output already
-        tracked), a matrix multiply on the shapes its shares leave."""
-        backward = int(torch._C._current_graph_task_id() != -1)
-        kind = cost[0]
-        key: tuple[Any, ...]
-        tp = self.tp_ranks if self._tp is not None else 1
-        if kind == "mem":
-            nbytes = self._local_bytes(args) + self._local_bytes(out)
-            self._add_kernel(("mem", backward), 1, nbytes)
-            if self._fusing():
-                self._fused.add(backward, args, out, nbytes, fresh)
-            else:
-                self._fused.close()
-            return
-        self._fused.close()  # a matrix multiply, attention or convolution ends a fused run
-        rescale = False
-        if kind == "gemm":
-            a, b = args[cost[1]], args[cost[1] + 1]
-            *batch, m, k = a.shape
-            n = b.shape[-1]
-            nb = batch[0] if batch else 1
-            if tp > 1:  # one rank's shares: both share the reduced dimension, or one its own
-                sa, sb = self._is_share(a), self._is_share(b)
-                if sa and sb:
-                    k = -(-k // tp)
-                elif sb:
-                    n = -(-n // tp)
-                elif sa:
-                    m = -(-m // tp)
-            isz = a.element_size()
-            key = ("gemm", backward, m, n, k, nb, isz)
-            nbytes = (m * k + k * n + m * n) * nb * isz
-            float8 = self._float8 is not None and self._float8.active()
-            # a checkpoint's recomputation in backward runs the linear's forward again
-            gradient = bool(backward) and not recomputing()
-            if float8 and self._float8_casts(backward, gradient, a, b):
-                key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
-                nbytes = (m * k + k * n) * nb + m * n * nb * isz
-                rescale = gradient and self._float8_recipe == "rowwise"
-        elif kind == "attn":
-            q, kv = args[cost[1]], args[cost[1] + 1]
-            causal = cost[3] is not None and bool(op_arg(args, kwargs, cost[3], "is_causal"))
-            b, h, sq, d = q.shape
-            hkv = kv.shape[1]
-            if tp > 1 and self._is_share(q):  # the rank's heads
-                h, hkv = -(-h // tp), -(-hkv // tp)
-            skv = kv.shape[2]
-            isz = q.element_size()
-            # the backward kernel (its query is argument 1) or the forward one, whatever the
-            # phase: activation checkpointing's recomputation in backward runs the forward one
-            grad = int(cost[1] == 1)
-            key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz, grad)
-            nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + grad)
-        else:
-            share = tp > 1 and any(self._is_share(t) for t in op_tensors(out))
-            local = flops // tp if share else flops
-            key = ("flops", backward, local)
-            nbytes = self._local_bytes(args) + self._local_bytes(out)
-        self._add_kernel(key, 1, nbytes)
-        if rescale:
-            self._float8_rescale(backward, out)
-
-    def _local_numel(self, t: torch.Tensor) -> int:
-        """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
-        return t.numel() // self.tp_ranks if self._is_share(t) else t.numel()
-
-    def _local_bytes(self, x: Any) -> int:
-        """Bytes of the tensors in ``x`` one rank holds: a tp share's ``1 / tp``."""
-        if self._tp is None:
-            return tensor_bytes(x)
-        return sum(
-            t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
-            for t in op_tensors(x)
-        )
-
-    def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None:
-        rec = self._stretch.kernels.get(key)
-        if rec is None:
-            self._stretch.kernels[key] = [count, nbytes]
-        else:
-            rec[0] += count
-            rec[1] += nbytes
 
     def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
         st = storage_of(t)
