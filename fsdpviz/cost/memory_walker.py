@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from fsdpviz.cost.hook_calls import HookCall, Tape
+from fsdpviz.cost.memory_records import WAITS, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
-from fsdpviz.schema.report import Report, unit_label
+from fsdpviz.schema.report import Report
 
-_WAITS = ("pre_forward", "pre_backward")
 Block = tuple[str | int, ...]  # a buffer of a communication stream's pool: what, unit[, index]
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
-class Walker:
+class Walker(MemoryRecords):
     """Steps one iteration's tape and keeps bytes per category.
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
@@ -260,7 +258,7 @@ class Walker:
         if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
             self._root = unit
         events = self.tape.events
-        waits = c.hook in _WAITS
+        waits = c.hook in WAITS
         own_gather = waits and any(
             events[e].kind == "all_gather" and events[e].unit == unit for e in c.events
         )
@@ -598,107 +596,3 @@ class Walker:
             self.on_compute.discard(unit)
             return "unsharded_params"
         return "all_gather"
-
-    # --------------------------------------------------------------- records
-    def _total(self) -> int:
-        return sum(self.cat.values())
-
-    def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None:
-        values = tuple(self.cat.values())
-        total = sum(values)
-        if total > self._since:
-            self._since = total
-        self._totals.append(total)
-        if e is not None:
-            kind, event = "event", self._event_index
-            what = f"{where} {e.describe()}"
-        else:
-            kind, event = ("compute" if where.startswith("during") else "hook"), -1
-            what = where
-            if c is not None:
-                what = (
-                    f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
-                )
-        self.moments.append(Moment(kind, self._call, event, len(self.records), what, values))
-        if total > self._peak:
-            self._peak = total
-            self._peak_at = {
-                "where": what,
-                "event": len(self.records),
-                "moment": len(self.moments) - 1,
-                "breakdown": dict(self.cat),
-            }
-
-    def _snapshot(self, index: int) -> None:
-        e = self.tape.events[index]
-        total = self._total()
-        event = (e.kind, e.unit, e.phase, e.hook, e.hook_unit)
-        peak_before = max(self._since, total)
-        self.records.append(MemoryEvent.of(index, event, self.cat, total, peak_before))
-        self._since = total
-
-    def _window(self, c: HookCall, opening: bool) -> None:
-        """Open/close the per-unit windows of ``unit_peaks``.
-
-        A unit's forward runs from its pre-forward to its post-forward hook (FSDP2: to the
-        start of it, whose resharding counts in the windows of the units around it). Its
-        backward runs from its pre-backward hook to its post-backward hook, plus the
-        pre-backward hooks that fire on the same gradients (the previous unit's, with its
-        copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It
-        ends at the next compute, any operator (a norm's backward counts no FLOPs), or the
-        next hook call of another kind.
-        """
-        if opening:
-            if c.hook not in _WAITS or (c.hook == "pre_forward" and self.in_backward):
-                return  # (a recomputation's pre-forward opens no window)
-            key = (c.unit, "backward" if c.backward else "forward")
-            if key not in self._open:
-                self._open[key] = (self._total(), len(self._totals))
-            return
-        if c.hook == "post_forward":
-            self._close((c.unit, "forward"))
-        elif c.hook.startswith("post_backward"):
-            self._closing.append((c.unit, "backward"))
-        elif c.hook in ("final_callback", "end"):
-            for key in [k for k in self._open if k[1] == "backward"]:
-                self._close(key)
-            self._closing.clear()
-
-    def _close(self, key: tuple[str, str]) -> None:
-        if key in self._open:
-            opened, start = self._open.pop(key)
-            self._closed.append((key[0], key[1], opened, start, len(self._totals)))
-
-    def _unit_peaks(self) -> None:
-        """Each closed window's peak: the most of its opening total and the moments in it.
-
-        Range maxima from a sparse table (windows can span most of an iteration, and
-        there is one per unit and direction).
-        """
-        totals = np.asarray(self._totals, dtype=np.int64)
-        table = [totals]  # table[k][i]: the most of totals[i : i + 2**k]
-        while (1 << len(table)) <= len(totals):
-            half = 1 << (len(table) - 1)
-            table.append(np.maximum(table[-1][:-half], table[-1][half:]))
-        for unit, direction, opened, start, end in self._closed:
-            peak = opened
-            if end > start:
-                k = (end - start).bit_length() - 1
-                level = table[k]
-                peak = max(peak, int(level[start]), int(level[end - (1 << k)]))
-            slot = self.unit_peaks.setdefault(unit, {"forward": 0, "backward": 0})
-            slot[direction] = max(slot[direction], peak)
-
-    def peak_record(self) -> MemoryPeak:
-        breakdown = self._peak_at.get("breakdown", dict(self.cat))
-        dominant = max(breakdown, key=lambda k: breakdown[k]) if breakdown else None
-        last = max(len(self.tape.events) - 1, 0)
-        return {
-            "bytes": max(self._peak, 0),
-            # the event the peak precedes or happens in (the last one after the final callback)
-            "event": min(self._peak_at.get("event", 0), last),
-            "moment": self._peak_at.get("moment", 0),
-            "where": self._peak_at.get("where", ""),
-            "breakdown": breakdown,
-            "dominant": dominant,
-        }
