@@ -1041,13 +1041,17 @@ def _collect_after_dora(model: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("optimizer", [None, "adamw"])
-@pytest.mark.parametrize("name", ["llama-lora", "neox-dora", "llama-lora-bf16"])
+@pytest.mark.parametrize(
+    "name", ["llama-lora", "neox-dora", "llama-lora-bf16", "llama-dora-embedding"]
+)
 def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
     """LoRA (Llama) and DoRA (GPT-NeoX, a magnitude vector per adapted linear) as
-    ``peft.get_peft_model`` builds them, and LoRA on a bf16 Llama with peft's fp32 adapters
-    (each group in two dtypes), each layer a unit, real CPU tensors: AdamW keeps state
-    for the adapters only, FSDP2 reduce-scatters and keeps their gradients only, and the peak,
-    every category at it and every module's peaks equal FSDPMemTracker's to the byte."""
+    ``peft.get_peft_model`` builds them, LoRA on a bf16 Llama with peft's fp32 adapters
+    (each group in two dtypes), and DoRA on Llama's embedding (a graph built in forward and
+    dropped there, its saved tensors with it), each layer a unit, real CPU tensors: AdamW
+    keeps state for the adapters only, FSDP2 reduce-scatters and keeps their gradients only,
+    and the peak, every category at it and every module's peaks equal FSDPMemTracker's to
+    the byte."""
     pytest.importorskip("peft")
     from peft_models import MODELS
 
