@@ -189,13 +189,15 @@ def _sync(model: nn.Module, sync: bool, accumulate: int, reduce_each: bool = Fal
 
 def _module_peaks(tracker: Any, modules: dict[str, dict[str, int]]) -> None:
     """Each module's forward and backward peak of the iteration the tracker followed, the
-    most with what ``modules`` holds."""
+    most with what ``modules`` holds (0 for a backward that did not run: no gradient
+    reached the module)."""
     for stats in tracker.memory_tracking.values():
         fqn = stats.mod_fqn.partition(".")[2]  # drop the root class name
         by_state = {state.value: snaps for state, snaps in stats.snapshots.items()}
         slot = modules.setdefault(fqn, {"forward": 0, "backward": 0})
         for phase, name in (("forward", "Forward"), ("backward", "Backward")):
-            most = max(next(iter(s.values()))["Total"] for s in by_state[f"Peak {name}"])
+            snaps = by_state.get(f"Peak {name}", [])
+            most = max((next(iter(s.values()))["Total"] for s in snaps), default=0)
             slot[phase] = max(slot[phase], most)
 
 

@@ -80,4 +80,34 @@ def llama_lora_bf16() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     return model, {"input_ids": ids, "labels": ids}, LlamaDecoderLayer
 
 
-MODELS = {"llama-lora": llama_lora, "neox-dora": neox_dora, "llama-lora-bf16": llama_lora_bf16}
+def llama_dora_embedding() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+    """DoRA on the embedding and the query projection. peft's embedding takes the norm of its
+    weight plus the update through a new ``nn.Parameter`` of the transposed weight
+    (``transpose(weight, fan_in_fan_out=True)``), so autograd records it, then detaches the
+    norm: the vocabulary-by-hidden sum the norm saved dies with that graph, in forward."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    ids = tokens()
+    model = adapt(llama_base(), ["embed_tokens", "q_proj"], dora=True)
+    return model, {"input_ids": ids, "labels": ids}, LlamaDecoderLayer
+
+
+def llama_lora_head() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+    """LoRA on the LM head only: no gradient reaches the (frozen) layers, so their backward
+    never runs and FSDP2's root post-backward callback reshards them."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    ids = tokens()
+    model = adapt(llama_base(), ["lm_head"])
+    return model, {"input_ids": ids, "labels": ids}, LlamaDecoderLayer
+
+
+MODELS = {
+    "llama-lora": llama_lora,
+    "neox-dora": neox_dora,
+    "llama-lora-bf16": llama_lora_bf16,
+    "llama-dora-embedding": llama_dora_embedding,
+    "llama-lora-head": llama_lora_head,
+}

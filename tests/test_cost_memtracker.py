@@ -1041,13 +1041,17 @@ def _collect_after_dora(model: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("optimizer", [None, "adamw"])
-@pytest.mark.parametrize("name", ["llama-lora", "neox-dora", "llama-lora-bf16"])
+@pytest.mark.parametrize(
+    "name", ["llama-lora", "neox-dora", "llama-lora-bf16", "llama-dora-embedding"]
+)
 def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
     """LoRA (Llama) and DoRA (GPT-NeoX, a magnitude vector per adapted linear) as
-    ``peft.get_peft_model`` builds them, and LoRA on a bf16 Llama with peft's fp32 adapters
-    (each group in two dtypes), each layer a unit, real CPU tensors: AdamW keeps state
-    for the adapters only, FSDP2 reduce-scatters and keeps their gradients only, and the peak,
-    every category at it and every module's peaks equal FSDPMemTracker's to the byte."""
+    ``peft.get_peft_model`` builds them, LoRA on a bf16 Llama with peft's fp32 adapters
+    (each group in two dtypes), and DoRA on Llama's embedding (a graph built in forward and
+    dropped there, its saved tensors with it), each layer a unit, real CPU tensors: AdamW
+    keeps state for the adapters only, FSDP2 reduce-scatters and keeps their gradients only,
+    and the peak, every category at it and every module's peaks equal FSDPMemTracker's to
+    the byte."""
     pytest.importorskip("peft")
     from peft_models import MODELS
 
@@ -1074,6 +1078,40 @@ def test_peft_adapters(fake_pg: int, name: str, optimizer: str | None) -> None:
     assert (
         real.after_backward["Sharded Grad"] == last == sum(4 * u.trainable[1] for u in report.units)
     )
+
+
+def test_post_forward_shards_of_layers_no_gradient_reaches(fake_pg: int) -> None:
+    """LoRA on the LM head only, each frozen layer resharded after forward onto 2 of the 4
+    ranks, two micro-steps: no gradient reaches the layers, so FSDP2's root post-backward
+    callback reshards them (``post_backward`` -> ``_to_sharded``), which leaves their
+    post-forward shards allocated (only ``to_unsharded`` from SHARDED_POST_FORWARD frees
+    them); the second micro-step's forward holds them until each layer's reshard after
+    forward replaces them. The peak and every module's peaks over the micro-steps to the
+    byte (the tracker files post-forward shards as forward tensors: those two compared
+    together)."""
+    pytest.importorskip("peft")
+    from peft_models import llama_lora_head
+
+    n, options = 2, {"reshard_after_forward": 2}
+    layer = llama_lora_head()[2]
+    real = tracked(
+        lambda: llama_lora_head()[0], lambda: dict(llama_lora_head()[1]),
+        lambda m: [x for x in m.modules() if isinstance(x, layer)], fake_pg, _hf_loss,
+        real=True, accumulate=n, **options,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model, inputs, _ = llama_lora_head()
+    report = fsdpviz.analyze(model, inputs, fully_shard=[layer], loss=_hf_loss,
+                             world_size=fake_pg, grad_accum=n, **options)  # fmt: skip
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    assert real.peak["Total"] == at_peak.peak["bytes"]
+    mine = at_peak.peak["breakdown"]
+    theirs = real.peak.get("Sharded Param", 0) + real.peak.get("Activation", 0)
+    assert theirs == mine["sharded_params"] + mine["activations"] + mine["forward_temp"]
+    layers = [u.module for u in report.units if u.module.endswith(("layers.0", "layers.1"))]
+    assert len(layers) == 2 and all(real.modules[m]["backward"] == 0 for m in layers)
+    assert real.modules == _most_over_micro_steps(report, steps, model)
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])

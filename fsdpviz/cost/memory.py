@@ -99,6 +99,20 @@ from fsdpviz.schema.memory import (
 from fsdpviz.schema.report import Report
 
 
+def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int] | None:
+    """The post-forward shards iteration ``k`` leaves, by unit (FSDP2's
+    ``reshard_after_forward=int`` groups its backward did not reach): see [Note: stale
+    post-forward shards] in ``memory_walker.py``."""
+    fewer = report.config.post_forward_ranks if report.config.api == "FSDP2" else {}
+    gathers = [e for e in report.iterations[k] if e.kind == "all_gather"]
+    again = {e.unit for e in gathers if e.phase == "backward"}
+    if not any(e.unit in fewer and e.unit not in again for e in gathers):
+        return None  # every group resharded after forward is gathered again in backward
+    walk = Walker(report, sizes, tape(report, k), steady=False)
+    walk.run()
+    return dict(walk.post_forward_shard) or None
+
+
 def memory_model(
     report: Report,
     *,
@@ -149,24 +163,29 @@ def memory_model(
     steady = i >= accum  # an optimizer step ran before this one (its states exist)
     # FSDP2's set_requires_all_reduce(False): every micro-step reduce-scatters
     reduces = report.config.api == "FSDP2" and not report.config.requires_all_reduce
-    for k in range(i - i % accum, i):  # the micro-steps before it in its optimizer step
+    first = i - i % accum
+    # the post-forward shards the optimizer step before left ([Note: stale post-forward
+    # shards] in memory_walker.py)
+    stale = _stale_shards(report, sizes, first - 1) if first > 0 else None
+    for k in range(first, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
             report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
             all_reduce=False,
-            upcast=up, last_grads=last, placed=placed,
+            upcast=up, last_grads=last, placed=placed, stale=stale,
         )  # fmt: skip
         carry.run()
     if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
         carry = Walker(
-            report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed
-        )
+            report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed,
+            stale=stale,
+        )  # fmt: skip
         carry.run()
     sync = i % accum == accum - 1
     step = optimizer_step(report, sizes, optimizer) if sync else None
     walker = Walker(
         report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
         all_reduce=sync,
-        upcast=up, last_grads=last, step=step, placed=placed,
+        upcast=up, last_grads=last, step=step, placed=placed, stale=stale,
     )  # fmt: skip
     walker.run()
     notes = list(walker.notes)

@@ -51,6 +51,9 @@ class Walker(MemoryRecords):
     the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
     until the function returns, after the reduced shard is allocated.
 
+    ``stale``: FSDP2, the post-forward shards (``reshard_after_forward=int``) the iteration
+    before left, by unit: see [Note: stale post-forward shards]. A carried walk passes its own.
+
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
     than 0 (:func:`~fsdpviz.cost.sizes.placed_grads`), and two temporaries of theirs (see
     [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2_shards.py``): the copy-out gathers each such
@@ -74,6 +77,7 @@ class Walker(MemoryRecords):
         last_grads: dict[str, int] | None = None,
         step: tuple[int, int] | None = None,
         placed: dict[str, tuple[int, ...]] | None = None,
+        stale: dict[str, int] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
@@ -112,6 +116,15 @@ class Walker(MemoryRecords):
         # (fsdpviz.cost.memory.fixed_segments)
         self.blocks: dict[str, list[tuple[Block, int]]] = {"all_gather": [], "reduce_scatter": []}
         self.post_forward_shard: dict[str, int] = {}
+        # [Note: stale post-forward shards] FSDP2's root post-backward callback reshards
+        # every group its backward did not reach (``post_backward`` -> ``_to_sharded``):
+        # a group resharded after forward onto fewer ranks becomes SHARDED, but
+        # ``FSDPParam.to_sharded`` does not free ``_sharded_post_forward_param_data``, nor
+        # does the next copy-out (``to_unsharded`` frees it only from SHARDED_POST_FORWARD).
+        # The old shards live on, through the optimizer step, until the group's next
+        # reshard after forward replaces them, each parameter's once its new one is cloned.
+        # Groups that no gradient reaches (frozen layers before the first adapter) do it.
+        self.stale: set[str] = set()
         self.records: list[MemoryEvent] = []
         # Every moment the total is looked at, in order: where it is (a stretch of compute,
         # an event, a hook), the event it precedes or happens in, and bytes per category.
@@ -180,6 +193,11 @@ class Walker(MemoryRecords):
             self._accumulating = set(carry.grads) - self._cast
             self.reduced = set(carry.reduced)
             self._held = set(carry.reduced)
+            stale = carry.post_forward_shard
+        if self.fsdp2 and stale:
+            self.post_forward_shard = dict(stale)
+            self.stale = set(stale)
+            self.cat["sharded_params"] += sum(stale.values())
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -346,10 +364,14 @@ class Walker(MemoryRecords):
             elif e.unit in self.resident:
                 self.resident.discard(e.unit)
                 raf = self.raf_int.get(e.unit)
+                old = e.unit in self.stale
                 if raf and e.phase == "forward":
-                    self._reshard_post_forward(e, s, raf)
+                    self._reshard_post_forward(e, s, raf, old)
                 self.cat["unsharded_params"] -= s.unsharded
                 if raf and e.phase == "forward":
+                    if old:  # replaced: see [Note: stale post-forward shards]
+                        self.stale.discard(e.unit)
+                        self.cat["sharded_params"] -= self.post_forward_shard.pop(e.unit)
                     self.post_forward_shard[e.unit] = s.unsharded // raf
                     self.cat["sharded_params"] += s.unsharded // raf
         else:
@@ -376,7 +398,7 @@ class Walker(MemoryRecords):
         self.cat[temps] += temp
         self._moment("at the copy-out in", c)
         self.cat[temps] -= temp
-        if unit in self.post_forward_shard:
+        if unit in self.post_forward_shard and unit not in self.stale:
             self.cat["sharded_params"] -= self.post_forward_shard.pop(unit)
         if not self.fsdp2 or pending is None:
             return
@@ -391,12 +413,13 @@ class Walker(MemoryRecords):
         else:
             self._free("all_gather", ("out", unit), pending[0])
 
-    def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int) -> None:
+    def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int, old: bool) -> None:
         """FSDP2 resharding a unit after forward onto ``raf`` ranks (its
         ``ReportConfig.post_forward_ranks``): ``FSDPParam.to_sharded_post_forward``, one
         parameter at a time, clones the rank's slice of the parameter's all-gather output,
-        then frees that output. The moment the most is alive: the slices cloned so far
-        beside the outputs not yet freed."""
+        then frees that output (and with ``old``, the slice the iteration before left, see
+        [Note: stale post-forward shards]). The moment the most is alive: the slices cloned
+        so far beside the outputs (and old slices) not yet freed."""
         if not s.gathered_params:
             return
         best, at, cloned, freed = -1, 0, 0, 0
@@ -404,13 +427,14 @@ class Walker(MemoryRecords):
             cloned += n // raf
             if cloned - freed > best:
                 best, at = cloned - freed, i
-            freed += n
+            freed += n + (n // raf if old else 0)
         clones = sum(n // raf for n in s.gathered_params[: at + 1])
         gone = sum(s.gathered_params[:at])
-        self.cat["sharded_params"] += clones
+        olds = sum(n // raf for n in s.gathered_params[:at]) if old else 0
+        self.cat["sharded_params"] += clones - olds
         self.cat["unsharded_params"] -= gone
         self._moment("at the reshard after forward onto fewer ranks in", None, e)
-        self.cat["sharded_params"] -= clones
+        self.cat["sharded_params"] -= clones - olds
         self.cat["unsharded_params"] += gone
 
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:

@@ -209,7 +209,6 @@ def _trace_stage(
                 tp.measure(probe)
         backward = None
         if split is not None and probe is not None:
-            probe.detach_saved = True
             params = {g.name: list(g.params) for g in groups}
             backward = split_backward(probe, part, (args, kw), params, *split)
         output = run_step(

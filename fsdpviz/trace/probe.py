@@ -57,7 +57,11 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode_stack,
+)
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
@@ -164,9 +168,6 @@ class CostProbe(
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._watch: list[int] | None = None  # see watch()
-        # saved tensors packed as aliases, so a node saving its own output holds no cycle
-        # (one a graph kept past a partial backward, retain_graph=True, would leak)
-        self.detach_saved = False
         self._measuring = False
         self._count_events: Callable[[], int] = lambda: 0
         self.module_saved: dict[str, float] = {}
@@ -417,12 +418,23 @@ class CostProbe(
         self.live[rec[1]] -= rec[0]
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Count ``t``'s storage as saved for backward; keep it as autograd does.
+
+        What is packed is ``t`` detached: autograd keeps an operator's saved output without
+        its ``grad_fn`` (no reference cycle), so a graph nothing refers to any more (a value
+        computed with gradients, then detached: DoRA's weight norm of an embedding) is freed
+        with what it saved at once. Packing ``t`` itself would hold the output's node from
+        its own saved tensor (torch's warning in ``saved_tensors_hooks``): a cycle that lives
+        until the garbage collector runs, and none runs while ``analyze`` traces (a graph
+        kept past a partial backward, a zero-bubble stage's input backward with
+        ``retain_graph=True``, would hold it too).
+        """
         st = storage_of(t)
         rec = None if st is None else self._live.get(id(st))
         loss = self._loss
         if rec is None and loss is not None and st is not None and id(st) in loss.pending:
             loss.saved.add(id(st))  # the partitioner decides when the loss's forward ends
-            return t
+            return _detached(t)
         if rec is None and st is not None and t.is_meta and st not in self._external:
             # made before any operator ran: the index tensor torch makes of a list on the
             # indexed tensor's device (``x[:, [-2]]``), ``torch.tensor(data, device=...)``
@@ -434,7 +446,7 @@ class CostProbe(
             if self._record_modules and torch._C._current_graph_task_id() == -1:
                 name = self._tracker.stack[-1] if self._tracker.stack else ""
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
-        return t.detach() if self.detach_saved else t
+        return _detached(t)
 
     def _made_outside(self, st: Any) -> list[Any] | None:
         """Count storage ``st`` no operator made (``internal_new_from_data``, on meta)."""
@@ -552,6 +564,12 @@ class CostProbe(
         base = TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS,
                             self.tokens, self.tp_ranks, self.tp_ranks)  # fmt: skip
         return cut_profile(self.marks, self._tails, log, n_events, self._unit_names, base)
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """``t.detach()``, an alias of its storage no operator of the trace ran."""
+    with _disable_current_modes():
+        return t.detach()
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
