@@ -39,6 +39,8 @@ from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import ACT, FWD_TEMP, GRAD
 from fsdpviz.trace.tracker import Backward
 
+__all__ = ["SplitBackward", "SplitKey", "SplitTraces", "split_backward"]
+
 
 @dataclass
 class SplitBackward:
@@ -143,6 +145,3 @@ def _measured(
     into.grads = {unit: n for unit, n in grads.items() if unit}
     into.most = (most[0] - kept, most[1 + ACT] - after_weight[ACT],
                  most[1 + FWD_TEMP] - after_weight[FWD_TEMP])  # fmt: skip
-
-
-__all__ = ["SplitBackward", "SplitKey", "SplitTraces", "split_backward"]
