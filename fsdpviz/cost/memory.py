@@ -100,9 +100,9 @@ from fsdpviz.schema.report import Report
 
 
 def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int] | None:
-    """The post-forward shards iteration ``k`` leaves, by unit (FSDP2's
-    ``reshard_after_forward=int`` groups its backward did not reach): see [Note: stale
-    post-forward shards] in ``memory_walker.py``."""
+    """The post-forward shards iteration ``k`` leaves, by unit (FSDP2's groups resharded
+    after forward to fewer ranks, ``config.post_forward_ranks``, that its backward did not
+    reach): see [Note: stale post-forward shards] in ``memory_walker.py``."""
     fewer = report.config.post_forward_ranks if report.config.api == "FSDP2" else {}
     gathers = [e for e in report.iterations[k] if e.kind == "all_gather"]
     again = {e.unit for e in gathers if e.phase == "backward"}

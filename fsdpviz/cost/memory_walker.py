@@ -51,8 +51,9 @@ class Walker(MemoryRecords):
     the last one: ``foreach_reduce``'s loop over them leaves it bound to the loop variable
     until the function returns, after the reduced shard is allocated.
 
-    ``stale``: FSDP2, the post-forward shards (``reshard_after_forward=int``) the iteration
-    before left, by unit: see [Note: stale post-forward shards]. A carried walk passes its own.
+    ``stale``: FSDP2, the post-forward shards (groups resharded after forward to fewer ranks)
+    the iteration before left, by unit: see [Note: stale post-forward shards]. A carried
+    walk passes its own.
 
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
     than 0 (:func:`~fsdpviz.cost.sizes.placed_grads`), and two temporaries of theirs (see
