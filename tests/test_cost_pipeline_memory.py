@@ -179,3 +179,17 @@ def test_zero_bubble_moves_each_weight_gradient_into_the_reduce_dtype(
     before that adds into the one there."""
     as_rank(rank)  # type: ignore[operator]
     _check(name, rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+
+
+def test_a_v_stage_output_is_counted_once_when_its_backward_begins(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DualPipeV resharding after forward, bf16 parameters reducing in fp32, pipeline rank
+    1 (stages 1 and 2): stage 1's output is stage 2's input buffer (``set_local_fwd_input``)
+    and ``backward_one_chunk`` keeps it (``stage_output``) through stage 1's backward. The
+    rank's peak is the first pre-backward of that backward, where the next unit's
+    all-gather is prefetched: the output is held there once, not left out."""
+    monkeypatch.setitem(pj.CASES, "dualpipev-4-always", _ALWAYS["dualpipev-4-always"])
+    as_rank(2)  # type: ignore[operator]
+    _check("dualpipev-4-always", 1, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+

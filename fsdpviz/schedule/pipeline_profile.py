@@ -128,7 +128,9 @@ def rank_step_profile(
             # keeps the last microbatch's
             losses = min(losses, shapes[c.stage].loss_bytes)
         held = kept + losses + sum(sent.values()) + sum(graded.values()) + last_output
-        held -= sum(local.values())
+        # an output that is the next stage's input buffer is counted there; the call's own
+        # (its first backward call) is left out with its in-flight temporaries below
+        held -= sum(n for k, n in local.items() if k != key)
         others_act = sum(a for k, (a, _) in [*inflight.items(), *waiting.items()] if k != key)
         others_temp = held + sum(t for k, (_, t) in [*inflight.items(), *waiting.items()]
                                  if k != key)  # fmt: skip
@@ -158,7 +160,7 @@ def rank_step_profile(
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
             pairs = [*inflight.values(), *waiting.values()]
             act = sum(a for a, _ in pairs)  # its own too (a send of its output)
-            add(_quiet(act, sum(t for _, t in pairs) + held))
+            add(_quiet(act, sum(t for _, t in pairs) + held - local.get(key, 0)))
             casting = 0
         else:
             prof = profiles[c.stage]
