@@ -193,3 +193,18 @@ def test_a_v_stage_output_is_counted_once_when_its_backward_begins(
     as_rank(2)  # type: ignore[operator]
     _check("dualpipev-4-always", 1, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
 
+
+def test_a_reduction_on_one_rank_keeps_no_gradient_to_its_end(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pp 4 x dp 1, InterleavedZeroBubble resharding after forward, bf16 parameters
+    reducing in fp32, pipeline rank 2: the peak is stage 6's ``REDUCE_GRAD`` reduction. Its
+    reduce-scatter group is one rank, so ``foreach_reduce`` skips the loop whose variable
+    would keep the last gradient alive (``world_size > 1``): ``unsharded_grads.clear()``
+    frees them all before the output is allocated."""
+    monkeypatch.setattr(pj, "PP", 4)
+    monkeypatch.setattr(pj, "DP", 1)
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 6)
+    monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", _ALWAYS["zero-bubble-4-always"])
+    as_rank(2)  # type: ignore[operator]
+    _check("zero-bubble-4-always", 2, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))

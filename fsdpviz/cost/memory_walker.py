@@ -93,6 +93,11 @@ class Walker(MemoryRecords):
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         self.ws = cfg.ranks
+        # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
+        # rank's FSDP mesh is its data-parallel part only
+        self._reduce_ranks = {
+            u.module: u.padded_numel // u.sharded_numel for u in report.units if u.sharded_numel
+        }
         prof = report.profile
         # tensor parallelism: the trace measured one rank's activations, temporaries and
         # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one
@@ -475,7 +480,7 @@ class Walker(MemoryRecords):
         self._alloc("reduce_scatter", block, s.reduce_scatter)
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
         self.cat["backward_temp"] -= kept
-        last = self.last_grads.get(e.unit, 0) if self.ws > 1 and grads else 0
+        last = self.last_grads.get(e.unit, 0) if self._regroups(e.unit) and grads else 0
         if last and e.unit in self._cast:  # accumulated in the reduce dtype
             last = round(last * self.upcast[e.unit].ratio)
         self._leftover = min(last, grads)
@@ -572,11 +577,16 @@ class Walker(MemoryRecords):
             self.cat["sharded_grads"] -= n
         self.reduced.add(e.unit)
 
+    def _regroups(self, unit: str) -> bool:
+        """Whether ``foreach_reduce`` loops over the unit's gradients before its copy-in
+        (``world_size > 1``: the ranks of its reduce-scatter group)."""
+        return self._reduce_ranks.get(unit, self.ws) > 1
+
     def _chunk_cat(self, e: Event, grads: int) -> int:
         """FSDP2's reduction of gradients sharded on a dim other than 0 rebuilds each (see
         ``placed``): the most that is alive beside the gradients while it does, then what
         stays until the copy-in is done (the last parameter's copy), which it returns."""
-        cats = self.placed.get(e.unit) if self.ws > 1 and grads else None
+        cats = self.placed.get(e.unit) if self._regroups(e.unit) and grads else None
         if not cats or not any(cats):
             return 0
         ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
