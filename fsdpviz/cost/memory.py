@@ -88,7 +88,6 @@ from fsdpviz.cost.sizes import (
     upcasts,
 )
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1 import flat_param_layout
 from fsdpviz.schema.memory import (
     CATEGORIES,
     MemoryPeak,
@@ -338,6 +337,10 @@ def _fsdp1_pieces(report: Report) -> list[list[int]]:
     """FSDP1 with ``use_orig_params=True``: for each rank, the elements of each trainable
     parameter's part of its unit's shard, in the parameters' order, the parameters without
     one left out (FSDP gives them no gradient: the optimizer skips them)."""
+    # here, not at the top: the plan loads torch, and the command line's checks import the
+    # cost model (through the exports) before torch is loaded
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
