@@ -198,16 +198,24 @@ def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
 
 @contextmanager
 def _rank(rank: int) -> Iterator[None]:
-    """The fake process group as seen by ``rank`` of the same 4, rank 0's again after."""
+    """The fake process group as seen by ``rank`` of the same 4, rank 0's again after.
+
+    DTensor's sharding propagation caches decisions by mesh, and a mesh made after the
+    group is made again equals one made before, whose process groups are gone: the caches
+    are cleared with the group, or a later test's DTensor collectives would name a group
+    that no longer exists."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+    _clear_sharding_prop_cache()
     try:
         yield
     finally:
         dist.destroy_process_group()
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        _clear_sharding_prop_cache()
 
 
 @pytest.mark.parametrize("optimizer", ["for_loop", "foreach"])

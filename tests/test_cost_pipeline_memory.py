@@ -45,11 +45,15 @@ def _square(pred: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def as_rank(fake_pg: int) -> Iterator[object]:
     """Run as another rank of the fake process group, then as rank 0 again."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def become(rank: int) -> None:
         dist.destroy_process_group()
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=fake_pg)
+        # DTensor's sharding propagation caches decisions by mesh; a mesh made now equals
+        # one made before, whose groups are gone
+        _clear_sharding_prop_cache()
 
     yield become
     become(0)
