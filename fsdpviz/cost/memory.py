@@ -346,7 +346,7 @@ def _fsdp1_pieces(report: Report) -> list[list[int]]:
         for m in report.modules
         for name, shape in m.params.items()
     }
-    spans: dict[str, tuple[int, int, int]] = {}  # parameter -> (start, end, shard size)
+    held: dict[str, dict[int, int]] = {}  # parameter -> {rank: elements of its part}
     ranks = 1
     for u in report.units:
         if u.requires_grad is False or not u.sharded_numel:
@@ -361,24 +361,11 @@ def _fsdp1_pieces(report: Report) -> list[list[int]]:
             pad_to=report.config.process_group_size or n_ranks,
         )
         frozen = set(u.frozen_params)
-        start, names = 0, iter(u.params)
-        for n, pad in zip(layout.split_numels, layout.is_padding, strict=True):
-            if not pad:
-                name = next(names)
-                if name not in frozen:
-                    spans[name] = (start, start + n, u.sharded_numel)
-            start += n
-    out: list[list[int]] = []
-    for r in range(ranks):
-        pieces = []
-        for name in shapes:
-            if name in spans:
-                a, b, size = spans[name]
-                piece = max(0, min(b, (r + 1) * size) - max(a, r * size))
-                if piece:
-                    pieces.append(piece)
-        out.append(pieces)
-    return out
+        parts = layout.shard_parts([p not in frozen for p in u.params])
+        for r, by_param in enumerate(parts):
+            for i, n in by_param.items():
+                held.setdefault(u.params[i], {})[r] = n
+    return [[held[p][r] for p in shapes if r in held.get(p, {})] for r in range(ranks)]
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB

@@ -122,22 +122,25 @@ class FlatLayout:
         order): in all, and the most of them one rank's shard holds. With
         ``use_orig_params=True`` each parameter is a view of its part of the rank's shard,
         and the optimizer keeps state for the parts of those that train."""
-        spans: list[tuple[int, int]] = []
-        start = 0
-        flags = iter(trains)
+        held = [sum(parts.values()) for parts in self.shard_parts(trains)]
+        return sum(held), max(held, default=0)
+
+    def shard_parts(self, trains: Sequence[bool]) -> list[dict[int, int]]:
+        """For each rank, the elements of its shard that each parameter flagged in
+        ``trains`` holds, by the parameter's index (those with none left out)."""
+        spans: list[tuple[int, int, int]] = []  # (parameter index, start, end)
+        start, index = 0, 0
         for n, pad in zip(self.split_numels, self.is_padding, strict=True):
-            if not pad and next(flags):
-                spans.append((start, start + n))
+            if not pad:
+                if trains[index]:
+                    spans.append((index, start, start + n))
+                index += 1
             start += n
         size = self.sharded_numel
-        most = max(
-            (
-                sum(max(0, min(b, lo + size) - max(a, lo)) for a, b in spans)
-                for lo in range(0, size * self.shard_world_size, size)
-            ),
-            default=0,
-        )
-        return sum(b - a for a, b in spans), most
+        return [
+            {i: part for i, a, b in spans if (part := min(b, lo + size) - max(a, lo)) > 0}
+            for lo in range(0, size * self.shard_world_size, size)
+        ]
 
 
 def flat_param_layout(
