@@ -33,7 +33,7 @@ from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.probe import CostProbe
-from fsdpviz.trace.progress import progress_bar
+from fsdpviz.trace.progress import QUIET, progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
 
 Log = list[tuple[str, int, Any]]
@@ -274,21 +274,11 @@ def _split_trace(
         if isinstance(t, torch.Tensor):
             t.grad = None  # each microbatch's receive buffer: no gradient before its I
     split = SplitBackward()
-    trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, _QUIET, True,
+    trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, QUIET, True,
                                shared, (key, split))  # fmt: skip
     assert trace.profile is not None
     split.profile = trace.profile.iterations[0]
     return split
-
-
-class _Quiet:
-    """A progress bar that shows nothing (a second trace of a stage)."""
-
-    def tick(self) -> None:
-        pass
-
-
-_QUIET = _Quiet()
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:

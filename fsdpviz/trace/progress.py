@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 
 class _Bar:
@@ -17,6 +17,10 @@ class _Bar:
         if self._bar is not None and self._n < self._total:
             self._n += 1
             self._bar.update(1)
+
+
+QUIET: Final = _Bar(None, 0)
+"""A bar that shows nothing (for a second trace of the same modules)."""
 
 
 @contextmanager
