@@ -351,7 +351,7 @@ def _fsdp1_pieces(report: Report) -> list[list[int]]:
     for u in report.units:
         if u.requires_grad is False or not u.sharded_numel:
             continue
-        n_ranks = u.padded_numel // u.sharded_numel
+        n_ranks = u.shard_ranks
         ranks = max(ranks, n_ranks)
         layout = flat_param_layout(
             [math.prod(shapes.get(p) or [0]) for p in u.params],

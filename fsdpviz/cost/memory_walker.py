@@ -95,9 +95,7 @@ class Walker(MemoryRecords):
         self.ws = cfg.ranks
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
         # rank's FSDP mesh is its data-parallel part only
-        self._reduce_ranks = {
-            u.module: u.padded_numel // u.sharded_numel for u in report.units if u.sharded_numel
-        }
+        self._reduce_ranks = {u.module: u.shard_ranks for u in report.units if u.sharded_numel}
         prof = report.profile
         # tensor parallelism: the trace measured one rank's activations, temporaries and
         # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one

@@ -182,7 +182,7 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
 def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
     """Each of ``u``'s parameters all-gathered (FSDP2: padded on dim 0 to a multiple of the
     shard ranks, in the compute dtype, else the parameter's own)."""
-    ranks = u.padded_numel // u.sharded_numel if u.sharded_numel else 1
+    ranks = u.shard_ranks or 1
     own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     out = []
     for fqn in u.params:
@@ -303,7 +303,7 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
     trainable, trainable_sharded = u.trainable
     grad_numel = trainable if fsdp2 else (u.numel if trainable else 0)
     grad_sharded = reduced_shard_numel(u, fsdp2)
-    shard_ranks = u.padded_numel // u.sharded_numel if u.sharded_numel else 0
+    shard_ranks = u.shard_ranks
     return UnitBytes(
         name=u.module,
         sharded=sharded - host,
@@ -381,7 +381,7 @@ def placed_bytes(u: Unit) -> dict[str, int]:
     is its shard times the shard ranks.)"""
     if not u.shard_dims or not u.sharded_numel:
         return {}
-    ranks = u.padded_numel // u.sharded_numel
+    ranks = u.shard_ranks
     own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     out: dict[str, int] = {}
     for fqn in u.shard_dims:

@@ -181,6 +181,12 @@ class Unit:
         return self.sharded_numel * self.itemsize
 
     @property
+    def shard_ranks(self) -> int:
+        """The ranks its parameters are sharded over (its all-gather's and reduce-scatter's
+        group, ``padded_numel / sharded_numel``); 0 where it holds no shard."""
+        return self.padded_numel // self.sharded_numel if self.sharded_numel else 0
+
+    @property
     def trainable(self) -> tuple[int, int]:
         """Elements of the parameters that require grad: in all, and in one rank's shard
         (the rank that holds the most). What optimizer state and sharded gradients are of."""
