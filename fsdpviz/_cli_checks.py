@@ -58,8 +58,9 @@ def check_report(args: argparse.Namespace) -> tuple[Source, Path, bool]:
     return source, path, explicit
 
 
-def check_tune(args: argparse.Namespace) -> tuple[Path]:
-    """``fsdpviz tune``'s file to write (the page or the search as JSON)."""
+def check_tune(args: argparse.Namespace) -> tuple[Path, Source]:
+    """``fsdpviz tune``'s file to write (the page or the search as JSON) and its model's
+    source."""
     path = Path(args.output)
     if path.suffix not in (".html", ".json"):
         raise UsageError(
@@ -68,12 +69,12 @@ def check_tune(args: argparse.Namespace) -> tuple[Path]:
         )
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {args.output!r}: its directory does not exist")
-    _planned_source(  # (nothing loaded yet: the flags are checked first)
+    source = _planned_source(  # (nothing loaded yet: the flags are checked first)
         args,
         f"fsdpviz tune searches a model's configurations; {args.factory!r} is a saved "
         "report or recording: give MODEL as hf:ID or MODULE:FACTORY",
     )
-    return (path,)
+    return path, source
 
 
 def check_doctor(args: argparse.Namespace) -> tuple[Path, Source | None]:

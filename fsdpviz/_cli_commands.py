@@ -45,27 +45,7 @@ def cmd_demo(args: argparse.Namespace, path: Path) -> int:
 def cmd_report(args: argparse.Namespace, source: Source, path: Path, explicit: bool) -> int:
     if source == "saved":
         return _report_saved(args, path, explicit)
-    wraps: list[type[nn.Module]] = []
-    if source == "torchtitan":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConfigNote)
-            job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
-        model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
-    elif source == "hf":
-        built = load_hf_model(str(hf_id(args.factory)), args)
-        model, inputs, wraps = built.model, built.inputs, built.wrap_classes
-    else:
-        if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
-            sys.path.insert(0, os.getcwd())
-        model, inputs = _load_model(args.factory)
-    if args.inputs is not None:
-        obj = _import_object(args.inputs, "--inputs")
-        inputs = obj() if callable(obj) else obj
-    if inputs is None:
-        raise UsageError(
-            f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY, "
-            "or make the factory return (model, inputs)"
-        )
+    model, inputs, wraps = _model(args, source)
     notes: list[str] = []
     kwargs = analyze_kwargs(args, model, wraps, notes)
     for line in notes:
@@ -78,12 +58,12 @@ def cmd_report(args: argparse.Namespace, source: Source, path: Path, explicit: b
     return _write(report, path, time.perf_counter() - start, root_only, source)
 
 
-def cmd_tune(args: argparse.Namespace, path: Path) -> int:
+def cmd_tune(args: argparse.Namespace, path: Path, source: Source) -> int:
     from fsdpviz._tune_command import frontier_table, run_tune  # lazy: the tuner, 0.5 s
 
     sizes: list[int] | None = args.world_size
     args.world_size = sizes[0] if sizes else None
-    model, inputs, wraps = _doctor_model(args)
+    model, inputs, wraps = _model(args, source)
     args.world_size = sizes
     start = time.perf_counter()
     tuning = run_tune(args, model, inputs, wraps, print)
@@ -111,7 +91,7 @@ def cmd_doctor(args: argparse.Namespace, path: Path, source: Source | None) -> i
     if source is not None:
         if args.world_size is None:  # the job's, as the dumps tell it
             args.world_size = run.world_size
-        model, inputs, wraps = _doctor_model(args)
+        model, inputs, wraps = _model(args, source)
         notes: list[str] = []
         kwargs = analyze_kwargs(args, model, wraps, notes)
         for line in notes:
@@ -156,27 +136,32 @@ def _report_saved(args: argparse.Namespace, path: Path, explicit: bool) -> int:
     return 0
 
 
-def _doctor_model(args: argparse.Namespace) -> tuple[nn.Module, Any, list[type[nn.Module]]]:
-    """The model, inputs and default wrap classes ``fsdpviz doctor`` predicts the job with
-    (the sources of ``fsdpviz report``)."""
+def _model(
+    args: argparse.Namespace, source: Source
+) -> tuple[nn.Module, Any, list[type[nn.Module]]]:
+    """The model, inputs and default wrap classes that ``report``, ``tune`` and ``doctor``
+    plan, from ``source`` (checked by :mod:`fsdpviz._cli_checks`)."""
     wraps: list[type[nn.Module]] = []
-    if args.torchtitan_config:
+    if source == "torchtitan":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigNote)
             job = from_torchtitan(args.torchtitan_config, world_size=args.world_size)
         model, inputs, args.torchtitan_plan = job.model, job.inputs, job.config
-    elif (name := hf_id(args.factory)) is not None:
-        built = load_hf_model(name, args)
+    elif source == "hf":
+        built = load_hf_model(str(hf_id(args.factory)), args)
         model, inputs, wraps = built.model, built.inputs, built.wrap_classes
     else:
-        if os.getcwd() not in sys.path:
+        if os.getcwd() not in sys.path:  # let `fsdpviz report mymodule:f` find ./mymodule.py
             sys.path.insert(0, os.getcwd())
         model, inputs = _load_model(args.factory)
     if args.inputs is not None:
         obj = _import_object(args.inputs, "--inputs")
         inputs = obj() if callable(obj) else obj
     if inputs is None:
-        raise UsageError(f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY")
+        raise UsageError(
+            f"{args.factory} returned only a model; pass --inputs MODULE:FACTORY, "
+            "or make the factory return (model, inputs)"
+        )
     return model, inputs, wraps
 
 

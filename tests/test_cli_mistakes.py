@@ -313,6 +313,19 @@ def test_errors_of_the_users_code_are_a_message(
         main(["report", "broken_models:build"])
 
 
+@pytest.mark.parametrize("command", ["report", "tune"])
+def test_a_factory_without_inputs_says_how_to_give_them(
+    factory: str, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "model_only.py").write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Linear(4, 4)\n"
+    )
+    code, _, err = _run(capsys, command, "model_only:build", "-o", "out.html")
+    assert code == 2
+    assert "model_only:build returned only a model; pass --inputs MODULE:FACTORY, or make " \
+        "the factory return (model, inputs)" in err  # fmt: skip
+
+
 # ------------------------------------------------ flags that do not apply, paths, speed
 def test_flags_that_do_not_apply_are_refused(
     factory: str, files: Path, capsys: pytest.CaptureFixture[str]
