@@ -90,6 +90,17 @@ def test_mixed_precision_keeps_the_gradients_in_the_reduce_dtype(
     _check("1f1b-4", rank // pj.DP, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
 
 
+@pytest.mark.parametrize("rank", [0, 2])
+@pytest.mark.parametrize("name", ["1f1b-4", "gpipe-4", "zero-bubble-4"])
+def test_a_reduce_dtype_narrower_than_the_gradients(as_rank: object, name: str, rank: int) -> None:
+    """fp32 parameters reducing in bf16: FSDP2 moves a backward's fp32 gradients into a bf16
+    copy too (``to_accumulated_grad_if_needed`` casts whenever the dtypes differ, to fewer
+    bytes as to more), so between microbatches a stage holds half the bytes, and each later
+    microbatch's fp32 gradient is new until its post-backward adds it into the copy."""
+    as_rank(rank)  # type: ignore[operator]
+    _check(name, rank // pj.DP, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
+
+
 def _check(name: str, pp_rank: int, **options: Any) -> None:
     real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
                    target=lambda: torch.empty(pj.BATCH, 0), **options)  # fmt: skip

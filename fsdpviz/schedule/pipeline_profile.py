@@ -86,8 +86,9 @@ def rank_step_profile(
     cast_peaks: dict[str, int] | None = None,
 ) -> tuple[StepProfile, list[Event]]:
     """The rank's :class:`StepProfile` of one step, and its events in order. ``upcast``:
-    per unit, its reduce dtype's size over its compute dtype's (FSDP2 keeps the gradients
-    a backward without sync leaves in the reduce dtype). ``loop``: ``"GPipe"`` or
+    the units whose reduce dtype is not their compute dtype, each with the one's size over
+    the other's (FSDP2 keeps the gradients a backward without sync leaves in the reduce
+    dtype, in more bytes or in fewer). ``loop``: ``"GPipe"`` or
     ``"1F1B"``, the schedule's own loop, else (``""``) torch's runtime of actions, which
     hold the tensors of a step differently (see :func:`_sent_until`); ``microbatches``: of
     the step; ``cast_peaks``: per unit, the most its cast to the reduce dtype holds above
@@ -149,9 +150,9 @@ def rank_step_profile(
                 for unit, nbytes in values["grads"].items():
                     # a unit FSDP keeps in the reduce dtype: its next post-backward moves
                     # the new .grad into the copy (made then) or adds it there and frees it
-                    if upcast.get(unit, 1.0) > 1.0 and unit not in mine:
+                    if unit in upcast and unit not in mine:
                         pending[unit] = int(nbytes * (upcast[unit] - 1.0))
-                    elif upcast.get(unit, 1.0) > 1.0:
+                    elif unit in upcast:
                         unadded[unit] = unadded.get(unit, 0) + nbytes
                 mine.update(values["grads"])
                 del waiting[key]
@@ -180,13 +181,13 @@ def rank_step_profile(
                 # keeps in the reduce dtype has no .grad (to_accumulated_grad_if_needed
                 # moved it into the copy): autograd makes it anew, and the unit's
                 # post-backward adds it into the copy and frees it
-                grads = {u: n for u, n in grads.items() if upcast.get(u, 1.0) > 1.0}
+                grads = {u: n for u, n in grads.items() if u in upcast}
                 for unit, nbytes in grads.items():
                     unadded[unit] = unadded.get(unit, 0) + nbytes
                 in_place = not grads and k < len(mem.peak_in_place)  # absent in old profiles
             else:
                 for unit, nbytes in grads.items():
-                    if upcast.get(unit, 1.0) > 1.0:
+                    if unit in upcast:
                         pending[unit] = int(nbytes * (upcast[unit] - 1.0))
             made = sum(grads.values())
             # FSDP2's post-backward without gradient sync: the unit's gradient is kept in

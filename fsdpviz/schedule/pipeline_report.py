@@ -129,14 +129,16 @@ def _rank_profile(
         )
         for t in mine
     }  # fmt: skip
-    upcast = {
+    upcast = {  # the groups whose gradients FSDP2 keeps in another dtype between backwards
         g.name: _itemsize(g.schema.reduce_dtype) / _itemsize(g.schema.compute_dtype)
         for t in mine
         for g in t.groups
-        if g.schema is not None and g.schema.reduce_dtype and g.schema.compute_dtype
+        if g.schema is not None
+        and g.schema.reduce_dtype not in (None, g.schema.compute_dtype)
+        and g.schema.compute_dtype
     }
     casts = {g.name: _cast_peak(g, upcast[g.name]) for t in mine for g in t.groups
-             if upcast.get(g.name, 1.0) > 1.0}  # fmt: skip
+             if g.name in upcast}  # fmt: skip
     m = popts.microbatches
     loop = popts.schedule if popts.single_stage else ""
     iterations = [
