@@ -92,7 +92,6 @@ class Walker(MemoryRecords):
         self._leftover = 0  # the last gradient a reduction holds until its event is over
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
-        self.ws = cfg.ranks
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
         # rank's FSDP mesh is its data-parallel part only
         self._reduce_ranks = {u.module: u.shard_ranks for u in report.units if u.sharded_numel}
@@ -412,7 +411,9 @@ class Walker(MemoryRecords):
         forward = c.hook == "pre_forward" and not self.in_backward
         if forward:
             self._release_held()
-        if forward and not pending[1] and self.ws > 1:
+        # implicit prefetching keeps it to the next copy-out (``wait_for_unshard``; from 2.9
+        # where the shard group has ranks besides this one, where alone it all-gathers)
+        if forward and not pending[1]:
             self.held = (unit, pending[0])
         else:
             self._free("all_gather", ("out", unit), pending[0])
@@ -578,7 +579,7 @@ class Walker(MemoryRecords):
     def _regroups(self, unit: str) -> bool:
         """Whether ``foreach_reduce`` loops over the unit's gradients before its copy-in
         (``world_size > 1``: the ranks of its reduce-scatter group)."""
-        return self._reduce_ranks.get(unit, self.ws) > 1
+        return self._reduce_ranks.get(unit, 1) > 1
 
     def _chunk_cat(self, e: Event, grads: int) -> int:
         """FSDP2's reduction of gradients sharded on a dim other than 0 rebuilds each (see
