@@ -131,7 +131,7 @@ def _as_the_tracker_sees(
     accum = report.config.grad_accum
     accumulated = accum > 1 and i % accum == accum - 1
     for k, e in enumerate(report.iterations[i]):
-        if e.kind != "reduce_scatter":
+        if e.kind != "reduce_scatter" or e.hook == "final_callback":  # in no module's window
             continue
         unit = report.unit(e.unit)
         held = 0
@@ -696,6 +696,39 @@ def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
 
     whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
     _check_tp_llama(fake_pg, whole, _loss, vocab=40, hidden=16, batch=3)
+
+
+def test_row_wise_embedding_gradient_redistributed_before_the_reduction(fake_pg: int) -> None:
+    """A row-wise embedding's gradient is whole on every rank (DTensor's
+    ``embedding_dense_backward``); the root's post-backward redistributes it to ``Shard(0)``
+    before it reshards (``FSDPParam._get_grad_inner_tensor``), and
+    ``Shard._replicate_to_shard`` clones the rank's chunk beside the whole one, which
+    ``.grad = None`` then frees. In the final callback, which ``ModTracker`` counts in no
+    module's window. The peak was 384 B low (the chunk) with bf16 parameters reducing in
+    float32; now the peak, every category at it and every module's peaks to the byte."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    whole, mp = tp_models.whole_plan(), MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=32, dim=16, n_heads=4, hidden=6, layers=1)
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
+        return parallelize_module(model, tp_mesh, whole)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 32, (1, 4), generator=torch.Generator().manual_seed(0))
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   _loss, mesh_shape=(2, 2), parallelize=parallelize, mp_policy=mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",)], loss=_loss, mp_policy=mp,
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=whole)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+    assert mem.peak["where"].startswith("at the redistribution of a whole gradient")
 
 
 def test_head_after_a_norm(fake_pg: int) -> None:

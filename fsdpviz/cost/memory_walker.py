@@ -303,9 +303,12 @@ class Walker(MemoryRecords):
             # resharding is outside the unit's forward window (inside its parents'). FSDP1's
             # post-forward runs inside its module's forward.
             self._window(c, opening=False)
+        reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
             self._event_index = e
+            if ev.unit in reducing:  # the unit's post-backward begins
+                self._redistribute_grads(ev, c, reducing)
             self._event(ev, c)
             if waits and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
@@ -441,6 +444,21 @@ class Walker(MemoryRecords):
         self._moment("at the reshard after forward onto fewer ranks in", None, e)
         self.cat["sharded_params"] -= clones - olds
         self.cat["unsharded_params"] += gone
+
+    def _redistribute_grads(self, e: Event, c: HookCall, reducing: set[str]) -> None:
+        """FSDP2's post-backward, before it reshards: each gradient left whole though its
+        parameter is a tp shard (``UnitBytes.replicated_grads``) redistributed, the rank's
+        chunk cloned beside it, the whole one freed as ``.grad`` lets go of it."""
+        reducing.discard(e.unit)
+        s = self.sizes.get(e.unit)
+        if not self.fsdp2 or s is None or not s.replicated_grads or not self.grads.get(e.unit):
+            return
+        ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
+        for whole, chunk in s.replicated_grads:
+            self.cat["unsharded_grads"] += round(chunk * ratio)
+            self._moment("at the redistribution of a whole gradient to its shard, before", c, e)
+            self.cat["unsharded_grads"] -= round(whole * ratio)
+            self.grads[e.unit] -= round(whole * ratio) - round(chunk * ratio)
 
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's
