@@ -437,6 +437,38 @@ def test_hybrid_sharding_reducing_in_the_compute_dtype(fake_pg: int, case: str) 
     _compare_cast_shards(real, mem, report, model)
 
 
+def _large_head() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=8000,
+                      max_position_embeddings=64)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def test_hybrid_sharding_all_reduce_beside_the_last_gradient(fake_pg: int) -> None:
+    """HSDP on a 2 x 2 mesh: ``foreach_reduce``'s loop over the gradients (a shard group of
+    two ranks) keeps the last one bound until it returns, through the all-reduce across the
+    replicas and the cast of its output, not only the reduce-scatter. With most parameters
+    in the root (a large vocabulary, two tokens) that all-reduce makes the peak, which was
+    the output projection's 1,024,000 B bf16 gradient low."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def ids() -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    real = tracked(_large_head, ids, lambda m: list(m.model.layers), fake_pg, _loss,
+                   mesh_shape=(2, 2), mp_policy=mp)  # fmt: skip
+    with torch.device("meta"):
+        model = _large_head()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
+                             mesh=(2, 2), mp_policy=mp)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare_cast_shards(real, mem, report, model)
+    assert mem.peak["where"].startswith("at all_reduce (root)")
+
+
 def _most_over_micro_steps(
     report: fsdpviz.Report, steps: list[MemoryReport], model: nn.Module
 ) -> dict[str, dict[str, int]]:

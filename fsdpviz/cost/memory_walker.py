@@ -383,7 +383,8 @@ class Walker(MemoryRecords):
         else:
             self._reduce(e, s)
         self._moment("at", c, e)
-        if self._leftover:
+        hsdp = e.kind == "reduce_scatter" and self.replicas > 1 and self.all_reduce
+        if self._leftover and not hsdp:  # foreach_reduce all-reduces it before it returns
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
 
@@ -595,8 +596,7 @@ class Walker(MemoryRecords):
         self.reduced.add(e.unit)
 
     def _regroups(self, unit: str) -> bool:
-        """Whether ``foreach_reduce`` loops over the unit's gradients before its copy-in
-        (``world_size > 1``: the ranks of its reduce-scatter group)."""
+        """Whether ``foreach_reduce`` loops over its gradients (``world_size > 1``)."""
         return self._reduce_ranks.get(unit, 1) > 1
 
     def _chunk_cat(self, e: Event, grads: int) -> int:
