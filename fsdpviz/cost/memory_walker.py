@@ -400,7 +400,7 @@ class Walker(MemoryRecords):
         if pending is not None and not self.fsdp2:
             self._free("all_gather", ("out", unit), pending[0])  # FSDP1: the FlatParameter in use
         # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
-        temp = s.copy_out if self.fsdp2 and pending is not None else 0
+        temp = (s.copy_out if pending is not None else s.one_rank_copy) if self.fsdp2 else 0
         temps = "backward_temp" if self.in_backward else "forward_temp"
         self.cat[temps] += temp
         self._moment("at the copy-out in", c)

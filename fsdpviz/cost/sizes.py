@@ -160,6 +160,9 @@ class UnitBytes:
     # clones the rank's chunk, the first rank's the largest): per such parameter, in the
     # group's order, (the whole gradient's bytes, the chunk's), in the compute dtype
     replicated_grads: tuple[tuple[int, int], ...] = ()
+    # FSDP2 on a shard group of one rank under mixed precision: the casts of the parameters
+    # its copy-out makes, the most alive beside the unsharded parameters (:func:`_one_rank_copy`)
+    one_rank_copy: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -178,6 +181,9 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         for m in report.modules
         for name, shape in m.params.items()
     }
+    for u in report.units if fsdp2 else ():
+        if u.shard_ranks == 1 and u.compute_dtype:
+            out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
     tp = report.config.tp_ranks
     if fsdp2 and tp > 1:
         classes = {m.fqn: m.module_class for m in report.modules}
@@ -191,6 +197,25 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
                 u = report.unit(name)
                 out[name] = replace(out[name], gathered_params=_gathered_params(u, shapes))
     return out
+
+
+def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
+    """FSDP2 on a shard group of one rank (torch 2.9 on): ``wait_for_unshard`` copies each
+    parameter's ``all_gather_inputs`` into its unsharded storage, one at a time; mixed
+    precision makes each input a cast of the shard, which the loop's variable holds until
+    the next is made, and the last until the copy-out returns. The most bytes alive beyond
+    all the unsharded parameters while it runs."""
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    size = itemsize(u.compute_dtype)
+    outs = [math.prod(u.shard_shapes.get(f) or shapes.get(f) or [0]) * size for f in u.params]
+    cast = [(own.get(f) or u.dtype) != u.compute_dtype for f in u.params]
+    total, done, prev, most = sum(outs), 0, 0, 0
+    for out, casts in zip(outs, cast, strict=True):
+        cast_now = out if casts else 0
+        # the cast made beside the one before it, then the output beside the cast
+        most = max(most, done + prev + cast_now - total, done + out + cast_now - total)
+        done, prev = done + out, cast_now
+    return max(most, prev)
 
 
 def _replicated_grads(
