@@ -719,6 +719,50 @@ def _check_tp_llama(
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
 
+@pytest.mark.parametrize("plan", ["plain", "loss_parallel"])
+def test_tensor_parallel_group_of_one_rank(fake_pg: int, plan: str) -> None:
+    """A tp dimension of one rank (``mesh=("dp_shard", 4, "tp", 1)``): DTensor's
+    redistribution keeps the local tensor when the mesh dimension has one rank
+    (``redistribute_local_tensor``'s ``num_chunks == 1``), no collective and no new buffer,
+    nor does FSDP2's post-backward all-reduce a partial gradient. The peak, every category
+    at it and every module's peaks to the byte (the peak was 1,372 B high with the plain
+    plan, the buffers of collectives that do not run)."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
+    loss, around = _loss, nullcontext
+    if plan == "loss_parallel":
+        whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+        loss, around = _cross_entropy, loss_parallel
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=55, dim=2, n_heads=1, hidden=6, layers=1)
+
+    def ids() -> torch.Tensor:
+        return torch.randint(0, 55, (2, 4), generator=torch.Generator().manual_seed(0))
+
+    def parallelize(model: nn.Module, tp_mesh: Any) -> None:
+        parallelize_module(model, tp_mesh, whole)
+
+    real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
+                   loss, mesh_shape=(4, 1), parallelize=parallelize, around=around,
+                   mp_policy=mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",)], loss=loss, mp_policy=mp,
+                             mesh=("dp_shard", 4, "tp", 1), parallelize_plan=whole)  # fmt: skip
+    assert not [e for e in report.iterations[0] if e.kind.startswith("tp_")]
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
 def test_loss_parallel_with_a_class_weight_is_refused(fake_pg: int) -> None:
     """A class weight in the cross-entropy of vocabulary-sharded logits is not modelled: a
     clear error, not aten's kernels on the shard."""
