@@ -335,3 +335,27 @@ def test_optimizer_names_say_what_is_known(report: fsdpviz.Report) -> None:
     first = memory_model(report, iteration=0, optimizer="adamw_fused")
     assert first.moments[-2].bytes[CATEGORIES.index("optimizer")] == 0
     assert first.moments[-1].bytes[CATEGORIES.index("optimizer")] > 0
+
+
+@pytest.mark.parametrize("release", ["2.8", "2.13"])
+def test_fsdp2_one_rank_keeps_the_forward_all_gather_buffer_where_torch_gathers(
+    release: str,
+) -> None:
+    """FSDP2 on one rank: torch 2.8 all-gathers all the same and, in forward, keeps each
+    group's all-gather output until the next group's copy-out (``wait_for_unshard`` defers
+    the free whatever the world size); from 2.9 one rank copies its shard with no all-gather
+    and no buffer. The forward peak of every unit holds the previous group's buffer under 2.8
+    (the model once freed it wherever the job had one rank; FSDPMemTracker under torch 2.8
+    measures every unit's forward peak 3,164,160 B, one block's buffer, above that)."""
+    model, ids = example_model(), example_inputs()
+    old = fsdpviz.analyze(model, ids, fully_shard=[DecoderLayer], world_size=1,
+                          torch_version=release)  # fmt: skip
+    mem = memory_model(old, optimizer=None)
+    where = "at the copy-out in pre_forward of 'layers.1'"
+    held = next(m for m in mem.moments if m.where == where).bytes[CATEGORIES.index("all_gather")]
+    gathers = [e for e in old.iterations[0] if e.kind == "all_gather" and e.phase == "forward"]
+    if release == "2.8":  # layers.0's buffer beside layers.1's own
+        assert len(gathers) == len(old.units)
+        assert held == 2 * sum(u.padded_numel for u in old.units if u.module == "layers.0") * 4
+    else:
+        assert gathers == [] and held == 0

@@ -30,6 +30,7 @@ class RecordsHost(Protocol):
     moments: list[Moment]
     unit_peaks: dict[str, dict[str, int]]
     in_backward: bool
+    fsdp2: bool
     _call: int
     _event_index: int
     _open: dict[tuple[str, str], tuple[int, int]]
@@ -96,8 +97,13 @@ class MemoryRecords:
         pre-backward hooks that fire on the same gradients (the previous unit's, with its
         copy-out), as in ``ModTracker``: FSDP registered its hook on that tensor first. It
         ends at the next compute, any operator (a norm's backward counts no FLOPs), or the
-        next hook call of another kind.
+        next hook call of another kind; FSDP2's final callback is in no unit's window.
         """
+        if opening and c.hook == "final_callback" and self.fsdp2:
+            # ModTracker's own end-of-backward callback, queued before FSDP2's (its global
+            # forward hook put its hook on the root's output first), leaves every module:
+            # none holds the final callback (FSDP1 hooks the output inside its forward, first)
+            opening = False
         if opening:
             if c.hook not in WAITS or (c.hook == "pre_forward" and self.in_backward):
                 return  # (a recomputation's pre-forward opens no window)

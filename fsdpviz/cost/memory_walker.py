@@ -92,7 +92,6 @@ class Walker(MemoryRecords):
         self._leftover = 0  # the last gradient a reduction holds until its event is over
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
-        self.ws = cfg.ranks
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
         # rank's FSDP mesh is its data-parallel part only
         self._reduce_ranks = {u.module: u.shard_ranks for u in report.units if u.sharded_numel}
@@ -304,9 +303,12 @@ class Walker(MemoryRecords):
             # resharding is outside the unit's forward window (inside its parents'). FSDP1's
             # post-forward runs inside its module's forward.
             self._window(c, opening=False)
+        reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
             self._event_index = e
+            if ev.unit in reducing:  # the unit's post-backward begins
+                self._redistribute_grads(ev, c, reducing)
             self._event(ev, c)
             if waits and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
@@ -381,7 +383,8 @@ class Walker(MemoryRecords):
         else:
             self._reduce(e, s)
         self._moment("at", c, e)
-        if self._leftover:
+        hsdp = e.kind == "reduce_scatter" and self.replicas > 1 and self.all_reduce
+        if self._leftover and not hsdp:  # foreach_reduce all-reduces it before it returns
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
 
@@ -397,7 +400,7 @@ class Walker(MemoryRecords):
         if pending is not None and not self.fsdp2:
             self._free("all_gather", ("out", unit), pending[0])  # FSDP1: the FlatParameter in use
         # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
-        temp = s.copy_out if self.fsdp2 and pending is not None else 0
+        temp = (s.copy_out if pending is not None else s.one_rank_copy) if self.fsdp2 else 0
         temps = "backward_temp" if self.in_backward else "forward_temp"
         self.cat[temps] += temp
         self._moment("at the copy-out in", c)
@@ -412,7 +415,9 @@ class Walker(MemoryRecords):
         forward = c.hook == "pre_forward" and not self.in_backward
         if forward:
             self._release_held()
-        if forward and not pending[1] and self.ws > 1:
+        # implicit prefetching keeps it to the next copy-out (``wait_for_unshard``; from 2.9
+        # where the shard group has ranks besides this one, where alone it all-gathers)
+        if forward and not pending[1]:
             self.held = (unit, pending[0])
         else:
             self._free("all_gather", ("out", unit), pending[0])
@@ -440,6 +445,21 @@ class Walker(MemoryRecords):
         self._moment("at the reshard after forward onto fewer ranks in", None, e)
         self.cat["sharded_params"] -= clones - olds
         self.cat["unsharded_params"] += gone
+
+    def _redistribute_grads(self, e: Event, c: HookCall, reducing: set[str]) -> None:
+        """FSDP2's post-backward, before it reshards: each gradient left whole though its
+        parameter is a tp shard (``UnitBytes.replicated_grads``) redistributed, the rank's
+        chunk cloned beside it, the whole one freed as ``.grad`` lets go of it."""
+        reducing.discard(e.unit)
+        s = self.sizes.get(e.unit)
+        if not self.fsdp2 or s is None or not s.replicated_grads or not self.grads.get(e.unit):
+            return
+        ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
+        for whole, chunk in s.replicated_grads:
+            self.cat["unsharded_grads"] += round(chunk * ratio)
+            self._moment("at the redistribution of a whole gradient to its shard, before", c, e)
+            self.cat["unsharded_grads"] -= round(whole * ratio)
+            self.grads[e.unit] -= round(whole * ratio) - round(chunk * ratio)
 
     def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's
@@ -576,9 +596,8 @@ class Walker(MemoryRecords):
         self.reduced.add(e.unit)
 
     def _regroups(self, unit: str) -> bool:
-        """Whether ``foreach_reduce`` loops over the unit's gradients before its copy-in
-        (``world_size > 1``: the ranks of its reduce-scatter group)."""
-        return self._reduce_ranks.get(unit, self.ws) > 1
+        """Whether ``foreach_reduce`` loops over its gradients (``world_size > 1``)."""
+        return self._reduce_ranks.get(unit, 1) > 1
 
     def _chunk_cat(self, e: Event, grads: int) -> int:
         """FSDP2's reduction of gradients sharded on a dim other than 0 rebuilds each (see

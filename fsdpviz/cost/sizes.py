@@ -153,6 +153,16 @@ class UnitBytes:
     # FSDP1 with ``keep_low_precision_grads`` (sharded strategies): the gradient shard once
     # the final callback has cast it to the compute dtype (0: no cast)
     grad_kept: int = 0
+    # FSDP2 x TP: the gradients autograd leaves whole on every rank though their parameter
+    # is a tp shard (a row-wise embedding's weight, ``Shard(0)``: DTensor's
+    # ``embedding_dense_backward`` replicates it), which the post-backward redistributes
+    # before it reshards (``FSDPParam._get_grad_inner_tensor``; ``Shard._replicate_to_shard``
+    # clones the rank's chunk, the first rank's the largest): per such parameter, in the
+    # group's order, (the whole gradient's bytes, the chunk's), in the compute dtype
+    replicated_grads: tuple[tuple[int, int], ...] = ()
+    # FSDP2 on a shard group of one rank under mixed precision: the casts of the parameters
+    # its copy-out makes, the most alive beside the unsharded parameters (:func:`_one_rank_copy`)
+    one_rank_copy: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -166,17 +176,65 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         keep_low = bool(mp.get("keep_low_precision_grads"))
         spec = optimizer_spec(optimizer)
         out = {u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec) for u in report.units}
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    for u in report.units if fsdp2 else ():
+        if u.shard_ranks == 1 and u.compute_dtype:
+            out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
+    tp = report.config.tp_ranks
+    if fsdp2 and tp > 1:
+        classes = {m.fqn: m.module_class for m in report.modules}
+        for u in report.units:
+            whole = _replicated_grads(u, shapes, classes, tp)
+            if whole:
+                out[u.module] = replace(out[u.module], replicated_grads=whole)
     if fsdp2 and report.config.post_forward_ranks:
-        shapes = {
-            f"{m.fqn}.{name}" if m.fqn else name: shape
-            for m in report.modules
-            for name, shape in m.params.items()
-        }
         for name in report.config.post_forward_ranks:
             if name in out:
                 u = report.unit(name)
                 out[name] = replace(out[name], gathered_params=_gathered_params(u, shapes))
     return out
+
+
+def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
+    """FSDP2 on a shard group of one rank (torch 2.9 on): ``wait_for_unshard`` copies each
+    parameter's ``all_gather_inputs`` into its unsharded storage, one at a time; mixed
+    precision makes each input a cast of the shard, which the loop's variable holds until
+    the next is made, and the last until the copy-out returns. The most bytes alive beyond
+    all the unsharded parameters while it runs."""
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    size = itemsize(u.compute_dtype)
+    outs = [math.prod(u.shard_shapes.get(f) or shapes.get(f) or [0]) * size for f in u.params]
+    cast = [(own.get(f) or u.dtype) != u.compute_dtype for f in u.params]
+    total, done, prev, most = sum(outs), 0, 0, 0
+    for out, casts in zip(outs, cast, strict=True):
+        cast_now = out if casts else 0
+        # the cast made beside the one before it, then the output beside the cast
+        most = max(most, done + prev + cast_now - total, done + out + cast_now - total)
+        done, prev = done + out, cast_now
+    return max(most, prev)
+
+
+def _replicated_grads(
+    u: Unit, shapes: dict[str, list[int]], classes: dict[str, str], tp: int
+) -> tuple[tuple[int, int], ...]:
+    """``UnitBytes.replicated_grads`` of ``u``: its trainable embeddings' weights sharded on
+    dim 0 over the tp ranks (``RowwiseParallel``; a linear's ``Shard(0)`` weight, column-wise,
+    gets a ``Shard(0)`` gradient)."""
+    size = itemsize(u.compute_dtype or u.dtype)
+    out = []
+    for fqn in u.params:
+        shape = shapes.get(fqn) or []
+        owner = classes.get(fqn.rpartition(".")[0], "")
+        if fqn in u.frozen_params or u.tp_placements.get(fqn) != "Shard(0)" or not shape:
+            continue
+        if owner.endswith("Embedding"):
+            rest = math.prod(shape[1:]) * size
+            out.append((shape[0] * rest, -(-shape[0] // tp) * rest))
+    return tuple(out)
 
 
 def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:

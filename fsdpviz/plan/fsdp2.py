@@ -270,7 +270,9 @@ def finalize_groups(
         (memo.first_fqn, memo.aliases) if memo is not None else _parameter_names(model)
     )
     placements = opts.tp.placements(model) if opts.tp is not None else {}
-    partial = opts.tp.partial_grads(model) if opts.tp is not None else set()
+    # a tp group of one rank redistributes a partial gradient with no collective
+    tp = opts.tp if opts.tp is not None and opts.tp.size > 1 else None
+    partial = tp.partial_grads(model) if tp is not None else set()
     compute = opts.mp_policy.param_dtype
     for group in groups:
         group.param_fqns = [first_fqn[p] for p in group.params]

@@ -199,7 +199,9 @@ class TPEmulation:
         self, t: Any, r: Redistribution, tpm: TPModule, i: int, known: Layout | None
     ) -> Any:
         """Report ``t``'s collective in forward; return it with its gradient's hooked."""
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or self.plan.size == 1:
+            # a tp group of one rank: DTensor's redistribution keeps the local tensor, no
+            # collective and no new buffer, either way (``redistribute_local_tensor``)
             return t
         ndim = t.dim()
         nbytes = t.numel() * t.element_size()
