@@ -802,7 +802,14 @@ def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
     _check_tp_llama(fake_pg, whole, _loss, vocab=40, hidden=16, batch=3)
 
 
-def test_row_wise_embedding_gradient_redistributed_before_the_reduction(fake_pg: int) -> None:
+class _TokenTable(nn.Embedding):
+    """An embedding whose class name does not say so: ``RowwiseParallel`` shards it as one."""
+
+
+@pytest.mark.parametrize("table", [nn.Embedding, _TokenTable], ids=["embedding", "subclass"])
+def test_row_wise_embedding_gradient_redistributed_before_the_reduction(
+    fake_pg: int, table: type[nn.Embedding]
+) -> None:
     """A row-wise embedding's gradient is whole on every rank (DTensor's
     ``embedding_dense_backward``); the root's post-backward redistributes it to ``Shard(0)``
     before it reshards (``FSDPParam._get_grad_inner_tensor``), and
@@ -816,7 +823,9 @@ def test_row_wise_embedding_gradient_redistributed_before_the_reduction(fake_pg:
     whole, mp = tp_models.whole_plan(), MixedPrecisionPolicy(torch.bfloat16, torch.float32)
 
     def build() -> nn.Module:
-        return tp_models.Llama(vocab=32, dim=16, n_heads=4, hidden=6, layers=1)
+        model = tp_models.Llama(vocab=32, dim=16, n_heads=4, hidden=6, layers=1)
+        model.tok_embeddings = table(32, 16)
+        return model
 
     def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
         return parallelize_module(model, tp_mesh, whole)

@@ -186,9 +186,9 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
     tp = report.config.tp_ranks
     if fsdp2 and tp > 1:
-        classes = {m.fqn: m.module_class for m in report.modules}
+        styles = dict(report.config.parallelize_plan or {})
         for u in report.units:
-            whole = _replicated_grads(u, shapes, classes, tp)
+            whole = _replicated_grads(u, shapes, styles, tp)
             if whole:
                 out[u.module] = replace(out[u.module], replicated_grads=whole)
     if fsdp2 and report.config.post_forward_ranks:
@@ -219,19 +219,22 @@ def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
 
 
 def _replicated_grads(
-    u: Unit, shapes: dict[str, list[int]], classes: dict[str, str], tp: int
+    u: Unit, shapes: dict[str, list[int]], styles: dict[str, str], tp: int
 ) -> tuple[tuple[int, int], ...]:
     """``UnitBytes.replicated_grads`` of ``u``: its trainable embeddings' weights sharded on
-    dim 0 over the tp ranks (``RowwiseParallel``; a linear's ``Shard(0)`` weight, column-wise,
-    gets a ``Shard(0)`` gradient)."""
+    dim 0 over the tp ranks. ``RowwiseParallel`` shards an ``nn.Embedding``'s weight on dim
+    0 and an ``nn.Linear``'s on dim 1 (``_partition_embedding_fn``, ``_partition_linear_fn``),
+    so a ``Shard(0)`` weight under it is an embedding's (``styles``: the report's
+    ``parallelize_plan``, each module's style); a column-wise linear's ``Shard(0)`` weight
+    gets a ``Shard(0)`` gradient."""
     size = itemsize(u.compute_dtype or u.dtype)
     out = []
     for fqn in u.params:
         shape = shapes.get(fqn) or []
-        owner = classes.get(fqn.rpartition(".")[0], "")
+        owner, _, name = fqn.rpartition(".")
         if fqn in u.frozen_params or u.tp_placements.get(fqn) != "Shard(0)" or not shape:
             continue
-        if owner.endswith("Embedding"):
+        if name == "weight" and styles.get(owner, "").startswith("RowwiseParallel("):
             rest = math.prod(shape[1:]) * size
             out.append((shape[0] * rest, -(-shape[0] // tp) * rest))
     return tuple(out)
