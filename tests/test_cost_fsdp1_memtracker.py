@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -194,6 +194,41 @@ def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
     kwargs, micro_steps = CASES[case]
     assert fake_pg == 4
     assert _measured_peak(kwargs, micro_steps)[0] == _predicted_peak(kwargs, micro_steps)
+
+
+OFFLOAD = CPUOffload(offload_params=True)
+OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    # the root is not freed after forward: its pre-backward copies the host shard to the
+    # device and drops it, gathering nothing
+    "full_shard_no_sync": ({"cpu_offload": OFFLOAD, "backward_prefetch": None}, 2),
+    # each unit's reduced gradient shard stays on the device (_saved_grad_shard) until the
+    # final callback, beside its host copy
+    "full_shard_reduced_shards_kept": ({"cpu_offload": OFFLOAD}, 1),
+    # SHARD_GRAD_OP gathers nothing in backward: every unit's copy is dropped at once
+    "shard_grad_op": (
+        {
+            "cpu_offload": OFFLOAD,
+            "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP,
+            "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+        },
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OFFLOAD_CASES))
+def test_cpu_offload_device_memory(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """``CPUOffload(offload_params=True)``, sharded: what is on the device is what the
+    tracker measures on the CPU less the units' shards, which stay on the host (the copy
+    to the device is a no-op on a CPU, and in the model it is dropped before the unit's
+    backward, where the peak is)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    kwargs, micro_steps = OFFLOAD_CASES[case]
+    host = sum(u.sharded_bytes for u in _report(kwargs, micro_steps).units)
+    assert _measured_peak(kwargs, micro_steps)[0] - host == _predicted_peak(kwargs, micro_steps)
 
 
 @contextmanager

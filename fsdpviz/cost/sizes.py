@@ -153,6 +153,10 @@ class UnitBytes:
     # FSDP1 with ``keep_low_precision_grads`` (sharded strategies): the gradient shard once
     # the final callback has cast it to the compute dtype (0: no cast)
     grad_kept: int = 0
+    # FSDP1 under CPU offload: the reduced gradient (``sharded_grad``: ``_saved_grad_shard``,
+    # or NO_SHARD's ``.grad``) stays on the device beside its host copy until the final
+    # callback (``prepare_gradient_for_optim`` points ``.grad`` at ``_cpu_grad``)
+    grad_to_host: bool = False
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -165,7 +169,10 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         mp = report.config.mixed_precision or {}
         keep_low = bool(mp.get("keep_low_precision_grads"))
         spec = optimizer_spec(optimizer)
-        out = {u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec) for u in report.units}
+        out = {
+            u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec, offload)
+            for u in report.units
+        }
     if fsdp2 and report.config.post_forward_ranks:
         shapes = {
             f"{m.fqn}.{name}" if m.fqn else name: shape
@@ -323,7 +330,7 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
 
 
 def _fsdp1_reduction(
-    u: Unit, b: UnitBytes, keep_low: bool, spec: OptimizerSpec | None = None
+    u: Unit, b: UnitBytes, keep_low: bool, spec: OptimizerSpec | None = None, offload: bool = False
 ) -> UnitBytes:
     """``b`` with FSDP1's post-backward temporaries (see :class:`UnitBytes`).
 
@@ -332,10 +339,13 @@ def _fsdp1_reduction(
     the sharded strategies cast the reduced shard to the parameters' dtype as ever, and
     the final callback casts it to the compute dtype (``prepare_gradient_for_optim``,
     ``grad_kept``). SGD's momentum buffer is a copy of the first gradient it steps with
-    (``torch.clone(grad)``): in that dtype (``spec``, the optimizer)."""
+    (``torch.clone(grad)``): in that dtype (``spec``, the optimizer). ``offload``: the
+    reduced gradient is on the device until the final callback (``grad_to_host``)."""
     trainable, _ = u.trainable
     if not trainable:
         return b
+    if offload:
+        b = replace(b, sharded_grad=u.sharded_numel * itemsize(u.dtype), grad_to_host=True)
     compute = u.compute_dtype or u.dtype
     reduce = u.reduce_dtype or compute
     r = itemsize(reduce)
