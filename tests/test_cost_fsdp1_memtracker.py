@@ -94,7 +94,10 @@ def _step(
 
 
 def _measured_peak(
-    kwargs: dict[str, Any], micro_steps: int, optimizer: str | None = None
+    kwargs: dict[str, Any],
+    micro_steps: int,
+    optimizer: str | None = None,
+    config: ExampleConfig = CONFIG,
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
     ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
@@ -103,7 +106,7 @@ def _measured_peak(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fsdp = FSDP(
-            ExampleModel(CONFIG),
+            ExampleModel(config),
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             device_id=torch.device("cpu"),
             **kwargs,
@@ -124,7 +127,7 @@ def _measured_peak(
         for module in fsdp.modules():
             if isinstance(module, FSDP) and module._handle is not None:
                 flat = module._handle.flat_param
-                for name in ("_full_param_padded", "_mp_shard"):
+                for name in ("_full_param_padded", "_mp_shard", "_cpu_grad"):
                     buffer = getattr(flat, name, None)
                     if buffer is not None:
                         tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
@@ -141,9 +144,11 @@ def _measured_peak(
     return int(peak), int(step)
 
 
-def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
+def _report(
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+) -> fsdpviz.Report:
     with torch.device("meta"):
-        model = ExampleModel(CONFIG)
+        model = ExampleModel(config)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     report = fsdpviz.analyze(
         model,
@@ -157,8 +162,10 @@ def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
     return report
 
 
-def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
-    report = _report(kwargs, micro_steps)
+def _predicted_peak(
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+) -> int:
+    report = _report(kwargs, micro_steps, config)
     steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
     return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
 
@@ -197,13 +204,17 @@ def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
 
 
 OFFLOAD = CPUOffload(offload_params=True)
-OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int]] = {
+# a 3000-word vocabulary: the root's backward, after the layers reduced theirs, is the peak
+BIG_ROOT = ExampleConfig(
+    hidden_size=60, intermediate_size=170, num_layers=2, num_heads=4, vocab_size=3000
+)
+OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int, ExampleConfig]] = {
     # the root is not freed after forward: its pre-backward copies the host shard to the
     # device and drops it, gathering nothing
-    "full_shard_no_sync": ({"cpu_offload": OFFLOAD, "backward_prefetch": None}, 2),
+    "full_shard_no_sync": ({"cpu_offload": OFFLOAD, "backward_prefetch": None}, 2, CONFIG),
     # each unit's reduced gradient shard stays on the device (_saved_grad_shard) until the
     # final callback, beside its host copy
-    "full_shard_reduced_shards_kept": ({"cpu_offload": OFFLOAD}, 1),
+    "full_shard_reduced_shards_kept": ({"cpu_offload": OFFLOAD}, 1, BIG_ROOT),
     # SHARD_GRAD_OP gathers nothing in backward: every unit's copy is dropped at once
     "shard_grad_op": (
         {
@@ -212,6 +223,19 @@ OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int]] = {
             "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
         },
         1,
+        CONFIG,
+    ),
+    # NO_SHARD keeps the all-reduced gradient in .grad, on the device, until the final
+    # callback; bf16 parameters: the low-precision copy is made and dropped at each unshard
+    "no_shard": (
+        {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD},
+        1,
+        BIG_ROOT,
+    ),
+    "bf16": (
+        {"cpu_offload": OFFLOAD, "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
+        1,
+        BIG_ROOT,
     ),
 }
 
@@ -220,15 +244,17 @@ OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int]] = {
 def test_cpu_offload_device_memory(
     fake_pg: int, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """``CPUOffload(offload_params=True)``, sharded: what is on the device is what the
-    tracker measures on the CPU less the units' shards, which stay on the host (the copy
-    to the device is a no-op on a CPU, and in the model it is dropped before the unit's
-    backward, where the peak is)."""
+    """``CPUOffload(offload_params=True)``: what is on the device is what the tracker
+    measures on the CPU less what stays on the host, each unit's shard and its gradient's
+    host copy (``_cpu_grad``, registered with the tracker from the start: the copy into it
+    would otherwise count it from then on). A CPU run does not copy the shards to the
+    device; where the peak is, the model has none in flight."""
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
-    kwargs, micro_steps = OFFLOAD_CASES[case]
-    host = sum(u.sharded_bytes for u in _report(kwargs, micro_steps).units)
-    assert _measured_peak(kwargs, micro_steps)[0] - host == _predicted_peak(kwargs, micro_steps)
+    kwargs, micro_steps, config = OFFLOAD_CASES[case]
+    host = sum(2 * u.sharded_bytes for u in _report(kwargs, micro_steps, config).units)
+    measured = _measured_peak(kwargs, micro_steps, None, config)[0]
+    assert measured - host == _predicted_peak(kwargs, micro_steps, config)
 
 
 @contextmanager
