@@ -173,6 +173,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec, offload)
             for u in report.units
         }
+    if not fsdp2 and report.config.use_orig_params and states and not offload:
+        out = _states_of_the_rank_with_most(report, out, states)
     if fsdp2 and report.config.post_forward_ranks:
         shapes = {
             f"{m.fqn}.{name}" if m.fqn else name: shape
@@ -184,6 +186,60 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
                 u = report.unit(name)
                 out[name] = replace(out[name], gathered_params=_gathered_params(u, shapes))
     return out
+
+
+def _states_of_the_rank_with_most(
+    report: Report, out: dict[str, UnitBytes], states: int
+) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True``: each unit's optimizer states as the rank that
+    keeps the most states in all holds them (:func:`fsdp1_parts`). A unit's part of a rank's
+    shard differs by rank where its parameters are padded, and each unit's most
+    (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's."""
+    ranks = fsdp1_parts(report)
+    size = {u.module: itemsize(u.dtype) * states for u in report.units}
+    held = [sum(n * size[unit] for unit, n in parts) for parts in ranks]
+    if not held:
+        return out
+    best = ranks[held.index(max(held))]
+    kept = dict.fromkeys(out, 0)
+    for unit, n in best:
+        kept[unit] += n * size[unit]
+    return {name: replace(b, optimizer=kept[name]) for name, b in out.items()}
+
+
+def fsdp1_parts(report: Report) -> list[list[tuple[str, int]]]:
+    """FSDP1 with ``use_orig_params=True``: for each rank, the unit and elements of each
+    trainable parameter's part of its unit's shard, in the parameters' order, the parameters
+    without one left out (FSDP gives them no gradient: the optimizer skips them)."""
+    # here, not at the top: the plan loads torch, and the command line's checks import the
+    # cost model (through the exports) before torch is loaded
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    held: dict[str, dict[int, tuple[str, int]]] = {}  # parameter -> {rank: (unit, part)}
+    ranks = 1
+    for u in report.units:
+        if u.requires_grad is False or not u.sharded_numel:
+            continue
+        n_ranks = u.shard_ranks
+        ranks = max(ranks, n_ranks)
+        layout = flat_param_layout(
+            [math.prod(shapes.get(p) or [0]) for p in u.params],
+            itemsize(u.compute_dtype or u.dtype),
+            use_orig_params=True,
+            shard_world_size=n_ranks,
+            pad_to=report.config.process_group_size or n_ranks,
+        )
+        frozen = set(u.frozen_params)
+        parts = layout.shard_parts([p not in frozen for p in u.params])
+        for r, by_param in enumerate(parts):
+            for i, n in by_param.items():
+                held.setdefault(u.params[i], {})[r] = (u.module, n)
+    return [[held[p][r] for p in shapes if r in held.get(p, {})] for r in range(ranks)]
 
 
 def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
