@@ -7,8 +7,9 @@ which counts every storage an operator makes and FSDP1's ``resize_`` of its unsh
 FlatParameters. Its peak equals the memory model's steady-state peak to the byte.
 
 Two things make the tracker see all of FSDP1: its FlatParameters' buffers made before it
-(the padded unsharded parameter, the low-precision shard) are registered with it, so their
-``resize_`` calls are counted from the start; and it hooks only parameters that are
+(the padded unsharded parameter, the low-precision shard, CPU offload's host gradient
+buffer) are registered with it, so their ``resize_`` calls (and the copies into the host
+buffer) are counted from the start; and it hooks only parameters that are
 leaves and take a gradient (at a module's pre-forward it hooks every ``parameters()``,
 and FSDP1's unsharded views of a FlatParameter are not leaves).
 """
