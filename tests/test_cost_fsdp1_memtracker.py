@@ -7,8 +7,9 @@ which counts every storage an operator makes and FSDP1's ``resize_`` of its unsh
 FlatParameters. Its peak equals the memory model's steady-state peak to the byte.
 
 Two things make the tracker see all of FSDP1: its FlatParameters' buffers made before it
-(the padded unsharded parameter, the low-precision shard) are registered with it, so their
-``resize_`` calls are counted from the start; and it hooks only parameters that are
+(the padded unsharded parameter, the low-precision shard, CPU offload's host gradient
+buffer) are registered with it, so their ``resize_`` calls (and the copies into the host
+buffer) are counted from the start; and it hooks only parameters that are
 leaves and take a gradient (at a module's pre-forward it hooks every ``parameters()``,
 and FSDP1's unsharded views of a FlatParameter are not leaves).
 """
@@ -25,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -94,7 +95,10 @@ def _step(
 
 
 def _measured_peak(
-    kwargs: dict[str, Any], micro_steps: int, optimizer: str | None = None
+    kwargs: dict[str, Any],
+    micro_steps: int,
+    optimizer: str | None = None,
+    config: ExampleConfig = CONFIG,
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
     ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
@@ -103,7 +107,7 @@ def _measured_peak(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fsdp = FSDP(
-            ExampleModel(CONFIG),
+            ExampleModel(config),
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             device_id=torch.device("cpu"),
             **kwargs,
@@ -124,7 +128,7 @@ def _measured_peak(
         for module in fsdp.modules():
             if isinstance(module, FSDP) and module._handle is not None:
                 flat = module._handle.flat_param
-                for name in ("_full_param_padded", "_mp_shard"):
+                for name in ("_full_param_padded", "_mp_shard", "_cpu_grad"):
                     buffer = getattr(flat, name, None)
                     if buffer is not None:
                         tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
@@ -141,9 +145,11 @@ def _measured_peak(
     return int(peak), int(step)
 
 
-def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
+def _report(
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+) -> fsdpviz.Report:
     with torch.device("meta"):
-        model = ExampleModel(CONFIG)
+        model = ExampleModel(config)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     report = fsdpviz.analyze(
         model,
@@ -157,8 +163,10 @@ def _report(kwargs: dict[str, Any], micro_steps: int) -> fsdpviz.Report:
     return report
 
 
-def _predicted_peak(kwargs: dict[str, Any], micro_steps: int) -> int:
-    report = _report(kwargs, micro_steps)
+def _predicted_peak(
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+) -> int:
+    report = _report(kwargs, micro_steps, config)
     steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
     return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
 
@@ -196,6 +204,60 @@ def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
     assert _measured_peak(kwargs, micro_steps)[0] == _predicted_peak(kwargs, micro_steps)
 
 
+OFFLOAD = CPUOffload(offload_params=True)
+# a 3000-word vocabulary: the root's backward, after the layers reduced theirs, is the peak
+BIG_ROOT = ExampleConfig(
+    hidden_size=60, intermediate_size=170, num_layers=2, num_heads=4, vocab_size=3000
+)
+OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int, ExampleConfig]] = {
+    # the root is not freed after forward: its pre-backward copies the host shard to the
+    # device and drops it, gathering nothing
+    "full_shard_no_sync": ({"cpu_offload": OFFLOAD, "backward_prefetch": None}, 2, CONFIG),
+    # each unit's reduced gradient shard stays on the device (_saved_grad_shard) until the
+    # final callback, beside its host copy
+    "full_shard_reduced_shards_kept": ({"cpu_offload": OFFLOAD}, 1, BIG_ROOT),
+    # SHARD_GRAD_OP gathers nothing in backward: every unit's copy is dropped at once
+    "shard_grad_op": (
+        {
+            "cpu_offload": OFFLOAD,
+            "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP,
+            "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+        },
+        1,
+        CONFIG,
+    ),
+    # NO_SHARD keeps the all-reduced gradient in .grad, on the device, until the final
+    # callback; bf16 parameters: the low-precision copy is made and dropped at each unshard
+    "no_shard": (
+        {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD},
+        1,
+        BIG_ROOT,
+    ),
+    "bf16": (
+        {"cpu_offload": OFFLOAD, "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
+        1,
+        BIG_ROOT,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OFFLOAD_CASES))
+def test_cpu_offload_device_memory(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """``CPUOffload(offload_params=True)``: what is on the device is what the tracker
+    measures on the CPU less what stays on the host, each unit's shard and its gradient's
+    host copy (``_cpu_grad``, registered with the tracker from the start: the copy into it
+    would otherwise count it from then on). A CPU run does not copy the shards to the
+    device; where the peak is, the model has none in flight."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    kwargs, micro_steps, config = OFFLOAD_CASES[case]
+    host = sum(2 * u.sharded_bytes for u in _report(kwargs, micro_steps, config).units)
+    measured = _measured_peak(kwargs, micro_steps, None, config)[0]
+    assert measured - host == _predicted_peak(kwargs, micro_steps, config)
+
+
 @contextmanager
 def _rank(rank: int) -> Iterator[None]:
     """The fake process group as seen by ``rank`` of the same 4, rank 0's again after.
@@ -218,19 +280,39 @@ def _rank(rank: int) -> Iterator[None]:
         _clear_sharding_prop_cache()
 
 
-@pytest.mark.parametrize("optimizer", ["for_loop", "foreach"])
-def test_optimizer_step_of_the_original_parameters(fake_pg: int, optimizer: str) -> None:
+# 61 wide, one head: each parameter aligned to 16 bytes leaves padding after every norm,
+# and each unit's parts of a shard differ by rank
+PADDED = ExampleConfig(
+    hidden_size=61, intermediate_size=171, num_layers=2, num_heads=1, vocab_size=101
+)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "config"),
+    [
+        ("adamw_for_loop", CONFIG),
+        ("adamw_foreach", CONFIG),
+        ("adamw_for_loop", PADDED),
+        ("adamw_foreach", PADDED),
+        ("sgd_momentum", PADDED),
+    ],
+)
+def test_optimizer_step_of_the_original_parameters(
+    fake_pg: int, optimizer: str, config: ExampleConfig
+) -> None:
     """``use_orig_params=True``: the optimizer steps the original parameters, each a view of
     its part of the rank's shard, and a part that is empty gets no gradient: the states and
     the step's temporaries are of the parts (the for-loop's, one parameter's part at a time),
-    none of the padding. On the rank where they are the most (fsdpviz's "per rank"), the
-    step and the peak before it to the byte."""
+    none of the padding. The peak before the step is the most any rank reaches: the states of
+    the rank that keeps the most in all (each unit's most can be on another rank, and their
+    sum is more than any rank keeps: 12 to 40 B more on the padded model); the step, the
+    most any rank's states and temporaries reach. Both to the byte."""
     kwargs = {"use_orig_params": True}
     measured = []
     for rank in range(fake_pg):
         with _rank(rank):
-            measured.append(_measured_peak(kwargs, 1, optimizer))
-    mem = memory_model(_report(kwargs, 1), optimizer=f"adamw_{optimizer}", iteration=1)
+            measured.append(_measured_peak(kwargs, 1, optimizer.removeprefix("adamw_"), config))
+    mem = memory_model(_report(kwargs, 1, config), optimizer=optimizer, iteration=1)
     *before, step = mem.moments
     assert step.where == "during the optimizer step after"
     assert max(m[1] for m in measured) == sum(step.bytes)
@@ -242,9 +324,7 @@ def test_optimizer_states_of_the_original_parameters_parts(fake_pg: int) -> None
     61-wide model: padding after every norm): the optimizer keeps states for the
     parameters' parts of the shard, not for the padding, so each unit's
     ``Unit.trainable[1]`` is the most elements of states any rank keeps for it."""
-    config = ExampleConfig(
-        hidden_size=61, intermediate_size=171, num_layers=2, num_heads=1, vocab_size=101
-    )
+    config = PADDED
     ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(0))
     most: dict[str, int] = {}
     for rank in range(fake_pg):

@@ -215,8 +215,13 @@ def test_cpu_offload_keeps_shards_gradients_and_states_off_the_device(api: str) 
 
     records = off.memory.records()
     for c in ("sharded_params", "sharded_grads", "optimizer"):
-        assert all(r[c] == 0 for r in records), c
+        # FSDP1 keeps each reduced gradient shard on the device (_saved_grad_shard) beside
+        # its host copy until the final callback points .grad at the host copy
+        kept = api == "FSDP1" and c == "sharded_grads"
+        assert all(r[c] == 0 for r in records) != kept, c
         assert any(r[c] > 0 for r in base.memory.records()), c
+    last = dict(zip(CATEGORIES, off.memory.moments[-1].bytes, strict=True))
+    assert last["sharded_grads"] == 0
     assert off.memory.peak["bytes"] < base.memory.peak["bytes"]
 
     # every all-gather right after its unit's h2d copy of the shard (fp32: 4 bytes per

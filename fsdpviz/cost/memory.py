@@ -80,7 +80,7 @@ from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_walker import Block, Walker
 from fsdpviz.cost.sizes import (
     UnitBytes,
-    itemsize,
+    fsdp1_parts,
     optimizer_spec,
     param_grads,
     placed_grads,
@@ -288,19 +288,23 @@ def optimizer_step(
     if spec.adam and spec.implementation == "foreach":
         temporaries = one
     elif spec.adam and spec.implementation == "for_loop" and one:
-        temporaries = _largest_shard(report, one)
+        temporaries = _largest_shard(report, one, spec.states)
     return states, temporaries
 
 
-def _largest_shard(report: Report, one: int) -> int:
+def _largest_shard(report: Report, one: int, states: int) -> int:
     """The for-loop update's most bytes beyond the states: parameter ``i``'s ``sqrt()`` and its
     division alive together, with parameter ``i - 1``'s result still bound to the loop's
     variable (``one``: one state of every shard, to scale shard elements to bytes). The loop
     runs over the parameters with a gradient only (``_init_group`` skips the others): a
-    unit's frozen parameters (``Unit.frozen_params``) are not among them."""
+    unit's frozen parameters (``Unit.frozen_params``) are not among them. FSDP1 with
+    ``use_orig_params=True`` (``states`` per element): the most any rank's loop and states
+    reach beyond the states counted, the most any rank keeps (:func:`fsdp1_parts`)."""
     if report.config.api == "FSDP1" and report.config.use_orig_params:
-        total = sum(u.trainable[1] for u in report.units if u.requires_grad is not False)
-        return _most_over_ranks(_fsdp1_pieces(report)) * one // max(total, 1)
+        pieces = [[n for _, n in parts] for parts in fsdp1_parts(report)]
+        most = max((sum(p) for p in pieces), default=0)
+        loops = ((sum(p) - most) * states + _loop_most(p) for p in pieces)
+        return max(loops, default=0) * one // max(most, 1)
     if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
         shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
         total = sum(shards)
@@ -326,46 +330,6 @@ def _largest_shard(report: Report, one: int) -> int:
 def _loop_most(shards: list[int]) -> int:
     """The for-loop update's most elements over parameters of ``shards`` elements, in order."""
     return max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
-
-
-def _most_over_ranks(pieces: list[list[int]]) -> int:
-    """:func:`_loop_most` on the rank where it is the most (each rank's list of pieces)."""
-    return max((_loop_most(p) for p in pieces), default=0)
-
-
-def _fsdp1_pieces(report: Report) -> list[list[int]]:
-    """FSDP1 with ``use_orig_params=True``: for each rank, the elements of each trainable
-    parameter's part of its unit's shard, in the parameters' order, the parameters without
-    one left out (FSDP gives them no gradient: the optimizer skips them)."""
-    # here, not at the top: the plan loads torch, and the command line's checks import the
-    # cost model (through the exports) before torch is loaded
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
-    held: dict[str, dict[int, int]] = {}  # parameter -> {rank: elements of its part}
-    ranks = 1
-    for u in report.units:
-        if u.requires_grad is False or not u.sharded_numel:
-            continue
-        n_ranks = u.shard_ranks
-        ranks = max(ranks, n_ranks)
-        layout = flat_param_layout(
-            [math.prod(shapes.get(p) or [0]) for p in u.params],
-            itemsize(u.compute_dtype or u.dtype),
-            use_orig_params=True,
-            shard_world_size=n_ranks,
-            pad_to=report.config.process_group_size or n_ranks,
-        )
-        frozen = set(u.frozen_params)
-        parts = layout.shard_parts([p not in frozen for p in u.params])
-        for r, by_param in enumerate(parts):
-            for i, n in by_param.items():
-                held.setdefault(u.params[i], {})[r] = n
-    return [[held[p][r] for p in shapes if r in held.get(p, {})] for r in range(ranks)]
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB

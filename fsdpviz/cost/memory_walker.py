@@ -320,6 +320,8 @@ class Walker(MemoryRecords):
             self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
         if c.hook == "final_callback" and self.sync:
             self._keep_low_precision(c)
+            for u in self.reduced:  # CPU offload: .grad is the host copy from here on
+                self.cat["sharded_grads"] -= self.sizes[u].sharded_grad * self.sizes[u].grad_to_host
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             self._release_all_reduced()
@@ -339,13 +341,13 @@ class Walker(MemoryRecords):
         s = self.sizes.get(e.unit)
         if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
-        if e.kind == "h2d" and s.communicates:  # offload: the shard's copy, until gathered
+        if e.kind == "h2d" and s.communicates and self.fsdp2:  # the copy, until gathered
             self._alloc("all_gather", ("h2d", e.unit), s.h2d)
             self.copied[e.unit] = s.h2d
-        elif e.kind == "h2d":
-            pass  # NO_SHARD with offload computes on the copy: not modelled (a note says so)
-        elif e.kind == "d2h":
-            pass  # the gradient shard leaves the device: counted in host memory
+        elif e.kind == "h2d" and s.communicates:
+            self._copy_to_device(e, s, c)
+        elif e.kind in ("h2d", "d2h"):
+            pass  # NO_SHARD's copy: not modelled (a note says so); d2h: into the host buffer
         elif e.kind in _ACTIVATIONS:
             pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":
@@ -357,7 +359,8 @@ class Walker(MemoryRecords):
                 self.on_compute.add(e.unit)
                 self.cat["unsharded_params"] += n
             # the shards cast for the copy-in, then the output (FSDP2 gathers in place)
-            self._alloc("all_gather", ("in", e.unit), s.copy_in)
+            if self.fsdp2 or e.unit not in self.copied:  # FSDP1 offloaded: made at h2d
+                self._alloc("all_gather", ("in", e.unit), s.copy_in)
             if e.unit not in self.on_compute:
                 self._alloc("all_gather", ("out", e.unit), n)
             if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
@@ -387,6 +390,22 @@ class Walker(MemoryRecords):
         if self._leftover and not hsdp:  # foreach_reduce all-reduces it before it returns
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
+
+    def _copy_to_device(self, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """FSDP1 offloading a sharded unit: ``pre_unshard`` copies the host shard to the
+        device for the all-gather; with parameter mixed precision the low-precision shard is
+        made, the copy cast into it and dropped. With no all-gather after it (the root after
+        forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``)."""
+        nxt = self._event_index + 1
+        gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
+        self._alloc("all_gather", ("in", e.unit), s.copy_in)
+        self._alloc("all_gather", ("h2d", e.unit), s.h2d)
+        self._moment("at", c, e)
+        self._free("all_gather", ("h2d", e.unit), s.h2d if s.copy_in or not gathers else 0)
+        if gathers:
+            self.copied[e.unit] = 0 if s.copy_in else s.h2d
+        else:
+            self._free("all_gather", ("in", e.unit), s.copy_in)
 
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)

@@ -163,6 +163,10 @@ class UnitBytes:
     # FSDP2 on a shard group of one rank under mixed precision: the casts of the parameters
     # its copy-out makes, the most alive beside the unsharded parameters (:func:`_one_rank_copy`)
     one_rank_copy: int = 0
+    # FSDP1 under CPU offload: the reduced gradient (``sharded_grad``: ``_saved_grad_shard``,
+    # or NO_SHARD's ``.grad``) stays on the device beside its host copy until the final
+    # callback (``prepare_gradient_for_optim`` points ``.grad`` at ``_cpu_grad``)
+    grad_to_host: bool = False
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -175,7 +179,12 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         mp = report.config.mixed_precision or {}
         keep_low = bool(mp.get("keep_low_precision_grads"))
         spec = optimizer_spec(optimizer)
-        out = {u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec) for u in report.units}
+        out = {
+            u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec, offload)
+            for u in report.units
+        }
+    if not fsdp2 and report.config.use_orig_params and states and not offload:
+        out = _states_of_the_rank_with_most(report, out, states)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -238,6 +247,60 @@ def _replicated_grads(
             rest = math.prod(shape[1:]) * size
             out.append((shape[0] * rest, -(-shape[0] // tp) * rest))
     return tuple(out)
+
+
+def _states_of_the_rank_with_most(
+    report: Report, out: dict[str, UnitBytes], states: int
+) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True``: each unit's optimizer states as the rank that
+    keeps the most states in all holds them (:func:`fsdp1_parts`). A unit's part of a rank's
+    shard differs by rank where its parameters are padded, and each unit's most
+    (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's."""
+    ranks = fsdp1_parts(report)
+    size = {u.module: itemsize(u.dtype) * states for u in report.units}
+    held = [sum(n * size[unit] for unit, n in parts) for parts in ranks]
+    if not held:
+        return out
+    best = ranks[held.index(max(held))]
+    kept = dict.fromkeys(out, 0)
+    for unit, n in best:
+        kept[unit] += n * size[unit]
+    return {name: replace(b, optimizer=kept[name]) for name, b in out.items()}
+
+
+def fsdp1_parts(report: Report) -> list[list[tuple[str, int]]]:
+    """FSDP1 with ``use_orig_params=True``: for each rank, the unit and elements of each
+    trainable parameter's part of its unit's shard, in the parameters' order, the parameters
+    without one left out (FSDP gives them no gradient: the optimizer skips them)."""
+    # here, not at the top: the plan loads torch, and the command line's checks import the
+    # cost model (through the exports) before torch is loaded
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    held: dict[str, dict[int, tuple[str, int]]] = {}  # parameter -> {rank: (unit, part)}
+    ranks = 1
+    for u in report.units:
+        if u.requires_grad is False or not u.sharded_numel:
+            continue
+        n_ranks = u.shard_ranks
+        ranks = max(ranks, n_ranks)
+        layout = flat_param_layout(
+            [math.prod(shapes.get(p) or [0]) for p in u.params],
+            itemsize(u.compute_dtype or u.dtype),
+            use_orig_params=True,
+            shard_world_size=n_ranks,
+            pad_to=report.config.process_group_size or n_ranks,
+        )
+        frozen = set(u.frozen_params)
+        parts = layout.shard_parts([p not in frozen for p in u.params])
+        for r, by_param in enumerate(parts):
+            for i, n in by_param.items():
+                held.setdefault(u.params[i], {})[r] = (u.module, n)
+    return [[held[p][r] for p in shapes if r in held.get(p, {})] for r in range(ranks)]
 
 
 def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
@@ -384,7 +447,7 @@ def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes
 
 
 def _fsdp1_reduction(
-    u: Unit, b: UnitBytes, keep_low: bool, spec: OptimizerSpec | None = None
+    u: Unit, b: UnitBytes, keep_low: bool, spec: OptimizerSpec | None = None, offload: bool = False
 ) -> UnitBytes:
     """``b`` with FSDP1's post-backward temporaries (see :class:`UnitBytes`).
 
@@ -393,10 +456,13 @@ def _fsdp1_reduction(
     the sharded strategies cast the reduced shard to the parameters' dtype as ever, and
     the final callback casts it to the compute dtype (``prepare_gradient_for_optim``,
     ``grad_kept``). SGD's momentum buffer is a copy of the first gradient it steps with
-    (``torch.clone(grad)``): in that dtype (``spec``, the optimizer)."""
+    (``torch.clone(grad)``): in that dtype (``spec``, the optimizer). ``offload``: the
+    reduced gradient is on the device until the final callback (``grad_to_host``)."""
     trainable, _ = u.trainable
     if not trainable:
         return b
+    if offload:
+        b = replace(b, sharded_grad=u.sharded_numel * itemsize(u.dtype), grad_to_host=True)
     compute = u.compute_dtype or u.dtype
     reduce = u.reduce_dtype or compute
     r = itemsize(reduce)
