@@ -77,7 +77,8 @@ from fsdpviz.cost.fit import machine_of, runtime_overhead
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
-from fsdpviz.cost.memory_walker import Block, Walker
+from fsdpviz.cost.memory_records import Block
+from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.sizes import (
     UnitBytes,
     fsdp1_parts,

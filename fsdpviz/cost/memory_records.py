@@ -15,7 +15,10 @@ from fsdpviz.schema.events import Event
 from fsdpviz.schema.memory import MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.report import unit_label
 
-__all__ = ["WAITS", "MemoryRecords", "RecordsHost"]
+__all__ = ["WAITS", "Block", "MemoryRecords", "RecordsHost"]
+
+Block = tuple[str | int, ...]
+"""A buffer of a communication stream's pool: what, unit[, index]."""
 
 WAITS = ("pre_forward", "pre_backward")
 """The hook calls that open a unit's window (and wait for its all-gather)."""

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.memory_records import WAITS, MemoryRecords
+from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
+from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Report
 
-Block = tuple[str | int, ...]  # a buffer of a communication stream's pool: what, unit[, index]
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
-class Walker(MemoryRecords):
+class Walker(MemoryRecords, FSDP1Steps):
     """Steps one iteration's tape and keeps bytes per category.
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
@@ -391,22 +391,6 @@ class Walker(MemoryRecords):
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
 
-    def _copy_to_device(self, e: Event, s: UnitBytes, c: HookCall) -> None:
-        """FSDP1 offloading a sharded unit: ``pre_unshard`` copies the host shard to the
-        device for the all-gather; with parameter mixed precision the low-precision shard is
-        made, the copy cast into it and dropped. With no all-gather after it (the root after
-        forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``)."""
-        nxt = self._event_index + 1
-        gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
-        self._alloc("all_gather", ("in", e.unit), s.copy_in)
-        self._alloc("all_gather", ("h2d", e.unit), s.h2d)
-        self._moment("at", c, e)
-        self._free("all_gather", ("h2d", e.unit), s.h2d if s.copy_in or not gathers else 0)
-        if gathers:
-            self.copied[e.unit] = 0 if s.copy_in else s.h2d
-        else:
-            self._free("all_gather", ("in", e.unit), s.copy_in)
-
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)
         if s is None or unit in self.resident:
@@ -531,48 +515,6 @@ class Walker(MemoryRecords):
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
         self.rs.append((block, s.reduce_scatter))
-
-    def _keep_low_precision(self, c: HookCall) -> None:
-        """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
-        backward casts its gradient shard to the compute dtype (``prepare_gradient_for_optim``,
-        the units in order), the shard it replaces freed once cast."""
-        for unit in [u for u in self.sizes if u in self.reduced]:
-            s = self.sizes[unit]
-            if not s.grad_kept:
-                continue
-            self.cat["sharded_grads"] += s.grad_kept
-            self._moment("at the cast of the gradient shard to the compute dtype in", c)
-            self.cat["sharded_grads"] -= s.sharded_grad
-
-    def _reduce_fsdp1(self, e: Event, s: UnitBytes, grads: int) -> None:
-        """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
-        ``_post_backward_hook``: the gradient cast to the reduce dtype, padded to a multiple
-        of the shard ranks (``_get_reduce_scatter_tensors``), the reduce-scatter output (a
-        shard in the reduce dtype) and its cast to the parameters' dtype are made beside it
-        (:class:`~fsdpviz.cost.sizes.UnitBytes`), and every one of them but the shard kept
-        is freed when the hook returns, the gradient too: nothing of it outlives the hook
-        (on a GPU the caching allocator keeps the gradient's block from reuse until the
-        reduction is done, ``record_stream``, but it no longer counts as allocated).
-        ``NO_SHARD`` all-reduces in place and casts."""
-        temps = s.grad_cast + s.grad_pad
-        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
-        self._alloc("reduce_scatter", block, temps)
-        self.cat["sharded_grads"] += s.reduced_shard
-        if temps or s.reduced_shard:
-            self._moment("at", None, e)
-        cast = (
-            s.sharded_grad
-            if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
-            else 0
-        )
-        if cast:
-            self.cat["sharded_grads"] += cast
-            self._moment("at the cast of the reduced gradient shard in", None, e)
-            self.cat["sharded_grads"] -= cast
-        self.cat["sharded_grads"] -= s.reduced_shard
-        self._free("reduce_scatter", block, temps)
-        self.cat["unsharded_grads"] -= grads
-        self._add_shard(e, s.sharded_grad)
 
     def _cast_reduce_output(self, e: Event, s: UnitBytes) -> None:
         """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the

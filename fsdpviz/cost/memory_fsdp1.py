@@ -1,0 +1,94 @@
+"""FSDP1's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: CPU offload's copy of a
+shard to the device, the post-backward reduction of a FlatParameter's gradient and the final
+callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
+walker (a mixin, typed by :class:`FSDP1Host`)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fsdpviz.cost.hook_calls import HookCall, Tape
+from fsdpviz.cost.memory_records import Block
+from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.schema.events import Event
+
+__all__ = ["FSDP1Host", "FSDP1Steps"]
+
+
+class FSDP1Host(Protocol):
+    """What FSDP1's steps read and change of the walker they are part of."""
+
+    tape: Tape
+    cat: dict[str, int]
+    sizes: dict[str, UnitBytes]
+    copied: dict[str, int]
+    reduced: set[str]
+    blocks: dict[str, list[tuple[Block, int]]]
+    _event_index: int
+
+    def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
+    def _alloc(self, pool: str, block: Block, n: int) -> None: ...
+    def _free(self, pool: str, block: Block, n: int) -> None: ...
+    def _add_shard(self, e: Event, n: int) -> None: ...
+
+
+class FSDP1Steps:
+    """FSDP1's steps of the walker."""
+
+    def _copy_to_device(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """FSDP1 offloading a sharded unit: ``pre_unshard`` copies the host shard to the
+        device for the all-gather; with parameter mixed precision the low-precision shard is
+        made, the copy cast into it and dropped. With no all-gather after it (the root after
+        forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``)."""
+        nxt = self._event_index + 1
+        gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
+        self._alloc("all_gather", ("in", e.unit), s.copy_in)
+        self._alloc("all_gather", ("h2d", e.unit), s.h2d)
+        self._moment("at", c, e)
+        self._free("all_gather", ("h2d", e.unit), s.h2d if s.copy_in or not gathers else 0)
+        if gathers:
+            self.copied[e.unit] = 0 if s.copy_in else s.h2d
+        else:
+            self._free("all_gather", ("in", e.unit), s.copy_in)
+
+    def _keep_low_precision(self: FSDP1Host, c: HookCall) -> None:
+        """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
+        backward casts its gradient shard to the compute dtype (``prepare_gradient_for_optim``,
+        the units in order), the shard it replaces freed once cast."""
+        for unit in [u for u in self.sizes if u in self.reduced]:
+            s = self.sizes[unit]
+            if not s.grad_kept:
+                continue
+            self.cat["sharded_grads"] += s.grad_kept
+            self._moment("at the cast of the gradient shard to the compute dtype in", c)
+            self.cat["sharded_grads"] -= s.sharded_grad
+
+    def _reduce_fsdp1(self: FSDP1Host, e: Event, s: UnitBytes, grads: int) -> None:
+        """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
+        ``_post_backward_hook``: the gradient cast to the reduce dtype, padded to a multiple
+        of the shard ranks (``_get_reduce_scatter_tensors``), the reduce-scatter output (a
+        shard in the reduce dtype) and its cast to the parameters' dtype are made beside it
+        (:class:`~fsdpviz.cost.sizes.UnitBytes`), and every one of them but the shard kept
+        is freed when the hook returns, the gradient too: nothing of it outlives the hook
+        (on a GPU the caching allocator keeps the gradient's block from reuse until the
+        reduction is done, ``record_stream``, but it no longer counts as allocated).
+        ``NO_SHARD`` all-reduces in place and casts."""
+        temps = s.grad_cast + s.grad_pad
+        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
+        self._alloc("reduce_scatter", block, temps)
+        self.cat["sharded_grads"] += s.reduced_shard
+        if temps or s.reduced_shard:
+            self._moment("at", None, e)
+        cast = (
+            s.sharded_grad
+            if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
+            else 0
+        )
+        if cast:
+            self.cat["sharded_grads"] += cast
+            self._moment("at the cast of the reduced gradient shard in", None, e)
+            self.cat["sharded_grads"] -= cast
+        self.cat["sharded_grads"] -= s.reduced_shard
+        self._free("reduce_scatter", block, temps)
+        self.cat["unsharded_grads"] -= grads
+        self._add_shard(e, s.sharded_grad)
