@@ -286,3 +286,25 @@ def test_mi300x_and_b200_are_what_fit_gives_on_their_calibration_rows(
         "b200": pytest.approx(1.0, abs=0.005),
         "mi300x": pytest.approx(1.0, abs=0.005),
     }
+
+
+def test_fsdp2_copies_gradients_into_the_reduce_scatter_buffer_on_the_compute_stream() -> None:
+    """``foreach_reduce`` allocates the reduce-scatter input and copies the gradients into it
+    on the compute stream, then the reduce-scatter's stream waits for it (pytorch#129721): the
+    copy delays the compute after the post-backward hook, not the collective, which takes
+    just its own time and starts once the copy is done."""
+    h100 = machine("h100")
+    report = fsdpviz.analyze(example_model(CONFIG), example_inputs(CONFIG),
+                             fully_shard=[DecoderLayer], world_size=8)  # fmt: skip
+    tl = timeline(report, h100)
+    scatters = [r for r in tl.records() if r["kind"] == "reduce_scatter"]
+    assert scatters
+    for r in scatters:
+        size = r["bytes"] * 8 / 7
+        assert r["end"] - r["start"] == pytest.approx(
+            h100.collective_seconds("reduce_scatter", size, 8)
+        )
+        # the copy ran on the compute stream before it: the compute clock had passed the hook
+        assert r["start"] > r["compute_t"]
+    copies = sum(2 * r["bytes"] * 8 / 7 for r in scatters)
+    assert tl.totals["copy_s"] >= h100.memory_seconds(copies) - 1e-12

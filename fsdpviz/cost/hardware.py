@@ -267,10 +267,10 @@ _MI300X_TFLOPS = {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4, "tflo
                   "float8_e4m3fn": 2614.9, "float8_e4m3fnuz": 2614.9}  # fmt: skip
 # h200: the H100 SXM's efficiencies times 1.36, fitted on KempnerForge's 7B FSDP2 run on 4
 # H200 (benchmarks/bench_published.py --fit)
-H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.735, 0.387, 0.307
-# mi300x: the H100 SXM's efficiencies times 0.552, fitted on torchao's Llama 3 8B bf16 run
+H200_COMPUTE, H200_ATTENTION, H200_ATTENTION_BACKWARD = 0.738, 0.389, 0.308
+# mi300x: the H100 SXM's efficiencies times 0.555, fitted on torchao's Llama 3 8B bf16 run
 # (torchtitan, FSDP2, compile) on 8 MI300X (benchmarks/bench_published.py --fit)
-MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.299, 0.157, 0.125
+MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.301, 0.158, 0.126
 # mi300x's float8 multiplies: AMD's Max-Achievable FLOPs of hipBLASLt GEMMs (commit db8e93b,
 # ROCm 6.3) on MI300X at 750 W, "Measuring Max-Achievable FLOPs - Part 2" (ROCm/rocm-blogs,
 # Table 1): BF16 708 TFLOP/s (1207 MHz), FP8 1273 (1230 MHz), 1.80 times, where the data
@@ -281,9 +281,9 @@ MI300X_COMPUTE, MI300X_ATTENTION, MI300X_ATTENTION_BACKWARD = 0.299, 0.157, 0.12
 MI300X_FLOAT8_MATMUL_SHARE = (1273.0 / 708.0) / (
     _MI300X_TFLOPS["float8_e4m3fnuz"] / _MI300X_TFLOPS["bfloat16"]
 )
-# b200: the H100 SXM's efficiencies times 0.526, fitted on the same recipe on 8 B200 capped
+# b200: the H100 SXM's efficiencies times 0.531, fitted on the same recipe on 8 B200 capped
 # at 750 W (the peaks above are the 1000 W data sheet's; benchmarks/bench_published.py --fit)
-B200_COMPUTE, B200_ATTENTION, B200_ATTENTION_BACKWARD = 0.285, 0.150, 0.119
+B200_COMPUTE, B200_ATTENTION, B200_ATTENTION_BACKWARD = 0.288, 0.152, 0.120
 
 
 class GPUPreset(TypedDict):
@@ -325,9 +325,9 @@ GPUS: dict[str, GPUPreset] = {
         "hbm_gbps": 2400.0,
         "pcie_gbps": 50.0,
         "network": "nvlink4+roce-400",
-        "compute_efficiency": 0.568,
-        "attention_efficiency": 0.313,
-        "attention_backward_efficiency": 0.245,
+        "compute_efficiency": 0.576,
+        "attention_efficiency": 0.317,
+        "attention_backward_efficiency": 0.248,
     },
     "h100-pcie": {
         "name": "H100 PCIe 80GB",
@@ -357,9 +357,9 @@ GPUS: dict[str, GPUPreset] = {
         "memory_gib": 80.0,
         "hbm_gbps": 2039.0,
         "network": "nvlink3+ib-hdr",
-        "compute_efficiency": 0.714,
-        "attention_efficiency": 0.579,
-        "attention_backward_efficiency": 0.446,
+        "compute_efficiency": 0.718,
+        "attention_efficiency": 0.582,
+        "attention_backward_efficiency": 0.449,
     },
     "a100-40gb": {
         "name": "A100 SXM 40GB",

@@ -28,7 +28,10 @@ of a :class:`~fsdpviz.cost.hardware.Machine`:
 FSDP2 copies each unit's shards into the all-gather buffer (copy-in, on the
 all-gather's stream, before it) and the gathered parameters out of it (copy-out, on the
 compute stream when the unit is first needed), and the gradients into the
-reduce-scatter buffer (on the reduce-scatter's stream): each a memory-bound pass. A
+reduce-scatter buffer (on the compute stream, in its post-backward hook: ``foreach_reduce``
+allocates the buffer and copies into it there, and the reduce-scatter's stream waits for it;
+since pytorch#129721, so that the buffer is in the compute stream's pool): each a
+memory-bound pass. A
 parameter its ``shard_placement_fn`` shards on a dim other than 0 is copied once more in
 each: its copy-out lands in a temporary that ``torch.cat`` puts in place, and its gradient
 is rebuilt (``torch.cat`` of its chunks) before the copy-in.

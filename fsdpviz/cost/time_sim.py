@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hook_calls import HookCall, tape
@@ -405,14 +406,35 @@ class MicroStepSim:
             ranks = self.ranks.shard
             shards = u.padded_numel // max(u.sharded_numel, 1)
             size = reduced_shard_numel(u, self.fsdp2) * shards * reduce
-            # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer, after
-            # the gradients sharded on dim != 0 are each rebuilt (torch.cat of their chunks)
-            rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.frozen_params)
-            extra = self.m.memory_seconds(2 * (size + rebuilt)) if self.fsdp2 else 0.0
+            if self.fsdp2 and ranks > 1:
+                # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer,
+                # after the gradients sharded on dim != 0 are each rebuilt (torch.cat of their
+                # chunks), on the compute stream (foreach_reduce runs it before it enters the
+                # reduce-scatter stream, which waits for it)
+                rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.frozen_params)
+                self._copy_on_compute(self.m.memory_seconds(2 * (size + rebuilt)))
             shard = self.ranks.spans["shard"]
             self._collective(
-                rec, "reduce_scatter", size, ranks, self.clocks.compute, extra, shard, _GRADS
+                rec, "reduce_scatter", size, ranks, self.clocks.compute, 0.0, shard, _GRADS
             )
+
+    def _copy_on_compute(self, seconds: float) -> None:
+        """A copy the compute stream runs at the current hook, right after the compute before
+        it: counted in that stretch, as a copy-out is in the stretch after its hook."""
+        start = self.clocks.compute
+        self.clocks.compute = start + seconds
+        self.tally.compute_s += seconds
+        self.tally.by_kind["copy"] += seconds
+        k = len(self.hooks) - 1
+        last = self.compute[-1] if self.compute else None
+        if last is not None and last.index == k and last.end == start:
+            self.compute[-1] = replace(last, end=start + seconds)
+            return
+        hook = self.hooks[k]
+        self.compute.append(
+            ComputeStretch(hook.hook, hook.unit, k, start, start + seconds, 0.0, "backward",
+                           hook.unit, len(self.records) - 1)
+        )  # fmt: skip
 
     def _tensor_parallel(self, rec: EventTiming, kind: str, size: float) -> None:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
