@@ -136,7 +136,7 @@ def _as_the_tracker_sees(
         unit = report.unit(e.unit)
         held = 0
         if accumulated and unit.reduce_dtype not in (None, unit.compute_dtype or unit.dtype):
-            last = [p for p in unit.params if p not in unit.frozen_params][-1]  # with a gradient
+            last = [p for p in unit.params if p not in unit.gradless_params][-1]  # with a gradient
             held = model.get_parameter(last).numel()
             held *= itemsize(unit.compute_dtype or unit.dtype)
         copy = sizes[e.unit].reduce_scatter if copies else 0
@@ -282,6 +282,34 @@ def test_reshard_after_forward_onto_fewer_ranks(fake_pg: int) -> None:
     backward = _as_the_tracker_sees(report, mem, model)
     _compare(real, replace(before_step, peak={**before_step.peak, "breakdown": peak}),
              backward=backward, steps=steps)  # fmt: skip
+
+
+class _WithSpare(ExampleModel):
+    """The example model with a linear layer in each decoder layer that no forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__(ExampleConfig())
+        for layer in self.layers:
+            layer.spare = nn.Linear(256, 256)
+
+
+def test_parameters_no_gradient_reaches(fake_pg: int) -> None:
+    """A parameter that requires grad but that the forward never uses gets no ``.grad``:
+    ``FSDPParamGroup.post_backward`` reduce-scatters only the parameters with one, and Adam
+    keeps no state for it. In the steady state (Adam) the peak, every category at it and
+    every module's peaks, to the byte (before, each layer's reduce-scatter buffer, gradient
+    shard and optimizer state counted the unused layer's 257 KiB)."""
+    real = tracked(_WithSpare, _ids, lambda m: list(m.layers), fake_pg, _loss, optimizer=True)
+    with torch.device("meta"):
+        model = _WithSpare()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg)  # fmt: skip
+    unit = report.unit("layers.1")
+    assert unit.unused_params == ["layers.1.spare.weight", "layers.1.spare.bias"]
+    assert unit.trainable[1] == unit.sharded_numel - (256 * 256 + 256) // fake_pg
+    mem = memory_model(report, optimizer="adam", iteration=1)
+    steps = 4 * sum(".spare." not in n for n, _ in model.named_parameters())  # with a gradient
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model), steps=steps)
 
 
 def _torchtitan_sac(module: nn.Module) -> None:

@@ -297,7 +297,7 @@ def _largest_shard(report: Report, one: int) -> int:
     division alive together, with parameter ``i - 1``'s result still bound to the loop's
     variable (``one``: one state of every shard, to scale shard elements to bytes). The loop
     runs over the parameters with a gradient only (``_init_group`` skips the others): a
-    unit's frozen parameters (``Unit.frozen_params``) are not among them."""
+    unit's frozen and unused parameters (``Unit.gradless_params``) are not among them."""
     if report.config.api == "FSDP1" and report.config.use_orig_params:
         total = sum(u.trainable[1] for u in report.units if u.requires_grad is not False)
         return _most_over_ranks(_fsdp1_pieces(report)) * one // max(total, 1)
@@ -311,7 +311,7 @@ def _largest_shard(report: Report, one: int) -> int:
             for u in report.units
             if u.requires_grad is not False
             for p in u.params
-            if p not in u.frozen_params
+            if p not in u.gradless_params
         }
         total = sum(u.trainable[1] for u in report.units)
         shards = [

@@ -407,7 +407,7 @@ class MicroStepSim:
             size = reduced_shard_numel(u, self.fsdp2) * shards * reduce
             # FSDP2's copy-in: the gradients (cast to the reduce dtype) into the buffer, after
             # the gradients sharded on dim != 0 are each rebuilt (torch.cat of their chunks)
-            rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.frozen_params)
+            rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.gradless_params)
             extra = self.m.memory_seconds(2 * (size + rebuilt)) if self.fsdp2 else 0.0
             shard = self.ranks.spans["shard"]
             self._collective(
