@@ -582,6 +582,43 @@ def test_accumulation_reducing_every_micro_step(fake_pg: int, precision: str) ->
     _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
 
 
+class _LayerTwice(ExampleModel):
+    """The example model running its second layer again after the last."""
+
+    def __init__(self) -> None:
+        super().__init__(ExampleConfig())
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        out: torch.Tensor = self.lm_head(self.norm(self.layers[1](x)))
+        return out
+
+
+def test_accumulation_with_a_layer_run_twice(fake_pg: int) -> None:
+    """Two micro-steps, the first without gradient sync, a layer run twice: autograd sums a
+    parameter's two uses before its ``.grad``, so the layer reduces once per step, but in the
+    synced micro-step its first post-backward finds the gradient the first micro-step left
+    and reduces it, its second the new one, which ``foreach_reduce`` adds into the gradient
+    shard and frees. The peak, every category at it, every module's peaks and the gradient
+    shards after backward, to the byte (before, the layer's 791,040-byte shard was counted
+    twice from its second reduction to the end of the step)."""
+    n = 2
+    real = tracked(_LayerTwice, _ids, lambda m: list(m.layers), fake_pg, _loss, accumulate=n)
+    with torch.device("meta"):
+        model = _LayerTwice()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg, grad_accum=n)  # fmt: skip
+    synced = [e.kind for e in report.iterations[n - 1] if e.unit == "layers.1"]
+    assert synced.count("reduce_scatter") == 2
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    _compare(real, replace(at_peak, unit_peaks=_most_over_micro_steps(report, steps, model)))
+    shards = sum(u.sharded_numel * 4 for u in report.units)  # fp32, each unit's once
+    assert steps[-1].events[-1]["sharded_grads"] == shards == real.after_backward["Sharded Grad"]
+
+
 def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
     labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
     return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())

@@ -568,9 +568,13 @@ class Walker(MemoryRecords):
 
     def _add_shard(self, e: Event, n: int) -> None:
         """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
-        earlier micro-step left one there, added into it and freed."""
+        earlier micro-step or reduction left one there, added into it and freed
+        (``foreach_reduce``: ``sharded_param.grad._local_tensor += new_sharded_grad``). A
+        module run twice reduces twice in a micro-step after one without gradient sync: its
+        first post-backward finds the gradient accumulated before (autograd sums a
+        parameter's two uses before its ``.grad``), its second the new one."""
         self.cat["sharded_grads"] += n
-        if e.unit in self._held:
+        if e.unit in self._held or e.unit in self.reduced:
             self._moment("at the addition into the accumulated gradient shard of", None, e)
             self.cat["sharded_grads"] -= n
         self.reduced.add(e.unit)
