@@ -266,6 +266,8 @@ def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
         grads = []
         frozen = u.gradless_params
         params = [p for p in u.params if p not in frozen] if frozen else u.params
+        if not params:  # no gradient reaches any of them: nothing reduced
+            continue
         for p in params[-1:] if last else params:
             owner, _, name = p.rpartition(".")
             m = modules.get(owner)
