@@ -107,6 +107,43 @@ def test_frozen_first_block(fake_pg: int) -> None:
     )
 
 
+class _Idle(hm.Stack):
+    """Five blocks, a linear layer in block 1 that no forward calls, block 4 never called."""
+
+    def __init__(self) -> None:
+        super().__init__(n=5)
+        self.blocks[1].spare = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in list(self.blocks)[:4]:
+            h = b(h)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+@pytest.mark.parametrize("mesh", [None, (2, 2)], ids=["1d", "hsdp"])
+def test_parameters_no_gradient_reaches(fake_pg: int, mesh: Any) -> None:
+    """Parameters that require grad but that no gradient reaches (:class:`_Idle`): FSDP2
+    reduce-scatters only the gradients that exist (``FSDPParamGroup.post_backward``), so the
+    recording and the plan both state them unused and leave them out of each unit's
+    trainable shard; the schedule, event for event, over two micro-steps."""
+    from fsdp_harness import assert_same_accumulation
+
+    torch.manual_seed(0)
+    model, calls = _Idle(), [(f"blocks.{i}",) for i in range(5)]
+    ranks = {"mesh": mesh} if mesh else {"world_size": fake_pg}
+    real = record_real_fsdp2(model, _x(), calls, fake_pg, mesh_shape=mesh, grad_accum=2)
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, grad_accum=2, **ranks)
+    assert_same_accumulation(real, predicted, 2)
+    assert [u.to_dict() for u in real.units] == [u.to_dict() for u in predicted.units]
+    spare = predicted.unit("blocks.1")
+    assert spare.unused_params == ["blocks.1.spare.weight", "blocks.1.spare.bias"]
+    assert spare.trainable[0] == spare.numel - 16 * 16 - 16
+    idle = predicted.unit("blocks.4")
+    assert idle.trainable == (0, 0) and len(idle.unused_params) == len(idle.params)
+
+
 @pytest.mark.parametrize("name", list(HF_MODELS))
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16"])
 def test_hf_models_per_layer(fake_pg: int, name: str, mp: bool) -> None:

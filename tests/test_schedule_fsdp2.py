@@ -146,6 +146,62 @@ def test_model_already_fully_sharded_on_meta(fake_pg: int) -> None:
         fsdpviz.analyze(model, torch.randn(4, 8, device="meta"), world_size=8)
 
 
+def _sharded_on_meta(mesh: Any, **kwargs: Any) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.device("meta"):
+        model = hm.Stack()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def test_model_already_fully_sharded_on_an_hsdp_mesh_with_offload(fake_pg: int) -> None:
+    """A model ``fully_shard`` was applied to on a 2 x 2 (HSDP) mesh with
+    ``CPUOffloadPolicy``: read as the recipe plans it, the all-reduce across the replicas
+    and the host-memory shards included (before: a 2-rank 1-D mesh without either)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    names = ("dp_replicate", "dp_shard")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    offload = CPUOffloadPolicy(pin_memory=False)
+    model = _sharded_on_meta(mesh, offload_policy=offload)
+    read = fsdpviz.analyze(model, torch.randn(4, 8, device="meta"))
+    recipe = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS, offload_policy=offload,
+                             mesh=("dp_replicate", 2, "dp_shard", 2))  # fmt: skip
+    assert read.config == recipe.config
+    assert read.config.world_size == 4 and read.config.cpu_offload
+    assert [u.to_dict() for u in read.units] == [u.to_dict() for u in recipe.units]
+    assert read.to_dict()["iterations"] == recipe.to_dict()["iterations"]
+    assert any(e.kind == "all_reduce" for e in read.iterations[1])
+
+
+@pytest.mark.parametrize(
+    ("setter", "said"),
+    [
+        (lambda m: m.blocks[0].set_unshard_in_backward(False), "set_unshard_in_backward"),
+        (lambda m: m.set_reduce_scatter_unused_params(True), "set_reduce_scatter_unused_params"),
+        (lambda m: m.set_reduce_scatter_max_input_buffers(2), "max_input_buffers"),
+        (lambda m: m.set_requires_gradient_sync(False), "set_requires_gradient_sync"),
+        (lambda m: m.set_reshard_after_backward(False), "set_reshard_after_backward"),
+    ],
+    ids=["unshard_in_backward", "unused_params", "input_buffers", "gradient_sync", "after_bwd"],
+)
+def test_fully_sharded_model_with_unmodelled_settings_is_refused(
+    fake_pg: int, setter: Any, said: str
+) -> None:
+    """FSDPModule's setters that change what FSDP2 does and that fsdpviz does not model:
+    a clear error naming the setter and the group, not the plan of the defaults."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = _sharded_on_meta(init_device_mesh("cpu", (fake_pg,)))
+    setter(model)
+    with pytest.raises(fsdpviz.ConfigError, match=f"{said}.*does not model"):
+        fsdpviz.analyze(model, torch.randn(4, 8, device="meta"))
+
+
 def test_compare_fsdp1_policy_with_fsdp2_recipe() -> None:
     fsdp1 = fsdpviz.analyze(
         hm.Stack(), _x(), auto_wrap_policy=ModuleWrapPolicy({hm.Block}), world_size=3

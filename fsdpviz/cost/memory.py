@@ -298,9 +298,9 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
     division alive together, with parameter ``i - 1``'s result still bound to the loop's
     variable (``one``: one state of every shard, to scale shard elements to bytes). The loop
     runs over the parameters with a gradient only (``_init_group`` skips the others): a
-    unit's frozen parameters (``Unit.frozen_params``) are not among them. FSDP1 with
-    ``use_orig_params=True`` (``states`` per element): the most any rank's loop and states
-    reach beyond the states counted, the most any rank keeps (:func:`fsdp1_parts`)."""
+    unit's frozen and unused parameters (``Unit.gradless_params``) are not among them. FSDP1
+    with ``use_orig_params=True`` (``states`` per element): the most any rank's loop and
+    states reach beyond the states counted, the most any rank keeps (:func:`fsdp1_parts`)."""
     if report.config.api == "FSDP1" and report.config.use_orig_params:
         pieces = [[n for _, n in parts] for parts in fsdp1_parts(report)]
         most = max((sum(p) for p in pieces), default=0)
@@ -316,7 +316,7 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
             for u in report.units
             if u.requires_grad is not False
             for p in u.params
-            if p not in u.frozen_params
+            if p not in u.gradless_params
         }
         total = sum(u.trainable[1] for u in report.units)
         shards = [

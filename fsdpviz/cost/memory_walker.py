@@ -90,6 +90,9 @@ class Walker(MemoryRecords, FSDP1Steps):
         # the optimizer step after this iteration: (its states' bytes, its temporaries)
         self.step = step
         self._leftover = 0  # the last gradient a reduction holds until its event is over
+        # FSDP2 HSDP: what a unit's reduction holds until foreach_reduce returns, after the
+        # all-reduce across the replicas (its last gradient, its partial reduce output)
+        self._until_all_reduce: dict[str, int] = {}
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
@@ -386,10 +389,13 @@ class Walker(MemoryRecords, FSDP1Steps):
         else:
             self._reduce(e, s)
         self._moment("at", c, e)
-        hsdp = e.kind == "reduce_scatter" and self.replicas > 1 and self.all_reduce
-        if self._leftover and not hsdp:  # foreach_reduce all-reduces it before it returns
+        if e.unit in self._until_all_reduce and e.kind == "reduce_scatter":
+            return  # foreach_reduce goes on to the all-reduce across the replicas
+        if self._leftover:
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
+        if e.group == "replicate" and e.unit in self._until_all_reduce:
+            self.cat["sharded_grads"] -= self._until_all_reduce.pop(e.unit)
 
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)
@@ -509,8 +515,12 @@ class Walker(MemoryRecords, FSDP1Steps):
         if self.all_reduce:
             self._cast_reduce_output(e, s)
             self._add_shard(e, s.sharded_grad)
-            # the last micro-step adds the partial output into its own, then drops it
-            self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
+            # the last micro-step adds the partial output into its own, then drops it: the
+            # param group's _partial_reduce_output, rebound once foreach_reduce returns
+            if self.fsdp2 and self.replicas > 1:
+                self._until_all_reduce[e.unit] = self._partial.pop(e.unit, 0)
+            else:
+                self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
             self.cat["sharded_grads"] += s.partial
@@ -549,9 +559,13 @@ class Walker(MemoryRecords, FSDP1Steps):
 
     def _add_shard(self, e: Event, n: int) -> None:
         """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
-        earlier micro-step left one there, added into it and freed."""
+        earlier micro-step or reduction left one there, added into it and freed
+        (``foreach_reduce``: ``sharded_param.grad._local_tensor += new_sharded_grad``). A
+        module run twice reduces twice in a micro-step after one without gradient sync: its
+        first post-backward finds the gradient accumulated before (autograd sums a
+        parameter's two uses before its ``.grad``), its second the new one."""
         self.cat["sharded_grads"] += n
-        if e.unit in self._held:
+        if e.unit in self._held or e.unit in self.reduced:
             self._moment("at the addition into the accumulated gradient shard of", None, e)
             self.cat["sharded_grads"] -= n
         self.reduced.add(e.unit)

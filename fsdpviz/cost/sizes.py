@@ -241,7 +241,7 @@ def _replicated_grads(
     for fqn in u.params:
         shape = shapes.get(fqn) or []
         owner, _, name = fqn.rpartition(".")
-        if fqn in u.frozen_params or u.tp_placements.get(fqn) != "Shard(0)" or not shape:
+        if fqn in u.gradless_params or u.tp_placements.get(fqn) != "Shard(0)" or not shape:
             continue
         if name == "weight" and styles.get(owner, "").startswith("RowwiseParallel("):
             rest = math.prod(shape[1:]) * size
@@ -361,9 +361,9 @@ _GRADS: dict[tuple[int, int, bool], tuple[Any, Any, dict[str, tuple[int, ...]]]]
 
 def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]]:
     """FSDP2: each trainable unit's parameter gradients on one rank (its trainable
-    parameters': frozen ones have none), bytes in the compute dtype, in the unit's parameter
-    order (FSDP2's ``fsdp_params``): the shape autograd gives
-    them (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
+    parameters': frozen and unused ones have none), bytes in the compute dtype, in the
+    unit's parameter order (FSDP2's ``fsdp_params``): the shape autograd gives them
+    (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
     parameter's. Empty for FSDP1. Remembered for the units and modules it was given (a
     report's memory is modelled again for each option and iteration)."""
     if report.config.api != "FSDP2":
@@ -388,8 +388,10 @@ def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
             continue
         size = itemsize(u.compute_dtype or u.dtype)
         grads = []
-        frozen = set(u.frozen_params)
+        frozen = u.gradless_params
         params = [p for p in u.params if p not in frozen] if frozen else u.params
+        if not params:  # no gradient reaches any of them: nothing reduced
+            continue
         for p in params[-1:] if last else params:
             owner, _, name = p.rpartition(".")
             m = modules.get(owner)
@@ -529,7 +531,7 @@ def placed_grads(report: Report) -> dict[str, tuple[int, ...]]:
     for u in report.units:
         if not u.shard_dims or u.module not in grads:
             continue
-        frozen = set(u.frozen_params)
+        frozen = u.gradless_params
         params = [p for p in u.params if p not in frozen]
         out[u.module] = tuple(
             g if p in u.shard_dims else 0 for p, g in zip(params, grads[u.module], strict=True)

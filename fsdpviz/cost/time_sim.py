@@ -411,7 +411,7 @@ class MicroStepSim:
                 # after the gradients sharded on dim != 0 are each rebuilt (torch.cat of their
                 # chunks), on the compute stream (foreach_reduce runs it before it enters the
                 # reduce-scatter stream, which waits for it)
-                rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.frozen_params)
+                rebuilt = sum(b for f, b in placed_bytes(u).items() if f not in u.gradless_params)
                 self._copy_on_compute(self.m.memory_seconds(2 * (size + rebuilt)))
             shard = self.ranks.spans["shard"]
             self._collective(

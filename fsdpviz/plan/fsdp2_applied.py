@@ -131,13 +131,23 @@ def plan_from_fully_sharded(
             "the fully_shard calls use different MixedPrecisionPolicy objects; fsdpviz models one "
             "policy for the whole model so far"
         )
-    sizes = {
-        int(s._fsdp_param_group.mesh_info.shard_mesh_size)
+    infos = [s._fsdp_param_group.mesh_info for s in states if s._fsdp_param_group is not None]
+    sizes = {int(i.shard_mesh_size) for i in infos}
+    replicas = {int(getattr(i, "replicate_mesh_size", 1)) for i in infos}
+    if len(sizes) > 1 or len(replicas) > 1:
+        raise ConfigError("the fully_shard calls use meshes of different sizes; not modelled yet")
+    offloads = {
+        type(s._fsdp_param_group.offload_policy).__name__ == "CPUOffloadPolicy"
         for s in states
         if s._fsdp_param_group is not None
     }
-    if len(sizes) > 1:
-        raise ConfigError("the fully_shard calls use meshes of different sizes; not modelled yet")
+    if len(offloads) > 1:
+        raise ConfigError(
+            "some fully_shard calls offload to the CPU and some do not; fsdpviz models one "
+            "offload_policy for the whole model so far"
+        )
+    for state in states:
+        _check_modelled(state, ", ".join(n for m, n in names.items() if m in set(state._modules)))
     state_name: dict[int, str] = {}
     groups: list[Group] = []
     for state in states:
@@ -165,8 +175,14 @@ def plan_from_fully_sharded(
                 out[state_name[id(state)]] = [state_name[id(t)] for t in targets]
         return out
 
+    shard = sizes.pop() if sizes else 1
+    r = replicas.pop() if replicas else 1
     opts = FSDP2Options(
-        world_size=sizes.pop() if sizes else 1,
+        world_size=shard * r,
+        shard_size=shard if r > 1 else 0,
+        replicas=r,
+        mesh_names=_hsdp_names(infos[0]) if r > 1 else None,
+        offload=bool(offloads and offloads.pop()),
         targets=[g.fqns for g in groups],
         reshard_after_forward=reshard_map(groups),
         mp_policy=states[0]._mp_policy if states else MixedPrecisionPolicy(),
@@ -180,6 +196,12 @@ def plan_from_fully_sharded(
         torch=installed(),  # the model's FSDP2 is the installed torch's
     )
     tp = _tp_mesh(states)
+    if tp is not None and r > 1:
+        raise ConfigError(
+            "fully_shard on a 2-D (HSDP) mesh of DTensor parameters is not read from an "
+            "applied model yet; pass the model before fully_shard and parallelize_module, "
+            "with fully_shard=[...], parallelize_plan= and mesh="
+        )
     if tp is not None:
         shard, tp_size, tp_name = opts.world_size, tp[1][-1], tp[0][-1]
         opts = opts.replace(
@@ -192,6 +214,59 @@ def plan_from_fully_sharded(
         )
     finalize_groups(dup, groups, opts)
     return dup, groups, opts
+
+
+def _hsdp_names(info: Any) -> tuple[str, str]:
+    """The replicate and shard dimensions' names of an HSDP mesh (``init_device_mesh``'s
+    ``mesh_dim_names``; fsdpviz's ``("replicate", "shard")`` where it has none)."""
+    names = info.mesh.mesh_dim_names
+    if not names:
+        return ("replicate", "shard")
+    return (str(names[info.replicate_mesh_dim]), str(names[info.shard_mesh_dim]))
+
+
+# FSDPParamGroup's settings that change what FSDP2 does and that fsdpviz does not model:
+# attribute -> (its default, the FSDPModule setter that changes it, what FSDP2 does then)
+_UNMODELLED: dict[str, tuple[Any, str, str]] = {
+    "unshard_in_backward": (
+        True, "set_unshard_in_backward(False)", "does not all-gather it in backward"
+    ),
+    "reduce_scatter_unused_params": (
+        False, "set_reduce_scatter_unused_params(True)",
+        "reduce-scatters zeros for its parameters no gradient reached",
+    ),
+    "reduce_scatter_max_input_buffers": (
+        1, "set_reduce_scatter_max_input_buffers(n)",
+        "keeps more than one reduce-scatter input buffer in flight",
+    ),
+    "reduce_grads": (
+        True, "set_requires_gradient_sync(False)",
+        "does not reduce its gradients (pass grad_accum=N for accumulation instead)",
+    ),
+    "all_reduce_grads": (
+        True, "set_requires_all_reduce(False)",
+        "does not all-reduce its gradients (pass grad_accum=N and requires_all_reduce=False "
+        "for accumulation instead)",
+    ),
+    "reshard_after_backward": (
+        True, "set_reshard_after_backward(False)",
+        "keeps its parameters gathered after backward (pass grad_accum=N and "
+        "reshard_after_backward=False for accumulation instead)",
+    ),
+}  # fmt: skip
+
+
+def _check_modelled(state: Any, name: str) -> None:
+    """Refuse a group whose FSDP2 settings fsdpviz does not model, with what to change."""
+    pg = state._fsdp_param_group
+    for attr, (default, setter, does) in _UNMODELLED.items():
+        value = getattr(pg, attr, default) if pg is not None else default
+        if value != default:
+            raise ConfigError(
+                f"the fully_shard group {name or '(root)'!r} has {setter} (FSDP2 then {does}), "
+                f"which fsdpviz does not model; undo it ({attr}={default!r}) before analyze, "
+                "or pass the model before fully_shard with fully_shard=[...]"
+            )
 
 
 def _tp_mesh(states: list[Any]) -> tuple[tuple[str, ...], tuple[int, ...]] | None:

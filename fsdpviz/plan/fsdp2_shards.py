@@ -7,7 +7,8 @@ dtypes and trainable elements, one rank's under tensor parallelism).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -68,19 +69,50 @@ def trainable_fields(
     trains: Sequence[bool],
     world_size: int,
     dims: Sequence[int] | None = None,
+    unused: Collection[str] = (),
 ) -> dict[str, Any]:
-    """``Unit``'s fields for a group that mixes frozen and trainable parameters: FSDP2
-    reduce-scatters the gradients that exist, one padded shard per trainable parameter
+    """``Unit``'s fields for a group that mixes frozen and trainable parameters (``trains``:
+    each one's ``requires_grad``), or whose ``unused`` ones no gradient reaches: FSDP2
+    reduce-scatters the gradients that exist, one padded shard per parameter with one
     (``dims``: the dim each is sharded on, default 0), and the optimizer keeps state for
     those shards only."""
     ds = _dims(dims, len(shapes))
-    return {
+    steps = [t and f not in unused for f, t in zip(fqns, trains, strict=True)]
+    out: dict[str, Any] = {
         "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
-        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, trains, strict=True) if t),
+        "trainable_numel": sum(math.prod(s) for s, t in zip(shapes, steps, strict=True) if t),
         "trainable_sharded_numel": sum(
-            sharded_numel(s, world_size, d) for s, t, d in zip(shapes, trains, ds, strict=True) if t
+            sharded_numel(s, world_size, d) for s, t, d in zip(shapes, steps, ds, strict=True) if t
         ),
     }
+    if unused:
+        out["unused_params"] = [f for f, t in zip(fqns, trains, strict=True) if t and f in unused]
+    return out
+
+
+def mark_unused(
+    groups: Sequence[Group],
+    opts: FSDP2Options,
+    reached: Collection[int],
+    placements: Mapping[Any, Any],
+) -> None:
+    """State in each group's unit the parameters that require grad but that no gradient
+    reached in the traced step (``reached``: the ids of those that got one):
+    ``FSDPParamGroup.post_backward`` reduce-scatters only the parameters whose ``.grad``
+    exists, and the optimizer keeps no state for one without (``Unit.unused_params``)."""
+    for g in groups:
+        if g.schema is None:
+            continue
+        fqns = g.param_fqns
+        unused = {f for f, p in zip(fqns, g.params, strict=True)
+                  if p.requires_grad and id(p) not in reached}  # fmt: skip
+        if not unused:
+            continue
+        local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in g.params]
+        trains = [p.requires_grad for p in g.params]
+        dims = g.shard_dims or None
+        fields = trainable_fields(fqns, local, trains, opts.shard_ranks, dims, unused)
+        g.schema = replace(g.schema, **fields)
 
 
 def dtype_fields(

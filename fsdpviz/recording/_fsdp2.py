@@ -98,6 +98,9 @@ class FSDP2Recorder(EventLog):
         self._forward_order: list[str] = []
         self._stack: ExitStack | None = None
         self._reducing: Any = None  # the group inside foreach_reduce
+        # post_backward seen: the groups (ids) and their FSDPParams (ids) a gradient reached
+        self._backward_groups: set[int] = set()
+        self._reached: set[int] = set()
 
     def __enter__(self) -> FSDP2Recorder:
         group_cls = pg_mod.FSDPParamGroup
@@ -209,6 +212,8 @@ class FSDP2Recorder(EventLog):
             first_iteration = hook == "pre_forward" and not self.iterations
             if first_iteration and name not in self._forward_order:
                 self._forward_order.append(name)
+            if hook == "post_backward":
+                self._note_gradients(group)
             previous, self._group = self._group, group
             try:
                 return original(group, *args, **kwargs)
@@ -216,6 +221,16 @@ class FSDP2Recorder(EventLog):
                 self._group = previous
 
         return run
+
+    def _note_gradients(self, group: Any) -> None:
+        """Which of ``group``'s parameters have a gradient as its post-backward starts (what
+        it reduce-scatters: ``FSDPParamGroup.post_backward`` skips those without)."""
+        self._backward_groups.add(id(group))
+        for fp in group.fsdp_params:
+            if not hasattr(fp, "_unsharded_param"):
+                continue
+            if fp.unsharded_accumulated_grad is not None or fp.unsharded_param.grad is not None:
+                self._reached.add(id(fp))
 
     def _wrap_pre_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -280,16 +295,23 @@ class FSDP2Recorder(EventLog):
             grads = {fp.sharded_param.requires_grad for fp in params}
             fqns = [first[fp.sharded_param] for fp in params]
             trainable: dict[str, Any] = {}
-            if len(grads) > 1:  # FSDP2's reduce-scatter holds each trainable padded shard
-                trains = [fp.sharded_param.requires_grad for fp in params]
+            trains = [fp.sharded_param.requires_grad for fp in params]
+            unused = [  # requires grad, but no gradient reached it in any post-backward
+                f
+                for fp, f, t in zip(params, fqns, trains, strict=True)
+                if t and id(group) in self._backward_groups and id(fp) not in self._reached
+            ]
+            if len(grads) > 1 or unused:  # FSDP2 reduce-scatters each padded shard with a grad
+                steps = [t and f not in unused for f, t in zip(fqns, trains, strict=True)]
                 trainable = {
                     "frozen_params": [f for f, t in zip(fqns, trains, strict=True) if not t],
+                    "unused_params": unused,
                     "trainable_numel": sum(
-                        fp._orig_size.numel() for fp, t in zip(params, trains, strict=True) if t
+                        fp._orig_size.numel() for fp, t in zip(params, steps, strict=True) if t
                     ),
                     "trainable_sharded_numel": sum(
                         fp.padded_sharded_param_size.numel()
-                        for fp, t in zip(params, trains, strict=True)
+                        for fp, t in zip(params, steps, strict=True)
                         if t
                     ),
                 }

@@ -308,10 +308,10 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
         for p, d in zip(u.params, dims, strict=True):
             check_even_shard(shapes[p], d, shard, p, u.module)
             sharded += sharded_numel(shapes[p], shard, d)
-        frozen = set(u.frozen_params)
+        frozen = u.gradless_params
         trainable = fsdp2_trainable(
-            u.params, [shapes[p] for p in u.params], [p not in frozen for p in u.params], shard,
-            dims,
+            u.params, [shapes[p] for p in u.params], [p not in u.frozen_params for p in u.params],
+            shard, dims, u.unused_params,
         )  # fmt: skip
         if u.param_dtypes:  # several dtypes: each one's shards at the new size
             of = {f: d for d, fs in u.param_dtypes.items() for f in fs}

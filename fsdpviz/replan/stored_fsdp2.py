@@ -39,6 +39,7 @@ from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_reshard_ints, pref
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
+from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensors
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report
@@ -226,6 +227,9 @@ class StoredTrace:
             prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
         )
         schedule = _Schedule(self, groups, runtime)
+        reached = {id(p) for p in self._grads.values()}  # an AccumulateGrad node in the graph
+        placements = opts.tp.placements(self.copy) if opts.tp is not None else {}
+        mark_unused(groups, opts, reached, placements)
         return fsdp2_report(
             self.copy,
             groups,

@@ -13,6 +13,7 @@ from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indice
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
+from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
 from fsdpviz.plan.tensor_parallel import resolve_plan
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
@@ -121,6 +122,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             remove_hooks(tracker, emulation, tp, probe)
+    placements = opts.tp.placements(copy) if opts.tp is not None else {}
+    mark_unused(groups, opts, emulation.reached, placements)
     return fsdp2_report(
         copy,
         groups,

@@ -58,6 +58,7 @@ class FSDP2Emulation:
         )
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}
+        self.reached: set[int] = set()  # ids of the parameters a gradient reached
         mp = opts.mp_policy
         if mp.param_dtype is not None:
             with torch.no_grad():
@@ -130,6 +131,7 @@ class FSDP2Emulation:
 
     def _has_grads(self, i: int) -> bool:
         params = self.groups[i].params
+        self.reached.update(id(p) for p in params if p.grad is not None)
         found = any(p.grad is not None for p in params)
         for p in params:  # FSDP2 moves the unsharded gradient out when it reduces it
             p.grad = None

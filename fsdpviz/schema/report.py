@@ -160,6 +160,11 @@ class Unit:
     # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
     # with use_orig_params: the trainable elements in the rank's slice of the FlatParameter)
     frozen_params: list[str] = field(default_factory=list)
+    # FSDP2: parameters that require grad but that no gradient reached in the traced step
+    # (unused in the forward): ``FSDPParamGroup.post_backward`` reduce-scatters only the
+    # parameters whose ``.grad`` exists and the optimizer skips a parameter without one,
+    # so they count as frozen ones do (``trainable_numel`` leaves them out)
+    unused_params: list[str] = field(default_factory=list)
     trainable_numel: int | None = None
     trainable_sharded_numel: int | None = None
     # an FSDP2 group of parameters in several dtypes (frozen bf16 weights beside fp32
@@ -187,6 +192,11 @@ class Unit:
         return self.padded_numel // self.sharded_numel if self.sharded_numel else 0
 
     @property
+    def gradless_params(self) -> set[str]:
+        """The parameters no gradient is reduced or stepped for: frozen and unused ones."""
+        return {*self.frozen_params, *self.unused_params}
+
+    @property
     def trainable(self) -> tuple[int, int]:
         """Elements of the parameters that require grad: in all, and in one rank's shard
         (the rank that holds the most). What optimizer state and sharded gradients are of."""
@@ -199,7 +209,8 @@ class Unit:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("shard_shapes", "tp_placements", "shard_dims", "frozen_params",
-                    "param_dtypes", "dtype_numels"):  # fmt: skip  # stated where they apply
+                    "unused_params", "param_dtypes",
+                    "dtype_numels"):  # fmt: skip  # stated where they apply
             if not d[key]:
                 del d[key]
         for key in ("trainable_numel", "trainable_sharded_numel"):
