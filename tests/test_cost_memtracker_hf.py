@@ -4,7 +4,7 @@ query and key norms, sliding-window and soft-capped attention, mixture-of-expert
 (Mixtral's, Qwen3's, GPT-OSS's with its attention sinks), DeepSeek-V3's latent attention
 with dense and routed layers. The peak, each category and every module's peaks, to the
 byte, with the logits summed and with the model's own loss of ``labels``, in fp32 and with
-bf16 parameters reducing in fp32.
+bf16 parameters reducing in fp32; and three of them under FSDP1 against ``MemTracker``.
 
 Left out, because the CPU run does not do what a GPU does (fsdpviz predicts the GPU):
 ``LayerNorm`` families in bf16 (the CPU kernel keeps the mean and rstd in bf16, CUDA in
@@ -117,3 +117,52 @@ def test_family_against_fsdp_mem_tracker(
     for module, phases in real.modules.items():
         assert phases["forward"] == mem.unit_peaks[module]["forward"], module
         assert phases["backward"] == backward[module], module
+
+
+@pytest.mark.parametrize(
+    ("mixed", "orig"), [(False, False), (True, True)], ids=["fp32-flat", "bf16-orig-params"]
+)
+@pytest.mark.parametrize("family", ["Mixtral", "GptOss", "DeepseekV3"])
+def test_family_under_fsdp1_against_mem_tracker(
+    fake_pg: int, family: str, mixed: bool, orig: bool
+) -> None:
+    """The same families under ``FullyShardedDataParallel`` (each decoder layer a unit, real
+    CPU tensors, the experts routed by the data): the steady step's peak against torch's
+    ``MemTracker`` to the byte, FlatParameters' own buffers registered with it."""
+    import warnings
+
+    from test_cost_fsdp1_memtracker import _Tracker
+    from torch.distributed._tools.mem_tracker import _MemRefType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    build, loss, ids = _builder(family), _loss(False), _inputs(False)()["input_ids"]
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
+    torch.manual_seed(0)
+    model = build()
+    policy = ModuleWrapPolicy({type(_layers(model)[0])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"),
+                    mixed_precision=mp, use_orig_params=orig)  # fmt: skip
+        loss(fsdp(input_ids=ids)).backward()  # buffers made, orders recorded
+        fsdp.zero_grad(set_to_none=True)
+        tracker = _Tracker()
+        tracker.track_external(fsdp, ids)
+        for module in fsdp.modules():
+            if isinstance(module, FSDP) and module._handle is not None:
+                for name in ("_full_param_padded", "_mp_shard"):
+                    buffer = getattr(module._handle.flat_param, name, None)
+                    if buffer is not None:
+                        tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
+        with tracker:
+            out = fsdp(input_ids=ids)
+            loss(out).backward()
+            del out
+    real = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    with torch.device("meta"):
+        meta = build()
+    report = fsdpviz.analyze(meta, {"input_ids": ids}, auto_wrap_policy=policy, world_size=fake_pg,
+                             loss=loss, mixed_precision=mp, use_orig_params=orig)  # fmt: skip
+    assert real == memory_model(report, optimizer=None, iteration=1).peak["bytes"]
