@@ -112,6 +112,13 @@ class StreamPools:
             return "compute"
         return "all_gather" if self.fsdp2 else "pre_unshard"
 
+    def _h2d_pool(self: PoolsHost) -> str:
+        """The pool of CPU offload's copy of a shard to the device: FSDP1's ``pre_unshard``
+        makes it on the pre-unshard stream; FSDP2's is counted on the copy-in stream from its
+        ``h2d`` event (a pipeline stage's ``UNSHARD`` makes it on the compute stream, which
+        the walk does not know at that event)."""
+        return "all_gather" if self.fsdp2 else "pre_unshard"
+
     def _grad_pool(self: PoolsHost, e: Event, s: UnitBytes) -> str:
         """The pool of the stream that makes a unit's new gradient shard: see [Note: stream
         pools]."""

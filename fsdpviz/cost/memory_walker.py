@@ -354,7 +354,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
         if e.kind == "h2d" and s.communicates and self.fsdp2:  # the copy, until gathered
-            self._alloc("all_gather", "all_gather", ("h2d", e.unit), s.h2d)
+            self._alloc("all_gather", self._h2d_pool(), ("h2d", e.unit), s.h2d)
             self.copied[e.unit] = s.h2d
         elif e.kind == "h2d" and s.communicates:
             self._copy_to_device(e, s, c)
@@ -380,7 +380,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
                 self._moment("at", c, e)
                 self._free("all_gather", copies, ("in", e.unit), s.copy_in)
                 h2d = self.copied.pop(e.unit, 0)
-                self._free("all_gather", copies, ("h2d", e.unit), h2d)
+                self._free("all_gather", self._h2d_pool(), ("h2d", e.unit), h2d)
         elif e.kind == "free":
             if e.unit in self.pending:
                 self._drop_pending(e.unit)
