@@ -193,27 +193,6 @@ def test_fsdp2_copies_and_cpu_launches() -> None:
     assert slow_cpu.totals["step_s"] >= kernels * 1e-3
 
 
-def test_reserved_memory_sums_each_streams_own_peak() -> None:
-    from fsdpviz.cost.memory import reserved_estimate
-    from fsdpviz.schema.memory import CATEGORIES, Moment
-
-    mib = 2**20
-
-    def moment(**bytes_: int) -> Moment:
-        row = tuple(bytes_.get(c, 0) for c in CATEGORIES)
-        return Moment("event", 0, 0, 0, "", row)
-
-    # the all-gather buffer peaks while activations are low, and the other way round:
-    # one pool per stream keeps both (3 MiB rounds up to 4 MiB blocks)
-    moments = [
-        moment(all_gather=3 * mib, activations=10 * mib),
-        moment(activations=20 * mib, reduce_scatter=2 * mib),
-    ]
-    est = reserved_estimate(moments)
-    assert est["pools"] == {"compute": 20 * mib, "all_gather": 4 * mib, "reduce_scatter": 2 * mib}
-    assert est["bytes"] == 26 * mib
-
-
 def test_fixed_segments_replay_the_allocators_best_fit() -> None:
     from fsdpviz.cost.memory import fixed_segments
 
@@ -229,58 +208,6 @@ def test_fixed_segments_replay_the_allocators_best_fit() -> None:
     # small requests share 2 MiB segments; 1 to 10 MiB ones a 20 MiB one
     assert fixed_segments([(("a",), 1000), (("b",), 1000)]) == 2 * mib
     assert fixed_segments([((k,), 5 * mib) for k in "abcd"], passes=1) == 20 * mib
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(1024, 4096, bias=False)
-        self.down = nn.Linear(4096, 1024, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x + self.down(torch.relu(self.up(x)))
-        return out
-
-
-class _Lm(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(16384, 1024)
-        self.blocks = nn.ModuleList(_Block() for _ in range(4))
-        self.out = nn.Linear(1024, 16384, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        out: torch.Tensor = self.out(x)
-        return out
-
-
-def test_reserved_memory_without_expandable_segments_replays_fixed_segments() -> None:
-    from fsdpviz.cost import memory_model
-
-    mib = 2**20
-    ids = torch.zeros(1, 64, dtype=torch.long)
-    report = fsdpviz.analyze(
-        _Lm(), ids, world_size=2, fully_shard=[_Block, nn.Embedding], progress=False
-    )
-    grown = memory_model(report, machine="h100")
-    fixed = memory_model(report, machine="mi300x")
-    assert machine("mi300x").expandable_segments is False
-    assert machine("h100", expandable_segments=False).expandable_segments is False
-    # backward reduce-scatters each 32 MiB block's gradients (float32) into one segment
-    # that the next reuses, then the embedding's 64 MiB: one growing segment holds 64 MiB,
-    # fixed ones 32 + 64
-    assert grown.reserved["pools"]["reduce_scatter"] == 64 * mib
-    assert fixed.reserved["pools"]["reduce_scatter"] == 96 * mib
-    assert fixed.reserved["pools"]["compute"] == grown.reserved["pools"]["compute"]
-    assert fixed.reserved["bytes"] == grown.reserved["bytes"] + 32 * mib
-    assert fixed.peak == grown.peak
-    assert any("does not use expandable segments" in n for n in fixed.notes)
-    assert not any("expandable segments" in n for n in grown.notes)
-    same = memory_model(report, machine=machine("h100", expandable_segments=False))
-    assert same.reserved == fixed.reserved
 
 
 def test_card_page_and_sweep_show_throughput() -> None:

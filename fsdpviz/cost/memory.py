@@ -52,19 +52,28 @@ bytes per rank:
 
 ``MemoryReport.reserved`` estimates what the CUDA caching allocator holds at its
 peak (``torch.cuda.max_memory_reserved``, what torchtitan reports as "Memory"): the
-allocator keeps one pool of blocks per stream, and FSDP allocates its all-gather
-outputs on the all-gather stream and its reduce-scatter inputs on the reduce-scatter
-stream, so a block freed by one is not reused by the others. The estimate is the sum
-of each pool's own peak (``all_gather``; ``reduce_scatter``; everything else on the
-compute stream), every pool rounded up to the allocator's 2 MiB blocks: what it
+allocator keeps one pool of blocks per stream, a block belongs to the stream that allocated
+it, and a block freed in one pool is not reused by another. FSDP allocates on streams of its
+own (see [Note: stream pools] in :mod:`fsdpviz.cost.memory_pools`): FSDP2 its all-gather
+outputs and copy-in casts on the all-gather copy-in stream (``all_gather``) and its
+reduce-scatter outputs, which the gradient shards are views of until ``zero_grad``, on the
+reduce-scatter stream (``reduce_scatter``; their cast under HSDP on the all-reduce stream,
+``all_reduce``), its reduce-scatter inputs on the compute stream; FSDP1 the shard's copy or
+low-precision cast on the pre-unshard stream (``pre_unshard``), the unsharded FlatParameter,
+from its all-gather to its free, on the unshard stream (``all_gather``), and its gradient
+reduction, the gradient shard it keeps included, on the post-backward stream
+(``reduce_scatter``; the shard's cast under ``HYBRID_SHARD`` on the all-reduce stream).
+Everything else (parameters in use under FSDP2, gradients, activations, the optimizer
+step) is the compute stream's. The estimate is the sum of each pool's own peak
+(``reserved["pools"]``), every pool rounded up to the allocator's 2 MiB blocks: what it
 holds with ``expandable_segments:True`` (torchtitan's ``run_train.sh`` sets it), one
 segment per stream that grows as needed. On a machine whose allocator does not honour
 them (``Machine.expandable_segments``: torch's ROCm builds before ROCm 7.0) each
 ``cudaMalloc`` is a segment of its own that only its stream's later requests can split,
-and the communication pools are replayed block by block through the allocator's rules
-(:func:`fixed_segments`); the compute pool, whose tensors the model counts by category
-rather than one by one, keeps its peak, so what its own segments leave unused is not
-estimated (a note says so).
+and the pools besides the compute stream's are replayed block by block through the
+allocator's rules (:func:`fixed_segments`); the compute pool, whose tensors the model
+counts by category rather than one by one, keeps its peak, so what its own segments leave
+unused is not estimated (a note says so).
 """
 
 from __future__ import annotations
@@ -91,6 +100,7 @@ from fsdpviz.cost.sizes import (
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import (
     CATEGORIES,
+    POOLS,
     MemoryPeak,
     MemoryReport,
     Moment,
@@ -199,8 +209,8 @@ def memory_model(
         notes.append(
             f"{m.name}: the caching allocator does not use expandable segments (torch's ROCm "
             "builds before ROCm 7.0 ignore expandable_segments:True); the reserved estimate "
-            "replays the all-gather and reduce-scatter streams' fixed segments, and leaves "
-            "out what the compute stream's segments hold unused"
+            "replays the fixed segments of FSDP's own streams, and leaves out what the "
+            "compute stream's segments hold unused"
         )
     return MemoryReport(
         config={
@@ -334,12 +344,7 @@ def _loop_most(shards: list[int]) -> int:
 
 
 _BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
-_ALL_GATHER = CATEGORIES.index("all_gather")  # its stream's pool; reduce_scatter's too
-_REDUCE_SCATTER = CATEGORIES.index("reduce_scatter")
-
-
-def _rest(total: int, gather: int, scatter: int) -> int:
-    return total - gather - scatter
+_ALWAYS = ("compute", "all_gather", "reduce_scatter")  # the pools a result always names
 
 
 def reserved_estimate(
@@ -347,27 +352,26 @@ def reserved_estimate(
 ) -> Reserved:
     """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
 
-    ``blocks``: without expandable segments, the communication pools' allocations and frees
-    in order (``Walker.blocks``): those pools are what their fixed segments come to
-    (:func:`fixed_segments`), at least their peak.
+    ``moments``: their ``pools``, the bytes each stream's pool holds
+    (:data:`~fsdpviz.schema.memory.POOLS`). ``blocks``: without expandable segments, the
+    pools besides the compute stream's, their allocations and frees in order
+    (``Walker.blocks``): those pools are what their fixed segments come to
+    (:func:`fixed_segments`), at least their peak. The result names ``compute``,
+    ``all_gather`` and ``reduce_scatter``, and the other pools where they hold bytes.
 
     Example::
 
         reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
     """
-    pools = {"compute": 0, "all_gather": 0, "reduce_scatter": 0}
-    rows = [m.bytes for m in moments]
-    if rows:
-        columns = list(zip(*rows, strict=True))
-        gather, scatter = columns[_ALL_GATHER], columns[_REDUCE_SCATTER]
-        pools["all_gather"] = max(0, *gather)
-        pools["reduce_scatter"] = max(0, *scatter)
-        # the compute stream's pool: everything else
-        pools["compute"] = max(0, *map(_rest, map(sum, rows), gather, scatter))
-    rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in pools.items()}
+    peaks = dict.fromkeys(POOLS, 0)
+    for m in moments:
+        for pool, n in zip(POOLS, m.pools, strict=True):
+            peaks[pool] = max(peaks[pool], n)
+    rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in peaks.items()}
     for pool, ops in (blocks or {}).items():
         rounded[pool] = max(rounded[pool], fixed_segments(ops))
-    return {"bytes": sum(rounded.values()), "pools": rounded}
+    pools = {k: v for k, v in rounded.items() if v or k in _ALWAYS}
+    return {"bytes": sum(pools.values()), "pools": pools}
 
 
 # torch's caching allocator (c10/cuda/CUDACachingAllocator.cpp), without expandable segments

@@ -27,9 +27,14 @@ class FSDP1Host(Protocol):
     _event_index: int
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
-    def _alloc(self, pool: str, block: Block, n: int) -> None: ...
-    def _free(self, pool: str, block: Block, n: int) -> None: ...
-    def _add_shard(self, e: Event, n: int) -> None: ...
+    def _add(self, category: str, pool: str, n: int) -> None: ...
+    def _alloc(self, category: str, pool: str, block: Block, n: int) -> None: ...
+    def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
+    def _add_shard(
+        self, e: Event, n: int, pool: str, replaced: tuple[Block, int] | None = None
+    ) -> None: ...
+    def _grad_pool(self, e: Event, s: UnitBytes) -> str: ...
+    def _drop_shard(self, unit: str, kept: int = 0) -> None: ...
 
 
 class FSDP1Steps:
@@ -39,29 +44,33 @@ class FSDP1Steps:
         """FSDP1 offloading a sharded unit: ``pre_unshard`` copies the host shard to the
         device for the all-gather; with parameter mixed precision the low-precision shard is
         made, the copy cast into it and dropped. With no all-gather after it (the root after
-        forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``)."""
+        forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``).
+        ``pre_unshard`` runs on the pre-unshard stream: its pool holds them."""
         nxt = self._event_index + 1
         gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
-        self._alloc("all_gather", ("in", e.unit), s.copy_in)
-        self._alloc("all_gather", ("h2d", e.unit), s.h2d)
+        self._alloc("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
+        self._alloc("all_gather", "pre_unshard", ("h2d", e.unit), s.h2d)
         self._moment("at", c, e)
-        self._free("all_gather", ("h2d", e.unit), s.h2d if s.copy_in or not gathers else 0)
+        h2d = s.h2d if s.copy_in or not gathers else 0
+        self._free("all_gather", "pre_unshard", ("h2d", e.unit), h2d)
         if gathers:
             self.copied[e.unit] = 0 if s.copy_in else s.h2d
         else:
-            self._free("all_gather", ("in", e.unit), s.copy_in)
+            self._free("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
 
     def _keep_low_precision(self: FSDP1Host, c: HookCall) -> None:
         """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
         backward casts its gradient shard to the compute dtype (``prepare_gradient_for_optim``,
-        the units in order), the shard it replaces freed once cast."""
+        the units in order), the shard it replaces freed once cast. The final callback runs
+        on the compute stream: the cast is that stream's."""
         for unit in [u for u in self.sizes if u in self.reduced]:
             s = self.sizes[unit]
             if not s.grad_kept:
                 continue
-            self.cat["sharded_grads"] += s.grad_kept
+            self._add("sharded_grads", "compute", s.grad_kept)
             self._moment("at the cast of the gradient shard to the compute dtype in", c)
-            self.cat["sharded_grads"] -= s.sharded_grad
+            self._add("sharded_grads", "compute", -s.grad_kept)
+            self._drop_shard(unit, s.grad_kept)
 
     def _reduce_fsdp1(self: FSDP1Host, e: Event, s: UnitBytes, grads: int) -> None:
         """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
@@ -72,23 +81,26 @@ class FSDP1Steps:
         is freed when the hook returns, the gradient too: nothing of it outlives the hook
         (on a GPU the caching allocator keeps the gradient's block from reuse until the
         reduction is done, ``record_stream``, but it no longer counts as allocated).
-        ``NO_SHARD`` all-reduces in place and casts."""
+        ``NO_SHARD`` all-reduces in place and casts. The hook runs on the post-backward
+        stream: its pool holds all but the gradient (autograd's, the compute stream's) and,
+        under ``HYBRID_SHARD``, the shard's cast, made on the all-reduce stream."""
         temps = s.grad_cast + s.grad_pad
-        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
-        self._alloc("reduce_scatter", block, temps)
-        self.cat["sharded_grads"] += s.reduced_shard
-        if temps or s.reduced_shard:
-            self._moment("at", None, e)
+        self._alloc("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
         cast = (
             s.sharded_grad
             if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
             else 0
         )
+        pool = self._grad_pool(e, s)
+        # the output, the shard the unit keeps where no cast follows it
+        output: tuple[Block, int] = (("output" if cast else "grad", e.unit), s.reduced_shard)
+        self._alloc("sharded_grads", "reduce_scatter", *output)
+        if temps or s.reduced_shard:
+            self._moment("at", None, e)
         if cast:
-            self.cat["sharded_grads"] += cast
+            self._add("sharded_grads", pool, cast)
             self._moment("at the cast of the reduced gradient shard in", None, e)
-            self.cat["sharded_grads"] -= cast
-        self.cat["sharded_grads"] -= s.reduced_shard
-        self._free("reduce_scatter", block, temps)
+            self._add("sharded_grads", pool, -cast)
+        self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
         self.cat["unsharded_grads"] -= grads
-        self._add_shard(e, s.sharded_grad)
+        self._add_shard(e, s.sharded_grad, pool, output)

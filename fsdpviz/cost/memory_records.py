@@ -1,8 +1,9 @@
 """What :class:`~fsdpviz.cost.memory_walker.Walker` records as it steps a tape: every moment
 the total is looked at (:class:`~fsdpviz.schema.memory.Moment`), the bytes at each event
 (:class:`~fsdpviz.schema.memory.MemoryEvent`), the peak and where it falls, and each unit's
-forward and backward windows with their peaks. :class:`MemoryRecords` is the part of the walker
-that does it."""
+forward and backward windows with their peaks (with the bytes of each stream's pool,
+:mod:`~fsdpviz.cost.memory_pools`). :class:`MemoryRecords` is the part of the walker that does
+it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import numpy as np
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.schema.events import Event
-from fsdpviz.schema.memory import MemoryEvent, MemoryPeak, Moment
+from fsdpviz.schema.memory import POOLS, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.report import unit_label
 
 __all__ = ["WAITS", "Block", "MemoryRecords", "RecordsHost"]
 
 Block = tuple[str | int, ...]
-"""A buffer of a communication stream's pool: what, unit[, index]."""
+"""A buffer of a pool besides the compute stream's: what, unit[, index]."""
 
 WAITS = ("pre_forward", "pre_backward")
 """The hook calls that open a unit's window (and wait for its all-gather)."""
@@ -29,6 +30,7 @@ class RecordsHost(Protocol):
 
     tape: Tape
     cat: dict[str, int]
+    pools: dict[str, int]
     records: list[MemoryEvent]
     moments: list[Moment]
     unit_peaks: dict[str, dict[str, int]]
@@ -60,6 +62,8 @@ class MemoryRecords:
     def _moment(self: RecordsHost, where: str, c: HookCall | None, e: Event | None = None) -> None:
         values = tuple(self.cat.values())
         total = sum(values)
+        others = tuple(self.pools[p] for p in POOLS[1:])
+        pools = (total - sum(others), *others)
         if total > self._since:
             self._since = total
         self._totals.append(total)
@@ -73,7 +77,7 @@ class MemoryRecords:
                 what = (
                     f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
                 )
-        self.moments.append(Moment(kind, self._call, event, len(self.records), what, values))
+        self.moments.append(Moment(kind, self._call, event, len(self.records), what, values, pools))
         if total > self._peak:
             self._peak = total
             self._peak_at = {

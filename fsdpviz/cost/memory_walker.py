@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
+from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
-from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
+from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import Report
 
@@ -15,7 +16,7 @@ _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
-class Walker(MemoryRecords, FSDP1Steps):
+class Walker(MemoryRecords, StreamPools, FSDP1Steps):
     """Steps one iteration's tape and keeps bytes per category.
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
@@ -117,10 +118,14 @@ class Walker(MemoryRecords, FSDP1Steps):
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.grads: dict[str, int] = {}
         self.rs: list[tuple[Block, int]] = []  # reduce-scatter inputs in flight
-        # the communication streams' pools block by block, in order: (block, bytes) allocates,
-        # (block, 0) frees; what the allocator's fixed segments are replayed over
-        # (fsdpviz.cost.memory.fixed_segments)
-        self.blocks: dict[str, list[tuple[Block, int]]] = {"all_gather": [], "reduce_scatter": []}
+        # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
+        # those pools block by block, in order: (block, bytes) allocates, (block, 0) frees;
+        # what the allocator's fixed segments are replayed over (memory.fixed_segments)
+        self.pools = dict.fromkeys(POOLS[1:], 0)
+        self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
+        self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
+        # the pool of each unit's gradient shard (:meth:`_grad_pool`)
+        self._shard_pool: dict[str, str] = {}
         self.post_forward_shard: dict[str, int] = {}
         # [Note: stale post-forward shards] FSDP2's root post-backward callback reshards
         # every group its backward did not reach (``post_backward`` -> ``_to_sharded``):
@@ -199,6 +204,8 @@ class Walker(MemoryRecords, FSDP1Steps):
             self._accumulating = set(carry.grads) - self._cast
             self.reduced = set(carry.reduced)
             self._held = set(carry.reduced)
+            self.pools = dict(carry.pools)  # those carried: the parameters, the gradients
+            self._shard_pool = dict(carry._shard_pool)
             stale = carry.post_forward_shard
         if self.fsdp2 and stale:
             self.post_forward_shard = dict(stale)
@@ -217,6 +224,7 @@ class Walker(MemoryRecords, FSDP1Steps):
         if self.step is not None:
             self._optimizer_step(*self.step)
         self._unit_peaks()
+        self._free_live()
 
     def _optimizer_step(self, states: int, temporaries: int) -> None:
         """``optimizer.step()`` after the iteration: the states (made by the first step) and
@@ -324,7 +332,8 @@ class Walker(MemoryRecords, FSDP1Steps):
         if c.hook == "final_callback" and self.sync:
             self._keep_low_precision(c)
             for u in self.reduced:  # CPU offload: .grad is the host copy from here on
-                self.cat["sharded_grads"] -= self.sizes[u].sharded_grad * self.sizes[u].grad_to_host
+                if self.sizes[u].grad_to_host:
+                    self._drop_shard(u)
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             self._release_all_reduced()
@@ -345,7 +354,7 @@ class Walker(MemoryRecords, FSDP1Steps):
         if s is None or e.pipeline:  # a send or receive: its buffers are the inputs'
             return
         if e.kind == "h2d" and s.communicates and self.fsdp2:  # the copy, until gathered
-            self._alloc("all_gather", ("h2d", e.unit), s.h2d)
+            self._alloc("all_gather", self._h2d_pool(), ("h2d", e.unit), s.h2d)
             self.copied[e.unit] = s.h2d
         elif e.kind == "h2d" and s.communicates:
             self._copy_to_device(e, s, c)
@@ -362,14 +371,16 @@ class Walker(MemoryRecords, FSDP1Steps):
                 self.on_compute.add(e.unit)
                 self.cat["unsharded_params"] += n
             # the shards cast for the copy-in, then the output (FSDP2 gathers in place)
+            copies = self._copy_pool(e.unit)
             if self.fsdp2 or e.unit not in self.copied:  # FSDP1 offloaded: made at h2d
-                self._alloc("all_gather", ("in", e.unit), s.copy_in)
+                self._alloc("all_gather", copies, ("in", e.unit), s.copy_in)
             if e.unit not in self.on_compute:
-                self._alloc("all_gather", ("out", e.unit), n)
+                self._alloc("all_gather", "all_gather", ("out", e.unit), n)
             if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
                 self._moment("at", c, e)
-                self._free("all_gather", ("in", e.unit), s.copy_in)
-                self._free("all_gather", ("h2d", e.unit), self.copied.pop(e.unit, 0))
+                self._free("all_gather", copies, ("in", e.unit), s.copy_in)
+                h2d = self.copied.pop(e.unit, 0)
+                self._free("all_gather", self._h2d_pool(), ("h2d", e.unit), h2d)
         elif e.kind == "free":
             if e.unit in self.pending:
                 self._drop_pending(e.unit)
@@ -379,7 +390,10 @@ class Walker(MemoryRecords, FSDP1Steps):
                 old = e.unit in self.stale
                 if raf and e.phase == "forward":
                     self._reshard_post_forward(e, s, raf, old)
-                self.cat["unsharded_params"] -= s.unsharded
+                if self.fsdp2:
+                    self.cat["unsharded_params"] -= s.unsharded
+                else:  # FSDP1: the unsharded FlatParameter, the unshard stream's block
+                    self._free("unsharded_params", "all_gather", ("out", e.unit), s.unsharded)
                 if raf and e.phase == "forward":
                     if old:  # replaced: see [Note: stale post-forward shards]
                         self.stale.discard(e.unit)
@@ -395,7 +409,8 @@ class Walker(MemoryRecords, FSDP1Steps):
             self.cat["unsharded_grads"] -= self._leftover
             self._leftover = 0
         if e.group == "replicate" and e.unit in self._until_all_reduce:
-            self.cat["sharded_grads"] -= self._until_all_reduce.pop(e.unit)
+            partial = self._until_all_reduce.pop(e.unit)
+            self._free("sharded_grads", "reduce_scatter", ("partial", e.unit), partial)
 
     def _wait(self, unit: str, c: HookCall) -> None:
         s = self.sizes.get(unit)
@@ -405,9 +420,11 @@ class Walker(MemoryRecords, FSDP1Steps):
         if pending is None and not self.fsdp2:
             return  # NO_SHARD, or never resharded
         self.resident.add(unit)
-        self.cat["unsharded_params"] += s.unsharded
-        if pending is not None and not self.fsdp2:
-            self._free("all_gather", ("out", unit), pending[0])  # FSDP1: the FlatParameter in use
+        if self.fsdp2:
+            self.cat["unsharded_params"] += s.unsharded
+        elif pending is not None:  # FSDP1: the FlatParameter in use, the same block
+            self._add("all_gather", "all_gather", -pending[0])
+            self._add("unsharded_params", "all_gather", s.unsharded)
         # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
         temp = (s.copy_out if pending is not None else s.one_rank_copy) if self.fsdp2 else 0
         temps = "backward_temp" if self.in_backward else "forward_temp"
@@ -429,7 +446,7 @@ class Walker(MemoryRecords, FSDP1Steps):
         if forward and not pending[1]:
             self.held = (unit, pending[0])
         else:
-            self._free("all_gather", ("out", unit), pending[0])
+            self._free("all_gather", "all_gather", ("out", unit), pending[0])
 
     def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int, old: bool) -> None:
         """FSDP2 resharding a unit after forward onto ``raf`` ranks (its
@@ -499,12 +516,11 @@ class Walker(MemoryRecords, FSDP1Steps):
             return
         if e.kind == "all_reduce":
             self.cat["unsharded_grads"] -= grads
-            self._add_shard(e, s.sharded_grad)
+            self._add_shard(e, s.sharded_grad, "reduce_scatter")
             return
         self._release_reduce_scatter()
         kept = self._chunk_cat(e, grads)
-        block = ("rs", e.unit, len(self.blocks["reduce_scatter"]))
-        self._alloc("reduce_scatter", block, s.reduce_scatter)
+        self.cat["reduce_scatter"] += s.reduce_scatter  # made on the compute stream
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
         self.cat["backward_temp"] -= kept
         last = self.last_grads.get(e.unit, 0) if self._regroups(e.unit) and grads else 0
@@ -513,32 +529,36 @@ class Walker(MemoryRecords, FSDP1Steps):
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
-            self._cast_reduce_output(e, s)
-            self._add_shard(e, s.sharded_grad)
+            output = self._cast_reduce_output(e, s)
+            self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
             # the last micro-step adds the partial output into its own, then drops it: the
             # param group's _partial_reduce_output, rebound once foreach_reduce returns
             if self.fsdp2 and self.replicas > 1:
                 self._until_all_reduce[e.unit] = self._partial.pop(e.unit, 0)
             else:
-                self.cat["sharded_grads"] -= self._partial.pop(e.unit, 0)
+                partial = self._partial.pop(e.unit, 0)
+                self._free("sharded_grads", "reduce_scatter", ("partial", e.unit), partial)
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
-            self.cat["sharded_grads"] += s.partial
-        self.rs.append((block, s.reduce_scatter))
+            self._alloc("sharded_grads", "reduce_scatter", ("partial", e.unit), s.partial)
+        self.rs.append((("rs", e.unit), s.reduce_scatter))
 
-    def _cast_reduce_output(self, e: Event, s: UnitBytes) -> None:
+    def _cast_reduce_output(self, e: Event, s: UnitBytes) -> tuple[Block, int] | None:
         """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the
         reduce-scatter output, in the reduce dtype, is cast to the parameters' dtype
         (``foreach_reduce``'s ``reduce_output = _to_dtype_if_needed(reduce_output,
-        orig_dtype)``), both alive until the rebinding frees the first. Under HSDP the
-        all-reduced buffer outlives the cast (:meth:`_hold_all_reduced`); with the shards
-        offloaded the gradient's device copies are not modelled."""
+        orig_dtype)``), both alive until the rebinding frees the first, which it returns
+        (both on the reduce-scatter stream). Under HSDP the all-reduced buffer outlives the
+        cast (:meth:`_hold_all_reduced`); with the shards offloaded the gradient's device
+        copies are not modelled."""
         if not s.reduce_cast or not s.sharded_grad or self.replicas > 1:
-            return
-        both = s.reduce_cast + s.sharded_grad
-        self.cat["sharded_grads"] += both
+            return None
+        output = (("output", e.unit), s.reduce_cast)
+        self._alloc("sharded_grads", "reduce_scatter", *output)
+        self._add("sharded_grads", "reduce_scatter", s.sharded_grad)
         self._moment("at the cast of the reduced gradient shard in", None, e)
-        self.cat["sharded_grads"] -= both
+        self._add("sharded_grads", "reduce_scatter", -s.sharded_grad)
+        return output
 
     def _hold_all_reduced(self, e: Event, s: UnitBytes) -> None:
         """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the
@@ -551,23 +571,40 @@ class Walker(MemoryRecords, FSDP1Steps):
             return
         self._release_all_reduced(e.unit)
         self._all_reduced[e.unit] = s.partial
-        self.cat["sharded_grads"] += s.partial
+        self._alloc("sharded_grads", "reduce_scatter", ("reduced", e.unit), s.partial)
 
     def _release_all_reduced(self, unit: str | None = None) -> None:
         for u in [unit] if unit is not None else list(self._all_reduced):
-            self.cat["sharded_grads"] -= self._all_reduced.pop(u, 0)
+            n = self._all_reduced.pop(u, 0)
+            self._free("sharded_grads", "reduce_scatter", ("reduced", u), n)
 
-    def _add_shard(self, e: Event, n: int) -> None:
-        """A reduction's new gradient shard (``n`` bytes): the unit's ``.grad``, or, where an
-        earlier micro-step or reduction left one there, added into it and freed
-        (``foreach_reduce``: ``sharded_param.grad._local_tensor += new_sharded_grad``). A
-        module run twice reduces twice in a micro-step after one without gradient sync: its
-        first post-backward finds the gradient accumulated before (autograd sums a
-        parameter's two uses before its ``.grad``), its second the new one."""
-        self.cat["sharded_grads"] += n
-        if e.unit in self._held or e.unit in self.reduced:
+    def _add_shard(
+        self, e: Event, n: int, pool: str, replaced: tuple[Block, int] | None = None
+    ) -> None:
+        """A reduction's new gradient shard (``n`` bytes, made on ``pool``'s stream): the
+        unit's ``.grad``, or, where an earlier micro-step or reduction left one there, added
+        into it and freed (``foreach_reduce``: ``sharded_param.grad._local_tensor +=
+        new_sharded_grad``). A module run twice reduces twice in a micro-step after one
+        without gradient sync: its first post-backward finds the gradient accumulated before
+        (autograd sums a parameter's two uses before its ``.grad``), its second the new one.
+        ``replaced``: the reduction's output on the reduce-scatter stream the shard was cast
+        from, freed once the shard is made, or, named ``("grad", unit)``, the shard itself
+        (no cast made a new one)."""
+        new = e.unit not in self._held and e.unit not in self.reduced
+        block: Block = ("grad", e.unit)
+        if new and replaced is not None and replaced[0] == block:
+            self._add("sharded_grads", pool, n - replaced[1])  # the output is the shard
+        else:
+            if not new or block in self._live.get(pool, {}):
+                block = ("grad", e.unit, len(self.moments))
+            self._alloc("sharded_grads", pool, block, n)
+            if replaced is not None:
+                self._free("sharded_grads", "reduce_scatter", *replaced)
+        if new:
+            self._shard_pool[e.unit] = pool
+        else:
             self._moment("at the addition into the accumulated gradient shard of", None, e)
-            self.cat["sharded_grads"] -= n
+            self._free("sharded_grads", pool, block, n)
         self.reduced.add(e.unit)
 
     def _regroups(self, unit: str) -> bool:
@@ -590,32 +627,20 @@ class Walker(MemoryRecords, FSDP1Steps):
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
-            self._free("reduce_scatter", *self.rs.pop())
+            self.cat["reduce_scatter"] -= self.rs.pop()[1]
 
     def _release_held(self) -> None:
         if self.held is not None:
-            self._free("all_gather", ("out", self.held[0]), self.held[1])
+            self._free("all_gather", "all_gather", ("out", self.held[0]), self.held[1])
             self.held = None
 
     def _drop_pending(self, unit: str) -> None:
         n, _ = self.pending.pop(unit)
         pool = self._pool_of(unit)
         if pool == "all_gather":
-            self._free(pool, ("out", unit), n)
+            self._free(pool, pool, ("out", unit), n)
         else:
             self.cat[pool] -= n
-
-    def _alloc(self, pool: str, block: Block, n: int) -> None:
-        """``n`` bytes allocated on a communication stream's ``pool`` as ``block``."""
-        self.cat[pool] += n
-        if n:
-            self.blocks[pool].append((block, n))
-
-    def _free(self, pool: str, block: Block, n: int) -> None:
-        """``block`` (``n`` bytes) back to its ``pool``."""
-        self.cat[pool] -= n
-        if n:
-            self.blocks[pool].append((block, 0))
 
     def _pool_of(self, unit: str) -> str:
         """The category a pending all-gather's buffer is counted in (see ``on_compute``)."""

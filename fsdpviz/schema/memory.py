@@ -29,6 +29,10 @@ CATEGORIES = (
     "buffers",
 )
 
+# The caching allocator's pools, one per stream that allocates (see fsdpviz.cost.memory):
+# the compute stream's, then FSDP's own streams'.
+POOLS = ("compute", "all_gather", "pre_unshard", "reduce_scatter", "all_reduce")
+
 
 class Moment(NamedTuple):
     """One look at the bytes in use (see :func:`fsdpviz.cost.memory.memory_lane`).
@@ -39,6 +43,8 @@ class Moment(NamedTuple):
     ``before``: the event it precedes or happens in (the event count after the last one);
     ``where``: in words, as ``MemoryReport.peak["where"]``.
     ``bytes``: per category, in :data:`CATEGORIES` order.
+    ``pools``: the same bytes by the stream whose pool of the caching allocator holds them,
+    in :data:`POOLS` order (see :mod:`fsdpviz.cost.memory`).
     """
 
     kind: str
@@ -47,6 +53,7 @@ class Moment(NamedTuple):
     before: int
     where: str
     bytes: tuple[int, ...]
+    pools: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +163,9 @@ class MemoryConfig(TypedDict, total=False):
 
 class Reserved(TypedDict, total=False):
     """``MemoryReport.reserved``: the caching allocator's peak reserved ``bytes`` and each
-    stream's pool (``compute``, ``all_gather``, ``reduce_scatter``) at its own peak."""
+    stream's pool at its own peak (``compute``, ``all_gather``, ``reduce_scatter``, and
+    ``pre_unshard`` or ``all_reduce`` where those streams allocate; see :data:`POOLS` and
+    :mod:`fsdpviz.cost.memory`)."""
 
     bytes: int
     pools: dict[str, int]
@@ -196,7 +205,7 @@ class MemoryReport:
     """Every moment the model looked at the bytes in use (see :func:`fsdpviz.cost.memory_lane`)."""
     reserved: Reserved = field(default_factory=Reserved)
     """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
-    (``compute``, ``all_gather``, ``reduce_scatter``: each stream's own peak)."""
+    (each stream's own peak, see :class:`Reserved`)."""
     capacity: int = 0
     """Bytes of device memory of the modelled machine (``Machine.memory_gib``)."""
     overhead: int = 0
