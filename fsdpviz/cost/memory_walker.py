@@ -9,7 +9,7 @@ from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import IGNORED, Report
 
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
@@ -261,7 +261,7 @@ class Walker(MemoryRecords, FSDP1Steps):
                     # added in place to the gradient an earlier micro-step left; FSDP1's
                     # post-backward hook, a hook of the FlatParameter's AccumulateGrad node,
                     # is passed the node's incoming gradient and holds it until it returns
-                    if not self.fsdp2:
+                    if not self.fsdp2 and unit != IGNORED:
                         self._arriving[unit] = self._arriving.get(unit, 0) + n // tp
                         self.cat["unsharded_grads"] += n // tp
                     continue

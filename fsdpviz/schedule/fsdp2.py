@@ -22,7 +22,7 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
-from fsdpviz.schema.report import FsdpWarning, Report
+from fsdpviz.schema.report import IGNORED, FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.copy import (
@@ -33,7 +33,12 @@ from fsdpviz.trace.copy import (
     original_modules,
     original_params,
 )
-from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.modules import (
+    ParamPlacement,
+    ignored_param_infos,
+    module_infos,
+    param_first_use,
+)
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
@@ -94,6 +99,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         try:
             if profile:
                 owners = {p: g.name for g in groups for p in g.params}
+                # the gradients FSDP leaves to autograd: of the parameters it does not manage
+                owners.update(dict.fromkeys(_unmanaged(copy, groups), IGNORED))
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
                 job = opts.job
@@ -195,7 +202,14 @@ def fsdp2_report(
         module_backward_order=backward_order,
         param_first_use=param_first_use(placements, tracker.order),
         profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
+        ignored_params=ignored_param_infos(copy, {id(p) for g in groups for p in g.params}),
     )
+
+
+def _unmanaged(copy: nn.Module, groups: list[Group]) -> list[nn.Parameter]:
+    """The parameters of ``copy`` no group manages (``ignored_params``)."""
+    managed = {id(p) for g in groups for p in g.params}
+    return [p for p in copy.parameters() if id(p) not in managed]
 
 
 def forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:
