@@ -183,6 +183,7 @@ def test_the_report_states_them(fake_pg: int) -> None:
     assert again.ignored_params == report.ignored_params
     assert report.memory.config["ignored"] == {EMBED: 240240}
     assert f"{EMBED} (235 KiB)" in report.memory.summary()
+    assert f"not managed by FSDP, whole on every rank: {EMBED} (235 KiB)" in report.summary()
     plain = _report("FSDP1", [], 1)
     assert "ignored_params" not in plain.to_dict() and plain.ignored_params == []
     assert "not managed by FSDP" not in plain.memory.summary()
