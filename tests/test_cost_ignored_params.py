@@ -23,7 +23,7 @@ from test_cost_fsdp1_memtracker import _MemRefType, _Tracker
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
@@ -35,6 +35,7 @@ from fsdpviz.schema.report import IgnoredParam
 CONFIG = ExampleConfig(
     hidden_size=60, intermediate_size=170, num_layers=2, num_heads=4, vocab_size=1001
 )
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 EMBED = "embed_tokens.weight"
 DOWN = "layers.1.mlp.down_proj.weight"
 
@@ -47,12 +48,14 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.sum()
 
 
-def _fsdp2(model: nn.Module, ignored: list[str]) -> tuple[nn.Module, Callable[[int, int], Any]]:
+def _fsdp2(
+    model: nn.Module, ignored: list[str], **kwargs: Any
+) -> tuple[nn.Module, Callable[[int, int], Any]]:
     mesh = init_device_mesh("cpu", (4,))
     params = {model.get_parameter(n) for n in ignored}
     for layer in model.layers:  # type: ignore[union-attr]
-        fully_shard(layer, mesh=mesh, ignored_params=params)
-    fully_shard(model, mesh=mesh, ignored_params=params)
+        fully_shard(layer, mesh=mesh, ignored_params=params, **kwargs)
+    fully_shard(model, mesh=mesh, ignored_params=params, **kwargs)
 
     def sync(k: int, micro_steps: int) -> Any:
         model.set_requires_gradient_sync(k == micro_steps - 1)  # type: ignore[operator]
@@ -83,7 +86,7 @@ def _measured(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if api == "FSDP2":
-            model, sync = _fsdp2(ExampleModel(CONFIG), ignored)
+            model, sync = _fsdp2(ExampleModel(CONFIG), ignored, **kwargs)
         else:
             model, sync = _fsdp1(ExampleModel(CONFIG), ignored, **kwargs)
         whole = {id(model.get_parameter(n)) for n in ignored} if api == "FSDP2" else set()
@@ -149,6 +152,8 @@ CASES: dict[str, tuple[str, list[str], str | None, int, dict[str, Any]]] = {
     "fsdp2_foreach": ("FSDP2", [EMBED, DOWN], "foreach", 1, {}),
     # each micro-step's gradient added into the one before, in place
     "fsdp2_accumulated": ("FSDP2", [EMBED, DOWN], None, 2, {}),
+    # bf16 layers: the ignored embedding stays float32, and so does its gradient
+    "fsdp2_bf16_accumulated": ("FSDP2", [EMBED], "for_loop", 2, {"mp_policy": BF16}),
     "fsdp1_for_loop": ("FSDP1", ["embed_tokens"], "for_loop", 1, {}),
     "fsdp1_foreach": ("FSDP1", ["layers.1.mlp", "embed_tokens"], "foreach", 1, {}),
     "fsdp1_no_sync": ("FSDP1", ["embed_tokens"], None, 2, {}),
