@@ -29,6 +29,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+from fsdpviz.schema.memory import CATEGORIES
 from fsdpviz.schema.report import IgnoredParam
 
 # a 1001-word vocabulary: the embedding, whole, outweighs a layer's shard
@@ -196,3 +197,16 @@ def test_the_report_states_them(fake_pg: int) -> None:
     assert [p.fqn for p in fsdp1.ignored_params] == [
         f"layers.1.mlp.{n}_proj.weight" for n in ("gate", "up", "down")
     ]
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_unmeasured_gradients_are_there_by_the_end(fake_pg: int, api: str) -> None:
+    """Without a trace profile each unit's gradient appears at its reduction; those FSDP
+    does not manage by the final callback, whole, through the optimizer step."""
+    ignored = ["embed_tokens"] if api == "FSDP1" else [EMBED]
+    report = _report(api, ignored, 1, profile=False)
+    assert report.profile is None
+    mem = memory_model(report, optimizer="adamw", iteration=1)
+    step = dict(zip(CATEGORIES, mem.moments[-1].bytes, strict=True))
+    assert mem.moments[-1].where == "during the optimizer step after"
+    assert step["unsharded_grads"] == 240240

@@ -214,6 +214,11 @@ class Walker(MemoryRecords, FSDP1Steps):
         self._call = len(self.tape.calls)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
+        ignored = self.sizes.get(IGNORED)
+        if ignored is not None and not self.tape.measured and IGNORED not in self.grads:
+            # unmeasured: the gradients FSDP does not manage are there by the end
+            self.grads[IGNORED] = ignored.grad
+            self.cat["unsharded_grads"] += ignored.grad
         if self.step is not None:
             self._optimizer_step(*self.step)
         self._unit_peaks()
