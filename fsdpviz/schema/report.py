@@ -535,8 +535,7 @@ class Report:
         ws = f"world size {cfg.world_size}"
         if cfg.mesh:
             ws += " (" + " x ".join(f"{name} {size}" for name, size in cfg.mesh.items()) + ")"
-        whole = sum(q.bytes for q in self.ignored_params)  # not FSDP's: on every rank
-        per_rank = sum(u.sharded_bytes for u in self.units) + whole
+        per_rank = sum(u.sharded_bytes for u in self.units)
         where = " in host memory (CPU offload)" if cfg.cpu_offload else ""
         pipe = self.pipeline
         if pipe is not None and pipe.ranks:  # each pipeline rank holds its stages' units
@@ -551,11 +550,12 @@ class Report:
         trainable = self.trainable_text()
         if trainable:
             lines.append(f"  {trainable}: optimizer state and gradients of those")
+        whole = sum(q.bytes for q in self.ignored_params)  # not FSDP's: on every rank
         if whole:
             names = ", ".join(f"{q.fqn} ({size_text(q.bytes)})" for q in self.ignored_params[:4])
             more = len(self.ignored_params) - 4
             lines.append(
-                f"  {size_text(whole)} of parameters not managed by FSDP, whole on every rank: "
+                f"  and {size_text(whole)} of parameters not managed by FSDP, whole on every rank: "
                 f"{names}{f' and {more} more' if more > 0 else ''}"
             )
         if pipe is not None:
