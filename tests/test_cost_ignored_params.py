@@ -70,10 +70,18 @@ def _fsdp1(model: nn.Module, ignored: list[str], **kwargs: Any) -> tuple[nn.Modu
         model,
         auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
         device_id=torch.device("cpu"),
-        ignored_modules=[model.get_submodule(n) for n in ignored],
+        **_ignored_by_fsdp1(model, ignored),
         **kwargs,
     )
     return fsdp, lambda k, n: fsdp.no_sync() if k < n - 1 else nullcontext()
+
+
+def _ignored_by_fsdp1(model: nn.Module, names: list[str]) -> dict[str, list[Any]]:
+    """``ignored_states`` where ``names`` are parameters', else ``ignored_modules``."""
+    params = dict(model.named_parameters())
+    if all(n in params for n in names):
+        return {"ignored_states": [params[n] for n in names]}
+    return {"ignored_modules": [model.get_submodule(n) for n in names]}
 
 
 def _measured(
@@ -140,7 +148,7 @@ def _report(api: str, ignored: list[str], micro_steps: int, **kwargs: Any) -> fs
         kwargs["ignored_params"] = {model.get_parameter(n) for n in ignored}
     else:
         kwargs["auto_wrap_policy"] = ModuleWrapPolicy({DecoderLayer})
-        kwargs["ignored_modules"] = [model.get_submodule(n) for n in ignored]
+        kwargs.update(_ignored_by_fsdp1(model, ignored))
     if micro_steps > 1:
         kwargs["grad_accum"] = micro_steps
     return fsdpviz.analyze(model, {"input_ids": _ids()}, world_size=4, loss=_loss, **kwargs)
@@ -159,6 +167,8 @@ CASES: dict[str, tuple[str, list[str], str | None, int, dict[str, Any]]] = {
     "fsdp1_foreach": ("FSDP1", ["layers.1.mlp", "embed_tokens"], "foreach", 1, {}),
     "fsdp1_no_sync": ("FSDP1", ["embed_tokens"], None, 2, {}),
     "fsdp1_orig_params": ("FSDP1", ["embed_tokens"], "for_loop", 1, {"use_orig_params": True}),
+    # ignored_states: a parameter of a unit's module, stepped after the unit's FlatParameter
+    "fsdp1_states": ("FSDP1", [DOWN, EMBED], "for_loop", 1, {}),
 }
 
 
