@@ -220,3 +220,31 @@ def test_unmeasured_gradients_are_there_by_the_end(fake_pg: int, api: str) -> No
     step = dict(zip(CATEGORIES, mem.moments[-1].bytes, strict=True))
     assert mem.moments[-1].where == "during the optimizer step after"
     assert step["unsharded_grads"] == 240240
+
+
+def test_tensor_parallel_share(fake_pg: int) -> None:
+    """FSDP x TP: a parameter FSDP does not manage that a tp style distributes is a DTensor
+    of which each rank holds its chunk: ``IgnoredParam`` states the rank's share, as
+    ``to_local()`` has it (a row-wise embedding, a column-wise output, a replicated norm)."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = tp_models.whole_plan()
+    names = ("tok_embeddings.weight", "norm.weight", "output.weight")
+
+    def build() -> nn.Module:
+        return tp_models.Llama(vocab=1001, dim=64, n_heads=4, hidden=170, layers=2)
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    real = parallelize_module(build(), mesh["tp"], plan)
+    local = {n: real.get_parameter(n).to_local() for n in names}  # type: ignore[operator]
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(
+        model, torch.zeros(1, 8, dtype=torch.long), fully_shard=[("layers.0",), ("layers.1",)],
+        mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan, loss=lambda o: o.float().sum(),
+        ignored_params={model.get_parameter(n) for n in names},
+    )  # fmt: skip
+    stated = {q.fqn: (q.shape, q.bytes) for q in report.ignored_params}
+    assert stated == {n: (list(t.shape), t.numel() * t.element_size()) for n, t in local.items()}
+    assert stated["output.weight"][0] == [501, 64]  # the first rank's half of 1001 rows
