@@ -5,7 +5,9 @@ bytes per rank:
 
 ``sharded_params``
     every unit's shard (``Unit.sharded_bytes``), plus FSDP2's post-forward shard
-    of a unit resharded over fewer ranks (``ReportConfig.post_forward_ranks``).
+    of a unit resharded over fewer ranks (``ReportConfig.post_forward_ranks``), plus
+    the parameters FSDP does not manage (``Report.ignored_params``: FSDP2's
+    ``ignored_params``, FSDP1's ``ignored_modules`` / ``ignored_states``), whole.
 ``unsharded_params``
     units whose all-gathered parameters are in use: allocated when the unit's
     own hook waits for its all-gather, released at its ``free``.
@@ -18,7 +20,10 @@ bytes per rank:
     the root's post-forward) to overlap the next all-gather.
 ``unsharded_grads``
     gradients autograd produces for the unsharded parameters, as measured by
-    the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD).
+    the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD). Those
+    of the parameters FSDP does not manage, whole, from the operator that makes them to
+    the end of the step (FSDP neither reduces nor frees them; under gradient
+    accumulation autograd adds each micro-step's into them in place).
 ``reduce_scatter``
     the reduce-scatter input (padded, reduce dtype): FSDP2 allocates it at the event
     and keeps one in flight, released at the next ``reduce_scatter`` or at the final
@@ -38,14 +43,16 @@ bytes per rank:
     of activations). Within a stretch of compute the trace's peak is used.
 ``optimizer``
     optimizer state of the shards (2 per element for Adam/AdamW, 1 for SGD with
-    momentum), in the steady state only: the first iteration runs before the
-    first ``optimizer.step()`` creates it. After the iteration that steps (the last
-    micro-step of an optimizer step), the step itself: the states, and the temporaries of
-    its implementation (``"adamw"``: torch's default foreach update makes one state's
-    copy of ``exp_avg_sq.sqrt()`` for every shard at once; ``"adamw_for_loop"``: a
-    parameter's ``sqrt()`` and its division, with the previous parameter's result still
-    bound; ``"adamw_fused"``: none), beside every shard and reduced
-    gradient; the activations are gone by then.
+    momentum) and of the parameters FSDP does not manage (whole), in the steady state
+    only: the first iteration runs before the first ``optimizer.step()`` creates it.
+    After the iteration that steps (the last micro-step of an optimizer step), the step
+    itself: the states, and the temporaries of its implementation (``"adamw"``: torch's
+    default foreach update makes one state's copy of ``exp_avg_sq.sqrt()`` for every
+    shard at once; FSDP2's ignored parameters, plain tensors a foreach kernel does not
+    mix with its DTensors, in a param group of their own, whose update comes and goes
+    apart; ``"adamw_for_loop"``: a parameter's ``sqrt()`` and its division, with the
+    previous parameter's result still bound; ``"adamw_fused"``: none), beside every
+    shard and reduced gradient; the activations are gone by then.
 ``inputs`` / ``buffers``
     the model's inputs, by the memory they use (a tensor passed under two names, or
     views of one tensor, count once), and buffers (FSDP does not shard buffers).
@@ -91,6 +98,7 @@ from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.sizes import (
     UnitBytes,
     fsdp1_parts,
+    ignored_bytes,
     optimizer_spec,
     param_grads,
     placed_grads,
@@ -106,7 +114,7 @@ from fsdpviz.schema.memory import (
     Moment,
     Reserved,
 )
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import IGNORED, Report
 
 
 def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int] | None:
@@ -164,6 +172,9 @@ def memory_model(
         return _largest_rank(report, optimizer=optimizer, iteration=iteration, machine=machine)
     i = iteration_index(report, iteration)
     sizes = unit_bytes(report, optimizer)
+    ignored = ignored_bytes(report, optimizer)
+    if ignored is not None:  # whole on every rank, their gradients and states too
+        sizes[IGNORED] = ignored
     carry: Walker | None = None
     accum = report.config.grad_accum if report.source == "prediction" else 1
     grads = param_grads(report, last=accum == 1)
@@ -220,6 +231,7 @@ def memory_model(
             "iteration": i,
             "parameters": sum(u.numel for u in report.units),
             "trainable": sum(u.trainable[0] for u in report.units),
+            **({"ignored": {q.fqn: q.bytes for q in report.ignored_params}} if ignored else {}),
         },
         events=walker.records,
         peak=walker.peak_record(),
@@ -298,6 +310,12 @@ def optimizer_step(
     temporaries = 0
     if spec.adam and spec.implementation == "foreach":
         temporaries = one
+        whole = sizes[IGNORED].optimizer // spec.states if IGNORED in sizes else 0
+        if whole and report.config.api == "FSDP2":
+            # FSDP2's parameters are DTensors, the ignored ones plain tensors, which a
+            # foreach kernel refuses to mix ("got mixed torch.Tensor and DTensor"): they
+            # are a param group of their own, whose update's temporaries come and go apart
+            temporaries = max(one - whole, whole)
     elif spec.adam and spec.implementation == "for_loop" and one:
         temporaries = _largest_shard(report, one, spec.states)
     return states, temporaries
@@ -312,12 +330,24 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
     with ``use_orig_params=True`` (``states`` per element): the most any rank's loop and
     states reach beyond the states counted, the most any rank keeps (:func:`fsdp1_parts`)."""
     if report.config.api == "FSDP1" and report.config.use_orig_params:
-        pieces = [[n for _, n in parts] for parts in fsdp1_parts(report)]
+        pieces = [[n for _, n in parts] for parts in fsdp1_parts(report, ignored=True)]
         most = max((sum(p) for p in pieces), default=0)
         loops = ((sum(p) - most) * states + _loop_most(p) for p in pieces)
         return max(loops, default=0) * one // max(most, 1)
+    # the parameters FSDP does not manage, whole, by the module that holds them
+    ignored = {p.fqn: math.prod(p.shape) for p in report.ignored_params if p.requires_grad}
+    owned: dict[str, list[int]] = {}
+    for q in report.ignored_params:
+        if q.fqn in ignored:
+            owned.setdefault(q.fqn.rpartition(".")[0], []).append(ignored[q.fqn])
     if report.config.api == "FSDP1":  # the optimizer steps the FlatParameters
-        shards = [u.sharded_numel for u in report.units if u.requires_grad is not False]
+        # in model.parameters()' order: a unit's FlatParameter registered on its module
+        # after the parameters left there (ignored_states), before its children's
+        flats = {u.module: u.sharded_numel for u in report.units if u.requires_grad is not False}
+        shards = []
+        for m in report.modules:
+            shards += owned.get(m.fqn, [])
+            shards += [flats[m.fqn]] if m.fqn in flats else []
         total = sum(shards)
     else:
         ranks = report.config.shard_ranks
@@ -328,13 +358,17 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
             for p in u.params
             if p not in u.gradless_params
         }
-        total = sum(u.trainable[1] for u in report.units)
-        shards = [
-            -(-shape[0] // ranks) * math.prod(shape[1:])
-            for m in report.modules
-            for name, shape in m.params.items()
-            if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
-        ]
+        total = sum(u.trainable[1] for u in report.units) + sum(ignored.values())
+        # model.parameters()' order: each module's own, then its children's (a module's
+        # ignored parameters after its managed ones)
+        shards = []
+        for m in report.modules:
+            shards += [
+                -(-shape[0] // ranks) * math.prod(shape[1:])
+                for name, shape in m.params.items()
+                if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
+            ]
+            shards += owned.get(m.fqn, [])
     return _loop_most(shards) * one // max(total, 1)
 
 

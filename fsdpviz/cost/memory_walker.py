@@ -10,7 +10,7 @@ from fsdpviz.cost.sizes import UnitBytes, Upcast
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import IGNORED, Report
 
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
@@ -221,6 +221,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         self._call = len(self.tape.calls)
         self._compute(self.tape.tail)
         self._window(self.tape.tail, opening=False)
+        ignored = self.sizes.get(IGNORED)
+        if ignored is not None and not self.tape.measured and IGNORED not in self.grads:
+            # unmeasured: the gradients FSDP does not manage are there by the end
+            self.grads[IGNORED] = ignored.grad
+            self.cat["unsharded_grads"] += ignored.grad
         if self.step is not None:
             self._optimizer_step(*self.step)
         self._unit_peaks()
@@ -269,7 +274,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
                     # added in place to the gradient an earlier micro-step left; FSDP1's
                     # post-backward hook, a hook of the FlatParameter's AccumulateGrad node,
                     # is passed the node's incoming gradient and holds it until it returns
-                    if not self.fsdp2:
+                    if not self.fsdp2 and unit != IGNORED:
                         self._arriving[unit] = self._arriving.get(unit, 0) + n // tp
                         self.cat["unsharded_grads"] += n // tp
                     continue

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
 
 _ITEMSIZE = DTYPE_SIZES
 
@@ -208,6 +208,32 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     return out
 
 
+def ignored_bytes(report: Report, optimizer: str | int | None) -> UnitBytes | None:
+    """The parameters FSDP does not manage (``report.ignored_params``: FSDP2's
+    ``ignored_params``, FSDP1's ``ignored_modules`` / ``ignored_states``) as the memory model
+    counts them, under the name :data:`~fsdpviz.schema.report.IGNORED`; None without any.
+    FSDP neither shards nor moves them (``_get_managed_states`` leaves them out): each rank
+    holds all of each, in its own dtype (``sharded``, counted with the shards). Their
+    gradients are autograd's, whole and unreduced (``grad``; the trace measures them), and
+    the optimizer keeps its states of those that take one in their dtype (``optimizer``)."""
+    params = report.ignored_params
+    if not params:
+        return None
+    trained = sum(p.bytes for p in params if p.requires_grad)
+    return UnitBytes(
+        name=IGNORED,
+        sharded=sum(p.bytes for p in params),
+        unsharded=0,
+        all_gather=0,
+        copy_in=0,
+        grad=trained,
+        reduce_scatter=0,
+        sharded_grad=0,
+        optimizer=trained * optimizer_states(optimizer),
+        communicates=False,
+    )
+
+
 def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
     """FSDP2 on a shard group of one rank (torch 2.9 on): ``wait_for_unshard`` copies each
     parameter's ``all_gather_inputs`` into its unsharded storage, one at a time; mixed
@@ -268,10 +294,12 @@ def _states_of_the_rank_with_most(
     return {name: replace(b, optimizer=kept[name]) for name, b in out.items()}
 
 
-def fsdp1_parts(report: Report) -> list[list[tuple[str, int]]]:
+def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
     """FSDP1 with ``use_orig_params=True``: for each rank, the unit and elements of each
     trainable parameter's part of its unit's shard, in the parameters' order, the parameters
-    without one left out (FSDP gives them no gradient: the optimizer skips them)."""
+    without one left out (FSDP gives them no gradient: the optimizer skips them).
+    ``ignored``: with the trainable parameters FSDP does not manage, whole on every rank
+    (:data:`~fsdpviz.schema.report.IGNORED`), after their module's own."""
     # here, not at the top: the plan loads torch, and the command line's checks import the
     # cost model (through the exports) before torch is loaded
     from fsdpviz.plan.fsdp1 import flat_param_layout
@@ -300,7 +328,19 @@ def fsdp1_parts(report: Report) -> list[list[tuple[str, int]]]:
         for r, by_param in enumerate(parts):
             for i, n in by_param.items():
                 held.setdefault(u.params[i], {})[r] = (u.module, n)
-    return [[held[p][r] for p in shapes if r in held.get(p, {})] for r in range(ranks)]
+    order = list(shapes)
+    if ignored:
+        whole = {q.fqn: math.prod(q.shape) for q in report.ignored_params if q.requires_grad}
+        owned: dict[str, list[str]] = {}
+        for fqn in whole:
+            owned.setdefault(fqn.rpartition(".")[0], []).append(fqn)
+        order = []
+        for m in report.modules:
+            order += [f"{m.fqn}.{name}" if m.fqn else name for name in m.params]
+            order += owned.get(m.fqn, [])
+        for fqn, n in whole.items():
+            held[fqn] = dict.fromkeys(range(ranks), (IGNORED, n))
+    return [[held[p][r] for p in order if r in held.get(p, {})] for r in range(ranks)]
 
 
 def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:

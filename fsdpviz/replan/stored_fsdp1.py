@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_leaves
 from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
-from fsdpviz.schedule.fsdp1 import empty_unit, placements, runtime_warnings
+from fsdpviz.schedule.fsdp1 import empty_unit, ignored_params, placements, runtime_warnings
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -250,6 +250,7 @@ class StoredTrace:
             module_backward_order=schedule.backward_order,
             param_first_use=param_first_use(where, self.order),
             profile=None,
+            ignored_params=ignored_params(self.copy, plan),
         )
 
 

@@ -24,7 +24,7 @@ from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import TraceProfile
-from fsdpviz.schema.report import FsdpWarning, Report, Unit
+from fsdpviz.schema.report import IGNORED, FsdpWarning, IgnoredParam, Report, Unit
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.copy import (
@@ -35,7 +35,12 @@ from fsdpviz.trace.copy import (
     original_modules,
 )
 from fsdpviz.trace.fx import Call, call_counts, fx_call_tree, hook_sequence, module_order
-from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.modules import (
+    ParamPlacement,
+    ignored_param_infos,
+    module_infos,
+    param_first_use,
+)
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, remove_hooks, run_step
@@ -92,7 +97,14 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         module_backward_order=traced.backward_order,
         param_first_use=param_first_use(where, traced.module_order),
         profile=traced.profile,
+        ignored_params=ignored_params(copy, plan),
     )
+
+
+def ignored_params(copy: nn.Module, plan: Plan) -> list[IgnoredParam]:
+    """The parameters of ``ignored_modules`` / ``ignored_states``, whole on every rank."""
+    ignored = {id(p) for p in plan.ignored_params}
+    return ignored_param_infos(copy, {id(p) for p in copy.parameters() if id(p) not in ignored})
 
 
 def _reject_wrapped(model: nn.Module) -> None:
@@ -188,7 +200,9 @@ def _probe(
     opts: FSDP1Options,
 ) -> CostProbe:
     """Measure activations, FLOPs and kernels for the cost model (fsdpviz.cost)."""
-    owners = {flat: fqn for fqn, flat in emulation.flats.items()}
+    owners: dict[nn.Parameter, str] = {flat: fqn for fqn, flat in emulation.flats.items()}
+    # the gradients FSDP leaves to autograd: of ignored_modules' and ignored_states' parameters
+    owners.update(dict.fromkeys(plan.ignored_params, IGNORED))
     compiled = opts.job.compiled_modules(copy)
     probe = CostProbe(
         tracker,

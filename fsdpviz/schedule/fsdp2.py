@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Unpack
@@ -15,14 +16,14 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
-from fsdpviz.plan.tensor_parallel import resolve_plan
+from fsdpviz.plan.tensor_parallel import local_shape, resolve_plan
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
-from fsdpviz.schema.report import FsdpWarning, Report
+from fsdpviz.schema.report import IGNORED, FsdpWarning, IgnoredParam, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.copy import (
@@ -33,7 +34,12 @@ from fsdpviz.trace.copy import (
     original_modules,
     original_params,
 )
-from fsdpviz.trace.modules import ParamPlacement, module_infos, param_first_use
+from fsdpviz.trace.modules import (
+    ParamPlacement,
+    ignored_param_infos,
+    module_infos,
+    param_first_use,
+)
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
@@ -94,6 +100,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         try:
             if profile:
                 owners = {p: g.name for g in groups for p in g.params}
+                # the gradients FSDP leaves to autograd: of the parameters it does not manage
+                owners.update(dict.fromkeys(_unmanaged(copy, groups), IGNORED))
                 names = [g.name for g in groups]
                 shares = tp.shares() if tp is not None else None
                 job = opts.job
@@ -195,7 +203,31 @@ def fsdp2_report(
         module_backward_order=backward_order,
         param_first_use=param_first_use(placements, tracker.order),
         profile=probe.profile(runtime.log, [len(it) for it in iterations]) if probe else None,
+        ignored_params=_ignored(copy, groups, opts),
     )
+
+
+def _ignored(copy: nn.Module, groups: list[Group], opts: FSDP2Options) -> list[IgnoredParam]:
+    """The parameters no group manages, whole on every rank of the FSDP mesh; under tensor
+    parallelism each rank's share of one a style distributes (``Shard(d)``: the first rank's
+    chunk of dim ``d``, the largest)."""
+    infos = ignored_param_infos(copy, {id(p) for g in groups for p in g.params})
+    if opts.tp is None or not infos:
+        return infos
+    layouts = {id(p): layout for p, layout in opts.tp.placements(copy).items()}
+    params = dict(copy.named_parameters())
+    out = []
+    for q in infos:
+        shape = local_shape(q.shape, layouts.get(id(params[q.fqn])), opts.tp_size)
+        size = q.bytes // max(math.prod(q.shape), 1)
+        out.append(replace(q, shape=shape, bytes=size * math.prod(shape)))
+    return out
+
+
+def _unmanaged(copy: nn.Module, groups: list[Group]) -> list[nn.Parameter]:
+    """The parameters of ``copy`` no group manages (``ignored_params``)."""
+    managed = {id(p) for g in groups for p in g.params}
+    return [p for p in copy.parameters() if id(p) not in managed]
 
 
 def forward_order(log: list[tuple[str, int, Any]], groups: list[Group]) -> list[str]:

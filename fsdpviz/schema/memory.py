@@ -149,7 +149,8 @@ class MemoryConfig(TypedDict, total=False):
     """``MemoryReport.config``: what was modelled (the plan's ``api`` and ``world_size``, the
     ``optimizer``, the ``iteration``, its ``parameters`` and how many are ``trainable``); a
     pipeline's also names the rank it is (``pp_rank``) and every rank's peak
-    (``pp_peaks``)."""
+    (``pp_peaks``); ``ignored``, where FSDP leaves parameters whole on every rank
+    (``Report.ignored_params``), their bytes by FQN."""
 
     api: str
     world_size: int | None
@@ -159,6 +160,7 @@ class MemoryConfig(TypedDict, total=False):
     trainable: int
     pp_rank: int | None
     pp_peaks: list[int]
+    ignored: dict[str, int]
 
 
 class Reserved(TypedDict, total=False):
@@ -315,6 +317,9 @@ class MemoryReport:
         trainable = self.trainable_text()
         if trainable:
             text += f"\n{trainable}: optimizer state and gradients of those"
+        ignored = self.ignored_text()
+        if ignored:
+            text += "\n" + ignored
         return text + "\n" + self.fit_text() if self.capacity > 0 else text
 
     def trainable_text(self) -> str:
@@ -322,6 +327,19 @@ class MemoryReport:
         optimizer state and gradients are of those), else ``""``."""
         total = int(self.config.get("parameters", 0))
         return trainable_text(int(self.config.get("trainable", total)), total)
+
+    def ignored_text(self) -> str:
+        """The parameters FSDP does not manage, whole on every rank, and where they are
+        counted; ``""`` without any."""
+        ignored = self.config.get("ignored") or {}
+        if not ignored:
+            return ""
+        names = ", ".join(f"{k} ({size_text(v)})" for k, v in list(ignored.items())[:4])
+        more = f" and {len(ignored) - 4} more" if len(ignored) > 4 else ""
+        return (
+            f"not managed by FSDP, whole on every rank: {names}{more}; in sharded_params, their "
+            "gradients in unsharded_grads (to the optimizer step), their states in optimizer"
+        )
 
     def __repr__(self) -> str:
         return f"MemoryReport({self.summary()})"

@@ -69,6 +69,11 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     The module tree: ``fqn``, ``module_class``, ``parent``, ``unit`` (the unit
     that manages its direct parameters), ``numel``/``bytes`` (direct
     parameters), ``calls`` and the ``input_shapes``/``output_shapes`` seen.
+``ignored_params`` (omitted when empty)
+    The parameters FSDP does not manage (FSDP2's ``ignored_params``, FSDP1's
+    ``ignored_modules`` / ``ignored_states``, a parameter outside every unit): ``fqn``,
+    ``shape``, ``dtype``, ``bytes`` and ``requires_grad``. Each rank holds all of each, its
+    gradient unreduced and its optimizer states (``report.memory`` counts them).
 ``module_order`` / ``module_backward_order``
     Module FQNs in the order their forward first ran / their backward was first
     reached (the gradient of one of their outputs computed).
@@ -249,6 +254,30 @@ class ModuleInfo:
         return cls(**d)
 
 
+IGNORED = "<ignored>"
+"""The owner a trace's gradient counts (``TraceProfile``'s ``grads``) give the gradients of
+the parameters FSDP does not manage (:class:`IgnoredParam`): no unit's name."""
+
+
+@dataclass(frozen=True)
+class IgnoredParam:
+    """A parameter FSDP does not manage: whole on every rank, in its own dtype (no mixed
+    precision), its gradient as autograd leaves it (neither reduced nor freed by FSDP)."""
+
+    fqn: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+    requires_grad: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IgnoredParam:
+        return cls(**d)
+
+
 @dataclass(frozen=True)
 class FsdpWarning:
     """A warning FSDP would raise for this configuration, or one fsdpviz adds."""
@@ -323,6 +352,7 @@ class Report:
     module_events: list[list[ModuleEvent]] = field(default_factory=list)
     profile: TraceProfile | None = None
     pipeline: Pipeline[Report] | None = None
+    ignored_params: list[IgnoredParam] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
@@ -391,6 +421,8 @@ class Report:
             "module_backward_order": list(self.module_backward_order),
             "param_first_use": dict(self.param_first_use),
         }
+        if self.ignored_params:
+            d["ignored_params"] = [p.to_dict() for p in self.ignored_params]
         if self.module_events:
             d["module_events"] = [[m.to_dict() for m in it] for it in self.module_events]
         if self.profile is not None:
@@ -435,6 +467,7 @@ class Report:
             )
             if d.get("pipeline")
             else None,
+            ignored_params=[IgnoredParam.from_dict(p) for p in d.get("ignored_params", [])],
         )
         for rank in report.pipeline.ranks if report.pipeline is not None else []:
             if rank.pipeline is not None:
@@ -517,6 +550,14 @@ class Report:
         trainable = self.trainable_text()
         if trainable:
             lines.append(f"  {trainable}: optimizer state and gradients of those")
+        whole = sum(q.bytes for q in self.ignored_params)  # not FSDP's: on every rank
+        if whole:
+            names = ", ".join(f"{q.fqn} ({size_text(q.bytes)})" for q in self.ignored_params[:4])
+            more = len(self.ignored_params) - 4
+            lines.append(
+                f"  and {size_text(whole)} of parameters not managed by FSDP, whole on every rank: "
+                f"{names}{f' and {more} more' if more > 0 else ''}"
+            )
         if pipe is not None:
             rank = f"; this is pipeline rank {pipe.rank}'s" if pipe.rank is not None else ""
             lines.append(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fsdpviz.schema.report import ModuleInfo
+from fsdpviz.schema.report import IgnoredParam, ModuleInfo, dtype_name
 from fsdpviz.trace.tracker import ModuleCalls
 
 
@@ -72,3 +72,20 @@ def param_first_use(placements: list[ParamPlacement], module_order: list[str]) -
         for param in owners.get(module, []):
             first.setdefault(param, module)
     return first
+
+
+def ignored_param_infos(model: nn.Module, managed: set[int]) -> list[IgnoredParam]:
+    """The parameters of ``model`` whose ids are not in ``managed`` (FSDP's units'), each
+    once under its first FQN, in ``named_parameters()`` order: what FSDP leaves whole on
+    every rank."""
+    return [
+        IgnoredParam(
+            fqn,
+            list(p.shape),
+            dtype_name(p.dtype) or "float32",
+            p.numel() * p.element_size(),
+            p.requires_grad,
+        )
+        for fqn, p in model.named_parameters()
+        if id(p) not in managed
+    ]

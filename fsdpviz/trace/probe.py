@@ -65,6 +65,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.report import IGNORED
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
@@ -545,6 +546,11 @@ class CostProbe(
         elif name == "final_callback":
             for unit in self._by_unit:
                 self._forget_grads(unit)
+            # the gradients of the parameters FSDP does not manage stay in .grad to the
+            # optimizer step (the model counts them); the next step makes them anew, as after
+            # zero_grad(set_to_none=True)
+            for p in self._by_unit.get(IGNORED, []):
+                p.grad = None
 
     def _forget_grads(self, unit: str) -> None:
         """The unit's gradient is reduced now: stop counting it (the model does)."""
