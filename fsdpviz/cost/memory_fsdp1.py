@@ -12,7 +12,7 @@ from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.sizes import UnitBytes
 from fsdpviz.schema.events import Event
 
-__all__ = ["FSDP1Host", "FSDP1Steps"]
+__all__ = ["FSDP1Host", "FSDP1Steps", "no_shard_copy_notes"]
 
 
 class FSDP1Host(Protocol):
@@ -104,3 +104,17 @@ class FSDP1Steps:
         self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
         self.cat["unsharded_grads"] -= grads
         self._add_shard(e, s.sharded_grad, pool, output)
+
+
+def no_shard_copy_notes(sizes: dict[str, UnitBytes]) -> list[str]:
+    """The note that FSDP1 ``NO_SHARD`` computes on a copy of the parameters under parameter
+    mixed precision or CPU offload (``FlatParamHandle.pre_unshard``), which no event marks."""
+    copies = [b.copy_in or b.h2d for b in sizes.values() if not b.communicates]
+    if not any(copies):
+        return []
+    return [
+        "NO_SHARD with parameter mixed precision or CPU offload computes on a copy of "
+        "each unit's parameters (FlatParamHandle.pre_unshard: made when the unit "
+        "unshards, prefetches included, freed when it reshards), which is not "
+        f"modelled: up to {max(copies)} B more per unit"
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
+from fsdpviz.cost.memory_fsdp1 import FSDP1Steps, no_shard_copy_notes
 from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes, Upcast
@@ -149,16 +149,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
                 "no trace profile (a recording, or trace='fx'): activations and temporaries "
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
-        # FSDP1 NO_SHARD computes on a copy of the parameters under parameter mixed
-        # precision or CPU offload (FlatParamHandle.pre_unshard), which no event marks
-        copies = [b.copy_in or b.h2d for b in sizes.values() if not b.communicates]
-        if not self.fsdp2 and any(copies):
-            self.notes.append(
-                "NO_SHARD with parameter mixed precision or CPU offload computes on a copy of "
-                "each unit's parameters (FlatParamHandle.pre_unshard: made when the unit "
-                "unshards, prefetches included, freed when it reshards), which is not "
-                f"modelled: up to {max(copies)} B more per unit"
-            )
+        if not self.fsdp2:
+            self.notes += no_shard_copy_notes(sizes)
         # Open per-unit windows: (total when opened, index into _totals where they opened).
         self._open: dict[tuple[str, str], tuple[int, int]] = {}
         self._totals: list[int] = []  # the total at every moment, for the windows' peaks
