@@ -200,12 +200,58 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             whole = _replicated_grads(u, shapes, styles, tp)
             if whole:
                 out[u.module] = replace(out[u.module], replicated_grads=whole)
+    gathered = float8_gathered(report) if fsdp2 else {}
+    for u in report.units:
+        if u.module in gathered and out[u.module].communicates:
+            out[u.module] = _in_float8(u, out[u.module], gathered[u.module], shapes)
     if fsdp2 and report.config.post_forward_ranks:
         for name in report.config.post_forward_ranks:
             if name in out:
                 u = report.unit(name)
                 out[name] = replace(out[name], gathered_params=_gathered_params(u, shapes))
     return out
+
+
+def float8_gathered(report: Report) -> dict[str, set[str]]:
+    """FSDP2 with torchao's float8 all-gather (``float8={"enable_fsdp_float8_all_gather":
+    True}``): per unit, the weights of its float8 linears, which it gathers in float8."""
+    from fsdpviz.plan.job import Float8, float8_weights  # the plan loads torch
+
+    spec = report.config.float8
+    if not spec or not spec.get("enable_fsdp_float8_all_gather"):
+        return {}
+    weights = float8_weights(report.modules, Float8.from_dict(spec))
+    found = {u.module: weights.intersection(u.params) for u in report.units}
+    return {unit: ws for unit, ws in found.items() if ws}
+
+
+def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[int]]) -> UnitBytes:
+    """``b`` with ``weights`` all-gathered in float8. torchao's
+    ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts each one's shard to
+    float8 (one byte an element) and returns that as its all-gather input with its scale (a
+    float32 scalar); FSDP2 all-gathers inputs of several dtypes as bytes into one flat
+    ``uint8`` buffer (``foreach_all_gather``), and ``fsdp_post_all_gather`` makes each
+    unsharded weight a ``Float8TrainingTensor`` of its gathered bytes and that scale. The
+    other parameters are gathered in the compute dtype as ever. Each input is the padded
+    shard (dim 0 padded to a multiple of the shard ranks)."""
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    ranks = u.shard_ranks or 1
+    shard = cast = 0
+    for fqn in u.params:
+        shape = u.shard_shapes.get(fqn)
+        if shape is None:
+            whole = shapes.get(fqn) or [0]
+            shape = [-(-whole[0] // ranks), *whole[1:]] if whole else [1]
+        numel = math.prod(shape)
+        if fqn in weights:
+            shard += numel
+            cast += numel
+        else:
+            size = itemsize(u.compute_dtype or own.get(fqn) or u.dtype)
+            shard += numel * size
+            cast += numel * size if (own.get(fqn) or u.dtype) != (u.compute_dtype or u.dtype) else 0
+    scales = 4 * len(weights)
+    return replace(b, unsharded=shard * ranks + scales, all_gather=shard * ranks, copy_in=cast)
 
 
 def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:

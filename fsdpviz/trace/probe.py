@@ -142,6 +142,8 @@ class CostProbe(
         # (by id, held weakly): backward's multiply that reads one computes the input's
         # gradient, the other the weight's, in whichever order autograd runs them
         self._float8_weights: dict[int, weakref.ref[Any]] = {}
+        # the output gradient of the float8 linear whose backward's first multiply ran last
+        self._float8_pair: weakref.ref[Any] | None = None
         # rowwise backward outputs whose rescaling a compiled region has yet to place (by
         # storage id): its storage, phase, eager kernels and bytes, the output's local bytes
         self._rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]] = {}
