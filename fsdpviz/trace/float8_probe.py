@@ -37,16 +37,18 @@ def float8_cast_bytes(
     return [(a[0], a[1] if axis_a else 1), (b[0], b[2] if axis_b else 1)]
 
 
-def _cast_peak(casts: list[tuple[int, int]]) -> tuple[int, int]:
+def _cast_peak(casts: list[tuple[int, int]], fused: bool = False) -> tuple[int, int]:
     """The most bytes torchao's casts hold at once above what was alive before them, and
     what they leave (each float8 tensor and its float32 scales, alive until the autograd
-    function returns). One cast (``hp_tensor_to_float8_dynamic``: the scales from the
+    function returns). One eager cast (``hp_tensor_to_float8_dynamic``: the scales from the
     amax, then ``_ToFloat8ConstrFunc``'s ``tensor.to(float32) * scale`` and
     ``to_fp8_saturated``'s clamp and cast) holds at its end the product and the clamped
-    tensor in float32 and the float8 result: 9 bytes an element, and its scales."""
+    tensor in float32 and the float8 result: 9 bytes an element, and its scales. ``fused``
+    (``torch.compile``): Inductor computes the cast in the kernel that writes the float8
+    result, one byte an element."""
     most = kept = 0
     for n, scales in casts:
-        most = max(most, kept + 9 * n + 4 * scales)
+        most = max(most, kept + (1 if fused else 9) * n + 4 * scales)
         kept += n + 4 * scales
     return most, kept
 
@@ -58,6 +60,7 @@ class Float8Host(Protocol):
     _rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]]
     _float8_gathered: bool
     _float8_recipe: str
+    _float8_fused: bool
     _float8_pair: weakref.ref[Any] | None
     _tp: TPShares | None
     live: list[int]
@@ -122,7 +125,9 @@ class Float8Accounting:
         keeping its float8 operands while it casts for and computes the weight's; the trace
         of the high-precision linear runs the two multiplies in autograd's order, so at the
         first of them the whole backward is counted, and the second adds nothing. A weight
-        FSDP2 gathered in float8 is cast by the all-gather, not here."""
+        FSDP2 gathered in float8 is cast by the all-gather, not here. Under ``torch.compile``
+        (a compiled module's linear) the casts are fused (:func:`_cast_peak`)."""
+        fused = self._float8_fused and self._fusing()
         kind = BWD_TEMP if torch._C._current_graph_task_id() != -1 else FWD_TEMP
         numel = self._local_numel if self._tp is not None else (lambda t: t.numel())
         recipe, gathered = self._float8_recipe, self._float8_gathered
@@ -130,7 +135,7 @@ class Float8Accounting:
             # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``)
             dims = [(numel(t), t.numel() // max(t.shape[-1], 1), t.shape[-1]) for t in (a, b)]
             casts = float8_cast_bytes(recipe, False, True, dims[0], dims[1])
-            most, kept = _cast_peak(casts[:1] if gathered else casts)
+            most, kept = _cast_peak(casts[:1] if gathered else casts, fused)
             self._float8_over(kind, [most - out, kept])
             return
         pending = self._float8_pair
@@ -147,8 +152,8 @@ class Float8Accounting:
         isz = a.element_size()
         gi = float8_cast_bytes(recipe, True, True, (m * n, m, n), (n * k, n, k))
         gw = float8_cast_bytes(recipe, True, False, (m * n, n, m), (m * k, m, k))
-        gi_most, gi_kept = _cast_peak(gi[:1] if gathered else gi)
-        gw_most, gw_kept = _cast_peak(gw)
+        gi_most, gi_kept = _cast_peak(gi[:1] if gathered else gi, fused)
+        gw_most, gw_kept = _cast_peak(gw, fused)
         gi_out, gw_out = m * k * isz, n * k * isz
         moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]
         moments.append(gi_kept + gi_out + gw_kept + gw_out)
