@@ -12,7 +12,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
-from fsdpviz.cost import machine, timeline
+from fsdpviz.cost import machine, memory_model, timeline
 from fsdpviz.cost.kernels import stretch_cost
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.trace.fusion import float8_casts
@@ -369,3 +369,25 @@ def test_inductor_reads_a_cast_tensor_once_per_reduction_across_rows(
     with config.patch(_post_fusion_custom_pass=stop), pytest.raises(BackendCompilerFailed):
         torch.compile(casts, fullgraph=True)(x)
     assert sum(readers) == reads
+
+
+def test_compiled_float8_casts_hold_only_their_float8_results() -> None:
+    """An eager cast holds a float32 product, its clamp and the float8 result (9 bytes an
+    element, ``tests/test_cost_memtracker_float8.py``); under ``torch.compile`` Inductor
+    writes the float8 result from the kernel that reads the input (1 byte an element). One
+    linear's backward (input's gradient first, its float8 operands kept): eager, its peak
+    is the weight's gradient's input cast (the output gradient's float8 and scale kept,
+    9 bytes an input element and a scale); compiled, the moment after that multiply (both
+    float8 operands, their scales and the weight's gradient)."""
+    m, k, n = 256, 128, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    peaks = {}
+    for compiled in (False, True):
+        report = fsdpviz.analyze(
+            _Linear(k, n).to("meta"), x, world_size=1, fully_shard=[_Linear], progress=False,
+            float8=True, compile=compiled,
+        )  # fmt: skip
+        peaks[compiled] = memory_model(report, optimizer=None).peak["bytes"]
+    eager = m * n + 4 + 9 * m * k + 4
+    fused = (m * n + 4 + m * k + 4) + n * k * 2
+    assert peaks[False] - peaks[True] == eager - fused

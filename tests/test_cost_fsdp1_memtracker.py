@@ -17,7 +17,7 @@ and FSDP1's unsharded views of a FlatParameter are not leaves).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -73,8 +73,9 @@ class _Tracker(MemTracker):  # type: ignore[misc]
         return params, buffers
 
 
-def _ids() -> torch.Tensor:
-    return torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+def _ids(seq: int = 9) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, CONFIG.vocab_size, (2, seq), generator=g)
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
@@ -99,15 +100,17 @@ def _measured_peak(
     micro_steps: int,
     optimizer: str | None = None,
     config: ExampleConfig = CONFIG,
+    build: Callable[[ExampleConfig], nn.Module] = ExampleModel,
+    seq: int = 9,
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
     ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
-    ``"sgd_momentum"``)."""
+    ``"sgd_momentum"``). ``build``: the model of ``config``; ``seq``: tokens per row."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fsdp = FSDP(
-            ExampleModel(config),
+            build(config),
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             device_id=torch.device("cpu"),
             **kwargs,
@@ -118,7 +121,7 @@ def _measured_peak(
         elif optimizer is not None:
             foreach = optimizer == "foreach"
             opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3, foreach=foreach)
-        ids = _ids()  # held through the optimizer step
+        ids = _ids(seq)  # held through the optimizer step
         _step(fsdp, ids, micro_steps)  # buffers made, orders recorded, optimizer states made
         if opt is not None:
             opt.step()
@@ -146,14 +149,14 @@ def _measured_peak(
 
 
 def _report(
-    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG, seq: int = 9
 ) -> fsdpviz.Report:
     with torch.device("meta"):
         model = ExampleModel(config)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     report = fsdpviz.analyze(
         model,
-        {"input_ids": _ids()},
+        {"input_ids": _ids(seq)},
         auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
         world_size=4,
         loss=_loss,
@@ -164,9 +167,9 @@ def _report(
 
 
 def _predicted_peak(
-    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG
+    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG, seq: int = 9
 ) -> int:
-    report = _report(kwargs, micro_steps, config)
+    report = _report(kwargs, micro_steps, config, seq)
     steady = range(micro_steps, 2 * micro_steps)  # the second optimizer step's micro-steps
     return max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
 
@@ -202,6 +205,35 @@ def test_peak_equals_the_memtracker_peak(fake_pg: int, case: str) -> None:
     kwargs, micro_steps = CASES[case]
     assert fake_pg == 4
     assert _measured_peak(kwargs, micro_steps)[0] == _predicted_peak(kwargs, micro_steps)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_float8_linears(fake_pg: int, recipe: str, precision: str) -> None:
+    """torchao's float8 linears (``convert_to_float8_training``, the LM head left out) under
+    FSDP1: their casts' temporaries and the float8 operands kept beside each multiply are a
+    layer's backward peak (see ``test_cost_memtracker_float8.py`` for FSDP2)."""
+    float8 = pytest.importorskip("torchao.float8")
+    config = ExampleConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4
+    )
+    spec: dict[str, Any] = {"filter_fqns": ["lm_head"]}
+    if recipe != "tensorwise":
+        spec["recipe_name"] = recipe
+    cast = float8.Float8LinearConfig.from_recipe_name(recipe)
+
+    def build(config: ExampleConfig) -> nn.Module:
+        model = ExampleModel(config)
+        float8.convert_to_float8_training(
+            model, config=cast, module_filter_fn=lambda m, fqn: fqn != "lm_head"
+        )
+        return model
+
+    kwargs: dict[str, Any] = {"backward_prefetch": None}
+    if precision == "bf16":
+        kwargs = {"mixed_precision": BF16_FP32}
+    measured = _measured_peak(kwargs, 1, config=config, build=build, seq=64)[0]
+    assert measured == _predicted_peak({**kwargs, "float8": spec}, 1, config, seq=64)
 
 
 OFFLOAD = CPUOffload(offload_params=True)

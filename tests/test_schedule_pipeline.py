@@ -337,3 +337,12 @@ def test_a_split_backward_fsdpviz_cannot_trace_counts_whole_backwards_and_says_s
     said = [w for w in said if w.code == "pipeline_split_untraced"]
     assert said and "selective activation checkpoint" in said[0].message
     assert all(r.memory.peak["bytes"] > 0 for r in report.pipeline.ranks)
+
+
+def test_each_stage_runs_the_float8_recipe_asked_for() -> None:
+    """``rowwise_with_gw_hp`` computes the weight's gradient in bf16 (slower than rowwise's
+    float8 multiply) without casting its operands (less memory than rowwise's casts)."""
+    rowwise = plan(float8={"recipe_name": "rowwise"})
+    high = plan(float8={"recipe_name": "rowwise_with_gw_hp"})
+    assert high.timeline.totals["matmul_s"] > rowwise.timeline.totals["matmul_s"]
+    assert high.memory.peak["bytes"] < rowwise.memory.peak["bytes"]

@@ -90,6 +90,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from fsdpviz.cost.fit import machine_of, runtime_overhead
+from fsdpviz.cost.grad_sizes import param_grads, placed_grads, upcasts
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
@@ -100,10 +101,7 @@ from fsdpviz.cost.sizes import (
     fsdp1_parts,
     ignored_bytes,
     optimizer_spec,
-    param_grads,
-    placed_grads,
     unit_bytes,
-    upcasts,
 )
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import (

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps, no_shard_copy_notes
 from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
-from fsdpviz.cost.sizes import UnitBytes, Upcast
+from fsdpviz.cost.sizes import UnitBytes
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryEvent, MemoryPeak, Moment
 from fsdpviz.schema.pipeline import stage_root
@@ -57,7 +58,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
     walk passes its own.
 
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
-    than 0 (:func:`~fsdpviz.cost.sizes.placed_grads`), and two temporaries of theirs (see
+    than 0 (:func:`~fsdpviz.cost.grad_sizes.placed_grads`), and two temporaries of theirs (see
     [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2_shards.py``): the copy-out gathers each such
     parameter into a temporary of its unsharded size before ``torch.cat`` puts its chunks in
     place (``UnitBytes.copy_out``, all alive at the copy-out); the reduction rebuilds each such

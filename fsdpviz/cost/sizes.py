@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
@@ -200,6 +198,10 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             whole = _replicated_grads(u, shapes, styles, tp)
             if whole:
                 out[u.module] = replace(out[u.module], replicated_grads=whole)
+    gathered = float8_gathered(report) if fsdp2 else {}
+    for u in report.units:
+        if u.module in gathered and out[u.module].communicates:
+            out[u.module] = _in_float8(u, out[u.module], gathered[u.module], shapes)
     if fsdp2 and report.config.post_forward_ranks:
         for name in report.config.post_forward_ranks:
             if name in out:
@@ -232,6 +234,48 @@ def ignored_bytes(report: Report, optimizer: str | int | None) -> UnitBytes | No
         optimizer=trained * optimizer_states(optimizer),
         communicates=False,
     )
+
+
+def float8_gathered(report: Report) -> dict[str, set[str]]:
+    """FSDP2 with torchao's float8 all-gather (``float8={"enable_fsdp_float8_all_gather":
+    True}``): per unit, the weights of its float8 linears, which it gathers in float8."""
+    from fsdpviz.plan.job import Float8, float8_weights  # the plan loads torch
+
+    spec = report.config.float8
+    if not spec or not spec.get("enable_fsdp_float8_all_gather"):
+        return {}
+    weights = float8_weights(report.modules, Float8.from_dict(spec))
+    found = {u.module: weights.intersection(u.params) for u in report.units}
+    return {unit: ws for unit, ws in found.items() if ws}
+
+
+def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[int]]) -> UnitBytes:
+    """``b`` with ``weights`` all-gathered in float8. torchao's
+    ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts each one's shard to
+    float8 (one byte an element) and returns that as its all-gather input with its scale (a
+    float32 scalar); FSDP2 all-gathers inputs of several dtypes as bytes into one flat
+    ``uint8`` buffer (``foreach_all_gather``), and ``fsdp_post_all_gather`` makes each
+    unsharded weight a ``Float8TrainingTensor`` of its gathered bytes and that scale. The
+    other parameters are gathered in the compute dtype as ever. Each input is the padded
+    shard (dim 0 padded to a multiple of the shard ranks)."""
+    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+    ranks = u.shard_ranks or 1
+    shard = cast = 0
+    for fqn in u.params:
+        shape = u.shard_shapes.get(fqn)
+        if shape is None:
+            whole = shapes.get(fqn) or [0]
+            shape = [-(-whole[0] // ranks), *whole[1:]] if whole else [1]
+        numel = math.prod(shape)
+        if fqn in weights:
+            shard += numel
+            cast += numel
+        else:
+            size = itemsize(u.compute_dtype or own.get(fqn) or u.dtype)
+            shard += numel * size
+            cast += numel * size if (own.get(fqn) or u.dtype) != (u.compute_dtype or u.dtype) else 0
+    scales = 4 * len(weights)
+    return replace(b, unsharded=shard * ranks + scales, all_gather=shard * ranks, copy_in=cast)
 
 
 def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
@@ -357,105 +401,6 @@ def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Upcast:
-    """FSDP2's accumulated gradient of one unit in the reduce dtype (gradient accumulation
-    with ``set_requires_gradient_sync(False)`` and a ``reduce_dtype`` other than the
-    gradients'): ``grads`` holds each parameter's unsharded gradient bytes in the compute
-    dtype, in the order FSDP2 casts them (``FSDPParam.to_accumulated_grad_if_needed``), and
-    ``ratio`` the reduce dtype's bytes per compute dtype byte."""
-
-    grads: tuple[int, ...]
-    ratio: float
-
-    def cast_peak(self) -> int:
-        """The most bytes above the unit's compute-dtype gradients while they are cast one
-        parameter at a time: the casts made so far and the one being made are alive, the
-        compute-dtype gradients not yet cast too."""
-        most = made = freed = 0
-        for g in self.grads:
-            made += round(g * self.ratio)
-            most = max(most, made - freed)
-            freed += g
-        return most
-
-
-_SHARD = re.compile(r"Shard\((-?\d+)\)")
-
-
-def tp_local_shape(shape: list[int], placement: str, tp: int) -> list[int]:
-    """One rank's piece of a parameter of ``shape`` placed ``placement`` over ``tp`` ranks
-    (as ``Unit.tp_placements`` names it, ``"Shard(0)"``, ``"Replicate()"``): the first
-    rank's chunk (``torch.chunk``: the largest one)."""
-    placed = _SHARD.fullmatch(placement) if tp > 1 else None
-    if placed is None or not shape:
-        return shape
-    out = list(shape)
-    d = int(placed.group(1)) % len(out)
-    out[d] = -(-out[d] // tp)
-    return out
-
-
-_GRADS: dict[tuple[int, int, bool], tuple[Any, Any, dict[str, tuple[int, ...]]]] = {}
-
-
-def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]]:
-    """FSDP2: each trainable unit's parameter gradients on one rank (its trainable
-    parameters': frozen and unused ones have none), bytes in the compute dtype, in the
-    unit's parameter order (FSDP2's ``fsdp_params``): the shape autograd gives them
-    (tensor parallelism's local shard, unpadded). ``last``: only each unit's last
-    parameter's. Empty for FSDP1. Remembered for the units and modules it was given (a
-    report's memory is modelled again for each option and iteration)."""
-    if report.config.api != "FSDP2":
-        return {}
-    key = (id(report.units), id(report.modules), last)
-    found = _GRADS.get(key)
-    if found is not None and found[0] is report.units and found[1] is report.modules:
-        return found[2]
-    if len(_GRADS) >= 64:
-        _GRADS.clear()
-    out = _param_grads(report, last)
-    _GRADS[key] = (report.units, report.modules, out)
-    return out
-
-
-def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
-    modules = {m.fqn: m for m in report.modules}
-    tp = report.config.tp_ranks
-    out: dict[str, tuple[int, ...]] = {}
-    for u in report.units:
-        if u.requires_grad is False or not u.params:
-            continue
-        size = itemsize(u.compute_dtype or u.dtype)
-        grads = []
-        frozen = u.gradless_params
-        params = [p for p in u.params if p not in frozen] if frozen else u.params
-        if not params:  # no gradient reaches any of them: nothing reduced
-            continue
-        for p in params[-1:] if last else params:
-            owner, _, name = p.rpartition(".")
-            m = modules.get(owner)
-            shape = list(m.params.get(name, [])) if m is not None else []
-            shape = tp_local_shape(shape, u.tp_placements.get(p, ""), tp)
-            grads.append(math.prod(shape) * size)
-        out[u.module] = tuple(grads)
-    return out
-
-
-def upcasts(report: Report, grads: dict[str, tuple[int, ...]]) -> dict[str, Upcast]:
-    """The units whose gradients FSDP2 accumulates in the reduce dtype under gradient
-    accumulation (``grads``: :func:`param_grads`): a unit with a ``reduce_dtype`` its
-    gradients (the compute dtype) are not in. FSDP1's ``no_sync`` keeps them in the compute
-    dtype, as autograd accumulates them."""
-    out: dict[str, Upcast] = {}
-    for u in report.units:
-        grad = u.compute_dtype or u.dtype
-        if u.module not in grads or not u.reduce_dtype or u.reduce_dtype == grad:
-            continue
-        out[u.module] = Upcast(grads[u.module], itemsize(u.reduce_dtype) / itemsize(grad))
-    return out
-
-
 def _unit(u: Unit, fsdp2: bool, states: int, offload: bool = False) -> UnitBytes:
     """Device bytes of ``u``; under CPU offload its shard, sharded gradient and optimizer
     state live in host memory, and only the copy of the shard comes to the device."""
@@ -556,26 +501,6 @@ def placed_bytes(u: Unit) -> dict[str, int]:
     for fqn in u.shard_dims:
         dtype = u.compute_dtype or own.get(fqn) or u.dtype
         out[fqn] = math.prod(u.shard_shapes[fqn]) * ranks * itemsize(dtype)
-    return out
-
-
-def placed_grads(report: Report) -> dict[str, tuple[int, ...]]:
-    """FSDP2: for each unit with parameters sharded on a dim other than 0, its trainable
-    parameters' gradients (bytes, compute dtype, in :func:`param_grads`' order) where the
-    reduction copies them (``torch.cat(torch.chunk(grad, W, dim), dim=0)``), 0 where it
-    does not (dim 0)."""
-    if not any(u.shard_dims for u in report.units):
-        return {}
-    grads = param_grads(report)
-    out: dict[str, tuple[int, ...]] = {}
-    for u in report.units:
-        if not u.shard_dims or u.module not in grads:
-            continue
-        frozen = u.gradless_params
-        params = [p for p in u.params if p not in frozen]
-        out[u.module] = tuple(
-            g if p in u.shard_dims else 0 for p, g in zip(params, grads[u.module], strict=True)
-        )
     return out
 
 

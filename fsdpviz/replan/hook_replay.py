@@ -50,7 +50,8 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecision
 
 from fsdpviz.cost.fit import check_fit
-from fsdpviz.cost.sizes import itemsize, tp_local_shape
+from fsdpviz.cost.grad_sizes import tp_local_shape
+from fsdpviz.cost.sizes import itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable

@@ -213,6 +213,7 @@ def _probe(
         compiled_checkpoints=compiled_checkpoints(copy, compiled, opts.job.compile),
         float8=opts.job.float8_modules(copy),
         float8_recipe=opts.job.float8.recipe_name if opts.job.float8 else "tensorwise",
+        float8_fused=bool(opts.job.compile),
     )
     probe.attach(emulation.runtime)
     return probe

@@ -118,6 +118,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                         job.float8 and job.float8.enable_fsdp_float8_all_gather
                     ),
                     float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
+                    float8_fused=bool(job.compile),
                 )
                 probe.attach(runtime)
                 if tp is not None:

@@ -304,6 +304,8 @@ def _probe(
         compiled_checkpoints=compiled_checkpoints(part, compiled, job.compile),
         float8=job.float8_modules(part),
         float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
+        float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
+        float8_fused=bool(job.compile),
     )
 
 

@@ -13,9 +13,44 @@ import torch
 
 from fsdpviz.trace.fusion import FusedRegions, float8_casts, float8_gemm, float8_rescale
 from fsdpviz.trace.operators import op_tensors
-from fsdpviz.trace.probe_records import TPShares, storage_of
+from fsdpviz.trace.probe_records import BWD_TEMP, FWD_TEMP, TPShares, storage_of
 
-__all__ = ["Float8Accounting", "Float8Host"]
+__all__ = ["Float8Accounting", "Float8Host", "float8_cast_bytes"]
+
+
+def float8_cast_bytes(
+    recipe: str, grad: bool, first: bool, a: tuple[int, int, int], b: tuple[int, int, int]
+) -> list[tuple[int, int]]:
+    """The casts torchao's ``matmul_with_hp_or_float8_args`` makes for one matrix multiply
+    ``a @ b`` of a float8 linear, in its order, each as (elements, scales): ``a`` and ``b``
+    as (elements, rows, columns) of the high-precision operands this trace multiplies
+    (forward: the input and the transposed weight; the input's gradient: the output
+    gradient and the weight; the weight's: the output gradient transposed and the input).
+    Tensorwise scaling keeps one scale per tensor; rowwise scales along the dimension the
+    multiply reduces (``get_maybe_axiswise_dim``): one per row of ``a`` and per column of
+    ``b``; ``rowwise_with_gw_hp`` casts its weight tensorwise for the input's gradient and
+    nothing for the weight's (computed in high precision)."""
+    if grad and not first and recipe == "rowwise_with_gw_hp":
+        return []
+    axis_a = recipe != "tensorwise"
+    axis_b = recipe == "rowwise" or (recipe == "rowwise_with_gw_hp" and not grad)
+    return [(a[0], a[1] if axis_a else 1), (b[0], b[2] if axis_b else 1)]
+
+
+def _cast_peak(casts: list[tuple[int, int]], fused: bool = False) -> tuple[int, int]:
+    """The most bytes torchao's casts hold at once above what was alive before them, and
+    what they leave (each float8 tensor and its float32 scales, alive until the autograd
+    function returns). One eager cast (``hp_tensor_to_float8_dynamic``: the scales from the
+    amax, then ``_ToFloat8ConstrFunc``'s ``tensor.to(float32) * scale`` and
+    ``to_fp8_saturated``'s clamp and cast) holds at its end the product and the clamped
+    tensor in float32 and the float8 result: 9 bytes an element, and its scales. ``fused``
+    (``torch.compile``): Inductor computes the cast in the kernel that writes the float8
+    result, one byte an element."""
+    most = kept = 0
+    for n, scales in casts:
+        most = max(most, kept + (1 if fused else 9) * n + 4 * scales)
+        kept += n + 4 * scales
+    return most, kept
 
 
 class Float8Host(Protocol):
@@ -25,21 +60,33 @@ class Float8Host(Protocol):
     _rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]]
     _float8_gathered: bool
     _float8_recipe: str
+    _float8_fused: bool
+    _float8_pair: weakref.ref[Any] | None
     _tp: TPShares | None
+    live: list[int]
     _fused: FusedRegions
 
     def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None: ...
     def _fusing(self) -> bool: ...
     def _local_numel(self, t: torch.Tensor) -> int: ...
     def _local_bytes(self, x: Any) -> int: ...
+    def _bump_peak(self) -> None: ...
+    def _float8_over(self, kind: int, extras: list[int]) -> None: ...
 
 
 class Float8Accounting:
     """The probe's methods for float8 linears (a mixin of
     :class:`~fsdpviz.trace.probe.CostProbe`, typed by :class:`Float8Host`)."""
 
+    _float8_pair: weakref.ref[Any] | None
+
     def _float8_casts(
-        self: Float8Host, backward: int, grad: bool, a: torch.Tensor, b: torch.Tensor
+        self: Float8Host,
+        backward: int,
+        grad: bool,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out_bytes: int = 0,
     ) -> bool:
         """The casts around a float8 linear's matrix multiply (:func:`float8_casts`; ``grad``:
         one of its backward's, not its forward run in the ``backward`` phase by a
@@ -64,7 +111,61 @@ class Float8Accounting:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused, kernels)
+        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes)
         return float8_gemm(grad, first, recipe)
+
+    def _float8_memory(
+        self: Float8Host, grad: bool, first: bool, a: torch.Tensor, b: torch.Tensor, out: int
+    ) -> None:
+        """The bytes torchao's eager float8 linear holds around this multiply beyond what the
+        trace of the high-precision linear holds (its output, ``out`` bytes, tracked already):
+        its casts (:func:`float8_cast_bytes`) before an output is made, then the float8
+        operands they leave beside it until the autograd function returns. Its backward
+        (``matmul_with_hp_or_float8_args.backward``) computes the input's gradient first,
+        keeping its float8 operands while it casts for and computes the weight's; the trace
+        of the high-precision linear runs the two multiplies in autograd's order, so at the
+        first of them the whole backward is counted, and the second adds nothing. A weight
+        FSDP2 gathered in float8 is cast by the all-gather, not here. Under ``torch.compile``
+        (a compiled module's linear) the casts are fused (:func:`_cast_peak`)."""
+        fused = self._float8_fused and self._fusing()
+        kind = BWD_TEMP if torch._C._current_graph_task_id() != -1 else FWD_TEMP
+        numel = self._local_numel if self._tp is not None else (lambda t: t.numel())
+        recipe, gathered = self._float8_recipe, self._float8_gathered
+        if not grad:
+            # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``)
+            dims = [(numel(t), t.numel() // max(t.shape[-1], 1), t.shape[-1]) for t in (a, b)]
+            casts = float8_cast_bytes(recipe, False, True, dims[0], dims[1])
+            most, kept = _cast_peak(casts[:1] if gathered else casts, fused)
+            self._float8_over(kind, [most - out, kept])
+            return
+        pending = self._float8_pair
+        st = storage_of(a)
+        if pending is not None and pending() is st:  # the linear's second multiply
+            self._float8_pair = None
+            return
+        self._float8_pair = None if st is None else weakref.ref(st)
+        go = a if first else a.transpose(-2, -1)  # the output gradient, rows by columns
+        n = go.shape[-1]
+        m = go.numel() // max(n, 1)  # its rows, the batch flattened
+        k = b.shape[-1]  # the weight's in-features: its columns, the input's
+        share = numel(go) / max(go.numel(), 1)  # one rank's share under tensor parallelism
+        isz = a.element_size()
+        gi = float8_cast_bytes(recipe, True, True, (m * n, m, n), (n * k, n, k))
+        gw = float8_cast_bytes(recipe, True, False, (m * n, n, m), (m * k, m, k))
+        gi_most, gi_kept = _cast_peak(gi[:1] if gathered else gi, fused)
+        gw_most, gw_kept = _cast_peak(gw, fused)
+        gi_out, gw_out = m * k * isz, n * k * isz
+        moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]
+        moments.append(gi_kept + gi_out + gw_kept + gw_out)
+        self._float8_over(kind, [round(x * share) - out for x in moments])
+
+    def _float8_over(self: Float8Host, kind: int, extras: list[int]) -> None:
+        """Moments of torchao's float8 linear the trace does not hold: ``extras`` bytes
+        above what it holds now, each counted towards the stretch's peak."""
+        for extra in extras:
+            self.live[kind] += extra
+            self._bump_peak()
+            self.live[kind] -= extra
 
     def _float8_rescale(self: Float8Host, backward: int, out: Any) -> None:
         """The multiply of a rowwise float8 backward matrix multiply's output by its scales

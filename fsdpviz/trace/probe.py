@@ -126,6 +126,7 @@ class CostProbe(
         float8: list[torch.nn.Module] | None = None,
         float8_weights_gathered: bool = False,
         float8_recipe: str = "tensorwise",
+        float8_fused: bool = False,
         compiled_checkpoints: list[torch.nn.Module] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -139,10 +140,13 @@ class CostProbe(
         self._float8 = ModuleScope("float8", float8) if float8 else None
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
+        self._float8_fused = float8_fused  # the job compiles: casts in compiled modules fused
         # the storages of the float8 linears' weights as their forward multiplies read them
         # (by id, held weakly): backward's multiply that reads one computes the input's
         # gradient, the other the weight's, in whichever order autograd runs them
         self._float8_weights: dict[int, weakref.ref[Any]] = {}
+        # the output gradient of the float8 linear whose backward's first multiply ran last
+        self._float8_pair: weakref.ref[Any] | None = None
         # rowwise backward outputs whose rescaling a compiled region has yet to place (by
         # storage id): its storage, phase, eager kernels and bytes, the output's local bytes
         self._rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]] = {}

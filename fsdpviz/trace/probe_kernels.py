@@ -39,7 +39,7 @@ class KernelHost(Protocol):
     def _local_numel(self, t: torch.Tensor) -> int: ...
     def _local_bytes(self, x: Any) -> int: ...
     def _float8_casts(
-        self, backward: int, grad: bool, a: torch.Tensor, b: torch.Tensor
+        self, backward: int, grad: bool, a: torch.Tensor, b: torch.Tensor, out_bytes: int = 0
     ) -> bool: ...
     def _float8_rescale(self, backward: int, out: Any) -> None: ...
 
@@ -103,7 +103,8 @@ class KernelAccounting:
             float8 = self._float8 is not None and self._float8.active()
             # a checkpoint's recomputation in backward runs the linear's forward again
             gradient = bool(backward) and not recomputing()
-            if float8 and self._float8_casts(backward, gradient, a, b):
+            out_bytes = self._local_bytes(out)
+            if float8 and self._float8_casts(backward, gradient, a, b, out_bytes):
                 key = ("gemm", backward, m, n, k, nb, 1)  # operands in float8, output not
                 nbytes = (m * k + k * n) * nb + m * n * nb * isz
                 rescale = gradient and self._float8_recipe == "rowwise"

@@ -1,0 +1,108 @@
+"""Anchor: fsdpviz's memory of torchao's float8 training (``analyze(..., float8=...)``)
+against torch's ``FSDPMemTracker`` on real ``fully_shard`` of models converted by torchao's
+``convert_to_float8_training``: the fake process group (4 ranks), real CPU tensors (torchao's
+tensor subclasses do not run on fake ones), bf16 compute reducing in float32 as float8
+training runs. For each recipe the peak, every category at the peak
+(``memtracker_harness.MAPPING``) and every module's forward and backward peak agree to the
+byte. The tracker is a dispatch mode: what torchao allocates inside its float8 tensor's
+``__torch_dispatch__`` (``float8_mm``'s operand copies and rowwise's rescaling) it does not
+see, nor does fsdpviz count it (docs/cost.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from memtracker_harness import MAPPING, Tracked, tracked
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+import fsdpviz
+from fsdpviz.cost import MemoryReport, memory_model
+from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+
+float8 = pytest.importorskip("torchao.float8")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CONFIG = ExampleConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4
+)
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _ids() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(0, 256, (2, 32), generator=g)}
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+def _measure(fake_pg: int, spec: dict[str, Any]) -> tuple[Tracked, MemoryReport]:
+    """The tracker on the converted model (the LM head left in bf16, as torchtitan's
+    ``filter_fqns=["output"]`` does) and fsdpviz's prediction from the plain model."""
+    recipe = spec.get("recipe_name")
+    if recipe is None:
+        gather = bool(spec.get("enable_fsdp_float8_all_gather"))
+        config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=gather)
+    else:
+        config = float8.Float8LinearConfig.from_recipe_name(recipe)
+
+    def picks(module: nn.Module, fqn: str) -> bool:
+        return fqn != "lm_head"
+
+    def build() -> nn.Module:
+        model = ExampleModel(CONFIG)
+        float8.convert_to_float8_training(model, config=config, module_filter_fn=picks)
+        return model
+
+    real = tracked(build, _ids, lambda m: list(m.layers), fake_pg, _loss, real=True,
+                   mp_policy=BF16)  # fmt: skip
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg, mp_policy=BF16, progress=False,
+                             float8={**spec, "filter_fqns": ["lm_head"]})  # fmt: skip
+    return real, memory_model(report, optimizer=None, iteration=0)
+
+
+def _differences(real: Tracked, mem: MemoryReport) -> dict[str, int]:
+    """The tracker's bytes less fsdpviz's: the peak, each category at the peak, each
+    module's forward and backward peak (only those that differ)."""
+    out = {"peak": real.peak["Total"] - mem.peak["bytes"]}
+    for name, (theirs, ours) in MAPPING.items():
+        a = sum(real.peak.get(k, 0) for k in theirs)
+        out[name] = a - sum(mem.peak["breakdown"][k] for k in ours)
+    for module, phases in real.modules.items():
+        for phase, value in phases.items():
+            out[f"{module!r} {phase}"] = value - mem.unit_peaks[module][phase]
+    return {k: v for k, v in out.items() if v}
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_float8_recipes_against_fsdp_mem_tracker(fake_pg: int, recipe: str) -> None:
+    """torchao's casts: each a float32 product, its clamp and the float8 result at once,
+    the float8 operands kept beside the output, the input's gradient's kept through the
+    weight's in backward (the peak: a layer's backward)."""
+    spec = {} if recipe == "tensorwise" else {"recipe_name": recipe}
+    real, mem = _measure(fake_pg, spec)
+    assert _differences(real, mem) == {}
+
+
+def test_float8_all_gather_against_fsdp_mem_tracker(fake_pg: int) -> None:
+    """FSDP2's float8 all-gather: each float8 weight gathered and held unsharded in one byte
+    an element with its float32 scale, in a flat ``uint8`` all-gather buffer; no weight cast
+    in the linears. What is left is the scales torchao keeps beyond the unsharded weights
+    (a resharded weight's last scale, a forward's saved for its backward), fewer than two
+    of each float8 weight's."""
+    real, mem = _measure(fake_pg, {"enable_fsdp_float8_all_gather": True})
+    differ = _differences(real, mem)
+    exact = ("sharded params", "unsharded params", "all-gather buffers",
+             "reduce-scatter buffers", "sharded grads", "inputs")  # fmt: skip
+    assert not set(exact) & set(differ), differ
+    scales = 4 * 7 * CONFIG.num_layers  # float32, one per float8 weight
+    assert all(0 < v < 2 * scales for v in differ.values()), differ
