@@ -19,7 +19,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``sharded_bytes`` in ``dtype``. ``requires_grad`` is None for a unit that mixes
     frozen and trainable parameters (a LoRA adapter beside its frozen base weight); such a
     unit also states ``frozen_params``, ``trainable_numel`` and ``trainable_sharded_numel``
-    (the trainable elements one rank holds: what its optimizer state is of). An FSDP2
+    (the trainable elements one rank holds: what its optimizer state is of); an FSDP2 unit
+    with parameters that require grad but that no gradient reached in the traced step states
+    them in ``unused_params`` (not reduced, no optimizer state). An FSDP2
     group whose parameters have several dtypes has ``dtype`` of its trainable ones and
     states ``param_dtypes`` and ``dtype_numels``; ``bytes`` counts each in its own. An FSDP2
     group whose ``shard_placement_fn`` shards parameters on a dim other than 0 states them in
