@@ -205,8 +205,9 @@ def _even(p: nn.Parameter) -> Any:
 
 def test_time_model_charges_the_extra_copies() -> None:
     """The copy-out of a unit with parameters on dim 1 copies them once more (torch.cat of the
-    temporary), and its reduction rebuilds their gradients: each a memory-bound pass over
-    their bytes, read and written."""
+    temporary), and its reduction rebuilds their gradients before the copy-in: each a
+    memory-bound pass over their bytes, read and written, on the compute stream; the
+    reduce-scatter itself takes as long as without them."""
     placed, plain = _analyze(_even, world_size=4), _analyze(None, world_size=4)
     assert [u.sharded_numel for u in placed.units] == [u.sharded_numel for u in plain.units]
     m = machine("H100")
@@ -214,9 +215,9 @@ def test_time_model_charges_the_extra_copies() -> None:
     extra = {u.module: sum(placed_bytes(u).values()) for u in placed.units}
     assert extra["blocks.0"] == (32 * 16 + 16 * 32) * 4
     gathers = [e for e in placed.iterations[-1] if e.kind == "all_gather"]
-    copies = sum(m.memory_seconds(2 * extra[e.unit]) for e in gathers)
+    scatters = [e for e in placed.iterations[-1] if e.kind == "reduce_scatter"]
+    copies = sum(m.memory_seconds(2 * extra[e.unit]) for e in gathers + scatters)
     assert a.totals["copy_s"] - b.totals["copy_s"] == pytest.approx(copies, rel=1e-9)
     for ra, rb in zip(a.records(), b.records(), strict=True):
         if ra["kind"] == "reduce_scatter":
-            rebuilt = m.memory_seconds(2 * extra[ra["unit"]])
-            assert ra["end"] - ra["start"] - (rb["end"] - rb["start"]) == pytest.approx(rebuilt)
+            assert ra["end"] - ra["start"] == pytest.approx(rb["end"] - rb["start"])
