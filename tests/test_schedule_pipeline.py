@@ -346,3 +346,16 @@ def test_each_stage_runs_the_float8_recipe_asked_for() -> None:
     high = plan(float8={"recipe_name": "rowwise_with_gw_hp"})
     assert high.timeline.totals["matmul_s"] > rowwise.timeline.totals["matmul_s"]
     assert high.memory.peak["bytes"] < rowwise.memory.peak["bytes"]
+
+
+def test_ignored_params_are_said_to_be_left_out_of_a_ranks_memory() -> None:
+    """A pipeline rank's memory does not count the parameters FSDP leaves whole: the report
+    says so, naming them, rather than a peak that is silently low."""
+    m = model()
+    ids = torch.zeros(8, pj.SEQ, dtype=torch.long)
+    report = fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=("pp", 2, "dp_shard", 2),
+                             pipeline_schedule="1F1B", microbatches=4,
+                             ignored_params={m.norm.weight})  # fmt: skip
+    said = [w for w in report.warnings if w.code == "pipeline_ignored_params_not_counted"]
+    assert len(said) == 1 and "ignored_params (norm.weight)" in said[0].message
+    assert "pipeline_ignored_params_not_counted" not in [w.code for w in plan().warnings]

@@ -82,6 +82,8 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
     popts, warnings = parse_pipeline_options(copy, _batch(args, kw), pp, pipe)
     if not opts.torch.installed:
         warnings.append(_other_torch(opts.torch.name))
+    if ignored:
+        warnings.append(_ignored_not_counted(copy, ignored))
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
     # a zero-bubble schedule's input backward (I) apart from its weight backward (W)
@@ -127,6 +129,21 @@ def _other_torch(name: str) -> FsdpWarning:
         f"FSDP2 is planned as {name} runs it, the pipeline (each rank's actions, how a "
         f"stage calls FSDP2) as the installed torch {torch.__version__}'s "
         "torch.distributed.pipelining runs it: another release's schedules may differ",
+        [],
+    )
+
+
+def _ignored_not_counted(copy: nn.Module, ignored: set[nn.Parameter]) -> FsdpWarning:
+    """``ignored_params=`` under pipeline parallelism: FSDP leaves them whole on the rank
+    whose stage holds them, which a pipeline rank's memory does not count yet."""
+    names = [n for n, p in copy.named_parameters() if p in ignored]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return FsdpWarning(
+        "pipeline_ignored_params_not_counted",
+        f"ignored_params ({shown}): FSDP leaves them whole on the rank whose stage holds them, "
+        "with their unreduced gradients and optimizer states; a pipeline rank's memory does "
+        "not count them yet (analyze without pipeline parallelism does), so its peak comes "
+        "out low by their bytes",
         [],
     )
 
