@@ -497,24 +497,33 @@ def _large_head() -> nn.Module:
     return LlamaForCausalLM(cfg)
 
 
+def _large_head_on_a_mesh(
+    fake_pg: int, mesh: tuple[int, int], mp: MixedPrecisionPolicy
+) -> tuple[Tracked, fsdpviz.Report, nn.Module]:
+    """:func:`_large_head` on two tokens, each decoder layer a unit, HSDP on ``mesh``
+    (replicate x shard): the tracker's measurement, fsdpviz's plan and its meta model."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def ids() -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
+
+    real = tracked(_large_head, ids, lambda m: list(m.model.layers), fake_pg, _loss,
+                   mesh_shape=mesh, mp_policy=mp)  # fmt: skip
+    with torch.device("meta"):
+        model = _large_head()
+    report = fsdpviz.analyze(model, ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
+                             mesh=mesh, mp_policy=mp)  # fmt: skip
+    return real, report, model
+
+
 def test_hybrid_sharding_all_reduce_beside_the_last_gradient(fake_pg: int) -> None:
     """HSDP on a 2 x 2 mesh: ``foreach_reduce``'s loop over the gradients (a shard group of
     two ranks) keeps the last one bound until it returns, through the all-reduce across the
     replicas and the cast of its output, not only the reduce-scatter. With most parameters
     in the root (a large vocabulary, two tokens) that all-reduce makes the peak, which was
     the output projection's 1,024,000 B bf16 gradient low."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    def ids() -> dict[str, torch.Tensor]:
-        return {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
-
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-    real = tracked(_large_head, ids, lambda m: list(m.model.layers), fake_pg, _loss,
-                   mesh_shape=(2, 2), mp_policy=mp)  # fmt: skip
-    with torch.device("meta"):
-        model = _large_head()
-    report = fsdpviz.analyze(model, ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
-                             mesh=(2, 2), mp_policy=mp)  # fmt: skip
+    real, report, model = _large_head_on_a_mesh(fake_pg, (2, 2), mp)
     mem = memory_model(report, optimizer=None)
     _compare_cast_shards(real, mem, report, model)
     assert mem.peak["where"].startswith("at all_reduce (root)")
@@ -529,18 +538,8 @@ def test_one_rank_shard_group_copies_each_cast(fake_pg: int, reduce_dtype: Any) 
     peak to the byte (the root's was 935,376 B low, the block's 10,336 B).
     (Where FSDP frees the gradients at the copy-in with no loop over them, the tracker's
     post-backward wrapper still holds the last, so the backward is not compared here.)"""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    def ids() -> dict[str, torch.Tensor]:
-        return {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
-
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
-    real = tracked(_large_head, ids, lambda m: list(m.model.layers), fake_pg, _loss,
-                   mesh_shape=(4, 1), mp_policy=mp)  # fmt: skip
-    with torch.device("meta"):
-        model = _large_head()
-    report = fsdpviz.analyze(model, ids(), fully_shard=[LlamaDecoderLayer], loss=_loss,
-                             mesh=(4, 1), mp_policy=mp)  # fmt: skip
+    real, report, _ = _large_head_on_a_mesh(fake_pg, (4, 1), mp)
     assert {u.shard_ranks for u in report.units} == {1} and real.all_gathers == 0
     assert not [e for e in report.iterations[0] if e.kind == "all_gather"]
     mem = memory_model(report, optimizer=None)
