@@ -69,6 +69,7 @@ class PoolsHost(Protocol):
 
     def _add(self, category: str, pool: str, n: int) -> None: ...
     def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
+    def _h2d_pool(self) -> str: ...
 
 
 class StreamPools:
@@ -108,13 +109,12 @@ class StreamPools:
     def _copy_pool(self: PoolsHost, unit: str) -> str:
         """The pool of the shard's copy or cast an all-gather sends: see [Note: stream
         pools]."""
-        if unit in self.on_compute:
-            return "compute"
-        return "all_gather" if self.fsdp2 else "pre_unshard"
+        return "compute" if unit in self.on_compute else self._h2d_pool()
 
     def _h2d_pool(self: PoolsHost) -> str:
-        """The pool of CPU offload's copy of a shard to the device: FSDP1's ``pre_unshard``
-        makes it on the pre-unshard stream; FSDP2's is counted on the copy-in stream from its
+        """The pool of CPU offload's copy of a shard to the device, and of the cast of a shard
+        an all-gather sends where the compute stream does not make it: FSDP1's ``pre_unshard``
+        makes them on the pre-unshard stream; FSDP2's is counted on the copy-in stream from its
         ``h2d`` event (a pipeline stage's ``UNSHARD`` makes it on the compute stream, which
         the walk does not know at that event)."""
         return "all_gather" if self.fsdp2 else "pre_unshard"

@@ -118,7 +118,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.grads: dict[str, int] = {}
-        self.rs: list[tuple[Block, int]] = []  # reduce-scatter inputs in flight
+        self.rs: list[int] = []  # reduce-scatter inputs in flight (bytes, on the compute stream)
         # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
         # those pools block by block, in order: (block, bytes) allocates, (block, 0) frees;
         # what the allocator's fixed segments are replayed over (memory.fixed_segments)
@@ -539,7 +539,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
             self._alloc("sharded_grads", "reduce_scatter", ("partial", e.unit), s.partial)
-        self.rs.append((("rs", e.unit), s.reduce_scatter))
+        self.rs.append(s.reduce_scatter)
 
     def _cast_reduce_output(self, e: Event, s: UnitBytes) -> tuple[Block, int] | None:
         """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the
@@ -625,7 +625,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
-            self.cat["reduce_scatter"] -= self.rs.pop()[1]
+            self.cat["reduce_scatter"] -= self.rs.pop()
 
     def _release_held(self) -> None:
         if self.held is not None:
