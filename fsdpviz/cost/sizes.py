@@ -258,7 +258,6 @@ def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[
     unsharded weight a ``Float8TrainingTensor`` of its gathered bytes and that scale. The
     other parameters are gathered in the compute dtype as ever. Each input is the padded
     shard (dim 0 padded to a multiple of the shard ranks)."""
-    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     ranks = u.shard_ranks or 1
     shard = cast = 0
     for fqn in u.params:
@@ -271,9 +270,9 @@ def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[
             shard += numel
             cast += numel
         else:
-            size = itemsize(u.compute_dtype or own.get(fqn) or u.dtype)
+            size = itemsize(u.compute_dtype or u.param_dtype(fqn))
             shard += numel * size
-            cast += numel * size if (own.get(fqn) or u.dtype) != (u.compute_dtype or u.dtype) else 0
+            cast += numel * size if u.param_dtype(fqn) != (u.compute_dtype or u.dtype) else 0
     scales = 4 * len(weights)
     return replace(b, unsharded=shard * ranks + scales, all_gather=shard * ranks, copy_in=cast)
 
@@ -284,10 +283,9 @@ def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:
     precision makes each input a cast of the shard, which the loop's variable holds until
     the next is made, and the last until the copy-out returns. The most bytes alive beyond
     all the unsharded parameters while it runs."""
-    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     size = itemsize(u.compute_dtype)
     outs = [math.prod(u.shard_shapes.get(f) or shapes.get(f) or [0]) * size for f in u.params]
-    cast = [(own.get(f) or u.dtype) != u.compute_dtype for f in u.params]
+    cast = [u.param_dtype(f) != u.compute_dtype for f in u.params]
     total, done, prev, most = sum(outs), 0, 0, 0
     for out, casts in zip(outs, cast, strict=True):
         cast_now = out if casts else 0
@@ -391,12 +389,11 @@ def _gathered_params(u: Unit, shapes: dict[str, list[int]]) -> tuple[int, ...]:
     """Each of ``u``'s parameters all-gathered (FSDP2: padded on dim 0 to a multiple of the
     shard ranks, in the compute dtype, else the parameter's own)."""
     ranks = u.shard_ranks or 1
-    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     out = []
     for fqn in u.params:
         shape = shapes.get(fqn) or [0]
         rows = -(-shape[0] // ranks) * ranks if shape else 1
-        dtype = u.compute_dtype or own.get(fqn) or u.dtype
+        dtype = u.compute_dtype or u.param_dtype(fqn)
         out.append(rows * math.prod(shape[1:]) * itemsize(dtype))
     return tuple(out)
 
@@ -496,10 +493,9 @@ def placed_bytes(u: Unit) -> dict[str, int]:
     if not u.shard_dims or not u.sharded_numel:
         return {}
     ranks = u.shard_ranks
-    own = {f: d for d, fs in u.param_dtypes.items() for f in fs}
     out: dict[str, int] = {}
     for fqn in u.shard_dims:
-        dtype = u.compute_dtype or own.get(fqn) or u.dtype
+        dtype = u.compute_dtype or u.param_dtype(fqn)
         out[fqn] = math.prod(u.shard_shapes[fqn]) * ranks * itemsize(dtype)
     return out
 

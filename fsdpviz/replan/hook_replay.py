@@ -315,9 +315,8 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             shard, dims, u.unused_params,
         )  # fmt: skip
         if u.param_dtypes:  # several dtypes: each one's shards at the new size
-            of = {f: d for d, fs in u.param_dtypes.items() for f in fs}
-            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params],
-                                      [of[p] for p in u.params], shard, dims)  # fmt: skip
+            dtypes = [u.param_dtype(p) for p in u.params]
+            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params], dtypes, shard, dims)
         shard_shapes = u.shard_shapes
         if u.shard_dims or cfg.tp_world_size:  # tp: every parameter's shard shape stated
             shard_shapes = {

@@ -198,6 +198,15 @@ class Unit:
         group, ``padded_numel / sharded_numel``); 0 where it holds no shard."""
         return self.padded_numel // self.sharded_numel if self.sharded_numel else 0
 
+    @cached_property
+    def _own_dtypes(self) -> dict[str, str]:
+        return {f: d for d, fs in self.param_dtypes.items() for f in fs}
+
+    def param_dtype(self, fqn: str) -> str | None:
+        """Parameter ``fqn``'s own dtype: its entry in ``param_dtypes`` where the group has
+        several, else the unit's ``dtype``."""
+        return self._own_dtypes.get(fqn) or self.dtype
+
     @property
     def gradless_params(self) -> set[str]:
         """The parameters no gradient is reduced or stepped for: frozen and unused ones."""
