@@ -36,6 +36,14 @@ output and log-sum-exp.
 The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
 as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
 the traced rank holds ``1 / cp`` of it.
+
+With tensor parallelism too (a ``dp_shard x cp x tp`` mesh), the ring runs over the cp group
+(``mesh["cp"].get_group()`` in torch's ring handlers) on the local tensors a tp rank's attention
+computes: its heads of its ``S / cp`` positions, the heads the column-parallel query, key and
+value projections leave it. The copy is traced with global shapes, its tp shares counted by the
+cost probe (:class:`~fsdpviz.trace.probe.CostProbe`): the ring's buffers and kernels come out a
+rank's from there, and the bytes of each collective are those of the rank's heads
+(:meth:`CPEmulation.held`).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import owner_index
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
 from fsdpviz.trace.checkpointing import attention_saved
+from fsdpviz.trace.probe import traced_as_share
 from fsdpviz.trace.tracker import ModuleTracker
 
 _HALVES = 2  # torch's round-robin load balancing: two chunks of a sequence per rank
@@ -115,12 +124,24 @@ class CPEmulation:
         size: int,
         tracker: ModuleTracker,
         compiled: frozenset[str] | None = frozenset(),
+        tp: int = 1,
     ) -> None:
         self.groups = groups
         self.runtime = runtime
         self.size = size
         self.tracker = tracker
         self.compiled = compiled  # the compiled modules' names; None: the whole model
+        self.tp = tp  # the tp group's ranks (tensor parallelism beside the ring)
+
+    def held(self, t: torch.Tensor, itemsize: int) -> int:
+        """The bytes of ``t`` (batch, heads, sequence, head size) the traced rank holds, its
+        elements ``itemsize`` bytes each: under tensor parallelism, where the trace holds
+        ``t`` as a 1/tp share, its heads of the tp group's first rank (the attention's
+        inputs come from column-parallel projections, ``ceil(heads / tp)`` of them, as
+        DTensor's ``Shard`` gives the first rank)."""
+        heads = t.shape[1]
+        local = -(-heads // self.tp) if self.tp > 1 and traced_as_share(t) else heads
+        return t.numel() // max(heads, 1) * local * itemsize
 
     def _in_compiled(self) -> bool:
         """Whether the attention running now is in a compiled module (by name: activation
@@ -273,7 +294,8 @@ class _RingAttention(torch.autograd.Function):
                 "different shapes, which the ring passes on as one buffer"
             )
         kv = torch.cat([key.flatten(), value.flatten()])
-        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), quiet, now)
+        gathered = cp * 2 * emu.held(key, kv.element_size())
+        emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
         blocks = _blocks(kv, key, cp)
         merger = _Merger()
         out, lse = flash_block(query, key, value, True, scale)  # the rank's own block
@@ -298,7 +320,7 @@ class _RingAttention(torch.autograd.Function):
         query, key, value, out, lse = ctx.saved_tensors
         key, value = key.contiguous(), value.contiguous()
         kv = torch.cat([key.flatten(), value.flatten()])
-        emu.issue(i, "cp_all_gather", module, cp * kv.numel() * kv.element_size(), now=now)
+        emu.issue(i, "cp_all_gather", module, cp * 2 * emu.held(key, kv.element_size()), now=now)
         blocks = _blocks(kv, key, cp)
         dq = torch.zeros_like(query, dtype=torch.float32)
         dk = torch.zeros_like(key, dtype=torch.float32)
@@ -307,7 +329,8 @@ class _RingAttention(torch.autograd.Function):
         dk += dk_
         dv += dv_
         sent = torch.cat([dk.flatten(), dv.flatten()])
-        emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size(), now=now)
+        passed = 2 * emu.held(key, sent.element_size())  # each all-to-all: the rank's buffer
+        emu.issue(i, "cp_all_to_all", module, passed, now=now)
         received = torch.empty_like(sent)  # what the previous rank sends
         dq += dq_
         del kv, dq_, dk_, dv_
@@ -329,7 +352,7 @@ class _RingAttention(torch.autograd.Function):
             dk += dk_
             dv += dv_
             sent = torch.cat([dk.flatten(), dv.flatten()])
-            emu.issue(i, "cp_all_to_all", module, sent.numel() * sent.element_size(), now=now)
+            emu.issue(i, "cp_all_to_all", module, passed, now=now)
             received = torch.empty_like(sent)
             dq = _partial_update(dq, dq_, 1, add=True)
             del dq_, dk_, dv_

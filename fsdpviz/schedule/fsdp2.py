@@ -75,7 +75,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
             copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
         )
     check_reshard_ints(groups, opts.shard_ranks)
-    _check_context_parallel(opts, device)
+    _check_context_parallel(opts, device, profile)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
@@ -91,7 +91,12 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         compiled = opts.job.compiled_modules(copy)
         cp = (
             CPEmulation(
-                groups, runtime, opts.cp_size, tracker, compiled_names(copy, opts.job, compiled)
+                groups,
+                runtime,
+                opts.cp_size,
+                tracker,
+                compiled_names(copy, opts.job, compiled),
+                opts.tp_size if opts.tp is not None else 1,
             )
             if opts.cp_size > 1
             else None
@@ -145,13 +150,14 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     )
 
 
-def _check_context_parallel(opts: FSDP2Options, device: str) -> None:
+def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:
     if opts.cp_size <= 1:
         return
-    if opts.tp is not None:
+    if opts.tp is not None and opts.tp_size > 1 and not profile:
         raise ConfigError(
-            "context parallelism together with tensor parallelism is not modelled yet: plan "
-            "the mesh without one of them (FSDP x cp, or FSDP x tp)"
+            "context parallelism together with tensor parallelism is planned from the trace's "
+            "profile (which tensors a rank holds a 1/tp share of: the heads its ring passes "
+            "on); leave profile=False out"
         )
     if device != "meta":
         raise ConfigError(
