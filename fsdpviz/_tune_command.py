@@ -109,7 +109,7 @@ def _as_fsdp2(kwargs: AnalyzeKwargs, wraps: Sequence[type[nn.Module]]) -> Analyz
 
 
 def _mesh_ranks(kwargs: AnalyzeKwargs) -> list[int]:
-    sizes, _ = mesh_dims(kwargs["mesh"], 3)
+    sizes, _ = mesh_dims(kwargs["mesh"], 4)
     return [math.prod(sizes or (8,))]
 
 

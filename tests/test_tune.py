@@ -209,6 +209,31 @@ def test_a_context_parallel_mesh_stays_as_given() -> None:
         fsdpviz.tune(tt, world_size=16, progress=False)
 
 
+def test_a_context_parallel_mesh_with_tensor_parallelism_stays_as_given() -> None:
+    """A job's ``dp_replicate x dp_shard x cp x tp`` mesh (four dimensions) is kept as given,
+    each configuration on it the plan analyze gives."""
+    import warnings
+
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 2, "seq_len": 256},
+        "parallelism": {
+            "data_parallel_replicate_degree": 2,
+            "context_parallel_degree": 2,
+            "tensor_parallel_degree": 2,
+        },
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=8)
+    t = fsdpviz.tune(tt, progress=False, workers=1)
+    dims = "dp_replicate 2 x dp_shard 1 x cp 2 x tp 2"
+    assert {c.knobs["mesh"] for c in t.candidates} == {f"8 ranks ({dims})"}
+    for c in t.candidates:
+        assert (c.report.config.cp_world_size, c.report.config.tp_world_size) == (2, 2)
+        _same(fsdpviz.analyze(tt.model, c.inputs, machine="h100", **c.kwargs), c.report)
+
+
 def test_fixed_options_stay_and_fsdp1_is_tuned_in_its_own_words() -> None:
     from torch.distributed.fsdp import MixedPrecision
 

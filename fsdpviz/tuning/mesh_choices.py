@@ -240,9 +240,12 @@ def _pp_label(ranks: int, pp: int, dp: int, tp: int) -> str:
 
 
 def tp_degree(given: Mapping[str, Any]) -> int:
+    """The tensor-parallel degree of the user's ``mesh=`` (its last dimension; 1: no
+    ``parallelize_plan``), of a mesh with a context-parallel dimension too
+    (``("dp_replicate", 2, "dp_shard", 2, "cp", 2, "tp", 2)``)."""
     if "parallelize_plan" not in given or "mesh" not in given:
         return 1
-    sizes, _ = mesh_dims(given["mesh"], 3)
+    sizes, _ = mesh_dims(given["mesh"], 4)
     return int(sizes[-1]) if sizes else 1
 
 

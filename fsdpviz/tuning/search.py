@@ -302,7 +302,7 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: TuneKwargs) -> 
                 f"give {ranks}"
             )
     elif mesh is not None:
-        dims, _ = mesh_dims(mesh, 3)
+        dims, _ = mesh_dims(mesh, 4)
         ranks = math.prod(dims) if dims is not None else 0
         for ws in sizes:
             if ws != ranks and ws % (dims[-1] if dims and kwargs.get("parallelize_plan") else 1):
