@@ -16,6 +16,7 @@ from fsdpviz.configs.torchtitan_plan import tp_plan
 from fsdpviz.cost import machine, timeline
 from fsdpviz.cost.hook_calls import tape
 from fsdpviz.cost.topology import spans
+from fsdpviz.replan import replay
 
 # torchtitan's debugmodel: dim 256, 16 heads of 16 (keys and values repeated per head)
 BATCH, SEQ, LAYERS, DIM, HEADS, HEAD = 2, 256, 6, 256, 16, 16
@@ -179,3 +180,41 @@ def test_the_torchtitan_job_and_what_is_not_modelled() -> None:
         warnings.simplefilter("ignore")
         rotated = fsdpviz.from_torchtitan(job, world_size=8)
     assert any("'alltoall' is not modelled" in n for n in rotated.config.notes)
+
+
+@pytest.mark.parametrize(
+    ("cp", "tp", "mesh"),
+    [
+        (2, 1, ("dp_shard", 8, "cp", 2)),
+        (2, 1, ("dp_replicate", 2, "dp_shard", 2, "cp", 2)),
+        (2, 2, ("dp_replicate", 2, "dp_shard", 1, "cp", 2, "tp", 2)),
+    ],
+)
+def test_a_replay_on_other_data_parallel_dimensions_keeps_the_cp_dimension(
+    cp: int, tp: int, mesh: tuple[Any, ...]
+) -> None:
+    """A replay takes new data-parallel dimensions beside the report's cp (and tp) ones:
+    FSDP shards over ``dp_shard x cp``, as the plan analyze gives on that mesh."""
+    tt = _torchtitan(cp, tp)
+    replayed = replay(_plan(tt), mesh=mesh)
+    planned = _plan(tt, mesh=mesh)
+    assert [u.to_dict() for u in replayed.units] == [u.to_dict() for u in planned.units]
+    assert _events(replayed) == _events(planned)
+    mine, theirs = replayed.config.to_dict(), planned.config.to_dict()
+    mine.pop("replayed")
+    assert mine == theirs
+    assert replayed.memory.to_dict()["peak"] == planned.memory.to_dict()["peak"]
+    assert replayed.timeline.totals == planned.timeline.totals
+
+
+def test_a_replay_never_changes_context_parallelism() -> None:
+    """The trace ran each rank's share of every sequence and its rings: a replay that
+    changes the cp degree, drops it or adds it is refused."""
+    cp = _plan(_torchtitan(2, 1))
+    for mesh in (("dp_shard", 2, "cp", 4), ("dp_replicate", 2, "dp_shard", 4), None):
+        with pytest.raises(fsdpviz.ConfigError, match="context parallelism over"):
+            replay(cp, mesh=mesh)
+    with pytest.raises(fsdpviz.ConfigError, match="context parallelism over 1 rank"):
+        replay(_plan(_torchtitan(2, 2)), mesh=("dp_shard", 4, "tp", 2))
+    with pytest.raises(fsdpviz.ConfigError, match="context parallelism over 2 rank"):
+        replay(_plan(_torchtitan(1, 1)), mesh=("dp_shard", 4, "cp", 2))

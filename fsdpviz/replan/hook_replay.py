@@ -404,20 +404,46 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
         if cfg.mesh is not None:
             return ws, cfg.shard_ranks, dict(cfg.mesh)
         return ws, ws, None
-    sizes, names = mesh_dims(changes["mesh"], 2)
+    given = changes["mesh"]
+    sizes, names, cp = _kept_context_parallel(cfg, given)
     if sizes is None:
         ws = check_world_size(changes.get("world_size", cfg.ranks))
         return ws, ws, None
-    ws = math.prod(sizes)
+    if len(sizes) > 2:
+        raise ConfigError(
+            f"mesh={given!r} has {len(sizes)} data-parallel dimensions; a plan without tensor "
+            "parallelism has one or two (shard, or replicate x shard)"
+        )
+    ws = math.prod(sizes) * cp
     if "world_size" in changes and changes["world_size"] != ws:
         raise ConfigError(
             f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, sizes))}); give one of them"
+            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
         )
+    if cp > 1:  # FSDP shards over dp_shard x cp
+        return ws, sizes[-1] * cp, {**dict(zip(names, sizes, strict=True)), "cp": cp}
     if len(sizes) == 1:
         return ws, ws, None
     dims = names or ("replicate", "shard")
     return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _kept_context_parallel(
+    cfg: ReportConfig, given: Any
+) -> tuple[tuple[int, ...] | None, tuple[str, ...], int]:
+    """``mesh=`` of a replay without its cp dimension (its sizes and names), and that
+    dimension's size, which must be the report's: the trace ran each rank's share of every
+    sequence and its ring attention."""
+    sizes, names = mesh_dims(given, 4)
+    cp, rest, rest_names = context_parallel_mesh(sizes, names)
+    if cp != cfg.cp_ranks:
+        raise ConfigError(
+            f"mesh={given!r} has context parallelism over {cp} rank(s) where the report has "
+            f"{cfg.cp_ranks}, which a replay keeps (the trace ran each rank's share of every "
+            "sequence and its ring attention): keep the cp dimension as it is, or call "
+            "fsdpviz.analyze with the new mesh"
+        )
+    return rest, rest_names, cp
 
 
 def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int]]:
@@ -430,10 +456,9 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
     if "mesh" not in changes:
         return cfg.ranks, cfg.shard_ranks, dict(cfg.mesh)
     given = changes["mesh"]
-    sizes, names = mesh_dims(given, 4)
-    cp, dp_sizes, dp_names = context_parallel_mesh(sizes, names)
+    dp_sizes, dp_names, cp = _kept_context_parallel(cfg, given)
     tp_name = list(cfg.mesh)[-1]
-    if dp_sizes is None or cp > 1 or not 2 <= len(dp_sizes) <= 3:
+    if dp_sizes is None or not 2 <= len(dp_sizes) <= 3:
         raise ConfigError(
             f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
             f"data-parallel dimensions and its {tp_name} dimension of {cfg.tp_ranks} last, e.g. "
@@ -446,11 +471,11 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
             f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
-    ws = math.prod(dp) * tp
+    ws = math.prod(dp) * cp * tp
     if "world_size" in changes and changes["world_size"] != ws:
         raise ConfigError(
             f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, dp_sizes))}); give one of them"
+            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
         )
     if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
         raise ConfigError(
@@ -459,7 +484,10 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
         )
     if not dp_given:  # as analyze names an unnamed mesh's dimensions
         dp_given = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(dp)]
-    return ws, dp[-1], {**dict(zip(dp_given, dp, strict=True)), name: tp}
+    mesh = dict(zip(dp_given, dp, strict=True))
+    if cp > 1:  # FSDP shards over dp_shard x cp
+        mesh["cp"] = cp
+    return ws, dp[-1] * cp, {**mesh, name: tp}
 
 
 def _offload(policy: Any) -> bool:
