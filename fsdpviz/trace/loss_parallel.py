@@ -62,7 +62,9 @@ class LossParallelAccounting:
     ) -> bool:
         """Whether ``func`` is one ``loss_parallel()`` replaces, on logits one rank holds a
         share of along the vocabulary: in forward, in the loss (no module running), the
-        share a DTensor (``use_local_output=False``)."""
+        share a DTensor (``use_local_output=False``); in backward, the result a handler made
+        in forward (a plain tensor's ``log_softmax`` takes aten's backward: under a tp group
+        of one rank a replicated output is the share itself, no collective making it whole)."""
         if not handled(func):
             return False
         backward_op = func in (
@@ -72,7 +74,9 @@ class LossParallelAccounting:
         x = args[1] if backward_op else args[0]  # (the saved result, for the latter)
         if not is_share(x):
             return False
-        return backward or (not in_module and (tp.is_dtensor(x) or storage_of(x) in self._made))
+        if backward:
+            return storage_of(x) in self._made
+        return not in_module and (tp.is_dtensor(x) or storage_of(x) in self._made)
 
     def run(self, func: Any, args: tuple[Any, ...], held: Held, collective: Collective) -> Any:
         """:func:`run`, remembering what it made."""
