@@ -174,6 +174,9 @@ def test_context_parallel_mistakes_say_what_to_do() -> None:
             example_model(), example_inputs(), fully_shard=[DecoderLayer],
             mesh=("cp", 2, "dp_shard", 2), progress=False,
         )  # fmt: skip
+    # before: a ValueError from the loss, whose labels held a share of the sequence
+    with pytest.raises(fsdpviz.ConfigError, match="under pipeline parallelism is not modelled"):
+        _job(2, pipeline_parallel_degree=2)
 
 
 def test_attention_with_a_mask_is_refused() -> None:

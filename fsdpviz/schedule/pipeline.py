@@ -74,6 +74,12 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
     pp, rest = split_pipeline_mesh(dict(kwargs))
     pipe = {k: rest.pop(k) for k in list(rest) if k in PIPELINE_KEYS}
     opts = parse_fsdp2_options(rest)
+    if opts.cp_size > 1:
+        raise ConfigError(
+            f"context parallelism (cp {opts.cp_size}) under pipeline parallelism is not "
+            "modelled yet (each stage's ring attention on its share of every sequence): plan "
+            "the mesh without one of them (PP x FSDP, or FSDP x cp)"
+        )
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
     apply_checkpointing(copy, opts.activation_checkpointing)
