@@ -166,6 +166,25 @@ def test_a_compiled_ring_waits_for_each_collective_once_issued() -> None:
     assert all("as soon as it is issued" in b["reason"] for b in waits)
 
 
+def test_the_partitioners_capture_of_a_compiled_block_issues_no_ring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's partitioner, run on a compiled block under a selective checkpoint the first time
+    a process meets it, runs the block's ring again on fake tensors: no collective of the step
+    (it had added a forward all-gather of the block's module, its bytes the whole heads')."""
+    from fsdpviz.trace import compiled_regions
+
+    monkeypatch.setattr(compiled_regions, "_SAVES", {})  # as a fresh process: not partitioned yet
+    report = _job(2, ac="selective", compile=True)
+    ring = [e for e in report.iterations[0] if e.context_parallel]
+    assert {e.module for e in ring} == {f"layers.{i}.attention" for i in range(LAYERS)}
+    gathers = [e for e in ring if e.kind == "cp_all_gather" and e.phase == "forward"]
+    assert len(gathers) == LAYERS
+    assert [e.untimed() for e in report.iterations[0]] == [
+        e.untimed() for e in _job(2, ac="selective", compile=True).iterations[0]
+    ]
+
+
 def test_context_parallel_mistakes_say_what_to_do() -> None:
     with pytest.raises(fsdpviz.ConfigError, match="divisible by 8"):
         _job(4, seq=260)

@@ -62,6 +62,7 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import owner_index
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
 from fsdpviz.trace.checkpointing import attention_saved
+from fsdpviz.trace.compiled_saves import partitioning
 from fsdpviz.trace.probe import traced_as_share
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -198,14 +199,16 @@ class CPEmulation:
     def issue(
         self, i: int, kind: str, module: str, nbytes: int, quiet: bool = False, now: bool = False
     ) -> None:
-        """Issue a collective of the ring; ``now``: traced (compiled), waited on at once."""
-        if not quiet:
+        """Issue a collective of the ring; ``now``: traced (compiled), waited on at once.
+        ``quiet``, or while torch's partitioner captures a compiled region (which runs the
+        ring once more on fake tensors): nothing is issued."""
+        if not quiet and not partitioning():
             self.runtime.context_parallel(i, kind, module, _phase(), nbytes)
             if now:
                 self.runtime.context_parallel_wait(i, _phase(), kind.removeprefix("cp_"))
 
     def wait(self, i: int, kind: str, quiet: bool = False) -> None:
-        if not quiet:
+        if not quiet and not partitioning():
             self.runtime.context_parallel_wait(i, _phase(), kind)
 
 

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 _CACHE: dict[tuple[Any, ...], PartitionSaves | None] = {}
+_PARTITIONING = [0]  # partitioner_saves' depth
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -79,6 +80,7 @@ def partitioner_saves(
     selective policy or none); its forward is captured with autograd on, so that the
     checkpoint tags each operator with its policy as it does under ``torch.compile``, and
     the partitioner recomputes what the tags say (see :func:`_capture`)."""
+    _PARTITIONING[0] += 1
     with _disable_current_modes(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
         try:
             return _partition(fn, inputs, checkpointed)
@@ -90,6 +92,15 @@ def partitioner_saves(
                 stacklevel=2,
             )
             return None
+        finally:
+            _PARTITIONING[0] -= 1
+
+
+def partitioning() -> bool:
+    """Whether :func:`partitioner_saves` is tracing a region now: what its operators do is
+    the graph's capture on fake tensors, not the step's (context parallelism's ring, run
+    again there, issues no collective of the step)."""
+    return _PARTITIONING[0] > 0
 
 
 def _as_is(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
@@ -260,4 +271,4 @@ def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     return constants
 
 
-__all__ = ["PartitionSaves", "partitioner_saves"]
+__all__ = ["PartitionSaves", "partitioner_saves", "partitioning"]
