@@ -185,6 +185,17 @@ def test_the_partitioners_capture_of_a_compiled_block_issues_no_ring(
     ]
 
 
+def test_a_stored_trace_does_not_answer_a_context_parallel_plan() -> None:
+    """A stored trace ran whole sequences without ring attention: a plan on a cp mesh is
+    traced (before, it came back without a single ring collective)."""
+    from fsdpviz.replan.stored_fsdp2 import StoredTrace
+
+    model, inputs = example_model(), example_inputs(seq=512)
+    stored = StoredTrace(model, inputs, None)
+    assert stored.plan(fully_shard=[DecoderLayer], world_size=8) is not None
+    assert stored.plan(fully_shard=[DecoderLayer], mesh=("dp_shard", 2, "cp", 4)) is None
+
+
 def test_context_parallel_mistakes_say_what_to_do() -> None:
     with pytest.raises(fsdpviz.ConfigError, match="divisible by 8"):
         _job(4, seq=260)

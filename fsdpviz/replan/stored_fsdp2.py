@@ -213,6 +213,8 @@ class StoredTrace:
             return None
         if opts.activation_checkpointing or opts.job.grad_accum > 1:
             return None
+        if opts.cp_size > 1:  # the trace ran whole sequences, no ring attention
+            return None
         if opts.torch.hooks_enter_dataclasses != self.rules.hooks_enter_dataclasses:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
