@@ -248,3 +248,23 @@ def test_tensor_parallel_share(fake_pg: int) -> None:
     stated = {q.fqn: (q.shape, q.bytes) for q in report.ignored_params}
     assert stated == {n: (list(t.shape), t.numel() * t.element_size()) for n, t in local.items()}
     assert stated["output.weight"][0] == [501, 64]  # the first rank's half of 1001 rows
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused", "sgd_momentum"])
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_the_optimizer_step_time_updates_them(fake_pg: int, api: str, optimizer: str) -> None:
+    """The time model's optimizer step passes over the parameters FSDP does not manage too,
+    whole, by the shards' rule (``OptimizerSpec.passes`` over each element's bytes, in its
+    own dtype) at the device's bandwidth; before, it stepped the shards only (the ignored
+    embedding's 240,240 B left out)."""
+    from fsdpviz.cost import machine, timeline
+    from fsdpviz.cost.sizes import itemsize, optimizer_spec
+
+    ignored = ["embed_tokens"] if api == "FSDP1" else [EMBED]
+    report = _report(api, ignored, 1, machine="h100")
+    assert sum(p.bytes for p in report.ignored_params) == 240240
+    passes = optimizer_spec(optimizer).passes()
+    shards = sum(u.trainable[1] * itemsize(u.dtype) for u in report.units)
+    seconds = (shards + 240240) * passes / (machine("h100").hbm_gbps * 1e9)
+    got = timeline(report, optimizer=optimizer).totals["optimizer_s"]
+    assert got == pytest.approx(seconds, rel=1e-12)
