@@ -125,3 +125,35 @@ def test_float8_all_gather_against_fsdp_mem_tracker(fake_pg: int, step: str) -> 
         steps = 4 * len(list(ExampleModel(CONFIG).parameters())) if step != "first" else 0
     unseen = {"'layers.0' forward": -4 * 7} if step == "steady" else {}  # 7 float8 weights
     assert _differences(real, mem, steps) == unseen
+
+
+def test_float8_all_gather_with_a_reshard_to_fewer_ranks_is_refused(fake_pg: int) -> None:
+    """FSDP2 cannot all-gather a float8 weight from the smaller mesh ``reshard_after_forward=2``
+    reshards it to after forward: real ``fully_shard`` raises ``NotImplementedError``
+    (``FSDPParam.all_gather_inputs``) at the backward's all-gather. fsdpviz refuses the plan
+    saying so, from ``analyze`` and from a replay of a plan that reshards fully, as it does a
+    group of tensor-parallel DTensors; before, it planned it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    real = ExampleModel(CONFIG)
+    float8.convert_to_float8_training(real, config=config)
+    mesh = init_device_mesh("cpu", (fake_pg,))
+    for layer in real.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=2, mp_policy=BF16)
+    fully_shard(real, mesh=mesh, mp_policy=BF16)
+    with pytest.raises(NotImplementedError):
+        _loss(real(**_ids())).backward()
+
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    spec = {"enable_fsdp_float8_all_gather": True}
+    with pytest.raises(fsdpviz.FSDPConfigError, match="float8 weights FSDP2 all-gathers"):
+        fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], world_size=fake_pg,
+                        reshard_after_forward={"layers.0": 2}, mp_policy=BF16, float8=spec,
+                        progress=False)  # fmt: skip
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], world_size=fake_pg,
+                             mp_policy=BF16, float8=spec, progress=False)  # fmt: skip
+    with pytest.raises(fsdpviz.FSDPConfigError, match=r"layers\.1.*float8 weights"):
+        fsdpviz.replan.replay(report, reshard_after_forward={"layers.1": 2})

@@ -10,7 +10,12 @@ from typing import Any, Unpack
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices
+from fsdpviz.plan.fsdp2 import (
+    build_groups,
+    check_reshard_ints,
+    float8_gathered_groups,
+    prefetch_indices,
+)
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
@@ -74,7 +79,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         groups = build_groups(
             copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
         )
-    check_reshard_ints(groups, opts.shard_ranks)
+    f8 = float8_gathered_groups(copy, groups, opts.job)
+    check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
     _check_context_parallel(opts, device)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime

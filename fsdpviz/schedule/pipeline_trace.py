@@ -22,7 +22,13 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices, resolve_targets
+from fsdpviz.plan.fsdp2 import (
+    build_groups,
+    check_reshard_ints,
+    float8_gathered_groups,
+    prefetch_indices,
+    resolve_targets,
+)
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
@@ -104,7 +110,8 @@ def trace_stages(
                     )
                 )
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
-            check_reshard_ints(groups, stage_opts.shard_ranks)
+            f8 = float8_gathered_groups(part, groups, stage_opts.job)
+            check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
