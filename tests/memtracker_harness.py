@@ -12,7 +12,8 @@ reduces its gradients); the tracker follows every
 micro-step of one optimizer step (its module statistics reset between them: it follows one
 iteration at a time), the peak is the step's and each module's peaks the most over its
 micro-steps. With ``step=True`` the tracker follows ``optimizer.step()`` after them on its own,
-its peak starting afresh (``Tracked.step_peak``).
+its peak starting afresh (``Tracked.step_peak``). ``after_step(model)`` runs after the
+first step, before tracking (torchao's ``precompute_float8_dynamic_scale_for_fsdp``).
 
 On gloo, ``gloo_reduce_scatter=False`` (the default) hides the copy of its input that
 gloo makes while a reduce-scatter completes (``work.wait()``), which NCCL does not make:
@@ -99,6 +100,7 @@ def tracked(
     step: bool = False,
     reduce_each: bool = False,
     sync_each: bool = False,
+    after_step: Callable[[nn.Module], object] | None = None,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -147,6 +149,8 @@ def tracked(
                 loss(model(**batch)).backward()
             opt.step()
             opt.zero_grad()
+            if after_step is not None:
+                after_step(model)
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((batch,))

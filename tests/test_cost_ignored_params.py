@@ -248,3 +248,106 @@ def test_tensor_parallel_share(fake_pg: int) -> None:
     stated = {q.fqn: (q.shape, q.bytes) for q in report.ignored_params}
     assert stated == {n: (list(t.shape), t.numel() * t.element_size()) for n, t in local.items()}
     assert stated["output.weight"][0] == [501, 64]  # the first rank's half of 1001 rows
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused", "sgd_momentum"])
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_the_optimizer_step_time_updates_them(fake_pg: int, api: str, optimizer: str) -> None:
+    """The time model's optimizer step passes over the parameters FSDP does not manage too,
+    whole, by the shards' rule (``OptimizerSpec.passes`` over each element's bytes, in its
+    own dtype) at the device's bandwidth; before, it stepped the shards only (the ignored
+    embedding's 240,240 B left out)."""
+    from fsdpviz.cost import machine, timeline
+    from fsdpviz.cost.sizes import itemsize, optimizer_spec
+
+    ignored = ["embed_tokens"] if api == "FSDP1" else [EMBED]
+    report = _report(api, ignored, 1, machine="h100")
+    assert sum(p.bytes for p in report.ignored_params) == 240240
+    passes = optimizer_spec(optimizer).passes()
+    shards = sum(u.trainable[1] * itemsize(u.dtype) for u in report.units)
+    seconds = (shards + 240240) * passes / (machine("h100").hbm_gbps * 1e9)
+    got = timeline(report, optimizer=optimizer).totals["optimizer_s"]
+    assert got == pytest.approx(seconds, rel=1e-12)
+
+
+def _steps(plan: str | None, ignored: list[str]) -> str:
+    """Real FSDP2 (fake process group, 4 ranks; ``plan``: tp_models' plan on a 2 x 2 mesh)
+    with ``ignored`` left to autograd, one step of torch's foreach AdamW over all the
+    parameters in one param group: "" where it steps, else its error."""
+    import tp_models
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    model = tp_models.Llama(vocab=32, dim=16, n_heads=2, hidden=32, layers=2)
+    if plan is None:
+        mesh = init_device_mesh("cpu", (4,))
+    else:
+        both = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+        styles = tp_models.whole_plan() if plan == "sequence_parallel" else tp_models.plain_plan()
+        parallelize_module(model, both["tp"], styles)
+        mesh = both["dp_shard"]
+    params = {model.get_parameter(n) for n in ignored}
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh, ignored_params=params)
+    fully_shard(model, mesh=mesh, ignored_params=params)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    model(torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))).sum().backward()
+    try:
+        optim.step()
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("plan", "ignored"),
+    [
+        (None, ["tok_embeddings.weight"]),
+        ("plain", ["norm.weight"]),  # a norm the plan does not distribute: a plain tensor
+        ("sequence_parallel", ["tok_embeddings.weight", "norm.weight"]),  # both DTensors
+    ],
+)
+def test_a_foreach_step_of_one_group_with_them(
+    fake_pg: int, plan: str | None, ignored: list[str]
+) -> None:
+    """FSDP2 leaves its ``ignored_params`` plain tensors (under tensor parallelism, DTensors
+    of the tp mesh where a style distributes them): torch's foreach AdamW over one param group
+    of them and FSDP2's DTensors raises at its first step (``aten._foreach_mul_.Scalar got
+    mixed torch.Tensor and DTensor``, DTensor's dispatch). fsdpviz says so where torch raises
+    (``ignored_params_foreach_mix``, with the fix: a param group of their own or
+    ``foreach=False``), and not where it steps (DTensors of two meshes mix)."""
+    import tp_models
+
+    error = _steps(plan, ignored)
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=32, dim=16, n_heads=2, hidden=32, layers=2)
+    if plan is None:
+        ranks: dict[str, Any] = {"world_size": 4}
+    else:
+        styles = tp_models.whole_plan() if plan == "sequence_parallel" else tp_models.plain_plan()
+        ranks = {"mesh": ("dp_shard", 2, "tp", 2), "parallelize_plan": styles}
+    report = fsdpviz.analyze(
+        model, torch.zeros(2, 8, dtype=torch.long), fully_shard=[("layers.0",), ("layers.1",)],
+        ignored_params={model.get_parameter(n) for n in ignored}, loss=_loss, **ranks,
+    )  # fmt: skip
+    said = [w for w in report.warnings if w.code == "ignored_params_foreach_mix"]
+    assert bool(said) == bool(error), (error, said)
+    if error:
+        assert "got mixed torch.Tensor and DTensor" in error
+        assert ignored[0] in said[0].message and "foreach=False" in said[0].message
+
+
+def test_no_foreach_warning_for_frozen_or_fsdp1(fake_pg: int) -> None:
+    """Frozen parameters left out (the optimizer skips them: no gradient), and FSDP1, whose
+    parameters are plain tensors all: no ``ignored_params_foreach_mix``."""
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    model.get_parameter(EMBED).requires_grad_(False)
+    frozen = fsdpviz.analyze(
+        model, {"input_ids": _ids()}, world_size=4, loss=_loss,
+        fully_shard=["layers.0", "layers.1"], ignored_params={model.get_parameter(EMBED)},
+    )  # fmt: skip
+    fsdp1 = _report("FSDP1", ["embed_tokens"], 1)
+    fsdp2 = _report("FSDP2", [EMBED], 1)
+    codes = [[w.code for w in r.warnings] for r in (frozen, fsdp1, fsdp2)]
+    assert ["ignored_params_foreach_mix" in c for c in codes] == [False, False, True]

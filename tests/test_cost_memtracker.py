@@ -815,15 +815,17 @@ def _check_tp_llama(
     hidden: int,
     batch: int,
     around: Callable[[], Any] = nullcontext,
+    mesh: tuple[int, int] = (2, 2),
     **kwargs: Any,
 ) -> None:
-    """tp_models' Llama (2 layers, dim 8) under ``plan`` on a dp 2 x tp 2 mesh, each layer a
-    unit: the peak, every category at it and every module's peaks to the byte."""
+    """tp_models' Llama (2 layers, dim 8, a head per tp rank) under ``plan`` on a ``mesh``
+    of dp x tp (2 x 2 unless said), each layer a unit: the peak, every category at it and
+    every module's peaks to the byte."""
     import tp_models
     from torch.distributed.tensor.parallel import parallelize_module
 
     def build() -> nn.Module:
-        return tp_models.Llama(vocab=vocab, dim=8, n_heads=2, hidden=hidden, layers=2)
+        return tp_models.Llama(vocab=vocab, dim=8, n_heads=mesh[1], hidden=hidden, layers=2)
 
     def ids() -> torch.Tensor:
         return torch.randint(0, vocab, (batch, 8), generator=torch.Generator().manual_seed(0))
@@ -832,13 +834,13 @@ def _check_tp_llama(
         return parallelize_module(model, tp_mesh, plan)
 
     real = tracked(build, lambda: {"tokens": ids()}, lambda m: list(m.layers.values()), fake_pg,
-                   loss, mesh_shape=(2, 2), parallelize=parallelize, around=around,
+                   loss, mesh_shape=mesh, parallelize=parallelize, around=around,
                    **kwargs)  # fmt: skip
     with torch.device("meta"):
         model = build()
     report = fsdpviz.analyze(model, ids(), fully_shard=[("layers.0",), ("layers.1",)],
-                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan, loss=loss,
-                             **kwargs)  # fmt: skip
+                             mesh=("dp_shard", mesh[0], "tp", mesh[1]), parallelize_plan=plan,
+                             loss=loss, **kwargs)  # fmt: skip
     mem = memory_model(report, optimizer=None)
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
@@ -924,6 +926,31 @@ def test_replicated_logits_gradient_chunk(fake_pg: int, plan: str) -> None:
 
     whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
     _check_tp_llama(fake_pg, whole, _loss, vocab=40, hidden=16, batch=3)
+
+
+@pytest.mark.parametrize("mesh", [(2, 2), (1, 4)], ids=["tp2", "tp4"])
+@pytest.mark.parametrize("plan", ["plain", "sequence_parallel", "loss_parallel"])
+def test_tensor_parallel_uneven_vocabulary(fake_pg: int, plan: str, mesh: tuple[int, int]) -> None:
+    """A vocabulary of 33 the tp ranks do not divide: DTensor chunks it as ``torch.chunk``
+    does (``Shard._split_tensor``: 17 and 16 rows over 2 ranks, 9, 9, 9 and 6 over 4), and
+    fsdpviz models the first rank, the one with the most, as it does the parameters' shards:
+    the logits, their upcast, gradients and the loss-parallel handlers' tensors are its 9 of
+    the 33 columns, not 1/tp of them. Replicating the logits gathers them as
+    ``Shard._to_replicate_tensor`` does: into a buffer padded to 4 x 9 columns, put in place
+    by ``torch.cat`` into a second, then copied out unpadded (``contiguous()``). The peak,
+    every category at it and every module's peaks to the byte (the peak was 240 B low over
+    2 ranks with the plain plan, 648 B over 4; the loss-parallel backward tensors 144 B and
+    216 B)."""
+    import tp_models
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel
+
+    whole = tp_models.plain_plan() if plan == "plain" else tp_models.whole_plan()
+    loss, around = _loss, nullcontext
+    if plan == "loss_parallel":
+        whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+        loss, around = _cross_entropy, loss_parallel
+    _check_tp_llama(fake_pg, whole, loss, vocab=33, hidden=16, batch=3, around=around, mesh=mesh)
 
 
 class _TokenTable(nn.Embedding):

@@ -189,14 +189,14 @@ def memory_model(
     for k in range(first, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
             report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
-            all_reduce=False,
+            all_reduce=False, scaled=k > 0,
             upcast=up, last_grads=last, placed=placed, stale=stale,
         )  # fmt: skip
         carry.run()
     if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
         carry = Walker(
             report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed,
-            stale=stale,
+            stale=stale, scaled=i > 0,
         )  # fmt: skip
         carry.run()
     sync = i % accum == accum - 1
@@ -204,7 +204,7 @@ def memory_model(
     walker = Walker(
         report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
         all_reduce=sync,
-        upcast=up, last_grads=last, step=step, placed=placed, stale=stale,
+        upcast=up, last_grads=last, step=step, placed=placed, stale=stale, scaled=i > 0,
     )  # fmt: skip
     walker.run()
     notes = list(walker.notes)

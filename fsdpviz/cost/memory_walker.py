@@ -57,6 +57,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
     the iteration before left, by unit: see [Note: stale post-forward shards]. A carried
     walk passes its own.
 
+    ``scaled``: FSDP2 with torchao's float8 all-gather, whether the units were gathered
+    before this iteration (an earlier one ran): see [Note: float8 all-gather scales].
+
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
     than 0 (:func:`~fsdpviz.cost.grad_sizes.placed_grads`), and two temporaries of theirs (see
     [Note: shard_placement_fn] in ``fsdpviz/plan/fsdp2_shards.py``): the copy-out gathers each such
@@ -81,6 +84,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         step: tuple[int, int] | None = None,
         placed: dict[str, tuple[int, ...]] | None = None,
         stale: dict[str, int] | None = None,
+        scaled: bool = False,
     ):
         self.sizes = sizes
         self.tape = tp
@@ -186,6 +190,31 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         # (``_held``) the ones before it left, which a reduction adds into
         self.reduced: set[str] = set()
         self._held: set[str] = set()
+        # [Note: float8 all-gather scales] torchao's ``fsdp_pre_all_gather`` makes each
+        # float8 weight's scale (a float32 scalar) anew for every all-gather, kept as FSDP's
+        # all-gather metadata until the copy-out's ``fsdp_post_all_gather`` sets it on the
+        # unsharded weight (``out._scale``), dropping the one it had. Resharding frees the
+        # gathered bytes, not the scale: a unit gathered once keeps a scale a weight. A
+        # forward saves the weight, scale and all, for its backward (unless an activation
+        # checkpoint recomputes it), so a unit gathered again in backward holds its forward's
+        # scales beside the new ones until its backward is over. The scales of a unit in use
+        # count with its unsharded parameters, the others (kept, all-gather metadata, saved)
+        # as temporaries of the phase they are in (``_scale_bytes``). With
+        # ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step (steady
+        # state) every scale is a view of one float32 tensor it made, one element a weight,
+        # held with the unsharded parameters throughout; no all-gather makes any.
+        f8 = report.config.float8 or {}
+        self._precomputed = bool(steady and f8.get("precompute_float8_dynamic_scale_for_fsdp"))
+        scaled_units = [u for u, b in sizes.items() if b.scales] if self.fsdp2 else []
+        self._scales: dict[str, int] = {}  # unit -> its weights' current scales (bytes)
+        self._gathering: set[str] = set()  # units whose all-gather made new scales
+        self._fwd_saved: set[str] = set()  # units whose forward saved their scales
+        self._saved: dict[str, int] = {}  # unit -> its forward's saved scales, replaced since
+        self._scale_extra = 0  # the bytes of the scales besides those in use, in a temp
+        if self._precomputed:
+            self.cat["unsharded_params"] += sum(sizes[u].scales for u in scaled_units)
+        elif scaled:
+            self._scales = {u: sizes[u].scales for u in scaled_units}
         if carry is not None:
             self.resident = set(carry.resident)
             self.cat["unsharded_params"] = carry.cat["unsharded_params"]
@@ -200,6 +229,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.pools = dict(carry.pools)  # those carried: the parameters, the gradients
             self._shard_pool = dict(carry._shard_pool)
             stale = carry.post_forward_shard
+            if not self._precomputed:
+                self._scales = dict(carry._scales)
         if self.fsdp2 and stale:
             self.post_forward_shard = dict(stale)
             self.stale = set(stale)
@@ -260,6 +291,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.cat["activations"] = act // tp
             self.cat["forward_temp"] = fwd // tp
             self.cat["backward_temp"] = (peak - act - fwd - new) // tp
+            self.cat[self._scale_temp()] += self._scale_extra
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
@@ -279,7 +311,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
             self.cat["backward_temp"] = c.backward_temp // tp
-        if c.hook == "pre_backward":
+            self.cat[self._scale_temp()] += self._scale_extra
+        if c.hook == "pre_backward" and not self.in_backward:
+            self.cat["forward_temp"] -= self._scale_extra
+            self.cat["backward_temp"] += self._scale_extra
             self.in_backward = True
         self._window(c, opening=True)
 
@@ -306,6 +341,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             if u in self._fresh:
                 # FSDP2 adds the new gradients into the accumulated ones, and frees them
                 self.cat["unsharded_grads"] -= self._fresh.pop(u)
+        if c.hook in _POST_BACKWARD and (unit in self._saved or unit in self._fwd_saved):
+            self._saved.pop(unit, None)  # the unit's backward let go of its forward's
+            self._fwd_saved.discard(unit)
+            self._rescale()
         if self.fsdp2 and c.hook == "post_forward":
             # ModTracker's global forward hook leaves the module before FSDP2's own
             # post-forward hook runs (nn.Module._call_impl runs global hooks first): its
@@ -363,6 +402,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)
+            if s.scales and self.fsdp2 and not self._precomputed:
+                self._gathering.add(e.unit)  # fsdp_pre_all_gather's new scales
+                self._rescale()
             if e.action is not None and e.action.endswith("UNSHARD"):
                 # a pipeline stage's UNSHARD (unshard(async_op=True)) gathers on the compute
                 # stream: its buffer is the compute pool's, counted with the parameters
@@ -389,7 +431,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
                 if raf and e.phase == "forward":
                     self._reshard_post_forward(e, s, raf, old)
                 if self.fsdp2:
-                    self.cat["unsharded_params"] -= s.unsharded
+                    self.cat["unsharded_params"] -= s.unsharded + self._scales.get(e.unit, 0)
+                    self._rescale()  # the scales stay
                 else:  # FSDP1: the unsharded FlatParameter, the unshard stream's block
                     self._free("unsharded_params", "all_gather", ("out", e.unit), s.unsharded)
                 if raf and e.phase == "forward":
@@ -419,7 +462,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             return  # NO_SHARD, or never resharded
         self.resident.add(unit)
         if self.fsdp2:
-            self.cat["unsharded_params"] += s.unsharded
+            self._scales_out(unit, s, pending is not None, c)
+            self.cat["unsharded_params"] += s.unsharded + self._scales.get(unit, 0)
+            self._rescale()
         elif pending is not None:  # FSDP1: the FlatParameter in use, the same block
             self._add("all_gather", "all_gather", -pending[0])
             self._add("unsharded_params", "all_gather", s.unsharded)
@@ -445,6 +490,33 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.held = (unit, pending[0])
         else:
             self._free("all_gather", "all_gather", ("out", unit), pending[0])
+
+    def _scales_out(self, unit: str, s: UnitBytes, gathered: bool, c: HookCall) -> None:
+        """The copy-out of ``unit`` (``fsdp_post_all_gather``): its new scales replace those
+        it had, which its forward's saved tensors keep if its backward gathered it again
+        (see [Note: float8 all-gather scales])."""
+        if not s.scales or self._precomputed:
+            return
+        if gathered and unit in self._gathering:
+            self._gathering.discard(unit)
+            if self.in_backward and unit in self._fwd_saved and unit in self._scales:
+                self._saved[unit] = s.scales_saved
+            self._fwd_saved.discard(unit)
+            self._scales[unit] = s.scales
+        if c.hook == "pre_forward" and not self.in_backward and s.scales_saved:
+            self._fwd_saved.add(unit)
+
+    def _rescale(self) -> None:
+        """Count the float8 scales besides those of the units in use (``_scale_extra``) in
+        the temporaries of the phase: see [Note: float8 all-gather scales]."""
+        extra = sum(n for u, n in self._scales.items() if u not in self.resident)
+        extra += sum(self.sizes[u].scales for u in self._gathering)
+        extra += sum(self._saved.values())
+        self.cat[self._scale_temp()] += extra - self._scale_extra
+        self._scale_extra = extra
+
+    def _scale_temp(self) -> str:
+        return "backward_temp" if self.in_backward else "forward_temp"
 
     def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int, old: bool) -> None:
         """FSDP2 resharding a unit after forward onto ``raf`` ranks (its

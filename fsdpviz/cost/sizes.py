@@ -161,6 +161,12 @@ class UnitBytes:
     # FSDP2 on a shard group of one rank under mixed precision: the casts of the parameters
     # its copy-out makes, the most alive beside the unsharded parameters (:func:`_one_rank_copy`)
     one_rank_copy: int = 0
+    # FSDP2 with torchao's float8 all-gather (``_in_float8``): the float32 scales of the
+    # unit's float8 weights, one each (``fsdp_pre_all_gather`` makes them anew for every
+    # all-gather; the walk follows how long each lives), and those of them a forward saves
+    # for the backward with the weights (the linears no activation checkpoint recomputes)
+    scales: int = 0
+    scales_saved: int = 0
     # FSDP1 under CPU offload: the reduced gradient (``sharded_grad``: ``_saved_grad_shard``,
     # or NO_SHARD's ``.grad``) stays on the device beside its host copy until the final
     # callback (``prepare_gradient_for_optim`` points ``.grad`` at ``_cpu_grad``)
@@ -199,9 +205,12 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             if whole:
                 out[u.module] = replace(out[u.module], replicated_grads=whole)
     gathered = float8_gathered(report) if fsdp2 else {}
+    recomputed = _checkpointed(report) if gathered else set()
     for u in report.units:
         if u.module in gathered and out[u.module].communicates:
-            out[u.module] = _in_float8(u, out[u.module], gathered[u.module], shapes)
+            b = _in_float8(u, out[u.module], gathered[u.module], shapes)
+            saved = [w for w in gathered[u.module] if w.rpartition(".")[0] not in recomputed]
+            out[u.module] = replace(b, scales_saved=4 * len(saved))
     if fsdp2 and report.config.post_forward_ranks:
         for name in report.config.post_forward_ranks:
             if name in out:
@@ -255,9 +264,10 @@ def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[
     float8 (one byte an element) and returns that as its all-gather input with its scale (a
     float32 scalar); FSDP2 all-gathers inputs of several dtypes as bytes into one flat
     ``uint8`` buffer (``foreach_all_gather``), and ``fsdp_post_all_gather`` makes each
-    unsharded weight a ``Float8TrainingTensor`` of its gathered bytes and that scale. The
-    other parameters are gathered in the compute dtype as ever. Each input is the padded
-    shard (dim 0 padded to a multiple of the shard ranks)."""
+    unsharded weight a ``Float8TrainingTensor`` of its gathered bytes and that scale
+    (``scales``, apart: a scale outlives the gathered bytes, see ``Walker``). The other
+    parameters are gathered in the compute dtype as ever. Each input is the padded shard
+    (dim 0 padded to a multiple of the shard ranks)."""
     ranks = u.shard_ranks or 1
     shard = cast = 0
     for fqn in u.params:
@@ -273,8 +283,29 @@ def _in_float8(u: Unit, b: UnitBytes, weights: set[str], shapes: dict[str, list[
             size = itemsize(u.compute_dtype or u.param_dtype(fqn))
             shard += numel * size
             cast += numel * size if u.param_dtype(fqn) != (u.compute_dtype or u.dtype) else 0
-    scales = 4 * len(weights)
-    return replace(b, unsharded=shard * ranks + scales, all_gather=shard * ranks, copy_in=cast)
+    return replace(
+        b, unsharded=shard * ranks, all_gather=shard * ranks, copy_in=cast, scales=4 * len(weights)
+    )
+
+
+def _checkpointed(report: Report) -> set[str]:
+    """The modules an activation checkpoint recomputes in backward: those of a checkpointed
+    class (``config.activation_checkpointing``'s ``classes``) and every module inside one."""
+    ac = report.config.activation_checkpointing
+    classes = set(ac.get("classes", [])) if ac else set()
+    if not classes:
+        return set()
+    parents = {m.fqn: m.parent for m in report.modules}
+    kinds = {m.fqn: m.module_class for m in report.modules}
+    found: set[str] = set()
+    for fqn in parents:
+        at: str | None = fqn
+        while at is not None:
+            if kinds.get(at) in classes:
+                found.add(fqn)
+                break
+            at = parents.get(at)
+    return found
 
 
 def _one_rank_copy(u: Unit, shapes: dict[str, list[int]]) -> int:

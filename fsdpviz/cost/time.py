@@ -44,7 +44,8 @@ iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: memory
 passes over the shards (``"adamw_fused"`` reads parameter, gradient and both states and
 writes parameter and states; ``"adamw"``, torch's default foreach implementation, runs each
 operation as a pass of its own, three times that traffic, see
-:class:`~fsdpviz.cost.sizes.OptimizerSpec`; on the host under CPU offload). CPU offload's
+:class:`~fsdpviz.cost.sizes.OptimizerSpec`; on the host under CPU offload) and over the
+parameters FSDP does not manage (``report.ignored_params``, whole, on the device). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
 gradient shard back, after its reduction) run one at a time on a copy stream.
 
@@ -302,5 +303,10 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
     # the trainable shards; fused Adam: read param + grad + states, write param + states;
     # foreach: each operation a pass of its own (OptimizerSpec.passes)
     touched = sum(u.trainable[1] * itemsize(u.dtype) * spec.passes() for u in report.units)
+    # the parameters FSDP does not manage (report.ignored_params), whole on every rank: the
+    # same passes over each trainable one, in its own dtype, on the device (CPU offload
+    # moves only what FSDP manages)
+    ignored = sum(p.bytes for p in report.ignored_params if p.requires_grad) * spec.passes()
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
-    return touched / ((m.host_gbps if report.config.cpu_offload else m.hbm_gbps) * 1e9)
+    host = report.config.cpu_offload
+    return touched / ((m.host_gbps if host else m.hbm_gbps) * 1e9) + ignored / (m.hbm_gbps * 1e9)

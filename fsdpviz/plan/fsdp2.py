@@ -33,6 +33,7 @@ from fsdpviz.plan.fsdp2_shards import (
     placement_fn_of,
     shard_dim,
 )
+from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.schema.report import unit_label
 
@@ -314,12 +315,17 @@ def _managed_modules(roots: tuple[nn.Module, ...], sharded: set[nn.Module]) -> l
 
 
 def check_reshard_ints(
-    groups: list[Group], world_size: int, tp_groups: Iterable[str] | None = None
+    groups: list[Group],
+    world_size: int,
+    tp_groups: Iterable[str] | None = None,
+    float8_groups: Iterable[str] = (),
 ) -> None:
     """Raise as FSDP2 does for a group resharded after forward to a number of ranks that does
     not divide the ranks (:meth:`Group.check_reshard_ranks`), or that reshards a group holding
-    tensor-parallel (DTensor) parameters to a smaller mesh. ``tp_groups``: the names of the
-    groups that hold DTensor parameters (default: those whose unit has ``tp_placements``)."""
+    tensor-parallel (DTensor) parameters to a smaller mesh, or one whose weights it gathers in
+    float8. ``tp_groups``: the names of the groups that hold DTensor parameters (default:
+    those whose unit has ``tp_placements``); ``float8_groups``: those holding weights FSDP2
+    all-gathers in float8 (:func:`float8_gathered_groups`)."""
     for g in groups:
         g.check_reshard_ranks(world_size)
     check_placements_reshard(groups, world_size)
@@ -336,6 +342,26 @@ def check_reshard_ints(
                 "FSDPParam.to_sharded_post_forward, at its first forward); use "
                 f"{RESHARD.code(True)} or False for it"
             )
+    in_float8 = set(float8_groups)
+    for g in groups:
+        if g.name in in_float8 and g.post_forward_ranks(world_size) is not None:
+            raise FSDPConfigError(
+                f"{g.reshard_text()}, whose float8 weights FSDP2 all-gathers in float8 "
+                "(torchao's enable_fsdp_float8_all_gather): FSDP2 cannot all-gather them again "
+                "from the smaller mesh it reshards them to after forward (NotImplementedError "
+                "in FSDPParam.all_gather_inputs, at the backward's all-gather); use "
+                f"{RESHARD.code(True)} or False for it, or gather them in bf16"
+            )
+
+
+def float8_gathered_groups(model: nn.Module, groups: list[Group], job: JobOptions) -> list[str]:
+    """The groups holding weights FSDP2 all-gathers in float8 (``job``'s float8 with
+    ``enable_fsdp_float8_all_gather``: torchao's ``WeightWithDynamicFloat8CastTensor``)."""
+    spec = job.float8
+    if spec is None or not spec.enable_fsdp_float8_all_gather:
+        return []
+    weights = {id(m.weight) for m in job.float8_modules(model)}
+    return [g.name for g in groups if any(id(p) in weights for p in g.params)]
 
 
 def prefetch_indices(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.schema.report import ModuleInfo
@@ -39,7 +39,8 @@ JOB_KEYS = frozenset({"grad_accum", "compile", "float8", "float32_matmul_precisi
 FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 # torchtitan's Float8 / Float8Linear config keys; the ones that change no kernel or byte are
-# accepted and ignored (precompute's one all-reduce of scales per step, emulation)
+# accepted and ignored (emulation; precompute's one all-reduce of scales per step, whose
+# scales' bytes the memory model counts)
 _FLOAT8_KEYS = {
     "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
     "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate",
@@ -55,6 +56,7 @@ class Float8Dict(TypedDict):
     recipe_name: str
     enable_fsdp_float8_all_gather: bool
     filter_fqns: list[str]
+    precompute_float8_dynamic_scale_for_fsdp: NotRequired[bool]  # stated where True
 
 
 class JobFields(TypedDict):
@@ -71,18 +73,24 @@ class Float8:
     """Float8 training of ``nn.Linear`` (torchao's ``Float8Linear``): the matrix multiplies
     of every linear that ``filter_fqns`` does not exclude (a substring of its FQN) and whose
     dimensions divide by 16 run in float8, their inputs cast (with an amax reduction) first;
-    with ``enable_fsdp_float8_all_gather`` FSDP2 all-gathers those weights in float8."""
+    with ``enable_fsdp_float8_all_gather`` FSDP2 all-gathers those weights in float8, with
+    ``precompute_float8_dynamic_scale_for_fsdp`` with the scales torchao's function of that
+    name computes after each optimizer step."""
 
     recipe_name: str = "tensorwise"
     enable_fsdp_float8_all_gather: bool = False
     filter_fqns: tuple[str, ...] = ()
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
 
     def to_dict(self) -> Float8Dict:
-        return {
+        out: Float8Dict = {
             "recipe_name": self.recipe_name,
             "enable_fsdp_float8_all_gather": self.enable_fsdp_float8_all_gather,
             "filter_fqns": list(self.filter_fqns),
         }
+        if self.precompute_float8_dynamic_scale_for_fsdp:
+            out["precompute_float8_dynamic_scale_for_fsdp"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Float8:
@@ -90,6 +98,7 @@ class Float8:
             str(d.get("recipe_name") or "tensorwise"),
             bool(d.get("enable_fsdp_float8_all_gather", False)),
             tuple(d.get("filter_fqns") or ()),
+            bool(d.get("precompute_float8_dynamic_scale_for_fsdp", False)),
         )
 
     def picks(self, fqn: str, in_features: int, out_features: int) -> bool:
@@ -275,7 +284,8 @@ def _float8(value: Any, api: str) -> Float8 | None:
         filters = value.get("filter_fqns") or ()
         if isinstance(filters, str):
             filters = [f.strip() for f in filters.split(",") if f.strip()]
-        spec = Float8(str(recipe), gather, tuple(str(f) for f in filters))
+        precompute = gather and bool(value.get("precompute_float8_dynamic_scale_for_fsdp"))
+        spec = Float8(str(recipe), gather, tuple(str(f) for f in filters), precompute)
     else:
         raise ConfigError(
             "float8 must be True (tensorwise float8 linears), a dict of torchtitan's float8 "

@@ -51,7 +51,7 @@ from torch.distributed.fsdp import MixedPrecision
 
 from fsdpviz.cost.fit import check_fit
 from fsdpviz.cost.grad_sizes import tp_local_shape
-from fsdpviz.cost.sizes import itemsize
+from fsdpviz.cost.sizes import float8_gathered, itemsize
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
@@ -282,7 +282,9 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             changes[RESHARD.name] if RESHARD.name in changes else cfg.resharding(name), rules
         )
         groups.append(group)
-    check_reshard_ints(groups, shard, [u.module for u in report.units if u.tp_placements])
+    check_reshard_ints(
+        groups, shard, [u.module for u in report.units if u.tp_placements], float8_gathered(report)
+    )
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension
     runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})

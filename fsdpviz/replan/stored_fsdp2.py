@@ -35,7 +35,13 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_reshard_ints, prefetch_indices
+from fsdpviz.plan.fsdp2 import (
+    GroupMemo,
+    build_groups,
+    check_reshard_ints,
+    float8_gathered_groups,
+    prefetch_indices,
+)
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
@@ -222,7 +228,8 @@ class StoredTrace:
         groups = build_groups(
             self.copy, replace(opts, targets=targets), ignored, self._memo, self._params
         )
-        check_reshard_ints(groups, opts.shard_ranks)
+        f8 = float8_gathered_groups(self.copy, groups, opts.job)
+        check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
         runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch)
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),

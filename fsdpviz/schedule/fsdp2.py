@@ -10,7 +10,12 @@ from typing import Any, Unpack
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices
+from fsdpviz.plan.fsdp2 import (
+    build_groups,
+    check_reshard_ints,
+    float8_gathered_groups,
+    prefetch_indices,
+)
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
@@ -74,7 +79,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         groups = build_groups(
             copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
         )
-    check_reshard_ints(groups, opts.shard_ranks)
+    f8 = float8_gathered_groups(copy, groups, opts.job)
+    check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
     _check_context_parallel(opts, device, profile)
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
@@ -202,6 +208,7 @@ def fsdp2_report(
         forward_order=order,
         iterations=iterations,
         warnings=group_warnings(groups, order, view_outputs, opts, list(runtime.incomplete))
+        + _mixed_param_group(copy, groups, opts)
         + tracker.warnings,
         modules=module_infos(
             copy, placements, {f: g.name for g in groups for f in g.fqns}, tracker.records, named
@@ -229,6 +236,42 @@ def _ignored(copy: nn.Module, groups: list[Group], opts: FSDP2Options) -> list[I
         size = q.bytes // max(math.prod(q.shape), 1)
         out.append(replace(q, shape=shape, bytes=size * math.prod(shape)))
     return out
+
+
+def _mixed_param_group(
+    copy: nn.Module, groups: list[Group], opts: FSDP2Options
+) -> list[FsdpWarning]:
+    """``ignored_params`` that stay plain tensors (FSDP2 leaves them as they are; under tensor
+    parallelism a style distributes some into DTensors of the tp mesh, which mix) beside
+    FSDP2's trainable DTensor parameters: torch's foreach and fused optimizers refuse one
+    param group of both (torch's default on a GPU is foreach). Each such update runs one
+    ``torch._foreach_*`` (or ``_fused_adamw_``) over the group's tensors of a device and dtype
+    (``Optimizer._group_tensors_by_device_and_dtype``), and DTensor's dispatch raises on a
+    call that mixes plain tensors with DTensors (``torch/distributed/tensor/_dispatch.py``)."""
+    managed = {id(p) for g in groups for p in g.params}
+    if not any(p.requires_grad for g in groups for p in g.params):
+        return []
+    distributed = {id(p) for p in opts.tp.placements(copy)} if opts.tp is not None else set()
+    plain = [
+        n
+        for n, p in copy.named_parameters()
+        if id(p) not in managed and id(p) not in distributed and p.requires_grad
+    ]
+    if not plain:
+        return []
+    shown = ", ".join(plain[:3]) + (f" and {len(plain) - 3} more" if len(plain) > 3 else "")
+    return [
+        FsdpWarning(
+            "ignored_params_foreach_mix",
+            f"ignored_params ({shown}) stay plain tensors beside FSDP2's DTensor parameters: "
+            "an optimizer with one param group of both fails at its first step with torch's "
+            "foreach or fused update (torch.optim's default on a GPU is foreach): "
+            "RuntimeError: aten._foreach_mul_.Scalar got mixed torch.Tensor and DTensor. "
+            "Give them a param group of their own (AdamW([{'params': sharded}, {'params': "
+            "ignored}])), as fsdpviz's memory model steps them, or pass foreach=False",
+            [],
+        )
+    ]
 
 
 def _unmanaged(copy: nn.Module, groups: list[Group]) -> list[nn.Parameter]:

@@ -14,6 +14,7 @@ import dataclasses
 import fnmatch
 import functools
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -21,7 +22,13 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import build_groups, check_reshard_ints, prefetch_indices, resolve_targets
+from fsdpviz.plan.fsdp2 import (
+    build_groups,
+    check_reshard_ints,
+    float8_gathered_groups,
+    prefetch_indices,
+    resolve_targets,
+)
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
@@ -80,7 +87,8 @@ def trace_stages(
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
-    shared: list[torch.Tensor] = []  # received activations one tp rank holds a share of
+    # received activations one tp rank holds a share of, with their shares
+    shared: list[tuple[torch.Tensor, Fraction]] = []
     n_modules = sum(1 for _ in copy.modules())
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
         for s, names in enumerate(popts.stage_modules):
@@ -102,7 +110,8 @@ def trace_stages(
                     )
                 )
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
-            check_reshard_ints(groups, stage_opts.shard_ranks)
+            f8 = float8_gathered_groups(part, groups, stage_opts.job)
+            check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
@@ -117,7 +126,7 @@ def trace_stages(
             # the next stage receives this stage's output tensors as its positional inputs
             outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
             args = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outs)
-            shared = [a for a, share in zip(args, shares, strict=True) if share]
+            shared = [(a, sh) for a, sh in zip(args, shares, strict=True) if sh is not None]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
     return traces
 
@@ -178,9 +187,9 @@ def _trace_stage(
     where: str,
     bar: Any,
     profile: bool,
-    shared: list[torch.Tensor],
+    shared: list[tuple[torch.Tensor, Fraction]],
     split: tuple[SplitKey, SplitBackward] | None = None,
-) -> tuple[StageTrace, Any, list[bool]]:
+) -> tuple[StageTrace, Any, list[Fraction | None]]:
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     tp = TPEmulation(part, opts.tp, groups, runtime) if opts.tp is not None else None
@@ -251,7 +260,7 @@ def _trace_stage(
         prefetch=prefetch,
         profile=measured,
     )
-    shares = [probe is not None and probe.holds_share(t) for t in sent]
+    shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares
 
 
@@ -264,7 +273,7 @@ def _split_trace(
     kw: dict[str, Any],
     last: bool,
     where: str,
-    shared: list[torch.Tensor],
+    shared: list[tuple[torch.Tensor, Fraction]],
     key: SplitKey,
 ) -> SplitBackward:
     """The stage traced again, its backward as ``I`` then ``W`` (``key``: which weights

@@ -14,13 +14,18 @@ While a :class:`~fsdpviz.trace.probe.CostProbe` measures (:meth:`TPEmulation.mea
 redistribution that gives a rank a new buffer (all-gather, reduce-scatter, all-to-all; an
 all-reduce works in place) makes one on the traced copy too, in the layout it arrives in, so
 the probe counts what a rank holds: the all-gathered input of a column-parallel projection
-whole, the reduce-scattered output of a row-parallel one as a share.
+whole, the reduce-scattered output of a row-parallel one as a share. A share is what the
+first rank of the tp group holds, the one with the most: DTensor chunks a dim the tp ranks
+do not divide as ``torch.chunk`` does (``Shard._split_tensor``), the first ranks a chunk of
+``ceil(n / tp)``, the last ones less (:func:`~fsdpviz.trace.probe_records.dim_share`), as
+the parameters' tp shards (:func:`~fsdpviz.plan.tensor_parallel.local_shape`).
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -40,7 +45,7 @@ from fsdpviz.plan.tensor_parallel import (
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.probe import CostProbe
-from fsdpviz.trace.probe_records import TPShares
+from fsdpviz.trace.probe_records import TPShares, dim_share
 
 # A row-wise embedding's weight: its gradient is whole on every rank (TPShares.whole_grads).
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
@@ -109,7 +114,11 @@ class TPEmulation:
         embeddings = {id(m.weight) for m in self._model.modules() if isinstance(m, nn.Embedding)}
         return TPShares(
             self.plan.size,
-            frozenset(p for p, layout in placements.items() if layout[0] == "shard"),
+            {
+                p: dim_share(p.shape[(layout[1] or 0) % p.dim()], self.plan.size)
+                for p, layout in placements.items()
+                if layout[0] == "shard" and p.dim() > 0
+            },
             frozenset(f for f, m in self.plan.modules.items() if m.style == "RowwiseParallel"),
             frozenset(
                 p
@@ -143,7 +152,6 @@ class TPEmulation:
         probe = self._probe
         if probe is None or collective not in _NEW_BUFFER:
             return None
-        sharded = dst[0] == "shard"
         moved = src if collective == "tp_all_gather" else dst
         rearranged = (
             collective in ("tp_all_gather", "tp_reduce_scatter")
@@ -152,12 +160,41 @@ class TPEmulation:
         )
 
         def make(t: torch.Tensor) -> torch.Tensor:
-            with probe.redistributed(False):
+            if collective == "tp_all_gather" and self._uneven(t, src):
+                return self._gathered_padded(probe, t, src)
+            with probe.redistributed(None):
                 whole = t.clone() if rearranged else t
-            with probe.redistributed(sharded):
+            with probe.redistributed(self._share(t, dst)):
                 return whole.clone()
 
         return make
+
+    def _uneven(self, t: torch.Tensor, layout: Layout) -> bool:
+        """Whether ``t`` (its global shape) in ``layout`` is sharded on a dim the tp ranks do
+        not divide."""
+        if layout[0] != "shard" or t.dim() == 0:
+            return False
+        return t.shape[(layout[1] or 0) % t.dim()] % self.plan.size != 0
+
+    def _gathered_padded(self, probe: CostProbe, t: torch.Tensor, src: Layout) -> torch.Tensor:
+        """The all-gather of ``t``, sharded in ``src`` on a dim the tp ranks do not divide,
+        as ``Shard._to_replicate_tensor`` makes it: every rank's chunk padded to the first's
+        (the first rank's needs none), gathered on dim 0 into a buffer of the padded size
+        (``all_gather_single``), on another dim its chunks put in place by ``torch.cat``
+        into a second such buffer, then unpadded (``_maybe_unpad_tensor``: ``narrow``, then
+        ``contiguous()``, a copy of the whole tensor beside the padded one where the dim is
+        not 0, a view of the gathered buffer, held whole, where it is)."""
+        d = (src[1] or 0) % t.dim()
+        n = t.shape[d]
+        padded = list(t.shape)
+        padded[d] = -(-n // self.plan.size) * self.plan.size
+        with probe.redistributed(None):
+            gathered = t.new_empty(padded)
+            if d == 0:
+                return gathered.narrow(0, 0, n)
+            placed = t.new_empty(padded)  # torch.cat of the gathered chunks along d
+            del gathered
+            return placed.narrow(d, 0, n).contiguous()
 
     def _padded(self, nbytes: int, shape: torch.Size, layout: Layout) -> int:
         """The bytes a collective moves of a tensor of ``nbytes`` and ``shape`` sharded as
@@ -242,10 +279,18 @@ class TPEmulation:
             return None
 
         def make(t: torch.Tensor) -> torch.Tensor:
-            with probe.held_as(True):
+            share = self._share(t, dst)
+            with probe.held_as(share if share is not None else False):
                 return t.clone()
 
         return make
+
+    def _share(self, t: torch.Tensor, layout: Layout) -> Fraction | None:
+        """The share one rank holds of ``t`` (its global shape) in ``layout``, or None
+        (whole)."""
+        if layout[0] != "shard" or t.dim() == 0:
+            return None
+        return dim_share(t.shape[(layout[1] or 0) % t.dim()], self.plan.size)
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any

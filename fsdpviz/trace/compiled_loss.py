@@ -6,6 +6,7 @@ between its forward and backward only what torch's partitioner saves.
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
@@ -14,7 +15,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.fusion import ModuleScope
-from fsdpviz.trace.probe_records import ACT, FWD_TEMP, CompiledLoss, StorageSet, storage_of
+from fsdpviz.trace.probe_records import (
+    ACT,
+    FWD_TEMP,
+    CompiledLoss,
+    StorageShares,
+    local_part,
+    storage_of,
+)
 
 __all__ = ["CompiledLossAccounting", "LossHost"]
 
@@ -25,12 +33,11 @@ class LossHost(Protocol):
     _loss: CompiledLoss | None
     _live: dict[int, list[Any]]
     live: list[int]
-    _sharded: StorageSet
+    _sharded: StorageShares
     _measuring: bool
-    tp_ranks: int
 
     def _hold(self, st: Any, key: int, n: int, kind: int) -> None: ...
-    def _is_share(self, t: Any) -> bool: ...
+    def _inputs_share(self, tensors: Any) -> Fraction | None: ...
     def _write_out(self, loss: CompiledLoss, key: int, kind: int) -> None: ...
     def _end_loss(self) -> None: ...
     def _loss_saves(
@@ -100,13 +107,13 @@ class CompiledLossAccounting:
             if (entry[3], entry[4]) in wanted:
                 wanted.remove((entry[3], entry[4]))
                 self._write_out(loss, key, ACT)
-        share = any(self._is_share(t) for t in tensors)
+        share = self._inputs_share(tensors)
         for shape, dtype in wanted:
             with _disable_current_modes():
                 t = torch.empty(shape, dtype=dtype, device="meta")
             loss.extras.append(t)
             st = t.untyped_storage()
-            n = st.nbytes() // self.tp_ranks if share and t.dim() > 0 else st.nbytes()
+            n = local_part(st.nbytes(), share if t.dim() > 0 else None)
             self._hold(st, id(st), n, ACT)
         # what it returns (the loss) and whatever else it left alive, but what only eager
         # autograd would have saved

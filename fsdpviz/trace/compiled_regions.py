@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
@@ -31,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from fsdpviz.trace.checkpointing import is_selective
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.operators import op_tensors
-from fsdpviz.trace.probe_records import ACT, storage_of
+from fsdpviz.trace.probe_records import ACT, local_part, storage_of
 
 __all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost", "compiled_checkpoints"]
 
@@ -70,10 +71,9 @@ class RegionHost(Protocol):
     _live: dict[int, list[Any]]
     live: list[int]
     _measuring: bool
-    tp_ranks: int
 
     def _hold(self, st: Any, key: int, n: int, kind: int) -> None: ...
-    def _is_share(self, t: Any) -> bool: ...
+    def _inputs_share(self, tensors: Any) -> Fraction | None: ...
 
 
 class CompiledRegionAccounting:
@@ -203,14 +203,14 @@ def _hold_saves(
         rec[0] = 0
     if not wanted:
         return
-    share = any(host._is_share(t) for t in inputs)
+    share = host._inputs_share(inputs)
     extras = []
     for n, dtype in wanted:
         with _disable_current_modes():
             t = torch.empty(n // dtype.itemsize, dtype=dtype, device="meta")
         extras.append(t)
         st = t.untyped_storage()
-        host._hold(st, id(st), st.nbytes() // host.tp_ranks if share else st.nbytes(), ACT)
+        host._hold(st, id(st), local_part(st.nbytes(), share), ACT)
     host._region_extras.extend(extras)
     grads = [t for t in inputs if t.requires_grad]
     if grads:  # freed when the region's backward has given its inputs' gradients

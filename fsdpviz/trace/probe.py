@@ -15,11 +15,14 @@ counts, on the meta device, without allocating anything:
 - **gradients**: the storage that lands in a parameter's ``.grad`` (FSDP1: the
   FlatParameter's), by unit, moved out of *temp* by a post-accumulate-grad hook.
 - **tensor parallelism** (``tp``, a :class:`TPShares`): one rank's bytes of every
-  storage. A storage holds a 1/tp share when an input of the operator that made it
+  storage. A storage holds a share when an input of the operator that made it
   does (starting from the parameters the plan shards), except the whole (partial)
   result of a matrix multiply of two shares and anything a ``RowwiseParallel``
   module computes; a tp collective's output buffer (:meth:`CostProbe.redistributed`)
-  is counted in the layout it arrives in, and costs no kernel.
+  is counted in the layout it arrives in, and costs no kernel. A share is the part
+  of its sharded dim the first tp rank holds (:func:`~fsdpviz.trace.probe_records.dim_share`:
+  ``1/tp``, or more where tp does not divide the dim, as DTensor chunks it), passed on
+  from the inputs (the largest of theirs) to what is computed from them.
 - **FLOPs** of the operators ``torch.utils.flop_counter`` has formulas for
   (matrix multiplies, attention, convolutions), forward and backward. Other
   operators are not counted: next to a transformer's matrix multiplies their
@@ -53,6 +56,7 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -89,9 +93,11 @@ from fsdpviz.trace.probe_records import (
     CompiledLoss,
     MarkingLog,
     StorageSet,
+    StorageShares,
     Stretch,
     TPShares,
     batch_tokens,
+    local_part,
     storage_bytes,
     storage_of,
 )
@@ -153,10 +159,11 @@ class CostProbe(
         self._tp = tp
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
         self.tp_ranks = tp.size if tp is not None else 1
-        self._sharded = StorageSet()  # the storages one rank holds 1/tp of
-        self._given = StorageSet()  # ... of the inputs (see inputs_shared)
-        self._forced: bool | None = None  # inside redistributed(): the outputs' layout
-        self._held: bool | None = None  # inside held_as(): the outputs' layout
+        self._sharded = StorageShares()  # the storages one rank holds a share of
+        self._given = StorageShares()  # ... of the inputs (see inputs_shared)
+        # inside redistributed(): (the share one rank holds of the outputs, None: whole)
+        self._forced: tuple[Fraction | None] | None = None
+        self._held: bool | Fraction | None = None  # inside held_as(): the outputs' layout
         self._loss_parallel = LossParallelAccounting()  # F.cross_entropy in loss_parallel()
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
@@ -207,9 +214,10 @@ class CostProbe(
             if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
         )
         if self._tp is not None:
-            self._sharded = StorageSet(
-                st for p in self._tp.sharded_params if (st := storage_of(p)) is not None
-            )
+            self._sharded = StorageShares()
+            for p, share in self._tp.sharded_params.items():
+                if (st := storage_of(p)) is not None:
+                    self._sharded.add(st, share)
             self._sharded.update(self._given)
         self._stretch = self._new_stretch()
         self._measuring = True
@@ -225,10 +233,10 @@ class CostProbe(
             self._record_modules = False
 
     @contextmanager
-    def redistributed(self, sharded: bool) -> Iterator[None]:
+    def redistributed(self, share: Fraction | None) -> Iterator[None]:
         """The operators in this block make a tp collective's output buffer: no kernel, and
-        one rank holds 1/tp of it if ``sharded``, else all of it."""
-        before, self._forced = self._forced, sharded
+        one rank holds ``share`` of it (None: all of it)."""
+        before, self._forced = self._forced, (share,)
         try:
             yield
         finally:
@@ -273,7 +281,7 @@ class CostProbe(
             if self._rescales:
                 self._rescale_read(args, False)
             self._fused.close()  # a collective's buffer: a fused kernel cannot span it
-            self._track_all(out, self._forced)
+            self._track_all(out, self._forced[0])
             return out
         op = self._ops.get(func)
         if op is None:
@@ -288,10 +296,7 @@ class CostProbe(
             flops = flop_fn(*args, **kwargs, out_val=out)
             self._count_flops(flops)
         if fresh:  # (views and in-place ops return storage that already exists)
-            held = self._held
-            share = self._tp is not None and (
-                held if held is not None else self._a_share(func, args, kwargs)
-            )
+            share = self._made_share(func, args, kwargs) if self._tp is not None else None
             self._track_all(out, share)
         if cost is not None:
             if self._rescales:
@@ -300,8 +305,9 @@ class CostProbe(
         return out
 
     @contextmanager
-    def held_as(self, sharded: bool) -> Iterator[None]:
-        """The tensors the operators in this block make: one rank's shares, or whole."""
+    def held_as(self, sharded: bool | Fraction) -> Iterator[None]:
+        """The tensors the operators in this block make: one rank's shares (``True``: the
+        share their inputs hold, a ``Fraction``: that share), or whole (``False``)."""
         before, self._held = self._held, sharded
         try:
             yield
@@ -310,55 +316,83 @@ class CostProbe(
 
     def _whole(self) -> Any:
         """An all-reduce's new buffer (whole, no kernel)."""
-        return self.redistributed(False)
+        return self.redistributed(None)
 
-    def _track_all(self, out: Any, sharded: bool) -> None:
+    def _track_all(self, out: Any, share: Fraction | None) -> None:
         if isinstance(out, torch.Tensor):
-            self._track(out, sharded)
+            self._track(out, share)
         elif isinstance(out, (tuple, list)):
             for t in out:
                 if isinstance(t, torch.Tensor):
-                    self._track(t, sharded)
+                    self._track(t, share)
 
     def holds_share(self, t: Any) -> bool:
-        """Whether one rank holds a 1/tp share of tensor ``t`` the step made."""
+        """Whether one rank holds a share of tensor ``t`` the step made."""
         return self._is_share(t)
 
-    def inputs_shared(self, tensors: Any) -> None:
-        """The inputs of the next step that one rank holds a 1/tp share of (a pipeline
-        stage's received activations under sequence parallelism)."""
-        self._given = StorageSet(
-            st
-            for t in tree_leaves(tensors)
-            if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
-        )
+    def share_of(self, t: Any) -> Fraction | None:
+        """The share one rank holds of tensor ``t`` the step made, or None (whole)."""
+        return self._share(t)
+
+    def inputs_shared(self, shares: list[tuple[torch.Tensor, Fraction]]) -> None:
+        """The inputs of the next step that one rank holds a share of, with their shares (a
+        pipeline stage's received activations under sequence parallelism)."""
+        self._given = StorageShares()
+        for t, share in shares:
+            if (st := storage_of(t)) is not None:
+                self._given.add(st, share)
 
     def local_bytes(self, tensors: Any) -> int:
-        """Bytes of ``tensors`` one rank holds: a 1/tp share of those the step made sharded
+        """Bytes of ``tensors`` one rank holds: its share of those the step made sharded
         (a pipeline stage's output under sequence parallelism), the rest whole."""
         total = 0
         for t in tree_leaves(tensors):
             if isinstance(t, torch.Tensor):
-                n = t.numel() * t.element_size()
-                total += n // self.tp_ranks if self._is_share(t) else n
+                total += local_part(t.numel() * t.element_size(), self._share(t))
         return total
 
-    def _is_share(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and storage_of(t) in self._sharded
+    def _share(self, t: Any) -> Fraction | None:
+        """The share one rank holds of ``t``, or None (whole)."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        return self._sharded.share(storage_of(t))
 
-    def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether one rank holds 1/tp of what ``func`` makes (see the module's docstring)."""
+    def _is_share(self, t: Any) -> bool:
+        return self._share(t) is not None
+
+    def _inputs_share(self, tensors: Any) -> Fraction | None:
+        """The largest share of the tensors in ``tensors`` one rank holds a share of."""
+        shares = [s for t in op_tensors(tensors) if (s := self._share(t)) is not None]
+        return max(shares, default=None)
+
+    def _made_share(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Fraction | None:
+        """The share one rank holds of what ``func`` makes, or None: as :meth:`held_as`
+        says, else as :meth:`_a_share` finds."""
+        held = self._held
+        if held is None:
+            return self._a_share(func, args, kwargs)
+        if isinstance(held, Fraction):
+            return held
+        if not held:
+            return None
+        return self._inputs_share((args, kwargs)) or Fraction(1, self.tp_ranks)
+
+    def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Fraction | None:
+        """The share one rank holds of what ``func`` makes, or None (see the module's
+        docstring)."""
         assert self._tp is not None
         stack = self._tracker.stack
         forward = torch._C._current_graph_task_id() == -1
         if forward and stack and stack[-1] in self._tp.whole_outputs:
-            return False
+            return None
         mats = _MM.get(func)
         if mats is not None and all(self._is_share(args[i]) for i in mats):
-            return False
-        return any(self._is_share(t) for t in op_tensors((args, kwargs)))
+            return None
+        return self._inputs_share((args, kwargs))
 
-    def _track(self, t: torch.Tensor, sharded: bool = False) -> None:
+    def _track(self, t: torch.Tensor, share: Fraction | None = None) -> None:
         st = storage_of(t)
         if st is None:
             return
@@ -371,9 +405,9 @@ class CostProbe(
         n = st.nbytes()
         if n == 0:
             return
-        if sharded and t.dim() > 0:  # a scalar is whole on every rank
-            self._sharded.add(st)
-            n //= self.tp_ranks
+        if share is not None and t.dim() > 0:  # a scalar is whole on every rank
+            self._sharded.add(st, share)
+            n = local_part(n, share)
         kind = FWD_TEMP
         if torch._C._current_graph_task_id() != -1:
             kind = ACT if recomputing() else BWD_TEMP
@@ -471,8 +505,9 @@ class CostProbe(
         # embedding's is whole: TPShares.whole_grads)
         n = st.nbytes()
         tp = self._tp
-        if tp is not None and p in tp.sharded_params and p not in tp.whole_grads:
-            n //= self.tp_ranks
+        share = None if tp is None else tp.sharded_params.get(p)
+        if tp is not None and share is not None and p not in tp.whole_grads:
+            n = local_part(n, share)
         if rec is None:
             ref = weakref.ref(st, functools.partial(self._freed, key))
             rec = self._live[key] = [n, GRAD, ref]

@@ -7,13 +7,14 @@ of the operands), every other kernel-launching operator merged per stretch, and 
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
 
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
 from fsdpviz.trace.operators import op_arg, op_tensors, tensor_bytes
-from fsdpviz.trace.probe_records import Stretch, TPShares
+from fsdpviz.trace.probe_records import Stretch, TPShares, local_part
 from fsdpviz.trace.recomputation import recomputing
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -34,6 +35,8 @@ class KernelHost(Protocol):
     module_flops: dict[str, float]
 
     def _is_share(self, t: Any) -> bool: ...
+    def _share(self, t: Any) -> Fraction | None: ...
+    def _inputs_share(self, tensors: Any) -> Fraction | None: ...
     def _fusing(self) -> bool: ...
     def _add_kernel(self, key: tuple[Any, ...], count: int, nbytes: float) -> None: ...
     def _local_numel(self, t: torch.Tensor) -> int: ...
@@ -123,8 +126,7 @@ class KernelAccounting:
             key = ("attn", cost[2], backward, b, h, sq, skv, d, int(causal), isz, grad)
             nbytes = (2 * b * h * sq * d + 2 * b * hkv * skv * d) * isz * (1 + grad)
         else:
-            share = tp > 1 and any(self._is_share(t) for t in op_tensors(out))
-            local = flops // tp if share else flops
+            local = local_part(flops, self._inputs_share(out) if tp > 1 else None)
             key = ("flops", backward, local)
             nbytes = self._local_bytes(args) + self._local_bytes(out)
         self._add_kernel(key, 1, nbytes)
@@ -132,17 +134,14 @@ class KernelAccounting:
             self._float8_rescale(backward, out)
 
     def _local_numel(self: KernelHost, t: torch.Tensor) -> int:
-        """The elements of ``t`` one rank holds: a tp share's ``1 / tp``."""
-        return t.numel() // self.tp_ranks if self._is_share(t) else t.numel()
+        """The elements of ``t`` one rank holds: a tp share's part of them."""
+        return local_part(t.numel(), self._share(t))
 
     def _local_bytes(self: KernelHost, x: Any) -> int:
-        """Bytes of the tensors in ``x`` one rank holds: a tp share's ``1 / tp``."""
+        """Bytes of the tensors in ``x`` one rank holds: a tp share's part of them."""
         if self._tp is None:
             return tensor_bytes(x)
-        return sum(
-            t.numel() * t.element_size() // (self.tp_ranks if self._is_share(t) else 1)
-            for t in op_tensors(x)
-        )
+        return sum(local_part(t.numel() * t.element_size(), self._share(t)) for t in op_tensors(x))
 
     def _add_kernel(self: KernelHost, key: tuple[Any, ...], count: int, nbytes: float) -> None:
         rec = self._stretch.kernels.get(key)

@@ -7,8 +7,9 @@ they live (:class:`StorageSet`), and a tensor's storage bytes."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -24,8 +25,11 @@ __all__ = [
     "CompiledLoss",
     "MarkingLog",
     "StorageSet",
+    "StorageShares",
     "Stretch",
     "TPShares",
+    "dim_share",
+    "local_part",
     "storage_bytes",
     "storage_of",
 ]
@@ -34,17 +38,40 @@ __all__ = [
 FWD_TEMP, ACT, GRAD, BWD_TEMP = 0, 1, 2, 3
 
 
+def dim_share(size: int, ranks: int) -> Fraction:
+    """The part of a tensor sharded over ``ranks`` ranks along a dim of ``size`` that the
+    rank fsdpviz models holds: the first, which holds the most. DTensor splits a dim as
+    ``torch.chunk`` does (``Shard._split_tensor``): chunks of ``ceil(size / ranks)``, the
+    last ones smaller or empty (a vocabulary of 33 over 4 ranks: 9, 9, 9, 6), so the first
+    rank holds ``ceil(size / ranks) / size`` of it, ``1 / ranks`` where ``ranks`` divides it.
+
+    Example::
+
+        dim_share(33, 4)  # Fraction(3, 11): 9 of the 33 rows
+    """
+    if size <= 0:
+        return Fraction(1, ranks)
+    return Fraction(-(-size // ranks), size)
+
+
+def local_part(n: int, share: Fraction | None) -> int:
+    """``n`` bytes (or elements) of a tensor as one rank holds them: all of them (``share``
+    None), else its ``share``."""
+    return n if share is None else n * share.numerator // share.denominator
+
+
 @dataclass(frozen=True)
 class TPShares:
     """What a rank of a tensor-parallel group of ``size`` holds: the parameters the plan
-    shards, the modules whose operators give whole tensors on every rank
+    shards (each with the part of it the modelled rank holds, :func:`dim_share` of its
+    sharded dim), the modules whose operators give whole tensors on every rank
     (``RowwiseParallel``: partial sums before their reduction), and the sharded parameters
     whose gradient is whole on every rank all the same (a row-wise embedding's: DTensor's
     ``embedding_dense_backward`` strategies give no ``Shard(0)`` weight gradient, only a
     replicated or partial one)."""
 
     size: int
-    sharded_params: frozenset[torch.nn.Parameter]
+    sharded_params: Mapping[torch.Tensor, Fraction]
     whole_outputs: frozenset[str]
     whole_grads: frozenset[torch.nn.Parameter] = frozenset()
     # whether a tensor is (a view of) a DTensor the plan leaves sharded: logits a loss then
@@ -136,6 +163,39 @@ class StorageSet:
 
     def __len__(self) -> int:
         return sum(ref() is not None for ref in self._refs.values())
+
+
+class StorageShares:
+    """Storages one rank holds a share of, each with its share (:func:`dim_share`), a
+    member while it lives (looked up as :class:`StorageSet` does, by ``id`` and then a weak
+    reference to the very storage added)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, tuple[weakref.ref[torch.UntypedStorage], Fraction]] = {}
+
+    def add(self, st: torch.UntypedStorage, share: Fraction) -> None:
+        self._refs[id(st)] = (weakref.ref(st), share)
+
+    def update(self, other: StorageShares) -> None:
+        """Add the live members of ``other``."""
+        for key, (ref, share) in other._refs.items():
+            if ref() is not None:
+                self._refs[key] = (ref, share)
+
+    def forget(self, key: int) -> None:
+        """Drop the storage that had ``id`` ``key`` once it is freed; a live storage that has
+        that ``id`` now stays."""
+        entry = self._refs.get(key)
+        if entry is not None and entry[0]() is None:
+            del self._refs[key]
+
+    def share(self, st: object) -> Fraction | None:
+        """The share one rank holds of storage ``st``, or None (whole)."""
+        entry = self._refs.get(id(st))
+        return entry[1] if entry is not None and entry[0]() is st else None
+
+    def __contains__(self, st: object) -> bool:
+        return self.share(st) is not None
 
 
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
