@@ -321,7 +321,8 @@ def _copies_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     CPU run skips (the host is the device: ``Tensor.to`` returns the tensor itself), made
     here as the copies they are on a GPU: ``flat_param_to(self.device)`` where the
     FlatParameter points at the host shard, and ``_use_low_precision_shard``'s
-    ``_local_shard.to(self.device)``, cast into the low-precision shard and dropped."""
+    ``_local_shard.to(self.device)`` of an offloaded shard, cast into the low-precision
+    shard and dropped."""
     pre_unshard = FlatParamHandle.pre_unshard
 
     def copy_host_shard(handle: FlatParamHandle) -> bool:
@@ -336,7 +337,8 @@ def _copies_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     def use_low_precision_shard(handle: FlatParamHandle) -> None:
         flat = handle.flat_param
         _alloc_storage(flat._mp_shard, flat._local_shard.size())  # type: ignore[attr-defined]
-        flat._mp_shard.copy_(flat._local_shard.clone())  # type: ignore[attr-defined]
+        host = flat._local_shard  # type: ignore[attr-defined]
+        flat._mp_shard.copy_(host.clone() if handle._offload_params else host)  # type: ignore[attr-defined]
         flat.data = flat._mp_shard  # type: ignore[attr-defined]
 
     monkeypatch.setattr(FlatParamHandle, "pre_unshard", copy_host_shard)
