@@ -270,3 +270,33 @@ def test_drawn_option_sets(fake_pg: int) -> None:
             assert_same_accumulation(real, predicted, n)
         else:
             assert_same_schedule(real, predicted)
+
+
+NO_SHARD_MODELS = [
+    "stack",
+    "called_twice",
+    "nested",
+    "checkpointed",
+    "side_output",
+    "frozen_separate_unit",
+]
+
+
+@pytest.mark.parametrize(("bp", "fp"), list(itertools.product(PREFETCH, [False, True])))
+@pytest.mark.parametrize("name", NO_SHARD_MODELS)
+def test_no_shard_low_precision_copy(fake_pg: int, name: str, bp: Any, fp: bool) -> None:
+    """``NO_SHARD`` with bf16 parameters issues no collective to unshard, but makes the
+    low-precision copy it computes on at every unshard (``cast``, prefetches by another
+    unit's hooks included) and frees it at every reshard (``free``): predicted as recorded."""
+    build, inputs, kwargs = MODELS[name]
+    torch.manual_seed(0)
+    kw = {
+        **kwargs,
+        "backward_prefetch": bp,
+        "forward_prefetch": fp,
+        "sharding_strategy": ShardingStrategy.NO_SHARD,
+        "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16),
+    }
+    report = check_conformance(build(), inputs(), kw, fake_pg)
+    kinds = [e.kind for it in report.iterations for e in it]
+    assert kinds.count("cast") == kinds.count("free") > 0

@@ -51,6 +51,11 @@ FSDP1_OFFLOAD = {
         "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
     },
     "no-shard": {"sharding_strategy": ShardingStrategy.NO_SHARD},
+    "no-shard-mixed-precision": {
+        "sharding_strategy": ShardingStrategy.NO_SHARD,
+        "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16),
+        "forward_prefetch": True,
+    },
 }
 
 
@@ -70,6 +75,11 @@ def test_fsdp1_cpu_offload(fake_pg: int, host_offload_on_cpu: None, case: str) -
     for i, e in enumerate(steady):
         if e.kind == "all_gather":
             assert (steady[i - 1].kind, steady[i - 1].unit) == ("h2d", e.unit)
+        # NO_SHARD's low-precision copy is cast from the host parameters' copy
+        if e.kind == "cast":
+            assert (steady[i - 1].kind, steady[i - 1].unit) == ("h2d", e.unit)
+    no_shard = kwargs.get("sharding_strategy") == ShardingStrategy.NO_SHARD
+    assert any(e.kind == "cast" for e in steady) == (no_shard and "mixed_precision" in kwargs)
 
 
 FSDP2_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -28,7 +28,9 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp._flat_param import FlatParamHandle
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.utils import _alloc_storage
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
@@ -102,10 +104,13 @@ def _measured_peak(
     config: ExampleConfig = CONFIG,
     build: Callable[[ExampleConfig], nn.Module] = ExampleModel,
     seq: int = 9,
+    at_peak: dict[str, int] | None = None,
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
     ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
-    ``"sgd_momentum"``). ``build``: the model of ``config``; ``seq``: tokens per row."""
+    ``"sgd_momentum"``). ``build``: the model of ``config``; ``seq``: tokens per row;
+    ``at_peak``, where given, gets the tracker's bytes per kind of reference at the step's
+    peak (``"PARAM"``, ``"TEMP"``, ...)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -137,7 +142,10 @@ def _measured_peak(
                         tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
         with tracker:
             _step(fsdp, ids, micro_steps, tracker)
-        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+        snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        peak = snapshot["Total"]
+        if at_peak is not None:
+            at_peak.update({getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()})
         step = 0
         if opt is not None:
             with tracker:  # its peak starts afresh
@@ -186,6 +194,18 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
     # back to float32: all three alive until the post-backward hook returns
     "no_shard_reduced_in_bf16": (
         {"mixed_precision": BF16_REDUCE, "sharding_strategy": ShardingStrategy.NO_SHARD},
+        1,
+    ),
+    # NO_SHARD computes on a bf16 copy of each unit's parameters, made by every unshard and
+    # freed by every reshard; here the forward and backward prefetches of another unit's
+    # hooks make it too (see test_no_shard_low_precision_copy)
+    "no_shard_bf16_prefetched": (
+        {
+            "mixed_precision": BF16,
+            "sharding_strategy": ShardingStrategy.NO_SHARD,
+            "forward_prefetch": True,
+            "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+        },
         1,
     ),
     # forward prefetch: in the steady state a prefetched unit's gradient is assembled after
@@ -259,11 +279,34 @@ OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int, ExampleConfig]] = {
         CONFIG,
     ),
     # NO_SHARD keeps the all-reduced gradient in .grad, on the device, until the final
-    # callback; bf16 parameters: the low-precision copy is made and dropped at each unshard
+    # callback; it computes on a device copy of the host parameters, which the module's
+    # views of it keep from its forward to the next forward, and in backward another, made
+    # by the pre-backward (or a prefetch) and dropped by the reshard
     "no_shard": (
         {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD},
         1,
         BIG_ROOT,
+    ),
+    "no_shard_prefetched_no_sync": (
+        {
+            "cpu_offload": OFFLOAD,
+            "sharding_strategy": ShardingStrategy.NO_SHARD,
+            "forward_prefetch": True,
+            "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+        },
+        2,
+        CONFIG,
+    ),
+    # with bf16 parameters NO_SHARD computes on the low-precision copy: the host
+    # parameters' copy to the device is cast into it and dropped at once
+    "no_shard_bf16": (
+        {
+            "cpu_offload": OFFLOAD,
+            "sharding_strategy": ShardingStrategy.NO_SHARD,
+            "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16),
+        },
+        1,
+        CONFIG,
     ),
     "bf16": (
         {"cpu_offload": OFFLOAD, "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
@@ -271,6 +314,35 @@ OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int, ExampleConfig]] = {
         BIG_ROOT,
     ),
 }
+
+
+def _copies_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies of the host shard to the device that ``pre_unshard`` makes on a GPU and a
+    CPU run skips (the host is the device: ``Tensor.to`` returns the tensor itself), made
+    here as the copies they are on a GPU: ``flat_param_to(self.device)`` where the
+    FlatParameter points at the host shard, and ``_use_low_precision_shard``'s
+    ``_local_shard.to(self.device)`` of an offloaded shard, cast into the low-precision
+    shard and dropped."""
+    pre_unshard = FlatParamHandle.pre_unshard
+
+    def copy_host_shard(handle: FlatParamHandle) -> bool:
+        ran = pre_unshard(handle)
+        flat = handle.flat_param
+        host = flat.data_ptr() == flat._local_shard.data_ptr()  # type: ignore[attr-defined]
+        if handle._offload_params and host:
+            handle.flat_param_to(torch.device("cpu"), copy=True)
+            return True
+        return ran
+
+    def use_low_precision_shard(handle: FlatParamHandle) -> None:
+        flat = handle.flat_param
+        _alloc_storage(flat._mp_shard, flat._local_shard.size())  # type: ignore[attr-defined]
+        host = flat._local_shard  # type: ignore[attr-defined]
+        flat._mp_shard.copy_(host.clone() if handle._offload_params else host)  # type: ignore[attr-defined]
+        flat.data = flat._mp_shard  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(FlatParamHandle, "pre_unshard", copy_host_shard)
+    monkeypatch.setattr(FlatParamHandle, "_use_low_precision_shard", use_low_precision_shard)
 
 
 @pytest.mark.parametrize("case", list(OFFLOAD_CASES))
@@ -281,9 +353,10 @@ def test_cpu_offload_device_memory(
     measures on the CPU less what stays on the host, each unit's shard and its gradient's
     host copy (``_cpu_grad``, registered with the tracker from the start: the copy into it
     would otherwise count it from then on). A CPU run does not copy the shards to the
-    device; where the peak is, the model has none in flight."""
+    device: the copies are made here as on a GPU (:func:`_copies_to_the_device`)."""
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
     kwargs, micro_steps, config = OFFLOAD_CASES[case]
     host = sum(2 * u.sharded_bytes for u in _report(kwargs, micro_steps, config).units)
     measured = _measured_peak(kwargs, micro_steps, None, config)[0]
@@ -401,11 +474,9 @@ def test_keep_low_precision_grads(fake_pg: int, strategy: ShardingStrategy) -> N
     cast the reduced shard to float32 in the post-backward hook as ever, and the final
     callback casts it to bf16 (``prepare_gradient_for_optim``); ``NO_SHARD`` leaves the
     all-reduced gradient in float32. SGD's momentum buffers are copies of those gradients,
-    in their dtype. The peak and the step, to the byte (``NO_SHARD`` without parameter
-    mixed precision: its low-precision copy of the parameters is not modelled)."""
-    param = torch.bfloat16 if strategy != ShardingStrategy.NO_SHARD else None
+    in their dtype. The peak and the step, to the byte."""
     mp = MixedPrecision(
-        param_dtype=param, reduce_dtype=torch.bfloat16, keep_low_precision_grads=True
+        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, keep_low_precision_grads=True
     )
     kwargs = {"mixed_precision": mp, "sharding_strategy": strategy}
     peak, step = _measured_peak(kwargs, 1, "sgd_momentum")
@@ -415,19 +486,45 @@ def test_keep_low_precision_grads(fake_pg: int, strategy: ShardingStrategy) -> N
     assert (peak, step) == (max(sum(m.bytes) for m in before), sum(last.bytes))
 
 
-def test_no_shard_copy_of_the_parameters_is_noted(fake_pg: int) -> None:
-    """``NO_SHARD`` with bf16 parameters computes on a bf16 copy of each unit's parameters,
-    made when the unit unshards and freed when it reshards, which the memory model leaves
-    out: what the tracker measures beyond the model is at most that copy of the root and one
-    layer (the root's, alive through backward, and a prefetched layer's), and a note says so."""
+def test_no_shard_low_precision_copy(fake_pg: int) -> None:
+    """``NO_SHARD`` with bf16 parameters computes on a bf16 copy of each unit's parameters
+    (``_mp_shard``), made when the unit unshards and freed when it reshards, each marked by
+    an event of its own (``cast``, ``free``): the peak to the byte, and at it the
+    parameters, the float32 ones and the bf16 copies alive (the tracker's ``PARAM``, as the
+    FlatParameter points at its copy while it is unsharded)."""
     kwargs = {"mixed_precision": BF16, "sharding_strategy": ShardingStrategy.NO_SHARD}
-    peak, _ = _measured_peak(kwargs, 1)
+    at_peak: dict[str, int] = {}
+    peak, _ = _measured_peak(kwargs, 1, at_peak=at_peak)
     report = _report(kwargs, 1)
     mem = memory_model(report, optimizer=None, iteration=1)
-    copies = {u.module: u.numel * 2 for u in report.units}
-    assert 0 < peak - mem.peak["bytes"] <= copies[""] + copies["layers.0"]
-    assert any("NO_SHARD with parameter mixed precision" in note for note in mem.notes)
-    plain = memory_model(
-        _report({"sharding_strategy": ShardingStrategy.NO_SHARD}, 1), optimizer=None
-    )
-    assert not any("NO_SHARD" in note for note in plain.notes)
+    assert peak == mem.peak["bytes"]
+    params = mem.peak["breakdown"]
+    assert params["unsharded_params"] > 0
+    assert at_peak["PARAM"] == params["sharded_params"] + params["unsharded_params"]
+    kinds = [(e.kind, e.unit, e.phase) for e in report.iterations[1]]
+    assert kinds.count(("cast", "layers.0", "forward")) == 1
+    assert kinds.count(("free", "layers.0", "forward")) == 1
+    assert not any("NO_SHARD" in note for note in mem.notes)
+
+
+def test_no_shard_offload_with_original_parameters_is_noted() -> None:
+    """``NO_SHARD`` under CPU offload with ``use_orig_params=True`` computes on device copies
+    of the host parameters that live as long as autograd's saved views of them: a note says
+    they are not modelled; with ``use_orig_params=False`` they are, and no note."""
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    notes = {}
+    for orig in (True, False):
+        report = fsdpviz.analyze(
+            model,
+            {"input_ids": _ids()},
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            world_size=4,
+            loss=_loss,
+            cpu_offload=OFFLOAD,
+            sharding_strategy=ShardingStrategy.NO_SHARD,
+            use_orig_params=orig,
+        )
+        notes[orig] = [n for n in memory_model(report, optimizer=None).notes if "NO_SHARD" in n]
+    assert len(notes[True]) == 1 and "use_orig_params=True" in notes[True][0]
+    assert notes[False] == []

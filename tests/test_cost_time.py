@@ -247,6 +247,27 @@ def test_no_shard_all_reduces_the_padded_flat_parameter() -> None:
         assert r["bytes"] == pytest.approx(2 * 7 / 8 * u.flat_numel * 4)
 
 
+def test_no_shard_casts_its_parameters_on_the_copy_stream() -> None:
+    """``NO_SHARD`` with bf16 parameters makes the bf16 copy it computes on at each unshard
+    (``cast``): on the copy stream, for reading the float32 parameters and writing the copy."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+    report = fsdpviz.analyze(
+        model, torch.randn(4, 7), world_size=8, sharding_strategy=ShardingStrategy.NO_SHARD,
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), progress=False,
+    )  # fmt: skip
+    h100 = machine("h100")
+    tl = timeline(report, h100)
+    u = report.units[0]
+    casts = [r for r in tl.events if r["kind"] == "cast"]
+    assert [r["phase"] for r in casts] == ["forward", "backward"]
+    for r in casts:
+        assert r["stream"] == "copy" and r["bytes"] == u.numel * (4 + 2)
+        assert r["end"] - r["start"] == pytest.approx(h100.memory_seconds(u.numel * 6))
+
+
 def test_presets_say_what_calibrated_them() -> None:
     """H200, MI300X and B200 are each fitted on a run of their own, their peaks from the
     data sheets: the H100 SXM's efficiencies times one factor each (1.37 on H200; 0.556 on

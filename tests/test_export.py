@@ -164,6 +164,25 @@ def test_report_round_trips_through_the_trace(report: Report, tmp_path: Path) ->
     assert "config" in json.loads(path.read_text())["fsdpviz_page"]  # JupyterLab's page
 
 
+def test_no_shard_casts_are_on_the_copy_stream(tmp_path: Path) -> None:
+    """``NO_SHARD`` with bf16 parameters: each ``cast`` on the copy stream's lane (the lane
+    drawn where copies occur), and the report reads back whole, casts included."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+    r = analyze_tiny(
+        sharding_strategy=ShardingStrategy.NO_SHARD,
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
+    )
+    trace = chrome_trace(r)
+    casts = [e for e in trace["traceEvents"] if e.get("cat", "").startswith("cast")]
+    assert casts and {e["tid"] for e in casts} == {4}
+    threads = [e for e in trace["traceEvents"] if e["name"] == "thread_name"]
+    assert {e["args"]["name"] for e in threads if e["tid"] == 4} == {"copy stream"}
+    back = fsdpviz.load(r.save(tmp_path / "report.json"))
+    assert back == r and any(e.kind == "cast" for e in back.iterations[-1])
+
+
 def test_recorded_run_is_one_trace_with_a_process_per_rank(
     run: RecordedRun, tmp_path: Path
 ) -> None:

@@ -273,6 +273,31 @@ def test_offload_copies_get_their_own_lane() -> None:
     del ModuleWrapPolicy
 
 
+def test_no_shard_casts_get_their_own_lane() -> None:
+    """``NO_SHARD`` with bf16 parameters: each unshard's ``cast`` (its low-precision copy of
+    the parameters, on the copy stream) on a lane of its own, drawn only where casts occur;
+    the reshard's ``free`` of the copy in the CPU lane, as every free."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+    r = analyze_tiny(
+        sharding_strategy=ShardingStrategy.NO_SHARD,
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
+    )
+    d = timeline_data(r, machine="h100")
+    names = [lane["name"] for lane in d["lanes"]]
+    s = d["steps"]
+    kinds = [d["kinds"][k] for k in s["kind"]]
+    casts = [i for i, k in enumerate(kinds) if k == "cast"]
+    frees = [i for i, k in enumerate(kinds) if k == "free"]
+    assert casts and len(casts) == len(frees)
+    assert {names[s["lane"][i]] for i in casts} == {"parameter casts"}
+    assert {names[s["lane"][i]] for i in frees} == {"CPU · hooks"}
+    assert all(s["x1"][i] > s["x0"][i] for i in casts)
+    plain = timeline_data(analyze_tiny(), machine="h100")
+    assert "parameter casts" not in [lane["name"] for lane in plain["lanes"]]
+
+
 def test_several_reports_are_groups(report: Report) -> None:
     d = timeline_data([report, report], rank_names=["rank 0", "rank 3"], memory=None)
     n = len(report.iterations[-1])

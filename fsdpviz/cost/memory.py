@@ -10,7 +10,10 @@ bytes per rank:
     ``ignored_params``, FSDP1's ``ignored_modules`` / ``ignored_states``), whole.
 ``unsharded_params``
     units whose all-gathered parameters are in use: allocated when the unit's
-    own hook waits for its all-gather, released at its ``free``.
+    own hook waits for its all-gather, released at its ``free``. FSDP1 ``NO_SHARD``: the
+    copy of the parameters it computes on, the low-precision one from its ``cast`` to its
+    ``free``, CPU offload's from its ``h2d`` (see [Note: NO_SHARD's copies] in
+    ``memory_fsdp1.py``).
 ``all_gather``
     all-gather output in flight. FSDP1 gathers into the unsharded FlatParameter,
     so a prefetched unit counts here from its ``all_gather`` until its own
@@ -129,6 +132,22 @@ def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[s
     return dict(walk.post_forward_shard) or None
 
 
+def _forward_copies(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int]:
+    """FSDP1 ``NO_SHARD`` under CPU offload: the device copies of the host parameters that
+    iteration ``k`` leaves to the next, each unit's last forward copy, which its views hold
+    (see [Note: NO_SHARD's copies] in ``memory_fsdp1.py``)."""
+    cfg = report.config
+    if k < 0 or cfg.api != "FSDP1" or cfg.use_orig_params:
+        return {}
+    copies: dict[str, int] = {}
+    for e in report.iterations[k]:
+        s = sizes.get(e.unit)
+        forward = e.kind == "h2d" and e.phase == "forward"
+        if forward and s is not None and not s.communicates and not s.copy_in:
+            copies[e.unit] = s.h2d
+    return copies
+
+
 def memory_model(
     report: Report,
     *,
@@ -186,17 +205,18 @@ def memory_model(
     # the post-forward shards the optimizer step before left ([Note: stale post-forward
     # shards] in memory_walker.py)
     stale = _stale_shards(report, sizes, first - 1) if first > 0 else None
+    copies = _forward_copies(report, sizes, first - 1)
     for k in range(first, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
             report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
             all_reduce=False, scaled=k > 0,
-            upcast=up, last_grads=last, placed=placed, stale=stale,
+            upcast=up, last_grads=last, placed=placed, stale=stale, copies=copies,
         )  # fmt: skip
         carry.run()
     if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
         carry = Walker(
             report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed,
-            stale=stale, scaled=i > 0,
+            stale=stale, scaled=i > 0, copies=copies,
         )  # fmt: skip
         carry.run()
     sync = i % accum == accum - 1
@@ -205,6 +225,7 @@ def memory_model(
         report, sizes, tape(report, i), steady=steady, carry=carry, sync=sync or reduces,
         all_reduce=sync,
         upcast=up, last_grads=last, step=step, placed=placed, stale=stale, scaled=i > 0,
+        copies=copies,
     )  # fmt: skip
     walker.run()
     notes = list(walker.notes)

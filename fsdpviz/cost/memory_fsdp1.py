@@ -1,7 +1,36 @@
 """FSDP1's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: CPU offload's copy of a
-shard to the device, the post-backward reduction of a FlatParameter's gradient and the final
-callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
-walker (a mixin, typed by :class:`FSDP1Host`)."""
+shard to the device, ``NO_SHARD``'s copy of the parameters it computes on (see [Note: NO_SHARD's
+copies]), the post-backward reduction of a FlatParameter's gradient and the final callback's
+cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the walker (a
+mixin, typed by :class:`FSDP1Host`).
+
+[Note: NO_SHARD's copies]
+``NO_SHARD`` issues no collective, yet ``_unshard`` runs ``pre_unshard`` (``_flat_param.py``)
+each time the unit unshards (its pre-forward, its pre-backward and prefetches by another unit's
+hooks), and it may make a copy of the parameters that the unit then computes on:
+
+- with parameter mixed precision, the low-precision shard ``_mp_shard``
+  (``_use_low_precision_shard``), which for ``NO_SHARD`` is the unsharded parameter itself:
+  kept through the compute and freed by the reshard (``post_reshard`` ->
+  ``_free_low_precision_sharded_param``, a ``resize_(0)`` of its storage, which frees it
+  though autograd holds views of it). Its own events mark both: ``cast`` where it is made
+  and ``free`` where the reshard frees it. Under CPU offload, the host shard's copy to the
+  device (``_local_shard.to(device)``) is made after ``_mp_shard`` is allocated, cast into
+  it and dropped at once.
+- under CPU offload without it, the host parameters' copy to the device (``flat_param_to``),
+  at the ``h2d`` event: a plain tensor, which the reshard (``_use_sharded_flat_param``) only
+  stops pointing at. With ``use_orig_params=False`` a forward unshard hands the module views
+  of it (``_use_unsharded_views(as_params=False)``), which nothing replaces until the unit's
+  next forward unshard: each forward copy lives through the iteration into the next one, to
+  the next forward copy of its unit, which is made before the views move to it. A backward
+  unshard makes no views: its copy lives until the unit's reshard (its post-backward hook,
+  or the final callback's catch-all reshard). With ``use_orig_params=True`` the views are
+  remade in backward and the copies live as long as autograd's saved views of them: not
+  modelled (a note says so).
+
+Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
+stream (its pool, [Note: stream pools]).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +54,8 @@ class FSDP1Host(Protocol):
     reduced: set[str]
     blocks: dict[str, list[tuple[Block, int]]]
     _event_index: int
+    forward_copies: dict[str, tuple[Block, int]]
+    backward_copies: dict[str, tuple[Block, int]]
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
@@ -57,6 +88,38 @@ class FSDP1Steps:
             self.copied[e.unit] = 0 if s.copy_in else s.h2d
         else:
             self._free("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
+
+    def _no_shard_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """A ``NO_SHARD`` unit's ``cast``, ``free`` or ``h2d`` event: see [Note: NO_SHARD's
+        copies]."""
+        if e.kind == "cast":
+            self._alloc("unsharded_params", "pre_unshard", ("cast", e.unit), s.copy_in)
+            if s.h2d:  # offloaded: the host shard's copy, cast into it and dropped
+                self._alloc("unsharded_params", "pre_unshard", ("h2d", e.unit), s.h2d)
+                self._moment("at", c, e)
+                self._free("unsharded_params", "pre_unshard", ("h2d", e.unit), s.h2d)
+        elif e.kind == "free":
+            self._free("unsharded_params", "pre_unshard", ("cast", e.unit), s.copy_in)
+        elif e.kind == "h2d" and not s.copy_in:
+            copies = self.forward_copies if e.phase == "forward" else self.backward_copies
+            block: Block = ("h2d", e.unit, e.phase)
+            old = copies.pop(e.unit, None)
+            if old is not None:  # the unit's views move from the old copy to the new one
+                self._add("unsharded_params", "pre_unshard", s.h2d)
+                self._moment("at", c, e)
+                self._add("unsharded_params", "pre_unshard", -s.h2d)
+                # the old block freed, then the new one (of the same name: what the replay
+                # of the allocator's segments pairs, iteration after iteration)
+                self._free("unsharded_params", "pre_unshard", *old)
+            self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
+            copies[e.unit] = (block, s.h2d)
+
+    def _no_shard_reshard(self: FSDP1Host, unit: str) -> None:
+        """A ``NO_SHARD`` unit's reshard in backward drops its backward copy of the host
+        parameters (see [Note: NO_SHARD's copies])."""
+        old = self.backward_copies.pop(unit, None)
+        if old is not None:
+            self._free("unsharded_params", "pre_unshard", *old)
 
     def _keep_low_precision(self: FSDP1Host, c: HookCall) -> None:
         """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
@@ -106,15 +169,16 @@ class FSDP1Steps:
         self._add_shard(e, s.sharded_grad, pool, output)
 
 
-def no_shard_copy_notes(sizes: dict[str, UnitBytes]) -> list[str]:
-    """The note that FSDP1 ``NO_SHARD`` computes on a copy of the parameters under parameter
-    mixed precision or CPU offload (``FlatParamHandle.pre_unshard``), which no event marks."""
-    copies = [b.copy_in or b.h2d for b in sizes.values() if not b.communicates]
-    if not any(copies):
+def no_shard_copy_notes(sizes: dict[str, UnitBytes], use_orig_params: bool) -> list[str]:
+    """The note that FSDP1 ``NO_SHARD`` under CPU offload with ``use_orig_params=True`` and
+    no parameter mixed precision computes on copies of the host parameters whose lifetimes
+    are not modelled (see [Note: NO_SHARD's copies])."""
+    copies = [b.h2d for b in sizes.values() if not b.communicates and not b.copy_in]
+    if not use_orig_params or not any(copies):
         return []
     return [
-        "NO_SHARD with parameter mixed precision or CPU offload computes on a copy of "
-        "each unit's parameters (FlatParamHandle.pre_unshard: made when the unit "
-        "unshards, prefetches included, freed when it reshards), which is not "
-        f"modelled: up to {max(copies)} B more per unit"
+        "NO_SHARD under CPU offload with use_orig_params=True computes on device copies of "
+        "each unit's host parameters (FlatParamHandle.flat_param_to, one per unshard), which "
+        "live as long as autograd's saved views of them: not modelled, "
+        f"up to {max(copies)} B each"
     ]

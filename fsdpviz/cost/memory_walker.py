@@ -68,6 +68,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
     gradient as ``torch.cat(torch.chunk(grad, W, dim), dim=0)``, one at a time (the loop
     variable holds the gradient it replaces until the next one), and the last parameter's
     stays beside the reduce-scatter input until the copy-in is done.
+
+    ``copies``: FSDP1 ``NO_SHARD`` under CPU offload, the device copies of the host
+    parameters that the iteration before left, by unit (see [Note: NO_SHARD's copies]). A
+    carried walk passes its own.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         placed: dict[str, tuple[int, ...]] | None = None,
         stale: dict[str, int] | None = None,
         scaled: bool = False,
+        copies: dict[str, int] | None = None,
     ):
         self.sizes = sizes
         self.tape = tp
@@ -121,6 +126,14 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
+        # FSDP1 NO_SHARD under CPU offload: each unit's device copy of its host parameters
+        # that its views hold since its last forward unshard, and the one its backward
+        # unshard made, until its reshard (see [Note: NO_SHARD's copies])
+        self.forward_copies: dict[str, tuple[Block, int]] = {}
+        self.backward_copies: dict[str, tuple[Block, int]] = {}
+        # with use_orig_params=True autograd's saved views decide how long they live: not
+        # modelled (a note says so)
+        self.copies_modelled = not self.fsdp2 and not cfg.use_orig_params
         self.grads: dict[str, int] = {}
         self.rs: list[int] = []  # reduce-scatter inputs in flight (bytes, on the compute stream)
         # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
@@ -129,6 +142,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
+        for unit, n in (copies or {}).items() if carry is None else ():
+            self.forward_copies[unit] = (("h2d", unit, "forward"), n)
+            self._add("unsharded_params", "pre_unshard", n)
+            self._live["pre_unshard"][("h2d", unit, "forward")] = n
         # the pool of each unit's gradient shard (:meth:`_grad_pool`)
         self._shard_pool: dict[str, str] = {}
         self.post_forward_shard: dict[str, int] = {}
@@ -155,7 +172,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
         if not self.fsdp2:
-            self.notes += no_shard_copy_notes(sizes)
+            self.notes += no_shard_copy_notes(sizes, cfg.use_orig_params)
         # Open per-unit windows: (total when opened, index into _totals where they opened).
         self._open: dict[tuple[str, str], tuple[int, int]] = {}
         self._totals: list[int] = []  # the total at every moment, for the windows' peaks
@@ -227,6 +244,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.reduced = set(carry.reduced)
             self._held = set(carry.reduced)
             self.pools = dict(carry.pools)  # those carried: the parameters, the gradients
+            self.forward_copies = dict(carry.forward_copies)
+            self.backward_copies = dict(carry.backward_copies)
             self._shard_pool = dict(carry._shard_pool)
             stale = carry.post_forward_shard
             if not self._precomputed:
@@ -351,6 +370,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             # resharding is outside the unit's forward window (inside its parents'). FSDP1's
             # post-forward runs inside its module's forward.
             self._window(c, opening=False)
+        if c.hook in _POST_BACKWARD:  # NO_SHARD's reshard drops its backward copy
+            self._no_shard_reshard(unit)
+        elif c.hook == "final_callback":  # and the catch-all reshard, the rest
+            for u in list(self.backward_copies):
+                self._no_shard_reshard(u)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
@@ -395,8 +419,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self.copied[e.unit] = s.h2d
         elif e.kind == "h2d" and s.communicates:
             self._copy_to_device(e, s, c)
-        elif e.kind in ("h2d", "d2h"):
-            pass  # NO_SHARD's copy: not modelled (a note says so); d2h: into the host buffer
+        elif e.kind in ("h2d", "cast") or (e.kind == "free" and not s.communicates):
+            if not self.fsdp2 and (self.copies_modelled or e.kind != "h2d"):
+                self._no_shard_copy(e, s, c)  # NO_SHARD's copies: see [Note: NO_SHARD's copies]
+        elif e.kind == "d2h":
+            pass  # into the host buffer
         elif e.kind in _ACTIVATIONS:
             pass  # an activation's collective: its buffers are the compute's temporaries
         elif e.kind == "all_gather":

@@ -329,6 +329,8 @@ class MicroStepSim:
             return
         if u is None:
             return
+        if e.kind == "free" and u.sharding_strategy == "NO_SHARD":
+            return  # its low-precision copy (post_reshard): no free event enters the limiter
         if e.kind == "free":
             self.limiter.frees.append(self.clocks.compute)
             self.limiter.free_events.append(index)
@@ -342,6 +344,14 @@ class MicroStepSim:
             self._copy(rec, u.sharded_bytes, max(self.clocks.copy, gate))
             self.offload.h2d_done[e.unit] = rec.end
             self.offload.h2d_event[e.unit] = index
+            return
+        if e.kind == "cast":  # NO_SHARD's low-precision copy, on the pre-unshard stream
+            rec.stream = "copy"
+            start = max(self.clocks.copy, rec.issued)
+            nbytes = float(u.numel * (itemsize(u.dtype) + itemsize(u.compute_dtype or u.dtype)))
+            rec.start, rec.end = start, start + self.m.memory_seconds(nbytes)
+            rec.bytes = nbytes
+            self.clocks.copy = rec.end
             return
         if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
             self._copy(

@@ -43,12 +43,14 @@ LANES = {
 }  # fmt: skip
 _LANE_OF = {
     "all_gather": 2, "free": 2, "reduce_scatter": 3, "all_reduce": 3, "h2d": 4, "d2h": 4,
+    "cast": 4,
     "tp_all_gather": 5, "tp_reduce_scatter": 5, "tp_all_reduce": 5, "tp_all_to_all": 5,
     "pp_send": 6, "pp_recv": 6, "cp_all_gather": 7, "cp_all_to_all": 7,
 }  # fmt: skip
-# lanes drawn only where their events occur: CPU offload's host-device copies, tensor
+# lanes drawn only where their events occur: CPU offload's host-device copies and NO_SHARD's
+# casts (the pre-unshard stream's), tensor
 # parallelism's collectives, pipeline parallelism's sends and receives, ring attention's
-_OPTIONAL = {4: ("h2d", "d2h"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce",
+_OPTIONAL = {4: ("h2d", "d2h", "cast"), 5: ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce",
                                     "tp_all_to_all"), 6: ("pp_send", "pp_recv"),
              7: ("cp_all_gather", "cp_all_to_all")}  # fmt: skip
 _US = 1e6

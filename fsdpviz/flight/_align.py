@@ -127,7 +127,7 @@ def expected_streams(prediction: Report, iterations: int) -> dict[Role, list[Pre
     for it in range(iterations):
         events = prediction.iterations[min(it, len(prediction.iterations) - 1)]
         for k, e in enumerate(events):
-            if e.kind in ("free", "h2d", "d2h") or e.context_parallel:
+            if e.kind in ("free", "h2d", "d2h", "cast") or e.context_parallel:
                 continue  # no collective, or ring attention's (its groups are not aligned)
             size, by_bytes = _size(e, units)
             kind = _TP_KIND.get(e.kind, e.kind)

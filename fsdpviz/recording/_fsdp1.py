@@ -64,6 +64,12 @@ def _copies_host_shard(handle: Any) -> bool:
     return bool(flat.data.data_ptr() == flat._local_shard.data_ptr())
 
 
+def _low_precision_allocated(handle: Any) -> bool:
+    """Whether the low-precision shard ``_mp_shard`` holds memory (``_alloc_storage`` leaves
+    an allocated one as it is; ``_free_storage`` one already freed)."""
+    return bool(handle.flat_param._mp_shard.untyped_storage().size() > 0)
+
+
 class FSDP1Recorder(EventLog):
     """Records the all-gathers, frees and reductions of a real FSDP1 model.
 
@@ -107,6 +113,8 @@ class FSDP1Recorder(EventLog):
             _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
             _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
             _patch(stack, handle_cls, "pre_unshard", self._wrap_pre_unshard)
+            _patch(stack, handle_cls, "_use_low_precision_shard", self._wrap_cast)
+            _patch(stack, handle_cls, "_free_low_precision_sharded_param", self._wrap_free_cast)
             _patch(stack, _runtime_utils, "_offload_grad", self._wrap_offload_grad)
             _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
             _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
@@ -158,6 +166,38 @@ class FSDP1Recorder(EventLog):
         def free(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             padded = handle._get_padded_unsharded_flat_param()
             if padded.untyped_storage().size() == 0:
+                return original(handle, *args, **kwargs)
+            start = now_ns()
+            i = self._emit("free", handle, self._phase(handle))
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
+
+        return free
+
+    def _wrap_cast(
+        self, original: Callable[Concatenate[Any, P], R]
+    ) -> Callable[Concatenate[Any, P], R]:
+        """``NO_SHARD``'s low-precision copy of the parameters, made where it is not already
+        (a sharded strategy's is the all-gather's input, which its event stands for)."""
+
+        @functools.wraps(original)
+        def cast(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            if handle.uses_sharded_strategy or _low_precision_allocated(handle):
+                return original(handle, *args, **kwargs)
+            start = now_ns()
+            i = self._emit("cast", handle, self._phase(handle), self._prefetching > 0)
+            return self._call_timed(start, i, original, handle, *args, **kwargs)
+
+        return cast
+
+    def _wrap_free_cast(
+        self, original: Callable[Concatenate[Any, P], R]
+    ) -> Callable[Concatenate[Any, P], R]:
+        """``NO_SHARD``'s low-precision copy freed by ``post_reshard`` (a sharded strategy
+        frees its own once gathered, ``post_unshard``: no event)."""
+
+        @functools.wraps(original)
+        def free(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            if handle.uses_sharded_strategy or not _low_precision_allocated(handle):
                 return original(handle, *args, **kwargs)
             start = now_ns()
             i = self._emit("free", handle, self._phase(handle))

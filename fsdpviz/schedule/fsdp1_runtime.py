@@ -46,6 +46,9 @@ class Handle:
         self.using_sharded = True
         mp = unit.config.mixed_precision
         self.low_shard = bool(mp and mp.param_dtype not in (None, unit.dtype))
+        # NO_SHARD with parameter mixed precision: whether ``_mp_shard``, the low-precision
+        # copy it computes on, is allocated (made by ``pre_unshard``, freed by ``post_reshard``)
+        self.cast_allocated = False
         self.skipped_sharded_views = False
         self.prefetched = False
         self.needs_pre_forward_unshard = False
@@ -104,7 +107,7 @@ class FSDP1Runtime:
                 kind,
                 handle.name,
                 phase,
-                self._prefetching and kind == "all_gather",
+                self._prefetching and kind in ("all_gather", "cast"),
                 hook,
                 hook_unit,
                 group=group,
@@ -123,6 +126,11 @@ class FSDP1Runtime:
             # at it, and on every unshard with parameter mixed precision (the low-precision
             # shard is made from it each time)
             self._emit("h2d", h, phase)
+        if not h.sharded and h.low_shard and h.unit.has_params and not h.cast_allocated:
+            # NO_SHARD computes on the low-precision copy (_use_low_precision_shard): made by
+            # every unshard, freed by every reshard (post_reshard); no collective marks it
+            self._emit("cast", h, phase)
+            h.cast_allocated = True
         if h.sharded and not h.unsharded_allocated:
             self._emit("all_gather", h, phase)
             h.unsharded_allocated = True
@@ -150,6 +158,10 @@ class FSDP1Runtime:
             phase = "forward" if h.training_state == TrainingState.FORWARD else "backward"
             self._emit("free", h, phase)
             h.unsharded_allocated = False
+        if h.cast_allocated:  # NO_SHARD: post_reshard frees the low-precision copy
+            phase = "forward" if h.training_state == TrainingState.FORWARD else "backward"
+            self._emit("free", h, phase)
+            h.cast_allocated = False
         h.prefetched = False
 
     def _prefetch(self, state: UnitState, h: Handle, backward: bool) -> None:

@@ -14,10 +14,18 @@ from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.rows import Scalar
 
 EventKind = Literal[
-    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
+    "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h", "cast",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
     "pp_send", "pp_recv", "cp_all_gather", "cp_all_to_all",
 ]  # fmt: skip
+"""What an :class:`Event` is. FSDP's own: ``all_gather`` (a unit's parameters gathered), ``free``
+(its unsharded parameters freed: the all-gather's buffer, or under FSDP1 ``NO_SHARD`` with
+parameter mixed precision the low-precision copy it computes on), ``reduce_scatter`` and
+``all_reduce`` (its gradient reduced), ``h2d`` and ``d2h`` (CPU offload's copies of its shard
+to the device and of its gradient to the host), ``cast`` (FSDP1 ``NO_SHARD`` with parameter
+mixed precision: the low-precision copy of the unit's parameters made when it unshards,
+``FlatParamHandle._use_low_precision_shard``, which no collective marks); then tensor,
+pipeline and context parallelism's (:data:`TP_KINDS`, :data:`PP_KINDS`, :data:`CP_KINDS`)."""
 
 
 TP_KINDS = ("tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all")
@@ -49,7 +57,8 @@ ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "ba
 
 @dataclass(frozen=True)
 class Event:
-    """One collective or free on a rank, in issue order."""
+    """One collective, free or copy on a rank, in issue order (its ``kind``:
+    :data:`EventKind`)."""
 
     kind: EventKind
     unit: str
@@ -88,7 +97,7 @@ class Event:
 
     def to_dict(self) -> dict[str, Scalar]:
         d: dict[str, Scalar] = {"kind": self.kind, "unit": self.unit, "phase": self.phase}
-        if self.kind == "all_gather":
+        if self.kind in ("all_gather", "cast"):
             d["prefetch"] = self.prefetch
         if self.group is not None:
             d["group"] = self.group

@@ -36,8 +36,10 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     ``kind`` (``all_gather`` | ``free`` | ``reduce_scatter``, ``all_reduce``
     for ``NO_SHARD`` and hybrid sharding, and with CPU offload ``h2d`` (the unit's
     shard copied from host memory before its all-gather) and ``d2h`` (its sharded
-    gradient copied to host memory after its reduction)), ``unit``, ``phase``
-    (``forward`` | ``backward``), ``prefetch`` (all-gathers only), ``hook`` (the
+    gradient copied to host memory after its reduction), and for FSDP1 ``NO_SHARD`` with
+    parameter mixed precision ``cast`` (the low-precision copy of the unit's parameters
+    made when it unshards; its ``free`` at the reshard)), ``unit``, ``phase``
+    (``forward`` | ``backward``), ``prefetch`` (all-gathers and casts only), ``hook`` (the
     FSDP hook that issued it: ``pre_forward``, ``post_forward``, ``pre_backward``,
     ``post_backward``, ``final_callback``) and ``hook_unit`` (the unit whose hook ran). ``group``
     (only where set): ``"replicate"`` for hybrid sharding's all-reduce of a gradient

@@ -37,7 +37,7 @@ _PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 8, 8, 18, 18
 _FONT = 'font-family="system-ui, sans-serif" font-size="10"'
 _KIND_HEIGHT = {
     "all_gather": 1.0, "free": 0.35, "reduce_scatter": 0.7, "all_reduce": 0.7,
-    "h2d": 0.5, "d2h": 0.5,
+    "h2d": 0.5, "d2h": 0.5, "cast": 0.5,
     "tp_all_gather": 0.5, "tp_reduce_scatter": 0.5, "tp_all_reduce": 0.5, "tp_all_to_all": 0.5,
     "cp_all_gather": 0.5, "cp_all_to_all": 0.5,
 }  # fmt: skip

@@ -45,7 +45,7 @@ or ``None`` (no memory lane)."""
 KINDS = (
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h",
     "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all",
-    "cp_all_gather", "cp_all_to_all",
+    "cp_all_gather", "cp_all_to_all", "cast",
 )  # fmt: skip
 PP_KINDS = ("pp_send", "pp_recv")
 """Pipeline parallelism's sends and receives: after :data:`KINDS` where they occur."""
@@ -58,6 +58,7 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("all_reduce", "replicate"): "replicate all-reduce",
     ("h2d", None): "host-device copies",
     ("d2h", None): "host-device copies",
+    ("cast", None): "parameter casts",
     ("tp_all_gather", "tp"): "tensor parallel",
     ("tp_reduce_scatter", "tp"): "tensor parallel",
     ("tp_all_reduce", "tp"): "tensor parallel",
