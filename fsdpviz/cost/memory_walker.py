@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps, no_shard_copy_notes
+from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
 from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes
@@ -17,7 +18,7 @@ _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
-class Walker(MemoryRecords, StreamPools, FSDP1Steps):
+class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
     """Steps one iteration's tape and keeps bytes per category.
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
@@ -58,7 +59,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
     walk passes its own.
 
     ``scaled``: FSDP2 with torchao's float8 all-gather, whether the units were gathered
-    before this iteration (an earlier one ran): see [Note: float8 all-gather scales].
+    before this iteration (an earlier one ran): see [Note: float8 all-gather scales] in
+    ``memory_fsdp2.py``.
 
     ``placed``: FSDP2, the units whose ``shard_placement_fn`` shards parameters on a dim other
     than 0 (:func:`~fsdpviz.cost.grad_sizes.placed_grads`), and two temporaries of theirs (see
@@ -207,19 +209,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         # (``_held``) the ones before it left, which a reduction adds into
         self.reduced: set[str] = set()
         self._held: set[str] = set()
-        # [Note: float8 all-gather scales] torchao's ``fsdp_pre_all_gather`` makes each
-        # float8 weight's scale (a float32 scalar) anew for every all-gather, kept as FSDP's
-        # all-gather metadata until the copy-out's ``fsdp_post_all_gather`` sets it on the
-        # unsharded weight (``out._scale``), dropping the one it had. Resharding frees the
-        # gathered bytes, not the scale: a unit gathered once keeps a scale a weight. A
-        # forward saves the weight, scale and all, for its backward (unless an activation
-        # checkpoint recomputes it), so a unit gathered again in backward holds its forward's
-        # scales beside the new ones until its backward is over. The scales of a unit in use
-        # count with its unsharded parameters, the others (kept, all-gather metadata, saved)
-        # as temporaries of the phase they are in (``_scale_bytes``). With
-        # ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step (steady
-        # state) every scale is a view of one float32 tensor it made, one element a weight,
-        # held with the unsharded parameters throughout; no all-gather makes any.
+        # float8 all-gather scales: see [Note: float8 all-gather scales] in memory_fsdp2.py
         f8 = report.config.float8 or {}
         self._precomputed = bool(steady and f8.get("precompute_float8_dynamic_scale_for_fsdp"))
         scaled_units = [u for u, b in sizes.items() if b.scales] if self.fsdp2 else []
@@ -518,88 +508,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
         else:
             self._free("all_gather", "all_gather", ("out", unit), pending[0])
 
-    def _scales_out(self, unit: str, s: UnitBytes, gathered: bool, c: HookCall) -> None:
-        """The copy-out of ``unit`` (``fsdp_post_all_gather``): its new scales replace those
-        it had, which its forward's saved tensors keep if its backward gathered it again
-        (see [Note: float8 all-gather scales])."""
-        if not s.scales or self._precomputed:
-            return
-        if gathered and unit in self._gathering:
-            self._gathering.discard(unit)
-            if self.in_backward and unit in self._fwd_saved and unit in self._scales:
-                self._saved[unit] = s.scales_saved
-            self._fwd_saved.discard(unit)
-            self._scales[unit] = s.scales
-        if c.hook == "pre_forward" and not self.in_backward and s.scales_saved:
-            self._fwd_saved.add(unit)
-
-    def _rescale(self) -> None:
-        """Count the float8 scales besides those of the units in use (``_scale_extra``) in
-        the temporaries of the phase: see [Note: float8 all-gather scales]."""
-        extra = sum(n for u, n in self._scales.items() if u not in self.resident)
-        extra += sum(self.sizes[u].scales for u in self._gathering)
-        extra += sum(self._saved.values())
-        self.cat[self._scale_temp()] += extra - self._scale_extra
-        self._scale_extra = extra
-
-    def _scale_temp(self) -> str:
-        return "backward_temp" if self.in_backward else "forward_temp"
-
-    def _reshard_post_forward(self, e: Event, s: UnitBytes, raf: int, old: bool) -> None:
-        """FSDP2 resharding a unit after forward onto ``raf`` ranks (its
-        ``ReportConfig.post_forward_ranks``): ``FSDPParam.to_sharded_post_forward``, one
-        parameter at a time, clones the rank's slice of the parameter's all-gather output,
-        then frees that output (and with ``old``, the slice the iteration before left, see
-        [Note: stale post-forward shards]). The moment the most is alive: the slices cloned
-        so far beside the outputs (and old slices) not yet freed."""
-        if not s.gathered_params:
-            return
-        best, at, cloned, freed = -1, 0, 0, 0
-        for i, n in enumerate(s.gathered_params):
-            cloned += n // raf
-            if cloned - freed > best:
-                best, at = cloned - freed, i
-            freed += n + (n // raf if old else 0)
-        clones = sum(n // raf for n in s.gathered_params[: at + 1])
-        gone = sum(s.gathered_params[:at])
-        olds = sum(n // raf for n in s.gathered_params[:at]) if old else 0
-        self.cat["sharded_params"] += clones - olds
-        self.cat["unsharded_params"] -= gone
-        self._moment("at the reshard after forward onto fewer ranks in", None, e)
-        self.cat["sharded_params"] -= clones - olds
-        self.cat["unsharded_params"] += gone
-
-    def _redistribute_grads(self, e: Event, c: HookCall, reducing: set[str]) -> None:
-        """FSDP2's post-backward, before it reshards: each gradient left whole though its
-        parameter is a tp shard (``UnitBytes.replicated_grads``) redistributed, the rank's
-        chunk cloned beside it, the whole one freed as ``.grad`` lets go of it."""
-        reducing.discard(e.unit)
-        s = self.sizes.get(e.unit)
-        if not self.fsdp2 or s is None or not s.replicated_grads or not self.grads.get(e.unit):
-            return
-        ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
-        for whole, chunk in s.replicated_grads:
-            self.cat["unsharded_grads"] += round(chunk * ratio)
-            self._moment("at the redistribution of a whole gradient to its shard, before", c, e)
-            self.cat["unsharded_grads"] -= round(whole * ratio)
-            self.grads[e.unit] -= round(whole * ratio) - round(chunk * ratio)
-
-    def _cast_to_reduce_dtype(self, unit: str, c: HookCall) -> None:
-        """FSDP2's post-backward without gradient sync, after resharding: the unit's
-        gradients cast to the reduce dtype one parameter at a time
-        (``to_accumulated_grad_if_needed``), each compute-dtype one freed once cast."""
-        up = self.upcast.get(unit)
-        held = self.grads.get(unit, 0)
-        if up is None or unit in self._cast or held == 0:
-            return
-        peak = up.cast_peak()
-        self.cat["unsharded_grads"] += peak
-        self._moment("at the cast of the gradients to the reduce dtype in", c)
-        cast = round(held * up.ratio)
-        self.cat["unsharded_grads"] += cast - held - peak
-        self.grads[unit] = cast
-        self._cast.add(unit)
-
     def _reduce(self, e: Event, s: UnitBytes) -> None:
         if e.group == "replicate":  # hybrid sharding all-reduces the reduce output in place
             self._hold_all_reduced(e, s)
@@ -640,41 +548,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self._alloc("sharded_grads", "reduce_scatter", ("partial", e.unit), s.partial)
         self.rs.append(s.reduce_scatter)
 
-    def _cast_reduce_output(self, e: Event, s: UnitBytes) -> tuple[Block, int] | None:
-        """FSDP2 on a 1-D mesh, reducing in a dtype other than the parameters': the
-        reduce-scatter output, in the reduce dtype, is cast to the parameters' dtype
-        (``foreach_reduce``'s ``reduce_output = _to_dtype_if_needed(reduce_output,
-        orig_dtype)``), both alive until the rebinding frees the first, which it returns
-        (both on the reduce-scatter stream). Under HSDP the all-reduced buffer outlives the
-        cast (:meth:`_hold_all_reduced`); with the shards offloaded the gradient's device
-        copies are not modelled."""
-        if not s.reduce_cast or not s.sharded_grad or self.replicas > 1:
-            return None
-        output = (("output", e.unit), s.reduce_cast)
-        self._alloc("sharded_grads", "reduce_scatter", *output)
-        self._add("sharded_grads", "reduce_scatter", s.sharded_grad)
-        self._moment("at the cast of the reduced gradient shard in", None, e)
-        self._add("sharded_grads", "reduce_scatter", -s.sharded_grad)
-        return output
-
-    def _hold_all_reduced(self, e: Event, s: UnitBytes) -> None:
-        """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the
-        allocator does not hand its block to the next reduce-scatter while the all-reduce
-        may still run) until its next post-backward or the end of the backward
-        (``finalize_backward``). In the reduce dtype, it is the gradient shard itself when that
-        is the parameters' dtype and on the device; otherwise (a reduce dtype of its own, or
-        the shard offloaded to the host) it is held beside it."""
-        if not self.fsdp2 or s.partial == s.sharded_grad:
-            return
-        self._release_all_reduced(e.unit)
-        self._all_reduced[e.unit] = s.partial
-        self._alloc("sharded_grads", "reduce_scatter", ("reduced", e.unit), s.partial)
-
-    def _release_all_reduced(self, unit: str | None = None) -> None:
-        for u in [unit] if unit is not None else list(self._all_reduced):
-            n = self._all_reduced.pop(u, 0)
-            self._free("sharded_grads", "reduce_scatter", ("reduced", u), n)
-
     def _add_shard(
         self, e: Event, n: int, pool: str, replaced: tuple[Block, int] | None = None
     ) -> None:
@@ -703,24 +576,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps):
             self._moment("at the addition into the accumulated gradient shard of", None, e)
             self._free("sharded_grads", pool, block, n)
         self.reduced.add(e.unit)
-
-    def _regroups(self, unit: str) -> bool:
-        """Whether ``foreach_reduce`` loops over its gradients (``world_size > 1``)."""
-        return self._reduce_ranks.get(unit, 1) > 1
-
-    def _chunk_cat(self, e: Event, grads: int) -> int:
-        """FSDP2's reduction of gradients sharded on a dim other than 0 rebuilds each (see
-        ``placed``): the most that is alive beside the gradients while it does, then what
-        stays until the copy-in is done (the last parameter's copy), which it returns."""
-        cats = self.placed.get(e.unit) if self._regroups(e.unit) and grads else None
-        if not cats or not any(cats):
-            return 0
-        ratio = self.upcast[e.unit].ratio if e.unit in self._cast else 1.0
-        most, kept = round(max(cats) * ratio), round(cats[-1] * ratio)
-        self.cat["backward_temp"] += most
-        self._moment("at the chunk and cat of the gradients for", None, e)
-        self.cat["backward_temp"] -= most - kept
-        return kept
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
