@@ -334,17 +334,18 @@ def check_reshard_ints(
         if tp_groups is not None
         else {g.name for g in groups if g.schema is not None and g.schema.tp_placements}
     )
+    in_float8 = set(float8_groups)
     for g in groups:
-        if g.name in placed and g.post_forward_ranks(world_size) is not None:
+        if g.post_forward_ranks(world_size) is None:
+            continue
+        if g.name in placed:
             raise FSDPConfigError(
                 f"{g.reshard_text()}, whose parameters are tensor-parallel DTensors: FSDP2 "
                 "cannot reshard them to a smaller mesh after forward (NotImplementedError in "
                 "FSDPParam.to_sharded_post_forward, at its first forward); use "
                 f"{RESHARD.code(True)} or False for it"
             )
-    in_float8 = set(float8_groups)
-    for g in groups:
-        if g.name in in_float8 and g.post_forward_ranks(world_size) is not None:
+        if g.name in in_float8:
             raise FSDPConfigError(
                 f"{g.reshard_text()}, whose float8 weights FSDP2 all-gathers in float8 "
                 "(torchao's enable_fsdp_float8_all_gather): FSDP2 cannot all-gather them again "
