@@ -171,6 +171,12 @@ class UnitBytes:
     # or NO_SHARD's ``.grad``) stays on the device beside its host copy until the final
     # callback (``prepare_gradient_for_optim`` points ``.grad`` at ``_cpu_grad``)
     grad_to_host: bool = False
+    # FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the most bytes of
+    # one trainable parameter's part of the rank's shard, in the parameters' dtype (the most
+    # any rank has), made and freed by the post-backward hook's gradient views where the
+    # original parameters have no gradient (see [Note: gradient views of the original
+    # parameters] in memory_fsdp1.py)
+    grad_views: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -179,9 +185,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     out = {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    keep_low = bool((report.config.mixed_precision or {}).get("keep_low_precision_grads"))
     if not fsdp2:
-        mp = report.config.mixed_precision or {}
-        keep_low = bool(mp.get("keep_low_precision_grads"))
         spec = optimizer_spec(optimizer)
         out = {
             u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec, offload)
@@ -189,6 +194,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         }
     if not fsdp2 and report.config.use_orig_params and states and not offload:
         out = _states_of_the_rank_with_most(report, out, states)
+    if not fsdp2 and report.config.use_orig_params and keep_low and not offload:
+        out = _with_grad_views(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -365,6 +372,21 @@ def _states_of_the_rank_with_most(
     for unit, n in best:
         kept[unit] += n * size[unit]
     return {name: replace(b, optimizer=kept[name]) for name, b in out.items()}
+
+
+def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: each unit's
+    ``grad_views``, the most bytes of one trainable parameter's part of a rank's shard (in
+    the parameters' dtype) on any rank (:func:`fsdp1_parts`)."""
+    most: dict[str, int] = {}
+    for parts in fsdp1_parts(report):
+        for unit, n in parts:
+            most[unit] = max(most.get(unit, 0), n)
+    size = {u.module: itemsize(u.dtype) for u in report.units}
+    return {
+        name: replace(b, grad_views=most[name] * size[name]) if most.get(name) else b
+        for name, b in out.items()
+    }
 
 
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
