@@ -581,3 +581,29 @@ def test_gradient_views_of_the_original_parameters(fake_pg: int, case: str) -> N
     temps = ("unsharded_grads", "reduce_scatter", "sharded_grads", "backward_temp")
     assert at_peak["GRAD"] + at_peak["TEMP"] == sum(cat[k] for k in temps)
     assert ("gradient views" in mem.peak["where"]) == (micro_steps == 1)
+
+
+@pytest.mark.parametrize("config", [CONFIG, PADDED], ids=["even", "padded"])
+def test_momentum_of_low_precision_gradients_of_the_original_parameters(
+    fake_pg: int, config: ExampleConfig
+) -> None:
+    """``use_orig_params=True`` with ``keep_low_precision_grads=True`` and SGD's momentum:
+    each momentum buffer is a copy of its parameter's bf16 gradient (its part of the
+    rank's shard), so the rank that keeps the most states keeps them in bf16. The step, the
+    most any rank's states and temporaries reach, to the byte; the peak before it, the
+    states of that rank beside the gradient views of any rank (see
+    :func:`test_gradient_views_of_the_original_parameters`): to the byte where that rank
+    also makes the most views, never less than any rank reaches."""
+    kwargs = {"mixed_precision": LOW_PRECISION_GRADS, "use_orig_params": True}
+    measured = []
+    for rank in range(fake_pg):
+        with _rank(rank):
+            measured.append(_measured_peak(kwargs, 1, "sgd_momentum", config))
+    mem = memory_model(_report(kwargs, 1, config), optimizer="sgd_momentum", iteration=1)
+    *before, step = mem.moments
+    assert step.where == "during the optimizer step after"
+    assert max(m[1] for m in measured) == sum(step.bytes)
+    peak = max(sum(m.bytes) for m in before)
+    assert peak >= max(m[0] for m in measured)
+    if config is CONFIG:
+        assert peak == max(m[0] for m in measured)
