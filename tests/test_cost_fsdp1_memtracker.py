@@ -528,3 +528,82 @@ def test_no_shard_offload_with_original_parameters_is_noted() -> None:
         notes[orig] = [n for n in memory_model(report, optimizer=None).notes if "NO_SHARD" in n]
     assert len(notes[True]) == 1 and "use_orig_params=True" in notes[True][0]
     assert notes[False] == []
+
+
+LOW_PRECISION_GRADS = MixedPrecision(
+    param_dtype=torch.bfloat16, reduce_dtype=torch.float32, keep_low_precision_grads=True
+)
+GRAD_VIEWS_CASES: dict[str, tuple[ShardingStrategy, int, ExampleConfig]] = {
+    "full_shard": (ShardingStrategy.FULL_SHARD, 1, CONFIG),
+    "full_shard_padded": (ShardingStrategy.FULL_SHARD, 1, PADDED),
+    "shard_grad_op": (ShardingStrategy.SHARD_GRAD_OP, 1, CONFIG),
+    "no_shard": (ShardingStrategy.NO_SHARD, 1, CONFIG),
+    "no_shard_padded": (ShardingStrategy.NO_SHARD, 1, PADDED),
+    # under no_sync the parameters have views of the unsharded gradient when the last
+    # micro-step reduces: its post-backward makes nothing
+    "full_shard_no_sync": (ShardingStrategy.FULL_SHARD, 2, CONFIG),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAD_VIEWS_CASES))
+def test_gradient_views_of_the_original_parameters(fake_pg: int, case: str) -> None:
+    """``use_orig_params=True`` with ``keep_low_precision_grads=True``: the post-backward
+    hook gives each original parameter without a gradient ``torch.empty_like(param)`` (its
+    part of the shard, float32) before pointing it at its part of the reduced shard, one
+    parameter at a time, beside the reduction's temporaries (see [Note: gradient views of
+    the original parameters] in ``memory_fsdp1.py``). The parts differ by rank: the most
+    any rank reaches (``NO_SHARD``: every rank alike) is the peak to the byte, and at it
+    the tracker's parameters, activations, and gradients with temporaries are the
+    model's categories."""
+    strategy, micro_steps, config = GRAD_VIEWS_CASES[case]
+    kwargs = {
+        "mixed_precision": LOW_PRECISION_GRADS,
+        "sharding_strategy": strategy,
+        "use_orig_params": True,
+    }
+    measured = []
+    for rank in range(fake_pg if strategy != ShardingStrategy.NO_SHARD else 1):
+        at_peak: dict[str, int] = {}
+        with _rank(rank):
+            peak = _measured_peak(kwargs, micro_steps, config=config, at_peak=at_peak)[0]
+        measured.append((peak, at_peak))
+    peak, at_peak = max(measured, key=lambda m: m[0])
+    report = _report(kwargs, micro_steps, config)
+    steady = range(micro_steps, 2 * micro_steps)
+    mem = max(
+        (memory_model(report, optimizer=None, iteration=i) for i in steady),
+        key=lambda m: int(m.peak["bytes"]),
+    )
+    assert peak == mem.peak["bytes"]
+    cat = mem.peak["breakdown"]
+    assert at_peak["PARAM"] == cat["sharded_params"] + cat["unsharded_params"] + cat["all_gather"]
+    assert at_peak["ACT"] == cat["activations"] + cat["forward_temp"]
+    temps = ("unsharded_grads", "reduce_scatter", "sharded_grads", "backward_temp")
+    assert at_peak["GRAD"] + at_peak["TEMP"] == sum(cat[k] for k in temps)
+    assert ("gradient views" in mem.peak["where"]) == (micro_steps == 1)
+
+
+@pytest.mark.parametrize("config", [CONFIG, PADDED], ids=["even", "padded"])
+def test_momentum_of_low_precision_gradients_of_the_original_parameters(
+    fake_pg: int, config: ExampleConfig
+) -> None:
+    """``use_orig_params=True`` with ``keep_low_precision_grads=True`` and SGD's momentum:
+    each momentum buffer is a copy of its parameter's bf16 gradient (its part of the
+    rank's shard), so the rank that keeps the most states keeps them in bf16. The step, the
+    most any rank's states and temporaries reach, to the byte; the peak before it, the
+    states of that rank beside the gradient views of any rank (see
+    :func:`test_gradient_views_of_the_original_parameters`): to the byte where that rank
+    also makes the most views, never less than any rank reaches."""
+    kwargs = {"mixed_precision": LOW_PRECISION_GRADS, "use_orig_params": True}
+    measured = []
+    for rank in range(fake_pg):
+        with _rank(rank):
+            measured.append(_measured_peak(kwargs, 1, "sgd_momentum", config))
+    mem = memory_model(_report(kwargs, 1, config), optimizer="sgd_momentum", iteration=1)
+    *before, step = mem.moments
+    assert step.where == "during the optimizer step after"
+    assert max(m[1] for m in measured) == sum(step.bytes)
+    peak = max(sum(m.bytes) for m in before)
+    assert peak >= max(m[0] for m in measured)
+    if config is CONFIG:
+        assert peak == max(m[0] for m in measured)

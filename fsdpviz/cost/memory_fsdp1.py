@@ -1,8 +1,9 @@
 """FSDP1's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: CPU offload's copy of a
 shard to the device, ``NO_SHARD``'s copy of the parameters it computes on (see [Note: NO_SHARD's
-copies]), the post-backward reduction of a FlatParameter's gradient and the final callback's
-cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the walker (a
-mixin, typed by :class:`FSDP1Host`).
+copies]), the post-backward reduction of a FlatParameter's gradient, the original parameters'
+gradient views it makes (see [Note: gradient views of the original parameters]) and the final
+callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
+walker (a mixin, typed by :class:`FSDP1Host`).
 
 [Note: NO_SHARD's copies]
 ``NO_SHARD`` issues no collective, yet ``_unshard`` runs ``pre_unshard`` (``_flat_param.py``)
@@ -30,6 +31,22 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
+
+[Note: gradient views of the original parameters]
+With ``use_orig_params=True`` the post-backward hook, once the unit's gradient is reduced
+(and cast), points each original parameter's ``.grad`` at its part of the gradient shard
+(``_post_reduce_grad_callback`` -> ``_use_sharded_grad_views``, ``_flat_param.py``). Under
+``keep_low_precision_grads`` it does not assign the view directly (it may be of another dtype):
+a parameter without a gradient is first given ``torch.empty_like(param)``, of the
+parameter's part of the shard in the parameters' dtype (the whole parameter under
+``NO_SHARD``), whose storage ``param.grad.data = view`` frees at once: one parameter's
+part at a time, beside the reduction's temporaries (``_reduce_grad``'s locals and the
+autograd gradient the hook holds), the reduced shard and its cast (the output it was cast
+from freed). The parameters have a gradient after the unit's first reduction since
+``zero_grad(set_to_none=True)`` and after a micro-step under ``no_sync`` (views of the
+unsharded gradient, ``_use_unsharded_grad_views``): then nothing is made. The most of one
+parameter's part on any rank is ``UnitBytes.grad_views``, counted with the gradient
+shards, on the post-backward stream (HSDP's all-reduce stream, where the callback runs).
 """
 
 from __future__ import annotations
@@ -56,6 +73,9 @@ class FSDP1Host(Protocol):
     _event_index: int
     forward_copies: dict[str, tuple[Block, int]]
     backward_copies: dict[str, tuple[Block, int]]
+    _held: set[str]
+    _accumulating: set[str]
+    replicas: int
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
@@ -66,6 +86,7 @@ class FSDP1Host(Protocol):
     ) -> None: ...
     def _grad_pool(self, e: Event, s: UnitBytes) -> str: ...
     def _drop_shard(self, unit: str, kept: int = 0) -> None: ...
+    def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
 
 
 class FSDP1Steps:
@@ -135,6 +156,28 @@ class FSDP1Steps:
             self._add("sharded_grads", "compute", -s.grad_kept)
             self._drop_shard(unit, s.grad_kept)
 
+    def _orig_grad_views(self: FSDP1Host, e: Event, s: UnitBytes, cast: int) -> None:
+        """The post-backward hook's gradient views of the original parameters, after the
+        reduction and its ``cast`` (the output freed once cast), the temporaries alive: see
+        [Note: gradient views of the original parameters]. Only a unit's first reduction
+        since ``zero_grad`` makes them, after no micro-step under ``no_sync`` (whose
+        post-backward gave the parameters views of the unsharded gradient)."""
+        if not s.grad_views or e.unit in self.reduced or e.unit in self._held:
+            return
+        if e.unit in self._accumulating:
+            return
+        pool = (
+            "all_reduce" if self.replicas > 1 and e.kind == "reduce_scatter" else "reduce_scatter"
+        )
+        output = s.reduced_shard if cast else 0
+        self._add("sharded_grads", self._grad_pool(e, s), cast)
+        self._add("sharded_grads", "reduce_scatter", -output)
+        self._add("sharded_grads", pool, s.grad_views)
+        self._moment("at the gradient views of the original parameters in", None, e)
+        self._add("sharded_grads", pool, -s.grad_views)
+        self._add("sharded_grads", "reduce_scatter", output)
+        self._add("sharded_grads", self._grad_pool(e, s), -cast)
+
     def _reduce_fsdp1(self: FSDP1Host, e: Event, s: UnitBytes, grads: int) -> None:
         """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),
         ``_post_backward_hook``: the gradient cast to the reduce dtype, padded to a multiple
@@ -164,6 +207,7 @@ class FSDP1Steps:
             self._add("sharded_grads", pool, cast)
             self._moment("at the cast of the reduced gradient shard in", None, e)
             self._add("sharded_grads", pool, -cast)
+        self._orig_grad_views(e, s, cast)
         self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
         self.cat["unsharded_grads"] -= grads
         self._add_shard(e, s.sharded_grad, pool, output)

@@ -171,6 +171,12 @@ class UnitBytes:
     # or NO_SHARD's ``.grad``) stays on the device beside its host copy until the final
     # callback (``prepare_gradient_for_optim`` points ``.grad`` at ``_cpu_grad``)
     grad_to_host: bool = False
+    # FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the most bytes of
+    # one trainable parameter's part of the rank's shard, in the parameters' dtype (the most
+    # any rank has), made and freed by the post-backward hook's gradient views where the
+    # original parameters have no gradient (see [Note: gradient views of the original
+    # parameters] in memory_fsdp1.py)
+    grad_views: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -179,16 +185,17 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     states = optimizer_states(optimizer)
     offload = report.config.cpu_offload
     out = {u.module: _unit(u, fsdp2, states, offload) for u in report.units}
+    keep_low = bool((report.config.mixed_precision or {}).get("keep_low_precision_grads"))
     if not fsdp2:
-        mp = report.config.mixed_precision or {}
-        keep_low = bool(mp.get("keep_low_precision_grads"))
         spec = optimizer_spec(optimizer)
         out = {
             u.module: _fsdp1_reduction(u, out[u.module], keep_low, spec, offload)
             for u in report.units
         }
     if not fsdp2 and report.config.use_orig_params and states and not offload:
-        out = _states_of_the_rank_with_most(report, out, states)
+        out = _states_of_the_rank_with_most(report, out, states, keep_low, spec)
+    if not fsdp2 and report.config.use_orig_params and keep_low and not offload:
+        out = _with_grad_views(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -349,14 +356,19 @@ def _replicated_grads(
 
 
 def _states_of_the_rank_with_most(
-    report: Report, out: dict[str, UnitBytes], states: int
+    report: Report, out: dict[str, UnitBytes], states: int, keep_low: bool, spec: OptimizerSpec
 ) -> dict[str, UnitBytes]:
     """FSDP1 with ``use_orig_params=True``: each unit's optimizer states as the rank that
     keeps the most states in all holds them (:func:`fsdp1_parts`). A unit's part of a rank's
     shard differs by rank where its parameters are padded, and each unit's most
-    (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's."""
+    (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's.
+    The states are in the parameters' dtype, SGD's momentum buffers in the gradients'
+    (``keep_low``: ``keep_low_precision_grads``, :func:`_fsdp1_grad_dtype`)."""
     ranks = fsdp1_parts(report)
-    size = {u.module: itemsize(u.dtype) * states for u in report.units}
+    size = {
+        u.module: itemsize(u.dtype if spec.adam else _fsdp1_grad_dtype(u, keep_low)) * states
+        for u in report.units
+    }
     held = [sum(n * size[unit] for unit, n in parts) for parts in ranks]
     if not held:
         return out
@@ -365,6 +377,24 @@ def _states_of_the_rank_with_most(
     for unit, n in best:
         kept[unit] += n * size[unit]
     return {name: replace(b, optimizer=kept[name]) for name, b in out.items()}
+
+
+def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: each unit's
+    ``grad_views``, the most bytes of one trainable parameter's part of a rank's shard (in
+    the parameters' dtype) on any rank (:func:`fsdp1_parts`). Without optimizer states the
+    rest of a step is alike on every rank, and the peak is the most any rank reaches; with
+    them, of the rank that keeps the most, the views of another rank may add a little
+    more than any rank reaches (an upper bound: 4 B on a padded 61-wide model)."""
+    most: dict[str, int] = {}
+    for parts in fsdp1_parts(report):
+        for unit, n in parts:
+            most[unit] = max(most.get(unit, 0), n)
+    size = {u.module: itemsize(u.dtype) for u in report.units}
+    return {
+        name: replace(b, grad_views=most[name] * size[name]) if most.get(name) else b
+        for name, b in out.items()
+    }
 
 
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
@@ -486,7 +516,7 @@ def _fsdp1_reduction(
         if keep_low:  # all-reduced in place, left in the reduce dtype: a copy where cast
             grad = u.sharded_numel * r
             b = replace(b, sharded_grad=grad, reduced_shard=grad if reduce != compute else 0)
-            return _momentum_in(b, u, reduce, spec)
+            return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
         # NO_SHARD all-reduces in place; the gradient it leaves is new where a cast made it
         new = reduce != compute or reduce != u.dtype
         return replace(
@@ -496,8 +526,21 @@ def _fsdp1_reduction(
     b = replace(b, grad_cast=cast, grad_pad=pad, reduced_shard=u.sharded_numel * r)
     if keep_low and compute != u.dtype:
         b = replace(b, grad_kept=u.sharded_numel * itemsize(compute))
-        return _momentum_in(b, u, compute, spec)
+        return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
     return b
+
+
+def _fsdp1_grad_dtype(u: Unit, keep_low: bool) -> str | None:
+    """The dtype of the gradient FSDP1 leaves ``u``'s parameters for the optimizer: the
+    parameters' own, but with ``keep_low_precision_grads`` (``keep_low``) ``NO_SHARD``'s in
+    the reduce dtype (``_reduce_grad_no_shard`` skips the cast) and the sharded strategies'
+    in the compute dtype (the final callback's cast, ``prepare_gradient_for_optim``)."""
+    if not keep_low:
+        return u.dtype
+    compute = u.compute_dtype or u.dtype
+    if u.sharding_strategy == "NO_SHARD":
+        return u.reduce_dtype or compute
+    return compute
 
 
 def _momentum_in(b: UnitBytes, u: Unit, dtype: str | None, spec: OptimizerSpec | None) -> UnitBytes:
