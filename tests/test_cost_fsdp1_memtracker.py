@@ -607,3 +607,41 @@ def test_momentum_of_low_precision_gradients_of_the_original_parameters(
     assert peak >= max(m[0] for m in measured)
     if config is CONFIG:
         assert peak == max(m[0] for m in measured)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_offload_with_low_precision_grads_fails_from_the_second_iteration(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    """CPU offload with ``keep_low_precision_grads``: real FSDP1 runs the first iteration and
+    fails in the second's ``prepare_gradient_for_optim`` (the host gradient buffer cast to
+    bf16 in place by the first); fsdpviz warns exactly then (``offload_low_precision_grads``)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    mp = MixedPrecision(torch.bfloat16, torch.float32, keep_low_precision_grads=keep)
+    kwargs: dict[str, Any] = dict(
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        mixed_precision=mp,
+        cpu_offload=CPUOffload(offload_params=True),
+    )
+    torch.manual_seed(0)
+    fsdp = FSDP(ExampleModel(CONFIG), device_id=torch.device("cpu"), **kwargs)
+    opt = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+    failed = None
+    for _ in range(2):
+        try:
+            _step(fsdp, _ids(), 1)
+        except RuntimeError as e:
+            failed = str(e)
+            break
+        opt.step()
+        opt.zero_grad()
+    with torch.device("meta"):
+        model = ExampleModel(CONFIG)
+    report = fsdpviz.analyze(model, {"input_ids": _ids().to("meta")}, world_size=fake_pg,
+                             progress=False, **kwargs)  # fmt: skip
+    codes = [w.code for w in report.warnings]
+    assert ("offload_low_precision_grads" in codes) == keep
+    assert (failed is not None) == keep
+    if keep:
+        assert failed is not None and "assign a gradient" in failed
