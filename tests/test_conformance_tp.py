@@ -263,6 +263,84 @@ def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
     assert ["tp_all_gather", 2 * 8 * 64 * 4] in seen  # the logits, 63 columns padded to 64
 
 
+def test_an_uneven_sequence_is_padded(fake_pg: int) -> None:
+    """A sequence of 30 over 4 tp ranks with the residual stream kept a DTensor: DTensor
+    pads every sequence-parallel all-gather and reduce-scatter to 4 x 8 rows
+    (``Shard._to_replicate_tensor``, ``Shard._reduce_shard_tensor``). Every collective
+    equals DTensor's, kind and bytes."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    plan, ids = tp_models.dtensor_plan(), torch.zeros(2, 30, dtype=torch.long)
+    torch.manual_seed(0)
+    model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2)
+    parallelize_module(model, mesh["tp"], plan)
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    with _tp_collectives() as seen:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 4),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel] == seen
+    assert ["tp_all_gather", 2 * 32 * 8 * 4] in seen  # a block's input, 30 rows padded to 32
+
+
+def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=hidden, layers=1)
+    return fsdpviz.analyze(model, torch.zeros(2, seq, dtype=torch.long),
+                           fully_shard=[("layers.0",)], mesh=("dp", 1, "tp", 4),
+                           parallelize_plan=plan, progress=False)  # fmt: skip
+
+
+def test_an_uneven_hidden_size_is_refused_as_torch_refuses_it(fake_pg: int) -> None:
+    """A feed-forward hidden size of 18 over 4 tp ranks: the column-parallel ``w1``/``w3``
+    are chunked 5, 5, 5, 3, but ``RowwiseParallel`` makes ``w2``'s plain input a DTensor
+    with ``DTensor.from_local``, which takes it for even shards (5 x 4 = 20 features), and
+    DTensor's sharding propagation fails against the weight's 18. fsdpviz refuses it too,
+    naming the parameter and the fix (it drew a report before)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+    model = parallelize_module(tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=18, layers=1),
+                               mesh, tp_models.plain_plan())  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"same reduction dim.*\[16, 20\] X \[18, 8\]"):
+        model(torch.zeros(2, 8, dtype=torch.long))
+    with pytest.raises(
+        fsdpviz.ConfigError,
+        match=r"layers\.0\.feed_forward\.w2 \(RowwiseParallel\).*18 input features of "
+        r"layers\.0\.feed_forward\.w2\.weight \(8, 18\).*\[5, 5, 5, 3\].*multiple of the "
+        r"tp degree \(20 or 16",
+    ):
+        _analyze_tp4(tp_models.plain_plan(), hidden=18, seq=8)
+
+
+def test_an_uneven_sequence_under_sequence_parallelism_is_refused(fake_pg: int) -> None:
+    """A sequence of 30 over 4 tp ranks under torchtitan's sequence-parallel plan: the
+    embedding's reduce-scatter pads it and leaves each rank its ``torch.chunk`` part (8, 8,
+    8, 6 rows), but ``SequenceParallel`` makes the plain tensor a DTensor again with
+    ``DTensor.from_local``, which takes it for even shards: a sequence of 32 on the first
+    three ranks, 24 on the last, whose all-gathers then disagree (on 4 gloo ranks: "Received
+    data size doesn't match expected size"; the fake process group, every rank the first,
+    hides it). fsdpviz refuses it (it drew a report of a 30-token sequence before); without
+    sequence parallelism the sequence is never sharded and the same model runs."""
+    with pytest.raises(
+        fsdpviz.ConfigError,
+        match=r"layers\.0\.attention_norm \(SequenceParallel\).*the sequence \(30\).*"
+        r"\[8, 8, 8, 6\].*\(32 or 28; a sequence padded to it\)",
+    ):
+        _analyze_tp4(tp_models.whole_plan(), hidden=16, seq=30)
+    report = _analyze_tp4(tp_models.plain_plan(), hidden=16, seq=30)
+    assert any(e.kind == "tp_all_reduce" for e in report.iterations[0])
+
+
 def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
     labels = torch.zeros(out.shape[:2], dtype=torch.long, device=out.device)
     return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())

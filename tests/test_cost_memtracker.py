@@ -816,11 +816,12 @@ def _check_tp_llama(
     batch: int,
     around: Callable[[], Any] = nullcontext,
     mesh: tuple[int, int] = (2, 2),
+    seq: int = 8,
     **kwargs: Any,
 ) -> None:
     """tp_models' Llama (2 layers, dim 8, a head per tp rank) under ``plan`` on a ``mesh``
-    of dp x tp (2 x 2 unless said), each layer a unit: the peak, every category at it and
-    every module's peaks to the byte."""
+    of dp x tp (2 x 2 unless said), each layer a unit, on ``batch`` sequences of ``seq``
+    tokens: the peak, every category at it and every module's peaks to the byte."""
     import tp_models
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -828,7 +829,7 @@ def _check_tp_llama(
         return tp_models.Llama(vocab=vocab, dim=8, n_heads=mesh[1], hidden=hidden, layers=2)
 
     def ids() -> torch.Tensor:
-        return torch.randint(0, vocab, (batch, 8), generator=torch.Generator().manual_seed(0))
+        return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
 
     def parallelize(model: nn.Module, tp_mesh: Any) -> nn.Module:
         return parallelize_module(model, tp_mesh, plan)
@@ -951,6 +952,23 @@ def test_tensor_parallel_uneven_vocabulary(fake_pg: int, plan: str, mesh: tuple[
         whole["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
         loss, around = _cross_entropy, loss_parallel
     _check_tp_llama(fake_pg, whole, loss, vocab=33, hidden=16, batch=3, around=around, mesh=mesh)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_tensor_parallel_uneven_sequence(fake_pg: int, batch: int) -> None:
+    """A sequence of 30 over 4 tp ranks, the residual stream kept a sequence-sharded DTensor:
+    the first rank holds 8 of the 30 rows (``torch.chunk``: 8, 8, 8, 6). A reduce-scatter
+    onto the sequence pads as ``Shard._reduce_shard_tensor`` does (the chunks padded or made
+    contiguous, held while ``torch.cat`` joins them into a padded buffer, which
+    ``_chunk_or_narrow_cat`` copies onto dim 0), an all-gather from it as
+    ``Shard._to_replicate_tensor`` does, and with a batch of one ``_maybe_view_chunk_cat``
+    views the gathered buffer instead of copying it. The peak, every category at it and
+    every module's peaks to the byte (the root's backward peak was 2,816 B low with a batch
+    of 2, 576 B with one; with the reduce-scatter right but no view, 768 B high with one)."""
+    import tp_models
+
+    _check_tp_llama(fake_pg, tp_models.dtensor_plan(), _loss, vocab=32, hidden=16,
+                    batch=batch, mesh=(1, 4), seq=30)  # fmt: skip
 
 
 class _TokenTable(nn.Embedding):

@@ -109,6 +109,23 @@ def whole_plan() -> dict[str, Any]:
     return {**top_plan(), **{f"layers.*.{k}": v for k, v in block_plan().items()}}
 
 
+def dtensor_plan() -> dict[str, Any]:
+    """:func:`whole_plan` with the residual stream kept a sequence-sharded DTensor
+    (``use_local_output=False`` on the embedding, the norms and the row-parallel outputs):
+    DTensor knows its global shape, so a sequence the tp ranks do not divide runs."""
+    seq, row = SequenceParallel(use_local_output=False), RowwiseParallel
+    plan = whole_plan()
+    plan["tok_embeddings"] = row(
+        input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+    )
+    plan["norm"] = seq
+    for name in ("attention_norm", "ffn_norm"):
+        plan[f"layers.*.{name}"] = seq
+    for name in ("attention.wo", "feed_forward.w2"):
+        plan[f"layers.*.{name}"] = row(output_layouts=Shard(1), use_local_output=False)
+    return plan
+
+
 def plain_plan() -> dict[str, Any]:
     """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
     row-parallel outputs all-reduced."""

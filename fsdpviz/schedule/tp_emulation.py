@@ -18,12 +18,16 @@ whole, the reduce-scattered output of a row-parallel one as a share. A share is 
 first rank of the tp group holds, the one with the most: DTensor chunks a dim the tp ranks
 do not divide as ``torch.chunk`` does (``Shard._split_tensor``), the first ranks a chunk of
 ``ceil(n / tp)``, the last ones less (:func:`~fsdpviz.trace.probe_records.dim_share`), as
-the parameters' tp shards (:func:`~fsdpviz.plan.tensor_parallel.local_shape`).
+the parameters' tp shards (:func:`~fsdpviz.plan.tensor_parallel.local_shape`); its
+collectives pad every chunk to the first's. A style that makes a plain tensor sharded on
+such a dim a DTensor (``DTensor.from_local``, which assumes even shards) is refused, as
+torch fails on it; one computed from a DTensor the plan left knows its shape and runs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from fractions import Fraction
 from typing import Any
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.tensor_parallel import (
     PARTIAL,
@@ -52,6 +57,13 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _viewable(shape: torch.Size, d: int) -> bool:
+    """Whether every dim of ``shape`` before ``d`` is 1: chunks along ``d`` are then
+    contiguous, and ``_maybe_view_chunk_cat`` views an all-gather's dim-0 result as
+    gathered along ``d`` instead of copying it (``torch/_utils.py``)."""
+    return math.prod(shape[:d]) == 1
 
 
 class _GradCollective(torch.autograd.Function):
@@ -93,6 +105,9 @@ class TPEmulation:
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         self._handles: list[Any] = []
+        # autograd nodes of the DTensors the plan leaves (sources) and of the plain tensors
+        # its styles return (``use_local_output``): what a tensor is computed from
+        self._nodes: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
             module = modules[fqn]
@@ -147,7 +162,10 @@ class TPEmulation:
 
         Collectives run on dimension 0: an all-gather along another dimension gathers into a
         whole buffer first and copies it into place, a reduce-scatter along another dimension
-        copies its input into a whole buffer first; a rank briefly holds both.
+        copies its input into a whole buffer first; a rank briefly holds both. But for an
+        all-gather whose dims before the gathered one are all 1 (a batch of one gathered on
+        the sequence): ``all_gather_single``'s ``_maybe_view_chunk_cat`` views the gathered
+        buffer in place then.
         """
         probe = self._probe
         if probe is None or collective not in _NEW_BUFFER:
@@ -162,8 +180,13 @@ class TPEmulation:
         def make(t: torch.Tensor) -> torch.Tensor:
             if collective == "tp_all_gather" and self._uneven(t, src):
                 return self._gathered_padded(probe, t, src)
+            if collective == "tp_reduce_scatter" and self._uneven(t, dst):
+                return self._scattered_padded(probe, t, dst)
+            copied = rearranged and not (
+                collective == "tp_all_gather" and _viewable(t.shape, (src[1] or 0) % t.dim())
+            )
             with probe.redistributed(None):
-                whole = t.clone() if rearranged else t
+                whole = t.clone() if copied else t
             with probe.redistributed(self._share(t, dst)):
                 return whole.clone()
 
@@ -192,9 +215,37 @@ class TPEmulation:
             gathered = t.new_empty(padded)
             if d == 0:
                 return gathered.narrow(0, 0, n)
+            if _viewable(t.shape, d):  # _maybe_view_chunk_cat: a view of the gathered buffer
+                return gathered.narrow(d, 0, n).contiguous()
             placed = t.new_empty(padded)  # torch.cat of the gathered chunks along d
             del gathered
             return placed.narrow(d, 0, n).contiguous()
+
+    def _scattered_padded(self, probe: CostProbe, t: torch.Tensor, dst: Layout) -> torch.Tensor:
+        """The reduce-scatter of ``t`` onto ``dst``, sharded on a dim the tp ranks do not
+        divide, as ``Shard._reduce_shard_tensor`` makes it: ``_split_tensor`` chunks it,
+        pads the short chunks to the first's and makes the others contiguous (copies where
+        dims before the sharded one are not all 1), a list it holds until it returns;
+        ``torch.cat`` of them into a padded buffer; on another dim than 0,
+        ``reduce_scatter_single``'s ``_chunk_or_narrow_cat`` copies that into a second one;
+        then the first rank's chunk, which needs no unpadding, is the collective's output."""
+        d = (dst[1] or 0) % t.dim()
+        n, tp = t.shape[d], self.plan.size
+        first = -(-n // tp)
+        padded = list(t.shape)
+        padded[d] = first * tp
+        contiguous = _viewable(t.shape, d) and t.is_contiguous()
+        held = []
+        with probe.redistributed(None):
+            for i in range(tp):
+                size = min(first, max(0, n - i * first))
+                if size < first or not contiguous:  # padded (a new tensor) or made contiguous
+                    held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
+            held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
+            if d != 0:
+                held.append(t.new_empty(padded))  # _chunk_or_narrow_cat onto dim 0
+        with probe.redistributed(self._share(t, dst)):
+            return t.clone()
 
     def _padded(self, nbytes: int, shape: torch.Size, layout: Layout) -> int:
         """The bytes a collective moves of a tensor of ``nbytes`` and ``shape`` sharded as
@@ -230,6 +281,31 @@ class TPEmulation:
     def _remember(self, t: Any, layout: Layout | None) -> None:
         if isinstance(t, torch.Tensor) and layout is not None:
             self._dtensors[id(t)] = (weakref.ref(t), layout)
+            self._mark(t, 0)
+
+    def _mark(self, t: Any, kind: int) -> None:
+        """Remember ``t``'s autograd node as a DTensor's (``kind`` 0) or a plain tensor's
+        a style returned (1)."""
+        node = t.grad_fn if isinstance(t, torch.Tensor) else None
+        if node is not None:
+            self._nodes[kind][id(node)] = node
+
+    def _from_dtensor(self, t: torch.Tensor) -> bool:
+        """Whether operators computed ``t`` from a DTensor the plan left (an operator on a
+        DTensor gives a DTensor): its autograd graph reaches one's node without passing a
+        plain tensor a style returned (``to_local()``)."""
+        sources, plain = self._nodes
+        seen: set[int] = set()
+        stack = [t.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen or id(node) in plain:
+                continue
+            if id(node) in sources:
+                return True
+            seen.add(id(node))
+            stack.extend(n for n, _ in node.next_functions)
+        return False
 
     # ------------------------------------------------------------------- hooks
     def _redistribute(
@@ -268,6 +344,57 @@ class TPEmulation:
         back_copy = self._buffer(back, r.grad, back_dst, ndim) or chunk
         return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
+    def _check_even_local(self, t: torch.Tensor, layout: Layout, tpm: TPModule) -> None:
+        """Refuse a plain tensor a style takes to be sharded on a dim the tp ranks do not
+        divide, as torch fails on it: the style makes it a DTensor with
+        ``DTensor.from_local(..., run_check=False)`` and no shape, which computes the global
+        shape as the local one times the tp degree (``compute_global_tensor_info``), so the
+        first rank's ``torch.chunk`` part (5 of 18) makes a dim of 20, the last one's (3)
+        one of 12. The next operator's sharding propagation fails where the shape meets a
+        parameter's (``RuntimeError: a and b must have same reduction dim``, ``Sharding
+        propagation failed for aten.mm.default``), and a collective over the dim gets a
+        different size from each rank (gloo: ``Received data size doesn't match expected
+        size``; NCCL hangs or corrupts)."""
+        if layout[0] != "shard" or t.dim() == 0 or self.plan.size == 1:
+            return
+        d = (layout[1] or 0) % t.dim()
+        n, tp = t.shape[d], self.plan.size
+        if n % tp == 0 or self._from_dtensor(t):
+            # a tensor operators computed from a DTensor is a DTensor of the global shape,
+            # which DTensor pads and chunks right
+            return
+        first = -(-n // tp)
+        chunks = [min(first, max(0, n - i * first)) for i in range(tp)]  # torch.chunk's
+        sizes = " or ".join(str(k) for k in (first * tp, n // tp * tp) if k > 0)
+        what = f"dim {d} ({n})"
+        fails = (
+            "the ranks disagree on the tensor's shape, and a collective over the dim gets "
+            "a different size from each (gloo: Received data size doesn't match expected "
+            "size; NCCL hangs)"
+        )
+        if d == t.dim() - 1:  # the dim a linear's weight meets: name the weight
+            module = self._model.get_submodule(tpm.fqn)
+            for name, p in module.named_parameters(recurse=False):
+                if p.dim() > 1 and p.shape[-1] == n:
+                    fqn = f"{tpm.fqn}.{name}" if tpm.fqn else name
+                    what = f"dim {d}, the {n} input features of {fqn} {tuple(p.shape)},"
+                    fails = (
+                        f"the input of {first * tp} features meets {fqn}'s {n} (RuntimeError: "
+                        "a and b must have same reduction dim ... Sharding propagation failed)"
+                    )
+                    break
+        elif d == 1:
+            what = f"dim 1, the sequence ({n}),"
+        raise ConfigError(
+            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes its input "
+            f"sharded on {what} which the {tp} tp ranks do not divide: DTensor chunks it "
+            f"{chunks}, and the style makes each rank's plain tensor a DTensor with "
+            f"DTensor.from_local(), which assumes even shards ({first} x {tp} = "
+            f"{first * tp} on the first rank, {chunks[-1]} x {tp} on the last), so torch "
+            f"fails: {fails}. Make the size a multiple of the tp degree ({sizes}; "
+            "a sequence padded to it) or choose a tp degree that divides it"
+        )
+
     def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
         """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
         None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
@@ -305,6 +432,8 @@ class TPEmulation:
                 continue
             t = holder[key]
             known = self._layout(t) if isinstance(t, torch.Tensor) else None
+            if known is None and isinstance(t, torch.Tensor):
+                self._check_even_local(t, r.src, tpm)
             out = self._redistribute(t, r, tpm, i, known)
             if tpm.style == "PrepareModuleInput":
                 self._remember(out, r.dst)  # use_local_output=False: a DTensor goes in
@@ -322,6 +451,8 @@ class TPEmulation:
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
             self._remember(output, tpm.output_layout)
+        elif tpm.outputs or tpm.style != "PrepareModuleInput":
+            self._mark(output[0] if isinstance(output, tuple) and output else output, 1)
         return output
 
     def remove(self) -> None:
@@ -329,4 +460,6 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
+        for nodes in self._nodes:
+            nodes.clear()
         self._probe = None
