@@ -31,7 +31,12 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from fsdpviz.errors import FSDPConfigError
-from fsdpviz.plan.fsdp1_options import FSDP1Options, effective_backward_prefetch, effective_strategy
+from fsdpviz.plan.fsdp1_options import (
+    FSDP1Options,
+    effective_backward_prefetch,
+    effective_strategy,
+    offloaded_low_precision_grads,
+)
 from fsdpviz.schema.report import FsdpWarning, Unit, dtype_name, unit_label
 
 _SHARDED = {
@@ -613,39 +618,6 @@ def closest_class(root: nn.Module, name: str) -> str | None:
     if near:
         return near[0]
     return repeated[0] if repeated else None
-
-
-def offloaded_low_precision_grads(
-    root: nn.Module, opts: FSDP1Options, ignored: set[nn.Parameter]
-) -> list[FsdpWarning]:
-    """A warning where FSDP1 fails from the second iteration: CPU offload with
-    ``keep_low_precision_grads`` and parameters in another dtype than ``param_dtype``. The
-    final callback's cast (``prepare_gradient_for_optim``: ``flat_param.grad =
-    flat_param._cpu_grad``, then ``cast_grad_to_param_dtype_if_needed``) turns the host
-    gradient buffer ``_cpu_grad`` itself into the low precision; after ``zero_grad()``
-    (``set_to_none=True``, torch's default) the next backward assigns it to the
-    full-precision FlatParameter's ``.grad``, which autograd refuses."""
-    mp = opts.mixed_precision
-    if not opts.offload_params or mp is None or not mp.keep_low_precision_grads:
-        return []
-    low = mp.param_dtype
-    if low is None or not any(
-        p.dtype != low for p in root.parameters() if p.requires_grad and p not in ignored
-    ):
-        return []
-    return [
-        FsdpWarning(
-            code="offload_low_precision_grads",
-            message="CPUOffload(offload_params=True) with MixedPrecision("
-            f"param_dtype={low}, keep_low_precision_grads=True): the first iteration runs, "
-            "but its final callback casts the host gradient buffer (_cpu_grad) to "
-            f"{dtype_name(low)} in place, and after zero_grad() the next backward assigns it "
-            "to the full-precision FlatParameter's .grad and fails (RuntimeError: "
-            "attempting to assign a gradient with dtype ... to a tensor with ... 'Float', "
-            "in prepare_gradient_for_optim); use keep_low_precision_grads=False with CPU "
-            "offload",
-        )
-    ]
 
 
 def missing_class_warnings(root: nn.Module, policy: Any) -> list[FsdpWarning]:
