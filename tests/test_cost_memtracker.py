@@ -817,6 +817,7 @@ def _check_tp_llama(
     around: Callable[[], Any] = nullcontext,
     mesh: tuple[int, int] = (2, 2),
     seq: int = 8,
+    checkpointed: bool = False,
     **kwargs: Any,
 ) -> None:
     """tp_models' Llama (2 layers, dim 8, a head per tp rank) under ``plan`` on a ``mesh``
@@ -826,7 +827,9 @@ def _check_tp_llama(
     from torch.distributed.tensor.parallel import parallelize_module
 
     def build() -> nn.Module:
-        return tp_models.Llama(vocab=vocab, dim=8, n_heads=mesh[1], hidden=hidden, layers=2)
+        return tp_models.Llama(
+            vocab=vocab, dim=8, n_heads=mesh[1], hidden=hidden, layers=2, checkpointed=checkpointed
+        )
 
     def ids() -> torch.Tensor:
         return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
@@ -1687,3 +1690,14 @@ def test_tensor_parallel_accumulation(
         # gradient (the norms' whole), but the embedding's, whole (twice its share)
         shares = sum(u.numel for u in report.units) * 4
         assert steps[0].events[-1]["unsharded_grads"] == shares + vocab * dim * 4 // 2
+
+
+def test_tensor_parallel_with_activation_checkpointing(fake_pg: int) -> None:
+    """FSDP2 x TP with each block checkpointed: the recomputation's saved tensors are freed
+    by the backward that reads them, as on a real run. (The emulation once kept every
+    autograd node its styles made, and with them the recomputed blocks' saved tensors, to
+    the end of the step: KempnerForge's 7B on TP 2 came to 88.5 GiB against 57.8 GiB.)"""
+    import tp_models
+
+    _check_tp_llama(fake_pg, tp_models.whole_plan(), _loss, vocab=32, hidden=16, batch=2,
+                    checkpointed=True)  # fmt: skip

@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+from torch.utils.checkpoint import checkpoint
 
 from fsdpviz.configs.torchtitan_model import FeedForward
 
@@ -59,9 +60,16 @@ class TransformerBlock(nn.Module):
 
 class Llama(nn.Module):
     def __init__(
-        self, vocab: int = 64, dim: int = 16, n_heads: int = 4, hidden: int = 32, layers: int = 2
+        self,
+        vocab: int = 64,
+        dim: int = 16,
+        n_heads: int = 4,
+        hidden: int = 32,
+        layers: int = 2,
+        checkpointed: bool = False,
     ) -> None:
         super().__init__()
+        self.checkpointed = checkpointed  # non-reentrant activation checkpointing per block
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(dim, n_heads, hidden) for i in range(layers)}
@@ -72,7 +80,7 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
-            h = layer(h)
+            h = checkpoint(layer, h, use_reentrant=False) if self.checkpointed else layer(h)
         return self.output(self.norm(h))
 
 

@@ -57,6 +57,16 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
+# the marks on autograd nodes (``Node.metadata``): a DTensor's the plan leaves, a plain
+# tensor's a style returns (``use_local_output``)
+_MARKS = ("fsdpviz_tp_dtensor", "fsdpviz_tp_local")
+
+
+def _marks(node: Any) -> dict[str, bool]:
+    """An autograd node's ``metadata`` dict (a property at run time, which torch's stubs
+    type as a method)."""
+    meta: dict[str, bool] = node.metadata
+    return meta
 
 
 def _viewable(shape: torch.Size, d: int) -> bool:
@@ -105,9 +115,6 @@ class TPEmulation:
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         self._handles: list[Any] = []
-        # autograd nodes of the DTensors the plan leaves (sources) and of the plain tensors
-        # its styles return (``use_local_output``): what a tensor is computed from
-        self._nodes: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
             module = modules[fqn]
@@ -284,26 +291,28 @@ class TPEmulation:
             self._mark(t, 0)
 
     def _mark(self, t: Any, kind: int) -> None:
-        """Remember ``t``'s autograd node as a DTensor's (``kind`` 0) or a plain tensor's
-        a style returned (1)."""
+        """Mark ``t``'s autograd node as a DTensor's (``kind`` 0) or a plain tensor's a style
+        returned (1), in the node's own ``metadata``: the mark lives as long as the node, and
+        nothing here keeps the node (and the tensors its backward saves) alive."""
         node = t.grad_fn if isinstance(t, torch.Tensor) else None
         if node is not None:
-            self._nodes[kind][id(node)] = node
+            _marks(node)[_MARKS[kind]] = True
 
     def _from_dtensor(self, t: torch.Tensor) -> bool:
         """Whether operators computed ``t`` from a DTensor the plan left (an operator on a
         DTensor gives a DTensor): its autograd graph reaches one's node without passing a
         plain tensor a style returned (``to_local()``)."""
-        sources, plain = self._nodes
         seen: set[int] = set()
+        held = []  # the nodes walked, kept until the walk ends: their ids stay theirs
         stack = [t.grad_fn]
         while stack:
             node = stack.pop()
-            if node is None or id(node) in seen or id(node) in plain:
+            if node is None or id(node) in seen or _marks(node).get(_MARKS[1]):
                 continue
-            if id(node) in sources:
+            if _marks(node).get(_MARKS[0]):
                 return True
             seen.add(id(node))
+            held.append(node)
             stack.extend(n for n, _ in node.next_functions)
         return False
 
@@ -460,6 +469,4 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
-        for nodes in self._nodes:
-            nodes.clear()
         self._probe = None
