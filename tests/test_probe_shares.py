@@ -5,6 +5,8 @@ it is freed (what a trace counts must not depend on where Python's allocator put
 from __future__ import annotations
 
 import gc
+from fractions import Fraction
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +19,7 @@ from fsdpviz.trace.tracker import ModuleTracker
 TP = 8
 
 
-def _given_the_id_of(held: StorageSet, old: int, st: torch.UntypedStorage) -> None:
+def _given_the_id_of(held: Any, old: int, st: torch.UntypedStorage) -> None:
     """As if Python had given ``st`` the ``id`` ``old`` of a freed storage: whatever ``held``
     remembers under ``old`` is now found under ``st``'s ``id`` (made so, not waited for:
     where the allocator puts an object is not something a test can count on)."""
@@ -31,12 +33,12 @@ def test_a_storage_made_where_a_freed_share_was_is_whole() -> None:
     # activation) that its kernels keep inside and the partitioner does not save: dropped
     # when the loss's forward is over, then freed
     probe = CostProbe(ModuleTracker(nn.Linear(4, 4, device="meta")), {}, [], [],
-                      tp=TPShares(TP, frozenset(), frozenset()))  # fmt: skip
+                      tp=TPShares(TP, {}, frozenset()))  # fmt: skip
     scope = ModuleScope("loss", [])
     probe._loss = CompiledLoss(scope)
     scope.enter()
     share = torch.empty(64, 64, device="meta")
-    probe._track(share, sharded=True)
+    probe._track(share, Fraction(1, TP))
     assert probe.holds_share(share)
     key = id(share.untyped_storage())
     probe._loss.saved.add(key)

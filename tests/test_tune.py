@@ -14,10 +14,16 @@ from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, exampl
 from fsdpviz.tuning import Tuning
 
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=250, num_heads=4)
+# tensor parallelism over 4 ranks needs an MLP width 4 divides (torch fails on 250's chunks)
+TP_CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)
 
 
 def _model() -> torch.nn.Module:
     return example_model(CONFIG)
+
+
+def _tp_model() -> torch.nn.Module:
+    return example_model(TP_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +406,8 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
     plain data parallelism, each traced (a replay keeps its tensor-parallel mesh)."""
     plan = tp_models.example_plan()
     t = fsdpviz.tune(
-        _model(),
-        example_inputs(CONFIG),
+        _tp_model(),
+        example_inputs(TP_CONFIG),
         world_size=8,
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 4, "tp", 2),
@@ -416,15 +422,35 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
     for c in t.candidates:
         if c.report.config.tp_world_size:
             assert c.traced
-            _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+            _same(fsdpviz.analyze(_tp_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+
+
+def test_a_tensor_parallel_degree_torch_cannot_run_is_noted() -> None:
+    """An MLP of 250 over 4 tp ranks: each rank's chunk (63, 63, 63, 61) made a DTensor by
+    ``RowwiseParallel`` as if even fails in torch, so tune leaves that mesh out and says
+    why; tp 2 divides it and is evaluated."""
+    t = fsdpviz.tune(
+        _model(),
+        example_inputs(CONFIG),
+        world_size=8,
+        fully_shard=[DecoderLayer],
+        mesh=("dp_shard", 4, "tp", 2),
+        parallelize_plan=tp_models.example_plan(),
+        knobs=("mesh",),
+        progress=False,
+        workers=1,
+    )
+    assert {c.knobs["mesh"] for c in t.candidates} == {"8 ranks", "8 ranks (FSDP 4 x TP 2)"}
+    refused = [n for n in t.notes if "8 ranks (FSDP 2 x TP 4)" in n]
+    assert len(refused) == 1 and "the 250 input features of layers.0.mlp.down_proj" in refused[0]
 
 
 def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
     """On more ranks, FSDP x TP of a degree traced already is replayed (the trace reads no
     data-parallel size), each the plan analyze gives."""
     t = fsdpviz.tune(
-        _model(),
-        example_inputs(CONFIG),
+        _tp_model(),
+        example_inputs(TP_CONFIG),
         world_size=[8, 16],
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 4, "tp", 2),
@@ -443,7 +469,7 @@ def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
     for c in tp:
         key = (c.report.config.tp_world_size, c.knobs["activation_checkpointing"])
         assert c.traced == (c.world_size == 8 or key not in at_8)
-        _same(fsdpviz.analyze(_model(), c.inputs, machine="h100", **c.kwargs), c.report)
+        _same(fsdpviz.analyze(_tp_model(), c.inputs, machine="h100", **c.kwargs), c.report)
     assert any(not c.traced for c in tp if c.world_size == 16)
 
 
@@ -498,8 +524,8 @@ def test_resharding_under_tensor_parallelism_is_replayed() -> None:
     replayed from the mesh's one trace, but resharding to a node, which FSDP2 refuses for
     tensor-parallel DTensors; each is the plan analyze gives."""
     t = fsdpviz.tune(
-        _model(),
-        example_inputs(CONFIG),
+        _tp_model(),
+        example_inputs(TP_CONFIG),
         world_size=16,
         fully_shard=[DecoderLayer],
         mesh=("dp_shard", 8, "tp", 2),
@@ -522,7 +548,7 @@ def test_resharding_under_tensor_parallelism_is_replayed() -> None:
     for mesh in ("16 ranks (FSDP 8 x TP 2)", "16 ranks (FSDP 4 x TP 4)"):
         on_mesh = [c for c in tp if c.knobs["mesh"] == mesh]
         assert [c.traced for c in on_mesh].count(True) == 1 and len(on_mesh) == 3
-    model = _model()
+    model = _tp_model()
     for c in tp:
         fresh = fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs)
         assert fresh.timeline.totals["tokens_per_s"] == c.tokens_per_s
