@@ -38,6 +38,7 @@ from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
+from fsdpviz.schema.names import some_names
 from fsdpviz.schema.report import Report, Unit
 
 __all__ = ["FlightRecorderRun", "dump_flight_recorder", "load_flight_recorder", "load_run"]
@@ -234,7 +235,7 @@ def load_run(path: str | Path) -> RecordedRun:
     if dumps:
         return from_dumps(dumps, p, notes, named)
     names = sorted(x.name for x in p.iterdir())
-    held = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    held = some_names(names, 6)
     raise FileNotFoundError(
         f"{str(p)!r} is neither a run fsdpviz.record wrote (rank<N>.json and rank<N>.jsonl "
         "per rank) nor torch flight recorder dumps (a file per rank named <prefix><rank>, as "

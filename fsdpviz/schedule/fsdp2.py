@@ -28,6 +28,7 @@ from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
+from fsdpviz.schema.names import some_names
 from fsdpviz.schema.report import IGNORED, FsdpWarning, IgnoredParam, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
@@ -259,7 +260,7 @@ def _mixed_param_group(
     ]
     if not plain:
         return []
-    shown = ", ".join(plain[:3]) + (f" and {len(plain) - 3} more" if len(plain) > 3 else "")
+    shown = some_names(plain, 3)
     return [
         FsdpWarning(
             "ignored_params_foreach_mix",

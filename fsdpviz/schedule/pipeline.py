@@ -45,6 +45,7 @@ from fsdpviz.schedule.pipeline_order import rank_actions
 from fsdpviz.schedule.pipeline_report import all_modules, job_report, rank_report
 from fsdpviz.schedule.pipeline_trace import trace_stages
 from fsdpviz.schema.keywords import PlanKwargs
+from fsdpviz.schema.names import some_names
 from fsdpviz.schema.report import FsdpWarning, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
@@ -143,7 +144,7 @@ def _ignored_not_counted(copy: nn.Module, ignored: set[nn.Parameter]) -> FsdpWar
     """``ignored_params=`` under pipeline parallelism: FSDP leaves them whole on the rank
     whose stage holds them, which a pipeline rank's memory does not count yet."""
     names = [n for n, p in copy.named_parameters() if p in ignored]
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = some_names(names, 3)
     return FsdpWarning(
         "pipeline_ignored_params_not_counted",
         f"ignored_params ({shown}): FSDP leaves them whole on the rank whose stage holds them, "

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypedDict
 
+from fsdpviz.schema.names import some_names
 from fsdpviz.schema.rows import Row, Scalar
 from fsdpviz.schema.tables import dataframe
 
@@ -334,10 +335,9 @@ class MemoryReport:
         ignored = self.config.get("ignored") or {}
         if not ignored:
             return ""
-        names = ", ".join(f"{k} ({size_text(v)})" for k, v in list(ignored.items())[:4])
-        more = f" and {len(ignored) - 4} more" if len(ignored) > 4 else ""
+        names = some_names([f"{k} ({size_text(v)})" for k, v in ignored.items()], 4)
         return (
-            f"not managed by FSDP, whole on every rank: {names}{more}; in sharded_params, their "
+            f"not managed by FSDP, whole on every rank: {names}; in sharded_params, their "
             "gradients in unsharded_grads (to the optimizer step), their states in optimizer"
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import SupportsIndex, overload
 
 # Wrappers that insert a segment into module and parameter names, as FSDP's own
@@ -13,6 +14,13 @@ def unwrapped_fqn(fqn: str) -> str:
     """``fqn`` without wrapper segments (``layers.0._checkpoint_wrapped_module.mlp`` ->
     ``layers.0.mlp``): the name the plan gives it."""
     return ".".join(s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS)
+
+
+def some_names(names: Sequence[str], shown: int) -> str:
+    """The first ``shown`` of ``names``, joined, and how many more there are:
+    ``some_names(["a", "b", "c"], 2)`` -> ``"a, b and 1 more"``."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def unit_label(fqn: str | None) -> str:
