@@ -346,12 +346,8 @@ class MicroStepSim:
             self.offload.h2d_event[e.unit] = index
             return
         if e.kind == "cast":  # NO_SHARD's low-precision copy, on the pre-unshard stream
-            rec.stream = "copy"
-            start = max(self.clocks.copy, rec.issued)
             nbytes = float(u.numel * (itemsize(u.dtype) + itemsize(u.compute_dtype or u.dtype)))
-            rec.start, rec.end = start, start + self.m.memory_seconds(nbytes)
-            rec.bytes = nbytes
-            self.clocks.copy = rec.end
+            self._copy(rec, nbytes, self.clocks.copy, self.m.memory_seconds(nbytes))
             return
         if e.kind == "d2h":  # CPU offload: the gradient shard, after its reduction
             self._copy(
@@ -518,11 +514,15 @@ class MicroStepSim:
         self.clocks.cp = rec.end
         self.arrivals.ring[kind] = (rec.end, len(self.records) - 1)
 
-    def _copy(self, rec: EventTiming, nbytes: float, start: float) -> None:
-        """A host-device copy on the copy stream, one at a time."""
+    def _copy(
+        self, rec: EventTiming, nbytes: float, start: float, seconds: float | None = None
+    ) -> None:
+        """A copy on the copy stream, one at a time: host-device (``nbytes`` over the link),
+        or one that takes ``seconds`` (a cast within device memory)."""
         rec.stream = "copy"
         start = max(start, rec.issued)  # not before the CPU issued it
-        rec.start, rec.end = start, start + self.m.copy_seconds(nbytes)
+        took = self.m.copy_seconds(nbytes) if seconds is None else seconds
+        rec.start, rec.end = start, start + took
         rec.bytes = float(nbytes)
         self.tally.bytes[rec.event.kind] = self.tally.bytes.get(rec.event.kind, 0.0) + nbytes
         self.clocks.copy = rec.end
