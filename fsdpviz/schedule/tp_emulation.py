@@ -69,6 +69,20 @@ def _marks(node: Any) -> dict[str, bool]:
     return meta
 
 
+def _chunks(n: int, tp: int) -> list[int]:
+    """The sizes ``torch.chunk`` (DTensor's ``Shard._split_tensor``) gives ``tp`` ranks of a
+    dim of ``n``: ``ceil(n / tp)`` each, the last ones less or none (33 over 4: 9, 9, 9, 6)."""
+    first = -(-n // tp)
+    return [min(first, max(0, n - i * first)) for i in range(tp)]
+
+
+def _padded_shape(t: torch.Tensor, d: int, tp: int) -> list[int]:
+    """``t``'s shape with dim ``d`` padded to ``tp`` chunks as large as the first."""
+    padded = list(t.shape)
+    padded[d] = _chunks(t.shape[d], tp)[0] * tp
+    return padded
+
+
 def _viewable(shape: torch.Size, d: int) -> bool:
     """Whether every dim of ``shape`` before ``d`` is 1: chunks along ``d`` are then
     contiguous, and ``_maybe_view_chunk_cat`` views an all-gather's dim-0 result as
@@ -216,8 +230,7 @@ class TPEmulation:
         not 0, a view of the gathered buffer, held whole, where it is)."""
         d = (src[1] or 0) % t.dim()
         n = t.shape[d]
-        padded = list(t.shape)
-        padded[d] = -(-n // self.plan.size) * self.plan.size
+        padded = _padded_shape(t, d, self.plan.size)
         with probe.redistributed(None):
             gathered = t.new_empty(padded)
             if d == 0:
@@ -237,15 +250,13 @@ class TPEmulation:
         ``reduce_scatter_single``'s ``_chunk_or_narrow_cat`` copies that into a second one;
         then the first rank's chunk, which needs no unpadding, is the collective's output."""
         d = (dst[1] or 0) % t.dim()
-        n, tp = t.shape[d], self.plan.size
-        first = -(-n // tp)
-        padded = list(t.shape)
-        padded[d] = first * tp
+        chunks = _chunks(t.shape[d], self.plan.size)
+        first = chunks[0]
+        padded = _padded_shape(t, d, self.plan.size)
         contiguous = _viewable(t.shape, d) and t.is_contiguous()
         held = []
         with probe.redistributed(None):
-            for i in range(tp):
-                size = min(first, max(0, n - i * first))
+            for size in chunks:
                 if size < first or not contiguous:  # padded (a new tensor) or made contiguous
                     held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
             held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
@@ -372,8 +383,8 @@ class TPEmulation:
             # a tensor operators computed from a DTensor is a DTensor of the global shape,
             # which DTensor pads and chunks right
             return
-        first = -(-n // tp)
-        chunks = [min(first, max(0, n - i * first)) for i in range(tp)]  # torch.chunk's
+        chunks = _chunks(n, tp)
+        first = chunks[0]
         sizes = " or ".join(str(k) for k in (first * tp, n // tp * tp) if k > 0)
         what = f"dim {d} ({n})"
         fails = (
