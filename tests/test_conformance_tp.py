@@ -291,6 +291,84 @@ def test_an_uneven_sequence_is_padded(fake_pg: int) -> None:
     assert ["tp_all_gather", 2 * 32 * 8 * 4] in seen  # a block's input, 30 rows padded to 32
 
 
+def _real_tp_collectives(model: torch.nn.Module, plan: dict[str, Any], ids: torch.Tensor,
+                         mesh: tuple[int, int]) -> list[list[Any]]:  # fmt: skip
+    """DTensor's collectives of one step of ``model`` parallelised with ``plan`` and
+    sharded per block on the fake process group."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dm = init_device_mesh("cpu", mesh, mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, dm["tp"], plan)
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"])
+    fully_shard(model, mesh=dm["dp"])
+    with _tp_collectives() as seen:
+        model(ids).sum().backward()
+    return seen
+
+
+def _predicted_tp_collectives(report: fsdpviz.Report) -> list[list[Any]]:
+    return [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel]
+
+
+def _frozen_but_output(model: torch.nn.Module) -> torch.nn.Module:
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("output"))
+    return model
+
+
+def test_sequence_parallel_makes_frozen_norms_trainable(fake_pg: int) -> None:
+    """A fine-tune that trains the output projection alone, its other parameters frozen
+    before parallelize_module: SequenceParallel wraps the norms' weights in
+    ``nn.Parameter(DTensor.from_local(...))``, which requires grad
+    (``SequenceParallel._replicate_module_fn``), so the norms train and tensor parallelism's
+    backward collectives run through every block (fsdpviz kept them frozen and predicted
+    the forward's 11 collectives alone, against torch's 25). fsdpviz trains them too and
+    warns, naming them."""
+    ids, sizes = tp_models.tokens(), {"vocab": 32, "dim": 8, "hidden": 16}
+    torch.manual_seed(0)
+    real = _real_tp_collectives(_frozen_but_output(tp_models.Llama(**sizes)),
+                                tp_models.whole_plan(), ids, TP_MESH)  # fmt: skip
+    with torch.device("meta"):
+        meta = _frozen_but_output(tp_models.Llama(**sizes))
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=tp_models.whole_plan(), progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    assert sum(1 for k, _ in real if k == "tp_all_reduce") == 5  # the norms' partial gradients
+    (warning,) = [w for w in report.warnings if w.code == "tp_unfreezes"]
+    assert "layers.0.attention_norm.weight, layers.0.ffn_norm.weight" in warning.message
+    assert not any(p.requires_grad for n, p in meta.named_parameters() if "norm" in n)
+
+
+@pytest.mark.parametrize("no_grad", [False, True], ids=["frozen-embedding", "no-grad"])
+def test_a_dtensor_computed_without_an_autograd_graph_is_known(fake_pg: int, no_grad: bool) -> None:
+    """A sequence of 30 over 4 tp ranks with the residual stream kept a DTensor, the
+    embedding's output scaled (Gemma) where no autograd graph is built: the embedding
+    frozen, or the scale under ``torch.no_grad()``. The scaled tensor is a DTensor (an
+    operator on a DTensor gives one), which pads its uneven sequence right, and torch runs;
+    fsdpviz found DTensors through autograd's graph and refused it as a plain tensor
+    sharded unevenly. Every collective equals DTensor's, kind and bytes."""
+    ids, plan = torch.zeros(2, 30, dtype=torch.long), tp_models.dtensor_plan()
+    sizes: dict[str, Any] = {"vocab": 32, "dim": 8, "hidden": 16, "no_grad": no_grad}
+
+    def model() -> tp_models.ScaledLlama:
+        m = tp_models.ScaledLlama(**sizes)
+        m.tok_embeddings.weight.requires_grad_(no_grad)
+        return m
+
+    torch.manual_seed(0)
+    real = _real_tp_collectives(model(), plan, ids, (1, 4))
+    with torch.device("meta"):
+        meta = model()
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 4),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    assert ["tp_all_gather", 2 * 32 * 8 * 4] in real  # a block's input, 30 rows padded to 32
+
+
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=hidden, layers=1)

@@ -10,6 +10,7 @@ torchtitan's plans (sequence parallel, output replicated: no loss parallel);
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -81,6 +82,23 @@ class Llama(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
             h = checkpoint(layer, h, use_reentrant=False) if self.checkpointed else layer(h)
+        return self.output(self.norm(h))
+
+
+class ScaledLlama(Llama):
+    """:class:`Llama` with Gemma's embedding scale (the embedding's output times a number),
+    computed under ``torch.no_grad()`` where ``no_grad`` is set."""
+
+    def __init__(self, no_grad: bool = False, **sizes: Any) -> None:
+        super().__init__(**sizes)
+        self.no_grad = no_grad
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        with torch.no_grad() if self.no_grad else contextlib.nullcontext():
+            h = h * 2.0
+        for layer in self.layers.values():
+            h = layer(h)
         return self.output(self.norm(h))
 
 

@@ -150,6 +150,24 @@ class TPPlan:
     def describe(self) -> dict[str, str]:
         return {fqn: m.description for fqn, m in self.modules.items()}
 
+    def unfreeze(self, model: nn.Module) -> list[str]:
+        """Make the frozen parameters of ``SequenceParallel`` modules trainable, as
+        ``parallelize_module`` does, and return their FQNs: the style's
+        ``_replicate_module_fn`` wraps each in ``nn.Parameter(DTensor.from_local(...))``,
+        whose ``requires_grad`` defaults to True (``ColwiseParallel`` and ``RowwiseParallel``
+        pass the parameter's own). A norm frozen before ``parallelize_module`` then gets a
+        gradient, the activations around it one too, and tensor parallelism's backward
+        collectives run through the blocks."""
+        out: list[str] = []
+        for fqn, tpm in self.modules.items():
+            if "SequenceParallel" not in tpm.style:
+                continue
+            for name, p in model.get_submodule(fqn).named_parameters():
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+                    out.append(f"{fqn}.{name}" if fqn else name)
+        return out
+
 
 def local_shape(shape: Sequence[int], layout: Layout | None, size: int) -> list[int]:
     """One rank's piece of a tensor of ``shape`` in ``layout`` over ``size`` ranks: the

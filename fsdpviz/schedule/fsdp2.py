@@ -64,9 +64,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
             )
         copy, groups, opts = plan_from_fully_sharded(model, dict(kwargs))
         device = "meta"
+        unfrozen: list[str] = []
     else:
         opts = parse_fsdp2_options(dict(kwargs))
         device = "real" if opts.trace == "real" else "meta"
+        unfrozen = []
         copy, mapping = model_copy(model, device)
         originals = original_modules(model, mapping)
         checkpointed = checkpointing_of_originals(opts.activation_checkpointing, originals)
@@ -76,6 +78,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
             opts = opts.replace(
                 tp=resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
             )
+            assert opts.tp is not None
+            unfrozen = opts.tp.unfreeze(copy)
         targets = asked_of_originals(opts.targets, originals)
         groups = build_groups(
             copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
@@ -139,13 +143,16 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
             if cp is not None:
                 args, kw = shard_sequence(args, kw, cp.size)
             runtime.micro_step(micro_step_syncs(opts.job.grad_accum)[0], *_accumulating(opts))
-            with cp.attached() if cp is not None else nullcontext():
+            with (
+                cp.attached() if cp is not None else nullcontext(),
+                tp.attached() if tp is not None else nullcontext(),
+            ):
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             remove_hooks(tracker, emulation, tp, probe)
     placements = opts.tp.placements(copy) if opts.tp is not None else {}
     mark_unused(groups, opts, emulation.reached, placements)
-    return fsdp2_report(
+    report = fsdp2_report(
         copy,
         groups,
         opts,
@@ -154,6 +161,22 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         list(tracker.backward_order),
         list(emulation.view_outputs),
         probe,
+    )
+    if unfrozen:
+        report.warnings.append(unfrozen_warning(unfrozen))
+    return report
+
+
+def unfrozen_warning(names: list[str]) -> FsdpWarning:
+    """The warning of the frozen parameters ``SequenceParallel`` made trainable
+    (:meth:`TPPlan.unfreeze`)."""
+    return FsdpWarning(
+        "tp_unfreezes",
+        "SequenceParallel makes these frozen parameters trainable (parallelize_module wraps "
+        "them in nn.Parameter, which requires grad), so they get gradients and the "
+        "activations around them too; set requires_grad=False on them after "
+        "parallelize_module (and pass the parallelised model) to keep them frozen: "
+        + some_names(names, 6),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -109,6 +110,8 @@ def trace_stages(
                         opts.tp_name,
                     )
                 )
+                assert stage_opts.tp is not None
+                stage_opts.tp.unfreeze(part)  # as parallelize_module does (TPPlan.unfreeze)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
             f8 = float8_gathered_groups(part, groups, stage_opts.job)
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
@@ -220,18 +223,19 @@ def _trace_stage(
         if split is not None and probe is not None:
             params = {g.name: list(g.params) for g in groups}
             backward = split_backward(probe, part, (args, kw), params, *split)
-        output = run_step(
-            part,
-            args,
-            kw,
-            opts.loss,
-            tracker,
-            where,
-            forward_done,
-            stage_output=not last,
-            keep_output=True,
-            backward=backward,
-        )
+        with tp.attached() if tp is not None else nullcontext():
+            output = run_step(
+                part,
+                args,
+                kw,
+                opts.loss,
+                tracker,
+                where,
+                forward_done,
+                stage_output=not last,
+                keep_output=True,
+                backward=backward,
+            )
     finally:
         remove_hooks(tracker, emulation, tp, probe)
         for p in part.parameters():

@@ -29,11 +29,16 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_group import Group
@@ -57,16 +62,30 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
-# the marks on autograd nodes (``Node.metadata``): a DTensor's the plan leaves, a plain
-# tensor's a style returns (``use_local_output``)
-_MARKS = ("fsdpviz_tp_dtensor", "fsdpviz_tp_local")
 
 
-def _marks(node: Any) -> dict[str, bool]:
-    """An autograd node's ``metadata`` dict (a property at run time, which torch's stubs
-    type as a method)."""
-    meta: dict[str, bool] = node.metadata
-    return meta
+class _DTensorFlow(TorchFunctionMode):
+    """Which tensors of the traced copy are DTensors in torch: those the plan leaves
+    (``use_local_output=False``, ``PrepareModuleInput``) and every tensor an operator
+    computes from one (an operator on a DTensor gives a DTensor), but the plain tensors a
+    style returns (``to_local()``). It follows the operators themselves, so it knows them
+    where no autograd graph is built: frozen parameters and inputs that need no gradient,
+    ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
+    tensors its autograd node saves) alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.dtensors and any(
+            isinstance(t, torch.Tensor) and t in self.dtensors for t in tree_leaves((args, kwargs))
+        ):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.dtensors[t] = True
+        return out
 
 
 def _chunks(n: int, tp: int) -> list[int]:
@@ -128,6 +147,7 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
+        self._flow = _DTensorFlow()
         self._handles: list[Any] = []
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -173,6 +193,12 @@ class TPEmulation:
             and held.untyped_storage() is storage
             for ref, layout in self._dtensors.values()
         )
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """Follow which tensors are DTensors (:class:`_DTensorFlow`) while the step runs."""
+        with self._flow:
+            yield
 
     def measure(self, probe: CostProbe) -> None:
         """Give ``probe`` the buffers the collectives make (see the module's docstring)."""
@@ -299,33 +325,12 @@ class TPEmulation:
     def _remember(self, t: Any, layout: Layout | None) -> None:
         if isinstance(t, torch.Tensor) and layout is not None:
             self._dtensors[id(t)] = (weakref.ref(t), layout)
-            self._mark(t, 0)
+            self._flow.dtensors[t] = True
 
-    def _mark(self, t: Any, kind: int) -> None:
-        """Mark ``t``'s autograd node as a DTensor's (``kind`` 0) or a plain tensor's a style
-        returned (1), in the node's own ``metadata``: the mark lives as long as the node, and
-        nothing here keeps the node (and the tensors its backward saves) alive."""
-        node = t.grad_fn if isinstance(t, torch.Tensor) else None
-        if node is not None:
-            _marks(node)[_MARKS[kind]] = True
-
-    def _from_dtensor(self, t: torch.Tensor) -> bool:
-        """Whether operators computed ``t`` from a DTensor the plan left (an operator on a
-        DTensor gives a DTensor): its autograd graph reaches one's node without passing a
-        plain tensor a style returned (``to_local()``)."""
-        seen: set[int] = set()
-        held = []  # the nodes walked, kept until the walk ends: their ids stay theirs
-        stack = [t.grad_fn]
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen or _marks(node).get(_MARKS[1]):
-                continue
-            if _marks(node).get(_MARKS[0]):
-                return True
-            seen.add(id(node))
-            held.append(node)
-            stack.extend(n for n, _ in node.next_functions)
-        return False
+    def _local(self, t: Any) -> None:
+        """``t`` is a plain tensor a style returned (``to_local()``)."""
+        if isinstance(t, torch.Tensor) and t in self._flow.dtensors:
+            del self._flow.dtensors[t]
 
     # ------------------------------------------------------------------- hooks
     def _redistribute(
@@ -379,7 +384,7 @@ class TPEmulation:
             return
         d = (layout[1] or 0) % t.dim()
         n, tp = t.shape[d], self.plan.size
-        if n % tp == 0 or self._from_dtensor(t):
+        if n % tp == 0 or t in self._flow.dtensors:
             # a tensor operators computed from a DTensor is a DTensor of the global shape,
             # which DTensor pads and chunks right
             return
@@ -472,7 +477,7 @@ class TPEmulation:
         if not tpm.local_output and isinstance(output, torch.Tensor):
             self._remember(output, tpm.output_layout)
         elif tpm.outputs or tpm.style != "PrepareModuleInput":
-            self._mark(output[0] if isinstance(output, tuple) and output else output, 1)
+            self._local(output[0] if isinstance(output, tuple) and output else output)
         return output
 
     def remove(self) -> None:
@@ -480,4 +485,5 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
+        self._flow.dtensors.clear()
         self._probe = None
