@@ -849,6 +849,20 @@ def _check_tp_llama(
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
 
+def test_a_shard_group_of_one_rank_copies_its_reduction_input(fake_pg: int) -> None:
+    """dp_shard 1 x tp 4: where the shard group has one rank, FSDP2's ``foreach_reduce``
+    copies the reduce-scatter input into its output (``if world_size > 1`` ... ``else:
+    reduce_output.copy_``), no collective, and FSDPMemTracker, which names a buffer "Reduce
+    Scatter" when ``c10d._reduce_scatter_base_`` takes it, counts it a temporary. A
+    vocabulary of 624 puts the peak at the root's reduction: fsdpviz named 512 B
+    reduce-scatter buffers there, the tracker none (the totals equal); now the peak, every
+    category at it and every module's peaks to the byte."""
+    import tp_models
+
+    _check_tp_llama(fake_pg, tp_models.plain_plan(), _loss, vocab=624, hidden=8, batch=1,
+                    mesh=(1, 4))  # fmt: skip
+
+
 @pytest.mark.parametrize("plan", ["plain", "loss_parallel"])
 def test_tensor_parallel_group_of_one_rank(fake_pg: int, plan: str) -> None:
     """A tp dimension of one rank (``mesh=("dp_shard", 4, "tp", 1)``): DTensor's

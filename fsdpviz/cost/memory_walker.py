@@ -137,7 +137,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         # modelled (a note says so)
         self.copies_modelled = not self.fsdp2 and not cfg.use_orig_params
         self.grads: dict[str, int] = {}
-        self.rs: list[int] = []  # reduce-scatter inputs in flight (bytes, on the compute stream)
+        # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
+        # shard groups of one rank, which foreach_reduce copies (no collective), are
+        # temporaries, as FSDPMemTracker names them (it names a "Reduce Scatter" buffer by
+        # the collective), kept in backward_temp beside what the trace measured (one_rank_rs)
+        self.rs: list[tuple[str, int]] = []
+        self.one_rank_rs = 0
         # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
         # those pools block by block, in order: (block, bytes) allocates, (block, 0) frees;
         # what the allocator's fixed segments are replayed over (memory.fixed_segments)
@@ -299,7 +304,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self.cat["unsharded_grads"] += new // tp
             self.cat["activations"] = act // tp
             self.cat["forward_temp"] = fwd // tp
-            self.cat["backward_temp"] = (peak - act - fwd - new) // tp
+            self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs
             self.cat[self._scale_temp()] += self._scale_extra
             self._moment("during the compute before", c)
             self.cat = after
@@ -319,7 +324,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
                 self.cat["unsharded_grads"] += n // tp
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
-            self.cat["backward_temp"] = c.backward_temp // tp
+            self.cat["backward_temp"] = c.backward_temp // tp + self.one_rank_rs
             self.cat[self._scale_temp()] += self._scale_extra
         if c.hook == "pre_backward" and not self.in_backward:
             self.cat["forward_temp"] -= self._scale_extra
@@ -525,7 +530,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             return
         self._release_reduce_scatter()
         kept = self._chunk_cat(e, grads)
-        self.cat["reduce_scatter"] += s.reduce_scatter  # made on the compute stream
+        # a shard group of one rank copies the input instead of reduce-scattering it
+        # (foreach_reduce: ``if world_size > 1``): a temporary, no collective's buffer
+        rs = "reduce_scatter" if self._regroups(e.unit) else "backward_temp"
+        self.cat[rs] += s.reduce_scatter  # made on the compute stream
+        if rs == "backward_temp":
+            self.one_rank_rs += s.reduce_scatter
         self._moment("at", None, e)  # the copy-in: gradients and the input both alive
         self.cat["backward_temp"] -= kept
         last = self.last_grads.get(e.unit, 0) if self._regroups(e.unit) and grads else 0
@@ -546,7 +556,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
             self._partial[e.unit] = s.partial
             self._alloc("sharded_grads", "reduce_scatter", ("partial", e.unit), s.partial)
-        self.rs.append(s.reduce_scatter)
+        self.rs.append((rs, s.reduce_scatter))
 
     def _add_shard(
         self, e: Event, n: int, pool: str, replaced: tuple[Block, int] | None = None
@@ -579,7 +589,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
 
     def _release_reduce_scatter(self) -> None:
         while self.rs:
-            self.cat["reduce_scatter"] -= self.rs.pop()
+            rs, n = self.rs.pop()
+            self.cat[rs] -= n
+            if rs == "backward_temp":
+                self.one_rank_rs -= n
 
     def _release_held(self) -> None:
         if self.held is not None:
