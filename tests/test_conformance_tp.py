@@ -369,6 +369,65 @@ def test_a_dtensor_computed_without_an_autograd_graph_is_known(fake_pg: int, no_
     assert ["tp_all_gather", 2 * 32 * 8 * 4] in real  # a block's input, 30 rows padded to 32
 
 
+class _Resharded(torch.nn.Module):
+    """An embedding whose sequence-sharded output a parameterless module takes sharded on
+    the features (``PrepareModuleInput``: ``Shard(1) -> Shard(2)``, an all-to-all)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(32, dim), torch.nn.Identity()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.emb(ids))
+
+
+@pytest.mark.parametrize("dim", [8, 10])
+def test_an_all_to_all_pads_both_dims(fake_pg: int, dim: int) -> None:
+    """A sequence of 30 going from ``Shard(1)`` to ``Shard(2)`` over 4 tp ranks: DTensor
+    pads the dim it leaves and the dim it shards (``Shard._pad_for_new_shard_dim``), so the
+    all-to-all moves 32 rows of 8 or 12 features (fsdpviz padded the new dim only: 30 rows,
+    1,920 B and 2,880 B of 2,048 and 3,072). Gloo has no all-to-all: DTensor all-gathers the
+    padded chunks and keeps its own (``shard_dim_alltoall``), the same bytes. The forward's
+    collectives equal DTensor's."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {
+        "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                               use_local_output=False),
+        "mix": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(2),),
+                                  use_local_output=False),
+    }  # fmt: skip
+    ids = torch.zeros(2, 30, dtype=torch.long)
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(_Resharded(dim), mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    with _tp_collectives() as seen:
+        model(ids)
+    with torch.device("meta"):
+        meta = _Resharded(dim)
+    report = fsdpviz.analyze(meta, ids, fully_shard=[], mesh=("dp", 1, "tp", 4),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    forward = [[e.kind, e.nbytes] for e in report.iterations[0]
+               if e.tensor_parallel and e.phase == "forward"]  # fmt: skip
+    padded = -(-dim // 4) * 4
+    assert forward == [["tp_reduce_scatter", 2 * 32 * dim * 4],
+                       ["tp_all_to_all", 2 * 32 * padded * 4]]  # fmt: skip
+    assert seen == [["tp_reduce_scatter", 2 * 32 * dim * 4], ["tp_all_gather", 2 * 32 * padded * 4]]
+    # the time model: a rank sends 3 of the 4 chunks of its quarter (it priced the whole
+    # tensor as an all-gather's, 4 times the bytes)
+    (a2a,) = [r for r in report.timeline.records() if r["kind"] == "tp_all_to_all"
+              and r["phase"] == "forward"]  # fmt: skip
+    assert a2a["bytes"] == pytest.approx(3 / 4 * 2 * 32 * padded * 4 / 4)
+
+
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=hidden, layers=1)

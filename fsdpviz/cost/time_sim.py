@@ -444,11 +444,16 @@ class MicroStepSim:
 
     def _tensor_parallel(self, rec: EventTiming, kind: str, size: float) -> None:
         """A tensor-parallel collective of an activation (or a partial gradient) over the tp
-        ranks, inside a node: the compute after it needs its result, so it waits for it."""
+        ranks, inside a node: the compute after it needs its result, so it waits for it.
+        ``size`` is the whole tensor's bytes; an all-to-all (DTensor's ``Shard(a) ->
+        Shard(b)``, ``shard_dim_alltoall``) moves only what a rank holds, ``size / tp``, of
+        which it sends all but its own chunk: as a ring all-gather of ``size / tp``."""
         rec.stream = "tp"
         start = max(self.clocks.compute, self.clocks.tp, rec.issued)
         ranks = self.ranks.tp
         span = self.ranks.spans.get("tp")
+        if kind == "all_to_all":
+            kind, size = "all_gather", size / max(1, ranks)
         dur = self.m.collective_seconds(kind, size, ranks, span) if ranks > 1 else 0.0
         rec.start, rec.end = start, start + dur
         rec.bytes = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)

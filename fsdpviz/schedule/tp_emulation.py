@@ -291,17 +291,28 @@ class TPEmulation:
         with probe.redistributed(self._share(t, dst)):
             return t.clone()
 
-    def _padded(self, nbytes: int, shape: torch.Size, layout: Layout) -> int:
-        """The bytes a collective moves of a tensor of ``nbytes`` and ``shape`` sharded as
-        ``layout`` (an all-gather's source, a reduce-scatter's destination): DTensor pads a
-        dim the tp ranks do not divide to the next multiple first (``Shard._to_replicate_tensor``,
-        ``Shard._reduce_shard_tensor``), so every rank's chunk is as large as the first."""
-        if layout[0] != "shard" or not shape or nbytes == 0:
+    def _padded(self, nbytes: int, shape: torch.Size, kind: str, src: Layout, dst: Layout) -> int:
+        """The bytes collective ``kind`` from ``src`` to ``dst`` moves of a tensor of
+        ``nbytes`` and ``shape``: DTensor pads a sharded dim the tp ranks do not divide to
+        the next multiple first, so every rank's chunk is as large as the first: an
+        all-gather's source dim (``Shard._to_replicate_tensor``), a reduce-scatter's
+        destination dim (``Shard._reduce_shard_tensor``), both dims of an all-to-all
+        (``Shard._pad_for_new_shard_dim``: a sequence of 30 going from ``Shard(1)`` to
+        ``Shard(2)`` over 4 ranks moves 32 rows)."""
+        padded = {
+            "tp_all_gather": (src,),
+            "tp_reduce_scatter": (dst,),
+            "tp_all_to_all": (src, dst),
+        }.get(kind, ())
+        if not shape or nbytes == 0:
             return nbytes
-        size, tp = shape[(layout[1] or 0) % len(shape)], self.plan.size
-        if size == 0 or size % tp == 0:
-            return nbytes
-        return nbytes // size * (-(-size // tp) * tp)
+        whole, tp = list(shape), self.plan.size
+        for layout in padded:
+            if layout[0] == "shard":
+                d = (layout[1] or 0) % len(shape)
+                whole[d] = -(-whole[d] // tp) * tp
+        numel = math.prod(shape)
+        return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -346,8 +357,7 @@ class TPEmulation:
         src = known or r.src
         forward = collective(src, r.dst, ndim)
         if forward is not None:
-            sharded = src if forward == "tp_all_gather" else r.dst
-            sent = self._padded(nbytes, t.shape, sharded)
+            sent = self._padded(nbytes, t.shape, forward, src, r.dst)
             self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent)
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
@@ -360,7 +370,7 @@ class TPEmulation:
         chunk = self._chunk(r.grad, back_dst, ndim) if moved else None
         if (back is None and chunk is None) or not (t.requires_grad and torch.is_grad_enabled()):
             return t if copy is None else copy(t)
-        back_sent = self._padded(nbytes, t.shape, r.grad if back == "tp_all_gather" else back_dst)
+        back_sent = self._padded(nbytes, t.shape, back, r.grad, back_dst) if back else 0
 
         def report() -> None:
             if back is not None:
