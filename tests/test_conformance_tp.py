@@ -263,11 +263,13 @@ def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
     assert ["tp_all_gather", 2 * 8 * 64 * 4] in seen  # the logits, 63 columns padded to 64
 
 
-def test_an_uneven_sequence_is_padded(fake_pg: int) -> None:
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_an_uneven_sequence_is_padded(fake_pg: int, checkpointed: bool) -> None:
     """A sequence of 30 over 4 tp ranks with the residual stream kept a DTensor: DTensor
     pads every sequence-parallel all-gather and reduce-scatter to 4 x 8 rows
     (``Shard._to_replicate_tensor``, ``Shard._reduce_shard_tensor``). Every collective
-    equals DTensor's, kind and bytes."""
+    equals DTensor's, kind and bytes; with each block checkpointed too, whose recomputation
+    in backward fsdpviz once refused as a plain tensor sharded unevenly."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -276,7 +278,8 @@ def test_an_uneven_sequence_is_padded(fake_pg: int) -> None:
     mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     plan, ids = tp_models.dtensor_plan(), torch.zeros(2, 30, dtype=torch.long)
     torch.manual_seed(0)
-    model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2)
+    model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2,
+                            checkpointed=checkpointed)  # fmt: skip
     parallelize_module(model, mesh["tp"], plan)
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp"])
@@ -285,8 +288,10 @@ def test_an_uneven_sequence_is_padded(fake_pg: int) -> None:
         model(ids).sum().backward()
     with torch.device("meta"):
         meta = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2)
+    checkpointing = [tp_models.TransformerBlock] if checkpointed else None
     report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 4),
-                             parallelize_plan=plan, progress=False)  # fmt: skip
+                             parallelize_plan=plan, progress=False,
+                             activation_checkpointing=checkpointing)  # fmt: skip
     assert [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel] == seen
     assert ["tp_all_gather", 2 * 32 * 8 * 4] in seen  # a block's input, 30 rows padded to 32
 

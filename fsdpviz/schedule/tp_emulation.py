@@ -467,7 +467,11 @@ class TPEmulation:
                 continue
             t = holder[key]
             known = self._layout(t) if isinstance(t, torch.Tensor) else None
-            if known is None and isinstance(t, torch.Tensor):
+            # not in a checkpointed block's recomputation, which backward runs (the mode
+            # that follows DTensors is off in it: Tensor.backward is handled by it): it
+            # runs what the forward ran, which passed
+            forward = torch._C._current_graph_task_id() == -1
+            if known is None and isinstance(t, torch.Tensor) and forward:
                 self._check_even_local(t, r.src, tpm)
             out = self._redistribute(t, r, tpm, i, known)
             if tpm.style == "PrepareModuleInput":
