@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -431,6 +432,40 @@ def test_an_all_to_all_pads_both_dims(fake_pg: int, dim: int) -> None:
     (a2a,) = [r for r in report.timeline.records() if r["kind"] == "tp_all_to_all"
               and r["phase"] == "forward"]  # fmt: skip
     assert a2a["bytes"] == pytest.approx(3 / 4 * 2 * 32 * padded * 4 / 4)
+
+
+def test_a_dtensor_meeting_a_plain_tensor_is_noted_as_torch_refuses_it(fake_pg: int) -> None:
+    """The feed-forward's output left a DTensor (``use_local_output=False``) while the
+    residual stream is plain (torchtitan's sequence-parallel plan): the residual add meets
+    a DTensor and a plain tensor, which DTensor's dispatch refuses. fsdpviz warns, naming
+    the style and the fix (it was silent); a warning, as a model may make the plain one a
+    DTensor in hooks fsdpviz does not see (KempnerForge's, above)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    plan = tp_models.whole_plan()
+    plan["layers.*.feed_forward.w2"] = RowwiseParallel(
+        output_layouts=Shard(1), use_local_output=False
+    )
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16, "layers": 1}
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
+    with pytest.raises(RuntimeError, match=r"got mixed torch\.Tensor and DTensor"):
+        model(tp_models.tokens())
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, tp_models.tokens(), fully_shard=[("layers.0",)],
+                             mesh=("dp", 2, "tp", 2), parallelize_plan=plan,
+                             progress=False)  # fmt: skip
+    (warning,) = [w for w in report.warnings if w.code == "tp_mixed_dtensor"]
+    assert re.search(
+        r"add takes a DTensor \(the output of 'layers\.0\.feed_forward\.w2' "
+        r"\(RowwiseParallel, use_local_output=False\)\) of shape \(2, 8, 8\) and a plain "
+        r"tensor .*mixed torch\.Tensor and DTensor.*use_local_output alike",
+        warning.message,
+    )
+    assert not [w for w in predict(progress=False).warnings if w.code == "tp_mixed_dtensor"]
 
 
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:

@@ -164,6 +164,8 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     )
     if unfrozen:
         report.warnings.append(unfrozen_warning(unfrozen))
+    if tp is not None:
+        report.warnings.extend(tp.mixed_warnings())
     return report
 
 

@@ -54,6 +54,7 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
 
@@ -62,6 +63,19 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
+
+
+# arithmetic that meets two tensors, as a model's residual adds and scales do
+_ARITHMETIC = {
+    getattr(owner, name)
+    for owner in (torch, torch.Tensor)
+    for name in ("add", "sub", "mul", "div", "matmul", "add_", "sub_", "mul_", "div_")
+    if hasattr(owner, name)
+} | {
+    getattr(torch.Tensor, f"__{op}__")
+    for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
+               "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
+}  # fmt: skip
 
 
 class _DTensorFlow(TorchFunctionMode):
@@ -73,19 +87,55 @@ class _DTensorFlow(TorchFunctionMode):
     ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
     tensors its autograd node saves) alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: set[int]) -> None:
         super().__init__()
+        # tensor -> where the DTensor it is (or was computed from) came from, in words
         self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._params = params  # the ids of the parameters the plan makes DTensors
+        self.mixed: dict[tuple[str, str], str] = {}  # (origin, operator) -> the warning
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self.dtensors:
+            return func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        origin = next((self.dtensors[t] for t in tensors if t in self.dtensors), None)
+        if origin is not None and func in _ARITHMETIC:
+            self._check_mixed(func, tensors, origin)
         out = func(*args, **(kwargs or {}))
-        if self.dtensors and any(
-            isinstance(t, torch.Tensor) and t in self.dtensors for t in tree_leaves((args, kwargs))
-        ):
+        if origin is not None:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
-                    self.dtensors[t] = True
+                    self.dtensors[t] = origin
         return out
+
+    def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
+        """Note arithmetic between a DTensor and a plain tensor of more than one element
+        (one the plan does not make a DTensor), which DTensor's dispatch refuses
+        (``OpDispatcher.unwrap_to_op_info``: "got mixed torch.Tensor and DTensor"; a plain
+        tensor of one element it takes as replicated): a warning, not an error, as the
+        model may make the plain one a DTensor where fsdpviz does not see it (KempnerForge's
+        forward hooks call ``DTensor.from_local`` on the blocks' outputs)."""
+        for t in tensors:
+            if t in self.dtensors or t.numel() <= 1 or id(t) in self._params:
+                continue
+            name = getattr(func, "__name__", str(func)).strip("_")
+            if name[:1] in ("r", "i") and name[1:] in ("add", "sub", "mul", "truediv", "matmul"):
+                name = name[1:]  # __radd__, __iadd__: aten.add
+            name = {"truediv": "div"}.get(name, name)
+            what = "a parameter outside the plan" if isinstance(t, nn.Parameter) else (
+                "a plain tensor (a style's use_local_output=True, or one made outside the plan)"
+            )  # fmt: skip
+            self.mixed.setdefault(
+                (origin, name),
+                f"tensor parallelism: {name} takes a DTensor ({origin}) of shape "
+                f"{tuple(next(x for x in tensors if x in self.dtensors).shape)} and {what} of "
+                f"shape {tuple(t.shape)}, which torch refuses (RuntimeError: aten.{name} got "
+                "mixed torch.Tensor and DTensor) unless the model makes the plain one a "
+                "DTensor itself (DTensor.from_local in a forward hook). Make both the same: "
+                "use_local_output alike on the styles whose outputs meet, or the plain one a "
+                "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
+            )
+            return
 
 
 def _chunks(n: int, tp: int) -> list[int]:
@@ -147,7 +197,7 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
-        self._flow = _DTensorFlow()
+        self._flow = _DTensorFlow({id(p) for p in plan.placements(model)})
         self._handles: list[Any] = []
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -333,10 +383,10 @@ class TPEmulation:
                 return None
             t = base
 
-    def _remember(self, t: Any, layout: Layout | None) -> None:
+    def _remember(self, t: Any, layout: Layout | None, origin: str) -> None:
         if isinstance(t, torch.Tensor) and layout is not None:
             self._dtensors[id(t)] = (weakref.ref(t), layout)
-            self._flow.dtensors[t] = True
+            self._flow.dtensors[t] = origin
 
     def _local(self, t: Any) -> None:
         """``t`` is a plain tensor a style returned (``to_local()``)."""
@@ -475,7 +525,11 @@ class TPEmulation:
                 self._check_even_local(t, r.src, tpm)
             out = self._redistribute(t, r, tpm, i, known)
             if tpm.style == "PrepareModuleInput":
-                self._remember(out, r.dst)  # use_local_output=False: a DTensor goes in
+                if out is t and isinstance(t, torch.Tensor):
+                    # nothing moved: the DTensor the module takes is not the caller's tensor
+                    out = t.view_as(t)
+                # use_local_output=False: a DTensor goes in
+                self._remember(out, r.dst, f"the input {tpm.style} of {tpm.fqn!r} makes")
             holder[key] = out
         return tuple(args), kwargs
 
@@ -489,10 +543,18 @@ class TPEmulation:
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
-            self._remember(output, tpm.output_layout)
+            self._remember(
+                output,
+                tpm.output_layout,
+                f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)",
+            )
         elif tpm.outputs or tpm.style != "PrepareModuleInput":
             self._local(output[0] if isinstance(output, tuple) and output else output)
         return output
+
+    def mixed_warnings(self) -> list[FsdpWarning]:
+        """A warning for each DTensor met a plain tensor (:meth:`_DTensorFlow._check_mixed`)."""
+        return [FsdpWarning("tp_mixed_dtensor", text) for text in self._flow.mixed.values()]
 
     def remove(self) -> None:
         for handle in self._handles:
