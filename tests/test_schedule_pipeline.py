@@ -359,3 +359,23 @@ def test_ignored_params_are_said_to_be_left_out_of_a_ranks_memory() -> None:
     said = [w for w in report.warnings if w.code == "pipeline_ignored_params_not_counted"]
     assert len(said) == 1 and "ignored_params (norm.weight)" in said[0].message
     assert "pipeline_ignored_params_not_counted" not in [w.code for w in plan().warnings]
+
+
+def test_sequence_parallel_makes_each_stages_frozen_norms_trainable() -> None:
+    """A pipeline of two stages under torchtitan's tp plan, everything but the output
+    projection frozen: ``SequenceParallel`` makes each stage's norms trainable, as
+    ``parallelize_module`` does (``nn.Parameter`` requires grad), and each stage warns of
+    its own (the pipeline said nothing); the model passed in keeps its norms frozen."""
+    from fsdpviz.configs.torchtitan_plan import tp_plan
+
+    m = model()
+    for name, p in m.named_parameters():
+        p.requires_grad_(name.startswith("output"))
+    ids = torch.zeros(8, pj.SEQ, dtype=torch.long)
+    report = fsdpviz.analyze(m, ids, fully_shard=PLAN, mesh=("pp", 2, "dp_shard", 1, "tp", 2),
+                             parallelize_plan=tp_plan(False), pipeline_schedule="1F1B",
+                             microbatches=2, progress=False)  # fmt: skip
+    texts = [w.message for w in report.warnings if w.code == "tp_unfreezes"]
+    assert len(texts) == 2
+    assert "layers.0.attention_norm.weight" in texts[0] and "norm.weight" in texts[1]
+    assert not any(p.requires_grad for name, p in m.named_parameters() if "norm" in name)

@@ -34,6 +34,8 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
+from fsdpviz.schema.names import some_names
+from fsdpviz.schema.report import FsdpWarning
 
 Collective = Literal["tp_all_gather", "tp_reduce_scatter", "tp_all_reduce", "tp_all_to_all"]
 Layout = tuple[str, int | None]  # ("shard", dim) | ("replicate", None) | ("partial", None)
@@ -177,6 +179,19 @@ def local_shape(shape: Sequence[int], layout: Layout | None, size: int) -> list[
         d = layout[1] % len(out)
         out[d] = min(out[d], math.ceil(out[d] / size))
     return out
+
+
+def unfrozen_warning(names: list[str]) -> FsdpWarning:
+    """The warning of the frozen parameters ``SequenceParallel`` made trainable
+    (:meth:`TPPlan.unfreeze`)."""
+    return FsdpWarning(
+        "tp_unfreezes",
+        "SequenceParallel makes these frozen parameters trainable (parallelize_module wraps "
+        "them in nn.Parameter, which requires grad), so they get gradients and the "
+        "activations around them too; set requires_grad=False on them after "
+        "parallelize_module (and pass the parallelised model) to keep them frozen: "
+        + some_names(names, 6),
+    )
 
 
 # ---------------------------------------------------------------- resolving

@@ -21,7 +21,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
-from fsdpviz.plan.tensor_parallel import local_shape, resolve_plan
+from fsdpviz.plan.tensor_parallel import local_shape, resolve_plan, unfrozen_warning
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -167,19 +167,6 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     if tp is not None:
         report.warnings.extend(tp.mixed_warnings())
     return report
-
-
-def unfrozen_warning(names: list[str]) -> FsdpWarning:
-    """The warning of the frozen parameters ``SequenceParallel`` made trainable
-    (:meth:`TPPlan.unfreeze`)."""
-    return FsdpWarning(
-        "tp_unfreezes",
-        "SequenceParallel makes these frozen parameters trainable (parallelize_module wraps "
-        "them in nn.Parameter, which requires grad), so they get gradients and the "
-        "activations around them too; set requires_grad=False on them after "
-        "parallelize_module (and pass the parallelised model) to keep them frozen: "
-        + some_names(names, 6),
-    )
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:

@@ -96,6 +96,7 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
     # a zero-bubble schedule's input backward (I) apart from its weight backward (W)
     split = any(re.search(r"\dI\d", a) for acts in actions.values() for a in acts)
     traces = trace_stages(copy, popts, opts, ignored, args, kw, device, profile, split)
+    warnings.extend(w for t in traces for w in t.warnings)
     modules = all_modules(copy, traces)
     ranks = [
         rank_report(r, popts, opts, traces, actions[r], warnings, modules)

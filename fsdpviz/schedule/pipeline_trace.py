@@ -33,12 +33,13 @@ from fsdpviz.plan.fsdp2 import (
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
-from fsdpviz.plan.tensor_parallel import resolve_plan
+from fsdpviz.plan.tensor_parallel import resolve_plan, unfrozen_warning
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import QUIET, progress_bar
@@ -68,6 +69,7 @@ class StageTrace:
     prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
+    warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
 
 
 def trace_stages(
@@ -101,6 +103,7 @@ def trace_stages(
                 forward_prefetch={k: v for k, v in opts.forward_prefetch.items() if k in modules},
                 backward_prefetch={k: v for k, v in opts.backward_prefetch.items() if k in modules},
             )
+            unfrozen: list[str] = []
             if opts.parallelize_plan is not None:
                 stage_opts = stage_opts.replace(
                     tp=resolve_plan(
@@ -111,7 +114,8 @@ def trace_stages(
                     )
                 )
                 assert stage_opts.tp is not None
-                stage_opts.tp.unfreeze(part)  # as parallelize_module does (TPPlan.unfreeze)
+                # as parallelize_module does (TPPlan.unfreeze)
+                unfrozen = stage_opts.tp.unfreeze(part)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
             f8 = float8_gathered_groups(part, groups, stage_opts.job)
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
@@ -119,6 +123,8 @@ def trace_stages(
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
+            if unfrozen:
+                trace.warnings.append(unfrozen_warning(unfrozen))
             if split and s and trace.profile is not None:
                 trace.split = SplitTraces(functools.partial(
                     _split_trace, s, part, stage_opts, groups, args, kw, last, where, shared
@@ -263,6 +269,7 @@ def _trace_stage(
         loss_bytes=loss_bytes,
         prefetch=prefetch,
         profile=measured,
+        warnings=tp.mixed_warnings() if tp is not None else [],
     )
     shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares
