@@ -11,9 +11,16 @@ from typing import Any, Protocol
 
 import torch
 
-from fsdpviz.trace.fusion import FusedRegions, float8_casts, float8_gemm, float8_rescale
+from fsdpviz.trace.fusion import (
+    FusedRegions,
+    ModuleScope,
+    float8_casts,
+    float8_gemm,
+    float8_rescale,
+)
 from fsdpviz.trace.operators import op_tensors
 from fsdpviz.trace.probe_records import BWD_TEMP, FWD_TEMP, TPShares, storage_of
+from fsdpviz.trace.recomputation import recomputing
 
 __all__ = ["Float8Accounting", "Float8Host", "float8_cast_bytes"]
 
@@ -62,6 +69,8 @@ class Float8Host(Protocol):
     _float8_recipe: str
     _float8_fused: bool
     _float8_pair: weakref.ref[Any] | None
+    _float8_running: tuple[torch.Tensor, Any] | None
+    _float8: ModuleScope | None
     _tp: TPShares | None
     live: list[int]
     _fused: FusedRegions
@@ -79,6 +88,7 @@ class Float8Accounting:
     :class:`~fsdpviz.trace.probe.CostProbe`, typed by :class:`Float8Host`)."""
 
     _float8_pair: weakref.ref[Any] | None
+    _float8_running: tuple[torch.Tensor, Any] | None
 
     def _float8_casts(
         self: Float8Host,
@@ -87,10 +97,13 @@ class Float8Accounting:
         a: torch.Tensor,
         b: torch.Tensor,
         out_bytes: int = 0,
+        made: bool = False,
     ) -> bool:
         """The casts around a float8 linear's matrix multiply (:func:`float8_casts`; ``grad``:
         one of its backward's, not its forward run in the ``backward`` phase by a
-        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`)."""
+        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`).
+        ``made``: a forward multiply whose output the trace does not hold
+        (:meth:`_float8_stopped`)."""
         weights = self._float8_weights
         first = True
         if not grad:
@@ -111,11 +124,17 @@ class Float8Accounting:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused, kernels)
-        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes)
+        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes, made)
         return float8_gemm(grad, first, recipe)
 
     def _float8_memory(
-        self: Float8Host, grad: bool, first: bool, a: torch.Tensor, b: torch.Tensor, out: int
+        self: Float8Host,
+        grad: bool,
+        first: bool,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: int,
+        made: bool = False,
     ) -> None:
         """The bytes torchao's eager float8 linear holds around this multiply beyond what the
         trace of the high-precision linear holds (its output, ``out`` bytes, tracked already):
@@ -126,7 +145,9 @@ class Float8Accounting:
         of the high-precision linear runs the two multiplies in autograd's order, so at the
         first of them the whole backward is counted, and the second adds nothing. A weight
         FSDP2 gathered in float8 is cast by the all-gather, not here. Under ``torch.compile``
-        (a compiled module's linear) the casts are fused (:func:`_cast_peak`)."""
+        (a compiled module's linear) the casts are fused (:func:`_cast_peak`). ``made``: a
+        forward whose output the trace does not hold, allocated beside the float8 operands
+        (:meth:`_float8_stopped`)."""
         fused = self._float8_fused and self._fusing()
         kind = BWD_TEMP if torch._C._current_graph_task_id() != -1 else FWD_TEMP
         numel = self._local_numel if self._tp is not None else (lambda t: t.numel())
@@ -136,7 +157,7 @@ class Float8Accounting:
             dims = [(numel(t), t.numel() // max(t.shape[-1], 1), t.shape[-1]) for t in (a, b)]
             casts = float8_cast_bytes(recipe, False, True, dims[0], dims[1])
             most, kept = _cast_peak(casts[:1] if gathered else casts, fused)
-            self._float8_over(kind, [most - out, kept])
+            self._float8_over(kind, [most, kept + out] if made else [most - out, kept])
             return
         pending = self._float8_pair
         st = storage_of(a)
@@ -158,6 +179,57 @@ class Float8Accounting:
         moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]
         moments.append(gi_kept + gi_out + gw_kept + gw_out)
         self._float8_over(kind, [round(x * share) - out for x in moments])
+
+    def _float8_enter(self: Float8Host, module: torch.nn.Module, args: Any) -> None:
+        """A float8 linear's forward pre-hook: inside a checkpoint's recomputation, its input
+        and weight are held until its forward returns (:meth:`_float8_leave`) or the next
+        operator finds it stopped (the input, saved for backward, outlives both: holding it
+        frees nothing later)."""
+        if recomputing() and args and isinstance(args[0], torch.Tensor):
+            self._float8_running = (args[0], module.weight)
+
+    def _float8_leave(self: Float8Host, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self._float8_running = None
+
+    def _float8_stopped(self: Float8Host) -> None:
+        """A checkpoint's recomputation stopped inside a float8 linear's forward (the first
+        operator after it, out of the recomputation, finds its forward unreturned).
+
+        Non-reentrant checkpointing stops recomputing once the last tensor its forward saved
+        is saved again (``_StopRecomputationError`` from ``_recomputation_hook``'s pack hook).
+        A plain linear's ``mm`` saves its inputs before it computes, so the stop comes before
+        its kernel and the trace of it runs no multiply; torchao's
+        ``matmul_with_hp_or_float8_args`` is an ``autograd.Function``, whose
+        ``ctx.save_for_backward`` tensors autograd packs after ``forward`` returns: its casts
+        and its float8 multiply have run, the output beside the float8 operands, before the
+        stop frees them. Their moments and kernels are counted here (a checkpointed block that
+        ends in a float8 linear: the MLP's down projection recast in every block's
+        backward)."""
+        running, self._float8_running = self._float8_running, None
+        assert running is not None
+        if self._float8 is not None:
+            self._float8.abandon()
+        x, weight = running
+        a = x.reshape(-1, x.shape[-1])
+        b = weight.t()
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        share = self._local_numel(a) / max(a.numel(), 1) if self._tp is not None else 1.0
+        isz = x.element_size()
+        out = round(m * n * isz * share)
+        float8 = Float8Accounting._float8_casts(self, 1, False, a, b, out, made=True)
+        if self._tp is not None:  # one rank's share of the multiply, as _count_kernel's
+            tp = self._tp.size
+            sa, sb = self._local_numel(a) < a.numel(), self._local_numel(b) < b.numel()
+            if sa and sb:
+                k = -(-k // tp)
+            elif sb:
+                n = -(-n // tp)
+            elif sa:
+                m = -(-m // tp)
+        if float8:
+            self._add_kernel(("gemm", 1, m, n, k, 1, 1), 1, m * k + k * n + m * n * isz)
+        else:
+            self._add_kernel(("gemm", 1, m, n, k, 1, isz), 1, (m * k + k * n + m * n) * isz)
 
     def _float8_over(self: Float8Host, kind: int, extras: list[int]) -> None:
         """Moments of torchao's float8 linear the trace does not hold: ``extras`` bytes
