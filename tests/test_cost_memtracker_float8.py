@@ -159,22 +159,41 @@ def test_float8_all_gather_with_a_reshard_to_fewer_ranks_is_refused(fake_pg: int
         fsdpviz.replan.replay(report, reshard_after_forward={"layers.1": 2})
 
 
-def test_float8_recomputation_stopped_inside_the_last_linear(fake_pg: int) -> None:
-    """Each block checkpointed whole, ``rowwise_with_gw_hp``: non-reentrant checkpointing
-    stops recomputing once the last tensor the forward saved is saved again. A plain
-    linear's ``mm`` saves its inputs before computing, so the trace of the block's last
-    linear (the MLP's down projection) runs no multiply; torchao's
-    ``matmul_with_hp_or_float8_args`` saves its tensors after its forward, so its casts and
-    float8 multiply run before the stop, and with the weight gradient in bf16 (no casts) that
-    recast is the backward's peak. The peak, every category at it and every module's peaks
-    to the byte (before: 3,072 B low, the input's cast of 48 x 96 elements above the
-    backward's own moments)."""
-    from test_cost_memtracker import _as_the_tracker_names, _as_the_tracker_sees, _whole
+@pytest.mark.parametrize(
+    ("checkpointing", "recipe", "hidden"),
+    [("full", "rowwise_with_gw_hp", 32), ("selective", "tensorwise", 64),
+     ("selective", "rowwise", 64)],
+)  # fmt: skip
+def test_float8_linears_recomputed_by_activation_checkpoints(
+    fake_pg: int, checkpointing: str, recipe: str, hidden: int
+) -> None:
+    """Checkpointed blocks recompute torchao's forward, as torch runs it. Non-reentrant
+    checkpointing stops recomputing once the forward's last saved tensor is saved again: a
+    plain linear's ``mm`` saves its inputs before it computes, so the trace of the block's
+    last linear (the MLP's down projection) multiplies nothing, but torchao's
+    ``matmul_with_hp_or_float8_args`` (an ``autograd.Function``) saves after its forward, so
+    its casts run, and its multiply (full: with the weight gradient in bf16, that recast is
+    the backward's peak; before, 3,072 B low). Under torchtitan's per-operator policy the
+    linears whose ``mm`` output was saved take it from the cache in the recomputation, the
+    down projection's too (before, held to the end of the block's backward: 4,096 B high),
+    still casting first; and tensorwise casts' ``torch.max`` (``aten.max.default``, on
+    torchtitan's save list) are saved from the forward until the recomputation's casts
+    (before, 2 B a cast low in each forward). The peak, every category at it and every
+    module's peaks to the byte."""
+    from test_cost_memtracker import (
+        _as_the_tracker_names,
+        _as_the_tracker_sees,
+        _torchtitan_sac,
+        _whole,
+    )
+
+    from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 
     config = ExampleConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=96, num_layers=2, num_heads=4
+        vocab_size=128, hidden_size=hidden, intermediate_size=96, num_layers=2, num_heads=4
     )
-    f8 = float8.Float8LinearConfig.from_recipe_name("rowwise_with_gw_hp")
+    f8 = float8.Float8LinearConfig.from_recipe_name(recipe)
+    wrap = _whole if checkpointing == "full" else _torchtitan_sac
 
     def build() -> nn.Module:
         model = ExampleModel(config)
@@ -182,7 +201,7 @@ def test_float8_recomputation_stopped_inside_the_last_linear(fake_pg: int) -> No
             model, config=f8, module_filter_fn=lambda m, fqn: fqn != "lm_head"
         )
         for layer in model.layers:
-            _whole(layer)
+            wrap(layer)
         return model
 
     def ids() -> dict[str, torch.Tensor]:
@@ -192,11 +211,11 @@ def test_float8_recomputation_stopped_inside_the_last_linear(fake_pg: int) -> No
     real = tracked(build, ids, lambda m: list(m.layers), fake_pg, _loss, real=True, mp_policy=BF16)
     with torch.device("meta"):
         model = ExampleModel(config)
+    spec = [DecoderLayer] if checkpointing == "full" else SelectiveCheckpoint([DecoderLayer])
+    f8spec = {"recipe_name": recipe, "filter_fqns": ["lm_head"]}
     report = fsdpviz.analyze(model, ids(), fully_shard=[DecoderLayer], loss=_loss,
                              world_size=fake_pg, mp_policy=BF16, progress=False,
-                             activation_checkpointing=[DecoderLayer],
-                             float8={"recipe_name": "rowwise_with_gw_hp",
-                                     "filter_fqns": ["lm_head"]})  # fmt: skip
+                             activation_checkpointing=spec, float8=f8spec)  # fmt: skip
     mem = memory_model(report, optimizer=None)
     assert real.peak["Total"] == mem.peak["bytes"]
     named = _as_the_tracker_names(report, mem).peak["breakdown"]

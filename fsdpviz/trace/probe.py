@@ -146,7 +146,10 @@ class CostProbe(
         self._float8 = ModuleScope("float8", float8) if float8 else None
         # a float8 linear whose forward a checkpoint's recomputation runs: its input and
         # weight, until the forward returns (see Float8Accounting._float8_stopped)
-        self._float8_running: tuple[torch.Tensor, Any] | None = None
+        self._float8_running: tuple[torch.Tensor, Any, Any] | None = None
+        self._float8_amaxes: dict[int, list[torch.Tensor]] = {}
+        self._float8_sac: Any = None
+        self._float8_seen = False
         self._float8_hooks = [
             h
             for m in float8 or ()
