@@ -231,3 +231,45 @@ def test_float8_linears_recomputed_by_activation_checkpoints(
     for module, phases in real.modules.items():
         assert phases["forward"] == mem.unit_peaks[module]["forward"], module
         assert phases["backward"] == backward[module], module
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_linears_under_tensor_parallelism(fake_pg: int, recipe: str) -> None:
+    """FSDP2 x TP on a 2 x 2 mesh, torch's column- and row-wise styles on torchao's float8
+    linears (no sequence parallelism): each backward's casts and float8 operands are one
+    rank's part of each tensor, the column-wise linear's output gradient and weight split
+    on the out-features (its input and input's gradient whole), the row-wise one's weight,
+    input and gradients on the in-features (its output gradient whole). Before, every
+    moment was the output gradient's share of the whole linear's: a row-wise linear's whole
+    (7,168 B high at the backward's peak with tensorwise). The peak, every category at it
+    and every module's peaks to the byte."""
+    import tp_models
+    from test_cost_memtracker import _as_the_tracker_sees, _compare
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = tp_models.plain_plan()
+    f8 = float8.Float8LinearConfig.from_recipe_name(recipe)
+
+    def build(converted: bool) -> nn.Module:
+        model = tp_models.Llama(vocab=64, dim=32, n_heads=4, hidden=64, layers=2)
+        if converted:
+            float8.convert_to_float8_training(
+                model, config=f8, module_filter_fn=lambda m, fqn: fqn != "output"
+            )
+        return model
+
+    def tokens() -> torch.Tensor:
+        return torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+
+    real = tracked(lambda: build(True), lambda: {"tokens": tokens()},
+                   lambda m: list(m.layers.values()), fake_pg, _loss, mesh_shape=(2, 2),
+                   parallelize=lambda m, tp: parallelize_module(m, tp, plan),
+                   mp_policy=BF16)  # fmt: skip
+    with torch.device("meta"):
+        model = build(False)
+    report = fsdpviz.analyze(model, tokens(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan, loss=_loss,
+                             mp_policy=BF16, progress=False,
+                             float8={"recipe_name": recipe, "filter_fqns": ["output"]})  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))

@@ -197,7 +197,16 @@ class Float8Accounting:
         n = go.shape[-1]
         m = go.numel() // max(n, 1)  # its rows, the batch flattened
         k = b.shape[-1]  # the weight's in-features: its columns, the input's
-        share = numel(go) / max(go.numel(), 1)  # one rank's share under tensor parallelism
+        # one rank's part under tensor parallelism: a column-wise linear splits the
+        # out-features n (the output gradient and the weight; the input and the input's
+        # gradient, a partial sum, whole), a row-wise one the in-features k (the weight, the
+        # input and both gradients; the output gradient whole)
+        s_go = numel(go) / max(go.numel(), 1)
+        s_b = numel(b) / max(b.numel(), 1)  # the weight's (first) or the input's share
+        if s_go < 1:
+            n = max(round(n * s_go), 1)
+        elif s_b < 1:
+            k = max(round(k * s_b), 1)
         isz = a.element_size()
         gi = float8_cast_bytes(recipe, True, True, (m * n, m, n), (n * k, n, k))
         gw = float8_cast_bytes(recipe, True, False, (m * n, n, m), (m * k, m, k))
@@ -206,7 +215,7 @@ class Float8Accounting:
         gi_out, gw_out = m * k * isz, n * k * isz
         moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]
         moments.append(gi_kept + gi_out + gw_kept + gw_out)
-        self._float8_over(kind, [round(x * share) - out for x in moments])
+        self._float8_over(kind, [x - out for x in moments])
 
     def _float8_saved_amaxes(
         self: Float8Host, casts: int, size: int
