@@ -233,16 +233,23 @@ def test_float8_linears_recomputed_by_activation_checkpoints(
         assert phases["backward"] == backward[module], module
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_float8_linears_under_tensor_parallelism(fake_pg: int, recipe: str) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "checkpointed"), [("tensorwise", False), ("rowwise", False), ("rowwise", True)]
+)
+def test_float8_linears_under_tensor_parallelism(
+    fake_pg: int, recipe: str, checkpointed: bool
+) -> None:
     """FSDP2 x TP on a 2 x 2 mesh, torch's column- and row-wise styles on torchao's float8
     linears (no sequence parallelism): each backward's casts and float8 operands are one
     rank's part of each tensor, the column-wise linear's output gradient and weight split
     on the out-features (its input and input's gradient whole), the row-wise one's weight,
     input and gradients on the in-features (its output gradient whole). Before, every
     moment was the output gradient's share of the whole linear's: a row-wise linear's whole
-    (7,168 B high at the backward's peak with tensorwise). The peak, every category at it
-    and every module's peaks to the byte."""
+    (7,168 B high at the backward's peak with tensorwise). In forward a column-wise
+    linear's weight is a rank's out-features, and rowwise scales one per local column of it
+    (with checkpointed blocks the forward's cast was its peak: 128 B high, the whole
+    weight's scales). The peak, every category at it and every module's peaks to the
+    byte."""
     import tp_models
     from test_cost_memtracker import _as_the_tracker_sees, _compare
     from torch.distributed.tensor.parallel import parallelize_module
@@ -251,7 +258,9 @@ def test_float8_linears_under_tensor_parallelism(fake_pg: int, recipe: str) -> N
     f8 = float8.Float8LinearConfig.from_recipe_name(recipe)
 
     def build(converted: bool) -> nn.Module:
-        model = tp_models.Llama(vocab=64, dim=32, n_heads=4, hidden=64, layers=2)
+        model = tp_models.Llama(
+            vocab=64, dim=32, n_heads=4, hidden=64, layers=2, checkpointed=checkpointed
+        )
         if converted:
             float8.convert_to_float8_training(
                 model, config=f8, module_filter_fn=lambda m, fqn: fqn != "output"

@@ -178,9 +178,18 @@ class Float8Accounting:
         recipe, gathered = self._float8_recipe, self._float8_gathered
         if not grad:
             self._float8_seen = True
-            # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``)
-            dims = [(numel(t), t.numel() // max(t.shape[-1], 1), t.shape[-1]) for t in (a, b)]
-            casts = float8_cast_bytes(recipe, False, True, dims[0], dims[1])
+            # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``);
+            # one rank's part under tensor parallelism: a row-wise linear splits the input and
+            # the weight on the in-features k, a column-wise one the weight on the out-features
+            # n (its rowwise scales one a local column)
+            k, n = b.shape[-2], b.shape[-1]
+            m = a.numel() // max(k, 1)
+            s_a, s_b = numel(a) / max(a.numel(), 1), numel(b) / max(b.numel(), 1)
+            if s_a < 1:
+                k = max(round(k * s_a), 1)
+            elif s_b < 1:
+                n = max(round(n * s_b), 1)
+            casts = float8_cast_bytes(recipe, False, True, (m * k, m, k), (k * n, k, n))
             casts = casts[:1] if gathered else casts
             amaxes = Float8Accounting._float8_saved_amaxes(self, len(casts), a.element_size())
             most, kept = _cast_peak(casts, fused, amaxes[1])
