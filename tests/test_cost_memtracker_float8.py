@@ -157,3 +157,128 @@ def test_float8_all_gather_with_a_reshard_to_fewer_ranks_is_refused(fake_pg: int
                              mp_policy=BF16, float8=spec, progress=False)  # fmt: skip
     with pytest.raises(fsdpviz.FSDPConfigError, match=r"layers\.1.*float8 weights"):
         fsdpviz.replan.replay(report, reshard_after_forward={"layers.1": 2})
+
+
+@pytest.mark.parametrize(
+    ("checkpointing", "recipe", "hidden"),
+    [("full", "rowwise_with_gw_hp", 32), ("selective", "tensorwise", 64),
+     ("selective", "rowwise", 64)],
+)  # fmt: skip
+def test_float8_linears_recomputed_by_activation_checkpoints(
+    fake_pg: int, checkpointing: str, recipe: str, hidden: int
+) -> None:
+    """Checkpointed blocks recompute torchao's forward, as torch runs it. Non-reentrant
+    checkpointing stops recomputing once the forward's last saved tensor is saved again: a
+    plain linear's ``mm`` saves its inputs before it computes, so the trace of the block's
+    last linear (the MLP's down projection) multiplies nothing, but torchao's
+    ``matmul_with_hp_or_float8_args`` (an ``autograd.Function``) saves after its forward, so
+    its casts run, and its multiply (full: with the weight gradient in bf16, that recast is
+    the backward's peak; before, 3,072 B low). Under torchtitan's per-operator policy the
+    linears whose ``mm`` output was saved take it from the cache in the recomputation, the
+    down projection's too (before, held to the end of the block's backward: 4,096 B high),
+    still casting first; and tensorwise casts' ``torch.max`` (``aten.max.default``, on
+    torchtitan's save list) are saved from the forward until the recomputation's casts
+    (before, 2 B a cast low in each forward). The peak, every category at it and every
+    module's peaks to the byte."""
+    from test_cost_memtracker import (
+        _as_the_tracker_names,
+        _as_the_tracker_sees,
+        _torchtitan_sac,
+        _whole,
+    )
+
+    from fsdpviz.schema.checkpointing import SelectiveCheckpoint
+
+    config = ExampleConfig(
+        vocab_size=128, hidden_size=hidden, intermediate_size=96, num_layers=2, num_heads=4
+    )
+    f8 = float8.Float8LinearConfig.from_recipe_name(recipe)
+    wrap = _whole if checkpointing == "full" else _torchtitan_sac
+
+    def build() -> nn.Module:
+        model = ExampleModel(config)
+        float8.convert_to_float8_training(
+            model, config=f8, module_filter_fn=lambda m, fqn: fqn != "lm_head"
+        )
+        for layer in model.layers:
+            wrap(layer)
+        return model
+
+    def ids() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"input_ids": torch.randint(0, 128, (2, 24), generator=g)}
+
+    real = tracked(build, ids, lambda m: list(m.layers), fake_pg, _loss, real=True, mp_policy=BF16)
+    with torch.device("meta"):
+        model = ExampleModel(config)
+    spec = [DecoderLayer] if checkpointing == "full" else SelectiveCheckpoint([DecoderLayer])
+    f8spec = {"recipe_name": recipe, "filter_fqns": ["lm_head"]}
+    report = fsdpviz.analyze(model, ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             world_size=fake_pg, mp_policy=BF16, progress=False,
+                             activation_checkpointing=spec, float8=f8spec)  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    assert real.peak["Total"] == mem.peak["bytes"]
+    named = _as_the_tracker_names(report, mem).peak["breakdown"]
+    # the tracker calls what backward recomputes a temporary, fsdpviz activations
+    both = ("forward tensors", "backward tensors")
+    for name, (theirs, ours) in MAPPING.items():
+        if name not in both:
+            assert sum(real.peak.get(k, 0) for k in theirs) == sum(named[k] for k in ours), name
+    assert sum(real.peak.get(k, 0) for n in both for k in MAPPING[n][0]) == sum(
+        named[k] for n in both for k in MAPPING[n][1]
+    )
+    backward = _as_the_tracker_sees(report, mem, model)
+    for module, phases in real.modules.items():
+        assert phases["forward"] == mem.unit_peaks[module]["forward"], module
+        assert phases["backward"] == backward[module], module
+
+
+@pytest.mark.parametrize(
+    ("recipe", "checkpointed"), [("tensorwise", False), ("rowwise", False), ("rowwise", True)]
+)
+def test_float8_linears_under_tensor_parallelism(
+    fake_pg: int, recipe: str, checkpointed: bool
+) -> None:
+    """FSDP2 x TP on a 2 x 2 mesh, torch's column- and row-wise styles on torchao's float8
+    linears (no sequence parallelism): each backward's casts and float8 operands are one
+    rank's part of each tensor, the column-wise linear's output gradient and weight split
+    on the out-features (its input and input's gradient whole), the row-wise one's weight,
+    input and gradients on the in-features (its output gradient whole). Before, every
+    moment was the output gradient's share of the whole linear's: a row-wise linear's whole
+    (7,168 B high at the backward's peak with tensorwise). In forward a column-wise
+    linear's weight is a rank's out-features, and rowwise scales one per local column of it
+    (with checkpointed blocks the forward's cast was its peak: 128 B high, the whole
+    weight's scales). The peak, every category at it and every module's peaks to the
+    byte."""
+    import tp_models
+    from test_cost_memtracker import _as_the_tracker_sees, _compare
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = tp_models.plain_plan()
+    f8 = float8.Float8LinearConfig.from_recipe_name(recipe)
+
+    def build(converted: bool) -> nn.Module:
+        model = tp_models.Llama(
+            vocab=64, dim=32, n_heads=4, hidden=64, layers=2, checkpointed=checkpointed
+        )
+        if converted:
+            float8.convert_to_float8_training(
+                model, config=f8, module_filter_fn=lambda m, fqn: fqn != "output"
+            )
+        return model
+
+    def tokens() -> torch.Tensor:
+        return torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+
+    real = tracked(lambda: build(True), lambda: {"tokens": tokens()},
+                   lambda m: list(m.layers.values()), fake_pg, _loss, mesh_shape=(2, 2),
+                   parallelize=lambda m, tp: parallelize_module(m, tp, plan),
+                   mp_policy=BF16)  # fmt: skip
+    with torch.device("meta"):
+        model = build(False)
+    report = fsdpviz.analyze(model, tokens(), fully_shard=[("layers.0",), ("layers.1",)],
+                             mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan, loss=_loss,
+                             mp_policy=BF16, progress=False,
+                             float8={"recipe_name": recipe, "filter_fqns": ["output"]})  # fmt: skip
+    mem = memory_model(report, optimizer=None)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))

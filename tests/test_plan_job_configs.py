@@ -188,3 +188,25 @@ def test_accelerate_dynamo_config_compiles_the_model() -> None:
     assert "costed as the default mode" in notes[0]
     with pytest.raises(fsdpviz.ConfigError, match="unknown key 'dynamo_backed'"):
         plan({"dynamo_backed": "INDUCTOR"})
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_tensor_parallelism_is_noted_where_torchtitan_gathers_in_float8(
+    tmp_path: Path, recipe: str
+) -> None:
+    """torchtitan's ``apply_tp`` with tensorwise float8 linears (``enable_float8_tensorwise_tp``)
+    uses torchao's float8 tensor-parallel styles, which fsdpviz does not model: the job is
+    planned with torch's styles, and a note says so and what it changes; a rowwise recipe
+    runs torch's styles, as planned, without the note."""
+    text = LATE_2025.replace(
+        "data_parallel_shard_degree = -1", "data_parallel_shard_degree = -1\n"
+        "tensor_parallel_degree = 2",
+    ).replace("filter_fqns", f'recipe_name = "{recipe}"\nfilter_fqns')  # fmt: skip
+    text = text.replace("enable_fsdp_float8_all_gather = true\n", "")
+    text = text.replace("precompute_float8_dynamic_scale_for_fsdp = true\n", "")
+    job, notes = _read(tmp_path, text, mode="full", option="op")
+    assert job.config["float8"]["recipe_name"] == recipe
+    noted = [n for n in notes if "Float8ColwiseParallel" in n]
+    assert len(noted) == (recipe == "tensorwise")
+    if noted:
+        assert "twice torchtitan's bytes" in noted[0]

@@ -159,6 +159,18 @@ def from_torchtitan(
         kwargs["loss"] = cast("Callable[[Any], torch.Tensor]", torch.compile(loss))
     if float8 is not None:
         kwargs["float8"] = float8
+        if mesh["tp"] > 1 and float8.get("recipe_name", "tensorwise") == "tensorwise":
+            note(
+                notes,
+                f"{where}: tensor parallelism with tensorwise float8 linears: torchtitan "
+                "(enable_float8_tensorwise_tp) applies torchao's Float8ColwiseParallel, "
+                "Float8RowwiseParallel and PrepareFloat8ModuleInput, which cast the blocks' "
+                "activations to float8 before their tp all-gathers; these are not modelled, "
+                "and the plan uses torch's ColwiseParallel, RowwiseParallel and "
+                "PrepareModuleInput (the activations gathered in bf16, then cast in each "
+                "linear): the blocks' tp all-gathers and their buffers are counted at twice "
+                "torchtitan's bytes (a rowwise recipe_name runs as planned)",
+            )
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
     return TorchtitanJob(model, tokens, config)
 

@@ -7,15 +7,34 @@ placed in the fused kernel that reads it next under ``torch.compile``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils.checkpoint import (
+    _CONSUMED,
+    _RECOMPUTE,
+    CheckpointPolicy,
+    SelectiveCheckpointContext,
+    _CachedTorchDispatchMode,
+    _CachingTorchDispatchMode,
+)
 
-from fsdpviz.trace.fusion import FusedRegions, float8_casts, float8_gemm, float8_rescale
+from fsdpviz.trace.fusion import (
+    FusedRegions,
+    ModuleScope,
+    float8_casts,
+    float8_gemm,
+    float8_rescale,
+)
 from fsdpviz.trace.operators import op_tensors
-from fsdpviz.trace.probe_records import BWD_TEMP, FWD_TEMP, TPShares, storage_of
+from fsdpviz.trace.probe_records import ACT, BWD_TEMP, FWD_TEMP, TPShares, storage_of
+from fsdpviz.trace.recomputation import recomputing
 
 __all__ = ["Float8Accounting", "Float8Host", "float8_cast_bytes"]
+
+_SIZES = {2: torch.bfloat16, 4: torch.float32, 1: torch.float8_e4m3fn, 8: torch.float64}
 
 
 def float8_cast_bytes(
@@ -37,7 +56,9 @@ def float8_cast_bytes(
     return [(a[0], a[1] if axis_a else 1), (b[0], b[2] if axis_b else 1)]
 
 
-def _cast_peak(casts: list[tuple[int, int]], fused: bool = False) -> tuple[int, int]:
+def _cast_peak(
+    casts: list[tuple[int, int]], fused: bool = False, saved: int = 0
+) -> tuple[int, int]:
     """The most bytes torchao's casts hold at once above what was alive before them, and
     what they leave (each float8 tensor and its float32 scales, alive until the autograd
     function returns). One eager cast (``hp_tensor_to_float8_dynamic``: the scales from the
@@ -45,9 +66,12 @@ def _cast_peak(casts: list[tuple[int, int]], fused: bool = False) -> tuple[int, 
     ``to_fp8_saturated``'s clamp and cast) holds at its end the product and the clamped
     tensor in float32 and the float8 result: 9 bytes an element, and its scales. ``fused``
     (``torch.compile``): Inductor computes the cast in the kernel that writes the float8
-    result, one byte an element."""
+    result, one byte an element. ``saved``: the bytes of each cast's amax that selective
+    checkpointing saves (:meth:`Float8Accounting._float8_saved_amaxes`), alive from the cast's
+    start."""
     most = kept = 0
     for n, scales in casts:
+        kept += saved
         most = max(most, kept + (1 if fused else 9) * n + 4 * scales)
         kept += n + 4 * scales
     return most, kept
@@ -62,6 +86,14 @@ class Float8Host(Protocol):
     _float8_recipe: str
     _float8_fused: bool
     _float8_pair: weakref.ref[Any] | None
+    _float8_running: tuple[torch.Tensor, Any, Any] | None
+    # SAC storage id -> the amaxes its forward's casts saved, oldest first
+    _float8_amaxes: dict[int, list[torch.Tensor]]
+    # the selective checkpoint's dispatch mode the running float8 linear's forward is under
+    # (found in its forward pre-hook: inside an operator the modes above the probe's are off)
+    _float8_sac: Any
+    _float8_seen: bool  # the running float8 linear's forward multiply reached the probe
+    _float8: ModuleScope | None
     _tp: TPShares | None
     live: list[int]
     _fused: FusedRegions
@@ -72,6 +104,7 @@ class Float8Host(Protocol):
     def _local_bytes(self, x: Any) -> int: ...
     def _bump_peak(self) -> None: ...
     def _float8_over(self, kind: int, extras: list[int]) -> None: ...
+    def _hold(self, st: Any, key: int, n: int, kind: int) -> None: ...
 
 
 class Float8Accounting:
@@ -79,6 +112,7 @@ class Float8Accounting:
     :class:`~fsdpviz.trace.probe.CostProbe`, typed by :class:`Float8Host`)."""
 
     _float8_pair: weakref.ref[Any] | None
+    _float8_running: tuple[torch.Tensor, Any, Any] | None
 
     def _float8_casts(
         self: Float8Host,
@@ -87,10 +121,13 @@ class Float8Accounting:
         a: torch.Tensor,
         b: torch.Tensor,
         out_bytes: int = 0,
+        made: bool = False,
     ) -> bool:
         """The casts around a float8 linear's matrix multiply (:func:`float8_casts`; ``grad``:
         one of its backward's, not its forward run in the ``backward`` phase by a
-        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`)."""
+        recomputation); whether the multiply runs in float8 (:func:`float8_gemm`).
+        ``made``: a forward multiply whose output the trace does not hold
+        (:meth:`_float8_stopped`)."""
         weights = self._float8_weights
         first = True
         if not grad:
@@ -111,11 +148,17 @@ class Float8Accounting:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused, kernels)
-        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes)
+        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes, made)
         return float8_gemm(grad, first, recipe)
 
     def _float8_memory(
-        self: Float8Host, grad: bool, first: bool, a: torch.Tensor, b: torch.Tensor, out: int
+        self: Float8Host,
+        grad: bool,
+        first: bool,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: int,
+        made: bool = False,
     ) -> None:
         """The bytes torchao's eager float8 linear holds around this multiply beyond what the
         trace of the high-precision linear holds (its output, ``out`` bytes, tracked already):
@@ -126,17 +169,32 @@ class Float8Accounting:
         of the high-precision linear runs the two multiplies in autograd's order, so at the
         first of them the whole backward is counted, and the second adds nothing. A weight
         FSDP2 gathered in float8 is cast by the all-gather, not here. Under ``torch.compile``
-        (a compiled module's linear) the casts are fused (:func:`_cast_peak`)."""
+        (a compiled module's linear) the casts are fused (:func:`_cast_peak`). ``made``: a
+        forward whose output the trace does not hold, allocated beside the float8 operands
+        (:meth:`_float8_stopped`)."""
         fused = self._float8_fused and self._fusing()
         kind = BWD_TEMP if torch._C._current_graph_task_id() != -1 else FWD_TEMP
         numel = self._local_numel if self._tp is not None else (lambda t: t.numel())
         recipe, gathered = self._float8_recipe, self._float8_gathered
         if not grad:
-            # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``)
-            dims = [(numel(t), t.numel() // max(t.shape[-1], 1), t.shape[-1]) for t in (a, b)]
-            casts = float8_cast_bytes(recipe, False, True, dims[0], dims[1])
-            most, kept = _cast_peak(casts[:1] if gathered else casts, fused)
-            self._float8_over(kind, [most - out, kept])
+            self._float8_seen = True
+            # torchao multiplies the input flattened to rows (``reshape(-1, in_features)``);
+            # one rank's part under tensor parallelism: a row-wise linear splits the input and
+            # the weight on the in-features k, a column-wise one the weight on the out-features
+            # n (its rowwise scales one a local column)
+            k, n = b.shape[-2], b.shape[-1]
+            m = a.numel() // max(k, 1)
+            s_a, s_b = numel(a) / max(a.numel(), 1), numel(b) / max(b.numel(), 1)
+            if s_a < 1:
+                k = max(round(k * s_a), 1)
+            elif s_b < 1:
+                n = max(round(n * s_b), 1)
+            casts = float8_cast_bytes(recipe, False, True, (m * k, m, k), (k * n, k, n))
+            casts = casts[:1] if gathered else casts
+            amaxes = Float8Accounting._float8_saved_amaxes(self, len(casts), a.element_size())
+            most, kept = _cast_peak(casts, fused, amaxes[1])
+            self._float8_over(kind, [most, kept + out] if made else [most - out, kept])
+            amaxes[0]()
             return
         pending = self._float8_pair
         st = storage_of(a)
@@ -148,7 +206,16 @@ class Float8Accounting:
         n = go.shape[-1]
         m = go.numel() // max(n, 1)  # its rows, the batch flattened
         k = b.shape[-1]  # the weight's in-features: its columns, the input's
-        share = numel(go) / max(go.numel(), 1)  # one rank's share under tensor parallelism
+        # one rank's part under tensor parallelism: a column-wise linear splits the
+        # out-features n (the output gradient and the weight; the input and the input's
+        # gradient, a partial sum, whole), a row-wise one the in-features k (the weight, the
+        # input and both gradients; the output gradient whole)
+        s_go = numel(go) / max(go.numel(), 1)
+        s_b = numel(b) / max(b.numel(), 1)  # the weight's (first) or the input's share
+        if s_go < 1:
+            n = max(round(n * s_go), 1)
+        elif s_b < 1:
+            k = max(round(k * s_b), 1)
         isz = a.element_size()
         gi = float8_cast_bytes(recipe, True, True, (m * n, m, n), (n * k, n, k))
         gw = float8_cast_bytes(recipe, True, False, (m * n, n, m), (m * k, m, k))
@@ -157,7 +224,136 @@ class Float8Accounting:
         gi_out, gw_out = m * k * isz, n * k * isz
         moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]
         moments.append(gi_kept + gi_out + gw_kept + gw_out)
-        self._float8_over(kind, [round(x * share) - out for x in moments])
+        self._float8_over(kind, [x - out for x in moments])
+
+    def _float8_saved_amaxes(
+        self: Float8Host, casts: int, size: int
+    ) -> tuple[Callable[[], None], int]:
+        """The amaxes of a forward's ``casts`` tensorwise casts (``size`` bytes each: the
+        high-precision tensor's dtype) that per-operator selective checkpointing saves: its
+        policy decides on ``aten.max.default`` (``tensor_to_amax``'s ``torch.max``, in
+        torchtitan's save list: "the absolute maximum is used to compute the scaling
+        factor"). The forward's are held from their casts until the recomputation's
+        casts take them from the cache, each freed once its cast is done. Returns what to
+        call once the casts' moments are counted (hold the forward's, free the
+        recomputation's) and the bytes each cast adds to them (0 in the recomputation: its
+        amaxes are held already)."""
+        if self._float8_recipe != "tensorwise" or not casts:
+            return (lambda: None), 0
+        mode = self._float8_sac
+        if mode is None:
+            return (lambda: None), 0
+        held = self._float8_amaxes.setdefault(id(mode.storage), [])
+        if isinstance(mode, _CachedTorchDispatchMode):  # the recomputation's casts
+            return (lambda: held.__delitem__(slice(0, casts))), 0
+        amax = torch.empty((), dtype=_SIZES[size], device="meta")
+        ctx = SelectiveCheckpointContext(is_recompute=False)
+        policy = mode.policy_fn(ctx, torch.ops.aten.max.default, amax)
+        if policy not in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE, True):
+            return (lambda: None), 0
+
+        def hold() -> None:
+            for _ in range(casts):
+                t = torch.empty((), dtype=_SIZES[size], device="meta")
+                st = t.untyped_storage()
+                self._hold(st, id(st), st.nbytes(), ACT)
+                held.append(t)
+
+        return hold, size
+
+    def _float8_enter(self: Float8Host, module: torch.nn.Module, args: Any) -> None:
+        """A float8 linear's forward pre-hook: the selective checkpoint's dispatch mode it runs
+        under, and inside a checkpoint's recomputation its input and weight, held until its
+        forward returns (:meth:`_float8_leave`) or the next operator finds it stopped
+        (:meth:`_float8_stopped`; the input, saved for backward, outlives both)."""
+        stack = _get_current_dispatch_mode_stack()
+        sac = (_CachingTorchDispatchMode, _CachedTorchDispatchMode)
+        self._float8_sac = next((m for m in stack if isinstance(m, sac)), None)
+        self._float8_seen = False
+        if recomputing() and args and isinstance(args[0], torch.Tensor):
+            self._float8_running = (args[0], module.weight, self._float8_sac)
+
+    def _float8_leave(self: Float8Host, module: torch.nn.Module, args: Any, out: Any) -> None:
+        """A float8 linear's forward hook. In a recomputation under per-operator selective
+        checkpointing, a linear whose ``mm`` output the forward saved gets it from the cache
+        (``_CachedTorchDispatchMode``), so the trace saw no multiply: torchao's forward
+        still casts its operands first (the output held, the amaxes taken from the
+        cache), counted here, but no multiply runs."""
+        running, self._float8_running = self._float8_running, None
+        if running is not None and not self._float8_seen:
+            Float8Accounting._float8_unseen(self, running, stopped=False)
+        self._float8_sac = None
+
+    def _float8_stopped(self: Float8Host) -> None:
+        """A checkpoint's recomputation stopped inside a float8 linear's forward (the first
+        operator after it, out of the recomputation, finds its forward unreturned).
+
+        Non-reentrant checkpointing stops recomputing once the last tensor its forward saved
+        is saved again (``_StopRecomputationError`` from ``_recomputation_hook``'s pack hook).
+        A plain linear's ``mm`` saves its inputs before it computes, so the stop comes before
+        its kernel and the trace of it runs no multiply; torchao's
+        ``matmul_with_hp_or_float8_args`` is an ``autograd.Function``, whose
+        ``ctx.save_for_backward`` tensors autograd packs after ``forward`` returns: its casts
+        and its float8 multiply have run, the output beside the float8 operands, before the
+        stop frees them (a checkpointed block that ends in a float8 linear: the MLP's down
+        projection recast in every block's backward). Under per-operator selective
+        checkpointing a multiply whose output the forward saved takes it from the cache
+        (``_CachedTorchDispatchMode`` marks the entry consumed): alive through the casts, and
+        freed at the stop, where the trace's plain linear, never reaching its ``mm``, left
+        it in the cache until the block's backward ended."""
+        running, self._float8_running = self._float8_running, None
+        assert running is not None
+        if self._float8 is not None:
+            self._float8.abandon()
+        if not self._float8_seen:
+            Float8Accounting._float8_unseen(self, running, stopped=True)
+        self._float8_sac = None
+
+    def _float8_unseen(
+        self: Float8Host, running: tuple[torch.Tensor, Any, Any], stopped: bool
+    ) -> None:
+        """The recomputed forward of a float8 linear whose multiply the trace did not see
+        (:meth:`_float8_leave`, :meth:`_float8_stopped`): its casts' moments and kernels, its
+        amaxes taken from the selective checkpoint's cache, and its multiply's output and
+        kernel unless the cache gives the output."""
+        x, weight, sac = running
+        with _disable_current_modes():  # views no checkpoint's mode nor the probe is to see
+            a = x.reshape(-1, x.shape[-1])
+            b = weight.t()
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        share = self._local_numel(a) / max(a.numel(), 1) if self._tp is not None else 1.0
+        isz = x.element_size()
+        mm = torch.ops.aten.mm.default
+        cache = None if sac is None else sac.storage.get(mm)
+        cached = not stopped  # the trace's mm went to the cache
+        entry = None
+        if stopped and isinstance(cache, dict):
+            idx = sac.func_counter.get(mm, 0)
+            entry = cache.get(idx)
+            cached = entry is not None and entry is not _RECOMPUTE and entry is not _CONSUMED
+            if cached:  # taken by torchao's mm: held through the casts, freed at the stop
+                cache[idx] = _CONSUMED
+        new = 0 if cached else round(m * n * isz * share)  # a cached output is held already
+        float8 = Float8Accounting._float8_casts(self, 1, False, a, b, new, made=True)
+        if sac is not None and self._float8_recipe == "tensorwise":  # its casts' amaxes
+            held = self._float8_amaxes.get(id(sac.storage), [])
+            del held[: 1 if self._float8_gathered else 2]
+        del entry  # the cached output, if any: freed now
+        if cached:
+            return
+        if self._tp is not None:  # one rank's share of the multiply, as _count_kernel's
+            tp = self._tp.size
+            sa, sb = self._local_numel(a) < a.numel(), self._local_numel(b) < b.numel()
+            if sa and sb:
+                k = -(-k // tp)
+            elif sb:
+                n = -(-n // tp)
+            elif sa:
+                m = -(-m // tp)
+        if float8:
+            self._add_kernel(("gemm", 1, m, n, k, 1, 1), 1, m * k + k * n + m * n * isz)
+        else:
+            self._add_kernel(("gemm", 1, m, n, k, 1, isz), 1, (m * k + k * n + m * n) * isz)
 
     def _float8_over(self: Float8Host, kind: int, extras: list[int]) -> None:
         """Moments of torchao's float8 linear the trace does not hold: ``extras`` bytes

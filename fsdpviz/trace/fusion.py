@@ -82,6 +82,14 @@ class ModuleScope:
             h.remove()
         self._handles.clear()
 
+    def abandon(self) -> None:
+        """The region that began last never returns: an activation checkpoint's
+        recomputation stopped inside it (``_StopRecomputationError``, raised once the last
+        tensor the checkpoint saved is recomputed), so its forward hook does not run."""
+        self.depth -= 1
+        if self._starts:
+            self._starts.pop()
+
     def _enter(self, module: nn.Module | None, args: Any) -> None:
         self.depth += 1
         self._starts.append(_sequence_nr())

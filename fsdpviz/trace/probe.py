@@ -144,6 +144,20 @@ class CostProbe(
         self._region_extras: list[torch.Tensor] = []
         self._region_handles = self._region_hooks(compiled_checkpoints or [])
         self._float8 = ModuleScope("float8", float8) if float8 else None
+        # a float8 linear whose forward a checkpoint's recomputation runs: its input and
+        # weight, until the forward returns (see Float8Accounting._float8_stopped)
+        self._float8_running: tuple[torch.Tensor, Any, Any] | None = None
+        self._float8_amaxes: dict[int, list[torch.Tensor]] = {}
+        self._float8_sac: Any = None
+        self._float8_seen = False
+        self._float8_hooks = [
+            h
+            for m in float8 or ()
+            for h in (
+                m.register_forward_pre_hook(self._float8_enter),
+                m.register_forward_hook(self._float8_leave),
+            )
+        ]
         self._float8_gathered = float8_weights_gathered
         self._float8_recipe = float8_recipe
         self._float8_fused = float8_fused  # the job compiles: casts in compiled modules fused
@@ -251,6 +265,9 @@ class CostProbe(
         self._region_handles.clear()
         if self._float8 is not None:
             self._float8.remove()
+        for h in self._float8_hooks:
+            h.remove()
+        self._float8_hooks.clear()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -266,6 +283,8 @@ class CostProbe(
         kwargs = kwargs or {}
         loss = self._loss
         backward = torch._C._current_graph_task_id() != -1
+        if self._float8_running is not None and not recomputing():
+            self._float8_stopped()
         if loss is not None and loss.forward_done and backward and not loss.captures():
             self._end_loss()  # the compiled loss's backward is over
         tp = self._tp
