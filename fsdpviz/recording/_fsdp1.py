@@ -39,6 +39,7 @@ from torch.distributed.fsdp._common_utils import HandleTrainingState, clean_tens
 
 from fsdpviz.plan.fsdp1 import FlatLayout, optimizer_fields
 from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
 
@@ -315,7 +316,7 @@ class FSDP1Recorder(EventLog):
             handle = fsdp._handle
             if handle is None:  # no parameters of its own, a sharding strategy still
                 strategy = fsdp.sharding_strategy.name
-                out.append(Unit(module=fqn, module_class=type(inner).__name__, params=[],
+                out.append(Unit(module=fqn, module_class=unwrapped_class(inner), params=[],
                                 sharding_strategy=strategy))  # fmt: skip
                 continue
             fp = handle.flat_param
@@ -334,7 +335,7 @@ class FSDP1Recorder(EventLog):
             out.append(
                 Unit(
                     module=fqn,
-                    module_class=type(inner).__name__,
+                    module_class=unwrapped_class(inner),
                     params=[join(f) for f in fp._fqns],
                     shared_params=shared,
                     numel=sum(fp._numels),

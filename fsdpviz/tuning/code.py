@@ -35,11 +35,13 @@ def configuration_code(c: Candidate, style: str = "python") -> str:
     kw = c.kwargs
     api = c.report.config.api
     lines = ["import torch"]
-    lines += checkpointing_code(kw.get("activation_checkpointing"))
+    checkpointing = checkpointing_code(kw.get("activation_checkpointing"), api)
+    if api == "FSDP2":
+        lines += checkpointing
     if c.report.pipeline is not None:
         lines += pipeline_code(c)
         return "\n".join(lines)
-    lines += fsdp2_code(c) if api == "FSDP2" else fsdp1_code(c)
+    lines += fsdp2_code(c) if api == "FSDP2" else [*fsdp1_code(c), *checkpointing]
     lines += loop_code(c)
     return "\n".join(lines)
 

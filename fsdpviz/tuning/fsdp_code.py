@@ -21,6 +21,7 @@ class Candidate(Protocol):
 
     knobs: dict[str, str]
     kwargs: TuneKwargs
+    inputs: Any
     report: Report
     micro_batch: int
     grad_accum: int
@@ -40,12 +41,41 @@ def _class_names(spec: Any) -> list[str]:
     return sorted(getattr(c, "__name__", str(c)) for c in items)
 
 
-def checkpointing_code(spec: Any) -> list[str]:
+def classes_code(classes: Any) -> tuple[str, str]:
+    """Module classes as the code names them: torch's own as ``torch.nn.Embedding``, the
+    model's bare (and a comment that asks for their import, ``""`` where none is needed)."""
+    items = classes if isinstance(classes, (list, tuple, set, frozenset)) else [classes]
+    names: list[str] = []
+    yours: list[str] = []
+    for cls in items:
+        name = getattr(cls, "__name__", str(cls))
+        if getattr(torch.nn, name, None) is cls:
+            names.append(f"torch.nn.{name}")
+        else:
+            names.append(name)
+            yours.append(name)
+    comment = f"  # import {', '.join(sorted(yours))} from your model's module" if yours else ""
+    return ", ".join(sorted(names)), comment
+
+
+def checkpointing_code(spec: Any, api: str = "FSDP2") -> list[str]:
+    """``apply_activation_checkpointing`` of ``spec``'s modules. FSDP2: before
+    ``fully_shard`` (torchtitan's and accelerate's order), each block's checkpoint wrapper
+    sharded as the block; FSDP1: after ``FullyShardedDataParallel`` (accelerate's order),
+    inside each unit, so that the wrap policy meets the blocks themselves and the
+    recomputation in backward runs within the unit's unsharded parameters (before FSDP1, the
+    policy would wrap the block inside its checkpoint wrapper, whose recomputation then
+    all-gathers the unit again)."""
     if spec is None:
         return []
+    when = (
+        "before fully_shard (as torchtitan and accelerate apply it)"
+        if api == "FSDP2"
+        else "inside the FSDP units: after FSDP, as accelerate applies it"
+    )
     lines = [
         "",
-        "# activation checkpointing, before fully_shard (as torchtitan and accelerate apply it)",
+        f"# activation checkpointing, {when}",
         "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
         "    apply_activation_checkpointing, checkpoint_wrapper,",
         ")",
@@ -56,7 +86,8 @@ def checkpointing_code(spec: Any) -> list[str]:
         names: list[str] = []
     else:
         names = _class_names(modules)
-        lines.append(f"blocks = ({', '.join(names)},)  # import them from your model's module")
+        code, comment = classes_code(modules)
+        lines.append(f"blocks = ({code},){comment}")
     if isinstance(spec, CheckpointEvery) and spec.every > 1:
         lines += [
             "picked = [m for m in model.modules() if isinstance(m, blocks)]",
@@ -67,7 +98,9 @@ def checkpointing_code(spec: Any) -> list[str]:
     elif names:
         lines.append("check_fn = lambda m: isinstance(m, blocks)")
     if isinstance(spec, SelectiveCheckpoint):
-        ops = sorted(str(op) for op in spec.save_ops if "for_cpu" not in str(op))
+        # every operator of the plan's policy: the CPU's fused attention too, which a GPU
+        # never calls and a run on the CPU saves as the plan does
+        ops = sorted(str(op) for op in spec.save_ops)
         lines += [
             "import functools",
             "from torch.utils.checkpoint import (",
@@ -111,9 +144,9 @@ def _nth(n: int) -> str:
 
 
 def _op_code(op: str) -> str:
-    if op.startswith("_c10d_functional."):
-        return f"torch.ops.{op}"
-    return op if op.startswith("torch.ops.") else f"torch.ops.aten.{op}"
+    """An operator as Python names it: ``str(torch.ops.aten.mm.default)`` is
+    ``"aten.mm.default"`` (namespace, name, overload), ``torch.ops.`` before it."""
+    return op if op.startswith("torch.ops.") else f"torch.ops.{op}"
 
 
 def _wrapped(name: str, spec: Any, c: Candidate) -> str:
@@ -138,6 +171,8 @@ def _checkpointed_blocks(c: Candidate) -> list[str]:
     for f in found:
         if not any(f.startswith(o + ".") for o in out):
             out.append(f)
+    if isinstance(spec, CheckpointEvery):  # the n-th, 2n-th, ... block, counting from 1
+        return out[spec.every - 1 :: spec.every]
     return out
 
 
@@ -244,7 +279,10 @@ def shard_calls(
         if run > 2:
             parent = groups[i].rsplit(".", 1)[0]
             extra = [*common, *([RESHARD.code(value)] if value is not None else [])]
-            lines.append(f"for block in model.get_submodule({parent!r}):")
+            # the first ``run`` children, where the container holds more (a later one
+            # sharded with other options, or not at all)
+            part = "" if run == _numbered_children(c, parent) else f"[:{run}]"
+            lines.append(f"for block in model.get_submodule({parent!r}){part}:")
             lines.append(f"    fully_shard(block, {', '.join(extra)})")
             i += run
             continue
@@ -264,6 +302,12 @@ def shard_calls(
         lines.append(f"fully_shard({target}, {', '.join(args)})")
         i += 1
     return lines
+
+
+def _numbered_children(c: Candidate, parent: str) -> int:
+    """How many children ``parent`` (a ``ModuleList`` or ``Sequential``) holds."""
+    pattern = re.compile(re.escape(parent) + r"\.\d+")
+    return sum(1 for m in c.report.modules if pattern.fullmatch(m.fqn))
 
 
 def _numbered_run(groups: list[str], start: int, raf: Any) -> int:
@@ -290,12 +334,13 @@ def fsdp1_code(c: Candidate) -> list[str]:
     policy = kw.get("auto_wrap_policy")
     lines = [""]
     if policy is not None:
-        classes = sorted(
-            getattr(p, "__name__", str(p)) for p in getattr(policy, "_module_classes", ())
-        )
+        classes = list(getattr(policy, "_module_classes", ()))
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
         if classes:
-            args.append(f"auto_wrap_policy=ModuleWrapPolicy({{{', '.join(classes)}}})")
+            code, comment = classes_code(classes)
+            if comment:
+                lines.append(comment.strip())
+            args.append(f"auto_wrap_policy=ModuleWrapPolicy({{{code}}})")
         else:
             args.append("auto_wrap_policy=...  # your policy, as given to fsdpviz")
     args.append(OPTIONS["sharding_strategy"].code(cfg.sharding_strategy))
@@ -318,13 +363,20 @@ def fsdp1_code(c: Candidate) -> list[str]:
         args.append("cpu_offload=CPUOffload(offload_params=True)")
     if cfg.use_orig_params:
         args.append(OPTIONS["use_orig_params"].code(True))
+    if cfg.process_group_size and cfg.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        # the shard groups as planned: without a mesh FSDP1 shards within each machine's
+        # visible GPUs (torch.cuda.device_count(), _init_process_group_state_for_hybrid_shard)
+        shard = cfg.process_group_size
+        lines.append("from torch.distributed.device_mesh import init_device_mesh")
+        lines.append(
+            f"# hybrid sharding: shard within groups of {shard} ranks, replicated across them"
+        )
+        args.append(
+            f'device_mesh=init_device_mesh("cuda", ({cfg.ranks // shard}, {shard}), '
+            'mesh_dim_names=("replicate", "shard"))'
+        )
     args.append("device_id=torch.cuda.current_device()")
     lines.insert(1, f"from torch.distributed.fsdp import {', '.join(names)}")
-    if cfg.process_group_size and cfg.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
-        lines.append(
-            f"# hybrid sharding: shard within groups of {cfg.process_group_size} ranks "
-            '(device_mesh=init_device_mesh("cuda", (replicas, shard)))'
-        )
     lines.append("model = FSDP(")
     lines += [f"    model, {args[0]}," if i == 0 else f"    {a}," for i, a in enumerate(args)]
     lines.append(")")
@@ -332,22 +384,47 @@ def fsdp1_code(c: Candidate) -> list[str]:
 
 
 # ------------------------------------------------------------------- the loop
+def _model_call(inputs: Any, m: int) -> tuple[str, str]:
+    """How the loop cuts a micro-batch of ``m`` samples from ``batch`` (the slice at ``i``,
+    as code) and calls the model with it, for inputs shaped as the candidate's: a tensor, a
+    tuple of them, or keywords (those that are no tensor, as Hugging Face's
+    ``use_cache=False``, passed as the configuration was planned with them)."""
+    if isinstance(inputs, Mapping):
+        fixed = "".join(
+            f", {k}={v!r}" for k, v in inputs.items() if not isinstance(v, torch.Tensor)
+        )
+        return f"{{k: v[i : i + {m}] for k, v in batch.items()}}", f"model(**micro_batch{fixed})"
+    if isinstance(inputs, (tuple, list)):
+        return f"tuple(v[i : i + {m}] for v in batch)", "model(*micro_batch)"
+    return f"batch[i : i + {m}]", "model(micro_batch)"
+
+
 def loop_code(c: Candidate) -> list[str]:
     n = c.grad_accum
+    m = c.micro_batch
     api = c.report.config.api
+    cut, call = _model_call(c.inputs, m)
     if n <= 1:
         return [
             "",
-            f"# each step: one forward and backward of {c.micro_batch} samples per rank, then",
-            "# optimizer.step(); optimizer.zero_grad()",
+            f"# each step: one forward and backward of {m} samples per rank (batch)",
+            f"loss_fn({call.replace('micro_batch', 'batch')}).backward()",
+            "optimizer.step()",
+            "optimizer.zero_grad()",
         ]
+    head = [
+        f"# batch: one rank's {n * m} samples of a step, cut into micro-batches of {m}",
+        f"micro_batches = [{cut} for i in range(0, {n * m}, {m})]",
+    ]
+    backward = f"(loss_fn({call}) / {n}).backward()"
     if c.sync_each:
         return [
             "",
-            f"# each optimizer step: {n} micro-batches of {c.micro_batch} samples per rank, the",
+            f"# each optimizer step: {n} micro-batches of {m} samples per rank, the",
             "# gradients reduced after each backward (FSDP's default) and added up",
-            f"for micro_batch in batch.split({c.micro_batch}):",
-            f"    (loss_fn(model(micro_batch)) / {n}).backward()",
+            *head,
+            "for micro_batch in micro_batches:",
+            f"    {backward}",
             "optimizer.step()",
             "optimizer.zero_grad()",
         ]
@@ -358,20 +435,21 @@ def loop_code(c: Candidate) -> list[str]:
     )
     lines = [
         "",
-        f"# each optimizer step: {n} micro-batches of {c.micro_batch} samples per rank, the",
+        f"# each optimizer step: {n} micro-batches of {m} samples per rank, the",
         "# gradients reduced only after the last (FSDP's gradient accumulation)",
     ]
     if api != "FSDP2":
         lines.append("import contextlib")
     lines += [
-        f"for i, micro_batch in enumerate(batch.split({c.micro_batch})):",
+        *head,
+        "for i, micro_batch in enumerate(micro_batches):",
         f"    last = i == {n - 1}",
         f"    {sync}",
     ]
     if api == "FSDP2":
-        lines.append(f"    (loss_fn(model(micro_batch)) / {n}).backward()")
+        lines.append(f"    {backward}")
     else:
-        lines += ["    with ctx:", f"        (loss_fn(model(micro_batch)) / {n}).backward()"]
+        lines += ["    with ctx:", f"        {backward}"]
     lines += ["optimizer.step()", "optimizer.zero_grad()"]
     return lines
 

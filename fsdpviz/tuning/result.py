@@ -176,7 +176,9 @@ class Candidate:
         """The code to run this configuration: ``"python"`` (the ``fully_shard`` or
         ``FullyShardedDataParallel`` calls, checkpointing and the micro-batch loop),
         ``"torchtitan"`` (the job TOML's keys) or ``"accelerate"`` (the config YAML's
-        ``fsdp_config``)."""
+        ``fsdp_config``). The Python runs as printed in a script that has ``model``,
+        ``batch`` (one rank's samples of an optimizer step), ``loss_fn``, ``optimizer`` and
+        the model's classes its comments name."""
         return configuration_code(self, style)
 
     def verdict(self) -> str:

@@ -29,7 +29,11 @@ def torchtitan_toml(c: Candidate) -> str:
     reduce = getattr(mp, "reduce_dtype", None) or param
     tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
     raf = reshard_given(kw)
-    policy = reshard_policy(raf)
+    pipe = c.report.pipeline
+    # the value each group was planned with (a mapping names some groups, the others take
+    # torch's default), the root aside: torchtitan's policies set the groups below it
+    applied = {u: v for u, v in cfg.reshard_after_forward.items() if u}
+    policy = reshard_policy(applied if applied and pipe is None else raf)
     if policy is None:
         policy = "default"
         given = dict(raf) if isinstance(raf, Mapping) else raf
@@ -42,7 +46,6 @@ def torchtitan_toml(c: Candidate) -> str:
     if cfg.mesh is not None and not cfg.tp_world_size:
         replicate = cfg.ranks // cfg.shard_ranks
         dp = cfg.shard_ranks
-    pipe = c.report.pipeline
     if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
         mesh = dict(cfg.mesh or {})
         replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
@@ -133,7 +136,8 @@ def accelerate_yaml(c: Candidate) -> str:
     block = _block_name(c)
     out = [
         "distributed_type: FSDP",
-        f"mixed_precision: {mixed}",
+        # quoted: YAML reads a bare `no` as false, which accelerate launch cannot lower()
+        f"mixed_precision: {json.dumps(mixed) if mixed == 'no' else mixed}",
         f"num_processes: {cfg.ranks}",
         "fsdp_config:",
         f"  fsdp_version: {2 if fsdp2 else 1}",

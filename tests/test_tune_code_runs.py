@@ -1,0 +1,480 @@
+"""tune's code, run: each configuration's ``Candidate.code()`` executed as printed on real
+FSDP (the fake process group's 4 ranks, on the CPU), its loop trained for three optimizer
+steps and recorded, and the recording compared with the configuration's plan: the units
+(which modules are sharded, their parameters and dtypes), the events of every micro-step in
+order (resharding after forward included), the modules checkpointed and, per operator, what
+the policy saves. The one edit: the device mesh (and FSDP1's ``device_id``) on ``"cpu"``
+instead of ``"cuda"``.
+
+The configurations are a cover of two exhaustive searches (the knobs traced, the knobs
+replayed): every pair of values of two knobs, on a plain ``nn.Module`` and a Hugging Face
+Llama, FSDP2 and FSDP1. A machine of two GPUs a node makes the 4 ranks two nodes, so that
+the resharding to a node (an int) and HSDP are among them. Also the torchtitan TOML and the
+accelerate YAML of each, their keys against the configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tomllib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+import torch
+import yaml
+from fsdp_harness import assert_same_accumulation, assert_same_schedule
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.utils.checkpoint import CheckpointPolicy
+
+import fsdpviz
+from fsdpviz.cost import machine
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
+from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.trace.checkpointing import checkpointed_modules
+from fsdpviz.trace.tracker import default_loss
+from fsdpviz.tuning import Candidate, Tuning
+from fsdpviz.tuning.code import configuration_code
+from fsdpviz.tuning.fsdp_code import Candidate as CodeOf
+from fsdpviz.tuning.space import TuneKwargs
+
+TWO_A_NODE = machine("h100", gpus_per_node=2)
+CONFIG = ExampleConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_heads=4)
+STEPS = 3
+
+
+def _plain() -> nn.Module:
+    torch.manual_seed(0)
+    return example_model(CONFIG, device="cpu")
+
+
+def _llama() -> nn.Module:
+    import hf_models
+
+    torch.manual_seed(0)
+    return hf_models.llama()[0]
+
+
+def _ids(vocab: int, batch: int = 4, seq: int = 16) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(0, vocab, (batch, seq), generator=g)}
+
+
+def _block(name: str) -> type[nn.Module]:
+    if name == "plain":
+        return DecoderLayer
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return LlamaDecoderLayer
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
+    "plain": (_plain, 128),
+    "llama": (_llama, 96),
+}
+
+
+# What the searches turn: the knobs that change what is traced (each configuration traced),
+# and those replayed from a trace (FSDP's options, the mesh, offload), apart: every
+# combination of each set, of which the tests run a cover.
+KNOB_SETS = {
+    "traced": ("wrap", "activation_checkpointing", "micro_batch"),
+    "replayed": (
+        "reshard_after_forward", "mesh", "precision", "cpu_offload", "backward_prefetch",
+        "forward_prefetch",
+    ),
+}  # fmt: skip
+
+
+def _tune(name: str, api: str, knobs: tuple[str, ...]) -> Tuning:
+    build, vocab = MODELS[name]
+    block = _block(name)
+    mine: dict[str, Any] = (
+        {"fully_shard": [block]}
+        if api == "FSDP2"
+        else {"auto_wrap_policy": ModuleWrapPolicy({block})}
+    )
+    return fsdpviz.tune(
+        build(),
+        _ids(vocab),
+        world_size=4,
+        machine=TWO_A_NODE,
+        exhaustive=True,
+        knobs=knobs,
+        allow=("cpu_offload",),
+        memory_budget=1 << 40,
+        progress=False,
+        workers=1,
+        **mine,
+    )
+
+
+def cover(candidates: list[Candidate]) -> list[Candidate]:
+    """Few configurations that hold every pair of values of two knobs (greedy: the one that
+    adds the most pairs first, the search's order breaking ties)."""
+
+    def pairs(c: Candidate) -> set[tuple[str, str, str, str]]:
+        items = sorted(c.knobs.items())
+        return {(k, v, k2, v2) for i, (k, v) in enumerate(items) for k2, v2 in items[i:]}
+
+    left = set().union(*(pairs(c) for c in candidates))
+    out: list[Candidate] = []
+    while left:
+        best = max(candidates, key=lambda c: len(pairs(c) & left))
+        out.append(best)
+        left -= pairs(best)
+    return out
+
+
+# ------------------------------------------------------------------ running the code
+def on_cpu(code: str) -> str:
+    """The code as printed, its device mesh (and FSDP1's device) on the CPU."""
+    return code.replace('init_device_mesh("cuda"', 'init_device_mesh("cpu"').replace(
+        "device_id=torch.cuda.current_device()", 'device_id=torch.device("cpu")'
+    )
+
+
+class _Optimizer:
+    """What the loop calls: ``step`` (the plan has no optimizer's events) and ``zero_grad``,
+    which drops the gradients as an optimizer's does."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def _policies_logged(log: list[list[tuple[Any, bool, CheckpointPolicy]]]) -> Iterator[None]:
+    """Each selective checkpoint region's decisions, ``(operator, recomputing, policy)``, as
+    the emitted policy makes them (``create_selective_checkpoint_contexts`` wrapped)."""
+    import torch.utils.checkpoint as cp
+
+    made = cp.create_selective_checkpoint_contexts
+
+    def logging(policy: Any, *args: Any, **kwargs: Any) -> Any:
+        region: list[tuple[Any, bool, CheckpointPolicy]] = []
+        log.append(region)
+
+        def logged(ctx: Any, func: Any, *a: Any, **kw: Any) -> CheckpointPolicy:
+            decision: CheckpointPolicy = policy(ctx, func, *a, **kw)
+            region.append((func, ctx.is_recompute, decision))
+            return decision
+
+        return made(logged, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    cp.create_selective_checkpoint_contexts = logging  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cp.create_selective_checkpoint_contexts = made
+
+
+def run(
+    c: CodeOf, build: Callable[[], nn.Module]
+) -> tuple[nn.Module, fsdpviz.Report, list[list[tuple[Any, bool, CheckpointPolicy]]]]:
+    """Execute ``c``'s code on ``build()`` and train ``STEPS`` optimizer steps with its loop,
+    recorded."""
+    setup, _, loop = on_cpu(configuration_code(c)).partition("\n# each")
+    assert loop, "the code has no loop"
+    model = build()
+    # the model's classes, imported as the code's comments ask
+    ns: dict[str, Any] = {"model": model, **{type(m).__name__: type(m) for m in model.modules()}}
+    n = c.grad_accum
+    batch = {
+        k: v.repeat(n, 1) for k, v in c.inputs.items() if isinstance(v, torch.Tensor)
+    }  # one rank's samples of a step: the micro-batch's, n times
+    log: list[list[tuple[Any, bool, CheckpointPolicy]]] = []
+    recorder = fsdpviz.FSDP2Recorder if c.report.config.api == "FSDP2" else fsdpviz.FSDP1Recorder
+    with warnings.catch_warnings(), _policies_logged(log):
+        warnings.simplefilter("ignore")
+        exec(compile(setup, "<tune code>", "exec"), ns)
+        model = ns["model"]
+        step = compile("# each" + loop, "<tune loop>", "exec")
+        with recorder(model) as rec:
+            for _ in range(STEPS):
+                exec(
+                    step,
+                    {**ns, "batch": batch, "loss_fn": default_loss, "optimizer": _Optimizer(model)},
+                )
+    return model, rec.report(), log
+
+
+# ------------------------------------------------------------------ what is compared
+def assert_ran_as_planned(c: CodeOf, real: fsdpviz.Report) -> None:
+    """The recording is the plan, event for event: every micro-step of it where the
+    gradients are reduced only after the last, else (each micro-step reducing) the plan of
+    one micro-step, its steady state repeated."""
+    assert len(real.iterations) == STEPS * c.grad_accum
+    if c.grad_accum > 1 and not c.sync_each:
+        assert_same_accumulation(real, c.report, c.grad_accum)
+        return
+    assert_same_schedule(real, c.report)
+    steady = [e.to_dict() for e in real.iterations[1]]
+    assert all([e.to_dict() for e in it] == steady for it in real.iterations[1:])
+
+
+def _unwrapped(name: str) -> str:
+    for part in ("._fsdp_wrapped_module", "._checkpoint_wrapped_module", "_fsdp_wrapped_module."):
+        name = name.replace(part, "")
+    return name
+
+
+def assert_checkpointed_as_planned(
+    c: CodeOf, model: nn.Module, build: Callable[[], nn.Module], log: list[Any]
+) -> None:
+    spec = c.kwargs.get("activation_checkpointing")
+    wrappers = {
+        _unwrapped(n): m for n, m in model.named_modules() if isinstance(m, CheckpointWrapper)
+    }
+    fresh = build()
+    names = {id(m): n for n, m in fresh.named_modules()}
+    planned = [names[id(m)] for m in checkpointed_modules(fresh, spec)]
+    assert sorted(wrappers) == sorted(planned), c.knobs
+    stated = c.report.config.activation_checkpointing
+    assert (stated or {}).get("modules", 0) == len(planned)
+    if not isinstance(spec, SelectiveCheckpoint):
+        assert not log, "a policy where the plan checkpoints whole modules"
+        return
+    assert stated is not None and stated["mode"] == "selective"
+    # every region (a block's forward and its recomputation) decides as SelectiveCheckpoint says
+    assert len(log) == len(planned) * STEPS * c.grad_accum  # one a forward and its recomputation
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}
+    saved = 0
+    for region in log:
+        counts = {False: 0, True: 0}
+        for func, recomputing, decision in region:
+            if func in matmuls:
+                counts[recomputing] += 1
+            every = spec.recompute_every_mm
+            save = func in spec.save_ops and not (
+                func in matmuls and every and counts[recomputing] % every == 0
+            )
+            want = CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+            assert decision == want, (func, recomputing, counts)
+            saved += save
+    assert saved  # the multiplies and the attention the plan saves met the policy
+
+
+# ------------------------------------------------------------------ the trainers' keys
+def assert_trainer_keys(c: Candidate) -> None:
+    cfg = c.report.config
+    spec = c.kwargs.get("activation_checkpointing")
+    raf = c.kwargs.get("reshard_after_forward")
+    offload = c.kwargs.get("offload_policy", c.kwargs.get("cpu_offload")) is not None
+    mp = c.kwargs.get("mp_policy", c.kwargs.get("mixed_precision"))
+    param = getattr(mp, "param_dtype", None)
+    acc = yaml.safe_load(c.code("accelerate"))
+    fsdp = acc["fsdp_config"]
+    assert acc["num_processes"] == c.world_size
+    assert acc["mixed_precision"] == {torch.bfloat16: "bf16"}.get(param, "no")  # type: ignore[arg-type]
+    assert fsdp["fsdp_version"] == (2 if cfg.api == "FSDP2" else 1)
+    assert fsdp["fsdp_activation_checkpointing"] is (spec is not None)
+    assert fsdp["fsdp_offload_params"] is offload
+    if cfg.api == "FSDP2":
+        assert fsdp["fsdp_reshard_after_forward"] is (raf is not False)
+    else:
+        assert fsdp["fsdp_sharding_strategy"] == cfg.sharding_strategy
+        assert fsdp["fsdp_backward_prefetch"] == (cfg.backward_prefetch or "NO_PREFETCH")
+        assert fsdp["fsdp_forward_prefetch"] is cfg.forward_prefetch
+    if cfg.api != "FSDP2":
+        return
+    titan = tomllib.loads(c.code("torchtitan"))
+    training, par, ac = titan["training"], titan["parallelism"], titan["activation_checkpoint"]
+    assert training["local_batch_size"] == c.micro_batch
+    assert training["global_batch_size"] == c.micro_batch * c.grad_accum * c.world_size
+    assert training["mixed_precision_param"] == (
+        "bfloat16" if param is torch.bfloat16 else "float32"
+    )
+    shard = cfg.shard_ranks
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == c.world_size
+    assert par["data_parallel_shard_degree"] == shard
+    assert training.get("enable_cpu_offload", False) is offload
+    # torchtitan's policy gives the groups below the root the values the plan applied
+    applied = [v for u, v in cfg.reshard_after_forward.items() if u]
+    if not applied:  # the root alone: torchtitan shards its blocks, and says so
+        assert "# note: units 'the root alone'" in c.code("torchtitan")
+    elif all(isinstance(v, bool) for v in applied):
+        made = {
+            "always": [True] * len(applied),
+            "never": [False] * len(applied),
+            "default": [True] * (len(applied) - 1) + [False],
+        }
+        assert made[par["fsdp_reshard_after_forward"]] == applied
+    else:  # to a node: torchtitan has no key for it, and says so
+        assert "# note: reshard_after_forward=" in c.code("torchtitan")
+    if spec is None:
+        assert ac["mode"] == "none"
+    elif isinstance(spec, SelectiveCheckpoint):
+        assert (ac["mode"], ac["selective_ac_option"]) == ("selective", "op")
+    elif isinstance(spec, CheckpointEvery):
+        assert (ac["mode"], ac["selective_ac_option"]) == ("selective", str(spec.every))
+    else:
+        assert ac["mode"] == "full"
+
+
+# ------------------------------------------------------------------ the tests
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs", list(KNOB_SETS))
+@pytest.mark.parametrize("api", ["FSDP2", "FSDP1"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_code_tune_prints_runs_as_planned(
+    fake_pg: int, name: str, api: str, knobs: str
+) -> None:
+    assert fake_pg == 4
+    tuning = _tune(name, api, KNOB_SETS[knobs])
+    build = MODELS[name][0]
+    picked = cover(tuning.candidates)
+    assert len(picked) < len(tuning.candidates)
+    for c in picked:
+        assert_trainer_keys(c)
+        if c.knobs["cpu_offload"] == "on":  # FSDP's CPU offload pins memory: a GPU's
+            code = c.code()
+            calls = [line for line in code.splitlines() if line.strip().startswith("fully_shard(")]
+            if api == "FSDP2":
+                assert calls and all("offload_policy=CPUOffloadPolicy()" in x for x in calls)
+            else:
+                assert "cpu_offload=CPUOffload(offload_params=True)," in code
+            continue
+        model, real, log = run(c, build)
+        assert_ran_as_planned(c, real)
+        assert_checkpointed_as_planned(c, model, build, log)
+
+
+# ------------------------------------------------------------------ one configuration each
+@dataclass
+class Planned:
+    """A configuration as ``analyze`` plans it, its code written as tune writes a
+    candidate's."""
+
+    kwargs: TuneKwargs
+    inputs: Any
+    report: fsdpviz.Report
+    micro_batch: int
+    grad_accum: int = 1
+    sync_each: bool = False
+    knobs: dict[str, str] = field(default_factory=dict)
+
+
+def planned(model: nn.Module, inputs: Any, **kwargs: Any) -> Planned:
+    report = fsdpviz.analyze(model, inputs, world_size=4, progress=False, **kwargs)
+    micro = len(inputs["input_ids"])
+    return Planned(cast(TuneKwargs, kwargs), inputs, report, micro, kwargs.get("grad_accum", 1))
+
+
+def check(model: Callable[[], nn.Module], inputs: Any, **kwargs: Any) -> tuple[str, Any]:
+    """Run the configuration's code, check it did what the plan says; the code and the log
+    of per-operator decisions."""
+    c = planned(model(), inputs, **kwargs)
+    real_model, real, log = run(c, model)
+    assert_ran_as_planned(c, real)
+    assert_checkpointed_as_planned(c, real_model, model, log)
+    return configuration_code(c), log
+
+
+BLOCKS = [f"layers.{i}" for i in range(4)]
+
+
+def test_per_op_checkpointing_code_names_torch_operators(fake_pg: int) -> None:
+    """``aten.mm.default`` is ``torch.ops.aten.mm.default`` (the code said
+    ``torch.ops.aten.aten.mm.default``: an AttributeError), and the policy saves what the
+    plan's does, the CPU's fused attention too."""
+    code, log = check(
+        _plain,
+        _ids(128),
+        fully_shard=BLOCKS,
+        activation_checkpointing=SelectiveCheckpoint([DecoderLayer]),
+    )
+    assert "torch.ops.aten.mm.default," in code and "aten.aten" not in code
+    saved = {f for region in log for f, _, d in region if d == CheckpointPolicy.MUST_SAVE}
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in saved
+    assert torch.ops.aten.mm.default in saved
+
+
+def test_blocks_before_one_kept_unsharded_are_looped_over_alone(fake_pg: int) -> None:
+    """Blocks 0-2 resharded and block 3 kept: the loop shards the first three only (it
+    looped over all four, and block 3's own call then failed: fully_shard applied twice)."""
+    code, _ = check(
+        _plain, _ids(128), fully_shard=BLOCKS, reshard_after_forward={"layers.3": False}
+    )
+    assert "for block in model.get_submodule('layers')[:3]:" in code
+
+
+def test_every_second_block_checkpointed_under_units_of_its_children(fake_pg: int) -> None:
+    """Every 2nd block checkpointed, its children the units: only those blocks' children are
+    inside a checkpoint wrapper (the code named every block's so)."""
+    children = [f"layers.{i}.{c}" for i in range(4) for c in ("self_attn", "mlp")]
+    code, _ = check(
+        _plain,
+        _ids(128),
+        fully_shard=children,
+        activation_checkpointing=CheckpointEvery([DecoderLayer], 2),
+    )
+    assert "'layers.1._checkpoint_wrapped_module.mlp'" in code
+    assert "'layers.0.mlp'" in code
+
+
+def test_fsdp1_checkpoints_inside_its_units(fake_pg: int) -> None:
+    """FSDP1: checkpointing applied after FSDP (accelerate's order), inside each unit, as
+    planned; applied before, the policy wrapped each block inside its checkpoint wrapper and
+    the recomputation all-gathered the unit again. The recording names the unit's class as
+    the block's (it said ``CheckpointWrapper``)."""
+    code, _ = check(
+        _plain,
+        _ids(128),
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        activation_checkpointing=[DecoderLayer],
+    )
+    assert code.index("model = FSDP(") < code.index("apply_activation_checkpointing(")
+
+
+def test_fsdp1_names_torchs_classes_and_its_hybrid_shard_groups(fake_pg: int) -> None:
+    """``torch.nn.Embedding`` in the wrap policy (a bare ``Embedding`` was undefined), and
+    hybrid sharding's groups as planned, by a device mesh (FSDP1 otherwise shards within the
+    machine's visible GPUs)."""
+    code, _ = check(
+        _plain,
+        _ids(128),
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer, nn.Embedding}),
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        shard_group_size=2,
+    )
+    assert "ModuleWrapPolicy({DecoderLayer, torch.nn.Embedding})" in code
+    assert 'device_mesh=init_device_mesh("cuda", (2, 2)' in code
+
+
+@pytest.mark.parametrize("sync_each", [False, True])
+def test_the_loop_cuts_keyword_inputs(fake_pg: int, sync_each: bool) -> None:
+    """Inputs as keywords (a dict, as Hugging Face's): the loop cuts each tensor into
+    micro-batches and passes the others as planned (it called ``batch.split`` on the dict)."""
+    c = planned(_plain(), _ids(128, batch=2), fully_shard=BLOCKS, grad_accum=2)
+    if sync_each:  # one micro-step's plan, its gradients reduced each time
+        c = planned(_plain(), _ids(128, batch=2), fully_shard=BLOCKS)
+        c.grad_accum, c.sync_each = 2, True
+    _, real, _ = run(c, _plain)
+    assert_ran_as_planned(c, real)
+    inputs = {**_ids(96, batch=2), "use_cache": False}
+    hf = planned(_llama(), inputs, fully_shard=["model.layers.0"], grad_accum=2)
+    code = configuration_code(hf)
+    assert "model(**micro_batch, use_cache=False)" in code
+    _, real, _ = run(hf, _llama)
+    assert_ran_as_planned(hf, real)
+
+
+def test_trainer_keys_of_a_plan() -> None:
+    """accelerate's ``mixed_precision: "no"`` quoted (bare, YAML reads false, which
+    accelerate launch cannot lower()); torchtitan's resharding policy of one block kept
+    unsharded, the others torch's default, is ``default`` (it said ``never``)."""
+    c = planned(_plain(), _ids(128), fully_shard=BLOCKS, reshard_after_forward={"layers.3": False})
+    assert yaml.safe_load(configuration_code(c, "accelerate"))["mixed_precision"] == "no"
+    titan = tomllib.loads(configuration_code(c, "torchtitan"))
+    assert titan["parallelism"]["fsdp_reshard_after_forward"] == "default"
