@@ -38,6 +38,11 @@ def test_fsdp1_options_are_frozen_and_replace_checks_the_change() -> None:
     assert (hybrid.hybrid, hybrid.shard_group_size, hybrid.process_group_size) == (True, 8, 8)
     with pytest.raises(ConfigError, match="must be a positive divisor of world_size=16"):
         hybrid.replace(shard_group_size=3)
+    # a string strategy with a group size: the string is what is wrong, and how to write it
+    with pytest.raises(ConfigError, match=r"'HYBRID_SHARD' is a string.*ShardingStrategy\.HYBRID"):
+        parse_fsdp1_options(
+            {"world_size": 16, "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 8}
+        )
 
 
 def test_keep_low_precision_grads_is_read_from_the_mixed_precision() -> None:

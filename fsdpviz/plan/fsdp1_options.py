@@ -518,6 +518,12 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning
     ``shard_group_size`` given, with what FSDP warns about them."""
     hybrid = given in _HYBRID
     if sgs is not None:
+        if isinstance(given, str):
+            raise ConfigError(
+                f"sharding_strategy={given!r} is a string, which FSDP1 cannot use (it looks "
+                f"the strategy up among ShardingStrategy members); "
+                f"{_enum_hint(given, ShardingStrategy)}"
+            )
         if not hybrid:
             raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
         if not isinstance(sgs, int) or isinstance(sgs, bool) or sgs < 1 or ws % sgs:
