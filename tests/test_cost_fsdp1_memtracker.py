@@ -645,3 +645,57 @@ def test_offload_with_low_precision_grads_fails_from_the_second_iteration(
     assert (failed is not None) == keep
     if keep:
         assert failed is not None and "assign a gradient" in failed
+
+
+REDUCED_ONLY_KEPT = MixedPrecision(reduce_dtype=torch.bfloat16, keep_low_precision_grads=True)
+FULL, NO = ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD
+# mixed precision, strategy, use_orig_params, optimizer, whether torch's step fails
+OPTIMIZER_CASES: dict[str, tuple[MixedPrecision, ShardingStrategy, bool, str, bool]] = {
+    "full_shard_adamw_foreach": (LOW_PRECISION_GRADS, FULL, False, "adamw_foreach", True),
+    "full_shard_sgd_momentum": (LOW_PRECISION_GRADS, FULL, False, "sgd_momentum", False),
+    "full_shard_sgd_fused": (LOW_PRECISION_GRADS, FULL, False, "sgd_fused", True),
+    "orig_params_adamw_for_loop": (LOW_PRECISION_GRADS, FULL, True, "adamw_for_loop", True),
+    "no_shard_reduced_adam_for_loop": (REDUCED_ONLY_KEPT, NO, False, "adam_for_loop", True),
+    "full_shard_reduced_adamw_fused": (REDUCED_ONLY_KEPT, FULL, False, "adamw_fused", False),
+}
+
+
+def _torch_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """torch's optimizer named as fsdpviz's ``memory_model(optimizer=...)`` takes it."""
+    kind, _, impl = name.partition("_")
+    if kind == "sgd":
+        momentum = {"momentum": 0.9} if impl.startswith("momentum") else {}
+        return torch.optim.SGD(params, lr=1e-3, fused=impl == "fused" or None, **momentum)
+    cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+    return cls(params, lr=1e-3, foreach=impl == "foreach", fused=impl == "fused" or None)
+
+
+@pytest.mark.parametrize("case", list(OPTIMIZER_CASES))
+def test_optimizers_that_refuse_low_precision_grads_are_noted(fake_pg: int, case: str) -> None:
+    """``keep_low_precision_grads=True`` leaves gradients in another dtype than their float32
+    parameters (the sharded strategies: the compute dtype; ``NO_SHARD``: the reduce dtype):
+    torch's Adam and AdamW, every implementation, and any fused optimizer fail at their
+    first step; SGD's for-loop and foreach steps run, and so does any optimizer where the
+    gradients stay float32. ``memory_model(optimizer=...)``'s notes say so exactly where
+    torch fails."""
+    mp, strategy, orig, optimizer, fails = OPTIMIZER_CASES[case]
+    kwargs = {"mixed_precision": mp, "sharding_strategy": strategy, "use_orig_params": orig}
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(ExampleModel(CONFIG), auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                    device_id=torch.device("cpu"), **kwargs)  # fmt: skip
+    opt = _torch_optimizer(optimizer, fsdp.parameters())
+    _step(fsdp, _ids(), 1)
+    failed = False
+    try:
+        opt.step()
+    except RuntimeError as e:
+        failed = "expected" in str(e)
+    notes = memory_model(_report(kwargs, 1), optimizer=optimizer).notes
+    noted = [n for n in notes if "keep_low_precision_grads" in n]
+    assert failed == fails
+    assert len(noted) == fails
+    if noted:
+        assert noted[0].startswith(f"optimizer={optimizer!r} does not run")
+        assert "bfloat16 gradients on float32 parameters" in noted[0]

@@ -55,10 +55,11 @@ from typing import Protocol
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_records import Block
-from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.cost.sizes import UnitBytes, fsdp1_grad_dtype, optimizer_spec
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 
-__all__ = ["FSDP1Host", "FSDP1Steps", "no_shard_copy_notes"]
+__all__ = ["FSDP1Host", "FSDP1Steps", "low_precision_grads_notes", "no_shard_copy_notes"]
 
 
 class FSDP1Host(Protocol):
@@ -225,4 +226,38 @@ def no_shard_copy_notes(sizes: dict[str, UnitBytes], use_orig_params: bool) -> l
         "each unit's host parameters (FlatParamHandle.flat_param_to, one per unshard), which "
         "live as long as autograd's saved views of them: not modelled, "
         f"up to {max(copies)} B each"
+    ]
+
+
+def low_precision_grads_notes(report: Report, optimizer: str | int | None) -> list[str]:
+    """The note that torch's optimizer ``optimizer`` fails at its step on the gradients FSDP1
+    leaves under ``keep_low_precision_grads`` where they are in another dtype than their
+    parameters (:func:`~fsdpviz.cost.sizes.fsdp1_grad_dtype`): Adam's and AdamW's updates
+    (``exp_avg.lerp_(grad, ...)``, ``torch._foreach_lerp_``, ``torch._fused_adamw_``) and
+    every fused step (``torch._fused_sgd_``) take a gradient of the parameter's dtype only.
+    SGD's for-loop and foreach steps add the gradient into the float32 parameter and run."""
+    if report.config.api != "FSDP1" or optimizer is None or isinstance(optimizer, int):
+        return []
+    if not (report.config.mixed_precision or {}).get("keep_low_precision_grads"):
+        return []
+    spec = optimizer_spec(optimizer)
+    if not spec.adam and spec.implementation != "fused":
+        return []
+    differ = [
+        (u.module, u.dtype, grad)
+        for u in report.units
+        if u.trainable[0] and (grad := fsdp1_grad_dtype(u, True)) != u.dtype
+    ]
+    if not differ:
+        return []
+    unit, param, grad = differ[0]
+    which = "Adam and AdamW (every implementation)" if spec.adam else "fused optimizers"
+    return [
+        f"optimizer={optimizer!r} does not run on this plan: FSDP1 with MixedPrecision("
+        f"keep_low_precision_grads=True) leaves {grad} gradients on {param} parameters "
+        f"({len(differ)} unit{'s' if len(differ) > 1 else ''}, {unit!r} first), and torch's "
+        f"{which} refuse them at optimizer.step() (RuntimeError: expected dtype float for "
+        "`end` but got dtype ..., or expected scalar type Float but found ...); the step "
+        "modelled here is the one it would take. Use keep_low_precision_grads=False, or "
+        "an optimizer that takes them (SGD, for-loop or foreach: optimizer='sgd_momentum')"
     ]

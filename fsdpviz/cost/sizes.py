@@ -363,10 +363,10 @@ def _states_of_the_rank_with_most(
     shard differs by rank where its parameters are padded, and each unit's most
     (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's.
     The states are in the parameters' dtype, SGD's momentum buffers in the gradients'
-    (``keep_low``: ``keep_low_precision_grads``, :func:`_fsdp1_grad_dtype`)."""
+    (``keep_low``: ``keep_low_precision_grads``, :func:`fsdp1_grad_dtype`)."""
     ranks = fsdp1_parts(report)
     size = {
-        u.module: itemsize(u.dtype if spec.adam else _fsdp1_grad_dtype(u, keep_low)) * states
+        u.module: itemsize(u.dtype if spec.adam else fsdp1_grad_dtype(u, keep_low)) * states
         for u in report.units
     }
     held = [sum(n * size[unit] for unit, n in parts) for parts in ranks]
@@ -516,7 +516,7 @@ def _fsdp1_reduction(
         if keep_low:  # all-reduced in place, left in the reduce dtype: a copy where cast
             grad = u.sharded_numel * r
             b = replace(b, sharded_grad=grad, reduced_shard=grad if reduce != compute else 0)
-            return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
+            return _momentum_in(b, u, fsdp1_grad_dtype(u, keep_low), spec)
         # NO_SHARD all-reduces in place; the gradient it leaves is new where a cast made it
         new = reduce != compute or reduce != u.dtype
         return replace(
@@ -526,11 +526,11 @@ def _fsdp1_reduction(
     b = replace(b, grad_cast=cast, grad_pad=pad, reduced_shard=u.sharded_numel * r)
     if keep_low and compute != u.dtype:
         b = replace(b, grad_kept=u.sharded_numel * itemsize(compute))
-        return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
+        return _momentum_in(b, u, fsdp1_grad_dtype(u, keep_low), spec)
     return b
 
 
-def _fsdp1_grad_dtype(u: Unit, keep_low: bool) -> str | None:
+def fsdp1_grad_dtype(u: Unit, keep_low: bool) -> str | None:
     """The dtype of the gradient FSDP1 leaves ``u``'s parameters for the optimizer: the
     parameters' own, but with ``keep_low_precision_grads`` (``keep_low``) ``NO_SHARD``'s in
     the reduce dtype (``_reduce_grad_no_shard`` skips the cast) and the sharded strategies'
