@@ -47,6 +47,24 @@ from freed). The parameters have a gradient after the unit's first reduction sin
 unsharded gradient, ``_use_unsharded_grad_views``): then nothing is made. The most of one
 parameter's part on any rank is ``UnitBytes.grad_views``, counted with the gradient
 shards, on the post-backward stream (HSDP's all-reduce stream, where the callback runs).
+
+[Note: gradient bases kept by the original parameters]
+Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook gives the original
+parameters views of the unsharded gradient (``_use_unsharded_grad_views``): a parameter whose
+shape and dtype are the view's gets the view itself (``param.grad = view``, a view whose base
+is the tensor in ``flat_param.grad``), the others ``empty_like`` with the view's data. Where
+``FULL_SHARD`` / ``HYBRID_SHARD`` reshard in backward, a parameter is then a 1-D slice of the
+shard in the parameters' dtype: a trainable 1-D parameter whole in the rank's shard, in a
+unit computing in its parameters' dtype, gets the view. The last micro-step accumulates into
+that tensor in place; its hook moves the tensor's data to the copy in the reduce dtype where
+that differs (``flat_param.grad.data = flat_param.grad.to(reduce_dtype)``) and drops
+``flat_param.grad``. Under ``keep_low_precision_grads`` ``_use_sharded_grad_views`` points
+each gradient at its part of the shard by ``param.grad.data = ...``, which keeps the view's
+base: the tensor, its storage the copy in the reduce dtype (else the unsharded gradient), is
+alive until ``zero_grad`` frees the gradients, through the optimizer step. Without
+``keep_low_precision_grads`` it assigns new views (``param.grad = ...``) and the tensor is
+freed with the hook. The units that keep it differ by rank (``UnitBytes.grad_base``: on the
+rank where they keep the most); it is counted with the unsharded gradients.
 """
 
 from __future__ import annotations
@@ -192,7 +210,13 @@ class FSDP1Steps:
         stream: its pool holds all but the gradient (autograd's, the compute stream's) and,
         under ``HYBRID_SHARD``, the shard's cast, made on the all-reduce stream."""
         temps = s.grad_cast + s.grad_pad
-        self._alloc("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
+        # the parameters keep the copy in the reduce dtype, else the gradient itself: see
+        # [Note: gradient bases kept by the original parameters]
+        first = e.unit not in self.reduced and e.unit not in self._held
+        base = s.grad_base and e.unit in self._accumulating and first
+        kept = s.grad_cast if base else 0
+        self._alloc("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps - kept)
+        self._alloc("reduce_scatter", "reduce_scatter", ("base", e.unit), kept)
         cast = (
             s.sharded_grad
             if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
@@ -209,8 +233,11 @@ class FSDP1Steps:
             self._moment("at the cast of the reduced gradient shard in", None, e)
             self._add("sharded_grads", pool, -cast)
         self._orig_grad_views(e, s, cast)
-        self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
-        self.cat["unsharded_grads"] -= grads
+        self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps - kept)
+        self.cat["reduce_scatter"] -= kept
+        self.cat["unsharded_grads"] += kept
+        if not base or kept:
+            self.cat["unsharded_grads"] -= grads
         self._add_shard(e, s.sharded_grad, pool, output)
 
 

@@ -177,6 +177,12 @@ class UnitBytes:
     # original parameters have no gradient (see [Note: gradient views of the original
     # parameters] in memory_fsdp1.py)
     grad_views: int = 0
+    # FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads`` after a micro-step
+    # under ``no_sync``: the unsharded gradient the original parameters' gradients keep alive
+    # as their views' base until ``zero_grad`` (see [Note: gradient bases kept by the
+    # original parameters] in memory_fsdp1.py): whether the unit keeps it on the rank where
+    # these add up to the most
+    grad_base: bool = False
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -196,6 +202,7 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         out = _states_of_the_rank_with_most(report, out, states, keep_low, spec)
     if not fsdp2 and report.config.use_orig_params and keep_low and not offload:
         out = _with_grad_views(report, out)
+        out = _with_grad_bases(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -395,6 +402,52 @@ def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
         name: replace(b, grad_views=most[name] * size[name]) if most.get(name) else b
         for name, b in out.items()
     }
+
+
+def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the units whose
+    unsharded gradient the original parameters keep after the last micro-step of a
+    ``no_sync`` accumulation (``UnitBytes.grad_base``), on the rank where that adds up to
+    the most. A unit keeps it where ``FULL_SHARD`` / ``HYBRID_SHARD`` reshards it under
+    ``no_sync``, computes in its parameters' dtype, and a trainable 1-D parameter lies
+    whole in the rank's shard (see [Note: gradient bases kept by the original parameters]
+    in memory_fsdp1.py)."""
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    by_rank: dict[int, list[str]] = {}
+    for u in report.units:
+        compute = u.compute_dtype or u.dtype
+        resharded = u.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+        if not resharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
+            continue
+        numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
+        layout = flat_param_layout(
+            numels,
+            itemsize(compute),
+            use_orig_params=True,
+            shard_world_size=u.shard_ranks,
+            pad_to=report.config.process_group_size or u.shard_ranks,
+        )
+        frozen = set(u.frozen_params)
+        for r, parts in enumerate(layout.shard_parts([p not in frozen for p in u.params])):
+            whole = (
+                n == numels[i] and len(shapes.get(u.params[i]) or []) == 1 for i, n in parts.items()
+            )
+            if any(whole):
+                by_rank.setdefault(r, []).append(u.module)
+    if not by_rank:
+        return out
+
+    def kept(unit: str) -> int:
+        return out[unit].grad_cast or out[unit].grad
+
+    most = max(by_rank.values(), key=lambda units: sum(kept(u) for u in units))
+    return {name: replace(b, grad_base=name in most) for name, b in out.items()}
 
 
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
