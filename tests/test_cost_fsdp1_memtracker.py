@@ -709,24 +709,27 @@ SMALL_LAYERS = ExampleConfig(
 )
 
 
-@pytest.mark.parametrize(
-    "mp",
-    [
-        MixedPrecision(reduce_dtype=torch.bfloat16, keep_low_precision_grads=True),
-        MixedPrecision(keep_low_precision_grads=True),
-    ],
-    ids=["reduced_in_bf16", "no_cast"],
-)
-def test_gradient_bases_kept_by_the_original_parameters(fake_pg: int, mp: MixedPrecision) -> None:
+KEPT_IN_BF16 = MixedPrecision(reduce_dtype=torch.bfloat16, keep_low_precision_grads=True)
+BASES_CASES: dict[str, tuple[MixedPrecision, ShardingStrategy]] = {
+    "reduced_in_bf16": (KEPT_IN_BF16, ShardingStrategy.FULL_SHARD),
+    "no_cast": (MixedPrecision(keep_low_precision_grads=True), ShardingStrategy.FULL_SHARD),
+    # resharded (to the sharded views) under no_sync though the parameter is kept
+    "shard_grad_op": (KEPT_IN_BF16, ShardingStrategy.SHARD_GRAD_OP),
+}
+
+
+@pytest.mark.parametrize("case", list(BASES_CASES))
+def test_gradient_bases_kept_by_the_original_parameters(fake_pg: int, case: str) -> None:
     """``use_orig_params=True`` with ``keep_low_precision_grads`` after a micro-step under
     ``no_sync``: a norm's weight whole in the rank's shard got a view of the unsharded
     gradient as its ``.grad``, and the last micro-step's ``param.grad.data = ...`` keeps the
     view's base, the tensor that held the unsharded gradient (its data by then the copy in
     the reduce dtype), until ``zero_grad`` (see [Note: gradient bases kept by the original
     parameters] in ``memory_fsdp1.py``). The peak, in the root's backward, and SGD's step,
-    the most any rank reaches, to the byte (the peak was 96,720 B low with the bf16 copies,
-    193,440 B with the float32 gradients)."""
-    kwargs = {"mixed_precision": mp, "use_orig_params": True}
+    the most any rank reaches, to the byte (both were 94,080 B low with the bf16 copies,
+    188,160 B with the float32 gradients)."""
+    mp, strategy = BASES_CASES[case]
+    kwargs = {"mixed_precision": mp, "use_orig_params": True, "sharding_strategy": strategy}
     measured = []
     for rank in range(fake_pg):
         with _rank(rank):

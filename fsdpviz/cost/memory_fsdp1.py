@@ -52,19 +52,22 @@ shards, on the post-backward stream (HSDP's all-reduce stream, where the callbac
 Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook gives the original
 parameters views of the unsharded gradient (``_use_unsharded_grad_views``): a parameter whose
 shape and dtype are the view's gets the view itself (``param.grad = view``, a view whose base
-is the tensor in ``flat_param.grad``), the others ``empty_like`` with the view's data. Where
-``FULL_SHARD`` / ``HYBRID_SHARD`` reshard in backward, a parameter is then a 1-D slice of the
-shard in the parameters' dtype: a trainable 1-D parameter whole in the rank's shard, in a
-unit computing in its parameters' dtype, gets the view. The last micro-step accumulates into
-that tensor in place; its hook moves the tensor's data to the copy in the reduce dtype where
-that differs (``flat_param.grad.data = flat_param.grad.to(reduce_dtype)``) and drops
-``flat_param.grad``. Under ``keep_low_precision_grads`` ``_use_sharded_grad_views`` points
-each gradient at its part of the shard by ``param.grad.data = ...``, which keeps the view's
-base: the tensor, its storage the copy in the reduce dtype (else the unsharded gradient), is
-alive until ``zero_grad`` frees the gradients, through the optimizer step. Without
-``keep_low_precision_grads`` it assigns new views (``param.grad = ...``) and the tensor is
-freed with the hook. The units that keep it differ by rank (``UnitBytes.grad_base``: on the
-rank where they keep the most); it is counted with the unsharded gradients.
+is the tensor in ``flat_param.grad``), the others ``empty_like`` with the view's data. The
+hook has resharded the unit first (``reshard`` switches to the sharded views even where it
+keeps the unsharded parameter, ``SHARD_GRAD_OP`` under ``no_sync``): a parameter is a 1-D
+slice of the shard in the parameters' dtype, so a trainable 1-D parameter whole in the
+rank's shard, in a unit computing in its parameters' dtype, gets the view. The last
+micro-step accumulates into that tensor in place; its hook moves the tensor's data to the
+copy in the reduce dtype where that differs (``flat_param.grad.data =
+flat_param.grad.to(reduce_dtype)``) and drops ``flat_param.grad``. Under
+``keep_low_precision_grads`` ``_use_sharded_grad_views`` points each gradient at its part of
+the shard by ``param.grad.data = ...``, which keeps the view's base: the tensor, its storage
+the copy in the reduce dtype (else the unsharded gradient), is alive until ``zero_grad``
+frees the gradients, through the optimizer step. Without ``keep_low_precision_grads`` it
+assigns new views (``param.grad = ...``) and the tensor is freed with the hook. The units
+that keep it differ by rank (``UnitBytes.grad_base``: those of the rank that keeps the most
+of them, beside the optimizer states of the rank that keeps the most states, an upper bound
+where those are two ranks); it is counted with the unsharded gradients.
 """
 
 from __future__ import annotations

@@ -202,7 +202,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         out = _states_of_the_rank_with_most(report, out, states, keep_low, spec)
     if not fsdp2 and report.config.use_orig_params and keep_low and not offload:
         out = _with_grad_views(report, out)
-        out = _with_grad_bases(report, out)
+        if report.config.grad_accum > 1:  # under no_sync
+            out = _with_grad_bases(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -408,10 +409,10 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the units whose
     unsharded gradient the original parameters keep after the last micro-step of a
     ``no_sync`` accumulation (``UnitBytes.grad_base``), on the rank where that adds up to
-    the most. A unit keeps it where ``FULL_SHARD`` / ``HYBRID_SHARD`` reshards it under
-    ``no_sync``, computes in its parameters' dtype, and a trainable 1-D parameter lies
-    whole in the rank's shard (see [Note: gradient bases kept by the original parameters]
-    in memory_fsdp1.py)."""
+    the most (beside the states of the rank that keeps the most states: an upper bound). A
+    unit keeps it where it is sharded (every strategy but ``NO_SHARD``), computes in its
+    parameters' dtype, and a trainable 1-D parameter lies whole in the rank's shard (see
+    [Note: gradient bases kept by the original parameters] in memory_fsdp1.py)."""
     from fsdpviz.plan.fsdp1 import flat_param_layout
 
     shapes = {
@@ -422,8 +423,8 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     by_rank: dict[int, list[str]] = {}
     for u in report.units:
         compute = u.compute_dtype or u.dtype
-        resharded = u.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
-        if not resharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
+        sharded = u.sharding_strategy != "NO_SHARD"
+        if not sharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
             continue
         numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
         layout = flat_param_layout(
