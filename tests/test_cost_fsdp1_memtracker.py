@@ -34,6 +34,7 @@ from torch.distributed.utils import _alloc_storage
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
+from fsdpviz.cost.sizes import unit_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
 
 # Odd sizes: each FlatParameter is padded to a multiple of the 4 ranks.
@@ -645,3 +646,98 @@ def test_offload_with_low_precision_grads_fails_from_the_second_iteration(
     assert (failed is not None) == keep
     if keep:
         assert failed is not None and "assign a gradient" in failed
+
+
+REDUCED_ONLY_KEPT = MixedPrecision(reduce_dtype=torch.bfloat16, keep_low_precision_grads=True)
+FULL, NO = ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD
+# mixed precision, strategy, use_orig_params, optimizer, whether torch's step fails
+OPTIMIZER_CASES: dict[str, tuple[MixedPrecision, ShardingStrategy, bool, str, bool]] = {
+    "full_shard_adamw_foreach": (LOW_PRECISION_GRADS, FULL, False, "adamw_foreach", True),
+    "full_shard_sgd_momentum": (LOW_PRECISION_GRADS, FULL, False, "sgd_momentum", False),
+    "full_shard_sgd_fused": (LOW_PRECISION_GRADS, FULL, False, "sgd_fused", True),
+    "orig_params_adamw_for_loop": (LOW_PRECISION_GRADS, FULL, True, "adamw_for_loop", True),
+    "no_shard_reduced_adam_for_loop": (REDUCED_ONLY_KEPT, NO, False, "adam_for_loop", True),
+    "full_shard_reduced_adamw_fused": (REDUCED_ONLY_KEPT, FULL, False, "adamw_fused", False),
+}
+
+
+def _torch_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """torch's optimizer named as fsdpviz's ``memory_model(optimizer=...)`` takes it."""
+    kind, _, impl = name.partition("_")
+    if kind == "sgd":
+        momentum = {"momentum": 0.9} if impl.startswith("momentum") else {}
+        return torch.optim.SGD(params, lr=1e-3, fused=impl == "fused" or None, **momentum)
+    cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+    return cls(params, lr=1e-3, foreach=impl == "foreach", fused=impl == "fused" or None)
+
+
+@pytest.mark.parametrize("case", list(OPTIMIZER_CASES))
+def test_optimizers_that_refuse_low_precision_grads_are_noted(fake_pg: int, case: str) -> None:
+    """``keep_low_precision_grads=True`` leaves gradients in another dtype than their float32
+    parameters (the sharded strategies: the compute dtype; ``NO_SHARD``: the reduce dtype):
+    torch's Adam and AdamW, every implementation, and any fused optimizer fail at their
+    first step; SGD's for-loop and foreach steps run, and so does any optimizer where the
+    gradients stay float32. ``memory_model(optimizer=...)``'s notes say so exactly where
+    torch fails."""
+    mp, strategy, orig, optimizer, fails = OPTIMIZER_CASES[case]
+    kwargs = {"mixed_precision": mp, "sharding_strategy": strategy, "use_orig_params": orig}
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp = FSDP(ExampleModel(CONFIG), auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                    device_id=torch.device("cpu"), **kwargs)  # fmt: skip
+    opt = _torch_optimizer(optimizer, fsdp.parameters())
+    _step(fsdp, _ids(), 1)
+    failed = False
+    try:
+        opt.step()
+    except RuntimeError as e:
+        failed = "expected" in str(e)
+    notes = memory_model(_report(kwargs, 1), optimizer=optimizer).notes
+    noted = [n for n in notes if "keep_low_precision_grads" in n]
+    assert failed == fails
+    assert len(noted) == fails
+    if noted:
+        assert noted[0].startswith(f"optimizer={optimizer!r} does not run")
+        assert "bfloat16 gradients on float32 parameters" in noted[0]
+
+
+# a 3000-word vocabulary, 50-wide MLPs: the root's backward after the layers reduced is the
+# peak, and each layer's norm lies whole in rank 0's shard
+SMALL_LAYERS = ExampleConfig(
+    hidden_size=60, intermediate_size=50, num_layers=2, num_heads=1, vocab_size=3000
+)
+
+
+KEPT_IN_BF16 = MixedPrecision(reduce_dtype=torch.bfloat16, keep_low_precision_grads=True)
+BASES_CASES: dict[str, tuple[MixedPrecision, ShardingStrategy]] = {
+    "reduced_in_bf16": (KEPT_IN_BF16, ShardingStrategy.FULL_SHARD),
+    "no_cast": (MixedPrecision(keep_low_precision_grads=True), ShardingStrategy.FULL_SHARD),
+    # resharded (to the sharded views) under no_sync though the parameter is kept
+    "shard_grad_op": (KEPT_IN_BF16, ShardingStrategy.SHARD_GRAD_OP),
+}
+
+
+@pytest.mark.parametrize("case", list(BASES_CASES))
+def test_gradient_bases_kept_by_the_original_parameters(fake_pg: int, case: str) -> None:
+    """``use_orig_params=True`` with ``keep_low_precision_grads`` after a micro-step under
+    ``no_sync``: a norm's weight whole in the rank's shard got a view of the unsharded
+    gradient as its ``.grad``, and the last micro-step's ``param.grad.data = ...`` keeps the
+    view's base, the tensor that held the unsharded gradient (its data by then the copy in
+    the reduce dtype), until ``zero_grad`` (see [Note: gradient bases kept by the original
+    parameters] in ``memory_fsdp1.py``). The peak, in the root's backward, and SGD's step,
+    the most any rank reaches, to the byte (both were 94,080 B low with the bf16 copies,
+    188,160 B with the float32 gradients)."""
+    mp, strategy = BASES_CASES[case]
+    kwargs = {"mixed_precision": mp, "use_orig_params": True, "sharding_strategy": strategy}
+    measured = []
+    for rank in range(fake_pg):
+        with _rank(rank):
+            measured.append(_measured_peak(kwargs, 2, "sgd_momentum", SMALL_LAYERS))
+    report = _report(kwargs, 2, SMALL_LAYERS)
+    first, last = (memory_model(report, optimizer="sgd_momentum", iteration=i) for i in (2, 3))
+    *before, step = last.moments
+    assert step.where == "during the optimizer step after"
+    peak = max(first.peak["bytes"], *(sum(m.bytes) for m in before))
+    assert (peak, sum(step.bytes)) == (max(m[0] for m in measured), max(m[1] for m in measured))
+    assert sum(u.grad_base for u in unit_bytes(report, "sgd_momentum").values()) == 2

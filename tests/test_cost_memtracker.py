@@ -701,6 +701,35 @@ def test_accumulation_reducing_every_micro_step(fake_pg: int, precision: str) ->
     _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16_fp32_reduce"])
+def test_hybrid_sharding_accumulation_reducing_every_micro_step(
+    fake_pg: int, precision: str
+) -> None:
+    """HSDP on a 2 x 2 mesh, accumulating without ``set_requires_gradient_sync(False)``: from
+    the second micro-step on, each param group's all-reduced buffer (in the float32 reduce
+    dtype, the new gradient shard's storage) is added into the ``.grad`` the ones before
+    left, and the group keeps it (``AllReduceState``) until its next post-backward or the end
+    of the backward: beside the gradient shard, not freed with the addition. The peak,
+    every category at it and every module's peaks, to the byte (the first layer's backward
+    peak was 141,120 B low)."""
+    build = functools.partial(
+        ExampleModel, ExampleConfig(vocab_size=101, hidden_size=60, intermediate_size=50)
+    )
+    mp = {}
+    if precision != "fp32":
+        mp = {"mp_policy": MixedPrecisionPolicy(torch.bfloat16, torch.float32)}
+    n, mesh = 3, (2, 2)
+    real = tracked(build, _ids, lambda m: list(m.layers), fake_pg, _loss, optimizer="adamw",
+                   mesh_shape=mesh, accumulate=n, sync_each=True, **mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    report = fsdpviz.analyze(model, _ids(), fully_shard=[DecoderLayer], loss=_loss, mesh=mesh,
+                             **mp)  # fmt: skip
+    mem = memory_model(report, optimizer="adamw", grad_accum=n)
+    backward = _as_the_tracker_sees(report, mem, model)
+    _compare(real, mem, backward=backward, steps=4 * len(list(model.parameters())))
+
+
 class _LayerTwice(ExampleModel):
     """The example model running its second layer again after the last."""
 

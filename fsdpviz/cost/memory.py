@@ -97,6 +97,7 @@ from fsdpviz.cost.grad_sizes import param_grads, placed_grads, upcasts
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
+from fsdpviz.cost.memory_fsdp1 import low_precision_grads_notes
 from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.sizes import (
@@ -228,7 +229,7 @@ def memory_model(
         copies=copies,
     )  # fmt: skip
     walker.run()
-    notes = list(walker.notes)
+    notes = [*walker.notes, *low_precision_grads_notes(report, optimizer)]
     if machine is None:
         m = machine_of(report)
     else:

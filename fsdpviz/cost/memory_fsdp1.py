@@ -47,6 +47,27 @@ from freed). The parameters have a gradient after the unit's first reduction sin
 unsharded gradient, ``_use_unsharded_grad_views``): then nothing is made. The most of one
 parameter's part on any rank is ``UnitBytes.grad_views``, counted with the gradient
 shards, on the post-backward stream (HSDP's all-reduce stream, where the callback runs).
+
+[Note: gradient bases kept by the original parameters]
+Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook gives the original
+parameters views of the unsharded gradient (``_use_unsharded_grad_views``): a parameter whose
+shape and dtype are the view's gets the view itself (``param.grad = view``, a view whose base
+is the tensor in ``flat_param.grad``), the others ``empty_like`` with the view's data. The
+hook has resharded the unit first (``reshard`` switches to the sharded views even where it
+keeps the unsharded parameter, ``SHARD_GRAD_OP`` under ``no_sync``): a parameter is a 1-D
+slice of the shard in the parameters' dtype, so a trainable 1-D parameter whole in the
+rank's shard, in a unit computing in its parameters' dtype, gets the view. The last
+micro-step accumulates into that tensor in place; its hook moves the tensor's data to the
+copy in the reduce dtype where that differs (``flat_param.grad.data =
+flat_param.grad.to(reduce_dtype)``) and drops ``flat_param.grad``. Under
+``keep_low_precision_grads`` ``_use_sharded_grad_views`` points each gradient at its part of
+the shard by ``param.grad.data = ...``, which keeps the view's base: the tensor, its storage
+the copy in the reduce dtype (else the unsharded gradient), is alive until ``zero_grad``
+frees the gradients, through the optimizer step. Without ``keep_low_precision_grads`` it
+assigns new views (``param.grad = ...``) and the tensor is freed with the hook. The units
+that keep it differ by rank (``UnitBytes.grad_base``: those of the rank that keeps the most
+of them, beside the optimizer states of the rank that keeps the most states, an upper bound
+where those are two ranks); it is counted with the unsharded gradients.
 """
 
 from __future__ import annotations
@@ -55,10 +76,11 @@ from typing import Protocol
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_records import Block
-from fsdpviz.cost.sizes import UnitBytes
+from fsdpviz.cost.sizes import UnitBytes, fsdp1_grad_dtype, optimizer_spec
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 
-__all__ = ["FSDP1Host", "FSDP1Steps", "no_shard_copy_notes"]
+__all__ = ["FSDP1Host", "FSDP1Steps", "low_precision_grads_notes", "no_shard_copy_notes"]
 
 
 class FSDP1Host(Protocol):
@@ -191,7 +213,13 @@ class FSDP1Steps:
         stream: its pool holds all but the gradient (autograd's, the compute stream's) and,
         under ``HYBRID_SHARD``, the shard's cast, made on the all-reduce stream."""
         temps = s.grad_cast + s.grad_pad
-        self._alloc("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
+        # the parameters keep the copy in the reduce dtype, else the gradient itself: see
+        # [Note: gradient bases kept by the original parameters]
+        first = e.unit not in self.reduced and e.unit not in self._held
+        base = s.grad_base and e.unit in self._accumulating and first
+        kept = s.grad_cast if base else 0
+        self._alloc("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps - kept)
+        self._alloc("reduce_scatter", "reduce_scatter", ("base", e.unit), kept)
         cast = (
             s.sharded_grad
             if e.kind == "reduce_scatter" and s.reduced_shard != s.sharded_grad
@@ -208,8 +236,11 @@ class FSDP1Steps:
             self._moment("at the cast of the reduced gradient shard in", None, e)
             self._add("sharded_grads", pool, -cast)
         self._orig_grad_views(e, s, cast)
-        self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps)
-        self.cat["unsharded_grads"] -= grads
+        self._free("reduce_scatter", "reduce_scatter", ("rs", e.unit), temps - kept)
+        self.cat["reduce_scatter"] -= kept
+        self.cat["unsharded_grads"] += kept
+        if not base or kept:
+            self.cat["unsharded_grads"] -= grads
         self._add_shard(e, s.sharded_grad, pool, output)
 
 
@@ -225,4 +256,38 @@ def no_shard_copy_notes(sizes: dict[str, UnitBytes], use_orig_params: bool) -> l
         "each unit's host parameters (FlatParamHandle.flat_param_to, one per unshard), which "
         "live as long as autograd's saved views of them: not modelled, "
         f"up to {max(copies)} B each"
+    ]
+
+
+def low_precision_grads_notes(report: Report, optimizer: str | int | None) -> list[str]:
+    """The note that torch's optimizer ``optimizer`` fails at its step on the gradients FSDP1
+    leaves under ``keep_low_precision_grads`` where they are in another dtype than their
+    parameters (:func:`~fsdpviz.cost.sizes.fsdp1_grad_dtype`): Adam's and AdamW's updates
+    (``exp_avg.lerp_(grad, ...)``, ``torch._foreach_lerp_``, ``torch._fused_adamw_``) and
+    every fused step (``torch._fused_sgd_``) take a gradient of the parameter's dtype only.
+    SGD's for-loop and foreach steps add the gradient into the float32 parameter and run."""
+    if report.config.api != "FSDP1" or optimizer is None or isinstance(optimizer, int):
+        return []
+    if not (report.config.mixed_precision or {}).get("keep_low_precision_grads"):
+        return []
+    spec = optimizer_spec(optimizer)
+    if not spec.adam and spec.implementation != "fused":
+        return []
+    differ = [
+        (u.module, u.dtype, grad)
+        for u in report.units
+        if u.trainable[0] and (grad := fsdp1_grad_dtype(u, True)) != u.dtype
+    ]
+    if not differ:
+        return []
+    unit, param, grad = differ[0]
+    which = "Adam and AdamW (every implementation)" if spec.adam else "fused optimizers"
+    return [
+        f"optimizer={optimizer!r} does not run on this plan: FSDP1 with MixedPrecision("
+        f"keep_low_precision_grads=True) leaves {grad} gradients on {param} parameters "
+        f"({len(differ)} unit{'s' if len(differ) > 1 else ''}, {unit!r} first), and torch's "
+        f"{which} refuse them at optimizer.step() (RuntimeError: expected dtype float for "
+        "`end` but got dtype ..., or expected scalar type Float but found ...); the step "
+        "modelled here is the one it would take. Use keep_low_precision_grads=False, or "
+        "an optimizer that takes them (SGD, for-loop or foreach: optimizer='sgd_momentum')"
     ]

@@ -47,6 +47,7 @@ class FSDP2Host(Protocol):
     _cast: set[str]
     _reduce_ranks: dict[str, int]
     _all_reduced: dict[str, int]
+    _added_into: set[str]
     _precomputed: bool
     _scales: dict[str, int]
     _gathering: set[str]
@@ -170,9 +171,12 @@ class FSDP2Steps:
         allocator does not hand its block to the next reduce-scatter while the all-reduce
         may still run) until its next post-backward or the end of the backward
         (``finalize_backward``). In the reduce dtype, it is the gradient shard itself when that
-        is the parameters' dtype and on the device; otherwise (a reduce dtype of its own, or
-        the shard offloaded to the host) it is held beside it."""
-        if not self.fsdp2 or s.partial == s.sharded_grad:
+        is the parameters' dtype and on the device and the shard is the unit's new ``.grad``;
+        otherwise (a reduce dtype of its own, the shard offloaded to the host, or added into
+        the ``.grad`` an earlier micro-step left, ``_added_into``) it is held beside it."""
+        if not self.fsdp2:
+            return
+        if s.partial == s.sharded_grad and e.unit not in self._added_into:
             return
         self._release_all_reduced(e.unit)
         self._all_reduced[e.unit] = s.partial

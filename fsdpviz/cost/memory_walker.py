@@ -210,6 +210,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         # FSDP2 HSDP: each unit's all-reduced buffer where it is not its gradient shard
         # (:meth:`_hold_all_reduced`), until the end of the backward
         self._all_reduced: dict[str, int] = {}
+        # units whose new gradient shard this micro-step added into the one in .grad
+        self._added_into: set[str] = set()
         # units whose reduced gradient shard is in .grad: this micro-step's reductions, and
         # (``_held``) the ones before it left, which a reduction adds into
         self.reduced: set[str] = set()
@@ -585,6 +587,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         else:
             self._moment("at the addition into the accumulated gradient shard of", None, e)
             self._free("sharded_grads", pool, block, n)
+            self._added_into.add(e.unit)
         self.reduced.add(e.unit)
 
     def _release_reduce_scatter(self) -> None:

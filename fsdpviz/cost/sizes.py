@@ -177,6 +177,12 @@ class UnitBytes:
     # original parameters have no gradient (see [Note: gradient views of the original
     # parameters] in memory_fsdp1.py)
     grad_views: int = 0
+    # FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads`` after a micro-step
+    # under ``no_sync``: the unsharded gradient the original parameters' gradients keep alive
+    # as their views' base until ``zero_grad`` (see [Note: gradient bases kept by the
+    # original parameters] in memory_fsdp1.py): whether the unit keeps it on the rank where
+    # these add up to the most
+    grad_base: bool = False
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -196,6 +202,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         out = _states_of_the_rank_with_most(report, out, states, keep_low, spec)
     if not fsdp2 and report.config.use_orig_params and keep_low and not offload:
         out = _with_grad_views(report, out)
+        if report.config.grad_accum > 1:  # under no_sync
+            out = _with_grad_bases(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -363,10 +371,10 @@ def _states_of_the_rank_with_most(
     shard differs by rank where its parameters are padded, and each unit's most
     (``Unit.trainable``) can be on a rank of its own: their sum is more than any rank's.
     The states are in the parameters' dtype, SGD's momentum buffers in the gradients'
-    (``keep_low``: ``keep_low_precision_grads``, :func:`_fsdp1_grad_dtype`)."""
+    (``keep_low``: ``keep_low_precision_grads``, :func:`fsdp1_grad_dtype`)."""
     ranks = fsdp1_parts(report)
     size = {
-        u.module: itemsize(u.dtype if spec.adam else _fsdp1_grad_dtype(u, keep_low)) * states
+        u.module: itemsize(u.dtype if spec.adam else fsdp1_grad_dtype(u, keep_low)) * states
         for u in report.units
     }
     held = [sum(n * size[unit] for unit, n in parts) for parts in ranks]
@@ -395,6 +403,52 @@ def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
         name: replace(b, grad_views=most[name] * size[name]) if most.get(name) else b
         for name, b in out.items()
     }
+
+
+def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the units whose
+    unsharded gradient the original parameters keep after the last micro-step of a
+    ``no_sync`` accumulation (``UnitBytes.grad_base``), on the rank where that adds up to
+    the most (beside the states of the rank that keeps the most states: an upper bound). A
+    unit keeps it where it is sharded (every strategy but ``NO_SHARD``), computes in its
+    parameters' dtype, and a trainable 1-D parameter lies whole in the rank's shard (see
+    [Note: gradient bases kept by the original parameters] in memory_fsdp1.py)."""
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    by_rank: dict[int, list[str]] = {}
+    for u in report.units:
+        compute = u.compute_dtype or u.dtype
+        sharded = u.sharding_strategy != "NO_SHARD"
+        if not sharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
+            continue
+        numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
+        layout = flat_param_layout(
+            numels,
+            itemsize(compute),
+            use_orig_params=True,
+            shard_world_size=u.shard_ranks,
+            pad_to=report.config.process_group_size or u.shard_ranks,
+        )
+        frozen = set(u.frozen_params)
+        for r, parts in enumerate(layout.shard_parts([p not in frozen for p in u.params])):
+            whole = (
+                n == numels[i] and len(shapes.get(u.params[i]) or []) == 1 for i, n in parts.items()
+            )
+            if any(whole):
+                by_rank.setdefault(r, []).append(u.module)
+    if not by_rank:
+        return out
+
+    def kept(unit: str) -> int:
+        return out[unit].grad_cast or out[unit].grad
+
+    most = max(by_rank.values(), key=lambda units: sum(kept(u) for u in units))
+    return {name: replace(b, grad_base=name in most) for name, b in out.items()}
 
 
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
@@ -516,7 +570,7 @@ def _fsdp1_reduction(
         if keep_low:  # all-reduced in place, left in the reduce dtype: a copy where cast
             grad = u.sharded_numel * r
             b = replace(b, sharded_grad=grad, reduced_shard=grad if reduce != compute else 0)
-            return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
+            return _momentum_in(b, u, fsdp1_grad_dtype(u, keep_low), spec)
         # NO_SHARD all-reduces in place; the gradient it leaves is new where a cast made it
         new = reduce != compute or reduce != u.dtype
         return replace(
@@ -526,11 +580,11 @@ def _fsdp1_reduction(
     b = replace(b, grad_cast=cast, grad_pad=pad, reduced_shard=u.sharded_numel * r)
     if keep_low and compute != u.dtype:
         b = replace(b, grad_kept=u.sharded_numel * itemsize(compute))
-        return _momentum_in(b, u, _fsdp1_grad_dtype(u, keep_low), spec)
+        return _momentum_in(b, u, fsdp1_grad_dtype(u, keep_low), spec)
     return b
 
 
-def _fsdp1_grad_dtype(u: Unit, keep_low: bool) -> str | None:
+def fsdp1_grad_dtype(u: Unit, keep_low: bool) -> str | None:
     """The dtype of the gradient FSDP1 leaves ``u``'s parameters for the optimizer: the
     parameters' own, but with ``keep_low_precision_grads`` (``keep_low``) ``NO_SHARD``'s in
     the reduce dtype (``_reduce_grad_no_shard`` skips the cast) and the sharded strategies'
