@@ -99,8 +99,8 @@ def _analyze(**kwargs: Any) -> fsdpviz.Report:
 
 
 def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
-    """The blocks' input all-gathers move float8_e4m3fn (a rank's part cast first: 256
-    bytes of a (2, 8, 32) activation, bf16's 512 before), the row-wise outputs' gradients
+    """The blocks' input all-gathers move float8_e4m3fn (a rank's part cast first: 512
+    bytes of a (2, 8, 32) activation, bf16's 1,024 before), the row-wise outputs' gradients
     come back all-gathered in float8_e5m2, the reduce-scatters stay bf16. fsdpviz refused
     the styles ("... is not modelled")."""
     from torch.distributed.device_mesh import init_device_mesh
