@@ -24,6 +24,7 @@ dies where the program drops it and the measurement is the same on every run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -101,6 +102,7 @@ def tracked(
     reduce_each: bool = False,
     sync_each: bool = False,
     after_step: Callable[[nn.Module], object] | None = None,
+    every_storage: bool = False,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -153,6 +155,8 @@ def tracked(
                 after_step(model)
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
+        if every_storage:  # see _track_every_storage
+            tracker._track = functools.partial(_track_every_storage, tracker)  # type: ignore[method-assign]
         tracker.track_inputs((batch,))
         modules: dict[str, dict[str, int]] = {}
         after_forward: dict[Any, int] = {}
@@ -180,6 +184,30 @@ def tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
         _categories(step_peak), _categories(after_backward),
     )  # fmt: skip
+
+
+def _track_every_storage(tracker: Any, reftype: Any, t: torch.Tensor) -> None:
+    """``MemTracker._track`` counting every storage of ``t``: torch's returns at the first
+    storage it tracks already, so a tensor subclass of several storages, one of them seen
+    before, goes uncounted when its set of storages happens to list that one first (a set
+    of storages orders them by address: at random). torchao's float8 tensor-parallel
+    styles make such tensors: an all-gathered float8 activation shares its scale with the
+    rank's cast part it was gathered from (``tracked(..., every_storage=True)``)."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.mem_tracker import _UpdateType, _WeakRefInfo
+
+    for st in get_untyped_storages(t):
+        winfo, _ = tracker._WINFO.get(st, (None, None))
+        if winfo is not None:
+            if winfo.size != st.size():
+                old = winfo.mem_consumed
+                winfo.update_mem_consumed(st)
+                tracker._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
+            continue
+        winfo, w_st = _WeakRefInfo.create_winfo(st, t.device, reftype, tracker._delete_callback)
+        tracker._WINFO[st] = (winfo, w_st)
+        if winfo.mem_consumed > 0:
+            tracker._update_snap(_UpdateType.ADD, winfo)
 
 
 def _sync(model: nn.Module, sync: bool, accumulate: int, reduce_each: bool = False) -> None:

@@ -191,13 +191,14 @@ def test_accelerate_dynamo_config_compiles_the_model() -> None:
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_float8_tensor_parallelism_is_noted_where_torchtitan_gathers_in_float8(
+def test_float8_tensor_parallelism_plans_torchaos_styles_where_torchtitan_does(
     tmp_path: Path, recipe: str
 ) -> None:
     """torchtitan's ``apply_tp`` with tensorwise float8 linears (``enable_float8_tensorwise_tp``)
-    uses torchao's float8 tensor-parallel styles, which fsdpviz does not model: the job is
-    planned with torch's styles, and a note says so and what it changes; a rowwise recipe
-    runs torch's styles, as planned, without the note."""
+    gives the blocks torchao's ``Float8ColwiseParallel``, ``Float8RowwiseParallel`` and
+    ``PrepareFloat8ModuleInput`` (the embedding, final norm and output keep torch's); a
+    rowwise recipe, torch's. Before, torch's styles were planned for both, with a note that
+    the tp all-gathers were counted in bf16."""
     text = LATE_2025.replace(
         "data_parallel_shard_degree = -1", "data_parallel_shard_degree = -1\n"
         "tensor_parallel_degree = 2",
@@ -206,7 +207,14 @@ def test_float8_tensor_parallelism_is_noted_where_torchtitan_gathers_in_float8(
     text = text.replace("precompute_float8_dynamic_scale_for_fsdp = true\n", "")
     job, notes = _read(tmp_path, text, mode="full", option="op")
     assert job.config["float8"]["recipe_name"] == recipe
-    noted = [n for n in notes if "Float8ColwiseParallel" in n]
-    assert len(noted) == (recipe == "tensorwise")
-    if noted:
-        assert "twice torchtitan's bytes" in noted[0]
+    styles = {k: type(v).__name__ for k, v in job.config["parallelize_plan"].items()}
+    f8 = recipe == "tensorwise"
+    assert styles["layers.*.attention"] == (
+        "PrepareFloat8ModuleInput" if f8 else "PrepareModuleInput"
+    )
+    assert styles["layers.*.feed_forward.w1"] == (
+        "Float8ColwiseParallel" if f8 else "ColwiseParallel"
+    )
+    assert styles["layers.*.attention.wo"] == ("Float8RowwiseParallel" if f8 else "RowwiseParallel")
+    assert styles["output"] == "ColwiseParallel" and styles["tok_embeddings"] == "RowwiseParallel"
+    assert not [n for n in notes if "Float8ColwiseParallel" in n]

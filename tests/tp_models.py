@@ -152,6 +152,27 @@ def dtensor_plan() -> dict[str, Any]:
     return plan
 
 
+def float8_plan() -> dict[str, Any]:
+    """:func:`whole_plan` with torchao's float8 styles in the blocks, as torchtitan's
+    ``apply_tp`` gives them to tensorwise float8 linears (``enable_float8_tensorwise_tp``)."""
+    from torchao.float8 import float8_tensor_parallel as f8
+
+    Col, Row = f8.Float8ColwiseParallel, f8.Float8RowwiseParallel
+    Prepare = f8.PrepareFloat8ModuleInput
+
+    block = {
+        "attention_norm": SequenceParallel(),
+        "attention": Prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        **{f"attention.{w}": Col() for w in ("wq", "wk", "wv")},
+        "attention.wo": Row(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": Prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        **{f"feed_forward.{w}": Col() for w in ("w1", "w3")},
+        "feed_forward.w2": Row(output_layouts=Shard(1)),
+    }
+    return {**top_plan(), **{f"layers.*.{k}": v for k, v in block.items()}}
+
+
 def plain_plan() -> dict[str, Any]:
     """Tensor parallelism without sequence parallelism: replicated norms and residual stream,
     row-parallel outputs all-reduced."""

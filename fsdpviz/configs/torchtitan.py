@@ -142,7 +142,9 @@ def from_torchtitan(
         )
     model = build_llama3(flavor, seq)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
-    kwargs = parallelize_kwargs(model, data, mesh, where, notes)
+    # torchtitan's enable_float8_tensorwise_tp: float8 linears of a tensorwise recipe
+    tensorwise = float8 is not None and float8.get("recipe_name", "tensorwise") == "tensorwise"
+    kwargs = parallelize_kwargs(model, data, mesh, where, notes, float8_tensorwise=tensorwise)
     if mesh["pp"] > 1:
         kwargs.update(pipeline_kwargs(model, parallel, mesh["pp"], batch, where, notes))
     # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch;
@@ -159,18 +161,6 @@ def from_torchtitan(
         kwargs["loss"] = cast("Callable[[Any], torch.Tensor]", torch.compile(loss))
     if float8 is not None:
         kwargs["float8"] = float8
-        if mesh["tp"] > 1 and float8.get("recipe_name", "tensorwise") == "tensorwise":
-            note(
-                notes,
-                f"{where}: tensor parallelism with tensorwise float8 linears: torchtitan "
-                "(enable_float8_tensorwise_tp) applies torchao's Float8ColwiseParallel, "
-                "Float8RowwiseParallel and PrepareFloat8ModuleInput, which cast the blocks' "
-                "activations to float8 before their tp all-gathers; these are not modelled, "
-                "and the plan uses torch's ColwiseParallel, RowwiseParallel and "
-                "PrepareModuleInput (the activations gathered in bf16, then cast in each "
-                "linear): the blocks' tp all-gathers and their buffers are counted at twice "
-                "torchtitan's bytes (a rowwise recipe_name runs as planned)",
-            )
     config = TrainerConfig(f"torchtitan job {where} (llama3 {flavor})", kwargs, notes)
     return TorchtitanJob(model, tokens, config)
 

@@ -41,10 +41,26 @@ RESHARD_KEY = RESHARD.trainer_keys["torchtitan"]
 :func:`parallelize_kwargs` reads it, :func:`reshard_policy` writes it."""
 
 
-def tp_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:
+def tp_plan(loss_parallel: bool, float8_tensorwise: bool = False) -> dict[str, ParallelStyle]:
     """torchtitan's ``apply_tp`` as one plan over the whole model (``layers.*.`` patterns):
     sequence parallel norms, column/row-wise projections, the output sharded over the
-    vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated."""
+    vocabulary for loss parallel (``disable_loss_parallel = false``) or replicated. With
+    tensorwise float8 linears (``float8_tensorwise``: torchtitan's
+    ``enable_float8_tensorwise_tp``) the blocks take torchao's ``Float8ColwiseParallel``,
+    ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``, as ``apply_tp`` gives them
+    (their activations gathered in float8); the embedding, the final norm and the output
+    keep torch's."""
+    col: Any = ColwiseParallel
+    row: Any = RowwiseParallel
+    prepare: Any = PrepareModuleInput
+    if float8_tensorwise:  # lazy: torchao is needed only here
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        col, row, prepare = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     plan: dict[str, ParallelStyle] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -56,30 +72,34 @@ def tp_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:
     }
     block = {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(  # (x, freqs_cis): the rotations stay plain tensors
+        "attention": prepare(  # (x, freqs_cis): the rotations stay plain tensors
             input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
         ),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention.wq": col(),
+        "attention.wk": col(),
+        "attention.wv": col(),
+        "attention.wo": row(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-        ),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward": prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": col(),
+        "feed_forward.w2": row(output_layouts=Shard(1)),
+        "feed_forward.w3": col(),
     }
     plan.update({f"layers.*.{k}": v for k, v in block.items()})
     return plan
 
 
 def parallelize_kwargs(
-    model: nn.Module, data: dict[str, Any], mesh: dict[str, int], where: str, notes: list[str]
+    model: nn.Module,
+    data: dict[str, Any],
+    mesh: dict[str, int],
+    where: str,
+    notes: list[str],
+    float8_tensorwise: bool = False,
 ) -> AnalyzeKwargs:
     """torchtitan's ``apply_tp``, ``apply_ac`` and ``apply_fsdp`` for this job, as analyze
-    arguments."""
+    arguments (``float8_tensorwise``: the job trains tensorwise float8 linears, whose blocks
+    ``apply_tp`` gives torchao's float8 styles)."""
     training = data.get("training", {})
     policy = str(data.get("parallelism", {}).get(RESHARD_KEY, "default"))
     if policy not in ("default", "always", "never"):
@@ -107,7 +127,18 @@ def parallelize_kwargs(
     if mesh["tp"] > 1:
         parallel = data.get("parallelism", {})
         loss_parallel = not parallel.get("disable_loss_parallel", False)
-        kwargs["parallelize_plan"] = tp_plan(loss_parallel)
+        try:
+            kwargs["parallelize_plan"] = tp_plan(loss_parallel, float8_tensorwise)
+        except ImportError:  # torchao's styles need torchao
+            kwargs["parallelize_plan"] = tp_plan(loss_parallel)
+            note(
+                notes,
+                f"{where}: tensor parallelism with tensorwise float8 linears: torchtitan "
+                "applies torchao's Float8ColwiseParallel, Float8RowwiseParallel and "
+                "PrepareFloat8ModuleInput, but torchao is not installed, so the blocks are "
+                "planned with torch's styles (their tp all-gathers in bf16, twice torchtitan's "
+                "bytes); pip install torchao to plan torchao's",
+            )
         if loss_parallel:
             note(
                 notes,

@@ -46,6 +46,31 @@ STYLES = (
     "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
     "PrepareModuleOutput", "PrepareModuleInputOutput",
 )  # fmt: skip
+# torchao's float8 styles (``torchao/float8/float8_tensor_parallel.py``) -> the torch style
+# each subclasses: the same parameter sharding and layouts, the activations cast to float8
+# first (see [Note: torchao's float8 tensor-parallel styles])
+FLOAT8_STYLES = {
+    "Float8ColwiseParallel": "ColwiseParallel",
+    "Float8RowwiseParallel": "RowwiseParallel",
+    "PrepareFloat8ModuleInput": "PrepareModuleInput",
+}
+
+# [Note: torchao's float8 tensor-parallel styles]
+# ``Float8ColwiseParallel`` and ``Float8RowwiseParallel`` take an input that is not float8
+# yet, make it a DTensor in its input layout and cast it to float8 there (tensorwise,
+# ``hp_tensor_to_float8_dynamic``: each rank casts its own part, the scale from the amax of
+# the whole), then redistribute it: a ``Shard -> Replicate`` all-gather moves the float8
+# data, one byte an element (``Float8TrainingTensor``'s ``allgather_fp8`` gathers
+# ``_data``; the scale, the same on every rank, stays). ``PrepareFloat8ModuleInput`` casts
+# every input it has a layout for, then redistributes it, and leaves a float8 DTensor for
+# the float8 linears inside, which cast it no more (``tensor_already_casted_to_fp8``), nor
+# does their backward for the weight's gradient. After their output's redistribution
+# (in high precision) both linear styles apply ``NoopFwToFloat8BwDynamic``: in backward the
+# output gradient is cast to float8 (``cast_config_grad_output``: e5m2) in the output
+# layout, so its redistribution back (a row-wise output's ``Shard(1)`` gradient
+# all-gathered) moves float8 too and the linear's backward casts it no more. The gradient
+# an input's redistribution takes back is the multiply's high-precision output (the cast's
+# backward passes it on): its reduce-scatter moves high precision.
 
 
 def layout_of(placement: Any) -> Layout | None:
@@ -118,6 +143,13 @@ class TPModule:
     partial_grads: tuple[str, ...] = ()  # replicated parameters whose gradient is partial
     local_output: bool = True  # use_local_output: the output is a plain tensor again
     output_layout: Layout | None = None  # the output's layout when it stays a DTensor
+    float8: bool = False  # one of torchao's float8 styles (FLOAT8_STYLES)
+
+    @property
+    def base(self) -> str:
+        """The torch style this one is or subclasses (``Float8RowwiseParallel``:
+        ``RowwiseParallel``)."""
+        return FLOAT8_STYLES.get(self.style, self.style)
 
     @property
     def description(self) -> str:
@@ -169,6 +201,49 @@ class TPPlan:
                     p.requires_grad_(True)
                     out.append(f"{fqn}.{name}" if fqn else name)
         return out
+
+
+def check_float8_styles(
+    plan: TPPlan, model: nn.Module, float8: list[nn.Module], recipe: str | None
+) -> None:
+    """Refuse torchao's float8 styles where torchao refuses them, or where they are not
+    modelled: ``Float8ColwiseParallel`` and ``Float8RowwiseParallel`` on a linear that does
+    not train in float8 (``_apply``: "Expecting module to be Float8Linear"),
+    ``PrepareFloat8ModuleInput`` on a module without one (its ``_apply`` finds no
+    ``linear_mm_config``), and any of them under a rowwise recipe (the styles cast
+    tensorwise, as they document; torchtitan applies them to tensorwise recipes only)."""
+    picked = {id(m) for m in float8}
+    for fqn, tpm in plan.modules.items():
+        if not tpm.float8:
+            continue
+        where = f"parallelize_plan: {tpm.style} (for {fqn!r})"
+        if recipe is None:
+            raise FSDPConfigError(
+                f"{where} needs torchao's float8 linears (ValueError: Expecting module to be "
+                "Float8Linear); pass float8={...} (convert_to_float8_training's options) or "
+                "use torch's ColwiseParallel, RowwiseParallel and PrepareModuleInput"
+            )
+        if recipe != "tensorwise":
+            raise ConfigError(
+                f"{where}: torchao's float8 tensor-parallel styles cast tensorwise and are "
+                f"not modelled with recipe_name={recipe!r} (torchtitan applies them to "
+                "tensorwise float8 only); use torch's styles with a rowwise recipe"
+            )
+        module = model.get_submodule(fqn)
+        if tpm.base == "PrepareModuleInput":
+            if not any(id(m) in picked for m in module.modules()):
+                raise FSDPConfigError(
+                    f"{where}: no linear under {fqn!r} trains in float8, so the style has no "
+                    "float8 config to cast with (torchao: AssertionError); use "
+                    "PrepareModuleInput, or convert its linears (float8 filter_fqns)"
+                )
+        elif id(module) not in picked:
+            raise FSDPConfigError(
+                f"{where}: Expecting module to be Float8Linear but found "
+                f"{type(module).__name__} (torchao's ValueError: the float8 options leave "
+                f"{fqn!r} in high precision, filter_fqns or its size); use "
+                f"{tpm.base} for it"
+            )
 
 
 def local_shape(shape: Sequence[int], layout: Layout | None, size: int) -> list[int]:
@@ -237,7 +312,7 @@ def _add(modules: dict[str, TPModule], tpm: TPModule) -> None:
             tpm.fqn, both,
             first.inputs + tpm.inputs, first.outputs + tpm.outputs,
             {**first.params, **tpm.params}, first.partial_grads + tpm.partial_grads,
-            tpm.local_output, tpm.output_layout,
+            tpm.local_output, tpm.output_layout, first.float8 or tpm.float8,
         )  # fmt: skip
     modules[tpm.fqn] = tpm
 
@@ -260,6 +335,8 @@ def _match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
 def style_module(fqn: str, module: nn.Module, style: Any) -> TPModule:
     """What ``style`` does to ``module`` (``fqn``), read from the style's attributes."""
     name = type(style).__name__
+    if name in FLOAT8_STYLES:
+        return _float8(fqn, module, name, style)
     if name == "PrepareModuleInputOutput":
         first = style_module(fqn, module, style.prepare_module_input)
         second = style_module(fqn, module, style.prepare_module_output)
@@ -287,6 +364,23 @@ def style_module(fqn: str, module: nn.Module, style: Any) -> TPModule:
         f"parallelize_plan: {name} (for {fqn!r}) is not modelled; use ColwiseParallel, "
         "RowwiseParallel, SequenceParallel, PrepareModuleInput or PrepareModuleOutput"
     )
+
+
+def _float8(fqn: str, module: nn.Module, name: str, style: Any) -> TPModule:
+    """One of torchao's float8 styles: its torch style's layouts, cast to float8 (see
+    [Note: torchao's float8 tensor-parallel styles])."""
+    dtype = getattr(style, "float8_dtype", None)
+    if dtype is not None and str(dtype) != "torch.float8_e4m3fn":
+        raise FSDPConfigError(
+            f"parallelize_plan: {name} (for {fqn!r}) takes float8_dtype={dtype}; torchao "
+            "casts only to torch.float8_e4m3fn (NotImplementedError)"
+        )
+    base = FLOAT8_STYLES[name]
+    tpm = _linear(fqn, module, base, style) if base != "PrepareModuleInput" else (
+        _prepare_input(fqn, base, style)
+    )  # fmt: skip
+    tpm.style, tpm.float8 = name, True
+    return tpm
 
 
 def _linear(fqn: str, module: nn.Module, name: str, style: Any) -> TPModule:
@@ -403,7 +497,17 @@ def tp_hooks(module: nn.Module) -> _Found | None:
         for key, fn in hooks.items():
             cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
             for obj in cells:
-                if type(obj).__name__ in STYLES[3:] and obj not in found.styles:
+                kind = type(obj).__name__
+                if isinstance(obj, functools.partial):
+                    kind = getattr(obj.func, "__qualname__", "").split(".")[0]
+                if kind in FLOAT8_STYLES:
+                    raise ConfigError(
+                        f"{kind} already applied to {type(module).__name__}: a model "
+                        "parallelised with torchao's float8 styles is not read back; pass the "
+                        "model before parallelize_module and convert_to_float8_training, with "
+                        "the plan as parallelize_plan={...} and float8={...}"
+                    )
+                if kind in STYLES[3:] and obj not in found.styles:
                     found.styles.append(obj)
                     found.keys.append((hooks, key))
                 elif isinstance(obj, functools.partial):

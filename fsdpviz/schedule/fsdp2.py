@@ -21,7 +21,12 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
-from fsdpviz.plan.tensor_parallel import local_shape, resolve_plan, unfrozen_warning
+from fsdpviz.plan.tensor_parallel import (
+    check_float8_styles,
+    local_shape,
+    resolve_plan,
+    unfrozen_warning,
+)
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
@@ -79,6 +84,9 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                 tp=resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
             )
             assert opts.tp is not None
+            job = opts.job
+            recipe = job.float8.recipe_name if job.float8 else None
+            check_float8_styles(opts.tp, copy, job.float8_modules(copy), recipe)
             unfrozen = opts.tp.unfreeze(copy)
         targets = asked_of_originals(opts.targets, originals)
         groups = build_groups(

@@ -15,6 +15,7 @@ below; the differences are listed in ``plan/torch_fsdp.py``'s [Note: FSDP2 acros
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 from typing import Any, TypedDict
 
 from fsdpviz.plan.fsdp2_group import Group
@@ -411,11 +412,15 @@ class FSDP2Runtime:
             return g.training_state != TrainingState.POST_BACKWARD
         return g.sharded == Sharded.UNSHARDED
 
-    def tensor_parallel(self, i: int, kind: str, module: str, phase: str, nbytes: int) -> None:
+    def tensor_parallel(
+        self, i: int, kind: str, module: str, phase: str, nbytes: int, dtype: str | None = None
+    ) -> None:
         """A collective of tensor parallelism, issued in the forward or backward of ``module``
-        (in group ``i``): it changes no FSDP state, but is logged so a replay issues it too."""
-        self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes)))
-        self.events.append(self._tp_event(kind, self.states[i].group.name, module, phase, nbytes))
+        (in group ``i``), moving ``nbytes`` of ``dtype``: it changes no FSDP state, but is
+        logged so a replay issues it too."""
+        self.log.append((f"tp_{phase}", i, (kind, module, phase, nbytes, dtype)))
+        event = self._tp_event(kind, self.states[i].group.name, module, phase, nbytes)
+        self.events.append(replace(event, dtype=dtype) if dtype is not None else event)
 
     def context_parallel(self, i: int, kind: Any, module: str, phase: Any, nbytes: int) -> None:
         """A collective of context parallelism's ring attention, issued in the attention of

@@ -33,7 +33,7 @@ from fsdpviz.plan.fsdp2 import (
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
-from fsdpviz.plan.tensor_parallel import resolve_plan, unfrozen_warning
+from fsdpviz.plan.tensor_parallel import check_float8_styles, resolve_plan, unfrozen_warning
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -114,6 +114,9 @@ def trace_stages(
                     )
                 )
                 assert stage_opts.tp is not None
+                job = stage_opts.job
+                recipe = job.float8.recipe_name if job.float8 else None
+                check_float8_styles(stage_opts.tp, part, job.float8_modules(part), recipe)
                 # as parallelize_module does (TPPlan.unfreeze)
                 unfrozen = stage_opts.tp.unfreeze(part)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)

@@ -176,6 +176,25 @@ class _GradCollective(torch.autograd.Function):
         return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
 
 
+class _Float8GradCast(torch.autograd.Function):
+    """torchao's ``NoopFwToFloat8BwDynamic`` after a float8 linear style's output: identity
+    forward; backward casts the gradient to float8 (on the probe, when one measures)."""
+
+    @staticmethod
+    def forward(ctx: Any, probe: CostProbe | None, t: torch.Tensor) -> torch.Tensor:
+        ctx.probe = probe
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        probe = ctx.probe
+        return None, probe.float8_cast(grad) if probe is not None else grad
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
 def owner_index(fqn: str, groups: list[Group]) -> int:
     """The group whose ``fully_shard`` call manages module ``fqn``: the deepest one above it."""
     best, depth = 0, -1
@@ -197,6 +216,8 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
+        # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
+        self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
         self._flow = _DTensorFlow({id(p) for p in plan.placements(model)})
         self._handles: list[Any] = []
         modules = dict(model.named_modules())
@@ -225,7 +246,7 @@ class TPEmulation:
                 for p, layout in placements.items()
                 if layout[0] == "shard" and p.dim() > 0
             },
-            frozenset(f for f, m in self.plan.modules.items() if m.style == "RowwiseParallel"),
+            frozenset(f for f, m in self.plan.modules.items() if m.base == "RowwiseParallel"),
             frozenset(
                 p
                 for p, layout in placements.items()
@@ -369,10 +390,19 @@ class TPEmulation:
         """The layout ``t`` was left in as a DTensor, also through aliases of it (the same
         shape and strides: what an autograd function returning its input gives, as FSDP's
         pre-forward hook of the next module does)."""
+        found = self._aliased(t, self._dtensors)
+        return None if found is None else found[1]
+
+    def _is_float8(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (or an alias of it) is a DTensor a float8 style left float8."""
+        return self._aliased(t, self._float8) is not None
+
+    @staticmethod
+    def _aliased(t: torch.Tensor, table: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
         while True:
-            entry = self._dtensors.get(id(t))
+            entry = table.get(id(t))
             if entry is not None and entry[0]() is t:
-                return entry[1]
+                return entry
             base = t._base
             if (
                 base is None
@@ -395,39 +425,75 @@ class TPEmulation:
 
     # ------------------------------------------------------------------- hooks
     def _redistribute(
-        self, t: Any, r: Redistribution, tpm: TPModule, i: int, known: Layout | None
+        self,
+        t: Any,
+        r: Redistribution,
+        tpm: TPModule,
+        i: int,
+        known: Layout | None,
+        float8: tuple[bool, bool] = (False, False),
     ) -> Any:
-        """Report ``t``'s collective in forward; return it with its gradient's hooked."""
+        """Report ``t``'s collective in forward; return it with its gradient's hooked.
+        ``float8``: whether the tensor (cast by a float8 style first, where the trace holds
+        it in high precision: :meth:`_float8_in`) and its gradient move in float8 (see
+        [Note: torchao's float8 tensor-parallel styles])."""
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or self.plan.size == 1:
             # a tp group of one rank: DTensor's redistribution keeps the local tensor, no
             # collective and no new buffer, either way (``redistribute_local_tensor``)
             return t
+        data_f8, grad_f8 = float8
         ndim = t.dim()
         nbytes = t.numel() * t.element_size()
         src = known or r.src
         forward = collective(src, r.dst, ndim)
         if forward is not None:
-            sent = self._padded(nbytes, t.shape, forward, src, r.dst)
-            self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent)
+            sent = self._padded(t.numel() if data_f8 else nbytes, t.shape, forward, src, r.dst)
+            dtype = "float8_e4m3fn" if data_f8 else _dtype_name(t)
+            self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent, dtype)
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
         moved = known is None or not same_layout(src, r.dst, ndim)
         back = backward_collective(r.grad, src, ndim) if moved else None
-        copy = self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim)
+        copy = self._in_float8(
+            self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
+        )
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
         chunk = self._chunk(r.grad, back_dst, ndim) if moved else None
         if (back is None and chunk is None) or not (t.requires_grad and torch.is_grad_enabled()):
             return t if copy is None else copy(t)
-        back_sent = self._padded(nbytes, t.shape, back, r.grad, back_dst) if back else 0
+        back_bytes = t.numel() if grad_f8 else nbytes
+        back_sent = self._padded(back_bytes, t.shape, back, r.grad, back_dst) if back else 0
+        back_dtype = "float8_e5m2" if grad_f8 else _dtype_name(t)
 
         def report() -> None:
             if back is not None:
-                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent)
+                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent, back_dtype)
 
-        back_copy = self._buffer(back, r.grad, back_dst, ndim) or chunk
+        back_copy = self._in_float8(self._buffer(back, r.grad, back_dst, ndim) or chunk, grad_f8)
         return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
+
+    def _in_float8(self, copy: Copy, float8: bool) -> Copy:
+        """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
+        probe = self._probe
+        if copy is None or not float8 or probe is None:
+            return copy
+
+        def make(t: torch.Tensor) -> torch.Tensor:
+            with probe.made_in_float8():
+                out: torch.Tensor = copy(t)
+            probe.float8_scale(out)
+            return out
+
+        return make
+
+    def _float8_input(self, t: torch.Tensor, tpm: TPModule, known: Layout | None) -> bool:
+        """Whether a float8 style casts input ``t`` before redistributing it: the linear
+        styles unless it is float8 already, ``PrepareFloat8ModuleInput`` always."""
+        if not tpm.float8 or not t.is_floating_point():
+            return False
+        return tpm.base == "PrepareModuleInput" or known is None or not self._is_float8(t)
 
     def _check_even_local(self, t: torch.Tensor, layout: Layout, tpm: TPModule) -> None:
         """Refuse a plain tensor a style takes to be sharded on a dim the tp ranks do not
@@ -523,13 +589,19 @@ class TPEmulation:
             forward = torch._C._current_graph_task_id() == -1
             if known is None and isinstance(t, torch.Tensor) and forward:
                 self._check_even_local(t, r.src, tpm)
-            out = self._redistribute(t, r, tpm, i, known)
-            if tpm.style == "PrepareModuleInput":
+            cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
+            if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
+                t = self._probe.float8_cast(t)
+            float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
+            out = self._redistribute(t, r, tpm, i, known, (float8, False))
+            if tpm.base == "PrepareModuleInput":
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
                 # use_local_output=False: a DTensor goes in
                 self._remember(out, r.dst, f"the input {tpm.style} of {tpm.fqn!r} makes")
+                if float8 and isinstance(out, torch.Tensor):
+                    self._float8[id(out)] = (weakref.ref(out), True)
             holder[key] = out
         return tuple(args), kwargs
 
@@ -538,8 +610,13 @@ class TPEmulation:
     ) -> Any:
         if tpm.outputs:
             r = tpm.outputs[0]
+            # a float8 linear style's output gradient comes back cast to float8
+            # (NoopFwToFloat8BwDynamic after the redistribution)
+            grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
-                output = self._redistribute(output, r, tpm, i, None)
+                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8))
+                if grad_f8 and output.requires_grad and torch.is_grad_enabled():
+                    output = _Float8GradCast.apply(self._probe, output)  # type: ignore[no-untyped-call]
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
@@ -548,7 +625,7 @@ class TPEmulation:
                 tpm.output_layout,
                 f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)",
             )
-        elif tpm.outputs or tpm.style != "PrepareModuleInput":
+        elif tpm.outputs or tpm.base != "PrepareModuleInput":
             self._local(output[0] if isinstance(output, tuple) and output else output)
         return output
 
@@ -561,5 +638,6 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
+        self._float8.clear()
         self._flow.dtensors.clear()
         self._probe = None

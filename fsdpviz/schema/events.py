@@ -79,6 +79,10 @@ class Event:
     stage: int | None = None
     microbatch: int | None = None
     action: str | None = None
+    # tensor parallelism's collectives: the dtype of the data the styles move ("bfloat16";
+    # "float8_e4m3fn" for an activation torchao's float8 styles cast before gathering it,
+    # "float8_e5m2" for such an output gradient)
+    dtype: str | None = None
 
     @property
     def tensor_parallel(self) -> bool:
@@ -105,7 +109,7 @@ class Event:
             d["module"] = self.module
         if self.nbytes is not None:
             d["nbytes"] = self.nbytes
-        for key in ("stage", "microbatch", "action"):
+        for key in ("stage", "microbatch", "action", "dtype"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         if self.hook is not None:
@@ -126,7 +130,9 @@ class Event:
     def describe(self) -> str:
         """One line for people: ``all_gather 'blocks.1' (prefetch, pre_backward of 'blocks.2')``;
         the root reads ``(root)``: ``free (root) (post_forward of (root))``; under pipeline
-        parallelism the action that issued it follows (``..., in 1F0)``)."""
+        parallelism the action that issued it follows (``..., in 1F0)``); a collective moving
+        float8 names its dtype (``tp_all_gather 'layers.0.attention' (forward, float8_e4m3fn,
+        in 'layers.0')``)."""
         if self.pipeline:
             what = "activations" if self.phase == "forward" else "gradients"
             return f"{self.kind} {what} of microbatch {self.microbatch} ({self.action})"
@@ -134,6 +140,8 @@ class Event:
         how: list[str] = [self.phase if self.hook is None else hook]
         if self.prefetch:
             how.insert(0, "prefetch")
+        if self.dtype is not None and self.dtype.startswith("float8"):
+            how.append(self.dtype)
         if self.group == "replicate":
             how.insert(0, "across replicas")
         if self.action is not None:
@@ -161,6 +169,7 @@ class Event:
             stage=d.get("stage"),
             microbatch=d.get("microbatch"),
             action=d.get("action"),
+            dtype=d.get("dtype"),
         )
 
 

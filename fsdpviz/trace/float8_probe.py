@@ -7,7 +7,9 @@ placed in the fused kernel that reads it next under ``torch.compile``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
@@ -94,6 +96,10 @@ class Float8Host(Protocol):
     _float8_sac: Any
     _float8_seen: bool  # the running float8 linear's forward multiply reached the probe
     _float8: ModuleScope | None
+    _float8_data: dict[int, weakref.ref[Any]]
+    _in_float8: bool
+    _float8_inputs: dict[int, bool]
+    _live: dict[int, list[Any]]
     _tp: TPShares | None
     live: list[int]
     _fused: FusedRegions
@@ -103,6 +109,8 @@ class Float8Host(Protocol):
     def _local_numel(self, t: torch.Tensor) -> int: ...
     def _local_bytes(self, x: Any) -> int: ...
     def _bump_peak(self) -> None: ...
+    def _share(self, t: Any) -> Fraction | None: ...
+    def redistributed(self, share: Fraction | None) -> Any: ...
     def _float8_over(self, kind: int, extras: list[int]) -> None: ...
     def _hold(self, st: Any, key: int, n: int, kind: int) -> None: ...
 
@@ -113,6 +121,54 @@ class Float8Accounting:
 
     _float8_pair: weakref.ref[Any] | None
     _float8_running: tuple[torch.Tensor, Any, Any] | None
+
+    @contextmanager
+    def made_in_float8(self: Float8Host, on: bool = True) -> Iterator[None]:
+        """The tensors made in this block hold float8 data (``on``): one byte an element
+        where the trace's tensor is in high precision (a tp collective's buffer of a
+        float8 activation or gradient)."""
+        before, self._in_float8 = self._in_float8, on or self._in_float8
+        try:
+            yield
+        finally:
+            self._in_float8 = before
+
+    def is_float8(self: Float8Host, t: Any) -> bool:
+        """Whether tensor ``t`` holds float8 data where the trace holds high precision."""
+        st = storage_of(t) if isinstance(t, torch.Tensor) else None
+        ref = None if st is None else self._float8_data.get(id(st))
+        return ref is not None and ref() is st
+
+    def float8_cast(self: Float8Host, t: torch.Tensor) -> torch.Tensor:
+        """torchao's tensorwise cast of an activation or a gradient by a float8 tensor-parallel
+        style (``hp_tensor_to_float8_dynamic`` on the DTensor: each rank casts its part):
+        the cast's moment (:func:`_cast_peak`) and kernels (an amax and a scaled cast,
+        fused under ``torch.compile``), and the float8 tensor it makes, of ``t``'s share."""
+        backward = int(torch._C._current_graph_task_id() != -1)
+        n = self._local_numel(t) if self._tp is not None else t.numel()
+        fused = self._float8_fused and self._fusing()
+        most, _ = _cast_peak([(n, 1)], fused)
+        self._float8_over(BWD_TEMP if backward else FWD_TEMP, [most])
+        high = n * t.element_size()
+        self._add_kernel(("mem", backward), 2, 2.0 * high + n)
+        if self._fusing():
+            self._fused.extra(backward, 2, 2.0 * high + n, float(high + n), 1)
+        with self.redistributed(self._share(t)), Float8Accounting.made_in_float8(self):
+            out = t.clone()
+        Float8Accounting.float8_scale(self, out)
+        return out
+
+    def float8_scale(self: Float8Host, t: torch.Tensor) -> None:
+        """The float32 scale a float8 tensor ``t`` the probe holds keeps beside it (4 bytes,
+        whole on every rank: tensorwise), counted with it. The tensor a collective makes of
+        a cast one takes the cast's scale, which lives on with it."""
+        st = storage_of(t)
+        rec = None if st is None else self._live.get(id(st))
+        if rec is None:
+            return
+        rec[0] += 4
+        self.live[rec[1]] += 4
+        self._bump_peak()
 
     def _float8_casts(
         self: Float8Host,
@@ -143,12 +199,28 @@ class Float8Accounting:
         compiled = self._fusing()
         recipe = self._float8_recipe
         share = self._local_numel if self._tp is not None else None
-        casts = float8_casts(grad, a, b, self._float8_gathered, first, recipe, share)
+        # operands a float8 tensor-parallel style cast already (tensor_already_casted_to_fp8):
+        # forward the input, backward the output gradient, and the input the weight's
+        # gradient multiplies (as its forward found it, by the weight)
+        a_f8 = Float8Accounting.is_float8(self, a)
+        if not grad:
+            st = storage_of(b)
+            if st is not None:
+                self._float8_inputs[id(st)] = a_f8
+            input_f8 = a_f8
+        elif first:
+            st = storage_of(b)
+            input_f8 = st is not None and self._float8_inputs.get(id(st), False)
+        else:
+            input_f8 = Float8Accounting.is_float8(self, b)
+        casts = float8_casts(
+            grad, a, b, self._float8_gathered, first, recipe, share, float8_operand=a_f8
+        )
         for count, eager, kernels, fused in casts:
             self._add_kernel(("mem", backward), count, eager)
             if compiled:
                 self._fused.extra(backward, count, eager, fused, kernels)
-        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes, made)
+        Float8Accounting._float8_memory(self, grad, first, a, b, out_bytes, made, (a_f8, input_f8))
         return float8_gemm(grad, first, recipe)
 
     def _float8_memory(
@@ -159,6 +231,7 @@ class Float8Accounting:
         b: torch.Tensor,
         out: int,
         made: bool = False,
+        float8: tuple[bool, bool] = (False, False),
     ) -> None:
         """The bytes torchao's eager float8 linear holds around this multiply beyond what the
         trace of the high-precision linear holds (its output, ``out`` bytes, tracked already):
@@ -171,8 +244,11 @@ class Float8Accounting:
         FSDP2 gathered in float8 is cast by the all-gather, not here. Under ``torch.compile``
         (a compiled module's linear) the casts are fused (:func:`_cast_peak`). ``made``: a
         forward whose output the trace does not hold, allocated beside the float8 operands
-        (:meth:`_float8_stopped`)."""
+        (:meth:`_float8_stopped`). ``float8``: whether the multiply's first operand (forward
+        the input, backward the output gradient) and the linear's input are float8 already
+        (a float8 tensor-parallel style cast them): torchao casts neither again."""
         fused = self._float8_fused and self._fusing()
+        first_f8, input_f8 = float8
         kind = BWD_TEMP if torch._C._current_graph_task_id() != -1 else FWD_TEMP
         numel = self._local_numel if self._tp is not None else (lambda t: t.numel())
         recipe, gathered = self._float8_recipe, self._float8_gathered
@@ -190,7 +266,7 @@ class Float8Accounting:
             elif s_b < 1:
                 n = max(round(n * s_b), 1)
             casts = float8_cast_bytes(recipe, False, True, (m * k, m, k), (k * n, k, n))
-            casts = casts[:1] if gathered else casts
+            casts = [c for c, done in zip(casts, (first_f8, gathered), strict=True) if not done]
             amaxes = Float8Accounting._float8_saved_amaxes(self, len(casts), a.element_size())
             most, kept = _cast_peak(casts, fused, amaxes[1])
             self._float8_over(kind, [most, kept + out] if made else [most - out, kept])
@@ -219,7 +295,9 @@ class Float8Accounting:
         isz = a.element_size()
         gi = float8_cast_bytes(recipe, True, True, (m * n, m, n), (n * k, n, k))
         gw = float8_cast_bytes(recipe, True, False, (m * n, n, m), (m * k, m, k))
-        gi_most, gi_kept = _cast_peak(gi[:1] if gathered else gi, fused)
+        gi = [c for c, done in zip(gi, (first_f8, gathered), strict=False) if not done]
+        gw = [c for c, done in zip(gw, (first_f8, input_f8), strict=False) if not done]
+        gi_most, gi_kept = _cast_peak(gi, fused)
         gw_most, gw_kept = _cast_peak(gw, fused)
         gi_out, gw_out = m * k * isz, n * k * isz
         moments = [gi_most, gi_kept + gi_out, gi_kept + gi_out + gw_most]

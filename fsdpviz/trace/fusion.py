@@ -239,6 +239,7 @@ def float8_casts(
     first: bool,
     recipe: str = "tensorwise",
     share: Callable[[torch.Tensor], int] | None = None,
+    float8_operand: bool = False,
 ) -> list[tuple[int, float, int, float]]:
     """The memory-bound kernels around one float8 matrix multiply ``a @ b`` (its operands as
     the trace saw them, in the high precision), as ``(eager kernels, eager bytes, fused
@@ -275,7 +276,9 @@ def float8_casts(
     tensorwise for the input's gradient and the weight's gradient (the second multiply of
     backward) is computed in the high precision, with no cast (:func:`float8_gemm`).
     ``share``: the elements of a tensor one rank holds (a tensor-parallel share's ``1 /
-    tp``; default all of them).
+    tp``; default all of them). ``float8_operand``: ``a`` (forward the input, backward the
+    output gradient) is float8 already, cast by a float8 tensor-parallel style (tensorwise):
+    no cast of it.
     """
     casts: list[tuple[int, float, int, float]] = []
     count = share or (lambda t: t.numel())
@@ -300,12 +303,14 @@ def float8_casts(
             cast(b, across=True)
         return casts
     if not backward:
-        cast(a)
+        if not float8_operand:
+            cast(a)
         if not weight_in_float8:
             cast(b, across=True)
         return casts
     if first:
-        cast(a)
+        if not float8_operand:
+            cast(a)
     else:
         transposed(a)
     transposed(b)

@@ -165,6 +165,13 @@ class CostProbe(
         # (by id, held weakly): backward's multiply that reads one computes the input's
         # gradient, the other the weight's, in whichever order autograd runs them
         self._float8_weights: dict[int, weakref.ref[Any]] = {}
+        # storages that hold float8 data where the trace holds high precision (by id, held
+        # weakly: an activation or gradient torchao's float8 tensor-parallel styles cast),
+        # counted at one byte an element; inside made_in_float8() every new one is such
+        self._float8_data: dict[int, weakref.ref[Any]] = {}
+        self._in_float8 = False
+        # weight storage id -> whether the input of its float8 linear's forward was float8
+        self._float8_inputs: dict[int, bool] = {}
         # the output gradient of the float8 linear whose backward's first multiply ran last
         self._float8_pair: weakref.ref[Any] | None = None
         # rowwise backward outputs whose rescaling a compiled region has yet to place (by
@@ -424,6 +431,9 @@ class CostProbe(
         n = st.nbytes()
         if n == 0:
             return
+        if self._in_float8 and t.element_size() > 1:  # float8 data: one byte an element
+            n //= t.element_size()
+            self._float8_data[key] = weakref.ref(st)
         if share is not None and t.dim() > 0:  # a scalar is whole on every rank
             self._sharded.add(st, share)
             n = local_part(n, share)

@@ -1,0 +1,160 @@
+"""torchao's float8 tensor-parallel styles (``Float8ColwiseParallel``,
+``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``) in ``parallelize_plan=``, against
+real FSDP2 x TP with torchao's float8 linears on a 2 x 2 mesh of the fake process group
+(real CPU tensors: ``torch._scaled_mm`` runs on the CPU).
+
+The styles cast an activation to float8 on each rank's part before its all-gather, which
+moves one byte an element, and cast a linear's output gradient to float8 before its
+redistribution back (a row-wise output's all-gather); every tp collective DTensor issues,
+kind, bytes and dtype, equals fsdpviz's. The memory equals ``FSDPMemTracker``'s to the
+byte (the tracker made to count every storage of a float8 tensor:
+``memtracker_harness._track_every_storage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import tp_models
+from memtracker_harness import tracked
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+import fsdpviz
+from fsdpviz.cost import memory_model
+
+float8 = pytest.importorskip("torchao.float8")
+
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+SIZES = {"vocab": 64, "dim": 32, "n_heads": 4, "hidden": 96, "layers": 2}
+FLOAT8 = {"filter_fqns": ["output"]}  # torchtitan's: the output projection stays bf16
+_FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kind
+    "all_gather_single": "tp_all_gather",
+    "all_gather_tensor": "tp_all_gather",
+    "reduce_scatter_single": "tp_reduce_scatter",
+    "reduce_scatter_tensor": "tp_reduce_scatter",
+    "all_reduce": "tp_all_reduce",
+    "all_to_all_single": "tp_all_to_all",
+}
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+def _build(converted: bool) -> nn.Module:
+    model = tp_models.Llama(**SIZES)
+    if converted:
+        float8.convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "output")
+    return model
+
+
+@contextmanager
+def _collectives() -> Iterator[list[list[Any]]]:
+    """DTensor's functional collectives as ``[kind, bytes, dtype]`` of the data they move (a
+    float8 tensor's ``_data``: ``allgather_fp8`` gathers it, not its scale), but the scalar
+    amax all-reduces of the float8 casts, which fsdpviz does not show."""
+    import torch.distributed._functional_collectives as funcol
+
+    seen: list[list[Any]] = []
+    originals = {name: getattr(funcol, name) for name in _FUNCOL if hasattr(funcol, name)}
+
+    def wrap(name: str) -> Any:
+        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = originals[name](t, *args, **kwargs)
+            moved = out if _FUNCOL[name] == "tp_all_gather" else t
+            whole = getattr(moved, "_data", moved)
+            if whole.dim() > 0:
+                nbytes = whole.numel() * whole.element_size()
+                seen.append([_FUNCOL[name], nbytes, str(whole.dtype).removeprefix("torch.")])
+            return out
+
+        return collective
+
+    for name in originals:
+        setattr(funcol, name, wrap(name))
+    try:
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(funcol, name, fn)
+
+
+def _analyze(**kwargs: Any) -> fsdpviz.Report:
+    with torch.device("meta"):
+        model = _build(False)
+    return fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+        parallelize_plan=tp_models.float8_plan(), loss=_loss, mp_policy=BF16, progress=False,
+        **{"float8": FLOAT8, **kwargs},
+    )  # fmt: skip
+
+
+def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
+    """The blocks' input all-gathers move float8_e4m3fn (a rank's part cast first: 512
+    bytes of a (2, 8, 32) activation, bf16's 1,024 before), the row-wise outputs' gradients
+    come back all-gathered in float8_e5m2, the reduce-scatters stay bf16. fsdpviz refused
+    the styles ("... is not modelled")."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = _build(True)
+    parallelize_module(model, mesh["tp"], tp_models.float8_plan())
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
+    with _collectives() as seen:
+        _loss(model(_tokens())).backward()
+    report = _analyze()
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    partial_norms = [e for e in predicted if e[0] == "tp_all_reduce"]  # FSDP's, in post-backward
+    assert [e[:2] for e in partial_norms] == [s[:2] for s in seen if s[0] == "tp_all_reduce"]
+    assert [e for e in predicted if e[0] != "tp_all_reduce"] == [
+        s for s in seen if s[0] != "tp_all_reduce"
+    ]
+    assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e4m3fn"]) == 2 * 2
+    assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e5m2"]) == 2 * 2
+    gathered = next(e for e in report.iterations[0] if e.dtype == "float8_e4m3fn")
+    assert "float8_e4m3fn" in gathered.describe()
+
+
+def test_float8_styles_memory_against_fsdp_mem_tracker(fake_pg: int) -> None:
+    """Each style's cast of a rank's part (its moment, the float8 part and its scale), the
+    float8 all-gathered activation the column-wise linears hold for backward (no cast of
+    their own, nor for the weight's gradient), the float8 output gradient gathered for a
+    row-wise linear's backward: the peak, every category at it and every module's peaks to
+    the byte."""
+    from test_cost_memtracker import _as_the_tracker_sees, _compare
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    real = tracked(lambda: _build(True), lambda: {"tokens": _tokens()},
+                   lambda m: list(m.layers.values()), fake_pg, _loss, mesh_shape=(2, 2),
+                   parallelize=lambda m, tp: parallelize_module(m, tp, tp_models.float8_plan()),
+                   mp_policy=BF16, every_storage=True)  # fmt: skip
+    report = _analyze()
+    mem = memory_model(report, optimizer=None)
+    with torch.device("meta"):
+        model = _build(False)
+    _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
+
+
+def test_float8_styles_refused_where_torchao_refuses_them(fake_pg: int) -> None:
+    """Without float8 linears, on a linear the float8 options leave in bf16, or under a
+    rowwise recipe (the styles cast tensorwise): a clear error each."""
+    with pytest.raises(fsdpviz.FSDPConfigError, match="needs torchao's float8 linears"):
+        _analyze(float8=None)
+    with pytest.raises(fsdpviz.FSDPConfigError, match="Expecting module to be Float8Linear"):
+        _analyze(float8={"filter_fqns": ["output", "w2"]})
+    with pytest.raises(fsdpviz.ConfigError, match="cast tensorwise"):
+        _analyze(float8={**FLOAT8, "recipe_name": "rowwise"})
