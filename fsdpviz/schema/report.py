@@ -49,7 +49,9 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
     own (``tp_all_gather`` | ``tp_reduce_scatter`` | ``tp_all_reduce`` |
     ``tp_all_to_all``), ``unit`` the FSDP unit whose module issued them, ``module`` that
     module (or, for a replicated parameter's partial gradient, that parameter) and
-    ``nbytes`` the size of the whole tensor. Context parallelism's ring attention has
+    ``nbytes`` the size of the whole tensor, and ``dtype`` the data's dtype
+    (``"float8_e4m3fn"`` / ``"float8_e5m2"`` where torchao's float8 styles cast an
+    activation or its gradient before moving it). Context parallelism's ring attention has
     ``cp_all_gather`` (every rank's keys and values, in forward and again in backward) and
     ``cp_all_to_all`` (the gradients of keys and values passed on to the next rank, in
     backward) over the ``cp`` group, ``module`` the module that called the attention and
