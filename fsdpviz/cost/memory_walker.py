@@ -118,6 +118,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
         self.raf_int = cfg.post_forward_ranks
         self.replicas = cfg.replicas
+        # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
+        self.hsdp = self.fsdp2 and cfg.hsdp
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0
@@ -550,7 +552,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
             # the last micro-step adds the partial output into its own, then drops it: the
             # param group's _partial_reduce_output, rebound once foreach_reduce returns
-            if self.fsdp2 and self.replicas > 1:
+            if self.hsdp:
                 self._until_all_reduce[e.unit] = self._partial.pop(e.unit, 0)
             else:
                 partial = self._partial.pop(e.unit, 0)
