@@ -144,6 +144,22 @@ def test_parameters_no_gradient_reaches(fake_pg: int, mesh: Any) -> None:
     assert idle.trainable == (0, 0) and len(idle.unused_params) == len(idle.params)
 
 
+def test_one_replica_mesh_all_reduces(fake_pg: int) -> None:
+    """A 2-D mesh whose replicate dimension has one rank: torch still gives each group an
+    ``HSDPMeshInfo`` (the mesh's dimensionality decides), so ``foreach_reduce`` all-reduces
+    every gradient shard over the replicate group of one rank after its reduce-scatter;
+    the plan issues those all-reduces (it planned a 1-D mesh's schedule, without them)."""
+    torch.manual_seed(0)
+    model, mesh = hm.Stack(), (1, fake_pg)
+    real = record_real_fsdp2(model, _x(), BLOCKS, fake_pg, mesh_shape=mesh)
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=BLOCKS, mesh=mesh)
+    assert_same_schedule(real, predicted)
+    reduced = [e.unit for e in predicted.iterations[0] if e.kind == "reduce_scatter"]
+    across = [e.unit for e in predicted.iterations[0] if e.group == "replicate"]
+    assert across == reduced and len(across) == len(BLOCKS) + 1
+    assert predicted.config.mesh == {"replicate": 1, "shard": fake_pg}
+
+
 @pytest.mark.parametrize("name", list(HF_MODELS))
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16"])
 def test_hf_models_per_layer(fake_pg: int, name: str, mp: bool) -> None:

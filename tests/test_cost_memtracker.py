@@ -516,14 +516,20 @@ def _large_head_on_a_mesh(
     return real, report, model
 
 
-def test_hybrid_sharding_all_reduce_beside_the_last_gradient(fake_pg: int) -> None:
-    """HSDP on a 2 x 2 mesh: ``foreach_reduce``'s loop over the gradients (a shard group of
-    two ranks) keeps the last one bound until it returns, through the all-reduce across the
-    replicas and the cast of its output, not only the reduce-scatter. With most parameters
-    in the root (a large vocabulary, two tokens) that all-reduce makes the peak, which was
-    the output projection's 1,024,000 B bf16 gradient low."""
+@pytest.mark.parametrize("mesh", [(2, 2), (1, 4)], ids=["2x2", "one_replica"])
+def test_hybrid_sharding_all_reduce_beside_the_last_gradient(
+    fake_pg: int, mesh: tuple[int, int]
+) -> None:
+    """HSDP on a 2-D mesh: ``foreach_reduce``'s loop over the gradients keeps the last one
+    bound until it returns, through the all-reduce across the replicas and the cast of its
+    output, not only the reduce-scatter. With most parameters in the root (a large
+    vocabulary, two tokens) that all-reduce makes the peak, which was the output
+    projection's 1,024,000 B bf16 gradient low on 2 x 2. A replicate dimension of one rank
+    is HSDP all the same (``HSDPMeshInfo``: the mesh is 2-D): its all-reduce and the
+    all-reduced buffers each param group keeps (``AllReduceState``) were missing, the peak
+    20,544 B low."""
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-    real, report, model = _large_head_on_a_mesh(fake_pg, (2, 2), mp)
+    real, report, model = _large_head_on_a_mesh(fake_pg, mesh, mp)
     mem = memory_model(report, optimizer=None)
     _compare_cast_shards(real, mem, report, model)
     assert mem.peak["where"].startswith("at all_reduce (root)")

@@ -329,3 +329,17 @@ def test_fsdp2_copies_gradients_into_the_reduce_scatter_buffer_on_the_compute_st
         assert r["start"] > r["compute_t"]
     copies = sum(2 * r["bytes"] * 8 / 7 for r in scatters)
     assert tl.totals["copy_s"] >= h100.memory_seconds(copies) - 1e-12
+
+
+def test_fsdp2_all_reduce_over_one_replica_costs_nothing() -> None:
+    """FSDP2 on a 2-D mesh with one replica all-reduces each gradient shard over a group of
+    one rank (HSDP all the same): NCCL moves nothing between ranks for it, so each such
+    all-reduce takes no time and no bytes, and the step is the 1-D mesh's."""
+    ids = example_inputs(CONFIG, batch=4, seq=256)
+    flat = fsdpviz.analyze(example_model(CONFIG), ids, fully_shard=[DecoderLayer], world_size=16)
+    one = fsdpviz.analyze(example_model(CONFIG), ids, fully_shard=[DecoderLayer], mesh=(1, 16))
+    a, b = timeline(flat, "h100"), timeline(one, "h100")
+    reduced = [r for r in b.events if r["kind"] == "all_reduce"]
+    assert len(reduced) == len(one.units)
+    assert all(r["end"] == r["start"] and r["bytes"] == 0 for r in reduced)
+    assert b.totals["step_s"] == a.totals["step_s"] and b.totals["comm_s"] == a.totals["comm_s"]

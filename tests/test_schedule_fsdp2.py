@@ -157,20 +157,24 @@ def _sharded_on_meta(mesh: Any, **kwargs: Any) -> torch.nn.Module:
     return model
 
 
-def test_model_already_fully_sharded_on_an_hsdp_mesh_with_offload(fake_pg: int) -> None:
-    """A model ``fully_shard`` was applied to on a 2 x 2 (HSDP) mesh with
+@pytest.mark.parametrize("shape", [(2, 2), (1, 4)], ids=["2x2", "one_replica"])
+def test_model_already_fully_sharded_on_an_hsdp_mesh_with_offload(
+    fake_pg: int, shape: tuple[int, int]
+) -> None:
+    """A model ``fully_shard`` was applied to on a 2-D (HSDP) mesh with
     ``CPUOffloadPolicy``: read as the recipe plans it, the all-reduce across the replicas
-    and the host-memory shards included (before: a 2-rank 1-D mesh without either)."""
+    and the host-memory shards included (before: a 2-rank 1-D mesh without either). A
+    replicate dimension of one rank is HSDP all the same (``HSDPMeshInfo``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     names = ("dp_replicate", "dp_shard")
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     offload = CPUOffloadPolicy(pin_memory=False)
     model = _sharded_on_meta(mesh, offload_policy=offload)
     read = fsdpviz.analyze(model, torch.randn(4, 8, device="meta"))
     recipe = fsdpviz.analyze(hm.Stack(), _x(), fully_shard=BLOCKS, offload_policy=offload,
-                             mesh=("dp_replicate", 2, "dp_shard", 2))  # fmt: skip
+                             mesh=("dp_replicate", shape[0], "dp_shard", shape[1]))  # fmt: skip
     assert read.config == recipe.config
     assert read.config.world_size == 4 and read.config.cpu_offload
     assert [u.to_dict() for u in read.units] == [u.to_dict() for u in recipe.units]

@@ -135,16 +135,17 @@ def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[s
 
 def _forward_copies(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int]:
     """FSDP1 ``NO_SHARD`` under CPU offload: the device copies of the host parameters that
-    iteration ``k`` leaves to the next, each unit's last forward copy, which its views hold
-    (see [Note: NO_SHARD's copies] in ``memory_fsdp1.py``)."""
+    iteration ``k`` leaves to the next, which each unit's views hold: its last forward copy,
+    with ``use_orig_params=True`` its last copy (see [Note: NO_SHARD's copies] in
+    ``memory_fsdp1.py``)."""
     cfg = report.config
-    if k < 0 or cfg.api != "FSDP1" or cfg.use_orig_params:
+    if k < 0 or cfg.api != "FSDP1":
         return {}
     copies: dict[str, int] = {}
     for e in report.iterations[k]:
         s = sizes.get(e.unit)
-        forward = e.kind == "h2d" and e.phase == "forward"
-        if forward and s is not None and not s.communicates and not s.copy_in:
+        viewed = e.kind == "h2d" and (e.phase == "forward" or cfg.use_orig_params)
+        if viewed and s is not None and not s.communicates and not s.copy_in:
             copies[e.unit] = s.h2d
     return copies
 

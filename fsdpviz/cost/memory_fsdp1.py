@@ -25,9 +25,23 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   next forward unshard: each forward copy lives through the iteration into the next one, to
   the next forward copy of its unit, which is made before the views move to it. A backward
   unshard makes no views: its copy lives until the unit's reshard (its post-backward hook,
-  or the final callback's catch-all reshard). With ``use_orig_params=True`` the views are
-  remade in backward and the copies live as long as autograd's saved views of them: not
-  modelled (a note says so).
+  or the final callback's catch-all reshard).
+- the same copies with ``use_orig_params=True``: every unshard, forward and backward, hands
+  the module views of its copy (``_use_unsharded_views(as_params=False)``): the forward's
+  are kept in ``flat_param._tensors`` and the backward's rebind them (``tensor.data =
+  view``), so the copy a unit's last unshard made lives until its next one makes another
+  (the backward copy into the next iteration, to the next forward copy). The reshard only
+  points the original parameters at the host shard (``_use_sharded_views``). The forward
+  copy outlives its views' rebinding: autograd's saved tensors derived from the views
+  (``mm``'s transposed weight, ``weight.t()``, a view of its own) hold it until the
+  backward node that saved them runs, in the unit's backward. Its storage goes when the
+  last of them runs, the backward of the unit's first such module in forward (a block's
+  first projection; a root's output projection, computed after its nested units, where
+  its modules before them save no such view, as an embedding saves none): modelled at
+  the end of the first stretch of compute after the unit's pre-backward hook (the whole
+  backward of a unit without nested units; a root's before its nested units' backward),
+  else (no compute measured) at its post-backward hook. A unit run twice in forward
+  keeps both forward copies so, both dropped there.
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
@@ -80,7 +94,7 @@ from fsdpviz.cost.sizes import UnitBytes, fsdp1_grad_dtype, optimizer_spec
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
 
-__all__ = ["FSDP1Host", "FSDP1Steps", "low_precision_grads_notes", "no_shard_copy_notes"]
+__all__ = ["FSDP1Host", "FSDP1Steps", "low_precision_grads_notes"]
 
 
 class FSDP1Host(Protocol):
@@ -95,6 +109,9 @@ class FSDP1Host(Protocol):
     _event_index: int
     forward_copies: dict[str, tuple[Block, int]]
     backward_copies: dict[str, tuple[Block, int]]
+    saved_copies: dict[str, list[tuple[Block, int]]]
+    forward_copied: set[str]
+    orig_views: bool
     _held: set[str]
     _accumulating: set[str]
     replicas: int
@@ -109,6 +126,8 @@ class FSDP1Host(Protocol):
     def _grad_pool(self, e: Event, s: UnitBytes) -> str: ...
     def _drop_shard(self, unit: str, kept: int = 0) -> None: ...
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
+    def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
+    def _drop_saved_copies(self, unit: str) -> None: ...
 
 
 class FSDP1Steps:
@@ -143,6 +162,8 @@ class FSDP1Steps:
                 self._free("unsharded_params", "pre_unshard", ("h2d", e.unit), s.h2d)
         elif e.kind == "free":
             self._free("unsharded_params", "pre_unshard", ("cast", e.unit), s.copy_in)
+        elif e.kind == "h2d" and not s.copy_in and self.orig_views:
+            self._orig_params_copy(e, s, c)
         elif e.kind == "h2d" and not s.copy_in:
             copies = self.forward_copies if e.phase == "forward" else self.backward_copies
             block: Block = ("h2d", e.unit, e.phase)
@@ -157,12 +178,44 @@ class FSDP1Steps:
             self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
             copies[e.unit] = (block, s.h2d)
 
+    def _orig_params_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """A ``NO_SHARD`` unit's ``h2d`` event with ``use_orig_params=True``: its views move
+        to the new copy; the copy they leave is dropped, but a forward copy of this
+        iteration, which autograd's saved views hold into the unit's backward (see [Note:
+        NO_SHARD's copies])."""
+        old = self.forward_copies.pop(e.unit, None)
+        saved = self.saved_copies.setdefault(e.unit, [])
+        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied:
+            saved.append(old)
+        elif old is not None:
+            self._add("unsharded_params", "pre_unshard", s.h2d)
+            self._moment("at", c, e)
+            self._add("unsharded_params", "pre_unshard", -s.h2d)
+            self._free("unsharded_params", "pre_unshard", *old)
+        block: Block = ("h2d", e.unit, e.phase)
+        if any(b == block for b, _ in saved):  # a second forward copy beside the first
+            block = (*block, len(saved))
+        if not saved:
+            del self.saved_copies[e.unit]
+        if e.phase == "forward":
+            self.forward_copied.add(e.unit)
+        self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
+        self.forward_copies[e.unit] = (block, s.h2d)
+
+    def _drop_saved_copies(self: FSDP1Host, unit: str) -> None:
+        """``use_orig_params=True``: the unit's forward copies autograd's saved views held,
+        dropped as its backward ran (see [Note: NO_SHARD's copies])."""
+        for old in self.saved_copies.pop(unit, []):
+            self._free("unsharded_params", "pre_unshard", *old)
+
     def _no_shard_reshard(self: FSDP1Host, unit: str) -> None:
         """A ``NO_SHARD`` unit's reshard in backward drops its backward copy of the host
-        parameters (see [Note: NO_SHARD's copies])."""
+        parameters (see [Note: NO_SHARD's copies]), and what is left of its forward copies
+        with ``use_orig_params=True``."""
         old = self.backward_copies.pop(unit, None)
         if old is not None:
             self._free("unsharded_params", "pre_unshard", *old)
+        self._drop_saved_copies(unit)
 
     def _keep_low_precision(self: FSDP1Host, c: HookCall) -> None:
         """FSDP1's final callback with ``keep_low_precision_grads``: each unit reduced in this
@@ -242,21 +295,6 @@ class FSDP1Steps:
         if not base or kept:
             self.cat["unsharded_grads"] -= grads
         self._add_shard(e, s.sharded_grad, pool, output)
-
-
-def no_shard_copy_notes(sizes: dict[str, UnitBytes], use_orig_params: bool) -> list[str]:
-    """The note that FSDP1 ``NO_SHARD`` under CPU offload with ``use_orig_params=True`` and
-    no parameter mixed precision computes on copies of the host parameters whose lifetimes
-    are not modelled (see [Note: NO_SHARD's copies])."""
-    copies = [b.h2d for b in sizes.values() if not b.communicates and not b.copy_in]
-    if not use_orig_params or not any(copies):
-        return []
-    return [
-        "NO_SHARD under CPU offload with use_orig_params=True computes on device copies of "
-        "each unit's host parameters (FlatParamHandle.flat_param_to, one per unshard), which "
-        "live as long as autograd's saved views of them: not modelled, "
-        f"up to {max(copies)} B each"
-    ]
 
 
 def low_precision_grads_notes(report: Report, optimizer: str | int | None) -> list[str]:

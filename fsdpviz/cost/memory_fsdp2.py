@@ -39,6 +39,7 @@ class FSDP2Host(Protocol):
     cat: dict[str, int]
     fsdp2: bool
     replicas: int
+    hsdp: bool
     in_backward: bool
     resident: set[str]
     grads: dict[str, int]
@@ -157,7 +158,7 @@ class FSDP2Steps:
         (both on the reduce-scatter stream). Under HSDP the all-reduced buffer outlives the
         cast (:meth:`_hold_all_reduced`); with the shards offloaded the gradient's device
         copies are not modelled."""
-        if not s.reduce_cast or not s.sharded_grad or self.replicas > 1:
+        if not s.reduce_cast or not s.sharded_grad or self.hsdp:
             return None
         output = (("output", e.unit), s.reduce_cast)
         self._alloc("sharded_grads", "reduce_scatter", *output)

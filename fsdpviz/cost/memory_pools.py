@@ -66,6 +66,7 @@ class PoolsHost(Protocol):
     on_compute: set[str]
     fsdp2: bool
     replicas: int
+    hsdp: bool
 
     def _add(self, category: str, pool: str, n: int) -> None: ...
     def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
@@ -123,7 +124,7 @@ class StreamPools:
         """The pool of the stream that makes a unit's new gradient shard: see [Note: stream
         pools]."""
         if self.fsdp2:  # the reduce-scatter output, or under HSDP its cast
-            cast = self.replicas > 1 and bool(s.reduce_cast)
+            cast = self.hsdp and bool(s.reduce_cast)
             return "all_reduce" if cast else "reduce_scatter"
         if e.kind == "all_reduce":  # NO_SHARD: the gradient itself, or a cast of it
             return "reduce_scatter" if s.reduced_shard else "compute"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
-from fsdpviz.cost.memory_fsdp1 import FSDP1Steps, no_shard_copy_notes
+from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
 from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
@@ -118,6 +118,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
         self.raf_int = cfg.post_forward_ranks
         self.replicas = cfg.replicas
+        # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
+        self.hsdp = self.fsdp2 and cfg.hsdp
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0
@@ -130,12 +132,16 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         # FSDP1 NO_SHARD under CPU offload: each unit's device copy of its host parameters
         # that its views hold since its last forward unshard, and the one its backward
-        # unshard made, until its reshard (see [Note: NO_SHARD's copies])
+        # unshard made, until its reshard (see [Note: NO_SHARD's copies]); with
+        # use_orig_params=True the views move at every unshard (forward_copies: the copy
+        # they hold) and autograd's saved views hold this iteration's forward copies into
+        # the unit's backward (saved_copies; forward_copied: the units copied in forward)
         self.forward_copies: dict[str, tuple[Block, int]] = {}
         self.backward_copies: dict[str, tuple[Block, int]] = {}
-        # with use_orig_params=True autograd's saved views decide how long they live: not
-        # modelled (a note says so)
-        self.copies_modelled = not self.fsdp2 and not cfg.use_orig_params
+        self.saved_copies: dict[str, list[tuple[Block, int]]] = {}
+        self.forward_copied: set[str] = set()
+        self.orig_views = not self.fsdp2 and cfg.use_orig_params
+        self._dropping: set[str] = set()  # units whose pre-backward ran: dropped after compute
         self.grads: dict[str, int] = {}
         # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
         # shard groups of one rank, which foreach_reduce copies (no collective), are
@@ -149,10 +155,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
+        # the copy the views hold: use_orig_params=True, the last unshard's (a backward one)
+        phase = "backward" if self.orig_views else "forward"
         for unit, n in (copies or {}).items() if carry is None else ():
-            self.forward_copies[unit] = (("h2d", unit, "forward"), n)
+            self.forward_copies[unit] = (("h2d", unit, phase), n)
             self._add("unsharded_params", "pre_unshard", n)
-            self._live["pre_unshard"][("h2d", unit, "forward")] = n
+            self._live["pre_unshard"][("h2d", unit, phase)] = n
         # the pool of each unit's gradient shard (:meth:`_grad_pool`)
         self._shard_pool: dict[str, str] = {}
         self.post_forward_shard: dict[str, int] = {}
@@ -178,8 +186,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
                 "no trace profile (a recording, or trace='fx'): activations and temporaries "
                 "are unknown, and each unit's gradient appears at its reduce-scatter"
             )
-        if not self.fsdp2:
-            self.notes += no_shard_copy_notes(sizes, cfg.use_orig_params)
         # Open per-unit windows: (total when opened, index into _totals where they opened).
         self._open: dict[tuple[str, str], tuple[int, int]] = {}
         self._totals: list[int] = []  # the total at every moment, for the windows' peaks
@@ -328,6 +334,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self.cat["forward_temp"] = c.forward_temp // tp
             self.cat["backward_temp"] = c.backward_temp // tp + self.one_rank_rs
             self.cat[self._scale_temp()] += self._scale_extra
+        if ran and self._dropping:  # the backward nodes that saved views of them ran
+            for unit in self._dropping:
+                self._drop_saved_copies(unit)
+            self._dropping.clear()
         if c.hook == "pre_backward" and not self.in_backward:
             self.cat["forward_temp"] -= self._scale_extra
             self.cat["backward_temp"] += self._scale_extra
@@ -370,7 +380,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         if c.hook in _POST_BACKWARD:  # NO_SHARD's reshard drops its backward copy
             self._no_shard_reshard(unit)
         elif c.hook == "final_callback":  # and the catch-all reshard, the rest
-            for u in list(self.backward_copies):
+            for u in [*self.backward_copies, *self.saved_copies]:
                 self._no_shard_reshard(u)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
@@ -398,6 +408,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             for name in list(self.pending):
                 self._drop_pending(name)
             self._moment("after the final callback of", c)
+        if c.hook == "pre_backward" and unit in self.saved_copies:
+            self._dropping.add(unit)
         root = unit == self._root or unit in self._stage_roots
         root_done = self.fsdp2 and c.hook == "post_forward" and root
         if root_done and not self.in_backward:
@@ -417,7 +429,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         elif e.kind == "h2d" and s.communicates:
             self._copy_to_device(e, s, c)
         elif e.kind in ("h2d", "cast") or (e.kind == "free" and not s.communicates):
-            if not self.fsdp2 and (self.copies_modelled or e.kind != "h2d"):
+            if not self.fsdp2:
                 self._no_shard_copy(e, s, c)  # NO_SHARD's copies: see [Note: NO_SHARD's copies]
         elif e.kind == "d2h":
             pass  # into the host buffer
@@ -550,7 +562,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
             # the last micro-step adds the partial output into its own, then drops it: the
             # param group's _partial_reduce_output, rebound once foreach_reduce returns
-            if self.fsdp2 and self.replicas > 1:
+            if self.hsdp:
                 self._until_all_reduce[e.unit] = self._partial.pop(e.unit, 0)
             else:
                 partial = self._partial.pop(e.unit, 0)

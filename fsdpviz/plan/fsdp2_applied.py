@@ -134,6 +134,8 @@ def plan_from_fully_sharded(
     infos = [s._fsdp_param_group.mesh_info for s in states if s._fsdp_param_group is not None]
     sizes = {int(i.shard_mesh_size) for i in infos}
     replicas = {int(getattr(i, "replicate_mesh_size", 1)) for i in infos}
+    # HSDPMeshInfo (a 2-D mesh) has a replicate dimension whatever its size
+    hsdp = any(hasattr(i, "replicate_mesh_size") for i in infos)
     if len(sizes) > 1 or len(replicas) > 1:
         raise ConfigError("the fully_shard calls use meshes of different sizes; not modelled yet")
     offloads = {
@@ -179,9 +181,9 @@ def plan_from_fully_sharded(
     r = replicas.pop() if replicas else 1
     opts = FSDP2Options(
         world_size=shard * r,
-        shard_size=shard if r > 1 else 0,
+        shard_size=shard if hsdp else 0,
         replicas=r,
-        mesh_names=_hsdp_names(infos[0]) if r > 1 else None,
+        mesh_names=_hsdp_names(infos[0]) if hsdp else None,
         offload=bool(offloads and offloads.pop()),
         targets=[g.fqns for g in groups],
         reshard_after_forward=reshard_map(groups),
@@ -196,7 +198,7 @@ def plan_from_fully_sharded(
         torch=installed(),  # the model's FSDP2 is the installed torch's
     )
     tp = _tp_mesh(states)
-    if tp is not None and r > 1:
+    if tp is not None and hsdp:
         raise ConfigError(
             "fully_shard on a 2-D (HSDP) mesh of DTensor parameters is not read from an "
             "applied model yet; pass the model before fully_shard and parallelize_module, "

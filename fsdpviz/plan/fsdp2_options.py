@@ -147,6 +147,13 @@ class FSDP2Options:
     def shard_ranks(self) -> int:
         return self.shard_size or self.world_size
 
+    @property
+    def hsdp(self) -> bool:
+        """Whether ``fully_shard`` gets a 2-D mesh: torch's ``HSDPMeshInfo``, whose
+        ``foreach_reduce`` all-reduces each gradient shard over the replicate dimension,
+        one replica included (the mesh's dimensionality decides, not its size)."""
+        return self.mesh_names is not None
+
     def reshard(self, group: Group) -> Group:
         """``group`` with its ``reshard_after_forward`` as these options give it for its
         ``fully_shard`` call under :attr:`torch`'s rules (:meth:`Group.reshard_as`)."""
@@ -167,7 +174,7 @@ class FSDP2Options:
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
             shard_world_size=(
-                self.shard_ranks if self.replicas > 1 or self.tp or self.cp_size > 1 else None
+                self.shard_ranks if self.hsdp or self.tp or self.cp_size > 1 else None
             ),
             mesh=self._mesh(),
             tp_world_size=self.tp_size if self.tp else None,
@@ -178,11 +185,7 @@ class FSDP2Options:
             requires_all_reduce=self.requires_all_reduce,
             **job,
             stated=FSDP2_KEYS
-            + (
-                ("shard_world_size", "mesh")
-                if self.replicas > 1 or self.tp or self.cp_size > 1
-                else ()
-            )
+            + (("shard_world_size", "mesh") if self.hsdp or self.tp or self.cp_size > 1 else ())
             + (("tp_world_size", "parallelize_plan") if self.tp else ())
             + (("cp_world_size",) if self.cp_size > 1 else ())
             + (("cpu_offload",) if self.offload else ())

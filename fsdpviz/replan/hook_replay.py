@@ -285,8 +285,10 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     check_reshard_ints(
         groups, shard, [u.module for u in report.units if u.tp_placements], float8_gathered(report)
     )
-    # HSDP's replicas: the ranks over neither the shard nor the tp dimension
-    runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules)
+    # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
+    # parallel mesh all-reduces across them, one replica included
+    hsdp = mesh is not None and cfg.replace(mesh=mesh).hsdp
+    runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules, hsdp)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(

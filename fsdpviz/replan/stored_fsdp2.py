@@ -230,7 +230,9 @@ class StoredTrace:
         )
         f8 = float8_gathered_groups(self.copy, groups, opts.job)
         check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
-        runtime = FSDP2Runtime(groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch)
+        runtime = FSDP2Runtime(
+            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp
+        )
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
             prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

@@ -54,7 +54,7 @@ class FSDP2Emulation:
         self.opts = opts
         self.rules = opts.torch
         self.runtime = FSDP2Runtime(
-            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch
+            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp
         )
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}

@@ -80,9 +80,10 @@ class FSDPState:
 
 class FSDP2Runtime:
     """``world_size``: the ranks a group is sharded over (a 2-D mesh's shard dimension);
-    ``replicas``: its replicate dimension (HSDP all-reduces each gradient shard across
-    them); ``offload``: CPUOffloadPolicy (shards come from, gradients go to, host memory);
-    ``rules``: whose FSDP2 (default: the installed torch's)."""
+    ``replicas``: its replicate dimension; ``hsdp``: whether the mesh has one (a 2-D mesh:
+    HSDP all-reduces each gradient shard across it, one replica included; default: more
+    than one replica); ``offload``: CPUOffloadPolicy (shards come from, gradients go to,
+    host memory); ``rules``: whose FSDP2 (default: the installed torch's)."""
 
     def __init__(
         self,
@@ -91,10 +92,12 @@ class FSDP2Runtime:
         replicas: int = 1,
         offload: bool = False,
         rules: TorchFSDP | None = None,
+        hsdp: bool | None = None,
     ) -> None:
         self.rules = rules or installed()
         self.states = [FSDPState(g, world_size) for g in groups]
         self.replicas = replicas
+        self.hsdp = replicas > 1 if hsdp is None else hsdp
         self.offload = offload
         self.post_forward_order: list[GroupState] = []
         self.iter_forward_root: FSDPState | None = None
@@ -343,7 +346,7 @@ class FSDP2Runtime:
             self._reshard(g)
         if has_grads and g.ever_unsharded:
             self._emit("reduce_scatter", g, "backward")
-            if self.replicas > 1 and self.all_reduce:  # HSDP's all-reduce across replicas
+            if self.hsdp and self.all_reduce:  # HSDP's all-reduce across replicas
                 self._emit("all_reduce", g, "backward", group="replicate")
             if self.offload:  # foreach_reduce copies the gradient shard to host memory
                 self._emit("d2h", g, "backward")

@@ -30,7 +30,12 @@ class RankRun:
         for s in self.stages:
             t = traces[s]
             rt = FSDP2Runtime(
-                t.groups, t.opts.shard_ranks, t.opts.replicas, t.opts.offload, t.opts.torch
+                t.groups,
+                t.opts.shard_ranks,
+                t.opts.replicas,
+                t.opts.offload,
+                t.opts.torch,
+                t.opts.hsdp,
             )
             rt.set_prefetch(*t.prefetch)
             self.runtimes[s] = rt

@@ -196,6 +196,22 @@ class ReportConfig(Mapping[str, Any]):
         return max(1, self.ranks // (self.shard_ranks * self.tp_ranks * self.pp_ranks))
 
     @property
+    def hsdp(self) -> bool:
+        """Whether gradients are all-reduced across replicas after their reduction: FSDP2
+        on a 2-D data-parallel mesh (``HSDPMeshInfo``: its ``foreach_reduce`` all-reduces
+        over the replicate dimension whatever its size, one rank included), FSDP1 where
+        :attr:`replicas` is more than one."""
+        if self.api != "FSDP2":
+            return self.replicas > 1
+        names = [str(n) for n in (self.mesh or {})]
+        if self.pp_world_size and names and names[0] == "pp":  # outermost
+            names = names[1:]
+        if self.tp_world_size:  # innermost
+            names = names[:-1]
+        # FSDP shards over dp_shard x cp (a cp dimension of one rank stays in the mesh)
+        return len([n for n in names if n != "cp"]) == 2
+
+    @property
     def prefetches_backward(self) -> bool:
         """Whether the plan prefetches in backward: FSDP1 with a ``backward_prefetch``, or
         FSDP2 (it always prefetches the group before). False when a recording does not say."""
