@@ -177,7 +177,9 @@ def _checkpointed_blocks(c: Candidate) -> list[str]:
 
 
 # ----------------------------------------------------------------------- FSDP2
-def fsdp2_code(c: Candidate) -> list[str]:
+def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]:
+    """The mesh, then ``before_shard`` (what applies to the model on it before FSDP: tensor
+    parallelism, activation checkpointing, compile), then the ``fully_shard`` calls."""
     kw = c.kwargs
     cfg = c.report.config
     mp = kw.get("mp_policy")
@@ -194,7 +196,6 @@ def fsdp2_code(c: Candidate) -> list[str]:
         lines += [
             f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
             'mesh_dim_names=("dp_shard", "tp"))',
-            "# tensor parallelism first: parallelize_module(model, mesh['tp'], plan)",
             'dp_mesh = mesh["dp_shard"]',
         ]
     elif cfg.mesh is not None:
@@ -205,6 +206,7 @@ def fsdp2_code(c: Candidate) -> list[str]:
         lines.append(
             f'dp_mesh = init_device_mesh("cuda", ({cfg.ranks},), mesh_dim_names=("dp_shard",))'
         )
+    lines += before_shard or []
     common = ["mesh=dp_mesh"]
     if mp is not None:
         lines.append(f"mp_policy = {mp_policy_code(mp)}")
