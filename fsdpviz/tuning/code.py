@@ -37,12 +37,13 @@ def configuration_code(c: Candidate, style: str = "python") -> str:
     api = c.report.config.api
     lines = ["import torch"]
     checkpointing = checkpointing_code(kw.get("activation_checkpointing"), api)
-    if c.report.pipeline is not None:
-        lines += checkpointing if api == "FSDP2" else []
-        lines += pipeline_code(c)
-        return "\n".join(lines)
     # torchtitan's order: float8 linears, tensor parallelism, checkpointing, compile, FSDP
     lines += float8_code(c)
+    if c.report.pipeline is not None:  # each stage split, then the rest on each
+        part = "stage_model"
+        on_stage = checkpointing_code(kw.get("activation_checkpointing"), api, part)
+        lines += pipeline_code(c, [*tp_code(c, part), *on_stage, *compile_code(c, part)])
+        return "\n".join(lines)
     if api == "FSDP2":
         lines += fsdp2_code(c, [*tp_code(c), *checkpointing, *compile_code(c)])
     else:

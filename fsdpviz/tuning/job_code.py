@@ -127,7 +127,7 @@ def _style_code(style: Any) -> str | None:
     return f"{name}({', '.join(args)})"
 
 
-def tp_code(c: Candidate) -> list[str]:
+def tp_code(c: Candidate, target: str = "model") -> list[str]:
     """``parallelize_module`` of the plan over the mesh's ``tp`` dimension: the plan written
     out where its styles are torch's own, else the plan given to fsdpviz by name."""
     plan = c.kwargs.get("parallelize_plan")
@@ -156,25 +156,25 @@ def tp_code(c: Candidate) -> list[str]:
         ]
     else:
         lines.append("parallelize_plan = ...  # your plan, as given to fsdpviz")
-    lines.append('parallelize_module(model, mesh["tp"], parallelize_plan)')
+    lines.append(f'parallelize_module({target}, mesh["tp"], parallelize_plan)')
     return lines
 
 
 # ------------------------------------------------------------------ torch.compile
-def compile_code(c: Candidate) -> list[str]:
+def compile_code(c: Candidate, target: str = "model") -> list[str]:
     """``torch.compile`` as planned: each block of the classes compiled in place
     (``Module.compile``: its name and FSDP's calls unchanged), or the whole model."""
     compiled = parse_job_options(c.kwargs, c.report.config.api).compile
     if compiled is False:
         return []
     if compiled is True:
-        return ["", "# torch.compile, the whole model", "model.compile()"]
+        return ["", "# torch.compile, the whole model", f"{target}.compile()"]
     code, comment = classes_code(list(compiled))
     return [
         "",
         "# torch.compile, each block on its own (torchtitan's per-block compile), in place",
         f"compiled = ({code},){comment}",
-        "for block in [m for m in model.modules() if isinstance(m, compiled)]:",
+        f"for block in [m for m in {target}.modules() if isinstance(m, compiled)]:",
         "    block.compile()",
     ]
 
