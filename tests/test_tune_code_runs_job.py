@@ -1,9 +1,16 @@
 """tune's code around FSDP, run: tensor parallelism, float8 linears and ``torch.compile``
-as ``Candidate.code()`` prints them, executed on real FSDP2 (the fake process group's 4
-ranks, on the CPU, as tests/test_tune_code_runs.py runs it) and compared with the plan: the
-units and events, the modules each parallel style applies to, the linears converted to
-float8, the blocks compiled. The code said nothing of float8 and compile, and tensor
-parallelism only in a comment: run as printed, the model trained without them."""
+as ``Candidate.code()`` prints them, executed on real FSDP2 (and FSDP1) on the fake process
+group's 4 ranks, on the CPU, as tests/test_tune_code_runs.py runs it, and compared with the
+plan: the units (each parameter's tp placement and shard) and events, DTensor's tensor-
+parallel collectives, the linears converted to float8, the blocks compiled. Pipelines too,
+a rank at a time (tests/test_cost_pipeline_memory.py's way): each rank's stages, the
+schedule's actions and every event, with the same checks on each stage. The code said
+nothing of float8 and compile, and tensor parallelism only in a comment: run as printed, the
+model trained without them.
+
+The edits to the code: the device mesh and ``PipelineStage``'s device on ``"cpu"``,
+``split_stage`` torchtitan's split (``pipeline_job.split_module``), and compile's backend
+dynamo's eager one."""
 
 from __future__ import annotations
 
@@ -345,3 +352,16 @@ def test_pipeline_code_applies_tensor_parallelism_on_each_stage(
                 for it in pipe.ranks[pp_rank].iterations
             )
             assert steady and seen == first + steady + steady
+
+
+def test_a_stage_keeps_module_names_that_say_model() -> None:
+    """On a stage, the code's ``model`` is ``stage_model``, but a module's name is left as
+    written (``'model.norm'``: Hugging Face's names begin so; it became
+    ``'stage_model.norm'``)."""
+    from fsdpviz.tuning.pipeline_code import on_stage
+
+    line = "fully_shard([model.get_submodule('model.norm'), model.lm_head], mesh=dp_mesh)"
+    assert on_stage(line) == (
+        "fully_shard([stage_model.get_submodule('model.norm'), stage_model.lm_head], mesh=dp_mesh)"
+    )
+    assert on_stage("x = model  # the model's") == "x = stage_model  # the model's"

@@ -119,4 +119,4 @@ def pipeline_code(c: Candidate, before_shard: list[str] | None = None) -> list[s
     return lines
 
 
-__all__ = ["pipeline_code"]
+__all__ = ["on_stage", "pipeline_code"]
