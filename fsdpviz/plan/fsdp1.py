@@ -426,7 +426,7 @@ def _build_unit(
     reduce = (mp.reduce_dtype if mp else None) or compute
     unit.schema = Unit(
         module=fqn,
-        module_class=type(module).__name__,
+        module_class=opts.job.class_name(module, fqn),
         params=[info[2] for info in unit.param_infos],
         shared_params={info[2]: info[3] for info in unit.shared_infos},
         numel=layout.numel,

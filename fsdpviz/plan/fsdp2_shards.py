@@ -233,7 +233,9 @@ def group_unit(
     placed = any(dims)
     return Unit(
         module=group.name,
-        module_class=", ".join(type(m).__name__ for m in group.modules),
+        module_class=", ".join(
+            opts.job.class_name(m, f) for m, f in zip(group.modules, group.fqns, strict=True)
+        ),
         params=list(group.param_fqns),
         shared_params=shared,
         numel=numel,

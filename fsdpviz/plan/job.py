@@ -190,6 +190,20 @@ class JobOptions:
         visit(model)
         return chosen
 
+    def class_name(self, module: nn.Module, fqn: str) -> str:
+        """``module``'s class as torch names it once the job is applied: a linear converted
+        to float8 is torchao's ``Float8Linear`` (``convert_to_float8_training`` swaps it)."""
+        from torch import nn  # lazy: the CLI reads this module before torch loads
+
+        spec = self.float8
+        if (
+            spec is not None
+            and isinstance(module, nn.Linear)
+            and spec.picks(fqn, module.in_features, module.out_features)
+        ):
+            return "Float8Linear"
+        return type(module).__name__
+
     def float8_modules(self, model: nn.Module) -> list[nn.Module]:
         """The ``nn.Linear`` modules of ``model`` that train in float8."""
         from torch import nn  # lazy: the CLI reads this module before torch loads

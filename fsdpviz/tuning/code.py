@@ -13,6 +13,7 @@ from fsdpviz.tuning.fsdp_code import (
     fsdp2_code,
     loop_code,
 )
+from fsdpviz.tuning.job_code import compile_code, float8_code, float8_step_code, tp_code
 from fsdpviz.tuning.pipeline_code import pipeline_code
 from fsdpviz.tuning.trainer_code import accelerate_yaml, torchtitan_toml
 
@@ -36,13 +37,20 @@ def configuration_code(c: Candidate, style: str = "python") -> str:
     api = c.report.config.api
     lines = ["import torch"]
     checkpointing = checkpointing_code(kw.get("activation_checkpointing"), api)
-    if api == "FSDP2":
-        lines += checkpointing
-    if c.report.pipeline is not None:
-        lines += pipeline_code(c)
+    # torchtitan's order: float8 linears, tensor parallelism, checkpointing, compile, FSDP
+    lines += float8_code(c)
+    if c.report.pipeline is not None:  # each stage split, then the rest on each
+        part = "stage_model"
+        on_stage = checkpointing_code(kw.get("activation_checkpointing"), api, part)
+        lines += pipeline_code(c, [*tp_code(c, part), *on_stage, *compile_code(c, part)])
         return "\n".join(lines)
-    lines += fsdp2_code(c) if api == "FSDP2" else [*fsdp1_code(c), *checkpointing]
-    lines += loop_code(c)
+    if api == "FSDP2":
+        lines += fsdp2_code(c, [*tp_code(c), *checkpointing, *compile_code(c)])
+    else:
+        lines += [*fsdp1_code(c), *checkpointing, *compile_code(c)]
+    loop = loop_code(c)
+    step = loop.index("optimizer.step()")
+    lines += [*loop[: step + 1], *float8_step_code(c), *loop[step + 1 :]]
     return "\n".join(lines)
 
 

@@ -58,14 +58,15 @@ def classes_code(classes: Any) -> tuple[str, str]:
     return ", ".join(sorted(names)), comment
 
 
-def checkpointing_code(spec: Any, api: str = "FSDP2") -> list[str]:
+def checkpointing_code(spec: Any, api: str = "FSDP2", target: str = "model") -> list[str]:
     """``apply_activation_checkpointing`` of ``spec``'s modules. FSDP2: before
     ``fully_shard`` (torchtitan's and accelerate's order), each block's checkpoint wrapper
     sharded as the block; FSDP1: after ``FullyShardedDataParallel`` (accelerate's order),
     inside each unit, so that the wrap policy meets the blocks themselves and the
     recomputation in backward runs within the unit's unsharded parameters (before FSDP1, the
     policy would wrap the block inside its checkpoint wrapper, whose recomputation then
-    all-gathers the unit again)."""
+    all-gathers the unit again). ``target``: the module it applies to (a pipeline stage's
+    part of ``model``: every n-th block still counted over the whole ``model``)."""
     if spec is None:
         return []
     when = (
@@ -90,10 +91,11 @@ def checkpointing_code(spec: Any, api: str = "FSDP2") -> list[str]:
         lines.append(f"blocks = ({code},){comment}")
     if isinstance(spec, CheckpointEvery) and spec.every > 1:
         lines += [
-            "picked = [m for m in model.modules() if isinstance(m, blocks)]",
-            f"every = {{id(m) for m in picked[{spec.every - 1}::{spec.every}]}}  "
+            "picked = [n for n, m in model.named_modules() if isinstance(m, blocks)]",
+            f"every = set(picked[{spec.every - 1}::{spec.every}])  "
             f"# every {_nth(spec.every)} block, counting from 1",
-            "check_fn = lambda m: id(m) in every",
+            f"chosen = {{id(m) for n, m in {target}.named_modules() if n in every}}",
+            "check_fn = lambda m: id(m) in chosen",
         ]
     elif names:
         lines.append("check_fn = lambda m: isinstance(m, blocks)")
@@ -128,12 +130,12 @@ def checkpointing_code(spec: Any, api: str = "FSDP2") -> list[str]:
             "",
             "wrapper = functools.partial(checkpoint_wrapper, context_fn=per_op_policy)",
             "apply_activation_checkpointing(",
-            "    model, checkpoint_wrapper_fn=wrapper, check_fn=check_fn",
+            f"    {target}, checkpoint_wrapper_fn=wrapper, check_fn=check_fn",
             ")",
         ]
     else:
         lines.append(
-            "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, "
+            f"apply_activation_checkpointing({target}, checkpoint_wrapper_fn=checkpoint_wrapper, "
             "check_fn=check_fn)"
         )
     return lines
@@ -177,7 +179,9 @@ def _checkpointed_blocks(c: Candidate) -> list[str]:
 
 
 # ----------------------------------------------------------------------- FSDP2
-def fsdp2_code(c: Candidate) -> list[str]:
+def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]:
+    """The mesh, then ``before_shard`` (what applies to the model on it before FSDP: tensor
+    parallelism, activation checkpointing, compile), then the ``fully_shard`` calls."""
     kw = c.kwargs
     cfg = c.report.config
     mp = kw.get("mp_policy")
@@ -194,7 +198,6 @@ def fsdp2_code(c: Candidate) -> list[str]:
         lines += [
             f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
             'mesh_dim_names=("dp_shard", "tp"))',
-            "# tensor parallelism first: parallelize_module(model, mesh['tp'], plan)",
             'dp_mesh = mesh["dp_shard"]',
         ]
     elif cfg.mesh is not None:
@@ -205,6 +208,7 @@ def fsdp2_code(c: Candidate) -> list[str]:
         lines.append(
             f'dp_mesh = init_device_mesh("cuda", ({cfg.ranks},), mesh_dim_names=("dp_shard",))'
         )
+    lines += before_shard or []
     common = ["mesh=dp_mesh"]
     if mp is not None:
         lines.append(f"mp_policy = {mp_policy_code(mp)}")

@@ -4,6 +4,8 @@ rank, their ``fully_shard`` calls and ``PipelineStage``, the schedule)."""
 
 from __future__ import annotations
 
+import re
+
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from fsdpviz.plan.option_specs import RESHARD
@@ -12,9 +14,39 @@ from fsdpviz.tuning.fsdp_code import Candidate, mp_policy_code, raf_of, shard_ca
 from fsdpviz.tuning.space import reshard_given
 
 
-def pipeline_code(c: Candidate) -> list[str]:
+def on_stage(line: str) -> str:
+    """A line of code about ``model`` made one about ``stage_model``: the name ``model`` in
+    code, not in a string (a module's name, such as Hugging Face's ``'model.layers.0'``) nor
+    in a comment."""
+    out: list[str] = []
+    quote = ""
+    word = re.compile(r"\bmodel\b")
+    i = 0
+    for m in re.finditer(r"['\"#]", line):
+        ch = m.group()
+        if quote:
+            if ch == quote:
+                out.append(line[i : m.end()])
+                i, quote = m.end(), ""
+            continue
+        out.append(word.sub("stage_model", line[i : m.start()]))
+        i = m.start()
+        if ch == "#":
+            break
+        quote = ch
+    else:
+        if not quote:
+            out.append(word.sub("stage_model", line[i:]))
+            i = len(line)
+    out.append(line[i:])
+    return "".join(out)
+
+
+def pipeline_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]:
     """FSDP2 inside ``torch.distributed.pipelining``: the mesh, each stage's modules (as the
-    plan split them), its ``fully_shard`` calls, its ``PipelineStage``, the schedule."""
+    plan split them), then on each stage torchtitan's order (``before_shard``: tensor
+    parallelism, activation checkpointing, compile; then its ``fully_shard`` calls), its
+    ``PipelineStage``, the schedule."""
     kw = c.kwargs
     cfg = c.report.config
     pipe = c.report.pipeline
@@ -39,8 +71,6 @@ def pipeline_code(c: Candidate) -> list[str]:
     lines.append(
         f"dp_mesh = mesh[{dp_dims[0]!r}]" if len(dp_dims) == 1 else f"dp_mesh = mesh[{dp_dims!r}]"
     )
-    if cfg.tp_world_size:
-        lines.append("# tensor parallelism first: parallelize_module(stage_model, mesh['tp'], ...)")
     lines += ['pp_rank = mesh["pp"].get_local_rank()', ""]
     lines.append("# the stages' modules (each rank keeps its stages' and deletes the others, as")
     lines.append("# torchtitan's pipeline_module_split does), and the stages of each pipeline rank")
@@ -60,6 +90,7 @@ def pipeline_code(c: Candidate) -> list[str]:
     lines += ["", "stages = []", "for index in stages_of_rank[pp_rank]:"]
     lines.append("    # split_stage: yours, the model with only these modules (torchtitan's split)")
     lines.append("    stage_model = split_stage(model, stage_modules[index])")
+    lines += [f"    {line}" if line else "" for line in before_shard or []]
     for st in pipe.stages:
         groups = [u for u in st.units if u and not u.startswith("(")]
         calls = shard_calls(groups, raf, common, spec, c)
@@ -70,7 +101,7 @@ def pipeline_code(c: Candidate) -> list[str]:
             root_args.append(RESHARD.code(root_raf))
         calls.append(f"fully_shard(model, {', '.join(root_args)})")
         lines.append(f"    if index == {st.index}:")
-        lines += ["        " + line.replace("model", "stage_model") for line in calls]
+        lines += ["        " + on_stage(line) for line in calls]
     lines.append(
         f"    stages.append(PipelineStage(stage_model, index, {len(pipe.stages)}, "
         'torch.device("cuda"), group=mesh["pp"].get_group()))'
@@ -88,4 +119,4 @@ def pipeline_code(c: Candidate) -> list[str]:
     return lines
 
 
-__all__ = ["pipeline_code"]
+__all__ = ["on_stage", "pipeline_code"]

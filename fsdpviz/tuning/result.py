@@ -173,12 +173,14 @@ class Candidate:
         }
 
     def code(self, style: str = "python") -> str:
-        """The code to run this configuration: ``"python"`` (the ``fully_shard`` or
-        ``FullyShardedDataParallel`` calls, checkpointing and the micro-batch loop),
-        ``"torchtitan"`` (the job TOML's keys) or ``"accelerate"`` (the config YAML's
-        ``fsdp_config``). The Python runs as printed in a script that has ``model``,
-        ``batch`` (one rank's samples of an optimizer step), ``loss_fn``, ``optimizer`` and
-        the model's classes its comments name."""
+        """The code to run this configuration: ``"python"`` (in torchtitan's order, the
+        float8 conversion, ``parallelize_module``, checkpointing and ``compile`` the plan
+        has, then the ``fully_shard`` or ``FullyShardedDataParallel`` calls and the
+        micro-batch loop; under a pipeline, each stage's and the schedule), ``"torchtitan"``
+        (the job TOML's keys) or ``"accelerate"`` (the config YAML's ``fsdp_config``). The
+        Python runs as printed in a script that has ``model``, ``batch`` (one rank's samples
+        of an optimizer step), ``loss_fn``, ``optimizer`` and the model's classes its comments
+        name (a pipeline's: ``split_stage`` too, and no loop: its comment says the steps)."""
         return configuration_code(self, style)
 
     def verdict(self) -> str:
