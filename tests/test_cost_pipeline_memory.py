@@ -223,3 +223,25 @@ def test_a_reduction_on_one_rank_keeps_no_gradient_to_its_end(
     monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", _ALWAYS["zero-bubble-4-always"])
     as_rank(2)  # type: ignore[operator]
     _check("zero-bubble-4-always", 2, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+
+
+def test_a_frozen_unit_keeps_its_prefetched_all_gather_to_reduce_grad(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPipe resharding after forward, the embedding frozen, pipeline rank 0: in each
+    backward ``layers.0`` prefetches the embedding's all-gather, which no hook waits for (the
+    embedding's backward never runs). FSDP2 frees such an ``_all_gather_result`` in
+    ``finalize_backward`` only, which the root's final callback runs in the last backward:
+    ``PipelineStage`` sets ``set_is_last_backward(False)`` for each microbatch, so the buffer
+    is held at every later receive of a gradient, to ``REDUCE_GRAD``."""
+    whole = pj.model
+
+    def frozen() -> torch.nn.Module:
+        m = whole()
+        m.tok_embeddings.requires_grad_(False)
+        return m
+
+    monkeypatch.setattr(pj, "model", frozen)
+    monkeypatch.setitem(pj.CASES, "gpipe-4-always", ("GPipe", 4, "always"))
+    as_rank(0)  # type: ignore[operator]
+    _check("gpipe-4-always", 0)
