@@ -245,3 +245,30 @@ def test_a_frozen_unit_keeps_its_prefetched_all_gather_to_reduce_grad(
     monkeypatch.setitem(pj.CASES, "gpipe-4-always", ("GPipe", 4, "always"))
     as_rank(0)  # type: ignore[operator]
     _check("gpipe-4-always", 0)
+
+
+@pytest.mark.parametrize(
+    "mp", [(torch.bfloat16, torch.float32), (None, torch.bfloat16)], ids=["bf16-fp32", "fp32-bf16"]
+)
+def test_gradient_accumulation_over_steps_reduces_in_every_step(
+    as_rank: object, mp: tuple[Any, Any]
+) -> None:
+    """Gradients kept over two steps (``grad_accum=2``), a reduce dtype other than the
+    gradients': ``REDUCE_GRAD`` (``perform_reduce_grad``) turns gradient sync on in every
+    step, so the first step leaves gradient shards in the parameters' dtype, not unsharded
+    gradients (or a partial reduce output) in the reduce dtype to add the next step's into."""
+    as_rank(0)  # type: ignore[operator]
+    policy = MixedPrecisionPolicy(*mp)
+    real = measure(*pj.CASES["1f1b-4"], loss_fn=lambda pred, _: _square(pred), mp_policy=policy,
+                   target=lambda: torch.empty(pj.BATCH, 0), accumulate=True)  # fmt: skip
+    planned = predict("1f1b-4", loss=_square, mp_policy=policy, grad_accum=2)
+    assert planned.pipeline is not None
+    mine = planned.pipeline.ranks[0]
+    mem = memory_model(mine, optimizer=None)
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+    assert real.peak == mem.peak["bytes"]
