@@ -225,15 +225,18 @@ def test_a_reduction_on_one_rank_keeps_no_gradient_to_its_end(
     _check("zero-bubble-4-always", 2, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
 
 
+@pytest.mark.parametrize("case", [("GPipe", 4, "always"), ("InterleavedZeroBubble", 4, "always")])
 def test_a_frozen_unit_keeps_its_prefetched_all_gather_to_reduce_grad(
-    as_rank: object, monkeypatch: pytest.MonkeyPatch
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, case: tuple[str, int, str]
 ) -> None:
     """GPipe resharding after forward, the embedding frozen, pipeline rank 0: in each
     backward ``layers.0`` prefetches the embedding's all-gather, which no hook waits for (the
     embedding's backward never runs). FSDP2 frees such an ``_all_gather_result`` in
     ``finalize_backward`` only, which the root's final callback runs in the last backward:
     ``PipelineStage`` sets ``set_is_last_backward(False)`` for each microbatch, so the buffer
-    is held at every later receive of a gradient, to ``REDUCE_GRAD``."""
+    is held at every later receive of a gradient, to ``REDUCE_GRAD``: that of its own stage,
+    an FSDP root of its own (InterleavedZeroBubble: stage 2's ``REDUCE_GRAD``, before stage
+    0's last gradient arrives, leaves stage 0's buffer alone)."""
     whole = pj.model
 
     def frozen() -> torch.nn.Module:
@@ -242,9 +245,9 @@ def test_a_frozen_unit_keeps_its_prefetched_all_gather_to_reduce_grad(
         return m
 
     monkeypatch.setattr(pj, "model", frozen)
-    monkeypatch.setitem(pj.CASES, "gpipe-4-always", ("GPipe", 4, "always"))
+    monkeypatch.setitem(pj.CASES, "frozen", case)
     as_rank(0)  # type: ignore[operator]
-    _check("gpipe-4-always", 0)
+    _check("frozen", 0)
 
 
 @pytest.mark.parametrize(

@@ -200,6 +200,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         # all-gather buffer its forward kept (FSDPState._post_forward, iter_forward_root)
         pipe = report.pipeline
         self._stage_roots = {stage_root(st.index) for st in pipe.stages} if pipe else set()
+        # each unit's stage root: a stage is an FSDP root of its own, whose final callback
+        # finalizes its own states only
+        self._root_of = (
+            {u: stage_root(st.index) for st in pipe.stages for u in st.units} if pipe else {}
+        )
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
@@ -406,7 +411,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             # gradient, prefetched by the unit after it); a pipeline's microbatches keep them
             # to REDUCE_GRAD, with FSDP2's _all_gather_result
             for name in list(self.pending) if not self._microbatch_backward else ():
-                self._drop_pending(name)
+                if self._root_of.get(name, unit) == unit:
+                    self._drop_pending(name)
             self._moment("after the final callback of", c)
         root = unit == self._root or unit in self._stage_roots
         root_done = self.fsdp2 and c.hook == "post_forward" and root
