@@ -100,10 +100,12 @@ def measure(
     target: Callable[[], torch.Tensor] = pj.labels,
     steps: int = 2,
     mp_policy: Any = None,
+    accumulate: bool = False,
 ) -> Measured:
     """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
     ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
-    ``fully_shard``'s."""
+    ``fully_shard``'s; ``accumulate``: the gradients kept from step to step (torchtitan's
+    gradient accumulation under PP: one ``step()`` per micro-step), not set to ``None``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
@@ -135,7 +137,7 @@ def measure(
                 schedule.step(tokens, target=labels)
             else:
                 schedule.step(target=labels)
-            for st in stages:
+            for st in stages if not accumulate else ():
                 for p in st.submod.parameters():
                     p.grad = None
         peak = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())

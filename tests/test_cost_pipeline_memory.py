@@ -223,3 +223,55 @@ def test_a_reduction_on_one_rank_keeps_no_gradient_to_its_end(
     monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", _ALWAYS["zero-bubble-4-always"])
     as_rank(2)  # type: ignore[operator]
     _check("zero-bubble-4-always", 2, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+
+
+@pytest.mark.parametrize("case", [("GPipe", 4, "always"), ("InterleavedZeroBubble", 4, "always")])
+def test_a_frozen_unit_keeps_its_prefetched_all_gather_to_reduce_grad(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, case: tuple[str, int, str]
+) -> None:
+    """GPipe resharding after forward, the embedding frozen, pipeline rank 0: in each
+    backward ``layers.0`` prefetches the embedding's all-gather, which no hook waits for (the
+    embedding's backward never runs). FSDP2 frees such an ``_all_gather_result`` in
+    ``finalize_backward`` only, which the root's final callback runs in the last backward:
+    ``PipelineStage`` sets ``set_is_last_backward(False)`` for each microbatch, so the buffer
+    is held at every later receive of a gradient, to ``REDUCE_GRAD``: that of its own stage,
+    an FSDP root of its own (InterleavedZeroBubble: stage 2's ``REDUCE_GRAD``, before stage
+    0's last gradient arrives, leaves stage 0's buffer alone)."""
+    whole = pj.model
+
+    def frozen() -> torch.nn.Module:
+        m = whole()
+        m.tok_embeddings.requires_grad_(False)
+        return m
+
+    monkeypatch.setattr(pj, "model", frozen)
+    monkeypatch.setitem(pj.CASES, "frozen", case)
+    as_rank(0)  # type: ignore[operator]
+    _check("frozen", 0)
+
+
+@pytest.mark.parametrize(
+    "mp", [(torch.bfloat16, torch.float32), (None, torch.bfloat16)], ids=["bf16-fp32", "fp32-bf16"]
+)
+def test_gradient_accumulation_over_steps_reduces_in_every_step(
+    as_rank: object, mp: tuple[Any, Any]
+) -> None:
+    """Gradients kept over two steps (``grad_accum=2``), a reduce dtype other than the
+    gradients': ``REDUCE_GRAD`` (``perform_reduce_grad``) turns gradient sync on in every
+    step, so the first step leaves gradient shards in the parameters' dtype, not unsharded
+    gradients (or a partial reduce output) in the reduce dtype to add the next step's into."""
+    as_rank(0)  # type: ignore[operator]
+    policy = MixedPrecisionPolicy(*mp)
+    real = measure(*pj.CASES["1f1b-4"], loss_fn=lambda pred, _: _square(pred), mp_policy=policy,
+                   target=lambda: torch.empty(pj.BATCH, 0), accumulate=True)  # fmt: skip
+    planned = predict("1f1b-4", loss=_square, mp_policy=policy, grad_accum=2)
+    assert planned.pipeline is not None
+    mine = planned.pipeline.ranks[0]
+    mem = memory_model(mine, optimizer=None)
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+    assert real.peak == mem.peak["bytes"]

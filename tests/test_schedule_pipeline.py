@@ -379,3 +379,23 @@ def test_sequence_parallel_makes_each_stages_frozen_norms_trainable() -> None:
     assert len(texts) == 2
     assert "layers.0.attention_norm.weight" in texts[0] and "norm.weight" in texts[1]
     assert not any(p.requires_grad for name, p in m.named_parameters() if "norm" in name)
+
+
+def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
+    """Stage 0's parameters all frozen (fine-tuning above frozen embeddings): torch runs it
+    (its output needs no gradient, so ``_derive_grad_metas`` gives the next stage no
+    gradient to send and stage 0 no backward), which fsdpviz does not plan yet. It says
+    which stage and what to change, not that the model returns nothing needing a gradient;
+    a frozen block in a stage that trains is planned."""
+    m = model()
+    ids = torch.zeros(8, pj.SEQ, dtype=torch.long)
+    kw: dict[str, Any] = {"fully_shard": PLAN, "mesh": ("pp", 2, "dp_shard", 2),
+                          "microbatches": 4}  # fmt: skip
+    m.layers["1"].requires_grad_(False)
+    assert fsdpviz.analyze(m, ids, **kw).pipeline is not None
+    m.tok_embeddings.requires_grad_(False)
+    m.layers["0"].requires_grad_(False)
+    said = r"stage 0 \(tok_embeddings, layers\.0, layers\.1\) has no trainable parameter"
+    with pytest.raises(fsdpviz.ConfigError, match=said) as err:
+        fsdpviz.analyze(m, ids, **kw)
+    assert "give that stage a trainable module (pipeline_stages=" in str(err.value)

@@ -203,6 +203,10 @@ def memory_model(
     steady = i >= accum  # an optimizer step ran before this one (its states exist)
     # FSDP2's set_requires_all_reduce(False): every micro-step reduce-scatters
     reduces = report.config.api == "FSDP2" and not report.config.requires_all_reduce
+    # a pipeline's steps each reduce in full: its REDUCE_GRAD (PipelineStage.
+    # perform_reduce_grad) turns set_requires_gradient_sync(True) on in every step, so the
+    # steps before the last leave gradient shards, in the parameters' dtype
+    every_step = report.pipeline is not None
     first = i - i % accum
     # the post-forward shards the optimizer step before left ([Note: stale post-forward
     # shards] in memory_walker.py)
@@ -210,8 +214,8 @@ def memory_model(
     copies = _forward_copies(report, sizes, first - 1)
     for k in range(first, i):  # the micro-steps before it in its optimizer step
         carry = Walker(
-            report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
-            all_reduce=False, scaled=k > 0,
+            report, sizes, tape(report, k), steady=steady, carry=carry,
+            sync=reduces or every_step, all_reduce=every_step, scaled=k > 0,
             upcast=up, last_grads=last, placed=placed, stale=stale, copies=copies,
         )  # fmt: skip
         carry.run()

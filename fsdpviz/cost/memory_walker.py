@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
@@ -15,6 +17,7 @@ from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import IGNORED, Report
 
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
+_BACKWARD_ACTION = re.compile(r"\d+[BIW]\d+")  # a pipeline stage's backward of a microbatch
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
@@ -127,6 +130,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.cat["buffers"] = prof.buffer_bytes if prof else 0
         self.resident: set[str] = set()
         self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
+        # a pipeline stage's backward of one microbatch running (set_is_last_backward(False)):
+        # its final callback keeps the all-gathers no hook waited for
+        self._microbatch_backward = False
         self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
@@ -200,6 +206,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         # all-gather buffer its forward kept (FSDPState._post_forward, iter_forward_root)
         pipe = report.pipeline
         self._stage_roots = {stage_root(st.index) for st in pipe.stages} if pipe else set()
+        # each unit's stage root: a stage is an FSDP root of its own, whose final callback
+        # finalizes its own states only
+        self._root_of = (
+            {u: stage_root(st.index) for st in pipe.stages for u in st.units} if pipe else {}
+        )
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
@@ -346,6 +357,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
 
     def _hook(self, c: HookCall) -> None:
         unit = c.unit
+        if c.hook == "pipeline" and isinstance(c.arg, str) and c.arg != "forward_end":
+            self._microbatch_backward = _BACKWARD_ACTION.fullmatch(c.arg) is not None
         if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
             self._root = unit
         events = self.tape.events
@@ -405,8 +418,13 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         if c.hook == "final_callback":
             self._release_reduce_scatter()
             self._release_all_reduced()
-            for name in list(self.pending):
-                self._drop_pending(name)
+            # finalize_backward, in the last backward only, frees the all-gathers no hook
+            # waited for (a unit whose backward never ran: frozen, its inputs needing no
+            # gradient, prefetched by the unit after it); a pipeline's microbatches keep them
+            # to REDUCE_GRAD, with FSDP2's _all_gather_result
+            for name in list(self.pending) if not self._microbatch_backward else ():
+                if self._root_of.get(name, unit) == unit:
+                    self._drop_pending(name)
             self._moment("after the final callback of", c)
         if c.hook == "pre_backward" and unit in self.saved_copies:
             self._dropping.add(unit)

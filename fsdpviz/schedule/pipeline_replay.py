@@ -149,7 +149,7 @@ class RankRun:
         if kind == "REDUCE_GRAD":
             self.grad_left[s].clear()
             rt.reduce_grad()
-            return _reduce_calls(rt.take_events(), s)
+            return _reduce_calls(rt.take_events(), s, action)
         if kind == "UNSHARD":
             rt.unshard_all()
             self.unshard_pending.add(s)
@@ -165,11 +165,13 @@ class RankRun:
         return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
 
 
-def _reduce_calls(events: list[Event], s: int) -> list[Call]:
-    """``REDUCE_GRAD`` as FSDP runs it: each group's post-backward, the root's final callback."""
-    calls: list[Call] = []
+def _reduce_calls(events: list[Event], s: int, action: str) -> list[Call]:
+    """``REDUCE_GRAD`` as FSDP runs it: the action's mark (a memory walk sees the last
+    backward begin, ``set_is_last_backward(True)``), each group's post-backward, the root's
+    final callback."""
+    calls: list[Call] = [Call("pipeline", "", action, [], s)]
     for e in events:
-        if not calls or calls[-1].unit != e.hook_unit:
+        if len(calls) == 1 or calls[-1].unit != e.hook_unit:
             calls.append(Call("post_backward", e.hook_unit or e.unit, False, [], s, part="R"))
         calls[-1].events.append(e)
     return [*calls, Call("final_callback", stage_root(s), {}, [], s, part="R")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,6 +24,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
+from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import (
     build_groups,
     check_reshard_ints,
@@ -37,6 +39,7 @@ from fsdpviz.plan.tensor_parallel import check_float8_styles, resolve_plan, unfr
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
+from fsdpviz.schema.names import some_names
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import FsdpWarning
@@ -123,6 +126,8 @@ def trace_stages(
             f8 = float8_gathered_groups(part, groups, stage_opts.job)
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
+            if not last:
+                _check_needs_gradient(s, names, part, args)
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
@@ -141,6 +146,26 @@ def trace_stages(
             shared = [(a, sh) for a, sh in zip(args, shares, strict=True) if sh is not None]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
     return traces
+
+
+def _check_needs_gradient(
+    s: int, names: Sequence[str], part: nn.Module, args: tuple[Any, ...]
+) -> None:
+    """A stage before the last whose parameters are all frozen and whose inputs need no
+    gradient: its output needs none, so torch's ``PipelineStage`` sends it no gradient and
+    its backward computes nothing (``_derive_grad_metas`` gives ``None`` for an input that
+    needs none); fsdpviz does not plan such a stage yet, and says so rather than fail."""
+    trainable = any(p.requires_grad for p in part.parameters())
+    receives = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(args))
+    if trainable or receives:
+        return
+    raise ConfigError(
+        f"pipeline stage {s} ({some_names(names, 4)}) has no trainable parameter and its "
+        "inputs need no gradient, so its output needs none: torch's PipelineStage runs it "
+        "with no backward and the next stage sends it no gradient, which fsdpviz does not "
+        "plan yet: give that stage a trainable module (pipeline_stages=, its FQNs per "
+        "stage) or leave one of its parameters trainable"
+    )
 
 
 def _stage_targets(spec: Any, modules: dict[str, nn.Module]) -> Any:
