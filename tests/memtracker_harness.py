@@ -155,6 +155,10 @@ def tracked(
                 after_step(model)
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
+        # see _post_backward_letting_go
+        tracker._fsdp_param_group_post_backward = functools.partial(  # type: ignore[method-assign]
+            _post_backward_letting_go, tracker
+        )
         if every_storage:  # see _track_every_storage
             tracker._track = functools.partial(_track_every_storage, tracker)  # type: ignore[method-assign]
         tracker.track_inputs((batch,))
@@ -184,6 +188,50 @@ def tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
         _categories(step_peak), _categories(after_backward),
     )  # fmt: skip
+
+
+def _post_backward_letting_go(
+    tracker: Any, fsdp_mod: Any, post_backward: Callable[..., Any]
+) -> Callable[..., None]:
+    """``FSDPMemTracker._fsdp_param_group_post_backward`` without its stray reference.
+    Torch's wrapper names each parameter's unsharded gradient ``Unsharded Grad`` in a loop
+    whose variable keeps the last parameter's gradient alive through the whole
+    ``FSDPParamGroup.post_backward`` it wraps. Where post-backward frees that gradient before
+    reducing (the last micro-step after ones without gradient sync, reducing in a dtype other
+    than the parameters': ``accumulate_unsharded_grad_if_needed`` adds it into the
+    reduce-dtype accumulated gradient and drops it), the tracker counted it beside the
+    reduce-scatter input, a gradient the training loop no longer holds; everywhere else
+    ``foreach_reduce``'s own loop variable holds it as long (the gradients it reduces). This
+    wrapper names the gradients the same way and snapshots the same moments, its loop
+    variable let go before the wrapped post-backward runs."""
+    from torch.distributed._tools.fsdp2_mem_tracker import (
+        _FSDPModState,
+        _FSDPRefType,
+        _FSDPState,
+    )
+
+    @functools.wraps(post_backward)
+    def inner(*args: Any, **kwargs: Any) -> None:
+        group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in group.fsdp_params if group else []:
+            grad = fsdp_param._unsharded_param.grad
+            if grad is not None:
+                tracker._update_and_maybe_create_winfos(
+                    grad, _FSDPRefType.UNSHARDED_GRAD, update_existing=True
+                )
+            del grad  # torch's wrapper keeps it
+        snapshots = tracker.memory_tracking[fsdp_mod].snapshots
+        snapshots.setdefault(_FSDPModState.BEF_POST_BW, []).append(tracker.get_tracker_snapshot())
+        tracker._fsdp_state = _FSDPState.POST_BW
+        post_backward(*args, **kwargs)
+        for fsdp_param in group.fsdp_params if group else []:
+            if fsdp_param.sharded_param.grad is not None:
+                tracker._update_and_maybe_create_winfos(
+                    fsdp_param.sharded_param.grad, _FSDPRefType.SHARDED_GRAD
+                )
+        snapshots.setdefault(_FSDPModState.AFT_POST_BW, []).append(tracker.get_tracker_snapshot())
+
+    return inner
 
 
 def _track_every_storage(tracker: Any, reftype: Any, t: torch.Tensor) -> None:

@@ -48,7 +48,7 @@ from torch.utils.checkpoint import checkpoint
 import fsdpviz
 from fsdpviz.cost import MemoryReport, memory_model
 from fsdpviz.cost.hook_calls import tape
-from fsdpviz.cost.sizes import itemsize, unit_bytes
+from fsdpviz.cost.sizes import unit_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
 from fsdpviz.schema.memory import CATEGORIES
 
@@ -113,37 +113,23 @@ def _as_the_tracker_sees(
     model: nn.Module,
     copies: bool = False,
 ) -> dict[str, int]:
-    """Each unit's backward peak as ``FSDPMemTracker`` reports it.
-
-    Its wrapper of FSDP2's post-backward keeps the unit's last parameter's ``.grad`` in a local
-    variable until FSDP's post-backward returns. FSDP keeps that gradient too, until its
-    reduction returns (``foreach_reduce``'s loop variable), and fsdpviz counts it, so the
-    wrapper adds nothing, but where FSDP reduces an accumulated copy in the reduce dtype
-    (gradient accumulation with an fp32 ``reduce_dtype`` and bf16 gradients): there the
-    ``.grad`` the wrapper holds is the last micro-step's bf16 one, which FSDP had freed once
-    added into the copy. The tracker counts it when the reduced shard is allocated: the moment
-    after the reduce-scatter, in the unit's window and the root's, reads it higher (with
-    ``copies``, gloo's own reduce-scatter: and a copy of its input, made while it completes).
+    """Each unit's backward peak as ``FSDPMemTracker`` reports it: with ``copies`` (gloo's own
+    reduce-scatter), a copy of its input, made while it completes, which the tracker counts
+    when the reduced shard is allocated: the moment after the reduce-scatter, in the unit's
+    window and the root's, reads it higher. (The stray reference of torch's post-backward
+    wrapper to the unit's last ``.grad`` is dropped by the harness,
+    ``memtracker_harness._post_backward_letting_go``.)
     """
     peaks = {unit: phases["backward"] for unit, phases in mem.unit_peaks.items()}
+    if not copies:
+        return peaks
     after = {m.event: sum(m.bytes) for m in mem.moments if m.kind == "event"}  # the last one
     sizes = unit_bytes(report, None)
-    i = mem.config["iteration"]
-    accum = report.config.grad_accum
-    # set_requires_all_reduce(False) reduces every micro-step: nothing accumulated unreduced
-    accumulated = accum > 1 and i % accum == accum - 1 and report.config.requires_all_reduce
-    for k, e in enumerate(report.iterations[i]):
+    for k, e in enumerate(report.iterations[mem.config["iteration"]]):
         if e.kind != "reduce_scatter" or e.hook == "final_callback":  # in no module's window
             continue
-        unit = report.unit(e.unit)
-        held = 0
-        if accumulated and unit.reduce_dtype not in (None, unit.compute_dtype or unit.dtype):
-            last = [p for p in unit.params if p not in unit.gradless_params][-1]  # with a gradient
-            held = model.get_parameter(last).numel()
-            held *= itemsize(unit.compute_dtype or unit.dtype)
-        copy = sizes[e.unit].reduce_scatter if copies else 0
         for name in {e.unit, ""}:
-            peaks[name] = max(peaks[name], after[k] + held + copy)
+            peaks[name] = max(peaks[name], after[k] + sizes[e.unit].reduce_scatter)
     return peaks
 
 
@@ -541,16 +527,17 @@ def test_one_rank_shard_group_copies_each_cast(fake_pg: int, reduce_dtype: Any) 
     ``wait_for_unshard`` copies each parameter's ``all_gather_inputs``, under mixed precision
     a cast of the shard, into its unsharded storage, the loop's variable holding one cast
     until the next is made and the last until the copy-out returns. Every module's forward
-    peak to the byte (the root's was 935,376 B low, the block's 10,336 B).
-    (Where FSDP frees the gradients at the copy-in with no loop over them, the tracker's
-    post-backward wrapper still holds the last, so the backward is not compared here.)"""
+    peak to the byte (the root's was 935,376 B low, the block's 10,336 B). With no shard
+    group to reduce-scatter over, ``foreach_reduce`` frees every gradient at the copy-in (no
+    loop over them holds the last); the peak and the backward peaks to the byte too (the
+    harness drops the tracker's own reference to the last, ``_post_backward_letting_go``)."""
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     real, report, _ = _large_head_on_a_mesh(fake_pg, (4, 1), mp)
     assert {u.shard_ranks for u in report.units} == {1} and real.all_gathers == 0
     assert not [e for e in report.iterations[0] if e.kind == "all_gather"]
     mem = memory_model(report, optimizer=None)
-    forward = {module: phases["forward"] for module, phases in real.modules.items()}
-    assert forward == {module: peaks["forward"] for module, peaks in mem.unit_peaks.items()}
+    assert real.modules == mem.unit_peaks
+    assert real.peak["Total"] == mem.peak["bytes"]
 
 
 def _most_over_micro_steps(
@@ -676,6 +663,37 @@ def test_hybrid_sharding_last_reduction_holds_until_the_all_reduce(fake_pg: int,
     mine = at_peak.peak["breakdown"]
     assert sum(real.peak.get(k, 0) for k in theirs) == sum(mine[k] for k in ours)
     assert real.modules == _most_over_micro_steps(report, steps, model)
+
+
+@pytest.mark.parametrize("mesh", [None, (1, 4), (2, 2)], ids=["1d", "one_replica", "2x2"])
+def test_accumulation_reducing_in_fp32_after_no_sync(
+    fake_pg: int, mesh: tuple[int, int] | None
+) -> None:
+    """Two micro-steps, the first after ``set_requires_gradient_sync(False)``, bf16 parameters
+    reducing in fp32, FSDP and HSDP: the last micro-step's post-backward adds each bf16
+    ``.grad`` into the fp32 copy the first left and frees it before reducing the copy. The
+    tracker's post-backward wrapper kept the unit's last bf16 ``.grad`` alive beside the
+    reduce-scatter input (its loop variable): with the output projection last in the root,
+    the measured peak was 12,604 B (FSDP, 1 x 4) and 103,444 B (2 x 2) above what the program
+    holds. The peak, every category at it and every module's peaks, to the byte."""
+    config = ExampleConfig(vocab_size=3000, hidden_size=60, intermediate_size=171, num_layers=2,
+                           num_heads=1)  # fmt: skip
+    build = functools.partial(ExampleModel, config)
+
+    def ids() -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.zeros(2, 9, dtype=torch.long)}
+
+    n, mp = 2, MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+    real = tracked(build, ids, lambda m: list(m.layers), fake_pg, _loss, mesh_shape=mesh,
+                   accumulate=n, mp_policy=mp)  # fmt: skip
+    with torch.device("meta"):
+        model = build()
+    ranks: dict[str, Any] = {"mesh": mesh} if mesh else {"world_size": fake_pg}
+    report = fsdpviz.analyze(model, ids(), fully_shard=[DecoderLayer], loss=_loss,
+                             grad_accum=n, mp_policy=mp, **ranks)  # fmt: skip
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    at_peak = max(steps, key=lambda m: m.peak["bytes"])
+    _compare(real, replace(at_peak, unit_peaks=_most_over_micro_steps(report, steps, model)))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16_fp32_reduce"])
