@@ -13,10 +13,9 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
+from torch.utils import checkpoint as _checkpoint
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils.checkpoint import (
-    _CONSUMED,
-    _RECOMPUTE,
     CheckpointPolicy,
     SelectiveCheckpointContext,
     _CachedTorchDispatchMode,
@@ -33,6 +32,12 @@ from fsdpviz.trace.fusion import (
 from fsdpviz.trace.operators import op_tensors
 from fsdpviz.trace.probe_records import ACT, BWD_TEMP, FWD_TEMP, TPShares, storage_of
 from fsdpviz.trace.recomputation import recomputing
+
+# A selective checkpoint's cache: newer torch (2.13) keeps each operator's outputs by call index,
+# marking an entry recomputed or taken (these markers); torch 2.8 keeps a list the
+# recomputation pops from.
+_RECOMPUTE = getattr(_checkpoint, "_RECOMPUTE", object())
+_CONSUMED = getattr(_checkpoint, "_CONSUMED", object())
 
 __all__ = ["Float8Accounting", "Float8Host", "float8_cast_bytes"]
 
@@ -411,6 +416,10 @@ class Float8Accounting:
             cached = entry is not None and entry is not _RECOMPUTE and entry is not _CONSUMED
             if cached:  # taken by torchao's mm: held through the casts, freed at the stop
                 cache[idx] = _CONSUMED
+        elif stopped and isinstance(cache, list):  # torch 2.8: torchao's mm pops the first
+            cached = bool(cache)
+            if cached:
+                entry = cache.pop(0)
         new = 0 if cached else round(m * n * isz * share)  # a cached output is held already
         float8 = Float8Accounting._float8_casts(self, 1, False, a, b, new, made=True)
         if sac is not None and self._float8_recipe == "tensorwise":  # its casts' amaxes
