@@ -30,7 +30,14 @@ from fsdpviz.trace.fusion import (
     float8_rescale,
 )
 from fsdpviz.trace.operators import op_tensors
-from fsdpviz.trace.probe_records import ACT, BWD_TEMP, FWD_TEMP, TPShares, storage_of
+from fsdpviz.trace.probe_records import (
+    ACT,
+    BWD_TEMP,
+    FWD_TEMP,
+    TPShares,
+    local_gemm,
+    storage_of,
+)
 from fsdpviz.trace.recomputation import recomputing
 
 # A selective checkpoint's cache: newer torch (2.13) keeps each operator's outputs by call index,
@@ -429,14 +436,8 @@ class Float8Accounting:
         if cached:
             return
         if self._tp is not None:  # one rank's share of the multiply, as _count_kernel's
-            tp = self._tp.size
             sa, sb = self._local_numel(a) < a.numel(), self._local_numel(b) < b.numel()
-            if sa and sb:
-                k = -(-k // tp)
-            elif sb:
-                n = -(-n // tp)
-            elif sa:
-                m = -(-m // tp)
+            m, n, k = local_gemm(m, n, k, sa, sb, self._tp.size)
         if float8:
             self._add_kernel(("gemm", 1, m, n, k, 1, 1), 1, m * k + k * n + m * n * isz)
         else:

@@ -14,7 +14,7 @@ import torch
 
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
 from fsdpviz.trace.operators import op_arg, op_tensors, tensor_bytes
-from fsdpviz.trace.probe_records import Stretch, TPShares, local_part
+from fsdpviz.trace.probe_records import Stretch, TPShares, local_gemm, local_part
 from fsdpviz.trace.recomputation import recomputing
 from fsdpviz.trace.tracker import ModuleTracker
 
@@ -92,14 +92,8 @@ class KernelAccounting:
             *batch, m, k = a.shape
             n = b.shape[-1]
             nb = batch[0] if batch else 1
-            if tp > 1:  # one rank's shares: both share the reduced dimension, or one its own
-                sa, sb = self._is_share(a), self._is_share(b)
-                if sa and sb:
-                    k = -(-k // tp)
-                elif sb:
-                    n = -(-n // tp)
-                elif sa:
-                    m = -(-m // tp)
+            if tp > 1:  # one rank's shares
+                m, n, k = local_gemm(m, n, k, self._is_share(a), self._is_share(b), tp)
             isz = a.element_size()
             key = ("gemm", backward, m, n, k, nb, isz)
             nbytes = (m * k + k * n + m * n) * nb * isz

@@ -29,6 +29,7 @@ __all__ = [
     "Stretch",
     "TPShares",
     "dim_share",
+    "local_gemm",
     "local_part",
     "storage_bytes",
     "storage_of",
@@ -58,6 +59,21 @@ def local_part(n: int, share: Fraction | None) -> int:
     """``n`` bytes (or elements) of a tensor as one rank holds them: all of them (``share``
     None), else its ``share``."""
     return n if share is None else n * share.numerator // share.denominator
+
+
+def local_gemm(
+    m: int, n: int, k: int, a_share: bool, b_share: bool, tp: int
+) -> tuple[int, int, int]:
+    """The ``m x k @ k x n`` multiply one rank of ``tp`` runs where ``a`` or ``b`` is its
+    share of a tensor: both share the reduced dimension (``k``), or one its own (``b`` its
+    columns, ``a`` its rows)."""
+    if a_share and b_share:
+        return m, n, -(-k // tp)
+    if b_share:
+        return m, -(-n // tp), k
+    if a_share:
+        return -(-m // tp), n, k
+    return m, n, k
 
 
 @dataclass(frozen=True)
