@@ -258,7 +258,8 @@ def test_the_optimizer_step_time_updates_them(fake_pg: int, api: str, optimizer:
     own dtype) at the device's bandwidth; before, it stepped the shards only (the ignored
     embedding's 240,240 B left out)."""
     from fsdpviz.cost import machine, timeline
-    from fsdpviz.cost.sizes import itemsize, optimizer_spec
+    from fsdpviz.cost.optimizers import optimizer_spec
+    from fsdpviz.cost.sizes import itemsize
 
     ignored = ["embed_tokens"] if api == "FSDP1" else [EMBED]
     report = _report(api, ignored, 1, machine="h100")

@@ -100,11 +100,11 @@ from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_fsdp1 import low_precision_grads_notes
 from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.memory_walker import Walker
+from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.sizes import (
     UnitBytes,
     fsdp1_parts,
     ignored_bytes,
-    optimizer_spec,
     unit_bytes,
 )
 from fsdpviz.errors import ConfigError
@@ -326,7 +326,7 @@ def optimizer_step(
     report: Report, sizes: dict[str, UnitBytes], optimizer: str | int | None
 ) -> tuple[int, int] | None:
     """The optimizer step's states and temporaries on the device (bytes per rank; see
-    :class:`~fsdpviz.cost.sizes.OptimizerSpec`), or None without an optimizer."""
+    :class:`~fsdpviz.cost.optimizers.OptimizerSpec`), or None without an optimizer."""
     spec = optimizer_spec(optimizer)
     states = sum(s.optimizer for s in sizes.values())
     if spec.states == 0:

@@ -90,7 +90,8 @@ from typing import Protocol
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_records import Block
-from fsdpviz.cost.sizes import UnitBytes, fsdp1_grad_dtype, optimizer_spec
+from fsdpviz.cost.optimizers import optimizer_spec
+from fsdpviz.cost.sizes import UnitBytes, fsdp1_grad_dtype
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
 

@@ -290,7 +290,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
 
     def _optimizer_step(self, states: int, temporaries: int) -> None:
         """``optimizer.step()`` after the iteration: the states (made by the first step) and
-        the step's own temporaries (:class:`~fsdpviz.cost.sizes.OptimizerSpec`), beside every
+        the step's own temporaries (:class:`~fsdpviz.cost.optimizers.OptimizerSpec`), beside every
         shard and its reduced gradient."""
         if states == 0 and temporaries == 0:
             return

@@ -44,7 +44,7 @@ iteration repeated, ``timeline(..., grad_accum=N)``), then the optimizer: memory
 passes over the shards (``"adamw_fused"`` reads parameter, gradient and both states and
 writes parameter and states; ``"adamw"``, torch's default foreach implementation, runs each
 operation as a pass of its own, three times that traffic, see
-:class:`~fsdpviz.cost.sizes.OptimizerSpec`; on the host under CPU offload) and over the
+:class:`~fsdpviz.cost.optimizers.OptimizerSpec`; on the host under CPU offload) and over the
 parameters FSDP does not manage (``report.ignored_params``, whole, on the device). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
 gradient shard back, after its reduction) run one at a time on a copy stream.
@@ -66,8 +66,9 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index
 from fsdpviz.cost.kernels import machine_key
+from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.pipeline_time import P2PTimes, pipeline_timelines
-from fsdpviz.cost.sizes import itemsize, optimizer_spec
+from fsdpviz.cost.sizes import itemsize
 from fsdpviz.cost.time_sim import MicroStepSim
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report

@@ -32,7 +32,7 @@ def torchtitan_toml(c: Candidate) -> str:
     pipe = c.report.pipeline
     # the value each group was planned with (a mapping names some groups, the others take
     # torch's default), the root aside: torchtitan's policies set the groups below it
-    applied = {u: v for u, v in cfg.reshard_after_forward.items() if u}
+    applied = {u: v for u in cfg.fully_shard if u and (v := cfg.resharding(u)) is not None}
     policy = reshard_policy(applied if applied and pipe is None else raf)
     if policy is None:
         policy = "default"
