@@ -111,6 +111,7 @@ class Float8Host(Protocol):
     _float8_data: dict[int, weakref.ref[Any]]
     _in_float8: bool
     _float8_inputs: dict[int, bool]
+    _float8_hooks: list[Any]
     _live: dict[int, list[Any]]
     _tp: TPShares | None
     live: list[int]
@@ -125,6 +126,8 @@ class Float8Host(Protocol):
     def redistributed(self, share: Fraction | None) -> Any: ...
     def _float8_over(self, kind: int, extras: list[int]) -> None: ...
     def _hold(self, st: Any, key: int, n: int, kind: int) -> None: ...
+    def _float8_enter(self, module: torch.nn.Module, args: Any) -> None: ...
+    def _float8_leave(self, module: torch.nn.Module, args: Any, out: Any) -> None: ...
 
 
 class Float8Accounting:
@@ -133,6 +136,48 @@ class Float8Accounting:
 
     _float8_pair: weakref.ref[Any] | None
     _float8_running: tuple[torch.Tensor, Any, Any] | None
+
+    def _float8_setup(
+        self: Float8Host,
+        float8: list[torch.nn.Module] | None,
+        gathered: bool,
+        recipe: str,
+        fused: bool,
+    ) -> None:
+        """The probe's float8 state: the float8 linears (``float8``), whether FSDP gathers
+        their weights in float8 (``gathered``), the recipe, and whether the job compiles
+        (``fused``: casts in compiled modules fused)."""
+        self._float8 = ModuleScope("float8", float8) if float8 else None
+        # a float8 linear whose forward a checkpoint's recomputation runs: its input and
+        # weight, until the forward returns (see Float8Accounting._float8_stopped)
+        self._float8_running = None
+        self._float8_amaxes = dict[int, list[torch.Tensor]]()
+        self._float8_sac = None
+        self._float8_seen = False
+        self._float8_hooks = [
+            h
+            for m in float8 or ()
+            for h in (
+                m.register_forward_pre_hook(self._float8_enter),
+                m.register_forward_hook(self._float8_leave),
+            )
+        ]
+        self._float8_gathered = gathered
+        self._float8_recipe = recipe
+        self._float8_fused = fused  # the job compiles: casts in compiled modules fused
+        # the storages of the float8 linears' weights as their forward multiplies read them
+        # (by id, held weakly): backward's multiply that reads one computes the input's
+        # gradient, the other the weight's, in whichever order autograd runs them
+        self._float8_weights = dict[int, weakref.ref[Any]]()
+        # storages that hold float8 data where the trace holds high precision (by id, held
+        # weakly: an activation or gradient torchao's float8 tensor-parallel styles cast),
+        # counted at one byte an element; inside made_in_float8() every new one is such
+        self._float8_data = dict[int, weakref.ref[Any]]()
+        self._in_float8 = False
+        # weight storage id -> whether the input of its float8 linear's forward was float8
+        self._float8_inputs = dict[int, bool]()
+        # the output gradient of the float8 linear whose backward's first multiply ran last
+        self._float8_pair = None
 
     @contextmanager
     def made_in_float8(self: Float8Host, on: bool = True) -> Iterator[None]:

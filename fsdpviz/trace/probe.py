@@ -143,37 +143,7 @@ class CostProbe(
         self._regions: list[CompiledRegion] = []
         self._region_extras: list[torch.Tensor] = []
         self._region_handles = self._region_hooks(compiled_checkpoints or [])
-        self._float8 = ModuleScope("float8", float8) if float8 else None
-        # a float8 linear whose forward a checkpoint's recomputation runs: its input and
-        # weight, until the forward returns (see Float8Accounting._float8_stopped)
-        self._float8_running: tuple[torch.Tensor, Any, Any] | None = None
-        self._float8_amaxes: dict[int, list[torch.Tensor]] = {}
-        self._float8_sac: Any = None
-        self._float8_seen = False
-        self._float8_hooks = [
-            h
-            for m in float8 or ()
-            for h in (
-                m.register_forward_pre_hook(self._float8_enter),
-                m.register_forward_hook(self._float8_leave),
-            )
-        ]
-        self._float8_gathered = float8_weights_gathered
-        self._float8_recipe = float8_recipe
-        self._float8_fused = float8_fused  # the job compiles: casts in compiled modules fused
-        # the storages of the float8 linears' weights as their forward multiplies read them
-        # (by id, held weakly): backward's multiply that reads one computes the input's
-        # gradient, the other the weight's, in whichever order autograd runs them
-        self._float8_weights: dict[int, weakref.ref[Any]] = {}
-        # storages that hold float8 data where the trace holds high precision (by id, held
-        # weakly: an activation or gradient torchao's float8 tensor-parallel styles cast),
-        # counted at one byte an element; inside made_in_float8() every new one is such
-        self._float8_data: dict[int, weakref.ref[Any]] = {}
-        self._in_float8 = False
-        # weight storage id -> whether the input of its float8 linear's forward was float8
-        self._float8_inputs: dict[int, bool] = {}
-        # the output gradient of the float8 linear whose backward's first multiply ran last
-        self._float8_pair: weakref.ref[Any] | None = None
+        self._float8_setup(float8, float8_weights_gathered, float8_recipe, float8_fused)
         # rowwise backward outputs whose rescaling a compiled region has yet to place (by
         # storage id): its storage, phase, eager kernels and bytes, the output's local bytes
         self._rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]] = {}
