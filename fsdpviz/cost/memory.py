@@ -101,12 +101,7 @@ from fsdpviz.cost.memory_fsdp1 import low_precision_grads_notes
 from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.optimizers import optimizer_spec
-from fsdpviz.cost.sizes import (
-    UnitBytes,
-    fsdp1_parts,
-    ignored_bytes,
-    unit_bytes,
-)
+from fsdpviz.cost.sizes import UnitBytes, fsdp1_parts, ignored_bytes, unit_bytes
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import (
     CATEGORIES,
