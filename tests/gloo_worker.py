@@ -586,9 +586,12 @@ _FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kin
 
 
 @contextmanager
-def _tp_collectives() -> Iterator[list[list[Any]]]:
+def _tp_collectives(dtypes: bool = False) -> Iterator[list[list[Any]]]:
     """Every functional collective DTensor issues, as ``[kind, bytes of the whole tensor]``
-    (an all-gather's output, a reduce-scatter's or an all-reduce's input)."""
+    (an all-gather's output, a reduce-scatter's or an all-reduce's input). With ``dtypes``:
+    ``[kind, bytes, dtype]`` of the data it moves (a float8 tensor's ``_data``:
+    ``allgather_fp8`` gathers it, not its scale), the scalar amax all-reduces of float8
+    casts left out (fsdpviz does not show them)."""
     import torch.distributed._functional_collectives as funcol
 
     seen: list[list[Any]] = []
@@ -598,7 +601,13 @@ def _tp_collectives() -> Iterator[list[list[Any]]]:
         def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             out = originals[name](t, *args, **kwargs)
             whole = out if _FUNCOL[name] == "tp_all_gather" else t
-            seen.append([_FUNCOL[name], whole.numel() * whole.element_size()])
+            if not dtypes:
+                seen.append([_FUNCOL[name], whole.numel() * whole.element_size()])
+                return out
+            data = getattr(whole, "_data", whole)
+            if data.dim() > 0:
+                nbytes = data.numel() * data.element_size()
+                seen.append([_FUNCOL[name], nbytes, str(data.dtype).removeprefix("torch.")])
             return out
 
         return collective

@@ -271,22 +271,11 @@ def test_an_uneven_sequence_is_padded(fake_pg: int, checkpointed: bool) -> None:
     (``Shard._to_replicate_tensor``, ``Shard._reduce_shard_tensor``). Every collective
     equals DTensor's, kind and bytes; with each block checkpointed too, whose recomputation
     in backward fsdpviz once refused as a plain tensor sharded unevenly."""
-    from gloo_worker import _tp_collectives
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     plan, ids = tp_models.dtensor_plan(), torch.zeros(2, 30, dtype=torch.long)
     torch.manual_seed(0)
     model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2,
                             checkpointed=checkpointed)  # fmt: skip
-    parallelize_module(model, mesh["tp"], plan)
-    for (name,) in tp_models.LAYERS:
-        fully_shard(model.get_submodule(name), mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
-    with _tp_collectives() as seen:
-        model(ids).sum().backward()
+    seen = _real_tp_collectives(model, plan, ids, (1, 4))
     with torch.device("meta"):
         meta = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=16, layers=2)
     checkpointing = [tp_models.TransformerBlock] if checkpointed else None

@@ -13,13 +13,12 @@ byte (the tracker made to count every storage of a float8 tensor:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 import tp_models
+from gloo_worker import _tp_collectives
 from memtracker_harness import tracked
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -32,14 +31,6 @@ float8 = pytest.importorskip("torchao.float8")
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 SIZES = {"vocab": 64, "dim": 32, "n_heads": 4, "hidden": 96, "layers": 2}
 FLOAT8 = {"filter_fqns": ["output"]}  # torchtitan's: the output projection stays bf16
-_FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kind
-    "all_gather_single": "tp_all_gather",
-    "all_gather_tensor": "tp_all_gather",
-    "reduce_scatter_single": "tp_reduce_scatter",
-    "reduce_scatter_tensor": "tp_reduce_scatter",
-    "all_reduce": "tp_all_reduce",
-    "all_to_all_single": "tp_all_to_all",
-}
 
 
 def _tokens() -> torch.Tensor:
@@ -55,37 +46,6 @@ def _build(converted: bool) -> nn.Module:
     if converted:
         float8.convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "output")
     return model
-
-
-@contextmanager
-def _collectives() -> Iterator[list[list[Any]]]:
-    """DTensor's functional collectives as ``[kind, bytes, dtype]`` of the data they move (a
-    float8 tensor's ``_data``: ``allgather_fp8`` gathers it, not its scale), but the scalar
-    amax all-reduces of the float8 casts, which fsdpviz does not show."""
-    import torch.distributed._functional_collectives as funcol
-
-    seen: list[list[Any]] = []
-    originals = {name: getattr(funcol, name) for name in _FUNCOL if hasattr(funcol, name)}
-
-    def wrap(name: str) -> Any:
-        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            out = originals[name](t, *args, **kwargs)
-            moved = out if _FUNCOL[name] == "tp_all_gather" else t
-            whole = getattr(moved, "_data", moved)
-            if whole.dim() > 0:
-                nbytes = whole.numel() * whole.element_size()
-                seen.append([_FUNCOL[name], nbytes, str(whole.dtype).removeprefix("torch.")])
-            return out
-
-        return collective
-
-    for name in originals:
-        setattr(funcol, name, wrap(name))
-    try:
-        yield seen
-    finally:
-        for name, fn in originals.items():
-            setattr(funcol, name, fn)
 
 
 def _analyze(**kwargs: Any) -> fsdpviz.Report:
@@ -114,7 +74,7 @@ def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
     fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
-    with _collectives() as seen:
+    with _tp_collectives(dtypes=True) as seen:
         _loss(model(_tokens())).backward()
     report = _analyze()
     predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
