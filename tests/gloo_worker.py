@@ -591,7 +591,7 @@ def _tp_collectives(dtypes: bool = False) -> Iterator[list[list[Any]]]:
     (an all-gather's output, a reduce-scatter's or an all-reduce's input). With ``dtypes``:
     ``[kind, bytes, dtype]`` of the data it moves (a float8 tensor's ``_data``:
     ``allgather_fp8`` gathers it, not its scale), the scalar amax all-reduces of float8
-    casts left out (fsdpviz does not show them)."""
+    casts among them (``[tp_all_reduce, 8, float64]``: see [Note: float8 amax all-reduces])."""
     import torch.distributed._functional_collectives as funcol
 
     seen: list[list[Any]] = []
@@ -605,9 +605,8 @@ def _tp_collectives(dtypes: bool = False) -> Iterator[list[list[Any]]]:
                 seen.append([_FUNCOL[name], whole.numel() * whole.element_size()])
                 return out
             data = getattr(whole, "_data", whole)
-            if data.dim() > 0:
-                nbytes = data.numel() * data.element_size()
-                seen.append([_FUNCOL[name], nbytes, str(data.dtype).removeprefix("torch.")])
+            nbytes = data.numel() * data.element_size()
+            seen.append([_FUNCOL[name], nbytes, str(data.dtype).removeprefix("torch.")])
             return out
 
         return collective

@@ -41,21 +41,52 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.sum()
 
 
-def _build(converted: bool) -> nn.Module:
-    model = tp_models.Llama(**SIZES)
+def _build(converted: bool, checkpointed: bool = False, gathered: bool = False) -> nn.Module:
+    model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
     if converted:
-        float8.convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "output")
+        config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=gathered)
+        float8.convert_to_float8_training(
+            model, config=config, module_filter_fn=lambda m, fqn: fqn != "output"
+        )
     return model
 
 
-def _analyze(**kwargs: Any) -> fsdpviz.Report:
+def _analyze(checkpointed: bool = False, **kwargs: Any) -> fsdpviz.Report:
     with torch.device("meta"):
-        model = _build(False)
+        model = _build(False, checkpointed)
     return fsdpviz.analyze(
-        model, _tokens(), fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
-        parallelize_plan=tp_models.float8_plan(), loss=_loss, mp_policy=BF16, progress=False,
-        **{"float8": FLOAT8, **kwargs},
+        model, _tokens(), fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2), loss=_loss,
+        mp_policy=BF16, progress=False,
+        **{"float8": FLOAT8, "parallelize_plan": tp_models.float8_plan(), **kwargs},
     )  # fmt: skip
+
+
+def _real(
+    plan: dict[str, Any], checkpointed: bool = False, gathered: bool = False
+) -> list[list[Any]]:
+    """Every tp collective of one step of real FSDP2 x TP with float8 linears, in order
+    (``gathered``: FSDP2 all-gathers their weights in float8)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = _build(True, checkpointed, gathered)
+    parallelize_module(model, mesh["tp"], plan)
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
+    with _tp_collectives(dtypes=True) as seen:
+        _loss(model(_tokens())).backward()
+    return seen
+
+
+def _split(collectives: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """FSDP's all-reduces of partial gradients in its post-backward (``[kind, bytes]``: the
+    plan gives them no dtype), and the parallel styles' and float8 casts' collectives."""
+    fsdp = [c[:2] for c in collectives if c[0] == "tp_all_reduce" and c[2] in (None, "bfloat16")]
+    return fsdp, [c for c in collectives if c[:2] not in fsdp or c[0] != "tp_all_reduce"]
 
 
 def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
@@ -63,30 +94,47 @@ def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
     bytes of a (2, 8, 32) activation, bf16's 1,024 before), the row-wise outputs' gradients
     come back all-gathered in float8_e5m2, the reduce-scatters stay bf16. fsdpviz refused
     the styles ("... is not modelled")."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)
-    model = _build(True)
-    parallelize_module(model, mesh["tp"], tp_models.float8_plan())
-    for (name,) in tp_models.LAYERS:
-        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
-    fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
-    with _tp_collectives(dtypes=True) as seen:
-        _loss(model(_tokens())).backward()
+    seen = _real(tp_models.float8_plan())
     report = _analyze()
     predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
-    partial_norms = [e for e in predicted if e[0] == "tp_all_reduce"]  # FSDP's, in post-backward
-    assert [e[:2] for e in partial_norms] == [s[:2] for s in seen if s[0] == "tp_all_reduce"]
-    assert [e for e in predicted if e[0] != "tp_all_reduce"] == [
-        s for s in seen if s[0] != "tp_all_reduce"
-    ]
+    assert _split(predicted) == _split(seen)
     assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e4m3fn"]) == 2 * 2
     assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e5m2"]) == 2 * 2
     gathered = next(e for e in report.iterations[0] if e.dtype == "float8_e4m3fn")
     assert "float8_e4m3fn" in gathered.describe()
+
+
+@pytest.mark.parametrize(
+    ("checkpointed", "gathered"), [(False, False), (True, False), (False, True)],
+    ids=["eager", "checkpointed", "float8-all-gather"],
+)  # fmt: skip
+@pytest.mark.parametrize("which", ["float8", "whole", "plain"])
+def test_float8_amax_all_reduces_as_torchao(
+    fake_pg: int, which: str, checkpointed: bool, gathered: bool
+) -> None:
+    """Each tensorwise cast of a tp-sharded tensor all-reduces its amax, a float64 scalar
+    (8 bytes), over the tp ranks (see [Note: float8 amax all-reduces]): the float8 styles'
+    casts of a sharded input and of a sharded output gradient, and inside the float8
+    linears the sharded weight, a row-wise input, a column-wise output gradient (twice in
+    backward), forward and backward, again in an activation checkpoint's recomputation; no
+    weight's where FSDP2 gathered it in float8 (cast already).
+    Every one in its place among the other tp collectives, as a real step issues them;
+    fsdpviz planned none of them (a block's 25 under the float8 styles, 28 under torch's
+    sequence-parallel and plain plans, per micro-step, 11 and 9 more recomputed)."""
+    plan = {"float8": tp_models.float8_plan, "whole": tp_models.whole_plan,
+            "plain": tp_models.plain_plan}[which]  # fmt: skip
+    seen = _real(plan(), checkpointed, gathered)
+    f8 = {**FLOAT8, "enable_fsdp_float8_all_gather": gathered}
+    report = _analyze(parallelize_plan=plan(), checkpointed=checkpointed, float8=f8)
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert _split(predicted) == _split(seen)
+    amax = ["tp_all_reduce", 8, "float64"]
+    assert predicted.count(amax) == seen.count(amax) > 0
+    # the time model prices each over the tp ranks: latency-bound, never free
+    steady = report.iterations[-1]
+    timed = [t for t in report.timeline.events if steady[t.index].dtype == "float64"]
+    assert len(timed) == seen.count(amax)
+    assert all(t.stream == "tp" and t.end > t.start and t.bytes == 8 for t in timed)
 
 
 def test_float8_styles_memory_against_fsdp_mem_tracker(fake_pg: int) -> None:

@@ -98,7 +98,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
     # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
-    tp = TPEmulation(copy, opts.tp, groups, runtime) if opts.tp is not None else None
+    tp = TPEmulation(copy, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

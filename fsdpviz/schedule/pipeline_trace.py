@@ -229,7 +229,7 @@ def _trace_stage(
 ) -> tuple[StageTrace, Any, list[Fraction | None]]:
     emulation = FSDP2Emulation(groups, opts)
     runtime = emulation.runtime
-    tp = TPEmulation(part, opts.tp, groups, runtime) if opts.tp is not None else None
+    tp = TPEmulation(part, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None
     prefetch = (
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

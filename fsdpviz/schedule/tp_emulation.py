@@ -36,12 +36,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.fsdp2 import float8_gathered_groups
 from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.tensor_parallel import (
     PARTIAL,
     REPLICATE,
@@ -54,6 +53,14 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.tp_dtensor_flow import DTensorFlow
+from fsdpviz.schedule.tp_float8 import (
+    AMAX_BYTES,
+    AMAX_DTYPE,
+    Float8AmaxReduces,
+    Float8GradCast,
+    amax_reduced,
+)
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -63,79 +70,6 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
-
-
-# arithmetic that meets two tensors, as a model's residual adds and scales do
-_ARITHMETIC = {
-    getattr(owner, name)
-    for owner in (torch, torch.Tensor)
-    for name in ("add", "sub", "mul", "div", "matmul", "add_", "sub_", "mul_", "div_")
-    if hasattr(owner, name)
-} | {
-    getattr(torch.Tensor, f"__{op}__")
-    for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
-               "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
-}  # fmt: skip
-
-
-class _DTensorFlow(TorchFunctionMode):
-    """Which tensors of the traced copy are DTensors in torch: those the plan leaves
-    (``use_local_output=False``, ``PrepareModuleInput``) and every tensor an operator
-    computes from one (an operator on a DTensor gives a DTensor), but the plain tensors a
-    style returns (``to_local()``). It follows the operators themselves, so it knows them
-    where no autograd graph is built: frozen parameters and inputs that need no gradient,
-    ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
-    tensors its autograd node saves) alive."""
-
-    def __init__(self, params: set[int]) -> None:
-        super().__init__()
-        # tensor -> where the DTensor it is (or was computed from) came from, in words
-        self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._params = params  # the ids of the parameters the plan makes DTensors
-        self.mixed: dict[tuple[str, str], str] = {}  # (origin, operator) -> the warning
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.dtensors:
-            return func(*args, **(kwargs or {}))
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        origin = next((self.dtensors[t] for t in tensors if t in self.dtensors), None)
-        if origin is not None and func in _ARITHMETIC:
-            self._check_mixed(func, tensors, origin)
-        out = func(*args, **(kwargs or {}))
-        if origin is not None:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.dtensors[t] = origin
-        return out
-
-    def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
-        """Note arithmetic between a DTensor and a plain tensor of more than one element
-        (one the plan does not make a DTensor), which DTensor's dispatch refuses
-        (``OpDispatcher.unwrap_to_op_info``: "got mixed torch.Tensor and DTensor"; a plain
-        tensor of one element it takes as replicated): a warning, not an error, as the
-        model may make the plain one a DTensor where fsdpviz does not see it (KempnerForge's
-        forward hooks call ``DTensor.from_local`` on the blocks' outputs)."""
-        for t in tensors:
-            if t in self.dtensors or t.numel() <= 1 or id(t) in self._params:
-                continue
-            name = getattr(func, "__name__", str(func)).strip("_")
-            if name[:1] in ("r", "i") and name[1:] in ("add", "sub", "mul", "truediv", "matmul"):
-                name = name[1:]  # __radd__, __iadd__: aten.add
-            name = {"truediv": "div"}.get(name, name)
-            what = "a parameter outside the plan" if isinstance(t, nn.Parameter) else (
-                "a plain tensor (a style's use_local_output=True, or one made outside the plan)"
-            )  # fmt: skip
-            self.mixed.setdefault(
-                (origin, name),
-                f"tensor parallelism: {name} takes a DTensor ({origin}) of shape "
-                f"{tuple(next(x for x in tensors if x in self.dtensors).shape)} and {what} of "
-                f"shape {tuple(t.shape)}, which torch refuses (RuntimeError: aten.{name} got "
-                "mixed torch.Tensor and DTensor) unless the model makes the plain one a "
-                "DTensor itself (DTensor.from_local in a forward hook). Make both the same: "
-                "use_local_output alike on the styles whose outputs meet, or the plain one a "
-                "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
-            )
-            return
 
 
 def _chunks(n: int, tp: int) -> list[int]:
@@ -176,21 +110,6 @@ class _GradCollective(torch.autograd.Function):
         return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
 
 
-class _Float8GradCast(torch.autograd.Function):
-    """torchao's ``NoopFwToFloat8BwDynamic`` after a float8 linear style's output: identity
-    forward; backward casts the gradient to float8 (on the probe, when one measures)."""
-
-    @staticmethod
-    def forward(ctx: Any, probe: CostProbe | None, t: torch.Tensor) -> torch.Tensor:
-        ctx.probe = probe
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        probe = ctx.probe
-        return None, probe.float8_cast(grad) if probe is not None else grad
-
-
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -209,7 +128,12 @@ class TPEmulation:
     """The hooks of a :class:`TPPlan` on the traced copy, reporting to ``runtime``."""
 
     def __init__(
-        self, model: nn.Module, plan: TPPlan, groups: list[Group], runtime: FSDP2Runtime
+        self,
+        model: nn.Module,
+        plan: TPPlan,
+        groups: list[Group],
+        runtime: FSDP2Runtime,
+        job: JobOptions | None = None,
     ) -> None:
         self.runtime = runtime
         self.plan = plan
@@ -218,8 +142,9 @@ class TPEmulation:
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
-        self._flow = _DTensorFlow({id(p) for p in plan.placements(model)})
+        self._flow = DTensorFlow({id(p) for p in plan.placements(model)})
         self._handles: list[Any] = []
+        self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
             module = modules[fqn]
@@ -234,6 +159,15 @@ class TPEmulation:
                     functools.partial(self._post_forward, tpm, i), prepend=True
                 )
             )
+        spec = job.float8 if job is not None else None
+        self._amax: Float8AmaxReduces | None = None
+        if job is not None and spec is not None and spec.recipe_name == "tensorwise":
+            f8 = set(float8_gathered_groups(model, groups, job))
+            gathered = {id(p) for g in groups if g.name in f8 for p in g.params}
+            self._amax = Float8AmaxReduces(
+                model, plan, job.float8_modules(model), gathered,
+                lambda fqn: owner_index(fqn, groups), runtime, self._float8_in,
+            )  # fmt: skip
 
     def shares(self) -> TPShares:
         """What a rank of the tp group holds, for the probe."""
@@ -267,7 +201,7 @@ class TPEmulation:
 
     @contextmanager
     def attached(self) -> Iterator[None]:
-        """Follow which tensors are DTensors (:class:`_DTensorFlow`) while the step runs."""
+        """Follow which tensors are DTensors (:class:`DTensorFlow`) while the step runs."""
         with self._flow:
             yield
 
@@ -590,9 +524,16 @@ class TPEmulation:
             if known is None and isinstance(t, torch.Tensor) and forward:
                 self._check_even_local(t, r.src, tpm)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
-            if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
-                t = self._probe.float8_cast(t)
+            if cast and t.dim() > 0 and self.plan.size > 1:
+                if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
+                    self.runtime.tensor_parallel(
+                        i, "tp_all_reduce", tpm.fqn, "forward", AMAX_BYTES, AMAX_DTYPE
+                    )
+                if self._probe is not None:
+                    t = self._probe.float8_cast(t)
             float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
+            if r is tpm.inputs[0]:
+                self._float8_in[tpm.fqn] = float8
             out = self._redistribute(t, r, tpm, i, known, (float8, False))
             if tpm.base == "PrepareModuleInput":
                 if out is t and isinstance(t, torch.Tensor):
@@ -616,7 +557,15 @@ class TPEmulation:
             if isinstance(output, torch.Tensor):
                 output = self._redistribute(output, r, tpm, i, None, (False, grad_f8))
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
-                    output = _Float8GradCast.apply(self._probe, output)  # type: ignore[no-untyped-call]
+                    report = None
+                    if amax_reduced(r.dst) and self.plan.size > 1:
+
+                        def report() -> None:
+                            self.runtime.tensor_parallel(
+                                i, "tp_all_reduce", tpm.fqn, "backward", AMAX_BYTES, AMAX_DTYPE
+                            )
+
+                    output = Float8GradCast.apply(self._probe, report, output)  # type: ignore[no-untyped-call]
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
@@ -630,13 +579,15 @@ class TPEmulation:
         return output
 
     def mixed_warnings(self) -> list[FsdpWarning]:
-        """A warning for each DTensor met a plain tensor (:meth:`_DTensorFlow._check_mixed`)."""
+        """A warning for each DTensor met a plain tensor (:meth:`DTensorFlow._check_mixed`)."""
         return [FsdpWarning("tp_mixed_dtensor", text) for text in self._flow.mixed.values()]
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._amax is not None:
+            self._amax.remove()
         self._dtensors.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
