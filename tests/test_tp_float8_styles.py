@@ -157,6 +157,53 @@ def test_float8_styles_memory_against_fsdp_mem_tracker(fake_pg: int) -> None:
     _compare(real, mem, backward=_as_the_tracker_sees(report, mem, model))
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["eager", "checkpointed"])
+@pytest.mark.parametrize("which", ["float8", "plain"])
+def test_float8_all_gather_scales_against_fsdp_mem_tracker(
+    fake_pg: int, which: str, checkpointed: bool
+) -> None:
+    """FSDP2's float8 all-gather under tensor parallelism, the first iteration: a unit
+    gathered again in backward holds its forward's scales, each until the backward node
+    that saved its weight has run (autograd then frees the node's saved tensors), not to
+    the unit's post-backward (fsdpviz was 8 B high at the peak, in the last layer's
+    backward, two of its linears' scales freed); a forward under the model's own activation
+    checkpoint saves none, and the scales the copy-out replaces are alive through its split
+    of the all-gather output (28 B high at the peak, 28 B low in the first layer's
+    backward). The peak and every module's peaks to the byte, and every category at the
+    peak but, with checkpointed blocks, the scales of the last layer, which the tracker
+    counts as unsharded parameters after its reshard (the recomputation's pre-forward made
+    them the parameters' in its eyes), fsdpviz as temporaries, as a unit resharded keeps
+    them."""
+    from memtracker_harness import MAPPING
+    from test_cost_memtracker import _as_the_tracker_sees
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = {"float8": tp_models.float8_plan, "plain": tp_models.plain_plan}[which]
+    real = tracked(lambda: _build(True, checkpointed, True), lambda: {"tokens": _tokens()},
+                   lambda m: list(m.layers.values()), fake_pg, _loss, mesh_shape=(2, 2),
+                   parallelize=lambda m, tp: parallelize_module(m, tp, plan()),
+                   mp_policy=BF16, every_storage=True)  # fmt: skip
+    f8 = {**FLOAT8, "enable_fsdp_float8_all_gather": True}
+    report = _analyze(parallelize_plan=plan(), checkpointed=checkpointed, float8=f8)
+    mem = memory_model(report, optimizer=None, iteration=0)
+    with torch.device("meta"):
+        model = _build(False, checkpointed)
+    backward = _as_the_tracker_sees(report, mem, model)
+    differences = {"peak": real.peak["Total"] - mem.peak["bytes"]}
+    for name, (theirs, ours) in MAPPING.items():
+        theirs_bytes = sum(real.peak.get(k, 0) for k in theirs)
+        differences[name] = theirs_bytes - sum(mem.peak["breakdown"][k] for k in ours)
+    for module, phases in real.modules.items():
+        for phase, value in phases.items():
+            ours_peak = backward[module] if phase == "backward" else mem.unit_peaks[module][phase]
+            differences[f"{module!r} {phase}"] = value - ours_peak
+    kept = {"unsharded params": 4 * 7, "backward tensors": -4 * 7} if checkpointed else {}
+    assert {k: v for k, v in differences.items() if v} == kept
+    # the trace's record of it is kept in the report: the same read back
+    again = memory_model(fsdpviz.Report.from_dict(report.to_dict()), optimizer=None, iteration=0)
+    assert again.peak == mem.peak and again.unit_peaks == mem.unit_peaks
+
+
 def test_float8_styles_refused_where_torchao_refuses_them(fake_pg: int) -> None:
     """Without float8 linears, on a linear the float8 options leave in bf16, or under a
     rowwise recipe (the styles cast tensorwise): a clear error each."""

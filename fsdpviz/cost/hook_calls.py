@@ -9,8 +9,8 @@ with one hook call per event and no measured compute.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.errors import ConfigError
@@ -42,6 +42,8 @@ class HookCall:
     peak_in_place: Sequence[int] | None = None
     arg: Any = None  # what the hook was called with (a pipeline action's name, a ring
     # attention's wait: the kind)
+    # unit -> [bytes of float8 weights' saved scales freed before ``peak``, by the end]
+    scales_freed: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     @property
     def backward(self) -> bool:
@@ -58,6 +60,9 @@ class Tape:
     calls: list[HookCall]
     tail: HookCall  # compute after the last hook call
     measured: bool  # False when the report has no profile
+    # whether the profile has the float8 scales saved weights' backward nodes let go
+    # (HookCall.scales_freed; absent in reports saved before they were measured)
+    scales_measured: bool = False
 
 
 def iteration_index(report: Report, iteration: int) -> int:
@@ -105,7 +110,8 @@ def _measured(events: list[Event], step: StepProfile) -> Tape:
         _call(step, k, hook, unit, tuple(by_hook.get(k, ())), in_place[k], arg)
         for k, (hook, unit, arg) in enumerate(step.hooks)
     ]
-    return Tape(events, calls, _call(step, n, "end", "", (), in_place[n]), True)
+    tail = _call(step, n, "end", "", (), in_place[n])
+    return Tape(events, calls, tail, True, len(step.scales_freed) > n)
 
 
 def _call(
@@ -134,6 +140,7 @@ def _call(
         kernels=tuple(map(tuple, step.kernels[k])) if k < len(step.kernels) else (),
         peak_in_place=in_place,
         arg=arg,
+        scales_freed=step.scales_freed[k] if k < len(step.scales_freed) else {},
     )
 
 

@@ -12,7 +12,10 @@ every all-gather, kept as FSDP's all-gather metadata until the copy-out's
 had. Resharding frees the gathered bytes, not the scale: a unit gathered once keeps a scale a
 weight. A forward saves the weight, scale and all, for its backward (unless an activation
 checkpoint recomputes it), so a unit gathered again in backward holds its forward's scales
-beside the new ones until its backward is over. The scales of a unit in use count with its
+beside the new ones, each until the backward node that saved it has run (autograd then frees
+its saved tensors: the float8 linear's backward, ``HookCall.scales_freed`` as the trace saw
+it; they were held to the unit's post-backward, 20 to 28 B a unit high against
+``FSDPMemTracker`` inside its backward). The scales of a unit in use count with its
 unsharded parameters, the others (kept, all-gather metadata, saved) as temporaries of the phase
 they are in (:meth:`FSDP2Steps._rescale`). With ``precompute_float8_dynamic_scale_for_fsdp``
 after each optimizer step (steady state) every scale is a view of one float32 tensor it made,
@@ -24,7 +27,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from fsdpviz.cost.grad_sizes import Upcast
-from fsdpviz.cost.hook_calls import HookCall
+from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.sizes import UnitBytes
 from fsdpviz.schema.events import Event
@@ -55,6 +58,9 @@ class FSDP2Host(Protocol):
     _fwd_saved: set[str]
     _saved: dict[str, int]
     _scale_extra: int
+    _scale_swap: int
+    _saved_totals: dict[str, int] | None
+    tape: Tape
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
@@ -68,29 +74,87 @@ class FSDP2Host(Protocol):
 class FSDP2Steps:
     """FSDP2's steps of the walker."""
 
-    def _scales_out(self: FSDP2Host, unit: str, s: UnitBytes, gathered: bool, c: HookCall) -> None:
+    _scale_swap = 0  # see _extra_scales
+    _saved_totals: dict[str, int] | None = None  # see _forward_saved
+
+    def _scales_out(self: FSDP2Host, unit: str, s: UnitBytes, gathered: bool, c: HookCall) -> int:
         """The copy-out of ``unit`` (``fsdp_post_all_gather``): its new scales replace those
         it had, which its forward's saved tensors keep if its backward gathered it again
-        (see [Note: float8 all-gather scales])."""
+        (see [Note: float8 all-gather scales]). The bytes of those it lets go, alive through
+        the copy-out's split of the all-gather output (``foreach_all_gather_copy_out``),
+        which comes before ``init_unsharded_param`` replaces them."""
+        dropped = 0
         if not s.scales or self._precomputed:
-            return
+            return dropped
         if gathered and unit in self._gathering:
             self._gathering.discard(unit)
-            if self.in_backward and unit in self._fwd_saved and unit in self._scales:
-                self._saved[unit] = s.scales_saved
+            saved = FSDP2Steps._forward_saved(self, unit, s)
+            if self.in_backward and unit in self._fwd_saved and unit in self._scales and saved:
+                self._saved[unit] = saved
+            else:
+                dropped = self._scales.get(unit, 0)
             self._fwd_saved.discard(unit)
             self._scales[unit] = s.scales
         if c.hook == "pre_forward" and not self.in_backward and s.scales_saved:
             self._fwd_saved.add(unit)
+        return dropped
+
+    def _forward_saved(self: FSDP2Host, unit: str, s: UnitBytes) -> int:
+        """The bytes of the scales ``unit``'s forward saved for its backward: those the
+        trace saw its backward let go (``HookCall.scales_freed``: a forward under an
+        activation checkpoint, the model's own included, saves none), else (no profile, or one
+        saved before it was measured, a pipeline's) one a float8 weight outside the
+        checkpoints ``activation_checkpointing=`` applies."""
+        if not self.tape.scales_measured:
+            return s.scales_saved
+        if self._saved_totals is None:
+            totals: dict[str, int] = {}
+            for c in [*self.tape.calls, self.tape.tail]:
+                for u, f in c.scales_freed.items():
+                    totals[u] = totals.get(u, 0) + f[1]
+            self._saved_totals = totals
+        return self._saved_totals.get(unit, 0)
 
     def _rescale(self: FSDP2Host) -> None:
         """Count the float8 scales besides those of the units in use (``_scale_extra``) in
         the temporaries of the phase: see [Note: float8 all-gather scales]."""
+        extra = FSDP2Steps._extra_scales(self)
+        self.cat[self._scale_temp()] += extra - self._scale_extra
+        self._scale_extra = extra
+
+    def _saved_freed(self: FSDP2Host, c: HookCall) -> int:
+        """The forward's saved scales, replaced since, that the compute before ``c`` let go
+        before its peak: out of the unsharded parameters where the unit is in use (see
+        :meth:`_extra_scales`); the bytes of the others, out of the temporaries."""
+        freed = {
+            u: min(f[0], self._saved[u]) for u, f in c.scales_freed.items() if u in self._saved
+        }
+        self.cat["unsharded_params"] -= sum(n for u, n in freed.items() if u in self.resident)
+        return sum(n for u, n in freed.items() if u not in self.resident)
+
+    def _release_saved(self: FSDP2Host, c: HookCall) -> int:
+        """Drop the saved scales the compute before ``c`` let go; the bytes of the scales
+        besides those in use after it (``_scale_extra``, in a temporary of the phase)."""
+        for u, f in c.scales_freed.items():
+            if u in self._saved:
+                self._saved[u] = max(0, self._saved[u] - f[1])
+        self._scale_extra = FSDP2Steps._extra_scales(self)
+        return self._scale_extra
+
+    def _extra_scales(self: FSDP2Host) -> int:
+        """The bytes of the float8 scales besides those of the units in use. A unit in use
+        whose forward's scales are still saved counts those with its unsharded parameters
+        and its new ones as temporaries, as ``FSDPMemTracker`` sees them (the forward's were
+        the parameter's when its pre-forward counted them; it first sees the new ones made
+        by ``fsdp_pre_all_gather``, a temporary): the difference moves
+        (``_scale_swap``)."""
         extra = sum(n for u, n in self._scales.items() if u not in self.resident)
         extra += sum(self.sizes[u].scales for u in self._gathering)
         extra += sum(self._saved.values())
-        self.cat[self._scale_temp()] += extra - self._scale_extra
-        self._scale_extra = extra
+        swap = sum(n - self._scales.get(u, 0) for u, n in self._saved.items() if u in self.resident)
+        self.cat["unsharded_params"] += swap - self._scale_swap
+        self._scale_swap = swap
+        return extra - swap
 
     def _scale_temp(self: FSDP2Host) -> str:
         return "backward_temp" if self.in_backward else "forward_temp"

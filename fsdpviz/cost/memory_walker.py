@@ -324,7 +324,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self.cat["activations"] = act // tp
             self.cat["forward_temp"] = fwd // tp
             self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs
-            self.cat[self._scale_temp()] += self._scale_extra
+            self.cat[self._scale_temp()] += self._scale_extra - self._saved_freed(c)
             self._moment("during the compute before", c)
             self.cat = after
             for unit, n in c.grads.items():
@@ -344,7 +344,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
             self.cat["backward_temp"] = c.backward_temp // tp + self.one_rank_rs
-            self.cat[self._scale_temp()] += self._scale_extra
+            self.cat[self._scale_temp()] += self._release_saved(c)
         if ran and self._dropping:  # the backward nodes that saved views of them ran
             for unit in self._dropping:
                 self._drop_saved_copies(unit)
@@ -516,14 +516,15 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             return  # NO_SHARD, or never resharded
         self.resident.add(unit)
         if self.fsdp2:
-            self._scales_out(unit, s, pending is not None, c)
+            dropped = self._scales_out(unit, s, pending is not None, c)
             self.cat["unsharded_params"] += s.unsharded + self._scales.get(unit, 0)
             self._rescale()
         elif pending is not None:  # FSDP1: the FlatParameter in use, the same block
             self._add("all_gather", "all_gather", -pending[0])
             self._add("unsharded_params", "all_gather", s.unsharded)
-        # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0
-        temp = (s.copy_out if pending is not None else s.one_rank_copy) if self.fsdp2 else 0
+        # FSDP2: the copy-out's temporaries of parameters sharded on a dim other than 0, and
+        # the scales its fsdp_post_all_gather then replaces
+        temp = ((s.copy_out if pending else s.one_rank_copy) + dropped) if self.fsdp2 else 0
         temps = "backward_temp" if self.in_backward else "forward_temp"
         self.cat[temps] += temp
         self._moment("at the copy-out in", c)

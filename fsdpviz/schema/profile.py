@@ -103,6 +103,9 @@ class StepProfile:
     grads: list[dict[str, int]]
     kernels: list[list[list[Any]]] = field(default_factory=list)
     peak_in_place: list[list[int]] = field(default_factory=list)
+    # by unit, the bytes of float8 weights' scales (FSDP2's float8 all-gather) a forward saved
+    # that a backward node let go, [before the stretch's peak, by its end] (where any did)
+    scales_freed: list[dict[str, list[int]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +123,7 @@ class StepProfile:
             "grads": [dict(g) for g in self.grads],
             "kernels": [[list(k) for k in ks] for ks in self.kernels],
             "peak_in_place": [list(p) for p in self.peak_in_place],
+            "scales_freed": [{u: list(v) for u, v in f.items()} for f in self.scales_freed],
         }
 
     @classmethod
@@ -139,6 +143,10 @@ class StepProfile:
             grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
             kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
             peak_in_place=[[int(x) for x in p] for p in d.get("peak_in_place", [])],
+            scales_freed=[
+                {str(u): [int(x) for x in v] for u, v in f.items()}
+                for f in d.get("scales_freed", [])
+            ],
         )
 
 

@@ -34,6 +34,7 @@ from fsdpviz.trace.probe_records import (
     ACT,
     BWD_TEMP,
     FWD_TEMP,
+    Stretch,
     TPShares,
     local_gemm,
     storage_of,
@@ -107,6 +108,11 @@ class Float8Host(Protocol):
     # (found in its forward pre-hook: inside an operator the modes above the probe's are off)
     _float8_sac: Any
     _float8_seen: bool  # the running float8 linear's forward multiply reached the probe
+    # the running float8 linear's weight FSDP2 gathered in float8 (its storage) and its unit,
+    # while its forward may save it; the stretch a backward node lets its scale go in
+    _float8_saving: tuple[Any, str] | None
+    _stretch: Stretch
+    _by_unit: dict[str, list[torch.nn.Parameter]]
     _float8: ModuleScope | None
     _float8_data: dict[int, weakref.ref[Any]]
     _in_float8: bool
@@ -136,6 +142,7 @@ class Float8Accounting:
 
     _float8_pair: weakref.ref[Any] | None
     _float8_running: tuple[torch.Tensor, Any, Any] | None
+    _float8_saving: tuple[Any, str] | None
 
     def _float8_setup(
         self: Float8Host,
@@ -151,6 +158,7 @@ class Float8Accounting:
         # a float8 linear whose forward a checkpoint's recomputation runs: its input and
         # weight, until the forward returns (see Float8Accounting._float8_stopped)
         self._float8_running = None
+        self._float8_saving = None
         self._float8_amaxes = dict[int, list[torch.Tensor]]()
         self._float8_sac = None
         self._float8_seen = False
@@ -407,6 +415,31 @@ class Float8Accounting:
         self._float8_seen = False
         if recomputing() and args and isinstance(args[0], torch.Tensor):
             self._float8_running = (args[0], module.weight, self._float8_sac)
+        weight: Any = module.weight
+        if self._float8_gathered and torch._C._current_graph_task_id() == -1:
+            unit = next(
+                (u for u, ps in self._by_unit.items() if any(p is weight for p in ps)), None
+            )
+            st = storage_of(weight)
+            self._float8_saving = None if unit is None or st is None else (st, unit)
+
+    def float8_weight_saved(self: Float8Host, st: Any, packed: torch.Tensor) -> None:
+        """A forward saving (``packed``, of storage ``st``) the weight FSDP2 gathered in float8
+        of the float8 linear running: the scale it holds lives until the backward node that
+        saved it lets it go (autograd frees a node's saved tensors once it has run), which
+        the stretch then running counts (``Stretch.scales_freed``): see [Note: float8
+        all-gather scales] in ``fsdpviz/cost/memory_fsdp2.py``."""
+        saving = self._float8_saving
+        if saving is None or saving[0] is not st:
+            return
+        self._float8_saving = None
+        unit = saving[1]
+
+        def freed() -> None:
+            s = self._stretch
+            s.scales_freed[unit] = s.scales_freed.get(unit, 0) + 4
+
+        weakref.finalize(packed, freed)
 
     def _float8_leave(self: Float8Host, module: torch.nn.Module, args: Any, out: Any) -> None:
         """A float8 linear's forward hook. In a recomputation under per-operator selective
@@ -418,6 +451,7 @@ class Float8Accounting:
         if running is not None and not self._float8_seen:
             Float8Accounting._float8_unseen(self, running, stopped=False)
         self._float8_sac = None
+        self._float8_saving = None
 
     def _float8_stopped(self: Float8Host) -> None:
         """A checkpoint's recomputation stopped inside a float8 linear's forward (the first

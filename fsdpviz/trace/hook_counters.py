@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.schema.profile import StepProfile, TraceProfile
@@ -28,6 +28,8 @@ class Mark:
     # (peak, activations, forward temp) with new gradients left out: what the stretch
     # reaches when each gradient is added into an existing one in place and freed
     peak_in_place: tuple[int, int, int] = (0, 0, 0)
+    # unit -> [float8 weights' saved scales freed before ``peak``, by the stretch's end]
+    scales_freed: dict[str, list[int]] = field(default_factory=dict)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -89,6 +91,7 @@ def cut_profile(
                 peak_grads=[m.peak_grads for m in data],
                 grads=[dict(m.grads) for m in data],
                 peak_in_place=[list(m.peak_in_place) for m in data],
+                scales_freed=[dict(m.scales_freed) for m in data],
             )
         )
     base.iterations = steps

@@ -442,6 +442,7 @@ class CostProbe(
         if now > s.peak:
             s.peak, s.peak_grads = now, s.grad_bytes
             s.peak_activations, s.peak_forward_temp = live[ACT], live[FWD_TEMP]
+            s.peak_scales_freed = dict(s.scales_freed)
         if held > s.peak_in_place[0]:
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
         if self._watch is not None and sum(live) > self._watch[0]:
@@ -484,7 +485,9 @@ class CostProbe(
             if self._record_modules and torch._C._current_graph_task_id() == -1:
                 name = self._tracker.stack[-1] if self._tracker.stack else ""
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
-        return _detached(t)
+        packed = _detached(t)
+        Float8Accounting.float8_weight_saved(self, st, packed)
+        return packed
 
     def _made_outside(self, st: Any) -> list[Any] | None:
         """Count storage ``st`` no operator made (``internal_new_from_data``, on meta)."""
@@ -560,6 +563,7 @@ class CostProbe(
             self._count_events(),
             self._measuring,
             s.peak_in_place,
+            {u: [s.peak_scales_freed.get(u, 0), n] for u, n in s.scales_freed.items()},
         )
         self._stretch = self._new_stretch()
         return mark

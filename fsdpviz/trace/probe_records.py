@@ -112,6 +112,10 @@ class Stretch:
     # the most activations + temp reached, new gradients left out: what a step that adds its
     # gradients into existing ones in place reaches (each is freed once added)
     peak_in_place: tuple[int, int, int] = (0, 0, 0)
+    # unit -> bytes of float8 weights' scales a forward saved that a backward node let go
+    # (FSDP2's float8 all-gather), by now and when ``peak`` was reached
+    scales_freed: dict[str, int] = field(default_factory=dict)
+    peak_scales_freed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
