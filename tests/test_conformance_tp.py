@@ -599,3 +599,36 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
             assert_same_schedule(rec.report(), fsdp_only(predicted))
         tp = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in predicted.iterations]
         assert real_tp[: 2 * n] == tp
+
+
+def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_pg: int) -> None:
+    """The attention's ``PrepareModuleInput`` declares ``Replicate() -> Replicate()`` while
+    the norm leaves a sequence-sharded DTensor: the style redistributes only where its
+    declared layouts differ (``input_layouts != desired_input_layouts``), so the DTensor
+    goes on in ``Shard(1)`` and each of ``wq``, ``wk``, ``wv`` (``ColwiseParallel``, its
+    declared layouts the same too) all-gathers it in its multiply's sharding propagation.
+    fsdpviz all-gathered it once at the attention, from the layout it has (17 forward
+    collectives against DTensor's 21). The forward's collectives equal DTensor's, kind and
+    bytes, in order; the operators' backward is noted as not planned exactly."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
+    )
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, (1, 2))
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    forward = [e for e in report.iterations[0] if e.tensor_parallel and e.phase == "forward"]
+    assert [[e.kind, e.nbytes] for e in forward] == real[: len(forward)]
+    gathers = [e.module for e in forward if e.unit == "layers.0" and e.kind == "tp_all_gather"]
+    assert gathers[:3] == [f"layers.0.attention.w{x}" for x in "qkv"]
+    (warning, *_) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    assert "layers.0.attention (PrepareModuleInput) takes a DTensor in Shard(1)" in warning.message
+    assert "input_layouts=(Shard(1),)" in warning.message

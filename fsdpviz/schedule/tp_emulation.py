@@ -36,9 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_group import Group
@@ -51,9 +48,11 @@ from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     backward_collective,
     collective,
+    layout_name,
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.tp_flow import DTensorFlow
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -63,79 +62,6 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
-
-
-# arithmetic that meets two tensors, as a model's residual adds and scales do
-_ARITHMETIC = {
-    getattr(owner, name)
-    for owner in (torch, torch.Tensor)
-    for name in ("add", "sub", "mul", "div", "matmul", "add_", "sub_", "mul_", "div_")
-    if hasattr(owner, name)
-} | {
-    getattr(torch.Tensor, f"__{op}__")
-    for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
-               "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
-}  # fmt: skip
-
-
-class _DTensorFlow(TorchFunctionMode):
-    """Which tensors of the traced copy are DTensors in torch: those the plan leaves
-    (``use_local_output=False``, ``PrepareModuleInput``) and every tensor an operator
-    computes from one (an operator on a DTensor gives a DTensor), but the plain tensors a
-    style returns (``to_local()``). It follows the operators themselves, so it knows them
-    where no autograd graph is built: frozen parameters and inputs that need no gradient,
-    ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
-    tensors its autograd node saves) alive."""
-
-    def __init__(self, params: set[int]) -> None:
-        super().__init__()
-        # tensor -> where the DTensor it is (or was computed from) came from, in words
-        self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._params = params  # the ids of the parameters the plan makes DTensors
-        self.mixed: dict[tuple[str, str], str] = {}  # (origin, operator) -> the warning
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.dtensors:
-            return func(*args, **(kwargs or {}))
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        origin = next((self.dtensors[t] for t in tensors if t in self.dtensors), None)
-        if origin is not None and func in _ARITHMETIC:
-            self._check_mixed(func, tensors, origin)
-        out = func(*args, **(kwargs or {}))
-        if origin is not None:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.dtensors[t] = origin
-        return out
-
-    def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
-        """Note arithmetic between a DTensor and a plain tensor of more than one element
-        (one the plan does not make a DTensor), which DTensor's dispatch refuses
-        (``OpDispatcher.unwrap_to_op_info``: "got mixed torch.Tensor and DTensor"; a plain
-        tensor of one element it takes as replicated): a warning, not an error, as the
-        model may make the plain one a DTensor where fsdpviz does not see it (KempnerForge's
-        forward hooks call ``DTensor.from_local`` on the blocks' outputs)."""
-        for t in tensors:
-            if t in self.dtensors or t.numel() <= 1 or id(t) in self._params:
-                continue
-            name = getattr(func, "__name__", str(func)).strip("_")
-            if name[:1] in ("r", "i") and name[1:] in ("add", "sub", "mul", "truediv", "matmul"):
-                name = name[1:]  # __radd__, __iadd__: aten.add
-            name = {"truediv": "div"}.get(name, name)
-            what = "a parameter outside the plan" if isinstance(t, nn.Parameter) else (
-                "a plain tensor (a style's use_local_output=True, or one made outside the plan)"
-            )  # fmt: skip
-            self.mixed.setdefault(
-                (origin, name),
-                f"tensor parallelism: {name} takes a DTensor ({origin}) of shape "
-                f"{tuple(next(x for x in tensors if x in self.dtensors).shape)} and {what} of "
-                f"shape {tuple(t.shape)}, which torch refuses (RuntimeError: aten.{name} got "
-                "mixed torch.Tensor and DTensor) unless the model makes the plain one a "
-                "DTensor itself (DTensor.from_local in a forward hook). Make both the same: "
-                "use_local_output alike on the styles whose outputs meet, or the plain one a "
-                "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
-            )
-            return
 
 
 def _chunks(n: int, tp: int) -> list[int]:
@@ -218,7 +144,9 @@ class TPEmulation:
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
-        self._flow = _DTensorFlow({id(p) for p in plan.placements(model)})
+        self._flow = DTensorFlow({id(p) for p in plan.placements(model)})
+        # (module, input) -> the warning of a DTensor a style left to the operators
+        self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -267,7 +195,7 @@ class TPEmulation:
 
     @contextmanager
     def attached(self) -> Iterator[None]:
-        """Follow which tensors are DTensors (:class:`_DTensorFlow`) while the step runs."""
+        """Follow which tensors are DTensors (:class:`DTensorFlow`) while the step runs."""
         with self._flow:
             yield
 
@@ -589,21 +517,65 @@ class TPEmulation:
             forward = torch._C._current_graph_task_id() == -1
             if known is None and isinstance(t, torch.Tensor) and forward:
                 self._check_even_local(t, r.src, tpm)
+            skipped = self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
                 t = self._probe.float8_cast(t)
             float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
-            out = self._redistribute(t, r, tpm, i, known, (float8, False))
+            out = t if skipped else self._redistribute(t, r, tpm, i, known, (float8, False))
             if tpm.base == "PrepareModuleInput":
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
-                # use_local_output=False: a DTensor goes in
-                self._remember(out, r.dst, f"the input {tpm.style} of {tpm.fqn!r} makes")
+                # use_local_output=False: a DTensor goes in, in the layout it has
+                kept = known if skipped else r.dst
+                self._remember(out, kept, f"the input {tpm.style} of {tpm.fqn!r} makes")
                 if float8 and isinstance(out, torch.Tensor):
                     self._float8[id(out)] = (weakref.ref(out), True)
             holder[key] = out
         return tuple(args), kwargs
+
+    def _skipped(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
+        """Whether the style leaves DTensor ``t`` (in ``known``) as it is although the style
+        declares another layout for it: ``ColwiseParallel``, ``RowwiseParallel`` and
+        ``PrepareModuleInput`` redistribute an input only where their declared layouts
+        differ (``input_layouts != desired_input_layouts``, placements compared as given),
+        from the layout the DTensor has (``DTensor.redistribute``); a DTensor in another
+        layout than the declared one, where the declared ones are the same, goes on as it
+        is, and DTensor's operators redistribute it implicitly (sharding propagation,
+        ``redistribute_local_tensor(..., is_explicit=False)``). A linear's multiply needs
+        its input in the style's desired layout, so a column- or row-wise linear's forward
+        moves what the style's redistribution would (planned); ``PrepareModuleInput``
+        moves nothing and leaves the DTensor in its own layout for the operators inside.
+        Their backward follows the operators' sharding, not the style's: noted
+        (:meth:`implicit_warnings`)."""
+        if (
+            known is None
+            or not isinstance(t, torch.Tensor)
+            or t.dim() == 0
+            or self.plan.size == 1
+            or tpm.base not in ("ColwiseParallel", "RowwiseParallel", "PrepareModuleInput")
+            or r.src != r.dst
+            or same_layout(known, r.src, t.dim())
+        ):
+            return False
+        declared = layout_name(r.src)
+        self._implicit.setdefault(
+            (tpm.fqn, r.position),
+            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes a DTensor in "
+            f"{layout_name(known)} where its input_layouts say {declared}; as they equal "
+            f"its desired layout ({declared}), the style does not redistribute it (torch "
+            "redistributes only where input_layouts != desired_input_layouts) and DTensor's "
+            "operators redistribute it implicitly by their sharding propagation, whose "
+            "collectives (the backward's above all) fsdpviz does not plan exactly. Declare "
+            f"the layout it arrives in, input_layouts=({layout_name(known)},), so the style "
+            "redistributes it explicitly",
+        )
+        return tpm.base == "PrepareModuleInput"
+
+    def implicit_warnings(self) -> list[FsdpWarning]:
+        """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
+        return [FsdpWarning("tp_implicit_redistribution", t) for t in self._implicit.values()]
 
     def _post_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
@@ -630,7 +602,7 @@ class TPEmulation:
         return output
 
     def mixed_warnings(self) -> list[FsdpWarning]:
-        """A warning for each DTensor met a plain tensor (:meth:`_DTensorFlow._check_mixed`)."""
+        """A warning for each DTensor met a plain tensor (:meth:`DTensorFlow._check_mixed`)."""
         return [FsdpWarning("tp_mixed_dtensor", text) for text in self._flow.mixed.values()]
 
     def remove(self) -> None:
