@@ -632,3 +632,49 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     (warning, *_) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
     assert "layers.0.attention (PrepareModuleInput) takes a DTensor in Shard(1)" in warning.message
     assert "input_layouts=(Shard(1),)" in warning.message
+
+
+@pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
+def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
+    fake_pg: int, variant: str
+) -> None:
+    """The attention's replicated input with the gradient coming back in another layout
+    than the column-wise linears' partial sum. ``local-output``: its
+    ``PrepareModuleInput(use_local_output=True)`` hands the projections a plain tensor,
+    each makes it a DTensor again (``DTensor.from_local``), whose backward all-reduces its
+    partial gradient, and the gradient reaches the prepared input replicated, through
+    ``to_local()``: nothing to reduce-scatter. ``declared-shard``: the projections declare
+    ``input_layouts=Shard(1)``, so each redistributes the replicated DTensor it gets
+    (``input_layouts != desired_input_layouts``), moving nothing forward, but its
+    ``Redistribute.backward`` takes the gradient back to ``Replicate()``: an all-reduce each,
+    and again nothing to reduce-scatter. fsdpviz read ``use_local_output`` of no
+    ``PrepareModuleInput`` and took every gradient back as the style's (one reduce-scatter
+    per attention, no all-reduce). Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    if variant == "local-output":
+        plan["layers.*.attention"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+            use_local_output=True,
+        )  # fmt: skip
+    else:
+        for w in "qkv":
+            plan[f"layers.*.attention.w{w}"] = ColwiseParallel(input_layouts=Shard(1))
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    activation = 2 * 8 * 8 * 4  # batch x sequence x dim, float32
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward" and e.unit == "layers.1"]  # fmt: skip
+    projections = {m for k, m in back if k == "tp_all_reduce" and ".attention.w" in m}
+    assert projections == {f"layers.1.attention.w{x}" for x in "qkv"}
+    assert ("tp_reduce_scatter", "layers.1.attention") not in back
+    assert ["tp_all_reduce", activation] in real

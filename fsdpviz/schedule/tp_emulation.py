@@ -52,7 +52,7 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-from fsdpviz.schedule.tp_flow import DTensorFlow
+from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, Float8GradCast, GradCollective
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -61,7 +61,6 @@ from fsdpviz.trace.probe_records import TPShares, dim_share
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
-Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
 
 
 def _chunks(n: int, tp: int) -> list[int]:
@@ -83,38 +82,6 @@ def _viewable(shape: torch.Size, d: int) -> bool:
     contiguous, and ``_maybe_view_chunk_cat`` views an all-gather's dim-0 result as
     gathered along ``d`` instead of copying it (``torch/_utils.py``)."""
     return math.prod(shape[:d]) == 1
-
-
-class _GradCollective(torch.autograd.Function):
-    """Identity (or the collective's new buffer, ``copy``); its backward reports the
-    gradient's collective (and makes its buffer, ``back_copy``)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, report: Any, copy: Copy, back_copy: Copy, t: torch.Tensor
-    ) -> torch.Tensor:
-        ctx.report, ctx.back_copy = report, back_copy
-        return copy(t) if copy is not None else t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.report()
-        return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
-
-
-class _Float8GradCast(torch.autograd.Function):
-    """torchao's ``NoopFwToFloat8BwDynamic`` after a float8 linear style's output: identity
-    forward; backward casts the gradient to float8 (on the probe, when one measures)."""
-
-    @staticmethod
-    def forward(ctx: Any, probe: CostProbe | None, t: torch.Tensor) -> torch.Tensor:
-        ctx.probe = probe
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        probe = ctx.probe
-        return None, probe.float8_cast(grad) if probe is not None else grad
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -142,6 +109,8 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
+        # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
+        self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
         self._flow = DTensorFlow({id(p) for p in plan.placements(model)})
@@ -327,24 +296,53 @@ class TPEmulation:
 
     @staticmethod
     def _aliased(t: torch.Tensor, table: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
-        while True:
-            entry = table.get(id(t))
-            if entry is not None and entry[0]() is t:
+        entry = table.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry
+        # an alias: a view of the same base (a view's _base is the first tensor viewed)
+        # with the same shape and strides, as an identity autograd function's output
+        root = t._base if t._base is not None else t
+        meta = (t.shape, t.stride(), t.storage_offset())
+        for entry in table.values():
+            held = entry[0]()
+            if held is None or held is t:
+                continue
+            if (held._base if held._base is not None else held) is root and meta == (
+                held.shape, held.stride(), held.storage_offset()
+            ):  # fmt: skip
                 return entry
-            base = t._base
-            if (
-                base is None
-                or base.shape != t.shape
-                or base.stride() != t.stride()
-                or base.storage_offset() != t.storage_offset()
-            ):
-                return None
-            t = base
+        return None
 
-    def _remember(self, t: Any, layout: Layout | None, origin: str) -> None:
+    def _remember(
+        self, t: Any, layout: Layout | None, origin: str, grad: list[Layout] | None = None
+    ) -> None:
+        """``t`` is a DTensor in ``layout``; ``grad``: the layout its gradient comes back
+        in, which a style that redistributes ``t`` explicitly sets (:meth:`_explicit`)."""
         if isinstance(t, torch.Tensor) and layout is not None:
             self._dtensors[id(t)] = (weakref.ref(t), layout)
             self._flow.dtensors[t] = origin
+            if grad is not None:
+                self._grads[id(t)] = (weakref.ref(t), grad)
+
+    def _explicit(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
+        """Whether the style redistributes DTensor ``t`` (in ``known``) with
+        ``DTensor.redistribute``: ``ColwiseParallel``, ``RowwiseParallel`` and
+        ``PrepareModuleInput`` where their declared layouts differ, ``SequenceParallel``
+        where the DTensor is not in its sequence layout. Its backward
+        (``Redistribute.backward``) takes the gradient back to the layout ``t`` came in,
+        whatever the layout the module's gradient has: a partial gradient all-reduced
+        (``Partial()`` to ``Replicate()``), so the style that made ``t`` gets it
+        replicated and reduce-scatters nothing (see :meth:`_remember`)."""
+        if known is None or not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return False
+        if tpm.base in ("ColwiseParallel", "RowwiseParallel", "PrepareModuleInput"):
+            called = r.src != r.dst
+        else:
+            called = not same_layout(known, r.dst, t.dim())
+        found = self._aliased(t, self._grads)
+        if called and found is not None:
+            found[1][0] = REPLICATE if known == PARTIAL else known
+        return called
 
     def _local(self, t: Any) -> None:
         """``t`` is a plain tensor a style returned (``to_local()``)."""
@@ -360,11 +358,17 @@ class TPEmulation:
         i: int,
         known: Layout | None,
         float8: tuple[bool, bool] = (False, False),
+        moved: bool | None = None,
+        grad_in: list[Layout] | None = None,
     ) -> Any:
         """Report ``t``'s collective in forward; return it with its gradient's hooked.
         ``float8``: whether the tensor (cast by a float8 style first, where the trace holds
         it in high precision: :meth:`_float8_in`) and its gradient move in float8 (see
-        [Note: torchao's float8 tensor-parallel styles])."""
+        [Note: torchao's float8 tensor-parallel styles]). ``moved``: whether torch runs a
+        redistribution whose backward takes the gradient back (by default: a plain tensor
+        made a DTensor, or a DTensor whose layout changes). ``grad_in``: the layout the
+        gradient comes back in, ``r.grad`` unless a style that takes the result changes it
+        before the backward runs (:meth:`_pre_forward`)."""
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or self.plan.size == 1:
             # a tp group of one rank: DTensor's redistribution keeps the local tensor, no
             # collective and no new buffer, either way (``redistribute_local_tensor``)
@@ -381,26 +385,34 @@ class TPEmulation:
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
-        moved = known is None or not same_layout(src, r.dst, ndim)
-        back = backward_collective(r.grad, src, ndim) if moved else None
+        if moved is None:
+            moved = known is None or not same_layout(src, r.dst, ndim)
         copy = self._in_float8(
             self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
         )
+        if not moved or not (t.requires_grad and torch.is_grad_enabled()):
+            return t if copy is None else copy(t)
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
-        chunk = self._chunk(r.grad, back_dst, ndim) if moved else None
-        if (back is None and chunk is None) or not (t.requires_grad and torch.is_grad_enabled()):
-            return t if copy is None else copy(t)
-        back_bytes = t.numel() if grad_f8 else nbytes
-        back_sent = self._padded(back_bytes, t.shape, back, r.grad, back_dst) if back else 0
+        grad = grad_in if grad_in is not None else [r.grad]
+        back_bytes, shape = t.numel() if grad_f8 else nbytes, t.shape
         back_dtype = "float8_e5m2" if grad_f8 else _dtype_name(t)
 
         def report() -> None:
+            back = backward_collective(grad[0], src, ndim)
             if back is not None:
-                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent, back_dtype)
+                sent = self._padded(back_bytes, shape, back, grad[0], back_dst)
+                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", sent, back_dtype)
 
-        back_copy = self._in_float8(self._buffer(back, r.grad, back_dst, ndim) or chunk, grad_f8)
-        return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            back = backward_collective(grad[0], src, ndim)
+            make = self._buffer(back, grad[0], back_dst, ndim) or self._chunk(
+                grad[0], back_dst, ndim
+            )
+            make = self._in_float8(make, grad_f8)
+            return make(g) if make is not None else g
+
+        return GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
     def _in_float8(self, copy: Copy, float8: bool) -> Copy:
         """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
@@ -522,16 +534,24 @@ class TPEmulation:
             if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
                 t = self._probe.float8_cast(t)
             float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
-            out = t if skipped else self._redistribute(t, r, tpm, i, known, (float8, False))
-            if tpm.base == "PrepareModuleInput":
+            explicit = self._explicit(t, r, tpm, known)
+            prepared = tpm.base == "PrepareModuleInput"
+            # a plain tensor's gradient comes back through to_local() in the layout it left in
+            grad = [r.dst if prepared and tpm.local_output else r.grad]
+            out = t if skipped else self._redistribute(
+                t, r, tpm, i, known, (float8, False), explicit or None, grad
+            )  # fmt: skip
+            if prepared and not tpm.local_output:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
                 # use_local_output=False: a DTensor goes in, in the layout it has
                 kept = known if skipped else r.dst
-                self._remember(out, kept, f"the input {tpm.style} of {tpm.fqn!r} makes")
+                self._remember(out, kept, f"the input {tpm.style} of {tpm.fqn!r} makes", grad)
                 if float8 and isinstance(out, torch.Tensor):
                     self._float8[id(out)] = (weakref.ref(out), True)
+            elif prepared:
+                self._local(out)
             holder[key] = out
         return tuple(args), kwargs
 
@@ -588,7 +608,7 @@ class TPEmulation:
             if isinstance(output, torch.Tensor):
                 output = self._redistribute(output, r, tpm, i, None, (False, grad_f8))
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
-                    output = _Float8GradCast.apply(self._probe, output)  # type: ignore[no-untyped-call]
+                    output = Float8GradCast.apply(self._probe, output)  # type: ignore[no-untyped-call]
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
@@ -610,6 +630,7 @@ class TPEmulation:
             handle.remove()
         self._handles.clear()
         self._dtensors.clear()
+        self._grads.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
         self._probe = None

@@ -1,7 +1,9 @@
 """Which tensors of fsdpviz's traced copy are DTensors in torch, followed operator by
 operator while a tensor-parallel step runs (:class:`DTensorFlow`, for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`), and the arithmetic between a DTensor
-and a plain tensor that DTensor's dispatch refuses, noted.
+and a plain tensor that DTensor's dispatch refuses, noted; the autograd functions that
+report tensor parallelism's gradient collectives (:class:`GradCollective`) and torchao's
+float8 cast of a gradient (:class:`Float8GradCast`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
+
+from fsdpviz.trace.probe import CostProbe
+
+Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
 
 # arithmetic that meets two tensors, as a model's residual adds and scales do
 _ARITHMETIC = {
@@ -85,3 +91,35 @@ class DTensorFlow(TorchFunctionMode):
                 "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
             )
             return
+
+
+class GradCollective(torch.autograd.Function):
+    """Identity (or the collective's new buffer, ``copy``); its backward reports the
+    gradient's collective (and makes its buffer, ``back_copy``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, report: Any, copy: Copy, back_copy: Copy, t: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.report, ctx.back_copy = report, back_copy
+        return copy(t) if copy is not None else t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.report()
+        return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
+
+
+class Float8GradCast(torch.autograd.Function):
+    """torchao's ``NoopFwToFloat8BwDynamic`` after a float8 linear style's output: identity
+    forward; backward casts the gradient to float8 (on the probe, when one measures)."""
+
+    @staticmethod
+    def forward(ctx: Any, probe: CostProbe | None, t: torch.Tensor) -> torch.Tensor:
+        ctx.probe = probe
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        probe = ctx.probe
+        return None, probe.float8_cast(grad) if probe is not None else grad
