@@ -678,3 +678,65 @@ def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     assert projections == {f"layers.1.attention.w{x}" for x in "qkv"}
     assert ("tp_reduce_scatter", "layers.1.attention") not in back
     assert ["tp_all_reduce", activation] in real
+
+
+class _ReshardedLinear(torch.nn.Module):
+    """:class:`_Resharded` with a row-wise linear after the all-to-all, taking its
+    feature-sharded DTensor as it is (``input_layouts=Shard(2)``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(32, dim), torch.nn.Identity()
+        self.proj = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.mix(self.emb(ids)))
+
+
+@pytest.mark.parametrize("seq", [32, 30])
+def test_a_linear_after_an_uneven_all_to_all_is_refused_as_torch_fails(
+    fake_pg: int, seq: int
+) -> None:
+    """A sequence of 30 going from ``Shard(1)`` to ``Shard(2)`` over 4 tp ranks, into a
+    row-wise linear that takes it as it is: DTensor pads the sequence to 32 for the
+    all-to-all and narrows each rank's tensor back to 30 rows
+    (``Shard._unpad_for_new_shard_dim``), which leaves it non-contiguous, and the linear's
+    multiply views it flat: torch fails (on every backend: the unpadding is DTensor's, not
+    the collective's). fsdpviz planned it; now it refuses it, saying why and what to
+    change. A sequence of 32 runs in both."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    def plan() -> dict[str, Any]:
+        return {
+            "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                   use_local_output=False),
+            "mix": PrepareModuleInput(input_layouts=(Shard(1),),
+                                      desired_input_layouts=(Shard(2),), use_local_output=False),
+            "proj": RowwiseParallel(input_layouts=Shard(2), output_layouts=Shard(1)),
+        }  # fmt: skip
+
+    ids = torch.zeros(2, seq, dtype=torch.long)
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(_ReshardedLinear(8), mesh["tp"], plan())
+    with torch.device("meta"):
+        meta = _ReshardedLinear(8)
+
+    def predicted() -> fsdpviz.Report:
+        return fsdpviz.analyze(meta, ids, fully_shard=[], mesh=("dp", 1, "tp", 4),
+                               parallelize_plan=plan(), progress=False)  # fmt: skip
+
+    if seq % 4 == 0:
+        model(ids)
+        assert any(e.kind == "tp_all_to_all" for e in predicted().iterations[0])
+        return
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        model(ids)
+    refused = r"proj \(RowwiseParallel\) takes the DTensor the all-to-all of mix \(Shard\(1\) "
+    with pytest.raises(fsdpviz.ConfigError, match=refused + r"-> Shard\(2\)\).*dim 1 \(30\).*32"):
+        predicted()

@@ -53,6 +53,7 @@ from fsdpviz.plan.tensor_parallel import (
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, Float8GradCast, GradCollective
+from fsdpviz.schedule.tp_refusals import chunks, refuse_uneven_local
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -63,17 +64,10 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 
-def _chunks(n: int, tp: int) -> list[int]:
-    """The sizes ``torch.chunk`` (DTensor's ``Shard._split_tensor``) gives ``tp`` ranks of a
-    dim of ``n``: ``ceil(n / tp)`` each, the last ones less or none (33 over 4: 9, 9, 9, 6)."""
-    first = -(-n // tp)
-    return [min(first, max(0, n - i * first)) for i in range(tp)]
-
-
 def _padded_shape(t: torch.Tensor, d: int, tp: int) -> list[int]:
     """``t``'s shape with dim ``d`` padded to ``tp`` chunks as large as the first."""
     padded = list(t.shape)
-    padded[d] = _chunks(t.shape[d], tp)[0] * tp
+    padded[d] = chunks(t.shape[d], tp)[0] * tp
     return padded
 
 
@@ -110,6 +104,8 @@ class TPEmulation:
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
+        # and those an uneven all-to-all left narrowed: (dim, size, where) (_check_narrowed)
+        self._narrowed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int, str]]] = {}
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
@@ -244,13 +240,13 @@ class TPEmulation:
         ``reduce_scatter_single``'s ``_chunk_or_narrow_cat`` copies that into a second one;
         then the first rank's chunk, which needs no unpadding, is the collective's output."""
         d = (dst[1] or 0) % t.dim()
-        chunks = _chunks(t.shape[d], self.plan.size)
-        first = chunks[0]
+        parts = chunks(t.shape[d], self.plan.size)
+        first = parts[0]
         padded = _padded_shape(t, d, self.plan.size)
         contiguous = _viewable(t.shape, d) and t.is_contiguous()
         held = []
         with probe.redistributed(None):
-            for size in chunks:
+            for size in parts:
                 if size < first or not contiguous:  # padded (a new tensor) or made contiguous
                     held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
             held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
@@ -435,57 +431,6 @@ class TPEmulation:
             return False
         return tpm.base == "PrepareModuleInput" or known is None or not self._is_float8(t)
 
-    def _check_even_local(self, t: torch.Tensor, layout: Layout, tpm: TPModule) -> None:
-        """Refuse a plain tensor a style takes to be sharded on a dim the tp ranks do not
-        divide, as torch fails on it: the style makes it a DTensor with
-        ``DTensor.from_local(..., run_check=False)`` and no shape, which computes the global
-        shape as the local one times the tp degree (``compute_global_tensor_info``), so the
-        first rank's ``torch.chunk`` part (5 of 18) makes a dim of 20, the last one's (3)
-        one of 12. The next operator's sharding propagation fails where the shape meets a
-        parameter's (``RuntimeError: a and b must have same reduction dim``, ``Sharding
-        propagation failed for aten.mm.default``), and a collective over the dim gets a
-        different size from each rank (gloo: ``Received data size doesn't match expected
-        size``; NCCL hangs or corrupts)."""
-        if layout[0] != "shard" or t.dim() == 0 or self.plan.size == 1:
-            return
-        d = (layout[1] or 0) % t.dim()
-        n, tp = t.shape[d], self.plan.size
-        if n % tp == 0 or t in self._flow.dtensors:
-            # a tensor operators computed from a DTensor is a DTensor of the global shape,
-            # which DTensor pads and chunks right
-            return
-        chunks = _chunks(n, tp)
-        first = chunks[0]
-        sizes = " or ".join(str(k) for k in (first * tp, n // tp * tp) if k > 0)
-        what = f"dim {d} ({n})"
-        fails = (
-            "the ranks disagree on the tensor's shape, and a collective over the dim gets "
-            "a different size from each (gloo: Received data size doesn't match expected "
-            "size; NCCL hangs)"
-        )
-        if d == t.dim() - 1:  # the dim a linear's weight meets: name the weight
-            module = self._model.get_submodule(tpm.fqn)
-            for name, p in module.named_parameters(recurse=False):
-                if p.dim() > 1 and p.shape[-1] == n:
-                    fqn = f"{tpm.fqn}.{name}" if tpm.fqn else name
-                    what = f"dim {d}, the {n} input features of {fqn} {tuple(p.shape)},"
-                    fails = (
-                        f"the input of {first * tp} features meets {fqn}'s {n} (RuntimeError: "
-                        "a and b must have same reduction dim ... Sharding propagation failed)"
-                    )
-                    break
-        elif d == 1:
-            what = f"dim 1, the sequence ({n}),"
-        raise ConfigError(
-            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes its input "
-            f"sharded on {what} which the {tp} tp ranks do not divide: DTensor chunks it "
-            f"{chunks}, and the style makes each rank's plain tensor a DTensor with "
-            f"DTensor.from_local(), which assumes even shards ({first} x {tp} = "
-            f"{first * tp} on the first rank, {chunks[-1]} x {tp} on the last), so torch "
-            f"fails: {fails}. Make the size a multiple of the tp degree ({sizes}; "
-            "a sequence padded to it) or choose a tp degree that divides it"
-        )
-
     def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
         """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
         None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
@@ -528,7 +473,9 @@ class TPEmulation:
             # runs what the forward ran, which passed
             forward = torch._C._current_graph_task_id() == -1
             if known is None and isinstance(t, torch.Tensor) and forward:
-                self._check_even_local(t, r.src, tpm)
+                refuse_uneven_local(
+                    t, r.src, tpm, self.plan.size, self._model, t in self._flow.dtensors
+                )
             skipped = self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
@@ -552,8 +499,45 @@ class TPEmulation:
                     self._float8[id(out)] = (weakref.ref(out), True)
             elif prepared:
                 self._local(out)
+            self._check_narrowed(t, out, r, tpm, known)
             holder[key] = out
         return tuple(args), kwargs
+
+    def _check_narrowed(
+        self, t: Any, out: Any, r: Redistribution, tpm: TPModule, known: Layout | None
+    ) -> None:
+        """Refuse a linear style that takes, as it is, the DTensor an all-to-all left from a
+        dim the tp ranks do not divide, with a dim before it of more than one: DTensor pads
+        the dim, moves it, and cuts each rank's tensor back with a ``narrow``
+        (``Shard._unpad_for_new_shard_dim``), which leaves it non-contiguous, and the
+        linear's multiply views it flat (``aten.view`` of the decomposed ``aten.linear``), so
+        torch fails, on every backend (the padding comes before the collective)."""
+        if not isinstance(t, torch.Tensor) or t.dim() < 3 or self.plan.size == 1:
+            return
+        src, ndim = known or r.src, t.dim()
+        moved = collective(src, r.dst, ndim)
+        if moved == "tp_all_to_all" and self._uneven(t, src):
+            d = (src[1] or 0) % ndim
+            if math.prod(t.shape[:d]) > 1:
+                what = f"{tpm.fqn} ({layout_name(src)} -> {layout_name(r.dst)})"
+                self._narrowed[id(out)] = (weakref.ref(out), (d, t.shape[d], what))
+            return
+        found = self._aliased(t, self._narrowed) if known is not None else None
+        linear = isinstance(self._model.get_submodule(tpm.fqn), nn.Linear)
+        if found is None or moved is not None or not linear or tpm.base == "PrepareModuleInput":
+            return
+        d, n, where = found[1]
+        tp, padded = self.plan.size, chunks(found[1][1], self.plan.size)[0] * self.plan.size
+        raise ConfigError(
+            f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes the DTensor the all-to-all of "
+            f"{where} leaves, whose dim {d} ({n}) the {tp} tp ranks do not divide: DTensor "
+            f"pads it to {padded} for the all-to-all and narrows each rank's tensor back "
+            "(Shard._unpad_for_new_shard_dim), which leaves it non-contiguous, and the "
+            "linear's multiply views it flat, so torch fails (RuntimeError: view size is not "
+            "compatible with input tensor's size and stride). Make the size a multiple of "
+            f"the tp degree ({padded}; a sequence padded to it), or choose a tp degree that "
+            "divides it"
+        )
 
     def _skipped(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
         """Whether the style leaves DTensor ``t`` (in ``known``) as it is although the style
@@ -631,6 +615,7 @@ class TPEmulation:
         self._handles.clear()
         self._dtensors.clear()
         self._grads.clear()
+        self._narrowed.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
         self._probe = None
