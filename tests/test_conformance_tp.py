@@ -740,3 +740,34 @@ def test_a_linear_after_an_uneven_all_to_all_is_refused_as_torch_fails(
     refused = r"proj \(RowwiseParallel\) takes the DTensor the all-to-all of mix \(Shard\(1\) "
     with pytest.raises(fsdpviz.ConfigError, match=refused + r"-> Shard\(2\)\).*dim 1 \(30\).*32"):
         predicted()
+
+
+def test_a_plain_tensor_taken_in_another_layout_is_refused_as_torch_fails(fake_pg: int) -> None:
+    """The attention's ``PrepareModuleInput`` hands its projections a plain tensor
+    (``use_local_output=True``), each rank's replicated input, which the projections
+    declare sequence-sharded (``ColwiseParallel(input_layouts=Shard(1))``):
+    ``DTensor.from_local`` takes it for what the layout says, a sequence twice as long, and
+    torch fails in the multiply. fsdpviz planned an all-gather of it; now it refuses it,
+    naming the style that returned the tensor and the layout to declare."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    for w in "qkv":
+        plan[f"layers.*.attention.w{w}"] = ColwiseParallel(input_layouts=Shard(1))
+    sizes = {"vocab": 32, "dim": 16, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="a and b must have same reduction dim"):
+        _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    refused = (r"layers\.0\.attention\.wq \(ColwiseParallel\) takes a plain tensor as Shard\(1\), "
+               r"but it is a rank's part of a Replicate\(\) tensor \(what layers\.0\.attention "
+               r"\(PrepareModuleInput\) returns.*input_layouts=\(Replicate\(\),\)")  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match=refused):
+        fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                        parallelize_plan=plan, progress=False)  # fmt: skip

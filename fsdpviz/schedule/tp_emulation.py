@@ -53,7 +53,7 @@ from fsdpviz.plan.tensor_parallel import (
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, Float8GradCast, GradCollective
-from fsdpviz.schedule.tp_refusals import chunks, refuse_uneven_local
+from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -105,6 +105,8 @@ class TPEmulation:
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
         # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
         # and those an uneven all-to-all left narrowed: (dim, size, where) (_check_narrowed)
+        # the plain tensors a style returned: the layout of the tensor each is a part of
+        self._plain: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Layout, str]]] = {}
         self._narrowed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int, str]]] = {}
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
@@ -340,10 +342,13 @@ class TPEmulation:
             found[1][0] = REPLICATE if known == PARTIAL else known
         return called
 
-    def _local(self, t: Any) -> None:
-        """``t`` is a plain tensor a style returned (``to_local()``)."""
+    def _local(self, t: Any, layout: Layout | None, where: str) -> None:
+        """``t`` is a plain tensor a style returned (``to_local()``), a rank's part of a
+        tensor in ``layout`` (as ``where`` left it)."""
         if isinstance(t, torch.Tensor) and t in self._flow.dtensors:
             del self._flow.dtensors[t]
+        if isinstance(t, torch.Tensor) and layout is not None:
+            self._plain[id(t)] = (weakref.ref(t), (layout, where))
 
     # ------------------------------------------------------------------- hooks
     def _redistribute(
@@ -467,7 +472,9 @@ class TPEmulation:
             if isinstance(key, int) and key >= len(holder):
                 continue
             t = holder[key]
-            known = self._layout(t) if isinstance(t, torch.Tensor) else None
+            plain = self._plain.get(id(t))  # a plain tensor a style returned, as it is
+            plain = plain if plain is not None and plain[0]() is t else None
+            known = self._layout(t) if isinstance(t, torch.Tensor) and not plain else None
             # not in a checkpointed block's recomputation, which backward runs (the mode
             # that follows DTensors is off in it: Tensor.backward is handled by it): it
             # runs what the forward ran, which passed
@@ -476,6 +483,8 @@ class TPEmulation:
                 refuse_uneven_local(
                     t, r.src, tpm, self.plan.size, self._model, t in self._flow.dtensors
                 )
+                if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
+                    refuse_mislabelled_local(tpm, plain[1], r.src)
             skipped = self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and self._probe is not None and t.dim() > 0 and self.plan.size > 1:
@@ -498,7 +507,8 @@ class TPEmulation:
                 if float8 and isinstance(out, torch.Tensor):
                     self._float8[id(out)] = (weakref.ref(out), True)
             elif prepared:
-                self._local(out)
+                out = t.view_as(t) if out is t and isinstance(t, torch.Tensor) else out
+                self._local(out, known if skipped else r.dst, f"{tpm.fqn} ({tpm.style})")
             self._check_narrowed(t, out, r, tpm, known)
             holder[key] = out
         return tuple(args), kwargs
@@ -602,7 +612,8 @@ class TPEmulation:
                 f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)",
             )
         elif tpm.outputs or tpm.base != "PrepareModuleInput":
-            self._local(output[0] if isinstance(output, tuple) and output else output)
+            out = output[0] if isinstance(output, tuple) and output else output
+            self._local(out, tpm.output_layout, f"{tpm.fqn} ({tpm.style})")
         return output
 
     def mixed_warnings(self) -> list[FsdpWarning]:
@@ -616,6 +627,7 @@ class TPEmulation:
         self._dtensors.clear()
         self._grads.clear()
         self._narrowed.clear()
+        self._plain.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
         self._probe = None

@@ -1,6 +1,7 @@
 """What torch refuses of tensor parallelism on the traced copy, refused as it fails: a
 plain tensor a style makes a DTensor, sharded on a dim the tp ranks do not divide
-(:func:`refuse_uneven_local`); :func:`chunks`, the sizes DTensor chunks a dim into.
+(:func:`refuse_uneven_local`), or in another layout than the one the tensor is a part of
+(:func:`refuse_mislabelled_local`); :func:`chunks`, the sizes DTensor chunks a dim into.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.tensor_parallel import Layout, TPModule
+from fsdpviz.plan.tensor_parallel import Layout, TPModule, layout_name
 
 
 def chunks(n: int, tp: int) -> list[int]:
@@ -70,4 +71,26 @@ def refuse_uneven_local(
         f"{first * tp} on the first rank, {parts[-1]} x {tp} on the last), so torch "
         f"fails: {fails}. Make the size a multiple of the tp degree ({sizes}; "
         "a sequence padded to it) or choose a tp degree that divides it"
+    )
+
+
+def refuse_mislabelled_local(tpm: TPModule, plain: tuple[Layout, str], declared: Layout) -> None:
+    """Refuse a style that takes the plain tensor another style returned (``to_local()``,
+    ``use_local_output=True``), a rank's part of a tensor in ``plain``'s layout, as a part
+    in another layout: it makes it a DTensor with ``DTensor.from_local(..., input_layouts)``,
+    which takes the local tensor for what the layout says and checks nothing, so the
+    DTensor's global shape and values are not the tensor's (a replicated tensor declared
+    ``Shard(1)``: a sequence ``tp`` times as long). torch fails where the shapes meet
+    (``a and b must have same reduction dim``, ``Attempting to broadcast a dimension``), or
+    computes on the wrong values."""
+    layout, where = plain
+    raise ConfigError(
+        f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes a plain tensor as "
+        f"{layout_name(declared)}, but it is a rank's part of a {layout_name(layout)} tensor "
+        f"(what {where} returns with use_local_output=True): DTensor.from_local takes it for "
+        "what input_layouts says, checking nothing, so the DTensor's shape and values are "
+        "wrong and torch fails where the shapes meet (RuntimeError: a and b must have same "
+        "reduction dim, or Attempting to broadcast a dimension) or computes on wrong values. "
+        f"Declare input_layouts=({layout_name(layout)},) or keep the tensor a DTensor "
+        "(use_local_output=False on the style that returns it)"
     )
