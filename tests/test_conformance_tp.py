@@ -771,3 +771,36 @@ def test_a_plain_tensor_taken_in_another_layout_is_refused_as_torch_fails(fake_p
     with pytest.raises(fsdpviz.ConfigError, match=refused):
         fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
                         parallelize_plan=plan, progress=False)  # fmt: skip
+
+
+def test_a_replicated_dtensor_meeting_a_sharded_one_gets_its_gradient_sharded(
+    fake_pg: int,
+) -> None:
+    """The attention's output left a replicated DTensor (``RowwiseParallel(output_layouts=
+    Replicate(), use_local_output=False)``: its partial sum all-reduced) while the residual
+    stream is sequence-sharded: the residual add's sharding propagation chunks the
+    replicated operand (no collective) and its result is sharded, so the gradient comes
+    back to the all-reduce sharded on the sequence, and its ``Redistribute.backward``
+    all-gathers it (fsdpviz took it back replicated: no collective, one all-gather per
+    block fewer than DTensor's). Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(
+        output_layouts=Replicate(), use_local_output=False
+    )
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward"]  # fmt: skip
+    assert [m for k, m in back if m.endswith("attention.wo") and k == "tp_all_gather"] == [
+        "layers.1.attention.wo", "layers.0.attention.wo"
+    ]  # fmt: skip

@@ -111,7 +111,7 @@ class TPEmulation:
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
-        self._flow = DTensorFlow({id(p) for p in plan.placements(model)})
+        self._flow = DTensorFlow({id(p) for p in plan.placements(model)}, self._meet)
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
@@ -321,6 +321,24 @@ class TPEmulation:
             self._flow.dtensors[t] = origin
             if grad is not None:
                 self._grads[id(t)] = (weakref.ref(t), grad)
+
+    def _meet(self, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
+        """DTensors an arithmetic operator meets, as its sharding propagation takes them: a
+        replicated one beside a sharded one is chunked (no collective), its gradient and
+        the result sharded (see :meth:`_remember`)."""
+        layouts = [(t, lay) for t in tensors if (lay := self._layout(t)) not in (None, PARTIAL)]
+        if not layouts or len(layouts) < len(tensors):
+            return
+        n = out.dim()
+        dims = {(lay[1] or 0) % t.dim() + n - t.dim() for t, lay in layouts if lay[0] == "shard"}
+        if len(dims) > 1 or any(t.dim() > n for t in tensors):
+            return
+        layout: Layout = ("shard", dims.pop()) if dims else REPLICATE
+        for t, lay in layouts if layout != REPLICATE else ():
+            found = self._aliased(t, self._grads) if lay == REPLICATE and t.dim() == n else None
+            if found is not None:
+                found[1][0] = layout
+        self._dtensors[id(out)] = (weakref.ref(out), layout)
 
     def _explicit(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
         """Whether the style redistributes DTensor ``t`` (in ``known``) with
@@ -594,23 +612,22 @@ class TPEmulation:
     def _post_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
     ) -> Any:
+        grad: list[Layout] | None = None
         if tpm.outputs:
             r = tpm.outputs[0]
             # a float8 linear style's output gradient comes back cast to float8
             # (NoopFwToFloat8BwDynamic after the redistribution)
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
-                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8))
+                grad = [r.grad]  # which a later operator may change (_meet)
+                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     output = Float8GradCast.apply(self._probe, output)  # type: ignore[no-untyped-call]
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
-            self._remember(
-                output,
-                tpm.output_layout,
-                f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)",
-            )
+            where = f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)"
+            self._remember(output, tpm.output_layout, where, grad)
         elif tpm.outputs or tpm.base != "PrepareModuleInput":
             out = output[0] if isinstance(output, tuple) and output else output
             self._local(out, tpm.output_layout, f"{tpm.fqn} ({tpm.style})")

@@ -8,6 +8,7 @@ float8 cast of a gradient (:class:`Float8GradCast`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from fsdpviz.trace.probe import CostProbe
 
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
+Meet = Callable[[list[torch.Tensor], torch.Tensor], None]  # DTensors an operator met; its result
 
 # arithmetic that meets two tensors, as a model's residual adds and scales do
 _ARITHMETIC = {
@@ -42,8 +44,11 @@ class DTensorFlow(TorchFunctionMode):
     ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
     tensors its autograd node saves) alive."""
 
-    def __init__(self, params: set[int]) -> None:
+    def __init__(
+        self, params: set[int], meet: Callable[[list[torch.Tensor], torch.Tensor], None]
+    ) -> None:
         super().__init__()
+        self._meet = meet  # told of the DTensors each arithmetic operator meets, and its result
         # tensor -> where the DTensor it is (or was computed from) came from, in words
         self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._params = params  # the ids of the parameters the plan makes DTensors
@@ -61,6 +66,14 @@ class DTensorFlow(TorchFunctionMode):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.dtensors[t] = origin
+            operands = [t for t in tensors if t is not out and t.numel() > 1]
+            if (
+                func in _ARITHMETIC
+                and isinstance(out, torch.Tensor)
+                and operands
+                and all(t in self.dtensors for t in operands)
+            ):  # DTensors alone (a plain tensor among them: _check_mixed's)
+                self._meet(operands, out)
         return out
 
     def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
