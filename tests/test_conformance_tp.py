@@ -607,8 +607,8 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     declared layouts differ (``input_layouts != desired_input_layouts``), so the DTensor
     goes on in ``Shard(1)`` and each of ``wq``, ``wk``, ``wv`` (``ColwiseParallel``, its
     declared layouts the same too) all-gathers it in its multiply's sharding propagation.
-    fsdpviz all-gathered it once at the attention, from the layout it has (17 forward
-    collectives against DTensor's 21). The forward's collectives equal DTensor's, kind and
+    fsdpviz all-gathered it once at the attention, from the layout it has (11 forward
+    collectives against DTensor's 15). The forward's collectives equal DTensor's, kind and
     bytes, in order; the operators' backward is noted as not planned exactly."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import PrepareModuleInput
