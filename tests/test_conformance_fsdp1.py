@@ -228,6 +228,36 @@ def test_hybrid_sharding(fake_pg: int, ss: ShardingStrategy, fp: bool) -> None:
     assert block.sharded_numel == -(-block.numel // 2)
 
 
+@pytest.mark.parametrize(
+    "ss",
+    [ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2],
+    ids=lambda s: s.name,
+)
+def test_hybrid_sharding_with_one_replica_all_reduces_over_one_rank(
+    fake_pg: int, ss: ShardingStrategy
+) -> None:
+    """Hybrid sharding on a 1 x 4 mesh (a replicate dimension of one rank): FSDP1's
+    ``_reduce_grad`` all-reduces each reduced shard over the inter-node group
+    unconditionally, a group of one rank here, so the recording has an ``all_reduce`` per
+    unit, which fsdpviz left out (it emitted them for more than one replica only). The
+    schedule equals the recording; the time model prices an all-reduce over one rank at
+    nothing."""
+    from fsdp_harness import assert_same_schedule, record_real_fsdp1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model, x = hm.Stack(), _x()
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "sharding_strategy": ss}
+    mesh = init_device_mesh("cpu", (1, fake_pg))
+    real = record_real_fsdp1(model, x, {**kw, "device_mesh": mesh})
+    predicted = fsdpviz.analyze(model, x, world_size=fake_pg, shard_group_size=fake_pg, **kw)
+    assert_same_schedule(real, predicted)
+    reduced = [e for e in predicted.iterations[0] if e.kind == "all_reduce"]
+    assert len(reduced) == len(predicted.units) and predicted.config.replicas == 1
+    timed = [r for r in predicted.timeline.events if r["kind"] == "all_reduce"]
+    assert timed and all(r["end"] == r["start"] for r in timed)
+
+
 @pytest.mark.parametrize("fp", [False, True])
 def test_use_orig_params_alignment_follows_the_compute_dtype(fake_pg: int, fp: bool) -> None:
     """FlatParamHandle aligns each parameter to 16 bytes of the bf16 compute dtype."""

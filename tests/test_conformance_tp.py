@@ -599,3 +599,208 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
             assert_same_schedule(rec.report(), fsdp_only(predicted))
         tp = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in predicted.iterations]
         assert real_tp[: 2 * n] == tp
+
+
+def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_pg: int) -> None:
+    """The attention's ``PrepareModuleInput`` declares ``Replicate() -> Replicate()`` while
+    the norm leaves a sequence-sharded DTensor: the style redistributes only where its
+    declared layouts differ (``input_layouts != desired_input_layouts``), so the DTensor
+    goes on in ``Shard(1)`` and each of ``wq``, ``wk``, ``wv`` (``ColwiseParallel``, its
+    declared layouts the same too) all-gathers it in its multiply's sharding propagation.
+    fsdpviz all-gathered it once at the attention, from the layout it has (11 forward
+    collectives against DTensor's 15). The forward's collectives equal DTensor's, kind and
+    bytes, in order; the operators' backward is noted as not planned exactly."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
+    )
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, (1, 2))
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    forward = [e for e in report.iterations[0] if e.tensor_parallel and e.phase == "forward"]
+    assert [[e.kind, e.nbytes] for e in forward] == real[: len(forward)]
+    gathers = [e.module for e in forward if e.unit == "layers.0" and e.kind == "tp_all_gather"]
+    assert gathers[:3] == [f"layers.0.attention.w{x}" for x in "qkv"]
+    (warning, *_) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    assert "layers.0.attention (PrepareModuleInput) takes a DTensor in Shard(1)" in warning.message
+    assert "input_layouts=(Shard(1),)" in warning.message
+
+
+@pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
+def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
+    fake_pg: int, variant: str
+) -> None:
+    """The attention's replicated input with the gradient coming back in another layout
+    than the column-wise linears' partial sum. ``local-output``: its
+    ``PrepareModuleInput(use_local_output=True)`` hands the projections a plain tensor,
+    each makes it a DTensor again (``DTensor.from_local``), whose backward all-reduces its
+    partial gradient, and the gradient reaches the prepared input replicated, through
+    ``to_local()``: nothing to reduce-scatter. ``declared-shard``: the projections declare
+    ``input_layouts=Shard(1)``, so each redistributes the replicated DTensor it gets
+    (``input_layouts != desired_input_layouts``), moving nothing forward, but its
+    ``Redistribute.backward`` takes the gradient back to ``Replicate()``: an all-reduce each,
+    and again nothing to reduce-scatter. fsdpviz read ``use_local_output`` of no
+    ``PrepareModuleInput`` and took every gradient back as the style's (one reduce-scatter
+    per attention, no all-reduce). Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    if variant == "local-output":
+        plan["layers.*.attention"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+            use_local_output=True,
+        )  # fmt: skip
+    else:
+        for w in "qkv":
+            plan[f"layers.*.attention.w{w}"] = ColwiseParallel(input_layouts=Shard(1))
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    activation = 2 * 8 * 8 * 4  # batch x sequence x dim, float32
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward" and e.unit == "layers.1"]  # fmt: skip
+    projections = {m for k, m in back if k == "tp_all_reduce" and ".attention.w" in m}
+    assert projections == {f"layers.1.attention.w{x}" for x in "qkv"}
+    assert ("tp_reduce_scatter", "layers.1.attention") not in back
+    assert ["tp_all_reduce", activation] in real
+
+
+class _ReshardedLinear(torch.nn.Module):
+    """:class:`_Resharded` with a row-wise linear after the all-to-all, taking its
+    feature-sharded DTensor as it is (``input_layouts=Shard(2)``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(32, dim), torch.nn.Identity()
+        self.proj = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.mix(self.emb(ids)))
+
+
+@pytest.mark.parametrize("seq", [32, 30])
+def test_a_linear_after_an_uneven_all_to_all_is_refused_as_torch_fails(
+    fake_pg: int, seq: int
+) -> None:
+    """A sequence of 30 going from ``Shard(1)`` to ``Shard(2)`` over 4 tp ranks, into a
+    row-wise linear that takes it as it is: DTensor pads the sequence to 32 for the
+    all-to-all and narrows each rank's tensor back to 30 rows
+    (``Shard._unpad_for_new_shard_dim``), which leaves it non-contiguous, and the linear's
+    multiply views it flat: torch fails (on every backend: the unpadding is DTensor's, not
+    the collective's). fsdpviz planned it; now it refuses it, saying why and what to
+    change. A sequence of 32 runs in both."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    def plan() -> dict[str, Any]:
+        return {
+            "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                   use_local_output=False),
+            "mix": PrepareModuleInput(input_layouts=(Shard(1),),
+                                      desired_input_layouts=(Shard(2),), use_local_output=False),
+            "proj": RowwiseParallel(input_layouts=Shard(2), output_layouts=Shard(1)),
+        }  # fmt: skip
+
+    ids = torch.zeros(2, seq, dtype=torch.long)
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(_ReshardedLinear(8), mesh["tp"], plan())
+    with torch.device("meta"):
+        meta = _ReshardedLinear(8)
+
+    def predicted() -> fsdpviz.Report:
+        return fsdpviz.analyze(meta, ids, fully_shard=[], mesh=("dp", 1, "tp", 4),
+                               parallelize_plan=plan(), progress=False)  # fmt: skip
+
+    if seq % 4 == 0:
+        model(ids)
+        assert any(e.kind == "tp_all_to_all" for e in predicted().iterations[0])
+        return
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        model(ids)
+    refused = r"proj \(RowwiseParallel\) takes the DTensor the all-to-all of mix \(Shard\(1\) "
+    with pytest.raises(fsdpviz.ConfigError, match=refused + r"-> Shard\(2\)\).*dim 1 \(30\).*32"):
+        predicted()
+
+
+def test_a_plain_tensor_taken_in_another_layout_is_refused_as_torch_fails(fake_pg: int) -> None:
+    """The attention's ``PrepareModuleInput`` hands its projections a plain tensor
+    (``use_local_output=True``), each rank's replicated input, which the projections
+    declare sequence-sharded (``ColwiseParallel(input_layouts=Shard(1))``):
+    ``DTensor.from_local`` takes it for what the layout says, a sequence twice as long, and
+    torch fails in the multiply. fsdpviz planned an all-gather of it; now it refuses it,
+    naming the style that returned the tensor and the layout to declare."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    for w in "qkv":
+        plan[f"layers.*.attention.w{w}"] = ColwiseParallel(input_layouts=Shard(1))
+    sizes = {"vocab": 32, "dim": 16, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="a and b must have same reduction dim"):
+        _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    refused = (r"layers\.0\.attention\.wq \(ColwiseParallel\) takes a plain tensor as Shard\(1\), "
+               r"but it is a rank's part of a Replicate\(\) tensor \(what layers\.0\.attention "
+               r"\(PrepareModuleInput\) returns.*input_layouts=\(Replicate\(\),\)")  # fmt: skip
+    with pytest.raises(fsdpviz.ConfigError, match=refused):
+        fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                        parallelize_plan=plan, progress=False)  # fmt: skip
+
+
+def test_a_replicated_dtensor_meeting_a_sharded_one_gets_its_gradient_sharded(
+    fake_pg: int,
+) -> None:
+    """The attention's output left a replicated DTensor (``RowwiseParallel(output_layouts=
+    Replicate(), use_local_output=False)``: its partial sum all-reduced) while the residual
+    stream is sequence-sharded: the residual add's sharding propagation chunks the
+    replicated operand (no collective) and its result is sharded, so the gradient comes
+    back to the all-reduce sharded on the sequence, and its ``Redistribute.backward``
+    all-gathers it (fsdpviz took it back replicated: no collective, one all-gather per
+    block fewer than DTensor's). Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    plan = tp_models.dtensor_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(
+        output_layouts=Replicate(), use_local_output=False
+    )
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
+                             parallelize_plan=plan, progress=False)  # fmt: skip
+    assert _predicted_tp_collectives(report) == real
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward"]  # fmt: skip
+    assert [m for k, m in back if m.endswith("attention.wo") and k == "tp_all_gather"] == [
+        "layers.1.attention.wo", "layers.0.attention.wo"
+    ]  # fmt: skip

@@ -218,3 +218,33 @@ def test_kempner_network_per_gpu_gives_its_profiled_collectives(
     assert step(base.inter_node_gbps) < 0.5 * measured
     kempner = [r for r in bench.ROWS if r.source.startswith("KempnerForge")]
     assert kempner and all(r.inter_node_gbps == bench.KEMPNER_INTER_NODE_GBPS for r in kempner)
+
+
+def test_a_one_rank_cp_dimension_beside_tp_keeps_dp_shard_fsdps() -> None:
+    """``("dp_shard", 4, "cp", 1, "tp", 2)``: a context-parallel dimension of one rank, which
+    ``init_device_mesh`` keeps; FSDP shards over ``dp_shard`` (flattened with cp,
+    ``dp_shard_cp``, of 4 ranks) and no rank replicates. fsdpviz read the cp dimension only
+    where the config stated a cp degree (none for one rank), so ``dp_shard`` became the
+    replicate dimension and cp's one rank FSDP's shard group, timed as a group of one."""
+    torch.manual_seed(0)
+    report = fsdpviz.analyze(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        mesh=("dp_shard", 4, "cp", 1, "tp", 2), parallelize_plan=tp_models.whole_plan(),
+        progress=False,
+    )  # fmt: skip
+    assert mesh_dims(report.config) == [("shard", "dp_shard_cp", 4), ("tp", "tp", 2)]
+    assert mesh_dims(report.config, cp=True) == [
+        ("shard", "dp_shard", 4), ("cp", "cp", 1), ("tp", "tp", 2),
+    ]  # fmt: skip
+    found = spans(report.config, 2)
+    assert found["shard"] == Span("dp_shard_cp", 4, 4, 1, 2) and "replicate" not in found
+    same = fsdpviz.analyze(
+        tp_models.Llama(), tp_models.tokens(), fully_shard=tp_models.LAYERS,
+        mesh=("dp_shard", 4, "tp", 2), parallelize_plan=tp_models.whole_plan(), progress=False,
+    )  # fmt: skip
+    m = machine("h100", gpus_per_node=2)
+
+    def gathers(r: fsdpviz.Report) -> list[float]:
+        return [e["end"] - e["start"] for e in timeline(r, m).events if e["kind"] == "all_gather"]
+
+    assert gathers(report) == pytest.approx(gathers(same))

@@ -99,7 +99,10 @@ def mesh_dims(config: ReportConfig, cp: bool = False) -> list[tuple[str, str, in
         # pipeline parallelism: the pp dimension, outermost (torchtitan's ParallelDims)
         pp = [("pp", *items.pop(0))] if config.pp_world_size and items[0][0] == "pp" else []
         tp = 1 if config.tp_world_size else 0
-        has_cp = bool(config.cp_world_size) and any(n == "cp" for n, _ in items)
+        # a dimension named cp is context parallelism's (the option parser's
+        # ``context_parallel_mesh``), of one rank too: ``init_device_mesh`` keeps a size-1
+        # dimension, and FSDP still shards over ``dp_shard`` beside it
+        has_cp = any(n == "cp" for n, _ in items)
         data = len(items) - tp - has_cp
         roles = ["replicate", "shard"][-data:] + ["cp"] * has_cp + ["tp"] * tp
         dims = [(role, name, size) for role, (name, size) in zip(roles, items, strict=True)]

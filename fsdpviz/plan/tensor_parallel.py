@@ -443,7 +443,7 @@ def _prepare_input(fqn: str, name: str, style: Any) -> TPModule:
         dst = dst or src
         # the replicated input of an attention or MLP block feeds column-wise linears
         inputs.append(Redistribution(src, dst, PARTIAL if dst == REPLICATE else dst, position))
-    return TPModule(fqn, name, inputs=tuple(inputs))
+    return TPModule(fqn, name, inputs=tuple(inputs), local_output=bool(style.use_local_output))
 
 
 def _prepare_output(fqn: str, name: str, style: Any) -> TPModule:

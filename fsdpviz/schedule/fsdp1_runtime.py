@@ -23,6 +23,7 @@ from typing import Any
 from torch.distributed.fsdp import BackwardPrefetch
 
 from fsdpviz.plan.fsdp1 import NO_RESHARD_AFTER_FORWARD, RESHARD_AFTER_FORWARD, PlannedUnit
+from fsdpviz.schema.config import HYBRID_STRATEGIES
 from fsdpviz.schema.events import Event, Hook
 
 
@@ -305,7 +306,10 @@ class FSDP1Runtime:
         self._prefetch(state, h, backward=True)
         if not reshard_only and self.sync:  # no_sync: the gradient accumulates unreduced
             self._emit("reduce_scatter" if h.sharded else "all_reduce", h, "backward")
-            if h.sharded and h.unit.config.replicas > 1:
+            # hybrid sharding all-reduces across the replicas, over the inter-node group
+            # of one rank too (``_reduce_grad``: unconditionally, a group of one where the
+            # shard group is every rank)
+            if h.sharded and h.unit.config.sharding_strategy.name in HYBRID_STRATEGIES:
                 self._emit("all_reduce", h, "backward", group="replicate")
             if h.unit.config.offload_params:
                 self._emit("d2h", h, "backward")  # _offload_grad

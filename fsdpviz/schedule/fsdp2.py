@@ -173,7 +173,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     if unfrozen:
         report.warnings.append(unfrozen_warning(unfrozen))
     if tp is not None:
-        report.warnings.extend(tp.mixed_warnings())
+        report.warnings.extend(tp.mixed_warnings() + tp.implicit_warnings())
     return report
 
 

@@ -297,7 +297,7 @@ def _trace_stage(
         loss_bytes=loss_bytes,
         prefetch=prefetch,
         profile=measured,
-        warnings=tp.mixed_warnings() if tp is not None else [],
+        warnings=tp.mixed_warnings() + tp.implicit_warnings() if tp is not None else [],
     )
     shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares

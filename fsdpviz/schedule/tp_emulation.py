@@ -50,10 +50,18 @@ from fsdpviz.plan.tensor_parallel import (
     TPPlan,
     backward_collective,
     collective,
+    layout_name,
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-from fsdpviz.schedule.tp_dtensor_flow import DTensorFlow
+from fsdpviz.schedule.tp_buffers import (
+    gathered_padded,
+    padded_bytes,
+    scattered_padded,
+    share_of,
+    uneven,
+    viewable,
+)
 from fsdpviz.schedule.tp_float8 import (
     AMAX_BYTES,
     AMAX_DTYPE,
@@ -61,6 +69,8 @@ from fsdpviz.schedule.tp_float8 import (
     Float8GradCast,
     amax_reduced,
 )
+from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
+from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -69,45 +79,6 @@ from fsdpviz.trace.probe_records import TPShares, dim_share
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
-Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
-
-
-def _chunks(n: int, tp: int) -> list[int]:
-    """The sizes ``torch.chunk`` (DTensor's ``Shard._split_tensor``) gives ``tp`` ranks of a
-    dim of ``n``: ``ceil(n / tp)`` each, the last ones less or none (33 over 4: 9, 9, 9, 6)."""
-    first = -(-n // tp)
-    return [min(first, max(0, n - i * first)) for i in range(tp)]
-
-
-def _padded_shape(t: torch.Tensor, d: int, tp: int) -> list[int]:
-    """``t``'s shape with dim ``d`` padded to ``tp`` chunks as large as the first."""
-    padded = list(t.shape)
-    padded[d] = _chunks(t.shape[d], tp)[0] * tp
-    return padded
-
-
-def _viewable(shape: torch.Size, d: int) -> bool:
-    """Whether every dim of ``shape`` before ``d`` is 1: chunks along ``d`` are then
-    contiguous, and ``_maybe_view_chunk_cat`` views an all-gather's dim-0 result as
-    gathered along ``d`` instead of copying it (``torch/_utils.py``)."""
-    return math.prod(shape[:d]) == 1
-
-
-class _GradCollective(torch.autograd.Function):
-    """Identity (or the collective's new buffer, ``copy``); its backward reports the
-    gradient's collective (and makes its buffer, ``back_copy``)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, report: Any, copy: Copy, back_copy: Copy, t: torch.Tensor
-    ) -> torch.Tensor:
-        ctx.report, ctx.back_copy = report, back_copy
-        return copy(t) if copy is not None else t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.report()
-        return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -140,9 +111,17 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
+        # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
+        # and those an uneven all-to-all left narrowed: (dim, size, where) (_check_narrowed)
+        # the plain tensors a style returned: the layout of the tensor each is a part of
+        self._plain: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Layout, str]]] = {}
+        self._narrowed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int, str]]] = {}
+        self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
-        self._flow = DTensorFlow({id(p) for p in plan.placements(model)})
+        self._flow = DTensorFlow({id(p) for p in plan.placements(model)}, self._meet)
+        # (module, input) -> the warning of a DTensor a style left to the operators
+        self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
@@ -230,12 +209,12 @@ class TPEmulation:
         )
 
         def make(t: torch.Tensor) -> torch.Tensor:
-            if collective == "tp_all_gather" and self._uneven(t, src):
-                return self._gathered_padded(probe, t, src)
-            if collective == "tp_reduce_scatter" and self._uneven(t, dst):
-                return self._scattered_padded(probe, t, dst)
+            if collective == "tp_all_gather" and uneven(t, src, self.plan.size):
+                return gathered_padded(probe, t, src, self.plan.size)
+            if collective == "tp_reduce_scatter" and uneven(t, dst, self.plan.size):
+                return scattered_padded(probe, t, dst, self.plan.size)
             copied = rearranged and not (
-                collective == "tp_all_gather" and _viewable(t.shape, (src[1] or 0) % t.dim())
+                collective == "tp_all_gather" and viewable(t.shape, (src[1] or 0) % t.dim())
             )
             with probe.redistributed(None):
                 whole = t.clone() if copied else t
@@ -243,81 +222,6 @@ class TPEmulation:
                 return whole.clone()
 
         return make
-
-    def _uneven(self, t: torch.Tensor, layout: Layout) -> bool:
-        """Whether ``t`` (its global shape) in ``layout`` is sharded on a dim the tp ranks do
-        not divide."""
-        if layout[0] != "shard" or t.dim() == 0:
-            return False
-        return t.shape[(layout[1] or 0) % t.dim()] % self.plan.size != 0
-
-    def _gathered_padded(self, probe: CostProbe, t: torch.Tensor, src: Layout) -> torch.Tensor:
-        """The all-gather of ``t``, sharded in ``src`` on a dim the tp ranks do not divide,
-        as ``Shard._to_replicate_tensor`` makes it: every rank's chunk padded to the first's
-        (the first rank's needs none), gathered on dim 0 into a buffer of the padded size
-        (``all_gather_single``), on another dim its chunks put in place by ``torch.cat``
-        into a second such buffer, then unpadded (``_maybe_unpad_tensor``: ``narrow``, then
-        ``contiguous()``, a copy of the whole tensor beside the padded one where the dim is
-        not 0, a view of the gathered buffer, held whole, where it is)."""
-        d = (src[1] or 0) % t.dim()
-        n = t.shape[d]
-        padded = _padded_shape(t, d, self.plan.size)
-        with probe.redistributed(None):
-            gathered = t.new_empty(padded)
-            if d == 0:
-                return gathered.narrow(0, 0, n)
-            if _viewable(t.shape, d):  # _maybe_view_chunk_cat: a view of the gathered buffer
-                return gathered.narrow(d, 0, n).contiguous()
-            placed = t.new_empty(padded)  # torch.cat of the gathered chunks along d
-            del gathered
-            return placed.narrow(d, 0, n).contiguous()
-
-    def _scattered_padded(self, probe: CostProbe, t: torch.Tensor, dst: Layout) -> torch.Tensor:
-        """The reduce-scatter of ``t`` onto ``dst``, sharded on a dim the tp ranks do not
-        divide, as ``Shard._reduce_shard_tensor`` makes it: ``_split_tensor`` chunks it,
-        pads the short chunks to the first's and makes the others contiguous (copies where
-        dims before the sharded one are not all 1), a list it holds until it returns;
-        ``torch.cat`` of them into a padded buffer; on another dim than 0,
-        ``reduce_scatter_single``'s ``_chunk_or_narrow_cat`` copies that into a second one;
-        then the first rank's chunk, which needs no unpadding, is the collective's output."""
-        d = (dst[1] or 0) % t.dim()
-        chunks = _chunks(t.shape[d], self.plan.size)
-        first = chunks[0]
-        padded = _padded_shape(t, d, self.plan.size)
-        contiguous = _viewable(t.shape, d) and t.is_contiguous()
-        held = []
-        with probe.redistributed(None):
-            for size in chunks:
-                if size < first or not contiguous:  # padded (a new tensor) or made contiguous
-                    held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
-            held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
-            if d != 0:
-                held.append(t.new_empty(padded))  # _chunk_or_narrow_cat onto dim 0
-        with probe.redistributed(self._share(t, dst)):
-            return t.clone()
-
-    def _padded(self, nbytes: int, shape: torch.Size, kind: str, src: Layout, dst: Layout) -> int:
-        """The bytes collective ``kind`` from ``src`` to ``dst`` moves of a tensor of
-        ``nbytes`` and ``shape``: DTensor pads a sharded dim the tp ranks do not divide to
-        the next multiple first, so every rank's chunk is as large as the first: an
-        all-gather's source dim (``Shard._to_replicate_tensor``), a reduce-scatter's
-        destination dim (``Shard._reduce_shard_tensor``), both dims of an all-to-all
-        (``Shard._pad_for_new_shard_dim``: a sequence of 30 going from ``Shard(1)`` to
-        ``Shard(2)`` over 4 ranks moves 32 rows)."""
-        padded = {
-            "tp_all_gather": (src,),
-            "tp_reduce_scatter": (dst,),
-            "tp_all_to_all": (src, dst),
-        }.get(kind, ())
-        if not shape or nbytes == 0:
-            return nbytes
-        whole, tp = list(shape), self.plan.size
-        for layout in padded:
-            if layout[0] == "shard":
-                d = (layout[1] or 0) % len(shape)
-                whole[d] = -(-whole[d] // tp) * tp
-        numel = math.prod(shape)
-        return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -333,29 +237,79 @@ class TPEmulation:
 
     @staticmethod
     def _aliased(t: torch.Tensor, table: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
-        while True:
-            entry = table.get(id(t))
-            if entry is not None and entry[0]() is t:
+        entry = table.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry
+        # an alias: a view of the same base (a view's _base is the first tensor viewed)
+        # with the same shape and strides, as an identity autograd function's output
+        root = t._base if t._base is not None else t
+        meta = (t.shape, t.stride(), t.storage_offset())
+        for entry in table.values():
+            held = entry[0]()
+            if held is None or held is t:
+                continue
+            if (held._base if held._base is not None else held) is root and meta == (
+                held.shape, held.stride(), held.storage_offset()
+            ):  # fmt: skip
                 return entry
-            base = t._base
-            if (
-                base is None
-                or base.shape != t.shape
-                or base.stride() != t.stride()
-                or base.storage_offset() != t.storage_offset()
-            ):
-                return None
-            t = base
+        return None
 
-    def _remember(self, t: Any, layout: Layout | None, origin: str) -> None:
+    def _remember(
+        self, t: Any, layout: Layout | None, origin: str, grad: list[Layout] | None = None
+    ) -> None:
+        """``t`` is a DTensor in ``layout``; ``grad``: the layout its gradient comes back
+        in, which a style that redistributes ``t`` explicitly sets (:meth:`_explicit`)."""
         if isinstance(t, torch.Tensor) and layout is not None:
             self._dtensors[id(t)] = (weakref.ref(t), layout)
             self._flow.dtensors[t] = origin
+            if grad is not None:
+                self._grads[id(t)] = (weakref.ref(t), grad)
 
-    def _local(self, t: Any) -> None:
-        """``t`` is a plain tensor a style returned (``to_local()``)."""
+    def _meet(self, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
+        """DTensors an arithmetic operator meets, as its sharding propagation takes them: a
+        replicated one beside a sharded one is chunked (no collective), its gradient and
+        the result sharded (see :meth:`_remember`)."""
+        layouts = [(t, lay) for t in tensors if (lay := self._layout(t)) not in (None, PARTIAL)]
+        if not layouts or len(layouts) < len(tensors):
+            return
+        n = out.dim()
+        dims = {(lay[1] or 0) % t.dim() + n - t.dim() for t, lay in layouts if lay[0] == "shard"}
+        if len(dims) > 1 or any(t.dim() > n for t in tensors):
+            return
+        layout: Layout = ("shard", dims.pop()) if dims else REPLICATE
+        for t, lay in layouts if layout != REPLICATE else ():
+            found = self._aliased(t, self._grads) if lay == REPLICATE and t.dim() == n else None
+            if found is not None:
+                found[1][0] = layout
+        self._dtensors[id(out)] = (weakref.ref(out), layout)
+
+    def _explicit(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
+        """Whether the style redistributes DTensor ``t`` (in ``known``) with
+        ``DTensor.redistribute``: ``ColwiseParallel``, ``RowwiseParallel`` and
+        ``PrepareModuleInput`` where their declared layouts differ, ``SequenceParallel``
+        where the DTensor is not in its sequence layout. Its backward
+        (``Redistribute.backward``) takes the gradient back to the layout ``t`` came in,
+        whatever the layout the module's gradient has: a partial gradient all-reduced
+        (``Partial()`` to ``Replicate()``), so the style that made ``t`` gets it
+        replicated and reduce-scatters nothing (see :meth:`_remember`)."""
+        if known is None or not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return False
+        if tpm.base in ("ColwiseParallel", "RowwiseParallel", "PrepareModuleInput"):
+            called = r.src != r.dst
+        else:
+            called = not same_layout(known, r.dst, t.dim())
+        found = self._aliased(t, self._grads)
+        if called and found is not None:
+            found[1][0] = REPLICATE if known == PARTIAL else known
+        return called
+
+    def _local(self, t: Any, layout: Layout | None, where: str) -> None:
+        """``t`` is a plain tensor a style returned (``to_local()``), a rank's part of a
+        tensor in ``layout`` (as ``where`` left it)."""
         if isinstance(t, torch.Tensor) and t in self._flow.dtensors:
             del self._flow.dtensors[t]
+        if isinstance(t, torch.Tensor) and layout is not None:
+            self._plain[id(t)] = (weakref.ref(t), (layout, where))
 
     # ------------------------------------------------------------------- hooks
     def _redistribute(
@@ -366,11 +320,17 @@ class TPEmulation:
         i: int,
         known: Layout | None,
         float8: tuple[bool, bool] = (False, False),
+        moved: bool | None = None,
+        grad_in: list[Layout] | None = None,
     ) -> Any:
         """Report ``t``'s collective in forward; return it with its gradient's hooked.
         ``float8``: whether the tensor (cast by a float8 style first, where the trace holds
         it in high precision: :meth:`_float8_in`) and its gradient move in float8 (see
-        [Note: torchao's float8 tensor-parallel styles])."""
+        [Note: torchao's float8 tensor-parallel styles]). ``moved``: whether torch runs a
+        redistribution whose backward takes the gradient back (by default: a plain tensor
+        made a DTensor, or a DTensor whose layout changes). ``grad_in``: the layout the
+        gradient comes back in, ``r.grad`` unless a style that takes the result changes it
+        before the backward runs (:meth:`_pre_forward`)."""
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or self.plan.size == 1:
             # a tp group of one rank: DTensor's redistribution keeps the local tensor, no
             # collective and no new buffer, either way (``redistribute_local_tensor``)
@@ -381,32 +341,42 @@ class TPEmulation:
         src = known or r.src
         forward = collective(src, r.dst, ndim)
         if forward is not None:
-            sent = self._padded(t.numel() if data_f8 else nbytes, t.shape, forward, src, r.dst)
+            sent = padded_bytes(
+                t.numel() if data_f8 else nbytes, t.shape, forward, src, r.dst, self.plan.size
+            )
             dtype = "float8_e4m3fn" if data_f8 else _dtype_name(t)
             self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent, dtype)
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
-        moved = known is None or not same_layout(src, r.dst, ndim)
-        back = backward_collective(r.grad, src, ndim) if moved else None
+        if moved is None:
+            moved = known is None or not same_layout(src, r.dst, ndim)
         copy = self._in_float8(
             self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
         )
+        if not moved or not (t.requires_grad and torch.is_grad_enabled()):
+            return t if copy is None else copy(t)
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
-        chunk = self._chunk(r.grad, back_dst, ndim) if moved else None
-        if (back is None and chunk is None) or not (t.requires_grad and torch.is_grad_enabled()):
-            return t if copy is None else copy(t)
-        back_bytes = t.numel() if grad_f8 else nbytes
-        back_sent = self._padded(back_bytes, t.shape, back, r.grad, back_dst) if back else 0
+        grad = grad_in if grad_in is not None else [r.grad]
+        back_bytes, shape = t.numel() if grad_f8 else nbytes, t.shape
         back_dtype = "float8_e5m2" if grad_f8 else _dtype_name(t)
 
         def report() -> None:
+            back = backward_collective(grad[0], src, ndim)
             if back is not None:
-                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", back_sent, back_dtype)
+                sent = padded_bytes(back_bytes, shape, back, grad[0], back_dst, self.plan.size)
+                self.runtime.tensor_parallel(i, back, tpm.fqn, "backward", sent, back_dtype)
 
-        back_copy = self._in_float8(self._buffer(back, r.grad, back_dst, ndim) or chunk, grad_f8)
-        return _GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            back = backward_collective(grad[0], src, ndim)
+            make = self._buffer(back, grad[0], back_dst, ndim) or self._chunk(
+                grad[0], back_dst, ndim
+            )
+            make = self._in_float8(make, grad_f8)
+            return make(g) if make is not None else g
+
+        return GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
     def _in_float8(self, copy: Copy, float8: bool) -> Copy:
         """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
@@ -429,57 +399,6 @@ class TPEmulation:
             return False
         return tpm.base == "PrepareModuleInput" or known is None or not self._is_float8(t)
 
-    def _check_even_local(self, t: torch.Tensor, layout: Layout, tpm: TPModule) -> None:
-        """Refuse a plain tensor a style takes to be sharded on a dim the tp ranks do not
-        divide, as torch fails on it: the style makes it a DTensor with
-        ``DTensor.from_local(..., run_check=False)`` and no shape, which computes the global
-        shape as the local one times the tp degree (``compute_global_tensor_info``), so the
-        first rank's ``torch.chunk`` part (5 of 18) makes a dim of 20, the last one's (3)
-        one of 12. The next operator's sharding propagation fails where the shape meets a
-        parameter's (``RuntimeError: a and b must have same reduction dim``, ``Sharding
-        propagation failed for aten.mm.default``), and a collective over the dim gets a
-        different size from each rank (gloo: ``Received data size doesn't match expected
-        size``; NCCL hangs or corrupts)."""
-        if layout[0] != "shard" or t.dim() == 0 or self.plan.size == 1:
-            return
-        d = (layout[1] or 0) % t.dim()
-        n, tp = t.shape[d], self.plan.size
-        if n % tp == 0 or t in self._flow.dtensors:
-            # a tensor operators computed from a DTensor is a DTensor of the global shape,
-            # which DTensor pads and chunks right
-            return
-        chunks = _chunks(n, tp)
-        first = chunks[0]
-        sizes = " or ".join(str(k) for k in (first * tp, n // tp * tp) if k > 0)
-        what = f"dim {d} ({n})"
-        fails = (
-            "the ranks disagree on the tensor's shape, and a collective over the dim gets "
-            "a different size from each (gloo: Received data size doesn't match expected "
-            "size; NCCL hangs)"
-        )
-        if d == t.dim() - 1:  # the dim a linear's weight meets: name the weight
-            module = self._model.get_submodule(tpm.fqn)
-            for name, p in module.named_parameters(recurse=False):
-                if p.dim() > 1 and p.shape[-1] == n:
-                    fqn = f"{tpm.fqn}.{name}" if tpm.fqn else name
-                    what = f"dim {d}, the {n} input features of {fqn} {tuple(p.shape)},"
-                    fails = (
-                        f"the input of {first * tp} features meets {fqn}'s {n} (RuntimeError: "
-                        "a and b must have same reduction dim ... Sharding propagation failed)"
-                    )
-                    break
-        elif d == 1:
-            what = f"dim 1, the sequence ({n}),"
-        raise ConfigError(
-            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes its input "
-            f"sharded on {what} which the {tp} tp ranks do not divide: DTensor chunks it "
-            f"{chunks}, and the style makes each rank's plain tensor a DTensor with "
-            f"DTensor.from_local(), which assumes even shards ({first} x {tp} = "
-            f"{first * tp} on the first rank, {chunks[-1]} x {tp} on the last), so torch "
-            f"fails: {fails}. Make the size a multiple of the tp degree ({sizes}; "
-            "a sequence padded to it) or choose a tp degree that divides it"
-        )
-
     def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
         """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
         None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
@@ -498,11 +417,8 @@ class TPEmulation:
         return make
 
     def _share(self, t: torch.Tensor, layout: Layout) -> Fraction | None:
-        """The share one rank holds of ``t`` (its global shape) in ``layout``, or None
-        (whole)."""
-        if layout[0] != "shard" or t.dim() == 0:
-            return None
-        return dim_share(t.shape[(layout[1] or 0) % t.dim()], self.plan.size)
+        """The share one rank holds of ``t`` (its global shape) in ``layout``, or None."""
+        return share_of(t, layout, self.plan.size)
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any
@@ -516,13 +432,20 @@ class TPEmulation:
             if isinstance(key, int) and key >= len(holder):
                 continue
             t = holder[key]
-            known = self._layout(t) if isinstance(t, torch.Tensor) else None
+            plain = self._plain.get(id(t))  # a plain tensor a style returned, as it is
+            plain = plain if plain is not None and plain[0]() is t else None
+            known = self._layout(t) if isinstance(t, torch.Tensor) and not plain else None
             # not in a checkpointed block's recomputation, which backward runs (the mode
             # that follows DTensors is off in it: Tensor.backward is handled by it): it
             # runs what the forward ran, which passed
             forward = torch._C._current_graph_task_id() == -1
             if known is None and isinstance(t, torch.Tensor) and forward:
-                self._check_even_local(t, r.src, tpm)
+                refuse_uneven_local(
+                    t, r.src, tpm, self.plan.size, self._model, t in self._flow.dtensors
+                )
+                if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
+                    refuse_mislabelled_local(tpm, plain[1], r.src)
+            skipped = self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
@@ -534,28 +457,119 @@ class TPEmulation:
             float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
             if r is tpm.inputs[0]:
                 self._float8_in[tpm.fqn] = float8
-            out = self._redistribute(t, r, tpm, i, known, (float8, False))
-            if tpm.base == "PrepareModuleInput":
+            explicit = self._explicit(t, r, tpm, known)
+            prepared = tpm.base == "PrepareModuleInput"
+            # a plain tensor's gradient comes back through to_local() in the layout it left in
+            grad = [r.dst if prepared and tpm.local_output else r.grad]
+            out = t if skipped else self._redistribute(
+                t, r, tpm, i, known, (float8, False), explicit or None, grad
+            )  # fmt: skip
+            if prepared and not tpm.local_output:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
-                # use_local_output=False: a DTensor goes in
-                self._remember(out, r.dst, f"the input {tpm.style} of {tpm.fqn!r} makes")
+                # use_local_output=False: a DTensor goes in, in the layout it has
+                kept = known if skipped else r.dst
+                self._remember(out, kept, f"the input {tpm.style} of {tpm.fqn!r} makes", grad)
                 if float8 and isinstance(out, torch.Tensor):
                     self._float8[id(out)] = (weakref.ref(out), True)
+            elif prepared:
+                out = t.view_as(t) if out is t and isinstance(t, torch.Tensor) else out
+                self._local(out, known if skipped else r.dst, f"{tpm.fqn} ({tpm.style})")
+            self._check_narrowed(t, out, r, tpm, known)
             holder[key] = out
         return tuple(args), kwargs
+
+    def _check_narrowed(
+        self, t: Any, out: Any, r: Redistribution, tpm: TPModule, known: Layout | None
+    ) -> None:
+        """Refuse a linear style that takes, as it is, the DTensor an all-to-all left from a
+        dim the tp ranks do not divide, with a dim before it of more than one: DTensor pads
+        the dim, moves it, and cuts each rank's tensor back with a ``narrow``
+        (``Shard._unpad_for_new_shard_dim``), which leaves it non-contiguous, and the
+        linear's multiply views it flat (``aten.view`` of the decomposed ``aten.linear``), so
+        torch fails, on every backend (the padding comes before the collective)."""
+        if not isinstance(t, torch.Tensor) or t.dim() < 3 or self.plan.size == 1:
+            return
+        src, ndim = known or r.src, t.dim()
+        moved = collective(src, r.dst, ndim)
+        if moved == "tp_all_to_all" and uneven(t, src, self.plan.size):
+            d = (src[1] or 0) % ndim
+            if math.prod(t.shape[:d]) > 1:
+                what = f"{tpm.fqn} ({layout_name(src)} -> {layout_name(r.dst)})"
+                self._narrowed[id(out)] = (weakref.ref(out), (d, t.shape[d], what))
+            return
+        found = self._aliased(t, self._narrowed) if known is not None else None
+        linear = isinstance(self._model.get_submodule(tpm.fqn), nn.Linear)
+        if found is None or moved is not None or not linear or tpm.base == "PrepareModuleInput":
+            return
+        d, n, where = found[1]
+        tp, padded = self.plan.size, chunks(found[1][1], self.plan.size)[0] * self.plan.size
+        raise ConfigError(
+            f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes the DTensor the all-to-all of "
+            f"{where} leaves, whose dim {d} ({n}) the {tp} tp ranks do not divide: DTensor "
+            f"pads it to {padded} for the all-to-all and narrows each rank's tensor back "
+            "(Shard._unpad_for_new_shard_dim), which leaves it non-contiguous, and the "
+            "linear's multiply views it flat, so torch fails (RuntimeError: view size is not "
+            "compatible with input tensor's size and stride). Make the size a multiple of "
+            f"the tp degree ({padded}; a sequence padded to it), or choose a tp degree that "
+            "divides it"
+        )
+
+    def _skipped(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
+        """Whether the style leaves DTensor ``t`` (in ``known``) as it is although the style
+        declares another layout for it: ``ColwiseParallel``, ``RowwiseParallel`` and
+        ``PrepareModuleInput`` redistribute an input only where their declared layouts
+        differ (``input_layouts != desired_input_layouts``, placements compared as given),
+        from the layout the DTensor has (``DTensor.redistribute``); a DTensor in another
+        layout than the declared one, where the declared ones are the same, goes on as it
+        is, and DTensor's operators redistribute it implicitly (sharding propagation,
+        ``redistribute_local_tensor(..., is_explicit=False)``). A linear's multiply needs
+        its input in the style's desired layout, so a column- or row-wise linear's forward
+        moves what the style's redistribution would (planned); ``PrepareModuleInput``
+        moves nothing and leaves the DTensor in its own layout for the operators inside.
+        Their backward follows the operators' sharding, not the style's: noted
+        (:meth:`implicit_warnings`)."""
+        if (
+            known is None
+            or not isinstance(t, torch.Tensor)
+            or t.dim() == 0
+            or self.plan.size == 1
+            or tpm.base not in ("ColwiseParallel", "RowwiseParallel", "PrepareModuleInput")
+            or r.src != r.dst
+            or same_layout(known, r.src, t.dim())
+        ):
+            return False
+        declared = layout_name(r.src)
+        self._implicit.setdefault(
+            (tpm.fqn, r.position),
+            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes a DTensor in "
+            f"{layout_name(known)} where its input_layouts say {declared}; as they equal "
+            f"its desired layout ({declared}), the style does not redistribute it (torch "
+            "redistributes only where input_layouts != desired_input_layouts) and DTensor's "
+            "operators redistribute it implicitly by their sharding propagation, whose "
+            "collectives (the backward's above all) fsdpviz does not plan exactly. Declare "
+            f"the layout it arrives in, input_layouts=({layout_name(known)},), so the style "
+            "redistributes it explicitly",
+        )
+        return tpm.base == "PrepareModuleInput"
+
+    def implicit_warnings(self) -> list[FsdpWarning]:
+        """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
+        return [FsdpWarning("tp_implicit_redistribution", t) for t in self._implicit.values()]
 
     def _post_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
     ) -> Any:
+        grad: list[Layout] | None = None
         if tpm.outputs:
             r = tpm.outputs[0]
             # a float8 linear style's output gradient comes back cast to float8
             # (NoopFwToFloat8BwDynamic after the redistribution)
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
-                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8))
+                grad = [r.grad]  # which a later operator may change (_meet)
+                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None
                     if amax_reduced(r.dst) and self.plan.size > 1:
@@ -569,13 +583,11 @@ class TPEmulation:
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])
         if not tpm.local_output and isinstance(output, torch.Tensor):
-            self._remember(
-                output,
-                tpm.output_layout,
-                f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)",
-            )
+            where = f"the output of {tpm.fqn!r} ({tpm.style}, use_local_output=False)"
+            self._remember(output, tpm.output_layout, where, grad)
         elif tpm.outputs or tpm.base != "PrepareModuleInput":
-            self._local(output[0] if isinstance(output, tuple) and output else output)
+            out = output[0] if isinstance(output, tuple) and output else output
+            self._local(out, tpm.output_layout, f"{tpm.fqn} ({tpm.style})")
         return output
 
     def mixed_warnings(self) -> list[FsdpWarning]:
@@ -589,6 +601,9 @@ class TPEmulation:
         if self._amax is not None:
             self._amax.remove()
         self._dtensors.clear()
+        self._grads.clear()
+        self._narrowed.clear()
+        self._plain.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
         self._probe = None

@@ -1,9 +1,13 @@
-"""Which tensors of fsdpviz's traced copy are DTensors in torch under tensor parallelism
-(:class:`DTensorFlow`), for :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`, and the
-arithmetic between a DTensor and a plain tensor that DTensor refuses."""
+"""Which tensors of fsdpviz's traced copy are DTensors in torch, followed operator by
+operator while a tensor-parallel step runs (:class:`DTensorFlow`, for
+:class:`~fsdpviz.schedule.tp_emulation.TPEmulation`), and the arithmetic between a DTensor
+and a plain tensor that DTensor's dispatch refuses, noted; the autograd functions that
+reports tensor parallelism's gradient collectives (:class:`GradCollective`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,7 +16,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["DTensorFlow"]
+Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
+Meet = Callable[[list[torch.Tensor], torch.Tensor], None]  # DTensors an operator met; its result
 
 # arithmetic that meets two tensors, as a model's residual adds and scales do
 _ARITHMETIC = {
@@ -36,8 +41,11 @@ class DTensorFlow(TorchFunctionMode):
     ``torch.no_grad()`` inside forward. Kept weakly: nothing here keeps a tensor (or the
     tensors its autograd node saves) alive."""
 
-    def __init__(self, params: set[int]) -> None:
+    def __init__(
+        self, params: set[int], meet: Callable[[list[torch.Tensor], torch.Tensor], None]
+    ) -> None:
         super().__init__()
+        self._meet = meet  # told of the DTensors each arithmetic operator meets, and its result
         # tensor -> where the DTensor it is (or was computed from) came from, in words
         self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._params = params  # the ids of the parameters the plan makes DTensors
@@ -55,6 +63,14 @@ class DTensorFlow(TorchFunctionMode):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.dtensors[t] = origin
+            operands = [t for t in tensors if t is not out and t.numel() > 1]
+            if (
+                func in _ARITHMETIC
+                and isinstance(out, torch.Tensor)
+                and operands
+                and all(t in self.dtensors for t in operands)
+            ):  # DTensors alone (a plain tensor among them: _check_mixed's)
+                self._meet(operands, out)
         return out
 
     def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
@@ -85,3 +101,20 @@ class DTensorFlow(TorchFunctionMode):
                 "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
             )
             return
+
+
+class GradCollective(torch.autograd.Function):
+    """Identity (or the collective's new buffer, ``copy``); its backward reports the
+    gradient's collective (and makes its buffer, ``back_copy``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, report: Any, copy: Copy, back_copy: Copy, t: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.report, ctx.back_copy = report, back_copy
+        return copy(t) if copy is not None else t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.report()
+        return None, None, None, ctx.back_copy(grad) if ctx.back_copy is not None else grad

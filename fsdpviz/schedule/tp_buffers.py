@@ -1,0 +1,130 @@
+"""The buffers DTensor's collectives make on a tp rank, for
+:class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: a sharded dim the tp ranks do not
+divide padded to chunks as large as the first (:func:`padded_bytes`, :func:`gathered_padded`,
+:func:`scattered_padded`), the share a rank holds (:func:`share_of`), and when an all-gather's
+result is a view of its buffer (:func:`viewable`)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+
+from fsdpviz.plan.tensor_parallel import Layout
+from fsdpviz.schedule.tp_refusals import chunks
+from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.probe_records import dim_share
+
+__all__ = [
+    "gathered_padded",
+    "padded_bytes",
+    "padded_shape",
+    "scattered_padded",
+    "share_of",
+    "uneven",
+    "viewable",
+]
+
+
+def padded_shape(t: torch.Tensor, d: int, tp: int) -> list[int]:
+    """``t``'s shape with dim ``d`` padded to ``tp`` chunks as large as the first."""
+    padded = list(t.shape)
+    padded[d] = chunks(t.shape[d], tp)[0] * tp
+    return padded
+
+
+def viewable(shape: torch.Size, d: int) -> bool:
+    """Whether every dim of ``shape`` before ``d`` is 1: chunks along ``d`` are then
+    contiguous, and ``_maybe_view_chunk_cat`` views an all-gather's dim-0 result as
+    gathered along ``d`` instead of copying it (``torch/_utils.py``)."""
+    return math.prod(shape[:d]) == 1
+
+
+def share_of(t: torch.Tensor, layout: Layout, tp: int) -> Fraction | None:
+    """The share one rank of ``tp`` holds of ``t`` (its global shape) in ``layout``, or None
+    (whole)."""
+    if layout[0] != "shard" or t.dim() == 0:
+        return None
+    return dim_share(t.shape[(layout[1] or 0) % t.dim()], tp)
+
+
+def uneven(t: torch.Tensor, layout: Layout, tp: int) -> bool:
+    """Whether ``t`` (its global shape) in ``layout`` is sharded on a dim the tp ranks do
+    not divide."""
+    if layout[0] != "shard" or t.dim() == 0:
+        return False
+    return t.shape[(layout[1] or 0) % t.dim()] % tp != 0
+
+
+def gathered_padded(probe: CostProbe, t: torch.Tensor, src: Layout, tp: int) -> torch.Tensor:
+    """The all-gather of ``t``, sharded in ``src`` on a dim the tp ranks do not divide,
+    as ``Shard._to_replicate_tensor`` makes it: every rank's chunk padded to the first's
+    (the first rank's needs none), gathered on dim 0 into a buffer of the padded size
+    (``all_gather_single``), on another dim its chunks put in place by ``torch.cat``
+    into a second such buffer, then unpadded (``_maybe_unpad_tensor``: ``narrow``, then
+    ``contiguous()``, a copy of the whole tensor beside the padded one where the dim is
+    not 0, a view of the gathered buffer, held whole, where it is)."""
+    d = (src[1] or 0) % t.dim()
+    n = t.shape[d]
+    padded = padded_shape(t, d, tp)
+    with probe.redistributed(None):
+        gathered = t.new_empty(padded)
+        if d == 0:
+            return gathered.narrow(0, 0, n)
+        if viewable(t.shape, d):  # _maybe_view_chunk_cat: a view of the gathered buffer
+            return gathered.narrow(d, 0, n).contiguous()
+        placed = t.new_empty(padded)  # torch.cat of the gathered chunks along d
+        del gathered
+        return placed.narrow(d, 0, n).contiguous()
+
+
+def scattered_padded(probe: CostProbe, t: torch.Tensor, dst: Layout, tp: int) -> torch.Tensor:
+    """The reduce-scatter of ``t`` onto ``dst``, sharded on a dim the tp ranks do not
+    divide, as ``Shard._reduce_shard_tensor`` makes it: ``_split_tensor`` chunks it,
+    pads the short chunks to the first's and makes the others contiguous (copies where
+    dims before the sharded one are not all 1), a list it holds until it returns;
+    ``torch.cat`` of them into a padded buffer; on another dim than 0,
+    ``reduce_scatter_single``'s ``_chunk_or_narrow_cat`` copies that into a second one;
+    then the first rank's chunk, which needs no unpadding, is the collective's output."""
+    d = (dst[1] or 0) % t.dim()
+    parts = chunks(t.shape[d], tp)
+    first = parts[0]
+    padded = padded_shape(t, d, tp)
+    contiguous = viewable(t.shape, d) and t.is_contiguous()
+    held = []
+    with probe.redistributed(None):
+        for size in parts:
+            if size < first or not contiguous:  # padded (a new tensor) or made contiguous
+                held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
+        held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
+        if d != 0:
+            held.append(t.new_empty(padded))  # _chunk_or_narrow_cat onto dim 0
+    with probe.redistributed(share_of(t, dst, tp)):
+        return t.clone()
+
+
+def padded_bytes(
+    nbytes: int, shape: torch.Size, kind: str, src: Layout, dst: Layout, tp: int
+) -> int:
+    """The bytes collective ``kind`` from ``src`` to ``dst`` moves of a tensor of
+    ``nbytes`` and ``shape``: DTensor pads a sharded dim the tp ranks do not divide to
+    the next multiple first, so every rank's chunk is as large as the first: an
+    all-gather's source dim (``Shard._to_replicate_tensor``), a reduce-scatter's
+    destination dim (``Shard._reduce_shard_tensor``), both dims of an all-to-all
+    (``Shard._pad_for_new_shard_dim``: a sequence of 30 going from ``Shard(1)`` to
+    ``Shard(2)`` over 4 ranks moves 32 rows)."""
+    padded = {
+        "tp_all_gather": (src,),
+        "tp_reduce_scatter": (dst,),
+        "tp_all_to_all": (src, dst),
+    }.get(kind, ())
+    if not shape or nbytes == 0:
+        return nbytes
+    whole = list(shape)
+    for layout in padded:
+        if layout[0] == "shard":
+            d = (layout[1] or 0) % len(shape)
+            whole[d] = -(-whole[d] // tp) * tp
+    numel = math.prod(shape)
+    return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
