@@ -189,7 +189,7 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     fsdp_names = ["fully_shard"]
     if mp is not None:
         fsdp_names.insert(0, "MixedPrecisionPolicy")
-    if "offload_policy" in kw and kw["offload_policy"] is not None:
+    if cfg.cpu_offload:
         fsdp_names.insert(0, "CPUOffloadPolicy")
     imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     lines = ["", *imports, ""]
@@ -213,8 +213,8 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     if mp is not None:
         lines.append(f"mp_policy = {mp_policy_code(mp)}")
         common.append("mp_policy=mp_policy")
-    if kw.get("offload_policy") is not None:
-        common.append("offload_policy=CPUOffloadPolicy()")
+    if cfg.cpu_offload:
+        common.append(f"offload_policy={offload_policy_code(kw.get('offload_policy'))}")
     placement = kw.get("shard_placement_fn")
     if callable(placement):
         lines.append("# shard_placement_fn: your function, as given")
@@ -245,6 +245,12 @@ def mp_policy_code(mp: Any) -> str:
     if getattr(mp, "cast_forward_inputs", True) is False:
         parts.append("cast_forward_inputs=False")
     return f"MixedPrecisionPolicy({', '.join(parts)})"
+
+
+def offload_policy_code(policy: Any) -> str:
+    """FSDP2's ``CPUOffloadPolicy`` as given: its shards pinned (torch's default) or not."""
+    pinned = getattr(policy, "pin_memory", True)
+    return "CPUOffloadPolicy()" if pinned else "CPUOffloadPolicy(pin_memory=False)"
 
 
 def raf_of(raf: Any, name: str, fqns: tuple[str, ...]) -> Any:
@@ -362,7 +368,7 @@ def fsdp1_code(c: Candidate) -> list[str]:
             if getattr(mp, f, None) is not None
         ]
         args.append(f"mixed_precision=MixedPrecision({', '.join(fields)})")
-    if kw.get("cpu_offload") is not None:
+    if cfg.cpu_offload:  # CPUOffload(offload_params=True): FSDP1 offloads nothing else
         names.append("CPUOffload")
         args.append("cpu_offload=CPUOffload(offload_params=True)")
     if cfg.use_orig_params:

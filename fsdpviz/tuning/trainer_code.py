@@ -112,7 +112,7 @@ def torchtitan_toml(c: Candidate) -> str:
             f"units {wrap!r}: torchtitan's apply_fsdp shards each block, the embedding and "
             "the norm with the output; other units need a change to apply_fsdp"
         )
-    if kw.get("offload_policy") is not None:
+    if cfg.cpu_offload:
         out.insert(5, "enable_cpu_offload = true")
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
@@ -165,8 +165,7 @@ def accelerate_yaml(c: Candidate) -> str:
             "accelerate checkpoints every wrapped block; per-op or every-nth checkpointing "
             "needs apply_activation_checkpointing in code (Candidate.code())"
         )
-    offload = kw.get("offload_policy", kw.get("cpu_offload")) is not None
-    out.append(f"  fsdp_offload_params: {'true' if offload else 'false'}")
+    out.append(f"  fsdp_offload_params: {'true' if cfg.cpu_offload else 'false'}")
     out.append(
         f"# gradient_accumulation_steps={c.grad_accum} and per_device_train_batch_size="
         f"{c.micro_batch} go to Accelerator(...) / TrainingArguments"
