@@ -12,6 +12,7 @@ import torch
 
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.space import TuneKwargs, reshard_given
 
@@ -193,7 +194,14 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
         fsdp_names.insert(0, "CPUOffloadPolicy")
     imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     lines = ["", *imports, ""]
-    if cfg.tp_world_size:
+    dims = hsdp_tp_dims(cfg)
+    if dims is not None:  # as torchtitan builds it: FSDP over replicate x shard
+        lines += [
+            f'mesh = init_device_mesh("cuda", {dims}, '
+            'mesh_dim_names=("dp_replicate", "dp_shard", "tp"))',
+            'dp_mesh = mesh["dp_replicate", "dp_shard"]  # HSDP: replicate x shard',
+        ]
+    elif cfg.tp_world_size:
         shard = cfg.ranks // cfg.tp_world_size
         lines += [
             f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
@@ -234,6 +242,15 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     ]
     lines.append(f"fully_shard(model, {', '.join(root_args)})")
     return lines
+
+
+def hsdp_tp_dims(cfg: ReportConfig) -> tuple[int, int, int] | None:
+    """The (replicate, shard, tp) sizes of an HSDP x TP mesh (None: another mesh)."""
+    mesh = dict(cfg.mesh or {})
+    if not cfg.tp_world_size or len(mesh) != 3 or {"cp", "pp"} & set(mesh):
+        return None
+    replicate, shard, tp = (int(v) for v in mesh.values())
+    return replicate, shard, tp
 
 
 def mp_policy_code(mp: Any) -> str:
@@ -470,6 +487,7 @@ __all__ = [
     "checkpointing_code",
     "fsdp1_code",
     "fsdp2_code",
+    "hsdp_tp_dims",
     "loop_code",
     "mp_policy_code",
     "raf_of",

@@ -15,7 +15,7 @@ from fsdpviz.configs.torchtitan_plan import reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
+from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp_dims
 from fsdpviz.tuning.space import reshard_given
 
 
@@ -46,6 +46,8 @@ def torchtitan_toml(c: Candidate) -> str:
     if cfg.mesh is not None and not cfg.tp_world_size:
         replicate = cfg.ranks // cfg.shard_ranks
         dp = cfg.shard_ranks
+    elif (dims := hsdp_tp_dims(cfg)) is not None:
+        replicate, dp, _ = dims
     if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
         mesh = dict(cfg.mesh or {})
         replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
