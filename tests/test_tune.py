@@ -447,7 +447,8 @@ def test_a_tensor_parallel_degree_torch_cannot_run_is_noted() -> None:
 
 def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
     """On more ranks, FSDP x TP of a degree traced already is replayed (the trace reads no
-    data-parallel size), each the plan analyze gives."""
+    data-parallel size), and HSDP x TP beside it on two nodes, each the plan analyze
+    gives."""
     t = fsdpviz.tune(
         _tp_model(),
         example_inputs(TP_CONFIG),
@@ -463,6 +464,7 @@ def test_a_tensor_parallel_degree_is_traced_once_across_world_sizes() -> None:
     assert {c.knobs["mesh"] for c in tp} == {
         "8 ranks (FSDP 4 x TP 2)", "8 ranks (FSDP 2 x TP 4)",
         "16 ranks (FSDP 8 x TP 2)", "16 ranks (FSDP 4 x TP 4)",
+        "16 ranks (HSDP 2 x 4 x TP 2)", "16 ranks (HSDP 2 x 2 x TP 4)",
     }  # fmt: skip
     at_8 = {(c.report.config.tp_world_size, c.knobs["activation_checkpointing"]) for c in tp
             if c.world_size == 8}  # fmt: skip
@@ -522,7 +524,9 @@ def test_accumulation_under_tensor_parallelism_is_replayed() -> None:
 def test_resharding_under_tensor_parallelism_is_replayed() -> None:
     """On each tensor-parallel mesh every resharding choice is evaluated at its fastest fit,
     replayed from the mesh's one trace, but resharding to a node, which FSDP2 refuses for
-    tensor-parallel DTensors; each is the plan analyze gives."""
+    tensor-parallel DTensors; HSDP x TP (two nodes: a node per shard group and its tp ranks)
+    beside FSDP x TP, replayed from the trace of its tp degree; each is the plan analyze
+    gives."""
     t = fsdpviz.tune(
         _tp_model(),
         example_inputs(TP_CONFIG),
@@ -543,11 +547,19 @@ def test_resharding_under_tensor_parallelism_is_replayed() -> None:
         "16 ranks": [*both, "to 8 ranks (a node)"],
         "16 ranks (HSDP 2 x 8)": [*both, "to 8 ranks (a node)"],
         "16 ranks (FSDP 4 x TP 4)": both,
+        "16 ranks (HSDP 2 x 4 x TP 2)": both,
+        "16 ranks (HSDP 2 x 2 x TP 4)": both,
     }
     tp = [c for c in t.candidates if c.report.config.tp_world_size]
     for mesh in ("16 ranks (FSDP 8 x TP 2)", "16 ranks (FSDP 4 x TP 4)"):
         on_mesh = [c for c in tp if c.knobs["mesh"] == mesh]
         assert [c.traced for c in on_mesh].count(True) == 1 and len(on_mesh) == 3
+    hsdp = [c for c in tp if "HSDP" in c.knobs["mesh"]]
+    assert not any(c.traced for c in hsdp)
+    assert {tuple(c.report.config.mesh.items()) for c in hsdp} == {  # type: ignore[union-attr]
+        (("dp_replicate", 2), ("dp_shard", 4), ("tp", 2)),
+        (("dp_replicate", 2), ("dp_shard", 2), ("tp", 4)),
+    }
     model = _tp_model()
     for c in tp:
         fresh = fsdpviz.analyze(model, c.inputs, machine="h100", **c.kwargs)

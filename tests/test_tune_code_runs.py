@@ -2,9 +2,11 @@
 FSDP (the fake process group's 4 ranks, on the CPU), its loop trained for three optimizer
 steps and recorded, and the recording compared with the configuration's plan: the units
 (which modules are sharded, their parameters and dtypes), the events of every micro-step in
-order (resharding after forward included), the modules checkpointed and, per operator, what
-the policy saves. The one edit: the device mesh (and FSDP1's ``device_id``) on ``"cpu"``
-instead of ``"cuda"``.
+order (resharding after forward included, CPU offload's copies to and from the host), the
+modules checkpointed and, per operator, what the policy saves. The edits: the device mesh (and
+FSDP1's ``device_id``) on ``"cpu"`` instead of ``"cuda"``, and the offloaded shards unpinned
+(pinning needs a GPU: FSDP2's ``pin_memory=False``, FSDP1's ``pin_memory`` patched, see
+``_offload_on_cpu``).
 
 The configurations are a cover of two exhaustive searches (the knobs traced, the knobs
 replayed): every pair of values of two knobs, on a plain ``nn.Module`` and a Hugging Face
@@ -28,7 +30,7 @@ import yaml
 from fsdp_harness import assert_same_accumulation, assert_same_schedule
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -134,8 +136,10 @@ def cover(candidates: list[Candidate]) -> list[Candidate]:
 # ------------------------------------------------------------------ running the code
 def on_cpu(code: str) -> str:
     """The code as printed, its device mesh (and FSDP1's device) on the CPU."""
-    return code.replace('init_device_mesh("cuda"', 'init_device_mesh("cpu"').replace(
-        "device_id=torch.cuda.current_device()", 'device_id=torch.device("cpu")'
+    return (
+        code.replace('init_device_mesh("cuda"', 'init_device_mesh("cpu"')
+        .replace("device_id=torch.cuda.current_device()", 'device_id=torch.device("cpu")')
+        .replace("CPUOffloadPolicy()", "CPUOffloadPolicy(pin_memory=False)")
     )
 
 
@@ -179,6 +183,29 @@ def _policies_logged(log: list[list[tuple[Any, bool, CheckpointPolicy]]]) -> Ite
         cp.create_selective_checkpoint_contexts = made
 
 
+@contextlib.contextmanager
+def _offload_on_cpu() -> Iterator[None]:
+    """FSDP1's CPU offload on a CPU: ``Tensor.pin_memory`` the tensor itself, as FSDP1 pins
+    each unit's shard and gradient (``FlatParamHandle.init_flat_param_attributes``,
+    ``_pre_forward``'s ``_cpu_grad``) unconditionally and pinning needs a GPU (FSDP2's code
+    pins nothing on the CPU: ``pin_memory=False``, ``on_cpu``); and the CPU's stream
+    synchronized at the end of backward (``_post_backward_final_callback`` waits there for
+    the gradients' copies to the CPU; ``torch.cpu.Stream``, whose work is done when it is
+    called, has no ``synchronize``). Pinned or not, the offload's copies and events are the
+    same."""
+    pin = torch.Tensor.pin_memory
+    had = hasattr(torch.cpu.Stream, "synchronize")
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    if not had:
+        torch.cpu.Stream.synchronize = lambda self: None  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
+        if not had:
+            del torch.cpu.Stream.synchronize  # type: ignore[attr-defined]
+
+
 def run(
     c: CodeOf, build: Callable[[], nn.Module]
 ) -> tuple[nn.Module, fsdpviz.Report, list[list[tuple[Any, bool, CheckpointPolicy]]]]:
@@ -195,7 +222,7 @@ def run(
     }  # one rank's samples of a step: the micro-batch's, n times
     log: list[list[tuple[Any, bool, CheckpointPolicy]]] = []
     recorder = fsdpviz.FSDP2Recorder if c.report.config.api == "FSDP2" else fsdpviz.FSDP1Recorder
-    with warnings.catch_warnings(), _policies_logged(log):
+    with warnings.catch_warnings(), _policies_logged(log), _offload_on_cpu():
         warnings.simplefilter("ignore")
         exec(compile(setup, "<tune code>", "exec"), ns)
         model = ns["model"]
@@ -337,15 +364,18 @@ def test_the_code_tune_prints_runs_as_planned(
     assert len(picked) < len(tuning.candidates)
     for c in picked:
         assert_trainer_keys(c)
-        if c.knobs["cpu_offload"] == "on":  # FSDP's CPU offload pins memory: a GPU's
-            code = c.code()
-            calls = [line for line in code.splitlines() if line.strip().startswith("fully_shard(")]
-            if api == "FSDP2":
-                assert calls and all("offload_policy=CPUOffloadPolicy()" in x for x in calls)
-            else:
-                assert "cpu_offload=CPUOffload(offload_params=True)," in code
-            continue
+        code = c.code()
+        calls = [line for line in code.splitlines() if line.strip().startswith("fully_shard(")]
+        offloads = c.knobs["cpu_offload"] == "on"
+        if api == "FSDP2":
+            assert calls and {"offload_policy=CPUOffloadPolicy()" in x for x in calls} == {offloads}
+        else:
+            assert ("cpu_offload=CPUOffload(offload_params=True)," in code) is offloads
         model, real, log = run(c, build)
+        # the offload's copies (each shard to the device before its all-gather, each
+        # gradient's shard to the host after its reduce-scatter), as planned below
+        kinds = {e.kind for it in real.iterations for e in it}
+        assert ({"h2d", "d2h"} <= kinds) is offloads, (c.knobs, kinds)
         assert_ran_as_planned(c, real)
         assert_checkpointed_as_planned(c, model, build, log)
 
@@ -478,3 +508,39 @@ def test_trainer_keys_of_a_plan() -> None:
     assert yaml.safe_load(configuration_code(c, "accelerate"))["mixed_precision"] == "no"
     titan = tomllib.loads(configuration_code(c, "torchtitan"))
     assert titan["parallelism"]["fsdp_reshard_after_forward"] == "default"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "written"),
+    [
+        (
+            {"offload_policy": CPUOffloadPolicy(pin_memory=False)},
+            "CPUOffloadPolicy(pin_memory=False)",
+        ),
+        ({"offload_policy": OffloadPolicy()}, None),
+        ({"cpu_offload": CPUOffload(offload_params=True)}, "CPUOffload(offload_params=True)"),
+        ({"cpu_offload": CPUOffload(offload_params=False)}, None),
+    ],
+)
+def test_offload_code_offloads_as_planned(
+    fake_pg: int, kwargs: dict[str, Any], written: str | None
+) -> None:
+    """The code offloads where the plan does, the policy as given: ``OffloadPolicy()`` and
+    ``CPUOffload(offload_params=False)`` offload nothing (the code offloaded for any value),
+    ``pin_memory=False`` is kept (the code pinned); the run's copies to and from the host
+    those planned."""
+    fsdp2 = "offload_policy" in kwargs
+    wrap: dict[str, Any] = (
+        {"fully_shard": BLOCKS} if fsdp2 else {"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer})}
+    )
+    c = planned(_plain(), _ids(128), **wrap, **kwargs)
+    code = configuration_code(c)
+    assert c.report.config.cpu_offload is (written is not None)
+    assert ("Offload" in code) is (written is not None)
+    assert written is None or written in code
+    _, real, _ = run(c, _plain)
+    assert_ran_as_planned(c, real)
+    kinds = {e.kind for it in real.iterations for e in it}
+    assert ({"h2d", "d2h"} <= kinds) is (written is not None)
+    accelerate = yaml.safe_load(configuration_code(c, "accelerate"))
+    assert accelerate["fsdp_config"]["fsdp_offload_params"] is (written is not None)

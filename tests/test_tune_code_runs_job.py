@@ -15,6 +15,7 @@ dynamo's eager one."""
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,10 +54,10 @@ def _tune(api: str = "FSDP2", **kwargs: Any) -> list[Candidate]:
         if api == "FSDP2"
         else {"auto_wrap_policy": ModuleWrapPolicy({block})}
     )
+    kwargs.setdefault("world_size", 4)
     t = fsdpviz.tune(
         _llama(),
         _tokens(),
-        world_size=4,
         **mine,
         progress=False,
         workers=1,
@@ -71,25 +72,71 @@ def fsdp_only(report: fsdpviz.Report) -> fsdpviz.Report:
     return fsdpviz.Report.from_dict({**report.to_dict(), "iterations": its})
 
 
-def test_tensor_parallel_code_parallelizes_as_planned(fake_pg: int) -> None:
-    (c,) = [
+@pytest.fixture
+def ranks(fake_pg: int) -> Iterator[Callable[[int], None]]:
+    """Run on a fake process group of another number of ranks (as rank 0), then on the
+    usual one again."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def on(world_size: int) -> None:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        _clear_sharding_prop_cache()  # its decisions are by mesh, and the groups are new
+
+    yield on
+    on(fake_pg)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "meshes"),
+    [
+        (4, {"4 ranks (FSDP 2 x TP 2)"}),
+        # two nodes of 4: HSDP x TP beside FSDP x TP, replayed from its trace
+        (8, {"8 ranks (FSDP 4 x TP 2)", "8 ranks (HSDP 2 x 2 x TP 2)"}),
+    ],
+)
+def test_tensor_parallel_code_parallelizes_as_planned(
+    ranks: Callable[[int], None], world_size: int, meshes: set[str]
+) -> None:
+    """FSDP x TP, and HSDP x TP on more than a node (``fully_shard`` on the mesh's
+    replicate x shard dimensions, ``parallelize_module`` on its tp one, as torchtitan
+    applies them): each parameter's tp placement and shard, FSDP's events and DTensor's
+    collectives as planned."""
+    ranks(world_size)
+    cands = [
         c
         for c in _tune(
-            mesh=("dp_shard", 2, "tp", 2),
+            mesh=("dp_shard", world_size // 2, "tp", 2),
             parallelize_plan=tp_models.whole_plan(),
             knobs=("mesh",),
+            world_size=world_size,
+            machine=fsdpviz.cost.machine("h100", gpus_per_node=4),
         )
-        if c.report.config.tp_world_size
+        if c.report.config.tp_world_size == 2
     ]
-    with _tp_collectives() as seen:
-        _, real, _ = run(c, _llama)
-    # the units (each parameter's tp placement and shard) and the FSDP recorder's events
-    assert_ran_as_planned(dataclasses.replace(c, report=fsdp_only(c.report)), real)
-    # DTensor's collectives of the three steps: the first's, then the steady one's twice
-    first, steady = (
-        [[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in c.report.iterations
-    )
-    assert steady and seen == first + steady + steady
+    assert {c.knobs["mesh"] for c in cands} == meshes
+    for c in cands:
+        with _tp_collectives() as seen:
+            _, real, _ = run(c, _llama)
+        # the units (each parameter's tp placement and shard) and the FSDP recorder's events
+        assert_ran_as_planned(dataclasses.replace(c, report=fsdp_only(c.report)), real)
+        # DTensor's collectives of the three steps: the first's, then the steady one's twice
+        first, steady = (
+            [[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in c.report.iterations
+        )
+        assert steady and seen == first + steady + steady
+        hsdp = "HSDP" in c.knobs["mesh"]
+        # HSDP's all-reduce of the gradients' shards across the replicas
+        assert ("all_reduce" in {e.kind for it in real.iterations for e in it}) is hsdp
+        if hsdp:
+            code = c.code()
+            assert 'mesh_dim_names=("dp_replicate", "dp_shard", "tp"))' in code
+            assert 'dp_mesh = mesh["dp_replicate", "dp_shard"]' in code
+            assert {u.shard_ranks for u in real.units} == {2}
+            par = tomllib.loads(c.code("torchtitan"))["parallelism"]
+            assert [par[f"{k}_degree"] for k in ("data_parallel_replicate", "data_parallel_shard",
+                                                 "tensor_parallel")] == [2, 2, 2]  # fmt: skip
 
 
 @pytest.mark.parametrize("api", ["FSDP2", "FSDP1"])

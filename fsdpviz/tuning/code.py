@@ -6,6 +6,7 @@ job TOML, accelerate's config YAML: ``trainer_code.py``) where those can say it.
 from __future__ import annotations
 
 from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import parse_job_options
 from fsdpviz.tuning.fsdp_code import (
     Candidate,
     checkpointing_code,
@@ -35,22 +36,23 @@ def configuration_code(c: Candidate, style: str = "python") -> str:
         return accelerate_yaml(c)
     kw = c.kwargs
     api = c.report.config.api
+    job = parse_job_options(kw, api)
     lines = ["import torch"]
     checkpointing = checkpointing_code(kw.get("activation_checkpointing"), api)
     # torchtitan's order: float8 linears, tensor parallelism, checkpointing, compile, FSDP
-    lines += float8_code(c)
+    lines += float8_code(job)
     if c.report.pipeline is not None:  # each stage split, then the rest on each
         part = "stage_model"
         on_stage = checkpointing_code(kw.get("activation_checkpointing"), api, part)
-        lines += pipeline_code(c, [*tp_code(c, part), *on_stage, *compile_code(c, part)])
+        lines += pipeline_code(c, [*tp_code(c, part), *on_stage, *compile_code(job, part)])
         return "\n".join(lines)
     if api == "FSDP2":
-        lines += fsdp2_code(c, [*tp_code(c), *checkpointing, *compile_code(c)])
+        lines += fsdp2_code(c, [*tp_code(c), *checkpointing, *compile_code(job)])
     else:
-        lines += [*fsdp1_code(c), *checkpointing, *compile_code(c)]
+        lines += [*fsdp1_code(c), *checkpointing, *compile_code(job)]
     loop = loop_code(c)
     step = loop.index("optimizer.step()")
-    lines += [*loop[: step + 1], *float8_step_code(c), *loop[step + 1 :]]
+    lines += [*loop[: step + 1], *float8_step_code(job), *loop[step + 1 :]]
     return "\n".join(lines)
 
 

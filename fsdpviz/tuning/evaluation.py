@@ -379,8 +379,10 @@ class Evaluations:
         return c
 
     def _variants(self, config: Config) -> list[Config]:
-        """``config`` under every choice of the replayed knobs (none with tensor parallelism:
-        the stages turn its mesh, and its resharding at each tensor-parallel mesh's fastest),
+        """``config`` under every choice of the replayed knobs (with tensor parallelism its
+        mesh's other data-parallel layout alone, HSDP x TP or FSDP x TP of the same degree:
+        the stages turn the tp degree, and its resharding at each tensor-parallel mesh's
+        fastest),
         and its accumulation both ways (the gradients reduced after the last micro-step, or
         after each: one plan's, replayed with tensor parallelism too)."""
         mb = config["micro_batch"]
@@ -395,14 +397,23 @@ class Evaluations:
     def _replayed_variants(self, config: Config) -> list[Config]:
         """``config`` under every choice of the replayed knobs."""
         replayed = sorted(REPLAYED[self.api])
-        tp = config["mesh"].mesh[2]
-        if tp > 1 or self.space.pipelined:  # none on a tensor-parallel mesh (see _variants);
-            return [config]  # a pipeline is never replayed: each is traced
+        mine = config["mesh"]
+        if self.space.pipelined:  # a pipeline is never replayed: each is traced
+            return [config]
+        if mine.mesh[2] > 1:  # its data-parallel layouts alone (see _variants)
+            if mine.traced:
+                return [config]
+            ws, tp = mine.mesh[0], mine.mesh[2]
+            layouts = [
+                m
+                for m in self.space.choices["mesh"]
+                if m.mesh[0] == ws and m.mesh[2] == tp and not m.traced
+            ]
+            return [{**config, "mesh": m} for m in layouts] or [config]
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
             if knob == "mesh":
-                mine = config["mesh"]
                 plain = [c for c in values if c.mesh[2] == 1 and not c.traced]
                 values = [mine] if mine.traced else plain
             options.append(values)

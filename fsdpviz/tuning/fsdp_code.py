@@ -12,6 +12,7 @@ import torch
 
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.space import TuneKwargs, reshard_given
 
@@ -189,11 +190,18 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     fsdp_names = ["fully_shard"]
     if mp is not None:
         fsdp_names.insert(0, "MixedPrecisionPolicy")
-    if "offload_policy" in kw and kw["offload_policy"] is not None:
+    if cfg.cpu_offload:
         fsdp_names.insert(0, "CPUOffloadPolicy")
     imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     lines = ["", *imports, ""]
-    if cfg.tp_world_size:
+    dims = hsdp_tp_dims(cfg)
+    if dims is not None:  # as torchtitan builds it: FSDP over replicate x shard
+        lines += [
+            f'mesh = init_device_mesh("cuda", {dims}, '
+            'mesh_dim_names=("dp_replicate", "dp_shard", "tp"))',
+            'dp_mesh = mesh["dp_replicate", "dp_shard"]  # HSDP: replicate x shard',
+        ]
+    elif cfg.tp_world_size:
         shard = cfg.ranks // cfg.tp_world_size
         lines += [
             f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
@@ -213,8 +221,8 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     if mp is not None:
         lines.append(f"mp_policy = {mp_policy_code(mp)}")
         common.append("mp_policy=mp_policy")
-    if kw.get("offload_policy") is not None:
-        common.append("offload_policy=CPUOffloadPolicy()")
+    if cfg.cpu_offload:
+        common.append(f"offload_policy={offload_policy_code(kw.get('offload_policy'))}")
     placement = kw.get("shard_placement_fn")
     if callable(placement):
         lines.append("# shard_placement_fn: your function, as given")
@@ -236,6 +244,15 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     return lines
 
 
+def hsdp_tp_dims(cfg: ReportConfig) -> tuple[int, int, int] | None:
+    """The (replicate, shard, tp) sizes of an HSDP x TP mesh (None: another mesh)."""
+    mesh = dict(cfg.mesh or {})
+    if not cfg.tp_world_size or len(mesh) != 3 or {"cp", "pp"} & set(mesh):
+        return None
+    replicate, shard, tp = (int(v) for v in mesh.values())
+    return replicate, shard, tp
+
+
 def mp_policy_code(mp: Any) -> str:
     parts = []
     for field in ("param_dtype", "reduce_dtype", "output_dtype"):
@@ -245,6 +262,12 @@ def mp_policy_code(mp: Any) -> str:
     if getattr(mp, "cast_forward_inputs", True) is False:
         parts.append("cast_forward_inputs=False")
     return f"MixedPrecisionPolicy({', '.join(parts)})"
+
+
+def offload_policy_code(policy: Any) -> str:
+    """FSDP2's ``CPUOffloadPolicy`` as given: its shards pinned (torch's default) or not."""
+    pinned = getattr(policy, "pin_memory", True)
+    return "CPUOffloadPolicy()" if pinned else "CPUOffloadPolicy(pin_memory=False)"
 
 
 def raf_of(raf: Any, name: str, fqns: tuple[str, ...]) -> Any:
@@ -362,7 +385,7 @@ def fsdp1_code(c: Candidate) -> list[str]:
             if getattr(mp, f, None) is not None
         ]
         args.append(f"mixed_precision=MixedPrecision({', '.join(fields)})")
-    if kw.get("cpu_offload") is not None:
+    if cfg.cpu_offload:  # CPUOffload(offload_params=True): FSDP1 offloads nothing else
         names.append("CPUOffload")
         args.append("cpu_offload=CPUOffload(offload_params=True)")
     if cfg.use_orig_params:
@@ -464,6 +487,7 @@ __all__ = [
     "checkpointing_code",
     "fsdp1_code",
     "fsdp2_code",
+    "hsdp_tp_dims",
     "loop_code",
     "mp_policy_code",
     "raf_of",

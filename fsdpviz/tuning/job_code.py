@@ -8,16 +8,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fsdpviz.plan.job import parse_job_options
+from fsdpviz.errors import ConfigError
+from fsdpviz.plan.job import JobOptions
+from fsdpviz.plan.tensor_parallel import PARTIAL, layout_name, layout_of
 from fsdpviz.tuning.fsdp_code import Candidate, classes_code
 
 
 # ------------------------------------------------------------------ float8
-def float8_code(c: Candidate) -> list[str]:
-    """``convert_to_float8_training`` of the linears the plan trains in float8: torchtitan's
-    filter (no ``filter_fqns`` substring in the name, both dimensions divisible by 16) and
-    its config (float8 all-gathers under FSDP2 where the plan has them)."""
-    spec = parse_job_options(c.kwargs, c.report.config.api).float8
+def float8_code(job: JobOptions) -> list[str]:
+    """``convert_to_float8_training`` of the linears the plan trains in float8 (``job``:
+    the configuration's job options, parsed once): torchtitan's filter (no ``filter_fqns``
+    substring in the name, both dimensions divisible by 16) and its config (float8
+    all-gathers under FSDP2 where the plan has them)."""
+    spec = job.float8
     if spec is None:
         return []
     config = (
@@ -46,10 +49,10 @@ def float8_code(c: Candidate) -> list[str]:
     ]
 
 
-def float8_step_code(c: Candidate) -> list[str]:
+def float8_step_code(job: JobOptions) -> list[str]:
     """After each optimizer step: the float8 weights' scales computed for FSDP's next
     all-gathers, where the plan precomputes them."""
-    spec = parse_job_options(c.kwargs, c.report.config.api).float8
+    spec = job.float8
     if spec is None or not spec.precompute_float8_dynamic_scale_for_fsdp:
         return []
     return [
@@ -66,13 +69,13 @@ _STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def _placement_code(p: Any) -> str | None:
-    from torch.distributed.tensor import Replicate, Shard
-
-    if isinstance(p, Shard):
-        return f"Shard({p.dim})"
-    if isinstance(p, Replicate):
-        return "Replicate()"
-    return None
+    """A style's layout as the code writes it, ``Shard(dim)`` or ``Replicate()`` (None: one
+    the code does not write, ``Partial()`` or a placement the plan does not model)."""
+    try:
+        layout = layout_of(p)
+    except ConfigError:
+        return None
+    return None if layout is None or layout == PARTIAL else layout_name(layout)
 
 
 def _style_code(style: Any) -> str | None:
@@ -161,10 +164,10 @@ def tp_code(c: Candidate, target: str = "model") -> list[str]:
 
 
 # ------------------------------------------------------------------ torch.compile
-def compile_code(c: Candidate, target: str = "model") -> list[str]:
-    """``torch.compile`` as planned: each block of the classes compiled in place
-    (``Module.compile``: its name and FSDP's calls unchanged), or the whole model."""
-    compiled = parse_job_options(c.kwargs, c.report.config.api).compile
+def compile_code(job: JobOptions, target: str = "model") -> list[str]:
+    """``torch.compile`` as planned (``job``'s): each block of the classes compiled in
+    place (``Module.compile``: its name and FSDP's calls unchanged), or the whole model."""
+    compiled = job.compile
     if compiled is False:
         return []
     if compiled is True:

@@ -156,10 +156,13 @@ class MeshChoices:
         """The meshes on ``ws`` ranks: FSDP over all, HSDP with a node per shard group
         (FSDP2 on more than a node), and FSDP x TP for each tensor-parallel degree up to a
         node that divides the ranks and the heads (with the user's plan, else the model's
-        own; ``tp``: the user's degree)."""
+        own; ``tp``: the user's degree), and beside each, on more than a node, HSDP x TP
+        (torchtitan's ``dp_replicate x dp_shard x tp``: a node per shard group and its
+        tensor-parallel ranks, where a node holds more than one shard)."""
         node = self.machine.gpus_per_node
         out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
-        if self.api == "FSDP2" and ws > node and ws % node == 0:
+        hsdp = self.api == "FSDP2" and ws > node and ws % node == 0
+        if hsdp:
             kw: TuneKwargs = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
             out.append(
                 Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
@@ -176,6 +179,15 @@ class MeshChoices:
                 kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
                 label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
                 out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
+                shard = node // degree
+                if hsdp and node % degree == 0 and shard > 1:
+                    replicate = ws // node
+                    kw = {
+                        "mesh": ("dp_replicate", replicate, "dp_shard", shard, "tp", degree),
+                        "parallelize_plan": plan,
+                    }
+                    label = f"{ws} ranks (HSDP {replicate} x {shard} x TP {degree})"
+                    out.append(Choice("mesh", label, kw, mesh=(ws, shard, degree)))
             degree *= 2
         return out
 

@@ -203,10 +203,10 @@ class StagedSearch(Evaluations):
                     self.evaluate_key({**best, knob: choice})
             best = self._best_traced(best, ws)
         # tensor parallelism: where nothing fits without it, or the user plans with it
-        tp_meshes = [
+        tp_meshes = [  # FSDP x TP: each evaluation replays HSDP x TP beside it (_variants)
             m
             for m in sp.choices["mesh"]
-            if m.mesh[0] == ws and m.mesh[2] > 1 and m.mesh[2] != user_tp
+            if m.mesh[0] == ws and m.mesh[2] not in (1, user_tp) and m.mesh[1] * m.mesh[2] == ws
         ]
         if user_tp > 1:  # and plain data parallelism, against the user's tensor parallelism
             tp_meshes[:0] = [m for m in sp.choices["mesh"] if m.mesh == (ws, ws, 1)]

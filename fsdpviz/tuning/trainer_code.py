@@ -15,7 +15,7 @@ from fsdpviz.configs.torchtitan_plan import reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
-from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
+from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp_dims
 from fsdpviz.tuning.space import reshard_given
 
 
@@ -46,6 +46,8 @@ def torchtitan_toml(c: Candidate) -> str:
     if cfg.mesh is not None and not cfg.tp_world_size:
         replicate = cfg.ranks // cfg.shard_ranks
         dp = cfg.shard_ranks
+    elif (dims := hsdp_tp_dims(cfg)) is not None:
+        replicate, dp, _ = dims
     if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
         mesh = dict(cfg.mesh or {})
         replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
@@ -112,7 +114,7 @@ def torchtitan_toml(c: Candidate) -> str:
             f"units {wrap!r}: torchtitan's apply_fsdp shards each block, the embedding and "
             "the norm with the output; other units need a change to apply_fsdp"
         )
-    if kw.get("offload_policy") is not None:
+    if cfg.cpu_offload:
         out.insert(5, "enable_cpu_offload = true")
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
@@ -165,8 +167,7 @@ def accelerate_yaml(c: Candidate) -> str:
             "accelerate checkpoints every wrapped block; per-op or every-nth checkpointing "
             "needs apply_activation_checkpointing in code (Candidate.code())"
         )
-    offload = kw.get("offload_policy", kw.get("cpu_offload")) is not None
-    out.append(f"  fsdp_offload_params: {'true' if offload else 'false'}")
+    out.append(f"  fsdp_offload_params: {'true' if cfg.cpu_offload else 'false'}")
     out.append(
         f"# gradient_accumulation_steps={c.grad_accum} and per_device_train_batch_size="
         f"{c.micro_batch} go to Accelerator(...) / TrainingArguments"
