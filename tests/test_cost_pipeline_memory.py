@@ -275,3 +275,40 @@ def test_gradient_accumulation_over_steps_reduces_in_every_step(
     ]
     assert p2p and all(used == total for _, used, total in p2p), p2p
     assert real.peak == mem.peak["bytes"]
+
+
+@pytest.mark.parametrize(("name", "rank"), [("1f1b-4", 0), ("1f1b-4", 2), ("zbv-4", 2)])
+def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
+    as_rank: object, name: str, rank: int
+) -> None:
+    """``grad_accum=2`` under a pipeline, an AdamW step after every two ``step()`` calls:
+    the rank's report holds two optimizer steps of two micro-steps each, event for event as
+    the real run's; the steady one's memory holds the optimizer's states from its first
+    micro-step (an optimizer step ran before it) and its peak is the real one; its time is
+    its two steady micro-steps', each reducing (``REDUCE_GRAD`` in every ``step()``), not
+    the first step's shape inference and first all-gathers."""
+    from fsdp_harness import assert_same_accumulation
+
+    from fsdpviz.cost import timeline
+
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), adamw=2)  # fmt: skip
+    planned = predict(name, loss=_square, grad_accum=2)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // pj.DP]
+    assert_same_accumulation(real.report, mine, 2)
+    mem = memory_model(mine, optimizer="adamw_foreach")
+    assert real.peak == mem.peak["bytes"]
+    last = real.events[-len(mine.iterations[-1]) :]  # the last micro-step's
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(last, mine.iterations[-1], mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+    tl = timeline(mine, "h100")
+    once = timeline(predict(name, loss=_square).pipeline.ranks[rank // pj.DP], "h100")  # type: ignore[union-attr]
+    assert [(m.iteration, m.sync) for m in tl.micro_steps] == [(2, True), (3, True)]
+    for key in ("all_gather_bytes", "reduce_scatter_bytes", "pp_bytes"):
+        assert tl.totals[key] == 2 * once.totals[key]
