@@ -127,7 +127,7 @@ def trace_stages(
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
             if not last:
-                _check_needs_gradient(s, names, part, args)
+                _check_needs_gradient(s, names, part, args, popts.schedule if split else None)
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
@@ -149,22 +149,36 @@ def trace_stages(
 
 
 def _check_needs_gradient(
-    s: int, names: Sequence[str], part: nn.Module, args: tuple[Any, ...]
+    s: int, names: Sequence[str], part: nn.Module, args: tuple[Any, ...], split: str | None
 ) -> None:
     """A stage before the last whose parameters are all frozen and whose inputs need no
-    gradient: its output needs none, so torch's ``PipelineStage`` sends it no gradient and
-    its backward computes nothing (``_derive_grad_metas`` gives ``None`` for an input that
-    needs none); fsdpviz does not plan such a stage yet, and says so rather than fail."""
+    gradient: its output needs none, so torch's ``PipelineStage`` runs it with no backward
+    (``_derive_grad_metas`` gives ``None`` for an output that needs none: the next stage
+    sends it no gradient, its ``B`` computes nothing, its ``REDUCE_GRAD`` frees its groups'
+    parameters without a reduce-scatter). ``split``: a zero-bubble schedule's name, whose
+    input backward (``stage_backward_input``) of the next stage finds no path from its
+    inputs to its output, so its weight backward computes no gradient either: the next
+    stage's parameters are not trained. fsdpviz does not plan such a stage yet, and says
+    so rather than fail."""
     trainable = any(p.requires_grad for p in part.parameters())
     receives = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(args))
     if trainable or receives:
         return
+    lost = (
+        f"; and {split} splits stage {s + 1}'s backward into an input part (I, "
+        "stage_backward_input) and a weight part (W): its inputs need no gradient, so I finds "
+        "no path from them and W computes no gradient: stage "
+        f"{s + 1}'s parameters get none and are never trained"
+        if split
+        else ""
+    )
     raise ConfigError(
         f"pipeline stage {s} ({some_names(names, 4)}) has no trainable parameter and its "
-        "inputs need no gradient, so its output needs none: torch's PipelineStage runs it "
-        "with no backward and the next stage sends it no gradient, which fsdpviz does not "
-        "plan yet: give that stage a trainable module (pipeline_stages=, its FQNs per "
-        "stage) or leave one of its parameters trainable"
+        "inputs need no gradient, so its output needs none. torch's PipelineStage runs it: "
+        f"the next stage sends it no gradient, its backward computes nothing and its "
+        f"REDUCE_GRAD frees its parameters without a reduce-scatter{lost}. fsdpviz does not "
+        "plan such a stage yet: give that stage a trainable module (pipeline_stages=, its "
+        "FQNs per stage) or leave one of its parameters trainable"
     )
 
 
