@@ -390,7 +390,8 @@ def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
     nothing needing a gradient; under a zero-bubble schedule that stage 1 is not trained
     either (``stage_backward_input`` finds no path from inputs that need no gradient, so
     ``W`` computes none: a real ZBVZeroBubble run reduce-scatters none of stage 1's
-    groups); a frozen block in a stage that trains is planned."""
+    groups; DualPipeV splits only stage 1's last microbatch, whose gradient is then lost); a
+    frozen block in a stage that trains is planned."""
     m = model()
     ids = torch.zeros(8, pj.SEQ, dtype=torch.long)
     kw: dict[str, Any] = {"fully_shard": PLAN, "mesh": ("pp", 2, "dp_shard", 2),
@@ -411,3 +412,6 @@ def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
         fsdpviz.analyze(m, ids, **kw, pipeline_schedule="ZBVZeroBubble")
     assert "ZBVZeroBubble splits stage 1's backward" in str(err.value)
     assert "stage 1's parameters get none and are never trained" in str(err.value)
+    with pytest.raises(fsdpviz.ConfigError) as err:  # only its microbatch 3 is split (1I3)
+        fsdpviz.analyze(m, ids, **kw, pipeline_schedule="DualPipeV")
+    assert "microbatch 3 give stage 1's parameters none (the others' full" in str(err.value)
