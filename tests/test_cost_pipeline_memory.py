@@ -348,3 +348,25 @@ def test_a_deeper_pipeline_over_two_shards_holds_what_torch_holds(
         if e.kind in ("pp_send", "pp_recv")
     ]
     assert p2p and all(used == total for _, used, total in p2p), p2p
+
+
+@pytest.mark.parametrize(("name", "rank"), [("zbv-4-always", 0), ("zero-bubble-4-always", 2)])
+def test_a_unit_no_microbatch_gives_a_gradient_has_no_optimizer_state(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int
+) -> None:
+    """Zero-bubble schedules resharding after forward, 7 blocks: the groups whose every
+    ``I`` finds them resharded (``norm, output``; on InterleavedZeroBubble's rank 1
+    ``layers.6`` too) get no gradient in the step, so AdamW keeps no state for them: their
+    unit lists the parameters as unused, as the recorder sees them (a post-backward ran and
+    no gradient reached them), and the steady step's peak with AdamW is the real one."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 7)
+    monkeypatch.setitem(pj.CASES, name, _ALWAYS[name])
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), adamw=1)  # fmt: skip
+    mine = predict(name, loss=_square).pipeline.ranks[rank // pj.DP]  # type: ignore[union-attr]
+    assert real.report is not None
+    assert_same_schedule(real.report, mine)
+    unused = {u.module for u in mine.units if u.unused_params}
+    assert "norm, output" in unused
+    assert real.peak == memory_model(mine, optimizer="adamw_foreach").peak["bytes"]

@@ -19,6 +19,7 @@ from torch import nn
 
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
+from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import PipelineOptions
 from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
@@ -50,6 +51,11 @@ def rank_report(
     if run.gradless:
         warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
+    for t in mine:  # the parameters no microbatch gave a gradient: unused
+        lost = {id(p) for g in t.groups if g.name in run.never_reduced for p in g.params}
+        reached = t.reached - lost
+        placements = t.opts.tp.placements(t.part) if t.opts.tp is not None else {}
+        mark_unused(t.groups, t.opts, reached, placements)
     profile = _rank_profile(popts, mine, steps)
     failed = [(t.index, t.split.failed) for t in mine if t.split is not None and t.split.failed]
     if failed:

@@ -73,6 +73,7 @@ class StageTrace:
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
     warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
+    reached: set[int] = field(default_factory=set)  # ids of the parameters given a gradient
 
 
 def trace_stages(
@@ -325,6 +326,7 @@ def _trace_stage(
         prefetch=prefetch,
         profile=measured,
         warnings=tp.mixed_warnings() if tp is not None else [],
+        reached=set(emulation.reached),
     )
     shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares
