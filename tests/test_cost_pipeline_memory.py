@@ -287,10 +287,12 @@ def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
     the real run's; the steady one's memory holds the optimizer's states from its first
     micro-step (an optimizer step ran before it) and its peak is the real one; its time is
     its two steady micro-steps', each reducing (``REDUCE_GRAD`` in every ``step()``), not
-    the first step's shape inference and first all-gathers."""
+    the first step's shape inference and first all-gathers; its summary and the card's job
+    line say every micro-step syncs."""
     from fsdp_harness import assert_same_accumulation
 
     from fsdpviz.cost import timeline
+    from fsdpviz.views.card import job_items
 
     as_rank(rank)  # type: ignore[operator]
     real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
@@ -313,6 +315,9 @@ def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
     assert [(m.iteration, m.sync) for m in tl.micro_steps] == [(2, True), (3, True)]
     for key in ("all_gather_bytes", "reduce_scatter_bytes", "pp_bytes"):
         assert tl.totals[key] == 2 * once.totals[key]
+    # and in words: every micro-step synced
+    assert "steady step, micro-step 1/2 (synced)" in mine.summary()
+    assert "grad_accum 2 (each step() reduces)" in job_items(mine.config)
 
 
 @pytest.mark.parametrize(
