@@ -26,12 +26,14 @@ from torch.distributed.pipelining import PipelineStage
 
 from fsdpviz.recording import PipelineRecorder
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.report import Report
 
 
 @dataclass
 class Measured:
     peak: int  # bytes, the last step's
     events: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, unit, bytes)
+    report: Report | None = None  # every step's events, as the recorder saw them
 
 
 class _NoModules:
@@ -101,11 +103,16 @@ def measure(
     steps: int = 2,
     mp_policy: Any = None,
     accumulate: bool = False,
+    adamw: int = 0,
 ) -> Measured:
     """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
     ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
     ``fully_shard``'s; ``accumulate``: the gradients kept from step to step (torchtitan's
-    gradient accumulation under PP: one ``step()`` per micro-step), not set to ``None``."""
+    gradient accumulation under PP: one ``step()`` per micro-step), not set to ``None``.
+    ``adamw``: torch's AdamW (foreach, as on a GPU) steps after every ``adamw`` steps (the
+    micro-steps of an optimizer step), the gradients then set to ``None``, for three
+    optimizer steps: the peak and the events are the last's (its micro-steps' and its
+    update's), less AdamW's step counters (on a GPU they stay on the CPU)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
@@ -114,8 +121,10 @@ def measure(
                                          **options)  # fmt: skip
     first = any(st.is_first for st in stages)
     last = any(st.is_last for st in stages)
+    params = [p for st in stages for p in st.submod.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=True) if adamw else None
     tracker = _tracker()
-    tracker.track_external(*[st.submod for st in stages])
+    tracker.track_external(*[st.submod for st in stages], *([opt] if opt else []))
     seen: list[tuple[str, str, int]] = []
 
     class Recorder(PipelineRecorder):
@@ -124,11 +133,14 @@ def measure(
             return super()._append(event)
 
     dtype = getattr(mp_policy, "param_dtype", None) or torch.float32
-    with _neighbours_metadata(pj.BATCH // microbatches, dtype), tracker, Recorder(schedule):
+    if adamw:
+        steps = 3 * adamw
+    recorder = Recorder(schedule)
+    with _neighbours_metadata(pj.BATCH // microbatches, dtype), tracker, recorder:
         tokens = pj.tokens() if first else None  # the batch, held through the step
         labels = target() if last else None
         for step in range(steps):
-            if step == steps - 1:  # the last step's peak, and its events only
+            if step == steps - (adamw or 1):  # the last (optimizer) step's peak and events
                 now = tracker.get_tracker_snapshot()
                 tracker._peak_mem_snap = now
                 tracker._peak_mem = {dev: snap["Total"] for dev, snap in now.items()}
@@ -137,8 +149,15 @@ def measure(
                 schedule.step(tokens, target=labels)
             else:
                 schedule.step(target=labels)
-            for st in stages if not accumulate else ():
+            if opt is not None and (step + 1) % adamw == 0:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            for st in stages if not (accumulate or opt) else ():
                 for p in st.submod.parameters():
                     p.grad = None
         peak = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
-    return Measured(peak, seen)
+    if opt is not None:  # AdamW's step counters: 4 bytes a parameter, on a GPU the CPU's
+        counters = 4 * sum("step" in state for state in opt.state.values())
+        peak -= counters
+        seen = [(kind, unit, used - counters) for kind, unit, used in seen]
+    return Measured(peak, seen, recorder.report())

@@ -26,6 +26,7 @@ import pipeline_job as pj
 import pytest
 import torch
 import torch.distributed as dist
+from fsdp_harness import assert_same_schedule
 from pipeline_memory import measure
 from test_conformance_pipeline import predict
 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -48,9 +49,9 @@ def as_rank(fake_pg: int) -> Iterator[object]:
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    def become(rank: int) -> None:
+    def become(rank: int, world_size: int = fake_pg) -> None:
         dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=fake_pg)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         # DTensor's sharding propagation caches decisions by mesh; a mesh made now equals
         # one made before, whose groups are gone
         _clear_sharding_prop_cache()
@@ -275,3 +276,102 @@ def test_gradient_accumulation_over_steps_reduces_in_every_step(
     ]
     assert p2p and all(used == total for _, used, total in p2p), p2p
     assert real.peak == mem.peak["bytes"]
+
+
+@pytest.mark.parametrize(("name", "rank"), [("1f1b-4", 0), ("1f1b-4", 2), ("zbv-4", 2)])
+def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
+    as_rank: object, name: str, rank: int
+) -> None:
+    """``grad_accum=2`` under a pipeline, an AdamW step after every two ``step()`` calls:
+    the rank's report holds two optimizer steps of two micro-steps each, event for event as
+    the real run's; the steady one's memory holds the optimizer's states from its first
+    micro-step (an optimizer step ran before it) and its peak is the real one; its time is
+    its two steady micro-steps', each reducing (``REDUCE_GRAD`` in every ``step()``), not
+    the first step's shape inference and first all-gathers; its summary and the card's job
+    line say every micro-step syncs."""
+    from fsdp_harness import assert_same_accumulation
+
+    from fsdpviz.cost import timeline
+    from fsdpviz.views.card import job_items
+
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), adamw=2)  # fmt: skip
+    planned = predict(name, loss=_square, grad_accum=2)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // pj.DP]
+    assert_same_accumulation(real.report, mine, 2)
+    mem = memory_model(mine, optimizer="adamw_foreach")
+    assert real.peak == mem.peak["bytes"]
+    last = real.events[-len(mine.iterations[-1]) :]  # the last micro-step's
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(last, mine.iterations[-1], mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+    tl = timeline(mine, "h100")
+    once = timeline(predict(name, loss=_square).pipeline.ranks[rank // pj.DP], "h100")  # type: ignore[union-attr]
+    assert [(m.iteration, m.sync) for m in tl.micro_steps] == [(2, True), (3, True)]
+    for key in ("all_gather_bytes", "reduce_scatter_bytes", "pp_bytes"):
+        assert tl.totals[key] == 2 * once.totals[key]
+    # and in words: every micro-step synced
+    assert "steady step, micro-step 1/2 (synced)" in mine.summary()
+    assert "grad_accum 2 (each step() reduces)" in job_items(mine.config)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "rank"),
+    [("1F1B", 3, 2), ("Interleaved1F1B", 4, 4), ("ZBVZeroBubble", 4, 3)],
+)
+def test_a_deeper_pipeline_over_two_shards_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, schedule: str, pp: int, rank: int
+) -> None:
+    """pp 3 or 4 x dp_shard 2, 6 blocks, one microbatch per pipeline rank, a rank of a
+    middle stage (the V's rank 1 holds stages 1 and 6; ``rank`` is the second shard's):
+    its actions, every event of three steps (the first with the shape inference) with its
+    bytes, the steady step's peak and the bytes held at each send and receive."""
+    monkeypatch.setattr(pj, "PP", pp)
+    monkeypatch.setattr(pj, "DP", 2)
+    monkeypatch.setattr(pj, "BATCH", 12 if pp == 3 else 8)
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 6)
+    monkeypatch.setitem(pj.CASES, "deep", (schedule, pp, "default"))
+    as_rank(rank, pp * 2)  # type: ignore[operator]
+    real = measure(*pj.CASES["deep"], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), steps=3)  # fmt: skip
+    planned = predict("deep", loss=_square)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // 2]
+    assert real.report.pipeline is not None and mine.pipeline is not None
+    assert real.report.pipeline.actions == mine.pipeline.actions
+    assert_same_schedule(real.report, mine)
+    mem = memory_model(mine, optimizer=None)
+    assert real.peak == mem.peak["bytes"]
+    p2p = [
+        (e.action, used, row.total)
+        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
+        if e.kind in ("pp_send", "pp_recv")
+    ]
+    assert p2p and all(used == total for _, used, total in p2p), p2p
+
+
+@pytest.mark.parametrize(("name", "rank"), [("zbv-4-always", 0), ("zero-bubble-4-always", 2)])
+def test_a_unit_no_microbatch_gives_a_gradient_has_no_optimizer_state(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int
+) -> None:
+    """Zero-bubble schedules resharding after forward, 7 blocks: the groups whose every
+    ``I`` finds them resharded (``norm, output``; on InterleavedZeroBubble's rank 1
+    ``layers.6`` too) get no gradient in the step, so AdamW keeps no state for them: their
+    unit lists the parameters as unused, as the recorder sees them (a post-backward ran and
+    no gradient reached them), and the steady step's peak with AdamW is the real one."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 7)
+    monkeypatch.setitem(pj.CASES, name, _ALWAYS[name])
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), adamw=1)  # fmt: skip
+    mine = predict(name, loss=_square).pipeline.ranks[rank // pj.DP]  # type: ignore[union-attr]
+    assert real.report is not None
+    assert_same_schedule(real.report, mine)
+    unused = {u.module for u in mine.units if u.unused_params}
+    assert "norm, output" in unused
+    assert real.peak == memory_model(mine, optimizer="adamw_foreach").peak["bytes"]

@@ -384,9 +384,14 @@ def test_sequence_parallel_makes_each_stages_frozen_norms_trainable() -> None:
 def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
     """Stage 0's parameters all frozen (fine-tuning above frozen embeddings): torch runs it
     (its output needs no gradient, so ``_derive_grad_metas`` gives the next stage no
-    gradient to send and stage 0 no backward), which fsdpviz does not plan yet. It says
-    which stage and what to change, not that the model returns nothing needing a gradient;
-    a frozen block in a stage that trains is planned."""
+    gradient to send, stage 0's backward computes nothing and its ``REDUCE_GRAD`` frees
+    without a reduce-scatter, as real runs on gloo ranks show), which fsdpviz does not plan
+    yet. It says which stage, what torch does and what to change, not that the model returns
+    nothing needing a gradient; under a zero-bubble schedule that stage 1 is not trained
+    either (``stage_backward_input`` finds no path from inputs that need no gradient, so
+    ``W`` computes none: a real ZBVZeroBubble run reduce-scatters none of stage 1's
+    groups; DualPipeV splits only stage 1's last microbatch, whose gradient is then lost); a
+    frozen block in a stage that trains is planned."""
     m = model()
     ids = torch.zeros(8, pj.SEQ, dtype=torch.long)
     kw: dict[str, Any] = {"fully_shard": PLAN, "mesh": ("pp", 2, "dp_shard", 2),
@@ -398,4 +403,15 @@ def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
     said = r"stage 0 \(tok_embeddings, layers\.0, layers\.1\) has no trainable parameter"
     with pytest.raises(fsdpviz.ConfigError, match=said) as err:
         fsdpviz.analyze(m, ids, **kw)
-    assert "give that stage a trainable module (pipeline_stages=" in str(err.value)
+    text = str(err.value)
+    assert "give that stage a trainable module (pipeline_stages=" in text
+    assert "torch's PipelineStage runs it" in text and "without a reduce-scatter" in text
+    assert "never trained" not in text  # 1F1B's full backward trains stage 1
+    m.layers["1"].requires_grad_(True)  # V placement, 4 stages: stage 0 is layers.0's
+    with pytest.raises(fsdpviz.ConfigError) as err:
+        fsdpviz.analyze(m, ids, **kw, pipeline_schedule="ZBVZeroBubble")
+    assert "ZBVZeroBubble splits stage 1's backward" in str(err.value)
+    assert "stage 1's parameters get none and are never trained" in str(err.value)
+    with pytest.raises(fsdpviz.ConfigError) as err:  # only its microbatch 3 is split (1I3)
+        fsdpviz.analyze(m, ids, **kw, pipeline_schedule="DualPipeV")
+    assert "microbatch 3 give stage 1's parameters none (the others' full" in str(err.value)

@@ -164,12 +164,14 @@ def timeline(
     sums: dict[str, float] = {}
     micro: list[MicroStep] = []
     t = 0.0
-    planned = report.config.grad_accum > 1
+    # a pipeline's micro-steps each reduce: its REDUCE_GRAD turns gradient sync on in every
+    # step() (PipelineStage.perform_reduce_grad)
+    every = report.config.grad_accum == 1 or report.pipeline is not None
     for n, k in enumerate(micro_steps):
         own = runs[k].own_totals()
         for key, value in own.items():
             sums[key] = sums.get(key, 0.0) + value
-        sync = not planned or n == len(micro_steps) - 1
+        sync = every or n == len(micro_steps) - 1
         step_row = {"iteration": k, "start": t, "end": t + runs[k].end, "sync": sync, **own}
         micro.append(MicroStep.from_dict(step_row))
         t += runs[k].end

@@ -29,7 +29,6 @@ stage is resharded.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Unpack
 
 import torch
@@ -41,7 +40,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
 from fsdpviz.plan.pipeline import PIPELINE_KEYS, parse_pipeline_options, split_pipeline_mesh
-from fsdpviz.schedule.pipeline_order import rank_actions
+from fsdpviz.schedule.pipeline_order import parse_action, rank_actions
 from fsdpviz.schedule.pipeline_report import all_modules, job_report, rank_report
 from fsdpviz.schedule.pipeline_trace import trace_stages
 from fsdpviz.schema.keywords import PlanKwargs
@@ -93,8 +92,14 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
         warnings.append(_ignored_not_counted(copy, ignored))
     actions = rank_actions(popts)
     args, kw = _first_microbatch(args, kw, popts.microbatches)
-    # a zero-bubble schedule's input backward (I) apart from its weight backward (W)
-    split = any(re.search(r"\dI\d", a) for acts in actions.values() for a in acts)
+    # a zero-bubble schedule's input backward (I) apart from its weight backward (W): by
+    # stage, the microbatches whose backward it splits
+    split: dict[int, list[int]] = {}
+    for acts in actions.values():
+        for a in acts:
+            for stage, kind, mb, _ in parse_action(a):
+                if kind == "I" and mb is not None:
+                    split.setdefault(stage, []).append(mb)
     traces = trace_stages(copy, popts, opts, ignored, args, kw, device, profile, split)
     warnings.extend(w for t in traces for w in t.warnings)
     modules = all_modules(copy, traces)

@@ -43,6 +43,9 @@ class RankRun:
         # zero-bubble: the groups of a microbatch's I whose parameters were not unsharded
         # when it began, whose W then computes no gradient (see :meth:`action`)
         self.weightless: dict[tuple[int, int | None], set[str]] = {}
+        # groups whose REDUCE_GRAD found no gradient of any microbatch (the last step's):
+        # FSDP2 reduce-scatters nothing of them and the optimizer keeps no state for them
+        self.never_reduced: set[str] = set()
         self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
         self.input_calls: dict[tuple[int, int | None], list[Call]] = {}  # I's, until its W
         # by stage, the groups reducing in another dtype whose parameters hold the .grad a W
@@ -148,6 +151,13 @@ class RankRun:
             return [Call("pipeline", "", action, [], s, None, mb)]  # the first stage's I
         if kind == "REDUCE_GRAD":
             self.grad_left[s].clear()
+            for state in rt.states:
+                for g in state.groups:
+                    if any(p.requires_grad for p in g.group.params):
+                        if g.accumulated:
+                            self.never_reduced.discard(g.name)
+                        else:
+                            self.never_reduced.add(g.name)
             rt.reduce_grad()
             return _reduce_calls(rt.take_events(), s, action)
         if kind == "UNSHARD":

@@ -1,6 +1,7 @@
 """The reports of a pipeline's plan: each pipeline rank's, and the whole job's over them.
 
-A rank's report holds its stages' units and modules, its two steps' events as
+A rank's report holds its stages' units and modules, its two steps' events (under
+``grad_accum=N`` two optimizer steps of ``N`` ``step()`` calls each) as
 :class:`~fsdpviz.schedule.pipeline_replay.RankRun` issues them, the profile the cost model
 walks (:mod:`fsdpviz.schedule.pipeline_profile`) and the pipeline (schedule, stages,
 actions); the job's report every stage's units, the model's modules, every rank's events
@@ -18,6 +19,7 @@ from torch import nn
 
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
+from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import PipelineOptions
 from fsdpviz.schedule.fsdp2 import forward_order, group_placements, group_warnings
@@ -41,10 +43,19 @@ def rank_report(
     modules: list[ModuleInfo],
 ) -> Report:
     run = RankRun(popts, traces, rank)
-    steps = [run.shape_inference() + run.step(actions), run.step(actions)]
+    # two optimizer steps of grad_accum micro-steps, one step() each: the first (its first
+    # step() with the shape inference) and a steady one, as a report without pipelines
+    # holds them (the steady one's micro-steps are what the cost models walk)
+    steps = [run.shape_inference() + run.step(actions)]
+    steps += [run.step(actions) for _ in range(2 * opts.job.grad_accum - 1)]
     if run.gradless:
         warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
+    for t in mine:  # the parameters no microbatch gave a gradient: unused
+        lost = {id(p) for g in t.groups if g.name in run.never_reduced for p in g.params}
+        reached = t.reached - lost
+        placements = t.opts.tp.placements(t.part) if t.opts.tp is not None else {}
+        mark_unused(t.groups, t.opts, reached, placements)
     profile = _rank_profile(popts, mine, steps)
     failed = [(t.index, t.split.failed) for t in mine if t.split is not None and t.split.failed]
     if failed:
@@ -288,7 +299,9 @@ def job_report(
         config=_config(popts, traces, groups),
         units=[u for r in _by_stage(ranks, popts) for u in r],
         forward_order=[u for t in traces for u in forward_order(t.forward, t.groups)],
-        iterations=[[e for r in ranks for e in r.iterations[i]] for i in range(2)],
+        iterations=[
+            [e for r in ranks for e in r.iterations[i]] for i in range(len(ranks[0].iterations))
+        ],
         warnings=seen,
         modules=modules,
         module_order=[n for t in traces for n in t.tracker.order],

@@ -73,6 +73,7 @@ class StageTrace:
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
     warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
+    reached: set[int] = field(default_factory=set)  # ids of the parameters given a gradient
 
 
 def trace_stages(
@@ -84,12 +85,13 @@ def trace_stages(
     kw: dict[str, Any],
     device: str,
     profile: bool,
-    split: bool = False,
+    split: dict[int, list[int]] | None = None,
 ) -> list[StageTrace]:
     """Each stage traced on the first microbatch (the next on this one's output); ``split``:
-    the schedule splits the backward into ``I`` and ``W``, which every stage but the first
-    then measures in more traces, as the replay asks for them
-    (:mod:`fsdpviz.schedule.pipeline_split`)."""
+    by stage, the microbatches whose backward the schedule splits into ``I`` and ``W``
+    (empty: none), which every stage but the first then measures in more traces, as the
+    replay asks for them (:mod:`fsdpviz.schedule.pipeline_split`)."""
+    split = split or {}
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
@@ -127,7 +129,7 @@ def trace_stages(
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
             if not last:
-                _check_needs_gradient(s, names, part, args)
+                _check_needs_gradient(s, names, part, args, popts, split.get(s + 1, []))
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
@@ -149,22 +151,48 @@ def trace_stages(
 
 
 def _check_needs_gradient(
-    s: int, names: Sequence[str], part: nn.Module, args: tuple[Any, ...]
+    s: int,
+    names: Sequence[str],
+    part: nn.Module,
+    args: tuple[Any, ...],
+    popts: PipelineOptions,
+    split: list[int],
 ) -> None:
     """A stage before the last whose parameters are all frozen and whose inputs need no
-    gradient: its output needs none, so torch's ``PipelineStage`` sends it no gradient and
-    its backward computes nothing (``_derive_grad_metas`` gives ``None`` for an input that
-    needs none); fsdpviz does not plan such a stage yet, and says so rather than fail."""
+    gradient: its output needs none, so torch's ``PipelineStage`` runs it with no backward
+    (``_derive_grad_metas`` gives ``None`` for an output that needs none: the next stage
+    sends it no gradient, its ``B`` computes nothing, its ``REDUCE_GRAD`` frees its groups'
+    parameters without a reduce-scatter). ``split``: the microbatches whose backward the
+    schedule splits into ``I`` and ``W`` on the next stage: its input backward
+    (``stage_backward_input``) finds no path from inputs that need no gradient, so its
+    weight backward computes none, and those microbatches give the next stage's parameters
+    no gradient. fsdpviz does not plan such a stage yet, and says so rather than fail."""
     trainable = any(p.requires_grad for p in part.parameters())
     receives = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(args))
     if trainable or receives:
         return
+    lost = ""
+    if split:
+        nxt = s + 1
+        mbs = sorted(set(split))
+        which = (
+            f"stage {nxt}'s parameters get none and are never trained"
+            if len(mbs) == popts.microbatches
+            else f"microbatch{'es' if len(mbs) > 1 else ''} {', '.join(map(str, mbs))} give "
+            f"stage {nxt}'s parameters none (the others' full backward does)"
+        )
+        lost = (
+            f"; and {popts.schedule} splits stage {nxt}'s backward into an input part (I, "
+            "stage_backward_input) and a weight part (W): its inputs need no gradient, so I "
+            f"finds no path from them and W computes no gradient: {which}"
+        )
     raise ConfigError(
         f"pipeline stage {s} ({some_names(names, 4)}) has no trainable parameter and its "
-        "inputs need no gradient, so its output needs none: torch's PipelineStage runs it "
-        "with no backward and the next stage sends it no gradient, which fsdpviz does not "
-        "plan yet: give that stage a trainable module (pipeline_stages=, its FQNs per "
-        "stage) or leave one of its parameters trainable"
+        "inputs need no gradient, so its output needs none. torch's PipelineStage runs it: "
+        "the next stage sends it no gradient, its backward computes nothing and its "
+        f"REDUCE_GRAD frees its parameters without a reduce-scatter{lost}. fsdpviz does not "
+        "plan such a stage yet: give that stage a trainable module (pipeline_stages=, its "
+        "FQNs per stage) or leave one of its parameters trainable"
     )
 
 
@@ -298,6 +326,7 @@ def _trace_stage(
         prefetch=prefetch,
         profile=measured,
         warnings=tp.mixed_warnings() + tp.implicit_warnings() if tp is not None else [],
+        reached=set(emulation.reached),
     )
     shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares

@@ -605,8 +605,9 @@ class Report:
                 key = e.kind + (" (prefetch)" if e.prefetch else "")
                 counts[key] = counts.get(key, 0) + 1
             name = "first iteration" if i == 0 else "steady state"
-            if accum > 1:  # two optimizer steps of accum micro-steps
-                sync = "synced" if i % accum == accum - 1 else "no gradient sync"
+            if accum > 1:  # two optimizer steps of accum micro-steps (a pipeline's each sync)
+                last = i % accum == accum - 1 or cfg.pipeline_schedule is not None
+                sync = "synced" if last else "no gradient sync"
                 step = "first step" if i < accum else "steady step"
                 name = f"{step}, micro-step {i % accum + 1}/{accum} ({sync})"
             lines.append(f"  {name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))

@@ -202,7 +202,9 @@ def job_items(c: ReportConfig, *, detailed: bool = False) -> list[str]:
     ``detailed`` (the CLI's ``job:`` line) adds what each changes (fused kernels, the
     float8 recipe, the matmul precision)."""
     items: list[str] = []
-    if c.grad_accum > 1:
+    if c.grad_accum > 1 and c.pipeline_schedule is not None:  # REDUCE_GRAD in every step()
+        items.append(f"grad_accum {c.grad_accum} (each step() reduces)")
+    elif c.grad_accum > 1:
         quiet = "no_sync()" if c.api == "FSDP1" else "no gradient sync"
         items.append(f"grad_accum {c.grad_accum} ({quiet} on {c.grad_accum - 1})")
     if c.compile:
