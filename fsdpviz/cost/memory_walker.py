@@ -152,7 +152,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
-        self._carried_copies(copies or {} if carry is None else {})
+        self._carried_copies({} if carry is not None else copies or {})
         # the pool of each unit's gradient shard (:meth:`_grad_pool`)
         self._shard_pool: dict[str, str] = {}
         self.post_forward_shard: dict[str, int] = {}

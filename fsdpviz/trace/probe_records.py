@@ -290,7 +290,7 @@ class SavedParamViews:
             return
         unit = entry[1]
         self._held[unit] = self._held.get(unit, 0) + 1
-        weakref.finalize(packed, self._freed, unit)
+        weakref.finalize(packed, self._freed, unit).atexit = False
 
     def _freed(self, unit: str) -> None:
         self._held[unit] -= 1
