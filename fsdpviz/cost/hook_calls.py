@@ -44,6 +44,10 @@ class HookCall:
     # attention's wait: the kind)
     # unit -> [bytes of float8 weights' saved scales freed before ``peak``, by the end]
     scales_freed: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # unit -> the compute's peak (peak, activations, forward temp, grads, then in place:
+    # peak, activations, forward temp) when the last tensor the unit's forward saved that
+    # views its parameters was freed in it (StepProfile.param_views_freed)
+    param_views_freed: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     @property
     def backward(self) -> bool:
@@ -141,6 +145,7 @@ def _call(
         peak_in_place=in_place,
         arg=arg,
         scales_freed=step.scales_freed[k] if k < len(step.scales_freed) else {},
+        param_views_freed=(step.param_views_freed[k] if k < len(step.param_views_freed) else {}),
     )
 
 

@@ -37,11 +37,17 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   backward node that saved them runs, in the unit's backward. Its storage goes when the
   last of them runs, the backward of the unit's first such module in forward (a block's
   first projection; a root's output projection, computed after its nested units, where
-  its modules before them save no such view, as an embedding saves none): modelled at
-  the end of the first stretch of compute after the unit's pre-backward hook (the whole
-  backward of a unit without nested units; a root's before its nested units' backward),
-  else (no compute measured) at its post-backward hook. A unit run twice in forward
-  keeps both forward copies so, both dropped there.
+  its modules before them save no such view, as an embedding saves none). The trace
+  sees that moment (:class:`~fsdpviz.trace.probe_records.SavedParamViews`: the stretch in
+  which the last saved view of the unit's parameters is freed, and the stretch's peak as
+  it stood then, ``HookCall.param_views_freed``): the copy is held to that peak and
+  dropped there, before the rest of the stretch (the flat gradient's concatenation after
+  a layer's first projection's backward). Reports saved before it was measured, and
+  units whose forward saved no such view, drop it at the end of the first stretch of
+  compute after the unit's pre-backward hook (the whole backward of a unit without
+  nested units; a root's before its nested units' backward), else (no compute measured)
+  at its post-backward hook. A unit run twice in forward keeps both forward copies so,
+  both dropped there.
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
@@ -86,6 +92,7 @@ where those are two ranks); it is counted with the unsharded gradients.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from fsdpviz.cost.hook_calls import HookCall, Tape
@@ -99,9 +106,23 @@ __all__ = ["FSDP1Host", "FSDP1Steps", "low_precision_grads_notes"]
 
 
 class FSDP1Host(Protocol):
-    """What FSDP1's steps read and change of the walker they are part of."""
+    """What FSDP1's steps read and change of the walker they are part of.
+
+    ``NO_SHARD`` under CPU offload (see [Note: NO_SHARD's copies]): ``forward_copies``, each
+    unit's device copy of its host parameters that its views hold since its last forward
+    unshard (with ``use_orig_params=True``, since its last unshard, the views moving at
+    every one); ``backward_copies``, the one its backward unshard made, until its reshard;
+    ``saved_copies``, with ``use_orig_params=True``, this iteration's forward copies that
+    autograd's saved views hold into the unit's backward (``forward_copied``: the units
+    copied in forward); ``_views_freed``: the units whose last saved view the trace saw
+    freed (:attr:`HookCall.param_views_freed`), ``_dropping`` those it did not see, their
+    pre-backward run: dropped after the compute that follows.
+    """
 
     tape: Tape
+    _live: dict[str, dict[Block, int]]
+    _views_freed: set[str]
+    _dropping: set[str]
     cat: dict[str, int]
     sizes: dict[str, UnitBytes]
     copied: dict[str, int]
@@ -129,10 +150,48 @@ class FSDP1Host(Protocol):
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
+    def _stretch_peak(
+        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
+    ) -> None: ...
 
 
 class FSDP1Steps:
-    """FSDP1's steps of the walker."""
+    """FSDP1's steps of the walker (its state: see :class:`FSDP1Host`)."""
+
+    forward_copies: dict[str, tuple[Block, int]]
+    backward_copies: dict[str, tuple[Block, int]]
+    saved_copies: dict[str, list[tuple[Block, int]]]
+    forward_copied: set[str]
+    _dropping: set[str]
+    _views_freed: set[str]
+
+    def _no_shard_copies_setup(self: FSDP1Host, tape: Tape) -> None:
+        """``NO_SHARD``'s copies under CPU offload: none yet (see :class:`FSDP1Host`)."""
+        self.forward_copies = {}
+        self.backward_copies = {}
+        self.saved_copies = {}
+        self.forward_copied = set()
+        self._dropping = set()
+        self._views_freed = {u for c in (*tape.calls, tape.tail) for u in c.param_views_freed}
+
+    def _carried_copies(self: FSDP1Host, copies: dict[str, int]) -> None:
+        """The device copies the iteration before left, by unit: the copy the views hold
+        (with ``use_orig_params=True``, the last unshard's, a backward one)."""
+        phase = "backward" if self.orig_views else "forward"
+        for unit, n in copies.items():
+            self.forward_copies[unit] = (("h2d", unit, phase), n)
+            self._add("unsharded_params", "pre_unshard", n)
+            self._live["pre_unshard"][("h2d", unit, phase)] = n
+
+    def _release_forward_copies(self: FSDP1Host, c: HookCall) -> None:
+        """The forward copies whose last saved view the trace saw freed in the compute
+        before ``c``: held to the stretch's peak as it stood then, a moment each, and
+        dropped (see [Note: NO_SHARD's copies])."""
+        freed = sorted((list(v), u) for u, v in c.param_views_freed.items())
+        for at, unit in freed:
+            if unit in self.saved_copies:
+                self._stretch_peak(c, at[:4], at[4:])
+                self._drop_saved_copies(unit)
 
     def _copy_to_device(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """FSDP1 offloading a sharded unit: ``pre_unshard`` copies the host shard to the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
@@ -136,18 +137,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
-        # FSDP1 NO_SHARD under CPU offload: each unit's device copy of its host parameters
-        # that its views hold since its last forward unshard, and the one its backward
-        # unshard made, until its reshard (see [Note: NO_SHARD's copies]); with
-        # use_orig_params=True the views move at every unshard (forward_copies: the copy
-        # they hold) and autograd's saved views hold this iteration's forward copies into
-        # the unit's backward (saved_copies; forward_copied: the units copied in forward)
-        self.forward_copies: dict[str, tuple[Block, int]] = {}
-        self.backward_copies: dict[str, tuple[Block, int]] = {}
-        self.saved_copies: dict[str, list[tuple[Block, int]]] = {}
-        self.forward_copied: set[str] = set()
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
-        self._dropping: set[str] = set()  # units whose pre-backward ran: dropped after compute
+        self._no_shard_copies_setup(tp)  # FSDP1 NO_SHARD under CPU offload: its copies
         self.grads: dict[str, int] = {}
         # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
         # shard groups of one rank, which foreach_reduce copies (no collective), are
@@ -161,12 +152,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
-        # the copy the views hold: use_orig_params=True, the last unshard's (a backward one)
-        phase = "backward" if self.orig_views else "forward"
-        for unit, n in (copies or {}).items() if carry is None else ():
-            self.forward_copies[unit] = (("h2d", unit, phase), n)
-            self._add("unsharded_params", "pre_unshard", n)
-            self._live["pre_unshard"][("h2d", unit, phase)] = n
+        self._carried_copies({} if carry is not None else copies or {})
         # the pool of each unit's gradient shard (:meth:`_grad_pool`)
         self._shard_pool: dict[str, str] = {}
         self.post_forward_shard: dict[str, int] = {}
@@ -308,25 +294,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self._closing.clear()
         if self.tape.measured:
             tp = self.tp
-            # The most activations + temp + new gradients the trace saw in this stretch.
-            after = dict(self.cat)
-            peak, act, fwd, new = c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads
-            in_place = c.peak_in_place
-            if (
-                self._accumulating
-                and c.grads
-                and in_place
-                and self._accumulating.issuperset(c.grads)
-            ):
-                # each new gradient is added into an earlier micro-step's and freed
-                peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
-            self.cat["unsharded_grads"] += new // tp
-            self.cat["activations"] = act // tp
-            self.cat["forward_temp"] = fwd // tp
-            self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs
-            self.cat[self._scale_temp()] += self._scale_extra - self._saved_freed(c)
-            self._moment("during the compute before", c)
-            self.cat = after
+            self._release_forward_copies(c)  # FSDP1 NO_SHARD: see [Note: NO_SHARD's copies]
+            at_peak = (c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads)
+            self._stretch_peak(c, at_peak, c.peak_in_place)
             for unit, n in c.grads.items():
                 if unit in self._accumulating:
                     # added in place to the gradient an earlier micro-step left; FSDP1's
@@ -354,6 +324,25 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self.cat["backward_temp"] += self._scale_extra
             self.in_backward = True
         self._window(c, opening=True)
+
+    def _stretch_peak(
+        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
+    ) -> None:
+        """The most activations + temp + new gradients the trace saw in the compute before
+        ``c`` (``at_peak``: peak, activations, forward temp, grads; ``in_place``: the peak,
+        activations and forward temp with new gradients left out), as a moment."""
+        tp, after = self.tp, dict(self.cat)
+        peak, act, fwd, new = at_peak
+        if self._accumulating and c.grads and in_place and self._accumulating.issuperset(c.grads):
+            # each new gradient is added into an earlier micro-step's and freed
+            peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
+        self.cat["unsharded_grads"] += new // tp
+        self.cat["activations"] = act // tp
+        self.cat["forward_temp"] = fwd // tp
+        self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs
+        self.cat[self._scale_temp()] += self._scale_extra - self._saved_freed(c)
+        self._moment("during the compute before", c)
+        self.cat = after
 
     def _hook(self, c: HookCall) -> None:
         unit = c.unit
@@ -426,7 +415,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
                 if self._root_of.get(name, unit) == unit:
                     self._drop_pending(name)
             self._moment("after the final callback of", c)
-        if c.hook == "pre_backward" and unit in self.saved_copies:
+        # unmeasured (HookCall.param_views_freed): dropped after the compute that follows
+        dropping = unit in self.saved_copies and unit not in self._views_freed
+        if c.hook == "pre_backward" and dropping:
             self._dropping.add(unit)
         root = unit == self._root or unit in self._stage_roots
         root_done = self.fsdp2 and c.hook == "post_forward" and root

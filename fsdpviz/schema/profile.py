@@ -32,7 +32,13 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     forward_temp]``: the most ``activations + temp`` reached with new gradients left out,
     what the stretch reaches when each gradient is added into one an earlier micro-step left
     and freed, as autograd accumulates under ``no_sync``; absent in reports saved before it
-    was measured).
+    was measured). ``param_views_freed`` (``{unit: [peak, activations, forward_temp, grads,
+    in-place peak, its activations, its forward_temp]}``, where any): the stretch's ``peak``
+    and ``peak_in_place`` as they stood when the last tensor the forward saved that views a
+    unit's parameters (not a parameter itself: ``mm``'s transposed weight) was freed, so
+    what holds the storage they view only until then (FSDP1's copy under ``NO_SHARD`` with
+    CPU offload and ``use_orig_params=True``) is placed inside the stretch; absent in
+    reports saved before it was measured.
 ``modules``
     ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
     module was the innermost one running, and forward FLOPs counted while it was
@@ -106,6 +112,9 @@ class StepProfile:
     # by unit, the bytes of float8 weights' scales (FSDP2's float8 all-gather) a forward saved
     # that a backward node let go, [before the stretch's peak, by its end] (where any did)
     scales_freed: list[dict[str, list[int]]] = field(default_factory=list)
+    # by unit, the stretch's peak and in-place peak when the last tensor its forward saved
+    # that views the unit's parameters was freed (see the module docstring)
+    param_views_freed: list[dict[str, list[int]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +133,9 @@ class StepProfile:
             "kernels": [[list(k) for k in ks] for ks in self.kernels],
             "peak_in_place": [list(p) for p in self.peak_in_place],
             "scales_freed": [{u: list(v) for u, v in f.items()} for f in self.scales_freed],
+            "param_views_freed": [
+                {u: list(v) for u, v in f.items()} for f in self.param_views_freed
+            ],
         }
 
     @classmethod
@@ -146,6 +158,10 @@ class StepProfile:
             scales_freed=[
                 {str(u): [int(x) for x in v] for u, v in f.items()}
                 for f in d.get("scales_freed", [])
+            ],
+            param_views_freed=[
+                {str(u): [int(x) for x in v] for u, v in f.items()}
+                for f in d.get("param_views_freed", [])
             ],
         )
 

@@ -30,6 +30,9 @@ class Mark:
     peak_in_place: tuple[int, int, int] = (0, 0, 0)
     # unit -> [float8 weights' saved scales freed before ``peak``, by the stretch's end]
     scales_freed: dict[str, list[int]] = field(default_factory=dict)
+    # unit -> the stretch's peak and in-place peak when the last tensor its forward saved
+    # that views its parameters was freed (StepProfile.param_views_freed)
+    param_views_freed: dict[str, list[int]] = field(default_factory=dict)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -92,6 +95,7 @@ def cut_profile(
                 grads=[dict(m.grads) for m in data],
                 peak_in_place=[list(m.peak_in_place) for m in data],
                 scales_freed=[dict(m.scales_freed) for m in data],
+                param_views_freed=[dict(m.param_views_freed) for m in data],
             )
         )
     base.iterations = steps

@@ -92,6 +92,7 @@ from fsdpviz.trace.probe_records import (
     GRAD,
     CompiledLoss,
     MarkingLog,
+    SavedParamViews,
     StorageSet,
     StorageShares,
     Stretch,
@@ -168,6 +169,7 @@ class CostProbe(
         self._param_grad: dict[int, tuple[list[Any], int]] = {}
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._stretch = Stretch()
+        self._param_views = SavedParamViews({}, lambda: self._stretch)  # see step()
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._watch: list[int] | None = None  # see watch()
@@ -211,6 +213,7 @@ class CostProbe(
                     self._sharded.add(st, share)
             self._sharded.update(self._given)
         self._stretch = self._new_stretch()
+        self._param_views = SavedParamViews(self._by_unit, lambda: self._stretch)
         self._measuring = True
         try:
             with saved_tensors_hooks(self._pack, _unpack), fused_attention(), self:
@@ -487,6 +490,7 @@ class CostProbe(
                 self.module_saved[name] = self.module_saved.get(name, 0.0) + rec[0]
         packed = _detached(t)
         Float8Accounting.float8_weight_saved(self, st, packed)
+        self._param_views.saved(t, st, packed)
         return packed
 
     def _made_outside(self, st: Any) -> list[Any] | None:
@@ -564,6 +568,7 @@ class CostProbe(
             self._measuring,
             s.peak_in_place,
             {u: [s.peak_scales_freed.get(u, 0), n] for u, n in s.scales_freed.items()},
+            dict(s.param_views_freed),
         )
         self._stretch = self._new_stretch()
         return mark

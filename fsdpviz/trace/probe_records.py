@@ -2,7 +2,8 @@
 storage it holds, a stretch's counts between two hook calls (:class:`Stretch`), a compiled
 loss while it runs (:class:`CompiledLoss`), tensor parallelism's shares (:class:`TPShares`),
 the hook log that marks each call (:class:`MarkingLog`), storages known by identity while
-they live (:class:`StorageSet`), and a tensor's storage bytes."""
+they live (:class:`StorageSet`), the views of the parameters a forward saved
+(:class:`SavedParamViews`), and a tensor's storage bytes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = [
     "GRAD",
     "CompiledLoss",
     "MarkingLog",
+    "SavedParamViews",
     "StorageSet",
     "StorageShares",
     "Stretch",
@@ -116,6 +118,9 @@ class Stretch:
     # (FSDP2's float8 all-gather), by now and when ``peak`` was reached
     scales_freed: dict[str, int] = field(default_factory=dict)
     peak_scales_freed: dict[str, int] = field(default_factory=dict)
+    # unit -> [peak, activations, forward temp, grads, *peak_in_place] when the last view of
+    # its parameters its forward saved was freed (see SavedParamViews)
+    param_views_freed: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -246,3 +251,53 @@ def batch_tokens(inputs: Any) -> int:
         return 0
     shape = tensors[0].shape
     return int(shape[0] * shape[1]) if len(shape) >= 2 else int(shape[0]) if shape else 1
+
+
+class SavedParamViews:
+    """The tensors a forward saves for backward that view a unit's parameters without being
+    one (``mm``'s transposed weight, ``weight.t()``; an operator that saves the parameter
+    itself, as a multiply by a norm's weight does, saves the tensor object), by unit, and
+    the stretch in which the last of each unit's is freed (autograd frees a node's saved
+    tensors once it has run).
+
+    What they hold on a real run is the storage the parameters viewed in forward: FSDP1's
+    device copy of the host parameters under ``NO_SHARD`` with CPU offload and
+    ``use_orig_params=True``, which the backward unshard takes the parameters themselves
+    from (``_use_unsharded_views``: ``tensor.data = view``), so it lives until the last
+    such view is freed (see [Note: NO_SHARD's copies] in ``fsdpviz/cost/memory_fsdp1.py``).
+    The stretch records its peak as it stood then (``Stretch.param_views_freed``): the
+    most reached while the copy was alive."""
+
+    def __init__(
+        self, by_unit: Mapping[str, Iterable[torch.Tensor]], stretch: Callable[[], Stretch]
+    ) -> None:
+        self._stretch = stretch
+        self._params = {id(p) for ps in by_unit.values() for p in ps}
+        self._units: dict[int, tuple[weakref.ref[torch.UntypedStorage], str]] = {}
+        for unit, params in by_unit.items():
+            for p in params:
+                if (st := storage_of(p)) is not None:
+                    self._units[id(st)] = (weakref.ref(st), unit)
+        self._held: dict[str, int] = {}
+
+    def saved(self, t: torch.Tensor, st: Any, packed: torch.Tensor) -> None:
+        """The forward saved ``t`` (of storage ``st``) as ``packed``, which autograd holds
+        until the node that saved it has run."""
+        if st is None or id(t) in self._params or torch._C._current_graph_task_id() != -1:
+            return
+        entry = self._units.get(id(st))
+        if entry is None or entry[0]() is not st:
+            return
+        unit = entry[1]
+        self._held[unit] = self._held.get(unit, 0) + 1
+        weakref.finalize(packed, self._freed, unit).atexit = False
+
+    def _freed(self, unit: str) -> None:
+        self._held[unit] -= 1
+        if self._held[unit]:
+            return
+        del self._held[unit]
+        s = self._stretch()
+        s.param_views_freed[unit] = [
+            s.peak, s.peak_activations, s.peak_forward_temp, s.peak_grads, *s.peak_in_place
+        ]  # fmt: skip
