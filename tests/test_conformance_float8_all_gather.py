@@ -129,3 +129,54 @@ def test_float8_all_gather_amax_all_reduces_as_torchao(fake_pg: int, precompute:
     timed = [t for t in report.timeline.events if steady[t.index].group == "shard"]
     assert len(timed) == len([e for e in steady if e.group == "shard"]) > 0
     assert all(t.end > t.start and t.bytes < 2 * 56 for t in timed)
+
+
+def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:
+    """FSDP 2 x TP 2: the weights are DTensors over both dimensions, so the precomputation's
+    stacked amaxes are ``(Partial, Partial)``, which DTensor all-reduces over each in turn:
+    one over the shard group, one over the tp ranks (fsdpviz planned the first only); each
+    all-gather's own amaxes stay over the shard group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.Llama(**SIZES)
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    float8.convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda m, fqn: fqn != "output"
+    )
+    parallelize_module(model, mesh["tp"], tp_models.plain_plan())
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    real = []
+    for _ in range(2):
+        with _collectives() as seen:
+            model(_tokens()).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            float8.precompute_float8_dynamic_scale_for_fsdp(model)
+        # the scales' all-reduces (float32), not DTensor's of activations or tensorwise amaxes
+        real.append([c for c in seen if c[0] == "all_gather" or c[2] == "float32"])
+    with torch.device("meta"):
+        meta = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    report = fsdpviz.analyze(
+        meta, _tokens(), fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2), mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, parallelize_plan=tp_models.plain_plan(),
+        progress=False,
+    )  # fmt: skip
+    planned = [
+        [
+            [e.kind.removeprefix("tp_"), e.nbytes, e.dtype]
+            for e in it
+            if e.kind == "all_gather" or e.group == "shard" or e.dtype == "float32"
+        ]
+        for it in report.iterations
+    ]
+    assert planned == real
+    assert real[1][-2:] == [["all_reduce", 4 * 14, "float32"]] * 2

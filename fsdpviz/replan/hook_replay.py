@@ -290,9 +290,8 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     hsdp = mesh is not None and cfg.replace(mesh=mesh).hsdp
     f8 = report.config.float8 or {}
     gathered = {w for ws in float8_gathered(report).values() for w in ws}
-    scales = weight_scales(
-        report.units, gathered, bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
-    )
+    precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
+    scales = weight_scales(report.units, gathered, precomputed, cfg.tp_ranks > 1)
     replicas = ws // (shard * cfg.tp_ranks)
     runtime = FSDP2Runtime(groups, shard, replicas, offload, rules, hsdp, scales)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})

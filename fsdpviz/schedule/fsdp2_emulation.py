@@ -67,7 +67,8 @@ def float8_scales(groups: list[Group], opts: FSDP2Options) -> Float8Scales | Non
             if linear is not None and spec.picks(module, linear.in_features, linear.out_features):
                 weights.add(fqn)
     units = [g.schema for g in groups if g.schema is not None]
-    return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp)
+    tp = opts.tp is not None and opts.tp_size > 1
+    return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 
 class FSDP2Emulation:

@@ -91,14 +91,18 @@ class Float8Scales:
             ``(fqn, dtype of its sharded parameter)``.
         precomputed: ``precompute_float8_dynamic_scale_for_fsdp`` runs after each optimizer
             step: one all-reduce of every weight's amax there, none at an all-gather after it.
+        tensor_parallel: the weights are DTensors over a tp dimension too, whose amaxes the
+            precomputation reduces over each mesh dimension in turn (DTensor redistributes
+            ``(Partial, Partial)`` with one all-reduce a dimension): shard, then tp.
     """
 
     weights: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     precomputed: bool = False
+    tensor_parallel: bool = False
 
 
 def weight_scales(
-    units: Iterable[Unit], weights: Collection[str], precomputed: bool
+    units: Iterable[Unit], weights: Collection[str], precomputed: bool, tp: bool = False
 ) -> Float8Scales | None:
     """The :class:`Float8Scales` of ``weights`` (the FQNs of the weights FSDP2 all-gathers
     in float8), each in its unit's dtype for it (its sharded parameter's); ``None`` without
@@ -109,7 +113,7 @@ def weight_scales(
         picked = tuple((f, dtypes.get(f, u.dtype or "float32")) for f in u.params if f in weights)
         if picked:
             found[u.module] = picked
-    return Float8Scales(found, precomputed) if found else None
+    return Float8Scales(found, precomputed, tp) if found else None
 
 
 class FSDPState:
@@ -202,10 +206,15 @@ class FSDP2Runtime:
         weights = [w for ws in self.float8.weights.values() for w in ws]
         nbytes = sum(DTYPE_SIZES[dtype] for _, dtype in weights)
         root = self.callback_state.group.name
+        dtype = weights[0][1]
         self.events.append(
-            Event("all_reduce", root, "backward", group="shard", nbytes=nbytes,
-                  dtype=weights[0][1], **self.tag)
+            Event("all_reduce", root, "backward", group="shard", nbytes=nbytes, dtype=dtype,
+                  **self.tag)
         )  # fmt: skip
+        if self.float8.tensor_parallel:
+            self.events.append(
+                Event("tp_all_reduce", root, "backward", nbytes=nbytes, dtype=dtype, **self.tag)
+            )
         self.scales_ready = True
 
     def _reduce_amaxes(self, g: GroupState, phase: Any) -> None:
