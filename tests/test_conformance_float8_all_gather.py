@@ -180,3 +180,21 @@ def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:
     ]
     assert planned == real
     assert real[1][-2:] == [["all_reduce", 4 * 14, "float32"]] * 2
+
+
+def test_flight_recorder_expects_each_amax_by_its_bytes() -> None:
+    """A flight recorder's dump holds each amax all-reduce as the 4 bytes it moves over the
+    shard group: the prediction's, aligned against it, has that size (it had its unit's
+    parameters' elements, which no dumped collective matches)."""
+    from fsdpviz.flight._align import expected_streams
+
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}
+    report = fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=4, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, progress=False,
+    )  # fmt: skip
+    amaxes = [p for p in expected_streams(report, 2)["shard"] if p.event.group == "shard"]
+    assert len(amaxes) == 2 * 4 * 7
+    assert {(p.kind, p.size, p.by_bytes) for p in amaxes} == {("all_reduce", 4, True)}
