@@ -76,7 +76,15 @@ def test_float8_linears_and_fsdp2_float8_all_gather() -> None:
     plain = _report(fully_shard=[DecoderLayer], mp_policy=BF16)
     spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"]}
     f8 = _report(fully_shard=[DecoderLayer], mp_policy=BF16, float8=spec)
-    assert _events(f8) == _events(plain)
+    # the same schedule, each block's all-gather preceded by its 7 float8 weights' amax
+    # all-reduces over the shard group (see [Note: float8 all-gather amaxes])
+    amaxes = [[e for e in it if e.group == "shard"] for it in f8.iterations]
+    assert [len(a) for a in amaxes] == [
+        7 * sum(e.kind == "all_gather" and e.unit != "" for e in it) for it in f8.iterations
+    ]
+    assert all(e.nbytes == 4 and e.dtype == "float32" for a in amaxes for e in a)
+    rest = [[e.to_dict() for e in it if e.group != "shard"] for it in f8.iterations]
+    assert rest == _events(plain)
     assert f8.config["float8"] == {
         "recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True,
         "filter_fqns": ["lm_head"],

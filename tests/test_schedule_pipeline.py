@@ -415,3 +415,29 @@ def test_a_frozen_first_stage_is_refused_naming_it_and_the_fix() -> None:
     with pytest.raises(fsdpviz.ConfigError) as err:  # only its microbatch 3 is split (1I3)
         fsdpviz.analyze(m, ids, **kw, pipeline_schedule="DualPipeV")
     assert "microbatch 3 give stage 1's parameters none (the others' full" in str(err.value)
+
+
+@pytest.mark.parametrize("precompute", [False, True], ids=["dynamic", "precomputed"])
+def test_float8_all_gather_amaxes_in_each_stage(precompute: bool) -> None:
+    """FSDP2's float8 all-gather under pipeline parallelism: a stage's all-gather from the
+    sharded state reduces each of its float8 weights' amaxes first (see [Note: float8
+    all-gather amaxes]), one ``all_reduce`` over the shard group a weight; with precomputed
+    scales the steady step's all-gathers reduce none (the rank's replay planned none)."""
+    from fsdpviz.cost.sizes import float8_gathered
+
+    spec = {"enable_fsdp_float8_all_gather": True,
+            "precompute_float8_dynamic_scale_for_fsdp": precompute}  # fmt: skip
+    report = plan(float8=spec, progress=False)
+    weights = float8_gathered(report)
+    for k, events in enumerate(report.iterations):
+        run: list[str] = []
+        for e in events:
+            if e.group == "shard":
+                assert e.module in weights[e.unit] and (e.nbytes, e.dtype) == (4, "float32")
+                run.append(e.module or "")
+            elif e.kind == "all_gather" and run:
+                assert sorted(run) == sorted(weights[e.unit])
+                run = []
+        assert not run
+        reduced = sum(e.group == "shard" for e in events)
+        assert reduced == 0 if precompute and k > 0 else reduced > 0

@@ -41,10 +41,14 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.sum()
 
 
-def _build(converted: bool, checkpointed: bool = False, gathered: bool = False) -> nn.Module:
+def _build(
+    converted: bool, checkpointed: bool = False, gathered: bool = False, recipe: str = "tensorwise"
+) -> nn.Module:
     model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
     if converted:
         config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=gathered)
+        if recipe != "tensorwise":
+            config = float8.Float8LinearConfig.from_recipe_name(recipe)
         float8.convert_to_float8_training(
             model, config=config, module_filter_fn=lambda m, fqn: fqn != "output"
         )
@@ -62,17 +66,20 @@ def _analyze(checkpointed: bool = False, **kwargs: Any) -> fsdpviz.Report:
 
 
 def _real(
-    plan: dict[str, Any], checkpointed: bool = False, gathered: bool = False
+    plan: dict[str, Any],
+    checkpointed: bool = False,
+    gathered: bool = False,
+    recipe: str = "tensorwise",
 ) -> list[list[Any]]:
     """Every tp collective of one step of real FSDP2 x TP with float8 linears, in order
-    (``gathered``: FSDP2 all-gathers their weights in float8)."""
+    (``gathered``: FSDP2 all-gathers their weights in float8; ``recipe``: torchao's)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
-    model = _build(True, checkpointed, gathered)
+    model = _build(True, checkpointed, gathered, recipe)
     parallelize_module(model, mesh["tp"], plan)
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
@@ -135,6 +142,35 @@ def test_float8_amax_all_reduces_as_torchao(
     timed = [t for t in report.timeline.events if steady[t.index].dtype == "float64"]
     assert len(timed) == seen.count(amax)
     assert all(t.stream == "tp" and t.end > t.start and t.bytes == 8 for t in timed)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "which", "checkpointed"),
+    [("rowwise", "plain", False), ("rowwise", "whole", True),
+     ("rowwise_with_gw_hp", "plain", False), ("rowwise_with_gw_hp", "whole", True)],
+    ids=["rowwise-plain", "rowwise-whole-checkpointed", "gw-hp-plain", "gw-hp-whole-checkpointed"],
+)  # fmt: skip
+def test_rowwise_float8_amax_all_reduces_as_torchao(
+    fake_pg: int, recipe: str, which: str, checkpointed: bool
+) -> None:
+    """The rowwise recipes' casts scale along one dim: where a tp style shards the tensor
+    along it, its amax is a float64 vector all-reduced over the tp ranks (see [Note: float8
+    amax all-reduces]): a row-wise linear's input (one element a row: 16, 128 bytes) and
+    weight (``out_features``: 256 bytes) in forward, a column-wise linear's output gradient
+    (a row each) and weight (``in_features``; ``rowwise_with_gw_hp`` casts it tensorwise,
+    8 bytes, and so a row-wise linear's too) in backward, again in a recomputation. Every
+    one in its place among the other tp collectives, as a real step issues them; fsdpviz
+    planned none of them (28 a step, 128 and 256 bytes, under the plain plan)."""
+    plan = {"whole": tp_models.whole_plan, "plain": tp_models.plain_plan}[which]
+    seen = _real(plan(), checkpointed, recipe=recipe)
+    f8 = {**FLOAT8, "recipe_name": recipe}
+    report = _analyze(parallelize_plan=plan(), checkpointed=checkpointed, float8=f8)
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert _split(predicted) == _split(seen)
+    amaxes = [c for c in seen if c[2] == "float64"]
+    expected = {128, 256} | ({8} if recipe == "rowwise_with_gw_hp" else set())
+    assert {c[1] for c in amaxes} == expected
+    assert [c for c in predicted if c[2] == "float64"] == amaxes
 
 
 def test_float8_styles_memory_against_fsdp_mem_tracker(fake_pg: int) -> None:

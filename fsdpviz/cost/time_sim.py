@@ -327,6 +327,11 @@ class MicroStepSim:
         if e.pipeline:
             self._pipeline(rec, e)
             return
+        if e.group == "shard":  # a float8 weight's amax (or all of them): latency-bound
+            gate = self._all_gather_gate() if e.module is not None else self.clocks.compute
+            size, span = float(e.nbytes or 0), self.ranks.spans["shard"]
+            self._collective(rec, "all_reduce", size, self.ranks.shard, gate, 0.0, span)
+            return
         if u is None:
             return
         if e.kind == "free" and u.sharding_strategy == "NO_SHARD":

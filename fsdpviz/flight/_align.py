@@ -106,7 +106,7 @@ def role_of_event(e: Event) -> Role:
 
 
 def _size(e: Event, units: dict[str, Unit]) -> tuple[int, bool]:
-    if e.kind in TP_KINDS:
+    if e.kind in TP_KINDS or e.group == "shard":  # (a float8 amax all-reduce: its bytes)
         return int(e.nbytes or 0), True
     u = units.get(e.unit)
     if u is None:

@@ -25,8 +25,10 @@ was entered) and ``duration`` (host time of the call).
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
@@ -49,6 +51,15 @@ def _sharded(group: Any) -> bool:
     """The group is fully sharded (not on its post-forward mesh): its all-gather input is
     the shard itself, in host memory under CPUOffloadPolicy."""
     return all(p.sharded_state.name == "SHARDED" for p in group.fsdp_params)
+
+
+class _Amaxes:
+    """An all-gather of torchao's float8 weights running: where its amax all-reduces go
+    (before its event, at ``at``), what they are tagged with, and the weights' FQNs in the
+    order ``all_gather_inputs`` casts them (see [Note: float8 all-gather amaxes])."""
+
+    def __init__(self, event: Event, at: int, fqns: list[str]) -> None:
+        self.event, self.at, self.fqns, self.count = event, at, fqns, 0
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
@@ -98,6 +109,8 @@ class FSDP2Recorder(EventLog):
         self._forward_order: list[str] = []
         self._stack: ExitStack | None = None
         self._reducing: Any = None  # the group inside foreach_reduce
+        self._amaxes: _Amaxes | None = None  # the float8 all-gather inside foreach_all_gather
+        self._float8 = False  # torchao's float8 is loaded: its amax all-reduces are recorded
         # post_backward seen: the groups (ids) and their FSDPParams (ids) a gradient reached
         self._backward_groups: set[int] = set()
         self._reached: set[int] = set()
@@ -114,6 +127,12 @@ class FSDP2Recorder(EventLog):
                 _patch(stack, pg_mod, name, collective)
             all_reduce = self._wrap_all_reduce(torch.distributed.all_reduce)
             _patch(stack, torch.distributed, "all_reduce", all_reduce)
+            # torchao's float8 all-gather: each weight's amax, all-reduced in its cast
+            float8_utils = sys.modules.get("torchao.float8.float8_utils")
+            if float8_utils is not None and hasattr(float8_utils, "all_reduce"):
+                amax = self._wrap_amax(float8_utils.all_reduce)
+                _patch(stack, float8_utils, "all_reduce", amax)
+                self._float8 = True
             for name in ("_to_sharded", "_to_sharded_post_forward"):
                 _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
             hooks: dict[str, Hook | None] = {
@@ -162,11 +181,19 @@ class FSDP2Recorder(EventLog):
             start = now_ns()
             i = self._emit(kind, group, phase, kind == "all_gather" and self._prefetching > 0)
             self._reducing = group if kind == "reduce_scatter" else None
+            if kind == "all_gather" and self._float8:
+                fqns = [
+                    unwrapped_fqn(getattr(p, "_param_fqn", None) or "")
+                    for p in group.fsdp_params
+                    if hasattr(getattr(p, "_sharded_local_tensor", None), "fsdp_pre_all_gather")
+                ]
+                self._amaxes = _Amaxes(self._current[-1], len(self._current) - 1, fqns)
             try:
                 return original(*args, **kwargs)
             finally:
-                self._reducing = None
-                self._timed(i, start)
+                shift = self._amaxes.count if self._amaxes is not None else 0
+                self._reducing, self._amaxes = None, None
+                self._timed(i + shift if i >= 0 else i, start)
                 if kind == "reduce_scatter" and offload:
                     self._emit("d2h", group, "backward")  # the gradient shard to host memory
 
@@ -182,6 +209,23 @@ class FSDP2Recorder(EventLog):
             start = now_ns()
             i = self._emit("all_reduce", group, "backward", across="replicate")
             return self._call_timed(start, i, original, tensor, *args, **kwargs)
+
+        return all_reduce
+
+    def _wrap_amax(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            a = self._amaxes
+            if a is None:
+                return original(tensor, *args, **kwargs)
+            e = a.event
+            fqn = a.fqns[a.count] if a.count < len(a.fqns) else None
+            nbytes = tensor.numel() * tensor.element_size()
+            amax = replace(e, kind="all_reduce", group="shard", module=fqn, nbytes=nbytes,
+                           dtype=dtype_name(tensor.dtype))  # fmt: skip
+            self._current.insert(a.at + a.count, amax)
+            a.count += 1
+            return original(tensor, *args, **kwargs)
 
         return all_reduce
 

@@ -70,7 +70,7 @@ from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.replan.precision_replay import PRECISION_OPTION, with_reduce_dtype
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
-from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, weight_scales
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -288,7 +288,12 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
     # parallel mesh all-reduces across them, one replica included
     hsdp = mesh is not None and cfg.replace(mesh=mesh).hsdp
-    runtime = FSDP2Runtime(groups, shard, ws // (shard * cfg.tp_ranks), offload, rules, hsdp)
+    f8 = report.config.float8 or {}
+    gathered = {w for ws in float8_gathered(report).values() for w in ws}
+    precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
+    scales = weight_scales(report.units, gathered, precomputed, cfg.tp_ranks > 1)
+    replicas = ws // (shard * cfg.tp_ranks)
+    runtime = FSDP2Runtime(groups, shard, replicas, offload, rules, hsdp, scales)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -547,6 +552,9 @@ def _run(
         for k, (name, unit, arg) in enumerate(step.hooks):
             runtime.replay([entry(name, index[unit], arg)])
             event_hook.extend([k] * (len(runtime.events) - len(event_hook)))
+        if isinstance(runtime, FSDP2Runtime):  # the optimizer step's, in the final callback's
+            runtime.optimizer_step()
+            event_hook.extend([len(step.hooks) - 1] * (len(runtime.events) - len(event_hook)))
         iterations.append(runtime.take_events())
         steps.append(replace(step, event_hook=event_hook))
     runtime.sync = True

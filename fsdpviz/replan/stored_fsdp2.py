@@ -49,6 +49,7 @@ from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensors
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
 from fsdpviz.schedule.fsdp2 import fsdp2_report
+from fsdpviz.schedule.fsdp2_emulation import float8_scales
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
@@ -231,8 +232,9 @@ class StoredTrace:
         f8 = float8_gathered_groups(self.copy, groups, opts.job)
         check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
         runtime = FSDP2Runtime(
-            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp
-        )
+            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
+            float8_scales(groups, opts),
+        )  # fmt: skip
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
             prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

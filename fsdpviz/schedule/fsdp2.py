@@ -210,6 +210,7 @@ def fsdp2_report(
 ) -> Report:
     """The report of one traced iteration (the runtime's events so far) and its replay;
     ``named``: ``list(copy.named_modules())`` when the caller keeps it."""
+    runtime.optimizer_step()
     iterations: list[list[Event]] = [runtime.take_events()]
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
     # autograd nodes every iteration, so the steady state (and every micro-step of
@@ -218,6 +219,7 @@ def fsdp2_report(
     for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
         runtime.micro_step(sync, *_accumulating(opts))
         runtime.replay(log)
+        runtime.optimizer_step()
         iterations.append(runtime.take_events())
     runtime.micro_step(True)
     order = forward_order(runtime.log, groups)

@@ -15,12 +15,14 @@ below; the differences are listed in ``plan/torch_fsdp.py``'s [Note: FSDP2 acros
 from __future__ import annotations
 
 import enum
-from dataclasses import replace
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.report import DTYPE_SIZES, Unit
 
 
 class EventTag(TypedDict, total=False):
@@ -65,6 +67,55 @@ class GroupState:
         self.accumulated = False
 
 
+# [Note: float8 all-gather amaxes]
+# With torchao's float8 all-gather a float8 linear's sharded weight is a
+# ``WeightWithDynamicFloat8CastTensor``, and FSDP2's ``FSDPParam.all_gather_inputs`` calls its
+# ``fsdp_pre_all_gather(shard_mesh)`` from the sharded state (not from the post-forward mesh's
+# shard: that is float8 already) inside ``foreach_all_gather``, before the all-gather. Unless
+# a scale was precomputed, it casts with ``hp_tensor_to_float8_dynamic(reduce_amax=True,
+# device_mesh=shard_mesh)``: ``tensor_to_amax`` takes ``torch.max(torch.abs(x))`` in the
+# sharded parameter's dtype and all-reduces it (MAX) over the shard mesh with
+# ``funcol.all_reduce``: one scalar a weight (4 bytes in float32), latency-bound, at every
+# all-gather of its group, forward and backward. ``precompute_float8_dynamic_scale_for_fsdp``
+# (torchtitan calls it after each optimizer step) stacks every weight's amax instead and
+# reduces them in one all-reduce (``torch.clamp`` of the ``Partial`` DTensor), and the
+# all-gathers after it cast with the precomputed scale: no collective. The first step's, before
+# any optimizer step, still reduce at each all-gather.
+@dataclass(frozen=True)
+class Float8Scales:
+    """torchao's float8 all-gather (``enable_fsdp_float8_all_gather``), the amax all-reduces
+    over FSDP's shard group that its scales take (see [Note: float8 all-gather amaxes]).
+
+    Attributes:
+        weights: per group (its name), the weights of its float8 linears, each as
+            ``(fqn, dtype of its sharded parameter)``.
+        precomputed: ``precompute_float8_dynamic_scale_for_fsdp`` runs after each optimizer
+            step: one all-reduce of every weight's amax there, none at an all-gather after it.
+        tensor_parallel: the weights are DTensors over a tp dimension too, whose amaxes the
+            precomputation reduces over each mesh dimension in turn (DTensor redistributes
+            ``(Partial, Partial)`` with one all-reduce a dimension): shard, then tp.
+    """
+
+    weights: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    precomputed: bool = False
+    tensor_parallel: bool = False
+
+
+def weight_scales(
+    units: Iterable[Unit], weights: Collection[str], precomputed: bool, tp: bool = False
+) -> Float8Scales | None:
+    """The :class:`Float8Scales` of ``weights`` (the FQNs of the weights FSDP2 all-gathers
+    in float8), each in its unit's dtype for it (its sharded parameter's); ``None`` without
+    any."""
+    found = {}
+    for u in units:
+        dtypes = {f: d for d, fs in u.param_dtypes.items() for f in fs}
+        picked = tuple((f, dtypes.get(f, u.dtype or "float32")) for f in u.params if f in weights)
+        if picked:
+            found[u.module] = picked
+    return Float8Scales(found, precomputed, tp) if found else None
+
+
 class FSDPState:
     """An emulated ``FSDPState``: one ``fully_shard`` call (zero or one group)."""
 
@@ -93,8 +144,14 @@ class FSDP2Runtime:
         offload: bool = False,
         rules: TorchFSDP | None = None,
         hsdp: bool | None = None,
+        float8: Float8Scales | None = None,
     ) -> None:
         self.rules = rules or installed()
+        self.float8 = float8 if float8 is not None and float8.weights else None
+        # whether an optimizer step ran (and with it torchao's precompute), and whether the
+        # running micro-step ends one
+        self.scales_ready = False
+        self.steps = True
         self.states = [FSDPState(g, world_size) for g in groups]
         self.replicas = replicas
         self.hsdp = replicas > 1 if hsdp is None else hsdp
@@ -129,6 +186,7 @@ class FSDP2Runtime:
         ``requires_all_reduce`` is False, reduce-scatters and skips HSDP's all-reduce, and
         keeps its parameters gathered after backward when ``reshard_after_backward`` is."""
         self.sync = sync or not requires_all_reduce
+        self.steps = sync
         self.all_reduce = sync or requires_all_reduce
         self.reshard_after_backward = sync or reshard_after_backward
 
@@ -137,6 +195,40 @@ class FSDP2Runtime:
             self.states[i].forward_prefetch = [self.states[t] for t in targets]
         for i, targets in backward.items():
             self.states[i].backward_prefetch = [self.states[t] for t in targets]
+
+    def optimizer_step(self) -> None:
+        """The end of a micro-step: after the optimizer step that follows a synchronised one,
+        torchao's ``precompute_float8_dynamic_scale_for_fsdp`` (where the job calls it) takes
+        every float8 weight's amax in one all-reduce: ``torch._foreach_norm`` of the weights,
+        stacked (a ``Partial`` DTensor), clamped, which redistributes it."""
+        if not self.steps or self.float8 is None or not self.float8.precomputed:
+            return
+        weights = [w for ws in self.float8.weights.values() for w in ws]
+        nbytes = sum(DTYPE_SIZES[dtype] for _, dtype in weights)
+        root = self.callback_state.group.name
+        dtype = weights[0][1]
+        self.events.append(
+            Event("all_reduce", root, "backward", group="shard", nbytes=nbytes, dtype=dtype,
+                  **self.tag)
+        )  # fmt: skip
+        if self.float8.tensor_parallel:
+            self.events.append(
+                Event("tp_all_reduce", root, "backward", nbytes=nbytes, dtype=dtype, **self.tag)
+            )
+        self.scales_ready = True
+
+    def _reduce_amaxes(self, g: GroupState, phase: Any) -> None:
+        """``fsdp_pre_all_gather`` of each float8 weight of ``g`` from its sharded state:
+        ``hp_tensor_to_float8_dynamic(reduce_amax=True)``, a scalar amax all-reduced (MAX)
+        over the shard mesh, unless its scale was precomputed."""
+        if self.float8 is None or self.scales_ready or g.sharded != Sharded.SHARDED:
+            return
+        hook, hook_unit = self._hook or (None, None)
+        for fqn, dtype in self.float8.weights.get(g.name, ()):
+            self.events.append(
+                Event("all_reduce", g.name, phase, self._prefetching, hook, hook_unit,
+                      group="shard", module=fqn, nbytes=DTYPE_SIZES[dtype], dtype=dtype, **self.tag)
+            )  # fmt: skip
 
     def take_events(self) -> list[Event]:
         events, self.events = self.events, []
@@ -157,6 +249,7 @@ class FSDP2Runtime:
         if self.offload and g.sharded == Sharded.SHARDED:
             self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over
         if g.world_size > 1 or not self.rules.one_rank_copies:
+            self._reduce_amaxes(g, phase)
             self._emit("all_gather", g, phase)
         g.pending = True
 

@@ -10,6 +10,7 @@ starting with the shape inference.
 from __future__ import annotations
 
 from fsdpviz.plan.pipeline import PipelineOptions
+from fsdpviz.schedule.fsdp2_emulation import float8_scales
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, Sharded
 from fsdpviz.schedule.pipeline_order import parse_action
 from fsdpviz.schedule.pipeline_profile import Call
@@ -36,6 +37,7 @@ class RankRun:
                 t.opts.offload,
                 t.opts.torch,
                 t.opts.hsdp,
+                float8_scales(t.groups, t.opts),
             )
             rt.set_prefetch(*t.prefetch)
             self.runtimes[s] = rt
@@ -97,6 +99,9 @@ class RankRun:
         for action in actions:
             for sub in parse_action(action):  # OVERLAP_F_B (DualPipeV): its actions in order
                 calls += self.action(*sub)
+        for rt in self.runtimes.values():  # the float8 scales torchao precomputes after it
+            f8 = rt.float8
+            rt.scales_ready = rt.scales_ready or (f8 is not None and f8.precomputed)
         return calls
 
     def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Call]:

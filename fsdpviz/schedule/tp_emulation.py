@@ -140,12 +140,12 @@ class TPEmulation:
             )
         spec = job.float8 if job is not None else None
         self._amax: Float8AmaxReduces | None = None
-        if job is not None and spec is not None and spec.recipe_name == "tensorwise":
+        if job is not None and spec is not None:
             f8 = set(float8_gathered_groups(model, groups, job))
             gathered = {id(p) for g in groups if g.name in f8 for p in g.params}
             self._amax = Float8AmaxReduces(
                 model, plan, job.float8_modules(model), gathered,
-                lambda fqn: owner_index(fqn, groups), runtime, self._float8_in,
+                lambda fqn: owner_index(fqn, groups), runtime, self._float8_in, spec.recipe_name,
             )  # fmt: skip
 
     def shares(self) -> TPShares:

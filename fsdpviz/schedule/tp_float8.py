@@ -21,14 +21,26 @@ replicated DTensor's amax is replicated already (no collective), as is a plain t
   a float8 style cast it, the weight for the input's gradient, the output gradient again
   for the weight's, and the input as its forward saved it.
 
-An activation checkpoint's recomputation runs the forward's casts again. Only the tensorwise
-recipe reduces a scalar; a rowwise recipe's amaxes are vectors along the scaled dim and are
-not planned here.
+An activation checkpoint's recomputation runs the forward's casts again.
+
+The rowwise recipes (``rowwise``, ``rowwise_with_gw_hp``) scale each cast along one dim
+(``tensor_to_amax``'s ``torch.amax(torch.abs(x), dim=axiswise_dim, keepdim=True)``): the
+amax is a vector, a partial max only where the tensor is sharded along the dim it reduces,
+and then all-reduced as the scalar is (float64, 8 bytes an element). Forward: the input
+along its last dim where it is sharded there (a row-wise linear's ``Shard(-1)``: one element
+a row, ``numel / in_features``), and ``weight.t()`` along dim 0 where the weight is sharded
+on its dim 1 (row-wise: ``out_features`` elements). Backward: the output gradient along its
+last dim where the output is sharded there (column-wise: one a row), then ``weight.t()``
+along its last dim where the weight is sharded on dim 0 (column-wise: ``in_features``;
+``rowwise_with_gw_hp`` casts that weight tensorwise: a scalar where it is sharded at all);
+the weight gradient's casts, along dim 0 (``rowwise``; ``rowwise_with_gw_hp`` keeps those
+operands in high precision), reduce over rows no tp style shards.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -94,12 +106,24 @@ def _needs_grad(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
 
 
+@dataclass(frozen=True)
+class _Linear:
+    """A float8 linear a tp style distributes: its style, unit, and the bytes of the amax
+    all-reduces of its weight's casts (forward; backward, for the input's gradient)."""
+
+    tpm: TPModule
+    unit: int
+    weight: tuple[int, ...]
+    weight_backward: tuple[int, ...]
+    in_features: int
+
+
 class Float8AmaxReduces:
     """Hooks on the float8 linears a tp style distributes, reporting the amax all-reduces of
     their casts to ``runtime`` (see [Note: float8 amax all-reduces]). ``float8_inputs``: by
     module, whether the input its style gave it is float8 (filled by the tp emulation's
     pre-forward hook, which runs before this one's); ``gathered``: the ids of the weights
-    FSDP2 all-gathers in float8."""
+    FSDP2 all-gathers in float8; ``recipe``: torchao's recipe (tensorwise or rowwise)."""
 
     def __init__(
         self,
@@ -110,11 +134,15 @@ class Float8AmaxReduces:
         owner: Any,
         runtime: _Runtime,
         float8_inputs: dict[str, bool],
+        recipe: str = "tensorwise",
     ) -> None:
         self.runtime = runtime
         self._inputs = float8_inputs
+        self._recipe = recipe
+        self._rowwise = recipe != "tensorwise"
         self._handles: list[Any] = []
         self._on_input: set[str] = set()  # the linears running whose input reports
+        self._rows: dict[str, int] = {}  # the rows of each linear's latest input
         if plan.size == 1:
             return
         layouts = {id(p): layout for p, layout in plan.placements(model).items()}
@@ -125,49 +153,76 @@ class Float8AmaxReduces:
             weight = getattr(module, "weight", None)
             if tpm is None or tpm.base not in ("ColwiseParallel", "RowwiseParallel"):
                 continue
-            sharded = amax_reduced(layouts.get(id(weight))) and id(weight) not in gathered
-            hooks = functools.partial(self._forward, tpm, owner(tpm.fqn), sharded)
+            layout = layouts.get(id(weight)) if id(weight) not in gathered else None
+            linear = self._linear(tpm, owner(tpm.fqn), layout, module)
+            hooks = functools.partial(self._forward, linear)
             self._handles.append(module.register_forward_pre_hook(hooks))
-            wrap = functools.partial(self._output, tpm, owner(tpm.fqn), sharded)
+            wrap = functools.partial(self._output, linear)
             self._handles.append(module.register_forward_hook(wrap, prepend=True))
 
-    def _report(self, i: int, fqn: str, phase: str, count: int) -> None:
-        for _ in range(count):
-            self.runtime.tensor_parallel(i, "tp_all_reduce", fqn, phase, AMAX_BYTES, AMAX_DTYPE)
+    def _linear(self, tpm: TPModule, unit: int, layout: Layout | None, m: nn.Module) -> _Linear:
+        """The weight's casts: tensorwise, a scalar each where it is sharded; rowwise, along
+        dim 0 of ``weight.t()`` in forward, along its last dim in backward."""
+        n_in, n_out = int(getattr(m, "in_features", 0)), int(getattr(m, "out_features", 0))
+        if not amax_reduced(layout):
+            return _Linear(tpm, unit, (), (), n_in)
+        if not self._rowwise:
+            return _Linear(tpm, unit, (AMAX_BYTES,), (AMAX_BYTES,), n_in)
+        assert layout is not None
+        on_in = (layout[1] or 0) % 2 == 1  # the weight (out, in) sharded on its in features
+        forward = (AMAX_BYTES * n_out,) if on_in else ()
+        backward = () if on_in else (AMAX_BYTES * n_in,)
+        if self._recipe == "rowwise_with_gw_hp":  # the input's gradient's weight: tensorwise
+            backward = (AMAX_BYTES,)
+        return _Linear(tpm, unit, forward, backward, n_in)
+
+    def _report(self, i: int, fqn: str, phase: str, sizes: list[int] | tuple[int, ...]) -> None:
+        for nbytes in sizes:
+            self.runtime.tensor_parallel(i, "tp_all_reduce", fqn, phase, nbytes, AMAX_DTYPE)
 
     def _input_reduced(self, tpm: TPModule) -> bool:
         """Whether the linear casts its input and that cast reduces: the input arrives in the
-        style's desired layout, sharded, and not float8 already."""
+        style's desired layout, sharded (rowwise: on its last dim), and not float8 already."""
         layout = tpm.inputs[0].dst if tpm.inputs else None
+        if self._rowwise and layout is not None and layout[1] != -1:
+            return False  # (torch's styles shard a linear's input on -1 only)
         return amax_reduced(layout) and not self._inputs.get(tpm.fqn, tpm.float8)
 
-    def _backward_count(self, tpm: TPModule, weight: bool) -> int:
+    def _backward_sizes(self, lin: _Linear, rows: int) -> list[int]:
         # the output gradient is sharded where the output is (column-wise), and float8
         # already where a float8 style cast it
+        tpm = lin.tpm
         grad = tpm.base == "ColwiseParallel" and not tpm.float8
-        return 2 * int(grad) + int(weight) + int(self._input_reduced(tpm))
+        if self._rowwise:
+            return [AMAX_BYTES * rows] * int(grad) + list(lin.weight_backward)
+        tail = [AMAX_BYTES] * (int(grad) + int(self._input_reduced(tpm)))
+        return [AMAX_BYTES] * int(grad) + list(lin.weight_backward) + tail
 
-    def _reporter(self, tpm: TPModule, i: int, weight: bool) -> Any:
-        count = self._backward_count(tpm, weight)
-        return lambda: self._report(i, tpm.fqn, "backward", count)
+    def _reporter(self, lin: _Linear, rows: int) -> Any:
+        sizes = self._backward_sizes(lin, rows)
+        return lambda: self._report(lin.unit, lin.tpm.fqn, "backward", sizes)
 
-    def _forward(self, tpm: TPModule, i: int, weight: bool, module: nn.Module, args: Any) -> Any:
-        self._report(i, tpm.fqn, "forward", int(self._input_reduced(tpm)) + int(weight))
-        if not args or not _needs_grad(args[0]) or self._backward_count(tpm, weight) == 0:
+    def _forward(self, lin: _Linear, module: nn.Module, args: Any) -> Any:
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        rows = x.numel() // max(x.shape[-1], 1) if x is not None and x.dim() > 0 else 1
+        first = [AMAX_BYTES * (rows if self._rowwise else 1)] * int(self._input_reduced(lin.tpm))
+        self._report(lin.unit, lin.tpm.fqn, "forward", first + list(lin.weight))
+        self._rows[lin.tpm.fqn] = rows
+        if not args or not _needs_grad(args[0]) or not self._backward_sizes(lin, rows):
             return None
-        self._on_input.add(tpm.fqn)
-        report = self._reporter(tpm, i, weight)
+        self._on_input.add(lin.tpm.fqn)
+        report = self._reporter(lin, rows)
         return (_LinearBackward.apply(report, args[0]), *args[1:])  # type: ignore[no-untyped-call]
 
-    def _output(
-        self, tpm: TPModule, i: int, weight: bool, module: nn.Module, args: Any, out: Any
-    ) -> Any:
-        if tpm.fqn in self._on_input:
-            self._on_input.discard(tpm.fqn)
+    def _output(self, lin: _Linear, module: nn.Module, args: Any, out: Any) -> Any:
+        fqn = lin.tpm.fqn
+        if fqn in self._on_input:
+            self._on_input.discard(fqn)
             return out
-        if not _needs_grad(out) or self._backward_count(tpm, weight) == 0:
+        rows = self._rows.get(fqn, 1)
+        if not _needs_grad(out) or not self._backward_sizes(lin, rows):
             return out
-        return _LinearBackward.apply(self._reporter(tpm, i, weight), out)  # type: ignore[no-untyped-call]
+        return _LinearBackward.apply(self._reporter(lin, rows), out)  # type: ignore[no-untyped-call]
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -49,7 +49,11 @@ Phase = Literal["forward", "backward"]
 Hook = Literal["pre_forward", "post_forward", "pre_backward", "post_backward", "final_callback"]
 
 
-Group = Literal["replicate", "tp", "pp", "cp"]
+Group = Literal["replicate", "shard", "tp", "pp", "cp"]
+"""The ranks a collective runs over, where not FSDP's usual: ``replicate``, hybrid sharding's
+replicas; ``shard``, an ``all_reduce`` over FSDP's shard group that reduces no gradient (the amax
+of a float8 weight torchao's float8 all-gather casts, ``module`` its FQN; or of all of them at
+once where the job precomputes their scales); ``tp``, ``pp``, ``cp``, those mesh dimensions."""
 
 
 ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "backward_exit"]
@@ -144,6 +148,8 @@ class Event:
             how.append(self.dtype)
         if self.group == "replicate":
             how.insert(0, "across replicas")
+        elif self.group == "shard":  # a float8 weight's amax, or all of them after the step
+            how.insert(0, "float8 amax" if self.module else "float8 amaxes, after the optimizer")
         if self.action is not None:
             how.append(f"in {self.action}")
         elif self.stage is not None:

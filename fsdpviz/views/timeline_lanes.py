@@ -56,6 +56,7 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("reduce_scatter", None): "reduce-scatter",
     ("all_reduce", None): "reduce-scatter",
     ("all_reduce", "replicate"): "replicate all-reduce",
+    ("all_reduce", "shard"): "all-gather",  # a float8 weight's amax, before its all-gather
     ("h2d", None): "host-device copies",
     ("d2h", None): "host-device copies",
     ("cast", None): "parameter casts",

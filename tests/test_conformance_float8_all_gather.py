@@ -1,0 +1,200 @@
+"""FSDP2's float8 all-gather (torchao's ``enable_fsdp_float8_all_gather``) against real FSDP2
+on the fake process group: the amax all-reduces over the shard group that its weights'
+scales take (see [Note: float8 all-gather amaxes]), at every all-gather from the sharded
+state, or, with ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step, one
+for all the weights there and none at the all-gathers after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import tp_models
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+import fsdpviz
+
+float8 = pytest.importorskip("torchao.float8")
+
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+SIZES = {"vocab": 64, "dim": 32, "n_heads": 4, "hidden": 96, "layers": 2}
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+
+
+@contextmanager
+def _collectives() -> Iterator[list[list[Any]]]:
+    """FSDP2's all-gathers (``foreach_all_gather``, issued after it made its inputs) and
+    every all-reduce a step issues besides the gradients': torchao's amax all-reduces
+    (``tensor_to_amax``'s ``funcol.all_reduce``, bound in ``float8_utils``) and DTensor's
+    (``precompute_float8_dynamic_scale_for_fsdp``'s clamp of the stacked amaxes), as
+    ``[kind, bytes, dtype]``."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+    import torchao.float8.float8_utils as float8_utils
+
+    seen: list[list[Any]] = []
+    gather = param_group.foreach_all_gather
+    amax, dtensor = float8_utils.all_reduce, funcol.all_reduce
+
+    def all_gather(*args: Any, **kwargs: Any) -> Any:
+        out = gather(*args, **kwargs)  # the amaxes of its inputs first, then the all-gather
+        seen.append(["all_gather", None, None])
+        return out
+
+    def wrap(reduce: Any) -> Any:
+        def all_reduce(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            seen.append(["all_reduce", t.numel() * t.element_size(), str(t.dtype)[6:]])
+            return reduce(t, *args, **kwargs)
+
+        return all_reduce
+
+    param_group.foreach_all_gather = all_gather
+    float8_utils.all_reduce, funcol.all_reduce = wrap(amax), wrap(dtensor)
+    try:
+        yield seen
+    finally:
+        param_group.foreach_all_gather = gather
+        float8_utils.all_reduce, funcol.all_reduce = amax, dtensor
+
+
+def _real(ranks: int, precompute: bool) -> tuple[list[list[list[Any]]], fsdpviz.Report]:
+    """Two steps of real FSDP2 with float8 linears gathered in float8 (the output projection
+    left bf16, as torchtitan's ``filter_fqns``), each ending with the optimizer step and,
+    with ``precompute``, torchao's precomputation of the scales (as torchtitan calls it);
+    and their recording."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (ranks,))
+    torch.manual_seed(0)
+    model = tp_models.Llama(**SIZES)
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    float8.convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda m, fqn: fqn != "output"
+    )
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=BF16)
+    fully_shard(model, mesh=mesh, mp_policy=BF16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    with fsdpviz.FSDP2Recorder(model) as recorder:
+        for _ in range(2):
+            with _collectives() as seen:
+                model(_tokens()).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if precompute:
+                    float8.precompute_float8_dynamic_scale_for_fsdp(model)
+            steps.append(seen)
+    return steps, recorder.report()
+
+
+@pytest.mark.parametrize("precompute", [False, True], ids=["dynamic", "precomputed"])
+def test_float8_all_gather_amax_all_reduces_as_torchao(fake_pg: int, precompute: bool) -> None:
+    """Each all-gather of a block reduces its 7 float8 weights' amaxes (a float32 scalar, 4
+    bytes, each) before it, forward and backward; the root's (no float8 weight) none. With
+    the scales precomputed, the first step's all-gathers still reduce (no optimizer step
+    before them), and each step ends with one all-reduce of all 14 amaxes (56 bytes); the
+    second step's all-gathers reduce none. fsdpviz planned none of them."""
+    real, recorded = _real(fake_pg, precompute)
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": precompute}  # fmt: skip
+    report = fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=fake_pg, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, progress=False,
+    )  # fmt: skip
+    planned = [
+        [[e.kind, e.nbytes, e.dtype] for e in it if e.kind in ("all_gather", "all_reduce")]
+        for it in report.iterations
+    ]
+    assert planned == real
+    # the recorder records each all-gather's amaxes as planned (not the precomputation's,
+    # which runs outside FSDP's hooks)
+    events = [
+        [e.to_dict() for e in it if e.module or e.group != "shard"] for it in report.iterations
+    ]
+    assert [[e.to_dict() for e in it] for it in recorded.iterations] == events
+    assert real[1].count(["all_reduce", 4, "float32"]) == (0 if precompute else 4 * 7)
+    assert real[1].count(["all_reduce", 4 * 14, "float32"]) == int(precompute)
+    # the time model prices each over the shard group: latency-bound, never free
+    steady = report.iterations[-1]
+    timed = [t for t in report.timeline.events if steady[t.index].group == "shard"]
+    assert len(timed) == len([e for e in steady if e.group == "shard"]) > 0
+    assert all(t.end > t.start and t.bytes < 2 * 56 for t in timed)
+
+
+def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:
+    """FSDP 2 x TP 2: the weights are DTensors over both dimensions, so the precomputation's
+    stacked amaxes are ``(Partial, Partial)``, which DTensor all-reduces over each in turn:
+    one over the shard group, one over the tp ranks (fsdpviz planned the first only); each
+    all-gather's own amaxes stay over the shard group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tp_models.Llama(**SIZES)
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    float8.convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda m, fqn: fqn != "output"
+    )
+    parallelize_module(model, mesh["tp"], tp_models.plain_plan())
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=BF16)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    real = []
+    for _ in range(2):
+        with _collectives() as seen:
+            model(_tokens()).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            float8.precompute_float8_dynamic_scale_for_fsdp(model)
+        # the scales' all-reduces (float32), not DTensor's of activations or tensorwise amaxes
+        real.append([c for c in seen if c[0] == "all_gather" or c[2] == "float32"])
+    with torch.device("meta"):
+        meta = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    report = fsdpviz.analyze(
+        meta, _tokens(), fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2), mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, parallelize_plan=tp_models.plain_plan(),
+        progress=False,
+    )  # fmt: skip
+    planned = [
+        [
+            [e.kind.removeprefix("tp_"), e.nbytes, e.dtype]
+            for e in it
+            if e.kind == "all_gather" or e.group == "shard" or e.dtype == "float32"
+        ]
+        for it in report.iterations
+    ]
+    assert planned == real
+    assert real[1][-2:] == [["all_reduce", 4 * 14, "float32"]] * 2
+
+
+def test_flight_recorder_expects_each_amax_by_its_bytes() -> None:
+    """A flight recorder's dump holds each amax all-reduce as the 4 bytes it moves over the
+    shard group: the prediction's, aligned against it, has that size (it had its unit's
+    parameters' elements, which no dumped collective matches)."""
+    from fsdpviz.flight._align import expected_streams
+
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}
+    report = fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=4, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, progress=False,
+    )  # fmt: skip
+    amaxes = [p for p in expected_streams(report, 2)["shard"] if p.event.group == "shard"]
+    assert len(amaxes) == 2 * 4 * 7
+    assert {(p.kind, p.size, p.by_bytes) for p in amaxes} == {("all_reduce", 4, True)}
