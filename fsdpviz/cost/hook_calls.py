@@ -63,6 +63,8 @@ class Tape:
     # whether the profile has the float8 scales saved weights' backward nodes let go
     # (HookCall.scales_freed; absent in reports saved before they were measured)
     scales_measured: bool = False
+    # what the memory model's moments call each event and hook call, by id (made once)
+    described: dict[int, tuple[Any, str]] = field(default_factory=dict, compare=False, repr=False)
 
 
 def iteration_index(report: Report, iteration: int) -> int:
