@@ -413,9 +413,9 @@ def reserved_estimate(
         reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
     """
     peaks = dict.fromkeys(POOLS, 0)
-    for m in moments:
-        for pool, n in zip(POOLS, m.pools, strict=True):
-            peaks[pool] = max(peaks[pool], n)
+    columns = zip(*(m.pools for m in moments), strict=True)  # each pool at every moment
+    for pool, column in zip(POOLS, columns, strict=False):  # (none without moments)
+        peaks[pool] = max(peaks[pool], *column)
     rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in peaks.items()}
     for pool, ops in (blocks or {}).items():
         rounded[pool] = max(rounded[pool], fixed_segments(ops))
