@@ -360,3 +360,35 @@ def test_rated_stretches_keep_every_field_of_the_stretch() -> None:
     (rated,) = _rates([ComputeStretch(**given)], m, "bfloat16")  # type: ignore[arg-type]
     peak = m.peak_flops("bfloat16")
     assert rated == ComputeStretch(**given, duration=2.0, flops_per_s=4.0, peak_share=4.0 / peak)  # type: ignore[arg-type]
+
+
+def test_cost_models_pause_cyclic_collection_while_they_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The time and memory models walk a tape with automatic cyclic GC paused (their records,
+    by the hundred thousand, die by reference count), and leave it on as they found it."""
+    import gc
+
+    from fsdpviz.cost import memory_model
+    from fsdpviz.cost.memory_walker import Walker
+    from fsdpviz.cost.time_sim import MicroStepSim
+
+    seen: list[bool] = []
+    for cls in (Walker, MicroStepSim):
+        run = cls.run
+        monkeypatch.setattr(
+            cls, "run", lambda self, run=run: (seen.append(gc.isenabled()), run(self))[1]
+        )
+    report = fsdpviz.analyze(example_model(), example_inputs(), world_size=2, progress=False)
+    assert gc.isenabled()
+    seen.clear()  # (analyze's own walks, inside its paused trace)
+    timeline(report)
+    memory_model(report)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()  # turned off by the user: left off
+    try:
+        memory_model(report)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
