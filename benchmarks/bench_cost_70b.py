@@ -18,8 +18,9 @@ its async TP rows: ~25 tensor-parallel collectives per block and micro-step, flo
 all-reduces among them) and as plain FSDP2 over 8 GPUs; for each, ``timeline`` and
 ``memory_model`` alternated in one process with cyclic garbage collection left running
 inside them (their ``__wrapped__``, what they were before they paused it) and paused (as
-they run), with 60 reports held alive (as a sweep or bench_published.py holds its rows'):
-the median per call and per event, and the ratios.
+they run): the median per call and per event, and the ratios (collection costs in
+proportion to the objects the process holds: little here, where it holds two reports; in
+bench_published.py's timing pass, over 80, a quarter of the time).
 
     python benchmarks/bench_cost_70b.py [--repeats 5] [--fsdp2] [--events]
 """
@@ -89,8 +90,6 @@ def math_attention(model: torch.nn.Module, inputs: Any, kw: dict[str, Any]) -> f
 
 def events(repeats: int) -> None:
     """The ``--events`` arms (see the module's docstring)."""
-    import copy
-
     from bench_published import ROWS, TT_ASYNC_TP, analyze_row, row_machine
 
     from fsdpviz.cost import memory_model, timeline
@@ -102,7 +101,6 @@ def events(repeats: int) -> None:
     )
     plans = [("8B FSDP 8 x TP 8, float8 tensorwise", tp_row), ("8B FSDP2 over 8", ROWS[0])]
     reports = [(name, row, analyze_row(row)) for name, row in plans]
-    held = [copy.deepcopy(reports[0][2]) for _ in range(60)]  # what a sweep holds
     for name, row, report in reports:
         m = row_machine(row)
         n = len(report.iterations[-1])
@@ -123,7 +121,6 @@ def events(repeats: int) -> None:
                 f"  {model}: {off * 1e3:.1f} ms ({off / n * 1e6:.1f} us per event); with cyclic "
                 f"GC running inside it {on * 1e3:.1f} ms: {on / off:.2f}x"
             )
-    del held
 
 
 def main() -> None:
