@@ -12,7 +12,17 @@ sizes x 3 backward prefetch settings x 2 sharding strategies; with --fsdp2: 4
 world sizes x 3 ``reshard_after_forward``) against 12 separate ``analyze`` calls,
 and says how many traces the sweep ran.
 
-    python benchmarks/bench_cost_70b.py [--repeats 5] [--fsdp2]
+``--events`` times instead the cost model on plans with many events: torchtitan's Llama 3 8B as
+FSDP 8 x TP 8 with float8 tensorwise linears (``from_torchtitan``, as bench_published.py plans
+its async TP rows: ~25 tensor-parallel collectives per block and micro-step, float8's amax
+all-reduces among them) and as plain FSDP2 over 8 GPUs; for each, ``timeline`` and
+``memory_model`` alternated in one process with cyclic garbage collection left running
+inside them (their ``__wrapped__``, what they were before they paused it) and paused (as
+they run): the median per call and per event, and the ratios (collection costs in
+proportion to the objects the process holds: little here, where it holds two reports; in
+bench_published.py's timing pass, over 80, a quarter of the time).
+
+    python benchmarks/bench_cost_70b.py [--repeats 5] [--fsdp2] [--events]
 """
 
 from __future__ import annotations
@@ -78,11 +88,50 @@ def math_attention(model: torch.nn.Module, inputs: Any, kw: dict[str, Any]) -> f
         attention._fused = fused
 
 
+def events(repeats: int) -> None:
+    """The ``--events`` arms (see the module's docstring)."""
+    from bench_published import ROWS, TT_ASYNC_TP, analyze_row, row_machine
+
+    from fsdpviz.cost import memory_model, timeline
+
+    tp_row = next(
+        r
+        for r in ROWS
+        if r.source == TT_ASYNC_TP and r.model == "llama3:8B" and r.float8 == "tensorwise"
+    )
+    plans = [("8B FSDP 8 x TP 8, float8 tensorwise", tp_row), ("8B FSDP2 over 8", ROWS[0])]
+    reports = [(name, row, analyze_row(row)) for name, row in plans]
+    for name, row, report in reports:
+        m = row_machine(row)
+        n = len(report.iterations[-1])
+        arms: dict[str, list[float]] = {}
+        for _ in range(repeats):  # the arms in turn, so that both see the same machine load
+            for model, fn in (("timeline", timeline), ("memory_model", memory_model)):
+                for gc_on in (True, False):
+                    call = fn.__wrapped__ if gc_on else fn  # type: ignore[attr-defined]
+                    kw = {"optimizer": row.optimizer_name}
+                    t0 = CLOCK()
+                    call(report, m, **kw) if fn is timeline else call(report, machine=m, **kw)
+                    arms.setdefault(f"{model} {gc_on}", []).append(CLOCK() - t0)
+        print(f"{name}: {n} events per micro-step")
+        for model in ("timeline", "memory_model"):
+            on = statistics.median(arms[f"{model} True"])
+            off = statistics.median(arms[f"{model} False"])
+            print(
+                f"  {model}: {off * 1e3:.1f} ms ({off / n * 1e6:.1f} us per event); with cyclic "
+                f"GC running inside it {on * 1e3:.1f} ms: {on / off:.2f}x"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fsdp2", action="store_true", help="fully_shard every decoder layer")
+    parser.add_argument("--events", action="store_true", help="the plans with many events")
     args = parser.parse_args()
+    if args.events:
+        events(args.repeats)
+        return
     model, inputs, layer = build()
     kw = kwargs_for(layer, args.fsdp2)
     plain(model, inputs, kw)  # warm-up both paths

@@ -16,12 +16,20 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
-__all__ = ["IDLE_GC_S", "answering", "collection_deferred", "running_loop"]
+__all__ = [
+    "IDLE_GC_S",
+    "answering",
+    "collection_deferred",
+    "deferring_collection",
+    "running_loop",
+]
 
 IDLE_GC_S = 0.3
 # The interpreter's thread switch interval inside an answer (Python's default is 5 ms): the
@@ -70,6 +78,23 @@ def collection_deferred() -> Iterator[bool]:
         loop = running_loop()
         if loop is not None:
             _pending_gc = loop.call_later(IDLE_GC_S, _collect)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def deferring_collection(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` run inside :func:`collection_deferred`: a cost model's walk makes objects by the
+    hundred thousand (every event's record), all freed by reference count, and the
+    collections they set off would walk every report the process holds again and again."""
+
+    @functools.wraps(fn)
+    def deferred(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with collection_deferred():
+            return fn(*args, **kwargs)
+
+    return deferred
 
 
 def _collect() -> None:

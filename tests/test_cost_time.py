@@ -343,3 +343,52 @@ def test_fsdp2_all_reduce_over_one_replica_costs_nothing() -> None:
     assert len(reduced) == len(one.units)
     assert all(r["end"] == r["start"] and r["bytes"] == 0 for r in reduced)
     assert b.totals["step_s"] == a.totals["step_s"] and b.totals["comm_s"] == a.totals["comm_s"]
+
+
+def test_rated_stretches_keep_every_field_of_the_stretch() -> None:
+    """The time model rates each compute stretch (duration, FLOP/s, share of the peak) in a new
+    record that keeps every other field as it was (a pipeline's action, stage, microbatch, rank)."""
+    from fsdpviz.cost.time import _rates
+    from fsdpviz.schema.rows import ComputeStretch
+
+    given = {"hook": "pre_backward", "unit": "layers.1", "index": 7, "start": 1.0, "end": 3.0,
+             "flops": 8.0, "phase": "backward", "owner": "layers.2", "next_event": 5,
+             "action": "1B0", "stage": 1, "microbatch": 0, "rank": 3}  # fmt: skip
+    rated_fields = {"duration", "flops_per_s", "peak_share"}
+    assert {f.name for f in fields(ComputeStretch)} == set(given) | rated_fields
+    m = machine("h100")
+    (rated,) = _rates([ComputeStretch(**given)], m, "bfloat16")  # type: ignore[arg-type]
+    peak = m.peak_flops("bfloat16")
+    assert rated == ComputeStretch(**given, duration=2.0, flops_per_s=4.0, peak_share=4.0 / peak)  # type: ignore[arg-type]
+
+
+def test_cost_models_pause_cyclic_collection_while_they_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The time and memory models walk a tape with automatic cyclic GC paused (their records,
+    by the hundred thousand, die by reference count), and leave it on as they found it."""
+    import gc
+
+    from fsdpviz.cost import memory_model
+    from fsdpviz.cost.memory_walker import Walker
+    from fsdpviz.cost.time_sim import MicroStepSim
+
+    seen: list[bool] = []
+    for cls in (Walker, MicroStepSim):
+        run = cls.run
+        monkeypatch.setattr(
+            cls, "run", lambda self, run=run: (seen.append(gc.isenabled()), run(self))[1]
+        )
+    report = fsdpviz.analyze(example_model(), example_inputs(), world_size=2, progress=False)
+    assert gc.isenabled()
+    seen.clear()  # (analyze's own walks, inside its paused trace)
+    timeline(report)
+    memory_model(report)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()  # turned off by the user: left off
+    try:
+        memory_model(report)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

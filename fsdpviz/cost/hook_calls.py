@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from fsdpviz.errors import ConfigError
@@ -67,6 +68,17 @@ class Tape:
     # whether the profile has the float8 scales saved weights' backward nodes let go
     # (HookCall.scales_freed; absent in reports saved before they were measured)
     scales_measured: bool = False
+    # what the memory model's moments call each event and hook call, by id (made once)
+    described: dict[int, tuple[Any, str]] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def kernel_kinds(self) -> tuple[bool, bool]:
+        """Whether any stretch's kernels hold a float32 matrix multiply, and a fused region
+        (what the time model's notes say; looked at once per tape)."""
+        kernels = [k for c in (*self.calls, self.tail) for k in c.kernels]
+        return any(k[0] == "gemm" and k[6] == 4 for k in kernels), any(
+            k[0] == "fused" for k in kernels
+        )
 
 
 def iteration_index(report: Report, iteration: int) -> int:

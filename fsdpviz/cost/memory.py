@@ -92,6 +92,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
+from fsdpviz._deferred_gc import deferring_collection
 from fsdpviz.cost.fit import machine_of, runtime_overhead
 from fsdpviz.cost.grad_sizes import param_grads, placed_grads, upcasts
 from fsdpviz.cost.hardware import Machine
@@ -103,14 +104,7 @@ from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.sizes import UnitBytes, fsdp1_parts, ignored_bytes, unit_bytes
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.memory import (
-    CATEGORIES,
-    POOLS,
-    MemoryPeak,
-    MemoryReport,
-    Moment,
-    Reserved,
-)
+from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryPeak, MemoryReport, Moment, Reserved
 from fsdpviz.schema.report import IGNORED, Report
 
 
@@ -145,6 +139,7 @@ def _forward_copies(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict
     return copies
 
 
+@deferring_collection
 def memory_model(
     report: Report,
     *,
@@ -418,9 +413,9 @@ def reserved_estimate(
         reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
     """
     peaks = dict.fromkeys(POOLS, 0)
-    for m in moments:
-        for pool, n in zip(POOLS, m.pools, strict=True):
-            peaks[pool] = max(peaks[pool], n)
+    columns = zip(*(m.pools for m in moments), strict=True)  # each pool at every moment
+    for pool, column in zip(POOLS, columns, strict=False):  # (none without moments)
+        peaks[pool] = max(peaks[pool], *column)
     rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in peaks.items()}
     for pool, ops in (blocks or {}).items():
         rounded[pool] = max(rounded[pool], fixed_segments(ops))

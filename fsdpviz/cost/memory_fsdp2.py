@@ -126,6 +126,8 @@ class FSDP2Steps:
         """The forward's saved scales, replaced since, that the compute before ``c`` let go
         before its peak: out of the unsharded parameters where the unit is in use (see
         :meth:`_extra_scales`); the bytes of the others, out of the temporaries."""
+        if not self._saved or not c.scales_freed:
+            return 0  # (most calls: nothing saved, or nothing freed)
         freed = {
             u: min(f[0], self._saved[u]) for u, f in c.scales_freed.items() if u in self._saved
         }
@@ -135,7 +137,7 @@ class FSDP2Steps:
     def _release_saved(self: FSDP2Host, c: HookCall) -> int:
         """Drop the saved scales the compute before ``c`` let go; the bytes of the scales
         besides those in use after it (``_scale_extra``, in a temporary of the phase)."""
-        for u, f in c.scales_freed.items():
+        for u, f in c.scales_freed.items() if self._saved else ():
             if u in self._saved:
                 self._saved[u] = max(0, self._saved[u] - f[1])
         self._scale_extra = FSDP2Steps._extra_scales(self)
@@ -148,6 +150,10 @@ class FSDP2Steps:
         the parameter's when its pre-forward counted them; it first sees the new ones made
         by ``fsdp_pre_all_gather``, a temporary): the difference moves
         (``_scale_swap``)."""
+        if not self._scales and not self._gathering and not self._saved:
+            self.cat["unsharded_params"] -= self._scale_swap  # (no float8 scales: all 0)
+            self._scale_swap = 0
+            return 0
         extra = sum(n for u, n in self._scales.items() if u not in self.resident)
         extra += sum(self.sizes[u].scales for u in self._gathering)
         extra += sum(self._saved.values())

@@ -7,6 +7,7 @@ it."""
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Protocol
 
 import numpy as np
@@ -50,6 +51,19 @@ class RecordsHost(Protocol):
     def _close(self, key: tuple[str, str]) -> None: ...
 
 
+_OTHER_POOLS = itemgetter(*POOLS[1:])  # the pools besides the compute stream's, in order
+
+
+def _described(tape: Tape, of: Event | HookCall) -> str:
+    """An event's ``describe()``, or a hook call's ``hook of 'unit'``, as moments name them:
+    made once per tape (a tape is walked for every micro-step, option and iteration)."""
+    found = tape.described.get(id(of))
+    if found is None or found[0] is not of:
+        text = of.describe() if isinstance(of, Event) else f"{of.hook} of {unit_label(of.unit)}"
+        found = tape.described[id(of)] = (of, text)
+    return found[1]
+
+
 class MemoryRecords:
     """The walker's records (a mixin of :class:`~fsdpviz.cost.memory_walker.Walker`, typed by
     :class:`RecordsHost`)."""
@@ -62,21 +76,19 @@ class MemoryRecords:
     def _moment(self: RecordsHost, where: str, c: HookCall | None, e: Event | None = None) -> None:
         values = tuple(self.cat.values())
         total = sum(values)
-        others = tuple(self.pools[p] for p in POOLS[1:])
+        others = _OTHER_POOLS(self.pools)
         pools = (total - sum(others), *others)
         if total > self._since:
             self._since = total
         self._totals.append(total)
         if e is not None:
             kind, event = "event", self._event_index
-            what = f"{where} {e.describe()}"
+            what = f"{where} {_described(self.tape, e)}"
         else:
             kind, event = ("compute" if where.startswith("during") else "hook"), -1
             what = where
             if c is not None:
-                what = (
-                    f"{where} {c.hook} of {unit_label(c.unit)}" if c.hook != "end" else "at the end"
-                )
+                what = f"{where} {_described(self.tape, c)}" if c.hook != "end" else "at the end"
         self.moments.append(Moment(kind, self._call, event, len(self.records), what, values, pools))
         if total > self._peak:
             self._peak = total

@@ -61,6 +61,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from fsdpviz._deferred_gc import deferring_collection
 from fsdpviz.cost.fit import machine_of
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
@@ -76,6 +77,7 @@ from fsdpviz.schema.rows import ComputeStretch, MicroStep
 from fsdpviz.schema.timeline import Timeline
 
 
+@deferring_collection
 def timeline(
     report: Report,
     machine: Machine | str | None = None,
@@ -295,7 +297,12 @@ def _rates(compute: list[ComputeStretch], m: Machine, dtype: str) -> list[Comput
         dur = c.end - c.start
         rate = c.flops / dur if dur > 0 else 0.0
         share = rate / peak if peak > 0 else 0.0
-        rated.append(replace(c, duration=dur, flops_per_s=rate, peak_share=share))
+        rated.append(  # (dataclasses.replace, without its per-call field walk)
+            ComputeStretch(
+                c.hook, c.unit, c.index, c.start, c.end, c.flops, c.phase, c.owner,
+                c.next_event, dur, rate, share, c.action, c.stage, c.microbatch, c.rank,
+            )
+        )  # fmt: skip
     return rated
 
 

@@ -139,6 +139,8 @@ class MicroStepSim:
         self.post_forward = PostForward(cfg.post_forward_ranks)
         self.offload = Offload()
         self.tally = Tally()
+        # every stretch is costed: whether any ran a float32 matmul, or a fused region
+        self.tally.float32_matmuls, self.tally.fused_measured = self.tape.kernel_kinds
         self.records: list[EventTiming] = []
         self.compute: list[ComputeStretch] = []
         self.hooks: list[HookTime] = []
@@ -236,11 +238,6 @@ class MicroStepSim:
 
     def _stretch(self, call: HookCall) -> StretchCost:
         if call.kernels:
-            if not self.tally.float32_matmuls:
-                self.tally.float32_matmuls = any(k[0] == "gemm" and k[6] == 4 for k in call.kernels)
-            self.tally.fused_measured = self.tally.fused_measured or any(
-                k[0] == "fused" for k in call.kernels
-            )
             return remembered_stretch_cost(call.kernels, self.m, self.machine_key, self.compiled)
         flops = call.flops_forward + call.flops_backward  # a profile without kernel records
         dur = self.m.compute_seconds(flops, self.dtype)
