@@ -305,6 +305,20 @@ def _real_tp_collectives(model: torch.nn.Module, plan: dict[str, Any], ids: torc
     return seen
 
 
+def _small_llama_tp(plan: dict[str, Any], mesh: tuple[int, int]) -> tuple[list[list[Any]], Any]:
+    """DTensor's collectives of a step of a small Llama under ``plan`` on ``mesh`` (dp, tp),
+    and fsdpviz's report of the same job."""
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    torch.manual_seed(0)
+    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, mesh)
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", mesh[0], "tp", mesh[1]), progress=False)  # fmt: skip
+    return real, report
+
+
 def _predicted_tp_collectives(report: fsdpviz.Report) -> list[list[Any]]:
     return [[e.kind, e.nbytes] for e in report.iterations[0] if e.tensor_parallel]
 
@@ -617,14 +631,7 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     plan["layers.*.attention"] = PrepareModuleInput(
         input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
     )
-    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
-    ids = torch.zeros(2, 8, dtype=torch.long)
-    torch.manual_seed(0)
-    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, (1, 2))
-    with torch.device("meta"):
-        meta = tp_models.Llama(**sizes)
-    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 1, "tp", 2),
-                             parallelize_plan=plan, progress=False)  # fmt: skip
+    real, report = _small_llama_tp(plan, (1, 2))
     forward = [e for e in report.iterations[0] if e.tensor_parallel and e.phase == "forward"]
     assert [[e.kind, e.nbytes] for e in forward] == real[: len(forward)]
     gathers = [e.module for e in forward if e.unit == "layers.0" and e.kind == "tp_all_gather"]
@@ -662,14 +669,7 @@ def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     else:
         for w in "qkv":
             plan[f"layers.*.attention.w{w}"] = ColwiseParallel(input_layouts=Shard(1))
-    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
-    ids = torch.zeros(2, 8, dtype=torch.long)
-    torch.manual_seed(0)
-    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
-    with torch.device("meta"):
-        meta = tp_models.Llama(**sizes)
-    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
-                             parallelize_plan=plan, progress=False)  # fmt: skip
+    real, report = _small_llama_tp(plan, TP_MESH)
     assert _predicted_tp_collectives(report) == real
     activation = 2 * 8 * 8 * 4  # batch x sequence x dim, float32
     back = [(e.kind, e.module) for e in report.iterations[0]
@@ -790,14 +790,7 @@ def test_a_replicated_dtensor_meeting_a_sharded_one_gets_its_gradient_sharded(
     plan["layers.*.attention.wo"] = RowwiseParallel(
         output_layouts=Replicate(), use_local_output=False
     )
-    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16}
-    ids = torch.zeros(2, 8, dtype=torch.long)
-    torch.manual_seed(0)
-    real = _real_tp_collectives(tp_models.Llama(**sizes), plan, ids, TP_MESH)
-    with torch.device("meta"):
-        meta = tp_models.Llama(**sizes)
-    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2),
-                             parallelize_plan=plan, progress=False)  # fmt: skip
+    real, report = _small_llama_tp(plan, TP_MESH)
     assert _predicted_tp_collectives(report) == real
     back = [(e.kind, e.module) for e in report.iterations[0]
             if e.tensor_parallel and e.phase == "backward"]  # fmt: skip
