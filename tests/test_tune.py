@@ -425,6 +425,36 @@ def test_tensor_parallelism_with_the_users_plan() -> None:
             _same(fsdpviz.analyze(_tp_model(), c.inputs, machine="h100", **c.kwargs), c.report)
 
 
+def test_float8_tp_styles_beside_the_users_plan_only_on_tensor_parallel_meshes() -> None:
+    """With the user's plan of torch's styles, tensorwise float8 is tried with it as given and
+    with torchao's float8 styles beside it (their gathers in float8: the faster on a slow
+    link); a mesh without tensor parallelism then takes the best's float8 as the plain recipe
+    it is there. It kept the float8 styles' name on plain FSDP ("tensorwise, float8
+    all-gather, torchao's float8 TP styles" on "4 ranks"), a change the code cannot apply."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
+    t = fsdpviz.tune(
+        tp_models.Llama(layers=2),
+        {"tokens": tokens},
+        fully_shard=[tp_models.TransformerBlock],
+        mesh=("dp_shard", 2, "tp", 2),
+        parallelize_plan=tp_models.whole_plan(),
+        knobs=("mesh", "float8"),
+        allow=("float8",),
+        world_size=4,
+        machine=fsdpviz.cost.machine("h100", intra_node_gbps=0.01, inter_node_gbps=0.01),
+        progress=False,
+        workers=1,
+    )
+    styles = "torchao's float8 TP styles"
+    tp = [c for c in t.candidates if c.report.config.tp_world_size]
+    best_tp = max(tp, key=lambda c: c.tokens_per_s)
+    assert best_tp.knobs["float8"] == f"tensorwise, float8 all-gather, {styles}"
+    plain = [c for c in t.candidates if not c.report.config.tp_world_size]
+    assert plain and all(styles not in c.knobs["float8"] for c in plain)
+    assert "tensorwise, float8 all-gather" in {c.knobs["float8"] for c in plain}
+
+
 def test_a_tensor_parallel_degree_torch_cannot_run_is_noted() -> None:
     """An MLP of 250 over 4 tp ranks: each rank's chunk (63, 63, 63, 61) made a DTensor by
     ``RowwiseParallel`` as if even fails in torch, so tune leaves that mesh out and says

@@ -139,6 +139,66 @@ def test_tensor_parallel_code_parallelizes_as_planned(
                                                  "tensor_parallel")] == [2, 2, 2]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("plan", "labels"),
+    [
+        # the user's plan of torch's styles: kept with float8, torchao's float8 styles beside
+        (tp_models.whole_plan, {
+            "off", "tensorwise", "tensorwise, torchao's float8 TP styles",
+            "tensorwise, float8 all-gather",
+            "tensorwise, float8 all-gather, torchao's float8 TP styles",
+        }),
+        # torchtitan's float8 plan (enable_float8_tensorwise_tp): torch's styles when off
+        ("float8", {"off", "tensorwise", "tensorwise, float8 all-gather"}),
+    ],
+    ids=["torch-styles", "float8-styles"],
+)  # fmt: skip
+def test_tensor_parallel_float8_code_moves_what_was_planned(
+    fake_pg: int, plan: Any, labels: set[str]
+) -> None:
+    """FSDP x TP with each float8 choice: the code applies the candidate's plan, torchao's
+    ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``
+    where it planned them (the blocks' inputs gathered in float8_e4m3fn, the row-wise
+    outputs' gradients in float8_e5m2), torch's where not: DTensor's collectives of the
+    real run, with their dtypes, are the candidate's. tune planned torch's styles with every
+    float8 recipe, so a torchtitan job's float8 plan was refused with float8 off and never
+    tried with its float8 gathers beside a plan of torch's styles."""
+    given = tp_models.float8_plan() if plan == "float8" else plan()
+    cands = _tune(
+        mesh=("dp_shard", 2, "tp", 2),
+        parallelize_plan=given,
+        float8={"filter_fqns": ["output"]} if plan == "float8" else None,
+        allow=("float8",),
+        knobs=("float8",),
+    )
+    shown = {c.knobs["float8"].removesuffix(", except output") for c in cands}
+    assert shown == labels
+    for c in cands:
+        f8 = "float8 TP" in c.knobs["float8"] or (plan == "float8" and c.report.config.float8)
+        styles = {type(s).__name__ for s in c.kwargs["parallelize_plan"].values()}
+        assert ("Float8ColwiseParallel" in styles) == bool(f8)
+        assert ("PrepareFloat8ModuleInput" in styles) == (plan == "float8" and bool(f8))
+        # torchtitan's TOML: its enable_float8_tensorwise_tp applies them with tensorwise + TP
+        toml = c.code("torchtitan")
+        assert ("(enable_float8_tensorwise_tp), as planned" in toml) == bool(f8)
+        assert ("planned with torch's tensor-parallel styles" in toml) == (
+            bool(c.report.config.float8) and not f8
+        )
+        with _tp_collectives(dtypes=True) as seen:
+            run(c, _llama)
+        first, steady = (
+            [[e.kind, e.nbytes, e.dtype] for e in it if e.tensor_parallel]
+            for it in c.report.iterations
+        )
+        # the parallel styles' gathers, dtype and all (three steps: the first, steady twice)
+        gathers = [x for x in first + steady + steady if x[0] == "tp_all_gather"]
+        assert [x for x in seen if x[0] == "tp_all_gather"] == gathers
+        assert [x[:2] for x in seen] == [x[:2] for x in first + steady + steady]
+        dtypes = {x[2] for x in gathers}
+        assert ("float8_e4m3fn" in dtypes) == (plan == "float8" and bool(f8))
+        assert ("float8_e5m2" in dtypes) == bool(f8)
+
+
 @pytest.mark.parametrize("api", ["FSDP2", "FSDP1"])
 def test_float8_code_converts_the_planned_linears(fake_pg: int, api: str) -> None:
     from torchao.float8.float8_linear import Float8Linear

@@ -292,7 +292,7 @@ def resolve_plan(model: nn.Module, plan: Any, size: int, dim: str) -> TPPlan:
         )
     modules: dict[str, TPModule] = {}
     for pattern, style in plan.items():
-        found = _match(model, pattern)
+        found = match_modules(model, pattern)
         if not found:
             raise ConfigError(
                 f"parallelize_plan: {pattern!r} matches no module of the model (torch warns "
@@ -317,7 +317,7 @@ def _add(modules: dict[str, TPModule], tpm: TPModule) -> None:
     modules[tpm.fqn] = tpm
 
 
-def _match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+def match_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
     """The modules ``parallelize_module`` applies a plan entry to: one name atom at a time."""
     if pattern == "":
         return [("", model)]

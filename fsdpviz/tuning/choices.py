@@ -16,6 +16,12 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import Float8, parse_job_options
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.trace.probe_records import batch_tokens
+from fsdpviz.tuning.float8_styles import (
+    FLOAT8_TP,
+    float8_tp_plan,
+    has_float8_styles,
+    plain_tp_plan,
+)
 from fsdpviz.tuning.mesh_choices import MeshChoices, cp_degree, pipelined, tp_degree
 from fsdpviz.tuning.space import (
     OWNED,
@@ -70,6 +76,7 @@ class SpaceBuilder(MeshChoices):
         self.notes: list[str] = []
         self.tp_why = ""
         self.tp_standard = False
+        self._tp_plan: Any = None  # the plan of the meshes tune makes (None: theirs as given)
 
     def build(self, kwargs: TuneKwargs, pinned: set[str], tokens_per_step: int | None) -> Space:
         """The choices of every knob, and the user's (see :class:`Space`)."""
@@ -240,6 +247,7 @@ class SpaceBuilder(MeshChoices):
                 plan, why = standard_tp_plan(model, self._source)
                 if plan is None:
                     self.tp_why = why
+            self._tp_plan = plan
             meshes = []
             for ws in self.world_sizes:
                 meshes.extend(self._meshes(ws, tp, plan))
@@ -342,20 +350,46 @@ class SpaceBuilder(MeshChoices):
     def _float8_choices(self, user: Float8 | None) -> list[Choice]:
         """Off, tensorwise, and (FSDP2) tensorwise with float8 all-gathers; the linears the
         user's recipe keeps in high precision (``filter_fqns``: a choice of numerics, such as
-        torchtitan's output head) stay so in each."""
-        out = [Choice("float8", "off", {})]
-        if "float8" not in self.allowed:
-            return out
+        torchtitan's output head) stay so in each. On a tensor-parallel mesh a tensorwise
+        recipe takes torchao's float8 styles where torchtitan's ``apply_tp`` would (see
+        :func:`_tp_plans`)."""
         filters = list(user.filter_fqns) if user is not None else []
         specs = [Float8(filter_fqns=tuple(filters))]
+        off, tensorwise, alternative = self._tp_plans(specs[0])
+        out = [Choice("float8", "off", {}, tp_plan=off)]
+        if "float8" not in self.allowed:
+            return out
         if self.api == "FSDP2":
             specs.append(Float8(enable_fsdp_float8_all_gather=True, filter_fqns=tuple(filters)))
         for spec in specs:
             value: Any = True
             if spec.enable_fsdp_float8_all_gather or filters:
                 value = {k: v for k, v in spec.to_dict().items() if k != "recipe_name" and v}
-            out.append(Choice("float8", _float8_label(spec), {"float8": value}))
+            label = _float8_label(spec)
+            out.append(Choice("float8", label, {"float8": value}, tp_plan=tensorwise))
+            if alternative is not None:
+                kw: TuneKwargs = {"float8": value}
+                out.append(Choice("float8", f"{label}, {FLOAT8_TP}", kw, tp_plan=alternative))
         return out
+
+    def _tp_plans(self, spec: Float8) -> tuple[Any, Any, Any]:
+        """The tensor-parallel plans of the float8 choices (None: the meshes' own): with
+        float8 off, with a tensorwise recipe, and one to try beside it. torchtitan's
+        ``enable_float8_tensorwise_tp`` is followed for the model's own plan and a
+        torchtitan job's: torchao's float8 styles with a tensorwise recipe, torch's without
+        (a plan given with torchao's styles, torch's for float8 off); the user's own plan of
+        torch's styles is kept as given, torchao's styles tried beside it."""
+        plan = self._tp_plan
+        if not isinstance(plan, Mapping):
+            return None, None, None
+        if has_float8_styles(plan):
+            return plain_tp_plan(plan), None, None
+        titan = self._source == "torchtitan"
+        block = block_class(self.model)
+        f8 = float8_tp_plan(self.model, plan, spec, block, prepare_inputs=titan)
+        if self.tp_standard or titan:
+            return None, f8, None
+        return None, None, f8
 
     def _float8_spec(self, kwargs: Mapping[str, Any]) -> Float8 | None:
         """The float8 training ``kwargs`` ask for, as analyze reads it (None: none)."""

@@ -29,6 +29,7 @@ from fsdpviz.replan.precision_replay import (
     traced_precision,
 )
 from fsdpviz.schema.report import Report
+from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.retune import StoredTrace, on_machine
 from fsdpviz.tuning.space import (
@@ -123,6 +124,17 @@ class Evaluations:
         except FsdpvizError:
             return choice.label
 
+    def _float8_on_mesh(self, config: Config) -> Config:
+        """``config`` with torchao's float8 TP styles tried beside the user's plan (a
+        float8 choice named :data:`FLOAT8_TP`) as their plain twin off a tensor-parallel
+        mesh: the same job there, under one name."""
+        f8, mesh = config.get("float8"), config.get("mesh")
+        if f8 is None or mesh is None or mesh.mesh[2] > 1 or not f8.label.endswith(FLOAT8_TP):
+            return config
+        plain = f8.label.removesuffix(f", {FLOAT8_TP}")
+        twin = next((c for c in self.space.choices["float8"] if c.label == plain), None)
+        return config if twin is None else {**config, "float8": twin}
+
     def _traces_accum(self, config: Config) -> bool:
         """Whether the micro-steps of gradient accumulation are traced, not replayed: FSDP1
         with forward prefetch (its steady state depends on the first micro-step's sync), and
@@ -167,6 +179,7 @@ class Evaluations:
 
     def evaluate(self, config: Config, user: bool = False) -> Candidate | None:
         """The candidate of ``config`` (None when FSDP refuses it); each once."""
+        config = self._float8_on_mesh(config)
         labels = tuple(config[k].label for k in KNOBS if k in config)
         if labels in self._seen:
             found = self._seen[labels]
@@ -279,6 +292,7 @@ class Evaluations:
         todo: dict[tuple[Any, ...], tuple[Config, bool]] = {}
         pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
         for config, mine in pairs:
+            config = self._float8_on_mesh(config)
             key = (*self._key(config), mine and self._cache_off)
             if key in self._traces or key in todo or self._reusable(key, config) is not None:
                 continue

@@ -10,7 +10,7 @@ from typing import Any
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.job import JobOptions
-from fsdpviz.plan.tensor_parallel import PARTIAL, layout_name, layout_of
+from fsdpviz.plan.tensor_parallel import FLOAT8_STYLES, PARTIAL, layout_name, layout_of
 from fsdpviz.tuning.fsdp_code import Candidate, classes_code
 
 
@@ -88,9 +88,18 @@ def _style_code(style: Any) -> str | None:
     )
 
     name = type(style).__name__
+    kind = type(style)
+    if name in FLOAT8_STYLES and type(style).__module__.startswith("torchao."):
+        # torchao's float8 styles: their torch base's arguments (their default float8
+        # dtype and config lookup kept)
+        kind = {c.__name__: c for c in (ColwiseParallel, RowwiseParallel, PrepareModuleInput)}[
+            FLOAT8_STYLES[name]
+        ]
+        if getattr(style, "fwd_config_submodule_fqn", None) is not None:
+            return None
     args: list[str] = []
-    if type(style) in (ColwiseParallel, RowwiseParallel):
-        for field, default in _STYLE_DEFAULTS[name].items():
+    if kind in (ColwiseParallel, RowwiseParallel):
+        for field, default in _STYLE_DEFAULTS[kind.__name__].items():
             layouts = getattr(style, field)
             if len(layouts) != 1:
                 return None
@@ -101,7 +110,7 @@ def _style_code(style: Any) -> str | None:
                 args.append(f"{field}={code}")
         if style.use_local_output is not True:
             args.append("use_local_output=False")
-    elif type(style) is SequenceParallel:
+    elif kind is SequenceParallel:
         dims = [_placement_code(p) for p in style.sequence_sharding]
         if len(dims) != 1 or dims[0] is None or not dims[0].startswith("Shard("):
             return None
@@ -110,7 +119,7 @@ def _style_code(style: Any) -> str | None:
             args.append(f"sequence_dim={dim}")
         if style.use_local_output is not False:
             args.append("use_local_output=True")
-    elif type(style) is PrepareModuleInput:
+    elif kind is PrepareModuleInput:
         if style.with_kwargs:
             return None
         for field in ("input_layouts", "desired_input_layouts"):
@@ -146,7 +155,14 @@ def tp_code(c: Candidate, target: str = "model") -> list[str]:
     )
     if all(styles.values()):
         used = sorted({str(s).split("(", 1)[0] for s in styles.values()})
-        lines.append(f"from torch.distributed.tensor.parallel import {', '.join(used)}")
+        torch_styles = [s for s in used if s not in FLOAT8_STYLES]
+        float8_styles = [s for s in used if s in FLOAT8_STYLES]
+        if torch_styles:
+            lines.append(f"from torch.distributed.tensor.parallel import {', '.join(torch_styles)}")
+        if float8_styles:  # torchtitan's enable_float8_tensorwise_tp: float8 all-gathers
+            lines.append(
+                f"from torchao.float8.float8_tensor_parallel import {', '.join(float8_styles)}"
+            )
         placements = sorted(
             {p for s in styles.values() for p in ("Shard", "Replicate") if f"{p}(" in str(s)}
         )

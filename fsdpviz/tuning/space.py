@@ -164,6 +164,9 @@ class Choice:
     # mesh of a pipeline job: its pp degree (1: no pipeline; 0: not a pipeline job), and
     # ``samples`` the batch of one pipeline (a data-parallel rank's) at that degree
     pp: int = 0
+    # float8: the tensor-parallel plan a tp mesh takes with this recipe (torchao's float8
+    # styles, or torch's where the plan given holds torchao's; None: the mesh's own)
+    tp_plan: Any = None
 
     @property
     def micro_steps(self) -> int:
@@ -202,6 +205,9 @@ class Space:
             choice = config.get(knob)
             if choice is not None:
                 out.update(choice.kwargs)
+        float8 = config.get("float8")
+        if float8 is not None and float8.tp_plan is not None and out.get("parallelize_plan"):
+            out["parallelize_plan"] = float8.tp_plan
         mesh, mine = config.get("mesh"), self.user.get("mesh")
         if mesh is not None and mesh.pp == 1:
             out = cast(TuneKwargs, {k: v for k, v in out.items() if k not in PIPELINE_KEYS})

@@ -29,6 +29,7 @@ from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning.choices import SpaceBuilder
 from fsdpviz.tuning.evaluation import Config, Evaluations
+from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate, Needs
 from fsdpviz.tuning.retune import StoredTrace
 from fsdpviz.tuning.space import KNOBS, NO_PIPELINE, REPLAYED, Choice, TuneKwargs, pinned_knobs
@@ -195,12 +196,16 @@ class StagedSearch(Evaluations):
         for knob in ("forward_prefetch", "compile", "float8"):
             if knob not in sp.choices or knob in sp.pinned:
                 continue
-            self.prefetch(
-                [{**best, knob: c} for c in sp.choices[knob] if c.label != best[knob].label]
-            )
-            for choice in sp.choices[knob]:
-                if choice.label != best[knob].label:
-                    self.evaluate_key({**best, knob: choice})
+            # torchao's float8 TP styles beside the user's plan: the same job off TP meshes
+            tp = best["mesh"].mesh[2] > 1
+            tried = [
+                c
+                for c in sp.choices[knob]
+                if c.label != best[knob].label and (tp or not c.label.endswith(FLOAT8_TP))
+            ]
+            self.prefetch([{**best, knob: c} for c in tried])
+            for choice in tried:
+                self.evaluate_key({**best, knob: choice})
             best = self._best_traced(best, ws)
         # tensor parallelism: where nothing fits without it, or the user plans with it
         tp_meshes = [  # FSDP x TP: each evaluation replays HSDP x TP beside it (_variants)
@@ -226,7 +231,32 @@ class StagedSearch(Evaluations):
                 )
                 if note not in self.notes:
                     self.notes.append(note)
+        self._float8_tp_stage(ws)
         self._tp_resharding_stage(ws)
+
+    def _float8_tp_stage(self, ws: int) -> None:
+        """torchao's float8 TP styles beside the user's plan (the float8 choices named
+        :data:`FLOAT8_TP`) at each tensor-parallel mesh's fastest configuration on ``ws``
+        ranks, where its float8 recipe has such a twin: the float8 stage tries them only
+        at a tensor-parallel best (elsewhere they are the same job)."""
+        sp = self.space
+        if "float8" not in sp.choices or "float8" in sp.pinned:
+            return
+        twins = {c.label: c for c in sp.choices["float8"] if c.label.endswith(FLOAT8_TP)}
+        if not twins:
+            return
+        fastest: dict[str, tuple[Candidate, Config]] = {}
+        for c in self.candidates:
+            config = self._config_of(c)
+            if config is None or c.world_size != ws or config["mesh"].mesh[2] == 1:
+                continue
+            label = config["mesh"].label
+            if label not in fastest or c.tokens_per_s > fastest[label][0].tokens_per_s:
+                fastest[label] = (c, config)
+        for _, config in fastest.values():
+            twin = twins.get(f"{config['float8'].label}, {FLOAT8_TP}")
+            if twin is not None:
+                self.evaluate_key({**config, "float8": twin})
 
     def _tp_resharding_stage(self, ws: int) -> None:
         """Each tensor-parallel mesh's fastest fit on ``ws`` ranks under FSDP2's other

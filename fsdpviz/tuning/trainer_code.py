@@ -15,6 +15,7 @@ from fsdpviz.configs.torchtitan_plan import reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.tuning.float8_styles import has_float8_styles
 from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp_dims
 from fsdpviz.tuning.space import reshard_given
 
@@ -107,6 +108,21 @@ def torchtitan_toml(c: Candidate) -> str:
             f8.append(f"filter_fqns = {json.dumps(list(cfg.float8['filter_fqns']))}")
         if f8:
             out += ["", "[quantize.linear.float8]", *f8]
+        tensorwise = cfg.float8.get("recipe_name", "tensorwise") == "tensorwise"
+        if cfg.tp_world_size and tensorwise:
+            # torchtitan's enable_float8_tensorwise_tp: implied by tensorwise float8 with TP
+            if has_float8_styles(kw.get("parallelize_plan")):
+                out.append(
+                    "# tensor parallelism with tensorwise float8: torchtitan's apply_tp gives "
+                    "the blocks torchao's float8 styles (enable_float8_tensorwise_tp), as planned"
+                )
+            else:
+                notes.append(
+                    "planned with torch's tensor-parallel styles, but torchtitan's apply_tp "
+                    "gives tensorwise float8 blocks torchao's Float8ColwiseParallel, "
+                    "Float8RowwiseParallel and PrepareFloat8ModuleInput (activations gathered "
+                    "in float8); the candidate with torchao's float8 TP styles is torchtitan's"
+                )
     wrap = c.knobs.get("wrap", "")
     per_block = "each" in wrap and "+" not in wrap and "child" not in wrap
     if not per_block and "as given" not in wrap:
