@@ -97,6 +97,7 @@ def rank_step_profile(
     upcast = upcast or {}
     pending: dict[str, int] = {}  # unit -> what its reduce-dtype copy adds at post-backward
     unadded: dict[str, int] = {}  # unit -> a later microbatch's gradient, until added
+    began: dict[str, tuple[int, int | None]] = {}  # unit -> the backward its pending began in
     events: list[Event] = []
     hooks: list[tuple[str, str, Any]] = []
     event_hook: list[int] = []
@@ -182,13 +183,21 @@ def rank_step_profile(
                 # moved it into the copy): autograd makes it anew, and the unit's
                 # post-backward adds it into the copy and frees it
                 grads = {u: n for u, n in grads.items() if u in upcast}
-                for unit, nbytes in grads.items():
-                    unadded[unit] = unadded.get(unit, 0) + nbytes
                 in_place = not grads and k < len(mem.peak_in_place)  # absent in old profiles
-            else:
-                for unit, nbytes in grads.items():
-                    if unit in upcast:
-                        pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+            for unit, nbytes in grads.items():
+                if unit not in upcast:
+                    continue
+                if unit not in mine:
+                    pending[unit] = int(nbytes * (upcast[unit] - 1.0))
+                    began[unit] = key
+                elif unit in pending and began.get(unit) == key:
+                    # more of the first gradients of the unit, in the same backward (its
+                    # backward split into stretches by hook calls: a tensor-parallel
+                    # collective between two of its linears): its post-backward casts them
+                    # all
+                    pending[unit] += int(nbytes * (upcast[unit] - 1.0))
+                else:
+                    unadded[unit] = unadded.get(unit, 0) + nbytes
             made = sum(grads.values())
             # FSDP2's post-backward without gradient sync: the unit's gradient is kept in
             # the reduce dtype (to_accumulated_grad_if_needed); the final callback runs it
