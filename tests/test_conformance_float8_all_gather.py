@@ -198,3 +198,29 @@ def test_flight_recorder_expects_each_amax_by_its_bytes() -> None:
     amaxes = [p for p in expected_streams(report, 2)["shard"] if p.event.group == "shard"]
     assert len(amaxes) == 2 * 4 * 7
     assert {(p.kind, p.size, p.by_bytes) for p in amaxes} == {("all_reduce", 4, True)}
+
+
+def test_amax_all_reduces_leave_a_plan_without_profile_as_it_was() -> None:
+    """A plan without a trace profile (``profile=False``) walks each event as its own hook
+    call; a float8 weight's amax all-reduce, which torchao runs inside its unit's all-gather,
+    goes with that all-gather: the memory at every event is what the same plan without the
+    4-byte all-reduces holds (each had stood as a hook call before its all-gather, so the
+    copy-out waited for an all-gather not issued yet and every gathered unit stayed held)."""
+    import dataclasses
+
+    from fsdpviz.cost.memory import memory_model
+
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}
+    report = fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=4, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, profile=False, progress=False,
+    )  # fmt: skip
+    amaxes = [[e for e in events if e.group != "shard"] for events in report.iterations]
+    assert sum(map(len, amaxes)) < sum(map(len, report.iterations))
+    bare = dataclasses.replace(report, iterations=amaxes)
+    planned, without = memory_model(report), memory_model(bare)
+    assert planned.peak["bytes"] == without.peak["bytes"]
+    kept = [(e.kind, e.unit, e.total) for e in planned.events if e.kind != "all_reduce"]
+    assert kept == [(e.kind, e.unit, e.total) for e in without.events]

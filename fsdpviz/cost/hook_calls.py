@@ -161,11 +161,23 @@ def _call(
     )
 
 
+def _bare(hook: str, unit: str, events: tuple[int, ...]) -> HookCall:
+    """A hook call that measured nothing."""
+    return HookCall(hook, unit, events, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {})
+
+
 def _unmeasured(events: list[Event]) -> Tape:
-    calls = [
-        HookCall(
-            e.hook or "unknown", e.hook_unit or e.unit, (i,), 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}
-        )
-        for i, e in enumerate(events)
-    ]
-    return Tape(events, calls, HookCall("end", "", (), 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}), False)
+    """A tape of a report with no trace profile: each event its own hook call, but for a
+    float8 weight's amax all-reduce (``group="shard"``), which goes with the event after it:
+    torchao's ``fsdp_pre_all_gather`` runs it inside the unit's all-gather
+    (``foreach_all_gather``), so it may not stand as a hook call between them."""
+    calls: list[HookCall] = []
+    held: list[int] = []
+    for i, e in enumerate(events):
+        following = events[i + 1] if i + 1 < len(events) else None
+        if e.group == "shard" and following is not None and following.hook == e.hook:
+            held.append(i)
+            continue
+        calls.append(_bare(e.hook or "unknown", e.hook_unit or e.unit, (*held, i)))
+        held = []
+    return Tape(events, calls, _bare("end", "", ()), False)
