@@ -233,7 +233,7 @@ class StoredTrace:
         check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
         runtime = FSDP2Runtime(
             groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
-            float8_scales(groups, opts),
+            float8_scales(self.copy, groups, opts),
         )  # fmt: skip
         runtime.set_prefetch(
             prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),

@@ -95,7 +95,7 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     f8 = float8_gathered_groups(copy, groups, opts.job)
     check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
     _check_context_parallel(opts, device, profile)
-    emulation = FSDP2Emulation(groups, opts)
+    emulation = FSDP2Emulation(copy, groups, opts)
     runtime = emulation.runtime
     # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
     tp = TPEmulation(copy, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None

@@ -46,41 +46,34 @@ def _cast(dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
     return t.to(dtype)
 
 
-def float8_scales(groups: list[Group], opts: FSDP2Options) -> Float8Scales | None:
-    """The float8 weights each group all-gathers in float8, whose scales take an amax
-    all-reduce (see [Note: float8 all-gather amaxes])."""
+def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> Float8Scales | None:
+    """The float8 weights each group of ``model`` all-gathers in float8, whose scales take an
+    amax all-reduce (see [Note: float8 all-gather amaxes])."""
     spec = opts.job.float8
     if spec is None or not spec.enable_fsdp_float8_all_gather:
         return None
-    linears = {
-        id(m.weight): m
+    linears = {id(m.weight) for m in opts.job.float8_modules(model)}
+    weights = {
+        fqn
         for g in groups
-        for top in g.modules
-        for m in top.modules()
-        if isinstance(m, nn.Linear)
+        for p, fqn in zip(g.params, g.param_fqns, strict=True)
+        if id(p) in linears
     }
-    weights = set()
-    for g in groups:
-        for p, fqn in zip(g.params, g.param_fqns, strict=True):
-            linear = linears.get(id(p))
-            module = fqn.removesuffix("weight").removesuffix(".")
-            if linear is not None and spec.picks(module, linear.in_features, linear.out_features):
-                weights.add(fqn)
     units = [g.schema for g in groups if g.schema is not None]
     tp = opts.tp is not None and opts.tp_size > 1
     return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 
 class FSDP2Emulation:
-    """FSDP2's hooks on the copy, reporting to an :class:`FSDP2Runtime`."""
+    """FSDP2's hooks on the copy (``model``), reporting to an :class:`FSDP2Runtime`."""
 
-    def __init__(self, groups: list[Group], opts: FSDP2Options) -> None:
+    def __init__(self, model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:
         self.groups = groups
         self.opts = opts
         self.rules = opts.torch
         self.runtime = FSDP2Runtime(
             groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
-            float8_scales(groups, opts),
+            float8_scales(model, groups, opts),
         )  # fmt: skip
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}

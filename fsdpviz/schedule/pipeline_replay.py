@@ -37,7 +37,7 @@ class RankRun:
                 t.opts.offload,
                 t.opts.torch,
                 t.opts.hsdp,
-                float8_scales(t.groups, t.opts),
+                float8_scales(t.part, t.groups, t.opts),
             )
             rt.set_prefetch(*t.prefetch)
             self.runtimes[s] = rt

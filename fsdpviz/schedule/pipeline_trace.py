@@ -255,7 +255,7 @@ def _trace_stage(
     shared: list[tuple[torch.Tensor, Fraction]],
     split: tuple[SplitKey, SplitBackward] | None = None,
 ) -> tuple[StageTrace, Any, list[Fraction | None]]:
-    emulation = FSDP2Emulation(groups, opts)
+    emulation = FSDP2Emulation(part, groups, opts)
     runtime = emulation.runtime
     tp = TPEmulation(part, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None
     prefetch = (
