@@ -63,11 +63,10 @@ from fsdpviz.schedule.tp_buffers import (
     viewable,
 )
 from fsdpviz.schedule.tp_float8 import (
-    AMAX_BYTES,
-    AMAX_DTYPE,
     Float8AmaxReduces,
     Float8GradCast,
     amax_reduced,
+    report_amax,
 )
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
 from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
@@ -111,11 +110,11 @@ class TPEmulation:
         self._model = model
         self._probe: CostProbe | None = None
         self._dtensors: dict[int, tuple[weakref.ref[torch.Tensor], Layout]] = {}
-        # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
-        # and those an uneven all-to-all left narrowed: (dim, size, where) (_check_narrowed)
         # the plain tensors a style returned: the layout of the tensor each is a part of
         self._plain: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Layout, str]]] = {}
+        # the DTensors an uneven all-to-all left narrowed: (dim, size, where) (_check_narrowed)
         self._narrowed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int, str]]] = {}
+        # the layout each remembered DTensor's gradient comes back in (_explicit sets it)
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
@@ -449,9 +448,7 @@ class TPEmulation:
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
-                    self.runtime.tensor_parallel(
-                        i, "tp_all_reduce", tpm.fqn, "forward", AMAX_BYTES, AMAX_DTYPE
-                    )
+                    report_amax(self.runtime, i, tpm.fqn, "forward")
                 if self._probe is not None:
                     t = self._probe.float8_cast(t)
             float8 = cast or (isinstance(t, torch.Tensor) and self._is_float8(t))
@@ -573,12 +570,9 @@ class TPEmulation:
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None
                     if amax_reduced(r.dst) and self.plan.size > 1:
-
-                        def report() -> None:
-                            self.runtime.tensor_parallel(
-                                i, "tp_all_reduce", tpm.fqn, "backward", AMAX_BYTES, AMAX_DTYPE
-                            )
-
+                        report = functools.partial(
+                            report_amax, self.runtime, i, tpm.fqn, "backward"
+                        )
                     output = Float8GradCast.apply(self._probe, report, output)  # type: ignore[no-untyped-call]
             elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 output = (self._redistribute(output[0], r, tpm, i, None), *output[1:])

@@ -47,9 +47,17 @@ import torch
 from torch import nn
 
 from fsdpviz.plan.tensor_parallel import Layout, TPModule, TPPlan
+from fsdpviz.schedule.tp_flow import GradCollective
 from fsdpviz.trace.probe import CostProbe
 
-__all__ = ["AMAX_BYTES", "AMAX_DTYPE", "Float8AmaxReduces", "Float8GradCast", "amax_reduced"]
+__all__ = [
+    "AMAX_BYTES",
+    "AMAX_DTYPE",
+    "Float8AmaxReduces",
+    "Float8GradCast",
+    "amax_reduced",
+    "report_amax",
+]
 
 AMAX_BYTES = 8  # one float64 scalar: amax_to_scale's upcast amax
 AMAX_DTYPE = "float64"
@@ -59,6 +67,12 @@ class _Runtime(Protocol):
     def tensor_parallel(
         self, i: int, kind: str, module: str, phase: str, nbytes: int, dtype: str | None = None
     ) -> None: ...
+
+
+def report_amax(runtime: _Runtime, i: int, fqn: str, phase: str, nbytes: int = AMAX_BYTES) -> None:
+    """One amax all-reduce (float64, ``nbytes``) over the tp ranks, of a cast in module
+    ``fqn`` of unit ``i``."""
+    runtime.tensor_parallel(i, "tp_all_reduce", fqn, phase, nbytes, AMAX_DTYPE)
 
 
 def amax_reduced(layout: Layout | None) -> bool:
@@ -83,23 +97,6 @@ class Float8GradCast(torch.autograd.Function):
             ctx.report()
         probe = ctx.probe
         return None, None, probe.float8_cast(grad) if probe is not None else grad
-
-
-class _LinearBackward(torch.autograd.Function):
-    """Identity on a float8 linear's input (or, where the input needs no gradient, its
-    output); its backward reports that linear's backward's amax all-reduces. On the input it
-    runs just after the linear's backward, so after the recomputation an activation
-    checkpoint runs when that backward unpacks what it saved, as the casts do."""
-
-    @staticmethod
-    def forward(ctx: Any, report: Any, t: torch.Tensor) -> torch.Tensor:
-        ctx.report = report
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.report()
-        return None, grad
 
 
 def _needs_grad(t: Any) -> bool:
@@ -178,7 +175,7 @@ class Float8AmaxReduces:
 
     def _report(self, i: int, fqn: str, phase: str, sizes: list[int] | tuple[int, ...]) -> None:
         for nbytes in sizes:
-            self.runtime.tensor_parallel(i, "tp_all_reduce", fqn, phase, nbytes, AMAX_DTYPE)
+            report_amax(self.runtime, i, fqn, phase, nbytes)
 
     def _input_reduced(self, tpm: TPModule) -> bool:
         """Whether the linear casts its input and that cast reduces: the input arrives in the
@@ -212,7 +209,10 @@ class Float8AmaxReduces:
             return None
         self._on_input.add(lin.tpm.fqn)
         report = self._reporter(lin, rows)
-        return (_LinearBackward.apply(report, args[0]), *args[1:])  # type: ignore[no-untyped-call]
+        # identity on the input: its backward runs just after the linear's, so after the
+        # recomputation an activation checkpoint runs when that backward unpacks its saves
+        reported = GradCollective.apply(report, None, None, args[0])  # type: ignore[no-untyped-call]
+        return (reported, *args[1:])
 
     def _output(self, lin: _Linear, module: nn.Module, args: Any, out: Any) -> Any:
         fqn = lin.tpm.fqn
@@ -222,7 +222,7 @@ class Float8AmaxReduces:
         rows = self._rows.get(fqn, 1)
         if not _needs_grad(out) or not self._backward_sizes(lin, rows):
             return out
-        return _LinearBackward.apply(self._reporter(lin, rows), out)  # type: ignore[no-untyped-call]
+        return GradCollective.apply(self._reporter(lin, rows), None, None, out)  # type: ignore[no-untyped-call]
 
     def remove(self) -> None:
         for handle in self._handles:
