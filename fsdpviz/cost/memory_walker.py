@@ -430,8 +430,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
     # ---------------------------------------------------------------- events
     def _event(self, e: Event, c: HookCall) -> None:
         s = self.sizes.get(e.unit)
-        if s is None or e.pipeline or e.group == "shard":  # a send or receive: its buffers
-            return  # are the inputs'; a float8 amax all-reduce: a scalar a weight
+        # a send or receive: its buffers are the inputs'; a float8 amax all-reduce: a scalar
+        if s is None or e.pipeline or e.group == "shard":
+            return
         if e.kind == "h2d" and s.communicates and self.fsdp2:  # the copy, until gathered
             self._alloc("all_gather", self._h2d_pool(), ("h2d", e.unit), s.h2d)
             self.copied[e.unit] = s.h2d

@@ -439,7 +439,7 @@ class Float8Accounting:
             s = self._stretch
             s.scales_freed[unit] = s.scales_freed.get(unit, 0) + 4
 
-        weakref.finalize(packed, freed)
+        weakref.finalize(packed, freed).atexit = False
 
     def _float8_leave(self: Float8Host, module: torch.nn.Module, args: Any, out: Any) -> None:
         """A float8 linear's forward hook. In a recomputation under per-operator selective

@@ -445,7 +445,8 @@ class CostProbe(
         if now > s.peak:
             s.peak, s.peak_grads = now, s.grad_bytes
             s.peak_activations, s.peak_forward_temp = live[ACT], live[FWD_TEMP]
-            s.peak_scales_freed = dict(s.scales_freed)
+            if s.scales_freed:  # (empty until a saved float8 scale is freed in the stretch)
+                s.peak_scales_freed = dict(s.scales_freed)
         if held > s.peak_in_place[0]:
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
         if self._watch is not None and sum(live) > self._watch[0]:
