@@ -6,7 +6,7 @@ not train in float8, and they cast tensorwise only)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -31,6 +31,23 @@ def has_float8_styles(plan: Any) -> bool:
     return any(type(s).__name__ in FLOAT8_STYLES for s in styles)
 
 
+def _restyled(cls: Callable[..., ParallelStyle], style: ParallelStyle) -> ParallelStyle:
+    """A ``cls`` style with ``style``'s layouts (a linear style's, or ``PrepareModuleInput``'s:
+    torchao's float8 styles subclass torch's)."""
+    if isinstance(style, PrepareModuleInput):
+        return cls(
+            input_layouts=style.input_layouts,
+            desired_input_layouts=style.desired_input_layouts,
+            use_local_output=style.use_local_output,
+        )
+    assert isinstance(style, (ColwiseParallel, RowwiseParallel))
+    return cls(
+        input_layouts=style.input_layouts[0],
+        output_layouts=style.output_layouts[0],
+        use_local_output=style.use_local_output,
+    )
+
+
 def plain_tp_plan(plan: Mapping[str, ParallelStyle]) -> dict[str, ParallelStyle]:
     """``plan`` with each of torchao's float8 styles as the torch style it subclasses (the
     same sharding and layouts, the activations in high precision): torchtitan's plan without
@@ -39,19 +56,9 @@ def plain_tp_plan(plan: Mapping[str, ParallelStyle]) -> dict[str, ParallelStyle]
     for pattern, style in plan.items():
         name = type(style).__name__
         if name in ("Float8ColwiseParallel", "Float8RowwiseParallel"):
-            assert isinstance(style, (ColwiseParallel, RowwiseParallel))
-            out[pattern] = _BASES[FLOAT8_STYLES[name]](
-                input_layouts=style.input_layouts[0],
-                output_layouts=style.output_layouts[0],
-                use_local_output=style.use_local_output,
-            )
+            out[pattern] = _restyled(_BASES[FLOAT8_STYLES[name]], style)
         elif name == "PrepareFloat8ModuleInput":
-            assert isinstance(style, PrepareModuleInput)
-            out[pattern] = PrepareModuleInput(
-                input_layouts=style.input_layouts,
-                desired_input_layouts=style.desired_input_layouts,
-                use_local_output=style.use_local_output,
-            )
+            out[pattern] = _restyled(PrepareModuleInput, style)
         else:
             out[pattern] = style
     return out
@@ -101,12 +108,7 @@ def float8_tp_plan(
             continue
         if all(fqn in float8 for fqn, _ in found):
             cls = Float8ColwiseParallel if type(style) is ColwiseParallel else Float8RowwiseParallel
-            assert isinstance(style, (ColwiseParallel, RowwiseParallel))
-            out[pattern] = cls(
-                input_layouts=style.input_layouts[0],
-                output_layouts=style.output_layouts[0],
-                use_local_output=style.use_local_output,
-            )
+            out[pattern] = _restyled(cls, style)
             styled.update(fqn for fqn, _ in found)
     for pattern, style in plan.items() if prepare_inputs else ():
         found = match_modules(model, pattern)
@@ -119,11 +121,7 @@ def float8_tp_plan(
             if isinstance(m, nn.Linear)
         ]
         if linears and all(x in styled for x in linears):
-            out[pattern] = PrepareFloat8ModuleInput(
-                input_layouts=style.input_layouts,
-                desired_input_layouts=style.desired_input_layouts,
-                use_local_output=style.use_local_output,
-            )
+            out[pattern] = _restyled(PrepareFloat8ModuleInput, style)
     return out if styled else None
 
 
