@@ -116,11 +116,9 @@ def test_float8_all_gather_amax_all_reduces_as_torchao(fake_pg: int, precompute:
         for it in report.iterations
     ]
     assert planned == real
-    # the recorder records each all-gather's amaxes as planned (not the precomputation's,
-    # which runs outside FSDP's hooks)
-    events = [
-        [e.to_dict() for e in it if e.module or e.group != "shard"] for it in report.iterations
-    ]
+    # the recorder records each all-gather's amaxes and the precomputation's all-reduce
+    # after each optimizer step as planned, event for event
+    events = [[e.to_dict() for e in it] for it in report.iterations]
     assert [[e.to_dict() for e in it] for it in recorded.iterations] == events
     assert real[1].count(["all_reduce", 4, "float32"]) == (0 if precompute else 4 * 7)
     assert real[1].count(["all_reduce", 4 * 14, "float32"]) == int(precompute)
@@ -153,14 +151,16 @@ def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:
     fully_shard(model, mesh=mesh["dp"], mp_policy=BF16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     real = []
-    for _ in range(2):
-        with _collectives() as seen:
-            model(_tokens()).sum().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            float8.precompute_float8_dynamic_scale_for_fsdp(model)
-        # the scales' all-reduces (float32), not DTensor's of activations or tensorwise amaxes
-        real.append([c for c in seen if c[0] == "all_gather" or c[2] == "float32"])
+    with fsdpviz.FSDP2Recorder(model, timestamps=True) as recorder:
+        for _ in range(2):
+            with _collectives() as seen:
+                model(_tokens()).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                float8.precompute_float8_dynamic_scale_for_fsdp(model)
+            # the scales' all-reduces (float32), not DTensor's of activations or tensorwise
+            # amaxes
+            real.append([c for c in seen if c[0] == "all_gather" or c[2] == "float32"])
     with torch.device("meta"):
         meta = tp_models.Llama(**SIZES)
     f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
@@ -180,6 +180,16 @@ def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:
     ]
     assert planned == real
     assert real[1][-2:] == [["all_reduce", 4 * 14, "float32"]] * 2
+    # the recorder (which leaves tensor parallelism's collectives out) records the
+    # precomputation's all-reduce over the shard group once a step, timed, where the plan has it
+    recorded = [
+        [{k: v for k, v in e.to_dict().items() if k not in ("t", "duration")} for e in it]
+        for it in recorder.report().iterations
+    ]
+    fsdp = [[e.to_dict() for e in it if not e.tensor_parallel] for it in report.iterations]
+    assert recorded == fsdp
+    last = recorder.report().iterations[-1][-1]
+    assert (last.nbytes, last.duration is not None) == (4 * 14, True)
 
 
 def test_flight_recorder_expects_each_amax_by_its_bytes() -> None:

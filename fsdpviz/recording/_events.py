@@ -83,6 +83,18 @@ class EventLog:
         finally:
             self._timed(index, start_ns)
 
+    def _after_step(self, event: Event, start_ns: int) -> None:
+        """An event of the optimizer step, issued at ``start_ns``: the end of the iteration
+        FSDP's final callback ended last (as a plan has it), or of the one in progress when
+        none has ended or it has begun."""
+        if self.timestamps:
+            end = now_ns()
+            event = replace(event, t=(start_ns - self.t0_ns) / 1e9, duration=(end - start_ns) / 1e9)
+        if self._current or not self.iterations:
+            self._append(event)
+        else:
+            self.iterations[-1].append(event)
+
     def _end_iteration(self) -> None:
         """FSDP's final backward callback ended an iteration."""
         self.iterations.append(self._current)

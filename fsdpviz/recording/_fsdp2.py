@@ -11,6 +11,11 @@ the recorder wraps FSDP2's own code:
   (``all_reduce``, group ``"replicate"``); with ``CPUOffloadPolicy``, the gradient
   shard's copy to host memory after it (``d2h``) and the shard's copy to the device
   before each all-gather of a fully sharded group (``h2d``),
+- with torchao's float8 all-gather, the amax all-reduce ``funcol.all_reduce`` issues in its
+  cast before an all-gather (``all_reduce``, group ``"shard"``, one a weight), and the one
+  ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step, for every
+  weight at once (the ``torch._foreach_norm`` of the float8 weights it stacks marks it;
+  recorded at the end of the step it follows, as the plan has it),
 - ``FSDPParamGroup._prefetch_unshard``: marks the all-gathers it issues as prefetch,
 - ``FSDPParamGroup.pre_forward`` / ``post_forward`` / ``post_backward``,
   ``FSDPState._pre_backward`` and the root's final callback: the hook each event
@@ -32,6 +37,7 @@ from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
 from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
@@ -111,6 +117,13 @@ class FSDP2Recorder(EventLog):
         self._reducing: Any = None  # the group inside foreach_reduce
         self._amaxes: _Amaxes | None = None  # the float8 all-gather inside foreach_all_gather
         self._float8 = False  # torchao's float8 is loaded: its amax all-reduces are recorded
+        # the root's name of each part, by the ids of its parameters: whose precomputation
+        # of float8 scales the weights a _foreach_norm takes are; the one running
+        self._part_roots: dict[int, str] = {}
+        for part in self.parts:
+            root = self._state_names.get(id(fsdp2_states(part)[0]), "?")
+            self._part_roots.update((id(p), root) for p in part.parameters())
+        self._precomputing: str | None = None
         # post_backward seen: the groups (ids) and their FSDPParams (ids) a gradient reached
         self._backward_groups: set[int] = set()
         self._reached: set[int] = set()
@@ -133,6 +146,9 @@ class FSDP2Recorder(EventLog):
                 amax = self._wrap_amax(float8_utils.all_reduce)
                 _patch(stack, float8_utils, "all_reduce", amax)
                 self._float8 = True
+                norms = self._wrap_amax_norms(torch._foreach_norm)
+                _patch(stack, torch, "_foreach_norm", norms)
+                _patch(stack, funcol, "all_reduce", self._wrap_precomputed(funcol.all_reduce))
             for name in ("_to_sharded", "_to_sharded_post_forward"):
                 _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
             hooks: dict[str, Hook | None] = {
@@ -226,6 +242,43 @@ class FSDP2Recorder(EventLog):
             self._current.insert(a.at + a.count, amax)
             a.count += 1
             return original(tensor, *args, **kwargs)
+
+        return all_reduce
+
+    def _wrap_amax_norms(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch._foreach_norm``: ``precompute_float8_dynamic_scale_for_fsdp`` takes the
+        norms of every float8 weight of the module it was given (DTensors over a
+        ``WeightWithDynamicFloat8CastTensor``) and stacks them; the all-reduce DTensor issues
+        next, for the stack's clamp, is the precomputation's."""
+
+        @functools.wraps(original)
+        def foreach_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if tensors and all(_float8_weight(t) for t in tensors):
+                self._precomputing = self._part_roots.get(id(tensors[0]), "?")
+            return original(tensors, *args, **kwargs)
+
+        return foreach_norm
+
+    def _wrap_precomputed(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """DTensor's ``funcol.all_reduce``: the precomputation's all-reduce of the stacked
+        amaxes over the shard group, recorded at the end of the step it follows (the optimizer
+        step's, after FSDP's final callback ended the step's last iteration). Under tensor
+        parallelism DTensor reduces over the tp dimension next, which FSDP2's recorder leaves
+        out as it leaves out every tensor-parallel collective."""
+
+        @functools.wraps(original)
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            root, self._precomputing = self._precomputing, None
+            if root is None:
+                return original(tensor, *args, **kwargs)
+            event = Event("all_reduce", root, "backward", group="shard",
+                          nbytes=tensor.numel() * tensor.element_size(),
+                          dtype=dtype_name(tensor.dtype))  # fmt: skip
+            start = now_ns()
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._after_step(event, start)
 
         return all_reduce
 
@@ -412,6 +465,12 @@ class FSDP2Recorder(EventLog):
             forward_order=list(self._forward_order),
             iterations=[list(it) for it in self.iterations],
         )
+
+
+def _float8_weight(t: Any) -> bool:
+    """A sharded float8 weight, as torchao's precomputation picks them: a DTensor whose local
+    tensor casts itself before FSDP2's all-gather (``fsdp_pre_all_gather``)."""
+    return hasattr(getattr(t, "_local_tensor", None), "fsdp_pre_all_gather")
 
 
 def _dtypes(params: list[Any], fqns: list[str]) -> dict[str, Any]:
