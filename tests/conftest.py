@@ -49,6 +49,23 @@ def fake_pg() -> Iterator[int]:
     yield FAKE_WORLD_SIZE
 
 
+@pytest.fixture
+def as_rank(fake_pg: int) -> Iterator[object]:
+    """Run as another rank of the fake process group, then as rank 0 again."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def become(rank: int, world_size: int = fake_pg) -> None:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        # DTensor's sharding propagation caches decisions by mesh; a mesh made now equals
+        # one made before, whose groups are gone
+        _clear_sharding_prop_cache()
+
+    yield become
+    become(0)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     """A failed test that drove a browser says so when the machine was busy meanwhile."""

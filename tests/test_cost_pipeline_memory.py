@@ -19,13 +19,11 @@ labels, which ``analyze``'s ``loss=`` closes over and the real step receives as 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pipeline_job as pj
 import pytest
 import torch
-import torch.distributed as dist
 from fsdp_harness import assert_same_schedule
 from pipeline_memory import measure
 from test_conformance_pipeline import predict
@@ -41,23 +39,6 @@ pytestmark = pytest.mark.skipif(
 
 def _square(pred: torch.Tensor) -> torch.Tensor:
     return pred.float().square().mean()
-
-
-@pytest.fixture
-def as_rank(fake_pg: int) -> Iterator[object]:
-    """Run as another rank of the fake process group, then as rank 0 again."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    def become(rank: int, world_size: int = fake_pg) -> None:
-        dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-        # DTensor's sharding propagation caches decisions by mesh; a mesh made now equals
-        # one made before, whose groups are gone
-        _clear_sharding_prop_cache()
-
-    yield become
-    become(0)
 
 
 @pytest.mark.parametrize("rank", [0, 2])

@@ -422,7 +422,8 @@ def test_float8_all_gather_amaxes_in_each_stage(precompute: bool) -> None:
     """FSDP2's float8 all-gather under pipeline parallelism: a stage's all-gather from the
     sharded state reduces each of its float8 weights' amaxes first (see [Note: float8
     all-gather amaxes]), one ``all_reduce`` over the shard group a weight; with precomputed
-    scales the steady step's all-gathers reduce none (the rank's replay planned none)."""
+    scales the steady step's all-gathers reduce none (the rank's replay planned none), and
+    each step ends with the precomputation's one all-reduce of every weight's amax per stage."""
     from fsdpviz.cost.sizes import float8_gathered
 
     spec = {"enable_fsdp_float8_all_gather": True,
@@ -432,12 +433,17 @@ def test_float8_all_gather_amaxes_in_each_stage(precompute: bool) -> None:
     for k, events in enumerate(report.iterations):
         run: list[str] = []
         for e in events:
-            if e.group == "shard":
+            if e.group == "shard" and e.module is None:  # the precomputation's
+                assert e.stage is not None and e.kind == "all_reduce"
+            elif e.group == "shard":
                 assert e.module in weights[e.unit] and (e.nbytes, e.dtype) == (4, "float32")
                 run.append(e.module or "")
             elif e.kind == "all_gather" and run:
                 assert sorted(run) == sorted(weights[e.unit])
                 run = []
         assert not run
-        reduced = sum(e.group == "shard" for e in events)
+        reduced = sum(e.group == "shard" and e.module is not None for e in events)
         assert reduced == 0 if precompute and k > 0 else reduced > 0
+        precomputed = sum(e.group == "shard" and e.module is None for e in events)
+        assert report.pipeline is not None  # every rank's events: each stage's precomputation
+        assert precomputed == (len(report.pipeline.stages) if precompute else 0)

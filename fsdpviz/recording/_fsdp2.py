@@ -117,13 +117,10 @@ class FSDP2Recorder(EventLog):
         self._reducing: Any = None  # the group inside foreach_reduce
         self._amaxes: _Amaxes | None = None  # the float8 all-gather inside foreach_all_gather
         self._float8 = False  # torchao's float8 is loaded: its amax all-reduces are recorded
-        # the root's name of each part, by the ids of its parameters: whose precomputation
-        # of float8 scales the weights a _foreach_norm takes are; the one running
-        self._part_roots: dict[int, str] = {}
-        for part in self.parts:
-            root = self._state_names.get(id(fsdp2_states(part)[0]), "?")
-            self._part_roots.update((id(p), root) for p in part.parameters())
-        self._precomputing: str | None = None
+        # the part of each parameter (by id): whose precomputation of float8 scales the
+        # weights a _foreach_norm takes are; the part whose precomputation runs
+        self._part_of = {id(p): k for k, part in enumerate(self.parts) for p in part.parameters()}
+        self._precomputing: int | None = None
         # post_backward seen: the groups (ids) and their FSDPParams (ids) a gradient reached
         self._backward_groups: set[int] = set()
         self._reached: set[int] = set()
@@ -254,7 +251,7 @@ class FSDP2Recorder(EventLog):
         @functools.wraps(original)
         def foreach_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if tensors and all(_float8_weight(t) for t in tensors):
-                self._precomputing = self._part_roots.get(id(tensors[0]), "?")
+                self._precomputing = self._part_of.get(id(tensors[0]))
             return original(tensors, *args, **kwargs)
 
         return foreach_norm
@@ -268,12 +265,10 @@ class FSDP2Recorder(EventLog):
 
         @functools.wraps(original)
         def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            root, self._precomputing = self._precomputing, None
-            if root is None:
+            part, self._precomputing = self._precomputing, None
+            if part is None:
                 return original(tensor, *args, **kwargs)
-            event = Event("all_reduce", root, "backward", group="shard",
-                          nbytes=tensor.numel() * tensor.element_size(),
-                          dtype=dtype_name(tensor.dtype))  # fmt: skip
+            event = self._precomputed(part, tensor)
             start = now_ns()
             try:
                 return original(tensor, *args, **kwargs)
@@ -281,6 +276,14 @@ class FSDP2Recorder(EventLog):
                 self._after_step(event, start)
 
         return all_reduce
+
+    def _precomputed(self, part: int, tensor: torch.Tensor) -> Event:
+        """The event of part ``part``'s precomputation reducing ``tensor``, its stacked
+        amaxes: the part's root all-reduces it over the shard group."""
+        root = self._state_names.get(id(fsdp2_states(self.parts[part])[0]), "?")
+        return Event("all_reduce", root, "backward", group="shard",
+                     nbytes=tensor.numel() * tensor.element_size(),
+                     dtype=dtype_name(tensor.dtype))  # fmt: skip
 
     def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)

@@ -136,6 +136,12 @@ class PipelineRecorder(FSDP2Recorder):
             )
         return super()._append(event)
 
+    def _precomputed(self, part: int, tensor: Any) -> Event:
+        """A model part's precomputation of float8 scales after the optimizer step: its
+        stage's (torchtitan calls it on each model part, in the rank's stage order)."""
+        event = super()._precomputed(part, tensor)
+        return replace(event, stage=int(self.stages[part].stage_index))
+
     def _final_callback_ran(self) -> None:
         """Under pipeline parallelism FSDP's final callback ends each microbatch's backward;
         the step ends when ``schedule.step()`` returns."""

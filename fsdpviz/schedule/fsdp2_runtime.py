@@ -205,7 +205,7 @@ class FSDP2Runtime:
             return
         weights = [w for ws in self.float8.weights.values() for w in ws]
         nbytes = sum(DTYPE_SIZES[dtype] for _, dtype in weights)
-        root = self.callback_state.group.name
+        root = self.states[0].group.name  # the module torchao is given: the root's
         dtype = weights[0][1]
         self.events.append(
             Event("all_reduce", root, "backward", group="shard", nbytes=nbytes, dtype=dtype,

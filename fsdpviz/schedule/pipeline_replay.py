@@ -94,14 +94,24 @@ class RankRun:
             calls.append(Call("pipeline", "", "RESHARD", self.runtimes[s].take_events(), s))
         return calls
 
-    def step(self, actions: list[str]) -> list[Call]:
+    def step(self, actions: list[str], optimizer: bool = True) -> list[Call]:
+        """One ``schedule.step()``; ``optimizer``: the optimizer steps after it (the last
+        micro-step of gradient accumulation), and with it torchao's
+        ``precompute_float8_dynamic_scale_for_fsdp`` on each model part (torchtitan's
+        ``Float8Converter.post_optimizer_hook``), in the rank's stage order: each stage's
+        float8 weights' amaxes in one all-reduce over its shard group (see
+        :meth:`FSDP2Runtime.optimizer_step`)."""
         calls: list[Call] = []
         for action in actions:
             for sub in parse_action(action):  # OVERLAP_F_B (DualPipeV): its actions in order
                 calls += self.action(*sub)
-        for rt in self.runtimes.values():  # the float8 scales torchao precomputes after it
-            f8 = rt.float8
-            rt.scales_ready = rt.scales_ready or (f8 is not None and f8.precomputed)
+        for s in self.stages if optimizer else ():
+            rt = self.runtimes[s]
+            rt.tag = {"stage": s}
+            rt.optimizer_step()
+            events = rt.take_events()
+            if events:
+                calls.append(Call("pipeline", "", "optimizer_step", events, s))
         return calls
 
     def action(self, s: int, kind: str, mb: int | None, action: str) -> list[Call]:

@@ -46,8 +46,9 @@ def rank_report(
     # two optimizer steps of grad_accum micro-steps, one step() each: the first (its first
     # step() with the shape inference) and a steady one, as a report without pipelines
     # holds them (the steady one's micro-steps are what the cost models walk)
-    steps = [run.shape_inference() + run.step(actions)]
-    steps += [run.step(actions) for _ in range(2 * opts.job.grad_accum - 1)]
+    accum = opts.job.grad_accum
+    steps = [run.shape_inference() + run.step(actions, accum == 1)]
+    steps += [run.step(actions, (k + 1) % accum == 0) for k in range(1, 2 * accum)]
     if run.gradless:
         warnings = [*warnings, _lost_gradients(popts.schedule, sorted(run.gradless))]
     mine = [traces[s] for s in run.stages]
