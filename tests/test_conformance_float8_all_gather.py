@@ -234,3 +234,38 @@ def test_amax_all_reduces_leave_a_plan_without_profile_as_it_was() -> None:
     assert planned.peak["bytes"] == without.peak["bytes"]
     kept = [(e.kind, e.unit, e.total) for e in planned.events if e.kind != "all_reduce"]
     assert kept == [(e.kind, e.unit, e.total) for e in without.events]
+
+
+@pytest.mark.parametrize("precompute", [False, True], ids=["dynamic", "precomputed"])
+def test_waits_name_the_amax_all_reduces_as_such(precompute: bool) -> None:
+    """What the compute waits for, in words: an all-gather queued behind its float8 weights'
+    amax all-reduces says so (not a bare ``all_reduce``, FSDP's name for a gradient's
+    reduction), with prefetch as the fix (they go with the all-gather); the precomputation's
+    all-reduce at the step's end is torchao's, after the optimizer step, which the final
+    callback does not wait for."""
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": precompute}  # fmt: skip
+    report = fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=64, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, progress=False,
+    )  # fmt: skip
+    rows = report.timeline.bottlenecks()
+    table = report.timeline.bottleneck_table(limit=None)
+    assert "queued behind all_reduce" not in table
+    if not precompute:
+        queued = [
+            b for b in rows if "queued behind the float8 amax all-reduce of 'layers." in b["reason"]
+        ]
+        assert queued and all(b["kind"] == "all_gather" for b in queued)
+        assert any("forward prefetch" in b["reason"] for b in queued)
+        return
+    (scales,) = [b for b in rows if b["kind"] == "all_reduce"]
+    assert scales["cause"] == "tail"
+    assert scales["reason"].startswith(
+        "the step's tail: the float8 scales' all-reduce of (root) (every float8 weight's amax, "
+        "reduced by precompute_float8_dynamic_scale_for_fsdp after the optimizer step)"
+    )
+    assert "final callback" not in scales["reason"]
+    assert f"#{scales['event']} float8 amax all_reduce (root) (backward)" in table

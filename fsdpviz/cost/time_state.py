@@ -244,4 +244,5 @@ class EventTiming:
             action=e.action,
             float8_share=self.float8_share,
             bubble=self.bubble,
+            group=e.group,
         )

@@ -46,7 +46,8 @@ class TimedEvent(Row):
     """One event of the iteration placed in time (see :class:`~fsdpviz.schema.timeline.Timeline`
     for what each field means). ``stage``, ``microbatch`` and ``action`` are a pipeline's
     (None outside one), ``float8_share`` FSDP2's float8 all-gather's, ``bubble`` a pipeline
-    receive's wait, ``rank`` the pipeline rank's: each is written only where it is set."""
+    receive's wait, ``rank`` the pipeline rank's, ``group`` the event's (``"shard"``: an
+    all-reduce of float8 amaxes, no gradient's): each is written only where it is set."""
 
     index: int
     kind: str
@@ -72,6 +73,7 @@ class TimedEvent(Row):
     float8_share: float | None = None
     bubble: float | None = None
     rank: int | None = None
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Scalar]:
         d: dict[str, Scalar] = {
@@ -102,6 +104,8 @@ class TimedEvent(Row):
             d["bubble"] = self.bubble
         if self.rank is not None:
             d["rank"] = self.rank
+        if self.group is not None:
+            d["group"] = self.group
         return d
 
     @classmethod
@@ -131,6 +135,7 @@ class TimedEvent(Row):
             float8_share=d.get("float8_share"),
             bubble=d.get("bubble"),
             rank=d.get("rank"),
+            group=d.get("group"),
         )
 
 

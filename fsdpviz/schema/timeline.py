@@ -38,7 +38,8 @@ class Timeline:
     collective before it; ``"copy_out"``, FSDP2's copy-out of the all-gather ``held_by``;
     ``"h2d"``, its shard's copy to the device; ``"compute"``, the compute producing its
     gradients; ``"rate_limiter"``, issued when the limiter let it; ``""``) and ``held_by``
-    (that event, -1 for none). ``compute``: per stretch of compute ``hook``, ``unit`` (the
+    (that event, -1 for none), ``group`` where the event states one (``"shard"``: an
+    all-reduce of float8 amaxes over FSDP's shard group, no gradient's). ``compute``: per stretch of compute ``hook``, ``unit`` (the
     hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
     pre-forward or pre-backward hook opened last and no post hook closed yet, ``""`` outside
     every unit), ``phase``, ``next_event`` (the first event issued at or after that hook
@@ -289,9 +290,11 @@ class Timeline:
         if not rows:
             return head + ": the compute never waits for communication"
         lines = [head, f"{'exposed':>9} {'share':>5}  {'event':<36} why"]
+        events = {r.index: r for r in self.events}
         shown = rows if limit is None else rows[:limit]
         for b in shown:
-            what = f"#{b.event} {b.kind} {unit_label(b.unit)} ({b.phase})"
+            kind = f"float8 amax {b.kind}" if events[b.event].group == "shard" else b.kind
+            what = f"#{b.event} {kind} {unit_label(b.unit)} ({b.phase})"
             lines.append(f"{duration_text(b.exposed_s):>9} {b.share:>5.0%}  {what:<36} {b.reason}")
         if len(rows) > len(shown):
             rest = rows[len(shown) :]
@@ -341,7 +344,7 @@ def _explain(
             how += " (BACKWARD_POST: after that unit's backward; BACKWARD_PRE issues it earlier)"
     lasts = d(r.end - r.start)
     other = by_index.get(r.held_by)
-    other_text = f"{other.kind} {unit_label(other.unit)}" if other is not None else "?"
+    other_text = _named(other) if other is not None else "?"
     held = r.held
     parts: list[tuple[str, str]] = []
     if needed is not None:
@@ -381,8 +384,13 @@ def _explain(
                  f"{why}")
             )  # fmt: skip
         elif held == "stream":
-            # issuing it earlier helps only to get ahead of a reduction, not of all-gathers
-            reduction = other is not None and other.kind in ("reduce_scatter", "all_reduce")
+            # issuing it earlier helps only to get ahead of a reduction, not of all-gathers;
+            # or of its own float8 amax all-reduces, which go with it
+            reduction = other is not None and (
+                other.kind == "reduce_scatter"
+                or (other.kind == "all_reduce" and other.group != "shard")
+                or (other.group == "shard" and other.unit == r.unit and other.module is not None)
+            )
             parts.append(
                 ("queued",
                  f"queued behind {other_text} on the communication stream: {how}, it started "
@@ -414,8 +422,8 @@ def _explain(
         elif not any(c.start < r.start for c in compute):
             parts.append(
                 ("first",
-                 f"the step's first {kind}: no compute runs before it to hide its {lasts} "
-                 f"({how})")
+                 f"the step's first {kind}{_float8_aside(r)}: no compute runs before it to "
+                 f"hide its {lasts} ({how})")
             )  # fmt: skip
         elif own:
             parts.append(
@@ -429,7 +437,15 @@ def _explain(
                  f"{how} {window} its compute needed it, and it takes "
                  f"{lasts}: communication longer than the compute that hides it")
             )  # fmt: skip
-    if tail > 0:
+    if tail > 0 and r.group == "shard" and r.module is None:
+        behind = f", queued behind {other_text}" if held == "stream" else ""
+        parts.append(
+            ("tail",
+             f"the step's tail: {_named(r)} runs after the last compute and the step ends "
+             f"{d(tail)} later ({behind.removeprefix(', ')}{'; ' if behind else ''}it took "
+             f"{lasts})")
+        )  # fmt: skip
+    elif tail > 0:
         behind = f", queued behind {other_text}" if held == "stream" else ""
         parts.append(
             ("tail",
@@ -438,3 +454,22 @@ def _explain(
         )  # fmt: skip
     cause = "tail" if tail >= r.exposed - tail else parts[0][0]
     return cause, "; then ".join(text for _, text in parts)
+
+
+def _named(r: TimedEvent) -> str:
+    """Event ``r`` as a text names it: its kind and unit (``"reduce_scatter 'layers.0'"``),
+    or, for an all-reduce over FSDP's shard group, the float8 amaxes it reduces (torchao's
+    float8 all-gather: no gradient; see [Note: float8 all-gather amaxes])."""
+    if r.group == "shard" and r.module is not None:
+        unit = unit_label(r.unit)
+        return f"the float8 amax all-reduce of {r.module!r} (before the all-gather of {unit})"
+    if r.group == "shard":
+        return (f"the float8 scales' all-reduce of {unit_label(r.unit)} (every float8 weight's "
+                "amax, reduced by precompute_float8_dynamic_scale_for_fsdp after the optimizer "
+                "step)")  # fmt: skip
+    return f"{r.kind} {unit_label(r.unit)}"
+
+
+def _float8_aside(r: TimedEvent) -> str:
+    """After an event's kind, what it is where its kind does not say it (see :func:`_named`)."""
+    return f", {_named(r)}" if r.group == "shard" else ""
