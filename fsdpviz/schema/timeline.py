@@ -27,46 +27,44 @@ from fsdpviz.schema.tables import dataframe
 class Timeline:
     """Start and end (seconds from the start of the iteration) of every event.
 
-    ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``, ``issued``
-    (when the CPU issued it: the CPU clock when its hook ran, after any wait of FSDP1's rate
-    limiter; never after ``start``), ``compute_t`` (where the compute stream is at that
-    hook: a free takes effect there), ``start``, ``end``, ``bytes`` (sent by this rank),
-    ``exposed`` (compute time lost waiting for it, the step's tail waiting for the last
-    collective included), and why it ran when it did: ``hook`` and ``hook_unit`` (who issued
-    it), ``prefetch``, ``rate_limited_s`` (how long FSDP1's rate limiter held the CPU before
-    issuing it), ``held`` (what its start waited for beyond its issue: ``"stream"``, the
-    collective before it; ``"copy_out"``, FSDP2's copy-out of the all-gather ``held_by``;
-    ``"h2d"``, its shard's copy to the device; ``"compute"``, the compute producing its
-    gradients; ``"rate_limiter"``, issued when the limiter let it; ``""``) and ``held_by``
-    (that event, -1 for none), ``group`` where the event states one (``"shard"``: an
-    all-reduce of float8 amaxes over FSDP's shard group, no gradient's). ``compute``: per stretch of compute ``hook``, ``unit`` (the
-    hook call it precedes), ``owner`` (whose forward or backward it is: the unit a
-    pre-forward or pre-backward hook opened last and no post hook closed yet, ``""`` outside
-    every unit), ``phase``, ``next_event`` (the first event issued at or after that hook
-    call), ``start``, ``end``, ``duration``, ``flops``, ``flops_per_s`` (achieved) and
-    ``peak_share`` (of the GPU's dense peak in the compute dtype). ``totals``: ``step_s``,
-    ``compute_s``, ``comm_s``, ``exposed_comm_s``, ``overlap`` (share of communication
-    hidden by compute), ``optimizer_s``, ``all_gather_bytes``, ``reduce_scatter_bytes``, and
-    the exposed communication by phase of the collective waited for, ``exposed_forward_s``
-    and ``exposed_backward_s`` (their sum is ``exposed_comm_s``); the compute by kind,
-    ``matmul_s``, ``attention_s``, ``memory_bound_s``, ``copy_s`` (FSDP2's copy-out),
-    ``cpu_bound_s`` (time the GPU waited for the CPU to issue kernels); throughput,
-    ``micro_batches``, ``micro_step_s``, ``tokens`` (per step and GPU), ``tokens_per_s``
-    (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU), ``mfu``, ``hfu`` (0
-    when the report has no trace profile). Times, bytes and exposure of ``events``,
-    ``compute`` and ``waits`` are those of the micro-step ``iteration`` chose (by default the
-    step's last). ``hooks``: per hook
-    call ``hook``, ``unit``, ``t`` (when the CPU runs it: the CPU runs ahead of the GPU, by
-    the kernels' launch time, and waits only where FSDP makes it), ``compute_t`` (where the
-    compute stream is then, in its own order) and ``events`` (the indices it issued).
-    ``waits``: every stretch of time the compute stream spends waiting for communication (as
-    much as the wait adds), ``start``, ``end``, ``event`` (the collective waited for),
-    ``phase`` (its phase), ``tail`` (the final wait for the last collective, after the last
-    compute). ``micro_steps``: per micro-step of the optimizer step (one without gradient
-    accumulation), ``iteration`` (its index in ``report.iterations``), ``start``, ``end``,
-    ``sync`` (whether it reduces gradients) and its own ``compute_s``, ``comm_s``,
-    ``exposed_comm_s``, bytes and compute by kind; the ``totals`` are their sums (per
-    optimizer step). ``machine["topology"]``: where each mesh dimension's groups sit
+    ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``, ``issued`` (when
+    the CPU issued it: the CPU clock when its hook ran, after any wait of FSDP1's rate limiter;
+    never after ``start``), ``compute_t`` (where the compute stream is at that hook: a free
+    takes effect there), ``start``, ``end``, ``bytes`` (sent by this rank), ``exposed`` (compute
+    time lost waiting for it, the step's tail waiting for the last collective included), and why
+    it ran when it did: ``hook`` and ``hook_unit`` (who issued it), ``prefetch``,
+    ``rate_limited_s`` (how long FSDP1's rate limiter held the CPU before issuing it), ``held``
+    (what its start waited for beyond its issue: ``"stream"``, the collective before it;
+    ``"copy_out"``, FSDP2's copy-out of the all-gather ``held_by``; ``"h2d"``, its shard's copy
+    to the device; ``"compute"``, the compute producing its gradients; ``"rate_limiter"``,
+    issued when the limiter let it; ``""``) and ``held_by`` (that event, -1 for none), ``group``
+    where the event states one (``"shard"``: an all-reduce of float8 amaxes over FSDP's shard
+    group, no gradient's). ``compute``: per stretch of compute ``hook``, ``unit`` (the hook call
+    it precedes), ``owner`` (whose forward or backward it is: the unit a pre-forward or
+    pre-backward hook opened last and no post hook closed yet, ``""`` outside every unit),
+    ``phase``, ``next_event`` (the first event issued at or after that hook call), ``start``,
+    ``end``, ``duration``, ``flops``, ``flops_per_s`` (achieved) and ``peak_share`` (of the
+    GPU's dense peak in the compute dtype). ``totals``: ``step_s``, ``compute_s``, ``comm_s``,
+    ``exposed_comm_s``, ``overlap`` (share of communication hidden by compute), ``optimizer_s``,
+    ``all_gather_bytes``, ``reduce_scatter_bytes``, and the exposed communication by phase of
+    the collective waited for, ``exposed_forward_s`` and ``exposed_backward_s`` (their sum is
+    ``exposed_comm_s``); the compute by kind, ``matmul_s``, ``attention_s``, ``memory_bound_s``,
+    ``copy_s`` (FSDP2's copy-out), ``cpu_bound_s`` (time the GPU waited for the CPU to issue
+    kernels); throughput, ``micro_batches``, ``micro_step_s``, ``tokens`` (per step and GPU),
+    ``tokens_per_s`` (per GPU), ``model_flops`` / ``hardware_flops`` (per step and GPU),
+    ``mfu``, ``hfu`` (0 when the report has no trace profile). Times, bytes and exposure of
+    ``events``, ``compute`` and ``waits`` are those of the micro-step ``iteration`` chose (by
+    default the step's last). ``hooks``: per hook call ``hook``, ``unit``, ``t`` (when the CPU
+    runs it: the CPU runs ahead of the GPU, by the kernels' launch time, and waits only where
+    FSDP makes it), ``compute_t`` (where the compute stream is then, in its own order) and
+    ``events`` (the indices it issued). ``waits``: every stretch of time the compute stream
+    spends waiting for communication (as much as the wait adds), ``start``, ``end``, ``event``
+    (the collective waited for), ``phase`` (its phase), ``tail`` (the final wait for the last
+    collective, after the last compute). ``micro_steps``: per micro-step of the optimizer step
+    (one without gradient accumulation), ``iteration`` (its index in ``report.iterations``),
+    ``start``, ``end``, ``sync`` (whether it reduces gradients) and its own ``compute_s``,
+    ``comm_s``, ``exposed_comm_s``, bytes and compute by kind; the ``totals`` are their sums
+    (per optimizer step). ``machine["topology"]``: where each mesh dimension's groups sit
     (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``).
 
     Why is it slow: :meth:`bottlenecks` ranks the waits; :meth:`bottleneck_table` prints them.
