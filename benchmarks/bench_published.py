@@ -115,6 +115,9 @@ class Row:
     memory_gib: float | None = None  # published peak memory (GiB), ``memory`` says which
     compile: bool = False  # torch.compile (torchtitan: each block; fms-fsdp: the model)
     float8: str = ""  # recipe ("tensorwise", "rowwise"); "+ag": FSDP2's float8 all-gather
+    # with "+ag": torchtitan's float8.precompute_float8_dynamic_scale_for_fsdp (default False),
+    # set where the source's command or script sets it
+    precompute: bool = False
     tp: int = 1  # tensor-parallel degree (inside a node), FSDP over the rest
     inter_node_gbps: float | None = None  # network per GPU where no preset fits (GB/s)
     cp: int = 1  # context-parallel degree: FSDP shards over dp_shard x cp
@@ -289,10 +292,11 @@ ROWS = [
     Row(TT_ASYNC_TP, "llama3:8B", "h100-hbm2e", "nvlink4+roce-400", 64, 12, 8192, "op", 3708.5,
         VAL, compile=True, float8="rowwise", tp=8),
     # Trainy on H200: FSDP2 over 4 and 8 nodes, compile, float8 with FSDP's float8 all-gather
+    # and precomputed scales (its command: --float8.precompute_float8_dynamic_scale_for_fsdp)
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 32, 2, 8192, "op", 10938, VAL,
-        compile=True, float8="tensorwise+ag", memory_gib=47.96),
+        compile=True, float8="tensorwise+ag", precompute=True, memory_gib=47.96),
     Row(TT_H200, "llama3:8B", "h200", "nvlink4+roce-400", 64, 2, 8192, "op", 10753, VAL,
-        compile=True, float8="tensorwise+ag", memory_gib=46.97),
+        compile=True, float8="tensorwise+ag", precompute=True, memory_gib=46.97),
     # AWS on SageMaker (torchtitan ac90c36 of 2024-09-03, torch nightly 2.5.0.dev20240906): 4
     # p5.48xlarge (8 H100 SXM 80 GB with NVSwitch, 3200 Gb/s EFA per node: 400 Gb/s per GPU,
     # as roce-400), llama3_8b.toml (local batch 1, seq 8192, per-operator SAC, bf16 params,
@@ -306,7 +310,7 @@ ROWS = [
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8624, VAL,
         compile=True, float8="tensorwise"),
     Row(TT_SAGEMAKER, "llama3:8B", "h100", "nvlink4+roce-400", 32, 1, 8192, "op", 8950, VAL,
-        compile=True, float8="tensorwise+ag"),
+        compile=True, float8="tensorwise+ag", precompute=True),
     # torchao's float8 training benchmarks (torchao/float8/README.md, "Training benchmarks",
     # 8c81863, March 2025: torch 2.7.0a0+gitb98af95, torchao 890e0ac, torchtitan 0.0.2, from
     # 069bae2 to 54ef422). benchmarks/float8/training/float8_training_benchmark.sh at that
@@ -321,7 +325,8 @@ ROWS = [
     Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 6150, VAL,
         compile=True, memory_gib=47.65, optimizer="adamw_fused"),
     Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 7689.5, VAL,
-        compile=True, float8="tensorwise+ag", memory_gib=47.77, optimizer="adamw_fused"),
+        compile=True, float8="tensorwise+ag", precompute=True, memory_gib=47.77,
+        optimizer="adamw_fused"),
     Row(TORCHAO, "llama3:8B", "h100-hbm2e", "nvlink4", 8, 1, 8192, "op", 6768, VAL,
         compile=True, float8="rowwise", memory_gib=47.79, optimizer="adamw_fused"),
     # torchao's same script on 8 MI300X (torchao/float8/README.md at 853f87d, 2025-08-11:
@@ -340,7 +345,8 @@ ROWS = [
     Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 5376.5, CAL,
         compile=True, memory_gib=39.09, optimizer="adamw_fused"),
     Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 6166.0, VAL,
-        compile=True, float8="tensorwise+ag", memory_gib=39.07, optimizer="adamw_fused"),
+        compile=True, float8="tensorwise+ag", precompute=True, memory_gib=39.07,
+        optimizer="adamw_fused"),
     Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 6100.0, VAL,
         compile=True, float8="rowwise_with_gw_hp", memory_gib=39.32, optimizer="adamw_fused"),
     Row(TORCHAO_MI300X, "llama3:8B", "mi300x", "xgmi", 8, 1, 8192, "op", 5891.0, VAL,
@@ -348,7 +354,8 @@ ROWS = [
     Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 8307.5, CAL,
         compile=True, memory_gib=33.71, optimizer="adamw_fused"),
     Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 10417.0, VAL,
-        compile=True, float8="tensorwise+ag", memory_gib=33.38, optimizer="adamw_fused"),
+        compile=True, float8="tensorwise+ag", precompute=True, memory_gib=33.38,
+        optimizer="adamw_fused"),
     Row(TORCHAO_B200, "llama3:8B", "b200", "nvlink5", 8, 1, 8192, "op", 8640.5, VAL,
         compile=True, float8="rowwise", memory_gib=33.72, optimizer="adamw_fused"),
     # KempnerForge on nodes of 4 H200 (NVLink inside, each pair of GPUs by its own links, no
@@ -661,7 +668,11 @@ def _torchtitan(row: Row, family: str, size: str) -> _Recipe:
     if row.float8:
         job["model"]["converters"] = ["float8"]
         job["float8"] = (
-            {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["output"]}
+            {
+                "enable_fsdp_float8_all_gather": True,
+                "filter_fqns": ["output"],
+                "precompute_float8_dynamic_scale_for_fsdp": row.precompute,
+            }
             if row.float8.endswith("+ag")
             else {"recipe_name": row.float8, "filter_fqns": ["output"]}
         )

@@ -392,3 +392,29 @@ def test_cost_models_pause_cyclic_collection_while_they_walk(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_published_float8_all_gathers_precompute_their_scales_where_their_commands_do(
+    bench_published: ModuleType,
+) -> None:
+    """The published runs with FSDP's float8 all-gather are planned with torchtitan's
+    ``float8.precompute_float8_dynamic_scale_for_fsdp`` (default False) where their command or
+    script sets it: Trainy's H200 command, AWS's TOML, torchao's
+    ``float8_training_benchmark.sh`` and ``llama3.sh``; torchtitan's December 2024 H100 tables
+    give no command and keep the default."""
+    b = bench_published
+    seen: dict[str, set[bool]] = {}
+    for row in b.ROWS:
+        if row.float8.endswith("+ag"):
+            spec = b.row_job(row).kwargs["float8"]
+            seen.setdefault(row.source, set()).add(
+                spec.get("precompute_float8_dynamic_scale_for_fsdp", False)
+            )
+    assert seen == {
+        b.TT_H100: {False},
+        b.TT_H200: {True},
+        b.TT_SAGEMAKER: {True},
+        b.TORCHAO: {True},
+        b.TORCHAO_MI300X: {True},
+        b.TORCHAO_B200: {True},
+    }
