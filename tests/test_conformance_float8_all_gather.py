@@ -63,11 +63,9 @@ def _collectives() -> Iterator[list[list[Any]]]:
         float8_utils.all_reduce, funcol.all_reduce = amax, dtensor
 
 
-def _real(ranks: int, precompute: bool) -> tuple[list[list[list[Any]]], fsdpviz.Report]:
-    """Two steps of real FSDP2 with float8 linears gathered in float8 (the output projection
-    left bf16, as torchtitan's ``filter_fqns``), each ending with the optimizer step and,
-    with ``precompute``, torchao's precomputation of the scales (as torchtitan calls it);
-    and their recording."""
+def _model(ranks: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """tp_models' Llama with float8 linears gathered in float8 (the output projection left
+    bf16, as torchtitan's ``filter_fqns``), sharded per block and at the root, and its SGD."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -81,7 +79,26 @@ def _real(ranks: int, precompute: bool) -> tuple[list[list[list[Any]]], fsdpviz.
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=BF16)
     fully_shard(model, mesh=mesh, mp_policy=BF16)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _planned(ranks: int, precompute: bool) -> fsdpviz.Report:
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": precompute}  # fmt: skip
+    return fsdpviz.analyze(
+        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=ranks, mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, progress=False,
+    )  # fmt: skip
+
+
+def _real(ranks: int, precompute: bool) -> tuple[list[list[list[Any]]], fsdpviz.Report]:
+    """Two steps of real FSDP2 with float8 linears gathered in float8 (the output projection
+    left bf16, as torchtitan's ``filter_fqns``), each ending with the optimizer step and,
+    with ``precompute``, torchao's precomputation of the scales (as torchtitan calls it);
+    and their recording."""
+    model, optimizer = _model(ranks)
     steps = []
     with fsdpviz.FSDP2Recorder(model) as recorder:
         for _ in range(2):
@@ -103,14 +120,7 @@ def test_float8_all_gather_amax_all_reduces_as_torchao(fake_pg: int, precompute:
     before them), and each step ends with one all-reduce of all 14 amaxes (56 bytes); the
     second step's all-gathers reduce none. fsdpviz planned none of them."""
     real, recorded = _real(fake_pg, precompute)
-    with torch.device("meta"):
-        model = tp_models.Llama(**SIZES)
-    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
-          "precompute_float8_dynamic_scale_for_fsdp": precompute}  # fmt: skip
-    report = fsdpviz.analyze(
-        model, _tokens(), fully_shard=tp_models.LAYERS, world_size=fake_pg, mp_policy=BF16,
-        loss=lambda out: out.sum(), float8=f8, progress=False,
-    )  # fmt: skip
+    report = _planned(fake_pg, precompute)
     planned = [
         [[e.kind, e.nbytes, e.dtype] for e in it if e.kind in ("all_gather", "all_reduce")]
         for it in report.iterations
@@ -127,6 +137,32 @@ def test_float8_all_gather_amax_all_reduces_as_torchao(fake_pg: int, precompute:
     timed = [t for t in report.timeline.events if steady[t.index].group == "shard"]
     assert len(timed) == len([e for e in steady if e.group == "shard"]) > 0
     assert all(t.end > t.start and t.bytes < 2 * 56 for t in timed)
+
+
+def test_a_recording_on_disk_keeps_the_precomputations_all_reduce(
+    fake_pg: int, tmp_path: Any
+) -> None:
+    """``fsdpviz.record`` writes each iteration's line when FSDP's final callback ends it;
+    the precomputation's all-reduce comes after, with the optimizer step: the iteration's
+    line is written again with it, and read back in place of the first, so the run loaded
+    from disk has every planned event, the lines' module events kept."""
+    model, optimizer = _model(fake_pg)
+    with fsdpviz.record(model, out_dir=tmp_path) as rec:
+        for _ in range(2):
+            model(_tokens()).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            float8.precompute_float8_dynamic_scale_for_fsdp(model)
+    assert rec.iterations_written == 2
+    lines = (tmp_path / "rank0.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # each iteration, then again with the precomputation's all-reduce
+    (run,) = fsdpviz.load(str(tmp_path)).ranks
+    assert run.config.complete_iterations == 2 and all(run.module_events)
+    loaded = [
+        [{k: v for k, v in e.to_dict().items() if k not in ("t", "duration")} for e in it]
+        for it in run.iterations
+    ]
+    assert loaded == [[e.to_dict() for e in it] for it in _planned(fake_pg, True).iterations]
 
 
 def test_precomputed_scales_under_tensor_parallelism(fake_pg: int) -> None:

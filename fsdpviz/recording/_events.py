@@ -35,13 +35,16 @@ class EventLog:
 
     ``timestamps=True`` gives every event ``t`` (seconds since the recorder was
     entered) and ``duration`` (host time of the call). ``on_iteration``, when set,
-    is called with the index of each iteration FSDP's final callback ends.
+    is called with the index of each iteration FSDP's final callback ends, and
+    ``on_amended`` with that of an ended iteration an event of the optimizer step after it
+    joined (see :meth:`_after_step`).
     """
 
     def __init__(self, timestamps: bool) -> None:
         self.timestamps = timestamps
         self.t0_ns = 0
         self.on_iteration: Callable[[int], None] | None = None
+        self.on_amended: Callable[[int], None] | None = None
         self.iterations: list[list[Event]] = []
         self._current: list[Event] = []
         self._stack: ExitStack | None = None
@@ -92,8 +95,10 @@ class EventLog:
             event = replace(event, t=(start_ns - self.t0_ns) / 1e9, duration=(end - start_ns) / 1e9)
         if self._current or not self.iterations:
             self._append(event)
-        else:
-            self.iterations[-1].append(event)
+            return
+        self.iterations[-1].append(event)
+        if self.on_amended is not None:
+            self.on_amended(len(self.iterations) - 1)
 
     def _end_iteration(self) -> None:
         """FSDP's final backward callback ended an iteration."""

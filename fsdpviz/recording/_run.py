@@ -46,6 +46,7 @@ class ScheduleRecorder(Protocol):
 
     iterations: list[list[Event]]
     on_iteration: Callable[[int], None] | None
+    on_amended: Callable[[int], None] | None
     t0_ns: int
 
     def __enter__(self) -> Any: ...
@@ -97,6 +98,7 @@ class RunRecorder:
         self._stack: ExitStack | None = None
         self._header: dict[str, Any] = {}
         self._used = False
+        self._last_modules: list[dict[str, Any]] = []  # the module events last written
 
     def __enter__(self) -> RunRecorder:
         if self._used:
@@ -113,6 +115,7 @@ class RunRecorder:
             if self._module_events is not None:
                 stack.enter_context(self._module_events)
             self._schedule.on_iteration = self._write_iteration
+            self._schedule.on_amended = self._amend_iteration
             self._header = {
                 "format": FORMAT,
                 "version": FORMAT_VERSION,
@@ -141,6 +144,7 @@ class RunRecorder:
             return
         origin = self._schedule.t0_ns
         modules = self._module_events.take(origin) if self._module_events is not None else []
+        self._last_modules = modules
         self._writer.iteration(
             {
                 "iteration": index,
@@ -152,6 +156,21 @@ class RunRecorder:
         self.iterations_written = index + 1
         if index == 0:
             self._update_header()
+
+    def _amend_iteration(self, index: int) -> None:
+        """An event of the optimizer step joined iteration ``index``, written already: its
+        line again, whole, which replaces the first when read back (see
+        :func:`~fsdpviz.recording._writer.read_rank`)."""
+        if self._writer is None or index != self.iterations_written - 1:
+            return
+        self._writer.iteration(
+            {
+                "iteration": index,
+                "complete": True,
+                "events": [e.to_dict() for e in self._schedule.iterations[index]],
+                "module_events": self._last_modules,
+            }
+        )
 
     def _update_header(self, *, finished: bool | None = None) -> None:
         """Write the header again with the units and forward order made so far (and, at the
@@ -173,7 +192,7 @@ class RunRecorder:
                 self._write_iteration(i, complete=False)
             self._update_header(finished=exc_type is None)
         finally:
-            self._schedule.on_iteration = None
+            self._schedule.on_iteration = self._schedule.on_amended = None
             self._stack = None
             if self._writer is not None:
                 self._writer.close()

@@ -17,7 +17,10 @@ A recording directory holds, for each rank ``r``:
 Each line: ``{"iteration", "complete", "events", "module_events"}``; ``events``
 and ``module_events`` use the dict forms of :mod:`fsdpviz.schema.report`.
 ``complete`` is false for the events left over when the recording ended
-between two iterations (a forward with no backward after it).
+between two iterations (a forward with no backward after it). A line for the
+iteration of the line before it is that iteration again, amended (an event of the
+optimizer step after it, as torchao's ``precompute_float8_dynamic_scale_for_fsdp``
+all-reduce): it replaces that line when read back.
 """
 
 from __future__ import annotations
@@ -131,7 +134,14 @@ def read_rank(out_dir: Path, rank: int) -> RankFiles:
     lines = raw.split(b"\n")
     files.torn_line = lines[-1] != b""
     for line in lines[:-1]:
-        files.iterations.append(json.loads(line))
+        record = json.loads(line)
+        amends = files.iterations and files.iterations[-1].get("iteration") == record.get(
+            "iteration"
+        )
+        if amends:
+            files.iterations[-1] = record
+        else:
+            files.iterations.append(record)
     return files
 
 
