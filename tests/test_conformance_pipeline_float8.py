@@ -79,13 +79,22 @@ def _run(name: str, accum: int, monkeypatch: pytest.MonkeyPatch) -> fsdpviz.Repo
 
 @pytest.mark.parametrize(
     ("name", "rank", "accum"),
-    [("1f1b-4", 0, 1), ("1f1b-4", 2, 1), ("interleaved-4", 0, 1), ("1f1b-4", 2, 2)],
+    [
+        ("1f1b-4", 0, 1),
+        ("1f1b-4", 2, 1),
+        ("gpipe-4", 2, 1),
+        ("interleaved-4", 0, 1),
+        ("zbv-4", 0, 1),
+        ("1f1b-4", 2, 2),
+        ("interleaved-4-always", 2, 2),
+    ],
 )
 def test_each_stage_precomputes_its_scales_after_the_optimizer_step(
     as_rank: Any, monkeypatch: pytest.MonkeyPatch, name: str, rank: int, accum: int
 ) -> None:
     """The rank's plan holds, after each optimizer step, one all-reduce of the stacked amaxes
-    (4 bytes a float8 weight, in float32) per stage it holds, tagged with the stage, and
+    (4 bytes a float8 weight, in float32) per stage it holds with float8 weights (V and
+    interleaved schedules: two stages, the last without), tagged with the stage, and
     none after a micro-step without one; event for event as the real rank's, two optimizer
     steps of ``accum`` micro-steps (the first one's all-gathers reducing each weight's
     amax, the steady one's none)."""
@@ -105,8 +114,10 @@ def test_each_stage_precomputes_its_scales_after_the_optimizer_step(
     for e in mine.iterations[0]:
         if e.group == "shard" and e.module is not None:
             weights.setdefault(e.stage, set()).add(e.module)
-    stages = [s.index for s in planned.pipeline.stages_of(rank // pj.DP)]
-    assert sorted(weights) == stages
+    # a stage without float8 weights (the norm and the output, left bf16) reduces nothing:
+    # torchao's precomputation returns before its all-reduce
+    stages = [s.index for s in planned.pipeline.stages_of(rank // pj.DP) if s.index in weights]
+    assert stages and sorted(weights) == sorted(stages)
     for k, events in enumerate(mine.iterations):
         precomputed = [
             (e.stage, e.nbytes, e.dtype) for e in events if e.group == "shard" and e.module is None
