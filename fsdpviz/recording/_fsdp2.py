@@ -118,9 +118,10 @@ class FSDP2Recorder(EventLog):
         self._amaxes: _Amaxes | None = None  # the float8 all-gather inside foreach_all_gather
         self._float8 = False  # torchao's float8 is loaded: its amax all-reduces are recorded
         # the part of each parameter (by id): whose precomputation of float8 scales the
-        # weights a _foreach_norm takes are; the part whose precomputation runs
+        # weights a _foreach_norm takes are; the part whose precomputation runs, and how
+        # many amaxes it stacks (the elements of its all-reduce)
         self._part_of = {id(p): k for k, part in enumerate(self.parts) for p in part.parameters()}
-        self._precomputing: int | None = None
+        self._precomputing: tuple[int, int] | None = None
         # post_backward seen: the groups (ids) and their FSDPParams (ids) a gradient reached
         self._backward_groups: set[int] = set()
         self._reached: set[int] = set()
@@ -251,7 +252,8 @@ class FSDP2Recorder(EventLog):
         @functools.wraps(original)
         def foreach_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if tensors and all(_float8_weight(t) for t in tensors):
-                self._precomputing = self._part_of.get(id(tensors[0]))
+                part = self._part_of.get(id(tensors[0]))
+                self._precomputing = (part, len(tensors)) if part is not None else None
             return original(tensors, *args, **kwargs)
 
         return foreach_norm
@@ -265,10 +267,10 @@ class FSDP2Recorder(EventLog):
 
         @functools.wraps(original)
         def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            part, self._precomputing = self._precomputing, None
-            if part is None:
+            running, self._precomputing = self._precomputing, None
+            if running is None or tensor.numel() != running[1]:  # not the stacked amaxes
                 return original(tensor, *args, **kwargs)
-            event = self._precomputed(part, tensor)
+            event = self._precomputed(running[0], tensor)
             start = now_ns()
             try:
                 return original(tensor, *args, **kwargs)
