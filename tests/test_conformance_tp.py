@@ -211,8 +211,9 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
     """bf16 parameters reducing in float32, two micro-steps, the first without gradient sync:
     FSDP2 keeps the norms' unreduced partial gradients in float32 between them
     (``FSDPParam.to_accumulated_grad_if_needed``), so the syncing micro-step all-reduces them
-    over tp in float32, twice the bytes of a micro-step alone. Every micro-step's tp
-    collectives equal DTensor's on the fake process group, kind and bytes."""
+    over tp in float32, twice the bytes of a micro-step alone; a micro-step alone
+    all-reduces them as autograd made them, bf16. Every micro-step's tp collectives equal
+    DTensor's on the fake process group, kind, bytes and dtype (the all-reduces' had none)."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -225,7 +226,7 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
         fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=mp)
     fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
     real = []
-    with _tp_collectives() as seen:
+    with _tp_collectives(dtypes=True) as seen:
         for k in range(4):  # two optimizer steps of two micro-steps
             model.set_requires_gradient_sync(k % 2 == 1)
             model(tp_models.tokens()).sum().backward()
@@ -233,11 +234,13 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
             seen.clear()
         model.zero_grad()
     report = predict(mp_policy=mp, grad_accum=2, progress=False)
-    predicted = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in report.iterations]
+    predicted = [
+        [[e.kind, e.nbytes, e.dtype] for e in it if e.tensor_parallel] for it in report.iterations
+    ]
     assert predicted == real
     norm = 16 * 4  # the norms' float32 partial gradients, all-reduced in the syncing step
-    assert [b for k, b in real[1] if k == "tp_all_reduce"] == [norm] * 5
-    assert not any(k == "tp_all_reduce" for k, _ in real[0])
+    assert [c[1:] for c in real[1] if c[0] == "tp_all_reduce"] == [[norm, "float32"]] * 5
+    assert not any(c[0] == "tp_all_reduce" for c in real[0])
 
 
 def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
