@@ -639,9 +639,77 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     assert [[e.kind, e.nbytes] for e in forward] == real[: len(forward)]
     gathers = [e.module for e in forward if e.unit == "layers.0" and e.kind == "tp_all_gather"]
     assert gathers[:3] == [f"layers.0.attention.w{x}" for x in "qkv"]
-    (warning, *_) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    (warning, *linears) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
     assert "layers.0.attention (PrepareModuleInput) takes a DTensor in Shard(1)" in warning.message
     assert "input_layouts=(Shard(1),)" in warning.message
+    # backward: each projection's weight gradient all-gathers its saved input again (the
+    # style's reduce-scatter of the input's gradient was planned); the gradient goes back
+    # Partial() to the norm's operators, whose own redistributions are not planned (noted)
+    backward = [e for e in report.iterations[0] if e.tensor_parallel and e.phase == "backward"]
+    real_backward = real[len(forward) :]
+    assert [[e.kind, e.nbytes] for e in backward[:7]] == real_backward[:7]
+    assert [(e.kind, e.module) for e in backward[4:7]] == [
+        ("tp_all_gather", f"layers.1.attention.w{x}") for x in "vkq"
+    ]  # fmt: skip
+    assert real_backward[7][0] == "tp_reduce_scatter"  # the norm's: not planned
+    assert "layers.0.attention.wq (ColwiseParallel)" in linears[0].message
+    assert "Partial()" in linears[0].message and "does not plan" in linears[0].message
+
+
+@pytest.mark.parametrize(
+    ("prepared", "mesh", "batch", "mp"),
+    [("attention", (2, 2), 2, False), ("feed_forward", (1, 2), 3, True),
+     ("attention", (1, 4), 2, True)],
+    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16"],
+)  # fmt: skip
+def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
+    fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, mp: bool
+) -> None:
+    """Without sequence parallelism, a ``PrepareModuleInput`` shards the attention's (or the
+    MLP's) replicated input on the sequence and leaves it a DTensor; its column-wise
+    projections declare ``Replicate()`` both ways, so they leave it to the multiply: the
+    linear's ``view`` to 2-D makes it ``_StridedShard(0)``, which ``mm`` all-gathers in
+    forward, and again in backward for the weight's gradient, whose input gradient comes
+    back ``Partial()``, which the prepared input's ``Redistribute.backward`` all-reduces
+    back to ``Replicate()``. fsdpviz planned the style's backward instead (a reduce-scatter
+    per projection, an all-gather at the prepared input) and warned. Every collective equals
+    DTensor's, kind, bytes and dtype, in order; no warning."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    plan = tp_models.plain_plan()
+    plan[f"layers.*.{prepared}"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp else MixedPrecisionPolicy()
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(batch, 8, dtype=torch.long)
+    dm = init_device_mesh("cpu", mesh, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", mesh[0], "tp", mesh[1]), mp_policy=policy,
+                             progress=False)  # fmt: skip
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert predicted == real
+    assert not [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    linears = ("wv", "wk", "wq") if prepared == "attention" else ("w3", "w1")
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward"
+            and e.module.startswith(f"layers.1.{prepared}")]  # fmt: skip
+    assert back[-len(linears) - 1 :] == [
+        *(("tp_all_gather", f"layers.1.{prepared}.{w}") for w in linears),
+        ("tp_all_reduce", f"layers.1.{prepared}"),
+    ]
 
 
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])

@@ -69,6 +69,11 @@ from fsdpviz.schedule.tp_float8 import (
     report_amax,
 )
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
+from fsdpviz.schedule.tp_implicit import (
+    gathered_by_multiply,
+    partial_grad_warning,
+    skipped_warning,
+)
 from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
@@ -118,6 +123,8 @@ class TPEmulation:
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
+        # the gradient layouts (the lists _grads holds) a Redistribute.backward takes back
+        self._absorbing: dict[int, list[Layout]] = {}
         self._flow = DTensorFlow({id(p) for p in plan.placements(model)}, self._meet)
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
@@ -358,6 +365,7 @@ class TPEmulation:
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
         grad = grad_in if grad_in is not None else [r.grad]
+        self._absorbing[id(grad)] = grad
         back_bytes, shape = t.numel() if grad_f8 else nbytes, t.shape
         back_dtype = "float8_e5m2" if grad_f8 else _dtype_name(t)
 
@@ -444,7 +452,10 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
-            skipped = self._skipped(t, r, tpm, known)
+            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
+                t, r, tpm, known, self.plan.size
+            )
+            skipped = not gathered and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
@@ -458,9 +469,12 @@ class TPEmulation:
             prepared = tpm.base == "PrepareModuleInput"
             # a plain tensor's gradient comes back through to_local() in the layout it left in
             grad = [r.dst if prepared and tpm.local_output else r.grad]
+            moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
-                t, r, tpm, i, known, (float8, False), explicit or None, grad
+                t, r, tpm, i, known, (float8, False), moved, grad
             )  # fmt: skip
+            if gathered:  # the linear's multiply's backward, not the style's
+                out = self._gathered_backward(t, out, tpm, i)
             if prepared and not tpm.local_output:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
@@ -537,19 +551,39 @@ class TPEmulation:
             or same_layout(known, r.src, t.dim())
         ):
             return False
-        declared = layout_name(r.src)
-        self._implicit.setdefault(
-            (tpm.fqn, r.position),
-            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes a DTensor in "
-            f"{layout_name(known)} where its input_layouts say {declared}; as they equal "
-            f"its desired layout ({declared}), the style does not redistribute it (torch "
-            "redistributes only where input_layouts != desired_input_layouts) and DTensor's "
-            "operators redistribute it implicitly by their sharding propagation, whose "
-            "collectives (the backward's above all) fsdpviz does not plan exactly. Declare "
-            f"the layout it arrives in, input_layouts=({layout_name(known)},), so the style "
-            "redistributes it explicitly",
-        )
+        self._implicit.setdefault((tpm.fqn, r.position), skipped_warning(tpm, r, known))
         return tpm.base == "PrepareModuleInput"
+
+    def _gathered_backward(self, t: torch.Tensor, out: Any, tpm: TPModule, i: int) -> Any:
+        """The backward of a linear whose multiply gathered its ``_StridedShard`` input
+        (:func:`gathered_by_multiply`): no ``Redistribute.backward`` (the style ran none), but
+        the weight's gradient (``mm`` of the output's gradient and the saved input, still
+        ``_StridedShard``) all-gathers the input again, and the input's gradient comes back
+        ``Partial()``, to the redistribution that made ``t`` (planned there: a reduce-scatter
+        back to a sharded layout, an all-reduce to a replicated one) or, where no style
+        redistributed it, to DTensor's operators that made it, whose backward reduces it by
+        their own sharding propagation (noted, not planned)."""
+        found = self._aliased(t, self._grads)
+        if found is not None:
+            found[1][0] = PARTIAL
+        if found is None or id(found[1]) not in self._absorbing:
+            warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
+            self._implicit.setdefault((tpm.fqn, "backward"), warning)
+        weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
+        nbytes, dtype = t.numel() * t.element_size(), _dtype_name(t)
+        probe = self._probe
+
+        def report() -> None:
+            if isinstance(weight, nn.Parameter) and weight.requires_grad:
+                self.runtime.tensor_parallel(i, "tp_all_gather", tpm.fqn, "backward", nbytes, dtype)
+
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            if probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+                with probe.redistributed(None):  # the input gathered for the weight's gradient
+                    g.new_empty(g.shape)
+            return g
+
+        return GradCollective.apply(report, None, back_copy, out)  # type: ignore[no-untyped-call]
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
@@ -596,6 +630,7 @@ class TPEmulation:
             self._amax.remove()
         self._dtensors.clear()
         self._grads.clear()
+        self._absorbing.clear()
         self._narrowed.clear()
         self._plain.clear()
         self._float8.clear()
