@@ -474,6 +474,39 @@ def test_a_dtensor_meeting_a_plain_tensor_is_noted_as_torch_refuses_it(fake_pg: 
     assert not [w for w in predict(progress=False).warnings if w.code == "tp_mixed_dtensor"]
 
 
+def test_attention_taking_a_dtensor_and_a_plain_tensor_is_noted_as_torch_refuses_it(
+    fake_pg: int,
+) -> None:
+    """The query and key projections leave DTensors (``use_local_output=False``), the value
+    projection a plain tensor: ``scaled_dot_product_attention`` meets both, and DTensor's
+    dispatch refuses its operators (``aten.bmm`` or ``aten.add`` on the CPU). fsdpviz
+    noted arithmetic alone and was silent; now it warns, naming the attention operator it
+    traced."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    plan = tp_models.plain_plan()
+    for w in "qk":
+        plan[f"layers.*.attention.w{w}"] = ColwiseParallel(use_local_output=False)
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16, "layers": 1}
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
+    with pytest.raises(RuntimeError, match=r"got mixed torch\.Tensor and DTensor"):
+        model(tp_models.tokens())
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, tp_models.tokens(), fully_shard=[("layers.0",)],
+                             mesh=("dp", 2, "tp", 2), parallelize_plan=plan,
+                             progress=False)  # fmt: skip
+    (warning,) = [w for w in report.warnings if w.code == "tp_mixed_dtensor"]
+    assert re.search(
+        r"scaled_dot_product_\w*attention\w* takes a DTensor \(the output of "
+        r"'layers\.0\.attention\.wq' \(ColwiseParallel, use_local_output=False\)\).*a plain "
+        r"tensor .*mixed torch\.Tensor and DTensor",
+        warning.message,
+    )
+
+
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=hidden, layers=1)
