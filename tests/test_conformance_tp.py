@@ -690,13 +690,13 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
 
 
 @pytest.mark.parametrize(
-    ("prepared", "mesh", "batch", "mp"),
-    [("attention", (2, 2), 2, False), ("feed_forward", (1, 2), 3, True),
-     ("attention", (1, 4), 2, True)],
-    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16"],
+    ("prepared", "mesh", "batch", "seq", "mp"),
+    [("attention", (2, 2), 2, 8, False), ("feed_forward", (1, 2), 3, 8, True),
+     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False)],
+    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven"],
 )  # fmt: skip
 def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
-    fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, mp: bool
+    fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, seq: int, mp: bool
 ) -> None:
     """Without sequence parallelism, a ``PrepareModuleInput`` shards the attention's (or the
     MLP's) replicated input on the sequence and leaves it a DTensor; its column-wise
@@ -705,8 +705,10 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     forward, and again in backward for the weight's gradient, whose input gradient comes
     back ``Partial()``, which the prepared input's ``Redistribute.backward`` all-reduces
     back to ``Replicate()``. fsdpviz planned the style's backward instead (a reduce-scatter
-    per projection, an all-gather at the prepared input) and warned. Every collective equals
-    DTensor's, kind, bytes and dtype, in order; no warning."""
+    per projection, an all-gather at the prepared input) and warned. A sequence the tp ranks
+    do not divide is padded in both all-gathers (fsdpviz's uneven gather also left the
+    projection's input out of the autograd graph). Every collective equals DTensor's, kind,
+    bytes and dtype, in order; no warning."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -719,7 +721,7 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     )
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp else MixedPrecisionPolicy()
     sizes = {"vocab": 32, "dim": 8, "n_heads": 4, "hidden": 16}
-    ids = torch.zeros(batch, 8, dtype=torch.long)
+    ids = torch.zeros(batch, seq, dtype=torch.long)
     dm = init_device_mesh("cpu", mesh, mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)

@@ -85,6 +85,10 @@ _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 
+def _nothing() -> None:
+    return None
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -361,7 +365,10 @@ class TPEmulation:
             self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
         )
         if not moved or not (t.requires_grad and torch.is_grad_enabled()):
-            return t if copy is None else copy(t)
+            if copy is None or not (t.requires_grad and torch.is_grad_enabled()):
+                return t if copy is None else copy(t)
+            # the buffer in the graph (a padded one is made anew): its gradient passes through
+            return GradCollective.apply(_nothing, copy, None, t)  # type: ignore[no-untyped-call]
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
         grad = grad_in if grad_in is not None else [r.grad]
@@ -570,7 +577,9 @@ class TPEmulation:
             warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
             self._implicit.setdefault((tpm.fqn, "backward"), warning)
         weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
-        nbytes, dtype = t.numel() * t.element_size(), _dtype_name(t)
+        known, dtype = self._layout(t) or REPLICATE, _dtype_name(t)
+        nbytes = padded_bytes(t.numel() * t.element_size(), t.shape, "tp_all_gather", known,
+                              REPLICATE, self.plan.size)  # fmt: skip
         probe = self._probe
 
         def report() -> None:

@@ -12,16 +12,16 @@ import math
 import torch
 
 from fsdpviz.plan.tensor_parallel import Layout, Redistribution, TPModule, layout_name, same_layout
-from fsdpviz.schedule.tp_buffers import uneven
 
 
 def gathered_by_multiply(
     t: torch.Tensor, r: Redistribution, tpm: TPModule, known: Layout | None, tp: int
 ) -> bool:
     """Whether ``ColwiseParallel`` leaves DTensor ``t`` (in ``known``) to its linear's
-    multiply in a layout whose sharding propagation fsdpviz plans exactly: sharded evenly
-    on a dim between the first and the last with a dim of more than one before it (a
-    sequence-sharded activation of a batch of more than one). The linear's ``view`` to 2-D
+    multiply in a layout whose sharding propagation fsdpviz plans exactly: sharded on a dim
+    between the first and the last with a dim of more than one before it (a
+    sequence-sharded activation of a batch of more than one; a dim the tp ranks do not
+    divide padded to the first rank's chunk in each all-gather). The linear's ``view`` to 2-D
     makes it ``_StridedShard(0)`` (``view_groups``), which ``mm`` takes replicated: an
     all-gather in forward, the one the style would run, and another of the saved input for
     the weight's gradient in backward, whose input gradient comes back ``Partial()``
@@ -35,7 +35,7 @@ def gathered_by_multiply(
     ):  # fmt: skip
         return False
     d = (known[1] or 0) % t.dim()
-    return 0 < d < t.dim() - 1 and math.prod(t.shape[:d]) > 1 and not uneven(t, known, tp)
+    return 0 < d < t.dim() - 1 and math.prod(t.shape[:d]) > 1
 
 
 def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
