@@ -71,7 +71,7 @@ from fsdpviz.schedule.tp_float8 import (
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
 from fsdpviz.schedule.tp_implicit import (
     gathered_by_multiply,
-    partial_grad_warning,
+    gathered_warning,
     skipped_warning,
 )
 from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
@@ -569,13 +569,14 @@ class TPEmulation:
         ``Partial()``, to the redistribution that made ``t`` (planned there: a reduce-scatter
         back to a sharded layout, an all-reduce to a replicated one) or, where no style
         redistributed it, to DTensor's operators that made it, whose backward reduces it by
-        their own sharding propagation (noted, not planned)."""
+        their own sharding propagation (noted, not planned; its memory noted as not exact:
+        :func:`gathered_warning`)."""
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = PARTIAL
-        if found is None or id(found[1]) not in self._absorbing:
-            warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
-            self._implicit.setdefault((tpm.fqn, "backward"), warning)
+        absorbed = found is not None and id(found[1]) in self._absorbing
+        warning = gathered_warning(tpm, self._layout(t) or REPLICATE, absorbed)
+        self._implicit.setdefault((tpm.fqn, "gathered"), warning)
         weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
         known, dtype = self._layout(t) or REPLICATE, _dtype_name(t)
         nbytes = padded_bytes(t.numel() * t.element_size(), t.shape, "tp_all_gather", known,

@@ -2,7 +2,7 @@
 DTensor in another layout: no ``DTensor.redistribute``), for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: where the operators' sharding
 propagation is planned exactly (:func:`gathered_by_multiply`) and the warnings where it is
-not (:func:`skipped_warning`, :func:`partial_grad_warning`).
+not (:func:`skipped_warning`, :func:`gathered_warning`).
 """
 
 from __future__ import annotations
@@ -54,15 +54,24 @@ def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
     )
 
 
-def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
-    """The warning of a linear whose multiply gave the gradient of a DTensor (in ``known``)
-    back ``Partial()`` where no style's ``Redistribute.backward`` takes it back."""
+def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
+    """The warning of a linear whose multiply gathers a DTensor in ``known``
+    (:func:`gathered_by_multiply`): its collectives planned, but for a ``Partial()``
+    gradient no style's ``Redistribute.backward`` takes back (``absorbed``: one does), and
+    its memory not exact."""
+    layout = layout_name(known)
+    back = "" if absorbed else (
+        " DTensor's operators that made the DTensor (no style redistributed it) reduce that "
+        "gradient by their own sharding propagation in backward, collectives fsdpviz does "
+        "not plan."
+    )  # fmt: skip
     return (
-        f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout_name(known)} "
-        "that no style redistributed (a DTensor an operator or a style's output left): its "
-        "multiply gathers it in forward and again for the weight's gradient in backward "
-        "(planned), and gives its gradient back Partial(), which DTensor's operators that "
-        "made the DTensor reduce by their own sharding propagation in backward, collectives "
-        "fsdpviz does not plan. Declare the layout it arrives in, input_layouts="
-        f"({layout_name(known)},), so the style redistributes it explicitly"
+        f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
+        "declared layouts leave to its linear's multiply, which gathers it in forward and "
+        "again for the weight's gradient in backward and gives its gradient back Partial() "
+        f"(planned).{back} Its memory is not exact: torch saves the multiply's input as a "
+        "rank's share (_StridedShard) and gathers it into temporary buffers, fsdpviz holds "
+        "it gathered, whole, until backward (more than torch). Declare the layout it arrives "
+        f"in, input_layouts=({layout},), so the style gathers it (the same forward "
+        "collective), which fsdpviz plans exactly"
     )
