@@ -568,8 +568,8 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
     resharding as a bool or per group; bf16 parameters reducing in fp32 or bf16; gradient
     accumulation without sync; activation checkpointing): FSDP's events equal the
     recording's, event for event, and the tp collectives of every micro-step DTensor's,
-    kind and bytes (but loss parallel's own all-reduces of a few values per token, which
-    fsdpviz leaves out)."""
+    kind and bytes, loss parallel's own all-reduces of a few values per token among them
+    (fsdpviz left those out)."""
     from contextlib import nullcontext
 
     from fsdp_harness import assert_same_accumulation
@@ -630,12 +630,8 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
                     out = model(ids)
                     with loss_parallel() if lp else nullcontext():
                         loss(out).backward()
-                    step = list(seen)
+                    real_tp.append(list(seen))
                     seen.clear()
-                    if lp:  # the loss's all-reduces: the first three, before the backward's
-                        first = next(j for j, c in enumerate(step) if c[0] == "tp_all_reduce")
-                        step = step[:first] + step[first + 3 :]
-                    real_tp.append(step)
                 model.zero_grad()
         torch.manual_seed(0)
         predicted = fsdpviz.analyze(
@@ -649,6 +645,51 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
             assert_same_schedule(rec.report(), fsdp_only(predicted))
         tp = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in predicted.iterations]
         assert real_tp[: 2 * n] == tp
+
+
+def test_loss_parallels_own_all_reduces_are_planned(fake_pg: int) -> None:
+    """torchtitan's loss parallel (logits left sharded over the vocabulary, bf16 parameters):
+    the cross-entropy's handlers all-reduce each token's maximum and sum of exponents
+    (``_log_softmax``, in float32, its computation dtype) and its picked log-probability
+    (``_MaskPartial._reduce_value``, in bf16, the result's dtype) over the tp ranks, three
+    all-reduces of a value per token, which fsdpviz left out. Every collective equals
+    DTensor's, kind, bytes and dtype, in order."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    plan = tp_models.whole_plan()
+    plan["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        out = model(ids)
+        with loss_parallel():
+            _cross_entropy(out).backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), mp_policy=policy, loss=_cross_entropy,
+                             progress=False)  # fmt: skip
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert predicted == real
+    loss = [e for e in report.iterations[0] if e.tensor_parallel and e.module == ""]
+    assert [(e.kind, e.nbytes, e.dtype, e.phase) for e in loss] == [
+        *[("tp_all_reduce", 3 * 8 * 4, "float32", "forward")] * 2,
+        ("tp_all_reduce", 3 * 8 * 2, "bfloat16", "forward"),  # of log_softmax's bf16 result
+    ]
 
 
 def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_pg: int) -> None:

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import float8_gathered_groups
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.job import JobOptions
@@ -74,7 +73,11 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_warning,
     skipped_warning,
 )
-from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
+from fsdpviz.schedule.tp_refusals import (
+    refuse_mislabelled_local,
+    refuse_narrowed,
+    refuse_uneven_local,
+)
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -133,6 +136,7 @@ class TPEmulation:
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
+        self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -195,8 +199,13 @@ class TPEmulation:
             yield
 
     def measure(self, probe: CostProbe) -> None:
-        """Give ``probe`` the buffers the collectives make (see the module's docstring)."""
+        """Give ``probe`` the buffers the collectives make (see the module's docstring), and
+        plan the all-reduces ``loss_parallel()``'s handlers run in the loss (the root's)."""
         self._probe = probe
+        probe.on_all_reduce = lambda t: self.runtime.tensor_parallel(
+            self._root, "tp_all_reduce", "", "forward", t.numel() * t.element_size(),
+            _dtype_name(t),
+        )  # fmt: skip
 
     def _buffer(self, collective: str | None, src: Layout, dst: Layout, ndim: int) -> Copy:
         """A function making the new buffer of ``collective`` from ``src`` to ``dst``, or None.
@@ -522,17 +531,7 @@ class TPEmulation:
         if found is None or moved is not None or not linear or tpm.base == "PrepareModuleInput":
             return
         d, n, where = found[1]
-        tp, padded = self.plan.size, chunks(found[1][1], self.plan.size)[0] * self.plan.size
-        raise ConfigError(
-            f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes the DTensor the all-to-all of "
-            f"{where} leaves, whose dim {d} ({n}) the {tp} tp ranks do not divide: DTensor "
-            f"pads it to {padded} for the all-to-all and narrows each rank's tensor back "
-            "(Shard._unpad_for_new_shard_dim), which leaves it non-contiguous, and the "
-            "linear's multiply views it flat, so torch fails (RuntimeError: view size is not "
-            "compatible with input tensor's size and stride). Make the size a multiple of "
-            f"the tp degree ({padded}; a sequence padded to it), or choose a tp degree that "
-            "divides it"
-        )
+        refuse_narrowed(tpm, d, n, where, self.plan.size)
 
     def _skipped(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
         """Whether the style leaves DTensor ``t`` (in ``known``) as it is although the style
@@ -645,4 +644,6 @@ class TPEmulation:
         self._plain.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
+        if self._probe is not None:
+            self._probe.on_all_reduce = None
         self._probe = None
