@@ -834,6 +834,53 @@ def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     assert ["tp_all_reduce", activation] in real
 
 
+@pytest.mark.parametrize("local_input", [False, True])
+def test_prepare_module_input_output_prepares_its_inputs_as_prepare_module_input(
+    fake_pg: int, local_input: bool
+) -> None:
+    """The attention's ``PrepareModuleInputOutput``: its input gathered from the sequence
+    and, with ``use_local_input=False`` (torch's default), left a replicated DTensor, whose
+    projections' partial gradients add up and are reduce-scattered once, by its
+    ``Redistribute.backward``; its output (``wo``'s sequence-sharded DTensor) kept,
+    a plain tensor again. fsdpviz took the style for none that prepares inputs and its
+    input for a plain tensor (an all-reduce per projection, then the reduce-scatter); the
+    input's ``use_local_input`` was read from the output's ``use_local_output``. With
+    ``use_local_input=True`` each projection makes the plain input a DTensor again and
+    all-reduces its own partial gradient, and the gradient reaches the style replicated.
+    Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, RowwiseParallel
+
+    plan = tp_models.whole_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    plan["layers.*.attention"] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+        use_local_input=local_input, output_layouts=(Shard(1),),
+        desired_output_layouts=(Shard(1),), use_local_output=True,
+    )  # fmt: skip
+    real, report = _small_llama_tp(plan, TP_MESH)
+    assert _predicted_tp_collectives(report) == real
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward" and e.unit == "layers.1"]  # fmt: skip
+    projections = [m for k, m in back if k == "tp_all_reduce" and ".attention.w" in m]
+    assert len(projections) == (3 if local_input else 0)
+    assert (("tp_reduce_scatter", "layers.1.attention") in back) is not local_input
+    # read back from the hooks of a model parallelised on meta (the style's two halves)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        meta = parallelize_module(
+            tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=16), mesh["tp"], plan
+        )
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(meta.get_submodule(name), mesh=mesh["dp"])
+    applied = fsdpviz.analyze(meta, torch.zeros(2, 8, dtype=torch.long), progress=False)
+    assert _predicted_tp_collectives(applied) == real
+
+
 class _ReshardedLinear(torch.nn.Module):
     """:class:`_Resharded` with a row-wise linear after the all-to-all, taking its
     feature-sharded DTensor as it is (``input_layouts=Shard(2)``)."""

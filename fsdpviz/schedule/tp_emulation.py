@@ -484,14 +484,14 @@ class TPEmulation:
             explicit = self._explicit(t, r, tpm, known)
             prepared = tpm.base == "PrepareModuleInput"
             # a plain tensor's gradient comes back through to_local() in the layout it left in
-            grad = [r.dst if prepared and tpm.local_output else r.grad]
+            grad = [r.dst if prepared and tpm.inputs_local else r.grad]
             moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
                 t, r, tpm, i, known, (float8, False), moved, grad
             )  # fmt: skip
             if gathered:  # the linear's multiply's backward, not the style's
                 out = self._gathered_backward(t, out, tpm, i)
-            if prepared and not tpm.local_output:
+            if prepared and not tpm.inputs_local:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
