@@ -211,8 +211,9 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
     """bf16 parameters reducing in float32, two micro-steps, the first without gradient sync:
     FSDP2 keeps the norms' unreduced partial gradients in float32 between them
     (``FSDPParam.to_accumulated_grad_if_needed``), so the syncing micro-step all-reduces them
-    over tp in float32, twice the bytes of a micro-step alone. Every micro-step's tp
-    collectives equal DTensor's on the fake process group, kind and bytes."""
+    over tp in float32, twice the bytes of a micro-step alone; a micro-step alone
+    all-reduces them as autograd made them, bf16. Every micro-step's tp collectives equal
+    DTensor's on the fake process group, kind, bytes and dtype (the all-reduces' had none)."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -225,7 +226,7 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
         fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=mp)
     fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
     real = []
-    with _tp_collectives() as seen:
+    with _tp_collectives(dtypes=True) as seen:
         for k in range(4):  # two optimizer steps of two micro-steps
             model.set_requires_gradient_sync(k % 2 == 1)
             model(tp_models.tokens()).sum().backward()
@@ -233,11 +234,13 @@ def test_partial_gradients_accumulated_in_the_reduce_dtype(fake_pg: int) -> None
             seen.clear()
         model.zero_grad()
     report = predict(mp_policy=mp, grad_accum=2, progress=False)
-    predicted = [[[e.kind, e.nbytes] for e in it if e.tensor_parallel] for it in report.iterations]
+    predicted = [
+        [[e.kind, e.nbytes, e.dtype] for e in it if e.tensor_parallel] for it in report.iterations
+    ]
     assert predicted == real
     norm = 16 * 4  # the norms' float32 partial gradients, all-reduced in the syncing step
-    assert [b for k, b in real[1] if k == "tp_all_reduce"] == [norm] * 5
-    assert not any(k == "tp_all_reduce" for k, _ in real[0])
+    assert [c[1:] for c in real[1] if c[0] == "tp_all_reduce"] == [[norm, "float32"]] * 5
+    assert not any(c[0] == "tp_all_reduce" for c in real[0])
 
 
 def test_an_uneven_vocabulary_is_padded(fake_pg: int) -> None:
@@ -471,6 +474,39 @@ def test_a_dtensor_meeting_a_plain_tensor_is_noted_as_torch_refuses_it(fake_pg: 
     assert not [w for w in predict(progress=False).warnings if w.code == "tp_mixed_dtensor"]
 
 
+def test_attention_taking_a_dtensor_and_a_plain_tensor_is_noted_as_torch_refuses_it(
+    fake_pg: int,
+) -> None:
+    """The query and key projections leave DTensors (``use_local_output=False``), the value
+    projection a plain tensor: ``scaled_dot_product_attention`` meets both, and DTensor's
+    dispatch refuses its operators (``aten.bmm`` or ``aten.add`` on the CPU). fsdpviz
+    noted arithmetic alone and was silent; now it warns, naming the attention operator it
+    traced."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    plan = tp_models.plain_plan()
+    for w in "qk":
+        plan[f"layers.*.attention.w{w}"] = ColwiseParallel(use_local_output=False)
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16, "layers": 1}
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
+    with pytest.raises(RuntimeError, match=r"got mixed torch\.Tensor and DTensor"):
+        model(tp_models.tokens())
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, tp_models.tokens(), fully_shard=[("layers.0",)],
+                             mesh=("dp", 2, "tp", 2), parallelize_plan=plan,
+                             progress=False)  # fmt: skip
+    (warning,) = [w for w in report.warnings if w.code == "tp_mixed_dtensor"]
+    assert re.search(
+        r"scaled_dot_product_\w*attention\w* takes a DTensor \(the output of "
+        r"'layers\.0\.attention\.wq' \(ColwiseParallel, use_local_output=False\)\).*a plain "
+        r"tensor .*mixed torch\.Tensor and DTensor",
+        warning.message,
+    )
+
+
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:
     with torch.device("meta"):
         model = tp_models.Llama(vocab=32, dim=8, n_heads=4, hidden=hidden, layers=1)
@@ -532,8 +568,8 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
     resharding as a bool or per group; bf16 parameters reducing in fp32 or bf16; gradient
     accumulation without sync; activation checkpointing): FSDP's events equal the
     recording's, event for event, and the tp collectives of every micro-step DTensor's,
-    kind and bytes (but loss parallel's own all-reduces of a few values per token, which
-    fsdpviz leaves out)."""
+    kind and bytes, loss parallel's own all-reduces of a few values per token among them
+    (fsdpviz left those out)."""
     from contextlib import nullcontext
 
     from fsdp_harness import assert_same_accumulation
@@ -594,12 +630,8 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
                     out = model(ids)
                     with loss_parallel() if lp else nullcontext():
                         loss(out).backward()
-                    step = list(seen)
+                    real_tp.append(list(seen))
                     seen.clear()
-                    if lp:  # the loss's all-reduces: the first three, before the backward's
-                        first = next(j for j, c in enumerate(step) if c[0] == "tp_all_reduce")
-                        step = step[:first] + step[first + 3 :]
-                    real_tp.append(step)
                 model.zero_grad()
         torch.manual_seed(0)
         predicted = fsdpviz.analyze(
@@ -615,6 +647,51 @@ def test_drawn_fsdp_and_tensor_parallel_jobs(fake_pg: int) -> None:
         assert real_tp[: 2 * n] == tp
 
 
+def test_loss_parallels_own_all_reduces_are_planned(fake_pg: int) -> None:
+    """torchtitan's loss parallel (logits left sharded over the vocabulary, bf16 parameters):
+    the cross-entropy's handlers all-reduce each token's maximum and sum of exponents
+    (``_log_softmax``, in float32, its computation dtype) and its picked log-probability
+    (``_MaskPartial._reduce_value``, in bf16, the result's dtype) over the tp ranks, three
+    all-reduces of a value per token, which fsdpviz left out. Every collective equals
+    DTensor's, kind, bytes and dtype, in order."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    plan = tp_models.whole_plan()
+    plan["output"] = ColwiseParallel(input_layouts=Shard(1), use_local_output=False)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        out = model(ids)
+        with loss_parallel():
+            _cross_entropy(out).backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), mp_policy=policy, loss=_cross_entropy,
+                             progress=False)  # fmt: skip
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert predicted == real
+    loss = [e for e in report.iterations[0] if e.tensor_parallel and e.module == ""]
+    assert [(e.kind, e.nbytes, e.dtype, e.phase) for e in loss] == [
+        *[("tp_all_reduce", 3 * 8 * 4, "float32", "forward")] * 2,
+        ("tp_all_reduce", 3 * 8 * 2, "bfloat16", "forward"),  # of log_softmax's bf16 result
+    ]
+
+
 def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_pg: int) -> None:
     """The attention's ``PrepareModuleInput`` declares ``Replicate() -> Replicate()`` while
     the norm leaves a sequence-sharded DTensor: the style redistributes only where its
@@ -623,7 +700,10 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     declared layouts the same too) all-gathers it in its multiply's sharding propagation.
     fsdpviz all-gathered it once at the attention, from the layout it has (11 forward
     collectives against DTensor's 15). The forward's collectives equal DTensor's, kind and
-    bytes, in order; the operators' backward is noted as not planned exactly."""
+    bytes, in order; in backward each projection's weight gradient gathers its saved input
+    again (fsdpviz planned the style's reduce-scatter of the input's gradient instead), so
+    the backward equals DTensor's up to the norm, whose operators reduce the Partial()
+    gradient the projections give back: noted as not planned."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import PrepareModuleInput
 
@@ -636,9 +716,83 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
     assert [[e.kind, e.nbytes] for e in forward] == real[: len(forward)]
     gathers = [e.module for e in forward if e.unit == "layers.0" and e.kind == "tp_all_gather"]
     assert gathers[:3] == [f"layers.0.attention.w{x}" for x in "qkv"]
-    (warning, *_) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    (warning, *linears) = [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
     assert "layers.0.attention (PrepareModuleInput) takes a DTensor in Shard(1)" in warning.message
     assert "input_layouts=(Shard(1),)" in warning.message
+    # backward: each projection's weight gradient all-gathers its saved input again (the
+    # style's reduce-scatter of the input's gradient was planned); the gradient goes back
+    # Partial() to the norm's operators, whose own redistributions are not planned (noted)
+    backward = [e for e in report.iterations[0] if e.tensor_parallel and e.phase == "backward"]
+    real_backward = real[len(forward) :]
+    assert [[e.kind, e.nbytes] for e in backward[:7]] == real_backward[:7]
+    assert [(e.kind, e.module) for e in backward[4:7]] == [
+        ("tp_all_gather", f"layers.1.attention.w{x}") for x in "vkq"
+    ]  # fmt: skip
+    assert real_backward[7][0] == "tp_reduce_scatter"  # the norm's: not planned
+    assert "layers.0.attention.wq (ColwiseParallel)" in linears[0].message
+    assert "reduce that gradient by their own" in linears[0].message
+    assert "does not plan" in linears[0].message
+
+
+@pytest.mark.parametrize(
+    ("prepared", "mesh", "batch", "seq", "mp"),
+    [("attention", (2, 2), 2, 8, False), ("feed_forward", (1, 2), 3, 8, True),
+     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False)],
+    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven"],
+)  # fmt: skip
+def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
+    fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, seq: int, mp: bool
+) -> None:
+    """Without sequence parallelism, a ``PrepareModuleInput`` shards the attention's (or the
+    MLP's) replicated input on the sequence and leaves it a DTensor; its column-wise
+    projections declare ``Replicate()`` both ways, so they leave it to the multiply: the
+    linear's ``view`` to 2-D makes it ``_StridedShard(0)``, which ``mm`` all-gathers in
+    forward, and again in backward for the weight's gradient, whose input gradient comes
+    back ``Partial()``, which the prepared input's ``Redistribute.backward`` all-reduces
+    back to ``Replicate()``. fsdpviz planned the style's backward instead (a reduce-scatter
+    per projection, an all-gather at the prepared input) and warned. A sequence the tp ranks
+    do not divide is padded in both all-gathers (fsdpviz's uneven gather also left the
+    projection's input out of the autograd graph). Every collective equals DTensor's, kind,
+    bytes and dtype, in order; the warning notes the memory alone."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    plan = tp_models.plain_plan()
+    plan[f"layers.*.{prepared}"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp else MixedPrecisionPolicy()
+    sizes = {"vocab": 32, "dim": 8, "n_heads": 4, "hidden": 16}
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    dm = init_device_mesh("cpu", mesh, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", mesh[0], "tp", mesh[1]), mp_policy=policy,
+                             progress=False)  # fmt: skip
+    predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
+    assert predicted == real
+    linears = ("wv", "wk", "wq") if prepared == "attention" else ("w3", "w1")
+    # noted for its memory alone: torch saves a share of the input, fsdpviz the gathered one
+    noted = [w.message for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    assert len(noted) == len(linears) * 2
+    assert all("(planned). Its memory is not exact" in m for m in noted)
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward"
+            and e.module.startswith(f"layers.1.{prepared}")]  # fmt: skip
+    assert back[-len(linears) - 1 :] == [
+        *(("tp_all_gather", f"layers.1.{prepared}.{w}") for w in linears),
+        ("tp_all_reduce", f"layers.1.{prepared}"),
+    ]
 
 
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
@@ -678,6 +832,53 @@ def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     assert projections == {f"layers.1.attention.w{x}" for x in "qkv"}
     assert ("tp_reduce_scatter", "layers.1.attention") not in back
     assert ["tp_all_reduce", activation] in real
+
+
+@pytest.mark.parametrize("local_input", [False, True])
+def test_prepare_module_input_output_prepares_its_inputs_as_prepare_module_input(
+    fake_pg: int, local_input: bool
+) -> None:
+    """The attention's ``PrepareModuleInputOutput``: its input gathered from the sequence
+    and, with ``use_local_input=False`` (torch's default), left a replicated DTensor, whose
+    projections' partial gradients add up and are reduce-scattered once, by its
+    ``Redistribute.backward``; its output (``wo``'s sequence-sharded DTensor) kept,
+    a plain tensor again. fsdpviz took the style for none that prepares inputs and its
+    input for a plain tensor (an all-reduce per projection, then the reduce-scatter); the
+    input's ``use_local_input`` was read from the output's ``use_local_output``. With
+    ``use_local_input=True`` each projection makes the plain input a DTensor again and
+    all-reduces its own partial gradient, and the gradient reaches the style replicated.
+    Every collective equals DTensor's, kind and bytes."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, RowwiseParallel
+
+    plan = tp_models.whole_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    plan["layers.*.attention"] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+        use_local_input=local_input, output_layouts=(Shard(1),),
+        desired_output_layouts=(Shard(1),), use_local_output=True,
+    )  # fmt: skip
+    real, report = _small_llama_tp(plan, TP_MESH)
+    assert _predicted_tp_collectives(report) == real
+    back = [(e.kind, e.module) for e in report.iterations[0]
+            if e.tensor_parallel and e.phase == "backward" and e.unit == "layers.1"]  # fmt: skip
+    projections = [m for k, m in back if k == "tp_all_reduce" and ".attention.w" in m]
+    assert len(projections) == (3 if local_input else 0)
+    assert (("tp_reduce_scatter", "layers.1.attention") in back) is not local_input
+    # read back from the hooks of a model parallelised on meta (the style's two halves)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        meta = parallelize_module(
+            tp_models.Llama(vocab=32, dim=8, n_heads=2, hidden=16), mesh["tp"], plan
+        )
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(meta.get_submodule(name), mesh=mesh["dp"])
+    applied = fsdpviz.analyze(meta, torch.zeros(2, 8, dtype=torch.long), progress=False)
+    assert _predicted_tp_collectives(applied) == real
 
 
 class _ReshardedLinear(torch.nn.Module):

@@ -89,13 +89,6 @@ def _real(
     return seen
 
 
-def _split(collectives: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
-    """FSDP's all-reduces of partial gradients in its post-backward (``[kind, bytes]``: the
-    plan gives them no dtype), and the parallel styles' and float8 casts' collectives."""
-    fsdp = [c[:2] for c in collectives if c[0] == "tp_all_reduce" and c[2] in (None, "bfloat16")]
-    return fsdp, [c for c in collectives if c[:2] not in fsdp or c[0] != "tp_all_reduce"]
-
-
 def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
     """The blocks' input all-gathers move float8_e4m3fn (a rank's part cast first: 512
     bytes of a (2, 8, 32) activation, bf16's 1,024 before), the row-wise outputs' gradients
@@ -104,7 +97,7 @@ def test_float8_styles_move_float8_as_torchao(fake_pg: int) -> None:
     seen = _real(tp_models.float8_plan())
     report = _analyze()
     predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
-    assert _split(predicted) == _split(seen)
+    assert predicted == seen
     assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e4m3fn"]) == 2 * 2
     assert predicted.count(["tp_all_gather", 2 * 8 * 32, "float8_e5m2"]) == 2 * 2
     gathered = next(e for e in report.iterations[0] if e.dtype == "float8_e4m3fn")
@@ -134,7 +127,7 @@ def test_float8_amax_all_reduces_as_torchao(
     f8 = {**FLOAT8, "enable_fsdp_float8_all_gather": gathered}
     report = _analyze(parallelize_plan=plan(), checkpointed=checkpointed, float8=f8)
     predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
-    assert _split(predicted) == _split(seen)
+    assert predicted == seen
     amax = ["tp_all_reduce", 8, "float64"]
     assert predicted.count(amax) == seen.count(amax) > 0
     # the time model prices each over the tp ranks: latency-bound, never free
@@ -166,7 +159,7 @@ def test_rowwise_float8_amax_all_reduces_as_torchao(
     f8 = {**FLOAT8, "recipe_name": recipe}
     report = _analyze(parallelize_plan=plan(), checkpointed=checkpointed, float8=f8)
     predicted = [[e.kind, e.nbytes, e.dtype] for e in report.iterations[0] if e.tensor_parallel]
-    assert _split(predicted) == _split(seen)
+    assert predicted == seen
     amaxes = [c for c in seen if c[2] == "float64"]
     expected = {128, 256} | ({8} if recipe == "rowwise_with_gw_hp" else set())
     assert {c[1] for c in amaxes} == expected

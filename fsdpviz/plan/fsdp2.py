@@ -25,7 +25,7 @@ from torch import nn
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp1 import closest_class, model_classes
-from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.fsdp2_shards import (
     check_placements_reshard,
@@ -35,7 +35,7 @@ from fsdpviz.plan.fsdp2_shards import (
 )
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.option_specs import RESHARD
-from fsdpviz.schema.report import unit_label
+from fsdpviz.schema.report import dtype_name, unit_label
 
 
 @dataclass
@@ -286,12 +286,14 @@ def finalize_groups(
             )
         shared = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
         group.schema = group_unit(group, opts, shared, placements)
+        # the gradient of the unsharded parameter, in its dtype (the compute dtype), as
+        # FSDPParam.unsharded_grad_data redistributes it
         group.tp_partial_grads = [
-            (f, p.numel() * (compute or p.dtype).itemsize)
+            (f, p.numel() * (compute or p.dtype).itemsize, dtype_name(compute or p.dtype))
             for f, p in zip(group.param_fqns, group.params, strict=True)
             if p in partial and p.requires_grad
         ]
-        group.tp_accumulated_itemsizes = accumulated_grad_itemsizes(
+        group.tp_accumulated_dtype = accumulated_grad_dtype(
             group.schema.compute_dtype, group.schema.reduce_dtype
         )
 

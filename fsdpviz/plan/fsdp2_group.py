@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from fsdpviz.errors import FSDPConfigError
@@ -36,11 +35,13 @@ class Group:
     reshard_after_forward: bool | int = True
     schema: Unit | None = None
     # tensor parallelism: the replicated parameters whose gradients are partial sums, all-
-    # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes)
-    tp_partial_grads: list[tuple[str, int]] = field(default_factory=list)
-    # (reduce, compute) itemsizes of a gradient kept unreduced between micro-steps
-    # (:func:`accumulated_grad_itemsizes`): a partial gradient all-reduced after them is that
-    tp_accumulated_itemsizes: tuple[int, int] = (1, 1)
+    # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes, and
+    # the dtype autograd makes the gradient in: the compute dtype)
+    tp_partial_grads: list[tuple[str, int, str | None]] = field(default_factory=list)
+    # the dtype a gradient kept unreduced between micro-steps is held in, None where it
+    # stays as autograd made it (:func:`accumulated_grad_dtype`): a partial gradient all-
+    # reduced after them is that
+    tp_accumulated_dtype: str | None = None
     # the dim FSDP2 shards each parameter on (its call's shard_placement_fn); empty: all dim 0
     shard_dims: list[int] = field(default_factory=list)
 
@@ -121,14 +122,11 @@ def _reshard_after_forward_of(
     return value  # type: ignore[no-any-return]
 
 
-def accumulated_grad_itemsizes(
-    compute_dtype: str | None, reduce_dtype: str | None
-) -> tuple[int, int]:
-    """The (reduce, compute) itemsizes of a gradient FSDP2 keeps unreduced between
-    micro-steps (no gradient sync): in the unit's reduce dtype where it is not the compute
-    dtype (``FSDPParam.to_accumulated_grad_if_needed``; ``init_dtype_attrs`` drops a reduce
-    dtype equal to the parameter dtype), else as autograd made it, ``(1, 1)``."""
+def accumulated_grad_dtype(compute_dtype: str | None, reduce_dtype: str | None) -> str | None:
+    """The dtype FSDP2 keeps a gradient unreduced in between micro-steps (no gradient
+    sync): the unit's reduce dtype where it is not the compute dtype
+    (``FSDPParam.to_accumulated_grad_if_needed``; ``init_dtype_attrs`` drops a reduce dtype
+    equal to the parameter dtype), else None: as autograd made it, in the compute dtype."""
     if compute_dtype is None or reduce_dtype is None or compute_dtype == reduce_dtype:
-        return (1, 1)
-    sizes = (getattr(torch, reduce_dtype).itemsize, getattr(torch, compute_dtype).itemsize)
-    return (int(sizes[0]), int(sizes[1]))
+        return None
+    return reduce_dtype

@@ -144,12 +144,23 @@ class TPModule:
     local_output: bool = True  # use_local_output: the output is a plain tensor again
     output_layout: Layout | None = None  # the output's layout when it stays a DTensor
     float8: bool = False  # one of torchao's float8 styles (FLOAT8_STYLES)
+    # PrepareModuleInputOutput's use_local_input: its prepared inputs plain tensors again
+    local_input: bool | None = None
 
     @property
     def base(self) -> str:
         """The torch style this one is or subclasses (``Float8RowwiseParallel``:
-        ``RowwiseParallel``)."""
+        ``RowwiseParallel``); ``PrepareModuleInputOutput``'s, ``PrepareModuleInput``, whose
+        inputs it prepares as that does (its output as ``PrepareModuleOutput``)."""
+        if self.style == "PrepareModuleInputOutput":
+            return "PrepareModuleInput"
         return FLOAT8_STYLES.get(self.style, self.style)
+
+    @property
+    def inputs_local(self) -> bool:
+        """Whether a prepared input is a plain tensor again: ``PrepareModuleInput``'s
+        ``use_local_output``, ``PrepareModuleInputOutput``'s ``use_local_input``."""
+        return self.local_output if self.local_input is None else self.local_input
 
     @property
     def description(self) -> str:
@@ -308,11 +319,14 @@ def _add(modules: dict[str, TPModule], tpm: TPModule) -> None:
     if tpm.fqn in modules:  # a second style on one module: its hooks come after the first's
         first = modules[tpm.fqn]
         both = first.style if first.style == tpm.style else f"{first.style} + {tpm.style}"
+        if both == "PrepareModuleInput + PrepareModuleOutput":  # an applied one's two halves
+            both = "PrepareModuleInputOutput"
         tpm = TPModule(
             tpm.fqn, both,
             first.inputs + tpm.inputs, first.outputs + tpm.outputs,
             {**first.params, **tpm.params}, first.partial_grads + tpm.partial_grads,
             tpm.local_output, tpm.output_layout, first.float8 or tpm.float8,
+            first.inputs_local if first.inputs else tpm.local_input,
         )  # fmt: skip
     modules[tpm.fqn] = tpm
 
@@ -343,6 +357,7 @@ def style_module(fqn: str, module: nn.Module, style: Any) -> TPModule:
         return TPModule(
             fqn, name, first.inputs, second.outputs,
             local_output=second.local_output, output_layout=second.output_layout,
+            local_input=first.local_output,  # torch gives it use_local_input
         )  # fmt: skip
     if name in ("ColwiseParallel", "RowwiseParallel"):
         return _linear(fqn, module, name, style)

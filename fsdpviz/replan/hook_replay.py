@@ -57,7 +57,7 @@ from fsdpviz.plan.fsdp1 import PlannedUnit, UnitConfig, flat_param_layout
 from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
-from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_itemsizes, restate_resharding
+from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype, restate_resharding
 from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
@@ -271,11 +271,9 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             # the dims the report's shard_placement_fn chose
             shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
             tp_partial_grads=partial.get(name, []),
-            tp_accumulated_itemsizes=accumulated_grad_itemsizes(
-                unit.compute_dtype, unit.reduce_dtype
-            )
+            tp_accumulated_dtype=accumulated_grad_dtype(unit.compute_dtype, unit.reduce_dtype)
             if unit
-            else (1, 1),
+            else None,
         )
         # the resharding asked for, else the group's as the report applied it
         group.reshard_as(
@@ -366,7 +364,9 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     return _report(report, config, units, order, iterations, steps)
 
 
-def _tp_partial_grads(report: Report) -> tuple[dict[str, list[tuple[str, int]]], set[str]]:
+def _tp_partial_grads(
+    report: Report,
+) -> tuple[dict[str, list[tuple[str, int, str | None]]], set[str]]:
     """Each group's replicated tp parameters whose partial gradients its post-backward
     all-reduces (``Group.tp_partial_grads``), read from the report's last iteration, which
     syncs gradients: a group that reduce-scatters there all-reduces all of them first, in
@@ -377,18 +377,19 @@ def _tp_partial_grads(report: Report) -> tuple[dict[str, list[tuple[str, int]]],
     reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
     shapes = _shapes(report)
     compute = {u.module: u.compute_dtype for u in report.units}
-    partial: dict[str, dict[tuple[str, int], None]] = {}
+    partial: dict[str, dict[tuple[str, int, str | None], None]] = {}
     for e in last:
         # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
         # styles' collectives are issued by no hook); a second post-backward repeats them
         if e.kind == "tp_all_reduce" and e.hook is not None and e.module and e.nbytes:
-            # its bytes in the compute dtype (after micro-steps without sync the event's are
-            # the reduce dtype's): the replicated parameter's whole shape
+            # its bytes and dtype in the compute dtype (after micro-steps without sync the
+            # event's are the reduce dtype's): the replicated parameter's whole shape
             dtype = compute.get(e.unit)
-            nbytes = e.nbytes
+            nbytes, named = e.nbytes, e.dtype
             if dtype is not None and e.module in shapes:
                 nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
-            partial.setdefault(e.unit, {})[(e.module, nbytes)] = None
+                named = dtype
+            partial.setdefault(e.unit, {})[(e.module, nbytes, named)] = None
     return {u: list(p) for u, p in partial.items()}, reducing
 
 

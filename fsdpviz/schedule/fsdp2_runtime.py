@@ -427,14 +427,15 @@ class FSDP2Runtime:
         g.accumulated = False
         if has_grads and g.ever_unsharded:
             # unsharded_grad_data: a replicated tp parameter's partial gradient is all-reduced
-            # over the tp dimension (DTensor redistribute), before the parameters are freed;
-            # after micro-steps without sync, the gradient they kept (its reduce dtype)
-            reduce, compute = g.group.tp_accumulated_itemsizes if accumulated else (1, 1)
-            for fqn, nbytes in g.group.tp_partial_grads:
-                nbytes = nbytes * reduce // compute
-                self.events.append(
-                    self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, fsdp=True)
-                )
+            # over the tp dimension (DTensor redistribute), before the parameters are freed,
+            # in its dtype; after micro-steps without sync, the gradient they kept
+            # (unsharded_accumulated_grad_data: its reduce dtype)
+            kept = g.group.tp_accumulated_dtype if accumulated else None
+            for fqn, nbytes, dtype in g.group.tp_partial_grads:
+                if kept is not None and dtype is not None:
+                    nbytes, dtype = nbytes // DTYPE_SIZES[dtype] * DTYPE_SIZES[kept], kept
+                event = self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, True)
+                self.events.append(replace(event, dtype=dtype))
         if self.reshard_after_backward:
             self._reshard(g)
         if has_grads and g.ever_unsharded:

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import float8_gathered_groups
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.job import JobOptions
@@ -69,7 +68,16 @@ from fsdpviz.schedule.tp_float8 import (
     report_amax,
 )
 from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
-from fsdpviz.schedule.tp_refusals import chunks, refuse_mislabelled_local, refuse_uneven_local
+from fsdpviz.schedule.tp_implicit import (
+    gathered_by_multiply,
+    gathered_warning,
+    skipped_warning,
+)
+from fsdpviz.schedule.tp_refusals import (
+    refuse_mislabelled_local,
+    refuse_narrowed,
+    refuse_uneven_local,
+)
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import TPShares, dim_share
@@ -78,6 +86,10 @@ from fsdpviz.trace.probe_records import TPShares, dim_share
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
 # Collectives whose result is a new buffer on each rank (an all-reduce works in place).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
+
+
+def _nothing() -> None:
+    return None
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -118,10 +130,13 @@ class TPEmulation:
         self._grads: dict[int, tuple[weakref.ref[torch.Tensor], list[Layout]]] = {}
         # the DTensors a float8 style left float8 (PrepareFloat8ModuleInput's), by id
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
+        # the gradient layouts (the lists _grads holds) a Redistribute.backward takes back
+        self._absorbing: dict[int, list[Layout]] = {}
         self._flow = DTensorFlow({id(p) for p in plan.placements(model)}, self._meet)
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
+        self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -184,8 +199,13 @@ class TPEmulation:
             yield
 
     def measure(self, probe: CostProbe) -> None:
-        """Give ``probe`` the buffers the collectives make (see the module's docstring)."""
+        """Give ``probe`` the buffers the collectives make (see the module's docstring), and
+        plan the all-reduces ``loss_parallel()``'s handlers run in the loss (the root's)."""
         self._probe = probe
+        probe.on_all_reduce = lambda t: self.runtime.tensor_parallel(
+            self._root, "tp_all_reduce", "", "forward", t.numel() * t.element_size(),
+            _dtype_name(t),
+        )  # fmt: skip
 
     def _buffer(self, collective: str | None, src: Layout, dst: Layout, ndim: int) -> Copy:
         """A function making the new buffer of ``collective`` from ``src`` to ``dst``, or None.
@@ -354,10 +374,14 @@ class TPEmulation:
             self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
         )
         if not moved or not (t.requires_grad and torch.is_grad_enabled()):
-            return t if copy is None else copy(t)
+            if copy is None or not (t.requires_grad and torch.is_grad_enabled()):
+                return t if copy is None else copy(t)
+            # the buffer in the graph (a padded one is made anew): its gradient passes through
+            return GradCollective.apply(_nothing, copy, None, t)  # type: ignore[no-untyped-call]
         # the gradient goes back to src (a partial one stays replicated)
         back_dst = REPLICATE if src == PARTIAL else src
         grad = grad_in if grad_in is not None else [r.grad]
+        self._absorbing[id(grad)] = grad
         back_bytes, shape = t.numel() if grad_f8 else nbytes, t.shape
         back_dtype = "float8_e5m2" if grad_f8 else _dtype_name(t)
 
@@ -444,7 +468,10 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
-            skipped = self._skipped(t, r, tpm, known)
+            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
+                t, r, tpm, known, self.plan.size
+            )
+            skipped = not gathered and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
@@ -457,11 +484,14 @@ class TPEmulation:
             explicit = self._explicit(t, r, tpm, known)
             prepared = tpm.base == "PrepareModuleInput"
             # a plain tensor's gradient comes back through to_local() in the layout it left in
-            grad = [r.dst if prepared and tpm.local_output else r.grad]
+            grad = [r.dst if prepared and tpm.inputs_local else r.grad]
+            moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
-                t, r, tpm, i, known, (float8, False), explicit or None, grad
+                t, r, tpm, i, known, (float8, False), moved, grad
             )  # fmt: skip
-            if prepared and not tpm.local_output:
+            if gathered:  # the linear's multiply's backward, not the style's
+                out = self._gathered_backward(t, out, tpm, i)
+            if prepared and not tpm.inputs_local:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
                     out = t.view_as(t)
@@ -501,17 +531,7 @@ class TPEmulation:
         if found is None or moved is not None or not linear or tpm.base == "PrepareModuleInput":
             return
         d, n, where = found[1]
-        tp, padded = self.plan.size, chunks(found[1][1], self.plan.size)[0] * self.plan.size
-        raise ConfigError(
-            f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes the DTensor the all-to-all of "
-            f"{where} leaves, whose dim {d} ({n}) the {tp} tp ranks do not divide: DTensor "
-            f"pads it to {padded} for the all-to-all and narrows each rank's tensor back "
-            "(Shard._unpad_for_new_shard_dim), which leaves it non-contiguous, and the "
-            "linear's multiply views it flat, so torch fails (RuntimeError: view size is not "
-            "compatible with input tensor's size and stride). Make the size a multiple of "
-            f"the tp degree ({padded}; a sequence padded to it), or choose a tp degree that "
-            "divides it"
-        )
+        refuse_narrowed(tpm, d, n, where, self.plan.size)
 
     def _skipped(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
         """Whether the style leaves DTensor ``t`` (in ``known``) as it is although the style
@@ -537,19 +557,42 @@ class TPEmulation:
             or same_layout(known, r.src, t.dim())
         ):
             return False
-        declared = layout_name(r.src)
-        self._implicit.setdefault(
-            (tpm.fqn, r.position),
-            f"tensor parallelism: {tpm.fqn or 'the root'} ({tpm.style}) takes a DTensor in "
-            f"{layout_name(known)} where its input_layouts say {declared}; as they equal "
-            f"its desired layout ({declared}), the style does not redistribute it (torch "
-            "redistributes only where input_layouts != desired_input_layouts) and DTensor's "
-            "operators redistribute it implicitly by their sharding propagation, whose "
-            "collectives (the backward's above all) fsdpviz does not plan exactly. Declare "
-            f"the layout it arrives in, input_layouts=({layout_name(known)},), so the style "
-            "redistributes it explicitly",
-        )
+        self._implicit.setdefault((tpm.fqn, r.position), skipped_warning(tpm, r, known))
         return tpm.base == "PrepareModuleInput"
+
+    def _gathered_backward(self, t: torch.Tensor, out: Any, tpm: TPModule, i: int) -> Any:
+        """The backward of a linear whose multiply gathered its ``_StridedShard`` input
+        (:func:`gathered_by_multiply`): no ``Redistribute.backward`` (the style ran none), but
+        the weight's gradient (``mm`` of the output's gradient and the saved input, still
+        ``_StridedShard``) all-gathers the input again, and the input's gradient comes back
+        ``Partial()``, to the redistribution that made ``t`` (planned there: a reduce-scatter
+        back to a sharded layout, an all-reduce to a replicated one) or, where no style
+        redistributed it, to DTensor's operators that made it, whose backward reduces it by
+        their own sharding propagation (noted, not planned; its memory noted as not exact:
+        :func:`gathered_warning`)."""
+        found = self._aliased(t, self._grads)
+        if found is not None:
+            found[1][0] = PARTIAL
+        absorbed = found is not None and id(found[1]) in self._absorbing
+        warning = gathered_warning(tpm, self._layout(t) or REPLICATE, absorbed)
+        self._implicit.setdefault((tpm.fqn, "gathered"), warning)
+        weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
+        known, dtype = self._layout(t) or REPLICATE, _dtype_name(t)
+        nbytes = padded_bytes(t.numel() * t.element_size(), t.shape, "tp_all_gather", known,
+                              REPLICATE, self.plan.size)  # fmt: skip
+        probe = self._probe
+
+        def report() -> None:
+            if isinstance(weight, nn.Parameter) and weight.requires_grad:
+                self.runtime.tensor_parallel(i, "tp_all_gather", tpm.fqn, "backward", nbytes, dtype)
+
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            if probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+                with probe.redistributed(None):  # the input gathered for the weight's gradient
+                    g.new_empty(g.shape)
+            return g
+
+        return GradCollective.apply(report, None, back_copy, out)  # type: ignore[no-untyped-call]
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
@@ -596,8 +639,11 @@ class TPEmulation:
             self._amax.remove()
         self._dtensors.clear()
         self._grads.clear()
+        self._absorbing.clear()
         self._narrowed.clear()
         self._plain.clear()
         self._float8.clear()
         self._flow.dtensors.clear()
+        if self._probe is not None:
+            self._probe.on_all_reduce = None
         self._probe = None

@@ -30,6 +30,11 @@ _ARITHMETIC = {
     for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
                "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
 }  # fmt: skip
+# what takes a plain tensor beside a DTensor: loss_parallel()'s handlers make a plain target
+# (and weight) a DTensor (``_cast_to_dtensor``); the others read only its shape or dtype
+_TAKE_PLAIN = {nn.functional.cross_entropy, nn.functional.nll_loss} | {
+    getattr(torch.Tensor, name) for name in ("to", "type_as", "view_as", "expand_as", "reshape_as")
+}
 
 
 class DTensorFlow(TorchFunctionMode):
@@ -56,7 +61,7 @@ class DTensorFlow(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         origin = next((self.dtensors[t] for t in tensors if t in self.dtensors), None)
-        if origin is not None and func in _ARITHMETIC:
+        if origin is not None and func not in _TAKE_PLAIN:
             self._check_mixed(func, tensors, origin)
         out = func(*args, **(kwargs or {}))
         if origin is not None:
@@ -74,16 +79,18 @@ class DTensorFlow(TorchFunctionMode):
         return out
 
     def _check_mixed(self, func: Any, tensors: list[torch.Tensor], origin: str) -> None:
-        """Note arithmetic between a DTensor and a plain tensor of more than one element
-        (one the plan does not make a DTensor), which DTensor's dispatch refuses
-        (``OpDispatcher.unwrap_to_op_info``: "got mixed torch.Tensor and DTensor"; a plain
-        tensor of one element it takes as replicated): a warning, not an error, as the
+        """Note an operator that takes a DTensor and a plain tensor of more than one element
+        (one the plan does not make a DTensor), which DTensor's dispatch refuses in every
+        aten operator (``OpDispatcher.unwrap_to_op_info``: "got mixed torch.Tensor and
+        DTensor"; a plain tensor of one element it takes as replicated): arithmetic, and a
+        function as ``scaled_dot_product_attention`` whose operators do (but what
+        ``_TAKE_PLAIN`` names). A warning, not an error, as the
         model may make the plain one a DTensor where fsdpviz does not see it (KempnerForge's
         forward hooks call ``DTensor.from_local`` on the blocks' outputs)."""
         for t in tensors:
             if t in self.dtensors or t.numel() <= 1 or id(t) in self._params:
                 continue
-            name = getattr(func, "__name__", str(func)).strip("_")
+            name = getattr(func, "__name__", str(func)).split(".")[0].strip("_")  # no overload
             if name[:1] in ("r", "i") and name[1:] in ("add", "sub", "mul", "truediv", "matmul"):
                 name = name[1:]  # __radd__, __iadd__: aten.add
             name = {"truediv": "div"}.get(name, name)
@@ -94,7 +101,8 @@ class DTensorFlow(TorchFunctionMode):
                 (origin, name),
                 f"tensor parallelism: {name} takes a DTensor ({origin}) of shape "
                 f"{tuple(next(x for x in tensors if x in self.dtensors).shape)} and {what} of "
-                f"shape {tuple(t.shape)}, which torch refuses (RuntimeError: aten.{name} got "
+                f"shape {tuple(t.shape)}, which torch refuses (RuntimeError: aten."
+                f"{name if func in _ARITHMETIC else '<its operator>'} got "
                 "mixed torch.Tensor and DTensor) unless the model makes the plain one a "
                 "DTensor itself (DTensor.from_local in a forward hook). Make both the same: "
                 "use_local_output alike on the styles whose outputs meet, or the plain one a "

@@ -1,7 +1,8 @@
 """What torch refuses of tensor parallelism on the traced copy, refused as it fails: a
 plain tensor a style makes a DTensor, sharded on a dim the tp ranks do not divide
 (:func:`refuse_uneven_local`), or in another layout than the one the tensor is a part of
-(:func:`refuse_mislabelled_local`); :func:`chunks`, the sizes DTensor chunks a dim into.
+(:func:`refuse_mislabelled_local`), or narrowed by an uneven all-to-all into a linear
+(:func:`refuse_narrowed`); :func:`chunks`, the sizes DTensor chunks a dim into.
 """
 
 from __future__ import annotations
@@ -93,4 +94,21 @@ def refuse_mislabelled_local(tpm: TPModule, plain: tuple[Layout, str], declared:
         "reduction dim, or Attempting to broadcast a dimension) or computes on wrong values. "
         f"Declare input_layouts=({layout_name(layout)},) or keep the tensor a DTensor "
         "(use_local_output=False on the style that returns it)"
+    )
+
+
+def refuse_narrowed(tpm: TPModule, d: int, n: int, where: str, tp: int) -> None:
+    """Refuse linear style ``tpm`` taking, as it is, the DTensor the all-to-all of ``where``
+    left narrowed from dim ``d`` of ``n``, which the ``tp`` ranks do not divide, as torch
+    fails on it (see ``TPEmulation._check_narrowed``)."""
+    padded = chunks(n, tp)[0] * tp
+    raise ConfigError(
+        f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes the DTensor the all-to-all of "
+        f"{where} leaves, whose dim {d} ({n}) the {tp} tp ranks do not divide: DTensor "
+        f"pads it to {padded} for the all-to-all and narrows each rank's tensor back "
+        "(Shard._unpad_for_new_shard_dim), which leaves it non-contiguous, and the "
+        "linear's multiply views it flat, so torch fails (RuntimeError: view size is not "
+        "compatible with input tensor's size and stride). Make the size a multiple of "
+        f"the tp degree ({padded}; a sequence padded to it), or choose a tp degree that "
+        "divides it"
     )

@@ -13,7 +13,7 @@ its product by the loss's gradient, the saved result still held), and
 the same order, on the traced tensors, so the probe counts what a rank holds: the shard's
 tensors a share, the per-token ones (the maxima, the sums, the labels' masks, each
 all-reduce's new buffer) whole. The all-reduces cost no kernel (as the tp collectives the
-probe sees)."""
+probe sees); each is told to the probe (``CostProbe.on_all_reduce``), whose plan reports it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from fsdpviz.trace.probe_records import StorageSet, TPShares, storage_of
 aten = torch.ops.aten
 
 Held = Callable[[bool], AbstractContextManager[None]]  # the probe's: made tensors as shares?
-Collective = Callable[[], AbstractContextManager[None]]  # the probe's: a whole new buffer
+# the probe's: an all-reduce of the tensor given, its result a whole new buffer
+Collective = Callable[[torch.Tensor], AbstractContextManager[None]]
 
 _IGNORE_MEAN, _SUM = 1, 2  # torch's Reduction: NONE 0, MEAN 1, SUM 2
 
@@ -124,7 +125,7 @@ def _log_softmax(
         x = _to(x, computation_dtype, torch.contiguous_format)
     with held(False):
         x_max = torch.amax(x, dim, keepdim=True)
-    with collective():
+    with collective(x_max):
         x_max = x_max.clone()
     with held(True):
         shifted = x - x_max
@@ -132,7 +133,7 @@ def _log_softmax(
     with held(False):
         shifted_sumexp = torch.sum(exp, dim, keepdim=True)
     del exp
-    with collective():
+    with collective(shifted_sumexp):
         shifted_sumexp = shifted_sumexp.clone()
     with held(False):
         shifted_logsumexp = torch.log(shifted_sumexp)
@@ -165,7 +166,7 @@ def _nll_loss_forward(
         result_partial = torch.gather(x, channel_dim, masked)
         result_partial.masked_fill_(mask, 0.0)  # apply_mask; the mask is then released
         del mask
-    with collective():
+    with collective(result_partial):  # _MaskPartial._reduce_value
         result_reduced = result_partial.clone()
     with held(False):
         result = -result_reduced.squeeze(channel_dim)

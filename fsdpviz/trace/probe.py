@@ -157,6 +157,8 @@ class CostProbe(
         self._forced: tuple[Fraction | None] | None = None
         self._held: bool | Fraction | None = None  # inside held_as(): the outputs' layout
         self._loss_parallel = LossParallelAccounting()  # F.cross_entropy in loss_parallel()
+        # told of each all-reduce loss_parallel()'s handlers run (tensor parallelism's plan)
+        self.on_all_reduce: Callable[[torch.Tensor], None] | None = None
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
         for p, name in grad_owner.items():
@@ -313,8 +315,11 @@ class CostProbe(
         finally:
             self._held = before
 
-    def _whole(self) -> Any:
-        """An all-reduce's new buffer (whole, no kernel)."""
+    def _whole(self, t: torch.Tensor) -> Any:
+        """An all-reduce of ``t`` (told to :attr:`on_all_reduce`): its new buffer (whole, no
+        kernel)."""
+        if self.on_all_reduce is not None:
+            self.on_all_reduce(t)
         return self.redistributed(None)
 
     def _track_all(self, out: Any, share: Fraction | None) -> None:
