@@ -198,8 +198,8 @@ class RankRun:
         return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
 
     def _gradient_between(self, s: int, send: bool) -> bool:
-        """Whether a gradient passes between stage ``s`` and the one before it (``send``)
-        or after it: the receiving stage's inputs need one."""
+        """Whether a gradient passes between stage ``s`` and the one before it (``send``:
+        its inputs need one) or the one after it (its outputs need one)."""
         return self.traces[s].inputs_need_grad if send else self.traces[s].outputs_need_grad
 
 
