@@ -71,19 +71,23 @@ def _total(tracker: Any) -> int:
 
 
 @contextmanager
-def _neighbours_metadata(microbatch: int, dtype: torch.dtype) -> Iterator[None]:
+def _neighbours_metadata(microbatch: int, dtype: torch.dtype, frozen: int = 0) -> Iterator[None]:
     """What the shape inference receives from a stage on another rank: one microbatch of
-    the hidden state (forward), or its gradient (backward)."""
+    the hidden state (forward), or its gradient (backward); ``frozen``: the stages before
+    it are frozen, their outputs need no gradient (and get none back)."""
     from torch.distributed.pipelining import _utils
 
     shape = (microbatch, pj.SEQ, pj.MODEL_ARGS["dim"])
-    hidden = torch.empty(shape, dtype=dtype, requires_grad=True)
-    metas = _utils.extract_tensor_metas((hidden,))
+
+    def metas(stage: int) -> Any:  # the hidden state stage ``stage`` sends
+        hidden = torch.empty(shape, dtype=dtype, requires_grad=stage >= frozen)
+        return _utils.extract_tensor_metas((hidden,))
 
     def recv_meta(self: Any, src_stage: int) -> Any:
         if src_stage < self.stage_index:
-            return _utils._StageForwardMeta(forward_metas=metas)
-        return _utils._StageBackwardMeta(backward_metas=_utils._derive_grad_metas(metas))
+            return _utils._StageForwardMeta(forward_metas=metas(src_stage))
+        grads = _utils._derive_grad_metas(metas(self.stage_index))
+        return _utils._StageBackwardMeta(backward_metas=grads)
 
     original = PipelineStage._recv_meta
     PipelineStage._recv_meta = recv_meta  # type: ignore[method-assign]
@@ -104,6 +108,7 @@ def measure(
     mp_policy: Any = None,
     accumulate: bool = False,
     adamw: int = 0,
+    frozen: int = 0,
 ) -> Measured:
     """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
     ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
@@ -112,7 +117,8 @@ def measure(
     ``adamw``: torch's AdamW (foreach, as on a GPU) steps after every ``adamw`` steps (the
     micro-steps of an optimizer step), the gradients then set to ``None``, for three
     optimizer steps: the peak and the events are the last's (its micro-steps' and its
-    update's), less AdamW's step counters (on a GPU they stay on the CPU)."""
+    update's), less AdamW's step counters (on a GPU they stay on the CPU). ``frozen``: the
+    first stages' parameters, all frozen (``_neighbours_metadata``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
@@ -136,7 +142,7 @@ def measure(
     if adamw:
         steps = 3 * adamw
     recorder = Recorder(schedule)
-    with _neighbours_metadata(pj.BATCH // microbatches, dtype), tracker, recorder:
+    with _neighbours_metadata(pj.BATCH // microbatches, dtype, frozen), tracker, recorder:
         tokens = pj.tokens() if first else None  # the batch, held through the step
         labels = target() if last else None
         for step in range(steps):

@@ -356,3 +356,54 @@ def test_a_unit_no_microbatch_gives_a_gradient_has_no_optimizer_state(
     unused = {u.module for u in mine.units if u.unused_params}
     assert "norm, output" in unused
     assert real.peak == memory_model(mine, optimizer="adamw_foreach").peak["bytes"]
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "pp"),
+    [(n, r, 2) for n in ("1f1b-4", "gpipe-4", "interleaved-4") for r in (0, 2)]
+    + [("1f1b-4", 0, 4), ("1f1b-4", 1, 4), ("gpipe-4", 3, 4)],
+)
+def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int, pp: int
+) -> None:
+    """Stage 0's parameters all frozen (fine-tuning above frozen embeddings and blocks): its
+    output needs no gradient (``_derive_grad_metas``), so the next stage's inputs need none,
+    it sends no gradient back and stage 0 receives none (no ``pp_recv``/``pp_send`` of a
+    gradient, no receive buffer for one), stage 0's ``B`` computes nothing and releases the
+    output its forward kept (``fwd_cache.pop``), its ``REDUCE_GRAD`` frees without a
+    reduce-scatter. Every event of both steps and the steady step's peak and the memory at
+    each send and receive, as torch's; on pp 2 x dp_shard 2 and pp 4 x dp_shard 1 (stage 1
+    holds a frozen block and a trainable one: it trains, and sends stage 0 no gradient)."""
+    if pp == 4:
+        monkeypatch.setattr(pj, "PP", 4)
+        monkeypatch.setattr(pj, "DP", 1)
+    whole = pj.model
+
+    def frozen() -> torch.nn.Module:
+        m = whole()
+        for fqn in ("tok_embeddings", "layers.0", "layers.1"):
+            m.get_submodule(fqn).requires_grad_(False)
+        return m
+
+    monkeypatch.setattr(pj, "model", frozen)
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
+    planned = predict(name, loss=_square)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // pj.DP]
+    assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
+        [e.to_dict() for e in it] for it in mine.iterations
+    ]
+    stage0 = set(planned.pipeline.stages[0].units)
+    events = mine.iterations[-1]
+    reduced = {e.unit for e in events if e.kind == "reduce_scatter"}
+    assert reduced.isdisjoint(stage0)
+    assert bool(reduced) == (rank // pj.DP != 0 or name == "interleaved-4")  # stages 1-3 train
+    back = {(e.kind, e.stage) for e in events if e.group == "pp" and e.phase == "backward"}
+    assert not back & {("pp_recv", 0), ("pp_send", 1)}
+    mem = memory_model(mine, optimizer=None)
+    assert real.peak == mem.peak["bytes"]
+    p2p = [(used, row.total) for (_, _, used), e, row in zip(real.events, events, mem.events,
+           strict=True) if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
+    assert p2p and all(used == total for used, total in p2p), p2p

@@ -255,7 +255,9 @@ def rank_step_profile(
             elif c.part in ("B", "I") and key in inflight:
                 del inflight[key]  # its backward holds them now, as its own trace did
                 local.pop(key, None)  # the input buffer holds it on, counted there
-            if c.part in ("B", "I") and c.hook == "final_callback" and c.microbatch is not None:
+            # its backward's end: FSDP's final callback, or a frozen stage's action
+            ended = c.hook in ("final_callback", "pipeline")
+            if c.part in ("B", "I") and ended and c.microbatch is not None:
                 if shape.last:
                     kept += shape.output_bytes
                     losses += shape.loss_bytes

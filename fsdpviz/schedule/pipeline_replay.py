@@ -130,6 +130,10 @@ class RankRun:
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
             if kind == "B" or (kind == "I" and s != 0) or (kind == "W" and s == 0):
                 self.grad_left[s].clear()  # every group's post-backward runs
+            if (kind == "B" or (kind == "W" and s == 0)) and not trace.backward:
+                # a frozen stage whose inputs need no gradient: stage_backward finds no
+                # output that needs one; the action ends its forward's hold (fwd_cache.pop)
+                return [Call("pipeline", "", action, [], s, back, mb, "B")]
             if kind == "B" or (kind == "W" and s == 0):
                 return [start, *self._replay(s, trace.backward, back, "B", mb)]
             if kind == "I" and s != 0:
@@ -182,12 +186,21 @@ class RankRun:
             rt.reshard_all()
         else:  # SEND_F, RECV_F, SEND_B, RECV_B
             forward = kind.endswith("_F")
+            if not forward and not self._gradient_between(s, kind == "SEND_B"):
+                # the output needs no gradient (a frozen stage's, whose inputs need none):
+                # torch's grad_recv_info holds no buffer for it, get_bwd_send_ops sends none
+                return [Call("pipeline", "", action, [], s, None, mb)]
             nbytes = trace.output_bytes if forward == kind.startswith("SEND") else trace.input_bytes
             event = Event("pp_send" if kind.startswith("SEND") else "pp_recv", "",
                           "forward" if forward else "backward", group="pp", nbytes=nbytes,
                           stage=s, microbatch=mb, action=action)  # fmt: skip
             return [Call("pipeline", "", action, [event], s, None, mb)]
         return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
+
+    def _gradient_between(self, s: int, send: bool) -> bool:
+        """Whether a gradient passes between stage ``s`` and the one before it (``send``:
+        its inputs need one) or the one after it (its outputs need one)."""
+        return self.traces[s].inputs_need_grad if send else self.traces[s].outputs_need_grad
 
 
 def _reduce_calls(events: list[Event], s: int, action: str) -> list[Call]:

@@ -163,7 +163,7 @@ def _rank_profile(
             inputs += t.profile.input_bytes
         else:
             inputs += t.input_bytes * m
-        if t.index != popts.num_stages - 1:
+        if t.index != popts.num_stages - 1 and t.outputs_need_grad:  # no buffer for none
             inputs += t.output_bytes * m
     first = mine[0].profile
     assert first is not None

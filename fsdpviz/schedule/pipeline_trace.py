@@ -68,6 +68,7 @@ class StageTrace:
     input_bytes: int  # the activations it receives (a gradient of them it sends back)
     output_bytes: int  # the activations it sends (a gradient of them it receives)
     inputs_need_grad: bool
+    outputs_need_grad: bool = True  # False: a frozen stage's (no backward, no gradient back)
     loss_bytes: int = 0  # the last stage's loss
     prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
@@ -144,7 +145,7 @@ def trace_stages(
             traces.append(trace)
             # the next stage receives this stage's output tensors as its positional inputs
             outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-            args = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outs)
+            args = tuple(t.detach().requires_grad_(t.requires_grad) for t in outs)
             shared = [(a, sh) for a, sh in zip(args, shares, strict=True) if sh is not None]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
     return traces
@@ -162,37 +163,32 @@ def _check_needs_gradient(
     gradient: its output needs none, so torch's ``PipelineStage`` runs it with no backward
     (``_derive_grad_metas`` gives ``None`` for an output that needs none: the next stage
     sends it no gradient, its ``B`` computes nothing, its ``REDUCE_GRAD`` frees its groups'
-    parameters without a reduce-scatter). ``split``: the microbatches whose backward the
-    schedule splits into ``I`` and ``W`` on the next stage: its input backward
-    (``stage_backward_input``) finds no path from inputs that need no gradient, so its
-    weight backward computes none, and those microbatches give the next stage's parameters
-    no gradient. fsdpviz does not plan such a stage yet, and says so rather than fail."""
+    parameters without a reduce-scatter), which fsdpviz plans. ``split``: the microbatches
+    whose backward the schedule splits into ``I`` and ``W`` on the next stage: its input
+    backward (``stage_backward_input``) finds no path from inputs that need no gradient, so
+    its weight backward computes none, and those microbatches give the next stage's
+    parameters no gradient: a job that silently loses gradients, refused, saying so."""
     trainable = any(p.requires_grad for p in part.parameters())
     receives = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(args))
-    if trainable or receives:
+    if trainable or receives or not split:
         return
-    lost = ""
-    if split:
-        nxt = s + 1
-        mbs = sorted(set(split))
-        which = (
-            f"stage {nxt}'s parameters get none and are never trained"
-            if len(mbs) == popts.microbatches
-            else f"microbatch{'es' if len(mbs) > 1 else ''} {', '.join(map(str, mbs))} give "
-            f"stage {nxt}'s parameters none (the others' full backward does)"
-        )
-        lost = (
-            f"; and {popts.schedule} splits stage {nxt}'s backward into an input part (I, "
-            "stage_backward_input) and a weight part (W): its inputs need no gradient, so I "
-            f"finds no path from them and W computes no gradient: {which}"
-        )
+    nxt = s + 1
+    mbs = sorted(set(split))
+    which = (
+        f"stage {nxt}'s parameters get none and are never trained"
+        if len(mbs) == popts.microbatches
+        else f"microbatch{'es' if len(mbs) > 1 else ''} {', '.join(map(str, mbs))} give "
+        f"stage {nxt}'s parameters none (the others' full backward does)"
+    )
     raise ConfigError(
         f"pipeline stage {s} ({some_names(names, 4)}) has no trainable parameter and its "
-        "inputs need no gradient, so its output needs none. torch's PipelineStage runs it: "
-        "the next stage sends it no gradient, its backward computes nothing and its "
-        f"REDUCE_GRAD frees its parameters without a reduce-scatter{lost}. fsdpviz does not "
-        "plan such a stage yet: give that stage a trainable module (pipeline_stages=, its "
-        "FQNs per stage) or leave one of its parameters trainable"
+        "inputs need no gradient, so its output needs none; and "
+        f"{popts.schedule} splits stage {nxt}'s backward into an input part (I, "
+        "stage_backward_input) and a weight part (W): its inputs need no gradient, so I "
+        f"finds no path from them and W computes no gradient: {which}. torch runs this job "
+        "and loses those gradients silently. Use a schedule that does not split the backward "
+        "(1F1B, Interleaved1F1B, GPipe, LoopedBFS), or give that stage a trainable module "
+        "(pipeline_stages=, its FQNs per stage) or leave one of its parameters trainable"
     )
 
 
@@ -306,7 +302,8 @@ def _trace_stage(
     at = next(i for i, e in enumerate(log) if e[0] == "forward_end")
     received = [t for t in args if isinstance(t, torch.Tensor)]
     sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-    measured = probe.profile(log, [len(runtime.events)]) if probe is not None else None
+    ran = any(e[0] == "final_callback" for e in log)  # a frozen stage's backward runs none
+    measured = probe.profile(log, [len(runtime.events)], ran) if probe is not None else None
     # what one rank holds of them: a 1/tp share of what sequence parallelism keeps sharded
     size = probe.local_bytes if probe is not None else _bytes
     trace = StageTrace(
@@ -322,6 +319,7 @@ def _trace_stage(
         input_bytes=_bytes(received),
         output_bytes=size(sent),
         inputs_need_grad=any(t.requires_grad for t in received),
+        outputs_need_grad=any(t.requires_grad for t in sent),
         loss_bytes=loss_bytes,
         prefetch=prefetch,
         profile=measured,

@@ -52,6 +52,7 @@ into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -76,7 +77,7 @@ from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.float8_probe import Float8Accounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
-from fsdpviz.trace.hook_counters import Mark, cut_profile
+from fsdpviz.trace.hook_counters import EMPTY_MARK, Mark, cut_profile
 from fsdpviz.trace.loss_parallel import LossParallelAccounting
 from fsdpviz.trace.operators import (
     FLOP_OPS,
@@ -615,14 +616,23 @@ class CostProbe(
                 self.live[rec[1]] -= rec[0]
 
     # --------------------------------------------------------------- result
-    def profile(self, log: list[Any], n_events: list[int]) -> TraceProfile | None:
-        """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``)."""
+    def profile(
+        self, log: list[Any], n_events: list[int], backward: bool = True
+    ) -> TraceProfile | None:
+        """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``);
+        ``backward=False``: one step that ran no backward (a frozen pipeline stage whose
+        inputs need no gradient), ended where its compute ended, as if by a final callback."""
+        marks, tails = self.marks, self._tails
+        if not backward:
+            tail = tails.get(len(marks), EMPTY_MARK)
+            marks = [*marks, dataclasses.replace(tail, n_events=n_events[-1], measured=True)]
+            log, tails = [*log, ("final_callback", 0, {})], {}
         names = sorted(set(self.module_saved) | set(self.module_flops))
         modules = {n: {"saved_bytes": self.module_saved.get(n, 0.0),
                        "flops": self.module_flops.get(n, 0.0)} for n in names}  # fmt: skip
         base = TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS,
                             self.tokens, self.tp_ranks, self.tp_ranks)  # fmt: skip
-        return cut_profile(self.marks, self._tails, log, n_events, self._unit_names, base)
+        return cut_profile(marks, tails, log, n_events, self._unit_names, base)
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:

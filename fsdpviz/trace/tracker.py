@@ -479,6 +479,13 @@ def _step(
         tensors = [
             t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
         ]
+        sent = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        if sent and not tensors and not any(p.requires_grad for p in model.parameters()):
+            # a frozen stage whose inputs need no gradient: torch's stage_backward finds no
+            # output that needs one and runs autograd on none (the next stage sends none)
+            if on_loss is not None:
+                on_loss(sent[0])
+            return output
         if not tensors:
             raise ConfigError(
                 f"pipeline stage {type(model).__name__} returns no tensor that requires grad, "
