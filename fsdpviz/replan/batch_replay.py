@@ -281,6 +281,8 @@ class BatchCapture:
     :meth:`at`. Made by :func:`batch_capture`."""
 
     def __init__(self, low: Report, high: Report, b1: int, b2: int) -> None:
+        if b1 > b2:  # the lines are weighed as d = b2 - b1 times them: d > 0 keeps the order
+            low, high, b1, b2 = high, low, b2, b1
         self._config = low.config
         self._traced = (b1, b2)
         self._batches = _Batches(b1, b2)

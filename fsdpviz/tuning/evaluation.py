@@ -1,9 +1,12 @@
 """Evaluating configurations for :func:`fsdpviz.tune`: each trace key traced once (in this
 process, or side by side in forked workers), every other choice replayed from it, each
-configuration costed once by the memory and time models."""
+configuration costed once by the memory and time models. Of the keys that differ in the
+micro-batch alone, two are traced and the others derived from them
+(:mod:`fsdpviz.replan.batch_replay`), traced where that is not exact."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import multiprocessing
@@ -29,6 +32,8 @@ from fsdpviz.replan.precision_replay import (
     traced_precision,
 )
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.probe_records import recording_moments
+from fsdpviz.tuning.batch_families import BatchFamilies
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.retune import StoredTrace, on_machine
@@ -51,7 +56,8 @@ Config = dict[str, Choice]
 class Evaluations:
     """The configurations of one search evaluated so far (``candidates``), the traces they
     came from, and how many (``trace_count``, ``replay_count``; ``reused_count``: traces
-    taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`)."""
+    taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`;
+    ``derived_count``: traces derived from two at other micro-batches)."""
 
     def __init__(
         self,
@@ -75,6 +81,8 @@ class Evaluations:
         self.trace_count = 0
         self.replay_count = 0
         self.reused_count = 0
+        self.derived_count = 0
+        self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
         self.earlier = dict(earlier or {})
         self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
@@ -96,10 +104,11 @@ class Evaluations:
             )
         self.bar: Any = None
 
-    def _key(self, config: Config) -> tuple[Any, ...]:
+    def _key(self, config: Config, any_batch: bool = False) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
         mesh's tensor-parallel degree: its data-parallel dimensions replay; a mesh a replay
-        cannot apply; every knob, under a pipeline)."""
+        cannot apply; every knob, under a pipeline). ``any_batch``: with ``None`` for its
+        micro-batch's samples."""
         mesh = config["mesh"]
         # a tp mesh's trace is that of its tp degree: a replay changes its dp dimensions
         out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.mesh[2]}"]
@@ -112,7 +121,10 @@ class Evaluations:
             if knob == "precision" and not self.space.pipelined:
                 out.append(self._traced_precision(c))
                 continue
-            out.append(c.samples if knob == "micro_batch" else c.label)
+            if knob == "micro_batch":
+                out.append(None if any_batch else c.samples)
+                continue
+            out.append(c.label)
         return tuple(out)
 
     def _traced_precision(self, choice: Choice) -> Any:
@@ -237,11 +249,31 @@ class Evaluations:
         if same is not None:
             self._traces[key] = self._reuse(key)
             return same
-        made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+        family, samples = self._batch_family(key, config)
+        made = None if family is None else self._batches.derived(*family, samples)
+        if made is not None:
+            self.derived_count += 1
+        else:
+            made = self._analyze(inputs, self._trace_kwargs(config, kwargs), family is not None)
+            if family is not None and made is not None:
+                self._batches.traced(*family, samples, made)
         self._traces[key] = made
         if made is not None:
             self.made[key] = StoredTrace(made, self._traced_changes(config))
         return True
+
+    def _batch_family(
+        self, key: tuple[Any, ...], config: Config
+    ) -> tuple[tuple[tuple[Any, ...], dict[str, Any]] | None, int]:
+        """``config``'s family of traces that differ in the micro-batch alone (its trace key
+        but the micro-batch, the replayed knobs' values its trace is made with) and the
+        samples of its micro-batch; None where the micro-batch is not derived (a pipeline's,
+        traced micro-steps)."""
+        samples = _samples(config) or self.space.batch
+        if self.space.pipelined or self._traces_accum(config) or samples < 1:
+            return None, samples
+        free = self._key(config, any_batch=True)
+        return ((*free, *key[len(free) :]), self._traced_changes(config)), samples
 
     def _traced_changes(self, config: Config) -> dict[str, Any]:
         """The keywords ``config``'s trace is made with that its trace key leaves out: the
@@ -296,6 +328,9 @@ class Evaluations:
             key = (*self._key(config), mine and self._cache_off)
             if key in self._traces or key in todo or self._reusable(key, config) is not None:
                 continue
+            family, samples = self._batch_family(key, config)
+            if family is not None and not self._batches.wanted(*family, samples):
+                continue  # derived when evaluated
             todo[key] = (config, mine)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
@@ -303,8 +338,9 @@ class Evaluations:
             (
                 self._micro_inputs(_samples(c), mine and self._cache_off),
                 self._trace_kwargs(c, self.space.kwargs(c)),
+                self._batch_family(key, c)[0] is not None,
             )
-            for c, mine in todo.values()
+            for key, (c, mine) in todo.items()
         ]
         global _FORKED
         _FORKED = (self, jobs)
@@ -318,6 +354,9 @@ class Evaluations:
             _FORKED = None
         for (key, (config, _)), result in zip(todo.items(), results, strict=True):
             if result is not None:
+                family, samples = self._batch_family(key, config)
+                if family is not None:
+                    self._batches.traced(*family, samples, result)
                 self._traces[key] = result
                 self.made[key] = StoredTrace(result, self._traced_changes(config))
                 self._prefetched.add(key)
@@ -330,12 +369,14 @@ class Evaluations:
             return sorted(self._trace_seconds)[len(self._trace_seconds) // 2] >= 1.0
         return sum(p.numel() for p in self.model.parameters()) >= 10**9
 
-    def _analyze(self, inputs: Any, kwargs: TuneKwargs) -> Report | None:
+    def _analyze(self, inputs: Any, kwargs: TuneKwargs, moments: bool = False) -> Report | None:
+        """A trace (``moments``: keeping its moments, for a capture of its micro-batch)."""
         self.trace_count += 1
         if self.bar is not None:
             self.bar.set_postfix_str(self._counts(), refresh=False)
         started = time.perf_counter()
-        report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
+        with recording_moments() if moments else contextlib.nullcontext():
+            report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
         self._trace_seconds.append(time.perf_counter() - started)
         return report
 
@@ -495,7 +536,7 @@ _SHOWN = (
 )  # fmt: skip
 
 
-_FORKED: tuple[Evaluations, list[tuple[Any, TuneKwargs]]] | None = None
+_FORKED: tuple[Evaluations, list[tuple[Any, TuneKwargs, bool]]] | None = None
 """What a forked worker traces: the evaluations (the model with them) and the jobs."""
 
 
@@ -503,9 +544,12 @@ def _trace_job(index: int) -> Report | None:
     """In a worker: trace job ``index`` (None where it fails: the parent traces it again)."""
     assert _FORKED is not None
     search, jobs = _FORKED
-    inputs, kwargs = jobs[index]
+    inputs, kwargs, moments = jobs[index]
     try:
-        return analyze(search.model, inputs, progress=False, machine=search.machine_arg, **kwargs)
+        with recording_moments() if moments else contextlib.nullcontext():
+            return analyze(
+                search.model, inputs, progress=False, machine=search.machine_arg, **kwargs
+            )
     except Exception:
         return None
 
