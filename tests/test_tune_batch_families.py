@@ -48,7 +48,9 @@ def traced_each() -> Tuning:
 def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning) -> None:
     derived = _tune()
     assert {c.micro_batch for c in derived.candidates} == {1, 2, 3, 4, 6, 12}
-    assert derived.traces < traced_each.traces
+    assert derived.traces < traced_each.traces and traced_each.derived == 0
+    assert derived.traces + derived.derived == traced_each.traces
+    assert f"{derived.derived} derived from traces at other micro-batches" in str(derived)
     assert _candidates(derived) == _candidates(traced_each)
     assert derived.best is not None and traced_each.best is not None
     assert derived.best.knobs == traced_each.best.knobs

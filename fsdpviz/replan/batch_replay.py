@@ -167,7 +167,10 @@ class _Peaks:
     @classmethod
     def of(cls, low: StretchMoments, high: StretchMoments, batches: _Batches) -> _Peaks:
         if len(low.moments) != len(high.moments) or low.param_views_at != high.param_views_at:
-            raise _NotExact("a stretch's moments differ")
+            raise _NotExact(
+                f"a stretch weighs {len(low.moments)} moments at one batch, "
+                f"{len(high.moments)} at the other"
+            )
         held, now = [], []
         for i, (m1, m2) in enumerate(zip(low.moments, high.moments, strict=True)):
             h1, h2 = sum(m1[:3]), sum(m2[:3])
