@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +74,26 @@ def _hf_ids(batch: int) -> dict[str, Any]:
     return {"input_ids": ids, "labels": ids}
 
 
-Case = tuple[Callable[[], torch.nn.Module], Callable[[int], dict[str, Any]], dict[str, Any]]
+@functools.cache
+def _torchtitan(batch: int, cp: int = 2) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """torchtitan's debug Llama 3 over ``cp`` ranks of context parallelism (its loss takes
+    the labels of ``batch`` samples)."""
+    job: dict[str, Any] = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": batch, "seq_len": 64},
+        "parallelism": {"context_parallel_degree": cp},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=8)
+    return tt.model, tt.inputs, dict(tt.config)
+
+
+Case = tuple[
+    Callable[[], torch.nn.Module],
+    Callable[[int], Any],
+    dict[str, Any] | Callable[[int], dict[str, Any]],  # analyze's keywords (at a batch)
+]
 
 CASES: dict[str, Case] = {
     "example, FSDP1": (
@@ -108,6 +129,9 @@ CASES: dict[str, Case] = {
         {"fully_shard": [DecoderLayer], "mp_policy": BF16, "compile": True,
          "float8": {"recipe_name": "rowwise"}, "activation_checkpointing": [DecoderLayer]},
     ),
+    "torchtitan Llama 3, FSDP2 x CP 2": (
+        lambda: _torchtitan(2)[0], lambda b: _torchtitan(b)[1], lambda b: _torchtitan(b)[2],
+    ),
     "example, FSDP2, compiled": (
         lambda: example_model(CONFIG), _ids,
         {"fully_shard": [DecoderLayer], "mp_policy": BF16, "compile": True},
@@ -116,8 +140,8 @@ CASES: dict[str, Case] = {
 
 
 def _analyze(case: Case, batch: int, moments: bool = False) -> fsdpviz.Report:
-    build, inputs, kwargs = case
-    kwargs = {"world_size": 8, "progress": False, **kwargs}
+    build, inputs, given = case
+    kwargs = {"world_size": 8, "progress": False, **(given(batch) if callable(given) else given)}
     if not moments:
         return fsdpviz.analyze(build(), inputs(batch), **kwargs)
     with recording_moments():
