@@ -79,12 +79,16 @@ class _Batches:
     def value(self, low: int | float, high: int | float, b: int) -> int | float:
         if low == high:
             return low
+        if isinstance(low, int) or (low.is_integer() and high.is_integer()):
+            # whole numbers: exact in ints (a float of one rounds as float(Fraction) does)
+            num = int(low) * self.d + (int(high) - int(low)) * (b - self.b1)
+            if num % self.d:
+                if isinstance(low, int):
+                    raise _NotExact(f"{low} at {self.b1} and {high} at {self.b1 + self.d}")
+                return float(Fraction(num, self.d))
+            return num // self.d if isinstance(low, int) else float(num // self.d)
         v = Fraction(low) + (Fraction(high) - Fraction(low)) * (b - self.b1) / self.d
-        if isinstance(low, float):
-            return float(v)
-        if v.denominator != 1:
-            raise _NotExact(f"{low} at {self.b1} and {high} at {self.b1 + self.d}")
-        return int(v)
+        return float(v)
 
     def scaled(self, low: int, high: int) -> tuple[int, int]:
         """The line through the two values as ``(slope, intercept)`` of ``d`` times it."""
