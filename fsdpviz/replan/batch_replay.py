@@ -79,7 +79,7 @@ class _Batches:
     def value(self, low: int | float, high: int | float, b: int) -> int | float:
         if low == high:
             return low
-        if isinstance(low, int) or (low.is_integer() and high.is_integer()):
+        if isinstance(low, int) or (float(low).is_integer() and float(high).is_integer()):
             # whole numbers: exact in ints (a float of one rounds as float(Fraction) does)
             num = int(low) * self.d + (int(high) - int(low)) * (b - self.b1)
             if num % self.d:
