@@ -2,10 +2,13 @@
 others derived from them (:mod:`fsdpviz.replan.batch_replay`), traced where that is not
 exact.
 
-A family is a trace key but its micro-batch, and the replayed knobs' values its traces are
-made with (a trace is the plan of the configuration it is made for, so each derived one is
-the trace of its own). Its first two traces at 2 samples or more make its capture (one of 1
-sample is always traced: a dim of size 1 is torch's own case)."""
+A family is a trace key but its micro-batch. Its first trace at 2 samples or more leads:
+the family's next one is made with the lead's values of the replayed knobs (the mesh,
+resharding; FSDP1's backward prefetch), whatever the configuration that asks for it, so
+that the two pair; their capture then gives the family's trace at any other micro-batch,
+made with those values, which tune replays to each configuration's own as it replays any
+trace of a key. A trace of 1 sample is always the configuration's own (a dim of size 1 is
+torch's own case: never derived)."""
 
 from __future__ import annotations
 
@@ -20,31 +23,29 @@ __all__ = ["BatchFamilies"]
 
 @dataclass
 class _Family:
-    key: tuple[Any, ...]
-    changes: dict[str, Any]
+    changes: dict[str, Any] | None = None  # the lead's replayed knobs (its trace keywords)
+    lead: Any = None  # the lead's configuration
     bases: list[tuple[int, Report]] = field(default_factory=list)
     capture: BatchCapture | None = None
-    refused: bool = False  # the bases do not pair: every batch traced
+    refused: bool = False  # the bases do not pair: every batch traced as asked
     planned: set[int] = field(default_factory=set)  # batches being traced side by side
+
+    def open(self) -> bool:
+        """Whether the family still takes traces for its capture."""
+        return self.capture is None and not self.refused and len(self.bases) < 2
 
 
 class BatchFamilies:
-    """The families of one search (see the module's docstring)."""
+    """The families of one search (see the module's docstring), by trace key but the
+    micro-batch."""
 
     def __init__(self) -> None:
-        self._families: list[_Family] = []
+        self._families: dict[tuple[Any, ...], _Family] = {}
 
-    def _family(self, key: tuple[Any, ...], changes: dict[str, Any]) -> _Family:
-        for f in self._families:
-            if f.key == key and _same(f.changes, changes):
-                return f
-        self._families.append(_Family(key, changes))
-        return self._families[-1]
-
-    def derived(self, key: tuple[Any, ...], changes: dict[str, Any], samples: int) -> Report | None:
-        """The trace at ``samples`` of the family, derived (None: not two traces of it yet,
-        or not exact: trace it, and hand it to :meth:`traced`)."""
-        f = self._family(key, changes)
+    def derived(self, key: tuple[Any, ...], samples: int) -> tuple[Report, dict[str, Any]] | None:
+        """The family's trace at ``samples`` and the replayed knobs' keywords it is made with
+        (the lead's), derived; None: not two traces of it yet, or not exact (trace it)."""
+        f = self._families.setdefault(key, _Family())
         if f.capture is None and not f.refused and len(f.bases) >= 2:
             (b1, low), (b2, high) = f.bases[:2]
             f.capture = batch_capture(low, high, b1, b2)
@@ -52,34 +53,49 @@ class BatchFamilies:
             for _, report in f.bases:  # the capture keeps what it needs of them
                 _forget_moments(report)
             f.bases.clear()
-        return None if f.capture is None else f.capture.at(samples)
+        if f.capture is None or f.changes is None:
+            return None
+        made = f.capture.at(samples)
+        return None if made is None else (made, f.changes)
+
+    def lead(self, key: tuple[Any, ...], samples: int) -> Any:
+        """The configuration whose replayed knobs a trace at ``samples`` takes, so that it
+        pairs with the family's first (None: the configuration's own)."""
+        f = self._families.setdefault(key, _Family())
+        taken = {b for b, _ in f.bases}
+        return f.lead if f.open() and samples >= 2 and samples not in taken else None
 
     def traced(
-        self, key: tuple[Any, ...], changes: dict[str, Any], samples: int, report: Report
+        self,
+        key: tuple[Any, ...],
+        changes: dict[str, Any],
+        config: Any,
+        samples: int,
+        report: Report,
     ) -> None:
-        """Keep the trace ``report`` at ``samples`` for the family's capture while it
-        needs one; else let go of its moments."""
-        f = self._family(key, changes)
-        wanted = f.capture is None and not f.refused and len(f.bases) < 2
-        if wanted and samples >= 2 and all(b != samples for b, _ in f.bases):
+        """Keep the trace ``report`` at ``samples`` (of ``config``, with the replayed knobs'
+        keywords ``changes``) for the family's capture while it needs one; else let go of
+        its moments."""
+        f = self._families.setdefault(key, _Family())
+        fresh = samples >= 2 and all(b != samples for b, _ in f.bases)
+        if f.open() and fresh and (f.changes is None or _same(f.changes, changes)):
+            if f.changes is None:
+                f.changes, f.lead = changes, config
             f.bases.append((samples, report))
             return
         _forget_moments(report)
 
-    def wanted(self, key: tuple[Any, ...], changes: dict[str, Any], samples: int) -> bool:
-        """Whether a trace at ``samples`` is wanted ahead (traced side by side): one the
-        family's capture takes, or one it cannot derive; each batch it takes is noted as
-        planned."""
-        f = self._family(key, changes)
+    def wanted(self, key: tuple[Any, ...], samples: int) -> bool:
+        """Whether a trace at ``samples`` is wanted ahead (traced side by side, as the
+        configuration's own): one of 1 sample, one the family cannot derive, or its lead
+        (noted as planned); its second is made when evaluated (with the lead's values)."""
+        f = self._families.setdefault(key, _Family())
         if f.refused or samples < 2:
             return True
-        if f.capture is not None:
+        if f.capture is not None or f.bases or (f.planned and samples not in f.planned):
             return False
-        taken = {b for b, _ in f.bases} | f.planned
-        if samples in taken or len(taken) < 2:
-            f.planned.add(samples)
-            return True
-        return False
+        f.planned.add(samples)
+        return True
 
 
 def _forget_moments(report: Report) -> None:

@@ -207,7 +207,7 @@ class Evaluations:
             if key in self._prefetched:
                 self._prefetched.discard(key)
                 traced = True
-            traced = self._trace(key, config, inputs, kwargs) or traced
+            traced = self._trace(key, config, inputs, kwargs, not user) or traced
             base = self._traces[key]
             if base is None:
                 return None
@@ -218,7 +218,7 @@ class Evaluations:
                 # a precision the trace's plan cannot replay (units whose own precision
                 # the report does not say): a trace of its own
                 key = (*key, config["precision"].label)
-                traced = self._trace(key, config, inputs, kwargs) or traced
+                traced = self._trace(key, config, inputs, kwargs, False) or traced
                 base, own = self._traces[key], True
                 if base is None:
                     return None
@@ -240,9 +240,18 @@ class Evaluations:
         self._configs[candidate.index] = dict(config)
         return candidate
 
-    def _trace(self, key: tuple[Any, ...], config: Config, inputs: Any, kwargs: TuneKwargs) -> bool:
+    def _trace(
+        self,
+        key: tuple[Any, ...],
+        config: Config,
+        inputs: Any,
+        kwargs: TuneKwargs,
+        align: bool = True,
+    ) -> bool:
         """Trace ``key`` with ``config`` unless it is traced (or an earlier search's trace
-        of it is taken: see :meth:`_reusable`); whether ``config``'s plan is that trace."""
+        of it is taken: see :meth:`_reusable`), or derive it from two of its micro-batch
+        family (``align``: traced with the family's lead's replayed knobs where that gives
+        it a capture); whether ``config``'s plan is that trace."""
         if key in self._traces:
             return False
         same = self._reusable(key, config)
@@ -250,30 +259,54 @@ class Evaluations:
             self._traces[key] = self._reuse(key)
             return same
         family, samples = self._batch_family(key, config)
-        made = None if family is None else self._batches.derived(*family, samples)
-        if made is not None:
+        if family is None:
+            made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+            self._traces[key] = made
+            if made is not None:
+                self.made[key] = StoredTrace(made, self._traced_changes(config))
+            return True
+        own = self._traced_changes(config)
+        derived = self._batches.derived(family, samples)
+        if derived is not None:
+            made, changes = derived
             self.derived_count += 1
         else:
-            made = self._analyze(inputs, self._trace_kwargs(config, kwargs), family is not None)
-            if family is not None and made is not None:
-                self._batches.traced(*family, samples, made)
+            lead = self._batches.lead(family, samples) if align else None
+            made_for, made = config, None
+            if lead is not None:
+                made_for = self._aligned(config, lead)
+                try:
+                    kw = self._trace_kwargs(made_for, self.space.kwargs(made_for))
+                    made = self._analyze(inputs, kw, True)
+                except FsdpvizError:  # FSDP refuses the lead's values here: its own trace
+                    made_for = config
+            if made_for is config:
+                made = self._analyze(inputs, self._trace_kwargs(config, kwargs), True)
+            changes = self._traced_changes(made_for)
+            if made is not None:
+                self._batches.traced(family, changes, made_for, samples, made)
         self._traces[key] = made
         if made is not None:
-            self.made[key] = StoredTrace(made, self._traced_changes(config))
-        return True
+            self.made[key] = StoredTrace(made, changes)
+        return _same_changes(changes, own)
 
     def _batch_family(
         self, key: tuple[Any, ...], config: Config
-    ) -> tuple[tuple[tuple[Any, ...], dict[str, Any]] | None, int]:
+    ) -> tuple[tuple[Any, ...] | None, int]:
         """``config``'s family of traces that differ in the micro-batch alone (its trace key
-        but the micro-batch, the replayed knobs' values its trace is made with) and the
-        samples of its micro-batch; None where the micro-batch is not derived (a pipeline's,
-        traced micro-steps)."""
+        but the micro-batch: see :mod:`fsdpviz.tuning.batch_families`) and the samples of its
+        micro-batch; None where the micro-batch is not derived (a pipeline's, traced
+        micro-steps)."""
         samples = _samples(config) or self.space.batch
         if self.space.pipelined or self._traces_accum(config) or samples < 1:
             return None, samples
         free = self._key(config, any_batch=True)
-        return ((*free, *key[len(free) :]), self._traced_changes(config)), samples
+        return (*free, *key[len(free) :]), samples
+
+    def _aligned(self, config: Config, lead: Config) -> Config:
+        """``config`` with ``lead``'s values of the replayed knobs (its trace then pairs
+        with the lead's: see :mod:`fsdpviz.tuning.batch_families`)."""
+        return {**config, **{k: lead[k] for k in REPLAYED[self.api] if k in lead}}
 
     def _traced_changes(self, config: Config) -> dict[str, Any]:
         """The keywords ``config``'s trace is made with that its trace key leaves out: the
@@ -329,8 +362,8 @@ class Evaluations:
             if key in self._traces or key in todo or self._reusable(key, config) is not None:
                 continue
             family, samples = self._batch_family(key, config)
-            if family is not None and not self._batches.wanted(*family, samples):
-                continue  # derived when evaluated
+            if family is not None and not self._batches.wanted(family, samples):
+                continue  # traced (with its family's lead's replayed knobs) or derived later
             todo[key] = (config, mine)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
@@ -356,7 +389,8 @@ class Evaluations:
             if result is not None:
                 family, samples = self._batch_family(key, config)
                 if family is not None:
-                    self._batches.traced(*family, samples, result)
+                    changes = self._traced_changes(config)
+                    self._batches.traced(family, changes, config, samples, result)
                 self._traces[key] = result
                 self.made[key] = StoredTrace(result, self._traced_changes(config))
                 self._prefetched.add(key)
@@ -578,6 +612,15 @@ def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
         return False
     config = getattr(model, "config", None)
     return "use_cache" in params and bool(getattr(config, "use_cache", False))
+
+
+def _same_changes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two traces' replayed keywords are the same (one a keyword without a plain
+    ``==`` is not: it is replayed, as any other)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _samples(config: Config) -> int:
