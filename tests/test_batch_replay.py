@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 import fsdpviz
+from fsdpviz.cost.hardware import machine
 from fsdpviz.errors import ConfigError
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
 from fsdpviz.replan.batch_replay import BatchCapture, batch_capture
@@ -190,7 +192,10 @@ def test_the_peaks_moment_changes_with_the_batch() -> None:
 
 def test_traces_without_their_moments_are_not_captured() -> None:
     case = CASES["example, FSDP1"]
-    assert batch_capture(_analyze(case, 2), _analyze(case, 3), 2, 3) is None
+    plain = _analyze(case, 2)
+    assert plain.profile is not None  # a trace keeps no moments unless asked
+    assert all(m is None for step in plain.profile.iterations for m in step.moments)
+    assert batch_capture(plain, _analyze(case, 3), 2, 3) is None
     low = _analyze(case, 2, True)
     other = _analyze((case[0], case[1], {"fully_shard": [DecoderLayer]}), 3, True)
     assert batch_capture(low, other, 2, 3) is None  # another plan: nothing pairs
@@ -199,3 +204,22 @@ def test_traces_without_their_moments_are_not_captured() -> None:
     capture = _capture(case)
     with pytest.raises(ConfigError, match="positive int"):
         capture.at(0)
+
+
+def test_the_fit_is_checked_at_the_batch_asked() -> None:
+    """A GPU on which 3 samples fit and 9 do not: the report at 9 warns out_of_memory, as
+    analyze's does, where the traces at 2 and 3 did not."""
+    h100 = machine("h100")
+    build, inputs, kwargs = CASES["example, FSDP1"]
+    at = {b: _analyze((build, inputs, {**kwargs, "machine": h100}), b) for b in (3, 9)}
+    need = {b: max(r.memory.peak["bytes"], r.memory.reserved["bytes"]) for b, r in at.items()}
+    spare = at[3].memory.usable - (need[3] + need[9]) / 2
+    small = replace(h100, memory_gib=h100.memory_gib - spare / 2**30)
+    case: Case = (build, inputs, {**kwargs, "machine": small})
+    low, high = _analyze(case, 2, True), _analyze(case, 3, True)
+    assert all(w.code != "out_of_memory" for w in [*low.warnings, *high.warnings])
+    capture = batch_capture(low, high, 2, 3)
+    assert capture is not None
+    derived, traced = capture.at(9), _analyze(case, 9)
+    assert derived is not None and derived.to_dict() == traced.to_dict()
+    assert "out_of_memory" in [w.code for w in derived.warnings]
