@@ -305,6 +305,8 @@ class BatchCapture:
             if len(it1.moments) != len(it1.peak) or len(it2.moments) != len(it2.peak):
                 raise _NotExact("a trace without its moments")
             for k, (m1, m2) in enumerate(zip(it1.moments, it2.moments, strict=True)):
+                if (m1 is not None and m1.partitioned) or (m2 is not None and m2.partitioned):
+                    raise _NotExact("torch's partitioner chose what a compiled region saves")
                 fixed = {f: _pair(s1[f][k], s2[f][k], f) for f in _PEAKS}
                 peaks = None
                 if m1 is not None and m2 is not None:

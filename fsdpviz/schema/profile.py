@@ -109,6 +109,9 @@ class StretchMoments:
     )
     param_views_at: dict[str, int] = field(default_factory=dict)
     kernels: list[tuple[tuple[Any, ...], int, float]] = field(default_factory=list)
+    # whether torch's partitioner decided what a compiled loss or compiled checkpointed
+    # region saves in the stretch (by the bytes of its values: not affine in the batch)
+    partitioned: bool = False
 
 
 @dataclass
