@@ -47,7 +47,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.schema.profile import StretchMoments
 from fsdpviz.schema.report import Report
 
-__all__ = ["BatchCapture", "batch_capture"]
+__all__ = ["BatchCapture", "batch_capture", "capturable"]
 
 _PEAKS = (
     "peak", "peak_activations", "peak_forward_temp", "peak_grads", "peak_in_place",
@@ -369,14 +369,23 @@ def batch_capture(low: Report, high: Report, b1: int, b2: int) -> BatchCapture |
     """
     if b1 == b2 or min(b1, b2) < 1:
         raise ConfigError(f"two different positive batches are needed, got {b1} and {b2}")
-    if low.pipeline is not None or high.pipeline is not None:
-        return None  # each stage's trace is its own (not derived)
-    if low.profile is None or high.profile is None:
+    if not capturable(low) or not capturable(high):
         return None
     try:
         return BatchCapture(low, high, b1, b2)
     except _NotExact:
         return None
+
+
+def capturable(report: Report) -> bool:
+    """Whether ``report`` can be one of a capture's two traces: made under
+    :func:`~fsdpviz.trace.probe_records.recording_moments`, no pipeline's (each stage's trace
+    is its own), and nothing in it that torch's partitioner chose (a compiled loss's or
+    compiled checkpointed region's saves, by their bytes: not affine in the batch)."""
+    if report.pipeline is not None or report.profile is None:
+        return False
+    kept = [m for step in report.profile.iterations for m in step.moments if m is not None]
+    return bool(kept) and not any(m.partitioned for m in kept)
 
 
 def _unfitted(report: Report) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpviz.replan.batch_replay import BatchCapture, batch_capture
+from fsdpviz.replan.batch_replay import BatchCapture, batch_capture, capturable
 from fsdpviz.schema.report import Report
 
 __all__ = ["BatchFamilies"]
@@ -77,6 +77,8 @@ class BatchFamilies:
         keywords ``changes``) for the family's capture while it needs one; else let go of
         its moments."""
         f = self._families.setdefault(key, _Family())
+        if f.open() and samples >= 2 and not capturable(report):
+            f.refused = True  # (torch's partitioner chose its saves: every batch traced)
         fresh = samples >= 2 and all(b != samples for b, _ in f.bases)
         if f.open() and fresh and (f.changes is None or _same(f.changes, changes)):
             if f.changes is None:
