@@ -26,10 +26,11 @@ min-cut partitioner chooses by the bytes of its values, ``get_node_weight`` in
 ``torch/_functorch/partitioners.py``: torchtitan's compiled loss of Llama 3 8B saves less
 at 12 samples than a line through 3, 6 and 9 gives), and :meth:`BatchCapture.at` None
 where a value is not a whole number of bytes at that batch, and at a batch of 1 from
-traces of more: torch treats a
-dim of size 1 apart (a tensor is contiguous whatever its stride there, so a transpose's
-``contiguous()`` copies nothing; it broadcasts), so a step at 1 may launch other kernels
-and save other tensors (Hugging Face's Llama and GPT-2 do). The caller traces instead.
+traces of more: torch treats a dim of size 1 apart (a tensor is contiguous whatever its
+stride there, so a transpose's ``contiguous()`` copies nothing; it broadcasts), so a step
+at 1 may launch other kernels and save other tensors (Hugging Face's Llama and GPT-2 do).
+The caller traces instead. Two traces cannot prove a value affine: what else decides by
+sizes (as the partitioner does) would be missed; none is known in the trace.
 
 Example::
 
