@@ -43,7 +43,7 @@ NCCL_BYTES_PER_GROUP = 2**30
 """Device memory NCCL takes per communicator (its channels' buffers, NVLS on NVSwitch
 systems): about 1 GiB; NCCL's own tests keep 1 GB free for it."""
 
-_CODES = ("out_of_memory", "fit_not_checked")
+FIT_CODES = ("out_of_memory", "fit_not_checked")  # the warnings check_fit sets
 USE_CACHE_CODE = "use_cache_checkpointed"  # (the trace's warning: fsdpviz.trace.tracker)
 _ACTIVATIONS = ("activations", "forward_temp", "backward_temp", "inputs")
 _SHARDED = ("sharded_params", "sharded_grads", "optimizer")
@@ -299,7 +299,7 @@ def check_fit(report: Report) -> None:
     had): a prediction that does not fit on its machine gets one, and one whose memory model
     fails a ``fit_not_checked`` warning saying so. Recordings are left as they are (they ran,
     or failed, on their own hardware)."""
-    report.warnings[:] = [w for w in report.warnings if w.code not in _CODES]
+    report.warnings[:] = [w for w in report.warnings if w.code not in FIT_CODES]
     if report.source != "prediction" or not report.iterations or not report.units:
         return
     try:
@@ -318,6 +318,7 @@ def check_fit(report: Report) -> None:
 __all__ = [
     "CUDA_CONTEXT_BYTES",
     "DEFAULT_MACHINE",
+    "FIT_CODES",
     "NCCL_BYTES_PER_GROUP",
     "check_fit",
     "first_fix",

@@ -92,6 +92,29 @@ from typing import Any
 
 
 @dataclass
+class StretchMoments:
+    """Every moment a stretch's peaks were weighed at, in order (a trace made under
+    :func:`fsdpviz.trace.probe_records.recording_moments`; not saved): each
+    ``(activations, forward_temp, backward_temp, grads, scales_freed)``, the first the
+    stretch's start, ``scales_freed`` the float8 scales freed so far as ``(unit, bytes)``
+    pairs, or None while none is. ``peak`` is the first moment with the most
+    ``activations + forward_temp + backward_temp + grads``, ``peak_in_place`` the first with
+    the most of the first three. ``param_views_at``: by unit, how many moments were weighed
+    when ``param_views_freed`` took its snapshot. ``kernels``: every kernel the stretch
+    launched, ``(key, count, bytes)`` in order, before the probe merged the identical ones
+    (those of ``kernels`` but the ``fused``)."""
+
+    moments: list[tuple[int, int, int, int, tuple[tuple[str, int], ...] | None]] = field(
+        default_factory=list
+    )
+    param_views_at: dict[str, int] = field(default_factory=dict)
+    kernels: list[tuple[tuple[Any, ...], int, float]] = field(default_factory=list)
+    # whether torch's partitioner decided what a compiled loss or compiled checkpointed
+    # region saves in the stretch (by the bytes of its values: not affine in the batch)
+    partitioned: bool = False
+
+
+@dataclass
 class StepProfile:
     """Hook calls of one iteration and the compute measured between them."""
 
@@ -115,6 +138,8 @@ class StepProfile:
     # by unit, the stretch's peak and in-place peak when the last tensor its forward saved
     # that views the unit's parameters was freed (see the module docstring)
     param_views_freed: list[dict[str, list[int]]] = field(default_factory=list)
+    # per stretch, its moments where the trace kept them (see StretchMoments; never saved)
+    moments: list[StretchMoments | None] = field(default_factory=list, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,7 @@ from fsdpviz.trace.probe_records import (
     FWD_TEMP,
     CompiledLoss,
     StorageShares,
+    Stretch,
     local_part,
     storage_of,
 )
@@ -31,6 +32,7 @@ class LossHost(Protocol):
     """What the compiled loss's accounting reads and calls of the probe it is part of."""
 
     _loss: CompiledLoss | None
+    _stretch: Stretch
     _live: dict[int, list[Any]]
     live: list[int]
     _sharded: StorageShares
@@ -75,6 +77,8 @@ class CompiledLossAccounting:
         saves = partitioner_saves(on_tensors, tensors) if self._measuring else None
         if saves is None:
             return fn(output)
+        if self._stretch.moments is not None:  # saves by bytes: not affine in the batch
+            self._stretch.moments.partitioned = True
         self._end_loss()
         loss = self._loss = CompiledLoss(ModuleScope("compiled_loss", ()))
         loss.scope.enter()

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from fsdpviz.trace.checkpointing import is_selective
 from fsdpviz.trace.compiled_saves import PartitionSaves, partitioner_saves
 from fsdpviz.trace.operators import op_tensors
-from fsdpviz.trace.probe_records import ACT, local_part, storage_of
+from fsdpviz.trace.probe_records import ACT, Stretch, local_part, storage_of
 
 __all__ = ["CompiledRegion", "CompiledRegionAccounting", "RegionHost", "compiled_checkpoints"]
 
@@ -68,6 +68,7 @@ class RegionHost(Protocol):
 
     _regions: list[CompiledRegion]
     _region_extras: list[torch.Tensor]
+    _stretch: Stretch
     _live: dict[int, list[Any]]
     live: list[int]
     _measuring: bool
@@ -144,6 +145,8 @@ class CompiledRegionAccounting:
                 key, partitioner_saves(on_tensors, inputs, checkpointed=True, what=what)
             )
         if saves is not None:
+            if self._stretch.moments is not None:  # saves by bytes: not affine in the batch
+                self._stretch.moments.partitioned = True
             _hold_saves(self, region, saves, inputs, output)
 
     def _region_op(self: RegionHost, func: Any, out: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpviz.schema.profile import StepProfile, TraceProfile
+from fsdpviz.schema.profile import StepProfile, StretchMoments, TraceProfile
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Mark:
     # unit -> the stretch's peak and in-place peak when the last tensor its forward saved
     # that views its parameters was freed (StepProfile.param_views_freed)
     param_views_freed: dict[str, list[int]] = field(default_factory=dict)
+    moments: StretchMoments | None = None  # its moments, where kept (StepProfile.moments)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -96,6 +97,7 @@ def cut_profile(
                 peak_in_place=[list(m.peak_in_place) for m in data],
                 scales_freed=[dict(m.scales_freed) for m in data],
                 param_views_freed=[dict(m.param_views_freed) for m in data],
+                moments=[m.moments for m in data],
             )
         )
     base.iterations = steps

@@ -69,7 +69,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.profile import StretchMoments, TraceProfile
 from fsdpviz.schema.report import IGNORED
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
@@ -100,6 +100,7 @@ from fsdpviz.trace.probe_records import (
     TPShares,
     batch_tokens,
     local_part,
+    moments_recorded,
     storage_bytes,
     storage_of,
 )
@@ -171,7 +172,8 @@ class CostProbe(
         # id, which a storage made after the gradient is freed may get
         self._param_grad: dict[int, tuple[list[Any], int]] = {}
         self.live = [0, 0, 0, 0]  # bytes by kind
-        self._stretch = Stretch()
+        self._keep_moments = moments_recorded()
+        self._stretch = self._new_stretch()
         self._param_views = SavedParamViews({}, lambda: self._stretch)  # see step()
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
@@ -455,6 +457,11 @@ class CostProbe(
                 s.peak_scales_freed = dict(s.scales_freed)
         if held > s.peak_in_place[0]:
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
+        if s.moments is not None:
+            freed = tuple(s.scales_freed.items()) if s.scales_freed else None
+            s.moments.moments.append(
+                (live[ACT], live[FWD_TEMP], live[BWD_TEMP], s.grad_bytes, freed)
+            )
         if self._watch is not None and sum(live) > self._watch[0]:
             self._watch[:] = [sum(live), *live]
 
@@ -576,6 +583,7 @@ class CostProbe(
             s.peak_in_place,
             {u: [s.peak_scales_freed.get(u, 0), n] for u, n in s.scales_freed.items()},
             dict(s.param_views_freed),
+            s.moments,
         )
         self._stretch = self._new_stretch()
         return mark
@@ -583,11 +591,13 @@ class CostProbe(
     def _new_stretch(self) -> Stretch:
         live = self.live
         held = live[ACT] + live[FWD_TEMP] + live[BWD_TEMP]
+        start = (live[ACT], live[FWD_TEMP], live[BWD_TEMP], 0, None)
         return Stretch(
             peak=held,
             peak_activations=live[ACT],
             peak_forward_temp=live[FWD_TEMP],
             peak_in_place=(held, live[ACT], live[FWD_TEMP]),
+            moments=StretchMoments([start]) if self._keep_moments else None,
         )
 
     def _on_hook(self, entry: Any) -> None:

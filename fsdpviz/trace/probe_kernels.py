@@ -138,6 +138,8 @@ class KernelAccounting:
         return sum(local_part(t.numel() * t.element_size(), self._share(t)) for t in op_tensors(x))
 
     def _add_kernel(self: KernelHost, key: tuple[Any, ...], count: int, nbytes: float) -> None:
+        if self._stretch.moments is not None:  # each call, for batch_replay to merge again
+            self._stretch.moments.kernels.append((key, count, nbytes))
         rec = self._stretch.kernels.get(key)
         if rec is None:
             self._stretch.kernels[key] = [count, nbytes]

@@ -8,7 +8,9 @@ they live (:class:`StorageSet`), the views of the parameters a forward saved
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from fsdpviz.schema.profile import StretchMoments
 from fsdpviz.trace.fusion import ModuleScope
 
 __all__ = [
@@ -29,10 +32,13 @@ __all__ = [
     "StorageSet",
     "StorageShares",
     "Stretch",
+    "StretchMoments",
     "TPShares",
     "dim_share",
     "local_gemm",
     "local_part",
+    "moments_recorded",
+    "recording_moments",
     "storage_bytes",
     "storage_of",
 ]
@@ -121,6 +127,29 @@ class Stretch:
     # unit -> [peak, activations, forward temp, grads, *peak_in_place] when the last view of
     # its parameters its forward saved was freed (see SavedParamViews)
     param_views_freed: dict[str, list[int]] = field(default_factory=dict)
+    # every moment the peaks were weighed at, while :func:`recording_moments` (else None)
+    moments: StretchMoments | None = None
+
+
+_MOMENTS: ContextVar[bool] = ContextVar("fsdpviz_moments", default=False)
+
+
+@contextmanager
+def recording_moments() -> Iterator[None]:
+    """Traces made inside keep, per stretch, every moment its peaks were weighed at
+    (:class:`~fsdpviz.schema.profile.StretchMoments`, ``StepProfile.moments``), what
+    :mod:`fsdpviz.replan.batch_replay` derives the peaks at another batch from. Off by
+    default: a trace then keeps none."""
+    token = _MOMENTS.set(True)
+    try:
+        yield
+    finally:
+        _MOMENTS.reset(token)
+
+
+def moments_recorded() -> bool:
+    """Whether a trace made now keeps its moments (see :func:`recording_moments`)."""
+    return _MOMENTS.get()
 
 
 @dataclass
@@ -298,6 +327,8 @@ class SavedParamViews:
             return
         del self._held[unit]
         s = self._stretch()
+        if s.moments is not None:
+            s.moments.param_views_at[unit] = len(s.moments.moments)
         s.param_views_freed[unit] = [
             s.peak, s.peak_activations, s.peak_forward_temp, s.peak_grads, *s.peak_in_place
         ]  # fmt: skip

@@ -1,9 +1,12 @@
 """Evaluating configurations for :func:`fsdpviz.tune`: each trace key traced once (in this
 process, or side by side in forked workers), every other choice replayed from it, each
-configuration costed once by the memory and time models."""
+configuration costed once by the memory and time models. Of the keys that differ in the
+micro-batch alone, two are traced and the others derived from them
+(:mod:`fsdpviz.replan.batch_replay`), traced where that is not exact."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import multiprocessing
@@ -29,6 +32,8 @@ from fsdpviz.replan.precision_replay import (
     traced_precision,
 )
 from fsdpviz.schema.report import Report
+from fsdpviz.trace.probe_records import recording_moments
+from fsdpviz.tuning.batch_families import BatchFamilies
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.retune import StoredTrace, on_machine
@@ -51,7 +56,8 @@ Config = dict[str, Choice]
 class Evaluations:
     """The configurations of one search evaluated so far (``candidates``), the traces they
     came from, and how many (``trace_count``, ``replay_count``; ``reused_count``: traces
-    taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`)."""
+    taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`;
+    ``derived_count``: traces derived from two at other micro-batches)."""
 
     def __init__(
         self,
@@ -75,6 +81,8 @@ class Evaluations:
         self.trace_count = 0
         self.replay_count = 0
         self.reused_count = 0
+        self.derived_count = 0
+        self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
         self.earlier = dict(earlier or {})
         self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
@@ -96,10 +104,11 @@ class Evaluations:
             )
         self.bar: Any = None
 
-    def _key(self, config: Config) -> tuple[Any, ...]:
+    def _key(self, config: Config, any_batch: bool = False) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
         mesh's tensor-parallel degree: its data-parallel dimensions replay; a mesh a replay
-        cannot apply; every knob, under a pipeline)."""
+        cannot apply; every knob, under a pipeline). ``any_batch``: with ``None`` for its
+        micro-batch's samples."""
         mesh = config["mesh"]
         # a tp mesh's trace is that of its tp degree: a replay changes its dp dimensions
         out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.mesh[2]}"]
@@ -112,7 +121,10 @@ class Evaluations:
             if knob == "precision" and not self.space.pipelined:
                 out.append(self._traced_precision(c))
                 continue
-            out.append(c.samples if knob == "micro_batch" else c.label)
+            if knob == "micro_batch":
+                out.append(None if any_batch else c.samples)
+                continue
+            out.append(c.label)
         return tuple(out)
 
     def _traced_precision(self, choice: Choice) -> Any:
@@ -195,7 +207,7 @@ class Evaluations:
             if key in self._prefetched:
                 self._prefetched.discard(key)
                 traced = True
-            traced = self._trace(key, config, inputs, kwargs) or traced
+            traced = self._trace(key, config, inputs, kwargs, not user) or traced
             base = self._traces[key]
             if base is None:
                 return None
@@ -206,7 +218,7 @@ class Evaluations:
                 # a precision the trace's plan cannot replay (units whose own precision
                 # the report does not say): a trace of its own
                 key = (*key, config["precision"].label)
-                traced = self._trace(key, config, inputs, kwargs) or traced
+                traced = self._trace(key, config, inputs, kwargs, False) or traced
                 base, own = self._traces[key], True
                 if base is None:
                     return None
@@ -228,20 +240,73 @@ class Evaluations:
         self._configs[candidate.index] = dict(config)
         return candidate
 
-    def _trace(self, key: tuple[Any, ...], config: Config, inputs: Any, kwargs: TuneKwargs) -> bool:
+    def _trace(
+        self,
+        key: tuple[Any, ...],
+        config: Config,
+        inputs: Any,
+        kwargs: TuneKwargs,
+        align: bool = True,
+    ) -> bool:
         """Trace ``key`` with ``config`` unless it is traced (or an earlier search's trace
-        of it is taken: see :meth:`_reusable`); whether ``config``'s plan is that trace."""
+        of it is taken: see :meth:`_reusable`), or derive it from two of its micro-batch
+        family (``align``: traced with the family's lead's replayed knobs where that gives
+        it a capture); whether ``config``'s plan is that trace."""
         if key in self._traces:
             return False
         same = self._reusable(key, config)
         if same is not None:
             self._traces[key] = self._reuse(key)
             return same
-        made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+        family, samples = self._batch_family(key, config)
+        if family is None:
+            made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
+            self._traces[key] = made
+            if made is not None:
+                self.made[key] = StoredTrace(made, self._traced_changes(config))
+            return True
+        own = self._traced_changes(config)
+        derived = self._batches.derived(family, samples)
+        if derived is not None:
+            made, changes = derived
+            self.derived_count += 1
+        else:
+            lead = self._batches.lead(family, samples) if align else None
+            made_for, made = config, None
+            if lead is not None:
+                made_for = self._aligned(config, lead)
+                try:
+                    kw = self._trace_kwargs(made_for, self.space.kwargs(made_for))
+                    made = self._analyze(inputs, kw, True)
+                except FsdpvizError:  # FSDP refuses the lead's values here: its own trace
+                    made_for = config
+            if made_for is config:
+                made = self._analyze(inputs, self._trace_kwargs(config, kwargs), True)
+            changes = self._traced_changes(made_for)
+            if made is not None:
+                self._batches.traced(family, changes, made_for, samples, made)
         self._traces[key] = made
         if made is not None:
-            self.made[key] = StoredTrace(made, self._traced_changes(config))
-        return True
+            self.made[key] = StoredTrace(made, changes)
+        return _same_changes(changes, own)
+
+    def _batch_family(
+        self, key: tuple[Any, ...], config: Config
+    ) -> tuple[tuple[Any, ...] | None, int]:
+        """``config``'s family of traces that differ in the micro-batch alone (its trace key
+        but the micro-batch: see :mod:`fsdpviz.tuning.batch_families`) and the samples of its
+        micro-batch; None where the micro-batch is not derived (a pipeline's, traced
+        micro-steps)."""
+        samples = _samples(config) or self.space.batch
+        if self.space.pipelined or self._traces_accum(config) or samples < 1:
+            return None, samples
+        free = self._key(config, any_batch=True)
+        return (*free, *key[len(free) :]), samples
+
+    def _aligned(self, config: Config, lead: Config) -> Config:
+        """``config`` with ``lead``'s values of the replayed knobs (its trace then pairs
+        with the lead's: see :mod:`fsdpviz.tuning.batch_families`)."""
+        return {**config, **{k: lead[k] for k in REPLAYED[self.api] if k in lead}}
 
     def _traced_changes(self, config: Config) -> dict[str, Any]:
         """The keywords ``config``'s trace is made with that its trace key leaves out: the
@@ -296,6 +361,9 @@ class Evaluations:
             key = (*self._key(config), mine and self._cache_off)
             if key in self._traces or key in todo or self._reusable(key, config) is not None:
                 continue
+            family, samples = self._batch_family(key, config)
+            if family is not None and not self._batches.wanted(family, samples):
+                continue  # traced (with its family's lead's replayed knobs) or derived later
             todo[key] = (config, mine)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
@@ -303,8 +371,9 @@ class Evaluations:
             (
                 self._micro_inputs(_samples(c), mine and self._cache_off),
                 self._trace_kwargs(c, self.space.kwargs(c)),
+                self._batch_family(key, c)[0] is not None,
             )
-            for c, mine in todo.values()
+            for key, (c, mine) in todo.items()
         ]
         global _FORKED
         _FORKED = (self, jobs)
@@ -318,6 +387,10 @@ class Evaluations:
             _FORKED = None
         for (key, (config, _)), result in zip(todo.items(), results, strict=True):
             if result is not None:
+                family, samples = self._batch_family(key, config)
+                if family is not None:
+                    changes = self._traced_changes(config)
+                    self._batches.traced(family, changes, config, samples, result)
                 self._traces[key] = result
                 self.made[key] = StoredTrace(result, self._traced_changes(config))
                 self._prefetched.add(key)
@@ -330,12 +403,14 @@ class Evaluations:
             return sorted(self._trace_seconds)[len(self._trace_seconds) // 2] >= 1.0
         return sum(p.numel() for p in self.model.parameters()) >= 10**9
 
-    def _analyze(self, inputs: Any, kwargs: TuneKwargs) -> Report | None:
+    def _analyze(self, inputs: Any, kwargs: TuneKwargs, moments: bool = False) -> Report | None:
+        """A trace (``moments``: keeping its moments, for a capture of its micro-batch)."""
         self.trace_count += 1
         if self.bar is not None:
             self.bar.set_postfix_str(self._counts(), refresh=False)
         started = time.perf_counter()
-        report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
+        with recording_moments() if moments else contextlib.nullcontext():
+            report = analyze(self.model, inputs, progress=False, machine=self.machine_arg, **kwargs)
         self._trace_seconds.append(time.perf_counter() - started)
         return report
 
@@ -495,7 +570,7 @@ _SHOWN = (
 )  # fmt: skip
 
 
-_FORKED: tuple[Evaluations, list[tuple[Any, TuneKwargs]]] | None = None
+_FORKED: tuple[Evaluations, list[tuple[Any, TuneKwargs, bool]]] | None = None
 """What a forked worker traces: the evaluations (the model with them) and the jobs."""
 
 
@@ -503,9 +578,12 @@ def _trace_job(index: int) -> Report | None:
     """In a worker: trace job ``index`` (None where it fails: the parent traces it again)."""
     assert _FORKED is not None
     search, jobs = _FORKED
-    inputs, kwargs = jobs[index]
+    inputs, kwargs, moments = jobs[index]
     try:
-        return analyze(search.model, inputs, progress=False, machine=search.machine_arg, **kwargs)
+        with recording_moments() if moments else contextlib.nullcontext():
+            return analyze(
+                search.model, inputs, progress=False, machine=search.machine_arg, **kwargs
+            )
     except Exception:
         return None
 
@@ -534,6 +612,15 @@ def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
         return False
     config = getattr(model, "config", None)
     return "use_cache" in params and bool(getattr(config, "use_cache", False))
+
+
+def _same_changes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two traces' replayed keywords are the same (one a keyword without a plain
+    ``==`` is not: it is replayed, as any other)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _samples(config: Config) -> int:

@@ -223,7 +223,9 @@ class Tuning:
     and peak memory; ``table``: all as rows; ``notes``: what was pinned and what was not
     tried, and why; ``traces`` / ``replays``: how many configurations ran the model and how
     many were replayed from another's trace; ``reused``: how many traces came from the
-    search it retunes (:meth:`retune`); ``seconds``: what the search took.
+    search it retunes (:meth:`retune`); ``derived``: how many trace keys were derived from
+    two traces at other micro-batches (:mod:`fsdpviz.replan.batch_replay`), not traced;
+    ``seconds``: what the search took.
     """
 
     candidates: list[Candidate]
@@ -239,6 +241,7 @@ class Tuning:
     source: str = ""  # "torchtitan" / "accelerate" when the configuration came from one
     needs: Needs | None = None  # nothing fits: what would (ranks, configuration)
     reused: int = 0  # traces taken from the search retuned
+    derived: int = 0  # trace keys derived from two traces at other micro-batches
     # the search again with other arguments, its traces reused (set by tune)
     _retuner: Callable[[RetuneKwargs], Tuning] | None = field(
         default=None, repr=False, compare=False
@@ -482,6 +485,8 @@ def summary(tuning: Tuning) -> str:
     ranks = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
     n_reused = tuning.reused
     reused = f", {n_reused} trace{'s' if n_reused > 1 else ''} reused" if n_reused else ""
+    if tuning.derived:
+        reused += f", {tuning.derived} derived from traces at other micro-batches"
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
         f"({tuning.traces} traced{reused}, the rest replayed) in {tuning.seconds:.1f} s; "

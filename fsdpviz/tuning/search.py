@@ -216,6 +216,7 @@ def _tune(
         source=source,
         needs=search.needs,
         reused=search.reused_count,
+        derived=search.derived_count,
     )
     seen = fingerprint(model, inputs, config) if earlier is None else earlier.seen
     tuning._retuner = _Retuner(

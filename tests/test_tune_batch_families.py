@@ -1,0 +1,71 @@
+"""fsdpviz.tune with micro-batches derived from two traces (fsdpviz.tuning.batch_families):
+every candidate as the search that traces each micro-batch makes it, with fewer traces."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import pytest
+
+import fsdpviz
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.tuning import Tuning
+from fsdpviz.tuning.batch_families import BatchFamilies
+
+CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)
+
+
+def _tune(workers: int = 1) -> Tuning:
+    return fsdpviz.tune(
+        example_model(CONFIG),
+        example_inputs(CONFIG, batch=12, seq=32),
+        world_size=8,
+        fully_shard=[DecoderLayer],
+        knobs=("micro_batch", "activation_checkpointing", "reshard_after_forward"),
+        exhaustive=True,
+        progress=False,
+        workers=workers,
+    )
+
+
+def _candidates(t: Tuning) -> list[tuple[Any, ...]]:
+    """Each candidate's configuration, costs and plan: its report whole, but how it was made
+    (a micro-batch traced with its family's lead's resharding is this one's replay)."""
+    out = []
+    for c in t.candidates:
+        report = c.report.to_dict()
+        report["config"].pop("replayed", None)
+        out.append((sorted(c.knobs.items()), c.tokens_per_s, c.peak_bytes, c.reserved_bytes,
+                    c.fits, c.memory_bytes, report))  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def traced_each() -> Tuning:
+    """The search tracing every micro-batch as its configuration asks (no family derives
+    one or has one traced with its lead's resharding)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BatchFamilies, "derived", lambda self, key, samples: None)
+        mp.setattr(BatchFamilies, "lead", lambda self, key, samples: None)
+        return _tune()
+
+
+def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning) -> None:
+    derived = _tune()
+    assert {c.micro_batch for c in derived.candidates} == {1, 2, 3, 4, 6, 12}
+    assert derived.traces < traced_each.traces and traced_each.derived == 0
+    assert derived.traces + derived.derived == traced_each.traces
+    assert f"{derived.derived} derived from traces at other micro-batches" in str(derived)
+    assert _candidates(derived) == _candidates(traced_each)
+    assert derived.best is not None and traced_each.best is not None
+    assert derived.best.knobs == traced_each.best.knobs
+
+
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork start method"
+)
+def test_workers_trace_only_what_the_families_take(traced_each: Tuning) -> None:
+    derived = _tune(workers=2)
+    assert derived.traces < traced_each.traces
+    assert _candidates(derived) == _candidates(traced_each)
