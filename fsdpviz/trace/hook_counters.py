@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,16 @@ class Mark:
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
+
+
+def without_backward(
+    marks: list[Mark], tails: dict[int, Mark], log: list[Any], n_events: list[int]
+) -> tuple[list[Mark], dict[int, Mark], list[Any]]:
+    """The marks, tails and hook log of a step that ran no backward (a frozen pipeline stage
+    whose inputs need no gradient), ended where its compute ended, as if by a final callback."""
+    tail = tails.get(len(marks), EMPTY_MARK)
+    ended = dataclasses.replace(tail, n_events=n_events[-1], measured=True)
+    return [*marks, ended], {}, [*log, ("final_callback", 0, {})]
 
 
 def cut_profile(

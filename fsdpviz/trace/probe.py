@@ -52,7 +52,6 @@ into one :class:`~fsdpviz.schema.profile.StepProfile` per iteration.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -77,7 +76,7 @@ from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.float8_probe import Float8Accounting
 from fsdpviz.trace.fusion import FusedRegions, ModuleScope
-from fsdpviz.trace.hook_counters import EMPTY_MARK, Mark, cut_profile
+from fsdpviz.trace.hook_counters import Mark, cut_profile, without_backward
 from fsdpviz.trace.loss_parallel import LossParallelAccounting
 from fsdpviz.trace.operators import (
     FLOP_OPS,
@@ -245,17 +244,12 @@ class CostProbe(
         self._tracker.measure = None
         self._tracker.call_loss = None
         self._compiled.remove()
-        for h in self._region_handles:
-            h.remove()
-        self._region_handles.clear()
         if self._float8 is not None:
             self._float8.remove()
-        for h in self._float8_hooks:
-            h.remove()
-        self._float8_hooks.clear()
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        for handles in (self._region_handles, self._float8_hooks, self._handles):
+            for h in handles:
+                h.remove()
+            handles.clear()
 
     # ------------------------------------------------------------- counting
     def __torch_dispatch__(
@@ -521,13 +515,7 @@ class CostProbe(
             return
         key = id(st)
         rec = self._live.get(key)
-        # one rank's gradient is the size of its share of the parameter (a row-wise
-        # embedding's is whole: TPShares.whole_grads)
-        n = st.nbytes()
-        tp = self._tp
-        share = None if tp is None else tp.sharded_params.get(p)
-        if tp is not None and share is not None and p not in tp.whole_grads:
-            n = local_part(n, share)
+        n = st.nbytes() if self._tp is None else self._tp.grad_bytes(p, st.nbytes())
         if rec is None:
             ref = weakref.ref(st, functools.partial(self._freed, key))
             rec = self._live[key] = [n, GRAD, ref]
@@ -629,14 +617,11 @@ class CostProbe(
     def profile(
         self, log: list[Any], n_events: list[int], backward: bool = True
     ) -> TraceProfile | None:
-        """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``);
-        ``backward=False``: one step that ran no backward (a frozen pipeline stage whose
-        inputs need no gradient), ended where its compute ended, as if by a final callback."""
+        """The measured profile, one :class:`StepProfile` per iteration (see ``cut_profile``;
+        ``backward=False``: of one step that ran no backward, see ``without_backward``)."""
         marks, tails = self.marks, self._tails
         if not backward:
-            tail = tails.get(len(marks), EMPTY_MARK)
-            marks = [*marks, dataclasses.replace(tail, n_events=n_events[-1], measured=True)]
-            log, tails = [*log, ("final_callback", 0, {})], {}
+            marks, tails, log = without_backward(marks, tails, log, n_events)
         names = sorted(set(self.module_saved) | set(self.module_flops))
         modules = {n: {"saved_bytes": self.module_saved.get(n, 0.0),
                        "flops": self.module_flops.get(n, 0.0)} for n in names}  # fmt: skip

@@ -102,6 +102,12 @@ class TPShares:
     # takes inside loss_parallel()
     is_dtensor: Callable[[torch.Tensor], bool] = field(default=lambda t: False)
 
+    def grad_bytes(self, p: torch.Tensor, n: int) -> int:
+        """One rank's bytes of parameter ``p``'s gradient of ``n`` bytes: its share of the
+        parameter (a row-wise embedding's is whole: :attr:`whole_grads`)."""
+        share = self.sharded_params.get(p)
+        return n if p in self.whole_grads else local_part(n, share)
+
 
 # Matrix multiplies of two matrices: of two shares, the result is a whole partial sum.
 
