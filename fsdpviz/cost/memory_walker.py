@@ -148,7 +148,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.one_rank_rs = 0
         # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
         # those pools block by block, in order: (block, bytes) allocates, (block, 0) frees;
-        # what the allocator's fixed segments are replayed over (memory.fixed_segments)
+        # what the allocator's fixed segments are replayed over (memory_pools.fixed_segments)
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
