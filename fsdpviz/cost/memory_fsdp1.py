@@ -42,15 +42,32 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   which the last saved view of the unit's parameters is freed, and the stretch's peak as
   it stood then, ``HookCall.param_views_freed``): the copy is held to that peak and
   dropped there, before the rest of the stretch (the flat gradient's concatenation after
-  a layer's first projection's backward). Reports saved before it was measured, and
-  units whose forward saved no such view, drop it at the end of the first stretch of
-  compute after the unit's pre-backward hook (the whole backward of a unit without
+  a layer's first projection's backward). A unit whose forward saved no such view (each
+  of its modules checkpointed: ``torch.utils.checkpoint`` saves their inputs, and the
+  views its recomputation saves are the backward copy's) holds its forward copy by the
+  views alone: the backward unshard's rebinding drops it, once the backward copy is made.
+  Reports saved before the trace measured saved views drop it at the end of the first
+  stretch of compute after the unit's pre-backward hook (the whole backward of a unit without
   nested units; a root's before its nested units' backward), else (no compute measured)
   at its post-backward hook. A unit run twice in forward keeps both forward copies so,
   both dropped there.
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
+
+[Note: the shard's copy the original parameters view]
+A sharded unit under CPU offload with ``use_orig_params=True`` (without parameter mixed
+precision, whose ``_use_low_precision_shard`` moves no view): ``pre_unshard`` copies the host
+shard to the device by ``flat_param_to``, which points the original parameters at the copy
+(``_use_sharded_views``, the views "may have changed storage"). The unshard then hands the
+module views of the unsharded parameter, but the original parameters (``flat_param._params``)
+keep their views of the copy: it lives past the all-gather, until the next
+``_use_sharded_views``, the unit's reshard (``_use_sharded_flat_param``), or the next copy. A
+post-forward reshard of ``SHARD_GRAD_OP`` (and ``_HYBRID_SHARD_ZERO2``) skips it while grad is
+enabled (``skip_use_sharded_views``): the forward copy lives into backward, to the pre-backward's
+copy (``SHARD_GRAD_OP`` gathers nothing in backward) or the post-backward's reshard. The root
+under ``FULL_SHARD`` is not freed after forward, yet its post-forward reshard moves the views.
+Counted with the sharded parameters, on the pre-unshard stream.
 
 [Note: gradient views of the original parameters]
 With ``use_orig_params=True`` the post-backward hook, once the unit's gradient is reduced
@@ -134,6 +151,8 @@ class FSDP1Host(Protocol):
     saved_copies: dict[str, list[tuple[Block, int]]]
     forward_copied: set[str]
     orig_views: bool
+    shard_copies: dict[str, tuple[Block, int]]
+    _views_after_forward: set[str]
     _held: set[str]
     _accumulating: set[str]
     replicas: int
@@ -150,6 +169,9 @@ class FSDP1Host(Protocol):
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
+    def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
+    def _drop_shard_copy(self, unit: str) -> None: ...
+    def _no_shard_reshard(self, unit: str) -> None: ...
     def _stretch_peak(
         self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
     ) -> None: ...
@@ -164,9 +186,17 @@ class FSDP1Steps:
     forward_copied: set[str]
     _dropping: set[str]
     _views_freed: set[str]
+    shard_copies: dict[str, tuple[Block, int]]
+    _views_after_forward: set[str]
 
-    def _no_shard_copies_setup(self: FSDP1Host, tape: Tape) -> None:
-        """``NO_SHARD``'s copies under CPU offload: none yet (see :class:`FSDP1Host`)."""
+    def _no_shard_copies_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
+        """CPU offload's copies the views hold: none yet (see :class:`FSDP1Host`); the units
+        whose post-forward reshard moves the original parameters' views."""
+        self.shard_copies = {}
+        reshard = ("FULL_SHARD", "HYBRID_SHARD")
+        self._views_after_forward = {
+            u.module for u in report.units if u.sharding_strategy in reshard
+        }
         self.forward_copies = {}
         self.backward_copies = {}
         self.saved_copies = {}
@@ -199,6 +229,9 @@ class FSDP1Steps:
         made, the copy cast into it and dropped. With no all-gather after it (the root after
         forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``).
         ``pre_unshard`` runs on the pre-unshard stream: its pool holds them."""
+        if self.orig_views and not s.copy_in:
+            self._viewed_shard_copy(e, s, c)
+            return
         nxt = self._event_index + 1
         gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
         self._alloc("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
@@ -210,6 +243,35 @@ class FSDP1Steps:
             self.copied[e.unit] = 0 if s.copy_in else s.h2d
         else:
             self._free("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
+
+    def _viewed_shard_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """The host shard's copy to the device that the original parameters view until the
+        unit reshards, the copy before it dropped once it is made (see [Note: the shard's
+        copy the original parameters view])."""
+        block: Block = ("h2d", e.unit, self._event_index)
+        self._alloc("sharded_params", "pre_unshard", block, s.h2d)
+        self._moment("at", c, e)
+        self._drop_shard_copy(e.unit)
+        self.shard_copies[e.unit] = (block, s.h2d)
+
+    def _drop_shard_copy(self: FSDP1Host, unit: str) -> None:
+        old = self.shard_copies.pop(unit, None)
+        if old is not None:
+            self._free("sharded_params", "pre_unshard", *old)
+
+    def _reshard_copies(self: FSDP1Host, c: HookCall) -> None:
+        """The device copies of the host parameters a reshard in hook ``c`` drops (see [Note:
+        NO_SHARD's copies] and [Note: the shard's copy the original parameters view])."""
+        if c.hook in ("post_backward", "post_backward_reshard_only"):
+            self._no_shard_reshard(c.unit)
+            self._drop_shard_copy(c.unit)
+        elif c.hook == "final_callback":  # the catch-all reshard, the rest
+            for u in [*self.backward_copies, *self.saved_copies]:
+                self._no_shard_reshard(u)
+            for u in list(self.shard_copies):
+                self._drop_shard_copy(u)
+        elif c.hook == "post_forward" and c.unit in self._views_after_forward:
+            self._drop_shard_copy(c.unit)
 
     def _no_shard_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """A ``NO_SHARD`` unit's ``cast``, ``free`` or ``h2d`` event: see [Note: NO_SHARD's
@@ -245,7 +307,10 @@ class FSDP1Steps:
         NO_SHARD's copies])."""
         old = self.forward_copies.pop(e.unit, None)
         saved = self.saved_copies.setdefault(e.unit, [])
-        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied:
+        # a trace that measured saved views and saw none of the unit's freed: its forward
+        # saved none (each module checkpointed, or none saves one): nothing holds the copy
+        held = e.unit in self._views_freed or not self.tape.views_measured
+        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied and held:
             saved.append(old)
         elif old is not None:
             self._add("unsharded_params", "pre_unshard", s.h2d)

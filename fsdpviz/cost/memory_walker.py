@@ -138,7 +138,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
-        self._no_shard_copies_setup(tp)  # FSDP1 NO_SHARD under CPU offload: its copies
+        self._no_shard_copies_setup(tp, report)  # FSDP1 under CPU offload: its copies
         self.grads: dict[str, int] = {}
         # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
         # shard groups of one rank, which foreach_reduce copies (no collective), are
@@ -379,11 +379,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             # resharding is outside the unit's forward window (inside its parents'). FSDP1's
             # post-forward runs inside its module's forward.
             self._window(c, opening=False)
-        if c.hook in _POST_BACKWARD:  # NO_SHARD's reshard drops its backward copy
-            self._no_shard_reshard(unit)
-        elif c.hook == "final_callback":  # and the catch-all reshard, the rest
-            for u in [*self.backward_copies, *self.saved_copies]:
-                self._no_shard_reshard(u)
+        if not self.fsdp2:  # a reshard drops device copies of the host parameters
+            self._reshard_copies(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
