@@ -473,6 +473,45 @@ def test_cpu_offload_original_parameters_checkpointed(
     assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
 
 
+class _SecondLayerTwice(ExampleModel):
+    """The second layer run twice per forward."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for i in (0, 1, 1):
+            x = self.layers[i](x)
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+def test_no_shard_offload_original_parameters_unit_run_twice_noted(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit run twice in forward under ``NO_SHARD``, CPU offload, ``use_orig_params=True``:
+    both forward copies held to the unit's last saved view, an upper bound by less than a
+    copy (the second forward's copy goes with its own saved views, earlier: 154,728 B over
+    here), which a note says."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
+    with torch.device("meta"):
+        model = _SecondLayerTwice(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **NO_SHARD_ORIG,
+    )
+    host = sum(2 * u.sharded_bytes for u in report.units)
+    measured = _measured_peak(NO_SHARD_ORIG, 1, build=_SecondLayerTwice)[0] - host
+    mem = memory_model(report, optimizer=None, iteration=1)
+    copy = unit_bytes(report, None)["layers.1"].h2d
+    assert measured < mem.peak["bytes"] < measured + copy
+    assert [n for n in mem.notes if "'layers.1' runs more than once in forward" in n]
+
+
 @contextmanager
 def _rank(rank: int) -> Iterator[None]:
     """The fake process group as seen by ``rank`` of the same 4, rank 0's again after.

@@ -50,7 +50,11 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   stretch of compute after the unit's pre-backward hook (the whole backward of a unit without
   nested units; a root's before its nested units' backward), else (no compute measured)
   at its post-backward hook. A unit run twice in forward keeps both forward copies so,
-  both dropped there.
+  both dropped there: an upper bound, noted. On a real run the second forward's views
+  replace the first's in ``flat_param._tensors``, and the backward unshard rebinds those
+  only: the first forward's copy is held by all it saved (its parameters' views too), the
+  last one's by its saved views alone, freed earlier in the unit's backward (the trace does
+  not yet tell the forwards' saved views apart).
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
@@ -151,6 +155,7 @@ class FSDP1Host(Protocol):
     saved_copies: dict[str, list[tuple[Block, int]]]
     forward_copied: set[str]
     orig_views: bool
+    notes: list[str]
     shard_copies: dict[str, tuple[Block, int]]
     _views_after_forward: set[str]
     _held: set[str]
@@ -320,6 +325,14 @@ class FSDP1Steps:
         block: Block = ("h2d", e.unit, e.phase)
         if any(b == block for b, _ in saved):  # a second forward copy beside the first
             block = (*block, len(saved))
+            note = (
+                f"unit {e.unit!r} runs more than once in forward (NO_SHARD, CPU offload, "
+                "use_orig_params=True): each forward copy of its parameters is held until "
+                "the last view any of its forwards saved is freed, an upper bound by up to "
+                "one copy (the last forward's copy goes when its own saved views do)"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
         if not saved:
             del self.saved_copies[e.unit]
         if e.phase == "forward":
