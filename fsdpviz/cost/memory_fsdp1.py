@@ -1,7 +1,21 @@
 """FSDP1's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: CPU offload's copy of a
 shard to the device, ``NO_SHARD``'s copy of the parameters it computes on (see [Note: NO_SHARD's
 copies]), the post-backward reduction of a FlatParameter's gradient, the original parameters'
-gradient views it makes (see [Note: gradient views of the original parameters]) and the final
+gradient views it makes (see [Note: a unit run twice under parameter mixed precision]
+FSDP1 registers a unit's post-backward hook on the ``AccumulateGrad`` node of its first forward
+(``_register_post_backward_hook``: ``flat_param.expand_as(flat_param)``, once per backward).
+Under parameter mixed precision each forward that runs the unit makes an ``AccumulateGrad`` of
+its own (torch's comment there): the last forward's gradient, whose backward runs first,
+becomes ``.grad``; the first forward's node adds its gradient into ``.grad`` in place, and the
+hook, passed that incoming gradient, holds it until it returns: one more unsharded gradient in
+the compute dtype through the reshard and the reduction (beside the cast to the reduce dtype
+and its reduce-scatter input). Without it the forwards share one node, which gets their sum.
+Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
+micro-step left, and frees it: the trace, computing without FSDP, holds the last forward's
+gradient (autograd's buffer) until the first's is added to it, which the walk does not yet
+take out.
+
+[Note: gradient views of the original parameters]) and the final
 callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
 walker (a mixin, typed by :class:`FSDP1Host`).
 
@@ -156,6 +170,8 @@ class FSDP1Host(Protocol):
     forward_copied: set[str]
     orig_views: bool
     notes: list[str]
+    _forwards: dict[str, int]
+    _arriving: dict[str, int]
     shard_copies: dict[str, tuple[Block, int]]
     _views_after_forward: set[str]
     _held: set[str]
@@ -175,6 +191,7 @@ class FSDP1Host(Protocol):
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
     def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
+    def _first_forward_gradient(self, c: HookCall) -> None: ...
     def _drop_shard_copy(self, unit: str) -> None: ...
     def _no_shard_reshard(self, unit: str) -> None: ...
     def _stretch_peak(
@@ -198,6 +215,10 @@ class FSDP1Steps:
         """CPU offload's copies the views hold: none yet (see :class:`FSDP1Host`); the units
         whose post-forward reshard moves the original parameters' views."""
         self.shard_copies = {}
+        self._forwards = {}
+        for c in tape.calls:
+            if c.hook == "pre_forward":
+                self._forwards[c.unit] = self._forwards.get(c.unit, 0) + 1
         reshard = ("FULL_SHARD", "HYBRID_SHARD")
         self._views_after_forward = {
             u.module for u in report.units if u.sharding_strategy in reshard
@@ -263,6 +284,17 @@ class FSDP1Steps:
         old = self.shard_copies.pop(unit, None)
         if old is not None:
             self._free("sharded_params", "pre_unshard", *old)
+
+    def _first_forward_gradient(self: FSDP1Host, c: HookCall) -> None:
+        """A unit run more than once in forward under parameter mixed precision: its
+        post-backward hook holds the first forward's gradient beside ``.grad`` (see [Note: a
+        unit run twice under parameter mixed precision]), until it returns."""
+        s = self.sizes.get(c.unit)
+        if c.hook != "post_backward" or s is None or not s.copy_in:
+            return
+        if self._forwards.get(c.unit, 0) > 1 and c.unit not in self._accumulating:
+            self._arriving[c.unit] = self._arriving.get(c.unit, 0) + s.grad
+            self.cat["unsharded_grads"] += s.grad
 
     def _reshard_copies(self: FSDP1Host, c: HookCall) -> None:
         """The device copies of the host parameters a reshard in hook ``c`` drops (see [Note:

@@ -381,6 +381,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self._window(c, opening=False)
         if not self.fsdp2:  # a reshard drops device copies of the host parameters
             self._reshard_copies(c)
+            self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
