@@ -512,14 +512,25 @@ def test_no_shard_offload_original_parameters_unit_run_twice_noted(
     assert [n for n in mem.notes if "'layers.1' runs more than once in forward" in n]
 
 
-@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD])
+@pytest.mark.parametrize(
+    ("strategy", "micro_steps"),
+    [
+        (ShardingStrategy.FULL_SHARD, 1),
+        (ShardingStrategy.NO_SHARD, 1),
+        (ShardingStrategy.FULL_SHARD, 2),
+        (ShardingStrategy.SHARD_GRAD_OP, 3),
+    ],
+)
 def test_unit_run_twice_under_parameter_mixed_precision(
-    fake_pg: int, strategy: ShardingStrategy
+    fake_pg: int, strategy: ShardingStrategy, micro_steps: int
 ) -> None:
     """bf16 parameters reduced in float32, the second layer run twice: its post-backward hook
     holds the first forward's bf16 gradient beside ``.grad`` and its float32 cast (the peak
-    was 45,120 B under with FULL_SHARD)."""
+    was 45,120 B under with FULL_SHARD); under accumulation each forward's gradient is added
+    into ``.grad`` and freed, where the trace held the second's for the first's backward
+    (43,800 B over with FULL_SHARD, 2 micro-steps)."""
     kwargs = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy}
+    accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     with torch.device("meta"):
         model = _SecondLayerTwice(CONFIG)
     report = fsdpviz.analyze(
@@ -529,9 +540,12 @@ def test_unit_run_twice_under_parameter_mixed_precision(
         world_size=4,
         loss=_loss,
         **kwargs,
+        **accum,
     )
-    measured = _measured_peak(kwargs, 1, build=_SecondLayerTwice)[0]
-    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
+    measured = _measured_peak(kwargs, micro_steps, build=_SecondLayerTwice)[0]
+    steady = range(micro_steps, 2 * micro_steps)
+    predicted = max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
+    assert predicted == measured
 
 
 @contextmanager

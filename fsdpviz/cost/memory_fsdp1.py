@@ -11,9 +11,9 @@ hook, passed that incoming gradient, holds it until it returns: one more unshard
 the compute dtype through the reshard and the reduction (beside the cast to the reduce dtype
 and its reduce-scatter input). Without it the forwards share one node, which gets their sum.
 Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
-micro-step left, and frees it: the trace, computing without FSDP, holds the last forward's
-gradient (autograd's buffer) until the first's is added to it, which the walk does not yet
-take out.
+micro-step left, and frees it: the trace, computing without FSDP (one node), holds the last
+forward's gradient in autograd's buffer from the end of that forward's backward until the
+first's is added to it, as temporaries the walk takes out of the stretches in between.
 
 [Note: gradient views of the original parameters]) and the final
 callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
@@ -172,6 +172,9 @@ class FSDP1Host(Protocol):
     notes: list[str]
     _forwards: dict[str, int]
     _arriving: dict[str, int]
+    _buffered: dict[str, int]
+    _buffering: dict[str, int]
+    _backward_seen: set[str]
     shard_copies: dict[str, tuple[Block, int]]
     _views_after_forward: set[str]
     _held: set[str]
@@ -192,10 +195,11 @@ class FSDP1Host(Protocol):
     def _drop_saved_copies(self, unit: str) -> None: ...
     def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _first_forward_gradient(self, c: HookCall) -> None: ...
+    def _buffered_gradients(self, c: HookCall) -> tuple[int, int]: ...
     def _drop_shard_copy(self, unit: str) -> None: ...
     def _no_shard_reshard(self, unit: str) -> None: ...
     def _stretch_peak(
-        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
+        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None, less: int = 0
     ) -> None: ...
 
 
@@ -210,11 +214,17 @@ class FSDP1Steps:
     _views_freed: set[str]
     shard_copies: dict[str, tuple[Block, int]]
     _views_after_forward: set[str]
+    _buffered: dict[str, int]
+    _buffering: dict[str, int]
+    _backward_seen: set[str]
 
-    def _no_shard_copies_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
-        """CPU offload's copies the views hold: none yet (see :class:`FSDP1Host`); the units
-        whose post-forward reshard moves the original parameters' views."""
+    def _fsdp1_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
+        """FSDP1's own state at the start of a walk: CPU offload's copies the views hold,
+        none yet (see :class:`FSDP1Host`); the units whose post-forward reshard moves the
+        original parameters' views; how many times each unit runs in forward."""
         self.shard_copies = {}
+        self._buffered, self._buffering = {}, {}
+        self._backward_seen = set()
         self._forwards = {}
         for c in tape.calls:
             if c.hook == "pre_forward":
@@ -295,6 +305,27 @@ class FSDP1Steps:
         if self._forwards.get(c.unit, 0) > 1 and c.unit not in self._accumulating:
             self._arriving[c.unit] = self._arriving.get(c.unit, 0) + s.grad
             self.cat["unsharded_grads"] += s.grad
+
+    def _buffered_gradients(self: FSDP1Host, c: HookCall) -> tuple[int, int]:
+        """Under accumulation, the gradients of a unit run more than once under parameter
+        mixed precision that the trace held in autograd's buffer in the compute before
+        ``c`` and a real run added into ``.grad`` and freed (see [Note: a unit run twice
+        under parameter mixed precision]): bytes at the stretch's peak, at its end."""
+        consumed = c.unit if c.hook == "post_backward" else None
+        peak = sum(self._buffered.values())
+        end = sum(
+            n for u, n in (*self._buffered.items(), *self._buffering.items()) if u != consumed
+        )
+        self._buffered.update(self._buffering)
+        self._buffering.clear()
+        self._buffered.pop(c.unit if consumed else "", None)
+        s = self.sizes.get(c.unit)
+        first = c.hook == "pre_backward" and c.unit not in self._backward_seen
+        if first and s is not None and s.copy_in and self._forwards.get(c.unit, 0) > 1:
+            self._backward_seen.add(c.unit)
+            if c.unit in self._accumulating:
+                self._buffering[c.unit] = s.grad
+        return peak, end
 
     def _reshard_copies(self: FSDP1Host, c: HookCall) -> None:
         """The device copies of the host parameters a reshard in hook ``c`` drops (see [Note:
