@@ -138,7 +138,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
-        self._fsdp1_setup(tp, report)  # FSDP1 under CPU offload: its copies
+        self._fsdp1_setup(tp, report)  # FSDP1: its copies under CPU offload, its forwards
         self.grads: dict[str, int] = {}
         # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
         # shard groups of one rank, which foreach_reduce copies (no collective), are
