@@ -513,23 +513,26 @@ def test_no_shard_offload_original_parameters_unit_run_twice_noted(
 
 
 @pytest.mark.parametrize(
-    ("strategy", "micro_steps"),
+    ("strategy", "micro_steps", "orig"),
     [
-        (ShardingStrategy.FULL_SHARD, 1),
-        (ShardingStrategy.NO_SHARD, 1),
-        (ShardingStrategy.FULL_SHARD, 2),
-        (ShardingStrategy.SHARD_GRAD_OP, 3),
+        (ShardingStrategy.FULL_SHARD, 1, False),
+        (ShardingStrategy.NO_SHARD, 1, False),
+        (ShardingStrategy.FULL_SHARD, 2, False),
+        (ShardingStrategy.SHARD_GRAD_OP, 3, False),
+        (ShardingStrategy.FULL_SHARD, 1, True),
+        (ShardingStrategy.FULL_SHARD, 2, True),
     ],
 )
 def test_unit_run_twice_under_parameter_mixed_precision(
-    fake_pg: int, strategy: ShardingStrategy, micro_steps: int
+    fake_pg: int, strategy: ShardingStrategy, micro_steps: int, orig: bool
 ) -> None:
     """bf16 parameters reduced in float32, the second layer run twice: its post-backward hook
     holds the first forward's bf16 gradient beside ``.grad`` and its float32 cast (the peak
     was 45,120 B under with FULL_SHARD); under accumulation each forward's gradient is added
     into ``.grad`` and freed, where the trace held the second's for the first's backward
-    (43,800 B over with FULL_SHARD, 2 micro-steps)."""
-    kwargs = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy}
+    (43,800 B over with FULL_SHARD, 2 micro-steps). With ``use_orig_params=True`` the gradient
+    is the flat one, with the alignment padding between parameters, as the trace measures it."""
+    kwargs = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy, "use_orig_params": orig}
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     with torch.device("meta"):
         model = _SecondLayerTwice(CONFIG)

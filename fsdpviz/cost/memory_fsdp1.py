@@ -171,7 +171,9 @@ class FSDP1Host(Protocol):
     orig_views: bool
     notes: list[str]
     _forwards: dict[str, int]
+    _traced_grads: dict[str, int]
     _arriving: dict[str, int]
+    tp: int
     _buffered: dict[str, int]
     _buffering: dict[str, int]
     _backward_seen: set[str]
@@ -217,6 +219,7 @@ class FSDP1Steps:
     _buffered: dict[str, int]
     _buffering: dict[str, int]
     _backward_seen: set[str]
+    _traced_grads: dict[str, int]
 
     def _fsdp1_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
         """FSDP1's own state at the start of a walk: CPU offload's copies the views hold,
@@ -229,6 +232,9 @@ class FSDP1Steps:
         for c in tape.calls:
             if c.hook == "pre_forward":
                 self._forwards[c.unit] = self._forwards.get(c.unit, 0) + 1
+        # each unit's gradient as the trace measured it (with use_orig_params=True, with the
+        # alignment padding between parameters)
+        self._traced_grads = {u: n for c in (*tape.calls, tape.tail) for u, n in c.grads.items()}
         reshard = ("FULL_SHARD", "HYBRID_SHARD")
         self._views_after_forward = {
             u.module for u in report.units if u.sharding_strategy in reshard
@@ -303,8 +309,9 @@ class FSDP1Steps:
         if c.hook != "post_backward" or s is None or not s.copy_in:
             return
         if self._forwards.get(c.unit, 0) > 1 and c.unit not in self._accumulating:
-            self._arriving[c.unit] = self._arriving.get(c.unit, 0) + s.grad
-            self.cat["unsharded_grads"] += s.grad
+            n = self._traced_grads.get(c.unit, s.grad) // self.tp
+            self._arriving[c.unit] = self._arriving.get(c.unit, 0) + n
+            self.cat["unsharded_grads"] += n
 
     def _buffered_gradients(self: FSDP1Host, c: HookCall) -> tuple[int, int]:
         """Under accumulation, the gradients of a unit run more than once under parameter
@@ -324,7 +331,7 @@ class FSDP1Steps:
         if first and s is not None and s.copy_in and self._forwards.get(c.unit, 0) > 1:
             self._backward_seen.add(c.unit)
             if c.unit in self._accumulating:
-                self._buffering[c.unit] = s.grad
+                self._buffering[c.unit] = self._traced_grads.get(c.unit, s.grad) // self.tp
         return peak, end
 
     def _reshard_copies(self: FSDP1Host, c: HookCall) -> None:
