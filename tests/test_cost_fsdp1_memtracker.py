@@ -512,6 +512,29 @@ def test_no_shard_offload_original_parameters_unit_run_twice_noted(
     assert [n for n in mem.notes if "'layers.1' runs more than once in forward" in n]
 
 
+def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_SHARD`` under CPU offload (``use_orig_params=False``), the second layer run twice:
+    its second forward's copy takes the module's views, and what the first forward saved
+    for backward holds the first copy into the layer's backward (92,592 B under)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
+    kwargs = {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD}
+    with torch.device("meta"):
+        model = _SecondLayerTwice(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+    )
+    host = sum(2 * u.sharded_bytes for u in report.units)
+    measured = _measured_peak(kwargs, 1, build=_SecondLayerTwice)[0] - host
+    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
+
+
 @pytest.mark.parametrize(
     ("strategy", "micro_steps", "orig"),
     [

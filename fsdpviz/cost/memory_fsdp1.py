@@ -197,6 +197,7 @@ class FSDP1Host(Protocol):
     def _drop_saved_copies(self, unit: str) -> None: ...
     def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _first_forward_gradient(self, c: HookCall) -> None: ...
+    def _saves_views(self, unit: str) -> bool: ...
     def _buffered_gradients(self, c: HookCall) -> tuple[int, int]: ...
     def _drop_shard_copy(self, unit: str) -> None: ...
     def _no_shard_reshard(self, unit: str) -> None: ...
@@ -365,7 +366,13 @@ class FSDP1Steps:
             copies = self.forward_copies if e.phase == "forward" else self.backward_copies
             block: Block = ("h2d", e.unit, e.phase)
             old = copies.pop(e.unit, None)
-            if old is not None:  # the unit's views move from the old copy to the new one
+            again = e.phase == "forward" and e.unit in self.forward_copied
+            if old is not None and again and self._saves_views(e.unit):
+                # run again in forward: the views move, and the tensors the forward before
+                # saved (views of its copy) hold that copy into the unit's backward
+                self.saved_copies.setdefault(e.unit, []).append(old)
+                block = (*block, len(self.saved_copies[e.unit]))
+            elif old is not None:  # the unit's views move from the old copy to the new one
                 self._add("unsharded_params", "pre_unshard", s.h2d)
                 self._moment("at", c, e)
                 self._add("unsharded_params", "pre_unshard", -s.h2d)
@@ -374,6 +381,13 @@ class FSDP1Steps:
                 self._free("unsharded_params", "pre_unshard", *old)
             self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
             copies[e.unit] = (block, s.h2d)
+            if e.phase == "forward":
+                self.forward_copied.add(e.unit)
+
+    def _saves_views(self: FSDP1Host, unit: str) -> bool:
+        """Whether the unit's forward saved views of its parameters for backward (unknown in
+        reports saved before the trace measured them: taken as saved)."""
+        return unit in self._views_freed or not self.tape.views_measured
 
     def _orig_params_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """A ``NO_SHARD`` unit's ``h2d`` event with ``use_orig_params=True``: its views move
@@ -384,7 +398,7 @@ class FSDP1Steps:
         saved = self.saved_copies.setdefault(e.unit, [])
         # a trace that measured saved views and saw none of the unit's freed: its forward
         # saved none (each module checkpointed, or none saves one): nothing holds the copy
-        held = e.unit in self._views_freed or not self.tape.views_measured
+        held = self._saves_views(e.unit)
         if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied and held:
             saved.append(old)
         elif old is not None:
