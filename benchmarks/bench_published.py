@@ -980,13 +980,12 @@ def step_memory(
     accumulation; ``grad_accum``: as timeline takes it, micro-steps each reducing): the
     caching allocator's reserved estimate, or (``"allocated"``) the memory model's peak."""
     from fsdpviz.cost import memory_model
+    from fsdpviz.cost.memory import micro_step_memory
 
-    accum = report.config.grad_accum
-    n = len(report.iterations)
-    steps = range(n - accum, n) if accum > 1 else [n - 1]
-    mems = [
-        memory_model(report, iteration=i, optimizer=optimizer, grad_accum=grad_accum) for i in steps
-    ]
+    if report.config.grad_accum > 1:  # the last optimizer step's micro-steps, walked once
+        mems = micro_step_memory(report, optimizer=optimizer)
+    else:
+        mems = [memory_model(report, optimizer=optimizer, grad_accum=grad_accum)]
     if kind == "allocated":
         return float(max(m.peak["bytes"] for m in mems))
     return float(max(m.reserved["bytes"] for m in mems))

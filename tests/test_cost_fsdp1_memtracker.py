@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 import pytest
@@ -26,6 +27,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
 from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParamHandle
@@ -36,6 +42,7 @@ import fsdpviz
 from fsdpviz.cost.memory import memory_model
 from fsdpviz.cost.sizes import unit_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+from fsdpviz.schema.checkpointing import CheckpointEvery
 
 # Odd sizes: each FlatParameter is padded to a multiple of the 4 ranks.
 CONFIG = ExampleConfig(
@@ -106,12 +113,15 @@ def _measured_peak(
     build: Callable[[ExampleConfig], nn.Module] = ExampleModel,
     seq: int = 9,
     at_peak: dict[str, int] | None = None,
+    checkpointed: tuple[int, ...] = (),
 ) -> tuple[int, int]:
     """The peak of a step, and of the optimizer step after it (tracked on its own; AdamW,
     ``"for_loop"`` or ``"foreach"``: less its 4-byte step counters, on the host on a GPU;
     ``"sgd_momentum"``). ``build``: the model of ``config``; ``seq``: tokens per row;
     ``at_peak``, where given, gets the tracker's bytes per kind of reference at the step's
-    peak (``"PARAM"``, ``"TEMP"``, ...)."""
+    peak (``"PARAM"``, ``"TEMP"``, ...); ``checkpointed``: the layers run under
+    non-reentrant activation checkpointing, applied inside their units, as trainers do
+    (``apply_activation_checkpointing`` after wrapping)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -120,6 +130,12 @@ def _measured_peak(
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             device_id=torch.device("cpu"),
             **kwargs,
+        )
+        layers = [m for m in fsdp.modules() if isinstance(m, DecoderLayer)]
+        picked = {id(layers[i]) for i in checkpointed}
+        wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        apply_activation_checkpointing(
+            fsdp, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in picked
         )
         opt: torch.optim.Optimizer | None = None
         if optimizer == "sgd_momentum":
@@ -321,6 +337,25 @@ OFFLOAD_CASES: dict[str, tuple[dict[str, Any], int, ExampleConfig]] = {
         2,
         BIG_ROOT,
     ),
+    # a sharded unit's copy of its host shard, which flat_param_to points the original
+    # parameters at, lives past its all-gather to the unit's reshard: the backward's of the
+    # root and of both layers were missing (12,180 + 2 x 45,120 B)
+    "full_shard_original_parameters": (
+        {"cpu_offload": OFFLOAD, "use_orig_params": True},
+        1,
+        CONFIG,
+    ),
+    # SHARD_GRAD_OP's post-forward reshard leaves the views: the forward copies into backward
+    "shard_grad_op_original_parameters_no_sync": (
+        {
+            "cpu_offload": OFFLOAD,
+            "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP,
+            "use_orig_params": True,
+            "backward_prefetch": None,
+        },
+        2,
+        BIG_ROOT,
+    ),
     # with bf16 parameters NO_SHARD computes on the low-precision copy: the host
     # parameters' copy to the device is cast into it and dropped at once
     "no_shard_bf16": (
@@ -346,7 +381,12 @@ def _copies_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     here as the copies they are on a GPU: ``flat_param_to(self.device)`` where the
     FlatParameter points at the host shard, and ``_use_low_precision_shard``'s
     ``_local_shard.to(self.device)`` of an offloaded shard, cast into the low-precision
-    shard and dropped."""
+    shard and dropped. And the host gradient a sharded unit's pre-backward makes with
+    ``use_orig_params=True`` (``_writeback_orig_params``: the post-forward reshard pointed the
+    original parameters' ``.grad`` at ``_cpu_grad``, which it writes into
+    ``torch.zeros_like(flat_param)``, the host shard), dropped as on a GPU, where
+    ``prepare_gradient_for_backward`` finds it off the device (``grad_offloaded``) and sets
+    ``flat_param.grad = None``; on the CPU it would keep it as ``_saved_grad_shard``."""
     pre_unshard = FlatParamHandle.pre_unshard
 
     def copy_host_shard(handle: FlatParamHandle) -> bool:
@@ -365,8 +405,20 @@ def _copies_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
         flat._mp_shard.copy_(host.clone() if handle._offload_params else host)  # type: ignore[attr-defined]
         flat.data = flat._mp_shard  # type: ignore[attr-defined]
 
+    writeback = FlatParamHandle._writeback_orig_params
+
+    def host_gradient_writeback(handle: FlatParamHandle) -> bool:
+        ran = writeback(handle)
+        flat = handle.flat_param
+        shard = flat._local_shard.size()  # type: ignore[attr-defined]
+        host = flat.grad is not None and flat.grad.size() == shard
+        if handle._offload_params and handle.uses_sharded_strategy and host:
+            flat.grad = None
+        return ran
+
     monkeypatch.setattr(FlatParamHandle, "pre_unshard", copy_host_shard)
     monkeypatch.setattr(FlatParamHandle, "_use_low_precision_shard", use_low_precision_shard)
+    monkeypatch.setattr(FlatParamHandle, "_writeback_orig_params", host_gradient_writeback)
 
 
 @pytest.mark.parametrize("case", list(OFFLOAD_CASES))
@@ -385,6 +437,141 @@ def test_cpu_offload_device_memory(
     host = sum(2 * u.sharded_bytes for u in _report(kwargs, micro_steps, config).units)
     measured = _measured_peak(kwargs, micro_steps, None, config)[0]
     assert measured - host == _predicted_peak(kwargs, micro_steps, config)
+
+
+NO_SHARD_ORIG = {
+    "cpu_offload": OFFLOAD,
+    "sharding_strategy": ShardingStrategy.NO_SHARD,
+    "use_orig_params": True,
+}
+CHECKPOINTED: dict[str, tuple[dict[str, Any], Any, tuple[int, ...]]] = {
+    # a checkpointed layer's forward saves no view of its parameters: its forward copy goes
+    # when its backward unshard moves the views to the backward copy, not at the end of
+    # the layer's recomputation and backward (each layer's was held: 184,800 B over)
+    "no_shard": (NO_SHARD_ORIG, [DecoderLayer], (0, 1)),
+    # the second layer checkpointed, the first saving its views (180,480 B over)
+    "no_shard_second_layer": (NO_SHARD_ORIG, CheckpointEvery([DecoderLayer], every=2), (1,)),
+    # the copies of the host shards the original parameters view (102,420 B under)
+    "full_shard": ({"cpu_offload": OFFLOAD, "use_orig_params": True}, [DecoderLayer], (0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINTED))
+def test_cpu_offload_original_parameters_checkpointed(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """CPU offload with ``use_orig_params=True`` under activation checkpointing
+    (``activation_checkpointing=`` against ``apply_activation_checkpointing`` after
+    wrapping): the device's peak to the byte (see :func:`test_cpu_offload_device_memory`)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
+    kwargs, spec, layers = CHECKPOINTED[case]
+    report = _report({**kwargs, "activation_checkpointing": spec}, 1)
+    host = sum(2 * u.sharded_bytes for u in report.units)
+    measured = _measured_peak(kwargs, 1, checkpointed=layers)[0] - host
+    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
+
+
+class _SecondLayerTwice(ExampleModel):
+    """The second layer run twice per forward."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for i in (0, 1, 1):
+            x = self.layers[i](x)
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+def test_no_shard_offload_original_parameters_unit_run_twice_noted(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit run twice in forward under ``NO_SHARD``, CPU offload, ``use_orig_params=True``:
+    both forward copies held to the unit's last saved view, an upper bound by less than a
+    copy (the second forward's copy goes with its own saved views, earlier: 154,728 B over
+    here), which a note says."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
+    with torch.device("meta"):
+        model = _SecondLayerTwice(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **NO_SHARD_ORIG,
+    )
+    host = sum(2 * u.sharded_bytes for u in report.units)
+    measured = _measured_peak(NO_SHARD_ORIG, 1, build=_SecondLayerTwice)[0] - host
+    mem = memory_model(report, optimizer=None, iteration=1)
+    copy = unit_bytes(report, None)["layers.1"].h2d
+    assert measured < mem.peak["bytes"] < measured + copy
+    assert [n for n in mem.notes if "'layers.1' runs more than once in forward" in n]
+
+
+def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_SHARD`` under CPU offload (``use_orig_params=False``), the second layer run twice:
+    its second forward's copy takes the module's views, and what the first forward saved
+    for backward holds the first copy into the layer's backward (92,592 B under)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    _copies_to_the_device(monkeypatch)
+    kwargs = {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD}
+    with torch.device("meta"):
+        model = _SecondLayerTwice(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+    )
+    host = sum(2 * u.sharded_bytes for u in report.units)
+    measured = _measured_peak(kwargs, 1, build=_SecondLayerTwice)[0] - host
+    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
+
+
+@pytest.mark.parametrize(
+    ("strategy", "micro_steps", "orig"),
+    [
+        (ShardingStrategy.FULL_SHARD, 1, False),
+        (ShardingStrategy.NO_SHARD, 1, False),
+        (ShardingStrategy.FULL_SHARD, 2, False),
+        (ShardingStrategy.SHARD_GRAD_OP, 3, False),
+        (ShardingStrategy.FULL_SHARD, 1, True),
+        (ShardingStrategy.FULL_SHARD, 2, True),
+    ],
+)
+def test_unit_run_twice_under_parameter_mixed_precision(
+    fake_pg: int, strategy: ShardingStrategy, micro_steps: int, orig: bool
+) -> None:
+    """bf16 parameters reduced in float32, the second layer run twice: its post-backward hook
+    holds the first forward's bf16 gradient beside ``.grad`` and its float32 cast (the peak
+    was 45,120 B under with FULL_SHARD); under accumulation each forward's gradient is added
+    into ``.grad`` and freed, where the trace held the second's for the first's backward
+    (43,800 B over with FULL_SHARD, 2 micro-steps). With ``use_orig_params=True`` the gradient
+    is the flat one, with the alignment padding between parameters, as the trace measures it."""
+    kwargs = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy, "use_orig_params": orig}
+    accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
+    with torch.device("meta"):
+        model = _SecondLayerTwice(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+        **accum,
+    )
+    measured = _measured_peak(kwargs, micro_steps, build=_SecondLayerTwice)[0]
+    steady = range(micro_steps, 2 * micro_steps)
+    predicted = max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
+    assert predicted == measured
 
 
 @contextmanager

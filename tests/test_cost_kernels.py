@@ -194,7 +194,7 @@ def test_fsdp2_copies_and_cpu_launches() -> None:
 
 
 def test_fixed_segments_replay_the_allocators_best_fit() -> None:
-    from fsdpviz.cost.memory import fixed_segments
+    from fsdpviz.cost.memory_pools import fixed_segments
 
     mib = 2**20
     # an embedding's 1000 MiB buffer, blocks of 400 MiB two at a time, then the output's

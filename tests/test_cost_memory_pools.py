@@ -70,7 +70,7 @@ def _most(mem: fsdpviz.MemoryReport, *categories: str, less: tuple[str, ...] = (
 
 
 def test_reserved_memory_sums_each_streams_own_peak() -> None:
-    from fsdpviz.cost.memory import reserved_estimate
+    from fsdpviz.cost.memory_pools import reserved_estimate
     from fsdpviz.schema.memory import POOLS, Moment
 
     def moment(**pools: int) -> Moment:

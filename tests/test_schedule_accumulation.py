@@ -103,6 +103,7 @@ def test_memory_carries_unreduced_gradients_across_micro_steps(options: dict[str
     micro-step reduces it (and SHARD_GRAD_OP's parameters stay unsharded): a micro-step after
     the first starts with them, and the synced one peaks above an iteration that syncs."""
     from fsdpviz.cost import memory_lane, memory_model
+    from fsdpviz.cost.memory import micro_step_memory
 
     base = _report(**options)
     acc = _report(grad_accum=4, **options)
@@ -120,3 +121,9 @@ def test_memory_carries_unreduced_gradients_across_micro_steps(options: dict[str
             unsharded = sum(u.padded_numel * 4 for u in acc.units)
             assert lane.bytes["unsharded_params"][start] == unsharded
     assert acc.memory.peak["bytes"] == later[-1].peak["bytes"]
+    # the micro-steps walked once give what memory_model gives each of them
+    each = micro_step_memory(acc, iteration=7)
+    assert [m.to_dict() for m in each] == [m.to_dict() for m in (first, *later)]
+    assert [m.to_dict() for m in micro_step_memory(acc, iteration=5)] == [
+        m.to_dict() for m in (first, later[0])
+    ]

@@ -449,3 +449,23 @@ def test_float8_all_gather_amaxes_in_each_stage(precompute: bool) -> None:
         precomputed = sum(e.group == "shard" and e.module is None for e in events)
         assert report.pipeline is not None  # every rank's events: each stage's precomputation
         assert precomputed == (len(report.pipeline.stages) if precompute else 0)
+
+
+@pytest.mark.parametrize(
+    "mp", [(None, None), (torch.bfloat16, torch.float32), (None, torch.bfloat16)]
+)
+def test_micro_step_memory_of_a_pipeline_rank(mp: tuple[Any, Any]) -> None:
+    """A pipeline rank's report under ``grad_accum=2``: each ``step()`` reduces its gradients
+    in full, where a micro-step's memory on its own reduces only as the last does; the
+    micro-steps walked once give what ``memory_model`` gives each of them."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fsdpviz.cost import memory_model
+    from fsdpviz.cost.memory import micro_step_memory
+
+    report = plan(grad_accum=2, mp_policy=MixedPrecisionPolicy(*mp))
+    for rank in (report, *report.pipeline.ranks):
+        n = len(rank.iterations)
+        each = micro_step_memory(rank, optimizer="sgd", iteration=n - 1)
+        alone = [memory_model(rank, optimizer="sgd", iteration=k) for k in (n - 2, n - 1)]
+        assert [m.to_dict() for m in each] == [m.to_dict() for m in alone]

@@ -68,6 +68,9 @@ class Tape:
     # whether the profile has the float8 scales saved weights' backward nodes let go
     # (HookCall.scales_freed; absent in reports saved before they were measured)
     scales_measured: bool = False
+    # whether the profile has the stretches where saved views of parameters were freed
+    # (HookCall.param_views_freed; absent in reports saved before they were measured)
+    views_measured: bool = False
     # what the memory model's moments call each event and hook call, by id (made once)
     described: dict[int, tuple[Any, str]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -127,7 +130,9 @@ def _measured(events: list[Event], step: StepProfile) -> Tape:
         for k, (hook, unit, arg) in enumerate(step.hooks)
     ]
     tail = _call(step, n, "end", "", (), in_place[n])
-    return Tape(events, calls, tail, True, len(step.scales_freed) > n)
+    return Tape(
+        events, calls, tail, True, len(step.scales_freed) > n, len(step.param_views_freed) > n
+    )
 
 
 def _call(

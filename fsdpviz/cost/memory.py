@@ -99,12 +99,12 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index, tape
 from fsdpviz.cost.memory_fsdp1 import low_precision_grads_notes
-from fsdpviz.cost.memory_records import Block
+from fsdpviz.cost.memory_pools import reserved_estimate
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.sizes import UnitBytes, fsdp1_parts, ignored_bytes, unit_bytes
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryPeak, MemoryReport, Moment, Reserved
+from fsdpviz.schema.memory import CATEGORIES, MemoryPeak, MemoryReport
 from fsdpviz.schema.report import IGNORED, Report
 
 
@@ -180,6 +180,46 @@ def memory_model(
             )
         return _largest_rank(report, optimizer=optimizer, iteration=iteration, machine=machine)
     i = iteration_index(report, iteration)
+    return _micro_step_models(report, i, optimizer, machine, repeats, each=False)[-1]
+
+
+@deferring_collection
+def micro_step_memory(
+    report: Report,
+    *,
+    optimizer: str | int | None = "adamw",
+    iteration: int = -1,
+    machine: Machine | str | None = None,
+) -> list[MemoryReport]:
+    """``memory_model(report, iteration=k, ...)`` of each micro-step ``k`` of the optimizer
+    step that holds ``iteration`` (a report planned with ``grad_accum=N``), up to it, in one
+    walk of them (``memory_model`` of each walks the micro-steps before it again).
+
+    Example::
+
+        peak = max(m.peak["bytes"] for m in micro_step_memory(report))
+    """
+    i = iteration_index(report, iteration)
+    if report.pipeline is not None and report.pipeline.ranks:
+        first = i - i % (report.config.grad_accum if report.source == "prediction" else 1)
+        return [
+            memory_model(report, optimizer=optimizer, iteration=k, machine=machine)
+            for k in range(first, i + 1)
+        ]
+    return _micro_step_models(report, i, optimizer, machine, 1, each=True)
+
+
+def _micro_step_models(
+    report: Report,
+    i: int,
+    optimizer: str | int | None,
+    machine: Machine | str | None,
+    repeats: int,
+    *,
+    each: bool,
+) -> list[MemoryReport]:
+    """The memory of iteration ``i`` (``each``: of every micro-step of its optimizer step up
+    to it, each as :func:`memory_model` gives it), the micro-steps before it walked once."""
     sizes = unit_bytes(report, optimizer)
     ignored = ignored_bytes(report, optimizer)
     if ignored is not None:  # whole on every rank, their gradients and states too
@@ -202,13 +242,25 @@ def memory_model(
     # shards] in memory_walker.py)
     stale = _stale_shards(report, sizes, first - 1) if first > 0 else None
     copies = _forward_copies(report, sizes, first - 1)
+    mems: list[MemoryReport] = []
     for k in range(first, i):  # the micro-steps before it in its optimizer step
-        carry = Walker(
+        walk = Walker(
             report, sizes, tape(report, k), steady=steady, carry=carry,
             sync=reduces or every_step, all_reduce=every_step, scaled=k > 0,
             upcast=up, last_grads=last, placed=placed, stale=stale, copies=copies,
         )  # fmt: skip
-        carry.run()
+        walk.run()
+        if each and every_step:  # k's own walk reduces as the last one does: not the carry
+            own = Walker(
+                report, sizes, tape(report, k), steady=steady, carry=carry, sync=reduces,
+                all_reduce=False, upcast=up, last_grads=last, placed=placed, stale=stale,
+                scaled=k > 0, copies=copies,
+            )  # fmt: skip
+            own.run()
+            mems.append(_memory_report(report, own, k, optimizer, machine, ignored))
+        elif each:
+            mems.append(_memory_report(report, walk, k, optimizer, machine, ignored))
+        carry = walk
     if repeats > 1:  # the micro-steps before: one leaves what each leaves, its shards
         carry = Walker(
             report, sizes, tape(report, i), steady=steady, last_grads=last, placed=placed,
@@ -224,6 +276,18 @@ def memory_model(
         copies=copies,
     )  # fmt: skip
     walker.run()
+    return [*mems, _memory_report(report, walker, i, optimizer, machine, ignored)]
+
+
+def _memory_report(
+    report: Report,
+    walker: Walker,
+    i: int,
+    optimizer: str | int | None,
+    machine: Machine | str | None,
+    ignored: UnitBytes | None,
+) -> MemoryReport:
+    """The result of ``walker``'s walk of iteration ``i``."""
     notes = [*walker.notes, *low_precision_grads_notes(report, optimizer)]
     if machine is None:
         m = machine_of(report)
@@ -392,123 +456,6 @@ def _loop_most(shards: list[int]) -> int:
     return max((2 * n + (shards[i - 1] if i else 0) for i, n in enumerate(shards)), default=0)
 
 
-_BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
-_ALWAYS = ("compute", "all_gather", "reduce_scatter")  # the pools a result always names
-
-
-def reserved_estimate(
-    moments: list[Moment], blocks: dict[str, list[tuple[Block, int]]] | None = None
-) -> Reserved:
-    """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
-
-    ``moments``: their ``pools``, the bytes each stream's pool holds
-    (:data:`~fsdpviz.schema.memory.POOLS`). ``blocks``: without expandable segments, the
-    pools besides the compute stream's, their allocations and frees in order
-    (``Walker.blocks``): those pools are what their fixed segments come to
-    (:func:`fixed_segments`), at least their peak. The result names ``compute``,
-    ``all_gather`` and ``reduce_scatter``, and the other pools where they hold bytes.
-
-    Example::
-
-        reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
-    """
-    peaks = dict.fromkeys(POOLS, 0)
-    columns = zip(*(m.pools for m in moments), strict=True)  # each pool at every moment
-    for pool, column in zip(POOLS, columns, strict=False):  # (none without moments)
-        peaks[pool] = max(peaks[pool], *column)
-    rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in peaks.items()}
-    for pool, ops in (blocks or {}).items():
-        rounded[pool] = max(rounded[pool], fixed_segments(ops))
-    pools = {k: v for k, v in rounded.items() if v or k in _ALWAYS}
-    return {"bytes": sum(pools.values()), "pools": pools}
-
-
-# torch's caching allocator (c10/cuda/CUDACachingAllocator.cpp), without expandable segments
-_MIN_BLOCK = 512  # kMinBlockSize: every request rounds up to a multiple of it
-_SMALL = 2**20  # kSmallSize: the largest request of the small pool
-_SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: the small pool's segments
-_MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: smaller large requests take ...
-_LARGE_BUFFER = 20 * 2**20  # kLargeBuffer: ... a segment of 20 MiB
-_ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger ones a segment of their size in 2 MiB
-
-
-def fixed_segments(ops: list[tuple[Block, int]], passes: int = 2) -> int:
-    """Bytes torch's caching allocator reserves for one stream's pool without expandable
-    segments, replaying ``ops`` (``(block, bytes)`` allocates, ``(block, 0)`` frees) ``passes``
-    times: a steady iteration after the ones before it left their segments cached.
-
-    The allocator's rules (``DeviceCachingAllocator::malloc``): a request rounds up to 512
-    bytes; it takes the smallest cached free block of its pool (small: up to 1 MiB; large)
-    that fits, split when what is left exceeds 1 MiB (large pool; 512 bytes in the small
-    one); else a new segment (2 MiB for a small request, 20 MiB below 10 MiB, otherwise its
-    size rounded up to 2 MiB). A freed block merges with free neighbours of its segment;
-    segments are never returned (no ``empty_cache``, no allocation failure).
-
-    Example::
-
-        fixed_segments([(("a",), 600 * 2**20), (("a",), 0), (("b",), 700 * 2**20)])
-    """
-    # per segment, its blocks in address order: [size, in use]
-    segments: list[list[list[int]]] = []
-    small_of: list[bool] = []
-    live: dict[tuple[int, Block], tuple[int, int]] = {}  # block -> (segment, index)
-    for p in range(passes):
-        for block, n in ops:
-            if n == 0:
-                # this pass's block, or one the pass before left to this one
-                at = live.pop((p, block), None) or live.pop((p - 1, block), None)
-                if at is None:
-                    continue  # allocated before the replay began
-                seg, i = at
-                blocks = segments[seg]
-                blocks[i][1] = 0
-                for j in (i + 1, i):  # merge with the free neighbours, after then before
-                    if 0 < j < len(blocks) and not blocks[j][1] and not blocks[j - 1][1]:
-                        blocks[j - 1][0] += blocks.pop(j)[0]
-                _reindex(live, seg, blocks)
-                continue
-            size = max(_MIN_BLOCK, -(-n // _MIN_BLOCK) * _MIN_BLOCK)
-            small = size <= _SMALL
-            fits = [
-                (b[0], seg, i)
-                for seg, blocks in enumerate(segments)
-                if small_of[seg] == small
-                for i, b in enumerate(blocks)
-                if not b[1] and b[0] >= size
-            ]
-            if fits:
-                _, seg, i = min(fits)
-            else:
-                if small:
-                    whole = _SMALL_BUFFER
-                elif size < _MIN_LARGE_ALLOC:
-                    whole = _LARGE_BUFFER
-                else:
-                    whole = -(-size // _ROUND_LARGE) * _ROUND_LARGE
-                segments.append([[whole, 0]])
-                small_of.append(small)
-                seg, i = len(segments) - 1, 0
-            blocks = segments[seg]
-            left = blocks[i][0] - size
-            if (left >= _MIN_BLOCK) if small else (left > _SMALL):
-                blocks[i][0] = size
-                blocks.insert(i + 1, [left, 0])
-            blocks[i][1] = 1
-            live[(p, block)] = (seg, i)
-            _reindex(live, seg, blocks)
-    return sum(b[0] for blocks in segments for b in blocks)
-
-
-def _reindex(
-    live: dict[tuple[int, Block], tuple[int, int]], seg: int, blocks: list[list[int]]
-) -> None:
-    """Keep ``live``'s indices into segment ``seg`` right after a split or a merge."""
-    mine = sorted((i, key) for key, (s, i) in live.items() if s == seg)
-    used = [i for i, b in enumerate(blocks) if b[1]]
-    for (_, key), i in zip(mine, used, strict=True):
-        live[key] = (seg, i)
-
-
 def memory_series(
     report: Report, *, optimizer: str | int | None = "adamw", iteration: int | None = None
 ) -> list[float]:
@@ -637,9 +584,8 @@ def memory_lane(
 
 __all__ = [
     "MemoryLane",
-    "fixed_segments",
     "memory_lane",
     "memory_model",
     "memory_series",
-    "reserved_estimate",
+    "micro_step_memory",
 ]

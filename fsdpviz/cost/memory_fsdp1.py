@@ -1,7 +1,21 @@
 """FSDP1's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: CPU offload's copy of a
 shard to the device, ``NO_SHARD``'s copy of the parameters it computes on (see [Note: NO_SHARD's
 copies]), the post-backward reduction of a FlatParameter's gradient, the original parameters'
-gradient views it makes (see [Note: gradient views of the original parameters]) and the final
+gradient views it makes (see [Note: a unit run twice under parameter mixed precision]
+FSDP1 registers a unit's post-backward hook on the ``AccumulateGrad`` node of its first forward
+(``_register_post_backward_hook``: ``flat_param.expand_as(flat_param)``, once per backward).
+Under parameter mixed precision each forward that runs the unit makes an ``AccumulateGrad`` of
+its own (torch's comment there): the last forward's gradient, whose backward runs first,
+becomes ``.grad``; the first forward's node adds its gradient into ``.grad`` in place, and the
+hook, passed that incoming gradient, holds it until it returns: one more unsharded gradient in
+the compute dtype through the reshard and the reduction (beside the cast to the reduce dtype
+and its reduce-scatter input). Without it the forwards share one node, which gets their sum.
+Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
+micro-step left, and frees it: the trace, computing without FSDP (one node), holds the last
+forward's gradient in autograd's buffer from the end of that forward's backward until the
+first's is added to it, as temporaries the walk takes out of the stretches in between.
+
+[Note: gradient views of the original parameters]) and the final
 callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the
 walker (a mixin, typed by :class:`FSDP1Host`).
 
@@ -42,15 +56,36 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   which the last saved view of the unit's parameters is freed, and the stretch's peak as
   it stood then, ``HookCall.param_views_freed``): the copy is held to that peak and
   dropped there, before the rest of the stretch (the flat gradient's concatenation after
-  a layer's first projection's backward). Reports saved before it was measured, and
-  units whose forward saved no such view, drop it at the end of the first stretch of
-  compute after the unit's pre-backward hook (the whole backward of a unit without
+  a layer's first projection's backward). A unit whose forward saved no such view (each
+  of its modules checkpointed: ``torch.utils.checkpoint`` saves their inputs, and the
+  views its recomputation saves are the backward copy's) holds its forward copy by the
+  views alone: the backward unshard's rebinding drops it, once the backward copy is made.
+  Reports saved before the trace measured saved views drop it at the end of the first
+  stretch of compute after the unit's pre-backward hook (the whole backward of a unit without
   nested units; a root's before its nested units' backward), else (no compute measured)
   at its post-backward hook. A unit run twice in forward keeps both forward copies so,
-  both dropped there.
+  both dropped there: an upper bound, noted. On a real run the second forward's views
+  replace the first's in ``flat_param._tensors``, and the backward unshard rebinds those
+  only: the first forward's copy is held by all it saved (its parameters' views too), the
+  last one's by its saved views alone, freed earlier in the unit's backward (the trace does
+  not yet tell the forwards' saved views apart).
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
+
+[Note: the shard's copy the original parameters view]
+A sharded unit under CPU offload with ``use_orig_params=True`` (without parameter mixed
+precision, whose ``_use_low_precision_shard`` moves no view): ``pre_unshard`` copies the host
+shard to the device by ``flat_param_to``, which points the original parameters at the copy
+(``_use_sharded_views``, the views "may have changed storage"). The unshard then hands the
+module views of the unsharded parameter, but the original parameters (``flat_param._params``)
+keep their views of the copy: it lives past the all-gather, until the next
+``_use_sharded_views``, the unit's reshard (``_use_sharded_flat_param``), or the next copy. A
+post-forward reshard of ``SHARD_GRAD_OP`` (and ``_HYBRID_SHARD_ZERO2``) skips it while grad is
+enabled (``skip_use_sharded_views``): the forward copy lives into backward, to the pre-backward's
+copy (``SHARD_GRAD_OP`` gathers nothing in backward) or the post-backward's reshard. The root
+under ``FULL_SHARD`` is not freed after forward, yet its post-forward reshard moves the views.
+Counted with the sharded parameters, on the pre-unshard stream.
 
 [Note: gradient views of the original parameters]
 With ``use_orig_params=True`` the post-backward hook, once the unit's gradient is reduced
@@ -134,6 +169,16 @@ class FSDP1Host(Protocol):
     saved_copies: dict[str, list[tuple[Block, int]]]
     forward_copied: set[str]
     orig_views: bool
+    notes: list[str]
+    _forwards: dict[str, int]
+    _traced_grads: dict[str, int]
+    _arriving: dict[str, int]
+    tp: int
+    _buffered: dict[str, int]
+    _buffering: dict[str, int]
+    _backward_seen: set[str]
+    shard_copies: dict[str, tuple[Block, int]]
+    _views_after_forward: set[str]
     _held: set[str]
     _accumulating: set[str]
     replicas: int
@@ -150,8 +195,14 @@ class FSDP1Host(Protocol):
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
+    def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
+    def _first_forward_gradient(self, c: HookCall) -> None: ...
+    def _saves_views(self, unit: str) -> bool: ...
+    def _buffered_gradients(self, c: HookCall) -> tuple[int, int]: ...
+    def _drop_shard_copy(self, unit: str) -> None: ...
+    def _no_shard_reshard(self, unit: str) -> None: ...
     def _stretch_peak(
-        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
+        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None, less: int = 0
     ) -> None: ...
 
 
@@ -164,9 +215,31 @@ class FSDP1Steps:
     forward_copied: set[str]
     _dropping: set[str]
     _views_freed: set[str]
+    shard_copies: dict[str, tuple[Block, int]]
+    _views_after_forward: set[str]
+    _buffered: dict[str, int]
+    _buffering: dict[str, int]
+    _backward_seen: set[str]
+    _traced_grads: dict[str, int]
 
-    def _no_shard_copies_setup(self: FSDP1Host, tape: Tape) -> None:
-        """``NO_SHARD``'s copies under CPU offload: none yet (see :class:`FSDP1Host`)."""
+    def _fsdp1_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
+        """FSDP1's own state at the start of a walk: CPU offload's copies the views hold,
+        none yet (see :class:`FSDP1Host`); the units whose post-forward reshard moves the
+        original parameters' views; how many times each unit runs in forward."""
+        self.shard_copies = {}
+        self._buffered, self._buffering = {}, {}
+        self._backward_seen = set()
+        self._forwards = {}
+        for c in tape.calls:
+            if c.hook == "pre_forward":
+                self._forwards[c.unit] = self._forwards.get(c.unit, 0) + 1
+        # each unit's gradient as the trace measured it (with use_orig_params=True, with the
+        # alignment padding between parameters)
+        self._traced_grads = {u: n for c in (*tape.calls, tape.tail) for u, n in c.grads.items()}
+        reshard = ("FULL_SHARD", "HYBRID_SHARD")
+        self._views_after_forward = {
+            u.module for u in report.units if u.sharding_strategy in reshard
+        }
         self.forward_copies = {}
         self.backward_copies = {}
         self.saved_copies = {}
@@ -199,6 +272,9 @@ class FSDP1Steps:
         made, the copy cast into it and dropped. With no all-gather after it (the root after
         forward, ``SHARD_GRAD_OP``'s backward) both are dropped at once (``post_unshard``).
         ``pre_unshard`` runs on the pre-unshard stream: its pool holds them."""
+        if self.orig_views and not s.copy_in:
+            self._viewed_shard_copy(e, s, c)
+            return
         nxt = self._event_index + 1
         gathers = nxt in c.events and self.tape.events[nxt].kind == "all_gather"
         self._alloc("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
@@ -210,6 +286,68 @@ class FSDP1Steps:
             self.copied[e.unit] = 0 if s.copy_in else s.h2d
         else:
             self._free("all_gather", "pre_unshard", ("in", e.unit), s.copy_in)
+
+    def _viewed_shard_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
+        """The host shard's copy to the device that the original parameters view until the
+        unit reshards, the copy before it dropped once it is made (see [Note: the shard's
+        copy the original parameters view])."""
+        block: Block = ("h2d", e.unit, self._event_index)
+        self._alloc("sharded_params", "pre_unshard", block, s.h2d)
+        self._moment("at", c, e)
+        self._drop_shard_copy(e.unit)
+        self.shard_copies[e.unit] = (block, s.h2d)
+
+    def _drop_shard_copy(self: FSDP1Host, unit: str) -> None:
+        old = self.shard_copies.pop(unit, None)
+        if old is not None:
+            self._free("sharded_params", "pre_unshard", *old)
+
+    def _first_forward_gradient(self: FSDP1Host, c: HookCall) -> None:
+        """A unit run more than once in forward under parameter mixed precision: its
+        post-backward hook holds the first forward's gradient beside ``.grad`` (see [Note: a
+        unit run twice under parameter mixed precision]), until it returns."""
+        s = self.sizes.get(c.unit)
+        if c.hook != "post_backward" or s is None or not s.copy_in:
+            return
+        if self._forwards.get(c.unit, 0) > 1 and c.unit not in self._accumulating:
+            n = self._traced_grads.get(c.unit, s.grad) // self.tp
+            self._arriving[c.unit] = self._arriving.get(c.unit, 0) + n
+            self.cat["unsharded_grads"] += n
+
+    def _buffered_gradients(self: FSDP1Host, c: HookCall) -> tuple[int, int]:
+        """Under accumulation, the gradients of a unit run more than once under parameter
+        mixed precision that the trace held in autograd's buffer in the compute before
+        ``c`` and a real run added into ``.grad`` and freed (see [Note: a unit run twice
+        under parameter mixed precision]): bytes at the stretch's peak, at its end."""
+        consumed = c.unit if c.hook == "post_backward" else None
+        peak = sum(self._buffered.values())
+        end = sum(
+            n for u, n in (*self._buffered.items(), *self._buffering.items()) if u != consumed
+        )
+        self._buffered.update(self._buffering)
+        self._buffering.clear()
+        self._buffered.pop(c.unit if consumed else "", None)
+        s = self.sizes.get(c.unit)
+        first = c.hook == "pre_backward" and c.unit not in self._backward_seen
+        if first and s is not None and s.copy_in and self._forwards.get(c.unit, 0) > 1:
+            self._backward_seen.add(c.unit)
+            if c.unit in self._accumulating:
+                self._buffering[c.unit] = self._traced_grads.get(c.unit, s.grad) // self.tp
+        return peak, end
+
+    def _reshard_copies(self: FSDP1Host, c: HookCall) -> None:
+        """The device copies of the host parameters a reshard in hook ``c`` drops (see [Note:
+        NO_SHARD's copies] and [Note: the shard's copy the original parameters view])."""
+        if c.hook in ("post_backward", "post_backward_reshard_only"):
+            self._no_shard_reshard(c.unit)
+            self._drop_shard_copy(c.unit)
+        elif c.hook == "final_callback":  # the catch-all reshard, the rest
+            for u in [*self.backward_copies, *self.saved_copies]:
+                self._no_shard_reshard(u)
+            for u in list(self.shard_copies):
+                self._drop_shard_copy(u)
+        elif c.hook == "post_forward" and c.unit in self._views_after_forward:
+            self._drop_shard_copy(c.unit)
 
     def _no_shard_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """A ``NO_SHARD`` unit's ``cast``, ``free`` or ``h2d`` event: see [Note: NO_SHARD's
@@ -228,7 +366,13 @@ class FSDP1Steps:
             copies = self.forward_copies if e.phase == "forward" else self.backward_copies
             block: Block = ("h2d", e.unit, e.phase)
             old = copies.pop(e.unit, None)
-            if old is not None:  # the unit's views move from the old copy to the new one
+            again = e.phase == "forward" and e.unit in self.forward_copied
+            if old is not None and again and self._saves_views(e.unit):
+                # run again in forward: the views move, and the tensors the forward before
+                # saved (views of its copy) hold that copy into the unit's backward
+                self.saved_copies.setdefault(e.unit, []).append(old)
+                block = (*block, len(self.saved_copies[e.unit]))
+            elif old is not None:  # the unit's views move from the old copy to the new one
                 self._add("unsharded_params", "pre_unshard", s.h2d)
                 self._moment("at", c, e)
                 self._add("unsharded_params", "pre_unshard", -s.h2d)
@@ -237,6 +381,13 @@ class FSDP1Steps:
                 self._free("unsharded_params", "pre_unshard", *old)
             self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
             copies[e.unit] = (block, s.h2d)
+            if e.phase == "forward":
+                self.forward_copied.add(e.unit)
+
+    def _saves_views(self: FSDP1Host, unit: str) -> bool:
+        """Whether the unit's forward saved views of its parameters for backward (unknown in
+        reports saved before the trace measured them: taken as saved)."""
+        return unit in self._views_freed or not self.tape.views_measured
 
     def _orig_params_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """A ``NO_SHARD`` unit's ``h2d`` event with ``use_orig_params=True``: its views move
@@ -245,7 +396,10 @@ class FSDP1Steps:
         NO_SHARD's copies])."""
         old = self.forward_copies.pop(e.unit, None)
         saved = self.saved_copies.setdefault(e.unit, [])
-        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied:
+        # a trace that measured saved views and saw none of the unit's freed: its forward
+        # saved none (each module checkpointed, or none saves one): nothing holds the copy
+        held = self._saves_views(e.unit)
+        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied and held:
             saved.append(old)
         elif old is not None:
             self._add("unsharded_params", "pre_unshard", s.h2d)
@@ -255,6 +409,14 @@ class FSDP1Steps:
         block: Block = ("h2d", e.unit, e.phase)
         if any(b == block for b, _ in saved):  # a second forward copy beside the first
             block = (*block, len(saved))
+            note = (
+                f"unit {e.unit!r} runs more than once in forward (NO_SHARD, CPU offload, "
+                "use_orig_params=True): each forward copy of its parameters is held until "
+                "the last view any of its forwards saved is freed, an upper bound by up to "
+                "one copy (the last forward's copy goes when its own saved views do)"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
         if not saved:
             del self.saved_copies[e.unit]
         if e.phase == "forward":

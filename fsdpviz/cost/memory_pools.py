@@ -1,7 +1,8 @@
 """Which stream's pool of the caching allocator holds each byte the memory walk counts:
 :class:`StreamPools`, the part of :class:`~fsdpviz.cost.memory_walker.Walker` that keeps
 ``pools`` (bytes per pool besides the compute stream's) and ``blocks`` (those pools' allocations
-and frees in order, for :func:`fsdpviz.cost.memory.fixed_segments`).
+and frees in order, for :func:`fixed_segments`); and what the allocator reserves for them
+(:func:`reserved_estimate`, the memory model's ``reserved``).
 
 [Note: stream pools]
 The caching allocator keeps the blocks of each stream apart (a block freed by one stream is
@@ -50,8 +51,9 @@ from typing import Protocol
 from fsdpviz.cost.memory_records import Block
 from fsdpviz.cost.sizes import UnitBytes
 from fsdpviz.schema.events import Event
+from fsdpviz.schema.memory import POOLS, Moment, Reserved
 
-__all__ = ["PoolsHost", "StreamPools"]
+__all__ = ["PoolsHost", "StreamPools", "fixed_segments", "reserved_estimate"]
 
 
 class PoolsHost(Protocol):
@@ -87,7 +89,7 @@ class StreamPools:
     def _alloc(self: PoolsHost, category: str, pool: str, block: Block, n: int) -> None:
         """``n`` bytes of ``category`` allocated on ``pool``'s stream as ``block``: a block
         of a pool besides the compute stream's is kept, in order, for the replay of its
-        segments (``blocks``, :func:`fsdpviz.cost.memory.fixed_segments`)."""
+        segments (``blocks``, :func:`fixed_segments`)."""
         self._add(category, pool, n)
         if n and pool != "compute":
             self.blocks[pool].append((block, n))
@@ -139,3 +141,120 @@ class StreamPools:
         self._add("sharded_grads", "compute", kept)
         if kept:
             self._shard_pool[unit] = "compute"
+
+
+_BLOCK = 2 * 2**20  # the caching allocator rounds large allocations to 2 MiB
+_ALWAYS = ("compute", "all_gather", "reduce_scatter")  # the pools a result always names
+
+
+def reserved_estimate(
+    moments: list[Moment], blocks: dict[str, list[tuple[Block, int]]] | None = None
+) -> Reserved:
+    """The allocator's peak reserved bytes: each stream's pool at its own peak, summed.
+
+    ``moments``: their ``pools``, the bytes each stream's pool holds
+    (:data:`~fsdpviz.schema.memory.POOLS`). ``blocks``: without expandable segments, the
+    pools besides the compute stream's, their allocations and frees in order
+    (``Walker.blocks``): those pools are what their fixed segments come to
+    (:func:`fixed_segments`), at least their peak. The result names ``compute``,
+    ``all_gather`` and ``reduce_scatter``, and the other pools where they hold bytes.
+
+    Example::
+
+        reserved_estimate(memory_model(report).moments)["bytes"] / 2**30
+    """
+    peaks = dict.fromkeys(POOLS, 0)
+    columns = zip(*(m.pools for m in moments), strict=True)  # each pool at every moment
+    for pool, column in zip(POOLS, columns, strict=False):  # (none without moments)
+        peaks[pool] = max(peaks[pool], *column)
+    rounded = {k: -(-v // _BLOCK) * _BLOCK for k, v in peaks.items()}
+    for pool, ops in (blocks or {}).items():
+        rounded[pool] = max(rounded[pool], fixed_segments(ops))
+    pools = {k: v for k, v in rounded.items() if v or k in _ALWAYS}
+    return {"bytes": sum(pools.values()), "pools": pools}
+
+
+# torch's caching allocator (c10/cuda/CUDACachingAllocator.cpp), without expandable segments
+_MIN_BLOCK = 512  # kMinBlockSize: every request rounds up to a multiple of it
+_SMALL = 2**20  # kSmallSize: the largest request of the small pool
+_SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: the small pool's segments
+_MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: smaller large requests take ...
+_LARGE_BUFFER = 20 * 2**20  # kLargeBuffer: ... a segment of 20 MiB
+_ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger ones a segment of their size in 2 MiB
+
+
+def fixed_segments(ops: list[tuple[Block, int]], passes: int = 2) -> int:
+    """Bytes torch's caching allocator reserves for one stream's pool without expandable
+    segments, replaying ``ops`` (``(block, bytes)`` allocates, ``(block, 0)`` frees) ``passes``
+    times: a steady iteration after the ones before it left their segments cached.
+
+    The allocator's rules (``DeviceCachingAllocator::malloc``): a request rounds up to 512
+    bytes; it takes the smallest cached free block of its pool (small: up to 1 MiB; large)
+    that fits, split when what is left exceeds 1 MiB (large pool; 512 bytes in the small
+    one); else a new segment (2 MiB for a small request, 20 MiB below 10 MiB, otherwise its
+    size rounded up to 2 MiB). A freed block merges with free neighbours of its segment;
+    segments are never returned (no ``empty_cache``, no allocation failure).
+
+    Example::
+
+        fixed_segments([(("a",), 600 * 2**20), (("a",), 0), (("b",), 700 * 2**20)])
+    """
+    # per segment, its blocks in address order: [size, in use]
+    segments: list[list[list[int]]] = []
+    small_of: list[bool] = []
+    live: dict[tuple[int, Block], tuple[int, int]] = {}  # block -> (segment, index)
+    for p in range(passes):
+        for block, n in ops:
+            if n == 0:
+                # this pass's block, or one the pass before left to this one
+                at = live.pop((p, block), None) or live.pop((p - 1, block), None)
+                if at is None:
+                    continue  # allocated before the replay began
+                seg, i = at
+                blocks = segments[seg]
+                blocks[i][1] = 0
+                for j in (i + 1, i):  # merge with the free neighbours, after then before
+                    if 0 < j < len(blocks) and not blocks[j][1] and not blocks[j - 1][1]:
+                        blocks[j - 1][0] += blocks.pop(j)[0]
+                _reindex(live, seg, blocks)
+                continue
+            size = max(_MIN_BLOCK, -(-n // _MIN_BLOCK) * _MIN_BLOCK)
+            small = size <= _SMALL
+            fits = [
+                (b[0], seg, i)
+                for seg, blocks in enumerate(segments)
+                if small_of[seg] == small
+                for i, b in enumerate(blocks)
+                if not b[1] and b[0] >= size
+            ]
+            if fits:
+                _, seg, i = min(fits)
+            else:
+                if small:
+                    whole = _SMALL_BUFFER
+                elif size < _MIN_LARGE_ALLOC:
+                    whole = _LARGE_BUFFER
+                else:
+                    whole = -(-size // _ROUND_LARGE) * _ROUND_LARGE
+                segments.append([[whole, 0]])
+                small_of.append(small)
+                seg, i = len(segments) - 1, 0
+            blocks = segments[seg]
+            left = blocks[i][0] - size
+            if (left >= _MIN_BLOCK) if small else (left > _SMALL):
+                blocks[i][0] = size
+                blocks.insert(i + 1, [left, 0])
+            blocks[i][1] = 1
+            live[(p, block)] = (seg, i)
+            _reindex(live, seg, blocks)
+    return sum(b[0] for blocks in segments for b in blocks)
+
+
+def _reindex(
+    live: dict[tuple[int, Block], tuple[int, int]], seg: int, blocks: list[list[int]]
+) -> None:
+    """Keep ``live``'s indices into segment ``seg`` right after a split or a merge."""
+    mine = sorted((i, key) for key, (s, i) in live.items() if s == seg)
+    used = [i for i, b in enumerate(blocks) if b[1]]
+    for (_, key), i in zip(mine, used, strict=True):
+        live[key] = (seg, i)

@@ -138,7 +138,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
-        self._no_shard_copies_setup(tp)  # FSDP1 NO_SHARD under CPU offload: its copies
+        self._fsdp1_setup(tp, report)  # FSDP1: its copies under CPU offload, its forwards
         self.grads: dict[str, int] = {}
         # reduce-scatter inputs in flight (category, bytes; on the compute stream); those of
         # shard groups of one rank, which foreach_reduce copies (no collective), are
@@ -148,7 +148,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.one_rank_rs = 0
         # the bytes in each pool besides the compute stream's (see [Note: stream pools]), and
         # those pools block by block, in order: (block, bytes) allocates, (block, 0) frees;
-        # what the allocator's fixed segments are replayed over (memory.fixed_segments)
+        # what the allocator's fixed segments are replayed over (memory_pools.fixed_segments)
         self.pools = dict.fromkeys(POOLS[1:], 0)
         self.blocks: dict[str, list[tuple[Block, int]]] = {p: [] for p in POOLS[1:]}
         self._live: dict[str, dict[Block, int]] = {p: {} for p in POOLS[1:]}
@@ -296,7 +296,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             tp = self.tp
             self._release_forward_copies(c)  # FSDP1 NO_SHARD: see [Note: NO_SHARD's copies]
             at_peak = (c.peak, c.peak_activations, c.peak_forward_temp, c.peak_grads)
-            self._stretch_peak(c, at_peak, c.peak_in_place)
+            buffered, left = (0, 0) if self.fsdp2 else self._buffered_gradients(c)
+            self._stretch_peak(c, at_peak, c.peak_in_place, buffered)
             for unit, n in c.grads.items():
                 if unit in self._accumulating:
                     # added in place to the gradient an earlier micro-step left; FSDP1's
@@ -313,7 +314,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
                 self.cat["unsharded_grads"] += n // tp
             self.cat["activations"] = c.activations // tp
             self.cat["forward_temp"] = c.forward_temp // tp
-            self.cat["backward_temp"] = c.backward_temp // tp + self.one_rank_rs
+            self.cat["backward_temp"] = c.backward_temp // tp + self.one_rank_rs - left
             self.cat[self._scale_temp()] += self._release_saved(c)
         if ran and self._dropping:  # the backward nodes that saved views of them ran
             for unit in self._dropping:
@@ -326,7 +327,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self._window(c, opening=True)
 
     def _stretch_peak(
-        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None
+        self, c: HookCall, at_peak: Sequence[int], in_place: Sequence[int] | None, less: int = 0
     ) -> None:
         """The most activations + temp + new gradients the trace saw in the compute before
         ``c`` (``at_peak``: peak, activations, forward temp, grads; ``in_place``: the peak,
@@ -339,7 +340,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.cat["unsharded_grads"] += new // tp
         self.cat["activations"] = act // tp
         self.cat["forward_temp"] = fwd // tp
-        self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs
+        self.cat["backward_temp"] = (peak - act - fwd - new) // tp + self.one_rank_rs - less
         self.cat[self._scale_temp()] += self._scale_extra - self._saved_freed(c)
         self._moment("during the compute before", c)
         self.cat = after
@@ -379,11 +380,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             # resharding is outside the unit's forward window (inside its parents'). FSDP1's
             # post-forward runs inside its module's forward.
             self._window(c, opening=False)
-        if c.hook in _POST_BACKWARD:  # NO_SHARD's reshard drops its backward copy
-            self._no_shard_reshard(unit)
-        elif c.hook == "final_callback":  # and the catch-all reshard, the rest
-            for u in [*self.backward_copies, *self.saved_copies]:
-                self._no_shard_reshard(u)
+        if not self.fsdp2:  # a reshard drops device copies of the host parameters
+            self._reshard_copies(c)
+            self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         for e in c.events:
             ev = events[e]
