@@ -521,3 +521,14 @@ def test_float8_scales_all_reduce_gets_its_own_lane_after_the_optimizer_step() -
         assert s["x1"][i] == pytest.approx(start + pre.end)
         assert pre.start == pytest.approx(tl.totals["micro_step_s"] + tl.totals["optimizer_s"])
         assert s["x1"][i] == pytest.approx(start + tl.totals["step_s"])
+
+
+def test_the_front_end_names_the_float8_scales_lane_as_the_data_does() -> None:
+    """The front end says the float8 scales' all-reduce runs after the optimizer step by its
+    lane's name (``FLOAT8_SCALES_LANE`` in ``js/src/timeline_data.ts``): the data's."""
+    from pathlib import Path
+
+    from fsdpviz.views.timeline_lanes import FLOAT8_SCALES
+
+    source = Path(__file__).parents[1] / "js" / "src" / "timeline_data.ts"
+    assert f'export const FLOAT8_SCALES_LANE = "{FLOAT8_SCALES}";' in source.read_text()
