@@ -442,3 +442,35 @@ def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
     t3 = three.totals
     assert t3["step_s"] == pytest.approx(3 * t["micro_step_s"] + t["optimizer_s"] + took)
     assert t3["comm_s"] == pytest.approx(3 * (t["comm_s"] - took) + took)
+
+
+def _tensor_parallel_precomputed() -> fsdpviz.Report:
+    """FSDP 2 x TP 2 with float8 all-gathers and precomputed scales (the conformance test's
+    model, ``tests/test_conformance_float8_all_gather.py``)."""
+    import tp_models
+
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=64, dim=32, n_heads=4, hidden=96, layers=2)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    return fsdpviz.analyze(
+        model, tokens, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2), mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, parallelize_plan=tp_models.plain_plan(),
+        progress=False,
+    )  # fmt: skip
+
+
+def test_precomputed_scales_under_tensor_parallelism_reduce_over_tp_after_the_shard_group() -> None:
+    """DTensor redistributes the stacked ``(Partial, Partial)`` amaxes one mesh dimension at
+    a time: the tp ranks' all-reduce starts when the shard group's ends, both after the
+    optimizer step, and the step ends with the second."""
+    tl = timeline(_tensor_parallel_precomputed(), "h100")
+    t = tl.totals
+    (shard,) = [r for r in tl.events if r.group == "shard" and r.module is None]
+    (tp,) = [r for r in tl.events if r.kind == "tp_all_reduce" and r.module is None]
+    assert tp.index == shard.index + 1 and tp.group == "tp" and tp.stream == "tp"
+    assert shard.start == pytest.approx(t["micro_step_s"] + t["optimizer_s"])
+    assert tp.start == pytest.approx(shard.end) and tp.held == shard.held == "optimizer"
+    assert tp.end > tp.start and tp.exposed == pytest.approx(tp.end - tp.start)
+    assert t["step_s"] == pytest.approx(tp.end)

@@ -532,3 +532,19 @@ def test_the_front_end_names_the_float8_scales_lane_as_the_data_does() -> None:
 
     source = Path(__file__).parents[1] / "js" / "src" / "timeline_data.ts"
     assert f'export const FLOAT8_SCALES_LANE = "{FLOAT8_SCALES}";' in source.read_text()
+
+
+def test_the_tensor_parallel_half_of_the_float8_scales_all_reduce_has_a_lane() -> None:
+    """Under tensor parallelism the precomputation all-reduces the amaxes over the tp ranks
+    too (group ``tp``, as every tensor-parallel collective): on the tensor parallel lane, and
+    the timeline draws (it raised "no lane for tp_all_reduce")."""
+    from test_cost_compile_float8 import _tensor_parallel_precomputed
+
+    d = timeline_data(_tensor_parallel_precomputed(), machine="h100")
+    names = [lane["name"] for lane in d["lanes"]]
+    s = d["steps"]
+    last = [(d["kinds"][s["kind"][i]], names[s["lane"][i]]) for i in range(d["n_steps"])][-2:]
+    assert last == [
+        ("all_reduce", "float8 scales all-reduce"),
+        ("tp_all_reduce", "tensor parallel"),
+    ]

@@ -374,6 +374,11 @@ class MicroStepSim:
         now = self.clocks.compute
         rec = EventTiming(index, e, stream, self.clocks.cpu, now, now, now)
         self.records.append(rec)
+        if _precomputed(self.tape.events, index):
+            rec.stream = "tp" if e.kind in TP_KINDS else "comm"
+            self.after_step.append(rec)  # placed after the optimizer step (after_optimizer)
+            self.records.pop()
+            return
         if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
             if e.kind in TP_KINDS:
                 self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
@@ -382,11 +387,6 @@ class MicroStepSim:
             return
         if e.pipeline:
             self._pipeline(rec, e)
-            return
-        if _precomputed(self.tape.events, index):
-            rec.stream = "tp" if e.kind in TP_KINDS else "comm"
-            self.after_step.append(rec)  # placed after the optimizer step (after_optimizer)
-            self.records.pop()
             return
         if e.group == "shard":  # a float8 weight's amax: latency-bound
             gate = self._all_gather_gate() if e.module is not None else self.clocks.compute

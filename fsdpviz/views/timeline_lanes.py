@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from fsdpviz.cost.memory import MemoryLane
-from fsdpviz.schema.events import Event
+from fsdpviz.schema.events import TP_KINDS, Event
 from fsdpviz.schema.report import Report
 
 __all__ = [
@@ -101,7 +101,12 @@ def stream_lane(e: Event) -> str:
     without one."""
     if e.kind == "all_reduce" and e.group == "shard" and e.module is None:
         return FLOAT8_SCALES
-    lane = STREAM_LANES.get((e.kind, e.group))
+    group = e.group
+    if group is None and e.kind in TP_KINDS:
+        # the tp all-reduce of precompute_float8_dynamic_scale_for_fsdp in a report saved
+        # before the plan stated its group
+        group = "tp"
+    lane = STREAM_LANES.get((e.kind, group))
     if lane is None:
         raise ValueError(
             f"no lane for {e.describe()}; add ({e.kind!r}, {e.group!r}) to STREAM_LANES"
