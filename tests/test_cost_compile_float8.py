@@ -404,3 +404,73 @@ def test_compiled_float8_casts_hold_only_their_float8_results() -> None:
     eager = m * n + 4 + 9 * m * k + 4
     fused = (m * n + 4 + m * k + 4) + n * k * 2
     assert peaks[False] - peaks[True] == eager - fused
+
+
+def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
+    """torchtitan calls ``precompute_float8_dynamic_scale_for_fsdp`` after
+    ``optimizer.step()``: the all-reduce of every float8 weight's amax starts when the
+    optimizer's last kernel ends, once per optimizer step however many micro-steps it
+    accumulates, and the step ends when it does (the scales' clamp, and the next step's first
+    all-gather after it, wait for it)."""
+    spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"],
+            "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    report = _report(fully_shard=[DecoderLayer], mp_policy=BF16, float8=spec)
+    m = machine("h100")
+    for optimizer in ("adamw_fused", "adamw"):  # (the default last: grad_accum below)
+        tl = timeline(report, m, optimizer=optimizer)
+        t = tl.totals
+        # the steady state's only amax all-reduce: the precomputation's, of all 14 weights
+        (pre,) = [r for r in tl.events if r.group == "shard"]
+        assert pre.module is None and pre.bytes == pytest.approx(2 * 7 / 8 * 14 * 4)
+        rest = [r for r in tl.events if r.index != pre.index]
+        micro_end = max([r.end for r in rest] + [c.end for c in tl.compute])
+        assert t["micro_step_s"] == pytest.approx(micro_end)
+        assert t["optimizer_s"] > 0
+        assert pre.start == pytest.approx(micro_end + t["optimizer_s"])
+        assert pre.held == "optimizer" and pre.issued == pre.start
+        took = pre.end - pre.start
+        assert took > 0 and pre.exposed == pytest.approx(took)
+        assert (
+            t["step_s"]
+            == pytest.approx(pre.end)
+            == pytest.approx(t["micro_step_s"] + t["optimizer_s"] + took)
+        )
+        (why,) = [b for b in tl.bottlenecks() if b["event"] == pre.index]
+        assert why["cause"] == "tail" and "optimizer step's last kernel" in why["reason"]
+    # three micro-steps, each reducing its gradients: one precomputation, after the optimizer
+    three = timeline(report, m, grad_accum=3)
+    t3 = three.totals
+    assert t3["step_s"] == pytest.approx(3 * t["micro_step_s"] + t["optimizer_s"] + took)
+    assert t3["comm_s"] == pytest.approx(3 * (t["comm_s"] - took) + took)
+
+
+def _tensor_parallel_precomputed() -> fsdpviz.Report:
+    """FSDP 2 x TP 2 with float8 all-gathers and precomputed scales (the conformance test's
+    model, ``tests/test_conformance_float8_all_gather.py``)."""
+    import tp_models
+
+    with torch.device("meta"):
+        model = tp_models.Llama(vocab=64, dim=32, n_heads=4, hidden=96, layers=2)
+    f8 = {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+          "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    return fsdpviz.analyze(
+        model, tokens, fully_shard=tp_models.LAYERS, mesh=("dp", 2, "tp", 2), mp_policy=BF16,
+        loss=lambda out: out.sum(), float8=f8, parallelize_plan=tp_models.plain_plan(),
+        progress=False,
+    )  # fmt: skip
+
+
+def test_precomputed_scales_under_tensor_parallelism_reduce_over_tp_after_the_shard_group() -> None:
+    """DTensor redistributes the stacked ``(Partial, Partial)`` amaxes one mesh dimension at
+    a time: the tp ranks' all-reduce starts when the shard group's ends, both after the
+    optimizer step, and the step ends with the second."""
+    tl = timeline(_tensor_parallel_precomputed(), "h100")
+    t = tl.totals
+    (shard,) = [r for r in tl.events if r.group == "shard" and r.module is None]
+    (tp,) = [r for r in tl.events if r.kind == "tp_all_reduce" and r.module is None]
+    assert tp.index == shard.index + 1 and tp.group == "tp" and tp.stream == "tp"
+    assert shard.start == pytest.approx(t["micro_step_s"] + t["optimizer_s"])
+    assert tp.start == pytest.approx(shard.end) and tp.held == shard.held == "optimizer"
+    assert tp.end > tp.start and tp.exposed == pytest.approx(tp.end - tp.start)
+    assert t["step_s"] == pytest.approx(tp.end)

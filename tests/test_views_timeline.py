@@ -479,3 +479,72 @@ def test_the_tail_s_wait_is_the_step_s_end_s_in_every_hover(report: Report) -> N
     step = w["step"][tails[0]]
     text = next(h for t in events for h in t.hovertext if h.startswith(f"step {step}:"))
     assert "the step's end waited" in text and "compute waited" not in text
+
+
+def test_float8_scales_all_reduce_gets_its_own_lane_after_the_optimizer_step() -> None:
+    """FSDP2's float8 all-gather with ``precompute_float8_dynamic_scale_for_fsdp``: each
+    weight's amax all-reduce of the first step (torchao's ``fsdp_pre_all_gather``, in FSDP2's
+    ``foreach_all_gather`` on its copy-in stream) on the all-gather lane; the precomputation's
+    (DTensor's, after the optimizer step, on the compute stream) on a lane of its own, placed
+    where the time model places it: after the optimizer step, the step's last."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+
+    scales_lane = "float8 scales all-reduce"  # (timeline_lanes.FLOAT8_SCALES)
+    config = ExampleConfig(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4)
+    spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"],
+            "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
+    r = fsdpviz.analyze(
+        example_model(config), example_inputs(config, batch=2, seq=64), world_size=8,
+        fully_shard=[DecoderLayer], float8=spec, progress=False,
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+    )  # fmt: skip
+    d = timeline_data(r, None, machine="h100")
+    names = [lane["name"] for lane in d["lanes"]]
+    assert names.index("reduce-scatter") < names.index(scales_lane)
+    s = d["steps"]
+    shard = [i for i in range(d["n_steps"]) if d["kinds"][s["kind"][i]] == "all_reduce"]
+    lanes = [names[s["lane"][i]] for i in shard]
+    per_weight = [i for i, lane in zip(shard, lanes, strict=True) if lane == "all-gather"]
+    scales = [i for i, lane in zip(shard, lanes, strict=True) if lane == scales_lane]
+    assert set(lanes) == {"all-gather", scales_lane}
+    # the first step's all-gathers (the 2 blocks', forward and backward) reduce their 7
+    # weights' amaxes; every step precomputes once
+    assert len(per_weight) == 7 * 2 * 2 and len(scales) == len(r.iterations)
+    for it, i in enumerate(scales):
+        tl = timeline(r, "h100", iteration=it)
+        (pre,) = [e for e in tl.events if e.group == "shard" and e.module is None]
+        start = d["iteration_starts"][0][it]
+        assert s["x0"][i] == pytest.approx(start + pre.start)
+        assert s["x1"][i] == pytest.approx(start + pre.end)
+        assert pre.start == pytest.approx(tl.totals["micro_step_s"] + tl.totals["optimizer_s"])
+        assert s["x1"][i] == pytest.approx(start + tl.totals["step_s"])
+
+
+def test_the_front_end_names_the_float8_scales_lane_as_the_data_does() -> None:
+    """The front end says the float8 scales' all-reduce runs after the optimizer step by its
+    lane's name (``FLOAT8_SCALES_LANE`` in ``js/src/timeline_data.ts``): the data's."""
+    from pathlib import Path
+
+    from fsdpviz.views.timeline_lanes import FLOAT8_SCALES
+
+    source = Path(__file__).parents[1] / "js" / "src" / "timeline_data.ts"
+    assert f'export const FLOAT8_SCALES_LANE = "{FLOAT8_SCALES}";' in source.read_text()
+
+
+def test_the_tensor_parallel_half_of_the_float8_scales_all_reduce_has_a_lane() -> None:
+    """Under tensor parallelism the precomputation all-reduces the amaxes over the tp ranks
+    too (group ``tp``, as every tensor-parallel collective): on the tensor parallel lane, and
+    the timeline draws (it raised "no lane for tp_all_reduce")."""
+    from test_cost_compile_float8 import _tensor_parallel_precomputed
+
+    d = timeline_data(_tensor_parallel_precomputed(), machine="h100")
+    names = [lane["name"] for lane in d["lanes"]]
+    s = d["steps"]
+    last = [(d["kinds"][s["kind"][i]], names[s["lane"][i]]) for i in range(d["n_steps"])][-2:]
+    assert last == [
+        ("all_reduce", "float8 scales all-reduce"),
+        ("tp_all_reduce", "tensor parallel"),
+    ]

@@ -47,7 +47,12 @@ operation as a pass of its own, three times that traffic, see
 :class:`~fsdpviz.cost.optimizers.OptimizerSpec`; on the host under CPU offload) and over the
 parameters FSDP does not manage (``report.ignored_params``, whole, on the device). CPU offload's
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
-gradient shard back, after its reduction) run one at a time on a copy stream.
+gradient shard back, after its reduction) run one at a time on a copy stream. With FSDP2's
+float8 all-gather and torchao's ``precompute_float8_dynamic_scale_for_fsdp`` (torchtitan calls
+it after ``optimizer.step()``), the all-reduce of every float8 weight's amax starts when the
+optimizer's last kernel ends, and the step ends when it does (``held="optimizer"``): the scales'
+clamp after it waits for it on the compute stream, and the next step's first all-gather after
+that.
 
 Throughput is reported as users read it: ``tokens_per_s`` per GPU (the traced batch is
 one rank's), ``mfu`` (model FLOPs utilisation: three times the forward's matrix-multiply
@@ -178,7 +183,14 @@ def timeline(
         micro.append(MicroStep.from_dict(step_row))
         t += runs[k].end
     opt_s = _optimizer_seconds(report, m, optimizer)
-    step = t + opt_s
+    # torchao's precomputation of float8 scales, after the optimizer step (the step's last
+    # micro-step's, in its time)
+    last = runs[micro_steps[-1]]
+    done = last.end + opt_s
+    after = last.after_optimizer(done) - done
+    for key, value in last.after_step_totals().items():
+        sums[key] += value
+    step = t + opt_s + after
     comm, exposed = sums["comm_s"], sums["exposed_comm_s"]
     count = len(micro_steps)
     # the ranks of a tensor-parallel group share their tokens
@@ -226,7 +238,7 @@ def timeline(
         if role != "process_group"
     ]
     notes = list(sim.notes) + _notes(report, m, sim, compiled)
-    events = [r.placed() for r in sim.records]
+    events = [r.placed() for r in (*sim.records, *sim.after_step)]
     compute = _rates(sim.compute, m, sim.dtype)
     return Timeline(described, events, compute, totals, notes, sim.hooks, sim.waits, micro)
 

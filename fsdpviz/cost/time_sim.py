@@ -77,6 +77,20 @@ def _float8_shares(report: Report) -> dict[str, float]:
     return shares
 
 
+def _precomputed(events: list[Event], index: int) -> bool:
+    """Whether event ``index`` is torchao's ``precompute_float8_dynamic_scale_for_fsdp``'s:
+    the all-reduce of every float8 weight's amax over the shard group (no module: not one
+    weight's, before its all-gather), or the tensor-parallel all-reduce DTensor issues right
+    after it (:meth:`FSDP2Runtime.optimizer_step`)."""
+    e = events[index]
+    if e.kind == "all_reduce":
+        return e.group == "shard" and e.module is None
+    return (
+        e.kind == "tp_all_reduce" and e.module is None and index > 0
+        and _precomputed(events, index - 1)
+    )  # fmt: skip
+
+
 class MicroStepSim:
     """One micro-step (iteration ``i`` of ``report``) timed on ``m``'s streams.
 
@@ -147,6 +161,10 @@ class MicroStepSim:
         self.waits: list[Wait] = []
         self.end = 0.0
         self.tail_wait = 0.0
+        # torchao's precompute_float8_dynamic_scale_for_fsdp: its all-reduce of the stacked
+        # amaxes (and, under tensor parallelism, DTensor's over tp after it), which runs after
+        # the optimizer step (placed by after_optimizer)
+        self.after_step: list[EventTiming] = []
         self.notes: list[str] = []
         if not self.tape.measured:
             self.notes.append("no trace profile: compute time is unknown (0); only communication")
@@ -200,6 +218,47 @@ class MicroStepSim:
             last.exposed += self.tail_wait  # the final callback waits for it
             end = self.clocks.compute + self.tail_wait
             self.waits.append(Wait(self.clocks.compute, end, last.index, last.event.phase, True))
+
+    def after_optimizer(self, start: float) -> float:
+        """Place the precomputation's all-reduces (:attr:`after_step`) after the optimizer
+        step, which ends at ``start`` (in this micro-step's time): torchtitan calls
+        ``precompute_float8_dynamic_scale_for_fsdp`` after ``optimizer.step()``, so its
+        ``torch._foreach_norm`` of the float8 weights' shards follows the optimizer's last
+        kernel on the compute stream, and the stacked amaxes' all-reduce (DTensor's
+        ``redistribute`` to ``Replicate``, ``funcol.all_reduce``) follows the norms; the
+        ``torch.clamp`` after it waits for it on the compute stream, and the next step's
+        first all-gather (whose copy-in waits for the compute stream) and forward after
+        that. Nothing hides it: each is exposed whole, and the step ends when the last one
+        does. Returns that end (``start`` where there is none)."""
+        t = start
+        for rec in self.after_step:
+            e = rec.event
+            size = float(e.nbytes or 0)
+            tp = e.kind in TP_KINDS
+            ranks = self.ranks.tp if tp else self.ranks.shard
+            span = self.ranks.spans.get("tp" if tp else "shard")
+            dur = self.m.collective_seconds("all_reduce", size, ranks, span) if ranks > 1 else 0.0
+            rec.issued = rec.compute_t = rec.start = t
+            rec.end = t + dur
+            rec.bytes = (ranks - 1) / ranks * size * 2
+            rec.exposed = dur
+            rec.held, rec.held_by = "optimizer", -1
+            self.waits.append(Wait(t, rec.end, rec.index, e.phase, True))
+            t = rec.end
+        return t
+
+    def after_step_totals(self) -> dict[str, float]:
+        """What :meth:`after_optimizer`'s all-reduces add to the step's sums (once a step,
+        however many micro-steps share this one)."""
+        recs = self.after_step
+        spent = sum(r.end - r.start for r in recs)
+        return {
+            "comm_s": spent,
+            "exposed_comm_s": spent,
+            "exposed_backward_s": spent,
+            "reduce_scatter_bytes": sum(r.bytes for r in recs if r.stream == "comm"),
+            "tp_bytes": sum(r.bytes for r in recs if r.stream == "tp"),
+        }
 
     def own_totals(self) -> dict[str, float]:
         """This micro-step's sums, which the step adds up."""
@@ -315,6 +374,11 @@ class MicroStepSim:
         now = self.clocks.compute
         rec = EventTiming(index, e, stream, self.clocks.cpu, now, now, now)
         self.records.append(rec)
+        if _precomputed(self.tape.events, index):
+            rec.stream = "tp" if e.kind in TP_KINDS else "comm"
+            self.after_step.append(rec)  # placed after the optimizer step (after_optimizer)
+            self.records.pop()
+            return
         if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
             if e.kind in TP_KINDS:
                 self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
@@ -324,7 +388,7 @@ class MicroStepSim:
         if e.pipeline:
             self._pipeline(rec, e)
             return
-        if e.group == "shard":  # a float8 weight's amax (or all of them): latency-bound
+        if e.group == "shard":  # a float8 weight's amax: latency-bound
             gate = self._all_gather_gate() if e.module is not None else self.clocks.compute
             size, span = float(e.nbytes or 0), self.ranks.spans["shard"]
             self._collective(rec, "all_reduce", size, self.ranks.shard, gate, 0.0, span)

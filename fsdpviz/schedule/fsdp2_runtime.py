@@ -213,8 +213,9 @@ class FSDP2Runtime:
         )  # fmt: skip
         if self.float8.tensor_parallel:
             self.events.append(
-                Event("tp_all_reduce", root, "backward", nbytes=nbytes, dtype=dtype, **self.tag)
-            )
+                Event("tp_all_reduce", root, "backward", group="tp", nbytes=nbytes, dtype=dtype,
+                      **self.tag)
+            )  # fmt: skip
         self.scales_ready = True
 
     def _reduce_amaxes(self, g: GroupState, phase: Any) -> None:

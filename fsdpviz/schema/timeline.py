@@ -37,11 +37,13 @@ class Timeline:
     (what its start waited for beyond its issue: ``"stream"``, the collective before it;
     ``"copy_out"``, FSDP2's copy-out of the all-gather ``held_by``; ``"h2d"``, its shard's copy
     to the device; ``"compute"``, the compute producing its gradients; ``"rate_limiter"``,
-    issued when the limiter let it; ``""``) and ``held_by`` (that event, -1 for none), ``group``
-    where the event states one (``"shard"``: an all-reduce of float8 amaxes over FSDP's shard
-    group, no gradient's). ``compute``: per stretch of compute ``hook``, ``unit`` (the hook call
-    it precedes), ``owner`` (whose forward or backward it is: the unit a pre-forward or
-    pre-backward hook opened last and no post hook closed yet, ``""`` outside every unit),
+    issued when the limiter let it; ``"optimizer"``, the optimizer step, which the float8
+    scales' all-reduce of ``precompute_float8_dynamic_scale_for_fsdp`` follows; ``""``) and
+    ``held_by`` (that event, -1 for none), ``group`` where the event states one (``"shard"``:
+    an all-reduce of float8 amaxes over FSDP's shard group, no gradient's). ``compute``: per
+    stretch of compute ``hook``, ``unit`` (the hook call it precedes), ``owner`` (whose
+    forward or backward it is: the unit a pre-forward or pre-backward hook opened last
+    and no post hook closed yet, ``""`` outside every unit),
     ``phase``, ``next_event`` (the first event issued at or after that hook call), ``start``,
     ``end``, ``duration``, ``flops``, ``flops_per_s`` (achieved) and ``peak_share`` (of the
     GPU's dense peak in the compute dtype). ``totals``: ``step_s``, ``compute_s``, ``comm_s``,
@@ -435,7 +437,15 @@ def _explain(
                  f"{how} {window} its compute needed it, and it takes "
                  f"{lasts}: communication longer than the compute that hides it")
             )  # fmt: skip
-    if tail > 0 and r.group == "shard" and r.module is None:
+    if tail > 0 and held == "optimizer":
+        parts.append(
+            ("tail",
+             f"the step's tail: {_named(r)} starts when the optimizer step's last kernel ends "
+             f"and takes {lasts}, and nothing overlaps it: the scales' clamp after it waits "
+             "for it on the compute stream, and the next step's first float8 all-gather after "
+             "that")
+        )  # fmt: skip
+    elif tail > 0 and r.group == "shard" and r.module is None:
         behind = f", queued behind {other_text}" if held == "stream" else ""
         parts.append(
             ("tail",

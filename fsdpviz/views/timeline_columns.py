@@ -17,8 +17,8 @@ from fsdpviz.views.timeline_lanes import (
     FREE,
     HOOKS,
     KINDS,
+    LANE_ORDER,
     PP_KINDS,
-    STREAM_LANES,
     UNTIMED_CLOCK,
     stream_lane,
 )
@@ -118,8 +118,8 @@ def timeline_columns(
         for kind, name in (("cpu", "CPU · hooks"), ("compute", "compute")):
             mine[name] = len(lanes)
             lanes.append({"group": gi, "kind": kind, "name": name})
-        present = {STREAM_LANES.get((e.kind, e.group)) for _, _, e in p.events}
-        for name in dict.fromkeys([*ALWAYS_DRAWN, *STREAM_LANES.values()]):
+        present = {stream_lane(e) for _, _, e in p.events if e.kind != "free"}
+        for name in dict.fromkeys([*ALWAYS_DRAWN, *LANE_ORDER]):
             if name in ALWAYS_DRAWN or name in present:
                 mine[name] = len(lanes)
                 lanes.append({"group": gi, "kind": "stream", "name": name})

@@ -12,16 +12,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from fsdpviz.cost.memory import MemoryLane
-from fsdpviz.schema.events import Event
+from fsdpviz.schema.events import TP_KINDS, Event
 from fsdpviz.schema.report import Report
 
 __all__ = [
     "ALWAYS_DRAWN",
     "AUTO_ITERATION",
     "AUTO_MACHINE",
+    "FLOAT8_SCALES",
     "FREE",
     "HOOKS",
     "KINDS",
+    "LANE_ORDER",
     "MODELLED_CLOCK",
     "PP_KINDS",
     "RECORDED_CLOCK",
@@ -56,7 +58,9 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("reduce_scatter", None): "reduce-scatter",
     ("all_reduce", None): "reduce-scatter",
     ("all_reduce", "replicate"): "replicate all-reduce",
-    ("all_reduce", "shard"): "all-gather",  # a float8 weight's amax, before its all-gather
+    # a float8 weight's amax, before its all-gather: torchao's fsdp_pre_all_gather runs in
+    # FSDP2's foreach_all_gather, on its copy-in stream (the all-gather's)
+    ("all_reduce", "shard"): "all-gather",
     ("h2d", None): "host-device copies",
     ("d2h", None): "host-device copies",
     ("cast", None): "parameter casts",
@@ -69,8 +73,16 @@ STREAM_LANES: dict[tuple[str, str | None], str] = {
     ("cp_all_gather", "cp"): "context parallel",
     ("cp_all_to_all", "cp"): "context parallel",
 }
-"""The stream lane of a collective, by ``(kind, group)``. ``all-gather`` and
-``reduce-scatter`` are always drawn; other lanes only where their events occur."""
+"""The stream lane of a collective, by ``(kind, group)`` (but for :data:`FLOAT8_SCALES`'s).
+``all-gather`` and ``reduce-scatter`` are always drawn; other lanes only where their events
+occur."""
+FLOAT8_SCALES = "float8 scales all-reduce"
+"""The lane of ``precompute_float8_dynamic_scale_for_fsdp``'s all-reduce of every float8
+weight's amax (an ``all_reduce`` over the shard group of no one ``module``): no all-gather's
+(DTensor issues it after the optimizer step, on the compute stream, for the stacked amaxes'
+``torch.clamp``) and no gradient's."""
+LANE_ORDER = (*dict.fromkeys([*STREAM_LANES.values()]), FLOAT8_SCALES)
+"""The stream lanes, top to bottom."""
 ALWAYS_DRAWN = ("all-gather", "reduce-scatter")
 """The stream lanes every group draws, whether or not their events occur."""
 UNTIMED_CLOCK = "event index: the order of the events, not their durations"
@@ -87,7 +99,14 @@ machine=...)``, else the H100 preset), as ``report.memory`` and ``report.timelin
 def stream_lane(e: Event) -> str:
     """The stream lane ``e`` runs on (:data:`STREAM_LANES`); a clear error for a kind
     without one."""
-    lane = STREAM_LANES.get((e.kind, e.group))
+    if e.kind == "all_reduce" and e.group == "shard" and e.module is None:
+        return FLOAT8_SCALES
+    group = e.group
+    if group is None and e.kind in TP_KINDS:
+        # the tp all-reduce of precompute_float8_dynamic_scale_for_fsdp in a report saved
+        # before the plan stated its group
+        group = "tp"
+    lane = STREAM_LANES.get((e.kind, group))
     if lane is None:
         raise ValueError(
             f"no lane for {e.describe()}; add ({e.kind!r}, {e.group!r}) to STREAM_LANES"

@@ -16,8 +16,10 @@ stream lanes
     ``all-gather`` and ``reduce-scatter`` (``NO_SHARD``'s all-reduce too), and a lane
     per other kind of collective that occurs (``replicate all-reduce`` for hybrid
     sharding's all-reduce across shard groups, ``host-device copies`` for CPU offload's
-    ``h2d`` and ``d2h``; :data:`~fsdpviz.views.timeline_lanes.STREAM_LANES` maps an
-    event's kind and group to its lane).
+    ``h2d`` and ``d2h``, ``float8 scales all-reduce`` for the all-reduce of
+    ``precompute_float8_dynamic_scale_for_fsdp`` after the optimizer step;
+    :data:`~fsdpviz.views.timeline_lanes.STREAM_LANES` maps an event's kind and group to
+    its lane, :func:`~fsdpviz.views.timeline_lanes.stream_lane` an event).
 ``memory``
     bytes in use by category, stacked (:func:`fsdpviz.cost.memory_lane`), its peak
     marked: the same number, at the same event, as ``report.memory.peak``.

@@ -405,11 +405,24 @@ export function eventDetails(data: TimelineData, step: number): string[] {
     );
   if (tail > 0)
     lines.push(
-      `the step's end waited ${formatSeconds(tail)} for it (after the last compute, exposed)`,
+      `the step's end waited ${formatSeconds(tail)} for it (${tailPlace(data, i)}, exposed)`,
     );
   if (s.exposed[i] === 0 && s.kind[i] !== FREE) lines.push("compute never waited for it (hidden)");
   for (const m of data.marks) if (m.step === i) lines.push(`${markSymbol(m)} ${m.text}`);
   return lines;
+}
+
+/** The lane of `precompute_float8_dynamic_scale_for_fsdp`'s all-reduce of the float8 weights'
+ *  amaxes (fsdpviz.views.timeline_lanes.FLOAT8_SCALES), which runs after the optimizer step. */
+export const FLOAT8_SCALES_LANE = "float8 scales all-reduce";
+
+/** Where step `i`, which the step's end waits for, runs: after the optimizer step (the float8
+ *  scales' all-reduce, which the next step's first all-gather waits for), else after the last
+ *  compute. */
+export function tailPlace(data: TimelineData, i: number): string {
+  return data.lanes[data.steps.lane[i]]?.name === FLOAT8_SCALES_LANE
+    ? "after the optimizer step"
+    : "after the last compute";
 }
 
 /** ⚑ where ranks diverge or plans differ, ⏸ where a rank is stuck. */

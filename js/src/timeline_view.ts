@@ -21,6 +21,7 @@ import {
   orderOf,
   pipelineSubject,
   type TimelineData,
+  tailPlace,
   unitText,
   type Window,
 } from "./timeline_data";
@@ -808,7 +809,7 @@ export class TimelineView {
       const head = w.tail[k]
         ? [
             `the step's end waited ${wait} for this ${what}`,
-            "after the last compute: no compute left to hide it (exposed)",
+            `${tailPlace(data, i)}: no compute left to hide it (exposed)`,
           ]
         : [`compute waits ${wait} for ${what}`, "communication not hidden by compute (exposed)"];
       return [...head, ...eventDetails(data, i).slice(1)];

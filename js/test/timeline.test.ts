@@ -15,6 +15,7 @@ import {
   describeStep,
   eventDetails,
   exposedText,
+  FLOAT8_SCALES_LANE,
   FREE,
   follow,
   formatFlops,
@@ -23,6 +24,7 @@ import {
   memoryDetails,
   nearestStep,
   orderOf,
+  tailPlace,
   upperBound,
   waitedFor,
 } from "../src/timeline_data";
@@ -282,6 +284,21 @@ describe("orders and windows", () => {
     expect(lines).not.toContain("compute waited");
     const { compute, tail } = waitedFor(data, i);
     expect(compute + tail).toBeCloseTo(data.steps.exposed[i], 15);
+  });
+
+  it("says the float8 scales' all-reduce runs after the optimizer step, not the last compute", () => {
+    const data = predicted();
+    const k = data.waits.tail.indexOf(1);
+    const i = data.waits.step[k];
+    expect(tailPlace(data, i)).toBe("after the last compute");
+    // the same step on the lane of precompute_float8_dynamic_scale_for_fsdp's all-reduce
+    const lanes = data.lanes.map((l, j) =>
+      j === data.steps.lane[i] ? { ...l, name: FLOAT8_SCALES_LANE } : l,
+    );
+    const scales = { ...data, lanes };
+    const lines = eventDetails(scales, i).join("\n");
+    expect(lines).toContain("(after the optimizer step, exposed)");
+    expect(lines).not.toContain("after the last compute");
   });
 
   it("binary-searches sorted columns, in a range", () => {
