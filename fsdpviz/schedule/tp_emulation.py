@@ -468,8 +468,9 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
+            weight = getattr(module, "weight", None)
             gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
-                t, r, tpm, known, self.plan.size
+                t, r, tpm, known, self.plan.size, weight
             )
             skipped = not gathered and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)

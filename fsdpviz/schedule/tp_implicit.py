@@ -11,11 +11,25 @@ import math
 
 import torch
 
-from fsdpviz.plan.tensor_parallel import Layout, Redistribution, TPModule, layout_name, same_layout
+from fsdpviz.plan.tensor_parallel import (
+    PARTIAL,
+    REPLICATE,
+    Layout,
+    Redistribution,
+    TPModule,
+    layout_name,
+    same_layout,
+)
+from fsdpviz.schedule.tp_mm_strategy import mm_choice
 
 
 def gathered_by_multiply(
-    t: torch.Tensor, r: Redistribution, tpm: TPModule, known: Layout | None, tp: int
+    t: torch.Tensor,
+    r: Redistribution,
+    tpm: TPModule,
+    known: Layout | None,
+    tp: int,
+    weight: torch.Tensor | None,
 ) -> bool:
     """Whether ``ColwiseParallel`` leaves DTensor ``t`` (in ``known``) to its linear's
     multiply in a layout whose sharding propagation fsdpviz plans exactly: sharded on a dim
@@ -25,9 +39,9 @@ def gathered_by_multiply(
     makes it ``_StridedShard(0)`` (``view_groups``), which ``mm`` takes replicated: an
     all-gather in forward, the one the style would run, and another of the saved input for
     the weight's gradient in backward, whose input gradient comes back ``Partial()``
-    (``TPEmulation._gathered_backward``). Another layout (a batch of one: ``Shard(0)``,
-    for which ``mm``'s strategies weigh gathering the weight instead) is noted
-    (:func:`skipped_warning`)."""
+    (``TPEmulation._gathered_backward``). A batch of one views it ``Shard(0)``, for which
+    ``mm``'s strategies weigh gathering the weight instead (:func:`input_gathered`): planned
+    the same where DTensor's choice is that one, else noted (:func:`skipped_warning`)."""
     if (
         known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
         or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
@@ -35,7 +49,33 @@ def gathered_by_multiply(
     ):  # fmt: skip
         return False
     d = (known[1] or 0) % t.dim()
-    return 0 < d < t.dim() - 1 and math.prod(t.shape[:d]) > 1
+    if not 0 < d < t.dim() - 1:
+        return False
+    return math.prod(t.shape[:d]) > 1 or input_gathered(t, weight, tp)
+
+
+def input_gathered(t: torch.Tensor, weight: torch.Tensor | None, tp: int) -> bool:
+    """Whether DTensor's ``mm`` strategies (:func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`,
+    torch's own cost model) move a batch of one's sequence-sharded input ``t`` (viewed 2-D,
+    ``Shard(0)``) as :func:`gathered_by_multiply` plans it: forward, the input gathered
+    (not the weight), the product ``Shard(1)``; backward, the input's gradient ``Partial()``
+    with nothing moved, and the weight's gradient (if it needs one) from the input gathered
+    again (not the output's gradient moved by an all-to-all into a ``Partial()`` one)."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return False
+    rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
+    shard0, shard1 = ("shard", 0), ("shard", 1)
+    dtype = t.dtype
+    forward = mm_choice(((rows, features), shard0), ((features, out), shard1), dtype, tp)
+    if forward.inputs != (REPLICATE, shard1):
+        return False
+    grad_in = mm_choice(((rows, out), shard1), ((out, features), shard0), dtype, tp)
+    if grad_in.inputs != (shard1, shard0) or grad_in.output != PARTIAL:
+        return False
+    if not weight.requires_grad:
+        return True
+    grad_w = mm_choice(((out, rows), shard0), ((rows, features), shard0), dtype, tp)
+    return grad_w.inputs == (shard0, REPLICATE)
 
 
 def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
