@@ -737,8 +737,10 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
 @pytest.mark.parametrize(
     ("prepared", "mesh", "batch", "seq", "mp"),
     [("attention", (2, 2), 2, 8, False), ("feed_forward", (1, 2), 3, 8, True),
-     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False)],
-    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven"],
+     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False),
+     ("feed_forward", (1, 4), 1, 6, False), ("attention", (2, 2), 1, 6, True)],
+    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven",
+         "mlp-1x4-batch-of-one", "attention-2x2-batch-of-one-bf16"],
 )  # fmt: skip
 def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, seq: int, mp: bool
@@ -752,7 +754,10 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     back to ``Replicate()``. fsdpviz planned the style's backward instead (a reduce-scatter
     per projection, an all-gather at the prepared input) and warned. A sequence the tp ranks
     do not divide is padded in both all-gathers (fsdpviz's uneven gather also left the
-    projection's input out of the autograd graph). Every collective equals DTensor's, kind,
+    projection's input out of the autograd graph). A batch of one views it ``Shard(0)``, for
+    which ``mm``'s cost model (``redistribute_cost``) could gather the weight instead; here
+    the input is the smaller, so it gathers the input in both passes too (fsdpviz planned the
+    style's backward for it, as before). Every collective equals DTensor's, kind,
     bytes and dtype, in order; the warning notes the memory alone."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
