@@ -31,7 +31,6 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -54,12 +53,11 @@ from fsdpviz.plan.tensor_parallel import (
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_buffers import (
-    gathered_padded,
+    chunk_buffer,
+    collective_buffer,
+    in_float8,
     padded_bytes,
-    scattered_padded,
-    share_of,
     uneven,
-    viewable,
 )
 from fsdpviz.schedule.tp_float8 import (
     Float8AmaxReduces,
@@ -67,10 +65,13 @@ from fsdpviz.schedule.tp_float8 import (
     amax_reduced,
     report_amax,
 )
-from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
+from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective
 from fsdpviz.schedule.tp_implicit import (
+    BatchOneMultiply,
+    batch_one_multiply,
     gathered_by_multiply,
     gathered_warning,
+    moves_made,
     skipped_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
@@ -84,8 +85,6 @@ from fsdpviz.trace.probe_records import TPShares, dim_share
 
 # A row-wise embedding's weight: its gradient is whole on every rank (TPShares.whole_grads).
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
-# Collectives whose result is a new buffer on each rank (an all-reduce works in place).
-_NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 
 def _nothing() -> None:
@@ -136,6 +135,8 @@ class TPEmulation:
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
+        self._groups = groups
+        self._produced: dict[str, Layout] = {}  # module -> its output's layout (_batch_one)
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
@@ -206,41 +207,6 @@ class TPEmulation:
             self._root, "tp_all_reduce", "", "forward", t.numel() * t.element_size(),
             _dtype_name(t),
         )  # fmt: skip
-
-    def _buffer(self, collective: str | None, src: Layout, dst: Layout, ndim: int) -> Copy:
-        """A function making the new buffer of ``collective`` from ``src`` to ``dst``, or None.
-
-        Collectives run on dimension 0: an all-gather along another dimension gathers into a
-        whole buffer first and copies it into place, a reduce-scatter along another dimension
-        copies its input into a whole buffer first; a rank briefly holds both. But for an
-        all-gather whose dims before the gathered one are all 1 (a batch of one gathered on
-        the sequence): ``all_gather_single``'s ``_maybe_view_chunk_cat`` views the gathered
-        buffer in place then.
-        """
-        probe = self._probe
-        if probe is None or collective not in _NEW_BUFFER:
-            return None
-        moved = src if collective == "tp_all_gather" else dst
-        rearranged = (
-            collective in ("tp_all_gather", "tp_reduce_scatter")
-            and moved[0] == "shard"
-            and (moved[1] or 0) % ndim != 0
-        )
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            if collective == "tp_all_gather" and uneven(t, src, self.plan.size):
-                return gathered_padded(probe, t, src, self.plan.size)
-            if collective == "tp_reduce_scatter" and uneven(t, dst, self.plan.size):
-                return scattered_padded(probe, t, dst, self.plan.size)
-            copied = rearranged and not (
-                collective == "tp_all_gather" and viewable(t.shape, (src[1] or 0) % t.dim())
-            )
-            with probe.redistributed(None):
-                whole = t.clone() if copied else t
-            with probe.redistributed(self._share(t, dst)):
-                return whole.clone()
-
-        return make
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -370,9 +336,9 @@ class TPEmulation:
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
         if moved is None:
             moved = known is None or not same_layout(src, r.dst, ndim)
-        copy = self._in_float8(
-            self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
-        )
+        probe, size = self._probe, self.plan.size
+        made = collective_buffer(probe, forward, src, r.dst, ndim, size)
+        copy = in_float8(probe, made or chunk_buffer(probe, src, r.dst, ndim, size), data_f8)
         if not moved or not (t.requires_grad and torch.is_grad_enabled()):
             if copy is None or not (t.requires_grad and torch.is_grad_enabled()):
                 return t if copy is None else copy(t)
@@ -393,27 +359,12 @@ class TPEmulation:
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
             back = backward_collective(grad[0], src, ndim)
-            make = self._buffer(back, grad[0], back_dst, ndim) or self._chunk(
-                grad[0], back_dst, ndim
-            )
-            make = self._in_float8(make, grad_f8)
+            made = collective_buffer(probe, back, grad[0], back_dst, ndim, size)
+            made = made or chunk_buffer(probe, grad[0], back_dst, ndim, size)
+            make = in_float8(probe, made, grad_f8)
             return make(g) if make is not None else g
 
         return GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
-
-    def _in_float8(self, copy: Copy, float8: bool) -> Copy:
-        """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
-        probe = self._probe
-        if copy is None or not float8 or probe is None:
-            return copy
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            with probe.made_in_float8():
-                out: torch.Tensor = copy(t)
-            probe.float8_scale(out)
-            return out
-
-        return make
 
     def _float8_input(self, t: torch.Tensor, tpm: TPModule, known: Layout | None) -> bool:
         """Whether a float8 style casts input ``t`` before redistributing it: the linear
@@ -421,27 +372,6 @@ class TPEmulation:
         if not tpm.float8 or not t.is_floating_point():
             return False
         return tpm.base == "PrepareModuleInput" or known is None or not self._is_float8(t)
-
-    def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
-        """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
-        None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
-        (``_select_split_tensor(..., clone=True)``), a new buffer of a share (as the
-        gradient of ``ColwiseParallel(output_layouts=Replicate())``'s output goes back to
-        ``Shard(-1)``)."""
-        probe = self._probe
-        if probe is None or src != REPLICATE or dst[0] != "shard" or same_layout(src, dst, ndim):
-            return None
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            share = self._share(t, dst)
-            with probe.held_as(share if share is not None else False):
-                return t.clone()
-
-        return make
-
-    def _share(self, t: torch.Tensor, layout: Layout) -> Fraction | None:
-        """The share one rank holds of ``t`` (its global shape) in ``layout``, or None."""
-        return share_of(t, layout, self.plan.size)
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any
@@ -468,11 +398,14 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
-            weight = getattr(module, "weight", None)
+            weight, size = getattr(module, "weight", None), self.plan.size
             gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
-                t, r, tpm, known, self.plan.size, weight
+                t, r, tpm, known, size, weight
             )
-            skipped = not gathered and self._skipped(t, r, tpm, known)
+            batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
+                batch_one_multiply(t, r, tpm, known, size, weight)
+            )  # fmt: skip
+            skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
@@ -489,7 +422,7 @@ class TPEmulation:
             moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
                 t, r, tpm, i, known, (float8, False), moved, grad
-            )  # fmt: skip
+            ) if batch_one is None else self._batch_one(t, batch_one, tpm, i, weight)  # fmt: skip
             if gathered:  # the linear's multiply's backward, not the style's
                 out = self._gathered_backward(t, out, tpm, i)
             if prepared and not tpm.inputs_local:
@@ -595,6 +528,43 @@ class TPEmulation:
 
         return GradCollective.apply(report, None, back_copy, out)  # type: ignore[no-untyped-call]
 
+    def _batch_one(
+        self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule, i: int, weight: Any
+    ) -> torch.Tensor:
+        """A batch of one's sequence-sharded input multiplied as DTensor's ``mm``
+        strategies pick (:func:`batch_one_multiply`): each pass's redistributed operands
+        (their collectives, their temporary buffers), the output's layout for the style's
+        output redistribution (:meth:`_post_forward`), the input's gradient's layout, and a
+        ``Partial()`` weight gradient that FSDP2's post-backward reduce-scatters."""
+        dtype, size, probe = _dtype_name(t), self.plan.size, self._probe
+        for move in m.forward:
+            self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "forward", move.nbytes, dtype)
+        moves_made(probe, m.forward, t, size)
+        self._produced[tpm.fqn] = m.output
+        found = self._aliased(t, self._grads)
+        if found is not None:
+            found[1][0] = m.input_grad
+        if m.input_grad == PARTIAL and (found is None or id(found[1]) not in self._absorbing):
+            warning = gathered_warning(tpm, self._layout(t) or REPLICATE, False)
+            self._implicit.setdefault((tpm.fqn, "gathered"), warning)
+        if m.weight_grad_partial:
+            entry = (f"{tpm.fqn}.weight", weight.numel() * t.element_size(), dtype)
+            for g in self._groups:
+                if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
+                    g.tp_partial_grads.append(entry)  # in FSDP's order, the parameters'
+                    g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
+                    g.tp_scattered_grads.add(entry[0])
+
+        def report() -> None:
+            for move in m.backward:
+                self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
+
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            moves_made(probe, m.backward, g, size)
+            return g
+
+        return GradCollective.apply(report, None, back_copy, t)  # type: ignore[no-untyped-call]
+
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
         return [FsdpWarning("tp_implicit_redistribution", t) for t in self._implicit.values()]
@@ -610,7 +580,8 @@ class TPEmulation:
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
                 grad = [r.grad]  # which a later operator may change (_meet)
-                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8), None, grad)
+                known = self._produced.pop(tpm.fqn, None)  # a batch of one's (_batch_one)
+                output = self._redistribute(output, r, tpm, i, known, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None
                     if amax_reduced(r.dst) and self.plan.size > 1:

@@ -8,6 +8,8 @@ not (:func:`skipped_warning`, :func:`gathered_warning`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -20,7 +22,9 @@ from fsdpviz.plan.tensor_parallel import (
     layout_name,
     same_layout,
 )
+from fsdpviz.schedule.tp_buffers import padded_bytes
 from fsdpviz.schedule.tp_mm_strategy import mm_choice
+from fsdpviz.trace.probe import CostProbe
 
 
 def gathered_by_multiply(
@@ -115,3 +119,129 @@ def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
         f"in, input_layouts=({layout},), so the style gathers it (the same forward "
         "collective), which fsdpviz plans exactly"
     )
+
+
+@dataclass(frozen=True)
+class Move:
+    """One operand of a multiply redistributed by DTensor's sharding propagation.
+
+    Attributes:
+        kind: the collective (``tp_all_gather``, ``tp_all_to_all``).
+        nbytes: the bytes it moves (a dim the tp ranks do not divide padded).
+        shape: the operand's whole shape (the buffer it makes: whole for an all-gather, a
+            rank's share for an all-to-all).
+    """
+
+    kind: str
+    nbytes: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchOneMultiply:
+    """How DTensor multiplies a batch of one's sequence-sharded input (viewed 2-D:
+    ``Shard(0)``) by a column-wise linear's weight, by the strategies its cost model picks
+    (:func:`batch_one_multiply`).
+
+    Attributes:
+        forward: the operands the forward's ``mm`` redistributes, in order.
+        output: the layout of the linear's output (``Shard(-1)``, or ``Shard(d)`` where the
+            weight was gathered: the output keeps the input's sequence sharding).
+        backward: the operands the backward's two ``mm`` redistribute, the input's gradient's
+            (``mm_mat1_backward``) first, then the weight's (``mm_mat2_backward``).
+        input_grad: the layout the input's gradient comes back in.
+        weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
+            ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
+    """
+
+    forward: tuple[Move, ...]
+    output: Layout
+    backward: tuple[Move, ...]
+    input_grad: Layout
+    weight_grad_partial: bool
+
+
+def _moves(
+    operands: list[tuple[tuple[int, int], Layout, Layout]], itemsize: int, tp: int
+) -> tuple[Move, ...] | None:
+    """The collectives taking each 2-D operand (shape, layout, the layout a strategy wants)
+    there; None for one fsdpviz does not plan (a partial operand)."""
+    moves: list[Move] = []
+    for shape, src, dst in operands:
+        if src in (dst, REPLICATE):
+            continue
+        if src[0] != "shard" or dst == PARTIAL:
+            return None
+        kind = "tp_all_gather" if dst == REPLICATE else "tp_all_to_all"
+        nbytes = padded_bytes(math.prod(shape) * itemsize, torch.Size(shape), kind, src, dst, tp)
+        moves.append(Move(kind, nbytes, shape))
+    return tuple(moves)
+
+
+def batch_one_multiply(
+    t: torch.Tensor,
+    r: Redistribution,
+    tpm: TPModule,
+    known: Layout | None,
+    tp: int,
+    weight: torch.Tensor | None,
+) -> BatchOneMultiply | None:
+    """How DTensor multiplies ``t``, a batch of one's DTensor sharded on the sequence that
+    ``ColwiseParallel`` leaves to its linear (its declared layouts equal), where its ``mm``
+    strategies (torch's cost model: :func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`) do
+    not gather the input in both passes (:func:`input_gathered` plans that): the weight
+    gathered in forward (the output then sequence-sharded, which the style's output
+    redistribution moves on), the output's gradient moved by an all-to-all for the
+    weight's gradient (``Partial()`` then). None where it is not that case, or DTensor's
+    choice is one fsdpviz does not plan (noted: :func:`skipped_warning`)."""
+    if (
+        known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
+        or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
+        or not isinstance(weight, torch.Tensor) or weight.dim() != 2
+    ):  # fmt: skip
+        return None
+    d = (known[1] or 0) % t.dim()
+    if not 0 < d < t.dim() - 1 or math.prod(t.shape[:d]) > 1 or input_gathered(t, weight, tp):
+        return None
+    rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
+    s0, s1 = ("shard", 0), ("shard", 1)
+    dtype, size = t.dtype, t.element_size()
+    fwd = mm_choice(((rows, features), s0), ((features, out), s1), dtype, tp)
+    if fwd.output not in (s0, s1):
+        return None
+    forward = _moves([((rows, features), s0, fwd.inputs[0]),
+                      ((features, out), s1, fwd.inputs[1])], size, tp)  # fmt: skip
+    grad = fwd.output  # the output's gradient, 2-D, as the product was
+    gi = mm_choice(((rows, out), grad), ((out, features), s0), dtype, tp)
+    backward = _moves([((rows, out), grad, gi.inputs[0]),
+                       ((out, features), s0, gi.inputs[1])], size, tp)  # fmt: skip
+    partial = False
+    if t.requires_grad and weight.requires_grad:
+        grad_t: Layout = s0 if grad == s1 else s1
+        gw = mm_choice(((out, rows), grad_t), ((rows, features), s0), dtype, tp)
+        more = _moves([((out, rows), grad_t, gw.inputs[0]),
+                       ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
+        if more is None or gw.output not in (s0, PARTIAL):
+            return None
+        backward = None if backward is None else backward + more
+        partial = gw.output == PARTIAL
+    if forward is None or backward is None or gi.output not in (s0, PARTIAL):
+        return None
+    sequence: Layout = ("shard", d)
+    return BatchOneMultiply(
+        forward, sequence if fwd.output == s0 else ("shard", -1), backward,
+        sequence if gi.output == s0 else PARTIAL, partial,
+    )  # fmt: skip
+
+
+def moves_made(
+    probe: CostProbe | None, moves: tuple[Move, ...], like: torch.Tensor, tp: int
+) -> None:
+    """The buffers ``moves`` make, each a temporary the multiply frees after it: whole for
+    an all-gather, a rank's share for an all-to-all."""
+    if probe is None:
+        return
+    for move in moves:
+        share = None if move.kind == "tp_all_gather" else Fraction(1, tp)
+        with probe.redistributed(share):
+            like.new_empty(move.shape)
