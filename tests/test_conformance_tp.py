@@ -800,6 +800,76 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     ]
 
 
+@pytest.mark.parametrize(
+    ("prepared", "dim", "hidden", "seq", "mp", "moved"),
+    [("attention", 8, 16, 12, True, "weight"), ("feed_forward", 128, 256, 128, False, "grad"),
+     ("feed_forward", 128, 64, 64, False, "weight-then-grad")],
+    ids=["weight-gathered-bf16", "grad-all-to-all", "weight-gathered-grad-all-to-all"],
+)  # fmt: skip
+def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
+    fake_pg: int, prepared: str, dim: int, hidden: int, seq: int, mp: bool, moved: str
+) -> None:
+    """A batch of one's input sharded on the sequence by a ``PrepareModuleInput`` and left
+    to column-wise linears views 2-D as ``Shard(0)``, and DTensor picks each ``mm``'s
+    strategy by its cost model (``redistribute_cost``): where the weight is the smaller it
+    gathers the weight in forward (the product stays sequence-sharded, the style's output
+    moves it to ``Shard(-1)`` by an all-to-all, and back in backward), its gradient needs
+    nothing moved and comes back ``Partial()``, which FSDP2's post-backward
+    (``_get_grad_inner_tensor``) reduce-scatters to the weight's shard; for larger
+    activations the backward moves the output's gradient by an all-to-all instead of
+    gathering an operand. fsdpviz planned the style's collectives (an all-gather of the
+    input, a reduce-scatter of its gradient) and warned. Every collective equals DTensor's,
+    kind, bytes and dtype, in order (on CPU DTensor's all-to-all falls back to an
+    all-gather of the same bytes), and nothing is noted."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    plan = tp_models.plain_plan()
+    plan[f"layers.*.{prepared}"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp else MixedPrecisionPolicy()
+    sizes = {"vocab": 32, "dim": dim, "n_heads": 4, "hidden": hidden}
+    ids = torch.zeros(1, seq, dtype=torch.long)
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), mp_policy=policy,
+                             progress=False)  # fmt: skip
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    assert [[on_cpu.get(e.kind, e.kind), e.nbytes, e.dtype] for e in events] == real
+    assert not [w for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    linears = ("wq", "wk", "wv") if prepared == "attention" else ("w1", "w3")
+    size = 2 if mp else 4
+    first_linear = f"layers.0.{prepared}.{linears[0]}"
+    first = [(e.kind, e.nbytes) for e in events
+             if e.phase == "forward" and e.module == first_linear]  # fmt: skip
+    out = dim if prepared == "attention" else hidden
+    if moved == "grad":  # the input gathered, the product Shard(-1) as the style's
+        assert first == [("tp_all_gather", seq * dim * size)]
+    else:  # the weight gathered, the product moved from the sequence by the style's output
+        assert first == [("tp_all_gather", out * dim * size),
+                         ("tp_all_to_all", seq * out * size)]  # fmt: skip
+    # the weights' Partial() gradients reduce-scattered in post-backward, in FSDP's order
+    scattered = [(e.module, e.nbytes) for e in events
+                 if e.kind == "tp_reduce_scatter" and e.hook == "post_backward"]  # fmt: skip
+    assert scattered == [
+        (f"layers.{n}.{prepared}.{w}.weight", out * dim * size)
+        for n in (1, 0) for w in linears
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
 def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     fake_pg: int, variant: str

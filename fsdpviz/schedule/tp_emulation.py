@@ -563,7 +563,8 @@ class TPEmulation:
             moves_made(probe, m.backward, g, size)
             return g
 
-        return GradCollective.apply(report, None, back_copy, t)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = GradCollective.apply(report, None, back_copy, t)  # type: ignore[no-untyped-call]
+        return out
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""

@@ -43,8 +43,11 @@ def _mesh(size: int) -> object:
     from torch.distributed.device_mesh import DeviceMesh
 
     # no process group: sharding propagation reads the mesh's shape only, and
-    # redistribute_cost its device type's devices per host (MeshTopoInfo.build_from_mesh)
-    return DeviceMesh("cuda", torch.arange(size), _init_backend=False, _rank=0)
+    # redistribute_cost its device type's devices on this machine
+    # (MeshTopoInfo.build_from_mesh): a CPU mesh, one device a host, so its bandwidths
+    # and latencies do not depend on the machine that plans (a tp group over hosts: a
+    # GPU mesh within one host weighs an all-to-all against an all-gather with other ones)
+    return DeviceMesh("cpu", torch.arange(size), _init_backend=False, _rank=0)
 
 
 def _placement(layout: Layout) -> object:
