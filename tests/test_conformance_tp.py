@@ -868,6 +868,12 @@ def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
         (f"layers.{n}.{prepared}.{w}.weight", out * dim * size)
         for n in (1, 0) for w in linears
     ]  # fmt: skip
+    # a replay (no new trace) reduce-scatters them too, as the trace's last iteration did
+    from fsdpviz.replan import replay
+
+    again = replay(report, reshard_after_forward=False).iterations[0]
+    tp_events = [(e.kind, e.module, e.nbytes, e.dtype) for e in again if e.tensor_parallel]
+    assert tp_events == [(e.kind, e.module, e.nbytes, e.dtype) for e in events]
 
 
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])

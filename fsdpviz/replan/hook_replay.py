@@ -75,7 +75,7 @@ from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
 
 REPLAYABLE = {
     "FSDP1": {
@@ -393,7 +393,11 @@ def _tp_partial_grads(
             # event's are the reduce dtype's): the replicated parameter's whole shape
             dtype = compute.get(e.unit)
             nbytes, named = e.nbytes, e.dtype
-            if dtype is not None and e.module in shapes:
+            if dtype is not None and e.kind == "tp_reduce_scatter" and e.dtype is not None:
+                # a tp-sharded parameter (its shape here a rank's): the event's elements
+                nbytes = e.nbytes // DTYPE_SIZES[e.dtype] * getattr(torch, dtype).itemsize
+                named = dtype
+            elif dtype is not None and e.module in shapes:
                 nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
                 named = dtype
             partial.setdefault(e.unit, {})[(e.module, nbytes, named)] = None
