@@ -737,10 +737,8 @@ def test_a_dtensor_a_style_does_not_redistribute_is_left_to_the_operators(fake_p
 @pytest.mark.parametrize(
     ("prepared", "mesh", "batch", "seq", "mp"),
     [("attention", (2, 2), 2, 8, False), ("feed_forward", (1, 2), 3, 8, True),
-     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False),
-     ("feed_forward", (1, 4), 1, 6, False), ("attention", (2, 2), 1, 6, True)],
-    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven",
-         "mlp-1x4-batch-of-one", "attention-2x2-batch-of-one-bf16"],
+     ("attention", (1, 4), 2, 8, True), ("feed_forward", (1, 4), 2, 6, False)],
+    ids=["attention-2x2", "mlp-1x2-bf16", "attention-1x4-bf16", "mlp-1x4-uneven"],
 )  # fmt: skip
 def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     fake_pg: int, prepared: str, mesh: tuple[int, int], batch: int, seq: int, mp: bool
@@ -754,10 +752,7 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     back to ``Replicate()``. fsdpviz planned the style's backward instead (a reduce-scatter
     per projection, an all-gather at the prepared input) and warned. A sequence the tp ranks
     do not divide is padded in both all-gathers (fsdpviz's uneven gather also left the
-    projection's input out of the autograd graph). A batch of one views it ``Shard(0)``, for
-    which ``mm``'s cost model (``redistribute_cost``) could gather the weight instead; here
-    the input is the smaller, so it gathers the input in both passes too (fsdpviz planned the
-    style's backward for it, as before). Every collective equals DTensor's, kind,
+    projection's input out of the autograd graph). Every collective equals DTensor's, kind,
     bytes and dtype, in order; the warning notes the memory alone."""
     from gloo_worker import _tp_collectives
     from torch.distributed.device_mesh import init_device_mesh
@@ -802,23 +797,29 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
 
 @pytest.mark.parametrize(
     ("prepared", "dim", "hidden", "seq", "mp", "moved"),
-    [("attention", 8, 16, 12, True, "weight"), ("feed_forward", 128, 256, 128, False, "grad"),
+    [("feed_forward", 8, 16, 6, False, "input"), ("attention", 8, 16, 6, True, "input"),
+     ("attention", 8, 16, 12, True, "weight"), ("feed_forward", 128, 256, 128, False, "grad"),
      ("feed_forward", 128, 64, 64, False, "weight-then-grad")],
-    ids=["weight-gathered-bf16", "grad-all-to-all", "weight-gathered-grad-all-to-all"],
+    ids=["input-gathered-uneven", "input-gathered-bf16", "weight-gathered-bf16",
+         "grad-all-to-all", "weight-gathered-grad-all-to-all"],
 )  # fmt: skip
 def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
     fake_pg: int, prepared: str, dim: int, hidden: int, seq: int, mp: bool, moved: str
 ) -> None:
     """A batch of one's input sharded on the sequence by a ``PrepareModuleInput`` and left
     to column-wise linears views 2-D as ``Shard(0)``, and DTensor picks each ``mm``'s
-    strategy by its cost model (``redistribute_cost``): where the weight is the smaller it
+    strategy by its cost model (``redistribute_cost``): where the input is the smaller it
+    gathers it in both passes (as a larger batch's ``_StridedShard`` input; a sequence the
+    tp ranks do not divide padded), its gradient ``Partial()``, which the prepared input's
+    ``Redistribute.backward`` all-reduces; where the weight is the smaller it
     gathers the weight in forward (the product stays sequence-sharded, the style's output
     moves it to ``Shard(-1)`` by an all-to-all, and back in backward), its gradient needs
     nothing moved and comes back ``Partial()``, which FSDP2's post-backward
     (``_get_grad_inner_tensor``) reduce-scatters to the weight's shard; for larger
     activations the backward moves the output's gradient by an all-to-all instead of
     gathering an operand. fsdpviz planned the style's collectives (an all-gather of the
-    input, a reduce-scatter of its gradient) and warned. Every collective equals DTensor's,
+    input, a reduce-scatter of its gradient) and warned; the operands it gathers are a
+    multiply's temporaries. Every collective equals DTensor's,
     kind, bytes and dtype, in order (on CPU DTensor's all-to-all falls back to an
     all-gather of the same bytes), and nothing is noted."""
     from gloo_worker import _tp_collectives
@@ -856,8 +857,8 @@ def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
     first = [(e.kind, e.nbytes) for e in events
              if e.phase == "forward" and e.module == first_linear]  # fmt: skip
     out = dim if prepared == "attention" else hidden
-    if moved == "grad":  # the input gathered, the product Shard(-1) as the style's
-        assert first == [("tp_all_gather", seq * dim * size)]
+    if moved in ("input", "grad"):  # the input gathered, the product Shard(-1) as the style's
+        assert first == [("tp_all_gather", -(-seq // 4) * 4 * dim * size)]
     else:  # the weight gathered, the product moved from the sequence by the style's output
         assert first == [("tp_all_gather", out * dim * size),
                          ("tp_all_to_all", seq * out * size)]  # fmt: skip
@@ -866,7 +867,7 @@ def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
                  if e.kind == "tp_reduce_scatter" and e.hook == "post_backward"]  # fmt: skip
     assert scattered == [
         (f"layers.{n}.{prepared}.{w}.weight", out * dim * size)
-        for n in (1, 0) for w in linears
+        for n in (1, 0) for w in linears if moved != "input"
     ]  # fmt: skip
     # a replay (no new trace) reduce-scatters them too, as the trace's last iteration did
     from fsdpviz.replan import replay

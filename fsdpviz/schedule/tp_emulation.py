@@ -136,7 +136,8 @@ class TPEmulation:
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
         self._groups = groups
-        self._produced: dict[str, Layout] = {}  # module -> its output's layout (_batch_one)
+        # module -> its output's layout and the buffers its multiply's forward made (_batch_one)
+        self._produced: dict[str, tuple[Layout | None, list[torch.Tensor]]] = {}
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
@@ -399,9 +400,7 @@ class TPEmulation:
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
             weight, size = getattr(module, "weight", None), self.plan.size
-            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
-                t, r, tpm, known, size, weight
-            )
+            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(t, r, tpm, known, size)
             batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
                 batch_one_multiply(t, r, tpm, known, size, weight)
             )  # fmt: skip
@@ -539,8 +538,8 @@ class TPEmulation:
         dtype, size, probe = _dtype_name(t), self.plan.size, self._probe
         for move in m.forward:
             self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "forward", move.nbytes, dtype)
-        moves_made(probe, m.forward, t, size)
-        self._produced[tpm.fqn] = m.output
+        # the operands gathered held until the multiply has run (the module's output)
+        self._produced[tpm.fqn] = (m.output, moves_made(probe, m.forward, t, size))
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = m.input_grad
@@ -581,7 +580,7 @@ class TPEmulation:
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
                 grad = [r.grad]  # which a later operator may change (_meet)
-                known = self._produced.pop(tpm.fqn, None)  # a batch of one's (_batch_one)
+                known = self._produced.pop(tpm.fqn, (None, []))[0]  # a batch of one's
                 output = self._redistribute(output, r, tpm, i, known, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None

@@ -28,12 +28,7 @@ from fsdpviz.trace.probe import CostProbe
 
 
 def gathered_by_multiply(
-    t: torch.Tensor,
-    r: Redistribution,
-    tpm: TPModule,
-    known: Layout | None,
-    tp: int,
-    weight: torch.Tensor | None,
+    t: torch.Tensor, r: Redistribution, tpm: TPModule, known: Layout | None, tp: int
 ) -> bool:
     """Whether ``ColwiseParallel`` leaves DTensor ``t`` (in ``known``) to its linear's
     multiply in a layout whose sharding propagation fsdpviz plans exactly: sharded on a dim
@@ -44,8 +39,7 @@ def gathered_by_multiply(
     all-gather in forward, the one the style would run, and another of the saved input for
     the weight's gradient in backward, whose input gradient comes back ``Partial()``
     (``TPEmulation._gathered_backward``). A batch of one views it ``Shard(0)``, for which
-    ``mm``'s strategies weigh gathering the weight instead (:func:`input_gathered`): planned
-    the same where DTensor's choice is that one, else noted (:func:`skipped_warning`)."""
+    ``mm``'s strategies weigh gathering the weight instead (:func:`batch_one_multiply`)."""
     if (
         known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
         or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
@@ -53,33 +47,7 @@ def gathered_by_multiply(
     ):  # fmt: skip
         return False
     d = (known[1] or 0) % t.dim()
-    if not 0 < d < t.dim() - 1:
-        return False
-    return math.prod(t.shape[:d]) > 1 or input_gathered(t, weight, tp)
-
-
-def input_gathered(t: torch.Tensor, weight: torch.Tensor | None, tp: int) -> bool:
-    """Whether DTensor's ``mm`` strategies (:func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`,
-    torch's own cost model) move a batch of one's sequence-sharded input ``t`` (viewed 2-D,
-    ``Shard(0)``) as :func:`gathered_by_multiply` plans it: forward, the input gathered
-    (not the weight), the product ``Shard(1)``; backward, the input's gradient ``Partial()``
-    with nothing moved, and the weight's gradient (if it needs one) from the input gathered
-    again (not the output's gradient moved by an all-to-all into a ``Partial()`` one)."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        return False
-    rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
-    shard0, shard1 = ("shard", 0), ("shard", 1)
-    dtype = t.dtype
-    forward = mm_choice(((rows, features), shard0), ((features, out), shard1), dtype, tp)
-    if forward.inputs != (REPLICATE, shard1):
-        return False
-    grad_in = mm_choice(((rows, out), shard1), ((out, features), shard0), dtype, tp)
-    if grad_in.inputs != (shard1, shard0) or grad_in.output != PARTIAL:
-        return False
-    if not weight.requires_grad:
-        return True
-    grad_w = mm_choice(((out, rows), shard0), ((rows, features), shard0), dtype, tp)
-    return grad_w.inputs == (shard0, REPLICATE)
+    return 0 < d < t.dim() - 1 and math.prod(t.shape[:d]) > 1
 
 
 def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
@@ -188,12 +156,14 @@ def batch_one_multiply(
 ) -> BatchOneMultiply | None:
     """How DTensor multiplies ``t``, a batch of one's DTensor sharded on the sequence that
     ``ColwiseParallel`` leaves to its linear (its declared layouts equal), where its ``mm``
-    strategies (torch's cost model: :func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`) do
-    not gather the input in both passes (:func:`input_gathered` plans that): the weight
-    gathered in forward (the output then sequence-sharded, which the style's output
-    redistribution moves on), the output's gradient moved by an all-to-all for the
-    weight's gradient (``Partial()`` then). None where it is not that case, or DTensor's
-    choice is one fsdpviz does not plan (noted: :func:`skipped_warning`)."""
+    strategies (torch's cost model: :func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`)
+    pick: in forward the input gathered (the product ``Shard(1)``) or the weight (the
+    product then sequence-sharded, which the style's output redistribution moves on); in
+    backward the input gathered again for the weight's gradient or the output's gradient
+    moved by an all-to-all (the weight's gradient ``Partial()`` then), the weight gathered
+    again for the input's gradient or the output's gradient moved (the input's gradient
+    ``Partial()``). None where it is not that case, or DTensor's choice is one fsdpviz does
+    not plan (noted: :func:`skipped_warning`)."""
     if (
         known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
         or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
@@ -201,7 +171,7 @@ def batch_one_multiply(
     ):  # fmt: skip
         return None
     d = (known[1] or 0) % t.dim()
-    if not 0 < d < t.dim() - 1 or math.prod(t.shape[:d]) > 1 or input_gathered(t, weight, tp):
+    if not 0 < d < t.dim() - 1 or math.prod(t.shape[:d]) > 1:
         return None
     rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
     s0, s1 = ("shard", 0), ("shard", 1)
@@ -236,12 +206,15 @@ def batch_one_multiply(
 
 def moves_made(
     probe: CostProbe | None, moves: tuple[Move, ...], like: torch.Tensor, tp: int
-) -> None:
-    """The buffers ``moves`` make, each a temporary the multiply frees after it: whole for
-    an all-gather, a rank's share for an all-to-all."""
+) -> list[torch.Tensor]:
+    """The buffers ``moves`` make, temporaries the multiply frees once it has run (the
+    caller holds them until then): whole for an all-gather, a rank's share for an
+    all-to-all."""
     if probe is None:
-        return
+        return []
+    made = []
     for move in moves:
         share = None if move.kind == "tp_all_gather" else Fraction(1, tp)
         with probe.redistributed(share):
-            like.new_empty(move.shape)
+            made.append(like.new_empty(move.shape))
+    return made
