@@ -72,6 +72,7 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_by_multiply,
     gathered_warning,
     moves_made,
+    partial_grad_warning,
     skipped_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
@@ -137,7 +138,7 @@ class TPEmulation:
         self._handles: list[Any] = []
         self._groups = groups
         # module -> its output's layout and the buffers its multiply's forward made (_batch_one)
-        self._produced: dict[str, tuple[Layout | None, list[torch.Tensor]]] = {}
+        self._produced: dict[str, tuple[BatchOneMultiply, list[torch.Tensor]]] = {}
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
@@ -531,20 +532,20 @@ class TPEmulation:
         self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule, i: int, weight: Any
     ) -> torch.Tensor:
         """A batch of one's sequence-sharded input multiplied as DTensor's ``mm``
-        strategies pick (:func:`batch_one_multiply`): each pass's redistributed operands
-        (their collectives, their temporary buffers), the output's layout for the style's
-        output redistribution (:meth:`_post_forward`), the input's gradient's layout, and a
-        ``Partial()`` weight gradient that FSDP2's post-backward reduce-scatters."""
+        strategies pick (:func:`batch_one_multiply`): the forward's redistributed operands
+        (their collectives, their temporary buffers), the input's gradient's layout, and a
+        ``Partial()`` weight gradient that FSDP2's post-backward reduce-scatters; the
+        output's layout and the backward's at the output (:meth:`_multiplied`)."""
         dtype, size, probe = _dtype_name(t), self.plan.size, self._probe
         for move in m.forward:
             self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "forward", move.nbytes, dtype)
         # the operands gathered held until the multiply has run (the module's output)
-        self._produced[tpm.fqn] = (m.output, moves_made(probe, m.forward, t, size))
+        self._produced[tpm.fqn] = (m, moves_made(probe, m.forward, t, size))
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = m.input_grad
         if m.input_grad == PARTIAL and (found is None or id(found[1]) not in self._absorbing):
-            warning = gathered_warning(tpm, self._layout(t) or REPLICATE, False)
+            warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
             self._implicit.setdefault((tpm.fqn, "gathered"), warning)
         if m.weight_grad_partial:
             entry = (f"{tpm.fqn}.weight", weight.numel() * t.element_size(), dtype)
@@ -553,6 +554,21 @@ class TPEmulation:
                     g.tp_partial_grads.append(entry)  # in FSDP's order, the parameters'
                     g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
                     g.tp_scattered_grads.add(entry[0])
+        return t
+
+    def _multiplied(
+        self, tpm: TPModule, i: int, output: torch.Tensor
+    ) -> tuple[Layout | None, torch.Tensor]:
+        """The layout of a batch of one's product (:meth:`_batch_one`), None for another
+        module's, and ``output`` hooked so that the backward's two multiplies (the input's
+        gradient, then the weight's: what of them needs one) report their redistributed
+        operands and make their temporaries when its gradient reaches them."""
+        made = self._produced.pop(tpm.fqn, None)
+        if made is None:
+            return None, output
+        m, probe, size, dtype = made[0], self._probe, self.plan.size, _dtype_name(output)
+        if not m.backward or not (output.requires_grad and torch.is_grad_enabled()):
+            return m.output, output
 
         def report() -> None:
             for move in m.backward:
@@ -562,8 +578,8 @@ class TPEmulation:
             moves_made(probe, m.backward, g, size)
             return g
 
-        out: torch.Tensor = GradCollective.apply(report, None, back_copy, t)  # type: ignore[no-untyped-call]
-        return out
+        hooked: torch.Tensor = GradCollective.apply(report, None, back_copy, output)  # type: ignore[no-untyped-call]
+        return m.output, hooked
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
@@ -580,7 +596,7 @@ class TPEmulation:
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
                 grad = [r.grad]  # which a later operator may change (_meet)
-                known = self._produced.pop(tpm.fqn, (None, []))[0]  # a batch of one's
+                known, output = self._multiplied(tpm, i, output)
                 output = self._redistribute(output, r, tpm, i, known, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None

@@ -66,6 +66,20 @@ def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
     )
 
 
+def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
+    """The warning of a batch of one's multiply (:func:`batch_one_multiply`) whose input's
+    gradient comes back ``Partial()`` where no style's ``Redistribute.backward`` takes it."""
+    layout = layout_name(known)
+    return (
+        f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
+        "declared layouts leave to its linear's multiply, which gives its gradient back "
+        "Partial() (planned, as DTensor's mm strategies pick). DTensor's operators that made "
+        "the DTensor (no style redistributed it) reduce that gradient by their own sharding "
+        "propagation in backward, collectives fsdpviz does not plan. Declare the layout it "
+        f"arrives in, input_layouts=({layout},), so the style redistributes it explicitly"
+    )
+
+
 def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
     """The warning of a linear whose multiply gathers a DTensor in ``known``
     (:func:`gathered_by_multiply`): its collectives planned, but for a ``Partial()``
@@ -183,10 +197,13 @@ def batch_one_multiply(
                       ((features, out), s1, fwd.inputs[1])], size, tp)  # fmt: skip
     grad = fwd.output  # the output's gradient, 2-D, as the product was
     gi = mm_choice(((rows, out), grad), ((out, features), s0), dtype, tp)
-    backward = _moves([((rows, out), grad, gi.inputs[0]),
-                       ((out, features), s0, gi.inputs[1])], size, tp)  # fmt: skip
+    backward: tuple[Move, ...] | None = ()
+    grads = torch.is_grad_enabled()
+    if t.requires_grad and grads:  # the input's gradient (mm_mat1_backward) first
+        backward = _moves([((rows, out), grad, gi.inputs[0]),
+                           ((out, features), s0, gi.inputs[1])], size, tp)  # fmt: skip
     partial = False
-    if t.requires_grad and weight.requires_grad:
+    if weight.requires_grad and grads:
         grad_t: Layout = s0 if grad == s1 else s1
         gw = mm_choice(((out, rows), grad_t), ((rows, features), s0), dtype, tp)
         more = _moves([((out, rows), grad_t, gw.inputs[0]),
