@@ -1,8 +1,9 @@
 """A DTensor a parallel style leaves to DTensor's operators (its declared layouts equal, the
 DTensor in another layout: no ``DTensor.redistribute``), for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: where the operators' sharding
-propagation is planned exactly (:func:`gathered_by_multiply`) and the warnings where it is
-not (:func:`skipped_warning`, :func:`gathered_warning`).
+propagation is planned exactly (:func:`gathered_by_multiply`; :func:`batch_one_multiply`, a
+batch of one's, by the strategies DTensor's cost model picks) and the warnings where it is
+not (:func:`skipped_warning`, :func:`gathered_warning`, :func:`partial_grad_warning`).
 """
 
 from __future__ import annotations
