@@ -192,12 +192,12 @@ def batch_one_multiply(
     s0, s1 = ("shard", 0), ("shard", 1)
     dtype, size = t.dtype, t.element_size()
     fwd = mm_choice(((rows, features), s0), ((features, out), s1), dtype, tp)
-    if fwd.output not in (s0, s1):
+    gi = mm_choice(((rows, out), fwd.output), ((out, features), s0), dtype, tp) if fwd else None
+    if fwd is None or gi is None or fwd.output not in (s0, s1):
         return None
     forward = _moves([((rows, features), s0, fwd.inputs[0]),
                       ((features, out), s1, fwd.inputs[1])], size, tp)  # fmt: skip
     grad = fwd.output  # the output's gradient, 2-D, as the product was
-    gi = mm_choice(((rows, out), grad), ((out, features), s0), dtype, tp)
     backward: tuple[Move, ...] | None = ()
     grads = torch.is_grad_enabled()
     if t.requires_grad and grads:  # the input's gradient (mm_mat1_backward) first
@@ -207,9 +207,11 @@ def batch_one_multiply(
     if weight.requires_grad and grads:
         grad_t: Layout = s0 if grad == s1 else s1
         gw = mm_choice(((out, rows), grad_t), ((rows, features), s0), dtype, tp)
+        if gw is None or gw.output not in (s0, PARTIAL):
+            return None
         more = _moves([((out, rows), grad_t, gw.inputs[0]),
                        ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
-        if more is None or gw.output not in (s0, PARTIAL):
+        if more is None:
             return None
         backward = None if backward is None else backward + more
         partial = gw.output == PARTIAL

@@ -74,13 +74,27 @@ def mm_choice(
     b: tuple[tuple[int, int], Layout],
     dtype: torch.dtype,
     tp: int,
-) -> MMChoice:
+) -> MMChoice | None:
     """The strategy of ``aten.mm`` of ``a`` by ``b`` (each a 2-D shape and its layout on a
-    tp group of ``tp`` ranks) in ``dtype``, as DTensor's sharding propagation picks it.
+    tp group of ``tp`` ranks) in ``dtype``, as DTensor's sharding propagation picks it;
+    None where this torch cannot be asked so (its ``DeviceMesh`` or sharding propagator
+    take other arguments: the caller plans nothing of it and says so).
 
     >>> mm_choice(((12, 8), ("shard", 0)), ((8, 8), ("shard", 1)), torch.bfloat16, 4).inputs
     (('shard', 0), ('replicate', None))
     """
+    try:
+        return _propagated(a, b, dtype, tp)
+    except (TypeError, AttributeError, ValueError, RuntimeError, AssertionError):
+        return None
+
+
+def _propagated(
+    a: tuple[tuple[int, int], Layout],
+    b: tuple[tuple[int, int], Layout],
+    dtype: torch.dtype,
+    tp: int,
+) -> MMChoice:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor._op_schema import OpSchema
