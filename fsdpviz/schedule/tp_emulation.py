@@ -73,6 +73,7 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_warning,
     moves_made,
     partial_grad_warning,
+    scatter_partial_weight,
     skipped_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
@@ -400,11 +401,15 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
-            weight, size = getattr(module, "weight", None), self.plan.size
-            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(t, r, tpm, known, size)
+            weight, size = getattr(module, "weight", None), self.plan.size  # a linear's
+            gathered: bool | BatchOneMultiply = isinstance(t, torch.Tensor) and (
+                gathered_by_multiply(t, r, tpm, known, size)
+            )  # fmt: skip
             batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
                 batch_one_multiply(t, r, tpm, known, size, weight)
             )  # fmt: skip
+            if batch_one is not None and batch_one.output == ("shard", -1):
+                gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
@@ -422,9 +427,10 @@ class TPEmulation:
             moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
                 t, r, tpm, i, known, (float8, False), moved, grad
-            ) if batch_one is None else self._batch_one(t, batch_one, tpm, i, weight)  # fmt: skip
+            ) if batch_one is None else self._batch_one(t, batch_one, tpm, i)  # fmt: skip
             if gathered:  # the linear's multiply's backward, not the style's
-                out = self._gathered_backward(t, out, tpm, i)
+                multiply = gathered if isinstance(gathered, BatchOneMultiply) else None
+                out = self._gathered_backward(t, out, tpm, i, multiply)
             if prepared and not tpm.inputs_local:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
@@ -494,7 +500,9 @@ class TPEmulation:
         self._implicit.setdefault((tpm.fqn, r.position), skipped_warning(tpm, r, known))
         return tpm.base == "PrepareModuleInput"
 
-    def _gathered_backward(self, t: torch.Tensor, out: Any, tpm: TPModule, i: int) -> Any:
+    def _gathered_backward(
+        self, t: torch.Tensor, out: Any, tpm: TPModule, i: int, m: BatchOneMultiply | None
+    ) -> Any:
         """The backward of a linear whose multiply gathered its ``_StridedShard`` input
         (:func:`gathered_by_multiply`): no ``Redistribute.backward`` (the style ran none), but
         the weight's gradient (``mm`` of the output's gradient and the saved input, still
@@ -503,7 +511,10 @@ class TPEmulation:
         back to a sharded layout, an all-reduce to a replicated one) or, where no style
         redistributed it, to DTensor's operators that made it, whose backward reduces it by
         their own sharding propagation (noted, not planned; its memory noted as not exact:
-        :func:`gathered_warning`)."""
+        :func:`gathered_warning`). A batch of one's (``m``): the backward's operands as
+        DTensor's ``mm`` strategies move them (:func:`batch_one_multiply`)."""
+        if m is not None:
+            self._scattered_weight(t, m, tpm)
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = PARTIAL
@@ -517,20 +528,22 @@ class TPEmulation:
         probe = self._probe
 
         def report() -> None:
-            if isinstance(weight, nn.Parameter) and weight.requires_grad:
+            for move in m.backward if m is not None else ():
+                self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
+            if m is None and isinstance(weight, nn.Parameter) and weight.requires_grad:
                 self.runtime.tensor_parallel(i, "tp_all_gather", tpm.fqn, "backward", nbytes, dtype)
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
-            if probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+            if m is not None:
+                moves_made(probe, m.backward, g, self.plan.size)
+            elif probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
                 with probe.redistributed(None):  # the input gathered for the weight's gradient
                     g.new_empty(g.shape)
             return g
 
         return GradCollective.apply(report, None, back_copy, out)  # type: ignore[no-untyped-call]
 
-    def _batch_one(
-        self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule, i: int, weight: Any
-    ) -> torch.Tensor:
+    def _batch_one(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule, i: int) -> Any:
         """A batch of one's sequence-sharded input multiplied as DTensor's ``mm``
         strategies pick (:func:`batch_one_multiply`): the forward's redistributed operands
         (their collectives, their temporary buffers), the input's gradient's layout, and a
@@ -547,14 +560,13 @@ class TPEmulation:
         if m.input_grad == PARTIAL and (found is None or id(found[1]) not in self._absorbing):
             warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
             self._implicit.setdefault((tpm.fqn, "gathered"), warning)
-        if m.weight_grad_partial:
-            entry = (f"{tpm.fqn}.weight", weight.numel() * t.element_size(), dtype)
-            for g in self._groups:
-                if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
-                    g.tp_partial_grads.append(entry)  # in FSDP's order, the parameters'
-                    g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
-                    g.tp_scattered_grads.add(entry[0])
+        self._scattered_weight(t, m, tpm)
         return t
+
+    def _scattered_weight(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule) -> None:
+        weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
+        if m.weight_grad_partial and isinstance(weight, torch.Tensor):
+            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t)
 
     def _multiplied(
         self, tpm: TPModule, i: int, output: torch.Tensor

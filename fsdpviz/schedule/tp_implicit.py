@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import torch
 
+from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.tensor_parallel import (
     PARTIAL,
     REPLICATE,
@@ -97,10 +98,10 @@ def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
         "declared layouts leave to its linear's multiply, which gathers it in forward and "
         "again for the weight's gradient in backward and gives its gradient back Partial() "
         f"(planned).{back} Its memory is not exact: torch saves the multiply's input as a "
-        "rank's share (_StridedShard) and gathers it into temporary buffers, fsdpviz holds "
-        "it gathered, whole, until backward (more than torch). Declare the layout it arrives "
-        f"in, input_layouts=({layout},), so the style gathers it (the same forward "
-        "collective), which fsdpviz plans exactly"
+        "rank's share (_StridedShard; a batch of one's Shard(0)) and gathers it into temporary "
+        "buffers, fsdpviz holds it gathered, whole, until backward (more than torch). "
+        f"Declare the layout it arrives in, input_layouts=({layout},), so the style gathers "
+        "it (the same forward collective), which fsdpviz plans exactly"
     )
 
 
@@ -238,3 +239,18 @@ def moves_made(
         with probe.redistributed(share):
             made.append(like.new_empty(move.shape))
     return made
+
+
+def scatter_partial_weight(
+    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor
+) -> None:
+    """A batch of one's weight ``fqn`` whose gradient its multiply leaves ``Partial()``
+    (:attr:`BatchOneMultiply.weight_grad_partial`), in the compute dtype of ``like``: its
+    group's post-backward reduce-scatters it to the weight's shard (FSDP2's
+    ``_get_grad_inner_tensor``), in the group's order of parameters."""
+    entry = (fqn, weight.numel() * like.element_size(), str(like.dtype).removeprefix("torch."))
+    for g in groups:
+        if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
+            g.tp_partial_grads.append(entry)
+            g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
+            g.tp_scattered_grads.add(fqn)
