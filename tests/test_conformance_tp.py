@@ -795,6 +795,94 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     ]
 
 
+@pytest.mark.parametrize(
+    ("prepared", "dim", "hidden", "seq", "mp", "moved"),
+    [("feed_forward", 8, 16, 6, False, "input"), ("attention", 8, 16, 6, True, "input"),
+     ("attention", 8, 16, 12, True, "weight"), ("feed_forward", 128, 256, 128, False, "grad"),
+     ("feed_forward", 128, 64, 64, False, "weight-then-grad")],
+    ids=["input-gathered-uneven", "input-gathered-bf16", "weight-gathered-bf16",
+         "grad-all-to-all", "weight-gathered-grad-all-to-all"],
+)  # fmt: skip
+def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
+    fake_pg: int, prepared: str, dim: int, hidden: int, seq: int, mp: bool, moved: str
+) -> None:
+    """A batch of one's input sharded on the sequence by a ``PrepareModuleInput`` and left
+    to column-wise linears views 2-D as ``Shard(0)``, and DTensor picks each ``mm``'s
+    strategy by its cost model (``redistribute_cost``): where the input is the smaller it
+    gathers it in both passes (as a larger batch's ``_StridedShard`` input; a sequence the
+    tp ranks do not divide padded), its gradient ``Partial()``, which the prepared input's
+    ``Redistribute.backward`` all-reduces; where the weight is the smaller it
+    gathers the weight in forward (the product stays sequence-sharded, the style's output
+    moves it to ``Shard(-1)`` by an all-to-all, and back in backward), its gradient needs
+    nothing moved and comes back ``Partial()``, which FSDP2's post-backward
+    (``_get_grad_inner_tensor``) reduce-scatters to the weight's shard; for larger
+    activations the backward moves the output's gradient by an all-to-all instead of
+    gathering an operand. fsdpviz planned the style's collectives (an all-gather of the
+    input, a reduce-scatter of its gradient) and warned; a gathered weight is a multiply's
+    temporary. Every collective equals DTensor's,
+    kind, bytes and dtype, in order (on CPU DTensor's all-to-all falls back to an
+    all-gather of the same bytes); where the input is gathered its memory is noted as a
+    larger batch's is, else nothing is."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    plan = tp_models.plain_plan()
+    plan[f"layers.*.{prepared}"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp else MixedPrecisionPolicy()
+    sizes = {"vocab": 32, "dim": dim, "n_heads": 4, "hidden": hidden}
+    ids = torch.zeros(1, seq, dtype=torch.long)
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"], mp_policy=policy)
+    with _tp_collectives(dtypes=True) as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), mp_policy=policy,
+                             progress=False)  # fmt: skip
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    assert [[on_cpu.get(e.kind, e.kind), e.nbytes, e.dtype] for e in events] == real
+    linears = ("wq", "wk", "wv") if prepared == "attention" else ("w1", "w3")
+    noted = [w.message for w in report.warnings if w.code == "tp_implicit_redistribution"]
+    if moved in ("input", "grad"):  # as a larger batch's: its memory alone noted
+        assert len(noted) == len(linears) * 2
+        assert all("(planned). Its memory is not exact" in m for m in noted)
+    else:
+        assert not noted
+    size = 2 if mp else 4
+    first_linear = f"layers.0.{prepared}.{linears[0]}"
+    first = [(e.kind, e.nbytes) for e in events
+             if e.phase == "forward" and e.module == first_linear]  # fmt: skip
+    out = dim if prepared == "attention" else hidden
+    if moved in ("input", "grad"):  # the input gathered, the product Shard(-1) as the style's
+        assert first == [("tp_all_gather", -(-seq // 4) * 4 * dim * size)]
+    else:  # the weight gathered, the product moved from the sequence by the style's output
+        assert first == [("tp_all_gather", out * dim * size),
+                         ("tp_all_to_all", seq * out * size)]  # fmt: skip
+    # the weights' Partial() gradients reduce-scattered in post-backward, in FSDP's order
+    scattered = [(e.module, e.nbytes) for e in events
+                 if e.kind == "tp_reduce_scatter" and e.hook == "post_backward"]  # fmt: skip
+    assert scattered == [
+        (f"layers.{n}.{prepared}.{w}.weight", out * dim * size)
+        for n in (1, 0) for w in linears if moved != "input"
+    ]  # fmt: skip
+    # a replay (no new trace) reduce-scatters them too, as the trace's last iteration did
+    from fsdpviz.replan import replay
+
+    again = replay(report, reshard_after_forward=False).iterations[0]
+    tp_events = [(e.kind, e.module, e.nbytes, e.dtype) for e in again if e.tensor_parallel]
+    assert tp_events == [(e.kind, e.module, e.nbytes, e.dtype) for e in events]
+
+
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
 def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     fake_pg: int, variant: str

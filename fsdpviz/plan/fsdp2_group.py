@@ -38,6 +38,10 @@ class Group:
     # reduced over the tp dimension in post-backward (parameter FQN, unsharded bytes, and
     # the dtype autograd makes the gradient in: the compute dtype)
     tp_partial_grads: list[tuple[str, int, str | None]] = field(default_factory=list)
+    # those of them sharded on the tp dimension, whose partial gradients (a column-wise
+    # linear's weight multiplied by a batch of one's sequence-sharded input: DTensor's mm
+    # strategy) are reduce-scattered back to their shard instead
+    tp_scattered_grads: set[str] = field(default_factory=set)
     # the dtype a gradient kept unreduced between micro-steps is held in, None where it
     # stays as autograd made it (:func:`accumulated_grad_dtype`): a partial gradient all-
     # reduced after them is that

@@ -75,7 +75,7 @@ from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
 
 REPLAYABLE = {
     "FSDP1": {
@@ -259,6 +259,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
     partial, reducing = _tp_partial_grads(report)
+    scattered = _tp_scattered_grads(report)
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
@@ -271,6 +272,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             # the dims the report's shard_placement_fn chose
             shard_dims=[unit.shard_dims.get(p, 0) for p in unit.params] if unit else [],
             tp_partial_grads=partial.get(name, []),
+            tp_scattered_grads={f for f, *_ in partial.get(name, [])} & scattered,
             tp_accumulated_dtype=accumulated_grad_dtype(unit.compute_dtype, unit.reduce_dtype)
             if unit
             else None,
@@ -381,16 +383,37 @@ def _tp_partial_grads(
     for e in last:
         # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
         # styles' collectives are issued by no hook); a second post-backward repeats them
-        if e.kind == "tp_all_reduce" and e.hook is not None and e.module and e.nbytes:
+        if (
+            e.kind in ("tp_all_reduce", "tp_reduce_scatter")
+            and e.hook is not None
+            and e.module
+            and e.nbytes
+        ):
             # its bytes and dtype in the compute dtype (after micro-steps without sync the
             # event's are the reduce dtype's): the replicated parameter's whole shape
             dtype = compute.get(e.unit)
             nbytes, named = e.nbytes, e.dtype
-            if dtype is not None and e.module in shapes:
+            if dtype is not None and e.kind == "tp_reduce_scatter" and e.dtype is not None:
+                # a tp-sharded parameter (its shape here a rank's): the event's elements
+                nbytes = e.nbytes // DTYPE_SIZES[e.dtype] * getattr(torch, dtype).itemsize
+                named = dtype
+            elif dtype is not None and e.module in shapes:
                 nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
                 named = dtype
             partial.setdefault(e.unit, {})[(e.module, nbytes, named)] = None
     return {u: list(p) for u, p in partial.items()}, reducing
+
+
+def _tp_scattered_grads(report: Report) -> set[str]:
+    """The parameters of :func:`_tp_partial_grads` sharded on the tp dimension, whose partial
+    gradients FSDP2's post-backward reduce-scatters (``Group.tp_scattered_grads``)."""
+    if not report.config.tp_world_size or not report.iterations:
+        return set()
+    return {
+        e.module
+        for e in report.iterations[-1]
+        if e.kind == "tp_reduce_scatter" and e.hook is not None and e.module and e.nbytes
+    }
 
 
 def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> None:

@@ -435,7 +435,8 @@ class FSDP2Runtime:
             for fqn, nbytes, dtype in g.group.tp_partial_grads:
                 if kept is not None and dtype is not None:
                     nbytes, dtype = nbytes // DTYPE_SIZES[dtype] * DTYPE_SIZES[kept], kept
-                event = self._tp_event("tp_all_reduce", g.name, fqn, "backward", nbytes, True)
+                kind = "tp_reduce_scatter" if fqn in g.group.tp_scattered_grads else "tp_all_reduce"
+                event = self._tp_event(kind, g.name, fqn, "backward", nbytes, True)
                 self.events.append(replace(event, dtype=dtype))
         if self.reshard_after_backward:
             self._reshard(g)

@@ -11,10 +11,14 @@ from fractions import Fraction
 
 import torch
 
-from fsdpviz.plan.tensor_parallel import Layout
+from fsdpviz.plan.tensor_parallel import REPLICATE, Layout, same_layout
+from fsdpviz.schedule.tp_flow import Copy
 from fsdpviz.schedule.tp_refusals import chunks
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import dim_share
+
+# Collectives whose result is a new buffer on each rank (an all-reduce works in place).
+_NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 __all__ = [
     "gathered_padded",
@@ -128,3 +132,72 @@ def padded_bytes(
             whole[d] = -(-whole[d] // tp) * tp
     numel = math.prod(shape)
     return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
+
+
+def collective_buffer(
+    probe: CostProbe | None, collective: str | None, src: Layout, dst: Layout, ndim: int, tp: int
+) -> Copy:
+    """A function making the new buffer of ``collective`` from ``src`` to ``dst`` on a tp
+    group of ``tp`` ranks, or None.
+
+    Collectives run on dimension 0: an all-gather along another dimension gathers into a
+    whole buffer first and copies it into place, a reduce-scatter along another dimension
+    copies its input into a whole buffer first; a rank briefly holds both. But for an
+    all-gather whose dims before the gathered one are all 1 (a batch of one gathered on
+    the sequence): ``all_gather_single``'s ``_maybe_view_chunk_cat`` views the gathered
+    buffer in place then.
+    """
+    if probe is None or collective not in _NEW_BUFFER:
+        return None
+    moved = src if collective == "tp_all_gather" else dst
+    rearranged = (
+        collective in ("tp_all_gather", "tp_reduce_scatter")
+        and moved[0] == "shard"
+        and (moved[1] or 0) % ndim != 0
+    )
+
+    def make(t: torch.Tensor) -> torch.Tensor:
+        if collective == "tp_all_gather" and uneven(t, src, tp):
+            return gathered_padded(probe, t, src, tp)
+        if collective == "tp_reduce_scatter" and uneven(t, dst, tp):
+            return scattered_padded(probe, t, dst, tp)
+        copied = rearranged and not (
+            collective == "tp_all_gather" and viewable(t.shape, (src[1] or 0) % t.dim())
+        )
+        with probe.redistributed(None):
+            whole = t.clone() if copied else t
+        with probe.redistributed(share_of(t, dst, tp)):
+            return whole.clone()
+
+    return make
+
+
+def in_float8(probe: CostProbe | None, copy: Copy, float8: bool) -> Copy:
+    """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
+    if copy is None or not float8 or probe is None:
+        return copy
+
+    def make(t: torch.Tensor) -> torch.Tensor:
+        with probe.made_in_float8():
+            out: torch.Tensor = copy(t)
+        probe.float8_scale(out)
+        return out
+
+    return make
+
+
+def chunk_buffer(probe: CostProbe | None, src: Layout, dst: Layout, ndim: int, tp: int) -> Copy:
+    """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
+    None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
+    (``_select_split_tensor(..., clone=True)``), a new buffer of a share (as the
+    gradient of ``ColwiseParallel(output_layouts=Replicate())``'s output goes back to
+    ``Shard(-1)``)."""
+    if probe is None or src != REPLICATE or dst[0] != "shard" or same_layout(src, dst, ndim):
+        return None
+
+    def make(t: torch.Tensor) -> torch.Tensor:
+        share = share_of(t, dst, tp)
+        with probe.held_as(share if share is not None else False):
+            return t.clone()
+
+    return make

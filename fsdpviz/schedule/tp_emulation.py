@@ -31,7 +31,6 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -54,12 +53,11 @@ from fsdpviz.plan.tensor_parallel import (
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_buffers import (
-    gathered_padded,
+    chunk_buffer,
+    collective_buffer,
+    in_float8,
     padded_bytes,
-    scattered_padded,
-    share_of,
     uneven,
-    viewable,
 )
 from fsdpviz.schedule.tp_float8 import (
     Float8AmaxReduces,
@@ -67,10 +65,15 @@ from fsdpviz.schedule.tp_float8 import (
     amax_reduced,
     report_amax,
 )
-from fsdpviz.schedule.tp_flow import Copy, DTensorFlow, GradCollective
+from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective
 from fsdpviz.schedule.tp_implicit import (
+    BatchOneMultiply,
+    batch_one_multiply,
     gathered_by_multiply,
     gathered_warning,
+    moves_made,
+    partial_grad_warning,
+    scatter_partial_weight,
     skipped_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
@@ -84,8 +87,6 @@ from fsdpviz.trace.probe_records import TPShares, dim_share
 
 # A row-wise embedding's weight: its gradient is whole on every rank (TPShares.whole_grads).
 _ROWWISE_EMBEDDING: Layout = ("shard", 0)
-# Collectives whose result is a new buffer on each rank (an all-reduce works in place).
-_NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 
 def _nothing() -> None:
@@ -136,6 +137,9 @@ class TPEmulation:
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
+        self._groups = groups
+        # module -> its output's layout and the buffers its multiply's forward made (_batch_one)
+        self._produced: dict[str, tuple[BatchOneMultiply, list[torch.Tensor]]] = {}
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
@@ -206,41 +210,6 @@ class TPEmulation:
             self._root, "tp_all_reduce", "", "forward", t.numel() * t.element_size(),
             _dtype_name(t),
         )  # fmt: skip
-
-    def _buffer(self, collective: str | None, src: Layout, dst: Layout, ndim: int) -> Copy:
-        """A function making the new buffer of ``collective`` from ``src`` to ``dst``, or None.
-
-        Collectives run on dimension 0: an all-gather along another dimension gathers into a
-        whole buffer first and copies it into place, a reduce-scatter along another dimension
-        copies its input into a whole buffer first; a rank briefly holds both. But for an
-        all-gather whose dims before the gathered one are all 1 (a batch of one gathered on
-        the sequence): ``all_gather_single``'s ``_maybe_view_chunk_cat`` views the gathered
-        buffer in place then.
-        """
-        probe = self._probe
-        if probe is None or collective not in _NEW_BUFFER:
-            return None
-        moved = src if collective == "tp_all_gather" else dst
-        rearranged = (
-            collective in ("tp_all_gather", "tp_reduce_scatter")
-            and moved[0] == "shard"
-            and (moved[1] or 0) % ndim != 0
-        )
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            if collective == "tp_all_gather" and uneven(t, src, self.plan.size):
-                return gathered_padded(probe, t, src, self.plan.size)
-            if collective == "tp_reduce_scatter" and uneven(t, dst, self.plan.size):
-                return scattered_padded(probe, t, dst, self.plan.size)
-            copied = rearranged and not (
-                collective == "tp_all_gather" and viewable(t.shape, (src[1] or 0) % t.dim())
-            )
-            with probe.redistributed(None):
-                whole = t.clone() if copied else t
-            with probe.redistributed(self._share(t, dst)):
-                return whole.clone()
-
-        return make
 
     # ----------------------------------------------------------------- DTensors
     def _layout(self, t: torch.Tensor) -> Layout | None:
@@ -370,9 +339,9 @@ class TPEmulation:
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
         if moved is None:
             moved = known is None or not same_layout(src, r.dst, ndim)
-        copy = self._in_float8(
-            self._buffer(forward, src, r.dst, ndim) or self._chunk(src, r.dst, ndim), data_f8
-        )
+        probe, size = self._probe, self.plan.size
+        made = collective_buffer(probe, forward, src, r.dst, ndim, size)
+        copy = in_float8(probe, made or chunk_buffer(probe, src, r.dst, ndim, size), data_f8)
         if not moved or not (t.requires_grad and torch.is_grad_enabled()):
             if copy is None or not (t.requires_grad and torch.is_grad_enabled()):
                 return t if copy is None else copy(t)
@@ -393,27 +362,12 @@ class TPEmulation:
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
             back = backward_collective(grad[0], src, ndim)
-            make = self._buffer(back, grad[0], back_dst, ndim) or self._chunk(
-                grad[0], back_dst, ndim
-            )
-            make = self._in_float8(make, grad_f8)
+            made = collective_buffer(probe, back, grad[0], back_dst, ndim, size)
+            made = made or chunk_buffer(probe, grad[0], back_dst, ndim, size)
+            make = in_float8(probe, made, grad_f8)
             return make(g) if make is not None else g
 
         return GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
-
-    def _in_float8(self, copy: Copy, float8: bool) -> Copy:
-        """``copy`` making its buffer of float8 data (one byte an element) when ``float8``."""
-        probe = self._probe
-        if copy is None or not float8 or probe is None:
-            return copy
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            with probe.made_in_float8():
-                out: torch.Tensor = copy(t)
-            probe.float8_scale(out)
-            return out
-
-        return make
 
     def _float8_input(self, t: torch.Tensor, tpm: TPModule, known: Layout | None) -> bool:
         """Whether a float8 style casts input ``t`` before redistributing it: the linear
@@ -421,27 +375,6 @@ class TPEmulation:
         if not tpm.float8 or not t.is_floating_point():
             return False
         return tpm.base == "PrepareModuleInput" or known is None or not self._is_float8(t)
-
-    def _chunk(self, src: Layout, dst: Layout, ndim: int) -> Copy:
-        """A function making a rank's chunk of a replicated tensor going to ``Shard``, or
-        None: DTensor's ``Shard._replicate_to_shard`` moves nothing but clones the chunk
-        (``_select_split_tensor(..., clone=True)``), a new buffer of a share (as the
-        gradient of ``ColwiseParallel(output_layouts=Replicate())``'s output goes back to
-        ``Shard(-1)``)."""
-        probe = self._probe
-        if probe is None or src != REPLICATE or dst[0] != "shard" or same_layout(src, dst, ndim):
-            return None
-
-        def make(t: torch.Tensor) -> torch.Tensor:
-            share = self._share(t, dst)
-            with probe.held_as(share if share is not None else False):
-                return t.clone()
-
-        return make
-
-    def _share(self, t: torch.Tensor, layout: Layout) -> Fraction | None:
-        """The share one rank holds of ``t`` (its global shape) in ``layout``, or None."""
-        return share_of(t, layout, self.plan.size)
 
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any
@@ -468,10 +401,16 @@ class TPEmulation:
                 )
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
-            gathered = isinstance(t, torch.Tensor) and gathered_by_multiply(
-                t, r, tpm, known, self.plan.size
-            )
-            skipped = not gathered and self._skipped(t, r, tpm, known)
+            weight, size = getattr(module, "weight", None), self.plan.size  # a linear's
+            gathered: bool | BatchOneMultiply = isinstance(t, torch.Tensor) and (
+                gathered_by_multiply(t, r, tpm, known, size)
+            )  # fmt: skip
+            batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
+                batch_one_multiply(t, r, tpm, known, size, weight)
+            )  # fmt: skip
+            if batch_one is not None and batch_one.output == ("shard", -1):
+                gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
+            skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
                 if amax_reduced(known or r.src):  # [Note: float8 amax all-reduces]
@@ -488,9 +427,10 @@ class TPEmulation:
             moved = False if gathered else explicit or None
             out = t if skipped else self._redistribute(
                 t, r, tpm, i, known, (float8, False), moved, grad
-            )  # fmt: skip
+            ) if batch_one is None else self._batch_one(t, batch_one, tpm, i)  # fmt: skip
             if gathered:  # the linear's multiply's backward, not the style's
-                out = self._gathered_backward(t, out, tpm, i)
+                multiply = gathered if isinstance(gathered, BatchOneMultiply) else None
+                out = self._gathered_backward(t, out, tpm, i, multiply)
             if prepared and not tpm.inputs_local:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
@@ -560,7 +500,9 @@ class TPEmulation:
         self._implicit.setdefault((tpm.fqn, r.position), skipped_warning(tpm, r, known))
         return tpm.base == "PrepareModuleInput"
 
-    def _gathered_backward(self, t: torch.Tensor, out: Any, tpm: TPModule, i: int) -> Any:
+    def _gathered_backward(
+        self, t: torch.Tensor, out: Any, tpm: TPModule, i: int, m: BatchOneMultiply | None
+    ) -> Any:
         """The backward of a linear whose multiply gathered its ``_StridedShard`` input
         (:func:`gathered_by_multiply`): no ``Redistribute.backward`` (the style ran none), but
         the weight's gradient (``mm`` of the output's gradient and the saved input, still
@@ -569,7 +511,10 @@ class TPEmulation:
         back to a sharded layout, an all-reduce to a replicated one) or, where no style
         redistributed it, to DTensor's operators that made it, whose backward reduces it by
         their own sharding propagation (noted, not planned; its memory noted as not exact:
-        :func:`gathered_warning`)."""
+        :func:`gathered_warning`). A batch of one's (``m``): the backward's operands as
+        DTensor's ``mm`` strategies move them (:func:`batch_one_multiply`)."""
+        if m is not None:
+            self._scattered_weight(t, m, tpm)
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = PARTIAL
@@ -583,16 +528,70 @@ class TPEmulation:
         probe = self._probe
 
         def report() -> None:
-            if isinstance(weight, nn.Parameter) and weight.requires_grad:
+            for move in m.backward if m is not None else ():
+                self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
+            if m is None and isinstance(weight, nn.Parameter) and weight.requires_grad:
                 self.runtime.tensor_parallel(i, "tp_all_gather", tpm.fqn, "backward", nbytes, dtype)
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
-            if probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+            if m is not None:
+                moves_made(probe, m.backward, g, self.plan.size)
+            elif probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
                 with probe.redistributed(None):  # the input gathered for the weight's gradient
                     g.new_empty(g.shape)
             return g
 
         return GradCollective.apply(report, None, back_copy, out)  # type: ignore[no-untyped-call]
+
+    def _batch_one(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule, i: int) -> Any:
+        """A batch of one's sequence-sharded input multiplied as DTensor's ``mm``
+        strategies pick (:func:`batch_one_multiply`): the forward's redistributed operands
+        (their collectives, their temporary buffers), the input's gradient's layout, and a
+        ``Partial()`` weight gradient that FSDP2's post-backward reduce-scatters; the
+        output's layout and the backward's at the output (:meth:`_multiplied`)."""
+        dtype, size, probe = _dtype_name(t), self.plan.size, self._probe
+        for move in m.forward:
+            self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "forward", move.nbytes, dtype)
+        # the operands gathered held until the multiply has run (the module's output)
+        self._produced[tpm.fqn] = (m, moves_made(probe, m.forward, t, size))
+        found = self._aliased(t, self._grads)
+        if found is not None:
+            found[1][0] = m.input_grad
+        if m.input_grad == PARTIAL and (found is None or id(found[1]) not in self._absorbing):
+            warning = partial_grad_warning(tpm, self._layout(t) or REPLICATE)
+            self._implicit.setdefault((tpm.fqn, "gathered"), warning)
+        self._scattered_weight(t, m, tpm)
+        return t
+
+    def _scattered_weight(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule) -> None:
+        weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
+        if m.weight_grad_partial and isinstance(weight, torch.Tensor):
+            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t)
+
+    def _multiplied(
+        self, tpm: TPModule, i: int, output: torch.Tensor
+    ) -> tuple[Layout | None, torch.Tensor]:
+        """The layout of a batch of one's product (:meth:`_batch_one`), None for another
+        module's, and ``output`` hooked so that the backward's two multiplies (the input's
+        gradient, then the weight's: what of them needs one) report their redistributed
+        operands and make their temporaries when its gradient reaches them."""
+        made = self._produced.pop(tpm.fqn, None)
+        if made is None:
+            return None, output
+        m, probe, size, dtype = made[0], self._probe, self.plan.size, _dtype_name(output)
+        if not m.backward or not (output.requires_grad and torch.is_grad_enabled()):
+            return m.output, output
+
+        def report() -> None:
+            for move in m.backward:
+                self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
+
+        def back_copy(g: torch.Tensor) -> torch.Tensor:
+            moves_made(probe, m.backward, g, size)
+            return g
+
+        hooked: torch.Tensor = GradCollective.apply(report, None, back_copy, output)  # type: ignore[no-untyped-call]
+        return m.output, hooked
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
@@ -609,7 +608,8 @@ class TPEmulation:
             grad_f8 = tpm.float8 and tpm.base != "PrepareModuleInput"
             if isinstance(output, torch.Tensor):
                 grad = [r.grad]  # which a later operator may change (_meet)
-                output = self._redistribute(output, r, tpm, i, None, (False, grad_f8), None, grad)
+                known, output = self._multiplied(tpm, i, output)
+                output = self._redistribute(output, r, tpm, i, known, (False, grad_f8), None, grad)
                 if grad_f8 and output.requires_grad and torch.is_grad_enabled():
                     report = None
                     if amax_reduced(r.dst) and self.plan.size > 1:

@@ -1,17 +1,32 @@
 """A DTensor a parallel style leaves to DTensor's operators (its declared layouts equal, the
 DTensor in another layout: no ``DTensor.redistribute``), for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: where the operators' sharding
-propagation is planned exactly (:func:`gathered_by_multiply`) and the warnings where it is
-not (:func:`skipped_warning`, :func:`gathered_warning`).
+propagation is planned exactly (:func:`gathered_by_multiply`; :func:`batch_one_multiply`, a
+batch of one's, by the strategies DTensor's cost model picks) and the warnings where it is
+not (:func:`skipped_warning`, :func:`gathered_warning`, :func:`partial_grad_warning`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
-from fsdpviz.plan.tensor_parallel import Layout, Redistribution, TPModule, layout_name, same_layout
+from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.tensor_parallel import (
+    PARTIAL,
+    REPLICATE,
+    Layout,
+    Redistribution,
+    TPModule,
+    layout_name,
+    same_layout,
+)
+from fsdpviz.schedule.tp_buffers import padded_bytes
+from fsdpviz.schedule.tp_mm_strategy import mm_choice
+from fsdpviz.trace.probe import CostProbe
 
 
 def gathered_by_multiply(
@@ -25,9 +40,8 @@ def gathered_by_multiply(
     makes it ``_StridedShard(0)`` (``view_groups``), which ``mm`` takes replicated: an
     all-gather in forward, the one the style would run, and another of the saved input for
     the weight's gradient in backward, whose input gradient comes back ``Partial()``
-    (``TPEmulation._gathered_backward``). Another layout (a batch of one: ``Shard(0)``,
-    for which ``mm``'s strategies weigh gathering the weight instead) is noted
-    (:func:`skipped_warning`)."""
+    (``TPEmulation._gathered_backward``). A batch of one views it ``Shard(0)``, for which
+    ``mm``'s strategies weigh gathering the weight instead (:func:`batch_one_multiply`)."""
     if (
         known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
         or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
@@ -54,6 +68,20 @@ def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
     )
 
 
+def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
+    """The warning of a batch of one's multiply (:func:`batch_one_multiply`) whose input's
+    gradient comes back ``Partial()`` where no style's ``Redistribute.backward`` takes it."""
+    layout = layout_name(known)
+    return (
+        f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
+        "declared layouts leave to its linear's multiply, which gives its gradient back "
+        "Partial() (planned, as DTensor's mm strategies pick). DTensor's operators that made "
+        "the DTensor (no style redistributed it) reduce that gradient by their own sharding "
+        "propagation in backward, collectives fsdpviz does not plan. Declare the layout it "
+        f"arrives in, input_layouts=({layout},), so the style redistributes it explicitly"
+    )
+
+
 def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
     """The warning of a linear whose multiply gathers a DTensor in ``known``
     (:func:`gathered_by_multiply`): its collectives planned, but for a ``Partial()``
@@ -70,8 +98,159 @@ def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
         "declared layouts leave to its linear's multiply, which gathers it in forward and "
         "again for the weight's gradient in backward and gives its gradient back Partial() "
         f"(planned).{back} Its memory is not exact: torch saves the multiply's input as a "
-        "rank's share (_StridedShard) and gathers it into temporary buffers, fsdpviz holds "
-        "it gathered, whole, until backward (more than torch). Declare the layout it arrives "
-        f"in, input_layouts=({layout},), so the style gathers it (the same forward "
-        "collective), which fsdpviz plans exactly"
+        "rank's share (_StridedShard; a batch of one's Shard(0)) and gathers it into temporary "
+        "buffers, fsdpviz holds it gathered, whole, until backward (more than torch). "
+        f"Declare the layout it arrives in, input_layouts=({layout},), so the style gathers "
+        "it (the same forward collective), which fsdpviz plans exactly"
     )
+
+
+@dataclass(frozen=True)
+class Move:
+    """One operand of a multiply redistributed by DTensor's sharding propagation.
+
+    Attributes:
+        kind: the collective (``tp_all_gather``, ``tp_all_to_all``).
+        nbytes: the bytes it moves (a dim the tp ranks do not divide padded).
+        shape: the operand's whole shape (the buffer it makes: whole for an all-gather, a
+            rank's share for an all-to-all).
+    """
+
+    kind: str
+    nbytes: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchOneMultiply:
+    """How DTensor multiplies a batch of one's sequence-sharded input (viewed 2-D:
+    ``Shard(0)``) by a column-wise linear's weight, by the strategies its cost model picks
+    (:func:`batch_one_multiply`).
+
+    Attributes:
+        forward: the operands the forward's ``mm`` redistributes, in order.
+        output: the layout of the linear's output (``Shard(-1)``, or ``Shard(d)`` where the
+            weight was gathered: the output keeps the input's sequence sharding).
+        backward: the operands the backward's two ``mm`` redistribute, the input's gradient's
+            (``mm_mat1_backward``) first, then the weight's (``mm_mat2_backward``).
+        input_grad: the layout the input's gradient comes back in.
+        weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
+            ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
+    """
+
+    forward: tuple[Move, ...]
+    output: Layout
+    backward: tuple[Move, ...]
+    input_grad: Layout
+    weight_grad_partial: bool
+
+
+def _moves(
+    operands: list[tuple[tuple[int, int], Layout, Layout]], itemsize: int, tp: int
+) -> tuple[Move, ...] | None:
+    """The collectives taking each 2-D operand (shape, layout, the layout a strategy wants)
+    there; None for one fsdpviz does not plan (a partial operand)."""
+    moves: list[Move] = []
+    for shape, src, dst in operands:
+        if src in (dst, REPLICATE):
+            continue
+        if src[0] != "shard" or dst == PARTIAL:
+            return None
+        kind = "tp_all_gather" if dst == REPLICATE else "tp_all_to_all"
+        nbytes = padded_bytes(math.prod(shape) * itemsize, torch.Size(shape), kind, src, dst, tp)
+        moves.append(Move(kind, nbytes, shape))
+    return tuple(moves)
+
+
+def batch_one_multiply(
+    t: torch.Tensor,
+    r: Redistribution,
+    tpm: TPModule,
+    known: Layout | None,
+    tp: int,
+    weight: torch.Tensor | None,
+) -> BatchOneMultiply | None:
+    """How DTensor multiplies ``t``, a batch of one's DTensor sharded on the sequence that
+    ``ColwiseParallel`` leaves to its linear (its declared layouts equal), where its ``mm``
+    strategies (torch's cost model: :func:`~fsdpviz.schedule.tp_mm_strategy.mm_choice`)
+    pick: in forward the input gathered (the product ``Shard(1)``) or the weight (the
+    product then sequence-sharded, which the style's output redistribution moves on); in
+    backward the input gathered again for the weight's gradient or the output's gradient
+    moved by an all-to-all (the weight's gradient ``Partial()`` then), the weight gathered
+    again for the input's gradient or the output's gradient moved (the input's gradient
+    ``Partial()``). None where it is not that case, or DTensor's choice is one fsdpviz does
+    not plan (noted: :func:`skipped_warning`)."""
+    if (
+        known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
+        or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
+        or not isinstance(weight, torch.Tensor) or weight.dim() != 2
+    ):  # fmt: skip
+        return None
+    d = (known[1] or 0) % t.dim()
+    if not 0 < d < t.dim() - 1 or math.prod(t.shape[:d]) > 1:
+        return None
+    rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
+    s0, s1 = ("shard", 0), ("shard", 1)
+    dtype, size = t.dtype, t.element_size()
+    fwd = mm_choice(((rows, features), s0), ((features, out), s1), dtype, tp)
+    gi = mm_choice(((rows, out), fwd.output), ((out, features), s0), dtype, tp) if fwd else None
+    if fwd is None or gi is None or fwd.output not in (s0, s1):
+        return None
+    forward = _moves([((rows, features), s0, fwd.inputs[0]),
+                      ((features, out), s1, fwd.inputs[1])], size, tp)  # fmt: skip
+    grad = fwd.output  # the output's gradient, 2-D, as the product was
+    backward: tuple[Move, ...] | None = ()
+    grads = torch.is_grad_enabled()
+    if t.requires_grad and grads:  # the input's gradient (mm_mat1_backward) first
+        backward = _moves([((rows, out), grad, gi.inputs[0]),
+                           ((out, features), s0, gi.inputs[1])], size, tp)  # fmt: skip
+    partial = False
+    if weight.requires_grad and grads:
+        grad_t: Layout = s0 if grad == s1 else s1
+        gw = mm_choice(((out, rows), grad_t), ((rows, features), s0), dtype, tp)
+        if gw is None or gw.output not in (s0, PARTIAL):
+            return None
+        more = _moves([((out, rows), grad_t, gw.inputs[0]),
+                       ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
+        if more is None:
+            return None
+        backward = None if backward is None else backward + more
+        partial = gw.output == PARTIAL
+    if forward is None or backward is None or gi.output not in (s0, PARTIAL):
+        return None
+    sequence: Layout = ("shard", d)
+    return BatchOneMultiply(
+        forward, sequence if fwd.output == s0 else ("shard", -1), backward,
+        sequence if gi.output == s0 else PARTIAL, partial,
+    )  # fmt: skip
+
+
+def moves_made(
+    probe: CostProbe | None, moves: tuple[Move, ...], like: torch.Tensor, tp: int
+) -> list[torch.Tensor]:
+    """The buffers ``moves`` make, temporaries the multiply frees once it has run (the
+    caller holds them until then): whole for an all-gather, a rank's share for an
+    all-to-all."""
+    if probe is None:
+        return []
+    made = []
+    for move in moves:
+        share = None if move.kind == "tp_all_gather" else Fraction(1, tp)
+        with probe.redistributed(share):
+            made.append(like.new_empty(move.shape))
+    return made
+
+
+def scatter_partial_weight(
+    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor
+) -> None:
+    """A batch of one's weight ``fqn`` whose gradient its multiply leaves ``Partial()``
+    (:attr:`BatchOneMultiply.weight_grad_partial`), in the compute dtype of ``like``: its
+    group's post-backward reduce-scatters it to the weight's shard (FSDP2's
+    ``_get_grad_inner_tensor``), in the group's order of parameters."""
+    entry = (fqn, weight.numel() * like.element_size(), str(like.dtype).removeprefix("torch."))
+    for g in groups:
+        if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
+            g.tp_partial_grads.append(entry)
+            g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
+            g.tp_scattered_grads.add(fqn)
