@@ -446,30 +446,18 @@ def test_a_dtensor_meeting_a_plain_tensor_is_noted_as_torch_refuses_it(fake_pg: 
     a DTensor and a plain tensor, which DTensor's dispatch refuses. fsdpviz warns, naming
     the style and the fix (it was silent); a warning, as a model may make the plain one a
     DTensor in hooks fsdpviz does not see (KempnerForge's, above)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import RowwiseParallel
 
     plan = tp_models.whole_plan()
     plan["layers.*.feed_forward.w2"] = RowwiseParallel(
         output_layouts=Shard(1), use_local_output=False
     )
-    sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16, "layers": 1}
-    mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
-    model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
-    with pytest.raises(RuntimeError, match=r"got mixed torch\.Tensor and DTensor"):
-        model(tp_models.tokens())
-    with torch.device("meta"):
-        meta = tp_models.Llama(**sizes)
-    report = fsdpviz.analyze(meta, tp_models.tokens(), fully_shard=[("layers.0",)],
-                             mesh=("dp", 2, "tp", 2), parallelize_plan=plan,
-                             progress=False)  # fmt: skip
-    (warning,) = [w for w in report.warnings if w.code == "tp_mixed_dtensor"]
     assert re.search(
         r"add takes a DTensor \(the output of 'layers\.0\.feed_forward\.w2' "
         r"\(RowwiseParallel, use_local_output=False\)\) of shape \(2, 8, 8\) and a plain "
         r"tensor .*mixed torch\.Tensor and DTensor.*use_local_output alike",
-        warning.message,
+        _mixed_dtensor_warning(plan),
     )
     assert not [w for w in predict(progress=False).warnings if w.code == "tp_mixed_dtensor"]
 
@@ -482,12 +470,25 @@ def test_attention_taking_a_dtensor_and_a_plain_tensor_is_noted_as_torch_refuses
     dispatch refuses its operators (``aten.bmm`` or ``aten.add`` on the CPU). fsdpviz
     noted arithmetic alone and was silent; now it warns, naming the attention operator it
     traced."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel
 
     plan = tp_models.plain_plan()
     for w in "qk":
         plan[f"layers.*.attention.w{w}"] = ColwiseParallel(use_local_output=False)
+    assert re.search(
+        r"scaled_dot_product_\w*attention\w* takes a DTensor \(the output of "
+        r"'layers\.0\.attention\.wq' \(ColwiseParallel, use_local_output=False\)\).*a plain "
+        r"tensor .*mixed torch\.Tensor and DTensor",
+        _mixed_dtensor_warning(plan),
+    )
+
+
+def _mixed_dtensor_warning(plan: dict[str, Any]) -> str:
+    """The ``tp_mixed_dtensor`` warning of ``plan`` on a one-block Llama, whose real run
+    DTensor refuses ("got mixed torch.Tensor and DTensor")."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
     sizes = {"vocab": 32, "dim": 8, "n_heads": 2, "hidden": 16, "layers": 1}
     mesh = init_device_mesh("cpu", TP_MESH, mesh_dim_names=("dp", "tp"))
     model = parallelize_module(tp_models.Llama(**sizes), mesh["tp"], plan)
@@ -499,12 +500,7 @@ def test_attention_taking_a_dtensor_and_a_plain_tensor_is_noted_as_torch_refuses
                              mesh=("dp", 2, "tp", 2), parallelize_plan=plan,
                              progress=False)  # fmt: skip
     (warning,) = [w for w in report.warnings if w.code == "tp_mixed_dtensor"]
-    assert re.search(
-        r"scaled_dot_product_\w*attention\w* takes a DTensor \(the output of "
-        r"'layers\.0\.attention\.wq' \(ColwiseParallel, use_local_output=False\)\).*a plain "
-        r"tensor .*mixed torch\.Tensor and DTensor",
-        warning.message,
-    )
+    return warning.message
 
 
 def _analyze_tp4(plan: dict[str, Any], hidden: int, seq: int) -> fsdpviz.Report:

@@ -491,35 +491,21 @@ def test_no_shard_offload_original_parameters_unit_run_twice_noted(
     both forward copies held to the unit's last saved view, an upper bound by less than a
     copy (the second forward's copy goes with its own saved views, earlier: 154,728 B over
     here), which a note says."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
-    _copies_to_the_device(monkeypatch)
-    with torch.device("meta"):
-        model = _SecondLayerTwice(CONFIG)
-    report = fsdpviz.analyze(
-        model,
-        {"input_ids": _ids()},
-        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-        world_size=4,
-        loss=_loss,
-        **NO_SHARD_ORIG,
-    )
-    host = sum(2 * u.sharded_bytes for u in report.units)
-    measured = _measured_peak(NO_SHARD_ORIG, 1, build=_SecondLayerTwice)[0] - host
+    report, measured = _offloaded_second_layer_twice(monkeypatch, NO_SHARD_ORIG)
     mem = memory_model(report, optimizer=None, iteration=1)
     copy = unit_bytes(report, None)["layers.1"].h2d
     assert measured < mem.peak["bytes"] < measured + copy
     assert [n for n in mem.notes if "'layers.1' runs more than once in forward" in n]
 
 
-def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``NO_SHARD`` under CPU offload (``use_orig_params=False``), the second layer run twice:
-    its second forward's copy takes the module's views, and what the first forward saved
-    for backward holds the first copy into the layer's backward (92,592 B under)."""
+def _offloaded_second_layer_twice(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any]
+) -> tuple[fsdpviz.Report, int]:
+    """The plan of CPU offload under ``kwargs`` with the second layer run twice, and the
+    peak a real run's tracker measures (the host's shards and gradients left out)."""
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
     _copies_to_the_device(monkeypatch)
-    kwargs = {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD}
     with torch.device("meta"):
         model = _SecondLayerTwice(CONFIG)
     report = fsdpviz.analyze(
@@ -531,7 +517,15 @@ def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.Monke
         **kwargs,
     )
     host = sum(2 * u.sharded_bytes for u in report.units)
-    measured = _measured_peak(kwargs, 1, build=_SecondLayerTwice)[0] - host
+    return report, _measured_peak(kwargs, 1, build=_SecondLayerTwice)[0] - host
+
+
+def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_SHARD`` under CPU offload (``use_orig_params=False``), the second layer run twice:
+    its second forward's copy takes the module's views, and what the first forward saved
+    for backward holds the first copy into the layer's backward (92,592 B under)."""
+    kwargs = {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD}
+    report, measured = _offloaded_second_layer_twice(monkeypatch, kwargs)
     assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
 
 
