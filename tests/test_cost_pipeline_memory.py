@@ -407,3 +407,53 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
     p2p = [(used, row.total) for (_, _, used), e, row in zip(real.events, events, mem.events,
            strict=True) if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
     assert p2p and all(used == total for used, total in p2p), p2p
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [(n, r) for n in ("zbv-4", "zero-bubble-4", "dualpipev-4") for r in (0, 2)],
+)
+def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_does(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int
+) -> None:
+    """Stage 0 (the embedding and ``layers.0``) frozen under a schedule that splits stage
+    1's backward into ``I`` and ``W``: stage 1's inputs need no gradient, so torch's
+    ``stage_backward_input`` runs no autograd (no FSDP hook) and finds no parameter group,
+    detaches the outputs (the graph goes) and keeps them with their gradient for ``W``,
+    which computes nothing. ZBVZeroBubble splits every microbatch of stage 1: its units get
+    no gradient and no reduce-scatter; DualPipeV only the last: the others' full backward
+    gives a partial gradient, reduced. Every event, the memory at each send and receive and
+    the peak as a real pipeline rank's; the plan warns, naming the stage and its units."""
+    whole = pj.model
+
+    def frozen() -> torch.nn.Module:
+        m = whole()
+        for fqn in ("tok_embeddings", "layers.0"):
+            m.get_submodule(fqn).requires_grad_(False)
+        return m
+
+    monkeypatch.setattr(pj, "model", frozen)
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
+    planned = predict(name, loss=_square)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // pj.DP]
+    assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
+        [e.to_dict() for e in it] for it in mine.iterations
+    ]
+    stage1 = set(planned.pipeline.stages[1].units)
+    reduced = {e.unit for e in mine.iterations[-1] if e.kind == "reduce_scatter"}
+    if rank // pj.DP == 1:
+        assert stage1 and (stage1 <= reduced) == (name == "dualpipev-4"), reduced
+    lost = [w for w in mine.warnings if w.code == "pipeline_frozen_input_lost_gradients"]
+    assert len(lost) == 1 and set(lost[0].units) == stage1
+    assert f"stage 1's units {', '.join(map(repr, lost[0].units))} get no gradient" in (
+        lost[0].message
+    )
+    mem = memory_model(mine, optimizer=None)
+    rows = zip(real.events, mine.iterations[-1], mem.events, strict=True)
+    p2p = [(e.action, used, row.total) for (_, _, used), e, row in rows
+           if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
+    assert p2p and all(used == total for _, used, total in p2p), [x for x in p2p if x[1] != x[2]]
+    assert real.peak == mem.peak["bytes"]

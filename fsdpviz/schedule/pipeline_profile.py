@@ -136,7 +136,9 @@ def rank_step_profile(
         others_act = sum(a for k, (a, _) in [*inflight.items(), *waiting.items()] if k != key)
         others_temp = held + sum(t for k, (_, t) in [*inflight.items(), *waiting.items()]
                                  if k != key)  # fmt: skip
-        if c.part == "W" and c.stage is not None:  # the other half of the backward's compute
+        if (
+            c.part == "W" and c.stage is not None and c.split is not None
+        ):  # the other half of the backward's compute
             prof, shape = profiles[c.stage], shapes[c.stage]
             marks = range(shape.forward_end + 1, len(prof.hooks))
             values = _quiet(others_act, others_temp)
@@ -160,6 +162,16 @@ def rank_step_profile(
             add(values)
             casting = 0
         elif c.mark is None or c.stage is None:  # no compute: every microbatch in flight
+            if c.part == "I" and key in inflight:
+                # an I that finds no input needing a gradient (no autograd): the graph
+                # goes with its outputs' detach_, they wait for W (backward_state)
+                del inflight[key]
+                local.pop(key, None)  # an input buffer of the next stage, counted there
+                waiting[key] = (0, _output_to_w(shapes[key[0]]))
+                kept += shapes[key[0]].output_bytes if shapes[key[0]].last else 0
+                losses += shapes[key[0]].loss_bytes if shapes[key[0]].last else 0
+            elif c.part == "W":
+                waiting.pop(key, None)
             pairs = [*inflight.values(), *waiting.values()]
             act = sum(a for a, _ in pairs)  # its own too (a send of its output)
             add(_quiet(act, sum(t for _, t in pairs) + held - local.get(key, 0)))

@@ -128,7 +128,11 @@ class RankRun:
             return [start, *self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
         if kind in ("B", "I", "W"):
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
-            if kind == "B" or (kind == "I" and s != 0) or (kind == "W" and s == 0):
+            if (
+                kind == "B"
+                or (kind == "I" and s and trace.inputs_need_grad)
+                or (kind == "W" and s == 0)
+            ):
                 self.grad_left[s].clear()  # every group's post-backward runs
             if (kind == "B" or (kind == "W" and s == 0)) and not trace.backward:
                 # a frozen stage whose inputs need no gradient: stage_backward finds no
@@ -136,6 +140,12 @@ class RankRun:
                 return [Call("pipeline", "", action, [], s, back, mb, "B")]
             if kind == "B" or (kind == "W" and s == 0):
                 return [start, *self._replay(s, trace.backward, back, "B", mb)]
+            if kind == "I" and s != 0 and not trace.inputs_need_grad:
+                # no input needs a gradient: stage_backward_input runs no autograd (no FSDP
+                # hook) and finds no parameter group, then detaches the outputs, which drops
+                # the graph; the outputs and their gradients wait in backward_state for W,
+                # which computes nothing (see pipeline_trace._lost_to_frozen_inputs)
+                return [Call("pipeline", "", action, [], s, None, mb, "I")]
             if kind == "I" and s != 0:
                 # stage_backward_input finds the weights (self.submod.parameters()) before
                 # autograd runs FSDP's pre-backward: a group resharded after its forward
@@ -150,6 +160,8 @@ class RankRun:
                 calls = [start, *self._replay(s, _without_grads(trace.backward), back, "I", mb)]
                 self.input_calls[(s, mb)] = calls
                 return calls
+            if kind == "W" and not trace.inputs_need_grad:  # its I found no parameter group
+                return [Call("pipeline", "", action, [], s, None, mb, "W")]
             if kind == "W":  # the weight gradients land outside FSDP's hooks
                 lost = self.weightless.pop((s, mb), set())
                 # the traces of this I and W: the weights it found, the gradients there

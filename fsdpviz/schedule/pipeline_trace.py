@@ -24,7 +24,6 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import (
     build_groups,
     check_reshard_ints,
@@ -96,6 +95,7 @@ def trace_stages(
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
+    before: Sequence[str] = []  # the previous stage's modules
     # received activations one tp rank holds a share of, with their shares
     shared: list[tuple[torch.Tensor, Fraction]] = []
     n_modules = sum(1 for _ in copy.modules())
@@ -129,13 +129,14 @@ def trace_stages(
             f8 = float8_gathered_groups(part, groups, stage_opts.job)
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
-            if not last:
-                _check_needs_gradient(s, names, part, args, popts, split.get(s + 1, []))
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
             )
             if unfrozen:
                 trace.warnings.append(unfrozen_warning(unfrozen))
+            if s and split.get(s) and not trace.inputs_need_grad:
+                lost = _lost_to_frozen_inputs(s, before, groups, popts, split[s])
+                trace.warnings += [lost] if lost is not None else []
             if split and s and trace.profile is not None:
                 trace.split = SplitTraces(functools.partial(
                     _split_trace, s, part, stage_opts, groups, args, kw, last, where, shared
@@ -148,47 +149,48 @@ def trace_stages(
             args = tuple(t.detach().requires_grad_(t.requires_grad) for t in outs)
             shared = [(a, sh) for a, sh in zip(args, shares, strict=True) if sh is not None]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+            before = names
     return traces
 
 
-def _check_needs_gradient(
-    s: int,
-    names: Sequence[str],
-    part: nn.Module,
-    args: tuple[Any, ...],
-    popts: PipelineOptions,
-    split: list[int],
-) -> None:
-    """A stage before the last whose parameters are all frozen and whose inputs need no
-    gradient: its output needs none, so torch's ``PipelineStage`` runs it with no backward
-    (``_derive_grad_metas`` gives ``None`` for an output that needs none: the next stage
-    sends it no gradient, its ``B`` computes nothing, its ``REDUCE_GRAD`` frees its groups'
-    parameters without a reduce-scatter), which fsdpviz plans. ``split``: the microbatches
-    whose backward the schedule splits into ``I`` and ``W`` on the next stage: its input
-    backward (``stage_backward_input``) finds no path from inputs that need no gradient, so
-    its weight backward computes none, and those microbatches give the next stage's
-    parameters no gradient: a job that silently loses gradients, refused, saying so."""
-    trainable = any(p.requires_grad for p in part.parameters())
-    receives = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(args))
-    if trainable or receives or not split:
-        return
-    nxt = s + 1
+def _lost_to_frozen_inputs(
+    s: int, before: Sequence[str], groups: list[Group], popts: PipelineOptions, split: list[int]
+) -> FsdpWarning | None:
+    """Stage ``s`` receives inputs that need no gradient (the stage before it has no
+    trainable parameter and its own inputs need none, so its output needs none:
+    ``_derive_grad_metas``), and the schedule splits its backward of the microbatches
+    ``split`` into ``I`` and ``W``: torch's ``stage_backward_input`` finds no input that
+    needs a gradient, so it runs no autograd (``_autograd_grad_for_inputs`` returns Nones)
+    and its ``get_param_groups`` no parameter group (no path from the inputs), and ``W``
+    (``stage_backward_weight`` over none) computes nothing: those microbatches give the
+    stage's parameters no gradient, silently. None where it has no trainable parameter."""
+    units = [g.name for g in groups if any(p.requires_grad for p in g.params)]
+    if not units:
+        return None
     mbs = sorted(set(split))
-    which = (
-        f"stage {nxt}'s parameters get none and are never trained"
-        if len(mbs) == popts.microbatches
-        else f"microbatch{'es' if len(mbs) > 1 else ''} {', '.join(map(str, mbs))} give "
-        f"stage {nxt}'s parameters none (the others' full backward does)"
-    )
-    raise ConfigError(
-        f"pipeline stage {s} ({some_names(names, 4)}) has no trainable parameter and its "
-        "inputs need no gradient, so its output needs none; and "
-        f"{popts.schedule} splits stage {nxt}'s backward into an input part (I, "
-        "stage_backward_input) and a weight part (W): its inputs need no gradient, so I "
-        f"finds no path from them and W computes no gradient: {which}. torch runs this job "
-        "and loses those gradients silently. Use a schedule that does not split the backward "
-        "(1F1B, Interleaved1F1B, GPipe, LoopedBFS), or give that stage a trainable module "
-        "(pipeline_stages=, its FQNs per stage) or leave one of its parameters trainable"
+    if len(mbs) == popts.microbatches:
+        which = "any microbatch: they are never trained (no reduce-scatter, no gradient)"
+    else:
+        full = [m for m in range(popts.microbatches) if m not in mbs]
+        which = (
+            f"microbatch{'es' if len(mbs) > 1 else ''} {', '.join(map(str, mbs))} (only "
+            f"{', '.join(map(str, full))}, whose backward is whole, do: the reduced "
+            "gradient is partial)"
+        )
+    shown = ", ".join(repr(u) for u in units)
+    return FsdpWarning(
+        "pipeline_frozen_input_lost_gradients",
+        f"{popts.schedule}: pipeline stage {s - 1} ({some_names(before, 4)}) has no "
+        "trainable parameter and its inputs need no gradient, so its output needs none; "
+        f"{popts.schedule} splits stage {s}'s backward into an input part (I, torch's "
+        "stage_backward_input) and a weight part (W): with no input that needs a gradient, "
+        "I runs no autograd and finds no parameter group, and W computes nothing, so stage "
+        f"{s}'s units {shown} get no gradient from {which}. torch runs this job and loses "
+        "those gradients silently. Use a schedule that does not split the backward (1F1B, "
+        "Interleaved1F1B, GPipe, LoopedBFS), or make stage "
+        f"{s - 1}'s output need a gradient (give it a trainable module with pipeline_stages=, "
+        "its FQNs per stage, or leave one of its parameters trainable)",
+        units,
     )
 
 
