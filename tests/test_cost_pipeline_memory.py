@@ -411,7 +411,8 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
 
 @pytest.mark.parametrize(
     ("name", "rank"),
-    [(n, r) for n in ("zbv-4", "zero-bubble-4", "dualpipev-4") for r in (0, 2)],
+    [(n, r) for n in ("zbv-4", "zero-bubble-4", "dualpipev-4") for r in (0, 2)]
+    + [("zero-bubble-4-always", 2)],
 )
 def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_does(
     as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str, rank: int
@@ -433,6 +434,8 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
         return m
 
     monkeypatch.setattr(pj, "model", frozen)
+    # resharded after forward: stage 1's I finds its groups resharded, and unshards none
+    monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
     as_rank(rank)  # type: ignore[operator]
     real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
                    target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
@@ -446,6 +449,7 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
     reduced = {e.unit for e in mine.iterations[-1] if e.kind == "reduce_scatter"}
     if rank // pj.DP == 1:
         assert stage1 and (stage1 <= reduced) == (name == "dualpipev-4"), reduced
+        assert stage1.isdisjoint(reduced) == (name != "dualpipev-4"), reduced
     lost = [w for w in mine.warnings if w.code == "pipeline_frozen_input_lost_gradients"]
     assert len(lost) == 1 and set(lost[0].units) == stage1
     assert f"stage 1's units {', '.join(map(repr, lost[0].units))} get no gradient" in (

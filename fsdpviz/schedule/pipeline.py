@@ -13,7 +13,8 @@ pipeline rank's order (:mod:`fsdpviz.schedule.pipeline_order`), with what
   last backward, so each microbatch's gradients accumulate unsharded and the parameters stay
   gathered; ``I`` / ``W`` (zero-bubble schedules): the backward hooks fire in ``I`` (to the
   stage's inputs), ``W`` adds the weight gradients (the first stage, which has no input
-  gradient, runs its whole backward in ``W``);
+  gradient, runs its whole backward in ``W``; another whose inputs need no gradient, behind
+  a frozen stage, runs no hook in ``I`` and nothing in ``W``: no gradient);
 - ``UNSHARD`` / ``RESHARD``: ``FSDPModule.unshard(async_op=True)`` / ``reshard()`` of every
   FSDP module of the stage (the compute waits for the unshard);
 - ``REDUCE_GRAD``: ``perform_reduce_grad``: each group's post-backward with sync on (free,

@@ -95,7 +95,7 @@ def trace_stages(
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
-    before: Sequence[str] = []  # the previous stage's modules
+    before: tuple[Sequence[str], bool] = ([], False)  # the last stage's modules, frozen
     # received activations one tp rank holds a share of, with their shares
     shared: list[tuple[torch.Tensor, Fraction]] = []
     n_modules = sum(1 for _ in copy.modules())
@@ -149,21 +149,26 @@ def trace_stages(
             args = tuple(t.detach().requires_grad_(t.requires_grad) for t in outs)
             shared = [(a, sh) for a, sh in zip(args, shares, strict=True) if sh is not None]
             kw = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
-            before = names
+            before = (names, not any(p.requires_grad for p in part.parameters()))
     return traces
 
 
 def _lost_to_frozen_inputs(
-    s: int, before: Sequence[str], groups: list[Group], popts: PipelineOptions, split: list[int]
+    s: int,
+    before: tuple[Sequence[str], bool],
+    groups: list[Group],
+    popts: PipelineOptions,
+    split: list[int],
 ) -> FsdpWarning | None:
-    """Stage ``s`` receives inputs that need no gradient (the stage before it has no
-    trainable parameter and its own inputs need none, so its output needs none:
-    ``_derive_grad_metas``), and the schedule splits its backward of the microbatches
-    ``split`` into ``I`` and ``W``: torch's ``stage_backward_input`` finds no input that
-    needs a gradient, so it runs no autograd (``_autograd_grad_for_inputs`` returns Nones)
-    and its ``get_param_groups`` no parameter group (no path from the inputs), and ``W``
-    (``stage_backward_weight`` over none) computes nothing: those microbatches give the
-    stage's parameters no gradient, silently. None where it has no trainable parameter."""
+    """Stage ``s`` receives inputs that need no gradient (``before``: the stage before it,
+    its modules and whether it is frozen: no trainable parameter, its own inputs needing
+    none, so its output needs none, ``_derive_grad_metas``), and the schedule splits its
+    backward of the microbatches ``split`` into ``I`` and ``W``: torch's
+    ``stage_backward_input`` finds no input that needs a gradient, so it runs no autograd
+    (``_autograd_grad_for_inputs`` returns Nones) and its ``get_param_groups`` no parameter
+    group (no path from the inputs), and ``W`` (``stage_backward_weight`` over none)
+    computes nothing: those microbatches give the stage's parameters no gradient, silently.
+    None where it has no trainable parameter."""
     units = [g.name for g in groups if any(p.requires_grad for p in g.params)]
     if not units:
         return None
@@ -178,10 +183,16 @@ def _lost_to_frozen_inputs(
             "gradient is partial)"
         )
     shown = ", ".join(repr(u) for u in units)
+    names, frozen = before
+    why = (
+        "has no trainable parameter and its inputs need no gradient, so its output needs none"
+        if frozen
+        else "sends outputs that need no gradient"
+    )
     return FsdpWarning(
         "pipeline_frozen_input_lost_gradients",
-        f"{popts.schedule}: pipeline stage {s - 1} ({some_names(before, 4)}) has no "
-        "trainable parameter and its inputs need no gradient, so its output needs none; "
+        f"{popts.schedule}: pipeline stage {s - 1} ({some_names(names, 4)}) "
+        f"{why}, so stage {s}'s inputs need none; "
         f"{popts.schedule} splits stage {s}'s backward into an input part (I, torch's "
         "stage_backward_input) and a weight part (W): with no input that needs a gradient, "
         "I runs no autograd and finds no parameter group, and W computes nothing, so stage "
