@@ -59,22 +59,19 @@ from fsdpviz.schedule.tp_buffers import (
     padded_bytes,
     uneven,
 )
-from fsdpviz.schedule.tp_float8 import (
-    Float8AmaxReduces,
-    Float8GradCast,
-    amax_reduced,
-    report_amax,
-)
+from fsdpviz.schedule.tp_float8 import Float8AmaxReduces, Float8GradCast, amax_reduced, report_amax
 from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective
 from fsdpviz.schedule.tp_implicit import (
     BatchOneMultiply,
     batch_one_multiply,
     gathered_by_multiply,
     gathered_warning,
+    implicit_warnings,
     moves_made,
     partial_grad_warning,
     scatter_partial_weight,
     skipped_warning,
+    topology_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
     refuse_mislabelled_local,
@@ -408,6 +405,8 @@ class TPEmulation:
             batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
                 batch_one_multiply(t, r, tpm, known, size, weight)
             )  # fmt: skip
+            if batch_one is not None and batch_one.topology_dependent:
+                self._implicit.setdefault((tpm.fqn, "topology"), topology_warning(tpm, size))
             if batch_one is not None and batch_one.output == ("shard", -1):
                 gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
@@ -595,7 +594,7 @@ class TPEmulation:
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
-        return [FsdpWarning("tp_implicit_redistribution", t) for t in self._implicit.values()]
+        return implicit_warnings(self._implicit)
 
     def _post_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
