@@ -1135,3 +1135,73 @@ def test_a_replicated_dtensor_meeting_a_sharded_one_gets_its_gradient_sharded(
     assert [m for k, m in back if m.endswith("attention.wo") and k == "tp_all_gather"] == [
         "layers.1.attention.wo", "layers.0.attention.wo"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local-replicated", "dtensor"])
+def test_a_replicated_local_output_added_to_a_sequence_shard_broadcasts(
+    fake_pg: int, local: bool
+) -> None:
+    """torchtitan's plan with the attention's output gathered back by
+    ``PrepareModuleInputOutput(desired_output_layouts=Replicate(), use_local_output=True)``
+    on a sequence of 4 over tp 4: the residual stream is the embedding's ``to_local()``
+    part, one position a rank ``(3, 1, 16)``, and the attention hands back the whole
+    sequence ``(3, 4, 16)``. torch adds the local tensors and broadcasts silently, the
+    feed-forward's ``SequenceParallel`` norm takes the ``(3, 4, 16)`` sum as a rank's part
+    (``DTensor.from_local``) of a ``(3, 16, 16)`` DTensor, and every collective after it
+    moves 4 times the model's bytes (the feed-forward's input all-gathered in 3072 bytes,
+    the model's 768). fsdpviz traces whole tensors and planned the model as meant without
+    a word; it warns, naming both styles and the broadcast. The residual stream and the
+    attention's output kept DTensors (:func:`tp_models.dtensor_plan`,
+    ``use_local_output=False``), the sum is DTensor's, moves the model's bytes, and nothing
+    is said."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, RowwiseParallel
+
+    plan = tp_models.whole_plan() if local else tp_models.dtensor_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    plan["layers.*.attention"] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
+        use_local_output=local,
+    )  # fmt: skip
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    # one block: a second takes the (3, 4, 16) sum as its part and fails to add the
+    # attention's (3, 16, 16) to it (RuntimeError: the size of tensor a (4) must match...)
+    sizes = {"vocab": 32, "dim": 16, "n_heads": 4, "hidden": 16, "layers": 1}
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    torch.manual_seed(0)
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for name in ("layers.0", ""):
+        fully_shard(model.get_submodule(name), mesh=dm["dp"])
+    with _tp_collectives() as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=[("layers.0",)], parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), progress=False)  # fmt: skip
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    gathered = [e.nbytes for e in events
+                if e.module == "layers.0.feed_forward" and e.phase == "forward"]  # fmt: skip
+    assert gathered == [3 * 4 * 16 * 4]  # the model's sequence, as planned
+    planned = _predicted_tp_collectives(report)
+    assert len(real) == len(planned)
+    ratio = {r[1] / p[1] for r, p in zip(real, planned, strict=True)}
+    broadcast = [w.message for w in report.warnings if w.code == "tp_local_broadcast"]
+    if not local:
+        assert real == planned and not broadcast
+        return
+    assert ratio >= {1.0, 4.0}  # the attention's own as planned, those after it 4 times
+    at = [e.module for e in events].index("layers.0.feed_forward")
+    assert planned[at] == ["tp_all_gather", 768] and real[at] == ["tp_all_gather", 3072]
+    assert len(broadcast) == 1
+    assert "tok_embeddings (RowwiseParallel) returns (a rank's part of a tensor in Shard(1): " \
+        "(3, 1, 16))" in broadcast[0]  # fmt: skip
+    assert "layers.0.attention (PrepareModuleInputOutput) returns (Replicate(): (3, 4, 16))" \
+        in broadcast[0]  # fmt: skip
+    assert "broadcasts dim 1 silently" in broadcast[0]
+    assert "computes something other than intended" in broadcast[0]
