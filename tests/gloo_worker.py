@@ -32,6 +32,8 @@ from rank_exit import leave_rank
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
+
 
 def gloo_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
     """name -> (model factory, inputs factory, FSDP kwargs); deterministic on every rank."""
@@ -586,12 +588,46 @@ _FUNCOL = {  # DTensor's redistributions: functional collective -> fsdpviz's kin
 
 
 @contextmanager
-def _tp_collectives(dtypes: bool = False) -> Iterator[list[list[Any]]]:
+def devices_per_host(n: int | None) -> Iterator[None]:
+    """DTensor's cost model (``redistribute_cost``) weighing a mesh as on hosts of ``n``
+    devices (``_mesh_resources.num_devices_per_host``; None: this machine's), its cached
+    topologies (``MeshTopoInfo.build_from_mesh``) and sharding decisions cleared before and
+    after, so that no decision made with the one is reused with the other."""
+    from torch.distributed.device_mesh import _mesh_resources
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    def clear() -> None:
+        MeshTopoInfo.build_from_mesh.cache_clear()
+        _clear_sharding_prop_cache()
+
+    own = "num_devices_per_host" in vars(_mesh_resources)
+    before = _mesh_resources.num_devices_per_host
+    clear()
+    if n is not None:
+        _mesh_resources.num_devices_per_host = lambda device_type: n
+    try:
+        yield
+    finally:
+        if n is not None and own:
+            _mesh_resources.num_devices_per_host = before
+        elif n is not None:
+            del _mesh_resources.num_devices_per_host
+        clear()
+
+
+@contextmanager
+def _tp_collectives(
+    dtypes: bool = False, per_host: int | None = GPUS_PER_NODE
+) -> Iterator[list[list[Any]]]:
     """Every functional collective DTensor issues, as ``[kind, bytes of the whole tensor]``
     (an all-gather's output, a reduce-scatter's or an all-reduce's input). With ``dtypes``:
     ``[kind, bytes, dtype]`` of the data it moves (a float8 tensor's ``_data``:
     ``allgather_fp8`` gathers it, not its scale), the scalar amax all-reduces of float8
-    casts among them (``[tp_all_reduce, 8, float64]``: see [Note: float8 amax all-reduces])."""
+    casts among them (``[tp_all_reduce, 8, float64]``: see [Note: float8 amax all-reduces]).
+    DTensor's cost model weighs the mesh as on hosts of ``per_host`` devices (a GPU job's
+    nodes, as fsdpviz plans: :mod:`fsdpviz.schedule.tp_mm_strategy`; None: this
+    machine's, one CPU a host)."""
     import torch.distributed._functional_collectives as funcol
 
     seen: list[list[Any]] = []
@@ -614,7 +650,8 @@ def _tp_collectives(dtypes: bool = False) -> Iterator[list[list[Any]]]:
     for name in _FUNCOL:
         setattr(funcol, name, wrap(name))
     try:
-        yield seen
+        with devices_per_host(per_host):
+            yield seen
     finally:
         for name, fn in originals.items():
             setattr(funcol, name, fn)

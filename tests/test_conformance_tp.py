@@ -794,8 +794,8 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
 @pytest.mark.parametrize(
     ("prepared", "dim", "hidden", "seq", "mp", "moved"),
     [("feed_forward", 8, 16, 6, False, "input"), ("attention", 8, 16, 6, True, "input"),
-     ("attention", 8, 16, 12, True, "weight"), ("feed_forward", 128, 256, 128, False, "grad"),
-     ("feed_forward", 128, 64, 64, False, "weight-then-grad")],
+     ("attention", 8, 16, 12, True, "weight"), ("feed_forward", 256, 512, 256, False, "grad"),
+     ("feed_forward", 512, 64, 64, False, "weight-then-grad")],
     ids=["input-gathered-uneven", "input-gathered-bf16", "weight-gathered-bf16",
          "grad-all-to-all", "weight-gathered-grad-all-to-all"],
 )  # fmt: skip
@@ -877,6 +877,59 @@ def test_a_batch_of_ones_multiply_follows_dtensors_cost_model(
     again = replay(report, reshard_after_forward=False).iterations[0]
     tp_events = [(e.kind, e.module, e.nbytes, e.dtype) for e in again if e.tensor_parallel]
     assert tp_events == [(e.kind, e.module, e.nbytes, e.dtype) for e in events]
+
+
+@pytest.mark.parametrize(
+    ("hidden", "seq"), [(64, 64), (256, 128)], ids=["input-grad", "weight-grad"]
+)
+def test_a_batch_of_ones_multiply_is_costed_as_on_a_gpu_node(
+    fake_pg: int, hidden: int, seq: int
+) -> None:
+    """DTensor picks a batch of one's ``mm`` strategies by ``redistribute_cost``, which
+    costs a tp group of up to ``num_devices_per_host`` devices within a host
+    (``MeshTopoInfo.build_from_mesh``): on a GPU job's nodes of 8, a tp group of 4 is;
+    on this machine (one CPU a host) it is not, and for these sizes the two pick other
+    strategies (``input-grad``: across hosts the input's gradient moves the output's
+    gradient by an all-to-all into a ``Partial()`` product, within one it gathers the
+    weight; ``weight-grad``: the weight's gradient the same way, within one it gathers the
+    input). fsdpviz asked torch on a CPU mesh and planned the run across hosts; it plans
+    the GPU job's, every collective equal to DTensor's with the GPU node's topology, and
+    says that the choice rests on it."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    plan = tp_models.plain_plan()
+    plan["layers.*.feed_forward"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    sizes = {"vocab": 32, "dim": 128, "n_heads": 4, "hidden": hidden}
+    ids = torch.zeros(1, seq, dtype=torch.long)
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    real = {}
+    for per_host in (8, None):
+        torch.manual_seed(0)
+        model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+        for (name,) in [*tp_models.LAYERS, ("",)]:
+            fully_shard(model.get_submodule(name), mesh=dm["dp"])
+        with _tp_collectives(dtypes=True, per_host=per_host) as seen:
+            model(ids).sum().backward()
+        real[per_host] = seen
+    assert real[8] != real[None]
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), progress=False)  # fmt: skip
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    assert [[on_cpu.get(e.kind, e.kind), e.nbytes, e.dtype] for e in events] == real[8]
+    assumed = [w.message for w in report.warnings if w.code == "tp_topology_assumed"]
+    assert {m.split()[5] for m in assumed} == {
+        f"layers.{n}.feed_forward.{w}" for n in (0, 1) for w in ("w1", "w3")
+    }
+    assert all("tp group of 4 costed within one node" in m for m in assumed)
 
 
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
@@ -1082,3 +1135,73 @@ def test_a_replicated_dtensor_meeting_a_sharded_one_gets_its_gradient_sharded(
     assert [m for k, m in back if m.endswith("attention.wo") and k == "tp_all_gather"] == [
         "layers.1.attention.wo", "layers.0.attention.wo"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local-replicated", "dtensor"])
+def test_a_replicated_local_output_added_to_a_sequence_shard_broadcasts(
+    fake_pg: int, local: bool
+) -> None:
+    """torchtitan's plan with the attention's output gathered back by
+    ``PrepareModuleInputOutput(desired_output_layouts=Replicate(), use_local_output=True)``
+    on a sequence of 4 over tp 4: the residual stream is the embedding's ``to_local()``
+    part, one position a rank ``(3, 1, 16)``, and the attention hands back the whole
+    sequence ``(3, 4, 16)``. torch adds the local tensors and broadcasts silently, the
+    feed-forward's ``SequenceParallel`` norm takes the ``(3, 4, 16)`` sum as a rank's part
+    (``DTensor.from_local``) of a ``(3, 16, 16)`` DTensor, and every collective after it
+    moves 4 times the model's bytes (the feed-forward's input all-gathered in 3072 bytes,
+    the model's 768). fsdpviz traces whole tensors and planned the model as meant without
+    a word; it warns, naming both styles and the broadcast. The residual stream and the
+    attention's output kept DTensors (:func:`tp_models.dtensor_plan`,
+    ``use_local_output=False``), the sum is DTensor's, moves the model's bytes, and nothing
+    is said."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, RowwiseParallel
+
+    plan = tp_models.whole_plan() if local else tp_models.dtensor_plan()
+    plan["layers.*.attention.wo"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    plan["layers.*.attention"] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
+        use_local_output=local,
+    )  # fmt: skip
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    # one block: a second takes the (3, 4, 16) sum as its part and fails to add the
+    # attention's (3, 16, 16) to it (RuntimeError: the size of tensor a (4) must match...)
+    sizes = {"vocab": 32, "dim": 16, "n_heads": 4, "hidden": 16, "layers": 1}
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    torch.manual_seed(0)
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], plan)
+    for name in ("layers.0", ""):
+        fully_shard(model.get_submodule(name), mesh=dm["dp"])
+    with _tp_collectives() as real:
+        model(ids).sum().backward()
+    with torch.device("meta"):
+        meta = tp_models.Llama(**sizes)
+    report = fsdpviz.analyze(meta, ids, fully_shard=[("layers.0",)], parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), progress=False)  # fmt: skip
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    gathered = [e.nbytes for e in events
+                if e.module == "layers.0.feed_forward" and e.phase == "forward"]  # fmt: skip
+    assert gathered == [3 * 4 * 16 * 4]  # the model's sequence, as planned
+    planned = _predicted_tp_collectives(report)
+    assert len(real) == len(planned)
+    ratio = {r[1] / p[1] for r, p in zip(real, planned, strict=True)}
+    broadcast = [w.message for w in report.warnings if w.code == "tp_local_broadcast"]
+    if not local:
+        assert real == planned and not broadcast
+        return
+    assert ratio >= {1.0, 4.0}  # the attention's own as planned, those after it 4 times
+    at = [e.module for e in events].index("layers.0.feed_forward")
+    assert planned[at] == ["tp_all_gather", 768] and real[at] == ["tp_all_gather", 3072]
+    assert len(broadcast) == 1
+    assert "tok_embeddings (RowwiseParallel) returns (a rank's part of a tensor in Shard(1): " \
+        "(3, 1, 16))" in broadcast[0]  # fmt: skip
+    assert "layers.0.attention (PrepareModuleInputOutput) returns (Replicate(): (3, 4, 16))" \
+        in broadcast[0]  # fmt: skip
+    assert "broadcasts dim 1 silently" in broadcast[0]
+    assert "computes something other than intended" in broadcast[0]

@@ -59,22 +59,19 @@ from fsdpviz.schedule.tp_buffers import (
     padded_bytes,
     uneven,
 )
-from fsdpviz.schedule.tp_float8 import (
-    Float8AmaxReduces,
-    Float8GradCast,
-    amax_reduced,
-    report_amax,
-)
-from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective
+from fsdpviz.schedule.tp_float8 import Float8AmaxReduces, Float8GradCast, amax_reduced, report_amax
+from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective, aliased
 from fsdpviz.schedule.tp_implicit import (
     BatchOneMultiply,
     batch_one_multiply,
     gathered_by_multiply,
     gathered_warning,
+    implicit_warnings,
     moves_made,
     partial_grad_warning,
     scatter_partial_weight,
     skipped_warning,
+    topology_warning,
 )
 from fsdpviz.schedule.tp_refusals import (
     refuse_mislabelled_local,
@@ -133,7 +130,8 @@ class TPEmulation:
         self._float8: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
         # the gradient layouts (the lists _grads holds) a Redistribute.backward takes back
         self._absorbing: dict[int, list[Layout]] = {}
-        self._flow = DTensorFlow({id(p) for p in plan.placements(model)}, self._meet)
+        params = {id(p) for p in plan.placements(model)}
+        self._flow = DTensorFlow(params, self._meet, self._plain, plan.size)
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
@@ -223,24 +221,7 @@ class TPEmulation:
         """Whether ``t`` (or an alias of it) is a DTensor a float8 style left float8."""
         return self._aliased(t, self._float8) is not None
 
-    @staticmethod
-    def _aliased(t: torch.Tensor, table: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
-        entry = table.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry
-        # an alias: a view of the same base (a view's _base is the first tensor viewed)
-        # with the same shape and strides, as an identity autograd function's output
-        root = t._base if t._base is not None else t
-        meta = (t.shape, t.stride(), t.storage_offset())
-        for entry in table.values():
-            held = entry[0]()
-            if held is None or held is t:
-                continue
-            if (held._base if held._base is not None else held) is root and meta == (
-                held.shape, held.stride(), held.storage_offset()
-            ):  # fmt: skip
-                return entry
-        return None
+    _aliased = staticmethod(aliased)
 
     def _remember(
         self, t: Any, layout: Layout | None, origin: str, grad: list[Layout] | None = None
@@ -408,6 +389,8 @@ class TPEmulation:
             batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
                 batch_one_multiply(t, r, tpm, known, size, weight)
             )  # fmt: skip
+            if batch_one is not None and batch_one.topology_dependent:
+                self._implicit.setdefault((tpm.fqn, "topology"), topology_warning(tpm, size))
             if batch_one is not None and batch_one.output == ("shard", -1):
                 gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
@@ -595,7 +578,7 @@ class TPEmulation:
 
     def implicit_warnings(self) -> list[FsdpWarning]:
         """A warning for each input a style left to DTensor's operators (:meth:`_skipped`)."""
-        return [FsdpWarning("tp_implicit_redistribution", t) for t in self._implicit.values()]
+        return implicit_warnings(self._implicit)
 
     def _post_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
@@ -628,8 +611,8 @@ class TPEmulation:
         return output
 
     def mixed_warnings(self) -> list[FsdpWarning]:
-        """A warning for each DTensor met a plain tensor (:meth:`DTensorFlow._check_mixed`)."""
-        return [FsdpWarning("tp_mixed_dtensor", text) for text in self._flow.mixed.values()]
+        """A warning for each DTensor met a plain tensor (:meth:`DTensorFlow.warnings`)."""
+        return self._flow.warnings()
 
     def remove(self) -> None:
         for handle in self._handles:

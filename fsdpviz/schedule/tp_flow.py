@@ -7,6 +7,8 @@ reports tensor parallelism's gradient collectives (:class:`GradCollective`).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +18,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from fsdpviz.plan.tensor_parallel import Layout, layout_name
+from fsdpviz.schedule.tp_refusals import chunks
+from fsdpviz.schema.report import FsdpWarning
+
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
 Meet = Callable[[list[torch.Tensor], torch.Tensor], None]  # DTensors an operator met; its result
+# id -> a plain tensor a style returned (to_local()), its layout and the style, in words
+Plain = dict[int, tuple[weakref.ref[torch.Tensor], tuple[Layout, str]]]
 
 # arithmetic that meets two tensors, as a model's residual adds and scales do
 _ARITHMETIC = {
@@ -37,6 +45,27 @@ _TAKE_PLAIN = {nn.functional.cross_entropy, nn.functional.nll_loss} | {
 }
 
 
+def aliased(t: torch.Tensor, table: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    """The entry of ``table`` (id -> (weak reference, what)) of ``t`` or of a tensor ``t``
+    aliases."""
+    entry = table.get(id(t))
+    if entry is not None and entry[0]() is t:
+        return entry
+    # an alias: a view of the same base (a view's _base is the first tensor viewed)
+    # with the same shape and strides, as an identity autograd function's output
+    root = t._base if t._base is not None else t
+    meta = (t.shape, t.stride(), t.storage_offset())
+    for entry in table.values():
+        held = entry[0]()
+        if held is None or held is t:
+            continue
+        if (held._base if held._base is not None else held) is root and meta == (
+            held.shape, held.stride(), held.storage_offset()
+        ):  # fmt: skip
+            return entry
+    return None
+
+
 class DTensorFlow(TorchFunctionMode):
     """Which tensors of the traced copy are DTensors in torch: those the plan leaves
     (``use_local_output=False``, ``PrepareModuleInput``) and every tensor an operator
@@ -47,9 +76,15 @@ class DTensorFlow(TorchFunctionMode):
     tensors its autograd node saves) alive."""
 
     def __init__(
-        self, params: set[int], meet: Callable[[list[torch.Tensor], torch.Tensor], None]
+        self,
+        params: set[int],
+        meet: Callable[[list[torch.Tensor], torch.Tensor], None],
+        plain: Plain | None = None,
+        size: int = 1,
     ) -> None:
         super().__init__()
+        self._plain, self._size = plain if plain is not None else {}, size
+        self.broadcast: dict[tuple[str, str], str] = {}  # the two styles -> the warning
         self._meet = meet  # told of the DTensors each arithmetic operator meets, and its result
         # tensor -> where the DTensor it is (or was computed from) came from, in words
         self.dtensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -57,6 +92,8 @@ class DTensorFlow(TorchFunctionMode):
         self.mixed: dict[tuple[str, str], str] = {}  # (origin, operator) -> the warning
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self._plain and self._size > 1 and func in _ARITHMETIC:
+            self._check_local(func, [t for t in args if isinstance(t, torch.Tensor)])
         if not self.dtensors:
             return func(*args, **(kwargs or {}))
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -109,6 +146,55 @@ class DTensorFlow(TorchFunctionMode):
                 "DTensor (DTensor.from_local, or PrepareModuleInput on the module that takes it)",
             )
             return
+
+    def warnings(self) -> list[FsdpWarning]:
+        """A warning for each DTensor met a plain tensor (:meth:`_check_mixed`), and each
+        two plain tensors whose local parts broadcast (:meth:`_check_local`)."""
+        return [FsdpWarning("tp_mixed_dtensor", text) for text in self.mixed.values()] + [
+            FsdpWarning("tp_local_broadcast", text) for text in self.broadcast.values()
+        ]
+
+    def _local_shape(self, t: torch.Tensor, layout: Layout) -> tuple[int, ...]:
+        d = None if layout[0] != "shard" else (layout[1] or 0) % max(1, t.dim())
+        return tuple(chunks(n, self._size)[0] if k == d else n for k, n in enumerate(t.shape))
+
+    def _check_local(self, func: Any, tensors: list[torch.Tensor]) -> None:
+        """Note arithmetic between two plain tensors styles returned (``to_local()``) in
+        other layouts whose local parts broadcast: a rank's part of a sequence-sharded
+        tensor one position long (a sequence of ``tp`` positions) added to a replicated
+        one. torch computes on the local tensors and broadcasts silently: each rank's
+        result holds the whole sequence where the model meant a rank's part, and a later
+        ``DTensor.from_local`` of it (``SequenceParallel``, a ``PrepareModuleInput``)
+        makes a DTensor ``tp`` times the model's, whose collectives move ``tp`` times the
+        bytes. The trace's tensors are whole, so fsdpviz plans the model as meant."""
+        found = []
+        for t in tensors:
+            entry = aliased(t, self._plain)
+            if entry is not None:
+                found.append((t, *entry[1]))
+        for (a, la, wa), (b, lb, wb) in itertools.combinations(found, 2):
+            if la == lb or a.dim() != b.dim() or (wa, wb) in self.broadcast:
+                continue
+            sa, sb = self._local_shape(a, la), self._local_shape(b, lb)
+            # a dim the local parts broadcast where the whole tensors do not
+            parts = [(k, sa[k], sb[k]) for k in range(a.dim()) if a.shape[k] == b.shape[k]]
+            dims = [k for k, x, y in parts if x != y and 1 in (x, y)]
+            if not dims:
+                continue
+            k, name = dims[0], getattr(func, "__name__", str(func)).strip("_").lstrip("ri")
+            self.broadcast[(wa, wb)] = (
+                f"tensor parallelism: {name} meets the plain tensor {wa} returns (a rank's "
+                f"part of a tensor in {layout_name(la)}: {tuple(sa)}) and the one {wb} "
+                f"returns ({layout_name(lb)}: {tuple(sb)}). torch computes on the local "
+                f"tensors and broadcasts dim {k} silently: each rank's result is "
+                f"{tuple(max(x, y) for x, y in zip(sa, sb, strict=True))}, not its part "
+                "of the sum the model means, so the job computes something other than "
+                "intended, and a DTensor made of it later (DTensor.from_local: "
+                "SequenceParallel, PrepareModuleInput) is larger than the model's, its "
+                "collectives moving more bytes than fsdpviz plans (it plans the model as "
+                "meant). Make both alike: use_local_output=False on both styles, or the "
+                "same output layouts"
+            )
 
 
 class GradCollective(torch.autograd.Function):

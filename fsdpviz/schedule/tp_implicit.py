@@ -25,7 +25,8 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.tp_buffers import padded_bytes
-from fsdpviz.schedule.tp_mm_strategy import mm_choice
+from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE, mm_choice, topology_dependent
+from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 
 
@@ -65,6 +66,27 @@ def skipped_warning(tpm: TPModule, r: Redistribution, known: Layout) -> str:
         "collectives (the backward's above all) fsdpviz does not plan exactly. Declare "
         f"the layout it arrives in, input_layouts=({layout_name(known)},), so the style "
         "redistributes it explicitly"
+    )
+
+
+def implicit_warnings(found: dict[tuple[str, int | str], str]) -> list[FsdpWarning]:
+    """The warnings of the inputs styles left to DTensor's operators, by (module, what)."""
+    codes = {"topology": "tp_topology_assumed"}
+    return [FsdpWarning(codes.get(str(k[1]), "tp_implicit_redistribution"), t)
+            for k, t in found.items()]  # fmt: skip
+
+
+def topology_warning(tpm: TPModule, tp: int) -> str:
+    """The warning of a batch of one's multiply whose ``mm`` strategies depend on the tp
+    group's topology as torch costs it (:mod:`fsdpviz.schedule.tp_mm_strategy`)."""
+    return (
+        f"tensor parallelism: the multiplies of {tpm.fqn} ({tpm.style}) are planned as "
+        f"DTensor's mm strategies pick them for a tp group of {tp} costed within one node "
+        f"(torch's redistribute_cost: intra-host while tp <= num_devices_per_host, i.e. "
+        f"torch.cuda.device_count(); planned for nodes of {GPUS_PER_NODE} GPUs, each "
+        "visible to every rank, as torchtitan's jobs run). Costed across hosts (nodes of "
+        "fewer GPUs, or one visible to each rank; a CPU run) DTensor picks other "
+        "strategies, with other collectives"
     )
 
 
@@ -136,6 +158,8 @@ class BatchOneMultiply:
         input_grad: the layout the input's gradient comes back in.
         weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
+        topology_dependent: whether a strategy would differ were the tp group costed
+            across hosts (:func:`~fsdpviz.schedule.tp_mm_strategy.topology_dependent`).
     """
 
     forward: tuple[Move, ...]
@@ -143,6 +167,7 @@ class BatchOneMultiply:
     backward: tuple[Move, ...]
     input_grad: Layout
     weight_grad_partial: bool
+    topology_dependent: bool = False
 
 
 def _moves(
@@ -192,8 +217,12 @@ def batch_one_multiply(
     rows, (out, features) = math.prod(t.shape[:-1]), weight.shape
     s0, s1 = ("shard", 0), ("shard", 1)
     dtype, size = t.dtype, t.element_size()
-    fwd = mm_choice(((rows, features), s0), ((features, out), s1), dtype, tp)
-    gi = mm_choice(((rows, out), fwd.output), ((out, features), s0), dtype, tp) if fwd else None
+    Operand = tuple[tuple[int, int], Layout]
+    asked: list[tuple[Operand, Operand]] = [(((rows, features), s0), ((features, out), s1))]
+    fwd = mm_choice(*asked[0], dtype, tp)
+    if fwd is not None:
+        asked.append((((rows, out), fwd.output), ((out, features), s0)))
+    gi = mm_choice(*asked[1], dtype, tp) if fwd else None
     if fwd is None or gi is None or fwd.output not in (s0, s1):
         return None
     forward = _moves([((rows, features), s0, fwd.inputs[0]),
@@ -207,7 +236,8 @@ def batch_one_multiply(
     partial = False
     if weight.requires_grad and grads:
         grad_t: Layout = s0 if grad == s1 else s1
-        gw = mm_choice(((out, rows), grad_t), ((rows, features), s0), dtype, tp)
+        asked.append((((out, rows), grad_t), ((rows, features), s0)))
+        gw = mm_choice(*asked[-1], dtype, tp)
         if gw is None or gw.output not in (s0, PARTIAL):
             return None
         more = _moves([((out, rows), grad_t, gw.inputs[0]),
@@ -222,6 +252,7 @@ def batch_one_multiply(
     return BatchOneMultiply(
         forward, sequence if fwd.output == s0 else ("shard", -1), backward,
         sequence if gi.output == s0 else PARTIAL, partial,
+        any(topology_dependent(a, b, dtype, tp) for a, b in asked),
     )  # fmt: skip
 
 

@@ -7,6 +7,24 @@ own sharding propagation: the strategies of ``torch/distributed/tensor/_ops/_mat
 ``DeviceMesh`` made without a process group (``_init_backend=False``, ``_rank=0``), no
 tensor moved.
 
+Topology: ``redistribute_cost`` weighs a collective by ``MeshTopoInfo.build_from_mesh``,
+which takes a mesh dimension as intra-host (87.7 GB/s, 0.6 us a hop) while the devices of
+it and the dimensions inside it number at most ``num_devices_per_host`` of the mesh's
+device type (``torch.cuda.device_count()`` on a GPU job), inter-host (a fifth of the
+bandwidth, 2.7 us a hop) beyond. A GPU job's tp mesh is one-dimensional, so torch costs
+its tp group intra-host exactly when ``tp <= device_count()``, wherever its ranks sit. The
+trace does not know the machine (a report is re-costed on others), so fsdpviz plans as
+torchtitan's jobs run: all of a node's GPUs visible to each rank, nodes of
+:data:`GPUS_PER_NODE` (every GPU preset of ``fsdpviz/cost/hardware.py``), tp the innermost
+dimension, within a node when ``tp <= 8``. Where a choice would differ on the other side
+of that line (:func:`topology_dependent`), the caller says so.
+
+torch caches ``build_from_mesh`` by mesh (``lru_cache``; a mesh equals another of the same
+ranks, device type, dimension names and thread). fsdpviz's meshes carry a dimension name
+of their own (:data:`MESH_DIM`), so no cached topology of theirs is a user's mesh's, nor
+the other way round, and the devices per host they are costed with are set for the
+calling thread alone while torch propagates (:func:`_devices_per_host`).
+
 A linear's ``F.linear`` of a 3-D input views it 2-D and multiplies it by the weight's
 transpose; its backward multiplies the output's gradient by the weight (the input's
 gradient, ``mm_mat1_backward``) and the output's gradient's transpose by the saved input (the
@@ -16,12 +34,25 @@ computes ``(grad.t() @ input).t()``). :func:`mm_choice` answers for one of them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout
+
+GPUS_PER_NODE = 8
+"""GPUs a node of a planned job holds, each visible to every rank on it (torch's
+``num_devices_per_host``): every GPU preset's ``Machine.gpus_per_node``."""
+
+MESH_DIM = "fsdpviz_tp"
+"""The dimension name prefix of fsdpviz's own meshes (never a user's)."""
+
+_local = threading.local()
+_patching = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -39,15 +70,43 @@ class MMChoice:
 
 
 @functools.lru_cache(maxsize=16)
-def _mesh(size: int) -> object:
+def _mesh(size: int, devices_per_host: int) -> object:
     from torch.distributed.device_mesh import DeviceMesh
 
     # no process group: sharding propagation reads the mesh's shape only, and
-    # redistribute_cost its device type's devices on this machine
-    # (MeshTopoInfo.build_from_mesh): a CPU mesh, one device a host, so its bandwidths
-    # and latencies do not depend on the machine that plans (a tp group over hosts: a
-    # GPU mesh within one host weighs an all-to-all against an all-gather with other ones)
-    return DeviceMesh("cpu", torch.arange(size), _init_backend=False, _rank=0)
+    # redistribute_cost the devices per host of its device type (MeshTopoInfo), set by
+    # _devices_per_host; the name keeps torch's cached topology of it apart from any
+    # other mesh's (one per devices per host)
+    name = (f"{MESH_DIM}_{devices_per_host}",)
+    return DeviceMesh("cpu", torch.arange(size), mesh_dim_names=name, _init_backend=False, _rank=0)
+
+
+@contextlib.contextmanager
+def _devices_per_host(n: int) -> Iterator[None]:
+    """torch's ``_mesh_resources.num_devices_per_host`` answering ``n`` on this thread
+    while it runs, as before on any other (a user's DTensor code is not affected)."""
+    from torch.distributed.device_mesh import _mesh_resources
+
+    with _patching:
+        own = "num_devices_per_host" in vars(_mesh_resources)
+        before = _mesh_resources.num_devices_per_host
+        me = threading.get_ident()
+
+        def answer(device_type: str) -> int:
+            if threading.get_ident() == me and getattr(_local, "n", None) is not None:
+                return int(_local.n)
+            return int(before(device_type))
+
+        _local.n = n
+        _mesh_resources.num_devices_per_host = answer  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            _local.n = None
+            if own:
+                _mesh_resources.num_devices_per_host = before  # type: ignore[method-assign]
+            else:
+                del _mesh_resources.num_devices_per_host
 
 
 def _placement(layout: Layout) -> object:
@@ -74,17 +133,20 @@ def mm_choice(
     b: tuple[tuple[int, int], Layout],
     dtype: torch.dtype,
     tp: int,
+    devices_per_host: int = GPUS_PER_NODE,
 ) -> MMChoice | None:
     """The strategy of ``aten.mm`` of ``a`` by ``b`` (each a 2-D shape and its layout on a
-    tp group of ``tp`` ranks) in ``dtype``, as DTensor's sharding propagation picks it;
-    None where this torch cannot be asked so (its ``DeviceMesh`` or sharding propagator
-    take other arguments: the caller plans nothing of it and says so).
+    tp group of ``tp`` ranks) in ``dtype``, as DTensor's sharding propagation picks it on
+    hosts of ``devices_per_host`` devices (a GPU job's nodes by default); None where this
+    torch cannot be asked so (its ``DeviceMesh`` or sharding propagator take other
+    arguments: the caller plans nothing of it and says so).
 
     >>> mm_choice(((12, 8), ("shard", 0)), ((8, 8), ("shard", 1)), torch.bfloat16, 4).inputs
     (('shard', 0), ('replicate', None))
     """
     try:
-        return _propagated(a, b, dtype, tp)
+        with _devices_per_host(devices_per_host):
+            return _propagated(a, b, dtype, tp, devices_per_host)
     except (TypeError, AttributeError, ValueError, RuntimeError, AssertionError):
         return None
 
@@ -94,12 +156,13 @@ def _propagated(
     b: tuple[tuple[int, int], Layout],
     dtype: torch.dtype,
     tp: int,
+    devices_per_host: int,
 ) -> MMChoice:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor._op_schema import OpSchema
 
-    mesh = _mesh(tp)
+    mesh = _mesh(tp, devices_per_host)
 
     def spec(shape: tuple[int, int], layout: Layout) -> DTensorSpec:
         meta = torch.empty(shape, dtype=dtype, device="meta")
@@ -116,3 +179,18 @@ def _propagated(
     assert not isinstance(out, (list, tuple)) and out is not None
     first, second = (_layout(s.placements[0]) for s in chosen)
     return MMChoice((first, second), _layout(out.placements[0]))
+
+
+def topology_dependent(
+    a: tuple[tuple[int, int], Layout],
+    b: tuple[tuple[int, int], Layout],
+    dtype: torch.dtype,
+    tp: int,
+) -> bool:
+    """Whether DTensor would pick another strategy for ``aten.mm`` of ``a`` by ``b`` were
+    its tp group costed across hosts rather than within one (the assumption of
+    :data:`GPUS_PER_NODE`): on nodes of fewer GPUs than ``tp``, or ranks seeing one GPU
+    each."""
+    if tp > GPUS_PER_NODE:
+        return False  # inter-host on any node of GPUS_PER_NODE or fewer
+    return mm_choice(a, b, dtype, tp) != mm_choice(a, b, dtype, tp, 1)
