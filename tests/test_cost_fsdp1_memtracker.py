@@ -505,6 +505,17 @@ def test_no_shard_offload_original_parameters_unit_run_twice(
     mem = memory_model(report, optimizer=None, iteration=1)
     assert mem.peak["bytes"] == measured
     assert not [n for n in mem.notes if "runs more than once in forward" in n]
+    # saved before the forward calls were recorded apart: both copies held to the last
+    # saved view, an upper bound by less than a copy, noted
+    saved = report.to_dict()
+    for step in saved["profile"]["iterations"]:
+        for freed in step.get("param_views_freed", []):
+            for key in [k for k in freed if "#" in k]:
+                del freed[key]
+    mem = memory_model(fsdpviz.Report.from_dict(saved), optimizer=None, iteration=1)
+    twice = f"layers.{build.order[-1]}"
+    assert measured < mem.peak["bytes"] < measured + unit_bytes(report, None)[twice].h2d
+    assert [n for n in mem.notes if f"{twice!r} runs more than once in forward" in n]
 
 
 def _offloaded_second_layer_twice(
