@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 import torch
 import tp_models
-from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+from torch.distributed.fsdp import (
+    CPUOffload,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.checkpoint import checkpoint
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -91,6 +96,22 @@ def _torchtitan(batch: int, cp: int = 2) -> tuple[torch.nn.Module, Any, dict[str
     return tt.model, tt.inputs, dict(tt.config)
 
 
+class _SecondLayerTwice(torch.nn.Module):
+    """The example model with its second layer run twice per forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = example_model(CONFIG)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        for i in (0, 1, 1):
+            x = m.layers[i](x)
+        out: torch.Tensor = m.lm_head(m.norm(x))
+        return out
+
+
 Case = tuple[
     Callable[[], torch.nn.Module],
     Callable[[int], Any],
@@ -133,6 +154,12 @@ CASES: dict[str, Case] = {
     ),
     "torchtitan Llama 3, FSDP2 x CP 2": (
         lambda: _torchtitan(2)[0], lambda b: _torchtitan(b)[1], lambda b: _torchtitan(b)[2],
+    ),
+    "example, a layer run twice, FSDP1 NO_SHARD offloaded, original parameters": (
+        _SecondLayerTwice, _ids,
+        {"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer}), "use_orig_params": True,
+         "sharding_strategy": ShardingStrategy.NO_SHARD,
+         "cpu_offload": CPUOffload(offload_params=True)},
     ),
     "example, FSDP2, compiled": (
         lambda: example_model(CONFIG), _ids,

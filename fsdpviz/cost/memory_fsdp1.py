@@ -63,12 +63,15 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   Reports saved before the trace measured saved views drop it at the end of the first
   stretch of compute after the unit's pre-backward hook (the whole backward of a unit without
   nested units; a root's before its nested units' backward), else (no compute measured)
-  at its post-backward hook. A unit run twice in forward keeps both forward copies so,
-  both dropped there: an upper bound, noted. On a real run the second forward's views
-  replace the first's in ``flat_param._tensors``, and the backward unshard rebinds those
-  only: the first forward's copy is held by all it saved (its parameters' views too), the
-  last one's by its saved views alone, freed earlier in the unit's backward (the trace does
-  not yet tell the forwards' saved views apart).
+  at its post-backward hook. A unit run more than once in forward makes a copy each time:
+  the second forward's views replace the first's in ``flat_param._tensors``, and the
+  backward unshard rebinds those only, so the last forward's copy is held by its saved
+  views alone, an earlier forward's by all it saved of the parameters (its parameters'
+  views too, a norm's weight its multiply saved), freed later in the unit's backward. The
+  trace records each forward call's moment apart (``"{unit}#{k}"`` in
+  ``HookCall.param_views_freed``), and each copy is dropped at its own. Reports saved
+  before it was recorded hold every forward copy to the unit's last saved view: an upper
+  bound by up to one copy, noted.
 
 Both are ``unsharded_params`` (the parameters the unit computes on), made on the pre-unshard
 stream (its pool, [Note: stream pools]).
@@ -157,6 +160,7 @@ class FSDP1Host(Protocol):
     tape: Tape
     _live: dict[str, dict[Block, int]]
     _views_freed: set[str]
+    _by_call: set[str]
     _dropping: set[str]
     cat: dict[str, int]
     sizes: dict[str, UnitBytes]
@@ -195,6 +199,7 @@ class FSDP1Host(Protocol):
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
+    def _drop_saved_copy(self, unit: str, call: int) -> None: ...
     def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _first_forward_gradient(self, c: HookCall) -> None: ...
     def _saves_views(self, unit: str) -> bool: ...
@@ -215,6 +220,7 @@ class FSDP1Steps:
     forward_copied: set[str]
     _dropping: set[str]
     _views_freed: set[str]
+    _by_call: set[str]
     shard_copies: dict[str, tuple[Block, int]]
     _views_after_forward: set[str]
     _buffered: dict[str, int]
@@ -246,6 +252,7 @@ class FSDP1Steps:
         self.forward_copied = set()
         self._dropping = set()
         self._views_freed = {u for c in (*tape.calls, tape.tail) for u in c.param_views_freed}
+        self._by_call = {u.partition("#")[0] for u in self._views_freed if "#" in u}
 
     def _carried_copies(self: FSDP1Host, copies: dict[str, int]) -> None:
         """The device copies the iteration before left, by unit: the copy the views hold
@@ -261,9 +268,14 @@ class FSDP1Steps:
         before ``c``: held to the stretch's peak as it stood then, a moment each, and
         dropped (see [Note: NO_SHARD's copies])."""
         freed = sorted((list(v), u) for u, v in c.param_views_freed.items())
-        for at, unit in freed:
-            if unit in self.saved_copies:
-                self._stretch_peak(c, at[:4], at[4:])
+        for at, key in freed:
+            unit, _, call = key.partition("#")
+            if unit not in self.saved_copies or (unit in self._by_call and not call):
+                continue
+            self._stretch_peak(c, at[:4], at[4:])
+            if call:  # a unit run more than once in forward: that forward's copy
+                self._drop_saved_copy(unit, int(call))
+            else:
                 self._drop_saved_copies(unit)
 
     def _copy_to_device(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
@@ -409,6 +421,7 @@ class FSDP1Steps:
         block: Block = ("h2d", e.unit, e.phase)
         if any(b == block for b, _ in saved):  # a second forward copy beside the first
             block = (*block, len(saved))
+        if block != ("h2d", e.unit, e.phase) and e.unit not in self._by_call:
             note = (
                 f"unit {e.unit!r} runs more than once in forward (NO_SHARD, CPU offload, "
                 "use_orig_params=True): each forward copy of its parameters is held until "
@@ -423,6 +436,15 @@ class FSDP1Steps:
             self.forward_copied.add(e.unit)
         self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
         self.forward_copies[e.unit] = (block, s.h2d)
+
+    def _drop_saved_copy(self: FSDP1Host, unit: str, call: int) -> None:
+        """``use_orig_params=True``: the copy forward call ``call`` of a unit run more than
+        once in forward made, dropped once what that forward saved of it is freed (see
+        [Note: NO_SHARD's copies]); left in place, of no bytes, to keep the calls' order."""
+        saved = self.saved_copies.get(unit, [])
+        if call < len(saved):
+            self._free("unsharded_params", "pre_unshard", *saved[call])
+            saved[call] = (saved[call][0], 0)
 
     def _drop_saved_copies(self: FSDP1Host, unit: str) -> None:
         """``use_orig_params=True``: the unit's forward copies autograd's saved views held,

@@ -7,13 +7,14 @@ bytes, the modules' saved bytes and shapes, and the bytes of the collectives ten
 parallelism issues on activations are each ``p + q * b``. Two traces at ``b1`` and ``b2``
 give ``p`` and ``q``. Not so a stretch's peaks (``StepProfile.peak`` and the fields copied
 at it: ``peak_activations``, ``peak_forward_temp``, ``peak_grads``, ``peak_in_place``,
-``scales_freed``' first part, ``param_views_freed``): each is the first moment of the
-stretch with the most bytes held, and which moment that is changes with the batch (a
-backward's gradients of activations against the weights' gradients it makes). So the
-traces keep every moment they weighed (:func:`fsdpviz.trace.probe_records.recording_moments`,
-``StepProfile.moments``); paired moment by moment, each is a line in ``b``, and a peak at
-``b`` is the first line with the most there. Only the lines on the upper envelope over
-``b >= 1`` (touching included: a tie goes to the earliest) are kept.
+``scales_freed``' first part, ``param_views_freed``, by unit and by forward call): each is
+the first moment of the stretch with the most bytes held, and which moment that is changes
+with the batch (a backward's gradients of activations against the weights' gradients it
+makes). So the traces keep every moment they weighed
+(:func:`fsdpviz.trace.probe_records.recording_moments`, ``StepProfile.moments``); paired
+moment by moment, each is a line in ``b``, and a peak at ``b`` is the first line with the
+most there. Only the lines on the upper envelope over ``b >= 1`` (touching included: a tie
+goes to the earliest) are kept.
 
 Kernels identical at a batch are one record there (the probe merges them, the first's
 place kept): :meth:`BatchCapture.at` merges them again. The ``out_of_memory`` warning is

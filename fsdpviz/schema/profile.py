@@ -38,7 +38,11 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     unit's parameters (not a parameter itself: ``mm``'s transposed weight) was freed, so
     what holds the storage they view only until then (FSDP1's copy under ``NO_SHARD`` with
     CPU offload and ``use_orig_params=True``) is placed inside the stretch; absent in
-    reports saved before it was measured.
+    reports saved before it was measured. A unit run more than once in forward also has an
+    entry per forward call ``k``, keyed ``"{unit}#{k}"``: for the last call, when its last
+    such view was freed; for an earlier one, when the last tensor it saved of the unit's
+    parameters (a parameter itself too) was (``SavedParamViews`` in
+    ``fsdpviz/trace/probe_records.py``); absent in reports saved before they were measured.
 ``modules``
     ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
     module was the innermost one running, and forward FLOPs counted while it was

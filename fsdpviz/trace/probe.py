@@ -167,8 +167,7 @@ class CostProbe(
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [bytes, kind, weakref]
         self._ops: dict[Any, Any] = {}
         self._external = StorageSet()  # the parameters', buffers' and inputs' storages
-        # id(param) -> (its gradient's record in _live, bytes): the record, not its storage's
-        # id, which a storage made after the gradient is freed may get
+        # id(param) -> (its gradient's record in _live, bytes): not its storage's id (reused)
         self._param_grad: dict[int, tuple[list[Any], int]] = {}
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._keep_moments = moments_recorded()
@@ -595,12 +594,13 @@ class CostProbe(
         self.marks.append(self._close_stretch())
         if name.startswith("post_backward"):
             self._forget_grads(self._unit_names[index])
+        elif name == "pre_forward":
+            self._param_views.forward(self._unit_names[index])
         elif name == "final_callback":
             for unit in self._by_unit:
                 self._forget_grads(unit)
-            # the gradients of the parameters FSDP does not manage stay in .grad to the
-            # optimizer step (the model counts them); the next step makes them anew, as after
-            # zero_grad(set_to_none=True)
+            # the gradients of parameters FSDP does not manage stay in .grad to the optimizer step
+            # (the model counts them); the next makes them anew, as after zero_grad(set_to_none)
             for p in self._by_unit.get(IGNORED, []):
                 p.grad = None
 

@@ -301,7 +301,14 @@ class SavedParamViews:
     from (``_use_unsharded_views``: ``tensor.data = view``), so it lives until the last
     such view is freed (see [Note: NO_SHARD's copies] in ``fsdpviz/cost/memory_fsdp1.py``).
     The stretch records its peak as it stood then (``Stretch.param_views_freed``): the
-    most reached while the copy was alive."""
+    most reached while the copy was alive.
+
+    A unit run more than once in forward makes a copy each time, and the backward unshard
+    rebinds the views of the last forward only (those ``flat_param._tensors`` holds): each
+    forward's copy goes on its own. So each forward call ``k`` of such a unit (counted by
+    its ``pre_forward`` hook, :meth:`forward`) is also recorded, as ``"{unit}#{k}"``: the
+    last call's when its saved views are freed, an earlier call's when all it saved of the
+    parameters is (the parameter itself too: its forward's view, which nothing rebinds)."""
 
     def __init__(
         self, by_unit: Mapping[str, Iterable[torch.Tensor]], stretch: Callable[[], Stretch]
@@ -314,27 +321,52 @@ class SavedParamViews:
                 if (st := storage_of(p)) is not None:
                     self._units[id(st)] = (weakref.ref(st), unit)
         self._held: dict[str, int] = {}
+        self._calls: dict[str, int] = {}  # unit -> its forward calls so far
+        # (unit, forward call) -> [saved views, saved parameters] not yet freed
+        self._by_call: dict[tuple[str, int], list[int]] = {}
+
+    def forward(self, unit: str) -> None:
+        """The unit's ``pre_forward`` hook ran (not a recomputation's, in backward)."""
+        if torch._C._current_graph_task_id() == -1:
+            self._calls[unit] = self._calls.get(unit, 0) + 1
 
     def saved(self, t: torch.Tensor, st: Any, packed: torch.Tensor) -> None:
         """The forward saved ``t`` (of storage ``st``) as ``packed``, which autograd holds
         until the node that saved it has run."""
-        if st is None or id(t) in self._params or torch._C._current_graph_task_id() != -1:
+        if st is None or torch._C._current_graph_task_id() != -1:
             return
         entry = self._units.get(id(st))
         if entry is None or entry[0]() is not st:
             return
-        unit = entry[1]
-        self._held[unit] = self._held.get(unit, 0) + 1
-        weakref.finalize(packed, self._freed, unit).atexit = False
+        unit, own = entry[1], id(t) in self._params
+        if not own:
+            self._held[unit] = self._held.get(unit, 0) + 1
+        call = (unit, self._calls.get(unit, 1) - 1)
+        counts = self._by_call.setdefault(call, [0, 0])
+        counts[own] += 1
+        weakref.finalize(packed, self._freed, call, own).atexit = False
 
-    def _freed(self, unit: str) -> None:
-        self._held[unit] -= 1
-        if self._held[unit]:
+    def _freed(self, call: tuple[str, int], own: bool) -> None:
+        unit, k = call
+        counts = self._by_call[call]
+        counts[own] -= 1
+        n = self._calls.get(unit, 1)
+        # the last call's parameters are rebound in backward: its saved views alone hold it
+        gone = not own and not counts[0] if k == n - 1 else counts == [0, 0]
+        if n > 1 and gone:
+            self._record(f"{unit}#{k}")
+        if own:
             return
-        del self._held[unit]
+        self._held[unit] -= 1
+        if not self._held[unit]:
+            del self._held[unit]
+            self._record(unit)
+
+    def _record(self, key: str) -> None:
+        """The stretch's peak as it stands now, at ``key`` (a unit, or its forward call)."""
         s = self._stretch()
         if s.moments is not None:
-            s.moments.param_views_at[unit] = len(s.moments.moments)
-        s.param_views_freed[unit] = [
+            s.moments.param_views_at[key] = len(s.moments.moments)
+        s.param_views_freed[key] = [
             s.peak, s.peak_activations, s.peak_forward_temp, s.peak_grads, *s.peak_in_place
         ]  # fmt: skip
