@@ -17,6 +17,7 @@ from typing import Any
 
 from fsdpviz.replan.batch_replay import BatchCapture, batch_capture, capturable
 from fsdpviz.schema.report import Report
+from fsdpviz.tuning.retune import same_changes
 
 __all__ = ["BatchFamilies"]
 
@@ -80,7 +81,7 @@ class BatchFamilies:
         if f.open() and samples >= 2 and not capturable(report):
             f.refused = True  # (torch's partitioner chose its saves: every batch traced)
         fresh = samples >= 2 and all(b != samples for b, _ in f.bases)
-        if f.open() and fresh and (f.changes is None or _same(f.changes, changes)):
+        if f.open() and fresh and (f.changes is None or same_changes(f.changes, changes)):
             if f.changes is None:
                 f.changes, f.lead = changes, config
             f.bases.append((samples, report))
@@ -104,10 +105,3 @@ def _forget_moments(report: Report) -> None:
     """Let go of the moments a trace kept (``recording_moments``)."""
     for step in report.profile.iterations if report.profile is not None else []:
         step.moments = []
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # a keyword without a plain ==
-        return False

@@ -36,7 +36,7 @@ from fsdpviz.trace.probe_records import recording_moments
 from fsdpviz.tuning.batch_families import BatchFamilies
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
-from fsdpviz.tuning.retune import StoredTrace, on_machine
+from fsdpviz.tuning.retune import StoredTrace, on_machine, same_changes
 from fsdpviz.tuning.space import (
     KNOBS,
     REPLAYED,
@@ -288,7 +288,7 @@ class Evaluations:
         self._traces[key] = made
         if made is not None:
             self.made[key] = StoredTrace(made, changes)
-        return _same_changes(changes, own)
+        return same_changes(changes, own)
 
     def _batch_family(
         self, key: tuple[Any, ...], config: Config
@@ -322,11 +322,7 @@ class Evaluations:
         stored = self.earlier.get(key)
         if stored is None:
             return None
-        try:
-            same = bool(stored.changes == self._traced_changes(config))
-        except Exception:  # a keyword without a plain ==: replayed, as any other
-            same = False
-        if same:
+        if same_changes(stored.changes, self._traced_changes(config)):
             return True
         report = stored.report
         return None if report.pipeline is not None or report.profile is None else False
@@ -612,15 +608,6 @@ def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
         return False
     config = getattr(model, "config", None)
     return "use_cache" in params and bool(getattr(config, "use_cache", False))
-
-
-def _same_changes(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two traces' replayed keywords are the same (one a keyword without a plain
-    ``==`` is not: it is replayed, as any other)."""
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def _samples(config: Config) -> int:

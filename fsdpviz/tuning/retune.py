@@ -33,6 +33,7 @@ __all__ = [
     "check_retune",
     "fingerprint",
     "on_machine",
+    "same_changes",
 ]
 
 RETUNABLE = (
@@ -50,6 +51,15 @@ class StoredTrace(NamedTuple):
 
     report: Report
     changes: Mapping[str, Any]
+
+
+def same_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two traces' keywords left out of their key (:attr:`StoredTrace.changes`) are
+    the same; one without a plain ``==`` is not (its trace is replayed, as any other's)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def check_retune(changes: Mapping[str, Any]) -> None:
