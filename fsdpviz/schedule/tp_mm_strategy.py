@@ -90,10 +90,9 @@ def _devices_per_host(n: int) -> Iterator[None]:
     with _patching:
         own = "num_devices_per_host" in vars(_mesh_resources)
         before = _mesh_resources.num_devices_per_host
-        me = threading.get_ident()
 
-        def answer(device_type: str) -> int:
-            if threading.get_ident() == me and getattr(_local, "n", None) is not None:
+        def answer(device_type: str) -> int:  # (_local.n is set on this thread alone)
+            if getattr(_local, "n", None) is not None:
                 return int(_local.n)
             return int(before(device_type))
 
