@@ -373,12 +373,11 @@ class MicroStepSim:
         stream = "compute" if e.kind == "free" else "comm"
         now = self.clocks.compute
         rec = EventTiming(index, e, stream, self.clocks.cpu, now, now, now)
-        self.records.append(rec)
         if _precomputed(self.tape.events, index):
             rec.stream = "tp" if e.kind in TP_KINDS else "comm"
             self.after_step.append(rec)  # placed after the optimizer step (after_optimizer)
-            self.records.pop()
             return
+        self.records.append(rec)
         if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
             if e.kind in TP_KINDS:
                 self._tensor_parallel(rec, e.kind.removeprefix("tp_"), float(e.nbytes or 0))
