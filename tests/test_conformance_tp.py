@@ -932,6 +932,79 @@ def test_a_batch_of_ones_multiply_is_costed_as_on_a_gpu_node(
     assert all("tp group of 4 costed within one node" in m for m in assumed)
 
 
+def _batch_one_collectives(hidden: int, seq: int, per_host: int | None) -> list[list[Any]]:
+    """The collectives DTensor issues for a batch of one's sequence-sharded feed-forward
+    input (tp 4) with its cost model weighing hosts of ``per_host`` devices."""
+    from gloo_worker import _tp_collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dm = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    sizes = {"vocab": 32, "dim": 128, "n_heads": 4, "hidden": hidden}
+    model = parallelize_module(tp_models.Llama(**sizes), dm["tp"], _sequence_sharded_plan())
+    for (name,) in [*tp_models.LAYERS, ("",)]:
+        fully_shard(model.get_submodule(name), mesh=dm["dp"])
+    with _tp_collectives(dtypes=True, per_host=per_host) as seen:
+        model(torch.zeros(1, seq, dtype=torch.long)).sum().backward()
+    return seen
+
+
+def _sequence_sharded_plan() -> dict[str, Any]:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    plan = tp_models.plain_plan()
+    plan["layers.*.feed_forward"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    return plan
+
+
+@pytest.mark.parametrize("per_node", [2, 4])
+def test_a_batch_of_ones_multiply_is_costed_on_the_machines_nodes(
+    fake_pg: int, per_node: int
+) -> None:
+    """DTensor's cost model reads the host's devices (``num_devices_per_host``:
+    ``torch.cuda.device_count()``): on nodes of 2 GPUs a tp group of 4 is costed across
+    hosts and the input's gradient moves the output's gradient by an all-to-all into a
+    ``Partial()`` product; on nodes of 4 it is costed within one and gathers the weight.
+    ``analyze(..., machine=...)`` plans the machine's nodes (fsdpviz planned nodes of 8
+    whatever the machine), without the warning that assumes them, and states the nodes the
+    strategies were picked for; a report planned for the other side of ``tp <= 4`` is not
+    costed there silently (a timeline note; tune's ``on_machine`` refuses it)."""
+    from fsdpviz.cost import machine, timeline
+
+    real = _batch_one_collectives(64, 64, per_node)
+    assert real != _batch_one_collectives(64, 64, 8 if per_node == 2 else 2)
+    with torch.device("meta"):
+        meta = tp_models.Llama(vocab=32, dim=128, n_heads=4, hidden=64)
+    nodes = machine("h100", gpus_per_node=per_node)
+    plan = _sequence_sharded_plan()
+    report = fsdpviz.analyze(meta, torch.zeros(1, 64, dtype=torch.long),
+                             fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), progress=False, machine=nodes)  # fmt: skip
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    events = [e for e in report.iterations[0] if e.tensor_parallel]
+    assert [[on_cpu.get(e.kind, e.kind), e.nbytes, e.dtype] for e in events] == real
+    assert not [w for w in report.warnings if w.code == "tp_topology_assumed"]
+    assert report.config.tp_strategy_gpus_per_node == per_node
+    back = fsdpviz.Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert back.config.tp_strategy_gpus_per_node == per_node
+    other = machine("h100", gpus_per_node={2: 4, 4: 2}[per_node])  # across tp <= 4
+    same = machine("h200", gpus_per_node={2: 3, 4: 16}[per_node])
+    moved = [n for n in timeline(report, other).notes if "DTensor's mm strategies" in n]
+    assert len(moved) == 1 and f"nodes of {other.gpus_per_node} torch costs" in moved[0]
+    assert not [n for n in timeline(report, same).notes if "DTensor's mm strategies" in n]
+    from fsdpviz.tuning.retune import holds_on_machine, on_machine
+
+    assert not holds_on_machine(report, other) and holds_on_machine(report, same)
+    with pytest.raises(fsdpviz.ConfigError, match="plan again with"):
+        on_machine(report, other)
+    assert on_machine(report, same).config.machine == same.to_dict()
+
+
 @pytest.mark.parametrize("variant", ["local-output", "declared-shard"])
 def test_a_gradient_comes_back_in_the_layout_torchs_redistribution_gives(
     fake_pg: int, variant: str

@@ -479,3 +479,48 @@ def test_micro_step_memory_of_a_pipeline_rank(mp: tuple[Any, Any]) -> None:
         each = micro_step_memory(rank, optimizer="sgd", iteration=n - 1)
         alone = [memory_model(rank, optimizer="sgd", iteration=k) for k in (n - 2, n - 1)]
         assert [m.to_dict() for m in each] == [m.to_dict() for m in alone]
+
+
+def test_a_stages_mm_strategies_are_picked_for_the_machines_nodes() -> None:
+    """A batch of one's sequence-sharded feed-forward input (each microbatch one sample)
+    left to its column-wise linears: DTensor's mm strategies for tp 4 depend on whether
+    torch costs the group within a node. Without a machine they are picked for nodes of 8
+    (warned); on nodes of 2 for those, unwarned; the job's and each rank's config say which,
+    and a timeline on the other side of tp <= nodes says its strategies are not torch's."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
+
+    from fsdpviz.configs.torchtitan_model import Transformer
+    from fsdpviz.cost import machine, timeline
+
+    plan: dict[str, object] = {}
+    for i in range(2):
+        ff = f"layers.{i}.feed_forward"
+        plan[ff] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+            use_local_output=False,
+        )  # fmt: skip
+        plan[f"{ff}.w1"] = plan[f"{ff}.w3"] = ColwiseParallel()
+        plan[f"{ff}.w2"] = RowwiseParallel()
+    args = {"dim": 128, "n_layers": 2, "n_heads": 4, "vocab_size": 32, "multiple_of": 16,
+            "ffn_dim_multiplier": 0.18}  # fmt: skip
+    with torch.device("meta"):
+        model = Transformer(args, 64)
+    nodes = machine("h100", gpus_per_node=4)
+    for given, planned in ((None, 8), (machine("h100", gpus_per_node=2), 2)):
+        report = fsdpviz.analyze(
+            model, torch.zeros(2, 64, dtype=torch.long), fully_shard=["layers.0", "layers.1"],
+            parallelize_plan=plan, mesh=("pp", 2, "dp", 1, "tp", 4), pipeline_schedule="1F1B",
+            microbatches=2, progress=False, **({} if given is None else {"machine": given}),
+        )  # fmt: skip
+        assert report.pipeline is not None
+        configs = [report.config, *(r.config for r in report.pipeline.ranks)]
+        assert [c.tp_strategy_gpus_per_node for c in configs] == [planned] * 3
+        assumed = [w for w in report.warnings if w.code == "tp_topology_assumed"]
+        assert bool(assumed) == (given is None)
+        moved = [n for n in timeline(report, nodes).notes if "DTensor's mm strategies" in n]
+        assert len(moved) == (planned == 2)

@@ -275,3 +275,43 @@ def test_precisions_sharing_a_trace(model: torch.nn.Module, api: str) -> None:
         "bf16 params", "bf16 params, fp32 reduce"
     }  # fmt: skip
     assert got.reused > 0 and got.traces + got.reused == fresh.traces
+
+
+def test_a_trace_whose_mm_strategies_torch_picks_otherwise_on_the_new_nodes_is_traced_again() -> (
+    None
+):
+    """A batch of one's sequence-sharded feed-forward input left to its column-wise linears
+    (tp 4): DTensor's mm strategies are picked for the machine's nodes, within one node of
+    8 GPUs, across nodes of 2. A retune on nodes of 2 traces those keys again (the earlier
+    traces' collectives are not torch's there) and is the fresh search's, collective for
+    collective; a retune on other nodes of 8 reuses every trace."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    plan = tp_models.plain_plan()
+    plan["layers.*.feed_forward"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    model = tp_models.Llama(vocab=32, dim=128, n_heads=4, hidden=64)
+    given: dict[str, Any] = {
+        "world_size": 4, "fully_shard": tp_models.LAYERS, "mesh": ("dp_shard", 1, "tp", 4),
+        "parallelize_plan": plan, "knobs": ("activation_checkpointing",), "progress": False,
+        "workers": 1,
+    }  # fmt: skip
+    ids = torch.zeros(1, 64, dtype=torch.long)
+    first = fsdpviz.tune(model, ids, machine=machine("h100", gpus_per_node=8), **given)
+    two = machine("h100", gpus_per_node=2)
+    got, fresh = first.retune(machine=two), fsdpviz.tune(model, ids, machine=two, **given)
+
+    def tp_events(t: Tuning) -> list[list[tuple[str, int | None]]]:
+        return [
+            [(e.kind, e.nbytes) for e in c.report.iterations[0] if e.tensor_parallel]
+            for c in t.candidates
+        ]
+
+    assert {c.report.config.tp_strategy_gpus_per_node for c in first.candidates} == {8}
+    assert {c.report.config.tp_strategy_gpus_per_node for c in got.candidates} == {2}
+    assert (got.traces, got.reused) == (fresh.traces, 0)
+    assert tp_events(got) == tp_events(fresh) != tp_events(first)
+    again = first.retune(machine="h200")
+    assert (again.traces, again.reused) == (0, first.traces)

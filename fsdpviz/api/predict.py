@@ -10,7 +10,7 @@ from torch import nn
 
 from fsdpviz._deferred_gc import collection_deferred
 from fsdpviz.api.keywords import AnalyzeKwargs
-from fsdpviz.cost.fit import check_fit, machine_spec
+from fsdpviz.cost.fit import check_fit, machine_named, machine_spec
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.pipeline import wants_pipeline
 from fsdpviz.schedule.fsdp1 import analyze_fsdp1
@@ -45,7 +45,10 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs])
     - ``machine``: the GPU the plan is for, a preset name (``"h100"``, the default,
       ``"h200"``, ``"a100-40gb"``, ...) or an :class:`fsdpviz.cost.Machine`: what
       ``report.timeline`` models and ``report.memory.fits`` checks. A plan whose peak
-      does not fit in its memory gets an ``out_of_memory`` warning.
+      does not fit in its memory gets an ``out_of_memory`` warning. Tensor parallelism's
+      multiplies DTensor's cost model picks a strategy for are planned on its nodes
+      (``gpus_per_node``; without a machine, nodes of 8, with a ``tp_topology_assumed``
+      warning where a choice depends on it).
     - ``torch_version``: whose FSDP to plan, a torch release from 2.6 to 2.14 (``"2.8"``);
       default the installed torch's. ``report.config.torch_version`` says which.
 
@@ -74,11 +77,14 @@ def analyze(model: nn.Module, inputs: Any, **fsdp_kwargs: Unpack[AnalyzeKwargs])
     given = fsdp_kwargs.pop("machine", None)
     machine = None if given is None else machine_spec(given)
     plan_kwargs = cast("PlanKwargs", fsdp_kwargs)  # machine taken out above
+    # tensor parallelism's mm strategies are picked for the machine's nodes (torch's cost
+    # model reads the host's devices): fsdpviz/schedule/tp_mm_strategy.py
+    node = None if given is None else machine_named(machine).gpus_per_node
     with collection_deferred():
         if wants_pipeline(fsdp_kwargs):
-            report = analyze_pipeline(model, inputs, **plan_kwargs)
+            report = analyze_pipeline(model, inputs, gpus_per_node=node, **plan_kwargs)
         elif "fully_shard" in fsdp_kwargs or fsdp2_states(model):
-            report = analyze_fsdp2(model, inputs, **plan_kwargs)
+            report = analyze_fsdp2(model, inputs, gpus_per_node=node, **plan_kwargs)
         else:
             report = analyze_fsdp1(model, inputs, **plan_kwargs)
         if machine is not None:

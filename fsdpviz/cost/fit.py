@@ -67,7 +67,12 @@ def machine_spec(spec: Any) -> str | dict[str, object]:
 
 def machine_of(report: Report) -> Machine:
     """The machine ``report`` is modelled on: ``report.config.machine``, else the H100 preset."""
-    spec = report.config.machine
+    return machine_named(report.config.machine)
+
+
+def machine_named(spec: str | Mapping[str, Any] | None) -> Machine:
+    """The machine a ``report.config.machine`` (:func:`machine_spec`) names; None: the H100
+    preset."""
     if spec is None:
         return machine(DEFAULT_MACHINE)
     if isinstance(spec, str):
@@ -324,6 +329,7 @@ __all__ = [
     "first_fix",
     "fit_advice",
     "fit_warning",
+    "machine_named",
     "machine_of",
     "machine_spec",
     "modelled_memory",

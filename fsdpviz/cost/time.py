@@ -76,6 +76,7 @@ from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.pipeline_time import P2PTimes, pipeline_timelines
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.cost.time_sim import MicroStepSim
+from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report
 from fsdpviz.schema.rows import ComputeStretch, MicroStep
@@ -291,6 +292,9 @@ def _notes(report: Report, m: Machine, sim: MicroStepSim, compiled: bool) -> lis
             "compile: the trace holds no fused regions (a report saved before they were "
             "measured); the compute is costed eager"
         )
+    moved = tp_strategies_moved(report.config, m.gpus_per_node)
+    if moved is not None:
+        notes.append(moved)
     trainable = report.trainable_text()
     if trainable:
         notes.append(

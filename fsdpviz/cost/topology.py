@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsdpviz.plan.tensor_parallel import costed_within_node
 from fsdpviz.schema.config import ReportConfig
 
 
@@ -151,3 +152,25 @@ def post_forward_span(config: ReportConfig, ranks: int, gpus_per_node: int) -> S
             named.append((name, size))
     index = next(i for i, (n, _) in enumerate(named) if n.endswith("(post-forward)"))
     return span_of(named, index, gpus_per_node)
+
+
+def tp_strategies_moved(config: ReportConfig, gpus_per_node: int) -> str | None:
+    """What is wrong with costing a report of ``config`` on nodes of ``gpus_per_node`` GPUs
+    where DTensor's ``mm`` strategies were picked for other nodes: torch costs the tp group
+    within a node on one side of ``tp <= gpus_per_node`` and across nodes on the other
+    (``MeshTopoInfo.build_from_mesh``), and the report's multiplies depend on it
+    (``config.tp_strategy_gpus_per_node``). None where the strategies hold there."""
+    planned, tp = config.tp_strategy_gpus_per_node, config.tp_ranks
+    if planned is None:
+        return None
+    if costed_within_node(tp, planned) == costed_within_node(tp, gpus_per_node):
+        return None
+    where = "within one node" if costed_within_node(tp, planned) else "across nodes"
+    there = "across nodes" if where == "within one node" else "within one node"
+    return (
+        f"tensor parallelism: the report's multiplies were planned with DTensor's mm "
+        f"strategies for a tp group of {tp} costed {where}, on nodes of {planned} GPUs; on "
+        f"nodes of {gpus_per_node} torch costs it {there} and picks other strategies, with "
+        "other collectives, which this costing does not have: plan again with "
+        f"analyze(..., machine=...) giving gpus_per_node={gpus_per_node}"
+    )

@@ -56,7 +56,12 @@ from fsdpviz.trace.progress import progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
 
 
-def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
+def analyze_fsdp2(
+    model: nn.Module, inputs: Any, *, gpus_per_node: int | None = None, **kwargs: Unpack[PlanKwargs]
+) -> Report:
+    """Plan FSDP2 (``fully_shard``) for ``analyze``; ``gpus_per_node``: the nodes of the
+    machine it names, which tensor parallelism's ``mm`` strategies are picked for (None:
+    none named, :data:`~fsdpviz.schedule.tp_mm_strategy.GPUS_PER_NODE`)."""
     # profile=False: do not measure activations and FLOPs (report.profile is None)
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
@@ -98,7 +103,11 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
     emulation = FSDP2Emulation(copy, groups, opts)
     runtime = emulation.runtime
     # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
-    tp = TPEmulation(copy, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None
+    tp = (
+        TPEmulation(copy, opts.tp, groups, runtime, opts.job, gpus_per_node)
+        if opts.tp is not None
+        else None
+    )
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
@@ -174,6 +183,9 @@ def analyze_fsdp2(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         report.warnings.append(unfrozen_warning(unfrozen))
     if tp is not None:
         report.warnings.extend(tp.mixed_warnings() + tp.implicit_warnings())
+        if tp.strategy_gpus_per_node is not None:
+            node = tp.strategy_gpus_per_node
+            report.config = report.config.replace(tp_strategy_gpus_per_node=node)
     return report
 
 

@@ -51,15 +51,21 @@ from fsdpviz.trace.checkpointing import apply_checkpointing
 from fsdpviz.trace.copy import inputs_copy, map_objects, model_copy
 
 
-def analyze_pipeline(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
-    """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`."""
+def analyze_pipeline(
+    model: nn.Module, inputs: Any, *, gpus_per_node: int | None = None, **kwargs: Unpack[PlanKwargs]
+) -> Report:
+    """Plan FSDP2 inside a pipeline-parallel schedule; see :mod:`fsdpviz.plan.pipeline`.
+    ``gpus_per_node``: the nodes of the machine ``analyze`` names, which tensor
+    parallelism's ``mm`` strategies are picked for (None: none named)."""
     # the stages' traces and replays make many objects and no cycles to speak of: a cyclic
     # collection over the model copy's heap would cost more than the analysis itself
     with answering():
-        return _analyze(model, inputs, **kwargs)
+        return _analyze(model, inputs, gpus_per_node, **kwargs)
 
 
-def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Report:
+def _analyze(
+    model: nn.Module, inputs: Any, gpus_per_node: int | None, **kwargs: Unpack[PlanKwargs]
+) -> Report:
     profile = bool(kwargs.pop("profile", True))
     if fsdp2_states(model):
         raise ConfigError(
@@ -101,7 +107,9 @@ def _analyze(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -> Rep
             for stage, kind, mb, _ in parse_action(a):
                 if kind == "I" and mb is not None:
                     split.setdefault(stage, []).append(mb)
-    traces = trace_stages(copy, popts, opts, ignored, args, kw, device, profile, split)
+    traces = trace_stages(
+        copy, popts, opts, ignored, args, kw, device, profile, split, gpus_per_node
+    )
     warnings.extend(w for t in traces for w in t.warnings)
     modules = all_modules(copy, traces)
     ranks = [

@@ -206,12 +206,15 @@ def _config(popts: PipelineOptions, traces: list[StageTrace], groups: list[Group
     of ``traces``' stages), the whole mesh, pp dimension first, and the pipeline's."""
     opts = traces[0].opts
     base = opts.describe(groups)
-    changes: dict[str, dict[str, str]] = {}
+    changes: dict[str, Any] = {}
     if opts.tp is not None:  # every stage's modules' styles
         plan: dict[str, str] = {}
         for t in traces:
             plan.update(t.opts.tp.describe() if t.opts.tp is not None else {})
         changes["parallelize_plan"] = plan
+        nodes = [t.tp_strategy_gpus_per_node for t in traces if t.tp_strategy_gpus_per_node]
+        if nodes:
+            changes["tp_strategy_gpus_per_node"] = nodes[0]
     mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.shard_ranks})}
     return base.replace(
         world_size=math.prod(mesh.values()),

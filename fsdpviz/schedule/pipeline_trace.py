@@ -74,6 +74,9 @@ class StageTrace:
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
     warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
     reached: set[int] = field(default_factory=set)  # ids of the parameters given a gradient
+    # the GPUs per node its mm strategies were picked for, where one depends on it
+    # (TPEmulation.strategy_gpus_per_node)
+    tp_strategy_gpus_per_node: int | None = None
 
 
 def trace_stages(
@@ -86,11 +89,13 @@ def trace_stages(
     device: str,
     profile: bool,
     split: dict[int, list[int]] | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[StageTrace]:
     """Each stage traced on the first microbatch (the next on this one's output); ``split``:
     by stage, the microbatches whose backward the schedule splits into ``I`` and ``W``
     (empty: none), which every stage but the first then measures in more traces, as the
-    replay asks for them (:mod:`fsdpviz.schedule.pipeline_split`)."""
+    replay asks for them (:mod:`fsdpviz.schedule.pipeline_split`). ``gpus_per_node``: the
+    nodes tensor parallelism's ``mm`` strategies are picked for (:class:`TPEmulation`)."""
     split = split or {}
     _check_targets(copy, opts.targets)
     where = "the meta device" if device == "meta" else "the model's device"
@@ -130,8 +135,9 @@ def trace_stages(
             check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
-                s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared
-            )
+                s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared,
+                gpus_per_node=gpus_per_node,
+            )  # fmt: skip
             if unfrozen:
                 trace.warnings.append(unfrozen_warning(unfrozen))
             if s and split.get(s) and not trace.inputs_need_grad:
@@ -139,7 +145,8 @@ def trace_stages(
                 trace.warnings += [lost] if lost is not None else []
             if split and s and trace.profile is not None:
                 trace.split = SplitTraces(functools.partial(
-                    _split_trace, s, part, stage_opts, groups, args, kw, last, where, shared
+                    _split_trace, s, part, stage_opts, groups, args, kw, last, where, shared,
+                    gpus_per_node=gpus_per_node,
                 ))  # fmt: skip
             if s:
                 trace.input_bytes = traces[-1].output_bytes  # what the previous stage sends
@@ -263,10 +270,15 @@ def _trace_stage(
     profile: bool,
     shared: list[tuple[torch.Tensor, Fraction]],
     split: tuple[SplitKey, SplitBackward] | None = None,
+    gpus_per_node: int | None = None,
 ) -> tuple[StageTrace, Any, list[Fraction | None]]:
     emulation = FSDP2Emulation(part, groups, opts)
     runtime = emulation.runtime
-    tp = TPEmulation(part, opts.tp, groups, runtime, opts.job) if opts.tp is not None else None
+    tp = (
+        TPEmulation(part, opts.tp, groups, runtime, opts.job, gpus_per_node)
+        if opts.tp is not None
+        else None
+    )
     prefetch = (
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
@@ -338,6 +350,7 @@ def _trace_stage(
         profile=measured,
         warnings=tp.mixed_warnings() + tp.implicit_warnings() if tp is not None else [],
         reached=set(emulation.reached),
+        tp_strategy_gpus_per_node=tp.strategy_gpus_per_node if tp is not None else None,
     )
     shares = [probe.share_of(t) if probe is not None else None for t in sent]
     return trace, output, shares
@@ -354,6 +367,8 @@ def _split_trace(
     where: str,
     shared: list[tuple[torch.Tensor, Fraction]],
     key: SplitKey,
+    *,
+    gpus_per_node: int | None = None,
 ) -> SplitBackward:
     """The stage traced again, its backward as ``I`` then ``W`` (``key``: which weights
     they find, which gradients are there): the ``I`` trace's profile and what the two hold
@@ -363,7 +378,7 @@ def _split_trace(
             t.grad = None  # each microbatch's receive buffer: no gradient before its I
     split = SplitBackward()
     trace, _, _ = _trace_stage(s, part, opts, groups, args, kw, last, where, QUIET, True,
-                               shared, (key, split))  # fmt: skip
+                               shared, (key, split), gpus_per_node)  # fmt: skip
     assert trace.profile is not None
     split.profile = trace.profile.iterations[0]
     return split

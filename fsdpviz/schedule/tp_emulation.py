@@ -73,6 +73,7 @@ from fsdpviz.schedule.tp_implicit import (
     skipped_warning,
     topology_warning,
 )
+from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
 from fsdpviz.schedule.tp_refusals import (
     refuse_mislabelled_local,
     refuse_narrowed,
@@ -105,7 +106,10 @@ def owner_index(fqn: str, groups: list[Group]) -> int:
 
 
 class TPEmulation:
-    """The hooks of a :class:`TPPlan` on the traced copy, reporting to ``runtime``."""
+    """The hooks of a :class:`TPPlan` on the traced copy, reporting to ``runtime``; DTensor's
+    ``mm`` strategies picked for nodes of ``gpus_per_node`` GPUs (the machine's; None where
+    ``analyze`` names none: :data:`~fsdpviz.schedule.tp_mm_strategy.GPUS_PER_NODE`, warned
+    where a choice depends on it)."""
 
     def __init__(
         self,
@@ -114,8 +118,13 @@ class TPEmulation:
         groups: list[Group],
         runtime: FSDP2Runtime,
         job: JobOptions | None = None,
+        gpus_per_node: int | None = None,
     ) -> None:
         self.runtime = runtime
+        self._gpus_per_node = gpus_per_node
+        # the GPUs per node a multiply's mm strategies were picked for, where one depends on
+        # it (ReportConfig.tp_strategy_gpus_per_node); None while none does
+        self.strategy_gpus_per_node: int | None = None
         self.plan = plan
         self._model = model
         self._probe: CostProbe | None = None
@@ -386,11 +395,15 @@ class TPEmulation:
             gathered: bool | BatchOneMultiply = isinstance(t, torch.Tensor) and (
                 gathered_by_multiply(t, r, tpm, known, size)
             )  # fmt: skip
+            node = self._gpus_per_node or GPUS_PER_NODE
             batch_one = None if gathered or not isinstance(t, torch.Tensor) else (
-                batch_one_multiply(t, r, tpm, known, size, weight)
+                batch_one_multiply(t, r, tpm, known, size, weight, node)
             )  # fmt: skip
             if batch_one is not None and batch_one.topology_dependent:
-                self._implicit.setdefault((tpm.fqn, "topology"), topology_warning(tpm, size))
+                self.strategy_gpus_per_node = node
+                if self._gpus_per_node is None:
+                    warning = topology_warning(tpm, size)
+                    self._implicit.setdefault((tpm.fqn, "topology"), warning)
             if batch_one is not None and batch_one.output == ("shard", -1):
                 gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)

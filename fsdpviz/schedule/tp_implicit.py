@@ -21,6 +21,7 @@ from fsdpviz.plan.tensor_parallel import (
     Layout,
     Redistribution,
     TPModule,
+    costed_within_node,
     layout_name,
     same_layout,
 )
@@ -78,15 +79,18 @@ def implicit_warnings(found: dict[tuple[str, int | str], str]) -> list[FsdpWarni
 
 def topology_warning(tpm: TPModule, tp: int) -> str:
     """The warning of a batch of one's multiply whose ``mm`` strategies depend on the tp
-    group's topology as torch costs it (:mod:`fsdpviz.schedule.tp_mm_strategy`)."""
+    group's topology as torch costs it (:mod:`fsdpviz.schedule.tp_mm_strategy`), planned
+    for nodes of :data:`GPUS_PER_NODE` as ``analyze`` named no machine."""
+    within = costed_within_node(tp, GPUS_PER_NODE)
+    where, other = ("within one node", "across nodes") if within else ("across nodes", "within one")
     return (
         f"tensor parallelism: the multiplies of {tpm.fqn} ({tpm.style}) are planned as "
-        f"DTensor's mm strategies pick them for a tp group of {tp} costed within one node "
-        f"(torch's redistribute_cost: intra-host while tp <= num_devices_per_host, i.e. "
-        f"torch.cuda.device_count(); planned for nodes of {GPUS_PER_NODE} GPUs, each "
-        "visible to every rank, as torchtitan's jobs run). Costed across hosts (nodes of "
-        "fewer GPUs, or one visible to each rank; a CPU run) DTensor picks other "
-        "strategies, with other collectives"
+        f"DTensor's mm strategies pick them for a tp group of {tp} costed {where} (torch's "
+        "redistribute_cost: intra-host while tp <= num_devices_per_host, i.e. "
+        f"torch.cuda.device_count()), on nodes of {GPUS_PER_NODE} GPUs each visible to "
+        "every rank, as torchtitan's jobs run, since analyze was given no machine. Costed "
+        f"{other} DTensor picks other strategies, with other collectives: pass "
+        "analyze(..., machine=...) with your nodes' gpus_per_node to plan for them"
     )
 
 
@@ -158,8 +162,10 @@ class BatchOneMultiply:
         input_grad: the layout the input's gradient comes back in.
         weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
-        topology_dependent: whether a strategy would differ were the tp group costed
-            across hosts (:func:`~fsdpviz.schedule.tp_mm_strategy.topology_dependent`).
+        topology_dependent: whether a strategy would differ on nodes on the other side of
+            ``tp <= gpus_per_node`` (the tp group costed across hosts rather than within
+            one, or the other way round:
+            :func:`~fsdpviz.schedule.tp_mm_strategy.topology_dependent`).
     """
 
     forward: tuple[Move, ...]
@@ -194,6 +200,7 @@ def batch_one_multiply(
     known: Layout | None,
     tp: int,
     weight: torch.Tensor | None,
+    gpus_per_node: int = GPUS_PER_NODE,
 ) -> BatchOneMultiply | None:
     """How DTensor multiplies ``t``, a batch of one's DTensor sharded on the sequence that
     ``ColwiseParallel`` leaves to its linear (its declared layouts equal), where its ``mm``
@@ -203,8 +210,9 @@ def batch_one_multiply(
     backward the input gathered again for the weight's gradient or the output's gradient
     moved by an all-to-all (the weight's gradient ``Partial()`` then), the weight gathered
     again for the input's gradient or the output's gradient moved (the input's gradient
-    ``Partial()``). None where it is not that case, or DTensor's choice is one fsdpviz does
-    not plan (noted: :func:`skipped_warning`)."""
+    ``Partial()``). The tp group is costed as on nodes of ``gpus_per_node`` GPUs. None where
+    it is not that case, or DTensor's choice is one fsdpviz does not plan (noted:
+    :func:`skipped_warning`)."""
     if (
         known is None or known[0] != "shard" or tpm.base != "ColwiseParallel" or tpm.float8
         or t.dim() < 3 or tp == 1 or r.src != r.dst or same_layout(known, r.src, t.dim())
@@ -219,10 +227,10 @@ def batch_one_multiply(
     dtype, size = t.dtype, t.element_size()
     Operand = tuple[tuple[int, int], Layout]
     asked: list[tuple[Operand, Operand]] = [(((rows, features), s0), ((features, out), s1))]
-    fwd = mm_choice(*asked[0], dtype, tp)
+    fwd = mm_choice(*asked[0], dtype, tp, gpus_per_node)
     if fwd is not None:
         asked.append((((rows, out), fwd.output), ((out, features), s0)))
-    gi = mm_choice(*asked[1], dtype, tp) if fwd else None
+    gi = mm_choice(*asked[1], dtype, tp, gpus_per_node) if fwd else None
     if fwd is None or gi is None or fwd.output not in (s0, s1):
         return None
     forward = _moves([((rows, features), s0, fwd.inputs[0]),
@@ -237,7 +245,7 @@ def batch_one_multiply(
     if weight.requires_grad and grads:
         grad_t: Layout = s0 if grad == s1 else s1
         asked.append((((out, rows), grad_t), ((rows, features), s0)))
-        gw = mm_choice(*asked[-1], dtype, tp)
+        gw = mm_choice(*asked[-1], dtype, tp, gpus_per_node)
         if gw is None or gw.output not in (s0, PARTIAL):
             return None
         more = _moves([((out, rows), grad_t, gw.inputs[0]),
@@ -252,7 +260,7 @@ def batch_one_multiply(
     return BatchOneMultiply(
         forward, sequence if fwd.output == s0 else ("shard", -1), backward,
         sequence if gi.output == s0 else PARTIAL, partial,
-        any(topology_dependent(a, b, dtype, tp) for a, b in asked),
+        any(topology_dependent(a, b, dtype, tp, gpus_per_node) for a, b in asked),
     )  # fmt: skip
 
 

@@ -12,12 +12,15 @@ which takes a mesh dimension as intra-host (87.7 GB/s, 0.6 us a hop) while the d
 it and the dimensions inside it number at most ``num_devices_per_host`` of the mesh's
 device type (``torch.cuda.device_count()`` on a GPU job), inter-host (a fifth of the
 bandwidth, 2.7 us a hop) beyond. A GPU job's tp mesh is one-dimensional, so torch costs
-its tp group intra-host exactly when ``tp <= device_count()``, wherever its ranks sit. The
-trace does not know the machine (a report is re-costed on others), so fsdpviz plans as
-torchtitan's jobs run: all of a node's GPUs visible to each rank, nodes of
-:data:`GPUS_PER_NODE` (every GPU preset of ``fsdpviz/cost/hardware.py``), tp the innermost
-dimension, within a node when ``tp <= 8``. Where a choice would differ on the other side
-of that line (:func:`topology_dependent`), the caller says so.
+its tp group intra-host exactly when ``tp <= device_count()``, wherever its ranks sit.
+fsdpviz plans as torchtitan's jobs run, all of a node's GPUs visible to each rank, tp the
+innermost dimension: on the nodes of the machine ``analyze(..., machine=...)`` names
+(``Machine.gpus_per_node``), else on nodes of :data:`GPUS_PER_NODE` (every GPU preset of
+``fsdpviz/cost/hardware.py``). Where a choice would differ on the other side of
+``tp <= gpus_per_node`` (:func:`topology_dependent`,
+:func:`~fsdpviz.plan.tensor_parallel.costed_within_node`), the caller says so, and the report
+states the node size it was planned for (``ReportConfig.tp_strategy_gpus_per_node``), which
+a re-costing on other nodes checks.
 
 torch caches ``build_from_mesh`` by mesh (``lru_cache``; a mesh equals another of the same
 ranks, device type, dimension names and thread). fsdpviz's meshes carry a dimension name
@@ -42,11 +45,12 @@ from dataclasses import dataclass
 
 import torch
 
-from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout
+from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout, costed_within_node
 
 GPUS_PER_NODE = 8
-"""GPUs a node of a planned job holds, each visible to every rank on it (torch's
-``num_devices_per_host``): every GPU preset's ``Machine.gpus_per_node``."""
+"""GPUs a node of a planned job holds where ``analyze`` names no machine, each visible to
+every rank on it (torch's ``num_devices_per_host``): every GPU preset's
+``Machine.gpus_per_node``."""
 
 MESH_DIM = "fsdpviz_tp"
 """The dimension name prefix of fsdpviz's own meshes (never a user's)."""
@@ -185,11 +189,11 @@ def topology_dependent(
     b: tuple[tuple[int, int], Layout],
     dtype: torch.dtype,
     tp: int,
+    devices_per_host: int = GPUS_PER_NODE,
 ) -> bool:
-    """Whether DTensor would pick another strategy for ``aten.mm`` of ``a`` by ``b`` were
-    its tp group costed across hosts rather than within one (the assumption of
-    :data:`GPUS_PER_NODE`): on nodes of fewer GPUs than ``tp``, or ranks seeing one GPU
-    each."""
-    if tp > GPUS_PER_NODE:
-        return False  # inter-host on any node of GPUS_PER_NODE or fewer
-    return mm_choice(a, b, dtype, tp) != mm_choice(a, b, dtype, tp, 1)
+    """Whether DTensor would pick another strategy for ``aten.mm`` of ``a`` by ``b`` on the
+    other side of ``tp <= devices_per_host``: its tp group costed across hosts where it fits
+    in one of ``devices_per_host`` (nodes of fewer GPUs, or ranks seeing one GPU each), or
+    within one where it does not (nodes of ``tp`` GPUs or more)."""
+    other = 1 if costed_within_node(tp, devices_per_host) else tp
+    return mm_choice(a, b, dtype, tp, devices_per_host) != mm_choice(a, b, dtype, tp, other)

@@ -103,6 +103,10 @@ class ReportConfig(Mapping[str, Any]):
     # resolved ({module: its parallel style, as torch's repr shortens it})
     tp_world_size: int | None = None
     parallelize_plan: Mapping[str, str] | None = None
+    # the GPUs per node DTensor's mm strategies were picked for, where a multiply's strategy
+    # depends on it (torch costs the tp group within a node while tp <= it: a batch of one's
+    # sequence-sharded input, fsdpviz/schedule/tp_mm_strategy.py); None: none depends on it
+    tp_strategy_gpus_per_node: int | None = None
     # context parallelism: the ranks of the cp dimension (FSDP shards over dp_shard x cp;
     # each rank holds 1/cp of every sequence, ring attention exchanges keys and values)
     cp_world_size: int | None = None

@@ -36,7 +36,7 @@ from fsdpviz.trace.probe_records import recording_moments
 from fsdpviz.tuning.batch_families import BatchFamilies
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
-from fsdpviz.tuning.retune import StoredTrace, on_machine, same_changes
+from fsdpviz.tuning.retune import StoredTrace, holds_on_machine, on_machine, same_changes
 from fsdpviz.tuning.space import (
     KNOBS,
     REPLAYED,
@@ -318,9 +318,10 @@ class Evaluations:
     def _reusable(self, key: tuple[Any, ...], config: Config) -> bool | None:
         """Whether an earlier search's trace of ``key`` is ``config``'s own trace (True:
         made with its replayed knobs), one it replays from (False), or neither (None: none,
-        or a pipeline's, which does not replay)."""
+        or a pipeline's, which does not replay; or one whose tensor parallelism's mm
+        strategies were picked for other nodes than this machine's: :func:`on_machine`)."""
         stored = self.earlier.get(key)
-        if stored is None:
+        if stored is None or not holds_on_machine(stored.report, self.machine_arg):
             return None
         if same_changes(stored.changes, self._traced_changes(config)):
             return True

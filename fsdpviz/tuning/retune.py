@@ -1,12 +1,15 @@
 """What :meth:`fsdpviz.Tuning.retune` keeps of a search: its traces, and what the model and
 its inputs were when they were traced.
 
-A trace does not depend on the machine (``analyze(..., machine=...)`` only states it in
+A trace does not depend on the machine (``analyze(..., machine=...)`` states it in
 ``report.config.machine`` and judges the fit against it), the memory budget, the optimizer
 or the world size (the ranks replay: :func:`fsdpviz.replan.replay`), so a search for
 another of those takes the earlier search's trace of every trace key it meets again
 (:class:`StoredTrace`, keyed as :class:`~fsdpviz.tuning.evaluation.Evaluations` keys them)
-and traces only the keys it has not seen. A trace is taken as the new search's own trace
+and traces only the keys it has not seen. One machine's trace does not hold on another
+where tensor parallelism's mm strategies were picked for its nodes and torch picks others
+on the other's (``report.config.tp_strategy_gpus_per_node``: :func:`holds_on_machine`);
+that key is traced again. A trace is taken as the new search's own trace
 where it was made with the same keywords its key leaves out (the replayed knobs': resharding,
 the mesh's data-parallel dimensions, ...; the precision policy, whose reduce dtype replays)
 as the configuration that meets it first; otherwise that configuration is replayed from it,
@@ -22,8 +25,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from fsdpviz.cost.fit import check_fit, machine_spec
+from fsdpviz.cost.fit import check_fit, machine_named, machine_spec
 from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report
 
@@ -32,6 +36,7 @@ __all__ = [
     "StoredTrace",
     "check_retune",
     "fingerprint",
+    "holds_on_machine",
     "on_machine",
     "same_changes",
 ]
@@ -104,12 +109,25 @@ def _structure(value: Any) -> Any:
     return ("value", type(value).__qualname__, repr(value)[:200])
 
 
+def holds_on_machine(report: Report, machine: Machine | str) -> bool:
+    """Whether ``report``'s trace is the one ``analyze(..., machine=machine)`` makes: not
+    where DTensor's mm strategies of its tensor parallelism were picked for nodes on which
+    torch costs its tp group otherwise than on ``machine``'s
+    (:func:`~fsdpviz.cost.topology.tp_strategies_moved`)."""
+    node = machine_named(machine_spec(machine)).gpus_per_node
+    return tp_strategies_moved(report.config, node) is None
+
+
 def on_machine(report: Report, machine: Machine | str) -> Report:
     """``report`` as ``analyze(..., machine=machine)`` makes it: the machine stated in its
-    config and its fit judged there (a new report: the stored one is left as it is)."""
+    config and its fit judged there (a new report: the stored one is left as it is).
+    ``ConfigError`` where the trace does not hold there (:func:`holds_on_machine`)."""
     spec = machine_spec(machine)
     if report.config.machine == spec:
         return report
+    moved = tp_strategies_moved(report.config, machine_named(spec).gpus_per_node)
+    if moved is not None:
+        raise ConfigError(moved)
     out = dataclasses.replace(
         report, config=report.config.replace(machine=spec), warnings=list(report.warnings)
     )
