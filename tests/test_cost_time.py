@@ -14,7 +14,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import fsdpviz
 from fsdpviz.cost import CATEGORIES, Machine, MemoryReport, Timeline, machine, timeline
-from fsdpviz.cost.hardware import MachineOverrides
+from fsdpviz.cost.hardware import MachineOverrides, ring_bytes
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.schema.memory import MemoryEvent
 
@@ -418,3 +418,19 @@ def test_published_float8_all_gathers_precompute_their_scales_where_their_comman
         b.TORCHAO_MI300X: {True},
         b.TORCHAO_B200: {True},
     }
+
+
+def test_a_ring_moves_all_but_a_ranks_own_share() -> None:
+    """NCCL's ring: each of 8 ranks sends 7/8 of an all-gather's 800 bytes, a
+    reduce-scatter's the same, an all-reduce's twice (a reduce-scatter, then an all-gather);
+    one rank moves nothing. The timeline's bytes on the wire and the collectives' bandwidth
+    time both take them from ``ring_bytes``."""
+    assert ring_bytes("all_gather", 800, 8) == ring_bytes("reduce_scatter", 800, 8) == 700
+    assert ring_bytes("all_reduce", 800, 8) == 1400
+    assert ring_bytes("all_gather", 800, 1) == 0
+    m = machine("h100")
+    latency = m.collective_seconds("all_gather", 1.0, 8)  # the same latency, bytes aside
+    more = m.collective_seconds("all_gather", 1.0 + 8e9, 8) - latency
+    assert more == pytest.approx(
+        ring_bytes("all_gather", 8e9, 8) / (m.intra_gbps(8) * 1e9 * m.comm_efficiency)
+    )

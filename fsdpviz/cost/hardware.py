@@ -31,7 +31,8 @@ under ``"high"`` or ``"medium"`` (``torch.set_float32_matmul_precision``, or
 the report's: what ``analyze`` saw in the process, or its ``float32_matmul_precision=``.
 
 Collectives as NCCL's ring runs them, over ``N`` ranks moving ``S`` bytes (the unsharded
-size; each rank sends and receives ``(N - 1) / N * S``)::
+size; each rank sends and receives ``(N - 1) / N * S``, twice for an all-reduce:
+:func:`ring_bytes`)::
 
     all_gather, reduce_scatter:  base + (N - 1) * step + (N - 1) / N * S / busbw
     all_reduce:                  base + 2 (N - 1) * step + 2 (N - 1) / N * S / busbw
@@ -199,11 +200,10 @@ class Machine:
                     + (where.per_node - 1) * self.intra_node_latency_us
                 )
                 latency = min(latency, tree)
-        moved = (ranks - 1) / ranks * nbytes
         return (
             self.collective_base_us * 1e-6
             + latency * 1e-6
-            + passes * moved / (gbps * 1e9 * self.comm_efficiency)
+            + ring_bytes(kind, nbytes, ranks) / (gbps * 1e9 * self.comm_efficiency)
         )
 
     def p2p_seconds(self, nbytes: float, across_nodes: bool) -> float:
@@ -463,6 +463,17 @@ class MachineOverrides(TypedDict, total=False):
     compiled_launch_us: float
     intra_node_mesh: bool
     expandable_segments: bool
+
+
+def ring_bytes(kind: str, nbytes: float, ranks: int) -> float:
+    """The bytes each rank sends (and receives) in NCCL's ring ``kind`` of ``nbytes`` (the
+    unsharded size) over ``ranks``: ``(ranks - 1) / ranks`` of it, twice for an
+    ``all_reduce`` (a reduce-scatter, then an all-gather).
+
+    >>> ring_bytes("all_gather", 800, 8), ring_bytes("all_reduce", 800, 8)
+    (700.0, 1400.0)
+    """
+    return (ranks - 1) / ranks * nbytes * (2 if kind == "all_reduce" else 1)
 
 
 def machine(

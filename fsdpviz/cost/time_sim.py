@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import replace
 
-from fsdpviz.cost.hardware import Machine
+from fsdpviz.cost.hardware import Machine, ring_bytes
 from fsdpviz.cost.hook_calls import HookCall, tape
 from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
 from fsdpviz.cost.pipeline_time import P2PTimes, p2p_key
@@ -240,7 +240,7 @@ class MicroStepSim:
             dur = self.m.collective_seconds("all_reduce", size, ranks, span) if ranks > 1 else 0.0
             rec.issued = rec.compute_t = rec.start = t
             rec.end = t + dur
-            rec.bytes = (ranks - 1) / ranks * size * 2
+            rec.bytes = ring_bytes("all_reduce", size, ranks)
             rec.exposed = dur
             rec.held, rec.held_by = "optimizer", -1
             self.waits.append(Wait(t, rec.end, rec.index, e.phase, True))
@@ -521,7 +521,7 @@ class MicroStepSim:
             kind, size = "all_gather", size / max(1, ranks)
         dur = self.m.collective_seconds(kind, size, ranks, span) if ranks > 1 else 0.0
         rec.start, rec.end = start, start + dur
-        rec.bytes = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        rec.bytes = ring_bytes(kind, size, ranks)
         self.tally.bytes[rec.event.kind] = self.tally.bytes.get(rec.event.kind, 0.0) + rec.bytes
         self.clocks.tp = rec.end
         if rec.end > self.gate.until:
@@ -574,7 +574,7 @@ class MicroStepSim:
         ranks = self.ranks.cp
         if kind == "all_gather":
             dur = self.m.collective_seconds("all_gather", size, ranks, span)
-            moved = (ranks - 1) / ranks * size
+            moved = ring_bytes("all_gather", size, ranks)
         else:
             dur = self.m.send_seconds(size, span)
             moved = size
@@ -626,7 +626,7 @@ class MicroStepSim:
             rec.held, rec.held_by = held
         dur = self.m.collective_seconds(kind, size, ranks, span) + (extra if ranks > 1 else 0.0)
         rec.start, rec.end = start, start + dur
-        rec.bytes = (ranks - 1) / ranks * size * (2 if kind == "all_reduce" else 1)
+        rec.bytes = ring_bytes(kind, size, ranks)
         self.tally.bytes[kind] = self.tally.bytes.get(kind, 0.0) + rec.bytes
         self.clocks.comm = start + dur
         self.clocks.comm_last = rec.index
