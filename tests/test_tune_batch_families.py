@@ -3,7 +3,9 @@ every candidate as the search that traces each micro-batch makes it, with fewer 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,12 +53,16 @@ def traced_each() -> Tuning:
         return _tune()
 
 
-def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning) -> None:
+def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning, tmp_path: Path) -> None:
     derived = _tune()
     assert {c.micro_batch for c in derived.candidates} == {1, 2, 3, 4, 6, 12}
     assert derived.traces < traced_each.traces and traced_each.derived == 0
     assert derived.traces + derived.derived == traced_each.traces
     assert f"{derived.derived} derived from traces at other micro-batches" in str(derived)
+    saved = json.loads(derived.save(str(tmp_path / "tuning.json")).read_text())
+    assert (saved["traces"], saved["derived"]) == (derived.traces, derived.derived)
+    assert saved["traces"] + saved["derived"] == traced_each.to_dict()["traces"]
+    assert traced_each.to_dict()["derived"] == 0
     assert _candidates(derived) == _candidates(traced_each)
     assert derived.best is not None and traced_each.best is not None
     assert derived.best.knobs == traced_each.best.knobs

@@ -337,7 +337,8 @@ class Evaluations:
 
     def _counts(self) -> str:
         reused = f", {self.reused_count} reused" if self.reused_count else ""
-        return f"{self.trace_count} traces{reused}"
+        derived = f", {self.derived_count} derived" if self.derived_count else ""
+        return f"{self.trace_count} traces{reused}{derived}"
 
     def _trace_kwargs(self, config: Config, kwargs: TuneKwargs) -> TuneKwargs:
         """The analyze keywords of ``config``'s trace (its accumulation is replayed)."""

@@ -77,7 +77,8 @@ class RetuneKwargs(TypedDict, total=False):
 
 
 class TuningJSON(TypedDict):
-    """:meth:`Tuning.to_dict`: what ``tuning.save("x.json")`` writes."""
+    """:meth:`Tuning.to_dict`: what ``tuning.save("x.json")`` writes; ``traces``,
+    ``replays``, ``reused`` and ``derived`` count the trace keys as :class:`Tuning` does."""
 
     api: str
     machine: str
@@ -90,6 +91,7 @@ class TuningJSON(TypedDict):
     traces: int
     replays: int
     reused: int
+    derived: int
     seconds: float
     notes: list[str]
     needs: Needs | None
@@ -338,6 +340,7 @@ class Tuning:
             "traces": self.traces,
             "replays": self.replays,
             "reused": self.reused,
+            "derived": self.derived,
             "seconds": self.seconds,
             "notes": list(self.notes),
             "needs": self.needs,
