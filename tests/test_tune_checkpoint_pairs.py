@@ -4,6 +4,7 @@ search that traces each checkpointing choice makes it, with fewer traces."""
 
 from __future__ import annotations
 
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)
 
 
-def _tune(exhaustive: bool = True) -> Tuning:
+def _tune(exhaustive: bool = True, workers: int = 1) -> Tuning:
     """Exhaustive, or staged under a budget none of the micro-batch of 4 fits without
     checkpointing (the staged search climbs from none to every 2nd block there)."""
     return fsdpviz.tune(
@@ -28,7 +29,7 @@ def _tune(exhaustive: bool = True) -> Tuning:
         exhaustive=exhaustive,
         memory_budget=None if exhaustive else 7_100_000,
         progress=False,
-        workers=1,
+        workers=workers,
     )
 
 
@@ -63,3 +64,13 @@ def test_every_2nd_block_derived_is_the_traced_one(exhaustive: bool) -> None:
     assert _candidates(derived) == _candidates(traced_each)
     assert derived.best is not None and traced_each.best is not None
     assert derived.best.knobs == traced_each.best.knobs
+
+
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork start method"
+)
+def test_workers_give_the_same_search() -> None:
+    traced_each = _traced_each(False)
+    derived = _tune(False, workers=2)
+    assert derived.traces < traced_each.traces
+    assert _candidates(derived) == _candidates(traced_each)

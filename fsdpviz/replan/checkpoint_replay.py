@@ -6,21 +6,23 @@
 in one of two traces of the same job: the one with no checkpointing, or the one with every
 block checkpointed (``activation_checkpointing=[Block]``). What a trace measures between two
 FSDP hook calls (a stretch, :class:`~fsdpviz.schema.profile.StepProfile`) belongs to the
-block whose forward or backward runs there (from its ``pre_forward`` to its
-``post_forward``, from its ``pre_backward`` to its ``post_backward``), or to none (the
-embedding, the head, the loss, the gaps between blocks). So a block's stretches are taken
-from the trace where it has the plan's choice, the others from the one without
-checkpointing: their FLOPs (a checkpointed block's backward runs its forward again), kernels,
-gradients, temporaries. What a stretch holds of the forward's saves counts every block
-whose forward is done and backward not begun: the absolute counters (``activations``,
-``peak``, ``peak_activations``, ``peak_in_place``' first two, ``param_views_freed``' peaks
-and activations, each moment's activations) are shifted by what those blocks hold in the
-plan against what they hold in the stretch's trace. What a block holds differently is
-``delta``: how much more the trace without checkpointing holds across its forward (both
-traces at its ``pre_forward`` and its ``post_forward``). A checkpointed block's modules
-run twice (``ModuleInfo.calls``) and save nothing but the block's inputs
-(``profile.modules``): each block's module records are taken from its trace too, and the
-config states how many blocks are checkpointed.
+block whose forward or backward runs there (from its ``pre_forward`` to the hook after its
+``post_forward``, from its ``pre_backward`` to the hook after its ``post_backward``: what
+runs between, as the model's loop letting go of the block's input, is the block's too), or
+to none (the embedding, the gaps before blocks). So a block's stretches are taken from the
+trace where it has the plan's choice, the others from the one without checkpointing: their
+FLOPs (a checkpointed block's backward runs its forward again), kernels, gradients. What a
+stretch holds counts every block whose forward is done and backward not begun: its absolute
+counters (``activations``, ``forward_temp``, ``backward_temp``, the peaks and the parts of
+them: ``peak``, ``peak_activations``, ``peak_forward_temp``, ``peak_in_place``,
+``param_views_freed``; each moment's) are shifted by what those blocks hold in the plan
+against what they hold in the stretch's trace. What a block holds differently is its
+``delta``: how much more the trace without checkpointing holds of each (activations,
+forward and backward temporaries) across the block's forward (both traces where it begins
+and where it ends). A checkpointed block saves its positional inputs alone
+(``_CheckpointFrame.save_inputs`` in ``torch/utils/checkpoint.py``), and its modules run
+twice (``ModuleInfo.calls``): each block's module records are taken from its trace too
+(``modules``, ``profile.modules``), and the config states how many blocks are checkpointed.
 
 Exact or nothing: :func:`checkpoint_capture` returns None where that is not what
 ``analyze`` makes, and where the two traces cannot show it is:
@@ -38,10 +40,18 @@ Exact or nothing: :func:`checkpoint_capture` returns None where that is not what
   partitioner decides what a compiled region saves by the bytes of its values, and fuses
   across the region's boundary), float8 (the scales a forward saves are freed by the
   backward nodes, kept per stretch);
-- what the traces hold between the blocks is not the sum of what the blocks hold (at the
-  end of a stretch no block owns, the difference between the traces must be the
-  ``delta`` of the blocks then holding their saves), and the capture does not give both
-  traces back (``every(1)`` the checkpointed one, no block the other).
+- what the traces hold is not the sum of what the blocks hold: at the end of a stretch no
+  block owns, and at the end of each block's backward (a block lets go of all it held),
+  the difference between the traces must be the ``delta`` of the blocks then holding their
+  saves, and the capture must give both traces back (``every(1)`` the checkpointed one,
+  no block the other). This refuses a checkpoint that holds keyword inputs:
+  ``torch.utils.checkpoint``'s non-reentrant ``recompute_fn`` closes over the keywords
+  (``fn(*args, **kwargs)``), held with the frame until the region's backward lets go of it,
+  so the first checkpointed block (in forward order) holds them into its backward, and the
+  plan frees them there at a moment neither trace shows (the one without checkpointing
+  frees them as the forward ends, the checkpointed one in the first block's backward).
+  Hugging Face's Llama passes ``position_ids`` and ``cache_position`` to each decoder layer
+  so: refused.
 
 The moments a trace keeps (:func:`~fsdpviz.trace.probe_records.recording_moments`) are
 carried, each stretch's from its trace, its activations and temporaries shifted as the
@@ -51,7 +61,7 @@ made without them).
 Two traces cannot prove that a block holds the same whatever its neighbours' choice: a
 block whose forward saved its own output (its last operator saving what it returns), which
 the next block checkpointed saves again as its input, would be counted twice. None of
-Llama's, GPT-2's or torchtitan's blocks does (each ends with a residual add).
+GPT-2's, Llama's or torchtitan's blocks does (each ends with a residual add).
 
 Example::
 
