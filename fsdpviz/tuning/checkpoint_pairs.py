@@ -5,10 +5,13 @@ the same key: without checkpointing and with each block checkpointed
 A configuration that checkpoints every ``n``-th block (``CheckpointEvery``) has two
 siblings: itself with the checkpointing choice ``none``, and with ``each`` block. Where
 both siblings' traces are there, made with the same replayed knobs, its trace is derived
-from them; where one is there and the other is not, the other is traced in its place (one
-trace either way, and the search that later asks for that sibling finds it traced), unless
-a pair of this search was refused already (its model's blocks do not derive: each trace
-then made as asked). The derived trace is made with the siblings' replayed knobs, which
+from them; where one is there, made with the configuration's replayed knobs, and the other
+is not, the other is traced in its place (one trace either way, and the search that later
+asks for that sibling finds it traced), unless the configuration's micro-batch family
+derives its trace (:mod:`fsdpviz.tuning.batch_families`) or a pair of this search was
+refused already (the model's blocks do not derive: each trace then made as asked; the
+sibling traced for the refused pair is the one trace a search may spend in vain). The
+derived trace is made with the siblings' replayed knobs, which
 tune replays to each configuration's own as it replays any trace of a key."""
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from fsdpviz.replan.checkpoint_replay import CheckpointCapture, checkpoint_capture
+from fsdpviz.replan.checkpoint_replay import checkpoint_capture
 from fsdpviz.schema.checkpointing import CheckpointEvery
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.retune import StoredTrace, same_changes
@@ -31,12 +34,10 @@ Sibling = tuple[tuple[Any, ...], dict[str, Choice]]
 
 
 class CheckpointPairs:
-    """The pairs of one search (see the module's docstring): each pair's capture, and
-    whether one was refused."""
+    """The pairs of one search (see the module's docstring): whether one was refused."""
 
     def __init__(self) -> None:
         self.refused = False  # a pair did not derive: no sibling traced ahead any more
-        self._captures: dict[tuple[Any, ...], CheckpointCapture | None] = {}
 
     @staticmethod
     def siblings(
@@ -108,19 +109,18 @@ class CheckpointPairs:
         (t0, ch0), (t1, ch1) = one, two
         if t0 is None or t1 is None or ch0 is None or ch1 is None or not same_changes(ch0, ch1):
             return None
-        plan = self.derived((k0, k1), (t0, t1), n)
+        plan = self.derived((t0, t1), n)
         return None if plan is None else (plan, ch0)
 
-    def derived(
-        self, keys: tuple[Any, ...], traces: tuple[Report, Report], n: int
-    ) -> Report | None:
-        """The plan that checkpoints every ``n``-th block from the siblings' traces (of the
-        trace keys ``keys``: without checkpointing, with each block); None where not exact
-        (noted: no sibling is traced ahead any more)."""
-        if keys not in self._captures:
-            self._captures[keys] = checkpoint_capture(*traces)
-        capture = self._captures[keys]
+    def derived(self, traces: tuple[Report, Report], n: int) -> Report | None:
+        """The plan that checkpoints every ``n``-th block from the siblings' traces (without
+        checkpointing, with each block); None where not exact (noted: no sibling is traced
+        ahead any more)."""
+        capture = checkpoint_capture(*traces)  # (not kept: each key is derived once)
         if capture is None:
             self.refused = True
             return None
-        return capture.every(n)
+        plan = capture.every(n)
+        for step in plan.profile.iterations if plan.profile is not None else []:
+            step.moments = []  # (no micro-batch family takes a derived trace: let them go)
+        return plan
