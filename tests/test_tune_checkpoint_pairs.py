@@ -74,3 +74,34 @@ def test_workers_give_the_same_search() -> None:
     derived = _tune(False, workers=2)
     assert derived.traces < traced_each.traces
     assert _candidates(derived) == _candidates(traced_each)
+
+
+def test_a_refused_pair_is_traced_as_asked() -> None:
+    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs, so
+    the pair does not derive (see test_checkpoint_replay): every 2nd layer is traced, and
+    the sibling traced for the pair is the one the search takes next."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def tune() -> Tuning:
+        cfg = LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=96,
+            use_cache=False,
+        )  # fmt: skip  (as given: no cache to turn off)
+        ids = example_inputs(ExampleConfig(vocab_size=96), batch=2, seq=12)
+        return fsdpviz.tune(
+            LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
+            knobs=("activation_checkpointing",), exhaustive=True, progress=False, workers=1,
+        )  # fmt: skip
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
+        traced_each = tune()
+    refused = tune()
+    assert refused.checkpoint_derived == 0 and refused.traces == traced_each.traces
+    assert _candidates(refused) == _candidates(traced_each)
