@@ -92,7 +92,7 @@ def test_a_refused_pair_is_traced_as_asked() -> None:
             num_key_value_heads=2,
             vocab_size=96,
             use_cache=False,
-        )  # fmt: skip  (as given: no cache to turn off)
+        )  # use_cache=False: the configuration as given keys the same traces as the rest
         ids = example_inputs(ExampleConfig(vocab_size=96), batch=2, seq=12)
         return fsdpviz.tune(
             LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
