@@ -31,7 +31,8 @@ def _tune(model: torch.nn.Module, **kwargs: Any) -> Tuning:
 
 
 def _counts(text: str) -> str:
-    return re.sub(r"\(\d+ traced(, \d+ traces? reused)?, the rest replayed\) in [\d.]+ s", "", text)
+    counts = r"\(\d+ traced(, \d+ traces? reused)?(, \d+ derived from [^,)]+)*, the rest replayed\)"
+    return re.sub(counts + r" in [\d.]+ s", "", text)
 
 
 def _same_search(got: Tuning, fresh: Tuning, *, replayed: set[int] | None = None) -> None:

@@ -2,7 +2,9 @@
 process, or side by side in forked workers), every other choice replayed from it, each
 configuration costed once by the memory and time models. Of the keys that differ in the
 micro-batch alone, two are traced and the others derived from them
-(:mod:`fsdpviz.replan.batch_replay`), traced where that is not exact."""
+(:mod:`fsdpviz.replan.batch_replay`); a key that checkpoints every ``n``-th block is
+derived from its keys without checkpointing and with each block
+(:mod:`fsdpviz.tuning.checkpoint_pairs`); each traced where that is not exact."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from fsdpviz.replan.precision_replay import (
 from fsdpviz.schema.report import Report
 from fsdpviz.trace.probe_records import recording_moments
 from fsdpviz.tuning.batch_families import BatchFamilies
+from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
 from fsdpviz.tuning.result import Candidate
 from fsdpviz.tuning.retune import StoredTrace, holds_on_machine, on_machine, same_changes
@@ -57,7 +60,9 @@ class Evaluations:
     """The configurations of one search evaluated so far (``candidates``), the traces they
     came from, and how many (``trace_count``, ``replay_count``; ``reused_count``: traces
     taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`;
-    ``derived_count``: traces derived from two at other micro-batches)."""
+    ``derived_count``: traces derived from two at other micro-batches;
+    ``checkpoint_derived_count``: traces of every ``n``-th block checkpointed derived from
+    those without checkpointing and with each block)."""
 
     def __init__(
         self,
@@ -82,7 +87,9 @@ class Evaluations:
         self.replay_count = 0
         self.reused_count = 0
         self.derived_count = 0
+        self.checkpoint_derived_count = 0
         self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
+        self._checkpoints = CheckpointPairs()  # every n-th block from none and each
         self.earlier = dict(earlier or {})
         self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
@@ -259,6 +266,19 @@ class Evaluations:
             self._traces[key] = self._reuse(key)
             return same
         family, samples = self._batch_family(key, config)
+        # every n-th block checkpointed, from its siblings' traces (checkpoint_pairs)
+        checkpointed = self._checkpoints.derive(
+            (key, config, self._key),
+            [] if self.space.pipelined else self.space.choices["activation_checkpointing"],
+            (self._traced_changes(config), self._traces, self._stored),
+            lambda k, c: self._trace(k, c, inputs, self.space.kwargs(c), align),
+            lambda: family is None or self._batches.derived(family, samples) is None,
+        )
+        if checkpointed is not None:
+            self._traces[key] = checkpointed[0]
+            self.made[key] = StoredTrace(*checkpointed)
+            self.checkpoint_derived_count += 1
+            return same_changes(checkpointed[1], self._traced_changes(config))
         if family is None:
             made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
             self._traces[key] = made
@@ -327,6 +347,9 @@ class Evaluations:
             return True
         report = stored.report
         return None if report.pipeline is not None or report.profile is None else False
+
+    def _stored(self, key: tuple[Any, ...]) -> StoredTrace | None:
+        return self.made.get(key) or self.earlier.get(key)
 
     def _reuse(self, key: tuple[Any, ...]) -> Report:
         """The earlier trace of ``key`` (see :meth:`_reusable`) on this search's machine."""

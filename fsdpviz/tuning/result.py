@@ -227,7 +227,9 @@ class Tuning:
     many were replayed from another's trace; ``reused``: how many traces came from the
     search it retunes (:meth:`retune`); ``derived``: how many trace keys were derived from
     two traces at other micro-batches (:mod:`fsdpviz.replan.batch_replay`), not traced;
-    ``seconds``: what the search took.
+    ``checkpoint_derived``: how many trace keys checkpointing every ``n``-th block were derived
+    from those without checkpointing and with each block
+    (:mod:`fsdpviz.replan.checkpoint_replay`), not traced; ``seconds``: what the search took.
     """
 
     candidates: list[Candidate]
@@ -244,6 +246,7 @@ class Tuning:
     needs: Needs | None = None  # nothing fits: what would (ranks, configuration)
     reused: int = 0  # traces taken from the search retuned
     derived: int = 0  # trace keys derived from two traces at other micro-batches
+    checkpoint_derived: int = 0  # every n-th block checkpointed, from none and each block
     # the search again with other arguments, its traces reused (set by tune)
     _retuner: Callable[[RetuneKwargs], Tuning] | None = field(
         default=None, repr=False, compare=False
@@ -490,6 +493,11 @@ def summary(tuning: Tuning) -> str:
     reused = f", {n_reused} trace{'s' if n_reused > 1 else ''} reused" if n_reused else ""
     if tuning.derived:
         reused += f", {tuning.derived} derived from traces at other micro-batches"
+    if tuning.checkpoint_derived:
+        reused += (
+            f", {tuning.checkpoint_derived} derived from traces without checkpointing and "
+            "with each block"
+        )
     lines = [
         f"fsdpviz tune · {tuning.api} on {ranks} x {tuning.machine}: {n} configurations "
         f"({tuning.traces} traced{reused}, the rest replayed) in {tuning.seconds:.1f} s; "

@@ -217,6 +217,7 @@ def _tune(
         needs=search.needs,
         reused=search.reused_count,
         derived=search.derived_count,
+        checkpoint_derived=search.checkpoint_derived_count,
     )
     seen = fingerprint(model, inputs, config) if earlier is None else earlier.seen
     tuning._retuner = _Retuner(

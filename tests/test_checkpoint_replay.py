@@ -1,0 +1,212 @@
+"""Every n-th block checkpointed from two traces (fsdpviz.replan.checkpoint_replay): each
+report ``capture.every(n)`` gives is, field for field, the one ``analyze`` makes with
+``CheckpointEvery([Block], n)``."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+import fsdpviz
+from fsdpviz.errors import ConfigError
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
+from fsdpviz.replan.checkpoint_replay import CheckpointCapture, checkpoint_capture
+from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.trace.probe_records import recording_moments
+
+CONFIG = ExampleConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=5, num_heads=4
+)
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _ids(vocab: int = 256, seq: int = 32, labels: bool = False) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (2, seq), generator=g)
+    return {"input_ids": ids, "labels": ids} if labels else {"input_ids": ids}
+
+
+def _llama() -> torch.nn.Module:
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        use_cache=False,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _gpt2() -> torch.nn.Module:
+    cfg = GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32,
+                     use_cache=False)  # fmt: skip
+    return GPT2LMHeadModel(cfg)
+
+
+@functools.cache
+def _torchtitan() -> tuple[torch.nn.Module, Any, dict[str, Any], type[torch.nn.Module]]:
+    """torchtitan's debug Llama 3 (6 blocks, its freqs_cis a positional input of each), its
+    job's keywords without checkpointing, and its block."""
+    job = {"model": {"name": "llama3", "flavor": "debugmodel"},
+           "training": {"local_batch_size": 2, "seq_len": 32}}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tt = fsdpviz.from_torchtitan(job, world_size=8)
+    kwargs = dict(tt.config)
+    kwargs.pop("activation_checkpointing", None)
+    kwargs.pop("world_size", None)
+    block = type(next(iter(tt.model.layers.values())))
+    return tt.model, tt.inputs, kwargs, block
+
+
+Case = tuple[
+    Callable[[], torch.nn.Module], Callable[[], Any], type[torch.nn.Module], dict[str, Any]
+]
+
+CASES: dict[str, Case] = {
+    "example, FSDP2": (
+        lambda: example_model(CONFIG), _ids, DecoderLayer, {"fully_shard": [DecoderLayer]},
+    ),
+    "example, FSDP2, bf16": (
+        lambda: example_model(CONFIG), _ids, DecoderLayer,
+        {"fully_shard": [DecoderLayer], "mp_policy": BF16},
+    ),
+    "example, FSDP1": (
+        lambda: example_model(CONFIG), _ids, DecoderLayer,
+        {"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer})},
+    ),
+    "example, FSDP1, bf16": (
+        lambda: example_model(CONFIG), _ids, DecoderLayer,
+        {"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer}),
+         "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
+    ),
+    "torchtitan Llama 3, FSDP2, bf16": (
+        lambda: _torchtitan()[0], lambda: _torchtitan()[1], _torchtitan()[3], _torchtitan()[2],
+    ),
+    "GPT-2 (HF), FSDP1, bf16": (
+        _gpt2, lambda: _ids(96, 12, True), GPT2Block,
+        {"auto_wrap_policy": ModuleWrapPolicy({GPT2Block}),
+         "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
+    ),
+    "GPT-2 (HF), FSDP2": (
+        _gpt2, lambda: _ids(96, 12, True), GPT2Block, {"fully_shard": [GPT2Block]},
+    ),
+}  # fmt: skip
+
+
+def _analyze(case: Case, checkpointing: Any, moments: bool = False) -> fsdpviz.Report:
+    build, inputs, _, given = case
+    with recording_moments() if moments else _nothing():
+        return fsdpviz.analyze(
+            build(), inputs(), world_size=8, progress=False,
+            activation_checkpointing=checkpointing, **given,
+        )  # fmt: skip
+
+
+@functools.cache
+def _capture(name: str) -> CheckpointCapture:
+    case = CASES[name]
+    capture = checkpoint_capture(_analyze(case, None), _analyze(case, [case[2]]))
+    assert capture is not None
+    return capture
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_nth_block_is_analyze(name: str, n: int) -> None:
+    case = CASES[name]
+    derived = _capture(name).every(n)
+    assert derived.to_dict() == _analyze(case, CheckpointEvery([case[2]], n)).to_dict()
+
+
+def test_every_block_and_none_give_the_traces_back() -> None:
+    case = CASES["example, FSDP2"]
+    capture = _capture("example, FSDP2")
+    assert capture.blocks == [f"layers.{i}" for i in range(5)]
+    assert capture.every(1).to_dict() == _analyze(case, [DecoderLayer]).to_dict()
+    assert capture.every(6).to_dict() == _analyze(case, None).to_dict()  # more than blocks
+    assert (
+        capture.every(6).to_dict() == _analyze(case, CheckpointEvery([DecoderLayer], 6)).to_dict()
+    )
+    with pytest.raises(ConfigError, match="positive int"):
+        capture.every(0)
+
+
+def test_the_moments_are_carried() -> None:
+    """Traces that kept their moments give a plan with the moments its trace keeps, each
+    stretch's activations shifted as its counters are."""
+    case = CASES["example, FSDP2, bf16"]
+    capture = checkpoint_capture(_analyze(case, None, True), _analyze(case, [DecoderLayer], True))
+    assert capture is not None
+    derived = capture.every(2)
+    traced = _analyze(case, CheckpointEvery([DecoderLayer], 2), True)
+    assert derived.to_dict() == traced.to_dict()
+    assert derived.profile is not None and traced.profile is not None
+    for mine, theirs in zip(derived.profile.iterations, traced.profile.iterations, strict=True):
+        assert mine.moments == theirs.moments and any(m is not None for m in mine.moments)
+    # with one trace's moments alone, none (as a trace made without them)
+    one = checkpoint_capture(_analyze(case, None), _analyze(case, [DecoderLayer], True))
+    assert one is not None
+    plan = one.every(2)
+    assert plan.to_dict() == traced.to_dict()
+    assert plan.profile is not None
+    assert all(m is None for step in plan.profile.iterations for m in step.moments)
+
+
+def test_refused_where_not_whole_blocks_or_one_unit_each() -> None:
+    """Per-operator checkpointing is no block's whole forward; blocks grouped two to a unit
+    would put two blocks' compute, each from another trace, in one stretch."""
+    case = CASES["example, FSDP2"]
+    none = _analyze(case, None)
+    assert checkpoint_capture(none, _analyze(case, SelectiveCheckpoint([DecoderLayer]))) is None
+    assert checkpoint_capture(none, none) is None
+
+    pairs: Case = (
+        lambda: example_model(CONFIG),
+        _ids,
+        DecoderLayer,
+        {"fully_shard": [("layers.0", "layers.1"), ("layers.2", "layers.3"), "layers.4"]},
+    )
+    grouped = (_analyze(pairs, None), _analyze(pairs, [DecoderLayer]))
+    assert checkpoint_capture(*grouped) is None
+
+
+def test_refused_for_a_compiled_job() -> None:
+    """torch's partitioner decides what a compiled region saves, by its values' bytes."""
+    case = CASES["example, FSDP2, bf16"]
+    build, inputs, block, given = case
+    compiled = (build, inputs, block, {**given, "compile": True})
+    assert checkpoint_capture(_analyze(compiled, None), _analyze(compiled, [block])) is None
+
+
+def test_refused_where_checkpoints_hold_keyword_inputs() -> None:
+    """Hugging Face's Llama passes ``position_ids`` and ``cache_position`` to each decoder layer
+    as keywords. torch's non-reentrant checkpoint saves only the positional inputs
+    (``_CheckpointFrame.save_inputs``); its ``recompute_fn`` closes over the keywords, held
+    until the region's backward lets go of the frame. So the first checkpointed block holds
+    them into its backward, where the plan frees them at a moment neither trace shows (the
+    trace without checkpointing frees them as the forward ends, the checkpointed one in the
+    first block's backward): refused."""
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer,
+                  {"fully_shard": [LlamaDecoderLayer]})  # fmt: skip
+    assert checkpoint_capture(_analyze(case, None), _analyze(case, [LlamaDecoderLayer])) is None

@@ -1,0 +1,107 @@
+"""fsdpviz.tune with every 2nd block checkpointed derived from the traces without
+checkpointing and with each block (fsdpviz.tuning.checkpoint_pairs): every candidate as the
+search that traces each checkpointing choice makes it, with fewer traces."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import pytest
+
+import fsdpviz
+from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.tuning import Tuning
+from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
+
+CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)
+
+
+def _tune(exhaustive: bool = True, workers: int = 1) -> Tuning:
+    """Exhaustive, or staged under a budget none of the micro-batch of 4 fits without
+    checkpointing (the staged search climbs from none to every 2nd block there)."""
+    return fsdpviz.tune(
+        example_model(CONFIG),
+        example_inputs(CONFIG, batch=4, seq=32),
+        world_size=8,
+        fully_shard=[DecoderLayer],
+        knobs=("micro_batch", "activation_checkpointing", "reshard_after_forward"),
+        exhaustive=exhaustive,
+        memory_budget=None if exhaustive else 7_100_000,
+        progress=False,
+        workers=workers,
+    )
+
+
+def _candidates(t: Tuning) -> list[tuple[Any, ...]]:
+    """Each candidate's configuration, costs and plan: its report whole, but how it was made
+    (a derived trace is made with its siblings' resharding, then replayed)."""
+    out = []
+    for c in t.candidates:
+        report = c.report.to_dict()
+        report["config"].pop("replayed", None)
+        out.append((sorted(c.knobs.items()), c.tokens_per_s, c.peak_bytes, c.reserved_bytes,
+                    c.fits, c.memory_bytes, report))  # fmt: skip
+    return out
+
+
+def _traced_each(exhaustive: bool) -> Tuning:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
+        return _tune(exhaustive)
+
+
+@pytest.mark.parametrize("exhaustive", [True, False])
+def test_every_2nd_block_derived_is_the_traced_one(exhaustive: bool) -> None:
+    traced_each = _traced_each(exhaustive)
+    derived = _tune(exhaustive)
+    labels = {c.knobs["activation_checkpointing"] for c in derived.candidates}
+    assert "every 2nd DecoderLayer" in labels
+    assert traced_each.checkpoint_derived == 0 < derived.checkpoint_derived
+    assert derived.traces < traced_each.traces
+    assert derived.traces + derived.checkpoint_derived == traced_each.traces
+    assert "derived from traces without checkpointing and with each block" in str(derived)
+    assert _candidates(derived) == _candidates(traced_each)
+    assert derived.best is not None and traced_each.best is not None
+    assert derived.best.knobs == traced_each.best.knobs
+
+
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork start method"
+)
+def test_workers_give_the_same_search() -> None:
+    traced_each = _traced_each(False)
+    derived = _tune(False, workers=2)
+    assert derived.traces < traced_each.traces
+    assert _candidates(derived) == _candidates(traced_each)
+
+
+def test_a_refused_pair_is_traced_as_asked() -> None:
+    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs, so
+    the pair does not derive (see test_checkpoint_replay): every 2nd layer is traced, and
+    the sibling traced for the pair is the one the search takes next."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def tune() -> Tuning:
+        cfg = LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=96,
+            use_cache=False,
+        )  # use_cache=False: the configuration as given keys the same traces as the rest
+        ids = example_inputs(ExampleConfig(vocab_size=96), batch=2, seq=12)
+        return fsdpviz.tune(
+            LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
+            knobs=("activation_checkpointing",), exhaustive=True, progress=False, workers=1,
+        )  # fmt: skip
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
+        traced_each = tune()
+    refused = tune()
+    assert refused.checkpoint_derived == 0 and refused.traces == traced_each.traces
+    assert _candidates(refused) == _candidates(traced_each)
