@@ -66,6 +66,11 @@ def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning, tmp_path
     assert _candidates(derived) == _candidates(traced_each)
     assert derived.best is not None and traced_each.best is not None
     assert derived.best.knobs == traced_each.best.knobs
+    # each derived key's own candidate says so (its hover too), not "traced"
+    made = [c for c in derived.candidates if c.derived == "traces at other micro-batches"]
+    assert 0 < len(made) <= derived.derived and all(c.traced for c in made)
+    assert all(c.derived != "traces at other micro-batches" for c in traced_each.candidates)
+    assert [r["derived"] for r in saved["rows"]] == [c.derived for c in derived.candidates]
 
 
 @pytest.mark.skipif(

@@ -61,6 +61,11 @@ def test_every_2nd_block_derived_is_the_traced_one(exhaustive: bool) -> None:
     assert derived.traces < traced_each.traces
     assert derived.traces + derived.checkpoint_derived == traced_each.traces
     assert "derived from traces without checkpointing and with each block" in str(derived)
+    assert derived.to_dict()["checkpoint_derived"] == derived.checkpoint_derived
+    made = [c for c in derived.candidates if c.derived]
+    assert {c.derived for c in made} == {"traces without checkpointing and with each block"}
+    assert {c.knobs["activation_checkpointing"] for c in made} == {"every 2nd DecoderLayer"}
+    assert 0 < len(made) <= derived.checkpoint_derived and all(c.traced for c in made)
     assert _candidates(derived) == _candidates(traced_each)
     assert derived.best is not None and traced_each.best is not None
     assert derived.best.knobs == traced_each.best.knobs

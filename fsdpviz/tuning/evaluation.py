@@ -88,6 +88,8 @@ class Evaluations:
         self.reused_count = 0
         self.derived_count = 0
         self.checkpoint_derived_count = 0
+        # trace keys derived rather than traced: what from (Candidate.derived)
+        self.derived_from: dict[tuple[Any, ...], str] = {}
         self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
         self._checkpoints = CheckpointPairs()  # every n-th block from none and each
         self.earlier = dict(earlier or {})
@@ -243,6 +245,8 @@ class Evaluations:
             self.notes.append(f"not evaluated ({', '.join(labels)}): {str(e).splitlines()[0]}")
             return None
         candidate = self._candidate(config, kwargs, inputs, report, traced, user)
+        if traced:
+            candidate.derived = self.derived_from.get(key, "")
         self._seen[labels] = candidate
         self._configs[candidate.index] = dict(config)
         return candidate
@@ -278,6 +282,7 @@ class Evaluations:
             self._traces[key] = checkpointed[0]
             self.made[key] = StoredTrace(*checkpointed)
             self.checkpoint_derived_count += 1
+            self.derived_from[key] = "traces without checkpointing and with each block"
             return same_changes(checkpointed[1], self._traced_changes(config))
         if family is None:
             made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
@@ -290,6 +295,7 @@ class Evaluations:
         if derived is not None:
             made, changes = derived
             self.derived_count += 1
+            self.derived_from[key] = "traces at other micro-batches"
         else:
             lead = self._batches.lead(family, samples) if align else None
             made_for, made = config, None
@@ -360,7 +366,8 @@ class Evaluations:
 
     def _counts(self) -> str:
         reused = f", {self.reused_count} reused" if self.reused_count else ""
-        derived = f", {self.derived_count} derived" if self.derived_count else ""
+        count = self.derived_count + self.checkpoint_derived_count
+        derived = f", {count} derived" if count else ""
         return f"{self.trace_count} traces{reused}{derived}"
 
     def _trace_kwargs(self, config: Config, kwargs: TuneKwargs) -> TuneKwargs:

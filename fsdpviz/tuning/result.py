@@ -78,7 +78,8 @@ class RetuneKwargs(TypedDict, total=False):
 
 class TuningJSON(TypedDict):
     """:meth:`Tuning.to_dict`: what ``tuning.save("x.json")`` writes; ``traces``,
-    ``replays``, ``reused`` and ``derived`` count the trace keys as :class:`Tuning` does."""
+    ``replays``, ``reused``, ``derived`` and ``checkpoint_derived`` count the trace keys as
+    :class:`Tuning` does."""
 
     api: str
     machine: str
@@ -92,6 +93,7 @@ class TuningJSON(TypedDict):
     replays: int
     reused: int
     derived: int
+    checkpoint_derived: int
     seconds: float
     notes: list[str]
     needs: Needs | None
@@ -112,7 +114,10 @@ class Candidate:
     (``no_sync`` / ``set_requires_gradient_sync(False)`` before it: ``report`` holds every
     micro-step); ``user``: the configuration as the user gave it; ``traced``: the model
     ran for this one (else it was replayed from another's trace; in a retune, it ran in the
-    search retuned).
+    search retuned), or ``derived`` says from what its plan was derived instead (``"traces at
+    other micro-batches"``, :mod:`fsdpviz.replan.batch_replay`; ``"traces without
+    checkpointing and with each block"``, :mod:`fsdpviz.replan.checkpoint_replay`): the plan
+    a trace would make, with no trace run.
     """
 
     knobs: dict[str, str]
@@ -137,6 +142,7 @@ class Candidate:
     traced: bool = False
     user: bool = False
     index: int = 0
+    derived: str = ""  # traced: what its plan was derived from instead, if it was
 
     @property
     def total_tokens_per_s(self) -> float:
@@ -171,6 +177,7 @@ class Candidate:
             "sync_each": self.sync_each,
             "dominant": self.dominant,
             "traced": self.traced,
+            "derived": self.derived,
             "user": self.user,
         }
 
@@ -344,6 +351,7 @@ class Tuning:
             "replays": self.replays,
             "reused": self.reused,
             "derived": self.derived,
+            "checkpoint_derived": self.checkpoint_derived,
             "seconds": self.seconds,
             "notes": list(self.notes),
             "needs": self.needs,

@@ -158,9 +158,12 @@ def _hover(tuning: Tuning, c: Candidate, frontier: set[int]) -> list[str]:
     if c.dominant:
         lines.append(f"the peak is mostly {c.dominant}")
     lines += [f"{KNOB_NAMES.get(k, k)}: {v}" for k, v in c.knobs.items()]
-    lines.append(
-        "traced: the model ran for it" if c.traced else "replayed from another one's trace"
-    )
+    if c.derived:
+        lines.append(f"derived from {c.derived}: the plan a trace would make, untraced")
+    else:
+        lines.append(
+            "traced: the model ran for it" if c.traced else "replayed from another one's trace"
+        )
     return lines
 
 
