@@ -37,6 +37,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParamHandle
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.utils import _alloc_storage
+from torch.utils.checkpoint import checkpoint
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
@@ -549,6 +550,50 @@ def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.Monke
     kwargs = {"cpu_offload": OFFLOAD, "sharding_strategy": ShardingStrategy.NO_SHARD}
     report, measured = _offloaded_second_layer_twice(monkeypatch, kwargs)
     assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
+
+
+class _SecondLayerAgainCheckpointed(_SecondLayerTwice):
+    """The second layer run twice, its call ``checkpointed`` (0 or 1) under non-reentrant
+    activation checkpointing, which saves the call's input, nothing of its parameters."""
+
+    checkpointed = 1
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](self.embed_tokens(input_ids))
+        for k in range(2):
+            layer = self.layers[1]
+            x = checkpoint(layer, x, use_reentrant=False) if k == self.checkpointed else layer(x)
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+class _SecondLayerFirstCallCheckpointed(_SecondLayerAgainCheckpointed):
+    checkpointed = 0
+
+
+@pytest.mark.parametrize(
+    ("build", "orig"),
+    [
+        (_SecondLayerAgainCheckpointed, True),
+        (_SecondLayerFirstCallCheckpointed, True),
+        (_SecondLayerFirstCallCheckpointed, False),
+    ],
+    ids=["last_call_orig", "first_call_orig", "first_call"],
+)
+def test_no_shard_offload_unit_run_twice_one_call_saving_nothing(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, build: type[_SecondLayerTwice], orig: bool
+) -> None:
+    """``NO_SHARD`` under CPU offload, the second layer run twice, one of its forward calls
+    checkpointed: that call saves nothing of its copy of the host parameters, which the
+    module's views alone hold, so it goes when they move off it, at the next unshard (the
+    second forward's, or with ``use_orig_params=True`` the backward unshard's rebinding of
+    the last forward's views). It was held into the layer's backward: the peak one copy
+    (180,480 B) over, with no note."""
+    kwargs = NO_SHARD_ORIG if orig else {**NO_SHARD_ORIG, "use_orig_params": False}
+    report, measured = _offloaded_second_layer_twice(monkeypatch, kwargs, build)
+    mem = memory_model(report, optimizer=None, iteration=1)
+    assert mem.peak["bytes"] == measured
+    assert not [n for n in mem.notes if "runs more than once in forward" in n]
 
 
 @pytest.mark.parametrize(
