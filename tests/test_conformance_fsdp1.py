@@ -302,6 +302,35 @@ def test_drawn_option_sets(fake_pg: int) -> None:
             assert_same_schedule(real, predicted)
 
 
+@pytest.mark.parametrize("bp", PREFETCH[:2], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "ss", [ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD], ids=lambda s: s.name
+)
+def test_unit_run_again_without_grad(fake_pg: int, ss: ShardingStrategy, bp: Any) -> None:
+    """A unit run again under ``no_grad`` is appended to the post-forward order (FSDP1 records
+    every forward use), and keeps the pre-backward state its forward with grad left
+    (``_register_pre_backward_hooks`` returns at once without grad): the unit after it
+    (the root, ``BACKWARD_PRE``; the unit before it in backward, ``BACKWARD_POST``)
+    prefetches it. fsdpviz replayed the steady state's post-forwards as if grad were
+    enabled, which marked the unit as not needed in backward: no prefetch, from the second
+    iteration on."""
+    from fsdp_harness import record_real_fsdp1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model, x = hm.AgainWithoutGrad(), _x()
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "sharding_strategy": ss,
+          "backward_prefetch": bp}  # fmt: skip
+    groups: dict[str, Any] = {}
+    if ss == ShardingStrategy.HYBRID_SHARD:
+        groups = {"device_mesh": init_device_mesh("cpu", (2, fake_pg // 2))}
+    real = record_real_fsdp1(model, x, {**kw, **groups})
+    sgs = {"shard_group_size": 2} if groups else {}
+    predicted = fsdpviz.analyze(model, x, world_size=fake_pg, **sgs, **kw)
+    assert_same_schedule(real, predicted)
+    assert any(e.unit == "blocks.1" and e.prefetch for e in predicted.iterations[1])
+
+
 def test_drawn_hybrid_option_sets(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ten drawn FSDP1 jobs under ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` on a 2 x 2 mesh
     (a model and its policy; both prefetches, original parameters, the all-gather limit,
