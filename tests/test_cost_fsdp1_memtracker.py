@@ -32,6 +32,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParamHandle
@@ -633,6 +634,55 @@ def test_unit_run_twice_under_parameter_mixed_precision(
     steady = range(micro_steps, 2 * micro_steps)
     predicted = max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
     assert predicted == measured
+
+
+class _SecondLayerAgainWithoutGrad(_SecondLayerTwice):
+    """The second layer run again under ``no_grad`` after the last, its output added to the
+    one that takes a gradient."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        with torch.no_grad():
+            extra = self.layers[1](x)
+        logits: torch.Tensor = self.lm_head(self.norm(x + extra))
+        return logits
+
+
+@pytest.mark.parametrize(
+    "strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD], ids=lambda s: s.name
+)
+def test_unit_run_again_without_grad_under_parameter_mixed_precision(
+    fake_pg: int, strategy: ShardingStrategy
+) -> None:
+    """bf16 parameters, the second layer run again under ``no_grad``: that forward builds no
+    graph, so no ``AccumulateGrad`` of its own, and the post-backward hook holds no first
+    forward's gradient beside ``.grad`` (counted as for a unit run twice with grad: the
+    peak, at the layer's reduce-scatter, 90,240 B over)."""
+    kwargs: dict[str, Any] = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy}
+    groups: dict[str, Any] = {}
+    if strategy == ShardingStrategy.HYBRID_SHARD:
+        groups = {"shard_group_size": 2}
+        measured = _measured_peak(
+            {**kwargs, "device_mesh": init_device_mesh("cpu", (2, 2))},
+            1,
+            build=_SecondLayerAgainWithoutGrad,
+        )[0]
+    else:
+        measured = _measured_peak(kwargs, 1, build=_SecondLayerAgainWithoutGrad)[0]
+    with torch.device("meta"):
+        model = _SecondLayerAgainWithoutGrad(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+        **groups,
+    )
+    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
 
 
 @contextmanager

@@ -234,13 +234,14 @@ class FSDP1Steps:
     def _fsdp1_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
         """FSDP1's own state at the start of a walk: CPU offload's copies the views hold,
         none yet (see :class:`FSDP1Host`); the units whose post-forward reshard moves the
-        original parameters' views; how many times each unit runs in forward."""
+        original parameters' views; how many times each unit runs in forward with grad
+        enabled (a forward under ``no_grad`` makes no ``AccumulateGrad`` of its own)."""
         self.shard_copies = {}
         self._buffered, self._buffering = {}, {}
         self._backward_seen = set()
         self._forwards = {}
-        for c in tape.calls:
-            if c.hook == "pre_forward":
+        for c in tape.calls:  # a forward under no_grad (its argument: grad mode) makes no
+            if c.hook == "pre_forward" and c.arg is not False:  # gradient of its own
                 self._forwards[c.unit] = self._forwards.get(c.unit, 0) + 1
         # each unit's gradient as the trace measured it (with use_orig_params=True, with the
         # alignment padding between parameters)
