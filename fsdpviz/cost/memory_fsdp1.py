@@ -10,6 +10,7 @@ becomes ``.grad``; the first forward's node adds its gradient into ``.grad`` in 
 hook, passed that incoming gradient, holds it until it returns: one more unsharded gradient in
 the compute dtype through the reshard and the reduction (beside the cast to the reduce dtype
 and its reduce-scatter input). Without it the forwards share one node, which gets their sum.
+A forward under ``no_grad`` builds no graph: no node, no gradient (only those with grad count).
 Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
 micro-step left, and frees it: the trace, computing without FSDP (one node), holds the last
 forward's gradient in autograd's buffer from the end of that forward's backward until the
