@@ -185,3 +185,16 @@ def frozen_stack() -> Stack:
 # The models whose autograd graph FSDP1 only extends by its views (no recomputation,
 # no frozen parameters): the engine simulations are checked on all of them.
 VIEW_ONLY = [Stack, CalledTwice, Reordered, Nested, WithAux, SideOutput, ParamFree]
+
+
+class AgainWithoutGrad(Stack):
+    """blocks.1 runs again under ``torch.no_grad()`` after the stack (an output that takes no
+    gradient, added to the one that does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        with torch.no_grad():
+            extra = self.blocks[1](h)
+        return self.head(h + extra)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from fsdp_harness import assert_same_schedule, check_conformance
 from torch import nn
-from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import (
     CustomPolicy,
     ModuleWrapPolicy,
@@ -296,6 +296,76 @@ def test_drawn_option_sets(fake_pg: int) -> None:
         model = build()
         real = record_real_fsdp1(model, inputs(), kw, grad_accum=n)
         predicted = fsdpviz.analyze(model, inputs(), world_size=fake_pg, grad_accum=n, **kw)
+        if n > 1:
+            assert_same_accumulation(real, predicted, n)
+        else:
+            assert_same_schedule(real, predicted)
+
+
+@pytest.mark.parametrize("bp", PREFETCH[:2], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "ss", [ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD], ids=lambda s: s.name
+)
+def test_unit_run_again_without_grad(fake_pg: int, ss: ShardingStrategy, bp: Any) -> None:
+    """A unit run again under ``no_grad`` is appended to the post-forward order (FSDP1 records
+    every forward use), and keeps the pre-backward state its forward with grad left
+    (``_register_pre_backward_hooks`` returns at once without grad): the unit after it
+    (the root, ``BACKWARD_PRE``; the unit before it in backward, ``BACKWARD_POST``)
+    prefetches it. fsdpviz replayed the steady state's post-forwards as if grad were
+    enabled, which marked the unit as not needed in backward: no prefetch, from the second
+    iteration on."""
+    from fsdp_harness import record_real_fsdp1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model, x = hm.AgainWithoutGrad(), _x()
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block}), "sharding_strategy": ss,
+          "backward_prefetch": bp}  # fmt: skip
+    groups: dict[str, Any] = {}
+    if ss == ShardingStrategy.HYBRID_SHARD:
+        groups = {"device_mesh": init_device_mesh("cpu", (2, fake_pg // 2))}
+    real = record_real_fsdp1(model, x, {**kw, **groups})
+    sgs = {"shard_group_size": 2} if groups else {}
+    predicted = fsdpviz.analyze(model, x, world_size=fake_pg, **sgs, **kw)
+    assert_same_schedule(real, predicted)
+    assert any(e.unit == "blocks.1" and e.prefetch for e in predicted.iterations[1])
+
+
+def test_drawn_hybrid_option_sets(fake_pg: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten drawn FSDP1 jobs under ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` on a 2 x 2 mesh
+    (a model and its policy; both prefetches, original parameters, the all-gather limit,
+    mixed precision, CPU offload, accumulation under ``no_sync``): each prediction with
+    ``shard_group_size=2`` equals the recording of real FSDP1, event for event."""
+    from fsdp_harness import assert_same_accumulation, record_real_fsdp1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # CPU offload on a CPU: no pinned memory, no stream to wait for
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu.Stream, "synchronize", lambda self: None, raising=False)
+    mesh = init_device_mesh("cpu", (2, fake_pg // 2))
+    rng = random.Random("fsdp1 hybrid conformance")
+    hybrid = [ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2]
+    for _ in range(10):
+        build, inputs, kw = MODELS[rng.choice(list(MODELS))]
+        kw = {
+            **kw, "sharding_strategy": rng.choice(hybrid),
+            "backward_prefetch": rng.choice(PREFETCH),
+            "forward_prefetch": rng.choice([False, True]),
+            "use_orig_params": rng.choice([False, True]),
+            "limit_all_gathers": rng.choice([True, False]),
+        }  # fmt: skip
+        if rng.random() < 0.4:
+            reduce = rng.choice([None, torch.float32, torch.bfloat16])
+            kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+        if rng.random() < 0.3:
+            kw["cpu_offload"] = CPUOffload(offload_params=True)
+        n = rng.choice([1, 2])
+        torch.manual_seed(0)
+        model = build()
+        real = record_real_fsdp1(model, inputs(), {**kw, "device_mesh": mesh}, grad_accum=n)
+        predicted = fsdpviz.analyze(
+            model, inputs(), world_size=fake_pg, shard_group_size=2, grad_accum=n, **kw
+        )
         if n > 1:
             assert_same_accumulation(real, predicted, n)
         else:

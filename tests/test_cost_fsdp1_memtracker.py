@@ -32,11 +32,13 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParamHandle
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.utils import _alloc_storage
+from torch.utils.checkpoint import checkpoint
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
@@ -551,6 +553,50 @@ def test_no_shard_offload_unit_run_twice(fake_pg: int, monkeypatch: pytest.Monke
     assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
 
 
+class _SecondLayerAgainCheckpointed(_SecondLayerTwice):
+    """The second layer run twice, its call ``checkpointed`` (0 or 1) under non-reentrant
+    activation checkpointing, which saves the call's input, nothing of its parameters."""
+
+    checkpointed = 1
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](self.embed_tokens(input_ids))
+        for k in range(2):
+            layer = self.layers[1]
+            x = checkpoint(layer, x, use_reentrant=False) if k == self.checkpointed else layer(x)
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+class _SecondLayerFirstCallCheckpointed(_SecondLayerAgainCheckpointed):
+    checkpointed = 0
+
+
+@pytest.mark.parametrize(
+    ("build", "orig"),
+    [
+        (_SecondLayerAgainCheckpointed, True),
+        (_SecondLayerFirstCallCheckpointed, True),
+        (_SecondLayerFirstCallCheckpointed, False),
+    ],
+    ids=["last_call_orig", "first_call_orig", "first_call"],
+)
+def test_no_shard_offload_unit_run_twice_one_call_saving_nothing(
+    fake_pg: int, monkeypatch: pytest.MonkeyPatch, build: type[_SecondLayerTwice], orig: bool
+) -> None:
+    """``NO_SHARD`` under CPU offload, the second layer run twice, one of its forward calls
+    checkpointed: that call saves nothing of its copy of the host parameters, which the
+    module's views alone hold, so it goes when they move off it, at the next unshard (the
+    second forward's, or with ``use_orig_params=True`` the backward unshard's rebinding of
+    the last forward's views). It was held into the layer's backward: the peak one copy
+    (180,480 B) over, with no note."""
+    kwargs = NO_SHARD_ORIG if orig else {**NO_SHARD_ORIG, "use_orig_params": False}
+    report, measured = _offloaded_second_layer_twice(monkeypatch, kwargs, build)
+    mem = memory_model(report, optimizer=None, iteration=1)
+    assert mem.peak["bytes"] == measured
+    assert not [n for n in mem.notes if "runs more than once in forward" in n]
+
+
 @pytest.mark.parametrize(
     ("strategy", "micro_steps", "orig"),
     [
@@ -588,6 +634,55 @@ def test_unit_run_twice_under_parameter_mixed_precision(
     steady = range(micro_steps, 2 * micro_steps)
     predicted = max(memory_model(report, optimizer=None, iteration=i).peak["bytes"] for i in steady)
     assert predicted == measured
+
+
+class _SecondLayerAgainWithoutGrad(_SecondLayerTwice):
+    """The second layer run again under ``no_grad`` after the last, its output added to the
+    one that takes a gradient."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        with torch.no_grad():
+            extra = self.layers[1](x)
+        logits: torch.Tensor = self.lm_head(self.norm(x + extra))
+        return logits
+
+
+@pytest.mark.parametrize(
+    "strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD], ids=lambda s: s.name
+)
+def test_unit_run_again_without_grad_under_parameter_mixed_precision(
+    fake_pg: int, strategy: ShardingStrategy
+) -> None:
+    """bf16 parameters, the second layer run again under ``no_grad``: that forward builds no
+    graph, so no ``AccumulateGrad`` of its own, and the post-backward hook holds no first
+    forward's gradient beside ``.grad`` (counted as for a unit run twice with grad: the
+    peak, at the layer's reduce-scatter, 90,240 B over)."""
+    kwargs: dict[str, Any] = {"mixed_precision": BF16_FP32, "sharding_strategy": strategy}
+    groups: dict[str, Any] = {}
+    if strategy == ShardingStrategy.HYBRID_SHARD:
+        groups = {"shard_group_size": 2}
+        measured = _measured_peak(
+            {**kwargs, "device_mesh": init_device_mesh("cpu", (2, 2))},
+            1,
+            build=_SecondLayerAgainWithoutGrad,
+        )[0]
+    else:
+        measured = _measured_peak(kwargs, 1, build=_SecondLayerAgainWithoutGrad)[0]
+    with torch.device("meta"):
+        model = _SecondLayerAgainWithoutGrad(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        **kwargs,
+        **groups,
+    )
+    assert memory_model(report, optimizer=None, iteration=1).peak["bytes"] == measured
 
 
 @contextmanager

@@ -10,6 +10,7 @@ becomes ``.grad``; the first forward's node adds its gradient into ``.grad`` in 
 hook, passed that incoming gradient, holds it until it returns: one more unsharded gradient in
 the compute dtype through the reshard and the reduction (beside the cast to the reduce dtype
 and its reduce-scatter input). Without it the forwards share one node, which gets their sum.
+A forward under ``no_grad`` builds no graph: no node, no gradient (only those with grad count).
 Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
 micro-step left, and frees it: the trace, computing without FSDP (one node), holds the last
 forward's gradient in autograd's buffer from the end of that forward's backward until the
@@ -69,7 +70,10 @@ hooks), and it may make a copy of the parameters that the unit then computes on:
   views alone, an earlier forward's by all it saved of the parameters (its parameters'
   views too, a norm's weight its multiply saved), freed later in the unit's backward. The
   trace records each forward call's moment apart (``"{unit}#{k}"`` in
-  ``HookCall.param_views_freed``), and each copy is dropped at its own. Reports saved
+  ``HookCall.param_views_freed``), and each copy is dropped at its own. A forward call that
+  saved nothing of the parameters (checkpointed, or run under ``no_grad``) has no such
+  moment: its copy is held by the views alone and goes when they move off it, at the next
+  forward's unshard (the backward unshard's, for the last forward). Reports saved
   before it was recorded hold every forward copy to the unit's last saved view: an upper
   bound by up to one copy, noted.
 
@@ -202,7 +206,7 @@ class FSDP1Host(Protocol):
     def _drop_saved_copy(self, unit: str, call: int) -> None: ...
     def _viewed_shard_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _first_forward_gradient(self, c: HookCall) -> None: ...
-    def _saves_views(self, unit: str) -> bool: ...
+    def _saves_views(self, unit: str, call: int | None = None) -> bool: ...
     def _buffered_gradients(self, c: HookCall) -> tuple[int, int]: ...
     def _drop_shard_copy(self, unit: str) -> None: ...
     def _no_shard_reshard(self, unit: str) -> None: ...
@@ -231,13 +235,14 @@ class FSDP1Steps:
     def _fsdp1_setup(self: FSDP1Host, tape: Tape, report: Report) -> None:
         """FSDP1's own state at the start of a walk: CPU offload's copies the views hold,
         none yet (see :class:`FSDP1Host`); the units whose post-forward reshard moves the
-        original parameters' views; how many times each unit runs in forward."""
+        original parameters' views; how many times each unit runs in forward with grad
+        enabled (a forward under ``no_grad`` makes no ``AccumulateGrad`` of its own)."""
         self.shard_copies = {}
         self._buffered, self._buffering = {}, {}
         self._backward_seen = set()
         self._forwards = {}
-        for c in tape.calls:
-            if c.hook == "pre_forward":
+        for c in tape.calls:  # a forward under no_grad (its argument: grad mode) makes no
+            if c.hook == "pre_forward" and c.arg is not False:  # gradient of its own
                 self._forwards[c.unit] = self._forwards.get(c.unit, 0) + 1
         # each unit's gradient as the trace measured it (with use_orig_params=True, with the
         # alignment padding between parameters)
@@ -379,7 +384,8 @@ class FSDP1Steps:
             block: Block = ("h2d", e.unit, e.phase)
             old = copies.pop(e.unit, None)
             again = e.phase == "forward" and e.unit in self.forward_copied
-            if old is not None and again and self._saves_views(e.unit):
+            call = len(self.saved_copies.get(e.unit, []))  # the old copy's forward call
+            if old is not None and again and self._saves_views(e.unit, call):
                 # run again in forward: the views move, and the tensors the forward before
                 # saved (views of its copy) hold that copy into the unit's backward
                 self.saved_copies.setdefault(e.unit, []).append(old)
@@ -391,15 +397,24 @@ class FSDP1Steps:
                 # the old block freed, then the new one (of the same name: what the replay
                 # of the allocator's segments pairs, iteration after iteration)
                 self._free("unsharded_params", "pre_unshard", *old)
+                if again and e.unit in self._by_call:  # a forward that saved nothing of it
+                    self.saved_copies.setdefault(e.unit, []).append((old[0], 0))
+                    block = (*block, len(self.saved_copies[e.unit]))
             self._alloc("unsharded_params", "pre_unshard", block, s.h2d)
             copies[e.unit] = (block, s.h2d)
             if e.phase == "forward":
                 self.forward_copied.add(e.unit)
 
-    def _saves_views(self: FSDP1Host, unit: str) -> bool:
+    def _saves_views(self: FSDP1Host, unit: str, call: int | None = None) -> bool:
         """Whether the unit's forward saved views of its parameters for backward (unknown in
-        reports saved before the trace measured them: taken as saved)."""
-        return unit in self._views_freed or not self.tape.views_measured
+        reports saved before the trace measured them: taken as saved). ``call``: of a unit
+        run more than once in forward, whether that forward call (counted from 0) saved
+        any of them (what holds its copy: see [Note: NO_SHARD's copies])."""
+        if not self.tape.views_measured:
+            return True
+        if call is not None and unit in self._by_call:
+            return f"{unit}#{call}" in self._views_freed
+        return unit in self._views_freed
 
     def _orig_params_copy(self: FSDP1Host, e: Event, s: UnitBytes, c: HookCall) -> None:
         """A ``NO_SHARD`` unit's ``h2d`` event with ``use_orig_params=True``: its views move
@@ -409,15 +424,19 @@ class FSDP1Steps:
         old = self.forward_copies.pop(e.unit, None)
         saved = self.saved_copies.setdefault(e.unit, [])
         # a trace that measured saved views and saw none of the unit's freed: its forward
-        # saved none (each module checkpointed, or none saves one): nothing holds the copy
-        held = self._saves_views(e.unit)
-        if old is not None and old[0][2] == "forward" and e.unit in self.forward_copied and held:
+        # saved none (each module checkpointed, or none saves one): nothing holds the copy;
+        # of a unit run more than once in forward, the old copy's own forward call
+        forward = old is not None and old[0][2] == "forward" and e.unit in self.forward_copied
+        held = self._saves_views(e.unit, len(saved))
+        if old is not None and forward and held:
             saved.append(old)
         elif old is not None:
             self._add("unsharded_params", "pre_unshard", s.h2d)
             self._moment("at", c, e)
             self._add("unsharded_params", "pre_unshard", -s.h2d)
             self._free("unsharded_params", "pre_unshard", *old)
+            if forward and e.unit in self._by_call:  # left in place, of no bytes, to keep
+                saved.append((old[0], 0))  # the calls' order (_drop_saved_copy)
         block: Block = ("h2d", e.unit, e.phase)
         if any(b == block for b, _ in saved):  # a second forward copy beside the first
             block = (*block, len(saved))

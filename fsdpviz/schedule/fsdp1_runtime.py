@@ -96,6 +96,8 @@ class FSDP1Runtime:
         self.log: list[tuple[str, int, bool]] = []
         self._hook: tuple[Hook, str] | None = None
         self._prefetching = False
+        # each unit's grad mode at its last replayed pre-forward (:meth:`replay`)
+        self._replay_grad: dict[int, bool] = {}
         # ``_sync_gradients`` of every FSDP state: False inside ``model.no_sync()`` (set by
         # whoever drives the runtime, per iteration: it is not part of the hook log)
         self.sync = True
@@ -336,13 +338,18 @@ class FSDP1Runtime:
 
     # -------------------------------------------------------------- replay
     def replay(self, log: list[tuple[str, int, bool]]) -> None:
-        """Feed a logged hook sequence through the state machine (no model run)."""
+        """Feed a logged hook sequence through the state machine (no model run). A
+        post-forward runs in the grad mode its unit's pre-forward logged: a forward under
+        ``no_grad`` leaves the unit's pre-backward state as its last forward with grad set
+        it (``_register_pre_backward_hooks`` returns at once), which backward prefetches
+        read."""
         for name, index, flag in log:
             if name == "pre_forward":
+                self._replay_grad[index] = flag
                 self.pre_forward(index, flag)
                 self.needs_post_backward_hook(index, flag)
             elif name == "post_forward":
-                self.post_forward(index, True, flag)
+                self.post_forward(index, self._replay_grad.get(index, True), flag)
             elif name == "pre_backward":
                 self.pre_backward(index)
             elif name == "post_backward":
