@@ -25,12 +25,14 @@ import pipeline_job as pj
 import pytest
 import torch
 from fsdp_harness import assert_same_schedule
-from pipeline_memory import measure
+from pipeline_memory import Measured, measure
 from test_conformance_pipeline import predict
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.pipelining import PipelineStage
 
 from fsdpviz.cost import memory_model
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.memory import MemoryReport
 
 pytestmark = pytest.mark.skipif(
     not hasattr(PipelineStage, "_recv_meta"), reason="torch's PipelineStage infers shapes otherwise"
@@ -91,12 +93,23 @@ def _check(name: str, pp_rank: int, **options: Any) -> None:
     assert real.peak == mem.peak["bytes"]
     events = mine.iterations[-1]
     assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, events, mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
+    _same_at_every_event(real, events, mem)
+
+
+def _same_at_every_event(real: Measured, events: list[Event], mem: MemoryReport) -> None:
+    """The bytes the plan holds at each of the steady step's events (the state its call
+    leaves: an all-gather with its unit's copy-out, a free done, a reduce-scatter's input
+    and output made; a send or receive moves none) are those the real run held then
+    (``real``'s last ``len(events)`` events)."""
+    n = len(events)
+    assert real.events[-n:] and len(real.after) == len(real.events)
+    rows = zip(real.events[-n:], real.after[-n:], events, mem.events, strict=True)
+    differ = [
+        (i, e.kind, e.unit, e.action, used if after is None else after, row.total)
+        for i, ((_, _, used), after, e, row) in enumerate(rows)
+        if (used if after is None else after) != row.total
     ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    assert not differ, differ
 
 
 def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_backward(
@@ -250,12 +263,7 @@ def test_gradient_accumulation_over_steps_reduces_in_every_step(
     assert planned.pipeline is not None
     mine = planned.pipeline.ranks[0]
     mem = memory_model(mine, optimizer=None)
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)
     assert real.peak == mem.peak["bytes"]
 
 
@@ -284,13 +292,7 @@ def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
     assert_same_accumulation(real.report, mine, 2)
     mem = memory_model(mine, optimizer="adamw_foreach")
     assert real.peak == mem.peak["bytes"]
-    last = real.events[-len(mine.iterations[-1]) :]  # the last micro-step's
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(last, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)  # the last micro-step's
     tl = timeline(mine, "h100")
     once = timeline(predict(name, loss=_square).pipeline.ranks[rank // pj.DP], "h100")  # type: ignore[union-attr]
     assert [(m.iteration, m.sync) for m in tl.micro_steps] == [(2, True), (3, True)]
@@ -328,12 +330,7 @@ def test_a_deeper_pipeline_over_two_shards_holds_what_torch_holds(
     assert_same_schedule(real.report, mine)
     mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)
 
 
 @pytest.mark.parametrize(("name", "rank"), [("zbv-4-always", 0), ("zero-bubble-4-always", 2)])
@@ -404,9 +401,7 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
     assert not back & {("pp_recv", 0), ("pp_send", 1)}
     mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
-    p2p = [(used, row.total) for (_, _, used), e, row in zip(real.events, events, mem.events,
-           strict=True) if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
-    assert p2p and all(used == total for used, total in p2p), p2p
+    _same_at_every_event(real, events, mem)
 
 
 @pytest.mark.parametrize(
@@ -456,8 +451,24 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
         lost[0].message
     )
     mem = memory_model(mine, optimizer=None)
-    rows = zip(real.events, mine.iterations[-1], mem.events, strict=True)
-    p2p = [(e.action, used, row.total) for (_, _, used), e, row in rows
-           if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
-    assert p2p and all(used == total for _, used, total in p2p), [x for x in p2p if x[1] != x[2]]
+    _same_at_every_event(real, mine.iterations[-1], mem)
     assert real.peak == mem.peak["bytes"]
+
+
+@pytest.mark.parametrize(
+    ("name", "mp"),
+    [("zero-bubble-4", (torch.bfloat16, torch.float32)), ("zbv-4", (None, torch.bfloat16))],
+    ids=["zero-bubble-bf16-fp32", "zbv-fp32-bf16"],
+)
+def test_reduce_grad_adds_the_last_weight_gradient_in_before_it_reshards(
+    as_rank: object, name: str, mp: tuple[Any, Any]
+) -> None:
+    """A reduce dtype other than the gradients', a split backward: the last ``W`` of a
+    stage leaves a new ``.grad`` beside FSDP2's reduce-dtype copy. ``REDUCE_GRAD``'s
+    ``post_backward`` adds it into the copy and frees it first
+    (``accumulate_unsharded_grad_if_needed``), then reshards (the ``free``), then reduces:
+    at the ``free`` the rank holds neither that gradient nor the parameters (stage 2's
+    ``layers.3``: its bf16 gradient, 6720 bytes; stage 3's ``norm, output``: its float32
+    one, 4160 bytes, which a plan that kept them to the reduction counted there)."""
+    as_rank(0)  # type: ignore[operator]
+    _check(name, 0, mp_policy=MixedPrecisionPolicy(*mp))
