@@ -472,3 +472,19 @@ def test_reduce_grad_adds_the_last_weight_gradient_in_before_it_reshards(
     one, 4160 bytes, which a plan that kept them to the reduction counted there)."""
     as_rank(0)  # type: ignore[operator]
     _check(name, 0, mp_policy=MixedPrecisionPolicy(*mp))
+
+
+def test_a_stage_unshard_over_one_rank_copies_as_its_first_action_starts(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pp 2 x dp 1, ZBVZeroBubble resharding after forward, pipeline rank 0 (stages 0 and
+    3): the runtime's ``UNSHARD`` of a stage over a shard group of one rank issues no
+    all-gather (``FSDPParamGroup.unshard`` only notes a result); the runtime waits for it
+    as the stage's first ``F`` starts (``_assert_unsharded``), where ``wait_for_unshard``
+    copies every group's shard into its unsharded parameters at once: at the embedding's
+    ``free`` in ``0F0``, ``layers.0`` is unsharded already (13440 bytes, which a plan
+    copying it at its own pre-forward left out)."""
+    monkeypatch.setattr(pj, "DP", 1)
+    monkeypatch.setitem(pj.CASES, "zbv-4-always", _ALWAYS["zbv-4-always"])
+    as_rank(0, pj.PP)  # type: ignore[operator]
+    _check("zbv-4-always", 0)
