@@ -456,12 +456,21 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
 
 
 @pytest.mark.parametrize(
-    ("name", "mp"),
-    [("zero-bubble-4", (torch.bfloat16, torch.float32)), ("zbv-4", (None, torch.bfloat16))],
-    ids=["zero-bubble-bf16-fp32", "zbv-fp32-bf16"],
+    ("case", "blocks", "batch", "mp"),
+    [
+        (("InterleavedZeroBubble", 4, "default"), 4, 4, (torch.bfloat16, torch.float32)),
+        (("ZBVZeroBubble", 4, "default"), 4, 4, (None, torch.bfloat16)),
+        (("ZBVZeroBubble", 2, "default"), 6, 2, (torch.bfloat16, torch.float32)),
+    ],
+    ids=["zero-bubble-bf16-fp32", "zbv-fp32-bf16", "zbv-2-microbatches-6-blocks"],
 )
 def test_reduce_grad_adds_the_last_weight_gradient_in_before_it_reshards(
-    as_rank: object, name: str, mp: tuple[Any, Any]
+    as_rank: object,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, int, str],
+    blocks: int,
+    batch: int,
+    mp: tuple[Any, Any],
 ) -> None:
     """A reduce dtype other than the gradients', a split backward: the last ``W`` of a
     stage leaves a new ``.grad`` beside FSDP2's reduce-dtype copy. ``REDUCE_GRAD``'s
@@ -469,9 +478,15 @@ def test_reduce_grad_adds_the_last_weight_gradient_in_before_it_reshards(
     (``accumulate_unsharded_grad_if_needed``), then reshards (the ``free``), then reduces:
     at the ``free`` the rank holds neither that gradient nor the parameters (stage 2's
     ``layers.3``: its bf16 gradient, 6720 bytes; stage 3's ``norm, output``: its float32
-    one, 4160 bytes, which a plan that kept them to the reduction counted there)."""
+    one, 4160 bytes, which a plan that kept them to the reduction counted there). The add
+    is in place across the dtypes, with no cast of the gradient made: with 2 microbatches
+    of one sample and 6 blocks the rank's peak (88104 bytes) is the compute before stage
+    3's ``REDUCE_GRAD``, not at that add (5184 bytes more)."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", blocks)
+    monkeypatch.setattr(pj, "BATCH", batch)
+    monkeypatch.setitem(pj.CASES, "split", case)
     as_rank(0)  # type: ignore[operator]
-    _check(name, 0, mp_policy=MixedPrecisionPolicy(*mp))
+    _check("split", 0, mp_policy=MixedPrecisionPolicy(*mp))
 
 
 def test_a_stage_unshard_over_one_rank_copies_as_its_first_action_starts(

@@ -177,11 +177,9 @@ def rank_step_profile(
             values = _quiet(act, sum(t for _, t in pairs) + held - local.get(key, 0))
             if c.hook == "post_backward" and c.part == "R" and c.unit in unadded:
                 # REDUCE_GRAD's post-backward first adds the .grad a W left into FSDP2's
-                # reduce-dtype copy and frees it (accumulate_unsharded_grad_if_needed),
-                # before it reshards and reduces: its cast beside both at the most
-                n = unadded.pop(c.unit)
-                values["grads"] = {c.unit: -n}
-                values["peak"] += int(n * upcast[c.unit])
+                # reduce-dtype copy and frees it (accumulate_unsharded_grad_if_needed: an
+                # in-place add across the dtypes, no cast made), then reshards and reduces
+                values["grads"] = {c.unit: -unadded.pop(c.unit)}
             add(values)
             casting = 0
         else:
