@@ -3,7 +3,10 @@
 ``measure`` builds this rank's stages of :mod:`pipeline_job`'s model (sharded as torchtitan
 shards them), runs ``torch.distributed.pipelining``'s schedule for ``steps`` steps and
 follows every tensor with torch's ``MemTracker``: the peak of the last step, and the bytes
-in use at each event :class:`fsdpviz.recording.PipelineRecorder` records in it.
+in use at each event :class:`fsdpviz.recording.PipelineRecorder` records in it, as the event
+is issued and as its call returns (what a plan's memory holds at the event: an all-gather
+with its unit's own copy-out, which its hook's ``wait_for_unshard`` makes at once; a free
+done; a reduce-scatter's buffers made).
 
 On the fake process group nothing arrives: a receive leaves the buffer ``PipelineStage``
 allocated for it as it was, which costs the same memory, and the shape inference of the
