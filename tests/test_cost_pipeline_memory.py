@@ -503,3 +503,24 @@ def test_a_stage_unshard_over_one_rank_copies_as_its_first_action_starts(
     monkeypatch.setitem(pj.CASES, "zbv-4-always", _ALWAYS["zbv-4-always"])
     as_rank(0, pj.PP)  # type: ignore[operator]
     _check("zbv-4-always", 0)
+
+
+@pytest.mark.parametrize(
+    ("case", "batch"), [(("GPipe", 1, "always"), 1), (("1F1B", 3, "default"), 3)]
+)
+def test_a_reduction_keeps_the_last_gradient_in_the_reduce_dtype(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, case: tuple[str, int, str], batch: int
+) -> None:
+    """pp 3 x dp_shard 2, one block, bf16 parameters reducing in fp32, pipeline rank 0:
+    stage 0 holds the embedding alone, one parameter, whose gradient the backward's
+    post-backward moved into FSDP2's fp32 copy. ``REDUCE_GRAD``'s ``foreach_reduce`` loops
+    over the gradients (``world_size > 1``), its loop variable keeping the last one, here
+    all of it, alive past ``unsharded_grads.clear()`` while it allocates the reduce-scatter
+    output: in fp32 (4096 bytes), not bf16, the rank's peak (GPipe, one microbatch: 13120
+    bytes, not 11072)."""
+    monkeypatch.setattr(pj, "PP", 3)
+    monkeypatch.setattr(pj, "BATCH", batch)
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 1)
+    monkeypatch.setitem(pj.CASES, "embedding", case)
+    as_rank(1, 6)  # type: ignore[operator]
+    _check("embedding", 0, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from fsdpviz.cost.grad_sizes import Upcast
+from fsdpviz.cost.grad_sizes import Upcast, param_grads, upcasts
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
@@ -204,6 +204,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             {u: stage_root(st.index) for st in pipe.stages for u in st.units} if pipe else {}
         )
         self._stage_units = {st.index: list(st.units) for st in pipe.stages} if pipe else {}
+        # a pipeline's units reducing in another dtype: a post-backward of theirs moved their
+        # gradients into FSDP2's reduce-dtype copy (to_accumulated_grad_if_needed), unless a
+        # W's .grad is all there is (a split backward: no post-backward ran since)
+        self._pipeline_upcast = upcasts(report, param_grads(report)) if pipe else {}
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
@@ -434,6 +438,16 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         if c.hook == "final_callback":
             self.in_backward = False
 
+    def _moved_to_reduce_dtype(self, unit: str, grads: int) -> bool:
+        """A pipeline's unit whose ``grads`` bytes are FSDP2's reduce-dtype copy, not the
+        compute-dtype ``.grad``: ``foreach_reduce``'s loop over the gradients (``world_size
+        > 1``) keeps its last one alive, in that dtype, until it returns."""
+        up = self._pipeline_upcast.get(unit)
+        if up is None:
+            return False
+        compute = sum(up.grads)
+        return abs(grads - compute) * 2 > abs(compute * (up.ratio - 1.0))
+
     def _stage_unshard(self, c: HookCall) -> None:
         """A pipeline action: a stage's ``UNSHARD`` (``unshard(async_op=True)`` on each of
         its FSDP modules), or a compute action of a stage whose ``UNSHARD`` the runtime
@@ -591,6 +605,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         last = self.last_grads.get(e.unit, 0) if self._regroups(e.unit) and grads else 0
         if last and e.unit in self._cast:  # accumulated in the reduce dtype
             last = round(last * self.upcast[e.unit].ratio)
+        elif last and self._moved_to_reduce_dtype(e.unit, grads):
+            last = round(last * self._pipeline_upcast[e.unit].ratio)
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
