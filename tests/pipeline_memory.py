@@ -3,7 +3,10 @@
 ``measure`` builds this rank's stages of :mod:`pipeline_job`'s model (sharded as torchtitan
 shards them), runs ``torch.distributed.pipelining``'s schedule for ``steps`` steps and
 follows every tensor with torch's ``MemTracker``: the peak of the last step, and the bytes
-in use at each event :class:`fsdpviz.recording.PipelineRecorder` records in it.
+in use at each event :class:`fsdpviz.recording.PipelineRecorder` records in it, as the event
+is issued and as its call returns (what a plan's memory holds at the event: an all-gather
+with its unit's own copy-out, which its hook's ``wait_for_unshard`` makes at once; a free
+done; a reduce-scatter's buffers made).
 
 On the fake process group nothing arrives: a receive leaves the buffer ``PipelineStage``
 allocated for it as it was, which costs the same memory, and the shape inference of the
@@ -19,9 +22,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from unittest.mock import patch
 
 import pipeline_job as pj
 import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.pipelining import PipelineStage
 
 from fsdpviz.recording import PipelineRecorder
@@ -34,6 +39,9 @@ class Measured:
     peak: int  # bytes, the last step's
     events: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, unit, bytes)
     report: Report | None = None  # every step's events, as the recorder saw them
+    # the bytes once each event's call returned (a unit's own all-gather: once its hook's
+    # wait_for_unshard copied it out); None: a send or receive, whose call moves no memory
+    after: list[int | None] = field(default_factory=list)
 
 
 class _NoModules:
@@ -131,18 +139,46 @@ def measure(
     opt = torch.optim.AdamW(params, lr=1e-3, foreach=True) if adamw else None
     tracker = _tracker()
     tracker.track_external(*[st.submod for st in stages], *([opt] if opt else []))
-    seen: list[tuple[str, str, int]] = []
+    seen: list[list[Any]] = []  # [kind, unit, bytes as issued, bytes as its call returned]
+    issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
 
     class Recorder(PipelineRecorder):
         def _append(self, event: Event) -> int:
-            seen.append((event.kind, event.unit, _total(tracker)))
-            return super()._append(event)
+            entry = [event.kind, event.unit, _total(tracker), None]
+            seen.append(entry)
+            super()._append(event)
+            index = len(self._current) - 1  # for _timed, which the recorder's wrappers
+            issued[index] = entry  # call as the event's call returns
+            return index
+
+        def _timed(self, index: int, start_ns: int) -> None:
+            entry = issued.pop(index, None)
+            if entry is not None:
+                entry[3] = _total(tracker)
+
+    group_cls = FSDPParamGroup
+    wait = group_cls.wait_for_unshard
+
+    def wait_for_unshard(group: Any) -> None:
+        """A unit's own all-gather ends with its hook's copy-out; a grouped unit's
+        later modules wait again, with nothing to wait for."""
+        wait(group)
+        last = recorder._current[-1] if recorder._current else None
+        own = last is not None and last.kind == "all_gather" and not last.prefetch
+        if own and last.unit == recorder._name(group) and seen and seen[-1][4:] == []:
+            seen[-1][3] = _total(tracker)
+            seen[-1].append("waited")
 
     dtype = getattr(mp_policy, "param_dtype", None) or torch.float32
     if adamw:
         steps = 3 * adamw
     recorder = Recorder(schedule)
-    with _neighbours_metadata(pj.BATCH // microbatches, dtype, frozen), tracker, recorder:
+    with (
+        _neighbours_metadata(pj.BATCH // microbatches, dtype, frozen),
+        tracker,
+        recorder,
+        patch.object(group_cls, "wait_for_unshard", wait_for_unshard),
+    ):
         tokens = pj.tokens() if first else None  # the batch, held through the step
         labels = target() if last else None
         for step in range(steps):
@@ -162,8 +198,10 @@ def measure(
                 for p in st.submod.parameters():
                     p.grad = None
         peak = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    counters = 0
     if opt is not None:  # AdamW's step counters: 4 bytes a parameter, on a GPU the CPU's
         counters = 4 * sum("step" in state for state in opt.state.values())
         peak -= counters
-        seen = [(kind, unit, used - counters) for kind, unit, used in seen]
-    return Measured(peak, seen, recorder.report())
+    events = [(kind, unit, used - counters) for kind, unit, used, *_ in seen]
+    after = [None if e[3] is None else e[3] - counters for e in seen]
+    return Measured(peak, events, recorder.report(), after)

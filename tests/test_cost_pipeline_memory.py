@@ -25,12 +25,14 @@ import pipeline_job as pj
 import pytest
 import torch
 from fsdp_harness import assert_same_schedule
-from pipeline_memory import measure
+from pipeline_memory import Measured, measure
 from test_conformance_pipeline import predict
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.pipelining import PipelineStage
 
 from fsdpviz.cost import memory_model
+from fsdpviz.schema.events import Event
+from fsdpviz.schema.memory import MemoryReport
 
 pytestmark = pytest.mark.skipif(
     not hasattr(PipelineStage, "_recv_meta"), reason="torch's PipelineStage infers shapes otherwise"
@@ -91,12 +93,23 @@ def _check(name: str, pp_rank: int, **options: Any) -> None:
     assert real.peak == mem.peak["bytes"]
     events = mine.iterations[-1]
     assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, events, mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
+    _same_at_every_event(real, events, mem)
+
+
+def _same_at_every_event(real: Measured, events: list[Event], mem: MemoryReport) -> None:
+    """The bytes the plan holds at each of the steady step's events (the state its call
+    leaves: an all-gather with its unit's copy-out, a free done, a reduce-scatter's input
+    and output made; a send or receive moves none) are those the real run held then
+    (``real``'s last ``len(events)`` events)."""
+    n = len(events)
+    assert real.events[-n:] and len(real.after) == len(real.events)
+    rows = zip(real.events[-n:], real.after[-n:], events, mem.events, strict=True)
+    differ = [
+        (i, e.kind, e.unit, e.action, used if after is None else after, row.total)
+        for i, ((_, _, used), after, e, row) in enumerate(rows)
+        if (used if after is None else after) != row.total
     ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    assert not differ, differ
 
 
 def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_backward(
@@ -250,12 +263,7 @@ def test_gradient_accumulation_over_steps_reduces_in_every_step(
     assert planned.pipeline is not None
     mine = planned.pipeline.ranks[0]
     mem = memory_model(mine, optimizer=None)
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)
     assert real.peak == mem.peak["bytes"]
 
 
@@ -284,13 +292,7 @@ def test_gradient_accumulation_plans_two_optimizer_steps_of_micro_steps(
     assert_same_accumulation(real.report, mine, 2)
     mem = memory_model(mine, optimizer="adamw_foreach")
     assert real.peak == mem.peak["bytes"]
-    last = real.events[-len(mine.iterations[-1]) :]  # the last micro-step's
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(last, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)  # the last micro-step's
     tl = timeline(mine, "h100")
     once = timeline(predict(name, loss=_square).pipeline.ranks[rank // pj.DP], "h100")  # type: ignore[union-attr]
     assert [(m.iteration, m.sync) for m in tl.micro_steps] == [(2, True), (3, True)]
@@ -328,12 +330,7 @@ def test_a_deeper_pipeline_over_two_shards_holds_what_torch_holds(
     assert_same_schedule(real.report, mine)
     mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
-    p2p = [
-        (e.action, used, row.total)
-        for (_, _, used), e, row in zip(real.events, mine.iterations[-1], mem.events, strict=True)
-        if e.kind in ("pp_send", "pp_recv")
-    ]
-    assert p2p and all(used == total for _, used, total in p2p), p2p
+    _same_at_every_event(real, mine.iterations[-1], mem)
 
 
 @pytest.mark.parametrize(("name", "rank"), [("zbv-4-always", 0), ("zero-bubble-4-always", 2)])
@@ -404,9 +401,7 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
     assert not back & {("pp_recv", 0), ("pp_send", 1)}
     mem = memory_model(mine, optimizer=None)
     assert real.peak == mem.peak["bytes"]
-    p2p = [(used, row.total) for (_, _, used), e, row in zip(real.events, events, mem.events,
-           strict=True) if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
-    assert p2p and all(used == total for used, total in p2p), p2p
+    _same_at_every_event(real, events, mem)
 
 
 @pytest.mark.parametrize(
@@ -456,8 +451,76 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
         lost[0].message
     )
     mem = memory_model(mine, optimizer=None)
-    rows = zip(real.events, mine.iterations[-1], mem.events, strict=True)
-    p2p = [(e.action, used, row.total) for (_, _, used), e, row in rows
-           if e.kind in ("pp_send", "pp_recv")]  # fmt: skip
-    assert p2p and all(used == total for _, used, total in p2p), [x for x in p2p if x[1] != x[2]]
+    _same_at_every_event(real, mine.iterations[-1], mem)
     assert real.peak == mem.peak["bytes"]
+
+
+@pytest.mark.parametrize(
+    ("case", "blocks", "batch", "mp"),
+    [
+        (("InterleavedZeroBubble", 4, "default"), 4, 4, (torch.bfloat16, torch.float32)),
+        (("ZBVZeroBubble", 4, "default"), 4, 4, (None, torch.bfloat16)),
+        (("ZBVZeroBubble", 2, "default"), 6, 2, (torch.bfloat16, torch.float32)),
+    ],
+    ids=["zero-bubble-bf16-fp32", "zbv-fp32-bf16", "zbv-2-microbatches-6-blocks"],
+)
+def test_reduce_grad_adds_the_last_weight_gradient_in_before_it_reshards(
+    as_rank: object,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, int, str],
+    blocks: int,
+    batch: int,
+    mp: tuple[Any, Any],
+) -> None:
+    """A reduce dtype other than the gradients', a split backward: the last ``W`` of a
+    stage leaves a new ``.grad`` beside FSDP2's reduce-dtype copy. ``REDUCE_GRAD``'s
+    ``post_backward`` adds it into the copy and frees it first
+    (``accumulate_unsharded_grad_if_needed``), then reshards (the ``free``), then reduces:
+    at the ``free`` the rank holds neither that gradient nor the parameters (stage 2's
+    ``layers.3``: its bf16 gradient, 6720 bytes; stage 3's ``norm, output``: its float32
+    one, 4160 bytes, which a plan that kept them to the reduction counted there). The add
+    is in place across the dtypes, with no cast of the gradient made: with 2 microbatches
+    of one sample and 6 blocks the rank's peak (88104 bytes) is the compute before stage
+    3's ``REDUCE_GRAD``, not at that add (5184 bytes more)."""
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", blocks)
+    monkeypatch.setattr(pj, "BATCH", batch)
+    monkeypatch.setitem(pj.CASES, "split", case)
+    as_rank(0)  # type: ignore[operator]
+    _check("split", 0, mp_policy=MixedPrecisionPolicy(*mp))
+
+
+def test_a_stage_unshard_over_one_rank_copies_as_its_first_action_starts(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pp 2 x dp 1, ZBVZeroBubble resharding after forward, pipeline rank 0 (stages 0 and
+    3): the runtime's ``UNSHARD`` of a stage over a shard group of one rank issues no
+    all-gather (``FSDPParamGroup.unshard`` only notes a result); the runtime waits for it
+    as the stage's first ``F`` starts (``_assert_unsharded``), where ``wait_for_unshard``
+    copies every group's shard into its unsharded parameters at once: at the embedding's
+    ``free`` in ``0F0``, ``layers.0`` is unsharded already (13440 bytes, which a plan
+    copying it at its own pre-forward left out)."""
+    monkeypatch.setattr(pj, "DP", 1)
+    monkeypatch.setitem(pj.CASES, "zbv-4-always", _ALWAYS["zbv-4-always"])
+    as_rank(0, pj.PP)  # type: ignore[operator]
+    _check("zbv-4-always", 0)
+
+
+@pytest.mark.parametrize(
+    ("case", "batch"), [(("GPipe", 1, "always"), 1), (("1F1B", 3, "default"), 3)]
+)
+def test_a_reduction_keeps_the_last_gradient_in_the_reduce_dtype(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, case: tuple[str, int, str], batch: int
+) -> None:
+    """pp 3 x dp_shard 2, one block, bf16 parameters reducing in fp32, pipeline rank 0:
+    stage 0 holds the embedding alone, one parameter, whose gradient the backward's
+    post-backward moved into FSDP2's fp32 copy. ``REDUCE_GRAD``'s ``foreach_reduce`` loops
+    over the gradients (``world_size > 1``), its loop variable keeping the last one, here
+    all of it, alive past ``unsharded_grads.clear()`` while it allocates the reduce-scatter
+    output: in fp32 (4096 bytes), not bf16, the rank's peak (GPipe, one microbatch: 13120
+    bytes, not 11072)."""
+    monkeypatch.setattr(pj, "PP", 3)
+    monkeypatch.setattr(pj, "BATCH", batch)
+    monkeypatch.setitem(pj.MODEL_ARGS, "n_layers", 1)
+    monkeypatch.setitem(pj.CASES, "embedding", case)
+    as_rank(1, 6)  # type: ignore[operator]
+    _check("embedding", 0, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))

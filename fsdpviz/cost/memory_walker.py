@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from fsdpviz.cost.grad_sizes import Upcast
+from fsdpviz.cost.grad_sizes import Upcast, param_grads, upcasts
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
@@ -19,6 +19,7 @@ from fsdpviz.schema.report import IGNORED, Report
 
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
 _BACKWARD_ACTION = re.compile(r"\d+[BIW]\d+")  # a pipeline stage's backward of a microbatch
+_STAGE_ACTION = re.compile(r"(\d+)(UNSHARD|F|B|I|W)\d*")  # a stage's UNSHARD, or compute
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
@@ -135,6 +136,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         # its final callback keeps the all-gathers no hook waited for
         self._microbatch_backward = False
         self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
+        # by stage: the units a stage's UNSHARD left to copy, over a shard group of one rank
+        # (FSDPParamGroup.unshard issues nothing there; wait_for_unshard copies the shard
+        # into the unsharded parameters): the runtime waits for them all as the stage's next
+        # compute action starts (_assert_unsharded), before its first unit's hook
+        self._to_copy: dict[int, list[str]] = {}
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
@@ -197,6 +203,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self._root_of = (
             {u: stage_root(st.index) for st in pipe.stages for u in st.units} if pipe else {}
         )
+        self._stage_units = {st.index: list(st.units) for st in pipe.stages} if pipe else {}
+        # a pipeline's units reducing in another dtype: a post-backward of theirs moved their
+        # gradients into FSDP2's reduce-dtype copy (to_accumulated_grad_if_needed), unless a
+        # W's .grad is all there is (a split backward: no post-backward ran since)
+        self._pipeline_upcast = upcasts(report, param_grads(report)) if pipe else {}
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
@@ -349,6 +360,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         unit = c.unit
         if c.hook == "pipeline" and isinstance(c.arg, str) and c.arg != "forward_end":
             self._microbatch_backward = _BACKWARD_ACTION.fullmatch(c.arg) is not None
+            self._stage_unshard(c)
         if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
             self._root = unit
         events = self.tape.events
@@ -425,6 +437,34 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self._window(c, opening=False)
         if c.hook == "final_callback":
             self.in_backward = False
+
+    def _moved_to_reduce_dtype(self, unit: str, grads: int) -> bool:
+        """A pipeline's unit whose ``grads`` bytes are FSDP2's reduce-dtype copy, not the
+        compute-dtype ``.grad``: ``foreach_reduce``'s loop over the gradients (``world_size
+        > 1``) keeps its last one alive, in that dtype, until it returns."""
+        up = self._pipeline_upcast.get(unit)
+        if up is None:
+            return False
+        compute = sum(up.grads)
+        return abs(grads - compute) * 2 > abs(compute * (up.ratio - 1.0))
+
+    def _stage_unshard(self, c: HookCall) -> None:
+        """A pipeline action: a stage's ``UNSHARD`` (``unshard(async_op=True)`` on each of
+        its FSDP modules), or a compute action of a stage whose ``UNSHARD`` the runtime
+        waits for first (``_assert_unsharded``: each handle's ``wait_for_unshard``)."""
+        action = _STAGE_ACTION.fullmatch(str(c.arg))
+        if action is None:
+            return
+        stage = int(action[1])
+        if action[2] == "UNSHARD":
+            gathered = {self.tape.events[e].unit for e in c.events}
+            units = self._stage_units.get(stage, ())
+            self._to_copy[stage] = [
+                u for u in units if u in self.sizes and u not in gathered | self.resident
+            ]
+        elif action[2] in ("F", "B", "I", "W"):
+            for unit in self._to_copy.pop(stage, ()):
+                self._wait(unit, c)
 
     # ---------------------------------------------------------------- events
     def _event(self, e: Event, c: HookCall) -> None:
@@ -565,6 +605,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         last = self.last_grads.get(e.unit, 0) if self._regroups(e.unit) and grads else 0
         if last and e.unit in self._cast:  # accumulated in the reduce dtype
             last = round(last * self.upcast[e.unit].ratio)
+        elif last and self._moved_to_reduce_dtype(e.unit, grads):
+            last = round(last * self._pipeline_upcast[e.unit].ratio)
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:

@@ -174,7 +174,13 @@ def rank_step_profile(
                 waiting.pop(key, None)
             pairs = [*inflight.values(), *waiting.values()]
             act = sum(a for a, _ in pairs)  # its own too (a send of its output)
-            add(_quiet(act, sum(t for _, t in pairs) + held - local.get(key, 0)))
+            values = _quiet(act, sum(t for _, t in pairs) + held - local.get(key, 0))
+            if c.hook == "post_backward" and c.part == "R" and c.unit in unadded:
+                # REDUCE_GRAD's post-backward first adds the .grad a W left into FSDP2's
+                # reduce-dtype copy and frees it (accumulate_unsharded_grad_if_needed: an
+                # in-place add across the dtypes, no cast made), then reshards and reduces
+                values["grads"] = {c.unit: -unadded.pop(c.unit)}
+            add(values)
             casting = 0
         else:
             prof = profiles[c.stage]
