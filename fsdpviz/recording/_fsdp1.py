@@ -38,7 +38,7 @@ from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 from torch.distributed.fsdp._common_utils import HandleTrainingState, clean_tensor_name
 
 from fsdpviz.plan.fsdp1 import FlatLayout, optimizer_fields
-from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._events import EventLog, now_ns, patch, recording_config
 from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
@@ -50,9 +50,7 @@ R = TypeVar("R")
 def _patch(
     stack: ExitStack, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]
 ) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, wrapper(original))
-    stack.callback(setattr, owner, name, original)
+    patch(stack, owner, name, wrapper(getattr(owner, name)))
 
 
 def _copies_host_shard(handle: Any) -> bool:
