@@ -28,7 +28,6 @@ from fsdpviz.flight._dump import (
     DumpError,
     GroupInfo,
     RankDump,
-    human_bytes,
     infer_groups,
     rank_of,
     read_dump,
@@ -38,6 +37,7 @@ from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.names import some_names
 from fsdpviz.schema.report import Report, Unit
 
@@ -470,7 +470,7 @@ def _unmatched(
         itemsize = c.nbytes // c.numel if c.numel else 4
         units[name] = Unit(
             module=name,
-            module_class=f"{c.kind} of {human_bytes(c.nbytes)}",
+            module_class=f"{c.kind} of {size_text(c.nbytes)}",
             params=[],
             numel=c.numel,
             flat_numel=c.numel,
