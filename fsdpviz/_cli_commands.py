@@ -9,7 +9,6 @@ report is written and summed up (``-o``, ``--check``, the advice of its warnings
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import sys
@@ -26,6 +25,7 @@ from fsdpviz._options_cli import Source, UsageError, flags_for, hf_id
 from fsdpviz._options_kwargs import analyze_kwargs, load_hf_model
 from fsdpviz.api.predict import analyze
 from fsdpviz.configs import ConfigNote, from_torchtitan
+from fsdpviz.errors import did_you_mean
 from fsdpviz.examples import example_analysis
 from fsdpviz.export import save
 from fsdpviz.flight import FlightRecorderRun, load_run
@@ -236,8 +236,7 @@ def _import_object(spec: str, what: str) -> Any:
     owner = module_name
     for attr in attr_path.split("."):
         if not hasattr(obj, attr):
-            hint = difflib.get_close_matches(attr, [n for n in dir(obj) if not n.startswith("_")])
-            tip = f"; did you mean {hint[0]!r}?" if hint else ""
+            tip = did_you_mean(attr, [n for n in dir(obj) if not n.startswith("_")])
             raise UsageError(f"{what}: {owner!r} has no attribute {attr!r}{tip}")
         obj = getattr(obj, attr)
         owner += ("." if ":" in owner else ":") + attr

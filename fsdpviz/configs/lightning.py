@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdpviz.configs.common import TrainerConfig, note
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
@@ -156,9 +156,7 @@ def _check_arguments(kwargs: dict[str, Any], strategy_cls: Any) -> None:
     fsdp = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self"}
     for key in kwargs:
         if key not in known and key not in fsdp:
-            names = sorted(known | fsdp)
-            close = difflib.get_close_matches(key, names, n=1)
-            tip = f"; did you mean {close[0]!r}?" if close else ""
+            tip = did_you_mean(key, sorted(known | fsdp))
             raise ConfigError(
                 f"FSDPStrategy has no argument {key!r}, and FullyShardedDataParallel, which "
                 f"gets the ones FSDPStrategy does not take, has none either{tip}"

@@ -41,7 +41,6 @@ since early 2025, ``[quantize.linear.float8]`` since September 2025).
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,7 @@ from fsdpviz.configs.torchtitan_job import (
 )
 from fsdpviz.configs.torchtitan_model import FLAVORS, build_llama3
 from fsdpviz.configs.torchtitan_plan import parallelize_kwargs, pipeline_kwargs
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.trace.probe import traced_as_share
 
 
@@ -105,8 +104,7 @@ def from_torchtitan(
         raise ConfigError(f"{where}: model.name {name!r} is not modelled; fsdpviz builds llama3")
     flavor = str(model_cfg.get("flavor", "debugmodel"))
     if flavor not in FLAVORS:
-        close = difflib.get_close_matches(flavor, list(FLAVORS), n=1)
-        tip = f"; did you mean {close[0]!r}?" if close else ""
+        tip = did_you_mean(flavor, FLAVORS)
         raise ConfigError(
             f"{where}: model.flavor {flavor!r} is not a llama3 flavor ({', '.join(FLAVORS)}){tip}"
         )

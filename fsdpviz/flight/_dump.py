@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fsdpviz.schema.events import Hook
+from fsdpviz.schema.memory import size_text
 
 __all__ = [
-    "Collective", "DumpError", "Frame", "GroupInfo", "RankDump", "Role", "human_bytes",
-    "infer_groups", "read_dump", "read_dumps",
+    "Collective", "DumpError", "Frame", "GroupInfo", "RankDump", "Role", "infer_groups",
+    "read_dump", "read_dumps",
 ]  # fmt: skip
 
 Role = Literal["shard", "replicate", "tp"]
@@ -208,7 +209,7 @@ class Collective:
 
     def describe(self) -> str:
         """``all_gather #12 (288 B, pre_forward)``: what a rank did, in one line."""
-        what = f"{self.kind} #{self.seq} ({human_bytes(self.nbytes)}"
+        what = f"{self.kind} #{self.seq} ({size_text(self.nbytes)}"
         how = self.how()
         return what + (f", {how})" if how else ")")
 
@@ -458,15 +459,6 @@ def _pg_config(raw: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]
         if name and ranks:
             out[name] = (str(info.get("desc", "")), ranks)
     return out
-
-
-def human_bytes(n: float) -> str:
-    """Bytes as people read them: ``288 B``, ``1.5 KiB``, ``40 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} TiB"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from fsdpviz.flight._dump import (
     DumpError,
     GroupInfo,
     RankDump,
-    human_bytes,
     infer_groups,
     rank_of,
     read_dump,
@@ -38,6 +37,7 @@ from fsdpviz.recording import RecordedRun, RunMark, is_recording
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import SaveKwargs, ShowKwargs
+from fsdpviz.schema.memory import size_text
 from fsdpviz.schema.names import some_names
 from fsdpviz.schema.report import Report, Unit
 
@@ -142,23 +142,20 @@ class FlightRecorderRun(RecordedRun):
     def marks(self) -> list[RunMark]:
         """Each rank's collective where the ranks first disagree (``"diverge"``) and, when
         they disagree, the one each rank stopped in (``"stuck"``)."""
-        if self.diagnosis is None:
-            self.diagnose()
+        self.diagnose()  # (made once: the run's marks with it)
         return list(self.run_marks)
 
     def findings(self) -> tuple[str, list[str]]:
-        d = self.diagnose() if self.diagnosis is None else self.diagnosis
+        d = self.diagnose()
         return d.summary(), [str(d)]
 
     def show(self, **kwargs: Unpack[ShowKwargs]) -> Any:
         """:meth:`Diagnosis.show` of :meth:`diagnose` (the dumps alone)."""
-        d = self.diagnosis if self.diagnosis is not None else self.diagnose()
-        return d.show(**kwargs)
+        return self.diagnose().show(**kwargs)
 
     def save(self, path: str | Path, **kwargs: Unpack[SaveKwargs]) -> Path:
         """:meth:`Diagnosis.save` of :meth:`diagnose` (the dumps alone)."""
-        d = self.diagnosis if self.diagnosis is not None else self.diagnose()
-        return d.save(path, **kwargs)
+        return self.diagnose().save(path, **kwargs)
 
     def summary(self) -> str:
         n = sum(len(c) for c in self.collectives.values())
@@ -473,7 +470,7 @@ def _unmatched(
         itemsize = c.nbytes // c.numel if c.numel else 4
         units[name] = Unit(
             module=name,
-            module_class=f"{c.kind} of {human_bytes(c.nbytes)}",
+            module_class=f"{c.kind} of {size_text(c.nbytes)}",
             params=[],
             numel=c.numel,
             flat_numel=c.numel,

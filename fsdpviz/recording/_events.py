@@ -21,6 +21,14 @@ R = TypeVar("R")
 now_ns = time.perf_counter_ns
 
 
+def patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
+    """Set ``owner``'s attribute ``name`` to ``value`` until ``stack`` closes (a class's own
+    attribute as its ``__dict__`` holds it, so that a staticmethod is restored as one)."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, original)
+
+
 def recording_config(api: Api, extra: Mapping[str, Any] | None) -> ReportConfig:
     """What a recorder knows of its run: the API and torch release, and the world size and
     rank when ``torch.distributed`` is initialised; ``extra`` adds to it (or overrides)."""

@@ -38,7 +38,7 @@ from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp_mod
 from torch.distributed.fsdp._common_utils import HandleTrainingState, clean_tensor_name
 
 from fsdpviz.plan.fsdp1 import FlatLayout, optimizer_fields
-from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._events import EventLog, now_ns, patch, recording_config
 from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.report import Report, Unit, dtype_name
@@ -50,15 +50,16 @@ R = TypeVar("R")
 def _patch(
     stack: ExitStack, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]
 ) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, wrapper(original))
-    stack.callback(setattr, owner, name, original)
+    patch(stack, owner, name, wrapper(getattr(owner, name)))
 
 
 def _copies_host_shard(handle: Any) -> bool:
-    """Whether ``pre_unshard`` copies the host shard to the device (on a GPU; on a CPU the
-    copy is a no-op, so the FlatParameter is checked instead): with parameter mixed
-    precision every time, else when the FlatParameter points at the host shard."""
+    """Whether ``pre_unshard`` copies the host shard to the device under
+    ``CPUOffload(offload_params=True)`` (on a GPU; on a CPU the copy is a no-op, so the
+    FlatParameter is checked instead): with parameter mixed precision every time, else when
+    the FlatParameter points at the host shard."""
+    if not handle._offload_params:
+        return False
     if handle._uses_param_mixed_precision and not handle._force_full_precision:
         return True
     flat = handle.flat_param
@@ -69,6 +70,24 @@ def _low_precision_allocated(handle: Any) -> bool:
     """Whether the low-precision shard ``_mp_shard`` holds memory (``_alloc_storage`` leaves
     an allocated one as it is; ``_free_storage`` one already freed)."""
     return bool(handle.flat_param._mp_shard.untyped_storage().size() > 0)
+
+
+def _unsharded_allocated(handle: Any) -> bool:
+    """Whether the padded unsharded FlatParameter still holds memory (a free of one already
+    freed is no event)."""
+    return bool(handle._get_padded_unsharded_flat_param().untyped_storage().size() != 0)
+
+
+def _casts_no_shard(handle: Any) -> bool:
+    """``NO_SHARD``'s low-precision copy of the parameters, made where it is not already
+    (a sharded strategy's is the all-gather's input, which its event stands for)."""
+    return not handle.uses_sharded_strategy and not _low_precision_allocated(handle)
+
+
+def _frees_no_shard_cast(handle: Any) -> bool:
+    """``NO_SHARD``'s low-precision copy freed by ``post_reshard`` (a sharded strategy
+    frees its own once gathered, ``post_unshard``: no event)."""
+    return not handle.uses_sharded_strategy and _low_precision_allocated(handle)
 
 
 class FSDP1Recorder(EventLog):
@@ -111,11 +130,15 @@ class FSDP1Recorder(EventLog):
     def __enter__(self) -> FSDP1Recorder:
         handle_cls = _flat_param.FlatParamHandle
         with ExitStack() as stack:
-            _patch(stack, handle_cls, "_all_gather_flat_param", self._wrap_all_gather)
-            _patch(stack, handle_cls, "_free_unsharded_flat_param", self._wrap_free)
-            _patch(stack, handle_cls, "pre_unshard", self._wrap_pre_unshard)
-            _patch(stack, handle_cls, "_use_low_precision_shard", self._wrap_cast)
-            _patch(stack, handle_cls, "_free_low_precision_sharded_param", self._wrap_free_cast)
+            gather = self._wrap_event("all_gather", prefetch=True)
+            _patch(stack, handle_cls, "_all_gather_flat_param", gather)
+            free = self._wrap_event("free", _unsharded_allocated)
+            _patch(stack, handle_cls, "_free_unsharded_flat_param", free)
+            _patch(stack, handle_cls, "pre_unshard", self._wrap_event("h2d", _copies_host_shard))
+            cast = self._wrap_event("cast", _casts_no_shard, prefetch=True)
+            _patch(stack, handle_cls, "_use_low_precision_shard", cast)
+            free_cast = self._wrap_event("free", _frees_no_shard_cast)
+            _patch(stack, handle_cls, "_free_low_precision_sharded_param", free_cast)
             _patch(stack, _runtime_utils, "_offload_grad", self._wrap_offload_grad)
             _patch(stack, _runtime_utils, "_prefetch_handle", self._wrap_prefetch)
             _patch(stack, _runtime_utils, "_reduce_grad", self._wrap_reduce("reduce_scatter"))
@@ -140,71 +163,39 @@ class FSDP1Recorder(EventLog):
     def _name(self, handle: Any) -> str:
         return self._handle_names.get(id(handle), "?")
 
-    def _emit(self, kind: Any, handle: Any, phase: Any, prefetch: bool = False) -> int:
+    def _emit(
+        self, kind: Any, handle: Any, phase: Any, prefetch: bool = False, group: Any = None
+    ) -> int:
         """Append an event; returns its index for :meth:`_timed` (-1 without timestamps)."""
         hook, hook_unit = self._hook[-1] if self._hook else (None, None)
-        return self._append(Event(kind, self._name(handle), phase, prefetch, hook, hook_unit))
+        event = Event(kind, self._name(handle), phase, prefetch, hook, hook_unit, group=group)
+        return self._append(event)
 
     @staticmethod
     def _phase(handle: Any) -> str:
         return "forward" if handle._training_state == _forward_state() else "backward"
 
-    def _wrap_all_gather(
-        self, original: Callable[Concatenate[Any, P], R]
-    ) -> Callable[Concatenate[Any, P], R]:
-        @functools.wraps(original)
-        def all_gather(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            start = now_ns()
-            i = self._emit("all_gather", handle, self._phase(handle), self._prefetching > 0)
-            return self._call_timed(start, i, original, handle, *args, **kwargs)
+    def _wrap_event(
+        self, kind: str, when: Callable[[Any], bool] | None = None, *, prefetch: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A ``FlatParamHandle`` method issuing a ``kind`` event where ``when(handle)`` holds
+        (always without it); ``prefetch``: marked so while FSDP's prefetch function runs."""
 
-        return all_gather
+        def wrap(
+            original: Callable[Concatenate[Any, P], R],
+        ) -> Callable[Concatenate[Any, P], R]:
+            @functools.wraps(original)
+            def run(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+                if when is not None and not when(handle):
+                    return original(handle, *args, **kwargs)
+                start = now_ns()
+                ahead = prefetch and self._prefetching > 0
+                i = self._emit(kind, handle, self._phase(handle), ahead)
+                return self._call_timed(start, i, original, handle, *args, **kwargs)
 
-    def _wrap_free(
-        self, original: Callable[Concatenate[Any, P], R]
-    ) -> Callable[Concatenate[Any, P], R]:
-        @functools.wraps(original)
-        def free(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            padded = handle._get_padded_unsharded_flat_param()
-            if padded.untyped_storage().size() == 0:
-                return original(handle, *args, **kwargs)
-            start = now_ns()
-            i = self._emit("free", handle, self._phase(handle))
-            return self._call_timed(start, i, original, handle, *args, **kwargs)
+            return run
 
-        return free
-
-    def _wrap_cast(
-        self, original: Callable[Concatenate[Any, P], R]
-    ) -> Callable[Concatenate[Any, P], R]:
-        """``NO_SHARD``'s low-precision copy of the parameters, made where it is not already
-        (a sharded strategy's is the all-gather's input, which its event stands for)."""
-
-        @functools.wraps(original)
-        def cast(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            if handle.uses_sharded_strategy or _low_precision_allocated(handle):
-                return original(handle, *args, **kwargs)
-            start = now_ns()
-            i = self._emit("cast", handle, self._phase(handle), self._prefetching > 0)
-            return self._call_timed(start, i, original, handle, *args, **kwargs)
-
-        return cast
-
-    def _wrap_free_cast(
-        self, original: Callable[Concatenate[Any, P], R]
-    ) -> Callable[Concatenate[Any, P], R]:
-        """``NO_SHARD``'s low-precision copy freed by ``post_reshard`` (a sharded strategy
-        frees its own once gathered, ``post_unshard``: no event)."""
-
-        @functools.wraps(original)
-        def free(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            if handle.uses_sharded_strategy or not _low_precision_allocated(handle):
-                return original(handle, *args, **kwargs)
-            start = now_ns()
-            i = self._emit("free", handle, self._phase(handle))
-            return self._call_timed(start, i, original, handle, *args, **kwargs)
-
-        return free
+        return wrap
 
     def _wrap_reduce(self, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def wrap(
@@ -224,19 +215,6 @@ class FSDP1Recorder(EventLog):
             return reduce
 
         return wrap
-
-    def _wrap_pre_unshard(
-        self, original: Callable[Concatenate[Any, P], R]
-    ) -> Callable[Concatenate[Any, P], R]:
-        @functools.wraps(original)
-        def pre_unshard(handle: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            if handle._offload_params and _copies_host_shard(handle):
-                start = now_ns()
-                i = self._emit("h2d", handle, self._phase(handle))
-                return self._call_timed(start, i, original, handle, *args, **kwargs)
-            return original(handle, *args, **kwargs)
-
-        return pre_unshard
 
     def _wrap_offload_grad(
         self, original: Callable[Concatenate[Any, Any, P], R]
@@ -261,11 +239,7 @@ class FSDP1Recorder(EventLog):
             if group is not getattr(state, "_inter_node_pg", None):
                 return original(tensor, *args, **kwargs)
             start = now_ns()
-            hook, hook_unit = self._hook[-1] if self._hook else (None, None)
-            i = self._append(
-                Event("all_reduce", self._name(handle), "backward", False, hook, hook_unit,
-                      group="replicate")
-            )  # fmt: skip
+            i = self._emit("all_reduce", handle, "backward", group="replicate")
             return self._call_timed(start, i, original, tensor, *args, **kwargs)
 
         return all_reduce

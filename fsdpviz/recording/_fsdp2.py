@@ -43,7 +43,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
 from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
-from fsdpviz.recording._events import EventLog, now_ns, recording_config
+from fsdpviz.recording._events import EventLog, now_ns, patch, recording_config
 from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
 from fsdpviz.schema.names import unwrapped_fqn
@@ -66,12 +66,6 @@ class _Amaxes:
 
     def __init__(self, event: Event, at: int, fqns: list[str]) -> None:
         self.event, self.at, self.fqns, self.count = event, at, fqns, 0
-
-
-def _patch(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    setattr(owner, name, value)
-    stack.callback(setattr, owner, name, original)
 
 
 class FSDP2Recorder(EventLog):
@@ -135,20 +129,20 @@ class FSDP2Recorder(EventLog):
                 ("foreach_reduce", "reduce_scatter"),
             ):
                 collective = self._wrap_collective(getattr(pg_mod, name), kind)
-                _patch(stack, pg_mod, name, collective)
+                patch(stack, pg_mod, name, collective)
             all_reduce = self._wrap_all_reduce(torch.distributed.all_reduce)
-            _patch(stack, torch.distributed, "all_reduce", all_reduce)
+            patch(stack, torch.distributed, "all_reduce", all_reduce)
             # torchao's float8 all-gather: each weight's amax, all-reduced in its cast
             float8_utils = sys.modules.get("torchao.float8.float8_utils")
             if float8_utils is not None and hasattr(float8_utils, "all_reduce"):
                 amax = self._wrap_amax(float8_utils.all_reduce)
-                _patch(stack, float8_utils, "all_reduce", amax)
+                patch(stack, float8_utils, "all_reduce", amax)
                 self._float8 = True
                 norms = self._wrap_amax_norms(torch._foreach_norm)
-                _patch(stack, torch, "_foreach_norm", norms)
-                _patch(stack, funcol, "all_reduce", self._wrap_precomputed(funcol.all_reduce))
+                patch(stack, torch, "_foreach_norm", norms)
+                patch(stack, funcol, "all_reduce", self._wrap_precomputed(funcol.all_reduce))
             for name in ("_to_sharded", "_to_sharded_post_forward"):
-                _patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
+                patch(stack, group_cls, name, self._wrap_free(getattr(group_cls, name)))
             hooks: dict[str, Hook | None] = {
                 "unshard": None,
                 "pre_forward": "pre_forward",
@@ -156,13 +150,13 @@ class FSDP2Recorder(EventLog):
                 "post_backward": "post_backward",
             }
             for name, hook in hooks.items():
-                _patch(stack, group_cls, name, self._wrap_group(getattr(group_cls, name), hook))
+                patch(stack, group_cls, name, self._wrap_group(getattr(group_cls, name), hook))
             prefetch = self._wrap_prefetch(group_cls._prefetch_unshard)
-            _patch(stack, group_cls, "_prefetch_unshard", staticmethod(prefetch))
+            patch(stack, group_cls, "_prefetch_unshard", staticmethod(prefetch))
             pre_backward = self._wrap_pre_backward(state_cls._pre_backward)
-            _patch(stack, state_cls, "_pre_backward", pre_backward)
+            patch(stack, state_cls, "_pre_backward", pre_backward)
             final = self._wrap_final(state_cls._root_post_backward_final_callback)
-            _patch(stack, state_cls, "_root_post_backward_final_callback", final)
+            patch(stack, state_cls, "_root_post_backward_final_callback", final)
             self._started(stack.pop_all())  # undone by __exit__
         return self
 

@@ -28,6 +28,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from torch import nn
 
+from fsdpviz.recording._events import patch
 from fsdpviz.recording._fsdp2 import FSDP2Recorder
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.pipeline import Pipeline, Stage, stage_root
@@ -97,8 +98,8 @@ class PipelineRecorder(FSDP2Recorder):
         assert stack is not None  # set by FSDP2Recorder.__enter__
         try:
             name = schedules._get_profiler_function_name
-            _patch_module(stack, schedules, "_get_profiler_function_name", self._wrap_name(name))
-            _patch_module(stack, schedules, "_batch_p2p", self._wrap_p2p(schedules._batch_p2p))
+            patch(stack, schedules, "_get_profiler_function_name", self._wrap_name(name))
+            patch(stack, schedules, "_batch_p2p", self._wrap_p2p(schedules._batch_p2p))
             _patch_instance(stack, self.schedule, "step", self._wrap_step(self.schedule.step))
             for stage in self.stages:
                 self._patch_stage(stack, stage)
@@ -284,12 +285,6 @@ def stage_modules(part: nn.Module) -> list[str]:
         elif child is not None:
             out.append(name)
     return out
-
-
-def _patch_module(stack: ExitStack, owner: Any, name: str, value: Any) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    stack.callback(setattr, owner, name, original)
 
 
 def _patch_instance(stack: ExitStack, owner: Any, name: str, value: Any) -> None:

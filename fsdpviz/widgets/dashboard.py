@@ -183,10 +183,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _on_busy(self, change: TraitChange) -> None:
         # A re-plan starts: the other views hide the old plan at once. Each shows the new
         # plan with its data (a failed re-plan leaves the old plan shown again).
-        if change["new"]:
-            self.prefetch.busy = self.timeline.busy = True
-        else:
-            self.prefetch.busy = self.timeline.busy = False
+        self.prefetch.busy = self.timeline.busy = change["new"]
 
     def _memory(self, report: Report) -> MemoryOption:
         if self.memory != "auto":
