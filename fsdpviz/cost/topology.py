@@ -31,8 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdpviz.plan.tensor_parallel import costed_within_node
-from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.config import ReportConfig, costed_within_node
 
 
 @dataclass(frozen=True)

@@ -94,14 +94,6 @@ def layout_name(layout: Layout) -> str:
     return f"Shard({dim})" if kind == "shard" else f"{kind.capitalize()}()"
 
 
-def costed_within_node(tp: int, gpus_per_node: int) -> bool:
-    """Whether DTensor's cost model (``redistribute_cost``) weighs a tp group of ``tp``
-    ranks as within one host on nodes of ``gpus_per_node`` GPUs, each visible to every rank
-    on it: ``MeshTopoInfo.build_from_mesh`` takes a one-dimensional mesh as intra-host while
-    its devices number at most ``num_devices_per_host`` (``torch.cuda.device_count()``)."""
-    return tp <= gpus_per_node
-
-
 def same_layout(a: Layout, b: Layout, ndim: int) -> bool:
     """Whether a tensor of ``ndim`` dims in ``a`` is already in ``b`` (no redistribution)."""
     if a[0] == b[0] == "shard" and a[1] is not None and b[1] is not None:

@@ -21,12 +21,12 @@ from fsdpviz.plan.tensor_parallel import (
     Layout,
     Redistribution,
     TPModule,
-    costed_within_node,
     layout_name,
     same_layout,
 )
 from fsdpviz.schedule.tp_buffers import padded_bytes
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE, mm_choice, topology_dependent
+from fsdpviz.schema.config import costed_within_node
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
 

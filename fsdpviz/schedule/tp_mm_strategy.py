@@ -18,7 +18,7 @@ innermost dimension: on the nodes of the machine ``analyze(..., machine=...)`` n
 (``Machine.gpus_per_node``), else on nodes of :data:`GPUS_PER_NODE` (every GPU preset of
 ``fsdpviz/cost/hardware.py``). Where a choice would differ on the other side of
 ``tp <= gpus_per_node`` (:func:`topology_dependent`,
-:func:`~fsdpviz.plan.tensor_parallel.costed_within_node`), the caller says so, and the report
+:func:`~fsdpviz.schema.config.costed_within_node`), the caller says so, and the report
 states the node size it was planned for (``ReportConfig.tp_strategy_gpus_per_node``), which
 a re-costing on other nodes checks.
 
@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout, costed_within_node
+from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout
+from fsdpviz.schema.config import costed_within_node
 
 GPUS_PER_NODE = 8
 """GPUs a node of a planned job holds where ``analyze`` names no machine, each visible to

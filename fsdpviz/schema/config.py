@@ -65,6 +65,15 @@ def shard_split(world_size: int, group_size: int, strategy: str) -> tuple[int, i
     return group_size, 1
 
 
+def costed_within_node(tp: int, gpus_per_node: int) -> bool:
+    """Whether DTensor's cost model (``redistribute_cost``) weighs a tp group of ``tp``
+    ranks as within one host on nodes of ``gpus_per_node`` GPUs, each visible to every rank
+    on it: ``MeshTopoInfo.build_from_mesh`` takes a one-dimensional mesh as intra-host while
+    its devices number at most ``num_devices_per_host`` (``torch.cuda.device_count()``).
+    What :attr:`ReportConfig.tp_strategy_gpus_per_node` is compared by."""
+    return tp <= gpus_per_node
+
+
 @dataclass(frozen=True, eq=False)
 class ReportConfig(Mapping[str, Any]):
     """How a report was made; see the module docstring.
