@@ -143,7 +143,11 @@ def api_lines(tuning: Tuning, c: Candidate) -> list[str]:
         memory,
         *([f"the peak is mostly {c.dominant}"] if c.dominant else []),
         *[f"{KNOB_NAMES[k]}: {v}" for k, v in c.knobs.items()],
-        "traced: the model ran for it" if c.traced else "replayed from another one's trace",
+        f"derived from {c.derived}: the plan a trace would make, untraced"
+        if c.derived
+        else "traced: the model ran for it"
+        if c.traced
+        else "replayed from another one's trace",
     ]
 
 
