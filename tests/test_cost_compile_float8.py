@@ -408,10 +408,10 @@ def test_compiled_float8_casts_hold_only_their_float8_results() -> None:
 
 def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
     """torchtitan calls ``precompute_float8_dynamic_scale_for_fsdp`` after
-    ``optimizer.step()``: the all-reduce of every float8 weight's amax starts when the
-    optimizer's last kernel ends, once per optimizer step however many micro-steps it
-    accumulates, and the step ends when it does (the scales' clamp, and the next step's first
-    all-gather after it, wait for it)."""
+    ``optimizer.step()``: its norms of the float8 weights' shards start when the optimizer's
+    last kernel ends, the all-reduce of every float8 weight's amax when they end, once per
+    optimizer step however many micro-steps it accumulates, and the scales' clamp after it;
+    the step ends when that does (the next step's first all-gather waits for it)."""
     spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"],
             "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
     report = _report(fully_shard=[DecoderLayer], mp_policy=BF16, float8=spec)
@@ -458,7 +458,10 @@ def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
             == pytest.approx(t["micro_step_s"] + t["optimizer_s"] + computed + took)
         )
         (why,) = [b for b in tl.bottlenecks() if b["event"] == pre.index]
-        assert why["cause"] == "tail" and "optimizer step's last kernel" in why["reason"]
+        assert (
+            why["cause"] == "tail"
+            and "after the optimizer step and torchao's norms" in why["reason"]
+        )
     # three micro-steps, each reducing its gradients: one precomputation, after the optimizer
     three = timeline(report, m, grad_accum=3)
     t3 = three.totals

@@ -447,8 +447,9 @@ def _explain(
     if tail > 0 and held == "optimizer":
         parts.append(
             ("tail",
-             f"the step's tail: {_named(r)} starts when the optimizer step's last kernel ends "
-             f"and takes {lasts}, and nothing overlaps it: the scales' clamp after it waits "
+             f"the step's tail: {_named(r)} starts after the optimizer step and torchao's "
+             f"norms of the float8 weights' shards, and takes {lasts}, and nothing overlaps "
+             "it: the scales' clamp after it waits "
              "for it on the compute stream, and the next step's first float8 all-gather after "
              "that")
         )  # fmt: skip
