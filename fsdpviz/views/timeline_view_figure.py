@@ -203,7 +203,8 @@ def _add_step_work(
     color = CATEGORY_COLORS["optimizer"]
     fig.add_trace(
         go.Bar(
-            name="optimizer step (and float8 scales)",
+            name="optimizer step"
+            + (" and float8 scales" if any(n != "optimizer" for n in w["name"]) else ""),
             **_spans(w["x0"], w["x1"], scale),
             y=[category[lane_of[g]] for g in w["group"]],
             marker={
