@@ -408,10 +408,10 @@ def test_compiled_float8_casts_hold_only_their_float8_results() -> None:
 
 def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
     """torchtitan calls ``precompute_float8_dynamic_scale_for_fsdp`` after
-    ``optimizer.step()``: the all-reduce of every float8 weight's amax starts when the
-    optimizer's last kernel ends, once per optimizer step however many micro-steps it
-    accumulates, and the step ends when it does (the scales' clamp, and the next step's first
-    all-gather after it, wait for it)."""
+    ``optimizer.step()``: its norms of the float8 weights' shards start when the optimizer's
+    last kernel ends, the all-reduce of every float8 weight's amax when they end, once per
+    optimizer step however many micro-steps it accumulates, and the scales' clamp after it;
+    the step ends when that does (the next step's first all-gather waits for it)."""
     spec = {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["lm_head"],
             "precompute_float8_dynamic_scale_for_fsdp": True}  # fmt: skip
     report = _report(fully_shard=[DecoderLayer], mp_policy=BF16, float8=spec)
@@ -426,21 +426,47 @@ def test_precomputed_scales_all_reduce_after_the_optimizer_step() -> None:
         micro_end = max([r.end for r in rest] + [c.end for c in tl.compute])
         assert t["micro_step_s"] == pytest.approx(micro_end)
         assert t["optimizer_s"] > 0
-        assert pre.start == pytest.approx(micro_end + t["optimizer_s"])
+        # the compute after the last micro-step: the optimizer step, torchao's norms of the
+        # float8 weights' shards, the all-reduce, the clamp and reciprocal of the amaxes
+        opt, amax, scales = tl.step_work
+        assert [w.name for w in tl.step_work] == ["optimizer", "float8_amax", "float8_scales"]
+        assert opt.start == pytest.approx(micro_end)
+        assert opt.end - opt.start == pytest.approx(t["optimizer_s"])
+        assert amax.start == pytest.approx(opt.end) and pre.start == pytest.approx(amax.end)
+        # each weight's padded shard read once (float32: the sharded parameters), in one
+        # multi-tensor launch, its cleanup kernel, and torch.stack of the 14 norms
+        shards = sum(
+            math.ceil(shape[0] / 8) * shape[1]
+            for mod in report.modules
+            for name, shape in mod.params.items()
+            if mod.module_class == "Linear" and name == "weight" and "lm_head" not in mod.fqn
+        )
+        assert amax.bytes == 4 * shards + 4 * 14 + 2 * 14 * 4 and amax.kernels == 3
+        launched = 3 * m.launch_forward_us * 1e-6
+        ran = m.memory_seconds(4 * shards + 4 * 14) + m.memory_seconds(2 * 14 * 4)
+        ran += 3 * m.kernel_us * 1e-6
+        assert amax.end - amax.start == pytest.approx(max(launched, ran))
+        assert scales.start == pytest.approx(pre.end) and scales.kernels == 4
+        assert scales.end - scales.start == pytest.approx(4 * m.launch_forward_us * 1e-6)
         assert pre.held == "optimizer" and pre.issued == pre.start
         took = pre.end - pre.start
         assert took > 0 and pre.exposed == pytest.approx(took)
+        computed = (amax.end - amax.start) + (scales.end - scales.start)
         assert (
             t["step_s"]
-            == pytest.approx(pre.end)
-            == pytest.approx(t["micro_step_s"] + t["optimizer_s"] + took)
+            == pytest.approx(scales.end)
+            == pytest.approx(t["micro_step_s"] + t["optimizer_s"] + computed + took)
         )
         (why,) = [b for b in tl.bottlenecks() if b["event"] == pre.index]
-        assert why["cause"] == "tail" and "optimizer step's last kernel" in why["reason"]
+        assert (
+            why["cause"] == "tail"
+            and "after the optimizer step and torchao's norms" in why["reason"]
+        )
     # three micro-steps, each reducing its gradients: one precomputation, after the optimizer
     three = timeline(report, m, grad_accum=3)
     t3 = three.totals
-    assert t3["step_s"] == pytest.approx(3 * t["micro_step_s"] + t["optimizer_s"] + took)
+    assert t3["step_s"] == pytest.approx(3 * t["micro_step_s"] + t["optimizer_s"] + computed + took)
+    assert [w.name for w in three.step_work] == [w.name for w in tl.step_work]
     assert t3["comm_s"] == pytest.approx(3 * (t["comm_s"] - took) + took)
 
 
@@ -470,7 +496,10 @@ def test_precomputed_scales_under_tensor_parallelism_reduce_over_tp_after_the_sh
     (shard,) = [r for r in tl.events if r.group == "shard" and r.module is None]
     (tp,) = [r for r in tl.events if r.kind == "tp_all_reduce" and r.module is None]
     assert tp.index == shard.index + 1 and tp.group == "tp" and tp.stream == "tp"
-    assert shard.start == pytest.approx(t["micro_step_s"] + t["optimizer_s"])
+    _, amax, scales = tl.step_work
+    assert shard.start == pytest.approx(amax.end)
+    assert amax.start == pytest.approx(t["micro_step_s"] + t["optimizer_s"])
     assert tp.start == pytest.approx(shard.end) and tp.held == shard.held == "optimizer"
     assert tp.end > tp.start and tp.exposed == pytest.approx(tp.end - tp.start)
-    assert t["step_s"] == pytest.approx(tp.end)
+    # the clamp after both all-reduces; the step ends with it
+    assert scales.start == pytest.approx(tp.end) and t["step_s"] == pytest.approx(scales.end)

@@ -519,8 +519,23 @@ def test_float8_scales_all_reduce_gets_its_own_lane_after_the_optimizer_step() -
         start = d["iteration_starts"][0][it]
         assert s["x0"][i] == pytest.approx(start + pre.start)
         assert s["x1"][i] == pytest.approx(start + pre.end)
-        assert pre.start == pytest.approx(tl.totals["micro_step_s"] + tl.totals["optimizer_s"])
-        assert s["x1"][i] == pytest.approx(start + tl.totals["step_s"])
+        # on the compute lane: the optimizer step from the micro-step's end, for exactly
+        # optimizer_s; torchao's norms up to the all-reduce, its clamp from its end to the
+        # step's end (the time model's numbers, placed)
+        w = d["step_work"]
+        mine = [k for k in range(len(w["name"])) if w["x0"][k] >= start - 1e-12][:3]
+        mine = [k for k in mine if start + tl.totals["step_s"] >= w["x1"][k] - 1e-12]
+        assert [w["name"][k] for k in mine] == ["optimizer", "float8_amax", "float8_scales"]
+        opt, amax, clamp = mine
+        assert w["x0"][opt] == pytest.approx(start + tl.totals["micro_step_s"])
+        assert w["x1"][opt] - w["x0"][opt] == pytest.approx(tl.totals["optimizer_s"])
+        assert w["x1"][opt] == pytest.approx(w["x0"][amax])
+        assert w["x1"][amax] == pytest.approx(s["x0"][i])
+        assert w["x0"][clamp] == pytest.approx(s["x1"][i])
+        assert w["x1"][clamp] == pytest.approx(start + tl.totals["step_s"])
+        for k, work in zip(mine, tl.step_work, strict=True):
+            assert w["x1"][k] - w["x0"][k] == pytest.approx(work.end - work.start)
+            assert w["bytes"][k] == work.bytes and w["text"][k] == work.text
 
 
 def test_the_front_end_names_the_float8_scales_lane_as_the_data_does() -> None:

@@ -49,10 +49,12 @@ parameters FSDP does not manage (``report.ignored_params``, whole, on the device
 ``h2d`` copies (a shard to the device; its all-gather waits for it) and ``d2h`` copies (a
 gradient shard back, after its reduction) run one at a time on a copy stream. With FSDP2's
 float8 all-gather and torchao's ``precompute_float8_dynamic_scale_for_fsdp`` (torchtitan calls
-it after ``optimizer.step()``), the all-reduce of every float8 weight's amax starts when the
-optimizer's last kernel ends, and the step ends when it does (``held="optimizer"``): the scales'
-clamp after it waits for it on the compute stream, and the next step's first all-gather after
-that.
+it after ``optimizer.step()``), its ``torch._foreach_norm`` of the float8 weights' local
+shards (memory-bound: each shard read once, and the kernels' launches) starts when the
+optimizer's last kernel ends, the all-reduce of every float8 weight's amax when the norms end
+(``held="optimizer"``), and the scales' clamp and reciprocal (a few kernels on one amax per
+weight) when it does; the step ends with them, and the next step's first all-gather after
+that. ``Timeline.step_work`` places this compute and the optimizer step's.
 
 Throughput is reported as users read it: ``tokens_per_s`` per GPU (the traced batch is
 one rank's), ``mfu`` (model FLOPs utilisation: three times the forward's matrix-multiply
@@ -79,7 +81,7 @@ from fsdpviz.cost.time_sim import MicroStepSim
 from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report
-from fsdpviz.schema.rows import ComputeStretch, MicroStep
+from fsdpviz.schema.rows import ComputeStretch, MicroStep, StepWork
 from fsdpviz.schema.timeline import Timeline
 
 
@@ -188,7 +190,8 @@ def timeline(
     # micro-step's, in its time)
     last = runs[micro_steps[-1]]
     done = last.end + opt_s
-    after = last.after_optimizer(done) - done
+    end, precompute = last.after_optimizer(done, report)
+    after = end - done
     for key, value in last.after_step_totals().items():
         sums[key] += value
     step = t + opt_s + after
@@ -241,7 +244,11 @@ def timeline(
     notes = list(sim.notes) + _notes(report, m, sim, compiled)
     events = [r.placed() for r in (*sim.records, *sim.after_step)]
     compute = _rates(sim.compute, m, sim.dtype)
-    return Timeline(described, events, compute, totals, notes, sim.hooks, sim.waits, micro)
+    work: list[StepWork] = []
+    if sim is last:  # the optimizer step follows this micro-step: in its time
+        work = [_optimizer_work(report, optimizer, last.end, opt_s)] if opt_s > 0 else []
+        work += precompute
+    return Timeline(described, events, compute, totals, notes, sim.hooks, sim.waits, micro, work)
 
 
 def _micro_steps(report: Report, iteration: int, grad_accum: int | None) -> list[int]:
@@ -322,10 +329,10 @@ def _rates(compute: list[ComputeStretch], m: Machine, dtype: str) -> list[Comput
     return rated
 
 
-def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
+def _optimizer_bytes(report: Report, optimizer: str | int | None) -> tuple[float, float]:
+    """The optimizer step's memory traffic: of FSDP's trainable shards, and of the trainable
+    parameters it does not manage."""
     spec = optimizer_spec(optimizer)
-    if spec.states == 0 and optimizer is None:
-        return 0.0
     # the trainable shards; fused Adam: read param + grad + states, write param + states;
     # foreach: each operation a pass of its own (OptimizerSpec.passes)
     touched = sum(u.trainable[1] * itemsize(u.dtype) * spec.passes() for u in report.units)
@@ -333,6 +340,29 @@ def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) 
     # same passes over each trainable one, in its own dtype, on the device (CPU offload
     # moves only what FSDP manages)
     ignored = sum(p.bytes for p in report.ignored_params if p.requires_grad) * spec.passes()
+    return float(touched), float(ignored)
+
+
+def _optimizer_seconds(report: Report, m: Machine, optimizer: str | int | None) -> float:
+    spec = optimizer_spec(optimizer)
+    if spec.states == 0 and optimizer is None:
+        return 0.0
+    touched, ignored = _optimizer_bytes(report, optimizer)
     # CPU offload: the shards, gradients and states are in host memory, stepped on the CPU
     host = report.config.cpu_offload
     return touched / ((m.host_gbps if host else m.hbm_gbps) * 1e9) + ignored / (m.hbm_gbps * 1e9)
+
+
+def _optimizer_work(
+    report: Report, optimizer: str | int | None, start: float, seconds: float
+) -> StepWork:
+    """The optimizer step as :func:`_optimizer_seconds` prices it, from ``start``."""
+    spec = optimizer_spec(optimizer)
+    touched, ignored = _optimizer_bytes(report, optimizer)
+    where = "in host memory, on the CPU" if report.config.cpu_offload else "in device memory"
+    name = spec.name if spec.implementation == "foreach" else f"{spec.name}_{spec.implementation}"
+    text = (
+        f"optimizer step ({name}): {spec.passes()} passes over the trainable shards (reads "
+        f"and writes), {where}"
+    )
+    return StepWork("optimizer", start, start + seconds, touched + ignored, 0, text)

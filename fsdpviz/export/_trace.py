@@ -310,10 +310,11 @@ def _predicted(
             times[r.index] = ts
             out.append(_event(e, pid, ts, (r.end - r.start) * _US, args))
         step = tl.totals["step_s"] * _US
-        opt = tl.totals["optimizer_s"] * _US
-        if opt > 0:
+        # the optimizer step and torchao's float8 precomputation, after the last micro-step
+        for w in tl.step_work:
+            name = "optimizer step" if w.name == "optimizer" else w.text
             out.append(
-                _slice(pid, 1, "optimizer step", "compute", offset + step - opt, opt,
+                _slice(pid, 1, name, "compute", offset + w.start * _US, (w.end - w.start) * _US,
                        {"iteration": it, "machine": tl.machine.get("name")})
             )  # fmt: skip
         out += _memory(report, it, pid, times)

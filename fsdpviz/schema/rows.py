@@ -283,6 +283,40 @@ class Wait(Row):
 
 
 @dataclass(frozen=True, slots=True)
+class StepWork(Row):
+    """Compute after the last micro-step, once an optimizer step, on the compute stream:
+    ``name`` (``"optimizer"``, the optimizer step; ``"float8_amax"``, torchao's
+    ``torch._foreach_norm`` of the float8 weights' shards before their amaxes' all-reduce;
+    ``"float8_scales"``, its ``torch.clamp`` and reciprocal after it), ``start`` and ``end``
+    (in the time of the step's last micro-step), ``bytes`` (its memory traffic), ``kernels``
+    (0 where not counted: the optimizer step's) and ``text`` (what it does, in words)."""
+
+    name: str
+    start: float
+    end: float
+    bytes: float
+    kernels: int
+    text: str
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return {
+            "name": self.name,
+            "start": self.start,
+            "end": self.end,
+            "bytes": self.bytes,
+            "kernels": self.kernels,
+            "text": self.text,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepWork:
+        return cls(
+            str(d["name"]), float(d["start"]), float(d["end"]), float(d["bytes"]),
+            int(d["kernels"]), str(d["text"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class MicroStep(Row):
     """One micro-step of the optimizer step: ``iteration`` (its index in
     ``report.iterations``), ``start``, ``end``, ``sync`` (whether it reduces gradients) and

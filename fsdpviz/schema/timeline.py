@@ -17,6 +17,7 @@ from fsdpviz.schema.rows import (
     HookTime,
     MicroStep,
     Scalar,
+    StepWork,
     TimedEvent,
     Wait,
 )
@@ -67,7 +68,10 @@ class Timeline:
     ``start``, ``end``, ``sync`` (whether it reduces gradients) and its own ``compute_s``,
     ``comm_s``, ``exposed_comm_s``, bytes and compute by kind; the ``totals`` are their sums
     (per optimizer step). ``machine["topology"]``: where each mesh dimension's groups sit
-    (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``).
+    (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``). ``step_work``: the
+    compute after the last micro-step (:class:`~fsdpviz.schema.rows.StepWork`: the optimizer
+    step, and torchao's float8 scale precomputation around its all-reduce), where
+    ``iteration`` is the step's last micro-step (else empty), in its time.
 
     Why is it slow: :meth:`bottlenecks` ranks the waits; :meth:`bottleneck_table` prints them.
 
@@ -86,6 +90,7 @@ class Timeline:
     hooks: list[HookTime] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     micro_steps: list[MicroStep] = field(default_factory=list)
+    step_work: list[StepWork] = field(default_factory=list)
 
     def records(self) -> list[dict[str, Scalar]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
@@ -113,6 +118,7 @@ class Timeline:
             "hooks": [h.to_dict() for h in self.hooks],
             "waits": [w.to_dict() for w in self.waits],
             "micro_steps": [s.to_dict() for s in self.micro_steps],
+            "step_work": [w.to_dict() for w in self.step_work],
         }
 
     @classmethod
@@ -127,6 +133,7 @@ class Timeline:
             hooks=[HookTime.from_dict(h) for h in d.get("hooks", [])],
             waits=[Wait.from_dict(w) for w in d.get("waits", [])],
             micro_steps=[MicroStep.from_dict(s) for s in d.get("micro_steps", [])],
+            step_work=[StepWork.from_dict(w) for w in d.get("step_work", [])],
         )
 
     def summary(self) -> str:
@@ -440,8 +447,9 @@ def _explain(
     if tail > 0 and held == "optimizer":
         parts.append(
             ("tail",
-             f"the step's tail: {_named(r)} starts when the optimizer step's last kernel ends "
-             f"and takes {lasts}, and nothing overlaps it: the scales' clamp after it waits "
+             f"the step's tail: {_named(r)} starts after the optimizer step and torchao's "
+             f"norms of the float8 weights' shards, and takes {lasts}, and nothing overlaps "
+             "it: the scales' clamp after it waits "
              "for it on the compute stream, and the next step's first float8 all-gather after "
              "that")
         )  # fmt: skip

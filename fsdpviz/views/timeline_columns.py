@@ -104,6 +104,7 @@ class TimelineData(TypedDict):
     memory: list[MemoryEntry]
     marks: list[Mark]
     iteration_starts: list[list[float]]
+    step_work: NotRequired[dict[str, list[Any]]]
 
 
 def timeline_columns(
@@ -220,6 +221,19 @@ def timeline_columns(
         "marks": marks,
         "iteration_starts": [p.starts for p in placed],
     }
+    # the compute after a step's last micro-step (the optimizer step, torchao's float8
+    # precomputation), on the compute lane: only where a group has any
+    work = [(gi, w) for gi, p in enumerate(placed) for w in p.step_work]
+    if work:
+        data["step_work"] = {
+            "group": [gi for gi, _ in work],
+            "name": [w.name for _, w in work],
+            "x0": [w.start for _, w in work],
+            "x1": [w.end for _, w in work],
+            "bytes": [w.bytes for _, w in work],
+            "kernels": [w.kernels for _, w in work],
+            "text": [w.text for _, w in work],
+        }
     return _with_modules(data, modules) if modules else data
 
 

@@ -19,7 +19,7 @@ from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.time import timeline
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
-from fsdpviz.schema.rows import Bottleneck, Bubble
+from fsdpviz.schema.rows import Bottleneck, Bubble, StepWork
 from fsdpviz.views.timeline_groups import LaneGroup
 from fsdpviz.views.timeline_lanes import (
     AUTO_MACHINE,
@@ -62,6 +62,8 @@ class PlacedEvents:
     # pipeline parallelism: per compute stretch, the action it is part of ("" none) and
     # its microbatch (-1 none)
     compute_actions: list[tuple[str, int]] = field(default_factory=list)
+    # modelled: the compute after a step's last micro-step (Timeline.step_work), placed
+    step_work: list[StepWork] = field(default_factory=list)
 
 
 def place_events(
@@ -138,6 +140,9 @@ def _modelled(
             p.hook_stream_x[(it, k)] = offset + float(h.compute_t)
         p.hook_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
         p.hook_stream_x[(it, len(tl.hooks))] = offset + float(tl.totals["step_s"])
+        p.step_work += [
+            replace(w, start=offset + w.start, end=offset + w.end) for w in tl.step_work
+        ]
         for w in tl.waits:
             p.waits.append(
                 (offset + float(w.start), offset + float(w.end), first + w.event, w.phase, w.tail)

@@ -10,8 +10,10 @@ comparison, one for a prediction. Each group has, top to bottom:
 ``compute``
     the compute stream: for a prediction with a trace profile, the time model's
     stretches of compute, by the unit whose forward or backward they are, with the
-    time they wait for communication (exposed) shaded; otherwise runs of events issued
-    by the same unit's hooks.
+    time they wait for communication (exposed) shaded, and after a step's last
+    micro-step the optimizer step (and torchao's float8 scale precomputation around its
+    all-reduce: ``Timeline.step_work``, the data's ``step_work``) in the optimizer's
+    purple, up to the step's end; otherwise runs of events issued by the same unit's hooks.
 stream lanes
     ``all-gather`` and ``reduce-scatter`` (``NO_SHARD``'s all-reduce too), and a lane
     per other kind of collective that occurs (``replicate all-reduce`` for hybrid
@@ -142,7 +144,10 @@ def timeline_data(
     ``headroom``, ``fits``, ``label``, ``text``: as ``report.memory``), else ``None``),
     ``marks`` (``step``, ``text``, ``kind``: ``"diverge"``, ``"stuck"`` or
     ``"difference"``), ``iteration_starts`` (x where
-    each shown iteration begins, per group).
+    each shown iteration begins, per group), and where a modelled group has compute after
+    a step's last micro-step ``step_work`` (columns ``group``, ``name``: ``"optimizer"``,
+    ``"float8_amax"`` or ``"float8_scales"``, ``x0``, ``x1``, ``bytes``, ``kernels``,
+    ``text``: :class:`~fsdpviz.schema.rows.StepWork`, placed).
     """
     groups, source = lane_groups(reports, rank_names, memory)
     return timeline_columns(groups, source, iteration, machine)

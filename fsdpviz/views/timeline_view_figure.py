@@ -18,7 +18,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fsdpviz.views.style import Theme, format_bytes, template, theme_colors
+from fsdpviz.schema.timeline import duration_text
+from fsdpviz.views.style import CATEGORY_COLORS, Theme, format_bytes, template, theme_colors
 from fsdpviz.views.timeline_columns import TimelineData
 from fsdpviz.views.timeline_lanes import FREE, MemoryOption
 from fsdpviz.views.timeline_memory import CapacityEntry, MemoryEntry
@@ -137,6 +138,7 @@ def _add_compute(
             row=1,
             col=1,
         )
+    _add_step_work(fig, d, category, scale, lane_of)
     waits = d["waits"]
     if waits["step"]:
         s = d["steps"]
@@ -163,6 +165,62 @@ def _add_compute(
             row=1,
             col=1,
         )
+
+
+STEP_WORK_LABELS = {
+    "optimizer": "optimizer step",
+    "float8_amax": "float8 amaxes",
+    "float8_scales": "float8 scales",
+}
+"""The short label of each kind of :class:`~fsdpviz.schema.rows.StepWork` on its block."""
+
+
+def step_work_details(d: TimelineData, k: int) -> list[str]:
+    """The hover lines of the compute after the step's last micro-step ``k``: what it does,
+    how long it takes, its memory traffic and kernels (the time model's numbers)."""
+    w = d["step_work"]
+    took = f"{duration_text(w['x1'][k] - w['x0'][k])}, {format_bytes(w['bytes'][k])} moved"
+    if w["kernels"][k]:
+        took += f" in {w['kernels'][k]} kernels"
+    lines = [w["text"][k], took]
+    if len(d["groups"]) > 1:
+        lines.append(d["groups"][w["group"][k]]["name"])
+    lines.append("after the step's last micro-step, before the next step's first all-gather")
+    return lines
+
+
+def _add_step_work(
+    fig: go.Figure,
+    d: TimelineData,
+    category: dict[int, str],
+    scale: float,
+    lane_of: dict[int, int],
+) -> None:
+    """The optimizer step (and torchao's float8 precomputation) on the compute lane."""
+    w = d.get("step_work")
+    if not w:
+        return
+    color = CATEGORY_COLORS["optimizer"]
+    fig.add_trace(
+        go.Bar(
+            name="optimizer step"
+            + (" and float8 scales" if any(n != "optimizer" for n in w["name"]) else ""),
+            **_spans(w["x0"], w["x1"], scale),
+            y=[category[lane_of[g]] for g in w["group"]],
+            marker={
+                "color": color,
+                "opacity": [1.0 if n == "optimizer" else 0.6 for n in w["name"]],
+            },
+            text=[STEP_WORK_LABELS.get(n, n) for n in w["name"]],
+            textposition="inside",
+            insidetextanchor="middle",
+            textangle=0,
+            hovertext=["<br>".join(step_work_details(d, k)) for k in range(len(w["name"]))],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
 
 
 _WAITER = {True: "the step's end", False: "compute"}

@@ -148,6 +148,28 @@ export interface Mark {
   kind?: "diverge" | "stuck" | "difference";
 }
 
+/** The compute after a step's last micro-step, on the compute lane (the time model's
+ * `Timeline.step_work`): the optimizer step ("optimizer") and torchao's float8 scale
+ * precomputation around its all-reduce ("float8_amax", "float8_scales"). */
+export interface StepWork {
+  group: number[];
+  name: string[];
+  x0: number[];
+  x1: number[];
+  /** Memory traffic; kernels launched (0: not counted). */
+  bytes: number[];
+  kernels: number[];
+  /** What it does, in the time model's words. */
+  text: string[];
+}
+
+/** The short label of each kind of step work on its block (as the plotly figure's). */
+export const STEP_WORK_LABELS: Record<string, string> = {
+  optimizer: "optimizer step",
+  float8_amax: "float8 amaxes",
+  float8_scales: "float8 scales",
+};
+
 /** What `fsdpviz.views.timeline_data` returns (see its docstring). */
 export interface TimelineData {
   version: number;
@@ -172,6 +194,8 @@ export interface TimelineData {
   memory: MemoryLane[];
   marks: Mark[];
   iteration_starts: number[][];
+  /** Present only where a group has compute after its last micro-step. */
+  step_work?: StepWork;
 }
 
 export const FREE = 1;
@@ -211,7 +235,8 @@ export interface Window {
   x1: number;
 }
 
-/** Everything drawn: events (issue and stream), compute, waits and memory moments. */
+/** Everything drawn: events (issue and stream), compute (the optimizer step's too), waits
+ * and memory moments. */
 export function fullRange(data: TimelineData): Window {
   let x0 = Infinity;
   let x1 = -Infinity;
@@ -223,6 +248,7 @@ export function fullRange(data: TimelineData): Window {
   take(data.steps.x0, data.steps.issue);
   take(data.compute.x0, data.compute.x1);
   take(data.waits.x0, data.waits.x1);
+  if (data.step_work) take(data.step_work.x0, data.step_work.x1);
   for (const m of data.memory) take(m.x0, m.x1);
   if (!Number.isFinite(x0) || !Number.isFinite(x1)) return { x0: 0, x1: 1 };
   if (x1 <= x0) return { x0, x1: x0 + 1 };
@@ -475,6 +501,19 @@ export function computeDetails(data: TimelineData, k: number): string[] {
   lines.push(
     `click: the event it leads to (step ${i}, ${data.kinds[data.steps.kind[i]]} ${unitText(data, data.steps.unit[i])})`,
   );
+  return lines;
+}
+
+/** The lines of a block of step work's hover (as the plotly figure's): what it does, how
+ * long it takes, its memory traffic and kernels, all the time model's. */
+export function stepWorkDetails(data: TimelineData, k: number): string[] {
+  const w = data.step_work;
+  if (!w) return [];
+  let took = `${formatSeconds(w.x1[k] - w.x0[k])}, ${formatBytes(w.bytes[k])} moved`;
+  if (w.kernels[k]) took += ` in ${w.kernels[k]} kernels`;
+  const lines = [w.text[k], took];
+  if (data.groups.length > 1) lines.push(data.groups[w.group[k]].name);
+  lines.push("after the step's last micro-step, before the next step's first all-gather");
   return lines;
 }
 

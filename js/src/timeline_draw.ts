@@ -10,6 +10,7 @@ import {
   fullRange,
   lowerBound,
   type Mark,
+  STEP_WORK_LABELS,
   type TimelineData,
   upperBound,
   type Window,
@@ -100,7 +101,16 @@ export const pxToX = (win: Window, l: Layout, px: number): number =>
 
 // ---------------------------------------------------------------------------- marks
 
-export const MARK = { event: 0, call: 1, compute: 2, wait: 3, memory: 4, peak: 5 } as const;
+export const MARK = {
+  event: 0,
+  call: 1,
+  compute: 2,
+  wait: 3,
+  memory: 4,
+  peak: 5,
+  /** The optimizer step, or torchao's float8 precomputation (`moment`: its step work). */
+  work: 6,
+} as const;
 export type MarkKind = (typeof MARK)[keyof typeof MARK];
 
 /** What a pointer at (x, y) is on: the kind of mark, and the step (or moment) it stands for. */
@@ -237,6 +247,9 @@ export class Index {
   /** Per group: compute segments and waits, by x0. */
   readonly computeOf: number[][];
   readonly waitsOf: number[][];
+  /** Per group: its step work (the optimizer step...), by x0; and the step each leads to. */
+  readonly workOf: number[][];
+  readonly workStep: number[];
   /** Per memory lane: the most of its totals. */
   readonly memoryMax: number[];
   /** The top of the memory lanes' one y scale (see {@link memoryAxisTop}). */
@@ -279,6 +292,15 @@ export class Index {
     };
     this.computeOf = byGroup(data.compute.group, data.compute.x0);
     this.waitsOf = byGroup(data.waits.group, data.waits.x0);
+    const work = data.step_work;
+    this.workOf = work ? byGroup(work.group, work.x0) : byGroup([], []);
+    // a click on it: the group's last event that starts before it ends
+    this.workStep = (work?.x1 ?? []).map((x1, k) => {
+      let last = -1;
+      for (let i = 0; i < data.n_steps; i++)
+        if (s.group[i] === work?.group[k] && s.x0[i] <= x1) last = i;
+      return Math.max(last, 0);
+    });
     this.memoryMax = data.memory.map((m) => {
       let max = 0;
       for (let k = 0; k < m.total.length; k++) {
@@ -755,6 +777,28 @@ function drawCompute(ctx: CanvasRenderingContext2D, sc: Scene, row: Row, marks: 
       ctx.fillText(text, x + w / 2, row.top + row.h / 2);
     }
     marks.add(MARK.compute, c.step[k], x, row.top, w, row.h, -1, k);
+  }
+  const work = data.step_work;
+  if (work) {
+    const color = COLORS.categories.optimizer;
+    for (const k of ix.workOf[group]) {
+      if (work.x1[k] < win.x0 || work.x0[k] > win.x1) continue;
+      const x = xToPx(win, l, work.x0[k]);
+      const w = Math.max(xToPx(win, l, work.x1[k]) - x, 1);
+      ctx.globalAlpha = work.name[k] === "optimizer" ? 1 : 0.6;
+      ctx.fillStyle = color;
+      ctx.fillRect(x, row.top, w, row.h);
+      ctx.globalAlpha = 1;
+      const full = STEP_WORK_LABELS[work.name[k]] ?? work.name[k];
+      const text = fitLabel(ctx, ix, full, full.split(" ")[0], w);
+      if (text) {
+        ctx.fillStyle = textOn(color);
+        ctx.textAlign = "center";
+        ctx.textBaseline = "middle";
+        ctx.fillText(text, x + w / 2, row.top + row.h / 2);
+      }
+      marks.add(MARK.work, ix.workStep[k], x, row.top, w, row.h, -1, k);
+    }
   }
   const wt = data.waits;
   for (const k of ix.waitsOf[group]) {

@@ -20,6 +20,7 @@ import {
   type Order,
   orderOf,
   pipelineSubject,
+  stepWorkDetails,
   type TimelineData,
   tailPlace,
   unitText,
@@ -800,6 +801,7 @@ export class TimelineView {
     if (p.kind === MARK.memory || p.kind === MARK.peak)
       return memoryDetails(data, data.memory[p.lane], p.moment);
     if (p.kind === MARK.compute) return computeDetails(data, p.moment);
+    if (p.kind === MARK.work) return stepWorkDetails(data, p.moment);
     if (p.kind === MARK.wait) {
       const i = p.step;
       const w = data.waits;

@@ -1,7 +1,8 @@
 // Drawing and picking without a browser: the marks the layer draws are what a click picks.
 import { describe, expect, it } from "vitest";
+import { formatBytes, formatSeconds } from "../src/format";
 import { THEMES } from "../src/theme";
-import { fullRange, type TimelineData, type Window } from "../src/timeline_data";
+import { fullRange, stepWorkDetails, type TimelineData, type Window } from "../src/timeline_data";
 import {
   computeLayout,
   drawLayer,
@@ -139,5 +140,39 @@ describe("marks", () => {
       [...new Set([...current, ...flowSteps(sc, 14, null)])].sort((a, b) => a - b),
     );
     expect(flowSteps(sc, -1, null)).toEqual([]);
+  });
+});
+
+describe("step work", () => {
+  it("draws the optimizer step on the compute lane, after the last compute, to the step's end", () => {
+    const data = predicted();
+    const work = data.step_work;
+    expect(work?.name).toEqual(["optimizer"]);
+    if (!work) return;
+    // it starts where the micro-step ends (its last compute or the last wait for it) and the
+    // data's x range ends with it
+    const ends = [...data.compute.x1, ...data.waits.x1, ...data.steps.x1];
+    expect(work.x0[0]).toBeCloseTo(Math.max(...ends), 15);
+    expect(fullRange(data).x1).toBe(work.x1[0]);
+    const sc = scene(data);
+    const marks = draw(sc);
+    const drawn = marks.of(new Index(data).workStep[0], MARK.work);
+    expect(drawn).toHaveLength(1);
+    const compute = sc.layout.rows.find((r) => data.lanes[r.lane].kind === "compute");
+    expect(drawn[0].y).toBe(compute?.top);
+    const p = marks.pick(drawn[0].x + drawn[0].w / 2, drawn[0].y + drawn[0].h / 2);
+    expect(p?.kind).toBe(MARK.work);
+    expect(p?.moment).toBe(0);
+  });
+
+  it("says what the time model says of it", () => {
+    const data = predicted();
+    const lines = stepWorkDetails(data, 0);
+    expect(lines[0]).toBe(data.step_work?.text[0]);
+    const w = data.step_work;
+    expect(lines[1]).toBe(
+      `${formatSeconds((w?.x1[0] ?? 0) - (w?.x0[0] ?? 0))}, ${formatBytes(w?.bytes[0] ?? 0)} moved`,
+    );
+    expect(stepWorkDetails(byIndex(), 0)).toEqual([]);
   });
 });
