@@ -44,8 +44,9 @@ _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
 # torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh) for a depth-1 foreach
 # op such as _foreach_norm: a launch holds at most 110 tensors and 320 blocks of 65536
-# elements each; ForeachReduceOp.cu's norm then launches one cleanup kernel (the per-block
-# maxima into one per tensor)
+# elements each (CUDA 12 builds; CUDA 13 builds 770 and 2240, a 32 KB kernel argument);
+# ForeachReduceOp.cu's norm then launches one cleanup kernel (the per-block maxima into one
+# per tensor)
 _FOREACH_TENSORS, _FOREACH_BLOCKS, _FOREACH_CHUNK = 110, 320, 65536
 
 
