@@ -636,6 +636,50 @@ def test_unit_run_twice_under_parameter_mixed_precision(
     assert predicted == measured
 
 
+@pytest.mark.parametrize(
+    ("mp", "strategy", "micro_steps", "orig"),
+    [
+        (BF16, ShardingStrategy.FULL_SHARD, 2, False),
+        (BF16_FP32, ShardingStrategy.SHARD_GRAD_OP, 3, True),
+    ],
+    ids=["bf16_full_shard", "fp32_reduce_shard_grad_op_orig"],
+)
+def test_unit_run_twice_last_call_checkpointed_under_accumulation(
+    fake_pg: int, mp: MixedPrecision, strategy: ShardingStrategy, micro_steps: int, orig: bool
+) -> None:
+    """bf16 parameters, the second layer run twice, its last call checkpointed, under
+    accumulation: each forward call has an ``AccumulateGrad`` of its own, so the last
+    call's gradient goes into ``.grad`` (and is freed) once its backward is done, but the
+    trace, one node per parameter, holds it until the first call's comes in. The
+    checkpointed call's backward is a stretch of its own (its recomputation's unshard),
+    whose peak, the flat gradient's concatenation with the first call's activations alive,
+    comes before any gradient is held: the trace measures each stretch without the held
+    gradients (``peak_unbuffered``). Taking the held gradient out of that stretch's peak,
+    the peak was low by the first call's activations: 46,440 B with bf16 reduction (FULL_SHARD,
+    2 micro-steps), 1,312 B reduced in float32 (where the reduction's own peak is near)."""
+    kwargs = {"mixed_precision": mp, "sharding_strategy": strategy, "use_orig_params": orig}
+    kwargs["backward_prefetch"] = None
+    build = _SecondLayerAgainCheckpointed
+    with torch.device("meta"):
+        model = build(CONFIG)
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        loss=_loss,
+        grad_accum=micro_steps,
+        **kwargs,
+    )
+    measured = _measured_peak(kwargs, micro_steps, build=build)[0]
+    steady = range(micro_steps, 2 * micro_steps)
+    for r in (report, fsdpviz.Report.from_dict(report.to_dict())):
+        peak = max(memory_model(r, optimizer=None, iteration=i).peak["bytes"] for i in steady)
+        assert peak == measured
+    assert report.profile is not None
+    assert any(step.peak_unbuffered for step in report.profile.iterations)
+
+
 class _SecondLayerAgainWithoutGrad(_SecondLayerTwice):
     """The second layer run again under ``no_grad`` after the last, its output added to the
     one that takes a gradient."""

@@ -41,6 +41,9 @@ class HookCall:
     # (peak, activations, forward temp) with new gradients left out: the compute's peak when
     # it adds each gradient into one an earlier micro-step left (None: not measured)
     peak_in_place: Sequence[int] | None = None
+    # the same less the gradients one forward call of a unit made that autograd held for
+    # another call's (None: not measured; StepProfile.peak_unbuffered)
+    peak_unbuffered: Sequence[int] | None = None
     arg: Any = None  # what the hook was called with (a pipeline action's name, a ring
     # attention's wait: the kind)
     # unit -> [bytes of float8 weights' saved scales freed before ``peak``, by the end]
@@ -163,6 +166,9 @@ def _call(
         arg=arg,
         scales_freed=step.scales_freed[k] if k < len(step.scales_freed) else {},
         param_views_freed=(step.param_views_freed[k] if k < len(step.param_views_freed) else {}),
+        peak_unbuffered=(
+            None if step.peak_unbuffered is None else step.peak_unbuffered.get(k, in_place)
+        ),
     )
 
 

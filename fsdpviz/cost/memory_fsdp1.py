@@ -14,7 +14,14 @@ A forward under ``no_grad`` builds no graph: no node, no gradient (only those wi
 Under gradient accumulation a micro-step adds each forward's gradient into the one an earlier
 micro-step left, and frees it: the trace, computing without FSDP (one node), holds the last
 forward's gradient in autograd's buffer from the end of that forward's backward until the
-first's is added to it, as temporaries the walk takes out of the stretches in between.
+first's is added to it, as temporaries the walk takes out of the stretches in between. The
+trace measures each stretch's peak without them (``StepProfile.peak_unbuffered``, see
+:class:`~fsdpviz.trace.probe_records.CallGradients`), which the walk takes where it has it:
+the peak of a stretch may come before the gradient is held (a last call checkpointed: its
+backward, after its recomputation's unshard, is a stretch of its own, whose peak is its
+flat gradient's concatenation, with the first call's activations still alive), where taking
+the held gradient out of the stretch's peak was low by the activations the first call's
+backward frees. Reports saved before it was measured take it out of the peak.
 
 [Note: gradient views of the original parameters]) and the final
 callback's cast under ``keep_low_precision_grads``. :class:`FSDP1Steps` is that part of the

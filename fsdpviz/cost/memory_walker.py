@@ -345,9 +345,17 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         activations and forward temp with new gradients left out), as a moment."""
         tp, after = self.tp, dict(self.cat)
         peak, act, fwd, new = at_peak
-        if self._accumulating and c.grads and in_place and self._accumulating.issuperset(c.grads):
+        in_place_only = self._accumulating.issuperset(c.grads)
+        if self._accumulating and c.grads and in_place and in_place_only:
             # each new gradient is added into an earlier micro-step's and freed
             peak, act, fwd, new = in_place[0], in_place[1], in_place[2], 0
+        if less and c.peak_unbuffered and in_place_only:
+            # FSDP1: the trace measured the stretch without the gradients one forward call
+            # made that autograd held for another call's, which FSDP1 adds into .grad at
+            # once (see [Note: a unit run twice under parameter mixed precision])
+            unbuffered = c.peak_unbuffered
+            peak, act, fwd, new = unbuffered[0], unbuffered[1], unbuffered[2], 0
+            less = 0
         self.cat["unsharded_grads"] += new // tp
         self.cat["activations"] = act // tp
         self.cat["forward_temp"] = fwd // tp

@@ -310,6 +310,8 @@ class BatchCapture:
             rows = []
             if len(it1.moments) != len(it1.peak) or len(it2.moments) != len(it2.peak):
                 raise _NotExact("a trace without its moments")
+            if it1.peak_unbuffered or it2.peak_unbuffered:  # its moments do not weigh them
+                raise _NotExact("gradients held for another forward call of a unit")
             for k, (m1, m2) in enumerate(zip(it1.moments, it2.moments, strict=True)):
                 if (m1 is not None and m1.partitioned) or (m2 is not None and m2.partitioned):
                     raise _NotExact("torch's partitioner chose what a compiled region saves")

@@ -295,6 +295,7 @@ class CheckpointCapture:
                 for f in _STRETCH_FIELDS:
                     if k < len(src[f]):
                         it[f][k] = copy.deepcopy(src[f][k])
+                _take_unbuffered(it, src, k)
                 if any(shift):
                     _shifted(it, k, shift)
         return out
@@ -332,10 +333,27 @@ def _shifted(it: dict[str, Any], k: int, shift: tuple[int, int, int]) -> None:
     if k < len(it["peak_in_place"]):
         p = it["peak_in_place"][k]
         p[0], p[1], p[2] = p[0] + sa + sf + sb, p[1] + sa, p[2] + sf
+    unbuffered = (it.get("peak_unbuffered") or {}).get(str(k))
+    if unbuffered is not None:
+        p = unbuffered
+        p[0], p[1], p[2] = p[0] + sa + sf + sb, p[1] + sa, p[2] + sf
     if k < len(it["param_views_freed"]):
         for v in it["param_views_freed"][k].values():
             v[0], v[1], v[2] = v[0] + sa + sf + sb, v[1] + sa, v[2] + sf
             v[4], v[5], v[6] = v[4] + sa + sf + sb, v[5] + sa, v[6] + sf
+
+
+def _take_unbuffered(it: dict[str, Any], src: dict[str, Any], k: int) -> None:
+    """Stretch ``k``'s ``peak_unbuffered`` (kept by stretch where it differs from
+    ``peak_in_place``) from the stretch's trace ``src``."""
+    mine, theirs = it.get("peak_unbuffered"), src.get("peak_unbuffered")
+    if mine is None or theirs is None:
+        it.pop("peak_unbuffered", None)  # not measured by one of the traces
+        return
+    if str(k) in theirs:
+        mine[str(k)] = list(theirs[str(k)])
+    else:
+        mine.pop(str(k), None)
 
 
 def _plus(a: Sequence[int], b: Sequence[int]) -> tuple[int, int, int]:

@@ -214,6 +214,9 @@ def _probe(
         float8=opts.job.float8_modules(copy),
         float8_recipe=opts.job.float8.recipe_name if opts.job.float8 else "tensorwise",
         float8_fused=bool(opts.job.compile),
+        # see [Note: a unit run twice under parameter mixed precision] (memory_fsdp1.py)
+        call_gradients=opts.mixed_precision is not None
+        and opts.mixed_precision.param_dtype is not None,
     )
     probe.attach(emulation.runtime)
     return probe

@@ -307,7 +307,8 @@ def rank_step_profile(
     end["peak"] += kept
     end["peak_forward_temp"] += kept
     add(end)
-    step = StepProfile(hooks=hooks, event_hook=event_hook, **cols)
+    columns: dict[str, Any] = cols  # each a list, one entry per stretch
+    step = StepProfile(hooks=hooks, event_hook=event_hook, **columns)
     return step, events
 
 

@@ -43,6 +43,12 @@ Schema of :meth:`TraceProfile.to_dict` (``report.to_dict()["profile"]``):
     such view was freed; for an earlier one, when the last tensor it saved of the unit's
     parameters (a parameter itself too) was (``SavedParamViews`` in
     ``fsdpviz/trace/probe_records.py``); absent in reports saved before they were measured.
+    ``peak_unbuffered`` (``{stretch: [peak, activations, forward_temp]}``, the stretches
+    where it differs from ``peak_in_place``): that peak less the gradients of a unit's
+    parameters one forward call of the unit made that autograd held until another call's came
+    in (``CallGradients`` in ``fsdpviz/trace/probe_records.py``), what FSDP1 under parameter
+    mixed precision adds into ``.grad`` at once; absent in reports saved before it was
+    measured.
 ``modules``
     ``{fqn: {"saved_bytes", "flops"}}``: bytes first saved for backward while the
     module was the innermost one running, and forward FLOPs counted while it was
@@ -136,6 +142,10 @@ class StepProfile:
     grads: list[dict[str, int]]
     kernels: list[list[list[Any]]] = field(default_factory=list)
     peak_in_place: list[list[int]] = field(default_factory=list)
+    # by stretch, where it differs, ``peak_in_place`` less the gradients of a unit's
+    # parameters one forward call of the unit made that autograd held until another call's
+    # came in (None: not measured)
+    peak_unbuffered: dict[int, list[int]] | None = None
     # by unit, the bytes of float8 weights' scales (FSDP2's float8 all-gather) a forward saved
     # that a backward node let go, [before the stretch's peak, by its end] (where any did)
     scales_freed: list[dict[str, list[int]]] = field(default_factory=list)
@@ -165,6 +175,11 @@ class StepProfile:
             "param_views_freed": [
                 {u: list(v) for u, v in f.items()} for f in self.param_views_freed
             ],
+            **(
+                {}
+                if self.peak_unbuffered is None
+                else {"peak_unbuffered": {str(k): list(p) for k, p in self.peak_unbuffered.items()}}
+            ),
         }
 
     @classmethod
@@ -184,6 +199,11 @@ class StepProfile:
             grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
             kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
             peak_in_place=[[int(x) for x in p] for p in d.get("peak_in_place", [])],
+            peak_unbuffered=(
+                None
+                if d.get("peak_unbuffered") is None
+                else {int(k): [int(x) for x in p] for k, p in d["peak_unbuffered"].items()}
+            ),
             scales_freed=[
                 {str(u): [int(x) for x in v] for u, v in f.items()}
                 for f in d.get("scales_freed", [])

@@ -35,6 +35,9 @@ class Mark:
     # that views its parameters was freed (StepProfile.param_views_freed)
     param_views_freed: dict[str, list[int]] = field(default_factory=dict)
     moments: StretchMoments | None = None  # its moments, where kept (StepProfile.moments)
+    # ``peak_in_place`` less the gradients one forward call of a unit made that autograd
+    # holds for another call's (StepProfile.peak_unbuffered)
+    peak_unbuffered: tuple[int, int, int] = (0, 0, 0)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -57,6 +60,7 @@ def cut_profile(
     n_events: list[int],
     unit_names: list[str],
     base: TraceProfile,
+    call_gradients: bool = False,
 ) -> TraceProfile | None:
     """``base`` with one :class:`StepProfile` per iteration.
 
@@ -106,6 +110,15 @@ def cut_profile(
                 peak_grads=[m.peak_grads for m in data],
                 grads=[dict(m.grads) for m in data],
                 peak_in_place=[list(m.peak_in_place) for m in data],
+                peak_unbuffered=(
+                    {
+                        k: list(m.peak_unbuffered)
+                        for k, m in enumerate(data)
+                        if m.peak_unbuffered != m.peak_in_place
+                    }
+                    if call_gradients
+                    else None
+                ),
                 scales_freed=[dict(m.scales_freed) for m in data],
                 param_views_freed=[dict(m.param_views_freed) for m in data],
                 moments=[m.moments for m in data],

@@ -90,6 +90,7 @@ from fsdpviz.trace.probe_records import (
     BWD_TEMP,
     FWD_TEMP,
     GRAD,
+    CallGradients,
     CompiledLoss,
     MarkingLog,
     SavedParamViews,
@@ -136,8 +137,13 @@ class CostProbe(
         float8_recipe: str = "tensorwise",
         float8_fused: bool = False,
         compiled_checkpoints: list[torch.nn.Module] | None = None,
+        call_gradients: bool = False,
     ) -> None:
+        """``call_gradients``: measure each stretch's peak without the gradients one forward
+        call of a unit made that autograd holds for another call's (FSDP1 under parameter
+        mixed precision, which holds none: see :class:`CallGradients`)."""
         super().__init__()  # type: ignore[no-untyped-call]
+        self._measure_calls = call_gradients
         self._tracker = tracker
         self._loss: CompiledLoss | None = None
         tracker.call_loss = self._call_loss  # a loss given as torch.compile(loss_fn)
@@ -171,6 +177,7 @@ class CostProbe(
         self._param_grad: dict[int, tuple[list[Any], int]] = {}
         self.live = [0, 0, 0, 0]  # bytes by kind
         self._keep_moments = moments_recorded()
+        self._call_grads = CallGradients({})  # see step()
         self._stretch = self._new_stretch()
         self._param_views = SavedParamViews({}, lambda: self._stretch)  # see step()
         self.marks: list[Mark] = []
@@ -217,17 +224,30 @@ class CostProbe(
             self._sharded.update(self._given)
         self._stretch = self._new_stretch()
         self._param_views = SavedParamViews(self._by_unit, lambda: self._stretch)
+        self._call_grads = CallGradients(self._by_unit if self._measure_calls else {})
         self._measuring = True
+        done = model.register_forward_hook(self._forward_done)
         try:
             with saved_tensors_hooks(self._pack, _unpack), fused_attention(), self:
                 yield
         finally:
+            done.remove()
             self._end_loss()
             self._regions.clear()
             self._region_extras.clear()
             self._measuring = False
             self._tails[len(self.marks)] = self._close_stretch()
             self._record_modules = False
+
+    def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """The step's forward is done: the gradients autograd will hold for another forward
+        call's (see :class:`~fsdpviz.trace.probe_records.CallGradients`)."""
+        if torch._C._current_graph_task_id() == -1:
+            self._call_grads.graph(output, self._temp_bytes)
+
+    def _temp_bytes(self, key: int) -> int:
+        rec = self._live.get(key)
+        return int(rec[0]) if rec is not None and rec[1] == BWD_TEMP else 0
 
     @contextmanager
     def redistributed(self, share: Fraction | None) -> Iterator[None]:
@@ -450,6 +470,8 @@ class CostProbe(
                 s.peak_scales_freed = dict(s.scales_freed)
         if held > s.peak_in_place[0]:
             s.peak_in_place = (held, live[ACT], live[FWD_TEMP])
+        if held - self._call_grads.bytes > s.peak_unbuffered[0]:
+            s.peak_unbuffered = (held - self._call_grads.bytes, live[ACT], live[FWD_TEMP])
         if s.moments is not None:
             freed = tuple(s.scales_freed.items()) if s.scales_freed else None
             s.moments.moments.append(
@@ -465,6 +487,7 @@ class CostProbe(
             return
         del self._live[key]
         self.live[rec[1]] -= rec[0]
+        self._call_grads.freed(key)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         """Count ``t``'s storage as saved for backward; keep it as autograd does.
@@ -508,6 +531,7 @@ class CostProbe(
         return self._live[id(st)]
 
     def _grad_ready(self, owner: str, p: torch.Tensor) -> None:
+        self._call_grads.accumulated(p)
         grad = p.grad
         st = None if grad is None else storage_of(grad)
         if st is None:
@@ -571,6 +595,7 @@ class CostProbe(
             {u: [s.peak_scales_freed.get(u, 0), n] for u, n in s.scales_freed.items()},
             dict(s.param_views_freed),
             s.moments,
+            s.peak_unbuffered,
         )
         self._stretch = self._new_stretch()
         return mark
@@ -584,6 +609,7 @@ class CostProbe(
             peak_activations=live[ACT],
             peak_forward_temp=live[FWD_TEMP],
             peak_in_place=(held, live[ACT], live[FWD_TEMP]),
+            peak_unbuffered=(held - self._call_grads.bytes, live[ACT], live[FWD_TEMP]),
             moments=StretchMoments([start]) if self._keep_moments else None,
         )
 
@@ -596,6 +622,7 @@ class CostProbe(
             self._forget_grads(self._unit_names[index])
         elif name == "pre_forward":
             self._param_views.forward(self._unit_names[index])
+            self._call_grads.forward(self._unit_names[index])
         elif name == "final_callback":
             for unit in self._by_unit:
                 self._forget_grads(unit)
@@ -627,7 +654,7 @@ class CostProbe(
                        "flops": self.module_flops.get(n, 0.0)} for n in names}  # fmt: skip
         base = TraceProfile([], modules, self.input_bytes, self.buffer_bytes, FLOP_OPS,
                             self.tokens, self.tp_ranks, self.tp_ranks)  # fmt: skip
-        return cut_profile(marks, tails, log, n_events, self._unit_names, base)
+        return cut_profile(marks, tails, log, n_events, self._unit_names, base, self._measure_calls)
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ they live (:class:`StorageSet`), the views of the parameters a forward saved
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from fsdpviz.schema.profile import StretchMoments
@@ -26,6 +28,7 @@ __all__ = [
     "BWD_TEMP",
     "FWD_TEMP",
     "GRAD",
+    "CallGradients",
     "CompiledLoss",
     "MarkingLog",
     "SavedParamViews",
@@ -126,6 +129,9 @@ class Stretch:
     # the most activations + temp reached, new gradients left out: what a step that adds its
     # gradients into existing ones in place reaches (each is freed once added)
     peak_in_place: tuple[int, int, int] = (0, 0, 0)
+    # the same, less the gradients one forward call of a unit made that autograd holds for
+    # another call's (CallGradients)
+    peak_unbuffered: tuple[int, int, int] = (0, 0, 0)
     # unit -> bytes of float8 weights' scales a forward saved that a backward node let go
     # (FSDP2's float8 all-gather), by now and when ``peak`` was reached
     scales_freed: dict[str, int] = field(default_factory=dict)
@@ -370,3 +376,105 @@ class SavedParamViews:
         s.param_views_freed[key] = [
             s.peak, s.peak_activations, s.peak_forward_temp, s.peak_grads, *s.peak_in_place
         ]  # fmt: skip
+
+
+class CallGradients:
+    """The gradients of a unit's parameters that one forward call of the unit made and
+    autograd holds in its buffer until another call's arrive: what the trace, computing
+    without FSDP (one ``AccumulateGrad`` node per parameter, which runs once all its
+    gradients are in), holds and FSDP1 under parameter mixed precision does not (each
+    forward call of a unit makes an ``AccumulateGrad`` of its own, so each call's gradient
+    goes into ``.grad`` once it is in: see [Note: a unit run twice under parameter mixed
+    precision] in ``fsdpviz/cost/memory_fsdp1.py``).
+
+    Each forward call ``k`` of a unit starts at its ``pre_forward`` hook (:meth:`forward`,
+    autograd's sequence number then). Once the step's forward is done (:meth:`graph`, from
+    its output), every node with an edge to a parameter's ``AccumulateGrad`` is found and
+    attributed to the call that made it (the last one started before it). A parameter's
+    gradient from call ``k`` complete while another call's is still to come is held:
+    ``held`` keeps its storage (by id) until the parameter's ``AccumulateGrad`` runs
+    (:meth:`accumulated`) or the storage is freed (:meth:`freed`)."""
+
+    def __init__(self, by_unit: Mapping[str, Iterable[torch.Tensor]]) -> None:
+        self._unit = {id(p): unit for unit, ps in by_unit.items() for p in ps}
+        self._starts: dict[str, list[int]] = {}  # unit -> each forward call's sequence nr
+        self._pending: dict[int, dict[int, int]] = {}  # id(param) -> call -> edges to come
+        self._storages: dict[int, list[int]] = {}  # id(param) -> storages held for it
+        self.held: dict[int, int] = {}  # id(storage) -> bytes (backward temp)
+        self.bytes = 0
+
+    def forward(self, unit: str) -> None:
+        """The unit's ``pre_forward`` hook ran (not a recomputation's, in backward)."""
+        if torch._C._current_graph_task_id() == -1:
+            self._starts.setdefault(unit, []).append(_sequence_nr())
+
+    def graph(self, output: Any, live: Callable[[int], int]) -> None:
+        """The step's forward is done: hook the nodes that feed a parameter of a unit run
+        more than once with grad (``live``: the bytes of backward temp a storage holds,
+        by id, else 0)."""
+        units = {u for u, starts in self._starts.items() if len(starts) > 1}
+        if not units:
+            return
+        seen: set[int] = set()
+        stack = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        found: list[tuple[Any, int, int, int]] = []  # node, edge, id(param), call
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            for i, (nxt, _) in enumerate(node.next_functions):
+                p = getattr(nxt, "variable", None)
+                unit = None if p is None else self._unit.get(id(p))
+                if unit in units:
+                    starts = self._starts[unit]
+                    seq = node._sequence_nr()
+                    call = max((k for k, s in enumerate(starts) if s <= seq), default=0)
+                    found.append((node, i, id(p), call))
+                elif nxt is not None:
+                    stack.append(nxt)
+        by_node: dict[int, list[tuple[int, int, int]]] = {}
+        for node, i, key, call in found:
+            calls = self._pending.setdefault(key, {})
+            calls[call] = calls.get(call, 0) + 1
+            if id(node) not in by_node:
+                by_node[id(node)] = []
+                node.register_hook(functools.partial(self._arrived, by_node[id(node)], live))
+            by_node[id(node)].append((i, key, call))
+
+    def _arrived(
+        self, edges: list[tuple[int, int, int]], live: Callable[[int], int], grads: Any, _: Any
+    ) -> None:
+        for i, key, call in edges:
+            calls = self._pending.get(key)
+            if calls is None or call not in calls:
+                continue
+            calls[call] -= 1
+            others = any(n > 0 for k, n in calls.items() if k != call)
+            g = grads[i] if i < len(grads) else None
+            st = None if g is None else storage_of(g)
+            if calls[call] or not others or st is None or id(st) in self.held:
+                continue
+            n = live(id(st))
+            if n:
+                self.held[id(st)] = n
+                self.bytes += n
+                self._storages.setdefault(key, []).append(id(st))
+
+    def accumulated(self, p: torch.Tensor) -> None:
+        """Parameter ``p``'s ``AccumulateGrad`` ran: what it held is in ``.grad``."""
+        self._pending.pop(id(p), None)
+        for key in self._storages.pop(id(p), []):
+            self.freed(key)
+
+    def freed(self, key: int) -> None:
+        """Storage ``key`` is freed (or taken in)."""
+        self.bytes -= self.held.pop(key, 0)
+
+
+def _sequence_nr() -> int:
+    """Autograd's sequence number now: that of a node made now (one is, and let go)."""
+    with _disable_current_modes(), torch.enable_grad():
+        leaf = torch.zeros((), requires_grad=True)
+        node = leaf.view(()).grad_fn
+    return int(node._sequence_nr()) if node is not None else 0
