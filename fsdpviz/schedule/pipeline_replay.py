@@ -247,9 +247,10 @@ class RankRun:
             "recompute fails first, on those sharded parameters (aten.mul.Tensor got mixed "
             "torch.Tensor and DTensor). Keep the stage's parameters gathered across "
             f"microbatches ({RESHARD.code(False)}, torchtitan's default under pipeline "
-            "parallelism), or use a schedule that runs no forward of a stage between the "
-            "input and the weight backward of one microbatch (ZBVZeroBubble, DualPipeV, "
-            "Interleaved1F1B, or InterleavedZeroBubble with fewer stages per rank)"
+            "parallelism), or a schedule that runs no forward of a stage between the input "
+            "and the weight backward of one microbatch (Interleaved1F1B, ZBVZeroBubble, "
+            "DualPipeV; InterleavedZeroBubble with 2 or 4 stages per rank, or with 3 and as "
+            "many microbatches as pipeline ranks)"
         )
 
     def _gradient_between(self, s: int, send: bool) -> bool:
