@@ -136,6 +136,30 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     assert real.peak == memory_model(mine, optimizer=None).peak["bytes"]
 
 
+def test_zero_bubble_fails_where_a_forward_reshards_between_input_and_weight_backward(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """InterleavedZeroBubble on 3 stages per rank, resharding after forward: torch's own
+    run of pipeline rank 1 fails at ``3W1`` in ``stage_backward_weight`` (its ``I`` found
+    ``layers.2`` gathered, ``3F2`` resharded it), and ``analyze`` refuses the job naming
+    that rank, action and unit (tests/test_schedule_pipeline.py); rank 0 runs."""
+    import fsdpviz
+
+    monkeypatch.setattr(pj, "stages_per_rank", lambda schedule: 3)
+    monkeypatch.setitem(pj.CASES, "zero-bubble-3-always", ("InterleavedZeroBubble", 4, "always"))
+    with pytest.raises(fsdpviz.FSDPConfigError, match="rank 1: torch fails at 3W1") as caught:
+        predict("zero-bubble-3-always", loss=_square, pipeline_stages=pj.split(6))
+    assert "found 'layers.2' gathered, and 3F2" in str(caught.value)
+    args = (*pj.CASES["zero-bubble-3-always"],)
+    kw: dict[str, Any] = {"loss_fn": lambda pred, _: _square(pred),
+                          "target": lambda: torch.empty(pj.BATCH, 0)}  # fmt: skip
+    as_rank(0)  # type: ignore[operator]
+    assert measure(*args, **kw).peak > 0
+    as_rank(2)  # type: ignore[operator]
+    with pytest.raises(KeyError, match="AccumulateGrad"):
+        measure(*args, **kw)
+
+
 # zero-bubble cases resharding after every forward
 _ALWAYS = {
     "zero-bubble-4-always": ("InterleavedZeroBubble", 4, "always"),

@@ -524,3 +524,31 @@ def test_a_stages_mm_strategies_are_picked_for_the_machines_nodes() -> None:
         assert bool(assumed) == (given is None)
         moved = [n for n in timeline(report, nodes).notes if "DTensor's mm strategies" in n]
         assert len(moved) == (planned == 2)
+
+
+def test_zero_bubble_refuses_a_stage_resharded_between_input_and_weight_backward() -> None:
+    """InterleavedZeroBubble with 3 stages per rank runs a forward of stage 3 (``3F2``)
+    between the input backward ``3I1``, which began with the stage gathered, and its weight
+    backward ``3W1``: resharded after that forward, the stage's ``submod.parameters()`` are
+    the sharded ones there, and torch's ``stage_backward_weight`` fails to find the weights
+    of I's graph among them (``KeyError: <AccumulateGrad>``; under activation checkpointing
+    W's recompute fails first, on the sharded parameters). With the parameters kept
+    gathered, or on 2 stages per rank, it plans."""
+    from fsdpviz.configs.torchtitan_model import TransformerBlock
+
+    stages = pj.split(6)  # one block a stage: 3 stages per rank
+    for extra in ({}, {"activation_checkpointing": [TransformerBlock]}):
+        with pytest.raises(fsdpviz.FSDPConfigError) as caught:
+            plan("InterleavedZeroBubble", 4, batch=4, pipeline_stages=stages,
+                 reshard_after_forward=True, **extra)  # fmt: skip
+        message = str(caught.value)
+        assert message.startswith("InterleavedZeroBubble on pipeline rank 1: torch fails at 3W1")
+        assert "KeyError: <AccumulateGrad ...> in torch.distributed.pipelining._backward" in message
+        assert "found 'layers.2' gathered, and 3F2, a forward of the same stage" in message
+        assert "reshard_after_forward=False" in message
+    kept = plan("InterleavedZeroBubble", 4, batch=4, pipeline_stages=stages,
+                reshard_after_forward=False)  # fmt: skip
+    assert kept.pipeline is not None and len(kept.pipeline.stages) == 6
+    two = plan("InterleavedZeroBubble", 4, batch=4, reshard_after_forward=True)  # 2 a rank
+    assert two.pipeline is not None and len(two.pipeline.stages) == 4
+    assert any(w.code == "pipeline_lost_gradients" for w in two.warnings)

@@ -753,6 +753,37 @@ def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_trac
         )
 
 
+def test_a_pipeline_torch_would_fail_is_not_evaluated_and_says_why() -> None:
+    """InterleavedZeroBubble with 3 stages per rank resharding after forward fails in
+    torch's weight backward (see tests/test_schedule_pipeline.py): tune skips that
+    resharding with a note and plans the rest."""
+    from fsdpviz.configs.torchtitan_model import build_llama3
+
+    titan = build_llama3("debugmodel", 64)
+    blocks = [f"layers.{i}" for i in range(6)]
+    given = {
+        "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
+        "reshard_after_forward": False,
+        "mesh": ("pp", 2, "dp_shard", 2),
+        "pipeline_schedule": "InterleavedZeroBubble",
+        "pipeline_stages": [
+            ["tok_embeddings", "layers.0"],
+            *[[b] for b in blocks[1:5]],
+            ["layers.5", "norm", "output"],
+        ],
+        "microbatches": 4,
+    }
+    t = fsdpviz.tune(titan, torch.zeros(4, 64, dtype=torch.long), **given,
+                     knobs=("reshard_after_forward",), progress=False, workers=1)  # fmt: skip
+    assert {c.knobs["reshard_after_forward"] for c in t.candidates} == {"never"}
+    skipped = [n for n in t.notes if n.startswith("not evaluated")]
+    assert skipped and all(
+        "InterleavedZeroBubble on pipeline rank 1: torch fails at 3W1" in n
+        and "KeyError: <AccumulateGrad ...>" in n
+        for n in skipped
+    )
+
+
 def test_a_shard_placement_fn_as_given_stays_and_is_in_the_code() -> None:
     from torch.distributed.tensor import Shard
 

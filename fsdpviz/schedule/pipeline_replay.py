@@ -9,6 +9,8 @@ starting with the shape inference.
 
 from __future__ import annotations
 
+from fsdpviz.errors import FSDPConfigError
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import PipelineOptions
 from fsdpviz.schedule.fsdp2_emulation import float8_scales
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, Sharded
@@ -50,6 +52,8 @@ class RankRun:
         self.never_reduced: set[str] = set()
         self.gradless: set[str] = set()  # groups some microbatch's W gave no gradient so
         self.input_calls: dict[tuple[int, int | None], list[Call]] = {}  # I's, until its W
+        self.rank = rank
+        self.last_forward: dict[int, str] = {}  # by stage, its latest F action
         # by stage, the groups reducing in another dtype whose parameters hold the .grad a W
         # left: the next W adds into it, unless a backward's post-backward moved it into
         # FSDP2's reduce-dtype copy first (to_accumulated_grad_if_needed)
@@ -125,6 +129,7 @@ class RankRun:
         # where the action's compute starts: it waits for what it receives
         start = Call("pipeline", "", action, [], s, None, mb)
         if kind == "F":
+            self.last_forward[s] = action
             return [start, *self._replay(s, trace.forward, 0, "F", mb), self._mark(s, mb)]
         if kind in ("B", "I", "W"):
             rt.sync = rt.reshard_after_backward = rt.is_last_backward = False
@@ -164,6 +169,7 @@ class RankRun:
                 return [Call("pipeline", "", action, [], s, None, mb, "W")]
             if kind == "W":  # the weight gradients land outside FSDP's hooks
                 lost = self.weightless.pop((s, mb), set())
+                self._refuse_resharded_since_input(s, mb, action, lost)
                 # the traces of this I and W: the weights it found, the gradients there
                 had = {g.name for st in rt.states for g in st.groups if g.accumulated}
                 had = (had - self.upcast) | self.grad_left[s]
@@ -208,6 +214,44 @@ class RankRun:
                           stage=s, microbatch=mb, action=action)  # fmt: skip
             return [Call("pipeline", "", action, [event], s, None, mb)]
         return [Call("pipeline", "", action, rt.take_events(), s, None, mb)]
+
+    def _refuse_resharded_since_input(
+        self, s: int, mb: int | None, action: str, lost: set[str]
+    ) -> None:
+        """Torch's ``stage_backward_weight`` maps the weights of the parameter groups its
+        ``I`` found (the unsharded parameters the graph used) by ``self.submod.parameters()``
+        as they are when ``W`` runs: a group gathered when the ``I`` began and resharded by a
+        forward of the stage since (a ``W`` runs no FSDP hook that would gather it again)
+        holds its sharded parameters there, and the look-up fails."""
+        rt = self.runtimes[s]
+        stale = sorted(
+            g.name
+            for st in rt.states
+            for g in st.groups
+            if g.name not in lost
+            and g.sharded is not Sharded.UNSHARDED
+            and _has_grads(self.traces[s].backward, g.name, rt)
+        )
+        if not stale:
+            return
+        forward = self.last_forward.get(s, "a forward")
+        raise FSDPConfigError(
+            f"{self.opts.schedule} on pipeline rank {self.rank}: torch fails at {action}, the "
+            f"weight backward (W) of stage {s}'s microbatch {mb}, with KeyError: "
+            "<AccumulateGrad ...> in torch.distributed.pipelining._backward."
+            "stage_backward_weight (grad_acc_to_weight[grad_acc]): its input backward (I) "
+            f"found {', '.join(repr(u) for u in stale)} gathered, and {forward}, a forward "
+            "of the same stage in between, resharded them after it (reshard_after_forward), "
+            "so W looks the weights of I's graph up among the sharded parameters of "
+            "submod.parameters(). Where they run under activation checkpointing, W's "
+            "recompute fails first, on those sharded parameters (aten.mul.Tensor got mixed "
+            "torch.Tensor and DTensor). Keep the stage's parameters gathered across "
+            f"microbatches ({RESHARD.code(False)}, torchtitan's default under pipeline "
+            "parallelism), or a schedule that runs no forward of a stage between the input "
+            "and the weight backward of one microbatch (Interleaved1F1B, ZBVZeroBubble, "
+            "DualPipeV; InterleavedZeroBubble with 2 or 4 stages per rank, or with 3 and as "
+            "many microbatches as pipeline ranks)"
+        )
 
     def _gradient_between(self, s: int, send: bool) -> bool:
         """Whether a gradient passes between stage ``s`` and the one before it (``send``:
