@@ -70,6 +70,7 @@ from typing import Any
 
 from fsdpviz._deferred_gc import deferring_collection
 from fsdpviz.cost.fit import machine_of
+from fsdpviz.cost.float8_precompute import after_optimizer, after_step_totals
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.hook_calls import iteration_index
@@ -190,9 +191,9 @@ def timeline(
     # micro-step's, in its time)
     last = runs[micro_steps[-1]]
     done = last.end + opt_s
-    end, precompute = last.after_optimizer(done, report)
+    end, precompute = after_optimizer(last.after_step, done, report, m, last.ranks, last.waits)
     after = end - done
-    for key, value in last.after_step_totals().items():
+    for key, value in after_step_totals(last.after_step).items():
         sums[key] += value
     step = t + opt_s + after
     comm, exposed = sums["comm_s"], sums["exposed_comm_s"]

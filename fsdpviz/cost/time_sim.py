@@ -5,7 +5,8 @@
 collective at a time, the copy stream, and tensor, context and pipeline parallelism's
 streams, each event timed and recorded with what held it. Its state is grouped by what it
 is in :mod:`fsdpviz.cost.time_state`. :func:`~fsdpviz.cost.time.timeline` runs one per
-micro-step and adds them up.
+micro-step and adds them up; the float8 precomputation's all-reduces it sets aside are
+placed after the optimizer step by :mod:`fsdpviz.cost.float8_precompute`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import math
 import re
 from dataclasses import replace
 
+from fsdpviz.cost.float8_precompute import is_precompute_all_reduce
 from fsdpviz.cost.hardware import Machine, ring_bytes
 from fsdpviz.cost.hook_calls import HookCall, tape
-from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost, stretch_cost
+from fsdpviz.cost.kernels import StretchCost, machine_key, remembered_stretch_cost
 from fsdpviz.cost.pipeline_time import P2PTimes, p2p_key
 from fsdpviz.cost.sizes import gathered_bytes, itemsize, placed_bytes, reduced_shard_numel
 from fsdpviz.cost.time_state import (
@@ -35,19 +37,13 @@ from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.report import Report, Unit
-from fsdpviz.schema.rows import ComputeStretch, HookTime, StepWork, Wait
+from fsdpviz.schema.rows import ComputeStretch, HookTime, Wait
 
 _WAITS = ("pre_forward", "pre_backward")
 _ACTION = re.compile(r"(\d+)([FBI])(\d+)")  # a stage's forward or backward of a microbatch
 _CP_WAITS = ("cp_forward_wait", "cp_backward_wait")
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))
 _GRADS = ("compute", -1)  # a reduction waits for the compute that produces its gradients
-# torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh) for a depth-1 foreach
-# op such as _foreach_norm: a launch holds at most 110 tensors and 320 blocks of 65536
-# elements each (CUDA 12 builds; CUDA 13 builds 770 and 2240, a 32 KB kernel argument);
-# ForeachReduceOp.cu's norm then launches one cleanup kernel (the per-block maxima into one
-# per tensor)
-_FOREACH_TENSORS, _FOREACH_BLOCKS, _FOREACH_CHUNK = 110, 320, 65536
 
 
 def _compute_dtype(units: list[Unit]) -> str:
@@ -81,70 +77,6 @@ def _float8_shares(report: Report) -> dict[str, float]:
         if total and fp8:
             shares[u.module] = fp8 / total
     return shares
-
-
-def _precomputed(events: list[Event], index: int) -> bool:
-    """Whether event ``index`` is torchao's ``precompute_float8_dynamic_scale_for_fsdp``'s:
-    the all-reduce of every float8 weight's amax over the shard group (no module: not one
-    weight's, before its all-gather), or the tensor-parallel all-reduce DTensor issues right
-    after it (:meth:`FSDP2Runtime.optimizer_step`)."""
-    e = events[index]
-    if e.kind == "all_reduce":
-        return e.group == "shard" and e.module is None
-    return (
-        e.kind == "tp_all_reduce" and e.module is None and index > 0
-        and _precomputed(events, index - 1)
-    )  # fmt: skip
-
-
-def float8_precompute_costs(
-    report: Report, m: Machine
-) -> tuple[tuple[StretchCost, float], tuple[StretchCost, float], int]:
-    """The compute of torchao's ``precompute_float8_dynamic_scale_for_fsdp`` around its
-    all-reduce, on ``m``: before it, ``torch._foreach_norm(weights, ord=inf)`` over every
-    float8 weight's local (padded) shard, memory-bound, reading each shard once (its
-    multi-tensor launches and the cleanup kernel), and ``torch.stack`` of the norms; after
-    it, on the vector of one amax per weight, ``torch.clamp``, ``.to(torch.float64)``, the
-    division of the float8 maximum by it (a float16 weight's scale clamped once more) and
-    ``.to(torch.float32)``. Each kernel launched by the CPU as a forward one (eager Python,
-    outside autograd). Returns the cost and bytes before and after the all-reduce, and the
-    number of weights."""
-    spec = report.config.float8
-    weights = float8_weights(report.modules, Float8.from_dict(spec)) if spec else set()
-    shapes = {
-        f"{mod.fqn}.{name}" if mod.fqn else name: shape
-        for mod in report.modules
-        for name, shape in mod.params.items()
-    }
-    numels: list[int] = []
-    shard_bytes = 0
-    size = 4
-    dtypes: set[str | None] = set()
-    for u in report.units:
-        ranks = u.shard_ranks or 1
-        for fqn in u.params:
-            if fqn not in weights:
-                continue
-            shape = u.shard_shapes.get(fqn)
-            if shape is None:
-                whole = shapes.get(fqn) or [0]
-                shape = [-(-whole[0] // ranks), *whole[1:]]
-            dtypes.add(u.param_dtype(fqn))
-            size = itemsize(u.param_dtype(fqn))
-            numels.append(math.prod(shape))
-            shard_bytes += numels[-1] * size
-    n = len(numels)
-    if not n:
-        return (stretch_cost((), m), 0.0), (stretch_cost((), m), 0.0), 0
-    blocks = sum(-(-k // _FOREACH_CHUNK) for k in numels)
-    launches = max(-(-n // _FOREACH_TENSORS), -(-blocks // _FOREACH_BLOCKS)) + 1
-    read = float(shard_bytes + 4 * n + 2 * n * size)  # the shards; the norms; the stack
-    norms = (("mem", False, launches, shard_bytes + 4.0 * n), ("mem", False, 1, 2.0 * n * size))
-    # clamp, to float64, the division, (a float16 weight's: clamp to its maximum), to float32
-    after = 5 if "float16" in dtypes else 4
-    moved = float(n * (2 * size + 8 + 16 + 12))  # each kernel's input and output
-    tail = (("mem", False, after, moved),)
-    return (stretch_cost(norms, m), read), (stretch_cost(tail, m), moved), n
 
 
 class MicroStepSim:
@@ -219,7 +151,7 @@ class MicroStepSim:
         self.tail_wait = 0.0
         # torchao's precompute_float8_dynamic_scale_for_fsdp: its all-reduce of the stacked
         # amaxes (and, under tensor parallelism, DTensor's over tp after it), which runs after
-        # the optimizer step (placed by after_optimizer)
+        # the optimizer step (placed by float8_precompute.after_optimizer)
         self.after_step: list[EventTiming] = []
         self.notes: list[str] = []
         if not self.tape.measured:
@@ -274,72 +206,6 @@ class MicroStepSim:
             last.exposed += self.tail_wait  # the final callback waits for it
             end = self.clocks.compute + self.tail_wait
             self.waits.append(Wait(self.clocks.compute, end, last.index, last.event.phase, True))
-
-    def after_optimizer(self, start: float, report: Report) -> tuple[float, list[StepWork]]:
-        """Place the precomputation's all-reduces (:attr:`after_step`) after the optimizer
-        step, which ends at ``start`` (in this micro-step's time): torchtitan calls
-        ``precompute_float8_dynamic_scale_for_fsdp`` after ``optimizer.step()``, so its
-        ``torch._foreach_norm`` of the float8 weights' shards follows the optimizer's last
-        kernel on the compute stream (:func:`float8_precompute_costs`), and the stacked
-        amaxes' all-reduce (DTensor's ``redistribute`` to ``Replicate``,
-        ``funcol.all_reduce``) follows the norms; the ``torch.clamp`` and reciprocal after
-        it wait for it on the compute stream, and the next step's first all-gather (whose
-        copy-in waits for the compute stream) and forward after that. Nothing hides it:
-        each is exposed whole, and the step ends when the last one does. Returns that end
-        (``start`` where there is none) and the precomputation's compute, before and after
-        the all-reduces."""
-        if not self.after_step:
-            return start, []
-        (before, read), (after, moved), n = float8_precompute_costs(report, self.m)
-        work = [
-            StepWork(
-                "float8_amax",
-                start,
-                start + before.seconds,
-                read,
-                before.kernels,
-                f"torch._foreach_norm of the {n} float8 weights' local shards (their amaxes)",
-            )
-        ]
-        t = start + before.seconds
-        for rec in self.after_step:
-            e = rec.event
-            size = float(e.nbytes or 0)
-            tp = e.kind in TP_KINDS
-            ranks = self.ranks.tp if tp else self.ranks.shard
-            span = self.ranks.spans.get("tp" if tp else "shard")
-            dur = self.m.collective_seconds("all_reduce", size, ranks, span) if ranks > 1 else 0.0
-            rec.issued = rec.compute_t = rec.start = t
-            rec.end = t + dur
-            rec.bytes = ring_bytes("all_reduce", size, ranks)
-            rec.exposed = dur
-            rec.held, rec.held_by = "optimizer", -1
-            self.waits.append(Wait(t, rec.end, rec.index, e.phase, True))
-            t = rec.end
-        work.append(
-            StepWork(
-                "float8_scales",
-                t,
-                t + after.seconds,
-                moved,
-                after.kernels,
-                f"torch.clamp and reciprocal of the {n} amaxes: the float8 scales",
-            )
-        )
-        return t + after.seconds, work
-
-    def after_step_totals(self) -> dict[str, float]:
-        """What :meth:`after_optimizer`'s all-reduces add to the step's sums (once a step,
-        however many micro-steps share this one)."""
-        recs = self.after_step
-        spent = sum(r.end - r.start for r in recs)
-        return {
-            "comm_s": spent,
-            "exposed_comm_s": spent,
-            "exposed_backward_s": spent,
-            "reduce_scatter_bytes": sum(r.bytes for r in recs if r.stream == "comm"),
-            "tp_bytes": sum(r.bytes for r in recs if r.stream == "tp"),
-        }
 
     def own_totals(self) -> dict[str, float]:
         """This micro-step's sums, which the step adds up."""
@@ -454,9 +320,9 @@ class MicroStepSim:
         stream = "compute" if e.kind == "free" else "comm"
         now = self.clocks.compute
         rec = EventTiming(index, e, stream, self.clocks.cpu, now, now, now)
-        if _precomputed(self.tape.events, index):
+        if is_precompute_all_reduce(self.tape.events, index):
             rec.stream = "tp" if e.kind in TP_KINDS else "comm"
-            self.after_step.append(rec)  # placed after the optimizer step (after_optimizer)
+            self.after_step.append(rec)  # placed after the optimizer step (float8_precompute)
             return
         self.records.append(rec)
         if e.kind in _ACTIVATIONS:  # tensor or context parallelism's
