@@ -81,7 +81,6 @@ from fsdpviz.trace.loss_parallel import LossParallelAccounting
 from fsdpviz.trace.operators import (
     FLOP_OPS,
     op_info,
-    op_tensors,
     output_shapes,
 )
 from fsdpviz.trace.probe_kernels import KernelAccounting
@@ -95,7 +94,6 @@ from fsdpviz.trace.probe_records import (
     MarkingLog,
     SavedParamViews,
     StorageSet,
-    StorageShares,
     Stretch,
     TPShares,
     batch_tokens,
@@ -104,10 +102,9 @@ from fsdpviz.trace.probe_records import (
     storage_bytes,
     storage_of,
 )
+from fsdpviz.trace.probe_shares import ShareAccounting
 from fsdpviz.trace.recomputation import recomputing
 from fsdpviz.trace.tracker import ModuleTracker
-
-_MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2)}
 
 
 class CostProbe(
@@ -115,6 +112,7 @@ class CostProbe(
     CompiledRegionAccounting,
     Float8Accounting,
     KernelAccounting,
+    ShareAccounting,
     TorchDispatchMode,
 ):  # type: ignore[no-untyped-call]
     """Counts activation/temp/gradient bytes and FLOPs of one traced step.
@@ -155,17 +153,9 @@ class CostProbe(
         # rowwise backward outputs whose rescaling a compiled region has yet to place (by
         # storage id): its storage, phase, eager kernels and bytes, the output's local bytes
         self._rescales: dict[int, tuple[weakref.ref[Any], int, int, float, float]] = {}
-        self._tp = tp
+        self._shares_setup(tp)
         self._fused = FusedRegions(self._local_bytes if tp is not None else None)
-        self.tp_ranks = tp.size if tp is not None else 1
-        self._sharded = StorageShares()  # the storages one rank holds a share of
-        self._given = StorageShares()  # ... of the inputs (see inputs_shared)
-        # inside redistributed(): (the share one rank holds of the outputs, None: whole)
-        self._forced: tuple[Fraction | None] | None = None
-        self._held: bool | Fraction | None = None  # inside held_as(): the outputs' layout
         self._loss_parallel = LossParallelAccounting()  # F.cross_entropy in loss_parallel()
-        # told of each all-reduce loss_parallel()'s handlers run (tensor parallelism's plan)
-        self.on_all_reduce: Callable[[torch.Tensor], None] | None = None
         self._unit_names = unit_names
         self._by_unit: dict[str, list[torch.nn.Parameter]] = {}
         for p, name in grad_owner.items():
@@ -216,12 +206,7 @@ class CostProbe(
             for t in [*model.parameters(), *model.buffers(), *tree_leaves(inputs)]
             if isinstance(t, torch.Tensor) and (st := storage_of(t)) is not None
         )
-        if self._tp is not None:
-            self._sharded = StorageShares()
-            for p, share in self._tp.sharded_params.items():
-                if (st := storage_of(p)) is not None:
-                    self._sharded.add(st, share)
-            self._sharded.update(self._given)
+        self._step_shares()
         self._stretch = self._new_stretch()
         self._param_views = SavedParamViews(self._by_unit, lambda: self._stretch)
         self._call_grads = CallGradients(self._by_unit if self._measure_calls else {})
@@ -248,16 +233,6 @@ class CostProbe(
     def _temp_bytes(self, key: int) -> int:
         rec = self._live.get(key)
         return int(rec[0]) if rec is not None and rec[1] == BWD_TEMP else 0
-
-    @contextmanager
-    def redistributed(self, share: Fraction | None) -> Iterator[None]:
-        """The operators in this block make a tp collective's output buffer: no kernel, and
-        one rank holds ``share`` of it (None: all of it)."""
-        before, self._forced = self._forced, (share,)
-        try:
-            yield
-        finally:
-            self._forced = before
 
     def remove(self) -> None:
         self._tracker.measure = None
@@ -321,23 +296,6 @@ class CostProbe(
             self._count_kernel(cost, args, kwargs, out, flops, fresh)
         return out
 
-    @contextmanager
-    def held_as(self, sharded: bool | Fraction) -> Iterator[None]:
-        """The tensors the operators in this block make: one rank's shares (``True``: the
-        share their inputs hold, a ``Fraction``: that share), or whole (``False``)."""
-        before, self._held = self._held, sharded
-        try:
-            yield
-        finally:
-            self._held = before
-
-    def _whole(self, t: torch.Tensor) -> Any:
-        """An all-reduce of ``t`` (told to :attr:`on_all_reduce`): its new buffer (whole, no
-        kernel)."""
-        if self.on_all_reduce is not None:
-            self.on_all_reduce(t)
-        return self.redistributed(None)
-
     def _track_all(self, out: Any, share: Fraction | None) -> None:
         if isinstance(out, torch.Tensor):
             self._track(out, share)
@@ -345,72 +303,6 @@ class CostProbe(
             for t in out:
                 if isinstance(t, torch.Tensor):
                     self._track(t, share)
-
-    def holds_share(self, t: Any) -> bool:
-        """Whether one rank holds a share of tensor ``t`` the step made."""
-        return self._is_share(t)
-
-    def share_of(self, t: Any) -> Fraction | None:
-        """The share one rank holds of tensor ``t`` the step made, or None (whole)."""
-        return self._share(t)
-
-    def inputs_shared(self, shares: list[tuple[torch.Tensor, Fraction]]) -> None:
-        """The inputs of the next step that one rank holds a share of, with their shares (a
-        pipeline stage's received activations under sequence parallelism)."""
-        self._given = StorageShares()
-        for t, share in shares:
-            if (st := storage_of(t)) is not None:
-                self._given.add(st, share)
-
-    def local_bytes(self, tensors: Any) -> int:
-        """Bytes of ``tensors`` one rank holds: its share of those the step made sharded
-        (a pipeline stage's output under sequence parallelism), the rest whole."""
-        total = 0
-        for t in tree_leaves(tensors):
-            if isinstance(t, torch.Tensor):
-                total += local_part(t.numel() * t.element_size(), self._share(t))
-        return total
-
-    def _share(self, t: Any) -> Fraction | None:
-        """The share one rank holds of ``t``, or None (whole)."""
-        if not isinstance(t, torch.Tensor):
-            return None
-        return self._sharded.share(storage_of(t))
-
-    def _is_share(self, t: Any) -> bool:
-        return self._share(t) is not None
-
-    def _inputs_share(self, tensors: Any) -> Fraction | None:
-        """The largest share of the tensors in ``tensors`` one rank holds a share of."""
-        shares = [s for t in op_tensors(tensors) if (s := self._share(t)) is not None]
-        return max(shares, default=None)
-
-    def _made_share(
-        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Fraction | None:
-        """The share one rank holds of what ``func`` makes, or None: as :meth:`held_as`
-        says, else as :meth:`_a_share` finds."""
-        held = self._held
-        if held is None:
-            return self._a_share(func, args, kwargs)
-        if isinstance(held, Fraction):
-            return held
-        if not held:
-            return None
-        return self._inputs_share((args, kwargs)) or Fraction(1, self.tp_ranks)
-
-    def _a_share(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Fraction | None:
-        """The share one rank holds of what ``func`` makes, or None (see the module's
-        docstring)."""
-        assert self._tp is not None
-        stack = self._tracker.stack
-        forward = torch._C._current_graph_task_id() == -1
-        if forward and stack and stack[-1] in self._tp.whole_outputs:
-            return None
-        mats = _MM.get(func)
-        if mats is not None and all(self._is_share(args[i]) for i in mats):
-            return None
-        return self._inputs_share((args, kwargs))
 
     def _track(self, t: torch.Tensor, share: Fraction | None = None) -> None:
         st = storage_of(t)
