@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from fsdpviz.cost.grad_sizes import Upcast, param_grads, upcasts
+from fsdpviz.cost.grad_sizes import Upcast
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
+from fsdpviz.cost.memory_pipeline import PipelineSteps
 from fsdpviz.cost.memory_pools import StreamPools
 from fsdpviz.cost.memory_records import WAITS, Block, MemoryRecords
 from fsdpviz.cost.sizes import UnitBytes
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
 from fsdpviz.schema.memory import CATEGORIES, POOLS, MemoryEvent, MemoryPeak, Moment
-from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.report import IGNORED, Report
 
 _POST_BACKWARD = ("post_backward", "post_backward_reshard_only")
-_BACKWARD_ACTION = re.compile(r"\d+[BIW]\d+")  # a pipeline stage's backward of a microbatch
-_STAGE_ACTION = re.compile(r"(\d+)(UNSHARD|F|B|I|W)\d*")  # a stage's UNSHARD, or compute
 _ACTIVATIONS = frozenset((*TP_KINDS, *CP_KINDS))  # collectives of activations, not of FSDP
 
 
-class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
+class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
     """Steps one iteration's tape and keeps bytes per category.
 
     ``carry``: the walk of the micro-step before this one in the same optimizer step
@@ -132,15 +129,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self.cat["buffers"] = prof.buffer_bytes if prof else 0
         self.resident: set[str] = set()
         self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
-        # a pipeline stage's backward of one microbatch running (set_is_last_backward(False)):
-        # its final callback keeps the all-gathers no hook waited for
-        self._microbatch_backward = False
-        self.on_compute: set[str] = set()  # pending all-gathers on the compute stream (UNSHARD)
-        # by stage: the units a stage's UNSHARD left to copy, over a shard group of one rank
-        # (FSDPParamGroup.unshard issues nothing there; wait_for_unshard copies the shard
-        # into the unsharded parameters): the runtime waits for them all as the stage's next
-        # compute action starts (_assert_unsharded), before its first unit's hook
-        self._to_copy: dict[int, list[str]] = {}
+        self._pipeline_setup(report)  # a pipeline's stages, their UNSHARDs and roots
         self.held: tuple[str, int] | None = None
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
@@ -194,20 +183,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self._peak = -1
         self._peak_at: MemoryPeak = {}
         self._root: str | None = None
-        # a pipeline rank's stages are FSDP roots each: each one's post-forward frees the
-        # all-gather buffer its forward kept (FSDPState._post_forward, iter_forward_root)
-        pipe = report.pipeline
-        self._stage_roots = {stage_root(st.index) for st in pipe.stages} if pipe else set()
-        # each unit's stage root: a stage is an FSDP root of its own, whose final callback
-        # finalizes its own states only
-        self._root_of = (
-            {u: stage_root(st.index) for st in pipe.stages for u in st.units} if pipe else {}
-        )
-        self._stage_units = {st.index: list(st.units) for st in pipe.stages} if pipe else {}
-        # a pipeline's units reducing in another dtype: a post-backward of theirs moved their
-        # gradients into FSDP2's reduce-dtype copy (to_accumulated_grad_if_needed), unless a
-        # W's .grad is all there is (a split backward: no post-backward ran since)
-        self._pipeline_upcast = upcasts(report, param_grads(report)) if pipe else {}
         self.in_backward = False
         self._accumulating: set[str] = set()
         # FSDP1 under gradient accumulation: a unit's new gradient, added into the one an
@@ -366,9 +341,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
 
     def _hook(self, c: HookCall) -> None:
         unit = c.unit
-        if c.hook == "pipeline" and isinstance(c.arg, str) and c.arg != "forward_end":
-            self._microbatch_backward = _BACKWARD_ACTION.fullmatch(c.arg) is not None
-            self._stage_unshard(c)
+        self._pipeline_action(c)
         if self.fsdp2 and c.hook == "pre_forward" and self._root is None:
             self._root = unit
         events = self.tape.events
@@ -445,34 +418,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
         self._window(c, opening=False)
         if c.hook == "final_callback":
             self.in_backward = False
-
-    def _moved_to_reduce_dtype(self, unit: str, grads: int) -> bool:
-        """A pipeline's unit whose ``grads`` bytes are FSDP2's reduce-dtype copy, not the
-        compute-dtype ``.grad``: ``foreach_reduce``'s loop over the gradients (``world_size
-        > 1``) keeps its last one alive, in that dtype, until it returns."""
-        up = self._pipeline_upcast.get(unit)
-        if up is None:
-            return False
-        compute = sum(up.grads)
-        return abs(grads - compute) * 2 > abs(compute * (up.ratio - 1.0))
-
-    def _stage_unshard(self, c: HookCall) -> None:
-        """A pipeline action: a stage's ``UNSHARD`` (``unshard(async_op=True)`` on each of
-        its FSDP modules), or a compute action of a stage whose ``UNSHARD`` the runtime
-        waits for first (``_assert_unsharded``: each handle's ``wait_for_unshard``)."""
-        action = _STAGE_ACTION.fullmatch(str(c.arg))
-        if action is None:
-            return
-        stage = int(action[1])
-        if action[2] == "UNSHARD":
-            gathered = {self.tape.events[e].unit for e in c.events}
-            units = self._stage_units.get(stage, ())
-            self._to_copy[stage] = [
-                u for u in units if u in self.sizes and u not in gathered | self.resident
-            ]
-        elif action[2] in ("F", "B", "I", "W"):
-            for unit in self._to_copy.pop(stage, ()):
-                self._wait(unit, c)
 
     # ---------------------------------------------------------------- events
     def _event(self, e: Event, c: HookCall) -> None:
@@ -681,10 +626,3 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps):
             self._free(pool, pool, ("out", unit), n)
         else:
             self.cat[pool] -= n
-
-    def _pool_of(self, unit: str) -> str:
-        """The category a pending all-gather's buffer is counted in (see ``on_compute``)."""
-        if unit in self.on_compute:
-            self.on_compute.discard(unit)
-            return "unsharded_params"
-        return "all_gather"
