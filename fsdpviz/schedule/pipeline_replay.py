@@ -241,7 +241,7 @@ class RankRun:
             "<AccumulateGrad ...> in torch.distributed.pipelining._backward."
             "stage_backward_weight (grad_acc_to_weight[grad_acc]): its input backward (I) "
             f"found {', '.join(repr(u) for u in stale)} gathered, and {forward}, a forward "
-            "of the same stage in between, resharded them after it (reshard_after_forward), "
+            f"of the same stage in between, resharded them after it ({RESHARD.name}), "
             "so W looks the weights of I's graph up among the sharded parameters of "
             "submod.parameters(). Where they run under activation checkpointing, W's "
             "recompute fails first, on those sharded parameters (aten.mul.Tensor got mixed "
