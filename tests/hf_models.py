@@ -14,36 +14,43 @@ def _ids(vocab: int = 96, batch: int = 2, seq: int = 12) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=g)
 
 
-def gpt2() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+def gpt2_model(layers: int = 3, **config: Any) -> nn.Module:
+    """GPT-2 of ``layers`` blocks, 32 wide, 4 heads, 96 tokens (``config``: other fields)."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=4, vocab_size=96, n_positions=32, **config)
+    return GPT2LMHeadModel(cfg)
+
+
+def gpt2() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-    cfg = GPT2Config(
-        n_embd=32,
-        n_layer=3,
-        n_head=4,
-        vocab_size=96,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
     ids = _ids()
-    return GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}, GPT2Block
+    model = gpt2_model(bos_token_id=0, eos_token_id=0)
+    return model, {"input_ids": ids, "labels": ids}, GPT2Block
 
 
-def llama() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+def llama_model(layers: int = 3, **config: Any) -> nn.Module:
+    """Llama of ``layers`` decoder layers, 32 wide, 4 heads of which 2 for keys and values,
+    96 tokens (``config``: other fields)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     cfg = LlamaConfig(
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=3,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=96,
+        **config,
     )
-    return LlamaForCausalLM(cfg), {"input_ids": _ids()}, LlamaDecoderLayer
+    return LlamaForCausalLM(cfg)
+
+
+def llama() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return llama_model(), {"input_ids": _ids()}, LlamaDecoderLayer
 
 
 def t5() -> tuple[nn.Module, dict[str, Any], type[nn.Module]]:

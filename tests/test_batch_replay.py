@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import tp_models
+from hf_models import gpt2_model, llama_model
 from torch.distributed.fsdp import (
     CPUOffload,
     MixedPrecision,
@@ -20,7 +21,6 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.checkpoint import checkpoint
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -44,22 +44,11 @@ def _ids(batch: int, vocab: int = 256, seq: int = 32) -> dict[str, Any]:
 
 
 def _llama() -> torch.nn.Module:
-    cfg = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=96,
-        use_cache=False,
-    )
-    return LlamaForCausalLM(cfg)
+    return llama_model(2, use_cache=False)
 
 
 def _gpt2() -> torch.nn.Module:
-    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=32,
-                     use_cache=False)  # fmt: skip
-    return GPT2LMHeadModel(cfg)
+    return gpt2_model(2, use_cache=False)
 
 
 class _TTLlama(tp_models.Llama):
