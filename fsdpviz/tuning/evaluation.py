@@ -54,15 +54,18 @@ from fsdpviz.tuning.space import (
 __all__ = ["Config", "Evaluations", "workers_for"]
 
 Config = dict[str, Choice]
+# what a trace key's plan was derived from (Candidate.derived)
+FROM_BATCH_FAMILY = "traces at other micro-batches"
+FROM_CHECKPOINT_PAIR = "traces without checkpointing and with each block"
 
 
 class Evaluations:
     """The configurations of one search evaluated so far (``candidates``), the traces they
     came from, and how many (``trace_count``, ``replay_count``; ``reused_count``: traces
     taken from ``earlier``, an earlier search's, see :mod:`fsdpviz.tuning.retune`;
-    ``derived_count``: traces derived from two at other micro-batches;
-    ``checkpoint_derived_count``: traces of every ``n``-th block checkpointed derived from
-    those without checkpointing and with each block)."""
+    ``derived_from``: the trace keys derived instead, each from what: two traces at other
+    micro-batches, ``FROM_BATCH_FAMILY``, or, every ``n``-th block checkpointed, those without
+    checkpointing and with each block, ``FROM_CHECKPOINT_PAIR``)."""
 
     def __init__(
         self,
@@ -86,8 +89,6 @@ class Evaluations:
         self.trace_count = 0
         self.replay_count = 0
         self.reused_count = 0
-        self.derived_count = 0
-        self.checkpoint_derived_count = 0
         # trace keys derived rather than traced: what from (Candidate.derived)
         self.derived_from: dict[tuple[Any, ...], str] = {}
         self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
@@ -281,8 +282,7 @@ class Evaluations:
         if checkpointed is not None:
             self._traces[key] = checkpointed[0]
             self.made[key] = StoredTrace(*checkpointed)
-            self.checkpoint_derived_count += 1
-            self.derived_from[key] = "traces without checkpointing and with each block"
+            self.derived_from[key] = FROM_CHECKPOINT_PAIR
             return same_changes(checkpointed[1], self._traced_changes(config))
         if family is None:
             made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
@@ -294,8 +294,7 @@ class Evaluations:
         derived = self._batches.derived(family, samples)
         if derived is not None:
             made, changes = derived
-            self.derived_count += 1
-            self.derived_from[key] = "traces at other micro-batches"
+            self.derived_from[key] = FROM_BATCH_FAMILY
         else:
             lead = self._batches.lead(family, samples) if align else None
             made_for, made = config, None
@@ -366,7 +365,7 @@ class Evaluations:
 
     def _counts(self) -> str:
         reused = f", {self.reused_count} reused" if self.reused_count else ""
-        count = self.derived_count + self.checkpoint_derived_count
+        count = len(self.derived_from)
         derived = f", {count} derived" if count else ""
         return f"{self.trace_count} traces{reused}{derived}"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Unpack, cast
 
@@ -30,7 +31,7 @@ from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
-from fsdpviz.tuning.evaluation import workers_for
+from fsdpviz.tuning.evaluation import FROM_BATCH_FAMILY, FROM_CHECKPOINT_PAIR, workers_for
 from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined
 from fsdpviz.tuning.result import RetuneKwargs, Tuning
 from fsdpviz.tuning.retune import StoredTrace, check_retune, fingerprint
@@ -202,6 +203,7 @@ def _tune(
         None if earlier is None else earlier.traces,
     )
     search.run(args["exhaustive"])
+    derived = Counter(search.derived_from.values())
     tuning = Tuning(
         candidates=search.candidates,
         user=search.user,
@@ -216,8 +218,8 @@ def _tune(
         source=source,
         needs=search.needs,
         reused=search.reused_count,
-        derived=search.derived_count,
-        checkpoint_derived=search.checkpoint_derived_count,
+        derived=derived[FROM_BATCH_FAMILY],
+        checkpoint_derived=derived[FROM_CHECKPOINT_PAIR],
     )
     seen = fingerprint(model, inputs, config) if earlier is None else earlier.seen
     tuning._retuner = _Retuner(
