@@ -33,6 +33,7 @@ from torch.distributed.pipelining import PipelineStage
 from fsdpviz.cost import memory_model
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.memory import MemoryReport
+from fsdpviz.schema.report import Report
 
 pytestmark = pytest.mark.skipif(
     not hasattr(PipelineStage, "_recv_meta"), reason="torch's PipelineStage infers shapes otherwise"
@@ -379,6 +380,37 @@ def test_a_unit_no_microbatch_gives_a_gradient_has_no_optimizer_state(
     assert real.peak == memory_model(mine, optimizer="adamw_foreach").peak["bytes"]
 
 
+def _frozen_run(
+    as_rank: object,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    rank: int,
+    frozen_fqns: tuple[str, ...],
+) -> tuple[Measured, Report, Report]:
+    """Case ``name`` on global rank ``rank`` with the modules ``frozen_fqns`` frozen, run by
+    torch and planned (a squared output as the loss): the measurement, the job's plan and
+    the pipeline rank's, whose events of both steps are checked to be torch's."""
+    whole = pj.model
+
+    def frozen() -> torch.nn.Module:
+        m = whole()
+        for fqn in frozen_fqns:
+            m.get_submodule(fqn).requires_grad_(False)
+        return m
+
+    monkeypatch.setattr(pj, "model", frozen)
+    as_rank(rank)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
+    planned = predict(name, loss=_square)
+    assert planned.pipeline is not None and real.report is not None
+    mine = planned.pipeline.ranks[rank // pj.DP]
+    assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
+        [e.to_dict() for e in it] for it in mine.iterations
+    ]
+    return real, planned, mine
+
+
 @pytest.mark.parametrize(
     ("name", "rank", "pp"),
     [(n, r, 2) for n in ("1f1b-4", "gpipe-4", "interleaved-4") for r in (0, 2)]
@@ -398,24 +430,9 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
     if pp == 4:
         monkeypatch.setattr(pj, "PP", 4)
         monkeypatch.setattr(pj, "DP", 1)
-    whole = pj.model
-
-    def frozen() -> torch.nn.Module:
-        m = whole()
-        for fqn in ("tok_embeddings", "layers.0", "layers.1"):
-            m.get_submodule(fqn).requires_grad_(False)
-        return m
-
-    monkeypatch.setattr(pj, "model", frozen)
-    as_rank(rank)  # type: ignore[operator]
-    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
-                   target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
-    planned = predict(name, loss=_square)
-    assert planned.pipeline is not None and real.report is not None
-    mine = planned.pipeline.ranks[rank // pj.DP]
-    assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
-        [e.to_dict() for e in it] for it in mine.iterations
-    ]
+    real, planned, mine = _frozen_run(
+        as_rank, monkeypatch, name, rank, ("tok_embeddings", "layers.0", "layers.1")
+    )
     stage0 = set(planned.pipeline.stages[0].units)
     events = mine.iterations[-1]
     reduced = {e.unit for e in events if e.kind == "reduce_scatter"}
@@ -444,26 +461,11 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
     no gradient and no reduce-scatter; DualPipeV only the last: the others' full backward
     gives a partial gradient, reduced. Every event, the memory at each send and receive and
     the peak as a real pipeline rank's; the plan warns, naming the stage and its units."""
-    whole = pj.model
-
-    def frozen() -> torch.nn.Module:
-        m = whole()
-        for fqn in ("tok_embeddings", "layers.0"):
-            m.get_submodule(fqn).requires_grad_(False)
-        return m
-
-    monkeypatch.setattr(pj, "model", frozen)
     # resharded after forward: stage 1's I finds its groups resharded, and unshards none
     monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
-    as_rank(rank)  # type: ignore[operator]
-    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
-                   target=lambda: torch.empty(pj.BATCH, 0), frozen=1)  # fmt: skip
-    planned = predict(name, loss=_square)
-    assert planned.pipeline is not None and real.report is not None
-    mine = planned.pipeline.ranks[rank // pj.DP]
-    assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
-        [e.to_dict() for e in it] for it in mine.iterations
-    ]
+    real, planned, mine = _frozen_run(
+        as_rank, monkeypatch, name, rank, ("tok_embeddings", "layers.0")
+    )
     stage1 = set(planned.pipeline.stages[1].units)
     reduced = {e.unit for e in mine.iterations[-1] if e.kind == "reduce_scatter"}
     if rank // pj.DP == 1:
