@@ -33,6 +33,7 @@ from torch.distributed.pipelining import PipelineStage
 from fsdpviz.cost import memory_model
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.memory import MemoryReport
+from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.report import Report
 
 pytestmark = pytest.mark.skipif(
@@ -386,10 +387,10 @@ def _frozen_run(
     name: str,
     rank: int,
     frozen_fqns: tuple[str, ...],
-) -> tuple[Measured, Report, Report]:
+) -> tuple[Measured, Pipeline[Report], Report]:
     """Case ``name`` on global rank ``rank`` with the modules ``frozen_fqns`` frozen, run by
-    torch and planned (a squared output as the loss): the measurement, the job's plan and
-    the pipeline rank's, whose events of both steps are checked to be torch's."""
+    torch and planned (a squared output as the loss): the measurement, the job's pipeline and
+    the pipeline rank's plan, whose events of both steps are checked to be torch's."""
     whole = pj.model
 
     def frozen() -> torch.nn.Module:
@@ -408,7 +409,7 @@ def _frozen_run(
     assert [[e.to_dict() for e in it] for it in real.report.iterations] == [
         [e.to_dict() for e in it] for it in mine.iterations
     ]
-    return real, planned, mine
+    return real, planned.pipeline, mine
 
 
 @pytest.mark.parametrize(
@@ -430,10 +431,10 @@ def test_a_frozen_first_stage_is_planned_as_torch_runs_it(
     if pp == 4:
         monkeypatch.setattr(pj, "PP", 4)
         monkeypatch.setattr(pj, "DP", 1)
-    real, planned, mine = _frozen_run(
+    real, pipeline, mine = _frozen_run(
         as_rank, monkeypatch, name, rank, ("tok_embeddings", "layers.0", "layers.1")
     )
-    stage0 = set(planned.pipeline.stages[0].units)
+    stage0 = set(pipeline.stages[0].units)
     events = mine.iterations[-1]
     reduced = {e.unit for e in events if e.kind == "reduce_scatter"}
     assert reduced.isdisjoint(stage0)
@@ -463,10 +464,10 @@ def test_a_frozen_first_stage_under_a_split_backward_loses_gradients_as_torch_do
     the peak as a real pipeline rank's; the plan warns, naming the stage and its units."""
     # resharded after forward: stage 1's I finds its groups resharded, and unshards none
     monkeypatch.setitem(pj.CASES, "zero-bubble-4-always", ("InterleavedZeroBubble", 4, "always"))
-    real, planned, mine = _frozen_run(
+    real, pipeline, mine = _frozen_run(
         as_rank, monkeypatch, name, rank, ("tok_embeddings", "layers.0")
     )
-    stage1 = set(planned.pipeline.stages[1].units)
+    stage1 = set(pipeline.stages[1].units)
     reduced = {e.unit for e in mine.iterations[-1] if e.kind == "reduce_scatter"}
     if rank // pj.DP == 1:
         assert stage1 and (stage1 <= reduced) == (name == "dualpipev-4"), reduced
