@@ -19,7 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 import fsdpviz
 from fsdpviz.errors import ConfigError
-from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
+from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel, example_model
 from fsdpviz.replan.checkpoint_replay import CheckpointCapture, checkpoint_capture
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.trace.probe_records import recording_moments
@@ -199,3 +199,64 @@ def test_refused_where_checkpoints_hold_keyword_inputs() -> None:
     case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer,
                   {"fully_shard": [LlamaDecoderLayer]})  # fmt: skip
     assert checkpoint_capture(_analyze(case, None), _analyze(case, [LlamaDecoderLayer])) is None
+
+
+class _Mixer(torch.nn.Module):
+    """A residual projection, a unit of its own."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.proj(x)
+        return out
+
+
+class _MixedTwice(ExampleModel):
+    """The example with one unit run twice in forward: before the decoder layers and again
+    after them."""
+
+    def __init__(self, config: ExampleConfig) -> None:
+        super().__init__(config)
+        self.mixer = _Mixer(config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.mixer(self.embed_tokens(input_ids))
+        for layer in self.layers:
+            x = layer(x)
+        logits: torch.Tensor = self.lm_head(self.norm(self.mixer(x)))
+        return logits
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_the_peaks_without_held_call_gradients_are_carried(accum: int) -> None:
+    """FSDP1 under parameter mixed precision, a unit run twice (``peak_unbuffered``: each
+    stretch's peak less the gradient of the unit's last call, which autograd holds through
+    the decoder layers' backward until its first call's comes in; see ``CallGradients``),
+    with and without gradient accumulation: each stretch's comes from its trace, shifted by
+    what the blocks holding their saves hold in the plan, field for field as ``analyze``
+    makes it."""
+
+    def build() -> torch.nn.Module:
+        with torch.device("meta"):
+            return _MixedTwice(CONFIG)
+
+    case: Case = (build, _ids, DecoderLayer, {
+        "auto_wrap_policy": ModuleWrapPolicy({DecoderLayer, _Mixer}),
+        "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16), "grad_accum": accum,
+    })  # fmt: skip
+    none, full = _analyze(case, None), _analyze(case, [DecoderLayer])
+    capture = checkpoint_capture(none, full)
+    assert capture is not None
+    assert none.profile is not None and full.profile is not None
+    unbuffered = [p.iterations[-1].peak_unbuffered for p in (none.profile, full.profile)]
+    assert unbuffered[0] and unbuffered[1] and unbuffered[0] != unbuffered[1]
+    for n in (2, 3):
+        derived = capture.every(n)
+        traced = _analyze(case, CheckpointEvery([DecoderLayer], n))
+        assert derived.to_dict() == traced.to_dict()
+        assert derived.profile is not None and len(derived.profile.iterations) == 2 * accum
+        mine = derived.profile.iterations[-1].peak_unbuffered
+        assert mine and mine not in unbuffered
+        assert derived.memory.peak == traced.memory.peak

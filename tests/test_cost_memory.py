@@ -364,3 +364,45 @@ def test_fsdp2_one_rank_keeps_the_forward_all_gather_buffer_where_torch_gathers(
         assert held == 2 * sum(u.padded_numel for u in old.units if u.module == "layers.0") * 4
     else:
         assert gathers == [] and held == 0
+
+
+@pytest.mark.parametrize("per_node", [2, 4])
+def test_memory_on_other_nodes_notes_the_tp_strategies_as_the_timeline_does(
+    per_node: int,
+) -> None:
+    """A batch of one's sequence-sharded input left to the column-wise linears of a tp group
+    of 4: DTensor's mm strategies (and so the collectives and buffers the memory model walks)
+    depend on whether torch costs the group within a node. ``memory_model`` on a machine on
+    the other side of ``tp <= gpus_per_node`` says so, as ``timeline`` does (the same note),
+    and nothing on the report's own machine or one on the same side; the bytes are the
+    report's either way (a note, not a refusal: the timeline's)."""
+    import tp_models
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    from fsdpviz.cost import machine, timeline
+
+    plan = tp_models.plain_plan()
+    plan["layers.*.feed_forward"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    with torch.device("meta"):
+        meta = tp_models.Llama(vocab=32, dim=128, n_heads=4, hidden=64)
+    report = fsdpviz.analyze(meta, torch.zeros(1, 64, dtype=torch.long),
+                             fully_shard=tp_models.LAYERS, parallelize_plan=plan,
+                             mesh=("dp", 1, "tp", 4), progress=False,
+                             machine=machine("h100", gpus_per_node=per_node))  # fmt: skip
+    assert report.config.tp_strategy_gpus_per_node == per_node
+    other = machine("h100", gpus_per_node={2: 4, 4: 2}[per_node])  # across tp <= 4
+    same = machine("h200", gpus_per_node={2: 3, 4: 16}[per_node])
+
+    def moved(notes: list[str]) -> list[str]:
+        return [n for n in notes if "DTensor's mm strategies" in n]
+
+    there = memory_model(report, machine=other)
+    assert moved(there.notes) == moved(timeline(report, other).notes)
+    assert len(moved(there.notes)) == 1
+    assert f"nodes of {other.gpus_per_node} torch costs" in moved(there.notes)[0]
+    assert not moved(memory_model(report, machine=same).notes)
+    assert not moved(memory_model(report).notes) and not moved(report.memory.notes)
+    assert there.peak == memory_model(report, machine=same).peak

@@ -486,7 +486,8 @@ def test_a_stages_mm_strategies_are_picked_for_the_machines_nodes() -> None:
     left to its column-wise linears: DTensor's mm strategies for tp 4 depend on whether
     torch costs the group within a node. Without a machine they are picked for nodes of 8
     (warned); on nodes of 2 for those, unwarned; the job's and each rank's config say which,
-    and a timeline on the other side of tp <= nodes says its strategies are not torch's."""
+    and a timeline or a memory model on the other side of tp <= nodes says its strategies
+    are not torch's."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -495,7 +496,7 @@ def test_a_stages_mm_strategies_are_picked_for_the_machines_nodes() -> None:
     )
 
     from fsdpviz.configs.torchtitan_model import Transformer
-    from fsdpviz.cost import machine, timeline
+    from fsdpviz.cost import machine, memory_model, timeline
 
     plan: dict[str, object] = {}
     for i in range(2):
@@ -524,6 +525,10 @@ def test_a_stages_mm_strategies_are_picked_for_the_machines_nodes() -> None:
         assert bool(assumed) == (given is None)
         moved = [n for n in timeline(report, nodes).notes if "DTensor's mm strategies" in n]
         assert len(moved) == (planned == 2)
+        # the memory model notes it too, of the job (its largest rank) and of each rank
+        for r in (report, *report.pipeline.ranks):
+            notes = memory_model(r, machine=nodes).notes
+            assert [n for n in notes if "DTensor's mm strategies" in n] == moved
 
 
 def test_zero_bubble_refuses_a_stage_resharded_between_input_and_weight_backward() -> None:

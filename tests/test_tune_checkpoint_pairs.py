@@ -110,3 +110,52 @@ def test_a_refused_pair_is_traced_as_asked() -> None:
     refused = tune()
     assert refused.checkpoint_derived == 0 and refused.traces == traced_each.traces
     assert _candidates(refused) == _candidates(traced_each)
+
+
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork start method"
+)
+@pytest.mark.parametrize("first", ["", "none each", "none"], ids=["together", "pair", "one"])
+def test_workers_leave_the_keys_a_pair_derives_to_the_search(first: str) -> None:
+    """Forked workers trace a checkpoint pair's siblings, not the key the search then derives
+    from them (as the search does in this process, tracing the sibling missing first): the
+    exhaustive search with its configurations traced ahead by workers, side by side
+    (``together``), or after the siblings (``pair``) or after those without checkpointing
+    (``one``: the workers trace each block's sibling in place of every 2nd block's key),
+    makes the traces and derivations, and the very candidates, the search makes without
+    workers."""
+    import itertools
+
+    from fsdpviz.tuning.space import KNOBS, REPLAYED
+    from fsdpviz.tuning.stages import StagedSearch
+
+    def ahead(self: StagedSearch) -> None:
+        traced = [k for k in KNOBS if k in self.space.choices and k not in REPLAYED[self.api]]
+        configs = [
+            {**self.space.user, **dict(zip(traced, combo, strict=True))}
+            for combo in itertools.product(*(self.space.choices[k] for k in traced))
+        ]
+        label = {"none": "none", "each": "each DecoderLayer"}
+        before = [c for c in configs if c["activation_checkpointing"].label in
+                  [label[w] for w in first.split()]]  # fmt: skip
+        for c in before:
+            self.evaluate_key(c)
+        every = [c for c in configs if "every" in c["activation_checkpointing"].label]
+        assert every and bool(before) == bool(first)
+        self.prefetch(every if first == "none" else configs)
+        exhaustive(self)
+
+    exhaustive = StagedSearch._exhaustive
+    in_process = _tune(True, workers=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StagedSearch, "_exhaustive", ahead)
+        forked = _tune(True, workers=2)
+    assert in_process.checkpoint_derived > 0
+    assert (forked.traces, forked.checkpoint_derived) == (
+        in_process.traces, in_process.checkpoint_derived,
+    )  # fmt: skip
+    # (in another order where the siblings came first)
+    assert sorted(_candidates(forked)) == sorted(_candidates(in_process))
+    derived = [sorted((sorted(c.knobs.items()), c.derived) for c in t.candidates)
+               for t in (forked, in_process)]  # fmt: skip
+    assert derived[0] == derived[1]

@@ -55,6 +55,21 @@ def test_the_timeline_has_a_lane_group_per_pipeline_rank(report: fsdpviz.Report)
     assert any(b["cause"] == "bubble" for g in d["groups"] for b in g["bottlenecks"])
     # steps walk every rank's events in the time their hooks run
     assert s["issue"] == sorted(s["issue"])
+    # each rank's group ends with its optimizer step, the job's timeline's for that rank:
+    # the slowest's at the job's step time
+    job = report.timeline
+    w = d["step_work"]
+    for g, rank in enumerate(ranks):
+        mine = [w2 for w2 in job.step_work if w2.rank == g]
+        at = [k for k, gk in enumerate(w["group"]) if gk == g]
+        assert [(w["name"][k], w["x0"][k], w["x1"][k]) for k in at] == [
+            (w2.name, w2.start, w2.end) for w2 in mine
+        ]
+        bars = [x for x, gk in zip(s["x1"], s["group"], strict=True) if gk == g]
+        c_x1 = zip(d["compute"]["x1"], d["compute"]["group"], strict=True)
+        bars += [x for x, gk in c_x1 if gk == g]
+        assert max(bars) < mine[-1].end == rank.timeline.totals["step_s"]
+    assert max(w["x1"]) == job.totals["step_s"]
     check_front_end_data("pipeline.json", d)
 
 

@@ -103,6 +103,7 @@ from fsdpviz.cost.memory_pools import reserved_estimate
 from fsdpviz.cost.memory_walker import Walker
 from fsdpviz.cost.optimizers import optimizer_spec
 from fsdpviz.cost.sizes import UnitBytes, fsdp1_parts, ignored_bytes, unit_bytes
+from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import CATEGORIES, MemoryPeak, MemoryReport
 from fsdpviz.schema.report import IGNORED, Report
@@ -156,7 +157,10 @@ def memory_model(
     element) or None. ``iteration``: 0 for the first
     iteration, -1 (default) for the steady state. ``machine``: whose device memory the
     result's ``capacity``, ``fits`` and ``headroom`` are about (a :class:`Machine` or a
-    preset name; default: the report's, see :mod:`fsdpviz.cost.fit`).
+    preset name; default: the report's, see :mod:`fsdpviz.cost.fit`); on nodes where torch
+    would pick other tensor-parallel ``mm`` strategies than the report's
+    (``report.config.tp_strategy_gpus_per_node``), a note says so, as the timeline's does:
+    the walk is of the report's collectives and their buffers.
 
     ``grad_accum=N`` on a report planned without it: ``N`` micro-steps of the iteration per
     optimizer step, each reducing its gradients (accumulation without ``no_sync`` /
@@ -293,6 +297,11 @@ def _memory_report(
         m = machine_of(report)
     else:
         m = make_machine(machine) if isinstance(machine, str) else machine
+    # tensor parallelism's buffers are those of the mm strategies DTensor picked for the
+    # nodes the report was planned on: noted, as the time model notes it
+    moved = tp_strategies_moved(report.config, m.gpus_per_node)
+    if moved is not None:
+        notes.append(moved)
     blocks = None
     if not m.expandable_segments:
         blocks = walker.blocks

@@ -10,13 +10,19 @@ sends). The compute's waits for a receive are the pipeline's *bubbles*
 (``totals["bubble_s"]``, each wait in :meth:`Timeline.bubbles`).
 
 The job's timeline (the report of the whole pipeline) holds every rank's events, compute,
-waits and hook calls, each with its ``rank`` (events indexed as the job report's
-iterations: rank by rank); its ``step_s`` is the slowest rank's (the step ends when every
-rank is done), ``compute_s``, ``comm_s``, ``exposed_comm_s``, ``bubble_s`` and the bytes
-the sums over the ranks (GPU time: ``bubble_s / (pp * step_s)`` is the share of the
-pipeline's GPU time lost to bubbles; each rank's own are in its report's timeline),
-``tokens_per_s``, ``model_flops`` and ``mfu`` per GPU of the pipeline (each rank is a GPU,
-and all of them carry the step's tokens through their stages).
+waits, hook calls and step work (its optimizer step, and with float8 the scales'
+precomputation: ``step_work``), each with its ``rank`` (events indexed as the job report's
+iterations: rank by rank). Every rank's step starts at 0, so each keeps the times of its own
+timeline (those of its step's last micro-step); each rank steps its optimizer once its own
+``schedule.step()`` returns (its last backward, its sends waited for and its gradients
+reduced: torch's ``_step_microbatches`` ends with ``perform_reduce_grad``, and nothing waits
+for the other ranks), so its step work follows its own last micro-step. The job's
+``step_s`` is the slowest rank's (the step ends when every rank is done), ``compute_s``,
+``comm_s``, ``exposed_comm_s``, ``bubble_s`` and the bytes the sums over the ranks (GPU
+time: ``bubble_s / (pp * step_s)`` is the share of the pipeline's GPU time lost to bubbles;
+each rank's own are in its report's timeline), ``tokens_per_s``, ``model_flops`` and
+``mfu`` per GPU of the pipeline (each rank is a GPU, and all of them carry the step's
+tokens through their stages).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.report import Report
-from fsdpviz.schema.rows import ComputeStretch, HookTime, TimedEvent, Wait
+from fsdpviz.schema.rows import ComputeStretch, HookTime, StepWork, TimedEvent, Wait
 from fsdpviz.schema.timeline import Timeline
 
 _ACTION = re.compile(r"(\d+)([FBIW])(\d+)")  # a stage's compute on a microbatch
@@ -156,12 +162,16 @@ def _job(report: Report, timelines: list[Timeline]) -> Timeline:
     compute: list[ComputeStretch] = []
     hooks: list[HookTime] = []
     waits: list[Wait] = []
+    work: list[StepWork] = []
     for r, tl in enumerate(timelines):
         offset = len(events)
         events += [replace(e, index=e.index + offset) for e in tl.events]
         compute += [replace(c, rank=r) for c in tl.compute]
         hooks += [replace(h, rank=r, events=tuple(i + offset for i in h.events)) for h in tl.hooks]
         waits += [replace(w, event=w.event + offset) for w in tl.waits]
+        # each rank's optimizer step after its own schedule.step() (no barrier between the
+        # ranks' steps), in its own time as its events are
+        work += [replace(w, rank=r) for w in tl.step_work]
     n = len(timelines)
     slowest = max(timelines, key=lambda tl: tl.totals["step_s"])
     totals = dict(slowest.totals)
@@ -183,5 +193,5 @@ def _job(report: Report, timelines: list[Timeline]) -> Timeline:
         totals[key] = totals[flops] / step * own if step > 0 and own else 0.0
     notes = list(dict.fromkeys(note for tl in timelines for note in tl.notes))
     return Timeline(
-        slowest.machine, events, compute, totals, notes, hooks, waits, slowest.micro_steps
+        slowest.machine, events, compute, totals, notes, hooks, waits, slowest.micro_steps, work
     )

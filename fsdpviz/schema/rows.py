@@ -289,7 +289,9 @@ class StepWork(Row):
     ``torch._foreach_norm`` of the float8 weights' shards before their amaxes' all-reduce;
     ``"float8_scales"``, its ``torch.clamp`` and reciprocal after it), ``start`` and ``end``
     (in the time of the step's last micro-step), ``bytes`` (its memory traffic), ``kernels``
-    (0 where not counted: the optimizer step's) and ``text`` (what it does, in words)."""
+    (0 where not counted: the optimizer step's), ``text`` (what it does, in words) and
+    ``rank`` the pipeline rank's (written only where set: a pipeline job's timeline holds
+    every rank's)."""
 
     name: str
     start: float
@@ -297,9 +299,10 @@ class StepWork(Row):
     bytes: float
     kernels: int
     text: str
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Scalar]:
-        return {
+        d: dict[str, Scalar] = {
             "name": self.name,
             "start": self.start,
             "end": self.end,
@@ -307,12 +310,15 @@ class StepWork(Row):
             "kernels": self.kernels,
             "text": self.text,
         }
+        if self.rank is not None:
+            d["rank"] = self.rank
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StepWork:
         return cls(
             str(d["name"]), float(d["start"]), float(d["end"]), float(d["bytes"]),
-            int(d["kernels"]), str(d["text"]),
+            int(d["kernels"]), str(d["text"]), d.get("rank"),
         )  # fmt: skip
 
 

@@ -71,7 +71,9 @@ class Timeline:
     (:class:`fsdpviz.cost.topology.Span`, with ``role`` and ``link``). ``step_work``: the
     compute after the last micro-step (:class:`~fsdpviz.schema.rows.StepWork`: the optimizer
     step, and torchao's float8 scale precomputation around its all-reduce), where
-    ``iteration`` is the step's last micro-step (else empty), in its time.
+    ``iteration`` is the step's last micro-step (else empty), in its time (a pipeline job's:
+    every pipeline rank's, each with its ``rank``, in the time of that rank's own last
+    micro-step).
 
     Why is it slow: :meth:`bottlenecks` ranks the waits; :meth:`bottleneck_table` prints them.
 

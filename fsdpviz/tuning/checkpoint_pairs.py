@@ -12,7 +12,9 @@ derives its trace (:mod:`fsdpviz.tuning.batch_families`) or a pair of this searc
 refused already (the model's blocks do not derive: each trace then made as asked; the
 sibling traced for the refused pair is the one trace a search may spend in vain). The
 derived trace is made with the siblings' replayed knobs, which
-tune replays to each configuration's own as it replays any trace of a key."""
+tune replays to each configuration's own as it replays any trace of a key. Traces made side
+by side in forked workers leave such a key to the search, and trace the sibling it would
+trace first in its place (:meth:`CheckpointPairs.left_to_derive`)."""
 
 from __future__ import annotations
 
@@ -111,6 +113,61 @@ class CheckpointPairs:
             return None
         plan = self.derived((t0, t1), n)
         return None if plan is None else (plan, ch0)
+
+    def left_to_derive(
+        self,
+        todo: dict[tuple[Any, ...], tuple[dict[str, Choice], bool]],
+        choices: list[Choice],
+        key_of: Callable[[dict[str, Choice]], tuple[Any, ...]],
+        made: tuple[
+            Callable[[dict[str, Choice]], dict[str, Any]],
+            Mapping[tuple[Any, ...], Report | None],
+            Callable[[tuple[Any, ...]], StoredTrace | None],
+        ],
+        ahead: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
+        wanted: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
+    ) -> dict[tuple[Any, ...], tuple[dict[str, Choice], bool]]:
+        """``todo`` (the trace keys forked workers are to trace, each with its configuration
+        and whether it is the one as given) without the keys :meth:`derive` will derive once
+        they are traced: where both siblings are traced or in ``todo``, made with the same
+        replayed knobs; or where one is, made with the key's own, and ``ahead(key, config)``
+        (the search would trace the other first, :meth:`derive`'s ``ahead``) and the other is
+        ``wanted`` by the workers: that other in the key's place (``made``: a
+        configuration's replayed knobs' keywords, the search's traces by key, a key's stored
+        trace, as :meth:`derive` takes them). Unchanged once a pair was refused."""
+        changes_of, traces, kept = made
+        out = dict(todo)
+
+        def state(k: tuple[Any, ...]) -> dict[str, Any] | bool:
+            """The keywords ``k``'s trace is (or is to be) made with; False: none there,
+            True: one that derives nothing (failed, or its keywords not kept)."""
+            if k in out:
+                return changes_of(out[k][0])
+            found = kept(k)
+            if k not in traces:
+                return False
+            return True if traces[k] is None or found is None else dict(found.changes)
+
+        for key, (config, mine) in todo.items():
+            sibs = None if self.refused else self.siblings(key, config, choices, key_of)
+            if sibs is None:
+                continue
+            (k0, c0), (k1, c1), _ = sibs
+            there = [state(k0), state(k1)]
+            if there.count(False) == 1:
+                k, c = (k0, c0) if there[0] is False else (k1, c1)
+                have = there[1] if there[0] is False else there[0]
+                own = changes_of(config)
+                if (
+                    isinstance(have, dict) and same_changes(have, own)
+                    and ahead(key, config) and wanted(k, c)
+                ):  # fmt: skip
+                    out[k] = (c, mine)
+                    there = [have, have]
+            one, two = there
+            if isinstance(one, dict) and isinstance(two, dict) and same_changes(one, two):
+                del out[key]
+        return out
 
     def derived(self, traces: tuple[Report, Report], n: int) -> Report | None:
         """The plan that checkpoints every ``n``-th block from the siblings' traces (without

@@ -12,7 +12,6 @@ import contextlib
 import inspect
 import itertools
 import multiprocessing
-import os
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -51,7 +50,7 @@ from fsdpviz.tuning.space import (
     reshard_given,
 )
 
-__all__ = ["Config", "Evaluations", "workers_for"]
+__all__ = ["Config", "Evaluations"]
 
 Config = dict[str, Choice]
 # what a trace key's plan was derived from (Candidate.derived)
@@ -277,7 +276,7 @@ class Evaluations:
             [] if self.space.pipelined else self.space.choices["activation_checkpointing"],
             (self._traced_changes(config), self._traces, self._stored),
             lambda k, c: self._trace(k, c, inputs, self.space.kwargs(c), align),
-            lambda: family is None or self._batches.derived(family, samples) is None,
+            lambda: self._ahead(family, samples),
         )
         if checkpointed is not None:
             self._traces[key] = checkpointed[0]
@@ -379,19 +378,24 @@ class Evaluations:
     def prefetch(self, configs: list[Config], user: Config | None = None) -> None:
         """Trace the configurations' keys not traced yet (and ``user``'s, the configuration
         as given) side by side in worker processes (forked: they have the model), for
-        :meth:`evaluate` to use; a trace that fails in a worker is made again in this
-        process when evaluated, so the errors and every number are this process's."""
+        :meth:`evaluate` to use (a key a checkpoint pair derives left to it: see
+        ``left_to_derive``); a trace failing in a worker is made again here when evaluated,
+        so the errors and every number are this process's."""
         todo: dict[tuple[Any, ...], tuple[Config, bool]] = {}
         pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
         for config, mine in pairs:
             config = self._float8_on_mesh(config)
             key = (*self._key(config), mine and self._cache_off)
-            if key in self._traces or key in todo or self._reusable(key, config) is not None:
-                continue
-            family, samples = self._batch_family(key, config)
-            if family is not None and not self._batches.wanted(family, samples):
-                continue  # traced (with its family's lead's replayed knobs) or derived later
-            todo[key] = (config, mine)
+            if key not in todo and self._wanted(key, config):
+                todo[key] = (config, mine)
+        todo = self._checkpoints.left_to_derive(
+            todo,
+            [] if self.space.pipelined else self.space.choices["activation_checkpointing"],
+            self._key,
+            (self._traced_changes, self._traces, self._stored),
+            lambda k, c: self._ahead(*self._batch_family(k, c)),
+            self._wanted,
+        )
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
         jobs = [
@@ -422,6 +426,17 @@ class Evaluations:
                 self.made[key] = StoredTrace(result, self._traced_changes(config))
                 self._prefetched.add(key)
                 self.trace_count += 1
+
+    def _ahead(self, family: tuple[Any, ...] | None, samples: int) -> bool:
+        """Whether a checkpoint pair's sibling is traced ahead: not where a family derives."""
+        return family is None or self._batches.derived(family, samples) is None
+
+    def _wanted(self, key: tuple[Any, ...], config: Config) -> bool:
+        """Whether workers trace ``key``: not traced, reused, or left to its micro-batch family."""
+        if key in self._traces or self._reusable(key, config) is not None:
+            return False
+        family, samples = self._batch_family(key, config)
+        return family is None or self._batches.wanted(family, samples)
 
     def _slow_traces(self) -> bool:
         """Whether traces take long enough for workers to pay for their start (a second):
@@ -613,19 +628,6 @@ def _trace_job(index: int) -> Report | None:
             )
     except Exception:
         return None
-
-
-def workers_for(workers: int | None) -> int:
-    """The workers of ``tune(workers=...)``; negative where tune chooses them (see there)."""
-    if workers is not None:
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ConfigError(f"workers must be a positive int, got {workers!r}")
-        if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
-            raise ConfigError("workers > 1 needs the fork start method, which this OS lacks")
-        return workers
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return 1
-    return -max(1, min(os.cpu_count() or 1, 4))  # negative: tune's own choice
 
 
 def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:

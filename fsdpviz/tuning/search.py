@@ -15,6 +15,8 @@ The search itself, in stages, is :class:`~fsdpviz.tuning.stages.StagedSearch`; h
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +33,7 @@ from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
-from fsdpviz.tuning.evaluation import FROM_BATCH_FAMILY, FROM_CHECKPOINT_PAIR, workers_for
+from fsdpviz.tuning.evaluation import FROM_BATCH_FAMILY, FROM_CHECKPOINT_PAIR
 from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined
 from fsdpviz.tuning.result import RetuneKwargs, Tuning
 from fsdpviz.tuning.retune import StoredTrace, check_retune, fingerprint
@@ -199,7 +201,7 @@ def _tune(
         budget,
         progress,
         source,
-        workers_for(args["workers"]),
+        _workers(args["workers"]),
         None if earlier is None else earlier.traces,
     )
     search.run(args["exhaustive"])
@@ -338,6 +340,19 @@ def _allowed(allow: Iterable[str]) -> set[str]:
             )
         out.add(key)
     return out
+
+
+def _workers(workers: int | None) -> int:
+    """The workers of ``tune(workers=...)``; negative where tune chooses them (see there)."""
+    if workers is not None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"workers must be a positive int, got {workers!r}")
+        if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
+            raise ConfigError("workers > 1 needs the fork start method, which this OS lacks")
+        return workers
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return -max(1, min(os.cpu_count() or 1, 4))  # negative: tune's own choice
 
 
 def _knobs(knobs: Iterable[str]) -> set[str]:
