@@ -7,11 +7,13 @@ are lists of them; see its schema for their JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.rows import Scalar
+from fsdpviz.schema.serial import Record, key, record_from
 
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h", "cast",
@@ -67,7 +69,7 @@ class Event:
     kind: EventKind
     unit: str
     phase: Phase
-    prefetch: bool = False
+    prefetch: bool = field(default=False, metadata=key(read=bool))
     hook: Hook | None = None
     hook_unit: str | None = None
     t: float | None = None
@@ -113,9 +115,9 @@ class Event:
             d["module"] = self.module
         if self.nbytes is not None:
             d["nbytes"] = self.nbytes
-        for key in ("stage", "microbatch", "action", "dtype"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
+        for name in ("stage", "microbatch", "action", "dtype"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
@@ -159,37 +161,14 @@ class Event:
         return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Event:
-        return cls(
-            kind=d["kind"],
-            unit=d["unit"],
-            phase=d["phase"],
-            prefetch=bool(d.get("prefetch", False)),
-            hook=d.get("hook"),
-            hook_unit=d.get("hook_unit"),
-            t=d.get("t"),
-            duration=d.get("duration"),
-            group=d.get("group"),
-            module=d.get("module"),
-            nbytes=d.get("nbytes"),
-            stage=d.get("stage"),
-            microbatch=d.get("microbatch"),
-            action=d.get("action"),
-            dtype=d.get("dtype"),
-        )
+    def from_dict(cls, d: Mapping[str, Any]) -> Event:
+        return record_from(cls, d)
 
 
 @dataclass(frozen=True)
-class ModuleEvent:
+class ModuleEvent(Record):
     """A module's forward or backward starting or ending on a rank (recordings only)."""
 
     kind: ModuleEventKind
     module: str
-    t: float
-
-    def to_dict(self) -> dict[str, Scalar]:
-        return {"kind": self.kind, "module": self.module, "t": self.t}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModuleEvent:
-        return cls(kind=d["kind"], module=d["module"], t=float(d["t"]))
+    t: float = field(metadata=key(read=float))

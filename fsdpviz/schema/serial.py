@@ -8,7 +8,7 @@ What varies is declared on the field, ``field(metadata=key(...))``, not written 
   falsy (``False``, ``0``, ``[]``, ``{}``); ``beside="stage"`` writes it exactly where field
   ``stage`` is written (the fields of one pipeline action, together);
 - ``write``: how the value is written (else as :func:`plain` copies it: lists and tuples as
-  lists, dicts as dicts, nested ones alike);
+  lists, dicts as dicts, nested ones alike, a nested record as its ``to_dict()``);
 - ``read``: how the value is read back (``int`` where older files wrote ``2.0``; else as
   it is), and ``missing``: the value where a file lacks the key (else the field's default;
   a field with neither needs the key);
@@ -61,16 +61,15 @@ def key(
     return {_METADATA: spec if saved else None}
 
 
-_CONTAINERS = (list, tuple, dict)
-
-
 def plain(value: Any) -> Any:
     """``value`` as JSON holds it, copied: lists and tuples as lists, dicts as dicts (their
-    values alike); anything else as it is."""
+    values alike), a :class:`Record` as its ``to_dict()``; anything else as it is."""
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, Record):
+        return value.to_dict()
     return value
 
 
@@ -123,7 +122,7 @@ def record_dict(record: object) -> dict[str, Any]:
             continue
         if write is not None:
             value = write(value)
-        elif isinstance(value, _CONTAINERS):
+        elif isinstance(value, _NESTED):
             value = plain(value)
         d[name] = value
     return d
@@ -160,3 +159,6 @@ class Record:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Self:
         return record_from(cls, d)
+
+
+_NESTED = (list, tuple, dict, Record)  # what plain copies
