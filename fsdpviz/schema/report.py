@@ -108,7 +108,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Unpack
@@ -122,6 +122,7 @@ from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.serial import OMIT_EMPTY, OMIT_NONE, Record, record_dict
 from fsdpviz.schema.timeline import Timeline
 
 SCHEMA_VERSION = 1
@@ -141,7 +142,7 @@ def dtype_name(dtype: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Unit:
+class Unit(Record):
     """One FSDP wrap unit and the FlatParameter it manages."""
 
     module: str
@@ -162,27 +163,27 @@ class Unit:
     # a dim other than 0 (shard_placement_fn): each parameter's shard on one rank (its tp
     # shard, then FSDP's padded shard) and the tp placement of the parameters that are
     # DTensors over the tp dimension ("Shard(0)", "Replicate()")
-    shard_shapes: dict[str, list[int]] = field(default_factory=dict)
-    tp_placements: dict[str, str] = field(default_factory=dict)
+    shard_shapes: dict[str, list[int]] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    tp_placements: dict[str, str] = field(default_factory=dict, metadata=OMIT_EMPTY)
     # FSDP2's shard_placement_fn: the dim of each parameter it shards on a dim other than 0
-    shard_dims: dict[str, int] = field(default_factory=dict)
+    shard_dims: dict[str, int] = field(default_factory=dict, metadata=OMIT_EMPTY)
     # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
     # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
     # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
     # with use_orig_params: the trainable elements in the rank's slice of the FlatParameter)
-    frozen_params: list[str] = field(default_factory=list)
+    frozen_params: list[str] = field(default_factory=list, metadata=OMIT_EMPTY)
     # FSDP2: parameters that require grad but that no gradient reached in the traced step
     # (unused in the forward): ``FSDPParamGroup.post_backward`` reduce-scatters only the
     # parameters whose ``.grad`` exists and the optimizer skips a parameter without one,
     # so they count as frozen ones do (``trainable_numel`` leaves them out)
-    unused_params: list[str] = field(default_factory=list)
-    trainable_numel: int | None = None
-    trainable_sharded_numel: int | None = None
+    unused_params: list[str] = field(default_factory=list, metadata=OMIT_EMPTY)
+    trainable_numel: int | None = field(default=None, metadata=OMIT_NONE)
+    trainable_sharded_numel: int | None = field(default=None, metadata=OMIT_NONE)
     # an FSDP2 group of parameters in several dtypes (frozen bf16 weights beside fp32
     # adapters; FSDP2 asks only the trainable ones to share a dtype, ``dtype`` then): the
     # parameters of each dtype, and their elements in all and in one rank's padded shard
-    param_dtypes: dict[str, list[str]] = field(default_factory=dict)
-    dtype_numels: dict[str, list[int]] = field(default_factory=dict)
+    param_dtypes: dict[str, list[str]] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    dtype_numels: dict[str, list[int]] = field(default_factory=dict, metadata=OMIT_EMPTY)
 
     @property
     def bytes(self) -> int:
@@ -227,27 +228,12 @@ class Unit:
         return self.numel, self.sharded_numel
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in ("shard_shapes", "tp_placements", "shard_dims", "frozen_params",
-                    "unused_params", "param_dtypes",
-                    "dtype_numels"):  # fmt: skip  # stated where they apply
-            if not d[key]:
-                del d[key]
-        for key in ("trainable_numel", "trainable_sharded_numel"):
-            if d[key] is None:
-                del d[key]
-        d["bytes"] = self.bytes
-        d["sharded_bytes"] = self.sharded_bytes
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Unit:
-        known = {k: v for k, v in d.items() if k not in ("bytes", "sharded_bytes")}
-        return cls(**known)
+        """Its fields, and ``bytes`` and ``sharded_bytes`` (which ``from_dict`` skips)."""
+        return {**record_dict(self), "bytes": self.bytes, "sharded_bytes": self.sharded_bytes}
 
 
 @dataclass(frozen=True)
-class ModuleInfo:
+class ModuleInfo(Record):
     """One module of the traced model."""
 
     fqn: str
@@ -261,13 +247,6 @@ class ModuleInfo:
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModuleInfo:
-        return cls(**d)
-
 
 IGNORED = "<ignored>"
 """The owner a trace's gradient counts (``TraceProfile``'s ``grads``) give the gradients of
@@ -275,7 +254,7 @@ the parameters FSDP does not manage (:class:`IgnoredParam`): no unit's name."""
 
 
 @dataclass(frozen=True)
-class IgnoredParam:
+class IgnoredParam(Record):
     """A parameter FSDP does not manage: whole on every rank, in its own dtype (no mixed
     precision), its gradient as autograd leaves it (neither reduced nor freed by FSDP)."""
 
@@ -285,16 +264,9 @@ class IgnoredParam:
     bytes: int
     requires_grad: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IgnoredParam:
-        return cls(**d)
-
 
 @dataclass(frozen=True)
-class FsdpWarning:
+class FsdpWarning(Record):
     """A warning FSDP would raise for this configuration, or one fsdpviz adds."""
 
     code: str
@@ -302,19 +274,8 @@ class FsdpWarning:
     units: list[str] = field(default_factory=list)
     # the analyze options that act on it ({option: JSON value}; see option_text) and the
     # bytes per rank that takes off the peak, where measured
-    fix: dict[str, object] = field(default_factory=dict)
-    frees: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in ("fix", "frees"):  # stated where set
-            if not d[key]:
-                del d[key]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
-        return cls(**d)
+    fix: dict[str, object] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    frees: int | None = field(default=None, metadata=OMIT_EMPTY)
 
 
 def option_text(fix: Mapping[str, object], api: str = "FSDP1") -> str:

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from fsdpviz.schema.serial import Record, key, record_from
+from fsdpviz.schema.serial import OMIT_NONE, Record, key, record_from
 
 Scalar = str | int | float | bool | None
 """A value of a row's JSON (a hook call's ``events`` are a list of event indices)."""
 
 
-_SET = key(omit="none")  # written only where set
 _OR_NONE = key(missing=None)  # older files may lack the key
 _OR_ZERO = key(missing=0.0)
 _INT = key(read=int)
@@ -72,13 +71,13 @@ class TimedEvent(Row):
     rate_limited_s: float = field(metadata=_OR_ZERO)
     held: str = field(metadata=key(missing=""))
     held_by: int = field(metadata=key(read=int, missing=-1))
-    stage: int | None = field(default=None, metadata=_SET)
+    stage: int | None = field(default=None, metadata=OMIT_NONE)
     microbatch: int | None = field(default=None, metadata=key(beside="stage"))
     action: str | None = field(default=None, metadata=key(beside="stage"))
-    float8_share: float | None = field(default=None, metadata=_SET)
-    bubble: float | None = field(default=None, metadata=_SET)
-    rank: int | None = field(default=None, metadata=_SET)
-    group: str | None = field(default=None, metadata=_SET)
+    float8_share: float | None = field(default=None, metadata=OMIT_NONE)
+    bubble: float | None = field(default=None, metadata=OMIT_NONE)
+    rank: int | None = field(default=None, metadata=OMIT_NONE)
+    group: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +99,10 @@ class ComputeStretch(Row):
     duration: float = 0.0
     flops_per_s: float = 0.0
     peak_share: float = 0.0
-    action: str | None = field(default=None, metadata=_SET)
+    action: str | None = field(default=None, metadata=OMIT_NONE)
     stage: int | None = field(default=None, metadata=key(beside="action"))
     microbatch: int | None = field(default=None, metadata=key(beside="action"))
-    rank: int | None = field(default=None, metadata=_SET)
+    rank: int | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ComputeStretch:
@@ -121,7 +120,7 @@ class HookTime(Row):
     t: float
     compute_t: float
     events: tuple[int, ...] = field(metadata=key(read=lambda es: tuple(int(i) for i in es)))
-    rank: int | None = field(default=None, metadata=_SET)
+    rank: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +134,7 @@ class Wait(Row):
     phase: str
     tail: bool = field(metadata=key(read=bool))
     bubble: bool = field(default=False, metadata=key(omit="empty", read=bool))
-    rank: int | None = field(default=None, metadata=_SET)
+    rank: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True)

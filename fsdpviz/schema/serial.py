@@ -61,6 +61,12 @@ def key(
     return {_METADATA: spec if saved else None}
 
 
+OMIT_NONE = key(omit="none")
+"""A key written only where its value is not None."""
+OMIT_EMPTY = key(omit="empty")
+"""A key written only where its value is truthy (not ``False``, ``0``, ``[]``, ``{}``)."""
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON holds it, copied: lists and tuples as lists, dicts as dicts (their
     values alike), a :class:`Record` as its ``to_dict()``; anything else as it is."""
