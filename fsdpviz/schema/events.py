@@ -7,13 +7,12 @@ are lists of them; see its schema for their JSON.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.rows import Scalar
-from fsdpviz.schema.serial import Record, key, record_from
+from fsdpviz.schema.serial import Record, key
 
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h", "cast",
@@ -62,7 +61,7 @@ ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "ba
 
 
 @dataclass(frozen=True)
-class Event:
+class Event(Record):
     """One collective, free or copy on a rank, in issue order (its ``kind``:
     :data:`EventKind`)."""
 
@@ -159,10 +158,6 @@ class Event:
         if self.module is not None:
             return f"{self.kind} {self.module!r} ({', '.join(how)}, in {unit_label(self.unit)})"
         return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Event:
-        return record_from(cls, d)
 
 
 @dataclass(frozen=True)
