@@ -131,8 +131,8 @@ def _hook(h: list[Any]) -> tuple[str, str, Any]:
     return str(name), str(unit), arg
 
 
-_INTS = key(read=each(int))
-_FLOATS = key(read=each(float))
+_INTS = key(read=each(int), write=list)  # flat: copied as they are
+_FLOATS = key(read=each(float), write=list)
 _BY_UNIT = key(read=each(by_name(each(int))))
 
 
