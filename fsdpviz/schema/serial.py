@@ -1,6 +1,7 @@
-"""Records written as JSON by their fields, and read back: what the schema's frozen
-dataclasses' ``to_dict`` and ``from_dict`` do, one key per field in the order the fields are
-declared.
+"""Records written as JSON by their fields, and read back: what the ``to_dict`` and
+``from_dict`` of the schema's dataclasses (and the cost model's) do, one key per field in the
+order the fields are declared. A class whose JSON holds more than its fields (a derived key,
+keys by kind) writes that by hand around :func:`record_dict`, or instead of it.
 
 What varies is declared on the field, ``field(metadata=key(...))``, not written per class:
 
@@ -119,8 +120,7 @@ def _key(f: Field[Any]) -> _Key:
 def record_dict(record: object) -> dict[str, Any]:
     """``record``'s fields as a dict, as they are declared (see the module docstring)."""
     d: dict[str, Any] = {}
-    keys = _KEYS.get(type(record)) or _keys(type(record))
-    for name, omit, beside, write, _, _, _ in keys:
+    for name, omit, beside, write, _, _, _ in _keys(type(record)):
         if beside is not None and getattr(record, beside) is None:
             continue
         value = getattr(record, name)
