@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from fsdpviz._deferred_gc import deferring_collection
 from fsdpviz.cost.fit import machine_of, runtime_overhead
@@ -107,6 +107,7 @@ from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import CATEGORIES, MemoryPeak, MemoryReport
 from fsdpviz.schema.report import IGNORED, Report
+from fsdpviz.schema.serial import record_dict
 
 
 def _stale_shards(report: Report, sizes: dict[str, UnitBytes], k: int) -> dict[str, int] | None:
@@ -536,19 +537,7 @@ class MemoryLane:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> MemoryLaneDict:
-        return {
-            "categories": list(self.categories),
-            "iteration": list(self.iteration),
-            "kind": list(self.kind),
-            "call": list(self.call),
-            "event": list(self.event),
-            "before": list(self.before),
-            "where": list(self.where),
-            "bytes": {k: list(v) for k, v in self.bytes.items()},
-            "total": list(self.total),
-            "peak": self.peak.copy(),
-            "notes": list(self.notes),
-        }
+        return cast(MemoryLaneDict, record_dict(self))
 
 
 def memory_lane(

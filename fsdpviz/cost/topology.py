@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsdpviz.schema.config import ReportConfig, costed_within_node
+from fsdpviz.schema.serial import record_dict
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,7 @@ class Span:
         return self.nodes > 1
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "dim": self.dim,
-            "ranks": self.ranks,
-            "nodes": self.nodes,
-            "per_node": self.per_node,
-            "sharing": self.sharing,
-        }
+        return record_dict(self)
 
 
 def consecutive(ranks: int, gpus_per_node: int, dim: str = "") -> Span:

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict, Unpack
+from typing import Any, NotRequired, TypedDict, Unpack, cast
 
 from torch import nn
 
@@ -30,6 +30,7 @@ from fsdpviz.replan.hook_replay import REPLAYABLE, replay
 from fsdpviz.schema.extensions import show_method
 from fsdpviz.schema.keywords import DashboardKwargs
 from fsdpviz.schema.report import Report
+from fsdpviz.schema.serial import key, record_dict
 from fsdpviz.schema.tables import dataframe
 from fsdpviz.trace.copy import check_model
 
@@ -101,7 +102,7 @@ class SweepTable:
     replays: int
     seconds: float
     budget: int | None = None
-    reports: list[Report] = field(default_factory=list, repr=False)
+    reports: list[Report] = field(default_factory=list, repr=False, metadata=key(saved=False))
 
     def records(self) -> list[SweepRow]:
         return [r.copy() for r in self.rows]
@@ -111,13 +112,7 @@ class SweepTable:
         return dataframe(self.records(), flatten=True)
 
     def to_dict(self) -> SweepTableDict:
-        return {
-            "rows": self.records(),
-            "traces": self.traces,
-            "replays": self.replays,
-            "seconds": self.seconds,
-            "budget": self.budget,
-        }
+        return cast(SweepTableDict, record_dict(self))
 
     def show(self, **kwargs: Unpack[DashboardKwargs]) -> Any:
         """The table as an interactive view: sort by a column, open a row to see that

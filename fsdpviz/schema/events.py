@@ -7,11 +7,12 @@ are lists of them; see its schema for their JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.rows import Scalar
+from fsdpviz.schema.serial import Record, key
 
 EventKind = Literal[
     "all_gather", "free", "reduce_scatter", "all_reduce", "h2d", "d2h", "cast",
@@ -60,14 +61,14 @@ ModuleEventKind = Literal["forward_enter", "forward_exit", "backward_enter", "ba
 
 
 @dataclass(frozen=True)
-class Event:
+class Event(Record):
     """One collective, free or copy on a rank, in issue order (its ``kind``:
     :data:`EventKind`)."""
 
     kind: EventKind
     unit: str
     phase: Phase
-    prefetch: bool = False
+    prefetch: bool = field(default=False, metadata=key(read=bool))
     hook: Hook | None = None
     hook_unit: str | None = None
     t: float | None = None
@@ -113,9 +114,9 @@ class Event:
             d["module"] = self.module
         if self.nbytes is not None:
             d["nbytes"] = self.nbytes
-        for key in ("stage", "microbatch", "action", "dtype"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
+        for name in ("stage", "microbatch", "action", "dtype"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
         if self.hook is not None:
             d["hook"] = self.hook
             d["hook_unit"] = self.hook_unit
@@ -158,38 +159,11 @@ class Event:
             return f"{self.kind} {self.module!r} ({', '.join(how)}, in {unit_label(self.unit)})"
         return f"{self.kind} {unit_label(self.unit)} ({', '.join(how)})"
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Event:
-        return cls(
-            kind=d["kind"],
-            unit=d["unit"],
-            phase=d["phase"],
-            prefetch=bool(d.get("prefetch", False)),
-            hook=d.get("hook"),
-            hook_unit=d.get("hook_unit"),
-            t=d.get("t"),
-            duration=d.get("duration"),
-            group=d.get("group"),
-            module=d.get("module"),
-            nbytes=d.get("nbytes"),
-            stage=d.get("stage"),
-            microbatch=d.get("microbatch"),
-            action=d.get("action"),
-            dtype=d.get("dtype"),
-        )
-
 
 @dataclass(frozen=True)
-class ModuleEvent:
+class ModuleEvent(Record):
     """A module's forward or backward starting or ending on a rank (recordings only)."""
 
     kind: ModuleEventKind
     module: str
-    t: float
-
-    def to_dict(self) -> dict[str, Scalar]:
-        return {"kind": self.kind, "module": self.module, "t": self.t}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModuleEvent:
-        return cls(kind=d["kind"], module=d["module"], t=float(d["t"]))
+    t: float = field(metadata=key(read=float))

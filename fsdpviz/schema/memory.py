@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, TypedDict
 
 from fsdpviz.schema.names import some_names
 from fsdpviz.schema.rows import Row, Scalar
+from fsdpviz.schema.serial import by_name, each, key, record_from
 from fsdpviz.schema.tables import dataframe
 
 # Memory categories of the model, in the order reports show them (see fsdpviz.cost.memory).
@@ -57,6 +58,11 @@ class Moment(NamedTuple):
     pools: tuple[int, ...]
 
 
+_INT = key(read=int)
+_BYTES = key(read=int, missing=0)  # a category older files lack: none of it
+_DICT = key(read=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryEvent(Row):
     """The bytes per rank after one event (see :class:`~fsdpviz.schema.memory.MemoryReport`):
@@ -64,43 +70,30 @@ class MemoryEvent(Row):
     of each memory category after it (``CATEGORIES``: one field each), their ``total`` and
     ``peak_before`` (the most reached since the previous event, compute included)."""
 
-    index: int
+    index: int = field(metadata=_INT)
     kind: str
     unit: str
     phase: str
-    hook: str | None
-    hook_unit: str | None
-    sharded_params: int
-    unsharded_params: int
-    all_gather: int
-    unsharded_grads: int
-    reduce_scatter: int
-    sharded_grads: int
-    activations: int
-    forward_temp: int
-    backward_temp: int
-    optimizer: int
-    inputs: int
-    buffers: int
-    total: int
-    peak_before: int
+    hook: str | None = field(metadata=key(missing=None))
+    hook_unit: str | None = field(metadata=key(missing=None))
+    sharded_params: int = field(metadata=_BYTES)
+    unsharded_params: int = field(metadata=_BYTES)
+    all_gather: int = field(metadata=_BYTES)
+    unsharded_grads: int = field(metadata=_BYTES)
+    reduce_scatter: int = field(metadata=_BYTES)
+    sharded_grads: int = field(metadata=_BYTES)
+    activations: int = field(metadata=_BYTES)
+    forward_temp: int = field(metadata=_BYTES)
+    backward_temp: int = field(metadata=_BYTES)
+    optimizer: int = field(metadata=_BYTES)
+    inputs: int = field(metadata=_BYTES)
+    buffers: int = field(metadata=_BYTES)
+    total: int = field(metadata=_INT)
+    peak_before: int = field(metadata=_INT)
 
     def breakdown(self) -> dict[str, int]:
         """The bytes per category, in ``CATEGORIES`` order."""
         return {k: getattr(self, k) for k in CATEGORIES}
-
-    def to_dict(self) -> dict[str, Scalar]:
-        return {
-            "index": self.index,
-            "kind": self.kind,
-            "unit": self.unit,
-            "phase": self.phase,
-            "hook": self.hook,
-            "hook_unit": self.hook_unit,
-            **self.breakdown(),
-            "total": self.total,
-            "peak_before": self.peak_before,
-        }
 
     @classmethod
     def of(
@@ -122,12 +115,6 @@ class MemoryEvent(Row):
             b["backward_temp"], b["optimizer"], b["inputs"], b["buffers"],
             total, peak_before,
         )  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MemoryEvent:
-        event = (d["kind"], d["unit"], d["phase"], d.get("hook"), d.get("hook_unit"))
-        categories = {k: int(d.get(k, 0)) for k in CATEGORIES}
-        return cls.of(int(d["index"]), event, categories, int(d["total"]), int(d["peak_before"]))
 
 
 class MemoryPeak(TypedDict, total=False):
@@ -199,22 +186,22 @@ class MemoryReport:
         mem.to_pandas()                # needs pandas
     """
 
-    config: MemoryConfig
-    events: list[MemoryEvent]
-    peak: MemoryPeak
-    unit_peaks: dict[str, dict[str, int]]
-    notes: list[str] = field(default_factory=list)
-    moments: list[Moment] = field(default_factory=list, repr=False)
+    config: MemoryConfig = field(metadata=_DICT)
+    events: list[MemoryEvent] = field(metadata=key(read=each(MemoryEvent.from_dict)))
+    peak: MemoryPeak = field(metadata=_DICT)
+    unit_peaks: dict[str, dict[str, int]] = field(metadata=key(read=by_name(dict)))
+    notes: list[str] = field(default_factory=list, metadata=key(read=list))
+    moments: list[Moment] = field(default_factory=list, repr=False, metadata=key(saved=False))
     """Every moment the model looked at the bytes in use (see :func:`fsdpviz.cost.memory_lane`)."""
-    reserved: Reserved = field(default_factory=Reserved)
+    reserved: Reserved = field(default_factory=Reserved, metadata=_DICT)
     """The caching allocator's peak reserved memory, estimated: ``bytes`` and ``pools``
     (each stream's own peak, see :class:`Reserved`)."""
-    capacity: int = 0
+    capacity: int = field(default=0, metadata=_INT)
     """Bytes of device memory of the modelled machine (``Machine.memory_gib``)."""
-    overhead: int = 0
+    overhead: int = field(default=0, metadata=_INT)
     """Bytes of it the CUDA context and NCCL take, which tensors cannot use (see
     :func:`fsdpviz.cost.fit.runtime_overhead`)."""
-    machine: str = ""
+    machine: str = field(default="", metadata=key(read=str))
     """The modelled machine's name (``"H100 SXM 80GB"``)."""
 
     @property
@@ -294,21 +281,8 @@ class MemoryReport:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryReport:
         """A memory report back from its :meth:`to_dict` JSON (without ``moments``, which the
-        JSON does not hold)."""
-        config: MemoryConfig = d["config"]
-        peak: MemoryPeak = d["peak"]
-        reserved: Reserved = d.get("reserved", {})
-        return cls(
-            config=config.copy(),
-            events=[MemoryEvent.from_dict(r) for r in d["events"]],
-            peak=peak.copy(),
-            unit_peaks={k: dict(v) for k, v in d["unit_peaks"].items()},
-            notes=list(d.get("notes", [])),
-            reserved=reserved.copy(),
-            capacity=int(d.get("capacity", 0)),
-            overhead=int(d.get("overhead", 0)),
-            machine=str(d.get("machine", "")),
-        )
+        JSON does not hold; its derived keys skipped)."""
+        return record_from(cls, d)
 
     def summary(self) -> str:
         p = self.peak

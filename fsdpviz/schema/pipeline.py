@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from fsdpviz.schema.serial import OMIT_NONE, Record, each, key, record_dict, record_from
+
 
 class _Serialisable(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
@@ -54,22 +56,18 @@ def stage_root(index: int) -> str:
     return f"(root of stage {index})"
 
 
+_INT = key(read=int)
+_LIST = key(read=list)
+
+
 @dataclass(frozen=True)
-class Stage:
+class Stage(Record):
     """One pipeline stage: a model part on one pipeline rank."""
 
-    index: int
-    rank: int
-    modules: list[str]
-    units: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "rank": self.rank, "modules": list(self.modules),
-                "units": list(self.units)}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Stage:
-        return cls(int(d["index"]), int(d["rank"]), list(d["modules"]), list(d.get("units", [])))
+    index: int = field(metadata=_INT)
+    rank: int = field(metadata=_INT)
+    modules: list[str] = field(metadata=_LIST)
+    units: list[str] = field(default_factory=list, metadata=_LIST)
 
 
 @dataclass
@@ -85,18 +83,29 @@ class Pipeline(Generic[R]):
         report.pipeline.ranks[1].iterations[1][0].describe()
     """
 
-    schedule: str
-    microbatches: int
-    pp_size: int
-    stages: list[Stage]
-    actions: dict[int, list[str]] = field(default_factory=dict)
-    ranks: list[R] = field(default_factory=list)
-    rank: int | None = None  # a recording: the pipeline rank it was made on
+    schedule: str = field(metadata=key(read=str))
+    microbatches: int = field(metadata=_INT)
+    pp_size: int = field(metadata=_INT)
+    stages: list[Stage] = field(metadata=key(read=each(Stage.from_dict)))
+    actions: dict[int, list[str]] = field(
+        default_factory=dict,
+        metadata=key(
+            write=lambda actions: {str(r): list(a) for r, a in actions.items()},
+            read=lambda actions: {int(r): list(a) for r, a in actions.items()},
+        ),
+    )
+    rank: int | None = field(default=None, metadata=OMIT_NONE)  # a recording's pipeline rank
+    ranks: list[R] = field(
+        default_factory=list,
+        metadata=key(omit="empty", write=lambda ranks: [r.to_dict() for r in ranks]),
+    )
     # a pipeline rank's report of a prediction: the job's report it is one rank of (what its
     # time model needs: every rank's sends); not written to JSON
-    job: Any = field(default=None, repr=False, compare=False)
+    job: Any = field(default=None, repr=False, compare=False, metadata=key(saved=False))
     # the job's: what the cost model worked out for it (every rank's timeline, by options)
-    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    cache: dict[Any, Any] = field(
+        default_factory=dict, repr=False, compare=False, metadata=key(saved=False)
+    )
 
     @property
     def stages_per_rank(self) -> int:
@@ -114,28 +123,9 @@ class Pipeline(Generic[R]):
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "schedule": self.schedule,
-            "microbatches": self.microbatches,
-            "pp_size": self.pp_size,
-            "stages": [s.to_dict() for s in self.stages],
-            "actions": {str(r): list(a) for r, a in self.actions.items()},
-        }
-        if self.rank is not None:
-            d["rank"] = self.rank
-        if self.ranks:
-            d["ranks"] = [r.to_dict() for r in self.ranks]
-        return d
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], ranks: list[R]) -> Pipeline[R]:
         """Read :meth:`to_dict`'s output; ``ranks``: its ``"ranks"`` read as reports."""
-        return cls(
-            schedule=str(d["schedule"]),
-            microbatches=int(d["microbatches"]),
-            pp_size=int(d["pp_size"]),
-            stages=[Stage.from_dict(s) for s in d["stages"]],
-            actions={int(r): list(a) for r, a in d.get("actions", {}).items()},
-            ranks=ranks,
-            rank=d.get("rank"),
-        )
+        return record_from(cls, d, ranks=ranks)

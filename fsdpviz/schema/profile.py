@@ -100,6 +100,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpviz.schema.serial import Record, by_name, each, key
+
 
 @dataclass
 class StretchMoments:
@@ -124,131 +126,73 @@ class StretchMoments:
     partitioned: bool = False
 
 
+def _hook(h: list[Any]) -> tuple[str, str, Any]:
+    name, unit, arg = h
+    return str(name), str(unit), arg
+
+
+_INTS = key(read=each(int), write=list)  # flat: copied as they are
+_FLOATS = key(read=each(float), write=list)
+_BY_UNIT = key(read=each(by_name(each(int))))
+
+
 @dataclass
-class StepProfile:
+class StepProfile(Record):
     """Hook calls of one iteration and the compute measured between them."""
 
-    hooks: list[tuple[str, str, Any]]
-    event_hook: list[int]
-    flops_forward: list[float]
-    flops_backward: list[float]
-    activations: list[int]
-    forward_temp: list[int]
-    backward_temp: list[int]
-    peak: list[int]
-    peak_activations: list[int]
-    peak_forward_temp: list[int]
-    peak_grads: list[int]
-    grads: list[dict[str, int]]
-    kernels: list[list[list[Any]]] = field(default_factory=list)
-    peak_in_place: list[list[int]] = field(default_factory=list)
+    hooks: list[tuple[str, str, Any]] = field(metadata=key(read=each(_hook)))
+    event_hook: list[int] = field(metadata=_INTS)
+    flops_forward: list[float] = field(metadata=_FLOATS)
+    flops_backward: list[float] = field(metadata=_FLOATS)
+    activations: list[int] = field(metadata=_INTS)
+    forward_temp: list[int] = field(metadata=_INTS)
+    backward_temp: list[int] = field(metadata=_INTS)
+    peak: list[int] = field(metadata=_INTS)
+    peak_activations: list[int] = field(metadata=_INTS)
+    peak_forward_temp: list[int] = field(metadata=_INTS)
+    peak_grads: list[int] = field(metadata=_INTS)
+    grads: list[dict[str, int]] = field(metadata=key(read=each(by_name(int))))
+    kernels: list[list[list[Any]]] = field(
+        default_factory=list, metadata=key(read=each(each(list)))
+    )
+    peak_in_place: list[list[int]] = field(default_factory=list, metadata=key(read=each(each(int))))
+    # by unit, the bytes of float8 weights' scales (FSDP2's float8 all-gather) a forward saved
+    # that a backward node let go, [before the stretch's peak, by its end] (where any did)
+    scales_freed: list[dict[str, list[int]]] = field(default_factory=list, metadata=_BY_UNIT)
+    # by unit, the stretch's peak and in-place peak when the last tensor its forward saved
+    # that views the unit's parameters was freed (see the module docstring)
+    param_views_freed: list[dict[str, list[int]]] = field(default_factory=list, metadata=_BY_UNIT)
     # by stretch, where it differs, ``peak_in_place`` less the gradients of a unit's
     # parameters one forward call of the unit made that autograd held until another call's
     # came in (None: not measured)
-    peak_unbuffered: dict[int, list[int]] | None = None
-    # by unit, the bytes of float8 weights' scales (FSDP2's float8 all-gather) a forward saved
-    # that a backward node let go, [before the stretch's peak, by its end] (where any did)
-    scales_freed: list[dict[str, list[int]]] = field(default_factory=list)
-    # by unit, the stretch's peak and in-place peak when the last tensor its forward saved
-    # that views the unit's parameters was freed (see the module docstring)
-    param_views_freed: list[dict[str, list[int]]] = field(default_factory=list)
+    peak_unbuffered: dict[int, list[int]] | None = field(
+        default=None,
+        metadata=key(
+            omit="none",
+            write=lambda p: {str(k): list(v) for k, v in p.items()},
+            read=lambda p: None if p is None else {int(k): each(int)(v) for k, v in p.items()},
+        ),
+    )
     # per stretch, its moments where the trace kept them (see StretchMoments; never saved)
-    moments: list[StretchMoments | None] = field(default_factory=list, compare=False, repr=False)
+    moments: list[StretchMoments | None] = field(
+        default_factory=list, compare=False, repr=False, metadata=key(saved=False)
+    )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "hooks": [list(h) for h in self.hooks],
-            "event_hook": list(self.event_hook),
-            "flops_forward": list(self.flops_forward),
-            "flops_backward": list(self.flops_backward),
-            "activations": list(self.activations),
-            "forward_temp": list(self.forward_temp),
-            "backward_temp": list(self.backward_temp),
-            "peak": list(self.peak),
-            "peak_activations": list(self.peak_activations),
-            "peak_forward_temp": list(self.peak_forward_temp),
-            "peak_grads": list(self.peak_grads),
-            "grads": [dict(g) for g in self.grads],
-            "kernels": [[list(k) for k in ks] for ks in self.kernels],
-            "peak_in_place": [list(p) for p in self.peak_in_place],
-            "scales_freed": [{u: list(v) for u, v in f.items()} for f in self.scales_freed],
-            "param_views_freed": [
-                {u: list(v) for u, v in f.items()} for f in self.param_views_freed
-            ],
-            **(
-                {}
-                if self.peak_unbuffered is None
-                else {"peak_unbuffered": {str(k): list(p) for k, p in self.peak_unbuffered.items()}}
-            ),
-        }
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepProfile:
-        return cls(
-            hooks=[(str(h), str(u), arg) for h, u, arg in d["hooks"]],
-            event_hook=[int(i) for i in d["event_hook"]],
-            flops_forward=[float(x) for x in d["flops_forward"]],
-            flops_backward=[float(x) for x in d["flops_backward"]],
-            activations=[int(x) for x in d["activations"]],
-            forward_temp=[int(x) for x in d["forward_temp"]],
-            backward_temp=[int(x) for x in d["backward_temp"]],
-            peak=[int(x) for x in d["peak"]],
-            peak_activations=[int(x) for x in d["peak_activations"]],
-            peak_forward_temp=[int(x) for x in d["peak_forward_temp"]],
-            peak_grads=[int(x) for x in d["peak_grads"]],
-            grads=[{str(k): int(v) for k, v in g.items()} for g in d["grads"]],
-            kernels=[[list(k) for k in ks] for ks in d.get("kernels", [])],
-            peak_in_place=[[int(x) for x in p] for p in d.get("peak_in_place", [])],
-            peak_unbuffered=(
-                None
-                if d.get("peak_unbuffered") is None
-                else {int(k): [int(x) for x in p] for k, p in d["peak_unbuffered"].items()}
-            ),
-            scales_freed=[
-                {str(u): [int(x) for x in v] for u, v in f.items()}
-                for f in d.get("scales_freed", [])
-            ],
-            param_views_freed=[
-                {str(u): [int(x) for x in v] for u, v in f.items()}
-                for f in d.get("param_views_freed", [])
-            ],
-        )
+_INT = key(read=int)
 
 
 @dataclass
-class TraceProfile:
+class TraceProfile(Record):
     """Activation bytes, FLOPs and hook positions recorded by the trace."""
 
-    iterations: list[StepProfile]
-    modules: dict[str, dict[str, float]] = field(default_factory=dict)
-    input_bytes: int = 0
-    buffer_bytes: int = 0
-    flop_ops: list[str] = field(default_factory=list)
-    tokens: int = 0
-    tp_ranks: int = 1
-    kernels_tp: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "iterations": [it.to_dict() for it in self.iterations],
-            "modules": {k: dict(v) for k, v in self.modules.items()},
-            "input_bytes": self.input_bytes,
-            "buffer_bytes": self.buffer_bytes,
-            "flop_ops": list(self.flop_ops),
-            "tokens": self.tokens,
-            "tp_ranks": self.tp_ranks,
-            "kernels_tp": self.kernels_tp,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TraceProfile:
-        return cls(
-            iterations=[StepProfile.from_dict(it) for it in d["iterations"]],
-            modules={str(k): dict(v) for k, v in d.get("modules", {}).items()},
-            input_bytes=int(d.get("input_bytes", 0)),
-            buffer_bytes=int(d.get("buffer_bytes", 0)),
-            flop_ops=list(d.get("flop_ops", [])),
-            tokens=int(d.get("tokens", 0)),
-            tp_ranks=int(d.get("tp_ranks", 1)),
-            kernels_tp=int(d.get("kernels_tp", 1)),
-        )
+    iterations: list[StepProfile] = field(metadata=key(read=each(StepProfile.from_dict)))
+    modules: dict[str, dict[str, float]] = field(
+        default_factory=dict, metadata=key(read=by_name(dict))
+    )
+    input_bytes: int = field(default=0, metadata=_INT)
+    buffer_bytes: int = field(default=0, metadata=_INT)
+    flop_ops: list[str] = field(default_factory=list, metadata=key(read=list))
+    tokens: int = field(default=0, metadata=_INT)
+    tp_ranks: int = field(default=1, metadata=_INT)
+    kernels_tp: int = field(default=1, metadata=_INT)

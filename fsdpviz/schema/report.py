@@ -108,7 +108,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Unpack
@@ -122,6 +122,7 @@ from fsdpviz.schema.names import UnitNames
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
+from fsdpviz.schema.serial import OMIT_EMPTY, OMIT_NONE, Record, each, key, record_dict, record_from
 from fsdpviz.schema.timeline import Timeline
 
 SCHEMA_VERSION = 1
@@ -141,7 +142,7 @@ def dtype_name(dtype: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Unit:
+class Unit(Record):
     """One FSDP wrap unit and the FlatParameter it manages."""
 
     module: str
@@ -162,27 +163,27 @@ class Unit:
     # a dim other than 0 (shard_placement_fn): each parameter's shard on one rank (its tp
     # shard, then FSDP's padded shard) and the tp placement of the parameters that are
     # DTensors over the tp dimension ("Shard(0)", "Replicate()")
-    shard_shapes: dict[str, list[int]] = field(default_factory=dict)
-    tp_placements: dict[str, str] = field(default_factory=dict)
+    shard_shapes: dict[str, list[int]] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    tp_placements: dict[str, str] = field(default_factory=dict, metadata=OMIT_EMPTY)
     # FSDP2's shard_placement_fn: the dim of each parameter it shards on a dim other than 0
-    shard_dims: dict[str, int] = field(default_factory=dict)
+    shard_dims: dict[str, int] = field(default_factory=dict, metadata=OMIT_EMPTY)
     # a unit that mixes frozen and trainable parameters (requires_grad None; LoRA adapters
     # beside frozen base weights): the frozen ones, the elements of the trainable ones, and
     # of those the most one rank's shard holds (FSDP2: their padded dim-0 shards; FSDP1
     # with use_orig_params: the trainable elements in the rank's slice of the FlatParameter)
-    frozen_params: list[str] = field(default_factory=list)
+    frozen_params: list[str] = field(default_factory=list, metadata=OMIT_EMPTY)
     # FSDP2: parameters that require grad but that no gradient reached in the traced step
     # (unused in the forward): ``FSDPParamGroup.post_backward`` reduce-scatters only the
     # parameters whose ``.grad`` exists and the optimizer skips a parameter without one,
     # so they count as frozen ones do (``trainable_numel`` leaves them out)
-    unused_params: list[str] = field(default_factory=list)
-    trainable_numel: int | None = None
-    trainable_sharded_numel: int | None = None
+    unused_params: list[str] = field(default_factory=list, metadata=OMIT_EMPTY)
+    trainable_numel: int | None = field(default=None, metadata=OMIT_NONE)
+    trainable_sharded_numel: int | None = field(default=None, metadata=OMIT_NONE)
     # an FSDP2 group of parameters in several dtypes (frozen bf16 weights beside fp32
     # adapters; FSDP2 asks only the trainable ones to share a dtype, ``dtype`` then): the
     # parameters of each dtype, and their elements in all and in one rank's padded shard
-    param_dtypes: dict[str, list[str]] = field(default_factory=dict)
-    dtype_numels: dict[str, list[int]] = field(default_factory=dict)
+    param_dtypes: dict[str, list[str]] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    dtype_numels: dict[str, list[int]] = field(default_factory=dict, metadata=OMIT_EMPTY)
 
     @property
     def bytes(self) -> int:
@@ -227,27 +228,12 @@ class Unit:
         return self.numel, self.sharded_numel
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in ("shard_shapes", "tp_placements", "shard_dims", "frozen_params",
-                    "unused_params", "param_dtypes",
-                    "dtype_numels"):  # fmt: skip  # stated where they apply
-            if not d[key]:
-                del d[key]
-        for key in ("trainable_numel", "trainable_sharded_numel"):
-            if d[key] is None:
-                del d[key]
-        d["bytes"] = self.bytes
-        d["sharded_bytes"] = self.sharded_bytes
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Unit:
-        known = {k: v for k, v in d.items() if k not in ("bytes", "sharded_bytes")}
-        return cls(**known)
+        """Its fields, and ``bytes`` and ``sharded_bytes`` (which ``from_dict`` skips)."""
+        return {**record_dict(self), "bytes": self.bytes, "sharded_bytes": self.sharded_bytes}
 
 
 @dataclass(frozen=True)
-class ModuleInfo:
+class ModuleInfo(Record):
     """One module of the traced model."""
 
     fqn: str
@@ -261,13 +247,6 @@ class ModuleInfo:
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModuleInfo:
-        return cls(**d)
-
 
 IGNORED = "<ignored>"
 """The owner a trace's gradient counts (``TraceProfile``'s ``grads``) give the gradients of
@@ -275,7 +254,7 @@ the parameters FSDP does not manage (:class:`IgnoredParam`): no unit's name."""
 
 
 @dataclass(frozen=True)
-class IgnoredParam:
+class IgnoredParam(Record):
     """A parameter FSDP does not manage: whole on every rank, in its own dtype (no mixed
     precision), its gradient as autograd leaves it (neither reduced nor freed by FSDP)."""
 
@@ -285,16 +264,9 @@ class IgnoredParam:
     bytes: int
     requires_grad: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IgnoredParam:
-        return cls(**d)
-
 
 @dataclass(frozen=True)
-class FsdpWarning:
+class FsdpWarning(Record):
     """A warning FSDP would raise for this configuration, or one fsdpviz adds."""
 
     code: str
@@ -302,19 +274,8 @@ class FsdpWarning:
     units: list[str] = field(default_factory=list)
     # the analyze options that act on it ({option: JSON value}; see option_text) and the
     # bytes per rank that takes off the peak, where measured
-    fix: dict[str, object] = field(default_factory=dict)
-    frees: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in ("fix", "frees"):  # stated where set
-            if not d[key]:
-                del d[key]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FsdpWarning:
-        return cls(**d)
+    fix: dict[str, object] = field(default_factory=dict, metadata=OMIT_EMPTY)
+    frees: int | None = field(default=None, metadata=OMIT_EMPTY)
 
 
 def option_text(fix: Mapping[str, object], api: str = "FSDP1") -> str:
@@ -322,25 +283,28 @@ def option_text(fix: Mapping[str, object], api: str = "FSDP1") -> str:
     takes it): ``activation_checkpointing=[LlamaDecoderLayer]``, ``world_size=128``.
     Command lines show their own flags for the same ``fix``."""
     parts = []
-    for key, value in fix.items():
-        if key in ("mixed_precision", "mp_policy"):
+    for option, value in fix.items():
+        if option in ("mixed_precision", "mp_policy"):
             cls = "MixedPrecisionPolicy" if api == "FSDP2" else "MixedPrecision"
-            key = "mp_policy" if api == "FSDP2" else "mixed_precision"
+            option = "mp_policy" if api == "FSDP2" else "mixed_precision"
             text = f"{cls}(param_dtype=torch.{value})"
-        elif key == "cpu_offload" and value:
-            key, text = (
+        elif option == "cpu_offload" and value:
+            option, text = (
                 ("offload_policy", "CPUOffloadPolicy()")
                 if api == "FSDP2"
                 else ("cpu_offload", "CPUOffload(offload_params=True)")
             )
-        elif key == "sharding_strategy":
+        elif option == "sharding_strategy":
             text = f"ShardingStrategy.{value}"
         elif isinstance(value, list):
             text = "[" + ", ".join(str(v) for v in value) + "]"
         else:
             text = repr(value)
-        parts.append(f"{key}={text}")
+        parts.append(f"{option}={text}")
     return ", ".join(parts)
+
+
+_LIST = key(read=list)
 
 
 @dataclass
@@ -355,19 +319,35 @@ class Report:
     """
 
     source: Literal["prediction", "recording"]
-    config: ReportConfig
-    units: list[Unit]
-    forward_order: list[str]
-    iterations: list[list[Event]]
-    warnings: list[FsdpWarning] = field(default_factory=list)
-    modules: list[ModuleInfo] = field(default_factory=list)
-    module_order: list[str] = field(default_factory=list)
-    module_backward_order: list[str] = field(default_factory=list)
-    param_first_use: dict[str, str] = field(default_factory=dict)
-    module_events: list[list[ModuleEvent]] = field(default_factory=list)
-    profile: TraceProfile | None = None
-    pipeline: Pipeline[Report] | None = None
-    ignored_params: list[IgnoredParam] = field(default_factory=list)
+    config: ReportConfig = field(
+        metadata=key(write=ReportConfig.to_dict, read=ReportConfig.from_dict)
+    )
+    units: list[Unit] = field(metadata=key(read=each(Unit.from_dict)))
+    forward_order: list[str] = field(metadata=_LIST)
+    iterations: list[list[Event]] = field(metadata=key(read=each(each(Event.from_dict))))
+    warnings: list[FsdpWarning] = field(
+        default_factory=list, metadata=key(read=each(FsdpWarning.from_dict))
+    )
+    modules: list[ModuleInfo] = field(
+        default_factory=list, metadata=key(read=each(ModuleInfo.from_dict))
+    )
+    module_order: list[str] = field(default_factory=list, metadata=_LIST)
+    module_backward_order: list[str] = field(default_factory=list, metadata=_LIST)
+    param_first_use: dict[str, str] = field(default_factory=dict, metadata=key(read=dict))
+    ignored_params: list[IgnoredParam] = field(
+        default_factory=list, metadata=key(omit="empty", read=each(IgnoredParam.from_dict))
+    )
+    module_events: list[list[ModuleEvent]] = field(
+        default_factory=list, metadata=key(omit="empty", read=each(each(ModuleEvent.from_dict)))
+    )
+    profile: TraceProfile | None = field(
+        default=None,
+        metadata=key(omit="none", read=lambda p: TraceProfile.from_dict(p) if p else None),
+    )
+    # read by from_dict, with its ranks' reports
+    pipeline: Pipeline[Report] | None = field(
+        default=None, metadata=key(omit="none", write=lambda p: p.to_dict())
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, ReportConfig):  # a plain dict, as configs once were
@@ -423,28 +403,8 @@ class Report:
         return [iteration % n]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
-            "schema_version": SCHEMA_VERSION,
-            "source": self.source,
-            "config": self.config.to_dict(),
-            "units": [u.to_dict() for u in self.units],
-            "forward_order": list(self.forward_order),
-            "iterations": [[e.to_dict() for e in it] for it in self.iterations],
-            "warnings": [w.to_dict() for w in self.warnings],
-            "modules": [m.to_dict() for m in self.modules],
-            "module_order": list(self.module_order),
-            "module_backward_order": list(self.module_backward_order),
-            "param_first_use": dict(self.param_first_use),
-        }
-        if self.ignored_params:
-            d["ignored_params"] = [p.to_dict() for p in self.ignored_params]
-        if self.module_events:
-            d["module_events"] = [[m.to_dict() for m in it] for it in self.module_events]
-        if self.profile is not None:
-            d["profile"] = self.profile.to_dict()
-        if self.pipeline is not None:
-            d["pipeline"] = self.pipeline.to_dict()
-        return d
+        """Its ``schema_version`` and its fields (see :mod:`fsdpviz.schema.serial`)."""
+        return {"schema_version": SCHEMA_VERSION, **record_dict(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
@@ -462,28 +422,9 @@ class Report:
                 f"report schema_version {version!r} is not supported by this fsdpviz "
                 f"(expects {SCHEMA_VERSION}); re-create the report with this version"
             )
-        report = cls(
-            source=d["source"],
-            config=ReportConfig.from_dict(d["config"]),
-            units=[Unit.from_dict(u) for u in d["units"]],
-            forward_order=list(d["forward_order"]),
-            iterations=[[Event.from_dict(e) for e in it] for it in d["iterations"]],
-            warnings=[FsdpWarning.from_dict(w) for w in d.get("warnings", [])],
-            modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
-            module_order=list(d.get("module_order", [])),
-            module_backward_order=list(d.get("module_backward_order", [])),
-            param_first_use=dict(d.get("param_first_use", {})),
-            module_events=[
-                [ModuleEvent.from_dict(m) for m in it] for it in d.get("module_events", [])
-            ],
-            profile=TraceProfile.from_dict(d["profile"]) if d.get("profile") else None,
-            pipeline=Pipeline.from_dict(
-                d["pipeline"], [Report.from_dict(r) for r in d["pipeline"].get("ranks", [])]
-            )
-            if d.get("pipeline")
-            else None,
-            ignored_params=[IgnoredParam.from_dict(p) for p in d.get("ignored_params", [])],
-        )
+        pipe = d.get("pipeline")
+        ranks = [Report.from_dict(r) for r in pipe.get("ranks", [])] if pipe else []
+        report = record_from(cls, d, pipeline=Pipeline.from_dict(pipe, ranks) if pipe else None)
         for rank in report.pipeline.ranks if report.pipeline is not None else []:
             if rank.pipeline is not None:
                 rank.pipeline.job = report

@@ -5,7 +5,6 @@ How it is modelled is documented in :mod:`fsdpviz.cost.time`, which computes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +20,12 @@ from fsdpviz.schema.rows import (
     TimedEvent,
     Wait,
 )
+from fsdpviz.schema.serial import Record, each, key
 from fsdpviz.schema.tables import dataframe
 
 
 @dataclass
-class Timeline:
+class Timeline(Record):
     """Start and end (seconds from the start of the iteration) of every event.
 
     ``events``: per event ``index``, ``kind``, ``unit``, ``phase``, ``stream``, ``issued`` (when
@@ -84,15 +84,19 @@ class Timeline:
         tl.bottlenecks()[0]["reason"]
     """
 
-    machine: dict[str, Any]
-    events: list[TimedEvent]
-    compute: list[ComputeStretch]
-    totals: dict[str, float]
-    notes: list[str] = field(default_factory=list)
-    hooks: list[HookTime] = field(default_factory=list)
-    waits: list[Wait] = field(default_factory=list)
-    micro_steps: list[MicroStep] = field(default_factory=list)
-    step_work: list[StepWork] = field(default_factory=list)
+    machine: dict[str, Any] = field(metadata=key(read=dict))
+    events: list[TimedEvent] = field(metadata=key(read=each(TimedEvent.from_dict)))
+    compute: list[ComputeStretch] = field(metadata=key(read=each(ComputeStretch.from_dict)))
+    totals: dict[str, float] = field(metadata=key(read=dict))
+    notes: list[str] = field(default_factory=list, metadata=key(read=list))
+    hooks: list[HookTime] = field(default_factory=list, metadata=key(read=each(HookTime.from_dict)))
+    waits: list[Wait] = field(default_factory=list, metadata=key(read=each(Wait.from_dict)))
+    micro_steps: list[MicroStep] = field(
+        default_factory=list, metadata=key(read=each(MicroStep.from_dict))
+    )
+    step_work: list[StepWork] = field(
+        default_factory=list, metadata=key(read=each(StepWork.from_dict))
+    )
 
     def records(self) -> list[dict[str, Scalar]]:
         """One plain dict per event (what :meth:`to_pandas` shows)."""
@@ -109,34 +113,6 @@ class Timeline:
     def to_pandas(self) -> Any:
         """The records as a ``pandas.DataFrame`` (needs pandas)."""
         return dataframe(self.records())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "machine": dict(self.machine),
-            "events": self.records(),
-            "compute": [c.to_dict() for c in self.compute],
-            "totals": dict(self.totals),
-            "notes": list(self.notes),
-            "hooks": [h.to_dict() for h in self.hooks],
-            "waits": [w.to_dict() for w in self.waits],
-            "micro_steps": [s.to_dict() for s in self.micro_steps],
-            "step_work": [w.to_dict() for w in self.step_work],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Timeline:
-        """A timeline back from its :meth:`to_dict` JSON."""
-        return cls(
-            machine=dict(d["machine"]),
-            events=[TimedEvent.from_dict(r) for r in d["events"]],
-            compute=[ComputeStretch.from_dict(c) for c in d["compute"]],
-            totals=dict(d["totals"]),
-            notes=list(d.get("notes", [])),
-            hooks=[HookTime.from_dict(h) for h in d.get("hooks", [])],
-            waits=[Wait.from_dict(w) for w in d.get("waits", [])],
-            micro_steps=[MicroStep.from_dict(s) for s in d.get("micro_steps", [])],
-            step_work=[StepWork.from_dict(w) for w in d.get("step_work", [])],
-        )
 
     def summary(self) -> str:
         t = self.totals
