@@ -350,6 +350,12 @@ FSDP2_KEYS = (
 _FIELDS = {f.name: f for f in dataclasses.fields(ReportConfig) if f.name not in ("stated", "extra")}
 
 
+def non_default_keys(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The JSON keys of the fields among ``values`` (by field name) whose value is not the
+    field's default: of the options a report states only where they are set."""
+    return tuple(_key(name) for name, value in values.items() if value != _default(name))
+
+
 def _key(name: str) -> str:
     """The JSON key of field ``name``."""
     return next((k for k, names in _SHARED_KEYS.items() if name in names), name)
