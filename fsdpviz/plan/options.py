@@ -9,34 +9,23 @@ from typing import Any, cast
 import torch
 
 from fsdpviz.errors import ConfigError, FSDPConfigError, did_you_mean
-from fsdpviz.plan.job import JOB_KEYS
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD, Api
 from fsdpviz.plan.torch_fsdp import TorchFSDP, torch_fsdp
+from fsdpviz.schema.keywords import BothKwargs, FSDP1Kwargs, FSDP2Kwargs, FSDPKwargs, PlanKwargs
 from fsdpviz.schema.report import dtype_name
 
-_FSDPVIZ = {
-    "world_size", "loss", "trace", "progress", "activation_checkpointing", "torch_version",
-    *JOB_KEYS,
-}  # fmt: skip
+# what both parsers take: BothKwargs' keywords and PlanKwargs' own (world_size, progress)
+_BOTH = BothKwargs.__optional_keys__ | (PlanKwargs.__optional_keys__ - FSDPKwargs.__optional_keys__)
 KEYWORDS: Mapping[Api, frozenset[str]] = {
-    # FullyShardedDataParallel's keywords fsdpviz models; the last four have no effect on
-    # which units exist or on the order of collectives and frees: limit_all_gathers only
-    # makes the CPU wait on a free event, device_id says where the module is moved (fsdpviz
-    # traces on meta), sync_module_states is one broadcast at construction, before any
-    # iteration, param_init_fn how meta modules are materialised
-    "FSDP1": frozenset({
-        "sharding_strategy", "auto_wrap_policy", "backward_prefetch", "mixed_precision",
-        "ignored_modules", "ignored_states", "forward_prefetch", "use_orig_params",
-        "cpu_offload", "shard_group_size", *_FSDPVIZ,
-        "limit_all_gathers", "device_id", "sync_module_states", "param_init_fn",
-    }),
-    "FSDP2": frozenset({
-        "fully_shard", RESHARD.name, "mp_policy", "forward_prefetch", "backward_prefetch",
-        "ignored_params", "offload_policy", "mesh", "shard_placement_fn", "parallelize_plan",
-        "reshard_after_backward", "requires_all_reduce", *_FSDPVIZ,
-    }),
-}  # fmt: skip
-"""Every keyword :func:`fsdpviz.analyze` takes for each API (FSDP's and fsdpviz's own)."""
+    "FSDP1": FSDP1Kwargs.__optional_keys__ | _BOTH,
+    "FSDP2": FSDP2Kwargs.__optional_keys__ | _BOTH,
+}
+"""Every keyword :func:`fsdpviz.analyze` takes for each API (FSDP's and fsdpviz's own), as
+:class:`~fsdpviz.schema.keywords.FSDPKwargs` types them. Of FSDP1's, ``limit_all_gathers``,
+``device_id``, ``sync_module_states`` and ``param_init_fn`` change neither which units exist
+nor the order of collectives and frees: the first only makes the CPU wait on a free event,
+the second says where the module is moved (fsdpviz traces on meta), the third is one
+broadcast at construction, before any iteration, the last how meta modules are materialised."""
 
 _ACCUMULATE = "N micro-steps per optimizer step, the first N - 1"
 REJECTED: Mapping[Api, Mapping[str, str]] = {
