@@ -40,9 +40,7 @@ from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
 from fsdpviz.plan.option_specs import OPTIONS, OptionSpec, options_of
 
 __all__ = [
-    "BACKWARD_PREFETCH",
     "FLAGS",
-    "SHARDING",
     "Flag",
     "UsageError",
     "add_fsdp_flags",
@@ -50,12 +48,6 @@ __all__ = [
     "check_applies",
     "flags_for",
 ]
-
-
-BACKWARD_PREFETCH = OPTIONS["backward_prefetch"].words
-
-
-SHARDING = OPTIONS["sharding_strategy"].words
 
 
 _DTYPES = {
