@@ -32,7 +32,13 @@ from fsdpviz.plan.options import (
     world_size,
 )
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed, torch_fsdp
-from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
+from fsdpviz.schema.config import (
+    FSDP1_KEYS,
+    ReportConfig,
+    TraceMode,
+    non_default_keys,
+    shard_split,
+)
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
@@ -261,15 +267,14 @@ class FSDP1Options:
         )
 
     def _switched(self) -> tuple[str, ...]:
-        """Config keys of hybrid sharding's process group and of FSDP's switch to NO_SHARD."""
-        keys: tuple[str, ...] = ()
-        if self.hybrid:
-            keys += ("process_group_size",)
-        if self.requested_strategy is not None:
-            keys += ("sharding_strategy_given",)
-        if self.offload_params:
-            keys += ("cpu_offload",)
-        return keys
+        """Config keys of hybrid sharding's process group, of FSDP's switch to NO_SHARD and of
+        CPU offload, where they are set."""
+        sharding = self._sharding_fields()
+        return non_default_keys({
+            "process_group_size": sharding["process_group_size"],
+            "sharding_strategy_given": sharding["sharding_strategy_given"],
+            "cpu_offload": self.offload_params,
+        })  # fmt: skip
 
 
 def checked_mixed_precision(mp: Any) -> MixedPrecision | None:

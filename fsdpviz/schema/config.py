@@ -380,13 +380,14 @@ def _optional(name: str) -> bool:
 
 
 def _from_json(name: str, value: Any) -> Any:
-    if name in ("fully_shard", "kinds") or (name == "compile" and isinstance(value, list)):
+    """A JSON value as field ``name`` holds it: a list as a tuple where the field's type
+    names one, a mapping as a dict (of tuples where the type says so)."""
+    kind = str(_FIELDS[name].type)
+    if isinstance(value, list) and "tuple[" in kind:
         return tuple(value)
-    if name in ("explicit_forward_prefetch", "explicit_backward_prefetch"):
+    if isinstance(value, Mapping) and kind.startswith("Mapping[str, tuple["):
         return {str(k): tuple(v) for k, v in value.items()}
-    if isinstance(value, Mapping):
-        return dict(value)
-    return value
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _to_json(value: Any) -> Any:
