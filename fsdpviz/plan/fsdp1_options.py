@@ -34,6 +34,7 @@ from fsdpviz.plan.options import (
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed, torch_fsdp
 from fsdpviz.schema.config import (
     FSDP1_KEYS,
+    TRACE_MODES,
     ReportConfig,
     TraceMode,
     non_default_keys,
@@ -452,7 +453,7 @@ _SWITCHES = ("forward_prefetch", "use_orig_params", "limit_all_gathers")
 
 
 def _check_trace(trace: Any) -> TraceMode:
-    if trace not in ("meta", "real", "fx"):
+    if trace not in TRACE_MODES:
         raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
     return cast(TraceMode, trace)
 

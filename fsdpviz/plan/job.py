@@ -26,15 +26,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
+from fsdpviz.schema.keywords import MatmulPrecision
 from fsdpviz.schema.report import ModuleInfo
 
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line reads the names here)
     from torch import nn
 
-FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+FLOAT32_MATMUL_PRECISIONS: tuple[str, ...] = get_args(MatmulPrecision)
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 # torchtitan's Float8 / Float8Linear config keys; the ones that change no kernel or byte are
 # accepted and ignored (emulation; precompute's one all-reduce of scales per step, whose

@@ -30,7 +30,8 @@ from typing import Any, Literal, get_args
 Api = Literal["FSDP1", "FSDP2"]
 TraceMode = Literal["meta", "real", "fx"]
 
-_TRACE_MODES = frozenset(get_args(TraceMode))
+TRACE_MODES: tuple[str, ...] = get_args(TraceMode)
+"""How a prediction traces its model (``analyze(trace=...)``), default first."""
 # JSON keys that two fields share: FSDP1 and FSDP2 give prefetch settings of different
 # shapes under one name, and a prediction's trace mode and a recording's profiler file
 # are both "trace". The field that holds a value is the one written under the key.
@@ -365,7 +366,7 @@ def _field_for(key: str, value: Any) -> str | None:
     if key in _SHARED_KEYS:
         explicit, plain = _SHARED_KEYS[key]
         if key == "trace":
-            return plain if value is None or value in _TRACE_MODES else explicit
+            return plain if value is None or value in TRACE_MODES else explicit
         return explicit if isinstance(value, Mapping) else plain
     return key if key in _FIELDS else None
 

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from fsdpviz.schema.checkpointing import CheckpointSpec
     from fsdpviz.schema.config import TraceMode
 
+MatmulPrecision = Literal["highest", "high", "medium"]
+"""torch's float32 matmul precisions (``torch.set_float32_matmul_precision``)."""
+
 PrefetchMap = Mapping[str, Sequence[str]]
 """FSDP2's explicit prefetches: ``{fqn: [fqn, ...]}`` (``set_modules_to_forward_prefetch`` /
 ``set_modules_to_backward_prefetch`` per group)."""
@@ -103,7 +106,7 @@ class BothKwargs(TypedDict, total=False):
     grad_accum: int
     compile: bool | Sequence[type[nn.Module]]
     float8: bool | Mapping[str, Any] | None
-    float32_matmul_precision: Literal["highest", "high", "medium"] | None
+    float32_matmul_precision: MatmulPrecision | None
     activation_checkpointing: CheckpointSpec
     # how fsdpviz plans it
     loss: Callable[[Any], torch.Tensor] | None
