@@ -165,9 +165,7 @@ class FSDP1Options:
     @property
     def process_group_size(self) -> int:
         """Ranks of FSDP's process group (``state.world_size``): the shard group when hybrid."""
-        if self.hybrid:
-            return self.shard_group_size or self.world_size
-        return self.world_size
+        return _group_size(self.world_size, self.hybrid, self.shard_group_size)
 
     @property
     def replicas(self) -> int:
@@ -467,6 +465,11 @@ def _check_shard_group(sgs: Any, hybrid: bool, ws: int) -> None:
         raise ConfigError(f"shard_group_size={sgs!r} must be a positive divisor of world_size={ws}")
 
 
+def _group_size(ws: int, hybrid: bool, sgs: int | None) -> int:
+    """FSDP's process group: the shard group under hybrid sharding, else every rank."""
+    return (sgs or ws) if hybrid else ws
+
+
 def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning]]:
     """The options' world size, shard group and the strategy FSDP runs with (the fields of
     :class:`FSDP1Options` they set), from the world size, the ``sharding_strategy`` and the
@@ -482,8 +485,7 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning
         _check_shard_group(sgs, hybrid, ws)
     elif hybrid:
         sgs = min(8, ws) if ws % min(8, ws) == 0 else ws
-    process_group_size = (sgs or ws) if hybrid else ws
-    strategy, found = effective_strategy(given, process_group_size)
+    strategy, found = effective_strategy(given, _group_size(ws, hybrid, sgs))
     asked = ShardingStrategy.FULL_SHARD if given is None else given
     requested = asked if isinstance(asked, ShardingStrategy) and asked != strategy else None
     if hybrid and strategy == ShardingStrategy.NO_SHARD and ws > 1:

@@ -237,16 +237,16 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         sizes, names, tp_size, tp_name = parse_tp_mesh(dp_sizes, dp_names, plan)
     elif plan is not None:
         parse_tp_mesh((1,), (), plan)  # raises: a plan needs a mesh with a tp dimension
-    if sizes is not None and len(sizes) == 2 and not names:
+    dp = sizes or ()  # the data-parallel dimensions: shard, or replicate x shard (HSDP)
+    hsdp = len(dp) == 2
+    if hsdp and not names:
         names = ("replicate", "shard")
-    two = (str(names[0]), str(names[1])) if sizes is not None and len(sizes) == 2 else None
-    ranks = math.prod(all_sizes) if all_sizes is not None else None
-    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ranks:
+    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
+    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ws:
         raise ConfigError(
-            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"world_size={kwargs['world_size']!r} but the mesh has {ws} "
             f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
         )
-    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
     offload = kwargs.get("offload_policy")
     if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
         raise ConfigError(
@@ -265,7 +265,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     job = parse_job_options(kwargs, "FSDP2")
     after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
     all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
-    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+    if not all_reduce and not hsdp:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
@@ -282,9 +282,9 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        shard_size=sizes[-1] * cp_size if sizes is not None else 0,
-        replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
-        mesh_names=two,
+        shard_size=dp[-1] * cp_size if dp else 0,
+        replicas=dp[0] if hsdp else 1,
+        mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
         offload=type(offload).__name__ == "CPUOffloadPolicy",
         parallelize_plan=plan,
         tp_size=tp_size,
