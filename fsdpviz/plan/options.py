@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -118,8 +118,8 @@ def describe_precision(policy: Any, every: bool) -> dict[str, Any]:
         value = getattr(policy, f.name)
         if f.name.endswith("_dtype"):
             out[f.name] = dtype_name(value)
-        elif isinstance(value, (tuple, list, set, frozenset)):  # module classes
-            if every or set(value) != set(cast(Any, f.default)):
+        elif isinstance(f.default, tuple):  # module classes (MixedPrecision's to ignore)
+            if every or set(value) != set(f.default):
                 out[f.name] = sorted(c.__name__ for c in value)
         elif every or value != f.default:
             out[f.name] = value
