@@ -60,17 +60,6 @@ class ShardingFields(TypedDict):
     sharding_strategy_given: str | None
 
 
-class Sharding(TypedDict):
-    """The fields of :class:`FSDP1Options` the world size, ``sharding_strategy`` and
-    ``shard_group_size`` set."""
-
-    world_size: int
-    hybrid: bool
-    shard_group_size: int | None
-    sharding_strategy: ShardingStrategy
-    requested_strategy: ShardingStrategy | None
-
-
 @dataclass(frozen=True, kw_only=True)
 class FSDP1Options:
     """FSDP1's options as ``FullyShardedDataParallel(...)`` takes them, checked and read once
@@ -247,22 +236,21 @@ class FSDP1Options:
         group = changes.get("shard_group_size")
         if group is None and ws == config.ranks and given in _HYBRID:
             group = config.process_group_size
-        sharding, warned = _sharding(ws, given, group)
+        sharding = _sharding(ws, given, group)
+        warned: list[FsdpWarning] = []
         if "backward_prefetch" in changes:
-            prefetch, found = effective_backward_prefetch(changes["backward_prefetch"])
-            warned += found
+            prefetch, warned = effective_backward_prefetch(changes["backward_prefetch"])
         else:
             name = config.backward_prefetch
             prefetch = None if name is None else BackwardPrefetch[name]
-        return cls(
+        return sharding.replace(
             forward_prefetch=config.forward_prefetch,
             use_orig_params=config.use_orig_params,
             offload_params=config.cpu_offload,
             trace=config.trace or "meta",
             torch=rules,
             backward_prefetch=prefetch,
-            warnings=tuple(warned),
-            **sharding,
+            warnings=sharding.warnings + tuple(warned),
         )
 
     def _switched(self) -> tuple[str, ...]:
@@ -470,10 +458,10 @@ def _group_size(ws: int, hybrid: bool, sgs: int | None) -> int:
     return (sgs or ws) if hybrid else ws
 
 
-def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning]]:
-    """The options' world size, shard group and the strategy FSDP runs with (the fields of
-    :class:`FSDP1Options` they set), from the world size, the ``sharding_strategy`` and the
-    ``shard_group_size`` given, with what FSDP warns about them."""
+def _sharding(ws: int, given: Any, sgs: Any) -> FSDP1Options:
+    """Options of the world size, shard group and strategy FSDP runs with, from the world
+    size, the ``sharding_strategy`` and the ``shard_group_size`` given, with what FSDP warns
+    about them (the other fields their defaults: the parsers replace them)."""
     hybrid = given in _HYBRID
     if sgs is not None:
         if isinstance(given, str):
@@ -501,14 +489,14 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning
                 ),
             )
         )
-    fields: Sharding = {
-        "world_size": ws,
-        "hybrid": hybrid,
-        "shard_group_size": sgs,
-        "sharding_strategy": strategy,
-        "requested_strategy": requested,
-    }
-    return fields, found
+    return FSDP1Options(
+        world_size=ws,
+        hybrid=hybrid,
+        shard_group_size=sgs,
+        sharding_strategy=strategy,
+        requested_strategy=requested,
+        warnings=tuple(found),
+    )
 
 
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
@@ -520,13 +508,13 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     """
     check_keywords(kwargs, "FSDP1", "option")
     rules = torch_rules(kwargs)
-    sharding, warned = _sharding(
+    sharding = _sharding(
         world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
     )
     prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE
+    warned: list[FsdpWarning] = []
     if "backward_prefetch" in kwargs:
-        prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
-        warned += found
+        prefetch, warned = effective_backward_prefetch(kwargs["backward_prefetch"])
     flags = {name: check_switch(name, kwargs[name]) for name in _SWITCHES if name in kwargs}
     mp = checked_mixed_precision(kwargs.get("mixed_precision"))
     offload = kwargs.get("cpu_offload")
@@ -536,8 +524,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     loss = kwargs.get("loss")
     if loss is not None and not callable(loss):
         raise ConfigError("loss must be a callable from the model output to a scalar tensor")
-    return FSDP1Options(
-        **sharding,
+    return sharding.replace(
         backward_prefetch=prefetch,
         **flags,
         mixed_precision=mp,
@@ -551,7 +538,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         activation_checkpointing=kwargs.get("activation_checkpointing"),
         job=parse_job_options(kwargs, "FSDP1"),
         torch=rules,
-        warnings=tuple(warned),
+        warnings=sharding.warnings + tuple(warned),
     )
 
 

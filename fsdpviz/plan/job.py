@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, get_args
+from typing import TYPE_CHECKING, Any, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.schema.keywords import MatmulPrecision
@@ -48,22 +48,12 @@ _FLOAT8_KEYS = {
 }  # fmt: skip
 
 
-class Float8Dict(TypedDict):
-    """:meth:`Float8.to_dict`: torchtitan's float8 keys, as ``ReportConfig.float8`` states
-    them."""
-
-    recipe_name: str
-    enable_fsdp_float8_all_gather: bool
-    filter_fqns: list[str]
-    precompute_float8_dynamic_scale_for_fsdp: NotRequired[bool]  # stated where True
-
-
 class JobFields(TypedDict):
     """The ``ReportConfig`` fields of the job around FSDP (:meth:`JobOptions.config`)."""
 
     grad_accum: int
     compile: bool | tuple[str, ...]
-    float8: Float8Dict | None
+    float8: dict[str, Any] | None  # Float8.to_dict(): torchtitan's keys
     float32_matmul_precision: str | None
 
 
@@ -81,13 +71,14 @@ class Float8:
     filter_fqns: tuple[str, ...] = ()
     precompute_float8_dynamic_scale_for_fsdp: bool = False
 
-    def to_dict(self) -> Float8Dict:
-        """Its fields, ``filter_fqns`` as a list, ``precompute_...`` only where True."""
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields, torchtitan's float8 keys, as ``ReportConfig.float8`` states them:
+        ``filter_fqns`` as a list, ``precompute_...`` only where True."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["filter_fqns"] = list(self.filter_fqns)
         if not self.precompute_float8_dynamic_scale_for_fsdp:
             del out["precompute_float8_dynamic_scale_for_fsdp"]
-        return cast(Float8Dict, out)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Float8:
