@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, Unpack, cast
 
 import torch
 from torch import nn
@@ -46,18 +46,6 @@ from fsdpviz.schema.report import FsdpWarning, dtype_name
 FSDP1_KEYWORDS = KEYWORDS["FSDP1"]
 """Every keyword ``analyze`` takes for FSDP1 (``FullyShardedDataParallel``'s and fsdpviz's)."""
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
-
-
-class ShardingFields(TypedDict):
-    """The ``ReportConfig`` fields of the world size, the sharding and the backward prefetch
-    (:meth:`FSDP1Options.describe`)."""
-
-    world_size: int
-    shard_world_size: int
-    sharding_strategy: str
-    backward_prefetch: str | None
-    process_group_size: int | None
-    sharding_strategy_given: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,42 +157,36 @@ class FSDP1Options:
 
     def describe(self) -> ReportConfig:
         """These options as ``Report.config`` states them."""
-        mp = self.mixed_precision
         job, job_keys = self.job.config()
+        switched: dict[str, Any] = {  # stated where set
+            "process_group_size": self.process_group_size if self.hybrid else None,
+            "sharding_strategy_given": getattr(self.requested_strategy, "name", None),
+            "cpu_offload": self.offload_params,
+        }
         return ReportConfig(
             api="FSDP1",
             torch_version=self.torch.version,
-            **self._sharding_fields(),
+            world_size=self.world_size,
+            shard_world_size=self.shard_world_size,
+            sharding_strategy=self.sharding_strategy.name,
+            backward_prefetch=getattr(self.backward_prefetch, "name", None),
             auto_wrap_policy=describe_policy(self.auto_wrap_policy),
             forward_prefetch=self.forward_prefetch,
             use_orig_params=self.use_orig_params,
-            mixed_precision=describe_mixed_precision(mp),
+            mixed_precision=describe_mixed_precision(self.mixed_precision),
             trace=self.trace,
-            cpu_offload=self.offload_params,
+            **switched,
             **job,
-            stated=FSDP1_KEYS + self._switched() + job_keys,
+            stated=FSDP1_KEYS + non_default_keys(switched) + job_keys,
         )
 
     def restate(self, config: ReportConfig) -> ReportConfig:
         """``config`` (of a report these options re-plan, :meth:`from_config`) with their
         world size, sharding and backward prefetch, stated as :meth:`describe` states them."""
-        switched = self._switched()
-        return config.replace(**self._sharding_fields()).unstate(
-            *(k for k in ("process_group_size", "sharding_strategy_given") if k not in switched)
+        mine = self.describe()
+        return config.replace(**{k: getattr(mine, k) for k in _RESTATED}).unstate(
+            *(k for k in _RESTATED if k not in mine.stated)
         )
-
-    def _sharding_fields(self) -> ShardingFields:
-        """The config fields of the world size, the sharding and the backward prefetch."""
-        return {
-            "world_size": self.world_size,
-            "shard_world_size": self.shard_world_size,
-            "sharding_strategy": self.sharding_strategy.name,
-            "backward_prefetch": self.backward_prefetch.name if self.backward_prefetch else None,
-            "process_group_size": self.process_group_size if self.hybrid else None,
-            "sharding_strategy_given": None
-            if self.requested_strategy is None
-            else self.requested_strategy.name,
-        }
 
     @classmethod
     def from_config(cls, config: ReportConfig, **changes: Unpack[PlanKwargs]) -> FSDP1Options:
@@ -253,15 +235,13 @@ class FSDP1Options:
             warnings=sharding.warnings + tuple(warned),
         )
 
-    def _switched(self) -> tuple[str, ...]:
-        """Config keys of hybrid sharding's process group, of FSDP's switch to NO_SHARD and of
-        CPU offload, where they are set."""
-        sharding = self._sharding_fields()
-        return non_default_keys({
-            "process_group_size": sharding["process_group_size"],
-            "sharding_strategy_given": sharding["sharding_strategy_given"],
-            "cpu_offload": self.offload_params,
-        })  # fmt: skip
+
+_RESTATED = (
+    "world_size", "shard_world_size", "sharding_strategy", "backward_prefetch",
+    "process_group_size", "sharding_strategy_given",
+)  # fmt: skip
+"""The config fields a re-plan under another world size, sharding or backward prefetch
+changes (:meth:`FSDP1Options.restate`)."""
 
 
 def checked_mixed_precision(mp: Any) -> MixedPrecision | None:
