@@ -38,11 +38,10 @@ from typing import Any, Literal
 from fsdpviz.errors import did_you_mean
 from fsdpviz.plan.job import FLOAT8_RECIPES, FLOAT32_MATMUL_PRECISIONS
 from fsdpviz.plan.option_specs import OPTIONS, OptionSpec, options_of
+from fsdpviz.schema.config import TRACE_MODES
 
 __all__ = [
-    "BACKWARD_PREFETCH",
     "FLAGS",
-    "SHARDING",
     "Flag",
     "UsageError",
     "add_fsdp_flags",
@@ -50,12 +49,6 @@ __all__ = [
     "check_applies",
     "flags_for",
 ]
-
-
-BACKWARD_PREFETCH = OPTIONS["backward_prefetch"].words
-
-
-SHARDING = OPTIONS["sharding_strategy"].words
 
 
 _DTYPES = {
@@ -253,7 +246,7 @@ FLAGS: tuple[Flag, ...] = (
          "fsdpviz.cost.GPUS)", metavar="GPU", type=_machine, option="machine"),
     Flag("--trace", "run the model on the meta device (default) or, for models that cannot, "
          "on a copy on its own device (real) or through torch.fx (fx: FSDP1 only, not with "
-         "--fully-shard)", choices=["meta", "real", "fx"], default="meta", option="trace"),
+         "--fully-shard)", choices=TRACE_MODES, default="meta", option="trace"),
     Flag("--activation-checkpointing", "run these module classes (comma-separated) under "
          "activation checkpointing, as accelerate and torchtitan apply it; selective:CLASSES "
          "checkpoints per operator (torchtitan's selective_ac_option=op)", group="job",

@@ -31,6 +31,7 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from fsdpviz._options_cli import (
+    FLAGS,
     UsageError,
     check_flags,
     checkpointing_spec,
@@ -93,11 +94,7 @@ def analyze_kwargs(
     return kwargs
 
 
-_JOB_FLAGS = {
-    "grad_accum": "--grad-accum", "compile": "--compile", "float8": "--float8",
-    "float32_matmul_precision": "--float32-matmul-precision",
-    "activation_checkpointing": "--activation-checkpointing",
-}  # fmt: skip
+_JOB_FLAGS = {f.option: f.name for f in FLAGS if f.group == "job" and f.option is not None}
 
 
 def job_kwargs(args: argparse.Namespace, model: nn.Module) -> FSDPKwargs:

@@ -98,3 +98,36 @@ def test_enum_values_and_code_as_torch_writes_them() -> None:
     assert sharding.code("NO_SHARD") == "sharding_strategy=ShardingStrategy.NO_SHARD"
     assert OPTIONS["reshard_after_forward"].code(2) == "reshard_after_forward=2"
     assert OPTIONS["world_size"].summary_line() == "  --world-size N              ranks (default 8)"
+
+
+def test_each_api_takes_the_keywords_its_typed_dict_declares_and_refuses_the_others() -> None:
+    from fsdpviz.plan.options import KEYWORDS
+    from fsdpviz.schema.keywords import FSDP1Kwargs, FSDP2Kwargs
+
+    assert FSDP1Kwargs.__optional_keys__ <= KEYWORDS["FSDP1"]
+    assert FSDP2Kwargs.__optional_keys__ <= KEYWORDS["FSDP2"]
+    assert not (FSDP1Kwargs.__optional_keys__ & KEYWORDS["FSDP2"])
+    assert {"world_size", "progress", "grad_accum", "trace"} <= KEYWORDS["FSDP1"] & KEYWORDS[
+        "FSDP2"
+    ]
+    for key in sorted(FSDP2Kwargs.__optional_keys__ - {"fully_shard"}):
+        with pytest.raises(ConfigError, match=f"'{key}' is an option of FSDP2's fully_shard"):
+            parse_fsdp1_options({key: None})
+    for key in sorted(FSDP1Kwargs.__optional_keys__):
+        with pytest.raises(ConfigError, match=f"'{key}' is an option of FSDP1"):
+            parse_fsdp2_options({"fully_shard": [], key: None})
+
+
+def test_float8_and_job_options_read_back_as_stated() -> None:
+    from fsdpviz.plan.job import Float8, parse_job_options
+
+    spec = Float8(filter_fqns=("output",), precompute_float8_dynamic_scale_for_fsdp=True)
+    assert Float8.from_dict(spec.to_dict()) == spec
+    assert Float8().to_dict() == {
+        "recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": False, "filter_fqns": [],
+    }  # fmt: skip
+    assert Float8.from_dict({"recipe_name": None, "filter_fqns": None}) == Float8()
+    job = parse_job_options({"grad_accum": 1, "compile": True, "float8": None}, "FSDP1")
+    assert job.stated == ("compile",)
+    with pytest.raises(ConfigError, match="grad_accum must be a positive int"):
+        job.replace(grad_accum=0)

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack, cast
 
 import torch
 from torch import nn
@@ -18,76 +18,34 @@ from torch.distributed.fsdp import (
 )
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
-from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
+from fsdpviz.plan.job import JobOptions, parse_job_options
 from fsdpviz.plan.option_specs import OptionSpec
 from fsdpviz.plan.options import (
     DEFAULT_WORLD_SIZE,
+    KEYWORDS,
     check_dtypes,
     check_keywords,
+    check_switch,
     check_world_size,
+    describe_precision,
     torch_rules,
     world_size,
 )
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed, torch_fsdp
-from fsdpviz.schema.config import FSDP1_KEYS, ReportConfig, TraceMode, shard_split
+from fsdpviz.schema.config import (
+    FSDP1_KEYS,
+    TRACE_MODES,
+    ReportConfig,
+    TraceMode,
+    non_default_keys,
+    shard_split,
+)
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
-# Keywords of ``FullyShardedDataParallel.__init__`` and what fsdpviz does with them.
-_MODELLED = {
-    "sharding_strategy",
-    "auto_wrap_policy",
-    "backward_prefetch",
-    "mixed_precision",
-    "ignored_modules",
-    "ignored_states",
-    "forward_prefetch",
-    "use_orig_params",
-    "cpu_offload",
-    # No effect on which units exist or on the order of collectives and frees:
-    "limit_all_gathers",  # only makes the CPU wait on a free event
-    "device_id",  # where the module is moved; fsdpviz traces on meta
-    "sync_module_states",  # one broadcast at construction, before any iteration
-    "param_init_fn",  # how meta modules are materialised
-}
-_REJECTED = {
-    "process_group": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
-    "device_mesh": "pass world_size=N (and shard_group_size=M for hybrid sharding) instead",
-    "no_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first N - 1 under "
-    "model.no_sync()",
-    "requires_gradient_sync": "FSDP1's counterpart is no_sync(): pass grad_accum=N for N "
-    "micro-steps per optimizer step, the first N - 1 under no_sync()",
-}
-_FSDPVIZ = {
-    "world_size", "loss", "trace", "progress", "shard_group_size", "activation_checkpointing",
-    "torch_version", *JOB_KEYS,
-}  # fmt: skip
-FSDP1_KEYWORDS = frozenset(_MODELLED | _FSDPVIZ)
+FSDP1_KEYWORDS = KEYWORDS["FSDP1"]
 """Every keyword ``analyze`` takes for FSDP1 (``FullyShardedDataParallel``'s and fsdpviz's)."""
 _HYBRID = {ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2}
-
-
-class ShardingFields(TypedDict):
-    """The ``ReportConfig`` fields of the world size, the sharding and the backward prefetch
-    (:meth:`FSDP1Options.describe`)."""
-
-    world_size: int
-    shard_world_size: int
-    sharding_strategy: str
-    backward_prefetch: str | None
-    process_group_size: int | None
-    sharding_strategy_given: str | None
-
-
-class Sharding(TypedDict):
-    """The fields of :class:`FSDP1Options` the world size, ``sharding_strategy`` and
-    ``shard_group_size`` set."""
-
-    world_size: int
-    hybrid: bool
-    shard_group_size: int | None
-    sharding_strategy: ShardingStrategy
-    requested_strategy: ShardingStrategy | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,30 +111,10 @@ class FSDP1Options:
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
-        for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers", "profile"):
-            value = getattr(self, flag)
-            if not isinstance(value, bool):
-                raise ConfigError(f"{flag} must be True or False, got {value!r}")
-        if self.trace not in ("meta", "real", "fx"):
-            raise ConfigError(
-                f"trace={self.trace!r} is not valid; use 'meta' (default), 'real' or 'fx'"
-            )
-        sgs = self.shard_group_size
-        if sgs is not None:
-            if not self.hybrid:
-                raise ConfigError(
-                    "shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2"
-                )
-            if (
-                not isinstance(sgs, int)
-                or isinstance(sgs, bool)
-                or sgs < 1
-                or self.world_size % sgs
-            ):
-                raise ConfigError(
-                    f"shard_group_size={sgs!r} must be a positive divisor of "
-                    f"world_size={self.world_size}"
-                )
+        for name in (*_SWITCHES, "profile"):
+            check_switch(name, getattr(self, name))
+        _check_trace(self.trace)
+        _check_shard_group(self.shard_group_size, self.hybrid, self.world_size)
 
     def replace(self, **changes: Any) -> FSDP1Options:
         """A copy with ``changes`` (fields by name), checked as a new one is. The strategy
@@ -204,9 +142,7 @@ class FSDP1Options:
     @property
     def process_group_size(self) -> int:
         """Ranks of FSDP's process group (``state.world_size``): the shard group when hybrid."""
-        if self.hybrid:
-            return self.shard_group_size or self.world_size
-        return self.world_size
+        return _group_size(self.world_size, self.hybrid, self.shard_group_size)
 
     @property
     def replicas(self) -> int:
@@ -221,42 +157,36 @@ class FSDP1Options:
 
     def describe(self) -> ReportConfig:
         """These options as ``Report.config`` states them."""
-        mp = self.mixed_precision
         job, job_keys = self.job.config()
+        switched: dict[str, Any] = {  # stated where set
+            "process_group_size": self.process_group_size if self.hybrid else None,
+            "sharding_strategy_given": getattr(self.requested_strategy, "name", None),
+            "cpu_offload": self.offload_params,
+        }
         return ReportConfig(
             api="FSDP1",
             torch_version=self.torch.version,
-            **self._sharding_fields(),
+            world_size=self.world_size,
+            shard_world_size=self.shard_world_size,
+            sharding_strategy=self.sharding_strategy.name,
+            backward_prefetch=getattr(self.backward_prefetch, "name", None),
             auto_wrap_policy=describe_policy(self.auto_wrap_policy),
             forward_prefetch=self.forward_prefetch,
             use_orig_params=self.use_orig_params,
-            mixed_precision=describe_mixed_precision(mp),
+            mixed_precision=describe_mixed_precision(self.mixed_precision),
             trace=self.trace,
-            cpu_offload=self.offload_params,
+            **switched,
             **job,
-            stated=FSDP1_KEYS + self._switched() + job_keys,
+            stated=FSDP1_KEYS + non_default_keys(switched) + job_keys,
         )
 
     def restate(self, config: ReportConfig) -> ReportConfig:
         """``config`` (of a report these options re-plan, :meth:`from_config`) with their
         world size, sharding and backward prefetch, stated as :meth:`describe` states them."""
-        switched = self._switched()
-        return config.replace(**self._sharding_fields()).unstate(
-            *(k for k in ("process_group_size", "sharding_strategy_given") if k not in switched)
+        mine = self.describe()
+        return config.replace(**{k: getattr(mine, k) for k in _RESTATED}).unstate(
+            *(k for k in _RESTATED if k not in mine.stated)
         )
-
-    def _sharding_fields(self) -> ShardingFields:
-        """The config fields of the world size, the sharding and the backward prefetch."""
-        return {
-            "world_size": self.world_size,
-            "shard_world_size": self.shard_world_size,
-            "sharding_strategy": self.sharding_strategy.name,
-            "backward_prefetch": self.backward_prefetch.name if self.backward_prefetch else None,
-            "process_group_size": self.process_group_size if self.hybrid else None,
-            "sharding_strategy_given": None
-            if self.requested_strategy is None
-            else self.requested_strategy.name,
-        }
 
     @classmethod
     def from_config(cls, config: ReportConfig, **changes: Unpack[PlanKwargs]) -> FSDP1Options:
@@ -288,38 +218,30 @@ class FSDP1Options:
         group = changes.get("shard_group_size")
         if group is None and ws == config.ranks and given in _HYBRID:
             group = config.process_group_size
-        sharding, warned = _sharding(ws, given, group)
+        sharding = _sharding(ws, given, group)
+        warned: list[FsdpWarning] = []
         if "backward_prefetch" in changes:
-            prefetch, found = effective_backward_prefetch(changes["backward_prefetch"])
-            warned += found
+            prefetch, warned = effective_backward_prefetch(changes["backward_prefetch"])
         else:
             name = config.backward_prefetch
             prefetch = None if name is None else BackwardPrefetch[name]
-        return cls(
+        return sharding.replace(
             forward_prefetch=config.forward_prefetch,
             use_orig_params=config.use_orig_params,
             offload_params=config.cpu_offload,
             trace=config.trace or "meta",
             torch=rules,
             backward_prefetch=prefetch,
-            warnings=tuple(warned),
-            **sharding,
+            warnings=sharding.warnings + tuple(warned),
         )
 
-    def _switched(self) -> tuple[str, ...]:
-        """Config keys of hybrid sharding's process group and of FSDP's switch to NO_SHARD."""
-        keys: tuple[str, ...] = ()
-        if self.hybrid:
-            keys += ("process_group_size",)
-        if self.requested_strategy is not None:
-            keys += ("sharding_strategy_given",)
-        if self.offload_params:
-            keys += ("cpu_offload",)
-        return keys
 
-
-_MP_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MixedPrecision)}
-_MP_FLAGS = ("keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs")
+_RESTATED = (
+    "world_size", "shard_world_size", "sharding_strategy", "backward_prefetch",
+    "process_group_size", "sharding_strategy_given",
+)  # fmt: skip
+"""The config fields a re-plan under another world size, sharding or backward prefetch
+changes (:meth:`FSDP1Options.restate`)."""
 
 
 def checked_mixed_precision(mp: Any) -> MixedPrecision | None:
@@ -331,7 +253,7 @@ def checked_mixed_precision(mp: Any) -> MixedPrecision | None:
             f"{type(mp).__name__}"
         )
     if mp is not None:
-        check_dtypes(mp, ("param_dtype", "reduce_dtype", "buffer_dtype"), "MixedPrecision")
+        check_dtypes(mp, "MixedPrecision")
     return mp
 
 
@@ -346,20 +268,7 @@ def describe_mixed_precision(mp: MixedPrecision | None) -> dict[str, Any] | None
         describe_mixed_precision(MixedPrecision(param_dtype=torch.bfloat16))
         # {'param_dtype': 'bfloat16', 'reduce_dtype': None, 'buffer_dtype': None}
     """
-    if mp is None:
-        return None
-    out: dict[str, Any] = {
-        "param_dtype": dtype_name(mp.param_dtype),
-        "reduce_dtype": dtype_name(mp.reduce_dtype),
-        "buffer_dtype": dtype_name(mp.buffer_dtype),
-    }
-    for flag in _MP_FLAGS:
-        if getattr(mp, flag) != _MP_DEFAULTS[flag]:
-            out[flag] = getattr(mp, flag)
-    ignored = set(mp._module_classes_to_ignore)
-    if ignored != set(_MP_DEFAULTS["_module_classes_to_ignore"]):
-        out["_module_classes_to_ignore"] = sorted(c.__name__ for c in ignored)
-    return out
+    return None if mp is None else describe_precision(mp, every=False)
 
 
 def describe_policy(policy: Any) -> str | None:
@@ -383,12 +292,6 @@ def _short(v: Any) -> str:
     return getattr(v, "__name__", repr(v))
 
 
-_TORCH_ENUMS: dict[str, type[BackwardPrefetch] | type[ShardingStrategy]] = {
-    "BackwardPrefetch": BackwardPrefetch,
-    "ShardingStrategy": ShardingStrategy,
-}
-
-
 def enum_value(spec: OptionSpec, value: Any) -> Any:
     """An option's value as fsdpviz stores it, as FSDP1 takes it: an enum option's member
     name as the torch enum (``"FULL_SHARD"`` -> ``ShardingStrategy.FULL_SHARD``), None and
@@ -401,7 +304,7 @@ def enum_value(spec: OptionSpec, value: Any) -> Any:
     """
     if value is None or spec.enum is None:
         return value
-    return _TORCH_ENUMS[spec.enum][value]
+    return getattr(torch.distributed.fsdp, spec.enum)[value]
 
 
 def _enum_hint(value: str, enum: Any) -> str:
@@ -512,10 +415,33 @@ def check_policy(policy: Any) -> Any:
     )
 
 
-def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning]]:
-    """The options' world size, shard group and the strategy FSDP runs with (the fields of
-    :class:`FSDP1Options` they set), from the world size, the ``sharding_strategy`` and the
-    ``shard_group_size`` given, with what FSDP warns about them."""
+_SWITCHES = ("forward_prefetch", "use_orig_params", "limit_all_gathers")
+
+
+def _check_trace(trace: Any) -> TraceMode:
+    if trace not in TRACE_MODES:
+        raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
+    return cast(TraceMode, trace)
+
+
+def _check_shard_group(sgs: Any, hybrid: bool, ws: int) -> None:
+    if sgs is None:
+        return
+    if not hybrid:
+        raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
+    if not isinstance(sgs, int) or isinstance(sgs, bool) or sgs < 1 or ws % sgs:
+        raise ConfigError(f"shard_group_size={sgs!r} must be a positive divisor of world_size={ws}")
+
+
+def _group_size(ws: int, hybrid: bool, sgs: int | None) -> int:
+    """FSDP's process group: the shard group under hybrid sharding, else every rank."""
+    return (sgs or ws) if hybrid else ws
+
+
+def _sharding(ws: int, given: Any, sgs: Any) -> FSDP1Options:
+    """Options of the world size, shard group and strategy FSDP runs with, from the world
+    size, the ``sharding_strategy`` and the ``shard_group_size`` given, with what FSDP warns
+    about them (the other fields their defaults: the parsers replace them)."""
     hybrid = given in _HYBRID
     if sgs is not None:
         if isinstance(given, str):
@@ -524,16 +450,10 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning
                 f"the strategy up among ShardingStrategy members); "
                 f"{_enum_hint(given, ShardingStrategy)}"
             )
-        if not hybrid:
-            raise ConfigError("shard_group_size only applies to HYBRID_SHARD / _HYBRID_SHARD_ZERO2")
-        if not isinstance(sgs, int) or isinstance(sgs, bool) or sgs < 1 or ws % sgs:
-            raise ConfigError(
-                f"shard_group_size={sgs!r} must be a positive divisor of world_size={ws}"
-            )
+        _check_shard_group(sgs, hybrid, ws)
     elif hybrid:
         sgs = min(8, ws) if ws % min(8, ws) == 0 else ws
-    process_group_size = (sgs or ws) if hybrid else ws
-    strategy, found = effective_strategy(given, process_group_size)
+    strategy, found = effective_strategy(given, _group_size(ws, hybrid, sgs))
     asked = ShardingStrategy.FULL_SHARD if given is None else given
     requested = asked if isinstance(asked, ShardingStrategy) and asked != strategy else None
     if hybrid and strategy == ShardingStrategy.NO_SHARD and ws > 1:
@@ -549,14 +469,14 @@ def _sharding(ws: int, given: Any, sgs: Any) -> tuple[Sharding, list[FsdpWarning
                 ),
             )
         )
-    fields: Sharding = {
-        "world_size": ws,
-        "hybrid": hybrid,
-        "shard_group_size": sgs,
-        "sharding_strategy": strategy,
-        "requested_strategy": requested,
-    }
-    return fields, found
+    return FSDP1Options(
+        world_size=ws,
+        hybrid=hybrid,
+        shard_group_size=sgs,
+        sharding_strategy=strategy,
+        requested_strategy=requested,
+        warnings=tuple(found),
+    )
 
 
 def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
@@ -566,22 +486,16 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     given (``backward_prefetch="BACKWARD_PRE"`` prefetches nothing; ``sharding_strategy``
     as a string fails), and a process group of one rank runs ``NO_SHARD``.
     """
-    check_keywords(kwargs, _MODELLED | _FSDPVIZ, _REJECTED, "option", "FSDP1")
+    check_keywords(kwargs, "FSDP1", "option")
     rules = torch_rules(kwargs)
-    sharding, warned = _sharding(
+    sharding = _sharding(
         world_size(kwargs), kwargs.get("sharding_strategy"), kwargs.get("shard_group_size")
     )
     prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE
+    warned: list[FsdpWarning] = []
     if "backward_prefetch" in kwargs:
-        prefetch, found = effective_backward_prefetch(kwargs["backward_prefetch"])
-        warned += found
-    flags: dict[str, bool] = {}
-    for flag in ("forward_prefetch", "use_orig_params", "limit_all_gathers"):
-        if flag in kwargs:
-            value = kwargs[flag]
-            if not isinstance(value, bool):
-                raise ConfigError(f"{flag} must be True or False, got {value!r}")
-            flags[flag] = value
+        prefetch, warned = effective_backward_prefetch(kwargs["backward_prefetch"])
+    flags = {name: check_switch(name, kwargs[name]) for name in _SWITCHES if name in kwargs}
     mp = checked_mixed_precision(kwargs.get("mixed_precision"))
     offload = kwargs.get("cpu_offload")
     if offload is not None and not isinstance(offload, CPUOffload):
@@ -590,11 +504,7 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
     loss = kwargs.get("loss")
     if loss is not None and not callable(loss):
         raise ConfigError("loss must be a callable from the model output to a scalar tensor")
-    trace = kwargs.get("trace", "meta")
-    if trace not in ("meta", "real", "fx"):
-        raise ConfigError(f"trace={trace!r} is not valid; use 'meta' (default), 'real' or 'fx'")
-    return FSDP1Options(
-        **sharding,
+    return sharding.replace(
         backward_prefetch=prefetch,
         **flags,
         mixed_precision=mp,
@@ -603,12 +513,12 @@ def parse_fsdp1_options(kwargs: dict[str, Any]) -> FSDP1Options:
         ignored_modules=kwargs.get("ignored_modules"),
         ignored_states=kwargs.get("ignored_states"),
         loss=loss,
-        trace=trace,
+        trace=_check_trace(kwargs.get("trace", "meta")),
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
         job=parse_job_options(kwargs, "FSDP1"),
         torch=rules,
-        warnings=tuple(warned),
+        warnings=sharding.warnings + tuple(warned),
     )
 
 

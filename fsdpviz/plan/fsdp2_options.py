@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -17,37 +17,23 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp2_group import Group, reshard_map
-from fsdpviz.plan.job import JOB_KEYS, JobOptions, parse_job_options
+from fsdpviz.plan.job import JobOptions, parse_job_options
 from fsdpviz.plan.options import (
+    KEYWORDS,
     check_dtypes,
     check_keywords,
+    check_switch,
     check_world_size,
+    describe_precision,
     torch_rules,
     world_size,
 )
 from fsdpviz.plan.tensor_parallel import TPPlan, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
-from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode
-from fsdpviz.schema.report import dtype_name
+from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode, non_default_keys
 
-_KNOWN = {
-    "fully_shard", "reshard_after_forward", "mp_policy", "forward_prefetch", "backward_prefetch",
-    "world_size", "loss", "trace", "progress", "ignored_params", "offload_policy", "mesh",
-    "shard_placement_fn", "activation_checkpointing", "parallelize_plan", "torch_version",
-    "reshard_after_backward", "requires_all_reduce", *JOB_KEYS,
-}  # fmt: skip
-
-
-FSDP2_KEYWORDS = frozenset(_KNOWN)
+FSDP2_KEYWORDS = KEYWORDS["FSDP2"]
 """Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
-
-
-_REJECTED = {
-    "requires_gradient_sync": "pass grad_accum=N: N micro-steps per optimizer step, the first "
-    "N - 1 after model.set_requires_gradient_sync(False)",
-    "no_sync": "FSDP2's counterpart is set_requires_gradient_sync(False): pass grad_accum=N for "
-    "N micro-steps per optimizer step, the first N - 1 without gradient sync",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +111,9 @@ class FSDP2Options:
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
         _check_reshard(self.reshard_after_forward)
-        for flag in ("reshard_after_backward", "requires_all_reduce"):
-            value = getattr(self, flag)
-            if not isinstance(value, bool):
-                raise ConfigError(f"{flag} must be True or False, got {value!r}")
-        if self.trace not in ("meta", "real"):
-            raise ConfigError(
-                f"trace={self.trace!r} is not valid for FSDP2; use 'meta' (default) or 'real'"
-            )
+        for name in ("reshard_after_backward", "requires_all_reduce"):
+            check_switch(name, getattr(self, name))
+        _check_trace(self.trace)
 
     def replace(self, **changes: Any) -> FSDP2Options:
         """A copy with ``changes`` (fields by name), checked as a new one is.
@@ -163,6 +144,21 @@ class FSDP2Options:
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()
+        multi = self.hsdp or bool(self.tp) or self.cp_size > 1
+        mesh: dict[
+            str, Any
+        ] = {  # each stated where it is not a plain 1-D plan's (the config's default)
+            "shard_world_size": self.shard_ranks if multi else None,
+            "mesh": self._mesh(),
+            "tp_world_size": self.tp_size if self.tp else None,
+            "parallelize_plan": self.tp.describe() if self.tp else None,
+            "cp_world_size": self.cp_size if self.cp_size > 1 else None,
+            "cpu_offload": self.offload,
+        }
+        accumulation: dict[str, Any] = {
+            "reshard_after_backward": self.reshard_after_backward,
+            "requires_all_reduce": self.requires_all_reduce,
+        }
         return ReportConfig(
             api="FSDP2",
             torch_version=self.torch.version,
@@ -173,25 +169,10 @@ class FSDP2Options:
             explicit_forward_prefetch={k: tuple(v) for k, v in self.forward_prefetch.items()},
             explicit_backward_prefetch={k: tuple(v) for k, v in self.backward_prefetch.items()},
             trace=self.trace,
-            shard_world_size=(
-                self.shard_ranks if self.hsdp or self.tp or self.cp_size > 1 else None
-            ),
-            mesh=self._mesh(),
-            tp_world_size=self.tp_size if self.tp else None,
-            cp_world_size=self.cp_size if self.cp_size > 1 else None,
-            parallelize_plan=self.tp.describe() if self.tp else None,
-            cpu_offload=self.offload,
-            reshard_after_backward=self.reshard_after_backward,
-            requires_all_reduce=self.requires_all_reduce,
+            **mesh,
+            **accumulation,
             **job,
-            stated=FSDP2_KEYS
-            + (("shard_world_size", "mesh") if self.hsdp or self.tp or self.cp_size > 1 else ())
-            + (("tp_world_size", "parallelize_plan") if self.tp else ())
-            + (("cp_world_size",) if self.cp_size > 1 else ())
-            + (("cpu_offload",) if self.offload else ())
-            + job_keys
-            + (("reshard_after_backward",) if not self.reshard_after_backward else ())
-            + (("requires_all_reduce",) if not self.requires_all_reduce else ()),
+            stated=FSDP2_KEYS + non_default_keys(mesh) + job_keys + non_default_keys(accumulation),
         )
 
     def _mesh(self) -> dict[str, int] | None:
@@ -209,7 +190,7 @@ def checked_mp_policy(mp: Any) -> MixedPrecisionPolicy:
     mp = mp or MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ConfigError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp).__name__}")
-    check_dtypes(mp, ("param_dtype", "reduce_dtype", "output_dtype"), "MixedPrecisionPolicy")
+    check_dtypes(mp, "MixedPrecisionPolicy")
     return mp
 
 
@@ -222,12 +203,16 @@ def describe_mp_policy(mp: MixedPrecisionPolicy) -> dict[str, str | bool | None]
         # {'param_dtype': 'bfloat16', 'reduce_dtype': None, 'output_dtype': None,
         #  'cast_forward_inputs': True}
     """
-    return {
-        "param_dtype": dtype_name(mp.param_dtype),
-        "reduce_dtype": dtype_name(mp.reduce_dtype),
-        "output_dtype": dtype_name(mp.output_dtype),
-        "cast_forward_inputs": mp.cast_forward_inputs,
-    }
+    return describe_precision(mp, every=True)
+
+
+def _check_trace(trace: Any) -> TraceMode:
+    if trace not in ("meta", "real"):
+        fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
+        raise ConfigError(
+            f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
+        )
+    return cast(TraceMode, trace)
 
 
 def _check_reshard(raf: Any) -> Any:
@@ -238,7 +223,7 @@ def _check_reshard(raf: Any) -> Any:
 
 
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
-    check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
+    check_keywords(kwargs, "FSDP2", "FSDP2 option")
     plan = kwargs.get("parallelize_plan")
     mesh = kwargs.get("mesh")
     all_sizes, all_names = mesh_dims(mesh, 4)
@@ -252,16 +237,16 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         sizes, names, tp_size, tp_name = parse_tp_mesh(dp_sizes, dp_names, plan)
     elif plan is not None:
         parse_tp_mesh((1,), (), plan)  # raises: a plan needs a mesh with a tp dimension
-    if sizes is not None and len(sizes) == 2 and not names:
+    dp = sizes or ()  # the data-parallel dimensions: shard, or replicate x shard (HSDP)
+    hsdp = len(dp) == 2
+    if hsdp and not names:
         names = ("replicate", "shard")
-    two = (str(names[0]), str(names[1])) if sizes is not None and len(sizes) == 2 else None
-    ranks = math.prod(all_sizes) if all_sizes is not None else None
-    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ranks:
+    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
+    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ws:
         raise ConfigError(
-            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"world_size={kwargs['world_size']!r} but the mesh has {ws} "
             f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
         )
-    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
     offload = kwargs.get("offload_policy")
     if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
         raise ConfigError(
@@ -276,16 +261,11 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
             f"ignored_params: fully_shard of {rules.name} has no ignored_params (torch 2.7 "
             "added it); leave those modules out of fully_shard=, or plan for torch 2.7+"
         )
-    trace = kwargs.get("trace", "meta")
-    if trace not in ("meta", "real"):
-        fx = " (trace='fx' traces FSDP1 plans only)" if trace == "fx" else ""
-        raise ConfigError(
-            f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
-        )
+    trace = _check_trace(kwargs.get("trace", "meta"))
     job = parse_job_options(kwargs, "FSDP2")
     after_backward = _accumulating(kwargs, "reshard_after_backward", job.grad_accum)
     all_reduce = _accumulating(kwargs, "requires_all_reduce", job.grad_accum)
-    if not all_reduce and not (sizes is not None and len(sizes) == 2):
+    if not all_reduce and not hsdp:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
@@ -302,9 +282,9 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        shard_size=sizes[-1] * cp_size if sizes is not None else 0,
-        replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
-        mesh_names=two,
+        shard_size=dp[-1] * cp_size if dp else 0,
+        replicas=dp[0] if hsdp else 1,
+        mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
         offload=type(offload).__name__ == "CPUOffloadPolicy",
         parallelize_plan=plan,
         tp_size=tp_size,
@@ -339,9 +319,7 @@ def _placement_option(value: Any) -> Any:
 def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool:
     """An option of the micro-steps that accumulate gradients (``set_<name>(False)`` before
     each, ``True`` before the last)."""
-    value = kwargs.get(name, True)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    value = check_switch(name, kwargs.get(name, True))
     if not value and grad_accum < 2:
         raise ConfigError(
             f"{name}=False is what the micro-steps before the last do (FSDP2's "

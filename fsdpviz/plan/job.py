@@ -26,17 +26,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
+from fsdpviz.schema.keywords import MatmulPrecision
 from fsdpviz.schema.report import ModuleInfo
 
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line reads the names here)
     from torch import nn
 
-JOB_KEYS = frozenset({"grad_accum", "compile", "float8", "float32_matmul_precision"})
-"""The keywords of this module, accepted by ``analyze`` for FSDP1 and FSDP2."""
-FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+FLOAT32_MATMUL_PRECISIONS: tuple[str, ...] = get_args(MatmulPrecision)
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 # torchtitan's Float8 / Float8Linear config keys; the ones that change no kernel or byte are
 # accepted and ignored (emulation; precompute's one all-reduce of scales per step, whose
@@ -49,22 +48,12 @@ _FLOAT8_KEYS = {
 }  # fmt: skip
 
 
-class Float8Dict(TypedDict):
-    """:meth:`Float8.to_dict`: torchtitan's float8 keys, as ``ReportConfig.float8`` states
-    them."""
-
-    recipe_name: str
-    enable_fsdp_float8_all_gather: bool
-    filter_fqns: list[str]
-    precompute_float8_dynamic_scale_for_fsdp: NotRequired[bool]  # stated where True
-
-
 class JobFields(TypedDict):
     """The ``ReportConfig`` fields of the job around FSDP (:meth:`JobOptions.config`)."""
 
     grad_accum: int
     compile: bool | tuple[str, ...]
-    float8: Float8Dict | None
+    float8: dict[str, Any] | None  # Float8.to_dict(): torchtitan's keys
     float32_matmul_precision: str | None
 
 
@@ -82,23 +71,22 @@ class Float8:
     filter_fqns: tuple[str, ...] = ()
     precompute_float8_dynamic_scale_for_fsdp: bool = False
 
-    def to_dict(self) -> Float8Dict:
-        out: Float8Dict = {
-            "recipe_name": self.recipe_name,
-            "enable_fsdp_float8_all_gather": self.enable_fsdp_float8_all_gather,
-            "filter_fqns": list(self.filter_fqns),
-        }
-        if self.precompute_float8_dynamic_scale_for_fsdp:
-            out["precompute_float8_dynamic_scale_for_fsdp"] = True
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields, torchtitan's float8 keys, as ``ReportConfig.float8`` states them:
+        ``filter_fqns`` as a list, ``precompute_...`` only where True."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["filter_fqns"] = list(self.filter_fqns)
+        if not self.precompute_float8_dynamic_scale_for_fsdp:
+            del out["precompute_float8_dynamic_scale_for_fsdp"]
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Float8:
+        """Read :meth:`to_dict`'s output: a field missing or empty reads its default, the
+        others as its default's type (``filter_fqns``: a tuple)."""
+        fields = dataclasses.fields(cls)
         return cls(
-            str(d.get("recipe_name") or "tensorwise"),
-            bool(d.get("enable_fsdp_float8_all_gather", False)),
-            tuple(d.get("filter_fqns") or ()),
-            bool(d.get("precompute_float8_dynamic_scale_for_fsdp", False)),
+            **{f.name: type(cast(Any, f.default))(d[f.name]) for f in fields if d.get(f.name)}
         )
 
     def picks(self, fqn: str, in_features: int, out_features: int) -> bool:
@@ -130,17 +118,8 @@ class JobOptions:
     stated: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        accum = self.grad_accum
-        if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
-            raise ConfigError(
-                f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
-            )
-        if self.float32_matmul_precision not in FLOAT32_MATMUL_PRECISIONS:
-            raise ConfigError(
-                "float32_matmul_precision must be one of "
-                f"{', '.join(FLOAT32_MATMUL_PRECISIONS)} (as torch.set_float32_matmul_precision "
-                f"takes it), got {self.float32_matmul_precision!r}"
-            )
+        _check_grad_accum(self.grad_accum)
+        _check_precision(self.float32_matmul_precision)
 
     def replace(self, **changes: Any) -> JobOptions:
         """A copy with ``changes`` (fields by name), checked as a new one is.
@@ -152,8 +131,9 @@ class JobOptions:
         return dataclasses.replace(self, **changes)
 
     def config(self) -> tuple[JobFields, tuple[str, ...]]:
-        """The ``ReportConfig`` fields these options set, and the keys a report states (only
-        the options that differ from a plain eager bf16 job, so older reports read the same)."""
+        """The ``ReportConfig`` fields these options set, and the keys a report states (the
+        options given that differ from a plain job, and the precision where it is not
+        torch's default, so older reports read the same)."""
         compiled: bool | tuple[str, ...] = (
             tuple(c.__name__ for c in self.compile)
             if isinstance(self.compile, tuple)
@@ -167,7 +147,7 @@ class JobOptions:
         }
         keys = tuple(
             k
-            for k in ("grad_accum", "compile", "float8", "float32_matmul_precision")
+            for k in fields
             if k in self.stated
             or (k == "float32_matmul_precision" and self.float32_matmul_precision != "highest")
         )
@@ -218,39 +198,43 @@ class JobOptions:
         ]
 
 
+JOB_KEYS = frozenset(f.name for f in dataclasses.fields(JobOptions)) - {"stated"}
+"""The keywords of this module, accepted by ``analyze`` for FSDP1 and FSDP2 (the fields of
+:class:`JobOptions`)."""
+
+
 def parse_job_options(kwargs: Mapping[str, Any], api: str) -> JobOptions:
     """Check the job options among ``kwargs`` (``api``: ``"FSDP1"`` or ``"FSDP2"``)."""
-    stated = tuple(k for k in ("grad_accum", "compile", "float8") if k in kwargs)
-    accum = kwargs.get("grad_accum", 1)
-    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
-        raise ConfigError(
-            f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
-        )
-    if accum == 1:
-        stated = tuple(k for k in stated if k != "grad_accum")
-    compiled = _compile(kwargs.get("compile", False))
-    if compiled is False:
-        stated = tuple(k for k in stated if k != "compile")
-    float8 = _float8(kwargs.get("float8"), api)
-    if float8 is None:
-        stated = tuple(k for k in stated if k != "float8")
+    values: dict[str, Any] = {"grad_accum": _check_grad_accum(kwargs.get("grad_accum", 1))}
+    values["compile"] = _compile(kwargs.get("compile", False))
+    values["float8"] = _float8(kwargs.get("float8"), api)
+    # stated: those given that differ from a plain job (the precision by its value: config())
+    plain = JobOptions()
+    stated = tuple(k for k, v in values.items() if k in kwargs and v != getattr(plain, k))
     precision = kwargs.get("float32_matmul_precision")
     if precision is None:
         import torch  # lazy: the CLI reads this module before torch loads
 
         precision = torch.get_float32_matmul_precision()
+    values["float32_matmul_precision"] = str(_check_precision(precision))
+    return JobOptions(**values, stated=stated)
+
+
+def _check_grad_accum(accum: Any) -> int:
+    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+        raise ConfigError(
+            f"grad_accum must be a positive int (micro-steps per optimizer step), got {accum!r}"
+        )
+    return accum
+
+
+def _check_precision(precision: Any) -> Any:
     if precision not in FLOAT32_MATMUL_PRECISIONS:
         raise ConfigError(
             f"float32_matmul_precision must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
             f"(as torch.set_float32_matmul_precision takes it), got {precision!r}"
         )
-    return JobOptions(
-        grad_accum=accum,
-        compile=compiled,
-        float8=float8,
-        float32_matmul_precision=str(precision),
-        stated=stated,
-    )
+    return precision
 
 
 def _compile(value: Any) -> bool | tuple[type[nn.Module], ...]:

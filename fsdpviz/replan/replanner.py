@@ -313,32 +313,33 @@ class Replanner:
         return report, "stored trace"
 
     def fsdp_kwargs(self, opts: PlanOptions) -> AnalyzeKwargs:
-        """The :func:`fsdpviz.analyze` keyword arguments for ``opts``."""
+        """The :func:`fsdpviz.analyze` keyword arguments for ``opts``: the recipe's options of
+        the table (:mod:`fsdpviz.plan.option_specs`) as FSDP takes them, and its wrapping.
+
+        FSDP2 calls ``fully_shard`` on every instance of the layer classes, then the root;
+        it prefetches implicitly (explicit maps are ``analyze`` options) and has no sharding
+        strategy, so those FSDP1 options do not apply; ``reshard_after_forward`` goes to
+        every ``fully_shard`` call as it is.
+        """
         if opts.sharding_strategy not in SHARDING_STRATEGIES:
             raise ConfigError(
                 f"unknown sharding strategy {opts.sharding_strategy!r}; "
                 f"use one of {', '.join(SHARDING_STRATEGIES)}"
             )
+        kwargs: dict[str, Any] = {**self.analyze_kwargs, "world_size": opts.world_size}
         if opts.recipe == "FSDP2":
-            return self._fsdp2_kwargs(opts)
-        kwargs = cast(
-            AnalyzeKwargs,
-            {
-                **self.analyze_kwargs,
-                "world_size": opts.world_size,
-                **{
-                    spec.name: enum_value(spec, getattr(opts, spec.name))
-                    for spec in _planned("FSDP1")
-                },
-            },
-        )
-        if opts.policy == "classes":
+            if opts.policy == "size":
+                raise ConfigError("the FSDP2 recipe takes layer classes, not a size threshold")
+            classes = sorted(self._resolve(opts.layer_classes), key=lambda c: c.__name__)
+            kwargs["fully_shard"] = classes if opts.policy == "classes" else []
+        kwargs.update({s.name: enum_value(s, getattr(opts, s.name)) for s in _planned(opts.recipe)})
+        if opts.recipe == "FSDP1" and opts.policy == "classes":
             kwargs["auto_wrap_policy"] = ModuleWrapPolicy(self._resolve(opts.layer_classes))
-        elif opts.policy == "size":
+        elif opts.recipe == "FSDP1" and opts.policy == "size":
             kwargs["auto_wrap_policy"] = functools.partial(
                 size_based_auto_wrap_policy, min_num_params=int(opts.min_num_params)
             )
-        return kwargs
+        return cast(AnalyzeKwargs, kwargs)
 
     def _resolve(self, names: Sequence[str]) -> set[type[nn.Module]]:
         unknown = [n for n in names if n not in self._classes]
@@ -346,24 +347,6 @@ class Replanner:
             known = ", ".join(name for name, _ in self.layer_classes()[:10])
             raise ConfigError(f"no module class {unknown[0]!r} in the model; classes: {known}")
         return {self._classes[n] for n in names}
-
-    def _fsdp2_kwargs(self, opts: PlanOptions) -> AnalyzeKwargs:
-        """FSDP2: ``fully_shard`` on every instance of the layer classes, then the root.
-
-        FSDP2 prefetches implicitly (explicit maps are ``analyze`` options) and has no
-        sharding strategy, so those FSDP1 options do not apply; ``reshard_after_forward``
-        goes to every ``fully_shard`` call as it is.
-        """
-        if opts.policy == "size":
-            raise ConfigError("the FSDP2 recipe takes layer classes, not a size threshold")
-        classes = sorted(self._resolve(opts.layer_classes), key=lambda c: c.__name__)
-        kwargs = {
-            **self.analyze_kwargs,
-            "world_size": opts.world_size,
-            "fully_shard": classes if opts.policy == "classes" else [],
-            **{spec.name: getattr(opts, spec.name) for spec in _planned("FSDP2")},
-        }
-        return cast(AnalyzeKwargs, kwargs)
 
     def _analyze(self, opts: PlanOptions) -> Report:
         """The engine call; a faster path plugs in here."""

@@ -30,7 +30,8 @@ from typing import Any, Literal, get_args
 Api = Literal["FSDP1", "FSDP2"]
 TraceMode = Literal["meta", "real", "fx"]
 
-_TRACE_MODES = frozenset(get_args(TraceMode))
+TRACE_MODES: tuple[str, ...] = get_args(TraceMode)
+"""How a prediction traces its model (``analyze(trace=...)``), default first."""
 # JSON keys that two fields share: FSDP1 and FSDP2 give prefetch settings of different
 # shapes under one name, and a prediction's trace mode and a recording's profiler file
 # are both "trace". The field that holds a value is the one written under the key.
@@ -350,6 +351,12 @@ FSDP2_KEYS = (
 _FIELDS = {f.name: f for f in dataclasses.fields(ReportConfig) if f.name not in ("stated", "extra")}
 
 
+def non_default_keys(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The JSON keys of the fields among ``values`` (by field name) whose value is not the
+    field's default: of the options a report states only where they are set."""
+    return tuple(_key(name) for name, value in values.items() if value != _default(name))
+
+
 def _key(name: str) -> str:
     """The JSON key of field ``name``."""
     return next((k for k, names in _SHARED_KEYS.items() if name in names), name)
@@ -359,7 +366,7 @@ def _field_for(key: str, value: Any) -> str | None:
     if key in _SHARED_KEYS:
         explicit, plain = _SHARED_KEYS[key]
         if key == "trace":
-            return plain if value is None or value in _TRACE_MODES else explicit
+            return plain if value is None or value in TRACE_MODES else explicit
         return explicit if isinstance(value, Mapping) else plain
     return key if key in _FIELDS else None
 
@@ -374,13 +381,14 @@ def _optional(name: str) -> bool:
 
 
 def _from_json(name: str, value: Any) -> Any:
-    if name in ("fully_shard", "kinds") or (name == "compile" and isinstance(value, list)):
+    """A JSON value as field ``name`` holds it: a list as a tuple where the field's type
+    names one, a mapping as a dict (of tuples where the type says so)."""
+    kind = str(_FIELDS[name].type)
+    if isinstance(value, list) and "tuple[" in kind:
         return tuple(value)
-    if name in ("explicit_forward_prefetch", "explicit_backward_prefetch"):
+    if isinstance(value, Mapping) and kind.startswith("Mapping[str, tuple["):
         return {str(k): tuple(v) for k, v in value.items()}
-    if isinstance(value, Mapping):
-        return dict(value)
-    return value
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _to_json(value: Any) -> Any:

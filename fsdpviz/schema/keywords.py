@@ -50,16 +50,18 @@ if TYPE_CHECKING:
     from fsdpviz.schema.checkpointing import CheckpointSpec
     from fsdpviz.schema.config import TraceMode
 
+MatmulPrecision = Literal["highest", "high", "medium"]
+"""torch's float32 matmul precisions (``torch.set_float32_matmul_precision``)."""
+
 PrefetchMap = Mapping[str, Sequence[str]]
 """FSDP2's explicit prefetches: ``{fqn: [fqn, ...]}`` (``set_modules_to_forward_prefetch`` /
 ``set_modules_to_backward_prefetch`` per group)."""
 
 
-class FSDPKwargs(TypedDict, total=False):
-    """FSDP's keywords (FSDP1's, FSDP2's) and the job's: every keyword of :func:`fsdpviz.analyze`
-    but ``world_size``, ``progress`` and ``machine``."""
+class FSDP1Kwargs(TypedDict, total=False):
+    """FSDP1's own keywords: ``FullyShardedDataParallel``'s, as torch types them, and hybrid
+    sharding's shard group (``shard_group_size``, fsdpviz's)."""
 
-    # FSDP1: FullyShardedDataParallel's keywords, as torch types them
     sharding_strategy: ShardingStrategy | None
     cpu_offload: CPUOffload | None
     auto_wrap_policy: Callable[..., Any] | ModuleWrapPolicy | CustomPolicy | None
@@ -72,10 +74,12 @@ class FSDPKwargs(TypedDict, total=False):
     use_orig_params: bool
     ignored_states: Iterable[nn.Parameter] | Iterable[nn.Module] | None
     shard_group_size: int | None
-    # both: FSDP1's switch or enum, FSDP2's explicit maps
-    forward_prefetch: bool | PrefetchMap | None
-    backward_prefetch: BackwardPrefetch | PrefetchMap | None
-    # FSDP2: fully_shard's keywords, and the modules it is called on
+
+
+class FSDP2Kwargs(TypedDict, total=False):
+    """FSDP2's own keywords: ``fully_shard``'s, the modules it is called on, the switches of
+    the micro-steps before the last, and the tensor-parallel plan applied before it."""
+
     fully_shard: (
         Sequence[type[nn.Module] | str | tuple[str, ...]] | Callable[[str, nn.Module], bool] | None
     )
@@ -90,20 +94,35 @@ class FSDPKwargs(TypedDict, total=False):
     reshard_after_backward: bool
     requires_all_reduce: bool
     parallelize_plan: ParallelStyle | Mapping[str, ParallelStyle] | None
-    # pipeline parallelism (torch.distributed.pipelining, as torchtitan splits the model)
-    pipeline_schedule: str | type | None
-    microbatches: int | None
-    pipeline_stages: Sequence[Sequence[str]] | int | None
+
+
+class BothKwargs(TypedDict, total=False):
+    """The keywords both APIs' option parsers take: the prefetch options (FSDP1's switch or
+    enum, FSDP2's explicit maps), the job around FSDP and how fsdpviz plans it."""
+
+    forward_prefetch: bool | PrefetchMap | None
+    backward_prefetch: BackwardPrefetch | PrefetchMap | None
     # the job around FSDP
     grad_accum: int
     compile: bool | Sequence[type[nn.Module]]
     float8: bool | Mapping[str, Any] | None
-    float32_matmul_precision: Literal["highest", "high", "medium"] | None
+    float32_matmul_precision: MatmulPrecision | None
     activation_checkpointing: CheckpointSpec
     # how fsdpviz plans it
     loss: Callable[[Any], torch.Tensor] | None
     trace: TraceMode
     torch_version: str | None
+
+
+class FSDPKwargs(FSDP1Kwargs, FSDP2Kwargs, BothKwargs, total=False):
+    """FSDP's keywords (FSDP1's, FSDP2's) and the job's: every keyword of :func:`fsdpviz.analyze`
+    but ``world_size``, ``progress`` and ``machine``. Besides the parsers': pipeline
+    parallelism's and ``profile``, which ``analyze`` reads before them."""
+
+    # pipeline parallelism (torch.distributed.pipelining, as torchtitan splits the model)
+    pipeline_schedule: str | type | None
+    microbatches: int | None
+    pipeline_stages: Sequence[Sequence[str]] | int | None
     profile: bool  # False: no activations or FLOPs measured (report.profile is None)
 
 
