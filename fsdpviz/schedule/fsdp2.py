@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Unpack
@@ -10,12 +11,7 @@ from typing import Any, Unpack
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import (
-    build_groups,
-    check_reshard_ints,
-    float8_gathered_groups,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_groups
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
@@ -93,12 +89,8 @@ def analyze_fsdp2(
             recipe = job.float8.recipe_name if job.float8 else None
             check_float8_styles(opts.tp, copy, job.float8_modules(copy), recipe)
             unfrozen = opts.tp.unfreeze(copy)
-        targets = asked_of_originals(opts.targets, originals)
-        groups = build_groups(
-            copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
-        )
-    f8 = float8_gathered_groups(copy, groups, opts.job)
-    check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
+        groups = plan_groups(copy, opts, originals, original_params(model, mapping), ignored)
+    check_groups(copy, groups, opts)
     _check_context_parallel(opts, device, profile)
     emulation = FSDP2Emulation(copy, groups, opts)
     runtime = emulation.runtime
@@ -107,10 +99,6 @@ def analyze_fsdp2(
         TPEmulation(copy, opts.tp, groups, runtime, opts.job, gpus_per_node)
         if opts.tp is not None
         else None
-    )
-    runtime.set_prefetch(
-        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     n_modules = sum(1 for _ in copy.modules())
     where = "the meta device" if device == "meta" else "the model's device"
@@ -167,14 +155,13 @@ def analyze_fsdp2(
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             remove_hooks(tracker, emulation, tp, probe)
-    placements = opts.tp.placements(copy) if opts.tp is not None else {}
-    mark_unused(groups, opts, emulation.reached, placements)
     report = fsdp2_report(
         copy,
         groups,
         opts,
         runtime,
         tracker,
+        emulation.reached,
         list(tracker.backward_order),
         list(emulation.view_outputs),
         probe,
@@ -209,19 +196,38 @@ def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
     return opts.reshard_after_backward, opts.requires_all_reduce
 
 
+def plan_groups(
+    copy: nn.Module,
+    opts: FSDP2Options,
+    originals: Any,
+    params: Mapping[int, nn.Parameter],
+    ignored: set[nn.Parameter],
+    memo: GroupMemo | None = None,
+) -> list[Group]:
+    """The ``fully_shard`` groups ``opts`` asks of ``copy``: its callables asked of the user's
+    modules (``originals``, :func:`~fsdpviz.trace.copy.original_modules`), ``params`` the
+    user's parameter of each of the copy's (what ``shard_placement_fn`` is asked of)."""
+    targets = asked_of_originals(opts.targets, originals)
+    return build_groups(copy, replace(opts, targets=targets), ignored, memo, params)
+
+
 def fsdp2_report(
     copy: nn.Module,
     groups: list[Group],
     opts: FSDP2Options,
     runtime: FSDP2Runtime,
     tracker: ModuleTracker,
+    reached: set[int],
     backward_order: list[str],
     view_outputs: list[str],
     probe: CostProbe | None = None,
     named: list[tuple[str, nn.Module]] | None = None,
 ) -> Report:
-    """The report of one traced iteration (the runtime's events so far) and its replay;
+    """The report of one traced iteration (the runtime's events so far) and its replay:
+    what ``analyze`` and a stored trace's plan share once the hook calls ran. ``reached``:
+    the ids of the parameters a gradient reached (the groups' unused ones are marked);
     ``named``: ``list(copy.named_modules())`` when the caller keeps it."""
+    mark_unused(groups, opts, reached, opts.tp.placements(copy) if opts.tp is not None else {})
     runtime.optimizer_step()
     iterations: list[list[Event]] = [runtime.take_events()]
     # FSDP2 computes with plain unsharded parameters: its hooks add the same

@@ -24,13 +24,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import (
-    build_groups,
-    check_reshard_ints,
-    float8_gathered_groups,
-    prefetch_indices,
-    resolve_targets,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_groups, resolve_targets
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
@@ -69,7 +63,6 @@ class StageTrace:
     inputs_need_grad: bool
     outputs_need_grad: bool = True  # False: a frozen stage's (no backward, no gradient back)
     loss_bytes: int = 0  # the last stage's loss
-    prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
     warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
@@ -131,8 +124,7 @@ def trace_stages(
                 # as parallelize_module does (TPPlan.unfreeze)
                 unfrozen = stage_opts.tp.unfreeze(part)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
-            f8 = float8_gathered_groups(part, groups, stage_opts.job)
-            check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
+            check_groups(part, groups, stage_opts)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared,
@@ -279,11 +271,6 @@ def _trace_stage(
         if opts.tp is not None
         else None
     )
-    prefetch = (
-        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
-    )
-    runtime.set_prefetch(*prefetch)
     tracker = ModuleTracker(part, on_call=bar.tick)
     probe: CostProbe | None = None
 
@@ -346,7 +333,6 @@ def _trace_stage(
         inputs_need_grad=any(t.requires_grad for t in received),
         outputs_need_grad=any(t.requires_grad for t in sent),
         loss_bytes=loss_bytes,
-        prefetch=prefetch,
         profile=measured,
         warnings=tp.mixed_warnings() + tp.implicit_warnings() if tp is not None else [],
         reached=set(emulation.reached),
