@@ -44,8 +44,6 @@ class GraphRecorder:
     views: list[ViewInstance] = field(default_factory=list)
     tensor_hooks: list[tuple[Any, str, int]] = field(default_factory=list)  # node, kind, payload
     acc_hooks: dict[Any, int] = field(default_factory=dict)  # AccumulateGrad node -> unit
-    # a node -> payload logged as ("ran", payload) after it runs (fsdpviz.replan.stored_fsdp2)
-    ran: dict[Any, int] = field(default_factory=dict)
     multi: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)  # id -> unit, nodes
     supported: bool = True  # False when a hook sits on a leaf tensor (not modelled)
 
@@ -225,16 +223,12 @@ def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> H
         for kind, payload in pre.get(node, ()):
             if kind == "pre_backward":
                 out.append(("pre_backward", payload, False))
-            elif kind == "module":  # a module's output gradient (the stored traces)
-                out.append(("module", payload, False))
             else:
                 fired[payload] += 1
                 if fired[payload] == expected[payload]:
                     out.append(("post_backward_reshard_only", rec.multi[payload][0], False))
         if node in rec.acc_hooks:
             out.append(("post_backward", rec.acc_hooks[node], False))
-        if node in rec.ran:
-            out.append(("ran", rec.ran[node], False))
         for n in graph.edges[node]:
             deps[n] -= 1
             if deps[n] == 0:
