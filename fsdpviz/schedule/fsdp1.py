@@ -21,6 +21,7 @@ from fsdpviz.schedule.autograd_order import (
 )
 from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import TraceProfile
@@ -208,11 +209,8 @@ def _trace_autograd(
                 iterations.append(steady)
                 steady_log = list(runtime.log[start:])
             # the other micro-steps run the steady state's hook calls
-            for sync in syncs[len(iterations) :]:
-                runtime.sync = sync
-                runtime.replay(steady_log)
-                iterations.append(runtime.take_events())
-            runtime.sync = True
+            accum = opts.job.grad_accum
+            iterations += run_micro_steps(runtime, [steady_log], accum, start=len(iterations))[0]
         finally:
             remove_hooks(tracker, emulation, probe)
     return Traced(
@@ -291,7 +289,6 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> Traced:
     """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
     runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
     index = {u.fqn: i for i, u in enumerate(plan.units)}
-    syncs = micro_step_syncs(opts.job.grad_accum)
     log: list[tuple[str, int, bool]] = []
     for hook, i in hook_sequence(tree, index):
         unit = plan.units[i]
@@ -301,12 +298,7 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> Traced:
             hook = "post_backward" if unit.requires_grad else "post_backward_reshard_only"
         log.append((hook, i, hook in ("pre_forward", "post_forward")))
     log.append(("final_callback", 0, False))
-    iterations: list[list[Event]] = []
-    for sync in syncs:
-        runtime.sync = sync
-        runtime.replay(log)
-        iterations.append(runtime.take_events())
-    runtime.sync = True
+    iterations = run_micro_steps(runtime, [log], opts.job.grad_accum)[0]
     records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
     warning = FsdpWarning(
         "approximate_backward_order",

@@ -26,6 +26,7 @@ from fsdpviz.plan.tensor_parallel import (
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -234,12 +235,9 @@ def fsdp2_report(
     # autograd nodes every iteration, so the steady state (and every micro-step of
     # gradient accumulation, with or without gradient sync) replays the first.
     log = list(runtime.log)
-    for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
-        runtime.micro_step(sync, *_accumulating(opts))
-        runtime.replay(log)
-        runtime.optimizer_step()
-        iterations.append(runtime.take_events())
-    runtime.micro_step(True)
+    iterations += run_micro_steps(
+        runtime, [log], opts.job.grad_accum, _accumulating(opts), start=1
+    )[0]
     order = forward_order(runtime.log, groups)
     placements = group_placements(groups)
     return Report(
