@@ -41,7 +41,7 @@ inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -62,7 +62,6 @@ from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
 from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
 from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
 from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
-from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.tensor_parallel import parse_tp_mesh
@@ -71,6 +70,7 @@ from fsdpviz.replan.precision_replay import PRECISION_OPTION, with_reduce_dtype
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, weight_scales
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -258,8 +258,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
         offload = _offload(changes["offload_policy"])
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
-    partial, reducing = _tp_partial_grads(report)
-    scattered = _tp_scattered_grads(report)
+    partial, scattered, reducing = _tp_partial_grads(report)
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
@@ -305,7 +304,6 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     accum = _grad_accum(report, changes)
     flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
     iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
-    runtime.micro_step(True)
     if cfg.tp_world_size:
         _check_tp_reductions(iterations, reducing)
     shapes = _shapes(report)
@@ -368,18 +366,21 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
 
 def _tp_partial_grads(
     report: Report,
-) -> tuple[dict[str, list[tuple[str, int, str | None]]], set[str]]:
-    """Each group's replicated tp parameters whose partial gradients its post-backward
-    all-reduces (``Group.tp_partial_grads``), read from the report's last iteration, which
-    syncs gradients: a group that reduce-scatters there all-reduces all of them first, in
-    order. Also those groups: of another group the report cannot tell."""
+) -> tuple[dict[str, list[tuple[str, int, str | None]]], set[str], set[str]]:
+    """Each group's tp parameters whose partial gradients its post-backward reduces
+    (``Group.tp_partial_grads``), read from the report's last iteration, which syncs
+    gradients: a group that reduce-scatters there all-reduces all of them first, in order.
+    Also those of them sharded on the tp dimension, which it reduce-scatters
+    (``Group.tp_scattered_grads``), and the groups that reduce: of another group the report
+    cannot tell."""
     if not report.config.tp_world_size or not report.iterations:
-        return {}, set()
+        return {}, set(), set()
     last = report.iterations[-1]
     reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
     shapes = _shapes(report)
     compute = {u.module: u.compute_dtype for u in report.units}
     partial: dict[str, dict[tuple[str, int, str | None], None]] = {}
+    scattered: set[str] = set()
     for e in last:
         # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
         # styles' collectives are issued by no hook); a second post-backward repeats them
@@ -401,19 +402,9 @@ def _tp_partial_grads(
                 nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
                 named = dtype
             partial.setdefault(e.unit, {})[(e.module, nbytes, named)] = None
-    return {u: list(p) for u, p in partial.items()}, reducing
-
-
-def _tp_scattered_grads(report: Report) -> set[str]:
-    """The parameters of :func:`_tp_partial_grads` sharded on the tp dimension, whose partial
-    gradients FSDP2's post-backward reduce-scatters (``Group.tp_scattered_grads``)."""
-    if not report.config.tp_world_size or not report.iterations:
-        return set()
-    return {
-        e.module
-        for e in report.iterations[-1]
-        if e.kind == "tp_reduce_scatter" and e.hook is not None and e.module and e.nbytes
-    }
+            if e.kind == "tp_reduce_scatter":
+                scattered.add(e.module)
+    return {u: list(p) for u, p in partial.items()}, scattered, reducing
 
 
 def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> None:
@@ -447,18 +438,23 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
             f"mesh={given!r} has {len(sizes)} data-parallel dimensions; a plan without tensor "
             "parallelism has one or two (shard, or replicate x shard)"
         )
-    ws = math.prod(sizes) * cp
-    if "world_size" in changes and changes["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
-        )
+    ws = _mesh_ranks(changes, math.prod(sizes) * cp)
     if cp > 1:  # FSDP shards over dp_shard x cp
         return ws, sizes[-1] * cp, {**dict(zip(names, sizes, strict=True)), "cp": cp}
     if len(sizes) == 1:
         return ws, ws, None
     dims = names or ("replicate", "shard")
     return ws, sizes[1], dict(zip(dims, sizes, strict=True))
+
+
+def _mesh_ranks(changes: Mapping[str, Any], ws: int) -> int:
+    """``ws``, the ranks of ``changes``' mesh, where a ``world_size`` given with it agrees."""
+    if "world_size" in changes and changes["world_size"] != ws:
+        raise ConfigError(
+            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
+            f"({' x '.join(map(str, mesh_dims(changes['mesh'], 4)[0] or ()))}); give one of them"
+        )
+    return ws
 
 
 def _kept_context_parallel(
@@ -504,12 +500,7 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
             f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
-    ws = math.prod(dp) * cp * tp
-    if "world_size" in changes and changes["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
-        )
+    ws = _mesh_ranks(changes, math.prod(dp) * cp * tp)
     if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
@@ -551,37 +542,20 @@ def _grad_accum(report: Report, changes: Mapping[str, Any]) -> int:
 
 
 def _run(
-    runtime: Any,
+    runtime: FSDP1Runtime | FSDP2Runtime,
     profile: TraceProfile,
     index: dict[str, int],
-    entry: Any,
+    entry: Callable[[str, int, Any], tuple[str, int, Any]],
     grad_accum: int,
-    accumulating: tuple[bool, bool] | None = None,
+    accumulating: tuple[bool, bool] = (True, True),
 ) -> tuple[list[list[Event]], list[StepProfile]]:
     """Replay each iteration's hook calls (the first traced iteration, then the steady
-    state's for every other micro-step, each with its gradient sync; FSDP2's
-    ``accumulating``: what the micro-steps before the last set, reshard after backward and
-    all-reduce); return the events and the re-pointed profile of each."""
-    iterations: list[list[Event]] = []
-    steps: list[StepProfile] = []
-    traced = profile.iterations
-    syncs = micro_step_syncs(grad_accum)
-    for n, sync in enumerate(syncs):
-        step = traced[0] if n == 0 else traced[-1]
-        if accumulating is None:
-            runtime.sync = sync
-        else:
-            runtime.micro_step(sync, *accumulating)
-        event_hook: list[int] = []
-        for k, (name, unit, arg) in enumerate(step.hooks):
-            runtime.replay([entry(name, index[unit], arg)])
-            event_hook.extend([k] * (len(runtime.events) - len(event_hook)))
-        if isinstance(runtime, FSDP2Runtime):  # the optimizer step's, in the final callback's
-            runtime.optimizer_step()
-            event_hook.extend([len(step.hooks) - 1] * (len(runtime.events) - len(event_hook)))
-        iterations.append(runtime.take_events())
-        steps.append(replace(step, event_hook=event_hook))
-    runtime.sync = True
+    state's for every other micro-step: :func:`~fsdpviz.schedule.micro_steps.run_micro_steps`);
+    return the events and the re-pointed profile of each."""
+    traced = [profile.iterations[0], profile.iterations[-1]]
+    logs = [[entry(name, index[unit], arg) for name, unit, arg in s.hooks] for s in traced]
+    iterations, event_hooks = run_micro_steps(runtime, logs, grad_accum, accumulating)
+    steps = [replace(traced[min(n, 1)], event_hook=hooks) for n, hooks in enumerate(event_hooks)]
     return iterations, steps
 
 

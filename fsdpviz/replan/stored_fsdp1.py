@@ -16,7 +16,9 @@ recorded calls, which says when each unit's views are created (forward
 prefetch moves them to the previous unit's pre-forward), rebuilds the graph
 FSDP1 would get (each use of a parameter goes through the view created last
 before it, the split node and the unit's flat ``AccumulateGrad``), and
-schedules it as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`).
+schedules it as the engine does (:meth:`~fsdpviz.schedule.autograd_order.GraphEdit.order`).
+The plan and its report are ``analyze``'s (:func:`~fsdpviz.schedule.fsdp1.plan_units`,
+:func:`~fsdpviz.schedule.fsdp1.fsdp1_report`).
 
 Only FSDP's views change the graph in the cases handled here. Anything else
 that would (mixed-precision casts, frozen parameters, activation-checkpoint

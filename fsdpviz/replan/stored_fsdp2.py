@@ -9,13 +9,16 @@ pass-through node in front of every module that owns parameters (any of them
 may become a group) and keeps the module calls, the output nodes and the
 autograd graph.
 
-For a plan it builds the groups (:func:`~fsdpviz.plan.fsdp2.build_groups`),
-drives :class:`~fsdpviz.schedule.fsdp2_runtime.FSDP2Runtime` through the recorded calls
-(which says which calls enter the forward pass and so keep their node), routes
-every use of a dropped node's output to the tensor it passed through, and
-schedules the graph as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`):
-tensor hooks before their node, a kept node's post-backward when it runs, a
-parameter's gradient when its ``AccumulateGrad`` runs.
+For a plan it builds the groups and their runtime as ``analyze`` does
+(:func:`~fsdpviz.schedule.fsdp2.plan_groups`,
+:func:`~fsdpviz.schedule.fsdp2_emulation.fsdp2_runtime`), drives the runtime through the
+recorded calls (which says which calls enter the forward pass and so keep their node),
+routes every use of a dropped node's output to the tensor it passed through, and
+schedules the graph as the engine does
+(:meth:`~fsdpviz.schedule.autograd_order.GraphEdit.order`): tensor hooks before their
+node, a kept node's post-backward when it runs, a parameter's gradient when its
+``AccumulateGrad`` runs. The report is ``analyze``'s
+(:func:`~fsdpviz.schedule.fsdp2.fsdp2_report`).
 
 What changes the graph in other ways makes :meth:`plan` return ``None`` and the
 caller traces instead: ``mp_policy`` casts, recomputation inside backward,
