@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,6 +237,28 @@ def _check_reshard(raf: Any) -> Any:
     return raf
 
 
+def mesh_ranks(kwargs: Mapping[str, Any], sizes: Sequence[int]) -> int:
+    """The ranks of ``kwargs``' ``mesh=`` (its dimensions' ``sizes``), where a ``world_size``
+    given with it agrees."""
+    ranks = math.prod(sizes)
+    if "world_size" in kwargs and kwargs["world_size"] != ranks:
+        raise ConfigError(
+            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"ranks ({' x '.join(map(str, sizes))}); give one of them"
+        )
+    return ranks
+
+
+def offloads(policy: Any) -> bool:
+    """Whether ``offload_policy=policy`` offloads to the host (``CPUOffloadPolicy``), checked."""
+    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(policy).__name__}"
+        )
+    return type(policy).__name__ == "CPUOffloadPolicy"
+
+
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, _KNOWN, _REJECTED, "FSDP2 option", "FSDP2")
     plan = kwargs.get("parallelize_plan")
@@ -255,19 +277,8 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     if sizes is not None and len(sizes) == 2 and not names:
         names = ("replicate", "shard")
     two = (str(names[0]), str(names[1])) if sizes is not None and len(sizes) == 2 else None
-    ranks = math.prod(all_sizes) if all_sizes is not None else None
-    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ranks:
-        raise ConfigError(
-            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
-            f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
-        )
-    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
-    offload = kwargs.get("offload_policy")
-    if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
-        raise ConfigError(
-            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
-            f"got {type(offload).__name__}"
-        )
+    ws = mesh_ranks(kwargs, all_sizes) if all_sizes is not None else world_size(kwargs)
+    offload = offloads(kwargs.get("offload_policy"))
     mp = checked_mp_policy(kwargs.get("mp_policy"))
     raf = _check_reshard(kwargs.get("reshard_after_forward"))
     rules = torch_rules(kwargs)
@@ -305,7 +316,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         shard_size=sizes[-1] * cp_size if sizes is not None else 0,
         replicas=sizes[0] if sizes is not None and len(sizes) == 2 else 1,
         mesh_names=two,
-        offload=type(offload).__name__ == "CPUOffloadPolicy",
+        offload=offload,
         parallelize_plan=plan,
         tp_size=tp_size,
         tp_name=tp_name,

@@ -58,10 +58,8 @@ from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype, restate_resharding
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
-from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
-from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
-from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims, mesh_ranks, offloads
+from fsdpviz.plan.fsdp2_shards import shard_fields
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.tensor_parallel import parse_tp_mesh
@@ -255,7 +253,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     ws, shard, mesh = _tp_mesh(cfg, changes) if cfg.tp_world_size else _mesh(cfg, changes)
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
-        offload = _offload(changes["offload_policy"])
+        offload = offloads(changes["offload_policy"])
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
     partial, scattered, reducing = _tp_partial_grads(report)
@@ -309,36 +307,19 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     shapes = _shapes(report)
     units = []
     for u in report.units:
-        g = groups[index[u.module]]
         # each parameter on the dim the report's shard_placement_fn chose (0 by default)
         dims = [u.shard_dims.get(p, 0) for p in u.params]
-        sharded = 0
-        for p, d in zip(u.params, dims, strict=True):
-            check_even_shard(shapes[p], d, shard, p, u.module)
-            sharded += sharded_numel(shapes[p], shard, d)
-        frozen = u.gradless_params
-        trainable = fsdp2_trainable(
-            u.params, [shapes[p] for p in u.params], [p not in u.frozen_params for p in u.params],
-            shard, dims, u.unused_params,
+        sizes = shard_fields(
+            u.module, u.params, [shapes[p] for p in u.params], dims, shard,
+            trains=[p not in u.frozen_params for p in u.params]
+            if u.gradless_params or u.param_dtypes
+            else None,
+            unused=u.unused_params,
+            dtypes=[u.param_dtype(p) for p in u.params] if u.param_dtypes else None,
+            stated=bool(u.shard_dims or cfg.tp_world_size),  # tp: every shard's shape stated
         )  # fmt: skip
-        if u.param_dtypes:  # several dtypes: each one's shards at the new size
-            dtypes = [u.param_dtype(p) for p in u.params]
-            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params], dtypes, shard, dims)
-        shard_shapes = u.shard_shapes
-        if u.shard_dims or cfg.tp_world_size:  # tp: every parameter's shard shape stated
-            shard_shapes = {
-                p: shard_shape(shapes[p], shard, d) for p, d in zip(u.params, dims, strict=True)
-            }
-        units.append(
-            replace(
-                u,
-                padded_numel=sharded * shard,
-                sharded_numel=sharded,
-                sharding_strategy=g.sharding_strategy,
-                shard_shapes=shard_shapes,
-                **(trainable if frozen or u.param_dtypes else {}),
-            )
-        )
+        g = groups[index[u.module]]
+        units.append(replace(u, sharding_strategy=g.sharding_strategy, **sizes))
     config = (
         restate_resharding(cfg, groups)
         .replace(
@@ -438,23 +419,13 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
             f"mesh={given!r} has {len(sizes)} data-parallel dimensions; a plan without tensor "
             "parallelism has one or two (shard, or replicate x shard)"
         )
-    ws = _mesh_ranks(changes, math.prod(sizes) * cp)
+    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
     if cp > 1:  # FSDP shards over dp_shard x cp
         return ws, sizes[-1] * cp, {**dict(zip(names, sizes, strict=True)), "cp": cp}
     if len(sizes) == 1:
         return ws, ws, None
     dims = names or ("replicate", "shard")
     return ws, sizes[1], dict(zip(dims, sizes, strict=True))
-
-
-def _mesh_ranks(changes: Mapping[str, Any], ws: int) -> int:
-    """``ws``, the ranks of ``changes``' mesh, where a ``world_size`` given with it agrees."""
-    if "world_size" in changes and changes["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, mesh_dims(changes['mesh'], 4)[0] or ()))}); give one of them"
-        )
-    return ws
 
 
 def _kept_context_parallel(
@@ -500,7 +471,7 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
             f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
-    ws = _mesh_ranks(changes, math.prod(dp) * cp * tp)
+    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
     if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
@@ -512,15 +483,6 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
     if cp > 1:  # FSDP shards over dp_shard x cp
         mesh["cp"] = cp
     return ws, dp[-1] * cp, {**mesh, name: tp}
-
-
-def _offload(policy: Any) -> bool:
-    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
-        raise ConfigError(
-            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
-            f"got {type(policy).__name__}"
-        )
-    return type(policy).__name__ == "CPUOffloadPolicy"
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
