@@ -121,30 +121,10 @@ def analyze_fsdp2(
         probe: CostProbe | None = None
         try:
             if profile:
-                owners = {p: g.name for g in groups for p in g.params}
                 # the gradients FSDP leaves to autograd: of the parameters it does not manage
-                owners.update(dict.fromkeys(_unmanaged(copy, groups), IGNORED))
-                names = [g.name for g in groups]
-                shares = tp.shares() if tp is not None else None
-                job = opts.job
-                probe = CostProbe(
-                    tracker,
-                    owners,
-                    names,
-                    list(copy.buffers()),
-                    shares,
-                    compiled=compiled,
-                    compiled_checkpoints=compiled_checkpoints(copy, compiled, job.compile),
-                    float8=job.float8_modules(copy),
-                    float8_weights_gathered=bool(
-                        job.float8 and job.float8.enable_fsdp_float8_all_gather
-                    ),
-                    float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
-                    float8_fused=bool(job.compile),
+                probe = fsdp2_probe(
+                    copy, groups, opts, tracker, runtime, tp, _unmanaged(copy, groups)
                 )
-                probe.attach(runtime)
-                if tp is not None:
-                    tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
             if cp is not None:
                 args, kw = shard_sequence(args, kw, cp.size)
@@ -175,6 +155,41 @@ def analyze_fsdp2(
             node = tp.strategy_gpus_per_node
             report.config = report.config.replace(tp_strategy_gpus_per_node=node)
     return report
+
+
+def fsdp2_probe(
+    copy: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    tracker: ModuleTracker,
+    runtime: FSDP2Runtime,
+    tp: TPEmulation | None,
+    unmanaged: list[nn.Parameter] | None = None,
+) -> CostProbe:
+    """The probe that measures a trace of ``opts``' groups of ``copy`` (a model's, a pipeline
+    stage's) for the cost model, marking ``runtime``'s hook calls; ``unmanaged``: the
+    parameters no group manages, whose gradients autograd keeps."""
+    job = opts.job
+    compiled = job.compiled_modules(copy)
+    owners = {p: g.name for g in groups for p in g.params}
+    owners.update(dict.fromkeys(unmanaged or (), IGNORED))
+    probe = CostProbe(
+        tracker,
+        owners,
+        [g.name for g in groups],
+        list(copy.buffers()),
+        tp.shares() if tp is not None else None,
+        compiled=compiled,
+        compiled_checkpoints=compiled_checkpoints(copy, compiled, job.compile),
+        float8=job.float8_modules(copy),
+        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
+        float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
+        float8_fused=bool(job.compile),
+    )
+    probe.attach(runtime)
+    if tp is not None:
+        tp.measure(probe)
+    return probe
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:

@@ -29,6 +29,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
 from fsdpviz.plan.tensor_parallel import check_float8_styles, resolve_plan, unfrozen_warning
+from fsdpviz.schedule.fsdp2 import fsdp2_probe
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -36,7 +37,6 @@ from fsdpviz.schema.names import some_names
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import FsdpWarning
-from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import QUIET, progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
@@ -284,11 +284,8 @@ def _trace_stage(
 
     try:
         if profile:
-            probe = _probe(part, groups, opts, tracker, tp)
+            probe = fsdp2_probe(part, groups, opts, tracker, runtime, tp)
             probe.inputs_shared(shared)
-            probe.attach(runtime)
-            if tp is not None:
-                tp.measure(probe)
         backward = None
         if split is not None and probe is not None:
             params = {g.name: list(g.params) for g in groups}
@@ -372,30 +369,6 @@ def _split_trace(
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _probe(
-    part: nn.Module,
-    groups: list[Group],
-    opts: FSDP2Options,
-    tracker: ModuleTracker,
-    tp: TPEmulation | None,
-) -> CostProbe:
-    job = opts.job
-    compiled = job.compiled_modules(part)
-    return CostProbe(
-        tracker,
-        {p: g.name for g in groups for p in g.params},
-        [g.name for g in groups],
-        list(part.buffers()),
-        tp.shares() if tp is not None else None,
-        compiled=compiled,
-        compiled_checkpoints=compiled_checkpoints(part, compiled, job.compile),
-        float8=job.float8_modules(part),
-        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
-        float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
-        float8_fused=bool(job.compile),
-    )
 
 
 __all__ = ["Log", "StageTrace", "trace_stages"]
