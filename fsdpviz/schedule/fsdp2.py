@@ -82,14 +82,7 @@ def analyze_fsdp2(
         apply_checkpointing(copy, checkpointed)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         if opts.parallelize_plan is not None:
-            opts = opts.replace(
-                tp=resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
-            )
-            assert opts.tp is not None
-            job = opts.job
-            recipe = job.float8.recipe_name if job.float8 else None
-            check_float8_styles(opts.tp, copy, job.float8_modules(copy), recipe)
-            unfrozen = opts.tp.unfreeze(copy)
+            opts, unfrozen = parallelized(copy, opts, opts.parallelize_plan)
         groups = plan_groups(copy, opts, originals, original_params(model, mapping), ignored)
     check_groups(copy, groups, opts)
     _check_context_parallel(opts, device, profile)
@@ -210,6 +203,18 @@ def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> N
 def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
     """What the micro-steps before the last set: reshard after backward, all-reduce."""
     return opts.reshard_after_backward, opts.requires_all_reduce
+
+
+def parallelized(model: nn.Module, opts: FSDP2Options, plan: Any) -> tuple[FSDP2Options, list[str]]:
+    """``opts`` with ``parallelize_module``'s ``plan`` read on ``model`` (its float8 styles
+    checked), and the parameters it leaves trainable as ``parallelize_module`` does
+    (:meth:`~fsdpviz.plan.tensor_parallel.TPPlan.unfreeze`)."""
+    opts = opts.replace(tp=resolve_plan(model, plan, opts.tp_size, opts.tp_name))
+    assert opts.tp is not None
+    job = opts.job
+    recipe = job.float8.recipe_name if job.float8 else None
+    check_float8_styles(opts.tp, model, job.float8_modules(model), recipe)
+    return opts, opts.tp.unfreeze(model)
 
 
 def plan_groups(

@@ -28,8 +28,8 @@ from fsdpviz.plan.fsdp2 import build_groups, check_groups, resolve_targets
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
-from fsdpviz.plan.tensor_parallel import check_float8_styles, resolve_plan, unfrozen_warning
-from fsdpviz.schedule.fsdp2 import fsdp2_probe
+from fsdpviz.plan.tensor_parallel import unfrozen_warning
+from fsdpviz.schedule.fsdp2 import fsdp2_probe, parallelized
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -109,20 +109,8 @@ def trace_stages(
             )
             unfrozen: list[str] = []
             if opts.parallelize_plan is not None:
-                stage_opts = stage_opts.replace(
-                    tp=resolve_plan(
-                        part,
-                        _stage_plan(opts.parallelize_plan, modules),
-                        opts.tp_size,
-                        opts.tp_name,
-                    )
-                )
-                assert stage_opts.tp is not None
-                job = stage_opts.job
-                recipe = job.float8.recipe_name if job.float8 else None
-                check_float8_styles(stage_opts.tp, part, job.float8_modules(part), recipe)
-                # as parallelize_module does (TPPlan.unfreeze)
-                unfrozen = stage_opts.tp.unfreeze(part)
+                plan = _stage_plan(opts.parallelize_plan, modules)
+                stage_opts, unfrozen = parallelized(part, stage_opts, plan)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
             check_groups(part, groups, stage_opts)
             last = s == popts.num_stages - 1
