@@ -357,6 +357,13 @@ def check_reshard_ints(
             )
 
 
+def check_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> None:
+    """:func:`check_reshard_ints` for ``opts``' groups of ``model``, those it all-gathers in
+    float8 found (:func:`float8_gathered_groups`)."""
+    f8 = float8_gathered_groups(model, groups, opts.job)
+    check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
+
+
 def float8_gathered_groups(model: nn.Module, groups: list[Group], job: JobOptions) -> list[str]:
     """The groups holding weights FSDP2 all-gathers in float8 (``job``'s float8 with
     ``enable_fsdp_float8_all_gather``: torchao's ``WeightWithDynamicFloat8CastTensor``)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -222,6 +222,28 @@ def _check_reshard(raf: Any) -> Any:
     return raf
 
 
+def mesh_ranks(kwargs: Mapping[str, Any], sizes: Sequence[int]) -> int:
+    """The ranks of ``kwargs``' ``mesh=`` (its dimensions' ``sizes``), where a ``world_size``
+    given with it agrees."""
+    ranks = math.prod(sizes)
+    if "world_size" in kwargs and kwargs["world_size"] != ranks:
+        raise ConfigError(
+            f"world_size={kwargs['world_size']!r} but the mesh has {ranks} "
+            f"ranks ({' x '.join(map(str, sizes))}); give one of them"
+        )
+    return ranks
+
+
+def offloads(policy: Any) -> bool:
+    """Whether ``offload_policy=policy`` offloads to the host (``CPUOffloadPolicy``), checked."""
+    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
+        raise ConfigError(
+            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
+            f"got {type(policy).__name__}"
+        )
+    return type(policy).__name__ == "CPUOffloadPolicy"
+
+
 def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     check_keywords(kwargs, "FSDP2", "FSDP2 option")
     plan = kwargs.get("parallelize_plan")
@@ -241,18 +263,8 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     hsdp = len(dp) == 2
     if hsdp and not names:
         names = ("replicate", "shard")
-    ws = math.prod(all_sizes) if all_sizes is not None else world_size(kwargs)
-    if all_sizes is not None and "world_size" in kwargs and kwargs["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={kwargs['world_size']!r} but the mesh has {ws} "
-            f"ranks ({' x '.join(map(str, all_sizes))}); give one of them"
-        )
-    offload = kwargs.get("offload_policy")
-    if offload is not None and type(offload).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
-        raise ConfigError(
-            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
-            f"got {type(offload).__name__}"
-        )
+    ws = mesh_ranks(kwargs, all_sizes) if all_sizes is not None else world_size(kwargs)
+    offload = offloads(kwargs.get("offload_policy"))
     mp = checked_mp_policy(kwargs.get("mp_policy"))
     raf = _check_reshard(kwargs.get("reshard_after_forward"))
     rules = torch_rules(kwargs)
@@ -285,7 +297,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         shard_size=dp[-1] * cp_size if dp else 0,
         replicas=dp[0] if hsdp else 1,
         mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
-        offload=type(offload).__name__ == "CPUOffloadPolicy",
+        offload=offload,
         parallelize_plan=plan,
         tp_size=tp_size,
         tp_name=tp_name,

@@ -207,6 +207,38 @@ def check_placements_reshard(groups: Sequence[Group], world_size: int) -> None:
             )
 
 
+def shard_fields(
+    unit: str,
+    fqns: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    dims: Sequence[int],
+    world_size: int,
+    *,
+    trains: Sequence[bool] | None = None,
+    unused: Collection[str] = (),
+    dtypes: Sequence[Any] | None = None,
+    stated: bool = False,
+) -> dict[str, Any]:
+    """``Unit``'s fields that follow from sharding the parameters ``fqns`` of ``unit`` (one
+    rank's ``shapes``) on ``dims`` over ``world_size`` ranks, each checked as FSDP2 checks it:
+    the padded and sharded elements; the trainable ones where ``trains`` is given
+    (:func:`trainable_fields`), each dtype's where ``dtypes`` is (:func:`dtype_fields`), each
+    shard's shape where ``stated``. A plan and a replay on other ranks both size units so."""
+    for shape, d, fqn in zip(shapes, dims, fqns, strict=True):
+        check_even_shard(shape, d, world_size, fqn, unit)
+    sharded = sum(sharded_numel(s, world_size, d) for s, d in zip(shapes, dims, strict=True))
+    out: dict[str, Any] = {"padded_numel": sharded * world_size, "sharded_numel": sharded}
+    if trains is not None:
+        out |= trainable_fields(fqns, shapes, trains, world_size, dims, unused)
+    if dtypes is not None:
+        out |= dtype_fields(fqns, shapes, dtypes, world_size, dims)
+    if stated:
+        out["shard_shapes"] = {
+            f: shard_shape(s, world_size, d) for f, s, d in zip(fqns, shapes, dims, strict=True)
+        }
+    return out
+
+
 def group_unit(
     group: Group, opts: FSDP2Options, shared: dict[str, str], placements: dict[Any, Any]
 ) -> Unit:
@@ -215,10 +247,6 @@ def group_unit(
     ws = opts.shard_ranks
     local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in group.params]
     dims = _dims(group.shard_dims, len(local))
-    for shape, d, fqn in zip(local, dims, group.param_fqns, strict=True):
-        check_even_shard(shape, d, ws, fqn, group.name)
-    numel = sum(math.prod(s) for s in local)
-    sharded = sum(sharded_numel(s, ws, d) for s, d in zip(local, dims, strict=True))
     dtypes = {p.dtype for p in group.params}
     # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ
     orig = {p.dtype for p in group.params if p.requires_grad} or dtypes
@@ -230,7 +258,12 @@ def group_unit(
     mixed = len(grads) > 1
     trains = [p.requires_grad for p in group.params]
     itemsize = torch.empty((), dtype=dtype or torch.float32, device="meta").element_size()
-    placed = any(dims)
+    sizes = shard_fields(
+        group.name, group.param_fqns, local, dims, ws, trains=trains if mixed else None,
+        dtypes=[p.dtype for p in group.params] if len(dtypes) > 1 else None,
+        stated=opts.tp is not None or any(dims),
+    )  # fmt: skip
+    numel = sum(math.prod(s) for s in local)
     return Unit(
         module=group.name,
         module_class=", ".join(
@@ -240,25 +273,13 @@ def group_unit(
         shared_params=shared,
         numel=numel,
         flat_numel=numel,
-        padded_numel=sharded * ws,
-        sharded_numel=sharded,
         dtype=dtype_name(dtype),
         compute_dtype=dtype_name(compute),
         reduce_dtype=dtype_name(reduce),
         requires_grad=None if mixed else (grads.pop() if grads else None),
         sharding_strategy=group.sharding_strategy,
         itemsize=itemsize,
-        **(trainable_fields(group.param_fqns, local, trains, ws, dims) if mixed else {}),
-        **(
-            dtype_fields(group.param_fqns, local, [p.dtype for p in group.params], ws, dims)
-            if len(dtypes) > 1
-            else {}
-        ),
-        shard_shapes={
-            f: shard_shape(s, ws, d) for f, s, d in zip(group.param_fqns, local, dims, strict=True)
-        }
-        if opts.tp is not None or placed
-        else {},
+        **sizes,
         tp_placements={
             f: layout_name(placements[p])
             for f, p in zip(group.param_fqns, group.params, strict=True)

@@ -41,7 +41,7 @@ inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -58,11 +58,8 @@ from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype, restate_resharding
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
-from fsdpviz.plan.fsdp2_shards import check_even_shard, shard_shape, sharded_numel
-from fsdpviz.plan.fsdp2_shards import dtype_fields as fsdp2_dtypes
-from fsdpviz.plan.fsdp2_shards import trainable_fields as fsdp2_trainable
-from fsdpviz.plan.job import micro_step_syncs
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims, mesh_ranks, offloads
+from fsdpviz.plan.fsdp2_shards import shard_fields
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import check_world_size
 from fsdpviz.plan.tensor_parallel import parse_tp_mesh
@@ -71,6 +68,7 @@ from fsdpviz.replan.precision_replay import PRECISION_OPTION, with_reduce_dtype
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
 from fsdpviz.schedule.fsdp2 import forward_order
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, weight_scales
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -255,11 +253,10 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     ws, shard, mesh = _tp_mesh(cfg, changes) if cfg.tp_world_size else _mesh(cfg, changes)
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
-        offload = _offload(changes["offload_policy"])
+        offload = offloads(changes["offload_policy"])
     rules = torch_fsdp(cfg.torch_version)
     with_params = {u.module: u for u in report.units}
-    partial, reducing = _tp_partial_grads(report)
-    scattered = _tp_scattered_grads(report)
+    partial, scattered, reducing = _tp_partial_grads(report)
     groups: list[Group] = []
     for name in cfg.fully_shard:
         fqns = tuple(name.split(", ")) if name else ("",)
@@ -305,42 +302,24 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     accum = _grad_accum(report, changes)
     flags = (cfg.reshard_after_backward, cfg.requires_all_reduce) if accum > 1 else (True, True)
     iterations, steps = _run(runtime, report.profile, index, _fsdp2_entry, accum, flags)
-    runtime.micro_step(True)
     if cfg.tp_world_size:
         _check_tp_reductions(iterations, reducing)
     shapes = _shapes(report)
     units = []
     for u in report.units:
-        g = groups[index[u.module]]
         # each parameter on the dim the report's shard_placement_fn chose (0 by default)
         dims = [u.shard_dims.get(p, 0) for p in u.params]
-        sharded = 0
-        for p, d in zip(u.params, dims, strict=True):
-            check_even_shard(shapes[p], d, shard, p, u.module)
-            sharded += sharded_numel(shapes[p], shard, d)
-        frozen = u.gradless_params
-        trainable = fsdp2_trainable(
-            u.params, [shapes[p] for p in u.params], [p not in u.frozen_params for p in u.params],
-            shard, dims, u.unused_params,
+        sizes = shard_fields(
+            u.module, u.params, [shapes[p] for p in u.params], dims, shard,
+            trains=[p not in u.frozen_params for p in u.params]
+            if u.gradless_params or u.param_dtypes
+            else None,
+            unused=u.unused_params,
+            dtypes=[u.param_dtype(p) for p in u.params] if u.param_dtypes else None,
+            stated=bool(u.shard_dims or cfg.tp_world_size),  # tp: every shard's shape stated
         )  # fmt: skip
-        if u.param_dtypes:  # several dtypes: each one's shards at the new size
-            dtypes = [u.param_dtype(p) for p in u.params]
-            trainable |= fsdp2_dtypes(u.params, [shapes[p] for p in u.params], dtypes, shard, dims)
-        shard_shapes = u.shard_shapes
-        if u.shard_dims or cfg.tp_world_size:  # tp: every parameter's shard shape stated
-            shard_shapes = {
-                p: shard_shape(shapes[p], shard, d) for p, d in zip(u.params, dims, strict=True)
-            }
-        units.append(
-            replace(
-                u,
-                padded_numel=sharded * shard,
-                sharded_numel=sharded,
-                sharding_strategy=g.sharding_strategy,
-                shard_shapes=shard_shapes,
-                **(trainable if frozen or u.param_dtypes else {}),
-            )
-        )
+        g = groups[index[u.module]]
+        units.append(replace(u, sharding_strategy=g.sharding_strategy, **sizes))
     config = (
         restate_resharding(cfg, groups)
         .replace(
@@ -368,18 +347,21 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
 
 def _tp_partial_grads(
     report: Report,
-) -> tuple[dict[str, list[tuple[str, int, str | None]]], set[str]]:
-    """Each group's replicated tp parameters whose partial gradients its post-backward
-    all-reduces (``Group.tp_partial_grads``), read from the report's last iteration, which
-    syncs gradients: a group that reduce-scatters there all-reduces all of them first, in
-    order. Also those groups: of another group the report cannot tell."""
+) -> tuple[dict[str, list[tuple[str, int, str | None]]], set[str], set[str]]:
+    """Each group's tp parameters whose partial gradients its post-backward reduces
+    (``Group.tp_partial_grads``), read from the report's last iteration, which syncs
+    gradients: a group that reduce-scatters there all-reduces all of them first, in order.
+    Also those of them sharded on the tp dimension, which it reduce-scatters
+    (``Group.tp_scattered_grads``), and the groups that reduce: of another group the report
+    cannot tell."""
     if not report.config.tp_world_size or not report.iterations:
-        return {}, set()
+        return {}, set(), set()
     last = report.iterations[-1]
     reducing = {e.unit for e in last if e.kind == "reduce_scatter"}
     shapes = _shapes(report)
     compute = {u.module: u.compute_dtype for u in report.units}
     partial: dict[str, dict[tuple[str, int, str | None], None]] = {}
+    scattered: set[str] = set()
     for e in last:
         # issued inside an FSDP hook: a partial gradient's all-reduce (the parallel
         # styles' collectives are issued by no hook); a second post-backward repeats them
@@ -401,19 +383,9 @@ def _tp_partial_grads(
                 nbytes = math.prod(shapes[e.module]) * getattr(torch, dtype).itemsize
                 named = dtype
             partial.setdefault(e.unit, {})[(e.module, nbytes, named)] = None
-    return {u: list(p) for u, p in partial.items()}, reducing
-
-
-def _tp_scattered_grads(report: Report) -> set[str]:
-    """The parameters of :func:`_tp_partial_grads` sharded on the tp dimension, whose partial
-    gradients FSDP2's post-backward reduce-scatters (``Group.tp_scattered_grads``)."""
-    if not report.config.tp_world_size or not report.iterations:
-        return set()
-    return {
-        e.module
-        for e in report.iterations[-1]
-        if e.kind == "tp_reduce_scatter" and e.hook is not None and e.module and e.nbytes
-    }
+            if e.kind == "tp_reduce_scatter":
+                scattered.add(e.module)
+    return {u: list(p) for u, p in partial.items()}, scattered, reducing
 
 
 def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> None:
@@ -447,12 +419,7 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
             f"mesh={given!r} has {len(sizes)} data-parallel dimensions; a plan without tensor "
             "parallelism has one or two (shard, or replicate x shard)"
         )
-    ws = math.prod(sizes) * cp
-    if "world_size" in changes and changes["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
-        )
+    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
     if cp > 1:  # FSDP shards over dp_shard x cp
         return ws, sizes[-1] * cp, {**dict(zip(names, sizes, strict=True)), "cp": cp}
     if len(sizes) == 1:
@@ -504,12 +471,7 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
             f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
-    ws = math.prod(dp) * cp * tp
-    if "world_size" in changes and changes["world_size"] != ws:
-        raise ConfigError(
-            f"world_size={changes['world_size']!r} but the mesh has {ws} ranks "
-            f"({' x '.join(map(str, mesh_dims(given, 4)[0] or ()))}); give one of them"
-        )
+    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
     if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
@@ -521,15 +483,6 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
     if cp > 1:  # FSDP shards over dp_shard x cp
         mesh["cp"] = cp
     return ws, dp[-1] * cp, {**mesh, name: tp}
-
-
-def _offload(policy: Any) -> bool:
-    if policy is not None and type(policy).__name__ not in ("OffloadPolicy", "CPUOffloadPolicy"):
-        raise ConfigError(
-            "offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy() or OffloadPolicy(), "
-            f"got {type(policy).__name__}"
-        )
-    return type(policy).__name__ == "CPUOffloadPolicy"
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:
@@ -551,37 +504,20 @@ def _grad_accum(report: Report, changes: Mapping[str, Any]) -> int:
 
 
 def _run(
-    runtime: Any,
+    runtime: FSDP1Runtime | FSDP2Runtime,
     profile: TraceProfile,
     index: dict[str, int],
-    entry: Any,
+    entry: Callable[[str, int, Any], tuple[str, int, Any]],
     grad_accum: int,
-    accumulating: tuple[bool, bool] | None = None,
+    accumulating: tuple[bool, bool] = (True, True),
 ) -> tuple[list[list[Event]], list[StepProfile]]:
     """Replay each iteration's hook calls (the first traced iteration, then the steady
-    state's for every other micro-step, each with its gradient sync; FSDP2's
-    ``accumulating``: what the micro-steps before the last set, reshard after backward and
-    all-reduce); return the events and the re-pointed profile of each."""
-    iterations: list[list[Event]] = []
-    steps: list[StepProfile] = []
-    traced = profile.iterations
-    syncs = micro_step_syncs(grad_accum)
-    for n, sync in enumerate(syncs):
-        step = traced[0] if n == 0 else traced[-1]
-        if accumulating is None:
-            runtime.sync = sync
-        else:
-            runtime.micro_step(sync, *accumulating)
-        event_hook: list[int] = []
-        for k, (name, unit, arg) in enumerate(step.hooks):
-            runtime.replay([entry(name, index[unit], arg)])
-            event_hook.extend([k] * (len(runtime.events) - len(event_hook)))
-        if isinstance(runtime, FSDP2Runtime):  # the optimizer step's, in the final callback's
-            runtime.optimizer_step()
-            event_hook.extend([len(step.hooks) - 1] * (len(runtime.events) - len(event_hook)))
-        iterations.append(runtime.take_events())
-        steps.append(replace(step, event_hook=event_hook))
-    runtime.sync = True
+    state's for every other micro-step: :func:`~fsdpviz.schedule.micro_steps.run_micro_steps`);
+    return the events and the re-pointed profile of each."""
+    traced = [profile.iterations[0], profile.iterations[-1]]
+    logs = [[entry(name, index[unit], arg) for name, unit, arg in s.hooks] for s in traced]
+    iterations, event_hooks = run_micro_steps(runtime, logs, grad_accum, accumulating)
+    steps = [replace(traced[min(n, 1)], event_hook=hooks) for n, hooks in enumerate(event_hooks)]
     return iterations, steps
 
 

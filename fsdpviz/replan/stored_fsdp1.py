@@ -16,7 +16,9 @@ recorded calls, which says when each unit's views are created (forward
 prefetch moves them to the previous unit's pre-forward), rebuilds the graph
 FSDP1 would get (each use of a parameter goes through the view created last
 before it, the split node and the unit's flat ``AccumulateGrad``), and
-schedules it as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`).
+schedules it as the engine does (:meth:`~fsdpviz.schedule.autograd_order.GraphEdit.order`).
+The plan and its report are ``analyze``'s (:func:`~fsdpviz.schedule.fsdp1.plan_units`,
+:func:`~fsdpviz.schedule.fsdp1.fsdp1_report`).
 
 Only FSDP's views change the graph in the cases handled here. Anything else
 that would (mixed-precision casts, frozen parameters, activation-checkpoint
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import torch
@@ -40,16 +42,15 @@ from torch.autograd.graph import Node
 from torch.distributed.utils import _apply_to_tensors
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
+from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
-from fsdpviz.schedule.fsdp1 import empty_unit, ignored_params, placements, runtime_warnings
+from fsdpviz.schedule.fsdp1 import Traced, fsdp1_report, plan_units
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.copy import asked_of_originals, model_copy, original_modules
-from fsdpviz.trace.modules import module_infos, param_first_use
+from fsdpviz.trace.copy import model_copy, original_modules
 from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
@@ -213,45 +214,23 @@ class StoredTrace:
             return None
         saved = [(m._parameters, dict(m._parameters)) for _, m in self._memo.named]
         try:
-            policy = asked_of_originals(opts.auto_wrap_policy, self._originals)
-            plan = plan_fsdp1(self.copy, replace(opts, auto_wrap_policy=policy), None, None,
-                              self._memo)  # fmt: skip
-            return self._report(plan, opts)
+            plan = plan_units(self.copy, opts, self._originals, None, None, self._memo)
+            if any(u.has_params and not u.requires_grad for u in plan.units):
+                return None
+            schedule = _Schedule(self, plan, opts)
+            iterations = schedule.run()
+            if iterations is None:
+                return None
+            traced = Traced(
+                iterations, schedule.runtime, self.order, self.records,
+                backward_order=schedule.backward_order,
+            )  # fmt: skip
+            return fsdp1_report(self.copy, plan, opts, traced, self._memo.named)
         finally:  # planning takes the flattened parameters off their modules
             for params, was in saved:
                 if len(params) != len(was) or any(params.get(k) is not p for k, p in was.items()):
                     params.clear()
                     params.update(was)
-
-    def _report(self, plan: Plan, opts: FSDP1Options) -> Report | None:
-        if any(u.has_params and not u.requires_grad for u in plan.units):
-            return None
-        schedule = _Schedule(self, plan, opts)
-        iterations = schedule.run()
-        if iterations is None:
-            return None
-        runtime = schedule.runtime
-        where = placements(plan)
-        return Report(
-            source="prediction",
-            config=opts.describe(),
-            units=[u.schema or empty_unit(u) for u in plan.units],
-            forward_order=[h.name for h in runtime.pre_forward_order],
-            iterations=iterations,
-            warnings=plan.warnings + runtime_warnings(plan, runtime, iterations),
-            modules=module_infos(
-                self.copy,
-                where,
-                {u.fqn: u.fqn for u in plan.units},
-                self.records,
-                self._memo.named,
-            ),
-            module_order=self.order,
-            module_backward_order=schedule.backward_order,
-            param_first_use=param_first_use(where, self.order),
-            profile=None,
-            ignored_params=ignored_params(self.copy, plan),
-        )
 
 
 class _Schedule:

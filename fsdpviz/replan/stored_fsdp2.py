@@ -9,13 +9,16 @@ pass-through node in front of every module that owns parameters (any of them
 may become a group) and keeps the module calls, the output nodes and the
 autograd graph.
 
-For a plan it builds the groups (:func:`~fsdpviz.plan.fsdp2.build_groups`),
-drives :class:`~fsdpviz.schedule.fsdp2_runtime.FSDP2Runtime` through the recorded calls
-(which says which calls enter the forward pass and so keep their node), routes
-every use of a dropped node's output to the tensor it passed through, and
-schedules the graph as the engine does (:func:`fsdpviz.schedule.autograd_order.simulate`):
-tensor hooks before their node, a kept node's post-backward when it runs, a
-parameter's gradient when its ``AccumulateGrad`` runs.
+For a plan it builds the groups and their runtime as ``analyze`` does
+(:func:`~fsdpviz.schedule.fsdp2.plan_groups`,
+:func:`~fsdpviz.schedule.fsdp2_emulation.fsdp2_runtime`), drives the runtime through the
+recorded calls (which says which calls enter the forward pass and so keep their node),
+routes every use of a dropped node's output to the tensor it passed through, and
+schedules the graph as the engine does
+(:meth:`~fsdpviz.schedule.autograd_order.GraphEdit.order`): tensor hooks before their
+node, a kept node's post-backward when it runs, a parameter's gradient when its
+``AccumulateGrad`` runs. The report is ``analyze``'s
+(:func:`~fsdpviz.schedule.fsdp2.fsdp2_report`).
 
 What changes the graph in other ways makes :meth:`plan` return ``None`` and the
 caller traces instead: ``mp_policy`` casts, recomputation inside backward,
@@ -28,38 +31,25 @@ module's input). ``tests/test_replan_stored_trace.py`` checks that a plan equals
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import (
-    GroupMemo,
-    build_groups,
-    check_reshard_ints,
-    float8_gathered_groups,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import GroupMemo, check_groups
 from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import parse_fsdp2_options
-from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.torch_fsdp import grad_tensors, installed, replace_grad_tensors
 from fsdpviz.schedule.autograd_order import Graph, GraphEdit, NumberedGraph, capture
-from fsdpviz.schedule.fsdp2 import fsdp2_report
-from fsdpviz.schedule.fsdp2_emulation import float8_scales
+from fsdpviz.schedule.fsdp2 import fsdp2_report, plan_groups
+from fsdpviz.schedule.fsdp2_emulation import fsdp2_runtime
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.report import Report
-from fsdpviz.trace.copy import (
-    asked_of_originals,
-    map_objects,
-    model_copy,
-    original_modules,
-    original_params,
-)
+from fsdpviz.trace.copy import map_objects, model_copy, original_modules, original_params
 from fsdpviz.trace.tracker import ModuleTracker, run_stored_step
 
 __all__ = ["StoredTrace"]
@@ -225,30 +215,17 @@ class StoredTrace:
         if opts.torch.hooks_enter_dataclasses != self.rules.hooks_enter_dataclasses:
             return None
         ignored = set(map_objects(opts.ignored_params, self._mapping, "ignored_params") or [])
-        targets = asked_of_originals(opts.targets, self._originals)
-        groups = build_groups(
-            self.copy, replace(opts, targets=targets), ignored, self._memo, self._params
-        )
-        f8 = float8_gathered_groups(self.copy, groups, opts.job)
-        check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
-        runtime = FSDP2Runtime(
-            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
-            float8_scales(self.copy, groups, opts),
-        )  # fmt: skip
-        runtime.set_prefetch(
-            prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-            prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
-        )
+        groups = plan_groups(self.copy, opts, self._originals, self._params, ignored, self._memo)
+        check_groups(self.copy, groups, opts)
+        runtime = fsdp2_runtime(self.copy, groups, opts)
         schedule = _Schedule(self, groups, runtime)
-        reached = {id(p) for p in self._grads.values()}  # an AccumulateGrad node in the graph
-        placements = opts.tp.placements(self.copy) if opts.tp is not None else {}
-        mark_unused(groups, opts, reached, placements)
         return fsdp2_report(
             self.copy,
             groups,
             opts,
             runtime,
             self.tracker,
+            {id(p) for p in self._grads.values()},  # an AccumulateGrad node in the graph
             schedule.backward_order,
             list(schedule.view_outputs),
             named=list(self._memo.modules.items()),

@@ -44,8 +44,6 @@ class GraphRecorder:
     views: list[ViewInstance] = field(default_factory=list)
     tensor_hooks: list[tuple[Any, str, int]] = field(default_factory=list)  # node, kind, payload
     acc_hooks: dict[Any, int] = field(default_factory=dict)  # AccumulateGrad node -> unit
-    # a node -> payload logged as ("ran", payload) after it runs (fsdpviz.replan.stored_fsdp2)
-    ran: dict[Any, int] = field(default_factory=dict)
     multi: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)  # id -> unit, nodes
     supported: bool = True  # False when a hook sits on a leaf tensor (not modelled)
 
@@ -207,39 +205,26 @@ def drop_unreached(edges: list[list[int]], deps: list[int], candidates: Iterable
 
 
 def simulate(graph: Graph, rec: GraphRecorder, overrides: dict[Any, float]) -> HookLog:
-    """FSDP1's backward hook calls in the order the autograd engine would make them."""
-    deps: dict[Any, int] = dict.fromkeys(graph.edges, 0)
-    for nexts in graph.edges.values():
-        for n in nexts:
-            deps[n] += 1
+    """FSDP1's backward hook calls in the order the autograd engine would make them
+    (:func:`engine_order`, ``overrides`` giving nodes other sequence numbers)."""
+    numbered = NumberedGraph.of(graph)
+    seq = [overrides.get(n, s) for n, s in zip(numbered.nodes, numbered.seq, strict=True)]
     pre: dict[Any, list[tuple[str, int]]] = {}
     for node, kind, payload in rec.tensor_hooks:
         pre.setdefault(node, []).append((kind, payload))
     expected = {k: sum(1 for n in nodes if n in graph.edges) for k, (_, nodes) in rec.multi.items()}
     fired: dict[int, int] = dict.fromkeys(rec.multi, 0)
     out: HookLog = []
-    counter = 0
-    heap = [(-overrides.get(graph.root, graph.seq[graph.root]), counter, graph.root)]
-    while heap:
-        _, _, node = heapq.heappop(heap)
+    for node in (numbered.nodes[n] for n in engine_order(seq, numbered.edges, numbered.deps)):
         for kind, payload in pre.get(node, ()):
             if kind == "pre_backward":
                 out.append(("pre_backward", payload, False))
-            elif kind == "module":  # a module's output gradient (the stored traces)
-                out.append(("module", payload, False))
             else:
                 fired[payload] += 1
                 if fired[payload] == expected[payload]:
                     out.append(("post_backward_reshard_only", rec.multi[payload][0], False))
         if node in rec.acc_hooks:
             out.append(("post_backward", rec.acc_hooks[node], False))
-        if node in rec.ran:
-            out.append(("ran", rec.ran[node], False))
-        for n in graph.edges[node]:
-            deps[n] -= 1
-            if deps[n] == 0:
-                counter += 1
-                heapq.heappush(heap, (-overrides.get(n, graph.seq[n]), counter, n))
     out.append(("final_callback", 0, False))
     return out
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, plan_fsdp1
+from fsdpviz.plan.fsdp1 import Plan, PlannedUnit, WrapMemo, plan_fsdp1
 from fsdpviz.plan.fsdp1_options import FSDP1Options, parse_fsdp1_options
 from fsdpviz.plan.job import micro_step_syncs
 from fsdpviz.schedule.autograd_order import (
@@ -21,6 +21,7 @@ from fsdpviz.schedule.autograd_order import (
 )
 from fsdpviz.schedule.fsdp1_emulation import FSDP1Emulation
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime, Handle
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.profile import TraceProfile
@@ -47,7 +48,11 @@ from fsdpviz.trace.tracker import ModuleCalls, ModuleTracker, remove_hooks, run_
 
 
 @dataclass
-class _Traced:
+class Traced:
+    """What one plan's hook calls made, however they ran (a trace, a stored trace): each
+    iteration's events, the runtime that made them, the module calls (in order, per module),
+    what the run warned, the modules' backward order and the measured profile."""
+
     iterations: list[list[Event]]
     runtime: FSDP1Runtime
     module_order: list[str]
@@ -76,12 +81,40 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
                     buf_owner._buffers[name] = buf.to(mp.buffer_dtype)
     # fx traces the intact copy; planning then replaces parameters by views.
     tree = fx_call_tree(copy) if opts.trace == "fx" else None
-    policy = asked_of_originals(opts.auto_wrap_policy, originals)
-    plan = plan_fsdp1(copy, replace(opts, auto_wrap_policy=policy), ignored_modules, ignored_states)
+    plan = plan_units(copy, opts, originals, ignored_modules, ignored_states)
     if tree is not None:
         traced = _trace_fx(tree, plan, opts)
     else:
         traced = _trace_autograd(copy, plan, opts, inputs, device)
+    return fsdp1_report(copy, plan, opts, traced)
+
+
+def plan_units(
+    copy: nn.Module,
+    opts: FSDP1Options,
+    originals: Any,
+    ignored_modules: Any,
+    ignored_states: Any,
+    memo: WrapMemo | None = None,
+) -> Plan:
+    """The units ``opts`` asks of ``copy``, its policy asked of the user's modules
+    (``originals``, :func:`~fsdpviz.trace.copy.original_modules`)."""
+    policy = asked_of_originals(opts.auto_wrap_policy, originals)
+    return plan_fsdp1(
+        copy, replace(opts, auto_wrap_policy=policy), ignored_modules, ignored_states, memo
+    )
+
+
+def fsdp1_report(
+    copy: nn.Module,
+    plan: Plan,
+    opts: FSDP1Options,
+    traced: Traced,
+    named: list[tuple[str, nn.Module]] | None = None,
+) -> Report:
+    """The report of ``plan``'s hook calls as ``traced`` ran them: what ``analyze`` and a
+    stored trace's plan share. ``named``: ``list(copy.named_modules())`` when the caller
+    keeps it."""
     runtime = traced.runtime
     where = placements(plan)
     warnings = plan.warnings + traced.warnings + runtime_warnings(plan, runtime, traced.iterations)
@@ -92,7 +125,9 @@ def analyze_fsdp1(model: nn.Module, inputs: Any, **kwargs: Unpack[PlanKwargs]) -
         forward_order=[h.name for h in runtime.pre_forward_order],
         iterations=traced.iterations,
         warnings=warnings,
-        modules=module_infos(copy, where, {u.fqn: u.fqn for u in plan.units}, traced.records),
+        modules=module_infos(
+            copy, where, {u.fqn: u.fqn for u in plan.units}, traced.records, named
+        ),
         module_order=traced.module_order,
         module_backward_order=traced.backward_order,
         param_first_use=param_first_use(where, traced.module_order),
@@ -122,7 +157,7 @@ _BACKWARD_HOOKS = {"pre_backward", "post_backward", "post_backward_reshard_only"
 
 def _trace_autograd(
     copy: nn.Module, plan: Plan, opts: FSDP1Options, inputs: Any, device: str
-) -> _Traced:
+) -> Traced:
     """Run the copy with FSDP1's hooks emulated; real autograd orders the backward hooks."""
     emulation = FSDP1Emulation(plan, opts.use_orig_params, real=device == "real")
     runtime = emulation.runtime
@@ -174,14 +209,11 @@ def _trace_autograd(
                 iterations.append(steady)
                 steady_log = list(runtime.log[start:])
             # the other micro-steps run the steady state's hook calls
-            for sync in syncs[len(iterations) :]:
-                runtime.sync = sync
-                runtime.replay(steady_log)
-                iterations.append(runtime.take_events())
-            runtime.sync = True
+            accum = opts.job.grad_accum
+            iterations += run_micro_steps(runtime, [steady_log], accum, start=len(iterations))[0]
         finally:
             remove_hooks(tracker, emulation, probe)
-    return _Traced(
+    return Traced(
         iterations,
         runtime,
         list(tracker.order),
@@ -253,11 +285,10 @@ def _simulated_steady(
     return runtime.take_events()
 
 
-def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
+def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> Traced:
     """Forward order from torch.fx; the backward hook order is inferred (see trace/fx.py)."""
     runtime = FSDP1Runtime(plan.units, opts.use_orig_params, lambda h: None)
     index = {u.fqn: i for i, u in enumerate(plan.units)}
-    syncs = micro_step_syncs(opts.job.grad_accum)
     log: list[tuple[str, int, bool]] = []
     for hook, i in hook_sequence(tree, index):
         unit = plan.units[i]
@@ -267,12 +298,7 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
             hook = "post_backward" if unit.requires_grad else "post_backward_reshard_only"
         log.append((hook, i, hook in ("pre_forward", "post_forward")))
     log.append(("final_callback", 0, False))
-    iterations: list[list[Event]] = []
-    for sync in syncs:
-        runtime.sync = sync
-        runtime.replay(log)
-        iterations.append(runtime.take_events())
-    runtime.sync = True
+    iterations = run_micro_steps(runtime, [log], opts.job.grad_accum)[0]
     records = {fqn: ModuleCalls(calls=n) for fqn, n in call_counts(tree).items()}
     warning = FsdpWarning(
         "approximate_backward_order",
@@ -280,7 +306,7 @@ def _trace_fx(tree: Call, plan: Plan, opts: FSDP1Options) -> _Traced:
         "call order (exact for sequential models without forward prefetch). Use "
         "trace='meta' or trace='real' for the order torch's autograd engine produces.",
     )
-    return _Traced(iterations, runtime, module_order(tree), records, [warning])
+    return Traced(iterations, runtime, module_order(tree), records, [warning])
 
 
 def empty_unit(unit: PlannedUnit) -> Unit:

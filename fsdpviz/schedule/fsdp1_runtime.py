@@ -337,6 +337,15 @@ class FSDP1Runtime:
         self._hook = None
 
     # -------------------------------------------------------------- replay
+    def micro_step(self, sync: bool, *_: bool) -> None:
+        """Set up the next iteration: the last micro-step of an optimizer step synchronises
+        its gradients, one before it runs inside ``no_sync()`` (FSDP2's other switches have
+        no FSDP1 counterpart)."""
+        self.sync = sync
+
+    def optimizer_step(self) -> None:
+        """The end of a micro-step: FSDP1 issues nothing at the optimizer step."""
+
     def replay(self, log: list[tuple[str, int, bool]]) -> None:
         """Feed a logged hook sequence through the state machine (no model run). A
         post-forward runs in the grad mode its unit's pre-forward logged: a forward under

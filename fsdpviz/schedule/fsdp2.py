@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Unpack
@@ -10,12 +11,7 @@ from typing import Any, Unpack
 from torch import nn
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2 import (
-    build_groups,
-    check_reshard_ints,
-    float8_gathered_groups,
-    prefetch_indices,
-)
+from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_groups
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
@@ -30,6 +26,7 @@ from fsdpviz.plan.tensor_parallel import (
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
@@ -85,20 +82,9 @@ def analyze_fsdp2(
         apply_checkpointing(copy, checkpointed)
         ignored = set(map_objects(opts.ignored_params, mapping, "ignored_params") or [])
         if opts.parallelize_plan is not None:
-            opts = opts.replace(
-                tp=resolve_plan(copy, opts.parallelize_plan, opts.tp_size, opts.tp_name)
-            )
-            assert opts.tp is not None
-            job = opts.job
-            recipe = job.float8.recipe_name if job.float8 else None
-            check_float8_styles(opts.tp, copy, job.float8_modules(copy), recipe)
-            unfrozen = opts.tp.unfreeze(copy)
-        targets = asked_of_originals(opts.targets, originals)
-        groups = build_groups(
-            copy, replace(opts, targets=targets), ignored, originals=original_params(model, mapping)
-        )
-    f8 = float8_gathered_groups(copy, groups, opts.job)
-    check_reshard_ints(groups, opts.shard_ranks, float8_groups=f8)
+            opts, unfrozen = parallelized(copy, opts, opts.parallelize_plan)
+        groups = plan_groups(copy, opts, originals, original_params(model, mapping), ignored)
+    check_groups(copy, groups, opts)
     _check_context_parallel(opts, device, profile)
     emulation = FSDP2Emulation(copy, groups, opts)
     runtime = emulation.runtime
@@ -107,10 +93,6 @@ def analyze_fsdp2(
         TPEmulation(copy, opts.tp, groups, runtime, opts.job, gpus_per_node)
         if opts.tp is not None
         else None
-    )
-    runtime.set_prefetch(
-        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     n_modules = sum(1 for _ in copy.modules())
     where = "the meta device" if device == "meta" else "the model's device"
@@ -132,30 +114,10 @@ def analyze_fsdp2(
         probe: CostProbe | None = None
         try:
             if profile:
-                owners = {p: g.name for g in groups for p in g.params}
                 # the gradients FSDP leaves to autograd: of the parameters it does not manage
-                owners.update(dict.fromkeys(_unmanaged(copy, groups), IGNORED))
-                names = [g.name for g in groups]
-                shares = tp.shares() if tp is not None else None
-                job = opts.job
-                probe = CostProbe(
-                    tracker,
-                    owners,
-                    names,
-                    list(copy.buffers()),
-                    shares,
-                    compiled=compiled,
-                    compiled_checkpoints=compiled_checkpoints(copy, compiled, job.compile),
-                    float8=job.float8_modules(copy),
-                    float8_weights_gathered=bool(
-                        job.float8 and job.float8.enable_fsdp_float8_all_gather
-                    ),
-                    float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
-                    float8_fused=bool(job.compile),
+                probe = fsdp2_probe(
+                    copy, groups, opts, tracker, runtime, tp, _unmanaged(copy, groups)
                 )
-                probe.attach(runtime)
-                if tp is not None:
-                    tp.measure(probe)
             args, kw = inputs_copy(inputs, device)
             if cp is not None:
                 args, kw = shard_sequence(args, kw, cp.size)
@@ -167,14 +129,13 @@ def analyze_fsdp2(
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             remove_hooks(tracker, emulation, tp, probe)
-    placements = opts.tp.placements(copy) if opts.tp is not None else {}
-    mark_unused(groups, opts, emulation.reached, placements)
     report = fsdp2_report(
         copy,
         groups,
         opts,
         runtime,
         tracker,
+        emulation.reached,
         list(tracker.backward_order),
         list(emulation.view_outputs),
         probe,
@@ -187,6 +148,41 @@ def analyze_fsdp2(
             node = tp.strategy_gpus_per_node
             report.config = report.config.replace(tp_strategy_gpus_per_node=node)
     return report
+
+
+def fsdp2_probe(
+    copy: nn.Module,
+    groups: list[Group],
+    opts: FSDP2Options,
+    tracker: ModuleTracker,
+    runtime: FSDP2Runtime,
+    tp: TPEmulation | None,
+    unmanaged: list[nn.Parameter] | None = None,
+) -> CostProbe:
+    """The probe that measures a trace of ``opts``' groups of ``copy`` (a model's, a pipeline
+    stage's) for the cost model, marking ``runtime``'s hook calls; ``unmanaged``: the
+    parameters no group manages, whose gradients autograd keeps."""
+    job = opts.job
+    compiled = job.compiled_modules(copy)
+    owners = {p: g.name for g in groups for p in g.params}
+    owners.update(dict.fromkeys(unmanaged or (), IGNORED))
+    probe = CostProbe(
+        tracker,
+        owners,
+        [g.name for g in groups],
+        list(copy.buffers()),
+        tp.shares() if tp is not None else None,
+        compiled=compiled,
+        compiled_checkpoints=compiled_checkpoints(copy, compiled, job.compile),
+        float8=job.float8_modules(copy),
+        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
+        float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
+        float8_fused=bool(job.compile),
+    )
+    probe.attach(runtime)
+    if tp is not None:
+        tp.measure(probe)
+    return probe
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:
@@ -209,31 +205,59 @@ def _accumulating(opts: FSDP2Options) -> tuple[bool, bool]:
     return opts.reshard_after_backward, opts.requires_all_reduce
 
 
+def parallelized(model: nn.Module, opts: FSDP2Options, plan: Any) -> tuple[FSDP2Options, list[str]]:
+    """``opts`` with ``parallelize_module``'s ``plan`` read on ``model`` (its float8 styles
+    checked), and the parameters it leaves trainable as ``parallelize_module`` does
+    (:meth:`~fsdpviz.plan.tensor_parallel.TPPlan.unfreeze`)."""
+    opts = opts.replace(tp=resolve_plan(model, plan, opts.tp_size, opts.tp_name))
+    assert opts.tp is not None
+    job = opts.job
+    recipe = job.float8.recipe_name if job.float8 else None
+    check_float8_styles(opts.tp, model, job.float8_modules(model), recipe)
+    return opts, opts.tp.unfreeze(model)
+
+
+def plan_groups(
+    copy: nn.Module,
+    opts: FSDP2Options,
+    originals: Any,
+    params: Mapping[int, nn.Parameter],
+    ignored: set[nn.Parameter],
+    memo: GroupMemo | None = None,
+) -> list[Group]:
+    """The ``fully_shard`` groups ``opts`` asks of ``copy``: its callables asked of the user's
+    modules (``originals``, :func:`~fsdpviz.trace.copy.original_modules`), ``params`` the
+    user's parameter of each of the copy's (what ``shard_placement_fn`` is asked of)."""
+    targets = asked_of_originals(opts.targets, originals)
+    return build_groups(copy, replace(opts, targets=targets), ignored, memo, params)
+
+
 def fsdp2_report(
     copy: nn.Module,
     groups: list[Group],
     opts: FSDP2Options,
     runtime: FSDP2Runtime,
     tracker: ModuleTracker,
+    reached: set[int],
     backward_order: list[str],
     view_outputs: list[str],
     probe: CostProbe | None = None,
     named: list[tuple[str, nn.Module]] | None = None,
 ) -> Report:
-    """The report of one traced iteration (the runtime's events so far) and its replay;
+    """The report of one traced iteration (the runtime's events so far) and its replay:
+    what ``analyze`` and a stored trace's plan share once the hook calls ran. ``reached``:
+    the ids of the parameters a gradient reached (the groups' unused ones are marked);
     ``named``: ``list(copy.named_modules())`` when the caller keeps it."""
+    mark_unused(groups, opts, reached, opts.tp.placements(copy) if opts.tp is not None else {})
     runtime.optimizer_step()
     iterations: list[list[Event]] = [runtime.take_events()]
     # FSDP2 computes with plain unsharded parameters: its hooks add the same
     # autograd nodes every iteration, so the steady state (and every micro-step of
     # gradient accumulation, with or without gradient sync) replays the first.
     log = list(runtime.log)
-    for sync in micro_step_syncs(opts.job.grad_accum)[1:]:
-        runtime.micro_step(sync, *_accumulating(opts))
-        runtime.replay(log)
-        runtime.optimizer_step()
-        iterations.append(runtime.take_events())
-    runtime.micro_step(True)
+    iterations += run_micro_steps(
+        runtime, [log], opts.job.grad_accum, _accumulating(opts), start=1
+    )[0]
     order = forward_order(runtime.log, groups)
     placements = group_placements(groups)
     return Report(

@@ -19,6 +19,7 @@ from torch import nn
 from torch.autograd import Variable
 from torch.distributed.utils import _apply_to_tensors
 
+from fsdpviz.plan.fsdp2 import prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.torch_fsdp import grad_tensors, replace_grad_tensors
@@ -64,6 +65,20 @@ def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
     return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 
+def fsdp2_runtime(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> FSDP2Runtime:
+    """The runtime of ``opts``' plan of ``model`` in ``groups``, its explicit prefetches set:
+    what every driver of FSDP2's hooks (a trace, a stored trace, a pipeline stage) runs."""
+    runtime = FSDP2Runtime(
+        groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
+        float8_scales(model, groups, opts),
+    )  # fmt: skip
+    runtime.set_prefetch(
+        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
+        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
+    )
+    return runtime
+
+
 class FSDP2Emulation:
     """FSDP2's hooks on the copy (``model``), reporting to an :class:`FSDP2Runtime`."""
 
@@ -71,10 +86,7 @@ class FSDP2Emulation:
         self.groups = groups
         self.opts = opts
         self.rules = opts.torch
-        self.runtime = FSDP2Runtime(
-            groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
-            float8_scales(model, groups, opts),
-        )  # fmt: skip
+        self.runtime = fsdp2_runtime(model, groups, opts)
         self._handles: list[Any] = []
         self.view_outputs: dict[str, None] = {}
         self.reached: set[int] = set()  # ids of the parameters a gradient reached

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fsdpviz.errors import FSDPConfigError
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import PipelineOptions
-from fsdpviz.schedule.fsdp2_emulation import float8_scales
+from fsdpviz.schedule.fsdp2_emulation import fsdp2_runtime
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime, Sharded
 from fsdpviz.schedule.pipeline_order import parse_action
 from fsdpviz.schedule.pipeline_profile import Call
@@ -29,20 +29,9 @@ class RankRun:
         self.opts = opts
         self.traces = traces
         self.stages = opts.stages_of(rank)
-        self.runtimes: dict[int, FSDP2Runtime] = {}
-        for s in self.stages:
-            t = traces[s]
-            rt = FSDP2Runtime(
-                t.groups,
-                t.opts.shard_ranks,
-                t.opts.replicas,
-                t.opts.offload,
-                t.opts.torch,
-                t.opts.hsdp,
-                float8_scales(t.part, t.groups, t.opts),
-            )
-            rt.set_prefetch(*t.prefetch)
-            self.runtimes[s] = rt
+        self.runtimes = {
+            s: fsdp2_runtime(traces[s].part, traces[s].groups, traces[s].opts) for s in self.stages
+        }
         self.unshard_pending: set[int] = set()
         # zero-bubble: the groups of a microbatch's I whose parameters were not unsharded
         # when it began, whose W then computes no gradient (see :meth:`action`)

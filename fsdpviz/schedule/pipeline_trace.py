@@ -24,17 +24,12 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
-from fsdpviz.plan.fsdp2 import (
-    build_groups,
-    check_reshard_ints,
-    float8_gathered_groups,
-    prefetch_indices,
-    resolve_targets,
-)
+from fsdpviz.plan.fsdp2 import build_groups, check_groups, resolve_targets
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
-from fsdpviz.plan.tensor_parallel import check_float8_styles, resolve_plan, unfrozen_warning
+from fsdpviz.plan.tensor_parallel import unfrozen_warning
+from fsdpviz.schedule.fsdp2 import fsdp2_probe, parallelized
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -42,7 +37,6 @@ from fsdpviz.schema.names import some_names
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
 from fsdpviz.schema.report import FsdpWarning
-from fsdpviz.trace.compiled_regions import compiled_checkpoints
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.progress import QUIET, progress_bar
 from fsdpviz.trace.tracker import ModuleTracker, remove_hooks, run_step
@@ -69,7 +63,6 @@ class StageTrace:
     inputs_need_grad: bool
     outputs_need_grad: bool = True  # False: a frozen stage's (no backward, no gradient back)
     loss_bytes: int = 0  # the last stage's loss
-    prefetch: tuple[dict[int, list[int]], dict[int, list[int]]] = field(default=({}, {}))
     profile: TraceProfile | None = None  # what the probe measured (one iteration)
     split: SplitTraces | None = None  # its backward as I and W (zero-bubble schedules)
     warnings: list[FsdpWarning] = field(default_factory=list)  # tensor parallelism's
@@ -116,23 +109,10 @@ def trace_stages(
             )
             unfrozen: list[str] = []
             if opts.parallelize_plan is not None:
-                stage_opts = stage_opts.replace(
-                    tp=resolve_plan(
-                        part,
-                        _stage_plan(opts.parallelize_plan, modules),
-                        opts.tp_size,
-                        opts.tp_name,
-                    )
-                )
-                assert stage_opts.tp is not None
-                job = stage_opts.job
-                recipe = job.float8.recipe_name if job.float8 else None
-                check_float8_styles(stage_opts.tp, part, job.float8_modules(part), recipe)
-                # as parallelize_module does (TPPlan.unfreeze)
-                unfrozen = stage_opts.tp.unfreeze(part)
+                plan = _stage_plan(opts.parallelize_plan, modules)
+                stage_opts, unfrozen = parallelized(part, stage_opts, plan)
             groups = _name_root(build_groups(part, stage_opts, ignored), s)
-            f8 = float8_gathered_groups(part, groups, stage_opts.job)
-            check_reshard_ints(groups, stage_opts.shard_ranks, float8_groups=f8)
+            check_groups(part, groups, stage_opts)
             last = s == popts.num_stages - 1
             trace, output, shares = _trace_stage(
                 s, part, stage_opts, groups, args, kw, last, where, bar, profile, shared,
@@ -279,11 +259,6 @@ def _trace_stage(
         if opts.tp is not None
         else None
     )
-    prefetch = (
-        prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
-        prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
-    )
-    runtime.set_prefetch(*prefetch)
     tracker = ModuleTracker(part, on_call=bar.tick)
     probe: CostProbe | None = None
 
@@ -297,11 +272,8 @@ def _trace_stage(
 
     try:
         if profile:
-            probe = _probe(part, groups, opts, tracker, tp)
+            probe = fsdp2_probe(part, groups, opts, tracker, runtime, tp)
             probe.inputs_shared(shared)
-            probe.attach(runtime)
-            if tp is not None:
-                tp.measure(probe)
         backward = None
         if split is not None and probe is not None:
             params = {g.name: list(g.params) for g in groups}
@@ -346,7 +318,6 @@ def _trace_stage(
         inputs_need_grad=any(t.requires_grad for t in received),
         outputs_need_grad=any(t.requires_grad for t in sent),
         loss_bytes=loss_bytes,
-        prefetch=prefetch,
         profile=measured,
         warnings=tp.mixed_warnings() + tp.implicit_warnings() if tp is not None else [],
         reached=set(emulation.reached),
@@ -386,30 +357,6 @@ def _split_trace(
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _probe(
-    part: nn.Module,
-    groups: list[Group],
-    opts: FSDP2Options,
-    tracker: ModuleTracker,
-    tp: TPEmulation | None,
-) -> CostProbe:
-    job = opts.job
-    compiled = job.compiled_modules(part)
-    return CostProbe(
-        tracker,
-        {p: g.name for g in groups for p in g.params},
-        [g.name for g in groups],
-        list(part.buffers()),
-        tp.shares() if tp is not None else None,
-        compiled=compiled,
-        compiled_checkpoints=compiled_checkpoints(part, compiled, job.compile),
-        float8=job.float8_modules(part),
-        float8_weights_gathered=bool(job.float8 and job.float8.enable_fsdp_float8_all_gather),
-        float8_recipe=job.float8.recipe_name if job.float8 else "tensorwise",
-        float8_fused=bool(job.compile),
-    )
 
 
 __all__ = ["Log", "StageTrace", "trace_stages"]
