@@ -682,10 +682,11 @@ def test_a_hugging_face_search_is_exact_too() -> None:
     assert {c.knobs["activation_checkpointing"] for c in t.candidates} >= {"none"}
 
 
-def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_traced() -> None:
+def _titan_pipeline(**options: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """torchtitan's debug Llama 3 (six blocks, sequences of 64) and the FSDP2 plan over 2
+    pipeline ranks x 2 shard ranks the pipeline tests tune from (``options`` over it)."""
     from fsdpviz.configs.torchtitan_model import build_llama3
 
-    titan = build_llama3("debugmodel", 64)
     blocks = [f"layers.{i}" for i in range(6)]
     given = {
         "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
@@ -694,6 +695,11 @@ def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_trac
         "pipeline_schedule": "1F1B",
         "microbatches": 2,
     }
+    return build_llama3("debugmodel", 64), {**given, **options}
+
+
+def test_a_pipeline_is_tuned_by_its_schedule_and_degree_every_configuration_traced() -> None:
+    titan, given = _titan_pipeline()
     inputs = torch.zeros(4, 64, dtype=torch.long)
     t = fsdpviz.tune(titan, inputs, **given, progress=False, workers=1)
     pairs = {(c.knobs["mesh"], c.knobs["pipeline"]) for c in t.candidates}
@@ -757,22 +763,11 @@ def test_a_pipeline_torch_would_fail_is_not_evaluated_and_says_why() -> None:
     """InterleavedZeroBubble with 3 stages per rank resharding after forward fails in
     torch's weight backward (see tests/test_schedule_pipeline.py): tune skips that
     resharding with a note and plans the rest."""
-    from fsdpviz.configs.torchtitan_model import build_llama3
-
-    titan = build_llama3("debugmodel", 64)
-    blocks = [f"layers.{i}" for i in range(6)]
-    given = {
-        "fully_shard": ["tok_embeddings", *blocks, ("norm", "output")],
-        "reshard_after_forward": False,
-        "mesh": ("pp", 2, "dp_shard", 2),
-        "pipeline_schedule": "InterleavedZeroBubble",
-        "pipeline_stages": [
-            ["tok_embeddings", "layers.0"],
-            *[[b] for b in blocks[1:5]],
-            ["layers.5", "norm", "output"],
-        ],
-        "microbatches": 4,
-    }
+    stages = [["tok_embeddings", "layers.0"], *[[f"layers.{i}"] for i in range(1, 5)],
+              ["layers.5", "norm", "output"]]  # fmt: skip
+    titan, given = _titan_pipeline(
+        pipeline_schedule="InterleavedZeroBubble", pipeline_stages=stages, microbatches=4
+    )
     t = fsdpviz.tune(titan, torch.zeros(4, 64, dtype=torch.long), **given,
                      knobs=("reshard_after_forward",), progress=False, workers=1)  # fmt: skip
     assert {c.knobs["reshard_after_forward"] for c in t.candidates} == {"never"}
@@ -815,23 +810,11 @@ def test_a_pipelines_code_builds_its_stages_and_schedule() -> None:
     import ast
     import tomllib
 
-    from fsdpviz.configs.torchtitan_model import build_llama3
     from fsdpviz.plan.pipeline import schedule_class
 
-    titan = build_llama3("debugmodel", 64)
-    blocks = [f"layers.{i}" for i in range(6)]
-    t = fsdpviz.tune(
-        titan,
-        torch.zeros(4, 64, dtype=torch.long),
-        fully_shard=["tok_embeddings", *blocks, ("norm", "output")],
-        reshard_after_forward=False,
-        mesh=("pp", 2, "dp_shard", 2),
-        pipeline_schedule="1F1B",
-        microbatches=2,
-        knobs=("pipeline",),
-        progress=False,
-        workers=1,
-    )
+    titan, given = _titan_pipeline()
+    t = fsdpviz.tune(titan, torch.zeros(4, 64, dtype=torch.long), **given,
+                     knobs=("pipeline",), progress=False, workers=1)  # fmt: skip
     seen = set()
     for c in t.candidates:
         pipe = c.report.pipeline
