@@ -32,7 +32,15 @@ from unittest.mock import patch
 import pytest
 import torch
 import torch.distributed as dist
-from test_cost_fsdp1_memtracker import BF16_FP32, CONFIG, _ids, _loss, _Tracker
+from test_cost_fsdp1_memtracker import (
+    BF16_FP32,
+    CONFIG,
+    _ids,
+    _loss,
+    _SecondLayerTwice,
+    _Tracker,
+)
+from torch import nn
 from torch.distributed._tools.mem_tracker import _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -82,15 +90,18 @@ def _settled_after(
     return run
 
 
-def _measured_fsdp1(kwargs: dict[str, Any], micro_steps: int) -> Measured:
+def _measured_fsdp1(
+    kwargs: dict[str, Any], micro_steps: int, build: type[nn.Module] = ExampleModel
+) -> Measured:
     """FSDP1 hybrid sharding (each layer a unit, the root one): the events of the second
     optimizer step's micro-steps (the first ``micro_steps - 1`` under ``no_sync``), each
-    with the bytes at its moment and the most since the event before."""
+    with the bytes at its moment and the most since the event before; ``build``: the model
+    of ``CONFIG``."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fsdp = FSDP(
-            ExampleModel(CONFIG),
+            build(CONFIG),
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             device_id=torch.device("cpu"),
             device_mesh=init_device_mesh("cpu", (2, 2)),
@@ -211,9 +222,26 @@ def test_fsdp1_hybrid_sharding_holds_what_torch_holds_at_every_event(
     kwargs: dict[str, Any] = {"sharding_strategy": strategy}
     if precision == "bf16":
         kwargs["mixed_precision"] = BF16_FP32
-    real = _measured_fsdp1(kwargs, micro_steps)
+    _check_fsdp1(kwargs, micro_steps)
+
+
+@pytest.mark.parametrize("micro_steps", [1, 2], ids=["one_step", "no_sync"])
+def test_fsdp1_unit_run_twice_under_parameter_mixed_precision_at_every_event(
+    fake_pg: int, micro_steps: int
+) -> None:
+    """The second layer run twice, bf16 parameters: its post-backward hook is passed the
+    first forward's gradient beside ``.grad`` (the second's), let go as the hook returns."""
+    assert fake_pg == 4
+    kwargs = {"sharding_strategy": ShardingStrategy.HYBRID_SHARD, "mixed_precision": BF16_FP32}
+    _check_fsdp1(kwargs, micro_steps, _SecondLayerTwice)
+
+
+def _check_fsdp1(
+    kwargs: dict[str, Any], micro_steps: int, build: type[nn.Module] = ExampleModel
+) -> None:
+    real = _measured_fsdp1(kwargs, micro_steps, build)
     with torch.device("meta"):
-        model = ExampleModel(CONFIG)
+        model = build(CONFIG)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     report = fsdpviz.analyze(
         model,
