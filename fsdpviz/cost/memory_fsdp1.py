@@ -529,9 +529,11 @@ class FSDP1Steps:
         of the shard ranks (``_get_reduce_scatter_tensors``), the reduce-scatter output (a
         shard in the reduce dtype) and its cast to the parameters' dtype are made beside it
         (:class:`~fsdpviz.cost.sizes.UnitBytes`), and every one of them but the shard kept
-        is freed when the hook returns, the gradient too: nothing of it outlives the hook
-        (on a GPU the caching allocator keeps the gradient's block from reuse until the
-        reduction is done, ``record_stream``, but it no longer counts as allocated).
+        is freed when the hook returns, the gradient too, and the incoming gradient the hook
+        is passed where it is not ``.grad`` (a post hook of the ``AccumulateGrad`` node; under
+        ``no_sync`` it was added into ``.grad``): nothing of it outlives the hook (on a GPU
+        the caching allocator keeps the gradient's block from reuse until the reduction is
+        done, ``record_stream``, but it no longer counts as allocated).
         ``NO_SHARD`` all-reduces in place and casts. The hook runs on the post-backward
         stream: its pool holds all but the gradient (autograd's, the compute stream's) and,
         under ``HYBRID_SHARD``, the shard's cast, made on the all-reduce stream."""
@@ -564,6 +566,9 @@ class FSDP1Steps:
         self.cat["unsharded_grads"] += kept
         if not base or kept:
             self.cat["unsharded_grads"] -= grads
+        # the incoming gradient the hook was passed beside ``.grad`` (an earlier micro-step's
+        # or another forward's node's ``.grad``), let go with the hook's other tensors
+        self.cat["unsharded_grads"] -= self._arriving.pop(e.unit, 0)
         self._add_shard(e, s.sharded_grad, pool, output)
 
 
