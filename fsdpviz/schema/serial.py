@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, fields
-from typing import Any, Literal, NamedTuple, Self, TypeVar
+from typing import Any, Literal, NamedTuple, Self, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -45,6 +45,7 @@ class _Key(NamedTuple):
     read: Callable[[Any], Any] | None
     missing: Any  # MISSING: the key is needed
     factory: Callable[[], Any] | None  # the field's default_factory, where missing is its
+    scalar: bool  # annotated as a str, int, float or bool (or None): written as it is
 
 
 def key(
@@ -113,30 +114,63 @@ def _key(f: Field[Any]) -> _Key:
         factory = f.default_factory
     elif missing is MISSING:
         missing = f.default
+    scalar = {t.strip() for t in str(f.type).split("|")} <= _SCALARS
     return _Key(f.name, spec.get("omit"), spec.get("beside"), spec.get("write"), spec.get("read"),
-                missing, factory)  # fmt: skip
+                missing, factory, scalar)  # fmt: skip
+
+
+_SCALARS = {"str", "int", "float", "bool", "None"}
 
 
 def record_dict(record: object) -> dict[str, Any]:
     """``record``'s fields as a dict, as they are declared (see the module docstring)."""
-    d: dict[str, Any] = {}
-    for name, omit, beside, write, _, _, _ in _keys(type(record)):
-        if beside is not None and getattr(record, beside) is None:
-            continue
-        value = getattr(record, name)
-        if omit is not None and (value is None if omit == "none" else not value):
-            continue
-        if write is not None:
-            value = write(value)
-        elif isinstance(value, _NESTED):
-            value = plain(value)
-        d[name] = value
-    return d
+    cls = type(record)
+    writer = _WRITERS.get(cls)
+    if writer is None:
+        writer = _WRITERS[cls] = _writer(_keys(cls))
+    return writer(record)
+
+
+_WRITERS: dict[type, Callable[[object], dict[str, Any]]] = {}
+
+
+def _writer(keys: tuple[_Key, ...]) -> Callable[[object], dict[str, Any]]:
+    """A function writing a record of these keys, its source made once per class (as
+    :mod:`dataclasses` makes ``__init__``): a row is written as fast as written out by hand
+    (the views read rows as mappings, a key at a time)."""
+    names: dict[str, Any] = {"plain": plain, "nested": _NESTED}
+    literal: list[str] = []  # the keys always written, up to the first that may not be
+    lines: list[str] = []
+    for i, k in enumerate(keys):
+        if k.write is not None:
+            names[f"w{i}"] = k.write
+            value = f"w{i}(r.{k.name})"
+        elif k.scalar:
+            value = f"r.{k.name}"
+        else:
+            value = f"plain(r.{k.name}) if isinstance(r.{k.name}, nested) else r.{k.name}"
+        test = [f"r.{k.beside} is not None"] if k.beside is not None else []
+        if k.omit is not None:
+            test.append(f"r.{k.name} is not None" if k.omit == "none" else f"r.{k.name}")
+        if not test and not lines:
+            literal.append(f"{k.name!r}: {value}")
+        elif test:
+            lines += [f"    if {' and '.join(test)}:", f"        d[{k.name!r}] = {value}"]
+        else:
+            lines.append(f"    d[{k.name!r}] = {value}")
+    source = ["def write(r):", f"    d = {{{', '.join(literal)}}}", *lines, "    return d"]
+    exec("\n".join(source), names)  # the source names fields alone
+    return cast(Callable[[object], dict[str, Any]], names["write"])
 
 
 def record_from(cls: type[T], d: Mapping[str, Any], **given: Any) -> T:
     """A ``cls`` back from :func:`record_dict`'s output (or an older file's); ``given``:
     fields worked out by the caller (an older file's key from others)."""
+    if not given:
+        reader = _READERS.get(cls)
+        if reader is None:
+            reader = _READERS[cls] = _reader(cls, _keys(cls))
+        return cast(T, reader(d))
     values = dict(given)
     for k in _keys(cls):
         if k.name in values:
@@ -151,6 +185,30 @@ def record_from(cls: type[T], d: Mapping[str, Any], **given: Any) -> T:
         else:
             raise KeyError(k.name)
     return cls(**values)
+
+
+_READERS: dict[type, Callable[[Mapping[str, Any]], Any]] = {}
+
+
+def _reader(cls: type, keys: tuple[_Key, ...]) -> Callable[[Mapping[str, Any]], Any]:
+    """A function reading a ``cls`` back, made once per class as :func:`_writer` is: each
+    key read (``read``), else the field's ``missing`` or a new default, else ``KeyError``."""
+    names: dict[str, Any] = {"cls": cls}
+    args = []
+    for i, k in enumerate(keys):
+        got = f"d[{k.name!r}]"
+        if k.read is not None:
+            names[f"r{i}"] = k.read
+            got = f"r{i}({got})"
+        if k.factory is not None:
+            names[f"f{i}"] = k.factory
+            got = f"{got} if {k.name!r} in d else f{i}()"
+        elif k.missing is not MISSING:
+            names[f"m{i}"] = k.missing
+            got = f"{got} if {k.name!r} in d else m{i}"
+        args.append(f"{k.name}=({got})")
+    exec(f"def read(d):\n    return cls({', '.join(args)})", names)  # field names alone
+    return cast(Callable[[Mapping[str, Any]], Any], names["read"])
 
 
 class Record:
