@@ -260,3 +260,64 @@ def test_the_peaks_without_held_call_gradients_are_carried(accum: int) -> None:
         mine = derived.profile.iterations[-1].peak_unbuffered
         assert mine and mine not in unbuffered
         assert derived.memory.peak == traced.memory.peak
+
+
+class _Residual(torch.nn.Module):
+    """A residual MLP block."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(hidden, 2 * hidden)
+        self.down = torch.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.down(torch.relu(self.up(x)))
+        return out
+
+
+class _RawInput(torch.nn.Module):
+    """Blocks over the raw input, the first's needing no gradient (no embedding before it)."""
+
+    def __init__(self, hidden: int = 32, blocks: int = 5) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Residual(hidden) for _ in range(blocks))
+        self.head = torch.nn.Linear(hidden, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("precision", [None, BF16], ids=["fp32", "bf16"])
+def test_a_first_block_whose_input_needs_no_gradient(
+    precision: MixedPrecisionPolicy | None, n: int, accum: int
+) -> None:
+    """FSDP2: the first block takes the raw input, so no post-backward hook is registered
+    on it (``FSDPState._register_post_backward_hook`` finds no input requiring a gradient)
+    and its post-backward runs in the root's final callback
+    (``_root_post_backward_final_callback``): its backward stretch ends at that callback,
+    in both traces, and the plans are ``analyze``'s field for field."""
+
+    def build() -> torch.nn.Module:
+        with torch.device("meta"):
+            return _RawInput()
+
+    def inputs() -> torch.Tensor:
+        return torch.randn(8, 16, 32, generator=torch.Generator().manual_seed(0))
+
+    given: dict[str, Any] = {"fully_shard": [_Residual], "grad_accum": accum}
+    if precision is not None:
+        given["mp_policy"] = precision
+    case: Case = (build, inputs, _Residual, given)
+    none, full = _analyze(case, None), _analyze(case, [_Residual])
+    assert full.profile is not None
+    hooks = full.profile.iterations[0].hooks
+    assert not any(h == "post_backward" and u == "blocks.0" for h, u, _ in hooks)
+    capture = checkpoint_capture(none, full)
+    assert capture is not None and capture.blocks == [f"blocks.{i}" for i in range(5)]
+    assert capture.every(n).to_dict() == _analyze(case, CheckpointEvery([_Residual], n)).to_dict()
+    assert capture.every(1).to_dict() == full.to_dict()

@@ -159,3 +159,71 @@ def test_workers_leave_the_keys_a_pair_derives_to_the_search(first: str) -> None
     derived = [sorted((sorted(c.knobs.items()), c.derived) for c in t.candidates)
                for t in (forked, in_process)]  # fmt: skip
     assert derived[0] == derived[1]
+
+
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork start method"
+)
+@pytest.mark.parametrize("source", ["earlier search", "micro-batch family"])
+def test_workers_leave_a_key_whose_missing_sibling_is_not_traced(source: str) -> None:
+    """A checkpoint pair's sibling the search takes without tracing it: from an earlier
+    search (``Tuning.retune``: the first search traced no checkpointing alone) or derived
+    from its micro-batch family (none checkpointed traced at 12 samples, as given, and 4;
+    the workers given the configurations of 6 samples, every 2nd block's family's first
+    there). The workers leave every 2nd block's key to the search, which derives it from the
+    pair, as the search without workers does: the same traces, derivations and candidates
+    (each derived from what the search in the same order without workers derives it from;
+    the candidates those of the exhaustive search too)."""
+    import itertools
+
+    from fsdpviz.tuning.space import KNOBS, REPLAYED
+    from fsdpviz.tuning.stages import StagedSearch
+
+    knobs = ("micro_batch", "activation_checkpointing", "reshard_after_forward")
+    model, family = example_model(CONFIG), source == "micro-batch family"
+
+    def before(c: dict[str, Any]) -> bool:
+        label = c["activation_checkpointing"].label
+        return family and (
+            label == "each DecoderLayer" or (label == "none" and c["micro_batch"].samples == 4)
+        )
+
+    def ahead(self: StagedSearch) -> None:
+        traced = [k for k in KNOBS if k in self.space.choices and k not in REPLAYED[self.api]]
+        configs = [
+            {**self.space.user, **dict(zip(traced, combo, strict=True))}
+            for combo in itertools.product(*(self.space.choices[k] for k in traced))
+        ]
+        for c in filter(before, configs):
+            self.evaluate_key(c)
+        self.prefetch([c for c in configs if not family or c["micro_batch"].samples == 6])
+        exhaustive(self)
+
+    def tune(workers: int) -> Tuning:
+        if not family:
+            first = fsdpviz.tune(
+                model, example_inputs(CONFIG, batch=4, seq=32), world_size=8,
+                fully_shard=[DecoderLayer], knobs=knobs[::2], exhaustive=True,
+                progress=False, workers=1,
+            )  # fmt: skip
+            return first.retune(knobs=knobs, workers=workers)
+        return fsdpviz.tune(
+            model, example_inputs(CONFIG, batch=12, seq=32), world_size=8,
+            fully_shard=[DecoderLayer], knobs=knobs, exhaustive=True, progress=False,
+            workers=workers,
+        )  # fmt: skip
+
+    exhaustive = StagedSearch._exhaustive
+    plain = tune(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StagedSearch, "_exhaustive", ahead)
+        forked, in_process = tune(2), tune(1)  # (in the same order without workers)
+    assert sorted(_candidates(in_process)) == sorted(_candidates(plain))
+    assert in_process.checkpoint_derived > 0
+    counts = [(t.traces, t.checkpoint_derived, t.derived, t.reused) for t in (forked, in_process)]
+    assert counts[0] == counts[1]
+    assert (forked.reused > 0) != family and (forked.derived > 0) == family
+    assert sorted(_candidates(forked)) == sorted(_candidates(in_process))
+    derived = [sorted((sorted(c.knobs.items()), c.derived) for c in t.candidates)
+               for t in (forked, in_process)]  # fmt: skip
+    assert derived[0] == derived[1]

@@ -9,20 +9,25 @@ FSDP hook calls (a stretch, :class:`~fsdpviz.schema.profile.StepProfile`) belong
 block whose forward or backward runs there (from its ``pre_forward`` to the hook after its
 ``post_forward``, from its ``pre_backward`` to the hook after its ``post_backward``: what
 runs between, as the model's loop letting go of the block's input, is the block's too), or
-to none (the embedding, the gaps before blocks). So a block's stretches are taken from the
-trace where it has the plan's choice, the others from the one without checkpointing: their
-FLOPs (a checkpointed block's backward runs its forward again), kernels, gradients. What a
-stretch holds counts every block whose forward is done and backward not begun: its absolute
-counters (``activations``, ``forward_temp``, ``backward_temp``, the peaks and the parts of
-them: ``peak``, ``peak_activations``, ``peak_forward_temp``, ``peak_in_place``,
-``param_views_freed``; each moment's) are shifted by what those blocks hold in the plan
-against what they hold in the stretch's trace. What a block holds differently is its
-``delta``: how much more the trace without checkpointing holds of each (activations,
-forward and backward temporaries) across the block's forward (both traces where it begins
-and where it ends). A checkpointed block saves its positional inputs alone
-(``_CheckpointFrame.save_inputs`` in ``torch/utils/checkpoint.py``), and its modules run
-twice (``ModuleInfo.calls``): each block's module records are taken from its trace too
-(``modules``, ``profile.modules``), and the config states how many blocks are checkpointed.
+to none (the embedding, the gaps before blocks). Under FSDP2 a block whose inputs need no
+gradient (the first, where it takes the raw input) has no post-backward hook (none is
+registered on its inputs) and no hook call after its backward but the root's final callback,
+which runs its post-backward (``_root_post_backward_final_callback``): its backward is from
+its ``pre_backward`` to that callback, the same hook calls in both traces. So a block's
+stretches are taken from the trace where it has the plan's choice, the others from the one
+without checkpointing: their FLOPs (a checkpointed block's backward runs its forward again),
+kernels, gradients. What a stretch holds counts every block whose forward is done and
+backward not begun: its absolute counters (``activations``, ``forward_temp``,
+``backward_temp``, the peaks and the parts of them: ``peak``, ``peak_activations``,
+``peak_forward_temp``, ``peak_in_place``, ``param_views_freed``; each moment's) are shifted
+by what those blocks hold in the plan against what they hold in the stretch's trace. What a
+block holds differently is its ``delta``: how much more the trace without checkpointing
+holds of each (activations, forward and backward temporaries) across the block's forward
+(both traces where it begins and where it ends). A checkpointed block saves its positional
+inputs alone (``_CheckpointFrame.save_inputs`` in ``torch/utils/checkpoint.py``), and its
+modules run twice (``ModuleInfo.calls``): each block's module records are taken from its
+trace too (``modules``, ``profile.modules``), and the config states how many blocks are
+checkpointed.
 
 Exact or nothing: :func:`checkpoint_capture` returns None where that is not what
 ``analyze`` makes, and where the two traces cannot show it is:
@@ -211,12 +216,14 @@ class CheckpointCapture:
                         at.setdefault(hook.removesuffix("_reshard_only"), []).append(k)
                 pf, po = at.get("pre_forward", []), at.get("post_forward", [])
                 pb, pob = at.get("pre_backward", []), at.get("post_backward", [])
-                if not (len(pf) == len(po) == len(pb) == len(pob) == 1):
+                if not (len(pf) == len(po) == len(pb) == 1 and len(pob) <= 1):
                     raise _NotExact(f"{fqn} is not one unit run once per iteration")
-                if not pf[0] < po[0] < pb[0] < pob[0]:
+                # (no post_backward: its inputs need no gradient, see _final_callback)
+                end = pob[0] + 1 if pob else _final_callback(full, step.hooks, pb[0], fqn)
+                if not pf[0] < po[0] < pb[0] < end:
                     raise _NotExact(f"{fqn}'s hook calls are out of order")
                 forward.append((pf[0], po[0] + 1))
-                backward.append((pb[0], pob[0] + 1))
+                backward.append((pb[0], end))
             blocks.append(_Block(fqn, forward, backward))
         for i, it in enumerate(full.profile.iterations):  # no stretch owned by two
             spans = sorted(s for b in blocks for s in (b.forward[i], b.backward[i]))
@@ -354,6 +361,18 @@ def _take_unbuffered(it: dict[str, Any], src: dict[str, Any], k: int) -> None:
         mine[str(k)] = list(theirs[str(k)])
     else:
         mine.pop(str(k), None)
+
+
+def _final_callback(full: Report, hooks: Sequence[Any], after: int, fqn: str) -> int:
+    """The index of the final callback that runs the post-backward of ``fqn``, a block whose
+    hook calls hold its ``pre_backward`` (at ``after``) and no ``post_backward``: FSDP2's,
+    the first after it (see the module's docstring)."""
+    if full.config.api != "FSDP2":
+        raise _NotExact(f"{fqn} has no post-backward hook call under {full.config.api}")
+    for k in range(after + 1, len(hooks)):
+        if hooks[k][0] == "final_callback":
+            return k
+    raise _NotExact(f"{fqn}'s backward has no end")
 
 
 def _plus(a: Sequence[int], b: Sequence[int]) -> tuple[int, int, int]:

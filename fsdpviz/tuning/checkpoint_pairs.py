@@ -14,7 +14,9 @@ sibling traced for the refused pair is the one trace a search may spend in vain)
 derived trace is made with the siblings' replayed knobs, which
 tune replays to each configuration's own as it replays any trace of a key. Traces made side
 by side in forked workers leave such a key to the search, and trace the sibling it would
-trace first in its place (:meth:`CheckpointPairs.left_to_derive`)."""
+trace first in its place, or none where the search takes that sibling without tracing it
+(an earlier search's trace, :meth:`fsdpviz.Tuning.retune`, or one its micro-batch family
+derives) (:meth:`CheckpointPairs.left_to_derive`)."""
 
 from __future__ import annotations
 
@@ -126,15 +128,19 @@ class CheckpointPairs:
         ],
         ahead: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
         wanted: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
+        untraced: Callable[[tuple[Any, ...], dict[str, Choice]], dict[str, Any] | None],
     ) -> dict[tuple[Any, ...], tuple[dict[str, Choice], bool]]:
         """``todo`` (the trace keys forked workers are to trace, each with its configuration
         and whether it is the one as given) without the keys :meth:`derive` will derive once
         they are traced: where both siblings are traced or in ``todo``, made with the same
         replayed knobs; or where one is, made with the key's own, and ``ahead(key, config)``
         (the search would trace the other first, :meth:`derive`'s ``ahead``) and the other is
-        ``wanted`` by the workers: that other in the key's place (``made``: a
-        configuration's replayed knobs' keywords, the search's traces by key, a key's stored
-        trace, as :meth:`derive` takes them). Unchanged once a pair was refused."""
+        ``wanted`` by the workers: that other in the key's place, or none where the search
+        takes the other without tracing it (``untraced``: the keywords of the trace it takes,
+        an earlier search's or derived from its micro-batch family; None: it traces it)
+        (``made``: a configuration's replayed knobs' keywords, the search's traces by key, a
+        key's stored trace, as :meth:`derive` takes them). Unchanged once a pair was
+        refused."""
         changes_of, traces, kept = made
         out = dict(todo)
 
@@ -158,12 +164,13 @@ class CheckpointPairs:
                 k, c = (k0, c0) if there[0] is False else (k1, c1)
                 have = there[1] if there[0] is False else there[0]
                 own = changes_of(config)
-                if (
-                    isinstance(have, dict) and same_changes(have, own)
-                    and ahead(key, config) and wanted(k, c)
-                ):  # fmt: skip
-                    out[k] = (c, mine)
-                    there = [have, have]
+                if isinstance(have, dict) and same_changes(have, own) and ahead(key, config):
+                    taken = untraced(k, c)
+                    if taken is not None:  # (derive's trace of it takes it so)
+                        there = [taken if x is False else x for x in there]
+                    elif wanted(k, c):
+                        out[k] = (c, mine)
+                        there = [have, have]
             one, two = there
             if isinstance(one, dict) and isinstance(two, dict) and same_changes(one, two):
                 del out[key]

@@ -9,7 +9,6 @@ derived from its keys without checkpointing and with each block
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import multiprocessing
 import time
@@ -45,6 +44,7 @@ from fsdpviz.tuning.space import (
     Choice,
     Space,
     TuneKwargs,
+    keeps_a_cache,
     micro_batch_inputs,
     micro_batch_label,
     reshard_given,
@@ -103,7 +103,7 @@ class Evaluations:
         self._seen: dict[tuple[str, ...], Candidate | None] = {}
         self._configs: dict[int, Config] = {}  # candidate index -> its configuration
         self._inputs: dict[tuple[int, bool], Any] = {}
-        self._cache_off = _keeps_a_cache(model, inputs)
+        self._cache_off = keeps_a_cache(model, inputs)
         if self._cache_off:
             self.notes.append(
                 "use_cache=False in the inputs of every configuration but the one as given: "
@@ -395,6 +395,7 @@ class Evaluations:
             (self._traced_changes, self._traces, self._stored),
             lambda k, c: self._ahead(*self._batch_family(k, c)),
             self._wanted,
+            self._untraced,
         )
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
@@ -430,6 +431,15 @@ class Evaluations:
     def _ahead(self, family: tuple[Any, ...] | None, samples: int) -> bool:
         """Whether a checkpoint pair's sibling is traced ahead: not where a family derives."""
         return family is None or self._batches.derived(family, samples) is None
+
+    def _untraced(self, key: tuple[Any, ...], config: Config) -> dict[str, Any] | None:
+        """The keywords of the trace :meth:`_trace` takes for ``key`` without tracing it (an
+        earlier search's, or derived from its micro-batch family); None: it traces it."""
+        if self._reusable(key, config) is not None:
+            return dict(self.earlier[key].changes)
+        family, samples = self._batch_family(key, config)
+        derived = None if family is None else self._batches.derived(family, samples)
+        return None if derived is None else derived[1]
 
     def _wanted(self, key: tuple[Any, ...], config: Config) -> bool:
         """Whether workers trace ``key``: not traced, reused, or left to its micro-batch family."""
@@ -628,19 +638,6 @@ def _trace_job(index: int) -> Report | None:
             )
     except Exception:
         return None
-
-
-def _keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
-    """Whether ``model`` (a Hugging Face model taking ``use_cache``) keeps a key/value cache
-    with these keyword inputs."""
-    if not isinstance(inputs, dict) or "use_cache" in inputs:
-        return False
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    config = getattr(model, "config", None)
-    return "use_cache" in params and bool(getattr(config, "use_cache", False))
 
 
 def _samples(config: Config) -> int:

@@ -39,6 +39,7 @@ replayed from the trace of a configuration that differs only in them
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -374,6 +375,19 @@ def micro_batch_inputs(inputs: Any, batch: int, samples: int) -> Any:
     return tree_map(cut, inputs)
 
 
+def keeps_a_cache(model: nn.Module, inputs: Any) -> bool:
+    """Whether ``model`` (a Hugging Face model taking ``use_cache``) keeps a key/value cache
+    with these keyword inputs."""
+    if not isinstance(inputs, dict) or "use_cache" in inputs:
+        return False
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    config = getattr(model, "config", None)
+    return "use_cache" in params and bool(getattr(config, "use_cache", False))
+
+
 def micro_batch_label(samples: int, steps: int) -> str:
     """A micro-batch in words: ``"2 x 4 micro-steps"`` (samples per forward x micro-steps)."""
     step = "micro-step" if steps == 1 else "micro-steps"
@@ -551,6 +565,7 @@ __all__ = [
     "checkpoint_label",
     "divisors",
     "heads",
+    "keeps_a_cache",
     "micro_batch_inputs",
     "micro_batch_label",
     "param_dtype",
