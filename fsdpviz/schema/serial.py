@@ -131,10 +131,11 @@ def record_dict(record: object) -> dict[str, Any]:
     return writer(record)
 
 
-_WRITERS: dict[type, Callable[[object], dict[str, Any]]] = {}
+_Writer = Callable[[object], dict[str, Any]]
+_WRITERS: dict[type, _Writer] = {}
 
 
-def _writer(keys: tuple[_Key, ...]) -> Callable[[object], dict[str, Any]]:
+def _writer(keys: tuple[_Key, ...]) -> _Writer:
     """A function writing a record of these keys, its source made once per class (as
     :mod:`dataclasses` makes ``__init__``): a row is written as fast as written out by hand
     (the views read rows as mappings, a key at a time)."""
@@ -160,7 +161,7 @@ def _writer(keys: tuple[_Key, ...]) -> Callable[[object], dict[str, Any]]:
             lines.append(f"    d[{k.name!r}] = {value}")
     source = ["def write(r):", f"    d = {{{', '.join(literal)}}}", *lines, "    return d"]
     exec("\n".join(source), names)  # the source names fields alone
-    return cast(Callable[[object], dict[str, Any]], names["write"])
+    return cast(_Writer, names["write"])
 
 
 def record_from(cls: type[T], d: Mapping[str, Any], **given: Any) -> T:
