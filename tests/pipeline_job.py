@@ -24,8 +24,9 @@ MODEL_ARGS: dict[str, Any] = {"dim": 16, "n_layers": 4, "n_heads": 2, "vocab_siz
                               "multiple_of": 16}  # fmt: skip
 BATCH, SEQ = 4, 8
 STEPS = 3
-# name -> (schedule, microbatches, torchtitan's fsdp_reshard_after_forward, or "blocks": only
-# the blocks and each part's root sharded, the roots holding the embeddings, norm and output)
+# name -> (schedule, microbatches, torchtitan's fsdp_reshard_after_forward, a number of ranks
+# to reshard to after forward (fully_shard's int reshard_after_forward, as digits), or "blocks":
+# only the blocks and each part's root sharded, the roots holding the embeddings, norm and output)
 CASES: dict[str, tuple[str, int, str]] = {
     "gpipe-2": ("GPipe", 2, "default"),
     "gpipe-4": ("GPipe", 4, "default"),
@@ -114,12 +115,18 @@ def split_module(whole: nn.Module, names: list[str]) -> nn.Module:
     return part
 
 
+def reshard_after_forward(policy: str) -> bool | int:
+    """``fully_shard``'s ``reshard_after_forward`` of the non-root units under ``policy``
+    ("default" under PP: False; digits: that many ranks)."""
+    return int(policy) if policy.isdigit() else policy == "always"
+
+
 def shard(part: nn.Module, mesh: Any, policy: str, **options: Any) -> None:
     """torchtitan's ``apply_fsdp`` on one model part (float32 unless ``options`` holds an
     ``mp_policy``)."""
     from torch.distributed.fsdp import fully_shard
 
-    raf = policy == "always"  # "default" under PP: False
+    raf = reshard_after_forward(policy)
     if part.tok_embeddings is not None and policy != "blocks":
         fully_shard(part.tok_embeddings, mesh=mesh, reshard_after_forward=raf, **options)
     if part.norm is not None and part.output is not None and policy != "blocks":

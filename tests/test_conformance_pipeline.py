@@ -52,7 +52,7 @@ def predict(name: str, loss: Any = None, **options: Any) -> fsdpviz.Report:
     """``analyze`` of case ``name``; ``loss``: of the last stage's output (default: the
     cross entropy against the labels); ``options``: more of ``analyze``'s."""
     schedule, microbatches, policy = pj.CASES[name]
-    raf = policy == "always"
+    raf = pj.reshard_after_forward(policy)
     blocks = [f"layers.{i}" for i in range(pj.MODEL_ARGS["n_layers"])]
     with torch.device("meta"):
         model = pj.model()

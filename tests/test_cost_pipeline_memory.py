@@ -138,26 +138,30 @@ def test_zero_bubble_gives_no_gradient_to_groups_resharded_before_the_input_back
     assert real.peak == memory_model(mine, optimizer=None).peak["bytes"]
 
 
+@pytest.mark.parametrize(("dp", "policy"), [(2, "always"), (4, "2")])
 def test_zero_bubble_fails_where_a_forward_reshards_between_input_and_weight_backward(
-    as_rank: object, monkeypatch: pytest.MonkeyPatch
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, dp: int, policy: str
 ) -> None:
     """InterleavedZeroBubble on 3 stages per rank, resharding after forward: torch's own
     run of pipeline rank 1 fails at ``3W1`` in ``stage_backward_weight`` (its ``I`` found
     ``layers.2`` gathered, ``3F2`` resharded it), and ``analyze`` refuses the job naming
-    that rank, action and unit (tests/test_schedule_pipeline.py); rank 0 runs."""
+    that rank, action and unit (tests/test_schedule_pipeline.py); rank 0 runs. Resharding
+    onto 2 of 4 ranks fails alike: ``3F2`` registers new post-forward parameters
+    (``to_sharded_post_forward``), whose ``AccumulateGrad`` nodes are not those of I's graph."""
     import fsdpviz
 
+    monkeypatch.setattr(pj, "DP", dp)
     monkeypatch.setattr(pj, "stages_per_rank", lambda schedule: 3)
-    monkeypatch.setitem(pj.CASES, "zero-bubble-3-always", ("InterleavedZeroBubble", 4, "always"))
+    monkeypatch.setitem(pj.CASES, "zero-bubble-3", ("InterleavedZeroBubble", 4, policy))
     with pytest.raises(fsdpviz.FSDPConfigError, match="rank 1: torch fails at 3W1") as caught:
-        predict("zero-bubble-3-always", loss=_square, pipeline_stages=pj.split(6))
+        predict("zero-bubble-3", loss=_square, pipeline_stages=pj.split(6))
     assert "found 'layers.2' gathered, and 3F2" in str(caught.value)
-    args = (*pj.CASES["zero-bubble-3-always"],)
+    args = (*pj.CASES["zero-bubble-3"],)
     kw: dict[str, Any] = {"loss_fn": lambda pred, _: _square(pred),
                           "target": lambda: torch.empty(pj.BATCH, 0)}  # fmt: skip
-    as_rank(0)  # type: ignore[operator]
+    as_rank(0, 2 * dp)  # type: ignore[operator]
     assert measure(*args, **kw).peak > 0
-    as_rank(2)  # type: ignore[operator]
+    as_rank(dp, 2 * dp)  # type: ignore[operator]
     with pytest.raises(KeyError, match="AccumulateGrad"):
         measure(*args, **kw)
 
@@ -189,6 +193,26 @@ def test_a_zero_bubble_rank_holds_what_torch_holds(
         monkeypatch.setitem(pj.CASES, case, spec)
     as_rank(rank)  # type: ignore[operator]
     _check(name, rank // pj.DP)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "dp", "policy", "rank"),
+    [("InterleavedZeroBubble", 4, "2", 4), ("ZBVZeroBubble", 4, "2", 4), ("DualPipeV", 4, "2", 0),
+     ("InterleavedZeroBubble", 2, "1", 2)],
+)  # fmt: skip
+def test_a_zero_bubble_rank_resharding_onto_fewer_ranks_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, schedule: str, dp: int, policy: str,
+    rank: int,
+) -> None:  # fmt: skip
+    """pp 2 x dp_shard 4, each block resharded after forward onto 2 ranks: an ``I`` finds a
+    unit still resharded by its post-forward parameters (``stage_backward_input``'s
+    ``weight_grad_fns``), which keep their shards to its end, past the unit's copy-out, as
+    its ``W`` gives the unit no gradient. Onto 1 of 2 ranks is keeping them gathered
+    (``_get_post_forward_mesh_info``: ``False``)."""
+    monkeypatch.setattr(pj, "DP", dp)
+    monkeypatch.setitem(pj.CASES, "fewer", (schedule, 4, policy))
+    as_rank(rank, 2 * dp)  # type: ignore[operator]
+    _check("fewer", rank // dp)
 
 
 @pytest.mark.parametrize("name", ["zero-bubble-4", "zbv-4"])

@@ -1,8 +1,9 @@
 """The pipeline's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: a rank's stages
 as FSDP roots of their own, a stage's ``UNSHARD`` (gathered on the compute stream, or, over
 a shard group of one rank, copied as the stage's next compute action starts), the backward
-of one microbatch keeping the all-gathers no hook waited for, and the last gradient
-``foreach_reduce`` keeps in the reduce dtype a post-backward moved it to.
+of one microbatch keeping the all-gathers no hook waited for, an input backward keeping the
+post-forward shards it found, and the last gradient ``foreach_reduce`` keeps in the reduce
+dtype a post-backward moved it to.
 :class:`PipelineSteps` is that part of the walker (a mixin, typed by :class:`PipelineHost`).
 """
 
@@ -36,9 +37,15 @@ class PipelineHost(Protocol):
     _root_of: dict[str, str]
     _stage_units: dict[int, list[str]]
     _pipeline_upcast: dict[str, Upcast]
+    _found_by_input: set[str]
+    _held_by_input: int
+    cat: dict[str, int]
+    post_forward_shard: dict[str, int]
+    stale: set[str]
 
     def _wait(self, unit: str, c: HookCall) -> None: ...
     def _stage_unshard(self, c: HookCall) -> None: ...
+    def _input_backward(self, action: str) -> None: ...
 
 
 class PipelineSteps:
@@ -51,6 +58,8 @@ class PipelineSteps:
     _root_of: dict[str, str]
     _stage_units: dict[int, list[str]]
     _pipeline_upcast: dict[str, Upcast]
+    _found_by_input: set[str]
+    _held_by_input: int
 
     def _pipeline_setup(self: PipelineHost, report: Report) -> None:
         """The pipeline's own state at the start of a walk (none outside a pipeline)."""
@@ -77,13 +86,49 @@ class PipelineSteps:
         # gradients into FSDP2's reduce-dtype copy (to_accumulated_grad_if_needed), unless a
         # W's .grad is all there is (a split backward: no post-backward ran since)
         self._pipeline_upcast = upcasts(report, param_grads(report)) if pipe else {}
+        # an input backward's units resharded after forward onto fewer ranks, found by
+        # their post-forward parameters, and the bytes of those it has gathered since (see
+        # :meth:`_input_backward`)
+        self._found_by_input = set()
+        self._held_by_input = 0
 
     def _pipeline_action(self: PipelineHost, c: HookCall) -> None:
         """A pipeline hook call: whether a backward of one microbatch runs from here on,
         and the stage's ``UNSHARD`` (:meth:`_stage_unshard`)."""
         if c.hook == "pipeline" and isinstance(c.arg, str) and c.arg != "forward_end":
             self._microbatch_backward = _BACKWARD_ACTION.fullmatch(c.arg) is not None
+            self._input_backward(c.arg)
             self._stage_unshard(c)
+
+    def _input_backward(self: PipelineHost, action: str) -> None:
+        """A pipeline action starts: the input backward before it (``I``) has returned, and
+        an ``I`` of a stage finds its weights. ``stage_backward_input`` looks them up
+        (``self.submod.parameters()``, ``_get_grad_fn_or_grad_acc``) before autograd runs
+        FSDP's pre-backward: a unit resharded after forward onto fewer ranks holds its
+        post-forward parameters then, whose ``AccumulateGrad`` nodes (``weight_grad_fns``)
+        keep them, their shards with them, until it returns, although the unit's copy-out
+        (``to_unsharded``) lets FSDP's references go."""
+        self.cat["sharded_params"] -= self._held_by_input
+        self._held_by_input = 0
+        found = _STAGE_ACTION.fullmatch(action)
+        self._found_by_input = (
+            {
+                u
+                for u in self._stage_units.get(int(found[1]), ())
+                if u in self.post_forward_shard and u not in self.stale
+            }
+            if found and found[2] == "I"
+            else set()
+        )
+
+    def _drop_post_forward_shard(self: PipelineHost, unit: str) -> None:
+        """A unit's copy-out lets its post-forward shard go (``to_unsharded``): freed, unless
+        the running input backward found it (:meth:`_input_backward`)."""
+        n = self.post_forward_shard.pop(unit)
+        if unit in self._found_by_input:
+            self._held_by_input += n
+        else:
+            self.cat["sharded_params"] -= n
 
     def _moved_to_reduce_dtype(self: PipelineHost, unit: str, grads: int) -> bool:
         """A pipeline's unit whose ``grads`` bytes are FSDP2's reduce-dtype copy, not the

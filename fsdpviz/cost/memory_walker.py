@@ -514,7 +514,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         self._moment("at the copy-out in", c)
         self.cat[temps] -= temp
         if unit in self.post_forward_shard and unit not in self.stale:
-            self.cat["sharded_params"] -= self.post_forward_shard.pop(unit)
+            self._drop_post_forward_shard(unit)
         if not self.fsdp2 or pending is None:
             return
         if unit in self.on_compute:  # a stage's UNSHARD: copied out, its buffer freed
