@@ -68,6 +68,7 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_warning,
     implicit_warnings,
     moves_made,
+    normalised,
     partial_grad_warning,
     scatter_partial_weight,
     skipped_warning,
@@ -140,7 +141,7 @@ class TPEmulation:
         # the gradient layouts (the lists _grads holds) a Redistribute.backward takes back
         self._absorbing: dict[int, list[Layout]] = {}
         params = {id(p) for p in plan.placements(model)}
-        self._flow = DTensorFlow(params, self._meet, self._plain, plan.size)
+        self._flow = DTensorFlow(params, self._meet, self._plain, plan.size, self._normalised)
         # (module, input) -> the warning of a DTensor a style left to the operators
         self._implicit: dict[tuple[str, int | str], str] = {}
         self._handles: list[Any] = []
@@ -148,6 +149,7 @@ class TPEmulation:
         # module -> its output's layout and the buffers its multiply's forward made (_batch_one)
         self._produced: dict[str, tuple[BatchOneMultiply, list[torch.Tensor]]] = {}
         self._root = owner_index("", groups)  # the group of the loss's collectives
+        self._running = ("", self._root)  # the plan's module begun last, and its group
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
@@ -261,6 +263,15 @@ class TPEmulation:
                 found[1][0] = layout
         self._dtensors[id(out)] = (weakref.ref(out), layout)
 
+    def _normalised(self, t: torch.Tensor, out: torch.Tensor, fused: bool, origin: str) -> Any:
+        """A normalisation of a replicated DTensor (:func:`normalised`)."""
+        if self._layout(t) != REPLICATE or self.plan.size == 1:
+            return out
+        found, probe, size = self._aliased(t, self._grads), self._probe, self.plan.size
+        out, grad = normalised(out, fused, found, self.runtime, self._running, probe, size)
+        self._remember(out, REPLICATE, origin, grad)
+        return out
+
     def _explicit(self, t: Any, r: Redistribution, tpm: TPModule, known: Layout | None) -> bool:
         """Whether the style redistributes DTensor ``t`` (in ``known``) with
         ``DTensor.redistribute``: ``ColwiseParallel``, ``RowwiseParallel`` and
@@ -369,6 +380,7 @@ class TPEmulation:
     def _pre_forward(
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, kwargs: Any
     ) -> tuple[Any, Any]:
+        self._running = (tpm.fqn, i)
         args, kwargs = list(args), dict(kwargs)
         for r in tpm.inputs:
             holder: Any = kwargs if isinstance(r.position, str) else args
@@ -633,13 +645,9 @@ class TPEmulation:
         self._handles.clear()
         if self._amax is not None:
             self._amax.remove()
-        self._dtensors.clear()
-        self._grads.clear()
-        self._absorbing.clear()
-        self._narrowed.clear()
-        self._plain.clear()
-        self._float8.clear()
-        self._flow.dtensors.clear()
+        tables = (self._dtensors, self._grads, self._absorbing, self._narrowed, self._plain)
+        for table in (*tables, self._float8, self._flow.dtensors):
+            table.clear()
         if self._probe is not None:
             self._probe.on_all_reduce = None
         self._probe = None

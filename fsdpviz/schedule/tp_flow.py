@@ -24,6 +24,9 @@ from fsdpviz.schema.report import FsdpWarning
 
 Copy = Any  # Callable[[torch.Tensor], torch.Tensor] | None
 Meet = Callable[[list[torch.Tensor], torch.Tensor], None]  # DTensors an operator met; its result
+# a normalisation's input, its result, whether aten fuses it and where the DTensor came from:
+# the result to go on with
+Normalise = Callable[[torch.Tensor, torch.Tensor, bool, str], torch.Tensor]
 # id -> a plain tensor a style returned (to_local()), its layout and the style, in words
 Plain = dict[int, tuple[weakref.ref[torch.Tensor], tuple[Layout, str]]]
 
@@ -38,6 +41,11 @@ _ARITHMETIC = {
     for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
                "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
 }  # fmt: skip
+# normalisations over the last dims: F.layer_norm runs as aten.native_layer_norm (fused),
+# F.rms_norm as arithmetic on the CPU (tp_implicit.normalised)
+_NORMS = {nn.functional.layer_norm: True, torch.layer_norm: True, torch.rms_norm: False} | {
+    nn.functional.rms_norm: False
+}
 # what takes a plain tensor beside a DTensor: loss_parallel()'s handlers make a plain target
 # (and weight) a DTensor (``_cast_to_dtensor``); the others read only its shape or dtype
 _TAKE_PLAIN = {nn.functional.cross_entropy, nn.functional.nll_loss} | {
@@ -81,8 +89,10 @@ class DTensorFlow(TorchFunctionMode):
         meet: Callable[[list[torch.Tensor], torch.Tensor], None],
         plain: Plain | None = None,
         size: int = 1,
+        normalise: Normalise | None = None,
     ) -> None:
         super().__init__()
+        self._normalise = normalise  # told of a normalisation of a DTensor
         self._plain, self._size = plain if plain is not None else {}, size
         self.broadcast: dict[tuple[str, str], str] = {}  # the two styles -> the warning
         self._meet = meet  # told of the DTensors each arithmetic operator meets, and its result
@@ -101,6 +111,9 @@ class DTensorFlow(TorchFunctionMode):
         if origin is not None and func not in _TAKE_PLAIN:
             self._check_mixed(func, tensors, origin)
         out = func(*args, **(kwargs or {}))
+        norm = self._normalise if func in _NORMS and args else None
+        if norm and origin is not None and isinstance(out, torch.Tensor):
+            out = norm(args[0], out, _NORMS[func], origin) if torch.is_tensor(args[0]) else out
         if origin is not None:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):

