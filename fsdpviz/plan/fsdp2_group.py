@@ -134,3 +134,13 @@ def accumulated_grad_dtype(compute_dtype: str | None, reduce_dtype: str | None) 
     if compute_dtype is None or reduce_dtype is None or compute_dtype == reduce_dtype:
         return None
     return reduce_dtype
+
+
+def owner_index(fqn: str, groups: list[Group]) -> int:
+    """The group whose ``fully_shard`` call manages module ``fqn``: the deepest one above it."""
+    best, depth = 0, -1
+    for i, g in enumerate(groups):
+        for f in g.fqns:
+            if (f == "" or fqn == f or fqn.startswith(f + ".")) and len(f) > depth:
+                best, depth = i, len(f)
+    return best

@@ -56,10 +56,9 @@ import torch
 import torch.nn.functional as F
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, owner_index
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-from fsdpviz.schedule.tp_emulation import owner_index
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
 from fsdpviz.trace.checkpointing import attention_saved
 from fsdpviz.trace.compiled_saves import partitioning

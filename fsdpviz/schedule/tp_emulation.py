@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from fsdpviz.plan.fsdp2 import float8_gathered_groups
-from fsdpviz.plan.fsdp2_group import Group
+from fsdpviz.plan.fsdp2_group import Group, owner_index
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.tensor_parallel import (
     PARTIAL,
@@ -94,16 +94,6 @@ def _nothing() -> None:
 
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
-
-
-def owner_index(fqn: str, groups: list[Group]) -> int:
-    """The group whose ``fully_shard`` call manages module ``fqn``: the deepest one above it."""
-    best, depth = 0, -1
-    for i, g in enumerate(groups):
-        for f in g.fqns:
-            if (f == "" or fqn == f or fqn.startswith(f + ".")) and len(f) > depth:
-                best, depth = i, len(f)
-    return best
 
 
 class TPEmulation:
