@@ -1,9 +1,9 @@
 """FSDP2's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: torchao's float8
-all-gather scales, resharding after forward onto fewer ranks, the gradients' redistribution
-under tensor parallelism and their cast to the reduce dtype without gradient sync, the cast of
-the reduce output, HSDP's all-reduced buffer, and the chunk and cat of gradients sharded on a
-dim other than 0. :class:`FSDP2Steps` is that part of the walker (a mixin, typed by
-:class:`FSDP2Host`).
+all-gather scales, resharding after forward onto fewer ranks (and the copy-in's copy of those
+shards), the gradients' redistribution under tensor parallelism and their cast to the reduce
+dtype without gradient sync, the cast of the reduce output, HSDP's reduce-scatter output and
+all-reduced buffer, and the chunk and cat of gradients sharded on a dim other than 0.
+:class:`FSDP2Steps` is that part of the walker (a mixin, typed by :class:`FSDP2Host`).
 
 [Note: float8 all-gather scales]
 torchao's ``fsdp_pre_all_gather`` makes each float8 weight's scale (a float32 scalar) anew for
@@ -50,7 +50,14 @@ class FSDP2Host(Protocol):
     placed: dict[str, tuple[int, ...]]
     _cast: set[str]
     _reduce_ranks: dict[str, int]
+    raf_int: dict[str, int]
+    post_forward_shard: dict[str, int]
+    stale: set[str]
     _all_reduced: dict[str, int]
+    _shard_output: dict[str, bool]
+    _held: set[str]
+    reduced: set[str]
+    _live: dict[str, dict[Block, int]]
     _added_into: set[str]
     _precomputed: bool
     _scales: dict[str, int]
@@ -68,6 +75,10 @@ class FSDP2Host(Protocol):
     def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
     def _scale_temp(self) -> str: ...
     def _release_all_reduced(self, unit: str | None = None) -> None: ...
+    def _grad_pool(self, e: Event, s: UnitBytes) -> str: ...
+    def _add_shard(
+        self, e: Event, n: int, pool: str, replaced: tuple[Block, int] | None = None
+    ) -> None: ...
     def _regroups(self, unit: str) -> bool: ...
 
 
@@ -165,6 +176,20 @@ class FSDP2Steps:
     def _scale_temp(self: FSDP2Host) -> str:
         return "backward_temp" if self.in_backward else "forward_temp"
 
+    def _copy_in(self: FSDP2Host, unit: str, s: UnitBytes) -> int:
+        """The copy-in's copy of ``unit``'s shards for its all-gather: their cast to the
+        compute dtype (``UnitBytes.copy_in``), or, gathered from the post-forward shards of a
+        group resharded after forward onto fewer ranks, their copy: the fast path of
+        ``_get_param_all_gather_inputs`` (a parameter with a ``param_dtype`` to cast to, not
+        offloaded) copies those shards, already in that dtype, into one flat buffer
+        (``torch._foreach_copy_``), each ``shard ranks / post-forward ranks`` times its
+        shard; offloaded, ``FSDPParam.all_gather_inputs`` takes them as they are (no copy)."""
+        if unit not in self.post_forward_shard or unit in self.stale or not s.copy_in:
+            return s.copy_in
+        if s.h2d:
+            return 0
+        return s.copy_in * self._reduce_ranks[unit] // self.raf_int[unit]
+
     def _reshard_post_forward(self: FSDP2Host, e: Event, s: UnitBytes, raf: int, old: bool) -> None:
         """FSDP2 resharding a unit after forward onto ``raf`` ranks (its
         ``ReportConfig.post_forward_ranks``): ``FSDPParam.to_sharded_post_forward``, one
@@ -237,21 +262,40 @@ class FSDP2Steps:
         self._add("sharded_grads", "reduce_scatter", -s.sharded_grad)
         return output
 
-    def _hold_all_reduced(self: FSDP2Host, e: Event, s: UnitBytes) -> None:
-        """FSDP2's param group keeps the all-reduced buffer (``AllReduceState``, so that the
-        allocator does not hand its block to the next reduce-scatter while the all-reduce
-        may still run) until its next post-backward or the end of the backward
-        (``finalize_backward``). In the reduce dtype, it is the gradient shard itself when that
-        is the parameters' dtype and on the device and the shard is the unit's new ``.grad``;
-        otherwise (a reduce dtype of its own, the shard offloaded to the host, or added into
-        the ``.grad`` an earlier micro-step left, ``_added_into``) it is held beside it."""
-        if not self.fsdp2:
-            return
-        if s.partial == s.sharded_grad and e.unit not in self._added_into:
-            return
+    def _hold_reduce_output(self: FSDP2Host, e: Event, s: UnitBytes) -> None:
+        """FSDP2 HSDP's reduce-scatter: its output (the reduce dtype), which the all-reduce
+        across the replicas reduces in place; ``foreach_reduce`` makes the unit's gradient
+        shard of it only once that returns (:meth:`_hold_all_reduced`). The param group
+        let go of the buffer it kept from its reduction before (``_wait_for_post_backward``,
+        before ``foreach_reduce``). The output is the gradient shard itself where it is in
+        the parameters' dtype, on the device, and the unit's new ``.grad``; otherwise the
+        param group keeps it (``AllReduceState``, so that the allocator does not hand its
+        block to the next reduce-scatter while the all-reduce may still run) until its next
+        post-backward or the end of the backward (``finalize_backward``) beside the shard: a
+        reduce dtype of its own, the shard offloaded to the host, or added into the ``.grad``
+        an earlier micro-step left."""
         self._release_all_reduced(e.unit)
-        self._all_reduced[e.unit] = s.partial
-        self._alloc("sharded_grads", "reduce_scatter", ("reduced", e.unit), s.partial)
+        block: Block = ("grad", e.unit)
+        pool = self._grad_pool(e, s)
+        new = e.unit not in self._held and e.unit not in self.reduced
+        if s.partial == s.sharded_grad and new and block not in self._live.get(pool, {}):
+            self._shard_output[e.unit] = True
+        else:
+            self._shard_output[e.unit] = False
+            self._all_reduced[e.unit] = s.partial
+            block = ("reduced", e.unit)
+        self._alloc("sharded_grads", "reduce_scatter", block, s.partial)
+
+    def _hold_all_reduced(self: FSDP2Host, e: Event, s: UnitBytes) -> None:
+        """FSDP2 HSDP's all-reduce across the replicas: ``foreach_reduce`` makes the unit's
+        gradient shard of the reduce-scatter output (:meth:`_hold_reduce_output`), the
+        output itself where it is the shard, else a cast of it (or its copy to the host)
+        beside it."""
+        shard = self._shard_output.pop(e.unit, None) if self.fsdp2 else None
+        if shard is None:
+            return
+        output = (("grad", e.unit), s.partial) if shard else None
+        self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
 
     def _release_all_reduced(self: FSDP2Host, unit: str | None = None) -> None:
         for u in [unit] if unit is not None else list(self._all_reduced):

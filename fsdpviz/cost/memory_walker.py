@@ -199,6 +199,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         # FSDP2 HSDP: each unit's all-reduced buffer where it is not its gradient shard
         # (:meth:`_hold_all_reduced`), until the end of the backward
         self._all_reduced: dict[str, int] = {}
+        # FSDP2 HSDP: each unit's reduce-scatter output until the all-reduce returns, and
+        # whether it is the gradient shard (:meth:`_hold_reduce_output`)
+        self._shard_output: dict[str, bool] = {}
         # units whose new gradient shard this micro-step added into the one in .grad
         self._added_into: set[str] = set()
         # units whose reduced gradient shard is in .grad: this micro-step's reductions, and
@@ -377,6 +380,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._reshard_copies(c)
             self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
+        reclaims = self.fsdp2 and self.sync and c.hook == "post_backward"
         for e in c.events:
             ev = events[e]
             self._event_index = e
@@ -386,6 +390,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             if waits and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
             self._snapshot(e)
+            if reclaims and ev.kind == "free" and ev.unit == unit:
+                # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
+                # inputs groups before it kept (``reduce_scatter_states``, one retained), a
+                # group with no gradient to reduce (frozen) too; a micro-step without sync
+                # returns before
+                self._release_reduce_scatter()
             self._event_index = -1
         for u in finishing if not self.sync else ():
             self._cast_to_reduce_dtype(u, c)
@@ -450,13 +460,14 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 self.cat["unsharded_params"] += n
             # the shards cast for the copy-in, then the output (FSDP2 gathers in place)
             copies = self._copy_pool(e.unit)
+            copy_in = self._copy_in(e.unit, s) if self.fsdp2 else s.copy_in
             if self.fsdp2 or e.unit not in self.copied:  # FSDP1 offloaded: made at h2d
-                self._alloc("all_gather", copies, ("in", e.unit), s.copy_in)
+                self._alloc("all_gather", copies, ("in", e.unit), copy_in)
             if e.unit not in self.on_compute:
                 self._alloc("all_gather", "all_gather", ("out", e.unit), n)
-            if s.copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
+            if copy_in or e.unit in self.copied:  # the shard's copy or cast, freed once gathered
                 self._moment("at", c, e)
-                self._free("all_gather", copies, ("in", e.unit), s.copy_in)
+                self._free("all_gather", copies, ("in", e.unit), copy_in)
                 h2d = self.copied.pop(e.unit, 0)
                 self._free("all_gather", self._h2d_pool(), ("h2d", e.unit), h2d)
         elif e.kind == "free":
@@ -563,13 +574,14 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         self._leftover = min(last, grads)
         self.cat["unsharded_grads"] -= grads - self._leftover
         if self.all_reduce:
-            output = self._cast_reduce_output(e, s)
-            self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
             # the last micro-step adds the partial output into its own, then drops it: the
             # param group's _partial_reduce_output, rebound once foreach_reduce returns
             if self.hsdp:
+                self._hold_reduce_output(e, s)
                 self._until_all_reduce[e.unit] = self._partial.pop(e.unit, 0)
             else:
+                output = self._cast_reduce_output(e, s)
+                self._add_shard(e, s.sharded_grad, self._grad_pool(e, s), output)
                 partial = self._partial.pop(e.unit, 0)
                 self._free("sharded_grads", "reduce_scatter", ("partial", e.unit), partial)
         elif e.unit not in self._partial:  # later micro-steps add into it (and free theirs)
