@@ -17,19 +17,16 @@ the device's are one count.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-from unittest.mock import patch
+from typing import Any, cast
 
 import pytest
 import torch
-import torch.distributed as dist
+from every_event import Measured, fsdp2_events, same, steady
 from test_cost_fsdp1_memtracker import CONFIG, _ids, _loss
-from test_cost_hybrid_every_event import Measured, _same, _settled_after, _settler, _steady
 from torch.distributed.device_mesh import init_device_mesh
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleModel
-from fsdpviz.schema.events import Event
 
 BF16 = (torch.bfloat16, torch.bfloat16)
 BF16_FP32 = (torch.bfloat16, torch.float32)
@@ -50,11 +47,7 @@ def _measured(
     optimizer step's micro-steps (the first ``micro_steps - 1`` without gradient sync, and
     kept gathered after backward where ``keep``), each with the bytes in use at its moment
     and the most since the event before."""
-    from pipeline_memory import _tracker
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
-
-    from fsdpviz.recording import FSDP2Recorder
 
     names = ("dp_replicate", "dp_shard")[-len(mesh) :]
     device_mesh = init_device_mesh("cpu", mesh, mesh_dim_names=names)
@@ -64,53 +57,10 @@ def _measured(
         fully_shard(layer, mesh=device_mesh, **options)
     fully_shard(model, mesh=device_mesh, **options)
     ids = _ids()  # held through the step
-    tracker = _tracker()
-    tracker.track_external(model, ids)
-    seen: list[list[Any]] = []  # [kind, unit, bytes, peak since the event before]
-    issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
-    reducing: set[int] = set()  # the reduce-scatters' indices: foreach_reduce's calls
-    deferred: dict[str, list[list[Any]]] = {"copy_out": [], "collective": [], "reduce": []}
-    settle: Callable[[list[Any]], None] = _settler(tracker)
-
-    class Recorder(FSDP2Recorder):
-        def _append(self, event: Event) -> int:
-            entry = [event.kind, event.unit, None, None]
-            seen.append(entry)
-            super()._append(event)
-            index = len(self._current) - 1
-            if event.kind == "all_gather" and not event.prefetch:
-                deferred["copy_out"].append(entry)
-            elif event.kind == "reduce_scatter":
-                # HSDP's all-reduce follows inside foreach_reduce; else its return
-                deferred["collective" if len(mesh) == 2 else "reduce"].append(entry)
-                reducing.add(index)
-            elif event.kind == "all_reduce":
-                deferred["reduce"].append(entry)
-            else:
-                issued[index] = entry
-            return index
-
-        def _timed(self, index: int, start_ns: int) -> None:
-            entry = issued.pop(index, None)
-            if entry is not None:
-                settle(entry)
-            elif index in reducing:  # foreach_reduce returned: its all-reduce is done
-                reducing.discard(index)
-                _settled_after(lambda: None, deferred["reduce"], settle)()
-
-    group_cls = pg_mod.FSDPParamGroup
-    copy_out = _settled_after(group_cls.wait_for_unshard, deferred["copy_out"], settle)
-    scatter = _settled_after(dist.reduce_scatter_single, deferred["collective"], settle)
-    with (
-        tracker,
-        Recorder(model),
-        patch.object(group_cls, "wait_for_unshard", copy_out),
-        patch.object(dist, "reduce_scatter_single", scatter),
-    ):
+    with fsdp2_events(model, ids, hsdp=len(mesh) == 2) as log:
         for step in range(2):
             if step == 1:
-                seen.clear()
-                settle([None] * 4)  # its peaks start afresh
+                log.restart()
             for k in range(micro_steps):
                 last = k == micro_steps - 1
                 model.set_requires_gradient_sync(last)
@@ -121,8 +71,7 @@ def _measured(
                 del out
             for p in model.parameters():
                 p.grad = None
-    assert all(None not in entry for entry in seen), seen
-    return [(kind, unit, used, peak) for kind, unit, used, peak in seen]
+    return cast(Measured, log.measured())
 
 
 def _check(
@@ -149,7 +98,7 @@ def _check(
         model, {"input_ids": _ids()}, fully_shard=[DecoderLayer], mesh=mesh, loss=_loss,
         **options, **accum,
     )  # fmt: skip
-    _same(real, _steady(report, micro_steps))
+    same(real, steady(report, micro_steps))
 
 
 # (reshard_after_forward, precision, micro-steps, kept gathered after backward, frozen)
@@ -187,3 +136,14 @@ def test_hybrid_sharding_options_hold_what_torch_holds_at_every_event(
     as_rank(0, 8)
     reshard, precision, micro_steps, frozen = HSDP_CASES[case]
     _check((2, 4), reshard, precision, micro_steps, frozen=frozen)
+
+
+@pytest.mark.parametrize("micro_steps", [1, 2], ids=["one_step", "no_sync"])
+@pytest.mark.parametrize("precision", [None, BF16_FP32], ids=["fp32", "bf16"])
+def test_hybrid_sharding_over_two_shard_ranks_holds_what_torch_holds_at_every_event(
+    fake_pg: int, precision: Any, micro_steps: int
+) -> None:
+    """HSDP on the fake process group's 4 ranks, 2 replicas x 2 shard ranks, resharding
+    after forward."""
+    assert fake_pg == 4
+    _check((2, 2), True, precision, micro_steps)

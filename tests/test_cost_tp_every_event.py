@@ -18,6 +18,7 @@ same bytes at each.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 from unittest.mock import patch
 
@@ -25,14 +26,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tp_models
+from every_event import EventLog, fsdp2_events
 from gloo_worker import _FUNCOL
-from test_cost_hybrid_every_event import _settled_after, _settler
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
-from fsdpviz.schema.events import Event
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
 Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
@@ -77,13 +77,9 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
 
 def _measured(norm: str, mp: Any) -> Seen:
     import torch.distributed._functional_collectives as funcol
-    from pipeline_memory import _tracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
     from torch.distributed.tensor.parallel import parallelize_module
-
-    from fsdpviz.recording import FSDP2Recorder
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
@@ -94,44 +90,14 @@ def _measured(norm: str, mp: Any) -> Seen:
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
     fully_shard(model, mesh=mesh["dp_shard"], **options)
     ids = _ids()
-    tracker = _tracker()
-    tracker.track_external(model, ids)
-    seen: list[list[Any]] = []
-    issued: dict[int, list[Any]] = {}
-    reducing: set[int] = set()  # the reduce-scatters' indices: foreach_reduce's calls
-    deferred: dict[str, list[list[Any]]] = {"copy_out": [], "reduce": []}
-    settle = _settler(tracker)
 
-    class Recorder(FSDP2Recorder):
-        def _append(self, event: Event) -> int:
-            entry = [event.kind, event.unit, None, None]
-            seen.append(entry)
-            super()._append(event)
-            index = len(self._current) - 1
-            if event.kind == "all_gather" and not event.prefetch:
-                deferred["copy_out"].append(entry)
-            elif event.kind == "reduce_scatter":  # settled as foreach_reduce returns
-                deferred["reduce"].append(entry)
-                reducing.add(index)
-            else:
-                issued[index] = entry
-            return index
-
-        def _timed(self, index: int, start_ns: int) -> None:
-            entry = issued.pop(index, None)
-            if entry is not None:
-                settle(entry)
-            elif index in reducing:  # foreach_reduce returned (a 1-D shard mesh: no all-reduce)
-                reducing.discard(index)
-                _settled_after(lambda: None, deferred["reduce"], settle)()
-
-    def tp(name: str) -> Any:
+    def tp(name: str, log: EventLog) -> Any:
         original = getattr(funcol, name)
 
         def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             entry = [_FUNCOL[name], None, None, None]
-            seen.append(entry)
-            settle(entry)  # as it is issued: its input made, its output not yet
+            log.seen.append(entry)
+            log.settle(entry)  # as it is issued: its input made, its output not yet
             out = original(t, *args, **kwargs)
             whole = out if _FUNCOL[name] == "tp_all_gather" else t  # the whole tensor's bytes
             entry[1] = whole.numel() * whole.element_size()
@@ -139,27 +105,18 @@ def _measured(norm: str, mp: Any) -> Seen:
 
         return collective
 
-    group_cls = pg_mod.FSDPParamGroup
-    copy_out = _settled_after(group_cls.wait_for_unshard, deferred["copy_out"], settle)
-    patches = [patch.object(funcol, name, tp(name)) for name in _FUNCOL]
-    with tracker, Recorder(model), patch.object(group_cls, "wait_for_unshard", copy_out):
-        for p in patches:
-            p.start()
-        try:
-            for step in range(2):
-                if step == 1:
-                    seen.clear()
-                    settle([None] * 4)
-                out = model(ids)  # held through backward, as a training loop holds it
-                _loss(out).backward()
-                del out
-                for p in model.parameters():
-                    p.grad = None
-        finally:
-            for p in patches:
-                p.stop()
-    assert all(None not in entry for entry in seen), seen
-    return [tuple(entry) for entry in seen]
+    with fsdp2_events(model, ids, hsdp=False) as log, ExitStack() as patches:
+        for name in _FUNCOL:
+            patches.enter_context(patch.object(funcol, name, tp(name, log)))
+        for step in range(2):
+            if step == 1:
+                log.restart()
+            out = model(ids)  # held through backward, as a training loop holds it
+            _loss(out).backward()
+            del out
+            for p in model.parameters():
+                p.grad = None
+    return log.measured()
 
 
 def _planned(norm: str, mp: Any) -> Seen:

@@ -1,0 +1,144 @@
+"""What the every-event anchors share: a real run's events, each with the bytes torch's
+``MemTracker`` holds at the moment the plan's row stands for and the most since the event
+before, and the plan's same two figures (``total``, ``peak_before``) to compare them with.
+
+FSDP2's moments (:func:`fsdp2_events`): a free or a prefetch, once its call returns; a
+group's own all-gather, once its hook's ``wait_for_unshard`` copied it out; the all-reduce
+across HSDP's replicas, ``foreach_reduce``'s last collective, once ``foreach_reduce``
+returns; a reduce-scatter, once its collective returns where that all-reduce follows it
+(inside ``foreach_reduce``), else once ``foreach_reduce`` returns (its loop's last gradient
+let go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest.mock import patch
+
+import torch.distributed as dist
+from pipeline_memory import _total, _tracker
+from torch import nn
+
+import fsdpviz
+from fsdpviz.cost.memory import memory_model
+from fsdpviz.schema.events import Event
+
+Measured = list[tuple[str, str, int, int]]  # (kind, unit, bytes after it, peak since the last)
+
+
+def settler(tracker: Any) -> Callable[[list[Any]], None]:
+    """Sets an entry's bytes (``[2]``) to those in use now and its peak (``[3]``) to the
+    most since the entry settled before; the tracker's peak starts afresh from now."""
+
+    def settle(entry: list[Any]) -> None:
+        now = tracker.get_tracker_snapshot()
+        entry[2:] = [_total(tracker), int(sum(tracker._peak_mem.values()))]
+        tracker._peak_mem_snap = now
+        tracker._peak_mem = {dev: snap["Total"] for dev, snap in now.items()}
+
+    return settle
+
+
+def settled_after(
+    original: Callable[..., Any], entries: list[list[Any]], settle: Callable[[list[Any]], None]
+) -> Callable[..., Any]:
+    """``original``, which settles ``entries`` (and empties it) as it returns."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        for entry in entries:
+            settle(entry)
+        entries.clear()
+        return out
+
+    return run
+
+
+def steady(report: fsdpviz.Report, micro_steps: int) -> Measured:
+    """The plan's events of its second optimizer step's micro-steps, each with the bytes
+    after it and the most since the event before."""
+    out: Measured = []
+    for i in range(micro_steps, 2 * micro_steps):
+        mem = memory_model(report, optimizer=None, iteration=i)
+        events = zip(report.iterations[i], mem.events, strict=True)
+        out += [(e.kind, e.unit, row.total, row.peak_before) for e, row in events]
+    return out
+
+
+def same(real: Measured, mine: Measured) -> None:
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+
+
+class EventLog:
+    """The entries of a run, ``[kind, unit, bytes, peak since the event before]`` each, in
+    the order they happen; ``settle`` fills an entry's last two in."""
+
+    def __init__(self, settle: Callable[[list[Any]], None]) -> None:
+        self.settle = settle
+        self.seen: list[list[Any]] = []
+
+    def restart(self) -> None:
+        """Forget the entries so far (the steady step begins); its peaks start afresh."""
+        self.seen.clear()
+        self.settle([None] * 4)
+
+    def measured(self) -> list[tuple[Any, ...]]:
+        assert all(None not in entry for entry in self.seen), self.seen
+        return [tuple(entry) for entry in self.seen]
+
+
+@contextmanager
+def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog]:
+    """While it is open, the FSDP2 events of ``model`` (``fully_shard`` applied; ``inputs``
+    held by the caller through the step) go into the log at the moments the module's
+    docstring names; ``hsdp``: its groups all-reduce across replicas."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+
+    from fsdpviz.recording import FSDP2Recorder
+
+    tracker = _tracker()
+    tracker.track_external(model, inputs)
+    log = EventLog(settler(tracker))
+    issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
+    reducing: set[int] = set()  # the reduce-scatters' indices: foreach_reduce's calls
+    deferred: dict[str, list[list[Any]]] = {"copy_out": [], "collective": [], "reduce": []}
+
+    class Recorder(FSDP2Recorder):
+        def _append(self, event: Event) -> int:
+            entry = [event.kind, event.unit, None, None]
+            log.seen.append(entry)
+            super()._append(event)
+            index = len(self._current) - 1
+            if event.kind == "all_gather" and not event.prefetch:
+                deferred["copy_out"].append(entry)
+            elif event.kind == "reduce_scatter":
+                deferred["collective" if hsdp else "reduce"].append(entry)
+                reducing.add(index)
+            elif event.kind == "all_reduce":
+                deferred["reduce"].append(entry)
+            else:
+                issued[index] = entry
+            return index
+
+        def _timed(self, index: int, start_ns: int) -> None:
+            entry = issued.pop(index, None)
+            if entry is not None:
+                log.settle(entry)
+            elif index in reducing:  # foreach_reduce returned
+                reducing.discard(index)
+                settled_after(lambda: None, deferred["reduce"], log.settle)()
+
+    group_cls = pg_mod.FSDPParamGroup
+    copy_out = settled_after(group_cls.wait_for_unshard, deferred["copy_out"], log.settle)
+    scatter = settled_after(dist.reduce_scatter_single, deferred["collective"], log.settle)
+    with (
+        tracker,
+        Recorder(model),
+        patch.object(group_cls, "wait_for_unshard", copy_out),
+        patch.object(dist, "reduce_scatter_single", scatter),
+    ):
+        yield log
