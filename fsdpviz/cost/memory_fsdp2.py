@@ -1,8 +1,9 @@
 """FSDP2's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: torchao's float8
 all-gather scales, resharding after forward onto fewer ranks (and the copy-in's copy of those
-shards), the gradients' redistribution under tensor parallelism and their cast to the reduce
-dtype without gradient sync, the cast of the reduce output, HSDP's reduce-scatter output and
-all-reduced buffer, and the chunk and cat of gradients sharded on a dim other than 0.
+shards), the gradients' redistribution under tensor parallelism (a whole one's chunk, a
+partial one's all-reduced copy) and their cast to the reduce dtype without gradient sync,
+the cast of the reduce output, HSDP's reduce-scatter output and all-reduced buffer, and the
+chunk and cat of gradients sharded on a dim other than 0.
 :class:`FSDP2Steps` is that part of the walker (a mixin, typed by :class:`FSDP2Host`).
 
 [Note: float8 all-gather scales]
@@ -228,6 +229,17 @@ class FSDP2Steps:
             self._moment("at the redistribution of a whole gradient to its shard, before", c, e)
             self.cat["unsharded_grads"] -= round(whole * ratio)
             self.grads[e.unit] -= round(whole * ratio) - round(chunk * ratio)
+
+    def _all_reduce_partial_grad(self: FSDP2Host, e: Event, c: HookCall) -> None:
+        """FSDP2's post-backward, past ``e`` (the event stands where the collective is
+        issued): a replicated tp parameter's ``Partial()`` gradient all-reduced
+        (``FSDPParam._get_grad_inner_tensor``: ``DTensor.redistribute``, whose functional
+        all-reduce clones its input and reduces the clone), the result beside it until
+        ``.grad = None`` lets go of it, before the next parameter's."""
+        copy = e.nbytes or 0
+        self.cat["unsharded_grads"] += copy
+        self._moment("at the all-reduced copy of a partial gradient, after", c, e)
+        self.cat["unsharded_grads"] -= copy
 
     def _cast_to_reduce_dtype(self: FSDP2Host, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's

@@ -390,6 +390,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             if waits and ev.kind == "all_gather" and ev.unit == unit:
                 self._wait(unit, c)
             self._snapshot(e)
+            if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
+                self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
             if reclaims and ev.kind == "free" and ev.unit == unit:
                 # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
                 # inputs groups before it kept (``reduce_scatter_states``, one retained), a
