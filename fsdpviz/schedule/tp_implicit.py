@@ -311,21 +311,23 @@ def normalised(
     with) and the layout list of the result's gradient, its input's gradient coming back in
     ``found``'s list (the input's entry of the gradients' layouts; replicated where none).
     Its collective is reported in ``running``: the plan's module begun last, and its group.
-    ``aten.native_layer_norm_backward`` (``fused``) takes the output's gradient
-    in the input's layout and gives the input's in it (``layer_norm_bwd_single_dim_strategy``,
+    ``aten.native_layer_norm_backward`` (``fused``) takes the output's gradient in the
+    input's layout and gives the input's in it (``layer_norm_bwd_single_dim_strategy``,
     ``torch/distributed/tensor/_ops/_math_ops.py``): a ``Partial()`` gradient all-reduced
-    there, into a new buffer. ``rms_norm`` is planned as it runs on the CPU, as arithmetic
-    (``rms_norm_symint``; ``_fused_rms_norm`` has CUDA, XPU and MPS kernels alone), whose
-    operators take a ``Partial()`` gradient as it is: the input's gradient comes back as the
-    output's, reduced where it goes back (a ``PrepareModuleInput``'s redistribution). On a
-    GPU torch may run the fused kernel, whose backward's strategies
-    (``rms_norm_bwd_single_dim_strategy``) take the gradient as ``layer_norm``'s do: not
-    checked against a GPU run."""
+    there, into a new buffer, beside the partial one, which DTensor's dispatch (the
+    operator's argument) holds until the operator has run. ``rms_norm`` is planned as it
+    runs on the CPU, as arithmetic (``rms_norm_symint``; ``_fused_rms_norm`` has CUDA, XPU
+    and MPS kernels alone), whose operators take a ``Partial()`` gradient as it is: the
+    input's gradient comes back as the output's, reduced where it goes back (a
+    ``PrepareModuleInput``'s redistribution). On a GPU torch may run the fused kernel, whose
+    backward's strategies (``rms_norm_bwd_single_dim_strategy``) take the gradient as
+    ``layer_norm``'s do: not checked against a GPU run."""
     grad_in = found[1] if found is not None else [REPLICATE]
     if not fused or not (out.requires_grad and torch.is_grad_enabled()):
         return out, grad_in
     grad_out = [grad_in[0]]  # as the consumers leave it (a column-wise linear's: Partial())
-    # (the closures keep no tensor: the autograd graph keeps them to the step's end)
+    # (the closures keep no tensor past the backward: the autograd graph keeps them to the
+    # step's end)
     nbytes, dtype = out.numel() * out.element_size(), str(out.dtype).removeprefix("torch.")
 
     def reported() -> None:
@@ -334,9 +336,20 @@ def normalised(
             fqn, i = running
             runtime.tensor_parallel(i, "tp_all_reduce", fqn, "backward", nbytes, dtype)
 
+    held: list[torch.Tensor] = []  # the Partial() gradient, until the norm's backward ran
+
     def reduced(g: torch.Tensor) -> torch.Tensor:
         make = collective_buffer(probe, "tp_all_reduce", PARTIAL, REPLICATE, g.dim(), tp)
-        return make(g) if make is not None and grad_out[0] == PARTIAL else g
+        if make is None or grad_out[0] != PARTIAL:
+            return g
+        held.append(g)
+        reduced_copy: torch.Tensor = make(g)
+        return reduced_copy
+
+    def ran(*_: Any) -> None:
+        held.clear()
 
     hooked = GradCollective.apply(reported, None, reduced, out)  # type: ignore[no-untyped-call]
+    if out.grad_fn is not None:
+        out.grad_fn.register_hook(ran)
     return hooked, grad_out
