@@ -1,13 +1,15 @@
 """The buffers DTensor's collectives make on a tp rank, for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: a sharded dim the tp ranks do not
 divide padded to chunks as large as the first (:func:`padded_bytes`, :func:`gathered_padded`,
-:func:`scattered_padded`), the share a rank holds (:func:`share_of`), and when an all-gather's
-result is a view of its buffer (:func:`viewable`)."""
+:func:`scattered_padded`), the share a rank holds (:func:`share_of`), when an all-gather's
+result is a view of its buffer (:func:`viewable`), and a row-wise embedding's masked indices
+and mask (:func:`masked_ids`)."""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import torch
 
@@ -17,11 +19,13 @@ from fsdpviz.schedule.tp_refusals import chunks
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import dim_share
 
-# Collectives whose result is a new buffer on each rank (an all-reduce works in place).
+# Collectives whose result is a new buffer on each rank (an all-reduce: its functional
+# collective reduces a clone of its input, ``_c10d_functional.all_reduce``).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 __all__ = [
     "gathered_padded",
+    "masked_ids",
     "padded_bytes",
     "padded_shape",
     "scattered_padded",
@@ -201,3 +205,26 @@ def chunk_buffer(probe: CostProbe | None, src: Layout, dst: Layout, ndim: int, t
             return t.clone()
 
     return make
+
+
+def masked_ids(probe: CostProbe | None, ids: Any, tp: int) -> list[torch.Tensor]:
+    """What a row-wise embedding (weight ``Shard(0)``) makes of its replicated indices
+    ``ids`` before its lookup, held by the caller: the indices moved to the rank's rows and
+    their mask. DTensor's strategy takes the indices as ``_MaskPartial``
+    (``_MaskPartial._partition_value``, ``_mask_tensor``): two comparisons and their ``|``,
+    the mask, kept in the placement's ``MaskBuffer``; a clone less the offset, the masked
+    indices (their out-of-range ones set in place), which the lookup takes and its dispatch
+    lets go of once it has run; the mask until the output's redistribution applies it and
+    releases it, before its collective (``_reduce_value``, ``_reduce_shard_value``). One
+    rank holds all of them; the probe counts their bytes, not their kernels."""
+    if probe is None or tp == 1 or not isinstance(ids, torch.Tensor):
+        return []
+    with probe.redistributed(None):
+        below = ids.new_empty(ids.shape, dtype=torch.bool)
+        above = below.new_empty(ids.shape)
+        mask = below.new_empty(ids.shape)  # their |
+        del below, above
+        copy = ids.clone()
+        masked = ids.clone()  # the copy less the offset
+        del copy
+    return [masked, mask]

@@ -12,16 +12,17 @@ redistributes it instead of making a DTensor of it again, as DTensor does.
 
 While a :class:`~fsdpviz.trace.probe.CostProbe` measures (:meth:`TPEmulation.measure`), a
 redistribution that gives a rank a new buffer (all-gather, reduce-scatter, all-to-all; an
-all-reduce works in place) makes one on the traced copy too, in the layout it arrives in, so
-the probe counts what a rank holds: the all-gathered input of a column-parallel projection
-whole, the reduce-scattered output of a row-parallel one as a share. A share is what the
-first rank of the tp group holds, the one with the most: DTensor chunks a dim the tp ranks
-do not divide as ``torch.chunk`` does (``Shard._split_tensor``), the first ranks a chunk of
-``ceil(n / tp)``, the last ones less (:func:`~fsdpviz.trace.probe_records.dim_share`), as
-the parameters' tp shards (:func:`~fsdpviz.plan.tensor_parallel.local_shape`); its
-collectives pad every chunk to the first's. A style that makes a plain tensor sharded on
-such a dim a DTensor (``DTensor.from_local``, which assumes even shards) is refused, as
-torch fails on it; one computed from a DTensor the plan left knows its shape and runs.
+all-reduce, whose functional collective reduces a clone) makes one on the traced copy too,
+in the layout it arrives in, so the probe counts what a rank holds: the all-gathered input
+of a column-parallel projection whole, the reduce-scattered output of a row-parallel one as
+a share. A share is what the first rank of the tp group holds, the one with the most:
+DTensor chunks a dim the tp ranks do not divide as ``torch.chunk`` does
+(``Shard._split_tensor``), the first ranks a chunk of ``ceil(n / tp)``, the last ones less
+(:func:`~fsdpviz.trace.probe_records.dim_share`), as the parameters' tp shards
+(:func:`~fsdpviz.plan.tensor_parallel.local_shape`); its collectives pad every chunk to the
+first's. A style that makes a plain tensor sharded on such a dim a DTensor
+(``DTensor.from_local``, which assumes even shards) is refused, as torch fails on it; one
+computed from a DTensor the plan left knows its shape and runs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from fsdpviz.schedule.tp_buffers import (
     chunk_buffer,
     collective_buffer,
     in_float8,
+    masked_ids,
     padded_bytes,
     uneven,
 )
@@ -141,6 +143,7 @@ class TPEmulation:
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._running = ("", self._root)  # the plan's module begun last, and its group
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
+        self._masks: dict[str, list[torch.Tensor]] = {}  # a row-wise embedding's (masked_ids)
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
             module = modules[fqn]
@@ -443,6 +446,8 @@ class TPEmulation:
                 self._local(out, known if skipped else r.dst, f"{tpm.fqn} ({tpm.style})")
             self._check_narrowed(t, out, r, tpm, known)
             holder[key] = out
+        if tpm.base == "RowwiseParallel" and isinstance(module, nn.Embedding) and args:
+            self._masks[tpm.fqn] = masked_ids(self._probe, args[0], self.plan.size)
         return tuple(args), kwargs
 
     def _check_narrowed(
@@ -599,6 +604,7 @@ class TPEmulation:
         self, tpm: TPModule, i: int, module: nn.Module, args: Any, output: Any
     ) -> Any:
         grad: list[Layout] | None = None
+        self._masks.pop(tpm.fqn, None)  # let go of before the output's reduction
         if tpm.outputs:
             r = tpm.outputs[0]
             # a float8 linear style's output gradient comes back cast to float8
@@ -636,7 +642,7 @@ class TPEmulation:
         if self._amax is not None:
             self._amax.remove()
         tables = (self._dtensors, self._grads, self._absorbing, self._narrowed, self._plain)
-        for table in (*tables, self._float8, self._flow.dtensors):
+        for table in (*tables, self._float8, self._flow.dtensors, self._masks):
             table.clear()
         if self._probe is not None:
             self._probe.on_all_reduce = None
