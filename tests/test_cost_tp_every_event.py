@@ -10,10 +10,10 @@ gradient passes, reduce-scattered where it goes back). The real model runs a ste
 buffers made), then another under torch's ``MemTracker``: FSDP's events as its recorder
 sees them, tensor parallelism's as DTensor issues its functional collectives (kind and
 bytes), each with the bytes in use as it is settled (an FSDP event as in
-``test_cost_fsdp2_every_event``, the reduce-scatter at ``foreach_reduce``'s return, its
-loop's last gradient let go; a tp collective as it is issued, its input made, its output
-not yet). The plan's steady step holds the same events, in order, and its memory model the
-same bytes at each.
+``test_cost_fsdp2_every_event``, the reduce-scatter at the post-backward's return,
+``foreach_reduce``'s loop's last gradient let go; a tp collective as it is issued, its
+input made, its output not yet). The plan's steady step holds the same events, in order,
+and its memory model the same bytes at each.
 """
 
 from __future__ import annotations
