@@ -8,11 +8,11 @@ before the last with ``set_requires_gradient_sync(False)``, and with
 ``reshard_after_backward=False`` model them), float32 and bf16 parameters (reducing in
 bf16 or float32), and a layer whose parameters are all frozen. And configurations users run
 (``SETUPS``): HSDP accumulating with ``set_requires_all_reduce(False)`` (reduce-scatter every
-micro-step, all-reduce the last) or with gradient sync off over three micro-steps; one
-``fully_shard`` call over several modules (torch's list form: the layers together, or the
+micro-step, all-reduce the last; over three micro-steps; kept gathered after backward too);
+one ``fully_shard`` call over several modules (torch's list form: the layers together, or the
 embedding and the head, which run first and last); explicit prefetches
 (``set_modules_to_forward_prefetch`` / ``..._backward_...``, two groups ahead, or from the
-root); a parameter left out by ``ignored_params``; one frozen weight among a group's
+root); parameters left out by ``ignored_params``; one frozen weight among a group's
 trainable ones. The moments, and the two figures compared at each event (the bytes in use,
 the most since the event before), are those of ``test_cost_hybrid_every_event.py``; on a
 1-D mesh, and on HSDP's micro-steps that do not all-reduce, the reduce-scatter is
@@ -190,6 +190,11 @@ def _all_reduce(model: ExampleModel, last: bool) -> None:
     model.set_requires_all_reduce(last)
 
 
+def _all_reduce_kept_gathered(model: ExampleModel, last: bool) -> None:
+    model.set_requires_all_reduce(last)
+    model.set_reshard_after_backward(last)
+
+
 def _each_step(model: ExampleModel, last: bool) -> None:
     """Every micro-step reduces (or there is one)."""
 
@@ -200,6 +205,18 @@ def _grouped_layers(model: ExampleModel, mesh: DeviceMesh) -> None:
 
     fully_shard(list(model.layers), mesh=mesh, mp_policy=_policy(BF16_FP32))
     fully_shard(model, mesh=mesh, mp_policy=_policy(BF16_FP32))
+
+
+def _grouped_resharding_to_two(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """The first two of three layers in one call, the third in a list of its own, both
+    resharding onto 2 ranks after forward, in bf16; then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    first, second, third = model.layers
+    policy = _policy(BF16)
+    fully_shard([first, second], mesh=mesh, reshard_after_forward=2, mp_policy=policy)
+    fully_shard([third], mesh=mesh, reshard_after_forward=2, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _grouped_ends(model: ExampleModel, mesh: DeviceMesh) -> None:
@@ -236,6 +253,11 @@ def _prefetching_from_the_root(model: ExampleModel, mesh: DeviceMesh) -> None:
 def _ignoring(model: ExampleModel, mesh: DeviceMesh) -> None:
     """Each layer and the root, the first layer's up projection left out of sharding."""
     _layers_and_root(ignored_params={_up(model)})(model, mesh)
+
+
+def _ignoring_the_head_too(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each layer and the root, the first layer's up projection and the head left out."""
+    _layers_and_root(ignored_params={_up(model), model.lm_head.weight})(model, mesh)
 
 
 def _up(model: ExampleModel) -> nn.Parameter:
@@ -279,11 +301,24 @@ SETUPS: dict[str, Setup] = {
     "hsdp-requires-all-reduce-3-steps": Setup(
         (2, 2), _layers_and_root(), _layers(requires_all_reduce=False), _all_reduce, 3
     ),
-    "hsdp-no-sync-3-steps": Setup((2, 2), _layers_and_root(), _layers(), _sync, 3),
+    "hsdp-requires-all-reduce-kept-gathered-bf16": Setup(
+        (2, 2), _layers_and_root(mp_policy=_policy(BF16)),
+        _layers(requires_all_reduce=False, reshard_after_backward=False, mp_policy=_policy(BF16)),
+        _all_reduce_kept_gathered, 2,
+    ),
     "grouped-layers-bf16-fp32-accum": Setup(
         (4,), _grouped_layers,
         lambda m: {"fully_shard": [("layers.0", "layers.1")], "mp_policy": _policy(BF16_FP32)},
         _sync, 2,
+    ),
+    "grouped-resharding-to-two-bf16-accum": Setup(
+        (4,), _grouped_resharding_to_two,
+        lambda m: {
+            "fully_shard": [("layers.0", "layers.1"), ("layers.2",)],
+            "reshard_after_forward": {"layers.0": 2, "layers.2": 2, "": False},
+            "mp_policy": _policy(BF16),
+        },
+        _sync, 2, layers=3,
     ),
     "grouped-first-and-last": Setup(
         (4,), _grouped_ends,
@@ -311,6 +346,11 @@ SETUPS: dict[str, Setup] = {
     ),
     "ignored-param-accum": Setup(
         (4,), _ignoring, lambda m: {"fully_shard": [DecoderLayer], "ignored_params": {_up(m)}},
+        _sync, 2,
+    ),
+    "hsdp-ignored-param-and-head-accum": Setup(
+        (2, 2), _ignoring_the_head_too,
+        lambda m: {"fully_shard": [DecoderLayer], "ignored_params": {_up(m), m.lm_head.weight}},
         _sync, 2,
     ),
     "frozen-weight-bf16-fp32-accum": Setup(
