@@ -4,10 +4,15 @@ before, and the plan's same two figures (``total``, ``peak_before``) to compare 
 
 FSDP2's moments (:func:`fsdp2_events`): a free or a prefetch, once its call returns; a
 group's own all-gather, once its hook's ``wait_for_unshard`` copied it out; the all-reduce
-across HSDP's replicas, ``foreach_reduce``'s last collective, once ``foreach_reduce``
-returns; a reduce-scatter, once its collective returns where that all-reduce follows it
-(inside ``foreach_reduce``), else once ``foreach_reduce`` returns (its loop's last gradient
-let go).
+across HSDP's replicas, ``foreach_reduce``'s last collective, once the post-backward that
+called ``foreach_reduce`` returns (the function's buffers let go, and the group's partial
+reduce output of ``set_requires_all_reduce(False)``'s micro-steps, which the post-backward
+rebinds to what the function returns); a reduce-scatter, once its collective returns where
+that all-reduce follows it (inside ``foreach_reduce``), else once the post-backward returns
+(the function's loop's last gradient let go).
+
+The plan walks each micro-step from its start (:func:`steady`): the most since the event
+before a micro-step's first counts the bytes at that event, the previous micro-step's last.
 """
 
 from __future__ import annotations
@@ -63,7 +68,13 @@ def steady(report: fsdpviz.Report, micro_steps: int) -> Measured:
     for i in range(micro_steps, 2 * micro_steps):
         mem = memory_model(report, optimizer=None, iteration=i)
         events = zip(report.iterations[i], mem.events, strict=True)
-        out += [(e.kind, e.unit, row.total, row.peak_before) for e, row in events]
+        rows = [(e.kind, e.unit, row.total, row.peak_before) for e, row in events]
+        if out and rows:
+            # a micro-step's walk peaks from its own start, after the step before let go of
+            # what its end frees: the most since the event before counts that event's bytes
+            kind, unit, total, peak = rows[0]
+            rows[0] = (kind, unit, total, max(peak, out[-1][2]))
+        out += rows
     return out
 
 
@@ -95,7 +106,8 @@ class EventLog:
 def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog]:
     """While it is open, the FSDP2 events of ``model`` (``fully_shard`` applied; ``inputs``
     held by the caller through the step) go into the log at the moments the module's
-    docstring names; ``hsdp``: its groups all-reduce across replicas."""
+    docstring names; ``hsdp``: its mesh is 2-D, its groups all-reduce across the replicas
+    (where ``set_requires_all_reduce`` has not turned it off)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
 
     from fsdpviz.recording import FSDP2Recorder
@@ -104,7 +116,6 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
     tracker.track_external(model, inputs)
     log = EventLog(settler(tracker))
     issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
-    reducing: set[int] = set()  # the reduce-scatters' indices: foreach_reduce's calls
     deferred: dict[str, list[list[Any]]] = {"copy_out": [], "collective": [], "reduce": []}
 
     class Recorder(FSDP2Recorder):
@@ -116,8 +127,9 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
             if event.kind == "all_gather" and not event.prefetch:
                 deferred["copy_out"].append(entry)
             elif event.kind == "reduce_scatter":
-                deferred["collective" if hsdp else "reduce"].append(entry)
-                reducing.add(index)
+                # HSDP's group all-reduces after it unless set_requires_all_reduce(False)
+                all_reduces = hsdp and self._group.all_reduce_grads
+                deferred["collective" if all_reduces else "reduce"].append(entry)
             elif event.kind == "all_reduce":
                 deferred["reduce"].append(entry)
             else:
@@ -128,15 +140,14 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
             entry = issued.pop(index, None)
             if entry is not None:
                 log.settle(entry)
-            elif index in reducing:  # foreach_reduce returned
-                reducing.discard(index)
-                settled_after(lambda: None, deferred["reduce"], log.settle)()
 
     group_cls = pg_mod.FSDPParamGroup
     copy_out = settled_after(group_cls.wait_for_unshard, deferred["copy_out"], log.settle)
     scatter = settled_after(dist.reduce_scatter_single, deferred["collective"], log.settle)
+    reduced = settled_after(group_cls.post_backward, deferred["reduce"], log.settle)
     with (
         tracker,
+        patch.object(group_cls, "post_backward", reduced),  # under the recorder's wrapper
         Recorder(model),
         patch.object(group_cls, "wait_for_unshard", copy_out),
         patch.object(dist, "reduce_scatter_single", scatter),

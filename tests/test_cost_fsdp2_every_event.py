@@ -6,24 +6,37 @@ onto 2 of the 4 shard ranks), with and without gradient accumulation (the micro-
 before the last with ``set_requires_gradient_sync(False)``, and with
 ``set_reshard_after_backward(False)`` too, as ``analyze``'s ``grad_accum`` and
 ``reshard_after_backward=False`` model them), float32 and bf16 parameters (reducing in
-bf16 or float32), and a layer whose parameters are all frozen. The moments, and the two
-figures compared at each event (the bytes in use, the most since the event before), are
-those of ``test_cost_hybrid_every_event.py``; on a 1-D mesh the reduce-scatter is
-``foreach_reduce``'s last collective, its moment the function's return (its loop's last
-gradient let go). ``CPUOffloadPolicy`` is not compared here: on the CPU the host's bytes and
-the device's are one count.
+bf16 or float32), and a layer whose parameters are all frozen. And configurations users run
+(``SETUPS``): HSDP accumulating with ``set_requires_all_reduce(False)`` (reduce-scatter every
+micro-step, all-reduce the last; over three micro-steps; kept gathered after backward too);
+one ``fully_shard`` call over several modules (torch's list form: the layers together, or the
+embedding and the head, which run first and last); explicit prefetches
+(``set_modules_to_forward_prefetch`` / ``..._backward_...``, two groups ahead, or from the
+root); parameters left out by ``ignored_params``; one frozen weight among a group's
+trainable ones. The moments, and the two figures compared at each event (the bytes in use,
+the most since the event before), are those of ``test_cost_hybrid_every_event.py``; on a
+1-D mesh, and on HSDP's micro-steps that do not all-reduce, the reduce-scatter is
+``foreach_reduce``'s last collective, its moment the post-backward's return (the function's
+loop's last gradient let go). ``CPUOffloadPolicy`` is not compared here: on the CPU the
+host's bytes and the device's are one count. ``set_unshard_in_backward(False)`` is not
+either: ``analyze`` does not take it (a model ``fully_shard`` was applied to with it is
+refused, ``plan/fsdp2_applied.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
 import torch
 from every_event import Measured, fsdp2_events, same, steady
 from test_cost_fsdp1_memtracker import CONFIG, _ids, _loss
-from torch.distributed.device_mesh import init_device_mesh
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleModel
@@ -40,38 +53,58 @@ def _model(frozen: bool) -> ExampleModel:
     return model
 
 
-def _measured(
-    mesh: tuple[int, ...], options: dict[str, Any], micro_steps: int, keep: bool, frozen: bool
-) -> Measured:
-    """``fully_shard(..., **options)`` on each layer and the root: the events of the second
-    optimizer step's micro-steps (the first ``micro_steps - 1`` without gradient sync, and
-    kept gathered after backward where ``keep``), each with the bytes in use at its moment
-    and the most since the event before."""
-    from torch.distributed.fsdp import fully_shard
+Shard = Callable[[ExampleModel, DeviceMesh], None]  # fully_shard's calls, and setters after
+Switch = Callable[[ExampleModel, bool], None]  # before a micro-step: whether it is the last
 
+
+def _run(
+    model: ExampleModel, mesh: tuple[int, ...], shard: Shard, switch: Switch, micro_steps: int
+) -> Measured:
+    """``shard`` applied to ``model`` on ``mesh``: the events of the second optimizer step's
+    micro-steps (``switch`` called before each), each with the bytes in use at its moment
+    and the most since the event before."""
     names = ("dp_replicate", "dp_shard")[-len(mesh) :]
-    device_mesh = init_device_mesh("cpu", mesh, mesh_dim_names=names)
-    torch.manual_seed(0)
-    model = _model(frozen)
-    for layer in model.layers:
-        fully_shard(layer, mesh=device_mesh, **options)
-    fully_shard(model, mesh=device_mesh, **options)
+    shard(model, init_device_mesh("cpu", mesh, mesh_dim_names=names))
     ids = _ids()  # held through the step
     with fsdp2_events(model, ids, hsdp=len(mesh) == 2) as log:
         for step in range(2):
             if step == 1:
                 log.restart()
             for k in range(micro_steps):
-                last = k == micro_steps - 1
-                model.set_requires_gradient_sync(last)
-                if keep:
-                    model.set_reshard_after_backward(last)
+                switch(model, k == micro_steps - 1)
                 out = model(ids)
                 _loss(out).backward()
                 del out
             for p in model.parameters():
                 p.grad = None
     return cast(Measured, log.measured())
+
+
+def _layers_and_root(**options: Any) -> Shard:
+    """``fully_shard(..., **options)`` on each layer, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, **options)
+        fully_shard(model, mesh=mesh, **options)
+
+    return shard
+
+
+def _measured(
+    mesh: tuple[int, ...], options: dict[str, Any], micro_steps: int, keep: bool, frozen: bool
+) -> Measured:
+    """``fully_shard(..., **options)`` on each layer and the root, the micro-steps before
+    the last without gradient sync (and kept gathered after backward where ``keep``)."""
+
+    def switch(model: ExampleModel, last: bool) -> None:
+        model.set_requires_gradient_sync(last)
+        if keep:
+            model.set_reshard_after_backward(last)
+
+    torch.manual_seed(0)
+    return _run(_model(frozen), mesh, _layers_and_root(**options), switch, micro_steps)
 
 
 def _check(
@@ -147,3 +180,207 @@ def test_hybrid_sharding_over_two_shard_ranks_holds_what_torch_holds_at_every_ev
     after forward."""
     assert fake_pg == 4
     _check((2, 2), True, precision, micro_steps)
+
+
+def _sync(model: ExampleModel, last: bool) -> None:
+    model.set_requires_gradient_sync(last)
+
+
+def _all_reduce(model: ExampleModel, last: bool) -> None:
+    model.set_requires_all_reduce(last)
+
+
+def _all_reduce_kept_gathered(model: ExampleModel, last: bool) -> None:
+    model.set_requires_all_reduce(last)
+    model.set_reshard_after_backward(last)
+
+
+def _each_step(model: ExampleModel, last: bool) -> None:
+    """Every micro-step reduces (or there is one)."""
+
+
+def _grouped_layers(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """The layers in one ``fully_shard`` call (torch's list form: one group), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(list(model.layers), mesh=mesh, mp_policy=_policy(BF16_FP32))
+    fully_shard(model, mesh=mesh, mp_policy=_policy(BF16_FP32))
+
+
+def _grouped_resharding_to_two(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """The first two of three layers in one call, the third in a list of its own, both
+    resharding onto 2 ranks after forward, in bf16; then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    first, second, third = model.layers
+    policy = _policy(BF16)
+    fully_shard([first, second], mesh=mesh, reshard_after_forward=2, mp_policy=policy)
+    fully_shard([third], mesh=mesh, reshard_after_forward=2, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _grouped_ends(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each layer, then the embedding and the head in one call (a group whose modules run
+    first and last), then the root (the final norm)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=2)
+    fully_shard([model.embed_tokens, model.lm_head], mesh=mesh, reshard_after_forward=2)
+    fully_shard(model, mesh=mesh)
+
+
+def _prefetching_two_ahead(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each of three layers and the root; the first layer prefetches the other two in
+    forward, the last the other two in backward."""
+    _layers_and_root()(model, mesh)
+    first, second, third = model.layers
+    first.set_modules_to_forward_prefetch([second, third])
+    third.set_modules_to_backward_prefetch([second, first])
+
+
+def _prefetching_from_the_root(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each of three layers and the root, resharding after forward; the root prefetches the
+    first two layers in forward, the second prefetches the first in backward, the first
+    nothing."""
+    _layers_and_root(reshard_after_forward=True)(model, mesh)
+    first, second, _ = model.layers
+    model.set_modules_to_forward_prefetch([first, second])
+    second.set_modules_to_backward_prefetch([first])
+    first.set_modules_to_backward_prefetch([])
+
+
+def _ignoring(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each layer and the root, the first layer's up projection left out of sharding."""
+    _layers_and_root(ignored_params={_up(model)})(model, mesh)
+
+
+def _ignoring_the_head_too(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each layer and the root, the first layer's up projection and the head left out."""
+    _layers_and_root(ignored_params={_up(model), model.lm_head.weight})(model, mesh)
+
+
+def _up(model: ExampleModel) -> nn.Parameter:
+    return cast(nn.Parameter, model.layers[0].mlp.up_proj.weight)
+
+
+def _freeze_one_weight(model: ExampleModel) -> None:
+    model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+
+
+def _policy(precision: tuple[torch.dtype, torch.dtype]) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=precision[0], reduce_dtype=precision[1])
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A configuration as users run it: ``shard`` on the real model, ``switch`` before each
+    micro-step, and ``kwargs``, ``analyze``'s keywords for the same on the meta copy."""
+
+    mesh: tuple[int, ...]
+    shard: Shard
+    kwargs: Callable[[ExampleModel], dict[str, Any]]
+    switch: Switch = _each_step
+    micro_steps: int = 1
+    layers: int = 2
+    prepare: Callable[[ExampleModel], None] = lambda model: None  # the model as built
+
+
+def _layers(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
+    return lambda model: {"fully_shard": [DecoderLayer], **kwargs}
+
+
+SETUPS: dict[str, Setup] = {
+    # HSDP accumulating as torchtitan does: reduce-scatter each micro-step, all-reduce the last
+    "hsdp-requires-all-reduce-bf16-fp32": Setup(
+        (2, 4), _layers_and_root(mp_policy=_policy(BF16_FP32)),
+        _layers(requires_all_reduce=False, mp_policy=_policy(BF16_FP32)), _all_reduce, 2,
+    ),
+    "hsdp-requires-all-reduce-3-steps": Setup(
+        (2, 2), _layers_and_root(), _layers(requires_all_reduce=False), _all_reduce, 3
+    ),
+    "hsdp-requires-all-reduce-kept-gathered-bf16": Setup(
+        (2, 2), _layers_and_root(mp_policy=_policy(BF16)),
+        _layers(requires_all_reduce=False, reshard_after_backward=False, mp_policy=_policy(BF16)),
+        _all_reduce_kept_gathered, 2,
+    ),
+    "grouped-layers-bf16-fp32-accum": Setup(
+        (4,), _grouped_layers,
+        lambda m: {"fully_shard": [("layers.0", "layers.1")], "mp_policy": _policy(BF16_FP32)},
+        _sync, 2,
+    ),
+    "grouped-resharding-to-two-bf16-accum": Setup(
+        (4,), _grouped_resharding_to_two,
+        lambda m: {
+            "fully_shard": [("layers.0", "layers.1"), ("layers.2",)],
+            "reshard_after_forward": {"layers.0": 2, "layers.2": 2, "": False},
+            "mp_policy": _policy(BF16),
+        },
+        _sync, 2, layers=3,
+    ),
+    "grouped-first-and-last": Setup(
+        (4,), _grouped_ends,
+        lambda m: {
+            "fully_shard": [DecoderLayer, ("embed_tokens", "lm_head")],
+            "reshard_after_forward": {"layers.0": 2, "layers.1": 2, "embed_tokens": 2, "": False},
+        },
+    ),
+    "prefetch-two-ahead": Setup(
+        (4,), _prefetching_two_ahead,
+        _layers(
+            forward_prefetch={"layers.0": ["layers.1", "layers.2"]},
+            backward_prefetch={"layers.2": ["layers.1", "layers.0"]},
+        ),
+        layers=3,
+    ),
+    "prefetch-from-root-accum": Setup(
+        (4,), _prefetching_from_the_root,
+        _layers(
+            reshard_after_forward=True,
+            forward_prefetch={"": ["layers.0", "layers.1"]},
+            backward_prefetch={"layers.1": ["layers.0"], "layers.0": []},
+        ),
+        _sync, 2, layers=3,
+    ),
+    "ignored-param-accum": Setup(
+        (4,), _ignoring, lambda m: {"fully_shard": [DecoderLayer], "ignored_params": {_up(m)}},
+        _sync, 2,
+    ),
+    "hsdp-ignored-param-and-head-accum": Setup(
+        (2, 2), _ignoring_the_head_too,
+        lambda m: {"fully_shard": [DecoderLayer], "ignored_params": {_up(m), m.lm_head.weight}},
+        _sync, 2,
+    ),
+    "frozen-weight-bf16-fp32-accum": Setup(
+        (4,), _layers_and_root(mp_policy=_policy(BF16_FP32)),
+        _layers(mp_policy=_policy(BF16_FP32)), _sync, 2, prepare=_freeze_one_weight,
+    ),
+    "hsdp-frozen-weight": Setup(
+        (2, 2), _layers_and_root(), _layers(), prepare=_freeze_one_weight
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SETUPS))
+def test_configurations_users_run_hold_what_torch_holds_at_every_event(
+    as_rank: Callable[..., None], case: str
+) -> None:
+    setup = SETUPS[case]
+    ranks = math.prod(setup.mesh)
+    if ranks != 4:
+        as_rank(0, ranks)
+    config = dataclasses.replace(CONFIG, num_layers=setup.layers)
+    torch.manual_seed(0)
+    model = ExampleModel(config)
+    setup.prepare(model)
+    real = _run(model, setup.mesh, setup.shard, setup.switch, setup.micro_steps)
+    with torch.device("meta"):
+        copy = ExampleModel(config)
+    setup.prepare(copy)
+    accum = {"grad_accum": setup.micro_steps} if setup.micro_steps > 1 else {}
+    report = fsdpviz.analyze(
+        copy, {"input_ids": _ids()}, mesh=setup.mesh, loss=_loss, **setup.kwargs(copy), **accum
+    )
+    same(real, steady(report, setup.micro_steps))

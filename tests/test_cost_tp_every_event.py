@@ -10,9 +10,9 @@ gradient passes, reduce-scattered where it goes back). The real model runs a ste
 buffers made), then another under torch's ``MemTracker``: FSDP's events as its recorder
 sees them, tensor parallelism's as DTensor issues its functional collectives (kind and
 bytes), each with the bytes in use as it is settled (an FSDP event as in
-``test_cost_fsdp2_every_event``, the reduce-scatter at ``foreach_reduce``'s return, its
-loop's last gradient let go; a tp collective as it is issued, its input made, its output
-not yet) and the most since the event before. The plan's steady step holds the same events,
+``test_cost_fsdp2_every_event``, the reduce-scatter at the post-backward's return,
+``foreach_reduce``'s loop's last gradient let go; a tp collective as it is issued, its
+input made, its output not yet) and the most since the event before. The plan's steady step holds the same events,
 in order, its memory model the same two figures at each, and the step's peak torch's.
 
 Between two events torch holds what no event shows, each planned: a row-wise embedding's

@@ -18,9 +18,9 @@ bytes per rank:
     all-gather output in flight. FSDP1 gathers into the unsharded FlatParameter,
     so a prefetched unit counts here from its ``all_gather`` until its own
     pre-forward/pre-backward hook. FSDP2 gathers into a flat buffer: freed
-    after the copy-out into the unsharded parameters, except in forward without
-    explicit prefetch, where FSDP2 keeps it until the next unit's copy-out (or
-    the root's post-forward) to overlap the next all-gather.
+    after the copy-out into the unsharded parameters, except in forward (an explicit
+    prefetch's too), where FSDP2 keeps it until the next unit's copy-out (or the
+    root's post-forward) to overlap the next all-gather.
 ``unsharded_grads``
     gradients autograd produces for the unsharded parameters, as measured by
     the trace, until the unit's ``reduce_scatter`` (``all_reduce`` for NO_SHARD). Those

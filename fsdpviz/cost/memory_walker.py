@@ -536,9 +536,11 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         forward = c.hook == "pre_forward" and not self.in_backward
         if forward:
             self._release_held()
-        # implicit prefetching keeps it to the next copy-out (``wait_for_unshard``; from 2.9
-        # where the shard group has ranks besides this one, where alone it all-gathers)
-        if forward and not pending[1]:
+        # a forward copy-out keeps it to the next copy-out (``wait_for_unshard``: in forward,
+        # an all-gather without a work handle, an explicit prefetch's too, whatever its
+        # docstring says; from 2.9 where the shard group has ranks besides this one, where
+        # alone it all-gathers)
+        if forward:
             self.held = (unit, pending[0])
         else:
             self._free("all_gather", "all_gather", ("out", unit), pending[0])
