@@ -12,8 +12,9 @@ sees them, tensor parallelism's as DTensor issues its functional collectives (ki
 bytes), each with the bytes in use as it is settled (an FSDP event as in
 ``test_cost_fsdp2_every_event``, the reduce-scatter at the post-backward's return,
 ``foreach_reduce``'s loop's last gradient let go; a tp collective as it is issued, its
-input made, its output not yet) and the most since the event before. The plan's steady step holds the same events,
-in order, its memory model the same two figures at each, and the step's peak torch's.
+input made, its output not yet) and the most since the event before. The plan's steady
+step holds the same events, in order, its memory model the same two figures at each, and
+the step's peak torch's.
 
 Between two events torch holds what no event shows, each planned: a row-wise embedding's
 masked indices beside its lookup's output, and their mask until the output's
