@@ -322,7 +322,7 @@ def assert_trainer_keys(c: Candidate) -> None:
     assert training["mixed_precision_param"] == (
         "bfloat16" if param is torch.bfloat16 else "float32"
     )
-    shard = cfg.shard_ranks
+    shard = cfg.mesh_dims.dp_shard_cp
     assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == c.world_size
     assert par["data_parallel_shard_degree"] == shard
     assert training.get("enable_cpu_offload", False) is offload

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdpviz.configs.common import TrainerConfig, note
 from fsdpviz.errors import ConfigError, did_you_mean
+from fsdpviz.schema.mesh import HYBRID_STRATEGIES
 
 if TYPE_CHECKING:
     from fsdpviz.api.keywords import AnalyzeKwargs
@@ -38,7 +39,6 @@ _NOT_PLANNED = {
     "timeout": "it is the collectives' timeout",
     "state_dict_type": "it only picks the checkpoint format",
 }
-_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
 def from_lightning(
@@ -109,7 +109,7 @@ def from_lightning(
         )
     kwargs.pop("process_group", None)
     mesh = kwargs.pop("device_mesh", None)
-    if strategy.sharding_strategy.name in _HYBRID:
+    if strategy.sharding_strategy.name in HYBRID_STRATEGIES:
         kwargs["shard_group_size"] = _shard_group(mesh, per_node, kwargs["world_size"])
     elif mesh is not None and len(_mesh_shape(mesh)) != 1:
         raise ConfigError(

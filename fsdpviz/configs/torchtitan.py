@@ -128,9 +128,8 @@ def from_torchtitan(
             "once per attention)",
         )
     mesh = mesh_degrees(parallel, world_size, where, notes)
-    shard = mesh["dp_shard"]
-    if int(training.get("global_batch_size", -1)) > batch * shard * mesh["dp_replicate"]:
-        steps = int(training["global_batch_size"]) // (batch * shard * mesh["dp_replicate"])
+    if int(training.get("global_batch_size", -1)) > batch * mesh.dp:
+        steps = int(training["global_batch_size"]) // (batch * mesh.dp)
         note(
             notes,
             f"{where}: global_batch_size = {training['global_batch_size']} means "
@@ -143,13 +142,13 @@ def from_torchtitan(
     # torchtitan's enable_float8_tensorwise_tp: float8 linears of a tensorwise recipe
     tensorwise = float8 is not None and float8.get("recipe_name", "tensorwise") == "tensorwise"
     kwargs = parallelize_kwargs(model, data, mesh, where, notes, float8_tensorwise=tensorwise)
-    if mesh["pp"] > 1:
-        kwargs.update(pipeline_kwargs(model, parallel, mesh["pp"], batch, where, notes))
+    if mesh.pp > 1:
+        kwargs.update(pipeline_kwargs(model, parallel, mesh.pp, batch, where, notes))
     # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch;
     # one rank's labels: context parallelism cuts them as it cuts the tokens
     rows = batch // int(cast(int, kwargs.get("microbatches", 1)))  # pipeline_kwargs sets an int
-    labels = torch.zeros(rows, seq // mesh["cp"], dtype=torch.long, device="meta")
-    loss_parallel = mesh["tp"] > 1 and not parallel.get("disable_loss_parallel", False)
+    labels = torch.zeros(rows, seq // mesh.cp, dtype=torch.long, device="meta")
+    loss_parallel = mesh.tp > 1 and not parallel.get("disable_loss_parallel", False)
     kwargs["loss"] = _LossParallelCrossEntropy(labels) if loss_parallel else _CrossEntropy(labels)
     compiled = compile_option(data.get("compile", {}), where, notes)
     if compiled:

@@ -19,6 +19,7 @@ from fsdpviz.configs.common import note
 from fsdpviz.configs.torchtitan_model import TransformerBlock
 from fsdpviz.configs.torchtitan_plan import RESHARD_KEY
 from fsdpviz.errors import ConfigError, did_you_mean
+from fsdpviz.schema.mesh import ParallelDims
 
 # Keys of the sections that decide the plan (torchtitan/config/job_config.py); the other
 # sections (job, metrics, optimizer, checkpoint, ...) do not change what FSDP does.
@@ -162,9 +163,9 @@ def check_sections(data: dict[str, Any], where: str) -> list[str]:
 
 def mesh_degrees(
     parallel: dict[str, Any], world_size: int | None, where: str, notes: list[str]
-) -> dict[str, int]:
-    """The sizes of torchtitan's ``ParallelDims`` for FSDP's and TP's mesh dimensions:
-    ``data_parallel_shard_degree = -1`` takes the ranks the other degrees leave."""
+) -> ParallelDims:
+    """The degrees of torchtitan's ``ParallelDims``: ``data_parallel_shard_degree = -1``
+    takes the ranks the other degrees leave."""
     degrees = {
         key: int(parallel.get(key, 1))
         for key in ("data_parallel_replicate_degree", "tensor_parallel_degree",
@@ -173,6 +174,7 @@ def mesh_degrees(
     for key, value in degrees.items():
         if value < 1:
             raise ConfigError(f"{where}: parallelism.{key} must be 1 or more, got {value}")
+    replicate, tp, pp, cp = degrees.values()
     others = math.prod(degrees.values())
     shard = int(parallel.get("data_parallel_shard_degree", -1))
     if shard == -1:
@@ -183,12 +185,10 @@ def mesh_degrees(
                 f"{where}: data_parallel_shard_degree = -1 uses every rank; planned "
                 "on 8 (pass world_size / --world-size for another count)",
             )
-        if ranks % others:
-            raise ConfigError(
-                f"{where}: {ranks} ranks do not divide by the other degrees' product {others} "
-                "(replicate x tp x pp x cp); give a world size that does"
-            )
-        shard = ranks // others
+        try:
+            return ParallelDims.filled(ranks, dp_replicate=replicate, cp=cp, tp=tp, pp=pp)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}; give a world size that does") from None
     elif shard < 1:
         raise ConfigError(
             f"{where}: parallelism.data_parallel_shard_degree must be -1 or 1 or more, got {shard}"
@@ -199,13 +199,8 @@ def mesh_degrees(
             f"{where}: data_parallel_shard_degree = {shard} x the other degrees ({others}) "
             f"is planned, not the {world_size} ranks given",
         )
-    return {
-        "pp": degrees["pipeline_parallel_degree"],
-        "dp_replicate": degrees["data_parallel_replicate_degree"],
-        "dp_shard": shard,
-        "cp": degrees["context_parallel_degree"],
-        "tp": degrees["tensor_parallel_degree"],
-    }
+    return ParallelDims(world_size=shard * others, dp_replicate=replicate, dp_shard=shard,
+                        cp=cp, tp=tp, pp=pp, hsdp=replicate > 1)  # fmt: skip
 
 
 def float8_option(data: dict[str, Any], where: str, notes: list[str]) -> dict[str, object] | None:

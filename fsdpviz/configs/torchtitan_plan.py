@@ -28,6 +28,7 @@ from fsdpviz.errors import ConfigError
 from fsdpviz.plan.option_specs import RESHARD, RESHARD_KEYWORD
 from fsdpviz.plan.pipeline import default_stages, schedule_class
 from fsdpviz.schema.checkpointing import SelectiveCheckpoint
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.schema.report import FsdpWarning
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def tp_plan(loss_parallel: bool, float8_tensorwise: bool = False) -> dict[str, P
 def parallelize_kwargs(
     model: nn.Module,
     data: dict[str, Any],
-    mesh: dict[str, int],
+    mesh: ParallelDims,
     where: str,
     notes: list[str],
     float8_tensorwise: bool = False,
@@ -108,7 +109,7 @@ def parallelize_kwargs(
         )
     # "default": True without pipeline parallelism, False under it (torchtitan's
     # apply_fsdp: no all-gather per microbatch)
-    reshard = policy == "always" or (policy == "default" and mesh["pp"] == 1)
+    reshard = policy == "always" or (policy == "default" and mesh.pp == 1)
     blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
     raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
     raf["norm, output"] = policy == "always"
@@ -119,12 +120,12 @@ def parallelize_kwargs(
         RESHARD_KEYWORD: raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
-    if mesh["dp_replicate"] == 1 and mesh["tp"] == 1 and mesh["pp"] == 1 and mesh["cp"] == 1:
-        kwargs["world_size"] = mesh["dp_shard"]
+    dims = mesh.device_mesh
+    if len(dims) == 1:
+        kwargs["world_size"] = mesh.dp_shard
     else:  # PP, HSDP, CP and/or TP: the mesh as torchtitan's ParallelDims builds it
-        dims = [(k, n) for k, n in mesh.items() if n > 1 or k == "dp_shard"]
-        kwargs["mesh"] = tuple(x for dim in dims for x in dim)  # ("dp_shard", 32, "tp", 8)
-    if mesh["tp"] > 1:
+        kwargs["mesh"] = mesh.mesh_arg  # ("dp_shard", 32, "tp", 8)
+    if mesh.tp > 1:
         parallel = data.get("parallelism", {})
         loss_parallel = not parallel.get("disable_loss_parallel", False)
         try:

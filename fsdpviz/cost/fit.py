@@ -87,11 +87,11 @@ def process_groups(report: Report) -> int:
     """The process groups the plan's collectives run over (each one NCCL communicator):
     FSDP's (the shard group, or every rank under ``NO_SHARD``), hybrid sharding's replicate
     group, the tensor-parallel group."""
-    cfg = report.config
-    groups = 1 if cfg.ranks // cfg.tp_ranks > 1 else 0
-    if cfg.replicas > 1 and cfg.shard_ranks > 1:
+    dims = report.config.mesh_dims
+    groups = 1 if dims.world_size > dims.tp else 0
+    if dims.dp_replicate > 1 and dims.dp_shard_cp > 1:
         groups += 1
-    if cfg.tp_ranks > 1:
+    if dims.tp > 1:
         groups += 1
     return groups
 
@@ -178,8 +178,8 @@ def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, obj
             return _tried(
                 "more ranks",
                 f"parameters, gradients and optimizer state ({held}) are sharded over "
-                f"{cfg.shard_ranks} ranks and shrink with more; about {needed} ranks instead "
-                f"of {cfg.ranks} would fit",
+                f"{cfg.mesh_dims.dp_shard_cp} ranks and shrink with more; about {needed} ranks "
+                f"instead of {cfg.ranks} would fit",
                 fix,
                 api,
             ), fix

@@ -81,7 +81,7 @@ def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]
 
 def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
     modules = {m.fqn: m for m in report.modules}
-    tp = report.config.tp_ranks
+    tp = report.config.mesh_dims.tp
     out: dict[str, tuple[int, ...]] = {}
     for u in report.units:
         if u.requires_grad is False or not u.params:

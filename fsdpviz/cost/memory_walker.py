@@ -117,11 +117,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         # tensor parallelism: the trace measured one rank's activations, temporaries and
         # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one
         # rank's); a plan for another degree scales them
-        self.tp = max(1, cfg.tp_ranks // (prof.tp_ranks if prof else 1))
+        dims = cfg.mesh_dims
+        self.tp = max(1, dims.tp // (prof.tp_ranks if prof else 1))
         self.raf_int = cfg.post_forward_ranks
-        self.replicas = cfg.replicas
+        self.replicas = dims.dp_replicate
         # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
-        self.hsdp = self.fsdp2 and cfg.hsdp
+        self.hsdp = self.fsdp2 and dims.hsdp
         self.cat = dict.fromkeys(CATEGORIES, 0)
         self.cat["sharded_params"] = sum(s.sharded for s in sizes.values())
         self.cat["optimizer"] = sum(s.optimizer for s in sizes.values()) if steady else 0

@@ -202,7 +202,7 @@ def timeline(
     tokens = (
         float(report.profile.tokens if report.profile is not None else 0)
         * count
-        / report.config.tp_ranks
+        / report.config.mesh_dims.tp
     )
     model_flops = 3.0 * sums["flops_forward"]
     hardware_flops = sums["flops_forward"] + sums["flops_backward"]

@@ -122,11 +122,12 @@ class MicroStepSim:
         # costed); tp collectives block the compute stream. Context parallelism: ring
         # attention's collectives on a stream of their own; the compute after a ring's wait
         # waits for the last one of that kind (Arrivals.ring)
+        dims = cfg.mesh_dims
         self.ranks = Ranks(
-            shard=cfg.shard_ranks,
-            replicas=cfg.replicas,
-            tp=cfg.tp_ranks,
-            cp=cfg.cp_ranks,
+            shard=dims.dp_shard_cp,
+            replicas=dims.dp_replicate,
+            tp=dims.tp,
+            cp=dims.cp,
             process_group=cfg.process_group_size or cfg.ranks,
             # where each mesh dimension's groups sit on the machine's nodes
             spans=spans(cfg, m.gpus_per_node),

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsdpviz.schema.config import ReportConfig, costed_within_node
+from fsdpviz.schema.mesh import HYBRID_STRATEGIES, ParallelDims
 from fsdpviz.schema.serial import record_dict
 
 
@@ -80,15 +81,11 @@ def span_of(dims: Sequence[tuple[str, int]], index: int, gpus_per_node: int) -> 
     return Span(dims[index][0], size, len(per_node), max(per_node.values()), len(groups))
 
 
-_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-
-
 def mesh_dims(config: ReportConfig, cp: bool = False) -> list[tuple[str, str, int]]:
     """The mesh of a report as ``(role, name, size)``, outermost first; roles are ``pp``,
     ``replicate``, ``shard`` and ``tp`` (FSDP1 without hybrid sharding, or a plan without
     a mesh: one ``shard`` dimension of every rank). FSDP's ``shard`` dimension takes in
     context parallelism's (``dp_shard_cp``), unless ``cp``: then ``cp`` is a role of its own."""
-    ranks = config.ranks
     if config.api == "FSDP2" and config.mesh:
         items = [(str(k), int(v)) for k, v in config.mesh.items()]
         # pipeline parallelism: the pp dimension, outermost (torchtitan's ParallelDims)
@@ -106,16 +103,13 @@ def mesh_dims(config: ReportConfig, cp: bool = False) -> list[tuple[str, str, in
             _, name, size = dims[at - 1]
             dims[at - 1 : at + 1] = [("shard", f"{name}_cp", size * dims[at][2])]
         return pp + dims
-    if config.api == "FSDP1" and config.sharding_strategy in (
-        "HYBRID_SHARD",
-        "_HYBRID_SHARD_ZERO2",
-    ):
-        shard = config.shard_ranks
-        return [("replicate", "replicate", max(1, ranks // shard)), ("shard", "shard", shard)]
-    if config.api == "FSDP1" and config.process_group_size:  # hybrid switched to NO_SHARD
-        shard = config.process_group_size
-        return [("replicate", "replicate", max(1, ranks // shard)), ("shard", "shard", shard)]
-    return [("shard", "world" if config.api == "FSDP1" else "dp_shard", ranks)]
+    hybrid = config.sharding_strategy in HYBRID_STRATEGIES
+    if config.api == "FSDP1" and (hybrid or config.process_group_size):
+        # hybrid sharding's shard groups, also where FSDP switched it to NO_SHARD
+        group = config.process_group_size or config.mesh_dims.dp_shard
+        split = ParallelDims.fsdp1(config.ranks, group, "HYBRID_SHARD")
+        return [("replicate", "replicate", split.dp_replicate), ("shard", "shard", split.dp_shard)]
+    return [("shard", "world" if config.api == "FSDP1" else "dp_shard", config.ranks)]
 
 
 def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
@@ -126,7 +120,7 @@ def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
     named = [(name, size) for _, name, size in dims]
     out = {role: span_of(named, i, gpus_per_node) for i, (role, _, _) in enumerate(dims)}
     out["process_group"] = out["shard"]
-    if config.cp_ranks > 1:  # ring attention's groups: the cp dimension alone
+    if config.mesh_dims.cp > 1:  # ring attention's groups: the cp dimension alone
         full = mesh_dims(config, cp=True)
         at = next((i for i, d in enumerate(full) if d[0] == "cp"), None)
         if at is not None:
@@ -154,7 +148,7 @@ def tp_strategies_moved(config: ReportConfig, gpus_per_node: int) -> str | None:
     within a node on one side of ``tp <= gpus_per_node`` and across nodes on the other
     (``MeshTopoInfo.build_from_mesh``), and the report's multiplies depend on it
     (``config.tp_strategy_gpus_per_node``). None where the strategies hold there."""
-    planned, tp = config.tp_strategy_gpus_per_node, config.tp_ranks
+    planned, tp = config.tp_strategy_gpus_per_node, config.mesh_dims.tp
     if planned is None:
         return None
     if costed_within_node(tp, planned) == costed_within_node(tp, gpus_per_node):

@@ -38,9 +38,9 @@ from fsdpviz.schema.config import (
     ReportConfig,
     TraceMode,
     non_default_keys,
-    shard_split,
 )
 from fsdpviz.schema.keywords import PlanKwargs
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.schema.report import FsdpWarning, dtype_name
 
 FSDP1_KEYWORDS = KEYWORDS["FSDP1"]
@@ -137,7 +137,7 @@ class FSDP1Options:
     @property
     def shard_world_size(self) -> int:
         """Ranks one FlatParameter is sharded over."""
-        return self.split(self.sharding_strategy)[0]
+        return self.dims(self.sharding_strategy).dp_shard
 
     @property
     def process_group_size(self) -> int:
@@ -147,13 +147,13 @@ class FSDP1Options:
     @property
     def replicas(self) -> int:
         """Shard groups whose gradients hybrid sharding all-reduces (1 when not hybrid)."""
-        return self.split(self.sharding_strategy)[1]
+        return self.dims(self.sharding_strategy).dp_replicate
 
-    def split(self, strategy: ShardingStrategy) -> tuple[int, int]:
+    def dims(self, strategy: ShardingStrategy) -> ParallelDims:
         """The shard ranks and replicas of a unit under ``strategy`` (the options' own, or
         one a ``CustomPolicy`` gives a unit), on FSDP's process group: see
-        :func:`~fsdpviz.schema.config.shard_split`."""
-        return shard_split(self.world_size, self.process_group_size, strategy.name)
+        :meth:`ParallelDims.fsdp1 <fsdpviz.schema.mesh.ParallelDims.fsdp1>`."""
+        return ParallelDims.fsdp1(self.world_size, self.process_group_size, strategy.name)
 
     def describe(self) -> ReportConfig:
         """These options as ``Report.config`` states them."""

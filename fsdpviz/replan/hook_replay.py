@@ -144,7 +144,7 @@ def _shapes(report: Report) -> dict[str, list[int]]:
     for m in report.modules:
         for name, shape in m.params.items():
             out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
-    tp = report.config.tp_ranks
+    tp = report.config.mesh_dims.tp
     if tp > 1:
         for u in report.units:
             for p, placement in u.tp_placements.items():
@@ -284,13 +284,13 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     )
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
     # parallel mesh all-reduces across them, one replica included
-    hsdp = mesh is not None and cfg.replace(mesh=mesh).hsdp
+    replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).mesh_dims
+    hsdp = mesh is not None and replayed.hsdp
     f8 = report.config.float8 or {}
     gathered = {w for ws in float8_gathered(report).values() for w in ws}
     precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
-    scales = weight_scales(report.units, gathered, precomputed, cfg.tp_ranks > 1)
-    replicas = ws // (shard * cfg.tp_ranks)
-    runtime = FSDP2Runtime(groups, shard, replicas, offload, rules, hsdp, scales)
+    scales = weight_scales(report.units, gathered, precomputed, replayed.tp > 1)
+    runtime = FSDP2Runtime(groups, shard, replayed.dp_replicate, offload, rules, hsdp, scales)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(
@@ -407,7 +407,7 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
     if "mesh" not in changes:
         ws = check_world_size(changes.get("world_size", cfg.ranks))
         if cfg.mesh is not None:
-            return ws, cfg.shard_ranks, dict(cfg.mesh)
+            return ws, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
         return ws, ws, None
     given = changes["mesh"]
     sizes, names, cp = _kept_context_parallel(cfg, given)
@@ -436,10 +436,10 @@ def _kept_context_parallel(
     sequence and its ring attention."""
     sizes, names = mesh_dims(given, 4)
     cp, rest, rest_names = context_parallel_mesh(sizes, names)
-    if cp != cfg.cp_ranks:
+    if cp != cfg.mesh_dims.cp:
         raise ConfigError(
             f"mesh={given!r} has context parallelism over {cp} rank(s) where the report has "
-            f"{cfg.cp_ranks}, which a replay keeps (the trace ran each rank's share of every "
+            f"{cfg.mesh_dims.cp}, which a replay keeps (the trace ran each rank's share of every "
             "sequence and its ring attention): keep the cp dimension as it is, or call "
             "fsdpviz.analyze with the new mesh"
         )
@@ -454,21 +454,21 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
     tensors (recomputed), its collectives' ranks, HSDP's replicas."""
     assert cfg.mesh is not None
     if "mesh" not in changes:
-        return cfg.ranks, cfg.shard_ranks, dict(cfg.mesh)
-    given = changes["mesh"]
+        return cfg.ranks, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
+    given, mine = changes["mesh"], cfg.mesh_dims.tp
     dp_sizes, dp_names, cp = _kept_context_parallel(cfg, given)
     tp_name = list(cfg.mesh)[-1]
     if dp_sizes is None or not 2 <= len(dp_sizes) <= 3:
         raise ConfigError(
             f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
-            f"data-parallel dimensions and its {tp_name} dimension of {cfg.tp_ranks} last, e.g. "
-            f"('dp_shard', N, {tp_name!r}, {cfg.tp_ranks}), or call fsdpviz.analyze"
+            f"data-parallel dimensions and its {tp_name} dimension of {mine} last, e.g. "
+            f"('dp_shard', N, {tp_name!r}, {mine}), or call fsdpviz.analyze"
         )
     dp, dp_given, tp, name = parse_tp_mesh(dp_sizes, dp_names, True)
-    if tp != cfg.tp_ranks:
+    if tp != mine:
         raise ConfigError(
             f"mesh={given!r} changes the tensor-parallel dimension ({tp_name} "
-            f"{cfg.tp_ranks}), which a replay keeps (the trace measured each rank's tp-local "
+            f"{mine}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
     ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())

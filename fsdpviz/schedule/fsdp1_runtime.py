@@ -23,8 +23,8 @@ from typing import Any
 from torch.distributed.fsdp import BackwardPrefetch
 
 from fsdpviz.plan.fsdp1 import NO_RESHARD_AFTER_FORWARD, RESHARD_AFTER_FORWARD, PlannedUnit
-from fsdpviz.schema.config import HYBRID_STRATEGIES
 from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.mesh import HYBRID_STRATEGIES
 
 
 class TrainingState(enum.Enum):

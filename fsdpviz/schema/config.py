@@ -25,7 +25,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, get_args
+
+from fsdpviz.schema.mesh import ParallelDims
 
 Api = Literal["FSDP1", "FSDP2"]
 TraceMode = Literal["meta", "real", "fx"]
@@ -40,30 +43,6 @@ _SHARED_KEYS = {
     "backward_prefetch": ("explicit_backward_prefetch", "backward_prefetch"),
     "trace": ("profiler_trace", "trace"),
 }
-
-
-HYBRID_STRATEGIES = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-
-
-def shard_split(world_size: int, group_size: int, strategy: str) -> tuple[int, int]:
-    """FSDP1's ``strategy`` (a ``ShardingStrategy`` name) on a process group of
-    ``group_size`` of ``world_size`` ranks: the ranks one FlatParameter is sharded over and
-    the copies of each shard that hybrid sharding all-reduces across (1 when it does not).
-
-    The one place this is worked out: the options (``FSDP1Options``), each unit's strategy
-    (a ``CustomPolicy`` may set its own) and a report's config (:attr:`ReportConfig.replicas`)
-    read it.
-
-    Example::
-
-        shard_split(8, 4, "HYBRID_SHARD")  # (4, 2): shard within 4 ranks, 2 replicas
-        shard_split(8, 8, "NO_SHARD")      # (1, 1): nothing sharded, all-reduced in its group
-    """
-    if strategy == "NO_SHARD":
-        return 1, 1
-    if strategy in HYBRID_STRATEGIES:
-        return group_size, max(1, world_size // group_size)
-    return group_size, 1
 
 
 def costed_within_node(tp: int, gpus_per_node: int) -> bool:
@@ -170,7 +149,7 @@ class ReportConfig(Mapping[str, Any]):
     @property
     def ranks(self) -> int:
         """The ranks the schedule runs on: ``world_size``, or 1 when the report does not say."""
-        return self.world_size or 1
+        return self.mesh_dims.world_size
 
     @property
     def whose_fsdp(self) -> str:
@@ -179,51 +158,30 @@ class ReportConfig(Mapping[str, Any]):
         api = self.api if "api" in self.stated or self.torch_version else "FSDP"
         return f"{api} of torch {self.torch_version}" if self.torch_version else api
 
-    @property
-    def shard_ranks(self) -> int:
-        """Ranks one unit's parameters are sharded over (FSDP1's ``shard_world_size`` for
-        hybrid and ``NO_SHARD`` plans, otherwise all of them)."""
-        return self.shard_world_size or self.ranks
-
-    @property
-    def tp_ranks(self) -> int:
-        """Ranks of the tensor-parallel mesh dimension (1 without tensor parallelism)."""
-        return self.tp_world_size or 1
-
-    @property
-    def pp_ranks(self) -> int:
-        """Ranks of the pipeline-parallel mesh dimension (1 without pipeline parallelism)."""
-        return self.pp_world_size or 1
-
-    @property
-    def cp_ranks(self) -> int:
-        """Ranks of the context-parallel mesh dimension (1 without context parallelism)."""
-        return self.cp_world_size or 1
-
-    @property
-    def replicas(self) -> int:
-        """Copies of each shard whose gradients are all-reduced across them: the replicate
-        dimension of a 2-D (HSDP) mesh, FSDP1's shard groups under hybrid sharding, else 1."""
+    @cached_property
+    def mesh_dims(self) -> ParallelDims:
+        """The job's ranks by mesh dimension, from the counts the report states: FSDP's shard
+        group (``shard_world_size``, FSDP2's ``dp_shard x cp``; all ranks where not stated),
+        the replicas (FSDP1: its hybrid strategy's shard groups; FSDP2: the ranks the
+        other dimensions leave), the tp, pp and cp dimensions, and whether it is HSDP."""
+        ranks, cp = self.world_size or 1, self.cp_world_size or 1
+        tp, pp = self.tp_world_size or 1, self.pp_world_size or 1
+        shard = self.shard_world_size or ranks
         if self.api == "FSDP1" and self.sharding_strategy is not None:
-            group = self.process_group_size or self.shard_world_size or self.ranks
-            return shard_split(self.ranks, group, self.sharding_strategy)[1]
-        return max(1, self.ranks // (self.shard_ranks * self.tp_ranks * self.pp_ranks))
-
-    @property
-    def hsdp(self) -> bool:
-        """Whether gradients are all-reduced across replicas after their reduction: FSDP2
-        on a 2-D data-parallel mesh (``HSDPMeshInfo``: its ``foreach_reduce`` all-reduces
-        over the replicate dimension whatever its size, one rank included), FSDP1 where
-        :attr:`replicas` is more than one."""
-        if self.api != "FSDP2":
-            return self.replicas > 1
+            group = self.process_group_size or shard
+            replicas = ParallelDims.fsdp1(ranks, group, self.sharding_strategy).dp_replicate
+        else:
+            replicas = max(1, ranks // (shard * tp * pp))
+        # FSDP2's 2-D data-parallel mesh: pp outermost, tp innermost, beside them dp_shard and
+        # cp (a cp dimension of one rank stays in the mesh), and a replicate dimension
         names = [str(n) for n in (self.mesh or {})]
-        if self.pp_world_size and names and names[0] == "pp":  # outermost
+        if self.pp_world_size and names and names[0] == "pp":
             names = names[1:]
-        if self.tp_world_size:  # innermost
+        if self.tp_world_size:
             names = names[:-1]
-        # FSDP shards over dp_shard x cp (a cp dimension of one rank stays in the mesh)
-        return len([n for n in names if n != "cp"]) == 2
+        hsdp = len([n for n in names if n != "cp"]) == 2 if self.api == "FSDP2" else replicas > 1
+        return ParallelDims(world_size=ranks, dp_replicate=replicas, dp_shard=max(1, shard // cp),
+                            cp=cp, tp=tp, pp=pp, hsdp=hsdp)  # fmt: skip
 
     @property
     def prefetches_backward(self) -> bool:
@@ -247,7 +205,7 @@ class ReportConfig(Mapping[str, Any]):
         resharded over after forward, when that is neither all its shard ranks nor none
         (torch takes ``N`` equal to the shard dimension's size as ``True``)."""
         value = self.resharding(unit)
-        if isinstance(value, bool) or value is None or not 1 < value < self.shard_ranks:
+        if isinstance(value, bool) or value is None or not 1 < value < self.mesh_dims.dp_shard_cp:
             return None
         return value
 

@@ -13,6 +13,7 @@ import torch
 from fsdpviz.plan.option_specs import OPTIONS, RESHARD
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.mesh import HYBRID_STRATEGIES
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.space import TuneKwargs, reshard_given
 
@@ -194,17 +195,16 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
         fsdp_names.insert(0, "CPUOffloadPolicy")
     imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     lines = ["", *imports, ""]
-    dims = hsdp_tp_dims(cfg)
-    if dims is not None:  # as torchtitan builds it: FSDP over replicate x shard
+    dims = cfg.mesh_dims
+    if hsdp_tp(cfg):  # as torchtitan builds it: FSDP over replicate x shard
         lines += [
-            f'mesh = init_device_mesh("cuda", {dims}, '
+            f'mesh = init_device_mesh("cuda", {(dims.dp_replicate, dims.dp_shard, dims.tp)}, '
             'mesh_dim_names=("dp_replicate", "dp_shard", "tp"))',
             'dp_mesh = mesh["dp_replicate", "dp_shard"]  # HSDP: replicate x shard',
         ]
-    elif cfg.tp_world_size:
-        shard = cfg.ranks // cfg.tp_world_size
+    elif cfg.tp_world_size:  # FSDP over the data-parallel ranks, a cp dimension's too
         lines += [
-            f'mesh = init_device_mesh("cuda", ({shard}, {cfg.tp_world_size}), '
+            f'mesh = init_device_mesh("cuda", ({dims.dp_cp}, {dims.tp}), '
             'mesh_dim_names=("dp_shard", "tp"))',
             'dp_mesh = mesh["dp_shard"]',
         ]
@@ -244,13 +244,9 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
     return lines
 
 
-def hsdp_tp_dims(cfg: ReportConfig) -> tuple[int, int, int] | None:
-    """The (replicate, shard, tp) sizes of an HSDP x TP mesh (None: another mesh)."""
-    mesh = dict(cfg.mesh or {})
-    if not cfg.tp_world_size or len(mesh) != 3 or {"cp", "pp"} & set(mesh):
-        return None
-    replicate, shard, tp = (int(v) for v in mesh.values())
-    return replicate, shard, tp
+def hsdp_tp(cfg: ReportConfig) -> bool:
+    """Whether the mesh is HSDP x TP, ``dp_replicate x dp_shard x tp`` (no cp, no pp)."""
+    return bool(cfg.tp_world_size) and cfg.mesh_dims.hsdp and len(cfg.mesh or {}) == 3
 
 
 def mp_policy_code(mp: Any) -> str:
@@ -390,16 +386,16 @@ def fsdp1_code(c: Candidate) -> list[str]:
         args.append("cpu_offload=CPUOffload(offload_params=True)")
     if cfg.use_orig_params:
         args.append(OPTIONS["use_orig_params"].code(True))
-    if cfg.process_group_size and cfg.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+    if cfg.process_group_size and cfg.sharding_strategy in HYBRID_STRATEGIES:
         # the shard groups as planned: without a mesh FSDP1 shards within each machine's
         # visible GPUs (torch.cuda.device_count(), _init_process_group_state_for_hybrid_shard)
-        shard = cfg.process_group_size
+        replicate, shard = cfg.mesh_dims.dp_replicate, cfg.mesh_dims.dp_shard
         lines.append("from torch.distributed.device_mesh import init_device_mesh")
         lines.append(
             f"# hybrid sharding: shard within groups of {shard} ranks, replicated across them"
         )
         args.append(
-            f'device_mesh=init_device_mesh("cuda", ({cfg.ranks // shard}, {shard}), '
+            f'device_mesh=init_device_mesh("cuda", ({replicate}, {shard}), '
             'mesh_dim_names=("replicate", "shard"))'
         )
     args.append("device_id=torch.cuda.current_device()")
@@ -487,7 +483,7 @@ __all__ = [
     "checkpointing_code",
     "fsdp1_code",
     "fsdp2_code",
-    "hsdp_tp_dims",
+    "hsdp_tp",
     "loop_code",
     "mp_policy_code",
     "raf_of",

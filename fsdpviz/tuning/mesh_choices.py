@@ -22,6 +22,7 @@ from fsdpviz.plan.pipeline import (
     wants_pipeline,
 )
 from fsdpviz.schedule.pipeline_order import rank_actions
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, TuneKwargs, divisors, heads
 
 __all__ = ["MeshChoices", "cp_degree", "mesh_ranks", "pipelined", "tp_degree"]
@@ -79,7 +80,7 @@ class MeshChoices:
         pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
         mine = Choice(
             "mesh",
-            _pp_label(ranks, pp, ranks // (pp * tp), tp),
+            _pp_label(ParallelDims.filled(ranks, tp=tp, pp=pp)),
             given.copy(),
             mesh=(ranks, ranks, 1),
             traced=True,
@@ -100,11 +101,11 @@ class MeshChoices:
             )
             return out
         plan = given.get("parallelize_plan")
-        for degree in sorted(divisors(ranks // tp)):
+        for degree in sorted(divisors(ParallelDims.filled(ranks, tp=tp).dp_cp)):
             if degree == pp:
                 continue
-            dp = ranks // (degree * tp)
-            label = _pp_label(ranks, degree, dp, tp)
+            on_degree = ParallelDims.filled(ranks, tp=tp, pp=degree)
+            label = _pp_label(on_degree)
             if (batch * degree) % pp:
                 self.notes.append(
                     f"{label} not tried: the batch of {batch} samples per pipeline on pp {pp} "
@@ -112,17 +113,11 @@ class MeshChoices:
                 )
                 continue
             samples = batch * degree // pp
-            if degree == 1:
-                kw: TuneKwargs = (
-                    {"mesh": ("dp_shard", dp, "tp", tp), "parallelize_plan": plan}
-                    if tp > 1
-                    else {"world_size": ranks}
-                )
-            else:
-                mesh: tuple[Any, ...] = ("pp", degree, "dp_shard", dp)
-                kw = {"mesh": (*mesh, "tp", tp) if tp > 1 else mesh}
-                if tp > 1:
-                    kw["parallelize_plan"] = plan
+            plain = degree == 1 and tp == 1
+            kw: TuneKwargs = {"world_size": ranks} if plain else {"mesh": on_degree.mesh_arg}
+            if tp > 1:
+                kw["parallelize_plan"] = plan
+            if degree > 1:
                 why = [
                     (c.label, self._pipeline_refusal(samples, degree, c.kwargs)) for c in schedules
                 ]
@@ -163,10 +158,10 @@ class MeshChoices:
         out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
         hsdp = self.api == "FSDP2" and ws > node and ws % node == 0
         if hsdp:
-            kw: TuneKwargs = {"mesh": ("dp_replicate", ws // node, "dp_shard", node)}
-            out.append(
-                Choice("mesh", f"{ws} ranks (HSDP {ws // node} x {node})", kw, mesh=(ws, node, 1))
-            )
+            h = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node)
+            kw: TuneKwargs = {"mesh": h.mesh_arg}
+            label = f"{ws} ranks (HSDP {h.dp_replicate} x {h.dp_shard})"
+            out.append(Choice("mesh", label, kw, mesh=(ws, h.dp_shard, 1)))
         if self.api != "FSDP2" or plan is None:
             return out
         n_heads = heads(self.model)
@@ -176,18 +171,16 @@ class MeshChoices:
             whole = ws > degree or degree == tp
             fits = ws % degree == 0 and whole and (not n_heads or n_heads % degree == 0)
             if fits and (degree <= node or degree == tp):
-                kw = {"mesh": ("dp_shard", ws // degree, "tp", degree), "parallelize_plan": plan}
-                label = f"{ws} ranks (FSDP {ws // degree} x TP {degree})"
-                out.append(Choice("mesh", label, kw, mesh=(ws, ws // degree, degree)))
-                shard = node // degree
-                if hsdp and node % degree == 0 and shard > 1:
-                    replicate = ws // node
-                    kw = {
-                        "mesh": ("dp_replicate", replicate, "dp_shard", shard, "tp", degree),
-                        "parallelize_plan": plan,
-                    }
-                    label = f"{ws} ranks (HSDP {replicate} x {shard} x TP {degree})"
-                    out.append(Choice("mesh", label, kw, mesh=(ws, shard, degree)))
+                d = ParallelDims.filled(ws, tp=degree)
+                kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
+                label = f"{ws} ranks (FSDP {d.dp_shard} x TP {d.tp})"
+                out.append(Choice("mesh", label, kw, mesh=(ws, d.dp_shard, d.tp)))
+                # a node per shard group and its tensor-parallel ranks
+                if hsdp and node % degree == 0 and node // degree > 1:
+                    d = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node // degree, tp=degree)
+                    kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
+                    label = f"{ws} ranks (HSDP {d.dp_replicate} x {d.dp_shard} x TP {d.tp})"
+                    out.append(Choice("mesh", label, kw, mesh=(ws, d.dp_shard, d.tp)))
             degree *= 2
         return out
 
@@ -206,7 +199,8 @@ class MeshChoices:
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        return Choice("mesh", label, given.copy(), mesh=(ranks, ranks // tp, tp), traced=True)
+        mesh = (ranks, ParallelDims.filled(ranks, tp=tp).dp_shard, tp)
+        return Choice("mesh", label, given.copy(), mesh=mesh, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
@@ -240,15 +234,15 @@ def pipelined(kwargs: Mapping[str, Any]) -> bool:
     return bool(wants_pipeline(dict(kwargs)))
 
 
-def _pp_label(ranks: int, pp: int, dp: int, tp: int) -> str:
+def _pp_label(dims: ParallelDims) -> str:
     """A pipeline job's mesh in words: ``"4 ranks (PP 2 x FSDP 2)"``, ``"4 ranks (PP 4)"``,
     ``"4 ranks (FSDP 4)"`` (pp 1: no pipeline), ``"8 ranks (PP 2 x FSDP 2 x TP 2)"``."""
-    parts = [f"PP {pp}"] if pp > 1 else []
-    if dp > 1 or pp == 1:
-        parts.append(f"FSDP {dp}")
-    if tp > 1:
-        parts.append(f"TP {tp}")
-    return f"{ranks} ranks ({' x '.join(parts)})"
+    parts = [f"PP {dims.pp}"] if dims.pp > 1 else []
+    if dims.dp_shard > 1 or dims.pp == 1:
+        parts.append(f"FSDP {dims.dp_shard}")
+    if dims.tp > 1:
+        parts.append(f"TP {dims.tp}")
+    return f"{dims.world_size} ranks ({' x '.join(parts)})"
 
 
 def tp_degree(given: Mapping[str, Any]) -> int:

@@ -16,7 +16,7 @@ from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.tuning.float8_styles import has_float8_styles
-from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp_dims
+from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp
 from fsdpviz.tuning.space import reshard_given
 
 
@@ -42,13 +42,10 @@ def torchtitan_toml(c: Candidate) -> str:
             f"{RESHARD.code(given)} has no {TITAN_RESHARD} value; "
             "torchtitan's apply_fsdp needs a change for it"
         )
-    dp = cfg.ranks // (cfg.tp_world_size or 1)
-    replicate = 1
-    if cfg.mesh is not None and not cfg.tp_world_size:
-        replicate = cfg.ranks // cfg.shard_ranks
-        dp = cfg.shard_ranks
-    elif (dims := hsdp_tp_dims(cfg)) is not None:
-        replicate, dp, _ = dims
+    dims = cfg.mesh_dims
+    replicate, dp = 1, dims.dp_cp  # the ranks FSDP shards over, a cp dimension's too
+    if (cfg.mesh is not None and not cfg.tp_world_size) or hsdp_tp(cfg):
+        replicate, dp = dims.dp_replicate, dims.dp_shard_cp
     if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
         mesh = dict(cfg.mesh or {})
         replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
@@ -71,7 +68,7 @@ def torchtitan_toml(c: Candidate) -> str:
         f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {dp}",
         f'{TITAN_RESHARD} = "{policy}"',
-        f"tensor_parallel_degree = {cfg.tp_world_size or 1}",
+        f"tensor_parallel_degree = {dims.tp}",
     ]
     if pipe is not None:
         parts = [st.modules for st in sorted(pipe.stages, key=lambda st: st.index)]
